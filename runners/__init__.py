@@ -1,0 +1,1 @@
+"""The `dilstore` command line and job launchers."""
