@@ -1,0 +1,85 @@
+"""Reading a corpus file of any supported format: the entry point for pipelines and the CLI.
+
+Every reader is a plain generator over one file that yields, in file order, a
+`Document` per good record, a `Rejected` per malformed one (the dead-letter
+output) and a `Skipped` per record left out on purpose (Wikipedia redirects and
+non-article pages). Readers stream the file (SQuAD excepted: one JSON value)
+and decode each record strictly as UTF-8, so bad input never raises; only a
+missing file or an unknown format raises DilstoreError, at once.
+
+Formats:
+    jsonl      {"id","contents"} (pyserini JsonCollection) or {"id","title","text"}; .jsonl[.gz]
+    msmarco    pid<TAB>text per line (MS MARCO collection.tsv); .tsv[.gz]
+    squad      SQuAD JSON, one document per paragraph; .json
+    wikipedia  pages-articles XML dump; .xml or .xml.bz2
+
+Duplicate ids are not caught per file: see `pipelines.duplicate_ids`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from pipelines.corpus_jsonl import read_jsonl
+from pipelines.corpus_msmarco import read_msmarco
+from pipelines.corpus_squad import read_squad
+from pipelines.corpus_wikipedia import read_wikipedia
+from pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped
+from storage.errors import DilstoreError
+
+__all__ = [
+    "DEFAULT_MAX_DOCUMENT_BYTES",
+    "FORMATS",
+    "Document",
+    "Record",
+    "Rejected",
+    "Skipped",
+    "format_for_path",
+    "read_corpus",
+]
+
+Reader = Callable[..., Iterator[Record]]
+
+FORMATS: dict[str, Reader] = {
+    "jsonl": read_jsonl,
+    "msmarco": read_msmarco,
+    "squad": read_squad,
+    "wikipedia": read_wikipedia,
+}
+
+# File name endings that tell the format, longest first.
+_FORMAT_BY_SUFFIX = (
+    (".xml.bz2", "wikipedia"),
+    (".xml", "wikipedia"),
+    (".jsonl.gz", "jsonl"),
+    (".jsonl", "jsonl"),
+    (".tsv.gz", "msmarco"),
+    (".tsv", "msmarco"),
+    (".json", "squad"),
+)
+
+
+def read_corpus(path: str | Path, format: str, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Iterator[Record]:
+    """The records of one corpus file in the named format (see the module docstring).
+
+    Raises DilstoreError when the format is unknown or the file is missing.
+    """
+    reader = FORMATS.get(format)
+    if reader is None:
+        raise DilstoreError(f"unknown corpus format {format!r}; expected one of: {', '.join(FORMATS)}")
+    if max_bytes < 1:
+        raise DilstoreError(f"the maximum document size must be at least 1 byte, not {max_bytes}")
+    return reader(path, max_bytes=max_bytes)
+
+
+def format_for_path(path: str | Path) -> str:
+    """The corpus format a file name implies (`corpus.jsonl.gz` → "jsonl").
+
+    Raises DilstoreError when the name does not tell, asking for the format by name.
+    """
+    name = Path(path).name.lower()
+    for suffix, format in _FORMAT_BY_SUFFIX:
+        if name.endswith(suffix):
+            return format
+    raise DilstoreError(f"cannot tell the corpus format of {path} from its name; name it: {', '.join(FORMATS)}")

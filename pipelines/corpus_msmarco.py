@@ -1,0 +1,46 @@
+"""MS MARCO passage collections: `pid<TAB>text` per line (collection.tsv).
+
+The id is everything before the first tab, exactly as written (TREC runs and
+qrels refer to it); the text is everything after it, so tabs inside the text
+are kept. Documents have no title. Blank lines are passed over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Record, Rejected, make_document
+from pipelines.source_files import Line, decode_line, open_source, source_lines
+
+# Lines longer than the text limit plus this allowance for the id are rejected unparsed.
+_ID_ALLOWANCE_BYTES = 1 << 10
+
+
+def read_msmarco(path: str | Path, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Iterator[Record]:
+    """One `Document` or `Rejected` per non-blank line of a TSV collection (plain or .gz), in file order.
+
+    Raises DilstoreError at once when the file is missing.
+    """
+    return _msmarco_records(str(path), open_source(path), max_bytes)
+
+
+def _msmarco_records(source: str, stream: BinaryIO, max_bytes: int) -> Iterator[Record]:
+    for line in source_lines(source, stream, max_bytes + _ID_ALLOWANCE_BYTES):
+        record = line if isinstance(line, Rejected) else msmarco_record(source, line, max_bytes)
+        if record is not None:
+            yield record
+
+
+def msmarco_record(source: str, line: Line, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Record | None:
+    """The record one TSV line holds; None for a blank line."""
+    text = decode_line(source, line, max_bytes)
+    if isinstance(text, Rejected):
+        return text
+    if not text.strip():
+        return None
+    pid, tab, passage = text.partition("\t")
+    if not tab:
+        return Rejected(source, line.number, "bad record: no tab between id and text")
+    return make_document(source, line.number, pid, "", passage, max_bytes)

@@ -1,0 +1,97 @@
+"""What corpus readers produce: documents, dead letters, and pages skipped on purpose.
+
+A reader yields one record per input record, in file order: a `Document`, a
+`Rejected` (a malformed record, for the dead-letter output), or a `Skipped`
+(a record that is fine but not wanted, such as a Wikipedia redirect). Keeping
+all three in one stream lets a pipeline count each kind without losing any.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+# Documents larger than this (UTF-8 bytes of their text) are rejected, not split:
+# a single record that size is almost always a broken export, and it would pin one
+# worker's memory while every other worker waits.
+DEFAULT_MAX_DOCUMENT_BYTES = 1_000_000
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document of a corpus.
+
+    `source` is the file it came from. `line` is its 1-based line in that file
+    for line-based formats (JSONL, TSV) and None otherwise; it orders duplicates
+    and names the line in a dead-letter record.
+    """
+
+    id: str
+    title: str
+    text: str
+    source: str
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A malformed input record, written to the dead-letter output.
+
+    `line_or_id` is the 1-based line for line-based formats and the record's
+    id otherwise. A problem with the file as a whole (bad JSON in a SQuAD file,
+    broken XML in a dump) names the line where parsing stopped, or says where
+    reading stopped when no line is known (a truncated .bz2).
+    """
+
+    source: str
+    line_or_id: int | str
+    reason: str
+
+    def to_json(self) -> str:
+        """One dead-letter line: `{"source", "line_or_id", "reason"}` as JSON."""
+        return json.dumps(
+            {"source": self.source, "line_or_id": self.line_or_id, "reason": self.reason},
+            ensure_ascii=False,
+        )
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A well-formed record left out on purpose (a redirect, a non-article page).
+
+    Not an error and not a dead letter; readers yield it so that it can be counted.
+    """
+
+    source: str
+    line_or_id: int | str
+    reason: str
+
+
+Record = Document | Rejected | Skipped
+
+
+def make_document(
+    source: str,
+    position: int | str,
+    doc_id: object,
+    title: str,
+    text: str,
+    max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+) -> Document | Rejected:
+    """A `Document`, or the `Rejected` that says why these fields do not make one.
+
+    `position` is the 1-based line for line-based formats (kept on the
+    document), or the record's id otherwise. The id may be a string or an
+    integer (MS MARCO pids); it is rejected when missing or blank. Text that is
+    empty or only whitespace is rejected, and so is text over `max_bytes` of UTF-8.
+    """
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or not str(doc_id).strip():
+        return Rejected(source, position, "missing id")
+    if not text.strip():
+        return Rejected(source, position, "empty text")
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        reason = f"document too large: text of {size:,} bytes (limit {max_bytes:,} bytes)"
+        return Rejected(source, position, reason)
+    line = position if isinstance(position, int) else None
+    return Document(id=str(doc_id), title=title, text=text, source=source, line=line)

@@ -1,0 +1,59 @@
+"""Duplicate document ids: keep one document per id and reject the others.
+
+Passage ids are built from document ids, so two documents with one id would
+collide in the store. Which one is kept must not depend on the runner or on
+the order in which workers happen to hand records over: the first in
+`document_order` wins everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from pipelines.documents import Document, Record, Rejected
+
+
+def document_order(doc: Document) -> tuple[str, bool, int, str, str]:
+    """Sort key: file, then line (documents without one last), then title and text.
+
+    Within one line-based file that is file order; the title and text only break
+    ties between documents that have no line (Wikipedia, SQuAD), so the order is
+    total and the same on every runner.
+    """
+    return (doc.source, doc.line is None, doc.line or 0, doc.title, doc.text)
+
+
+def keep_first(documents: Iterable[Document]) -> list[Document | Rejected]:
+    """Given all documents that share one id (as GroupByKey hands them over),
+    the first in `document_order` followed by one `Rejected` for each other.
+    """
+    ordered = sorted(documents, key=document_order)
+    if not ordered:
+        return []
+    kept = ordered[0]
+    return [kept, *(duplicate_of(kept, doc) for doc in ordered[1:])]
+
+
+def drop_duplicate_ids(records: Iterable[Record]) -> Iterator[Record]:
+    """Pass records through, turning each repeat of an earlier document id into a `Rejected`.
+
+    For single-process use: it keeps every id seen in memory, and "first" means
+    first in the stream. Rejected and Skipped records pass through unchanged.
+    """
+    first_seen: dict[str, Document] = {}
+    for record in records:
+        if isinstance(record, Document):
+            kept = first_seen.setdefault(record.id, record)
+            if kept is not record:
+                yield duplicate_of(kept, record)
+                continue
+        yield record
+
+
+def duplicate_of(kept: Document, duplicate: Document) -> Rejected:
+    """The dead letter for `duplicate`, naming where the document that was kept came from."""
+    where = f"line {kept.line}" if kept.line is not None else "an earlier record"
+    if kept.source != duplicate.source:
+        where = f"{where} of {kept.source}"
+    position = duplicate.line if duplicate.line is not None else duplicate.id
+    return Rejected(duplicate.source, position, f"duplicate id {duplicate.id!r} (kept {where})")

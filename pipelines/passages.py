@@ -1,0 +1,113 @@
+"""Splitting documents into passages, the unit that is tokenized, encoded and stored.
+
+Two strategies (seed 002 uses both for OpenSQuAD):
+
+- "words": windows of `window` words, each starting `stride` words after the
+  previous one. Words are whitespace-separated tokens; a passage's text is its
+  words joined by single spaces.
+- "paragraphs": blocks of text separated by a blank line (a line holding at
+  most whitespace); whitespace inside a paragraph is collapsed to single
+  spaces, and paragraphs shorter than `min_chars` characters are dropped.
+
+Edge rules for "words":
+
+- A document of at most `window` words gives exactly one passage.
+- Windows start at 0, stride, 2·stride, …; the last window is the first one
+  that reaches the end of the document and is cut there. So consecutive
+  windows always overlap by exactly window − stride words, the last window
+  holds more than window − stride words, and no window lies entirely inside
+  the previous one (no tiny tail window that repeats content).
+
+Passage ids are `{doc_id}#{n}` with n counting kept passages from 0 within the
+document: a pure function of the document's id and text, so the same on every
+run and every runner. Ids of different documents never collide, since the
+part after the last `#` is always n. Passages keep their document's title.
+A document whose text yields no passage (only short paragraphs) gives none.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pipelines.documents import Document
+from storage.errors import DilstoreError
+
+DEFAULT_WINDOW = 100
+DEFAULT_STRIDE = 50
+DEFAULT_MIN_CHARS = 30
+STRATEGIES = ("words", "paragraphs")
+
+_BLANK_LINE = re.compile(r"\n[^\S\n]*\n")
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One passage of a document: `id` is `{doc_id}#{n}`."""
+
+    id: str
+    doc_id: str
+    title: str
+    text: str
+
+
+def passage_id(doc_id: str, number: int) -> str:
+    """The id of the passage numbered `number` (from 0) in document `doc_id`."""
+    return f"{doc_id}#{number}"
+
+
+def window_bounds(
+    word_count: int, window: int = DEFAULT_WINDOW, stride: int = DEFAULT_STRIDE
+) -> list[tuple[int, int]]:
+    """The `[start, end)` word ranges of the windows over `word_count` words (rules in the module docstring)."""
+    check_window(window, stride)
+    bounds = []
+    start = 0
+    while start < word_count:
+        end = min(start + window, word_count)
+        bounds.append((start, end))
+        if end == word_count:
+            break
+        start += stride
+    return bounds
+
+
+def check_window(window: int, stride: int) -> None:
+    """Raise DilstoreError unless 1 <= stride <= window: a larger stride would skip words."""
+    if window < 1 or not 1 <= stride <= window:
+        raise DilstoreError(f"passage windows need 1 <= stride <= window; got window {window}, stride {stride}")
+
+
+def split_words(doc: Document, window: int = DEFAULT_WINDOW, stride: int = DEFAULT_STRIDE) -> list[Passage]:
+    """Overlapping windows of `window` words every `stride` words."""
+    words = doc.text.split()
+    return [
+        Passage(passage_id(doc.id, number), doc.id, doc.title, " ".join(words[start:end]))
+        for number, (start, end) in enumerate(window_bounds(len(words), window, stride))
+    ]
+
+
+def split_paragraphs(doc: Document, min_chars: int = DEFAULT_MIN_CHARS) -> list[Passage]:
+    """The document's blank-line-separated paragraphs of at least `min_chars` characters."""
+    paragraphs = (" ".join(block.split()) for block in _BLANK_LINE.split(doc.text))
+    kept = [paragraph for paragraph in paragraphs if paragraph and len(paragraph) >= min_chars]
+    return [Passage(passage_id(doc.id, n), doc.id, doc.title, paragraph) for n, paragraph in enumerate(kept)]
+
+
+def split_document(
+    doc: Document,
+    strategy: str,
+    *,
+    window: int = DEFAULT_WINDOW,
+    stride: int = DEFAULT_STRIDE,
+    min_chars: int = DEFAULT_MIN_CHARS,
+) -> list[Passage]:
+    """The passages of a document under the named strategy ("words" or "paragraphs").
+
+    Raises DilstoreError for an unknown strategy or invalid window settings.
+    """
+    if strategy == "words":
+        return split_words(doc, window, stride)
+    if strategy == "paragraphs":
+        return split_paragraphs(doc, min_chars)
+    raise DilstoreError(f"unknown passage strategy {strategy!r}; expected one of: {', '.join(STRATEGIES)}")

@@ -1,0 +1,115 @@
+"""Opening corpus files as byte streams and reading them line by line, bounded.
+
+Readers work on bytes and decode each record themselves, so that invalid UTF-8
+in one record becomes a dead letter for that record instead of an exception
+that ends the whole file.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from pipelines.documents import Rejected
+from storage.errors import DilstoreError
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+_CHUNK_BYTES = 1 << 20
+
+
+def open_source(path: str | Path) -> BinaryIO:
+    """The file as a binary stream, decompressed on the fly for `.gz` and `.bz2`.
+
+    Raises DilstoreError when the file does not exist or is not a file.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DilstoreError(f"corpus file not found: {path}")
+    if not path.is_file():
+        raise DilstoreError(f"corpus path is not a file: {path}")
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")
+    if path.suffix == ".bz2":
+        return bz2.open(path, "rb")
+    return path.open("rb")
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of a file: its 1-based number and its bytes without the line ending.
+
+    `data` is None when the line was longer than the limit; `size` is then its
+    full length, counted without keeping it in memory.
+    """
+
+    number: int
+    data: bytes | None
+    size: int
+
+
+def numbered_lines(stream: BinaryIO, max_bytes: int) -> Iterator[Line]:
+    """Every line of the stream, streaming; lines over `max_bytes` come back without their bytes.
+
+    The line ending (`\\n` or `\\r\\n`) and a UTF-8 byte-order mark on the first
+    line are removed. Memory stays bounded by `max_bytes` even for a file that
+    has no line breaks at all.
+    """
+    number = 0
+    while True:
+        data = stream.readline(max_bytes + 2)  # room for the content and "\r\n"
+        if not data:
+            return
+        number += 1
+        complete = data.endswith(b"\n") or len(data) < max_bytes + 2
+        rest = 0 if complete else _skip_rest_of_line(stream)
+        if number == 1:
+            data = data.removeprefix(_UTF8_BOM)
+        content = data.removesuffix(b"\n").removesuffix(b"\r") if complete else data
+        size = len(content) + rest
+        yield Line(number, content if size <= max_bytes else None, size)
+
+
+def source_lines(source: str, stream: BinaryIO, max_bytes: int) -> Iterator[Line | Rejected]:
+    """`numbered_lines` of a corpus file, closing it at the end.
+
+    A compressed file that is truncated or corrupt ends with one `Rejected`
+    saying after which line reading stopped, instead of an exception.
+    """
+    last = 0
+    with stream:
+        try:
+            for line in numbered_lines(stream, max_bytes):
+                last = line.number
+                yield line
+        except (EOFError, OSError) as error:
+            yield Rejected(source, f"after line {last}", f"truncated or corrupt file: {error}")
+
+
+def _skip_rest_of_line(stream: BinaryIO) -> int:
+    """Read past the end of the current line; the number of bytes skipped, ending excluded."""
+    skipped = 0
+    while True:
+        chunk = stream.readline(_CHUNK_BYTES)
+        if chunk.endswith(b"\n"):
+            return skipped + len(chunk.removesuffix(b"\n").removesuffix(b"\r"))
+        if not chunk:
+            return skipped
+        skipped += len(chunk)
+
+
+def decode_line(source: str, line: Line, max_text_bytes: int) -> str | Rejected:
+    """The line as text, or the `Rejected` for a line that is too long or not UTF-8."""
+    if line.data is None:
+        return Rejected(
+            source,
+            line.number,
+            f"document too large: record of {line.size:,} bytes (limit {max_text_bytes:,} bytes of text)",
+        )
+    try:
+        return line.data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return Rejected(source, line.number, f"invalid UTF-8 at byte {error.start} of the line")

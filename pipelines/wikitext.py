@@ -1,0 +1,142 @@
+"""Wikitext to plain text, with paragraphs kept as blank-line-separated blocks.
+
+The markup is parsed by mwparserfromhell; this module only decides which parsed
+nodes are kept. Dropped: templates (infoboxes, citations, navboxes), `<ref>`
+footnotes, tables, images and other files, category and interlanguage links,
+comments, section headings, and tags whose content is not prose (math, code
+listings, galleries, timelines). Kept: the prose, with links reduced to their
+visible text and HTML entities decoded. Blank lines between paragraphs survive,
+so `pipelines.passages.split_paragraphs` can split the result.
+
+Bold and italic quotes are not parsed as tags (`skip_style_tags`): in real
+articles an unbalanced bold quote inside a table cell otherwise makes the parser
+give up on the whole table and leave its raw markup in the text. The quote runs
+carry no text and are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+
+import mwparserfromhell
+from mwparserfromhell.nodes import (
+    Argument,
+    Comment,
+    ExternalLink,
+    Heading,
+    Node,
+    Tag,
+    Template,
+    Text,
+    Wikilink,
+)
+from mwparserfromhell.wikicode import Wikicode
+
+# Tags whose content is not running prose. Tables include `{| ... |}` markup,
+# which mwparserfromhell parses as a "table" tag.
+DROPPED_TAGS = frozenset(
+    {
+        "ref",
+        "references",
+        "table",
+        "gallery",
+        "imagemap",
+        "math",
+        "chem",
+        "ce",
+        "score",
+        "timeline",
+        "graph",
+        "source",
+        "syntaxhighlight",
+        "templatestyles",
+        "noinclude",
+    }
+)
+# Link namespaces that embed media or classify the page instead of linking text.
+DROPPED_LINK_NAMESPACES = frozenset({"file", "image", "media", "category"})
+# Interlanguage links ("[[fr:Anarchisme]]", "[[be-x-old:...]]") are unpiped and
+# prefixed by a lowercase language code.
+_INTERLANGUAGE = re.compile(r"[a-z]{2,3}(-[a-z]+)*|simple")
+# Behaviour switches such as __NOTOC__ are plain text to the parser.
+_BEHAVIOUR_SWITCH = re.compile(r"__[A-Z]+__")
+# Bold and italic quote runs, left as text by skip_style_tags.
+_STYLE_QUOTES = re.compile(r"'{2,}")
+# Parentheses left empty by a removed pronunciation or date template: "Anarchism ( ) is".
+_EMPTY_PARENTHESES = re.compile(r"\([\s,;:]*\)")
+_BLANK_LINES = re.compile(r"\n\s*\n")
+
+
+def wikitext_to_text(wikitext: str) -> str:
+    """The readable prose of a page's wikitext: paragraphs separated by one blank line.
+
+    Whitespace inside a paragraph is collapsed to single spaces and lines of a
+    list stay in the paragraph they belong to. Returns "" for a page with no prose.
+    """
+    code = mwparserfromhell.parse(wikitext, skip_style_tags=True)
+    _prune(code)
+    text = code.strip_code(normalize=True, collapse=True)
+    text = _STYLE_QUOTES.sub("", _BEHAVIOUR_SWITCH.sub("", text))
+    paragraphs = []
+    for block in _BLANK_LINES.split(text):
+        paragraph = " ".join(_EMPTY_PARENTHESES.sub("", block).split())
+        if paragraph:
+            paragraphs.append(paragraph)
+    return "\n\n".join(paragraphs)
+
+
+def _prune(code: Wikicode) -> None:
+    """Remove the nodes that are not prose, in place, at every depth.
+
+    Headings and line breaks become whitespace so that the text on either side
+    does not run together.
+    """
+    kept: list[Node] = []
+    for node in code.nodes:
+        replacement = _replace(node)
+        if replacement is None:
+            continue
+        for inner in _inner_code(replacement):
+            _prune(inner)
+        kept.append(replacement)
+    code.nodes = kept
+
+
+def _replace(node: Node) -> Node | None:
+    """What a node becomes: itself, a whitespace stand-in, or None (dropped)."""
+    if isinstance(node, (Template, Argument, Comment)):
+        return None
+    if isinstance(node, Heading):
+        return Text("\n\n")
+    if isinstance(node, Tag):
+        name = str(node.tag).strip().lower()
+        if name in DROPPED_TAGS:
+            return None
+        if name == "br":
+            return Text("\n")
+        return node
+    if isinstance(node, Wikilink) and _is_metadata_link(node):
+        return None
+    return node
+
+
+def _is_metadata_link(link: Wikilink) -> bool:
+    """True for file, category and interlanguage links, which show no prose."""
+    title = str(link.title).strip()
+    if ":" not in title or title.startswith(":"):
+        return False
+    prefix = title.split(":", 1)[0].strip()
+    if prefix.lower() in DROPPED_LINK_NAMESPACES:
+        return True
+    return link.text is None and _INTERLANGUAGE.fullmatch(prefix) is not None
+
+
+def _inner_code(node: Node) -> list[Wikicode]:
+    """The nested wikicode of a kept node whose visible text strip_code renders."""
+    if isinstance(node, Tag) and node.contents is not None:
+        return [node.contents]
+    if isinstance(node, Wikilink) and node.text is not None:
+        return [node.text]
+    if isinstance(node, ExternalLink) and node.title is not None:
+        return [node.title]
+    return []
