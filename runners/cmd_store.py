@@ -1,0 +1,106 @@
+"""`dilstore info` and `dilstore verify`: describe or check a shard store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+_SHOWN_UNTRACKED = 10
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `info` and `verify`."""
+    info = subparsers.add_parser(
+        "info",
+        help="describe a store: counts, sizes, bytes per token, fingerprint",
+        description="Print a store's passage, token and shard counts, size on disk, bytes per token and fingerprint.",
+    )
+    info.add_argument("store", metavar="STORE", help="store directory or fsspec URL")
+    info.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    info.set_defaults(run=run_info)
+
+    verify = subparsers.add_parser(
+        "verify",
+        help="check a store's checksums, arrays, offsets and id index",
+        description=(
+            "Check every file against the manifest's SHA-256, every array's shape and dtype, that offsets "
+            "increase and stay in bounds, that strings and char spans are valid, and that the id index is "
+            "consistent. Exits 0 when the store is sound and 1 on any problem."
+        ),
+    )
+    verify.add_argument("store", metavar="STORE", help="store directory or fsspec URL")
+    verify.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    verify.set_defaults(run=run_verify)
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from storage.info import store_info
+
+    info = store_info(args.store)
+    if args.json:
+        print(json.dumps(info, indent=2, ensure_ascii=False))
+    else:
+        print(format_info(info))
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from storage.verify import verify_store
+
+    report = verify_store(args.store)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        print(format_report(report.to_dict()))
+    return 0 if report.ok else 1
+
+
+def _size(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{size} B"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """The human-readable table of `store_info` output."""
+    shape = "×".join(map(str, info["state_shape"])) if info["state_shape"] else "none"
+    per_token = ", ".join(
+        f"{part} {value:g}" for part, value in info["bytes_per_token_by_part"].items() if value
+    ) or "no tokens"
+    rows = [
+        ("store", info["store"]),
+        ("kind", f"{info['kind']} (per-token shape {shape})"),
+        ("encoding", f"{info['encoding']}, {info['compressor'] or 'uncompressed'}"),
+        ("passages", f"{info['passages']:,}"),
+        ("tokens", f"{info['tokens']:,}"),
+        ("shards", f"{info['shards']:,}"),
+        ("on disk", f"{_size(info['bytes_on_disk'])} ({info['bytes_on_disk']:,} bytes)"),
+        ("bytes/token", ", ".join(f"{kind} {value}" for kind, value in info["bytes_per_token"].items())),
+        ("  by part", per_token),
+    ]
+    rows += [("fingerprint" if i == 0 else "", f"{key}: {value}") for i, (key, value) in enumerate(info["fingerprint"].items())]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The human-readable verify report."""
+    lines = [
+        f"store    {report['store']}",
+        f"checked  {report['files_checked']:,} files ({_size(report['bytes_checked'])}), {report['shards']:,} shards, "
+        f"{report['passages']:,} passages, {report['tokens']:,} tokens",
+    ]
+    untracked = report["untracked"]
+    if untracked:
+        listed = ", ".join(untracked[:_SHOWN_UNTRACKED])
+        more = f" and {len(untracked) - _SHOWN_UNTRACKED} more" if len(untracked) > _SHOWN_UNTRACKED else ""
+        lines.append(f"not in the manifest (added after finalize, not checked): {listed}{more}")
+    if report["ok"]:
+        lines.append("OK")
+    else:
+        lines.append(f"FAILED: {len(report['problems'])} problem(s)")
+        lines += [f"  - {problem}" for problem in report["problems"]]
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""Writing dilstore's Zarr arrays, and ragged UTF-8 strings as bytes plus offsets.
+
+Every array is written the same way: one Zarr shard (one file) holding the
+whole array, cut along its first axis into fixed inner chunks, with empty
+chunks written too. Uncompressed, that file is the array's C-order bytes
+followed by the shard index, which is what lets readers memory-map it
+(storage/mapped.py); compressed, readers go through zarr-python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import zarr
+from zarr.abc.codec import BytesBytesCodec
+from zarr.codecs import BloscCodec, ZstdCodec
+
+from storage.format import check_compressor
+
+
+def compressor_codecs(compressor: str | None) -> list[BytesBytesCodec]:
+    """The Zarr codecs of a compressor name, with fixed settings so writes stay byte-identical."""
+    name = check_compressor(compressor)
+    if name == "zstd":
+        return [ZstdCodec(level=3)]
+    if name == "blosc":
+        return [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle")]
+    return []
+
+
+def write_array(
+    group: zarr.Group,
+    path: str,
+    data: np.ndarray,
+    *,
+    rows_per_chunk: int,
+    compressor: str | None,
+    dimension_names: Sequence[str],
+) -> zarr.Array:
+    """Write `data` as array `path` of `group`: a single Zarr shard of `rows_per_chunk`-row inner chunks."""
+    rows = data.shape[0]
+    chunk_shape = (rows_per_chunk, *data.shape[1:])
+    shard_rows = max(1, -(-rows // rows_per_chunk)) * rows_per_chunk
+    return group.create_array(
+        path,
+        data=data,
+        chunks=chunk_shape,
+        shards=(shard_rows, *data.shape[1:]),
+        compressors=compressor_codecs(compressor),
+        fill_value=0,
+        dimension_names=list(dimension_names),
+        config={"write_empty_chunks": True},
+    )
+
+
+def encode_strings(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """UTF-8 bytes `(B,)` uint8 and offsets `(n+1,)` int64 of a list of strings.
+
+    Strings that cannot be UTF-8 encoded (lone surrogates) raise UnicodeEncodeError.
+    """
+    encoded = [text.encode("utf-8") for text in strings]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
+
+
+def decode_string(data: np.ndarray, offsets: np.ndarray, row: int) -> str:
+    """String `row` of ragged UTF-8 `data` with `offsets`."""
+    return data[int(offsets[row]) : int(offsets[row + 1])].tobytes().decode("utf-8")

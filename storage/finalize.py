@@ -1,0 +1,214 @@
+"""Finalize: check the shards agree, build the global id index, checksum everything, commit the manifest.
+
+Finalize runs once, after every shard writer has finished. It first removes any
+earlier manifest (the store is uncommitted while it works), then writes the id
+index and last the manifest, atomically: a store with a manifest is complete.
+Shard files keep the checksums their writers recorded (storage/checksums.py);
+every other file present (the index, files other layers put there) is hashed.
+Leftover temporary shard directories of crashed or duplicate workers are
+removed; any other entry under `shards/` is an error.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from storage.arrays import decode_string
+from storage.checksums import read_checksums
+from storage.errors import DilstoreError
+from storage.fingerprint import Fingerprint
+from storage.format import (
+    ID_BYTES,
+    ID_OFFSETS,
+    MANIFEST_FILE,
+    SHARDS_DIR,
+    TMP_PREFIX,
+    TOKEN_OFFSETS,
+    StoreFormatError,
+    parse_shard_name,
+    shard_path,
+)
+from storage.id_index import build_index, write_index
+from storage.location import StoreLocation
+from storage.manifest import FileEntry, Manifest, ShardEntry, write_manifest
+from storage.shard import ShardAttributes
+
+
+@dataclass(frozen=True)
+class _ShardContents:
+    """What finalize needs from one shard."""
+
+    name: str
+    attributes: ShardAttributes
+    ids: list[str]
+    longest: int  # tokens in the longest passage
+
+
+def finalize(
+    store_root: str | Path,
+    fingerprint: Fingerprint,
+    creation_info: dict[str, Any] | None = None,
+    *,
+    expected_shards: int | None = None,
+) -> Manifest:
+    """Commit the store at `store_root`: id index, checksums, then the manifest; return the manifest.
+
+    fingerprint: what produced the states (its kind and encoding must match
+    the shards'). creation_info: free-form JSON-ready facts to record (command,
+    corpus, run ids); finalize adds the time and library versions.
+    expected_shards: when given, shards 0..expected_shards-1 must all exist.
+    Duplicate passage ids across shards raise DuplicatePassageIdError.
+    """
+    root = Path(store_root)
+    if not root.is_dir():
+        raise DilstoreError(f"no store directory at {root}")
+    (root / MANIFEST_FILE).unlink(missing_ok=True)
+    location = StoreLocation.parse(root)
+    indices = _committed_shards(root)
+    if expected_shards is not None and indices != list(range(expected_shards)):
+        absent = sorted(set(range(expected_shards)) - set(indices))
+        extra = sorted(set(indices) - set(range(expected_shards)))
+        raise DilstoreError(f"{root}: expected shards 0..{expected_shards - 1}; missing {absent}, unexpected {extra}")
+    contents = {index: _read_shard(location, index) for index in indices}
+    state_shape = _check_agreement(root, contents, fingerprint)
+    index = build_index(
+        {shard: content.ids for shard, content in contents.items()},
+        {shard: content.name for shard, content in contents.items()},
+    )
+    write_index(root, index)
+    files = _checksum_all(root, location, [content.name for content in contents.values()])
+    manifest = Manifest(
+        kind=fingerprint.kind,
+        encoding=fingerprint.encoding,
+        compressor=next(iter(contents.values())).attributes.compressor if contents else None,
+        state_shape=state_shape,
+        passages=sum(content.attributes.passages for content in contents.values()),
+        tokens=sum(content.attributes.tokens for content in contents.values()),
+        shards=tuple(
+            ShardEntry(index=shard, name=content.name, passages=content.attributes.passages,
+                       tokens=content.attributes.tokens)
+            for shard, content in contents.items()
+        ),
+        fingerprint=fingerprint,
+        creation={**_library_versions(), **(creation_info or {})},
+        files=files,
+    )
+    write_manifest(root, manifest)
+    return manifest
+
+
+def _committed_shards(root: Path) -> list[int]:
+    """Indices of the committed shards, sorted; stale temporaries are removed, strangers are an error."""
+    shards_dir = root / SHARDS_DIR
+    if not shards_dir.exists():
+        return []
+    indices = []
+    for entry in sorted(shards_dir.iterdir()):
+        if entry.name.startswith(TMP_PREFIX):
+            shutil.rmtree(entry, ignore_errors=True)
+            continue
+        index = parse_shard_name(entry.name)
+        if index is None or not entry.is_dir():
+            raise DilstoreError(f"unexpected entry {entry} in {shards_dir}: only shard-NNNNN directories belong there")
+        indices.append(index)
+    return sorted(indices)
+
+
+def _read_shard(location: StoreLocation, index: int) -> _ShardContents:
+    """A shard's attributes, ids and longest passage, read with zarr-python."""
+    relative = shard_path(index)
+    where = location.path(relative)
+    try:
+        group = location.open_group(relative)
+        attributes = ShardAttributes.of(group, where)
+        id_bytes = np.asarray(group[ID_BYTES][...])
+        id_offsets = np.asarray(group[ID_OFFSETS][...])
+        token_offsets = np.asarray(group[TOKEN_OFFSETS][...])
+    except (FileNotFoundError, KeyError, ValueError, zarr.errors.NodeTypeValidationError) as error:
+        raise StoreFormatError(f"cannot read shard {where}: {type(error).__name__}: {error}") from None
+    if attributes.shard != index:
+        raise StoreFormatError(f"{where} says it is shard {attributes.shard}; was it renamed by hand?")
+    if len(id_offsets) != attributes.passages + 1 or len(token_offsets) != attributes.passages + 1:
+        raise StoreFormatError(f"{where}: offsets do not match its {attributes.passages} passages")
+    return _ShardContents(
+        name=relative.rsplit("/", 1)[1],
+        attributes=attributes,
+        ids=[decode_string(id_bytes, id_offsets, row) for row in range(attributes.passages)],
+        longest=int(np.diff(token_offsets).max(initial=0)),
+    )
+
+
+def _check_agreement(root: Path, contents: dict[int, _ShardContents], fingerprint: Fingerprint) -> tuple[int, ...] | None:
+    """Every shard has the fingerprint's kind and encoding, one compressor, one state shape, fitting lengths."""
+    settings = {
+        (content.attributes.kind, content.attributes.encoding, content.attributes.compressor,
+         content.attributes.state_shape)
+        for content in contents.values()
+    }
+    if len(settings) > 1:
+        listed = "; ".join(
+            f"{content.name}: kind={content.attributes.kind} encoding={content.attributes.encoding} "
+            f"compressor={content.attributes.compressor} state_shape={content.attributes.state_shape}"
+            for content in contents.values()
+        )
+        raise DilstoreError(f"shards of {root} were written with different settings: {listed}")
+    for content in contents.values():
+        attributes = content.attributes
+        if (attributes.kind, attributes.encoding) != (fingerprint.kind, fingerprint.encoding):
+            raise DilstoreError(
+                f"{content.name} holds kind {attributes.kind!r} encoding {attributes.encoding!r}, but the fingerprint "
+                f"says kind {fingerprint.kind!r} encoding {fingerprint.encoding!r}"
+            )
+        if content.longest > fingerprint.max_length:
+            raise DilstoreError(
+                f"{content.name} has a passage of {content.longest} tokens, longer than the fingerprint's "
+                f"max_length {fingerprint.max_length}"
+            )
+    return next(iter(settings))[3] if settings else None
+
+
+def _checksum_all(root: Path, location: StoreLocation, shard_names: list[str]) -> dict[str, FileEntry]:
+    """Size and SHA-256 of every file under the store except the manifest and temporaries.
+
+    Shard files take the hashes their writer recorded (after checking the files
+    and sizes still match); every other file is hashed here.
+    """
+    files: dict[str, FileEntry] = {}
+    for name in shard_names:
+        for relative, entry in read_checksums(root / SHARDS_DIR / name).items():
+            files[f"{SHARDS_DIR}/{name}/{relative}"] = entry
+    sizes = {
+        path: size
+        for path, size in location.files().items()
+        if path != MANIFEST_FILE and path not in files and not path.startswith(TMP_PREFIX) and f"/{TMP_PREFIX}" not in path
+    }
+    for path, digest in location.sha256_many(list(sizes)).items():
+        if isinstance(digest, OSError):
+            raise DilstoreError(f"cannot read {location.path(path)} to checksum it: {digest}")
+        files[path] = FileEntry(bytes=sizes[path], sha256=digest)
+    return dict(sorted(files.items()))
+
+
+def _library_versions() -> dict[str, Any]:
+    """When and with which library versions the store was finalized."""
+    return {
+        "finalized_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "dilstore_version": _version("dilstore"),
+        "zarr_version": zarr.__version__,
+        "numpy_version": np.__version__,
+    }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None

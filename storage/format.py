@@ -1,0 +1,129 @@
+"""Names, versions and rules of the on-disk store format (the code side of STORE_FORMAT.md).
+
+Everything that both the writer and the readers must agree on lives here:
+the directory layout, the array names inside a shard, the representation
+kinds and their per-token shapes, the compressors and the fixed chunking.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from storage.errors import DilstoreError
+
+FORMAT_NAME = "dilstore-store"
+FORMAT_VERSION = 1
+
+# Directory layout under the store root.
+MANIFEST_FILE = "manifest.json"
+SHARDS_DIR = "shards"
+INDEX_DIR = "index"
+TMP_PREFIX = ".tmp-"
+_SHARD_NAME = re.compile(r"shard-(\d{5,})")
+
+# Key under which dilstore keeps its metadata in a Zarr group's attributes.
+ATTRIBUTES_KEY = "dilstore"
+
+# Arrays inside one shard group (the states arrays come from the encoding).
+ID_BYTES, ID_OFFSETS = "passages/ids/bytes", "passages/ids/offsets"
+TITLE_BYTES, TITLE_OFFSETS = "passages/titles/bytes", "passages/titles/offsets"
+TEXT_BYTES, TEXT_OFFSETS = "passages/texts/bytes", "passages/texts/offsets"
+TOKEN_OFFSETS = "tokens/offsets"
+TOKEN_IDS = "tokens/ids"
+CHAR_SPANS = "tokens/char_spans"
+STATES_GROUP = "states"
+
+# Arrays of the global id index.
+INDEX_HASHES, INDEX_SHARDS, INDEX_ROWS = "hashes", "shards", "rows"
+
+# Fixed chunking (idempotent writes need it fixed): rows per inner chunk of the
+# sharding codec. Token arrays hold 256 tokens per chunk: a random passage of
+# ~130 tokens touches one or two chunks on the zarr-python path (one ranged read
+# each, 0.2-0.8 MB at d=768, a good size for object stores), and writing
+# stays fast (zarr-python's cost per chunk dominates writes below ~256 rows).
+# Byte arrays hold 16 KiB and offset and index arrays 1024 entries per chunk
+# (8 KiB), so the padding of the last chunk stays small even in small stores.
+TOKENS_PER_CHUNK = 256
+BYTES_PER_CHUNK = 16384
+OFFSETS_PER_CHUNK = 1024
+
+COMPRESSORS: tuple[str, ...] = ("zstd", "blosc")
+
+
+class StoreFormatError(DilstoreError):
+    """A store or shard that does not follow the format (damaged, foreign or too new)."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A representation kind: what the per-token states mean and what shape they have.
+
+    `state_shape` below is the per-token shape: states of a passage with n tokens
+    are `(n, *state_shape)`.
+    """
+
+    name: str
+    description: str
+    rank: int  # len(state_shape)
+
+    def check_state_shape(self, state_shape: Sequence[int]) -> tuple[int, ...]:
+        """The per-token shape as a tuple, or a StoreFormatError saying why it does not fit this kind."""
+        shape = tuple(int(size) for size in state_shape)
+        if len(shape) != self.rank or any(size < 1 for size in shape):
+            raise StoreFormatError(
+                f"kind {self.name!r} stores per-token states of rank {self.rank} "
+                f"({self.description}), got per-token shape {shape}"
+            )
+        if self.name == "earl-s2" and shape[1] != 2:
+            raise StoreFormatError(f"kind 'earl-s2' stores (blocks, 2, d) per token (key and value), got {shape}")
+        return shape
+
+
+KINDS: dict[str, Kind] = {
+    kind.name: kind
+    for kind in (
+        Kind("dilbert", "DilBert passage states after layer k, (T, d)", 1),
+        Kind("earl-s1", "EARL S1 document-module output states, (T, d)", 1),
+        Kind("earl-s2", "EARL S2 judger-block key/value projections, (T, blocks, 2, d)", 3),
+    )
+}
+
+
+def get_kind(name: str) -> Kind:
+    """The representation kind called `name`, or a clear error listing the known ones."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise StoreFormatError(f"unknown representation kind {name!r}; known: {', '.join(KINDS)}") from None
+
+
+def check_compressor(name: str | None) -> str | None:
+    """`name` if it is a known compressor (or None for uncompressed), else a clear error."""
+    if name is not None and name not in COMPRESSORS:
+        raise StoreFormatError(f"unknown compressor {name!r}; known: {', '.join(COMPRESSORS)} (or none)")
+    return name
+
+
+def shard_name(index: int) -> str:
+    """Directory name of shard `index` under `shards/` (zero-padded so names sort by index)."""
+    if index < 0:
+        raise DilstoreError(f"shard index must be >= 0, got {index}")
+    return f"shard-{index:05d}"
+
+
+def parse_shard_name(name: str) -> int | None:
+    """The shard index a directory name stands for, or None when it is not a shard name."""
+    match = _SHARD_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def shard_path(index: int) -> str:
+    """Path of shard `index` relative to the store root."""
+    return f"{SHARDS_DIR}/{shard_name(index)}"
+
+
+def states_array(name: str) -> str:
+    """Path of an encoding's array inside a shard group."""
+    return f"{STATES_GROUP}/{name}"

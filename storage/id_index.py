@@ -1,0 +1,154 @@
+"""The global id index: from any passage id to its (shard, row) in O(log n).
+
+Ids are arbitrary UTF-8 strings, so the index keys on a 64-bit hash of the
+id's UTF-8 bytes (BLAKE2b, 8-byte digest, read little-endian) and keeps three
+parallel arrays sorted by (hash, shard, row): `hashes` uint64, `shards` uint32,
+`rows` uint32. A lookup is a binary search for the hash, then a comparison with
+the id stored in the shard for each entry of equal hash, so a hash collision
+can never return the wrong passage. Finalize builds it and rejects duplicate
+ids across shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from storage.arrays import write_array
+from storage.durability import fsync_dir, fsync_tree
+from storage.errors import DilstoreError
+from storage.format import (
+    ATTRIBUTES_KEY,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX_DIR,
+    INDEX_HASHES,
+    INDEX_ROWS,
+    INDEX_SHARDS,
+    OFFSETS_PER_CHUNK,
+    TMP_PREFIX,
+)
+
+HASH_NAME = "blake2b-64-le"
+_SHOWN = 5
+
+
+class DuplicatePassageIdError(DilstoreError):
+    """The same passage id was written to more than one shard (or row)."""
+
+
+def id_hash(passage_id: str) -> int:
+    """The 64-bit index hash of a passage id."""
+    return int.from_bytes(hashlib.blake2b(passage_id.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def id_hashes(passage_ids: Sequence[str]) -> np.ndarray:
+    """Index hashes of many ids, `(n,)` uint64."""
+    return np.fromiter((id_hash(passage_id) for passage_id in passage_ids), dtype=np.uint64, count=len(passage_ids))
+
+
+@dataclass(frozen=True)
+class IdIndex:
+    """The three sorted index arrays (in memory or memory-mapped)."""
+
+    hashes: np.ndarray  # (N,) uint64, sorted
+    shards: np.ndarray  # (N,) uint32
+    rows: np.ndarray  # (N,) uint32
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def locate(
+        self, passage_ids: Sequence[str], id_at: Callable[[int, int], str]
+    ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """Shards `(n,)` and rows `(n,)` of each id, and the ids not found (their entries are -1).
+
+        id_at(shard, row) returns the id stored there; it settles hash collisions.
+        """
+        shards = np.full(len(passage_ids), -1, dtype=np.int64)
+        rows = np.full(len(passage_ids), -1, dtype=np.int64)
+        missing = []
+        hashes = id_hashes(passage_ids)
+        positions = np.searchsorted(self.hashes, hashes)
+        for i, (passage_id, wanted, position) in enumerate(zip(passage_ids, hashes, positions, strict=True)):
+            while position < len(self.hashes) and self.hashes[position] == wanted:
+                shard, row = int(self.shards[position]), int(self.rows[position])
+                if id_at(shard, row) == passage_id:
+                    shards[i], rows[i] = shard, row
+                    break
+                position += 1
+            else:
+                missing.append(passage_id)
+        return shards, rows, missing
+
+
+def build_index(shard_ids: dict[int, Sequence[str]], shard_names: dict[int, str]) -> IdIndex:
+    """The sorted index over every shard's ids; duplicate ids raise DuplicatePassageIdError naming them."""
+    total = sum(len(ids) for ids in shard_ids.values())
+    hashes = np.empty(total, dtype=np.uint64)
+    shards = np.empty(total, dtype=np.uint32)
+    rows = np.empty(total, dtype=np.uint32)
+    start = 0
+    for shard, ids in sorted(shard_ids.items()):
+        stop = start + len(ids)
+        hashes[start:stop] = id_hashes(ids)
+        shards[start:stop] = shard
+        rows[start:stop] = np.arange(len(ids), dtype=np.uint32)
+        start = stop
+    order = np.lexsort((rows, shards, hashes))
+    index = IdIndex(hashes[order], shards[order], rows[order])
+    _reject_duplicates(index, shard_ids, shard_names)
+    return index
+
+
+def _reject_duplicates(index: IdIndex, shard_ids: dict[int, Sequence[str]], shard_names: dict[int, str]) -> None:
+    """Compare the ids behind every run of equal hashes; raise naming the first few real duplicates."""
+    repeated = np.flatnonzero(index.hashes[1:] == index.hashes[:-1])
+    places_by_id: dict[str, list[str]] = {}
+    for position in np.unique(np.concatenate([repeated, repeated + 1])):
+        shard, row = int(index.shards[position]), int(index.rows[position])
+        places_by_id.setdefault(shard_ids[shard][row], []).append(f"{shard_names[shard]} row {row}")
+    duplicates = [(passage_id, places) for passage_id, places in places_by_id.items() if len(places) > 1]
+    if duplicates:
+        shown = "; ".join(f"{passage_id!r} in {', '.join(places)}" for passage_id, places in duplicates[:_SHOWN])
+        more = f" (and {len(duplicates) - _SHOWN} more)" if len(duplicates) > _SHOWN else ""
+        raise DuplicatePassageIdError(f"{len(duplicates)} passage ids occur more than once: {shown}{more}")
+
+
+def write_index(root: Path, index: IdIndex) -> None:
+    """Write `root/index/` as a Zarr v3 group, replacing any earlier one only once the new one is complete."""
+    temporary = root / f"{TMP_PREFIX}{INDEX_DIR}-{uuid.uuid4().hex}"
+    attributes = {
+        ATTRIBUTES_KEY: {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "node": "index",
+            "hash": HASH_NAME,
+            "passages": len(index),
+        }
+    }
+    try:
+        group = zarr.open_group(str(temporary), mode="w-", zarr_format=3, attributes=attributes)
+        for name, data in ((INDEX_HASHES, index.hashes), (INDEX_SHARDS, index.shards), (INDEX_ROWS, index.rows)):
+            write_array(group, name, data, rows_per_chunk=OFFSETS_PER_CHUNK, compressor=None,
+                        dimension_names=["entry"])
+        fsync_tree(temporary)
+        target = root / INDEX_DIR
+        if target.exists():
+            old = root / f"{TMP_PREFIX}old-{INDEX_DIR}-{uuid.uuid4().hex}"
+            os.rename(target, old)
+            os.rename(temporary, target)
+            shutil.rmtree(old)
+        else:
+            os.rename(temporary, target)
+        fsync_dir(root)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)

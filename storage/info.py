@@ -1,0 +1,67 @@
+"""Describing a store from its manifest and a listing of its files: counts, sizes, bytes per token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from storage.format import INDEX_DIR, SHARDS_DIR, STATES_GROUP
+from storage.location import StoreLocation
+from storage.manifest import read_manifest
+
+PARTS = ("states", "tokens", "passages", "index", "metadata", "other")
+
+
+def part_of(path: str) -> str:
+    """Which part of the store a file belongs to, for the size breakdown.
+
+    states: encoded state chunks; tokens: token ids, spans and offsets;
+    passages: ids, titles, texts; index: the id index; metadata: zarr.json
+    files and the manifest; other: anything else (e.g. passages.parquet, bm25/).
+    """
+    parts = path.split("/")
+    if parts[-1] in ("zarr.json", "manifest.json"):
+        return "metadata"
+    if parts[0] == INDEX_DIR:
+        return "index"
+    if parts[0] == SHARDS_DIR and len(parts) > 2 and parts[2] in (STATES_GROUP, "tokens", "passages"):
+        return parts[2]
+    return "other"
+
+
+def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A JSON-ready description of the store at a local path or fsspec URL.
+
+    Keys: store, format_version, kind, encoding, compressor, state_shape,
+    passages, tokens, shards, bytes_on_disk (every file under the store),
+    bytes_by_part, bytes_per_token ({kind: state bytes per token on disk}),
+    bytes_per_token_by_part, fingerprint, creation.
+    """
+    location = StoreLocation.parse(path_or_url, storage_options)
+    manifest = read_manifest(location)
+    sizes = location.files()
+    by_part = dict.fromkeys(PARTS, 0)
+    for path, size in sizes.items():
+        by_part[part_of(path)] += size
+    tokens = manifest.tokens
+
+    def per_token(size: int) -> float | None:
+        return round(size / tokens, 3) if tokens else None
+
+    return {
+        "store": location.url,
+        "format_version": manifest.format_version,
+        "kind": manifest.kind,
+        "encoding": manifest.encoding,
+        "compressor": manifest.compressor,
+        "state_shape": None if manifest.state_shape is None else list(manifest.state_shape),
+        "passages": manifest.passages,
+        "tokens": tokens,
+        "shards": len(manifest.shards),
+        "bytes_on_disk": sum(sizes.values()),
+        "bytes_by_part": by_part,
+        "bytes_per_token": {manifest.kind: per_token(by_part["states"])},
+        "bytes_per_token_by_part": {part: per_token(size) for part, size in by_part.items()},
+        "fingerprint": manifest.fingerprint.to_dict(),
+        "creation": manifest.creation,
+    }

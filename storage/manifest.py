@@ -1,0 +1,161 @@
+"""The manifest: the store's table of contents and its commit point.
+
+`manifest.json` is written last by finalize, atomically. It lists the shards
+and their counts, the size and SHA-256 of every file present at finalize, the
+fingerprint and creation info. It carries the SHA-256 of its own canonical
+JSON, so a flipped byte in the manifest itself is caught too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from storage.durability import fsync_dir
+from storage.fingerprint import Fingerprint
+from storage.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, TMP_PREFIX, StoreFormatError
+from storage.location import StoreLocation
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One committed shard: its index (from its name), name and counts."""
+
+    index: int
+    name: str
+    passages: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """Size and SHA-256 of one file at finalize."""
+
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything finalize recorded about a store.
+
+    state_shape is the per-token shape of the states (None for a store without passages).
+    files maps '/'-separated paths relative to the store root to their entries.
+    """
+
+    kind: str
+    encoding: str
+    compressor: str | None
+    state_shape: tuple[int, ...] | None
+    passages: int
+    tokens: int
+    shards: tuple[ShardEntry, ...]
+    fingerprint: Fingerprint
+    creation: dict[str, Any]
+    files: dict[str, FileEntry]
+    format: str = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+    shard_by_index: dict[int, ShardEntry] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shard_by_index", {shard.index: shard for shard in self.shards})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (without the self-checksum)."""
+        return {
+            "format": self.format,
+            "format_version": self.format_version,
+            "kind": self.kind,
+            "encoding": self.encoding,
+            "compressor": self.compressor,
+            "state_shape": None if self.state_shape is None else list(self.state_shape),
+            "passages": self.passages,
+            "tokens": self.tokens,
+            "shards": [vars(shard) for shard in self.shards],
+            "fingerprint": self.fingerprint.to_dict(),
+            "creation": self.creation,
+            "files": {path: vars(entry) for path, entry in self.files.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        """Parse `to_dict` output; a malformed manifest is a StoreFormatError."""
+        try:
+            if data["format"] != FORMAT_NAME:
+                raise StoreFormatError(f"not a dilstore manifest (format {data['format']!r})")
+            if not isinstance(data["format_version"], int) or data["format_version"] > FORMAT_VERSION:
+                raise StoreFormatError(
+                    f"store format version {data['format_version']} is newer than this dilstore reads "
+                    f"({FORMAT_VERSION}); upgrade dilstore"
+                )
+            shape = data["state_shape"]
+            return cls(
+                kind=str(data["kind"]),
+                encoding=str(data["encoding"]),
+                compressor=data["compressor"],
+                state_shape=None if shape is None else tuple(int(size) for size in shape),
+                passages=int(data["passages"]),
+                tokens=int(data["tokens"]),
+                shards=tuple(ShardEntry(**shard) for shard in data["shards"]),
+                fingerprint=Fingerprint.from_dict(data["fingerprint"]),
+                creation=dict(data["creation"]),
+                files={path: FileEntry(**entry) for path, entry in data["files"].items()},
+                format=data["format"],
+                format_version=data["format_version"],
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise StoreFormatError(f"malformed manifest: {type(error).__name__}: {error}") from None
+
+
+def _canonical(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def manifest_json(manifest: Manifest) -> bytes:
+    """The manifest file's bytes: indented JSON with the SHA-256 of its canonical form under 'checksum'."""
+    data = manifest.to_dict()
+    data["checksum"] = hashlib.sha256(_canonical(data)).hexdigest()
+    return (json.dumps(data, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def parse_manifest(raw: bytes, where: str) -> Manifest:
+    """Parse and self-check manifest bytes read from `where`."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise StoreFormatError(f"{where} is not valid JSON: {error}") from None
+    if not isinstance(data, dict) or "checksum" not in data:
+        raise StoreFormatError(f"{where} has no checksum; not a dilstore manifest")
+    recorded = data.pop("checksum")
+    if hashlib.sha256(_canonical(data)).hexdigest() != recorded:
+        raise StoreFormatError(f"{where} is damaged: its content does not match its own checksum")
+    return Manifest.from_dict(data)
+
+
+def read_manifest(location: StoreLocation) -> Manifest:
+    """The manifest of the store at `location`, or a clear error when it is missing or damaged."""
+    where = location.path(MANIFEST_FILE)
+    if not location.exists(MANIFEST_FILE):
+        if not location.is_dir():
+            raise StoreFormatError(f"no store at {location.url}")
+        raise StoreFormatError(
+            f"{where} is missing: the store at {location.url} was never finalized, or its manifest was deleted"
+        )
+    return parse_manifest(location.read_bytes(MANIFEST_FILE), where)
+
+
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    """Write `root/manifest.json` atomically (temporary file, fsync, rename, fsync the directory)."""
+    temporary = root / f"{TMP_PREFIX}{MANIFEST_FILE}-{uuid.uuid4().hex}"
+    with temporary.open("wb") as file:
+        file.write(manifest_json(manifest))
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, root / MANIFEST_FILE)
+    fsync_dir(root)
+

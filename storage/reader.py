@@ -1,0 +1,213 @@
+"""Opening a finalized store read-only and fetching passages by id.
+
+    store = open_store("/stores/squad-dilbert-k4", expected=model_fingerprint)
+    passages = store.fetch(["p-17", "p-3", "p-17"])  # any order, repeats, across shards
+    passages[0].states  # (n, d): a view into the shard file for fp32/fp16
+
+Local uncompressed stores are memory-mapped and fp32/fp16 states come back as
+read-only views of the page cache; compressed or remote stores (any fsspec URL)
+go through zarr-python and give the same values. A Store is safe to share
+between threads; processes open their own (or inherit one across fork).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import zarr
+
+from storage.errors import DilstoreError
+from storage.fingerprint import Fingerprint, check_fingerprint
+from storage.format import ATTRIBUTES_KEY, INDEX_DIR, INDEX_HASHES, INDEX_ROWS, INDEX_SHARDS, StoreFormatError, shard_path
+from storage.id_index import HASH_NAME, IdIndex
+from storage.location import StoreLocation
+from storage.manifest import Manifest, read_manifest
+from storage.mapped import map_array
+from storage.records import StoredPassage
+from storage.shard import ShardReader
+
+ReadPath = Literal["auto", "mmap", "zarr"]
+_SHOWN = 5
+
+
+class MissingPassagesError(DilstoreError):
+    """Some requested passage ids are not in the store; `missing` lists them all."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+class Store:
+    """A finalized store opened read-only. Build it with `open_store`."""
+
+    def __init__(
+        self, location: StoreLocation, manifest: Manifest, index: IdIndex, *, use_mmap: bool, max_open_shards: int
+    ) -> None:
+        self.location = location
+        self.manifest = manifest
+        self._index = index
+        self._use_mmap = use_mmap
+        self._max_open_shards = max_open_shards
+        self._shards: OrderedDict[int, ShardReader] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return self.location.url
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        return self.manifest.fingerprint
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.kind
+
+    @property
+    def encoding(self) -> str:
+        return self.manifest.encoding
+
+    @property
+    def state_shape(self) -> tuple[int, ...] | None:
+        """Per-token shape of the states (None for a store without passages)."""
+        return self.manifest.state_shape
+
+    @property
+    def read_path(self) -> str:
+        """"mmap" (zero-copy memory maps) or "zarr" (zarr-python)."""
+        return "mmap" if self._use_mmap else "zarr"
+
+    def __len__(self) -> int:
+        return self.manifest.passages
+
+    def __contains__(self, passage_id: object) -> bool:
+        if not isinstance(passage_id, str):
+            return False
+        return not self._index.locate([passage_id], self._id_at)[2]
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop the open shards; memory maps close once no returned array still uses them."""
+        with self._lock:
+            self._shards.clear()
+
+    def fetch(self, passage_ids: Sequence[str]) -> list[StoredPassage]:
+        """The passages with these ids, in the order given (repeats allowed).
+
+        Raises MissingPassagesError naming the first few ids that are not in the store.
+        """
+        passage_ids = list(passage_ids)
+        shards, rows, missing = self._index.locate(passage_ids, self._id_at)
+        if missing:
+            shown = ", ".join(repr(passage_id) for passage_id in missing[:_SHOWN])
+            more = f" and {len(missing) - _SHOWN} more" if len(missing) > _SHOWN else ""
+            raise MissingPassagesError(
+                f"{len(missing)} of {len(passage_ids)} requested passage ids are not in store {self.url}: {shown}{more}",
+                missing,
+            )
+        passages: list[StoredPassage | None] = [None] * len(passage_ids)
+        for shard in np.unique(shards).tolist():
+            positions = np.flatnonzero(shards == shard)
+            for position, passage in zip(positions.tolist(), self.shard(shard).read(rows[positions]), strict=True):
+                passages[position] = passage
+        return passages  # type: ignore[return-value]  # every position was filled above
+
+    def shard(self, index: int) -> ShardReader:
+        """The reader of shard `index`, opened on first use; the least recently used are dropped beyond the limit."""
+        with self._lock:
+            reader = self._shards.get(index)
+            if reader is not None:
+                self._shards.move_to_end(index)
+                return reader
+        entry = self.manifest.shard_by_index.get(index)
+        if entry is None:
+            raise StoreFormatError(f"store {self.url}: the id index points to shard {index}, which the manifest lacks")
+        reader = ShardReader(self.location, shard_path(index), use_mmap=self._use_mmap)
+        found = reader.attributes
+        if (found.passages, found.tokens, found.kind, found.encoding) != (
+            entry.passages,
+            entry.tokens,
+            self.manifest.kind,
+            self.manifest.encoding,
+        ):
+            raise StoreFormatError(f"{reader.where} does not match the manifest's entry for it; run `dilstore verify`")
+        with self._lock:
+            reader = self._shards.setdefault(index, reader)
+            while len(self._shards) > self._max_open_shards:
+                self._shards.popitem(last=False)
+        return reader
+
+    def _id_at(self, shard: int, row: int) -> str:
+        return self.shard(shard).id_at(row)
+
+
+def open_store(
+    path_or_url: str | Path,
+    expected: Fingerprint | None = None,
+    *,
+    read_path: ReadPath = "auto",
+    storage_options: dict[str, Any] | None = None,
+    max_open_shards: int = 128,
+) -> Store:
+    """Open the finalized store at a local path or fsspec URL, read-only.
+
+    expected: the caller's model fingerprint; a store made otherwise raises
+    FingerprintMismatchError showing both. read_path: "auto" memory-maps local
+    uncompressed stores and uses zarr-python otherwise; "mmap" insists on memory
+    maps; "zarr" always uses zarr-python. max_open_shards bounds the shards kept
+    open (each holds about six file descriptors on the mmap path).
+    """
+    location = StoreLocation.parse(path_or_url, storage_options)
+    manifest = read_manifest(location)
+    if expected is not None:
+        check_fingerprint(manifest.fingerprint, expected, f"store {location.url}")
+    use_mmap = _choose_mmap(location, manifest, read_path)
+    index = _open_index(location, manifest, use_mmap)
+    return Store(location, manifest, index, use_mmap=use_mmap, max_open_shards=max_open_shards)
+
+
+def _choose_mmap(location: StoreLocation, manifest: Manifest, read_path: ReadPath) -> bool:
+    if read_path not in ("auto", "mmap", "zarr"):
+        raise DilstoreError(f"read_path must be 'auto', 'mmap' or 'zarr', got {read_path!r}")
+    blocker = None
+    if location.local_root is None:
+        blocker = "it is not on the local filesystem"
+    elif manifest.compressor is not None:
+        blocker = f"it is compressed with {manifest.compressor}"
+    if read_path == "mmap" and blocker:
+        raise DilstoreError(f"cannot memory-map store {location.url}: {blocker}; use read_path='zarr' or 'auto'")
+    return read_path != "zarr" and blocker is None
+
+
+def _open_index(location: StoreLocation, manifest: Manifest, use_mmap: bool) -> IdIndex:
+    """The id index arrays, memory-mapped or loaded, after checking they fit the manifest."""
+    where = location.path(INDEX_DIR)
+    try:
+        group = location.open_group(INDEX_DIR)
+    except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
+        raise StoreFormatError(f"cannot open the id index {where}: {type(error).__name__}: {error}") from None
+    attributes = group.attrs.asdict().get(ATTRIBUTES_KEY, {})
+    if attributes.get("hash") != HASH_NAME or attributes.get("passages") != manifest.passages:
+        raise StoreFormatError(f"{where} does not match the manifest (hash or passage count); run `dilstore verify`")
+    arrays = []
+    for name in (INDEX_HASHES, INDEX_SHARDS, INDEX_ROWS):
+        array = group[name]
+        if not isinstance(array, zarr.Array) or array.shape != (manifest.passages,):
+            raise StoreFormatError(f"{where}/{name} is not an array of {manifest.passages} entries")
+        if use_mmap:
+            assert location.local_root is not None
+            arrays.append(map_array(array, location.local_root / INDEX_DIR / name))
+        else:
+            arrays.append(np.asarray(array[...]))
+    return IdIndex(*arrays)

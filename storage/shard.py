@@ -1,0 +1,219 @@
+"""Reading one shard: its attributes, its per-passage columns and its per-token rows.
+
+Each array of a shard is read through one of two sources with the same
+interface: a memory-mapped numpy view (uncompressed arrays on a local disk;
+slices are zero-copy views) or a zarr-python array (compressed arrays, remote
+stores, or when asked for). Per-passage columns that are small (offsets, ids,
+titles) are held whole; texts and per-token arrays are sliced per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import zarr
+from zarr.core.sync import sync
+
+from storage.arrays import decode_string
+from storage.encodings import Encoding, get_encoding
+from storage.format import (
+    ATTRIBUTES_KEY,
+    CHAR_SPANS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    ID_BYTES,
+    ID_OFFSETS,
+    TEXT_BYTES,
+    TEXT_OFFSETS,
+    TITLE_BYTES,
+    TITLE_OFFSETS,
+    TOKEN_IDS,
+    TOKEN_OFFSETS,
+    StoreFormatError,
+    check_compressor,
+    get_kind,
+    states_array,
+)
+from storage.location import StoreLocation
+from storage.mapped import map_array
+from storage.records import StoredPassage
+
+
+@dataclass(frozen=True)
+class ShardAttributes:
+    """dilstore's attributes of one shard group."""
+
+    shard: int
+    kind: str
+    encoding: str
+    compressor: str | None
+    state_shape: tuple[int, ...]
+    passages: int
+    tokens: int
+
+    @classmethod
+    def of(cls, group: zarr.Group, where: str) -> ShardAttributes:
+        """Parse and check a shard group's attributes; anything off is a StoreFormatError naming `where`."""
+        data = group.attrs.asdict().get(ATTRIBUTES_KEY)
+        if not isinstance(data, dict) or data.get("format") != FORMAT_NAME or data.get("node") != "shard":
+            raise StoreFormatError(f"{where} is not a dilstore shard (no '{ATTRIBUTES_KEY}' shard attributes)")
+        if data.get("format_version", FORMAT_VERSION + 1) > FORMAT_VERSION:
+            raise StoreFormatError(f"{where} has format version {data.get('format_version')}, newer than {FORMAT_VERSION}")
+        try:
+            attributes = cls(
+                shard=int(data["shard"]),
+                kind=get_kind(data["kind"]).name,
+                encoding=get_encoding(data["encoding"]).name,
+                compressor=check_compressor(data["compressor"]),
+                state_shape=tuple(int(size) for size in data["state_shape"]),
+                passages=int(data["passages"]),
+                tokens=int(data["tokens"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise StoreFormatError(f"{where} has malformed attributes: {type(error).__name__}: {error}") from None
+        get_kind(attributes.kind).check_state_shape(attributes.state_shape)
+        return attributes
+
+
+class Column(Protocol):
+    """Rows of one array, read whole or as ranges along the first axis."""
+
+    def whole(self) -> np.ndarray: ...
+
+    async def ranges(self, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray]: ...
+
+
+class MappedColumn:
+    """A memory-mapped array; ranges are zero-copy read-only views."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+
+    def whole(self) -> np.ndarray:
+        return self.values
+
+    def views(self, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray]:
+        return [self.values[start:stop] for start, stop in zip(starts.tolist(), stops.tolist(), strict=True)]
+
+    async def ranges(self, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray]:
+        return self.views(starts, stops)
+
+
+class ZarrColumn:
+    """An array read through zarr-python; the ranges of a request are read concurrently."""
+
+    def __init__(self, array: zarr.Array) -> None:
+        self.array = array
+
+    def whole(self) -> np.ndarray:
+        values = np.asarray(self.array[...])
+        values.flags.writeable = False
+        return values
+
+    async def ranges(self, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray]:
+        source = self.array.async_array
+        parts = await asyncio.gather(
+            *(source.getitem(slice(start, stop)) for start, stop in zip(starts.tolist(), stops.tolist(), strict=True))
+        )
+        values = [np.asarray(part) for part in parts]
+        for part in values:
+            part.flags.writeable = False
+        return values
+
+
+def read_ranges(requests: Sequence[tuple[Column, np.ndarray, np.ndarray]]) -> list[list[np.ndarray]]:
+    """Row ranges of several columns: straight views when all are mapped, else one concurrent zarr-python round."""
+    if all(isinstance(column, MappedColumn) for column, _, _ in requests):
+        return [column.views(starts, stops) for column, starts, stops in requests]  # type: ignore[attr-defined]
+
+    async def gather() -> list[list[np.ndarray]]:
+        return list(await asyncio.gather(*(column.ranges(starts, stops) for column, starts, stops in requests)))
+
+    return sync(gather())
+
+
+class ShardReader:
+    """Read access to one committed shard through memory maps or zarr-python."""
+
+    def __init__(self, location: StoreLocation, relative: str, *, use_mmap: bool) -> None:
+        """Open shard `relative` of `location`; use_mmap demands the memory-mapped path for every array."""
+        where = location.path(relative)
+        try:
+            group = location.open_group(relative)
+        except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
+            raise StoreFormatError(f"cannot open shard {where}: {type(error).__name__}: {error}") from None
+        self.where = where
+        self.attributes = ShardAttributes.of(group, where)
+        self.encoding: Encoding = get_encoding(self.attributes.encoding)
+        local_root = location.local_root
+        if use_mmap and local_root is None:
+            raise StoreFormatError(f"cannot memory-map {location.url}: not on the local filesystem")
+
+        arrays = {name: node for name, node in group.members(max_depth=None) if isinstance(node, zarr.Array)}
+
+        def column(name: str) -> Column:
+            array = arrays.get(name)
+            if array is None:
+                raise StoreFormatError(f"{where}/{name} is missing or not an array")
+            if use_mmap:
+                assert local_root is not None
+                return MappedColumn(map_array(array, local_root / relative / name))
+            return ZarrColumn(array)
+
+        self.id_bytes = column(ID_BYTES).whole()
+        self.id_offsets = column(ID_OFFSETS).whole()
+        self.title_bytes = column(TITLE_BYTES).whole()
+        self.title_offsets = column(TITLE_OFFSETS).whole()
+        self.text_offsets = column(TEXT_OFFSETS).whole()
+        self.token_offsets = column(TOKEN_OFFSETS).whole()
+        self.texts = column(TEXT_BYTES)
+        self.token_ids = column(TOKEN_IDS)
+        self.char_spans = column(CHAR_SPANS)
+        self.per_token = {spec.name: column(states_array(spec.name)) for spec in self.encoding.arrays if spec.per_token}
+        self.per_shard = {
+            spec.name: column(states_array(spec.name)).whole() for spec in self.encoding.arrays if not spec.per_token
+        }
+        if len(self.id_offsets) != self.attributes.passages + 1 or len(self.token_offsets) != self.attributes.passages + 1:
+            raise StoreFormatError(f"{where}: offsets do not match its {self.attributes.passages} passages")
+
+    def __len__(self) -> int:
+        return self.attributes.passages
+
+    def id_at(self, row: int) -> str:
+        """The passage id stored at `row`."""
+        return decode_string(self.id_bytes, self.id_offsets, row)
+
+    def read(self, rows: Sequence[int]) -> list[StoredPassage]:
+        """The passages at `rows` (any order, repeats allowed), states decoded."""
+        rows = np.asarray(rows, dtype=np.int64)
+        token_starts, token_stops = self.token_offsets[rows], self.token_offsets[rows + 1]
+        names = list(self.per_token)
+        texts, token_ids, char_spans, *states = read_ranges(
+            [
+                (self.texts, self.text_offsets[rows], self.text_offsets[rows + 1]),
+                (self.token_ids, token_starts, token_stops),
+                (self.char_spans, token_starts, token_stops),
+                *((self.per_token[name], token_starts, token_stops) for name in names),
+            ]
+        )
+        per_token = dict(zip(names, states, strict=True))
+        passages = []
+        for i, row in enumerate(rows.tolist()):
+            arrays: dict[str, Any] = {name: values[i] for name, values in per_token.items()}
+            arrays.update(self.per_shard)
+            passages.append(
+                StoredPassage(
+                    id=self.id_at(row),
+                    title=decode_string(self.title_bytes, self.title_offsets, row),
+                    text=texts[i].tobytes().decode("utf-8"),
+                    token_ids=token_ids[i],
+                    char_spans=char_spans[i],
+                    states=self.encoding.decode(arrays),
+                )
+            )
+        return passages
+

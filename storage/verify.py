@@ -1,0 +1,300 @@
+"""Checking a store end to end: checksums, shapes and dtypes, offsets, strings, spans, encodings, the id index.
+
+Verify reads through zarr-python (not the memory-mapped path it checks), and
+reports every problem it finds instead of stopping at the first. Files added
+after finalize outside the shard and index directories (a BM25 index, notes)
+are listed but are not problems; any file inside them that the manifest does
+not know is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from storage.arrays import decode_string
+from storage.encodings import Encoding, get_encoding
+from storage.errors import DilstoreError
+from storage.format import (
+    CHAR_SPANS,
+    ID_BYTES,
+    ID_OFFSETS,
+    INDEX_DIR,
+    INDEX_HASHES,
+    INDEX_ROWS,
+    INDEX_SHARDS,
+    MANIFEST_FILE,
+    SHARDS_DIR,
+    TEXT_BYTES,
+    TEXT_OFFSETS,
+    TITLE_BYTES,
+    TITLE_OFFSETS,
+    TOKEN_IDS,
+    TOKEN_OFFSETS,
+    shard_name,
+    shard_path,
+    states_array,
+)
+from storage.id_index import HASH_NAME, id_hashes
+from storage.location import StoreLocation
+from storage.manifest import Manifest, ShardEntry, read_manifest
+from storage.shard import ShardAttributes
+
+_CHECK_ROWS = 1 << 18  # rows of a per-token array checked at a time
+
+
+@dataclass
+class VerifyReport:
+    """What verify checked and every problem it found."""
+
+    url: str
+    problems: list[str] = field(default_factory=list)
+    untracked: list[str] = field(default_factory=list)
+    files_checked: int = 0
+    bytes_checked: int = 0
+    shards: int = 0
+    passages: int = 0
+    tokens: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "store": self.url,
+            "ok": self.ok,
+            "problems": self.problems,
+            "untracked": self.untracked,
+            "files_checked": self.files_checked,
+            "bytes_checked": self.bytes_checked,
+            "shards": self.shards,
+            "passages": self.passages,
+            "tokens": self.tokens,
+        }
+
+
+def verify_store(path_or_url: str | Path, storage_options: dict[str, Any] | None = None) -> VerifyReport:
+    """Check the store at a local path or fsspec URL and return the report (never raises for damage)."""
+    location = StoreLocation.parse(path_or_url, storage_options)
+    report = VerifyReport(url=location.url)
+    try:
+        manifest = read_manifest(location)
+    except DilstoreError as error:
+        report.problems.append(str(error))
+        return report
+    report.shards, report.passages, report.tokens = len(manifest.shards), manifest.passages, manifest.tokens
+    _check_manifest(manifest, report)
+    _check_files(location, manifest, report)
+    shard_ids: dict[int, list[str]] = {}
+    for entry in manifest.shards:
+        ids = _guarded(report, f"shard {entry.name}", lambda entry=entry: _check_shard(location, manifest, entry, report))
+        if ids is not None:
+            shard_ids[entry.index] = ids
+    _guarded(report, "id index", lambda: _check_index(location, manifest, shard_ids, report))
+    return report
+
+
+def _guarded(report: VerifyReport, what: str, check: Callable[[], Any]) -> Any:
+    """Run one check; damage can surface as any exception inside zarr or numpy, so every one becomes a problem."""
+    try:
+        return check()
+    except Exception as error:  # noqa: BLE001 - a damaged file must give a report line, not a traceback
+        report.problems.append(f"{what}: cannot be read: {type(error).__name__}: {error}")
+        return None
+
+
+def _check_manifest(manifest: Manifest, report: VerifyReport) -> None:
+    """Totals, shard names and the fingerprint agree with the rest of the manifest."""
+    if sum(shard.passages for shard in manifest.shards) != manifest.passages:
+        report.problems.append("manifest: shard passage counts do not add up to its passage total")
+    if sum(shard.tokens for shard in manifest.shards) != manifest.tokens:
+        report.problems.append("manifest: shard token counts do not add up to its token total")
+    for shard in manifest.shards:
+        if shard.name != shard_name(shard.index):
+            report.problems.append(f"manifest: shard {shard.index} is named {shard.name!r}")
+    fingerprint = manifest.fingerprint
+    if (fingerprint.kind, fingerprint.encoding) != (manifest.kind, manifest.encoding):
+        report.problems.append("manifest: the fingerprint's kind or encoding differs from the store's")
+
+
+def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyReport) -> None:
+    """Every manifest file is present with its size and SHA-256; unknown files inside the data are problems."""
+    present = location.files()
+    missing_shards = [
+        f"{SHARDS_DIR}/{shard.name}" for shard in manifest.shards if not location.is_dir(f"{SHARDS_DIR}/{shard.name}")
+    ]
+    for shard_dir in missing_shards:
+        report.problems.append(f"missing shard directory {shard_dir}")
+    to_hash = []
+    for path, entry in manifest.files.items():
+        if path not in present:
+            if not any(path.startswith(shard_dir + "/") for shard_dir in missing_shards):
+                report.problems.append(f"missing file {path}")
+        elif present[path] != entry.bytes:
+            report.problems.append(
+                f"{path}: {present[path]} bytes, the manifest recorded {entry.bytes} (truncated or overwritten)"
+            )
+        else:
+            to_hash.append(path)
+    for path, digest in location.sha256_many(to_hash).items():
+        if isinstance(digest, OSError):
+            report.problems.append(f"{path}: cannot be read: {digest}")
+        elif digest != manifest.files[path].sha256:
+            report.problems.append(f"{path}: SHA-256 differs from the manifest (the file changed after finalize)")
+        else:
+            report.files_checked += 1
+            report.bytes_checked += present[path]
+    for path in present:
+        if path == MANIFEST_FILE or path in manifest.files:
+            continue
+        if path.startswith((f"{SHARDS_DIR}/", f"{INDEX_DIR}/")):
+            report.problems.append(f"{path}: inside the store's data but not in the manifest")
+        else:
+            report.untracked.append(path)
+
+
+def _problem(report: VerifyReport, where: str, message: str) -> None:
+    report.problems.append(f"{where}: {message}")
+
+
+def _array(group: zarr.Group, name: str, dtype: str, shape: tuple[int, ...], where: str, report: VerifyReport) -> zarr.Array | None:
+    """Array `name` of `group` if it has the expected dtype and shape; else a problem and None."""
+    try:
+        array = group[name]
+    except KeyError:
+        _problem(report, where, f"array {name} is missing")
+        return None
+    if not isinstance(array, zarr.Array):
+        _problem(report, where, f"{name} is not an array")
+        return None
+    if array.dtype != np.dtype(dtype) or array.shape != shape:
+        _problem(report, where, f"{name} is {array.dtype} {array.shape}, expected {dtype} {shape}")
+        return None
+    return array
+
+
+def _check_offsets(offsets: np.ndarray, data_length: int, name: str, where: str, report: VerifyReport) -> bool:
+    """Offsets start at 0, never decrease and end at the data length."""
+    if offsets[0] != 0 or (np.diff(offsets) < 0).any() or offsets[-1] != data_length:
+        _problem(report, where, f"{name} do not start at 0, increase and end at {data_length}")
+        return False
+    return True
+
+
+def _strings(group: zarr.Group, data_name: str, offsets_name: str, passages: int, where: str, report: VerifyReport) -> list[str] | None:
+    """Decode a ragged UTF-8 column after checking its arrays and offsets."""
+    offsets_array = _array(group, offsets_name, "int64", (passages + 1,), where, report)
+    data_array = group.get(data_name)
+    if offsets_array is None or not isinstance(data_array, zarr.Array) or data_array.dtype != np.uint8 or data_array.ndim != 1:
+        if offsets_array is not None:
+            _problem(report, where, f"{data_name} is missing or not uint8 bytes")
+        return None
+    offsets = np.asarray(offsets_array[...])
+    if not _check_offsets(offsets, data_array.shape[0], offsets_name, where, report):
+        return None
+    data = np.asarray(data_array[...])
+    try:
+        return [decode_string(data, offsets, row) for row in range(passages)]
+    except UnicodeDecodeError as error:
+        _problem(report, where, f"{data_name} is not valid UTF-8: {error}")
+        return None
+
+
+def _check_shard(location: StoreLocation, manifest: Manifest, entry: ShardEntry, report: VerifyReport) -> list[str] | None:
+    """Check one shard's attributes, arrays, offsets, strings, spans and encoded values; return its ids."""
+    relative = shard_path(entry.index)
+    where = relative
+    group = location.open_group(relative)
+    attributes = ShardAttributes.of(group, where)
+    expected = (entry.index, manifest.kind, manifest.encoding, manifest.compressor, manifest.state_shape,
+                entry.passages, entry.tokens)
+    found = (attributes.shard, attributes.kind, attributes.encoding, attributes.compressor, attributes.state_shape,
+             attributes.passages, attributes.tokens)
+    if found != expected:
+        _problem(report, where, f"attributes {found} differ from the manifest's {expected} "
+                                "(shard, kind, encoding, compressor, state shape, passages, tokens)")
+        return None
+    n, tokens, state_shape = entry.passages, entry.tokens, attributes.state_shape
+    ids = _strings(group, ID_BYTES, ID_OFFSETS, n, where, report)
+    _strings(group, TITLE_BYTES, TITLE_OFFSETS, n, where, report)
+    texts = _strings(group, TEXT_BYTES, TEXT_OFFSETS, n, where, report)
+    token_offsets_array = _array(group, TOKEN_OFFSETS, "int64", (n + 1,), where, report)
+    token_ids = _array(group, TOKEN_IDS, "int32", (tokens,), where, report)
+    char_spans = _array(group, CHAR_SPANS, "int32", (tokens, 2), where, report)
+    if token_offsets_array is not None:
+        token_offsets = np.asarray(token_offsets_array[...])
+        offsets_ok = _check_offsets(token_offsets, tokens, TOKEN_OFFSETS, where, report)
+        if offsets_ok and texts is not None and char_spans is not None:
+            _check_spans(np.asarray(char_spans[...]), token_offsets, texts, where, report)
+    if token_ids is not None:
+        np.asarray(token_ids[...])  # reading decodes every chunk: damage surfaces here
+    _check_encoded(group, get_encoding(attributes.encoding), state_shape, tokens, where, report)
+    return ids
+
+
+def _check_spans(spans: np.ndarray, token_offsets: np.ndarray, texts: list[str], where: str, report: VerifyReport) -> None:
+    """Every char span is (-1, -1) or lies inside its passage's text."""
+    text_lengths = np.repeat(np.array([len(text) for text in texts], dtype=np.int64), np.diff(token_offsets))  # (T,)
+    special = (spans == -1).all(axis=1)
+    inside = (spans[:, 0] >= 0) & (spans[:, 0] <= spans[:, 1]) & (spans[:, 1] <= text_lengths)
+    bad = np.flatnonzero(~(special | inside))
+    if bad.size:
+        _problem(report, where, f"{bad.size} char spans lie outside their passage text (first at token {bad[0]})")
+
+
+def _check_encoded(group: zarr.Group, encoding: Encoding, state_shape: tuple[int, ...], tokens: int, where: str,
+                   report: VerifyReport) -> None:
+    """The encoding's arrays have their dtypes and shapes and hold valid values."""
+    for spec in encoding.arrays:
+        shape = (tokens, *spec.shape(state_shape)) if spec.per_token else spec.shape(state_shape)
+        name = states_array(spec.name)
+        array = _array(group, name, spec.dtype, shape, where, report)
+        if array is None:
+            continue
+        rows = array.shape[0]
+        for start in range(0, max(rows, 1), _CHECK_ROWS):
+            problem = spec.check(np.asarray(array[start : start + _CHECK_ROWS]))
+            if problem:
+                _problem(report, where, f"{name} {problem} (rows {start}..{min(start + _CHECK_ROWS, rows) - 1})")
+                break
+
+
+def _check_index(location: StoreLocation, manifest: Manifest, shard_ids: dict[int, list[str]], report: VerifyReport) -> None:
+    """The id index is sorted, covers every (shard, row) once, and each hash is its id's."""
+    where = INDEX_DIR
+    group = location.open_group(INDEX_DIR)
+    attributes = group.attrs.asdict().get("dilstore", {})
+    if attributes.get("hash") != HASH_NAME or attributes.get("passages") != manifest.passages:
+        _problem(report, where, f"attributes {attributes} do not match the manifest")
+    total = manifest.passages
+    arrays = [_array(group, name, dtype, (total,), where, report)
+              for name, dtype in ((INDEX_HASHES, "uint64"), (INDEX_SHARDS, "uint32"), (INDEX_ROWS, "uint32"))]
+    if any(array is None for array in arrays):
+        return
+    hashes, shards, rows = (np.asarray(array[...]) for array in arrays)
+    if (hashes[1:] < hashes[:-1]).any():
+        _problem(report, where, "hashes are not sorted, so binary search would miss ids")
+    counts = {entry.index: entry.passages for entry in manifest.shards}
+    limits = np.array([counts.get(int(shard), 0) for shard in shards.tolist()], dtype=np.int64)
+    in_bounds = rows.astype(np.int64) < limits
+    if not in_bounds.all():
+        _problem(report, where, f"{int((~in_bounds).sum())} entries point outside their shard")
+        return
+    keys = shards.astype(np.uint64) << np.uint64(32) | rows.astype(np.uint64)
+    if len(np.unique(keys)) != total:
+        _problem(report, where, "some (shard, row) pairs are listed twice, so others are missing")
+        return
+    if set(shard_ids) != set(counts):
+        return  # a shard could not be read; that is reported already
+    ids = [shard_ids[int(shard)][int(row)] for shard, row in zip(shards.tolist(), rows.tolist(), strict=True)]
+    wrong = np.flatnonzero(id_hashes(ids) != hashes)
+    if wrong.size:
+        _problem(report, where, f"{wrong.size} hashes do not match their ids (first: {ids[wrong[0]]!r})")
+    if len(set(ids)) != total:
+        _problem(report, where, f"{total - len(set(ids))} passage ids occur more than once")
