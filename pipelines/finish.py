@@ -1,0 +1,63 @@
+"""The end of a run: check every shard is committed, write the summary, then finalize the store.
+
+Runs once, after every shard and dead-letter group has been written (the
+pipeline feeds it the sum of all their counts). The summary and `rejected/`
+are written before `storage.finalize`, which checksums every file present,
+so they are covered by the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from pipelines.atomic_files import atomic_write_text
+from pipelines.job import SUMMARY_FILE, PrecomputeJob
+from pipelines.run_stats import RunStats
+from pipelines.shard_sink import REJECTED_DIR, meta_path
+from storage.errors import DilstoreError
+from storage.finalize import finalize
+
+# Summary keys the issue's interface promises, besides every RunStats count.
+SUMMARY_KEYS = ("documents", "passages", "tokens", "rejected", "shards", "seconds", "runner")
+
+
+def missing_shards(store: Path, num_shards: int) -> list[int]:
+    """Shard indices in [0, num_shards) without a commit marker."""
+    return [shard for shard in range(num_shards) if not meta_path(store, shard).is_file()]
+
+
+def run_summary(stats: RunStats, job: PrecomputeJob, finished_at: float) -> dict[str, Any]:
+    """The end-of-run summary: the counts, wall seconds since launch, runner, store and settings."""
+    return {
+        **stats.to_dict(),
+        "seconds": round(finished_at - job.started_at, 3),
+        "passages_per_second": round(stats.passages / max(finished_at - job.started_at, 1e-9), 2),
+        "runner": job.runner,
+        "store": job.store,
+        "shard_count": job.num_shards,
+        "kind": job.kind,
+        "layers": job.layers,
+        "encoding": job.encoding,
+        "split": job.strategy,
+        "max_length": job.max_length,
+    }
+
+
+def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
+    """Write `run-summary.json` and `rejected/`, then finalize the store; the summary.
+
+    Raises DilstoreError, leaving the store unfinalized (a re-run completes
+    it), when some shard has no commit marker.
+    """
+    store = Path(job.store)
+    absent = missing_shards(store, job.num_shards)
+    if absent:
+        raise DilstoreError(f"{store}: shards {absent[:10]} are not committed; re-run to complete them")
+    (store / REJECTED_DIR).mkdir(exist_ok=True)
+    summary = run_summary(stats, job, time.time())
+    atomic_write_text(store / SUMMARY_FILE, json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    finalize(store, job.fingerprint, {**job.creation, "summary": summary})
+    return summary

@@ -1,0 +1,101 @@
+"""One precompute run's settings, as one picklable value every worker gets.
+
+`PrecomputeJob` carries what workers need (inputs, split, shard count, model
+reference and fingerprint, encoding, batch policy, threads, where to report
+progress). `run_spec` is the part that decides the store's contents: a re-run
+may resume a store only when its spec is the same, and the spec is written to
+`STORE/precompute.json` before any shard, so a later run can tell.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.routing import ReadTask, RouteSettings
+from pipelines.shard_sink import ShardSettings
+from reader.precompute import BatchPolicy
+from storage.errors import DilstoreError
+from storage.fingerprint import Fingerprint
+
+SPEC_FILE = "precompute.json"
+SUMMARY_FILE = "run-summary.json"
+
+
+@dataclass(frozen=True)
+class PrecomputeJob:
+    """Everything a precompute run's workers share.
+
+    store: absolute local path of the output store. model: a path or a
+    packaged-model reference (reader.precompute). started_at: launch time
+    (epoch seconds) for the summary's `seconds`. progress_dir: folder for
+    live progress files (local runners), or None. creation: facts recorded in
+    the manifest (command line, runner).
+    """
+
+    inputs: tuple[ReadTask, ...]
+    store: str
+    strategy: str
+    num_shards: int
+    max_length: int
+    model: str
+    fingerprint: Fingerprint
+    policy: BatchPolicy
+    threads: int
+    runner: str
+    started_at: float
+    progress_dir: str | None = None
+    creation: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def kind(self) -> str:
+        return self.fingerprint.kind
+
+    @property
+    def layers(self) -> int:
+        return self.fingerprint.layers
+
+    @property
+    def encoding(self) -> str:
+        return self.fingerprint.encoding
+
+    def route_settings(self) -> RouteSettings:
+        return RouteSettings(strategy=self.strategy, num_shards=self.num_shards, max_length=self.max_length)
+
+    def shard_settings(self) -> ShardSettings:
+        return ShardSettings(store=self.store, kind=self.kind, encoding=self.encoding, policy=self.policy)
+
+
+def run_spec(job: PrecomputeJob) -> dict[str, Any]:
+    """What fixes a store's contents: inputs (path and size), format, split, shards, model fingerprint."""
+    return {
+        "inputs": [
+            {"path": task.path, "format": task.format, "bytes": Path(task.path).stat().st_size} for task in job.inputs
+        ],
+        "split": job.strategy,
+        "shards": job.num_shards,
+        "fingerprint": job.fingerprint.to_dict(),
+    }
+
+
+def spec_json(spec: dict[str, Any]) -> str:
+    """The spec file's text (sorted keys, so equal specs are equal bytes)."""
+    return json.dumps(spec, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def read_spec(store: Path) -> dict[str, Any] | None:
+    """The spec an earlier run wrote into `store`, or None when there is none."""
+    path = store / SPEC_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DilstoreError(f"{path}: cannot read the earlier run's settings: {error}") from error
+
+
+def spec_differences(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """Top-level spec entries that differ (names only, for an error message)."""
+    return sorted(key for key in found.keys() | wanted.keys() if found.get(key) != wanted.get(key))

@@ -1,0 +1,144 @@
+"""Turning a runner name and the user's Beam flags into checked PipelineOptions.
+
+`dilstore precompute` takes `--runner NAME` plus any standard Beam flags
+(`--project`, `--region`, `--temp_location`, `--setup_file`,
+`--flink_master`, `--environment_type`, ...). This module resolves short
+runner names, adds local defaults the user did not set (worker count and
+multi-processing for the DirectRunner, the cluster address and partition
+count for Dask), and refuses, with a message, flags that no Beam option knows
+and remote runs that could not work: missing Dataflow project, region or temp
+location, or no way to ship the dilstore package to the workers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from storage.errors import DilstoreError
+
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+
+_RUNNER_ALIASES = {
+    "direct": "DirectRunner",
+    "directrunner": "DirectRunner",
+    "dask": DASK_RUNNER,
+    "daskrunner": DASK_RUNNER,
+    DASK_RUNNER.lower(): DASK_RUNNER,
+    "dataflow": "DataflowRunner",
+    "dataflowrunner": "DataflowRunner",
+    "flink": "FlinkRunner",
+    "flinkrunner": "FlinkRunner",
+    "portable": "PortableRunner",
+    "portablerunner": "PortableRunner",
+    "fnapi": "FnApiRunner",
+    "fnapirunner": "FnApiRunner",
+}
+# Runners whose workers run on this machine: they get a progress bar and local defaults.
+LOCAL_RUNNERS = frozenset({"DirectRunner", "FnApiRunner", DASK_RUNNER})
+# Runners whose workers run elsewhere and need the dilstore package shipped to them.
+REMOTE_RUNNERS = frozenset({"DataflowRunner", "FlinkRunner", "PortableRunner"})
+_DATAFLOW_REQUIRED = ("project", "region", "temp_location")
+_SHIPPING_OPTIONS = ("setup_file", "requirements_file", "extra_packages", "sdk_container_image")
+
+
+def canonical_runner(name: str) -> str:
+    """The Beam runner name for a short or full name ("dask" → the DaskRunner's import path).
+
+    Raises DilstoreError naming the choices for an unknown runner.
+    """
+    runner = _RUNNER_ALIASES.get(name.strip().lower())
+    if runner is None:
+        choices = "direct, dask, dataflow, flink, portable, fnapi (or DirectRunner, DataflowRunner, ...)"
+        raise DilstoreError(f"unknown runner {name!r}; expected one of: {choices}")
+    return runner
+
+
+@dataclass(frozen=True)
+class LocalDefaults:
+    """Settings the launcher chooses for local runners, used only where the user set nothing.
+
+    workers: DirectRunner worker processes (multi-processing when > 1; the
+    workers' own log level defaults to ERROR, since their INFO lines would
+    break up the progress bar);
+    dask_address: scheduler of the LocalCluster the launcher started, if any;
+    dask_partitions: Dask bag partitions for Create (at least the shard count,
+    so that shards spread over the Dask workers).
+    """
+
+    workers: int = 1
+    dask_address: str | None = None
+    dask_partitions: int | None = None
+
+
+def _has_flag(flags: Sequence[str], name: str) -> bool:
+    return any(flag == f"--{name}" or flag.startswith(f"--{name}=") for flag in flags)
+
+
+def assemble_beam_flags(runner: str, beam_args: Sequence[str], defaults: LocalDefaults) -> list[str]:
+    """`--runner` plus the user's Beam flags, with local defaults added where the user gave none."""
+    flags = ["--runner", runner, *beam_args]
+    if runner == "DirectRunner":
+        if not _has_flag(beam_args, "direct_num_workers"):
+            flags += ["--direct_num_workers", str(defaults.workers)]
+        if not _has_flag(beam_args, "direct_running_mode"):
+            mode = "multi_processing" if defaults.workers > 1 else "in_memory"
+            flags += ["--direct_running_mode", mode]
+        if not _has_flag(beam_args, "default_sdk_harness_log_level"):
+            flags += ["--default_sdk_harness_log_level", "ERROR"]
+    elif runner == DASK_RUNNER:
+        if defaults.dask_address and not _has_flag(beam_args, "dask_client_address"):
+            flags += ["--dask_client_address", defaults.dask_address]
+        if (
+            defaults.dask_partitions
+            and not _has_flag(beam_args, "dask_npartitions")
+            and not _has_flag(beam_args, "dask_partition_size")
+        ):
+            flags += ["--dask_npartitions", str(defaults.dask_partitions)]
+    return flags
+
+
+def _register_runner_options(runner: str, flags: Sequence[str]) -> None:
+    """Import the module that defines the Dask options, so that they parse (and are not unknown)."""
+    if runner == DASK_RUNNER or any(flag.startswith("--dask_") for flag in flags):
+        importlib.import_module("apache_beam.runners.dask.dask_runner")
+
+
+def unknown_flags(options: PipelineOptions) -> list[str]:
+    """The flags no registered Beam option class recognises (Beam itself only logs them)."""
+    known = options.get_all_options()
+    with_unknown = options.get_all_options(retain_unknown_options=True)
+    return sorted(f"--{name}" for name in with_unknown.keys() - known.keys())
+
+
+def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
+    """Checked PipelineOptions from assembled flags (see `assemble_beam_flags`).
+
+    Raises DilstoreError for flags Beam does not know, a Dataflow run without
+    project, region or temp location, and a remote run with no way to ship
+    the dilstore package (`--setup_file`, `--requirements_file`,
+    `--extra_package` or `--sdk_container_image`; LOOPBACK workers excepted).
+    """
+    flags = list(flags)
+    runner = flags[flags.index("--runner") + 1] if "--runner" in flags else "DirectRunner"
+    _register_runner_options(runner, flags)
+    options = PipelineOptions(flags)
+    unknown = unknown_flags(options)
+    if unknown:
+        raise DilstoreError(f"unknown Beam option(s): {', '.join(unknown)}")
+    values = options.get_all_options()
+    if runner == "DataflowRunner":
+        missing = [f"--{name}" for name in _DATAFLOW_REQUIRED if not values.get(name)]
+        if missing:
+            raise DilstoreError(f"--runner DataflowRunner needs {', '.join(missing)}")
+    if runner in REMOTE_RUNNERS and values.get("environment_type") != "LOOPBACK":
+        if not any(values.get(name) for name in _SHIPPING_OPTIONS):
+            raise DilstoreError(
+                f"--runner {runner} runs workers elsewhere: ship dilstore to them with "
+                "--setup_file ./pyproject.toml (or --requirements_file, --extra_package, "
+                "--sdk_container_image), or use --environment_type LOOPBACK"
+            )
+    return options

@@ -1,0 +1,208 @@
+"""The precompute pipeline: Beam wiring over the pure steps in routing, shard_sink and finish.
+
+    input files ─ Read ─┬─ documents ─ GroupByKey(id) ─ keep first ─┐
+                        └─ dead letters, skipped ───────────────────┴─ Route (split, tokenize, key)
+    Route ─┬─ ("shard", s): tokenized passages ┐
+           ├─ ("rejected", r): dead letters    ├─ + one seed per shard ─ GroupByKey ─ WriteGroups
+           └─ ("counts", c): RunStats          ┘
+    WriteGroups (encode + per-shard sink | dead-letter files | sums) ─ sum RunStats ─ Finish (summary, finalize)
+
+The graph is one chain that ends in Finish, uses no side inputs, no tagged
+outputs and no finish_bundle outputs, so it means the same on the Dask runner
+(which computes only the last transform's ancestors and drops the rest) as
+on the DirectRunner, Dataflow and Flink. Workers count what they do in Beam
+metrics (namespace "dilstore"); the summary itself is summed in the graph, so
+it exists on runners without metrics too.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipelines.corpora import Document, Record, Rejected
+from pipelines.duplicate_ids import keep_first
+from pipelines.finish import finish_run
+from pipelines.job import PrecomputeJob
+from pipelines.progress import report_planned, report_progress
+from pipelines.routing import (
+    COUNTS,
+    REJECTED,
+    SHARD,
+    GroupKey,
+    ReadTask,
+    document_key,
+    is_not_document,
+    pieces_of,
+    read_task,
+    route,
+    shard_seeds,
+)
+from pipelines.run_stats import RunStats, merge_stats
+from pipelines.shard_sink import write_rejected_part, write_shard_outputs
+from reader.precompute import checked_reader, set_threads
+from storage.errors import DilstoreError
+
+NAMESPACE = "dilstore"
+RUN_KEY = "run"
+
+
+def write_group(job: PrecomputeJob, key: GroupKey, values: Iterable[Any]) -> RunStats:
+    """Write one group (a shard, a dead-letter part) or sum one group of counts; its RunStats."""
+    group, index = key
+    if group == SHARD:
+        pieces = pieces_of(values)
+
+        def progress(done: int) -> None:
+            report_progress(job.progress_dir, index, done)
+
+        stats = write_shard_outputs(
+            job.shard_settings(),
+            index,
+            pieces,
+            lambda: checked_reader(job.model, job.layers, job.fingerprint),
+            progress,
+        )
+        report_progress(job.progress_dir, index, stats.passages)
+        return stats
+    if group == REJECTED:
+        return write_rejected_part(job.store, index, values)
+    if group == COUNTS:
+        return merge_stats(values)
+    raise ValueError(f"unknown group {group!r}")
+
+
+class ReadCorpusFn(beam.DoFn):
+    """Every record of one input file; counts documents read."""
+
+    def __init__(self) -> None:
+        self.documents_read = Metrics.counter(NAMESPACE, "documents_read")
+
+    def process(self, task: ReadTask) -> Iterator[Record]:
+        for record in read_task(task):
+            if isinstance(record, Document):
+                self.documents_read.inc()
+            yield record
+
+
+class RouteFn(beam.DoFn):
+    """Split, tokenize and key each record (`routing.route`), with the run's tokenizer.
+
+    Also tells the launcher how many stored units this bundle planned, so its
+    progress bar has a total once routing is done.
+    """
+
+    def __init__(self, job: PrecomputeJob) -> None:
+        self.job = job
+        self.settings = job.route_settings()
+        self.tokenizer: Any = None
+        self.planned = 0
+
+    def setup(self) -> None:
+        set_threads(self.job.threads)
+        self.tokenizer = checked_reader(self.job.model, self.job.layers, self.job.fingerprint).tokenizer
+
+    def start_bundle(self) -> None:
+        self.planned = 0
+
+    def process(self, record: Document | Rejected) -> Iterator[tuple[GroupKey, Any]]:
+        for key, value in route(record, self.settings, self.tokenizer):
+            if key[0] == SHARD:
+                self.planned += 1
+            yield key, value
+
+    def finish_bundle(self) -> None:
+        report_planned(self.job.progress_dir, uuid.uuid4().hex, self.planned)
+
+
+class WriteGroupFn(beam.DoFn):
+    """Write one grouped key (`write_group`) and count it in Beam metrics."""
+
+    def __init__(self, job: PrecomputeJob) -> None:
+        self.job = job
+        self.counters = {
+            name: Metrics.counter(NAMESPACE, name)
+            for name in ("documents", "passages", "tokens", "rejected", "skipped", "long_passages")
+        }
+        self.shards_written = Metrics.counter(NAMESPACE, "shards_written")
+        self.shards_resumed = Metrics.counter(NAMESPACE, "shards_resumed")
+        self.bytes_written = Metrics.counter(NAMESPACE, "bytes_written")
+
+    def setup(self) -> None:
+        set_threads(self.job.threads)
+
+    def process(self, element: tuple[GroupKey, Iterable[Any]]) -> Iterator[tuple[str, RunStats]]:
+        key, values = element
+        stats = write_group(self.job, key, values)
+        for name, counter in self.counters.items():
+            counter.inc(getattr(stats, name))
+        if stats.shards_resumed:
+            self.shards_resumed.inc(stats.shards_resumed)
+        else:
+            self.shards_written.inc(stats.shards)
+            self.bytes_written.inc(stats.bytes)
+        yield RUN_KEY, stats
+
+
+def finish(element: tuple[str, RunStats], job: PrecomputeJob) -> dict[str, Any]:
+    """Finalize once with the run's totals."""
+    _, stats = element
+    return finish_run(stats, job)
+
+
+def first_of_each_id(element: tuple[str, Iterable[Document]]) -> list[Document | Rejected]:
+    """The first document of an id group and a dead letter for every other."""
+    _, documents = element
+    return keep_first(documents)
+
+
+class Precompute(beam.PTransform):
+    """The whole run, from the job's input files to a finalized store (a PCollection of one summary)."""
+
+    def __init__(self, job: PrecomputeJob) -> None:
+        super().__init__()
+        self.job = job
+
+    def expand(self, pipeline: beam.pvalue.PBegin) -> beam.PCollection:
+        job = self.job
+        records = (
+            pipeline
+            | "Inputs" >> beam.Create(list(job.inputs))
+            | "Read" >> beam.ParDo(ReadCorpusFn())
+        )
+        unique = (
+            records
+            | "KeyById" >> beam.FlatMap(document_key)
+            | "GroupById" >> beam.GroupByKey()
+            | "KeepFirst" >> beam.FlatMap(first_of_each_id)
+        )
+        others = records | "NotDocuments" >> beam.Filter(is_not_document)
+        routed = (unique, others) | "AllRecords" >> beam.Flatten() | "Route" >> beam.ParDo(RouteFn(job))
+        seeds = pipeline | "ShardSeeds" >> beam.Create(shard_seeds(job.num_shards))
+        return (
+            (routed, seeds)
+            | "WithSeeds" >> beam.Flatten()
+            | "GroupByShard" >> beam.GroupByKey()
+            | "WriteGroups" >> beam.ParDo(WriteGroupFn(job))
+            | "SumCounts" >> beam.CombinePerKey(merge_stats)
+            | "Finish" >> beam.Map(finish, job)
+        )
+
+
+def build_pipeline(job: PrecomputeJob, options: PipelineOptions) -> beam.Pipeline:
+    """A pipeline object holding the whole run, not yet run (`.run()` starts it).
+
+    Beam validates runner options here (e.g. Dataflow project ids and GCS
+    paths); its complaint becomes a DilstoreError.
+    """
+    try:
+        pipeline = beam.Pipeline(options=options)
+    except ValueError as error:
+        raise DilstoreError(f"invalid Beam options: {error}") from error
+    _ = pipeline | "Precompute" >> Precompute(job)
+    return pipeline

@@ -1,0 +1,119 @@
+"""Pure steps between reading a corpus and writing a store: read, key, split, route.
+
+The pipeline groups everything once, by a `GroupKey`:
+
+- ("shard", s): the tokenized passages (and windows of long passages) of
+  shard s, plus one `None` seed per shard, so every shard has a group even
+  when the hash gives it nothing;
+- ("rejected", r): dead letters, written as `rejected/part-r.jsonl`;
+- ("counts", c): `RunStats` of documents accepted and records skipped, summed
+  per group so that no single key collects one element per document.
+
+All keys come from stable hashes (`pipelines.sharding`), so the grouping is the
+same on every runner and every re-run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from pipelines.corpora import Document, Record, Rejected, Skipped, read_corpus
+from pipelines.passages import split_document
+from pipelines.run_stats import RunStats
+from pipelines.sharding import shard_of, stable_hash
+from reader.precompute import TokenizedPassage, tokenize_passage
+from storage.errors import DilstoreError
+
+SHARD, REJECTED, COUNTS = "shard", "rejected", "counts"
+GroupKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """One input file to read: its path (absolute, as workers see it) and corpus format."""
+
+    path: str
+    format: str
+
+
+def read_task(task: ReadTask) -> Iterator[Record]:
+    """Every record of one input file (documents, dead letters, skipped records)."""
+    yield from read_corpus(task.path, task.format)
+
+
+def document_key(record: Record) -> Iterator[tuple[str, Document]]:
+    """(id, document) for a Document, nothing for other records: the key duplicates share."""
+    if isinstance(record, Document):
+        yield record.id, record
+
+
+def is_not_document(record: Record) -> bool:
+    """True for dead letters and skipped records, which bypass the duplicate check."""
+    return not isinstance(record, Document)
+
+
+@dataclass(frozen=True)
+class RouteSettings:
+    """How documents become stored units: the split strategy, the shard count and the token limit."""
+
+    strategy: str
+    num_shards: int
+    max_length: int
+
+
+def route(
+    record: Document | Rejected | Skipped, settings: RouteSettings, tokenizer: object
+) -> Iterator[tuple[GroupKey, object]]:
+    """Where one record goes: a document's tokenized passages to their shards, anything else to its group.
+
+    A document is split into passages and each passage tokenized (long ones
+    into windows, see reader.precompute); each window goes to the shard of its
+    own id. A passage with no word piece, and a document that yields no
+    passage at all, become dead letters, so nothing disappears without a trace.
+    """
+    shards = settings.num_shards
+    if isinstance(record, Rejected):
+        yield (REJECTED, rejected_part(record, shards)), record
+        return
+    if isinstance(record, Skipped):
+        yield (COUNTS, stable_hash(f"{record.source}\0{record.line_or_id}") % shards), RunStats(skipped=1)
+        return
+    position = record.line if record.line is not None else record.id
+    stored = 0
+    long_passages = 0
+    for passage in split_document(record, settings.strategy):
+        try:
+            pieces = tokenize_passage(tokenizer, passage, settings.max_length)
+        except DilstoreError as error:
+            dead = Rejected(record.source, passage.id, f"passage {passage.id!r}: {error}")
+            yield (REJECTED, rejected_part(dead, shards)), dead
+            continue
+        long_passages += len(pieces) > 1
+        stored += len(pieces)
+        for piece in pieces:
+            yield (SHARD, shard_of(piece.id, shards)), piece
+    if stored == 0:
+        dead = Rejected(record.source, position, f"no passage: the {settings.strategy} split left nothing to store")
+        yield (REJECTED, rejected_part(dead, shards)), dead
+        return
+    yield (COUNTS, shard_of(record.id, shards)), RunStats(documents=1, long_passages=long_passages)
+
+
+def rejected_part(record: Rejected, num_shards: int) -> int:
+    """The dead-letter file a rejected record goes to (a stable hash of where it came from)."""
+    return stable_hash(f"{record.source}\0{record.line_or_id}") % num_shards
+
+
+def shard_seeds(num_shards: int) -> list[tuple[GroupKey, None]]:
+    """One empty element per shard, so that every shard index gets a group and a marker."""
+    return [((SHARD, shard), None) for shard in range(num_shards)]
+
+
+def pieces_of(values: Iterable[TokenizedPassage | None]) -> list[TokenizedPassage]:
+    """The stored units of a shard group sorted by id (the seed dropped); ids must be unique."""
+    pieces = sorted((value for value in values if value is not None), key=lambda piece: piece.id)
+    for previous, current in zip(pieces, pieces[1:]):
+        if previous.id == current.id:
+            raise DilstoreError(f"passage id {current.id!r} occurs twice in one shard")
+    return pieces

@@ -1,0 +1,172 @@
+"""The project's per-shard sink: everything one shard group writes, as plain functions.
+
+For shard s, one call writes, in this order:
+
+1. `passages/part-s.parquet`: id, doc_id, title, text of each stored unit;
+2. `passages/jsonl/part-s.jsonl`: `{"id", "contents"}` (title, newline, text)
+   for pyserini's JsonCollection;
+3. the store shard `shards/shard-s` (`storage.writer.write_shard`);
+4. `passages/meta/part-s.json`: the shard's counts, written last. It is the
+   shard's commit marker: a re-run skips a shard whose marker exists
+   (ColBERT-style resume), and rewrites, byte-identically, any shard killed
+   before it.
+
+Every file is written atomically (temporary name, then rename) and its bytes
+depend only on the shard's records, sorted by id, so a retried bundle or a
+re-run writes the same bytes whatever the runner's order. Beam's own
+WriteToParquet/WriteToText are not used: on the Dask runner they write empty
+files.
+
+A shard that the hash leaves empty gets only its marker (the store holds no
+empty shards). Dead letters go to `rejected/part-r.jsonl` the same way.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines.atomic_files import atomic_write_bytes, atomic_write_text
+from pipelines.corpora import Rejected
+from pipelines.run_stats import RunStats
+from reader.precompute import BatchPolicy, TokenizedPassage, encode_tokenized
+from storage.format import SHARDS_DIR, shard_name
+from storage.writer import write_shard
+
+PASSAGES_DIR = "passages"
+JSONL_DIR = f"{PASSAGES_DIR}/jsonl"
+META_DIR = f"{PASSAGES_DIR}/meta"
+REJECTED_DIR = "rejected"
+
+PASSAGE_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("title", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+    ]
+)
+
+
+def part_name(index: int) -> str:
+    """`part-NNNNN`, the base name of every per-shard file for shard (or dead-letter part) `index`."""
+    return f"part-{index:05d}"
+
+
+def parquet_path(store: Path, shard: int) -> Path:
+    return store / PASSAGES_DIR / f"{part_name(shard)}.parquet"
+
+
+def jsonl_path(store: Path, shard: int) -> Path:
+    return store / JSONL_DIR / f"{part_name(shard)}.jsonl"
+
+
+def meta_path(store: Path, shard: int) -> Path:
+    return store / META_DIR / f"{part_name(shard)}.json"
+
+
+def rejected_path(store: Path, part: int) -> Path:
+    return store / REJECTED_DIR / f"{part_name(part)}.jsonl"
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    """What every shard writer of one run shares."""
+
+    store: str
+    kind: str
+    encoding: str
+    policy: BatchPolicy
+
+
+def passage_table_bytes(pieces: Sequence[TokenizedPassage]) -> bytes:
+    """The shard's Parquet passage table (id, doc_id, title, text), in the order given."""
+    table = pa.table(
+        {
+            "id": [piece.id for piece in pieces],
+            "doc_id": [piece.doc_id for piece in pieces],
+            "title": [piece.title for piece in pieces],
+            "text": [piece.text for piece in pieces],
+        },
+        schema=PASSAGE_SCHEMA,
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
+def collection_jsonl(pieces: Sequence[TokenizedPassage]) -> str:
+    """pyserini JsonCollection lines: `{"id", "contents"}` with contents = title, newline, text."""
+    lines = (
+        json.dumps({"id": piece.id, "contents": f"{piece.title}\n{piece.text}"}, ensure_ascii=False)
+        for piece in pieces
+    )
+    return "".join(f"{line}\n" for line in lines)
+
+
+def read_meta(store: Path, shard: int) -> RunStats | None:
+    """The counts of a shard already committed by an earlier attempt, or None."""
+    path = meta_path(store, shard)
+    if not path.is_file():
+        return None
+    return RunStats.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def shard_files_bytes(store: Path, shard: int) -> int:
+    """Bytes of a shard's store directory and passage-table files (what the shard added to disk)."""
+    shard_dir = store / SHARDS_DIR / shard_name(shard)
+    sizes = [path.stat().st_size for path in shard_dir.rglob("*") if path.is_file()] if shard_dir.is_dir() else []
+    tables = [parquet_path(store, shard), jsonl_path(store, shard)]
+    return sum(sizes) + sum(path.stat().st_size for path in tables if path.is_file())
+
+
+def write_shard_outputs(
+    settings: ShardSettings,
+    shard: int,
+    pieces: Sequence[TokenizedPassage],
+    reader_for: Callable[[], object],
+    on_batch: Callable[[int], None] | None = None,
+) -> RunStats:
+    """Encode and write one shard group (see the module docstring); its counts.
+
+    `pieces` must be sorted by id. `reader_for()` gives the (cached) model, and
+    is only called when there is something to encode. A shard whose marker
+    exists is not recomputed: its counts come back with shards_resumed = 1.
+    """
+    store = Path(settings.store)
+    done = read_meta(store, shard)
+    if done is not None:
+        return RunStats(**{**done.to_dict(), "shards_resumed": 1})
+    if pieces:
+        records = encode_tokenized(reader_for(), pieces, settings.policy, on_batch)
+        atomic_write_bytes(parquet_path(store, shard), passage_table_bytes(pieces))
+        atomic_write_text(jsonl_path(store, shard), collection_jsonl(pieces))
+        write_shard(store, shard, records, kind=settings.kind, encoding=settings.encoding)
+    stats = RunStats(
+        passages=len(pieces),
+        tokens=sum(piece.length for piece in pieces),
+        shards=1 if pieces else 0,
+        bytes=shard_files_bytes(store, shard),
+    )
+    atomic_write_text(meta_path(store, shard), json.dumps(stats.to_dict(), sort_keys=True) + "\n")
+    return stats
+
+
+def _rejected_order(record: Rejected) -> tuple[str, bool, int, str, str]:
+    """Dead letters sorted by file, then line number (numbers first), then id and reason."""
+    position = record.line_or_id
+    is_line = isinstance(position, int)
+    return (record.source, not is_line, position if is_line else 0, "" if is_line else str(position), record.reason)
+
+
+def write_rejected_part(store: str, part: int, records: Iterable[Rejected]) -> RunStats:
+    """Write one dead-letter file (JSONL, one `{"source", "line_or_id", "reason"}` per line); its count."""
+    ordered = sorted(records, key=_rejected_order)
+    atomic_write_text(rejected_path(Path(store), part), "".join(f"{record.to_json()}\n" for record in ordered))
+    return RunStats(rejected=len(ordered))

@@ -1,0 +1,257 @@
+"""The offline half of precompute as plain functions: passages → tokens → layer-k states → records.
+
+Pipelines call these per shard; nothing here knows about Beam.
+
+- **Tokenizing.** A passage is `p [SEP]` (`encode_passage`), so its stored
+  states never depend on a question. Pipelines tokenize before grouping by
+  shard, so that each window of a long passage is its own stored unit.
+- **Long passages (the documented rule).** A passage whose `p [SEP]` is longer
+  than `max_length` tokens is split into the windows `encode_passage` makes
+  (each at most `max_length` tokens, ending in [SEP]). Nothing is truncated
+  away: window 0 keeps the passage id, window w ≥ 1 gets the id
+  `{passage_id}~{w}`; each window's text is the slice of the passage text its
+  tokens cover, and its character spans point into that slice. Every such
+  passage is counted (`long_passages`).
+- **Batching.** Passages are sorted by token count and cut into batches whose
+  padded size stays under a token budget, so a batch pads only to its own
+  longest passage. Encoding runs under `torch.inference_mode`.
+- **The model once per worker.** `cached_reader` keeps loaded readers per
+  (model directory, k) for the life of the process.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from transformers.utils import logging as hf_logging
+
+from reader.checkpoints import base_model_dir
+from reader.default_model import default_checkpoint_dir
+from reader.dilbert import DilBertReader
+from reader.fingerprint import model_fingerprint
+from reader.tokenization import TokenizedText, encode_passage
+from storage.errors import DilstoreError
+from storage.fingerprint import Fingerprint
+from storage.records import PassageRecord
+
+# Symbolic model references, resolved on each worker to the installed package's copy,
+# so a remote worker finds the packaged models wherever its site-packages is.
+DEFAULT_CHECKPOINT_REF = "package:default-checkpoint"
+BASE_MODEL_REF = "package:base-model"
+WINDOW_ID_SEPARATOR = "~"
+DEFAULT_MAX_LENGTH = 384
+# Padded tokens per batch: 64 passages of 128 tokens. Bounds activation memory per forward.
+DEFAULT_BATCH_TOKENS = 8192
+DEFAULT_MAX_BATCH_SIZE = 128
+
+
+class PassageLike(Protocol):
+    """What precompute needs of a passage: its id, its document's id, title and text."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def doc_id(self) -> str: ...
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class TokenizedPassage:
+    """One stored unit: a passage, or one window of a long passage, with its tokens.
+
+    `source_id` is the passage it came from (equal to `id` unless it is a window).
+    """
+
+    id: str
+    source_id: str
+    doc_id: str
+    title: str
+    text: str
+    tokens: TokenizedText
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.token_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How passages are batched: at most `batch_tokens` padded tokens and `max_batch_size` passages per batch."""
+
+    batch_tokens: int = DEFAULT_BATCH_TOKENS
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+
+    def __post_init__(self) -> None:
+        if self.batch_tokens < 1 or self.max_batch_size < 1:
+            raise DilstoreError(
+                f"batch limits must be positive, got batch_tokens={self.batch_tokens}, "
+                f"max_batch_size={self.max_batch_size}"
+            )
+
+
+def resolve_model_dir(model: str) -> Path:
+    """A model directory from a path or a packaged-model reference (see DEFAULT_CHECKPOINT_REF)."""
+    if model == DEFAULT_CHECKPOINT_REF:
+        return default_checkpoint_dir()
+    if model == BASE_MODEL_REF:
+        return base_model_dir()
+    return Path(model)
+
+
+@functools.lru_cache(maxsize=2)
+def cached_reader(model: str, layers: int | None) -> DilBertReader:
+    """The reader for (model reference, k), loaded once per process and kept.
+
+    Hugging Face's per-load progress bars and load reports are turned off: a
+    pipeline loads the model in every worker, and they would interleave with
+    the run's own progress bar (a base model's report only lists the QA head,
+    which the offline layers never use).
+    """
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    return DilBertReader.from_pretrained(resolve_model_dir(model), layers=layers)
+
+
+@functools.lru_cache(maxsize=2)
+def checked_reader(model: str, layers: int, expected: Fingerprint) -> DilBertReader:
+    """`cached_reader`, refusing a model whose fingerprint differs from the one the run started with.
+
+    Guards a long run against a model that changed on disk, or a worker that
+    resolved a different copy, between the launch and this worker's start.
+    """
+    reader = cached_reader(model, layers)
+    actual = model_fingerprint(reader, expected.kind, expected.encoding, expected.max_length)
+    if actual != expected:
+        raise DilstoreError(
+            f"the model at {resolve_model_dir(model)} does not match the fingerprint this run started with; "
+            "was it replaced during the run?"
+        )
+    return reader
+
+
+def set_threads(threads: int) -> None:
+    """Use `threads` intra-op threads for torch in this process."""
+    if threads < 1:
+        raise DilstoreError(f"threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
+
+
+def window_id(passage_id: str, window: int) -> str:
+    """The stored id of window `window` of a long passage (window 0 keeps the passage id)."""
+    return passage_id if window == 0 else f"{passage_id}{WINDOW_ID_SEPARATOR}{window}"
+
+
+def _window_text(text: str, tokens: TokenizedText) -> tuple[str, TokenizedText]:
+    """The slice of `text` a window's tokens cover, and the window with spans into that slice."""
+    spans = tokens.char_spans  # (n, 2)
+    real = spans[:, 0] >= 0  # (n,) special tokens have (-1, -1)
+    if not real.any():
+        return "", tokens
+    start, end = int(spans[real, 0].min()), int(spans[real, 1].max())
+    shifted = np.where(real[:, None], spans - start, spans).astype(np.int32)  # (n, 2)
+    return text[start:end], TokenizedText(token_ids=tokens.token_ids, char_spans=shifted)
+
+
+def tokenize_passage(tokenizer: object, passage: PassageLike, max_length: int) -> list[TokenizedPassage]:
+    """`p [SEP]` tokens of one passage, split into windows when longer than `max_length` (module rule).
+
+    Raises DilstoreError when the text has no word piece at all (the caller dead-letters it).
+    """
+    windows = encode_passage(tokenizer, passage.text, max_length)
+    if len(windows) == 1:
+        return [TokenizedPassage(passage.id, passage.id, passage.doc_id, passage.title, passage.text, windows[0])]
+    pieces = []
+    for number, window in enumerate(windows):
+        text, tokens = _window_text(passage.text, window)
+        pieces.append(
+            TokenizedPassage(window_id(passage.id, number), passage.id, passage.doc_id, passage.title, text, tokens)
+        )
+    return pieces
+
+
+def length_batches(lengths: Sequence[int], policy: BatchPolicy) -> list[list[int]]:
+    """Indices into `lengths`, cut into batches of similar length within the policy's limits.
+
+    Sorted by (length, index), so the batches are the same for the same input
+    wherever they are computed; a batch's padded size is its size times its
+    last (longest) length. A single passage longer than the budget is a batch
+    of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda index: (lengths[index], index))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        padded = (len(current) + 1) * lengths[index]
+        if current and (padded > policy.batch_tokens or len(current) >= policy.max_batch_size):
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def pad_batch(sequences: Sequence[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id arrays → (ids (b, n) long, mask (b, n) long), right-padded with `pad_id` to the longest."""
+    width = max(int(sequence.shape[0]) for sequence in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # (b, n)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)  # (b, n)
+    for row, sequence in enumerate(sequences):
+        ids[row, : sequence.shape[0]] = torch.from_numpy(sequence.astype(np.int64))
+        mask[row, : sequence.shape[0]] = 1
+    return ids, mask
+
+
+def encode_batch(reader: DilBertReader, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Layer-k passage states for a batch of `p [SEP]` id arrays, each (n_i, d) float32 without padding."""
+    pad_id = reader.tokenizer.pad_token_id
+    ids, mask = pad_batch(sequences, 0 if pad_id is None else int(pad_id))  # (b, n), (b, n)
+    with torch.inference_mode():
+        states = reader.encode_passages(ids, mask)  # (b, n, d)
+    states = states.to(torch.float32).numpy()  # (b, n, d)
+    return [np.ascontiguousarray(states[row, : sequence.shape[0]]) for row, sequence in enumerate(sequences)]
+
+
+def encode_tokenized(
+    reader: DilBertReader,
+    pieces: Sequence[TokenizedPassage],
+    policy: BatchPolicy = BatchPolicy(),
+    on_batch: Callable[[int], None] | None = None,
+) -> list[PassageRecord]:
+    """Encode tokenized passages in length-bucketed batches; `PassageRecord`s in the order given.
+
+    `on_batch(n)` is called after each batch with the number of passages
+    finished so far, for progress reporting.
+    """
+    states: list[np.ndarray | None] = [None] * len(pieces)
+    finished = 0
+    for batch in length_batches([piece.length for piece in pieces], policy):
+        outputs = encode_batch(reader, [pieces[index].tokens.token_ids for index in batch])
+        for index, output in zip(batch, outputs, strict=True):
+            states[index] = output
+        finished += len(batch)
+        if on_batch is not None:
+            on_batch(finished)
+    return [
+        PassageRecord(
+            id=piece.id,
+            title=piece.title,
+            text=piece.text,
+            token_ids=piece.tokens.token_ids,
+            char_spans=piece.tokens.char_spans,
+            states=state,
+        )
+        for piece, state in zip(pieces, states, strict=True)
+    ]

@@ -1,0 +1,93 @@
+"""`dilstore index STORE`: a Lucene BM25 index over a store's passages, with pyserini.
+
+Indexes the pyserini JsonCollection files that `dilstore precompute` wrote to
+STORE/passages/jsonl (`{"id", "contents"}`, contents = title, newline, text)
+into STORE/bm25, so BM25 hits carry exactly the store's passage ids. The JVM
+runs in this process, which never forks after starting it; its log goes to
+stderr, so that stdout carries only the result. The index is built
+in a temporary folder next to STORE/bm25 and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from storage.errors import DilstoreError
+
+BM25_DIR = "bm25"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `index`."""
+    parser = subparsers.add_parser(
+        "index",
+        help="Lucene BM25 index over a store's passages (pyserini)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("store", type=Path, metavar="STORE", help="a store written by `dilstore precompute`")
+    parser.add_argument("--threads", type=int, default=1, help="indexing threads (default 1)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(run=run_command)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to file descriptor 1 to stderr meanwhile.
+
+    Anserini logs to the JVM's System.out, which writes to descriptor 1
+    directly; redirecting the descriptor keeps stdout for the command's own
+    result (`--json`).
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Build STORE/bm25 from STORE/passages/jsonl; 0 on success."""
+    from pipelines.shard_sink import JSONL_DIR
+    from reader.retrieval import build_bm25_index
+
+    if args.threads < 1:
+        raise DilstoreError(f"--threads must be at least 1, got {args.threads}")
+    collection = args.store / JSONL_DIR
+    if not args.store.is_dir():
+        raise DilstoreError(f"no store at {args.store}")
+    if not collection.is_dir():
+        raise DilstoreError(f"{args.store} has no passage collection at {collection}; was it made by `dilstore precompute`?")
+    target = args.store / BM25_DIR
+    building = args.store / f".{BM25_DIR}.building"
+    shutil.rmtree(building, ignore_errors=True)
+    started = time.time()
+    with stdout_to_stderr():
+        build_bm25_index(collection, building, threads=args.threads)
+    if not any(building.glob("segments_*")):
+        raise DilstoreError(f"pyserini wrote no index to {building}; see its log above")
+    shutil.rmtree(target, ignore_errors=True)
+    building.rename(target)
+    result = {
+        "index": str(target),
+        "collection": str(collection),
+        "files": len(list(collection.glob("*.jsonl"))),
+        "seconds": round(time.time() - started, 2),
+    }
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(f"BM25 index of {collection} written to {target} in {result['seconds']} s", file=sys.stderr)
+    return 0

@@ -1,0 +1,389 @@
+"""`dilstore precompute`: corpus → passages → offline layers → shard store, on any Beam runner.
+
+With no arguments it runs on the embedded default corpus (ten SQuAD dev
+articles, CC BY-SA 4.0) with the default reader and writes ./dilstore-store.
+Any option Beam knows (`--project`, `--region`, `--temp_location`,
+`--setup_file`, `--flink_master`, `--environment_type`, ...) is passed on to
+Beam; unknown ones are an error.
+
+A run killed at any point can be re-run with the same command: committed
+shards are kept, the rest are rewritten byte-identically, and the store is
+finalized only when every shard is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from storage.errors import DilstoreError
+
+if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
+    from pipelines.job import PrecomputeJob
+    from pipelines.options import LocalDefaults
+    from pipelines.routing import ReadTask
+
+DEFAULT_OUTPUT = "dilstore-store"
+KINDS = ("dilbert", "earl-s1", "earl-s2")
+ENCODINGS = ("fp32", "fp16", "int8")
+SPLITS = ("words", "paragraphs")
+FORMATS = ("jsonl", "msmarco", "squad", "wikipedia")
+# k used with the base model when the trained default checkpoint is absent and no --layers is given.
+FALLBACK_LAYERS = 3
+_PROGRESS_POLL_SECONDS = 0.5
+# Parsed names that are not options of the command itself.
+_NOT_IN_COMMAND = {"command", "run", "beam_args"}
+
+
+class _BeamPassThroughParser(argparse.ArgumentParser):
+    """A parser that keeps the options it does not know in `beam_args` instead of failing.
+
+    They are Beam pipeline options; `pipelines.options` checks them against
+    every option Beam defines, so a misspelt one still fails with exit 2.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        namespace, extras = super().parse_known_args(args, namespace)
+        namespace.beam_args = list(extras)
+        return namespace, []
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `precompute`."""
+    parser = subparsers.add_parser(
+        "precompute",
+        help="Beam job: corpus → passages → offline layers → store (no arguments: the embedded default)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.__class__ = _BeamPassThroughParser
+    cpus = os.cpu_count() or 1
+    inputs = parser.add_argument_group("input")
+    inputs.add_argument("--input", action="append", type=Path, metavar="PATH",
+                        help="corpus file; repeat for several (default: the embedded corpus)")
+    inputs.add_argument("--format", choices=FORMATS,
+                        help="corpus format (default: from the file name, e.g. .jsonl, .tsv, .json, .xml.bz2)")
+    inputs.add_argument("--split", choices=SPLITS, default="words",
+                        help="passages: 100-word windows with stride 50, or paragraphs (default words)")
+    model = parser.add_argument_group("model and store")
+    model.add_argument("--output", type=Path, default=Path(DEFAULT_OUTPUT), metavar="STORE",
+                       help=f"store directory to write (default ./{DEFAULT_OUTPUT})")
+    model.add_argument("--model", metavar="DIR",
+                       help="reader checkpoint directory (default: the packaged default checkpoint)")
+    model.add_argument("--kind", choices=KINDS, default="dilbert", help="representation kind (default dilbert)")
+    model.add_argument("--layers", type=int, metavar="K",
+                       help="k, the offline layers (default: the checkpoint's own k)")
+    model.add_argument("--encoding", choices=ENCODINGS, default="fp16", help="state encoding (default fp16)")
+    model.add_argument("--max-length", type=positive_int, default=384, metavar="N",
+                       help="longest stored window in tokens, [SEP] included; longer passages are split "
+                            "into windows (default 384)")
+    model.add_argument("--shards", type=positive_int, metavar="N",
+                       help="shard count (default: from the input size, one per ~1 MiB, 4 to 16384)")
+    model.add_argument("--overwrite", action="store_true",
+                       help="replace an existing store made with other settings (default: refuse)")
+    run = parser.add_argument_group("running")
+    run.add_argument("--runner", default="direct", metavar="NAME",
+                     help="direct (default), dask, dataflow, flink, portable, or a Beam runner name")
+    run.add_argument("--workers", type=positive_int, default=cpus, metavar="N",
+                     help=f"local worker processes: DirectRunner multi-processing, Dask LocalCluster (default {cpus})")
+    run.add_argument("--threads", type=positive_int, metavar="N",
+                     help="torch threads per worker (default: CPUs / workers, at least 1)")
+    run.add_argument("--batch-tokens", type=positive_int, default=8192, metavar="N",
+                     help="padded tokens per encoder batch (default 8192)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--json", action="store_true", help="print the end-of-run summary as JSON")
+    parser.set_defaults(run=run_command)
+
+
+def resolve_inputs(paths: Sequence[Path] | None, format: str | None) -> tuple[ReadTask, ...]:
+    """ReadTasks for the given files (absolute paths), or for the embedded corpus when none are given."""
+    from pipelines.corpora import format_for_path
+    from pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
+    from pipelines.routing import ReadTask
+
+    if not paths:
+        return (ReadTask(str(default_corpus_path()), format or DEFAULT_CORPUS_FORMAT),)
+    tasks = []
+    for path in paths:
+        if not path.is_file():
+            raise DilstoreError(f"input file not found: {path}")
+        tasks.append(ReadTask(str(path.resolve()), format or format_for_path(path)))
+    return tuple(tasks)
+
+
+def resolve_model(model: str | None, layers: int | None) -> tuple[str, int | None]:
+    """(model reference, k) for the run, saying so when the default checkpoint must be stood in for."""
+    from reader.checkpoints import read_metadata
+    from reader.precompute import BASE_MODEL_REF, DEFAULT_CHECKPOINT_REF, resolve_model_dir
+
+    if model is not None:
+        return model, layers
+    try:
+        directory = resolve_model_dir(DEFAULT_CHECKPOINT_REF)
+    except DilstoreError as error:
+        chosen = FALLBACK_LAYERS if layers is None else layers
+        print(
+            f"dilstore precompute: note: {error}\n"
+            f"dilstore precompute: note: using the base model all-MiniLM-L6-v2 ({resolve_model_dir(BASE_MODEL_REF)}) "
+            f"with k={chosen} instead; its states only suit readers fine-tuned from that base with this k",
+            file=sys.stderr,
+        )
+        return BASE_MODEL_REF, chosen
+    metadata = read_metadata(directory)
+    return DEFAULT_CHECKPOINT_REF, layers if layers is not None else (metadata.layers if metadata else None)
+
+
+def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
+    """Make `store` ready for this run's spec; True when it is already complete with that spec.
+
+    An empty or absent folder is started; a folder holding an earlier run of
+    the same spec is resumed (or, when finalized, left as it is); anything
+    else is refused unless `overwrite`.
+    """
+    from pipelines.atomic_files import atomic_write_text
+    from pipelines.job import SPEC_FILE, read_spec, spec_differences, spec_json
+    from storage.format import MANIFEST_FILE
+
+    if store.exists() and not store.is_dir():
+        raise DilstoreError(f"--output {store} exists and is not a directory")
+    if store.is_dir() and any(store.iterdir()):
+        found = read_spec(store)
+        if found == spec:
+            return (store / MANIFEST_FILE).is_file()
+        if not overwrite:
+            if found is None:
+                raise DilstoreError(
+                    f"--output {store} is not empty and was not made by `dilstore precompute`; "
+                    "choose another folder or pass --overwrite"
+                )
+            raise DilstoreError(
+                f"--output {store} holds a run with other settings (differs in: "
+                f"{', '.join(spec_differences(found, spec))}); choose another folder or pass --overwrite"
+            )
+        shutil.rmtree(store)
+    atomic_write_text(store / SPEC_FILE, spec_json(spec))
+    return False
+
+
+class ProgressBar:
+    """A tqdm bar over the progress files local workers write: passages/s and ETA.
+
+    Beam metrics are not live on the local runners and workers may be other
+    processes, so the bar polls `pipelines.progress` files in a thread; the
+    total appears once routing has planned every stored unit.
+    """
+
+    def __init__(self, progress_dir: Path | None) -> None:
+        self.progress_dir = progress_dir
+        self.enabled = progress_dir is not None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="dilstore-progress", daemon=True)
+
+    def __enter__(self) -> ProgressBar:
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.enabled:
+            self._stop.set()
+            self._thread.join()
+
+    def _poll(self) -> None:
+        from tqdm import tqdm
+
+        from pipelines.progress import passages_done, passages_planned
+
+        with tqdm(unit="passage", desc="precompute", dynamic_ncols=True, mininterval=1.0, smoothing=0.1) as bar:
+            while True:
+                stopping = self._stop.wait(_PROGRESS_POLL_SECONDS)
+                planned = passages_planned(self.progress_dir)
+                done = passages_done(self.progress_dir)
+                if planned and bar.total != max(planned, done):
+                    bar.total = max(planned, done)
+                    bar.refresh()
+                bar.update(done - bar.n)
+                if stopping:
+                    return
+
+
+@contextlib.contextmanager
+def local_runtime(runner: str, workers: int, num_shards: int, beam_args: Sequence[str]) -> Iterator[LocalDefaults]:
+    """LocalDefaults for the runner; for Dask without a scheduler given, a LocalCluster of `workers` processes."""
+    from pipelines.options import DASK_RUNNER, LocalDefaults
+
+    scheduler_given = any(arg.startswith(("--dask_client_address", "--dask_scheduler_file")) for arg in beam_args)
+    if runner != DASK_RUNNER or scheduler_given:
+        yield LocalDefaults(workers=workers, dask_partitions=num_shards if runner == DASK_RUNNER else None)
+        return
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        yield LocalDefaults(workers=workers, dask_address=cluster.scheduler_address, dask_partitions=num_shards)
+
+
+def run_pipeline(
+    job: PrecomputeJob, runner: str, beam_args: Sequence[str], workers: int, progress: bool
+) -> dict[str, Any]:
+    """Run the precompute pipeline for `job` to the end; the run summary.
+
+    Local runners get defaults (worker processes, a Dask LocalCluster) and a
+    progress bar; a failed pipeline raises DilstoreError with Beam's message.
+    """
+    from pipelines.job import SUMMARY_FILE
+    from pipelines.options import LOCAL_RUNNERS, assemble_beam_flags, pipeline_options
+    from pipelines.precompute import build_pipeline
+
+    with local_runtime(runner, workers, job.num_shards, beam_args) as defaults:
+        options = pipeline_options(assemble_beam_flags(runner, beam_args, defaults))
+        pipeline = build_pipeline(job, options)
+        bar = ProgressBar(Path(job.progress_dir) if progress and runner in LOCAL_RUNNERS and job.progress_dir else None)
+        result = None
+        with bar:
+            try:
+                result = pipeline.run()
+                result.wait_until_finish()
+            except DilstoreError:
+                raise
+            except Exception as error:  # Beam wraps worker errors in runner-specific types
+                raise DilstoreError(f"the pipeline failed: {_last_line(error)}") from error
+            finally:
+                client = getattr(result, "client", None)  # the Dask runner's distributed.Client
+                if client is not None:
+                    client.close()
+    summary_path = Path(job.store) / SUMMARY_FILE
+    return json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+
+
+def _last_line(error: BaseException) -> str:
+    """The most telling line of a (possibly multi-line, worker-side) error message."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line.split(":", 1)[0]]
+    return (errors or lines or [type(error).__name__])[-1]
+
+
+def print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    """The end-of-run summary on stdout: JSON, or one aligned line per count."""
+    if as_json:
+        print(json.dumps(summary, indent=1, sort_keys=True))
+        return
+    order = ("documents", "skipped", "rejected", "passages", "long_passages", "tokens", "shards",
+             "shards_resumed", "bytes", "seconds", "passages_per_second", "runner", "store")
+    print("precompute summary")
+    for key in order:
+        if key in summary:
+            print(f"  {key:<20} {summary[key]}")
+
+
+def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
+    """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
+    from pipelines.job import PrecomputeJob
+    from pipelines.sharding import default_shard_count
+    from reader.fingerprint import model_fingerprint
+    from reader.precompute import BatchPolicy, cached_reader
+
+    if args.kind != "dilbert":
+        raise DilstoreError(
+            f"--kind {args.kind}: EARL stores need the EARL model, which this dilstore does not include yet; "
+            "use --kind dilbert"
+        )
+    inputs = resolve_inputs(args.input, args.format)
+    model, layers = resolve_model(args.model, args.layers)
+    reader = cached_reader(model, layers)
+    positions = reader.model.config.max_position_embeddings
+    if args.max_length > positions:
+        raise DilstoreError(f"--max-length {args.max_length} exceeds the model's {positions} positions")
+    fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    return PrecomputeJob(
+        inputs=inputs,
+        store=str(args.output.resolve()),
+        strategy=args.split,
+        num_shards=args.shards or default_shard_count(task.path for task in inputs),
+        max_length=args.max_length,
+        model=model,
+        fingerprint=fingerprint,
+        policy=BatchPolicy(batch_tokens=args.batch_tokens),
+        threads=threads,
+        runner=runner,
+        started_at=started,
+        progress_dir=progress_dir,
+        creation={"command": canonical_command(args), "runner": runner},
+    )
+
+
+def canonical_command(args: argparse.Namespace) -> str:
+    """The command with every option spelled out (defaults included), Beam options last."""
+    words = ["dilstore", "precompute"]
+    for name, value in vars(args).items():
+        if name in _NOT_IN_COMMAND or value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            words += [flag] if item is True else [flag, str(item)]
+    return shlex.join([*words, *args.beam_args])
+
+
+class _DropMessages(logging.Filter):
+    """Drops log records whose message starts with one of `prefixes`."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def quiet_local_logging() -> None:
+    """Keep Beam's INFO/WARNING chatter (and its import-time GCP notice) off a local run's terminal."""
+    root = logging.getLogger()
+    if not any(isinstance(existing, _DropMessages) for existing in root.filters):
+        root.addFilter(_DropMessages("apitools not found"))
+    logging.getLogger("apache_beam").setLevel(logging.ERROR)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run `dilstore precompute` and print its summary; 0 on success."""
+    started = time.time()
+    quiet_local_logging()
+    from pipelines.job import SUMMARY_FILE, run_spec
+    from pipelines.options import LOCAL_RUNNERS, canonical_runner
+
+    runner = canonical_runner(args.runner)
+    if runner not in LOCAL_RUNNERS:
+        logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
+    with tempfile.TemporaryDirectory(prefix="dilstore-progress-") as progress_dir:
+        job = build_job(args, started, runner, progress_dir if runner in LOCAL_RUNNERS else None)
+        if prepare_store(Path(job.store), run_spec(job), args.overwrite):
+            print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
+            summary = json.loads((Path(job.store) / SUMMARY_FILE).read_text(encoding="utf-8"))
+        else:
+            summary = run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
+    print_summary(summary, args.json)
+    return 0
