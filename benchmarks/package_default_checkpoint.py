@@ -1,0 +1,66 @@
+"""Package a trained DilBert run as the project's default reader (fp16 safetensors + model card).
+
+    python benchmarks/package_default_checkpoint.py --checkpoint RUN_OR_STEP_DIR --eval EVAL.json \
+        [--baseline-eval K0_EVAL.json] [--sweep-table TABLE.md] [--eval-seed 0] [--notes TEXT]
+
+`--eval` is the chosen run's `dilstore evaluate-rc --json` output (or its
+eval-dev.json); `--baseline-eval` the k=0 run's, so the card states whether
+the default k is within 3 F1 of k=0. Prints the packaged size; the issue asks
+for at most 50 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from reader.default_model import (
+    DEFAULT_CHECKPOINT_NAME,
+    load_training_metadata,
+    package_checkpoint,
+    packaged_models_dir,
+    read_json,
+    render_model_card,
+    weights_megabytes,
+)
+
+SIZE_LIMIT_MB = 50.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, required=True, help="run output dir or checkpoints/step-N")
+    parser.add_argument("--eval", type=Path, required=True, help="the checkpoint's dev evaluation JSON")
+    parser.add_argument("--baseline-eval", type=Path, help="the k=0 run's dev evaluation JSON")
+    parser.add_argument("--sweep-table", type=Path, help="Markdown k-sweep table to include")
+    parser.add_argument("--eval-seed", type=int, help="seed of the dev subset when --limit was used")
+    parser.add_argument("--hardware", default="CPU, 2 cores shared with other jobs, 1 torch thread")
+    parser.add_argument("--notes", default="", help="extra Markdown for the card's Notes section")
+    parser.add_argument("--destination", type=Path, default=packaged_models_dir() / DEFAULT_CHECKPOINT_NAME)
+    args = parser.parse_args(argv)
+
+    evaluation = read_json(args.eval)
+    if args.eval_seed is not None:
+        evaluation.update(limit=evaluation["questions"], seed=args.eval_seed)
+    baseline = None if args.baseline_eval is None else float(read_json(args.baseline_eval)["f1"])
+    card = render_model_card(
+        load_training_metadata(args.checkpoint),
+        evaluation,
+        hardware=args.hardware,
+        baseline_f1=baseline,
+        sweep_table=args.sweep_table.read_text(encoding="utf-8") if args.sweep_table else "",
+        notes=args.notes,
+    )
+    destination = package_checkpoint(args.checkpoint, args.destination, card)
+    size = weights_megabytes(destination)
+    print(json.dumps({"destination": str(destination), "weights_mb": round(size, 2), "limit_mb": SIZE_LIMIT_MB}))
+    if size > SIZE_LIMIT_MB:
+        print(f"packaged weights are {size:.1f} MB, over the {SIZE_LIMIT_MB:.0f} MB limit", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

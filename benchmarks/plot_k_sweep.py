@@ -1,0 +1,104 @@
+"""The k sweep (the seed's Figure 3): SQuAD dev EM/F1 against k, as a Markdown table and a PNG.
+
+Reads the `eval-dev.json` each `dilstore train qa --dev ...` run writes, or a
+`dilstore evaluate-rc --json` output saved to a file; `--pair EVAL CHECKPOINT`
+takes the training steps and time from the checkpoint's training record.
+Prints the table, then the rows as JSON.
+
+    python benchmarks/plot_k_sweep.py [RUN_DIR_OR_EVAL_JSON...] [--pair EVAL.json CHECKPOINT]... \
+        --png k_sweep.png [--markdown table.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+from reader.default_model import load_training_metadata
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+EVAL_FILE = "eval-dev.json"
+
+
+def load_rows(paths: list[Path], pairs: list[tuple[Path, Path]]) -> list[dict[str, Any]]:
+    """One row per run, sorted by k: run directories' eval-dev.json, eval JSON files, and (eval, checkpoint) pairs."""
+    rows = []
+    for path in paths:
+        file = path / EVAL_FILE if path.is_dir() else path
+        row = json.loads(file.read_text(encoding="utf-8"))
+        row["source"] = str(file)
+        rows.append(row)
+    for file, checkpoint in pairs:
+        training = load_training_metadata(checkpoint)
+        row = json.loads(file.read_text(encoding="utf-8"))
+        row.update(source=str(file), checkpoint=str(checkpoint), train_steps=training["steps"])
+        row.update(train_seconds=training["train_seconds"], features_seen=training["features_seen"])
+        rows.append(row)
+    return sorted(rows, key=lambda row: int(row["k"]))
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The sweep as a Markdown table; training columns are blank where a row has none."""
+    header = "| k | EM | F1 | ΔF1 vs k=0 | dev questions | train steps | train min | eval min |"
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    baseline = next((float(row["f1"]) for row in rows if int(row["k"]) == 0), None)
+    for row in rows:
+        delta = "" if baseline is None else f"{float(row['f1']) - baseline:+.2f}"
+        steps = row.get("train_steps", "")
+        train_min = f"{row['train_seconds'] / 60:.1f}" if "train_seconds" in row else ""
+        lines.append(
+            f"| {row['k']} | {float(row['em']):.2f} | {float(row['f1']):.2f} | {delta} | {row['questions']} "
+            f"| {steps} | {train_min} | {float(row['seconds']) / 60:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], png: Path, title: str) -> None:
+    """EM and F1 against k, one marker per trained k."""
+    ks = [int(row["k"]) for row in rows]
+    figure, axes = plt.subplots(figsize=(5, 3.5), dpi=120)
+    axes.plot(ks, [float(row["f1"]) for row in rows], marker="o", label="F1")
+    axes.plot(ks, [float(row["em"]) for row in rows], marker="s", label="EM")
+    axes.set_xlabel("k (non-interaction layers)")
+    axes.set_ylabel("SQuAD v1.1 dev score")
+    axes.set_xticks(ks)
+    axes.set_title(title, fontsize=9)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(png)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="*", type=Path, help="run directories or eval JSON files")
+    parser.add_argument(
+        "--pair", nargs=2, type=Path, action="append", default=[], metavar=("EVAL", "CHECKPOINT"),
+        help="an evaluate-rc JSON and the checkpoint it scored (for steps and train time)",
+    )
+    parser.add_argument("--png", type=Path, required=True, help="where to write the plot")
+    parser.add_argument("--markdown", type=Path, help="also write the table here")
+    parser.add_argument("--title", default="DilBert (all-MiniLM-L6-v2), SQuAD v1.1 dev")
+    args = parser.parse_args(argv)
+    if not args.runs and not args.pair:
+        parser.error("give at least one run directory, eval JSON or --pair")
+    rows = load_rows(args.runs, [tuple(pair) for pair in args.pair])
+    table = markdown_table(rows)
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table, encoding="utf-8")
+    plot(rows, args.png, args.title)
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

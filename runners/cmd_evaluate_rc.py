@@ -1,0 +1,64 @@
+"""`dilstore evaluate-rc`: SQuAD reading comprehension EM/F1, each question read against its own paragraph."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from runners.reading_options import add_reading_arguments, add_runtime_arguments, apply_threads, reading_settings
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `evaluate-rc` subcommand."""
+    parser = subparsers.add_parser(
+        "evaluate-rc",
+        help="EM/F1 of a reader on SQuAD-format data (each question against its gold paragraph)",
+        description=(
+            "Reading comprehension: every question is read against its own paragraph (all sliding "
+            "windows), the best span across windows is the answer, scored with the official SQuAD v1.1 "
+            "EM/F1. With no --model, the project's default checkpoint is used."
+        ),
+    )
+    parser.add_argument("--model", type=Path, help="reader checkpoint directory (default: the shipped reader)")
+    parser.add_argument("--data", type=Path, required=True, help="SQuAD v1.1-format JSON")
+    parser.add_argument(
+        "--limit", type=int, help="score a seeded random subset of N questions (default: all of them)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset (default 0)")
+    add_reading_arguments(parser)
+    add_runtime_arguments(parser)
+    parser.add_argument("--predictions", type=Path, help="also write {question id: answer} JSON here")
+    parser.add_argument("--json", action="store_true", help='print {"questions","em","f1","k","seconds"}')
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the reader and data, evaluate, print the scores."""
+    apply_threads(args.threads)
+    from reader.default_model import default_checkpoint_dir
+    from reader.dilbert import DilBertReader
+    from reader.reading_comprehension import evaluate_file
+
+    model_dir = args.model or default_checkpoint_dir()
+    reader = DilBertReader.from_pretrained(model_dir)
+    result = evaluate_file(
+        reader,
+        args.data,
+        settings=reading_settings(args),
+        limit=args.limit,
+        seed=args.seed,
+        device=args.device,
+        progress=not args.json,
+    )
+    if args.predictions:
+        args.predictions.write_text(json.dumps(result.predictions, ensure_ascii=False, indent=1), encoding="utf-8")
+    if args.json:
+        print(json.dumps(result.summary()))
+    else:
+        print(
+            f"model {model_dir}  k={result.k}  questions {result.questions}  "
+            f"EM {result.em:.2f}  F1 {result.f1:.2f}  ({result.seconds:.1f} s)"
+        )
+    return 0
+

@@ -1,0 +1,155 @@
+"""`dilstore train`: fine-tune readers and rankers. `train qa` fine-tunes a DilBert reader on SQuAD."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+
+from runners.reading_options import add_reading_arguments, add_runtime_arguments, apply_threads, reading_settings
+from storage.errors import DilstoreError
+
+# Options that describe how the command was launched, not what it computes.
+_NOT_IN_COMMAND = {"command", "train_command", "run"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `train` and its `qa` sub-subcommand."""
+    parser = subparsers.add_parser("train", help="fine-tune readers and rankers", description=__doc__)
+    kinds = parser.add_subparsers(dest="train_command", metavar="KIND", required=True)
+    register_qa(kinds)
+
+
+def register_qa(kinds: argparse._SubParsersAction) -> None:
+    """Add `train qa`."""
+    parser = kinds.add_parser(
+        "qa",
+        help="fine-tune a DilBert reader on SQuAD v1.1-format data",
+        description=(
+            "Fine-tune a DilBert extractive reader with k non-interaction layers (run_squad style: "
+            "sliding windows, AdamW with linear warm-up and decay). Writes a Hugging Face-style "
+            "checkpoint plus dilstore_training.json to --output, periodic resumable checkpoints under "
+            "OUTPUT/checkpoints, and, with --dev, eval-dev.json with EM/F1."
+        ),
+    )
+    parser.add_argument("--model", type=Path, help="start from this checkpoint (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--layers", type=int, required=True, help="k: layers that see question and passage apart")
+    parser.add_argument("--train", type=Path, required=True, help="SQuAD v1.1-format training JSON")
+    parser.add_argument("--dev", type=Path, help="SQuAD v1.1-format dev JSON to evaluate on after training")
+    parser.add_argument("--output", type=Path, required=True, help="output checkpoint directory")
+    parser.add_argument("--epochs", type=int, default=2, help="passes over the training windows (default 2)")
+    parser.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=12, help="windows per micro-batch (default 12)")
+    parser.add_argument(
+        "--gradient-accumulation-steps", type=int, default=1, help="micro-batches per optimizer step (default 1)"
+    )
+    parser.add_argument("--learning-rate", type=float, default=3e-5, help="peak AdamW learning rate (default 3e-5)")
+    parser.add_argument("--warmup-ratio", type=float, default=0.1, help="share of steps warming up (default 0.1)")
+    parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
+    parser.add_argument("--seed", type=int, default=42, help="seed of weights init, data order, dropout (default 42)")
+    parser.add_argument("--save-every", type=int, default=0, help="resumable checkpoint every N steps (0: none)")
+    parser.add_argument("--keep-checkpoints", type=int, default=2, help="periodic checkpoints kept (default 2)")
+    parser.add_argument("--log-every", type=int, default=10, help="log a progress line every N steps (default 10)")
+    parser.add_argument(
+        "--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+        help="auto: fp32 on CPU, bf16 (else fp16) autocast on CUDA",
+    )
+    parser.add_argument("--train-limit", type=int, help="use only the first N training questions")
+    parser.add_argument(
+        "--no-group-by-length",
+        action="store_true",
+        help="batch windows in plain random order (default: length-grouped)",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
+    parser.add_argument("--eval-limit", type=int, help="evaluate on a seeded random subset of N dev questions")
+    parser.add_argument("--eval-seed", type=int, default=0, help="seed of the --eval-limit subset (default 0)")
+    add_reading_arguments(parser)
+    add_runtime_arguments(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    parser.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    parser.set_defaults(run=run_qa)
+
+
+def canonical_command(args: argparse.Namespace) -> str:
+    """The full command with every option spelled out, defaults included, so the run can be repeated."""
+    words = ["dilstore", "train", "qa"]
+    for name, value in vars(args).items():
+        if name in _NOT_IN_COMMAND or value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        words += [flag] if value is True else [flag, str(value)]
+    return shlex.join(words)
+
+
+def run_qa(args: argparse.Namespace) -> int:
+    """Train, then evaluate on --dev when given; print k, EM, F1 and the train and eval times."""
+    apply_threads(args.threads)
+    from reader.checkpoints import base_model_dir
+    from reader.reading_comprehension import evaluate_file, write_evaluation
+    from reader.training import TrainingConfig, train_qa
+
+    if not args.train.is_file():
+        raise DilstoreError(f"--train {args.train}: no such file")
+    if args.dev is not None and not args.dev.is_file():
+        raise DilstoreError(f"--dev {args.dev}: no such file")
+    config = TrainingConfig(
+        layers=args.layers,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        gradient_accumulation=args.gradient_accumulation_steps,
+        learning_rate=args.learning_rate,
+        warmup_ratio=args.warmup_ratio,
+        weight_decay=args.weight_decay,
+        max_seq_length=args.max_seq_length,
+        doc_stride=args.doc_stride,
+        max_question_length=args.max_question_length,
+        seed=args.seed,
+        save_every=args.save_every,
+        keep_checkpoints=args.keep_checkpoints,
+        log_every=args.log_every,
+        precision=args.precision,
+        train_limit=args.train_limit,
+        group_by_length=not args.no_group_by_length,
+    )
+    result = train_qa(
+        args.model or base_model_dir(),
+        args.train,
+        args.output,
+        config,
+        command=canonical_command(args),
+        resume=args.resume,
+        device=args.device,
+        progress=not args.no_progress,
+    )
+    summary = {
+        "k": result.layers,
+        "train_steps": result.steps,
+        "features_seen": result.features_seen,
+        "train_seconds": round(result.train_seconds, 1),
+        "final_loss": result.final_loss,
+        "output": str(result.output),
+    }
+    if args.dev is not None:
+        from reader.dilbert import DilBertReader
+
+        evaluation = evaluate_file(
+            DilBertReader.from_pretrained(args.output),
+            args.dev,
+            settings=reading_settings(args),
+            limit=args.eval_limit,
+            seed=args.eval_seed,
+            device=args.device,
+            progress=not args.no_progress,
+        )
+        summary.update(evaluation.summary())
+        write_evaluation(args.output, evaluation, limit=args.eval_limit, seed=args.eval_seed, training=summary)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        line = f"k={result.layers}  steps {result.steps}  train {result.train_seconds / 60:.1f} min"
+        if args.dev is not None:
+            line += f"  dev EM {summary['em']:.2f}  F1 {summary['f1']:.2f}  eval {summary['seconds'] / 60:.1f} min"
+        print(line)
+    return 0

@@ -1,0 +1,41 @@
+"""Command-line options shared by `train qa` (its dev evaluation) and `evaluate-rc`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
+    """Windowing and decoding options of reading-comprehension evaluation."""
+    parser.add_argument("--eval-batch-size", type=int, default=32, help="windows per forward pass (default 32)")
+    parser.add_argument("--max-seq-length", type=int, default=384, help="question + window tokens (default 384)")
+    parser.add_argument("--doc-stride", type=int, default=128, help="overlap between windows (default 128)")
+    parser.add_argument("--max-question-length", type=int, default=64, help="question tokens (default 64)")
+    parser.add_argument("--max-answer-length", type=int, default=30, help="longest answer in tokens (default 30)")
+
+
+def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where and how wide to run."""
+    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+
+
+def apply_threads(threads: int | None) -> None:
+    """Set torch's intra-op thread count when one was asked for."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def reading_settings(args: argparse.Namespace):  # -> reader.reading_comprehension.ReadingSettings
+    """ReadingSettings from the options add_reading_arguments added."""
+    from reader.reading_comprehension import ReadingSettings
+
+    return ReadingSettings(
+        batch_size=args.eval_batch_size,
+        max_seq_length=args.max_seq_length,
+        doc_stride=args.doc_stride,
+        max_question_length=args.max_question_length,
+        max_answer_length=args.max_answer_length,
+    )
