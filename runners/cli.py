@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from storage.errors import DilstoreError
 
 # Order is the order `dilstore --help` lists them in.
-COMMANDS: tuple[str, ...] = ()
+COMMANDS: tuple[str, ...] = (
+    "runners.cmd_precompute",
+    "runners.cmd_index",
+    "runners.cmd_train",
+    "runners.cmd_evaluate_rc",
+    "runners.cmd_ask",
+    "runners.cmd_evaluate_qa",
+    "runners.cmd_store",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,101 @@
+"""`dilstore ask`: answer questions from a store (BM25 → stored states → online layers), one-shot or interactive."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+from runners.odqa_options import add_odqa_arguments, open_odqa_reader
+from runners.reading_options import apply_threads
+from storage.errors import DilstoreError
+
+HIGHLIGHT = ("[[", "]]")
+_STAGE_LABELS = {
+    "retrieval": "retrieval",
+    "store_read": "store read",
+    "question_layers": "question layers",
+    "interaction_layers": "interaction layers",
+    "decode": "decode",
+    "total": "total",
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `ask` subcommand."""
+    parser = subparsers.add_parser(
+        "ask",
+        help="answer a question from a store (interactive when no question is given)",
+        description=(
+            "Retrieve the top-p passages with BM25, read their stored layer-k states, run the question's "
+            "layers 1..k and the interaction layers k+1..l, and print the best answer with its score, its "
+            "passage (span in [[ ]]) and the time per stage. Without a question, questions are read from "
+            "standard input, one per line, until end of input; a bad question prints an error and the "
+            "session goes on."
+        ),
+    )
+    add_odqa_arguments(parser)
+    parser.add_argument("question", nargs="?", help="the question (omit it to read questions from stdin)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per answer")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Open the store, model and index once, then answer one question or every line of stdin."""
+    apply_threads(args.threads)
+    odqa = open_odqa_reader(args)
+    if args.question is not None:
+        print_answer(odqa.answer(args.question), args.json, sys.stdout)
+        return 0
+    return interactive(odqa, sys.stdin, sys.stdout, sys.stderr, as_json=args.json)
+
+
+def interactive(odqa, lines: TextIO, out: TextIO, err: TextIO, *, as_json: bool) -> int:
+    """Answer each line of `lines`; a DilstoreError for one question is printed to `err` and the loop goes on."""
+    prompt = lines.isatty()
+    while True:
+        if prompt:
+            err.write("question> ")
+            err.flush()
+        line = lines.readline()
+        if not line:
+            return 0
+        try:
+            answer = odqa.answer(line.rstrip("\r\n"))
+        except DilstoreError as error:
+            print(f"dilstore ask: error: {error}", file=err, flush=True)
+            continue
+        print_answer(answer, as_json, out)
+        out.flush()
+
+
+def print_answer(answer, as_json: bool, out: TextIO) -> None:
+    """The answer as one JSON line, or as text: answer, scores, highlighted passage, timings."""
+    if as_json:
+        print(json.dumps(answer.to_dict(), ensure_ascii=False), file=out)
+        return
+    print(f"question: {answer.question}", file=out)
+    best = answer.best
+    if best is None:
+        print("answer: (none: no retrieved passage gave a valid span)", file=out)
+    else:
+        print(f"answer: {best.text}", file=out)
+        print(
+            f"score: {best.score(answer.mu):.4f} = {answer.mu:g} * reader {best.reader_score:.4f}"
+            f" + {1 - answer.mu:g} * bm25 {best.bm25_score:.4f}",
+            file=out,
+        )
+        passage = answer.passages[best.passage_id]
+        title = f" ({passage.title})" if passage.title else ""
+        print(f"passage: {best.passage_id}{title}", file=out)
+        print(f"  {highlight(passage.text, best.char_start, best.char_end)}", file=out)
+    timings = answer.timings.to_dict()
+    parts = [f"{label} {1000 * timings[stage]:.1f} ms" for stage, label in _STAGE_LABELS.items()]
+    print("timings: " + " | ".join(parts), file=out)
+
+
+def highlight(text: str, start: int, end: int) -> str:
+    """`text` with [start, end) wrapped in the highlight markers."""
+    opening, closing = HIGHLIGHT
+    return f"{text[:start]}{opening}{text[start:end]}{closing}{text[end:]}"

@@ -1,0 +1,77 @@
+"""`dilstore evaluate-qa`: open-domain EM/F1/R of the store's reader over a question file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from runners.odqa_options import add_odqa_arguments, open_odqa_reader
+from runners.reading_options import apply_threads
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `evaluate-qa` subcommand."""
+    parser = subparsers.add_parser(
+        "evaluate-qa",
+        help="open-domain EM/F1/R over a question file (BM25 top-p + stored states)",
+        description=(
+            "Answer every question from the store (BM25 top-p, then the reader) and score the answers "
+            "with the official SQuAD v1.1 EM/F1, reader only (mu = 1) and fused with BM25 (--mu), plus R: "
+            "the share of questions whose answer appears in a retrieved passage. Questions come as "
+            'DPR-style JSONL ({"question", "answer": [...]} per line, .jsonl) or SQuAD v1.1 JSON.'
+        ),
+    )
+    add_odqa_arguments(parser)
+    parser.add_argument("--questions", type=Path, required=True, help="DPR-style .jsonl or SQuAD v1.1 .json")
+    parser.add_argument("--limit", type=int, help="evaluate a seeded random subset of N questions (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset (default 0)")
+    parser.add_argument("--question-batch", type=int, default=8, help="questions read together (default 8)")
+    parser.add_argument("--predictions", type=Path, help="also write {question id: {mu: answer}} JSON here")
+    parser.add_argument(
+        "--json", action="store_true", help='print {"questions","em","f1","recall","top_p","mu","seconds",...}'
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load questions, open the reader, evaluate, print EM/F1 for mu = 1 and --mu, and R."""
+    apply_threads(args.threads)
+    from reader.qa_eval import evaluate_questions, load_questions, select_questions, write_predictions
+
+    questions = select_questions(load_questions(args.questions), args.limit, args.seed)
+    odqa = open_odqa_reader(args)
+    progress = None if args.json else _progress_printer(len(questions))
+    evaluation = evaluate_questions(
+        odqa,
+        questions,
+        top_p=odqa.settings.top_p,
+        mu=odqa.settings.mu,
+        question_batch=args.question_batch,
+        on_batch=progress,
+    )
+    if args.predictions:
+        write_predictions(args.predictions, evaluation)
+    if args.json:
+        print(json.dumps(evaluation.summary()))
+        return 0
+    print(
+        f"store {args.store}  questions {evaluation.questions}  top-p {evaluation.top_p}  "
+        f"R {evaluation.recall:.2f}  ({evaluation.seconds:.1f} s)"
+    )
+    for mu, (em, f1) in sorted(evaluation.scores.items(), reverse=True):
+        label = "reader only" if mu == 1.0 else "reader + BM25"
+        print(f"  mu {mu:g} ({label}): EM {em:.2f}  F1 {f1:.2f}")
+    if evaluation.refused:
+        print(f"  {evaluation.refused} question(s) refused (too long) and scored as unanswered")
+    return 0
+
+
+def _progress_printer(total: int):
+    """A callback that prints `done/total` to stderr on one line."""
+
+    def report(done: int) -> None:
+        print(f"\r{done}/{total} questions", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    return report

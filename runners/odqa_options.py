@@ -1,0 +1,61 @@
+"""Command-line options shared by `ask` and `evaluate-qa`: the store, model, index, retrieval and decoding.
+
+Options left out keep OdqaSettings' defaults (reader/odqa.py), so the
+defaults live in one place and `--help` needs no torch import.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from runners.reading_options import add_runtime_arguments
+
+# Options that are OdqaSettings fields of the same name.
+_SETTINGS = (
+    "top_p",
+    "mu",
+    "n_best",
+    "max_answer_length",
+    "max_question_length",
+    "pair_batch_tokens",
+    "max_pairs_per_batch",
+)
+
+
+def add_odqa_arguments(parser: argparse.ArgumentParser) -> None:
+    """STORE plus --model, --index, --top-p, --mu and the decoding and batching limits."""
+    parser.add_argument("store", type=str, help="store directory made by `dilstore precompute` (kind dilbert)")
+    parser.add_argument(
+        "--model", type=Path, help="reader checkpoint that made the store (default: the shipped reader)"
+    )
+    parser.add_argument("--index", type=Path, help="Lucene BM25 index (default: STORE/bm25, from `dilstore index`)")
+    parser.add_argument(
+        "--top-p", type=int, help="passages retrieved per question (default 29; the seed uses 29 and 100)"
+    )
+    parser.add_argument(
+        "--mu", type=float,
+        help="final score = mu * reader score + (1 - mu) * BM25 score, raw scores as in the seed; "
+        "1 = reader only (default 0.5)",
+    )
+    parser.add_argument("--n-best", type=int, help="spans kept per passage and listed (default 20)")
+    parser.add_argument("--max-answer-length", type=int, help="longest answer in word pieces (default 30)")
+    parser.add_argument(
+        "--max-question-length", type=int, help="longest question in tokens; longer ones are refused (default 64)"
+    )
+    parser.add_argument(
+        "--pair-batch-tokens", type=int, help="padded question+passage tokens per interaction batch (default 8192)"
+    )
+    parser.add_argument(
+        "--max-pairs-per-batch", type=int, help="question-passage pairs per interaction batch (default 64)"
+    )
+    add_runtime_arguments(parser)
+
+
+def open_odqa_reader(args: argparse.Namespace):  # -> reader.odqa.OpenDomainReader
+    """The OpenDomainReader the options describe (store, checked model, BM25 index)."""
+    from reader.odqa import OdqaSettings, open_reader
+
+    chosen = {name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None}
+    settings = OdqaSettings(**chosen)
+    return open_reader(args.store, args.model, index_dir=args.index, settings=settings, device=args.device)
