@@ -129,10 +129,23 @@ def resolve_inputs(paths: Sequence[Path] | None, format: str | None) -> tuple[Re
         return (ReadTask(str(default_corpus_path()), format or DEFAULT_CORPUS_FORMAT),)
     tasks = []
     for path in paths:
+        refuse_url("--input", path)
         if not path.is_file():
             raise DilstoreError(f"input file not found: {path}")
         tasks.append(ReadTask(str(path.resolve()), format or format_for_path(path)))
     return tuple(tasks)
+
+
+def refuse_url(flag: str, path: Path) -> None:
+    """Refuse object-storage URLs: the pipeline's files are written and renamed on a local or mounted filesystem.
+
+    Without this, `--output gs://bucket/x` would silently become the local folder `./gs:/bucket/x`.
+    """
+    if "://" in str(path) or str(path).startswith(("gs:/", "s3:/")):
+        raise DilstoreError(
+            f"{flag} {path}: object-storage URLs are not supported by `dilstore precompute` yet; "
+            "use a local path or a mounted filesystem (e.g. gcsfuse) visible to every worker"
+        )
 
 
 def resolve_model(model: str | None, layers: int | None) -> tuple[str, int | None]:
@@ -311,6 +324,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
             f"--kind {args.kind}: EARL stores need the EARL model, which this dilstore does not include yet; "
             "use --kind dilbert"
         )
+    refuse_url("--output", args.output)
     inputs = resolve_inputs(args.input, args.format)
     model, layers = resolve_model(args.model, args.layers)
     reader = cached_reader(model, layers)

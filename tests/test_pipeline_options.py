@@ -118,3 +118,18 @@ def test_flink_options_are_assembled_and_the_graph_constructs(tmp_path: Path) ->
 def test_options_that_cannot_work_are_refused(runner: str, args: list[str], message: str) -> None:
     with pytest.raises(DilstoreError, match=message):
         pipeline_options(assemble_beam_flags(runner, args, LocalDefaults()))
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--output", "gs://bucket/store"), ("--output", "s3://bucket/store"), ("--input", "gs://bucket/corpus.jsonl")],
+)
+def test_object_storage_urls_are_refused_before_anything_is_written(
+    flag: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from runners.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["precompute", flag, value]) == 2
+    assert "object-storage URLs are not supported" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
