@@ -1,10 +1,10 @@
 """One precompute run's settings, as one picklable value every worker gets.
 
 `PrecomputeJob` carries what workers need (inputs, split, shard count, model
-reference and fingerprint, encoding, batch policy, threads, where to report
-progress). `run_spec` is the part that decides the store's contents: a re-run
-may resume a store only when its spec is the same, and the spec is written to
-`STORE/precompute.json` before any shard, so a later run can tell.
+reference and fingerprint, encoding, compressor, batch policy, threads, where
+to report progress). `run_spec` is the part that decides the store's contents:
+a re-run may resume a store only when its spec is the same, and the spec is
+written to `STORE/precompute.json` before any shard, so a later run can tell.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ class PrecomputeJob:
     store: absolute local path of the output store. model: a path or a
     packaged-model reference (reader.precompute). started_at: launch time
     (epoch seconds) for the summary's `seconds`. progress_dir: folder for
-    live progress files (local runners), or None. creation: facts recorded in
-    the manifest (command line, runner).
+    live progress files (local runners), or None. compressor: None
+    (uncompressed, memory-mappable) or a storage compressor name ("zstd",
+    "blosc"). creation: facts recorded in the manifest (command line, runner).
     """
 
     inputs: tuple[ReadTask, ...]
@@ -47,6 +48,7 @@ class PrecomputeJob:
     runner: str
     started_at: float
     progress_dir: str | None = None
+    compressor: str | None = None
     creation: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -65,12 +67,19 @@ class PrecomputeJob:
         return RouteSettings(strategy=self.strategy, num_shards=self.num_shards, max_length=self.max_length)
 
     def shard_settings(self) -> ShardSettings:
-        return ShardSettings(store=self.store, kind=self.kind, encoding=self.encoding, policy=self.policy)
+        return ShardSettings(
+            store=self.store, kind=self.kind, encoding=self.encoding, policy=self.policy, compressor=self.compressor
+        )
 
 
 def run_spec(job: PrecomputeJob) -> dict[str, Any]:
-    """What fixes a store's contents: inputs (path and size), format, split, shards, model fingerprint."""
-    return {
+    """What fixes a store's contents: inputs (path and size), format, split, shards, model fingerprint, compression.
+
+    `compression` is only present for a compressed store, so the spec of an
+    uncompressed run is the one earlier dilstore versions wrote, and their
+    unfinished stores can still be resumed.
+    """
+    spec: dict[str, Any] = {
         "inputs": [
             {"path": task.path, "format": task.format, "bytes": Path(task.path).stat().st_size} for task in job.inputs
         ],
@@ -78,6 +87,9 @@ def run_spec(job: PrecomputeJob) -> dict[str, Any]:
         "shards": job.num_shards,
         "fingerprint": job.fingerprint.to_dict(),
     }
+    if job.compressor is not None:
+        spec["compression"] = job.compressor
+    return spec
 
 
 def spec_json(spec: dict[str, Any]) -> str:

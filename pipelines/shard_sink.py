@@ -77,12 +77,17 @@ def rejected_path(store: Path, part: int) -> Path:
 
 @dataclass(frozen=True)
 class ShardSettings:
-    """What every shard writer of one run shares."""
+    """What every shard writer of one run shares.
+
+    compressor: None (uncompressed, memory-mappable) or a storage compressor
+    name ("zstd", "blosc") applied to every array of the store shard.
+    """
 
     store: str
     kind: str
     encoding: str
     policy: BatchPolicy
+    compressor: str | None = None
 
 
 def passage_table_bytes(pieces: Sequence[TokenizedPassage]) -> bytes:
@@ -147,7 +152,9 @@ def write_shard_outputs(
         records = encode_tokenized(reader_for(), pieces, settings.policy, on_batch)
         atomic_write_bytes(parquet_path(store, shard), passage_table_bytes(pieces))
         atomic_write_text(jsonl_path(store, shard), collection_jsonl(pieces))
-        write_shard(store, shard, records, kind=settings.kind, encoding=settings.encoding)
+        write_shard(
+            store, shard, records, kind=settings.kind, encoding=settings.encoding, compressor=settings.compressor
+        )
     stats = RunStats(
         passages=len(pieces),
         tokens=sum(piece.length for piece in pieces),

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from storage.errors import DilstoreError
+from storage.format import COMPRESSORS
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     from pipelines.job import PrecomputeJob
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
 DEFAULT_OUTPUT = "dilstore-store"
 KINDS = ("dilbert", "earl-s1", "earl-s2")
 ENCODINGS = ("fp32", "fp16", "int8")
+COMPRESSIONS = ("none", *COMPRESSORS)
 SPLITS = ("words", "paragraphs")
 FORMATS = ("jsonl", "msmarco", "squad", "wikipedia")
 # k used with the base model when the trained default checkpoint is absent and no --layers is given.
@@ -81,7 +83,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         allow_abbrev=False,
     )
     parser.__class__ = _BeamPassThroughParser
-    cpus = os.cpu_count() or 1
     inputs = parser.add_argument_group("input")
     inputs.add_argument("--input", action="append", type=Path, metavar="PATH",
                         help="corpus file; repeat for several (default: the embedded corpus)")
@@ -98,6 +99,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--layers", type=int, metavar="K",
                        help="k, the offline layers (default: the checkpoint's own k)")
     model.add_argument("--encoding", choices=ENCODINGS, default="fp16", help="state encoding (default fp16)")
+    model.add_argument("--compression", choices=COMPRESSIONS, default="none",
+                       help="optional, for cold storage; only ~1.1x on hidden states; compressed stores are read "
+                            "through zarr-python instead of memory maps (default none)")
     model.add_argument("--max-length", type=positive_int, default=384, metavar="N",
                        help="longest stored window in tokens, [SEP] included; longer passages are split "
                             "into windows (default 384)")
@@ -108,8 +112,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = parser.add_argument_group("running")
     run.add_argument("--runner", default="direct", metavar="NAME",
                      help="direct (default), dask, dataflow, flink, portable, or a Beam runner name")
-    run.add_argument("--workers", type=positive_int, default=cpus, metavar="N",
-                     help=f"local worker processes: DirectRunner multi-processing, Dask LocalCluster (default {cpus})")
+    run.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, metavar="N",
+                     help="local worker processes: DirectRunner multi-processing, Dask LocalCluster "
+                          "(default: the number of CPUs)")
     run.add_argument("--threads", type=positive_int, metavar="N",
                      help="torch threads per worker (default: CPUs / workers, at least 1)")
     run.add_argument("--batch-tokens", type=positive_int, default=8192, metavar="N",
@@ -249,6 +254,8 @@ def local_runtime(runner: str, workers: int, num_shards: int, beam_args: Sequenc
     """LocalDefaults for the runner; for Dask without a scheduler given, a LocalCluster of `workers` processes."""
     from pipelines.options import DASK_RUNNER, LocalDefaults
 
+    if runner == DASK_RUNNER:
+        quiet_dask_logging()
     scheduler_given = any(arg.startswith(("--dask_client_address", "--dask_scheduler_file")) for arg in beam_args)
     if runner != DASK_RUNNER or scheduler_given:
         yield LocalDefaults(workers=workers, dask_partitions=num_shards if runner == DASK_RUNNER else None)
@@ -343,11 +350,17 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         fingerprint=fingerprint,
         policy=BatchPolicy(batch_tokens=args.batch_tokens),
         threads=threads,
+        compressor=compressor_of(args.compression),
         runner=runner,
         started_at=started,
         progress_dir=progress_dir,
         creation={"command": canonical_command(args), "runner": runner},
     )
+
+
+def compressor_of(compression: str) -> str | None:
+    """The storage compressor for a `--compression` choice: None for "none", so the store stays memory-mappable."""
+    return None if compression == "none" else compression
 
 
 def canonical_command(args: argparse.Namespace) -> str:
@@ -380,6 +393,17 @@ def quiet_local_logging() -> None:
     if not any(isinstance(existing, _DropMessages) for existing in root.filters):
         root.addFilter(_DropMessages("apitools not found"))
     logging.getLogger("apache_beam").setLevel(logging.ERROR)
+
+
+def quiet_dask_logging() -> None:
+    """Keep dask.distributed's INFO chatter (scheduler, nanny and connection events) off the terminal.
+
+    Importing `distributed` sets its logger to INFO, so this imports it first
+    and then lowers the level to WARNING; warnings and errors still show.
+    """
+    import distributed  # noqa: F401  (its import configures the logger set below)
+
+    logging.getLogger("distributed").setLevel(logging.WARNING)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -3,13 +3,14 @@
 One run over a corpus with every kind of bad record checks the store, the
 passage table, the pyserini collection, the dead letters, the summary and the
 Beam metrics against each other and against the model run directly; a
-multi-processing run must give the same store; and the command's refusals
-exit 2 with a message.
+multi-processing run and a zstd-compressed run must give the same store; and
+the command's refusals exit 2 with a message.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -27,7 +28,9 @@ from pipelines.precompute import NAMESPACE, build_pipeline
 from pipelines.routing import SHARD, RouteSettings, route
 from reader.precompute import BatchPolicy, cached_reader, encode_tokenized
 from runners import cli
-from runners.cmd_precompute import build_job, prepare_store
+from runners.cmd_precompute import build_job, prepare_store, quiet_dask_logging
+from storage.errors import DilstoreError
+from storage.reader import open_store
 from storage.verify import verify_store
 from tests.pipeline_fixtures import (
     ROOT,
@@ -176,6 +179,31 @@ def test_multi_processing_gives_the_same_store(metered_run, corpus, tiny_dir: Pa
         assert (store / name).read_bytes() == (reference / name).read_bytes(), name
 
 
+def test_a_zstd_store_holds_the_same_passages_verifies_and_says_so(
+    metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys
+) -> None:
+    reference, _, _ = metered_run
+    store = tmp_path / "zstd"
+    zstd = precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress", "--compression", "zstd")
+    assert cli.main(zstd) == 0
+    mine, theirs = store_contents(store), store_contents(reference)
+    assert sorted(mine) == sorted(theirs)
+    for passage_id, values in mine.items():
+        for left, right in zip(values, theirs[passage_id], strict=True):
+            assert np.array_equal(left, right) if isinstance(left, np.ndarray) else left == right
+    with pytest.raises(DilstoreError, match="compressed with zstd"):
+        open_store(store, read_path="mmap")
+    capsys.readouterr()
+    assert cli.main(["verify", str(store)]) == 0
+    assert capsys.readouterr().out.endswith("OK\n")
+    assert cli.main(["info", "--json", str(store)]) == 0
+    assert json.loads(capsys.readouterr().out)["compressor"] == "zstd"
+    assert json.loads((reference / "manifest.json").read_text())["compressor"] is None
+    uncompressed = precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress")
+    assert cli.main(uncompressed) == 2
+    assert "differs in: compression" in capsys.readouterr().err
+
+
 def test_a_rerun_of_a_complete_store_changes_nothing(metered_run, corpus, tiny_dir: Path, capsys) -> None:
     store, _, _ = metered_run
     manifest = (store / "manifest.json").read_bytes()
@@ -223,6 +251,20 @@ def test_an_unknown_format_is_a_usage_error(capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         cli.main(["precompute", "--format", "csv"])
     assert exited.value.code == 2 and "invalid choice: 'csv'" in capsys.readouterr().err
+
+
+def test_help_shows_compression_and_no_machine_specific_worker_count(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["precompute", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exited.value.code == 0
+    assert "--compression {none,zstd,blosc}" in text and "(default none)" in text
+    assert "(default: the number of CPUs)" in text
+
+
+def test_dask_logging_stays_at_warning_after_distributed_is_imported() -> None:
+    quiet_dask_logging()
+    assert logging.getLogger("distributed.scheduler").getEffectiveLevel() == logging.WARNING
 
 
 def test_a_store_of_other_settings_is_not_overwritten_unless_asked(
