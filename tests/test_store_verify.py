@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -116,3 +117,18 @@ def test_the_command_runs_as_a_program_and_reports_errors_without_a_traceback(st
     assert capsys.readouterr().err.startswith("dilstore info: error: no store at")
     assert main(["verify", str(tmp_path / "nowhere")]) == 1
     assert "no store at" in capsys.readouterr().out
+
+
+def test_info_into_a_closed_pipe_stops_quietly(store) -> None:
+    """`dilstore info STORE | head -0`: the reader is gone before we write; no traceback, exit 141 like Unix tools."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        finished = subprocess.run(
+            [sys.executable, "-m", "runners.cli", "info", str(store)],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert finished.returncode == 141
+    assert "Traceback" not in finished.stderr and "BrokenPipeError" not in finished.stderr
