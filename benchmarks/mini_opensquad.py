@@ -1,0 +1,242 @@
+"""Mini OpenSQuAD (seed 002, Table 2 layout): EM/F1 with and without BM25 fusion, and R, at p = 29 and 100.
+
+Corpus: the 2,067 SQuAD v1.1 dev paragraphs (one passage each, windowed at
+--max-length tokens like `dilstore precompute`) plus the 30,005 MS MARCO
+pool passages as distractors. Questions: the 10,570 OpenSQuAD dev questions
+(or a seeded --limit subset). The reader never sees which paragraph a
+question came from.
+
+Steps, each skipped when its output already exists in --work:
+
+1. store: passages tokenized and encoded with reader/precompute.py's plain
+   functions (the same ones `dilstore precompute` runs per shard), written
+   with the storage writer, one shard per --shard-passages passages, finalized
+   with the model's fingerprint. Or pass --store for a store already built
+   with `dilstore precompute` + `dilstore index`.
+2. index: STORE/bm25, pyserini Lucene BM25 over `title\\ntext` of every stored
+   passage, exactly what `dilstore index` indexes.
+3. evaluation: one BM25 top-max(p) retrieval and reading per question; each p
+   scored from its prefix (reader/qa_eval.py), under μ = 1 and μ = --mu.
+
+    .venv/bin/python benchmarks/mini_opensquad.py --work /tmp/mini-opensquad --limit 500 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipelines.corpus_squad import paragraph_id
+from pipelines.passages import Passage
+from reader.default_model import default_checkpoint_dir
+from reader.dilbert import DilBertReader
+from reader.fingerprint import model_fingerprint
+from reader.odqa import OdqaSettings, bm25_index_dir, open_reader
+from reader.precompute import encode_tokenized, tokenize_passage
+from reader.qa_eval import evaluate_top_ps, load_questions, select_questions
+from reader.retrieval import build_bm25_index
+from reader.squad_data import read_json
+from storage.errors import DilstoreError
+from storage.finalize import finalize
+from storage.format import MANIFEST_FILE
+from storage.reader import open_store
+from storage.writer import write_shard
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SEED_TOP_PS = (29, 100)
+
+
+def squad_passages(path: Path, limit: int | None) -> list[Passage]:
+    """One passage per SQuAD paragraph, id `{article_title}#p{i}#0` as the pipeline names it."""
+    passages = []
+    for article in read_json(path)["data"]:
+        for index, paragraph in enumerate(article["paragraphs"]):
+            doc_id = paragraph_id(article["title"], index)
+            passages.append(Passage(f"{doc_id}#0", doc_id, article["title"].replace("_", " "), paragraph["context"]))
+    return passages[:limit]
+
+
+def msmarco_passages(path: Path, limit: int | None) -> list[Passage]:
+    """The MS MARCO pool passages (`{"id","contents"}` JSONL), id `msmarco-{id}#0`, no title."""
+    passages = []
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            if line.strip():
+                record = json.loads(line)
+                doc_id = f"msmarco-{record['id']}"
+                passages.append(Passage(f"{doc_id}#0", doc_id, "", record["contents"]))
+            if limit is not None and len(passages) >= limit:
+                break
+    return passages
+
+
+def build_store(store: Path, reader: DilBertReader, passages: list[Passage], args: argparse.Namespace) -> None:
+    """Encode and write the passages shard by shard, then finalize with the model's fingerprint."""
+    started = time.perf_counter()
+    shards = 0
+    for first in range(0, len(passages), args.shard_passages):
+        chunk = passages[first : first + args.shard_passages]
+        pieces = [piece for passage in chunk for piece in tokenize_passage(reader.tokenizer, passage, args.max_length)]
+        write_shard(store, shards, encode_tokenized(reader, pieces), kind="dilbert", encoding=args.encoding)
+        shards += 1
+        done = first + len(chunk)
+        rate = done / (time.perf_counter() - started)
+        print(f"store: {done}/{len(passages)} passages ({rate:.1f}/s)", file=sys.stderr, flush=True)
+    finalize(
+        store,
+        model_fingerprint(reader, "dilbert", args.encoding, args.max_length),
+        {"command": " ".join(sys.argv), "corpus": "SQuAD dev paragraphs + MS MARCO DL19/20 pool"},
+        expected_shards=shards,
+    )
+
+
+def build_index(store: Path, passage_ids: list[str], work: Path) -> None:
+    """STORE/bm25 over `title\\ntext` of every stored passage (what `dilstore index` indexes)."""
+    collection = work / "collection"
+    collection.mkdir(parents=True, exist_ok=True)
+    opened = open_store(store)
+    with (collection / "passages.jsonl").open("w", encoding="utf-8") as out:
+        for first in range(0, len(passage_ids), 4096):
+            for passage in opened.fetch(passage_ids[first : first + 4096]):
+                contents = f"{passage.title}\n{passage.text}" if passage.title else passage.text
+                out.write(json.dumps({"id": passage.id, "contents": contents}, ensure_ascii=False) + "\n")
+    build_bm25_index(collection, bm25_index_dir(store), threads=1)
+
+
+def stored_ids(store: Path) -> list[str]:
+    """Every passage id of a store, shard by shard."""
+    opened = open_store(store)
+    return [opened.shard(entry.index).id_at(row) for entry in opened.manifest.shards for row in range(entry.passages)]
+
+
+def model_description(model_dir: Path) -> dict[str, Any]:
+    """The checkpoint's path, k, and (when present) its training metadata and model card title."""
+    description: dict[str, Any] = {"path": str(model_dir)}
+    metadata = model_dir / "dilstore.json"
+    if metadata.is_file():
+        description.update(json.loads(metadata.read_text()))
+    card = model_dir / "MODEL_CARD.md"
+    if card.is_file():
+        description["model_card_title"] = card.read_text(encoding="utf-8").splitlines()[0].lstrip("# ")
+    return description
+
+
+def render(result: dict[str, Any]) -> str:
+    """The seed's Table 2 layout: EM and F1 without/with BM25, R, per p."""
+    lines = [
+        f"Mini OpenSQuAD: {result['questions']} questions, {result['passages']} stored passages, "
+        f"model {result['model'].get('model_card_title', result['model']['path'])} "
+        f"(k={result['model'].get('layers')}), mu={result['mu']}.",
+        "",
+        "| model | EM w/o | EM w/ | F1 w/o | F1 w/ | R |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| DilBert (p={row['top_p']}) | {row['em_without_bm25']:.1f} | {row['em_with_bm25']:.1f} | "
+            f"{row['f1_without_bm25']:.1f} | {row['f1_with_bm25']:.1f} | {row['recall']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, required=True, help="folder for the store, index and collection")
+    parser.add_argument("--store", type=Path, help="an existing store with STORE/bm25 (skips steps 1 and 2)")
+    parser.add_argument("--model", type=Path, help="reader checkpoint (default: the shipped default checkpoint)")
+    parser.add_argument("--data", type=Path, default=SHARED_DATA, help="the shared data folder")
+    parser.add_argument("--limit", type=int, help="a seeded random subset of N questions (default: all 10,570)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset (default 0)")
+    parser.add_argument("--top-p", type=int, nargs="+", default=list(SEED_TOP_PS), help="p values (default 29 100)")
+    parser.add_argument("--mu", type=float, default=0.5, help="BM25 fusion weight of the 'w/' columns (default 0.5)")
+    parser.add_argument("--encoding", choices=("fp32", "fp16", "int8"), default="fp16")
+    parser.add_argument("--max-length", type=int, default=384, help="stored window length in tokens (default 384)")
+    parser.add_argument("--shard-passages", type=int, default=4096, help="passages per shard (default 4096)")
+    parser.add_argument("--squad-paragraphs", type=int, help="use only the first N SQuAD paragraphs (tests)")
+    parser.add_argument("--msmarco-passages", type=int, help="use only the first N MS MARCO passages (tests)")
+    parser.add_argument("--question-batch", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--output", type=Path, default=Path("/tmp/bench-mini-opensquad.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        result = run(args)
+    except DilstoreError as error:
+        print(f"mini_opensquad: error: {error}", file=sys.stderr)
+        return 2
+    args.output.write_text(json.dumps(result, indent=1))
+    print(render(result))
+    print(json.dumps(result))
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Build what is missing, evaluate, and return the result document."""
+    model_dir = args.model or default_checkpoint_dir()
+    store = args.store or args.work / "store"
+    started = time.perf_counter()
+    if not (store / MANIFEST_FILE).is_file():
+        if args.store:
+            raise DilstoreError(f"{store} is not a finalized store")
+        passages = squad_passages(args.data / "squad" / "dev-v1.1.json", args.squad_paragraphs) + msmarco_passages(
+            args.data / "msmarco" / "passages.dl19-dl20-pool.jsonl", args.msmarco_passages
+        )
+        build_store(store, DilBertReader.from_pretrained(model_dir), passages, args)
+    if not any(bm25_index_dir(store).glob("segments_*")):
+        build_index(store, stored_ids(store), args.work)
+    build_seconds = time.perf_counter() - started
+    odqa = open_reader(store, model_dir, settings=OdqaSettings(top_p=max(args.top_p), mu=args.mu))
+    questions = select_questions(
+        load_questions(args.data / "opensquad" / "questions.dev-v1.1.jsonl"), args.limit, args.seed
+    )
+    evaluations = evaluate_top_ps(
+        odqa,
+        questions,
+        top_ps=args.top_p,
+        mu=args.mu,
+        question_batch=args.question_batch,
+        on_batch=lambda done: print(f"\r{done}/{len(questions)} questions", end="", file=sys.stderr, flush=True),
+    )
+    print(file=sys.stderr)
+    rows = []
+    for top_p, evaluation in sorted(evaluations.items()):
+        em_without, f1_without = evaluation.scores[1.0]
+        em_with, f1_with = evaluation.scores[float(args.mu)]
+        rows.append(
+            {
+                "top_p": top_p,
+                "em_without_bm25": em_without,
+                "em_with_bm25": em_with,
+                "f1_without_bm25": f1_without,
+                "f1_with_bm25": f1_with,
+                "recall": evaluation.recall,
+                "refused": evaluation.refused,
+            }
+        )
+    any_run = next(iter(evaluations.values()))
+    return {
+        "benchmark": "mini-opensquad",
+        "questions": len(questions),
+        "limit": args.limit,
+        "seed": args.seed,
+        "passages": len(odqa.store),
+        "store": str(store),
+        "encoding": odqa.store.encoding,
+        "model": model_description(Path(model_dir)),
+        "mu": args.mu,
+        "threads": args.threads,
+        "rows": rows,
+        "build_seconds": build_seconds,
+        "evaluation_seconds": any_run.seconds,
+        "timings": any_run.timings.to_dict(),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
