@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "runners.cmd_evaluate_rc",
     "runners.cmd_ask",
     "runners.cmd_evaluate_qa",
+    "runners.cmd_evaluate_rank",
     "runners.cmd_store",
 )
 

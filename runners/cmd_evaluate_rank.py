@@ -1,0 +1,53 @@
+"""`dilstore evaluate-rank`: RR@10, nDCG@10 and R@100 of a TREC run against TREC qrels."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `evaluate-rank` subcommand."""
+    parser = subparsers.add_parser(
+        "evaluate-rank",
+        help="RR@10, nDCG@10 and R@100 of a TREC run against qrels (ir_measures)",
+        description=(
+            "Score a TREC run against TREC qrels with ir_measures. Means are over every judged query; "
+            "a judged query missing from the run scores 0, and run queries without judgements are ignored. "
+            "RR and R count grade >= 2 as relevant when the qrels are graded 0-3 (TREC Deep Learning), "
+            "otherwise grade >= 1; nDCG uses the grades as gains. Tied scores are ranked by docid, "
+            "descending, as trec_eval ranks them."
+        ),
+    )
+    parser.add_argument("--qrels", type=Path, required=True, help="TREC qrels: qid 0 docid grade")
+    parser.add_argument(
+        "--run", type=Path, required=True, dest="run_file", metavar="RUN", help="TREC run: qid Q0 docid rank score tag"
+    )
+    parser.add_argument("--json", action="store_true", help='print {"RR@10","nDCG@10","R@100","queries"}')
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read both files, evaluate, print the means."""
+    from reader.rank_metrics import METRICS, evaluate_run
+    from reader.trec import read_qrels, read_run
+
+    evaluation = evaluate_run(read_qrels(args.qrels), read_run(args.run_file))
+    summary = evaluation.summary()
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    rows = [
+        ("qrels", str(args.qrels)),
+        ("run", str(args.run_file)),
+        ("queries", f"{evaluation.queries} (relevant for RR and R: grade >= {evaluation.relevance_level})"),
+        *((name, f"{summary[name]:.4f}") for name in METRICS),
+    ]
+    width = max(len(label) for label, _ in rows)
+    print("\n".join(f"{label:<{width}}  {value}" for label, value in rows))
+    if evaluation.unretrieved:
+        print(f"{len(evaluation.unretrieved)} judged query(ies) missing from the run, scored 0")
+    if evaluation.unjudged:
+        print(f"{evaluation.unjudged} run query(ies) without judgements, ignored")
+    return 0
