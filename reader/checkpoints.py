@@ -8,6 +8,14 @@ model.safetensors, tokenizer files) plus one small JSON file, `dilstore.json`:
 `layers` is k, the number of non-interaction layers; `num_layers` is l. A base
 model (any Hugging Face encoder directory) has no such file, so loading it as
 a reader needs k from the caller.
+
+An EARL ranker (kind "earl") reuses the same fields: `layers` is N, the query
+module's depth, and `num_layers` is l, the document module's depth. It adds
+three fields that a DilBert checkpoint leaves out (so DilBert files stay as
+they were):
+
+    {"format": 1, "kind": "earl", "architecture": "bert", "layers": 4, "num_layers": 6,
+     "judger_blocks": 2, "pooling": "cls", "tied": false}
 """
 
 from __future__ import annotations
@@ -45,16 +53,24 @@ def base_model_dir() -> Path:
 
 @dataclass(frozen=True)
 class CheckpointMetadata:
-    """The contents of dilstore.json: which reader kind, architecture and split a checkpoint holds."""
+    """The contents of dilstore.json: which reader kind, architecture and split a checkpoint holds.
+
+    `judger_blocks`, `pooling` and `tied` describe an EARL ranker and are None
+    (absent from the file) for every other kind.
+    """
 
     kind: str
     architecture: str
     layers: int
     num_layers: int
     format: int = METADATA_FORMAT
+    judger_blocks: int | None = None
+    pooling: str | None = None
+    tied: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON object, without the optional fields that are None."""
+        return {name: value for name, value in asdict(self).items() if value is not None}
 
     @classmethod
     def from_dict(cls, document: dict[str, Any], source: Path) -> CheckpointMetadata:
@@ -74,11 +90,21 @@ class CheckpointMetadata:
         for name in ("kind", "architecture"):
             if not isinstance(document[name], str):
                 raise DilstoreError(f"{source}: {name} must be a string, got {document[name]!r}")
+        judger_blocks, pooling, tied = (document.get(name) for name in ("judger_blocks", "pooling", "tied"))
+        if judger_blocks is not None and (not isinstance(judger_blocks, int) or isinstance(judger_blocks, bool)):
+            raise DilstoreError(f"{source}: judger_blocks must be an integer, got {judger_blocks!r}")
+        if pooling is not None and not isinstance(pooling, str):
+            raise DilstoreError(f"{source}: pooling must be a string, got {pooling!r}")
+        if tied is not None and not isinstance(tied, bool):
+            raise DilstoreError(f"{source}: tied must be true or false, got {tied!r}")
         return cls(
             kind=document["kind"],
             architecture=document["architecture"],
             layers=document["layers"],
             num_layers=document["num_layers"],
+            judger_blocks=judger_blocks,
+            pooling=pooling,
+            tied=tied,
         )
 
 

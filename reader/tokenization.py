@@ -4,7 +4,11 @@ The question and the passage never go through the tokenizer's pair template,
 because the passage is encoded offline without knowing any question:
 
     question  `[CLS] q [SEP]`  the tokenizer's own single-sequence template (`<s> q </s>` for RoBERTa)
+    document  `[CLS] d [SEP]`  the same template (ranker documents), truncated to a max length
     passage   `p [SEP]`        the passage's word pieces (add_special_tokens=False), then tokenizer.sep_token_id
+
+A ranker (EARL) reads each document alone as `[CLS] d [SEP]`, the question's
+template, truncated to its first tokens rather than split into windows.
 
 Every token carries the character span it came from in the original Python
 string (code-point offsets from the fast tokenizer's offset mapping), so an
@@ -45,7 +49,7 @@ class TokenizedText:
     `token_ids` is int32 (n,), `char_spans` int32 (n, 2) holding [start, end)
     Python string offsets; special tokens have (-1, -1). `truncated` is True
     when the text had more word pieces than fitted and the tail was dropped
-    (only `encode_question` truncates).
+    (only `encode_question` and `encode_document` truncate).
     """
 
     token_ids: np.ndarray  # (n,) int32
@@ -89,21 +93,37 @@ def encode_question(tokenizer: PreTrainedTokenizerBase, question: str, max_lengt
     flag tells the caller. An empty or whitespace-only question, or one that
     has no word piece at all, raises DilstoreError.
     """
+    return _encode_single(tokenizer, question, max_length, "question")
+
+
+def encode_document(tokenizer: PreTrainedTokenizerBase, document: str, max_length: int) -> TokenizedText:
+    """`[CLS] d [SEP]`, the ranker's document convention (EARL), truncated to `max_length` tokens.
+
+    The same single-sequence template and truncation rules as
+    `encode_question`: rankers score a document by its first `max_length`
+    tokens (BERT-FirstP), so a long document is cut, not windowed, and
+    `truncated` says so.
+    """
+    return _encode_single(tokenizer, document, max_length, "document")
+
+
+def _encode_single(tokenizer: PreTrainedTokenizerBase, text: str, max_length: int, what: str) -> TokenizedText:
+    """The single-sequence template over `text`, truncated from the right; `what` names the text in errors."""
     _require_fast(tokenizer)
-    if not question.strip():
-        raise DilstoreError("the question is empty")
+    if not text.strip():
+        raise DilstoreError(f"the {what} is empty")
     template_tokens = tokenizer.num_special_tokens_to_add(pair=False)
     if max_length < template_tokens + 1:
         raise DilstoreError(
-            f"max_length {max_length} leaves no room for the question: the template alone takes {template_tokens}"
+            f"max_length {max_length} leaves no room for the {what}: the template alone takes {template_tokens}"
         )
-    encoding = _call(tokenizer, question, add_special_tokens=True)
+    encoding = _call(tokenizer, text, add_special_tokens=True)
     truncated = len(encoding["input_ids"]) > max_length
     if truncated:
-        encoding = _call(tokenizer, question, add_special_tokens=True, truncation=True, max_length=max_length)
+        encoding = _call(tokenizer, text, add_special_tokens=True, truncation=True, max_length=max_length)
     result = _to_tokenized(encoding, truncated=truncated)
     if not result.is_text.any():
-        raise DilstoreError(f"the question {_preview(question)} has no word pieces after tokenization")
+        raise DilstoreError(f"the {what} {_preview(text)} has no word pieces after tokenization")
     return result
 
 

@@ -18,6 +18,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from reader.tokenization import (
     TokenizedText,
+    encode_document,
     encode_passage,
     encode_question,
     passage_pieces,
@@ -77,6 +78,17 @@ def test_an_over_long_question_is_truncated_and_says_so(tokenizer) -> None:
     assert len(encoded) == 64
     assert encoded.token_ids[0] == tokenizer.cls_token_id and encoded.token_ids[-1] == tokenizer.sep_token_id
     assert encoded.char_spans[-2, 1] < len(question) // 10
+
+
+def test_document_uses_the_single_sequence_template_truncated_to_its_first_tokens(tokenizer) -> None:
+    document = "Zürich trams run every seven minutes. " * 20
+    full = tokenizer(document)["input_ids"]
+    encoded = encode_document(tokenizer, document, max_length=16)
+    assert encoded.truncated and encoded.token_ids.tolist() == full[:15] + [full[-1]]
+    short = encode_document(tokenizer, "Zürich trams", max_length=16)
+    assert not short.truncated and short.token_ids.tolist() == tokenizer("Zürich trams")["input_ids"]
+    with pytest.raises(DilstoreError, match="the document is empty"):
+        encode_document(tokenizer, " \n", max_length=16)
 
 
 @pytest.mark.parametrize("question", ["", "   ", "\t\n"])
