@@ -30,6 +30,7 @@ from transformers import (
     AutoConfig,
     AutoModelForQuestionAnswering,
     AutoTokenizer,
+    PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -137,6 +138,10 @@ class DilBertReader(nn.Module):
             layers=self.layers,
             num_layers=self.num_layers,
         )
+
+    def fingerprinted_network(self) -> tuple[PreTrainedConfig, nn.Module]:
+        """The config and the module whose weights a store's fingerprint hashes: the wrapped HF model."""
+        return self.model.config, self.model
 
     # ------------------------------------------------------------------ the three halves
 

@@ -107,6 +107,15 @@ class EarlRanker(nn.Module):
         return self.document_encoder if self.query_encoder is None else self.query_encoder
 
     @property
+    def layers(self) -> int:
+        """The split point a store's fingerprint records: the query layers N."""
+        return self.query_layers
+
+    def fingerprinted_network(self) -> tuple[BertConfig, nn.Module]:
+        """The config and the module whose weights a store's fingerprint hashes: the whole ranker."""
+        return self.config, self
+
+    @property
     def dtype(self) -> torch.dtype:
         """The dtype of the weights; stored states are cast to it."""
         return self.score.weight.dtype

@@ -16,7 +16,7 @@ import json
 from typing import Any, Protocol
 
 import torch
-from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedConfig, PreTrainedTokenizerBase
 
 from storage.errors import DilstoreError
 from storage.fingerprint import Fingerprint
@@ -44,11 +44,17 @@ _VOLATILE_TOKENIZER_KEYS = frozenset({"truncation", "padding"})
 
 
 class FingerprintSource(Protocol):
-    """What a reader exposes for fingerprinting: its Hugging Face model, tokenizer and k."""
+    """What a model exposes for fingerprinting: its network, tokenizer and split point.
 
-    model: PreTrainedModel
+    `fingerprinted_network()` gives the Hugging Face config and the module
+    whose state dict holds every weight; `layers` is the split point (k for
+    DilBert, the query layers N for EARL).
+    """
+
     tokenizer: PreTrainedTokenizerBase
     layers: int
+
+    def fingerprinted_network(self) -> tuple[PreTrainedConfig, torch.nn.Module]: ...
 
 
 def _canonical_sha256(document: Any) -> str:
@@ -87,11 +93,12 @@ def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 def model_fingerprint(reader: FingerprintSource, kind: str, encoding: str, max_length: int) -> Fingerprint:
-    """The fingerprint of `reader`'s network, split (k = reader.layers) and the store's encoding and max length."""
+    """The fingerprint of `reader`'s network, split (reader.layers) and the store's encoding and max length."""
+    config, network = reader.fingerprinted_network()
     return Fingerprint(
-        architecture=reader.model.config.model_type,
-        config_sha256=config_sha256(reader.model.config),
-        weights_sha256=weights_sha256(reader.model),
+        architecture=config.model_type,
+        config_sha256=config_sha256(config),
+        weights_sha256=weights_sha256(network),
         tokenizer_sha256=tokenizer_sha256(reader.tokenizer),
         kind=kind,
         layers=reader.layers,
