@@ -159,7 +159,8 @@ def run_size(size: str, inputs: Inputs, args: argparse.Namespace, work: Path) ->
     layers = full.num_layers
     tokenizer = full.tokenizer
     question_ids = [encode_question(tokenizer, question, QUESTION_LENGTH).token_ids for question in inputs.questions]
-    pieces = [piece for passage in inputs.passages for piece in tokenize_passage(tokenizer, passage, MAX_LENGTH)]
+    pieces = [piece for passage in inputs.passages
+              for piece in tokenize_passage(tokenizer, passage, MAX_LENGTH, "dilbert")]
     passage_ids = [piece.tokens.token_ids for piece in pieces]
     ids = [piece.id for piece in pieces]
     q, p, m = len(question_ids), len(pieces), min(args.measure_questions, len(question_ids))
@@ -175,7 +176,7 @@ def run_size(size: str, inputs: Inputs, args: argparse.Namespace, work: Path) ->
         reader = at_layers(full, k)
         print(f"[{size}] k={k}: NI P over {p} passages, NI Q over {q} questions ...", file=sys.stderr, flush=True)
         started = time.perf_counter()
-        records = encode_tokenized(reader, pieces)
+        records = encode_tokenized(reader, "dilbert", pieces)
         ni_p = time.perf_counter() - started
         ni_q = time_question_layers(reader, question_ids)
         for encoding in args.encodings:

@@ -67,15 +67,15 @@ def first_lines(source: Path, destination: Path, limit: int) -> Path:
 def bare_loop(corpus: Path, layers: int, max_length: int, policy: BatchPolicy, threads: int) -> dict[str, float]:
     """Read, split, tokenize and encode in one process; units and seconds (model load excluded)."""
     set_threads(threads)
-    reader = cached_reader(BASE_MODEL_REF, layers)
+    reader = cached_reader(BASE_MODEL_REF, "dilbert", layers)
     started = time.perf_counter()
     pieces = []
     for record in drop_duplicate_ids(read_corpus(corpus, "jsonl")):
         if isinstance(record, Document):
             for passage in split_document(record, "words"):
-                pieces.extend(tokenize_passage(reader.tokenizer, passage, max_length))
+                pieces.extend(tokenize_passage(reader.tokenizer, passage, max_length, "dilbert"))
     tokenized = time.perf_counter()
-    records = encode_tokenized(reader, pieces, policy)
+    records = encode_tokenized(reader, "dilbert", pieces, policy)
     seconds = time.perf_counter() - started
     return {
         "units": len(records),

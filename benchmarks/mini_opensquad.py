@@ -82,8 +82,9 @@ def build_store(store: Path, reader: DilBertReader, passages: list[Passage], arg
     shards = 0
     for first in range(0, len(passages), args.shard_passages):
         chunk = passages[first : first + args.shard_passages]
-        pieces = [piece for passage in chunk for piece in tokenize_passage(reader.tokenizer, passage, args.max_length)]
-        write_shard(store, shards, encode_tokenized(reader, pieces), kind="dilbert", encoding=args.encoding)
+        pieces = [piece for passage in chunk
+                  for piece in tokenize_passage(reader.tokenizer, passage, args.max_length, "dilbert")]
+        write_shard(store, shards, encode_tokenized(reader, "dilbert", pieces), kind="dilbert", encoding=args.encoding)
         shards += 1
         done = first + len(chunk)
         rate = done / (time.perf_counter() - started)

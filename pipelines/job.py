@@ -57,6 +57,7 @@ class PrecomputeJob:
 
     @property
     def layers(self) -> int:
+        """The split point: k for dilbert, the query layers N for the EARL kinds."""
         return self.fingerprint.layers
 
     @property
@@ -64,7 +65,9 @@ class PrecomputeJob:
         return self.fingerprint.encoding
 
     def route_settings(self) -> RouteSettings:
-        return RouteSettings(strategy=self.strategy, num_shards=self.num_shards, max_length=self.max_length)
+        return RouteSettings(
+            strategy=self.strategy, num_shards=self.num_shards, max_length=self.max_length, kind=self.kind
+        )
 
     def shard_settings(self) -> ShardSettings:
         return ShardSettings(

@@ -1,6 +1,6 @@
 """Splitting documents into passages, the unit that is tokenized, encoded and stored.
 
-Two strategies (seed 002 uses both for OpenSQuAD):
+Two strategies split (seed 002 uses both for OpenSQuAD), and one keeps documents whole:
 
 - "words": windows of `window` words, each starting `stride` words after the
   previous one. Words are whitespace-separated tokens; a passage's text is its
@@ -8,6 +8,10 @@ Two strategies (seed 002 uses both for OpenSQuAD):
 - "paragraphs": blocks of text separated by a blank line (a line holding at
   most whitespace); whitespace inside a paragraph is collapsed to single
   spaces, and paragraphs shorter than `min_chars` characters are dropped.
+- "none": the whole document is one passage whose id is the document id, for
+  rankers whose first-stage runs name documents (MS MARCO pids in a TREC run).
+  Whitespace is collapsed as for paragraphs; a passage longer than the model's
+  maximum length is still windowed at encoding time (reader/precompute.py).
 
 Edge rules for "words":
 
@@ -18,7 +22,7 @@ Edge rules for "words":
   holds more than window − stride words, and no window lies entirely inside
   the previous one (no tiny tail window that repeats content).
 
-Passage ids are `{doc_id}#{n}` with n counting kept passages from 0 within the
+Passage ids of the splitting strategies are `{doc_id}#{n}` with n counting kept passages from 0 within the
 document: a pure function of the document's id and text, so the same on every
 run and every runner. Ids of different documents never collide, since the
 part after the last `#` is always n. Passages keep their document's title.
@@ -36,14 +40,14 @@ from storage.errors import DilstoreError
 DEFAULT_WINDOW = 100
 DEFAULT_STRIDE = 50
 DEFAULT_MIN_CHARS = 30
-STRATEGIES = ("words", "paragraphs")
+STRATEGIES = ("words", "paragraphs", "none")
 
 _BLANK_LINE = re.compile(r"\n[^\S\n]*\n")
 
 
 @dataclass(frozen=True)
 class Passage:
-    """One passage of a document: `id` is `{doc_id}#{n}`."""
+    """One passage of a document: `id` is `{doc_id}#{n}`, or the document id under "none"."""
 
     id: str
     doc_id: str
@@ -94,6 +98,12 @@ def split_paragraphs(doc: Document, min_chars: int = DEFAULT_MIN_CHARS) -> list[
     return [Passage(passage_id(doc.id, n), doc.id, doc.title, paragraph) for n, paragraph in enumerate(kept)]
 
 
+def whole_document(doc: Document) -> list[Passage]:
+    """The document as one passage under its own id, whitespace collapsed (none if it is blank)."""
+    text = " ".join(doc.text.split())
+    return [Passage(doc.id, doc.id, doc.title, text)] if text else []
+
+
 def split_document(
     doc: Document,
     strategy: str,
@@ -102,7 +112,7 @@ def split_document(
     stride: int = DEFAULT_STRIDE,
     min_chars: int = DEFAULT_MIN_CHARS,
 ) -> list[Passage]:
-    """The passages of a document under the named strategy ("words" or "paragraphs").
+    """The passages of a document under the named strategy ("words", "paragraphs" or "none").
 
     Raises DilstoreError for an unknown strategy or invalid window settings.
     """
@@ -110,4 +120,6 @@ def split_document(
         return split_words(doc, window, stride)
     if strategy == "paragraphs":
         return split_paragraphs(doc, min_chars)
+    if strategy == "none":
+        return whole_document(doc)
     raise DilstoreError(f"unknown passage strategy {strategy!r}; expected one of: {', '.join(STRATEGIES)}")

@@ -55,11 +55,16 @@ def is_not_document(record: Record) -> bool:
 
 @dataclass(frozen=True)
 class RouteSettings:
-    """How documents become stored units: the split strategy, the shard count and the token limit."""
+    """How documents become stored units: the split strategy, the shard count, the token limit and the store kind.
+
+    The kind picks the token convention (`p [SEP]` for dilbert, `[CLS] d [SEP]`
+    for the EARL kinds; see reader.offline_models).
+    """
 
     strategy: str
     num_shards: int
     max_length: int
+    kind: str
 
 
 def route(
@@ -67,8 +72,9 @@ def route(
 ) -> Iterator[tuple[GroupKey, object]]:
     """Where one record goes: a document's tokenized passages to their shards, anything else to its group.
 
-    A document is split into passages and each passage tokenized (long ones
-    into windows, see reader.precompute); each window goes to the shard of its
+    A document is split into passages and each passage tokenized in the
+    kind's convention (long ones into windows, see reader.precompute); each
+    window goes to the shard of its
     own id. A passage with no word piece, and a document that yields no
     passage at all, become dead letters, so nothing disappears without a trace.
     """
@@ -84,7 +90,7 @@ def route(
     long_passages = 0
     for passage in split_document(record, settings.strategy):
         try:
-            pieces = tokenize_passage(tokenizer, passage, settings.max_length)
+            pieces = tokenize_passage(tokenizer, passage, settings.max_length, settings.kind)
         except DilstoreError as error:
             dead = Rejected(record.source, passage.id, f"passage {passage.id!r}: {error}")
             yield (REJECTED, rejected_part(dead, shards)), dead

@@ -149,7 +149,7 @@ def write_shard_outputs(
     if done is not None:
         return RunStats(**{**done.to_dict(), "shards_resumed": 1})
     if pieces:
-        records = encode_tokenized(reader_for(), pieces, settings.policy, on_batch)
+        records = encode_tokenized(reader_for(), settings.kind, pieces, settings.policy, on_batch)
         atomic_write_bytes(parquet_path(store, shard), passage_table_bytes(pieces))
         atomic_write_text(jsonl_path(store, shard), collection_jsonl(pieces))
         write_shard(

@@ -1,22 +1,25 @@
-"""The offline half of precompute as plain functions: passages → tokens → layer-k states → records.
+"""The offline half of precompute as plain functions: passages → tokens → offline states → records.
 
-Pipelines call these per shard; nothing here knows about Beam.
+Pipelines call these per shard; nothing here knows about Beam. One code path
+serves every store kind; what differs per kind (the model, the token
+convention, the offline half) comes from `reader.offline_models`.
 
-- **Tokenizing.** A passage is `p [SEP]` (`encode_passage`), so its stored
+- **Tokenizing.** A dilbert passage is `p [SEP]` (`encode_passage`), an EARL
+  document `[CLS] d [SEP]` (`encode_document_windows`); either way its stored
   states never depend on a question. Pipelines tokenize before grouping by
   shard, so that each window of a long passage is its own stored unit.
-- **Long passages (the documented rule).** A passage whose `p [SEP]` is longer
-  than `max_length` tokens is split into the windows `encode_passage` makes
-  (each at most `max_length` tokens, ending in [SEP]). Nothing is truncated
-  away: window 0 keeps the passage id, window w ≥ 1 gets the id
-  `{passage_id}~{w}`; each window's text is the slice of the passage text its
-  tokens cover, and its character spans point into that slice. Every such
-  passage is counted (`long_passages`).
+- **Long passages (the documented rule).** A passage longer than `max_length`
+  tokens in its kind's convention is split into overlapping windows (each at
+  most `max_length` tokens: `p_window [SEP]`, or `[CLS] d_window [SEP]` for
+  EARL). Nothing is truncated away: window 0 keeps the passage id, window
+  w ≥ 1 gets the id `{passage_id}~{w}`; each window's text is the slice of
+  the passage text its tokens cover, and its character spans point into that
+  slice. Every such passage is counted (`long_passages`).
 - **Batching.** Passages are sorted by token count and cut into batches whose
   padded size stays under a token budget, so a batch pads only to its own
   longest passage. Encoding runs under `torch.inference_mode`.
-- **The model once per worker.** `cached_reader` keeps loaded readers per
-  (model directory, k) for the life of the process.
+- **The model once per worker.** `cached_reader` keeps loaded models per
+  (model directory, kind, split) for the life of the process.
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ from transformers.utils import logging as hf_logging
 
 from reader.checkpoints import base_model_dir
 from reader.default_model import default_checkpoint_dir
-from reader.dilbert import DilBertReader
 from reader.fingerprint import model_fingerprint
-from reader.tokenization import TokenizedText, encode_passage
+from reader.offline_models import OfflineModel, load_offline_model, offline_kind
+from reader.tokenization import TokenizedText
 from storage.errors import DilstoreError
 from storage.fingerprint import Fingerprint
 from storage.records import PassageRecord
@@ -111,8 +114,12 @@ def resolve_model_dir(model: str) -> Path:
 
 
 @functools.lru_cache(maxsize=2)
-def cached_reader(model: str, layers: int | None) -> DilBertReader:
-    """The reader for (model reference, k), loaded once per process and kept.
+def cached_reader(model: str, kind: str, layers: int | None) -> OfflineModel:
+    """The model that makes `kind` stores from (model reference, split), loaded once per process and kept.
+
+    `layers` is k for dilbert and N for the EARL kinds (None: the
+    checkpoint's own); `reader.offline_models.load_offline_model` refuses a
+    checkpoint of the wrong kind before loading any weight.
 
     Hugging Face's per-load progress bars and load reports are turned off: a
     pipeline loads the model in every worker, and they would interleave with
@@ -121,17 +128,17 @@ def cached_reader(model: str, layers: int | None) -> DilBertReader:
     """
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    return DilBertReader.from_pretrained(resolve_model_dir(model), layers=layers)
+    return load_offline_model(resolve_model_dir(model), kind, layers)
 
 
 @functools.lru_cache(maxsize=2)
-def checked_reader(model: str, layers: int, expected: Fingerprint) -> DilBertReader:
-    """`cached_reader`, refusing a model whose fingerprint differs from the one the run started with.
+def checked_reader(model: str, layers: int, expected: Fingerprint) -> OfflineModel:
+    """`cached_reader` for the run's kind, refusing a model whose fingerprint differs from the run's.
 
     Guards a long run against a model that changed on disk, or a worker that
     resolved a different copy, between the launch and this worker's start.
     """
-    reader = cached_reader(model, layers)
+    reader = cached_reader(model, expected.kind, layers)
     actual = model_fingerprint(reader, expected.kind, expected.encoding, expected.max_length)
     if actual != expected:
         raise DilstoreError(
@@ -164,12 +171,12 @@ def _window_text(text: str, tokens: TokenizedText) -> tuple[str, TokenizedText]:
     return text[start:end], TokenizedText(token_ids=tokens.token_ids, char_spans=shifted)
 
 
-def tokenize_passage(tokenizer: object, passage: PassageLike, max_length: int) -> list[TokenizedPassage]:
-    """`p [SEP]` tokens of one passage, split into windows when longer than `max_length` (module rule).
+def tokenize_passage(tokenizer: object, passage: PassageLike, max_length: int, kind: str) -> list[TokenizedPassage]:
+    """One passage in `kind`'s token convention, split into windows when longer than `max_length` (module rule).
 
     Raises DilstoreError when the text has no word piece at all (the caller dead-letters it).
     """
-    windows = encode_passage(tokenizer, passage.text, max_length)
+    windows = offline_kind(kind).windows(tokenizer, passage.text, max_length)
     if len(windows) == 1:
         return [TokenizedPassage(passage.id, passage.id, passage.doc_id, passage.title, passage.text, windows[0])]
     pieces = []
@@ -214,23 +221,27 @@ def pad_batch(sequences: Sequence[np.ndarray], pad_id: int) -> tuple[torch.Tenso
     return ids, mask
 
 
-def encode_batch(reader: DilBertReader, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Layer-k passage states for a batch of `p [SEP]` id arrays, each (n_i, d) float32 without padding."""
+def encode_batch(reader: OfflineModel, kind: str, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """`kind`'s offline states for a batch of token id arrays, each (n_i, *state_shape) float32 without padding.
+
+    The state shape is the model's: (d,) for dilbert and earl-s1, (M, 2, d) for earl-s2.
+    """
     pad_id = reader.tokenizer.pad_token_id
     ids, mask = pad_batch(sequences, 0 if pad_id is None else int(pad_id))  # (b, n), (b, n)
     with torch.inference_mode():
-        states = reader.encode_passages(ids, mask)  # (b, n, d)
-    states = states.to(torch.float32).numpy()  # (b, n, d)
+        states = offline_kind(kind).states(reader, ids, mask)  # (b, n, *S)
+    states = states.to(torch.float32).numpy()  # (b, n, *S)
     return [np.ascontiguousarray(states[row, : sequence.shape[0]]) for row, sequence in enumerate(sequences)]
 
 
 def encode_tokenized(
-    reader: DilBertReader,
+    reader: OfflineModel,
+    kind: str,
     pieces: Sequence[TokenizedPassage],
     policy: BatchPolicy = BatchPolicy(),
     on_batch: Callable[[int], None] | None = None,
 ) -> list[PassageRecord]:
-    """Encode tokenized passages in length-bucketed batches; `PassageRecord`s in the order given.
+    """Encode tokenized passages into `kind` states in length-bucketed batches; `PassageRecord`s in the order given.
 
     `on_batch(n)` is called after each batch with the number of passages
     finished so far, for progress reporting.
@@ -238,7 +249,7 @@ def encode_tokenized(
     states: list[np.ndarray | None] = [None] * len(pieces)
     finished = 0
     for batch in length_batches([piece.length for piece in pieces], policy):
-        outputs = encode_batch(reader, [pieces[index].tokens.token_ids for index in batch])
+        outputs = encode_batch(reader, kind, [pieces[index].tokens.token_ids for index in batch])
         for index, output in zip(batch, outputs, strict=True):
             states[index] = output
         finished += len(batch)

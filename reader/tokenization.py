@@ -5,10 +5,13 @@ because the passage is encoded offline without knowing any question:
 
     question  `[CLS] q [SEP]`  the tokenizer's own single-sequence template (`<s> q </s>` for RoBERTa)
     document  `[CLS] d [SEP]`  the same template (ranker documents), truncated to a max length
+    windows   `[CLS] d_w [SEP]`  a document's word pieces in windows, each wrapped in [CLS] and [SEP] (EARL stores)
     passage   `p [SEP]`        the passage's word pieces (add_special_tokens=False), then tokenizer.sep_token_id
 
 A ranker (EARL) reads each document alone as `[CLS] d [SEP]`, the question's
-template, truncated to its first tokens rather than split into windows.
+template. Online it is truncated to its first tokens (`encode_document`); a
+store never truncates, so precompute splits a long document into windows
+(`encode_document_windows`), of which the first is exactly the truncated one.
 
 Every token carries the character span it came from in the original Python
 string (code-point offsets from the fast tokenizer's offset mapping), so an
@@ -188,6 +191,42 @@ def encode_passage(
     window_pieces = max_length - 1
     return [
         passage_window(tokenizer, pieces, start, start + window_pieces)
+        for start in window_starts(len(pieces), window_pieces, stride)
+    ]
+
+
+def document_window(tokenizer: PreTrainedTokenizerBase, pieces: TokenizedText, start: int, stop: int) -> TokenizedText:
+    """[CLS], pieces [start, stop), [SEP] (special spans (-1, -1)): one `[CLS] d_window [SEP]` window."""
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    if cls is None or sep is None:
+        raise DilstoreError(
+            f"{type(tokenizer).__name__} lacks a [CLS] or [SEP] token, which the document convention needs"
+        )
+    token_ids = np.concatenate([[np.int32(cls)], pieces.token_ids[start:stop], [np.int32(sep)]])  # (w + 2,)
+    special = np.array([SPECIAL_SPAN], dtype=np.int32)  # (1, 2)
+    char_spans = np.concatenate([special, pieces.char_spans[start:stop], special])  # (w + 2, 2)
+    return TokenizedText(token_ids, char_spans)
+
+
+def encode_document_windows(
+    tokenizer: PreTrainedTokenizerBase, text: str, max_length: int, stride: int = DEFAULT_STRIDE
+) -> list[TokenizedText]:
+    """The document as `[CLS] d_window [SEP]` windows of at most `max_length` tokens each (nothing dropped).
+
+    The same rule as `encode_passage`, with window_pieces = max_length - 2:
+    a document of up to max_length - 2 word pieces is one window, equal to
+    `encode_document`'s tokens; a longer one gets overlapping windows that
+    start every `stride` pieces, each wrapped in [CLS] and [SEP]. Window 0
+    holds the same tokens as `encode_document` truncated to `max_length`.
+    """
+    if max_length < 3:
+        raise DilstoreError(
+            f"a document window needs max_length of at least 3 ([CLS], a word piece and [SEP]), got {max_length}"
+        )
+    pieces = passage_pieces(tokenizer, text)
+    window_pieces = max_length - 2
+    return [
+        document_window(tokenizer, pieces, start, start + window_pieces)
         for start in window_starts(len(pieces), window_pieces, stride)
     ]
 

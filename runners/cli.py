@@ -24,6 +24,7 @@ COMMANDS: tuple[str, ...] = (
     "runners.cmd_ask",
     "runners.cmd_evaluate_qa",
     "runners.cmd_evaluate_rank",
+    "runners.cmd_rerank",
     "runners.cmd_store",
 )
 

@@ -9,6 +9,13 @@ Beam; unknown ones are an error.
 A run killed at any point can be re-run with the same command: committed
 shards are kept, the rest are rewritten byte-identically, and the store is
 finalized only when every shard is there.
+
+--kind picks what is stored per token: dilbert (a DilBert reader's passage
+states after layer k, d values), earl-s1 (an EARL ranker's document-module
+output, d values) or earl-s2 (its judger blocks' keys and values, M x 2 x d
+values). The EARL kinds need --model: an EARL ranker checkpoint, or a plain
+encoder directory (e.g. package:base-model), whose untrained ranker suits
+speed and size tests only.
 """
 
 from __future__ import annotations
@@ -35,12 +42,13 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
     from pipelines.job import PrecomputeJob
     from pipelines.options import LocalDefaults
     from pipelines.routing import ReadTask
+    from reader.offline_models import OfflineModel
 
 DEFAULT_OUTPUT = "dilstore-store"
 KINDS = ("dilbert", "earl-s1", "earl-s2")
 ENCODINGS = ("fp32", "fp16", "int8")
 COMPRESSIONS = ("none", *COMPRESSORS)
-SPLITS = ("words", "paragraphs")
+SPLITS = ("words", "paragraphs", "none")
 FORMATS = ("jsonl", "msmarco", "squad", "wikipedia")
 # k used with the base model when the trained default checkpoint is absent and no --layers is given.
 FALLBACK_LAYERS = 3
@@ -89,22 +97,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     inputs.add_argument("--format", choices=FORMATS,
                         help="corpus format (default: from the file name, e.g. .jsonl, .tsv, .json, .xml.bz2)")
     inputs.add_argument("--split", choices=SPLITS, default="words",
-                        help="passages: 100-word windows with stride 50, or paragraphs (default words)")
+                        help="passages: 100-word windows with stride 50, paragraphs, or none (each document whole, under its own id: for reranking runs that name documents) (default words)")
     model = parser.add_argument_group("model and store")
     model.add_argument("--output", type=Path, default=Path(DEFAULT_OUTPUT), metavar="STORE",
                        help=f"store directory to write (default ./{DEFAULT_OUTPUT})")
     model.add_argument("--model", metavar="DIR",
-                       help="reader checkpoint directory (default: the packaged default checkpoint)")
-    model.add_argument("--kind", choices=KINDS, default="dilbert", help="representation kind (default dilbert)")
+                       help="checkpoint directory: a DilBert reader (dilbert) or an EARL ranker (earl-s1, earl-s2), "
+                            "or a plain encoder directory to start one from (default: the packaged DilBert "
+                            "checkpoint; the EARL kinds need --model)")
+    model.add_argument("--kind", choices=KINDS, default="dilbert",
+                       help="what is stored per token: dilbert (passage states after layer k, d values), "
+                            "earl-s1 (EARL document-module output, d values), earl-s2 (EARL judger-block keys "
+                            "and values, M x 2 x d values) (default dilbert)")
     model.add_argument("--layers", type=int, metavar="K",
-                       help="k, the offline layers (default: the checkpoint's own k)")
+                       help="the split: k, the offline layers, for dilbert; N, the query layers, for earl-s1 and "
+                            "earl-s2 (default: the checkpoint's own; with a plain encoder directory k is required "
+                            "and N defaults to l-2; an EARL checkpoint's N cannot be changed)")
     model.add_argument("--encoding", choices=ENCODINGS, default="fp16", help="state encoding (default fp16)")
     model.add_argument("--compression", choices=COMPRESSIONS, default="none",
                        help="optional, for cold storage; only ~1.1x on hidden states; compressed stores are read "
                             "through zarr-python instead of memory maps (default none)")
     model.add_argument("--max-length", type=positive_int, default=384, metavar="N",
-                       help="longest stored window in tokens, [SEP] included; longer passages are split "
-                            "into windows (default 384)")
+                       help="longest stored window in tokens, special tokens included (p [SEP] for dilbert, "
+                            "[CLS] d [SEP] for EARL); longer passages are split into windows (default 384)")
     model.add_argument("--shards", type=positive_int, metavar="N",
                        help="shard count (default: from the input size, one per ~1 MiB, 4 to 16384)")
     model.add_argument("--overwrite", action="store_true",
@@ -153,13 +168,22 @@ def refuse_url(flag: str, path: Path) -> None:
         )
 
 
-def resolve_model(model: str | None, layers: int | None) -> tuple[str, int | None]:
-    """(model reference, k) for the run, saying so when the default checkpoint must be stood in for."""
+def resolve_model(model: str | None, layers: int | None, kind: str) -> tuple[str, int | None]:
+    """(model reference, split) for the run, saying so when the default checkpoint must be stood in for.
+
+    The packaged default checkpoint is a DilBert reader, so the EARL kinds
+    need `--model`.
+    """
     from reader.checkpoints import read_metadata
     from reader.precompute import BASE_MODEL_REF, DEFAULT_CHECKPOINT_REF, resolve_model_dir
 
     if model is not None:
         return model, layers
+    if kind != "dilbert":
+        raise DilstoreError(
+            f"--kind {kind} needs --model DIR: an EARL ranker checkpoint, or a plain encoder directory "
+            f"(e.g. --model {BASE_MODEL_REF}) whose untrained ranker suits speed tests only"
+        )
     try:
         directory = resolve_model_dir(DEFAULT_CHECKPOINT_REF)
     except DilstoreError as error:
@@ -319,23 +343,36 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
             print(f"  {key:<20} {summary[key]}")
 
 
+def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
+    """Say on stderr when an EARL store is about to be made by a ranker initialised from a plain encoder."""
+    from reader.checkpoints import read_metadata
+    from reader.earl import EarlRanker
+    from reader.precompute import resolve_model_dir
+
+    directory = resolve_model_dir(model)
+    if isinstance(reader, EarlRanker) and read_metadata(directory) is None:
+        print(
+            f"dilstore precompute: note: {directory} is a plain encoder, so an untrained EARL ranker "
+            f"(N={reader.query_layers}, M={reader.judger_blocks}, {reader.pooling} pooling) is initialised from "
+            "it; its states suit speed and size tests only",
+            file=sys.stderr,
+        )
+
+
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
     from pipelines.job import PrecomputeJob
     from pipelines.sharding import default_shard_count
     from reader.fingerprint import model_fingerprint
+    from reader.offline_models import max_positions
     from reader.precompute import BatchPolicy, cached_reader
 
-    if args.kind != "dilbert":
-        raise DilstoreError(
-            f"--kind {args.kind}: EARL stores need the EARL model, which this dilstore does not include yet; "
-            "use --kind dilbert"
-        )
     refuse_url("--output", args.output)
     inputs = resolve_inputs(args.input, args.format)
-    model, layers = resolve_model(args.model, args.layers)
-    reader = cached_reader(model, layers)
-    positions = reader.model.config.max_position_embeddings
+    model, layers = resolve_model(args.model, args.layers, args.kind)
+    reader = cached_reader(model, args.kind, layers)
+    note_untrained_ranker(model, reader)
+    positions = max_positions(reader)
     if args.max_length > positions:
         raise DilstoreError(f"--max-length {args.max_length} exceeds the model's {positions} positions")
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)

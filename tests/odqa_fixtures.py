@@ -61,8 +61,10 @@ def write_store(
 ) -> list[str]:
     """Encode `passages` with the model at `model_dir` into a finalized one-shard store; return the stored ids."""
     reader = DilBertReader.from_pretrained(model_dir)
-    pieces = [piece for passage in passages for piece in tokenize_passage(reader.tokenizer, passage, MAX_LENGTH)]
-    records = encode_tokenized(reader, pieces)
+    pieces = [
+        piece for passage in passages for piece in tokenize_passage(reader.tokenizer, passage, MAX_LENGTH, "dilbert")
+    ]
+    records = encode_tokenized(reader, "dilbert", pieces)
     write_shard(directory, 0, records, kind="dilbert", encoding=encoding)
     finalize(directory, model_fingerprint(reader, "dilbert", encoding, MAX_LENGTH))
     return [record.id for record in records]

@@ -117,13 +117,24 @@ def test_paragraph_example_with_default_minimum() -> None:
 
 def test_split_document_rejects_bad_settings() -> None:
     doc = document("some words here")
-    with pytest.raises(DilstoreError, match="unknown passage strategy 'sentences'; expected one of: words, paragraphs"):
+    with pytest.raises(DilstoreError, match="unknown passage strategy 'sentences'; expected one of: words, paragraphs, none"):
         split_document(doc, "sentences")
     with pytest.raises(DilstoreError, match="1 <= stride <= window; got window 10, stride 11"):
         split_document(doc, "words", window=10, stride=11)
     with pytest.raises(DilstoreError, match="got window 0"):
         split_document(doc, "words", window=0, stride=0)
     assert split_document(doc, "words", window=2, stride=1) == split_words(doc, 2, 1)
+
+
+@given(texts())
+def test_none_keeps_the_document_whole_under_its_own_id(sample: tuple[list[str], str]) -> None:
+    words, text = sample
+    passages = split_document(document(text, doc_id="7187158", title="T"), "none")
+    assert passages == [Passage("7187158", "7187158", "T", " ".join(words))]
+
+
+def test_none_gives_no_passage_for_a_blank_document() -> None:
+    assert split_document(document(" \n\t "), "none") == []
 
 
 def test_default_corpus_splits_into_unique_titled_passages() -> None:

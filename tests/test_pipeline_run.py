@@ -93,16 +93,16 @@ def metered_run(tmp_path_factory: pytest.TempPathFactory, corpus, tiny_dir: Path
 
 def expected_units(corpus, tiny_dir: Path):
     """Every stored unit the corpus should give, tokenized and encoded directly (no Beam)."""
-    reader = cached_reader(str(tiny_dir), TINY_LAYERS)
+    reader = cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
     documents = {}
     for path in corpus:
         for record in read_corpus(path, "jsonl"):
             if isinstance(record, Document):
                 documents.setdefault(record.id, record)
-    settings = RouteSettings(strategy="words", num_shards=SHARDS, max_length=MAX_LENGTH)
+    settings = RouteSettings(strategy="words", num_shards=SHARDS, max_length=MAX_LENGTH, kind="dilbert")
     units = [value for doc in documents.values() for key, value in route(doc, settings, reader.tokenizer)
              if key[0] == SHARD]
-    return documents, {record.id: record for record in encode_tokenized(reader, units, BatchPolicy())}
+    return documents, {record.id: record for record in encode_tokenized(reader, "dilbert", units, BatchPolicy())}
 
 
 def test_the_store_holds_every_good_passage_as_the_model_computes_it(metered_run, corpus, tiny_dir: Path) -> None:
@@ -228,7 +228,7 @@ def test_the_progress_bar_shows_passages_per_second(corpus, tiny_dir: Path, tmp_
     [
         (["--input", "/no/such/corpus.jsonl"], "input file not found"),
         (["--input", "corpus.txt"], "cannot tell the corpus format"),
-        (["--kind", "earl-s1"], "EARL"),
+        (["--kind", "earl-s1"], "holds a 'dilbert' checkpoint, which makes dilbert stores; earl-s1 stores need"),
         (["--bogus_beam_flag", "1"], "unknown Beam option"),
         (["--runner", "sparkle"], "unknown runner"),
         (["--max-length", "4096"], "exceeds the model's"),

@@ -40,7 +40,7 @@ WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu x
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory):
-    return cached_reader(str(save_tiny_reader(tmp_path_factory.mktemp("tiny-reader"))), TINY_LAYERS)
+    return cached_reader(str(save_tiny_reader(tmp_path_factory.mktemp("tiny-reader"))), "dilbert", TINY_LAYERS)
 
 
 def document(doc_id: str, words: int, line: int | None = 1) -> Document:
@@ -77,7 +77,7 @@ def test_default_shard_count_depends_on_input_size_only(tmp_path: Path) -> None:
 
 
 def test_routing_sends_each_record_to_its_group(tiny) -> None:
-    settings = RouteSettings(strategy="words", num_shards=5, max_length=64)
+    settings = RouteSettings(strategy="words", num_shards=5, max_length=64, kind="dilbert")
     dead = Rejected("corpus.jsonl", 3, "bad JSON")
     assert list(route(dead, settings, tiny.tokenizer)) == [((REJECTED, stable_hash("corpus.jsonl\x003") % 5), dead)]
     [(key, stats)] = route(Skipped("wiki.xml", "Redirect", "redirect"), settings, tiny.tokenizer)
@@ -93,17 +93,17 @@ def test_routing_sends_each_record_to_its_group(tiny) -> None:
 
 def test_a_document_that_yields_nothing_to_store_is_a_dead_letter(tiny) -> None:
     empty = Document(id="short", title="", text="tiny", source="c.jsonl", line=9)
-    settings = RouteSettings(strategy="paragraphs", num_shards=3, max_length=64)
+    settings = RouteSettings(strategy="paragraphs", num_shards=3, max_length=64, kind="dilbert")
     [(key, dead)] = route(empty, settings, tiny.tokenizer)
     assert key[0] == REJECTED and dead.line_or_id == 9 and "no passage" in dead.reason
     odd = Document(id="odd", title="", text="\u200b " * 40, source="c.jsonl", line=None)
-    routed = list(route(odd, RouteSettings("words", 3, 64), tiny.tokenizer))
+    routed = list(route(odd, RouteSettings("words", 3, 64, "dilbert"), tiny.tokenizer))
     reasons = [value.reason for key, value in routed if key[0] == REJECTED]
     assert len(reasons) == 2 and "no word pieces" in reasons[0] and "no passage" in reasons[1]
 
 
 def test_shard_groups_sort_by_id_and_drop_the_seed(tiny) -> None:
-    settings = RouteSettings(strategy="words", num_shards=1, max_length=64)
+    settings = RouteSettings(strategy="words", num_shards=1, max_length=64, kind="dilbert")
     units = [value for doc in ("b", "a") for key, value in route(document(doc, 30), settings, tiny.tokenizer)
              if key[0] == SHARD]
     assert [piece.id for piece in pieces_of([None, *units])] == ["a#0", "b#0"]
@@ -111,7 +111,7 @@ def test_shard_groups_sort_by_id_and_drop_the_seed(tiny) -> None:
 
 
 def shard_units(tiny, count: int = 6):
-    settings = RouteSettings(strategy="words", num_shards=1, max_length=64)
+    settings = RouteSettings(strategy="words", num_shards=1, max_length=64, kind="dilbert")
     units = [value for number in range(count)
              for key, value in route(document(f"doc{number}", 20 + 9 * number), settings, tiny.tokenizer)
              if key[0] == SHARD]
@@ -208,7 +208,7 @@ def test_states_survive_the_sink_for_every_encoding(tmp_path: Path, tiny) -> Non
         settings = ShardSettings(store=str(store), kind="dilbert", encoding=encoding, policy=BatchPolicy())
         write_shard_outputs(settings, 0, pieces, lambda: tiny)
         finalize(store, model_fingerprint(tiny, "dilbert", encoding, 64))
-        expected = {record.id: record.states for record in encode_tokenized(tiny, pieces)}
+        expected = {record.id: record.states for record in encode_tokenized(tiny, "dilbert", pieces)}
         with open_store(store) as opened:
             for stored in opened.fetch(list(expected)):
                 scale = np.abs(expected[stored.id]).max()

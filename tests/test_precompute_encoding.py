@@ -40,7 +40,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(tiny_dir: Path):
-    return cached_reader(str(tiny_dir), TINY_LAYERS)
+    return cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
 
 
 def passage(text: str = TEXT, number: int = 0) -> Passage:
@@ -48,7 +48,7 @@ def passage(text: str = TEXT, number: int = 0) -> Passage:
 
 
 def test_a_short_passage_is_one_unit_ending_in_sep(tiny) -> None:
-    [piece] = tokenize_passage(tiny.tokenizer, passage(), max_length=384)
+    [piece] = tokenize_passage(tiny.tokenizer, passage(), max_length=384, kind="dilbert")
     assert (piece.id, piece.source_id, piece.doc_id, piece.text) == ("normans#0", "normans#0", "normans", TEXT)
     assert piece.tokens.token_ids[-1] == tiny.tokenizer.sep_token_id
     assert tuple(piece.tokens.char_spans[-1]) == (-1, -1)
@@ -56,7 +56,7 @@ def test_a_short_passage_is_one_unit_ending_in_sep(tiny) -> None:
 
 @pytest.mark.parametrize("max_length", [8, 17, 40])
 def test_long_passages_become_windows_whose_spans_point_into_their_own_text(tiny, max_length: int) -> None:
-    pieces = tokenize_passage(tiny.tokenizer, passage(), max_length=max_length)
+    pieces = tokenize_passage(tiny.tokenizer, passage(), max_length=max_length, kind="dilbert")
     assert len(pieces) > 1
     assert [piece.id for piece in pieces] == [window_id("normans#0", number) for number in range(len(pieces))]
     assert pieces[0].id == "normans#0" and pieces[1].id == "normans#0~1"
@@ -74,7 +74,7 @@ def test_long_passages_become_windows_whose_spans_point_into_their_own_text(tiny
 
 def test_a_passage_without_word_pieces_is_an_error_for_the_caller_to_dead_letter(tiny) -> None:
     with pytest.raises(DilstoreError, match="no word pieces"):
-        tokenize_passage(tiny.tokenizer, passage(text="\u200b\u200b"), max_length=64)
+        tokenize_passage(tiny.tokenizer, passage(text="\u200b\u200b"), max_length=64, kind="dilbert")
 
 
 @settings(max_examples=200, deadline=None)
@@ -103,10 +103,10 @@ def test_batched_encoding_equals_one_passage_at_a_time(tiny) -> None:
     pieces = [
         piece
         for number, text in enumerate(texts)
-        for piece in tokenize_passage(tiny.tokenizer, passage(text, number), max_length=64)
+        for piece in tokenize_passage(tiny.tokenizer, passage(text, number), max_length=64, kind="dilbert")
     ]
     calls = []
-    records = encode_tokenized(tiny, pieces, BatchPolicy(batch_tokens=100, max_batch_size=3), calls.append)
+    records = encode_tokenized(tiny, "dilbert", pieces, BatchPolicy(batch_tokens=100, max_batch_size=3), calls.append)
     assert [record.id for record in records] == [piece.id for piece in pieces]
     assert calls == sorted(calls) and calls[-1] == len(pieces) and len(calls) > 1
     for piece, record in zip(pieces, records, strict=True):
@@ -121,8 +121,8 @@ def test_batched_encoding_equals_one_passage_at_a_time(tiny) -> None:
 
 
 def test_the_model_is_loaded_once_per_process_and_checked_against_the_run_fingerprint(tiny_dir: Path) -> None:
-    first = cached_reader(str(tiny_dir), TINY_LAYERS)
-    assert cached_reader(str(tiny_dir), TINY_LAYERS) is first
+    first = cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
+    assert cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS) is first
     fingerprint = model_fingerprint(first, "dilbert", "fp16", 64)
     assert checked_reader(str(tiny_dir), TINY_LAYERS, fingerprint) is first
     other = replace(fingerprint, weights_sha256="0" * 64)
@@ -134,14 +134,14 @@ def test_the_model_is_loaded_once_per_process_and_checked_against_the_run_finger
 def test_the_real_minilm_encodes_a_few_passages_like_its_own_offline_half() -> None:
     from reader.precompute import BASE_MODEL_REF
 
-    reader = cached_reader(BASE_MODEL_REF, 2)
+    reader = cached_reader(BASE_MODEL_REF, "dilbert", 2)
     texts = [TEXT, TEXT[:90], "Rollo agreed to swear fealty to King Charles III."]
     pieces: list[TokenizedPassage] = [
         piece
         for number, text in enumerate(texts)
-        for piece in tokenize_passage(reader.tokenizer, passage(text, number), max_length=384)
+        for piece in tokenize_passage(reader.tokenizer, passage(text, number), max_length=384, kind="dilbert")
     ]
-    records = encode_tokenized(reader, pieces)
+    records = encode_tokenized(reader, "dilbert", pieces)
     assert [record.states.shape for record in records] == [(piece.length, 384) for piece in pieces]
     ids = torch.from_numpy(pieces[2].tokens.token_ids.astype(np.int64))[None]  # (1, n)
     with torch.inference_mode():

@@ -1,0 +1,105 @@
+"""`dilstore rerank`: rerank a first-stage TREC run with an EARL ranker over its stored representations."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from runners.reading_options import add_runtime_arguments, apply_threads
+from storage.errors import DilstoreError
+
+# Options that are RerankSettings fields of the same name.
+_SETTINGS = ("max_query_length", "pair_batch_tokens", "max_pairs_per_batch")
+_STAGE_LABELS = {"query_layers": "query layers", "store_read": "store read", "judge": "judge"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `rerank` subcommand."""
+    parser = subparsers.add_parser(
+        "rerank",
+        help="rerank a TREC run with stored EARL representations -> TREC run",
+        description=(
+            "Rescore each query's top --depth documents of a first-stage TREC run with the EARL ranker that "
+            "made STORE: the query module runs once per query, the judger blocks per (query, document) pair "
+            "over the stored S1 states or S2 keys and values. Documents below --depth follow the reranked "
+            "ones in their first-stage order. The run is written atomically with the tag 'dilstore-earl'."
+        ),
+    )
+    parser.add_argument("store", type=str, help="store made by `dilstore precompute --kind earl-s1|earl-s2`")
+    parser.add_argument("--topics", type=Path, required=True, help="queries: qid<TAB>query per line")
+    parser.add_argument(
+        "--run", type=Path, required=True, dest="run_file", metavar="RUN",
+        help="first-stage TREC run: qid Q0 docid rank score tag",
+    )  # fmt: skip
+    parser.add_argument("--output", type=Path, required=True, help="where to write the reranked TREC run")
+    parser.add_argument(
+        "--model", type=Path,
+        help="EARL checkpoint that made STORE (required: no default EARL checkpoint is shipped yet)",
+    )  # fmt: skip
+    parser.add_argument("--depth", type=int, help="documents reranked per query (default 100)")
+    parser.add_argument(
+        "--skip-missing", action="store_true",
+        help="leave out top-depth documents the store lacks (counted) instead of stopping with an error",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-query-length", type=int, help="query tokens kept; longer queries are truncated (default 64)"
+    )
+    parser.add_argument(
+        "--pair-batch-tokens", type=int, help="padded query+document tokens per judging batch (default 8192)"
+    )
+    parser.add_argument("--max-pairs-per-batch", type=int, help="query-document pairs per judging batch (default 64)")
+    add_runtime_arguments(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--json", action="store_true",
+        help='print {"queries","pairs","skipped","truncated_queries","seconds","timings","depth","output"}',
+    )  # fmt: skip
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read topics and run, open the store and its checked ranker, rerank, write the run, print a summary."""
+    if args.model is None:
+        raise DilstoreError(
+            "--model is required: no default EARL checkpoint is shipped yet; "
+            "pass the EARL checkpoint that made the store"
+        )
+    apply_threads(args.threads)
+    from tqdm import tqdm
+
+    from reader.rerank import DEFAULT_DEPTH, RUN_TAG, RerankSettings, check_depth, open_reranker, require_topics
+    from reader.trec import read_run, read_topics, write_run
+
+    depth = DEFAULT_DEPTH if args.depth is None else args.depth
+    check_depth(depth)
+    topics = read_topics(args.topics)
+    first_stage = read_run(args.run_file)
+    if not first_stage:
+        raise DilstoreError(f"{args.run_file}: the run holds no queries")
+    require_topics(topics, first_stage, str(args.topics))
+    settings = RerankSettings(**{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None})
+    reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)
+    bar = tqdm(total=len(first_stage), unit="query", desc="rerank", file=sys.stderr, dynamic_ncols=True,
+               disable=args.no_progress or args.json)  # fmt: skip
+    with bar:
+        reranked, stats = reranker.rerank_run(
+            topics, first_stage, depth, skip_missing=args.skip_missing, on_query=lambda _: bar.update()
+        )
+    write_run(args.output, reranked, tag=RUN_TAG)
+    summary = {**stats.to_dict(), "depth": depth, "output": str(args.output)}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(
+        f"reranked {stats.queries} queries, {stats.pairs} pairs (depth {depth}) "
+        f"in {stats.seconds:.1f} s -> {args.output}"
+    )
+    if stats.skipped:
+        print(f"{stats.skipped} document(s) not in the store left out")
+    if stats.truncated_queries:
+        print(f"{stats.truncated_queries} query(ies) truncated to {reranker.settings.max_query_length} tokens")
+    timings = summary["timings"]
+    print("timings: " + " | ".join(f"{label} {timings[stage]:.2f} s" for stage, label in _STAGE_LABELS.items()))
+    return 0
