@@ -21,6 +21,10 @@ variant has no copy-2 query module: the query module is the document
 module's embeddings and first N layers, shared parameters. The score head
 starts from a fixed seed, so loading a base encoder is reproducible.
 
+Training and evaluation score (query, document) groups through
+`score_groups` and `score_texts`, the interface EARL shares with its two
+baselines (reader/ranking_inputs.py, reader/ranking_training.py).
+
 A checkpoint is a directory: the encoder's config.json, the tokenizer,
 model.safetensors (this module's state dict) and dilstore.json of kind
 "earl" (reader/earl_checkpoints.py).
@@ -32,6 +36,7 @@ import copy
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
@@ -48,6 +53,13 @@ from reader.earl_checkpoints import (
     write_earl_checkpoint,
 )
 from reader.qa_batching import pad_token_ids
+from reader.ranking_inputs import (
+    DEFAULT_MAX_DOC_LENGTH,
+    DEFAULT_MAX_QUERY_LENGTH,
+    group_size,
+    module_device,
+    score_text_pairs,
+)
 from reader.tokenization import TokenizedText, encode_document, encode_question
 from storage.errors import DilstoreError
 
@@ -191,6 +203,14 @@ class EarlRanker(nn.Module):
         """`[CLS] d [SEP]` per document, truncated to `max_length`, right-padded: ids and mask, each (b, n)."""
         return self._pad([encode_document(self.tokenizer, document, max_length) for document in documents])
 
+    def tokenize_query(self, text: str, max_length: int) -> np.ndarray:
+        """One query as `[CLS] q [SEP]` ids, at most `max_length` (the training and evaluation interface)."""
+        return encode_question(self.tokenizer, text, max_length).token_ids
+
+    def tokenize_document(self, text: str, max_length: int) -> np.ndarray:
+        """One document as `[CLS] d [SEP]` ids, at most `max_length` (the training and evaluation interface)."""
+        return encode_document(self.tokenizer, text, max_length).token_ids
+
     # ------------------------------------------------------------------ the offline and online halves
 
     def encode_documents(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -259,6 +279,35 @@ class EarlRanker(nn.Module):
         doc_states = self.encode_documents(doc_ids, doc_mask)  # (b, n, d)
         return self.judge(query_states, query_mask, doc_mask, doc_states=doc_states)
 
+    def score_groups(self, queries: Sequence[np.ndarray], groups: Sequence[Sequence[np.ndarray]]) -> torch.Tensor:
+        """Query ids (b of them) and g document ids per query → scores (b, g), judged from S1.
+
+        The training forward over (b, 1 + n) groups and evaluation's
+        per-query candidate lists: each query is encoded once and its states
+        are repeated over its g documents.
+        """
+        size = group_size(queries, groups)
+        device = module_device(self)
+        query_ids, query_mask = self._pad_ids(list(queries))  # (b, nq) each
+        doc_ids, doc_mask = self._pad_ids([document for group in groups for document in group])  # (b·g, n) each
+        query_ids, query_mask, doc_ids, doc_mask = (t.to(device) for t in (query_ids, query_mask, doc_ids, doc_mask))
+        query_states = self.encode_queries(query_ids, query_mask)  # (b, nq, d)
+        doc_states = self.encode_documents(doc_ids, doc_mask)  # (b·g, n, d)
+        query_states = query_states.repeat_interleave(size, dim=0)  # (b·g, nq, d)
+        query_mask = query_mask.repeat_interleave(size, dim=0)  # (b·g, nq)
+        scores = self.judge(query_states, query_mask, doc_mask, doc_states=doc_states)  # (b·g,)
+        return scores.view(len(queries), size)  # (b, g)
+
+    def score_texts(
+        self,
+        queries: Sequence[str],
+        documents: Sequence[str],
+        max_query_length: int = DEFAULT_MAX_QUERY_LENGTH,
+        max_doc_length: int = DEFAULT_MAX_DOC_LENGTH,
+    ) -> torch.Tensor:
+        """Scores (b,) of the text pairs (queries[i], documents[i])."""
+        return score_text_pairs(self, queries, documents, max_query_length, max_doc_length)
+
     # ------------------------------------------------------------------ internals
 
     def _encode(
@@ -306,9 +355,13 @@ class EarlRanker(nn.Module):
         """Right-pad tokenized texts with the tokenizer's pad id: ids and mask, each (b, n) long."""
         if not texts:
             raise DilstoreError("nothing to tokenize: the list of texts is empty")
+        return self._pad_ids([text.token_ids for text in texts])
+
+    def _pad_ids(self, sequences: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-pad token id arrays with the tokenizer's pad id: ids and mask, each (b, n) long."""
         if self.tokenizer.pad_token_id is None:
             raise DilstoreError(f"{type(self.tokenizer).__name__} has no pad token, which batching needs")
-        return pad_token_ids([text.token_ids for text in texts], self.tokenizer.pad_token_id)
+        return pad_token_ids(sequences, self.tokenizer.pad_token_id)
 
 
 def _with_layers(config: BertConfig, layers: int) -> BertConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,3 +84,12 @@ class Bm25Searcher:
     def search(self, query: str, k: int) -> list[Hit]:
         """The top-k passages for one query, best first."""
         return [Hit(hit.docid, float(hit.score)) for hit in self._searcher.search(query, k=k)]
+
+    def batch_search(
+        self, queries: Sequence[str], qids: Sequence[str], k: int, threads: int = 1
+    ) -> dict[str, list[Hit]]:
+        """The top-k passages of many queries at once, searched by `threads` Java threads: qid → hits, best first."""
+        if len(queries) != len(qids) or len(set(qids)) != len(qids):
+            raise DilstoreError("batch_search needs one distinct qid per query")
+        found = self._searcher.batch_search(list(queries), list(qids), k=k, threads=threads)
+        return {qid: [Hit(hit.docid, float(hit.score)) for hit in found.get(qid, [])] for qid in qids}

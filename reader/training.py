@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -181,7 +181,24 @@ def qa_loss(
     return (start + end) / 2
 
 
-def build_optimizer(model: torch.nn.Module, config: TrainingConfig) -> torch.optim.AdamW:
+class OptimizationSettings(Protocol):
+    """The fields the shared optimizer, schedule, batching and precision helpers read.
+
+    Both TrainingConfig (QA) and the ranking trainer's config have them, so
+    one implementation serves `train qa` and `train earl|cross-encoder|siamese`.
+    """
+
+    epochs: int
+    max_steps: int | None
+    batch_size: int
+    gradient_accumulation: int
+    learning_rate: float
+    weight_decay: float
+    seed: int
+    precision: str
+
+
+def build_optimizer(model: torch.nn.Module, config: OptimizationSettings) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on biases or LayerNorm weights), as BERT fine-tuning does."""
     decay, no_decay = [], []
     for name, parameter in model.named_parameters():
@@ -195,7 +212,7 @@ def build_optimizer(model: torch.nn.Module, config: TrainingConfig) -> torch.opt
     return torch.optim.AdamW(groups, lr=config.learning_rate)
 
 
-def total_optimizer_steps(num_features: int, config: TrainingConfig) -> int:
+def total_optimizer_steps(num_features: int, config: OptimizationSettings) -> int:
     """Optimizer steps of the run: all epochs, or --max-steps when that is fewer."""
     micro_batches_per_epoch = math.ceil(num_features / config.batch_size)
     per_epoch = math.ceil(micro_batches_per_epoch / config.gradient_accumulation)
@@ -210,11 +227,11 @@ def epoch_order(num_features: int, seed: int, epoch: int) -> list[int]:
 
 
 def optimizer_step_batches(
-    num_features: int, config: TrainingConfig, lengths: Sequence[int] | None = None
+    num_features: int, config: OptimizationSettings, lengths: Sequence[int] | None = None
 ) -> Iterator[list[list[int]]]:
     """Feature indices for every optimizer step in run order: `gradient_accumulation` micro-batches each.
 
-    With `lengths` (tokens per window) and `config.group_by_length`, each
+    With `lengths` (tokens per window; pass them only to group by length), each
     run of LENGTH_GROUP micro-batches of the shuffled order is sorted by
     length before it is cut, so a micro-batch holds windows of similar length
     and padding (which costs compute on CPU) stays small; the order stays
@@ -224,7 +241,7 @@ def optimizer_step_batches(
     group = config.batch_size * LENGTH_GROUP
     for epoch in range(config.epochs):
         order = epoch_order(num_features, config.seed, epoch)
-        if lengths is not None and config.group_by_length:
+        if lengths is not None:
             order = [
                 index
                 for first in range(0, num_features, group)
@@ -235,7 +252,7 @@ def optimizer_step_batches(
             yield micro[i : i + config.gradient_accumulation]
 
 
-def autocast_dtype(config: TrainingConfig, device: torch.device) -> torch.dtype | None:
+def autocast_dtype(config: OptimizationSettings, device: torch.device) -> torch.dtype | None:
     """The autocast dtype: None (fp32) on CPU; bf16 on CUDA when supported, else fp16."""
     if config.precision == "fp32" or (config.precision == "auto" and device.type != "cuda"):
         return None
@@ -297,7 +314,7 @@ def train_qa(
     started = time.perf_counter() - position.train_seconds
     window_start, window_features = time.perf_counter(), 0
     lengths = [len(feature.question) + len(feature.passage) for feature in data.features]
-    step_plan = optimizer_step_batches(len(data.features), config, lengths)
+    step_plan = optimizer_step_batches(len(data.features), config, lengths if config.group_by_length else None)
     for step_index, micro_batches in enumerate(step_plan):
         if step_index >= total_steps:
             break

@@ -1,4 +1,9 @@
-"""`dilstore train`: fine-tune readers and rankers. `train qa` fine-tunes a DilBert reader on SQuAD."""
+"""`dilstore train`: fine-tune readers and rankers.
+
+`train qa` fine-tunes a DilBert reader on SQuAD; `train earl`, `train
+cross-encoder` and `train siamese` train rankers on the triples that
+`train ranking-data` builds (runners/cmd_train_ranking.py).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import json
 import shlex
 from pathlib import Path
 
+from runners.cmd_train_ranking import register_ranking_data, register_rankers
 from runners.reading_options import add_reading_arguments, add_runtime_arguments, apply_threads, reading_settings
 from storage.errors import DilstoreError
 
@@ -15,10 +21,12 @@ _NOT_IN_COMMAND = {"command", "train_command", "run"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `train` and its `qa` sub-subcommand."""
+    """Add `train` and its sub-subcommands: qa, the three ranker kinds, and ranking-data."""
     parser = subparsers.add_parser("train", help="fine-tune readers and rankers", description=__doc__)
     kinds = parser.add_subparsers(dest="train_command", metavar="KIND", required=True)
     register_qa(kinds)
+    register_rankers(kinds)
+    register_ranking_data(kinds)
 
 
 def register_qa(kinds: argparse._SubParsersAction) -> None:
@@ -73,7 +81,7 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
 
 def canonical_command(args: argparse.Namespace) -> str:
     """The full command with every option spelled out, defaults included, so the run can be repeated."""
-    words = ["dilstore", "train", "qa"]
+    words = ["dilstore", "train", args.train_command]
     for name, value in vars(args).items():
         if name in _NOT_IN_COMMAND or value is None or value is False:
             continue

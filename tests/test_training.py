@@ -232,8 +232,8 @@ def test_length_grouping_cuts_padding() -> None:
     lengths = torch.randint(60, 256, (3000,), generator=torch.Generator().manual_seed(0)).tolist()
 
     def padded_tokens(grouped: bool) -> int:
-        config = TrainingConfig(layers=0, epochs=1, batch_size=16, group_by_length=grouped)
-        steps = optimizer_step_batches(len(lengths), config, lengths)
+        config = TrainingConfig(layers=0, epochs=1, batch_size=16)
+        steps = optimizer_step_batches(len(lengths), config, lengths if grouped else None)
         return sum(len(micro) * max(lengths[i] for i in micro) for step in steps for micro in step)
 
     assert padded_tokens(True) < 0.8 * padded_tokens(False)

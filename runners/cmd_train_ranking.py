@@ -1,0 +1,204 @@
+"""`dilstore train earl|cross-encoder|siamese` and `dilstore train ranking-data`: paragraph-ranking training.
+
+`ranking-data` turns a SQuAD v1.1 file into (query, gold paragraph, BM25
+negatives) triples; the three ranker kinds train on those triples with one
+loop (reader/ranking_training.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from runners.reading_options import add_runtime_arguments, apply_threads
+from storage.errors import DilstoreError
+
+RANKER_HELP = {
+    "earl": "EARL: query module + judger blocks over an offline document module (seed 004)",
+    "cross-encoder": "the BERT ranker baseline over [CLS] q [SEP] d [SEP]",
+    "siamese": "the BERT-Siamese baseline: mean-pooled embeddings, dot product",
+}
+
+
+def register_rankers(kinds: argparse._SubParsersAction) -> None:
+    """Add `train earl`, `train cross-encoder` and `train siamese`."""
+    for kind, help_text in RANKER_HELP.items():
+        parser = kinds.add_parser(
+            kind,
+            help=f"train {help_text}",
+            description=(
+                f"Train {help_text} on triples from `dilstore train ranking-data`, end to end with a softmax or "
+                "pairwise hinge loss over 1 positive and N negatives per query (AdamW, linear warm-up and decay). "
+                "Writes the ranker plus dilstore_training.json to --output and periodic resumable checkpoints "
+                "under OUTPUT/checkpoints."
+            ),
+        )
+        _add_ranker_arguments(parser, kind)
+        parser.set_defaults(run=run_ranker)
+
+
+def register_ranking_data(kinds: argparse._SubParsersAction) -> None:
+    """Add `train ranking-data`."""
+    parser = kinds.add_parser(
+        "ranking-data",
+        help="SQuAD → (query, gold paragraph, BM25 negatives) triples for ranker training",
+        description=(
+            "Index every paragraph of a SQuAD v1.1 file with pyserini BM25 (cached in --work), retrieve the "
+            "top --depth paragraphs per question, and sample --negatives non-gold ones per question with a "
+            "seeded generator (questions with too few get random non-gold paragraphs, counted). Writes "
+            "OUTPUT/triples.jsonl.gz, OUTPUT/paragraphs.jsonl.gz and OUTPUT/ranking_data.json."
+        ),
+    )
+    parser.add_argument("--squad", type=Path, required=True, help="SQuAD v1.1 training JSON")
+    parser.add_argument("--output", type=Path, required=True, help="folder for the triples and paragraphs files")
+    parser.add_argument("--negatives", type=int, default=8, help="negatives per question (default 8)")
+    parser.add_argument("--depth", type=int, default=30, help="BM25 candidates per question (default 30)")
+    parser.add_argument("--seed", type=int, default=13, help="seed of the negative sampling (default 13)")
+    parser.add_argument("--limit", type=int, help="only the first N questions (the index still covers all)")
+    parser.add_argument("--work", type=Path, help="where the BM25 index is cached (default OUTPUT/work)")
+    parser.add_argument("--threads", type=int, default=1, help="indexing and search threads (default 1)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.set_defaults(run=run_ranking_data)
+
+
+def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
+    """The options of one ranker kind's training command."""
+    parser.add_argument("--triples", type=Path, required=True, help="triples.jsonl.gz from `train ranking-data`")
+    parser.add_argument(
+        "--paragraphs", type=Path, help="paragraphs file (default: paragraphs.jsonl.gz beside --triples)"
+    )
+    parser.add_argument("--output", type=Path, required=True, help="output checkpoint directory")
+    parser.add_argument("--base-model", type=Path, help="plain BERT encoder to start from (default: all-MiniLM-L6-v2)")
+    parser.add_argument(
+        "--negatives", type=int, default=7, help="negatives per query: the first N of each triple (default 7)"
+    )
+    parser.add_argument("--loss", choices=("softmax", "hinge"), default="softmax", help="default softmax")
+    parser.add_argument("--margin", type=float, default=1.0, help="margin of the hinge loss (default 1.0)")
+    parser.add_argument("--epochs", type=int, default=1, help="passes over the triples (default 1)")
+    parser.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=16, help="queries per micro-batch (default 16)")
+    parser.add_argument(
+        "--gradient-accumulation-steps", type=int, default=1, help="micro-batches per optimizer step (default 1)"
+    )
+    parser.add_argument("--learning-rate", type=float, default=3e-5, help="peak AdamW learning rate (default 3e-5)")
+    parser.add_argument("--warmup-ratio", type=float, default=0.1, help="share of steps warming up (default 0.1)")
+    parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
+    parser.add_argument("--max-query-length", type=int, default=32, help="query tokens with [CLS], [SEP] (default 32)")
+    parser.add_argument("--max-doc-length", type=int, default=256, help="document tokens with [CLS], [SEP] (256)")
+    if kind == "earl":
+        parser.add_argument("--query-layers", type=int, help="N, the query module's layers (default l - 2)")
+        parser.add_argument("--pooling", choices=("cls", "mean"), default="cls", help="ClsPool or AvePool (cls)")
+        parser.add_argument("--tied", action="store_true", help="share the query module with the document module")
+    parser.add_argument("--seed", type=int, default=42, help="seed of data order and dropout (default 42)")
+    parser.add_argument("--save-every", type=int, default=0, help="resumable checkpoint every N steps (0: none)")
+    parser.add_argument("--keep-checkpoints", type=int, default=2, help="periodic checkpoints kept (default 2)")
+    parser.add_argument("--log-every", type=int, default=10, help="log a progress line every N steps (default 10)")
+    parser.add_argument(
+        "--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+        help="auto: fp32 on CPU, bf16 (else fp16) autocast on CUDA",
+    )  # fmt: skip
+    parser.add_argument("--train-limit", type=int, help="use only the first N triples")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
+    add_runtime_arguments(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    parser.add_argument("--json", action="store_true", help="print the run summary as JSON")
+
+
+def run_ranker(args: argparse.Namespace) -> int:
+    """Train one ranker kind; print the steps, time, final loss and output."""
+    from reader.checkpoints import base_model_dir
+    from reader.ranking_files import PARAGRAPHS_FILE
+    from reader.ranking_training import RankingTrainingConfig, train_ranker
+    from runners.cmd_train import canonical_command
+
+    apply_threads(args.threads)
+    paragraphs = args.paragraphs or args.triples.parent / PARAGRAPHS_FILE
+    for flag, path in (("--triples", args.triples), ("--paragraphs", paragraphs)):
+        if not path.is_file():
+            raise DilstoreError(f"{flag} {path}: no such file")
+    config = RankingTrainingConfig(
+        kind=args.train_command,
+        negatives=args.negatives,
+        loss=args.loss,
+        margin=args.margin,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        gradient_accumulation=args.gradient_accumulation_steps,
+        learning_rate=args.learning_rate,
+        warmup_ratio=args.warmup_ratio,
+        weight_decay=args.weight_decay,
+        max_query_length=args.max_query_length,
+        max_doc_length=args.max_doc_length,
+        query_layers=getattr(args, "query_layers", None),
+        pooling=getattr(args, "pooling", "cls"),
+        tied=getattr(args, "tied", False),
+        seed=args.seed,
+        save_every=args.save_every,
+        keep_checkpoints=args.keep_checkpoints,
+        log_every=args.log_every,
+        precision=args.precision,
+        train_limit=args.train_limit,
+    )
+    result = train_ranker(
+        args.base_model or base_model_dir(),
+        args.triples,
+        paragraphs,
+        args.output,
+        config,
+        command=canonical_command(args),
+        resume=args.resume,
+        device=args.device,
+        progress=not args.no_progress,
+    )
+    summary = {
+        "kind": result.kind,
+        "train_steps": result.steps,
+        "triples_seen": result.triples_seen,
+        "train_seconds": round(result.train_seconds, 1),
+        "final_loss": result.final_loss,
+        "output": str(result.output),
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"{result.kind}: steps {result.steps}  triples {result.triples_seen}  "
+            f"train {result.train_seconds / 60:.1f} min  final loss {result.final_loss:.4f}  → {result.output}"
+        )
+    return 0
+
+
+def run_ranking_data(args: argparse.Namespace) -> int:
+    """Build the triples; Anserini's log goes to stderr so stdout carries only the summary."""
+    from reader.ranking_data import build_ranking_data
+    from runners.cmd_index import stdout_to_stderr
+
+    if not args.squad.is_file():
+        raise DilstoreError(f"--squad {args.squad}: no such file")
+    if args.threads < 1:
+        raise DilstoreError(f"--threads must be at least 1, got {args.threads}")
+    with stdout_to_stderr():
+        summary = build_ranking_data(
+            args.squad,
+            args.output,
+            negatives=args.negatives,
+            depth=args.depth,
+            seed=args.seed,
+            limit=args.limit,
+            work=args.work,
+            threads=args.threads,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    if args.json:
+        print(json.dumps(asdict(summary)))
+    else:
+        print(
+            f"{summary.questions} triples with {summary.negatives} negatives each (BM25 top-{summary.depth}, "
+            f"{summary.filled_questions} question(s) filled with {summary.filled_negatives} random negative(s)) "
+            f"→ {summary.triples}, {summary.paragraphs_written} paragraphs → {summary.paragraphs}"
+        )
+    return 0
