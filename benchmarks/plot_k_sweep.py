@@ -25,6 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 EVAL_FILE = "eval-dev.json"
+BASE_INIT = "base"
 
 
 def load_rows(paths: list[Path], pairs: list[tuple[Path, Path]]) -> list[dict[str, Any]]:
@@ -34,44 +35,59 @@ def load_rows(paths: list[Path], pairs: list[tuple[Path, Path]]) -> list[dict[st
         file = path / EVAL_FILE if path.is_dir() else path
         row = json.loads(file.read_text(encoding="utf-8"))
         row["source"] = str(file)
+        if path.is_dir():
+            row["init"] = initialisation(load_training_metadata(path))
         rows.append(row)
     for file, checkpoint in pairs:
         training = load_training_metadata(checkpoint)
         row = json.loads(file.read_text(encoding="utf-8"))
         row.update(source=str(file), checkpoint=str(checkpoint), train_steps=training["steps"])
         row.update(train_seconds=training["train_seconds"], features_seen=training["features_seen"])
+        row["init"] = initialisation(training)
         rows.append(row)
-    return sorted(rows, key=lambda row: int(row["k"]))
+    return sorted(rows, key=lambda row: (row.get("init", BASE_INIT) != BASE_INIT, int(row["k"])))
+
+
+def initialisation(training: dict[str, Any]) -> str:
+    """Where a run started: "base" (all-MiniLM-L6-v2) or the name of the fine-tuned checkpoint it continued."""
+    start = Path(training["base_model"])
+    return start.name if (start / "dilstore.json").is_file() else BASE_INIT
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The sweep as a Markdown table; training columns are blank where a row has none."""
-    header = "| k | EM | F1 | ΔF1 vs k=0 | dev questions | train steps | train min | eval min |"
-    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    header = "| k | init | EM | F1 | ΔF1 vs k=0 | dev questions | train steps | train min | eval min |"
+    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     baseline = next((float(row["f1"]) for row in rows if int(row["k"]) == 0), None)
     for row in rows:
         delta = "" if baseline is None else f"{float(row['f1']) - baseline:+.2f}"
         steps = row.get("train_steps", "")
         train_min = f"{row['train_seconds'] / 60:.1f}" if "train_seconds" in row else ""
         lines.append(
-            f"| {row['k']} | {float(row['em']):.2f} | {float(row['f1']):.2f} | {delta} | {row['questions']} "
+            f"| {row['k']} | {row.get('init', BASE_INIT)} | {float(row['em']):.2f} | {float(row['f1']):.2f} | {delta} | {row['questions']} "
             f"| {steps} | {train_min} | {float(row['seconds']) / 60:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict[str, Any]], png: Path, title: str) -> None:
-    """EM and F1 against k, one marker per trained k."""
-    ks = [int(row["k"]) for row in rows]
-    figure, axes = plt.subplots(figsize=(5, 3.5), dpi=120)
-    axes.plot(ks, [float(row["f1"]) for row in rows], marker="o", label="F1")
-    axes.plot(ks, [float(row["em"]) for row in rows], marker="s", label="EM")
+    """EM and F1 against k, one line per initialisation (warm-started lines start from their k=0 run)."""
+    figure, axes = plt.subplots(figsize=(5.5, 3.8), dpi=120)
+    for init in dict.fromkeys(row.get("init", BASE_INIT) for row in rows):
+        series = [row for row in rows if row.get("init", BASE_INIT) == init]
+        start = [row for row in rows if int(row["k"]) == 0 and row.get("init", BASE_INIT) == BASE_INIT]
+        if init != BASE_INIT:
+            series = start + series
+        ks = [int(row["k"]) for row in series]
+        label = "from all-MiniLM-L6-v2" if init == BASE_INIT else f"warm-started from {init}"
+        axes.plot(ks, [float(row["f1"]) for row in series], marker="o", label=f"F1, {label}")
+        axes.plot(ks, [float(row["em"]) for row in series], marker="s", linestyle="--", label=f"EM, {label}")
     axes.set_xlabel("k (non-interaction layers)")
     axes.set_ylabel("SQuAD v1.1 dev score")
-    axes.set_xticks(ks)
+    axes.set_xticks(sorted({int(row["k"]) for row in rows}))
     axes.set_title(title, fontsize=9)
     axes.grid(alpha=0.3)
-    axes.legend()
+    axes.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(png)
     plt.close(figure)

@@ -343,7 +343,19 @@ def test_k_sweep_script_writes_table_and_png(tmp_path: Path, capsys: pytest.Capt
     assert plot_k_sweep.main([*runs, "--png", str(png), "--markdown", str(table)]) == 0
     assert png.read_bytes().startswith(b"\x89PNG")
     lines = table.read_text().splitlines()
-    assert lines[2].startswith("| 0 | 55.00 | 66.00 | +0.00 |") and lines[3].startswith("| 4 | 50.00 | 61.50 | -4.50 |")
+    assert lines[2].startswith("| 0 | base | 55.00 | 66.00 | +0.00 |")
+    assert lines[3].startswith("| 4 | base | 50.00 | 61.50 | -4.50 |")
+
+
+def test_k_sweep_names_the_checkpoint_a_run_was_warm_started_from(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("plot_k_sweep", ROOT / "benchmarks" / "plot_k_sweep.py")
+    plot_k_sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_k_sweep)
+    start = tmp_path / "minilm-k0"
+    start.mkdir()
+    (start / "dilstore.json").write_text("{}")
+    assert plot_k_sweep.initialisation({"base_model": str(start)}) == "minilm-k0"
+    assert plot_k_sweep.initialisation({"base_model": str(tmp_path / "plain-encoder")}) == "base"
 
 
 @pytest.mark.parametrize(
