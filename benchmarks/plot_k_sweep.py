@@ -36,7 +36,7 @@ def load_rows(paths: list[Path], pairs: list[tuple[Path, Path]]) -> list[dict[st
         row = json.loads(file.read_text(encoding="utf-8"))
         row["source"] = str(file)
         if path.is_dir():
-            row["init"] = initialisation(load_training_metadata(path))
+            row.update(run=path.name, init=initialisation(load_training_metadata(path)))
         rows.append(row)
     for file, checkpoint in pairs:
         training = load_training_metadata(checkpoint)
@@ -71,13 +71,12 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], png: Path, title: str) -> None:
-    """EM and F1 against k, one line per initialisation (warm-started lines start from their k=0 run)."""
+    """EM and F1 against k, one line per initialisation (a warm-started line starts at the run it continued)."""
     figure, axes = plt.subplots(figsize=(5.5, 3.8), dpi=120)
     for init in dict.fromkeys(row.get("init", BASE_INIT) for row in rows):
         series = [row for row in rows if row.get("init", BASE_INIT) == init]
-        start = [row for row in rows if int(row["k"]) == 0 and row.get("init", BASE_INIT) == BASE_INIT]
         if init != BASE_INIT:
-            series = start + series
+            series = [row for row in rows if row.get("run") == init] + series
         ks = [int(row["k"]) for row in series]
         label = "from all-MiniLM-L6-v2" if init == BASE_INIT else f"warm-started from {init}"
         axes.plot(ks, [float(row["f1"]) for row in series], marker="o", label=f"F1, {label}")
