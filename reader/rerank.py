@@ -282,12 +282,14 @@ class EarlReranker:
         """
         width = max(len(document.token_ids) for document in documents)
         state_shape = documents[0].states.shape[1:]
-        stored = np.zeros((len(documents), width, *state_shape), dtype=np.float32)  # (b, n, *S)
+        dtype = np.result_type(*(document.states.dtype for document in documents))
+        stored = np.zeros((len(documents), width, *state_shape), dtype=dtype)  # (b, n, *S)
         mask = torch.zeros((len(documents), width), dtype=torch.long)  # (b, n)
         for row, document in enumerate(documents):
             n = len(document.token_ids)
-            stored[row, :n] = document.states  # copies the stored view, casting fp16 to fp32
+            stored[row, :n] = document.states  # copies the stored view in its own dtype (fp16 stays fp16)
             mask[row, :n] = 1
+        # torch casts fp16 to the model's dtype once, vectorised, instead of numpy upcasting per row.
         return torch.from_numpy(stored).to(self.device, self.model.dtype), mask.to(self.device)
 
 
