@@ -43,6 +43,7 @@ from reader.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENG
 from reader.rankers import EarlOptions, load_ranker, new_ranker
 from reader.training import (
     PRECISIONS,
+    apply_optimizer_step,
     autocast_dtype,
     build_optimizer,
     hardware_description,
@@ -270,12 +271,7 @@ def train_ranker(
         if step_index < position.step:
             continue
         step_loss = accumulate_ranking_gradients(ranker, data, micro_batches, config, device, dtype, scaler)
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(ranker.parameters(), config.max_grad_norm)
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        apply_optimizer_step(ranker, optimizer, scheduler, scaler, config.max_grad_norm)
         seen = sum(len(batch) for batch in micro_batches)
         position = LoopPosition(
             step=step_index + 1,

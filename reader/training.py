@@ -252,6 +252,22 @@ def optimizer_step_batches(
             yield micro[i : i + config.gradient_accumulation]
 
 
+def apply_optimizer_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    max_grad_norm: float,
+) -> None:
+    """One optimizer step over the accumulated gradients: unscale, clip to max_grad_norm, step, advance, zero."""
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def autocast_dtype(config: OptimizationSettings, device: torch.device) -> torch.dtype | None:
     """The autocast dtype: None (fp32) on CPU; bf16 on CUDA when supported, else fp16."""
     if config.precision == "fp32" or (config.precision == "auto" and device.type != "cuda"):
@@ -321,12 +337,7 @@ def train_qa(
         if step_index < position.step:
             continue
         step_loss = accumulate_gradients(reader, data, micro_batches, device, dtype, scaler)
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(reader.parameters(), config.max_grad_norm)
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        apply_optimizer_step(reader, optimizer, scheduler, scaler, config.max_grad_norm)
         seen = sum(len(batch) for batch in micro_batches)
         position = LoopPosition(
             step=step_index + 1,
