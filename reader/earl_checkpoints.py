@@ -105,6 +105,16 @@ def read_earl_checkpoint(path: str | Path) -> EarlCheckpoint:
             f"{directory}: judger_blocks {metadata.judger_blocks} is not num_layers {metadata.num_layers} "
             f"minus layers {metadata.layers}"
         )
+    return EarlCheckpoint(directory, metadata, *load_checkpoint_files(directory, metadata))
+
+
+def load_checkpoint_files(
+    directory: Path, metadata: CheckpointMetadata
+) -> tuple[BertConfig, PreTrainedTokenizerBase, dict[str, torch.Tensor]]:
+    """Config, tokenizer and weights of a ranker checkpoint directory, checked against its dilstore.json.
+
+    Shared by every ranker kind (EARL here, the baselines in reader/ranker_checkpoints.py).
+    """
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
@@ -117,7 +127,7 @@ def read_earl_checkpoint(path: str | Path) -> EarlCheckpoint:
             f"{directory}: config.json has {config.num_hidden_layers} layers but dilstore.json says "
             f"{metadata.num_layers}"
         )
-    return EarlCheckpoint(directory, metadata, config, tokenizer, state)
+    return config, tokenizer, state
 
 
 def write_earl_checkpoint(

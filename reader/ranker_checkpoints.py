@@ -14,20 +14,15 @@ Every failure is a DilstoreError that names the directory.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
-from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokenizerBase
+from transformers import BertConfig, PreTrainedTokenizerBase
 
 from reader.checkpoints import CheckpointMetadata, read_metadata, require_checkpoint_dir
-from reader.earl_checkpoints import WEIGHTS_FILE, require_supported
+from reader.earl_checkpoints import load_checkpoint_files
 from storage.errors import DilstoreError
-
-_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, json.JSONDecodeError)
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,16 +44,4 @@ def read_ranker_checkpoint(path: str | Path, kind: str) -> RankerCheckpoint:
         raise DilstoreError(f"{directory} is a base encoder without dilstore metadata, not a trained {kind!r} ranker")
     if metadata.kind != kind:
         raise DilstoreError(f"{directory} holds a {metadata.kind!r} checkpoint, not a {kind!r} ranker")
-    try:
-        config = AutoConfig.from_pretrained(directory, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-        state = load_file(directory / WEIGHTS_FILE)
-    except _LOAD_ERRORS as error:
-        raise DilstoreError(f"cannot load a model from {directory}: {error}") from error
-    require_supported(config.model_type)
-    if config.num_hidden_layers != metadata.num_layers:
-        raise DilstoreError(
-            f"{directory}: config.json has {config.num_hidden_layers} layers but dilstore.json says "
-            f"{metadata.num_layers}"
-        )
-    return RankerCheckpoint(directory, metadata, config, tokenizer, state)
+    return RankerCheckpoint(directory, metadata, *load_checkpoint_files(directory, metadata))

@@ -8,11 +8,11 @@ question id, or a line number), never a KeyError or a traceback.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reader.text_lines import numbered_lines
 from storage.errors import DilstoreError
 
 
@@ -112,7 +112,7 @@ def load_open_questions(path: str | Path) -> list[OpenQuestion]:
     """
     path = Path(path)
     questions = []
-    for number, line in _numbered_lines(path):
+    for number, line in numbered_lines(path, "a JSONL file"):
         if not line.strip():
             continue
         where = f"{path}:{number}"
@@ -186,24 +186,6 @@ def _field(container: Any, key: str, kind: type, source: str, where: str, defaul
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise DilstoreError(f"{source}: {where}: {key!r} must be {_KIND_NAMES[kind]}, got {_short(value)}")
     return value
-
-
-def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text) for each line of a UTF-8 file; errors name the file and line."""
-    try:
-        handle = path.open("rb")
-    except FileNotFoundError:
-        raise DilstoreError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DilstoreError(f"{path}: is a directory, not a JSONL file") from None
-    except OSError as error:
-        raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                yield number, raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise DilstoreError(f"{path}:{number}: not UTF-8 text (byte {error.start} of the line)") from None
 
 
 _KIND_NAMES = {str: "a string", int: "an integer", list: "a list", dict: "an object"}

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from reader.text_lines import numbered_lines
 from storage.durability import fsync_dir
 from storage.errors import DilstoreError
 
@@ -129,22 +130,10 @@ def write_run(path: str | Path, run: Run, tag: str = "dilstore") -> None:
 
 def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, text without the line break) of each non-blank line of a UTF-8 file."""
-    try:
-        handle = path.open("rb")
-    except FileNotFoundError:
-        raise DilstoreError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DilstoreError(f"{path}: is a directory, not a file") from None
-    except OSError as error:
-        raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as error:
-                raise DilstoreError(f"{path}:{number}: not UTF-8 text (byte {error.start} of the line)") from None
-            if line.strip():
-                yield number, line
+    for number, text in numbered_lines(path, "a file"):
+        line = text.rstrip("\r\n")
+        if line.strip():
+            yield number, line
 
 
 def _columns(path: Path, number: int, line: str, expected: int, names: str) -> list[str]:
