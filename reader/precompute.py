@@ -36,6 +36,7 @@ from transformers.utils import logging as hf_logging
 
 from reader.checkpoints import base_model_dir
 from reader.default_model import default_checkpoint_dir
+from reader.default_ranker import default_ranker_dir
 from reader.fingerprint import model_fingerprint
 from reader.offline_models import OfflineModel, load_offline_model, offline_kind
 from reader.tokenization import TokenizedText
@@ -47,6 +48,7 @@ from storage.records import PassageRecord
 # so a remote worker finds the packaged models wherever its site-packages is.
 DEFAULT_CHECKPOINT_REF = "package:default-checkpoint"
 BASE_MODEL_REF = "package:base-model"
+DEFAULT_RANKER_REF = "package:default-ranker"
 WINDOW_ID_SEPARATOR = "~"
 DEFAULT_MAX_LENGTH = 384
 # Padded tokens per batch: 64 passages of 128 tokens. Bounds activation memory per forward.
@@ -108,6 +110,8 @@ def resolve_model_dir(model: str) -> Path:
     """A model directory from a path or a packaged-model reference (see DEFAULT_CHECKPOINT_REF)."""
     if model == DEFAULT_CHECKPOINT_REF:
         return default_checkpoint_dir()
+    if model == DEFAULT_RANKER_REF:
+        return default_ranker_dir()
     if model == BASE_MODEL_REF:
         return base_model_dir()
     return Path(model)

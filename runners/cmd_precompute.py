@@ -13,9 +13,9 @@ finalized only when every shard is there.
 --kind picks what is stored per token: dilbert (a DilBert reader's passage
 states after layer k, d values), earl-s1 (an EARL ranker's document-module
 output, d values) or earl-s2 (its judger blocks' keys and values, M x 2 x d
-values). The EARL kinds need --model: an EARL ranker checkpoint, or a plain
-encoder directory (e.g. package:base-model), whose untrained ranker suits
-speed and size tests only.
+values). The EARL kinds default to the packaged EARL ranker; --model takes
+another EARL ranker checkpoint, or a plain encoder directory (e.g.
+package:base-model), whose untrained ranker suits speed and size tests only.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--model", metavar="DIR",
                        help="checkpoint directory: a DilBert reader (dilbert) or an EARL ranker (earl-s1, earl-s2), "
                             "or a plain encoder directory to start one from (default: the packaged DilBert "
-                            "checkpoint; the EARL kinds need --model)")
+                            "checkpoint for dilbert, the packaged EARL ranker for the EARL kinds)")
     model.add_argument("--kind", choices=KINDS, default="dilbert",
                        help="what is stored per token: dilbert (passage states after layer k, d values), "
                             "earl-s1 (EARL document-module output, d values), earl-s2 (EARL judger-block keys "
@@ -171,19 +171,17 @@ def refuse_url(flag: str, path: Path) -> None:
 def resolve_model(model: str | None, layers: int | None, kind: str) -> tuple[str, int | None]:
     """(model reference, split) for the run, saying so when the default checkpoint must be stood in for.
 
-    The packaged default checkpoint is a DilBert reader, so the EARL kinds
-    need `--model`.
+    With no `--model`, dilbert stores come from the packaged DilBert reader
+    and the EARL kinds from the packaged EARL ranker (whose N is fixed).
     """
     from reader.checkpoints import read_metadata
-    from reader.precompute import BASE_MODEL_REF, DEFAULT_CHECKPOINT_REF, resolve_model_dir
+    from reader.precompute import BASE_MODEL_REF, DEFAULT_CHECKPOINT_REF, DEFAULT_RANKER_REF, resolve_model_dir
 
     if model is not None:
         return model, layers
     if kind != "dilbert":
-        raise DilstoreError(
-            f"--kind {kind} needs --model DIR: an EARL ranker checkpoint, or a plain encoder directory "
-            f"(e.g. --model {BASE_MODEL_REF}) whose untrained ranker suits speed tests only"
-        )
+        resolve_model_dir(DEFAULT_RANKER_REF)
+        return DEFAULT_RANKER_REF, layers
     try:
         directory = resolve_model_dir(DEFAULT_CHECKPOINT_REF)
     except DilstoreError as error:

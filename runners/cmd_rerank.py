@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", type=Path, required=True, help="where to write the reranked TREC run")
     parser.add_argument(
         "--model", type=Path,
-        help="EARL checkpoint that made STORE (required: no default EARL checkpoint is shipped yet)",
+        help="EARL checkpoint that made STORE (default: the packaged EARL ranker, which made stores built "
+             "by `dilstore precompute --kind earl-s1|earl-s2` without --model)",
     )  # fmt: skip
     parser.add_argument("--depth", type=int, help="documents reranked per query (default 100)")
     parser.add_argument(
@@ -61,14 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read topics and run, open the store and its checked ranker, rerank, write the run, print a summary."""
-    if args.model is None:
-        raise DilstoreError(
-            "--model is required: no default EARL checkpoint is shipped yet; "
-            "pass the EARL checkpoint that made the store"
-        )
     apply_threads(args.threads)
     from tqdm import tqdm
 
+    from reader.default_ranker import default_ranker_dir
     from reader.rerank import DEFAULT_DEPTH, RUN_TAG, RerankSettings, check_depth, open_reranker, require_topics
     from reader.trec import read_run, read_topics, write_run
 
@@ -80,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         raise DilstoreError(f"{args.run_file}: the run holds no queries")
     require_topics(topics, first_stage, str(args.topics))
     settings = RerankSettings(**{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None})
-    reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)
+    model = default_ranker_dir() if args.model is None else args.model
+    reranker = open_reranker(args.store, model, settings=settings, device=args.device)
     bar = tqdm(total=len(first_stage), unit="query", desc="rerank", file=sys.stderr, dynamic_ncols=True,
                disable=args.no_progress or args.json)  # fmt: skip
     with bar:

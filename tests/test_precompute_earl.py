@@ -13,6 +13,7 @@ fail before any work with one line; and long documents must become
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -24,10 +25,20 @@ from earl_tiny import tiny_config, tokenizer
 from transformers import BertModel
 
 from pipelines.passages import Passage
+from reader.default_ranker import DEFAULT_RANKER_NAME
 from reader.earl import EarlRanker
 from reader.fingerprint import model_fingerprint
 from reader.offline_models import load_offline_model, max_positions
-from reader.precompute import BatchPolicy, cached_reader, checked_reader, encode_tokenized, tokenize_passage, window_id
+from reader.precompute import (
+    DEFAULT_RANKER_REF,
+    BatchPolicy,
+    cached_reader,
+    checked_reader,
+    encode_tokenized,
+    resolve_model_dir,
+    tokenize_passage,
+    window_id,
+)
 from reader.tokenization import encode_document, passage_pieces, window_starts
 from runners import cli
 from runners.cmd_precompute import build_job
@@ -324,13 +335,31 @@ def test_a_plain_encoder_makes_an_earl_job_and_says_it_is_untrained(
     assert build_job(two, time.time(), "DirectRunner", None).layers == 2, "--layers is N for a plain encoder"
 
 
+def test_earl_kinds_default_to_the_packaged_ranker(
+    corpus: Path, earl_dir: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    packaged = tmp_path / "models"
+    monkeypatch.setattr("reader.default_ranker.packaged_models_dir", lambda: packaged)
+    args = precompute(corpus, earl_dir, tmp_path / "store", "earl-s2", "fp16")
+    at = args.index("--model")
+    del args[at : at + 2]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "the default EARL ranker checkpoint is missing" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "store").exists(), "nothing was written"
+    shutil.copytree(earl_dir, packaged / DEFAULT_RANKER_NAME)
+    job = build_job(cli.build_parser().parse_args(args), time.time(), "DirectRunner", None)
+    assert (job.model, job.kind) == (DEFAULT_RANKER_REF, "earl-s2")
+    assert job.layers == json.loads((earl_dir / "dilstore.json").read_text())["layers"], "the ranker's own N"
+    assert resolve_model_dir(job.model) == packaged / DEFAULT_RANKER_NAME
+
+
 @pytest.mark.parametrize(
     ("model", "kind", "extra", "message"),
     [
         ("dilbert", "earl-s1", [], "holds a 'dilbert' checkpoint, which makes dilbert stores; earl-s1 stores need"),
         ("earl", "dilbert", [], "holds a 'earl' checkpoint, which makes earl-s1 or earl-s2 stores; dilbert stores"),
         ("earl", "earl-s2", ["--layers", "2"], "N = 1 query layers, not 2; omit the layers (--layers)"),
-        (None, "earl-s1", [], "--kind earl-s1 needs --model DIR"),
         ("earl", "earl-s1", ["--max-length", "65"], "exceeds the model's 64 positions"),
     ],
 )

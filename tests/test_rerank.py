@@ -11,6 +11,7 @@ vocabulary, so real text goes through it.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from odqa_fixtures import one_torch_thread
 from store_fixtures import build_store, random_shards
 from transformers import BertConfig, BertModel
 
+from reader.default_ranker import DEFAULT_RANKER_NAME
 from reader.earl import EarlRanker
 from reader.fingerprint import model_fingerprint
 from reader.rerank import EarlReranker, RerankSettings, RerankStats, open_reranker
@@ -343,14 +345,30 @@ def test_cli_refusals_are_one_line_errors(
     err = one_line_error(*cli(capsys, store("earl-s1"), *arguments, "--model", model_dir)[::2])
     assert "1 query(ies) of the run have no topic in" in err and "topics.tsv: 'q2'" in err
     arguments = write_inputs(tmp_path / "ok", FIRST_STAGE)
-    err = one_line_error(*cli(capsys, store("earl-s1"), *arguments)[::2])
-    assert "--model is required: no default EARL checkpoint is shipped yet" in err
     dilbert = build_store(tmp_path / "dilbert", random_shards([3]))
     err = one_line_error(*cli(capsys, dilbert, *arguments, "--model", model_dir)[::2])
     assert "holds 'dilbert' states" in err
     err = one_line_error(*cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--depth", 0)[::2])
     assert "depth must be a positive integer, got 0" in err
     assert not (tmp_path / "ok" / "out.trec").exists()
+
+
+def test_cli_without_model_uses_the_packaged_ranker(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """No --model: the packaged EARL ranker scores the run, exactly as naming that checkpoint does."""
+    packaged = tmp_path / "models"
+    shutil.copytree(model_dir, packaged / DEFAULT_RANKER_NAME)
+    monkeypatch.setattr("reader.default_ranker.packaged_models_dir", lambda: packaged)
+    named = write_inputs(tmp_path / "named", FIRST_STAGE)
+    assert cli(capsys, store("earl-s2"), *named, "--model", model_dir, "--no-progress")[0] == 0
+    default = write_inputs(tmp_path / "default", FIRST_STAGE)
+    assert cli(capsys, store("earl-s2"), *default, "--no-progress")[0] == 0
+    assert read_run(tmp_path / "default" / "out.trec") == read_run(tmp_path / "named" / "out.trec")
+    shutil.rmtree(packaged / DEFAULT_RANKER_NAME)
+    err = one_line_error(*cli(capsys, store("earl-s2"), *default)[::2])
+    assert "the default EARL ranker checkpoint is missing" in err and "--model DIR" in err
 
 
 def test_cli_fingerprint_mismatch_in_a_subprocess(store: Callable[..., Path], tmp_path: Path) -> None:

@@ -1,0 +1,72 @@
+"""Package a trained EARL run as the project's default ranker (fp16 safetensors + model card).
+
+    python benchmarks/package_default_ranker.py --checkpoint RUN_DIR \
+        --quality DL19_REPORT.json --quality SQUAD_REPORT.json [--notes TEXT]
+
+Each `--quality` is a `benchmarks/rank_quality.py --output` report that scored
+RUN_DIR (and, for the card's target line, a trained cross-encoder); every row
+of every report goes into the card's results table. Prints the packaged size:
+a shipped file must stay under 60 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from reader.default_model import (
+    load_training_metadata,
+    package_checkpoint,
+    packaged_models_dir,
+    read_json,
+    weights_megabytes,
+)
+from reader.default_ranker import DEFAULT_RANKER_NAME, render_ranker_card
+from storage.errors import DilstoreError
+
+SIZE_LIMIT_MB = 60.0
+
+
+def quality_rows(reports: list[Path]) -> list[dict[str, Any]]:
+    """Every result row of the reports, each with its task's query count."""
+    rows = []
+    for path in reports:
+        report = read_json(path)
+        rows += [{**row, "queries": report["tasks"][row["task"]]["queries"]} for row in report["results"]]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, required=True, help="the EARL run's output directory")
+    parser.add_argument("--quality", type=Path, action="append", required=True,
+                        help="a rank_quality.py report that scored --checkpoint (repeat)")  # fmt: skip
+    parser.add_argument("--hardware", default="CPU only (2-vCPU shared development VM), 2 torch threads, no GPU")
+    parser.add_argument("--notes", default="", help="extra Markdown for the card's Notes section")
+    parser.add_argument("--destination", type=Path, default=packaged_models_dir() / DEFAULT_RANKER_NAME)
+    args = parser.parse_args(argv)
+    try:
+        training = load_training_metadata(args.checkpoint)
+        if training.get("kind") != "earl":
+            raise DilstoreError(f"{args.checkpoint} holds a {training.get('kind')!r} run, not an EARL ranker")
+        card = render_ranker_card(
+            training, quality_rows(args.quality), checkpoint=str(args.checkpoint), hardware=args.hardware,
+            notes=args.notes,
+        )  # fmt: skip
+        destination = package_checkpoint(args.checkpoint, args.destination, card)
+    except DilstoreError as error:
+        print(f"package_default_ranker: error: {error}", file=sys.stderr)
+        return 2
+    size = weights_megabytes(destination)
+    print(json.dumps({"destination": str(destination), "weights_mb": round(size, 2), "limit_mb": SIZE_LIMIT_MB}))
+    if size > SIZE_LIMIT_MB:
+        print(f"packaged weights are {size:.1f} MB, over the {SIZE_LIMIT_MB:.0f} MB file limit", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
