@@ -15,16 +15,18 @@ the judger blocks over all 1,000 pairs (reader/rerank.py's EarlReranker).
 - The cross-encoder reads the same query and the same word pieces, cut so the
   pair fits the model's 512 positions (at L = 512 the pair is 512 tokens,
   the document 497 of them).
-- Weights: all-MiniLM-L6-v2 encoders with base-initialised, UNTRAINED judger
-  blocks and score heads (speed only: the scores mean nothing). EARL has
-  N = 4 query layers and M = 2 judger blocks.
+- Weights (--size): "minilm" is all-MiniLM-L6-v2 with base-initialised,
+  UNTRAINED judger blocks and score heads (N = 4 query layers, M = 2 judger
+  blocks); "bert-base" has the seed's BERT-base dimensions (12 layers,
+  hidden 768, N = 10, M = 2) with RANDOM weights. Speed only: the scores
+  mean nothing.
 - Timing: the median of --repeats runs after one warm-up (EARL), and of
   --cross-repeats runs (the cross-encoder, which takes minutes); torch uses
   --threads threads. Batches: --batch pairs for the cross-encoder, the
   reranker's default token budget for EARL.
 
     .venv/bin/python benchmarks/bench_earl_speed.py --work /tmp/earl-speed --threads 2 \
-        --json-out /tmp/earl-speed.json
+        --json-out /tmp/earl-speed.json [--size bert-base --lengths 128]
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import BertModel
 
-from reader.checkpoints import base_model_dir
+from reader.checkpoints import base_model_dir, write_random_bert_base
 from reader.cross_encoder import CrossEncoderRanker
 from reader.earl import EarlRanker
 from reader.fingerprint import model_fingerprint
@@ -55,6 +58,10 @@ from storage.writer import write_shard
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 QUERY_TOKENS = 16
 MAX_POSITIONS = 512
+SIZES = {
+    "minilm": "all-MiniLM-L6-v2, judger blocks and score heads base-initialised and UNTRAINED (speed only)",
+    "bert-base": "BERT-base dimensions (12 layers, hidden 768), RANDOM weights (speed only)",
+}
 
 
 def dev_text_and_question(data: Path) -> tuple[str, str]:
@@ -169,12 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cross-repeats", type=int, default=1)
     parser.add_argument("--batch", type=int, default=32, help="cross-encoder pairs per batch (default 32)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--size", choices=SIZES, default="minilm", help="model dimensions (default minilm)")
     parser.add_argument("--json-out", type=Path, default=Path("/tmp/bench-earl-speed.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    base = base_model_dir()
-    earl = EarlRanker.from_base(base, query_layers=4).eval()
+    if args.size == "minilm":
+        base = base_model_dir()
+    else:
+        base = write_random_bert_base(args.work / "bert-base-random", BertModel)
+    earl = EarlRanker.from_base(base).eval()  # N = l - 2, M = 2
     cross = CrossEncoderRanker.from_base(base).eval()
     text, question = dev_text_and_question(args.data)
     query_ids = encode_question(earl.tokenizer, question, QUERY_TOKENS).token_ids
@@ -186,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         records = documents(earl, text, length, args.unique)
         row: dict[str, Any] = {"length": length, "query_tokens": len(query_ids), "candidates": args.candidates}
         for kind in ("earl-s1", "earl-s2"):
-            store_dir = args.work / f"{kind}-{length}-{args.encoding}"
+            store_dir = args.work / f"{args.size}-{kind}-{length}-{args.encoding}"
             build_store(store_dir, earl, records, kind, args.candidates, args.encoding)
             reranker = EarlReranker(earl, open_store(store_dir), settings)
             row[kind] = time_earl(reranker, question, ids, args.repeats)
@@ -196,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    print(f"\nSeconds per query, 1 query x {args.candidates} candidates (weights: base-initialised, UNTRAINED: speed only)")
+    print(f"\nSeconds per query, 1 query x {args.candidates} candidates ({SIZES[args.size]})")
     print("| doc tokens | cross-encoder | EARL S1 | EARL S2 | S1 speedup | S2 speedup | S1 store read | S2 store read |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
@@ -206,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             f"| ×{row['speedup_earl-s1']:.1f} | ×{row['speedup_earl-s2']:.1f} "
             f"| {s1['store_read']:.3f} | {s2['store_read']:.3f} |"
         )
-    result = {"threads": args.threads, "encoding": args.encoding, "unique": args.unique, "rows": rows}
+    result = {"size": args.size, "weights": SIZES[args.size], "query_layers": earl.query_layers,
+              "judger_blocks": earl.judger_blocks, "threads": args.threads, "encoding": args.encoding,
+              "unique": args.unique, "rows": rows}  # fmt: skip
     args.json_out.write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(json.dumps(result))
     return 0

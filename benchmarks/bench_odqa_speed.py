@@ -47,10 +47,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import BertConfig, BertForQuestionAnswering
+from transformers import BertForQuestionAnswering
 
 from pipelines.passages import Passage
-from reader.checkpoints import base_model_dir
+from reader.checkpoints import base_model_dir, write_random_bert_base
 from reader.dilbert import DilBertReader
 from reader.fingerprint import model_fingerprint
 from reader.odqa import OdqaSettings, OpenDomainReader
@@ -67,7 +67,6 @@ PASSAGE_WORDS = 100
 MAX_LENGTH = 384
 QUESTION_LENGTH = 64
 SIZES = ("minilm", "bert-base")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 
 @dataclass(frozen=True)
@@ -94,17 +93,7 @@ def build_full_model(size: str, work: Path) -> tuple[DilBertReader, str]:
     base = base_model_dir()
     if size == "minilm":
         return DilBertReader.from_pretrained(base, layers=0), "all-MiniLM-L6-v2 (real weights, QA head untrained)"
-    vocab_size = json.loads((base / "config.json").read_text())["vocab_size"]
-    config = BertConfig(
-        vocab_size=vocab_size, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-        intermediate_size=3072, max_position_embeddings=512,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    directory = work / "bert-base-random"
-    BertForQuestionAnswering(config).save_pretrained(directory)
-    for name in TOKENIZER_FILES:
-        if (base / name).is_file():
-            (directory / name).write_bytes((base / name).read_bytes())
+    directory = write_random_bert_base(work / "bert-base-random", BertForQuestionAnswering)
     return DilBertReader.from_pretrained(directory, layers=0), "BERT-base dimensions, RANDOM weights (speed only)"
 
 
