@@ -10,14 +10,13 @@ the same word pieces as EARL's `[CLS] d [SEP]` at the same max length
 
 A checkpoint is a directory: config.json, the tokenizer, model.safetensors
 and dilstore.json of kind "cross-encoder" with layers = 0 (no layer sees the
-texts apart) and num_layers = l (reader/ranker_checkpoints.py).
+texts apart) and num_layers = l (reader/ranker_checkpoints.py). Starting,
+loading, saving and scoring texts are reader/ranker_base.py's.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,17 +24,9 @@ from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from reader.checkpoints import CheckpointMetadata
-from reader.dilbert import HEAD_INIT_SEED
-from reader.earl_checkpoints import load_base_encoder, require_supported, write_earl_checkpoint
 from reader.qa_batching import pad_token_ids
-from reader.ranker_checkpoints import read_ranker_checkpoint
-from reader.ranking_inputs import (
-    DEFAULT_MAX_DOC_LENGTH,
-    DEFAULT_MAX_QUERY_LENGTH,
-    group_size,
-    module_device,
-    score_text_pairs,
-)
+from reader.ranker_base import RankerBase, encoder_weights, init_score_head
+from reader.ranking_inputs import group_size, module_device
 from reader.tokenization import encode_question, passage_pieces, passage_window
 from storage.errors import DilstoreError
 
@@ -43,68 +34,33 @@ KIND = "cross-encoder"
 DOCUMENT_SEGMENT = 1
 
 
-class CrossEncoderRanker(nn.Module):
+class CrossEncoderRanker(RankerBase):
     """A BERT encoder over `[CLS] q [SEP] d [SEP]` and a linear score on the [CLS] state."""
 
     kind = KIND
+    description = "cross-encoder"
 
     def __init__(self, config: BertConfig, tokenizer: PreTrainedTokenizerBase) -> None:
-        super().__init__()
-        require_supported(config.model_type)
+        super().__init__(config, tokenizer)
         if config.type_vocab_size < 2:
             raise DilstoreError(
                 f"the cross-encoder needs segment embeddings for query and document; this config has "
                 f"type_vocab_size {config.type_vocab_size}"
             )
-        self.config = config
-        self.tokenizer = tokenizer
-        self.num_layers: int = config.num_hidden_layers
         self.encoder = BertModel(config, add_pooling_layer=False)
         self.head = nn.Linear(config.hidden_size, 1)
 
-    # ------------------------------------------------------------------ initialising, loading and saving
-
-    @classmethod
-    def from_encoder(cls, encoder: BertModel, tokenizer: PreTrainedTokenizerBase) -> CrossEncoderRanker:
-        """A new ranker whose encoder is a copy of `encoder` and whose head starts from a fixed seed (eval mode)."""
-        base = encoder.base_model
-        with torch.random.fork_rng(devices=[]):
-            ranker = cls(copy.deepcopy(base.config), tokenizer)
-            state = {name: tensor for name, tensor in base.state_dict().items() if not name.startswith("pooler.")}
-            ranker.encoder.load_state_dict(state)
-            torch.manual_seed(HEAD_INIT_SEED)
-            with torch.no_grad():
-                nn.init.normal_(ranker.head.weight, std=base.config.initializer_range)
-                nn.init.zeros_(ranker.head.bias)
-        return ranker.eval()
-
-    @classmethod
-    def from_base(cls, path: str | Path) -> CrossEncoderRanker:
-        """A new ranker from a plain Hugging Face BERT directory (e.g. base_model_dir())."""
-        encoder, tokenizer = load_base_encoder(path)
-        return cls.from_encoder(encoder, tokenizer)
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> CrossEncoderRanker:
-        """Load a ranker saved by `save_pretrained` (fp32, eval mode)."""
-        checkpoint = read_ranker_checkpoint(path, KIND)
-        with torch.random.fork_rng(devices=[]):
-            ranker = cls(checkpoint.config, checkpoint.tokenizer)
-        try:
-            ranker.load_state_dict(checkpoint.state)
-        except RuntimeError as error:
-            raise DilstoreError(
-                f"{checkpoint.directory}: the weights do not fit this cross-encoder: {error}"
-            ) from error
-        return ranker.eval()
-
-    def save_pretrained(self, path: str | Path) -> Path:
-        """Write config.json, the tokenizer, model.safetensors and dilstore.json into `path`."""
-        return write_earl_checkpoint(path, self.config, self.tokenizer, self.state_dict(), self.metadata())
+    # ------------------------------------------------------------------ metadata and initialisation
 
     def metadata(self) -> CheckpointMetadata:
         """dilstore.json: no layer sees query and document apart (layers 0 of l)."""
         return CheckpointMetadata(kind=KIND, architecture=self.config.model_type, layers=0, num_layers=self.num_layers)
+
+    @torch.no_grad()
+    def _initialise_from(self, encoder: BertModel) -> None:
+        """The encoder becomes a copy of `encoder`; the head starts from a fixed seed."""
+        self.encoder.load_state_dict(encoder_weights(encoder))
+        init_score_head(self.head, self.config.initializer_range)
 
     # ------------------------------------------------------------------ tokenization
 
@@ -150,13 +106,3 @@ class CrossEncoderRanker(nn.Module):
         device = module_device(self)
         scores = self(input_ids.to(device), token_type_ids.to(device), attention_mask.to(device))  # (b·g,)
         return scores.view(len(queries), size)  # (b, g)
-
-    def score_texts(
-        self,
-        queries: Sequence[str],
-        documents: Sequence[str],
-        max_query_length: int = DEFAULT_MAX_QUERY_LENGTH,
-        max_doc_length: int = DEFAULT_MAX_DOC_LENGTH,
-    ) -> torch.Tensor:
-        """Scores (b,) of the text pairs (queries[i], documents[i])."""
-        return score_text_pairs(self, queries, documents, max_query_length, max_doc_length)

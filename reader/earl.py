@@ -27,7 +27,8 @@ baselines (reader/ranking_inputs.py, reader/ranking_training.py).
 
 A checkpoint is a directory: the encoder's config.json, the tokenizer,
 model.safetensors (this module's state dict) and dilstore.json of kind
-"earl" (reader/earl_checkpoints.py).
+"earl" (reader/earl_checkpoints.py). Loading, saving and scoring texts are
+reader/ranker_base.py's, as for the baselines.
 """
 
 from __future__ import annotations
@@ -43,30 +44,19 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from reader.architectures import architecture_for
 from reader.checkpoints import CheckpointMetadata
-from reader.dilbert import HEAD_INIT_SEED, padding_attention_mask
+from reader.dilbert import padding_attention_mask
 from reader.earl_blocks import JudgerBlock
-from reader.earl_checkpoints import (
-    KIND,
-    load_base_encoder,
-    read_earl_checkpoint,
-    require_supported,
-    write_earl_checkpoint,
-)
+from reader.earl_checkpoints import KIND, EarlCheckpoint, read_earl_checkpoint
 from reader.qa_batching import pad_token_ids
-from reader.ranking_inputs import (
-    DEFAULT_MAX_DOC_LENGTH,
-    DEFAULT_MAX_QUERY_LENGTH,
-    group_size,
-    module_device,
-    score_text_pairs,
-)
+from reader.ranker_base import RankerBase, encoder_weights, init_score_head
+from reader.ranking_inputs import group_size, module_device
 from reader.tokenization import TokenizedText, encode_document, encode_question
 from storage.errors import DilstoreError
 
 POOLINGS = ("cls", "mean")
 
 
-class EarlRanker(nn.Module):
+class EarlRanker(RankerBase):
     """The EARL ranker: document module, query module, M judger blocks and a linear score head.
 
     `query_layers` is N (default l − 2, at most l − 1), `judger_blocks` is
@@ -78,6 +68,7 @@ class EarlRanker(nn.Module):
     """
 
     kind = KIND
+    description = "EARL ranker"
 
     def __init__(
         self,
@@ -87,9 +78,8 @@ class EarlRanker(nn.Module):
         pooling: str = "cls",
         tied: bool = False,
     ) -> None:
-        super().__init__()
-        require_supported(config.model_type)
-        num_layers = config.num_hidden_layers
+        super().__init__(config, tokenizer)
+        num_layers = self.num_layers
         query_layers = max(num_layers - 2, 0) if query_layers is None else query_layers
         if not isinstance(query_layers, int) or isinstance(query_layers, bool) or not 0 <= query_layers < num_layers:
             raise DilstoreError(
@@ -100,9 +90,6 @@ class EarlRanker(nn.Module):
             raise DilstoreError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
         if not isinstance(tied, bool):
             raise DilstoreError(f"tied must be True or False, got {tied!r}")
-        self.config = config
-        self.tokenizer = tokenizer
-        self.num_layers: int = num_layers
         self.query_layers: int = query_layers
         self.judger_blocks: int = num_layers - query_layers
         self.pooling: str = pooling
@@ -147,39 +134,14 @@ class EarlRanker(nn.Module):
 
         Leaves the caller's random stream alone; returns the ranker in eval mode.
         """
-        base = encoder.base_model
-        with torch.random.fork_rng(devices=[]):
-            ranker = cls(copy.deepcopy(base.config), tokenizer, query_layers, pooling, tied)
-            ranker._initialise_from(base)
-        return ranker.eval()
+        return super().from_encoder(encoder, tokenizer, query_layers, pooling, tied)
 
     @classmethod
     def from_base(
         cls, path: str | Path, query_layers: int | None = None, pooling: str = "cls", tied: bool = False
     ) -> EarlRanker:
         """A new ranker from a plain Hugging Face BERT directory (e.g. base_model_dir()), initialised as the paper."""
-        encoder, tokenizer = load_base_encoder(path)
-        return cls.from_encoder(encoder, tokenizer, query_layers, pooling, tied)
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> EarlRanker:
-        """Load a ranker saved by `save_pretrained`; N, pooling and tying come from its dilstore.json.
-
-        Weights are upcast to fp32 whatever dtype they were stored in.
-        """
-        checkpoint = read_earl_checkpoint(path)
-        metadata = checkpoint.metadata
-        with torch.random.fork_rng(devices=[]):
-            ranker = cls(checkpoint.config, checkpoint.tokenizer, metadata.layers, metadata.pooling, metadata.tied)
-        try:
-            ranker.load_state_dict(checkpoint.state)
-        except RuntimeError as error:
-            raise DilstoreError(f"{checkpoint.directory}: the weights do not fit this EARL ranker: {error}") from error
-        return ranker.eval()
-
-    def save_pretrained(self, path: str | Path) -> Path:
-        """Write config.json, the tokenizer, model.safetensors and dilstore.json into `path`."""
-        return write_earl_checkpoint(path, self.config, self.tokenizer, self.state_dict(), self.metadata())
+        return super().from_base(path, query_layers, pooling, tied)
 
     def metadata(self) -> CheckpointMetadata:
         """What dilstore.json records for this ranker."""
@@ -192,6 +154,16 @@ class EarlRanker(nn.Module):
             pooling=self.pooling,
             tied=self.tied,
         )
+
+    @classmethod
+    def _read_checkpoint(cls, path: str | Path) -> EarlCheckpoint:
+        """An earl checkpoint, whose metadata must also describe the judger blocks."""
+        return read_earl_checkpoint(path)
+
+    @classmethod
+    def _checkpoint_options(cls, metadata: CheckpointMetadata) -> tuple[int, str | None, bool | None]:
+        """N, pooling and tying as dilstore.json records them."""
+        return metadata.layers, metadata.pooling, metadata.tied
 
     # ------------------------------------------------------------------ tokenization
 
@@ -298,16 +270,6 @@ class EarlRanker(nn.Module):
         scores = self.judge(query_states, query_mask, doc_mask, doc_states=doc_states)  # (b·g,)
         return scores.view(len(queries), size)  # (b, g)
 
-    def score_texts(
-        self,
-        queries: Sequence[str],
-        documents: Sequence[str],
-        max_query_length: int = DEFAULT_MAX_QUERY_LENGTH,
-        max_doc_length: int = DEFAULT_MAX_DOC_LENGTH,
-    ) -> torch.Tensor:
-        """Scores (b,) of the text pairs (queries[i], documents[i])."""
-        return score_text_pairs(self, queries, documents, max_query_length, max_doc_length)
-
     # ------------------------------------------------------------------ internals
 
     def _encode(
@@ -338,7 +300,7 @@ class EarlRanker(nn.Module):
     @torch.no_grad()
     def _initialise_from(self, encoder: BertModel) -> None:
         """Copy 1 → document module, copy 2 → query module and judger blocks; seeded score head."""
-        state = {name: tensor for name, tensor in encoder.state_dict().items() if not name.startswith("pooler.")}
+        state = encoder_weights(encoder)
         self.document_encoder.load_state_dict(state)
         if self.query_encoder is not None:
             query_prefixes = ("embeddings.", *(f"encoder.layer.{index}." for index in range(self.query_layers)))
@@ -346,10 +308,7 @@ class EarlRanker(nn.Module):
             self.query_encoder.load_state_dict(query_state)
         for index, block in enumerate(self.blocks):
             block.copy_from(encoder.encoder.layer[self.query_layers + index])
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(HEAD_INIT_SEED)
-            nn.init.normal_(self.score.weight, std=self.config.initializer_range)
-        nn.init.zeros_(self.score.bias)
+        init_score_head(self.score, self.config.initializer_range)
 
     def _pad(self, texts: list[TokenizedText]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-pad tokenized texts with the tokenizer's pad id: ids and mask, each (b, n) long."""

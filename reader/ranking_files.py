@@ -14,19 +14,20 @@ whose name does not end in .gz are read as plain JSONL.
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import os
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reader.text_lines import numbered_lines
 from storage.errors import DilstoreError
 
 TRIPLES_FILE = "triples.jsonl.gz"
 PARAGRAPHS_FILE = "paragraphs.jsonl.gz"
+# What makes a line blank: the bytes bytes.strip() removes, not the wider Unicode whitespace of str.strip().
+_ASCII_WHITESPACE = " \t\n\r\x0b\x0c"
 
 
 @dataclass(frozen=True)
@@ -125,32 +126,15 @@ def _write_jsonl_gz(path: Path, records: Iterable[dict[str, Any]]) -> int:
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(1-based line number, JSON object) for each non-blank line of a gzipped or plain JSONL file."""
     path = Path(path)
-    try:
-        raw = path.open("rb")
-    except FileNotFoundError:
-        raise DilstoreError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DilstoreError(f"{path}: is a directory, not a JSONL file") from None
-    except OSError as error:
-        raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None
-    stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if path.name.endswith(".gz") else raw
-    number = 0
-    try:
-        with raw, stream:
-            for number, line in enumerate(stream, start=1):
-                if not line.strip():
-                    continue
-                yield number, _parse_line(path, number, line)
-    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
-        raise DilstoreError(f"{path}: not a complete gzip file (after line {number}: {error})") from None
+    for number, line in numbered_lines(path, "a JSONL file", gzipped=path.name.endswith(".gz")):
+        if line.strip(_ASCII_WHITESPACE):
+            yield number, _parse_line(path, number, line)
 
 
-def _parse_line(path: Path, number: int, line: bytes) -> dict[str, Any]:
+def _parse_line(path: Path, number: int, line: str) -> dict[str, Any]:
     """One JSONL line as a JSON object; a DilstoreError naming file and line otherwise."""
     try:
-        record = json.loads(line.decode("utf-8"))
-    except UnicodeDecodeError as error:
-        raise DilstoreError(f"{path}:{number}: not UTF-8 text (byte {error.start} of the line)") from None
+        record = json.loads(line)
     except json.JSONDecodeError as error:
         raise DilstoreError(f"{path}:{number}: not valid JSON ({error.msg}, column {error.colno})") from None
     if not isinstance(record, dict):

@@ -16,30 +16,23 @@ accurate end of the comparison.
 A checkpoint is a directory: config.json, the tokenizer, model.safetensors
 and dilstore.json of kind "siamese" with layers = num_layers = l (every
 layer sees the texts apart) and pooling "mean" (reader/ranker_checkpoints.py).
+Starting, loading, saving and scoring texts are reader/ranker_base.py's.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from reader.checkpoints import CheckpointMetadata
-from reader.earl_checkpoints import load_base_encoder, require_supported, write_earl_checkpoint
 from reader.qa_batching import pad_token_ids
-from reader.ranker_checkpoints import read_ranker_checkpoint
-from reader.ranking_inputs import (
-    DEFAULT_MAX_DOC_LENGTH,
-    DEFAULT_MAX_QUERY_LENGTH,
-    group_size,
-    module_device,
-    score_text_pairs,
-)
+from reader.ranker_base import RankerBase, encoder_weights
+from reader.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
+from reader.ranking_inputs import group_size, module_device
 from reader.tokenization import encode_document, encode_question
 from storage.errors import DilstoreError
 
@@ -47,59 +40,17 @@ KIND = "siamese"
 POOLING = "mean"
 
 
-class SiameseRanker(nn.Module):
+class SiameseRanker(RankerBase):
     """A BERT encoder shared by queries and documents; mean-pooled embeddings scored by dot product."""
 
     kind = KIND
+    description = "Siamese ranker"
 
     def __init__(self, config: BertConfig, tokenizer: PreTrainedTokenizerBase) -> None:
-        super().__init__()
-        require_supported(config.model_type)
-        self.config = config
-        self.tokenizer = tokenizer
-        self.num_layers: int = config.num_hidden_layers
+        super().__init__(config, tokenizer)
         self.encoder = BertModel(config, add_pooling_layer=False)
 
-    # ------------------------------------------------------------------ initialising, loading and saving
-
-    @classmethod
-    def from_encoder(cls, encoder: BertModel, tokenizer: PreTrainedTokenizerBase) -> SiameseRanker:
-        """A new ranker whose encoder is a copy of `encoder` (eval mode)."""
-        base = encoder.base_model
-        with torch.random.fork_rng(devices=[]):
-            ranker = cls(copy.deepcopy(base.config), tokenizer)
-        state = {name: tensor for name, tensor in base.state_dict().items() if not name.startswith("pooler.")}
-        ranker.encoder.load_state_dict(state)
-        return ranker.eval()
-
-    @classmethod
-    def from_base(cls, path: str | Path) -> SiameseRanker:
-        """A new ranker from a plain Hugging Face BERT directory (e.g. base_model_dir())."""
-        encoder, tokenizer = load_base_encoder(path)
-        return cls.from_encoder(encoder, tokenizer)
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> SiameseRanker:
-        """Load a ranker saved by `save_pretrained` (fp32, eval mode)."""
-        checkpoint = read_ranker_checkpoint(path, KIND)
-        if checkpoint.metadata.pooling != POOLING:
-            raise DilstoreError(
-                f"{checkpoint.directory}: a siamese checkpoint must say pooling {POOLING!r}, "
-                f"got {checkpoint.metadata.pooling!r}"
-            )
-        with torch.random.fork_rng(devices=[]):
-            ranker = cls(checkpoint.config, checkpoint.tokenizer)
-        try:
-            ranker.load_state_dict(checkpoint.state)
-        except RuntimeError as error:
-            raise DilstoreError(
-                f"{checkpoint.directory}: the weights do not fit this Siamese ranker: {error}"
-            ) from error
-        return ranker.eval()
-
-    def save_pretrained(self, path: str | Path) -> Path:
-        """Write config.json, the tokenizer, model.safetensors and dilstore.json into `path`."""
-        return write_earl_checkpoint(path, self.config, self.tokenizer, self.state_dict(), self.metadata())
+    # ------------------------------------------------------------------ metadata, initialisation and loading
 
     def metadata(self) -> CheckpointMetadata:
         """dilstore.json: every layer sees query and document apart (layers l of l), mean pooling."""
@@ -110,6 +61,21 @@ class SiameseRanker(nn.Module):
             num_layers=self.num_layers,
             pooling=POOLING,
         )
+
+    def _initialise_from(self, encoder: BertModel) -> None:
+        """The encoder becomes a copy of `encoder`."""
+        self.encoder.load_state_dict(encoder_weights(encoder))
+
+    @classmethod
+    def _read_checkpoint(cls, path: str | Path) -> RankerCheckpoint:
+        """A siamese checkpoint, which must also record the mean pooling this ranker applies."""
+        checkpoint = read_ranker_checkpoint(path, KIND)
+        if checkpoint.metadata.pooling != POOLING:
+            raise DilstoreError(
+                f"{checkpoint.directory}: a siamese checkpoint must say pooling {POOLING!r}, "
+                f"got {checkpoint.metadata.pooling!r}"
+            )
+        return checkpoint
 
     # ------------------------------------------------------------------ tokenization
 
@@ -150,13 +116,3 @@ class SiameseRanker(nn.Module):
         doc_vectors = self.embed(doc_ids.to(device), doc_mask.to(device))  # (b·g, d)
         doc_vectors = doc_vectors.view(len(queries), size, -1)  # (b, g, d)
         return torch.einsum("bd,bgd->bg", query_vectors, doc_vectors)  # (b, g)
-
-    def score_texts(
-        self,
-        queries: Sequence[str],
-        documents: Sequence[str],
-        max_query_length: int = DEFAULT_MAX_QUERY_LENGTH,
-        max_doc_length: int = DEFAULT_MAX_DOC_LENGTH,
-    ) -> torch.Tensor:
-        """Scores (b,) of the text pairs (queries[i], documents[i])."""
-        return score_text_pairs(self, queries, documents, max_query_length, max_doc_length)

@@ -1,7 +1,12 @@
-"""Shared fixtures: where the repo and ../shared/data are."""
+"""Shared fixtures: where the repo and ../shared/data are, one torch thread, and a tiny base encoder.
+
+Torch and the model helpers are imported inside the fixtures that use them,
+so that tests which need neither never load them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,3 +21,25 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"needs real data at {SHARED_DATA} (absent in this checkout)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Torch on one thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`).
+
+    Tiny tensors run far faster on one thread than on two that contend with other work.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/qa_training_fixtures.py's random 2-layer BERT with the MiniLM tokenizer, a plain encoder directory."""
+    from qa_training_fixtures import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-base"))

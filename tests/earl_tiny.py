@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
@@ -49,6 +50,13 @@ def tiny_ranker(
 ) -> EarlRanker:
     """An EARL ranker initialised (the paper's way) from `tiny_encoder(seed)`, in eval mode."""
     return EarlRanker.from_encoder(tiny_encoder(seed), tokenizer(), query_layers, pooling, tied)
+
+
+def save_base_encoder(directory: Path, encoder: BertModel) -> Path:
+    """`encoder` and the tokenizer saved as a plain encoder directory (no dilstore.json): what from_base reads."""
+    encoder.save_pretrained(directory)
+    tokenizer().save_pretrained(directory)
+    return directory
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from dilbert_tiny import tiny_model
-from earl_tiny import random_pairs, tiny_encoder, tiny_ranker, tokenizer
+from earl_tiny import random_pairs, save_base_encoder, tiny_encoder, tiny_ranker, tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import RobertaConfig
 
@@ -22,14 +22,7 @@ from reader.earl import EarlRanker
 from reader.earl_checkpoints import WEIGHTS_FILE
 from storage.errors import DilstoreError
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors run far faster on one thread than on two that contend with other work."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +34,7 @@ def saved_earl(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def base_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A plain Hugging Face encoder directory (BertModel and tokenizer, no dilstore.json)."""
-    directory = tmp_path_factory.mktemp("base-bert")
-    tiny_encoder(seed=3).save_pretrained(directory)
-    tokenizer().save_pretrained(directory)
-    return directory
+    return save_base_encoder(tmp_path_factory.mktemp("base-bert"), tiny_encoder(seed=3))
 
 
 def scores(ranker: EarlRanker) -> torch.Tensor:

@@ -28,14 +28,7 @@ MIXED_LENGTHS = [(3, 9), (6, 4), (1, 14)]  # (query words, document words): ever
 VARIANTS = list(itertools.product(["cls", "mean"], [False, True]))  # (pooling, tied)
 VARIANT_IDS = [f"{pooling}-{'tied' if tied else 'untied'}" for pooling, tied in VARIANTS]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors run far faster on one thread than on two that contend with other work."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

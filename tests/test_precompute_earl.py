@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from earl_tiny import tiny_config, tokenizer
+from earl_tiny import save_base_encoder, tiny_config, tokenizer
 from transformers import BertModel
 
 from pipelines.passages import Passage
@@ -62,14 +62,7 @@ TEXT = (
 )
 QUERY = "when was the railway station of the river city built"
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors run far faster on one thread than on two that contend with other work."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def text_encoder(seed: int = 0) -> BertModel:
@@ -90,10 +83,7 @@ def earl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A plain encoder directory (config, weights, tokenizer; no dilstore.json)."""
-    directory = tmp_path_factory.mktemp("base")
-    text_encoder(seed=1).save_pretrained(directory)
-    tokenizer().save_pretrained(directory)
-    return directory
+    return save_base_encoder(tmp_path_factory.mktemp("base"), text_encoder(seed=1))
 
 
 @pytest.fixture(scope="module")

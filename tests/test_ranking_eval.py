@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from qa_training_fixtures import write_tiny_checkpoint
 from ranking_fixtures import write_squad_articles
 
 from reader.default_model import TRAINING_METADATA_FILE
@@ -37,19 +36,7 @@ DL19_LIKE = [
 ]  # fmt: skip
 QRELS = {"11": {"d2": 3, "d1": 0}, "12": {"d4": 2, "d3": 1}}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors run far faster on one thread than on two that contend with other work."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-base"))
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -27,14 +27,7 @@ DOCUMENTS = [
 ]
 KINDS = ("earl", "cross-encoder", "siamese")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors run far faster on one thread than on two that contend with other work."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
