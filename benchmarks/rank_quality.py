@@ -85,7 +85,8 @@ def rankers(args: argparse.Namespace) -> list[tuple[dict[str, Any], TrainableRan
         training = json.loads(training_file.read_text()) if training_file.is_file() else None
         steps = None if training is None else training.get("steps")
         trained = bool(steps)
-        label = f"{ranker.kind} ({steps} steps)" if trained else f"{ranker.kind} (UNTRAINED: no training recorded)"
+        status = f"{steps} steps" if trained else "UNTRAINED: no training recorded"
+        label = f"{ranker.kind} {path.name} ({status})"
         found.append(({"model": label, "kind": ranker.kind, "path": str(path), "trained": trained,
                        "training": training}, ranker))  # fmt: skip
     for kind in args.untrained:

@@ -138,8 +138,8 @@ def test_benchmark_labels_untrained_rankers(tiny_base: Path, dl19_file: Path, tm
     labels = {row["model"]: row["trained"] for row in report["results"]}
     assert labels == {
         "BM25": None,
-        "cross-encoder (7 steps)": True,
-        "siamese (UNTRAINED: no training recorded)": False,
+        "cross-encoder trained (7 steps)": True,
+        "siamese saved-only (UNTRAINED: no training recorded)": False,
         f"earl (UNTRAINED: base-initialised from {tiny_base.name})": False,
     }
     table = capsys.readouterr().out
