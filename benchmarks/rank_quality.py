@@ -10,7 +10,10 @@ Rankers come from `--model DIR` (a checkpoint written by `dilstore train
 earl|cross-encoder|siamese`; its dilstore_training.json says how long it was
 trained) or `--untrained KIND` (a ranker initialised from --base-model and
 never trained, labelled as such: EARL's score head is random there, so its
-numbers are a floor, not a result). Qrels, the BM25 runs and every ranker's
+numbers are a floor, not a result). `--reference-bi-encoder` adds the base
+model scored by cosine, as sentence-transformers ranks with it: for
+all-MiniLM-L6-v2 the published DL19 figure is nDCG@10 0.642, a check of this
+whole evaluation path. Qrels, the BM25 runs and every ranker's
 run are written to --work as TREC files, and each task as
 WORK/task.NAME.json.gz: `--task-file` evaluates such a file where the data,
 the index and Java are absent (a GPU machine). The table goes to stdout and
@@ -45,6 +48,7 @@ from reader.ranking_eval import (
 )
 from reader.ranking_inputs import RANKER_KINDS, TrainableRanker
 from reader.rankers import load_ranker, new_ranker
+from reader.siamese import CosineBiEncoder
 from reader.trec import read_qrels, write_run
 from storage.errors import DilstoreError
 
@@ -89,6 +93,10 @@ def rankers(args: argparse.Namespace) -> list[tuple[dict[str, Any], TrainableRan
         label = f"{ranker.kind} {path.name} ({status})"
         found.append(({"model": label, "kind": ranker.kind, "path": str(path), "trained": trained,
                        "training": training}, ranker))  # fmt: skip
+    if args.reference_bi_encoder:
+        label = f"bi-encoder cosine (UNTRAINED {args.base_model.name}, as sentence-transformers scores it)"
+        found.append(({"model": label, "kind": "siamese", "path": str(args.base_model), "trained": False,
+                       "training": None}, CosineBiEncoder.from_base(args.base_model)))  # fmt: skip
     for kind in args.untrained:
         ranker = new_ranker(kind, args.base_model)
         label = f"{kind} (UNTRAINED: base-initialised from {args.base_model.name})"
@@ -150,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, action="append", default=[], help="a trained ranker checkpoint (repeat)")
     parser.add_argument("--untrained", choices=RANKER_KINDS, action="append", default=[],
                         help="also evaluate this kind initialised from --base-model, untrained (repeat)")  # fmt: skip
+    parser.add_argument("--reference-bi-encoder", action="store_true",
+                        help="also score --base-model as a cosine bi-encoder (all-MiniLM-L6-v2: DL19 nDCG@10 0.642)")
     parser.add_argument("--base-model", type=Path, help="plain encoder for --untrained (default: all-MiniLM-L6-v2)")
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="default: both")
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="the shared data folder")
@@ -167,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=Path("/tmp/bench-rank-quality.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    args.base_model = args.base_model or (base_model_dir() if args.untrained else None)
+    args.base_model = args.base_model or (base_model_dir() if args.untrained or args.reference_bi_encoder else None)
     try:
         report = evaluate(args)
     except DilstoreError as error:

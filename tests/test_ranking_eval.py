@@ -131,7 +131,7 @@ def test_benchmark_labels_untrained_rankers(tiny_base: Path, dl19_file: Path, tm
     output = tmp_path / "report.json"
     status = rank_quality.main(["--work", str(tmp_path / "work"), "--data", str(data), "--tasks", "dl19",
                                 "--model", str(trained), "--model", str(saved_only), "--untrained", "earl",
-                                "--base-model", str(tiny_base), "--max-doc-length", "32", "--threads", "1",
+                                "--reference-bi-encoder", "--base-model", str(tiny_base), "--max-doc-length", "32", "--threads", "1",
                                 "--no-progress", "--output", str(output)])  # fmt: skip
     assert status == 0
     report = json.loads(output.read_text())
@@ -141,10 +141,11 @@ def test_benchmark_labels_untrained_rankers(tiny_base: Path, dl19_file: Path, tm
         "cross-encoder trained (7 steps)": True,
         "siamese saved-only (UNTRAINED: no training recorded)": False,
         f"earl (UNTRAINED: base-initialised from {tiny_base.name})": False,
+        f"bi-encoder cosine (UNTRAINED {tiny_base.name}, as sentence-transformers scores it)": False,
     }
     table = capsys.readouterr().out
     assert "UNTRAINED: base-initialised" in table and "DL19" in table
-    assert (tmp_path / "work" / "qrels.dl19.txt").is_file() and len(list((tmp_path / "work").glob("run.*.trec"))) == 4
+    assert (tmp_path / "work" / "qrels.dl19.txt").is_file() and len(list((tmp_path / "work").glob("run.*.trec"))) == 5
     again = tmp_path / "again.json"
     saved_task = tmp_path / "work" / "task.dl19.json.gz"
     status = rank_quality.main(["--work", str(tmp_path / "elsewhere"), "--data", str(tmp_path / "absent"),

@@ -16,7 +16,8 @@ from reader.checkpoints import METADATA_FILE
 from reader.cross_encoder import CrossEncoderRanker
 from reader.earl import EarlRanker
 from reader.rankers import EarlOptions, checkpoint_kind, load_ranker, new_ranker
-from reader.siamese import SiameseRanker
+from reader.qa_batching import pad_token_ids
+from reader.siamese import CosineBiEncoder, SiameseRanker
 from storage.errors import DilstoreError
 
 QUERIES = ["who runs the zürich trams", "when did curie win", "how high is kilimanjaro"]
@@ -111,6 +112,22 @@ def test_siamese_score_is_the_dot_product_of_mean_embeddings(tiny_base: Path) ->
         q = model.encoder(input_ids=torch.from_numpy(query).long()[None]).last_hidden_state.mean(dim=1)  # (1, d)
         d = model.encoder(input_ids=torch.from_numpy(document).long()[None]).last_hidden_state.mean(dim=1)  # (1, d)
         assert torch.allclose(model.score_groups([query], [[document]])[0, 0], (q * d).sum(), atol=1e-4)
+
+
+def test_cosine_bi_encoder_scores_the_cosine_of_the_same_embeddings(tiny_base: Path, tmp_path: Path) -> None:
+    dot, cosine = SiameseRanker.from_base(tiny_base), CosineBiEncoder.from_base(tiny_base)
+    query = dot.tokenize_query(QUERIES[1], 32)
+    documents = [dot.tokenize_document(text, 64) for text in DOCUMENTS[:3]]
+    ids, mask = pad_token_ids(documents, dot.tokenizer.pad_token_id)  # (3, n) each
+    with torch.no_grad():
+        q = dot.embed(torch.from_numpy(query).long()[None], torch.ones(1, len(query), dtype=torch.long))  # (1, d)
+        d = dot.embed(ids, mask)  # (3, d)
+        expected = torch.nn.functional.cosine_similarity(q, d, dim=-1)  # (3,)
+        torch.testing.assert_close(cosine.score_groups([query], [documents])[0], expected, atol=1e-5, rtol=0)
+    assert not torch.allclose(expected, (q * d).sum(dim=-1), atol=1e-3), "the dot product would differ"
+    with pytest.raises(DilstoreError, match="evaluation reference and is never saved"):
+        cosine.save_pretrained(tmp_path / "never")
+    assert not (tmp_path / "never").exists()
 
 
 def test_loading_refuses_what_is_not_a_ranker(tiny_base: Path, tmp_path: Path) -> None:
