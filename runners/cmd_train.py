@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 from pathlib import Path
 
 from runners.cmd_train_ranking import register_ranking_data, register_rankers
 from runners.reading_options import add_reading_arguments, add_runtime_arguments, apply_threads, reading_settings
+from runners.training_options import add_optimizer_arguments, add_run_arguments, config_fields, run_options
 from storage.errors import DilstoreError
-
-# Options that describe how the command was launched, not what it computes.
-_NOT_IN_COMMAND = {"command", "train_command", "run"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,24 +43,8 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--train", type=Path, required=True, help="SQuAD v1.1-format training JSON")
     parser.add_argument("--dev", type=Path, help="SQuAD v1.1-format dev JSON to evaluate on after training")
     parser.add_argument("--output", type=Path, required=True, help="output checkpoint directory")
-    parser.add_argument("--epochs", type=int, default=2, help="passes over the training windows (default 2)")
-    parser.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
-    parser.add_argument("--batch-size", type=int, default=12, help="windows per micro-batch (default 12)")
-    parser.add_argument(
-        "--gradient-accumulation-steps", type=int, default=1, help="micro-batches per optimizer step (default 1)"
-    )
-    parser.add_argument("--learning-rate", type=float, default=3e-5, help="peak AdamW learning rate (default 3e-5)")
-    parser.add_argument("--warmup-ratio", type=float, default=0.1, help="share of steps warming up (default 0.1)")
-    parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
-    parser.add_argument("--seed", type=int, default=42, help="seed of weights init, data order, dropout (default 42)")
-    parser.add_argument("--save-every", type=int, default=0, help="resumable checkpoint every N steps (0: none)")
-    parser.add_argument("--keep-checkpoints", type=int, default=2, help="periodic checkpoints kept (default 2)")
-    parser.add_argument("--log-every", type=int, default=10, help="log a progress line every N steps (default 10)")
-    parser.add_argument(
-        "--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-        help="auto: fp32 on CPU, bf16 (else fp16) autocast on CUDA",
-    )
-    parser.add_argument("--train-limit", type=int, help="use only the first N training questions")
+    add_optimizer_arguments(parser, passes_over="training windows", epochs=2, batch_of="windows", batch_size=12)
+    add_run_arguments(parser, seeded="weights init, data order, dropout", limit_of="training questions")
     parser.add_argument(
         "--no-group-by-length",
         action="store_true",
@@ -79,17 +60,6 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_qa)
 
 
-def canonical_command(args: argparse.Namespace) -> str:
-    """The full command with every option spelled out, defaults included, so the run can be repeated."""
-    words = ["dilstore", "train", args.train_command]
-    for name, value in vars(args).items():
-        if name in _NOT_IN_COMMAND or value is None or value is False:
-            continue
-        flag = "--" + name.replace("_", "-")
-        words += [flag] if value is True else [flag, str(value)]
-    return shlex.join(words)
-
-
 def run_qa(args: argparse.Namespace) -> int:
     """Train, then evaluate on --dev when given; print k, EM, F1 and the train and eval times."""
     apply_threads(args.threads)
@@ -103,34 +73,13 @@ def run_qa(args: argparse.Namespace) -> int:
         raise DilstoreError(f"--dev {args.dev}: no such file")
     config = TrainingConfig(
         layers=args.layers,
-        epochs=args.epochs,
-        max_steps=args.max_steps,
-        batch_size=args.batch_size,
-        gradient_accumulation=args.gradient_accumulation_steps,
-        learning_rate=args.learning_rate,
-        warmup_ratio=args.warmup_ratio,
-        weight_decay=args.weight_decay,
         max_seq_length=args.max_seq_length,
         doc_stride=args.doc_stride,
         max_question_length=args.max_question_length,
-        seed=args.seed,
-        save_every=args.save_every,
-        keep_checkpoints=args.keep_checkpoints,
-        log_every=args.log_every,
-        precision=args.precision,
-        train_limit=args.train_limit,
         group_by_length=not args.no_group_by_length,
+        **config_fields(args),
     )
-    result = train_qa(
-        args.model or base_model_dir(),
-        args.train,
-        args.output,
-        config,
-        command=canonical_command(args),
-        resume=args.resume,
-        device=args.device,
-        progress=not args.no_progress,
-    )
+    result = train_qa(args.model or base_model_dir(), args.train, args.output, config, **run_options(args))
     summary = {
         "k": result.layers,
         "train_steps": result.steps,

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from runners.reading_options import add_runtime_arguments, apply_threads
+from runners.training_options import add_optimizer_arguments, add_run_arguments, config_fields, run_options
 from storage.errors import DilstoreError
 
 RANKER_HELP = {
@@ -77,30 +78,14 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     )
     parser.add_argument("--loss", choices=("softmax", "hinge"), default="softmax", help="default softmax")
     parser.add_argument("--margin", type=float, default=1.0, help="margin of the hinge loss (default 1.0)")
-    parser.add_argument("--epochs", type=int, default=1, help="passes over the triples (default 1)")
-    parser.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
-    parser.add_argument("--batch-size", type=int, default=16, help="queries per micro-batch (default 16)")
-    parser.add_argument(
-        "--gradient-accumulation-steps", type=int, default=1, help="micro-batches per optimizer step (default 1)"
-    )
-    parser.add_argument("--learning-rate", type=float, default=3e-5, help="peak AdamW learning rate (default 3e-5)")
-    parser.add_argument("--warmup-ratio", type=float, default=0.1, help="share of steps warming up (default 0.1)")
-    parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
+    add_optimizer_arguments(parser, passes_over="triples", epochs=1, batch_of="queries", batch_size=16)
     parser.add_argument("--max-query-length", type=int, default=32, help="query tokens with [CLS], [SEP] (default 32)")
     parser.add_argument("--max-doc-length", type=int, default=256, help="document tokens with [CLS], [SEP] (256)")
     if kind == "earl":
         parser.add_argument("--query-layers", type=int, help="N, the query module's layers (default l - 2)")
         parser.add_argument("--pooling", choices=("cls", "mean"), default="cls", help="ClsPool or AvePool (cls)")
         parser.add_argument("--tied", action="store_true", help="share the query module with the document module")
-    parser.add_argument("--seed", type=int, default=42, help="seed of data order and dropout (default 42)")
-    parser.add_argument("--save-every", type=int, default=0, help="resumable checkpoint every N steps (0: none)")
-    parser.add_argument("--keep-checkpoints", type=int, default=2, help="periodic checkpoints kept (default 2)")
-    parser.add_argument("--log-every", type=int, default=10, help="log a progress line every N steps (default 10)")
-    parser.add_argument(
-        "--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-        help="auto: fp32 on CPU, bf16 (else fp16) autocast on CUDA",
-    )  # fmt: skip
-    parser.add_argument("--train-limit", type=int, help="use only the first N triples")
+    add_run_arguments(parser, seeded="data order and dropout", limit_of="triples")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
     add_runtime_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
@@ -112,7 +97,6 @@ def run_ranker(args: argparse.Namespace) -> int:
     from reader.checkpoints import base_model_dir
     from reader.ranking_files import PARAGRAPHS_FILE
     from reader.ranking_training import RankingTrainingConfig, train_ranker
-    from runners.cmd_train import canonical_command
 
     apply_threads(args.threads)
     paragraphs = args.paragraphs or args.triples.parent / PARAGRAPHS_FILE
@@ -124,35 +108,15 @@ def run_ranker(args: argparse.Namespace) -> int:
         negatives=args.negatives,
         loss=args.loss,
         margin=args.margin,
-        epochs=args.epochs,
-        max_steps=args.max_steps,
-        batch_size=args.batch_size,
-        gradient_accumulation=args.gradient_accumulation_steps,
-        learning_rate=args.learning_rate,
-        warmup_ratio=args.warmup_ratio,
-        weight_decay=args.weight_decay,
         max_query_length=args.max_query_length,
         max_doc_length=args.max_doc_length,
         query_layers=getattr(args, "query_layers", None),
         pooling=getattr(args, "pooling", "cls"),
         tied=getattr(args, "tied", False),
-        seed=args.seed,
-        save_every=args.save_every,
-        keep_checkpoints=args.keep_checkpoints,
-        log_every=args.log_every,
-        precision=args.precision,
-        train_limit=args.train_limit,
+        **config_fields(args),
     )
     result = train_ranker(
-        args.base_model or base_model_dir(),
-        args.triples,
-        paragraphs,
-        args.output,
-        config,
-        command=canonical_command(args),
-        resume=args.resume,
-        device=args.device,
-        progress=not args.no_progress,
+        args.base_model or base_model_dir(), args.triples, paragraphs, args.output, config, **run_options(args)
     )
     summary = {
         "kind": result.kind,

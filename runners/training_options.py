@@ -1,0 +1,91 @@
+"""Command-line options shared by `train qa` and `train earl|cross-encoder|siamese`, and what they become.
+
+The two commands add them at different places among their own options (the
+order shows in --help and in the recorded command), hence two functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+# Options that describe how the command was launched, not what it computes.
+_NOT_IN_COMMAND = {"command", "train_command", "run"}
+
+
+def add_optimizer_arguments(
+    parser: argparse.ArgumentParser, *, passes_over: str, epochs: int, batch_of: str, batch_size: int
+) -> None:
+    """--epochs to --weight-decay: the budget, the batches and the AdamW schedule.
+
+    `passes_over` and `batch_of` name what the command trains on (e.g.
+    "training windows" and "windows"); `epochs` and `batch_size` are its defaults.
+    """
+    parser.add_argument("--epochs", type=int, default=epochs, help=f"passes over the {passes_over} (default {epochs})")
+    parser.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
+    parser.add_argument(
+        "--batch-size", type=int, default=batch_size, help=f"{batch_of} per micro-batch (default {batch_size})"
+    )
+    parser.add_argument(
+        "--gradient-accumulation-steps", type=int, default=1, help="micro-batches per optimizer step (default 1)"
+    )
+    parser.add_argument("--learning-rate", type=float, default=3e-5, help="peak AdamW learning rate (default 3e-5)")
+    parser.add_argument("--warmup-ratio", type=float, default=0.1, help="share of steps warming up (default 0.1)")
+    parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, seeded: str, limit_of: str) -> None:
+    """--seed to --train-limit: the seed, periodic checkpoints, logging, precision, and a cap on the data.
+
+    `seeded` says what the seed decides; `limit_of` names what --train-limit counts.
+    """
+    parser.add_argument("--seed", type=int, default=42, help=f"seed of {seeded} (default 42)")
+    parser.add_argument("--save-every", type=int, default=0, help="resumable checkpoint every N steps (0: none)")
+    parser.add_argument("--keep-checkpoints", type=int, default=2, help="periodic checkpoints kept (default 2)")
+    parser.add_argument("--log-every", type=int, default=10, help="log a progress line every N steps (default 10)")
+    parser.add_argument(
+        "--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+        help="auto: fp32 on CPU, bf16 (else fp16) autocast on CUDA",
+    )  # fmt: skip
+    parser.add_argument("--train-limit", type=int, help=f"use only the first N {limit_of}")
+
+
+def config_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The training-config fields the options of add_optimizer_arguments and add_run_arguments set."""
+    return {
+        "epochs": args.epochs,
+        "max_steps": args.max_steps,
+        "batch_size": args.batch_size,
+        "gradient_accumulation": args.gradient_accumulation_steps,
+        "learning_rate": args.learning_rate,
+        "warmup_ratio": args.warmup_ratio,
+        "weight_decay": args.weight_decay,
+        "seed": args.seed,
+        "save_every": args.save_every,
+        "keep_checkpoints": args.keep_checkpoints,
+        "log_every": args.log_every,
+        "precision": args.precision,
+        "train_limit": args.train_limit,
+    }
+
+
+def run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments train_qa and train_ranker take from the command line besides data and config."""
+    return {
+        "command": canonical_command(args),
+        "resume": args.resume,
+        "device": args.device,
+        "progress": not args.no_progress,
+    }
+
+
+def canonical_command(args: argparse.Namespace) -> str:
+    """The full command with every option spelled out, defaults included, so the run can be repeated."""
+    words = ["dilstore", "train", args.train_command]
+    for name, value in vars(args).items():
+        if name in _NOT_IN_COMMAND or value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        words += [flag] if value is True else [flag, str(value)]
+    return shlex.join(words)
