@@ -31,12 +31,17 @@ SIZE_LIMIT_MB = 60.0
 
 
 def quality_rows(reports: list[Path]) -> list[dict[str, Any]]:
-    """Every result row of the reports, each with its task's query count."""
-    rows = []
+    """Every result row of the reports, each with its task's query count; a (task, model) seen before is skipped.
+
+    Each report repeats BM25 for its tasks, so reports of the same tasks
+    would otherwise list it once per report.
+    """
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
     for path in reports:
         report = read_json(path)
-        rows += [{**row, "queries": report["tasks"][row["task"]]["queries"]} for row in report["results"]]
-    return rows
+        for row in report["results"]:
+            rows.setdefault((row["task"], row["model"]), {**row, "queries": report["tasks"][row["task"]]["queries"]})
+    return list(rows.values())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,11 +89,15 @@ def test_package_writes_fp16_weights_and_a_card_with_every_row(earl_run: Path, t
         row("DL19", "cross-encoder ce (9 steps)", "cross-encoder", 0.6400, "runs/ce"),
         row("DL19", "earl run (2 steps)", "earl", 0.6350, checkpoint),
     ], {"DL19": 43})  # fmt: skip
-    squad = write_report(tmp_path / "squad.json", [row("SQuAD dev", "earl run (2 steps)", "earl", 0.8, checkpoint)],
+    squad = write_report(tmp_path / "squad.json", [
+        row("SQuAD dev", "BM25", "bm25", 0.86, trained=None),
+        row("SQuAD dev", "earl run (2 steps)", "earl", 0.8, checkpoint),
+    ], {"SQuAD dev": 500})  # fmt: skip
+    again = write_report(tmp_path / "again.json", [row("SQuAD dev", "BM25", "bm25", 0.86, trained=None)],
                          {"SQuAD dev": 500})  # fmt: skip
     destination = tmp_path / "packaged"
     status = package_script().main(["--checkpoint", checkpoint, "--quality", str(dl19), "--quality", str(squad),
-                                    "--destination", str(destination)])  # fmt: skip
+                                    "--quality", str(again), "--destination", str(destination)])  # fmt: skip
     assert status == 0
     assert json.loads(capsys.readouterr().out)["destination"] == str(destination)
     with safe_open(destination / "model.safetensors", "pt") as weights:
@@ -101,6 +105,7 @@ def test_package_writes_fp16_weights_and_a_card_with_every_row(earl_run: Path, t
     card = (destination / MODEL_CARD_FILE).read_text()
     assert "| DL19 | **earl run (2 steps)** | 0.5000 | 0.6350 | 0.9000 | 43 |" in card
     assert "| SQuAD dev | **earl run (2 steps)** |" in card and "| DL19 | BM25 |" in card
+    assert card.count("| SQuAD dev | BM25 |") == 1, "a row repeated by another report is listed once"
     assert "Command: `dilstore train earl tiny`" in card and "2 of a 2-step schedule" in card
     assert "cross-encoder on DL19: met (cross-encoder 0.6400, this ranker 0.6350, gap +0.0050)" in card
     original, packaged = load_ranker(earl_run), load_ranker(destination)

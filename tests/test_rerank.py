@@ -10,6 +10,7 @@ vocabulary, so real text goes through it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -387,3 +388,21 @@ def test_cli_fingerprint_mismatch_in_a_subprocess(store: Callable[..., Path], tm
     expected_hash = weights.split("expected: ")[1].strip()
     assert store_hash != expected_hash and len(store_hash) == len(expected_hash) == 64
     assert done.stdout == "" and not (tmp_path / "out.trec").exists()
+
+
+def test_run_passages_script_cuts_the_run_documents_from_a_corpus(tmp_path: Path, capsys) -> None:
+    spec = importlib.util.spec_from_file_location("run_passages", ROOT / "benchmarks" / "run_passages.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": docid, "contents": text}) + "\n" for docid, text in DOCUMENTS.items()))
+    write_run(tmp_path / "first.trec", {"q1": {"kili": 2.0, "tram": 1.0}, "q2": {"tram": 3.0, "cafe": 1.0}}, tag="bm25")
+    output = tmp_path / "out.jsonl"
+    assert script.main(["--run", str(tmp_path / "first.trec"), "--corpus", str(corpus), "--output", str(output)]) == 0
+    written = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["id"] for row in written] == ["kili", "tram", "cafe"], "each docid once, in run order"
+    assert written[0]["contents"] == DOCUMENTS["kili"]
+    write_run(tmp_path / "ghost.trec", {"q1": {"ghost": 1.0, "tram": 0.5}}, tag="bm25")
+    assert script.main(["--run", str(tmp_path / "ghost.trec"), "--corpus", str(corpus), "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("run_passages: error: ") and "lacks 1 passage(s)" in err and "['ghost']" in err
