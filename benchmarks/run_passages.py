@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/run_passages.py --run ../shared/data/msmarco/run.dl19-passage.bm25-top100.trec \
         --corpus ../shared/data/msmarco/passages.dl19-dl20-pool.jsonl --output runs/dl19-top100.jsonl
 
-Writes each distinct docid once, in first-seen run order, as the corpus line
-holds it ({"id", "contents"}); a docid the corpus lacks is an error naming it.
+Writes each distinct docid once, in first-seen run order, as {"id", "contents"}
+(and "title" where it has one), read the way `dilstore precompute` reads the
+corpus; a malformed line or a docid the corpus lacks is an error naming it.
 """
 
 from __future__ import annotations
@@ -14,27 +15,30 @@ import json
 import sys
 from pathlib import Path
 
-from reader.text_lines import numbered_lines
+from pipelines.corpus_jsonl import read_jsonl
+from pipelines.documents import Document, Rejected
 from reader.trec import read_run
 from storage.errors import DilstoreError
 
 
 def run_passages(run_file: Path, corpus: Path, output: Path) -> int:
-    """Write the run's passages from `corpus` to `output`; returns how many."""
+    """Write the run's passages from `corpus` (read as precompute reads it) to `output`; returns how many."""
     wanted = list(dict.fromkeys(docid for ranking in read_run(run_file).values() for docid in ranking))
-    lines: dict[str, str] = {}
     needed = set(wanted)
-    for number, line in numbered_lines(corpus):
-        try:
-            docid = str(json.loads(line)["id"])
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise DilstoreError(f"{corpus}:{number}: not a JSON object with an 'id' ({error})") from error
-        if docid in needed:
-            lines[docid] = line.strip()
-    missing = [docid for docid in wanted if docid not in lines]
+    found: dict[str, Document] = {}
+    for record in read_jsonl(corpus):
+        if isinstance(record, Rejected):
+            raise DilstoreError(f"{record.source}:{record.line_or_id}: {record.reason}")
+        if record.id in needed:
+            found[record.id] = record
+    missing = [docid for docid in wanted if docid not in found]
     if missing:
         raise DilstoreError(f"{corpus} lacks {len(missing)} passage(s) of {run_file}, e.g. {missing[:5]}")
-    output.write_text("".join(lines[docid] + "\n" for docid in wanted), encoding="utf-8")
+    with output.open("w", encoding="utf-8") as stream:
+        for docid in wanted:
+            document = found[docid]
+            title = {"title": document.title} if document.title else {}
+            stream.write(json.dumps({"id": docid, **title, "contents": document.text}, ensure_ascii=False) + "\n")
     return len(wanted)
 
 

@@ -406,3 +406,6 @@ def test_run_passages_script_cuts_the_run_documents_from_a_corpus(tmp_path: Path
     assert script.main(["--run", str(tmp_path / "ghost.trec"), "--corpus", str(corpus), "--output", str(output)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("run_passages: error: ") and "lacks 1 passage(s)" in err and "['ghost']" in err
+    corpus.write_text(corpus.read_text() + "{not json\n")
+    assert script.main(["--run", str(tmp_path / "first.trec"), "--corpus", str(corpus), "--output", str(output)]) == 2
+    assert f"{corpus}:{len(DOCUMENTS) + 1}: bad JSON" in capsys.readouterr().err
