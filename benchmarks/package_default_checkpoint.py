@@ -12,7 +12,6 @@ for at most 50 MB.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from reader.default_model import (
     packaged_models_dir,
     read_json,
     render_model_card,
-    weights_megabytes,
+    report_package_size,
 )
 
 SIZE_LIMIT_MB = 50.0
@@ -54,12 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         notes=args.notes,
     )
     destination = package_checkpoint(args.checkpoint, args.destination, card)
-    size = weights_megabytes(destination)
-    print(json.dumps({"destination": str(destination), "weights_mb": round(size, 2), "limit_mb": SIZE_LIMIT_MB}))
-    if size > SIZE_LIMIT_MB:
-        print(f"packaged weights are {size:.1f} MB, over the {SIZE_LIMIT_MB:.0f} MB limit", file=sys.stderr)
-        return 1
-    return 0
+    return report_package_size(destination, SIZE_LIMIT_MB)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ a shipped file must stay under 60 MB.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from reader.default_model import (
     package_checkpoint,
     packaged_models_dir,
     read_json,
-    weights_megabytes,
+    report_package_size,
 )
 from reader.default_ranker import DEFAULT_RANKER_NAME, render_ranker_card
 from storage.errors import DilstoreError
@@ -65,12 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     except DilstoreError as error:
         print(f"package_default_ranker: error: {error}", file=sys.stderr)
         return 2
-    size = weights_megabytes(destination)
-    print(json.dumps({"destination": str(destination), "weights_mb": round(size, 2), "limit_mb": SIZE_LIMIT_MB}))
-    if size > SIZE_LIMIT_MB:
-        print(f"packaged weights are {size:.1f} MB, over the {SIZE_LIMIT_MB:.0f} MB file limit", file=sys.stderr)
-        return 1
-    return 0
+    return report_package_size(destination, SIZE_LIMIT_MB)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from qa_training_fixtures import write_tiny_checkpoint
 from ranking_fixtures import write_overfit_files
 from safetensors import safe_open
 
-from reader.default_model import MODEL_CARD_FILE, TRAINING_METADATA_FILE
+from reader.default_model import MODEL_CARD_FILE, TRAINING_METADATA_FILE, report_package_size
 from reader.default_ranker import DEFAULT_RANKER_NAME, default_ranker_dir, packaged_models_dir, target_statement
 from reader.ranking_training import RankingTrainingConfig, train_ranker
 from reader.rankers import load_ranker
@@ -113,6 +113,13 @@ def test_package_writes_fp16_weights_and_a_card_with_every_row(earl_run: Path, t
         texts = (["who wrote it?"] * 2, ["It was written by a poet.", "Rain fell all day."])
         want, got = original.score_texts(*texts), packaged.score_texts(*texts)
     torch.testing.assert_close(got, want, atol=1e-2, rtol=0)  # fp16 weights, fp32 compute
+
+
+def test_package_size_report_fails_over_the_limit(earl_run: Path, capsys) -> None:
+    assert report_package_size(earl_run, limit_mb=1000.0) == 0
+    assert json.loads(capsys.readouterr().out)["destination"] == str(earl_run)
+    assert report_package_size(earl_run, limit_mb=1e-6) == 1
+    assert "over the 0 MB limit" in capsys.readouterr().err
 
 
 def test_package_refuses_a_run_of_another_kind(earl_run: Path, tmp_path: Path, capsys) -> None:
