@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.routing import ReadTask, RouteSettings
-from pipelines.shard_sink import ShardSettings
-from reader.precompute import BatchPolicy
-from storage.errors import DilstoreError
-from storage.fingerprint import Fingerprint
+from dilstore.pipelines.routing import ReadTask, RouteSettings
+from dilstore.pipelines.shard_sink import ShardSettings
+from dilstore.reader.batching import BatchPolicy
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import Fingerprint
 
 SPEC_FILE = "precompute.json"
 SUMMARY_FILE = "run-summary.json"

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 _JVM_LOCK = threading.Lock()
 _JVM_STARTED = False

@@ -13,19 +13,19 @@ import os
 import sys
 from collections.abc import Sequence
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 # Order is the order `dilstore --help` lists them in.
 COMMANDS: tuple[str, ...] = (
-    "runners.cmd_precompute",
-    "runners.cmd_index",
-    "runners.cmd_train",
-    "runners.cmd_evaluate_rc",
-    "runners.cmd_ask",
-    "runners.cmd_evaluate_qa",
-    "runners.cmd_evaluate_rank",
-    "runners.cmd_rerank",
-    "runners.cmd_store",
+    "dilstore.runners.cmd_precompute",
+    "dilstore.runners.cmd_index",
+    "dilstore.runners.cmd_train",
+    "dilstore.runners.cmd_evaluate_rc",
+    "dilstore.runners.cmd_ask",
+    "dilstore.runners.cmd_evaluate_qa",
+    "dilstore.runners.cmd_evaluate_rank",
+    "dilstore.runners.cmd_rerank",
+    "dilstore.runners.cmd_store",
 )
 
 

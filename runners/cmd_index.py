@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 BM25_DIR = "bm25"
 
@@ -60,8 +60,8 @@ def stdout_to_stderr() -> Iterator[None]:
 
 def run_command(args: argparse.Namespace) -> int:
     """Build STORE/bm25 from STORE/passages/jsonl; 0 on success."""
-    from pipelines.shard_sink import JSONL_DIR
-    from reader.retrieval import build_bm25_index
+    from dilstore.pipelines.shard_sink import JSONL_DIR
+    from dilstore.reader.retrieval import build_bm25_index
 
     if args.threads < 1:
         raise DilstoreError(f"--threads must be at least 1, got {args.threads}")

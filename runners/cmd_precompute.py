@@ -35,14 +35,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from storage.errors import DilstoreError
-from storage.format import COMPRESSORS
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import COMPRESSORS
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
-    from pipelines.job import PrecomputeJob
-    from pipelines.options import LocalDefaults
-    from pipelines.routing import ReadTask
-    from reader.offline_models import OfflineModel
+    from dilstore.pipelines.job import PrecomputeJob
+    from dilstore.pipelines.options import LocalDefaults
+    from dilstore.pipelines.routing import ReadTask
+    from dilstore.reader.offline.kinds import OfflineModel
 
 DEFAULT_OUTPUT = "dilstore-store"
 KINDS = ("dilbert", "earl-s1", "earl-s2")
@@ -141,9 +141,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def resolve_inputs(paths: Sequence[Path] | None, format: str | None) -> tuple[ReadTask, ...]:
     """ReadTasks for the given files (absolute paths), or for the embedded corpus when none are given."""
-    from pipelines.corpora import format_for_path
-    from pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
-    from pipelines.routing import ReadTask
+    from dilstore.pipelines.corpora import format_for_path
+    from dilstore.pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
+    from dilstore.pipelines.routing import ReadTask
 
     if not paths:
         return (ReadTask(str(default_corpus_path()), format or DEFAULT_CORPUS_FORMAT),)
@@ -174,8 +174,8 @@ def resolve_model(model: str | None, layers: int | None, kind: str) -> tuple[str
     With no `--model`, dilbert stores come from the packaged DilBert reader
     and the EARL kinds from the packaged EARL ranker (whose N is fixed).
     """
-    from reader.checkpoints import read_metadata
-    from reader.precompute import BASE_MODEL_REF, DEFAULT_CHECKPOINT_REF, DEFAULT_RANKER_REF, resolve_model_dir
+    from dilstore.reader.modeling.checkpoints import read_metadata
+    from dilstore.reader.offline.encoding import BASE_MODEL_REF, DEFAULT_CHECKPOINT_REF, DEFAULT_RANKER_REF, resolve_model_dir
 
     if model is not None:
         return model, layers
@@ -204,9 +204,9 @@ def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
     the same spec is resumed (or, when finalized, left as it is); anything
     else is refused unless `overwrite`.
     """
-    from pipelines.atomic_files import atomic_write_text
-    from pipelines.job import SPEC_FILE, read_spec, spec_differences, spec_json
-    from storage.format import MANIFEST_FILE
+    from dilstore.storage.atomic_files import atomic_write_text
+    from dilstore.pipelines.job import SPEC_FILE, read_spec, spec_differences, spec_json
+    from dilstore.storage.format import MANIFEST_FILE
 
     if store.exists() and not store.is_dir():
         raise DilstoreError(f"--output {store} exists and is not a directory")
@@ -256,7 +256,7 @@ class ProgressBar:
     def _poll(self) -> None:
         from tqdm import tqdm
 
-        from pipelines.progress import passages_done, passages_planned
+        from dilstore.pipelines.progress import passages_done, passages_planned
 
         with tqdm(unit="passage", desc="precompute", dynamic_ncols=True, mininterval=1.0, smoothing=0.1) as bar:
             while True:
@@ -274,7 +274,7 @@ class ProgressBar:
 @contextlib.contextmanager
 def local_runtime(runner: str, workers: int, num_shards: int, beam_args: Sequence[str]) -> Iterator[LocalDefaults]:
     """LocalDefaults for the runner; for Dask without a scheduler given, a LocalCluster of `workers` processes."""
-    from pipelines.options import DASK_RUNNER, LocalDefaults
+    from dilstore.pipelines.options import DASK_RUNNER, LocalDefaults
 
     if runner == DASK_RUNNER:
         quiet_dask_logging()
@@ -296,9 +296,9 @@ def run_pipeline(
     Local runners get defaults (worker processes, a Dask LocalCluster) and a
     progress bar; a failed pipeline raises DilstoreError with Beam's message.
     """
-    from pipelines.job import SUMMARY_FILE
-    from pipelines.options import LOCAL_RUNNERS, assemble_beam_flags, pipeline_options
-    from pipelines.precompute import build_pipeline
+    from dilstore.pipelines.job import SUMMARY_FILE
+    from dilstore.pipelines.options import LOCAL_RUNNERS, assemble_beam_flags, pipeline_options
+    from dilstore.pipelines.precompute import build_pipeline
 
     with local_runtime(runner, workers, job.num_shards, beam_args) as defaults:
         options = pipeline_options(assemble_beam_flags(runner, beam_args, defaults))
@@ -343,9 +343,9 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
 
 def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
     """Say on stderr when an EARL store is about to be made by a ranker initialised from a plain encoder."""
-    from reader.checkpoints import read_metadata
-    from reader.earl import EarlRanker
-    from reader.precompute import resolve_model_dir
+    from dilstore.reader.modeling.checkpoints import read_metadata
+    from dilstore.reader.modeling.earl import EarlRanker
+    from dilstore.reader.offline.encoding import resolve_model_dir
 
     directory = resolve_model_dir(model)
     if isinstance(reader, EarlRanker) and read_metadata(directory) is None:
@@ -359,11 +359,12 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
 
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
-    from pipelines.job import PrecomputeJob
-    from pipelines.sharding import default_shard_count
-    from reader.fingerprint import model_fingerprint
-    from reader.offline_models import max_positions
-    from reader.precompute import BatchPolicy, cached_reader
+    from dilstore.pipelines.job import PrecomputeJob
+    from dilstore.pipelines.sharding import default_shard_count
+    from dilstore.reader.modeling.fingerprint import model_fingerprint
+    from dilstore.reader.offline.kinds import max_positions
+    from dilstore.reader.batching import BatchPolicy
+    from dilstore.reader.offline.encoding import cached_reader
 
     refuse_url("--output", args.output)
     inputs = resolve_inputs(args.input, args.format)
@@ -445,8 +446,8 @@ def run_command(args: argparse.Namespace) -> int:
     """Run `dilstore precompute` and print its summary; 0 on success."""
     started = time.time()
     quiet_local_logging()
-    from pipelines.job import SUMMARY_FILE, run_spec
-    from pipelines.options import LOCAL_RUNNERS, canonical_runner
+    from dilstore.pipelines.job import SUMMARY_FILE, run_spec
+    from dilstore.pipelines.options import LOCAL_RUNNERS, canonical_runner
 
     runner = canonical_runner(args.runner)
     if runner not in LOCAL_RUNNERS:

@@ -11,10 +11,15 @@ import argparse
 import json
 from pathlib import Path
 
-from runners.cmd_train_ranking import register_ranking_data, register_rankers
-from runners.reading_options import add_reading_arguments, add_runtime_arguments, apply_threads, reading_settings
-from runners.training_options import add_optimizer_arguments, add_run_arguments, config_fields, run_options
-from storage.errors import DilstoreError
+from dilstore.runners.cmd_train_ranking import register_rankers, register_ranking_data
+from dilstore.runners.reading_options import (
+    add_reading_arguments,
+    add_runtime_arguments,
+    apply_threads,
+    reading_settings,
+)
+from dilstore.runners.training_options import add_optimizer_arguments, add_run_arguments, config_fields, run_options
+from dilstore.storage.errors import DilstoreError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,9 +68,9 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
 def run_qa(args: argparse.Namespace) -> int:
     """Train, then evaluate on --dev when given; print k, EM, F1 and the train and eval times."""
     apply_threads(args.threads)
-    from reader.checkpoints import base_model_dir
-    from reader.reading_comprehension import evaluate_file, write_evaluation
-    from reader.training import TrainingConfig, train_qa
+    from dilstore.reader.modeling.checkpoints import base_model_dir
+    from dilstore.reader.evaluation.reading_comprehension import evaluate_file, write_evaluation
+    from dilstore.reader.training.qa import TrainingConfig, train_qa
 
     if not args.train.is_file():
         raise DilstoreError(f"--train {args.train}: no such file")
@@ -89,7 +94,7 @@ def run_qa(args: argparse.Namespace) -> int:
         "output": str(result.output),
     }
     if args.dev is not None:
-        from reader.dilbert import DilBertReader
+        from dilstore.reader.modeling.dilbert import DilBertReader
 
         evaluation = evaluate_file(
             DilBertReader.from_pretrained(args.output),

@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from storage.format import TMP_PREFIX
+from dilstore.storage.format import TMP_PREFIX
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 
 class FingerprintMismatchError(DilstoreError):

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from storage.durability import fsync_dir
-from storage.fingerprint import Fingerprint
-from storage.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, TMP_PREFIX, StoreFormatError
-from storage.location import StoreLocation
+from dilstore.storage.durability import fsync_dir
+from dilstore.storage.fingerprint import Fingerprint
+from dilstore.storage.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, TMP_PREFIX, StoreFormatError
+from dilstore.storage.location import StoreLocation
 
 
 @dataclass(frozen=True)

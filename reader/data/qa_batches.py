@@ -1,4 +1,4 @@
-"""Pad QA window features into the tensors the DilBert reader takes (the torch half of reader/qa_features.py).
+"""Pad QA window features into the tensors the DilBert reader takes (the torch half of reader/data/qa_features.py).
 
 Questions and passage windows are padded separately, each to the longest in
 the batch, because the reader encodes them separately before it concatenates
@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-import numpy as np
 import torch
 
-from reader.qa_features import QAFeature
+from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.data.qa_features import QAFeature
 
 NO_ANSWER_TARGET = 0
 
@@ -35,19 +35,6 @@ class QABatch:
     def to(self, device: torch.device | str) -> QABatch:
         """The same batch on `device`."""
         return QABatch(**{field.name: getattr(self, field.name).to(device) for field in fields(self)})
-
-
-def pad_token_ids(sequences: Sequence[np.ndarray], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad int token-id arrays to the longest: (ids (b, n) long, mask (b, n) long)."""
-    if not sequences:
-        raise ValueError("cannot pad an empty list of sequences")
-    width = max(len(sequence) for sequence in sequences)
-    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)  # (b, n)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)  # (b, n)
-    for row, sequence in enumerate(sequences):
-        ids[row, : len(sequence)] = torch.from_numpy(np.asarray(sequence, dtype=np.int64))
-        mask[row, : len(sequence)] = 1
-    return ids, mask
 
 
 def collate_features(features: Sequence[QAFeature], pad_token_id: int) -> QABatch:

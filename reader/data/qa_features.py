@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from reader.squad_data import SquadAnswer, SquadExample
-from reader.tokenization import (
+from dilstore.reader.data.squad import SquadAnswer, SquadExample
+from dilstore.reader.text.tokenization import (
     DEFAULT_STRIDE,
     TokenizedText,
     encode_question,
@@ -33,7 +33,7 @@ from reader.tokenization import (
     passage_window,
     window_starts,
 )
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -15,7 +15,7 @@ From a SQuAD v1.1 file (seed 004 trains on query, positive, negatives groups):
    the draw of a question does not depend on which others are in the file; a
    list with too few non-gold paragraphs is filled with random non-gold
    paragraphs of the corpus, and the fills are counted;
-5. files: triples and the paragraphs they use (reader/ranking_files.py), so a
+5. files: triples and the paragraphs they use (reader/data/ranking_files.py), so a
    training run (on a machine without the SQuAD file or the index) reads
    only those two.
 
@@ -34,9 +34,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from reader.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE, Triple, write_paragraphs, write_triples
-from reader.squad_data import parse_squad, read_json
-from storage.errors import DilstoreError
+from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE, Triple, write_paragraphs, write_triples
+from dilstore.reader.data.squad import parse_squad
+from dilstore.reader.text.files import read_json
+from dilstore.storage.errors import DilstoreError
 
 # (qid, query) pairs and a depth → qid → (paragraph id, score) pairs, best first.
 Retriever = Callable[[Sequence[tuple[str, str]], int], dict[str, list[tuple[str, float]]]]
@@ -192,7 +193,7 @@ def ensure_bm25_index(paragraphs: Mapping[str, str], work: Path, threads: int = 
     Built in WORK/bm25.building and renamed when complete, so a run cut off
     while indexing never leaves an index that looks whole.
     """
-    from reader.retrieval import build_bm25_index
+    from dilstore.reader.retrieval import build_bm25_index
 
     index = work / "bm25"
     digest = collection_digest(paragraphs)
@@ -214,7 +215,7 @@ def ensure_bm25_index(paragraphs: Mapping[str, str], work: Path, threads: int = 
 
 def bm25_retriever(index: Path, threads: int = 1, log: Callable[[str], None] | None = None) -> Retriever:
     """A Retriever over a Lucene index: batched searches of RETRIEVAL_CHUNK queries on `threads` Java threads."""
-    from reader.retrieval import Bm25Searcher
+    from dilstore.reader.retrieval import Bm25Searcher
 
     searcher = Bm25Searcher(index)
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reader.text_lines import numbered_lines
-from storage.errors import DilstoreError
+from dilstore.reader.text.files import numbered_lines
+from dilstore.storage.errors import DilstoreError
 
 TRIPLES_FILE = "triples.jsonl.gz"
 PARAGRAPHS_FILE = "paragraphs.jsonl.gz"

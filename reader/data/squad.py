@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reader.text_lines import numbered_lines
-from storage.errors import DilstoreError
+from dilstore.reader.text.files import numbered_lines, read_json
+from dilstore.storage.errors import DilstoreError
 
 
 @dataclass(frozen=True)
@@ -47,25 +47,6 @@ class OpenQuestion:
     line: int
     question: str
     answers: tuple[str, ...]
-
-
-def read_json(path: str | Path) -> Any:
-    """Parse a UTF-8 JSON file; every failure is a DilstoreError naming the file."""
-    path = Path(path)
-    try:
-        with path.open(encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        raise DilstoreError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DilstoreError(f"{path}: is a directory, not a JSON file") from None
-    except OSError as error:
-        raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None
-    except UnicodeDecodeError as error:
-        raise DilstoreError(f"{path}: not UTF-8 text (byte {error.start})") from None
-    except json.JSONDecodeError as error:
-        where = f"line {error.lineno}, column {error.colno}"
-        raise DilstoreError(f"{path}: not valid JSON ({where}: {error.msg})") from None
 
 
 def load_squad(path: str | Path) -> list[SquadExample]:

@@ -23,9 +23,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from reader.text_lines import numbered_lines
-from storage.durability import fsync_dir
-from storage.errors import DilstoreError
+from dilstore.reader.text.files import numbered_lines
+from dilstore.storage.durability import fsync_dir
+from dilstore.storage.errors import DilstoreError
 
 Run = dict[str, dict[str, float]]
 Qrels = dict[str, dict[str, int]]

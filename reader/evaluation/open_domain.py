@@ -3,7 +3,7 @@
 - **Questions:** DPR-style JSONL (`{"question", "answer": [...]}` per line,
   the OpenSQuAD topics) or SQuAD v1.1 JSON (every question with its reference
   answers; the paragraphs are not given to the reader).
-- **EM and F1:** the official SQuAD v1.1 metric (reader/squad_metric.py),
+- **EM and F1:** the official SQuAD v1.1 metric (reader/evaluation/squad_metric.py),
   best over the reference answers, in percent over every question.
 - **R:** the percentage of questions for which some reference answer occurs
   in one of the top-p retrieved passages: the answer, normalised as the
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reader.odqa import STAGES, OpenDomainReader, Reading, Timings, aggregate, check_mu, check_top_p
-from reader.squad_data import load_open_questions, load_squad
-from reader.squad_metric import exact_match, f1, metric_max_over_ground_truths, normalize_answer
-from storage.errors import DilstoreError
+from dilstore.reader.data.squad import load_open_questions, load_squad
+from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths, normalize_answer
+from dilstore.reader.serving.odqa import STAGES, OpenDomainReader, Reading, Timings, aggregate, check_mu, check_top_p
+from dilstore.storage.errors import DilstoreError
 
 DEFAULT_QUESTION_BATCH = 8
 READER_ONLY_MU = 1.0

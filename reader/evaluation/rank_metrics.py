@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reader.trec import Qrels, Run, rank_documents
-from storage.errors import DilstoreError
+from dilstore.reader.data.trec import Qrels, Run, rank_documents
+from dilstore.storage.errors import DilstoreError
 
 METRICS: tuple[str, ...] = ("RR@10", "nDCG@10", "R@100")
 

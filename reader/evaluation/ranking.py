@@ -9,7 +9,7 @@ best first, with BM25 scores), the candidates' texts and qrels:
   judged by the NIST qrels (grades 0–3).
 - **SQuAD dev paragraph ranking**: each dev question's candidates are the BM25
   top-`depth` over the dev file's paragraphs (2,067 for SQuAD v1.1 dev, ids
-  `{title}#p{index}`, cached index as in reader/ranking_data.py); the only
+  `{title}#p{index}`, cached index as in reader/data/ranking_data.py); the only
   relevant paragraph (grade 1) is the question's own.
 
 `save_task` and `load_task` carry a task as one small file to a machine
@@ -31,11 +31,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from reader.ranking_data import Retriever, bm25_retriever, ensure_bm25_index, read_squad_ranking
-from reader.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, TrainableRanker
-from reader.squad_data import read_json
-from reader.trec import Qrels, Run, write_run
-from storage.errors import DilstoreError
+from dilstore.reader.data.ranking_data import Retriever, bm25_retriever, ensure_bm25_index, read_squad_ranking
+from dilstore.reader.data.trec import Qrels, Run, write_run
+from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, TrainableRanker
+from dilstore.reader.text.files import read_json
+from dilstore.storage.errors import DilstoreError
 
 DEFAULT_DEPTH = 100
 

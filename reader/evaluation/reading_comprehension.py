@@ -1,12 +1,12 @@
 """Reading-comprehension evaluation: each SQuAD question read against its own gold paragraph.
 
 This is the seed's extractive QA setting (Figure 3): the paragraph is split
-into sliding windows exactly as for training (reader/qa_features.py), every
+into sliding windows exactly as for training (reader/data/qa_features.py), every
 window is scored by the reader's full delayed-interaction forward pass, the
-best span of each window comes from the n-best decoder (reader/decode.py,
+best span of each window comes from the n-best decoder (reader/serving/decode.py,
 score (s_start + s_end) / 2, comparable across windows), and the best span
 over all windows of a question is its answer. EM/F1 are the official SQuAD
-v1.1 metric (reader/squad_metric.py), the same code the open-domain reader
+v1.1 metric (reader/evaluation/squad_metric.py), the same code the open-domain reader
 reports with.
 """
 
@@ -23,15 +23,20 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from reader.decode import DEFAULT_MAX_ANSWER_LENGTH, best_spans
-from reader.default_model import EVALUATION_FILE
-from reader.dilbert import DilBertReader
-from reader.qa_batching import QABatch, collate_features
-from reader.qa_features import DEFAULT_MAX_QUESTION_LENGTH, DEFAULT_MAX_SEQ_LENGTH, QAFeature, build_features
-from reader.squad_data import SquadExample, load_squad
-from reader.squad_metric import evaluate_examples
-from reader.tokenization import DEFAULT_STRIDE
-from storage.errors import DilstoreError
+from dilstore.reader.data.qa_batches import QABatch, collate_features
+from dilstore.reader.data.qa_features import (
+    DEFAULT_MAX_QUESTION_LENGTH,
+    DEFAULT_MAX_SEQ_LENGTH,
+    QAFeature,
+    build_features,
+)
+from dilstore.reader.data.squad import SquadExample, load_squad
+from dilstore.reader.evaluation.squad_metric import evaluate_examples
+from dilstore.reader.modeling.checkpoints import EVALUATION_FILE
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, best_spans
+from dilstore.reader.text.tokenization import DEFAULT_STRIDE
+from dilstore.storage.errors import DilstoreError
 
 # Scores a padded batch: start and end logits, each (b, nq + np) over [question ; passage].
 Scorer = Callable[[QABatch], tuple[torch.Tensor, torch.Tensor]]

@@ -23,8 +23,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from reader.squad_data import SquadExample, parse_squad
-from storage.errors import DilstoreError
+from dilstore.reader.data.squad import SquadExample, parse_squad
+from dilstore.storage.errors import DilstoreError
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

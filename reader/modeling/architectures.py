@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 

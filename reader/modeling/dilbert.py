@@ -11,7 +11,7 @@ plain Hugging Face QA model.
     concat(question states, passage states) → layers k+1..l → QA head → start, end logits      (per pair)
 
 All three halves call the Hugging Face model's own embedding, layer and head
-modules (see reader/architectures.py for where each architecture keeps them),
+modules (see reader/modeling/architectures.py for where each architecture keeps them),
 so the split model and the reference network share one definition. Padded
 positions of either half never influence valid ones: every layer gets an
 additive mask over the keys, and the logits of padded positions are set to
@@ -35,9 +35,14 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from reader.architectures import Architecture, architecture_for
-from reader.checkpoints import CheckpointMetadata, read_metadata, require_checkpoint_dir, write_metadata
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.architectures import Architecture, architecture_for
+from dilstore.reader.modeling.checkpoints import (
+    CheckpointMetadata,
+    read_metadata,
+    require_checkpoint_dir,
+    write_metadata,
+)
+from dilstore.storage.errors import DilstoreError
 
 # Errors that Hugging Face raises for a missing, truncated or inconsistent checkpoint file.
 _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, json.JSONDecodeError)

@@ -8,7 +8,7 @@ layers and M = l − N judger blocks:
     query     `[CLS] q [SEP]` → embeddings (segment 0, positions from 0) → layers 1..N             (once per query)
     judging   query states → M judger blocks over S1 or S2 → pool (CLS or mean) → linear → score   (per pair)
 
-Judger blocks update query tokens only (reader/earl_blocks.py), so document
+Judger blocks update query tokens only (reader/modeling/earl_blocks.py), so document
 states never depend on the query and S1 or S2 can be stored. Judging from S2
 skips the document-length × d² key/value projections online and gives the
 same scores as judging from S1.
@@ -23,12 +23,12 @@ starts from a fixed seed, so loading a base encoder is reproducible.
 
 Training and evaluation score (query, document) groups through
 `score_groups` and `score_texts`, the interface EARL shares with its two
-baselines (reader/ranking_inputs.py, reader/ranking_training.py).
+baselines (reader/modeling/ranking_inputs.py, reader/training/ranking.py).
 
 A checkpoint is a directory: the encoder's config.json, the tokenizer,
 model.safetensors (this module's state dict) and dilstore.json of kind
-"earl" (reader/earl_checkpoints.py). Loading, saving and scoring texts are
-reader/ranker_base.py's, as for the baselines.
+"earl" (reader/modeling/earl_checkpoints.py). Loading, saving and scoring texts are
+reader/modeling/ranker_base.py's, as for the baselines.
 """
 
 from __future__ import annotations
@@ -42,16 +42,16 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
-from reader.architectures import architecture_for
-from reader.checkpoints import CheckpointMetadata
-from reader.dilbert import padding_attention_mask
-from reader.earl_blocks import JudgerBlock
-from reader.earl_checkpoints import KIND, EarlCheckpoint, read_earl_checkpoint
-from reader.qa_batching import pad_token_ids
-from reader.ranker_base import RankerBase, encoder_weights, init_score_head
-from reader.ranking_inputs import group_size, module_device
-from reader.tokenization import TokenizedText, encode_document, encode_question
-from storage.errors import DilstoreError
+from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.modeling.architectures import architecture_for
+from dilstore.reader.modeling.checkpoints import CheckpointMetadata
+from dilstore.reader.modeling.dilbert import padding_attention_mask
+from dilstore.reader.modeling.earl_blocks import JudgerBlock
+from dilstore.reader.modeling.earl_checkpoints import KIND, EarlCheckpoint, read_earl_checkpoint
+from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights, init_score_head
+from dilstore.reader.modeling.ranking_inputs import group_size, module_device
+from dilstore.reader.text.tokenization import TokenizedText, encode_document, encode_question
+from dilstore.storage.errors import DilstoreError
 
 POOLINGS = ("cls", "mean")
 

@@ -21,8 +21,8 @@ from transformers import BertConfig
 from transformers.activations import ACT2FN
 from transformers.models.bert.modeling_bert import BertAttention, BertLayer
 
-from reader.dilbert import padding_attention_mask
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.dilbert import padding_attention_mask
+from dilstore.storage.errors import DilstoreError
 
 
 class JudgerAttention(nn.Module):

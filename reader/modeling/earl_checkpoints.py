@@ -23,8 +23,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
 
-from reader.checkpoints import CheckpointMetadata, read_metadata, require_checkpoint_dir, write_metadata
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.checkpoints import (
+    CheckpointMetadata,
+    read_metadata,
+    require_checkpoint_dir,
+    write_metadata,
+)
+from dilstore.storage.errors import DilstoreError
 
 KIND = "earl"
 WEIGHTS_FILE = "model.safetensors"
@@ -113,7 +118,7 @@ def load_checkpoint_files(
 ) -> tuple[BertConfig, PreTrainedTokenizerBase, dict[str, torch.Tensor]]:
     """Config, tokenizer and weights of a ranker checkpoint directory, checked against its dilstore.json.
 
-    Shared by every ranker kind (EARL here, the baselines in reader/ranker_checkpoints.py).
+    Shared by every ranker kind (EARL here, the baselines in reader/modeling/ranker_checkpoints.py).
     """
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedConfig, PreTrainedTokenizerBase
 
-from storage.errors import DilstoreError
-from storage.fingerprint import Fingerprint
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import Fingerprint
 
 # Config keys that record provenance or runtime switches, not the computation.
 _VOLATILE_CONFIG_KEYS = frozenset(

@@ -1,7 +1,7 @@
 """What the three trainable rankers share around their networks: starting, loading, saving and scoring texts.
 
-EARL (reader/earl.py), the cross-encoder (reader/cross_encoder.py) and the
-Siamese ranker (reader/siamese.py) differ in their networks, in how they
+EARL (reader/modeling/earl.py), the cross-encoder (reader/modeling/cross_encoder.py) and the
+Siamese ranker (reader/modeling/siamese.py) differ in their networks, in how they
 take over a pretrained encoder's weights and in the dilstore.json they
 write. How each starts from a base encoder directory, loads and saves a
 checkpoint directory and scores text pairs is the same, so it is written
@@ -26,12 +26,17 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
-from reader.checkpoints import CheckpointMetadata
-from reader.dilbert import HEAD_INIT_SEED
-from reader.earl_checkpoints import EarlCheckpoint, load_base_encoder, require_supported, write_earl_checkpoint
-from reader.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
-from reader.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, score_text_pairs
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.checkpoints import CheckpointMetadata
+from dilstore.reader.modeling.dilbert import HEAD_INIT_SEED
+from dilstore.reader.modeling.earl_checkpoints import (
+    EarlCheckpoint,
+    load_base_encoder,
+    require_supported,
+    write_earl_checkpoint,
+)
+from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
+from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, score_text_pairs
+from dilstore.storage.errors import DilstoreError
 
 
 class RankerBase(nn.Module, ABC):
@@ -39,7 +44,7 @@ class RankerBase(nn.Module, ABC):
 
     A subclass sets `kind` (its dilstore.json kind) and `description` (how
     errors name it), implements `metadata` and `_initialise_from`, and the
-    scoring interface of reader/ranking_inputs.py's TrainableRanker.
+    scoring interface of reader/modeling/ranking_inputs.py's TrainableRanker.
     """
 
     kind: str

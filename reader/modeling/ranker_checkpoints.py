@@ -1,6 +1,6 @@
 """Checkpoint directories of the two baseline rankers (kinds "cross-encoder" and "siamese").
 
-The same plain layout as an EARL ranker (reader/earl_checkpoints.py), whose
+The same plain layout as an EARL ranker (reader/modeling/earl_checkpoints.py), whose
 writer they share:
 
     config.json        the encoder's BertConfig
@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, PreTrainedTokenizerBase
 
-from reader.checkpoints import CheckpointMetadata, read_metadata, require_checkpoint_dir
-from reader.earl_checkpoints import load_checkpoint_files
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.checkpoints import CheckpointMetadata, read_metadata, require_checkpoint_dir
+from dilstore.reader.modeling.earl_checkpoints import load_checkpoint_files
+from dilstore.storage.errors import DilstoreError
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,8 +1,8 @@
 """The three trainable rankers by kind: start one from a base encoder, or load a trained one by its dilstore.json.
 
-    earl           reader/earl.py          EARL (MORES): query module, judger blocks, offline document module
-    cross-encoder  reader/cross_encoder.py the BERT ranker baseline over `[CLS] q [SEP] d [SEP]`
-    siamese        reader/siamese.py       the BERT-Siamese baseline: mean-pooled embeddings, dot product
+    earl           reader/modeling/earl.py          EARL (MORES): query module, judger blocks, offline document module
+    cross-encoder  reader/modeling/cross_encoder.py the BERT ranker baseline over `[CLS] q [SEP] d [SEP]`
+    siamese        reader/modeling/siamese.py       the BERT-Siamese baseline: mean-pooled embeddings, dot product
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from reader.checkpoints import read_metadata, require_checkpoint_dir
-from reader.cross_encoder import CrossEncoderRanker
-from reader.earl import EarlRanker
-from reader.ranking_inputs import RANKER_KINDS, TrainableRanker
-from reader.siamese import SiameseRanker
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
+from dilstore.reader.modeling.cross_encoder import CrossEncoderRanker
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS, TrainableRanker
+from dilstore.reader.modeling.siamese import SiameseRanker
+from dilstore.storage.errors import DilstoreError
 
 _CLASSES = {"earl": EarlRanker, "cross-encoder": CrossEncoderRanker, "siamese": SiameseRanker}
 

@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 DEFAULT_MAX_QUERY_LENGTH = 32
 DEFAULT_MAX_DOC_LENGTH = 256
@@ -30,7 +30,7 @@ RANKER_KINDS = ("earl", "cross-encoder", "siamese")
 
 
 class TrainableRanker(Protocol):
-    """The interface `reader/ranking_training.py` and `reader/ranking_eval.py` rely on."""
+    """The interface `reader/training/ranking.py` and `reader/evaluation/ranking.py` rely on."""
 
     kind: str
 

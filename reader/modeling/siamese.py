@@ -15,8 +15,8 @@ accurate end of the comparison.
 
 A checkpoint is a directory: config.json, the tokenizer, model.safetensors
 and dilstore.json of kind "siamese" with layers = num_layers = l (every
-layer sees the texts apart) and pooling "mean" (reader/ranker_checkpoints.py).
-Starting, loading, saving and scoring texts are reader/ranker_base.py's.
+layer sees the texts apart) and pooling "mean" (reader/modeling/ranker_checkpoints.py).
+Starting, loading, saving and scoring texts are reader/modeling/ranker_base.py's.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import numpy as np
 import torch
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
-from reader.checkpoints import CheckpointMetadata
-from reader.qa_batching import pad_token_ids
-from reader.ranker_base import RankerBase, encoder_weights
-from reader.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
-from reader.ranking_inputs import group_size, module_device
-from reader.tokenization import encode_document, encode_question
-from storage.errors import DilstoreError
+from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.modeling.checkpoints import CheckpointMetadata
+from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights
+from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
+from dilstore.reader.modeling.ranking_inputs import group_size, module_device
+from dilstore.reader.text.tokenization import encode_document, encode_question
+from dilstore.storage.errors import DilstoreError
 
 KIND = "siamese"
 POOLING = "mean"

@@ -16,8 +16,8 @@ convention, the offline half) comes from `reader.offline_models`.
   the passage text its tokens cover, and its character spans point into that
   slice. Every such passage is counted (`long_passages`).
 - **Batching.** Passages are sorted by token count and cut into batches whose
-  padded size stays under a token budget, so a batch pads only to its own
-  longest passage. Encoding runs under `torch.inference_mode`.
+  padded size stays under a token budget (reader/batching.py), so a batch
+  pads only to its own longest passage. Encoding runs under `torch.inference_mode`.
 - **The model once per worker.** `cached_reader` keeps loaded models per
   (model directory, kind, split) for the life of the process.
 """
@@ -34,15 +34,15 @@ import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
-from reader.checkpoints import base_model_dir
-from reader.default_model import default_checkpoint_dir
-from reader.default_ranker import default_ranker_dir
-from reader.fingerprint import model_fingerprint
-from reader.offline_models import OfflineModel, load_offline_model, offline_kind
-from reader.tokenization import TokenizedText
-from storage.errors import DilstoreError
-from storage.fingerprint import Fingerprint
-from storage.records import PassageRecord
+from dilstore.reader.batching import BatchPolicy, length_batches, pad_token_ids
+from dilstore.reader.modeling.checkpoints import base_model_dir
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.offline.kinds import OfflineModel, load_offline_model, offline_kind
+from dilstore.reader.packaged.shipped import default_checkpoint_dir, default_ranker_dir
+from dilstore.reader.text.tokenization import TokenizedText
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import Fingerprint
+from dilstore.storage.records import PassageRecord
 
 # Symbolic model references, resolved on each worker to the installed package's copy,
 # so a remote worker finds the packaged models wherever its site-packages is.
@@ -51,9 +51,6 @@ BASE_MODEL_REF = "package:base-model"
 DEFAULT_RANKER_REF = "package:default-ranker"
 WINDOW_ID_SEPARATOR = "~"
 DEFAULT_MAX_LENGTH = 384
-# Padded tokens per batch: 64 passages of 128 tokens. Bounds activation memory per forward.
-DEFAULT_BATCH_TOKENS = 8192
-DEFAULT_MAX_BATCH_SIZE = 128
 
 
 class PassageLike(Protocol):
@@ -89,21 +86,6 @@ class TokenizedPassage:
     @property
     def length(self) -> int:
         return int(self.tokens.token_ids.shape[0])
-
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    """How passages are batched: at most `batch_tokens` padded tokens and `max_batch_size` passages per batch."""
-
-    batch_tokens: int = DEFAULT_BATCH_TOKENS
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
-
-    def __post_init__(self) -> None:
-        if self.batch_tokens < 1 or self.max_batch_size < 1:
-            raise DilstoreError(
-                f"batch limits must be positive, got batch_tokens={self.batch_tokens}, "
-                f"max_batch_size={self.max_batch_size}"
-            )
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -192,46 +174,13 @@ def tokenize_passage(tokenizer: object, passage: PassageLike, max_length: int, k
     return pieces
 
 
-def length_batches(lengths: Sequence[int], policy: BatchPolicy) -> list[list[int]]:
-    """Indices into `lengths`, cut into batches of similar length within the policy's limits.
-
-    Sorted by (length, index), so the batches are the same for the same input
-    wherever they are computed; a batch's padded size is its size times its
-    last (longest) length. A single passage longer than the budget is a batch
-    of its own.
-    """
-    order = sorted(range(len(lengths)), key=lambda index: (lengths[index], index))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for index in order:
-        padded = (len(current) + 1) * lengths[index]
-        if current and (padded > policy.batch_tokens or len(current) >= policy.max_batch_size):
-            batches.append(current)
-            current = []
-        current.append(index)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def pad_batch(sequences: Sequence[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token id arrays → (ids (b, n) long, mask (b, n) long), right-padded with `pad_id` to the longest."""
-    width = max(int(sequence.shape[0]) for sequence in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # (b, n)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)  # (b, n)
-    for row, sequence in enumerate(sequences):
-        ids[row, : sequence.shape[0]] = torch.from_numpy(sequence.astype(np.int64))
-        mask[row, : sequence.shape[0]] = 1
-    return ids, mask
-
-
 def encode_batch(reader: OfflineModel, kind: str, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
     """`kind`'s offline states for a batch of token id arrays, each (n_i, *state_shape) float32 without padding.
 
     The state shape is the model's: (d,) for dilbert and earl-s1, (M, 2, d) for earl-s2.
     """
     pad_id = reader.tokenizer.pad_token_id
-    ids, mask = pad_batch(sequences, 0 if pad_id is None else int(pad_id))  # (b, n), (b, n)
+    ids, mask = pad_token_ids(sequences, 0 if pad_id is None else int(pad_id))  # (b, n), (b, n)
     with torch.inference_mode():
         states = offline_kind(kind).states(reader, ids, mask)  # (b, n, *S)
     states = states.to(torch.float32).numpy()  # (b, n, *S)

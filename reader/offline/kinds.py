@@ -27,11 +27,11 @@ from typing import TypeVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from reader.checkpoints import read_metadata, require_checkpoint_dir
-from reader.dilbert import DilBertReader
-from reader.earl import EarlRanker
-from reader.tokenization import TokenizedText, encode_document_windows, encode_passage
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.text.tokenization import TokenizedText, encode_document_windows, encode_passage
+from dilstore.storage.errors import DilstoreError
 
 OfflineModel = DilBertReader | EarlRanker
 _Model = TypeVar("_Model", DilBertReader, EarlRanker)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 DEFAULT_N_BEST = 20
 DEFAULT_MAX_ANSWER_LENGTH = 30

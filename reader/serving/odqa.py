@@ -36,19 +36,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from reader.checkpoints import read_metadata, require_checkpoint_dir
-from reader.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
-from reader.default_model import default_checkpoint_dir
-from reader.dilbert import DilBertReader
-from reader.fingerprint import model_fingerprint
-from reader.precompute import BatchPolicy, length_batches
-from reader.qa_batching import pad_token_ids
-from reader.retrieval import Bm25Searcher, Hit
-from reader.tokenization import TokenizedText, encode_question
-from storage.errors import DilstoreError
-from storage.fingerprint import check_fingerprint
-from storage.reader import open_store
-from storage.records import StoredPassage
+from dilstore.reader.batching import BatchPolicy, length_batches, pad_token_ids
+from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.packaged.shipped import default_checkpoint_dir
+from dilstore.reader.retrieval import Bm25Searcher, Hit
+from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
+from dilstore.reader.text.tokenization import TokenizedText, encode_question
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import check_fingerprint
+from dilstore.storage.reader import open_store
+from dilstore.storage.records import StoredPassage
 
 DEFAULT_TOP_P = 29
 DEFAULT_MU = 0.5

@@ -42,15 +42,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from reader.earl import EarlRanker
-from reader.fingerprint import model_fingerprint
-from reader.precompute import BatchPolicy, length_batches
-from reader.tokenization import TokenizedText, encode_question
-from reader.trec import Run, rank_documents
-from storage.errors import DilstoreError
-from storage.fingerprint import check_fingerprint
-from storage.reader import MissingPassagesError, Store, open_store
-from storage.records import StoredPassage
+from dilstore.reader.batching import BatchPolicy, length_batches
+from dilstore.reader.data.trec import Run, rank_documents
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.text.tokenization import TokenizedText, encode_question
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import check_fingerprint
+from dilstore.storage.reader import MissingPassagesError, Store, open_store
+from dilstore.storage.records import StoredPassage
 
 EARL_S1, EARL_S2 = "earl-s1", "earl-s2"
 EARL_KINDS = (EARL_S1, EARL_S2)

@@ -1,14 +1,16 @@
-"""Reading a UTF-8 text file, plain or gzipped, line by line with errors that name the file and the line."""
+"""Reading UTF-8 text files: line by line (plain or gzipped), or one JSON document, with errors that name the file."""
 
 from __future__ import annotations
 
 import gzip
 import io
+import json
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 
 def numbered_lines(path: Path, what: str = "file", *, gzipped: bool = False) -> Iterator[tuple[int, str]]:
@@ -44,3 +46,22 @@ def _decoded(path: Path, number: int, line: bytes) -> str:
         return line.decode("utf-8")
     except UnicodeDecodeError as error:
         raise DilstoreError(f"{path}:{number}: not UTF-8 text (byte {error.start} of the line)") from None
+
+
+def read_json(path: str | Path) -> Any:
+    """Parse a UTF-8 JSON file; every failure is a DilstoreError naming the file."""
+    path = Path(path)
+    try:
+        with path.open(encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise DilstoreError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DilstoreError(f"{path}: is a directory, not a JSON file") from None
+    except OSError as error:
+        raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise DilstoreError(f"{path}: not UTF-8 text (byte {error.start})") from None
+    except json.JSONDecodeError as error:
+        where = f"line {error.lineno}, column {error.colno}"
+        raise DilstoreError(f"{path}: not valid JSON ({where}: {error.msg})") from None

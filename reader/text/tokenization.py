@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -1,6 +1,6 @@
 """The training loop that `train qa` and `train earl|cross-encoder|siamese` share, and the parts it is made of.
 
-A trainer (reader/training.py, reader/ranking_training.py) loads its model
+A trainer (reader/training/qa.py, reader/training/ranking.py) loads its model
 and data and says how to compute one step's gradients and how to save its
 model; everything else is here, so both run the same way:
 
@@ -11,7 +11,7 @@ model; everything else is here, so both run the same way:
   independent of the dropout RNG, so a resumed run skips exactly what it saw.
 - A progress bar, and a log line every `log_every` steps.
 - Periodic checkpoints under OUTPUT/checkpoints/step-N (model + training
-  state, see reader/training_state.py), written under a temporary name and
+  state, see reader/training/state.py), written under a temporary name and
   renamed, so a run cut off at any moment leaves a usable checkpoint; only
   the newest `keep_checkpoints` are kept.
 - Resumption from the newest checkpoint, refused when the settings recorded
@@ -36,8 +36,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from reader.default_model import TRAINING_METADATA_FILE
-from reader.training_state import (
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.training.state import (
     LoopPosition,
     latest_checkpoint,
     load_training_state,
@@ -45,7 +45,7 @@ from reader.training_state import (
     save_training_state,
     step_directory,
 )
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Micro-batches per length-sorted group (Hugging Face's LengthGroupedSampler uses 50).

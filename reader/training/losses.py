@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 DEFAULT_MARGIN = 1.0
 

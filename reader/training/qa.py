@@ -4,10 +4,10 @@ One code path: the loss is computed on the model core's `forward`, the same
 delayed-interaction composition that inference runs offline and online, so a
 trained k is exactly the k that `precompute` and `ask` use.
 
-- Data: SQuAD v1.1 JSON → sliding-window features (reader/qa_features.py);
+- Data: SQuAD v1.1 JSON → sliding-window features (reader/data/qa_features.py);
   a window without the answer is labelled [CLS] (index 0 of the concatenation).
 - Loss: the mean of start and end cross-entropies over `[question ; passage]`.
-- The loop is reader/training_loop.py's, shared with ranker training: AdamW
+- The loop is reader/training/loop.py's, shared with ranker training: AdamW
   with linear warm-up and decay, gradient clipping and accumulation, fp32 on
   CPU and bf16 (or fp16) autocast on CUDA, a seeded window order, periodic
   resumable checkpoints under OUTPUT/checkpoints/step-N.
@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from reader.dilbert import DilBertReader
-from reader.qa_batching import QABatch, collate_features
-from reader.qa_features import QAFeature, build_features
-from reader.squad_data import load_squad
-from reader.training_loop import (
+from dilstore.reader.data.qa_batches import QABatch, collate_features
+from dilstore.reader.data.qa_features import QAFeature, build_features
+from dilstore.reader.data.squad import load_squad
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.training.loop import (
     Throughput,
     accumulate_micro_batches,
     autocast_context,
@@ -45,8 +45,8 @@ from reader.training_loop import (
     write_run_config,
     write_training_record,
 )
-from reader.training_state import LoopPosition
-from storage.errors import DilstoreError
+from dilstore.reader.training.state import LoopPosition
+from dilstore.storage.errors import DilstoreError
 
 # How `train qa` reports its speed: windows per second.
 _THROUGHPUT = Throughput(per_example=1, bar_name="win_per_s", log_name="windows/s", log_digits=2, seen_name="seen")

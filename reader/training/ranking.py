@@ -1,13 +1,13 @@
 """Train EARL and its two baselines end to end on (query, positive, negatives) triples (seed 004, 3.4 and 4.3).
 
-One loop serves the three rankers of reader/rankers.py (EARL, the
+One loop serves the three rankers of reader/modeling/rankers.py (EARL, the
 cross-encoder and the Siamese encoder); each scores groups of 1 positive and
 n negatives per query, (b, 1 + n), and the loss is the pairwise hinge or the
-softmax cross-entropy of reader/earl_losses.py:
+softmax cross-entropy of reader/training/losses.py:
 
-- Data: triples and paragraphs files (reader/ranking_files.py); every query
+- Data: triples and paragraphs files (reader/data/ranking_files.py); every query
   and paragraph is tokenized once, by the ranker's own convention.
-- The loop is reader/training_loop.py's, shared with `train qa`: AdamW with
+- The loop is reader/training/loop.py's, shared with `train qa`: AdamW with
   linear warm-up and decay, gradient clipping and accumulation, fp32 on CPU
   and bf16 (or fp16) autocast on CUDA, a seeded triple order (a resumed run
   skips exactly what it saw; dropout continues from the saved RNG), periodic
@@ -27,12 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from reader.earl import POOLINGS
-from reader.earl_losses import DEFAULT_MARGIN, pairwise_hinge_loss, softmax_cross_entropy_loss
-from reader.ranking_files import Triple, read_paragraphs, read_triples
-from reader.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, RANKER_KINDS, TrainableRanker
-from reader.rankers import EarlOptions, load_ranker, new_ranker
-from reader.training_loop import (
+from dilstore.reader.data.ranking_files import Triple, read_paragraphs, read_triples
+from dilstore.reader.modeling.earl import POOLINGS
+from dilstore.reader.modeling.rankers import EarlOptions, load_ranker, new_ranker
+from dilstore.reader.modeling.ranking_inputs import (
+    DEFAULT_MAX_DOC_LENGTH,
+    DEFAULT_MAX_QUERY_LENGTH,
+    RANKER_KINDS,
+    TrainableRanker,
+)
+from dilstore.reader.training.loop import (
     Throughput,
     accumulate_micro_batches,
     autocast_context,
@@ -47,8 +51,9 @@ from reader.training_loop import (
     write_run_config,
     write_training_record,
 )
-from reader.training_state import LoopPosition
-from storage.errors import DilstoreError
+from dilstore.reader.training.losses import DEFAULT_MARGIN, pairwise_hinge_loss, softmax_cross_entropy_loss
+from dilstore.reader.training.state import LoopPosition
+from dilstore.storage.errors import DilstoreError
 
 LOSSES = ("softmax", "hinge")
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"

@@ -15,20 +15,21 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pipelines.corpora import FORMATS, format_for_path, read_corpus
-from pipelines.corpus_jsonl import read_jsonl
-from pipelines.corpus_msmarco import read_msmarco
-from pipelines.corpus_squad import read_squad
-from pipelines.corpus_wikipedia import read_wikipedia, wikitext_document
-from pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
-from pipelines.default_corpus.build import ARTICLES, corpus_lines
-from pipelines.documents import Document, Record, Rejected, Skipped
-from pipelines.duplicate_ids import drop_duplicate_ids, keep_first
-from pipelines.source_files import numbered_lines
-from pipelines.wikitext import wikitext_to_text
-from storage.errors import DilstoreError
+from dilstore.pipelines.corpora import FORMATS, format_for_path, read_corpus
+from dilstore.pipelines.corpus_jsonl import read_jsonl
+from dilstore.pipelines.corpus_msmarco import read_msmarco
+from dilstore.pipelines.corpus_squad import read_squad
+from dilstore.pipelines.corpus_wikipedia import read_wikipedia, wikitext_document
+from dilstore.pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
+from dilstore.pipelines.default_corpus.build import ARTICLES, corpus_lines
+from dilstore.pipelines.documents import Document, Record, Rejected, Skipped
+from dilstore.pipelines.duplicate_ids import drop_duplicate_ids, keep_first
+from dilstore.pipelines.source_files import numbered_lines
+from dilstore.pipelines.wikitext import wikitext_to_text
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.paths import ROOT
 
-DATA = Path(__file__).parent / "data"
+DATA = ROOT / "tests" / "data"
 LEFTOVER_MARKUP = ("{{", "}}", "[[", "]]", "<ref", "{|", "|}", "'''")
 
 

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipelines.corpora import read_corpus
-from pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
-from pipelines.documents import Document
-from pipelines.passages import Passage, split_document, split_paragraphs, split_words, window_bounds
-from storage.errors import DilstoreError
+from dilstore.pipelines.corpora import read_corpus
+from dilstore.pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
+from dilstore.pipelines.documents import Document
+from dilstore.pipelines.passages import Passage, split_document, split_paragraphs, split_words, window_bounds
+from dilstore.storage.errors import DilstoreError
 
 WORD = st.text(alphabet="abcdefghijklmnopqrstuvwxyzé0123456789.,'-", min_size=1, max_size=8)
 SPACE = st.sampled_from([" ", "  ", "\t", "\n", " \u00a0 "])

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from distributed import LocalCluster
 
-from pipelines.job import SUMMARY_FILE
-from runners import cli
-from storage.verify import verify_store
-from tests.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+from dilstore.pipelines.job import SUMMARY_FILE
+from dilstore.runners import cli
+from dilstore.storage.verify import verify_store
+from tests.fixtures.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
 
 
 @pytest.fixture(scope="module")

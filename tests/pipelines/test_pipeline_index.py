@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from runners import cli
-from storage.verify import verify_store
-from tests.pipeline_fixtures import ROOT, dilstore_command, save_tiny_reader, store_contents, write_jsonl
+from dilstore.runners import cli
+from dilstore.storage.verify import verify_store
+from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, save_tiny_reader, store_contents, write_jsonl
 
 DOCUMENTS = [
     {"id": "rhine", "title": "Rhine", "text": "The Rhine flows from the Swiss Alps to the North Sea through Germany."},
@@ -25,7 +25,7 @@ DOCUMENTS = [
 SEARCH = """
 import json, sys
 from pathlib import Path
-from reader.retrieval import Bm25Searcher
+from dilstore.reader.retrieval import Bm25Searcher
 hits = Bm25Searcher(Path(sys.argv[1])).search(sys.argv[2], k=3)
 print(json.dumps([hit.passage_id for hit in hits]))
 """

@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.job import PrecomputeJob
-from pipelines.options import (
+from dilstore.pipelines.job import PrecomputeJob
+from dilstore.pipelines.options import (
     DASK_RUNNER,
     LocalDefaults,
     assemble_beam_flags,
     canonical_runner,
     pipeline_options,
 )
-from pipelines.precompute import build_pipeline
-from pipelines.routing import ReadTask
-from reader.precompute import BatchPolicy
-from storage.errors import DilstoreError
-from storage.fingerprint import Fingerprint
+from dilstore.pipelines.precompute import build_pipeline
+from dilstore.pipelines.routing import ReadTask
+from dilstore.reader.batching import BatchPolicy
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import Fingerprint
 
 DATAFLOW_ARGS = ["--project", "p", "--region", "r", "--temp_location", "gs://b/tmp", "--setup_file", "./pyproject.toml"]
 # Beam validates names when a Dataflow pipeline object is made: a real-looking project and bucket.
@@ -127,7 +127,7 @@ def test_options_that_cannot_work_are_refused(runner: str, args: list[str], mess
 def test_object_storage_urls_are_refused_before_anything_is_written(
     flag: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from runners.cli import main
+    from dilstore.runners.cli import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["precompute", flag, value]) == 2

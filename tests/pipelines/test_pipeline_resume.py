@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.job import SUMMARY_FILE
-from runners import cli
-from storage.format import MANIFEST_FILE, TMP_PREFIX
-from storage.verify import verify_store
-from tests.pipeline_fixtures import ROOT, save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+from dilstore.pipelines.job import SUMMARY_FILE
+from dilstore.runners import cli
+from dilstore.storage.format import MANIFEST_FILE, TMP_PREFIX
+from dilstore.storage.verify import verify_store
+from tests.fixtures.pipeline_fixtures import ROOT, save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
 
 SHARDS = 12
 SEED = 20240601
@@ -53,7 +53,7 @@ def arguments(model: Path, corpus: Path, store: Path) -> list[str]:
 def start(args: list[str], log: Path) -> subprocess.Popen:
     """`dilstore ARGS` in a new process group (so that SIGKILL reaches every process it started)."""
     with log.open("wb") as output:
-        return subprocess.Popen([sys.executable, "-m", "runners.cli", *args], cwd=ROOT, stdout=output,
+        return subprocess.Popen([sys.executable, "-m", "dilstore.runners.cli", *args], cwd=ROOT, stdout=output,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 

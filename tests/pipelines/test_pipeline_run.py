@@ -20,19 +20,20 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.metrics.metric import MetricsFilter
 
-from pipelines.corpora import Document, read_corpus
-from pipelines.finish import SUMMARY_KEYS
-from pipelines.job import SUMMARY_FILE, run_spec
-from pipelines.options import LocalDefaults, assemble_beam_flags, pipeline_options
-from pipelines.precompute import NAMESPACE, build_pipeline
-from pipelines.routing import SHARD, RouteSettings, route
-from reader.precompute import BatchPolicy, cached_reader, encode_tokenized
-from runners import cli
-from runners.cmd_precompute import build_job, prepare_store, quiet_dask_logging
-from storage.errors import DilstoreError
-from storage.reader import open_store
-from storage.verify import verify_store
-from tests.pipeline_fixtures import (
+from dilstore.pipelines.corpora import Document, read_corpus
+from dilstore.pipelines.finish import SUMMARY_KEYS
+from dilstore.pipelines.job import SUMMARY_FILE, run_spec
+from dilstore.pipelines.options import LocalDefaults, assemble_beam_flags, pipeline_options
+from dilstore.pipelines.precompute import NAMESPACE, build_pipeline
+from dilstore.pipelines.routing import SHARD, RouteSettings, route
+from dilstore.reader.batching import BatchPolicy
+from dilstore.reader.offline.encoding import cached_reader, encode_tokenized
+from dilstore.runners import cli
+from dilstore.runners.cmd_precompute import build_job, prepare_store, quiet_dask_logging
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.reader import open_store
+from dilstore.storage.verify import verify_store
+from tests.fixtures.pipeline_fixtures import (
     ROOT,
     TINY_LAYERS,
     save_tiny_reader,
@@ -288,7 +289,7 @@ def test_a_store_of_other_settings_is_not_overwritten_unless_asked(
 
 
 def test_no_arguments_means_the_embedded_corpus_default_model_and_a_store_here(tmp_path: Path, capsys) -> None:
-    from pipelines.default_corpus import default_corpus_path
+    from dilstore.pipelines.default_corpus import default_corpus_path
 
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)

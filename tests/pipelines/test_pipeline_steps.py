@@ -13,13 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.corpora import Document, Rejected, Skipped
-from pipelines.job import spec_differences
-from pipelines.progress import passages_done, passages_planned, report_planned, report_progress
-from pipelines.routing import COUNTS, REJECTED, SHARD, RouteSettings, pieces_of, route, shard_seeds
-from pipelines.run_stats import RunStats, merge_stats
-from pipelines.sharding import MIN_DEFAULT_SHARDS, default_shard_count, shard_of, stable_hash
-from pipelines.shard_sink import (
+from dilstore.pipelines.corpora import Document, Rejected, Skipped
+from dilstore.pipelines.job import spec_differences
+from dilstore.pipelines.progress import passages_done, passages_planned, report_planned, report_progress
+from dilstore.pipelines.routing import COUNTS, REJECTED, SHARD, RouteSettings, pieces_of, route, shard_seeds
+from dilstore.pipelines.run_stats import RunStats, merge_stats
+from dilstore.pipelines.shard_sink import (
     ShardSettings,
     jsonl_path,
     meta_path,
@@ -28,12 +27,14 @@ from pipelines.shard_sink import (
     write_rejected_part,
     write_shard_outputs,
 )
-from reader.fingerprint import model_fingerprint
-from reader.precompute import BatchPolicy, cached_reader, encode_tokenized
-from storage.finalize import finalize
-from storage.format import SHARDS_DIR, shard_name
-from storage.reader import open_store
-from tests.pipeline_fixtures import TINY_LAYERS, save_tiny_reader
+from dilstore.pipelines.sharding import MIN_DEFAULT_SHARDS, default_shard_count, shard_of, stable_hash
+from dilstore.reader.batching import BatchPolicy
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.offline.encoding import cached_reader, encode_tokenized
+from dilstore.storage.finalize import finalize
+from dilstore.storage.format import SHARDS_DIR, shard_name
+from dilstore.storage.reader import open_store
+from tests.fixtures.pipeline_fixtures import TINY_LAYERS, save_tiny_reader
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
 

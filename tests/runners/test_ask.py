@@ -14,15 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from odqa_fixtures import one_torch_thread, write_collection, write_reader_checkpoint, write_store
 
-from reader.dilbert import DilBertReader
-from reader.odqa import OdqaSettings, OpenDomainReader
-from reader.retrieval import Hit
-from runners.cmd_ask import highlight, interactive
-from storage.reader import open_store
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.retrieval import Hit
+from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
+from dilstore.runners.cmd_ask import highlight, interactive
+from dilstore.storage.reader import open_store
+from tests.fixtures.odqa_fixtures import one_torch_thread, write_collection, write_reader_checkpoint, write_store
+from tests.fixtures.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 GOOD = "When did the Zürich tram network open?"
 SESSION = ["", GOOD, "   ", "word " * 10_000, "Xylophone mallets?", "How high is Mount Kilimanjaro?"]
 
@@ -53,7 +53,7 @@ def test_interactive_session_in_a_subprocess(store_and_model: tuple[Path, Path],
     )
     subprocess.run([sys.executable, "-c", build, str(tmp_path / "collection"), str(index)], check=True, cwd=ROOT,
                    capture_output=True, timeout=300)  # fmt: skip
-    command = [sys.executable, "-m", "runners.cli", "ask", str(store_dir), "--model", str(model_dir),
+    command = [sys.executable, "-m", "dilstore.runners.cli", "ask", str(store_dir), "--model", str(model_dir),
                "--index", str(index), "--threads", "1"]  # fmt: skip
     done = subprocess.run([*command, "--json"], input="\n".join(SESSION) + "\n", capture_output=True, text=True,
                           cwd=ROOT, timeout=300)  # fmt: skip

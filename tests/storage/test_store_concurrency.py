@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from storage.reader import Store, open_store
-from storage.records import PassageRecord, StoredPassage
-from tests.store_fixtures import build_store, random_shards
+from dilstore.storage.reader import Store, open_store
+from dilstore.storage.records import PassageRecord, StoredPassage
+from tests.fixtures.store_fixtures import build_store, random_shards
 
 READ_PATHS = ("mmap", "zarr")
 

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import zarr
 
-import storage.writer
-from storage.errors import DilstoreError
-from storage.finalize import finalize
-from storage.fingerprint import Fingerprint, FingerprintMismatchError
-from storage.format import MANIFEST_FILE, StoreFormatError
-from storage.id_index import DuplicatePassageIdError
-from storage.reader import MissingPassagesError, open_store
-from storage.records import PassageRecord
-from storage.writer import write_shard
-from tests.store_fixtures import build_store, fingerprint_for, passage, random_shards, scratch_dir
+import dilstore.storage.writer
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.finalize import finalize
+from dilstore.storage.fingerprint import Fingerprint, FingerprintMismatchError
+from dilstore.storage.format import MANIFEST_FILE, StoreFormatError
+from dilstore.storage.id_index import DuplicatePassageIdError
+from dilstore.storage.reader import MissingPassagesError, open_store
+from dilstore.storage.records import PassageRecord
+from dilstore.storage.writer import write_shard
+from tests.fixtures.store_fixtures import build_store, fingerprint_for, passage, random_shards, scratch_dir
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +99,8 @@ def test_a_failed_write_leaves_no_shard_and_no_temporary(shards, tmp_path, monke
         written.append(path)
         return write_array(group, path, data, **options)
 
-    write_array = storage.writer.write_array
-    monkeypatch.setattr(storage.writer, "write_array", fail_on_states)
+    write_array = dilstore.storage.writer.write_array
+    monkeypatch.setattr(dilstore.storage.writer, "write_array", fail_on_states)
     with pytest.raises(OSError, match="disk full"):
         write_shard(tmp_path, 0, shards[0], kind="dilbert", encoding="fp32")
     assert written, "the write got part of the way"

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from storage.reader import open_store
-from storage.records import PassageRecord
-from tests.store_fixtures import build_store
+from dilstore.storage.reader import open_store
+from dilstore.storage.records import PassageRecord
+from tests.fixtures.store_fixtures import build_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_data]
 

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from storage.encodings import ENCODINGS, get_encoding
-from storage.format import StoreFormatError, shard_path
-from storage.reader import open_store
-from storage.records import PassageRecord
-from tests.store_fixtures import build_store, scratch_dir
+from dilstore.storage.encodings import ENCODINGS, get_encoding
+from dilstore.storage.format import StoreFormatError, shard_path
+from dilstore.storage.reader import open_store
+from dilstore.storage.records import PassageRecord
+from tests.fixtures.store_fixtures import build_store, scratch_dir
 
 KIND_SHAPES = st.one_of(
     st.tuples(st.just("dilbert"), st.integers(1, 24).map(lambda d: (d,))),

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runners.cli import main
-from storage.format import MANIFEST_FILE, TOKENS_PER_CHUNK
-from storage.verify import verify_store
-from tests.store_fixtures import build_store, random_shards
+from dilstore.runners.cli import main
+from dilstore.storage.format import MANIFEST_FILE, TOKENS_PER_CHUNK
+from dilstore.storage.verify import verify_store
+from tests.fixtures.store_fixtures import build_store, random_shards
 
 INFO_KEYS = {"passages", "tokens", "shards", "bytes_on_disk", "bytes_per_token", "encoding", "fingerprint"}
 
@@ -110,7 +110,7 @@ def test_info_json_has_the_interface_keys(store, capsys) -> None:
 
 def test_the_command_runs_as_a_program_and_reports_errors_without_a_traceback(store, tmp_path, capsys) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "runners.cli", "info", str(store), "--json"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "dilstore.runners.cli", "info", str(store), "--json"], capture_output=True, text=True, check=True
     )
     assert INFO_KEYS <= set(json.loads(done.stdout))
     assert main(["info", str(tmp_path / "nowhere")]) == 2
@@ -125,7 +125,7 @@ def test_info_into_a_closed_pipe_stops_quietly(store) -> None:
     os.close(read_end)
     try:
         finished = subprocess.run(
-            [sys.executable, "-m", "runners.cli", "info", str(store)],
+            [sys.executable, "-m", "dilstore.runners.cli", "info", str(store)],
             stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120,
         )
     finally:

@@ -9,20 +9,21 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizer_fixtures import minilm_tokenizer, tiny_bpe_tokenizer
 
-from reader.qa_batching import NO_ANSWER_TARGET, collate_features, pad_token_ids
-from reader.qa_features import (
+from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.data.qa_batches import NO_ANSWER_TARGET, collate_features
+from dilstore.reader.data.qa_features import (
     QAFeature,
     answer_text,
     answer_token_range,
     build_features,
     question_features,
 )
-from reader.squad_data import SquadAnswer, SquadExample, load_squad
-from reader.squad_metric import normalize_answer
-from reader.tokenization import encode_passage, encode_question, passage_pieces, window_starts
-from storage.errors import DilstoreError
+from dilstore.reader.data.squad import SquadAnswer, SquadExample, load_squad
+from dilstore.reader.evaluation.squad_metric import normalize_answer
+from dilstore.reader.text.tokenization import encode_passage, encode_question, passage_pieces, window_starts
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.tokenizer_fixtures import minilm_tokenizer, tiny_bpe_tokenizer
 
 QUESTION = "Which numbers?"
 # Numbers 100..199 are one WordPiece each in the MiniLM vocabulary, so piece i of this context is "10i"-ish.

@@ -13,19 +13,26 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from ranking_fixtures import write_squad_articles
 
-from pipelines.corpus_squad import paragraph_id
-from reader.ranking_data import (
+from dilstore.pipelines.corpus_squad import paragraph_id
+from dilstore.reader.data.ranking_data import (
     SUMMARY_FILE,
     build_ranking_data,
     read_squad_ranking,
     sample_negatives,
     squad_paragraph_id,
 )
-from reader.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE, Triple, read_paragraphs, read_triples, write_triples
-from storage.errors import DilstoreError
-from tests.pipeline_fixtures import dilstore_command
+from dilstore.reader.data.ranking_files import (
+    PARAGRAPHS_FILE,
+    TRIPLES_FILE,
+    Triple,
+    read_paragraphs,
+    read_triples,
+    write_triples,
+)
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.pipeline_fixtures import dilstore_command
+from tests.fixtures.ranking_fixtures import write_squad_articles
 
 
 @pytest.fixture(scope="module")

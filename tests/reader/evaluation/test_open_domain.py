@@ -8,12 +8,8 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from odqa_fixtures import one_torch_thread, write_reader_checkpoint, write_store
-from qa_training_fixtures import write_squad
 
-from reader.dilbert import DilBertReader
-from reader.odqa import OdqaSettings, OpenDomainReader, aggregate
-from reader.qa_eval import (
+from dilstore.reader.evaluation.open_domain import (
     QAQuestion,
     answer_in_text,
     evaluate_questions,
@@ -21,10 +17,14 @@ from reader.qa_eval import (
     load_questions,
     select_questions,
 )
-from reader.retrieval import Hit
-from reader.squad_metric import exact_match, f1, metric_max_over_ground_truths, normalize_answer
-from storage.errors import DilstoreError
-from storage.reader import open_store
+from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths, normalize_answer
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.retrieval import Hit
+from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader, aggregate
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.reader import open_store
+from tests.fixtures.odqa_fixtures import one_torch_thread, write_reader_checkpoint, write_store
+from tests.fixtures.qa_training_fixtures import write_squad
 
 
 class QueryKeyedSearcher:

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reader.rank_metrics import evaluate_run, relevance_level
-from reader.trec import Run, rank_documents, read_qrels, read_run, read_topics, write_run
-from runners.cli import main
-from storage.errors import DilstoreError
+from dilstore.reader.data.trec import Run, rank_documents, read_qrels, read_run, read_topics, write_run
+from dilstore.reader.evaluation.rank_metrics import evaluate_run, relevance_level
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
 
 # Graded 0–3 like TREC DL, so RR and R count grade >= 2 as relevant.
 QRELS = """\

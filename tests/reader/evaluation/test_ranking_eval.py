@@ -13,16 +13,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from ranking_fixtures import write_squad_articles
 
-from reader.default_model import TRAINING_METADATA_FILE
-from reader.rank_metrics import evaluate_run
-from reader.ranking_eval import load_dl19_task, load_task, rerank, save_task, squad_dev_task, write_task_files
-from reader.rankers import EarlOptions, new_ranker
-from reader.trec import read_qrels, read_run
-from storage.errors import DilstoreError
+from dilstore.reader.data.trec import read_qrels, read_run
+from dilstore.reader.evaluation.rank_metrics import evaluate_run
+from dilstore.reader.evaluation.ranking import (
+    load_dl19_task,
+    load_task,
+    rerank,
+    save_task,
+    squad_dev_task,
+    write_task_files,
+)
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.modeling.rankers import EarlOptions, new_ranker
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.paths import ROOT
+from tests.fixtures.ranking_fixtures import write_squad_articles
 
-ROOT = Path(__file__).resolve().parents[1]
 DL19_LIKE = [
     {"query": "who runs the zurich trams", "hits": [
         {"qid": 11, "docid": "d1", "rank": 2, "score": 7.5, "content": "Marie Curie won the Nobel Prize."},

@@ -16,23 +16,23 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from qa_training_fixtures import HANDFUL, write_squad, write_tiny_checkpoint
 
-from reader.checkpoints import base_model_dir
-from reader.dilbert import DilBertReader
-from reader.qa_batching import QABatch, collate_features
-from reader.qa_features import answer_token_range, build_features
-from reader.reading_comprehension import (
+from dilstore.reader.data.qa_batches import QABatch, collate_features
+from dilstore.reader.data.qa_features import answer_token_range, build_features
+from dilstore.reader.data.squad import load_squad
+from dilstore.reader.evaluation.reading_comprehension import (
     ReadingSettings,
     evaluate_reader,
     predict_answers,
     reader_scorer,
     select_examples,
 )
-from reader.squad_data import load_squad
-from reader.tokenization import passage_pieces
-from runners.cli import main
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.checkpoints import base_model_dir
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.text.tokenization import passage_pieces
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.qa_training_fixtures import HANDFUL, write_squad, write_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,7 @@ def test_reader_scorer_runs_the_training_forward_pass(tiny_model: Path, tokenize
 
 
 def _example(context: str, question: str, answer: str):
-    from reader.squad_data import SquadAnswer, SquadExample
+    from dilstore.reader.data.squad import SquadAnswer, SquadExample
 
     return SquadExample(
         title="t", context=context, id="x", question=question,
@@ -211,7 +211,7 @@ def test_cli_json_prints_the_documented_keys(
 def test_cli_without_model_and_without_default_says_so(
     squad_file: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("reader.default_model.packaged_models_dir", lambda: tmp_path)
+    monkeypatch.setattr("dilstore.reader.packaged.shipped.packaged_models_dir", lambda: tmp_path)
     assert main(["evaluate-rc", "--data", str(squad_file), "--json"]) == 2
     assert "default reader checkpoint is missing" in capsys.readouterr().err
 

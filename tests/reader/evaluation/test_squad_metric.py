@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reader.squad_data import load_open_questions, load_predictions, load_squad, parse_squad, read_json
-from reader.squad_metric import (
+from dilstore.reader.data.squad import load_open_questions, load_predictions, load_squad, parse_squad
+from dilstore.reader.evaluation.squad_metric import (
     evaluate,
     evaluate_examples,
     exact_match,
@@ -18,7 +18,8 @@ from reader.squad_metric import (
     metric_max_over_ground_truths,
     normalize_answer,
 )
-from storage.errors import DilstoreError
+from dilstore.reader.text.files import read_json
+from dilstore.storage.errors import DilstoreError
 
 WORDS = st.sampled_from(["cat", "Dog", "sat", "mat", "1911", "Zürich", "on", "the", "a", "an", "x", "thea"])
 ANSWERS = st.lists(WORDS, max_size=8).map(" ".join)

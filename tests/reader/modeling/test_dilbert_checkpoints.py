@@ -7,15 +7,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from dilbert_tiny import TINY_CONFIGS, random_batch, tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
-from reader.checkpoints import METADATA_FILE, CheckpointMetadata, base_model_dir, read_metadata, write_metadata
-from reader.dilbert import DilBertReader
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.checkpoints import (
+    METADATA_FILE,
+    CheckpointMetadata,
+    base_model_dir,
+    read_metadata,
+    write_metadata,
+)
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.dilbert_tiny import TINY_CONFIGS, random_batch, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -4,20 +4,20 @@ The reference is the unmodified Hugging Face QA model run on the
 concatenation `[CLS] q [SEP] p [SEP]` with the contract's position and
 segment ids, whose first k layers get a block-diagonal mask (forward
 pre-hooks swap it in) while layers k+1..l keep the model's own padding mask
-(tests/dilbert_tiny.py). Tiny random configs; fp32; tolerance 1e-4.
+(tests/fixtures/dilbert_tiny.py). Tiny random configs; fp32; tolerance 1e-4.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from dilbert_tiny import TINY_CONFIGS, Batch, contract_inputs, random_batch, reference_logits, tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reader.checkpoints import base_model_dir
-from reader.dilbert import DilBertReader
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.checkpoints import base_model_dir
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.dilbert_tiny import TINY_CONFIGS, Batch, contract_inputs, random_batch, reference_logits, tiny_model
 
 TOLERANCE = 1e-4
 MIXED_LENGTHS = [(3, 9), (7, 4), (1, 12)]  # (question words, passage words): every example padded somewhere

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from dilbert_tiny import tiny_model
 from transformers import AutoTokenizer
 
-from reader.checkpoints import base_model_dir
-from reader.dilbert import DilBertReader
-from reader.fingerprint import config_sha256, model_fingerprint, tokenizer_sha256, weights_sha256
-from storage.fingerprint import Fingerprint
+from dilstore.reader.modeling.checkpoints import base_model_dir
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.fingerprint import config_sha256, model_fingerprint, tokenizer_sha256, weights_sha256
+from dilstore.storage.fingerprint import Fingerprint
+from tests.fixtures.dilbert_tiny import tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reader.checkpoints import base_model_dir
-from reader.dilbert import DilBertReader
+from dilstore.reader.modeling.checkpoints import base_model_dir
+from dilstore.reader.modeling.dilbert import DilBertReader
 
 PASSAGES = [
     "Super Bowl 50 was an American football game to determine the champion of the National Football League (NFL) "

@@ -1,6 +1,6 @@
 """EARL checkpoints: save/load round trips, base encoders as initialised rankers, and clear errors.
 
-Tiny random BERT encoders (tests/earl_tiny.py) plus one load of the packaged
+Tiny random BERT encoders (tests/fixtures/earl_tiny.py) plus one load of the packaged
 all-MiniLM-L6-v2.
 """
 
@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from dilbert_tiny import tiny_model
-from earl_tiny import random_pairs, save_base_encoder, tiny_encoder, tiny_ranker, tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import RobertaConfig
 
-from reader.checkpoints import METADATA_FILE, base_model_dir
-from reader.dilbert import DilBertReader
-from reader.earl import EarlRanker
-from reader.earl_checkpoints import WEIGHTS_FILE
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.checkpoints import METADATA_FILE, base_model_dir
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.earl_checkpoints import WEIGHTS_FILE
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.dilbert_tiny import tiny_model
+from tests.fixtures.earl_tiny import random_pairs, save_base_encoder, tiny_encoder, tiny_ranker, tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,6 +1,6 @@
 """EARL's model core: S1, S2 and the unsplit path agree, padding never matters, the paper's initialisation.
 
-Tiny random BERT encoders (tests/earl_tiny.py), fp32, tolerance 1e-4. The
+Tiny random BERT encoders (tests/fixtures/earl_tiny.py), fp32, tolerance 1e-4. The
 reference network is written here with the plain Hugging Face modules of the
 encoder the ranker was initialised from (BertModel, BertLayer, and a
 BertCrossAttention holding a copy of each judging layer's self-attention).
@@ -13,15 +13,15 @@ import itertools
 
 import pytest
 import torch
-from earl_tiny import CLS, SEP, Pairs, random_pairs, tiny_config, tiny_encoder, tiny_ranker, tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import BertModel, RobertaConfig
 from transformers.models.bert.modeling_bert import BertAttention
 
-from reader.earl import EarlRanker
-from reader.earl_losses import softmax_cross_entropy_loss
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.training.losses import softmax_cross_entropy_loss
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.earl_tiny import CLS, SEP, Pairs, random_pairs, tiny_config, tiny_encoder, tiny_ranker, tokenizer
 
 TOLERANCE = 1e-4
 MIXED_LENGTHS = [(3, 9), (6, 4), (1, 14)]  # (query words, document words): every pair padded somewhere

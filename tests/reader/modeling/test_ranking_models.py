@@ -1,6 +1,6 @@
 """The three rankers' shared scoring interface, the baselines' checkpoints, and loading rankers by kind.
 
-Tiny random 2-layer BERTs with the MiniLM tokenizer (tests/qa_training_fixtures.py).
+Tiny random 2-layer BERTs with the MiniLM tokenizer (tests/fixtures/qa_training_fixtures.py).
 """
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from qa_training_fixtures import write_tiny_checkpoint
 
-from reader.checkpoints import METADATA_FILE
-from reader.cross_encoder import CrossEncoderRanker
-from reader.earl import EarlRanker
-from reader.rankers import EarlOptions, checkpoint_kind, load_ranker, new_ranker
-from reader.qa_batching import pad_token_ids
-from reader.siamese import CosineBiEncoder, SiameseRanker
-from storage.errors import DilstoreError
+from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.modeling.checkpoints import METADATA_FILE
+from dilstore.reader.modeling.cross_encoder import CrossEncoderRanker
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.rankers import EarlOptions, checkpoint_kind, load_ranker, new_ranker
+from dilstore.reader.modeling.siamese import CosineBiEncoder, SiameseRanker
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
 
 QUERIES = ["who runs the zürich trams", "when did curie win", "how high is kilimanjaro"]
 DOCUMENTS = [

@@ -1,6 +1,6 @@
 """`dilstore precompute --kind earl-s1|earl-s2`: EARL document states through the store, scored as the ranker does.
 
-A tiny random EARL ranker (tests/earl_tiny.py's config, widened to the real
+A tiny random EARL ranker (tests/fixtures/earl_tiny.py's config, widened to the real
 MiniLM vocabulary so that real text tokenizes) is saved as a checkpoint. The
 pure functions must store exactly `encode_documents` (S1) and
 `document_key_values` (S2), whatever the batching; a whole DirectRunner run
@@ -21,17 +21,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from earl_tiny import save_base_encoder, tiny_config, tokenizer
 from transformers import BertModel
 
-from pipelines.passages import Passage
-from reader.default_ranker import DEFAULT_RANKER_NAME
-from reader.earl import EarlRanker
-from reader.fingerprint import model_fingerprint
-from reader.offline_models import load_offline_model, max_positions
-from reader.precompute import (
+from dilstore.pipelines.passages import Passage
+from dilstore.reader.batching import BatchPolicy
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.offline.encoding import (
     DEFAULT_RANKER_REF,
-    BatchPolicy,
     cached_reader,
     checked_reader,
     encode_tokenized,
@@ -39,13 +36,16 @@ from reader.precompute import (
     tokenize_passage,
     window_id,
 )
-from reader.tokenization import encode_document, passage_pieces, window_starts
-from runners import cli
-from runners.cmd_precompute import build_job
-from storage.errors import DilstoreError
-from storage.fingerprint import FingerprintMismatchError
-from storage.reader import open_store
-from tests.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+from dilstore.reader.offline.kinds import load_offline_model, max_positions
+from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME
+from dilstore.reader.text.tokenization import encode_document, passage_pieces, window_starts
+from dilstore.runners import cli
+from dilstore.runners.cmd_precompute import build_job
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import FingerprintMismatchError
+from dilstore.storage.reader import open_store
+from tests.fixtures.earl_tiny import save_base_encoder, tiny_config, tokenizer
+from tests.fixtures.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
 
 MAX_LENGTH = 48  # the tiny config embeds 64 positions
 QUERY_LENGTH = 16
@@ -329,7 +329,7 @@ def test_earl_kinds_default_to_the_packaged_ranker(
     corpus: Path, earl_dir: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     packaged = tmp_path / "models"
-    monkeypatch.setattr("reader.default_ranker.packaged_models_dir", lambda: packaged)
+    monkeypatch.setattr("dilstore.reader.packaged.shipped.packaged_models_dir", lambda: packaged)
     args = precompute(corpus, earl_dir, tmp_path / "store", "earl-s2", "fp16")
     at = args.index("--model")
     del args[at : at + 2]

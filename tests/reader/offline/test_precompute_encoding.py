@@ -1,4 +1,4 @@
-"""reader/precompute.py without Beam: the long-passage rule, length buckets, batched encoding, the model cache."""
+"""reader/offline/encoding.py without Beam: the long-passage rule, length buckets, batched encoding, the model cache."""
 
 from __future__ import annotations
 
@@ -11,20 +11,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.passages import Passage
-from reader.fingerprint import model_fingerprint
-from reader.precompute import (
-    BatchPolicy,
+from dilstore.pipelines.passages import Passage
+from dilstore.reader.batching import BatchPolicy, length_batches
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.offline.encoding import (
     TokenizedPassage,
     cached_reader,
     checked_reader,
     encode_tokenized,
-    length_batches,
     tokenize_passage,
     window_id,
 )
-from storage.errors import DilstoreError
-from tests.pipeline_fixtures import TINY_LAYERS, save_tiny_reader
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.pipeline_fixtures import TINY_LAYERS, save_tiny_reader
 
 TEXT = (
     "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, "
@@ -132,7 +131,7 @@ def test_the_model_is_loaded_once_per_process_and_checked_against_the_run_finger
 
 @pytest.mark.slow
 def test_the_real_minilm_encodes_a_few_passages_like_its_own_offline_half() -> None:
-    from reader.precompute import BASE_MODEL_REF
+    from dilstore.reader.offline.encoding import BASE_MODEL_REF
 
     reader = cached_reader(BASE_MODEL_REF, "dilbert", 2)
     texts = [TEXT, TEXT[:90], "Rollo agreed to swear fealty to King Charles III."]

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reader.decode import SpanCandidate, best_spans
-from storage.errors import DilstoreError
+from dilstore.reader.serving.decode import SpanCandidate, best_spans
+from dilstore.storage.errors import DilstoreError
 
 
 def brute_force(start_logits, end_logits, char_spans, n_best: int, max_answer_length: int) -> list[SpanCandidate]:

@@ -14,10 +14,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from odqa_fixtures import MAX_LENGTH, PASSAGES, one_torch_thread, write_reader_checkpoint, write_store
 
-from reader.dilbert import DilBertReader
-from reader.odqa import (
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.retrieval import Hit
+from dilstore.reader.serving.odqa import (
     OdqaSettings,
     OpenDomainReader,
     Reading,
@@ -27,11 +27,11 @@ from reader.odqa import (
     load_store_model,
     open_reader,
 )
-from reader.retrieval import Hit
-from reader.tokenization import encode_passage, encode_question
-from storage.errors import DilstoreError
-from storage.fingerprint import FingerprintMismatchError
-from storage.reader import MissingPassagesError, open_store
+from dilstore.reader.text.tokenization import encode_passage, encode_question
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import FingerprintMismatchError
+from dilstore.storage.reader import MissingPassagesError, open_store
+from tests.fixtures.odqa_fixtures import MAX_LENGTH, PASSAGES, one_torch_thread, write_reader_checkpoint, write_store
 
 QUESTION = "When did the Zürich tram network open?"
 QUESTIONS = [QUESTION, "Who was the lighthouse keeper?", "How high is Kilimanjaro?"]

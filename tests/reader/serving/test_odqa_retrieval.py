@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from odqa_fixtures import one_torch_thread, write_collection, write_reader_checkpoint, write_store
 
-from reader.odqa import OdqaSettings, bm25_index_dir, open_reader
-from reader.retrieval import Bm25Searcher, build_bm25_index
-from runners.cli import main
-from storage.reader import MissingPassagesError, open_store
+from dilstore.reader.retrieval import Bm25Searcher, build_bm25_index
+from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
+from dilstore.runners.cli import main
+from dilstore.storage.reader import MissingPassagesError, open_store
+from tests.fixtures.odqa_fixtures import one_torch_thread, write_collection, write_reader_checkpoint, write_store
+from tests.fixtures.paths import ROOT
 
 QUESTION = "When did the Zürich tram network open?"
 # Only in the index, not in the store: retrieving it must be a clear error.
@@ -112,7 +113,7 @@ def test_commands_report_bad_setups_without_a_traceback(
 def test_mini_opensquad_benchmark_runs_end_to_end_on_a_tiny_corpus(
     indexed: dict[str, Path], shared_data: Path, tmp_path: Path
 ) -> None:
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "mini_opensquad.py"
+    script = ROOT / "benchmarks" / "mini_opensquad.py"
     spec = importlib.util.spec_from_file_location("mini_opensquad", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -21,26 +21,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from earl_tiny import INIT, tokenizer
-from odqa_fixtures import one_torch_thread
-from store_fixtures import build_store, random_shards
 from transformers import BertConfig, BertModel
 
-from reader.default_ranker import DEFAULT_RANKER_NAME
-from reader.earl import EarlRanker
-from reader.fingerprint import model_fingerprint
-from reader.rerank import EarlReranker, RerankSettings, RerankStats, open_reranker
-from reader.tokenization import encode_document
-from reader.trec import read_run, rank_documents, write_run
-from runners.cli import main
-from storage.errors import DilstoreError
-from storage.finalize import finalize
-from storage.fingerprint import FingerprintMismatchError
-from storage.reader import MissingPassagesError, open_store
-from storage.records import PassageRecord
-from storage.writer import write_shard
+from dilstore.reader.data.trec import rank_documents, read_run, write_run
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME
+from dilstore.reader.serving.rerank import EarlReranker, RerankSettings, RerankStats, open_reranker
+from dilstore.reader.text.tokenization import encode_document
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.finalize import finalize
+from dilstore.storage.fingerprint import FingerprintMismatchError
+from dilstore.storage.reader import MissingPassagesError, open_store
+from dilstore.storage.records import PassageRecord
+from dilstore.storage.writer import write_shard
+from tests.fixtures.earl_tiny import INIT, tokenizer
+from tests.fixtures.odqa_fixtures import one_torch_thread
+from tests.fixtures.paths import ROOT
+from tests.fixtures.store_fixtures import build_store, random_shards
 
-ROOT = Path(__file__).resolve().parents[1]
 MAX_LENGTH = 32  # document tokens stored; the harbour log below is truncated to it
 KINDS = ("earl-s1", "earl-s2")
 # Largest |stored − unsplit| score difference accepted per encoding. Scores of the tiny ranker lie in
@@ -361,7 +361,7 @@ def test_cli_without_model_uses_the_packaged_ranker(
     """No --model: the packaged EARL ranker scores the run, exactly as naming that checkpoint does."""
     packaged = tmp_path / "models"
     shutil.copytree(model_dir, packaged / DEFAULT_RANKER_NAME)
-    monkeypatch.setattr("reader.default_ranker.packaged_models_dir", lambda: packaged)
+    monkeypatch.setattr("dilstore.reader.packaged.shipped.packaged_models_dir", lambda: packaged)
     named = write_inputs(tmp_path / "named", FIRST_STAGE)
     assert cli(capsys, store("earl-s2"), *named, "--model", model_dir, "--no-progress")[0] == 0
     default = write_inputs(tmp_path / "default", FIRST_STAGE)
@@ -376,7 +376,7 @@ def test_cli_fingerprint_mismatch_in_a_subprocess(store: Callable[..., Path], tm
     """The one multi-line error: the table of both fingerprints, after a single `error:` line; exit 2."""
     other = save_ranker(tmp_path / "other", seed=1)
     arguments = write_inputs(tmp_path, FIRST_STAGE)
-    command = [sys.executable, "-m", "runners.cli", "rerank", str(store("earl-s2")), *map(str, arguments),
+    command = [sys.executable, "-m", "dilstore.runners.cli", "rerank", str(store("earl-s2")), *map(str, arguments),
                "--model", str(other), "--threads", "1"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr

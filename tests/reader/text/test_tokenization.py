@@ -1,7 +1,7 @@
 """The shared token conventions: `[CLS] q [SEP]` questions, `p [SEP]` windows, character spans into the text.
 
 Run against the packaged MiniLM WordPiece tokenizer and a tiny RoBERTa-style
-byte-level BPE (tests/tokenizer_fixtures.py).
+byte-level BPE (tests/fixtures/tokenizer_fixtures.py).
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizer_fixtures import minilm_tokenizer, tiny_bpe_tokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from reader.tokenization import (
+from dilstore.reader.text.tokenization import (
     TokenizedText,
     encode_document,
     encode_passage,
@@ -24,7 +23,8 @@ from reader.tokenization import (
     passage_pieces,
     window_starts,
 )
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.tokenizer_fixtures import minilm_tokenizer, tiny_bpe_tokenizer
 
 TOKENIZERS = {"wordpiece": minilm_tokenizer, "bpe": tiny_bpe_tokenizer}
 # Arbitrary Unicode, plus the scripts and whitespace that split or merge characters in interesting ways.

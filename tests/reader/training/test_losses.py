@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from reader.earl_losses import pairwise_hinge_loss, softmax_cross_entropy_loss
-from storage.errors import DilstoreError
+from dilstore.reader.training.losses import pairwise_hinge_loss, softmax_cross_entropy_loss
+from dilstore.storage.errors import DilstoreError
 
 # Two queries, each with its positive first and two negatives.
 SCORES = torch.tensor([[2.0, 0.5, 1.5], [0.0, 1.0, -2.0]])

@@ -1,7 +1,7 @@
 """The default EARL ranker: where it ships, its packaging as fp16 with a model card, and the card's target line.
 
 A tiny random 2-layer EARL ranker is trained for two steps on four triples
-(tests/ranking_fixtures.py), so the card is rendered from a real
+(tests/fixtures/ranking_fixtures.py), so the card is rendered from a real
 dilstore_training.json; the quality reports are written in rank_quality.py's
 layout with made-up metrics, which only the card's arithmetic reads.
 """
@@ -14,17 +14,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from qa_training_fixtures import write_tiny_checkpoint
-from ranking_fixtures import write_overfit_files
 from safetensors import safe_open
 
-from reader.default_model import MODEL_CARD_FILE, TRAINING_METADATA_FILE, report_package_size
-from reader.default_ranker import DEFAULT_RANKER_NAME, default_ranker_dir, packaged_models_dir, target_statement
-from reader.ranking_training import RankingTrainingConfig, train_ranker
-from reader.rankers import load_ranker
-from storage.errors import DilstoreError
-
-ROOT = Path(__file__).resolve().parents[1]
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.modeling.rankers import load_ranker
+from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME, default_ranker_dir, packaged_models_dir
+from dilstore.reader.training.model_cards import target_statement
+from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
+from dilstore.reader.training.release import MODEL_CARD_FILE, report_package_size
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.paths import ROOT
+from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
+from tests.fixtures.ranking_fixtures import write_overfit_files
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def package_script():
 
 
 def test_missing_default_ranker_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr("reader.default_ranker.packaged_models_dir", lambda: tmp_path)
+    monkeypatch.setattr("dilstore.reader.packaged.shipped.packaged_models_dir", lambda: tmp_path)
     with pytest.raises(DilstoreError, match="default EARL ranker checkpoint is missing.*train earl"):
         default_ranker_dir()
 

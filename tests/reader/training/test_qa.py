@@ -1,6 +1,6 @@
 """`dilstore train qa`: the training loop, its checkpoints and its resumption.
 
-The tiny random reader (tests/qa_training_fixtures.py) keeps every run to a
+The tiny random reader (tests/fixtures/qa_training_fixtures.py) keeps every run to a
 second or two; the real MiniLM is never trained here.
 """
 
@@ -16,33 +16,29 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from qa_training_fixtures import write_squad, write_tiny_checkpoint
 from safetensors.torch import load_file
 from transformers import get_linear_schedule_with_warmup
 
-from reader.default_model import (
-    TRAINING_METADATA_FILE,
-    default_checkpoint_dir,
-    load_training_metadata,
-    package_checkpoint,
-    render_model_card,
-    weights_megabytes,
-)
-from reader.dilbert import DilBertReader
-from reader.reading_comprehension import ReadingSettings, evaluate_file
-from reader.training import (
+from dilstore.reader.evaluation.reading_comprehension import ReadingSettings, evaluate_file
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.packaged.shipped import default_checkpoint_dir
+from dilstore.reader.training.model_cards import render_model_card
+from dilstore.reader.training.qa import (
     TrainingConfig,
     accumulate_gradients,
     load_training_data,
     optimizer_step_batches,
     train_qa,
 )
-from reader.training_state import LoopPosition, latest_checkpoint, load_training_state, save_training_state
-from runners.cli import main
-from storage.errors import DilstoreError
+from dilstore.reader.training.release import load_training_metadata, package_checkpoint, weights_megabytes
+from dilstore.reader.training.state import LoopPosition, latest_checkpoint, load_training_state, save_training_state
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.paths import ROOT
+from tests.fixtures.qa_training_fixtures import write_squad, write_tiny_checkpoint
 
 SMALL = dict(max_seq_length=48, doc_stride=16, max_question_length=24)
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +303,7 @@ def test_packaged_checkpoint_is_fp16_and_answers_like_the_original(
 
 
 def test_missing_default_checkpoint_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr("reader.default_model.packaged_models_dir", lambda: tmp_path)
+    monkeypatch.setattr("dilstore.reader.packaged.shipped.packaged_models_dir", lambda: tmp_path)
     with pytest.raises(DilstoreError, match="default reader checkpoint is missing"):
         default_checkpoint_dir()
 

@@ -1,7 +1,7 @@
 """`dilstore train earl|cross-encoder|siamese`: the shared ranking loop, its checkpoints, resumption and CLI.
 
-Tiny random 2-layer BERTs with the MiniLM tokenizer (tests/qa_training_fixtures.py)
-trained on four triples (tests/ranking_fixtures.py); the real MiniLM is never trained here.
+Tiny random 2-layer BERTs with the MiniLM tokenizer (tests/fixtures/qa_training_fixtures.py)
+trained on four triples (tests/fixtures/ranking_fixtures.py); the real MiniLM is never trained here.
 """
 
 from __future__ import annotations
@@ -14,20 +14,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from qa_training_fixtures import write_tiny_checkpoint
-from ranking_fixtures import OVERFIT_TRIPLES, write_overfit_files
 
-from reader.default_model import TRAINING_METADATA_FILE
-from reader.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE
-from reader.ranking_training import (
+from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.modeling.rankers import EarlOptions, load_ranker, new_ranker
+from dilstore.reader.training.ranking import (
     RankingTrainingConfig,
     accumulate_ranking_gradients,
     load_ranking_data,
     train_ranker,
 )
-from reader.rankers import EarlOptions, load_ranker, new_ranker
-from runners.cli import main
-from storage.errors import DilstoreError
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
+from tests.fixtures.ranking_fixtures import OVERFIT_TRIPLES, write_overfit_files
 
 SMALL = dict(negatives=2, max_query_length=16, max_doc_length=24, log_every=1000)
 

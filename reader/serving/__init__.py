@@ -1,0 +1,4 @@
+"""Online inference over a store: the open-domain reader, reranking, span decoding, shared timing and stored-state padding.
+
+Serving never imports training; only evaluation and the runners import serving.
+"""
