@@ -74,12 +74,12 @@ def precompute(**options: Any) -> Path:
     leave a flag out). No options run the embedded default corpus, as the
     command does. An invalid option raises DilstoreError.
     """
-    from dilstore.runners.cli import build_parser
+    from dilstore.runners.cli import build_parser, parse
     from dilstore.runners.cmd_precompute import DEFAULT_OUTPUT
 
     argv = ["precompute", *_flags(options)]
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(build_parser(), argv)
     except SystemExit as error:
         raise DilstoreError(f"invalid precompute options {argv[1:]} (see the message above)") from error
     status = args.run(args)

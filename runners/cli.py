@@ -41,10 +41,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse `argv`; options a command does not know go to its `beam_args` where it has one, else exit 2.
+
+    Only `precompute` sets `beam_args`: what it does not know are Beam's
+    pipeline options, handed on to Beam (which refuses misspelt ones), as
+    Beam's own examples do with `parse_known_args`.
+    """
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not hasattr(args, "beam_args"):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if hasattr(args, "beam_args"):
+        args.beam_args = list(unknown)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand and return its exit status; user errors exit 2 with a message."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if not getattr(args, "run", None):
         parser.print_help()
         return 2

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import sys
 import tempfile
 import threading
@@ -57,19 +56,6 @@ _PROGRESS_POLL_SECONDS = 0.5
 _NOT_IN_COMMAND = {"command", "run", "beam_args"}
 
 
-class _BeamPassThroughParser(argparse.ArgumentParser):
-    """A parser that keeps the options it does not know in `beam_args` instead of failing.
-
-    They are Beam pipeline options; `pipelines.options` checks them against
-    every option Beam defines, so a misspelt one still fails with exit 2.
-    """
-
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
-        namespace, extras = super().parse_known_args(args, namespace)
-        namespace.beam_args = list(extras)
-        return namespace, []
-
-
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
@@ -90,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    parser.__class__ = _BeamPassThroughParser
+    parser.set_defaults(beam_args=[])  # cli.parse puts the options it does not know here
     inputs = parser.add_argument_group("input")
     inputs.add_argument("--input", action="append", type=Path, metavar="PATH",
                         help="corpus file; repeat for several (default: the embedded corpus)")
@@ -195,38 +181,6 @@ def resolve_model(model: str | None, layers: int | None, kind: str) -> tuple[str
         return BASE_MODEL_REF, chosen
     metadata = read_metadata(directory)
     return DEFAULT_CHECKPOINT_REF, layers if layers is not None else (metadata.layers if metadata else None)
-
-
-def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
-    """Make `store` ready for this run's spec; True when it is already complete with that spec.
-
-    An empty or absent folder is started; a folder holding an earlier run of
-    the same spec is resumed (or, when finalized, left as it is); anything
-    else is refused unless `overwrite`.
-    """
-    from dilstore.storage.atomic_files import atomic_write_text
-    from dilstore.pipelines.job import SPEC_FILE, read_spec, spec_differences, spec_json
-    from dilstore.storage.format import MANIFEST_FILE
-
-    if store.exists() and not store.is_dir():
-        raise DilstoreError(f"--output {store} exists and is not a directory")
-    if store.is_dir() and any(store.iterdir()):
-        found = read_spec(store)
-        if found == spec:
-            return (store / MANIFEST_FILE).is_file()
-        if not overwrite:
-            if found is None:
-                raise DilstoreError(
-                    f"--output {store} is not empty and was not made by `dilstore precompute`; "
-                    "choose another folder or pass --overwrite"
-                )
-            raise DilstoreError(
-                f"--output {store} holds a run with other settings (differs in: "
-                f"{', '.join(spec_differences(found, spec))}); choose another folder or pass --overwrite"
-            )
-        shutil.rmtree(store)
-    atomic_write_text(store / SPEC_FILE, spec_json(spec))
-    return False
 
 
 class ProgressBar:
@@ -446,7 +400,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run `dilstore precompute` and print its summary; 0 on success."""
     started = time.time()
     quiet_local_logging()
-    from dilstore.pipelines.job import SUMMARY_FILE, run_spec
+    from dilstore.pipelines.job import SUMMARY_FILE, prepare_store, run_spec
     from dilstore.pipelines.options import LOCAL_RUNNERS, canonical_runner
 
     runner = canonical_runner(args.runner)

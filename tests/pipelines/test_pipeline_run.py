@@ -22,14 +22,14 @@ from apache_beam.metrics.metric import MetricsFilter
 
 from dilstore.pipelines.corpora import Document, read_corpus
 from dilstore.pipelines.finish import SUMMARY_KEYS
-from dilstore.pipelines.job import SUMMARY_FILE, run_spec
+from dilstore.pipelines.job import SUMMARY_FILE, prepare_store, run_spec
 from dilstore.pipelines.options import LocalDefaults, assemble_beam_flags, pipeline_options
 from dilstore.pipelines.precompute import NAMESPACE, build_pipeline
 from dilstore.pipelines.routing import SHARD, RouteSettings, route
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import cached_reader, encode_tokenized
 from dilstore.runners import cli
-from dilstore.runners.cmd_precompute import build_job, prepare_store, quiet_dask_logging
+from dilstore.runners.cmd_precompute import build_job, quiet_dask_logging
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
