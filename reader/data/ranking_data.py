@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -190,25 +189,19 @@ def collection_digest(paragraphs: Mapping[str, str]) -> str:
 def ensure_bm25_index(paragraphs: Mapping[str, str], work: Path, threads: int = 1) -> Path:
     """WORK/bm25, a Lucene BM25 index over `paragraphs`: reused when its digest matches, else (re)built.
 
-    Built in WORK/bm25.building and renamed when complete, so a run cut off
-    while indexing never leaves an index that looks whole.
+    Built beside WORK/bm25 and renamed when complete (retrieval.build_bm25_index_in_place),
+    so a run cut off while indexing never leaves an index that looks whole.
     """
-    from dilstore.reader.retrieval import build_bm25_index
+    from dilstore.reader.retrieval import build_bm25_index_in_place
 
     index = work / "bm25"
     digest = collection_digest(paragraphs)
     marker = work / INDEX_DIGEST_FILE
     if index.is_dir() and marker.is_file() and marker.read_text(encoding="utf-8").strip() == digest:
         return index
-    building = work / "bm25.building"
-    for stale in (building, index):
-        shutil.rmtree(stale, ignore_errors=True)
     marker.unlink(missing_ok=True)
     collection = write_collection(paragraphs, work / "collection")
-    build_bm25_index(collection.parent, building, threads=threads)
-    if not any(building.glob("segments_*")):
-        raise DilstoreError(f"pyserini wrote no index to {building}; see its log above")
-    building.rename(index)
+    build_bm25_index_in_place(collection.parent, index, threads=threads)
     marker.write_text(digest + "\n", encoding="utf-8")
     return index
 

@@ -14,14 +14,15 @@ whose name does not end in .gz are read as plain JSONL.
 from __future__ import annotations
 
 import gzip
+import io
 import json
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dilstore.reader.text.files import numbered_lines
+from dilstore.storage.atomic_files import atomic_write_bytes
 from dilstore.storage.errors import DilstoreError
 
 TRIPLES_FILE = "triples.jsonl.gz"
@@ -107,18 +108,17 @@ def read_triples(
 
 
 def _write_jsonl_gz(path: Path, records: Iterable[dict[str, Any]]) -> int:
-    """Gzipped JSONL under a temporary name, then renamed: no reader ever sees half a file."""
+    """Gzipped JSONL written atomically (storage/atomic_files.py): no reader ever sees half a file."""
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.partial")
+    buffer = io.BytesIO()
     count = 0
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as handle:
+        for record in records:
+            handle.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+            count += 1
     try:
-        with temporary.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as handle:
-            for record in records:
-                handle.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
-                count += 1
-        os.replace(temporary, path)
+        atomic_write_bytes(path, buffer.getvalue(), create_parents=False)
     except OSError as error:
-        temporary.unlink(missing_ok=True)
         raise DilstoreError(f"cannot write {path}: {error.strerror or error}") from None
     return count
 

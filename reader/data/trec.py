@@ -18,13 +18,11 @@ kept: trec_eval orders documents by score, and so does everything here.
 from __future__ import annotations
 
 import math
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 from dilstore.reader.text.files import numbered_lines
-from dilstore.storage.durability import fsync_dir
+from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError
 
 Run = dict[str, dict[str, float]]
@@ -115,16 +113,9 @@ def write_run(path: str | Path, run: Run, tag: str = "dilstore") -> None:
             if not math.isfinite(score):
                 raise DilstoreError(f"cannot write run to {path}: score {score!r} of {qid!r}/{docid!r} is not finite")
             lines.append(f"{qid} Q0 {docid} {rank} {score!r} {tag}\n")
-    temporary = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
     try:
-        with temporary.open("w", encoding="utf-8") as handle:
-            handle.writelines(lines)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-        fsync_dir(path.parent)
+        atomic_write_text(path, "".join(lines), create_parents=False)
     except OSError as error:
-        temporary.unlink(missing_ok=True)
         raise DilstoreError(f"cannot write run to {path}: {error.strerror or error}") from None
 
 
