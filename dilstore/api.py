@@ -98,25 +98,17 @@ def build_index(store: PathLike, *, threads: int = 1) -> Path:
 
 
 def evaluate_qa(
-    store: PathLike,
-    questions: PathLike,
-    model: PathLike | None = None,
-    *,
-    index: PathLike | None = None,
-    top_p: int | None = None,
-    mu: float | None = None,
-    limit: int | None = None,
-    seed: int = 0,
+    reader: OpenDomainReader, questions: PathLike, *, limit: int | None = None, seed: int = 0
 ) -> QAEvaluation:
-    """EM, F1 and R of the reader over a question file (DPR `{"question","answer"}` lines or SQuAD JSON).
+    """EM, F1 and R of an open reader (`open_reader`) over a question file (DPR JSONL or SQuAD JSON).
 
-    `.em`, `.f1`, `.recall` and `.summary()` give the scores; `limit`
-    questions are drawn with `seed` when given, as `dilstore evaluate-qa` does.
+    Scored with the reader's own top_p and mu; `.em`, `.f1`, `.recall` and
+    `.summary()` give the scores. `limit` questions are drawn with `seed` when
+    given, as `dilstore evaluate-qa` does.
     """
     from dilstore.reader.evaluation.open_domain import evaluate_questions, load_questions, select_questions
 
     chosen = select_questions(load_questions(questions), limit, seed)
-    reader = open_reader(store, model, index=index, top_p=top_p, mu=mu)
     return evaluate_questions(reader, chosen, top_p=reader.settings.top_p, mu=reader.settings.mu)
 
 

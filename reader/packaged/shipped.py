@@ -30,22 +30,20 @@ def packaged_models_dir() -> Path:
 
 def default_checkpoint_dir() -> Path:
     """The shipped default reader checkpoint folder; a DilstoreError says how to get one when it is missing."""
-    path = packaged_models_dir() / DEFAULT_CHECKPOINT_NAME
-    if not (path / "config.json").is_file():
-        raise DilstoreError(
-            f"the default reader checkpoint is missing: {path} has no config.json; "
-            "pass --model DIR, or train one with `dilstore train qa` and package it "
-            "with benchmarks/package_default_checkpoint.py"
-        )
-    return path
+    return _shipped(DEFAULT_CHECKPOINT_NAME, "reader checkpoint", "train qa", "package_default_checkpoint.py")
 
 
 def default_ranker_dir() -> Path:
     """The shipped default EARL checkpoint folder; a DilstoreError says how to get one when it is missing."""
-    path = packaged_models_dir() / DEFAULT_RANKER_NAME
+    return _shipped(DEFAULT_RANKER_NAME, "EARL ranker checkpoint", "train earl", "package_default_ranker.py")
+
+
+def _shipped(name: str, what: str, train: str, package_script: str) -> Path:
+    """packaged_models_dir()/name, or a DilstoreError saying how to train and package one."""
+    path = packaged_models_dir() / name
     if not (path / "config.json").is_file():
         raise DilstoreError(
-            f"the default EARL ranker checkpoint is missing: {path} has no config.json; pass --model DIR, "
-            "or train one with `dilstore train earl` and package it with benchmarks/package_default_ranker.py"
+            f"the default {what} is missing: {path} has no config.json; pass --model DIR, "
+            f"or train one with `dilstore {train}` and package it with benchmarks/{package_script}"
         )
     return path

@@ -26,9 +26,7 @@ leaves the reader usable for the next request.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +41,8 @@ from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.retrieval import Bm25Searcher, Hit
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
+from dilstore.reader.serving.stored_states import pad_stored_states
+from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import check_fingerprint
@@ -106,7 +106,7 @@ def check_mu(mu: float) -> None:
 
 
 @dataclass
-class Timings:
+class Timings(StageTimer):
     """Seconds spent per stage (wall clock); a batch of questions shares one Timings.
 
     interaction_layers covers assembling each padded batch (copying stored
@@ -127,15 +127,6 @@ class Timings:
 
     def to_dict(self) -> dict[str, float]:
         return {**asdict(self), "total": self.total}
-
-    @contextmanager
-    def measure(self, stage: str) -> Iterator[None]:
-        """Add the time spent inside the block to `stage`."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            setattr(self, stage, getattr(self, stage) + time.perf_counter() - started)
 
 
 @dataclass(frozen=True)
@@ -422,7 +413,9 @@ class OpenDomainReader:
                 nq = int(max(question_lengths[pair.question] for pair in members))
                 q_states = question_states[rows, :nq]  # (b, nq, d)
                 q_mask = question_mask[rows, :nq]  # (b, nq)
-                p_states, p_mask = self._passage_batch([passages[pair.passage] for pair in members])
+                p_states, p_mask = pad_stored_states(
+                    [passages[pair.passage] for pair in members], self.device, self.model.model.dtype
+                )
                 start, end = self.model.interact(q_states, q_mask, p_states, p_mask)  # each (b, nq + np)
                 start = start[:, nq:].float().cpu().numpy()  # (b, np)
                 end = end[:, nq:].float().cpu().numpy()  # (b, np)
@@ -430,18 +423,6 @@ class OpenDomainReader:
                     n = len(passages[pair.passage].token_ids)
                     results[index] = (start[row, :n].copy(), end[row, :n].copy())
         return results
-
-    def _passage_batch(self, passages: Sequence[StoredPassage]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stored states padded into (b, np, d) of the model's dtype, with the (b, np) mask."""
-        width = max(len(passage.token_ids) for passage in passages)
-        state_shape = passages[0].states.shape[1:]
-        states = np.zeros((len(passages), width, *state_shape), dtype=np.float32)  # (b, np, d)
-        mask = torch.zeros((len(passages), width), dtype=torch.long)  # (b, np)
-        for row, passage in enumerate(passages):
-            n = len(passage.token_ids)
-            states[row, :n] = passage.states  # copies the stored view, casting fp16 to fp32
-            mask[row, :n] = 1
-        return torch.from_numpy(states).to(self.device, self.model.model.dtype), mask.to(self.device)
 
     def _decode(self, passage: StoredPassage, hit: Hit, start: np.ndarray, end: np.ndarray) -> list[Span]:
         """The passage's n-best spans as Spans with their text sliced from the stored passage."""

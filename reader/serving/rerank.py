@@ -33,8 +33,7 @@ rankers do; truncated queries are counted, not refused.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,8 @@ from dilstore.reader.batching import BatchPolicy, length_batches
 from dilstore.reader.data.trec import Run, rank_documents
 from dilstore.reader.modeling.earl import EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.serving.stored_states import pad_stored_states
+from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import check_fingerprint
@@ -86,7 +87,7 @@ class RerankSettings:
 
 
 @dataclass
-class RerankStats:
+class RerankStats(StageTimer):
     """What reranking did, summed over the `rerank` calls that shared it.
 
     queries: queries reranked; pairs: (query, document) pairs judged;
@@ -114,15 +115,6 @@ class RerankStats:
             **{name: value for name, value in values.items() if name not in STAGES},
             "timings": {stage: values[stage] for stage in STAGES},
         }
-
-    @contextmanager
-    def measure(self, stage: str) -> Iterator[None]:
-        """Add the time spent inside the block to `stage`."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            setattr(self, stage, getattr(self, stage) + time.perf_counter() - started)
 
 
 def check_depth(depth: int) -> None:
@@ -267,30 +259,13 @@ class EarlReranker:
         scores = [0.0] * len(documents)
         with stats.measure("judge"), torch.inference_mode():
             for batch in length_batches(lengths, policy):
-                stored, doc_mask = self._document_batch([documents[index] for index in batch])
+                stored, doc_mask = pad_stored_states([documents[index] for index in batch], self.device, self.model.dtype)
                 argument = "doc_states" if self.kind == EARL_S1 else "doc_key_values"
                 # The (1, nq) query is broadcast over the b documents.
                 batch_scores = self.model.judge(query_states, query_mask, doc_mask, **{argument: stored})  # (b,)
                 for index, score in zip(batch, batch_scores.float().cpu().tolist(), strict=True):
                     scores[index] = score
         return scores
-
-    def _document_batch(self, documents: Sequence[StoredPassage]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stored representations padded into (b, n, *S) of the model's dtype, with the (b, n) mask.
-
-        S is (d,) for S1 and (M, 2, d) for S2.
-        """
-        width = max(len(document.token_ids) for document in documents)
-        state_shape = documents[0].states.shape[1:]
-        dtype = np.result_type(*(document.states.dtype for document in documents))
-        stored = np.zeros((len(documents), width, *state_shape), dtype=dtype)  # (b, n, *S)
-        mask = torch.zeros((len(documents), width), dtype=torch.long)  # (b, n)
-        for row, document in enumerate(documents):
-            n = len(document.token_ids)
-            stored[row, :n] = document.states  # copies the stored view in its own dtype (fp16 stays fp16)
-            mask[row, :n] = 1
-        # torch casts fp16 to the model's dtype once, vectorised, instead of numpy upcasting per row.
-        return torch.from_numpy(stored).to(self.device, self.model.dtype), mask.to(self.device)
 
 
 def load_store_ranker(store: Store, model_dir: str | Path) -> EarlRanker:

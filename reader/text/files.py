@@ -22,14 +22,7 @@ def numbered_lines(path: Path, what: str = "file", *, gzipped: bool = False) -> 
     truncated or corrupt gzip stream raise DilstoreError naming the file
     (and the line).
     """
-    try:
-        raw = path.open("rb")
-    except FileNotFoundError:
-        raise DilstoreError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DilstoreError(f"{path}: is a directory, not {what}") from None
-    except OSError as error:
-        raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None
+    raw = _open_binary(path, what)
     stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
     number = 0
     try:
@@ -38,6 +31,18 @@ def numbered_lines(path: Path, what: str = "file", *, gzipped: bool = False) -> 
                 yield number, _decoded(path, number, line)
     except (gzip.BadGzipFile, EOFError, zlib.error) as error:
         raise DilstoreError(f"{path}: not a complete gzip file (after line {number}: {error})") from None
+
+
+def _open_binary(path: Path, what: str) -> io.BufferedReader:
+    """`path` opened for reading bytes; a DilstoreError naming it when it is missing, a folder or unreadable."""
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        raise DilstoreError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DilstoreError(f"{path}: is a directory, not {what}") from None
+    except OSError as error:
+        raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None
 
 
 def _decoded(path: Path, number: int, line: bytes) -> str:
@@ -52,12 +57,8 @@ def read_json(path: str | Path) -> Any:
     """Parse a UTF-8 JSON file; every failure is a DilstoreError naming the file."""
     path = Path(path)
     try:
-        with path.open(encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        raise DilstoreError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DilstoreError(f"{path}: is a directory, not a JSON file") from None
+        with _open_binary(path, "a JSON file") as handle:
+            return json.loads(handle.read().decode("utf-8"))
     except OSError as error:
         raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None
     except UnicodeDecodeError as error:
