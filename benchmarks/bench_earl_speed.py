@@ -40,10 +40,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from random_models import write_random_bert_base
 from transformers import BertModel
 
 from dilstore.reader.batching import pad_token_ids
-from dilstore.reader.modeling.checkpoints import base_model_dir, write_random_bert_base
+from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.cross_encoder import CrossEncoderRanker
 from dilstore.reader.modeling.earl import EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint

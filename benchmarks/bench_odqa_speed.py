@@ -47,12 +47,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from random_models import write_random_bert_base
 from transformers import BertForQuestionAnswering
 
 from dilstore.pipelines.passages import Passage
 from dilstore.reader.batching import BatchPolicy, length_batches, pad_token_ids
 from dilstore.reader.data.squad import load_open_questions, load_squad
-from dilstore.reader.modeling.checkpoints import base_model_dir, write_random_bert_base
+from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import encode_tokenized, tokenize_passage

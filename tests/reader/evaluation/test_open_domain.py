@@ -20,7 +20,8 @@ from dilstore.reader.evaluation.open_domain import (
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths, normalize_answer
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.retrieval import Hit
-from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader, aggregate
+from dilstore.reader.serving.answers import aggregate
+from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
 from tests.fixtures.odqa_fixtures import one_torch_thread, write_reader_checkpoint, write_store

@@ -17,16 +17,8 @@ from hypothesis import strategies as st
 
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.retrieval import Hit
-from dilstore.reader.serving.odqa import (
-    OdqaSettings,
-    OpenDomainReader,
-    Reading,
-    Span,
-    Timings,
-    aggregate,
-    load_store_model,
-    open_reader,
-)
+from dilstore.reader.serving.answers import Reading, Span, Timings, aggregate
+from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader, load_store_model, open_reader
 from dilstore.reader.text.tokenization import encode_passage, encode_question
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import FingerprintMismatchError
