@@ -1,1 +1,3 @@
-"""Metrics and evaluation drivers: SQuAD EM/F1, reading comprehension, open-domain QA, ranking metrics and ranking evaluation."""
+"""Metrics and evaluation drivers: the SQuAD EM/F1 metric, reading comprehension, open-domain QA,
+ranking metrics and ranking evaluation.
+"""

@@ -28,8 +28,8 @@ from typing import Any
 
 from dilstore.reader.data.squad import load_open_questions, load_squad
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths, normalize_answer
-from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu
-from dilstore.reader.serving.odqa import OpenDomainReader, check_top_p
+from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu, check_top_p
+from dilstore.reader.serving.odqa import OpenDomainReader
 from dilstore.storage.errors import DilstoreError
 
 DEFAULT_QUESTION_BATCH = 8

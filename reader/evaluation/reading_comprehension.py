@@ -36,7 +36,7 @@ from dilstore.reader.modeling.checkpoints import EVALUATION_FILE
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, best_spans
 from dilstore.reader.text.tokenization import DEFAULT_STRIDE
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, require_at_least_one
 
 # Scores a padded batch: start and end logits, each (b, nq + np) over [question ; passage].
 Scorer = Callable[[QABatch], tuple[torch.Tensor, torch.Tensor]]
@@ -53,9 +53,7 @@ class ReadingSettings:
     max_answer_length: int = DEFAULT_MAX_ANSWER_LENGTH
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "max_answer_length"):
-            if getattr(self, name) < 1:
-                raise DilstoreError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        require_at_least_one({name: getattr(self, name) for name in ("batch_size", "max_answer_length")})
 
 
 @dataclass(frozen=True)

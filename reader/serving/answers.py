@@ -20,6 +20,12 @@ from dilstore.storage.records import StoredPassage
 STAGES = ("retrieval", "store_read", "question_layers", "interaction_layers", "decode")
 
 
+def check_top_p(top_p: int) -> None:
+    """Raise DilstoreError unless top_p is a positive integer."""
+    if isinstance(top_p, bool) or not isinstance(top_p, int) or top_p < 1:
+        raise DilstoreError(f"top-p must be a positive integer, got {top_p!r}")
+
+
 def check_mu(mu: float) -> None:
     """Raise DilstoreError unless 0 ≤ μ ≤ 1."""
     if not 0.0 <= float(mu) <= 1.0:

@@ -40,11 +40,20 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.retrieval import Bm25Searcher, Hit
-from dilstore.reader.serving.answers import Answer, PassageLogits, Reading, Span, Timings, aggregate, check_mu
+from dilstore.reader.serving.answers import (
+    Answer,
+    PassageLogits,
+    Reading,
+    Span,
+    Timings,
+    aggregate,
+    check_mu,
+    check_top_p,
+)
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import StoredPassage
@@ -85,17 +94,10 @@ class OdqaSettings:
     def __post_init__(self) -> None:
         check_top_p(self.top_p)
         check_mu(self.mu)
-        for name in ("n_best", "max_answer_length", "pair_batch_tokens", "max_pairs_per_batch"):
-            if getattr(self, name) < 1:
-                raise DilstoreError(f"{name} must be at least 1, got {getattr(self, name)}")
+        limits = ("n_best", "max_answer_length", "pair_batch_tokens", "max_pairs_per_batch")
+        require_at_least_one({name: getattr(self, name) for name in limits}, dashed=False)
         if self.max_question_length < 3:
             raise DilstoreError(f"max_question_length must be at least 3, got {self.max_question_length}")
-
-
-def check_top_p(top_p: int) -> None:
-    """Raise DilstoreError unless top_p is a positive integer."""
-    if isinstance(top_p, bool) or not isinstance(top_p, int) or top_p < 1:
-        raise DilstoreError(f"top-p must be a positive integer, got {top_p!r}")
 
 
 @dataclass(frozen=True)

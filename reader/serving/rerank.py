@@ -48,7 +48,7 @@ from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import MissingPassagesError, Store, open_store
 from dilstore.storage.records import StoredPassage
@@ -79,9 +79,8 @@ class RerankSettings:
     max_pairs_per_batch: int = DEFAULT_MAX_PAIRS_PER_BATCH
 
     def __post_init__(self) -> None:
-        for name in ("pair_batch_tokens", "max_pairs_per_batch"):
-            if getattr(self, name) < 1:
-                raise DilstoreError(f"{name} must be at least 1, got {getattr(self, name)}")
+        limits = ("pair_batch_tokens", "max_pairs_per_batch")
+        require_at_least_one({name: getattr(self, name) for name in limits}, dashed=False)
         if self.max_query_length < 3:
             raise DilstoreError(f"max_query_length must be at least 3, got {self.max_query_length}")
 
@@ -259,7 +258,8 @@ class EarlReranker:
         scores = [0.0] * len(documents)
         with stats.measure("judge"), torch.inference_mode():
             for batch in length_batches(lengths, policy):
-                stored, doc_mask = pad_stored_states([documents[index] for index in batch], self.device, self.model.dtype)
+                members = [documents[index] for index in batch]
+                stored, doc_mask = pad_stored_states(members, self.device, self.model.dtype)
                 argument = "doc_states" if self.kind == EARL_S1 else "doc_key_values"
                 # The (1, nq) query is broadcast over the b documents.
                 batch_scores = self.model.judge(query_states, query_mask, doc_mask, **{argument: stored})  # (b,)

@@ -45,7 +45,7 @@ from dilstore.reader.training.state import (
     save_training_state,
     step_directory,
 )
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, require_at_least_one
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Micro-batches per length-sorted group (Hugging Face's LengthGroupedSampler uses 50).
@@ -79,13 +79,6 @@ class LoopSettings(OptimizationSettings, Protocol):
     save_every: int
     keep_checkpoints: int
     log_every: int
-
-
-def require_at_least_one(values: dict[str, int | None]) -> None:
-    """A DilstoreError naming the first option (by its flag's spelling) whose value is below 1; None means unset."""
-    for name, value in values.items():
-        if value is not None and value < 1:
-            raise DilstoreError(f"{name.replace('_', '-')} must be at least 1, got {value}")
 
 
 def check_loop_settings(config: LoopSettings) -> None:

@@ -36,7 +36,6 @@ from dilstore.reader.training.loop import (
     autocast_context,
     check_loop_settings,
     optimizer_step_batches,
-    require_at_least_one,
     resume_point,
     run_training_loop,
     seed_everything,
@@ -46,7 +45,7 @@ from dilstore.reader.training.loop import (
     write_training_record,
 )
 from dilstore.reader.training.state import LoopPosition
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, require_at_least_one
 
 # How `train qa` reports its speed: windows per second.
 _THROUGHPUT = Throughput(per_example=1, bar_name="win_per_s", log_name="windows/s", log_digits=2, seen_name="seen")

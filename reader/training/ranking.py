@@ -42,7 +42,6 @@ from dilstore.reader.training.loop import (
     autocast_context,
     check_loop_settings,
     optimizer_step_batches,
-    require_at_least_one,
     resume_point,
     run_training_loop,
     seed_everything,
@@ -53,7 +52,7 @@ from dilstore.reader.training.loop import (
 )
 from dilstore.reader.training.losses import DEFAULT_MARGIN, pairwise_hinge_loss, softmax_cross_entropy_loss
 from dilstore.reader.training.state import LoopPosition
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, require_at_least_one
 
 LOSSES = ("softmax", "hinge")
 
