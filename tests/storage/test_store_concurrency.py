@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 from dilstore.storage.reader import Store, open_store
 from dilstore.storage.records import PassageRecord, StoredPassage
+from tests.fixtures.paths import ROOT
 from tests.fixtures.store_fixtures import build_store, random_shards
 
 READ_PATHS = ("mmap", "zarr")
@@ -83,6 +86,14 @@ def test_spawned_processes_open_and_read_the_store(root, expected) -> None:
 
 
 def test_forked_processes_read_through_a_store_opened_before_the_fork(root, expected) -> None:
+    if "jnius" in sys.modules:
+        # An earlier test on this worker started the JVM (pyserini), and a process must never fork after
+        # that (the child can hang on a lock the JVM held): fork from a fresh interpreter instead.
+        test = f"{Path(__file__).relative_to(ROOT)}::test_forked_processes_read_through_a_store_opened_before_the_fork"
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", test],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:]
+        return
     for read_path in READ_PATHS:
         _INHERITED[read_path] = open_store(root, read_path=read_path)
         _INHERITED[read_path].fetch(sorted(expected)[:3])  # shards opened, zarr's event loop running
