@@ -21,6 +21,8 @@ from dilstore.pipelines.routing import ReadTask, RouteSettings
 from dilstore.pipelines.shard_sink import ShardSettings
 from dilstore.reader.batching import BatchPolicy
 from dilstore.storage.atomic_files import atomic_write_text
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
+from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import MANIFEST_FILE
@@ -38,7 +40,9 @@ class PrecomputeJob:
     (epoch seconds) for the summary's `seconds`. progress_dir: folder for
     live progress files (local runners), or None. compressor: None
     (uncompressed, memory-mappable) or a storage compressor name ("zstd",
-    "blosc"). creation: facts recorded in the manifest (command line, runner).
+    "blosc"). codebook: a codebook folder given with `--codebook` for a
+    2bit/1bit run, or None to train one on a sample (pipelines/codebook.py).
+    creation: facts recorded in the manifest (command line, runner).
     """
 
     inputs: tuple[ReadTask, ...]
@@ -54,6 +58,7 @@ class PrecomputeJob:
     started_at: float
     progress_dir: str | None = None
     compressor: str | None = None
+    codebook: str | None = None
     creation: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -76,16 +81,23 @@ class PrecomputeJob:
 
     def shard_settings(self) -> ShardSettings:
         return ShardSettings(
-            store=self.store, kind=self.kind, encoding=self.encoding, policy=self.policy, compressor=self.compressor
+            store=self.store,
+            kind=self.kind,
+            encoding=self.encoding,
+            policy=self.policy,
+            compressor=self.compressor,
+            codebook=str(Path(self.store) / CODEBOOK_DIR) if get_encoding(self.encoding).codebook else None,
         )
 
 
 def run_spec(job: PrecomputeJob) -> dict[str, Any]:
     """What fixes a store's contents: inputs (path and size), format, split, shards, model fingerprint, compression.
 
-    `compression` is only present for a compressed store, so the spec of an
-    uncompressed run is the one earlier dilstore versions wrote, and their
-    unfinished stores can still be resumed.
+    `compression` is only present for a compressed store, and `codebook` (the
+    SHA-256 of its arrays) only for a codebook given with `--codebook`, so the
+    spec of an uncompressed fp run is the one earlier dilstore versions wrote,
+    and their unfinished stores can still be resumed. A sampled codebook needs
+    no entry: it follows from the inputs and the model.
     """
     spec: dict[str, Any] = {
         "inputs": [
@@ -97,6 +109,8 @@ def run_spec(job: PrecomputeJob) -> dict[str, Any]:
     }
     if job.compressor is not None:
         spec["compression"] = job.compressor
+    if job.codebook is not None:
+        spec["codebook"] = codebook_digest(read_codebook(job.codebook, job.encoding)[0])
     return spec
 
 

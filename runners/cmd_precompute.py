@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
 
 DEFAULT_OUTPUT = "dilstore-store"
 KINDS = ("dilbert", "earl-s1", "earl-s2")
-ENCODINGS = ("fp32", "fp16", "int8")
+ENCODINGS = ("fp32", "fp16", "int8", "2bit", "1bit")
 COMPRESSIONS = ("none", *COMPRESSORS)
 SPLITS = ("words", "paragraphs", "none")
 FORMATS = ("jsonl", "msmarco", "squad", "wikipedia")
@@ -100,6 +100,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "earl-s2 (default: the checkpoint's own; with a plain encoder directory k is required "
                             "and N defaults to l-2; an EARL checkpoint's N cannot be changed)")
     model.add_argument("--encoding", choices=ENCODINGS, default="fp16", help="state encoding (default fp16)")
+    model.add_argument("--codebook", type=Path, metavar="DIR",
+                       help="2bit/1bit only: use this codebook folder (e.g. another store's codebook/, to append "
+                            "with the same codes) instead of training one on a seeded sample of the corpus")
     model.add_argument("--compression", choices=COMPRESSIONS, default="none",
                        help="optional, for cold storage; only ~1.1x on hidden states; compressed stores are read "
                             "through zarr-python instead of memory maps (default none)")
@@ -313,6 +316,7 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
 
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
+    from dilstore.pipelines.codebook import needs_codebook
     from dilstore.pipelines.job import PrecomputeJob
     from dilstore.pipelines.sharding import default_shard_count
     from dilstore.reader.modeling.fingerprint import model_fingerprint
@@ -329,6 +333,8 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     if args.max_length > positions:
         raise DilstoreError(f"--max-length {args.max_length} exceeds the model's {positions} positions")
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)
+    if args.codebook is not None and not needs_codebook(args.encoding):
+        raise DilstoreError(f"--codebook is for the 2bit and 1bit encodings, not {args.encoding}")
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     return PrecomputeJob(
         inputs=inputs,
@@ -341,6 +347,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         policy=BatchPolicy(batch_tokens=args.batch_tokens),
         threads=threads,
         compressor=compressor_of(args.compression),
+        codebook=None if args.codebook is None else str(args.codebook.resolve()),
         runner=runner,
         started_at=started,
         progress_dir=progress_dir,
@@ -400,7 +407,9 @@ def run_command(args: argparse.Namespace) -> int:
     """Run `dilstore precompute` and print its summary; 0 on success."""
     started = time.time()
     quiet_local_logging()
+    from dilstore.pipelines.codebook import needs_codebook, prepare_codebook
     from dilstore.pipelines.job import SUMMARY_FILE, prepare_store, run_spec
+    from dilstore.reader.offline.encoding import checked_reader
     from dilstore.pipelines.options import LOCAL_RUNNERS, canonical_runner
 
     runner = canonical_runner(args.runner)
@@ -412,6 +421,10 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
             summary = json.loads((Path(job.store) / SUMMARY_FILE).read_text(encoding="utf-8"))
         else:
+            if needs_codebook(job.encoding):
+                prepare_codebook(Path(job.store), job.encoding, None if job.codebook is None else Path(job.codebook),
+                                 job.inputs, job.route_settings(), checked_reader(job.model, job.layers, job.fingerprint),
+                                 job.policy)
             summary = run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
     print_summary(summary, args.json)
     return 0
