@@ -30,6 +30,7 @@ from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import cached_reader, encode_tokenized
 from dilstore.runners import cli
 from dilstore.runners.cmd_precompute import build_job, quiet_dask_logging
+from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
@@ -301,3 +302,32 @@ def test_no_arguments_means_the_embedded_corpus_default_model_and_a_store_here(t
     assert (job.strategy, job.encoding, job.kind, job.max_length) == ("words", "fp16", "dilbert", 384)
     if job.model == "package:base-model":
         assert "using the base model" in capsys.readouterr().err
+
+
+def test_a_2bit_run_trains_one_codebook_every_shard_copies_and_another_run_can_reuse(
+    metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys
+) -> None:
+    reference, _, _ = metered_run
+    store, again = tmp_path / "2bit", tmp_path / "2bit-again"
+    assert cli.main(precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress", "--encoding", "2bit")) == 0
+    codebook, _ = read_codebook(store / CODEBOOK_DIR, "2bit")
+    with open_store(store) as opened:
+        for shard in range(SHARDS):
+            copy = opened.shard(shard).per_shard
+            assert all(np.array_equal(copy[name], codebook[name]) for name in codebook), shard
+    mine, theirs = store_contents(store), store_contents(reference)
+    assert sorted(mine) == sorted(theirs)
+    original = np.concatenate([theirs[passage_id][-1] for passage_id in sorted(theirs)])  # (T, d)
+    decoded = np.concatenate([mine[passage_id][-1] for passage_id in sorted(mine)])  # (T, d)
+    assert np.square(decoded - original).sum() / np.square(original - original.mean(0)).sum() < 0.25
+    assert verify_store(store).ok
+    reuse = precompute_args(corpus, tiny_dir, again, "--workers", "1", "--no-progress", "--encoding", "2bit",
+                            "--codebook", str(store / CODEBOOK_DIR))
+    assert cli.main(reuse) == 0
+    assert all(np.array_equal(mine[key][-1], value[-1]) for key, value in store_contents(again).items())
+    assert "codebook" in json.loads((again / "precompute.json").read_text())
+    one_bit = precompute_args(corpus, tiny_dir, tmp_path / "1bit", "--workers", "1", "--no-progress",
+                              "--encoding", "1bit", "--codebook", str(store / CODEBOOK_DIR))
+    capsys.readouterr()
+    assert cli.main(one_bit) == 2
+    assert "is a codebook for '2bit', not '1bit'" in capsys.readouterr().err

@@ -73,6 +73,8 @@ def _shard_arrays(root: Path, shard: int, encoding: str) -> dict[str, np.ndarray
 def _residual_bound(original: np.ndarray, stored: dict[str, np.ndarray], shard_states: np.ndarray) -> np.ndarray:
     """Largest error a value may have: its token scale times the width of its bucket. `(n, *S)`."""
     mean, cutoffs = stored["mean"], stored["cutoffs"]  # (*S), (K-1, *S)
+    if original.size == 0:
+        return np.zeros(original.shape, dtype=np.float32)
 
     def normalized(states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         residuals = (states - mean).astype(np.float32)  # (n, *S)
