@@ -58,7 +58,7 @@ def squad_subset(source: Path, paragraphs: int, target: Path) -> list[dict[str, 
 def precompute(corpus: Path, store: Path, encoding: str, threads: int) -> float:
     started = time.perf_counter()
     subprocess.run([*CLI, "precompute", "--input", str(corpus), "--format", "squad", "--split", "paragraphs",
-                    "--output", str(store), "--encoding", encoding, "--workers", "1", "--threads", str(threads),
+                    "--output", str(store), "--encoding", encoding, "--shards", "1", "--workers", "1", "--threads", str(threads),
                     "--overwrite", "--no-progress", "--json"], check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - started
 
