@@ -50,6 +50,20 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
         action="store_true",
         help="batch windows in plain random order (default: length-grouped)",
     )
+    parser.add_argument(
+        "--teacher",
+        type=Path,
+        help="distil from this reader (usually the fine-tuned k=0 one): its start/end distributions and upper layers",
+    )
+    parser.add_argument(
+        "--distillation-temperature", type=float, default=2.0, help="softmax temperature T of the logit loss (default 2)"
+    )
+    parser.add_argument(
+        "--distillation-weight", type=float, default=1.0, help="weight alpha of the logit loss (default 1)"
+    )
+    parser.add_argument(
+        "--representation-weight", type=float, default=1.0, help="weight beta of the upper-layer loss (default 1)"
+    )
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
     parser.add_argument("--eval-limit", type=int, help="evaluate on a seeded random subset of N dev questions")
     parser.add_argument("--eval-seed", type=int, default=0, help="seed of the --eval-limit subset (default 0)")
@@ -69,6 +83,8 @@ def run_qa(args: argparse.Namespace) -> int:
 
     if not args.train.is_file():
         raise DilstoreError(f"--train {args.train}: no such file")
+    if args.teacher is not None and not args.teacher.is_dir():
+        raise DilstoreError(f"--teacher {args.teacher}: no such directory")
     if args.dev is not None and not args.dev.is_file():
         raise DilstoreError(f"--dev {args.dev}: no such file")
     config = TrainingConfig(
@@ -77,6 +93,10 @@ def run_qa(args: argparse.Namespace) -> int:
         doc_stride=args.doc_stride,
         max_question_length=args.max_question_length,
         group_by_length=not args.no_group_by_length,
+        teacher=None if args.teacher is None else str(args.teacher),
+        distillation_temperature=args.distillation_temperature,
+        distillation_weight=args.distillation_weight,
+        representation_weight=args.representation_weight,
         **config_fields(args),
     )
     result = train_qa(args.model or base_model_dir(), args.train, args.output, config, **run_options(args))
