@@ -76,6 +76,7 @@ class RankingTrainingConfig:
     tied: bool = False
     seed: int = 42
     save_every: int = 0
+    save_every_minutes: float = 10.0
     keep_checkpoints: int = 2
     log_every: int = 10
     precision: str = "auto"

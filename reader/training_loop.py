@@ -11,7 +11,9 @@ model; everything else is here, so both run the same way:
   independent of the dropout RNG, so a resumed run skips exactly what it saw.
 - A progress bar, and a log line every `log_every` steps.
 - Periodic checkpoints under OUTPUT/checkpoints/step-N (model + training
-  state, see reader/training_state.py), written under a temporary name and
+  state, see reader/training_state.py), every N steps and at least every M
+  minutes of training, so a killed run loses at most M minutes; each is
+  written under a temporary name and
   renamed, so a run cut off at any moment leaves a usable checkpoint; only
   the newest `keep_checkpoints` are kept.
 - Resumption from the newest checkpoint, refused when the settings recorded
@@ -51,6 +53,8 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Micro-batches per length-sorted group (Hugging Face's LengthGroupedSampler uses 50).
 LENGTH_GROUP = 50
 RUN_CONFIG_FILE = "run_config.json"
+# Settings a resumed run may change: how often it saves checkpoints.
+_MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes"})
 CHECKPOINTS_DIR = "checkpoints"
 
 
@@ -77,6 +81,7 @@ class LoopSettings(OptimizationSettings, Protocol):
     warmup_ratio: float
     max_grad_norm: float
     save_every: int
+    save_every_minutes: float
     keep_checkpoints: int
     log_every: int
 
@@ -106,6 +111,10 @@ def check_loop_settings(config: LoopSettings) -> None:
         raise DilstoreError(f"learning-rate must be positive, got {config.learning_rate}")
     if config.save_every < 0:
         raise DilstoreError(f"save-every must be 0 (only at the end) or positive, got {config.save_every}")
+    if not config.save_every_minutes >= 0:
+        raise DilstoreError(
+            f"save-every-minutes must be 0 (not by time) or positive, got {config.save_every_minutes}"
+        )
     if config.precision not in PRECISIONS:
         raise DilstoreError(f"precision must be one of {', '.join(PRECISIONS)}, got {config.precision!r}")
 
@@ -253,7 +262,7 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
     """The checkpoint under OUTPUT/checkpoints to resume from; a DilstoreError when there is none or the config differs.
 
     `config` (a dataclass) is compared with the one write_run_config recorded,
-    all but save_every, which may change between the parts of a run.
+    all but how often checkpoints are saved, which may change between the parts of a run.
     """
     checkpoints = Path(output_dir) / CHECKPOINTS_DIR
     found = latest_checkpoint(checkpoints)
@@ -263,7 +272,9 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
     if saved_file.is_file():
         saved = json.loads(saved_file.read_text(encoding="utf-8"))["config"]
         differing = sorted(
-            name for name, value in asdict(config).items() if name != "save_every" and saved.get(name) != value
+            name
+            for name, value in asdict(config).items()
+            if name not in _MAY_CHANGE_ON_RESUME and saved.get(name) != value
         )
         if differing:
             raise DilstoreError(f"--resume: settings differ from the interrupted run ({saved_file}): {differing}")
@@ -361,8 +372,9 @@ def run_training_loop(
 
     Every `config.log_every` steps (and at the last) a line reports the mean
     loss since the last line, the learning rate and the speed; every
-    `config.save_every` steps before the last, a resumable checkpoint goes
-    under OUTPUT/checkpoints.
+    `config.save_every` steps, and whenever `config.save_every_minutes` of
+    training passed since the last one (0: never by time), a resumable
+    checkpoint goes under OUTPUT/checkpoints, except at the last step.
     """
     dtype = autocast_dtype(config, device)
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
@@ -371,6 +383,7 @@ def run_training_loop(
     bar = tqdm(total=total_steps, initial=position.step, disable=not progress, unit="step", dynamic_ncols=True)
     started = time.perf_counter() - position.train_seconds
     window_start, window_units = time.perf_counter(), 0
+    last_save = time.perf_counter()
     for step_index, micro_batches in enumerate(step_plan):
         if step_index >= total_steps:
             break
@@ -397,8 +410,11 @@ def run_training_loop(
                 f"elapsed {position.train_seconds:.0f}s"
             )
             window_start, window_units = time.perf_counter(), 0
-        if config.save_every and position.step % config.save_every == 0 and position.step < total_steps:
+        due_by_steps = config.save_every and position.step % config.save_every == 0
+        due_by_time = config.save_every_minutes and time.perf_counter() - last_save >= 60 * config.save_every_minutes
+        if (due_by_steps or due_by_time) and position.step < total_steps:
             _save_checkpoint(output_dir, optimization, position, step_loss, save, config.keep_checkpoints)
+            last_save = time.perf_counter()
     bar.close()
 
     outcome = LoopOutcome(position=position, losses=losses)

@@ -13,7 +13,14 @@ from pathlib import Path
 
 from runners.cmd_train_ranking import register_ranking_data, register_rankers
 from runners.reading_options import add_reading_arguments, add_runtime_arguments, apply_threads, reading_settings
-from runners.training_options import add_optimizer_arguments, add_run_arguments, config_fields, run_options
+from runners.training_options import (
+    add_optimizer_arguments,
+    add_output_argument,
+    add_run_arguments,
+    config_fields,
+    output_dir,
+    run_options,
+)
 from storage.errors import DilstoreError
 
 
@@ -42,7 +49,7 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--layers", type=int, required=True, help="k: layers that see question and passage apart")
     parser.add_argument("--train", type=Path, required=True, help="SQuAD v1.1-format training JSON")
     parser.add_argument("--dev", type=Path, help="SQuAD v1.1-format dev JSON to evaluate on after training")
-    parser.add_argument("--output", type=Path, required=True, help="output checkpoint directory")
+    add_output_argument(parser, "qa-k{layers}", shown_as="qa-kK")
     add_optimizer_arguments(parser, passes_over="training windows", epochs=2, batch_of="windows", batch_size=12)
     add_run_arguments(parser, seeded="weights init, data order, dropout", limit_of="training questions")
     parser.add_argument(
@@ -99,7 +106,7 @@ def run_qa(args: argparse.Namespace) -> int:
         representation_weight=args.representation_weight,
         **config_fields(args),
     )
-    result = train_qa(args.model or base_model_dir(), args.train, args.output, config, **run_options(args))
+    result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args))
     summary = {
         "k": result.layers,
         "train_steps": result.steps,
@@ -112,7 +119,7 @@ def run_qa(args: argparse.Namespace) -> int:
         from reader.dilbert import DilBertReader
 
         evaluation = evaluate_file(
-            DilBertReader.from_pretrained(args.output),
+            DilBertReader.from_pretrained(result.output),
             args.dev,
             settings=reading_settings(args),
             limit=args.eval_limit,
@@ -121,7 +128,7 @@ def run_qa(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
         summary.update(evaluation.summary())
-        write_evaluation(args.output, evaluation, limit=args.eval_limit, seed=args.eval_seed, training=summary)
+        write_evaluation(result.output, evaluation, limit=args.eval_limit, seed=args.eval_seed, training=summary)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -14,7 +14,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from runners.reading_options import add_runtime_arguments, apply_threads
-from runners.training_options import add_optimizer_arguments, add_run_arguments, config_fields, run_options
+from runners.training_options import (
+    add_optimizer_arguments,
+    add_output_argument,
+    add_run_arguments,
+    config_fields,
+    output_dir,
+    run_options,
+)
 from storage.errors import DilstoreError
 
 RANKER_HELP = {
@@ -71,7 +78,7 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument(
         "--paragraphs", type=Path, help="paragraphs file (default: paragraphs.jsonl.gz beside --triples)"
     )
-    parser.add_argument("--output", type=Path, required=True, help="output checkpoint directory")
+    add_output_argument(parser, "{train_command}", shown_as=kind)
     parser.add_argument("--base-model", type=Path, help="plain BERT encoder to start from (default: all-MiniLM-L6-v2)")
     parser.add_argument(
         "--negatives", type=int, default=7, help="negatives per query: the first N of each triple (default 7)"
@@ -116,7 +123,7 @@ def run_ranker(args: argparse.Namespace) -> int:
         **config_fields(args),
     )
     result = train_ranker(
-        args.base_model or base_model_dir(), args.triples, paragraphs, args.output, config, **run_options(args)
+        args.base_model or base_model_dir(), args.triples, paragraphs, output_dir(args), config, **run_options(args)
     )
     summary = {
         "kind": result.kind,
