@@ -431,3 +431,20 @@ def test_default_corpus_reads_cleanly() -> None:
 def test_default_corpus_rebuilds_from_squad_dev(shared_data: Path) -> None:
     with gzip.open(default_corpus_path(), "rt", encoding="utf-8") as shipped:
         assert corpus_lines(shared_data / "squad" / "dev-v1.1.json") == shipped.read().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ('{"id": "a", "text": "x \\ud800 y"}', "invalid text: text holds a lone surrogate U+D800 at character 3"),
+        ('{"id": "b\\udfff", "text": "fine"}', "invalid text: id holds a lone surrogate U+DFFF at character 2"),
+        ('{"id": "c", "title": "\\udc00", "contents": "fine"}', "invalid text: title holds a lone surrogate U+DC00 at character 1"),
+    ],
+)
+def test_lone_surrogates_are_rejected_not_raised(tmp_path: Path, line: str, reason: str) -> None:
+    """JSON may escape half a surrogate pair; such a field cannot be written as UTF-8, so the record is a dead letter."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(line + '\n{"id": "ok", "text": "kept"}\n', encoding="utf-8")
+    documents, rejected, _ = by_kind(read_corpus(corpus, "jsonl"))
+    assert [(r.line_or_id, r.reason) for r in rejected] == [(1, reason)]
+    assert [d.id for d in documents] == ["ok"]

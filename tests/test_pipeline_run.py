@@ -44,9 +44,11 @@ from tests.pipeline_fixtures import (
 MAX_LENGTH = 48
 SHARDS = 3
 GOOD_FIXTURE_IDS = {"d1", "d2", "10", "d12"}
-# Line of tests/data/bad-records.jsonl (plus the 10 MB document appended as line 13) → words in its reason.
+# Line of tests/data/bad-records.jsonl (plus the 10 MB document appended as line 13, and lone surrogates in
+# a text, an id and a title as lines 14-16) → words in its reason.
 BAD_LINES = {3: "bad JSON", 4: "missing id", 5: "duplicate id 'd1'", 6: "empty text", 7: "invalid UTF-8",
-             8: "bad record", 11: "bad record", 13: "too large"}
+             8: "bad record", 11: "bad record", 13: "too large", 14: "text holds a lone surrogate",
+             15: "id holds a lone surrogate", 16: "title holds a lone surrogate"}
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +58,16 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Good wiki-like documents, then tests/data/bad-records.jsonl's good and bad lines and a 10 MB document."""
+    """Good wiki-like documents, then tests/data/bad-records.jsonl's lines, a 10 MB document and lone surrogates."""
     folder = tmp_path_factory.mktemp("corpus")
     good = write_jsonl(folder / "good.jsonl", wiki_like_documents(24))
     bad = folder / "bad.jsonl"
     shutil.copy(ROOT / "tests" / "data" / "bad-records.jsonl", bad)
     with bad.open("a", encoding="utf-8") as stream:
         stream.write(json.dumps({"id": "huge", "text": "word " * 2_100_000}) + "\n")
+        stream.write('{"id": "s1", "text": "half a pair \\ud800 here"}\n')
+        stream.write('{"id": "s\\udc00", "text": "a fine text"}\n')
+        stream.write('{"id": "s3", "title": "T\\ud800", "text": "a fine text"}\n')
     return folder / good.name, bad
 
 
