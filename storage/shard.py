@@ -18,7 +18,7 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync
 
-from storage.arrays import decode_string
+from storage.arrays import offsets_are_valid
 from storage.encodings import Encoding, get_encoding
 from storage.format import (
     ATTRIBUTES_KEY,
@@ -177,15 +177,53 @@ class ShardReader:
         self.per_shard = {
             spec.name: column(states_array(spec.name)).whole() for spec in self.encoding.arrays if not spec.per_token
         }
-        if len(self.id_offsets) != self.attributes.passages + 1 or len(self.token_offsets) != self.attributes.passages + 1:
-            raise StoreFormatError(f"{where}: offsets do not match its {self.attributes.passages} passages")
+        self._check_offsets(arrays)
+
+    def _check_offsets(self, arrays: dict[str, zarr.Array]) -> None:
+        """Every ragged column's offsets fit its passages and data, so no read can mix up passages.
+
+        A StoreFormatError (one line naming the shard, pointing at `verify`)
+        rather than wrong passages later: damaged offsets would silently give
+        one passage its neighbours' tokens.
+        """
+        columns = (
+            (ID_OFFSETS, self.id_offsets, ID_BYTES),
+            (TITLE_OFFSETS, self.title_offsets, TITLE_BYTES),
+            (TEXT_OFFSETS, self.text_offsets, TEXT_BYTES),
+            (TOKEN_OFFSETS, self.token_offsets, TOKEN_IDS),
+        )
+        for name, offsets, data in columns:
+            if len(offsets) != self.attributes.passages + 1 or not offsets_are_valid(offsets, arrays[data].shape[0]):
+                raise StoreFormatError(
+                    f"{self.where}/{name}: offsets do not fit its {self.attributes.passages} passages and "
+                    f"{data}; the store is damaged, run `dilstore verify`"
+                )
 
     def __len__(self) -> int:
         return self.attributes.passages
 
     def id_at(self, row: int) -> str:
-        """The passage id stored at `row`."""
-        return decode_string(self.id_bytes, self.id_offsets, row)
+        """The passage id stored at `row`; a StoreFormatError when the row is out of range or not UTF-8."""
+        if not 0 <= row < self.attributes.passages:
+            raise StoreFormatError(
+                f"{self.where}: asked for row {row} of {self.attributes.passages} passages (the id index is "
+                "damaged); run `dilstore verify`"
+            )
+        return self._string(self.id_bytes, self.id_offsets, row, "id")
+
+    def _string(self, data: np.ndarray, offsets: np.ndarray, row: int, what: str) -> str:
+        """String `row` of a ragged UTF-8 column (`what` names it in errors)."""
+        return self._decoded(data[int(offsets[row]) : int(offsets[row + 1])], row, what)
+
+    def _decoded(self, raw: np.ndarray, row: int, what: str) -> str:
+        """UTF-8 bytes as text, with damage reported as one StoreFormatError line that points at `verify`."""
+        try:
+            return raw.tobytes().decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise StoreFormatError(
+                f"{self.where}: the {what} of row {row} is not UTF-8 ({error.reason} at byte {error.start}); "
+                "the store is damaged, run `dilstore verify`"
+            ) from None
 
     def read(self, rows: Sequence[int]) -> list[StoredPassage]:
         """The passages at `rows` (any order, repeats allowed), states decoded."""
@@ -208,8 +246,8 @@ class ShardReader:
             passages.append(
                 StoredPassage(
                     id=self.id_at(row),
-                    title=decode_string(self.title_bytes, self.title_offsets, row),
-                    text=texts[i].tobytes().decode("utf-8"),
+                    title=self._string(self.title_bytes, self.title_offsets, row, "title"),
+                    text=self._decoded(texts[i], row, "text"),
                     token_ids=token_ids[i],
                     char_spans=char_spans[i],
                     states=self.encoding.decode(arrays),

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from storage.arrays import decode_string
+from storage.arrays import decode_string, offsets_are_valid
 from storage.encodings import Encoding, get_encoding
 from storage.errors import DilstoreError
 from storage.format import (
@@ -181,7 +181,7 @@ def _array(group: zarr.Group, name: str, dtype: str, shape: tuple[int, ...], whe
 
 def _check_offsets(offsets: np.ndarray, data_length: int, name: str, where: str, report: VerifyReport) -> bool:
     """Offsets start at 0, never decrease and end at the data length."""
-    if offsets[0] != 0 or (np.diff(offsets) < 0).any() or offsets[-1] != data_length:
+    if not offsets_are_valid(offsets, data_length):
         _problem(report, where, f"{name} do not start at 0, increase and end at {data_length}")
         return False
     return True
