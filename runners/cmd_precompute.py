@@ -447,16 +447,18 @@ def run_command(args: argparse.Namespace) -> int:
     quiet_local_logging()
     from pipelines.job import SUMMARY_FILE, run_spec
     from pipelines.options import LOCAL_RUNNERS, canonical_runner
+    from pipelines.store_lock import write_lock
 
     runner = canonical_runner(args.runner)
     if runner not in LOCAL_RUNNERS:
         logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
     with tempfile.TemporaryDirectory(prefix="dilstore-progress-") as progress_dir:
         job = build_job(args, started, runner, progress_dir if runner in LOCAL_RUNNERS else None)
-        if prepare_store(Path(job.store), run_spec(job), args.overwrite):
-            print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
-            summary = json.loads((Path(job.store) / SUMMARY_FILE).read_text(encoding="utf-8"))
-        else:
-            summary = run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
+        with write_lock(Path(job.store)):
+            if prepare_store(Path(job.store), run_spec(job), args.overwrite):
+                print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
+                summary = json.loads((Path(job.store) / SUMMARY_FILE).read_text(encoding="utf-8"))
+            else:
+                summary = run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
     print_summary(summary, args.json)
     return 0
