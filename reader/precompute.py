@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
-from reader.checkpoints import base_model_dir
+from reader.checkpoints import BASE_MODEL_REF as BASE_MODEL_REF  # re-exported: precompute's model references
+from reader.checkpoints import resolve_base_model
 from reader.default_model import default_checkpoint_dir
 from reader.default_ranker import default_ranker_dir
 from reader.fingerprint import model_fingerprint
@@ -44,10 +45,9 @@ from storage.errors import DilstoreError
 from storage.fingerprint import Fingerprint
 from storage.records import PassageRecord
 
-# Symbolic model references, resolved on each worker to the installed package's copy,
-# so a remote worker finds the packaged models wherever its site-packages is.
+# Symbolic model references (with reader.checkpoints.BASE_MODEL_REF), resolved on each worker to the
+# installed package's copy, so a remote worker finds the packaged models wherever its site-packages is.
 DEFAULT_CHECKPOINT_REF = "package:default-checkpoint"
-BASE_MODEL_REF = "package:base-model"
 DEFAULT_RANKER_REF = "package:default-ranker"
 WINDOW_ID_SEPARATOR = "~"
 DEFAULT_MAX_LENGTH = 384
@@ -112,9 +112,7 @@ def resolve_model_dir(model: str) -> Path:
         return default_checkpoint_dir()
     if model == DEFAULT_RANKER_REF:
         return default_ranker_dir()
-    if model == BASE_MODEL_REF:
-        return base_model_dir()
-    return Path(model)
+    return resolve_base_model(model)
 
 
 @functools.lru_cache(maxsize=2)
