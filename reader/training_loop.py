@@ -28,7 +28,7 @@ import platform
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -131,18 +131,31 @@ def training_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def build_optimizer(model: torch.nn.Module, config: OptimizationSettings) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on biases or LayerNorm weights), as BERT fine-tuning does."""
-    decay, no_decay = [], []
+def build_optimizer(
+    model: torch.nn.Module, config: OptimizationSettings, learning_rates: Mapping[str, float] | None = None
+) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases or LayerNorm weights), as BERT fine-tuning does.
+
+    Trainable parameters only. `learning_rates` maps parameter-name prefixes
+    to their own peak learning rate (the first matching prefix wins; e.g. a
+    low one for EARL's encoder copies); every other parameter takes
+    `config.learning_rate`. The schedule scales each group alike.
+    """
+    groups: dict[tuple[float, bool], list[torch.nn.Parameter]] = {}
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
             continue
-        (no_decay if parameter.ndim < 2 or "LayerNorm" in name or "norm" in name.lower() else decay).append(parameter)
-    groups = [
-        {"params": decay, "weight_decay": config.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=config.learning_rate)
+        prefix = next((prefix for prefix in learning_rates or {} if name.startswith(prefix)), None)
+        rate = config.learning_rate if prefix is None else learning_rates[prefix]  # type: ignore[index]
+        decays = not (parameter.ndim < 2 or "LayerNorm" in name or "norm" in name.lower())
+        groups.setdefault((rate, decays), []).append(parameter)
+    return torch.optim.AdamW(
+        [
+            {"params": parameters, "lr": rate, "weight_decay": config.weight_decay if decays else 0.0}
+            for (rate, decays), parameters in sorted(groups.items(), key=lambda item: (-item[0][0], not item[0][1]))
+        ],
+        lr=config.learning_rate,
+    )
 
 
 def total_optimizer_steps(num_features: int, config: OptimizationSettings) -> int:
@@ -302,13 +315,18 @@ class Optimization:
 
 
 def start_optimization(
-    model: torch.nn.Module, num_examples: int, config: LoopSettings, resume_from: Path | None
+    model: torch.nn.Module,
+    num_examples: int,
+    config: LoopSettings,
+    resume_from: Path | None,
+    learning_rates: Mapping[str, float] | None = None,
 ) -> Optimization:
     """AdamW and the linear warm-up and decay over the run's steps, restored from `resume_from` when given.
 
+    `learning_rates` gives some parameters their own peak rate (build_optimizer).
     Restoring also restores the torch RNG, so call this once every module is built.
     """
-    optimizer = build_optimizer(model, config)
+    optimizer = build_optimizer(model, config, learning_rates)
     total_steps = total_optimizer_steps(num_examples, config)
     scheduler = get_linear_schedule_with_warmup(optimizer, round(config.warmup_ratio * total_steps), total_steps)
     start = LoopPosition(step=0, features_seen=0, train_seconds=0.0)

@@ -92,6 +92,20 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
         parser.add_argument("--query-layers", type=int, help="N, the query module's layers (default l - 2)")
         parser.add_argument("--pooling", choices=("cls", "mean"), default="cls", help="ClsPool or AvePool (cls)")
         parser.add_argument("--tied", action="store_true", help="share the query module with the document module")
+        parser.add_argument(
+            "--prior", action="store_true",
+            help="add the bi-encoder prior: 20 x cosine of mean-pooled query and S1 states, a zero-initialised head",
+        )  # fmt: skip
+        encoder = parser.add_mutually_exclusive_group()
+        encoder.add_argument(
+            "--freeze-encoder", action="store_true",
+            help="train only the judger blocks, head and prior scale; checkpoints name the base instead of "
+            "storing the encoder",
+        )  # fmt: skip
+        encoder.add_argument(
+            "--encoder-learning-rate", type=float, metavar="LR",
+            help="peak learning rate of the encoder copies (default: --learning-rate)",
+        )  # fmt: skip
     add_run_arguments(parser, seeded="data order and dropout", limit_of="triples")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
     add_runtime_arguments(parser)
@@ -120,6 +134,9 @@ def run_ranker(args: argparse.Namespace) -> int:
         query_layers=getattr(args, "query_layers", None),
         pooling=getattr(args, "pooling", "cls"),
         tied=getattr(args, "tied", False),
+        prior=getattr(args, "prior", False),
+        freeze_encoder=getattr(args, "freeze_encoder", False),
+        encoder_learning_rate=getattr(args, "encoder_learning_rate", None),
         **config_fields(args),
     )
     result = train_ranker(

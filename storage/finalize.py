@@ -78,7 +78,7 @@ def finalize(
         extra = sorted(set(indices) - set(range(expected_shards)))
         raise DilstoreError(f"{root}: expected shards 0..{expected_shards - 1}; missing {absent}, unexpected {extra}")
     contents = {index: _read_shard(location, index) for index in indices}
-    state_shape = _check_agreement(root, contents, fingerprint)
+    state_shape, vector_size = _check_agreement(root, contents, fingerprint)
     index = build_index(
         {shard: content.ids for shard, content in contents.items()},
         {shard: content.name for shard, content in contents.items()},
@@ -100,6 +100,7 @@ def finalize(
         fingerprint=fingerprint,
         creation={**_library_versions(), **(creation_info or {})},
         files=files,
+        vector_size=vector_size,
     )
     write_manifest(root, manifest)
     return manifest
@@ -146,17 +147,21 @@ def _read_shard(location: StoreLocation, index: int) -> _ShardContents:
     )
 
 
-def _check_agreement(root: Path, contents: dict[int, _ShardContents], fingerprint: Fingerprint) -> tuple[int, ...] | None:
-    """Every shard has the fingerprint's kind and encoding, one compressor, one state shape, fitting lengths."""
+def _check_agreement(
+    root: Path, contents: dict[int, _ShardContents], fingerprint: Fingerprint
+) -> tuple[tuple[int, ...] | None, int | None]:
+    """Every shard has the fingerprint's kind and encoding, one compressor, state shape and vector size, fitting
+    lengths; returns the state shape and vector size (None, None for no shards)."""
     settings = {
         (content.attributes.kind, content.attributes.encoding, content.attributes.compressor,
-         content.attributes.state_shape)
+         content.attributes.state_shape, content.attributes.vector_size)
         for content in contents.values()
     }
     if len(settings) > 1:
         listed = "; ".join(
             f"{content.name}: kind={content.attributes.kind} encoding={content.attributes.encoding} "
-            f"compressor={content.attributes.compressor} state_shape={content.attributes.state_shape}"
+            f"compressor={content.attributes.compressor} state_shape={content.attributes.state_shape} "
+            f"vector_size={content.attributes.vector_size}"
             for content in contents.values()
         )
         raise DilstoreError(f"shards of {root} were written with different settings: {listed}")
@@ -172,7 +177,7 @@ def _check_agreement(root: Path, contents: dict[int, _ShardContents], fingerprin
                 f"{content.name} has a passage of {content.longest} tokens, longer than the fingerprint's "
                 f"max_length {fingerprint.max_length}"
             )
-    return next(iter(settings))[3] if settings else None
+    return next(iter(settings))[3:] if settings else (None, None)
 
 
 def _checksum_all(root: Path, location: StoreLocation, shard_names: list[str]) -> dict[str, FileEntry]:

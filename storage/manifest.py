@@ -45,6 +45,7 @@ class Manifest:
     """Everything finalize recorded about a store.
 
     state_shape is the per-token shape of the states (None for a store without passages).
+    vector_size is d of the shards' passages/vectors, None when they have none.
     files maps '/'-separated paths relative to the store root to their entries.
     """
 
@@ -58,6 +59,7 @@ class Manifest:
     fingerprint: Fingerprint
     creation: dict[str, Any]
     files: dict[str, FileEntry]
+    vector_size: int | None = None
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
     shard_by_index: dict[int, ShardEntry] = field(init=False, repr=False, compare=False)
@@ -80,6 +82,8 @@ class Manifest:
             "fingerprint": self.fingerprint.to_dict(),
             "creation": self.creation,
             "files": {path: vars(entry) for path, entry in self.files.items()},
+            # Only for stores with vectors, so the manifests of stores without them stay as they were.
+            **({} if self.vector_size is None else {"vector_size": self.vector_size}),
         }
 
     @classmethod
@@ -105,6 +109,7 @@ class Manifest:
                 fingerprint=Fingerprint.from_dict(data["fingerprint"]),
                 creation=dict(data["creation"]),
                 files={path: FileEntry(**entry) for path, entry in data["files"].items()},
+                vector_size=None if data.get("vector_size") is None else int(data["vector_size"]),
                 format=data["format"],
                 format_version=data["format_version"],
             )

@@ -79,6 +79,11 @@ class Store:
         return self.manifest.state_shape
 
     @property
+    def vector_size(self) -> int | None:
+        """d of the passages' vectors (StoredPassage.vector), None when the store has none."""
+        return self.manifest.vector_size
+
+    @property
     def read_path(self) -> str:
         """"mmap" (zero-copy memory maps) or "zarr" (zarr-python)."""
         return "mmap" if self._use_mmap else "zarr"

@@ -33,6 +33,7 @@ from storage.format import (
     TITLE_OFFSETS,
     TOKEN_IDS,
     TOKEN_OFFSETS,
+    VECTORS,
     StoreFormatError,
     check_compressor,
     get_kind,
@@ -54,6 +55,7 @@ class ShardAttributes:
     state_shape: tuple[int, ...]
     passages: int
     tokens: int
+    vector_size: int | None = None  # d of passages/vectors; None: the shard has no vectors
 
     @classmethod
     def of(cls, group: zarr.Group, where: str) -> ShardAttributes:
@@ -72,6 +74,7 @@ class ShardAttributes:
                 state_shape=tuple(int(size) for size in data["state_shape"]),
                 passages=int(data["passages"]),
                 tokens=int(data["tokens"]),
+                vector_size=None if data.get("vector_size") is None else int(data["vector_size"]),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise StoreFormatError(f"{where} has malformed attributes: {type(error).__name__}: {error}") from None
@@ -177,6 +180,7 @@ class ShardReader:
         self.per_shard = {
             spec.name: column(states_array(spec.name)).whole() for spec in self.encoding.arrays if not spec.per_token
         }
+        self.vectors = None if self.attributes.vector_size is None else column(VECTORS).whole()  # (n, d) float32
         self._check_offsets(arrays)
 
     def _check_offsets(self, arrays: dict[str, zarr.Array]) -> None:
@@ -198,6 +202,11 @@ class ShardReader:
                     f"{self.where}/{name}: offsets do not fit its {self.attributes.passages} passages and "
                     f"{data}; the store is damaged, run `dilstore verify`"
                 )
+        if self.vectors is not None and len(self.vectors) != self.attributes.passages:
+            raise StoreFormatError(
+                f"{self.where}/{VECTORS}: {len(self.vectors)} vectors for {self.attributes.passages} passages; "
+                "the store is damaged, run `dilstore verify`"
+            )
 
     def __len__(self) -> int:
         return self.attributes.passages
@@ -251,6 +260,7 @@ class ShardReader:
                     token_ids=token_ids[i],
                     char_spans=char_spans[i],
                     states=self.encoding.decode(arrays),
+                    vector=None if self.vectors is None else self.vectors[row],
                 )
             )
         return passages

@@ -36,6 +36,7 @@ from storage.format import (
     TITLE_OFFSETS,
     TOKEN_IDS,
     TOKEN_OFFSETS,
+    VECTORS,
     shard_name,
     shard_path,
     states_array,
@@ -213,12 +214,12 @@ def _check_shard(location: StoreLocation, manifest: Manifest, entry: ShardEntry,
     group = location.open_group(relative)
     attributes = ShardAttributes.of(group, where)
     expected = (entry.index, manifest.kind, manifest.encoding, manifest.compressor, manifest.state_shape,
-                entry.passages, entry.tokens)
+                entry.passages, entry.tokens, manifest.vector_size)
     found = (attributes.shard, attributes.kind, attributes.encoding, attributes.compressor, attributes.state_shape,
-             attributes.passages, attributes.tokens)
+             attributes.passages, attributes.tokens, attributes.vector_size)
     if found != expected:
         _problem(report, where, f"attributes {found} differ from the manifest's {expected} "
-                                "(shard, kind, encoding, compressor, state shape, passages, tokens)")
+                                "(shard, kind, encoding, compressor, state shape, passages, tokens, vector size)")
         return None
     n, tokens, state_shape = entry.passages, entry.tokens, attributes.state_shape
     ids = _strings(group, ID_BYTES, ID_OFFSETS, n, where, report)
@@ -235,6 +236,10 @@ def _check_shard(location: StoreLocation, manifest: Manifest, entry: ShardEntry,
     if token_ids is not None:
         np.asarray(token_ids[...])  # reading decodes every chunk: damage surfaces here
     _check_encoded(group, get_encoding(attributes.encoding), state_shape, tokens, where, report)
+    if attributes.vector_size is not None:
+        vectors = _array(group, VECTORS, "float32", (n, attributes.vector_size), where, report)
+        if vectors is not None and not np.isfinite(np.asarray(vectors[...])).all():
+            _problem(report, where, f"{VECTORS} holds NaN or infinite values")
     return ids
 
 

@@ -49,6 +49,8 @@ from storage.format import (
     TOKEN_IDS,
     TOKEN_OFFSETS,
     TOKENS_PER_CHUNK,
+    VECTORS,
+    VECTORS_PER_CHUNK,
     Kind,
     check_compressor,
     get_kind,
@@ -90,6 +92,7 @@ class _Columns:
     char_spans: np.ndarray  # (T, 2) int32
     states: np.ndarray  # (T, *S) float32
     state_shape: tuple[int, ...]
+    vectors: np.ndarray | None  # (n, d) float32, or None when the records have none
 
 
 def write_shard(
@@ -171,6 +174,7 @@ def _collect(records: Sequence[PassageRecord], kind: Kind, name: str) -> _Column
         char_spans=np.concatenate(char_spans).reshape(-1, 2),
         states=np.concatenate(states).astype(np.float32, copy=False),
         state_shape=state_shape,
+        vectors=_vectors(records, name),
     )
     _check_values(columns)
     return replace(
@@ -178,6 +182,27 @@ def _collect(records: Sequence[PassageRecord], kind: Kind, name: str) -> _Column
         token_ids=columns.token_ids.astype(np.int32, copy=False),
         char_spans=columns.char_spans.astype(np.int32, copy=False),
     )
+
+
+def _vectors(records: Sequence[PassageRecord], name: str) -> np.ndarray | None:
+    """The records' vectors as float32 (n, d): all of one length and finite, or None when no record has one."""
+    given = [record.vector is not None for record in records]
+    if not any(given):
+        return None
+    if not all(given):
+        missing = records[given.index(False)].id
+        raise DilstoreError(f"passage {missing!r} has no vector, but others in shard {name} do: give all or none")
+    vectors = [np.asarray(record.vector) for record in records]
+    width = vectors[0].shape
+    for record, vector in zip(records, vectors, strict=True):
+        if vector.ndim != 1 or vector.shape != width or not vector.size or not np.issubdtype(vector.dtype, np.floating):
+            raise DilstoreError(
+                f"passage {record.id!r}: vector must be a float (d,) like the shard's first, got {vector.dtype} "
+                f"{vector.shape}"
+            )
+        if not np.isfinite(vector).all():
+            raise DilstoreError(f"passage {record.id!r}: vector has NaN or infinite values")
+    return np.stack(vectors).astype(np.float32)  # (n, d)
 
 
 def _check_record_shapes(record: PassageRecord, state_shape: tuple[int, ...], kind: str) -> None:
@@ -252,6 +277,8 @@ def _write_group(
             "state_shape": list(columns.state_shape),
             "passages": len(columns.ids),
             "tokens": len(columns.token_ids),
+            # Only in shards with vectors, so shards without them keep their bytes.
+            **({} if columns.vectors is None else {"vector_size": int(columns.vectors.shape[1])}),
         }
     }
     group = zarr.open_group(str(path), mode="w-", zarr_format=3, attributes=attributes)
@@ -265,6 +292,9 @@ def _write_group(
                     dimension_names=["byte"])
         write_array(group, offsets_path, offsets, rows_per_chunk=OFFSETS_PER_CHUNK, compressor=compressor,
                     dimension_names=["passage_boundary"])
+    if columns.vectors is not None:
+        write_array(group, VECTORS, columns.vectors, rows_per_chunk=VECTORS_PER_CHUNK, compressor=compressor,
+                    dimension_names=["passage", "vector"])
     write_array(group, TOKEN_OFFSETS, columns.token_offsets, rows_per_chunk=OFFSETS_PER_CHUNK,
                 compressor=compressor, dimension_names=["passage_boundary"])
     write_array(group, TOKEN_IDS, columns.token_ids, rows_per_chunk=TOKENS_PER_CHUNK, compressor=compressor,

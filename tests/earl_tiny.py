@@ -46,10 +46,21 @@ def tokenizer() -> PreTrainedTokenizerBase:
 
 
 def tiny_ranker(
-    pooling: str = "cls", tied: bool = False, query_layers: int | None = None, seed: int = 0
+    pooling: str = "cls", tied: bool = False, query_layers: int | None = None, seed: int = 0, prior: bool = False
 ) -> EarlRanker:
-    """An EARL ranker initialised (the paper's way) from `tiny_encoder(seed)`, in eval mode."""
-    return EarlRanker.from_encoder(tiny_encoder(seed), tokenizer(), query_layers, pooling, tied)
+    """An EARL ranker initialised (the paper's way) from `tiny_encoder(seed)`, in eval mode.
+
+    With `prior`, the score head (which starts at zero) gets random weights
+    and the prior's scale 7, as if trained, so that both the judger and the
+    prior move the scores.
+    """
+    ranker = EarlRanker.from_encoder(tiny_encoder(seed), tokenizer(), query_layers, pooling, tied, prior)
+    if prior:
+        generator = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            ranker.score.weight.copy_(torch.randn(ranker.score.weight.shape, generator=generator) * INIT)
+            ranker.prior_scale.fill_(7.0)
+    return ranker
 
 
 def save_base_encoder(directory: Path, encoder: BertModel) -> Path:
