@@ -76,16 +76,14 @@ class PrecomputeJob:
 
 
 def run_spec(job: PrecomputeJob) -> dict[str, Any]:
-    """What fixes a store's contents: inputs (path and size), format, split, shards, model fingerprint, compression.
+    """What fixes a store's contents: inputs (path, size, modification time), format, split, shards, model
+    fingerprint, compression.
 
-    `compression` is only present for a compressed store, so the spec of an
-    uncompressed run is the one earlier dilstore versions wrote, and their
-    unfinished stores can still be resumed.
+    The modification time makes an input edited in place (same size) a
+    different spec, so a re-run does not call the old store complete.
+    `compression` is only present for a compressed store.
     """
-    spec: dict[str, Any] = {
-        "inputs": [
-            {"path": task.path, "format": task.format, "bytes": Path(task.path).stat().st_size} for task in job.inputs
-        ],
+    spec: dict[str, Any] = {"inputs": [_input_entry(task.path, task.format) for task in job.inputs],
         "split": job.strategy,
         "shards": job.num_shards,
         "fingerprint": job.fingerprint.to_dict(),
@@ -93,6 +91,12 @@ def run_spec(job: PrecomputeJob) -> dict[str, Any]:
     if job.compressor is not None:
         spec["compression"] = job.compressor
     return spec
+
+
+def _input_entry(path: str, format: str) -> dict[str, Any]:
+    """One input as the spec records it: what the file is now, by size and modification time (ns)."""
+    status = Path(path).stat()
+    return {"path": path, "format": format, "bytes": status.st_size, "mtime_ns": status.st_mtime_ns}
 
 
 def spec_json(spec: dict[str, Any]) -> str:

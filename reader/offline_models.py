@@ -106,8 +106,8 @@ def offline_kind(name: str) -> OfflineKind:
 def load_offline_model(path: str | Path, kind: str, layers: int | None) -> OfflineModel:
     """The model that makes `kind` stores, from a checkpoint or a plain encoder directory (module docstring).
 
-    `layers` is k for dilbert and N for the EARL kinds. A checkpoint fixes its
-    own split: `layers` must then be None or equal to it. The directory's
+    `layers` is k for dilbert and N for the EARL kinds. A trained checkpoint
+    fixes its own split: `layers` must then be None or equal to it. The directory's
     kind is checked before any weight is loaded.
     """
     wanted = offline_kind(kind)
@@ -121,6 +121,11 @@ def load_offline_model(path: str | Path, kind: str, layers: int | None) -> Offli
             f"{kind} stores need {wanted.model_name} (dilstore.json kind {needed!r}) or a plain encoder directory"
         )
     if wanted.model_class is DilBertReader:
+        if metadata is not None and layers is not None and layers != metadata.layers:
+            raise DilstoreError(
+                f"{directory} is a DilBert reader trained with k = {metadata.layers}, not {layers}: a store at "
+                "another k holds states that reader cannot read; omit the layers (--layers) or give its own k"
+            )
         return DilBertReader.from_pretrained(directory, layers=layers)
     if metadata is None:
         return EarlRanker.from_base(directory, query_layers=layers)

@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -70,6 +71,10 @@ class _BeamPassThroughParser(argparse.ArgumentParser):
         return namespace, []
 
 
+# The shortest stored unit worth making: [CLS]/[SEP] and a few word pieces per window.
+MIN_MAX_LENGTH = 8
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
@@ -92,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.__class__ = _BeamPassThroughParser
     inputs = parser.add_argument_group("input")
-    inputs.add_argument("--input", action="append", type=Path, metavar="PATH",
+    inputs.add_argument("--input", action="append", metavar="PATH",
                         help="corpus file; repeat for several (default: the embedded corpus)")
     inputs.add_argument("--format", choices=FORMATS,
                         help="corpus format (default: from the file name, e.g. .jsonl, .tsv, .json, .xml.bz2)")
@@ -139,32 +144,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_command)
 
 
-def resolve_inputs(paths: Sequence[Path] | None, format: str | None) -> tuple[ReadTask, ...]:
-    """ReadTasks for the given files (absolute paths), or for the embedded corpus when none are given."""
-    from pipelines.corpora import format_for_path
+def resolve_inputs(paths: Sequence[str | Path] | None, format: str | None) -> tuple[ReadTask, ...]:
+    """ReadTasks for the given files (absolute paths), or for the embedded corpus when none are given.
+
+    Each input is checked up front, before anything is written: a URL, a
+    missing file, a directory and an unreadable file are errors naming it.
+    """
+    from pipelines.corpora import check_format, format_for_path
     from pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
     from pipelines.routing import ReadTask
 
     if not paths:
         return (ReadTask(str(default_corpus_path()), format or DEFAULT_CORPUS_FORMAT),)
     tasks = []
-    for path in paths:
-        refuse_url("--input", path)
+    for given in paths:
+        refuse_url("--input", given)
+        path = Path(given)
+        if path.is_dir():
+            raise DilstoreError(f"--input {path} is a directory; give the corpus files in it, one --input each")
         if not path.is_file():
             raise DilstoreError(f"input file not found: {path}")
-        tasks.append(ReadTask(str(path.resolve()), format or format_for_path(path)))
+        if not os.access(path, os.R_OK):
+            raise DilstoreError(f"--input {path}: permission denied (the file is not readable)")
+        task = ReadTask(str(path.resolve()), format or format_for_path(path))
+        check_format(task.path, task.format)
+        tasks.append(task)
     return tuple(tasks)
 
 
-def refuse_url(flag: str, path: Path) -> None:
-    """Refuse object-storage URLs: the pipeline's files are written and renamed on a local or mounted filesystem.
+# `scheme:/...` as typed, or as pathlib leaves `scheme://...` after folding the double slash.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
+def refuse_url(flag: str, path: str | Path) -> None:
+    """Refuse URLs (https, object storage): the pipeline reads inputs and writes the store on a filesystem.
 
     Without this, `--output gs://bucket/x` would silently become the local folder `./gs:/bucket/x`.
     """
-    if "://" in str(path) or str(path).startswith(("gs:/", "s3:/")):
+    if _URL.match(str(path)):
         raise DilstoreError(
-            f"{flag} {path}: object-storage URLs are not supported by `dilstore precompute` yet; "
-            "use a local path or a mounted filesystem (e.g. gcsfuse) visible to every worker"
+            f"{flag} {path}: URLs are not supported by `dilstore precompute` yet; use a local path or "
+            "a mounted filesystem (e.g. gcsfuse) visible to every worker (download an https file first)"
         )
 
 
@@ -371,6 +391,11 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     reader = cached_reader(model, args.kind, layers)
     note_untrained_ranker(model, reader)
     positions = max_positions(reader)
+    if args.max_length < MIN_MAX_LENGTH:
+        raise DilstoreError(
+            f"--max-length {args.max_length} is too short: a stored unit needs its special tokens and room for "
+            f"word pieces; use at least {MIN_MAX_LENGTH}"
+        )
     if args.max_length > positions:
         raise DilstoreError(f"--max-length {args.max_length} exceeds the model's {positions} positions")
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pipelines.corpora import FORMATS, format_for_path, read_corpus
+from pipelines.corpora import FORMATS, check_format, format_for_path, read_corpus
 from pipelines.corpus_jsonl import read_jsonl
 from pipelines.corpus_msmarco import read_msmarco
 from pipelines.corpus_squad import read_squad
@@ -448,3 +448,29 @@ def test_lone_surrogates_are_rejected_not_raised(tmp_path: Path, line: str, reas
     documents, rejected, _ = by_kind(read_corpus(corpus, "jsonl"))
     assert [(r.line_or_id, r.reason) for r in rejected] == [(1, reason)]
     assert [d.id for d in documents] == ["ok"]
+
+
+def test_real_files_fit_their_format_and_no_other(shared_data: Path, tmp_path: Path) -> None:
+    """check_format passes every real corpus under its own format and refuses it under the others."""
+    tsv = tmp_path / "collection.tsv.gz"
+    with gzip.open(tsv, "wt", encoding="utf-8") as out:
+        out.write("7\tA passage of MS MARCO.\n")
+    files = {
+        "jsonl": shared_data / "msmarco" / "passages.dl19-dl20-pool.jsonl",
+        "squad": shared_data / "squad" / "dev-v1.1.json",
+        "wikipedia": shared_data / "wiki" / "enwiki-excerpt-206-pages.xml.bz2",
+        "msmarco": tsv,
+    }
+    for format, path in files.items():
+        check_format(path, format)
+        check_format(default_corpus_path(), DEFAULT_CORPUS_FORMAT)
+        for other in {"msmarco", "wikipedia"} - {format}:
+            with pytest.raises(DilstoreError, match=f"--format {other} does not fit"):
+                check_format(path, other)
+
+
+def test_an_empty_file_fits_any_format(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"\n\n")
+    for format in FORMATS:
+        check_format(empty, format)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -22,10 +24,10 @@ from apache_beam.metrics.metric import MetricsFilter
 
 from pipelines.corpora import Document, read_corpus
 from pipelines.finish import SUMMARY_KEYS
-from pipelines.job import SUMMARY_FILE, run_spec
+from pipelines.job import SUMMARY_FILE, run_spec, spec_differences
 from pipelines.options import LocalDefaults, assemble_beam_flags, pipeline_options
 from pipelines.precompute import NAMESPACE, build_pipeline
-from pipelines.routing import SHARD, RouteSettings, route
+from pipelines.routing import SHARD, ReadTask, RouteSettings, route
 from reader.precompute import BatchPolicy, cached_reader, encode_tokenized
 from runners import cli
 from runners.cmd_precompute import build_job, prepare_store, quiet_dask_logging
@@ -305,3 +307,43 @@ def test_no_arguments_means_the_embedded_corpus_default_model_and_a_store_here(t
     assert (job.strategy, job.encoding, job.kind, job.max_length) == ("words", "fp16", "dilbert", 384)
     if job.model == "package:base-model":
         assert "using the base model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--input", "https://example.org/corpus.jsonl"], "--input https://example.org/corpus.jsonl: URLs are not"),
+        (["--input", "."], "is a directory; give the corpus files"),
+        (["--max-length", "1"], "--max-length 1 is too short"),
+        (["--layers", str(TINY_LAYERS + 1)], f"trained with k = {TINY_LAYERS}, not {TINY_LAYERS + 1}"),
+        (["--format", "msmarco"], "--format msmarco does not fit"),
+        (["--format", "wikipedia"], "wikipedia files hold XML, but it begins '{"),
+    ],
+)
+def test_bad_inputs_are_usage_errors_before_anything_is_written(
+    tiny_dir: Path, tmp_path: Path, capsys, extra: list[str], message: str
+) -> None:
+    """Each stops with exit 2 and one line naming the problem, and the store folder is never created."""
+    args = ["precompute", "--model", str(tiny_dir), "--output", str(tmp_path / "s"), "--no-progress", *extra]
+    if "--input" not in extra:
+        args += ["--input", str(write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2)))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_an_input_edited_in_place_is_a_new_spec(tmp_path: Path) -> None:
+    """Same size, new content: the spec differs by the modification time, so the store is not called complete."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2))
+    job = SimpleNamespace(inputs=[ReadTask(str(corpus), "jsonl")], strategy="words", num_shards=2,
+                          fingerprint=SimpleNamespace(to_dict=lambda: {}), compressor=None)  # fmt: skip
+    before = run_spec(job)
+    text = corpus.read_text(encoding="utf-8")
+    os.utime(corpus, ns=(before["inputs"][0]["mtime_ns"] + 10**9,) * 2)
+    corpus.write_text(text.replace("a", "b", 1), encoding="utf-8")
+    after = run_spec(job)
+    assert after["inputs"][0]["bytes"] == before["inputs"][0]["bytes"]
+    assert spec_differences(before, after) == ["inputs"]
