@@ -59,5 +59,5 @@ def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
     (store / REJECTED_DIR).mkdir(exist_ok=True)
     summary = run_summary(stats, job, time.time())
     atomic_write_text(store / SUMMARY_FILE, json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    finalize(store, job.fingerprint, {**job.creation, "summary": summary})
+    finalize(store, job.fingerprint, {**job.creation, "summary": summary}, generation=job.generation)
     return summary

@@ -9,6 +9,7 @@ written to `STORE/precompute.json` before any shard, so a later run can tell.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ class PrecomputeJob:
     started_at: float
     progress_dir: str | None = None
     compressor: str | None = None
+    generation: str | None = None
     creation: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -71,8 +73,9 @@ class PrecomputeJob:
 
     def shard_settings(self) -> ShardSettings:
         return ShardSettings(
-            store=self.store, kind=self.kind, encoding=self.encoding, policy=self.policy, compressor=self.compressor
-        )
+            store=self.store, kind=self.kind, encoding=self.encoding, policy=self.policy, compressor=self.compressor,
+            generation=self.generation, fingerprint=self.fingerprint,
+        )  # fmt: skip
 
 
 def run_spec(job: PrecomputeJob) -> dict[str, Any]:
@@ -97,6 +100,17 @@ def _input_entry(path: str, format: str) -> dict[str, Any]:
     """One input as the spec records it: what the file is now, by size and modification time (ns)."""
     status = Path(path).stat()
     return {"path": path, "format": format, "bytes": status.st_size, "mtime_ns": status.st_mtime_ns}
+
+
+def spec_generation(spec: dict[str, Any]) -> str:
+    """The build id of a run: the first 16 hex digits of the SHA-256 of its spec file's text.
+
+    Equal specs give equal ids, so a resumed run writes the same bytes as an
+    uninterrupted one; any other spec (another k, model, input or encoding)
+    gives another id, which every shard and the manifest record, so a reader
+    never mixes shards of two builds.
+    """
+    return hashlib.sha256(spec_json(spec).encode("utf-8")).hexdigest()[:16]
 
 
 def spec_json(spec: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -379,7 +380,7 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
 
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
-    from pipelines.job import PrecomputeJob
+    from pipelines.job import PrecomputeJob, run_spec, spec_generation
     from pipelines.sharding import default_shard_count
     from reader.fingerprint import model_fingerprint
     from reader.offline_models import max_positions
@@ -400,7 +401,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         raise DilstoreError(f"--max-length {args.max_length} exceeds the model's {positions} positions")
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
-    return PrecomputeJob(
+    job = PrecomputeJob(
         inputs=inputs,
         store=str(args.output.resolve()),
         strategy=args.split,
@@ -416,6 +417,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         progress_dir=progress_dir,
         creation={"command": canonical_command(args), "runner": runner},
     )
+    return dataclasses.replace(job, generation=spec_generation(run_spec(job)))
 
 
 def compressor_of(compression: str) -> str | None:

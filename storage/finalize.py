@@ -24,7 +24,7 @@ import zarr
 from storage.arrays import decode_string
 from storage.checksums import read_checksums
 from storage.errors import DilstoreError
-from storage.fingerprint import Fingerprint
+from storage.fingerprint import Fingerprint, fingerprint_sha256
 from storage.format import (
     ID_BYTES,
     ID_OFFSETS,
@@ -58,6 +58,7 @@ def finalize(
     creation_info: dict[str, Any] | None = None,
     *,
     expected_shards: int | None = None,
+    generation: str | None = None,
 ) -> Manifest:
     """Commit the store at `store_root`: id index, checksums, then the manifest; return the manifest.
 
@@ -65,6 +66,9 @@ def finalize(
     the shards'). creation_info: free-form JSON-ready facts to record (command,
     corpus, run ids); finalize adds the time and library versions.
     expected_shards: when given, shards 0..expected_shards-1 must all exist.
+    generation: the build the shards must all belong to (their writer's
+    `generation`); the manifest records it, so readers can tell a store
+    rebuilt under them. Shards that record the fingerprint's hash must match it.
     Duplicate passage ids across shards raise DuplicatePassageIdError.
     """
     root = Path(store_root)
@@ -79,6 +83,7 @@ def finalize(
         raise DilstoreError(f"{root}: expected shards 0..{expected_shards - 1}; missing {absent}, unexpected {extra}")
     contents = {index: _read_shard(location, index) for index in indices}
     state_shape, vector_size = _check_agreement(root, contents, fingerprint)
+    _check_build(root, contents, fingerprint, generation)
     index = build_index(
         {shard: content.ids for shard, content in contents.items()},
         {shard: content.name for shard, content in contents.items()},
@@ -101,6 +106,7 @@ def finalize(
         creation={**_library_versions(), **(creation_info or {})},
         files=files,
         vector_size=vector_size,
+        generation=generation,
     )
     write_manifest(root, manifest)
     return manifest
@@ -178,6 +184,26 @@ def _check_agreement(
                 f"max_length {fingerprint.max_length}"
             )
     return next(iter(settings))[3:] if settings else (None, None)
+
+
+def _check_build(
+    root: Path, contents: dict[int, _ShardContents], fingerprint: Fingerprint, generation: str | None
+) -> None:
+    """Every shard belongs to `generation` and, where it records one, to the fingerprint's model.
+
+    A shard left by another build (a writer with other settings, an earlier
+    run) is an error naming it, never part of the manifest.
+    """
+    digest = fingerprint_sha256(fingerprint)
+    for content in contents.values():
+        found = content.attributes
+        if found.generation != generation:
+            raise DilstoreError(
+                f"{root}: {content.name} belongs to build {found.generation!r}, not this run's {generation!r}; "
+                "it was written by another run"
+            )
+        if found.fingerprint_sha256 is not None and found.fingerprint_sha256 != digest:
+            raise DilstoreError(f"{root}: {content.name} was made by another model than the fingerprint's")
 
 
 def _checksum_all(root: Path, location: StoreLocation, shard_names: list[str]) -> dict[str, FileEntry]:

@@ -56,6 +56,8 @@ class ShardAttributes:
     passages: int
     tokens: int
     vector_size: int | None = None  # d of passages/vectors; None: the shard has no vectors
+    generation: str | None = None  # the build this shard belongs to; None in stores made before generations
+    fingerprint_sha256: str | None = None  # storage.fingerprint.fingerprint_sha256 of the model that made it
 
     @classmethod
     def of(cls, group: zarr.Group, where: str) -> ShardAttributes:
@@ -75,11 +77,21 @@ class ShardAttributes:
                 passages=int(data["passages"]),
                 tokens=int(data["tokens"]),
                 vector_size=None if data.get("vector_size") is None else int(data["vector_size"]),
+                generation=_optional_text(data, "generation"),
+                fingerprint_sha256=_optional_text(data, "fingerprint_sha256"),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise StoreFormatError(f"{where} has malformed attributes: {type(error).__name__}: {error}") from None
         get_kind(attributes.kind).check_state_shape(attributes.state_shape)
         return attributes
+
+
+def _optional_text(data: dict[str, Any], key: str) -> str | None:
+    """An optional string attribute; anything but a string or absence is malformed."""
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{key} must be a string, not {type(value).__name__}")
+    return value
 
 
 class Column(Protocol):

@@ -20,6 +20,7 @@ import zarr
 from storage.arrays import decode_string, offsets_are_valid
 from storage.encodings import Encoding, get_encoding
 from storage.errors import DilstoreError
+from storage.fingerprint import fingerprint_sha256
 from storage.format import (
     CHAR_SPANS,
     ID_BYTES,
@@ -221,6 +222,12 @@ def _check_shard(location: StoreLocation, manifest: Manifest, entry: ShardEntry,
         _problem(report, where, f"attributes {found} differ from the manifest's {expected} "
                                 "(shard, kind, encoding, compressor, state shape, passages, tokens, vector size)")
         return None
+    if attributes.generation != manifest.generation:
+        _problem(report, where, f"belongs to build {attributes.generation!r}, the manifest to {manifest.generation!r}")
+    if attributes.fingerprint_sha256 is not None and attributes.fingerprint_sha256 != fingerprint_sha256(
+        manifest.fingerprint
+    ):
+        _problem(report, where, "was made by another model than the manifest's fingerprint says (edited fingerprint?)")
     n, tokens, state_shape = entry.passages, entry.tokens, attributes.state_shape
     ids = _strings(group, ID_BYTES, ID_OFFSETS, n, where, report)
     _strings(group, TITLE_BYTES, TITLE_OFFSETS, n, where, report)

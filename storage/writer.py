@@ -30,7 +30,9 @@ from storage.checksums import record_checksums
 from storage.durability import fsync_dir, fsync_tree
 from storage.encodings import Encoding, get_encoding
 from storage.errors import DilstoreError
+from storage.fingerprint import Fingerprint, fingerprint_sha256
 from storage.format import (
+    StoreFormatError,
     ATTRIBUTES_KEY,
     BYTES_PER_CHUNK,
     CHAR_SPANS,
@@ -58,6 +60,7 @@ from storage.format import (
     states_array,
 )
 from storage.records import PassageRecord
+from storage.shard import ShardAttributes
 
 _INT32 = np.iinfo(np.int32)
 
@@ -95,6 +98,15 @@ class _Columns:
     vectors: np.ndarray | None  # (n, d) float32, or None when the records have none
 
 
+def shard_generation(store_root: str | Path, shard_index: int) -> str | None:
+    """The build recorded in shard `shard_index`'s attributes; None when it has none or is absent or unreadable."""
+    path = Path(store_root) / SHARDS_DIR / shard_name(shard_index)
+    try:
+        return ShardAttributes.of(zarr.open_group(str(path), mode="r"), str(path)).generation
+    except (FileNotFoundError, StoreFormatError, zarr.errors.NodeTypeValidationError, ValueError, KeyError):
+        return None
+
+
 def write_shard(
     store_root: str | Path,
     shard_index: int,
@@ -104,6 +116,8 @@ def write_shard(
     encoding: str,
     compressor: str | None = None,
     durable: bool = True,
+    generation: str | None = None,
+    fingerprint: Fingerprint | None = None,
 ) -> ShardSummary:
     """Write `records` as shard `shard_index` of the store at `store_root` and return what was written.
 
@@ -113,6 +127,10 @@ def write_shard(
     the rename publishes the shard (False skips it, for scratch stores and
     tests, where a crash may leave a visible but incomplete shard). Invalid
     records raise DilstoreError naming the passage id and the problem.
+    generation: the build this shard belongs to (finalize and readers check
+    that every shard of a store has the manifest's); fingerprint: the model
+    that made the states, recorded as its SHA-256 so `verify` can tell an
+    edited manifest fingerprint. Both are left out when None.
     """
     root = Path(store_root)
     name = shard_name(shard_index)
@@ -126,7 +144,11 @@ def write_shard(
     shards_dir.mkdir(parents=True, exist_ok=True)
     temporary = shards_dir / f"{TMP_PREFIX}{name}-{uuid.uuid4().hex}"
     try:
-        _write_group(temporary, columns, shard_index, kind_spec, encoding_spec, compressor)
+        build = {
+            **({} if generation is None else {"generation": generation}),
+            **({} if fingerprint is None else {"fingerprint_sha256": fingerprint_sha256(fingerprint)}),
+        }
+        _write_group(temporary, columns, shard_index, kind_spec, encoding_spec, compressor, build)
         record_checksums(temporary)
         if durable:
             fsync_tree(temporary)
@@ -262,9 +284,10 @@ def _check_values(columns: _Columns) -> None:
 
 
 def _write_group(
-    path: Path, columns: _Columns, shard_index: int, kind: Kind, encoding: Encoding, compressor: str | None
+    path: Path, columns: _Columns, shard_index: int, kind: Kind, encoding: Encoding, compressor: str | None,
+    build: dict[str, str],
 ) -> None:
-    """Write one shard's Zarr v3 group at `path`."""
+    """Write one shard's Zarr v3 group at `path`; `build` holds its generation and fingerprint hash, if any."""
     attributes = {
         ATTRIBUTES_KEY: {
             "format": FORMAT_NAME,
@@ -279,6 +302,7 @@ def _write_group(
             "tokens": len(columns.token_ids),
             # Only in shards with vectors, so shards without them keep their bytes.
             **({} if columns.vectors is None else {"vector_size": int(columns.vectors.shape[1])}),
+            **build,
         }
     }
     group = zarr.open_group(str(path), mode="w-", zarr_format=3, attributes=attributes)

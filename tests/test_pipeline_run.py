@@ -24,7 +24,7 @@ from apache_beam.metrics.metric import MetricsFilter
 
 from pipelines.corpora import Document, read_corpus
 from pipelines.finish import SUMMARY_KEYS
-from pipelines.job import SUMMARY_FILE, run_spec, spec_differences
+from pipelines.job import SPEC_FILE, SUMMARY_FILE, run_spec, spec_differences, spec_generation
 from pipelines.options import LocalDefaults, assemble_beam_flags, pipeline_options
 from pipelines.precompute import NAMESPACE, build_pipeline
 from pipelines.routing import SHARD, ReadTask, RouteSettings, route
@@ -34,6 +34,7 @@ from runners.cmd_precompute import build_job, prepare_store, quiet_dask_logging
 from storage.errors import DilstoreError
 from storage.reader import open_store
 from storage.verify import verify_store
+from storage.writer import shard_generation
 from tests.pipeline_fixtures import (
     ROOT,
     TINY_LAYERS,
@@ -347,3 +348,12 @@ def test_an_input_edited_in_place_is_a_new_spec(tmp_path: Path) -> None:
     after = run_spec(job)
     assert after["inputs"][0]["bytes"] == before["inputs"][0]["bytes"]
     assert spec_differences(before, after) == ["inputs"]
+
+
+def test_the_store_records_the_generation_of_its_spec(metered_run) -> None:
+    """The manifest and every shard name the build: the hash of the run's spec file."""
+    store, _, _ = metered_run
+    spec = json.loads((store / SPEC_FILE).read_text(encoding="utf-8"))
+    manifest = json.loads((store / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["generation"] == spec_generation(spec)
+    assert {shard_generation(store, entry["index"]) for entry in manifest["shards"]} == {manifest["generation"]}
