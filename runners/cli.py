@@ -42,7 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand and return its exit status; user errors exit 2 with a message."""
+    """Run one subcommand and return its exit status (the README's promise).
+
+    0 on success; 2 with one `dilstore CMD: error: ...` line for a user error,
+    and for the operating-system and decoding errors a user causes (a path
+    that cannot be written or read, bytes that are not UTF-8); 130 on Ctrl-C;
+    141 when the reader of the output went away. A command's own status
+    (verify's 1) is passed through.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
@@ -63,6 +70,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    except OSError as error:
+        # An unwritable output, a full disk, an unreadable file: one line naming the file, as promised.
+        where = f": {error.filename}" if error.filename else ""
+        print(f"dilstore {args.command}: error: {error.strerror or error}{where}", file=sys.stderr)
+        return 2
+    except UnicodeError as error:
+        print(f"dilstore {args.command}: error: text that is not valid UTF-8: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
