@@ -28,6 +28,7 @@ from storage.fingerprint import Fingerprint, fingerprint_sha256
 from storage.format import (
     ID_BYTES,
     ID_OFFSETS,
+    INDEX_DIR,
     MANIFEST_FILE,
     SHARDS_DIR,
     TMP_PREFIX,
@@ -75,6 +76,7 @@ def finalize(
     if not root.is_dir():
         raise DilstoreError(f"no store directory at {root}")
     (root / MANIFEST_FILE).unlink(missing_ok=True)
+    _remove_stale_temporaries(root)
     location = StoreLocation.parse(root)
     indices = _committed_shards(root)
     if expected_shards is not None and indices != list(range(expected_shards)):
@@ -110,6 +112,20 @@ def finalize(
     )
     write_manifest(root, manifest)
     return manifest
+
+
+# Temporaries that finalize itself leaves at the root when it is killed: the index and manifest being written.
+_ROOT_TEMPORARIES = (f"{TMP_PREFIX}{INDEX_DIR}-", f"{TMP_PREFIX}old-{INDEX_DIR}-", f"{TMP_PREFIX}{MANIFEST_FILE}-")
+
+
+def _remove_stale_temporaries(root: Path) -> None:
+    """Remove what an earlier, killed finalize left at the root (see _ROOT_TEMPORARIES), and nothing else."""
+    for entry in root.iterdir():
+        if entry.name.startswith(_ROOT_TEMPORARIES):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
 
 def _committed_shards(root: Path) -> list[int]:

@@ -110,3 +110,18 @@ def test_shards_made_before_generations_read_as_before(tmp_path: Path) -> None:
         assert ShardAttributes.of(store.location.open_group("shards/shard-00000"), "s").generation is None
         assert len(store.fetch([record.id for record in shards[0]])) == 2
     assert verify_store(root).ok
+
+
+def test_finalize_removes_what_a_killed_finalize_left_at_the_root(tmp_path: Path) -> None:
+    """A finalize killed while writing the index or manifest leaves temporaries; the next one removes them."""
+    root = tmp_path / "s"
+    build(root, "gen-a")
+    (root / "manifest.json").unlink()
+    leftovers = [root / ".tmp-index-0123", root / ".tmp-old-index-4567", root / ".tmp-manifest.json-89ab"]
+    for path in leftovers[:2]:
+        (path / "hashes").mkdir(parents=True)
+    leftovers[2].write_text("{}")
+    (root / "notes.txt").write_text("the user's own file stays")
+    finalize(root, fingerprint_for("dilbert", "fp16"), generation="gen-a")
+    assert not any(path.exists() for path in leftovers)
+    assert (root / "notes.txt").read_text() == "the user's own file stays"
