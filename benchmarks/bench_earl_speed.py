@@ -6,7 +6,7 @@ real store: S1 (document-module states; the judger blocks project them to
 keys and values online) and S2 (the judger blocks' keys and values
 themselves). The EARL side is what `dilstore rerank` runs per query: the
 query module once, the store fetch (memory-mapped; fp16 cast to fp32) and
-the judger blocks over all 1,000 pairs (reader/rerank.py's EarlReranker).
+the judger blocks over all 1,000 pairs (reader/serving/rerank.py's EarlReranker).
 
 - Documents: `[CLS] d [SEP]` of exactly L tokens (L = 128, 256, 512), cut
   from SQuAD dev paragraphs run together; --unique distinct documents are
@@ -40,20 +40,21 @@ from typing import Any
 
 import numpy as np
 import torch
+from random_models import write_random_bert_base
 from transformers import BertModel
 
-from reader.checkpoints import base_model_dir, write_random_bert_base
-from reader.cross_encoder import CrossEncoderRanker
-from reader.earl import EarlRanker
-from reader.fingerprint import model_fingerprint
-from reader.qa_batching import pad_token_ids
-from reader.rerank import EarlReranker, RerankSettings, RerankStats
-from reader.squad_data import read_json
-from reader.tokenization import encode_document, encode_question
-from storage.finalize import finalize
-from storage.reader import open_store
-from storage.records import PassageRecord
-from storage.writer import write_shard
+from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.modeling.checkpoints import base_model_dir
+from dilstore.reader.modeling.cross_encoder import CrossEncoderRanker
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.serving.rerank import EarlReranker, RerankSettings, RerankStats
+from dilstore.reader.text.files import read_json
+from dilstore.reader.text.tokenization import encode_document, encode_question
+from dilstore.storage.finalize import finalize
+from dilstore.storage.reader import open_store
+from dilstore.storage.records import PassageRecord
+from dilstore.storage.writer import write_shard
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 QUERY_TOKENS = 16

@@ -47,20 +47,21 @@ from typing import Any
 
 import numpy as np
 import torch
+from random_models import write_random_bert_base
 from transformers import BertForQuestionAnswering
 
-from pipelines.passages import Passage
-from reader.checkpoints import base_model_dir, write_random_bert_base
-from reader.dilbert import DilBertReader
-from reader.fingerprint import model_fingerprint
-from reader.odqa import OdqaSettings, OpenDomainReader
-from reader.precompute import BatchPolicy, encode_tokenized, length_batches, tokenize_passage
-from reader.qa_batching import pad_token_ids
-from reader.squad_data import load_open_questions, load_squad
-from reader.tokenization import encode_question
-from storage.finalize import finalize
-from storage.reader import open_store
-from storage.writer import write_shard
+from dilstore.pipelines.passages import Passage
+from dilstore.reader.batching import BatchPolicy, length_batches, pad_token_ids
+from dilstore.reader.data.squad import load_open_questions, load_squad
+from dilstore.reader.modeling.checkpoints import base_model_dir
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.offline.encoding import encode_tokenized, tokenize_passage
+from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
+from dilstore.reader.text.tokenization import encode_question
+from dilstore.storage.finalize import finalize
+from dilstore.storage.reader import open_store
+from dilstore.storage.writer import write_shard
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 PASSAGE_WORDS = 100

@@ -36,19 +36,19 @@ from pathlib import Path
 
 import torch
 
-from pipelines.corpora import Document, read_corpus
-from pipelines.passages import split_document
-from pipelines.duplicate_ids import drop_duplicate_ids
-from reader.precompute import (
+from dilstore.pipelines.corpora import Document, read_corpus
+from dilstore.pipelines.duplicate_ids import drop_duplicate_ids
+from dilstore.pipelines.passages import split_document
+from dilstore.reader.batching import BatchPolicy
+from dilstore.reader.offline.encoding import (
     BASE_MODEL_REF,
-    BatchPolicy,
     cached_reader,
     checked_reader,
     encode_tokenized,
     set_threads,
     tokenize_passage,
 )
-from runners import cli
+from dilstore.runners import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSAGES = ROOT.parent / "shared" / "data" / "msmarco" / "passages.dl19-dl20-pool.jsonl"

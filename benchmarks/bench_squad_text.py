@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 from transformers import AutoTokenizer
 
-from reader.checkpoints import base_model_dir
-from reader.decode import best_spans
-from reader.qa_features import answer_text, build_features
-from reader.squad_data import load_predictions, load_squad, read_json
-from reader.squad_metric import evaluate, normalize_answer
+from dilstore.reader.data.qa_features import answer_text, build_features
+from dilstore.reader.data.squad import load_predictions, load_squad
+from dilstore.reader.evaluation.squad_metric import evaluate, normalize_answer
+from dilstore.reader.modeling.checkpoints import base_model_dir
+from dilstore.reader.serving.decode import best_spans
+from dilstore.reader.text.files import read_json
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad"
 

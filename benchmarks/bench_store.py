@@ -44,14 +44,14 @@ import torch
 import transformers
 from transformers import AutoModelForQuestionAnswering, BertConfig
 
-from reader.checkpoints import base_model_dir
-from reader.dilbert import DilBertReader
-from storage.finalize import finalize
-from storage.fingerprint import Fingerprint
-from storage.info import store_info
-from storage.reader import Store, open_store
-from storage.records import PassageRecord
-from storage.writer import write_shard
+from dilstore.reader.modeling.checkpoints import base_model_dir
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.storage.finalize import finalize
+from dilstore.storage.fingerprint import Fingerprint
+from dilstore.storage.info import store_info
+from dilstore.storage.reader import Store, open_store
+from dilstore.storage.records import PassageRecord
+from dilstore.storage.writer import write_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SQUAD = ROOT.parent / "shared" / "data" / "squad" / "dev-v1.1.json"

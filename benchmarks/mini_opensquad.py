@@ -8,7 +8,7 @@ question came from.
 
 Steps, each skipped when its output already exists in --work:
 
-1. store: passages tokenized and encoded with reader/precompute.py's plain
+1. store: passages tokenized and encoded with reader/offline/encoding.py's plain
    functions (the same ones `dilstore precompute` runs per shard), written
    with the storage writer, one shard per --shard-passages passages, finalized
    with the model's fingerprint. Or pass --store for a store already built
@@ -16,7 +16,7 @@ Steps, each skipped when its output already exists in --work:
 2. index: STORE/bm25, pyserini Lucene BM25 over `title\\ntext` of every stored
    passage, exactly what `dilstore index` indexes.
 3. evaluation: one BM25 top-max(p) retrieval and reading per question; each p
-   scored from its prefix (reader/qa_eval.py), under μ = 1 and μ = --mu.
+   scored from its prefix (reader/evaluation/open_domain.py), under μ = 1 and μ = --mu.
 
     .venv/bin/python benchmarks/mini_opensquad.py --work /tmp/mini-opensquad --limit 500 --threads 2
 """
@@ -32,21 +32,21 @@ from typing import Any
 
 import torch
 
-from pipelines.corpus_squad import paragraph_id
-from pipelines.passages import Passage
-from reader.default_model import default_checkpoint_dir
-from reader.dilbert import DilBertReader
-from reader.fingerprint import model_fingerprint
-from reader.odqa import OdqaSettings, bm25_index_dir, open_reader
-from reader.precompute import encode_tokenized, tokenize_passage
-from reader.qa_eval import evaluate_top_ps, load_questions, select_questions
-from reader.retrieval import build_bm25_index
-from reader.squad_data import read_json
-from storage.errors import DilstoreError
-from storage.finalize import finalize
-from storage.format import MANIFEST_FILE
-from storage.reader import open_store
-from storage.writer import write_shard
+from dilstore.pipelines.corpus_squad import paragraph_id
+from dilstore.pipelines.passages import Passage
+from dilstore.reader.evaluation.open_domain import evaluate_top_ps, load_questions, select_questions
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.offline.encoding import encode_tokenized, tokenize_passage
+from dilstore.reader.packaged.shipped import default_checkpoint_dir
+from dilstore.reader.retrieval import build_bm25_index
+from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
+from dilstore.reader.text.files import read_json
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.finalize import finalize
+from dilstore.storage.format import MANIFEST_FILE
+from dilstore.storage.reader import open_store
+from dilstore.storage.writer import write_shard
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 SEED_TOP_PS = (29, 100)

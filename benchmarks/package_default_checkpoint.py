@@ -15,15 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from reader.default_model import (
-    DEFAULT_CHECKPOINT_NAME,
-    load_training_metadata,
-    package_checkpoint,
-    packaged_models_dir,
-    read_json,
-    render_model_card,
-    report_package_size,
-)
+from dilstore.reader.packaged.shipped import DEFAULT_CHECKPOINT_NAME, packaged_models_dir
+from dilstore.reader.text.files import read_json
+from dilstore.reader.training.model_cards import render_model_card
+from dilstore.reader.training.release import load_training_metadata, package_checkpoint, report_package_size
 
 SIZE_LIMIT_MB = 50.0
 

@@ -16,15 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reader.default_model import (
-    load_training_metadata,
-    package_checkpoint,
-    packaged_models_dir,
-    read_json,
-    report_package_size,
-)
-from reader.default_ranker import DEFAULT_RANKER_NAME, render_ranker_card
-from storage.errors import DilstoreError
+from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME, packaged_models_dir
+from dilstore.reader.text.files import read_json
+from dilstore.reader.training.model_cards import render_ranker_card
+from dilstore.reader.training.release import load_training_metadata, package_checkpoint, report_package_size
+from dilstore.storage.errors import DilstoreError
 
 SIZE_LIMIT_MB = 60.0
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import matplotlib
 
-from reader.default_model import load_training_metadata
+from dilstore.reader.training.release import load_training_metadata
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)

@@ -34,10 +34,9 @@ from typing import Any
 
 import torch
 
-from reader.checkpoints import base_model_dir
-from reader.default_model import TRAINING_METADATA_FILE
-from reader.rank_metrics import METRICS, evaluate_run
-from reader.ranking_eval import (
+from dilstore.reader.data.trec import read_qrels, write_run
+from dilstore.reader.evaluation.rank_metrics import METRICS, evaluate_run
+from dilstore.reader.evaluation.ranking import (
     RankingTask,
     load_dl19_task,
     load_task,
@@ -46,11 +45,11 @@ from reader.ranking_eval import (
     squad_dev_task,
     write_task_files,
 )
-from reader.ranking_inputs import RANKER_KINDS, TrainableRanker
-from reader.rankers import load_ranker, new_ranker
-from reader.siamese import CosineBiEncoder
-from reader.trec import read_qrels, write_run
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, base_model_dir
+from dilstore.reader.modeling.rankers import load_ranker, new_ranker
+from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS, TrainableRanker
+from dilstore.reader.modeling.siamese import CosineBiEncoder
+from dilstore.storage.errors import DilstoreError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TASKS = ("dl19", "squad-dev")

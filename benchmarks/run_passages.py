@@ -15,10 +15,10 @@ import json
 import sys
 from pathlib import Path
 
-from pipelines.corpus_jsonl import read_jsonl
-from pipelines.documents import Document, Rejected
-from reader.trec import read_run
-from storage.errors import DilstoreError
+from dilstore.pipelines.corpus_jsonl import read_jsonl
+from dilstore.pipelines.documents import Document, Rejected
+from dilstore.reader.data.trec import read_run
+from dilstore.storage.errors import DilstoreError
 
 
 def run_passages(run_file: Path, corpus: Path, output: Path) -> int:

@@ -62,15 +62,15 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from reader.checkpoints import BASE_MODEL_ENV
-from reader.default_model import package_checkpoint
-from reader.ranking_eval import RankingTask, load_task, rerank
-from reader.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE
-from reader.ranking_inputs import TrainableRanker
-from reader.ranking_training import RankingTrainingConfig, train_ranker
-from reader.rankers import load_ranker, new_ranker
-from reader.trec import Qrels, Run, rank_documents, write_run
-from storage.errors import DilstoreError
+from dilstore.reader.modeling.checkpoints import BASE_MODEL_ENV
+from dilstore.reader.training.release import package_checkpoint
+from dilstore.reader.evaluation.ranking import RankingTask, load_task, rerank
+from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE
+from dilstore.reader.modeling.ranking_inputs import TrainableRanker
+from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
+from dilstore.reader.modeling.rankers import load_ranker, new_ranker
+from dilstore.reader.data.trec import Qrels, Run, rank_documents, write_run
+from dilstore.storage.errors import DilstoreError
 
 DL19_TASK, SQUAD_TASK = "task.dl19.json.gz", "task.squad-dev.json.gz"
 RUN_NAMES = ("earl-prior-frozen", "earl-prior-encoder-lr", "cross-encoder", "siamese")
@@ -281,10 +281,10 @@ def train(args: argparse.Namespace) -> int:
 
 def prepare(args: argparse.Namespace) -> int:
     """The `prepare` command: the carried ranking folder and the fp16 base model (needs pyserini, shared data)."""
-    from reader.checkpoints import TOKENIZER_FILES, base_model_dir
-    from reader.earl_checkpoints import load_base_encoder
-    from reader.ranking_eval import load_dl19_task, save_task, squad_dev_task
-    from reader.trec import read_qrels
+    from dilstore.reader.modeling.checkpoints import TOKENIZER_FILES, base_model_dir
+    from dilstore.reader.modeling.earl_checkpoints import load_base_encoder
+    from dilstore.reader.evaluation.ranking import load_dl19_task, save_task, squad_dev_task
+    from dilstore.reader.data.trec import read_qrels
 
     args.carry.mkdir(parents=True, exist_ok=True)
     for name in (TRIPLES_FILE, PARAGRAPHS_FILE):

@@ -21,13 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pipelines.corpus_jsonl import read_jsonl
-from pipelines.corpus_msmarco import read_msmarco
-from pipelines.corpus_squad import read_squad
-from pipelines.corpus_wikipedia import read_wikipedia
-from pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped
-from pipelines.source_files import open_source
-from storage.errors import DilstoreError
+from dilstore.pipelines.corpus_jsonl import read_jsonl
+from dilstore.pipelines.corpus_msmarco import read_msmarco
+from dilstore.pipelines.corpus_squad import read_squad
+from dilstore.pipelines.corpus_wikipedia import read_wikipedia
+from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped
+from dilstore.pipelines.source_files import open_source
+from dilstore.storage.errors import DilstoreError
 
 __all__ = [
     "DEFAULT_MAX_DOCUMENT_BYTES",

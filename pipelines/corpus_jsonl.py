@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Record, Rejected, make_document
-from pipelines.source_files import Line, decode_line, open_source, source_lines
+from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Record, Rejected, make_document
+from dilstore.pipelines.source_files import Line, decode_line, open_source, source_lines
 
 # A JSON string escape (\u0001) takes up to 6 bytes for one byte of text, so a
 # line longer than this cannot hold a document within the size limit; such a

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Record, Rejected, make_document
-from pipelines.source_files import Line, decode_line, open_source, source_lines
+from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Record, Rejected, make_document
+from dilstore.pipelines.source_files import Line, decode_line, open_source, source_lines
 
 # Lines longer than the text limit plus this allowance for the id are rejected unparsed.
 _ID_ALLOWANCE_BYTES = 1 << 10

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Record, Rejected, make_document
-from pipelines.source_files import open_source
+from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Record, Rejected, make_document
+from dilstore.pipelines.source_files import open_source
 
 
 def read_squad(path: str | Path, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Iterator[Record]:

@@ -24,9 +24,9 @@ from typing import BinaryIO
 
 from mwparserfromhell.parser import ParserError
 
-from pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped, make_document
-from pipelines.source_files import open_source
-from pipelines.wikitext import wikitext_to_text
+from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped, make_document
+from dilstore.pipelines.source_files import open_source
+from dilstore.pipelines.wikitext import wikitext_to_text
 
 ARTICLE_NAMESPACE = "0"
 

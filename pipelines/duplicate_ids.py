@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from pipelines.documents import Document, Record, Rejected
+from dilstore.pipelines.documents import Document, Record, Rejected
 
 
 def document_order(doc: Document) -> tuple[str, bool, int, str, str]:

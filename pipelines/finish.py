@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.atomic_files import atomic_write_text
-from pipelines.job import SUMMARY_FILE, PrecomputeJob
-from pipelines.run_stats import RunStats
-from pipelines.shard_sink import REJECTED_DIR, meta_path
-from storage.errors import DilstoreError
-from storage.finalize import finalize
+from dilstore.pipelines.job import SUMMARY_FILE, PrecomputeJob
+from dilstore.pipelines.run_stats import RunStats
+from dilstore.pipelines.shard_sink import REJECTED_DIR, meta_path
+from dilstore.storage.atomic_files import atomic_write_text
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.finalize import finalize
 
 # Summary keys the interface promises, besides every RunStats count.
 SUMMARY_KEYS = ("documents", "passages", "tokens", "rejected", "shards", "seconds", "runner")

@@ -5,21 +5,26 @@ reference and fingerprint, encoding, compressor, batch policy, threads, where
 to report progress). `run_spec` is the part that decides the store's contents:
 a re-run may resume a store only when its spec is the same, and the spec is
 written to `STORE/precompute.json` before any shard, so a later run can tell.
+`prepare_store` makes the output folder ready for a run (start, resume, or
+refuse, or with overwrite delete and start again); tests call it directly.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.routing import ReadTask, RouteSettings
-from pipelines.shard_sink import ShardSettings
-from reader.precompute import BatchPolicy
-from storage.errors import DilstoreError
-from storage.fingerprint import Fingerprint
+from dilstore.pipelines.routing import ReadTask, RouteSettings
+from dilstore.pipelines.shard_sink import ShardSettings
+from dilstore.reader.batching import BatchPolicy
+from dilstore.storage.atomic_files import atomic_write_text
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import Fingerprint
+from dilstore.storage.format import MANIFEST_FILE
 
 SPEC_FILE = "precompute.json"
 SUMMARY_FILE = "run-summary.json"
@@ -30,7 +35,7 @@ class PrecomputeJob:
     """Everything a precompute run's workers share.
 
     store: absolute local path of the output store. model: a path or a
-    packaged-model reference (reader.precompute). started_at: launch time
+    packaged-model reference (reader/offline/encoding.py). started_at: launch time
     (epoch seconds) for the summary's `seconds`. progress_dir: folder for
     live progress files (local runners), or None. compressor: None
     (uncompressed, memory-mappable) or a storage compressor name ("zstd",
@@ -132,3 +137,33 @@ def read_spec(store: Path) -> dict[str, Any] | None:
 def spec_differences(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """Top-level spec entries that differ (names only, for an error message)."""
     return sorted(key for key in found.keys() | wanted.keys() if found.get(key) != wanted.get(key))
+
+
+def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
+    """Make `store` ready for this run's spec; True when it is already complete with that spec.
+
+    An empty or absent folder is started; a folder holding an earlier run of
+    the same spec is resumed (or, when finalized, left as it is); anything
+    else is refused unless `overwrite`, which deletes the folder. It runs
+    once, before the pipeline starts, so no worker ever sees a half-prepared store.
+    """
+    if store.exists() and not store.is_dir():
+        raise DilstoreError(f"--output {store} exists and is not a directory")
+    if store.is_dir() and any(store.iterdir()):
+        found = read_spec(store)
+        if found == spec:
+            return (store / MANIFEST_FILE).is_file()
+        if not overwrite:
+            if found is None:
+                raise DilstoreError(
+                    f"--output {store} is not empty and was not made by `dilstore precompute`; "
+                    "choose another folder or pass --overwrite"
+                )
+            raise DilstoreError(
+                f"--output {store} holds a run with other settings (differs in: "
+                f"{', '.join(spec_differences(found, spec))}); choose another folder or pass --overwrite"
+            )
+        shutil.rmtree(store)
+    atomic_write_text(store / SPEC_FILE, spec_json(spec))
+    return False
+

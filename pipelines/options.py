@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 

@@ -11,7 +11,7 @@ Two strategies split (seed 002 uses both for OpenSQuAD), and one keeps documents
 - "none": the whole document is one passage whose id is the document id, for
   rankers whose first-stage runs name documents (MS MARCO pids in a TREC run).
   Whitespace is collapsed as for paragraphs; a passage longer than the model's
-  maximum length is still windowed at encoding time (reader/precompute.py).
+  maximum length is still windowed at encoding time (reader/offline/encoding.py).
 
 Edge rules for "words":
 
@@ -34,8 +34,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipelines.documents import Document
-from storage.errors import DilstoreError
+from dilstore.pipelines.documents import Document
+from dilstore.storage.errors import DilstoreError
 
 DEFAULT_WINDOW = 100
 DEFAULT_STRIDE = 50

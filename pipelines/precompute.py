@@ -25,12 +25,12 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.corpora import Document, Record, Rejected
-from pipelines.duplicate_ids import keep_first
-from pipelines.finish import finish_run
-from pipelines.job import PrecomputeJob
-from pipelines.progress import report_planned, report_progress
-from pipelines.routing import (
+from dilstore.pipelines.corpora import Document, Record, Rejected
+from dilstore.pipelines.duplicate_ids import keep_first
+from dilstore.pipelines.finish import finish_run
+from dilstore.pipelines.job import PrecomputeJob
+from dilstore.pipelines.progress import report_planned, report_progress
+from dilstore.pipelines.routing import (
     COUNTS,
     REJECTED,
     SHARD,
@@ -43,10 +43,10 @@ from pipelines.routing import (
     route,
     shard_seeds,
 )
-from pipelines.run_stats import RunStats, merge_stats
-from pipelines.shard_sink import write_rejected_part, write_shard_outputs
-from reader.precompute import checked_reader, set_threads
-from storage.errors import DilstoreError
+from dilstore.pipelines.run_stats import RunStats, merge_stats
+from dilstore.pipelines.shard_sink import write_rejected_part, write_shard_outputs
+from dilstore.reader.offline.encoding import checked_reader, set_threads
+from dilstore.storage.errors import DilstoreError
 
 NAMESPACE = "dilstore"
 RUN_KEY = "run"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipelines.atomic_files import atomic_write_text
+from dilstore.storage.atomic_files import atomic_write_text
 
 _PREFIX = "shard-"
 _PLANNED_PREFIX = "planned-"

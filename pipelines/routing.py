@@ -19,12 +19,12 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from pipelines.corpora import Document, Record, Rejected, Skipped, read_corpus
-from pipelines.passages import split_document
-from pipelines.run_stats import RunStats
-from pipelines.sharding import shard_of, stable_hash
-from reader.precompute import WINDOW_ID_SEPARATOR, TokenizedPassage, tokenize_passage
-from storage.errors import DilstoreError
+from dilstore.pipelines.corpora import Document, Record, Rejected, Skipped, read_corpus
+from dilstore.pipelines.passages import split_document
+from dilstore.pipelines.run_stats import RunStats
+from dilstore.pipelines.sharding import shard_of, stable_hash
+from dilstore.reader.offline.encoding import WINDOW_ID_SEPARATOR, TokenizedPassage, tokenize_passage
+from dilstore.storage.errors import DilstoreError
 
 SHARD, REJECTED, COUNTS = "shard", "rejected", "counts"
 GroupKey = tuple[str, int]

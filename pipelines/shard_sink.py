@@ -32,13 +32,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.atomic_files import atomic_write_bytes, atomic_write_text
-from pipelines.corpora import Rejected
-from pipelines.run_stats import RunStats
-from reader.precompute import BatchPolicy, TokenizedPassage, encode_tokenized
-from storage.fingerprint import Fingerprint
-from storage.format import SHARDS_DIR, shard_name
-from storage.writer import shard_generation, write_shard
+from dilstore.pipelines.corpora import Rejected
+from dilstore.pipelines.run_stats import RunStats
+from dilstore.reader.batching import BatchPolicy
+from dilstore.reader.offline.encoding import TokenizedPassage, encode_tokenized
+from dilstore.storage.atomic_files import atomic_write_bytes, atomic_write_text
+from dilstore.storage.fingerprint import Fingerprint
+from dilstore.storage.format import SHARDS_DIR, shard_name
+from dilstore.storage.writer import shard_generation, write_shard
 
 PASSAGES_DIR = "passages"
 JSONL_DIR = f"{PASSAGES_DIR}/jsonl"

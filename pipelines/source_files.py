@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from pipelines.documents import Rejected
-from storage.errors import DilstoreError
+from dilstore.pipelines.documents import Rejected
+from dilstore.storage.errors import DilstoreError
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 _CHUNK_BYTES = 1 << 20

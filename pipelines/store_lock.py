@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 
 def lock_path(store: Path) -> Path:

@@ -19,17 +19,7 @@ from __future__ import annotations
 import re
 
 import mwparserfromhell
-from mwparserfromhell.nodes import (
-    Argument,
-    Comment,
-    ExternalLink,
-    Heading,
-    Node,
-    Tag,
-    Template,
-    Text,
-    Wikilink,
-)
+from mwparserfromhell.nodes import Argument, Comment, ExternalLink, Heading, Node, Tag, Template, Text, Wikilink
 from mwparserfromhell.wikicode import Wikicode
 
 # Tags whose content is not running prose. Tables include `{| ... |}` markup,

@@ -10,12 +10,13 @@ dummy key. Never fork after the JVM has started.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 _JVM_LOCK = threading.Lock()
 _JVM_STARTED = False
@@ -60,6 +61,22 @@ def build_bm25_index(collection_dir: Path, index_dir: Path, threads: int = 1) ->
         "-threads", str(threads),
         "-storePositions", "-storeDocvectors", "-storeRaw",
     ])
+
+
+def build_bm25_index_in_place(collection_dir: Path, index_dir: Path, threads: int = 1) -> Path:
+    """Build `index_dir` in a temporary folder beside it and rename it into place when complete.
+
+    A build cut off at any point never leaves a folder under `index_dir`'s
+    name that looks like a whole index; an older index there is replaced.
+    """
+    building = index_dir.with_name(f".{index_dir.name}.building")
+    shutil.rmtree(building, ignore_errors=True)
+    build_bm25_index(collection_dir, building, threads=threads)
+    if not any(building.glob("segments_*")):
+        raise DilstoreError(f"pyserini wrote no index to {building}; see its log above")
+    shutil.rmtree(index_dir, ignore_errors=True)
+    building.rename(index_dir)
+    return index_dir
 
 
 @dataclass(frozen=True)

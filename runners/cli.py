@@ -13,19 +13,19 @@ import os
 import sys
 from collections.abc import Sequence
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 # Order is the order `dilstore --help` lists them in.
 COMMANDS: tuple[str, ...] = (
-    "runners.cmd_precompute",
-    "runners.cmd_index",
-    "runners.cmd_train",
-    "runners.cmd_evaluate_rc",
-    "runners.cmd_ask",
-    "runners.cmd_evaluate_qa",
-    "runners.cmd_evaluate_rank",
-    "runners.cmd_rerank",
-    "runners.cmd_store",
+    "dilstore.runners.cmd_precompute",
+    "dilstore.runners.cmd_index",
+    "dilstore.runners.cmd_train",
+    "dilstore.runners.cmd_evaluate_rc",
+    "dilstore.runners.cmd_ask",
+    "dilstore.runners.cmd_evaluate_qa",
+    "dilstore.runners.cmd_evaluate_rank",
+    "dilstore.runners.cmd_rerank",
+    "dilstore.runners.cmd_store",
 )
 
 
@@ -41,6 +41,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse `argv`; options a command does not know go to its `beam_args` where it has one, else exit 2.
+
+    Only `precompute` sets `beam_args`: what it does not know are Beam's
+    pipeline options, handed on to Beam (which refuses misspelt ones), as
+    Beam's own examples do with `parse_known_args`.
+    """
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not hasattr(args, "beam_args"):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if hasattr(args, "beam_args"):
+        args.beam_args = list(unknown)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand and return its exit status (the README's promise).
 
@@ -51,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (verify's 1) is passed through.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if not getattr(args, "run", None):
         parser.print_help()
         return 2

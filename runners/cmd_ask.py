@@ -8,9 +8,9 @@ import sys
 import unicodedata
 from typing import TextIO
 
-from runners.odqa_options import add_odqa_arguments, open_odqa_reader
-from runners.reading_options import apply_threads
-from storage.errors import DilstoreError
+from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
+from dilstore.runners.reading_options import apply_threads
+from dilstore.storage.errors import DilstoreError
 
 HIGHLIGHT = ("[[", "]]")
 _STAGE_LABELS = {

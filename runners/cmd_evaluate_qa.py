@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from runners.odqa_options import add_odqa_arguments, open_odqa_reader
-from runners.reading_options import apply_threads
+from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
+from dilstore.runners.reading_options import apply_threads
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load questions, open the reader, evaluate, print EM/F1 for mu = 1 and --mu, and R."""
     apply_threads(args.threads)
-    from reader.qa_eval import evaluate_questions, load_questions, select_questions, write_predictions
+    from dilstore.reader.evaluation.open_domain import evaluate_questions, load_questions, select_questions, write_predictions
 
     questions = select_questions(load_questions(args.questions), args.limit, args.seed)
     odqa = open_odqa_reader(args)

@@ -30,8 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read both files, evaluate, print the means."""
-    from reader.rank_metrics import METRICS, evaluate_run
-    from reader.trec import read_qrels, read_run
+    from dilstore.reader.evaluation.rank_metrics import METRICS, evaluate_run
+    from dilstore.reader.data.trec import read_qrels, read_run
 
     evaluation = evaluate_run(read_qrels(args.qrels), read_run(args.run_file))
     summary = evaluation.summary()

@@ -6,7 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from runners.reading_options import add_reading_arguments, add_runtime_arguments, apply_threads, reading_settings
+from dilstore.runners.reading_options import (
+    add_reading_arguments,
+    add_runtime_arguments,
+    apply_threads,
+    reading_settings,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,9 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the reader and data, evaluate, print the scores."""
     apply_threads(args.threads)
-    from reader.default_model import default_checkpoint_dir
-    from reader.dilbert import DilBertReader
-    from reader.reading_comprehension import evaluate_file
+    from dilstore.reader.packaged.shipped import default_checkpoint_dir
+    from dilstore.reader.modeling.dilbert import DilBertReader
+    from dilstore.reader.evaluation.reading_comprehension import evaluate_file
 
     model_dir = args.model or default_checkpoint_dir()
     reader = DilBertReader.from_pretrained(model_dir)

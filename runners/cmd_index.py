@@ -14,13 +14,12 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 BM25_DIR = "bm25"
 
@@ -60,8 +59,8 @@ def stdout_to_stderr() -> Iterator[None]:
 
 def run_command(args: argparse.Namespace) -> int:
     """Build STORE/bm25 from STORE/passages/jsonl; 0 on success."""
-    from pipelines.shard_sink import JSONL_DIR
-    from reader.retrieval import build_bm25_index
+    from dilstore.pipelines.shard_sink import JSONL_DIR
+    from dilstore.reader.retrieval import build_bm25_index_in_place
 
     if args.threads < 1:
         raise DilstoreError(f"--threads must be at least 1, got {args.threads}")
@@ -71,15 +70,9 @@ def run_command(args: argparse.Namespace) -> int:
     if not collection.is_dir():
         raise DilstoreError(f"{args.store} has no passage collection at {collection}; was it made by `dilstore precompute`?")
     target = args.store / BM25_DIR
-    building = args.store / f".{BM25_DIR}.building"
-    shutil.rmtree(building, ignore_errors=True)
     started = time.time()
     with stdout_to_stderr():
-        build_bm25_index(collection, building, threads=args.threads)
-    if not any(building.glob("segments_*")):
-        raise DilstoreError(f"pyserini wrote no index to {building}; see its log above")
-    shutil.rmtree(target, ignore_errors=True)
-    building.rename(target)
+        build_bm25_index_in_place(collection, target, threads=args.threads)
     result = {
         "index": str(target),
         "collection": str(collection),

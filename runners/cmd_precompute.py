@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import sys
 import tempfile
 import threading
@@ -37,14 +36,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from storage.errors import DilstoreError
-from storage.format import COMPRESSORS
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import COMPRESSORS
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
-    from pipelines.job import PrecomputeJob
-    from pipelines.options import LocalDefaults
-    from pipelines.routing import ReadTask
-    from reader.offline_models import OfflineModel
+    from dilstore.pipelines.job import PrecomputeJob
+    from dilstore.pipelines.options import LocalDefaults
+    from dilstore.pipelines.routing import ReadTask
+    from dilstore.reader.offline.kinds import OfflineModel
 
 DEFAULT_OUTPUT = "dilstore-store"
 KINDS = ("dilbert", "earl-s1", "earl-s2")
@@ -57,19 +56,6 @@ FALLBACK_LAYERS = 3
 _PROGRESS_POLL_SECONDS = 0.5
 # Parsed names that are not options of the command itself.
 _NOT_IN_COMMAND = {"command", "run", "beam_args"}
-
-
-class _BeamPassThroughParser(argparse.ArgumentParser):
-    """A parser that keeps the options it does not know in `beam_args` instead of failing.
-
-    They are Beam pipeline options; `pipelines.options` checks them against
-    every option Beam defines, so a misspelt one still fails with exit 2.
-    """
-
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
-        namespace, extras = super().parse_known_args(args, namespace)
-        namespace.beam_args = list(extras)
-        return namespace, []
 
 
 # The shortest stored unit worth making: [CLS]/[SEP] and a few word pieces per window.
@@ -96,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    parser.__class__ = _BeamPassThroughParser
+    parser.set_defaults(beam_args=[])  # cli.parse puts the options it does not know here
     inputs = parser.add_argument_group("input")
     inputs.add_argument("--input", action="append", metavar="PATH",
                         help="corpus file; repeat for several (default: the embedded corpus)")
@@ -151,9 +137,9 @@ def resolve_inputs(paths: Sequence[str | Path] | None, format: str | None) -> tu
     Each input is checked up front, before anything is written: a URL, a
     missing file, a directory and an unreadable file are errors naming it.
     """
-    from pipelines.corpora import check_format, format_for_path
-    from pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
-    from pipelines.routing import ReadTask
+    from dilstore.pipelines.corpora import check_format, format_for_path
+    from dilstore.pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
+    from dilstore.pipelines.routing import ReadTask
 
     if not paths:
         return (ReadTask(str(default_corpus_path()), format or DEFAULT_CORPUS_FORMAT),)
@@ -195,8 +181,8 @@ def resolve_model(model: str | None, layers: int | None, kind: str) -> tuple[str
     With no `--model`, dilbert stores come from the packaged DilBert reader
     and the EARL kinds from the packaged EARL ranker (whose N is fixed).
     """
-    from reader.checkpoints import read_metadata
-    from reader.precompute import BASE_MODEL_REF, DEFAULT_CHECKPOINT_REF, DEFAULT_RANKER_REF, resolve_model_dir
+    from dilstore.reader.modeling.checkpoints import read_metadata
+    from dilstore.reader.offline.encoding import BASE_MODEL_REF, DEFAULT_CHECKPOINT_REF, DEFAULT_RANKER_REF, resolve_model_dir
 
     if model is not None:
         return model, layers
@@ -216,38 +202,6 @@ def resolve_model(model: str | None, layers: int | None, kind: str) -> tuple[str
         return BASE_MODEL_REF, chosen
     metadata = read_metadata(directory)
     return DEFAULT_CHECKPOINT_REF, layers if layers is not None else (metadata.layers if metadata else None)
-
-
-def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
-    """Make `store` ready for this run's spec; True when it is already complete with that spec.
-
-    An empty or absent folder is started; a folder holding an earlier run of
-    the same spec is resumed (or, when finalized, left as it is); anything
-    else is refused unless `overwrite`.
-    """
-    from pipelines.atomic_files import atomic_write_text
-    from pipelines.job import SPEC_FILE, read_spec, spec_differences, spec_json
-    from storage.format import MANIFEST_FILE
-
-    if store.exists() and not store.is_dir():
-        raise DilstoreError(f"--output {store} exists and is not a directory")
-    if store.is_dir() and any(store.iterdir()):
-        found = read_spec(store)
-        if found == spec:
-            return (store / MANIFEST_FILE).is_file()
-        if not overwrite:
-            if found is None:
-                raise DilstoreError(
-                    f"--output {store} is not empty and was not made by `dilstore precompute`; "
-                    "choose another folder or pass --overwrite"
-                )
-            raise DilstoreError(
-                f"--output {store} holds a run with other settings (differs in: "
-                f"{', '.join(spec_differences(found, spec))}); choose another folder or pass --overwrite"
-            )
-        shutil.rmtree(store)
-    atomic_write_text(store / SPEC_FILE, spec_json(spec))
-    return False
 
 
 class ProgressBar:
@@ -277,7 +231,7 @@ class ProgressBar:
     def _poll(self) -> None:
         from tqdm import tqdm
 
-        from pipelines.progress import passages_done, passages_planned
+        from dilstore.pipelines.progress import passages_done, passages_planned
 
         with tqdm(unit="passage", desc="precompute", dynamic_ncols=True, mininterval=1.0, smoothing=0.1) as bar:
             while True:
@@ -295,7 +249,7 @@ class ProgressBar:
 @contextlib.contextmanager
 def local_runtime(runner: str, workers: int, num_shards: int, beam_args: Sequence[str]) -> Iterator[LocalDefaults]:
     """LocalDefaults for the runner; for Dask without a scheduler given, a LocalCluster of `workers` processes."""
-    from pipelines.options import DASK_RUNNER, LocalDefaults
+    from dilstore.pipelines.options import DASK_RUNNER, LocalDefaults
 
     if runner == DASK_RUNNER:
         quiet_dask_logging()
@@ -317,9 +271,9 @@ def run_pipeline(
     Local runners get defaults (worker processes, a Dask LocalCluster) and a
     progress bar; a failed pipeline raises DilstoreError with Beam's message.
     """
-    from pipelines.job import SUMMARY_FILE
-    from pipelines.options import LOCAL_RUNNERS, assemble_beam_flags, pipeline_options
-    from pipelines.precompute import build_pipeline
+    from dilstore.pipelines.job import SUMMARY_FILE
+    from dilstore.pipelines.options import LOCAL_RUNNERS, assemble_beam_flags, pipeline_options
+    from dilstore.pipelines.precompute import build_pipeline
 
     with local_runtime(runner, workers, job.num_shards, beam_args) as defaults:
         options = pipeline_options(assemble_beam_flags(runner, beam_args, defaults))
@@ -364,9 +318,9 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
 
 def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
     """Say on stderr when an EARL store is about to be made by a ranker initialised from a plain encoder."""
-    from reader.checkpoints import read_metadata
-    from reader.earl import EarlRanker
-    from reader.precompute import resolve_model_dir
+    from dilstore.reader.modeling.checkpoints import read_metadata
+    from dilstore.reader.modeling.earl import EarlRanker
+    from dilstore.reader.offline.encoding import resolve_model_dir
 
     directory = resolve_model_dir(model)
     if isinstance(reader, EarlRanker) and read_metadata(directory) is None:
@@ -380,11 +334,12 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
 
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
-    from pipelines.job import PrecomputeJob, run_spec, spec_generation
-    from pipelines.sharding import default_shard_count
-    from reader.fingerprint import model_fingerprint
-    from reader.offline_models import max_positions
-    from reader.precompute import BatchPolicy, cached_reader
+    from dilstore.pipelines.job import PrecomputeJob, run_spec, spec_generation
+    from dilstore.pipelines.sharding import default_shard_count
+    from dilstore.reader.modeling.fingerprint import model_fingerprint
+    from dilstore.reader.offline.kinds import max_positions
+    from dilstore.reader.batching import BatchPolicy
+    from dilstore.reader.offline.encoding import cached_reader
 
     refuse_url("--output", args.output)
     inputs = resolve_inputs(args.input, args.format)
@@ -472,9 +427,9 @@ def run_command(args: argparse.Namespace) -> int:
     """Run `dilstore precompute` and print its summary; 0 on success."""
     started = time.time()
     quiet_local_logging()
-    from pipelines.job import SUMMARY_FILE, run_spec
-    from pipelines.options import LOCAL_RUNNERS, canonical_runner
-    from pipelines.store_lock import write_lock
+    from dilstore.pipelines.job import SUMMARY_FILE, prepare_store, run_spec
+    from dilstore.pipelines.options import LOCAL_RUNNERS, canonical_runner
+    from dilstore.pipelines.store_lock import write_lock
 
     runner = canonical_runner(args.runner)
     if runner not in LOCAL_RUNNERS:

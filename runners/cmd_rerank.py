@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from runners.reading_options import add_runtime_arguments, apply_threads
-from storage.errors import DilstoreError
+from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
+from dilstore.storage.errors import DilstoreError
 
 # Options that are RerankSettings fields of the same name.
 _SETTINGS = ("max_query_length", "pair_batch_tokens", "max_pairs_per_batch")
@@ -65,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     from tqdm import tqdm
 
-    from reader.default_ranker import default_ranker_dir
-    from reader.rerank import DEFAULT_DEPTH, RUN_TAG, RerankSettings, check_depth, open_reranker, require_topics
-    from reader.trec import read_run, read_topics, write_run
+    from dilstore.reader.packaged.shipped import default_ranker_dir
+    from dilstore.reader.serving.rerank import DEFAULT_DEPTH, RUN_TAG, RerankSettings, check_depth, open_reranker, require_topics
+    from dilstore.reader.data.trec import read_run, read_topics, write_run
 
     depth = DEFAULT_DEPTH if args.depth is None else args.depth
     check_depth(depth)

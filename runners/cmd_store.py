@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from storage.info import store_info
+    from dilstore.storage.info import store_info
 
     info = store_info(args.store)
     if args.json:
@@ -46,7 +46,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from storage.verify import verify_store
+    from dilstore.storage.verify import verify_store
 
     report = verify_store(args.store)
     if args.json:

@@ -11,9 +11,14 @@ import argparse
 import json
 from pathlib import Path
 
-from runners.cmd_train_ranking import register_ranking_data, register_rankers
-from runners.reading_options import add_reading_arguments, add_runtime_arguments, apply_threads, reading_settings
-from runners.training_options import (
+from dilstore.runners.cmd_train_ranking import register_rankers, register_ranking_data
+from dilstore.runners.reading_options import (
+    add_reading_arguments,
+    add_runtime_arguments,
+    apply_threads,
+    reading_settings,
+)
+from dilstore.runners.training_options import (
     add_optimizer_arguments,
     add_output_argument,
     add_run_arguments,
@@ -21,7 +26,7 @@ from runners.training_options import (
     output_dir,
     run_options,
 )
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -84,9 +89,9 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
 def run_qa(args: argparse.Namespace) -> int:
     """Train, then evaluate on --dev when given; print k, EM, F1 and the train and eval times."""
     apply_threads(args.threads)
-    from reader.checkpoints import base_model_dir
-    from reader.reading_comprehension import evaluate_file, write_evaluation
-    from reader.training import TrainingConfig, train_qa
+    from dilstore.reader.modeling.checkpoints import base_model_dir
+    from dilstore.reader.evaluation.reading_comprehension import evaluate_file, write_evaluation
+    from dilstore.reader.training.qa import TrainingConfig, train_qa
 
     if not args.train.is_file():
         raise DilstoreError(f"--train {args.train}: no such file")
@@ -116,7 +121,7 @@ def run_qa(args: argparse.Namespace) -> int:
         "output": str(result.output),
     }
     if args.dev is not None:
-        from reader.dilbert import DilBertReader
+        from dilstore.reader.modeling.dilbert import DilBertReader
 
         evaluation = evaluate_file(
             DilBertReader.from_pretrained(result.output),

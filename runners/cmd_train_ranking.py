@@ -2,7 +2,7 @@
 
 `ranking-data` turns a SQuAD v1.1 file into (query, gold paragraph, BM25
 negatives) triples; the three ranker kinds train on those triples with one
-loop (reader/ranking_training.py).
+loop (reader/training/ranking.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from runners.reading_options import add_runtime_arguments, apply_threads
-from runners.training_options import (
+from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
+from dilstore.runners.training_options import (
     add_optimizer_arguments,
     add_output_argument,
     add_run_arguments,
@@ -22,7 +22,7 @@ from runners.training_options import (
     output_dir,
     run_options,
 )
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 RANKER_HELP = {
     "earl": "EARL: query module + judger blocks over an offline document module (seed 004)",
@@ -115,9 +115,9 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
 
 def run_ranker(args: argparse.Namespace) -> int:
     """Train one ranker kind; print the steps, time, final loss and output."""
-    from reader.checkpoints import base_model_dir
-    from reader.ranking_files import PARAGRAPHS_FILE
-    from reader.ranking_training import RankingTrainingConfig, train_ranker
+    from dilstore.reader.modeling.checkpoints import base_model_dir
+    from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
+    from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
 
     apply_threads(args.threads)
     paragraphs = args.paragraphs or args.triples.parent / PARAGRAPHS_FILE
@@ -162,8 +162,8 @@ def run_ranker(args: argparse.Namespace) -> int:
 
 def run_ranking_data(args: argparse.Namespace) -> int:
     """Build the triples; Anserini's log goes to stderr so stdout carries only the summary."""
-    from reader.ranking_data import build_ranking_data
-    from runners.cmd_index import stdout_to_stderr
+    from dilstore.reader.data.ranking_data import build_ranking_data
+    from dilstore.runners.cmd_index import stdout_to_stderr
 
     if not args.squad.is_file():
         raise DilstoreError(f"--squad {args.squad}: no such file")

@@ -1,6 +1,6 @@
 """Command-line options shared by `ask` and `evaluate-qa`: the store, model, index, retrieval and decoding.
 
-Options left out keep OdqaSettings' defaults (reader/odqa.py), so the
+Options left out keep OdqaSettings' defaults (reader/serving/odqa.py), so the
 defaults live in one place and `--help` needs no torch import.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from runners.reading_options import add_runtime_arguments
+from dilstore.runners.reading_options import add_runtime_arguments
 
 # Options that are OdqaSettings fields of the same name.
 _SETTINGS = (
@@ -54,7 +54,7 @@ def add_odqa_arguments(parser: argparse.ArgumentParser) -> None:
 
 def open_odqa_reader(args: argparse.Namespace):  # -> reader.odqa.OpenDomainReader
     """The OpenDomainReader the options describe (store, checked model, BM25 index)."""
-    from reader.odqa import OdqaSettings, open_reader
+    from dilstore.reader.serving.odqa import OdqaSettings, open_reader
 
     chosen = {name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None}
     settings = OdqaSettings(**chosen)

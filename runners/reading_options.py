@@ -30,7 +30,7 @@ def apply_threads(threads: int | None) -> None:
 
 def reading_settings(args: argparse.Namespace):  # -> reader.reading_comprehension.ReadingSettings
     """ReadingSettings from the options add_reading_arguments added."""
-    from reader.reading_comprehension import ReadingSettings
+    from dilstore.reader.evaluation.reading_comprehension import ReadingSettings
 
     return ReadingSettings(
         batch_size=args.eval_batch_size,

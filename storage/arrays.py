@@ -16,7 +16,7 @@ import zarr
 from zarr.abc.codec import BytesBytesCodec
 from zarr.codecs import BloscCodec, ZstdCodec
 
-from storage.format import check_compressor
+from dilstore.storage.format import check_compressor
 
 
 def compressor_codecs(compressor: str | None) -> list[BytesBytesCodec]:

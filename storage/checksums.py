@@ -18,8 +18,8 @@ from pathlib import Path
 
 import zarr
 
-from storage.format import ATTRIBUTES_KEY, StoreFormatError
-from storage.manifest import FileEntry
+from dilstore.storage.format import ATTRIBUTES_KEY, StoreFormatError
+from dilstore.storage.manifest import FileEntry
 
 GROUP_FILE = "zarr.json"
 _READ_BLOCK = 8 << 20

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from storage.format import StoreFormatError
+from dilstore.storage.format import StoreFormatError
 
 # Rows encoded at a time, so that temporaries stay small for multi-GB shards.
 _BLOCK_ROWS = 8192

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import zarr
 
-from storage.arrays import decode_string
-from storage.checksums import read_checksums
-from storage.errors import DilstoreError
-from storage.fingerprint import Fingerprint, fingerprint_sha256
-from storage.format import (
+from dilstore.storage.arrays import decode_string
+from dilstore.storage.checksums import read_checksums
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
+from dilstore.storage.format import (
     ID_BYTES,
     ID_OFFSETS,
     INDEX_DIR,
@@ -37,10 +37,10 @@ from storage.format import (
     parse_shard_name,
     shard_path,
 )
-from storage.id_index import build_index, write_index
-from storage.location import StoreLocation
-from storage.manifest import FileEntry, Manifest, ShardEntry, write_manifest
-from storage.shard import ShardAttributes
+from dilstore.storage.id_index import build_index, write_index
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import FileEntry, Manifest, ShardEntry, write_manifest
+from dilstore.storage.shard import ShardAttributes
 
 
 @dataclass(frozen=True)

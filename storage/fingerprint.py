@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 
 class FingerprintMismatchError(DilstoreError):

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 FORMAT_NAME = "dilstore-store"
 FORMAT_VERSION = 1

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from storage.arrays import write_array
-from storage.durability import fsync_dir, fsync_tree
-from storage.errors import DilstoreError
-from storage.format import (
+from dilstore.storage.arrays import write_array
+from dilstore.storage.durability import fsync_dir, fsync_tree
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import (
     ATTRIBUTES_KEY,
     FORMAT_NAME,
     FORMAT_VERSION,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from storage.format import INDEX_DIR, SHARDS_DIR, STATES_GROUP
-from storage.location import StoreLocation
-from storage.manifest import read_manifest
+from dilstore.storage.format import INDEX_DIR, SHARDS_DIR, STATES_GROUP
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
 
 PARTS = ("states", "tokens", "passages", "index", "metadata", "other")
 

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from storage.durability import fsync_dir
-from storage.fingerprint import Fingerprint
-from storage.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, TMP_PREFIX, StoreFormatError
-from storage.location import StoreLocation
+from dilstore.storage.atomic_files import atomic_write_bytes
+from dilstore.storage.fingerprint import Fingerprint
+from dilstore.storage.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, StoreFormatError
+from dilstore.storage.location import StoreLocation
 
 
 @dataclass(frozen=True)
@@ -160,11 +158,5 @@ def read_manifest(location: StoreLocation) -> Manifest:
 
 def write_manifest(root: Path, manifest: Manifest) -> None:
     """Write `root/manifest.json` atomically (temporary file, fsync, rename, fsync the directory)."""
-    temporary = root / f"{TMP_PREFIX}{MANIFEST_FILE}-{uuid.uuid4().hex}"
-    with temporary.open("wb") as file:
-        file.write(manifest_json(manifest))
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, root / MANIFEST_FILE)
-    fsync_dir(root)
+    atomic_write_bytes(root / MANIFEST_FILE, manifest_json(manifest))
 

@@ -20,7 +20,7 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
 from zarr.codecs.bytes import Endian
 
-from storage.format import StoreFormatError
+from dilstore.storage.format import StoreFormatError
 
 _INDEX_ENTRY_BYTES = 16  # uint64 offset + uint64 length per inner chunk
 _INDEX_CHECKSUM_BYTES = 4  # CRC32C after the index

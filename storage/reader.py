@@ -21,15 +21,23 @@ from typing import Any, Literal
 import numpy as np
 import zarr
 
-from storage.errors import DilstoreError
-from storage.fingerprint import Fingerprint, check_fingerprint
-from storage.format import ATTRIBUTES_KEY, INDEX_DIR, INDEX_HASHES, INDEX_ROWS, INDEX_SHARDS, StoreFormatError, shard_path
-from storage.id_index import HASH_NAME, IdIndex
-from storage.location import StoreLocation
-from storage.manifest import Manifest, read_manifest
-from storage.mapped import map_array
-from storage.records import StoredPassage
-from storage.shard import ShardReader
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import Fingerprint, check_fingerprint
+from dilstore.storage.format import (
+    ATTRIBUTES_KEY,
+    INDEX_DIR,
+    INDEX_HASHES,
+    INDEX_ROWS,
+    INDEX_SHARDS,
+    StoreFormatError,
+    shard_path,
+)
+from dilstore.storage.id_index import HASH_NAME, IdIndex
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import Manifest, read_manifest
+from dilstore.storage.mapped import map_array
+from dilstore.storage.records import StoredPassage
+from dilstore.storage.shard import ShardReader
 
 ReadPath = Literal["auto", "mmap", "zarr"]
 _SHOWN = 5

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError
 
 
 @dataclass(frozen=True, eq=False)

@@ -18,9 +18,9 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync
 
-from storage.arrays import offsets_are_valid
-from storage.encodings import Encoding, get_encoding
-from storage.format import (
+from dilstore.storage.arrays import offsets_are_valid
+from dilstore.storage.encodings import Encoding, get_encoding
+from dilstore.storage.format import (
     ATTRIBUTES_KEY,
     CHAR_SPANS,
     FORMAT_NAME,
@@ -39,9 +39,9 @@ from storage.format import (
     get_kind,
     states_array,
 )
-from storage.location import StoreLocation
-from storage.mapped import map_array
-from storage.records import StoredPassage
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.mapped import map_array
+from dilstore.storage.records import StoredPassage
 
 
 @dataclass(frozen=True)

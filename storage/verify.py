@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import zarr
 
-from storage.arrays import decode_string, offsets_are_valid
-from storage.encodings import Encoding, get_encoding
-from storage.errors import DilstoreError
-from storage.fingerprint import fingerprint_sha256
-from storage.format import (
+from dilstore.storage.arrays import decode_string, offsets_are_valid
+from dilstore.storage.encodings import Encoding, get_encoding
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import fingerprint_sha256
+from dilstore.storage.format import (
     CHAR_SPANS,
     ID_BYTES,
     ID_OFFSETS,
@@ -42,10 +42,10 @@ from storage.format import (
     shard_path,
     states_array,
 )
-from storage.id_index import HASH_NAME, id_hashes
-from storage.location import StoreLocation
-from storage.manifest import Manifest, ShardEntry, read_manifest
-from storage.shard import ShardAttributes
+from dilstore.storage.id_index import HASH_NAME, id_hashes
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest
+from dilstore.storage.shard import ShardAttributes
 
 _CHECK_ROWS = 1 << 18  # rows of a per-token array checked at a time
 

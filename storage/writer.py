@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from storage.arrays import encode_strings, write_array
-from storage.checksums import record_checksums
-from storage.durability import fsync_dir, fsync_tree
-from storage.encodings import Encoding, get_encoding
-from storage.errors import DilstoreError
-from storage.fingerprint import Fingerprint, fingerprint_sha256
-from storage.format import (
+from dilstore.storage.arrays import encode_strings, write_array
+from dilstore.storage.checksums import record_checksums
+from dilstore.storage.durability import fsync_dir, fsync_tree
+from dilstore.storage.encodings import Encoding, get_encoding
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
+from dilstore.storage.format import (
     StoreFormatError,
     ATTRIBUTES_KEY,
     BYTES_PER_CHUNK,
@@ -48,9 +48,9 @@ from storage.format import (
     TITLE_BYTES,
     TITLE_OFFSETS,
     TMP_PREFIX,
+    TOKENS_PER_CHUNK,
     TOKEN_IDS,
     TOKEN_OFFSETS,
-    TOKENS_PER_CHUNK,
     VECTORS,
     VECTORS_PER_CHUNK,
     Kind,
@@ -59,8 +59,8 @@ from storage.format import (
     shard_name,
     states_array,
 )
-from storage.records import PassageRecord
-from storage.shard import ShardAttributes
+from dilstore.storage.records import PassageRecord
+from dilstore.storage.shard import ShardAttributes
 
 _INT32 = np.iinfo(np.int32)
 

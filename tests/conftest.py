@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+from tests.fixtures.paths import ROOT, SHARED_DATA
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +38,7 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/qa_training_fixtures.py's random 2-layer BERT with the MiniLM tokenizer, a plain encoder directory."""
-    from qa_training_fixtures import write_tiny_checkpoint
+    """tests/fixtures/qa_training_fixtures.py's random 2-layer BERT with the MiniLM tokenizer, a plain encoder directory."""
+    from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-base"))

@@ -1,7 +1,16 @@
-"""Imports point only downward: runners → pipelines → reader → storage.
+"""Imports point only downward, between the layers and between the reader's sub-packages.
 
 Parsed from the source with `ast`, so a lazy import inside a function counts
-as much as one at the top of a module.
+as much as one at the top of a module. The graphs below are ARCHITECTURE.md's
+layers written down:
+
+- layers: runners → pipelines → reader → storage, all under `dilstore.`;
+  storage imports no torch or Beam, reader no Beam;
+- the reader by role: text, batching, packaged and retrieval at the bottom;
+  modeling over them; offline and data beside it; serving over modeling and
+  offline; training and evaluation on top. Serving never imports training,
+  and nothing imports serving but evaluation and the runners;
+- pipelines use only the reader's offline half (and what it stands on).
 """
 
 from __future__ import annotations
@@ -11,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.fixtures.paths import ROOT
+
 LAYERS = ("storage", "reader", "pipelines", "runners")
 FORBIDDEN_THIRD_PARTY = {
     "storage": {"torch", "transformers", "apache_beam", "tokenizers", "safetensors"},
@@ -19,18 +29,49 @@ FORBIDDEN_THIRD_PARTY = {
     "pipelines": set(),
     "runners": set(),
 }
+# Which reader sub-packages (or top modules) each may import, besides itself.
+READER_GRAPH: dict[str, set[str]] = {
+    "text": set(),
+    "batching": set(),
+    "packaged": set(),
+    "retrieval": set(),
+    "modeling": {"text", "batching"},
+    "data": {"text", "batching", "retrieval"},
+    "offline": {"modeling", "packaged", "text", "batching"},
+    "serving": {"modeling", "offline", "packaged", "data", "retrieval", "text", "batching"},
+    "training": {"modeling", "packaged", "data", "evaluation", "text", "batching"},
+    "evaluation": {"serving", "modeling", "packaged", "data", "retrieval", "text", "batching"},
+}
+# What pipelines may use of the reader: the offline half and what it stands on.
+PIPELINES_MAY_USE = {"offline", "packaged", "text", "batching"}
 
 
-def imported_top_levels(path: Path) -> set[str]:
-    """Top-level module names a Python file imports (absolute imports only)."""
+def imported_modules(path: Path) -> set[str]:
+    """Absolute module names a Python file imports (`from a.b import c` gives a.b)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
     return names
+
+
+def imported_top_levels(path: Path) -> set[str]:
+    """Top-level module names a Python file imports (absolute imports only)."""
+    return {name.split(".")[0] for name in imported_modules(path)}
+
+
+def imported_layers(path: Path) -> set[str]:
+    """The dilstore layers (`dilstore.storage` → storage) a file imports."""
+    return {name.split(".")[1] for name in imported_modules(path) if name.startswith("dilstore.") and "." in name}
+
+
+def reader_part(module: str) -> str | None:
+    """The reader sub-package (or top module) of `dilstore.reader.X…`, None for other modules."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["dilstore", "reader"] else None
 
 
 def layer_files(layer: str) -> list[Path]:
@@ -48,11 +89,65 @@ def test_imports_point_downward(layer: str) -> None:
     upward = set(LAYERS) - allowed_project
     problems = []
     for path in layer_files(layer):
-        imported = imported_top_levels(path)
-        for name in sorted(imported & upward):
-            problems.append(f"{path.relative_to(ROOT)} imports {name} (upward)")
-        for name in sorted(imported & FORBIDDEN_THIRD_PARTY[layer]):
+        top_levels = imported_top_levels(path)
+        for name in sorted(top_levels & set(LAYERS)):
+            problems.append(f"{path.relative_to(ROOT)} imports {name} outside the dilstore namespace")
+        for name in sorted(imported_layers(path) & upward):
+            problems.append(f"{path.relative_to(ROOT)} imports dilstore.{name} (upward)")
+        for name in sorted(top_levels & FORBIDDEN_THIRD_PARTY[layer]):
             problems.append(f"{path.relative_to(ROOT)} imports {name} (forbidden in {layer}/)")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_reader_part_is_in_the_graph() -> None:
+    parts = {path.stem if path.is_file() else path.name for path in (ROOT / "reader").iterdir()}
+    parts = {part for part in parts if not part.startswith("__") and part != "models"}
+    assert parts == set(READER_GRAPH)
+
+
+def test_reader_sub_packages_import_only_what_the_graph_allows() -> None:
+    problems = []
+    for path in layer_files("reader"):
+        relative = path.relative_to(ROOT / "reader")
+        if len(relative.parts) == 1 and relative.name == "__init__.py":
+            continue
+        part = relative.parts[0] if len(relative.parts) > 1 else relative.stem
+        for module in sorted(imported_modules(path)):
+            target = reader_part(module)
+            if target is not None and target != part and target not in READER_GRAPH[part]:
+                problems.append(f"{path.relative_to(ROOT)} ({part}) imports {module}")
+    assert not problems, "\n".join(problems)
+
+
+def test_reader_graph_has_no_cycles() -> None:
+    state: dict[str, str] = {}
+
+    def visit(node: str, trail: tuple[str, ...]) -> None:
+        assert state.get(node) != "open", f"cycle: {' → '.join((*trail, node))}"
+        if state.get(node) == "done":
+            return
+        state[node] = "open"
+        for child in sorted(READER_GRAPH[node]):
+            visit(child, (*trail, node))
+        state[node] = "done"
+
+    for node in sorted(READER_GRAPH):
+        visit(node, ())
+
+
+def test_serving_is_imported_only_by_evaluation_and_the_runners() -> None:
+    importers = {part for part, allowed in READER_GRAPH.items() if "serving" in allowed}
+    assert importers == {"evaluation"}
+    assert "training" not in READER_GRAPH["serving"]
+
+
+def test_pipelines_use_only_the_offline_half_of_the_reader() -> None:
+    problems = []
+    for path in layer_files("pipelines"):
+        for module in sorted(imported_modules(path)):
+            target = reader_part(module)
+            if target is not None and target not in PIPELINES_MAY_USE:
+                problems.append(f"{path.relative_to(ROOT)} imports {module}")
     assert not problems, "\n".join(problems)
 
 

@@ -14,10 +14,10 @@ import gzip
 import json
 from pathlib import Path
 
-from pipelines.corpus_squad import read_squad
-from pipelines.default_corpus import default_corpus_path
-from pipelines.documents import Document
-from storage.errors import DilstoreError
+from dilstore.pipelines.corpus_squad import read_squad
+from dilstore.pipelines.default_corpus import default_corpus_path
+from dilstore.pipelines.documents import Document
+from dilstore.storage.errors import DilstoreError
 
 # Whole articles, chosen for a spread of topics; together about 300 KB of text.
 ARTICLES = (

@@ -1,0 +1,36 @@
+"""dilstore: precompute the query-independent states of transformer readers and rankers, store them, serve them.
+
+The public Python API (see dilstore/api.py and the README's "Python API"):
+
+    import dilstore
+    store = dilstore.precompute(input=["corpus.jsonl"], output="my-store", workers=1)
+    dilstore.build_index(store)
+    reader = dilstore.open_reader(store)
+    print(reader.answer("Which team won Super Bowl 50?").text)
+
+`open_store`, `open_reader`, `open_reranker`, `precompute`, `build_index`,
+`evaluate_qa` and `evaluate_rank` load on first use, so `import dilstore`
+pulls in neither torch nor Beam. The layers install under this one name:
+`dilstore.storage` (the shard store), `dilstore.reader` (models, serving,
+training, evaluation), `dilstore.pipelines` (the Beam precompute job) and
+`dilstore.runners` (the `dilstore` command).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["build_index", "evaluate_qa", "evaluate_rank", "open_reader", "open_reranker", "open_store", "precompute"]
+
+
+def __getattr__(name: str) -> Any:
+    """Load the API module on first use of one of its names."""
+    if name in __all__:
+        from dilstore import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'dilstore' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,7 @@
+"""`python -m dilstore`: the same as the `dilstore` command."""
+
+import sys
+
+from dilstore.runners.cli import main
+
+sys.exit(main())

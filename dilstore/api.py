@@ -1,0 +1,142 @@
+"""The public Python API: open a store, answer or rerank over it, run precompute, build its index, evaluate.
+
+Each function is a thin, documented door onto the layers (`dilstore.storage`,
+`dilstore.reader`, `dilstore.pipelines`, `dilstore.runners`), the way
+pyserini's `LuceneSearcher` or ColBERT's `Indexer`/`Searcher` front theirs;
+the command line and these functions run the same code. Model arguments
+default to the checkpoints shipped in the package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dilstore.storage.errors import DilstoreError
+
+if TYPE_CHECKING:  # the heavy layers load on first use, so `import dilstore` stays light
+    from dilstore.reader.evaluation.open_domain import QAEvaluation
+    from dilstore.reader.evaluation.rank_metrics import RankEvaluation
+    from dilstore.reader.serving.odqa import OpenDomainReader
+    from dilstore.reader.serving.rerank import EarlReranker
+    from dilstore.storage.reader import Store
+
+PathLike = str | Path
+
+
+def open_store(path: PathLike) -> Store:
+    """A finalized store, memory-mapped read-only: `store.get(ids)`, `store.fingerprint`, `store.manifest`."""
+    from dilstore.storage.reader import open_store as open_shard_store
+
+    return open_shard_store(path)
+
+
+def open_reader(
+    store: PathLike,
+    model: PathLike | None = None,
+    *,
+    index: PathLike | None = None,
+    top_p: int | None = None,
+    mu: float | None = None,
+    device: str | None = None,
+) -> OpenDomainReader:
+    """An open-domain reader over a dilbert store and its BM25 index: `reader.answer(question).text`.
+
+    `model` defaults to the shipped reader and must be the one that made the
+    store; `index` defaults to STORE/bm25 (see `build_index`). `top_p` and
+    `mu` override the passages read per question and the reader/BM25 score mix.
+    """
+    from dilstore.reader.serving.odqa import OdqaSettings
+    from dilstore.reader.serving.odqa import open_reader as open_odqa_reader
+
+    chosen = {name: value for name, value in (("top_p", top_p), ("mu", mu)) if value is not None}
+    return open_odqa_reader(store, model, index_dir=index, settings=OdqaSettings(**chosen), device=device)
+
+
+def open_reranker(store: PathLike, model: PathLike | None = None, *, device: str | None = None) -> EarlReranker:
+    """An EARL reranker over an earl-s1 or earl-s2 store: `reranker.rerank(query, doc_ids)` → {doc_id: score}.
+
+    `model` defaults to the shipped EARL ranker and must be the one that made the store.
+    """
+    from dilstore.reader.packaged.shipped import default_ranker_dir
+    from dilstore.reader.serving.rerank import open_reranker as open_earl_reranker
+
+    return open_earl_reranker(store, default_ranker_dir() if model is None else model, device=device)
+
+
+def precompute(**options: Any) -> Path:
+    """Run `dilstore precompute` from Python and return the store's path.
+
+    Options are the command's flags as keywords, parsed by the command's own
+    parser: `input=["a.jsonl", "b.jsonl"]` repeats `--input`, `workers=1` is
+    `--workers 1`, `overwrite=True` is the bare `--overwrite` (False and None
+    leave a flag out). No options run the embedded default corpus, as the
+    command does. An invalid option raises DilstoreError.
+    """
+    from dilstore.runners.cli import build_parser, parse
+    from dilstore.runners.cmd_precompute import DEFAULT_OUTPUT
+
+    argv = ["precompute", *_flags(options)]
+    try:
+        args = parse(build_parser(), argv)
+    except SystemExit as error:
+        raise DilstoreError(f"invalid precompute options {argv[1:]} (see the message above)") from error
+    status = args.run(args)
+    if status:
+        raise DilstoreError(f"precompute failed with status {status}")
+    return Path(args.output if args.output is not None else DEFAULT_OUTPUT)
+
+
+def build_index(store: PathLike, *, threads: int = 1) -> Path:
+    """Build STORE/bm25, the Lucene BM25 index over the store's passages (as `dilstore index`); returns its path."""
+    from dilstore.runners.cli import build_parser
+
+    args = build_parser().parse_args(["index", str(store), "--threads", str(threads)])
+    args.run(args)
+    return Path(store) / "bm25"
+
+
+def evaluate_qa(
+    reader: OpenDomainReader, questions: PathLike, *, limit: int | None = None, seed: int = 0
+) -> QAEvaluation:
+    """EM, F1 and R of an open reader (`open_reader`) over a question file (DPR JSONL or SQuAD JSON).
+
+    Scored with the reader's own top_p and mu; `.em`, `.f1`, `.recall` and
+    `.summary()` give the scores. `limit` questions are drawn with `seed` when
+    given, as `dilstore evaluate-qa` does.
+    """
+    from dilstore.reader.evaluation.open_domain import evaluate_questions, load_questions, select_questions
+
+    chosen = select_questions(load_questions(questions), limit, seed)
+    return evaluate_questions(reader, chosen, top_p=reader.settings.top_p, mu=reader.settings.mu)
+
+
+def evaluate_rank(
+    qrels: PathLike | Mapping[str, Mapping[str, int]], run: PathLike | Mapping[str, Mapping[str, float]]
+) -> RankEvaluation:
+    """RR@10, nDCG@10 and R@100 of a run against qrels (TREC files, or {qid: {docid: grade or score}})."""
+    from dilstore.reader.data.trec import read_qrels, read_run
+    from dilstore.reader.evaluation.rank_metrics import evaluate_run
+
+    judged = read_qrels(qrels) if isinstance(qrels, str | Path) else {q: dict(d) for q, d in qrels.items()}
+    ranked = read_run(run) if isinstance(run, str | Path) else {q: dict(d) for q, d in run.items()}
+    return evaluate_run(judged, ranked)
+
+
+def _flags(options: Mapping[str, Any]) -> list[str]:
+    """Command-line flags for keyword options (see `precompute`)."""
+    argv: list[str] = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, Iterable) and not isinstance(value, str | Path):
+            for item in value:
+                argv += [flag, str(item)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+

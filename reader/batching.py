@@ -1,0 +1,70 @@
+"""Batching token sequences: one right-padding function and the length-bucketed batches every stage uses.
+
+Offline encoding, QA training batches, the rankers and both serving paths pad
+token ids the same way, and precompute and serving cut passages into batches
+by the same rule, so both live here, below every role that uses them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dilstore.storage.errors import DilstoreError
+
+# Padded tokens per batch: 64 passages of 128 tokens. Bounds activation memory per forward.
+DEFAULT_BATCH_TOKENS = 8192
+DEFAULT_MAX_BATCH_SIZE = 128
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How passages are batched: at most `batch_tokens` padded tokens and `max_batch_size` passages per batch."""
+
+    batch_tokens: int = DEFAULT_BATCH_TOKENS
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+
+    def __post_init__(self) -> None:
+        if self.batch_tokens < 1 or self.max_batch_size < 1:
+            raise DilstoreError(
+                f"batch limits must be positive, got batch_tokens={self.batch_tokens}, "
+                f"max_batch_size={self.max_batch_size}"
+            )
+
+
+def length_batches(lengths: Sequence[int], policy: BatchPolicy) -> list[list[int]]:
+    """Indices into `lengths`, cut into batches of similar length within the policy's limits.
+
+    Sorted by (length, index), so the batches are the same for the same input
+    wherever they are computed; a batch's padded size is its size times its
+    last (longest) length. A single passage longer than the budget is a batch
+    of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda index: (lengths[index], index))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        padded = (len(current) + 1) * lengths[index]
+        if current and (padded > policy.batch_tokens or len(current) >= policy.max_batch_size):
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def pad_token_ids(sequences: Sequence[np.ndarray], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad int token-id arrays to the longest: (ids (b, n) long, mask (b, n) long)."""
+    if not sequences:
+        raise ValueError("cannot pad an empty list of sequences")
+    width = max(len(sequence) for sequence in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)  # (b, n)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)  # (b, n)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = torch.from_numpy(np.asarray(sequence, dtype=np.int64))
+        mask[row, : len(sequence)] = 1
+    return ids, mask

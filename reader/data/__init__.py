@@ -1,0 +1,1 @@
+"""Data formats: SQuAD, QA features and their batches, TREC runs and qrels, ranking triples and paragraphs."""

@@ -1,0 +1,283 @@
+"""SQuAD paragraph-ranking training data: each question, its gold paragraph and BM25-hard negatives.
+
+From a SQuAD v1.1 file (seed 004 trains on query, positive, negatives groups):
+
+1. paragraphs: every paragraph is one document, id `{article_title}#p{index}`
+   (the id pipelines/corpus_squad.py gives it), text = the context alone, so
+   BM25 and the rankers read the same text;
+2. index: a pyserini Lucene BM25 index over those paragraphs, cached in a
+   work folder and rebuilt only when the paragraphs change (a digest of the
+   collection decides);
+3. retrieval: the top-`depth` paragraphs per question, in one process with
+   Java threads (the JVM is never forked);
+4. sampling: `negatives` non-gold paragraphs per question, drawn without
+   replacement from its BM25 list by a generator seeded with (seed, qid), so
+   the draw of a question does not depend on which others are in the file; a
+   list with too few non-gold paragraphs is filled with random non-gold
+   paragraphs of the corpus, and the fills are counted;
+5. files: triples and the paragraphs they use (reader/data/ranking_files.py), so a
+   training run (on a machine without the SQuAD file or the index) reads
+   only those two.
+
+Retrieval is a parameter (`Retriever`), so the sampling is tested without a JVM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE, Triple, write_paragraphs, write_triples
+from dilstore.reader.data.squad import parse_squad
+from dilstore.reader.text.files import read_json
+from dilstore.storage.errors import DilstoreError
+
+# (qid, query) pairs and a depth → qid → (paragraph id, score) pairs, best first.
+Retriever = Callable[[Sequence[tuple[str, str]], int], dict[str, list[tuple[str, float]]]]
+SUMMARY_FILE = "ranking_data.json"
+COLLECTION_FILE = "paragraphs.jsonl"
+INDEX_DIGEST_FILE = "collection.sha256"
+RETRIEVAL_CHUNK = 10_000
+
+
+@dataclass(frozen=True)
+class RankingQuestion:
+    """One SQuAD question as a ranking query: its id, text and gold paragraph id."""
+
+    qid: str
+    query: str
+    positive: str
+
+
+@dataclass(frozen=True)
+class SquadRanking:
+    """A SQuAD file as a ranking collection: paragraphs `{id: text}` in file order, and its questions."""
+
+    paragraphs: dict[str, str]
+    questions: list[RankingQuestion]
+
+
+@dataclass(frozen=True)
+class SamplingStats:
+    """How the negatives were found: questions whose BM25 list ran short, and the random fills they got."""
+
+    questions: int
+    filled_questions: int
+    filled_negatives: int
+
+
+@dataclass(frozen=True)
+class RankingDataSummary:
+    """What `build_ranking_data` wrote and how (also saved as OUTPUT/ranking_data.json)."""
+
+    squad: str
+    triples: str
+    paragraphs: str
+    questions: int
+    corpus_paragraphs: int
+    paragraphs_written: int
+    negatives: int
+    depth: int
+    seed: int
+    limit: int | None
+    filled_questions: int
+    filled_negatives: int
+    index: str | None
+    seconds: float
+
+
+def squad_paragraph_id(article_title: str, paragraph_index: int) -> str:
+    """`{article_title}#p{paragraph_index}`: the id pipelines/corpus_squad.paragraph_id gives the same paragraph."""
+    return f"{article_title}#p{paragraph_index}"
+
+
+def read_squad_ranking(path: Path) -> SquadRanking:
+    """A SQuAD v1.1 file as paragraphs and ranking questions (see `parse_squad_ranking`)."""
+    return parse_squad_ranking(read_json(path), str(path))
+
+
+def parse_squad_ranking(document: Any, source: str) -> SquadRanking:
+    """Paragraphs and questions of a parsed SQuAD document, checked by reader/squad_data.parse_squad first.
+
+    Every article needs a non-empty title, which its paragraph ids carry, and
+    two articles may not share a title (their ids would collide).
+    """
+    parse_squad(document, source)
+    paragraphs: dict[str, str] = {}
+    questions: list[RankingQuestion] = []
+    for a, article in enumerate(document["data"]):
+        title = article.get("title", "")
+        if not title.strip():
+            raise DilstoreError(f"{source}: data[{a}] has no title, which its paragraph ids need")
+        for index, paragraph in enumerate(article["paragraphs"]):
+            pid = squad_paragraph_id(title, index)
+            if pid in paragraphs:
+                raise DilstoreError(f"{source}: data[{a}]: paragraph id {pid!r} is used twice (a repeated title?)")
+            paragraphs[pid] = paragraph["context"]
+            questions.extend(RankingQuestion(qa["id"], qa["question"], pid) for qa in paragraph["qas"])
+    if not questions:
+        raise DilstoreError(f"{source}: no questions")
+    return SquadRanking(paragraphs, questions)
+
+
+def sample_negatives(
+    questions: Sequence[RankingQuestion],
+    retrieved: Mapping[str, Sequence[tuple[str, float]]],
+    corpus_ids: Sequence[str],
+    negatives: int,
+    seed: int,
+) -> tuple[list[Triple], SamplingStats]:
+    """`negatives` distinct non-gold paragraph ids per question, in sampled (random) order.
+
+    Drawn from the question's retrieved (id, score) list; when that holds fewer
+    non-gold ids, all of them are kept and the rest drawn from `corpus_ids`
+    (every paragraph, in corpus order), never the gold one nor a repeat.
+    """
+    if negatives < 1:
+        raise DilstoreError(f"negatives must be at least 1, got {negatives}")
+    if len(set(corpus_ids)) - 1 < negatives:
+        raise DilstoreError(
+            f"the corpus has {len(set(corpus_ids))} paragraphs: too few for {negatives} negatives besides the gold one"
+        )
+    triples = []
+    filled_questions = filled_negatives = 0
+    for question in questions:
+        rng = random.Random(f"{seed}:{question.qid}")
+        candidates = list(dict.fromkeys(pid for pid, _ in retrieved.get(question.qid, ()) if pid != question.positive))
+        chosen = rng.sample(candidates, min(negatives, len(candidates)))
+        if len(chosen) < negatives:
+            taken = {question.positive, *chosen}
+            pool = [pid for pid in dict.fromkeys(corpus_ids) if pid not in taken]
+            fill = rng.sample(pool, negatives - len(chosen))
+            chosen += fill
+            filled_questions += 1
+            filled_negatives += len(fill)
+        triples.append(Triple(question.qid, question.query, question.positive, tuple(chosen)))
+    return triples, SamplingStats(len(questions), filled_questions, filled_negatives)
+
+
+def used_paragraphs(triples: Sequence[Triple], paragraphs: Mapping[str, str]) -> dict[str, str]:
+    """The paragraphs the triples point at, in corpus order."""
+    used = {pid for triple in triples for pid in (triple.positive, *triple.negatives)}
+    return {pid: text for pid, text in paragraphs.items() if pid in used}
+
+
+def write_collection(paragraphs: Mapping[str, str], directory: Path) -> Path:
+    """The paragraphs as a pyserini JsonCollection file (`{"id", "contents"}` JSONL) in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / COLLECTION_FILE
+    with path.open("w", encoding="utf-8") as handle:
+        for pid, text in paragraphs.items():
+            handle.write(json.dumps({"id": pid, "contents": text}, ensure_ascii=False) + "\n")
+    return path
+
+
+def collection_digest(paragraphs: Mapping[str, str]) -> str:
+    """sha256 over ids and texts in order: a cached index is reused only for exactly these paragraphs."""
+    digest = hashlib.sha256()
+    for pid, text in paragraphs.items():
+        digest.update(json.dumps([pid, text], ensure_ascii=False).encode("utf-8") + b"\n")
+    return digest.hexdigest()
+
+
+def ensure_bm25_index(paragraphs: Mapping[str, str], work: Path, threads: int = 1) -> Path:
+    """WORK/bm25, a Lucene BM25 index over `paragraphs`: reused when its digest matches, else (re)built.
+
+    Built beside WORK/bm25 and renamed when complete (retrieval.build_bm25_index_in_place),
+    so a run cut off while indexing never leaves an index that looks whole.
+    """
+    from dilstore.reader.retrieval import build_bm25_index_in_place
+
+    index = work / "bm25"
+    digest = collection_digest(paragraphs)
+    marker = work / INDEX_DIGEST_FILE
+    if index.is_dir() and marker.is_file() and marker.read_text(encoding="utf-8").strip() == digest:
+        return index
+    marker.unlink(missing_ok=True)
+    collection = write_collection(paragraphs, work / "collection")
+    build_bm25_index_in_place(collection.parent, index, threads=threads)
+    marker.write_text(digest + "\n", encoding="utf-8")
+    return index
+
+
+def bm25_retriever(index: Path, threads: int = 1, log: Callable[[str], None] | None = None) -> Retriever:
+    """A Retriever over a Lucene index: batched searches of RETRIEVAL_CHUNK queries on `threads` Java threads."""
+    from dilstore.reader.retrieval import Bm25Searcher
+
+    searcher = Bm25Searcher(index)
+
+    def retrieve(queries: Sequence[tuple[str, str]], depth: int) -> dict[str, list[tuple[str, float]]]:
+        found: dict[str, list[tuple[str, float]]] = {}
+        started = time.perf_counter()
+        for first in range(0, len(queries), RETRIEVAL_CHUNK):
+            chunk = queries[first : first + RETRIEVAL_CHUNK]
+            hits = searcher.batch_search([query for _, query in chunk], [qid for qid, _ in chunk], depth, threads)
+            found.update({qid: [(hit.passage_id, hit.score) for hit in hits[qid]] for qid, _ in chunk})
+            if log is not None:
+                rate = len(found) / max(time.perf_counter() - started, 1e-9)
+                log(f"BM25 top-{depth}: {len(found)}/{len(queries)} questions ({rate:.0f}/s)")
+        return found
+
+    return retrieve
+
+
+def build_ranking_data(
+    squad: Path,
+    output: Path,
+    *,
+    negatives: int = 8,
+    depth: int = 30,
+    seed: int = 13,
+    limit: int | None = None,
+    work: Path | None = None,
+    threads: int = 1,
+    retriever: Retriever | None = None,
+    log: Callable[[str], None] | None = None,
+) -> RankingDataSummary:
+    """SQuAD file → OUTPUT/triples.jsonl.gz, OUTPUT/paragraphs.jsonl.gz and OUTPUT/ranking_data.json.
+
+    The index covers every paragraph of the file; `limit` keeps only the
+    first N questions. Without `retriever`, BM25 runs over the index cached
+    in `work` (default OUTPUT/work).
+    """
+    if depth < 1:
+        raise DilstoreError(f"depth must be at least 1, got {depth}")
+    if limit is not None and limit < 1:
+        raise DilstoreError(f"limit must be at least 1, got {limit}")
+    started = time.perf_counter()
+    collection = read_squad_ranking(squad)
+    questions = collection.questions[:limit] if limit is not None else collection.questions
+    output.mkdir(parents=True, exist_ok=True)
+    index = None
+    if retriever is None:
+        index = ensure_bm25_index(collection.paragraphs, work or output / "work", threads)
+        retriever = bm25_retriever(index, threads, log)
+    retrieved = retriever([(question.qid, question.query) for question in questions], depth)
+    triples, stats = sample_negatives(questions, retrieved, list(collection.paragraphs), negatives, seed)
+    paragraphs = used_paragraphs(triples, collection.paragraphs)
+    write_triples(output / TRIPLES_FILE, triples)
+    write_paragraphs(output / PARAGRAPHS_FILE, paragraphs)
+    summary = RankingDataSummary(
+        squad=str(squad),
+        triples=str(output / TRIPLES_FILE),
+        paragraphs=str(output / PARAGRAPHS_FILE),
+        questions=len(triples),
+        corpus_paragraphs=len(collection.paragraphs),
+        paragraphs_written=len(paragraphs),
+        negatives=negatives,
+        depth=depth,
+        seed=seed,
+        limit=limit,
+        filled_questions=stats.filled_questions,
+        filled_negatives=stats.filled_negatives,
+        index=None if index is None else str(index),
+        seconds=round(time.perf_counter() - started, 1),
+    )
+    (output / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=1) + "\n", encoding="utf-8")
+    return summary

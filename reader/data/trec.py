@@ -1,0 +1,160 @@
+"""TREC ranking files: topics, runs and qrels in, runs out.
+
+Plain functions over plain dicts, so evaluation, reranking and pipelines share
+one parser. A run is `{qid: {docid: score}}` and qrels are
+`{qid: {docid: grade}}`, the shapes ir_measures and pytrec_eval take.
+Every malformed line is a DilstoreError that names the file, the 1-based line
+and what is wrong; blank lines are skipped.
+
+Formats:
+- topics: `qid<TAB>query`, one query per line (MS MARCO / pyserini TSV);
+- run: `qid Q0 docid rank score tag`, 6 whitespace-separated columns;
+- qrels: `qid 0 docid grade`, 4 whitespace-separated columns.
+The second column of runs and qrels (`Q0`, `0`) is not checked, as trec_eval
+does not check it either. The rank column must be an integer but is not
+kept: trec_eval orders documents by score, and so does everything here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+from dilstore.reader.text.files import numbered_lines
+from dilstore.storage.atomic_files import atomic_write_text
+from dilstore.storage.errors import DilstoreError
+
+Run = dict[str, dict[str, float]]
+Qrels = dict[str, dict[str, int]]
+
+RUN_COLUMNS = "qid Q0 docid rank score tag"
+QRELS_COLUMNS = "qid 0 docid grade"
+
+
+def read_topics(path: str | Path) -> dict[str, str]:
+    """`{qid: query}` from a `qid<TAB>query` file, in file order; a qid may appear only once."""
+    path = Path(path)
+    topics: dict[str, str] = {}
+    first_line: dict[str, int] = {}
+    for number, line in _numbered_lines(path):
+        columns = line.split("\t")
+        if len(columns) != 2:
+            raise DilstoreError(
+                f"{path}:{number}: expected 2 tab-separated columns (qid, query), found {len(columns)}"
+            )
+        qid, query = columns[0].strip(), columns[1].strip()
+        if not qid:
+            raise DilstoreError(f"{path}:{number}: empty qid")
+        if not query:
+            raise DilstoreError(f"{path}:{number}: empty query for qid {qid!r}")
+        if qid in topics:
+            raise DilstoreError(f"{path}:{number}: qid {qid!r} appears twice (first on line {first_line[qid]})")
+        topics[qid], first_line[qid] = query, number
+    return topics
+
+
+def read_run(path: str | Path) -> Run:
+    """`{qid: {docid: score}}` from a TREC run; a document may appear only once per query."""
+    path = Path(path)
+    run: Run = {}
+    for number, line in _numbered_lines(path):
+        columns = _columns(path, number, line, 6, RUN_COLUMNS)
+        qid, docid, rank, score = columns[0], columns[2], columns[3], columns[4]
+        _integer(path, number, "rank", rank)
+        value = _score(path, number, score)
+        docs = run.setdefault(qid, {})
+        if docid in docs:
+            raise DilstoreError(f"{path}:{number}: docid {docid!r} appears twice for qid {qid!r}")
+        docs[docid] = value
+    return run
+
+
+def read_qrels(path: str | Path) -> Qrels:
+    """`{qid: {docid: grade}}` from TREC qrels; a document may be judged only once per query."""
+    path = Path(path)
+    qrels: Qrels = {}
+    for number, line in _numbered_lines(path):
+        columns = _columns(path, number, line, 4, QRELS_COLUMNS)
+        qid, docid = columns[0], columns[2]
+        grade = _integer(path, number, "grade", columns[3])
+        judged = qrels.setdefault(qid, {})
+        if docid in judged:
+            raise DilstoreError(f"{path}:{number}: docid {docid!r} is judged twice for qid {qid!r}")
+        judged[docid] = grade
+    return qrels
+
+
+def rank_documents(scores: dict[str, float]) -> list[tuple[str, float]]:
+    """One query's `(docid, score)` pairs, best first.
+
+    Ties are broken by docid in descending order, the order trec_eval (and so
+    pytrec_eval and ir_measures) evaluates tied documents in, so the ranks a
+    written run states are the ranks it is scored by.
+    """
+    return sorted(scores.items(), key=lambda item: (item[1], item[0]), reverse=True)
+
+
+def write_run(path: str | Path, run: Run, tag: str = "dilstore") -> None:
+    """Write `run` as a TREC run: each query's documents by `rank_documents`, ranked from 1.
+
+    Queries keep the run's order. Scores are written with `repr`, so reading
+    the file back gives the same floats. The file is written under a temporary
+    name beside `path`, flushed to disk and renamed, so no reader ever sees half
+    a run and an interrupted write leaves any earlier file in place.
+    """
+    path = Path(path)
+    _check_token("tag", tag)
+    lines = []
+    for qid, scores in run.items():
+        _check_token("qid", qid)
+        for rank, (docid, score) in enumerate(rank_documents(scores), start=1):
+            _check_token("docid", docid)
+            if not math.isfinite(score):
+                raise DilstoreError(f"cannot write run to {path}: score {score!r} of {qid!r}/{docid!r} is not finite")
+            lines.append(f"{qid} Q0 {docid} {rank} {score!r} {tag}\n")
+    try:
+        atomic_write_text(path, "".join(lines), create_parents=False)
+    except OSError as error:
+        raise DilstoreError(f"cannot write run to {path}: {error.strerror or error}") from None
+
+
+def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text without the line break) of each non-blank line of a UTF-8 file."""
+    for number, text in numbered_lines(path, "a file"):
+        line = text.rstrip("\r\n")
+        if line.strip():
+            yield number, line
+
+
+def _columns(path: Path, number: int, line: str, expected: int, names: str) -> list[str]:
+    """The whitespace-separated columns of a line, which must number `expected`."""
+    columns = line.split()
+    if len(columns) != expected:
+        raise DilstoreError(
+            f"{path}:{number}: expected {expected} whitespace-separated columns ({names}), found {len(columns)}"
+        )
+    return columns
+
+
+def _integer(path: Path, number: int, name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise DilstoreError(f"{path}:{number}: {name} {text!r} is not an integer") from None
+
+
+def _score(path: Path, number: int, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise DilstoreError(f"{path}:{number}: score {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise DilstoreError(f"{path}:{number}: score {text!r} is not a finite number")
+    return value
+
+
+def _check_token(name: str, value: str) -> None:
+    """A run column must be one non-empty token, or the written line would not read back."""
+    if not value or len(value.split()) != 1 or value.strip() != value:
+        raise DilstoreError(f"cannot write a TREC run: {name} {value!r} is empty or contains whitespace")

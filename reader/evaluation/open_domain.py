@@ -1,0 +1,279 @@
+"""Open-domain QA evaluation (`dilstore evaluate-qa`): EM, F1 and R over a question file.
+
+- **Questions:** DPR-style JSONL (`{"question", "answer": [...]}` per line,
+  the OpenSQuAD topics) or SQuAD v1.1 JSON (every question with its reference
+  answers; the paragraphs are not given to the reader).
+- **EM and F1:** the official SQuAD v1.1 metric (reader/evaluation/squad_metric.py),
+  best over the reference answers, in percent over every question.
+- **R:** the percentage of questions for which some reference answer occurs
+  in one of the top-p retrieved passages: the answer, normalised as the
+  metric normalises, appears as a whole-token run in the normalised passage
+  text ("1" does not match inside "1882").
+- **μ:** reading does not depend on μ, so one pass of the model is scored
+  under every requested μ (the seed reports μ = 1, reader only, and μ = 0.5).
+
+A question the reader refuses (longer than its question limit) counts as
+answered with "" and not recalled, and is counted in `refused`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dilstore.reader.data.squad import load_open_questions, load_squad
+from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths, normalize_answer
+from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu, check_top_p
+from dilstore.reader.serving.odqa import OpenDomainReader
+from dilstore.storage.errors import DilstoreError
+
+DEFAULT_QUESTION_BATCH = 8
+READER_ONLY_MU = 1.0
+
+
+@dataclass(frozen=True)
+class QAQuestion:
+    """One question to answer and its reference answers; `id` names it in errors and predictions."""
+
+    id: str
+    question: str
+    answers: tuple[str, ...]
+
+
+def load_questions(path: str | Path) -> list[QAQuestion]:
+    """Questions from DPR-style JSONL (`.jsonl`) or SQuAD v1.1 JSON (anything else that parses as one document)."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        return [
+            QAQuestion(id=f"{path.name}:{item.line}", question=item.question, answers=item.answers)
+            for item in load_open_questions(path)
+        ]
+    examples = load_squad(path)
+    questions = [
+        QAQuestion(id=example.id, question=example.question, answers=tuple(a.text for a in example.answers))
+        for example in examples
+    ]
+    unanswerable = [question.id for question in questions if not question.answers]
+    if unanswerable:
+        raise DilstoreError(f"{path}: question {unanswerable[0]!r} has no reference answer to score against")
+    return questions
+
+
+def select_questions(questions: Sequence[QAQuestion], limit: int | None, seed: int) -> list[QAQuestion]:
+    """All questions, or a seeded random subset of `limit` of them kept in file order."""
+    if limit is None or limit >= len(questions):
+        return list(questions)
+    if limit < 1:
+        raise DilstoreError(f"--limit must be at least 1, got {limit}")
+    chosen = sorted(random.Random(seed).sample(range(len(questions)), limit))
+    return [questions[index] for index in chosen]
+
+
+def answer_in_text(normalized_answer: str, normalized_text: str) -> bool:
+    """Whether a normalised answer occurs as a whole-token run in a normalised text (empty answers never do)."""
+    return bool(normalized_answer) and f" {normalized_answer} " in f" {normalized_text} "
+
+
+@dataclass
+class _Totals:
+    """Running sums of one μ's scores."""
+
+    em: float = 0.0
+    f1: float = 0.0
+
+
+@dataclass
+class QAEvaluation:
+    """Scores of one evaluation run (percentages), with the per-stage time of the model pass."""
+
+    questions: int
+    top_p: int
+    mu: float
+    scores: dict[float, tuple[float, float]]  # μ → (EM, F1)
+    recall: float
+    refused: int
+    seconds: float
+    timings: Timings
+    predictions: dict[str, dict[str, str]] = field(repr=False)  # question id → {str(μ): answer}
+
+    @property
+    def em(self) -> float:
+        return self.scores[self.mu][0]
+
+    @property
+    def f1(self) -> float:
+        return self.scores[self.mu][1]
+
+    def summary(self) -> dict[str, Any]:
+        """The `evaluate-qa --json` document: the issue's keys, then every μ scored and the stage times."""
+        return {
+            "questions": self.questions,
+            "em": self.em,
+            "f1": self.f1,
+            "recall": self.recall,
+            "top_p": self.top_p,
+            "mu": self.mu,
+            "seconds": self.seconds,
+            "by_mu": [{"mu": mu, "em": em, "f1": f1_} for mu, (em, f1_) in sorted(self.scores.items(), reverse=True)],
+            "refused": self.refused,
+            "timings": self.timings.to_dict(),
+        }
+
+
+class _RecallCache:
+    """Normalised passage texts, computed once per passage id for the whole run."""
+
+    def __init__(self) -> None:
+        self._texts: dict[str, str] = {}
+
+    def recalled(self, reading: Reading, answers: Sequence[str]) -> bool:
+        normalized_answers = [normalize_answer(answer) for answer in answers]
+        for passage_id, passage in reading.passages.items():
+            if passage_id not in self._texts:
+                self._texts[passage_id] = normalize_answer(passage.text)
+            text = self._texts[passage_id]
+            if any(answer_in_text(answer, text) for answer in normalized_answers):
+                return True
+        return False
+
+
+def evaluate_questions(
+    odqa: OpenDomainReader,
+    questions: Sequence[QAQuestion],
+    *,
+    top_p: int,
+    mu: float,
+    question_batch: int = DEFAULT_QUESTION_BATCH,
+    on_batch: Callable[[int], None] | None = None,
+) -> QAEvaluation:
+    """Answer every question from the store and score it under μ = 1 and `mu` (see `evaluate_top_ps`)."""
+    return evaluate_top_ps(
+        odqa, questions, top_ps=[top_p], mu=mu, question_batch=question_batch, on_batch=on_batch
+    )[top_p]
+
+
+def evaluate_top_ps(
+    odqa: OpenDomainReader,
+    questions: Sequence[QAQuestion],
+    *,
+    top_ps: Sequence[int],
+    mu: float,
+    question_batch: int = DEFAULT_QUESTION_BATCH,
+    on_batch: Callable[[int], None] | None = None,
+) -> dict[int, QAEvaluation]:
+    """Score every question under μ = 1 and `mu` for each top-p, from one retrieval and reading at the largest.
+
+    BM25's top-p is the first p of its top-max(top_ps), and each pair is read
+    on its own, so a smaller p is scored from the prefix of the same reading.
+    Questions are read `question_batch` at a time (their passages fetched
+    once, their pairs batched together); `on_batch(n)` is told how many
+    questions were done after each batch. Every run shares the model-pass
+    timings and seconds.
+    """
+    for top_p in top_ps:
+        check_top_p(top_p)
+    check_mu(mu)
+    if not top_ps:
+        raise DilstoreError("give at least one top-p to evaluate")
+    if not questions:
+        raise DilstoreError("there are no questions to evaluate")
+    if question_batch < 1:
+        raise DilstoreError(f"the question batch must be at least 1, got {question_batch}")
+    mus = sorted({READER_ONLY_MU, float(mu)}, reverse=True)
+    runs = {top_p: _Run(mus) for top_p in top_ps}
+    timings = Timings()
+    recall_cache = _RecallCache()
+    started = time.perf_counter()
+    accepted = []
+    for question in questions:
+        try:
+            odqa.tokenize_question(question.question)
+        except DilstoreError:
+            for run in runs.values():
+                run.refuse(question)
+            continue
+        accepted.append(question)
+    done = len(questions) - len(accepted)
+    for first in range(0, len(accepted), question_batch):
+        batch = accepted[first : first + question_batch]
+        readings = odqa.retrieve_and_read([question.question for question in batch], max(top_ps))
+        _add_timings(timings, readings[0].timings)
+        for question, reading in zip(batch, readings, strict=True):
+            for top_p, run in runs.items():
+                run.score(question, restrict(reading, top_p), recall_cache)
+        done += len(batch)
+        if on_batch is not None:
+            on_batch(done)
+    seconds = time.perf_counter() - started
+    return {top_p: run.result(top_p, float(mu), seconds, timings) for top_p, run in runs.items()}
+
+
+def restrict(reading: Reading, top_p: int) -> Reading:
+    """The reading of only the first `top_p` hits (spans and passages of the others dropped)."""
+    if top_p >= len(reading.hits):
+        return reading
+    hits = reading.hits[:top_p]
+    kept = {hit.passage_id for hit in hits}
+    return Reading(
+        question=reading.question,
+        hits=hits,
+        passages={passage_id: passage for passage_id, passage in reading.passages.items() if passage_id in kept},
+        spans=tuple(span for span in reading.spans if span.passage_id in kept),
+        timings=reading.timings,
+    )
+
+
+class _Run:
+    """Running sums of one top-p's evaluation under every μ."""
+
+    def __init__(self, mus: Sequence[float]) -> None:
+        self.mus = list(mus)
+        self.totals = {mu: _Totals() for mu in self.mus}
+        self.count = self.recalled = self.refused = 0
+        self.predictions: dict[str, dict[str, str]] = {}
+
+    def refuse(self, question: QAQuestion) -> None:
+        self.count += 1
+        self.refused += 1
+        self.predictions[question.id] = {str(mu): "" for mu in self.mus}
+
+    def score(self, question: QAQuestion, reading: Reading, recall_cache: _RecallCache) -> None:
+        self.count += 1
+        self.recalled += recall_cache.recalled(reading, question.answers)
+        self.predictions[question.id] = {}
+        for mu in self.mus:
+            prediction = aggregate(reading, mu, n_best=1).text
+            self.predictions[question.id][str(mu)] = prediction
+            self.totals[mu].em += metric_max_over_ground_truths(exact_match, prediction, question.answers)
+            self.totals[mu].f1 += metric_max_over_ground_truths(f1, prediction, question.answers)
+
+    def result(self, top_p: int, mu: float, seconds: float, timings: Timings) -> QAEvaluation:
+        return QAEvaluation(
+            questions=self.count,
+            top_p=top_p,
+            mu=mu,
+            scores={value: (100.0 * t.em / self.count, 100.0 * t.f1 / self.count) for value, t in self.totals.items()},
+            recall=100.0 * self.recalled / self.count,
+            refused=self.refused,
+            seconds=seconds,
+            timings=timings,
+            predictions=self.predictions,
+        )
+
+
+def _add_timings(total: Timings, part: Timings) -> None:
+    for stage in STAGES:
+        setattr(total, stage, getattr(total, stage) + getattr(part, stage))
+
+
+def write_predictions(path: Path, evaluation: QAEvaluation) -> None:
+    """Write {question id: {μ: answer}} as JSON, for inspecting what was scored."""
+    try:
+        Path(path).write_text(json.dumps(evaluation.predictions, ensure_ascii=False, indent=1), encoding="utf-8")
+    except OSError as error:
+        raise DilstoreError(f"cannot write predictions to {path}: {error}") from error

@@ -1,0 +1,99 @@
+"""Ranking metrics of a run against qrels: RR@10, nDCG@10 and R@100, computed by ir_measures.
+
+Two ir_measures providers that work offline compute them: nDCG@10 and R@100
+come from pytrec_eval (trec_eval's own C code), RR@10 from ir_measures' port of
+the official MS MARCO script, because pytrec_eval's reciprocal rank ignores a
+cutoff. This module fixes the rules the tools leave open, and states them:
+
+- **Which queries count.** Every query in the qrels. A judged query that the
+  run does not contain scores 0 on every metric (trec_eval's `-c`; ir_measures
+  does the same, and `evaluate_run` fills the zeros itself so the rule does not
+  hang on a provider); a run query without qrels is ignored. Means are over the
+  judged queries, and a judged query with no relevant document scores 0.
+- **What "relevant" means for RR and R.** When the highest grade in the qrels
+  is 3 (TREC Deep Learning's 0–3 scale), grade ≥ 2 is relevant, as the DL track
+  overviews count it for binary measures; otherwise grade ≥ 1. nDCG always uses
+  the grades themselves as gains (trec_eval's linear gain, log2 discount).
+- **Ties.** Documents with equal scores are ranked by `reader.trec.rank_documents`
+  (docid descending, trec_eval's order) for every metric, which is also the
+  order `write_run` writes; the two providers would otherwise break ties in
+  opposite directions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dilstore.reader.data.trec import Qrels, Run, rank_documents
+from dilstore.storage.errors import DilstoreError
+
+METRICS: tuple[str, ...] = ("RR@10", "nDCG@10", "R@100")
+
+
+@dataclass(frozen=True)
+class RankEvaluation:
+    """Per-query and mean metrics of one run, and which queries they cover."""
+
+    per_query: dict[str, dict[str, float]]  # judged qid → {metric name: value}
+    means: dict[str, float]  # metric name → mean over every judged query
+    relevance_level: int  # lowest grade RR and R count as relevant
+    unretrieved: tuple[str, ...]  # judged queries absent from the run, scored 0
+    unjudged: int  # run queries without qrels, ignored
+
+    @property
+    def queries(self) -> int:
+        """How many queries the means are over: every judged query."""
+        return len(self.per_query)
+
+    def summary(self) -> dict[str, float | int]:
+        """`{"RR@10", "nDCG@10", "R@100", "queries"}` with the means rounded to 4 places."""
+        return {**{name: round(self.means[name], 4) for name in METRICS}, "queries": self.queries}
+
+
+def relevance_level(qrels: Qrels) -> int:
+    """The lowest grade RR and R count as relevant: 2 when the highest grade in the qrels is 3, else 1.
+
+    TREC Deep Learning judges on 0–3 and its overviews count grade ≥ 2 as
+    relevant for binary measures; any other scale counts grade ≥ 1. The
+    highest grade of the whole file decides, so every query is judged alike.
+    """
+    highest = max(grade for judged in qrels.values() for grade in judged.values())
+    return 2 if highest == 3 else 1
+
+
+def evaluate_run(qrels: Qrels, run: Run) -> RankEvaluation:
+    """RR@10, nDCG@10 and R@100 of `run` per judged query and on average (see the module docstring)."""
+    import ir_measures
+    from ir_measures import RR, R, nDCG
+
+    if not any(qrels.values()):
+        raise DilstoreError("the qrels judge no documents")
+    judged_in_run = [qid for qid in run if qid in qrels]
+    if not judged_in_run:
+        raise DilstoreError(f"none of the run's {len(run)} queries has judgements in the qrels")
+    level = relevance_level(qrels)
+    # pytrec_eval's recip_rank has no cutoff (it would score a first hit at rank 19 as 1/19), so RR@k comes
+    # from ir_measures' port of the official MS MARCO script; nDCG@k and R@k come from pytrec_eval.
+    measures_by_provider = (
+        (ir_measures.msmarco, {RR(rel=level) @ 10: "RR@10"}),
+        (ir_measures.pytrec_eval, {nDCG @ 10: "nDCG@10", R(rel=level) @ 100: "R@100"}),
+    )
+    ranked = {qid: _strict_scores(run[qid]) for qid in judged_in_run}
+    per_query = {qid: dict.fromkeys(METRICS, 0.0) for qid in qrels}
+    for provider, measures in measures_by_provider:
+        for metric in provider.iter_calc(list(measures), qrels, ranked):
+            per_query[metric.query_id][measures[metric.measure]] = float(metric.value)
+    means = {name: sum(values[name] for values in per_query.values()) / len(per_query) for name in METRICS}
+    return RankEvaluation(
+        per_query=per_query,
+        means=means,
+        relevance_level=level,
+        unretrieved=tuple(qid for qid in qrels if qid not in run),
+        unjudged=len(run.keys() - qrels.keys()),
+    )
+
+
+def _strict_scores(scores: dict[str, float]) -> dict[str, float]:
+    """Scores n, n-1, …, 1 in `rank_documents` order, so no provider breaks a tie its own way."""
+    ranking = rank_documents(scores)
+    return {docid: float(len(ranking) - position) for position, (docid, _) in enumerate(ranking)}

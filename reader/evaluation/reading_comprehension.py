@@ -1,0 +1,210 @@
+"""Reading-comprehension evaluation: each SQuAD question read against its own gold paragraph.
+
+This is the seed's extractive QA setting (Figure 3): the paragraph is split
+into sliding windows exactly as for training (reader/data/qa_features.py), every
+window is scored by the reader's full delayed-interaction forward pass, the
+best span of each window comes from the n-best decoder (reader/serving/decode.py,
+score (s_start + s_end) / 2, comparable across windows), and the best span
+over all windows of a question is its answer. EM/F1 are the official SQuAD
+v1.1 metric (reader/evaluation/squad_metric.py), the same code the open-domain reader
+reports with.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from dilstore.reader.data.qa_batches import QABatch, collate_features
+from dilstore.reader.data.qa_features import (
+    DEFAULT_MAX_QUESTION_LENGTH,
+    DEFAULT_MAX_SEQ_LENGTH,
+    QAFeature,
+    build_features,
+)
+from dilstore.reader.data.squad import SquadExample, load_squad
+from dilstore.reader.evaluation.squad_metric import evaluate_examples
+from dilstore.reader.modeling.checkpoints import EVALUATION_FILE
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, best_spans
+from dilstore.reader.text.tokenization import DEFAULT_STRIDE
+from dilstore.storage.errors import DilstoreError, require_at_least_one
+
+# Scores a padded batch: start and end logits, each (b, nq + np) over [question ; passage].
+Scorer = Callable[[QABatch], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class ReadingSettings:
+    """How questions and paragraphs are windowed and answers decoded (run_squad's defaults)."""
+
+    batch_size: int = 32
+    max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
+    doc_stride: int = DEFAULT_STRIDE
+    max_question_length: int = DEFAULT_MAX_QUESTION_LENGTH
+    max_answer_length: int = DEFAULT_MAX_ANSWER_LENGTH
+
+    def __post_init__(self) -> None:
+        require_at_least_one({name: getattr(self, name) for name in ("batch_size", "max_answer_length")})
+
+
+@dataclass(frozen=True)
+class ReadingResult:
+    """EM/F1 in percent over `questions` questions, the reader's k, wall seconds, and the answers."""
+
+    questions: int
+    em: float
+    f1: float
+    k: int
+    seconds: float
+    predictions: dict[str, str] = field(repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        """What `evaluate-rc --json` prints."""
+        return {
+            "questions": self.questions,
+            "em": self.em,
+            "f1": self.f1,
+            "k": self.k,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def select_examples(examples: Sequence[SquadExample], limit: int | None, seed: int) -> list[SquadExample]:
+    """All examples, or a seeded random sample of `limit` of them kept in file order.
+
+    A random sample rather than the first N: SQuAD files are ordered by
+    article, so the first N questions would cover only one or two topics.
+    """
+    if limit is None or limit >= len(examples):
+        return list(examples)
+    if limit < 1:
+        raise DilstoreError(f"--limit must be at least 1, got {limit}")
+    chosen = sorted(random.Random(seed).sample(range(len(examples)), limit))
+    return [examples[index] for index in chosen]
+
+
+def window_features(tokenizer: Any, examples: Sequence[SquadExample], settings: ReadingSettings) -> list[QAFeature]:
+    """Every window of every question, unlabelled (answers are never shown to the reader)."""
+    return list(
+        build_features(
+            tokenizer,
+            examples,
+            max_seq_length=settings.max_seq_length,
+            doc_stride=settings.doc_stride,
+            max_question_length=settings.max_question_length,
+            labelled=False,
+        )
+    )
+
+
+def predict_answers(
+    features: Sequence[QAFeature],
+    scorer: Scorer,
+    settings: ReadingSettings,
+    pad_token_id: int,
+    progress: bool = False,
+) -> dict[str, str]:
+    """The best-scoring span over all windows of each question: {question id: answer text}.
+
+    Windows are batched by passage length to keep padding small; the answer
+    does not depend on the batching. A question whose windows hold no valid
+    span answers "".
+    """
+    best: dict[str, tuple[float, str]] = {feature.example_id: (float("-inf"), "") for feature in features}
+    order = sorted(range(len(features)), key=lambda index: len(features[index].passage))
+    batches = [order[i : i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
+    for indices in tqdm(batches, disable=not progress, unit="batch", desc="reading", dynamic_ncols=True):
+        chunk = [features[index] for index in indices]
+        batch = collate_features(chunk, pad_token_id)
+        start_logits, end_logits = scorer(batch)  # each (b, nq + np)
+        question_width = batch.question_ids.shape[1]
+        start_passage = start_logits[:, question_width:].float().cpu().numpy()  # (b, np)
+        end_passage = end_logits[:, question_width:].float().cpu().numpy()  # (b, np)
+        for row, feature in enumerate(chunk):
+            length = len(feature.passage)
+            spans = best_spans(
+                start_passage[row, :length],
+                end_passage[row, :length],
+                feature.passage.char_spans,
+                n_best=1,
+                max_answer_length=settings.max_answer_length,
+            )
+            if spans and spans[0].score > best[feature.example_id][0]:
+                top = spans[0]
+                best[feature.example_id] = (top.score, feature.context[top.char_start : top.char_end])
+    return {question_id: text for question_id, (_, text) in best.items()}
+
+
+def reader_scorer(reader: DilBertReader, device: torch.device) -> Scorer:
+    """The reader's full forward pass (the training path) as a Scorer, without gradients."""
+
+    def score(batch: QABatch) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = batch.to(device)
+        with torch.inference_mode():
+            return reader(batch.question_ids, batch.question_mask, batch.passage_ids, batch.passage_mask)
+
+    return score
+
+
+def evaluate_reader(
+    reader: DilBertReader,
+    examples: Sequence[SquadExample],
+    settings: ReadingSettings = ReadingSettings(),
+    device: str | torch.device | None = None,
+    progress: bool = False,
+) -> ReadingResult:
+    """Answer every example against its own paragraph and score with the official SQuAD v1.1 EM/F1."""
+    if not examples:
+        raise DilstoreError("no questions to evaluate")
+    missing = [example.id for example in examples if not example.answers]
+    if missing:
+        raise DilstoreError(f"question {missing[0]!r} has no reference answer to score against ({len(missing)} such)")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    reader.to(device).eval()
+    started = time.perf_counter()
+    features = window_features(reader.tokenizer, examples, settings)
+    predictions = predict_answers(
+        features, reader_scorer(reader, device), settings, reader.tokenizer.pad_token_id, progress
+    )
+    scores = evaluate_examples(examples, predictions)
+    return ReadingResult(
+        questions=int(scores["questions"]),
+        em=scores["exact_match"],
+        f1=scores["f1"],
+        k=reader.layers,
+        seconds=time.perf_counter() - started,
+        predictions=predictions,
+    )
+
+
+def evaluate_file(
+    reader: DilBertReader,
+    path: Path,
+    settings: ReadingSettings = ReadingSettings(),
+    limit: int | None = None,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    progress: bool = False,
+) -> ReadingResult:
+    """`evaluate_reader` over a SQuAD v1.1 file, or a seeded subset of `limit` of its questions."""
+    examples = select_examples(load_squad(path), limit, seed)
+    return evaluate_reader(reader, examples, settings, device, progress)
+
+
+def write_evaluation(
+    output_dir: Path, result: ReadingResult, *, limit: int | None, seed: int, training: dict[str, Any]
+) -> Path:
+    """eval-dev.json in a run directory: the scores, the subset used, and the training budget (for the k sweep)."""
+    document = {**training, **result.summary(), "limit": limit, "seed": seed if limit is not None else None}
+    path = Path(output_dir) / EVALUATION_FILE
+    path.write_text(json.dumps(document, indent=1), encoding="utf-8")
+    return path

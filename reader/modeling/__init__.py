@@ -1,0 +1,1 @@
+"""Each model defined once, with its offline and online halves: DilBert, EARL, the baseline rankers, checkpoints and fingerprints."""

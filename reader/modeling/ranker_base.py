@@ -1,0 +1,148 @@
+"""What the three trainable rankers share around their networks: starting, loading, saving and scoring texts.
+
+EARL (reader/modeling/earl.py), the cross-encoder (reader/modeling/cross_encoder.py) and the
+Siamese ranker (reader/modeling/siamese.py) differ in their networks, in how they
+take over a pretrained encoder's weights and in the dilstore.json they
+write. How each starts from a base encoder directory, loads and saves a
+checkpoint directory and scores text pairs is the same, so it is written
+once here:
+
+    from_encoder     copy the encoder's config, build the ranker, `_initialise_from` its weights
+    from_base        from_encoder over a plain Hugging Face BERT directory (load_base_encoder)
+    from_pretrained  `_read_checkpoint`, build the ranker with `_checkpoint_options`, `_load_checkpoint_state`
+    save_pretrained  config.json, tokenizer, model.safetensors and `metadata()` as dilstore.json
+    score_texts      score_text_pairs over the ranker's own tokenize_query, tokenize_document, score_groups
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import torch
+from torch import nn
+from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
+
+from dilstore.reader.modeling.checkpoints import CheckpointMetadata
+from dilstore.reader.modeling.dilbert import HEAD_INIT_SEED
+from dilstore.reader.modeling.earl_checkpoints import (
+    EarlCheckpoint,
+    load_base_encoder,
+    require_supported,
+    write_earl_checkpoint,
+)
+from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
+from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, score_text_pairs
+from dilstore.storage.errors import DilstoreError
+
+
+class RankerBase(nn.Module, ABC):
+    """A ranker module built as `cls(config, tokenizer, *options)` and saved as a dilstore checkpoint directory.
+
+    A subclass sets `kind` (its dilstore.json kind) and `description` (how
+    errors name it), implements `metadata` and `_initialise_from`, and the
+    scoring interface of reader/modeling/ranking_inputs.py's TrainableRanker.
+    """
+
+    kind: str
+    description: str
+
+    def __init__(self, config: BertConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Keep the encoder's config, its l layers and the tokenizer; refuse a model type no ranker supports."""
+        super().__init__()
+        require_supported(config.model_type)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.num_layers: int = config.num_hidden_layers
+
+    @classmethod
+    def from_encoder(cls, encoder: BertModel, tokenizer: PreTrainedTokenizerBase, *options: Any) -> Self:
+        """A new ranker over a copy of `encoder`'s config, initialised from its weights (eval mode).
+
+        `options` follow config and tokenizer in the constructor (EARL's N,
+        pooling and tying). The weights are copied, never shared, and the
+        caller's random stream is left alone.
+        """
+        base = encoder.base_model
+        with torch.random.fork_rng(devices=[]):
+            ranker = cls(copy.deepcopy(base.config), tokenizer, *options)
+            ranker._initialise_from(base)
+        return ranker.eval()
+
+    @classmethod
+    def from_base(cls, path: str | Path, *options: Any) -> Self:
+        """A new ranker from a plain Hugging Face BERT directory (e.g. base_model_dir()), as `from_encoder`."""
+        encoder, tokenizer = load_base_encoder(path)
+        return cls.from_encoder(encoder, tokenizer, *options)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> Self:
+        """Load a ranker saved by `save_pretrained` (eval mode); its options come from its dilstore.json.
+
+        Weights are upcast to fp32 whatever dtype they were stored in.
+        """
+        checkpoint = cls._read_checkpoint(path)
+        with torch.random.fork_rng(devices=[]):
+            ranker = cls(checkpoint.config, checkpoint.tokenizer, *cls._checkpoint_options(checkpoint.metadata))
+        ranker._load_checkpoint_state(checkpoint)
+        return ranker.eval()
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Write config.json, the tokenizer, model.safetensors and dilstore.json into `path`."""
+        return write_earl_checkpoint(path, self.config, self.tokenizer, self.state_dict(), self.metadata())
+
+    def score_texts(
+        self,
+        queries: Sequence[str],
+        documents: Sequence[str],
+        max_query_length: int = DEFAULT_MAX_QUERY_LENGTH,
+        max_doc_length: int = DEFAULT_MAX_DOC_LENGTH,
+    ) -> torch.Tensor:
+        """Scores (b,) of the text pairs (queries[i], documents[i])."""
+        return score_text_pairs(self, queries, documents, max_query_length, max_doc_length)
+
+    @abstractmethod
+    def metadata(self) -> CheckpointMetadata:
+        """What dilstore.json records for this ranker."""
+
+    @abstractmethod
+    def _initialise_from(self, encoder: BertModel) -> None:
+        """Take over the weights of the pretrained `encoder` (a BertModel of this ranker's config)."""
+
+    @classmethod
+    def _read_checkpoint(cls, path: str | Path) -> RankerCheckpoint | EarlCheckpoint:
+        """The checkpoint directory `path`, read and checked as one of this `kind`."""
+        return read_ranker_checkpoint(path, cls.kind)
+
+    @classmethod
+    def _checkpoint_options(cls, metadata: CheckpointMetadata) -> tuple[Any, ...]:
+        """The constructor's options after config and tokenizer, as a checkpoint's metadata records them."""
+        return ()
+
+    def _load_checkpoint_state(self, checkpoint: RankerCheckpoint | EarlCheckpoint) -> None:
+        """Put the checkpoint's weights into this freshly built ranker; every weight must fit exactly."""
+        try:
+            self.load_state_dict(checkpoint.state)
+        except RuntimeError as error:
+            raise DilstoreError(
+                f"{checkpoint.directory}: the weights do not fit this {self.description}: {error}"
+            ) from error
+
+
+def encoder_weights(encoder: BertModel) -> dict[str, torch.Tensor]:
+    """`encoder`'s state dict without its pooler, which no ranker has."""
+    return {name: tensor for name, tensor in encoder.state_dict().items() if not name.startswith("pooler.")}
+
+
+def init_score_head(head: nn.Linear, std: float) -> None:
+    """Weights from N(0, std²) under the fixed HEAD_INIT_SEED and zero bias, so a fresh ranker is reproducible.
+
+    The caller's random stream is left alone.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(HEAD_INIT_SEED)
+        nn.init.normal_(head.weight, std=std)
+    nn.init.zeros_(head.bias)

@@ -1,0 +1,66 @@
+"""The three trainable rankers by kind: start one from a base encoder, or load a trained one by its dilstore.json.
+
+    earl           reader/modeling/earl.py          EARL (MORES): query module, judger blocks, offline document module
+    cross-encoder  reader/modeling/cross_encoder.py the BERT ranker baseline over `[CLS] q [SEP] d [SEP]`
+    siamese        reader/modeling/siamese.py       the BERT-Siamese baseline: mean-pooled embeddings, dot product
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
+from dilstore.reader.modeling.cross_encoder import CrossEncoderRanker
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS, TrainableRanker
+from dilstore.reader.modeling.siamese import SiameseRanker
+from dilstore.storage.errors import DilstoreError
+
+_CLASSES = {"earl": EarlRanker, "cross-encoder": CrossEncoderRanker, "siamese": SiameseRanker}
+
+
+@dataclass(frozen=True)
+class EarlOptions:
+    """EARL's variant: N query layers (None: l − 2), pooling "cls" or "mean", tied modules, the bi-encoder prior."""
+
+    query_layers: int | None = None
+    pooling: str = "cls"
+    tied: bool = False
+    prior: bool = False
+
+
+def require_kind(kind: str) -> None:
+    """A DilstoreError naming the ranker kinds unless `kind` is one of them."""
+    if kind not in RANKER_KINDS:
+        raise DilstoreError(f"unknown ranker kind {kind!r}; the kinds are {', '.join(RANKER_KINDS)}")
+
+
+def new_ranker(kind: str, base: str | Path, earl: EarlOptions | None = None) -> TrainableRanker:
+    """A ranker of `kind` initialised from the plain encoder directory `base` (EARL: the paper's initialisation)."""
+    require_kind(kind)
+    if kind == "earl":
+        options = earl or EarlOptions()
+        return EarlRanker.from_base(base, options.query_layers, options.pooling, options.tied, options.prior)
+    return _CLASSES[kind].from_base(base)
+
+
+def load_ranker(path: str | Path) -> TrainableRanker:
+    """A trained ranker of whichever kind the checkpoint's dilstore.json names (eval mode)."""
+    return _CLASSES[checkpoint_kind(path)].from_pretrained(path)
+
+
+def checkpoint_kind(path: str | Path) -> str:
+    """The ranker kind a checkpoint directory holds; a DilstoreError for a base encoder or another kind."""
+    directory = require_checkpoint_dir(Path(path))
+    metadata = read_metadata(directory)
+    if metadata is None:
+        raise DilstoreError(
+            f"{directory} is a base encoder without dilstore metadata, not a trained ranker "
+            f"(kinds: {', '.join(RANKER_KINDS)})"
+        )
+    if metadata.kind not in RANKER_KINDS:
+        raise DilstoreError(
+            f"{directory} holds a {metadata.kind!r} checkpoint, not a ranker ({', '.join(RANKER_KINDS)})"
+        )
+    return metadata.kind

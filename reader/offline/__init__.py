@@ -1,0 +1,1 @@
+"""The offline half of precompute as plain functions: which model makes which store kind, and encoding passages into records."""

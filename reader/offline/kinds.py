@@ -1,0 +1,150 @@
+"""Which model makes which store kind, and how: loading, tokenizing and encoding per kind, for precompute.
+
+One table (`OFFLINE_KINDS`) serves the three kinds a store can hold:
+
+    kind      model (dilstore.json kind)  stored unit             per-token state
+    dilbert   DilBertReader ("dilbert")   `p [SEP]` windows       encode_passages      (d,)
+    earl-s1   EarlRanker ("earl")         `[CLS] d [SEP]` windows encode_documents     (d,)
+    earl-s2   EarlRanker ("earl")         `[CLS] d [SEP]` windows document_key_values  (M, 2, d)
+
+Loading (`load_offline_model`) checks the directory's dilstore.json before
+any weight is read, so a DilBert checkpoint asked for an EARL kind (or the
+reverse) fails at once with a message saying which kind it makes. A plain
+encoder directory (no dilstore.json) starts a new model: a DilBert reader
+with k = `layers`, or an EARL ranker initialised as the paper does
+(`EarlRanker.from_base`: N = `layers`, default l − 2, CLS pooling, untied).
+A base-initialised EARL ranker has never been trained to rank, so its stores
+only suit speed and size measurements. An EARL ranker with the bi-encoder
+prior also gives each passage its mean S1 vector, on S1 and S2 stores alike
+(the store's passages/vectors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.text.tokenization import TokenizedText, encode_document_windows, encode_passage
+from dilstore.storage.errors import DilstoreError
+
+OfflineModel = DilBertReader | EarlRanker
+_Model = TypeVar("_Model", DilBertReader, EarlRanker)
+
+
+# Per-token states (b, n, *state_shape), and per-passage vectors (b, d) or None.
+OfflineOutput = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _dilbert_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> OfflineOutput:
+    """`p [SEP]` ids and mask (b, n) → passage states after layer k (b, n, d); no vectors."""
+    return _as(model, DilBertReader).encode_passages(input_ids, attention_mask), None
+
+
+def _earl_s1_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> OfflineOutput:
+    """`[CLS] d [SEP]` ids and mask (b, n) → S1, the document module's output (b, n, d), and the prior's vectors."""
+    ranker = _as(model, EarlRanker)
+    states = ranker.encode_documents(input_ids, attention_mask)  # (b, n, d)
+    return states, _prior_vectors(ranker, states, attention_mask)
+
+
+def _earl_s2_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> OfflineOutput:
+    """`[CLS] d [SEP]` ids and mask (b, n) → S2, every judger block's keys and values (b, n, M, 2, d), and the
+    prior's vectors."""
+    ranker = _as(model, EarlRanker)
+    states = ranker.encode_documents(input_ids, attention_mask)  # (b, n, d)
+    return ranker.document_key_values(states), _prior_vectors(ranker, states, attention_mask)
+
+
+def _prior_vectors(ranker: EarlRanker, states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """A prior ranker's mean S1 vector per passage (b, d) float32, which S2 cannot give back; else None."""
+    return ranker.document_vectors(states, attention_mask) if ranker.prior else None
+
+
+@dataclass(frozen=True)
+class OfflineKind:
+    """How one store kind is made: by which model class, from which token windows, with which offline half.
+
+    `windows(tokenizer, text, max_length)` splits a text into stored units
+    (never truncating); `states(model, ids, mask)` maps padded ids and mask
+    (b, n) to per-token states (b, n, *state_shape) and per-passage vectors
+    (b, d), or None when the model stores none.
+    """
+
+    name: str
+    model_name: str
+    model_class: type[OfflineModel]
+    windows: Callable[[PreTrainedTokenizerBase, str, int], list[TokenizedText]]
+    states: Callable[[OfflineModel, torch.Tensor, torch.Tensor], OfflineOutput]
+
+
+OFFLINE_KINDS: dict[str, OfflineKind] = {
+    kind.name: kind
+    for kind in (
+        OfflineKind("dilbert", "a DilBert reader", DilBertReader, encode_passage, _dilbert_states),
+        OfflineKind("earl-s1", "an EARL ranker", EarlRanker, encode_document_windows, _earl_s1_states),
+        OfflineKind("earl-s2", "an EARL ranker", EarlRanker, encode_document_windows, _earl_s2_states),
+    )
+}
+
+
+def offline_kind(name: str) -> OfflineKind:
+    """The store kind called `name`, or a DilstoreError listing the kinds precompute makes."""
+    try:
+        return OFFLINE_KINDS[name]
+    except KeyError:
+        raise DilstoreError(f"unknown store kind {name!r}; precompute makes: {', '.join(OFFLINE_KINDS)}") from None
+
+
+def load_offline_model(path: str | Path, kind: str, layers: int | None) -> OfflineModel:
+    """The model that makes `kind` stores, from a checkpoint or a plain encoder directory (module docstring).
+
+    `layers` is k for dilbert and N for the EARL kinds. A trained checkpoint
+    fixes its own split: `layers` must then be None or equal to it. The directory's
+    kind is checked before any weight is loaded.
+    """
+    wanted = offline_kind(kind)
+    directory = require_checkpoint_dir(Path(path))
+    metadata = read_metadata(directory)
+    needed = wanted.model_class.kind
+    if metadata is not None and metadata.kind != needed:
+        makes = [name for name, other in OFFLINE_KINDS.items() if other.model_class.kind == metadata.kind]
+        raise DilstoreError(
+            f"{directory} holds a {metadata.kind!r} checkpoint, which makes {' or '.join(makes) or 'no'} stores; "
+            f"{kind} stores need {wanted.model_name} (dilstore.json kind {needed!r}) or a plain encoder directory"
+        )
+    if wanted.model_class is DilBertReader:
+        if metadata is not None and layers is not None and layers != metadata.layers:
+            raise DilstoreError(
+                f"{directory} is a DilBert reader trained with k = {metadata.layers}, not {layers}: a store at "
+                "another k holds states that reader cannot read; omit the layers (--layers) or give its own k"
+            )
+        return DilBertReader.from_pretrained(directory, layers=layers)
+    if metadata is None:
+        return EarlRanker.from_base(directory, query_layers=layers)
+    if layers is not None and layers != metadata.layers:
+        raise DilstoreError(
+            f"{directory} is an EARL ranker with N = {metadata.layers} query layers, not {layers}; "
+            "omit the layers (--layers) or give its own N"
+        )
+    return EarlRanker.from_pretrained(directory)
+
+
+def max_positions(model: OfflineModel) -> int:
+    """The most positions the model's encoder embeds (`max_position_embeddings` of its config)."""
+    config, _ = model.fingerprinted_network()
+    return int(config.max_position_embeddings)
+
+
+def _as(model: OfflineModel, cls: type[_Model]) -> _Model:
+    """`model`, or a DilstoreError when it is not a `cls` (a store kind paired with the wrong model)."""
+    if not isinstance(model, cls):
+        raise DilstoreError(f"this store kind needs a {cls.__name__}, got a {type(model).__name__}")
+    return model

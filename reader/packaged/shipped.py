@@ -1,0 +1,49 @@
+"""Where the checkpoints shipped inside the package are: the default DilBert reader and the default EARL ranker.
+
+Every command that reads answers (`precompute`, `ask`, `evaluate-qa`,
+`evaluate-rc`) falls back to the reader when no `--model` is given, and
+`precompute --kind earl-s1|earl-s2` and `rerank` fall back to the ranker.
+Both are fine-tuned all-MiniLM-L6-v2 models stored as fp16 safetensors inside
+the package, so an installed dilstore works with no download; the model card
+next to the weights says how each was trained and what it scores.
+
+The checkpoint folders stay physically at `reader/models/` (installed as
+`dilstore/reader/models/`), not under `reader/packaged/`: moving some 100 MB
+of weights would add them to the repository's history a second time for no
+gain, so this module points at that folder instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dilstore.storage.errors import DilstoreError
+
+DEFAULT_CHECKPOINT_NAME = "dilbert-minilm-squad"
+DEFAULT_RANKER_NAME = "earl-minilm-squad"
+
+
+def packaged_models_dir() -> Path:
+    """The folder inside the installed package that holds shipped checkpoints (`dilstore/reader/models`)."""
+    return Path(__file__).resolve().parents[1] / "models"
+
+
+def default_checkpoint_dir() -> Path:
+    """The shipped default reader checkpoint folder; a DilstoreError says how to get one when it is missing."""
+    return _shipped(DEFAULT_CHECKPOINT_NAME, "reader checkpoint", "train qa", "package_default_checkpoint.py")
+
+
+def default_ranker_dir() -> Path:
+    """The shipped default EARL checkpoint folder; a DilstoreError says how to get one when it is missing."""
+    return _shipped(DEFAULT_RANKER_NAME, "EARL ranker checkpoint", "train earl", "package_default_ranker.py")
+
+
+def _shipped(name: str, what: str, train: str, package_script: str) -> Path:
+    """packaged_models_dir()/name, or a DilstoreError saying how to train and package one."""
+    path = packaged_models_dir() / name
+    if not (path / "config.json").is_file():
+        raise DilstoreError(
+            f"the default {what} is missing: {path} has no config.json; pass --model DIR, "
+            f"or train one with `dilstore {train}` and package it with benchmarks/{package_script}"
+        )
+    return path

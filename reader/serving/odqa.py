@@ -1,0 +1,358 @@
+"""Open-domain QA over a store: BM25 top-p → stored layer-k states → online layers → answers (seed 002).
+
+    question ─ BM25 (pyserini) ─→ top-p passage ids and s_bm25
+    question ─ layers 1..k ─────→ question states            (once per question)
+    ids ─ store.fetch ──────────→ layer-k passage states     (memory-mapped; int8 dequantized)
+    (question, passage) pairs ──→ layers k+1..l + QA head    (length-bucketed batches)
+    logits ─ best_spans ────────→ per passage n-best spans, s_r = (s_start + s_end) / 2
+    aggregate(μ) ───────────────→ final score μ·s_r + (1 − μ)·s_bm25, best first
+
+Reading (everything up to the per-passage n-best) is separate from
+aggregation, so one reading serves any μ: evaluation scores μ = 1 and
+μ = 0.5 from a single pass of the model.
+
+**Aggregation is the seed's formula, unnormalised.** s_r is a mean of two
+logits and s_bm25 a Lucene BM25 score; they live on different scales and
+are combined as they are, exactly as the seed does (its μ = 0.5 was chosen
+by cross-validation on those raw scales). μ = 1 leaves BM25 out. Passages
+given as bare ids (no retrieval) get s_bm25 = 0, so fusion then only scales
+the reader's scores and never reorders them.
+
+**Bad input.** Every problem a request can cause (an empty question, a
+question longer than `max_question_length` word pieces, ids missing from the
+store, no index) raises DilstoreError before or instead of doing work, and
+leaves the reader usable for the next request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dilstore.reader.batching import BatchPolicy, length_batches, pad_token_ids
+from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.packaged.shipped import default_checkpoint_dir
+from dilstore.reader.retrieval import Bm25Searcher, Hit
+from dilstore.reader.serving.answers import (
+    Answer,
+    PassageLogits,
+    Reading,
+    Span,
+    Timings,
+    aggregate,
+    check_mu,
+    check_top_p,
+)
+from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
+from dilstore.reader.serving.stored_states import pad_stored_states
+from dilstore.reader.text.tokenization import TokenizedText, encode_question
+from dilstore.storage.errors import DilstoreError, require_at_least_one
+from dilstore.storage.fingerprint import check_fingerprint
+from dilstore.storage.reader import open_store
+from dilstore.storage.records import StoredPassage
+
+DEFAULT_TOP_P = 29
+DEFAULT_MU = 0.5
+DEFAULT_MAX_QUESTION_LENGTH = 64
+# Padded (question + passage) tokens per interaction batch, and pairs per batch.
+DEFAULT_PAIR_BATCH_TOKENS = 8192
+DEFAULT_MAX_PAIRS_PER_BATCH = 64
+# Characters per allowed word piece in the cheap pre-check that keeps a huge
+# string away from the tokenizer; real text averages well under 10.
+_CHARS_PER_PIECE_LIMIT = 20
+BM25_INDEX_DIR = "bm25"
+
+
+@dataclass(frozen=True)
+class OdqaSettings:
+    """How the reader retrieves, batches and decodes.
+
+    top_p: passages retrieved per question (the seed uses 29 and 100).
+    mu: weight of the reader score in μ·s_r + (1 − μ)·s_bm25 (1 = reader only).
+    n_best: spans kept per passage and returned per answer.
+    max_answer_length: longest answer in word pieces.
+    max_question_length: longest question in tokens, [CLS] and [SEP] included;
+        a longer question is refused, not truncated.
+    pair_batch_tokens, max_pairs_per_batch: limits of one interaction batch.
+    """
+
+    top_p: int = DEFAULT_TOP_P
+    mu: float = DEFAULT_MU
+    n_best: int = DEFAULT_N_BEST
+    max_answer_length: int = DEFAULT_MAX_ANSWER_LENGTH
+    max_question_length: int = DEFAULT_MAX_QUESTION_LENGTH
+    pair_batch_tokens: int = DEFAULT_PAIR_BATCH_TOKENS
+    max_pairs_per_batch: int = DEFAULT_MAX_PAIRS_PER_BATCH
+
+    def __post_init__(self) -> None:
+        check_top_p(self.top_p)
+        check_mu(self.mu)
+        limits = ("n_best", "max_answer_length", "pair_batch_tokens", "max_pairs_per_batch")
+        require_at_least_one({name: getattr(self, name) for name in limits}, dashed=False)
+        if self.max_question_length < 3:
+            raise DilstoreError(f"max_question_length must be at least 3, got {self.max_question_length}")
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """One (question, passage) pair of a reading call: indices into its question and passage lists."""
+
+    question: int
+    passage: int
+    length: int
+
+
+class OpenDomainReader:
+    """Answers questions from a store with a DilBert reader; one instance serves many requests.
+
+    `model` must be the reader whose fingerprint the store carries
+    (`open_reader` builds one with that check); `store` has
+    `fetch(ids) -> list[StoredPassage]`; `searcher` (`search(query, k) ->
+    list[Hit]`) is needed only for questions without given candidates.
+    """
+
+    def __init__(
+        self,
+        model: DilBertReader,
+        store: Any,
+        searcher: Bm25Searcher | None = None,
+        settings: OdqaSettings | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.store = store
+        self.searcher = searcher
+        self.settings = settings or OdqaSettings()
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.model.to(self.device)
+        pad = model.tokenizer.pad_token_id
+        self._pad_id = 0 if pad is None else int(pad)
+
+    # ------------------------------------------------------------------ public API
+
+    def answer(self, question: str, top_p: int | None = None, mu: float | None = None) -> Answer:
+        """Retrieve, read and aggregate one question."""
+        return self.answer_many([question], top_p=top_p, mu=mu)[0]
+
+    def answer_many(
+        self, questions: Sequence[str], top_p: int | None = None, mu: float | None = None
+    ) -> list[Answer]:
+        """Retrieve, read and aggregate several questions in one pass of the model."""
+        mu = self.settings.mu if mu is None else mu
+        check_mu(mu)
+        return [aggregate(reading, mu, self.settings.n_best) for reading in self.retrieve_and_read(questions, top_p)]
+
+    def retrieve_and_read(self, questions: Sequence[str], top_p: int | None = None) -> list[Reading]:
+        """BM25 top-p for each question, then `read` (questions are checked before any search)."""
+        top_p = self.settings.top_p if top_p is None else top_p
+        check_top_p(top_p)
+        timings = Timings()
+        tokenized = self._tokenize_questions(questions)
+        if self.searcher is None:
+            raise DilstoreError("this reader has no BM25 index; give candidate passages, or open it with an index")
+        with timings.measure("retrieval"):
+            hits = [self.searcher.search(question, top_p) for question in questions]
+        return self._read(questions, tokenized, hits, timings)
+
+    def read(self, questions: Sequence[str], candidates: Sequence[Sequence[Hit | str]]) -> list[Reading]:
+        """Read each question against its own candidates: BM25 hits, or bare passage ids (s_bm25 = 0)."""
+        if len(questions) != len(candidates):
+            raise DilstoreError(f"got {len(questions)} questions but {len(candidates)} candidate lists")
+        tokenized = self._tokenize_questions(questions)
+        hits = [[item if isinstance(item, Hit) else Hit(str(item), 0.0) for item in row] for row in candidates]
+        return self._read(questions, tokenized, hits, Timings())
+
+    def passage_logits(self, question: str, passage_ids: Sequence[str]) -> list[PassageLogits]:
+        """Start/end logits of one question over each given stored passage (what decoding sees)."""
+        tokenized = self._tokenize_questions([question])
+        timings = Timings()
+        passages = self._fetch(passage_ids, timings)
+        pairs = [_Pair(0, index, len(tokenized[0]) + len(p.token_ids)) for index, p in enumerate(passages)]
+        question_states, question_mask = self._question_states(tokenized, timings)
+        logits = self._interaction_logits(pairs, question_states, question_mask, passages, timings)
+        return [PassageLogits(passages[pair.passage].id, *logits[index]) for index, pair in enumerate(pairs)]
+
+    def tokenize_question(self, question: str) -> TokenizedText:
+        """`[CLS] q [SEP]` of one question; an empty or over-long question raises DilstoreError."""
+        limit = self.settings.max_question_length
+        if not isinstance(question, str) or not question.strip():
+            raise DilstoreError("the question is empty")
+        if len(question) > limit * _CHARS_PER_PIECE_LIMIT:
+            raise DilstoreError(
+                f"the question is {len(question)} characters long; questions may have at most {limit} tokens"
+            )
+        tokens = encode_question(self.model.tokenizer, question, limit)
+        if tokens.truncated:
+            raise DilstoreError(
+                f"the question ({len(question.split())} words) is longer than {limit} tokens; shorten it"
+            )
+        return tokens
+
+    # ------------------------------------------------------------------ stages
+
+    def _tokenize_questions(self, questions: Sequence[str]) -> list[TokenizedText]:
+        """`tokenize_question` for each question; at least one is needed."""
+        if not questions:
+            raise DilstoreError("no question given")
+        return [self.tokenize_question(question) for question in questions]
+
+    def _read(
+        self,
+        questions: Sequence[str],
+        tokenized: Sequence[TokenizedText],
+        hits: Sequence[Sequence[Hit]],
+        timings: Timings,
+    ) -> list[Reading]:
+        """Question layers once per question, one fetch of every distinct passage, all pairs, decode."""
+        unique_ids = list(dict.fromkeys(hit.passage_id for row in hits for hit in row))
+        passages = self._fetch(unique_ids, timings) if unique_ids else []
+        position = {passage.id: index for index, passage in enumerate(passages)}
+        pairs = [
+            _Pair(q, position[hit.passage_id], len(tokenized[q]) + len(passages[position[hit.passage_id]].token_ids))
+            for q, row in enumerate(hits)
+            for hit in row
+        ]
+        question_states, question_mask = self._question_states(tokenized, timings)
+        logits = self._interaction_logits(pairs, question_states, question_mask, passages, timings)
+        spans: list[list[Span]] = [[] for _ in questions]
+        with timings.measure("decode"):
+            pair_index = 0
+            for q, row in enumerate(hits):
+                for hit in row:
+                    passage = passages[pairs[pair_index].passage]
+                    start, end = logits[pair_index]
+                    spans[q].extend(self._decode(passage, hit, start, end))
+                    pair_index += 1
+        return [
+            Reading(
+                question=questions[q],
+                hits=tuple(row),
+                passages={hit.passage_id: passages[position[hit.passage_id]] for hit in row},
+                spans=tuple(spans[q]),
+                timings=timings,
+            )
+            for q, row in enumerate(hits)
+        ]
+
+    def _fetch(self, passage_ids: Sequence[str], timings: Timings) -> list[StoredPassage]:
+        """The stored passages, in the order asked; a missing id raises the store's DilstoreError."""
+        with timings.measure("store_read"):
+            return list(self.store.fetch(list(passage_ids)))
+
+    def _question_states(
+        self, tokenized: Sequence[TokenizedText], timings: Timings
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layers 1..k over all questions at once: states (Q, nq, d) and mask (Q, nq)."""
+        with timings.measure("question_layers"), torch.inference_mode():
+            ids, mask = pad_token_ids([t.token_ids for t in tokenized], self._pad_id)  # (Q, nq), (Q, nq)
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            return self.model.encode_questions(ids, mask), mask  # (Q, nq, d), (Q, nq)
+
+    def _interaction_logits(
+        self,
+        pairs: Sequence[_Pair],
+        question_states: torch.Tensor,
+        question_mask: torch.Tensor,
+        passages: Sequence[StoredPassage],
+        timings: Timings,
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Layers k+1..l over every pair in length-bucketed batches; per pair (start, end) over its passage."""
+        policy = BatchPolicy(self.settings.pair_batch_tokens, self.settings.max_pairs_per_batch)
+        results: list[tuple[np.ndarray, np.ndarray]] = [(np.empty(0), np.empty(0))] * len(pairs)
+        question_lengths = question_mask.sum(dim=1).tolist()  # (Q,)
+        with timings.measure("interaction_layers"), torch.inference_mode():
+            for batch in length_batches([pair.length for pair in pairs], policy):
+                members = [pairs[index] for index in batch]
+                rows = torch.tensor([pair.question for pair in members], device=self.device)  # (b,)
+                nq = int(max(question_lengths[pair.question] for pair in members))
+                q_states = question_states[rows, :nq]  # (b, nq, d)
+                q_mask = question_mask[rows, :nq]  # (b, nq)
+                p_states, p_mask = pad_stored_states(
+                    [passages[pair.passage] for pair in members], self.device, self.model.model.dtype
+                )
+                start, end = self.model.interact(q_states, q_mask, p_states, p_mask)  # each (b, nq + np)
+                start = start[:, nq:].float().cpu().numpy()  # (b, np)
+                end = end[:, nq:].float().cpu().numpy()  # (b, np)
+                for row, (index, pair) in enumerate(zip(batch, members, strict=True)):
+                    n = len(passages[pair.passage].token_ids)
+                    results[index] = (start[row, :n].copy(), end[row, :n].copy())
+        return results
+
+    def _decode(self, passage: StoredPassage, hit: Hit, start: np.ndarray, end: np.ndarray) -> list[Span]:
+        """The passage's n-best spans as Spans with their text sliced from the stored passage."""
+        candidates = best_spans(
+            start,
+            end,
+            passage.char_spans,
+            n_best=self.settings.n_best,
+            max_answer_length=self.settings.max_answer_length,
+        )
+        return [
+            Span(
+                passage_id=passage.id,
+                text=passage.text[candidate.char_start : candidate.char_end],
+                start_token=candidate.start,
+                end_token=candidate.end,
+                char_start=candidate.char_start,
+                char_end=candidate.char_end,
+                reader_score=candidate.score,
+                bm25_score=hit.score,
+            )
+            for candidate in candidates
+        ]
+
+
+def bm25_index_dir(store_path: str | Path) -> Path:
+    """Where `dilstore index STORE` puts the store's Lucene index: STORE/bm25."""
+    return Path(store_path) / BM25_INDEX_DIR
+
+
+def load_store_model(store: Any, model_dir: str | Path | None = None) -> DilBertReader:
+    """The reader for a store: `model_dir` (default: the shipped checkpoint), checked against the store.
+
+    k comes from the checkpoint's dilstore.json, or from the store when the
+    checkpoint is a base model without one. The store's fingerprint must
+    equal the model's (for the store's own encoding and max length), else
+    FingerprintMismatchError shows both.
+    """
+    fingerprint = store.fingerprint
+    if fingerprint.kind != DilBertReader.kind:
+        raise DilstoreError(
+            f"store {store.url} holds {fingerprint.kind!r} states; the QA reader needs a {DilBertReader.kind!r} store"
+        )
+    directory = Path(model_dir) if model_dir is not None else default_checkpoint_dir()
+    layers = None if read_metadata(require_checkpoint_dir(directory)) is not None else fingerprint.layers
+    model = DilBertReader.from_pretrained(directory, layers=layers)
+    expected = model_fingerprint(model, DilBertReader.kind, fingerprint.encoding, fingerprint.max_length)
+    check_fingerprint(fingerprint, expected, f"store {store.url} (model {directory})")
+    return model
+
+
+def open_reader(
+    store_path: str | Path,
+    model_dir: str | Path | None = None,
+    *,
+    index_dir: str | Path | None = None,
+    with_index: bool = True,
+    settings: OdqaSettings | None = None,
+    device: str | None = None,
+) -> OpenDomainReader:
+    """Open a store, load and check its model, and (with_index) its BM25 index, as one OpenDomainReader.
+
+    The index is looked for before the model is loaded, and the fingerprint
+    checked before the JVM starts, so a bad request fails fast.
+    """
+    store = open_store(store_path)
+    index = Path(index_dir) if index_dir is not None else bm25_index_dir(store_path)
+    if with_index and not any(index.glob("segments_*")):
+        raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {store_path}`")
+    model = load_store_model(store, model_dir)
+    searcher = Bm25Searcher(index) if with_index else None
+    return OpenDomainReader(model, store, searcher, settings, device)

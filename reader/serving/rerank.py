@@ -1,0 +1,314 @@
+"""Reranking a first-stage run with an EARL ranker over stored document representations (seed 004).
+
+    query ─ query module (layers 1..N) ─→ query states               (once per query)
+    doc ids ─ store.fetch ──────────────→ S1 (n, d) or S2 (n, M, 2, d)  (memory-mapped; int8 dequantized)
+    (query, document) pairs ────────────→ M judger blocks, pooling, score head → scores
+                                           (length-bucketed batches, cast to the model's dtype)
+
+A store of kind "earl-s1" is judged through `EarlRanker.judge(doc_states=…)`,
+which projects every judger block's keys and values online; one of kind
+"earl-s2" through `judge(doc_key_values=…)`, which skips that projection.
+Both give the scores of the unsplit `EarlRanker.forward` on the same text.
+A ranker with the bi-encoder prior also takes each document's stored mean S1
+vector (`passages/vectors`, which precompute writes for it on both kinds), so
+its S1 and S2 stores give the same prior; a store without them is refused.
+A document is looked up by its own id: for a document longer than the
+store's max length that is its first window, the tokens `encode_document`
+keeps, so it is scored by its first tokens (FirstP) as online.
+
+**Reranking a run (`rerank_run`).** Each query's documents are taken in
+first-stage order (score descending, ties by docid descending, as trec_eval
+ranks them) and the first `depth` are rescored by the model. The documents
+below `depth` are kept, after the reranked ones and in their first-stage
+order: they get the scores m − 1, m − 2, … where m is the lowest model score
+of the query (their first-stage scores live on another scale and are not
+kept). Only the top `depth` documents are looked up in the store, so the tail
+may hold ids the store lacks.
+
+**Missing documents.** A top-`depth` id that is not in the store raises
+MissingPassagesError naming it; with `skip_missing=True` it is left out of
+the result (and of the written run) and counted in `RerankStats.skipped`.
+
+**Queries** are `[CLS] q [SEP]`, truncated to `max_query_length` tokens, as
+rankers do; truncated queries are counted, not refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dilstore.reader.batching import BatchPolicy, length_batches
+from dilstore.reader.data.trec import Run, rank_documents
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.serving.stored_states import pad_stored_states
+from dilstore.reader.serving.timing import StageTimer
+from dilstore.reader.text.tokenization import TokenizedText, encode_question
+from dilstore.storage.errors import DilstoreError, require_at_least_one
+from dilstore.storage.fingerprint import check_fingerprint
+from dilstore.storage.reader import MissingPassagesError, Store, open_store
+from dilstore.storage.records import StoredPassage
+
+EARL_S1, EARL_S2 = "earl-s1", "earl-s2"
+EARL_KINDS = (EARL_S1, EARL_S2)
+RUN_TAG = "dilstore-earl"
+DEFAULT_DEPTH = 100
+DEFAULT_MAX_QUERY_LENGTH = 64
+# Padded (query + document) tokens per judging batch, and pairs per batch.
+DEFAULT_PAIR_BATCH_TOKENS = 8192
+DEFAULT_MAX_PAIRS_PER_BATCH = 64
+STAGES = ("query_layers", "store_read", "judge")
+_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class RerankSettings:
+    """How queries are cut and pairs batched.
+
+    max_query_length: query tokens kept, [CLS] and [SEP] included (longer queries are truncated).
+    pair_batch_tokens, max_pairs_per_batch: limits of one judging batch, whose
+        padded size is its number of pairs times (query + longest document) tokens.
+    """
+
+    max_query_length: int = DEFAULT_MAX_QUERY_LENGTH
+    pair_batch_tokens: int = DEFAULT_PAIR_BATCH_TOKENS
+    max_pairs_per_batch: int = DEFAULT_MAX_PAIRS_PER_BATCH
+
+    def __post_init__(self) -> None:
+        limits = ("pair_batch_tokens", "max_pairs_per_batch")
+        require_at_least_one({name: getattr(self, name) for name in limits}, dashed=False)
+        if self.max_query_length < 3:
+            raise DilstoreError(f"max_query_length must be at least 3, got {self.max_query_length}")
+
+
+@dataclass
+class RerankStats(StageTimer):
+    """What reranking did, summed over the `rerank` calls that shared it.
+
+    queries: queries reranked; pairs: (query, document) pairs judged;
+    skipped: documents left out because the store lacks them (skip_missing);
+    truncated_queries: queries cut to max_query_length; seconds: wall clock
+    of the calls. Stage times: query_layers (tokenizing and the query
+    module), store_read (fetching, int8 dequantization included) and judge
+    (assembling padded batches, casting them to the model's dtype, the judger
+    blocks and the score head).
+    """
+
+    queries: int = 0
+    pairs: int = 0
+    skipped: int = 0
+    truncated_queries: int = 0
+    seconds: float = 0.0
+    query_layers: float = 0.0
+    store_read: float = 0.0
+    judge: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Counts and seconds, with the stage times under "timings"."""
+        values = asdict(self)
+        return {
+            **{name: value for name, value in values.items() if name not in STAGES},
+            "timings": {stage: values[stage] for stage in STAGES},
+        }
+
+
+def check_depth(depth: int) -> None:
+    """Raise DilstoreError unless depth is a positive integer."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise DilstoreError(f"depth must be a positive integer, got {depth!r}")
+
+
+def require_topics(topics: Mapping[str, str], run: Run, source: str = "the topics") -> None:
+    """Raise DilstoreError naming the run's queries that have no topic in `topics` (read from `source`)."""
+    missing = [qid for qid in run if qid not in topics]
+    if missing:
+        raise DilstoreError(f"{len(missing)} query(ies) of the run have no topic in {source}: {_named(missing)}")
+
+
+def require_earl_store(store: Store) -> str:
+    """The store's kind, "earl-s1" or "earl-s2"; any other kind raises DilstoreError."""
+    if store.kind not in EARL_KINDS:
+        raise DilstoreError(
+            f"store {store.url} holds {store.kind!r} states; the EARL reranker needs an "
+            f"{EARL_S1!r} or {EARL_S2!r} store (`dilstore precompute --kind earl-s1|earl-s2`)"
+        )
+    return store.kind
+
+
+class EarlReranker:
+    """Scores documents of an EARL store against queries; one instance serves many requests.
+
+    `model` must be the ranker whose fingerprint the store carries
+    (`open_reranker` builds one with that check). Every problem a request
+    can cause raises DilstoreError and leaves the reranker usable.
+    """
+
+    def __init__(
+        self,
+        model: EarlRanker,
+        store: Store,
+        settings: RerankSettings | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        self.kind = require_earl_store(store)
+        if model.prior and store.vector_size is None:
+            raise DilstoreError(
+                f"store {store.url} has no passage vectors, which this ranker's bi-encoder prior needs; "
+                "precompute the store again with this ranker"
+            )
+        self.model = model.eval()
+        self.store = store
+        self.settings = settings or RerankSettings()
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.model.to(self.device)
+
+    def rerank(
+        self,
+        query: str,
+        doc_ids: Sequence[str],
+        *,
+        skip_missing: bool = False,
+        stats: RerankStats | None = None,
+    ) -> dict[str, float]:
+        """`{doc_id: score}` of one query against the stored documents (repeated ids are scored once).
+
+        Ids the store lacks raise MissingPassagesError naming them, or with
+        `skip_missing` are left out and counted in `stats.skipped`. Pass a
+        RerankStats to collect counts and stage times.
+        """
+        stats = RerankStats() if stats is None else stats
+        started = time.perf_counter()
+        try:
+            with stats.measure("query_layers"):
+                tokens = self._tokenize_query(query, stats)
+            documents = self._fetch(list(dict.fromkeys(doc_ids)), skip_missing, stats)
+            scores = self._score(tokens, documents, stats) if documents else []
+        finally:
+            stats.seconds += time.perf_counter() - started
+        stats.queries += 1
+        stats.pairs += len(documents)
+        return {document.id: score for document, score in zip(documents, scores, strict=True)}
+
+    def rerank_run(
+        self,
+        topics: Mapping[str, str],
+        run: Run,
+        depth: int = DEFAULT_DEPTH,
+        *,
+        skip_missing: bool = False,
+        on_query: Callable[[str], None] | None = None,
+    ) -> tuple[Run, RerankStats]:
+        """Rerank each query's top-`depth` documents; the reranked run (tail kept below) and the stats.
+
+        Queries keep the run's order; each must have a topic. `on_query(qid)`
+        is called after each query, for progress reporting.
+        """
+        check_depth(depth)
+        require_topics(topics, run)
+        stats = RerankStats()
+        reranked: Run = {}
+        for qid, first_stage in run.items():
+            ranked = [docid for docid, _ in rank_documents(first_stage)]
+            try:
+                scores = self.rerank(topics[qid], ranked[:depth], skip_missing=skip_missing, stats=stats)
+            except MissingPassagesError as error:
+                raise MissingPassagesError(f"query {qid!r}: {error}", error.missing) from None
+            floor = min(scores.values(), default=0.0)
+            tail = {docid: floor - rank for rank, docid in enumerate(ranked[depth:], start=1)}
+            reranked[qid] = {**scores, **tail}
+            if on_query is not None:
+                on_query(qid)
+        return reranked, stats
+
+    # ------------------------------------------------------------------ stages
+
+    def _tokenize_query(self, query: str, stats: RerankStats) -> TokenizedText:
+        """`[CLS] q [SEP]`, truncated to max_query_length (counted in stats)."""
+        if not isinstance(query, str) or not query.strip():
+            raise DilstoreError("the query is empty")
+        tokens = encode_question(self.model.tokenizer, query, self.settings.max_query_length)
+        stats.truncated_queries += int(tokens.truncated)
+        return tokens
+
+    def _fetch(self, doc_ids: list[str], skip_missing: bool, stats: RerankStats) -> list[StoredPassage]:
+        """The stored documents in the order asked; missing ids raise, or are dropped with skip_missing."""
+        with stats.measure("store_read"):
+            try:
+                return self.store.fetch(doc_ids)
+            except MissingPassagesError as error:
+                if not skip_missing:
+                    raise MissingPassagesError(
+                        f"{len(error.missing)} of {len(doc_ids)} documents to rerank are not in store "
+                        f"{self.store.url}: {_named(error.missing)}; leave them out with skip_missing "
+                        "(--skip-missing)",
+                        error.missing,
+                    ) from None
+                missing = set(error.missing)
+                stats.skipped += len(missing)
+                present = [docid for docid in doc_ids if docid not in missing]
+                return self.store.fetch(present) if present else []
+
+    def _score(self, tokens: TokenizedText, documents: Sequence[StoredPassage], stats: RerankStats) -> list[float]:
+        """The query module once, then the judger blocks over every document in length-bucketed batches."""
+        with stats.measure("query_layers"), torch.inference_mode():
+            query_ids = torch.from_numpy(tokens.token_ids.astype(np.int64))[None].to(self.device)  # (1, nq)
+            query_mask = torch.ones_like(query_ids)  # (1, nq)
+            query_states = self.model.encode_queries(query_ids, query_mask)  # (1, nq, d)
+            prior = {"query_vectors": self.model.query_vectors(query_states, query_mask)} if self.model.prior else {}
+        policy = BatchPolicy(self.settings.pair_batch_tokens, self.settings.max_pairs_per_batch)
+        lengths = [len(tokens) + len(document.token_ids) for document in documents]
+        scores = [0.0] * len(documents)
+        with stats.measure("judge"), torch.inference_mode():
+            for batch in length_batches(lengths, policy):
+                chosen = [documents[index] for index in batch]
+                stored, doc_mask = pad_stored_states(chosen, self.device, self.model.dtype)
+                argument = "doc_states" if self.kind == EARL_S1 else "doc_key_values"
+                if prior:  # the stored mean S1 vectors (b, d), for S1 and S2 alike
+                    prior["doc_vectors"] = torch.from_numpy(np.stack([d.vector for d in chosen])).to(self.device)
+                # The (1, nq) query is broadcast over the b documents.
+                batch_scores = self.model.judge(
+                    query_states, query_mask, doc_mask, **{argument: stored}, **prior
+                )  # (b,)
+                for index, score in zip(batch, batch_scores.float().cpu().tolist(), strict=True):
+                    scores[index] = score
+        return scores
+
+
+def load_store_ranker(store: Store, model_dir: str | Path) -> EarlRanker:
+    """The EARL ranker at `model_dir`, checked against the store's fingerprint (kind, encoding, max length).
+
+    A non-EARL store is refused before the model is loaded; a model that did
+    not make the store raises FingerprintMismatchError showing both
+    fingerprints.
+    """
+    kind = require_earl_store(store)
+    model = EarlRanker.from_pretrained(model_dir)
+    found = store.fingerprint
+    expected = model_fingerprint(model, kind, found.encoding, found.max_length)
+    check_fingerprint(found, expected, f"store {store.url} (model {model_dir})")
+    return model
+
+
+def open_reranker(
+    store_path: str | Path,
+    model_dir: str | Path,
+    *,
+    settings: RerankSettings | None = None,
+    device: str | None = None,
+) -> EarlReranker:
+    """Open an EARL store, load and check its ranker, and return them as one EarlReranker."""
+    store = open_store(store_path)
+    return EarlReranker(load_store_ranker(store, model_dir), store, settings, device)
+
+
+def _named(names: Sequence[str]) -> str:
+    """The first few names, quoted, and how many more there are."""
+    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+    return ", ".join(repr(name) for name in names[:_SHOWN]) + more

@@ -1,0 +1,1 @@
+"""Text as the models see it: tokenization conventions and line-numbered reading of text files."""

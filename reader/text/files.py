@@ -1,0 +1,68 @@
+"""Reading UTF-8 text files: line by line (plain or gzipped), or one JSON document, with errors that name the file."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dilstore.storage.errors import DilstoreError
+
+
+def numbered_lines(path: Path, what: str = "file", *, gzipped: bool = False) -> Iterator[tuple[int, str]]:
+    """(1-based line number, decoded text with its line break) for each line of the UTF-8 file `path`.
+
+    `what` names the expected kind of file in the error for a directory
+    ("a JSONL file", "a file"). With `gzipped` the file is decompressed as
+    it is read. A missing or unreadable file, a line that is not UTF-8 and a
+    truncated or corrupt gzip stream raise DilstoreError naming the file
+    (and the line).
+    """
+    raw = _open_binary(path, what)
+    stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
+    number = 0
+    try:
+        with raw, stream:
+            for number, line in enumerate(stream, start=1):
+                yield number, _decoded(path, number, line)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        raise DilstoreError(f"{path}: not a complete gzip file (after line {number}: {error})") from None
+
+
+def _open_binary(path: Path, what: str) -> io.BufferedReader:
+    """`path` opened for reading bytes; a DilstoreError naming it when it is missing, a folder or unreadable."""
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        raise DilstoreError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DilstoreError(f"{path}: is a directory, not {what}") from None
+    except OSError as error:
+        raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None
+
+
+def _decoded(path: Path, number: int, line: bytes) -> str:
+    """Line `number` of `path` as text; a DilstoreError naming file and line when it is not UTF-8."""
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DilstoreError(f"{path}:{number}: not UTF-8 text (byte {error.start} of the line)") from None
+
+
+def read_json(path: str | Path) -> Any:
+    """Parse a UTF-8 JSON file; every failure is a DilstoreError naming the file."""
+    path = Path(path)
+    try:
+        with _open_binary(path, "a JSON file") as handle:
+            return json.loads(handle.read().decode("utf-8"))
+    except OSError as error:
+        raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise DilstoreError(f"{path}: not UTF-8 text (byte {error.start})") from None
+    except json.JSONDecodeError as error:
+        where = f"line {error.lineno}, column {error.colno}"
+        raise DilstoreError(f"{path}: not valid JSON ({where}: {error.msg})") from None

@@ -1,0 +1,454 @@
+"""The training loop that `train qa` and `train earl|cross-encoder|siamese` share, and the parts it is made of.
+
+A trainer (reader/training/qa.py, reader/training/ranking.py) loads its model
+and data and says how to compute one step's gradients and how to save its
+model; everything else is here, so both run the same way:
+
+- AdamW (no decay on biases and LayerNorm) with linear warm-up then linear
+  decay to zero, gradient clipping, gradient accumulation.
+- fp32 on CPU; bf16 (or fp16 with loss scaling) autocast on CUDA.
+- Seeded: the example order of epoch e is a permutation drawn from seed + e,
+  independent of the dropout RNG, so a resumed run skips exactly what it saw.
+- A progress bar, and a log line every `log_every` steps.
+- Periodic checkpoints under OUTPUT/checkpoints/step-N (model + training
+  state, see reader/training/state.py), every N steps and at least every M
+  minutes of training, so a killed run loses at most M minutes; each is
+  written under a temporary name and
+  renamed, so a run cut off at any moment leaves a usable checkpoint; only
+  the newest `keep_checkpoints` are kept.
+- Resumption from the newest checkpoint, refused when the settings recorded
+  in OUTPUT/run_config.json at the start differ.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup
+
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.training.state import (
+    LoopPosition,
+    latest_checkpoint,
+    load_training_state,
+    prune_checkpoints,
+    save_training_state,
+    step_directory,
+)
+from dilstore.storage.errors import DilstoreError, require_at_least_one
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+# Micro-batches per length-sorted group (Hugging Face's LengthGroupedSampler uses 50).
+LENGTH_GROUP = 50
+RUN_CONFIG_FILE = "run_config.json"
+# Settings a resumed run may change: how often it saves checkpoints.
+_MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes"})
+CHECKPOINTS_DIR = "checkpoints"
+
+
+class OptimizationSettings(Protocol):
+    """The fields the shared optimizer, schedule, batching and precision helpers read.
+
+    Both TrainingConfig (QA) and the ranking trainer's config have them, so
+    one implementation serves `train qa` and `train earl|cross-encoder|siamese`.
+    """
+
+    epochs: int
+    max_steps: int | None
+    batch_size: int
+    gradient_accumulation: int
+    learning_rate: float
+    weight_decay: float
+    seed: int
+    precision: str
+
+
+class LoopSettings(OptimizationSettings, Protocol):
+    """The further fields the loop reads: schedule shape, clipping, logging and checkpointing."""
+
+    warmup_ratio: float
+    max_grad_norm: float
+    save_every: int
+    save_every_minutes: float
+    keep_checkpoints: int
+    log_every: int
+
+
+def check_loop_settings(config: LoopSettings) -> None:
+    """A DilstoreError naming the option when a setting the shared loop reads is out of range."""
+    require_at_least_one(
+        {
+            "epochs": config.epochs,
+            "batch_size": config.batch_size,
+            "gradient_accumulation": config.gradient_accumulation,
+            "log_every": config.log_every,
+            "keep_checkpoints": config.keep_checkpoints,
+            "max_steps": config.max_steps,
+        }
+    )
+    if not 0 <= config.warmup_ratio < 1:
+        raise DilstoreError(f"warmup-ratio must be in [0, 1), got {config.warmup_ratio}")
+    if config.learning_rate <= 0:
+        raise DilstoreError(f"learning-rate must be positive, got {config.learning_rate}")
+    if config.save_every < 0:
+        raise DilstoreError(f"save-every must be 0 (only at the end) or positive, got {config.save_every}")
+    if not config.save_every_minutes >= 0:
+        raise DilstoreError(
+            f"save-every-minutes must be 0 (not by time) or positive, got {config.save_every_minutes}"
+        )
+    if config.precision not in PRECISIONS:
+        raise DilstoreError(f"precision must be one of {', '.join(PRECISIONS)}, got {config.precision!r}")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, numpy and torch (CPU and CUDA) so a run is repeatable."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def training_device(device: str | torch.device | None) -> torch.device:
+    """The device asked for, or CUDA when available, else the CPU."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def build_optimizer(
+    model: torch.nn.Module, config: OptimizationSettings, learning_rates: Mapping[str, float] | None = None
+) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases or LayerNorm weights), as BERT fine-tuning does.
+
+    Trainable parameters only. `learning_rates` maps parameter-name prefixes
+    to their own peak learning rate (the first matching prefix wins; e.g. a
+    low one for EARL's encoder copies); every other parameter takes
+    `config.learning_rate`. The schedule scales each group alike.
+    """
+    groups: dict[tuple[float, bool], list[torch.nn.Parameter]] = {}
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        prefix = next((prefix for prefix in learning_rates or {} if name.startswith(prefix)), None)
+        rate = config.learning_rate if prefix is None else learning_rates[prefix]  # type: ignore[index]
+        decays = not (parameter.ndim < 2 or "LayerNorm" in name or "norm" in name.lower())
+        groups.setdefault((rate, decays), []).append(parameter)
+    return torch.optim.AdamW(
+        [
+            {"params": parameters, "lr": rate, "weight_decay": config.weight_decay if decays else 0.0}
+            for (rate, decays), parameters in sorted(groups.items(), key=lambda item: (-item[0][0], not item[0][1]))
+        ],
+        lr=config.learning_rate,
+    )
+
+
+def total_optimizer_steps(num_features: int, config: OptimizationSettings) -> int:
+    """Optimizer steps of the run: all epochs, or --max-steps when that is fewer."""
+    micro_batches_per_epoch = math.ceil(num_features / config.batch_size)
+    per_epoch = math.ceil(micro_batches_per_epoch / config.gradient_accumulation)
+    full = per_epoch * config.epochs
+    return full if config.max_steps is None else min(full, config.max_steps)
+
+
+def epoch_order(num_features: int, seed: int, epoch: int) -> list[int]:
+    """The window order of one epoch: a permutation drawn from its own generator (seed, epoch)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(num_features, generator=generator).tolist()
+
+
+def optimizer_step_batches(
+    num_features: int, config: OptimizationSettings, lengths: Sequence[int] | None = None
+) -> Iterator[list[list[int]]]:
+    """Feature indices for every optimizer step in run order: `gradient_accumulation` micro-batches each.
+
+    With `lengths` (tokens per window; pass them only to group by length), each
+    run of LENGTH_GROUP micro-batches of the shuffled order is sorted by
+    length before it is cut, so a micro-batch holds windows of similar length
+    and padding (which costs compute on CPU) stays small; the order stays
+    random at the scale of groups. An epoch's last step may hold fewer
+    micro-batches; steps never straddle epochs.
+    """
+    group = config.batch_size * LENGTH_GROUP
+    for epoch in range(config.epochs):
+        order = epoch_order(num_features, config.seed, epoch)
+        if lengths is not None:
+            order = [
+                index
+                for first in range(0, num_features, group)
+                for index in sorted(order[first : first + group], key=lambda i: -lengths[i])
+            ]
+        micro = [order[i : i + config.batch_size] for i in range(0, num_features, config.batch_size)]
+        for i in range(0, len(micro), config.gradient_accumulation):
+            yield micro[i : i + config.gradient_accumulation]
+
+
+def apply_optimizer_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    max_grad_norm: float,
+) -> None:
+    """One optimizer step over the accumulated gradients: unscale, clip to max_grad_norm, step, advance, zero."""
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def autocast_dtype(config: OptimizationSettings, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype: None (fp32) on CPU; bf16 on CUDA when supported, else fp16."""
+    if config.precision == "fp32" or (config.precision == "auto" and device.type != "cuda"):
+        return None
+    if device.type != "cuda":
+        raise DilstoreError(f"precision {config.precision} needs a CUDA device; this run is on {device}")
+    if config.precision == "fp16" or (config.precision == "auto" and not torch.cuda.is_bf16_supported()):
+        return torch.float16
+    return torch.bfloat16
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
+    """Autocast to `dtype` on `device`; with None (fp32) a context that changes nothing."""
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
+def accumulate_micro_batches(
+    micro_batches: Sequence[Sequence[int]],
+    micro_batch_loss: Callable[[Sequence[int]], torch.Tensor],
+    scaler: torch.amp.GradScaler | None = None,
+) -> float:
+    """Backward over one optimizer step's micro-batches, adding into `.grad`; returns the step's mean loss.
+
+    `micro_batch_loss` gives the mean loss of the examples at some indices.
+    Each is divided by the number of micro-batches, so equal-sized
+    micro-batches accumulate the gradient of one large batch.
+    """
+    scaler = scaler or torch.amp.GradScaler("cuda", enabled=False)
+    total = 0.0
+    for indices in micro_batches:
+        loss = micro_batch_loss(indices) / len(micro_batches)
+        scaler.scale(loss).backward()
+        total += float(loss.detach())
+    return total
+
+
+def hardware_description(device: torch.device) -> str:
+    """A short line for the metadata: the accelerator, or the CPU with torch's thread count."""
+    if device.type == "cuda":
+        return f"CUDA {torch.cuda.get_device_name(device)}"
+    return f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s)"
+
+
+def write_training_record(
+    directory: Path, document: dict[str, Any], position: LoopPosition, final_loss: float, device: torch.device
+) -> None:
+    """Write dilstore_training.json: the trainer's `document`, then the time trained, last loss, hardware and torch."""
+    record = {
+        **document,
+        "train_seconds": round(position.train_seconds, 1),
+        "final_loss": final_loss,
+        "hardware": hardware_description(device),
+        "torch": torch.__version__,
+    }
+    (Path(directory) / TRAINING_METADATA_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
+
+
+def resume_point(output_dir: Path, config: LoopSettings) -> Path:
+    """The checkpoint under OUTPUT/checkpoints to resume from; a DilstoreError when there is none or the config differs.
+
+    `config` (a dataclass) is compared with the one write_run_config recorded,
+    all but how often checkpoints are saved, which may change between the parts of a run.
+    """
+    checkpoints = Path(output_dir) / CHECKPOINTS_DIR
+    found = latest_checkpoint(checkpoints)
+    if found is None:
+        raise DilstoreError(f"--resume: no complete checkpoint under {checkpoints}")
+    saved_file = Path(output_dir) / RUN_CONFIG_FILE
+    if saved_file.is_file():
+        saved = json.loads(saved_file.read_text(encoding="utf-8"))["config"]
+        differing = sorted(
+            name
+            for name, value in asdict(config).items()
+            if name not in _MAY_CHANGE_ON_RESUME and saved.get(name) != value
+        )
+        if differing:
+            raise DilstoreError(f"--resume: settings differ from the interrupted run ({saved_file}): {differing}")
+    return found
+
+
+def write_run_config(output_dir: Path, config: LoopSettings, command: str, **inputs: str) -> None:
+    """Create `output_dir` and record the settings, the `inputs` (name: path) and the command at the start.
+
+    resume_point reads it back, so --resume can check it continues the same run.
+    """
+    output_dir.mkdir(parents=True, exist_ok=True)
+    document = {"config": asdict(config), **inputs, "command": command}
+    (output_dir / RUN_CONFIG_FILE).write_text(json.dumps(document, indent=1), encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """A run's optimizer and schedule, its length in optimizer steps, and the position it starts from."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    total_steps: int
+    start: LoopPosition
+
+
+def start_optimization(
+    model: torch.nn.Module,
+    num_examples: int,
+    config: LoopSettings,
+    resume_from: Path | None,
+    learning_rates: Mapping[str, float] | None = None,
+) -> Optimization:
+    """AdamW and the linear warm-up and decay over the run's steps, restored from `resume_from` when given.
+
+    `learning_rates` gives some parameters their own peak rate (build_optimizer).
+    Restoring also restores the torch RNG, so call this once every module is built.
+    """
+    optimizer = build_optimizer(model, config, learning_rates)
+    total_steps = total_optimizer_steps(num_examples, config)
+    scheduler = get_linear_schedule_with_warmup(optimizer, round(config.warmup_ratio * total_steps), total_steps)
+    start = LoopPosition(step=0, features_seen=0, train_seconds=0.0)
+    if resume_from is not None:
+        start = load_training_state(resume_from, optimizer, scheduler)
+    return Optimization(optimizer=optimizer, scheduler=scheduler, total_steps=total_steps, start=start)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """How a trainer reports its speed in the progress bar and the log lines."""
+
+    per_example: int  # units counted per training example: 1 window, or the 1 + n pairs of a triple
+    bar_name: str  # the progress bar's key for units per second
+    log_name: str  # the log line's label for units per second
+    log_digits: int  # decimals of units per second in the log line
+    seen_name: str  # the log line's label for the examples seen so far
+
+
+class Accumulate(Protocol):
+    """Forward and backward over one optimizer step's micro-batches (example indices); returns the step's loss."""
+
+    def __call__(
+        self, micro_batches: Sequence[Sequence[int]], *, dtype: torch.dtype | None, scaler: torch.amp.GradScaler
+    ) -> float: ...
+
+
+class SaveModel(Protocol):
+    """Write the model and its dilstore_training.json (budget at `position`, last loss) into an existing folder."""
+
+    def __call__(self, directory: Path, position: LoopPosition, loss: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class LoopOutcome:
+    """Where the loop stopped, and the loss of every step this call ran."""
+
+    position: LoopPosition
+    losses: list[float]
+
+    @property
+    def final_loss(self) -> float:
+        """The last step's loss; NaN when this call ran no step."""
+        return self.losses[-1] if self.losses else float("nan")
+
+
+def run_training_loop(
+    model: torch.nn.Module,
+    optimization: Optimization,
+    step_plan: Iterable[Sequence[Sequence[int]]],
+    *,
+    accumulate: Accumulate,
+    save: SaveModel,
+    config: LoopSettings,
+    device: torch.device,
+    output_dir: Path,
+    throughput: Throughput,
+    progress: bool = True,
+) -> LoopOutcome:
+    """Run the steps of `step_plan` from `optimization.start` on, then save the model to `output_dir` in eval mode.
+
+    Every `config.log_every` steps (and at the last) a line reports the mean
+    loss since the last line, the learning rate and the speed; every
+    `config.save_every` steps, and whenever `config.save_every_minutes` of
+    training passed since the last one (0: never by time), a resumable
+    checkpoint goes under OUTPUT/checkpoints, except at the last step.
+    """
+    dtype = autocast_dtype(config, device)
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+    total_steps, position = optimization.total_steps, optimization.start
+    losses: list[float] = []
+    bar = tqdm(total=total_steps, initial=position.step, disable=not progress, unit="step", dynamic_ncols=True)
+    started = time.perf_counter() - position.train_seconds
+    window_start, window_units = time.perf_counter(), 0
+    last_save = time.perf_counter()
+    for step_index, micro_batches in enumerate(step_plan):
+        if step_index >= total_steps:
+            break
+        if step_index < position.step:
+            continue
+        step_loss = accumulate(micro_batches, dtype=dtype, scaler=scaler)
+        apply_optimizer_step(model, optimization.optimizer, optimization.scheduler, scaler, config.max_grad_norm)
+        seen = sum(len(batch) for batch in micro_batches)
+        position = LoopPosition(
+            step=step_index + 1,
+            features_seen=position.features_seen + seen,
+            train_seconds=time.perf_counter() - started,
+        )
+        losses.append(step_loss)
+        window_units += seen * throughput.per_example
+        rate = window_units / max(time.perf_counter() - window_start, 1e-9)
+        bar.set_postfix(loss=f"{step_loss:.3f}", **{throughput.bar_name: f"{rate:.1f}"}, refresh=False)
+        bar.update(1)
+        if position.step % config.log_every == 0 or position.step == total_steps:
+            bar.write(
+                f"step {position.step}/{total_steps} loss {float(np.mean(losses[-config.log_every:])):.4f} "
+                f"lr {optimization.scheduler.get_last_lr()[0]:.2e} {throughput.log_name} "
+                f"{rate:.{throughput.log_digits}f} {throughput.seen_name} {position.features_seen} "
+                f"elapsed {position.train_seconds:.0f}s"
+            )
+            window_start, window_units = time.perf_counter(), 0
+        due_by_steps = config.save_every and position.step % config.save_every == 0
+        due_by_time = config.save_every_minutes and time.perf_counter() - last_save >= 60 * config.save_every_minutes
+        if (due_by_steps or due_by_time) and position.step < total_steps:
+            _save_checkpoint(output_dir, optimization, position, step_loss, save, config.keep_checkpoints)
+            last_save = time.perf_counter()
+    bar.close()
+
+    outcome = LoopOutcome(position=position, losses=losses)
+    model.eval()
+    save(output_dir, position, outcome.final_loss)
+    return outcome
+
+
+def _save_checkpoint(
+    output_dir: Path, optimization: Optimization, position: LoopPosition, loss: float, save: SaveModel, keep: int
+) -> None:
+    """Write a resumable checkpoint atomically (temporary folder, then rename) and prune all but the `keep` newest.
+
+    It carries dilstore_training.json too, so a run cut off later still
+    leaves a checkpoint that can be evaluated and packaged as it is.
+    """
+    checkpoints = Path(output_dir) / CHECKPOINTS_DIR
+    final = step_directory(checkpoints, position.step)
+    partial = final.with_name(final.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    save(partial, position, loss)
+    save_training_state(partial, optimization.optimizer, optimization.scheduler, position)
+    partial.rename(final)
+    prune_checkpoints(checkpoints, keep)

@@ -1,0 +1,372 @@
+"""Fine-tune a DilBert reader on SQuAD-format data, run_squad style (issue 6).
+
+One code path: the loss is computed on the model core's `forward`, the same
+delayed-interaction composition that inference runs offline and online, so a
+trained k is exactly the k that `precompute` and `ask` use.
+
+- Data: SQuAD v1.1 JSON → sliding-window features (reader/data/qa_features.py);
+  a window without the answer is labelled [CLS] (index 0 of the concatenation).
+- Loss: the mean of start and end cross-entropies over `[question ; passage]`.
+- The loop is reader/training/loop.py's, shared with ranker training: AdamW
+  with linear warm-up and decay, gradient clipping and accumulation, fp32 on
+  CPU and bf16 (or fp16) autocast on CUDA, a seeded window order, periodic
+  resumable checkpoints under OUTPUT/checkpoints/step-N.
+- Windows of similar length are batched together to cut padding.
+- Distillation (DeFormer, Cao et al. 2020), when a teacher reader is given:
+  loss = CE + alpha * T^2 * KL(teacher || student) on the start and end
+  distributions at temperature T, + beta * the mean squared distance between
+  the student's and the teacher's outputs of each upper layer k+1..l (the
+  layerwise representation similarity). The teacher is usually the k=0
+  reader the student was started from; it runs frozen, in eval mode.
+- The final model goes to OUTPUT itself, with dilstore_training.json (k, the
+  command, the budget actually run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dilstore.reader.data.qa_batches import QABatch, collate_features
+from dilstore.reader.data.qa_features import QAFeature, build_features
+from dilstore.reader.data.squad import load_squad
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.training.loop import (
+    Throughput,
+    accumulate_micro_batches,
+    autocast_context,
+    check_loop_settings,
+    optimizer_step_batches,
+    resume_point,
+    run_training_loop,
+    seed_everything,
+    start_optimization,
+    training_device,
+    write_run_config,
+    write_training_record,
+)
+from dilstore.reader.training.state import LoopPosition
+from dilstore.storage.errors import DilstoreError, require_at_least_one
+
+# How `train qa` reports its speed: windows per second.
+_THROUGHPUT = Throughput(per_example=1, bar_name="win_per_s", log_name="windows/s", log_digits=2, seen_name="seen")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Everything that decides what a run computes (the seed's run_squad defaults where it has one)."""
+
+    layers: int
+    epochs: int = 2
+    max_steps: int | None = None
+    batch_size: int = 12
+    gradient_accumulation: int = 1
+    learning_rate: float = 3e-5
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    max_seq_length: int = 384
+    doc_stride: int = 128
+    max_question_length: int = 64
+    seed: int = 42
+    save_every: int = 0
+    save_every_minutes: float = 10.0
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    precision: str = "auto"
+    train_limit: int | None = None
+    group_by_length: bool = True
+    teacher: str | None = None
+    distillation_temperature: float = 2.0
+    distillation_weight: float = 1.0
+    representation_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_loop_settings(self)
+        require_at_least_one(
+            {
+                "max_seq_length": self.max_seq_length,
+                "doc_stride": self.doc_stride,
+                "max_question_length": self.max_question_length,
+                "train_limit": self.train_limit,
+            }
+        )
+        if self.layers < 0:
+            raise DilstoreError(f"layers (k) must be at least 0, got {self.layers}")
+        if self.distillation_temperature <= 0 or self.distillation_weight < 0 or self.representation_weight < 0:
+            raise DilstoreError(
+                "distillation temperature must be positive and its weights at least 0, got "
+                f"T={self.distillation_temperature}, alpha={self.distillation_weight}, "
+                f"beta={self.representation_weight}"
+            )
+        if self.doc_stride >= self.max_seq_length:
+            raise DilstoreError(
+                f"doc-stride ({self.doc_stride}) must be smaller than max-seq-length ({self.max_seq_length})"
+            )
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """The labelled windows of a training file, and how to pad any subset of them into a batch."""
+
+    features: list[QAFeature]
+    questions: int
+    pad_token_id: int
+
+    def collate(self, indices: Sequence[int]) -> QABatch:
+        """The padded batch of the windows at `indices`."""
+        return collate_features([self.features[i] for i in indices], self.pad_token_id)
+
+
+def load_training_data(tokenizer: Any, train_file: Path, config: TrainingConfig) -> TrainingData:
+    """SQuAD training questions (the first `train_limit` when set) as labelled sliding-window features."""
+    examples = load_squad(train_file)
+    if config.train_limit is not None:
+        examples = examples[: config.train_limit]
+    if not examples:
+        raise DilstoreError(f"{train_file}: no training questions")
+    features = list(
+        build_features(
+            tokenizer,
+            examples,
+            max_seq_length=config.max_seq_length,
+            doc_stride=config.doc_stride,
+            max_question_length=config.max_question_length,
+        )
+    )
+    return TrainingData(features=features, questions=len(examples), pad_token_id=tokenizer.pad_token_id)
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """What a run did: the budget actually spent and where the model is."""
+
+    output: Path
+    layers: int
+    steps: int
+    total_steps: int
+    features_seen: int
+    train_features: int
+    train_questions: int
+    train_seconds: float
+    final_loss: float
+    losses: list[float] = field(repr=False)
+    reader: DilBertReader = field(repr=False, compare=False)
+
+
+def qa_loss(
+    start_logits: torch.Tensor, end_logits: torch.Tensor, start_targets: torch.Tensor, end_targets: torch.Tensor
+) -> torch.Tensor:
+    """Mean of start and end cross-entropies; logits (b, nq+np), targets (b,) indices into the concatenation."""
+    start = torch.nn.functional.cross_entropy(start_logits.float(), start_targets)
+    end = torch.nn.functional.cross_entropy(end_logits.float(), end_targets)
+    return (start + end) / 2
+
+
+@dataclass(frozen=True)
+class Distillation:
+    """A frozen teacher and the distillation settings: temperature T, logit weight alpha, layer weight beta."""
+
+    teacher: DilBertReader
+    temperature: float
+    alpha: float
+    beta: float
+
+
+def distillation_loss(
+    student_logits: tuple[torch.Tensor, torch.Tensor],
+    teacher_logits: tuple[torch.Tensor, torch.Tensor],
+    temperature: float,
+) -> torch.Tensor:
+    """T^2 * KL(teacher || student) at temperature T, the mean over the start and end distributions.
+
+    Each logits tensor is (b, nq+np) over the same concatenation; padded
+    positions hold the dtype's minimum in both, so they carry no mass.
+    """
+    losses = []
+    for student, teacher in zip(student_logits, teacher_logits, strict=True):
+        student_log = torch.log_softmax(student.float() / temperature, dim=-1)  # (b, nq + np)
+        teacher_log = torch.log_softmax(teacher.float() / temperature, dim=-1)  # (b, nq + np)
+        losses.append(
+            torch.nn.functional.kl_div(student_log, teacher_log, log_target=True, reduction="batchmean")
+        )
+    return temperature**2 * (losses[0] + losses[1]) / 2
+
+
+def representation_loss(
+    student_states: Sequence[torch.Tensor], teacher_states: Sequence[torch.Tensor], mask: torch.Tensor
+) -> torch.Tensor:
+    """Mean over the given layers of the squared distance between matching states, per valid token and dimension.
+
+    States are (b, n, d) each, the same layers in the same order; mask (b, n) is 1 on valid tokens.
+    """
+    valid = mask.to(torch.float32)[..., None]  # (b, n, 1)
+    count = valid.sum() * student_states[0].shape[-1]
+    distances = [
+        (((student.float() - teacher.float()) ** 2) * valid).sum() / count
+        for student, teacher in zip(student_states, teacher_states, strict=True)
+    ]
+    return torch.stack(distances).mean()
+
+
+def load_teacher(path: Path, student: DilBertReader, device: torch.device) -> DilBertReader:
+    """The frozen teacher reader at `path`, checked to be comparable with `student` (same depth, k no larger)."""
+    teacher = DilBertReader.from_pretrained(path)
+    if teacher.num_layers != student.num_layers or teacher.hidden_size != student.hidden_size:
+        raise DilstoreError(
+            f"teacher {path} has {teacher.num_layers} layers of width {teacher.hidden_size}; the student has "
+            f"{student.num_layers} of width {student.hidden_size}: distillation needs the same shape"
+        )
+    if teacher.layers > student.layers:
+        raise DilstoreError(
+            f"teacher {path} has k={teacher.layers}, more than the student's k={student.layers}; "
+            "distil from a reader with at most as many non-interaction layers (usually k=0)"
+        )
+    if teacher.tokenizer.get_vocab() != student.tokenizer.get_vocab():
+        raise DilstoreError(f"teacher {path} has another vocabulary than the student")
+    teacher.to(device).eval().requires_grad_(False)
+    return teacher
+
+
+def train_qa(
+    model_dir: Path,
+    train_file: Path,
+    output_dir: Path,
+    config: TrainingConfig,
+    *,
+    command: str,
+    resume: bool = False,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+) -> TrainingResult:
+    """Fine-tune the reader at `model_dir` (a base model or a reader) with k=config.layers; save to `output_dir`.
+
+    With `resume`, the newest complete checkpoint under OUTPUT/checkpoints
+    is loaded (weights, optimizer, scheduler, RNG, position) and the run
+    continues where it stopped; the config must match the interrupted run's.
+    """
+    output_dir = Path(output_dir)
+    device = training_device(device)
+    seed_everything(config.seed)
+    resume_from = resume_point(output_dir, config) if resume else None
+    reader = DilBertReader.from_pretrained(resume_from or model_dir, layers=config.layers)
+    data = load_training_data(reader.tokenizer, Path(train_file), config)
+    reader.to(device).train()
+    distillation = None
+    if config.teacher is not None:
+        teacher = load_teacher(Path(config.teacher), reader, device)
+        distillation = Distillation(
+            teacher, config.distillation_temperature, config.distillation_weight, config.representation_weight
+        )
+    optimization = start_optimization(reader, len(data.features), config, resume_from)
+    write_run_config(output_dir, config, command, base_model=str(model_dir), train_file=str(train_file))
+    run = _RunInfo(reader, config, Path(model_dir), Path(train_file), command, device, len(data.features),
+                   data.questions, optimization.total_steps)  # fmt: skip
+
+    lengths = [len(feature.question) + len(feature.passage) for feature in data.features]
+    outcome = run_training_loop(
+        reader,
+        optimization,
+        optimizer_step_batches(len(data.features), config, lengths if config.group_by_length else None),
+        accumulate=partial(accumulate_gradients, reader, data, device=device, distillation=distillation),
+        save=run.save,
+        config=config,
+        device=device,
+        output_dir=output_dir,
+        throughput=_THROUGHPUT,
+        progress=progress,
+    )
+    return TrainingResult(
+        output=output_dir,
+        layers=reader.layers,
+        steps=outcome.position.step,
+        total_steps=optimization.total_steps,
+        features_seen=outcome.position.features_seen,
+        train_features=len(data.features),
+        train_questions=data.questions,
+        train_seconds=outcome.position.train_seconds,
+        final_loss=outcome.final_loss,
+        losses=outcome.losses,
+        reader=reader,
+    )
+
+
+def accumulate_gradients(
+    reader: DilBertReader,
+    data: TrainingData,
+    micro_batches: Sequence[Sequence[int]],
+    device: torch.device,
+    dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    distillation: Distillation | None = None,
+) -> float:
+    """Forward and backward over one optimizer step's micro-batches, adding into `.grad`; returns the mean loss.
+
+    With `distillation`, the loss adds its terms (module docstring) to the span cross-entropy.
+    """
+
+    def micro_batch_loss(indices: Sequence[int]) -> torch.Tensor:
+        batch = data.collate(indices).to(device)
+        inputs = (batch.question_ids, batch.question_mask, batch.passage_ids, batch.passage_mask)
+        with autocast_context(device, dtype):
+            start_logits, end_logits, states = reader.forward_with_states(*inputs)  # (b, nq + np) ×2, states
+        loss = qa_loss(start_logits, end_logits, batch.start_targets, batch.end_targets)
+        if distillation is None:
+            return loss
+        with torch.no_grad(), autocast_context(device, dtype):
+            teacher_start, teacher_end, teacher_states = distillation.teacher.forward_with_states(*inputs)
+        mask = torch.cat([batch.question_mask, batch.passage_mask], dim=1)  # (b, nq + np)
+        upper = reader.num_layers - reader.layers  # layer outputs k+1..l, the last `upper` states of each
+        return (
+            loss
+            + distillation.alpha
+            * distillation_loss((start_logits, end_logits), (teacher_start, teacher_end), distillation.temperature)
+            + distillation.beta
+            * representation_loss(states[len(states) - upper :], teacher_states[len(teacher_states) - upper :], mask)
+        )
+
+    return accumulate_micro_batches(micro_batches, micro_batch_loss, scaler)
+
+
+@dataclass(frozen=True)
+class _RunInfo:
+    """What stays fixed over a run and goes into every dilstore_training.json it writes."""
+
+    reader: DilBertReader
+    config: TrainingConfig
+    model_dir: Path
+    train_file: Path
+    command: str
+    device: torch.device
+    train_features: int
+    train_questions: int
+    total_steps: int
+
+    def save(self, directory: Path, position: LoopPosition, loss: float) -> None:
+        """The reader and its dilstore_training.json into `directory`: a periodic checkpoint or the final model."""
+        self.reader.save_pretrained(directory)
+        _write_metadata(directory, self, position, loss)
+
+
+def _write_metadata(directory: Path, run: _RunInfo, position: LoopPosition, final_loss: float) -> None:
+    """dilstore_training.json: k, the command, and the budget this checkpoint was actually trained with."""
+    document: dict[str, Any] = {
+        "kind": "dilbert-qa",
+        "layers": run.reader.layers,
+        "num_layers": run.reader.num_layers,
+        "command": run.command,
+        "base_model": str(run.model_dir),
+        "train_file": str(run.train_file),
+        "config": asdict(run.config),
+        "steps": position.step,
+        "total_steps": run.total_steps,
+        "features_seen": position.features_seen,
+        "train_features": run.train_features,
+        "train_questions": run.train_questions,
+    }
+    write_training_record(directory, document, position, final_loss, run.device)

@@ -1,0 +1,319 @@
+"""Train EARL and its two baselines end to end on (query, positive, negatives) triples (seed 004, 3.4 and 4.3).
+
+One loop serves the three rankers of reader/modeling/rankers.py (EARL, the
+cross-encoder and the Siamese encoder); each scores groups of 1 positive and
+n negatives per query, (b, 1 + n), and the loss is the pairwise hinge or the
+softmax cross-entropy of reader/training/losses.py:
+
+- Data: triples and paragraphs files (reader/data/ranking_files.py); every query
+  and paragraph is tokenized once, by the ranker's own convention.
+- The loop is reader/training/loop.py's, shared with `train qa`: AdamW with
+  linear warm-up and decay, gradient clipping and accumulation, fp32 on CPU
+  and bf16 (or fp16) autocast on CUDA, a seeded triple order (a resumed run
+  skips exactly what it saw; dropout continues from the saved RNG), periodic
+  resumable checkpoints under OUTPUT/checkpoints/step-N.
+- The final ranker goes to OUTPUT with dilstore_training.json (kind, command,
+  data, steps, seconds, hardware).
+- EARL with the bi-encoder prior (`prior`) starts as the base model's cosine.
+  `freeze_encoder` then trains only the judger blocks, the head and the
+  prior's scale, so the prior stays that cosine and checkpoints name the base
+  instead of storing the encoder (EarlRanker.freeze_encoder);
+  `encoder_learning_rate` instead trains the encoder copies at their own,
+  lower peak rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dilstore.reader.data.ranking_files import Triple, read_paragraphs, read_triples
+from dilstore.reader.modeling.earl import ENCODER_PREFIXES, POOLINGS, EarlRanker
+from dilstore.reader.modeling.rankers import EarlOptions, load_ranker, new_ranker
+from dilstore.reader.modeling.ranking_inputs import (
+    DEFAULT_MAX_DOC_LENGTH,
+    DEFAULT_MAX_QUERY_LENGTH,
+    RANKER_KINDS,
+    TrainableRanker,
+)
+from dilstore.reader.training.loop import (
+    Throughput,
+    accumulate_micro_batches,
+    autocast_context,
+    check_loop_settings,
+    optimizer_step_batches,
+    resume_point,
+    run_training_loop,
+    seed_everything,
+    start_optimization,
+    training_device,
+    write_run_config,
+    write_training_record,
+)
+from dilstore.reader.training.losses import DEFAULT_MARGIN, pairwise_hinge_loss, softmax_cross_entropy_loss
+from dilstore.reader.training.state import LoopPosition
+from dilstore.storage.errors import DilstoreError, require_at_least_one
+
+LOSSES = ("softmax", "hinge")
+
+
+@dataclass(frozen=True)
+class RankingTrainingConfig:
+    """Everything that decides what a ranking run computes (the seed's AdamW 3e-5 and linear schedule)."""
+
+    kind: str
+    negatives: int = 7
+    loss: str = "softmax"
+    margin: float = DEFAULT_MARGIN
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_size: int = 16
+    gradient_accumulation: int = 1
+    learning_rate: float = 3e-5
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    max_query_length: int = DEFAULT_MAX_QUERY_LENGTH
+    max_doc_length: int = DEFAULT_MAX_DOC_LENGTH
+    query_layers: int | None = None
+    pooling: str = "cls"
+    tied: bool = False
+    prior: bool = False
+    freeze_encoder: bool = False
+    encoder_learning_rate: float | None = None
+    seed: int = 42
+    save_every: int = 0
+    save_every_minutes: float = 10.0
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    precision: str = "auto"
+    train_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in RANKER_KINDS:
+            raise DilstoreError(f"unknown ranker kind {self.kind!r}; the kinds are {', '.join(RANKER_KINDS)}")
+        require_at_least_one({"negatives": self.negatives, "train_limit": self.train_limit})
+        check_loop_settings(self)
+        if self.max_query_length < 3 or self.max_doc_length < 3:
+            raise DilstoreError(
+                f"max-query-length and max-doc-length must be at least 3 ([CLS] text [SEP]), "
+                f"got {self.max_query_length} and {self.max_doc_length}"
+            )
+        if self.loss not in LOSSES:
+            raise DilstoreError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        if self.margin <= 0:
+            raise DilstoreError(f"margin must be positive, got {self.margin}")
+        if self.pooling not in POOLINGS:
+            raise DilstoreError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        earl_only = (self.query_layers is not None, self.pooling != "cls", self.tied, self.prior,
+                     self.freeze_encoder, self.encoder_learning_rate is not None)  # fmt: skip
+        if self.kind != "earl" and any(earl_only):
+            raise DilstoreError(
+                "query-layers, pooling, tied, prior, freeze-encoder and encoder-learning-rate describe an EARL "
+                "ranker only"
+            )
+        if self.freeze_encoder and self.encoder_learning_rate is not None:
+            raise DilstoreError("freeze-encoder and encoder-learning-rate exclude each other: a frozen encoder has none")
+        if self.encoder_learning_rate is not None and self.encoder_learning_rate <= 0:
+            raise DilstoreError(f"encoder-learning-rate must be positive, got {self.encoder_learning_rate}")
+
+    def earl_options(self) -> EarlOptions:
+        """The EARL variant this config trains (ignored by the other kinds)."""
+        return EarlOptions(query_layers=self.query_layers, pooling=self.pooling, tied=self.tied, prior=self.prior)
+
+    def learning_rates(self) -> dict[str, float] | None:
+        """Parameter-name prefixes with their own peak rate: EARL's encoder copies under encoder_learning_rate."""
+        if self.encoder_learning_rate is None:
+            return None
+        return dict.fromkeys(ENCODER_PREFIXES, self.encoder_learning_rate)
+
+
+@dataclass(frozen=True)
+class RankingData:
+    """Triples with every query and paragraph tokenized once by the ranker being trained."""
+
+    triples: list[Triple]
+    query_tokens: list[np.ndarray]  # per triple
+    doc_tokens: dict[str, np.ndarray]  # per paragraph id
+
+    def batch(self, indices: Sequence[int]) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+        """Queries and their [positive, negatives...] groups for the triples at `indices`."""
+        queries = [self.query_tokens[i] for i in indices]
+        groups = [
+            [self.doc_tokens[pid] for pid in (self.triples[i].positive, *self.triples[i].negatives)] for i in indices
+        ]
+        return queries, groups
+
+
+@dataclass(frozen=True)
+class RankingTrainingResult:
+    """What a run did: the budget actually spent and where the ranker is."""
+
+    output: Path
+    kind: str
+    steps: int
+    total_steps: int
+    triples_seen: int
+    train_triples: int
+    train_seconds: float
+    final_loss: float
+    losses: list[float] = field(repr=False)
+    ranker: TrainableRanker = field(repr=False, compare=False)
+
+
+def load_ranking_data(
+    ranker: TrainableRanker, triples_file: Path, paragraphs_file: Path, config: RankingTrainingConfig
+) -> RankingData:
+    """Read and check the files, keep the first `train_limit` triples and `negatives` negatives, tokenize once."""
+    paragraphs = read_paragraphs(paragraphs_file)
+    triples = read_triples(triples_file, paragraphs, paragraphs_file, config.negatives)
+    if config.train_limit is not None:
+        triples = triples[: config.train_limit]
+    used = dict.fromkeys(pid for triple in triples for pid in (triple.positive, *triple.negatives))
+    return RankingData(
+        triples=triples,
+        query_tokens=[ranker.tokenize_query(triple.query, config.max_query_length) for triple in triples],
+        doc_tokens={pid: ranker.tokenize_document(paragraphs[pid], config.max_doc_length) for pid in used},
+    )
+
+
+def ranking_loss(scores: torch.Tensor, config: RankingTrainingConfig) -> torch.Tensor:
+    """The configured loss over scores (b, 1 + n), positive first, computed in fp32."""
+    scores = scores.float()  # (b, 1 + n)
+    if config.loss == "hinge":
+        return pairwise_hinge_loss(scores, config.margin)
+    return softmax_cross_entropy_loss(scores)
+
+
+def accumulate_ranking_gradients(
+    ranker: TrainableRanker,
+    data: RankingData,
+    micro_batches: Sequence[Sequence[int]],
+    config: RankingTrainingConfig,
+    device: torch.device,
+    dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> float:
+    """Forward and backward over one optimizer step's micro-batches, adding into `.grad`; returns the mean loss."""
+
+    def micro_batch_loss(indices: Sequence[int]) -> torch.Tensor:
+        queries, groups = data.batch(indices)
+        with autocast_context(device, dtype):
+            scores = ranker.score_groups(queries, groups)  # (b, 1 + n)
+        return ranking_loss(scores, config)
+
+    return accumulate_micro_batches(micro_batches, micro_batch_loss, scaler)
+
+
+def train_ranker(
+    base_model: Path,
+    triples_file: Path,
+    paragraphs_file: Path,
+    output_dir: Path,
+    config: RankingTrainingConfig,
+    *,
+    command: str,
+    resume: bool = False,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+) -> RankingTrainingResult:
+    """Train a `config.kind` ranker initialised from the plain encoder `base_model`; save it to `output_dir`.
+
+    With `resume`, the newest complete checkpoint under OUTPUT/checkpoints
+    is loaded (weights, optimizer, scheduler, RNG, position) and the run
+    continues where it stopped; the config must match the interrupted run's.
+    """
+    output_dir = Path(output_dir)
+    device = training_device(device)
+    seed_everything(config.seed)
+    resume_from = resume_point(output_dir, config) if resume else None
+    ranker = load_ranker(resume_from) if resume_from else new_ranker(config.kind, base_model, config.earl_options())
+    if ranker.kind != config.kind:
+        raise DilstoreError(f"--resume: {resume_from} holds a {ranker.kind!r} ranker, not {config.kind!r}")
+    if config.freeze_encoder and resume_from is None:
+        assert isinstance(ranker, EarlRanker)  # freeze_encoder is EARL-only (RankingTrainingConfig)
+        ranker.freeze_encoder(base_model)
+    data = load_ranking_data(ranker, Path(triples_file), Path(paragraphs_file), config)
+    ranker.to(device).train()
+    optimization = start_optimization(ranker, len(data.triples), config, resume_from, config.learning_rates())
+    write_run_config(
+        output_dir,
+        config,
+        command,
+        base_model=str(base_model),
+        triples=str(triples_file),
+        paragraphs=str(paragraphs_file),
+    )
+    run = _RunInfo(ranker, config, Path(base_model), Path(triples_file), Path(paragraphs_file), command, device,
+                   len(data.triples), optimization.total_steps)  # fmt: skip
+    throughput = Throughput(
+        per_example=1 + config.negatives, bar_name="pairs_per_s", log_name="pairs/s", log_digits=1, seen_name="triples"
+    )
+    outcome = run_training_loop(
+        ranker,
+        optimization,
+        optimizer_step_batches(len(data.triples), config),
+        accumulate=partial(accumulate_ranking_gradients, ranker, data, config=config, device=device),
+        save=run.save,
+        config=config,
+        device=device,
+        output_dir=output_dir,
+        throughput=throughput,
+        progress=progress,
+    )
+    return RankingTrainingResult(
+        output=output_dir,
+        kind=ranker.kind,
+        steps=outcome.position.step,
+        total_steps=optimization.total_steps,
+        triples_seen=outcome.position.features_seen,
+        train_triples=len(data.triples),
+        train_seconds=outcome.position.train_seconds,
+        final_loss=outcome.final_loss,
+        losses=outcome.losses,
+        ranker=ranker,
+    )
+
+
+@dataclass(frozen=True)
+class _RunInfo:
+    """What stays fixed over a run and goes into every dilstore_training.json it writes."""
+
+    ranker: TrainableRanker
+    config: RankingTrainingConfig
+    base_model: Path
+    triples_file: Path
+    paragraphs_file: Path
+    command: str
+    device: torch.device
+    train_triples: int
+    total_steps: int
+
+    def save(self, directory: Path, position: LoopPosition, loss: float) -> None:
+        """The ranker and its dilstore_training.json into `directory`: a periodic checkpoint or the final model."""
+        self.ranker.save_pretrained(directory)
+        _write_metadata(directory, self, position, loss)
+
+
+def _write_metadata(directory: Path, run: _RunInfo, position: LoopPosition, final_loss: float) -> None:
+    """dilstore_training.json: the kind, the command, the data and the budget this checkpoint was trained with."""
+    document: dict[str, Any] = {
+        "kind": run.ranker.kind,
+        "command": run.command,
+        "base_model": str(run.base_model),
+        "triples": str(run.triples_file),
+        "paragraphs": str(run.paragraphs_file),
+        "config": asdict(run.config),
+        "steps": position.step,
+        "total_steps": run.total_steps,
+        "triples_seen": position.features_seen,
+        "pairs_seen": position.features_seen * (1 + run.config.negatives),
+        "train_triples": run.train_triples,
+    }
+    write_training_record(directory, document, position, final_loss, run.device)

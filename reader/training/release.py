@@ -1,0 +1,113 @@
+"""How a trained run becomes a shipped checkpoint: fp16 weights, its training record and a model card.
+
+The shipped checkpoints are found through reader/packaged/shipped.py; the
+cards are rendered by reader/training/model_cards.py. Both the default reader
+and the default ranker are packaged here (benchmarks/package_default_*.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from dilstore.reader.modeling.checkpoints import EVALUATION_FILE, TRAINING_METADATA_FILE
+from dilstore.reader.text.files import read_json
+from dilstore.reader.training.state import STATE_JSON, STATE_TENSORS
+from dilstore.storage.errors import DilstoreError
+
+MODEL_CARD_FILE = "MODEL_CARD.md"
+# Files a training run leaves that a shipped checkpoint does not need.
+_NOT_SHIPPED = {"checkpoints", EVALUATION_FILE, STATE_TENSORS, STATE_JSON, "run_config.json"}
+
+
+def package_checkpoint(source: Path, destination: Path, model_card: str) -> Path:
+    """Copy a trained checkpoint to `destination` with every float tensor stored as fp16.
+
+    Halving the weights keeps the shipped MiniLM reader near 45 MB; the model
+    core upcasts on load. Training state (periodic checkpoints, optimizer) is
+    left behind; config, tokenizer and dilstore.json are copied as they are,
+    the training record (load_training_metadata) is written as
+    dilstore_training.json, and `model_card` as MODEL_CARD.md. `source` is a
+    run's output directory or one of its periodic checkpoints.
+    """
+    source, destination = Path(source), Path(destination)
+    training = load_training_metadata(source)
+    weight_files = [path for path in source.glob("*.safetensors") if path.name not in _NOT_SHIPPED]
+    if not weight_files:
+        raise DilstoreError(f"{source} holds no .safetensors weights to package")
+    destination.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.iterdir()):
+        if path.name in _NOT_SHIPPED or path.is_dir():
+            continue
+        if path.suffix == ".safetensors":
+            tensors = {
+                name: (tensor.to(torch.float16) if tensor.is_floating_point() else tensor).contiguous()
+                for name, tensor in load_file(path).items()
+            }
+            save_file(tensors, destination / path.name, metadata={"format": "pt"})
+        else:
+            shutil.copy2(path, destination / path.name)
+    (destination / TRAINING_METADATA_FILE).write_text(json.dumps(training, indent=1), encoding="utf-8")
+    (destination / MODEL_CARD_FILE).write_text(model_card, encoding="utf-8")
+    return destination
+
+
+def load_training_metadata(checkpoint: Path) -> dict[str, Any]:
+    """A checkpoint's training record: its dilstore_training.json, or one rebuilt for a periodic checkpoint.
+
+    Periodic checkpoints written before they carried dilstore_training.json
+    still hold the loop position (training_state.json), k (dilstore.json) and,
+    one level up, the run's settings and command (run_config.json); the
+    record is rebuilt from those, with the per-epoch counts it cannot know
+    left as None.
+    """
+    checkpoint = Path(checkpoint)
+    if (checkpoint / TRAINING_METADATA_FILE).is_file():
+        return read_json(checkpoint / TRAINING_METADATA_FILE)
+    state_file = checkpoint / STATE_JSON
+    run_file = checkpoint.parent.parent / "run_config.json"
+    if not (state_file.is_file() and run_file.is_file()):
+        raise DilstoreError(
+            f"{checkpoint} has no {TRAINING_METADATA_FILE} and is not a periodic training checkpoint "
+            f"(needs training_state.json and {run_file})"
+        )
+    run, model = read_json(run_file), read_json(checkpoint / "dilstore.json")
+    position = read_json(state_file)["position"]
+    return {
+        "kind": "dilbert-qa",
+        "layers": model["layers"],
+        "num_layers": model["num_layers"],
+        "command": run["command"],
+        "base_model": run["base_model"],
+        "train_file": run["train_file"],
+        "config": run["config"],
+        "steps": position["step"],
+        "total_steps": run["config"]["max_steps"],
+        "features_seen": position["features_seen"],
+        "train_features": None,
+        "train_questions": None,
+        "train_seconds": round(position["train_seconds"], 1),
+    }
+
+
+def weights_megabytes(checkpoint: Path) -> float:
+    """Total size of a checkpoint's model weight files (safetensors, training state excluded) in MB (10^6 bytes)."""
+    return sum(
+        path.stat().st_size for path in Path(checkpoint).glob("*.safetensors") if path.name != STATE_TENSORS
+    ) / 1e6
+
+
+def report_package_size(destination: Path, limit_mb: float) -> int:
+    """Print the packaged weights' size as JSON; exit status 1 (with a line on stderr) when over `limit_mb`."""
+    size = weights_megabytes(destination)
+    print(json.dumps({"destination": str(destination), "weights_mb": round(size, 2), "limit_mb": limit_mb}))
+    if size > limit_mb:
+        print(f"packaged weights are {size:.1f} MB, over the {limit_mb:.0f} MB limit", file=sys.stderr)
+        return 1
+    return 0

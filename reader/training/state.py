@@ -1,0 +1,128 @@
+"""Resumable training state without pickle: tensors in safetensors, the rest in JSON.
+
+A periodic checkpoint is a model directory (the model core's save_pretrained)
+plus two files written here: `training_state.safetensors` (AdamW moments and
+step counters, and the torch RNG state so dropout continues where it left off)
+and `training_state.json` (optimizer hyperparameters per group, the learning
+rate scheduler's state, and the loop position). Restoring both gives the same
+weights as a run that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from dilstore.storage.errors import DilstoreError
+
+STATE_TENSORS = "training_state.safetensors"
+STATE_JSON = "training_state.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_RNG_KEY = "rng.torch"
+
+
+@dataclass(frozen=True)
+class LoopPosition:
+    """Where the loop stands: optimizer steps done, and the data seen so far."""
+
+    step: int
+    features_seen: int
+    train_seconds: float
+
+
+def save_training_state(
+    directory: Path,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    position: LoopPosition,
+) -> None:
+    """Write optimizer, scheduler, RNG and loop position into `directory` (which must exist)."""
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {_RNG_KEY: torch.get_rng_state()}
+    for index, per_param in state["state"].items():
+        for name, value in per_param.items():
+            tensors[f"optimizer.{index}.{name}"] = value.detach().cpu().contiguous()
+    save_file(tensors, Path(directory) / STATE_TENSORS)
+    document = {
+        "param_groups": state["param_groups"],
+        "scheduler": scheduler.state_dict(),
+        "position": asdict(position),
+    }
+    (Path(directory) / STATE_JSON).write_text(json.dumps(document, indent=1), encoding="utf-8")
+
+
+def load_training_state(
+    directory: Path,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> LoopPosition:
+    """Restore what save_training_state wrote into fresh `optimizer` and `scheduler`; returns the position.
+
+    The optimizer must have been built over the same parameters in the same
+    order. The torch RNG state is restored last, so call this after every
+    module has been built.
+    """
+    directory = Path(directory)
+    try:
+        document = json.loads((directory / STATE_JSON).read_text(encoding="utf-8"))
+        tensors = load_file(directory / STATE_TENSORS)
+    except FileNotFoundError as error:
+        raise DilstoreError(f"{directory} is not a resumable training checkpoint ({error.filename} missing)") from error
+    per_param: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key == _RNG_KEY:
+            continue
+        _, index, name = key.split(".", 2)
+        per_param.setdefault(int(index), {})[name] = value
+    groups = [_restore_group(group) for group in document["param_groups"]]
+    if len(groups) != len(optimizer.param_groups):
+        raise DilstoreError(
+            f"{directory / STATE_JSON}: {len(groups)} parameter groups saved, the optimizer has "
+            f"{len(optimizer.param_groups)}"
+        )
+    optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+    scheduler.load_state_dict(document["scheduler"])
+    torch.set_rng_state(tensors[_RNG_KEY])
+    return LoopPosition(**document["position"])
+
+
+def _restore_group(group: dict[str, Any]) -> dict[str, Any]:
+    """JSON turned AdamW's `betas` tuple into a list; give it back its type."""
+    restored = dict(group)
+    if isinstance(restored.get("betas"), list):
+        restored["betas"] = tuple(restored["betas"])
+    return restored
+
+
+def step_directory(checkpoints: Path, step: int) -> Path:
+    """The folder a periodic checkpoint at `step` lives in."""
+    return Path(checkpoints) / f"step-{step:07d}"
+
+
+def latest_checkpoint(checkpoints: Path) -> Path | None:
+    """The complete periodic checkpoint with the highest step, or None when there is none."""
+    candidates = []
+    if Path(checkpoints).is_dir():
+        for path in Path(checkpoints).iterdir():
+            match = _STEP_DIR.match(path.name)
+            if match and (path / STATE_JSON).is_file():
+                candidates.append((int(match.group(1)), path))
+    return max(candidates)[1] if candidates else None
+
+
+def prune_checkpoints(checkpoints: Path, keep: int) -> None:
+    """Delete all but the `keep` newest complete periodic checkpoints."""
+    complete = sorted(
+        (int(match.group(1)), path)
+        for path in Path(checkpoints).iterdir()
+        if (match := _STEP_DIR.match(path.name)) and (path / STATE_JSON).is_file()
+    )
+    for _, path in complete[: max(0, len(complete) - keep)]:
+        shutil.rmtree(path)

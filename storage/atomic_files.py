@@ -1,0 +1,45 @@
+"""Writing a file so that readers see either nothing or the whole of it: the one atomic write of the project.
+
+Each write goes to a uniquely named temporary file in the destination folder
+(named with the store's temporary prefix, which finalize and verify skip),
+is flushed to disk and renamed over the destination, and the folder is
+flushed too, so two writers of the same file (a retried bundle, a re-run
+after a crash) never interleave, a killed writer leaves no partial file under
+the final name, and a crash after the rename cannot lose the file. The
+manifest, TREC runs, ranking data files and shard parts are all written here.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from dilstore.storage.durability import fsync_dir
+from dilstore.storage.format import TMP_PREFIX
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, create_parents: bool = True) -> None:
+    """Write `data` to `path` atomically, creating parent folders as needed unless not `create_parents`.
+
+    Without `create_parents` a missing folder is an OSError, for writers whose
+    caller names the file (a TREC run, a ranking data file) and expects its folder.
+    """
+    if create_parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str, *, create_parents: bool = True) -> None:
+    """Write `text` as UTF-8 to `path` atomically (see atomic_write_bytes)."""
+    atomic_write_bytes(path, text.encode("utf-8"), create_parents=create_parents)

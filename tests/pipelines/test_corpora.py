@@ -1,0 +1,477 @@
+"""Corpus readers: real samples from ../shared/data, every kind of bad input, and the default corpus."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import itertools
+import json
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from dilstore.pipelines.corpora import FORMATS, check_format, format_for_path, read_corpus
+from dilstore.pipelines.corpus_jsonl import read_jsonl
+from dilstore.pipelines.corpus_msmarco import read_msmarco
+from dilstore.pipelines.corpus_squad import read_squad
+from dilstore.pipelines.corpus_wikipedia import read_wikipedia, wikitext_document
+from dilstore.pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
+from dilstore.pipelines.default_corpus.build import ARTICLES, corpus_lines
+from dilstore.pipelines.documents import Document, Record, Rejected, Skipped
+from dilstore.pipelines.duplicate_ids import drop_duplicate_ids, keep_first
+from dilstore.pipelines.source_files import numbered_lines
+from dilstore.pipelines.wikitext import wikitext_to_text
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.paths import ROOT
+
+DATA = ROOT / "tests" / "data"
+LEFTOVER_MARKUP = ("{{", "}}", "[[", "]]", "<ref", "{|", "|}", "'''")
+
+
+def by_kind(stream: Iterable[Record]) -> tuple[list[Document], list[Rejected], list[Skipped]]:
+    """The records split by type, each list in stream order."""
+    records = list(stream)
+    return (
+        [r for r in records if isinstance(r, Document)],
+        [r for r in records if isinstance(r, Rejected)],
+        [r for r in records if isinstance(r, Skipped)],
+    )
+
+
+# --- bad input: each kind gives exactly one Rejected with its line, the rest comes through ---
+
+
+def test_jsonl_bad_records_each_rejected_once_with_line_and_reason(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    huge_line = json.dumps({"id": "huge", "title": "Huge", "text": "word " * 2_100_000}).encode()  # 10.5 MB
+    with corpus.open("wb") as out:
+        out.write((DATA / "bad-records.jsonl").read_bytes())
+        out.write(huge_line + b"\n")
+        out.write(b'{"id": "after", "title": "After", "text": "Read after the huge one."}\n')
+
+    documents, rejected, skipped = by_kind(drop_duplicate_ids(read_corpus(corpus, "jsonl")))
+
+    reasons = {r.line_or_id: r.reason for r in rejected}
+    assert len(rejected) == len(reasons) == 8
+    assert reasons[3].startswith("bad JSON:")
+    assert reasons[4] == "missing id"
+    assert reasons[5] == "duplicate id 'd1' (kept line 1)"
+    assert reasons[6] == "empty text"
+    assert reasons[7] == "invalid UTF-8 at byte 48 of the line"
+    assert reasons[8] == "bad record: neither a 'contents' nor a 'text' field"
+    assert reasons[11] == "bad record: a JSON list, not an object"
+    assert reasons[13] == f"document too large: record of {len(huge_line):,} bytes (limit 1,000,000 bytes of text)"
+    assert {r.source for r in rejected} == {str(corpus)}
+    assert [(d.line, d.id, d.title) for d in documents] == [
+        (1, "d1", "First"),
+        (2, "d2", ""),
+        (10, "10", "Integer id"),
+        (12, "d12", "Last"),
+        (14, "after", "After"),
+    ]
+    assert documents[1].text == "Good document two, in the pyserini JsonCollection schema."
+    assert skipped == []
+
+
+def test_document_over_the_limit_is_rejected_naming_its_size(tmp_path: Path) -> None:
+    corpus = tmp_path / "small-limit.jsonl"
+    corpus.write_text(
+        json.dumps({"id": "big", "text": "é" * 101}) + "\n" + json.dumps({"id": "ok", "text": "x" * 200}) + "\n"
+    )
+    documents, rejected, _ = by_kind(read_jsonl(corpus, max_bytes=200))
+    assert [d.id for d in documents] == ["ok"]
+    assert rejected == [Rejected(str(corpus), 1, "document too large: text of 202 bytes (limit 200 bytes)")]
+
+
+def test_jsonl_schema_conflicts_are_rejected(tmp_path: Path) -> None:
+    corpus = tmp_path / "schemas.jsonl"
+    corpus.write_text(
+        '{"id": "a", "contents": "c", "text": "t"}\n'
+        '{"id": "b", "text": 5}\n'
+        '{"id": "c", "title": ["x"], "text": "t"}\n'
+        '{"id": true, "text": "t"}\n'
+        '{"id": "e", "title": null, "contents": "kept, title empty"}\n'
+    )
+    documents, rejected, _ = by_kind(read_jsonl(corpus))
+    assert [(r.line_or_id, r.reason) for r in rejected] == [
+        (1, "bad record: both 'contents' and 'text' fields"),
+        (2, "bad record: 'text' is not a string"),
+        (3, "bad record: 'title' is not a string"),
+        (4, "missing id"),
+    ]
+    assert [(d.id, d.title, d.text) for d in documents] == [("e", "", "kept, title empty")]
+
+
+def test_msmarco_bad_records_each_rejected_once() -> None:
+    documents, rejected, _ = by_kind(read_msmarco(DATA / "bad-records.tsv"))
+    assert [(r.line_or_id, r.reason) for r in rejected] == [
+        (2, "bad record: no tab between id and text"),
+        (3, "missing id"),
+        (4, "empty text"),
+        (5, "invalid UTF-8 at byte 12 of the line"),
+    ]
+    assert [(d.line, d.id, d.text) for d in documents] == [
+        (1, "100", "Good passage one."),
+        (6, "106", "Good passage two\twith a tab inside."),
+        (7, "107", "Good passage three."),
+    ]
+
+
+def test_msmarco_ten_megabyte_line_is_rejected_and_reading_goes_on(tmp_path: Path) -> None:
+    corpus = tmp_path / "collection.tsv"
+    corpus.write_bytes(b"1\tfirst\n2\t" + b"x" * 10_000_000 + b"\n3\tthird\n")
+    documents, rejected, _ = by_kind(read_msmarco(corpus))
+    assert [d.id for d in documents] == ["1", "3"]
+    assert rejected == [
+        Rejected(str(corpus), 2, "document too large: record of 10,000,002 bytes (limit 1,000,000 bytes of text)")
+    ]
+
+
+def test_truncated_gzip_keeps_the_lines_before_the_cut(tmp_path: Path) -> None:
+    lines = "".join(json.dumps({"id": str(n), "text": f"document {n} " * 20}) + "\n" for n in range(2000))
+    packed = gzip.compress(lines.encode())
+    corpus = tmp_path / "cut.jsonl.gz"
+    corpus.write_bytes(packed[: len(packed) // 2])
+    documents, rejected, _ = by_kind(read_jsonl(corpus))
+    assert 0 < len(documents) < 2000
+    assert [d.id for d in documents] == [str(n) for n in range(len(documents))]
+    assert len(rejected) == 1
+    assert rejected[0].reason.startswith("truncated or corrupt file")
+    assert rejected[0].line_or_id.startswith("after line ")
+
+    squad = tmp_path / "cut.json.gz"
+    squad.write_bytes(packed[:100])
+    assert [r.reason.split(":")[0] for r in read_squad(squad)] == ["truncated or corrupt file"]
+
+
+def test_rejected_to_json_is_the_dead_letter_line() -> None:
+    line = Rejected("c.jsonl", 7, "invalid UTF-8 at byte 3 of the line").to_json()
+    assert json.loads(line) == {"source": "c.jsonl", "line_or_id": 7, "reason": "invalid UTF-8 at byte 3 of the line"}
+    assert "\n" not in line
+
+
+# --- duplicate ids ---
+
+
+def doc(doc_id: str, line: int | None, source: str = "a.jsonl", text: str = "t") -> Document:
+    return Document(id=doc_id, title="", text=text, source=source, line=line)
+
+
+@given(st.permutations([doc("x", 3), doc("x", 1, text="first"), doc("x", 2), doc("x", None, source="b.xml")]))
+def test_keep_first_is_independent_of_arrival_order(documents: list[Document]) -> None:
+    kept, *rejected = keep_first(documents)
+    assert kept == doc("x", 1, text="first")
+    assert sorted(r.line_or_id for r in rejected if r.source == "a.jsonl") == [2, 3]
+    assert [r for r in rejected if r.source == "b.xml"] == [
+        Rejected("b.xml", "x", "duplicate id 'x' (kept line 1 of a.jsonl)")
+    ]
+    assert all(r.reason.startswith("duplicate id 'x'") for r in rejected)
+
+
+def test_keep_first_of_nothing_is_nothing() -> None:
+    assert keep_first([]) == []
+
+
+def test_drop_duplicate_ids_passes_other_records_through() -> None:
+    records = [doc("a", 1), Skipped("s", "9", "redirect"), doc("a", 2), Rejected("s", 3, "bad"), doc("b", 4)]
+    assert list(drop_duplicate_ids(records)) == [
+        doc("a", 1),
+        Skipped("s", "9", "redirect"),
+        Rejected("a.jsonl", 2, "duplicate id 'a' (kept line 1)"),
+        Rejected("s", 3, "bad"),
+        doc("b", 4),
+    ]
+
+
+# --- bounded line reading ---
+
+
+@given(
+    st.lists(st.binary(max_size=30).filter(lambda b: b"\n" not in b and not b.endswith(b"\r")), max_size=8),
+    st.integers(min_value=1, max_value=25),
+    st.booleans(),
+)
+def test_numbered_lines_matches_the_lines_and_bounds_them(lines: list[bytes], limit: int, final_newline: bool) -> None:
+    content = b"\n".join(lines) + (b"\n" if final_newline else b"")
+    assume(not content.startswith(b"\xef\xbb\xbf"))
+    expected = content.split(b"\n")
+    if expected[-1] == b"":
+        expected.pop()  # text after the last line break, if any, is the last line
+    got = list(numbered_lines(io.BytesIO(content), limit))
+    assert [line.number for line in got] == list(range(1, len(expected) + 1))
+    assert [line.size for line in got] == [len(line) for line in expected]
+    assert [line.data for line in got] == [line if len(line) <= limit else None for line in expected]
+
+
+def test_numbered_lines_drops_bom_and_crlf() -> None:
+    got = list(numbered_lines(io.BytesIO(b"\xef\xbb\xbfone\r\ntwo\r\n"), 100))
+    assert [(line.number, line.data) for line in got] == [(1, b"one"), (2, b"two")]
+
+
+# --- dispatcher and user errors ---
+
+
+def test_missing_file_and_unknown_format_raise_clear_errors(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    for format in FORMATS:
+        with pytest.raises(DilstoreError, match="corpus file not found: .*nope.jsonl"):
+            read_corpus(missing, format)
+    with pytest.raises(DilstoreError, match="unknown corpus format 'csv'; expected one of: jsonl, msmarco"):
+        read_corpus(DATA / "bad-records.jsonl", "csv")
+    with pytest.raises(DilstoreError, match="not a file"):
+        read_corpus(tmp_path, "jsonl")
+
+
+def test_format_for_path() -> None:
+    assert format_for_path("x/enwiki.xml.bz2") == "wikipedia"
+    assert format_for_path("corpus.JSONL.gz") == "jsonl"
+    assert format_for_path("collection.tsv") == "msmarco"
+    assert format_for_path("dev-v1.1.json") == "squad"
+    with pytest.raises(DilstoreError, match="cannot tell the corpus format of notes.txt"):
+        format_for_path("notes.txt")
+
+
+# --- SQuAD ---
+
+
+def test_squad_dev_gives_every_paragraph(shared_data: Path) -> None:
+    documents, rejected, skipped = by_kind(read_squad(shared_data / "squad" / "dev-v1.1.json"))
+    assert len(documents) == 2067
+    assert rejected == skipped == []
+    assert len({d.id for d in documents}) == 2067
+    assert len({d.title for d in documents}) == 48
+    first = documents[0]
+    assert (first.id, first.title, first.line) == ("Super_Bowl_50#p0", "Super Bowl 50", None)
+    assert first.text.startswith("Super Bowl 50 was an American football game")
+
+
+def test_squad_malformed_files_and_paragraphs(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"data": [\n  {"title": "A",\n   "paragraphs": [}\n]}')
+    assert [(r.line_or_id, r.reason.split(":")[0]) for r in read_squad(broken)] == [(3, "bad JSON")]
+
+    not_utf8 = tmp_path / "latin1.json"
+    not_utf8.write_bytes(b'{"data": [\n{"title": "caf\xe9"}]}')
+    assert list(read_squad(not_utf8)) == [Rejected(str(not_utf8), 2, "invalid UTF-8 at byte 25 of the file")]
+
+    no_data = tmp_path / "no-data.json"
+    no_data.write_text('{"version": "1.1"}')
+    assert list(read_squad(no_data)) == [Rejected(str(no_data), 1, "not a SQuAD file: no 'data' list of articles")]
+
+    partial = tmp_path / "partial.json"
+    paragraphs = [{"context": "first paragraph"}, {"qas": []}, {"context": ""}, {"context": "fourth"}]
+    partial.write_text(json.dumps({"data": [{"paragraphs": []}, {"title": "T_x", "paragraphs": paragraphs}]}))
+    documents, rejected, _ = by_kind(read_squad(partial))
+    assert [(d.id, d.title) for d in documents] == [("T_x#p0", "T x"), ("T_x#p3", "T x")]
+    assert [(r.line_or_id, r.reason) for r in rejected] == [
+        ("article 0", "bad record: article without a title"),
+        ("T_x#p1", "bad record: paragraph without a 'context' string"),
+        ("T_x#p2", "empty text"),
+    ]
+
+
+# --- MS MARCO and JSONL on the real passages ---
+
+
+def test_jsonl_pool_gives_all_30005_passages(shared_data: Path) -> None:
+    documents, rejected, _ = by_kind(read_corpus(shared_data / "msmarco" / "passages.dl19-dl20-pool.jsonl", "jsonl"))
+    assert len(documents) == 30005
+    assert rejected == []
+    assert len({d.id for d in documents}) == 30005
+    assert (documents[0].id, documents[0].title) == ("421", "")
+    assert documents[0].text.startswith("Wi-Fi or WiFi")
+
+
+def test_msmarco_tsv_from_real_passages_matches_jsonl(shared_data: Path, tmp_path: Path) -> None:
+    pool = shared_data / "msmarco" / "passages.dl19-dl20-pool.jsonl"
+    with pool.open(encoding="utf-8") as lines:
+        records = [json.loads(line) for line in itertools.islice(lines, 50)]
+    collection = tmp_path / "collection.tsv.gz"
+    with gzip.open(collection, "wt", encoding="utf-8") as out:
+        out.writelines(f"{r['id']}\t{r['contents']}\n" for r in records)
+    documents, rejected, _ = by_kind(read_corpus(collection, format_for_path(collection)))
+    assert rejected == []
+    assert [(d.id, d.text) for d in documents] == [(r["id"], r["contents"]) for r in records]
+    assert [d.line for d in documents] == list(range(1, 51))
+
+
+# --- Wikipedia ---
+
+
+@pytest.fixture(scope="module")
+def wikipedia_excerpt(shared_data: Path) -> list:
+    return list(read_wikipedia(shared_data / "wiki" / "enwiki-excerpt-206-pages.xml.bz2"))
+
+
+def test_wikipedia_excerpt_counts(wikipedia_excerpt: list) -> None:
+    documents, rejected, skipped = by_kind(wikipedia_excerpt)
+    assert len(documents) == 106
+    assert rejected == []
+    # 100 redirect pages: 99 articles' redirects and the one project page (namespace 4, itself a redirect).
+    assert Counter(s.reason for s in skipped) == {"redirect": 99, "namespace 4": 1}
+    assert [s.line_or_id for s in skipped if s.reason == "namespace 4"] == ["724"]
+    assert len({d.id for d in documents}) == 106
+    anarchism = documents[0]
+    assert (anarchism.id, anarchism.title, anarchism.line) == ("12", "Anarchism", None)
+    assert anarchism.text.startswith("Anarchism is a political philosophy that advocates self-governed societies")
+
+
+def test_wikipedia_text_has_no_markup_and_keeps_paragraphs(wikipedia_excerpt: list, shared_data: Path) -> None:
+    tables = list(read_wikipedia(shared_data / "wiki" / "enwiki-table-markup.xml.bz2"))
+    documents, rejected, _ = by_kind(wikipedia_excerpt + tables)
+    assert len(documents) == 111 and rejected == []
+    for document in documents:
+        left = [marker for marker in LEFTOVER_MARKUP if marker in document.text]
+        assert not left, f"{document.title}: leftover markup {left}"
+        assert "thumb|" not in document.text and "Category:" not in document.text
+    estonia = next(d for d in documents if d.title == "Economy of Estonia")
+    assert "wikitable" not in estonia.text and "|-" not in estonia.text
+    assert estonia.text.startswith("Estonian economy is an advanced economy")
+    assert estonia.text.count("\n\n") >= 10
+
+
+def write_dump(path: Path, pages: str) -> Path:
+    path.write_text(f'<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/">{pages}</mediawiki>')
+    return path
+
+
+def page(page_id: int, title: str, text: str, ns: int = 0, redirect: bool = False) -> str:
+    target = '<redirect title="Elsewhere" />' if redirect else ""
+    return (
+        f"<page><title>{title}</title><ns>{ns}</ns><id>{page_id}</id>{target}"
+        f"<revision><id>{page_id}00</id><text>{text}</text></revision></page>\n"
+    )
+
+
+def test_wikipedia_pages_skipped_rejected_and_kept(tmp_path: Path) -> None:
+    dump = write_dump(
+        tmp_path / "dump.xml",
+        page(1, "Kept", "'''Kept''' is [[prose|an article]].{{Infobox x}}\n\nSecond paragraph.")
+        + page(2, "Gone", "#REDIRECT [[Kept]]", redirect=True)
+        + page(3, "Talk:Kept", "A talk page.", ns=1)
+        + page(4, "Only templates", "{{Infobox a}}{{Navbox b}}[[Category:Things]]")
+        + page(5, "Big", "word " * 50),
+    )
+    records = list(read_wikipedia(dump, max_bytes=100))
+    assert records == [
+        Document("1", "Kept", "Kept is an article.\n\nSecond paragraph.", str(dump)),
+        Skipped(str(dump), "2", "redirect"),
+        Skipped(str(dump), "3", "namespace 1"),
+        Rejected(str(dump), "4", "empty text"),
+        Rejected(str(dump), "5", "document too large: text of 249 bytes (limit 100 bytes)"),
+    ]
+
+
+def test_wikipedia_raw_wikitext_then_conversion_equals_direct_reading(tmp_path: Path) -> None:
+    first = "'''One''' [[is]] {{here}} here."
+    dump = write_dump(
+        tmp_path / "dump.xml",
+        page(1, "One", first) + page(2, "Two", "{{only a template}}") + page(3, "Three", "") + page(4, "Four", "x" * 200),
+    )
+    raw = list(read_wikipedia(dump, plain_text=False))
+    assert raw[0] == Document("1", "One", first, str(dump))
+    converted = [wikitext_document(r, max_bytes=100) if isinstance(r, Document) else r for r in raw]
+    assert converted == list(read_wikipedia(dump, max_bytes=100))
+    assert [r.reason.split(":")[0] for r in converted[1:]] == ["empty text", "empty text", "document too large"]
+
+
+def test_wikipedia_broken_xml_keeps_pages_before_the_error(tmp_path: Path) -> None:
+    good = page(1, "One", "First article text.")
+    truncated = tmp_path / "truncated.xml"
+    truncated.write_text(f"<mediawiki>\n{good}<page><title>Two</title>")
+    assert [type(r).__name__ for r in read_wikipedia(truncated)] == ["Document", "Rejected"]
+    assert list(read_wikipedia(truncated))[1].reason.startswith("bad XML: no element found")
+
+    invalid_utf8 = tmp_path / "invalid.xml"
+    latin1_page = page(2, "Two", "café").encode("latin-1")
+    invalid_utf8.write_bytes(f"<mediawiki>\n{good}".encode() + latin1_page + b"</mediawiki>")
+    records = list(read_wikipedia(invalid_utf8))
+    assert [type(r).__name__ for r in records] == ["Document", "Rejected"]
+    assert (records[1].line_or_id, records[1].reason.split(":")[0]) == (3, "bad XML")
+
+    compressed = bz2.compress(write_dump(tmp_path / "d.xml", good * 3).read_bytes())
+    cut = tmp_path / "cut.xml.bz2"
+    cut.write_bytes(compressed[: len(compressed) - 20])
+    records = list(read_wikipedia(cut))
+    assert isinstance(records[-1], Rejected)
+    assert records[-1].reason.startswith("truncated or corrupt file")
+
+
+def test_wikitext_to_text_keeps_prose_only() -> None:
+    wikitext = (
+        "{{Infobox person|name=X}}\n'''Ada''' was a [[mathematician|writer]] of [[England]].<ref>Cite</ref>"
+        " See [https://example.org the site].\n[[File:Ada.jpg|thumb|A portrait]]\n\n"
+        "== Life ==\nShe worked on the [[Analytical Engine]]&nbsp;design.<!-- hidden -->\n\n"
+        '{| class="wikitable"\n|-\n| cell || cell\n|}\n'
+        "* one item\n* another item\n\n"
+        "__NOTOC__[[Category:Mathematicians]]\n[[fr:Ada Lovelace]]"
+    )
+    assert wikitext_to_text(wikitext) == (
+        "Ada was a writer of England. See the site.\n\nShe worked on the Analytical Engine design.\n\none item another item"
+    )
+
+
+# --- the embedded default corpus ---
+
+
+def test_default_corpus_reads_cleanly() -> None:
+    path = default_corpus_path()
+    documents, rejected, _ = by_kind(read_corpus(path, DEFAULT_CORPUS_FORMAT))
+    assert rejected == []
+    assert len(documents) == 459 == len({d.id for d in documents})
+    assert {d.id.rpartition("#p")[0] for d in documents} == set(ARTICLES)
+    assert 250_000 < sum(len(d.text.encode()) for d in documents) < 500_000
+    assert (path.parent / "README.md").read_text().count("CC BY-SA 4.0") >= 1
+
+
+def test_default_corpus_rebuilds_from_squad_dev(shared_data: Path) -> None:
+    with gzip.open(default_corpus_path(), "rt", encoding="utf-8") as shipped:
+        assert corpus_lines(shared_data / "squad" / "dev-v1.1.json") == shipped.read().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ('{"id": "a", "text": "x \\ud800 y"}', "invalid text: text holds a lone surrogate U+D800 at character 3"),
+        ('{"id": "b\\udfff", "text": "fine"}', "invalid text: id holds a lone surrogate U+DFFF at character 2"),
+        ('{"id": "c", "title": "\\udc00", "contents": "fine"}', "invalid text: title holds a lone surrogate U+DC00 at character 1"),
+    ],
+)
+def test_lone_surrogates_are_rejected_not_raised(tmp_path: Path, line: str, reason: str) -> None:
+    """JSON may escape half a surrogate pair; such a field cannot be written as UTF-8, so the record is a dead letter."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(line + '\n{"id": "ok", "text": "kept"}\n', encoding="utf-8")
+    documents, rejected, _ = by_kind(read_corpus(corpus, "jsonl"))
+    assert [(r.line_or_id, r.reason) for r in rejected] == [(1, reason)]
+    assert [d.id for d in documents] == ["ok"]
+
+
+def test_real_files_fit_their_format_and_no_other(shared_data: Path, tmp_path: Path) -> None:
+    """check_format passes every real corpus under its own format and refuses it under the others."""
+    tsv = tmp_path / "collection.tsv.gz"
+    with gzip.open(tsv, "wt", encoding="utf-8") as out:
+        out.write("7\tA passage of MS MARCO.\n")
+    files = {
+        "jsonl": shared_data / "msmarco" / "passages.dl19-dl20-pool.jsonl",
+        "squad": shared_data / "squad" / "dev-v1.1.json",
+        "wikipedia": shared_data / "wiki" / "enwiki-excerpt-206-pages.xml.bz2",
+        "msmarco": tsv,
+    }
+    for format, path in files.items():
+        check_format(path, format)
+        check_format(default_corpus_path(), DEFAULT_CORPUS_FORMAT)
+        for other in {"msmarco", "wikipedia"} - {format}:
+            with pytest.raises(DilstoreError, match=f"--format {other} does not fit"):
+                check_format(path, other)
+
+
+def test_an_empty_file_fits_any_format(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"\n\n")
+    for format in FORMATS:
+        check_format(empty, format)

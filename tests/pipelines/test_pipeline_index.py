@@ -1,0 +1,59 @@
+"""`dilstore index STORE`: a pyserini BM25 index over the store's passage collection, with the store's ids.
+
+Indexing and searching each run in their own process (the JVM is started
+there and never forked), as users run them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dilstore.runners import cli
+from dilstore.storage.verify import verify_store
+from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, save_tiny_reader, store_contents, write_jsonl
+
+DOCUMENTS = [
+    {"id": "rhine", "title": "Rhine", "text": "The Rhine flows from the Swiss Alps to the North Sea through Germany."},
+    {"id": "oxygen", "title": "Oxygen", "text": "Oxygen is a chemical element with symbol O and atomic number 8."},
+    {"id": "normans", "title": "Normans", "text": "The Normans gave their name to Normandy, a region in France."},
+]
+SEARCH = """
+import json, sys
+from pathlib import Path
+from dilstore.reader.retrieval import Bm25Searcher
+hits = Bm25Searcher(Path(sys.argv[1])).search(sys.argv[2], k=3)
+print(json.dumps([hit.passage_id for hit in hits]))
+"""
+
+
+@pytest.mark.slow
+def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", DOCUMENTS)
+    store = tmp_path / "store"
+    model = save_tiny_reader(tmp_path / "tiny")
+    assert cli.main(["precompute", "--input", str(corpus), "--output", str(store), "--model", str(model),
+                     "--workers", "1", "--shards", "2", "--max-length", "48", "--no-progress"]) == 0
+    indexed = dilstore_command(["index", str(store), "--json"])
+    assert indexed.returncode == 0, indexed.stderr
+    result = json.loads(indexed.stdout)
+    assert result["index"] == str(store / "bm25") and result["files"] == 2
+    found = subprocess.run([sys.executable, "-c", SEARCH, str(store / "bm25"), "atomic number of oxygen"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert found.returncode == 0, found.stderr
+    hits = json.loads(found.stdout.strip().splitlines()[-1])
+    assert hits[0] == "oxygen#0" and set(hits) <= set(store_contents(store))
+    report = verify_store(store)
+    assert report.ok and report.untracked and all(name.startswith("bm25/") for name in report.untracked)
+
+
+def test_index_refuses_a_folder_that_is_not_a_precomputed_store(tmp_path: Path, capsys) -> None:
+    assert cli.main(["index", str(tmp_path / "missing")]) == 2
+    assert "no store at" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["index", str(tmp_path / "empty")]) == 2
+    assert "has no passage collection" in capsys.readouterr().err

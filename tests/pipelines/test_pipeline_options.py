@@ -1,0 +1,135 @@
+"""Runner choice and Beam options: local defaults, Dataflow and Flink flags, refusals, and graph construction.
+
+Neither Dataflow nor Flink is reachable here, so these tests stop at what can
+be checked offline: the assembled PipelineOptions carry the right values and
+the whole precompute graph builds for those runners and serialises to the
+portable Runner API (which is what gets submitted to a service).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from dilstore.pipelines.job import PrecomputeJob
+from dilstore.pipelines.options import (
+    DASK_RUNNER,
+    LocalDefaults,
+    assemble_beam_flags,
+    canonical_runner,
+    pipeline_options,
+)
+from dilstore.pipelines.precompute import build_pipeline
+from dilstore.pipelines.routing import ReadTask
+from dilstore.reader.batching import BatchPolicy
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import Fingerprint
+
+DATAFLOW_ARGS = ["--project", "p", "--region", "r", "--temp_location", "gs://b/tmp", "--setup_file", "./pyproject.toml"]
+# Beam validates names when a Dataflow pipeline object is made: a real-looking project and bucket.
+DATAFLOW_BUILD_ARGS = ["--project", "dilstore-demo", "--region", "europe-west4", "--temp_location",
+                       "gs://dilstore-demo-bucket/tmp", "--setup_file", "./pyproject.toml"]
+FLINK_ARGS = ["--flink_master", "host:8081", "--environment_type", "LOOPBACK"]
+
+
+def job(tmp_path: Path, runner: str) -> PrecomputeJob:
+    fingerprint = Fingerprint("bert", "c" * 64, "w" * 64, "t" * 64, "dilbert", 3, "fp16", 384)
+    return PrecomputeJob(
+        inputs=(ReadTask(str(tmp_path / "corpus.jsonl"), "jsonl"),),
+        store=str(tmp_path / "store"),
+        strategy="words",
+        num_shards=4,
+        max_length=384,
+        model="/models/reader",
+        fingerprint=fingerprint,
+        policy=BatchPolicy(),
+        threads=1,
+        runner=runner,
+        started_at=time.time(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "runner"),
+    [("direct", "DirectRunner"), ("DirectRunner", "DirectRunner"), ("dask", DASK_RUNNER),
+     ("Dataflow", "DataflowRunner"), ("FlinkRunner", "FlinkRunner"), ("portable", "PortableRunner")],
+)
+def test_runner_names_resolve(name: str, runner: str) -> None:
+    assert canonical_runner(name) == runner
+
+
+def test_an_unknown_runner_is_refused() -> None:
+    with pytest.raises(DilstoreError, match="unknown runner 'sparkle'"):
+        canonical_runner("sparkle")
+
+
+def test_the_direct_runner_defaults_to_multi_processing_with_n_workers() -> None:
+    values = pipeline_options(assemble_beam_flags("DirectRunner", [], LocalDefaults(workers=3))).get_all_options()
+    assert (values["direct_num_workers"], values["direct_running_mode"]) == (3, "multi_processing")
+    one = pipeline_options(assemble_beam_flags("DirectRunner", [], LocalDefaults(workers=1))).get_all_options()
+    assert one["direct_running_mode"] == "in_memory"
+    mine = ["--direct_running_mode", "multi_threading", "--direct_num_workers=5"]
+    chosen = pipeline_options(assemble_beam_flags("DirectRunner", mine, LocalDefaults(workers=3))).get_all_options()
+    assert (chosen["direct_num_workers"], chosen["direct_running_mode"]) == (5, "multi_threading")
+
+
+def test_dask_gets_the_launchers_cluster_and_one_partition_per_shard() -> None:
+    defaults = LocalDefaults(workers=2, dask_address="tcp://127.0.0.1:8786", dask_partitions=8)
+    values = pipeline_options(assemble_beam_flags(DASK_RUNNER, [], defaults)).get_all_options()
+    assert (values["address"], values["npartitions"]) == ("tcp://127.0.0.1:8786", 8)
+
+
+def test_dataflow_options_are_assembled_and_the_graph_constructs(tmp_path: Path) -> None:
+    flags = assemble_beam_flags("DataflowRunner", DATAFLOW_ARGS, LocalDefaults(workers=4))
+    options = pipeline_options(flags)
+    values = options.get_all_options(drop_default=True)
+    assert values == {"runner": "DataflowRunner", "project": "p", "region": "r", "temp_location": "gs://b/tmp",
+                      "setup_file": "./pyproject.toml"}
+    with pytest.raises(DilstoreError, match="Invalid Project ID"):
+        build_pipeline(job(tmp_path, "DataflowRunner"), options)
+    buildable = pipeline_options(assemble_beam_flags("DataflowRunner", DATAFLOW_BUILD_ARGS, LocalDefaults()))
+    pipeline = build_pipeline(job(tmp_path, "DataflowRunner"), buildable)
+    assert type(pipeline.runner).__name__ == "DataflowRunner"
+    labels = {transform.unique_name for transform in pipeline.to_runner_api().components.transforms.values()}
+    assert {"Precompute/Read", "Precompute/Route", "Precompute/GroupByShard", "Precompute/WriteGroups",
+            "Precompute/Finish"} <= labels
+
+
+def test_flink_options_are_assembled_and_the_graph_constructs(tmp_path: Path) -> None:
+    options = pipeline_options(assemble_beam_flags("FlinkRunner", FLINK_ARGS, LocalDefaults(workers=4)))
+    values = options.get_all_options(drop_default=True)
+    assert values == {"runner": "FlinkRunner", "flink_master": "host:8081", "environment_type": "LOOPBACK"}
+    pipeline = build_pipeline(job(tmp_path, "FlinkRunner"), options)
+    assert type(pipeline.runner).__name__ == "FlinkRunner"
+    assert len(pipeline.to_runner_api().components.transforms) > 10
+
+
+@pytest.mark.parametrize(
+    ("runner", "args", "message"),
+    [
+        ("DirectRunner", ["--bogus_option", "1"], "unknown Beam option.*--bogus_option"),
+        ("DataflowRunner", ["--project", "p", "--setup_file", "./pyproject.toml"], "needs --region, --temp_location"),
+        ("DataflowRunner", ["--project", "p", "--region", "r", "--temp_location", "gs://b/t"], "ship dilstore"),
+        ("FlinkRunner", ["--flink_master", "host:8081", "--environment_type", "DOCKER"], "ship dilstore"),
+    ],
+)
+def test_options_that_cannot_work_are_refused(runner: str, args: list[str], message: str) -> None:
+    with pytest.raises(DilstoreError, match=message):
+        pipeline_options(assemble_beam_flags(runner, args, LocalDefaults()))
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--output", "gs://bucket/store"), ("--output", "s3://bucket/store"), ("--input", "gs://bucket/corpus.jsonl")],
+)
+def test_object_storage_urls_are_refused_before_anything_is_written(
+    flag: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dilstore.runners.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["precompute", flag, value]) == 2
+    assert "URLs are not supported by `dilstore precompute`" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

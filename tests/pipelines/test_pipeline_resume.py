@@ -1,0 +1,109 @@
+"""A precompute run killed with SIGKILL can be re-run to completion: nothing lost, nothing duplicated.
+
+`dilstore precompute` runs in its own process group and is SIGKILLed (the
+whole group, as a crash would) once right after its first shard commits and
+once at a seeded random early moment. Re-running the same command must give
+a store with exactly the passages, token ids and states of a clean run, that
+`verify` accepts, and the first re-run must reuse the shards that were
+already committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dilstore.pipelines.job import SUMMARY_FILE
+from dilstore.runners import cli
+from dilstore.storage.format import MANIFEST_FILE, TMP_PREFIX
+from dilstore.storage.verify import verify_store
+from tests.fixtures.pipeline_fixtures import ROOT, save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+
+SHARDS = 12
+SEED = 20240601
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(tiny model, corpus with one bad line, a clean reference store)."""
+    folder = tmp_path_factory.mktemp("resume")
+    model = save_tiny_reader(folder / "tiny")
+    corpus = write_jsonl(folder / "corpus.jsonl", wiki_like_documents(160))
+    with corpus.open("a", encoding="utf-8") as stream:
+        stream.write('{"id": "broken", "text": \n')
+    reference = folder / "reference"
+    assert cli.main(arguments(model, corpus, reference)) == 0
+    return model, corpus, reference
+
+
+def arguments(model: Path, corpus: Path, store: Path) -> list[str]:
+    return ["precompute", "--input", str(corpus), "--output", str(store), "--model", str(model), "--workers", "1",
+            "--threads", "1", "--shards", str(SHARDS), "--max-length", "48", "--encoding", "int8", "--no-progress"]
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen:
+    """`dilstore ARGS` in a new process group (so that SIGKILL reaches every process it started)."""
+    with log.open("wb") as output:
+        return subprocess.Popen([sys.executable, "-m", "dilstore.runners.cli", *args], cwd=ROOT, stdout=output,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    with_group = process.poll() is None
+    if with_group:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+
+
+def committed(store: Path) -> int:
+    return len(list((store / "passages" / "meta").glob("part-*.json")))
+
+
+def assert_same_store(store: Path, reference: Path) -> None:
+    assert verify_store(store).ok, verify_store(store).problems
+    mine, theirs = store_contents(store), store_contents(reference)
+    assert sorted(mine) == sorted(theirs)
+    for passage_id, values in mine.items():
+        for left, right in zip(values, theirs[passage_id], strict=True):
+            assert np.array_equal(left, right) if isinstance(left, np.ndarray) else left == right
+    for folder in ("passages", "rejected"):
+        files = sorted(path.relative_to(reference) for path in (reference / folder).rglob("*") if path.is_file())
+        assert files == sorted(path.relative_to(store) for path in (store / folder).rglob("*") if path.is_file())
+        assert all((store / name).read_bytes() == (reference / name).read_bytes() for name in files)
+    assert not [path for path in store.rglob(f"{TMP_PREFIX}*")], "no temporary shard may survive finalize"
+
+
+@pytest.mark.slow
+def test_sigkill_after_the_first_shard_and_at_a_random_moment_then_rerun(setup, tmp_path: Path) -> None:
+    model, corpus, reference = setup
+    store = tmp_path / "killed-after-first-shard"
+    started = time.monotonic()
+    process = start(arguments(model, corpus, store), tmp_path / "first.log")
+    while committed(store) == 0 and process.poll() is None and time.monotonic() - started < 240:
+        time.sleep(0.005)
+    first_shard_seconds = time.monotonic() - started
+    kill_group(process)
+    assert not (store / MANIFEST_FILE).exists(), "the run finished before the kill; the corpus is too small"
+    kept = committed(store)
+    assert 1 <= kept < SHARDS
+    assert cli.main(arguments(model, corpus, store)) == 0
+    summary = json.loads((store / SUMMARY_FILE).read_text())
+    assert summary["shards_resumed"] >= kept
+    assert_same_store(store, reference)
+
+    delay = random.Random(SEED).uniform(0.3, 1.2) * first_shard_seconds
+    store = tmp_path / "killed-at-random"
+    process = start(arguments(model, corpus, store), tmp_path / "random.log")
+    time.sleep(delay)
+    kill_group(process)
+    assert cli.main(arguments(model, corpus, store)) == 0, f"re-run after a kill at {delay:.2f} s failed"
+    assert_same_store(store, reference)

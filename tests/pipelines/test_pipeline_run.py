@@ -1,0 +1,363 @@
+"""`dilstore precompute` end to end on the DirectRunner, with a tiny random reader.
+
+One run over a corpus with every kind of bad record checks the store, the
+passage table, the pyserini collection, the dead letters, the summary and the
+Beam metrics against each other and against the model run directly; a
+multi-processing run and a zstd-compressed run must give the same store; and
+the command's refusals exit 2 with a message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.metrics.metric import MetricsFilter
+
+from dilstore.pipelines.corpora import Document, read_corpus
+from dilstore.pipelines.finish import SUMMARY_KEYS
+from dilstore.pipelines.job import SPEC_FILE, SUMMARY_FILE, prepare_store, run_spec, spec_differences, spec_generation
+from dilstore.pipelines.options import LocalDefaults, assemble_beam_flags, pipeline_options
+from dilstore.pipelines.precompute import NAMESPACE, build_pipeline
+from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, route
+from dilstore.reader.batching import BatchPolicy
+from dilstore.reader.offline.encoding import cached_reader, encode_tokenized
+from dilstore.runners import cli
+from dilstore.runners.cmd_precompute import build_job, quiet_dask_logging
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.reader import open_store
+from dilstore.storage.verify import verify_store
+from dilstore.storage.writer import shard_generation
+from tests.fixtures.pipeline_fixtures import (
+    ROOT,
+    TINY_LAYERS,
+    save_tiny_reader,
+    store_contents,
+    wiki_like_documents,
+    write_jsonl,
+)
+
+MAX_LENGTH = 48
+SHARDS = 3
+GOOD_FIXTURE_IDS = {"d1", "d2", "10", "d12"}
+# Line of tests/data/bad-records.jsonl (plus the 10 MB document appended as line 13, and lone surrogates in
+# a text, an id and a title as lines 14-16) → words in its reason.
+BAD_LINES = {3: "bad JSON", 4: "missing id", 5: "duplicate id 'd1'", 6: "empty text", 7: "invalid UTF-8",
+             8: "bad record", 11: "bad record", 13: "too large", 14: "text holds a lone surrogate",
+             15: "id holds a lone surrogate", 16: "title holds a lone surrogate"}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_reader(tmp_path_factory.mktemp("tiny-reader"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Good wiki-like documents, then tests/data/bad-records.jsonl's lines, a 10 MB document and lone surrogates."""
+    folder = tmp_path_factory.mktemp("corpus")
+    good = write_jsonl(folder / "good.jsonl", wiki_like_documents(24))
+    bad = folder / "bad.jsonl"
+    shutil.copy(ROOT / "tests" / "data" / "bad-records.jsonl", bad)
+    with bad.open("a", encoding="utf-8") as stream:
+        stream.write(json.dumps({"id": "huge", "text": "word " * 2_100_000}) + "\n")
+        stream.write('{"id": "s1", "text": "half a pair \\ud800 here"}\n')
+        stream.write('{"id": "s\\udc00", "text": "a fine text"}\n')
+        stream.write('{"id": "s3", "title": "T\\ud800", "text": "a fine text"}\n')
+    return folder / good.name, bad
+
+
+def precompute_args(corpus: tuple[Path, Path], tiny_dir: Path, store: Path, *extra: str) -> list[str]:
+    good, bad = corpus
+    return ["precompute", "--input", str(good), "--input", str(bad), "--format", "jsonl", "--output", str(store),
+            "--model", str(tiny_dir), "--shards", str(SHARDS), "--max-length", str(MAX_LENGTH), "--threads", "1",
+            "--batch-tokens", "512", "--encoding", "fp32", *extra]
+
+
+@pytest.fixture(scope="module")
+def metered_run(tmp_path_factory: pytest.TempPathFactory, corpus, tiny_dir: Path):
+    """One in-process in-memory DirectRunner run; (store, summary, Beam metrics counters)."""
+    store = tmp_path_factory.mktemp("runs") / "in-memory"
+    args = cli.build_parser().parse_args(precompute_args(corpus, tiny_dir, store, "--workers", "1"))
+    job = build_job(args, time.time(), "DirectRunner", None)
+    assert prepare_store(Path(job.store), run_spec(job), overwrite=False) is False
+    options = pipeline_options(assemble_beam_flags("DirectRunner", [], LocalDefaults(workers=1)))
+    result = build_pipeline(job, options).run()
+    result.wait_until_finish()
+    counters = {
+        counter.key.metric.name: counter.committed
+        for counter in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
+    }
+    summary = json.loads((store / SUMMARY_FILE).read_text(encoding="utf-8"))
+    return store, summary, counters
+
+
+def expected_units(corpus, tiny_dir: Path):
+    """Every stored unit the corpus should give, tokenized and encoded directly (no Beam)."""
+    reader = cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
+    documents = {}
+    for path in corpus:
+        for record in read_corpus(path, "jsonl"):
+            if isinstance(record, Document):
+                documents.setdefault(record.id, record)
+    settings = RouteSettings(strategy="words", num_shards=SHARDS, max_length=MAX_LENGTH, kind="dilbert")
+    units = [value for doc in documents.values() for key, value in route(doc, settings, reader.tokenizer)
+             if key[0] == SHARD]
+    return documents, {record.id: record for record in encode_tokenized(reader, "dilbert", units, BatchPolicy())}
+
+
+def test_the_store_holds_every_good_passage_as_the_model_computes_it(metered_run, corpus, tiny_dir: Path) -> None:
+    store, summary, _ = metered_run
+    documents, expected = expected_units(corpus, tiny_dir)
+    assert GOOD_FIXTURE_IDS <= set(documents)
+    stored = store_contents(store)
+    assert sorted(stored) == sorted(expected)
+    for passage_id, (title, text, token_ids, spans, states) in stored.items():
+        record = expected[passage_id]
+        assert (title, text) == (record.title, record.text)
+        np.testing.assert_array_equal(token_ids, record.token_ids)
+        np.testing.assert_array_equal(spans, record.char_spans)
+        np.testing.assert_allclose(states, record.states, rtol=1e-5, atol=1e-5)
+    assert verify_store(store).ok
+
+
+def test_store_parquet_and_collection_hold_the_same_ids(metered_run) -> None:
+    store, _, _ = metered_run
+    table = pq.read_table(sorted((store / "passages").glob("part-*.parquet"))).to_pylist()
+    collection = [json.loads(line) for path in sorted((store / "passages" / "jsonl").glob("*.jsonl"))
+                  for line in path.read_text(encoding="utf-8").splitlines()]
+    stored = store_contents(store)
+    assert sorted(row["id"] for row in table) == sorted(row["id"] for row in collection) == sorted(stored)
+    for row in table:
+        assert (row["title"], row["text"]) == stored[row["id"]][:2]
+        assert row["id"].split("#")[0] == row["doc_id"]
+    assert all(row["contents"] == "\n".join(stored[row["id"]][:2]) for row in collection)
+
+
+def test_every_bad_record_is_dead_lettered_with_its_reason(metered_run, corpus) -> None:
+    store, summary, _ = metered_run
+    letters = [json.loads(line) for path in sorted((store / "rejected").glob("part-*.jsonl"))
+               for line in path.read_text(encoding="utf-8").splitlines()]
+    assert all(set(letter) == {"source", "line_or_id", "reason"} for letter in letters)
+    by_line = {letter["line_or_id"]: letter["reason"] for letter in letters if letter["source"] == str(corpus[1])}
+    assert set(by_line) == set(BAD_LINES)
+    for line, words in BAD_LINES.items():
+        assert words in by_line[line], (line, by_line[line])
+    assert summary["rejected"] == len(letters) == len(BAD_LINES)
+    stored_docs = {passage_id.split("#")[0] for passage_id in store_contents(store)}
+    assert GOOD_FIXTURE_IDS <= stored_docs and "huge" not in stored_docs
+
+
+def test_summary_and_beam_metrics_agree(metered_run) -> None:
+    store, summary, counters = metered_run
+    assert set(SUMMARY_KEYS) <= set(summary)
+    stored = store_contents(store)
+    assert summary["passages"] == len(stored) == counters["passages"]
+    assert summary["tokens"] == sum(len(value[2]) for value in stored.values()) == counters["tokens"]
+    assert summary["documents"] == 24 + len(GOOD_FIXTURE_IDS) == counters["documents"]
+    assert counters["documents_read"] == summary["documents"] + 1  # the duplicate d1 is read, then rejected
+    assert summary["rejected"] == counters["rejected"]
+    assert summary["shards"] == counters["shards_written"] == SHARDS
+    assert summary["bytes"] == counters["bytes_written"] > 0
+    assert summary["long_passages"] > 0 and summary["runner"] == "DirectRunner" and summary["seconds"] > 0
+
+
+def test_multi_processing_gives_the_same_store(metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys) -> None:
+    reference, summary, _ = metered_run
+    store = tmp_path / "multi"
+    assert cli.main([*precompute_args(corpus, tiny_dir, store, "--workers", "2"), "--json", "--no-progress"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["runner"] == "DirectRunner" and printed["passages"] == summary["passages"]
+    options = json.loads((store / "manifest.json").read_text())["creation"]["command"]
+    assert "--workers 2" in options
+    mine, theirs = store_contents(store), store_contents(reference)
+    assert sorted(mine) == sorted(theirs)
+    for passage_id, values in mine.items():
+        for left, right in zip(values, theirs[passage_id], strict=True):
+            assert np.array_equal(left, right) if isinstance(left, np.ndarray) else left == right
+    # Which dead-letter part a record lands in hashes its source path (a temporary folder here), so compare them all.
+    rejected = sorted(f"rejected/{path.name}" for path in (reference / "rejected").glob("*.jsonl"))
+    assert rejected and rejected == sorted(f"rejected/{path.name}" for path in (store / "rejected").glob("*.jsonl"))
+    same_files = ["passages/part-00000.parquet", "passages/jsonl/part-00001.jsonl", *rejected]
+    for name in same_files:
+        assert (store / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+def test_a_zstd_store_holds_the_same_passages_verifies_and_says_so(
+    metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys
+) -> None:
+    reference, _, _ = metered_run
+    store = tmp_path / "zstd"
+    zstd = precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress", "--compression", "zstd")
+    assert cli.main(zstd) == 0
+    mine, theirs = store_contents(store), store_contents(reference)
+    assert sorted(mine) == sorted(theirs)
+    for passage_id, values in mine.items():
+        for left, right in zip(values, theirs[passage_id], strict=True):
+            assert np.array_equal(left, right) if isinstance(left, np.ndarray) else left == right
+    with pytest.raises(DilstoreError, match="compressed with zstd"):
+        open_store(store, read_path="mmap")
+    capsys.readouterr()
+    assert cli.main(["verify", str(store)]) == 0
+    assert capsys.readouterr().out.endswith("OK\n")
+    assert cli.main(["info", "--json", str(store)]) == 0
+    assert json.loads(capsys.readouterr().out)["compressor"] == "zstd"
+    assert json.loads((reference / "manifest.json").read_text())["compressor"] is None
+    uncompressed = precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress")
+    assert cli.main(uncompressed) == 2
+    assert "differs in: compression" in capsys.readouterr().err
+
+
+def test_a_rerun_of_a_complete_store_changes_nothing(metered_run, corpus, tiny_dir: Path, capsys) -> None:
+    store, _, _ = metered_run
+    manifest = (store / "manifest.json").read_bytes()
+    assert cli.main(precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress")) == 0
+    assert "already complete" in capsys.readouterr().err
+    assert (store / "manifest.json").read_bytes() == manifest
+
+
+def test_the_progress_bar_shows_passages_per_second(corpus, tiny_dir: Path, tmp_path: Path, capsys) -> None:
+    good, _ = corpus
+    args = ["precompute", "--input", str(good), "--output", str(tmp_path / "s"), "--model", str(tiny_dir),
+            "--shards", "2", "--max-length", str(MAX_LENGTH), "--workers", "1"]
+    assert cli.main(args) == 0
+    captured = capsys.readouterr()
+    passages = json.loads((tmp_path / "s" / SUMMARY_FILE).read_text())["passages"]
+    assert "passage/s" in captured.err and f"{passages}/{passages}" in captured.err
+    assert "precompute summary" in captured.out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--input", "/no/such/corpus.jsonl"], "input file not found"),
+        (["--input", "corpus.txt"], "cannot tell the corpus format"),
+        (["--kind", "earl-s1"], "holds a 'dilbert' checkpoint, which makes dilbert stores; earl-s1 stores need"),
+        (["--bogus_beam_flag", "1"], "unknown Beam option"),
+        (["--runner", "sparkle"], "unknown runner"),
+        (["--max-length", "4096"], "exceeds the model's"),
+    ],
+)
+def test_user_errors_exit_2_with_a_message(tiny_dir: Path, tmp_path: Path, capsys, extra, message) -> None:
+    (tmp_path / "corpus.txt").write_text("x\n")
+    args = ["precompute", "--model", str(tiny_dir), "--output", str(tmp_path / "s"), "--no-progress",
+            "--max-length", str(MAX_LENGTH), *extra]
+    if "--input" not in extra:
+        args += ["--input", str(write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2)))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dilstore precompute: error:") and message in err
+
+
+def test_an_unknown_format_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["precompute", "--format", "csv"])
+    assert exited.value.code == 2 and "invalid choice: 'csv'" in capsys.readouterr().err
+
+
+def test_help_shows_compression_and_no_machine_specific_worker_count(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["precompute", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exited.value.code == 0
+    assert "--compression {none,zstd,blosc}" in text and "(default none)" in text
+    assert "(default: the number of CPUs)" in text
+
+
+def test_dask_logging_stays_at_warning_after_distributed_is_imported() -> None:
+    quiet_dask_logging()
+    assert logging.getLogger("distributed.scheduler").getEffectiveLevel() == logging.WARNING
+
+
+def test_a_store_of_other_settings_is_not_overwritten_unless_asked(
+    metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys
+) -> None:
+    store, _, _ = metered_run
+    other = tmp_path / "other"
+    shutil.copytree(store, other)
+    paragraphs = precompute_args(corpus, tiny_dir, other, "--split", "paragraphs", "--no-progress", "--workers", "1")
+    assert cli.main(paragraphs) == 2
+    assert "differs in: split" in capsys.readouterr().err
+    assert cli.main([*paragraphs, "--overwrite"]) == 0
+    assert json.loads((other / SUMMARY_FILE).read_text())["split"] == "paragraphs"
+    assert verify_store(other).ok
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert cli.main(precompute_args(corpus, tiny_dir, foreign, "--no-progress")) == 2
+    assert "not made by `dilstore precompute`" in capsys.readouterr().err
+    assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_no_arguments_means_the_embedded_corpus_default_model_and_a_store_here(tmp_path: Path, capsys) -> None:
+    from dilstore.pipelines.default_corpus import default_corpus_path
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        args = cli.build_parser().parse_args(["precompute"])
+        job = build_job(args, time.time(), "DirectRunner", None)
+    assert [task.path for task in job.inputs] == [str(default_corpus_path())]
+    assert job.inputs[0].format == "jsonl" and job.store == str(tmp_path / "dilstore-store")
+    assert job.model.startswith("package:") and job.layers >= 1
+    assert (job.strategy, job.encoding, job.kind, job.max_length) == ("words", "fp16", "dilbert", 384)
+    if job.model == "package:base-model":
+        assert "using the base model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--input", "https://example.org/corpus.jsonl"], "--input https://example.org/corpus.jsonl: URLs are not"),
+        (["--input", "."], "is a directory; give the corpus files"),
+        (["--max-length", "1"], "--max-length 1 is too short"),
+        (["--layers", str(TINY_LAYERS + 1)], f"trained with k = {TINY_LAYERS}, not {TINY_LAYERS + 1}"),
+        (["--format", "msmarco"], "--format msmarco does not fit"),
+        (["--format", "wikipedia"], "wikipedia files hold XML, but it begins '{"),
+    ],
+)
+def test_bad_inputs_are_usage_errors_before_anything_is_written(
+    tiny_dir: Path, tmp_path: Path, capsys, extra: list[str], message: str
+) -> None:
+    """Each stops with exit 2 and one line naming the problem, and the store folder is never created."""
+    args = ["precompute", "--model", str(tiny_dir), "--output", str(tmp_path / "s"), "--no-progress", *extra]
+    if "--input" not in extra:
+        args += ["--input", str(write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2)))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_an_input_edited_in_place_is_a_new_spec(tmp_path: Path) -> None:
+    """Same size, new content: the spec differs by the modification time, so the store is not called complete."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2))
+    job = SimpleNamespace(inputs=[ReadTask(str(corpus), "jsonl")], strategy="words", num_shards=2,
+                          fingerprint=SimpleNamespace(to_dict=lambda: {}), compressor=None)  # fmt: skip
+    before = run_spec(job)
+    text = corpus.read_text(encoding="utf-8")
+    os.utime(corpus, ns=(before["inputs"][0]["mtime_ns"] + 10**9,) * 2)
+    corpus.write_text(text.replace("a", "b", 1), encoding="utf-8")
+    after = run_spec(job)
+    assert after["inputs"][0]["bytes"] == before["inputs"][0]["bytes"]
+    assert spec_differences(before, after) == ["inputs"]
+
+
+def test_the_store_records_the_generation_of_its_spec(metered_run) -> None:
+    """The manifest and every shard name the build: the hash of the run's spec file."""
+    store, _, _ = metered_run
+    spec = json.loads((store / SPEC_FILE).read_text(encoding="utf-8"))
+    manifest = json.loads((store / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["generation"] == spec_generation(spec)
+    assert {shard_generation(store, entry["index"]) for entry in manifest["shards"]} == {manifest["generation"]}

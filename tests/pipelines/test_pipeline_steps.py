@@ -1,0 +1,232 @@
+"""The pipeline's pure steps without Beam: shard keys, routing, the per-shard sink, counts, progress, run specs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dilstore.pipelines.corpora import Document, Rejected, Skipped
+from dilstore.pipelines.job import spec_differences
+from dilstore.pipelines.progress import passages_done, passages_planned, report_planned, report_progress
+from dilstore.pipelines.routing import COUNTS, REJECTED, SHARD, RouteSettings, pieces_of, route, shard_seeds
+from dilstore.pipelines.run_stats import RunStats, merge_stats
+from dilstore.pipelines.shard_sink import (
+    ShardSettings,
+    jsonl_path,
+    meta_path,
+    parquet_path,
+    rejected_path,
+    write_rejected_part,
+    write_shard_outputs,
+)
+from dilstore.pipelines.sharding import MIN_DEFAULT_SHARDS, default_shard_count, shard_of, stable_hash
+from dilstore.reader.batching import BatchPolicy
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.offline.encoding import cached_reader, encode_tokenized
+from dilstore.storage.finalize import finalize
+from dilstore.storage.format import SHARDS_DIR, shard_name
+from dilstore.storage.reader import open_store
+from tests.fixtures.pipeline_fixtures import TINY_LAYERS, save_tiny_reader
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):
+    return cached_reader(str(save_tiny_reader(tmp_path_factory.mktemp("tiny-reader"))), "dilbert", TINY_LAYERS)
+
+
+def document(doc_id: str, words: int, line: int | None = 1) -> Document:
+    return Document(id=doc_id, title=f"T {doc_id}", text=" ".join(WORDS[i % len(WORDS)] for i in range(words)),
+                    source="corpus.jsonl", line=line)
+
+
+def test_the_shard_key_is_the_same_in_another_process() -> None:
+    ids = ["doc#0", "doc#1", "Ünïcode#7", ""]
+    here = [stable_hash(passage_id) for passage_id in ids]
+    code = f"from pipelines.sharding import stable_hash; print([stable_hash(i) for i in {ids!r}])"
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "12345"}).stdout
+    assert json.loads(there) == here
+
+
+@given(passage_id=st.text(max_size=40), shards=st.integers(min_value=1, max_value=5000))
+def test_every_id_lands_in_one_shard_in_range(passage_id: str, shards: int) -> None:
+    assert 0 <= shard_of(passage_id, shards) < shards
+    assert shard_of(passage_id, shards) == shard_of(passage_id, shards)
+
+
+def test_default_shard_count_depends_on_input_size_only(tmp_path: Path) -> None:
+    small = tmp_path / "small.jsonl"
+    small.write_bytes(b"x" * 1000)
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b"x" * (40 << 20))
+    assert default_shard_count([small]) == MIN_DEFAULT_SHARDS
+    assert default_shard_count([big]) == 40
+    assert default_shard_count([big, big]) == 80
+    packed = tmp_path / "big.jsonl.gz"
+    packed.write_bytes(b"x" * (10 << 20))
+    assert default_shard_count([packed]) == 40
+
+
+def test_routing_sends_each_record_to_its_group(tiny) -> None:
+    settings = RouteSettings(strategy="words", num_shards=5, max_length=64, kind="dilbert")
+    dead = Rejected("corpus.jsonl", 3, "bad JSON")
+    assert list(route(dead, settings, tiny.tokenizer)) == [((REJECTED, stable_hash("corpus.jsonl\x003") % 5), dead)]
+    [(key, stats)] = route(Skipped("wiki.xml", "Redirect", "redirect"), settings, tiny.tokenizer)
+    assert key[0] == COUNTS and stats == RunStats(skipped=1)
+
+    routed = list(route(document("d1", 230), settings, tiny.tokenizer))
+    units = [(key, value) for key, value in routed if key[0] == SHARD]
+    assert [value.source_id for _, value in units] == ["d1#0", "d1#0", "d1#1", "d1#1", "d1#2", "d1#2", "d1#3", "d1#3"]
+    assert all(key == (SHARD, shard_of(value.id, 5)) for key, value in units)
+    [(key, stats)] = [(key, value) for key, value in routed if key[0] == COUNTS]
+    assert key == (COUNTS, shard_of("d1", 5)) and stats == RunStats(documents=1, long_passages=4)
+
+
+def test_a_document_that_yields_nothing_to_store_is_a_dead_letter(tiny) -> None:
+    empty = Document(id="short", title="", text="tiny", source="c.jsonl", line=9)
+    settings = RouteSettings(strategy="paragraphs", num_shards=3, max_length=64, kind="dilbert")
+    [(key, dead)] = route(empty, settings, tiny.tokenizer)
+    assert key[0] == REJECTED and dead.line_or_id == 9 and "no passage" in dead.reason
+    odd = Document(id="odd", title="", text="\u200b " * 40, source="c.jsonl", line=None)
+    routed = list(route(odd, RouteSettings("words", 3, 64, "dilbert"), tiny.tokenizer))
+    [reason] = [value.reason for key, value in routed if key[0] == REJECTED]
+    assert "no word pieces" in reason
+    assert not [key for key, _ in routed if key[0] in (SHARD, COUNTS)]
+
+
+@pytest.mark.parametrize(("doc_id", "refused"), [("a~1", True), ("a~12", True), ("a~0", False), ("a~", False),
+                                                 ("~1", False), ("a~1b", False), ("a#0~1", True)])
+def test_window_like_ids_are_dead_letters_under_split_none(tiny, doc_id: str, refused: bool) -> None:
+    """`a~1` could be the id of window 1 of a long document `a`, so --split none refuses it (and only it)."""
+    doc = Document(id=doc_id, title="", text="a few words", source="c.jsonl", line=4)
+    routed = list(route(doc, RouteSettings("none", 3, 64, "dilbert"), tiny.tokenizer))
+    dead = [value for key, value in routed if key[0] == REJECTED]
+    if refused:
+        assert len(routed) == 1 and dead[0].line_or_id == 4 and "has the form of a window id" in dead[0].reason
+    else:
+        assert not dead and [value.id for key, value in routed if key[0] == SHARD] == [doc_id]
+    words = list(route(doc, RouteSettings("words", 3, 64, "dilbert"), tiny.tokenizer))
+    assert not [key for key, _ in words if key[0] == REJECTED]
+
+
+def test_shard_groups_sort_by_id_and_drop_the_seed(tiny) -> None:
+    settings = RouteSettings(strategy="words", num_shards=1, max_length=64, kind="dilbert")
+    units = [value for doc in ("b", "a") for key, value in route(document(doc, 30), settings, tiny.tokenizer)
+             if key[0] == SHARD]
+    assert [piece.id for piece in pieces_of([None, *units])] == ["a#0", "b#0"]
+    assert shard_seeds(2) == [((SHARD, 0), None), ((SHARD, 1), None)]
+
+
+def shard_units(tiny, count: int = 6):
+    settings = RouteSettings(strategy="words", num_shards=1, max_length=64, kind="dilbert")
+    units = [value for number in range(count)
+             for key, value in route(document(f"doc{number}", 20 + 9 * number), settings, tiny.tokenizer)
+             if key[0] == SHARD]
+    return pieces_of(units)
+
+
+def test_the_shard_sink_writes_table_collection_shard_and_marker_then_resumes(tmp_path: Path, tiny) -> None:
+    settings = ShardSettings(store=str(tmp_path), kind="dilbert", encoding="fp16", policy=BatchPolicy(batch_tokens=64))
+    pieces = shard_units(tiny)
+    progress = []
+    stats = write_shard_outputs(settings, 2, pieces, lambda: tiny, progress.append)
+    assert (stats.passages, stats.tokens, stats.shards) == (len(pieces), sum(p.length for p in pieces), 1)
+    assert progress[-1] == len(pieces)
+    table = pq.read_table(parquet_path(tmp_path, 2)).to_pylist()
+    assert table == [{"id": p.id, "doc_id": p.doc_id, "title": p.title, "text": p.text} for p in pieces]
+    lines = [json.loads(line) for line in jsonl_path(tmp_path, 2).read_text(encoding="utf-8").splitlines()]
+    assert lines == [{"id": p.id, "contents": f"{p.title}\n{p.text}"} for p in pieces]
+    assert (tmp_path / SHARDS_DIR / shard_name(2)).is_dir()
+    assert RunStats.from_dict(json.loads(meta_path(tmp_path, 2).read_text())) == stats
+    assert stats.bytes == sum(f.stat().st_size for f in (tmp_path / SHARDS_DIR).rglob("*") if f.is_file()) + sum(
+        path.stat().st_size for path in (parquet_path(tmp_path, 2), jsonl_path(tmp_path, 2)))
+
+    def no_model():
+        raise AssertionError("a committed shard must not be encoded again")
+
+    resumed = write_shard_outputs(settings, 2, pieces, no_model)
+    assert resumed == RunStats(**{**stats.to_dict(), "shards_resumed": 1})
+
+
+def test_a_rewritten_shard_is_byte_identical(tmp_path: Path, tiny) -> None:
+    settings = ShardSettings(store=str(tmp_path), kind="dilbert", encoding="int8", policy=BatchPolicy())
+    pieces = shard_units(tiny, 4)
+    write_shard_outputs(settings, 0, pieces, lambda: tiny)
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    meta_path(tmp_path, 0).unlink()  # as if killed just before the commit marker
+    write_shard_outputs(settings, 0, pieces, lambda: tiny)
+    after = {p.relative_to(tmp_path): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    assert after == before
+
+
+def test_an_empty_shard_leaves_only_its_marker(tmp_path: Path) -> None:
+    settings = ShardSettings(store=str(tmp_path), kind="dilbert", encoding="fp16", policy=BatchPolicy())
+    stats = write_shard_outputs(settings, 7, [], lambda: pytest.fail("nothing to encode"))
+    assert stats == RunStats()
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()] == [
+        "passages/meta/part-00007.json"]
+
+
+def test_dead_letters_are_sorted_jsonl_with_source_line_and_reason(tmp_path: Path) -> None:
+    records = [Rejected("b.jsonl", 2, "empty text"), Rejected("a.jsonl", "x#1", "no passage"),
+               Rejected("a.jsonl", 10, "missing id"), Rejected("a.jsonl", 9, "bad JSON: ...")]
+    assert write_rejected_part(str(tmp_path), 3, records) == RunStats(rejected=4)
+    lines = [json.loads(line) for line in rejected_path(tmp_path, 3).read_text(encoding="utf-8").splitlines()]
+    assert lines == [
+        {"source": "a.jsonl", "line_or_id": 9, "reason": "bad JSON: ..."},
+        {"source": "a.jsonl", "line_or_id": 10, "reason": "missing id"},
+        {"source": "a.jsonl", "line_or_id": "x#1", "reason": "no passage"},
+        {"source": "b.jsonl", "line_or_id": 2, "reason": "empty text"},
+    ]
+
+
+counts = st.builds(RunStats, **{name: st.integers(0, 1000) for name in RunStats().to_dict()})
+
+
+@settings(max_examples=50)
+@given(parts=st.lists(counts, max_size=8), cut=st.integers(0, 8))
+def test_counts_merge_in_any_grouping(parts: list[RunStats], cut: int) -> None:
+    whole = merge_stats(parts)
+    assert merge_stats([merge_stats(parts[:cut]), merge_stats(parts[cut:])]) == whole
+    assert merge_stats(reversed(parts)) == whole
+    assert whole.passages == sum(part.passages for part in parts)
+
+
+def test_progress_files_add_up(tmp_path: Path) -> None:
+    report_progress(str(tmp_path), 0, 5)
+    report_progress(str(tmp_path), 1, 7)
+    report_progress(str(tmp_path), 0, 9)
+    report_planned(str(tmp_path), "bundle-a", 30)
+    report_planned(str(tmp_path), "bundle-b", 12)
+    assert (passages_done(tmp_path), passages_planned(tmp_path)) == (16, 42)
+    report_progress(None, 0, 5)  # remote runners: no folder, nothing written
+
+
+def test_spec_differences_name_what_changed() -> None:
+    spec = {"split": "words", "shards": 4, "fingerprint": {"layers": 3}}
+    assert spec_differences(spec, dict(spec)) == []
+    assert spec_differences(spec, {**spec, "shards": 5, "fingerprint": {"layers": 2}}) == ["fingerprint", "shards"]
+
+
+def test_states_survive_the_sink_for_every_encoding(tmp_path: Path, tiny) -> None:
+    pieces = shard_units(tiny, 3)
+    for encoding, tolerance in (("fp32", 0.0), ("fp16", 2e-3), ("int8", 0.05)):
+        store = tmp_path / encoding
+        settings = ShardSettings(store=str(store), kind="dilbert", encoding=encoding, policy=BatchPolicy())
+        write_shard_outputs(settings, 0, pieces, lambda: tiny)
+        finalize(store, model_fingerprint(tiny, "dilbert", encoding, 64))
+        expected = {record.id: record.states for record in encode_tokenized(tiny, "dilbert", pieces)}
+        with open_store(store) as opened:
+            for stored in opened.fetch(list(expected)):
+                scale = np.abs(expected[stored.id]).max()
+                assert np.abs(np.asarray(stored.states, np.float32) - expected[stored.id]).max() <= tolerance * scale

@@ -1,0 +1,167 @@
+"""evaluate-qa's logic over a tiny store with a stub searcher (no JVM): question files, EM/F1 for both μ, R."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dilstore.reader.evaluation.open_domain import (
+    QAQuestion,
+    answer_in_text,
+    evaluate_questions,
+    evaluate_top_ps,
+    load_questions,
+    select_questions,
+)
+from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths, normalize_answer
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.retrieval import Hit
+from dilstore.reader.serving.answers import aggregate
+from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.reader import open_store
+from tests.fixtures.odqa_fixtures import one_torch_thread, write_reader_checkpoint, write_store
+from tests.fixtures.qa_training_fixtures import write_squad
+
+
+class QueryKeyedSearcher:
+    """Hits chosen by a word of the query, with BM25-like scores; every other query gets `default`."""
+
+    def __init__(self, routes: dict[str, list[Hit]], default: list[Hit]) -> None:
+        self.routes, self.default = routes, default
+
+    def search(self, query: str, k: int) -> list[Hit]:
+        for word, hits in self.routes.items():
+            if word in query:
+                return hits[:k]
+        return self.default[:k]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_threaded() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def odqa(tmp_path_factory: pytest.TempPathFactory) -> OpenDomainReader:
+    root = tmp_path_factory.mktemp("odqa-eval")
+    model_dir = write_reader_checkpoint(root / "model")
+    write_store(root / "store", model_dir)
+    searcher = QueryKeyedSearcher(
+        {"tram": [Hit("tram#0", 9.0), Hit("curie#0", 1.0)], "Curie": [Hit("cafe#0", 3.0), Hit("kili#0", 2.5)]},
+        default=[Hit("kili#0", 4.0)],
+    )
+    model = DilBertReader.from_pretrained(model_dir)
+    return OpenDomainReader(model, open_store(root / "store"), searcher, OdqaSettings())
+
+
+QUESTIONS = [
+    QAQuestion("q1", "When did the tram network open?", ("1882",)),  # retrieved passages hold the answer
+    QAQuestion("q2", "When did Curie win the prize?", ("1911",)),  # retrieved passages do not
+    QAQuestion("q3", "How high is the mountain?", ("5,895 metres", "5895 metres")),  # recalled after normalising
+]
+
+
+def test_scores_both_mu_from_one_pass_and_match_the_official_metric(odqa: OpenDomainReader) -> None:
+    evaluation = evaluate_questions(odqa, QUESTIONS, top_p=2, mu=0.5, question_batch=2)
+    assert sorted(evaluation.scores) == [0.5, 1.0]
+    assert evaluation.recall == pytest.approx(100 * 2 / 3)
+    for mu, (em, f1_) in evaluation.scores.items():
+        expected_em = expected_f1 = 0.0
+        for question in QUESTIONS:
+            reading = odqa.retrieve_and_read([question.question], 2)[0]
+            prediction = aggregate(reading, mu, 1).text
+            assert evaluation.predictions[question.id][str(mu)] == prediction
+            expected_em += metric_max_over_ground_truths(exact_match, prediction, question.answers)
+            expected_f1 += metric_max_over_ground_truths(f1, prediction, question.answers)
+        assert em == pytest.approx(100 * expected_em / 3)
+        assert f1_ == pytest.approx(100 * expected_f1 / 3)
+    summary = evaluation.summary()
+    assert {"questions", "em", "f1", "recall", "top_p", "mu", "seconds"} <= set(summary)
+    assert (summary["questions"], summary["top_p"], summary["mu"]) == (3, 2, 0.5)
+    assert [row["mu"] for row in summary["by_mu"]] == [1.0, 0.5]
+    json.dumps(summary)
+
+
+def test_recall_depends_on_top_p(odqa: OpenDomainReader) -> None:
+    only_first = [QAQuestion("q", "Which tram?", ("Chemistry",))]  # in curie#0, the tram query's 2nd hit
+    assert evaluate_questions(odqa, only_first, top_p=1, mu=0.5).recall == 0.0
+    assert evaluate_questions(odqa, only_first, top_p=2, mu=0.5).recall == 100.0
+
+
+def test_several_top_p_from_one_reading_equal_separate_runs(odqa: OpenDomainReader) -> None:
+    together = evaluate_top_ps(odqa, QUESTIONS, top_ps=[1, 2], mu=0.5)
+    for top_p in (1, 2):
+        alone = evaluate_questions(odqa, QUESTIONS, top_p=top_p, mu=0.5)
+        assert together[top_p].predictions == alone.predictions
+        assert together[top_p].recall == alone.recall
+        for mu, scores in alone.scores.items():
+            assert together[top_p].scores[mu] == pytest.approx(scores)
+
+
+def test_a_refused_question_scores_zero_and_is_counted(odqa: OpenDomainReader) -> None:
+    questions = [QAQuestion("long", "tram " * 500, ("1882",)), QUESTIONS[0]]
+    evaluation = evaluate_questions(odqa, questions, top_p=2, mu=0.5)
+    assert evaluation.refused == 1
+    assert evaluation.predictions["long"] == {"1.0": "", "0.5": ""}
+    assert evaluation.recall == 50.0
+
+
+def test_reader_only_evaluation_scores_one_mu(odqa: OpenDomainReader) -> None:
+    evaluation = evaluate_questions(odqa, QUESTIONS[:1], top_p=2, mu=1.0)
+    assert list(evaluation.scores) == [1.0]
+    assert evaluation.em == evaluation.scores[1.0][0]
+
+
+@pytest.mark.parametrize(
+    "answer, text, found",
+    [
+        ("1882", "It opened in 1882.", True),
+        ("1", "It opened in 1882.", False),
+        ("The Nobel Prize", "won the nobel prize in 1911", True),
+        ("5,895 metres", "rises 5895 metres above", True),
+        ("the", "the tram", False),
+    ],
+)
+def test_answer_in_text_matches_whole_normalised_tokens(answer: str, text: str, found: bool) -> None:
+    assert answer_in_text(normalize_answer(answer), normalize_answer(text)) is found
+
+
+@given(words=st.lists(st.sampled_from(["tram", "open", "1882", "zurich", "net"]), min_size=1, max_size=8))
+def test_every_run_of_a_texts_words_is_found_in_it(words: list[str]) -> None:
+    text = " ".join(words)
+    for start in range(len(words)):
+        for end in range(start + 1, len(words) + 1):
+            assert answer_in_text(" ".join(words[start:end]), text)
+
+
+def test_loads_dpr_jsonl_and_squad_json(tmp_path) -> None:
+    jsonl = tmp_path / "questions.jsonl"
+    jsonl.write_text('{"question": "Who?", "answer": ["Ann", "Anne"]}\n\n{"question": "Where?", "answer": ["Bern"]}\n')
+    loaded = load_questions(jsonl)
+    assert [(q.question, q.answers) for q in loaded] == [("Who?", ("Ann", "Anne")), ("Where?", ("Bern",))]
+    assert loaded[1].id == "questions.jsonl:3"
+    squad = load_questions(write_squad(tmp_path / "dev.json"))
+    assert squad[0].id == "q-zurich-year" and squad[0].answers == ("1882",)
+
+
+def test_bad_question_files_name_the_line(tmp_path) -> None:
+    jsonl = tmp_path / "bad.jsonl"
+    jsonl.write_text('{"question": "Who?", "answer": ["Ann"]}\n{"question": "", "answer": ["x"]}\n')
+    with pytest.raises(DilstoreError, match="bad.jsonl:2"):
+        load_questions(jsonl)
+    with pytest.raises(DilstoreError, match="no such file"):
+        load_questions(tmp_path / "absent.json")
+
+
+def test_limit_takes_a_seeded_subset_in_file_order() -> None:
+    questions = [QAQuestion(str(i), f"q{i}", ("a",)) for i in range(50)]
+    chosen = select_questions(questions, 10, seed=3)
+    assert len(chosen) == 10 and chosen == select_questions(questions, 10, seed=3)
+    assert [int(q.id) for q in chosen] == sorted(int(q.id) for q in chosen)
+    assert select_questions(questions, 100, seed=0) == questions

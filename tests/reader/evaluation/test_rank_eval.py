@@ -1,0 +1,251 @@
+"""TREC topics/run/qrels I/O and `dilstore evaluate-rank`: hand-computed metrics, round trips, bad files, BM25 DL19."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import ir_measures
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dilstore.reader.data.trec import Run, rank_documents, read_qrels, read_run, read_topics, write_run
+from dilstore.reader.evaluation.rank_metrics import evaluate_run, relevance_level
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
+
+# Graded 0–3 like TREC DL, so RR and R count grade >= 2 as relevant.
+QRELS = """\
+q1 0 d1 3
+q1 0 d2 0
+q1 0 d3 2
+q1 0 d4 1
+q2 0 e1 1
+q2 0 e2 2
+q3 0 f1 3
+"""
+# q1: d2 d4 d3 x d1.  q2: e1, ten unjudged documents, then e2 at rank 12.  q3: absent.  q4: not judged.
+RUN = (
+    "q1 Q0 d2 1 4.0 t\nq1 Q0 d4 2 3.0 t\nq1 Q0 d3 3 2.0 t\nq1 Q0 x 4 1.0 t\nq1 Q0 d1 5 0.5 t\n"
+    + "q2 Q0 e1 1 20.0 t\n"
+    + "".join(f"q2 Q0 n{i} {i + 2} {19.0 - i} t\n" for i in range(10))
+    + "q2 Q0 e2 12 5.0 t\n"
+    + "q4 Q0 d1 1 1.0 t\n"
+)
+
+
+def dcg(gains: list[int]) -> float:
+    """Linear gain, log2(rank + 1) discount, as trec_eval computes it."""
+    return sum(gain / math.log2(rank + 1) for rank, gain in enumerate(gains, start=1))
+
+
+def expected_tiny() -> dict[str, float]:
+    """The tiny example's means, from the formulas (3 judged queries; q3 scores 0, q4 is ignored)."""
+    rr = {"q1": 1 / 3, "q2": 0.0}  # q1: first grade >= 2 is d3 at rank 3; q2: e2 at rank 12 is past the cutoff 10
+    ndcg = {
+        "q1": dcg([0, 1, 2, 0, 3]) / dcg([3, 2, 1, 0]),
+        "q2": dcg([1] + [0] * 9) / dcg([2, 1]),  # e2 falls outside the top 10
+    }
+    recall = {"q1": 2 / 2, "q2": 1 / 1}  # every grade >= 2 document is within the top 100
+    return {
+        "RR@10": sum(rr.values()) / 3,
+        "nDCG@10": sum(ndcg.values()) / 3,
+        "R@100": sum(recall.values()) / 3,
+    }
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> tuple[Path, Path]:
+    qrels, run = tmp_path / "qrels.txt", tmp_path / "run.trec"
+    qrels.write_text(QRELS)
+    run.write_text(RUN)
+    return qrels, run
+
+
+def test_tiny_example_matches_the_formulas(tiny: tuple[Path, Path]) -> None:
+    qrels, run = tiny
+    evaluation = evaluate_run(read_qrels(qrels), read_run(run))
+    expected = expected_tiny()
+    for name, value in expected.items():
+        assert evaluation.means[name] == pytest.approx(value, abs=1e-12), name
+    assert evaluation.relevance_level == 2
+    assert evaluation.queries == 3 and evaluation.unretrieved == ("q3",) and evaluation.unjudged == 1
+    assert evaluation.per_query["q3"] == {"RR@10": 0.0, "nDCG@10": 0.0, "R@100": 0.0}
+    assert set(evaluation.per_query) == {"q1", "q2", "q3"}
+
+
+def test_cli_json_and_table(tiny: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    qrels, run = tiny
+    assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == 1
+    summary = json.loads(out)
+    assert list(summary) == ["RR@10", "nDCG@10", "R@100", "queries"]
+    assert summary == {**{name: round(value, 4) for name, value in expected_tiny().items()}, "queries": 3}
+    assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "queries  3 (relevant for RR and R: grade >= 2)"
+    assert lines[4] == f"nDCG@10  {expected_tiny()['nDCG@10']:.4f}"
+    assert "1 judged query(ies) missing from the run, scored 0" in lines
+    assert "1 run query(ies) without judgements, ignored" in lines
+
+
+@pytest.mark.parametrize("grades, level", [((0, 1, 2, 3), 2), ((0, 1), 1), ((0, 1, 2), 1), ((0, 4), 1)])
+def test_relevance_level_is_two_only_for_0_to_3_grades(grades: tuple[int, ...], level: int) -> None:
+    assert relevance_level({"q": {f"d{grade}": grade for grade in grades}}) == level
+
+
+def test_ties_are_scored_in_the_order_they_are_written(tmp_path: Path) -> None:
+    """Binary qrels (level 1); a and b tie: both trec_eval and the written file put b first, so RR is 1/2."""
+    run = {"q": {"a": 1.0, "b": 1.0, "c": 0.5}}
+    assert [docid for docid, _ in rank_documents(run["q"])] == ["b", "a", "c"]
+    write_run(tmp_path / "run.trec", run)
+    assert [line.split()[2:4] for line in (tmp_path / "run.trec").read_text().splitlines()] == [
+        ["b", "1"], ["a", "2"], ["c", "3"]
+    ]  # fmt: skip
+    evaluation = evaluate_run({"q": {"a": 1, "c": 0}}, run)
+    assert evaluation.relevance_level == 1
+    assert evaluation.means["RR@10"] == 0.5
+    assert evaluation.means["nDCG@10"] == pytest.approx(1 / math.log2(3))
+
+
+def test_a_run_with_no_judged_query_or_empty_qrels_is_an_error() -> None:
+    with pytest.raises(DilstoreError, match="none of the run's 1 queries has judgements"):
+        evaluate_run({"q1": {"d": 1}}, {"q9": {"d": 1.0}})
+    with pytest.raises(DilstoreError, match="judge no documents"):
+        evaluate_run({}, {"q9": {"d": 1.0}})
+
+
+IDS = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp")), min_size=1, max_size=6)
+SCORES = st.one_of(st.sampled_from([0.0, 1.0, -2.5]), st.floats(allow_nan=False, allow_infinity=False))
+RUNS = st.dictionaries(IDS, st.dictionaries(IDS, SCORES, min_size=1, max_size=8), max_size=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(run=RUNS)
+def test_written_runs_read_back_with_the_same_ranking(run: Run, tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder = tmp_path_factory.mktemp("roundtrip")
+    path = folder / "run.trec"
+    write_run(path, run, tag="bm25")
+    assert read_run(path) == run and list(read_run(path)) == list(run)
+    assert [entry.name for entry in folder.iterdir()] == ["run.trec"]  # no temporary left behind
+    lines = [line.split() for line in path.read_text(encoding="utf-8").splitlines()]
+    for qid, scores in run.items():
+        rows = [row for row in lines if row[0] == qid]
+        assert [int(row[3]) for row in rows] == list(range(1, len(scores) + 1))
+        assert [row[2] for row in rows] == [docid for docid, _ in rank_documents(scores)]
+        written = [float(row[4]) for row in rows]
+        assert written == sorted(written, reverse=True)
+        assert all(row[1] == "Q0" and row[5] == "bm25" for row in rows)
+
+
+def test_write_run_replaces_atomically_and_refuses_unwritable_runs(tmp_path: Path) -> None:
+    path = tmp_path / "run.trec"
+    write_run(path, {"q": {"d": 1.0}})
+    write_run(path, {"q": {"e": 2.0}})
+    assert path.read_text() == "q Q0 e 1 2.0 dilstore\n"
+    for bad, fragment in [
+        ({"q": {"d e": 1.0}}, "docid 'd e' is empty or contains whitespace"),
+        ({"": {"d": 1.0}}, "qid '' is empty"),
+        ({"q": {"d": math.nan}}, "is not finite"),
+    ]:
+        with pytest.raises(DilstoreError, match=re.escape(fragment)):
+            write_run(path, bad)
+    with pytest.raises(DilstoreError, match="tag 'my run'"):
+        write_run(path, {"q": {"d": 1.0}}, tag="my run")
+    assert path.read_text() == "q Q0 e 1 2.0 dilstore\n"
+    with pytest.raises(DilstoreError, match="cannot write run to"):
+        write_run(tmp_path / "absent" / "run.trec", {"q": {"d": 1.0}})
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["run.trec"]
+
+
+def test_topics_keep_file_order(tmp_path: Path) -> None:
+    path = tmp_path / "topics.tsv"
+    path.write_text("2\tsecond query\n\n1\tfirst query\r\n")
+    assert list(read_topics(path).items()) == [("2", "second query"), ("1", "first query")]
+
+
+GOOD_RUN = "q1 Q0 d1 1 2.0 t\n"
+GOOD_QRELS = "q1 0 d1 1\n"
+BAD_RUNS = [
+    ("q1 Q0 d1 1 2.0\n", 1, "expected 6 whitespace-separated columns (qid Q0 docid rank score tag), found 5"),
+    (GOOD_RUN + "q1 Q0 d2 1 high t\n", 2, "score 'high' is not a number"),
+    (GOOD_RUN + "q1 Q0 d2 1 nan t\n", 2, "score 'nan' is not a finite number"),
+    (GOOD_RUN + "q1 Q0 d2 first 1.0 t\n", 2, "rank 'first' is not an integer"),
+    (GOOD_RUN + "\nq1 Q0 d1 2 1.0 t\n", 3, "docid 'd1' appears twice for qid 'q1'"),
+]
+BAD_QRELS = [
+    ("q1 0 d1\n", 1, "expected 4 whitespace-separated columns (qid 0 docid grade), found 3"),
+    (GOOD_QRELS + "q1 0 d2 1.5\n", 2, "grade '1.5' is not an integer"),
+    (GOOD_QRELS + "q1 0 d1 2\n", 2, "docid 'd1' is judged twice for qid 'q1'"),
+]
+BAD_TOPICS = [
+    ("1 no tab here\n", 1, "expected 2 tab-separated columns (qid, query), found 1"),
+    ("1\tfine\n\tno qid\n", 2, "empty qid"),
+    ("1\tfine\n2\t \n", 2, "empty query for qid '2'"),
+    ("1\tfine\n2\tother\n1\tagain\n", 3, "qid '1' appears twice (first on line 1)"),
+]
+READERS = {"run.trec": read_run, "qrels.txt": read_qrels, "topics.tsv": read_topics}
+BAD_LINES = (
+    [("run.trec", *case) for case in BAD_RUNS]
+    + [("qrels.txt", *case) for case in BAD_QRELS]
+    + [("topics.tsv", *case) for case in BAD_TOPICS]
+)
+
+
+@pytest.mark.parametrize("name, text, line, message", BAD_LINES)
+def test_bad_lines_name_file_line_and_problem(tmp_path: Path, name: str, text: str, line: int, message: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(DilstoreError, match=re.escape(f"{path}:{line}: {message}")):
+        READERS[name](path)
+
+
+@pytest.mark.parametrize("name", sorted(READERS))
+def test_invalid_utf8_missing_file_and_directory(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(b"q1\t\xff\n" if name == "topics.tsv" else b"q1 Q0 d\xff 1 1.0 t\n")
+    with pytest.raises(DilstoreError, match=re.escape(f"{path}:1: not UTF-8 text")):
+        READERS[name](path)
+    with pytest.raises(DilstoreError, match=re.escape(f"{tmp_path / 'absent'}: no such file")):
+        READERS[name](tmp_path / "absent")
+    with pytest.raises(DilstoreError, match="is a directory"):
+        READERS[name](tmp_path)
+
+
+@pytest.mark.parametrize(
+    "bad_file, text, line, message",
+    [("run", *case) for case in BAD_RUNS] + [("qrels", *case) for case in BAD_QRELS],
+)
+def test_cli_reports_bad_files_in_one_line_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad_file: str, text: str, line: int, message: str
+) -> None:
+    files = {"run": tmp_path / "run.trec", "qrels": tmp_path / "qrels.txt"}
+    files["run"].write_text(GOOD_RUN)
+    files["qrels"].write_text(GOOD_QRELS)
+    files[bad_file].write_text(text)
+    assert main(["evaluate-rank", "--qrels", str(files["qrels"]), "--run", str(files["run"])]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"dilstore evaluate-rank: error: {files[bad_file]}:{line}: {message}\n"
+
+
+@pytest.mark.shared_data
+def test_bm25_dl19_passage_reproduces_the_published_ndcg(
+    shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Anserini's BM25 run on TREC DL 2019 passage: nDCG@10 0.5058, its published figure."""
+    msmarco = shared_data / "msmarco"
+    qrels, run = msmarco / "qrels.dl19-passage.txt", msmarco / "run.dl19-passage.bm25-top100.trec"
+    assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["nDCG@10"] == 0.5058 and summary["queries"] == 43
+    library = ir_measures.calc_aggregate(
+        [ir_measures.nDCG @ 10, ir_measures.R(rel=2) @ 100], read_qrels(qrels), read_run(run)
+    )
+    assert summary["nDCG@10"] == round(library[ir_measures.nDCG @ 10], 4)
+    assert summary["R@100"] == round(library[ir_measures.R(rel=2) @ 100], 4)
+    assert set(read_topics(msmarco / "topics.dl19-passage.tsv")) == set(read_run(run))

@@ -1,0 +1,192 @@
+"""DilBert checkpoints: save/load round trips, k from metadata, and clear errors for bad directories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer
+
+from dilstore.reader.modeling.checkpoints import (
+    METADATA_FILE,
+    CheckpointMetadata,
+    base_model_dir,
+    read_metadata,
+    write_metadata,
+)
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.dilbert_tiny import TINY_CONFIGS, random_batch, tiny_model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(base_model_dir())
+
+
+@pytest.fixture(scope="module")
+def saved_bert(tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BERT reader with k=2 saved as a dilstore checkpoint."""
+    return DilBertReader(tiny_model("bert"), tokenizer, layers=2).save_pretrained(tmp_path_factory.mktemp("bert-k2"))
+
+
+@pytest.fixture(scope="module")
+def base_bert(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Path:
+    """A plain Hugging Face encoder directory (BertModel, no QA head, no dilstore.json)."""
+    from transformers import BertModel
+
+    directory = tmp_path_factory.mktemp("base-bert")
+    torch.manual_seed(0)
+    BertModel(TINY_CONFIGS["bert"]()).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def logits(reader: DilBertReader) -> tuple[torch.Tensor, torch.Tensor]:
+    batch = random_batch([(3, 8), (5, 2)])
+    with torch.no_grad():
+        return reader(batch.question_ids, batch.question_mask, batch.passage_ids, batch.passage_mask)
+
+
+@pytest.mark.parametrize("name", ["bert", "albert-grouped", "distilbert", "roberta"])
+def test_save_then_load_gives_the_same_reader(name: str, tokenizer, tmp_path: Path) -> None:
+    reader = DilBertReader(tiny_model(name), tokenizer, layers=1)
+    reader.save_pretrained(tmp_path)
+    loaded = DilBertReader.from_pretrained(tmp_path)
+    assert (loaded.layers, loaded.num_layers, loaded.hidden_size) == (1, reader.num_layers, 32)
+    assert loaded.kind == "dilbert" and loaded.tokenizer.sep_token_id == tokenizer.sep_token_id
+    assert not loaded.training and not loaded.model.training, "a loaded reader is in eval mode"
+    for before, after in zip(logits(reader), logits(loaded)):
+        assert torch.equal(before, after)
+
+
+def test_checkpoint_is_a_plain_hugging_face_directory_plus_dilstore_json(saved_bert: Path) -> None:
+    assert {"config.json", "model.safetensors", "tokenizer.json", METADATA_FILE} <= {p.name for p in saved_bert.iterdir()}
+    assert json.loads((saved_bert / METADATA_FILE).read_text()) == {
+        "architecture": "bert",
+        "format": 1,
+        "kind": "dilbert",
+        "layers": 2,
+        "num_layers": 3,
+    }
+    from transformers import AutoModelForQuestionAnswering
+
+    assert type(AutoModelForQuestionAnswering.from_pretrained(saved_bert)).__name__ == "BertForQuestionAnswering"
+
+
+def test_explicit_layers_override_the_metadata(saved_bert: Path) -> None:
+    assert DilBertReader.from_pretrained(saved_bert, layers=3).layers == 3
+
+
+def test_base_model_needs_explicit_layers(base_bert: Path) -> None:
+    with pytest.raises(DilstoreError, match=rf"{base_bert}.*without dilstore metadata.*layers"):
+        DilBertReader.from_pretrained(base_bert)
+    assert DilBertReader.from_pretrained(base_bert, layers=1).layers == 1
+
+
+def test_base_model_head_is_initialised_reproducibly(base_bert: Path) -> None:
+    """Two loads of a head-less base model agree, and loading leaves the caller's random stream alone."""
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    first = DilBertReader.from_pretrained(base_bert, layers=1)
+    after_load = torch.rand(1)
+    second = DilBertReader.from_pretrained(base_bert, layers=1)
+    assert torch.equal(first.model.qa_outputs.weight, second.model.qa_outputs.weight)
+    assert torch.equal(after_load, expected_next)
+
+
+def test_fp16_stored_weights_load_as_fp32(saved_bert: Path, tmp_path: Path) -> None:
+    """A checkpoint stored in fp16 (as the shipped default reader is) is upcast on load."""
+    for path in saved_bert.iterdir():
+        if path.suffix == ".safetensors":
+            half = {name: tensor.half() if tensor.is_floating_point() else tensor for name, tensor in load_file(path).items()}
+            save_file(half, tmp_path / path.name, metadata={"format": "pt"})
+        else:
+            (tmp_path / path.name).write_bytes(path.read_bytes())
+    reader = DilBertReader.from_pretrained(tmp_path)
+    assert {parameter.dtype for parameter in reader.parameters()} == {torch.float32}
+    original = DilBertReader.from_pretrained(saved_bert)
+    weight = original.model.bert.encoder.layer[0].attention.self.query.weight
+    assert torch.equal(reader.model.bert.encoder.layer[0].attention.self.query.weight, weight.half().float())
+
+
+@pytest.mark.parametrize("k", [-1, 4])
+def test_k_outside_0_to_l_is_refused_on_load(saved_bert: Path, k: int) -> None:
+    with pytest.raises(DilstoreError, match=r"0\.\.3 for this 3-layer bert model"):
+        DilBertReader.from_pretrained(saved_bert, layers=k)
+
+
+def copy_checkpoint(source: Path, destination: Path) -> Path:
+    for path in source.iterdir():
+        (destination / path.name).write_bytes(path.read_bytes())
+    return destination
+
+
+def test_missing_directory_is_named(tmp_path: Path) -> None:
+    with pytest.raises(DilstoreError, match=f"model directory not found: {tmp_path / 'nowhere'}"):
+        DilBertReader.from_pretrained(tmp_path / "nowhere")
+
+
+def test_directory_without_config_is_named(tmp_path: Path) -> None:
+    with pytest.raises(DilstoreError, match=f"{tmp_path} is not a Hugging Face checkpoint: it has no config.json"):
+        DilBertReader.from_pretrained(tmp_path, layers=1)
+
+
+@pytest.mark.parametrize(
+    ("file_name", "damage", "message"),
+    [
+        ("config.json", b"{not json", "cannot load a model from"),
+        ("model.safetensors", b"\x00\x01truncated", "cannot load a model from"),
+        (METADATA_FILE, b"[1, 2", "cannot read dilstore metadata"),
+        (METADATA_FILE, b'{"format": 99}', "unsupported format 99"),
+        (METADATA_FILE, b'{"format": 1, "kind": "dilbert"}', "missing field"),
+        (METADATA_FILE, b'{"format":1,"kind":"earl-s1","architecture":"bert","layers":1,"num_layers":3}', "'earl-s1'"),
+        (METADATA_FILE, b'{"format":1,"kind":"dilbert","architecture":"bert","layers":"2","num_layers":3}', "integer"),
+    ],
+)
+def test_corrupt_checkpoint_gives_a_clear_error(
+    saved_bert: Path, tmp_path: Path, file_name: str, damage: bytes, message: str
+) -> None:
+    directory = copy_checkpoint(saved_bert, tmp_path)
+    (directory / file_name).write_bytes(damage)
+    with pytest.raises(DilstoreError, match=message) as caught:
+        DilBertReader.from_pretrained(directory)
+    assert str(directory) in str(caught.value)
+
+
+def test_missing_weights_give_a_clear_error(saved_bert: Path, tmp_path: Path) -> None:
+    directory = copy_checkpoint(saved_bert, tmp_path)
+    (directory / "model.safetensors").unlink()
+    with pytest.raises(DilstoreError, match=f"cannot load a model from {directory}"):
+        DilBertReader.from_pretrained(directory)
+
+
+def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(DilstoreError, match="'gpt2' is not supported.*albert, bert, distilbert, roberta"):
+        DilBertReader.from_pretrained(tmp_path, layers=1)
+
+
+def test_base_model_dir_is_the_packaged_minilm() -> None:
+    config = json.loads((base_model_dir() / "config.json").read_text())
+    assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"]) == ("bert", 6, 384)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kind=st.text(min_size=1, max_size=12),
+    architecture=st.sampled_from(["bert", "albert", "distilbert", "roberta"]),
+    layers=st.integers(0, 48),
+    extra=st.integers(0, 48),
+)
+def test_metadata_round_trips(kind: str, architecture: str, layers: int, extra: int, tmp_path_factory) -> None:
+    directory = tmp_path_factory.mktemp("metadata")
+    metadata = CheckpointMetadata(kind=kind, architecture=architecture, layers=layers, num_layers=layers + extra)
+    write_metadata(directory, metadata)
+    assert read_metadata(directory) == metadata

@@ -1,0 +1,148 @@
+"""reader/offline/encoding.py without Beam: the long-passage rule, length buckets, batched encoding, the model cache."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dilstore.pipelines.passages import Passage
+from dilstore.reader.batching import BatchPolicy, length_batches
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.offline.encoding import (
+    TokenizedPassage,
+    cached_reader,
+    checked_reader,
+    encode_tokenized,
+    tokenize_passage,
+    window_id,
+)
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.pipeline_fixtures import TINY_LAYERS, save_tiny_reader
+
+TEXT = (
+    "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, "
+    "a region in France. They were descended from Norse raiders and pirates from Denmark, Iceland "
+    "and Norway who, under their leader Rollo, agreed to swear fealty to King Charles III."
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_reader(tmp_path_factory.mktemp("tiny-reader"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir: Path):
+    return cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
+
+
+def passage(text: str = TEXT, number: int = 0) -> Passage:
+    return Passage(id=f"normans#{number}", doc_id="normans", title="Normans", text=text)
+
+
+def test_a_short_passage_is_one_unit_ending_in_sep(tiny) -> None:
+    [piece] = tokenize_passage(tiny.tokenizer, passage(), max_length=384, kind="dilbert")
+    assert (piece.id, piece.source_id, piece.doc_id, piece.text) == ("normans#0", "normans#0", "normans", TEXT)
+    assert piece.tokens.token_ids[-1] == tiny.tokenizer.sep_token_id
+    assert tuple(piece.tokens.char_spans[-1]) == (-1, -1)
+
+
+@pytest.mark.parametrize("max_length", [8, 17, 40])
+def test_long_passages_become_windows_whose_spans_point_into_their_own_text(tiny, max_length: int) -> None:
+    pieces = tokenize_passage(tiny.tokenizer, passage(), max_length=max_length, kind="dilbert")
+    assert len(pieces) > 1
+    assert [piece.id for piece in pieces] == [window_id("normans#0", number) for number in range(len(pieces))]
+    assert pieces[0].id == "normans#0" and pieces[1].id == "normans#0~1"
+    assert TEXT.startswith(pieces[0].text) and TEXT.endswith(pieces[-1].text)
+    for piece in pieces:
+        assert piece.length <= max_length and piece.source_id == "normans#0"
+        assert piece.text in TEXT
+        spans = piece.tokens.char_spans[piece.tokens.is_text]
+        assert spans.min() == 0 and spans.max() == len(piece.text)
+        words = [piece.text[start:end] for start, end in spans]
+        pieces_text = tiny.tokenizer.convert_ids_to_tokens(piece.tokens.token_ids[piece.tokens.is_text].tolist())
+        for word, token in zip(words, pieces_text, strict=True):
+            assert word.lower() == token.removeprefix("##")
+
+
+def test_a_passage_without_word_pieces_is_an_error_for_the_caller_to_dead_letter(tiny) -> None:
+    with pytest.raises(DilstoreError, match="no word pieces"):
+        tokenize_passage(tiny.tokenizer, passage(text="\u200b\u200b"), max_length=64, kind="dilbert")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=300), max_size=60),
+    batch_tokens=st.integers(min_value=1, max_value=2000),
+    max_batch_size=st.integers(min_value=1, max_value=16),
+)
+def test_length_batches_cover_every_passage_once_within_the_limits(
+    lengths: list[int], batch_tokens: int, max_batch_size: int
+) -> None:
+    policy = BatchPolicy(batch_tokens=batch_tokens, max_batch_size=max_batch_size)
+    batches = length_batches(lengths, policy)
+    assert sorted(index for batch in batches for index in batch) == list(range(len(lengths)))
+    flat = [lengths[index] for batch in batches for index in batch]
+    assert flat == sorted(flat), "batches are length buckets: ascending length"
+    for batch in batches:
+        assert len(batch) <= max_batch_size
+        padded = len(batch) * max(lengths[index] for index in batch)
+        assert padded <= batch_tokens or len(batch) == 1
+    assert batches == length_batches(list(lengths), policy), "the same input gives the same batches"
+
+
+def test_batched_encoding_equals_one_passage_at_a_time(tiny) -> None:
+    texts = [TEXT[: 20 + 37 * number] for number in range(7)]
+    pieces = [
+        piece
+        for number, text in enumerate(texts)
+        for piece in tokenize_passage(tiny.tokenizer, passage(text, number), max_length=64, kind="dilbert")
+    ]
+    calls = []
+    records = encode_tokenized(tiny, "dilbert", pieces, BatchPolicy(batch_tokens=100, max_batch_size=3), calls.append)
+    assert [record.id for record in records] == [piece.id for piece in pieces]
+    assert calls == sorted(calls) and calls[-1] == len(pieces) and len(calls) > 1
+    for piece, record in zip(pieces, records, strict=True):
+        ids = torch.from_numpy(piece.tokens.token_ids.astype(np.int64))[None]  # (1, n)
+        with torch.inference_mode():
+            alone = tiny.encode_passages(ids, torch.ones_like(ids))[0].numpy()  # (n, d)
+        assert record.states.dtype == np.float32 and record.states.shape == (piece.length, tiny.hidden_size)
+        np.testing.assert_allclose(record.states, alone, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(record.token_ids, piece.tokens.token_ids)
+        np.testing.assert_array_equal(record.char_spans, piece.tokens.char_spans)
+        assert (record.title, record.text) == (piece.title, piece.text)
+
+
+def test_the_model_is_loaded_once_per_process_and_checked_against_the_run_fingerprint(tiny_dir: Path) -> None:
+    first = cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
+    assert cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS) is first
+    fingerprint = model_fingerprint(first, "dilbert", "fp16", 64)
+    assert checked_reader(str(tiny_dir), TINY_LAYERS, fingerprint) is first
+    other = replace(fingerprint, weights_sha256="0" * 64)
+    with pytest.raises(DilstoreError, match="does not match the fingerprint"):
+        checked_reader(str(tiny_dir), TINY_LAYERS, other)
+
+
+@pytest.mark.slow
+def test_the_real_minilm_encodes_a_few_passages_like_its_own_offline_half() -> None:
+    from dilstore.reader.offline.encoding import BASE_MODEL_REF
+
+    reader = cached_reader(BASE_MODEL_REF, "dilbert", 2)
+    texts = [TEXT, TEXT[:90], "Rollo agreed to swear fealty to King Charles III."]
+    pieces: list[TokenizedPassage] = [
+        piece
+        for number, text in enumerate(texts)
+        for piece in tokenize_passage(reader.tokenizer, passage(text, number), max_length=384, kind="dilbert")
+    ]
+    records = encode_tokenized(reader, "dilbert", pieces)
+    assert [record.states.shape for record in records] == [(piece.length, 384) for piece in pieces]
+    ids = torch.from_numpy(pieces[2].tokens.token_ids.astype(np.int64))[None]  # (1, n)
+    with torch.inference_mode():
+        alone = reader.encode_passages(ids, torch.ones_like(ids))[0].numpy()  # (n, 384)
+    np.testing.assert_allclose(records[2].states, alone, rtol=1e-4, atol=1e-4)

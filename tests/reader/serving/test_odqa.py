@@ -1,0 +1,248 @@
+"""The open-domain reader over a tiny store, without the JVM: logits, batching, decoding, aggregation, bad input.
+
+Retrieval goes through a stub searcher here; tests/test_odqa_retrieval.py
+runs the real Lucene index.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.retrieval import Hit
+from dilstore.reader.serving.answers import Reading, Span, Timings, aggregate
+from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader, load_store_model, open_reader
+from dilstore.reader.text.tokenization import encode_passage, encode_question
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import FingerprintMismatchError
+from dilstore.storage.reader import MissingPassagesError, open_store
+from tests.fixtures.odqa_fixtures import MAX_LENGTH, PASSAGES, one_torch_thread, write_reader_checkpoint, write_store
+
+QUESTION = "When did the Zürich tram network open?"
+QUESTIONS = [QUESTION, "Who was the lighthouse keeper?", "How high is Kilimanjaro?"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_threaded() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A tiny reader checkpoint, fp32/fp16/int8 stores of PASSAGES, and a second model's checkpoint."""
+    root = tmp_path_factory.mktemp("odqa")
+    model_dir = write_reader_checkpoint(root / "model")
+    stores = {encoding: root / f"store-{encoding}" for encoding in ("fp32", "fp16", "int8")}
+    ids = [write_store(path, model_dir, encoding) for encoding, path in stores.items()][0]
+    return {
+        "model_dir": model_dir,
+        "other_model_dir": write_reader_checkpoint(root / "other-model", seed=1),
+        "stores": stores,
+        "ids": ids,
+        "model": DilBertReader.from_pretrained(model_dir),
+    }
+
+
+class StubSearcher:
+    """Returns fixed hits for every query: what the reader needs of Bm25Searcher."""
+
+    def __init__(self, hits: list[Hit]) -> None:
+        self.hits = hits
+
+    def search(self, query: str, k: int) -> list[Hit]:
+        return self.hits[:k]
+
+
+def odqa_for(tiny: dict, encoding: str = "fp32", **options) -> OpenDomainReader:
+    store = open_store(tiny["stores"][encoding])
+    hits = [Hit(passage_id, float(len(tiny["ids"]) - rank)) for rank, passage_id in enumerate(tiny["ids"])]
+    return OpenDomainReader(tiny["model"], store, StubSearcher(hits), OdqaSettings(**options))
+
+
+def direct_passage_logits(model: DilBertReader, question: str, token_ids: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The model core's composition on one (question, passage window) pair; logits over the passage part."""
+    q = encode_question(model.tokenizer, question, 64).token_ids
+    q_ids = torch.from_numpy(q.astype(np.int64))[None]  # (1, nq)
+    p_ids = torch.from_numpy(token_ids.astype(np.int64))[None]  # (1, np)
+    with torch.inference_mode():
+        start, end = model(q_ids, torch.ones_like(q_ids), p_ids, torch.ones_like(p_ids))  # each (1, nq + np)
+    return start[0, len(q) :].numpy(), end[0, len(q) :].numpy()
+
+
+def test_fp32_store_logits_match_the_model_core_on_the_text(tiny: dict) -> None:
+    # Small batches force several length buckets with padding on both sides.
+    odqa = odqa_for(tiny, pair_batch_tokens=80, max_pairs_per_batch=3)
+    for question in QUESTIONS:
+        got = {logits.passage_id: logits for logits in odqa.passage_logits(question, tiny["ids"])}
+        compared = 0
+        for passage in PASSAGES:
+            windows = encode_passage(tiny["model"].tokenizer, passage.text, MAX_LENGTH)
+            for number, window in enumerate(windows):
+                stored_id = passage.id if number == 0 else f"{passage.id}~{number}"
+                start, end = direct_passage_logits(tiny["model"], question, window.token_ids)
+                np.testing.assert_allclose(got[stored_id].start, start, atol=1e-4, rtol=0)
+                np.testing.assert_allclose(got[stored_id].end, end, atol=1e-4, rtol=0)
+                compared += 1
+        assert compared == len(tiny["ids"]) > len(PASSAGES)  # the long passage really was windowed
+
+
+@pytest.mark.parametrize("encoding, tolerance", [("fp16", 0.02), ("int8", 0.2)])
+def test_reduced_precision_stores_give_nearby_logits(tiny: dict, encoding: str, tolerance: float) -> None:
+    exact = odqa_for(tiny).passage_logits(QUESTION, tiny["ids"])
+    reduced = odqa_for(tiny, encoding).passage_logits(QUESTION, tiny["ids"])
+    for a, b in zip(exact, reduced, strict=True):
+        assert a.passage_id == b.passage_id
+        assert np.abs(a.start - b.start).max() < tolerance
+        assert np.abs(a.end - b.end).max() < tolerance
+
+
+def test_many_questions_at_once_equal_one_at_a_time(tiny: dict) -> None:
+    odqa = odqa_for(tiny, pair_batch_tokens=128)
+    candidates = [tiny["ids"], tiny["ids"][:2], list(reversed(tiny["ids"]))]
+    together = odqa.read(QUESTIONS, candidates)
+    for question, ids, reading in zip(QUESTIONS, candidates, together, strict=True):
+        alone = odqa.read([question], [ids])[0]
+        assert [(s.passage_id, s.start_token, s.end_token) for s in reading.spans] == [
+            (s.passage_id, s.start_token, s.end_token) for s in alone.spans
+        ]
+        np.testing.assert_allclose(
+            [s.reader_score for s in reading.spans], [s.reader_score for s in alone.spans], atol=1e-4
+        )
+        assert [hit.passage_id for hit in reading.hits] == list(ids)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_best=st.integers(1, 6), max_answer_length=st.integers(1, 8), question=st.sampled_from(QUESTIONS))
+def test_spans_are_valid_and_map_to_stored_text(tiny: dict, n_best: int, max_answer_length: int, question: str) -> None:
+    odqa = odqa_for(tiny, n_best=n_best, max_answer_length=max_answer_length)
+    reading = odqa.read([question], [tiny["ids"]])[0]
+    per_passage: dict[str, list[Span]] = {}
+    for span in reading.spans:
+        per_passage.setdefault(span.passage_id, []).append(span)
+        passage = reading.passages[span.passage_id]
+        n = len(passage.token_ids)
+        assert 0 <= span.start_token <= span.end_token < n - 1  # the trailing [SEP] is never part of an answer
+        assert span.end_token - span.start_token + 1 <= max_answer_length
+        assert span.text == passage.text[span.char_start : span.char_end] == passage.answer_text(
+            span.start_token, span.end_token
+        )
+        assert span.text
+    assert set(per_passage) == set(tiny["ids"])
+    for spans in per_passage.values():
+        assert len(spans) <= n_best
+        scores = [span.reader_score for span in spans]
+        assert scores == sorted(scores, reverse=True)
+
+
+def test_reader_score_is_the_mean_of_start_and_end_logits(tiny: dict) -> None:
+    odqa = odqa_for(tiny)
+    logits = {item.passage_id: item for item in odqa.passage_logits(QUESTION, tiny["ids"])}
+    for span in odqa.read([QUESTION], [tiny["ids"]])[0].spans:
+        item = logits[span.passage_id]
+        expected = (item.start[span.start_token] + item.end[span.end_token]) / 2
+        assert span.reader_score == pytest.approx(expected, abs=1e-5)
+
+
+def make_reading(scores: list[tuple[float, float]]) -> Reading:
+    spans = tuple(
+        Span(f"p{i}", f"answer {i}", 0, 0, 0, 8, reader_score=reader, bm25_score=bm25)
+        for i, (reader, bm25) in enumerate(scores)
+    )
+    return Reading("q", (), {}, spans, Timings())
+
+
+@given(
+    scores=st.lists(
+        st.tuples(st.floats(-50, 50, allow_nan=False), st.floats(0, 40, allow_nan=False)), min_size=1, max_size=30
+    ),
+    mu=st.floats(0, 1),
+    n_best=st.integers(1, 10),
+)
+def test_aggregation_is_the_seeds_formula(scores: list[tuple[float, float]], mu: float, n_best: int) -> None:
+    answer = aggregate(make_reading(scores), mu, n_best)
+    final = [mu * reader + (1 - mu) * bm25 for reader, bm25 in scores]
+    assert len(answer.nbest) == min(n_best, len(scores))
+    assert answer.best.score(mu) == pytest.approx(max(final))
+    listed = [span.score(mu) for span in answer.nbest]
+    assert listed == sorted(listed, reverse=True)
+    document = answer.to_dict()
+    assert document["score"] == pytest.approx(mu * document["reader_score"] + (1 - mu) * document["bm25_score"])
+
+
+def test_mu_one_leaves_bm25_out_and_fusion_can_change_the_answer() -> None:
+    reading = make_reading([(5.0, 0.0), (4.0, 30.0)])
+    assert aggregate(reading, 1.0, 5).best.passage_id == "p0"
+    assert aggregate(reading, 0.5, 5).best.passage_id == "p1"
+    assert aggregate(reading, 0.5, 5).best.score(0.5) == pytest.approx(17.0)
+
+
+def test_answer_json_has_the_issue_keys(tiny: dict) -> None:
+    document = odqa_for(tiny, top_p=3).answer(QUESTION).to_dict()
+    for key in ("question", "answer", "score", "passage_id", "reader_score", "bm25_score", "nbest", "timings"):
+        assert key in document
+    assert document["passage_id"] in tiny["ids"][:3]  # only the top-p passages are read
+    assert set(document["timings"]) >= {"retrieval", "store_read", "question_layers", "interaction_layers"}
+    assert document["answer"] == document["nbest"][0]["text"]
+
+
+def test_bare_passage_ids_get_a_zero_bm25_score(tiny: dict) -> None:
+    reading = odqa_for(tiny).read([QUESTION], [tiny["ids"][:2]])[0]
+    assert {span.bm25_score for span in reading.spans} == {0.0}
+
+
+def test_a_question_without_candidates_has_no_answer(tiny: dict) -> None:
+    odqa = odqa_for(tiny)
+    reading = odqa.read([QUESTION, QUESTION], [[], tiny["ids"][:1]])
+    assert reading[0].spans == () and reading[1].spans
+    document = aggregate(reading[0], 0.5, 5).to_dict()
+    assert (document["answer"], document["score"], document["passage_id"], document["nbest"]) == ("", None, None, [])
+
+
+@pytest.mark.parametrize("question", ["", "   \n", "word " * 10_000, "x" * 100_000])
+def test_bad_questions_get_clear_errors_and_the_reader_survives(tiny: dict, question: str) -> None:
+    odqa = odqa_for(tiny)
+    with pytest.raises(DilstoreError, match="empty|longer than|characters long"):
+        odqa.answer(question)
+    assert odqa.answer(QUESTION).text
+
+
+def test_missing_ids_raise_and_the_reader_survives(tiny: dict) -> None:
+    odqa = odqa_for(tiny)
+    with pytest.raises(MissingPassagesError, match="no-such-passage"):
+        odqa.read([QUESTION], [[tiny["ids"][0], "no-such-passage"]])
+    assert odqa.read([QUESTION], [[tiny["ids"][0]]])[0].spans
+
+
+def test_a_store_made_by_another_model_is_refused(tiny: dict) -> None:
+    store = open_store(tiny["stores"]["fp32"])
+    with pytest.raises(FingerprintMismatchError, match="weights_sha256"):
+        load_store_model(store, tiny["other_model_dir"])
+    assert load_store_model(store, tiny["model_dir"]).layers == 1
+
+
+def test_a_missing_index_is_a_clear_error(tiny: dict, tmp_path) -> None:
+    with pytest.raises(DilstoreError, match="dilstore index"):
+        open_reader(tiny["stores"]["fp32"], tiny["model_dir"], index_dir=tmp_path / "no-index")
+    odqa = open_reader(tiny["stores"]["fp32"], tiny["model_dir"], with_index=False)
+    with pytest.raises(DilstoreError, match="no BM25 index"):
+        odqa.answer(QUESTION)
+
+
+@pytest.mark.parametrize("options", [{"mu": 1.5}, {"mu": -0.1}, {"top_p": 0}, {"n_best": 0}])
+def test_bad_settings_are_refused(options: dict) -> None:
+    with pytest.raises(DilstoreError):
+        OdqaSettings(**options)
+
+
+def test_timings_add_up(tiny: dict) -> None:
+    timings = odqa_for(tiny).answer(QUESTION).timings.to_dict()
+    parts = sum(value for stage, value in timings.items() if stage != "total")
+    assert math.isclose(timings["total"], parts) and timings["interaction_layers"] > 0

@@ -1,0 +1,130 @@
+"""The reader with real BM25 retrieval (pyserini/Lucene) over a tiny store, and the commands in-process.
+
+The JVM starts once in this process, so everything that needs it lives in
+this module and nothing here forks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dilstore.reader.retrieval import Bm25Searcher, build_bm25_index
+from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
+from dilstore.runners.cli import main
+from dilstore.storage.reader import MissingPassagesError, open_store
+from tests.fixtures.odqa_fixtures import one_torch_thread, write_collection, write_reader_checkpoint, write_store
+from tests.fixtures.paths import ROOT
+
+QUESTION = "When did the Zürich tram network open?"
+# Only in the index, not in the store: retrieving it must be a clear error.
+GHOST = ("ghost#0", "Xylophone museum curators polish mallets.")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_threaded() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A store with its BM25 index at STORE/bm25 (plus one passage the store lacks)."""
+    root = tmp_path_factory.mktemp("odqa-bm25")
+    model_dir = write_reader_checkpoint(root / "model")
+    store_dir = root / "store"
+    ids = write_store(store_dir, model_dir)
+    documents = [(p.id, f"{p.title}\n{p.text}") for p in open_store(store_dir).fetch(ids)] + [GHOST]
+    write_collection(root / "collection" / "passages.jsonl", documents)
+    build_bm25_index(root / "collection", bm25_index_dir(store_dir))
+    return {"store": store_dir, "model": model_dir, "root": root}
+
+
+def test_answers_come_from_the_bm25_top_p_with_their_scores(indexed: dict[str, Path]) -> None:
+    odqa = open_reader(indexed["store"], indexed["model"], settings=OdqaSettings(top_p=3))
+    hits = Bm25Searcher(bm25_index_dir(indexed["store"])).search(QUESTION, 3)
+    assert hits[0].passage_id == "tram#0"
+    answer = odqa.answer(QUESTION)
+    scores = {hit.passage_id: hit.score for hit in hits}
+    assert answer.nbest and {span.passage_id for span in answer.nbest} <= set(scores)
+    for span in answer.nbest:
+        assert span.bm25_score == pytest.approx(scores[span.passage_id])
+    assert answer.timings.retrieval > 0
+    assert {span.passage_id for span in odqa.answer(QUESTION, top_p=1).nbest} == {"tram#0"}
+
+
+def test_an_index_id_missing_from_the_store_is_a_clear_error(indexed: dict[str, Path]) -> None:
+    odqa = open_reader(indexed["store"], indexed["model"])
+    with pytest.raises(MissingPassagesError, match="ghost#0"):
+        odqa.answer("xylophone museum")
+    assert odqa.answer(QUESTION).text
+
+
+def test_ask_json_and_text(indexed: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["ask", str(indexed["store"]), QUESTION, "--model", str(indexed["model"]), "--top-p", "2"]
+    assert main([*base, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    expected = {"question", "answer", "score", "passage_id", "reader_score", "bm25_score", "nbest", "timings"}
+    assert expected <= set(document) and document["question"] == QUESTION
+    assert main([*base, "--mu", "1"]) == 0
+    text = capsys.readouterr().out
+    assert f"answer: {document['answer']}" in text
+    assert f"[[{document['answer']}]]" in text
+    assert "retrieval" in text and "interaction layers" in text
+
+
+def test_evaluate_qa_command(indexed: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    questions = indexed["root"] / "questions.jsonl"
+    questions.write_text(
+        "\n".join(json.dumps(q) for q in [
+            {"question": QUESTION, "answer": ["1882"]},
+            {"question": "How high is Mount Kilimanjaro?", "answer": ["5,895 metres"]},
+            {"question": "Who was the lighthouse keeper?", "answer": ["Ingrid Solberg"]},
+        ]) + "\n"
+    )  # fmt: skip
+    base = ["evaluate-qa", str(indexed["store"]), "--questions", str(questions), "--model", str(indexed["model"])]
+    assert main([*base, "--top-p", "3", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["questions"], summary["top_p"], summary["mu"]) == (3, 3, 0.5)
+    assert summary["recall"] == 100.0  # every answer is in its question's top-3 passages
+    assert all(0 <= row["em"] <= row["f1"] + 1e-9 <= 100 + 1e-9 for row in summary["by_mu"])
+    assert main([*base, "--limit", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "questions 2" in text and "mu 1 (reader only)" in text and "mu 0.5 (reader + BM25)" in text
+
+
+def test_commands_report_bad_setups_without_a_traceback(
+    indexed: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = write_reader_checkpoint(tmp_path / "other", seed=1)
+    assert main(["ask", str(indexed["store"]), QUESTION, "--model", str(other)]) == 2
+    assert "different model" in capsys.readouterr().err
+    assert main(["ask", str(indexed["store"]), QUESTION, "--index", str(tmp_path / "none")]) == 2
+    assert "dilstore index" in capsys.readouterr().err
+    assert main(["ask", str(indexed["store"]), "   ", "--model", str(indexed["model"])]) == 2
+    assert "question is empty" in capsys.readouterr().err
+
+
+@pytest.mark.shared_data
+def test_mini_opensquad_benchmark_runs_end_to_end_on_a_tiny_corpus(
+    indexed: dict[str, Path], shared_data: Path, tmp_path: Path
+) -> None:
+    script = ROOT / "benchmarks" / "mini_opensquad.py"
+    spec = importlib.util.spec_from_file_location("mini_opensquad", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    output = tmp_path / "result.json"
+    argv = ["--work", str(tmp_path / "work"), "--model", str(indexed["model"]), "--data", str(shared_data),
+            "--squad-paragraphs", "12", "--msmarco-passages", "30", "--limit", "6", "--top-p", "3", "10",
+            "--max-length", "64", "--threads", "1", "--output", str(output)]  # fmt: skip
+    assert module.main(argv) == 0
+    result = json.loads(output.read_text())
+    assert result["questions"] == 6 and result["passages"] >= 42
+    assert [row["top_p"] for row in result["rows"]] == [3, 10]
+    for row in result["rows"]:
+        assert 0 <= row["em_without_bm25"] <= 100 and 0 <= row["recall"] <= 100
+    assert result["rows"][0]["recall"] <= result["rows"][1]["recall"]

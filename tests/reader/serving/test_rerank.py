@@ -1,0 +1,423 @@
+"""Reranking with stored EARL representations: scores through the store equal the unsplit ranker.
+
+Stores are written with the storage writer directly (no Beam): documents are
+tokenized as `[CLS] d [SEP]`, encoded by `EarlRanker.encode_documents` (S1)
+and `document_key_values` (S2), split over two shards and finalized with the
+ranker's fingerprint, as `dilstore precompute --kind earl-s1|earl-s2` does.
+The ranker is a tiny random 3-layer BERT (N = 1, M = 2) over the real MiniLM
+vocabulary, so real text goes through it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertModel
+
+from dilstore.reader.data.trec import rank_documents, read_run, write_run
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME
+from dilstore.reader.serving.rerank import EarlReranker, RerankSettings, RerankStats, open_reranker
+from dilstore.reader.text.tokenization import encode_document
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.finalize import finalize
+from dilstore.storage.fingerprint import FingerprintMismatchError
+from dilstore.storage.reader import MissingPassagesError, open_store
+from dilstore.storage.records import PassageRecord
+from dilstore.storage.writer import write_shard
+from tests.fixtures.earl_tiny import INIT, tokenizer
+from tests.fixtures.odqa_fixtures import one_torch_thread
+from tests.fixtures.paths import ROOT
+from tests.fixtures.store_fixtures import build_store, random_shards
+
+MAX_LENGTH = 32  # document tokens stored; the harbour log below is truncated to it
+KINDS = ("earl-s1", "earl-s2")
+# Largest |stored − unsplit| score difference accepted per encoding. Scores of the tiny ranker lie in
+# about 0.2..0.45 with neighbours at least 0.0075 apart; measured errors: fp32 2e-7, fp16 2e-5, int8 7e-4.
+TOLERANCE = {"fp32": 1e-4, "fp16": 1e-4, "int8": 2e-3}
+# Small batches, so documents are judged in several buckets of different padding.
+SMALL_BATCHES = RerankSettings(pair_batch_tokens=60, max_pairs_per_batch=3)
+
+DOCUMENTS = {
+    "tram": "The Zürich tram network opened in 1882 and is run by VBZ.",
+    "curie": "Marie Curie won the Nobel Prize in Chemistry in 1911.",
+    "cafe": "The café on the corner sells crème brûlée for €4.50 every Sunday.",
+    "kili": "Mount Kilimanjaro rises 5,895 metres above sea level in Tanzania.",
+    "short": "Trams.",
+    "log": " ".join(f"Line {i} of the harbour log mentions ropes, tides and gulls." for i in range(1, 7)),
+}
+QUERIES = {
+    "q1": "When did the Zürich tram network open?",
+    "q2": "Who won the Nobel Prize in Chemistry?",
+    "q3": "How high is Kilimanjaro?",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_threaded() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+def save_ranker(directory: Path, seed: int, prior: bool = False) -> Path:
+    """A random 3-layer ranker over the MiniLM vocabulary, initialised the paper's way and saved."""
+    config = BertConfig(
+        vocab_size=tokenizer().vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64, initializer_range=INIT,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    encoder = BertModel(config, add_pooling_layer=False).eval()
+    return EarlRanker.from_encoder(encoder, tokenizer(), prior=prior).save_pretrained(directory)
+
+
+def write_earl_store(directory: Path, ranker: EarlRanker, kind: str, encoding: str) -> Path:
+    """DOCUMENTS encoded by `ranker` as S1 or S2, in two shards, finalized with the ranker's fingerprint."""
+    ids, texts = list(DOCUMENTS), list(DOCUMENTS.values())
+    tokens = [encode_document(ranker.tokenizer, text, MAX_LENGTH) for text in texts]
+    with torch.inference_mode():
+        input_ids, mask = ranker.tokenize_documents(texts, MAX_LENGTH)  # (b, n), (b, n)
+        states = ranker.encode_documents(input_ids, mask)  # (b, n, d)
+        if kind == "earl-s2":
+            states = ranker.document_key_values(states)  # (b, n, M, 2, d)
+    records = [
+        PassageRecord(docid, "", text, piece.token_ids, piece.char_spans, states[row, : len(piece)].numpy())
+        for row, (docid, text, piece) in enumerate(zip(ids, texts, tokens, strict=True))
+    ]
+    write_shard(directory, 0, records[:3], kind=kind, encoding=encoding, durable=False)
+    write_shard(directory, 1, records[3:], kind=kind, encoding=encoding, durable=False)
+    finalize(directory, model_fingerprint(ranker, kind, encoding, MAX_LENGTH))
+    return directory
+
+
+def unsplit_scores(ranker: EarlRanker, query: str, docids: list[str]) -> dict[str, float]:
+    """`EarlRanker.forward` on the query and document texts: the reference the stored path must equal."""
+    texts = [DOCUMENTS[docid] for docid in docids]
+    with torch.inference_mode():
+        query_ids, query_mask = ranker.tokenize_queries([query] * len(texts), 64)  # (b, nq)
+        doc_ids, doc_mask = ranker.tokenize_documents(texts, MAX_LENGTH)  # (b, n)
+        scores = ranker(query_ids, query_mask, doc_ids, doc_mask)  # (b,)
+    return dict(zip(docids, scores.tolist(), strict=True))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_ranker(tmp_path_factory.mktemp("earl") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def ranker(model_dir: Path) -> EarlRanker:
+    return EarlRanker.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, ranker: EarlRanker) -> Callable[[str, str], Path]:
+    """`store(kind, encoding)`: the store of DOCUMENTS, written once per module."""
+    root = tmp_path_factory.mktemp("stores")
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(kind: str, encoding: str = "fp32") -> Path:
+        if (kind, encoding) not in made:
+            made[kind, encoding] = write_earl_store(root / f"{kind}-{encoding}", ranker, kind, encoding)
+        return made[kind, encoding]
+
+    return get
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
+    """Run `dilstore rerank ARGS` in this process: exit status, stdout and stderr."""
+    status = main(["rerank", *map(str, args)])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def write_inputs(directory: Path, run: dict[str, dict[str, float]], topics: dict[str, str] = QUERIES) -> list[Path]:
+    """topics.tsv and first.trec in `directory`; returns the CLI's --topics/--run/--output arguments."""
+    directory.mkdir(parents=True, exist_ok=True)
+    topics_file = directory / "topics.tsv"
+    topics_file.write_text("".join(f"{qid}\t{query}\n" for qid, query in topics.items()), encoding="utf-8")
+    write_run(directory / "first.trec", run, tag="bm25")
+    return ["--topics", topics_file, "--run", directory / "first.trec", "--output", directory / "out.trec"]
+
+
+# A first-stage run where queries share documents and each lists 4 or 6 of them.
+FIRST_STAGE = {
+    "q1": {"tram": 9.0, "short": 8.0, "log": 7.0, "curie": 6.0, "cafe": 5.0, "kili": 4.0},
+    "q2": {"curie": 3.0, "tram": 2.5, "cafe": 2.0, "log": 1.0},
+    "q3": {"kili": 12.0, "tram": 11.0, "short": 10.0, "curie": 9.5, "log": 9.0, "cafe": 8.0},
+}
+
+
+# ---------------------------------------------------------------------- scores through the store
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("settings", [RerankSettings(), SMALL_BATCHES], ids=["one-batch", "small-batches"])
+def test_fp32_store_scores_equal_the_unsplit_ranker(
+    kind: str, settings: RerankSettings, store: Callable[..., Path], model_dir: Path, ranker: EarlRanker
+) -> None:
+    reranker = open_reranker(store(kind), model_dir, settings=settings)
+    for query in QUERIES.values():
+        got = reranker.rerank(query, list(DOCUMENTS))
+        expected = unsplit_scores(ranker, query, list(DOCUMENTS))
+        assert got.keys() == expected.keys()
+        np.testing.assert_allclose([got[d] for d in expected], list(expected.values()), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("encoding", ["fp16", "int8"])
+def test_reduced_precision_scores_are_close_and_keep_the_order(
+    kind: str, encoding: str, store: Callable[..., Path], model_dir: Path, ranker: EarlRanker
+) -> None:
+    reranker = open_reranker(store(kind, encoding), model_dir, settings=SMALL_BATCHES)
+    for query in QUERIES.values():
+        got = reranker.rerank(query, list(DOCUMENTS))
+        expected = unsplit_scores(ranker, query, list(DOCUMENTS))
+        difference = max(abs(got[d] - expected[d]) for d in expected)
+        assert difference <= TOLERANCE[encoding], f"{encoding} {kind}: {difference}"
+        assert [d for d, _ in rank_documents(got)] == [d for d, _ in rank_documents(expected)]
+
+
+def test_rerank_scores_repeated_ids_once_and_counts(store: Callable[..., Path], model_dir: Path) -> None:
+    reranker = open_reranker(store("earl-s2"), model_dir)
+    stats = RerankStats()
+    got = reranker.rerank(QUERIES["q1"], ["kili", "tram", "kili", "tram"], stats=stats)
+    assert list(got) == ["kili", "tram"]
+    assert got == reranker.rerank(QUERIES["q1"], ["tram", "kili"])
+    assert (stats.queries, stats.pairs, stats.skipped) == (1, 2, 0)
+    assert stats.seconds >= stats.query_layers + stats.store_read + stats.judge > 0
+    assert reranker.rerank(QUERIES["q1"], []) == {}
+
+
+def test_rerank_run_with_shared_documents(store: Callable[..., Path], model_dir: Path, ranker: EarlRanker) -> None:
+    reranker = open_reranker(store("earl-s1"), model_dir, settings=SMALL_BATCHES)
+    reranked, stats = reranker.rerank_run(QUERIES, FIRST_STAGE, depth=100)
+    assert list(reranked) == list(FIRST_STAGE)
+    for qid, first_stage in FIRST_STAGE.items():
+        expected = unsplit_scores(ranker, QUERIES[qid], list(first_stage))
+        assert reranked[qid].keys() == expected.keys()
+        np.testing.assert_allclose([reranked[qid][d] for d in expected], list(expected.values()), atol=1e-4)
+    assert (stats.queries, stats.pairs, stats.skipped) == (3, 16, 0)
+
+
+def test_documents_below_depth_follow_in_first_stage_order(store: Callable[..., Path], model_dir: Path) -> None:
+    reranker = open_reranker(store("earl-s1"), model_dir)
+    reranked, stats = reranker.rerank_run(QUERIES, FIRST_STAGE, depth=2)
+    assert stats.pairs == 6
+    for qid, first_stage in FIRST_STAGE.items():
+        first_order = [d for d, _ in rank_documents(first_stage)]
+        order = [d for d, _ in rank_documents(reranked[qid])]
+        head = reranker.rerank(QUERIES[qid], first_order[:2])
+        assert order[:2] == [d for d, _ in rank_documents(head)]
+        assert order[2:] == first_order[2:]
+        assert {d: reranked[qid][d] for d in order[:2]} == head
+        assert max(reranked[qid][d] for d in order[2:]) < min(head.values())
+
+
+# ---------------------------------------------------------------------- refusals in the library
+
+
+def test_missing_ids_are_named_or_skipped_and_counted(store: Callable[..., Path], model_dir: Path) -> None:
+    reranker = open_reranker(store("earl-s1"), model_dir)
+    with pytest.raises(MissingPassagesError, match="'ghost'") as caught:
+        reranker.rerank(QUERIES["q1"], ["tram", "ghost"])
+    assert caught.value.missing == ["ghost"] and "skip_missing" in str(caught.value)
+    stats = RerankStats()
+    got = reranker.rerank(QUERIES["q1"], ["tram", "ghost", "phantom"], skip_missing=True, stats=stats)
+    assert list(got) == ["tram"] and (stats.skipped, stats.pairs) == (2, 1)
+    assert reranker.rerank(QUERIES["q1"], ["ghost"], skip_missing=True) == {}
+    with pytest.raises(MissingPassagesError, match="query 'q2': .*'ghost'"):
+        reranker.rerank_run(QUERIES, {"q1": {"tram": 1.0}, "q2": {"ghost": 2.0, "tram": 1.0}})
+
+
+def test_a_store_of_another_model_is_refused_showing_both_fingerprints(
+    store: Callable[..., Path], tmp_path: Path
+) -> None:
+    other = save_ranker(tmp_path / "other", seed=1)
+    with pytest.raises(FingerprintMismatchError, match="differs in: weights_sha256") as caught:
+        open_reranker(store("earl-s2"), other)
+    assert "store: " in str(caught.value) and "expected: " in str(caught.value)
+
+
+def test_a_dilbert_store_is_refused(tmp_path: Path, ranker: EarlRanker) -> None:
+    dilbert = build_store(tmp_path / "dilbert", random_shards([3]))
+    with pytest.raises(DilstoreError, match="holds 'dilbert' states; the EARL reranker needs an 'earl-s1' or"):
+        EarlReranker(ranker, open_store(dilbert))
+
+
+def test_bad_requests_are_refused(store: Callable[..., Path], model_dir: Path) -> None:
+    reranker = open_reranker(store("earl-s1"), model_dir)
+    with pytest.raises(DilstoreError, match="the query is empty"):
+        reranker.rerank("   ", ["tram"])
+    with pytest.raises(DilstoreError, match="depth must be a positive integer"):
+        reranker.rerank_run(QUERIES, FIRST_STAGE, depth=0)
+    with pytest.raises(DilstoreError, match="no topic in the topics: 'q9'"):
+        reranker.rerank_run(QUERIES, {"q9": {"tram": 1.0}})
+    with pytest.raises(DilstoreError, match="max_pairs_per_batch must be at least 1"):
+        RerankSettings(max_pairs_per_batch=0)
+
+
+# ---------------------------------------------------------------------- the command line
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cli_writes_a_trec_run_ordered_by_the_model(
+    kind: str, store: Callable[..., Path], model_dir: Path, ranker: EarlRanker, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    arguments = write_inputs(tmp_path, FIRST_STAGE)
+    status, out, err = cli(capsys, store(kind), *arguments, "--model", model_dir, "--depth", 4, "--json",
+                           "--threads", 1)  # fmt: skip
+    assert status == 0, err
+    assert err == ""  # --json turns the progress bar off
+    summary = json.loads(out)
+    assert {key: summary[key] for key in ("queries", "pairs", "skipped", "depth")} == {
+        "queries": 3, "pairs": 12, "skipped": 0, "depth": 4,
+    }  # fmt: skip
+    assert summary["output"] == str(tmp_path / "out.trec") and summary["seconds"] > 0
+    lines = [line.split() for line in (tmp_path / "out.trec").read_text().splitlines()]
+    assert all(len(line) == 6 and line[1] == "Q0" and line[5] == "dilstore-earl" for line in lines)
+    run = read_run(tmp_path / "out.trec")
+    assert list(run) == list(FIRST_STAGE)
+    for qid, first_stage in FIRST_STAGE.items():
+        rows = [line for line in lines if line[0] == qid]
+        assert [int(line[3]) for line in rows] == list(range(1, len(first_stage) + 1))
+        first_order = [d for d, _ in rank_documents(first_stage)]
+        expected = unsplit_scores(ranker, QUERIES[qid], first_order[:4])
+        written = [line[2] for line in rows]
+        assert written[:4] == [d for d, _ in rank_documents(expected)]  # by the model's score
+        assert written[4:] == first_order[4:]  # below depth: first-stage order
+        np.testing.assert_allclose([run[qid][d] for d in expected], list(expected.values()), atol=1e-4)
+
+
+def test_cli_text_summary_and_progress_bar(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arguments = write_inputs(tmp_path, FIRST_STAGE)
+    status, out, err = cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--depth", 2)
+    assert status == 0, err
+    assert "rerank" in err and "3/3" in err  # tqdm's bar over queries
+    assert out.startswith("reranked 3 queries, 6 pairs (depth 2)") and "timings: query layers" in out
+    status, out, err = cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--no-progress")
+    assert status == 0 and err == "" and "(depth 100)" in out
+
+
+def test_cli_skip_missing_counts_and_leaves_out(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first_stage = {"q1": {"tram": 3.0, "ghost": 2.0, "kili": 1.0, "phantom": 0.5}, "q2": {"curie": 1.0}}
+    arguments = write_inputs(tmp_path, first_stage)
+    status, out, err = cli(capsys, store("earl-s2"), *arguments, "--model", model_dir, "--depth", 3, "--json")
+    assert status == 2 and "Traceback" not in err
+    assert err.splitlines() == [err.rstrip("\n")]
+    assert err.startswith("dilstore rerank: error: query 'q1': 1 of 3 ") and "'ghost'" in err
+    assert "--skip-missing" in err
+    status, out, err = cli(capsys, store("earl-s2"), *arguments, "--model", model_dir, "--depth", 3, "--json",
+                           "--skip-missing")  # fmt: skip
+    assert status == 0, err
+    assert json.loads(out)["skipped"] == 1 and json.loads(out)["pairs"] == 3
+    run = read_run(tmp_path / "out.trec")
+    assert [d for d, _ in rank_documents(run["q1"])][2:] == ["phantom"]  # below depth: kept, never looked up
+    assert set(run["q1"]) == {"tram", "kili", "phantom"}
+
+
+def one_line_error(status: int, err: str) -> str:
+    """The single stderr line of a refused command (exit 2, no traceback)."""
+    assert status == 2 and "Traceback" not in err
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert err.startswith("dilstore rerank: error: ")
+    return err
+
+
+def test_cli_refusals_are_one_line_errors(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arguments = write_inputs(tmp_path, FIRST_STAGE, topics={"q1": QUERIES["q1"], "q3": QUERIES["q3"]})
+    err = one_line_error(*cli(capsys, store("earl-s1"), *arguments, "--model", model_dir)[::2])
+    assert "1 query(ies) of the run have no topic in" in err and "topics.tsv: 'q2'" in err
+    arguments = write_inputs(tmp_path / "ok", FIRST_STAGE)
+    dilbert = build_store(tmp_path / "dilbert", random_shards([3]))
+    err = one_line_error(*cli(capsys, dilbert, *arguments, "--model", model_dir)[::2])
+    assert "holds 'dilbert' states" in err
+    err = one_line_error(*cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--depth", 0)[::2])
+    assert "depth must be a positive integer, got 0" in err
+    assert not (tmp_path / "ok" / "out.trec").exists()
+
+
+def test_cli_refuses_a_prior_ranker_on_a_store_without_passage_vectors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store made by the prior ranker but without passages/vectors (as before they existed) is a one-line error."""
+    model_dir = save_ranker(tmp_path / "prior", seed=1, prior=True)
+    prior = EarlRanker.from_pretrained(model_dir)
+    store = write_earl_store(tmp_path / "store", prior, "earl-s2", "fp32")
+    arguments = write_inputs(tmp_path / "inputs", FIRST_STAGE)
+    err = one_line_error(*cli(capsys, store, *arguments, "--model", model_dir)[::2])
+    assert "has no passage vectors, which this ranker's bi-encoder prior needs" in err
+
+
+def test_cli_without_model_uses_the_packaged_ranker(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """No --model: the packaged EARL ranker scores the run, exactly as naming that checkpoint does."""
+    packaged = tmp_path / "models"
+    shutil.copytree(model_dir, packaged / DEFAULT_RANKER_NAME)
+    monkeypatch.setattr("dilstore.reader.packaged.shipped.packaged_models_dir", lambda: packaged)
+    named = write_inputs(tmp_path / "named", FIRST_STAGE)
+    assert cli(capsys, store("earl-s2"), *named, "--model", model_dir, "--no-progress")[0] == 0
+    default = write_inputs(tmp_path / "default", FIRST_STAGE)
+    assert cli(capsys, store("earl-s2"), *default, "--no-progress")[0] == 0
+    assert read_run(tmp_path / "default" / "out.trec") == read_run(tmp_path / "named" / "out.trec")
+    shutil.rmtree(packaged / DEFAULT_RANKER_NAME)
+    err = one_line_error(*cli(capsys, store("earl-s2"), *default)[::2])
+    assert "the default EARL ranker checkpoint is missing" in err and "--model DIR" in err
+
+
+def test_cli_fingerprint_mismatch_in_a_subprocess(store: Callable[..., Path], tmp_path: Path) -> None:
+    """The one multi-line error: the table of both fingerprints, after a single `error:` line; exit 2."""
+    other = save_ranker(tmp_path / "other", seed=1)
+    arguments = write_inputs(tmp_path, FIRST_STAGE)
+    command = [sys.executable, "-m", "dilstore.runners.cli", "rerank", str(store("earl-s2")), *map(str, arguments),
+               "--model", str(other), "--threads", "1"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("dilstore rerank: error: store ") and "differs in: weights_sha256" in lines[0]
+    assert all(line.startswith("  ") for line in lines[1:]) and len(lines) == 9
+    weights = next(line for line in lines[1:] if "weights_sha256" in line)
+    store_hash = weights.split("store: ")[1].split()[0]
+    expected_hash = weights.split("expected: ")[1].strip()
+    assert store_hash != expected_hash and len(store_hash) == len(expected_hash) == 64
+    assert done.stdout == "" and not (tmp_path / "out.trec").exists()
+
+
+def test_run_passages_script_cuts_the_run_documents_from_a_corpus(tmp_path: Path, capsys) -> None:
+    spec = importlib.util.spec_from_file_location("run_passages", ROOT / "benchmarks" / "run_passages.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": docid, "contents": text}) + "\n" for docid, text in DOCUMENTS.items()))
+    write_run(tmp_path / "first.trec", {"q1": {"kili": 2.0, "tram": 1.0}, "q2": {"tram": 3.0, "cafe": 1.0}}, tag="bm25")
+    output = tmp_path / "out.jsonl"
+    assert script.main(["--run", str(tmp_path / "first.trec"), "--corpus", str(corpus), "--output", str(output)]) == 0
+    written = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["id"] for row in written] == ["kili", "tram", "cafe"], "each docid once, in run order"
+    assert written[0]["contents"] == DOCUMENTS["kili"]
+    write_run(tmp_path / "ghost.trec", {"q1": {"ghost": 1.0, "tram": 0.5}}, tag="bm25")
+    assert script.main(["--run", str(tmp_path / "ghost.trec"), "--corpus", str(corpus), "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("run_passages: error: ") and "lacks 1 passage(s)" in err and "['ghost']" in err
+    corpus.write_text(corpus.read_text() + "{not json\n")
+    assert script.main(["--run", str(tmp_path / "first.trec"), "--corpus", str(corpus), "--output", str(output)]) == 2
+    assert f"{corpus}:{len(DOCUMENTS) + 1}: bad JSON" in capsys.readouterr().err

@@ -1,0 +1,230 @@
+"""The shared token conventions: `[CLS] q [SEP]` questions, `p [SEP]` windows, character spans into the text.
+
+Run against the packaged MiniLM WordPiece tokenizer and a tiny RoBERTa-style
+byte-level BPE (tests/fixtures/tokenizer_fixtures.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from dilstore.reader.text.tokenization import (
+    TokenizedText,
+    encode_document,
+    encode_passage,
+    encode_question,
+    passage_pieces,
+    window_starts,
+)
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.tokenizer_fixtures import minilm_tokenizer, tiny_bpe_tokenizer
+
+TOKENIZERS = {"wordpiece": minilm_tokenizer, "bpe": tiny_bpe_tokenizer}
+# Arbitrary Unicode, plus the scripts and whitespace that split or merge characters in interesting ways.
+TRICKY = list("日本語東京김치한국어😀🎉 ÉéüçЖ\t\n\u3000\u00a0\u0301.,'-€$") + ["[SEP]", "</s>", "e\u0301"]
+TEXTS = st.lists(st.one_of(st.characters(codec="utf-8"), st.sampled_from(TRICKY)), max_size=60).map("".join)
+# The tokenizer fixture hands out one cached tokenizer, so sharing it across examples is safe.
+PROPERTY = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+@pytest.fixture(params=sorted(TOKENIZERS))
+def tokenizer(request: pytest.FixtureRequest):
+    return TOKENIZERS[request.param]()
+
+
+def test_question_uses_the_tokenizers_single_sequence_template(tokenizer) -> None:
+    question = "Who runs the Zürich tram network?"
+    encoded = encode_question(tokenizer, question, max_length=64)
+    assert encoded.token_ids.tolist() == tokenizer(question)["input_ids"]
+    assert encoded.token_ids[0] == tokenizer.cls_token_id and encoded.token_ids[-1] == tokenizer.sep_token_id
+    assert encoded.char_spans[0].tolist() == [-1, -1] and encoded.char_spans[-1].tolist() == [-1, -1]
+    assert (encoded.char_spans[1:-1] >= 0).all()
+    assert encoded.token_ids.dtype == np.int32 and encoded.char_spans.dtype == np.int32
+    assert not encoded.truncated
+
+
+def test_passage_window_is_word_pieces_then_separator(tokenizer) -> None:
+    text = "The café on the corner sells crème brûlée for €4.50."
+    (window,) = encode_passage(tokenizer, text, max_length=128)
+    pieces = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert window.token_ids.tolist() == pieces + [tokenizer.sep_token_id]
+    assert window.char_spans[-1].tolist() == [-1, -1]
+    assert window.is_text.tolist() == [True] * len(pieces) + [False]
+
+
+def test_special_token_strings_in_the_text_stay_text(tokenizer) -> None:
+    """A literal "[SEP]" or "</s>" in a passage never becomes the separator: the only one is appended."""
+    text = "Split [SEP] here </s> and <s> [CLS] there."
+    (window,) = encode_passage(tokenizer, text, max_length=128)
+    assert (window.token_ids == tokenizer.sep_token_id).sum() == 1
+    assert not np.isin(window.token_ids[:-1], tokenizer.all_special_ids).any()
+
+
+def test_an_over_long_question_is_truncated_and_says_so(tokenizer) -> None:
+    question = " ".join(["Which"] * 10_000) + "?"
+    encoded = encode_question(tokenizer, question, max_length=64)
+    assert encoded.truncated
+    assert len(encoded) == 64
+    assert encoded.token_ids[0] == tokenizer.cls_token_id and encoded.token_ids[-1] == tokenizer.sep_token_id
+    assert encoded.char_spans[-2, 1] < len(question) // 10
+
+
+def test_document_uses_the_single_sequence_template_truncated_to_its_first_tokens(tokenizer) -> None:
+    document = "Zürich trams run every seven minutes. " * 20
+    full = tokenizer(document)["input_ids"]
+    encoded = encode_document(tokenizer, document, max_length=16)
+    assert encoded.truncated and encoded.token_ids.tolist() == full[:15] + [full[-1]]
+    short = encode_document(tokenizer, "Zürich trams", max_length=16)
+    assert not short.truncated and short.token_ids.tolist() == tokenizer("Zürich trams")["input_ids"]
+    with pytest.raises(DilstoreError, match="the document is empty"):
+        encode_document(tokenizer, " \n", max_length=16)
+
+
+@pytest.mark.parametrize("question", ["", "   ", "\t\n"])
+def test_an_empty_question_is_refused(tokenizer, question: str) -> None:
+    with pytest.raises(DilstoreError, match="question is empty"):
+        encode_question(tokenizer, question, max_length=64)
+
+
+@pytest.mark.parametrize("text", ["", "  \n ", "\x00\x00"])
+def test_a_passage_without_word_pieces_is_refused(text: str) -> None:
+    with pytest.raises(DilstoreError, match="no word pieces"):
+        encode_passage(minilm_tokenizer(), text, max_length=64)
+
+
+def test_a_question_without_word_pieces_is_refused() -> None:
+    with pytest.raises(DilstoreError, match="no word pieces"):
+        encode_question(minilm_tokenizer(), "\x00\u0301", max_length=64)
+
+
+def test_lengths_too_small_for_the_template_are_refused(tokenizer) -> None:
+    with pytest.raises(DilstoreError, match="no room"):
+        encode_question(tokenizer, "why?", max_length=2)
+    with pytest.raises(DilstoreError, match="at least 2"):
+        encode_passage(tokenizer, "because", max_length=1)
+    with pytest.raises(DilstoreError, match="stride"):
+        encode_passage(tokenizer, "because", max_length=8, stride=0)
+
+
+def test_a_tokenizer_without_offsets_is_refused() -> None:
+    with pytest.raises(DilstoreError, match="not a fast tokenizer"):
+        encode_passage(SimpleNamespace(is_fast=False), "text", max_length=8)
+
+
+def test_tokenized_text_checks_its_shapes() -> None:
+    with pytest.raises(DilstoreError, match=r"\(n, 2\)"):
+        TokenizedText(np.zeros(3), np.zeros((2, 2)))
+    text = TokenizedText([5, 6, 7], [[0, 2], [3, 4], [-1, -1]])
+    assert text.token_ids.dtype == np.int32 and text.char_range(0, 1) == (0, 4)
+    with pytest.raises(DilstoreError, match="special token"):
+        text.char_range(1, 2)
+
+
+@given(num_pieces=st.integers(1, 400), window=st.integers(1, 60), stride=st.integers(1, 80))
+@settings(max_examples=300, deadline=None)
+def test_windows_cover_every_piece_with_the_documented_overlap(num_pieces: int, window: int, stride: int) -> None:
+    starts = window_starts(num_pieces, window, stride)
+    assert starts[0] == 0
+    assert all(b - a == min(stride, window) for a, b in itertools.pairwise(starts))
+    assert starts[-1] + window >= num_pieces  # the last window reaches the final piece ...
+    assert len(starts) == 1 or starts[-2] + window < num_pieces  # ... and is the first to do so
+    covered = np.zeros(num_pieces, dtype=bool)
+    for start in starts:
+        covered[start : start + window] = True
+    assert covered.all()
+
+
+def test_long_passage_windows_follow_the_rule() -> None:
+    tokenizer = minilm_tokenizer()
+    text = " ".join(str(number) for number in range(100, 160))  # one word piece per number
+    pieces = passage_pieces(tokenizer, text)
+    windows = encode_passage(tokenizer, text, max_length=17, stride=5)
+    assert len(pieces) == 60
+    assert [len(window) for window in windows] == [17] * 9 + [16]  # starts 0, 5, ..., 45; the last holds 15 pieces
+    for start, window in zip(range(0, 50, 5), windows, strict=True):
+        assert window.token_ids[:-1].tolist() == pieces.token_ids[start : start + 16].tolist()
+        assert window.char_spans[:-1].tolist() == pieces.char_spans[start : start + 16].tolist()
+        assert window.token_ids[-1] == tokenizer.sep_token_id
+
+
+@given(text=TEXTS, max_length=st.integers(2, 24), stride=st.integers(1, 30))
+@PROPERTY
+def test_every_window_is_within_max_length_and_ends_with_sep(
+    tokenizer, text: str, max_length: int, stride: int
+) -> None:
+    try:
+        windows = encode_passage(tokenizer, text, max_length=max_length, stride=stride)
+    except DilstoreError:
+        assert not tokenizer(text, add_special_tokens=False)["input_ids"]
+        return
+    for window in windows:
+        assert 2 <= len(window) <= max_length
+        assert window.token_ids[-1] == tokenizer.sep_token_id and not window.is_text[-1]
+        assert window.is_text[:-1].all()
+
+
+def assert_spans_are_ordered_and_in_bounds(text: str, spans: np.ndarray) -> None:
+    """0 ≤ start ≤ end ≤ len(text), and both starts and ends never decrease along the tokens."""
+    assert (spans[:, 0] >= 0).all() and (spans[:, 0] <= spans[:, 1]).all() and (spans[:, 1] <= len(text)).all()
+    assert (np.diff(spans[:, 0]) >= 0).all() and (np.diff(spans[:, 1]) >= 0).all()
+
+
+@given(text=TEXTS)
+@PROPERTY
+def test_wordpiece_spans_point_at_the_characters_of_each_token(text: str) -> None:
+    """Each span slices the text that normalises (lowercase, accents stripped) to the token's characters.
+
+    (The normaliser pads CJK characters with spaces, hence the strip.)
+
+    Tokens with the same span are one character split into several pieces
+    (a Hangul syllable becomes its jamo) and are compared together; spans of
+    different characters never overlap.
+    """
+    tokenizer = minilm_tokenizer()
+    try:
+        pieces = passage_pieces(tokenizer, text)
+    except DilstoreError:
+        return
+    assert_spans_are_ordered_and_in_bounds(text, pieces.char_spans)
+    spans = [tuple(span) for span in pieces.char_spans.tolist()]
+    assert all(b == a or b[0] >= a[1] for a, b in itertools.pairwise(spans))
+    normalizer = tokenizer.backend_tokenizer.normalizer
+    tokens = tokenizer.convert_ids_to_tokens(pieces.token_ids.tolist())
+    for (start, end), group in itertools.groupby(zip(spans, tokens, strict=True), key=lambda pair: pair[0]):
+        group_tokens = [token for _, token in group]
+        if tokenizer.unk_token not in group_tokens:
+            expected = "".join(token.removeprefix("##") for token in group_tokens)
+            assert normalizer.normalize_str(text[start:end]).strip() == expected
+
+
+@given(text=TEXTS)
+@PROPERTY
+def test_byte_level_bpe_spans_hold_each_tokens_bytes(text: str) -> None:
+    """Each token's bytes (less a leading space) lie inside the UTF-8 of the text its span slices.
+
+    A byte-level token can end inside one character and the next token start
+    inside it, so neighbouring spans may overlap by that character; starts and
+    ends still never decrease, and the tokens spell out the text exactly.
+    """
+    tokenizer = tiny_bpe_tokenizer()
+    try:
+        pieces = passage_pieces(tokenizer, text)
+    except DilstoreError:
+        return
+    assert_spans_are_ordered_and_in_bounds(text, pieces.char_spans)
+    tokens = tokenizer.convert_ids_to_tokens(pieces.token_ids.tolist())
+    assert tokenizer.convert_tokens_to_string(tokens) == text
+    byte_of = {symbol: byte for byte, symbol in bytes_to_unicode().items()}
+    for token, (start, end) in zip(tokens, pieces.char_spans.tolist(), strict=True):
+        assert bytes(byte_of[symbol] for symbol in token).strip(b" ") in text[start:end].encode("utf-8")

@@ -1,0 +1,147 @@
+"""The default EARL ranker: where it ships, its packaging as fp16 with a model card, and the card's target line.
+
+A tiny random 2-layer EARL ranker is trained for two steps on four triples
+(tests/fixtures/ranking_fixtures.py), so the card is rendered from a real
+dilstore_training.json; the quality reports are written in rank_quality.py's
+layout with made-up metrics, which only the card's arithmetic reads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.modeling.rankers import load_ranker
+from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME, default_ranker_dir, packaged_models_dir
+from dilstore.reader.training.model_cards import target_statement
+from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
+from dilstore.reader.training.release import MODEL_CARD_FILE, report_package_size
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.paths import ROOT
+from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
+from tests.fixtures.ranking_fixtures import write_overfit_files
+
+
+@pytest.fixture(scope="module")
+def earl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-step EARL run over a tiny random base, as `dilstore train earl` leaves it."""
+    root = tmp_path_factory.mktemp("earl-run")
+    triples, paragraphs = write_overfit_files(root / "data")
+    config = RankingTrainingConfig(kind="earl", query_layers=1, max_steps=2, batch_size=2, negatives=2,
+                                   max_query_length=16, max_doc_length=24, log_every=1000)  # fmt: skip
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_ranker(write_tiny_checkpoint(root / "base"), triples, paragraphs, root / "run", config,
+                     command="dilstore train earl tiny", progress=False)  # fmt: skip
+    finally:
+        torch.set_num_threads(previous)
+    return root / "run"
+
+
+def row(task: str, model: str, kind: str, ndcg: float, path: str = "", trained: bool | None = True) -> dict:
+    return {"task": task, "model": model, "kind": kind, "path": path, "trained": trained,
+            "RR@10": 0.5, "nDCG@10": ndcg, "R@100": 0.9, "seconds": 1.0}  # fmt: skip
+
+
+def write_report(path: Path, rows: list[dict], queries: dict[str, int]) -> Path:
+    tasks = {task: {"queries": count, "depth": 100} for task, count in queries.items()}
+    path.write_text(json.dumps({"tasks": tasks, "device": "cpu", "results": rows}))
+    return path
+
+
+def package_script():
+    script = ROOT / "benchmarks" / "package_default_ranker.py"
+    spec = importlib.util.spec_from_file_location("package_default_ranker", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_missing_default_ranker_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("dilstore.reader.packaged.shipped.packaged_models_dir", lambda: tmp_path)
+    with pytest.raises(DilstoreError, match="default EARL ranker checkpoint is missing.*train earl"):
+        default_ranker_dir()
+
+
+def test_the_shipped_default_ranker_is_an_fp16_earl_checkpoint_with_a_card() -> None:
+    directory = packaged_models_dir() / DEFAULT_RANKER_NAME
+    assert default_ranker_dir() == directory
+    with safe_open(directory / "model.safetensors", "pt") as weights:
+        dtypes = {weights.get_slice(name).get_dtype() for name in weights.keys()}
+    assert dtypes == {"F16"}
+    assert (directory / "model.safetensors").stat().st_size < 60e6, "a committed file stays under 60 MB"
+    training = json.loads((directory / TRAINING_METADATA_FILE).read_text())
+    assert training["kind"] == "earl" and training["steps"] > 0
+    card = (directory / MODEL_CARD_FILE).read_text()
+    assert "## Results" in card and "DL19" in card and "SQuAD dev" in card and training["command"] in card
+
+
+def test_package_writes_fp16_weights_and_a_card_with_every_row(earl_run: Path, tmp_path: Path, capsys) -> None:
+    checkpoint = str(earl_run)
+    dl19 = write_report(tmp_path / "dl19.json", [
+        row("DL19", "BM25", "bm25", 0.5058, trained=None),
+        row("DL19", "cross-encoder ce (9 steps)", "cross-encoder", 0.6400, "runs/ce"),
+        row("DL19", "earl run (2 steps)", "earl", 0.6350, checkpoint),
+    ], {"DL19": 43})  # fmt: skip
+    squad = write_report(tmp_path / "squad.json", [
+        row("SQuAD dev", "BM25", "bm25", 0.86, trained=None),
+        row("SQuAD dev", "earl run (2 steps)", "earl", 0.8, checkpoint),
+    ], {"SQuAD dev": 500})  # fmt: skip
+    again = write_report(tmp_path / "again.json", [row("SQuAD dev", "BM25", "bm25", 0.86, trained=None)],
+                         {"SQuAD dev": 500})  # fmt: skip
+    destination = tmp_path / "packaged"
+    status = package_script().main(["--checkpoint", checkpoint, "--quality", str(dl19), "--quality", str(squad),
+                                    "--quality", str(again), "--destination", str(destination)])  # fmt: skip
+    assert status == 0
+    assert json.loads(capsys.readouterr().out)["destination"] == str(destination)
+    with safe_open(destination / "model.safetensors", "pt") as weights:
+        assert {weights.get_slice(name).get_dtype() for name in weights.keys()} == {"F16"}
+    card = (destination / MODEL_CARD_FILE).read_text()
+    assert "| DL19 | **earl run (2 steps)** | 0.5000 | 0.6350 | 0.9000 | 43 |" in card
+    assert "| SQuAD dev | **earl run (2 steps)** |" in card and "| DL19 | BM25 |" in card
+    assert card.count("| SQuAD dev | BM25 |") == 1, "a row repeated by another report is listed once"
+    assert "Command: `dilstore train earl tiny`" in card and "2 of a 2-step schedule" in card
+    assert "cross-encoder on DL19: met (cross-encoder 0.6400, this ranker 0.6350, gap +0.0050)" in card
+    original, packaged = load_ranker(earl_run), load_ranker(destination)
+    with torch.no_grad():
+        texts = (["who wrote it?"] * 2, ["It was written by a poet.", "Rain fell all day."])
+        want, got = original.score_texts(*texts), packaged.score_texts(*texts)
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=0)  # fp16 weights, fp32 compute
+
+
+def test_package_size_report_fails_over_the_limit(earl_run: Path, capsys) -> None:
+    assert report_package_size(earl_run, limit_mb=1000.0) == 0
+    assert json.loads(capsys.readouterr().out)["destination"] == str(earl_run)
+    assert report_package_size(earl_run, limit_mb=1e-6) == 1
+    assert "over the 0 MB limit" in capsys.readouterr().err
+
+
+def test_package_refuses_a_run_of_another_kind(earl_run: Path, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "ce"
+    run.mkdir()
+    (run / TRAINING_METADATA_FILE).write_text(json.dumps({"kind": "cross-encoder"}))
+    report = write_report(tmp_path / "r.json", [], {})
+    assert package_script().main(["--checkpoint", str(run), "--quality", str(report),
+                                  "--destination", str(tmp_path / "out")]) == 2  # fmt: skip
+    assert "holds a 'cross-encoder' run, not an EARL ranker" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ([row("DL19", "ce", "cross-encoder", 0.70), row("DL19", "e", "earl", 0.68, "me")], "NOT met"),
+        ([row("DL19", "ce", "cross-encoder", 0.70), row("DL19", "e", "earl", 0.72, "me")], "met (cross"),
+        ([row("DL19", "ce", "cross-encoder", 0.7, trained=False), row("DL19", "e", "earl", 0.7, "me")], "not assessed"),
+        ([row("SQuAD dev", "ce", "cross-encoder", 0.70), row("DL19", "e", "earl", 0.7, "me")], "not assessed"),
+    ],
+)
+def test_target_statement(rows: list[dict], expected: str) -> None:
+    assert expected in target_statement(rows, "me")

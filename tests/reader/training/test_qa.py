@@ -1,0 +1,378 @@
+"""`dilstore train qa`: the training loop, its checkpoints and its resumption.
+
+The tiny random reader (tests/fixtures/qa_training_fixtures.py) keeps every run to a
+second or two; the real MiniLM is never trained here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file
+from transformers import get_linear_schedule_with_warmup
+
+from dilstore.reader.evaluation.reading_comprehension import ReadingSettings, evaluate_file
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.packaged.shipped import default_checkpoint_dir
+from dilstore.reader.training.model_cards import render_model_card
+from dilstore.reader.training.qa import (
+    TrainingConfig,
+    accumulate_gradients,
+    load_training_data,
+    optimizer_step_batches,
+    train_qa,
+)
+from dilstore.reader.training.release import load_training_metadata, package_checkpoint, weights_megabytes
+from dilstore.reader.training.state import LoopPosition, latest_checkpoint, load_training_state, save_training_state
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.paths import ROOT
+from tests.fixtures.qa_training_fixtures import write_squad, write_tiny_checkpoint
+
+SMALL = dict(max_seq_length=48, doc_stride=16, max_question_length=24)
+
+
+@pytest.fixture(scope="module")
+def squad_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_squad(tmp_path_factory.mktemp("squad") / "tiny.json")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model_with_dropout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-bert-dropout"), dropout=0.1)
+
+
+@pytest.fixture(scope="module")
+def overfit_run(tiny_model: Path, squad_file: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny reader trained to memorise the handful of questions (k=1)."""
+    config = TrainingConfig(
+        layers=1, epochs=150, batch_size=16, learning_rate=1e-2, warmup_ratio=0.05, seed=3, log_every=1000, **SMALL
+    )
+    output = tmp_path_factory.mktemp("overfit")
+    return train_qa(tiny_model, squad_file, output, config, command="test overfit", progress=False)
+
+
+def parameters(reader: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in reader.state_dict().items()}
+
+
+def test_tiny_model_overfits_a_handful_of_questions(overfit_run, squad_file: Path) -> None:
+    """The loss falls by an order of magnitude, and the trained reader answers every question exactly."""
+    losses = overfit_run.losses
+    assert sum(losses[-5:]) / 5 < 0.1 * sum(losses[:5]) / 5
+    result = evaluate_file(
+        DilBertReader.from_pretrained(overfit_run.output),
+        squad_file,
+        settings=ReadingSettings(**SMALL, batch_size=8),
+    )
+    assert result.questions == 6
+    assert result.em == 100.0 and result.f1 == 100.0
+    assert result.k == 1
+
+
+def test_saved_checkpoint_gives_identical_logits(overfit_run, squad_file: Path) -> None:
+    """save_pretrained then from_pretrained reproduces the in-memory trained reader bit for bit."""
+    reloaded = DilBertReader.from_pretrained(overfit_run.output).eval()
+    trained = overfit_run.reader.eval()
+    assert reloaded.layers == trained.layers == 1
+    tokenizer = trained.tokenizer
+    question = tokenizer(["Who runs the tram network?"], return_tensors="pt")
+    passage = tokenizer(["It is run by VBZ."], add_special_tokens=False, return_tensors="pt")
+    passage_ids = torch.cat([passage.input_ids, torch.tensor([[tokenizer.sep_token_id]])], dim=1)  # (1, np)
+    passage_mask = torch.ones_like(passage_ids)
+    with torch.no_grad():
+        expected = trained(question.input_ids, question.attention_mask, passage_ids, passage_mask)
+        actual = reloaded(question.input_ids, question.attention_mask, passage_ids, passage_mask)
+    for want, got in zip(expected, actual, strict=True):
+        assert torch.equal(want, got)
+
+
+def test_metadata_records_k_command_and_budget(overfit_run) -> None:
+    metadata = json.loads((overfit_run.output / TRAINING_METADATA_FILE).read_text())
+    assert metadata["layers"] == 1
+    assert metadata["command"] == "test overfit"
+    assert metadata["steps"] == overfit_run.steps == overfit_run.total_steps
+    assert metadata["features_seen"] == overfit_run.train_features * 150
+    assert metadata["config"]["learning_rate"] == 1e-2
+
+
+def test_resume_continues_exactly_where_the_run_stopped(
+    tiny_model_with_dropout: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """A run cut after step 3 and resumed ends with the same weights as one never cut (dropout on)."""
+    config = TrainingConfig(
+        layers=1, epochs=2, batch_size=3, learning_rate=1e-3, save_every=3, keep_checkpoints=5, seed=7, **SMALL
+    )
+    straight = train_qa(tiny_model_with_dropout, squad_file, tmp_path / "a", config, command="a", progress=False)
+    assert straight.steps > 3
+    cut = tmp_path / "b"
+    (cut / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "a" / "checkpoints" / "step-0000003", cut / "checkpoints" / "step-0000003")
+    shutil.copy2(tmp_path / "a" / "run_config.json", cut / "run_config.json")
+    resumed = train_qa(tiny_model_with_dropout, squad_file, cut, config, command="b", resume=True, progress=False)
+    assert resumed.steps == straight.steps
+    assert resumed.features_seen == straight.features_seen
+    assert resumed.losses == straight.losses[3:]
+    want, got = parameters(straight.reader), parameters(resumed.reader)
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.allclose(want[name], got[name], atol=1e-6), name
+
+
+def test_resume_refuses_changed_settings(tiny_model: Path, squad_file: Path, tmp_path: Path) -> None:
+    config = TrainingConfig(layers=1, epochs=1, max_steps=2, batch_size=2, save_every=1, **SMALL)
+    train_qa(tiny_model, squad_file, tmp_path, config, command="c", progress=False)
+    with pytest.raises(DilstoreError, match="learning_rate"):
+        train_qa(tiny_model, squad_file, tmp_path, replace(config, learning_rate=1.0), command="c", resume=True)
+
+
+def test_resume_without_checkpoint_is_a_user_error(tiny_model: Path, squad_file: Path, tmp_path: Path) -> None:
+    config = TrainingConfig(layers=1, epochs=1, **SMALL)
+    with pytest.raises(DilstoreError, match="no complete checkpoint"):
+        train_qa(tiny_model, squad_file, tmp_path, config, command="c", resume=True)
+
+
+def test_gradient_accumulation_matches_the_larger_batch(tiny_model: Path, squad_file: Path) -> None:
+    """Two accumulated micro-batches of 2 give the gradient and loss of one batch of 4 (dropout off)."""
+    reader = DilBertReader.from_pretrained(tiny_model, layers=1).train()
+    data = load_training_data(reader.tokenizer, squad_file, TrainingConfig(layers=1, **SMALL))
+    cpu = torch.device("cpu")
+    large_loss = accumulate_gradients(reader, data, [[0, 1, 2, 3]], cpu)
+    large = {name: p.grad.clone() for name, p in reader.named_parameters() if p.grad is not None}
+    reader.zero_grad(set_to_none=True)
+    accumulated_loss = accumulate_gradients(reader, data, [[0, 1], [2, 3]], cpu)
+    assert accumulated_loss == pytest.approx(large_loss, rel=1e-5)
+    assert large
+    for name, parameter in reader.named_parameters():
+        if name in large:
+            assert torch.allclose(parameter.grad, large[name], atol=1e-6, rtol=1e-4), name
+
+
+def test_training_state_round_trips_through_safetensors(tmp_path: Path) -> None:
+    """AdamW moments, scheduler position and the RNG come back exactly; no pickle involved."""
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.8, 0.95))
+    scheduler = get_linear_schedule_with_warmup(optimizer, 2, 10)
+    for _ in range(3):
+        model(torch.randn(5, 4)).square().sum().backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    save_training_state(tmp_path, optimizer, scheduler, LoopPosition(step=3, features_seen=15, train_seconds=1.5))
+    expected_draw = torch.rand(3)
+
+    fresh_optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    fresh_scheduler = get_linear_schedule_with_warmup(fresh_optimizer, 2, 10)
+    position = load_training_state(tmp_path, fresh_optimizer, fresh_scheduler)
+    assert position == LoopPosition(step=3, features_seen=15, train_seconds=1.5)
+    assert torch.equal(torch.rand(3), expected_draw)
+    assert fresh_scheduler.get_last_lr() == scheduler.get_last_lr()
+    assert fresh_optimizer.param_groups[0]["betas"] == (0.8, 0.95)
+    saved, restored = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
+    assert saved.keys() == restored.keys()
+    for index, want in saved.items():
+        got = restored[index]
+        for key in want:
+            assert torch.equal(want[key], got[key])
+    assert {path.name for path in tmp_path.iterdir()} == {"training_state.safetensors", "training_state.json"}
+
+
+def test_latest_checkpoint_ignores_partial_folders(tmp_path: Path) -> None:
+    (tmp_path / "step-0000009.partial").mkdir()
+    (tmp_path / "step-0000004").mkdir()
+    (tmp_path / "step-0000004" / "training_state.json").write_text("{}")
+    (tmp_path / "step-0000012").mkdir()  # no state file: incomplete
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-0000004"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(3, 300), min_size=1, max_size=400),
+    batch_size=st.integers(1, 9),
+    accumulation=st.integers(1, 4),
+    epochs=st.integers(1, 3),
+    grouped=st.booleans(),
+)
+def test_every_window_is_seen_once_per_epoch(
+    lengths: list[int], batch_size: int, accumulation: int, epochs: int, grouped: bool
+) -> None:
+    num_features = len(lengths)
+    config = TrainingConfig(
+        layers=0, epochs=epochs, batch_size=batch_size, gradient_accumulation=accumulation, group_by_length=grouped
+    )
+    steps = list(optimizer_step_batches(num_features, config, lengths))
+    seen = [index for step in steps for micro in step for index in micro]
+    assert len(seen) == num_features * epochs
+    for epoch in range(epochs):
+        assert sorted(seen[epoch * num_features : (epoch + 1) * num_features]) == list(range(num_features))
+    assert all(1 <= len(step) <= accumulation for step in steps)
+    assert all(1 <= len(micro) <= batch_size for step in steps for micro in step)
+
+
+def test_length_grouping_cuts_padding() -> None:
+    """Grouped micro-batches pad to far fewer tokens than random ones on SQuAD-like lengths."""
+    lengths = torch.randint(60, 256, (3000,), generator=torch.Generator().manual_seed(0)).tolist()
+
+    def padded_tokens(grouped: bool) -> int:
+        config = TrainingConfig(layers=0, epochs=1, batch_size=16)
+        steps = optimizer_step_batches(len(lengths), config, lengths if grouped else None)
+        return sum(len(micro) * max(lengths[i] for i in micro) for step in steps for micro in step)
+
+    assert padded_tokens(True) < 0.8 * padded_tokens(False)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"batch_size": 0}, "batch-size"),
+        ({"max_steps": 0}, "max-steps"),
+        ({"warmup_ratio": 1.0}, "warmup-ratio"),
+        ({"precision": "fp8"}, "precision"),
+        ({"doc_stride": 400}, "doc-stride"),
+        ({"layers": -1}, "layers"),
+    ],
+)
+def test_config_rejects_bad_values(changes: dict, message: str) -> None:
+    with pytest.raises(DilstoreError, match=message):
+        TrainingConfig(**{"layers": 0, **changes})
+
+
+def test_cli_trains_evaluates_and_writes_the_run(
+    tiny_model: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "run"
+    status = main(
+        [
+            "train", "qa", "--model", str(tiny_model), "--layers", "2", "--train", str(squad_file),
+            "--dev", str(squad_file), "--output", str(output), "--max-steps", "2", "--batch-size", "4",
+            "--max-seq-length", "48", "--doc-stride", "16", "--max-question-length", "24", "--no-progress", "--json",
+        ]
+    )  # fmt: skip
+    assert status == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["k"] == 2 and summary["train_steps"] == 2 and summary["questions"] == 6
+    assert 0 <= summary["em"] <= summary["f1"] <= 100
+    evaluation = json.loads((output / "eval-dev.json").read_text())
+    assert {"questions", "em", "f1", "k", "seconds", "train_seconds", "train_steps"} <= evaluation.keys()
+    metadata = json.loads((output / TRAINING_METADATA_FILE).read_text())
+    assert metadata["layers"] == 2
+    assert metadata["command"].startswith("dilstore train qa --model ")
+    assert "--max-steps 2" in metadata["command"] and "--learning-rate 3e-05" in metadata["command"]
+    assert DilBertReader.from_pretrained(output).layers == 2
+
+
+def test_cli_reports_missing_training_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.json"
+    status = main(["train", "qa", "--layers", "1", "--train", str(missing), "--output", str(tmp_path / "o")])
+    assert status == 2
+    assert f"--train {missing}: no such file" in capsys.readouterr().err
+
+
+def test_packaged_checkpoint_is_fp16_and_answers_like_the_original(
+    overfit_run, squad_file: Path, tmp_path: Path
+) -> None:
+    evaluation = {"questions": 6, "em": 100.0, "f1": 100.0, "k": 1, "seconds": 1.0}
+    metadata = json.loads((overfit_run.output / TRAINING_METADATA_FILE).read_text())
+    card = render_model_card(metadata, evaluation, hardware="CPU, test", baseline_f1=None)
+    packaged = package_checkpoint(overfit_run.output, tmp_path / "packaged", card)
+    weights = {}
+    for path in packaged.glob("*.safetensors"):
+        weights.update(load_file(path))
+    assert weights and all(t.dtype == torch.float16 for t in weights.values() if t.is_floating_point())
+    assert weights_megabytes(packaged) < weights_megabytes(overfit_run.output)
+    assert not (packaged / "checkpoints").exists()
+    assert "k=1" in (packaged / "MODEL_CARD.md").read_text() and "test overfit" in card
+    result = evaluate_file(
+        DilBertReader.from_pretrained(packaged), squad_file, settings=ReadingSettings(**SMALL, batch_size=8)
+    )
+    assert result.em == 100.0
+
+
+def test_missing_default_checkpoint_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("dilstore.reader.packaged.shipped.packaged_models_dir", lambda: tmp_path)
+    with pytest.raises(DilstoreError, match="default reader checkpoint is missing"):
+        default_checkpoint_dir()
+
+
+def test_periodic_checkpoint_is_evaluable_and_packageable(tiny_model: Path, squad_file: Path, tmp_path: Path) -> None:
+    """A run cut off after a periodic checkpoint leaves a reader, its training record, and a shippable package."""
+    config = TrainingConfig(layers=1, epochs=1, max_steps=2, batch_size=2, save_every=1, **SMALL)
+    train_qa(tiny_model, squad_file, tmp_path / "run", config, command="dilstore train qa cut", progress=False)
+    step = tmp_path / "run" / "checkpoints" / "step-0000001"
+    assert load_training_metadata(step)["steps"] == 1
+    (step / TRAINING_METADATA_FILE).unlink()  # as written by a run that predates the record in checkpoints
+    rebuilt = load_training_metadata(step)
+    assert rebuilt["steps"] == 1 and rebuilt["layers"] == 1 and rebuilt["total_steps"] == 2
+    assert rebuilt["command"] == "dilstore train qa cut" and rebuilt["features_seen"] == 2
+    packaged = package_checkpoint(step, tmp_path / "packaged", "card")
+    assert not list(packaged.glob("training_state*"))
+    assert json.loads((packaged / TRAINING_METADATA_FILE).read_text())["steps"] == 1
+    assert DilBertReader.from_pretrained(packaged).layers == 1
+    with pytest.raises(DilstoreError, match="not a periodic training checkpoint"):
+        load_training_metadata(tiny_model)
+
+
+def test_k_sweep_script_writes_table_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("plot_k_sweep", ROOT / "benchmarks" / "plot_k_sweep.py")
+    plot_k_sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_k_sweep)
+    runs = []
+    for k, em, f1 in [(4, 50.0, 61.5), (0, 55.0, 66.0)]:
+        path = tmp_path / f"k{k}.json"
+        path.write_text(json.dumps({"questions": 100, "em": em, "f1": f1, "k": k, "seconds": 60.0}))
+        runs.append(str(path))
+    png, table = tmp_path / "sweep.png", tmp_path / "sweep.md"
+    assert plot_k_sweep.main([*runs, "--png", str(png), "--markdown", str(table)]) == 0
+    assert png.read_bytes().startswith(b"\x89PNG")
+    lines = table.read_text().splitlines()
+    assert lines[2].startswith("| 0 | base | 55.00 | 66.00 | +0.00 |")
+    assert lines[3].startswith("| 4 | base | 50.00 | 61.50 | -4.50 |")
+
+
+def test_k_sweep_names_the_checkpoint_a_run_was_warm_started_from(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("plot_k_sweep", ROOT / "benchmarks" / "plot_k_sweep.py")
+    plot_k_sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_k_sweep)
+    start = tmp_path / "minilm-k0"
+    start.mkdir()
+    (start / "dilstore.json").write_text("{}")
+    assert plot_k_sweep.initialisation({"base_model": str(start)}) == "minilm-k0"
+    assert plot_k_sweep.initialisation({"base_model": str(tmp_path / "plain-encoder")}) == "base"
+
+
+@pytest.mark.parametrize(
+    ("k", "f1", "baseline", "expected"),
+    [
+        (0, 76.0, None, "k=0 target F1 >= 75: met"),
+        (0, 60.0, None, "k=0 target F1 >= 75: NOT met"),
+        (4, 73.5, 76.0, "within 3 F1 of k=0 (76.00): met (gap 2.50); k=0 target F1 >= 75: met"),
+        (4, 50.0, 60.0, "within 3 F1 of k=0 (60.00): NOT met (gap 10.00); k=0 target F1 >= 75: NOT met"),
+        (4, 50.0, None, "not assessed"),
+    ],
+)
+def test_model_card_states_whether_targets_were_met(k: int, f1: float, baseline: float | None, expected: str) -> None:
+    training = {
+        "layers": k, "num_layers": 6, "train_file": "train.json", "base_model": "minilm", "command": "dilstore train qa",
+        "steps": 10, "total_steps": 10, "features_seen": 160, "train_features": 1600, "train_questions": 1500,
+        "train_seconds": 60.0,
+        "config": {"batch_size": 16, "gradient_accumulation": 1, "learning_rate": 1e-4, "warmup_ratio": 0.1,
+                   "max_seq_length": 256, "doc_stride": 128, "seed": 42},
+    }  # fmt: skip
+    evaluation = {"questions": 1000, "em": f1 - 10, "f1": f1, "k": k, "seconds": 30.0}
+    card = render_model_card(training, evaluation, hardware="CPU", baseline_f1=baseline)
+    assert expected in card
+    assert "REDUCED: 0.10 epochs" in card

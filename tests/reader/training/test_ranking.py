@@ -1,0 +1,260 @@
+"""`dilstore train earl|cross-encoder|siamese`: the shared ranking loop, its checkpoints, resumption and CLI.
+
+Tiny random 2-layer BERTs with the MiniLM tokenizer (tests/fixtures/qa_training_fixtures.py)
+trained on four triples (tests/fixtures/ranking_fixtures.py); the real MiniLM is never trained here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.modeling.rankers import EarlOptions, load_ranker, new_ranker
+from dilstore.reader.training.ranking import (
+    RankingTrainingConfig,
+    accumulate_ranking_gradients,
+    load_ranking_data,
+    train_ranker,
+)
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
+from tests.fixtures.ranking_fixtures import OVERFIT_TRIPLES, write_overfit_files
+
+SMALL = dict(negatives=2, max_query_length=16, max_doc_length=24, log_every=1000)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny_base_with_dropout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-base-dropout"), dropout=0.1)
+
+
+@pytest.fixture(scope="module")
+def overfit_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_overfit_files(tmp_path_factory.mktemp("overfit-data"))
+
+
+def parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "learning_rate", "epochs"),
+    [
+        ("earl", dict(query_layers=1, loss="softmax"), 2e-3, 120),
+        ("earl", dict(query_layers=1, pooling="mean", tied=True, loss="hinge"), 5e-3, 60),
+        ("cross-encoder", dict(loss="softmax"), 5e-3, 60),
+        ("siamese", dict(loss="hinge"), 5e-3, 30),
+    ],
+)
+def test_each_ranker_overfits_four_triples(
+    kind: str, options: dict, learning_rate: float, epochs: int, tiny_base: Path, overfit_files, tmp_path: Path
+) -> None:
+    """The loss falls to a fraction of its start and every query ranks its positive first.
+
+    Each positive is another query's negative, so a ranker that scored
+    paragraphs without looking at the query could not pass.
+    """
+    triples, paragraphs = overfit_files
+    config = RankingTrainingConfig(kind=kind, epochs=epochs, batch_size=4, learning_rate=learning_rate,
+                                   warmup_ratio=0.0, **options, **SMALL)  # fmt: skip
+    result = train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="test", progress=False)
+    assert result.steps == epochs and result.triples_seen == 4 * epochs
+    assert sum(result.losses[-3:]) < 0.2 * sum(result.losses[:3])
+    data = load_ranking_data(result.ranker, triples, paragraphs, config)
+    with torch.no_grad():
+        scores = result.ranker.score_groups(*data.batch(range(len(OVERFIT_TRIPLES))))  # (4, 3)
+    assert scores.argmax(dim=1).tolist() == [0, 0, 0, 0]
+    reloaded = load_ranker(tmp_path)
+    assert reloaded.kind == kind
+    with torch.no_grad():
+        assert torch.equal(reloaded.score_groups(*data.batch(range(4))), scores)
+
+
+def test_metadata_records_kind_command_data_and_budget(tiny_base: Path, overfit_files, tmp_path: Path) -> None:
+    triples, paragraphs = overfit_files
+    config = RankingTrainingConfig(kind="siamese", epochs=1, max_steps=3, batch_size=1, **SMALL)
+    train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="dilstore train siamese …", progress=False)
+    metadata = json.loads((tmp_path / TRAINING_METADATA_FILE).read_text())
+    assert metadata["kind"] == "siamese" and metadata["command"] == "dilstore train siamese …"
+    assert metadata["triples"] == str(triples) and metadata["paragraphs"] == str(paragraphs)
+    assert metadata["steps"] == metadata["total_steps"] == 3
+    assert metadata["triples_seen"] == 3 and metadata["pairs_seen"] == 9
+    assert metadata["hardware"].startswith("CPU") and metadata["train_seconds"] >= 0
+    assert metadata["config"]["negatives"] == 2
+    assert json.loads((tmp_path / "dilstore.json").read_text())["kind"] == "siamese"
+
+
+@pytest.mark.parametrize("kind", ["earl", "cross-encoder"])
+def test_resume_continues_exactly_where_the_run_stopped(
+    kind: str, tiny_base_with_dropout: Path, overfit_files, tmp_path: Path
+) -> None:
+    """A run cut after step 2 and resumed ends at the same step with the same weights (dropout on)."""
+    triples, paragraphs = overfit_files
+    options = dict(query_layers=1) if kind == "earl" else {}
+    config = RankingTrainingConfig(kind=kind, epochs=3, batch_size=2, learning_rate=1e-3, save_every=2,
+                                   keep_checkpoints=5, seed=7, **options, **SMALL)  # fmt: skip
+    straight = train_ranker(tiny_base_with_dropout, triples, paragraphs, tmp_path / "a", config, command="a",
+                            progress=False)  # fmt: skip
+    assert straight.steps == 6
+    cut = tmp_path / "b"
+    (cut / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "a" / "checkpoints" / "step-0000002", cut / "checkpoints" / "step-0000002")
+    shutil.copy2(tmp_path / "a" / "run_config.json", cut / "run_config.json")
+    resumed = train_ranker(tiny_base_with_dropout, triples, paragraphs, cut, config, command="b", resume=True,
+                           progress=False)  # fmt: skip
+    assert resumed.steps == straight.steps and resumed.triples_seen == straight.triples_seen
+    assert resumed.losses == pytest.approx(straight.losses[2:], rel=1e-5)
+    want, got = parameters(straight.ranker), parameters(resumed.ranker)
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.allclose(want[name], got[name], atol=1e-6), name
+
+
+def test_resume_refuses_changed_settings_or_a_missing_checkpoint(
+    tiny_base: Path, overfit_files, tmp_path: Path
+) -> None:
+    triples, paragraphs = overfit_files
+    config = RankingTrainingConfig(kind="siamese", max_steps=2, batch_size=2, save_every=1, **SMALL)
+    with pytest.raises(DilstoreError, match="no complete checkpoint"):
+        train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="c", resume=True)
+    train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="c", progress=False)
+    with pytest.raises(DilstoreError, match="learning_rate"):
+        train_ranker(tiny_base, triples, paragraphs, tmp_path, replace(config, learning_rate=1.0), command="c",
+                     resume=True)  # fmt: skip
+
+
+def test_gradient_accumulation_matches_the_larger_batch(tiny_base: Path, overfit_files) -> None:
+    """Two accumulated micro-batches of 2 triples give the gradient and loss of one batch of 4."""
+    triples, paragraphs = overfit_files
+    config = RankingTrainingConfig(kind="earl", query_layers=1, **SMALL)
+    ranker = new_ranker("earl", tiny_base, EarlOptions(query_layers=1)).train()
+    data = load_ranking_data(ranker, triples, paragraphs, config)
+    cpu = torch.device("cpu")
+    large_loss = accumulate_ranking_gradients(ranker, data, [[0, 1, 2, 3]], config, cpu)
+    large = {name: p.grad.clone() for name, p in ranker.named_parameters() if p.grad is not None}
+    ranker.zero_grad(set_to_none=True)
+    accumulated_loss = accumulate_ranking_gradients(ranker, data, [[0, 1], [2, 3]], config, cpu)
+    assert accumulated_loss == pytest.approx(large_loss, rel=1e-5)
+    assert large
+    for name, parameter in ranker.named_parameters():
+        if name in large:
+            assert torch.allclose(parameter.grad, large[name], atol=1e-6, rtol=1e-4), name
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"kind": "bm25"}, "unknown ranker kind"),
+        ({"negatives": 0}, "negatives"),
+        ({"loss": "listmle"}, "loss"),
+        ({"max_steps": 0}, "max-steps"),
+        ({"precision": "fp8"}, "precision"),
+        ({"max_doc_length": 2}, "max-doc-length"),
+        ({"kind": "siamese", "tied": True}, "EARL ranker only"),
+        ({"kind": "cross-encoder", "prior": True}, "EARL ranker only"),
+        ({"kind": "siamese", "freeze_encoder": True}, "EARL ranker only"),
+        ({"freeze_encoder": True, "encoder_learning_rate": 1e-6}, "exclude each other"),
+        ({"encoder_learning_rate": 0.0}, "encoder-learning-rate must be positive"),
+        ({"pooling": "max"}, "pooling"),
+    ],
+)
+def test_config_errors_name_the_option(changes: dict, message: str) -> None:
+    with pytest.raises(DilstoreError, match=message):
+        RankingTrainingConfig(**{"kind": "earl", **changes})
+
+
+@pytest.mark.parametrize("kind", ["earl", "cross-encoder", "siamese"])
+def test_cli_trains_each_kind_end_to_end(kind: str, tiny_base: Path, overfit_files, tmp_path: Path, capsys) -> None:
+    triples, _ = overfit_files
+    extra = ["--query-layers", "1", "--pooling", "mean", "--tied"] if kind == "earl" else []
+    status = main(["train", kind, "--triples", str(triples), "--output", str(tmp_path), "--base-model", str(tiny_base),
+                   "--negatives", "2", "--loss", "hinge", "--max-steps", "2", "--batch-size", "2",
+                   "--max-query-length", "16", "--max-doc-length", "24", "--device", "cpu", "--threads", "1",
+                   "--no-progress", "--json", *extra])  # fmt: skip
+    assert status == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["kind"] == kind and summary["train_steps"] == 2 and summary["triples_seen"] == 4
+    ranker = load_ranker(tmp_path)
+    assert ranker.kind == kind
+    if kind == "earl":
+        assert (ranker.query_layers, ranker.pooling, ranker.tied) == (1, "mean", True)
+    metadata = json.loads((tmp_path / TRAINING_METADATA_FILE).read_text())
+    assert metadata["command"].startswith(f"dilstore train {kind} ") and "--loss hinge" in metadata["command"]
+    assert not [path for path in tmp_path.rglob("*") if path.suffix in {".bin", ".pt", ".pth", ".pkl"}]
+
+
+def test_cli_refuses_bad_input_naming_file_and_line(tiny_base: Path, overfit_files, tmp_path: Path, capsys) -> None:
+    triples, paragraphs = overfit_files
+    base = ["--output", str(tmp_path / "out"), "--base-model", str(tiny_base), "--negatives", "2", "--no-progress"]
+    assert main(["train", "earl", "--triples", str(tmp_path / "missing.jsonl.gz"), *base]) == 2
+    assert "missing.jsonl.gz: no such file" in capsys.readouterr().err
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy2(paragraphs, broken / PARAGRAPHS_FILE)
+    lines = gzip.decompress(triples.read_bytes()).decode().splitlines()
+    record = json.loads(lines[2])
+    record["negs"][1] = "atlantis"
+    lines[2] = json.dumps(record)
+    (broken / TRIPLES_FILE).write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    assert main(["train", "siamese", "--triples", str(broken / TRIPLES_FILE), *base]) == 2
+    error = capsys.readouterr().err
+    assert f"{broken / TRIPLES_FILE}:3: paragraph id 'atlantis' is not in {broken / PARAGRAPHS_FILE}" in error
+
+    assert main(["train", "cross-encoder", "--triples", str(triples), *base[:-2], "5", "--no-progress"]) == 2
+    assert ":1: 'q1' has 2 negatives, fewer than the 5 asked for" in capsys.readouterr().err
+
+
+def test_cli_prior_with_a_frozen_encoder_trains_judger_head_and_scale_only(
+    tiny_base: Path, overfit_files, tmp_path: Path, capsys
+) -> None:
+    """`--prior --freeze-encoder`: the encoder stays the (fp16-rounded) base; the checkpoint names it instead."""
+    triples, _ = overfit_files
+    status = main(["train", "earl", "--triples", str(triples), "--output", str(tmp_path), "--base-model",
+                   str(tiny_base), "--negatives", "2", "--max-steps", "3", "--batch-size", "2",
+                   "--learning-rate", "1e-2", "--warmup-ratio", "0", "--max-query-length", "16",
+                   "--max-doc-length", "24", "--tied", "--prior", "--freeze-encoder", "--device", "cpu",
+                   "--threads", "1", "--no-progress", "--json"])  # fmt: skip
+    assert status == 0, capsys.readouterr().err
+    base = new_ranker("earl", tiny_base, EarlOptions(tied=True, prior=True))
+    ranker = load_ranker(tmp_path)
+    assert ranker.prior and ranker.base_encoder.model == str(tiny_base.resolve())
+    for name, tensor in ranker.document_encoder.state_dict().items():
+        assert torch.equal(tensor, base.document_encoder.state_dict()[name].half().float()), name
+    assert ranker.prior_scale.item() != 20.0 and ranker.score.weight.any(), "scale and head were trained"
+    assert not torch.equal(ranker.blocks[0].output.weight, base.blocks[0].output.weight)
+    stored = load_file(tmp_path / "model.safetensors")
+    assert not [name for name in stored if name.startswith(("document_encoder.", "query_encoder."))]
+    record = json.loads((tmp_path / TRAINING_METADATA_FILE).read_text())
+    assert record["config"]["prior"] and record["config"]["freeze_encoder"]
+    assert "--prior --freeze-encoder" in record["command"]
+
+
+def test_encoder_learning_rate_gives_the_encoder_copies_their_own_rate(
+    tiny_base: Path, overfit_files, tmp_path: Path
+) -> None:
+    triples, paragraphs = overfit_files
+    config = RankingTrainingConfig(kind="earl", query_layers=1, prior=True, max_steps=2, batch_size=2,
+                                   learning_rate=1e-2, encoder_learning_rate=1e-9, warmup_ratio=0.0, **SMALL)  # fmt: skip
+    base = new_ranker("earl", tiny_base, EarlOptions(query_layers=1, prior=True))
+    result = train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="lr", progress=False)
+    trained, start = parameters(result.ranker), parameters(base)
+    for name in trained:
+        change = float((trained[name] - start[name]).abs().max())
+        if name.startswith(("document_encoder.", "query_encoder.")):
+            assert change < 1e-6, name
+        elif name.startswith("blocks.") and name.endswith(".output.weight") or name == "score.weight":
+            assert change > 1e-4, name
+    assert load_file(tmp_path / "model.safetensors").keys() == result.ranker.state_dict().keys(), "full checkpoint"

@@ -1,0 +1,113 @@
+"""`dilstore ask`: the interactive session survives bad questions (a real subprocess fed through stdin).
+
+The index is built and the command run in child processes, so this module
+never starts the JVM itself.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.retrieval import Hit
+from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
+from dilstore.runners.cmd_ask import highlight, interactive, printable
+from dilstore.storage.reader import open_store
+from tests.fixtures.odqa_fixtures import one_torch_thread, write_collection, write_reader_checkpoint, write_store
+from tests.fixtures.paths import ROOT
+
+GOOD = "When did the Zürich tram network open?"
+SESSION = ["", GOOD, "   ", "word " * 10_000, "Xylophone mallets?", "How high is Mount Kilimanjaro?"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_threaded() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def store_and_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("ask")
+    model_dir = write_reader_checkpoint(root / "model")
+    store_dir = root / "store"
+    write_store(store_dir, model_dir)
+    return store_dir, model_dir
+
+
+def test_interactive_session_in_a_subprocess(store_and_model: tuple[Path, Path], tmp_path: Path) -> None:
+    store_dir, model_dir = store_and_model
+    documents = [(p.id, f"{p.title}\n{p.text}") for p in open_store(store_dir).fetch(["tram#0", "kili#0"])]
+    write_collection(tmp_path / "collection" / "passages.jsonl", [*documents, ("ghost#0", "Xylophone mallets.")])
+    index = tmp_path / "bm25"
+    build = (
+        "import sys; from pathlib import Path; from reader.retrieval import build_bm25_index as build; "
+        "build(Path(sys.argv[1]), Path(sys.argv[2]))"
+    )
+    subprocess.run([sys.executable, "-c", build, str(tmp_path / "collection"), str(index)], check=True, cwd=ROOT,
+                   capture_output=True, timeout=300)  # fmt: skip
+    command = [sys.executable, "-m", "dilstore.runners.cli", "ask", str(store_dir), "--model", str(model_dir),
+               "--index", str(index), "--threads", "1"]  # fmt: skip
+    done = subprocess.run([*command, "--json"], input="\n".join(SESSION) + "\n", capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [answer["question"] for answer in answers] == [GOOD, "How high is Mount Kilimanjaro?"]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("dilstore ask: error:")]
+    assert len(errors) == 4
+    assert "empty" in errors[0] and "empty" in errors[1]
+    assert "longer than 64 tokens" in errors[2] or "characters long" in errors[2]
+    assert "ghost#0" in errors[3] and "not in store" in errors[3]
+
+
+class OneHitSearcher:
+    def search(self, query: str, k: int) -> list[Hit]:
+        return [Hit("tram#0", 7.5)]
+
+
+def test_interactive_loop_prints_text_answers_and_errors(store_and_model: tuple[Path, Path]) -> None:
+    store_dir, model_dir = store_and_model
+    odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), OneHitSearcher(),
+                            OdqaSettings(mu=0.5))  # fmt: skip
+    out, err = io.StringIO(), io.StringIO()
+    assert interactive(odqa, io.StringIO(f"\n{GOOD}\n"), out, err, as_json=False) == 0
+    assert err.getvalue() == "dilstore ask: error: the question is empty\n"
+    text = out.getvalue()
+    assert text.count("answer: ") == 1 and "passage: tram#0 (Zürich trams)" in text and "[[" in text
+    assert "0.5 * reader" in text and "0.5 * bm25 7.5000" in text and "timings: retrieval" in text
+
+
+def test_highlight_wraps_the_span() -> None:
+    assert highlight("opened in 1882 by", 10, 14) == "opened in [[1882]] by"
+
+
+def test_printable_escapes_control_characters() -> None:
+    assert printable("plain text, ümlauts and 中文") == "plain text, ümlauts and 中文"
+    assert printable("red \x1b[31malert\x07\r\n") == "red \\x1b[31malert\\x07\\r\\n"
+
+
+def test_text_answers_escape_control_characters(store_and_model: tuple[Path, Path]) -> None:
+    store_dir, model_dir = store_and_model
+    odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), OneHitSearcher(),
+                            OdqaSettings(mu=0.5))  # fmt: skip
+    out = io.StringIO()
+    interactive(odqa, io.StringIO("When did the \x1b[2J tram open?\n"), out, io.StringIO(), as_json=False)
+    assert "\x1b" not in out.getvalue() and "question: When did the \\x1b[2J tram open?" in out.getvalue()
+
+
+def test_a_line_that_is_not_utf8_is_reported_and_the_session_goes_on(store_and_model: tuple[Path, Path]) -> None:
+    store_dir, model_dir = store_and_model
+    odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), OneHitSearcher(),
+                            OdqaSettings(mu=0.5))  # fmt: skip
+    raw = io.TextIOWrapper(io.BytesIO(b"Tram \xff\xfe open?\n" + GOOD.encode() + b"\n"), errors="surrogateescape")
+    out, err = io.StringIO(), io.StringIO()
+    assert interactive(odqa, raw, out, err, as_json=True) == 0
+    assert err.getvalue() == "dilstore ask: error: the question is not UTF-8 text (byte at character 6); skipped\n"
+    assert [json.loads(line)["question"] for line in out.getvalue().splitlines()] == [GOOD]

@@ -1,0 +1,48 @@
+"""The README's "Python API" script runs as written and prints what its comments say.
+
+It precomputes two passages with the shipped reader and the shipped EARL
+ranker, builds the BM25 index, answers, reranks and evaluates, in a fresh
+process whose working folder is a temporary one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.paths import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def readme_script() -> str:
+    """The ```python block of the README's "Python API" section."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Python API") :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```", start)]
+
+
+def test_the_readme_python_api_script_runs(tmp_path: Path) -> None:
+    (tmp_path / "script.py").write_text(readme_script(), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "Denver Broncos" in lines
+    assert any(line.startswith("{'RR@10': ") and "'queries': 1" in line for line in lines)
+    assert any(line.startswith("{'questions': 1, 'em': 100.0") for line in lines)
+
+
+def test_import_dilstore_is_light_and_lists_the_api() -> None:
+    code = "import sys, dilstore; print(sorted(dilstore.__all__)); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    names, torch_loaded = done.stdout.splitlines()
+    assert names == str(
+        ["build_index", "evaluate_qa", "evaluate_rank", "open_reader", "open_reranker", "open_store", "precompute"]
+    )
+    assert torch_loaded == "False"

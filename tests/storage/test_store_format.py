@@ -1,0 +1,312 @@
+"""The store's format and behaviour: plain Zarr, layout, atomic idempotent writes, zero-copy reads, edge cases."""
+
+from __future__ import annotations
+
+import json
+import mmap
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+import zarr
+
+import dilstore.storage.writer
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.finalize import finalize
+from dilstore.storage.fingerprint import Fingerprint, FingerprintMismatchError
+from dilstore.storage.format import MANIFEST_FILE, StoreFormatError
+from dilstore.storage.id_index import DuplicatePassageIdError
+from dilstore.storage.reader import MissingPassagesError, open_store
+from dilstore.storage.records import PassageRecord
+from dilstore.storage.writer import write_shard
+from tests.fixtures.store_fixtures import build_store, fingerprint_for, passage, random_shards, scratch_dir
+
+
+@pytest.fixture(scope="module")
+def shards() -> list[list[PassageRecord]]:
+    return random_shards([5, 3, 4], state_shape=(6,), seed=1)
+
+
+@pytest.fixture(scope="module")
+def fp32_store(shards, tmp_path_factory) -> Path:
+    return build_store(tmp_path_factory.mktemp("fp32") / "store", shards)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def test_plain_zarr_python_reads_the_store_without_dilstore(fp32_store, shards) -> None:
+    """Layout per STORE_FORMAT.md, read with zarr-python and numpy only."""
+    index = zarr.open_group(fp32_store / "index", mode="r")
+    shard = zarr.open_group(fp32_store / "shards" / "shard-00001", mode="r")
+    assert shard.attrs["dilstore"]["encoding"] == "fp32" and shard.attrs["dilstore"]["passages"] == 3
+    id_bytes, id_offsets = shard["passages/ids/bytes"][...], shard["passages/ids/offsets"][...]
+    ids = [bytes(id_bytes[id_offsets[i] : id_offsets[i + 1]]).decode() for i in range(3)]
+    assert ids == [record.id for record in shards[1]]
+    offsets = shard["tokens/offsets"][...]
+    row = 2
+    start, stop = offsets[row], offsets[row + 1]
+    record = shards[1][row]
+    np.testing.assert_array_equal(shard["states/values"][start:stop], record.states)
+    np.testing.assert_array_equal(shard["tokens/ids"][start:stop], record.token_ids)
+    np.testing.assert_array_equal(shard["tokens/char_spans"][start:stop], record.char_spans)
+    text_bytes, text_offsets = shard["passages/texts/bytes"][...], shard["passages/texts/offsets"][...]
+    assert bytes(text_bytes[text_offsets[row] : text_offsets[row + 1]]).decode() == record.text
+    hashes, shard_of, row_of = index["hashes"][...], index["shards"][...], index["rows"][...]
+    assert len(hashes) == 12 and (np.diff(hashes.astype(np.float64)) >= 0).all()
+    assert sorted(zip(shard_of.tolist(), row_of.tolist())) == [(s, r) for s, n in enumerate([5, 3, 4]) for r in range(n)]
+
+
+def test_manifest_lists_shards_checksums_fingerprint_and_files_of_other_layers(shards, tmp_path) -> None:
+    root = tmp_path / "store"
+    for index, records in enumerate(shards):
+        write_shard(root, index, records, kind="dilbert", encoding="fp16", durable=False)
+    (root / "passages.parquet").write_bytes(b"written by the pipeline before finalize")
+    manifest = finalize(root, fingerprint_for(encoding="fp16"), {"command": "dilstore precompute"})
+    data = json.loads((root / MANIFEST_FILE).read_text())
+    assert [shard["name"] for shard in data["shards"]] == ["shard-00000", "shard-00001", "shard-00002"]
+    assert (data["passages"], data["tokens"]) == (12, sum(len(r.token_ids) for s in shards for r in s))
+    assert data["fingerprint"] == fingerprint_for(encoding="fp16").to_dict()
+    assert data["creation"]["command"] == "dilstore precompute" and "finalized_at" in data["creation"]
+    on_disk = {path for path in _files(root) if path != MANIFEST_FILE}
+    assert set(data["files"]) == on_disk and "passages.parquet" in on_disk
+    assert manifest.files["passages.parquet"].bytes == len(b"written by the pipeline before finalize")
+
+
+def test_rewriting_a_shard_is_byte_identical_and_kept(shards) -> None:
+    with scratch_dir() as scratch:
+        first, second = Path(scratch) / "first", Path(scratch) / "second"
+        for root in (first, second):
+            write_shard(root, 0, shards[0], kind="dilbert", encoding="int8", compressor="zstd", durable=False)
+        assert _files(first) == _files(second)
+        before = _files(first)
+        retry = write_shard(first, 0, shards[0], kind="dilbert", encoding="int8", compressor="zstd")
+        assert retry.status == "kept" and _files(first) == before
+        assert retry.passages == 5 and retry.bytes == sum(len(content) for content in before.values())
+        changed = write_shard(first, 0, shards[1], kind="dilbert", encoding="int8", compressor="zstd")
+        assert changed.status == "replaced" and _files(first) != before
+        assert sorted(path.name for path in (first / "shards").iterdir()) == ["shard-00000"]
+
+
+def test_a_failed_write_leaves_no_shard_and_no_temporary(shards, tmp_path, monkeypatch) -> None:
+    written = []
+
+    def fail_on_states(group, path, data, **options):
+        if path.startswith("states/"):
+            raise OSError("disk full")
+        written.append(path)
+        return write_array(group, path, data, **options)
+
+    write_array = dilstore.storage.writer.write_array
+    monkeypatch.setattr(dilstore.storage.writer, "write_array", fail_on_states)
+    with pytest.raises(OSError, match="disk full"):
+        write_shard(tmp_path, 0, shards[0], kind="dilbert", encoding="fp32")
+    assert written, "the write got part of the way"
+    assert list((tmp_path / "shards").iterdir()) == []
+
+
+def test_fp32_and_fp16_reads_are_zero_copy_views_of_the_shard_files(shards, tmp_path) -> None:
+    for encoding in ("fp32", "fp16"):
+        root = build_store(tmp_path / encoding, shards, encoding=encoding)
+        store = open_store(root)
+        assert store.read_path == "mmap"
+        for stored in store.fetch(["s2/p3", "s0/p0"]):
+            base = stored.states
+            assert not base.flags.owndata and not base.flags.writeable
+            while isinstance(base, np.ndarray):
+                base = base.base
+            base = base.obj if isinstance(base, memoryview) else base
+            assert isinstance(base, mmap.mmap), f"{encoding} states are not a view of a memory map"
+            values = store.shard(2 if stored.id == "s2/p3" else 0).per_token["values"].whole()
+            assert np.shares_memory(stored.states, values)
+
+
+def test_ids_with_unicode_spaces_and_a_thousand_characters(tmp_path) -> None:
+    rng = np.random.default_rng(3)
+    ids = ["über café", " leading and trailing ", "東京/駅 😀", "tab\tnew\nline", "x" * 1000, "é" * 1000, "a\\b\"c'"]
+    records = [passage(passage_id, 3, (4,), rng) for passage_id in ids]
+    root = build_store(tmp_path / "store", [records[:4], records[4:]])
+    for read_path in ("mmap", "zarr"):
+        store = open_store(root, read_path=read_path)
+        assert [stored.id for stored in store.fetch(ids[::-1])] == ids[::-1]
+        assert all(passage_id in store for passage_id in ids)
+        assert "über cafe" not in store and "x" * 999 not in store and 17 not in store
+
+
+def test_an_empty_store_opens_and_answers(tmp_path) -> None:
+    manifest = finalize(tmp_path, fingerprint_for(), {})
+    assert (manifest.passages, manifest.tokens, manifest.shards, manifest.state_shape) == (0, 0, (), None)
+    store = open_store(tmp_path)
+    assert len(store) == 0 and store.fetch([]) == [] and "anything" not in store
+    with pytest.raises(MissingPassagesError, match="'anything'"):
+        store.fetch(["anything"])
+
+
+def test_fetch_returns_request_order_with_repeats_and_answer_text(fp32_store, shards) -> None:
+    store = open_store(fp32_store)
+    record = next(record for shard in shards for record in shard if len(record.token_ids) >= 3)
+    wanted = [record.id, "s0/p4", record.id, "s1/p0"]
+    fetched = store.fetch(wanted)
+    assert [stored.id for stored in fetched] == wanted
+    assert fetched[0].title == record.title and fetched[0].text == record.text
+    assert fetched[0].answer_text(0, 1) == " ".join(record.text.split(" ")[:2])
+    with pytest.raises(DilstoreError, match="special token"):
+        fetched[0].answer_text(0, len(fetched[0].token_ids) - 1)
+
+
+def test_missing_ids_raise_naming_the_first_few(fp32_store) -> None:
+    store = open_store(fp32_store)
+    with pytest.raises(MissingPassagesError, match=r"7 of 8 .*'nope-0', 'nope-1'.* and 2 more") as caught:
+        store.fetch(["s0/p0"] + [f"nope-{i}" for i in range(7)])
+    assert caught.value.missing == [f"nope-{i}" for i in range(7)]
+
+
+def test_duplicate_ids_across_shards_fail_at_finalize(tmp_path) -> None:
+    rng = np.random.default_rng(4)
+    write_shard(tmp_path, 0, [passage("a", 2, (4,), rng), passage("twice", 2, (4,), rng)], kind="dilbert",
+                encoding="fp32", durable=False)
+    write_shard(tmp_path, 1, [passage("b", 2, (4,), rng), passage("twice", 3, (4,), rng)], kind="dilbert",
+                encoding="fp32", durable=False)
+    with pytest.raises(DuplicatePassageIdError, match="'twice' in shard-00000 row 1, shard-00001 row 1"):
+        finalize(tmp_path, fingerprint_for(), {})
+    assert not (tmp_path / MANIFEST_FILE).exists()
+
+
+def test_a_mismatched_fingerprint_fails_showing_both(fp32_store) -> None:
+    other = Fingerprint(**{**fingerprint_for().to_dict(), "weights_sha256": "f" * 64, "layers": 3})
+    with pytest.raises(FingerprintMismatchError) as caught:
+        open_store(fp32_store, expected=other)
+    message = str(caught.value)
+    assert "differs in: weights_sha256, layers" in message
+    assert "w" * 64 in message and "f" * 64 in message
+    assert open_store(fp32_store, expected=fingerprint_for()).fingerprint == fingerprint_for()
+
+
+def test_fsspec_urls_read_like_local_paths(fp32_store) -> None:
+    wanted = ["s1/p2", "s0/p0"]
+    local = open_store(fp32_store).fetch(wanted)
+    memory = fsspec.filesystem("memory")
+    memory.put(str(fp32_store), "/fp32-store", recursive=True)
+    try:
+        for url, read_path in ((fp32_store.as_uri(), "mmap"), ("memory://fp32-store", "zarr")):
+            store = open_store(url)
+            assert store.read_path == read_path
+            for got, expected in zip(store.fetch(wanted), local, strict=True):
+                assert got.text == expected.text
+                np.testing.assert_array_equal(got.states, expected.states)
+    finally:
+        memory.rm("/fp32-store", recursive=True)
+
+
+def test_memory_mapping_a_compressed_store_is_refused(shards, tmp_path) -> None:
+    root = build_store(tmp_path / "zstd", shards[:1], compressor="zstd")
+    assert open_store(root).read_path == "zarr"
+    with pytest.raises(DilstoreError, match="compressed with zstd"):
+        open_store(root, read_path="mmap")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"char_spans": np.array([[0, 99], [-1, -1]], dtype=np.int32)}, "outside its text"),
+        ({"states": np.array([[np.nan] * 4, [0.0] * 4], dtype=np.float32)}, "NaN"),
+        ({"states": np.zeros((2, 5), dtype=np.float32)}, "like the shard's first passage"),
+        ({"token_ids": np.array([1.5, 2.0])}, "integer"),
+        ({"id": "bad \ud800"}, "not valid Unicode"),
+        ({"id": ""}, "non-empty"),
+    ],
+)
+def test_the_writer_rejects_bad_records_naming_them(change, message, tmp_path) -> None:
+    rng = np.random.default_rng(5)
+    good = passage("good", 1, (4,), rng)
+    bad = PassageRecord(**{**vars(passage("bad", 1, (4,), rng)), **change})
+    with pytest.raises(DilstoreError, match=message):
+        write_shard(tmp_path, 0, [good, bad], kind="dilbert", encoding="fp32")
+    assert not (tmp_path / "shards" / "shard-00000").exists()
+
+
+def test_the_writer_rejects_empty_shards_duplicates_and_wrong_kinds(tmp_path) -> None:
+    rng = np.random.default_rng(6)
+    record = passage("p", 2, (4,), rng)
+    with pytest.raises(DilstoreError, match="no passages"):
+        write_shard(tmp_path, 0, [], kind="dilbert", encoding="fp32")
+    with pytest.raises(DilstoreError, match="occurs twice in shard shard-00000"):
+        write_shard(tmp_path, 0, [record, record], kind="dilbert", encoding="fp32")
+    with pytest.raises(StoreFormatError, match=r"'earl-s2' stores per-token states of rank 3"):
+        write_shard(tmp_path, 0, [record], kind="earl-s2", encoding="fp32")
+    with pytest.raises(StoreFormatError, match="unknown representation kind 'colbert'"):
+        write_shard(tmp_path, 0, [record], kind="colbert", encoding="fp32")
+
+
+def test_finalize_checks_the_shard_set_and_cleans_temporaries(shards, tmp_path) -> None:
+    for index in (0, 2):
+        write_shard(tmp_path, index, shards[index], kind="dilbert", encoding="fp32", durable=False)
+    stale = tmp_path / "shards" / ".tmp-shard-00001-deadbeef"
+    stale.mkdir()
+    with pytest.raises(DilstoreError, match=r"missing \[1\]"):
+        finalize(tmp_path, fingerprint_for(), {}, expected_shards=3)
+    with pytest.raises(DilstoreError, match="kind 'dilbert' encoding 'fp32', but the fingerprint says"):
+        finalize(tmp_path, fingerprint_for(encoding="int8"), {})
+    with pytest.raises(DilstoreError, match="longer than the fingerprint's max_length 3"):
+        finalize(tmp_path, fingerprint_for(max_length=3), {})
+    manifest = finalize(tmp_path, fingerprint_for(), {})
+    assert [shard.index for shard in manifest.shards] == [0, 2] and not stale.exists()
+    assert open_store(tmp_path).fetch(["s2/p0"])[0].id == "s2/p0"
+    with pytest.raises(DilstoreError, match="is finalized"):
+        write_shard(tmp_path, 1, shards[1], kind="dilbert", encoding="fp32")
+
+
+def with_vectors(records: list[PassageRecord], seed: int, width: int = 5) -> list[PassageRecord]:
+    """The records with a random float32 (width,) vector each, as an EARL prior ranker's store holds."""
+    rng = np.random.default_rng(seed)
+    return [
+        PassageRecord(**{**vars(record), "vector": rng.standard_normal(width).astype(np.float32)})
+        for record in records
+    ]
+
+
+@pytest.mark.parametrize("encoding", ["fp16", "int8"])
+def test_passage_vectors_are_stored_checked_and_read_on_every_path(encoding, shards, tmp_path) -> None:
+    """passages/vectors (n, d) float32: zarr-python, both read paths, the manifest, checksums and verify."""
+    from dilstore.storage.verify import verify_store
+
+    vectored = [with_vectors(records, seed) for seed, records in enumerate(shards)]
+    root = build_store(tmp_path / "store", vectored, kind="earl-s1", encoding=encoding)
+    manifest = json.loads((root / MANIFEST_FILE).read_text())
+    assert manifest["vector_size"] == 5 and "shards/shard-00001/passages/vectors/c/0/0" in manifest["files"]
+    shard = zarr.open_group(root / "shards" / "shard-00001", mode="r")
+    assert shard.attrs["dilstore"]["vector_size"] == 5
+    np.testing.assert_array_equal(shard["passages/vectors"][...], np.stack([r.vector for r in vectored[1]]))
+    for read_path in ("mmap", "zarr"):
+        store = open_store(root, read_path=read_path)
+        assert store.vector_size == 5
+        fetched = store.fetch(["s2/p3", "s0/p1"])
+        np.testing.assert_array_equal(fetched[0].vector, vectored[2][3].vector)
+        assert fetched[1].vector.dtype == np.float32
+    assert verify_store(root).ok
+    vectors_file = root / "shards" / "shard-00000" / "passages" / "vectors" / "c" / "0" / "0"
+    damaged = bytearray(vectors_file.read_bytes())
+    damaged[7] ^= 0x40
+    vectors_file.write_bytes(bytes(damaged))
+    assert any("passages/vectors" in problem for problem in verify_store(root).problems)
+
+
+def test_a_store_without_vectors_keeps_its_manifest_and_says_so(fp32_store) -> None:
+    assert "vector_size" not in json.loads((fp32_store / MANIFEST_FILE).read_text())
+    store = open_store(fp32_store)
+    assert store.vector_size is None and store.fetch(["s0/p0"])[0].vector is None
+
+
+def test_vectors_are_given_for_all_passages_of_a_store_or_none(shards, tmp_path) -> None:
+    vectored = with_vectors(shards[0], seed=3)
+    with pytest.raises(DilstoreError, match="has no vector, but others in shard shard-00000 do"):
+        write_shard(tmp_path / "a", 0, [*vectored[:2], shards[0][2]], kind="dilbert", encoding="fp32")
+    bad = PassageRecord(**{**vars(shards[0][1]), "vector": np.full(5, np.nan, dtype=np.float32)})
+    with pytest.raises(DilstoreError, match="vector has NaN"):
+        write_shard(tmp_path / "a", 0, [vectored[0], bad], kind="dilbert", encoding="fp32")
+    write_shard(tmp_path / "b", 0, vectored, kind="dilbert", encoding="fp32", durable=False)
+    write_shard(tmp_path / "b", 1, shards[1], kind="dilbert", encoding="fp32", durable=False)
+    with pytest.raises(DilstoreError, match="different settings.*vector_size=5.*vector_size=None"):
+        finalize(tmp_path / "b", fingerprint_for(), {})

@@ -1,0 +1,134 @@
+"""Random ragged data survives the store in every encoding, compressor and read path.
+
+The memory-mapped path, the zarr-python path and a compressed copy must give
+identical results; fp32 is exact, fp16 equals numpy's float16 rounding, and
+int8 stays within half a quantization step of every value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from dilstore.storage.encodings import ENCODINGS, get_encoding
+from dilstore.storage.format import StoreFormatError, shard_path
+from dilstore.storage.reader import open_store
+from dilstore.storage.records import PassageRecord
+from tests.fixtures.store_fixtures import build_store, scratch_dir
+
+KIND_SHAPES = st.one_of(
+    st.tuples(st.just("dilbert"), st.integers(1, 24).map(lambda d: (d,))),
+    st.tuples(st.just("earl-s1"), st.integers(1, 8).map(lambda d: (d,))),
+    st.tuples(st.just("earl-s2"), st.tuples(st.integers(1, 3), st.just(2), st.integers(1, 6))),
+)
+ELEMENTS = st.floats(-3e4, 3e4, width=32, allow_subnormal=True)
+
+
+@st.composite
+def ragged_store(draw: st.DrawFn) -> tuple[str, tuple[int, ...], list[list[PassageRecord]]]:
+    """A kind, its per-token shape, and 1-3 shards of 1-4 passages of 0-12 tokens with random states."""
+    kind, state_shape = draw(KIND_SHAPES)
+    shards = []
+    for shard in range(draw(st.integers(1, 3))):
+        records = []
+        for row in range(draw(st.integers(1, 4))):
+            n = draw(st.integers(0, 12))
+            text = draw(st.text(min_size=0, max_size=30))
+            starts = draw(hnp.arrays(np.int32, n, elements=st.integers(0, len(text))))
+            lengths = draw(hnp.arrays(np.int32, n, elements=st.integers(0, 3)))
+            spans = np.stack([starts, np.minimum(starts + lengths, len(text))], axis=1).astype(np.int32)
+            special = draw(hnp.arrays(np.bool_, n))
+            spans[special] = -1
+            states = draw(hnp.arrays(np.float32, (n, *state_shape), elements=ELEMENTS))
+            records.append(
+                PassageRecord(
+                    id=f"{shard}-{row}-" + draw(st.text(min_size=0, max_size=8)),
+                    title=draw(st.text(max_size=10)),
+                    text=text,
+                    token_ids=draw(hnp.arrays(np.int32, n, elements=st.integers(0, 2**31 - 1))),
+                    char_spans=spans,
+                    states=states,
+                )
+            )
+        shards.append(records)
+    return kind, state_shape, shards
+
+
+def _stored_channel_scales(root: Path, shard: int) -> np.ndarray:
+    return np.asarray(zarr.open_group(root / shard_path(shard), mode="r")["states/channel_scales"][...])
+
+
+def _check_decoded(encoding: str, original: np.ndarray, decoded: np.ndarray, channel: np.ndarray | None) -> None:
+    """The decoded states are what the encoding promises for these original states."""
+    assert decoded.shape == original.shape
+    if encoding == "fp32":
+        np.testing.assert_array_equal(decoded, original)
+    elif encoding == "fp16":
+        assert decoded.dtype == np.float16
+        np.testing.assert_array_equal(decoded, original.astype(np.float16))
+    else:
+        assert decoded.dtype == np.float32 and channel is not None
+        normalized = original / channel  # (n, *S)
+        step = np.abs(normalized).max(axis=-1, keepdims=True) / 127 * channel  # (n, *S)
+        assert (np.abs(decoded - original) <= 0.5 * step * (1 + 1e-5) + 1e-30).all()
+
+
+@pytest.mark.parametrize("encoding", sorted(ENCODINGS))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=ragged_store(), compressor=st.sampled_from(["zstd", "blosc"]), picks=st.randoms(use_true_random=False))
+def test_round_trip_every_encoding_and_read_path(encoding, data, compressor, picks) -> None:
+    kind, state_shape, shards = data
+    records = {record.id: (index, record) for index, shard in enumerate(shards) for record in shard}
+    wanted = [picks.choice(list(records)) for _ in range(2 * len(records))]  # any order, with repeats
+    with scratch_dir() as scratch:
+        plain = build_store(Path(scratch) / "plain", shards, kind=kind, encoding=encoding)
+        packed = build_store(Path(scratch) / "packed", shards, kind=kind, encoding=encoding, compressor=compressor)
+        reads = {
+            "mmap": open_store(plain, read_path="mmap").fetch(wanted),
+            "zarr": open_store(plain, read_path="zarr").fetch(wanted),
+            compressor: open_store(packed).fetch(wanted),
+        }
+        for position, passage_id in enumerate(wanted):
+            shard, record = records[passage_id]
+            channel = _stored_channel_scales(plain, shard) if encoding == "int8" else None
+            reference = reads["mmap"][position]
+            assert (reference.id, reference.title, reference.text) == (record.id, record.title, record.text)
+            np.testing.assert_array_equal(reference.token_ids, record.token_ids)
+            np.testing.assert_array_equal(reference.char_spans, record.char_spans)
+            _check_decoded(encoding, record.states, reference.states, channel)
+            for path, passages in reads.items():
+                other = passages[position]
+                assert (other.id, other.title, other.text) == (reference.id, reference.title, reference.text), path
+                for field in ("token_ids", "char_spans", "states"):
+                    np.testing.assert_array_equal(getattr(other, field), getattr(reference, field), err_msg=path)
+                    assert getattr(other, field).dtype == getattr(reference, field).dtype, (path, field)
+
+
+@given(states=hnp.arrays(np.float32, st.tuples(st.integers(0, 40), st.integers(1, 16)), elements=ELEMENTS))
+def test_int8_channel_scales_are_powers_of_two_near_the_channel_rms(states) -> None:
+    channel = get_encoding("int8").encode(states)["channel_scales"]
+    mantissa, _ = np.frexp(channel)
+    assert (mantissa == 0.5).all(), "every channel scale is a power of two"
+    rms = np.sqrt(np.square(states, dtype=np.float64).mean(axis=0)) if len(states) else np.zeros(states.shape[1])
+    positive = rms > 0
+    normal = positive & (rms >= 2.0**-126)
+    ratio = channel[normal] / rms[normal]
+    assert ((ratio >= 2**-0.5 * (1 - 1e-9)) & (ratio <= 2**0.5 * (1 + 1e-9))).all()
+    assert (channel[positive & ~normal] == np.float32(2.0**-126)).all(), "tiny channels stay normal floats"
+    assert (channel[~positive] == 1).all()
+
+
+def test_fp16_refuses_values_beyond_its_range() -> None:
+    with pytest.raises(StoreFormatError, match="float16"):
+        get_encoding("fp16").encode(np.array([[1.0, 7e4]], dtype=np.float32))
+
+
+def test_unknown_encoding_names_the_known_ones() -> None:
+    with pytest.raises(StoreFormatError, match="'pq4'.*fp32, fp16, int8"):
+        get_encoding("pq4")

@@ -1,0 +1,134 @@
+"""`dilstore verify` catches damage, `dilstore info` describes a store; both through the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dilstore.runners.cli import main
+from dilstore.storage.format import MANIFEST_FILE, TOKENS_PER_CHUNK
+from dilstore.storage.verify import verify_store
+from tests.fixtures.store_fixtures import build_store, random_shards
+
+INFO_KEYS = {"passages", "tokens", "shards", "bytes_on_disk", "bytes_per_token", "encoding", "fingerprint"}
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """A small sound int8 store (int8: the encoding with the most arrays)."""
+    shards = random_shards([4, 3], state_shape=(5,), seed=7, max_words=12)
+    return build_store(tmp_path_factory.mktemp("pristine") / "store", shards, encoding="int8")
+
+
+@pytest.fixture
+def store(pristine, tmp_path) -> Path:
+    """A private copy of the sound store, free to damage."""
+    return Path(shutil.copytree(pristine, tmp_path / "store"))
+
+
+def test_a_sound_store_verifies_and_later_files_are_listed_not_failed(store, capsys) -> None:
+    (store / "bm25").mkdir()
+    (store / "bm25" / "segments_1").write_bytes(b"lucene")
+    assert main(["verify", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("OK") and "bm25/segments_1" in out
+    report = verify_store(store)
+    assert report.ok and report.untracked == ["bm25/segments_1"]
+    assert report.files_checked == len(json.loads((store / MANIFEST_FILE).read_text())["files"])
+
+
+def test_every_single_flipped_byte_is_caught(store) -> None:
+    """One byte flipped in each file in turn (the manifest too), at a seeded random position."""
+    rng = np.random.default_rng(0)
+    files = sorted(json.loads((store / MANIFEST_FILE).read_text())["files"]) + [MANIFEST_FILE]
+    assert len(files) > 50
+    for relative in files:
+        path = store / relative
+        original = path.read_bytes()
+        damaged = bytearray(original)
+        position = int(rng.integers(len(damaged)))
+        damaged[position] ^= 1 << int(rng.integers(8))
+        path.write_bytes(bytes(damaged))
+        report = verify_store(store)
+        path.write_bytes(original)
+        assert not report.ok, f"a flipped bit at byte {position} of {relative} went unnoticed"
+        named = MANIFEST_FILE if relative == MANIFEST_FILE else relative
+        assert any(named in problem for problem in report.problems), (relative, report.problems)
+    assert verify_store(store).ok
+
+
+def test_a_truncated_file_is_caught(store, capsys) -> None:
+    values = store / "shards/shard-00001/states/codes/c/0/0"
+    values.write_bytes(values.read_bytes()[:-10])
+    assert main(["verify", str(store)]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "shards/shard-00001/states/codes/c/0/0" in out and "truncated" in out
+
+
+def test_a_missing_shard_is_caught(store, capsys) -> None:
+    shutil.rmtree(store / "shards" / "shard-00000")
+    assert main(["verify", str(store), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert not report["ok"]
+    assert "missing shard directory shards/shard-00000" in report["problems"]
+
+
+def test_a_missing_manifest_is_caught(store, capsys) -> None:
+    (store / MANIFEST_FILE).unlink()
+    assert main(["verify", str(store)]) == 1
+    assert "never finalized" in capsys.readouterr().out
+
+
+def test_a_file_slipped_into_a_shard_is_caught(store) -> None:
+    (store / "shards" / "shard-00001" / "extra.bin").write_bytes(b"x")
+    report = verify_store(store)
+    assert report.problems == ["shards/shard-00001/extra.bin: inside the store's data but not in the manifest"]
+
+
+def test_info_json_has_the_interface_keys(store, capsys) -> None:
+    assert main(["info", str(store), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert INFO_KEYS <= set(info)
+    assert (info["passages"], info["shards"], info["encoding"]) == (7, 2, "int8")
+    assert info["fingerprint"]["encoding"] == "int8"
+    # int8 at d=5: 5 code bytes + a 4-byte scale per token, plus per shard the last chunk's padding,
+    # the shard indexes and the channel scales
+    state_bytes = info["bytes_by_part"]["states"]
+    assert 9 * info["tokens"] <= state_bytes <= 9 * info["tokens"] + 2 * (TOKENS_PER_CHUNK * 9 + 200)
+    assert info["bytes_per_token"]["dilbert"] == round(state_bytes / info["tokens"], 3)
+    assert info["bytes_on_disk"] == sum(path.stat().st_size for path in store.rglob("*") if path.is_file())
+    assert main(["info", str(store)]) == 0
+    assert "bytes/token  dilbert" in capsys.readouterr().out
+
+
+def test_the_command_runs_as_a_program_and_reports_errors_without_a_traceback(store, tmp_path, capsys) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dilstore.runners.cli", "info", str(store), "--json"], capture_output=True, text=True, check=True
+    )
+    assert INFO_KEYS <= set(json.loads(done.stdout))
+    assert main(["info", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.startswith("dilstore info: error: no store at")
+    assert main(["verify", str(tmp_path / "nowhere")]) == 1
+    assert "no store at" in capsys.readouterr().out
+
+
+def test_info_into_a_closed_pipe_stops_quietly(store) -> None:
+    """`dilstore info STORE | head -0`: the reader is gone before we write; no traceback, exit 141 like Unix tools."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        finished = subprocess.run(
+            [sys.executable, "-m", "dilstore.runners.cli", "info", str(store)],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert finished.returncode == 141
+    assert "Traceback" not in finished.stderr and "BrokenPipeError" not in finished.stderr
