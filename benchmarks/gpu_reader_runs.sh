@@ -2,8 +2,9 @@
 # Reader training on a rented GPU machine (issue 12): the k=0 teacher, then distilled k>0 students.
 #
 # The GPU machine gets only the work tree plus a carried folder, has no network and no venv: its
-# python3 has torch and transformers, which is all `train qa` and `evaluate-rc` import. Prepare the
-# carried folder here (git-ignored):
+# python3 has torch, transformers and setuptools, which is all `train qa` and `evaluate-rc` need; the
+# script installs the checkout there without dependencies (`pip install --no-deps -e .`) so that the
+# `dilstore` namespace resolves. Prepare the carried folder here (git-ignored):
 #   .carry/reader/base-fp16/           all-MiniLM-L6-v2 with fp16 weights (package:base-model)
 #   .carry/reader/train-v1.1.json.gz   gzip -c ../shared/data/squad/train-v1.1.json
 #   .carry/reader/dev-v1.1.json        ../shared/data/squad/dev-v1.1.json
@@ -34,25 +35,27 @@ results=$runs/results
 mkdir -p "$runs" "$out" "$results"
 trap 'tar czf "$out/results-$stage.tgz" -C "$results" .' EXIT
 trap 'exit 143' TERM
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_BARS=1
+export PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_BARS=1
+python3 -c "import dilstore.runners.cli" 2>/dev/null \
+  || python3 -m pip install --quiet --no-deps --no-build-isolation --no-index -e . > "$runs/install.log"
 gunzip -c "$carry/train-v1.1.json.gz" > "$runs/train-v1.1.json"
 
 train() {  # NAME K MODEL [extra train options]
   local name=$1 k=$2 model=$3
   shift 3
-  python3 -m runners.cli train qa --layers "$k" --model "$model" --train "$runs/train-v1.1.json" \
+  python3 -m dilstore train qa --layers "$k" --model "$model" --train "$runs/train-v1.1.json" \
     --dev "$carry/dev-v1.1.json" --output "$runs/$name" --epochs 2 --batch-size 32 --learning-rate 1e-4 \
     --save-every 1000 --keep-checkpoints 50 --log-every 100 --device "$device" --no-progress --json $EXTRA "$@" \
     > "$results/$name.json" 2> "$results/$name.log"
   for checkpoint in "$runs/$name"/checkpoints/step-* "$runs/$name"; do
-    printf '{"checkpoint": "%s", "eval": %s}\n' "$(basename "$checkpoint")" "$(python3 -m runners.cli evaluate-rc \
+    printf '{"checkpoint": "%s", "eval": %s}\n' "$(basename "$checkpoint")" "$(python3 -m dilstore evaluate-rc \
       --model "$checkpoint" --data "$carry/dev-v1.1.json" --limit 1000 --seed 0 --device "$device" --json)"
   done > "$results/$name-curve.jsonl"
 }
 
 export_pieces() {  # NAME: the run's final model as fp16 pieces plus a tar of its small files
   local name=$1
-  python3 -c "import sys; from pathlib import Path; from reader.default_model import package_checkpoint; \
+  python3 -c "import sys; from pathlib import Path; from dilstore.reader.training.release import package_checkpoint; \
 package_checkpoint(Path(sys.argv[1]), Path(sys.argv[2]), '')" "$runs/$name" "$runs/$name-fp16"
   (cd "$runs/$name-fp16" && split -b 15M -d model.safetensors "$out/$name.safetensors.part-" \
     && sha256sum model.safetensors > weights.sha256 \

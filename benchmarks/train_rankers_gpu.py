@@ -34,9 +34,10 @@ from two carried folders, prepared here (CPU, pyserini and ../shared/data needed
 `prepare` copies the gzipped triples and paragraphs, saves the DL19 task (43 judged queries,
 BM25 top-100 with texts) and a SQuAD-dev task (a seeded 500 questions, BM25 top-20 over the dev
 paragraphs) as task files, and writes an fp16 copy of the packaged all-MiniLM-L6-v2. On the GPU
-machine, from the repository root (the checkout is not installed there):
+machine, from the repository root (the checkout is installed there without its dependencies):
 
-    PYTHONPATH=. python benchmarks/train_rankers_gpu.py train --carry .carry/rank \\
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . && \\
+    python3 benchmarks/train_rankers_gpu.py train --carry .carry/rank \\
         --base .carry/base-minilm-fp16 --out "$OUT" --steps 1500
 
 Back here, put the split checkpoint together and score the runs:
@@ -85,7 +86,7 @@ PART_PATTERN = "weights-part-{:02d}.safetensors"
 
 
 def rank_metrics(qrels: Qrels, run: Run) -> dict[str, float]:
-    """Mean RR@10 and nDCG@10 over the judged queries, as reader/rank_metrics.py defines them, in numpy.
+    """Mean RR@10 and nDCG@10 over the judged queries, as reader/evaluation/rank_metrics.py defines them, in numpy.
 
     Relevant means grade ≥ 2 on a 0–3 scale, else ≥ 1, for RR; nDCG uses the
     grades as gains with a log2 discount; ties are ranked as trec_eval does.

@@ -13,14 +13,14 @@ An EARL ranker (kind "earl") reuses the same fields: `layers` is N, the query
 module's depth, and `num_layers` is l, the document module's depth. It adds
 fields that a DilBert checkpoint leaves out (so DilBert files stay as they
 were): `judger_blocks`, `pooling`, `tied` and `prior` (the bi-encoder prior of
-reader/earl.py; a file written before it existed has no `prior` and loads
+reader/modeling/earl.py; a file written before it existed has no `prior` and loads
 with the prior off):
 
     {"format": 1, "kind": "earl", "architecture": "bert", "layers": 4, "num_layers": 6,
      "judger_blocks": 2, "pooling": "cls", "tied": false, "prior": true}
 
 A ranker whose encoder is frozen at a base model's weights is saved without
-them (reader/earl_checkpoints.py); its dilstore.json then says which base
+them (reader/modeling/earl_checkpoints.py); its dilstore.json then says which base
 and with which weight fingerprint:
 
     "base_encoder": {"model": "package:base-model", "weights_sha256": "…"}

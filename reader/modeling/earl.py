@@ -42,7 +42,7 @@ is reproducible.
 fp16, in eval mode, no gradients): training then moves only the judger
 blocks, the head and the prior's scale, so the prior stays the base model's
 cosine, and the checkpoint leaves the encoder out, naming the base instead
-(reader/earl_checkpoints.py).
+(reader/modeling/earl_checkpoints.py).
 
 Training and evaluation score (query, document) groups through
 `score_groups` and `score_texts`, the interface EARL shares with its two
