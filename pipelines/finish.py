@@ -36,7 +36,7 @@ def run_summary(stats: RunStats, job: PrecomputeJob, finished_at: float) -> dict
         "seconds": round(finished_at - job.started_at, 3),
         "passages_per_second": round(stats.passages / max(finished_at - job.started_at, 1e-9), 2),
         "runner": job.runner,
-        "store": job.store,
+        "store": job.destination or job.store,
         "shard_count": job.num_shards,
         "kind": job.kind,
         "layers": job.layers,

@@ -6,13 +6,17 @@ to report progress). `run_spec` is the part that decides the store's contents:
 a re-run may resume a store only when its spec is the same, and the spec is
 written to `STORE/precompute.json` before any shard, so a later run can tell.
 `prepare_store` makes the output folder ready for a run (start, resume, or
-refuse, or with overwrite delete and start again); tests call it directly.
+refuse); with --overwrite, a store of other settings is replaced by building
+the new one beside it and swapping it in once complete (`replacement_dir`,
+`swap_in`), and only a dilstore store that holds no input and is not the
+current folder is ever replaced (`check_replaceable`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +60,8 @@ class PrecomputeJob:
     progress_dir: str | None = None
     compressor: str | None = None
     generation: str | None = None
+    # Where the store ends up when it is built elsewhere (an --overwrite replacement, built beside it).
+    destination: str | None = None
     creation: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -144,8 +150,11 @@ def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
 
     An empty or absent folder is started; a folder holding an earlier run of
     the same spec is resumed (or, when finalized, left as it is); anything
-    else is refused unless `overwrite`, which deletes the folder. It runs
-    once, before the pipeline starts, so no worker ever sees a half-prepared store.
+    else is refused. With `overwrite` a store of other settings is not
+    touched here: the caller builds the new one beside it (`replacement_dir`)
+    and swaps it in when complete (`swap_in`), so a failed run leaves the old
+    store as it was. It runs once, before the pipeline starts, so no worker
+    ever sees a half-prepared store.
     """
     if store.exists() and not store.is_dir():
         raise DilstoreError(f"--output {store} exists and is not a directory")
@@ -153,17 +162,65 @@ def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
         found = read_spec(store)
         if found == spec:
             return (store / MANIFEST_FILE).is_file()
-        if not overwrite:
-            if found is None:
-                raise DilstoreError(
-                    f"--output {store} is not empty and was not made by `dilstore precompute`; "
-                    "choose another folder or pass --overwrite"
-                )
+        if found is None and not (store / MANIFEST_FILE).is_file():
             raise DilstoreError(
-                f"--output {store} holds a run with other settings (differs in: "
-                f"{', '.join(spec_differences(found, spec))}); choose another folder or pass --overwrite"
+                f"--output {store} is not empty and was not made by `dilstore precompute`; choose another folder"
+                + ("" if overwrite else " (--overwrite replaces only dilstore stores)")
             )
-        shutil.rmtree(store)
+        if not overwrite:
+            differing = ", ".join(spec_differences(found or {}, spec))
+            raise DilstoreError(
+                f"--output {store} holds a run with other settings (differs in: {differing}); "
+                "choose another folder or pass --overwrite"
+            )
+        return False
     atomic_write_text(store / SPEC_FILE, spec_json(spec))
     return False
+
+
+def needs_replacement(store: Path, spec: dict[str, Any]) -> bool:
+    """True when `store` holds a dilstore store of another spec: what --overwrite replaces."""
+    return store.is_dir() and any(store.iterdir()) and read_spec(store) != spec
+
+
+def check_replaceable(store: Path, inputs: list[str]) -> None:
+    """--overwrite never replaces the current folder, a parent of it, or a folder that holds an input."""
+    target = store.resolve()
+    here = Path.cwd().resolve()
+    if target == here or target in here.parents:
+        raise DilstoreError(f"--output {store} is the current folder or one of its parents; it is never replaced")
+    for given in inputs:
+        source = Path(given).resolve()
+        if target in source.parents:
+            raise DilstoreError(f"--output {store} holds the input {given}; it is never replaced")
+
+
+def replacement_dir(store: Path, spec: dict[str, Any]) -> Path:
+    """The folder beside `store` that its replacement is built in, ready for this spec.
+
+    An earlier replacement of the same spec (a run killed after --overwrite)
+    is resumed; one of other settings is this project's own leftover and is
+    removed.
+    """
+    building = store.parent / f".{store.name}.dilstore-building"
+    if building.is_dir() and read_spec(building) != spec:
+        shutil.rmtree(building)
+    building.mkdir(parents=True, exist_ok=True)
+    if read_spec(building) is None:
+        atomic_write_text(building / SPEC_FILE, spec_json(spec))
+    return building
+
+
+def swap_in(store: Path, built: Path) -> None:
+    """Put the complete store `built` at `store` and delete the one it replaces.
+
+    The old store is renamed aside first, so between the two renames there
+    is at every moment a complete store, old or new, at one of the paths.
+    """
+    old = store.parent / f".{store.name}.dilstore-replaced"
+    if old.exists():
+        shutil.rmtree(old)
+    os.rename(store, old)
+    os.rename(built, store)
+    shutil.rmtree(old)
 

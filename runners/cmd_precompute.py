@@ -427,7 +427,15 @@ def run_command(args: argparse.Namespace) -> int:
     """Run `dilstore precompute` and print its summary; 0 on success."""
     started = time.time()
     quiet_local_logging()
-    from dilstore.pipelines.job import SUMMARY_FILE, prepare_store, run_spec
+    from dilstore.pipelines.job import (
+        SUMMARY_FILE,
+        check_replaceable,
+        needs_replacement,
+        prepare_store,
+        replacement_dir,
+        run_spec,
+        swap_in,
+    )
     from dilstore.pipelines.options import LOCAL_RUNNERS, canonical_runner
     from dilstore.pipelines.store_lock import write_lock
 
@@ -436,10 +444,17 @@ def run_command(args: argparse.Namespace) -> int:
         logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
     with tempfile.TemporaryDirectory(prefix="dilstore-progress-") as progress_dir:
         job = build_job(args, started, runner, progress_dir if runner in LOCAL_RUNNERS else None)
-        with write_lock(Path(job.store)):
-            if prepare_store(Path(job.store), run_spec(job), args.overwrite):
+        store, spec = Path(job.store), run_spec(job)
+        with write_lock(store):
+            if prepare_store(store, spec, args.overwrite):
                 print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
-                summary = json.loads((Path(job.store) / SUMMARY_FILE).read_text(encoding="utf-8"))
+                summary = json.loads((store / SUMMARY_FILE).read_text(encoding="utf-8"))
+            elif args.overwrite and needs_replacement(store, spec):
+                check_replaceable(store, [task.path for task in job.inputs])
+                building = replacement_dir(store, spec)
+                built = dataclasses.replace(job, store=str(building), destination=job.store)
+                summary = run_pipeline(built, runner, args.beam_args, args.workers, not args.no_progress)
+                swap_in(store, building)
             else:
                 summary = run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
     print_summary(summary, args.json)
