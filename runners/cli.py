@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from dilstore.runners.quiet import configure as configure_output
 from dilstore.storage.errors import DilstoreError
 
 # Order is the order `dilstore --help` lists them in.
@@ -70,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    configure_output(verbose=getattr(args, "verbose", False))
     try:
         status = int(args.run(args) or 0)
         sys.stdout.flush()

@@ -10,6 +10,7 @@ from typing import TextIO
 
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.reading_options import apply_threads
+from dilstore.runners.quiet import add_verbose_argument
 from dilstore.storage.errors import DilstoreError
 
 HIGHLIGHT = ("[[", "]]")
@@ -39,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_odqa_arguments(parser)
     parser.add_argument("question", nargs="?", help="the question (omit it to read questions from stdin)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per answer")
+    add_verbose_argument(parser)
     parser.set_defaults(run=run)
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dilstore.storage.errors import DilstoreError
+from dilstore.runners.quiet import add_verbose_argument, filtered_stderr
 from dilstore.storage.format import COMPRESSORS
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
@@ -128,6 +129,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="padded tokens per encoder batch (default 8192)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--json", action="store_true", help="print the end-of-run summary as JSON")
+    add_verbose_argument(run)
     parser.set_defaults(run=run_command)
 
 
@@ -278,20 +280,21 @@ def run_pipeline(
     with local_runtime(runner, workers, job.num_shards, beam_args) as defaults:
         options = pipeline_options(assemble_beam_flags(runner, beam_args, defaults))
         pipeline = build_pipeline(job, options)
-        bar = ProgressBar(Path(job.progress_dir) if progress and runner in LOCAL_RUNNERS and job.progress_dir else None)
         result = None
-        with bar:
-            try:
-                result = pipeline.run()
-                result.wait_until_finish()
-            except DilstoreError:
-                raise
-            except Exception as error:  # Beam wraps worker errors in runner-specific types
-                raise DilstoreError(f"the pipeline failed: {_last_line(error)}") from error
-            finally:
-                client = getattr(result, "client", None)  # the Dask runner's distributed.Client
-                if client is not None:
-                    client.close()
+        with filtered_stderr():
+            bar = ProgressBar(Path(job.progress_dir) if progress and runner in LOCAL_RUNNERS and job.progress_dir else None)
+            with bar:
+                try:
+                    result = pipeline.run()
+                    result.wait_until_finish()
+                except DilstoreError:
+                    raise
+                except Exception as error:  # Beam wraps worker errors in runner-specific types
+                    raise DilstoreError(f"the pipeline failed: {_last_line(error)}") from error
+                finally:
+                    client = getattr(result, "client", None)  # the Dask runner's distributed.Client
+                    if client is not None:
+                        client.close()
     summary_path = Path(job.store) / SUMMARY_FILE
     return json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
 
