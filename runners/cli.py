@@ -26,6 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "runners.cmd_evaluate_rank",
     "runners.cmd_rerank",
     "runners.cmd_store",
+    "runners.cmd_serve",
 )
 
 
