@@ -68,10 +68,13 @@ class OverlapSearcher:
         self.words = {passage_id: set(re.findall(r"\w+", text.lower())) for passage_id, text in texts.items()}
         self.gate = threading.Event()
         self.gate.set()
+        self.gated = threading.Event()  # set while a GATE search waits at the gate
 
     def search(self, query: str, k: int) -> list[Hit]:
         if query == GATE:
+            self.gated.set()
             self.gate.wait(WAIT)
+            self.gated.clear()
         if query == BROKEN:
             return [Hit("ghost#0", 9.0)]
         asked = set(re.findall(r"\w+", query.lower()))
@@ -204,8 +207,7 @@ def send_gated(client: httpx.Client, app: Any, gate: OverlapSearcher, bodies: li
     async def go() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=client.base_url, timeout=WAIT) as session:
             first = asyncio.create_task(session.post("/ask", json={"question": GATE, "top_p": 2}))
-            await asyncio.to_thread(wait_until, lambda: batcher.pending() == 0 and not gate.gate.is_set(), "gated")
-            await asyncio.sleep(0.05)  # the GATE request has been taken by the worker
+            await asyncio.to_thread(wait_until, gate.gated.is_set, "the worker waits at the gate")
             tasks = []
             for body in bodies:
                 tasks.append(asyncio.create_task(session.post(endpoint, json=body)))

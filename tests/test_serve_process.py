@@ -105,6 +105,14 @@ def server(indexed: dict[str, object]) -> Iterator[Server]:
             server.process.wait()
 
 
+def wait_for_in_flight(url: str) -> None:
+    """Until /metrics shows one /ask request in flight (its headers read, its body awaited)."""
+    deadline = time.monotonic() + WAIT
+    while 'dilstore_requests_in_flight{endpoint="/ask"} 1' not in httpx.get(url + "/metrics", timeout=WAIT).text:
+        assert time.monotonic() < deadline, "the request never arrived"
+        time.sleep(0.05)
+
+
 def test_answers_equal_ask_json_and_sigterm_drains_the_request_in_flight(indexed, server: Server) -> None:
     with httpx.Client(base_url=server.url, timeout=WAIT) as client:
         assert client.get("/health").status_code == 200
@@ -122,7 +130,7 @@ def test_answers_equal_ask_json_and_sigterm_drains_the_request_in_flight(indexed
     with socket.create_connection((host, int(port)), timeout=WAIT) as connection:
         connection.sendall(b"POST /ask HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
                            b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])  # fmt: skip
-        time.sleep(0.5)
+        wait_for_in_flight(server.url)
         server.process.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         assert server.process.poll() is None, "the server exited with a request in flight"
