@@ -95,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
         raise DilstoreError(f"--port must be between 0 and 65535, got {args.port}")
     apply_threads(args.threads)
     named = [parse_store_argument(argument) for argument in args.stores]
+    names = [name for name, _ in named]
+    if len(set(names)) != len(names):
+        raise DilstoreError(f"store names must differ, got {names}; name them as NAME=DIR")
     models = per_store_models(args.model, len(named))
     served = [
         open_served_store(name, path, model, args.device) for (name, path), model in zip(named, models, strict=True)

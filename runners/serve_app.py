@@ -212,7 +212,7 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
         raise DilstoreError("no store to serve")
     names = [store.name for store in stores]
     if len(set(names)) != len(names):
-        raise DilstoreError(f"store names must differ, got {names}; name them as NAME=PATH")
+        raise DilstoreError(f"store names must differ, got {names}; name them as NAME=DIR")
     metrics = metrics or Metrics()
     batchers = {
         store.name: Batcher(

@@ -39,6 +39,7 @@ from reader.rerank import open_reranker
 from reader.retrieval import Hit
 from runners.cli import main
 from runners.cmd_ask import print_answer
+from runners.cmd_serve import parse_store_argument
 from runners.serve_app import AskService, RerankService, ServedStore, create_app
 from runners.serve_batching import ServeSettings
 from storage.reader import open_store
@@ -451,3 +452,7 @@ def test_model_options_must_match_the_stores(tiny: dict[str, Any], capsys) -> No
     assert "once per store" in capsys.readouterr().err
     assert main(["serve", str(tiny["s1"]), "--max-batch-pairs", "0"]) == 2
     assert "max-batch-pairs must be at least 1" in capsys.readouterr().err
+    assert main(["serve", str(tiny["s1"]), f"{tiny['s1'].name}={tiny['s2']}"]) == 2
+    assert "store names must differ" in capsys.readouterr().err
+    assert parse_store_argument(f"books={tiny['s1']}") == ("books", tiny["s1"])
+    assert parse_store_argument(str(tiny["s1"])) == ("s1", tiny["s1"])
