@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,10 @@ from tests.fixtures.paths import ROOT
          "dilstore rerank: error: "),
         (["evaluate-rank", "--qrels", "{tmp}/q.txt", "--run", "{tmp}/r.trec"], "dilstore evaluate-rank: error: "),
         (["ask", "{tmp}/no-store", "a question"], "dilstore ask: error: "),
+        (["evaluate-qa", "{tmp}/no-store", "--questions", "{tmp}/q.jsonl"], "dilstore evaluate-qa: error: "),
+        (["evaluate-rc", "--data", "{tmp}/none.json"], "dilstore evaluate-rc: error: "),
+        (["serve", "{tmp}/no-store", "--port", "0"], "dilstore serve: error: "),
+        (["train", "ranking-data", "--squad", "{tmp}/none.json", "--output", "{tmp}/o"], "dilstore train: error: "),
         (["train", "qa", "--layers", "1", "--train", "{tmp}/none.json", "--output", "{tmp}/o"], "dilstore train: error: "),
     ],
 )
@@ -47,6 +52,19 @@ def test_an_os_error_inside_a_command_is_one_line(monkeypatch: pytest.MonkeyPatc
     parser_run = main(["info", "/stores/locked"])
     assert parser_run == 2
     assert capsys.readouterr().err == "dilstore info: error: Permission denied: /stores/locked\n"
+
+
+def test_an_unreadable_input_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Checked up front (os.access; root reads everything, so the check is simulated here)."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a", "text": "text"}\n')
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == corpus else real_access(path, mode))
+    assert main(["precompute", "--input", str(corpus), "--output", str(tmp_path / "store")]) == 2
+    assert f"--input {corpus}: permission denied" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()
 
 
 def test_verify_reports_a_missing_store_as_a_problem_with_exit_1(tmp_path: Path, capsys) -> None:
