@@ -26,6 +26,7 @@ from dilstore.pipelines.corpus_msmarco import read_msmarco
 from dilstore.pipelines.corpus_squad import read_squad
 from dilstore.pipelines.corpus_wikipedia import read_wikipedia
 from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped
+from dilstore.pipelines.source_files import open_source
 from dilstore.storage.errors import DilstoreError
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "Record",
     "Rejected",
     "Skipped",
+    "check_format",
     "format_for_path",
     "read_corpus",
 ]
@@ -83,3 +85,35 @@ def format_for_path(path: str | Path) -> str:
         if name.endswith(suffix):
             return format
     raise DilstoreError(f"cannot tell the corpus format of {path} from its name; name it: {', '.join(FORMATS)}")
+
+
+# What the first non-blank bytes of a file in each format look like, and how to say it.
+_FORMAT_OPENINGS = {
+    "jsonl": (lambda line: line.startswith(b"{"), "a JSON object per line"),
+    "msmarco": (lambda line: b"\t" in line, "pid<TAB>text lines"),
+    "squad": (lambda line: line.startswith(b"{"), "one JSON object"),
+    "wikipedia": (lambda line: line.startswith(b"<"), "XML"),
+}
+# How far into a file the first non-blank line is looked for.
+_SNIFF_BYTES = 1 << 16
+
+
+def check_format(path: str | Path, format: str) -> None:
+    """A DilstoreError when the file's first non-blank line cannot begin a corpus of `format`.
+
+    A wrong --format would otherwise dead-letter every record and finish with
+    an empty store; this catches it before anything is written. An empty
+    file passes (it simply holds no records).
+    """
+    looks_right, expected = _FORMAT_OPENINGS[format]
+    with open_source(path) as stream:
+        try:
+            head = stream.read(_SNIFF_BYTES)
+        except (OSError, EOFError):
+            return  # a damaged compressed file: the reader dead-letters it where it breaks
+    line = next((line.strip() for line in head.removeprefix(b"\xef\xbb\xbf").splitlines() if line.strip()), b"")
+    if line and not looks_right(line):
+        shown = line[:40].decode("utf-8", "replace")
+        raise DilstoreError(
+            f"--format {format} does not fit {path}: {format} files hold {expected}, but it begins {shown!r}"
+        )

@@ -70,6 +70,15 @@ class Skipped:
 Record = Document | Rejected | Skipped
 
 
+def lone_surrogate_reason(field: str, value: str) -> str | None:
+    """Why `value` cannot be UTF-8 encoded (it holds a lone surrogate code point), or None when it can."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"invalid text: {field} holds a lone surrogate U+{ord(value[error.start]):04X} at character {error.start + 1}"
+    return None
+
+
 def make_document(
     source: str,
     position: int | str,
@@ -84,9 +93,15 @@ def make_document(
     document), or the record's id otherwise. The id may be a string or an
     integer (MS MARCO pids); it is rejected when missing or blank. Text that is
     empty or only whitespace is rejected, and so is text over `max_bytes` of UTF-8.
+    A field holding a lone surrogate (JSON's "\\ud800") is not Unicode text
+    that any later step could write, so it is rejected here too.
     """
     if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or not str(doc_id).strip():
         return Rejected(source, position, "missing id")
+    for field, value in (("id", str(doc_id)), ("title", title), ("text", text)):
+        surrogate = lone_surrogate_reason(field, value)
+        if surrogate is not None:
+            return Rejected(source, position, surrogate)
     if not text.strip():
         return Rejected(source, position, "empty text")
     size = len(text.encode("utf-8"))

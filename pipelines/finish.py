@@ -36,7 +36,7 @@ def run_summary(stats: RunStats, job: PrecomputeJob, finished_at: float) -> dict
         "seconds": round(finished_at - job.started_at, 3),
         "passages_per_second": round(stats.passages / max(finished_at - job.started_at, 1e-9), 2),
         "runner": job.runner,
-        "store": job.store,
+        "store": job.destination or job.store,
         "shard_count": job.num_shards,
         "kind": job.kind,
         "layers": job.layers,
@@ -59,5 +59,5 @@ def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
     (store / REJECTED_DIR).mkdir(exist_ok=True)
     summary = run_summary(stats, job, time.time())
     atomic_write_text(store / SUMMARY_FILE, json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    finalize(store, job.fingerprint, {**job.creation, "summary": summary})
+    finalize(store, job.fingerprint, {**job.creation, "summary": summary}, generation=job.generation)
     return summary

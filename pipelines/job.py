@@ -6,12 +6,17 @@ to report progress). `run_spec` is the part that decides the store's contents:
 a re-run may resume a store only when its spec is the same, and the spec is
 written to `STORE/precompute.json` before any shard, so a later run can tell.
 `prepare_store` makes the output folder ready for a run (start, resume, or
-refuse, or with overwrite delete and start again); tests call it directly.
+refuse); with --overwrite, a store of other settings is replaced by building
+the new one beside it and swapping it in once complete (`replacement_dir`,
+`swap_in`), and only a dilstore store that holds no input and is not the
+current folder is ever replaced (`check_replaceable`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +64,9 @@ class PrecomputeJob:
     progress_dir: str | None = None
     compressor: str | None = None
     codebook: str | None = None
+    generation: str | None = None
+    # Where the store ends up when it is built elsewhere (an --overwrite replacement, built beside it).
+    destination: str | None = None
     creation: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -81,28 +89,24 @@ class PrecomputeJob:
 
     def shard_settings(self) -> ShardSettings:
         return ShardSettings(
-            store=self.store,
-            kind=self.kind,
-            encoding=self.encoding,
-            policy=self.policy,
-            compressor=self.compressor,
+            store=self.store, kind=self.kind, encoding=self.encoding, policy=self.policy, compressor=self.compressor,
             codebook=str(Path(self.store) / CODEBOOK_DIR) if get_encoding(self.encoding).codebook else None,
-        )
+            generation=self.generation, fingerprint=self.fingerprint,
+        )  # fmt: skip
 
 
 def run_spec(job: PrecomputeJob) -> dict[str, Any]:
-    """What fixes a store's contents: inputs (path and size), format, split, shards, model fingerprint, compression.
+    """What fixes a store's contents: inputs (path, size, modification time), format, split, shards, model
+    fingerprint, compression, a given codebook.
 
+    The modification time makes an input edited in place (same size) a
+    different spec, so a re-run does not call the old store complete.
     `compression` is only present for a compressed store, and `codebook` (the
-    SHA-256 of its arrays) only for a codebook given with `--codebook`, so the
-    spec of an uncompressed fp run is the one earlier dilstore versions wrote,
-    and their unfinished stores can still be resumed. A sampled codebook needs
-    no entry: it follows from the inputs and the model.
+    SHA-256 of its arrays) only for a codebook given with `--codebook`, so a
+    given codebook is part of the spec and of the generation made from it. A
+    sampled codebook needs no entry: it follows from the inputs and the model.
     """
-    spec: dict[str, Any] = {
-        "inputs": [
-            {"path": task.path, "format": task.format, "bytes": Path(task.path).stat().st_size} for task in job.inputs
-        ],
+    spec: dict[str, Any] = {"inputs": [_input_entry(task.path, task.format) for task in job.inputs],
         "split": job.strategy,
         "shards": job.num_shards,
         "fingerprint": job.fingerprint.to_dict(),
@@ -112,6 +116,23 @@ def run_spec(job: PrecomputeJob) -> dict[str, Any]:
     if job.codebook is not None:
         spec["codebook"] = codebook_digest(read_codebook(job.codebook, job.encoding)[0])
     return spec
+
+
+def _input_entry(path: str, format: str) -> dict[str, Any]:
+    """One input as the spec records it: what the file is now, by size and modification time (ns)."""
+    status = Path(path).stat()
+    return {"path": path, "format": format, "bytes": status.st_size, "mtime_ns": status.st_mtime_ns}
+
+
+def spec_generation(spec: dict[str, Any]) -> str:
+    """The build id of a run: the first 16 hex digits of the SHA-256 of its spec file's text.
+
+    Equal specs give equal ids, so a resumed run writes the same bytes as an
+    uninterrupted one; any other spec (another k, model, input or encoding)
+    gives another id, which every shard and the manifest record, so a reader
+    never mixes shards of two builds.
+    """
+    return hashlib.sha256(spec_json(spec).encode("utf-8")).hexdigest()[:16]
 
 
 def spec_json(spec: dict[str, Any]) -> str:
@@ -140,8 +161,11 @@ def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
 
     An empty or absent folder is started; a folder holding an earlier run of
     the same spec is resumed (or, when finalized, left as it is); anything
-    else is refused unless `overwrite`, which deletes the folder. It runs
-    once, before the pipeline starts, so no worker ever sees a half-prepared store.
+    else is refused. With `overwrite` a store of other settings is not
+    touched here: the caller builds the new one beside it (`replacement_dir`)
+    and swaps it in when complete (`swap_in`), so a failed run leaves the old
+    store as it was. It runs once, before the pipeline starts, so no worker
+    ever sees a half-prepared store.
     """
     if store.exists() and not store.is_dir():
         raise DilstoreError(f"--output {store} exists and is not a directory")
@@ -149,17 +173,65 @@ def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
         found = read_spec(store)
         if found == spec:
             return (store / MANIFEST_FILE).is_file()
-        if not overwrite:
-            if found is None:
-                raise DilstoreError(
-                    f"--output {store} is not empty and was not made by `dilstore precompute`; "
-                    "choose another folder or pass --overwrite"
-                )
+        if found is None and not (store / MANIFEST_FILE).is_file():
             raise DilstoreError(
-                f"--output {store} holds a run with other settings (differs in: "
-                f"{', '.join(spec_differences(found, spec))}); choose another folder or pass --overwrite"
+                f"--output {store} is not empty and was not made by `dilstore precompute`; choose another folder"
+                + ("" if overwrite else " (--overwrite replaces only dilstore stores)")
             )
-        shutil.rmtree(store)
+        if not overwrite:
+            differing = ", ".join(spec_differences(found or {}, spec))
+            raise DilstoreError(
+                f"--output {store} holds a run with other settings (differs in: {differing}); "
+                "choose another folder or pass --overwrite"
+            )
+        return False
     atomic_write_text(store / SPEC_FILE, spec_json(spec))
     return False
+
+
+def needs_replacement(store: Path, spec: dict[str, Any]) -> bool:
+    """True when `store` holds a dilstore store of another spec: what --overwrite replaces."""
+    return store.is_dir() and any(store.iterdir()) and read_spec(store) != spec
+
+
+def check_replaceable(store: Path, inputs: list[str]) -> None:
+    """--overwrite never replaces the current folder, a parent of it, or a folder that holds an input."""
+    target = store.resolve()
+    here = Path.cwd().resolve()
+    if target == here or target in here.parents:
+        raise DilstoreError(f"--output {store} is the current folder or one of its parents; it is never replaced")
+    for given in inputs:
+        source = Path(given).resolve()
+        if target in source.parents:
+            raise DilstoreError(f"--output {store} holds the input {given}; it is never replaced")
+
+
+def replacement_dir(store: Path, spec: dict[str, Any]) -> Path:
+    """The folder beside `store` that its replacement is built in, ready for this spec.
+
+    An earlier replacement of the same spec (a run killed after --overwrite)
+    is resumed; one of other settings is this project's own leftover and is
+    removed.
+    """
+    building = store.parent / f".{store.name}.dilstore-building"
+    if building.is_dir() and read_spec(building) != spec:
+        shutil.rmtree(building)
+    building.mkdir(parents=True, exist_ok=True)
+    if read_spec(building) is None:
+        atomic_write_text(building / SPEC_FILE, spec_json(spec))
+    return building
+
+
+def swap_in(store: Path, built: Path) -> None:
+    """Put the complete store `built` at `store` and delete the one it replaces.
+
+    The old store is renamed aside first, so between the two renames there
+    is at every moment a complete store, old or new, at one of the paths.
+    """
+    old = store.parent / f".{store.name}.dilstore-replaced"
+    if old.exists():
+        shutil.rmtree(old)
+    os.rename(store, old)
+    os.rename(built, store)
+    shutil.rmtree(old)
 

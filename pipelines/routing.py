@@ -15,6 +15,7 @@ same on every runner and every re-run.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from dilstore.pipelines.corpora import Document, Record, Rejected, Skipped, read
 from dilstore.pipelines.passages import split_document
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.sharding import shard_of, stable_hash
-from dilstore.reader.offline.encoding import TokenizedPassage, tokenize_passage
+from dilstore.reader.offline.encoding import WINDOW_ID_SEPARATOR, TokenizedPassage, tokenize_passage
 from dilstore.storage.errors import DilstoreError
 
 SHARD, REJECTED, COUNTS = "shard", "rejected", "counts"
@@ -67,6 +68,10 @@ class RouteSettings:
     kind: str
 
 
+# A document id that a window id could equal under --split none: anything, the separator, a window number.
+_WINDOW_ID = re.compile(rf".+{re.escape(WINDOW_ID_SEPARATOR)}[1-9][0-9]*")
+
+
 def route(
     record: Document | Rejected | Skipped, settings: RouteSettings, tokenizer: object
 ) -> Iterator[tuple[GroupKey, object]]:
@@ -75,8 +80,11 @@ def route(
     A document is split into passages and each passage tokenized in the
     kind's convention (long ones into windows, see reader.precompute); each
     window goes to the shard of its
-    own id. A passage with no word piece, and a document that yields no
-    passage at all, become dead letters, so nothing disappears without a trace.
+    own id. A passage with no word piece, and a document whose split yields
+    no passage at all, become dead letters (one per cause, never two for one
+    document), so nothing disappears without a trace. Under the "none" split
+    a document id of the form `{id}~{w}` is a dead letter too: it could be the
+    id of window w of the long document `{id}`, and stored ids must be unique.
     """
     shards = settings.num_shards
     if isinstance(record, Rejected):
@@ -86,7 +94,16 @@ def route(
         yield (COUNTS, stable_hash(f"{record.source}\0{record.line_or_id}") % shards), RunStats(skipped=1)
         return
     position = record.line if record.line is not None else record.id
+    if settings.strategy == "none" and _WINDOW_ID.fullmatch(record.id):
+        reason = (
+            f"id {record.id!r} has the form of a window id ({{id}}{WINDOW_ID_SEPARATOR}{{w}}), which --split none "
+            "gives to the windows of long documents; rename the document"
+        )
+        dead = Rejected(record.source, position, reason)
+        yield (REJECTED, rejected_part(dead, shards)), dead
+        return
     stored = 0
+    rejected = 0
     long_passages = 0
     for passage in split_document(record, settings.strategy):
         try:
@@ -94,11 +111,14 @@ def route(
         except DilstoreError as error:
             dead = Rejected(record.source, passage.id, f"passage {passage.id!r}: {error}")
             yield (REJECTED, rejected_part(dead, shards)), dead
+            rejected += 1
             continue
         long_passages += len(pieces) > 1
         stored += len(pieces)
         for piece in pieces:
             yield (SHARD, shard_of(piece.id, shards)), piece
+    if stored == 0 and rejected:
+        return
     if stored == 0:
         dead = Rejected(record.source, position, f"no passage: the {settings.strategy} split left nothing to store")
         yield (REJECTED, rejected_part(dead, shards)), dead

@@ -38,8 +38,9 @@ from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import TokenizedPassage, encode_tokenized
 from dilstore.storage.atomic_files import atomic_write_bytes, atomic_write_text
 from dilstore.storage.codebook import read_codebook
+from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import SHARDS_DIR, shard_name
-from dilstore.storage.writer import write_shard
+from dilstore.storage.writer import shard_generation, write_shard
 
 PASSAGES_DIR = "passages"
 JSONL_DIR = f"{PASSAGES_DIR}/jsonl"
@@ -84,6 +85,8 @@ class ShardSettings:
     compressor: None (uncompressed, memory-mappable) or a storage compressor
     name ("zstd", "blosc") applied to every array of the store shard.
     codebook: the store's codebook folder (2bit/1bit), read by every shard writer.
+    generation: the run's build id (pipelines.job.spec_generation), recorded
+    in every shard with the model's fingerprint hash.
     """
 
     store: str
@@ -92,6 +95,8 @@ class ShardSettings:
     policy: BatchPolicy
     compressor: str | None = None
     codebook: str | None = None
+    generation: str | None = None
+    fingerprint: Fingerprint | None = None
 
 
 def passage_table_bytes(pieces: Sequence[TokenizedPassage]) -> bytes:
@@ -119,10 +124,17 @@ def collection_jsonl(pieces: Sequence[TokenizedPassage]) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
-def read_meta(store: Path, shard: int) -> RunStats | None:
-    """The counts of a shard already committed by an earlier attempt, or None."""
+def read_meta(store: Path, shard: int, generation: str | None = None) -> RunStats | None:
+    """The counts of a shard already committed by an earlier attempt of this build, or None.
+
+    A commit marker whose store shard belongs to another build (a second
+    writer with other settings, before the write lock) is not trusted: the
+    shard is written again.
+    """
     path = meta_path(store, shard)
     if not path.is_file():
+        return None
+    if shard_generation(store, shard) not in (None, generation):
         return None
     return RunStats.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
@@ -149,7 +161,7 @@ def write_shard_outputs(
     exists is not recomputed: its counts come back with shards_resumed = 1.
     """
     store = Path(settings.store)
-    done = read_meta(store, shard)
+    done = read_meta(store, shard, settings.generation)
     if done is not None:
         return RunStats(**{**done.to_dict(), "shards_resumed": 1})
     if pieces:
@@ -158,14 +170,9 @@ def write_shard_outputs(
         atomic_write_text(jsonl_path(store, shard), collection_jsonl(pieces))
         codebook = None if settings.codebook is None else read_codebook(settings.codebook, settings.encoding)[0]
         write_shard(
-            store,
-            shard,
-            records,
-            kind=settings.kind,
-            encoding=settings.encoding,
-            compressor=settings.compressor,
-            codebook=codebook,
-        )
+            store, shard, records, kind=settings.kind, encoding=settings.encoding, compressor=settings.compressor,
+            codebook=codebook, generation=settings.generation, fingerprint=settings.fingerprint,
+        )  # fmt: skip
     stats = RunStats(
         passages=len(pieces),
         tokens=sum(piece.length for piece in pieces),

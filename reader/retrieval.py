@@ -40,9 +40,21 @@ def start_jvm(max_heap: str = "4g") -> None:
         if not jnius_config.vm_running:
             jnius_config.add_classpath(str(jars[-1]))
             jnius_config.add_options(f"-Xmx{max_heap}")
+            if _quiet():
+                # Java 22+ notices about native access and sun.misc.Unsafe, which Lucene uses as intended.
+                jnius_config.add_options("--enable-native-access=ALL-UNNAMED", "--sun-misc-unsafe-memory-access=allow")
         import jnius  # noqa: F401  (importing jnius starts the JVM)
 
+        if _quiet():
+            # Lucene's "running with Java 22 or later" MMapDirectory warning goes through java.util.logging.
+            level = jnius.autoclass("java.util.logging.Level")
+            jnius.autoclass("java.util.logging.Logger").getLogger("").setLevel(level.SEVERE)
         _JVM_STARTED = True
+
+
+def _quiet() -> bool:
+    """Whether the command runs quiet (no --verbose): see dilstore.runners.quiet, which sets DILSTORE_QUIET."""
+    return os.environ.get("DILSTORE_QUIET") == "1"
 
 
 def build_bm25_index(collection_dir: Path, index_dir: Path, threads: int = 1) -> None:
@@ -60,6 +72,7 @@ def build_bm25_index(collection_dir: Path, index_dir: Path, threads: int = 1) ->
         "-index", str(index_dir),
         "-threads", str(threads),
         "-storePositions", "-storeDocvectors", "-storeRaw",
+        *(["-quiet"] if _quiet() else []),
     ])
 
 

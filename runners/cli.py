@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from dilstore.runners.quiet import configure as configure_output
 from dilstore.storage.errors import DilstoreError
 
 # Order is the order `dilstore --help` lists them in.
@@ -26,6 +27,7 @@ COMMANDS: tuple[str, ...] = (
     "dilstore.runners.cmd_evaluate_rank",
     "dilstore.runners.cmd_rerank",
     "dilstore.runners.cmd_store",
+    "dilstore.runners.cmd_serve",
 )
 
 
@@ -57,12 +59,20 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand and return its exit status; user errors exit 2 with a message."""
+    """Run one subcommand and return its exit status (the README's promise).
+
+    0 on success; 2 with one `dilstore CMD: error: ...` line for a user error,
+    and for the operating-system and decoding errors a user causes (a path
+    that cannot be written or read, bytes that are not UTF-8); 130 on Ctrl-C;
+    141 when the reader of the output went away. A command's own status
+    (verify's 1) is passed through.
+    """
     parser = build_parser()
     args = parse(parser, argv)
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    configure_output(verbose=getattr(args, "verbose", False))
     try:
         status = int(args.run(args) or 0)
         sys.stdout.flush()
@@ -78,6 +88,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    except OSError as error:
+        # An unwritable output, a full disk, an unreadable file: one line naming the file, as promised.
+        where = f": {error.filename}" if error.filename else ""
+        print(f"dilstore {args.command}: error: {error.strerror or error}{where}", file=sys.stderr)
+        return 2
+    except UnicodeError as error:
+        print(f"dilstore {args.command}: error: text that is not valid UTF-8: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

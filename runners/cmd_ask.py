@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import unicodedata
 from typing import TextIO
 
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.reading_options import apply_threads
+from dilstore.runners.quiet import add_verbose_argument
 from dilstore.storage.errors import DilstoreError
 
 HIGHLIGHT = ("[[", "]]")
@@ -38,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_odqa_arguments(parser)
     parser.add_argument("question", nargs="?", help="the question (omit it to read questions from stdin)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per answer")
+    add_verbose_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -48,11 +51,18 @@ def run(args: argparse.Namespace) -> int:
     if args.question is not None:
         print_answer(odqa.answer(args.question), args.json, sys.stdout)
         return 0
+    # Bytes that are not UTF-8 become lone surrogates instead of ending the session with a decode error.
+    sys.stdin.reconfigure(errors="surrogateescape")
     return interactive(odqa, sys.stdin, sys.stdout, sys.stderr, as_json=args.json)
 
 
 def interactive(odqa, lines: TextIO, out: TextIO, err: TextIO, *, as_json: bool) -> int:
-    """Answer each line of `lines`; a DilstoreError for one question is printed to `err` and the loop goes on."""
+    """Answer each line of `lines`; a bad question is reported on `err` and the loop goes on.
+
+    A line that is not UTF-8 (read with surrogateescape) is reported by the
+    position of its first bad byte; any DilstoreError for one question is
+    printed as one line. Neither ends the session.
+    """
     prompt = lines.isatty()
     while True:
         if prompt:
@@ -61,8 +71,14 @@ def interactive(odqa, lines: TextIO, out: TextIO, err: TextIO, *, as_json: bool)
         line = lines.readline()
         if not line:
             return 0
+        question = line.rstrip("\r\n")
+        bad = next((index for index, character in enumerate(question) if "\udc80" <= character <= "\udcff"), None)
+        if bad is not None:
+            print(f"dilstore ask: error: the question is not UTF-8 text (byte at character {bad + 1}); skipped",
+                  file=err, flush=True)  # fmt: skip
+            continue
         try:
-            answer = odqa.answer(line.rstrip("\r\n"))
+            answer = odqa.answer(question)
         except DilstoreError as error:
             print(f"dilstore ask: error: {error}", file=err, flush=True)
             continue
@@ -75,12 +91,12 @@ def print_answer(answer, as_json: bool, out: TextIO) -> None:
     if as_json:
         print(json.dumps(answer.to_dict(), ensure_ascii=False), file=out)
         return
-    print(f"question: {answer.question}", file=out)
+    print(f"question: {printable(answer.question)}", file=out)
     best = answer.best
     if best is None:
         print("answer: (none: no retrieved passage gave a valid span)", file=out)
     else:
-        print(f"answer: {best.text}", file=out)
+        print(f"answer: {printable(best.text)}", file=out)
         print(
             f"score: {best.score(answer.mu):.4f} = {answer.mu:g} * reader {best.reader_score:.4f}"
             f" + {1 - answer.mu:g} * bm25 {best.bm25_score:.4f}",
@@ -88,11 +104,22 @@ def print_answer(answer, as_json: bool, out: TextIO) -> None:
         )
         passage = answer.passages[best.passage_id]
         title = f" ({passage.title})" if passage.title else ""
-        print(f"passage: {best.passage_id}{title}", file=out)
-        print(f"  {highlight(passage.text, best.char_start, best.char_end)}", file=out)
+        print(f"passage: {printable(best.passage_id + title)}", file=out)
+        print(f"  {printable(highlight(passage.text, best.char_start, best.char_end))}", file=out)
     timings = answer.timings.to_dict()
     parts = [f"{label} {1000 * timings[stage]:.1f} ms" for stage, label in _STAGE_LABELS.items()]
     print("timings: " + " | ".join(parts), file=out)
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (ESC, BEL, CR, ... any Unicode "Cc") written as escapes, safe for a terminal.
+
+    Corpus text, ids and questions come from anywhere; printed raw, an escape
+    sequence in them would drive the user's terminal.
+    """
+    return "".join(
+        repr(character)[1:-1] if unicodedata.category(character) == "Cc" else character for character in text
+    )
 
 
 def highlight(text: str, start: int, end: int) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.reading_options import apply_threads
+from dilstore.runners.quiet import add_verbose_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json", action="store_true", help='print {"questions","em","f1","recall","top_p","mu","seconds",...}'
     )
+    add_verbose_argument(parser)
     parser.set_defaults(run=run)
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.reading_options import (
     add_reading_arguments,
     add_runtime_arguments,
@@ -35,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_runtime_arguments(parser)
     parser.add_argument("--predictions", type=Path, help="also write {question id: answer} JSON here")
     parser.add_argument("--json", action="store_true", help='print {"questions","em","f1","k","seconds"}')
+    add_verbose_argument(parser)
     parser.set_defaults(run=run)
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dilstore.storage.errors import DilstoreError
+from dilstore.runners.quiet import add_verbose_argument
 
 BM25_DIR = "bm25"
 
@@ -35,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("store", type=Path, metavar="STORE", help="a store written by `dilstore precompute`")
     parser.add_argument("--threads", type=int, default=1, help="indexing threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_verbose_argument(parser)
     parser.set_defaults(run=run_command)
 
 

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dilstore.storage.errors import DilstoreError
+from dilstore.runners.quiet import add_verbose_argument, filtered_stderr
 from dilstore.storage.format import COMPRESSORS
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
@@ -54,6 +57,10 @@ FALLBACK_LAYERS = 3
 _PROGRESS_POLL_SECONDS = 0.5
 # Parsed names that are not options of the command itself.
 _NOT_IN_COMMAND = {"command", "run", "beam_args"}
+
+
+# The shortest stored unit worth making: [CLS]/[SEP] and a few word pieces per window.
+MIN_MAX_LENGTH = 8
 
 
 def positive_int(text: str) -> int:
@@ -78,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.set_defaults(beam_args=[])  # cli.parse puts the options it does not know here
     inputs = parser.add_argument_group("input")
-    inputs.add_argument("--input", action="append", type=Path, metavar="PATH",
+    inputs.add_argument("--input", action="append", metavar="PATH",
                         help="corpus file; repeat for several (default: the embedded corpus)")
     inputs.add_argument("--format", choices=FORMATS,
                         help="corpus format (default: from the file name, e.g. .jsonl, .tsv, .json, .xml.bz2)")
@@ -125,35 +132,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="padded tokens per encoder batch (default 8192)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--json", action="store_true", help="print the end-of-run summary as JSON")
+    add_verbose_argument(run)
     parser.set_defaults(run=run_command)
 
 
-def resolve_inputs(paths: Sequence[Path] | None, format: str | None) -> tuple[ReadTask, ...]:
-    """ReadTasks for the given files (absolute paths), or for the embedded corpus when none are given."""
-    from dilstore.pipelines.corpora import format_for_path
+def resolve_inputs(paths: Sequence[str | Path] | None, format: str | None) -> tuple[ReadTask, ...]:
+    """ReadTasks for the given files (absolute paths), or for the embedded corpus when none are given.
+
+    Each input is checked up front, before anything is written: a URL, a
+    missing file, a directory and an unreadable file are errors naming it.
+    """
+    from dilstore.pipelines.corpora import check_format, format_for_path
     from dilstore.pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
     from dilstore.pipelines.routing import ReadTask
 
     if not paths:
         return (ReadTask(str(default_corpus_path()), format or DEFAULT_CORPUS_FORMAT),)
     tasks = []
-    for path in paths:
-        refuse_url("--input", path)
+    for given in paths:
+        refuse_url("--input", given)
+        path = Path(given)
+        if path.is_dir():
+            raise DilstoreError(f"--input {path} is a directory; give the corpus files in it, one --input each")
         if not path.is_file():
             raise DilstoreError(f"input file not found: {path}")
-        tasks.append(ReadTask(str(path.resolve()), format or format_for_path(path)))
+        if not os.access(path, os.R_OK):
+            raise DilstoreError(f"--input {path}: permission denied (the file is not readable)")
+        task = ReadTask(str(path.resolve()), format or format_for_path(path))
+        check_format(task.path, task.format)
+        tasks.append(task)
     return tuple(tasks)
 
 
-def refuse_url(flag: str, path: Path) -> None:
-    """Refuse object-storage URLs: the pipeline's files are written and renamed on a local or mounted filesystem.
+# `scheme:/...` as typed, or as pathlib leaves `scheme://...` after folding the double slash.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
+def refuse_url(flag: str, path: str | Path) -> None:
+    """Refuse URLs (https, object storage): the pipeline reads inputs and writes the store on a filesystem.
 
     Without this, `--output gs://bucket/x` would silently become the local folder `./gs:/bucket/x`.
     """
-    if "://" in str(path) or str(path).startswith(("gs:/", "s3:/")):
+    if _URL.match(str(path)):
         raise DilstoreError(
-            f"{flag} {path}: object-storage URLs are not supported by `dilstore precompute` yet; "
-            "use a local path or a mounted filesystem (e.g. gcsfuse) visible to every worker"
+            f"{flag} {path}: URLs are not supported by `dilstore precompute` yet; use a local path or "
+            "a mounted filesystem (e.g. gcsfuse) visible to every worker (download an https file first)"
         )
 
 
@@ -260,20 +283,21 @@ def run_pipeline(
     with local_runtime(runner, workers, job.num_shards, beam_args) as defaults:
         options = pipeline_options(assemble_beam_flags(runner, beam_args, defaults))
         pipeline = build_pipeline(job, options)
-        bar = ProgressBar(Path(job.progress_dir) if progress and runner in LOCAL_RUNNERS and job.progress_dir else None)
         result = None
-        with bar:
-            try:
-                result = pipeline.run()
-                result.wait_until_finish()
-            except DilstoreError:
-                raise
-            except Exception as error:  # Beam wraps worker errors in runner-specific types
-                raise DilstoreError(f"the pipeline failed: {_last_line(error)}") from error
-            finally:
-                client = getattr(result, "client", None)  # the Dask runner's distributed.Client
-                if client is not None:
-                    client.close()
+        with filtered_stderr():
+            bar = ProgressBar(Path(job.progress_dir) if progress and runner in LOCAL_RUNNERS and job.progress_dir else None)
+            with bar:
+                try:
+                    result = pipeline.run()
+                    result.wait_until_finish()
+                except DilstoreError:
+                    raise
+                except Exception as error:  # Beam wraps worker errors in runner-specific types
+                    raise DilstoreError(f"the pipeline failed: {_last_line(error)}") from error
+                finally:
+                    client = getattr(result, "client", None)  # the Dask runner's distributed.Client
+                    if client is not None:
+                        client.close()
     summary_path = Path(job.store) / SUMMARY_FILE
     return json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
 
@@ -317,7 +341,7 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
     from dilstore.pipelines.codebook import needs_codebook
-    from dilstore.pipelines.job import PrecomputeJob
+    from dilstore.pipelines.job import PrecomputeJob, run_spec, spec_generation
     from dilstore.pipelines.sharding import default_shard_count
     from dilstore.reader.modeling.fingerprint import model_fingerprint
     from dilstore.reader.offline.kinds import max_positions
@@ -330,13 +354,18 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     reader = cached_reader(model, args.kind, layers)
     note_untrained_ranker(model, reader)
     positions = max_positions(reader)
+    if args.max_length < MIN_MAX_LENGTH:
+        raise DilstoreError(
+            f"--max-length {args.max_length} is too short: a stored unit needs its special tokens and room for "
+            f"word pieces; use at least {MIN_MAX_LENGTH}"
+        )
     if args.max_length > positions:
         raise DilstoreError(f"--max-length {args.max_length} exceeds the model's {positions} positions")
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)
     if args.codebook is not None and not needs_codebook(args.encoding):
         raise DilstoreError(f"--codebook is for the 2bit and 1bit encodings, not {args.encoding}")
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
-    return PrecomputeJob(
+    job = PrecomputeJob(
         inputs=inputs,
         store=str(args.output.resolve()),
         strategy=args.split,
@@ -353,6 +382,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         progress_dir=progress_dir,
         creation={"command": canonical_command(args), "runner": runner},
     )
+    return dataclasses.replace(job, generation=spec_generation(run_spec(job)))
 
 
 def compressor_of(compression: str) -> str | None:
@@ -403,28 +433,55 @@ def quiet_dask_logging() -> None:
     logging.getLogger("distributed").setLevel(logging.WARNING)
 
 
+def build_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Build the store at `job.store` (the folder being written, under the write lock); the run summary.
+
+    A 2bit/1bit run first puts its codebook in that folder (pipelines/codebook.py),
+    so an --overwrite replacement gets its own, inside the folder it is built in.
+    """
+    from dilstore.pipelines.codebook import needs_codebook, prepare_codebook
+    from dilstore.reader.offline.encoding import checked_reader
+
+    if needs_codebook(job.encoding):
+        prepare_codebook(Path(job.store), job.encoding, None if job.codebook is None else Path(job.codebook),
+                         job.inputs, job.route_settings(), checked_reader(job.model, job.layers, job.fingerprint),
+                         job.policy)
+    return run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run `dilstore precompute` and print its summary; 0 on success."""
     started = time.time()
     quiet_local_logging()
-    from dilstore.pipelines.codebook import needs_codebook, prepare_codebook
-    from dilstore.pipelines.job import SUMMARY_FILE, prepare_store, run_spec
-    from dilstore.reader.offline.encoding import checked_reader
+    from dilstore.pipelines.job import (
+        SUMMARY_FILE,
+        check_replaceable,
+        needs_replacement,
+        prepare_store,
+        replacement_dir,
+        run_spec,
+        swap_in,
+    )
     from dilstore.pipelines.options import LOCAL_RUNNERS, canonical_runner
+    from dilstore.pipelines.store_lock import write_lock
 
     runner = canonical_runner(args.runner)
     if runner not in LOCAL_RUNNERS:
         logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
     with tempfile.TemporaryDirectory(prefix="dilstore-progress-") as progress_dir:
         job = build_job(args, started, runner, progress_dir if runner in LOCAL_RUNNERS else None)
-        if prepare_store(Path(job.store), run_spec(job), args.overwrite):
-            print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
-            summary = json.loads((Path(job.store) / SUMMARY_FILE).read_text(encoding="utf-8"))
-        else:
-            if needs_codebook(job.encoding):
-                prepare_codebook(Path(job.store), job.encoding, None if job.codebook is None else Path(job.codebook),
-                                 job.inputs, job.route_settings(), checked_reader(job.model, job.layers, job.fingerprint),
-                                 job.policy)
-            summary = run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
+        store, spec = Path(job.store), run_spec(job)
+        with write_lock(store):
+            if prepare_store(store, spec, args.overwrite):
+                print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
+                summary = json.loads((store / SUMMARY_FILE).read_text(encoding="utf-8"))
+            elif args.overwrite and needs_replacement(store, spec):
+                check_replaceable(store, [task.path for task in job.inputs])
+                building = replacement_dir(store, spec)
+                built = dataclasses.replace(job, store=str(building), destination=job.store)
+                summary = build_store(built, runner, args)
+                swap_in(store, building)
+            else:
+                summary = build_store(job, runner, args)
     print_summary(summary, args.json)
     return 0

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
+from dilstore.runners.quiet import add_verbose_argument
 from dilstore.storage.errors import DilstoreError
 
 # Options that are RerankSettings fields of the same name.
@@ -57,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--json", action="store_true",
         help='print {"queries","pairs","skipped","truncated_queries","seconds","timings","depth","output"}',
     )  # fmt: skip
+    add_verbose_argument(parser)
     parser.set_defaults(run=run)
 
 

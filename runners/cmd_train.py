@@ -18,7 +18,14 @@ from dilstore.runners.reading_options import (
     apply_threads,
     reading_settings,
 )
-from dilstore.runners.training_options import add_optimizer_arguments, add_run_arguments, config_fields, run_options
+from dilstore.runners.training_options import (
+    add_optimizer_arguments,
+    add_output_argument,
+    add_run_arguments,
+    config_fields,
+    output_dir,
+    run_options,
+)
 from dilstore.storage.errors import DilstoreError
 
 
@@ -47,13 +54,27 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--layers", type=int, required=True, help="k: layers that see question and passage apart")
     parser.add_argument("--train", type=Path, required=True, help="SQuAD v1.1-format training JSON")
     parser.add_argument("--dev", type=Path, help="SQuAD v1.1-format dev JSON to evaluate on after training")
-    parser.add_argument("--output", type=Path, required=True, help="output checkpoint directory")
+    add_output_argument(parser, "qa-k{layers}", shown_as="qa-kK")
     add_optimizer_arguments(parser, passes_over="training windows", epochs=2, batch_of="windows", batch_size=12)
     add_run_arguments(parser, seeded="weights init, data order, dropout", limit_of="training questions")
     parser.add_argument(
         "--no-group-by-length",
         action="store_true",
         help="batch windows in plain random order (default: length-grouped)",
+    )
+    parser.add_argument(
+        "--teacher",
+        type=Path,
+        help="distil from this reader (usually the fine-tuned k=0 one): its start/end distributions and upper layers",
+    )
+    parser.add_argument(
+        "--distillation-temperature", type=float, default=2.0, help="softmax temperature T of the logit loss (default 2)"
+    )
+    parser.add_argument(
+        "--distillation-weight", type=float, default=1.0, help="weight alpha of the logit loss (default 1)"
+    )
+    parser.add_argument(
+        "--representation-weight", type=float, default=1.0, help="weight beta of the upper-layer loss (default 1)"
     )
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
     parser.add_argument("--eval-limit", type=int, help="evaluate on a seeded random subset of N dev questions")
@@ -74,6 +95,8 @@ def run_qa(args: argparse.Namespace) -> int:
 
     if not args.train.is_file():
         raise DilstoreError(f"--train {args.train}: no such file")
+    if args.teacher is not None and not args.teacher.is_dir():
+        raise DilstoreError(f"--teacher {args.teacher}: no such directory")
     if args.dev is not None and not args.dev.is_file():
         raise DilstoreError(f"--dev {args.dev}: no such file")
     config = TrainingConfig(
@@ -82,9 +105,13 @@ def run_qa(args: argparse.Namespace) -> int:
         doc_stride=args.doc_stride,
         max_question_length=args.max_question_length,
         group_by_length=not args.no_group_by_length,
+        teacher=None if args.teacher is None else str(args.teacher),
+        distillation_temperature=args.distillation_temperature,
+        distillation_weight=args.distillation_weight,
+        representation_weight=args.representation_weight,
         **config_fields(args),
     )
-    result = train_qa(args.model or base_model_dir(), args.train, args.output, config, **run_options(args))
+    result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args))
     summary = {
         "k": result.layers,
         "train_steps": result.steps,
@@ -97,7 +124,7 @@ def run_qa(args: argparse.Namespace) -> int:
         from dilstore.reader.modeling.dilbert import DilBertReader
 
         evaluation = evaluate_file(
-            DilBertReader.from_pretrained(args.output),
+            DilBertReader.from_pretrained(result.output),
             args.dev,
             settings=reading_settings(args),
             limit=args.eval_limit,
@@ -106,7 +133,7 @@ def run_qa(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
         summary.update(evaluation.summary())
-        write_evaluation(args.output, evaluation, limit=args.eval_limit, seed=args.eval_seed, training=summary)
+        write_evaluation(result.output, evaluation, limit=args.eval_limit, seed=args.eval_seed, training=summary)
     if args.json:
         print(json.dumps(summary))
     else:

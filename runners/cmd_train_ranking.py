@@ -14,7 +14,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
-from dilstore.runners.training_options import add_optimizer_arguments, add_run_arguments, config_fields, run_options
+from dilstore.runners.training_options import (
+    add_optimizer_arguments,
+    add_output_argument,
+    add_run_arguments,
+    config_fields,
+    output_dir,
+    run_options,
+)
 from dilstore.storage.errors import DilstoreError
 
 RANKER_HELP = {
@@ -71,7 +78,7 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument(
         "--paragraphs", type=Path, help="paragraphs file (default: paragraphs.jsonl.gz beside --triples)"
     )
-    parser.add_argument("--output", type=Path, required=True, help="output checkpoint directory")
+    add_output_argument(parser, "{train_command}", shown_as=kind)
     parser.add_argument("--base-model", type=Path, help="plain BERT encoder to start from (default: all-MiniLM-L6-v2)")
     parser.add_argument(
         "--negatives", type=int, default=7, help="negatives per query: the first N of each triple (default 7)"
@@ -85,6 +92,20 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
         parser.add_argument("--query-layers", type=int, help="N, the query module's layers (default l - 2)")
         parser.add_argument("--pooling", choices=("cls", "mean"), default="cls", help="ClsPool or AvePool (cls)")
         parser.add_argument("--tied", action="store_true", help="share the query module with the document module")
+        parser.add_argument(
+            "--prior", action="store_true",
+            help="add the bi-encoder prior: 20 x cosine of mean-pooled query and S1 states, a zero-initialised head",
+        )  # fmt: skip
+        encoder = parser.add_mutually_exclusive_group()
+        encoder.add_argument(
+            "--freeze-encoder", action="store_true",
+            help="train only the judger blocks, head and prior scale; checkpoints name the base instead of "
+            "storing the encoder",
+        )  # fmt: skip
+        encoder.add_argument(
+            "--encoder-learning-rate", type=float, metavar="LR",
+            help="peak learning rate of the encoder copies (default: --learning-rate)",
+        )  # fmt: skip
     add_run_arguments(parser, seeded="data order and dropout", limit_of="triples")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
     add_runtime_arguments(parser)
@@ -113,10 +134,13 @@ def run_ranker(args: argparse.Namespace) -> int:
         query_layers=getattr(args, "query_layers", None),
         pooling=getattr(args, "pooling", "cls"),
         tied=getattr(args, "tied", False),
+        prior=getattr(args, "prior", False),
+        freeze_encoder=getattr(args, "freeze_encoder", False),
+        encoder_learning_rate=getattr(args, "encoder_learning_rate", None),
         **config_fields(args),
     )
     result = train_ranker(
-        args.base_model or base_model_dir(), args.triples, paragraphs, args.output, config, **run_options(args)
+        args.base_model or base_model_dir(), args.triples, paragraphs, output_dir(args), config, **run_options(args)
     )
     summary = {
         "kind": result.kind,

@@ -7,11 +7,13 @@ order shows in --help and in the recorded command), hence two functions.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+from pathlib import Path
 from typing import Any
 
 # Options that describe how the command was launched, not what it computes.
-_NOT_IN_COMMAND = {"command", "train_command", "run"}
+_NOT_IN_COMMAND = {"command", "train_command", "run", "run_name"}
 
 
 def add_optimizer_arguments(
@@ -42,6 +44,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, seeded: str, limit_of:
     """
     parser.add_argument("--seed", type=int, default=42, help=f"seed of {seeded} (default 42)")
     parser.add_argument("--save-every", type=int, default=0, help="resumable checkpoint every N steps (0: none)")
+    parser.add_argument(
+        "--save-every-minutes", type=float, default=10.0,
+        help="also a resumable checkpoint whenever M minutes of training passed since the last (0: not by time; "
+        "default 10), so a killed run loses at most M minutes",
+    )  # fmt: skip
     parser.add_argument("--keep-checkpoints", type=int, default=2, help="periodic checkpoints kept (default 2)")
     parser.add_argument("--log-every", type=int, default=10, help="log a progress line every N steps (default 10)")
     parser.add_argument(
@@ -63,11 +70,40 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         "weight_decay": args.weight_decay,
         "seed": args.seed,
         "save_every": args.save_every,
+        "save_every_minutes": args.save_every_minutes,
         "keep_checkpoints": args.keep_checkpoints,
         "log_every": args.log_every,
         "precision": args.precision,
         "train_limit": args.train_limit,
     }
+
+
+def add_output_argument(parser: argparse.ArgumentParser, run_name: str, shown_as: str) -> None:
+    """--output: the run folder, by default RUNS/`run_name` outside the work tree (see default_runs_dir).
+
+    `run_name` is formatted with the parsed options (e.g. "qa-k{layers}"); `shown_as` is how --help writes it.
+    """
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help=f"run folder: the trained model, its record and periodic checkpoints (default: "
+        f"$DILSTORE_RUNS/{shown_as}, with $DILSTORE_RUNS defaulting to ~/.cache/dilstore/runs)",
+    )
+    parser.set_defaults(run_name=run_name)
+
+
+def default_runs_dir() -> Path:
+    """Where runs go without --output: $DILSTORE_RUNS, else ~/.cache/dilstore/runs, outside any work tree.
+
+    Long runs outlive a checkout and its cleaning, and checkpoints never land in a repository.
+    """
+    configured = os.environ.get("DILSTORE_RUNS")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "dilstore" / "runs"
+
+
+def output_dir(args: argparse.Namespace) -> Path:
+    """The run folder: --output, or the default one named by the command and its k or kind."""
+    return args.output if args.output is not None else default_runs_dir() / args.run_name.format(**vars(args))
 
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:

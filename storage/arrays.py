@@ -65,6 +65,15 @@ def encode_strings(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
 
 
+def offsets_are_valid(offsets: np.ndarray, data_length: int) -> bool:
+    """Ragged-column offsets (n + 1,) start at 0, never decrease and end at the data length.
+
+    Cheap (one pass over n + 1 integers), so readers check it when they open
+    a shard: damaged offsets would otherwise hand one passage another's tokens.
+    """
+    return len(offsets) > 0 and offsets[0] == 0 and not (np.diff(offsets) < 0).any() and offsets[-1] == data_length
+
+
 def decode_string(data: np.ndarray, offsets: np.ndarray, row: int) -> str:
     """String `row` of ragged UTF-8 `data` with `offsets`."""
     return data[int(offsets[row]) : int(offsets[row + 1])].tobytes().decode("utf-8")

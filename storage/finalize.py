@@ -24,10 +24,11 @@ import zarr
 from dilstore.storage.arrays import decode_string
 from dilstore.storage.checksums import read_checksums
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.fingerprint import Fingerprint
+from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.format import (
     ID_BYTES,
     ID_OFFSETS,
+    INDEX_DIR,
     MANIFEST_FILE,
     SHARDS_DIR,
     TMP_PREFIX,
@@ -58,6 +59,7 @@ def finalize(
     creation_info: dict[str, Any] | None = None,
     *,
     expected_shards: int | None = None,
+    generation: str | None = None,
 ) -> Manifest:
     """Commit the store at `store_root`: id index, checksums, then the manifest; return the manifest.
 
@@ -65,12 +67,16 @@ def finalize(
     the shards'). creation_info: free-form JSON-ready facts to record (command,
     corpus, run ids); finalize adds the time and library versions.
     expected_shards: when given, shards 0..expected_shards-1 must all exist.
+    generation: the build the shards must all belong to (their writer's
+    `generation`); the manifest records it, so readers can tell a store
+    rebuilt under them. Shards that record the fingerprint's hash must match it.
     Duplicate passage ids across shards raise DuplicatePassageIdError.
     """
     root = Path(store_root)
     if not root.is_dir():
         raise DilstoreError(f"no store directory at {root}")
     (root / MANIFEST_FILE).unlink(missing_ok=True)
+    _remove_stale_temporaries(root)
     location = StoreLocation.parse(root)
     indices = _committed_shards(root)
     if expected_shards is not None and indices != list(range(expected_shards)):
@@ -78,7 +84,8 @@ def finalize(
         extra = sorted(set(indices) - set(range(expected_shards)))
         raise DilstoreError(f"{root}: expected shards 0..{expected_shards - 1}; missing {absent}, unexpected {extra}")
     contents = {index: _read_shard(location, index) for index in indices}
-    state_shape = _check_agreement(root, contents, fingerprint)
+    state_shape, vector_size = _check_agreement(root, contents, fingerprint)
+    _check_build(root, contents, fingerprint, generation)
     index = build_index(
         {shard: content.ids for shard, content in contents.items()},
         {shard: content.name for shard, content in contents.items()},
@@ -100,9 +107,25 @@ def finalize(
         fingerprint=fingerprint,
         creation={**_library_versions(), **(creation_info or {})},
         files=files,
+        vector_size=vector_size,
+        generation=generation,
     )
     write_manifest(root, manifest)
     return manifest
+
+
+# Temporaries that finalize itself leaves at the root when it is killed: the index and manifest being written.
+_ROOT_TEMPORARIES = (f"{TMP_PREFIX}{INDEX_DIR}-", f"{TMP_PREFIX}old-{INDEX_DIR}-", f"{TMP_PREFIX}{MANIFEST_FILE}-")
+
+
+def _remove_stale_temporaries(root: Path) -> None:
+    """Remove what an earlier, killed finalize left at the root (see _ROOT_TEMPORARIES), and nothing else."""
+    for entry in root.iterdir():
+        if entry.name.startswith(_ROOT_TEMPORARIES):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
 
 def _committed_shards(root: Path) -> list[int]:
@@ -146,17 +169,21 @@ def _read_shard(location: StoreLocation, index: int) -> _ShardContents:
     )
 
 
-def _check_agreement(root: Path, contents: dict[int, _ShardContents], fingerprint: Fingerprint) -> tuple[int, ...] | None:
-    """Every shard has the fingerprint's kind and encoding, one compressor, one state shape, fitting lengths."""
+def _check_agreement(
+    root: Path, contents: dict[int, _ShardContents], fingerprint: Fingerprint
+) -> tuple[tuple[int, ...] | None, int | None]:
+    """Every shard has the fingerprint's kind and encoding, one compressor, state shape and vector size, fitting
+    lengths; returns the state shape and vector size (None, None for no shards)."""
     settings = {
         (content.attributes.kind, content.attributes.encoding, content.attributes.compressor,
-         content.attributes.state_shape)
+         content.attributes.state_shape, content.attributes.vector_size)
         for content in contents.values()
     }
     if len(settings) > 1:
         listed = "; ".join(
             f"{content.name}: kind={content.attributes.kind} encoding={content.attributes.encoding} "
-            f"compressor={content.attributes.compressor} state_shape={content.attributes.state_shape}"
+            f"compressor={content.attributes.compressor} state_shape={content.attributes.state_shape} "
+            f"vector_size={content.attributes.vector_size}"
             for content in contents.values()
         )
         raise DilstoreError(f"shards of {root} were written with different settings: {listed}")
@@ -172,7 +199,27 @@ def _check_agreement(root: Path, contents: dict[int, _ShardContents], fingerprin
                 f"{content.name} has a passage of {content.longest} tokens, longer than the fingerprint's "
                 f"max_length {fingerprint.max_length}"
             )
-    return next(iter(settings))[3] if settings else None
+    return next(iter(settings))[3:] if settings else (None, None)
+
+
+def _check_build(
+    root: Path, contents: dict[int, _ShardContents], fingerprint: Fingerprint, generation: str | None
+) -> None:
+    """Every shard belongs to `generation` and, where it records one, to the fingerprint's model.
+
+    A shard left by another build (a writer with other settings, an earlier
+    run) is an error naming it, never part of the manifest.
+    """
+    digest = fingerprint_sha256(fingerprint)
+    for content in contents.values():
+        found = content.attributes
+        if found.generation != generation:
+            raise DilstoreError(
+                f"{root}: {content.name} belongs to build {found.generation!r}, not this run's {generation!r}; "
+                "it was written by another run"
+            )
+        if found.fingerprint_sha256 is not None and found.fingerprint_sha256 != digest:
+            raise DilstoreError(f"{root}: {content.name} was made by another model than the fingerprint's")
 
 
 def _checksum_all(root: Path, location: StoreLocation, shard_names: list[str]) -> dict[str, FileEntry]:

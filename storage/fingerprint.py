@@ -7,6 +7,9 @@ fingerprint of a different model fails with both fingerprints side by side.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -65,6 +68,12 @@ class Fingerprint:
     def differences(self, other: Fingerprint) -> list[str]:
         """Names of the fields whose values differ from `other`'s."""
         return [field.name for field in fields(self) if getattr(self, field.name) != getattr(other, field.name)]
+
+
+def fingerprint_sha256(fingerprint: Fingerprint) -> str:
+    """SHA-256 of the fingerprint's canonical JSON: what every shard records, so `verify` can tell an edited one."""
+    canonical = json.dumps(fingerprint.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def check_fingerprint(found: Fingerprint, expected: Fingerprint, where: str) -> None:

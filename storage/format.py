@@ -30,6 +30,8 @@ ATTRIBUTES_KEY = "dilstore"
 ID_BYTES, ID_OFFSETS = "passages/ids/bytes", "passages/ids/offsets"
 TITLE_BYTES, TITLE_OFFSETS = "passages/titles/bytes", "passages/titles/offsets"
 TEXT_BYTES, TEXT_OFFSETS = "passages/texts/bytes", "passages/texts/offsets"
+# Optional: one float32 vector per passage (an EARL prior ranker's mean S1 row), (n, d).
+VECTORS = "passages/vectors"
 TOKEN_OFFSETS = "tokens/offsets"
 TOKEN_IDS = "tokens/ids"
 CHAR_SPANS = "tokens/char_spans"
@@ -48,6 +50,7 @@ INDEX_HASHES, INDEX_SHARDS, INDEX_ROWS = "hashes", "shards", "rows"
 TOKENS_PER_CHUNK = 256
 BYTES_PER_CHUNK = 16384
 OFFSETS_PER_CHUNK = 1024
+VECTORS_PER_CHUNK = 256
 
 COMPRESSORS: tuple[str, ...] = ("zstd", "blosc")
 

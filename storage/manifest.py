@@ -43,6 +43,8 @@ class Manifest:
     """Everything finalize recorded about a store.
 
     state_shape is the per-token shape of the states (None for a store without passages).
+    vector_size is d of the shards' passages/vectors, None when they have none.
+    generation names the build every shard belongs to (None in stores made before generations).
     files maps '/'-separated paths relative to the store root to their entries.
     """
 
@@ -56,6 +58,8 @@ class Manifest:
     fingerprint: Fingerprint
     creation: dict[str, Any]
     files: dict[str, FileEntry]
+    vector_size: int | None = None
+    generation: str | None = None
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
     shard_by_index: dict[int, ShardEntry] = field(init=False, repr=False, compare=False)
@@ -78,6 +82,9 @@ class Manifest:
             "fingerprint": self.fingerprint.to_dict(),
             "creation": self.creation,
             "files": {path: vars(entry) for path, entry in self.files.items()},
+            # Only for stores with vectors, so the manifests of stores without them stay as they were.
+            **({} if self.vector_size is None else {"vector_size": self.vector_size}),
+            **({} if self.generation is None else {"generation": self.generation}),
         }
 
     @classmethod
@@ -103,6 +110,8 @@ class Manifest:
                 fingerprint=Fingerprint.from_dict(data["fingerprint"]),
                 creation=dict(data["creation"]),
                 files={path: FileEntry(**entry) for path, entry in data["files"].items()},
+                vector_size=None if data.get("vector_size") is None else int(data["vector_size"]),
+                generation=None if data.get("generation") is None else str(data["generation"]),
                 format=data["format"],
                 format_version=data["format_version"],
             )

@@ -51,6 +51,14 @@ class MissingPassagesError(DilstoreError):
         self.missing = missing
 
 
+class StoreChangedError(StoreFormatError):
+    """A shard opened lazily belongs to another build than the manifest the store was opened with.
+
+    Raised instead of reading it: mixing two builds (say, layer-3 states
+    under a layer-4 model) would give wrong answers with no error.
+    """
+
+
 class Store:
     """A finalized store opened read-only. Build it with `open_store`."""
 
@@ -85,6 +93,11 @@ class Store:
     def state_shape(self) -> tuple[int, ...] | None:
         """Per-token shape of the states (None for a store without passages)."""
         return self.manifest.state_shape
+
+    @property
+    def vector_size(self) -> int | None:
+        """d of the passages' vectors (StoredPassage.vector), None when the store has none."""
+        return self.manifest.vector_size
 
     @property
     def read_path(self) -> str:
@@ -143,6 +156,12 @@ class Store:
             raise StoreFormatError(f"store {self.url}: the id index points to shard {index}, which the manifest lacks")
         reader = ShardReader(self.location, shard_path(index), use_mmap=self._use_mmap)
         found = reader.attributes
+        if found.generation != self.manifest.generation:
+            raise StoreChangedError(
+                f"store {self.url} was rebuilt after it was opened: {reader.where} belongs to build "
+                f"{found.generation!r}, the store was opened at build {self.manifest.generation!r}; "
+                "reopen the store (no passage of the new build was mixed with the old)"
+            )
         if (found.passages, found.tokens, found.kind, found.encoding) != (
             entry.passages,
             entry.tokens,

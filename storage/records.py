@@ -15,7 +15,9 @@ class PassageRecord:
 
     token_ids: int32 `(n,)`; char_spans: int32 `(n, 2)` start/end offsets in
     code points (Python str indices) into `text`, (-1, -1) for special tokens;
-    states: float32 `(n, *state_shape)`, e.g. `(n, d)` or `(n, blocks, 2, d)`.
+    states: float32 `(n, *state_shape)`, e.g. `(n, d)` or `(n, blocks, 2, d)`;
+    vector: an optional float32 `(d,)` per passage (an EARL prior ranker's mean
+    S1 row), given for every passage of a shard or for none.
     """
 
     id: str
@@ -24,6 +26,7 @@ class PassageRecord:
     token_ids: np.ndarray
     char_spans: np.ndarray
     states: np.ndarray
+    vector: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,6 +36,7 @@ class StoredPassage:
     states are float32 `(n, *state_shape)` for fp32 and int8 stores (int8 is
     dequantized) and float16 for fp16 stores; on the memory-mapped path fp32
     and fp16 states are read-only views into the shard file, not copies.
+    vector is the passage's float32 vector, None in a store without them.
     """
 
     id: str
@@ -41,6 +45,7 @@ class StoredPassage:
     token_ids: np.ndarray  # (n,) int32
     char_spans: np.ndarray  # (n, 2) int32
     states: np.ndarray  # (n, *state_shape)
+    vector: np.ndarray | None = None  # (d,) float32
 
     def answer_text(self, start_token: int, end_token: int) -> str:
         """The passage text covered by tokens `start_token..end_token` (inclusive), no re-tokenizing."""

@@ -18,7 +18,7 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync
 
-from dilstore.storage.arrays import decode_string
+from dilstore.storage.arrays import offsets_are_valid
 from dilstore.storage.encodings import Encoding, get_encoding
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
@@ -33,6 +33,7 @@ from dilstore.storage.format import (
     TITLE_OFFSETS,
     TOKEN_IDS,
     TOKEN_OFFSETS,
+    VECTORS,
     StoreFormatError,
     check_compressor,
     get_kind,
@@ -54,6 +55,9 @@ class ShardAttributes:
     state_shape: tuple[int, ...]
     passages: int
     tokens: int
+    vector_size: int | None = None  # d of passages/vectors; None: the shard has no vectors
+    generation: str | None = None  # the build this shard belongs to; None in stores made before generations
+    fingerprint_sha256: str | None = None  # storage.fingerprint.fingerprint_sha256 of the model that made it
 
     @classmethod
     def of(cls, group: zarr.Group, where: str) -> ShardAttributes:
@@ -72,11 +76,22 @@ class ShardAttributes:
                 state_shape=tuple(int(size) for size in data["state_shape"]),
                 passages=int(data["passages"]),
                 tokens=int(data["tokens"]),
+                vector_size=None if data.get("vector_size") is None else int(data["vector_size"]),
+                generation=_optional_text(data, "generation"),
+                fingerprint_sha256=_optional_text(data, "fingerprint_sha256"),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise StoreFormatError(f"{where} has malformed attributes: {type(error).__name__}: {error}") from None
         get_kind(attributes.kind).check_state_shape(attributes.state_shape)
         return attributes
+
+
+def _optional_text(data: dict[str, Any], key: str) -> str | None:
+    """An optional string attribute; anything but a string or absence is malformed."""
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{key} must be a string, not {type(value).__name__}")
+    return value
 
 
 class Column(Protocol):
@@ -177,15 +192,59 @@ class ShardReader:
         self.per_shard = {
             spec.name: column(states_array(spec.name)).whole() for spec in self.encoding.arrays if not spec.per_token
         }
-        if len(self.id_offsets) != self.attributes.passages + 1 or len(self.token_offsets) != self.attributes.passages + 1:
-            raise StoreFormatError(f"{where}: offsets do not match its {self.attributes.passages} passages")
+        self.vectors = None if self.attributes.vector_size is None else column(VECTORS).whole()  # (n, d) float32
+        self._check_offsets(arrays)
+
+    def _check_offsets(self, arrays: dict[str, zarr.Array]) -> None:
+        """Every ragged column's offsets fit its passages and data, so no read can mix up passages.
+
+        A StoreFormatError (one line naming the shard, pointing at `verify`)
+        rather than wrong passages later: damaged offsets would silently give
+        one passage its neighbours' tokens.
+        """
+        columns = (
+            (ID_OFFSETS, self.id_offsets, ID_BYTES),
+            (TITLE_OFFSETS, self.title_offsets, TITLE_BYTES),
+            (TEXT_OFFSETS, self.text_offsets, TEXT_BYTES),
+            (TOKEN_OFFSETS, self.token_offsets, TOKEN_IDS),
+        )
+        for name, offsets, data in columns:
+            if len(offsets) != self.attributes.passages + 1 or not offsets_are_valid(offsets, arrays[data].shape[0]):
+                raise StoreFormatError(
+                    f"{self.where}/{name}: offsets do not fit its {self.attributes.passages} passages and "
+                    f"{data}; the store is damaged, run `dilstore verify`"
+                )
+        if self.vectors is not None and len(self.vectors) != self.attributes.passages:
+            raise StoreFormatError(
+                f"{self.where}/{VECTORS}: {len(self.vectors)} vectors for {self.attributes.passages} passages; "
+                "the store is damaged, run `dilstore verify`"
+            )
 
     def __len__(self) -> int:
         return self.attributes.passages
 
     def id_at(self, row: int) -> str:
-        """The passage id stored at `row`."""
-        return decode_string(self.id_bytes, self.id_offsets, row)
+        """The passage id stored at `row`; a StoreFormatError when the row is out of range or not UTF-8."""
+        if not 0 <= row < self.attributes.passages:
+            raise StoreFormatError(
+                f"{self.where}: asked for row {row} of {self.attributes.passages} passages (the id index is "
+                "damaged); run `dilstore verify`"
+            )
+        return self._string(self.id_bytes, self.id_offsets, row, "id")
+
+    def _string(self, data: np.ndarray, offsets: np.ndarray, row: int, what: str) -> str:
+        """String `row` of a ragged UTF-8 column (`what` names it in errors)."""
+        return self._decoded(data[int(offsets[row]) : int(offsets[row + 1])], row, what)
+
+    def _decoded(self, raw: np.ndarray, row: int, what: str) -> str:
+        """UTF-8 bytes as text, with damage reported as one StoreFormatError line that points at `verify`."""
+        try:
+            return raw.tobytes().decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise StoreFormatError(
+                f"{self.where}: the {what} of row {row} is not UTF-8 ({error.reason} at byte {error.start}); "
+                "the store is damaged, run `dilstore verify`"
+            ) from None
 
     def read(self, rows: Sequence[int]) -> list[StoredPassage]:
         """The passages at `rows` (any order, repeats allowed), states decoded."""
@@ -208,11 +267,12 @@ class ShardReader:
             passages.append(
                 StoredPassage(
                     id=self.id_at(row),
-                    title=decode_string(self.title_bytes, self.title_offsets, row),
-                    text=texts[i].tobytes().decode("utf-8"),
+                    title=self._string(self.title_bytes, self.title_offsets, row, "title"),
+                    text=self._decoded(texts[i], row, "text"),
                     token_ids=token_ids[i],
                     char_spans=char_spans[i],
                     states=self.encoding.decode(arrays),
+                    vector=None if self.vectors is None else self.vectors[row],
                 )
             )
         return passages

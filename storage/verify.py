@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import zarr
 
-from dilstore.storage.arrays import decode_string
+from dilstore.storage.arrays import decode_string, offsets_are_valid
 from dilstore.storage.encodings import Encoding, get_encoding
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import fingerprint_sha256
 from dilstore.storage.format import (
     CHAR_SPANS,
     ID_BYTES,
@@ -36,6 +37,7 @@ from dilstore.storage.format import (
     TITLE_OFFSETS,
     TOKEN_IDS,
     TOKEN_OFFSETS,
+    VECTORS,
     shard_name,
     shard_path,
     states_array,
@@ -181,7 +183,7 @@ def _array(group: zarr.Group, name: str, dtype: str, shape: tuple[int, ...], whe
 
 def _check_offsets(offsets: np.ndarray, data_length: int, name: str, where: str, report: VerifyReport) -> bool:
     """Offsets start at 0, never decrease and end at the data length."""
-    if offsets[0] != 0 or (np.diff(offsets) < 0).any() or offsets[-1] != data_length:
+    if not offsets_are_valid(offsets, data_length):
         _problem(report, where, f"{name} do not start at 0, increase and end at {data_length}")
         return False
     return True
@@ -213,13 +215,19 @@ def _check_shard(location: StoreLocation, manifest: Manifest, entry: ShardEntry,
     group = location.open_group(relative)
     attributes = ShardAttributes.of(group, where)
     expected = (entry.index, manifest.kind, manifest.encoding, manifest.compressor, manifest.state_shape,
-                entry.passages, entry.tokens)
+                entry.passages, entry.tokens, manifest.vector_size)
     found = (attributes.shard, attributes.kind, attributes.encoding, attributes.compressor, attributes.state_shape,
-             attributes.passages, attributes.tokens)
+             attributes.passages, attributes.tokens, attributes.vector_size)
     if found != expected:
         _problem(report, where, f"attributes {found} differ from the manifest's {expected} "
-                                "(shard, kind, encoding, compressor, state shape, passages, tokens)")
+                                "(shard, kind, encoding, compressor, state shape, passages, tokens, vector size)")
         return None
+    if attributes.generation != manifest.generation:
+        _problem(report, where, f"belongs to build {attributes.generation!r}, the manifest to {manifest.generation!r}")
+    if attributes.fingerprint_sha256 is not None and attributes.fingerprint_sha256 != fingerprint_sha256(
+        manifest.fingerprint
+    ):
+        _problem(report, where, "was made by another model than the manifest's fingerprint says (edited fingerprint?)")
     n, tokens, state_shape = entry.passages, entry.tokens, attributes.state_shape
     ids = _strings(group, ID_BYTES, ID_OFFSETS, n, where, report)
     _strings(group, TITLE_BYTES, TITLE_OFFSETS, n, where, report)
@@ -235,6 +243,10 @@ def _check_shard(location: StoreLocation, manifest: Manifest, entry: ShardEntry,
     if token_ids is not None:
         np.asarray(token_ids[...])  # reading decodes every chunk: damage surfaces here
     _check_encoded(group, get_encoding(attributes.encoding), state_shape, tokens, where, report)
+    if attributes.vector_size is not None:
+        vectors = _array(group, VECTORS, "float32", (n, attributes.vector_size), where, report)
+        if vectors is not None and not np.isfinite(np.asarray(vectors[...])).all():
+            _problem(report, where, f"{VECTORS} holds NaN or infinite values")
     return ids
 
 

@@ -30,7 +30,9 @@ from dilstore.storage.checksums import record_checksums
 from dilstore.storage.durability import fsync_dir, fsync_tree
 from dilstore.storage.encodings import Encoding, check_codebook, get_encoding
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.format import (
+    StoreFormatError,
     ATTRIBUTES_KEY,
     BYTES_PER_CHUNK,
     CHAR_SPANS,
@@ -49,6 +51,8 @@ from dilstore.storage.format import (
     TOKENS_PER_CHUNK,
     TOKEN_IDS,
     TOKEN_OFFSETS,
+    VECTORS,
+    VECTORS_PER_CHUNK,
     Kind,
     check_compressor,
     get_kind,
@@ -56,6 +60,7 @@ from dilstore.storage.format import (
     states_array,
 )
 from dilstore.storage.records import PassageRecord
+from dilstore.storage.shard import ShardAttributes
 
 _INT32 = np.iinfo(np.int32)
 
@@ -90,6 +95,16 @@ class _Columns:
     char_spans: np.ndarray  # (T, 2) int32
     states: np.ndarray  # (T, *S) float32
     state_shape: tuple[int, ...]
+    vectors: np.ndarray | None  # (n, d) float32, or None when the records have none
+
+
+def shard_generation(store_root: str | Path, shard_index: int) -> str | None:
+    """The build recorded in shard `shard_index`'s attributes; None when it has none or is absent or unreadable."""
+    path = Path(store_root) / SHARDS_DIR / shard_name(shard_index)
+    try:
+        return ShardAttributes.of(zarr.open_group(str(path), mode="r"), str(path)).generation
+    except (FileNotFoundError, StoreFormatError, zarr.errors.NodeTypeValidationError, ValueError, KeyError):
+        return None
 
 
 def write_shard(
@@ -102,17 +117,24 @@ def write_shard(
     compressor: str | None = None,
     durable: bool = True,
     codebook: Mapping[str, np.ndarray] | None = None,
+    generation: str | None = None,
+    fingerprint: Fingerprint | None = None,
 ) -> ShardSummary:
     """Write `records` as shard `shard_index` of the store at `store_root` and return what was written.
 
     kind: representation kind ("dilbert", "earl-s1", "earl-s2"); encoding:
     "fp32", "fp16", "int8", "2bit" or "1bit"; codebook: the store-wide codebook
     of a 2bit/1bit store (`train_codebook`), copied into the shard; without it
-    the shard trains its own on a seeded sample of its states. compressor: None (memory-mappable) or "zstd" /
-    "blosc" for cold storage. durable: fsync every file and directory before
-    the rename publishes the shard (False skips it, for scratch stores and
-    tests, where a crash may leave a visible but incomplete shard). Invalid
-    records raise DilstoreError naming the passage id and the problem.
+    the shard trains its own on a seeded sample of its states. compressor:
+    None (memory-mappable) or "zstd" / "blosc" for cold storage. durable:
+    fsync every file and directory before the rename publishes the shard
+    (False skips it, for scratch stores and tests, where a crash may leave a
+    visible but incomplete shard). Invalid records raise DilstoreError naming
+    the passage id and the problem.
+    generation: the build this shard belongs to (finalize and readers check
+    that every shard of a store has the manifest's); fingerprint: the model
+    that made the states, recorded as its SHA-256 so `verify` can tell an
+    edited manifest fingerprint. Both are left out when None.
     """
     root = Path(store_root)
     name = shard_name(shard_index)
@@ -128,7 +150,11 @@ def write_shard(
     shards_dir.mkdir(parents=True, exist_ok=True)
     temporary = shards_dir / f"{TMP_PREFIX}{name}-{uuid.uuid4().hex}"
     try:
-        _write_group(temporary, columns, shard_index, kind_spec, encoding_spec, compressor, codebook)
+        build = {
+            **({} if generation is None else {"generation": generation}),
+            **({} if fingerprint is None else {"fingerprint_sha256": fingerprint_sha256(fingerprint)}),
+        }
+        _write_group(temporary, columns, shard_index, kind_spec, encoding_spec, compressor, codebook, build)
         record_checksums(temporary)
         if durable:
             fsync_tree(temporary)
@@ -176,6 +202,7 @@ def _collect(records: Sequence[PassageRecord], kind: Kind, name: str) -> _Column
         char_spans=np.concatenate(char_spans).reshape(-1, 2),
         states=np.concatenate(states).astype(np.float32, copy=False),
         state_shape=state_shape,
+        vectors=_vectors(records, name),
     )
     _check_values(columns)
     return replace(
@@ -183,6 +210,27 @@ def _collect(records: Sequence[PassageRecord], kind: Kind, name: str) -> _Column
         token_ids=columns.token_ids.astype(np.int32, copy=False),
         char_spans=columns.char_spans.astype(np.int32, copy=False),
     )
+
+
+def _vectors(records: Sequence[PassageRecord], name: str) -> np.ndarray | None:
+    """The records' vectors as float32 (n, d): all of one length and finite, or None when no record has one."""
+    given = [record.vector is not None for record in records]
+    if not any(given):
+        return None
+    if not all(given):
+        missing = records[given.index(False)].id
+        raise DilstoreError(f"passage {missing!r} has no vector, but others in shard {name} do: give all or none")
+    vectors = [np.asarray(record.vector) for record in records]
+    width = vectors[0].shape
+    for record, vector in zip(records, vectors, strict=True):
+        if vector.ndim != 1 or vector.shape != width or not vector.size or not np.issubdtype(vector.dtype, np.floating):
+            raise DilstoreError(
+                f"passage {record.id!r}: vector must be a float (d,) like the shard's first, got {vector.dtype} "
+                f"{vector.shape}"
+            )
+        if not np.isfinite(vector).all():
+            raise DilstoreError(f"passage {record.id!r}: vector has NaN or infinite values")
+    return np.stack(vectors).astype(np.float32)  # (n, d)
 
 
 def _check_record_shapes(record: PassageRecord, state_shape: tuple[int, ...], kind: str) -> None:
@@ -249,8 +297,9 @@ def _write_group(
     encoding: Encoding,
     compressor: str | None,
     codebook: Mapping[str, np.ndarray] | None,
+    build: dict[str, str],
 ) -> None:
-    """Write one shard's Zarr v3 group at `path`."""
+    """Write one shard's Zarr v3 group at `path`; `build` holds its generation and fingerprint hash, if any."""
     attributes = {
         ATTRIBUTES_KEY: {
             "format": FORMAT_NAME,
@@ -263,6 +312,9 @@ def _write_group(
             "state_shape": list(columns.state_shape),
             "passages": len(columns.ids),
             "tokens": len(columns.token_ids),
+            # Only in shards with vectors, so shards without them keep their bytes.
+            **({} if columns.vectors is None else {"vector_size": int(columns.vectors.shape[1])}),
+            **build,
         }
     }
     group = zarr.open_group(str(path), mode="w-", zarr_format=3, attributes=attributes)
@@ -276,6 +328,9 @@ def _write_group(
                     dimension_names=["byte"])
         write_array(group, offsets_path, offsets, rows_per_chunk=OFFSETS_PER_CHUNK, compressor=compressor,
                     dimension_names=["passage_boundary"])
+    if columns.vectors is not None:
+        write_array(group, VECTORS, columns.vectors, rows_per_chunk=VECTORS_PER_CHUNK, compressor=compressor,
+                    dimension_names=["passage", "vector"])
     write_array(group, TOKEN_OFFSETS, columns.token_offsets, rows_per_chunk=OFFSETS_PER_CHUNK,
                 compressor=compressor, dimension_names=["passage_boundary"])
     write_array(group, TOKEN_IDS, columns.token_ids, rows_per_chunk=TOKENS_PER_CHUNK, compressor=compressor,

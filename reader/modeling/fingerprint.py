@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import torch
@@ -70,8 +71,12 @@ def config_sha256(config: PreTrainedConfig) -> str:
 
 def weights_sha256(model: torch.nn.Module) -> str:
     """sha256 over every state-dict tensor in sorted-name order: name, dtype, shape, then raw bytes."""
+    return tensors_sha256(model.state_dict())
+
+
+def tensors_sha256(state: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over named tensors in sorted-name order: name, dtype, shape, then raw bytes (weights_sha256's scheme)."""
     digest = hashlib.sha256()
-    state = model.state_dict()
     for name in sorted(state):
         tensor = state[name].detach().to("cpu").contiguous()
         header = {"name": name, "dtype": str(tensor.dtype), "shape": list(tensor.shape)}

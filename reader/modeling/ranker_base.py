@@ -9,7 +9,7 @@ once here:
 
     from_encoder     copy the encoder's config, build the ranker, `_initialise_from` its weights
     from_base        from_encoder over a plain Hugging Face BERT directory (load_base_encoder)
-    from_pretrained  `_read_checkpoint`, build the ranker with `_checkpoint_options`, load the weights
+    from_pretrained  `_read_checkpoint`, build the ranker with `_checkpoint_options`, `_load_checkpoint_state`
     save_pretrained  config.json, tokenizer, model.safetensors and `metadata()` as dilstore.json
     score_texts      score_text_pairs over the ranker's own tokenize_query, tokenize_document, score_groups
 """
@@ -87,12 +87,7 @@ class RankerBase(nn.Module, ABC):
         checkpoint = cls._read_checkpoint(path)
         with torch.random.fork_rng(devices=[]):
             ranker = cls(checkpoint.config, checkpoint.tokenizer, *cls._checkpoint_options(checkpoint.metadata))
-        try:
-            ranker.load_state_dict(checkpoint.state)
-        except RuntimeError as error:
-            raise DilstoreError(
-                f"{checkpoint.directory}: the weights do not fit this {cls.description}: {error}"
-            ) from error
+        ranker._load_checkpoint_state(checkpoint)
         return ranker.eval()
 
     def save_pretrained(self, path: str | Path) -> Path:
@@ -126,6 +121,15 @@ class RankerBase(nn.Module, ABC):
     def _checkpoint_options(cls, metadata: CheckpointMetadata) -> tuple[Any, ...]:
         """The constructor's options after config and tokenizer, as a checkpoint's metadata records them."""
         return ()
+
+    def _load_checkpoint_state(self, checkpoint: RankerCheckpoint | EarlCheckpoint) -> None:
+        """Put the checkpoint's weights into this freshly built ranker; every weight must fit exactly."""
+        try:
+            self.load_state_dict(checkpoint.state)
+        except RuntimeError as error:
+            raise DilstoreError(
+                f"{checkpoint.directory}: the weights do not fit this {self.description}: {error}"
+            ) from error
 
 
 def encoder_weights(encoder: BertModel) -> dict[str, torch.Tensor]:

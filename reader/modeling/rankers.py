@@ -22,11 +22,12 @@ _CLASSES = {"earl": EarlRanker, "cross-encoder": CrossEncoderRanker, "siamese": 
 
 @dataclass(frozen=True)
 class EarlOptions:
-    """EARL's variant: N query layers (None: l − 2), pooling "cls" or "mean", tied query/document modules."""
+    """EARL's variant: N query layers (None: l − 2), pooling "cls" or "mean", tied modules, the bi-encoder prior."""
 
     query_layers: int | None = None
     pooling: str = "cls"
     tied: bool = False
+    prior: bool = False
 
 
 def require_kind(kind: str) -> None:
@@ -40,7 +41,7 @@ def new_ranker(kind: str, base: str | Path, earl: EarlOptions | None = None) -> 
     require_kind(kind)
     if kind == "earl":
         options = earl or EarlOptions()
-        return EarlRanker.from_base(base, options.query_layers, options.pooling, options.tied)
+        return EarlRanker.from_base(base, options.query_layers, options.pooling, options.tied, options.prior)
     return _CLASSES[kind].from_base(base)
 
 

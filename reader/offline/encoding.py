@@ -35,7 +35,8 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from dilstore.reader.batching import BatchPolicy, length_batches, pad_token_ids
-from dilstore.reader.modeling.checkpoints import base_model_dir
+from dilstore.reader.modeling.checkpoints import BASE_MODEL_REF as BASE_MODEL_REF  # re-exported: model references
+from dilstore.reader.modeling.checkpoints import base_model_dir, resolve_base_model
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.kinds import OfflineModel, load_offline_model, offline_kind
 from dilstore.reader.packaged.shipped import default_checkpoint_dir, default_ranker_dir
@@ -44,10 +45,9 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.records import PassageRecord
 
-# Symbolic model references, resolved on each worker to the installed package's copy,
-# so a remote worker finds the packaged models wherever its site-packages is.
+# Symbolic model references (with reader.checkpoints.BASE_MODEL_REF), resolved on each worker to the
+# installed package's copy, so a remote worker finds the packaged models wherever its site-packages is.
 DEFAULT_CHECKPOINT_REF = "package:default-checkpoint"
-BASE_MODEL_REF = "package:base-model"
 DEFAULT_RANKER_REF = "package:default-ranker"
 WINDOW_ID_SEPARATOR = "~"
 DEFAULT_MAX_LENGTH = 384
@@ -94,9 +94,7 @@ def resolve_model_dir(model: str) -> Path:
         return default_checkpoint_dir()
     if model == DEFAULT_RANKER_REF:
         return default_ranker_dir()
-    if model == BASE_MODEL_REF:
-        return base_model_dir()
-    return Path(model)
+    return resolve_base_model(model)
 
 
 @functools.lru_cache(maxsize=2)
@@ -174,17 +172,21 @@ def tokenize_passage(tokenizer: object, passage: PassageLike, max_length: int, k
     return pieces
 
 
-def encode_batch(reader: OfflineModel, kind: str, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """`kind`'s offline states for a batch of token id arrays, each (n_i, *state_shape) float32 without padding.
+def encode_batch(
+    reader: OfflineModel, kind: str, sequences: Sequence[np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """`kind`'s offline states for a batch of token id arrays, each (n_i, *state_shape) float32 without padding,
+    and each passage's float32 vector (d,) when the model stores them (an EARL prior ranker), else None.
 
     The state shape is the model's: (d,) for dilbert and earl-s1, (M, 2, d) for earl-s2.
     """
     pad_id = reader.tokenizer.pad_token_id
     ids, mask = pad_token_ids(sequences, 0 if pad_id is None else int(pad_id))  # (b, n), (b, n)
     with torch.inference_mode():
-        states = offline_kind(kind).states(reader, ids, mask)  # (b, n, *S)
+        states, vectors = offline_kind(kind).states(reader, ids, mask)  # (b, n, *S), (b, d) or None
     states = states.to(torch.float32).numpy()  # (b, n, *S)
-    return [np.ascontiguousarray(states[row, : sequence.shape[0]]) for row, sequence in enumerate(sequences)]
+    per_passage = [np.ascontiguousarray(states[row, : sequence.shape[0]]) for row, sequence in enumerate(sequences)]
+    return per_passage, None if vectors is None else list(vectors.to(torch.float32).numpy())
 
 
 def encode_tokenized(
@@ -200,11 +202,13 @@ def encode_tokenized(
     finished so far, for progress reporting.
     """
     states: list[np.ndarray | None] = [None] * len(pieces)
+    vectors: list[np.ndarray | None] = [None] * len(pieces)
     finished = 0
     for batch in length_batches([piece.length for piece in pieces], policy):
-        outputs = encode_batch(reader, kind, [pieces[index].tokens.token_ids for index in batch])
-        for index, output in zip(batch, outputs, strict=True):
+        outputs, batch_vectors = encode_batch(reader, kind, [pieces[index].tokens.token_ids for index in batch])
+        for position, (index, output) in enumerate(zip(batch, outputs, strict=True)):
             states[index] = output
+            vectors[index] = None if batch_vectors is None else batch_vectors[position]
         finished += len(batch)
         if on_batch is not None:
             on_batch(finished)
@@ -216,6 +220,7 @@ def encode_tokenized(
             token_ids=piece.tokens.token_ids,
             char_spans=piece.tokens.char_spans,
             states=state,
+            vector=vector,
         )
-        for piece, state in zip(pieces, states, strict=True)
+        for piece, state, vector in zip(pieces, states, vectors, strict=True)
     ]

@@ -14,7 +14,9 @@ encoder directory (no dilstore.json) starts a new model: a DilBert reader
 with k = `layers`, or an EARL ranker initialised as the paper does
 (`EarlRanker.from_base`: N = `layers`, default l − 2, CLS pooling, untied).
 A base-initialised EARL ranker has never been trained to rank, so its stores
-only suit speed and size measurements.
+only suit speed and size measurements. An EARL ranker with the bi-encoder
+prior also gives each passage its mean S1 vector, on S1 and S2 stores alike
+(the store's passages/vectors).
 """
 
 from __future__ import annotations
@@ -37,20 +39,33 @@ OfflineModel = DilBertReader | EarlRanker
 _Model = TypeVar("_Model", DilBertReader, EarlRanker)
 
 
-def _dilbert_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """`p [SEP]` ids and mask (b, n) → passage states after layer k (b, n, d)."""
-    return _as(model, DilBertReader).encode_passages(input_ids, attention_mask)
+# Per-token states (b, n, *state_shape), and per-passage vectors (b, d) or None.
+OfflineOutput = tuple[torch.Tensor, torch.Tensor | None]
 
 
-def _earl_s1_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """`[CLS] d [SEP]` ids and mask (b, n) → S1, the document module's output (b, n, d)."""
-    return _as(model, EarlRanker).encode_documents(input_ids, attention_mask)
+def _dilbert_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> OfflineOutput:
+    """`p [SEP]` ids and mask (b, n) → passage states after layer k (b, n, d); no vectors."""
+    return _as(model, DilBertReader).encode_passages(input_ids, attention_mask), None
 
 
-def _earl_s2_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """`[CLS] d [SEP]` ids and mask (b, n) → S2, every judger block's keys and values (b, n, M, 2, d)."""
+def _earl_s1_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> OfflineOutput:
+    """`[CLS] d [SEP]` ids and mask (b, n) → S1, the document module's output (b, n, d), and the prior's vectors."""
     ranker = _as(model, EarlRanker)
-    return ranker.document_key_values(ranker.encode_documents(input_ids, attention_mask))
+    states = ranker.encode_documents(input_ids, attention_mask)  # (b, n, d)
+    return states, _prior_vectors(ranker, states, attention_mask)
+
+
+def _earl_s2_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> OfflineOutput:
+    """`[CLS] d [SEP]` ids and mask (b, n) → S2, every judger block's keys and values (b, n, M, 2, d), and the
+    prior's vectors."""
+    ranker = _as(model, EarlRanker)
+    states = ranker.encode_documents(input_ids, attention_mask)  # (b, n, d)
+    return ranker.document_key_values(states), _prior_vectors(ranker, states, attention_mask)
+
+
+def _prior_vectors(ranker: EarlRanker, states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """A prior ranker's mean S1 vector per passage (b, d) float32, which S2 cannot give back; else None."""
+    return ranker.document_vectors(states, attention_mask) if ranker.prior else None
 
 
 @dataclass(frozen=True)
@@ -59,14 +74,15 @@ class OfflineKind:
 
     `windows(tokenizer, text, max_length)` splits a text into stored units
     (never truncating); `states(model, ids, mask)` maps padded ids and mask
-    (b, n) to per-token states (b, n, *state_shape).
+    (b, n) to per-token states (b, n, *state_shape) and per-passage vectors
+    (b, d), or None when the model stores none.
     """
 
     name: str
     model_name: str
     model_class: type[OfflineModel]
     windows: Callable[[PreTrainedTokenizerBase, str, int], list[TokenizedText]]
-    states: Callable[[OfflineModel, torch.Tensor, torch.Tensor], torch.Tensor]
+    states: Callable[[OfflineModel, torch.Tensor, torch.Tensor], OfflineOutput]
 
 
 OFFLINE_KINDS: dict[str, OfflineKind] = {
@@ -90,8 +106,8 @@ def offline_kind(name: str) -> OfflineKind:
 def load_offline_model(path: str | Path, kind: str, layers: int | None) -> OfflineModel:
     """The model that makes `kind` stores, from a checkpoint or a plain encoder directory (module docstring).
 
-    `layers` is k for dilbert and N for the EARL kinds. A checkpoint fixes its
-    own split: `layers` must then be None or equal to it. The directory's
+    `layers` is k for dilbert and N for the EARL kinds. A trained checkpoint
+    fixes its own split: `layers` must then be None or equal to it. The directory's
     kind is checked before any weight is loaded.
     """
     wanted = offline_kind(kind)
@@ -105,6 +121,11 @@ def load_offline_model(path: str | Path, kind: str, layers: int | None) -> Offli
             f"{kind} stores need {wanted.model_name} (dilstore.json kind {needed!r}) or a plain encoder directory"
         )
     if wanted.model_class is DilBertReader:
+        if metadata is not None and layers is not None and layers != metadata.layers:
+            raise DilstoreError(
+                f"{directory} is a DilBert reader trained with k = {metadata.layers}, not {layers}: a store at "
+                "another k holds states that reader cannot read; omit the layers (--layers) or give its own k"
+            )
         return DilBertReader.from_pretrained(directory, layers=layers)
     if metadata is None:
         return EarlRanker.from_base(directory, query_layers=layers)

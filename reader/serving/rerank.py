@@ -9,6 +9,9 @@ A store of kind "earl-s1" is judged through `EarlRanker.judge(doc_states=…)`,
 which projects every judger block's keys and values online; one of kind
 "earl-s2" through `judge(doc_key_values=…)`, which skips that projection.
 Both give the scores of the unsplit `EarlRanker.forward` on the same text.
+A ranker with the bi-encoder prior also takes each document's stored mean S1
+vector (`passages/vectors`, which precompute writes for it on both kinds), so
+its S1 and S2 stores give the same prior; a store without them is refused.
 A document is looked up by its own id: for a document longer than the
 store's max length that is its first window, the tokens `encode_document`
 keeps, so it is scored by its first tokens (FirstP) as online.
@@ -155,6 +158,11 @@ class EarlReranker:
         device: str | torch.device | None = None,
     ) -> None:
         self.kind = require_earl_store(store)
+        if model.prior and store.vector_size is None:
+            raise DilstoreError(
+                f"store {store.url} has no passage vectors, which this ranker's bi-encoder prior needs; "
+                "precompute the store again with this ranker"
+            )
         self.model = model.eval()
         self.store = store
         self.settings = settings or RerankSettings()
@@ -253,16 +261,21 @@ class EarlReranker:
             query_ids = torch.from_numpy(tokens.token_ids.astype(np.int64))[None].to(self.device)  # (1, nq)
             query_mask = torch.ones_like(query_ids)  # (1, nq)
             query_states = self.model.encode_queries(query_ids, query_mask)  # (1, nq, d)
+            prior = {"query_vectors": self.model.query_vectors(query_states, query_mask)} if self.model.prior else {}
         policy = BatchPolicy(self.settings.pair_batch_tokens, self.settings.max_pairs_per_batch)
         lengths = [len(tokens) + len(document.token_ids) for document in documents]
         scores = [0.0] * len(documents)
         with stats.measure("judge"), torch.inference_mode():
             for batch in length_batches(lengths, policy):
-                members = [documents[index] for index in batch]
-                stored, doc_mask = pad_stored_states(members, self.device, self.model.dtype)
+                chosen = [documents[index] for index in batch]
+                stored, doc_mask = pad_stored_states(chosen, self.device, self.model.dtype)
                 argument = "doc_states" if self.kind == EARL_S1 else "doc_key_values"
+                if prior:  # the stored mean S1 vectors (b, d), for S1 and S2 alike
+                    prior["doc_vectors"] = torch.from_numpy(np.stack([d.vector for d in chosen])).to(self.device)
                 # The (1, nq) query is broadcast over the b documents.
-                batch_scores = self.model.judge(query_states, query_mask, doc_mask, **{argument: stored})  # (b,)
+                batch_scores = self.model.judge(
+                    query_states, query_mask, doc_mask, **{argument: stored}, **prior
+                )  # (b,)
                 for index, score in zip(batch, batch_scores.float().cpu().tolist(), strict=True):
                     scores[index] = score
         return scores

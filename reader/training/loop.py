@@ -11,7 +11,9 @@ model; everything else is here, so both run the same way:
   independent of the dropout RNG, so a resumed run skips exactly what it saw.
 - A progress bar, and a log line every `log_every` steps.
 - Periodic checkpoints under OUTPUT/checkpoints/step-N (model + training
-  state, see reader/training/state.py), written under a temporary name and
+  state, see reader/training/state.py), every N steps and at least every M
+  minutes of training, so a killed run loses at most M minutes; each is
+  written under a temporary name and
   renamed, so a run cut off at any moment leaves a usable checkpoint; only
   the newest `keep_checkpoints` are kept.
 - Resumption from the newest checkpoint, refused when the settings recorded
@@ -26,7 +28,7 @@ import platform
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,6 +53,8 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Micro-batches per length-sorted group (Hugging Face's LengthGroupedSampler uses 50).
 LENGTH_GROUP = 50
 RUN_CONFIG_FILE = "run_config.json"
+# Settings a resumed run may change: how often it saves checkpoints.
+_MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes"})
 CHECKPOINTS_DIR = "checkpoints"
 
 
@@ -77,6 +81,7 @@ class LoopSettings(OptimizationSettings, Protocol):
     warmup_ratio: float
     max_grad_norm: float
     save_every: int
+    save_every_minutes: float
     keep_checkpoints: int
     log_every: int
 
@@ -99,6 +104,10 @@ def check_loop_settings(config: LoopSettings) -> None:
         raise DilstoreError(f"learning-rate must be positive, got {config.learning_rate}")
     if config.save_every < 0:
         raise DilstoreError(f"save-every must be 0 (only at the end) or positive, got {config.save_every}")
+    if not config.save_every_minutes >= 0:
+        raise DilstoreError(
+            f"save-every-minutes must be 0 (not by time) or positive, got {config.save_every_minutes}"
+        )
     if config.precision not in PRECISIONS:
         raise DilstoreError(f"precision must be one of {', '.join(PRECISIONS)}, got {config.precision!r}")
 
@@ -115,18 +124,31 @@ def training_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def build_optimizer(model: torch.nn.Module, config: OptimizationSettings) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on biases or LayerNorm weights), as BERT fine-tuning does."""
-    decay, no_decay = [], []
+def build_optimizer(
+    model: torch.nn.Module, config: OptimizationSettings, learning_rates: Mapping[str, float] | None = None
+) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases or LayerNorm weights), as BERT fine-tuning does.
+
+    Trainable parameters only. `learning_rates` maps parameter-name prefixes
+    to their own peak learning rate (the first matching prefix wins; e.g. a
+    low one for EARL's encoder copies); every other parameter takes
+    `config.learning_rate`. The schedule scales each group alike.
+    """
+    groups: dict[tuple[float, bool], list[torch.nn.Parameter]] = {}
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
             continue
-        (no_decay if parameter.ndim < 2 or "LayerNorm" in name or "norm" in name.lower() else decay).append(parameter)
-    groups = [
-        {"params": decay, "weight_decay": config.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=config.learning_rate)
+        prefix = next((prefix for prefix in learning_rates or {} if name.startswith(prefix)), None)
+        rate = config.learning_rate if prefix is None else learning_rates[prefix]  # type: ignore[index]
+        decays = not (parameter.ndim < 2 or "LayerNorm" in name or "norm" in name.lower())
+        groups.setdefault((rate, decays), []).append(parameter)
+    return torch.optim.AdamW(
+        [
+            {"params": parameters, "lr": rate, "weight_decay": config.weight_decay if decays else 0.0}
+            for (rate, decays), parameters in sorted(groups.items(), key=lambda item: (-item[0][0], not item[0][1]))
+        ],
+        lr=config.learning_rate,
+    )
 
 
 def total_optimizer_steps(num_features: int, config: OptimizationSettings) -> int:
@@ -246,7 +268,7 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
     """The checkpoint under OUTPUT/checkpoints to resume from; a DilstoreError when there is none or the config differs.
 
     `config` (a dataclass) is compared with the one write_run_config recorded,
-    all but save_every, which may change between the parts of a run.
+    all but how often checkpoints are saved, which may change between the parts of a run.
     """
     checkpoints = Path(output_dir) / CHECKPOINTS_DIR
     found = latest_checkpoint(checkpoints)
@@ -256,7 +278,9 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
     if saved_file.is_file():
         saved = json.loads(saved_file.read_text(encoding="utf-8"))["config"]
         differing = sorted(
-            name for name, value in asdict(config).items() if name != "save_every" and saved.get(name) != value
+            name
+            for name, value in asdict(config).items()
+            if name not in _MAY_CHANGE_ON_RESUME and saved.get(name) != value
         )
         if differing:
             raise DilstoreError(f"--resume: settings differ from the interrupted run ({saved_file}): {differing}")
@@ -284,13 +308,18 @@ class Optimization:
 
 
 def start_optimization(
-    model: torch.nn.Module, num_examples: int, config: LoopSettings, resume_from: Path | None
+    model: torch.nn.Module,
+    num_examples: int,
+    config: LoopSettings,
+    resume_from: Path | None,
+    learning_rates: Mapping[str, float] | None = None,
 ) -> Optimization:
     """AdamW and the linear warm-up and decay over the run's steps, restored from `resume_from` when given.
 
+    `learning_rates` gives some parameters their own peak rate (build_optimizer).
     Restoring also restores the torch RNG, so call this once every module is built.
     """
-    optimizer = build_optimizer(model, config)
+    optimizer = build_optimizer(model, config, learning_rates)
     total_steps = total_optimizer_steps(num_examples, config)
     scheduler = get_linear_schedule_with_warmup(optimizer, round(config.warmup_ratio * total_steps), total_steps)
     start = LoopPosition(step=0, features_seen=0, train_seconds=0.0)
@@ -354,8 +383,9 @@ def run_training_loop(
 
     Every `config.log_every` steps (and at the last) a line reports the mean
     loss since the last line, the learning rate and the speed; every
-    `config.save_every` steps before the last, a resumable checkpoint goes
-    under OUTPUT/checkpoints.
+    `config.save_every` steps, and whenever `config.save_every_minutes` of
+    training passed since the last one (0: never by time), a resumable
+    checkpoint goes under OUTPUT/checkpoints, except at the last step.
     """
     dtype = autocast_dtype(config, device)
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
@@ -364,6 +394,7 @@ def run_training_loop(
     bar = tqdm(total=total_steps, initial=position.step, disable=not progress, unit="step", dynamic_ncols=True)
     started = time.perf_counter() - position.train_seconds
     window_start, window_units = time.perf_counter(), 0
+    last_save = time.perf_counter()
     for step_index, micro_batches in enumerate(step_plan):
         if step_index >= total_steps:
             break
@@ -390,8 +421,11 @@ def run_training_loop(
                 f"elapsed {position.train_seconds:.0f}s"
             )
             window_start, window_units = time.perf_counter(), 0
-        if config.save_every and position.step % config.save_every == 0 and position.step < total_steps:
+        due_by_steps = config.save_every and position.step % config.save_every == 0
+        due_by_time = config.save_every_minutes and time.perf_counter() - last_save >= 60 * config.save_every_minutes
+        if (due_by_steps or due_by_time) and position.step < total_steps:
             _save_checkpoint(output_dir, optimization, position, step_loss, save, config.keep_checkpoints)
+            last_save = time.perf_counter()
     bar.close()
 
     outcome = LoopOutcome(position=position, losses=losses)

@@ -12,6 +12,12 @@ trained k is exactly the k that `precompute` and `ask` use.
   CPU and bf16 (or fp16) autocast on CUDA, a seeded window order, periodic
   resumable checkpoints under OUTPUT/checkpoints/step-N.
 - Windows of similar length are batched together to cut padding.
+- Distillation (DeFormer, Cao et al. 2020), when a teacher reader is given:
+  loss = CE + alpha * T^2 * KL(teacher || student) on the start and end
+  distributions at temperature T, + beta * the mean squared distance between
+  the student's and the teacher's outputs of each upper layer k+1..l (the
+  layerwise representation similarity). The teacher is usually the k=0
+  reader the student was started from; it runs frozen, in eval mode.
 - The final model goes to OUTPUT itself, with dilstore_training.json (k, the
   command, the budget actually run).
 """
@@ -69,11 +75,16 @@ class TrainingConfig:
     max_question_length: int = 64
     seed: int = 42
     save_every: int = 0
+    save_every_minutes: float = 10.0
     keep_checkpoints: int = 2
     log_every: int = 10
     precision: str = "auto"
     train_limit: int | None = None
     group_by_length: bool = True
+    teacher: str | None = None
+    distillation_temperature: float = 2.0
+    distillation_weight: float = 1.0
+    representation_weight: float = 1.0
 
     def __post_init__(self) -> None:
         check_loop_settings(self)
@@ -87,6 +98,12 @@ class TrainingConfig:
         )
         if self.layers < 0:
             raise DilstoreError(f"layers (k) must be at least 0, got {self.layers}")
+        if self.distillation_temperature <= 0 or self.distillation_weight < 0 or self.representation_weight < 0:
+            raise DilstoreError(
+                "distillation temperature must be positive and its weights at least 0, got "
+                f"T={self.distillation_temperature}, alpha={self.distillation_weight}, "
+                f"beta={self.representation_weight}"
+            )
         if self.doc_stride >= self.max_seq_length:
             raise DilstoreError(
                 f"doc-stride ({self.doc_stride}) must be smaller than max-seq-length ({self.max_seq_length})"
@@ -151,6 +168,71 @@ def qa_loss(
     return (start + end) / 2
 
 
+@dataclass(frozen=True)
+class Distillation:
+    """A frozen teacher and the distillation settings: temperature T, logit weight alpha, layer weight beta."""
+
+    teacher: DilBertReader
+    temperature: float
+    alpha: float
+    beta: float
+
+
+def distillation_loss(
+    student_logits: tuple[torch.Tensor, torch.Tensor],
+    teacher_logits: tuple[torch.Tensor, torch.Tensor],
+    temperature: float,
+) -> torch.Tensor:
+    """T^2 * KL(teacher || student) at temperature T, the mean over the start and end distributions.
+
+    Each logits tensor is (b, nq+np) over the same concatenation; padded
+    positions hold the dtype's minimum in both, so they carry no mass.
+    """
+    losses = []
+    for student, teacher in zip(student_logits, teacher_logits, strict=True):
+        student_log = torch.log_softmax(student.float() / temperature, dim=-1)  # (b, nq + np)
+        teacher_log = torch.log_softmax(teacher.float() / temperature, dim=-1)  # (b, nq + np)
+        losses.append(
+            torch.nn.functional.kl_div(student_log, teacher_log, log_target=True, reduction="batchmean")
+        )
+    return temperature**2 * (losses[0] + losses[1]) / 2
+
+
+def representation_loss(
+    student_states: Sequence[torch.Tensor], teacher_states: Sequence[torch.Tensor], mask: torch.Tensor
+) -> torch.Tensor:
+    """Mean over the given layers of the squared distance between matching states, per valid token and dimension.
+
+    States are (b, n, d) each, the same layers in the same order; mask (b, n) is 1 on valid tokens.
+    """
+    valid = mask.to(torch.float32)[..., None]  # (b, n, 1)
+    count = valid.sum() * student_states[0].shape[-1]
+    distances = [
+        (((student.float() - teacher.float()) ** 2) * valid).sum() / count
+        for student, teacher in zip(student_states, teacher_states, strict=True)
+    ]
+    return torch.stack(distances).mean()
+
+
+def load_teacher(path: Path, student: DilBertReader, device: torch.device) -> DilBertReader:
+    """The frozen teacher reader at `path`, checked to be comparable with `student` (same depth, k no larger)."""
+    teacher = DilBertReader.from_pretrained(path)
+    if teacher.num_layers != student.num_layers or teacher.hidden_size != student.hidden_size:
+        raise DilstoreError(
+            f"teacher {path} has {teacher.num_layers} layers of width {teacher.hidden_size}; the student has "
+            f"{student.num_layers} of width {student.hidden_size}: distillation needs the same shape"
+        )
+    if teacher.layers > student.layers:
+        raise DilstoreError(
+            f"teacher {path} has k={teacher.layers}, more than the student's k={student.layers}; "
+            "distil from a reader with at most as many non-interaction layers (usually k=0)"
+        )
+    if teacher.tokenizer.get_vocab() != student.tokenizer.get_vocab():
+        raise DilstoreError(f"teacher {path} has another vocabulary than the student")
+    teacher.to(device).eval().requires_grad_(False)
+    return teacher
+
+
 def train_qa(
     model_dir: Path,
     train_file: Path,
@@ -175,6 +257,12 @@ def train_qa(
     reader = DilBertReader.from_pretrained(resume_from or model_dir, layers=config.layers)
     data = load_training_data(reader.tokenizer, Path(train_file), config)
     reader.to(device).train()
+    distillation = None
+    if config.teacher is not None:
+        teacher = load_teacher(Path(config.teacher), reader, device)
+        distillation = Distillation(
+            teacher, config.distillation_temperature, config.distillation_weight, config.representation_weight
+        )
     optimization = start_optimization(reader, len(data.features), config, resume_from)
     write_run_config(output_dir, config, command, base_model=str(model_dir), train_file=str(train_file))
     run = _RunInfo(reader, config, Path(model_dir), Path(train_file), command, device, len(data.features),
@@ -185,7 +273,7 @@ def train_qa(
         reader,
         optimization,
         optimizer_step_batches(len(data.features), config, lengths if config.group_by_length else None),
-        accumulate=partial(accumulate_gradients, reader, data, device=device),
+        accumulate=partial(accumulate_gradients, reader, data, device=device, distillation=distillation),
         save=run.save,
         config=config,
         device=device,
@@ -215,16 +303,32 @@ def accumulate_gradients(
     device: torch.device,
     dtype: torch.dtype | None = None,
     scaler: torch.amp.GradScaler | None = None,
+    distillation: Distillation | None = None,
 ) -> float:
-    """Forward and backward over one optimizer step's micro-batches, adding into `.grad`; returns the mean loss."""
+    """Forward and backward over one optimizer step's micro-batches, adding into `.grad`; returns the mean loss.
+
+    With `distillation`, the loss adds its terms (module docstring) to the span cross-entropy.
+    """
 
     def micro_batch_loss(indices: Sequence[int]) -> torch.Tensor:
         batch = data.collate(indices).to(device)
+        inputs = (batch.question_ids, batch.question_mask, batch.passage_ids, batch.passage_mask)
         with autocast_context(device, dtype):
-            start_logits, end_logits = reader(
-                batch.question_ids, batch.question_mask, batch.passage_ids, batch.passage_mask
-            )  # each (b, nq + np)
-        return qa_loss(start_logits, end_logits, batch.start_targets, batch.end_targets)
+            start_logits, end_logits, states = reader.forward_with_states(*inputs)  # (b, nq + np) ×2, states
+        loss = qa_loss(start_logits, end_logits, batch.start_targets, batch.end_targets)
+        if distillation is None:
+            return loss
+        with torch.no_grad(), autocast_context(device, dtype):
+            teacher_start, teacher_end, teacher_states = distillation.teacher.forward_with_states(*inputs)
+        mask = torch.cat([batch.question_mask, batch.passage_mask], dim=1)  # (b, nq + np)
+        upper = reader.num_layers - reader.layers  # layer outputs k+1..l, the last `upper` states of each
+        return (
+            loss
+            + distillation.alpha
+            * distillation_loss((start_logits, end_logits), (teacher_start, teacher_end), distillation.temperature)
+            + distillation.beta
+            * representation_loss(states[len(states) - upper :], teacher_states[len(teacher_states) - upper :], mask)
+        )
 
     return accumulate_micro_batches(micro_batches, micro_batch_loss, scaler)
 

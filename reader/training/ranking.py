@@ -14,6 +14,12 @@ softmax cross-entropy of reader/training/losses.py:
   resumable checkpoints under OUTPUT/checkpoints/step-N.
 - The final ranker goes to OUTPUT with dilstore_training.json (kind, command,
   data, steps, seconds, hardware).
+- EARL with the bi-encoder prior (`prior`) starts as the base model's cosine.
+  `freeze_encoder` then trains only the judger blocks, the head and the
+  prior's scale, so the prior stays that cosine and checkpoints name the base
+  instead of storing the encoder (EarlRanker.freeze_encoder);
+  `encoder_learning_rate` instead trains the encoder copies at their own,
+  lower peak rate.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import numpy as np
 import torch
 
 from dilstore.reader.data.ranking_files import Triple, read_paragraphs, read_triples
-from dilstore.reader.modeling.earl import POOLINGS
+from dilstore.reader.modeling.earl import ENCODER_PREFIXES, POOLINGS, EarlRanker
 from dilstore.reader.modeling.rankers import EarlOptions, load_ranker, new_ranker
 from dilstore.reader.modeling.ranking_inputs import (
     DEFAULT_MAX_DOC_LENGTH,
@@ -78,8 +84,12 @@ class RankingTrainingConfig:
     query_layers: int | None = None
     pooling: str = "cls"
     tied: bool = False
+    prior: bool = False
+    freeze_encoder: bool = False
+    encoder_learning_rate: float | None = None
     seed: int = 42
     save_every: int = 0
+    save_every_minutes: float = 10.0
     keep_checkpoints: int = 2
     log_every: int = 10
     precision: str = "auto"
@@ -101,12 +111,27 @@ class RankingTrainingConfig:
             raise DilstoreError(f"margin must be positive, got {self.margin}")
         if self.pooling not in POOLINGS:
             raise DilstoreError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
-        if self.kind != "earl" and (self.query_layers is not None or self.pooling != "cls" or self.tied):
-            raise DilstoreError("query-layers, pooling and tied describe an EARL ranker only")
+        earl_only = (self.query_layers is not None, self.pooling != "cls", self.tied, self.prior,
+                     self.freeze_encoder, self.encoder_learning_rate is not None)  # fmt: skip
+        if self.kind != "earl" and any(earl_only):
+            raise DilstoreError(
+                "query-layers, pooling, tied, prior, freeze-encoder and encoder-learning-rate describe an EARL "
+                "ranker only"
+            )
+        if self.freeze_encoder and self.encoder_learning_rate is not None:
+            raise DilstoreError("freeze-encoder and encoder-learning-rate exclude each other: a frozen encoder has none")
+        if self.encoder_learning_rate is not None and self.encoder_learning_rate <= 0:
+            raise DilstoreError(f"encoder-learning-rate must be positive, got {self.encoder_learning_rate}")
 
     def earl_options(self) -> EarlOptions:
         """The EARL variant this config trains (ignored by the other kinds)."""
-        return EarlOptions(query_layers=self.query_layers, pooling=self.pooling, tied=self.tied)
+        return EarlOptions(query_layers=self.query_layers, pooling=self.pooling, tied=self.tied, prior=self.prior)
+
+    def learning_rates(self) -> dict[str, float] | None:
+        """Parameter-name prefixes with their own peak rate: EARL's encoder copies under encoder_learning_rate."""
+        if self.encoder_learning_rate is None:
+            return None
+        return dict.fromkeys(ENCODER_PREFIXES, self.encoder_learning_rate)
 
 
 @dataclass(frozen=True)
@@ -211,9 +236,12 @@ def train_ranker(
     ranker = load_ranker(resume_from) if resume_from else new_ranker(config.kind, base_model, config.earl_options())
     if ranker.kind != config.kind:
         raise DilstoreError(f"--resume: {resume_from} holds a {ranker.kind!r} ranker, not {config.kind!r}")
+    if config.freeze_encoder and resume_from is None:
+        assert isinstance(ranker, EarlRanker)  # freeze_encoder is EARL-only (RankingTrainingConfig)
+        ranker.freeze_encoder(base_model)
     data = load_ranking_data(ranker, Path(triples_file), Path(paragraphs_file), config)
     ranker.to(device).train()
-    optimization = start_optimization(ranker, len(data.triples), config, resume_from)
+    optimization = start_optimization(ranker, len(data.triples), config, resume_from, config.learning_rates())
     write_run_config(
         output_dir,
         config,

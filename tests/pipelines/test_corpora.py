@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from dilstore.pipelines.corpora import FORMATS, format_for_path, read_corpus
+from dilstore.pipelines.corpora import FORMATS, check_format, format_for_path, read_corpus
 from dilstore.pipelines.corpus_jsonl import read_jsonl
 from dilstore.pipelines.corpus_msmarco import read_msmarco
 from dilstore.pipelines.corpus_squad import read_squad
@@ -432,3 +432,46 @@ def test_default_corpus_reads_cleanly() -> None:
 def test_default_corpus_rebuilds_from_squad_dev(shared_data: Path) -> None:
     with gzip.open(default_corpus_path(), "rt", encoding="utf-8") as shipped:
         assert corpus_lines(shared_data / "squad" / "dev-v1.1.json") == shipped.read().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ('{"id": "a", "text": "x \\ud800 y"}', "invalid text: text holds a lone surrogate U+D800 at character 3"),
+        ('{"id": "b\\udfff", "text": "fine"}', "invalid text: id holds a lone surrogate U+DFFF at character 2"),
+        ('{"id": "c", "title": "\\udc00", "contents": "fine"}', "invalid text: title holds a lone surrogate U+DC00 at character 1"),
+    ],
+)
+def test_lone_surrogates_are_rejected_not_raised(tmp_path: Path, line: str, reason: str) -> None:
+    """JSON may escape half a surrogate pair; such a field cannot be written as UTF-8, so the record is a dead letter."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(line + '\n{"id": "ok", "text": "kept"}\n', encoding="utf-8")
+    documents, rejected, _ = by_kind(read_corpus(corpus, "jsonl"))
+    assert [(r.line_or_id, r.reason) for r in rejected] == [(1, reason)]
+    assert [d.id for d in documents] == ["ok"]
+
+
+def test_real_files_fit_their_format_and_no_other(shared_data: Path, tmp_path: Path) -> None:
+    """check_format passes every real corpus under its own format and refuses it under the others."""
+    tsv = tmp_path / "collection.tsv.gz"
+    with gzip.open(tsv, "wt", encoding="utf-8") as out:
+        out.write("7\tA passage of MS MARCO.\n")
+    files = {
+        "jsonl": shared_data / "msmarco" / "passages.dl19-dl20-pool.jsonl",
+        "squad": shared_data / "squad" / "dev-v1.1.json",
+        "wikipedia": shared_data / "wiki" / "enwiki-excerpt-206-pages.xml.bz2",
+        "msmarco": tsv,
+    }
+    for format, path in files.items():
+        check_format(path, format)
+        check_format(default_corpus_path(), DEFAULT_CORPUS_FORMAT)
+        for other in {"msmarco", "wikipedia"} - {format}:
+            with pytest.raises(DilstoreError, match=f"--format {other} does not fit"):
+                check_format(path, other)
+
+
+def test_an_empty_file_fits_any_format(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"\n\n")
+    for format in FORMATS:
+        check_format(empty, format)

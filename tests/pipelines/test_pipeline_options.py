@@ -131,5 +131,5 @@ def test_object_storage_urls_are_refused_before_anything_is_written(
 
     monkeypatch.chdir(tmp_path)
     assert main(["precompute", flag, value]) == 2
-    assert "object-storage URLs are not supported" in capsys.readouterr().err
+    assert "URLs are not supported by `dilstore precompute`" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []

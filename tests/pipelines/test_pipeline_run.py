@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -22,10 +24,10 @@ from apache_beam.metrics.metric import MetricsFilter
 
 from dilstore.pipelines.corpora import Document, read_corpus
 from dilstore.pipelines.finish import SUMMARY_KEYS
-from dilstore.pipelines.job import SUMMARY_FILE, prepare_store, run_spec
+from dilstore.pipelines.job import SPEC_FILE, SUMMARY_FILE, prepare_store, run_spec, spec_differences, spec_generation
 from dilstore.pipelines.options import LocalDefaults, assemble_beam_flags, pipeline_options
 from dilstore.pipelines.precompute import NAMESPACE, build_pipeline
-from dilstore.pipelines.routing import SHARD, RouteSettings, route
+from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, route
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import cached_reader, encode_tokenized
 from dilstore.runners import cli
@@ -34,6 +36,7 @@ from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
+from dilstore.storage.writer import shard_generation
 from tests.fixtures.pipeline_fixtures import (
     ROOT,
     TINY_LAYERS,
@@ -46,9 +49,11 @@ from tests.fixtures.pipeline_fixtures import (
 MAX_LENGTH = 48
 SHARDS = 3
 GOOD_FIXTURE_IDS = {"d1", "d2", "10", "d12"}
-# Line of tests/data/bad-records.jsonl (plus the 10 MB document appended as line 13) → words in its reason.
+# Line of tests/data/bad-records.jsonl (plus the 10 MB document appended as line 13, and lone surrogates in
+# a text, an id and a title as lines 14-16) → words in its reason.
 BAD_LINES = {3: "bad JSON", 4: "missing id", 5: "duplicate id 'd1'", 6: "empty text", 7: "invalid UTF-8",
-             8: "bad record", 11: "bad record", 13: "too large"}
+             8: "bad record", 11: "bad record", 13: "too large", 14: "text holds a lone surrogate",
+             15: "id holds a lone surrogate", 16: "title holds a lone surrogate"}
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +63,16 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Good wiki-like documents, then tests/data/bad-records.jsonl's good and bad lines and a 10 MB document."""
+    """Good wiki-like documents, then tests/data/bad-records.jsonl's lines, a 10 MB document and lone surrogates."""
     folder = tmp_path_factory.mktemp("corpus")
     good = write_jsonl(folder / "good.jsonl", wiki_like_documents(24))
     bad = folder / "bad.jsonl"
     shutil.copy(ROOT / "tests" / "data" / "bad-records.jsonl", bad)
     with bad.open("a", encoding="utf-8") as stream:
         stream.write(json.dumps({"id": "huge", "text": "word " * 2_100_000}) + "\n")
+        stream.write('{"id": "s1", "text": "half a pair \\ud800 here"}\n')
+        stream.write('{"id": "s\\udc00", "text": "a fine text"}\n')
+        stream.write('{"id": "s3", "title": "T\\ud800", "text": "a fine text"}\n')
     return folder / good.name, bad
 
 
@@ -176,7 +184,10 @@ def test_multi_processing_gives_the_same_store(metered_run, corpus, tiny_dir: Pa
     for passage_id, values in mine.items():
         for left, right in zip(values, theirs[passage_id], strict=True):
             assert np.array_equal(left, right) if isinstance(left, np.ndarray) else left == right
-    same_files = ["passages/part-00000.parquet", "passages/jsonl/part-00001.jsonl", "rejected/part-00000.jsonl"]
+    # Which dead-letter part a record lands in hashes its source path (a temporary folder here), so compare them all.
+    rejected = sorted(f"rejected/{path.name}" for path in (reference / "rejected").glob("*.jsonl"))
+    assert rejected and rejected == sorted(f"rejected/{path.name}" for path in (store / "rejected").glob("*.jsonl"))
+    same_files = ["passages/part-00000.parquet", "passages/jsonl/part-00001.jsonl", *rejected]
     for name in same_files:
         assert (store / name).read_bytes() == (reference / name).read_bytes(), name
 
@@ -302,6 +313,55 @@ def test_no_arguments_means_the_embedded_corpus_default_model_and_a_store_here(t
     assert (job.strategy, job.encoding, job.kind, job.max_length) == ("words", "fp16", "dilbert", 384)
     if job.model == "package:base-model":
         assert "using the base model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--input", "https://example.org/corpus.jsonl"], "--input https://example.org/corpus.jsonl: URLs are not"),
+        (["--input", "."], "is a directory; give the corpus files"),
+        (["--max-length", "1"], "--max-length 1 is too short"),
+        (["--layers", str(TINY_LAYERS + 1)], f"trained with k = {TINY_LAYERS}, not {TINY_LAYERS + 1}"),
+        (["--format", "msmarco"], "--format msmarco does not fit"),
+        (["--format", "wikipedia"], "wikipedia files hold XML, but it begins '{"),
+    ],
+)
+def test_bad_inputs_are_usage_errors_before_anything_is_written(
+    tiny_dir: Path, tmp_path: Path, capsys, extra: list[str], message: str
+) -> None:
+    """Each stops with exit 2 and one line naming the problem, and the store folder is never created."""
+    args = ["precompute", "--model", str(tiny_dir), "--output", str(tmp_path / "s"), "--no-progress", *extra]
+    if "--input" not in extra:
+        args += ["--input", str(write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2)))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_an_input_edited_in_place_is_a_new_spec(tmp_path: Path) -> None:
+    """Same size, new content: the spec differs by the modification time, so the store is not called complete."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2))
+    job = SimpleNamespace(inputs=[ReadTask(str(corpus), "jsonl")], strategy="words", num_shards=2,
+                          fingerprint=SimpleNamespace(to_dict=lambda: {}), compressor=None, codebook=None)  # fmt: skip
+    before = run_spec(job)
+    text = corpus.read_text(encoding="utf-8")
+    os.utime(corpus, ns=(before["inputs"][0]["mtime_ns"] + 10**9,) * 2)
+    corpus.write_text(text.replace("a", "b", 1), encoding="utf-8")
+    after = run_spec(job)
+    assert after["inputs"][0]["bytes"] == before["inputs"][0]["bytes"]
+    assert spec_differences(before, after) == ["inputs"]
+
+
+def test_the_store_records_the_generation_of_its_spec(metered_run) -> None:
+    """The manifest and every shard name the build: the hash of the run's spec file."""
+    store, _, _ = metered_run
+    spec = json.loads((store / SPEC_FILE).read_text(encoding="utf-8"))
+    manifest = json.loads((store / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["generation"] == spec_generation(spec)
+    assert {shard_generation(store, entry["index"]) for entry in manifest["shards"]} == {manifest["generation"]}
 
 
 def test_a_2bit_run_trains_one_codebook_every_shard_copies_and_another_run_can_reuse(

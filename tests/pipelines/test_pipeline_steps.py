@@ -99,8 +99,24 @@ def test_a_document_that_yields_nothing_to_store_is_a_dead_letter(tiny) -> None:
     assert key[0] == REJECTED and dead.line_or_id == 9 and "no passage" in dead.reason
     odd = Document(id="odd", title="", text="\u200b " * 40, source="c.jsonl", line=None)
     routed = list(route(odd, RouteSettings("words", 3, 64, "dilbert"), tiny.tokenizer))
-    reasons = [value.reason for key, value in routed if key[0] == REJECTED]
-    assert len(reasons) == 2 and "no word pieces" in reasons[0] and "no passage" in reasons[1]
+    [reason] = [value.reason for key, value in routed if key[0] == REJECTED]
+    assert "no word pieces" in reason
+    assert not [key for key, _ in routed if key[0] in (SHARD, COUNTS)]
+
+
+@pytest.mark.parametrize(("doc_id", "refused"), [("a~1", True), ("a~12", True), ("a~0", False), ("a~", False),
+                                                 ("~1", False), ("a~1b", False), ("a#0~1", True)])
+def test_window_like_ids_are_dead_letters_under_split_none(tiny, doc_id: str, refused: bool) -> None:
+    """`a~1` could be the id of window 1 of a long document `a`, so --split none refuses it (and only it)."""
+    doc = Document(id=doc_id, title="", text="a few words", source="c.jsonl", line=4)
+    routed = list(route(doc, RouteSettings("none", 3, 64, "dilbert"), tiny.tokenizer))
+    dead = [value for key, value in routed if key[0] == REJECTED]
+    if refused:
+        assert len(routed) == 1 and dead[0].line_or_id == 4 and "has the form of a window id" in dead[0].reason
+    else:
+        assert not dead and [value.id for key, value in routed if key[0] == SHARD] == [doc_id]
+    words = list(route(doc, RouteSettings("words", 3, 64, "dilbert"), tiny.tokenizer))
+    assert not [key for key, _ in words if key[0] == REJECTED]
 
 
 def test_shard_groups_sort_by_id_and_drop_the_seed(tiny) -> None:

@@ -18,7 +18,7 @@ import pytest
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.retrieval import Hit
 from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
-from dilstore.runners.cmd_ask import highlight, interactive
+from dilstore.runners.cmd_ask import highlight, interactive, printable
 from dilstore.storage.reader import open_store
 from tests.fixtures.odqa_fixtures import one_torch_thread, write_collection, write_reader_checkpoint, write_store
 from tests.fixtures.paths import ROOT
@@ -86,3 +86,28 @@ def test_interactive_loop_prints_text_answers_and_errors(store_and_model: tuple[
 
 def test_highlight_wraps_the_span() -> None:
     assert highlight("opened in 1882 by", 10, 14) == "opened in [[1882]] by"
+
+
+def test_printable_escapes_control_characters() -> None:
+    assert printable("plain text, ümlauts and 中文") == "plain text, ümlauts and 中文"
+    assert printable("red \x1b[31malert\x07\r\n") == "red \\x1b[31malert\\x07\\r\\n"
+
+
+def test_text_answers_escape_control_characters(store_and_model: tuple[Path, Path]) -> None:
+    store_dir, model_dir = store_and_model
+    odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), OneHitSearcher(),
+                            OdqaSettings(mu=0.5))  # fmt: skip
+    out = io.StringIO()
+    interactive(odqa, io.StringIO("When did the \x1b[2J tram open?\n"), out, io.StringIO(), as_json=False)
+    assert "\x1b" not in out.getvalue() and "question: When did the \\x1b[2J tram open?" in out.getvalue()
+
+
+def test_a_line_that_is_not_utf8_is_reported_and_the_session_goes_on(store_and_model: tuple[Path, Path]) -> None:
+    store_dir, model_dir = store_and_model
+    odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), OneHitSearcher(),
+                            OdqaSettings(mu=0.5))  # fmt: skip
+    raw = io.TextIOWrapper(io.BytesIO(b"Tram \xff\xfe open?\n" + GOOD.encode() + b"\n"), errors="surrogateescape")
+    out, err = io.StringIO(), io.StringIO()
+    assert interactive(odqa, raw, out, err, as_json=True) == 0
+    assert err.getvalue() == "dilstore ask: error: the question is not UTF-8 text (byte at character 6); skipped\n"
+    assert [json.loads(line)["question"] for line in out.getvalue().splitlines()] == [GOOD]

@@ -256,3 +256,57 @@ def test_finalize_checks_the_shard_set_and_cleans_temporaries(shards, tmp_path) 
     assert open_store(tmp_path).fetch(["s2/p0"])[0].id == "s2/p0"
     with pytest.raises(DilstoreError, match="is finalized"):
         write_shard(tmp_path, 1, shards[1], kind="dilbert", encoding="fp32")
+
+
+def with_vectors(records: list[PassageRecord], seed: int, width: int = 5) -> list[PassageRecord]:
+    """The records with a random float32 (width,) vector each, as an EARL prior ranker's store holds."""
+    rng = np.random.default_rng(seed)
+    return [
+        PassageRecord(**{**vars(record), "vector": rng.standard_normal(width).astype(np.float32)})
+        for record in records
+    ]
+
+
+@pytest.mark.parametrize("encoding", ["fp16", "int8"])
+def test_passage_vectors_are_stored_checked_and_read_on_every_path(encoding, shards, tmp_path) -> None:
+    """passages/vectors (n, d) float32: zarr-python, both read paths, the manifest, checksums and verify."""
+    from dilstore.storage.verify import verify_store
+
+    vectored = [with_vectors(records, seed) for seed, records in enumerate(shards)]
+    root = build_store(tmp_path / "store", vectored, kind="earl-s1", encoding=encoding)
+    manifest = json.loads((root / MANIFEST_FILE).read_text())
+    assert manifest["vector_size"] == 5 and "shards/shard-00001/passages/vectors/c/0/0" in manifest["files"]
+    shard = zarr.open_group(root / "shards" / "shard-00001", mode="r")
+    assert shard.attrs["dilstore"]["vector_size"] == 5
+    np.testing.assert_array_equal(shard["passages/vectors"][...], np.stack([r.vector for r in vectored[1]]))
+    for read_path in ("mmap", "zarr"):
+        store = open_store(root, read_path=read_path)
+        assert store.vector_size == 5
+        fetched = store.fetch(["s2/p3", "s0/p1"])
+        np.testing.assert_array_equal(fetched[0].vector, vectored[2][3].vector)
+        assert fetched[1].vector.dtype == np.float32
+    assert verify_store(root).ok
+    vectors_file = root / "shards" / "shard-00000" / "passages" / "vectors" / "c" / "0" / "0"
+    damaged = bytearray(vectors_file.read_bytes())
+    damaged[7] ^= 0x40
+    vectors_file.write_bytes(bytes(damaged))
+    assert any("passages/vectors" in problem for problem in verify_store(root).problems)
+
+
+def test_a_store_without_vectors_keeps_its_manifest_and_says_so(fp32_store) -> None:
+    assert "vector_size" not in json.loads((fp32_store / MANIFEST_FILE).read_text())
+    store = open_store(fp32_store)
+    assert store.vector_size is None and store.fetch(["s0/p0"])[0].vector is None
+
+
+def test_vectors_are_given_for_all_passages_of_a_store_or_none(shards, tmp_path) -> None:
+    vectored = with_vectors(shards[0], seed=3)
+    with pytest.raises(DilstoreError, match="has no vector, but others in shard shard-00000 do"):
+        write_shard(tmp_path / "a", 0, [*vectored[:2], shards[0][2]], kind="dilbert", encoding="fp32")
+    bad = PassageRecord(**{**vars(shards[0][1]), "vector": np.full(5, np.nan, dtype=np.float32)})
+    with pytest.raises(DilstoreError, match="vector has NaN"):
+        write_shard(tmp_path / "a", 0, [vectored[0], bad], kind="dilbert", encoding="fp32")
+    write_shard(tmp_path / "b", 0, vectored, kind="dilbert", encoding="fp32", durable=False)
+    write_shard(tmp_path / "b", 1, shards[1], kind="dilbert", encoding="fp32", durable=False)
+    with pytest.raises(DilstoreError, match="different settings.*vector_size=5.*vector_size=None"):
+        finalize(tmp_path / "b", fingerprint_for(), {})

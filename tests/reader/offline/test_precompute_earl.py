@@ -38,6 +38,7 @@ from dilstore.reader.offline.encoding import (
 )
 from dilstore.reader.offline.kinds import load_offline_model, max_positions
 from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME
+from dilstore.reader.serving.rerank import open_reranker
 from dilstore.reader.text.tokenization import encode_document, passage_pieces, window_starts
 from dilstore.runners import cli
 from dilstore.runners.cmd_precompute import build_job
@@ -365,3 +366,49 @@ def test_kind_and_model_errors_exit_2_with_one_line_before_any_work(
     err = capsys.readouterr().err
     assert err.startswith("dilstore precompute: error:") and message in err and err.count("\n") == 1, err
     assert not store.exists(), "nothing was written"
+
+
+# ---------------------------------------------------------------------- the bi-encoder prior through the store
+
+
+@pytest.fixture(scope="module")
+def prior_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tied prior ranker whose head and scale were moved off their start, so judger and prior both count."""
+    ranker = EarlRanker.from_encoder(text_encoder(seed=2), tokenizer(), tied=True, prior=True)
+    with torch.no_grad():
+        ranker.score.weight.normal_(std=0.1, generator=torch.Generator().manual_seed(2))
+        ranker.prior_scale.fill_(5.0)
+    return ranker.save_pretrained(tmp_path_factory.mktemp("prior"))
+
+
+def test_a_prior_rankers_s1_and_s2_stores_keep_passage_vectors_and_rerank_alike(
+    corpus: Path, prior_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """precompute writes each passage's mean S1 vector on both kinds; rerank from either equals the unsplit ranker."""
+    ranker = EarlRanker.from_pretrained(prior_dir)
+    scores = {}
+    for kind in ("earl-s1", "earl-s2"):
+        store = tmp_path / kind
+        assert cli.main(precompute(corpus, prior_dir, store, kind, "fp16")) == 0
+        assert cli.main(["verify", str(store)]) == 0
+        capsys.readouterr()
+        with open_store(store) as opened:
+            assert opened.vector_size == ranker.hidden_size
+            ids = sorted(store_contents(store))
+            stored = opened.fetch(ids)
+        tokens = [torch.from_numpy(document.token_ids.astype(np.int64))[None] for document in stored]
+        with torch.inference_mode():
+            expected = [ranker.document_vectors(ranker.encode_documents(t, torch.ones_like(t)), torch.ones_like(t))[0]
+                        for t in tokens]  # fmt: skip
+        for document, vector in zip(stored, expected, strict=True):
+            assert document.vector.dtype == np.float32
+            np.testing.assert_allclose(document.vector, vector.numpy(), atol=1e-5, rtol=0)
+        scores[kind] = open_reranker(store, prior_dir).rerank(QUERY, ids)
+    texts = {document.id: document.text for document in stored}
+    with torch.inference_mode():
+        query_ids, query_mask = ranker.tokenize_queries([QUERY] * len(ids), 64)
+        doc_ids, doc_mask = ranker.tokenize_documents([texts[docid] for docid in ids], MAX_LENGTH)
+        forward = dict(zip(ids, ranker(query_ids, query_mask, doc_ids, doc_mask).tolist(), strict=True))
+    for kind, got in scores.items():
+        assert max(abs(got[docid] - forward[docid]) for docid in ids) < FP16_TOLERANCE, kind
+    assert np.ptp(list(forward.values())) > 10 * FP16_TOLERANCE

@@ -70,7 +70,7 @@ def single_threaded() -> Iterator[None]:
         yield
 
 
-def save_ranker(directory: Path, seed: int) -> Path:
+def save_ranker(directory: Path, seed: int, prior: bool = False) -> Path:
     """A random 3-layer ranker over the MiniLM vocabulary, initialised the paper's way and saved."""
     config = BertConfig(
         vocab_size=tokenizer().vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
@@ -78,7 +78,7 @@ def save_ranker(directory: Path, seed: int) -> Path:
     )  # fmt: skip
     torch.manual_seed(seed)
     encoder = BertModel(config, add_pooling_layer=False).eval()
-    return EarlRanker.from_encoder(encoder, tokenizer()).save_pretrained(directory)
+    return EarlRanker.from_encoder(encoder, tokenizer(), prior=prior).save_pretrained(directory)
 
 
 def write_earl_store(directory: Path, ranker: EarlRanker, kind: str, encoding: str) -> Path:
@@ -352,6 +352,18 @@ def test_cli_refusals_are_one_line_errors(
     err = one_line_error(*cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--depth", 0)[::2])
     assert "depth must be a positive integer, got 0" in err
     assert not (tmp_path / "ok" / "out.trec").exists()
+
+
+def test_cli_refuses_a_prior_ranker_on_a_store_without_passage_vectors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store made by the prior ranker but without passages/vectors (as before they existed) is a one-line error."""
+    model_dir = save_ranker(tmp_path / "prior", seed=1, prior=True)
+    prior = EarlRanker.from_pretrained(model_dir)
+    store = write_earl_store(tmp_path / "store", prior, "earl-s2", "fp32")
+    arguments = write_inputs(tmp_path / "inputs", FIRST_STAGE)
+    err = one_line_error(*cli(capsys, store, *arguments, "--model", model_dir)[::2])
+    assert "has no passage vectors, which this ranker's bi-encoder prior needs" in err
 
 
 def test_cli_without_model_uses_the_packaged_ranker(

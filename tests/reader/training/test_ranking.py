@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
@@ -162,6 +163,10 @@ def test_gradient_accumulation_matches_the_larger_batch(tiny_base: Path, overfit
         ({"precision": "fp8"}, "precision"),
         ({"max_doc_length": 2}, "max-doc-length"),
         ({"kind": "siamese", "tied": True}, "EARL ranker only"),
+        ({"kind": "cross-encoder", "prior": True}, "EARL ranker only"),
+        ({"kind": "siamese", "freeze_encoder": True}, "EARL ranker only"),
+        ({"freeze_encoder": True, "encoder_learning_rate": 1e-6}, "exclude each other"),
+        ({"encoder_learning_rate": 0.0}, "encoder-learning-rate must be positive"),
         ({"pooling": "max"}, "pooling"),
     ],
 )
@@ -210,3 +215,46 @@ def test_cli_refuses_bad_input_naming_file_and_line(tiny_base: Path, overfit_fil
 
     assert main(["train", "cross-encoder", "--triples", str(triples), *base[:-2], "5", "--no-progress"]) == 2
     assert ":1: 'q1' has 2 negatives, fewer than the 5 asked for" in capsys.readouterr().err
+
+
+def test_cli_prior_with_a_frozen_encoder_trains_judger_head_and_scale_only(
+    tiny_base: Path, overfit_files, tmp_path: Path, capsys
+) -> None:
+    """`--prior --freeze-encoder`: the encoder stays the (fp16-rounded) base; the checkpoint names it instead."""
+    triples, _ = overfit_files
+    status = main(["train", "earl", "--triples", str(triples), "--output", str(tmp_path), "--base-model",
+                   str(tiny_base), "--negatives", "2", "--max-steps", "3", "--batch-size", "2",
+                   "--learning-rate", "1e-2", "--warmup-ratio", "0", "--max-query-length", "16",
+                   "--max-doc-length", "24", "--tied", "--prior", "--freeze-encoder", "--device", "cpu",
+                   "--threads", "1", "--no-progress", "--json"])  # fmt: skip
+    assert status == 0, capsys.readouterr().err
+    base = new_ranker("earl", tiny_base, EarlOptions(tied=True, prior=True))
+    ranker = load_ranker(tmp_path)
+    assert ranker.prior and ranker.base_encoder.model == str(tiny_base.resolve())
+    for name, tensor in ranker.document_encoder.state_dict().items():
+        assert torch.equal(tensor, base.document_encoder.state_dict()[name].half().float()), name
+    assert ranker.prior_scale.item() != 20.0 and ranker.score.weight.any(), "scale and head were trained"
+    assert not torch.equal(ranker.blocks[0].output.weight, base.blocks[0].output.weight)
+    stored = load_file(tmp_path / "model.safetensors")
+    assert not [name for name in stored if name.startswith(("document_encoder.", "query_encoder."))]
+    record = json.loads((tmp_path / TRAINING_METADATA_FILE).read_text())
+    assert record["config"]["prior"] and record["config"]["freeze_encoder"]
+    assert "--prior --freeze-encoder" in record["command"]
+
+
+def test_encoder_learning_rate_gives_the_encoder_copies_their_own_rate(
+    tiny_base: Path, overfit_files, tmp_path: Path
+) -> None:
+    triples, paragraphs = overfit_files
+    config = RankingTrainingConfig(kind="earl", query_layers=1, prior=True, max_steps=2, batch_size=2,
+                                   learning_rate=1e-2, encoder_learning_rate=1e-9, warmup_ratio=0.0, **SMALL)  # fmt: skip
+    base = new_ranker("earl", tiny_base, EarlOptions(query_layers=1, prior=True))
+    result = train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="lr", progress=False)
+    trained, start = parameters(result.ranker), parameters(base)
+    for name in trained:
+        change = float((trained[name] - start[name]).abs().max())
+        if name.startswith(("document_encoder.", "query_encoder.")):
+            assert change < 1e-6, name
+        elif name.startswith("blocks.") and name.endswith(".output.weight") or name == "score.weight":
+            assert change > 1e-4, name
+    assert load_file(tmp_path / "model.safetensors").keys() == result.ranker.state_dict().keys(), "full checkpoint"

@@ -1,0 +1,276 @@
+"""Load test of `dilstore serve`: throughput and latency percentiles at several concurrencies, batching on and off.
+
+For each mode (batching on: `--max-batch-pairs` of the server's default;
+off: `--max-batch-pairs 1`) the script starts `dilstore serve STORE` on
+127.0.0.1 (port 0), waits for /health, warms it up, and then, for each
+concurrency c, runs c closed-loop clients (bounded async httpx) that POST
+/ask until `--requests` answers (at least c) have come back or
+`--seconds` have passed. It reports answers per second, p50/p95/p99 latency
+and every status code seen, then stops the server with SIGTERM and checks
+that it exits 0.
+
+Past the queue bound: one more server with `--queue-size` `--overload-queue`
+gets `--overload-requests` requests from `--overload-clients` clients at once;
+the 200s and 503s are counted, and /health must answer 200 afterwards.
+
+Beside them, the CLI: `dilstore ask STORE --json` answering `--cli-questions`
+questions from stdin in one process, its wall time (start-up included) and
+the median per-question `timings.total`.
+
+Only 127.0.0.1 is contacted, and every phase is bounded in requests and time.
+
+    .venv/bin/dilstore precompute --output /tmp/serve-store --workers 1 && .venv/bin/dilstore index /tmp/serve-store
+    .venv/bin/python benchmarks/bench_serve.py --store /tmp/serve-store --threads 1 --top-p 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_QUESTIONS = ROOT.parent / "shared" / "data" / "opensquad" / "questions.dev-v1.1.jsonl"
+FALLBACK_QUESTIONS = [
+    "Which Carolina Panthers player was named Most Valuable Player?",
+    "In what year did Nikola Tesla emigrate to the United States?",
+    "How long did Project Apollo run?",
+    "What is the name of the property that designates a number as being prime or not?",
+]
+START_TIMEOUT = 600.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", type=Path, required=True, help="a dilbert store with its BM25 index")
+    parser.add_argument("--model", type=Path, help="the store's model (default: the shipped reader)")
+    parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="DPR-style JSONL questions")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--requests", type=int, default=64, help="answers per level (at least the concurrency)")
+    parser.add_argument("--seconds", type=float, default=120.0, help="time limit per level")
+    parser.add_argument("--top-p", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the server and the CLI")
+    parser.add_argument("--max-batch-pairs", type=int, default=256, help="the batching-on setting")
+    parser.add_argument("--max-wait-ms", type=float, default=10.0)
+    parser.add_argument("--warmup", type=int, default=4, help="requests before each mode's levels")
+    parser.add_argument("--overload-queue", type=int, default=8)
+    parser.add_argument("--overload-clients", type=int, default=64)
+    parser.add_argument("--overload-requests", type=int, default=128)
+    parser.add_argument("--cli-questions", type=int, default=8)
+    parser.add_argument("--json-out", type=Path, help="also write the JSON report here")
+    return parser.parse_args(argv)
+
+
+def load_questions(path: Path) -> list[str]:
+    """Distinct questions of a DPR-style JSONL file, or four fixed ones about the default corpus."""
+    if not path.is_file():
+        return FALLBACK_QUESTIONS
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return list(dict.fromkeys(json.loads(line)["question"] for line in lines if line.strip()))
+
+
+class Server:
+    """`dilstore serve` in a child process on 127.0.0.1, port 0; `url` from uvicorn's start-up line."""
+
+    def __init__(self, args: argparse.Namespace, *extra: str) -> None:
+        command = [sys.executable, "-m", "dilstore", "serve", str(args.store), "--host", "127.0.0.1",
+                   "--port", "0", "--threads", str(args.threads), *extra]  # fmt: skip
+        if args.model:
+            command += ["--model", str(args.model)]
+        started = time.perf_counter()
+        self.process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.url = ""
+        found = threading.Event()
+
+        def read() -> None:
+            for line in self.process.stderr:
+                match = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
+                if match:
+                    self.url = match.group(1)
+                    found.set()
+
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+        while not found.wait(0.2):
+            if self.process.poll() is not None or time.perf_counter() - started > START_TIMEOUT:
+                self.process.kill()
+                raise SystemExit(f"the server did not start: {' '.join(command)}")
+        self.start_seconds = time.perf_counter() - started
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+async def load(url: str, questions: list[str], top_p: int, clients: int, requests: int, seconds: float) -> dict:
+    """`clients` closed-loop clients until `requests` answers or `seconds`: throughput, percentiles, codes."""
+    latencies: list[float] = []
+    codes: Counter[str] = Counter()
+    issued = 0
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def client(session: httpx.AsyncClient) -> None:
+        nonlocal issued
+        while issued < requests and time.perf_counter() < deadline:
+            question = questions[issued % len(questions)]
+            issued += 1
+            sent = time.perf_counter()
+            try:
+                response = await session.post("/ask", json={"question": question, "top_p": top_p})
+                codes[str(response.status_code)] += 1
+                if response.status_code == 200:
+                    latencies.append(time.perf_counter() - sent)
+            except httpx.HTTPError as error:
+                codes[type(error).__name__] += 1
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient(base_url=url, timeout=seconds + 60, limits=limits) as session:
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+    wall = time.perf_counter() - started
+    return {
+        "clients": clients,
+        "answered": len(latencies),
+        "seconds": wall,
+        "throughput": len(latencies) / wall,
+        **{f"p{q}": percentile(latencies, q) for q in (50, 95, 99)},
+        "codes": dict(codes),
+    }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (nearest rank) of values, in seconds."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def run_mode(args: argparse.Namespace, questions: list[str], batch_pairs: int) -> dict[str, Any]:
+    """One server with `--max-batch-pairs batch_pairs`, every concurrency level, then SIGTERM."""
+    server = Server(args, "--max-batch-pairs", str(batch_pairs), "--max-wait-ms", str(args.max_wait_ms))
+    try:
+        asyncio.run(load(server.url, questions[::-1], args.top_p, 1, args.warmup, args.seconds))
+        levels = []
+        for clients in args.concurrency:
+            level = asyncio.run(load(server.url, questions, args.top_p, clients, max(args.requests, clients),
+                                     args.seconds))  # fmt: skip
+            print(f"  max-batch-pairs {batch_pairs}, {clients} clients: {level['throughput']:.2f} answers/s, "
+                  f"codes {level['codes']}", file=sys.stderr)  # fmt: skip
+            levels.append(level)
+        metrics = httpx.get(server.url + "/metrics", timeout=60).text
+    finally:
+        status = server.stop()
+    return {"max_batch_pairs": batch_pairs, "start_seconds": server.start_seconds, "levels": levels,
+            "batches": batch_totals(metrics), "exit_status": status}  # fmt: skip
+
+
+def batch_totals(metrics: str) -> dict[str, float]:
+    """Batches run and requests and pairs in them, from the server's /metrics."""
+    totals = {}
+    for name in ("batch_requests_count", "batch_requests_sum", "batch_pairs_sum"):
+        match = re.search(rf"^dilstore_{name}{{[^}}]*}} (\S+)$", metrics, re.MULTILINE)
+        totals[name] = float(match.group(1)) if match else 0.0
+    return totals
+
+
+def run_overload(args: argparse.Namespace, questions: list[str]) -> dict[str, Any]:
+    """A server with a small queue under a burst: how many 200s and 503s, and /health afterwards."""
+    server = Server(args, "--queue-size", str(args.overload_queue))
+    try:
+        burst = asyncio.run(load(server.url, questions, args.top_p, args.overload_clients, args.overload_requests,
+                                 args.seconds))  # fmt: skip
+        health = httpx.get(server.url + "/health", timeout=60).status_code
+    finally:
+        status = server.stop()
+    return {"queue_size": args.overload_queue, "clients": args.overload_clients, "requests": args.overload_requests,
+            "codes": burst["codes"], "health_after": health, "exit_status": status}  # fmt: skip
+
+
+def run_cli(args: argparse.Namespace, questions: list[str]) -> dict[str, Any]:
+    """`dilstore ask --json` over stdin questions in one process: wall time and per-question totals."""
+    asked = questions[: args.cli_questions]
+    command = [sys.executable, "-m", "dilstore", "ask", str(args.store), "--json", "--top-p", str(args.top_p),
+               "--threads", str(args.threads)]  # fmt: skip
+    if args.model:
+        command += ["--model", str(args.model)]
+    started = time.perf_counter()
+    done = subprocess.run(command, input="\n".join(asked) + "\n", capture_output=True, text=True, cwd=ROOT,
+                          timeout=1800, check=True)  # fmt: skip
+    wall = time.perf_counter() - started
+    totals = [json.loads(line)["timings"]["total"] for line in done.stdout.splitlines()]
+    return {"questions": len(totals), "wall_seconds": wall, "median_question_seconds": statistics.median(totals),
+            "mean_question_seconds": statistics.fmean(totals)}  # fmt: skip
+
+
+def table(report: dict[str, Any]) -> str:
+    """The markdown table of both modes, level by level."""
+    on, off = report["batching_on"], report["batching_off"]
+    lines = [
+        "| clients | on: answers/s | off: answers/s | gain | on: p50 / p95 / p99 (s) | off: p50 / p95 / p99 (s) | 5xx or failed |",
+        "|---:|---:|---:|---:|---|---|---:|",
+    ]
+
+    def pcts(level: dict) -> str:
+        return " / ".join("-" if level[p] is None else f"{level[p]:.2f}" for p in ("p50", "p95", "p99"))
+
+    for a, b in zip(on["levels"], off["levels"], strict=True):
+        errors = sum(n for code, n in [*a["codes"].items(), *b["codes"].items()] if not code.isdigit() or code >= "500")
+        gain = a["throughput"] / b["throughput"] if b["throughput"] else float("nan")
+        lines.append(f"| {a['clients']} | {a['throughput']:.2f} | {b['throughput']:.2f} | ×{gain:.2f} | {pcts(a)} | "
+                     f"{pcts(b)} | {errors} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    questions = load_questions(args.questions)
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "store": str(args.store),
+        "top_p": args.top_p,
+        "threads": args.threads,
+        "requests_per_level": args.requests,
+        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+    }
+    print("batching on", file=sys.stderr)
+    report["batching_on"] = run_mode(args, questions, args.max_batch_pairs)
+    print("batching off", file=sys.stderr)
+    report["batching_off"] = run_mode(args, questions, 1)
+    print("overload", file=sys.stderr)
+    report["overload"] = run_overload(args, questions)
+    print("cli", file=sys.stderr)
+    report["cli"] = run_cli(args, questions)
+    report["seconds"] = time.perf_counter() - started
+    print(table(report))
+    cli, over = report["cli"], report["overload"]
+    print(f"\nCLI `dilstore ask --json`: {cli['questions']} questions in {cli['wall_seconds']:.1f} s wall (start-up "
+          f"included), median {1000 * cli['median_question_seconds']:.0f} ms per question (timings.total)")
+    print(f"Past the queue bound (queue {over['queue_size']}, {over['clients']} clients, {over['requests']} "
+          f"requests): codes {over['codes']}, /health after: {over['health_after']}")
+    print(json.dumps(report, indent=2))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

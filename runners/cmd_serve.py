@@ -1,0 +1,172 @@
+"""`dilstore serve`: an HTTP query server (FastAPI on uvicorn) over mounted stores.
+
+Every store is opened once at start-up, before the port is bound: its model
+(checked against the store's fingerprint, so a store made by another model
+stops the command with exit 2), its memory maps and, for a `dilbert` store, its
+BM25 index (the JVM starts in this process; uvicorn runs one process and never
+forks). The app and its batching are in runners/serve_app.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
+from dilstore.runners.serve_batching import (
+    DEFAULT_MAX_BATCH_PAIRS,
+    DEFAULT_MAX_TOP_P,
+    DEFAULT_MAX_WAIT_MS,
+    DEFAULT_QUEUE_SIZE,
+    ServeSettings,
+)
+from dilstore.storage.errors import DilstoreError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `serve` subcommand."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="HTTP query server over mounted stores (/ask, /rerank, /health, /stores, /metrics, /docs)",
+        description=(
+            "Open each STORE once (model checked against the store's fingerprint, memory maps, BM25 index) and "
+            "answer over HTTP: POST /ask on dilbert stores (the JSON of `dilstore ask --json`), POST /rerank on "
+            "earl-s1/earl-s2 stores, GET /health, /stores, /metrics (Prometheus) and /docs. Concurrent /ask "
+            "requests share batches of the interaction layers. Ctrl-C or SIGTERM answers the requests in "
+            "flight, then exits 0."
+        ),
+    )
+    parser.add_argument(
+        "stores", nargs="+", metavar="STORE",
+        help="store directory, or NAME=DIR to name it in requests (default name: the directory's name)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--model", type=Path, action="append",
+        help="checkpoint that made the stores: once for all stores, or once per STORE in order "
+             "(default: the shipped reader for dilbert stores, the shipped EARL ranker for earl stores)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: this machine only)"
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument(
+        "--max-batch-pairs", type=int, default=DEFAULT_MAX_BATCH_PAIRS,
+        help="question-passage pairs of concurrent /ask requests run as one batch (each request counts its "
+             f"top_p); 1 turns batching off (default {DEFAULT_MAX_BATCH_PAIRS})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-wait-ms", type=float, default=DEFAULT_MAX_WAIT_MS,
+        help="under load, how long a batch waits for more requests; an idle server runs a request at once "
+             f"(default {DEFAULT_MAX_WAIT_MS:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--queue-size", type=int, default=DEFAULT_QUEUE_SIZE,
+        help=f"requests that may wait per store; more get 503 with Retry-After (default {DEFAULT_QUEUE_SIZE})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-top-p", type=int, default=DEFAULT_MAX_TOP_P,
+        help=f"largest top_p, bm25_top_k or number of doc_ids per request (default {DEFAULT_MAX_TOP_P})",
+    )  # fmt: skip
+    parser.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
+    add_runtime_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Open the stores, then serve until Ctrl-C or SIGTERM; 0 after a graceful shutdown."""
+    import uvicorn
+
+    from dilstore.runners.serve_app import create_app
+
+    settings = ServeSettings(
+        max_batch_pairs=args.max_batch_pairs,
+        max_wait=args.max_wait_ms / 1000,
+        queue_size=args.queue_size,
+        max_top_p=args.max_top_p,
+    )
+    if not 0 <= args.port <= 65535:
+        raise DilstoreError(f"--port must be between 0 and 65535, got {args.port}")
+    apply_threads(args.threads)
+    named = [parse_store_argument(argument) for argument in args.stores]
+    names = [name for name, _ in named]
+    if len(set(names)) != len(names):
+        raise DilstoreError(f"store names must differ, got {names}; name them as NAME=DIR")
+    models = per_store_models(args.model, len(named))
+    served = [
+        open_served_store(name, path, model, args.device) for (name, path), model in zip(named, models, strict=True)
+    ]
+    app = create_app(served, settings)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, access_log=args.access_log, log_level="info", lifespan="on"
+    )
+    with signals_end_cleanly():
+        uvicorn.Server(config).run()
+    return 0
+
+
+def parse_store_argument(argument: str) -> tuple[str, Path]:
+    """`NAME=DIR` or `DIR` (named by its last path component) as (name, path)."""
+    name, separator, path = argument.partition("=")
+    if separator and name and "/" not in name:
+        return name, Path(path)
+    return Path(argument).resolve().name, Path(argument)
+
+
+def per_store_models(models: Sequence[Path] | None, stores: int) -> list[Path | None]:
+    """--model given never (defaults), once (every store) or once per store."""
+    if not models:
+        return [None] * stores
+    if len(models) == 1:
+        return list(models) * stores
+    if len(models) != stores:
+        raise DilstoreError(f"give --model once, or once per store: got {len(models)} for {stores} stores")
+    return list(models)
+
+
+def open_served_store(name: str, path: Path, model: Path | None, device: str | None):  # -> ServedStore
+    """Open one store with its checked model as an AskService (dilbert) or RerankService (earl-s1/earl-s2)."""
+    from dilstore.reader.packaged.shipped import default_ranker_dir
+    from dilstore.reader.serving.odqa import bm25_index_dir, open_reader
+    from dilstore.reader.serving.rerank import EARL_KINDS, open_reranker
+    from dilstore.reader.retrieval import Bm25Searcher
+    from dilstore.runners.serve_app import AskService, RerankService, ServedStore
+    from dilstore.storage.info import store_info
+
+    info = store_info(path)
+    if info["kind"] in EARL_KINDS:
+        model = default_ranker_dir() if model is None else model
+        reranker = open_reranker(path, model, device=device)
+        index = bm25_index_dir(path)
+        searcher = Bm25Searcher(index) if any(index.glob("segments_*")) else None
+        service: AskService | RerankService = RerankService(reranker, searcher)
+    else:
+        odqa = open_reader(path, model, device=device)
+        service = AskService(odqa)
+    model_name = str(model) if model is not None else "default"
+    print(f"dilstore serve: store {name!r} ({info['kind']}, {info['passages']:,} passages) from {path}, "
+          f"model {model_name}", file=sys.stderr)  # fmt: skip
+    return ServedStore(name, service, {"path": str(path), "model": model_name, "info": info})
+
+
+@contextlib.contextmanager
+def signals_end_cleanly() -> Iterator[None]:
+    """Make SIGINT and SIGTERM no-ops outside uvicorn's own handling, restoring them afterwards.
+
+    uvicorn shuts down gracefully on either signal and then raises the signal
+    again for the handler that was installed before it: that would be the
+    KeyboardInterrupt of Ctrl-C (exit 130) or termination by SIGTERM. A
+    drained server has ended normally, so the re-raised signal is dropped.
+    """
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

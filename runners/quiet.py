@@ -1,0 +1,90 @@
+"""Quiet by default: what a user needs on the terminal, and `--verbose` for the rest.
+
+Without `--verbose`, a command turns off before any library loads:
+- Hugging Face's load reports and weight-loading bars (TRANSFORMERS_VERBOSITY,
+  HF_HUB_DISABLE_PROGRESS_BARS: environment variables, so Beam's worker
+  processes inherit them);
+- the JVM's notices (Java 22+ native access, sun.misc.Unsafe), Lucene's
+  MMapDirectory warning and Anserini's INFO lines (DILSTORE_QUIET, read by
+  dilstore.reader.retrieval when it starts the JVM);
+- the lines Beam's local worker processes print on their own stderr
+  ("apitools not found", "Logging handler created"), which `filtered_stderr`
+  drops while a pipeline runs. dilstore's own stderr (the progress bar, the
+  errors) keeps the terminal directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+# The environment switch that dilstore.reader.retrieval reads (also in Beam's workers).
+QUIET_ENV = "DILSTORE_QUIET"
+# Lines that Beam's worker processes print and a user has no use for.
+_WORKER_NOISE = ("apitools not found", "Logging handler created", "bigquery client libraries are not available")
+
+
+def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
+    """--verbose: keep the libraries' own logs, bars and warnings."""
+    parser.add_argument(
+        "--verbose", action="store_true", help="also show the libraries' logs, loading bars and JVM warnings"
+    )
+
+
+def configure(verbose: bool) -> None:
+    """Set the quiet switches for this process and the processes it starts (module docstring)."""
+    if verbose:
+        os.environ.pop(QUIET_ENV, None)
+        return
+    os.environ[QUIET_ENV] = "1"
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def is_quiet() -> bool:
+    """Whether the quiet switch is on (configure(False) was called here or in the parent process)."""
+    return os.environ.get(QUIET_ENV) == "1"
+
+
+@contextmanager
+def filtered_stderr() -> Iterator[None]:
+    """While the block runs, drop the worker-noise lines that child processes write to file descriptor 2.
+
+    Descriptor 2 becomes a pipe that a thread copies line by line to the
+    real stderr, leaving out lines that name Beam's known noise; Python's
+    own `sys.stderr` is pointed at the real stderr, so this process's
+    writes (a progress bar's carriage returns included) pass unbuffered.
+    Does nothing with --verbose.
+    """
+    if not is_quiet():
+        yield
+        return
+    sys.stderr.flush()
+    real = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    saved = sys.stderr
+    sys.stderr = os.fdopen(os.dup(real), "w", buffering=1, encoding=saved.encoding, errors=saved.errors)
+
+    def copy() -> None:
+        with os.fdopen(read_end, "rb") as lines, os.fdopen(os.dup(real), "wb", buffering=0) as out:
+            for line in lines:
+                if not any(noise.encode() in line for noise in _WORKER_NOISE):
+                    out.write(line)
+
+    copier = threading.Thread(target=copy, name="dilstore-stderr-filter", daemon=True)
+    copier.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(real, 2)  # closes the pipe's last write end in this process: the copier sees EOF
+        os.close(real)
+        copier.join(timeout=5)
+        sys.stderr.close()
+        sys.stderr = saved

@@ -1,0 +1,325 @@
+"""The query server's FastAPI app: /ask and /rerank over mounted stores, /health, /stores, /metrics.
+
+Each store is served by one service that owns its reader (or reranker) and
+runs on that store's Batcher worker thread (runners/serve_batching.py):
+
+- AskService (a `dilbert` store): /ask answers the way `dilstore ask --json`
+  does (reader/odqa.py: BM25 top-p, stored states, online layers, the seed's
+  μ fusion), and batches the question–passage pairs of concurrent requests
+  through one `OpenDomainReader.read` call.
+- RerankService (an `earl-s1`/`earl-s2` store): /rerank scores given document
+  ids, or BM25's top k when the store has an index, with `EarlReranker`
+  (reader/rerank.py), one request at a time.
+
+Errors: a request the server cannot serve gets a 4xx with a message
+(`{"detail": ...}`): 422 for a malformed body or a bad field (FastAPI's
+validation, or the reader's own checks of the question), 404 for an unknown
+store, 400 for a store of the wrong kind or a BM25 request to a store without
+an index. A full queue gets 503 with Retry-After. A failure inside the model
+gets 500 for the failing request only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dilstore.reader.serving.odqa import OpenDomainReader, Timings, aggregate
+from dilstore.reader.serving.rerank import EarlReranker
+from dilstore.reader.retrieval import Bm25Searcher
+from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
+from dilstore.runners.serve_metrics import CONTENT_TYPE, Metrics
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.reader import MissingPassagesError
+
+logger = logging.getLogger("dilstore.serve")
+
+ASK, RERANK = "/ask", "/rerank"
+ENDPOINTS = (ASK, RERANK, "/health", "/stores", "/metrics")
+RETRY_AFTER_SECONDS = 1
+
+
+class ClientError(Exception):
+    """A request the server refuses with a 4xx `status` and a message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# ---------------------------------------------------------------------- request bodies
+
+
+class AskRequest(BaseModel):
+    """POST /ask: one question; top_p and mu default to those of `dilstore ask`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    question: str = Field(description="the question; empty or over-long questions are refused")
+    top_p: int | None = Field(None, ge=1, description="passages retrieved with BM25 (default 29)")
+    mu: float | None = Field(None, ge=0.0, le=1.0, description="score = mu * reader + (1 - mu) * BM25 (default 0.5)")
+    store: str | None = Field(None, description="store name (default: the first dilbert store)")
+
+
+class RerankRequest(BaseModel):
+    """POST /rerank: a query and either the documents to score or how many BM25 hits to score."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    query: str = Field(min_length=1, description="the query")
+    doc_ids: list[str] | None = Field(None, min_length=1, description="ids of stored documents to score")
+    bm25_top_k: int | None = Field(None, ge=1, description="score BM25's top k (the store needs a BM25 index)")
+    store: str | None = Field(None, description="store name (default: the first EARL store)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RerankRequest:
+        if (self.doc_ids is None) == (self.bm25_top_k is None):
+            raise ValueError("give exactly one of doc_ids and bm25_top_k")
+        return self
+
+
+# ---------------------------------------------------------------------- services
+
+
+class AskService:
+    """/ask over a `dilbert` store: several requests' pairs go through one reading call."""
+
+    endpoint = ASK
+
+    def __init__(self, odqa: OpenDomainReader) -> None:
+        if odqa.searcher is None:
+            raise DilstoreError("/ask needs a reader with a BM25 index")
+        self.odqa = odqa
+
+    def pairs(self, request: AskRequest) -> int:
+        """Question–passage pairs the request adds to a batch: its top_p."""
+        return self._top_p(request)
+
+    def run_batch(self, requests: Sequence[AskRequest]) -> list[dict[str, Any] | Exception]:
+        """Each request's `ask --json` document, or the ClientError of a bad question.
+
+        Questions are checked one by one first, so a bad one is refused alone;
+        the others are retrieved and then read together: question layers over
+        all their questions, interaction layers over all their pairs. The
+        answers' timings are those of the shared call.
+        """
+        outcomes: list[dict[str, Any] | Exception | None] = [None] * len(requests)
+        good: list[int] = []
+        for index, request in enumerate(requests):
+            try:
+                self.odqa.tokenize_question(request.question)
+                good.append(index)
+            except DilstoreError as error:
+                outcomes[index] = ClientError(422, str(error))
+        if good:
+            asked = [requests[index] for index in good]
+            retrieval = Timings()
+            with retrieval.measure("retrieval"):
+                hits = [self.odqa.searcher.search(request.question, self._top_p(request)) for request in asked]
+            readings = self.odqa.read([request.question for request in asked], hits)
+            readings[0].timings.retrieval += retrieval.retrieval  # read() gives one call's readings one Timings
+            for index, request, reading in zip(good, asked, readings, strict=True):
+                mu = self.odqa.settings.mu if request.mu is None else request.mu
+                outcomes[index] = aggregate(reading, mu, self.odqa.settings.n_best).to_dict()
+        return outcomes  # type: ignore[return-value]
+
+    def _top_p(self, request: AskRequest) -> int:
+        return self.odqa.settings.top_p if request.top_p is None else request.top_p
+
+
+class RerankService:
+    """/rerank over an EARL store, one request at a time; `searcher` serves bm25_top_k requests."""
+
+    endpoint = RERANK
+
+    def __init__(self, reranker: EarlReranker, searcher: Bm25Searcher | None = None) -> None:
+        self.reranker = reranker
+        self.searcher = searcher
+
+    def pairs(self, request: RerankRequest) -> int:
+        """Query–document pairs the request judges."""
+        return len(request.doc_ids) if request.doc_ids is not None else int(request.bm25_top_k or 0)
+
+    def run_batch(self, requests: Sequence[RerankRequest]) -> list[dict[str, Any] | Exception]:
+        """Each request's ranked results; errors of one request are its own outcome."""
+        outcomes: list[dict[str, Any] | Exception] = []
+        for request in requests:
+            try:
+                outcomes.append(self.rerank(request))
+            except Exception as error:  # noqa: BLE001 (handed to that request's handler)
+                outcomes.append(error)
+        return outcomes
+
+    def rerank(self, request: RerankRequest) -> dict[str, Any]:
+        """`{"query", "results": [{"doc_id", "score", "bm25_score"?}, ...]}`, best first.
+
+        Ties keep the order given (or BM25's order). Unknown doc_ids are the
+        client's error (422); a BM25 hit the store lacks is the server's.
+        """
+        if not request.query.strip():
+            raise ClientError(422, "the query is empty")
+        if request.doc_ids is not None:
+            bm25: dict[str, float] = {}
+            ids = request.doc_ids
+            try:
+                scores = self.reranker.rerank(request.query, ids)
+            except MissingPassagesError as error:
+                raise ClientError(422, str(error)) from None
+        else:
+            if self.searcher is None:
+                raise ClientError(400, "this store has no BM25 index (`dilstore index STORE`); give doc_ids")
+            hits = self.searcher.search(request.query, int(request.bm25_top_k or 0))
+            bm25 = {hit.passage_id: hit.score for hit in hits}
+            ids = list(bm25)
+            scores = self.reranker.rerank(request.query, ids) if ids else {}
+        order = {doc_id: rank for rank, doc_id in reversed(list(enumerate(ids)))}
+        ranked = sorted(scores.items(), key=lambda item: (-item[1], order[item[0]]))
+        results = [
+            {"doc_id": doc_id, "score": score, **({"bm25_score": bm25[doc_id]} if bm25 else {})}
+            for doc_id, score in ranked
+        ]
+        return {"query": request.query, "results": results}
+
+
+Service = AskService | RerankService
+
+
+@dataclass
+class ServedStore:
+    """One mounted store: its name in requests, its service, and what /stores says about it."""
+
+    name: str
+    service: Service
+    description: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------- the app
+
+
+def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: Metrics | None = None) -> FastAPI:
+    """The app over already opened stores; its lifespan starts and drains one Batcher per store."""
+    if not stores:
+        raise DilstoreError("no store to serve")
+    names = [store.name for store in stores]
+    if len(set(names)) != len(names):
+        raise DilstoreError(f"store names must differ, got {names}; name them as NAME=DIR")
+    metrics = metrics or Metrics()
+    batchers = {
+        store.name: Batcher(
+            store.name,
+            store.service.run_batch,
+            # /rerank runs each request alone: only /ask batches pairs across requests.
+            max_batch_pairs=settings.max_batch_pairs if store.service.endpoint == ASK else 1,
+            max_wait=settings.max_wait,
+            queue_size=settings.queue_size,
+            metrics=metrics,
+        )
+        for store in stores
+    }
+    by_name = {store.name: store for store in stores}
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        for batcher in batchers.values():
+            batcher.start()
+        yield
+        # uvicorn has already waited for the requests in flight; stop() runs anything still queued.
+        await asyncio.gather(*(asyncio.to_thread(batcher.stop) for batcher in batchers.values()))
+
+    app = FastAPI(
+        title="dilstore query server",
+        description="Open-domain QA (/ask) and EARL reranking (/rerank) over precomputed shard stores.",
+        lifespan=lifespan,
+    )
+    app.state.metrics = metrics
+    app.state.batchers = batchers
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        endpoint = request.url.path if request.url.path in ENDPOINTS else "other"
+        started = time.perf_counter()
+        metrics.in_flight(endpoint, 1)
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            metrics.in_flight(endpoint, -1)
+            metrics.count_request(endpoint, status, time.perf_counter() - started)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each bad input back, and fails with a 500 on a NaN or infinity.
+        details = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]
+        return JSONResponse({"detail": details}, status_code=422)
+
+    def choose(name: str | None, endpoint: str) -> ServedStore:
+        if name is None:
+            for store in stores:
+                if store.service.endpoint == endpoint:
+                    return store
+            raise ClientError(400, f"no store served here answers {endpoint}")
+        if name not in by_name:
+            raise ClientError(404, f"no store named {name!r}; stores: {', '.join(names)}")
+        store = by_name[name]
+        if store.service.endpoint != endpoint:
+            raise ClientError(400, f"store {name!r} answers {store.service.endpoint}, not {endpoint}")
+        return store
+
+    async def answer(request: AskRequest | RerankRequest, endpoint: str) -> JSONResponse:
+        try:
+            store = choose(request.store, endpoint)
+            pairs = store.service.pairs(request)  # type: ignore[arg-type]
+            if pairs > settings.max_top_p:
+                raise ClientError(422, f"this server answers at most {settings.max_top_p} passages per request, "
+                                  f"got {pairs}")  # fmt: skip
+            result = await batchers[store.name].submit(request, pairs)
+        except ClientError as error:
+            return JSONResponse({"detail": str(error)}, status_code=error.status)
+        except Overloaded as error:
+            return JSONResponse(
+                {"detail": f"overloaded: {error}; retry later"},
+                status_code=503,
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        except Exception as error:  # noqa: BLE001 (a model failure is this request's 500, the server goes on)
+            logger.exception("%s failed", endpoint)
+            return JSONResponse({"detail": f"internal error: {type(error).__name__}: {error}"}, status_code=500)
+        return JSONResponse(result)
+
+    @app.post(ASK, summary="Answer a question (the JSON of `dilstore ask --json`)")
+    async def ask(request: AskRequest) -> JSONResponse:
+        return await answer(request, ASK)
+
+    @app.post(RERANK, summary="Score documents of an EARL store against a query, best first")
+    async def rerank(request: RerankRequest) -> JSONResponse:
+        return await answer(request, RERANK)
+
+    @app.get("/health", summary="200 once every store is loaded")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "stores": names}
+
+    @app.get("/stores", summary="Each store's `dilstore info --json`, its endpoint and model")
+    async def list_stores() -> dict[str, Any]:
+        return {
+            "stores": [
+                {"name": store.name, "endpoint": store.service.endpoint, **store.description} for store in stores
+            ]
+        }
+
+    @app.get("/metrics", summary="Prometheus text exposition")
+    async def metrics_text() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app

@@ -1,0 +1,192 @@
+"""Cross-request batching for the query server: one bounded queue and one worker thread per store.
+
+The event loop only enqueues and awaits; the worker thread owns the store's
+model, so blocking model work never runs on the loop and one model is never
+used by two threads at once (tokenizers and the JVM's searcher included).
+
+**When a batch starts.** The worker takes the oldest request. If nothing else
+is waiting, it runs it at once: an idle server adds no delay. If others are
+waiting (the server is under load), it adds them in arrival order while their
+pairs fit in `max_batch_pairs`, and waits up to `max_wait` seconds for more
+until the batch is full. A request larger than `max_batch_pairs` runs alone;
+`max_batch_pairs=1` turns batching off.
+
+**Failures.** `run_batch(payloads)` returns one outcome per payload: a result,
+or the exception that payload alone caused (a bad question). If it raises
+instead, the shared work failed, so each payload is run again alone and only
+the ones that fail alone get the exception.
+
+**Overload.** At most `queue_size` requests wait; `submit` raises Overloaded
+beyond that, which the app answers with 503 and Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dilstore.runners.serve_metrics import Metrics
+from dilstore.storage.errors import DilstoreError
+
+# run_batch(payloads) -> one result or exception per payload.
+BatchRunner = Callable[[Sequence[Any]], Sequence[Any]]
+
+DEFAULT_MAX_BATCH_PAIRS = 256
+DEFAULT_MAX_WAIT_MS = 10.0
+DEFAULT_QUEUE_SIZE = 256
+DEFAULT_MAX_TOP_P = 100
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Batching and admission limits shared by every store.
+
+    max_batch_pairs: pairs (each /ask request counts its top_p) run together
+        in one batch of the interaction layers; 1 turns batching off.
+    max_wait: seconds a batch under load waits for more requests.
+    queue_size: requests that may wait per store before 503.
+    max_top_p: the largest top_p, bm25_top_k or number of doc_ids one request may ask for.
+    """
+
+    max_batch_pairs: int = DEFAULT_MAX_BATCH_PAIRS
+    max_wait: float = DEFAULT_MAX_WAIT_MS / 1000
+    queue_size: int = DEFAULT_QUEUE_SIZE
+    max_top_p: int = DEFAULT_MAX_TOP_P
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_pairs", "queue_size", "max_top_p"):
+            if getattr(self, name) < 1:
+                raise DilstoreError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.max_wait < 0:
+            raise DilstoreError(f"max-wait-ms must not be negative, got {self.max_wait * 1000:g}")
+
+
+class Overloaded(Exception):
+    """The store's queue is full; the client should retry later."""
+
+
+@dataclass
+class _Job:
+    payload: Any
+    pairs: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future = field(repr=False)
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    """A store's bounded request queue and the worker thread that runs its batches."""
+
+    def __init__(
+        self,
+        name: str,
+        run_batch: BatchRunner,
+        *,
+        max_batch_pairs: int,
+        max_wait: float,
+        queue_size: int,
+        metrics: Metrics,
+    ) -> None:
+        self.name = name
+        self.max_batch_pairs = max_batch_pairs
+        self.max_wait = max_wait
+        self.queue_size = queue_size
+        self._run_batch = run_batch
+        self._metrics = metrics
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._condition = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._work, name=f"dilstore-serve-{name}", daemon=True)
+        metrics.watch_queue(name, self.pending)
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Run what is still queued, then end the worker thread (the server's drain on shutdown)."""
+        with self._condition:
+            self._stopping = True
+            self._condition.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def pending(self) -> int:
+        """Requests waiting for a batch (not counting the batch that is running)."""
+        with self._condition:
+            return len(self._queue)
+
+    async def submit(self, payload: Any, pairs: int) -> Any:
+        """Queue one request of `pairs` pairs and wait for its result (or its exception, raised here)."""
+        loop = asyncio.get_running_loop()
+        job = _Job(payload, max(1, pairs), loop, loop.create_future())
+        with self._condition:
+            if self._stopping:
+                raise Overloaded(f"store {self.name!r} is shutting down")
+            if len(self._queue) >= self.queue_size:
+                raise Overloaded(f"store {self.name!r} has {len(self._queue)} requests queued, its limit")
+            self._queue.append(job)
+            self._condition.notify()
+        return await job.future
+
+    # ------------------------------------------------------------------ worker thread
+
+    def _work(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            started = time.perf_counter()
+            self._metrics.observe_batch(
+                self.name, len(batch), sum(job.pairs for job in batch), [started - job.enqueued for job in batch]
+            )
+            for job, outcome in zip(batch, self._outcomes([job.payload for job in batch]), strict=True):
+                job.loop.call_soon_threadsafe(_settle, job.future, outcome)
+
+    def _next_batch(self) -> list[_Job] | None:
+        """The next batch (see the module docstring), or None once stopping with nothing queued."""
+        with self._condition:
+            while not self._queue and not self._stopping:
+                self._condition.wait()
+            if not self._queue:
+                return None
+            batch = [self._queue.popleft()]
+            pairs = batch[0].pairs
+            if not self._queue:
+                return batch  # idle: no delay
+            deadline = time.monotonic() + self.max_wait
+            while True:
+                while self._queue and pairs + self._queue[0].pairs <= self.max_batch_pairs:
+                    batch.append(self._queue.popleft())
+                    pairs += batch[-1].pairs
+                remaining = deadline - time.monotonic()
+                if self._queue or pairs >= self.max_batch_pairs or self._stopping or remaining <= 0:
+                    return batch
+                self._condition.wait(remaining)
+
+    def _outcomes(self, payloads: list[Any]) -> list[Any]:
+        """run_batch's outcomes; if the shared run raises, each payload's outcome when run alone."""
+        try:
+            return list(self._run_batch(payloads))
+        except Exception as error:  # noqa: BLE001 (any failure of the shared run is retried request by request)
+            if len(payloads) == 1:
+                return [error]
+        outcomes: list[Any] = []
+        for payload in payloads:
+            try:
+                outcomes.extend(self._run_batch([payload]))
+            except Exception as error:  # noqa: BLE001 (the failure belongs to this payload alone)
+                outcomes.append(error)
+        return outcomes
+
+
+def _settle(future: asyncio.Future, outcome: Any) -> None:
+    """Hand an outcome to its awaiting request, unless the request was cancelled meanwhile."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -1,0 +1,67 @@
+"""One writer per store: a second `precompute` on a store being written stops with the first one's pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dilstore.pipelines.store_lock import lock_path, write_lock
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.paths import ROOT
+
+
+
+def hold_lock(store: Path) -> subprocess.Popen:
+    """A separate process that takes the store's write lock, says so, then waits to be killed."""
+    code = (
+        "import sys, time; from pathlib import Path; from dilstore.pipelines.store_lock import write_lock\n"
+        "with write_lock(Path(sys.argv[1])):\n    print('locked', flush=True)\n    time.sleep(120)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(store)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    holder = hold_lock(store)
+    try:
+        with pytest.raises(DilstoreError, match=rf"being written by pid {holder.pid} "), write_lock(store):
+            pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with write_lock(store) as path:
+        assert path == lock_path(store)
+        assert path.read_text().strip() == str(os.getpid())
+
+
+def test_the_lock_lives_beside_the_store_not_in_it(tmp_path: Path) -> None:
+    store = tmp_path / "stores" / "wiki"
+    with write_lock(store) as path:
+        assert path.parent == store.parent and path.name == ".wiki.dilstore-lock"
+    assert not store.exists()
+
+
+def test_precompute_on_a_locked_store_stops_before_writing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "store"
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a", "text": "one short document"}\n', encoding="utf-8")
+    holder = hold_lock(store)
+    try:
+        status = main(["precompute", "--input", str(corpus), "--output", str(store), "--no-progress"])
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert status == 2
+    assert f"is being written by pid {holder.pid}" in capsys.readouterr().err
+    assert not store.exists()

@@ -1,0 +1,123 @@
+"""`precompute --overwrite` replaces only a dilstore store, never what holds the inputs or the current folder,
+and builds the replacement beside the old store, so a failed run leaves the old store as it was."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dilstore.pipelines.job import (
+    SPEC_FILE,
+    check_replaceable,
+    needs_replacement,
+    prepare_store,
+    replacement_dir,
+    spec_json,
+    swap_in,
+)
+from dilstore.runners import cli
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.verify import verify_store
+from tests.fixtures.pipeline_fixtures import save_tiny_reader, wiki_like_documents, write_jsonl
+
+SPEC = {"inputs": [], "split": "words", "shards": 2, "fingerprint": {"layers": 1}}
+OTHER = {**SPEC, "split": "paragraphs"}
+
+
+def fake_store(folder: Path, spec: dict) -> Path:
+    folder.mkdir(parents=True)
+    (folder / SPEC_FILE).write_text(spec_json(spec))
+    (folder / "manifest.json").write_text("{}")
+    return folder
+
+
+def test_a_folder_that_is_not_a_store_is_never_replaced(tmp_path: Path) -> None:
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("years of work")
+    with pytest.raises(DilstoreError, match="was not made by `dilstore precompute`; choose another folder$"):
+        prepare_store(foreign, SPEC, overwrite=True)
+    assert (foreign / "thesis.tex").read_text() == "years of work"
+
+
+def test_the_current_folder_and_its_parents_are_never_replaced(tmp_path: Path, monkeypatch) -> None:
+    work = tmp_path / "project" / "sub"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    for target in (Path("."), tmp_path / "project", tmp_path):
+        with pytest.raises(DilstoreError, match="current folder or one of its parents"):
+            check_replaceable(target, [])
+
+
+def test_a_folder_holding_an_input_is_never_replaced(tmp_path: Path) -> None:
+    store = fake_store(tmp_path / "store", SPEC)
+    (store / "inputs").mkdir()
+    corpus = store / "inputs" / "corpus.jsonl"
+    corpus.write_text("{}\n")
+    with pytest.raises(DilstoreError, match="holds the input"):
+        check_replaceable(store, [str(corpus)])
+    check_replaceable(store, [str(tmp_path / "elsewhere.jsonl")])
+
+
+def test_overwrite_leaves_the_old_store_in_place_until_the_new_one_is_swapped_in(tmp_path: Path) -> None:
+    store = fake_store(tmp_path / "store", SPEC)
+    assert prepare_store(store, OTHER, overwrite=True) is False
+    assert json.loads((store / SPEC_FILE).read_text()) == SPEC, "prepare touches nothing of the old store"
+    assert needs_replacement(store, OTHER) and not needs_replacement(store, SPEC)
+    building = replacement_dir(store, OTHER)
+    assert building.parent == store.parent and json.loads((building / SPEC_FILE).read_text()) == OTHER
+    (building / "manifest.json").write_text("{}")
+    swap_in(store, building)
+    assert json.loads((store / SPEC_FILE).read_text()) == OTHER
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["store"]
+
+
+def test_a_killed_replacement_is_resumed_and_a_stale_one_removed(tmp_path: Path) -> None:
+    store = fake_store(tmp_path / "store", SPEC)
+    building = replacement_dir(store, OTHER)
+    (building / "shards").mkdir()
+    (building / "shards" / "kept").write_text("a committed shard of this spec")
+    assert (replacement_dir(store, OTHER) / "shards" / "kept").is_file(), "same spec: resumed"
+    third = {**SPEC, "shards": 3}
+    assert not (replacement_dir(store, third) / "shards").exists(), "another spec: started afresh"
+
+
+def test_a_failed_overwrite_run_leaves_the_old_store_intact(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real store, then replacements that fail (a broken model; a pipeline that dies part-way): the old store
+    still verifies, byte for byte; a replacement that completes is swapped in and says where it is."""
+    from dilstore.runners import cmd_precompute
+
+    tiny = save_tiny_reader(tmp_path / "tiny")
+    corpus = write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(3))
+    store = tmp_path / "store"
+    args = ["precompute", "--input", str(corpus), "--output", str(store), "--model", str(tiny), "--workers", "1",
+            "--threads", "1", "--max-length", "48", "--shards", "2", "--no-progress"]  # fmt: skip
+    assert cli.main(args) == 0
+    before = {path.relative_to(store): path.read_bytes() for path in store.rglob("*") if path.is_file()}
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny, broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    assert cli.main([*args[:5], "--model", str(broken), *args[7:], "--split", "paragraphs", "--overwrite"]) == 2
+    assert "cannot load" in capsys.readouterr().err
+    real_run = cmd_precompute.run_pipeline
+
+    def dies_part_way(job, *rest):
+        (Path(job.store) / "shards").mkdir(exist_ok=True)
+        raise DilstoreError("a worker died")
+
+    monkeypatch.setattr(cmd_precompute, "run_pipeline", dies_part_way)
+    assert cli.main([*args, "--split", "paragraphs", "--overwrite"]) == 2
+    after = {path.relative_to(store): path.read_bytes() for path in store.rglob("*") if path.is_file()}
+    assert after == before and verify_store(store).ok
+    monkeypatch.setattr(cmd_precompute, "run_pipeline", real_run)
+    assert cli.main([*args, "--split", "paragraphs", "--overwrite"]) == 0
+    assert json.loads((store / "run-summary.json").read_text())["store"] == str(store.resolve())
+    assert json.loads((store / SPEC_FILE).read_text())["split"] == "paragraphs" and verify_store(store).ok
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".store")) == [
+        ".store.dilstore-lock"
+    ]

@@ -1,0 +1,80 @@
+"""The README's exit-code promise: every command's user errors are one line and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dilstore.runners.cli import main
+from tests.fixtures.paths import ROOT
+
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["precompute", "--output", "/proc/dilstore-cannot-write/store"], "dilstore precompute: error: "),
+        (["info", "{tmp}/no-store"], "dilstore info: error: "),
+        (["index", "{tmp}/no-store"], "dilstore index: error: "),
+        (["rerank", "{tmp}/no-store", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec", "--output", "{tmp}/o.trec"],
+         "dilstore rerank: error: "),
+        (["evaluate-rank", "--qrels", "{tmp}/q.txt", "--run", "{tmp}/r.trec"], "dilstore evaluate-rank: error: "),
+        (["ask", "{tmp}/no-store", "a question"], "dilstore ask: error: "),
+        (["evaluate-qa", "{tmp}/no-store", "--questions", "{tmp}/q.jsonl"], "dilstore evaluate-qa: error: "),
+        (["evaluate-rc", "--data", "{tmp}/none.json"], "dilstore evaluate-rc: error: "),
+        (["serve", "{tmp}/no-store", "--port", "0"], "dilstore serve: error: "),
+        (["train", "ranking-data", "--squad", "{tmp}/none.json", "--output", "{tmp}/o"], "dilstore train: error: "),
+        (["train", "qa", "--layers", "1", "--train", "{tmp}/none.json", "--output", "{tmp}/o"], "dilstore train: error: "),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(
+    arguments: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main([argument.replace("{tmp}", str(tmp_path)) for argument in arguments])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith(message) and "Traceback" not in err
+
+
+def test_an_os_error_inside_a_command_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Any OSError a command lets through (here: a permission error) becomes one line naming the file."""
+    import dilstore.runners.cmd_store as cmd_store
+
+    def refuse(args) -> int:
+        raise PermissionError(13, "Permission denied", "/stores/locked")
+
+    monkeypatch.setattr(cmd_store, "run_info", refuse)
+    parser_run = main(["info", "/stores/locked"])
+    assert parser_run == 2
+    assert capsys.readouterr().err == "dilstore info: error: Permission denied: /stores/locked\n"
+
+
+def test_an_unreadable_input_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Checked up front (os.access; root reads everything, so the check is simulated here)."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a", "text": "text"}\n')
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == corpus else real_access(path, mode))
+    assert main(["precompute", "--input", str(corpus), "--output", str(tmp_path / "store")]) == 2
+    assert f"--input {corpus}: permission denied" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()
+
+
+def test_verify_reports_a_missing_store_as_a_problem_with_exit_1(tmp_path: Path, capsys) -> None:
+    """verify's own promise: 1 when the store has a problem (here: there is none), with no traceback."""
+    assert main(["verify", str(tmp_path / "no-store")]) == 1
+    captured = capsys.readouterr()
+    assert "no store at" in captured.out and "Traceback" not in captured.err
+
+
+def test_usage_errors_exit_2_in_a_real_process() -> None:
+    done = subprocess.run([sys.executable, "-m", "dilstore", "info"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "usage:" in done.stderr and "Traceback" not in done.stderr

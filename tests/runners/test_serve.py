@@ -1,0 +1,458 @@
+"""The query server in this process: answers equal `ask --json`, batching, bad input, overload, failures, metrics.
+
+The app runs on uvicorn in a thread, on a socket bound to a free localhost
+port, over a tiny random reader (k=1) and tiny EARL stores. BM25 is replaced
+by a word-overlap searcher, so this module never starts the JVM; the real
+index and the real command are tested in tests/test_serve_process.py.
+
+Two questions steer the searcher: GATE blocks the store's worker thread until
+the test releases it, so the requests sent meanwhile wait in the queue and
+deterministically form the next batch (or overflow it); BROKEN retrieves a
+passage the store lacks, a failure inside the reading call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import math
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from tests.fixtures.odqa_fixtures import one_torch_thread, write_reader_checkpoint, write_store
+from tests.reader.serving.test_rerank import DOCUMENTS, save_ranker, write_earl_store
+
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
+from dilstore.reader.serving.rerank import open_reranker
+from dilstore.reader.retrieval import Hit
+from dilstore.runners.cli import main
+from dilstore.runners.cmd_ask import print_answer
+from dilstore.runners.cmd_serve import parse_store_argument
+from dilstore.runners.serve_app import AskService, RerankService, ServedStore, create_app
+from dilstore.runners.serve_batching import ServeSettings
+from dilstore.storage.reader import open_store
+
+GATE = "Gate question: hold the worker?"
+BROKEN = "Broken question: what does the ghost say?"
+QUESTIONS = [
+    "When did the Zürich tram network open?",
+    "Who won the Nobel Prize in Chemistry in 1911?",
+    "How high is Mount Kilimanjaro?",
+    "Who was the lighthouse keeper?",
+    "What does the café sell on Sunday?",
+]
+WAIT = 30.0  # seconds any step may take before the test fails instead of hanging
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_threaded() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+class OverlapSearcher:
+    """Stands in for BM25: ranks stored passages by words shared with the query (ties: store order)."""
+
+    def __init__(self, texts: dict[str, str]) -> None:
+        self.words = {passage_id: set(re.findall(r"\w+", text.lower())) for passage_id, text in texts.items()}
+        self.gate = threading.Event()
+        self.gate.set()
+        self.gated = threading.Event()  # set while a GATE search waits at the gate
+
+    def search(self, query: str, k: int) -> list[Hit]:
+        if query == GATE:
+            self.gated.set()
+            self.gate.wait(WAIT)
+            self.gated.clear()
+        if query == BROKEN:
+            return [Hit("ghost#0", 9.0)]
+        asked = set(re.findall(r"\w+", query.lower()))
+        scored = [(len(asked & words) + 1.0 / (rank + 2), pid) for rank, (pid, words) in enumerate(self.words.items())]
+        return [Hit(pid, score) for score, pid in sorted(scored, key=lambda item: -item[0])[:k]]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The reader store with its model and passage texts, and EARL S1/S2 stores of one ranker (plus another)."""
+    root = tmp_path_factory.mktemp("serve")
+    model_dir = write_reader_checkpoint(root / "reader")
+    ids = write_store(root / "qa", model_dir)
+    ranker_dir = save_ranker(root / "ranker", seed=0)
+    ranker = EarlRanker.from_pretrained(ranker_dir)
+    return {
+        "model_dir": model_dir,
+        "model": DilBertReader.from_pretrained(model_dir),
+        "qa": root / "qa",
+        "texts": {p.id: f"{p.title}\n{p.text}" for p in open_store(root / "qa").fetch(ids)},
+        "ranker_dir": ranker_dir,
+        "s1": write_earl_store(root / "s1", ranker, "earl-s1", "fp32"),
+        "s2": write_earl_store(root / "s2", ranker, "earl-s2", "fp16"),
+        "other_ranker_dir": save_ranker(root / "other-ranker", seed=1),
+    }
+
+
+def make_odqa(tiny: dict[str, Any]) -> OpenDomainReader:
+    """An OpenDomainReader over the tiny store with the overlap searcher (the fixture's model, shared)."""
+    return OpenDomainReader(tiny["model"], open_store(tiny["qa"]), OverlapSearcher(tiny["texts"]), OdqaSettings())
+
+
+def make_stores(tiny: dict[str, Any], odqa: OpenDomainReader) -> list[ServedStore]:
+    """qa (/ask), s1 (/rerank with a searcher) and s2 (/rerank without one)."""
+    return [
+        ServedStore("qa", AskService(odqa), {"info": {"kind": "dilbert"}}),
+        ServedStore("s1", RerankService(open_reranker(tiny["s1"], tiny["ranker_dir"]), OverlapSearcher(DOCUMENTS))),
+        ServedStore("s2", RerankService(open_reranker(tiny["s2"], tiny["ranker_dir"]))),
+    ]
+
+
+@contextmanager
+def running(stores: list[ServedStore], **settings: Any) -> Iterator[tuple[httpx.Client, Any]]:
+    """The app on uvicorn in a thread, on a free localhost port: a client for it, and the app; stopped after."""
+    app = create_app(stores, ServeSettings(**settings))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    base = "http://127.0.0.1:%d" % sock.getsockname()[1]
+    try:
+        with httpx.Client(base_url=base, timeout=WAIT) as client:
+            yield client, app
+    finally:
+        server.should_exit = True
+        thread.join(WAIT)
+        sock.close()
+    assert not thread.is_alive(), "the server did not stop"
+
+
+@pytest.fixture(scope="module")
+def served(tiny: dict[str, Any]) -> Iterator[tuple[httpx.Client, Any, OpenDomainReader]]:
+    """One server for the tests that do not need their own limits."""
+    odqa = make_odqa(tiny)
+    with running(make_stores(tiny, odqa), max_wait=0.0) as (client, app):
+        yield client, app, odqa
+
+
+def cli_json(odqa: OpenDomainReader, question: str, top_p: int | None = None, mu: float | None = None) -> dict:
+    """What `dilstore ask --json` prints for the question (runners/cmd_ask.py's printer)."""
+    out = io.StringIO()
+    print_answer(odqa.answer(question, top_p=top_p, mu=mu), True, out)
+    return json.loads(out.getvalue())
+
+
+def without_timings(document: dict) -> dict:
+    """The document less its timings, which must still have every stage."""
+    assert set(document["timings"]) == {"retrieval", "store_read", "question_layers", "interaction_layers", "decode",
+                                        "total"}  # fmt: skip
+    return {key: value for key, value in document.items() if key != "timings"}
+
+
+def assert_same_answer(served: dict, alone: dict) -> None:
+    """Same answer and n-best (texts, passages, spans); scores equal up to float rounding."""
+    def shape(doc: dict) -> list:
+        return [doc["question"], doc["answer"], doc["passage_id"], doc["mu"]] + [
+            (s["text"], s["passage_id"], s["char_start"], s["char_end"]) for s in doc["nbest"]
+        ]
+
+    assert shape(served) == shape(alone)
+    for key in ("score", "reader_score", "bm25_score"):
+        assert served[key] == pytest.approx(alone[key], rel=1e-4, abs=1e-4)
+    for a, b in zip(served["nbest"], alone["nbest"], strict=True):
+        assert (a["score"], a["reader_score"]) == pytest.approx((b["score"], b["reader_score"]), rel=1e-4, abs=1e-4)
+
+
+# ---------------------------------------------------------------------- answers
+
+
+@pytest.mark.parametrize(("top_p", "mu"), [(None, None), (3, 1.0), (8, 0.0), (1, 0.25)])
+def test_ask_returns_the_json_of_ask(served, top_p: int | None, mu: float | None) -> None:
+    client, _, odqa = served
+    body = {"question": QUESTIONS[0], **({"top_p": top_p} if top_p else {}), **({"mu": mu} if mu is not None else {})}
+    response = client.post("/ask", json=body)
+    assert response.status_code == 200, response.text
+    assert without_timings(response.json()) == without_timings(cli_json(odqa, QUESTIONS[0], top_p, mu))
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def send_gated(client: httpx.Client, app: Any, gate: OverlapSearcher, bodies: list[dict], endpoint: str = "/ask"):
+    """Hold the worker with GATE, queue `bodies` behind it, release: their responses, in order, and the GATE's.
+
+    Every body is queued (or refused) before the worker is released, so the
+    queued ones form the next batch.
+    """
+    gate.gate.clear()
+    batcher = app.state.batchers["qa"]
+
+    async def go() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=client.base_url, timeout=WAIT) as session:
+            first = asyncio.create_task(session.post("/ask", json={"question": GATE, "top_p": 2}))
+            await asyncio.to_thread(wait_until, gate.gated.is_set, "the worker waits at the gate")
+            tasks = []
+            for body in bodies:
+                tasks.append(asyncio.create_task(session.post(endpoint, json=body)))
+                await asyncio.sleep(0)
+            await asyncio.to_thread(wait_until, lambda: sum(t.done() for t in tasks) + batcher.pending() >= len(bodies),
+                                    "queued")  # fmt: skip
+            gate.gate.set()
+            return [*(await asyncio.gather(*tasks)), await first]
+
+    return asyncio.run(go())
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """One sample's value from /metrics text (0 when absent)."""
+    for family in parse_prometheus(text).values():
+        for sample_name, sample_labels, value in family["samples"]:
+            if sample_name == name and all(sample_labels.get(k) == v for k, v in labels.items()):
+                return value
+    return 0.0
+
+
+def test_concurrent_requests_are_batched_and_equal_unbatched_answers(tiny: dict[str, Any]) -> None:
+    odqa = make_odqa(tiny)
+    bodies = [{"question": q, "top_p": top_p, "mu": mu} for q, top_p, mu in
+              zip(QUESTIONS, (8, 3, 5, 8, 1), (0.5, 1.0, 0.0, 0.7, 0.5), strict=True)]  # fmt: skip
+    with running(make_stores(tiny, odqa), max_wait=0.2, max_batch_pairs=256) as (client, app):
+        *responses, gated = send_gated(client, app, odqa.searcher, bodies)
+        text = client.get("/metrics").text
+    assert gated.status_code == 200
+    for body, response in zip(bodies, responses, strict=True):
+        assert response.status_code == 200, response.text
+        assert_same_answer(response.json(), cli_json(odqa, body["question"], body["top_p"], body["mu"]))
+    # The GATE request ran alone, then all five together: 5 + 8 + 3 + 5 + 8 + 1 pairs.
+    assert metric(text, "dilstore_batch_requests_count", store="qa") == 2
+    assert metric(text, "dilstore_batch_requests_sum", store="qa") == 6
+    assert metric(text, "dilstore_batch_pairs_sum", store="qa") == 2 + sum(b["top_p"] for b in bodies)
+
+
+def test_batching_off_runs_each_request_alone(tiny: dict[str, Any]) -> None:
+    odqa = make_odqa(tiny)
+    bodies = [{"question": q, "top_p": 4} for q in QUESTIONS[:3]]
+    with running(make_stores(tiny, odqa), max_wait=0.2, max_batch_pairs=1) as (client, app):
+        *responses, _ = send_gated(client, app, odqa.searcher, bodies)
+        text = client.get("/metrics").text
+    assert [r.status_code for r in responses] == [200] * 3
+    assert metric(text, "dilstore_batch_requests_count", store="qa") == 4
+    assert metric(text, "dilstore_batch_requests_sum", store="qa") == 4
+
+
+def test_a_failure_in_a_shared_batch_is_a_500_for_that_request_only(tiny: dict[str, Any]) -> None:
+    odqa = make_odqa(tiny)
+    bodies = [{"question": QUESTIONS[0]}, {"question": BROKEN}, {"question": ""}, {"question": QUESTIONS[2]}]
+    with running(make_stores(tiny, odqa), max_wait=0.2) as (client, app):
+        responses = send_gated(client, app, odqa.searcher, bodies)[:-1]
+        assert [r.status_code for r in responses] == [200, 500, 422, 200]
+        assert "ghost#0" in responses[1].json()["detail"]
+        assert responses[2].json()["detail"] == "the question is empty"
+        for body, response in zip(bodies[::3], responses[::3], strict=True):
+            assert_same_answer(response.json(), cli_json(odqa, body["question"]))
+        assert client.get("/health").status_code == 200
+        assert client.post("/ask", json={"question": QUESTIONS[1]}).status_code == 200
+        text = client.get("/metrics").text
+    assert metric(text, "dilstore_errors_total", endpoint="/ask", kind="internal") == 1
+    assert metric(text, "dilstore_errors_total", endpoint="/ask", kind="bad_request") == 1
+
+
+def test_a_full_queue_gets_503_with_retry_after_and_the_server_recovers(tiny: dict[str, Any]) -> None:
+    odqa = make_odqa(tiny)
+    bodies = [{"question": q} for q in QUESTIONS[:4]]
+    with running(make_stores(tiny, odqa), max_wait=0.0, queue_size=2) as (client, app):
+        responses = send_gated(client, app, odqa.searcher, bodies)
+        codes = [r.status_code for r in responses]
+        assert codes == [200, 200, 503, 503, 200]
+        assert responses[2].headers["retry-after"] == "1"
+        assert "overloaded" in responses[2].json()["detail"]
+        assert client.get("/health").json() == {"status": "ok", "stores": ["qa", "s1", "s2"]}
+        again = client.post("/ask", json=bodies[3])
+        assert again.status_code == 200
+        assert_same_answer(again.json(), cli_json(odqa, QUESTIONS[3]))
+        text = client.get("/metrics").text
+    assert metric(text, "dilstore_errors_total", endpoint="/ask", kind="overloaded") == 2
+    assert metric(text, "dilstore_requests_total", endpoint="/ask", code="503") == 2
+
+
+# ---------------------------------------------------------------------- bad input
+
+BAD_ASKS = [
+    ("not json", b"{question: 1", 422, "JSON"),
+    ("a list", [QUESTIONS[0]], 422, "dictionary"),
+    ("no question", {"top_p": 3}, 422, "question"),
+    ("a number as question", {"question": 7}, 422, "string"),
+    ("empty question", {"question": ""}, 422, "empty"),
+    ("blank question", {"question": "   \n"}, 422, "empty"),
+    ("over-long question", {"question": "word " * 80}, 422, "longer than 64 tokens"),
+    ("huge question", {"question": "x" * 100_000}, 422, "characters long"),
+    ("top_p zero", {"question": "q?", "top_p": 0}, 422, "greater than or equal to 1"),
+    ("top_p over the limit", {"question": "q?", "top_p": 101}, 422, "at most 100"),
+    ("top_p a float", {"question": "q?", "top_p": 2.5}, 422, "integer"),
+    ("top_p a string", {"question": "q?", "top_p": "3"}, 422, "integer"),
+    ("top_p a bool", {"question": "q?", "top_p": True}, 422, "integer"),
+    ("mu above 1", {"question": "q?", "mu": 1.5}, 422, "less than or equal to 1"),
+    ("mu below 0", {"question": "q?", "mu": -0.1}, 422, "greater than or equal to 0"),
+    ("mu a string", {"question": "q?", "mu": "0.5"}, 422, "number"),
+    ("mu NaN", b'{"question": "q?", "mu": NaN}', 422, "finite"),
+    ("unknown field", {"question": "q?", "k": 3}, 422, "Extra inputs"),
+    ("unknown store", {"question": "q?", "store": "nope"}, 404, "no store named 'nope'"),
+    ("an EARL store", {"question": "q?", "store": "s1"}, 400, "answers /rerank"),
+]
+BAD_RERANKS = [
+    ("neither ids nor k", {"query": "trams"}, 422, "exactly one of"),
+    ("both ids and k", {"query": "trams", "doc_ids": ["tram"], "bm25_top_k": 2}, 422, "exactly one of"),
+    ("empty query", {"query": "", "doc_ids": ["tram"]}, 422, "at least 1 character"),
+    ("blank query", {"query": "  ", "doc_ids": ["tram"]}, 422, "the query is empty"),
+    ("no ids", {"query": "trams", "doc_ids": []}, 422, "at least 1 item"),
+    ("unknown id", {"query": "trams", "doc_ids": ["tram", "ghost"]}, 422, "'ghost'"),
+    ("too many ids", {"query": "trams", "doc_ids": ["tram"] * 101}, 422, "at most 100"),
+    ("k zero", {"query": "trams", "bm25_top_k": 0}, 422, "greater than or equal to 1"),
+    ("k without an index", {"query": "trams", "bm25_top_k": 2, "store": "s2"}, 400, "no BM25 index"),
+    ("a dilbert store", {"query": "trams", "doc_ids": ["tram"], "store": "qa"}, 400, "answers /ask"),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "body", "status", "message"),
+                         [("/ask", *case[1:]) for case in BAD_ASKS] + [("/rerank", *case[1:]) for case in BAD_RERANKS],
+                         ids=[case[0] for case in BAD_ASKS + BAD_RERANKS])  # fmt: skip
+def test_bad_input_gets_a_4xx_with_a_message(served, endpoint: str, body: Any, status: int, message: str) -> None:
+    client, _, _ = served
+    if isinstance(body, bytes):
+        response = client.post(endpoint, content=body, headers={"content-type": "application/json"})
+    else:
+        response = client.post(endpoint, json=body)
+    assert response.status_code == status, response.text
+    assert message in json.dumps(response.json()["detail"]), response.text
+    assert client.get("/health").status_code == 200
+
+
+# ---------------------------------------------------------------------- rerank, stores, docs, metrics
+
+
+def test_rerank_scores_given_ids_and_bm25_hits_like_the_reranker(served, tiny: dict[str, Any]) -> None:
+    client, _, _ = served
+    ids = ["kili", "tram", "cafe", "curie"]
+    for store in ("s1", "s2"):
+        response = client.post("/rerank", json={"query": "Zürich tram", "doc_ids": ids, "store": store})
+        assert response.status_code == 200, response.text
+        expected = open_reranker(tiny[store], tiny["ranker_dir"]).rerank("Zürich tram", ids)
+        results = response.json()["results"]
+        assert [r["doc_id"] for r in results] == sorted(expected, key=lambda d: -expected[d])
+        assert {r["doc_id"]: r["score"] for r in results} == pytest.approx(expected, rel=1e-5)
+    response = client.post("/rerank", json={"query": "Zürich tram network", "bm25_top_k": 3})
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    hits = OverlapSearcher(dict(DOCUMENTS)).search("Zürich tram network", 3)
+    assert {r["doc_id"]: r["bm25_score"] for r in results} == {hit.passage_id: hit.score for hit in hits}
+    scores = [r["score"] for r in results]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_health_stores_docs(served) -> None:
+    client, _, _ = served
+    assert client.get("/health").json() == {"status": "ok", "stores": ["qa", "s1", "s2"]}
+    listed = client.get("/stores").json()["stores"]
+    assert [(s["name"], s["endpoint"]) for s in listed] == [("qa", "/ask"), ("s1", "/rerank"), ("s2", "/rerank")]
+    assert client.get("/docs").status_code == 200
+    assert {"/ask", "/rerank", "/health", "/stores", "/metrics"} <= set(client.get("/openapi.json").json()["paths"])
+
+
+def parse_prometheus(text: str) -> dict[str, dict[str, Any]]:
+    """Parse the text exposition format strictly enough to catch malformed output.
+
+    Every sample must follow its family's HELP and TYPE lines and belong to
+    it; histogram buckets must be cumulative, end in le="+Inf" and equal the
+    family's _count.
+    """
+    sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*)\})? (\S+)$')
+    families: dict[str, dict[str, Any]] = {}
+    current = None
+    assert text.endswith("\n")
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            current = line.split()[2]
+            families[current] = {"samples": []}
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            assert name == current and kind in ("counter", "gauge", "histogram")
+            families[name]["type"] = kind
+        else:
+            match = sample.match(line)
+            assert match, f"malformed sample line: {line!r}"
+            name, labels, value = match.groups()
+            assert current is not None and name in (current, *(current + s for s in ("_bucket", "_sum", "_count")))
+            parsed = dict(re.findall(r'([a-zA-Z_]\w*)="((?:[^"\\]|\\.)*)"', labels or ""))
+            families[current]["samples"].append((name, parsed, float(value)))
+    for name, family in families.items():
+        if family["type"] != "histogram":
+            continue
+        series: dict[tuple, list[tuple[float, float]]] = {}
+        counts = {}
+        for sample_name, labels, value in family["samples"]:
+            key = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+            if sample_name.endswith("_bucket"):
+                series.setdefault(key, []).append((float(labels["le"]), value))
+            elif sample_name.endswith("_count"):
+                counts[key] = value
+        for key, buckets in series.items():
+            bounds, values = zip(*buckets, strict=True)
+            assert list(bounds) == sorted(bounds) and math.isinf(bounds[-1]), name
+            assert list(values) == sorted(values) and values[-1] == counts[key], name
+    return families
+
+
+def test_metrics_parse_as_prometheus_text(served) -> None:
+    client, _, _ = served
+    client.post("/ask", json={"question": QUESTIONS[1]})
+    client.post("/ask", json={"question": ""})
+    response = client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    families = parse_prometheus(response.text)
+    assert {"dilstore_requests_total", "dilstore_errors_total", "dilstore_request_seconds", "dilstore_queue_seconds",
+            "dilstore_batch_requests", "dilstore_batch_pairs", "dilstore_requests_in_flight",
+            "dilstore_queue_depth"} <= set(families)  # fmt: skip
+    assert families["dilstore_request_seconds"]["type"] == "histogram"
+    assert metric(response.text, "dilstore_requests_total", endpoint="/ask", code="200") >= 1
+    assert metric(response.text, "dilstore_request_seconds_count", endpoint="/ask") >= 2
+    assert metric(response.text, "dilstore_queue_seconds_count", store="qa") >= 1
+
+
+# ---------------------------------------------------------------------- the command
+
+
+def test_a_store_of_another_model_is_refused_with_exit_2(tiny: dict[str, Any], capsys) -> None:
+    status = main(["serve", str(tiny["s1"]), "--model", str(tiny["other_ranker_dir"]), "--port", "0"])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dilstore serve: error:") and "differs in: weights_sha256" in err
+
+
+def test_model_options_must_match_the_stores(tiny: dict[str, Any], capsys) -> None:
+    model = str(tiny["ranker_dir"])
+    assert main(["serve", str(tiny["s1"]), str(tiny["s2"]), "--model", model, "--model", model, "--model", model]) == 2
+    assert "once per store" in capsys.readouterr().err
+    assert main(["serve", str(tiny["s1"]), "--max-batch-pairs", "0"]) == 2
+    assert "max-batch-pairs must be at least 1" in capsys.readouterr().err
+    assert main(["serve", str(tiny["s1"]), f"{tiny['s1'].name}={tiny['s2']}"]) == 2
+    assert "store names must differ" in capsys.readouterr().err
+    assert parse_store_argument(f"books={tiny['s1']}") == ("books", tiny["s1"])
+    assert parse_store_argument(str(tiny["s1"])) == ("s1", tiny["s1"])

@@ -1,0 +1,157 @@
+"""`dilstore serve` as a real process with a real BM25 index: `ask --json` equality, graceful SIGTERM, refusals.
+
+The index is built, `dilstore ask` run and the server started in child
+processes, so this module never starts the JVM itself (the refused store is
+refused before its index is opened).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.fixtures.odqa_fixtures import write_collection, write_reader_checkpoint, write_store
+
+from dilstore.runners.cli import main
+from dilstore.storage.reader import open_store
+from tests.fixtures.paths import ROOT
+
+QUESTIONS = [
+    "When did the Zürich tram network open?",
+    "How high is Mount Kilimanjaro?",
+    "Who was the lighthouse keeper?",
+]
+WAIT = 120.0
+# Builds the index (Anserini's log kept off stdout), then runs `dilstore ask ARGS` on stdin's questions:
+# one JVM start for both.
+INDEX_THEN_ASK = (
+    "import sys; from pathlib import Path; from reader.retrieval import build_bm25_index; "
+    "from dilstore.runners.cli import main; from dilstore.runners.cmd_index import stdout_to_stderr\n"
+    "with stdout_to_stderr(): build_bm25_index(Path(sys.argv[1]), Path(sys.argv[2]))\n"
+    "sys.exit(main(sys.argv[3:]))"
+)
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """A tiny store with its BM25 index at STORE/bm25, and `ask --json`'s answers to QUESTIONS."""
+    root = tmp_path_factory.mktemp("serve-process")
+    model = write_reader_checkpoint(root / "model")
+    store = root / "store"
+    ids = write_store(store, model)
+    write_collection(root / "collection" / "passages.jsonl",
+                     [(p.id, f"{p.title}\n{p.text}") for p in open_store(store).fetch(ids)])  # fmt: skip
+    ask = ["ask", str(store), "--model", str(model), "--threads", "1", "--top-p", "4", "--json"]
+    done = subprocess.run([sys.executable, "-c", INDEX_THEN_ASK, str(root / "collection"), str(store / "bm25"), *ask],
+                          input="\n".join(QUESTIONS) + "\n", capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [answer["question"] for answer in answers] == QUESTIONS
+    return {"store": store, "model": model, "answers": answers, "root": root}
+
+
+class Server:
+    """`dilstore serve` in a child process on port 0; `url` once uvicorn says where it listens."""
+
+    def __init__(self, *args: str) -> None:
+        command = [sys.executable, "-m", "dilstore", "serve", *args, "--port", "0", "--threads", "1"]
+        self.process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.log: list[str] = []
+        found = threading.Event()
+        self.url = ""
+
+        def read() -> None:
+            for line in self.process.stderr:
+                self.log.append(line)
+                match = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
+                if match:
+                    self.url = match.group(1)
+                    found.set()
+
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+        deadline = time.monotonic() + WAIT
+        while not found.wait(0.1):
+            assert self.process.poll() is None, "".join(self.log)
+            assert time.monotonic() < deadline, "the server did not start:\n" + "".join(self.log)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        status = self.process.wait(WAIT)
+        self.reader.join(WAIT)
+        return status
+
+
+@pytest.fixture
+def server(indexed: dict[str, object]) -> Iterator[Server]:
+    server = Server(str(indexed["store"]), "--model", str(indexed["model"]))
+    try:
+        yield server
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
+
+
+def wait_for_in_flight(url: str) -> None:
+    """Until /metrics shows one /ask request in flight (its headers read, its body awaited)."""
+    deadline = time.monotonic() + WAIT
+    while 'dilstore_requests_in_flight{endpoint="/ask"} 1' not in httpx.get(url + "/metrics", timeout=WAIT).text:
+        assert time.monotonic() < deadline, "the request never arrived"
+        time.sleep(0.05)
+
+
+def test_answers_equal_ask_json_and_sigterm_drains_the_request_in_flight(indexed, server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=WAIT) as client:
+        assert client.get("/health").status_code == 200
+        for question, expected in zip(QUESTIONS, indexed["answers"], strict=True):
+            response = client.post("/ask", json={"question": question, "top_p": 4})
+            assert response.status_code == 200, response.text
+            served = response.json()
+            assert set(served["timings"]) == set(expected["timings"])
+            assert {k: v for k, v in served.items() if k != "timings"} == {
+                k: v for k, v in expected.items() if k != "timings"
+            }
+    # A request whose headers have arrived but whose body has not: in flight when SIGTERM comes.
+    host, port = server.url.removeprefix("http://").split(":")
+    body = json.dumps({"question": QUESTIONS[1], "top_p": 4}).encode()
+    with socket.create_connection((host, int(port)), timeout=WAIT) as connection:
+        connection.sendall(b"POST /ask HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])  # fmt: skip
+        wait_for_in_flight(server.url)
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert server.process.poll() is None, "the server exited with a request in flight"
+        connection.sendall(body[10:])
+        response = b""
+        while chunk := connection.recv(65536):
+            response += chunk
+    head, _, payload = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), response[:500]
+    answer = json.loads(payload)
+    assert {k: v for k, v in answer.items() if k != "timings"} == {
+        k: v for k, v in indexed["answers"][1].items() if k != "timings"
+    }
+    assert server.stop() == 0, "".join(server.log)
+    assert any("Finished server process" in line for line in server.log)
+
+
+def test_a_store_of_another_model_is_refused_with_exit_2(indexed, tmp_path: Path, capsys) -> None:
+    """In this process: the fingerprint is checked before the index is opened, so the JVM never starts."""
+    other = write_reader_checkpoint(tmp_path / "other", seed=1)
+    assert main(["serve", str(indexed["store"]), "--model", str(other), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "dilstore serve: error: store" in err and "differs in: weights_sha256" in err
+    assert "Uvicorn running" not in err

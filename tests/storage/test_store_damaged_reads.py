@@ -1,0 +1,112 @@
+"""Damage that `verify` catches never gives a wrong passage or a traceback on the serving path.
+
+Each test damages one array of a sound store through zarr-python (so the
+damage is exactly the values named) and reads it on both read paths: the
+reader must stop with one StoreFormatError line that names the shard and
+points at `dilstore verify`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from dilstore.storage.format import INDEX_DIR, INDEX_ROWS, TEXT_BYTES, TITLE_OFFSETS, TOKEN_OFFSETS, StoreFormatError, shard_path
+from dilstore.storage.reader import open_store
+from dilstore.storage.verify import verify_store
+from tests.fixtures.store_fixtures import build_store, random_shards
+
+PATHS = ("mmap", "zarr")
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    shards = random_shards([5, 4], state_shape=(3,), seed=11, max_words=10)
+    return build_store(tmp_path_factory.mktemp("pristine") / "store", shards, encoding="fp16")
+
+
+@pytest.fixture
+def store(pristine: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(pristine, tmp_path / "store"))
+
+
+def damage(store: Path, relative: str, change) -> None:
+    """Rewrite the array at `relative` with `change(values)` applied."""
+    array = zarr.open_array(store / relative, mode="r+")
+    values = np.asarray(array[...])
+    array[...] = change(values.copy())
+
+
+def all_ids(store: Path) -> list[str]:
+    with open_store(store, read_path="zarr") as opened:
+        return [opened.shard(0).id_at(row) for row in range(len(opened.shard(0)))]
+
+
+def swap_middle(values: np.ndarray) -> np.ndarray:
+    """Offsets that no longer increase: two inner entries swapped."""
+    values[[1, 2]] = values[[2, 1]] if values[1] != values[2] else (values[2] + 1, values[1])
+    return values
+
+
+@pytest.mark.parametrize("read_path", PATHS)
+@pytest.mark.parametrize("offsets", [TOKEN_OFFSETS, TITLE_OFFSETS])
+def test_damaged_offsets_are_refused_when_the_shard_opens(store: Path, read_path: str, offsets: str) -> None:
+    ids = all_ids(store)
+    damage(store, f"{shard_path(0)}/{offsets}", swap_middle)
+    assert not verify_store(store).ok
+    with open_store(store, read_path=read_path) as opened, pytest.raises(StoreFormatError) as raised:
+        opened.fetch([ids[0]])
+    message = str(raised.value)
+    assert "shard-00000" in message and offsets in message and "dilstore verify" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("read_path", PATHS)
+def test_offsets_ending_past_the_data_are_refused(store: Path, read_path: str) -> None:
+    ids = all_ids(store)
+
+    def stretch(values: np.ndarray) -> np.ndarray:
+        values[-1] += 7
+        return values
+
+    damage(store, f"{shard_path(0)}/{TOKEN_OFFSETS}", stretch)
+    with open_store(store, read_path=read_path) as opened, pytest.raises(StoreFormatError, match="dilstore verify"):
+        opened.fetch([ids[-1]])
+
+
+@pytest.mark.parametrize("read_path", PATHS)
+def test_an_index_row_out_of_range_is_one_line_not_an_index_error(store: Path, read_path: str) -> None:
+    ids = all_ids(store)
+    damage(store, f"{INDEX_DIR}/{INDEX_ROWS}", lambda values: values + 1000)
+    assert not verify_store(store).ok
+    with open_store(store, read_path=read_path) as opened, pytest.raises(StoreFormatError) as raised:
+        opened.fetch(ids[:2])
+    assert "id index is damaged" in str(raised.value) and "dilstore verify" in str(raised.value)
+
+
+@pytest.mark.parametrize("read_path", PATHS)
+def test_passage_text_that_is_not_utf8_is_one_line_not_a_decode_error(store: Path, read_path: str) -> None:
+    ids = all_ids(store)
+    with open_store(store, read_path="zarr") as opened:
+        first = opened.fetch([ids[0]])[0]
+    assert first.text, "the fixture's first passage has text"
+
+    def break_first_byte(values: np.ndarray) -> np.ndarray:
+        values[0] = 0xFF
+        return values
+
+    damage(store, f"{shard_path(0)}/{TEXT_BYTES}", break_first_byte)
+    with open_store(store, read_path=read_path) as opened, pytest.raises(StoreFormatError) as raised:
+        opened.fetch([ids[0]])
+    assert "the text of row 0 is not UTF-8" in str(raised.value) and "dilstore verify" in str(raised.value)
+
+
+def test_a_sound_store_still_reads_every_passage(store: Path) -> None:
+    ids = all_ids(store)
+    for read_path in PATHS:
+        with open_store(store, read_path=read_path) as opened:
+            assert [passage.id for passage in opened.fetch(ids)] == ids

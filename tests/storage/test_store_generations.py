@@ -1,0 +1,127 @@
+"""Store generations: every shard and the manifest name the build they belong to, so nothing mixes builds.
+
+An open reader never serves a shard of a store rebuilt under it; finalize and
+resume never take a shard of another build; `verify` tells an edited
+fingerprint from the model the shards were made by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dilstore.pipelines.run_stats import RunStats
+from dilstore.pipelines.shard_sink import meta_path, read_meta
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.finalize import finalize
+from dilstore.storage.fingerprint import fingerprint_sha256
+from dilstore.storage.manifest import read_manifest, write_manifest
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.reader import StoreChangedError, open_store
+from dilstore.storage.shard import ShardAttributes
+from dilstore.storage.verify import verify_store
+from dilstore.storage.writer import shard_generation, write_shard
+from tests.fixtures.store_fixtures import fingerprint_for, random_shards
+
+
+def build(root: Path, generation: str, *, seed: int = 3, encoding: str = "fp16") -> list[list[str]]:
+    """A two-shard store of `generation`; returns each shard's ids."""
+    shards = random_shards([3, 3], state_shape=(4,), seed=seed, max_words=8)
+    fingerprint = fingerprint_for("dilbert", encoding)
+    for index, records in enumerate(shards):
+        write_shard(root, index, records, kind="dilbert", encoding=encoding, durable=False,
+                    generation=generation, fingerprint=fingerprint)  # fmt: skip
+    finalize(root, fingerprint, {"command": "test"}, generation=generation)
+    return [[record.id for record in records] for records in shards]
+
+
+def test_the_manifest_and_every_shard_record_the_build(tmp_path: Path) -> None:
+    build(tmp_path / "s", "gen-a")
+    manifest = read_manifest(StoreLocation.parse(tmp_path / "s"))
+    assert manifest.generation == "gen-a"
+    assert shard_generation(tmp_path / "s", 0) == shard_generation(tmp_path / "s", 1) == "gen-a"
+    assert verify_store(tmp_path / "s").ok
+
+
+@pytest.mark.parametrize("read_path", ["mmap", "zarr"])
+def test_an_open_reader_refuses_a_shard_of_a_rebuilt_store(tmp_path: Path, read_path: str) -> None:
+    """Open, read shard 0, rebuild the store in place (another encoding): shard 1 is refused, never mixed."""
+    root = tmp_path / "s"
+    ids = build(root, "gen-a")
+    with open_store(root, read_path=read_path) as store:
+        assert [p.id for p in store.fetch(ids[0][:1])] == ids[0][:1]
+        shutil.rmtree(root)
+        build(root, "gen-b", encoding="fp32")
+        with pytest.raises(StoreChangedError, match="rebuilt after it was opened.*'gen-b'.*'gen-a'; reopen"):
+            store.fetch(ids[1][:1])
+    with open_store(root, read_path=read_path) as reopened:
+        assert reopened.manifest.generation == "gen-b"
+        assert [p.id for p in reopened.fetch(ids[1])] == ids[1]
+
+
+def test_finalize_refuses_a_shard_of_another_build(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    shards = random_shards([2, 2], state_shape=(4,), seed=1)
+    fingerprint = fingerprint_for("dilbert", "fp16")
+    write_shard(root, 0, shards[0], kind="dilbert", encoding="fp16", durable=False, generation="mine",
+                fingerprint=fingerprint)  # fmt: skip
+    write_shard(root, 1, shards[1], kind="dilbert", encoding="fp16", durable=False, generation="theirs",
+                fingerprint=fingerprint)  # fmt: skip
+    with pytest.raises(DilstoreError, match="shard-00001 belongs to build 'theirs', not this run's 'mine'"):
+        finalize(root, fingerprint, generation="mine")
+
+
+def test_verify_tells_an_edited_fingerprint_even_with_a_recomputed_checksum(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    build(root, "gen-a")
+    location = StoreLocation.parse(root)
+    manifest = read_manifest(location)
+    edited = dataclasses.replace(manifest, fingerprint=dataclasses.replace(manifest.fingerprint, layers=5))
+    assert fingerprint_sha256(edited.fingerprint) != fingerprint_sha256(manifest.fingerprint)
+    write_manifest(root, edited)  # the manifest's own checksum is recomputed: only the shards can tell
+    report = verify_store(root)
+    assert not report.ok
+    assert sum("another model than the manifest's fingerprint" in problem for problem in report.problems) == 2
+
+
+def test_resume_does_not_trust_a_committed_shard_of_another_build(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    build(root, "gen-a")
+    (root / "manifest.json").unlink()
+    marker = meta_path(root, 0)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(RunStats(passages=3).to_dict()), encoding="utf-8")
+    assert read_meta(root, 0, "gen-a") == RunStats(passages=3)
+    assert read_meta(root, 0, "gen-b") is None, "a shard of another build is written again"
+
+
+def test_shards_made_before_generations_read_as_before(tmp_path: Path) -> None:
+    """No generation anywhere (older stores): nothing to compare, everything reads."""
+    root = tmp_path / "s"
+    shards = random_shards([2], state_shape=(4,), seed=5)
+    write_shard(root, 0, shards[0], kind="dilbert", encoding="fp32", durable=False)
+    finalize(root, fingerprint_for("dilbert", "fp32"))
+    with open_store(root) as store:
+        assert store.manifest.generation is None
+        assert ShardAttributes.of(store.location.open_group("shards/shard-00000"), "s").generation is None
+        assert len(store.fetch([record.id for record in shards[0]])) == 2
+    assert verify_store(root).ok
+
+
+def test_finalize_removes_what_a_killed_finalize_left_at_the_root(tmp_path: Path) -> None:
+    """A finalize killed while writing the index or manifest leaves temporaries; the next one removes them."""
+    root = tmp_path / "s"
+    build(root, "gen-a")
+    (root / "manifest.json").unlink()
+    leftovers = [root / ".tmp-index-0123", root / ".tmp-old-index-4567", root / ".tmp-manifest.json-89ab"]
+    for path in leftovers[:2]:
+        (path / "hashes").mkdir(parents=True)
+    leftovers[2].write_text("{}")
+    (root / "notes.txt").write_text("the user's own file stays")
+    finalize(root, fingerprint_for("dilbert", "fp16"), generation="gen-a")
+    assert not any(path.exists() for path in leftovers)
+    assert (root / "notes.txt").read_text() == "the user's own file stays"
