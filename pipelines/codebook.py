@@ -13,26 +13,31 @@ codebook, so the codebook is made once, in the launcher, before the Beam job:
 
 A codebook given with `--codebook` (e.g. another store's `codebook/` folder,
 to append passages with the same codes) is copied there instead, and a resumed
-run reuses the one already in the store.
+run reuses the one already in the store. The folder is the one being built:
+the store itself, or with --overwrite the replacement beside it. The codebook
+records the run's build and model like every shard (storage.codebook).
 """
 
 from __future__ import annotations
 
 import heapq
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from dilstore.pipelines.corpora import Document
+from dilstore.pipelines.job import PrecomputeJob
 from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, read_task, route
 from dilstore.pipelines.sharding import stable_hash
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import TokenizedPassage, encode_tokenized
 from dilstore.reader.offline.kinds import OfflineModel
-from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook, write_codebook
 from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SEED, get_encoding, sample_rows, train_codebook
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.writer import build_attributes
 
 CODEBOOK_DOCUMENTS = 512
 
@@ -72,22 +77,24 @@ def sample_states(
     return states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)]  # (N, *S)
 
 
-def prepare_codebook(
-    store: Path,
-    encoding: str,
-    given: Path | None,
-    inputs: Iterable[ReadTask],
-    settings: RouteSettings,
-    reader: OfflineModel,
-    policy: BatchPolicy,
-) -> Path:
-    """Make sure `store/codebook/` holds the run's codebook (see the module docstring) and return its path."""
-    target = store / CODEBOOK_DIR
+def prepare_codebook(job: PrecomputeJob, reader: OfflineModel) -> Path:
+    """Make sure `job.store/codebook/` holds this build's codebook (see the module docstring); its path.
+
+    A codebook already there is reused only when it records this run's build
+    and model (a resumed run); one of another build is replaced, as a shard
+    of another build is written again.
+    """
+    target = Path(job.store) / CODEBOOK_DIR
+    build = build_attributes(job.generation, job.fingerprint)
     if target.is_dir():
-        return target
-    if given is not None:
-        codebook, state_shape = read_codebook(given, encoding)
+        if codebook_build(target) == build:
+            return target
+        shutil.rmtree(target)
+    if job.codebook is not None:
+        codebook, state_shape = read_codebook(job.codebook, job.encoding)
     else:
-        sample = sample_states(sample_documents(inputs, CODEBOOK_DOCUMENTS), settings, reader, policy)
-        codebook, state_shape = train_codebook(encoding, sample), sample.shape[1:]
-    return write_codebook(target, encoding, codebook, state_shape)
+        documents = sample_documents(job.inputs, CODEBOOK_DOCUMENTS)
+        sample = sample_states(documents, job.route_settings(), reader, job.policy)  # (N, *S)
+        codebook, state_shape = train_codebook(job.encoding, sample), sample.shape[1:]
+    return write_codebook(target, job.encoding, codebook, state_shape, generation=job.generation,
+                          fingerprint=job.fingerprint)

@@ -443,9 +443,7 @@ def build_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -> di
     from dilstore.reader.offline.encoding import checked_reader
 
     if needs_codebook(job.encoding):
-        prepare_codebook(Path(job.store), job.encoding, None if job.codebook is None else Path(job.codebook),
-                         job.inputs, job.route_settings(), checked_reader(job.model, job.layers, job.fingerprint),
-                         job.policy)
+        prepare_codebook(job, checked_reader(job.model, job.layers, job.fingerprint))
     return run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
 
 

@@ -107,6 +107,17 @@ def shard_generation(store_root: str | Path, shard_index: int) -> str | None:
         return None
 
 
+def build_attributes(generation: str | None, fingerprint: Fingerprint | None) -> dict[str, str]:
+    """The attributes that tie a shard or a store's codebook to its build: `generation` and `fingerprint_sha256`.
+
+    Each is left out when None, so stores made without them keep their bytes.
+    """
+    return {
+        **({} if generation is None else {"generation": generation}),
+        **({} if fingerprint is None else {"fingerprint_sha256": fingerprint_sha256(fingerprint)}),
+    }
+
+
 def write_shard(
     store_root: str | Path,
     shard_index: int,
@@ -150,10 +161,7 @@ def write_shard(
     shards_dir.mkdir(parents=True, exist_ok=True)
     temporary = shards_dir / f"{TMP_PREFIX}{name}-{uuid.uuid4().hex}"
     try:
-        build = {
-            **({} if generation is None else {"generation": generation}),
-            **({} if fingerprint is None else {"fingerprint_sha256": fingerprint_sha256(fingerprint)}),
-        }
+        build = build_attributes(generation, fingerprint)
         _write_group(temporary, columns, shard_index, kind_spec, encoding_spec, compressor, codebook, build)
         record_checksums(temporary)
         if durable:

@@ -2,22 +2,26 @@
 
 Decoding by hand from arrays read with zarr-python (the recipe STORE_FORMAT.md §4
 gives) must equal what the store returns; a byte flipped in a shard's codebook
-copy or in the store's `codebook/` group is a verify problem; and on Gaussian
-states with uneven per-dimension spreads the error stays near the textbook
-values of 4- and 2-level quantizers.
+copy or in the store's `codebook/` group is a verify problem; a codebook of
+another build or model, or one a shard does not copy, is refused by finalize
+and reported by verify; and on Gaussian states with uneven per-dimension
+spreads the error stays near the textbook values of 4- and 2-level quantizers.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 
-from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook, write_codebook
 from dilstore.storage.encodings import get_encoding, train_codebook
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
+from dilstore.storage.fingerprint import fingerprint_sha256
 from dilstore.storage.format import StoreFormatError, shard_path
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import PassageRecord
@@ -97,6 +101,55 @@ def test_a_codebook_for_another_shape_or_encoding_is_refused(tmp_path: Path) -> 
     write_codebook(tmp_path / "book", "2bit", codebook, (DIMS,))
     with pytest.raises(StoreFormatError, match="not '1bit'"):
         read_codebook(tmp_path / "book", "1bit")
+
+
+def _unfinalized(root: Path, generation: str, *, book_generation: str, book_model: str = "dilbert",
+                 copied: bool = True) -> None:
+    """Two 2bit shards of build `generation`, and a codebook of build `book_generation` made by `book_model`'s
+    fingerprint; the shards copy it (`copied`) or train their own."""
+    shards = [_records(0), _records(1)]
+    codebook = train_codebook("2bit", np.concatenate([record.states for shard in shards for record in shard]))
+    write_codebook(root / CODEBOOK_DIR, "2bit", codebook, (DIMS,), generation=book_generation,
+                   fingerprint=fingerprint_for(book_model, "2bit"))
+    for index, records in enumerate(shards):
+        write_shard(root, index, records, kind="dilbert", encoding="2bit", durable=False,
+                    codebook=codebook if copied else None, generation=generation,
+                    fingerprint=fingerprint_for("dilbert", "2bit"))
+
+
+@pytest.mark.parametrize(
+    ("book_generation", "book_model", "copied", "message"),
+    [
+        ("theirs", "dilbert", True, "codebook belongs to build 'theirs', the store to 'mine'"),
+        ("mine", "earl-s1", True, "codebook was made by another model than the fingerprint says"),
+        ("mine", "dilbert", False, "shard-00000: its codebook copy states/mean differs from codebook/mean"),
+    ],
+)
+def test_finalize_refuses_a_codebook_of_another_build_or_model_or_that_a_shard_does_not_copy(
+    tmp_path: Path, book_generation: str, book_model: str, copied: bool, message: str
+) -> None:
+    _unfinalized(tmp_path, "mine", book_generation=book_generation, book_model=book_model, copied=copied)
+    with pytest.raises(DilstoreError, match=message):
+        finalize(tmp_path, fingerprint_for("dilbert", "2bit"), generation="mine")
+
+
+def test_the_codebook_records_the_build_and_verify_tells_an_edited_one(tmp_path: Path) -> None:
+    _unfinalized(tmp_path, "mine", book_generation="mine")
+    (tmp_path / ".tmp-codebook-0123").mkdir()  # a run killed while it wrote the codebook
+    finalize(tmp_path, fingerprint_for("dilbert", "2bit"), generation="mine")
+    assert not (tmp_path / ".tmp-codebook-0123").exists()
+    expected = {"generation": "mine", "fingerprint_sha256": fingerprint_sha256(fingerprint_for("dilbert", "2bit"))}
+    assert codebook_build(tmp_path / CODEBOOK_DIR) == expected
+    assert verify_store(tmp_path).ok
+    (tmp_path / CODEBOOK_DIR / "notes.txt").write_text("not the store's")
+    attributes = tmp_path / CODEBOOK_DIR / "zarr.json"
+    metadata = json.loads(attributes.read_text())
+    metadata["attributes"]["dilstore"]["generation"] = "edited"
+    attributes.write_text(json.dumps(metadata))
+    problems = verify_store(tmp_path).problems
+    assert "codebook/notes.txt: inside the store's data but not in the manifest" in problems
+    assert any(problem.startswith("codebook/zarr.json: ") for problem in problems)  # its checksum entry
+    assert "codebook belongs to build 'edited', the store to 'mine'" in problems
 
 
 @pytest.mark.parametrize(("encoding", "bound"), [("2bit", 0.16), ("1bit", 0.40)])
