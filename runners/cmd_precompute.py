@@ -349,6 +349,10 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     from dilstore.reader.offline.encoding import cached_reader
 
     refuse_url("--output", args.output)
+    if args.codebook is not None:
+        refuse_url("--codebook", args.codebook)
+        if not needs_codebook(args.encoding):
+            raise DilstoreError(f"--codebook is for the 2bit and 1bit encodings, not {args.encoding}")
     inputs = resolve_inputs(args.input, args.format)
     model, layers = resolve_model(args.model, args.layers, args.kind)
     reader = cached_reader(model, args.kind, layers)
@@ -362,8 +366,6 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     if args.max_length > positions:
         raise DilstoreError(f"--max-length {args.max_length} exceeds the model's {positions} positions")
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)
-    if args.codebook is not None and not needs_codebook(args.encoding):
-        raise DilstoreError(f"--codebook is for the 2bit and 1bit encodings, not {args.encoding}")
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     job = PrecomputeJob(
         inputs=inputs,
