@@ -5,10 +5,12 @@
 # python3 has torch, transformers and setuptools, which is all `train qa` and `evaluate-rc` need; the
 # script installs the checkout there without dependencies (`pip install --no-deps -e .`) so that the
 # `dilstore` namespace resolves. Prepare the carried folder here (git-ignored):
-#   .carry/reader/base-fp16/           all-MiniLM-L6-v2 with fp16 weights (package:base-model)
+#   .carry/base-minilm-fp16/           all-MiniLM-L6-v2 with fp16 weights (package:base-model; the
+#                                      one benchmarks/train_rankers_gpu.py prepare writes)
 #   .carry/reader/train-v1.1.json.gz   gzip -c ../shared/data/squad/train-v1.1.json
-#   .carry/reader/dev-v1.1.json        ../shared/data/squad/dev-v1.1.json
+#   .carry/reader/dev-v1.1.json.gz     gzip -c ../shared/data/squad/dev-v1.1.json
 #   .carry/reader/teacher-k0/          (students stage) the teacher that the teacher stage exported
+# CARRY and BASE name other folders for those (a smoke test with tiny files, say).
 #
 #   benchmarks/gpu_reader_runs.sh teacher            k=0 from the base model
 #   benchmarks/gpu_reader_runs.sh students K [K ...]   each K from the teacher, distilled, in parallel
@@ -26,7 +28,8 @@ set -euo pipefail
 shopt -s nullglob
 stage=$1
 shift
-carry=.carry/reader
+carry=${CARRY:-.carry/reader}
+base=${BASE:-.carry/base-minilm-fp16}
 runs=${RUNS:-/tmp/reader-runs}
 out=${OUT:-/tmp/reader-out}
 device=${DEVICE:-cuda}
@@ -39,17 +42,18 @@ export PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_B
 python3 -c "import dilstore.runners.cli" 2>/dev/null \
   || python3 -m pip install --quiet --no-deps --no-build-isolation --no-index -e . > "$runs/install.log"
 gunzip -c "$carry/train-v1.1.json.gz" > "$runs/train-v1.1.json"
+gunzip -c "$carry/dev-v1.1.json.gz" > "$runs/dev-v1.1.json"
 
 train() {  # NAME K MODEL [extra train options]
   local name=$1 k=$2 model=$3
   shift 3
   python3 -m dilstore train qa --layers "$k" --model "$model" --train "$runs/train-v1.1.json" \
-    --dev "$carry/dev-v1.1.json" --output "$runs/$name" --epochs 2 --batch-size 32 --learning-rate 1e-4 \
+    --dev "$runs/dev-v1.1.json" --output "$runs/$name" --epochs 2 --batch-size 32 --learning-rate 1e-4 \
     --save-every 1000 --keep-checkpoints 50 --log-every 100 --device "$device" --no-progress --json $EXTRA "$@" \
     > "$results/$name.json" 2> "$results/$name.log"
   for checkpoint in "$runs/$name"/checkpoints/step-* "$runs/$name"; do
     printf '{"checkpoint": "%s", "eval": %s}\n' "$(basename "$checkpoint")" "$(python3 -m dilstore evaluate-rc \
-      --model "$checkpoint" --data "$carry/dev-v1.1.json" --limit 1000 --seed 0 --device "$device" --json)"
+      --model "$checkpoint" --data "$runs/dev-v1.1.json" --limit 1000 --seed 0 --device "$device" --json)"
   done > "$results/$name-curve.jsonl"
 }
 
@@ -64,7 +68,7 @@ package_checkpoint(Path(sys.argv[1]), Path(sys.argv[2]), '')" "$runs/$name" "$ru
 
 case $stage in
   teacher)
-    train k0 0 "$carry/base-fp16"
+    train k0 0 "$base"
     ;;
   students)
     for k in "$@"; do

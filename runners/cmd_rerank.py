@@ -46,8 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="leave out top-depth documents the store lacks (counted) instead of stopping with an error",
     )  # fmt: skip
     parser.add_argument(
-        "--max-query-length", type=int, help="query tokens kept; longer queries are truncated (default 64)"
-    )
+        "--max-query-length", type=int,
+        help="query tokens kept; longer queries are truncated (default: the length the ranker was trained with, "
+             "from its dilstore_training.json; 32 without one)",
+    )  # fmt: skip
     parser.add_argument(
         "--pair-batch-tokens", type=int, help="padded query+document tokens per judging batch (default 8192)"
     )
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if stats.skipped:
         print(f"{stats.skipped} document(s) not in the store left out")
     if stats.truncated_queries:
-        print(f"{stats.truncated_queries} query(ies) truncated to {reranker.settings.max_query_length} tokens")
+        print(f"{stats.truncated_queries} query(ies) truncated to {reranker.max_query_length} tokens")
     timings = summary["timings"]
     print("timings: " + " | ".join(f"{label} {timings[stage]:.2f} s" for stage, label in _STAGE_LABELS.items()))
     return 0

@@ -55,10 +55,11 @@ def filtered_stderr() -> Iterator[None]:
     """While the block runs, drop the worker-noise lines that child processes write to file descriptor 2.
 
     Descriptor 2 becomes a pipe that a thread copies line by line to the
-    real stderr, leaving out lines that name Beam's known noise; Python's
-    own `sys.stderr` is pointed at the real stderr, so this process's
-    writes (a progress bar's carriage returns included) pass unbuffered.
-    Does nothing with --verbose.
+    real stderr, leaving out lines that name Beam's known noise. Where
+    Python's own `sys.stderr` writes to descriptor 2, it is pointed at the
+    real stderr, so this process's writes (a progress bar's carriage returns
+    included) pass unbuffered; a `sys.stderr` that writes elsewhere (a
+    caller's capture, a redirect) is left as it is. Does nothing with --verbose.
     """
     if not is_quiet():
         yield
@@ -69,10 +70,13 @@ def filtered_stderr() -> Iterator[None]:
     os.dup2(write_end, 2)
     os.close(write_end)
     saved = sys.stderr
-    sys.stderr = os.fdopen(os.dup(real), "w", buffering=1, encoding=saved.encoding, errors=saved.errors)
+    if _writes_descriptor_2(saved):
+        sys.stderr = os.fdopen(os.dup(real), "w", buffering=1, encoding=saved.encoding, errors=saved.errors)
+
+    target = os.dup(real)  # the copier's own descriptor: `real` may close before the thread first runs
 
     def copy() -> None:
-        with os.fdopen(read_end, "rb") as lines, os.fdopen(os.dup(real), "wb", buffering=0) as out:
+        with os.fdopen(read_end, "rb") as lines, os.fdopen(target, "wb", buffering=0) as out:
             for line in lines:
                 if not any(noise.encode() in line for noise in _WORKER_NOISE):
                     out.write(line)
@@ -86,5 +90,14 @@ def filtered_stderr() -> Iterator[None]:
         os.dup2(real, 2)  # closes the pipe's last write end in this process: the copier sees EOF
         os.close(real)
         copier.join(timeout=5)
-        sys.stderr.close()
-        sys.stderr = saved
+        if sys.stderr is not saved:
+            sys.stderr.close()
+            sys.stderr = saved
+
+
+def _writes_descriptor_2(stream: object) -> bool:
+    """Whether a text stream writes to file descriptor 2 (not a capture object or another file)."""
+    try:
+        return stream.fileno() == 2  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return False

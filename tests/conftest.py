@@ -6,6 +6,7 @@ so that tests which need neither never load them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,3 +43,21 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-base"))
+
+
+@pytest.fixture(autouse=True)
+def output_switches_restored() -> Iterator[None]:
+    """Undo, after each test, the quiet switches that an in-process `cli.main` sets in os.environ.
+
+    runners/quiet.configure sets them for the rest of a process (right for the
+    command line); without this, one test's command would change what later
+    tests on the same worker see.
+    """
+    names = ("DILSTORE_QUIET", "TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")
+    before = {name: os.environ.get(name) for name in names}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

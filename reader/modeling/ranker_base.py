@@ -9,7 +9,8 @@ once here:
 
     from_encoder     copy the encoder's config, build the ranker, `_initialise_from` its weights
     from_base        from_encoder over a plain Hugging Face BERT directory (load_base_encoder)
-    from_pretrained  `_read_checkpoint`, build the ranker with `_checkpoint_options`, `_load_checkpoint_state`
+    from_pretrained  `_read_checkpoint`, build the ranker with `_checkpoint_options`, `_load_checkpoint_state`,
+                     and take the query length it was trained with (`trained_query_length`)
     save_pretrained  config.json, tokenizer, model.safetensors and `metadata()` as dilstore.json
     score_texts      score_text_pairs over the ranker's own tokenize_query, tokenize_document, score_groups
 """
@@ -17,6 +18,7 @@ once here:
 from __future__ import annotations
 
 import copy
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +28,7 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
-from dilstore.reader.modeling.checkpoints import CheckpointMetadata
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, CheckpointMetadata
 from dilstore.reader.modeling.dilbert import HEAD_INIT_SEED
 from dilstore.reader.modeling.earl_checkpoints import (
     EarlCheckpoint,
@@ -57,6 +59,8 @@ class RankerBase(nn.Module, ABC):
         self.config = config
         self.tokenizer = tokenizer
         self.num_layers: int = config.num_hidden_layers
+        # Query tokens ([CLS] and [SEP] included) the ranker was trained with; serving keeps the same.
+        self.max_query_length: int = DEFAULT_MAX_QUERY_LENGTH
 
     @classmethod
     def from_encoder(cls, encoder: BertModel, tokenizer: PreTrainedTokenizerBase, *options: Any) -> Self:
@@ -88,6 +92,7 @@ class RankerBase(nn.Module, ABC):
         with torch.random.fork_rng(devices=[]):
             ranker = cls(checkpoint.config, checkpoint.tokenizer, *cls._checkpoint_options(checkpoint.metadata))
         ranker._load_checkpoint_state(checkpoint)
+        ranker.max_query_length = trained_query_length(Path(path))
         return ranker.eval()
 
     def save_pretrained(self, path: str | Path) -> Path:
@@ -146,3 +151,24 @@ def init_score_head(head: nn.Linear, std: float) -> None:
         torch.manual_seed(HEAD_INIT_SEED)
         nn.init.normal_(head.weight, std=std)
     nn.init.zeros_(head.bias)
+
+
+def trained_query_length(path: Path) -> int:
+    """The query length a checkpoint was trained with (its training record's config), else DEFAULT_MAX_QUERY_LENGTH.
+
+    One value serves training and serving: a ranker reranks queries cut the
+    way it saw them. A checkpoint without a training record (or one that
+    names no length) gets the default that training uses.
+    """
+    record = path / TRAINING_METADATA_FILE
+    if not record.is_file():
+        return DEFAULT_MAX_QUERY_LENGTH
+    try:
+        length = json.loads(record.read_text(encoding="utf-8")).get("config", {}).get("max_query_length")
+    except (ValueError, AttributeError) as error:
+        raise DilstoreError(f"{record}: not a training record ({error})") from error
+    if length is None:
+        return DEFAULT_MAX_QUERY_LENGTH
+    if isinstance(length, bool) or not isinstance(length, int) or length < 3:
+        raise DilstoreError(f"{record}: config.max_query_length must be an integer of at least 3, got {length!r}")
+    return length

@@ -60,7 +60,6 @@ EARL_S1, EARL_S2 = "earl-s1", "earl-s2"
 EARL_KINDS = (EARL_S1, EARL_S2)
 RUN_TAG = "dilstore-earl"
 DEFAULT_DEPTH = 100
-DEFAULT_MAX_QUERY_LENGTH = 64
 # Padded (query + document) tokens per judging batch, and pairs per batch.
 DEFAULT_PAIR_BATCH_TOKENS = 8192
 DEFAULT_MAX_PAIRS_PER_BATCH = 64
@@ -72,19 +71,20 @@ _SHOWN = 5
 class RerankSettings:
     """How queries are cut and pairs batched.
 
-    max_query_length: query tokens kept, [CLS] and [SEP] included (longer queries are truncated).
+    max_query_length: query tokens kept, [CLS] and [SEP] included (longer queries are truncated);
+        None keeps the length the ranker was trained with (RankerBase.max_query_length).
     pair_batch_tokens, max_pairs_per_batch: limits of one judging batch, whose
         padded size is its number of pairs times (query + longest document) tokens.
     """
 
-    max_query_length: int = DEFAULT_MAX_QUERY_LENGTH
+    max_query_length: int | None = None
     pair_batch_tokens: int = DEFAULT_PAIR_BATCH_TOKENS
     max_pairs_per_batch: int = DEFAULT_MAX_PAIRS_PER_BATCH
 
     def __post_init__(self) -> None:
         limits = ("pair_batch_tokens", "max_pairs_per_batch")
         require_at_least_one({name: getattr(self, name) for name in limits}, dashed=False)
-        if self.max_query_length < 3:
+        if self.max_query_length is not None and self.max_query_length < 3:
             raise DilstoreError(f"max_query_length must be at least 3, got {self.max_query_length}")
 
 
@@ -166,6 +166,7 @@ class EarlReranker:
         self.model = model.eval()
         self.store = store
         self.settings = settings or RerankSettings()
+        self.max_query_length = self.settings.max_query_length or model.max_query_length
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model.to(self.device)
 
@@ -233,7 +234,7 @@ class EarlReranker:
         """`[CLS] q [SEP]`, truncated to max_query_length (counted in stats)."""
         if not isinstance(query, str) or not query.strip():
             raise DilstoreError("the query is empty")
-        tokens = encode_question(self.model.tokenizer, query, self.settings.max_query_length)
+        tokens = encode_question(self.model.tokenizer, query, self.max_query_length)
         stats.truncated_queries += int(tokens.truncated)
         return tokens
 

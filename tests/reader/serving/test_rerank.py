@@ -25,7 +25,9 @@ from transformers import BertConfig, BertModel
 
 from dilstore.reader.data.trec import rank_documents, read_run, write_run
 from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_QUERY_LENGTH
 from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME
 from dilstore.reader.serving.rerank import EarlReranker, RerankSettings, RerankStats, open_reranker
 from dilstore.reader.text.tokenization import encode_document
@@ -421,3 +423,25 @@ def test_run_passages_script_cuts_the_run_documents_from_a_corpus(tmp_path: Path
     corpus.write_text(corpus.read_text() + "{not json\n")
     assert script.main(["--run", str(tmp_path / "first.trec"), "--corpus", str(corpus), "--output", str(output)]) == 2
     assert f"{corpus}:{len(DOCUMENTS) + 1}: bad JSON" in capsys.readouterr().err
+
+
+def test_queries_are_cut_at_the_length_the_ranker_was_trained_with(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path
+) -> None:
+    """One query length for training and serving: the training record's, unless the settings name one."""
+    query = "which mountain has a glacier that is shrinking fast in the warm african sun"
+    assert open_reranker(store("earl-s1"), model_dir).max_query_length == DEFAULT_MAX_QUERY_LENGTH == 32
+    trained = shutil.copytree(model_dir, tmp_path / "trained")
+    record = trained / TRAINING_METADATA_FILE
+    record.write_text(json.dumps({"config": {"max_query_length": 6}}), encoding="utf-8")
+    reranker = open_reranker(store("earl-s1"), trained)
+    stats = RerankStats()
+    reranker.rerank(query, ["kili"], stats=stats)
+    assert (reranker.max_query_length, stats.truncated_queries) == (6, 1)
+    wide = open_reranker(store("earl-s1"), trained, settings=RerankSettings(max_query_length=64))
+    stats = RerankStats()
+    wide.rerank(query, ["kili"], stats=stats)
+    assert (wide.max_query_length, stats.truncated_queries) == (64, 0)
+    record.write_text(json.dumps({"config": {"max_query_length": "long"}}), encoding="utf-8")
+    with pytest.raises(DilstoreError, match=r"dilstore_training.json: config.max_query_length must be an integer"):
+        EarlRanker.from_pretrained(trained)

@@ -1,0 +1,99 @@
+"""Quiet by default (runners/quiet.py): the switches, the worker-noise filter, and what a command prints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dilstore.runners import quiet
+from tests.fixtures.pipeline_fixtures import save_tiny_reader, wiki_like_documents, write_jsonl
+
+NOISE = "WARNING: apitools not found; Logging handler created."
+KEPT = "a line a user wants to see"
+
+
+def child_writes_to_stderr(*lines: str) -> None:
+    """A child process (as a Beam worker is) that writes `lines` to its inherited descriptor 2."""
+    code = "import sys\nfor line in sys.argv[1:]:\n    print(line, file=sys.stderr)"
+    subprocess.run([sys.executable, "-c", code, *lines], check=True)
+
+
+@pytest.fixture
+def quiet_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(quiet.QUIET_ENV, "1")
+
+
+def test_configure_sets_the_switches_for_child_processes_and_verbose_clears_them(monkeypatch) -> None:
+    for name in (quiet.QUIET_ENV, "TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.delenv(name, raising=False)
+    quiet.configure(verbose=False)
+    assert quiet.is_quiet()
+    assert os.environ["TRANSFORMERS_VERBOSITY"] == "error" and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    quiet.configure(verbose=True)
+    assert not quiet.is_quiet()
+
+
+def test_a_child_process_noise_line_is_dropped_and_its_other_lines_kept(quiet_on, capfd) -> None:
+    with quiet.filtered_stderr():
+        child_writes_to_stderr(NOISE, KEPT, "bigquery client libraries are not available")
+    err = capfd.readouterr().err
+    assert KEPT in err
+    assert "apitools" not in err and "bigquery" not in err
+
+
+def test_verbose_lets_the_noise_through(monkeypatch, capfd) -> None:
+    monkeypatch.delenv(quiet.QUIET_ENV, raising=False)
+    with quiet.filtered_stderr():
+        child_writes_to_stderr(NOISE)
+    assert NOISE in capfd.readouterr().err
+
+
+def test_this_process_writes_reach_a_captured_sys_stderr(quiet_on, capsys) -> None:
+    """A sys.stderr that is not descriptor 2 (pytest's capture here) keeps what the block writes to it."""
+    captured_stream = sys.stderr
+    with quiet.filtered_stderr():
+        print("\rprogress 3/3", file=sys.stderr)
+    assert sys.stderr is captured_stream
+    assert "progress 3/3" in capsys.readouterr().err
+
+
+def test_this_process_writes_on_descriptor_2_pass_unfiltered(tmp_path: Path) -> None:
+    """In a real process, sys.stderr writes (even a noise-like one) go straight to the terminal's descriptor."""
+    code = (
+        "import os, sys\n"
+        f"os.environ[{quiet.QUIET_ENV!r}] = '1'\n"
+        "from dilstore.runners.quiet import filtered_stderr\n"
+        "with filtered_stderr():\n"
+        f"    print({NOISE!r}, file=sys.stderr)\n"
+        f"    os.write(2, b{(NOISE + chr(10))!r}.replace(b'WARNING', b'CHILD'))\n"
+        "print('after', file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stderr.splitlines() == [NOISE, "after"]
+
+
+def test_precompute_prints_no_library_noise_and_verbose_restores_it(tmp_path: Path) -> None:
+    """The CLI end to end with two Beam worker processes, which log on their own stderr.
+
+    Quiet, stderr stays empty (--no-progress); --verbose shows the workers' logging lines.
+    """
+    model = save_tiny_reader(tmp_path / "tiny")
+    corpus = write_jsonl(tmp_path / "docs.jsonl", wiki_like_documents(6))
+    env = {key: value for key, value in os.environ.items() if key not in
+           (quiet.QUIET_ENV, "TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")}  # fmt: skip
+
+    def precompute(output: str, *extra: str) -> str:
+        args = [sys.executable, "-m", "dilstore", "precompute", "--input", str(corpus), "--output",
+                str(tmp_path / output), "--model", str(model), "--max-length", "48", "--workers", "2", *extra]
+        result = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stderr
+
+    quiet_err = precompute("quiet", "--no-progress")
+    assert quiet_err.strip() == "", quiet_err
+    verbose_err = precompute("verbose", "--no-progress", "--verbose")
+    assert "apitools not found" in verbose_err and "Logging handler created" in verbose_err
