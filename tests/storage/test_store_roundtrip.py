@@ -71,7 +71,11 @@ def _shard_arrays(root: Path, shard: int, encoding: str) -> dict[str, np.ndarray
 
 
 def _residual_bound(original: np.ndarray, stored: dict[str, np.ndarray], shard_states: np.ndarray) -> np.ndarray:
-    """Largest error a value may have: its token scale times the width of its bucket. `(n, *S)`."""
+    """Largest error a value may have: its token scale times the width of its bucket. `(n, *S)`.
+
+    A token vector whose residual RMS is at most 2**-25 (half float16's smallest step) gets the scale 0 and
+    decodes to the mean (STORE_FORMAT.md §4: divide by 1 where s = 0), so its error is its residual.
+    """
     mean, cutoffs = stored["mean"], stored["cutoffs"]  # (*S), (K-1, *S)
     if original.size == 0:
         return np.zeros(original.shape, dtype=np.float32)
@@ -88,7 +92,8 @@ def _residual_bound(original: np.ndarray, stored: dict[str, np.ndarray], shard_s
     buckets = (values[..., None, :] > np.moveaxis(cutoffs, 0, -2)).sum(axis=-2)  # (n, *S)
     width = np.take_along_axis(edges[1:][None], buckets[:, None], 1)[:, 0] - np.take_along_axis(
         edges[:-1][None], buckets[:, None], 1)[:, 0]  # (n, *S)
-    return scales * width + 1e-4 * (np.abs(original) + np.abs(mean)) + 1e-30
+    bucket = np.where(scales > 0, scales * width, np.abs(original - mean))  # (n, *S)
+    return bucket + 1e-4 * (np.abs(original) + np.abs(mean)) + 1e-30
 
 
 def _check_decoded(encoding: str, original: np.ndarray, decoded: np.ndarray, stored: dict[str, np.ndarray],
