@@ -26,6 +26,8 @@ from dilstore.pipelines.routing import ReadTask, RouteSettings
 from dilstore.pipelines.shard_sink import ShardSettings
 from dilstore.reader.batching import BatchPolicy
 from dilstore.storage.atomic_files import atomic_write_text
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
+from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import MANIFEST_FILE
@@ -43,7 +45,9 @@ class PrecomputeJob:
     (epoch seconds) for the summary's `seconds`. progress_dir: folder for
     live progress files (local runners), or None. compressor: None
     (uncompressed, memory-mappable) or a storage compressor name ("zstd",
-    "blosc"). creation: facts recorded in the manifest (command line, runner).
+    "blosc"). codebook: a codebook folder given with `--codebook` for a
+    2bit/1bit run, or None to train one on a sample (pipelines/codebook.py).
+    creation: facts recorded in the manifest (command line, runner).
     """
 
     inputs: tuple[ReadTask, ...]
@@ -59,6 +63,7 @@ class PrecomputeJob:
     started_at: float
     progress_dir: str | None = None
     compressor: str | None = None
+    codebook: str | None = None
     generation: str | None = None
     # Where the store ends up when it is built elsewhere (an --overwrite replacement, built beside it).
     destination: str | None = None
@@ -85,17 +90,21 @@ class PrecomputeJob:
     def shard_settings(self) -> ShardSettings:
         return ShardSettings(
             store=self.store, kind=self.kind, encoding=self.encoding, policy=self.policy, compressor=self.compressor,
+            codebook=str(Path(self.store) / CODEBOOK_DIR) if get_encoding(self.encoding).codebook else None,
             generation=self.generation, fingerprint=self.fingerprint,
         )  # fmt: skip
 
 
 def run_spec(job: PrecomputeJob) -> dict[str, Any]:
     """What fixes a store's contents: inputs (path, size, modification time), format, split, shards, model
-    fingerprint, compression.
+    fingerprint, compression, a given codebook.
 
     The modification time makes an input edited in place (same size) a
     different spec, so a re-run does not call the old store complete.
-    `compression` is only present for a compressed store.
+    `compression` is only present for a compressed store, and `codebook` (the
+    SHA-256 of its arrays) only for a codebook given with `--codebook`, so a
+    given codebook is part of the spec and of the generation made from it. A
+    sampled codebook needs no entry: it follows from the inputs and the model.
     """
     spec: dict[str, Any] = {"inputs": [_input_entry(task.path, task.format) for task in job.inputs],
         "split": job.strategy,
@@ -104,6 +113,8 @@ def run_spec(job: PrecomputeJob) -> dict[str, Any]:
     }
     if job.compressor is not None:
         spec["compression"] = job.compressor
+    if job.codebook is not None:
+        spec["codebook"] = codebook_digest(read_codebook(job.codebook, job.encoding)[0])
     return spec
 
 

@@ -37,6 +37,7 @@ from dilstore.pipelines.run_stats import RunStats
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import TokenizedPassage, encode_tokenized
 from dilstore.storage.atomic_files import atomic_write_bytes, atomic_write_text
+from dilstore.storage.codebook import read_codebook
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import SHARDS_DIR, shard_name
 from dilstore.storage.writer import shard_generation, write_shard
@@ -83,6 +84,7 @@ class ShardSettings:
 
     compressor: None (uncompressed, memory-mappable) or a storage compressor
     name ("zstd", "blosc") applied to every array of the store shard.
+    codebook: the store's codebook folder (2bit/1bit), read by every shard writer.
     generation: the run's build id (pipelines.job.spec_generation), recorded
     in every shard with the model's fingerprint hash.
     """
@@ -92,6 +94,7 @@ class ShardSettings:
     encoding: str
     policy: BatchPolicy
     compressor: str | None = None
+    codebook: str | None = None
     generation: str | None = None
     fingerprint: Fingerprint | None = None
 
@@ -165,9 +168,10 @@ def write_shard_outputs(
         records = encode_tokenized(reader_for(), settings.kind, pieces, settings.policy, on_batch)
         atomic_write_bytes(parquet_path(store, shard), passage_table_bytes(pieces))
         atomic_write_text(jsonl_path(store, shard), collection_jsonl(pieces))
+        codebook = None if settings.codebook is None else read_codebook(settings.codebook, settings.encoding)[0]
         write_shard(
             store, shard, records, kind=settings.kind, encoding=settings.encoding, compressor=settings.compressor,
-            generation=settings.generation, fingerprint=settings.fingerprint,
+            codebook=codebook, generation=settings.generation, fingerprint=settings.fingerprint,
         )  # fmt: skip
     stats = RunStats(
         passages=len(pieces),

@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
 
 DEFAULT_OUTPUT = "dilstore-store"
 KINDS = ("dilbert", "earl-s1", "earl-s2")
-ENCODINGS = ("fp32", "fp16", "int8")
+ENCODINGS = ("fp32", "fp16", "int8", "2bit", "1bit")
 COMPRESSIONS = ("none", *COMPRESSORS)
 SPLITS = ("words", "paragraphs", "none")
 FORMATS = ("jsonl", "msmarco", "squad", "wikipedia")
@@ -107,6 +107,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "earl-s2 (default: the checkpoint's own; with a plain encoder directory k is required "
                             "and N defaults to l-2; an EARL checkpoint's N cannot be changed)")
     model.add_argument("--encoding", choices=ENCODINGS, default="fp16", help="state encoding (default fp16)")
+    model.add_argument("--codebook", type=Path, metavar="DIR",
+                       help="2bit/1bit only: use this codebook folder (e.g. another store's codebook/, to append "
+                            "with the same codes) instead of training one on a seeded sample of the corpus")
     model.add_argument("--compression", choices=COMPRESSIONS, default="none",
                        help="optional, for cold storage; only ~1.1x on hidden states; compressed stores are read "
                             "through zarr-python instead of memory maps (default none)")
@@ -337,6 +340,7 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
 
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
+    from dilstore.pipelines.codebook import needs_codebook
     from dilstore.pipelines.job import PrecomputeJob, run_spec, spec_generation
     from dilstore.pipelines.sharding import default_shard_count
     from dilstore.reader.modeling.fingerprint import model_fingerprint
@@ -345,6 +349,10 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     from dilstore.reader.offline.encoding import cached_reader
 
     refuse_url("--output", args.output)
+    if args.codebook is not None:
+        refuse_url("--codebook", args.codebook)
+        if not needs_codebook(args.encoding):
+            raise DilstoreError(f"--codebook is for the 2bit and 1bit encodings, not {args.encoding}")
     inputs = resolve_inputs(args.input, args.format)
     model, layers = resolve_model(args.model, args.layers, args.kind)
     reader = cached_reader(model, args.kind, layers)
@@ -370,6 +378,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         policy=BatchPolicy(batch_tokens=args.batch_tokens),
         threads=threads,
         compressor=compressor_of(args.compression),
+        codebook=None if args.codebook is None else str(args.codebook.resolve()),
         runner=runner,
         started_at=started,
         progress_dir=progress_dir,
@@ -426,6 +435,20 @@ def quiet_dask_logging() -> None:
     logging.getLogger("distributed").setLevel(logging.WARNING)
 
 
+def build_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Build the store at `job.store` (the folder being written, under the write lock); the run summary.
+
+    A 2bit/1bit run first puts its codebook in that folder (pipelines/codebook.py),
+    so an --overwrite replacement gets its own, inside the folder it is built in.
+    """
+    from dilstore.pipelines.codebook import needs_codebook, prepare_codebook
+    from dilstore.reader.offline.encoding import checked_reader
+
+    if needs_codebook(job.encoding):
+        prepare_codebook(job, checked_reader(job.model, job.layers, job.fingerprint))
+    return run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run `dilstore precompute` and print its summary; 0 on success."""
     started = time.time()
@@ -456,9 +479,9 @@ def run_command(args: argparse.Namespace) -> int:
                 check_replaceable(store, [task.path for task in job.inputs])
                 building = replacement_dir(store, spec)
                 built = dataclasses.replace(job, store=str(building), destination=job.store)
-                summary = run_pipeline(built, runner, args.beam_args, args.workers, not args.no_progress)
+                summary = build_store(built, runner, args)
                 swap_in(store, building)
             else:
-                summary = run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
+                summary = build_store(job, runner, args)
     print_summary(summary, args.json)
     return 0

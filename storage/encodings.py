@@ -17,10 +17,22 @@ old stores keep reading.
   per-token int8, 0.87-0.96% with channel scales; tests/test_store_int8_minilm.py).
   Powers of two keep the channel step exact. Arrays: `codes (T, *S) int8`,
   `scales (T, *S[:-1]) float32` and `channel_scales (*S) float32`.
+- 2bit / 1bit: residual codes against a codebook trained on a sample of the
+  corpus's own states (`train_codebook`): subtract a per-dimension mean, divide
+  by a per-token float16 scale (the residual's RMS), and store each dimension's
+  bucket among 4 (2) per-dimension quantile buckets; decoding puts back the
+  bucket's mean. Codes are packed big-endian within a byte (first dimension in
+  the high bits). Arrays: `codes (T, *S[:-1], ceil(d*bits/8)) uint8`,
+  `scales (T, *S[:-1]) float16`, and the codebook, per shard: `mean (*S)`,
+  `cutoffs (2**bits - 1, *S)`, `weights (2**bits, *S)` float32. Quantile
+  buckets beat uniform levels on BERT-like states, whose dimensions have
+  different, heavy-tailed spreads; BENCHMARKS.md compares them with faiss
+  product quantization at the same size.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -33,6 +45,9 @@ _BLOCK_ROWS = 8192
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 _INT8_LEVELS = 127
 _MIN_EXPONENT, _MAX_EXPONENT = -126, 127
+# Tokens of a seeded sample a codebook is trained on when none is given.
+CODEBOOK_SAMPLE_TOKENS = 65536
+CODEBOOK_SEED = 0
 
 Shape = tuple[int, ...]
 
@@ -58,19 +73,24 @@ class EncodedArray:
 class Encoding:
     """A named on-disk encoding of per-token states.
 
-    encode: float32 `(T, *S)` -> its arrays by name. decode: one passage's
-    per-token arrays (sliced to its n tokens) plus the shard arrays -> states
-    `(n, *S)` of `output_dtype`. zero_copy: decode returns the stored array
-    itself, so memory-mapped reads stay views.
+    encode: float32 `(T, *S)` and the codebook (None without one) -> its
+    arrays by name. decode: one passage's per-token arrays (sliced to its n
+    tokens) plus the shard arrays -> states `(n, *S)` of `output_dtype`.
+    zero_copy: decode returns the stored array itself, so memory-mapped reads
+    stay views. train: a sample of states `(N, *S)` -> the codebook (the
+    per-shard arrays named in `codebook`), for encodings that need one; the
+    same codebook is given to every shard of a store, and each shard keeps a copy.
     """
 
     name: str
     description: str
     arrays: tuple[EncodedArray, ...]
-    encode: Callable[[np.ndarray], dict[str, np.ndarray]]
+    encode: Callable[[np.ndarray, Mapping[str, np.ndarray] | None], dict[str, np.ndarray]]
     decode: Callable[[Mapping[str, np.ndarray]], np.ndarray]
     output_dtype: str
     zero_copy: bool
+    train: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
+    codebook: tuple[str, ...] = ()
 
     def array(self, name: str) -> EncodedArray:
         """The spec of array `name` of this encoding."""
@@ -97,11 +117,17 @@ def _positive_finite(values: np.ndarray) -> str | None:
     return None if (np.isfinite(values) & (values > 0)).all() else "holds zero, negative, NaN or infinite scales"
 
 
-def _encode_fp32(states: np.ndarray) -> dict[str, np.ndarray]:
+def _finite_sorted(values: np.ndarray) -> str | None:
+    if not np.isfinite(values).all():
+        return "holds NaN or infinite values"
+    return None if (np.diff(values, axis=0) >= 0).all() else "holds bucket cutoffs out of order"
+
+
+def _encode_fp32(states: np.ndarray, codebook: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     return {"values": np.ascontiguousarray(states, dtype=np.float32)}
 
 
-def _encode_fp16(states: np.ndarray) -> dict[str, np.ndarray]:
+def _encode_fp16(states: np.ndarray, codebook: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     if states.size and float(np.abs(states).max()) > _FLOAT16_MAX:
         raise StoreFormatError(
             f"states reach {float(np.abs(states).max()):.4g}, beyond float16's range ({_FLOAT16_MAX:g}); use fp32 or int8"
@@ -135,7 +161,7 @@ def channel_scales(states: np.ndarray) -> np.ndarray:
     return np.where(rms > 0, np.ldexp(1.0, exponent), 1.0).astype(np.float32)
 
 
-def _encode_int8(states: np.ndarray) -> dict[str, np.ndarray]:
+def _encode_int8(states: np.ndarray, codebook: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     channel = channel_scales(states)  # (*S)
     inverse_channel = np.float32(1) / channel  # (*S), exact: powers of two
     codes = np.empty(states.shape, dtype=np.int8)  # (T, *S)
@@ -155,6 +181,142 @@ def _encode_int8(states: np.ndarray) -> dict[str, np.ndarray]:
 def _decode_int8(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
     step = arrays["scales"][..., None] * arrays["channel_scales"]  # (n, *S)
     return np.multiply(arrays["codes"], step, dtype=np.float32)
+
+
+def sample_rows(rows: int, limit: int, seed: int = CODEBOOK_SEED) -> np.ndarray:
+    """Sorted indices of a seeded sample of at most `limit` of `rows` rows (all rows when there are fewer)."""
+    if rows <= limit:
+        return np.arange(rows)
+    return np.sort(np.random.default_rng(seed).choice(rows, size=limit, replace=False))
+
+
+def _token_scales(residuals: np.ndarray) -> np.ndarray:
+    """Per-token-vector RMS of `(rows, *S)` residuals, rounded to float16: `(rows, *S[:-1])` float16."""
+    rms = np.sqrt(np.mean(np.square(residuals, dtype=np.float64), axis=-1))  # (rows, *S[:-1])
+    return np.minimum(rms, _FLOAT16_MAX).astype(np.float16)
+
+
+def _normalized_residuals(states: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(residuals divided by their token scale `(rows, *S)` float32, the float16 scales `(rows, *S[:-1])`)."""
+    residuals = np.subtract(states, mean, dtype=np.float32)  # (rows, *S)
+    scales = _token_scales(residuals)  # (rows, *S[:-1])
+    divisor = scales.astype(np.float32)
+    np.divide(residuals, np.where(divisor > 0, divisor, np.float32(1))[..., None], out=residuals)
+    return residuals, scales
+
+
+def _buckets(normalized: np.ndarray, cutoffs: np.ndarray) -> np.ndarray:
+    """The bucket of each value: how many cutoffs lie below it. `(rows, *S)`, `(K-1, *S)` -> `(rows, *S)` uint8."""
+    buckets = np.zeros(normalized.shape, dtype=np.uint8)  # (rows, *S)
+    for cutoff in cutoffs:
+        buckets += normalized > cutoff
+    return buckets
+
+
+def _train_residual(states: np.ndarray, bits: int) -> dict[str, np.ndarray]:
+    """A residual codebook from a sample `(N, *S)`: per-dimension mean, quantile cutoffs and bucket means.
+
+    The cutoffs are the per-dimension quantiles j/K (K = 2**bits) of the
+    scale-normalized residuals, so every bucket holds about 1/K of the sample;
+    each bucket's weight is the mean of the sample values in it (the cutoffs'
+    midpoint where a bucket is empty). Everything is float64 internally and
+    deterministic for a given sample. An empty sample (a shard whose passages
+    have no tokens) gets an all-zero codebook, which no code ever refers to.
+    """
+    states = np.asarray(states, dtype=np.float32)
+    levels = 2**bits
+    if len(states) == 0:
+        return {"mean": np.zeros(states.shape[1:], dtype=np.float32),
+                "cutoffs": np.zeros((levels - 1, *states.shape[1:]), dtype=np.float32),
+                "weights": np.zeros((levels, *states.shape[1:]), dtype=np.float32)}
+    mean = states.mean(axis=0, dtype=np.float64).astype(np.float32)  # (*S)
+    normalized, _ = _normalized_residuals(states, mean)  # (N, *S)
+    cutoffs = np.quantile(normalized, np.arange(1, levels) / levels, axis=0).astype(np.float32)  # (K-1, *S)
+    buckets = _buckets(normalized, cutoffs)  # (N, *S)
+    edges = np.concatenate([cutoffs[:1] - 1, cutoffs, cutoffs[-1:] + 1])  # (K+1, *S)
+    weights = np.empty((levels, *states.shape[1:]), dtype=np.float32)  # (K, *S)
+    for level in range(levels):
+        inside = buckets == level  # (N, *S)
+        count = inside.sum(axis=0)  # (*S)
+        total = np.where(inside, normalized, 0).sum(axis=0, dtype=np.float64)  # (*S)
+        midpoint = (edges[level].astype(np.float64) + edges[level + 1]) / 2  # (*S)
+        weights[level] = np.where(count > 0, total / np.maximum(count, 1), midpoint)
+    return {"mean": mean, "cutoffs": cutoffs, "weights": weights}
+
+
+def _packed_width(dims: int, bits: int) -> int:
+    return -(-dims * bits // 8)
+
+
+def _unpack_table(bits: int) -> np.ndarray:
+    """Byte value -> its 8/bits codes, first code in the high bits: `(256, 8 // bits)` uint8."""
+    per_byte = 8 // bits
+    shifts = np.arange(per_byte - 1, -1, -1, dtype=np.uint8) * bits  # (per_byte,)
+    return ((np.arange(256, dtype=np.uint8)[:, None] >> shifts) & (2**bits - 1)).astype(np.uint8)
+
+
+_UNPACK = {bits: _unpack_table(bits) for bits in (1, 2)}
+
+
+def _encode_residual(
+    states: np.ndarray, codebook: Mapping[str, np.ndarray] | None, bits: int
+) -> dict[str, np.ndarray]:
+    if codebook is None:
+        codebook = _train_residual(states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)], bits)
+    mean, cutoffs = codebook["mean"], codebook["cutoffs"]
+    dims, per_byte = states.shape[-1], 8 // bits
+    width = _packed_width(dims, bits)
+    shifts = np.arange(per_byte - 1, -1, -1, dtype=np.uint8) * bits  # (per_byte,)
+    codes = np.empty((*states.shape[:-1], width), dtype=np.uint8)  # (T, *S[:-1], width)
+    scales = np.empty(states.shape[:-1], dtype=np.float16)  # (T, *S[:-1])
+    for start in range(0, len(states), _BLOCK_ROWS):
+        rows = slice(start, start + _BLOCK_ROWS)
+        normalized, scales[rows] = _normalized_residuals(states[rows], mean)  # (rows, *S)
+        buckets = _buckets(normalized, cutoffs)  # (rows, *S)
+        padded = np.zeros((*buckets.shape[:-1], width * per_byte), dtype=np.uint8)  # (rows, *S[:-1], width*per_byte)
+        padded[..., :dims] = buckets
+        grouped = padded.reshape(*buckets.shape[:-1], width, per_byte) << shifts  # (rows, *S[:-1], width, per_byte)
+        codes[rows] = np.bitwise_or.reduce(grouped, axis=-1)
+    return {"codes": codes, "scales": scales, **{name: np.asarray(codebook[name], dtype=np.float32)
+                                                 for name in ("mean", "cutoffs", "weights")}}
+
+
+def _decode_residual(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
+    weights = arrays["weights"]  # (K, *S)
+    levels, state_shape = weights.shape[0], weights.shape[1:]
+    codes = arrays["codes"]  # (n, *S[:-1], width)
+    n, flat = len(codes), math.prod(state_shape)
+    unpacked = _UNPACK[bits][codes]  # (n, *S[:-1], width, 8 // bits)
+    buckets = unpacked.reshape(*codes.shape[:-1], codes.shape[-1] * unpacked.shape[-1])[..., : state_shape[-1]]  # (n, *S)
+    index = buckets.reshape(n, flat) + np.arange(flat, dtype=np.intp) * levels  # (n, prod(S))
+    values = np.ascontiguousarray(np.moveaxis(weights, 0, -1)).reshape(-1)[index]  # (n, prod(S))
+    values = values.reshape(n, *state_shape)  # (n, *S)
+    values *= arrays["scales"].astype(np.float32)[..., None]
+    values += arrays["mean"]
+    return values
+
+
+def _residual_encoding(bits: int) -> Encoding:
+    levels = 2**bits
+    return Encoding(
+        name=f"{bits}bit",
+        description=f"{bits}-bit residual codes: per-dimension mean, float16 token scale, {levels} quantile buckets "
+        "per dimension from a codebook trained on the corpus",
+        arrays=(
+            EncodedArray("codes", "uint8", True, lambda shape: (*shape[:-1], _packed_width(shape[-1], bits)),
+                         lambda codes: None),
+            EncodedArray("scales", "float16", True, lambda shape: shape[:-1], _non_negative_finite),
+            EncodedArray("mean", "float32", False, _same_shape, _finite),
+            EncodedArray("cutoffs", "float32", False, lambda shape: (levels - 1, *shape), _finite_sorted),
+            EncodedArray("weights", "float32", False, lambda shape: (levels, *shape), _finite),
+        ),
+        encode=lambda states, codebook=None: _encode_residual(states, codebook, bits),
+        decode=lambda arrays: _decode_residual(arrays, bits),
+        output_dtype="float32",
+        zero_copy=False,
+        train=lambda sample: _train_residual(sample, bits),
+        codebook=("mean", "cutoffs", "weights"),
+    )
 
 
 ENCODINGS: dict[str, Encoding] = {
@@ -191,8 +353,34 @@ ENCODINGS: dict[str, Encoding] = {
             output_dtype="float32",
             zero_copy=False,
         ),
+        _residual_encoding(2),
+        _residual_encoding(1),
     )
 }
+
+
+def train_codebook(encoding: str, sample: np.ndarray) -> dict[str, np.ndarray]:
+    """The codebook of `encoding` trained on a sample of states `(N, *S)`; {} for encodings without one."""
+    spec = get_encoding(encoding)
+    return {} if spec.train is None else spec.train(np.asarray(sample, dtype=np.float32))
+
+
+def check_codebook(encoding: Encoding, codebook: Mapping[str, np.ndarray], state_shape: Shape) -> None:
+    """Raise StoreFormatError unless `codebook` has exactly the encoding's codebook arrays, shaped for `state_shape`, valid."""
+    if set(codebook) != set(encoding.codebook):
+        raise StoreFormatError(
+            f"a {encoding.name} codebook holds arrays {sorted(encoding.codebook)}, got {sorted(codebook)}"
+        )
+    for name in encoding.codebook:
+        spec = encoding.array(name)
+        values = np.asarray(codebook[name])
+        if values.shape != spec.shape(state_shape):
+            raise StoreFormatError(
+                f"codebook array {name!r} has shape {values.shape}; states {state_shape} need {spec.shape(state_shape)}"
+            )
+        problem = spec.check(values)
+        if problem:
+            raise StoreFormatError(f"codebook array {name!r} {problem}")
 
 
 def get_encoding(name: str) -> Encoding:

@@ -23,6 +23,7 @@ import zarr
 
 from dilstore.storage.arrays import decode_string
 from dilstore.storage.checksums import read_checksums
+from dilstore.storage.codebook import CODEBOOK_DIR, store_codebook_problems
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.format import (
@@ -70,6 +71,8 @@ def finalize(
     generation: the build the shards must all belong to (their writer's
     `generation`); the manifest records it, so readers can tell a store
     rebuilt under them. Shards that record the fingerprint's hash must match it.
+    A `codebook/` group (2bit/1bit) must belong to the same build and model,
+    and every shard's copy must equal it (storage.codebook.store_codebook_problems).
     Duplicate passage ids across shards raise DuplicatePassageIdError.
     """
     root = Path(store_root)
@@ -86,6 +89,10 @@ def finalize(
     contents = {index: _read_shard(location, index) for index in indices}
     state_shape, vector_size = _check_agreement(root, contents, fingerprint)
     _check_build(root, contents, fingerprint, generation)
+    codebook = store_codebook_problems(location, [shard_path(i) for i in indices], fingerprint.encoding, generation,
+                                       fingerprint)
+    if codebook:
+        raise DilstoreError(f"{root}: {'; '.join(codebook)}")
     index = build_index(
         {shard: content.ids for shard, content in contents.items()},
         {shard: content.name for shard, content in contents.items()},
@@ -114,12 +121,18 @@ def finalize(
     return manifest
 
 
-# Temporaries that finalize itself leaves at the root when it is killed: the index and manifest being written.
-_ROOT_TEMPORARIES = (f"{TMP_PREFIX}{INDEX_DIR}-", f"{TMP_PREFIX}old-{INDEX_DIR}-", f"{TMP_PREFIX}{MANIFEST_FILE}-")
+# Temporaries left at the root by a killed finalize (the index and manifest being written), or by a run killed
+# while it wrote the codebook, which happens before any shard.
+_ROOT_TEMPORARIES = (
+    f"{TMP_PREFIX}{INDEX_DIR}-",
+    f"{TMP_PREFIX}old-{INDEX_DIR}-",
+    f"{TMP_PREFIX}{MANIFEST_FILE}-",
+    f"{TMP_PREFIX}{CODEBOOK_DIR}-",
+)
 
 
 def _remove_stale_temporaries(root: Path) -> None:
-    """Remove what an earlier, killed finalize left at the root (see _ROOT_TEMPORARIES), and nothing else."""
+    """Remove what a killed finalize or codebook write left at the root (see _ROOT_TEMPORARIES), and nothing else."""
     for entry in root.iterdir():
         if entry.name.startswith(_ROOT_TEMPORARIES):
             if entry.is_dir():

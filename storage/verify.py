@@ -1,10 +1,11 @@
-"""Checking a store end to end: checksums, shapes and dtypes, offsets, strings, spans, encodings, the id index.
+"""Checking a store end to end: checksums, shapes and dtypes, offsets, strings, spans, encodings, the id index,
+the codebook.
 
 Verify reads through zarr-python (not the memory-mapped path it checks), and
 reports every problem it finds instead of stopping at the first. Files added
-after finalize outside the shard and index directories (a BM25 index, notes)
-are listed but are not problems; any file inside them that the manifest does
-not know is.
+after finalize outside the shard, index and codebook directories (a BM25
+index, notes) are listed but are not problems; any file inside them that the
+manifest does not know is.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import zarr
 
 from dilstore.storage.arrays import decode_string, offsets_are_valid
+from dilstore.storage.codebook import CODEBOOK_DIR, store_codebook_problems
 from dilstore.storage.encodings import Encoding, get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import fingerprint_sha256
@@ -99,6 +101,9 @@ def verify_store(path_or_url: str | Path, storage_options: dict[str, Any] | None
         if ids is not None:
             shard_ids[entry.index] = ids
     _guarded(report, "id index", lambda: _check_index(location, manifest, shard_ids, report))
+    shard_paths = [shard_path(entry.index) for entry in manifest.shards]
+    _guarded(report, CODEBOOK_DIR, lambda: report.problems.extend(store_codebook_problems(
+        location, shard_paths, manifest.encoding, manifest.generation, manifest.fingerprint)))  # fmt: skip
     return report
 
 
@@ -155,7 +160,7 @@ def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyRepo
     for path in present:
         if path == MANIFEST_FILE or path in manifest.files:
             continue
-        if path.startswith((f"{SHARDS_DIR}/", f"{INDEX_DIR}/")):
+        if path.startswith((f"{SHARDS_DIR}/", f"{INDEX_DIR}/", f"{CODEBOOK_DIR}/")):
             report.problems.append(f"{path}: inside the store's data but not in the manifest")
         else:
             report.untracked.append(path)

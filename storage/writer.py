@@ -18,7 +18,7 @@ import math
 import os
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,7 +28,7 @@ import zarr
 from dilstore.storage.arrays import encode_strings, write_array
 from dilstore.storage.checksums import record_checksums
 from dilstore.storage.durability import fsync_dir, fsync_tree
-from dilstore.storage.encodings import Encoding, get_encoding
+from dilstore.storage.encodings import Encoding, check_codebook, get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.format import (
@@ -107,6 +107,17 @@ def shard_generation(store_root: str | Path, shard_index: int) -> str | None:
         return None
 
 
+def build_attributes(generation: str | None, fingerprint: Fingerprint | None) -> dict[str, str]:
+    """The attributes that tie a shard or a store's codebook to its build: `generation` and `fingerprint_sha256`.
+
+    Each is left out when None, so stores made without them keep their bytes.
+    """
+    return {
+        **({} if generation is None else {"generation": generation}),
+        **({} if fingerprint is None else {"fingerprint_sha256": fingerprint_sha256(fingerprint)}),
+    }
+
+
 def write_shard(
     store_root: str | Path,
     shard_index: int,
@@ -116,17 +127,21 @@ def write_shard(
     encoding: str,
     compressor: str | None = None,
     durable: bool = True,
+    codebook: Mapping[str, np.ndarray] | None = None,
     generation: str | None = None,
     fingerprint: Fingerprint | None = None,
 ) -> ShardSummary:
     """Write `records` as shard `shard_index` of the store at `store_root` and return what was written.
 
     kind: representation kind ("dilbert", "earl-s1", "earl-s2"); encoding:
-    "fp32", "fp16" or "int8"; compressor: None (memory-mappable) or "zstd" /
-    "blosc" for cold storage. durable: fsync every file and directory before
-    the rename publishes the shard (False skips it, for scratch stores and
-    tests, where a crash may leave a visible but incomplete shard). Invalid
-    records raise DilstoreError naming the passage id and the problem.
+    "fp32", "fp16", "int8", "2bit" or "1bit"; codebook: the store-wide codebook
+    of a 2bit/1bit store (`train_codebook`), copied into the shard; without it
+    the shard trains its own on a seeded sample of its states. compressor:
+    None (memory-mappable) or "zstd" / "blosc" for cold storage. durable:
+    fsync every file and directory before the rename publishes the shard
+    (False skips it, for scratch stores and tests, where a crash may leave a
+    visible but incomplete shard). Invalid records raise DilstoreError naming
+    the passage id and the problem.
     generation: the build this shard belongs to (finalize and readers check
     that every shard of a store has the manifest's); fingerprint: the model
     that made the states, recorded as its SHA-256 so `verify` can tell an
@@ -140,15 +155,14 @@ def write_shard(
     encoding_spec = get_encoding(encoding)
     check_compressor(compressor)
     columns = _collect(records, kind_spec, name)
+    if codebook is not None:
+        check_codebook(encoding_spec, codebook, columns.state_shape)
     shards_dir = root / SHARDS_DIR
     shards_dir.mkdir(parents=True, exist_ok=True)
     temporary = shards_dir / f"{TMP_PREFIX}{name}-{uuid.uuid4().hex}"
     try:
-        build = {
-            **({} if generation is None else {"generation": generation}),
-            **({} if fingerprint is None else {"fingerprint_sha256": fingerprint_sha256(fingerprint)}),
-        }
-        _write_group(temporary, columns, shard_index, kind_spec, encoding_spec, compressor, build)
+        build = build_attributes(generation, fingerprint)
+        _write_group(temporary, columns, shard_index, kind_spec, encoding_spec, compressor, codebook, build)
         record_checksums(temporary)
         if durable:
             fsync_tree(temporary)
@@ -284,7 +298,13 @@ def _check_values(columns: _Columns) -> None:
 
 
 def _write_group(
-    path: Path, columns: _Columns, shard_index: int, kind: Kind, encoding: Encoding, compressor: str | None,
+    path: Path,
+    columns: _Columns,
+    shard_index: int,
+    kind: Kind,
+    encoding: Encoding,
+    compressor: str | None,
+    codebook: Mapping[str, np.ndarray] | None,
     build: dict[str, str],
 ) -> None:
     """Write one shard's Zarr v3 group at `path`; `build` holds its generation and fingerprint hash, if any."""
@@ -326,13 +346,14 @@ def _write_group(
     write_array(group, CHAR_SPANS, columns.char_spans, rows_per_chunk=TOKENS_PER_CHUNK, compressor=compressor,
                 dimension_names=["token", "start_end"])
     state_axes = [f"state_{axis}" for axis in range(len(columns.state_shape))]
-    for array_name, data in encoding.encode(columns.states).items():
+    for array_name, data in encoding.encode(columns.states, codebook).items():
         spec = encoding.array(array_name)
         if spec.per_token:
             axes = ["token", *state_axes[: data.ndim - 1]]
             rows = TOKENS_PER_CHUNK
-        else:
-            axes, rows = state_axes[: data.ndim], data.shape[0]
+        else:  # parameters shaped like a state, or a codebook with leading bucket axes
+            leading = [f"entry_{axis}" for axis in range(data.ndim - len(state_axes))]
+            axes, rows = [*leading, *state_axes][: data.ndim], data.shape[0]
         write_array(group, states_array(array_name), data, rows_per_chunk=rows, compressor=compressor,
                     dimension_names=axes)
 

@@ -32,6 +32,7 @@ from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import cached_reader, encode_tokenized
 from dilstore.runners import cli
 from dilstore.runners.cmd_precompute import build_job, quiet_dask_logging
+from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
@@ -323,6 +324,8 @@ def test_no_arguments_means_the_embedded_corpus_default_model_and_a_store_here(t
         (["--layers", str(TINY_LAYERS + 1)], f"trained with k = {TINY_LAYERS}, not {TINY_LAYERS + 1}"),
         (["--format", "msmarco"], "--format msmarco does not fit"),
         (["--format", "wikipedia"], "wikipedia files hold XML, but it begins '{"),
+        (["--encoding", "2bit", "--codebook", "s3://bucket/codebook"], "--codebook s3:/bucket/codebook: URLs are not"),
+        (["--codebook", "elsewhere/codebook"], "--codebook is for the 2bit and 1bit encodings, not fp16"),
     ],
 )
 def test_bad_inputs_are_usage_errors_before_anything_is_written(
@@ -344,7 +347,7 @@ def test_an_input_edited_in_place_is_a_new_spec(tmp_path: Path) -> None:
     """Same size, new content: the spec differs by the modification time, so the store is not called complete."""
     corpus = write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2))
     job = SimpleNamespace(inputs=[ReadTask(str(corpus), "jsonl")], strategy="words", num_shards=2,
-                          fingerprint=SimpleNamespace(to_dict=lambda: {}), compressor=None)  # fmt: skip
+                          fingerprint=SimpleNamespace(to_dict=lambda: {}), compressor=None, codebook=None)  # fmt: skip
     before = run_spec(job)
     text = corpus.read_text(encoding="utf-8")
     os.utime(corpus, ns=(before["inputs"][0]["mtime_ns"] + 10**9,) * 2)
@@ -361,3 +364,32 @@ def test_the_store_records_the_generation_of_its_spec(metered_run) -> None:
     manifest = json.loads((store / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["generation"] == spec_generation(spec)
     assert {shard_generation(store, entry["index"]) for entry in manifest["shards"]} == {manifest["generation"]}
+
+
+def test_a_2bit_run_trains_one_codebook_every_shard_copies_and_another_run_can_reuse(
+    metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys
+) -> None:
+    reference, _, _ = metered_run
+    store, again = tmp_path / "2bit", tmp_path / "2bit-again"
+    assert cli.main(precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress", "--encoding", "2bit")) == 0
+    codebook, _ = read_codebook(store / CODEBOOK_DIR, "2bit")
+    with open_store(store) as opened:
+        for shard in range(SHARDS):
+            copy = opened.shard(shard).per_shard
+            assert all(np.array_equal(copy[name], codebook[name]) for name in codebook), shard
+    mine, theirs = store_contents(store), store_contents(reference)
+    assert sorted(mine) == sorted(theirs)
+    original = np.concatenate([theirs[passage_id][-1] for passage_id in sorted(theirs)])  # (T, d)
+    decoded = np.concatenate([mine[passage_id][-1] for passage_id in sorted(mine)])  # (T, d)
+    assert np.square(decoded - original).sum() / np.square(original - original.mean(0)).sum() < 0.25
+    assert verify_store(store).ok
+    reuse = precompute_args(corpus, tiny_dir, again, "--workers", "1", "--no-progress", "--encoding", "2bit",
+                            "--codebook", str(store / CODEBOOK_DIR))
+    assert cli.main(reuse) == 0
+    assert all(np.array_equal(mine[key][-1], value[-1]) for key, value in store_contents(again).items())
+    assert "codebook" in json.loads((again / "precompute.json").read_text())
+    one_bit = precompute_args(corpus, tiny_dir, tmp_path / "1bit", "--workers", "1", "--no-progress",
+                              "--encoding", "1bit", "--codebook", str(store / CODEBOOK_DIR))
+    capsys.readouterr()
+    assert cli.main(one_bit) == 2
+    assert "is a codebook for '2bit', not '1bit'" in capsys.readouterr().err

@@ -52,13 +52,18 @@ def test_the_lock_lives_beside_the_store_not_in_it(tmp_path: Path) -> None:
     assert not store.exists()
 
 
-def test_precompute_on_a_locked_store_stops_before_writing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("encoding", ["fp16", "2bit"])
+def test_precompute_on_a_locked_store_stops_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], encoding: str
+) -> None:
+    """Nothing is written, not even the codebook a 2bit run trains before its shards."""
     store = tmp_path / "store"
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "a", "text": "one short document"}\n', encoding="utf-8")
     holder = hold_lock(store)
     try:
-        status = main(["precompute", "--input", str(corpus), "--output", str(store), "--no-progress"])
+        status = main(["precompute", "--input", str(corpus), "--output", str(store), "--encoding", encoding,
+                       "--no-progress"])
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()

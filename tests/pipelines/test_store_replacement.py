@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dilstore.pipelines.job import (
@@ -19,6 +20,7 @@ from dilstore.pipelines.job import (
     swap_in,
 )
 from dilstore.runners import cli
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.verify import verify_store
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, wiki_like_documents, write_jsonl
@@ -121,3 +123,40 @@ def test_a_failed_overwrite_run_leaves_the_old_store_intact(
     assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".store")) == [
         ".store.dilstore-lock"
     ]
+
+
+def test_a_2bit_replacement_builds_its_codebook_inside_the_replacement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--overwrite of a 1bit store with a 2bit one: the codebook is trained inside `.store.dilstore-building` and
+    swapped in with it; a second replacement may reuse the store's own codebook (--codebook STORE/codebook),
+    read before the old store goes. Each codebook records its store's build."""
+    from dilstore.runners import cmd_precompute
+
+    tiny = save_tiny_reader(tmp_path / "tiny")
+    corpus = write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(3))
+    store = tmp_path / "store"
+    args = ["precompute", "--input", str(corpus), "--output", str(store), "--model", str(tiny), "--workers", "1",
+            "--threads", "1", "--max-length", "48", "--shards", "2", "--no-progress"]  # fmt: skip
+    assert cli.main([*args, "--encoding", "1bit"]) == 0
+    built_in: list[tuple[str, bool]] = []
+    real_run = cmd_precompute.run_pipeline
+
+    def watched(job, *rest):
+        built_in.append((Path(job.store).name, (Path(job.store) / CODEBOOK_DIR).is_dir()))
+        assert read_codebook(store / CODEBOOK_DIR, "1bit"), "the old store keeps its codebook until the swap"
+        return real_run(job, *rest)
+
+    monkeypatch.setattr(cmd_precompute, "run_pipeline", watched)
+    assert cli.main([*args, "--encoding", "2bit", "--overwrite"]) == 0
+    assert built_in == [(".store.dilstore-building", True)]
+    trained, _ = read_codebook(store / CODEBOOK_DIR, "2bit")
+    monkeypatch.setattr(cmd_precompute, "run_pipeline", real_run)
+    again = [*args, "--encoding", "2bit", "--split", "paragraphs", "--codebook", str(store / CODEBOOK_DIR)]
+    assert cli.main([*again, "--overwrite"]) == 0
+    reused, _ = read_codebook(store / CODEBOOK_DIR, "2bit")
+    assert all(np.array_equal(reused[name], trained[name]) for name in trained)
+    manifest = json.loads((store / "manifest.json").read_text())
+    assert codebook_build(store / CODEBOOK_DIR)["generation"] == manifest["generation"]
+    assert json.loads((store / SPEC_FILE).read_text())["split"] == "paragraphs" and verify_store(store).ok
+    assert not any(path.name.endswith(".dilstore-building") for path in tmp_path.iterdir())

@@ -5,7 +5,8 @@ MiniLM vocabulary so that real text tokenizes) is saved as a checkpoint. The
 pure functions must store exactly `encode_documents` (S1) and
 `document_key_values` (S2), whatever the batching; a whole DirectRunner run
 must give stores from which `EarlRanker.judge` scores every stored document
-as `EarlRanker.forward` does on the same text; the kind/model checks must
+as `EarlRanker.forward` does on the same text; 2bit and 1bit stores of both
+kinds must rerank close to the fp16 store; the kind/model checks must
 fail before any work with one line; and long documents must become
 `[CLS] … [SEP]` windows that lose no word piece.
 """
@@ -42,9 +43,11 @@ from dilstore.reader.serving.rerank import open_reranker
 from dilstore.reader.text.tokenization import encode_document, passage_pieces, window_starts
 from dilstore.runners import cli
 from dilstore.runners.cmd_precompute import build_job
+from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import FingerprintMismatchError
 from dilstore.storage.reader import open_store
+from dilstore.storage.verify import verify_store
 from tests.fixtures.earl_tiny import save_base_encoder, tiny_config, tokenizer
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
 
@@ -56,6 +59,13 @@ FP32_TOLERANCE = 1e-4
 # moves the scores by at most 1.6e-5 (S2; S1 1.3e-5), so 5e-4 leaves a 30x margin while staying far
 # below the 0.045 spread of the scores.
 FP16_TOLERANCE = 5e-4
+# 2bit / 1bit stores against the fp16 store, as (state bound, score bound). States: squared error over
+# the states' centred energy, near the optimal 4-/2-level Gaussian quantizers' 0.118 / 0.363 (measured
+# S1 0.125 / 0.350; S2 keys and values each 0.12 / 0.34). Scores: max |rerank score − fp16 store's|;
+# this random ranker's wide weights (earl_tiny.INIT) make its scores sensitive to the states, and the
+# codebook is trained on this corpus's 229 tokens: measured 0.027 / 0.026 (S1), 0.019 / 0.024 (S2),
+# where the scores spread over 0.045.
+LOWBIT_BOUNDS = {"2bit": (0.16, 0.04), "1bit": (0.40, 0.04)}
 TEXT = (
     "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, "
     "a region in France. They were descended from Norse raiders and pirates from Denmark, Iceland "
@@ -283,6 +293,36 @@ def test_scores_from_the_store_equal_the_unsplit_ranker(
     judged, forward = judged_and_forward_scores(ranker, store, kind, encoding)
     assert len(judged) == summary["passages"] and np.ptp(forward) > 10 * FP16_TOLERANCE, "scores that differ"
     assert np.abs(judged - forward).max() < tolerance
+
+
+@pytest.mark.parametrize("kind", ["earl-s1", "earl-s2"])
+def test_2bit_and_1bit_stores_rerank_close_to_the_fp16_store(
+    stores, corpus: Path, earl_dir: Path, tmp_path: Path, kind: str
+) -> None:
+    """precompute --encoding 2bit|1bit, verify, rerank: states and scores within LOWBIT_BOUNDS of the fp16 store.
+
+    S2 keeps keys and values side by side, `(T, M, 2, d)`: the codebook has a mean, cutoffs and weights per
+    (block, k/v, dim) and every (token, block, k/v) its own scale, so keys and values are coded separately,
+    and each is held to the state bound on its own.
+    """
+    ids = sorted(store_contents(stores[kind, "fp16"]))
+    reference = open_reranker(stores[kind, "fp16"], earl_dir).rerank(QUERY, ids)
+    with open_store(stores[kind, "fp16"]) as opened:
+        expected = np.concatenate([document.states for document in opened.fetch(ids)]).astype(np.float32)  # (T, *S)
+    for encoding, (state_bound, score_bound) in LOWBIT_BOUNDS.items():
+        store = tmp_path / encoding
+        assert cli.main(precompute(corpus, earl_dir, store, kind, encoding)) == 0
+        assert verify_store(store).ok
+        assert read_codebook(store / CODEBOOK_DIR, encoding)[1] == expected.shape[1:]
+        with open_store(store) as opened:
+            decoded = np.concatenate([document.states for document in opened.fetch(ids)])  # (T, *S) float32
+        sides = [(expected, decoded)] if kind == "earl-s1" else [(expected[:, :, side], decoded[:, :, side])
+                                                                 for side in (0, 1)]  # keys, values: (T, M, d)
+        for original, got in sides:
+            centred = np.square(original - original.mean(axis=0)).sum()
+            assert np.square(got - original).sum() / centred < state_bound, encoding
+        scores = open_reranker(store, earl_dir).rerank(QUERY, ids)
+        assert max(abs(scores[docid] - reference[docid]) for docid in ids) < score_bound, encoding
 
 
 def test_an_earl_store_verifies_and_info_reports_its_bytes_per_token(stores, ranker: EarlRanker, capsys) -> None:

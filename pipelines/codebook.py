@@ -1,0 +1,100 @@
+"""The sampling pass of a 2bit/1bit run: train the store's codebook before any shard is encoded.
+
+Codes are only comparable across shards when every shard uses the same
+codebook, so the codebook is made once, in the launcher, before the Beam job:
+
+1. read the inputs and keep the `CODEBOOK_DOCUMENTS` documents whose id has the
+   smallest seeded hash (a uniform sample that does not depend on file order
+   or runner; only the sampled documents are split and tokenized);
+2. run the offline layers on their passages and keep a seeded sample of at
+   most `CODEBOOK_SAMPLE_TOKENS` token states;
+3. train the codebook (storage.encodings.train_codebook) and write it to
+   `STORE/codebook/` (storage.codebook), where every shard writer reads it.
+
+A codebook given with `--codebook` (e.g. another store's `codebook/` folder,
+to append passages with the same codes) is copied there instead, and a resumed
+run reuses the one already in the store. The folder is the one being built:
+the store itself, or with --overwrite the replacement beside it. The codebook
+records the run's build and model like every shard (storage.codebook).
+"""
+
+from __future__ import annotations
+
+import heapq
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from dilstore.pipelines.corpora import Document
+from dilstore.pipelines.job import PrecomputeJob
+from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, read_task, route
+from dilstore.pipelines.sharding import stable_hash
+from dilstore.reader.batching import BatchPolicy
+from dilstore.reader.offline.encoding import TokenizedPassage, encode_tokenized
+from dilstore.reader.offline.kinds import OfflineModel
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook, write_codebook
+from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SEED, get_encoding, sample_rows, train_codebook
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.writer import build_attributes
+
+CODEBOOK_DOCUMENTS = 512
+
+
+def needs_codebook(encoding: str) -> bool:
+    """Whether stores of `encoding` carry a codebook."""
+    return bool(get_encoding(encoding).codebook)
+
+
+def sample_documents(inputs: Iterable[ReadTask], limit: int, seed: int = CODEBOOK_SEED) -> list[Document]:
+    """The `limit` documents (first of each id) whose `stable_hash(seed, id)` is smallest, in that hash order."""
+    seen: set[str] = set()
+
+    def documents() -> Iterable[Document]:
+        for task in inputs:
+            for record in read_task(task):
+                if isinstance(record, Document) and record.id not in seen:
+                    seen.add(record.id)
+                    yield record
+
+    return heapq.nsmallest(limit, documents(), key=lambda document: (stable_hash(f"{seed}\0{document.id}"), document.id))
+
+
+def sample_states(
+    documents: Iterable[Document], settings: RouteSettings, reader: OfflineModel, policy: BatchPolicy
+) -> np.ndarray:
+    """A seeded sample of at most CODEBOOK_SAMPLE_TOKENS token states `(N, *S)` of the documents' stored units."""
+    pieces: list[TokenizedPassage] = [
+        value  # type: ignore[misc]  # SHARD keys carry tokenized passages
+        for document in documents
+        for key, value in route(document, settings, reader.tokenizer)
+        if key[0] == SHARD
+    ]
+    if not pieces:
+        raise DilstoreError("the codebook sample holds no passage to encode; give one with --codebook")
+    states = np.concatenate([record.states for record in encode_tokenized(reader, settings.kind, pieces, policy)])
+    return states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)]  # (N, *S)
+
+
+def prepare_codebook(job: PrecomputeJob, reader: OfflineModel) -> Path:
+    """Make sure `job.store/codebook/` holds this build's codebook (see the module docstring); its path.
+
+    A codebook already there is reused only when it records this run's build
+    and model (a resumed run); one of another build is replaced, as a shard
+    of another build is written again.
+    """
+    target = Path(job.store) / CODEBOOK_DIR
+    build = build_attributes(job.generation, job.fingerprint)
+    if target.is_dir():
+        if codebook_build(target) == build:
+            return target
+        shutil.rmtree(target)
+    if job.codebook is not None:
+        codebook, state_shape = read_codebook(job.codebook, job.encoding)
+    else:
+        documents = sample_documents(job.inputs, CODEBOOK_DOCUMENTS)
+        sample = sample_states(documents, job.route_settings(), reader, job.policy)  # (N, *S)
+        codebook, state_shape = train_codebook(job.encoding, sample), sample.shape[1:]
+    return write_codebook(target, job.encoding, codebook, state_shape, generation=job.generation,
+                          fingerprint=job.fingerprint)

@@ -1,0 +1,182 @@
+"""A store's codebook for the 2bit/1bit encodings: one Zarr v3 group, written once before any shard.
+
+The pipeline trains the codebook on a seeded sample of the corpus's states
+(or takes one given with `--codebook`) and writes it to `STORE/codebook/`
+before the shards, so finalize checksums it with every other file and every
+shard writer encodes with the same arrays (each shard also keeps a copy under
+`states/`, which is what the reader decodes with). A codebook group of one
+store can be given to another run, e.g. to append passages with the same codes.
+
+Like a shard, the group records the build it belongs to (`generation`) and the
+hash of the model fingerprint (`fingerprint_sha256`), so finalize and verify
+can tell a codebook left by another build or made for another model, and
+check that every shard's copy is this codebook (`store_codebook_problems`).
+
+    codebook/zarr.json   attrs dilstore = {format, format_version, node: "codebook", encoding, state_shape,
+                                           generation, fingerprint_sha256}  (the last two when known)
+    codebook/<name>      float32 arrays named by the encoding (`mean`, `cutoffs`, `weights`)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from dilstore.storage.arrays import write_array
+from dilstore.storage.encodings import check_codebook, get_encoding
+from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
+from dilstore.storage.format import (
+    ATTRIBUTES_KEY,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    TMP_PREFIX,
+    StoreFormatError,
+    states_array,
+)
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.writer import build_attributes
+
+CODEBOOK_DIR = "codebook"
+
+
+def write_codebook(
+    path: str | Path,
+    encoding: str,
+    codebook: Mapping[str, np.ndarray],
+    state_shape: tuple[int, ...],
+    *,
+    generation: str | None = None,
+    fingerprint: Fingerprint | None = None,
+) -> Path:
+    """Write `codebook` of `encoding` for states of `state_shape` as a Zarr group at `path` (temporary, then rename).
+
+    generation and fingerprint: the build and model the store's shards record
+    (storage.writer.write_shard), left out when None.
+    """
+    spec = get_encoding(encoding)
+    check_codebook(spec, codebook, state_shape)
+    target = Path(path)
+    temporary = target.with_name(f"{TMP_PREFIX}{target.name}-{uuid.uuid4().hex}")
+    attributes = {
+        ATTRIBUTES_KEY: {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "node": "codebook",
+            "encoding": spec.name,
+            "state_shape": list(state_shape),
+            **build_attributes(generation, fingerprint),
+        }
+    }
+    try:
+        group = zarr.open_group(str(temporary), mode="w-", zarr_format=3, attributes=attributes)
+        for name in spec.codebook:
+            values = np.ascontiguousarray(codebook[name], dtype=np.float32)
+            write_array(group, name, values, rows_per_chunk=values.shape[0], compressor=None,
+                        dimension_names=[f"axis_{axis}" for axis in range(values.ndim)])
+        temporary.rename(target)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    return target
+
+
+def read_codebook(path: str | Path, encoding: str) -> tuple[dict[str, np.ndarray], tuple[int, ...]]:
+    """The codebook arrays at `path` and the state shape they are for; StoreFormatError unless it is `encoding`'s."""
+    return _codebook_of(_open(path), str(path), encoding)
+
+
+def codebook_build(path: str | Path) -> dict[str, str]:
+    """The build attributes (`generation`, `fingerprint_sha256`) the codebook at `path` records.
+
+    {} when it records none or is no readable codebook, so a run never takes it for its own.
+    """
+    try:
+        return _build_of(_open(path))
+    except StoreFormatError:
+        return {}
+
+
+def store_codebook_problems(
+    location: StoreLocation, shards: Sequence[str], encoding: str, generation: str | None, fingerprint: Fingerprint
+) -> list[str]:
+    """What is wrong with a store's `codebook/` group (none when it has none), for finalize and verify.
+
+    The group must be a valid codebook of the store's `encoding`, belong to
+    its build `generation`, record the hash of `fingerprint` (when it records
+    one), and equal the copy every shard in `shards` (paths under the root)
+    decodes with. An empty list means sound.
+    """
+    if not location.is_dir(CODEBOOK_DIR):
+        return []
+    try:
+        group = location.open_group(CODEBOOK_DIR)
+        arrays, _ = _codebook_of(group, CODEBOOK_DIR, encoding)
+        build = _build_of(group)
+    except (StoreFormatError, FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
+        return [f"{CODEBOOK_DIR}: {error}"]
+    problems = []
+    if build.get("generation") != generation:
+        problems.append(f"{CODEBOOK_DIR} belongs to build {build.get('generation')!r}, the store to {generation!r}")
+    if build.get("fingerprint_sha256") not in (None, fingerprint_sha256(fingerprint)):
+        problems.append(f"{CODEBOOK_DIR} was made by another model than the fingerprint says")
+    for shard in shards:
+        for name, values in arrays.items():
+            try:
+                copy = np.asarray(location.open_group(shard)[states_array(name)][...])
+            except Exception as error:  # noqa: BLE001 - a damaged shard gives a problem line, not a traceback
+                problems.append(f"{shard}: cannot read its codebook copy {states_array(name)}: {error}")
+                continue
+            if not np.array_equal(copy, values):
+                problems.append(f"{shard}: its codebook copy {states_array(name)} differs from {CODEBOOK_DIR}/{name}")
+    return problems
+
+
+def _open(path: str | Path) -> zarr.Group:
+    try:
+        return zarr.open_group(str(path), mode="r")
+    except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
+        raise StoreFormatError(f"cannot open codebook {path}: {type(error).__name__}: {error}") from None
+
+
+def _attributes(group: zarr.Group, where: str) -> dict[str, Any]:
+    """The group's dilstore attributes; StoreFormatError unless they are a codebook's."""
+    data = group.attrs.asdict().get(ATTRIBUTES_KEY)
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME or data.get("node") != "codebook":
+        raise StoreFormatError(f"{where} is not a dilstore codebook (no '{ATTRIBUTES_KEY}' codebook attributes)")
+    return data
+
+
+def _build_of(group: zarr.Group) -> dict[str, str]:
+    data = _attributes(group, str(group.store))
+    return {key: str(data[key]) for key in ("generation", "fingerprint_sha256") if data.get(key) is not None}
+
+
+def _codebook_of(group: zarr.Group, where: str, encoding: str) -> tuple[dict[str, np.ndarray], tuple[int, ...]]:
+    spec = get_encoding(encoding)
+    data = _attributes(group, where)
+    if data.get("encoding") != spec.name:
+        raise StoreFormatError(f"{where} is a codebook for {data.get('encoding')!r}, not {spec.name!r}")
+    state_shape = tuple(int(size) for size in data.get("state_shape", ()))
+    arrays = {}
+    for name in spec.codebook:
+        if name not in group:
+            raise StoreFormatError(f"codebook {where} lacks array {name!r}")
+        arrays[name] = np.asarray(group[name][...], dtype=np.float32)
+    check_codebook(spec, arrays, state_shape)
+    return arrays, state_shape
+
+
+def codebook_digest(codebook: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 of the codebook's arrays (names, shapes and float32 bytes), to tell codebooks apart in a run spec."""
+    digest = hashlib.sha256()
+    for name in sorted(codebook):
+        values = np.ascontiguousarray(codebook[name], dtype="<f4")
+        digest.update(f"{name}{values.shape}".encode())
+        digest.update(values.tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,163 @@
+"""The 2bit and 1bit encodings: plain zarr-python reads the codes and the codebook, verify catches damage.
+
+Decoding by hand from arrays read with zarr-python (the recipe STORE_FORMAT.md §4
+gives) must equal what the store returns; a byte flipped in a shard's codebook
+copy or in the store's `codebook/` group is a verify problem; a codebook of
+another build or model, or one a shard does not copy, is refused by finalize
+and reported by verify; and on Gaussian states with uneven per-dimension
+spreads the error stays near the textbook values of 4- and 2-level quantizers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook, write_codebook
+from dilstore.storage.encodings import get_encoding, train_codebook
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.finalize import finalize
+from dilstore.storage.fingerprint import fingerprint_sha256
+from dilstore.storage.format import StoreFormatError, shard_path
+from dilstore.storage.reader import open_store
+from dilstore.storage.records import PassageRecord
+from dilstore.storage.verify import verify_store
+from dilstore.storage.writer import write_shard
+from tests.fixtures.store_fixtures import fingerprint_for
+
+DIMS = 10
+
+
+def _records(seed: int, passages: int = 4) -> list[PassageRecord]:
+    rng = np.random.default_rng(seed)
+    records = []
+    for row in range(passages):
+        n = int(rng.integers(1, 9))
+        states = (rng.standard_normal((n, DIMS)) * np.linspace(0.1, 5, DIMS) + 3).astype(np.float32)  # (n, d)
+        records.append(PassageRecord(id=f"p{seed}-{row}", title="", text="", token_ids=np.arange(n, dtype=np.int32),
+                                     char_spans=np.full((n, 2), -1, dtype=np.int32), states=states))
+    return records
+
+
+@pytest.fixture(params=["2bit", "1bit"])
+def lowbit_store(request, tmp_path: Path) -> tuple[str, Path, list[PassageRecord]]:
+    """A two-shard store of one encoding with one trained codebook, also kept at STORE/codebook."""
+    encoding = request.param
+    shards = [_records(0), _records(1)]
+    every = [record for shard in shards for record in shard]
+    codebook = train_codebook(encoding, np.concatenate([record.states for record in every]))
+    write_codebook(tmp_path / CODEBOOK_DIR, encoding, codebook, (DIMS,))
+    for index, records in enumerate(shards):
+        write_shard(tmp_path, index, records, kind="dilbert", encoding=encoding, durable=False, codebook=codebook)
+    finalize(tmp_path, fingerprint_for("dilbert", encoding), {"command": "test"})
+    return encoding, tmp_path, every
+
+
+def test_zarr_python_reads_codes_and_codebook_and_decodes_like_the_store(lowbit_store) -> None:
+    encoding, root, records = lowbit_store
+    bits = int(encoding[0])
+    stored = {passage.id: passage.states for passage in open_store(root).fetch([r.id for r in records])}
+    codebook = zarr.open_group(root / CODEBOOK_DIR, mode="r")
+    for shard in range(2):
+        group = zarr.open_group(root / shard_path(shard), mode="r")
+        codes = np.asarray(group["states/codes"][...])  # (T, ceil(d * bits / 8)) uint8
+        assert codes.dtype == np.uint8 and codes.shape[1] == -(-DIMS * bits // 8)
+        scales = np.asarray(group["states/scales"][...]).astype(np.float32)  # (T,) float16 on disk
+        mean, weights = np.asarray(group["states/mean"][...]), np.asarray(group["states/weights"][...])
+        for name in ("mean", "cutoffs", "weights"):
+            np.testing.assert_array_equal(group[f"states/{name}"][...], codebook[name][...])
+        buckets = np.unpackbits(codes, axis=1).reshape(len(codes), -1, bits)  # (T, 8 * width / bits, bits)
+        buckets = (buckets * (1 << np.arange(bits - 1, -1, -1))).sum(axis=2)[:, :DIMS]  # (T, d)
+        decoded = mean + scales[:, None] * weights[buckets, np.arange(DIMS)]  # (T, d)
+        offsets = np.asarray(group["tokens/offsets"][...])
+        ids = [r.id for r in records if r.id.startswith(f"p{shard}-")]
+        for row, passage_id in enumerate(ids):
+            np.testing.assert_allclose(decoded[offsets[row] : offsets[row + 1]], stored[passage_id], rtol=1e-6)
+
+
+def test_verify_catches_a_damaged_codebook_in_a_shard_or_the_store(lowbit_store) -> None:
+    _, root, _ = lowbit_store
+    assert verify_store(root).ok
+    for path in (root / shard_path(1) / "states" / "cutoffs" / "c" / "0" / "0", root / CODEBOOK_DIR / "weights" / "c" / "0" / "0"):
+        original = path.read_bytes()
+        path.write_bytes(bytes([original[0] ^ 0x40]) + original[1:])
+        report = verify_store(root)
+        path.write_bytes(original)
+        relative = path.relative_to(root).as_posix()
+        assert not report.ok and any(relative in problem for problem in report.problems), report.problems
+
+
+def test_a_codebook_for_another_shape_or_encoding_is_refused(tmp_path: Path) -> None:
+    codebook = train_codebook("2bit", np.ones((5, DIMS), dtype=np.float32))
+    with pytest.raises(StoreFormatError, match=r"has shape \(11,\); states \(10,\) need \(10,\)"):
+        write_shard(tmp_path, 0, _records(0), kind="dilbert", encoding="2bit", codebook=train_codebook(
+            "2bit", np.ones((5, DIMS + 1), dtype=np.float32)))
+    with pytest.raises(StoreFormatError, match="holds arrays"):
+        write_shard(tmp_path, 0, _records(0), kind="dilbert", encoding="1bit", codebook={"mean": codebook["mean"]})
+    write_codebook(tmp_path / "book", "2bit", codebook, (DIMS,))
+    with pytest.raises(StoreFormatError, match="not '1bit'"):
+        read_codebook(tmp_path / "book", "1bit")
+
+
+def _unfinalized(root: Path, generation: str, *, book_generation: str, book_model: str = "dilbert",
+                 copied: bool = True) -> None:
+    """Two 2bit shards of build `generation`, and a codebook of build `book_generation` made by `book_model`'s
+    fingerprint; the shards copy it (`copied`) or train their own."""
+    shards = [_records(0), _records(1)]
+    codebook = train_codebook("2bit", np.concatenate([record.states for shard in shards for record in shard]))
+    write_codebook(root / CODEBOOK_DIR, "2bit", codebook, (DIMS,), generation=book_generation,
+                   fingerprint=fingerprint_for(book_model, "2bit"))
+    for index, records in enumerate(shards):
+        write_shard(root, index, records, kind="dilbert", encoding="2bit", durable=False,
+                    codebook=codebook if copied else None, generation=generation,
+                    fingerprint=fingerprint_for("dilbert", "2bit"))
+
+
+@pytest.mark.parametrize(
+    ("book_generation", "book_model", "copied", "message"),
+    [
+        ("theirs", "dilbert", True, "codebook belongs to build 'theirs', the store to 'mine'"),
+        ("mine", "earl-s1", True, "codebook was made by another model than the fingerprint says"),
+        ("mine", "dilbert", False, "shard-00000: its codebook copy states/mean differs from codebook/mean"),
+    ],
+)
+def test_finalize_refuses_a_codebook_of_another_build_or_model_or_that_a_shard_does_not_copy(
+    tmp_path: Path, book_generation: str, book_model: str, copied: bool, message: str
+) -> None:
+    _unfinalized(tmp_path, "mine", book_generation=book_generation, book_model=book_model, copied=copied)
+    with pytest.raises(DilstoreError, match=message):
+        finalize(tmp_path, fingerprint_for("dilbert", "2bit"), generation="mine")
+
+
+def test_the_codebook_records_the_build_and_verify_tells_an_edited_one(tmp_path: Path) -> None:
+    _unfinalized(tmp_path, "mine", book_generation="mine")
+    (tmp_path / ".tmp-codebook-0123").mkdir()  # a run killed while it wrote the codebook
+    finalize(tmp_path, fingerprint_for("dilbert", "2bit"), generation="mine")
+    assert not (tmp_path / ".tmp-codebook-0123").exists()
+    expected = {"generation": "mine", "fingerprint_sha256": fingerprint_sha256(fingerprint_for("dilbert", "2bit"))}
+    assert codebook_build(tmp_path / CODEBOOK_DIR) == expected
+    assert verify_store(tmp_path).ok
+    (tmp_path / CODEBOOK_DIR / "notes.txt").write_text("not the store's")
+    attributes = tmp_path / CODEBOOK_DIR / "zarr.json"
+    metadata = json.loads(attributes.read_text())
+    metadata["attributes"]["dilstore"]["generation"] = "edited"
+    attributes.write_text(json.dumps(metadata))
+    problems = verify_store(tmp_path).problems
+    assert "codebook/notes.txt: inside the store's data but not in the manifest" in problems
+    assert any(problem.startswith("codebook/zarr.json: ") for problem in problems)  # its checksum entry
+    assert "codebook belongs to build 'edited', the store to 'mine'" in problems
+
+
+@pytest.mark.parametrize(("encoding", "bound"), [("2bit", 0.16), ("1bit", 0.40)])
+def test_gaussian_error_is_near_the_optimal_quantizers(encoding: str, bound: float) -> None:
+    """Optimal 4-/2-level Gaussian quantizers leave 0.118 / 0.363 of the variance; quantile buckets are close."""
+    rng = np.random.default_rng(7)
+    states = (rng.standard_normal((4000, 64)) * rng.gamma(2, size=64) + rng.standard_normal(64) * 10).astype(np.float32)
+    spec = get_encoding(encoding)
+    decoded = spec.decode(spec.encode(states, train_codebook(encoding, states[:2000])))
+    residual = states - states.mean(axis=0)
+    assert np.square(decoded - states).sum() / np.square(residual).sum() < bound
