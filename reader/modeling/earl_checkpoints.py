@@ -136,7 +136,7 @@ def read_earl_checkpoint(path: str | Path) -> EarlCheckpoint:
     if metadata is None:
         raise DilstoreError(
             f"{directory} is a base encoder without dilstore metadata: start a ranker from it with "
-            "EarlRanker.from_base(directory, query_layers=N)"
+            "EarlRanker.from_base(directory, EarlConfig(query_layers=N))"
         )
     if metadata.kind != KIND:
         raise DilstoreError(f"{directory} holds a {metadata.kind!r} checkpoint, not an {KIND!r} ranker")

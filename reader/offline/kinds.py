@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.text.tokenization import TokenizedText, encode_document_windows, encode_passage
 from dilstore.storage.errors import DilstoreError
 
@@ -128,7 +128,7 @@ def load_offline_model(path: str | Path, kind: str, layers: int | None) -> Offli
             )
         return DilBertReader.from_pretrained(directory, layers=layers)
     if metadata is None:
-        return EarlRanker.from_base(directory, query_layers=layers)
+        return EarlRanker.from_base(directory, EarlConfig(query_layers=layers))
     if layers is not None and layers != metadata.layers:
         raise DilstoreError(
             f"{directory} is an EARL ranker with N = {metadata.layers} query layers, not {layers}; "
