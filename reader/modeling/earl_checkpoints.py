@@ -36,8 +36,9 @@ from transformers import AutoConfig, AutoTokenizer, BertConfig, BertModel, PreTr
 from dilstore.reader.modeling.checkpoints import (
     BASE_MODEL_REF,
     CheckpointMetadata,
-    read_metadata,
+    metadata_of_kind,
     require_checkpoint_dir,
+    trained_metadata,
     write_metadata,
 )
 from dilstore.reader.modeling.fingerprint import tensors_sha256
@@ -80,12 +81,8 @@ def load_base_encoder(path: str | Path) -> tuple[BertModel, PreTrainedTokenizerB
     silently starting that weight at random.
     """
     directory = require_checkpoint_dir(Path(path))
-    metadata = read_metadata(directory)
-    if metadata is not None:
-        raise DilstoreError(
-            f"{directory} holds a {metadata.kind!r} checkpoint; from_base takes a plain encoder directory "
-            "(load an EARL checkpoint with EarlRanker.from_pretrained)"
-        )
+    refusal = "; from_base takes a plain encoder directory (load an EARL checkpoint with EarlRanker.from_pretrained)"
+    metadata_of_kind(directory, (), refusal)
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
         require_supported(config.model_type)
@@ -132,14 +129,12 @@ def base_reference(base: str | Path, weights_sha256: str) -> str:
 def read_earl_checkpoint(path: str | Path) -> EarlCheckpoint:
     """Read and check a ranker checkpoint written by `write_earl_checkpoint`."""
     directory = require_checkpoint_dir(Path(path))
-    metadata = read_metadata(directory)
-    if metadata is None:
-        raise DilstoreError(
-            f"{directory} is a base encoder without dilstore metadata: start a ranker from it with "
-            "EarlRanker.from_base(directory, EarlConfig(query_layers=N))"
-        )
-    if metadata.kind != KIND:
-        raise DilstoreError(f"{directory} holds a {metadata.kind!r} checkpoint, not an {KIND!r} ranker")
+    metadata = trained_metadata(
+        directory,
+        (KIND,),
+        f", not an {KIND!r} ranker",
+        ": start a ranker from it with EarlRanker.from_base(directory, EarlConfig(query_layers=N))",
+    )
     if metadata.judger_blocks is None or metadata.pooling is None or metadata.tied is None:
         raise DilstoreError(f"{directory}: an earl checkpoint's metadata needs judger_blocks, pooling and tied")
     if metadata.judger_blocks != metadata.num_layers - metadata.layers:

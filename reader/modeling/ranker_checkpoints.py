@@ -20,9 +20,8 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, PreTrainedTokenizerBase
 
-from dilstore.reader.modeling.checkpoints import CheckpointMetadata, read_metadata, require_checkpoint_dir
+from dilstore.reader.modeling.checkpoints import CheckpointMetadata, require_checkpoint_dir, trained_metadata
 from dilstore.reader.modeling.earl_checkpoints import load_checkpoint_files
-from dilstore.storage.errors import DilstoreError
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,9 +38,5 @@ class RankerCheckpoint:
 def read_ranker_checkpoint(path: str | Path, kind: str) -> RankerCheckpoint:
     """Read a checkpoint of `kind` written by the ranker's save_pretrained; refuse any other kind."""
     directory = require_checkpoint_dir(Path(path))
-    metadata = read_metadata(directory)
-    if metadata is None:
-        raise DilstoreError(f"{directory} is a base encoder without dilstore metadata, not a trained {kind!r} ranker")
-    if metadata.kind != kind:
-        raise DilstoreError(f"{directory} holds a {metadata.kind!r} checkpoint, not a {kind!r} ranker")
+    metadata = trained_metadata(directory, (kind,), f", not a {kind!r} ranker", f", not a trained {kind!r} ranker")
     return RankerCheckpoint(directory, metadata, *load_checkpoint_files(directory, metadata))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
+from dilstore.reader.modeling.checkpoints import require_checkpoint_dir, trained_metadata
 from dilstore.reader.modeling.cross_encoder import CrossEncoderRanker
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS, TrainableRanker
@@ -44,14 +44,7 @@ def load_ranker(path: str | Path) -> TrainableRanker:
 def checkpoint_kind(path: str | Path) -> str:
     """The ranker kind a checkpoint directory holds; a DilstoreError for a base encoder or another kind."""
     directory = require_checkpoint_dir(Path(path))
-    metadata = read_metadata(directory)
-    if metadata is None:
-        raise DilstoreError(
-            f"{directory} is a base encoder without dilstore metadata, not a trained ranker "
-            f"(kinds: {', '.join(RANKER_KINDS)})"
-        )
-    if metadata.kind not in RANKER_KINDS:
-        raise DilstoreError(
-            f"{directory} holds a {metadata.kind!r} checkpoint, not a ranker ({', '.join(RANKER_KINDS)})"
-        )
-    return metadata.kind
+    kinds = ", ".join(RANKER_KINDS)
+    return trained_metadata(
+        directory, RANKER_KINDS, f", not a ranker ({kinds})", f", not a trained ranker (kinds: {kinds})"
+    ).kind
