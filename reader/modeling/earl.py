@@ -75,14 +75,13 @@ from dilstore.reader.modeling.dilbert import padding_attention_mask
 from dilstore.reader.modeling.earl_blocks import JudgerBlock
 from dilstore.reader.modeling.earl_checkpoints import (
     KIND,
-    EarlCheckpoint,
     base_reference,
     base_weights_sha256,
     load_base_encoder,
-    read_earl_checkpoint,
     write_earl_checkpoint,
 )
 from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights, init_score_head
+from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
 from dilstore.reader.text.tokenization import TokenizedText, encode_document, encode_question
 from dilstore.storage.errors import DilstoreError
@@ -220,16 +219,11 @@ class EarlRanker(RankerBase):
         )
 
     @classmethod
-    def _read_checkpoint(cls, path: str | Path) -> EarlCheckpoint:
-        """An earl checkpoint, whose metadata must also describe the judger blocks."""
-        return read_earl_checkpoint(path)
-
-    @classmethod
-    def _built_for(cls, checkpoint: EarlCheckpoint) -> EarlRanker:
+    def _built_for(cls, checkpoint: RankerCheckpoint) -> EarlRanker:
         """A fresh ranker of the variant the checkpoint's dilstore.json records."""
         return cls(checkpoint.config, checkpoint.tokenizer, EarlConfig.from_metadata(checkpoint.metadata))
 
-    def _load_checkpoint_state(self, checkpoint: EarlCheckpoint) -> None:
+    def _load_checkpoint_state(self, checkpoint: RankerCheckpoint) -> None:
         """The checkpoint's weights; for one saved without its encoder, the encoder comes from the named base.
 
         The base is loaded, frozen as in training (freeze_encoder) and must

@@ -1,4 +1,7 @@
-"""EARL checkpoint directories: reading a base encoder, and reading or writing a trained ranker.
+"""EARL checkpoint directories: reading a base encoder, checking an earl dilstore.json, writing a trained ranker.
+
+Reading a trained ranker of any kind is reader/modeling/ranker_checkpoints.py's; the
+files it loads (load_checkpoint_files) and the writer are shared from here.
 
 A ranker checkpoint is a plain directory:
 
@@ -24,7 +27,6 @@ failure is a DilstoreError that names the directory.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,17 +53,6 @@ PACKAGED_BASE_WEIGHTS_SHA256 = "6a2e86ebcb9db5572b6f8a1d1596ba062582409c9b35c777
 SUPPORTED_MODEL_TYPES = ("bert",)
 # Errors that Hugging Face and safetensors raise for a missing, truncated or inconsistent checkpoint file.
 _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, json.JSONDecodeError)
-
-
-@dataclass(frozen=True, eq=False)
-class EarlCheckpoint:
-    """What a ranker checkpoint holds, read and checked but not yet put into a model."""
-
-    directory: Path
-    metadata: CheckpointMetadata
-    config: BertConfig
-    tokenizer: PreTrainedTokenizerBase
-    state: dict[str, torch.Tensor]
 
 
 def require_supported(model_type: str) -> None:
@@ -126,9 +117,8 @@ def base_reference(base: str | Path, weights_sha256: str) -> str:
     return str(Path(base).resolve())
 
 
-def read_earl_checkpoint(path: str | Path) -> EarlCheckpoint:
-    """Read and check a ranker checkpoint written by `write_earl_checkpoint`."""
-    directory = require_checkpoint_dir(Path(path))
+def read_earl_metadata(directory: Path) -> CheckpointMetadata:
+    """An earl checkpoint's dilstore.json, which must also describe the judger blocks; other kinds are refused."""
     metadata = trained_metadata(
         directory,
         (KIND,),
@@ -142,7 +132,7 @@ def read_earl_checkpoint(path: str | Path) -> EarlCheckpoint:
             f"{directory}: judger_blocks {metadata.judger_blocks} is not num_layers {metadata.num_layers} "
             f"minus layers {metadata.layers}"
         )
-    return EarlCheckpoint(directory, metadata, *load_checkpoint_files(directory, metadata))
+    return metadata
 
 
 def load_checkpoint_files(
@@ -150,7 +140,7 @@ def load_checkpoint_files(
 ) -> tuple[BertConfig, PreTrainedTokenizerBase, dict[str, torch.Tensor]]:
     """Config, tokenizer and weights of a ranker checkpoint directory, checked against its dilstore.json.
 
-    Shared by every ranker kind (EARL here, the baselines in reader/modeling/ranker_checkpoints.py).
+    Shared by every ranker kind (reader/modeling/ranker_checkpoints.py).
     """
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)

@@ -31,12 +31,7 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, CheckpointMetadata
 from dilstore.reader.modeling.dilbert import HEAD_INIT_SEED
-from dilstore.reader.modeling.earl_checkpoints import (
-    EarlCheckpoint,
-    load_base_encoder,
-    require_supported,
-    write_earl_checkpoint,
-)
+from dilstore.reader.modeling.earl_checkpoints import load_base_encoder, require_supported, write_earl_checkpoint
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, score_text_pairs
 from dilstore.storage.errors import DilstoreError
@@ -113,12 +108,12 @@ class RankerBase(nn.Module, ABC):
         """Take over the weights of the pretrained `encoder` (a BertModel of this ranker's config)."""
 
     @classmethod
-    def _read_checkpoint(cls, path: str | Path) -> RankerCheckpoint | EarlCheckpoint:
+    def _read_checkpoint(cls, path: str | Path) -> RankerCheckpoint:
         """The checkpoint directory `path`, read and checked as one of this `kind`."""
         return read_ranker_checkpoint(path, cls.kind)
 
     @classmethod
-    def _built_for(cls, checkpoint: RankerCheckpoint | EarlCheckpoint) -> Self:
+    def _built_for(cls, checkpoint: RankerCheckpoint) -> Self:
         """A fresh ranker (random weights) of the variant the checkpoint records; the baselines have no variants."""
         return cls(checkpoint.config, checkpoint.tokenizer)
 
@@ -135,7 +130,7 @@ class RankerBase(nn.Module, ABC):
             ranker._initialise_from(base)
         return ranker.eval()
 
-    def _load_checkpoint_state(self, checkpoint: RankerCheckpoint | EarlCheckpoint) -> None:
+    def _load_checkpoint_state(self, checkpoint: RankerCheckpoint) -> None:
         """Put the checkpoint's weights into this freshly built ranker; every weight must fit exactly."""
         try:
             self.load_state_dict(checkpoint.state)
