@@ -161,7 +161,7 @@ def train_one(
     """Train one ranker, log its learning curve, write its runs to --out; what it did, for report.json."""
     work = args.work / name
     shutil.rmtree(work, ignore_errors=True)
-    untrained = new_ranker(config.kind, args.base, config.earl_options())
+    untrained = new_ranker(config.kind, args.base, config.earl_config())
     if config.freeze_encoder:
         untrained.freeze_encoder(args.base)  # as training starts: the fp16-rounded base
     if name == "earl-prior-frozen":

@@ -32,6 +32,7 @@ import importlib.resources
 import importlib.util
 import json
 import os
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,38 @@ def read_metadata(directory: Path) -> CheckpointMetadata | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise DilstoreError(f"{path}: cannot read dilstore metadata: {error}") from error
     return CheckpointMetadata.from_dict(document, path)
+
+
+def metadata_of_kind(
+    directory: Path, kinds: Collection[str], refusal: str | Callable[[str], str]
+) -> CheckpointMetadata | None:
+    """`directory`'s dilstore.json, or None without one; a checkpoint whose kind is not in `kinds` is refused.
+
+    The one check of what a checkpoint directory holds, before any weight
+    is read. The error reads "DIRECTORY holds a 'KIND' checkpoint" followed
+    by `refusal`, or by `refusal(KIND)` where the advice depends on the kind
+    found. No `kinds` at all refuses every checkpoint (a base encoder is
+    wanted).
+    """
+    metadata = read_metadata(directory)
+    if metadata is not None and metadata.kind not in kinds:
+        advice = refusal if isinstance(refusal, str) else refusal(metadata.kind)
+        raise DilstoreError(f"{directory} holds a {metadata.kind!r} checkpoint{advice}")
+    return metadata
+
+
+def trained_metadata(
+    directory: Path, kinds: Collection[str], refusal: str | Callable[[str], str], base_refusal: str
+) -> CheckpointMetadata:
+    """metadata_of_kind for a trained checkpoint: a base encoder without dilstore.json is refused too.
+
+    Its error reads "DIRECTORY is a base encoder without dilstore metadata"
+    followed by `base_refusal`.
+    """
+    metadata = metadata_of_kind(directory, kinds, refusal)
+    if metadata is None:
+        raise DilstoreError(f"{directory} is a base encoder without dilstore metadata{base_refusal}")
+    return metadata
 
 
 def write_metadata(directory: Path, metadata: CheckpointMetadata) -> Path:

@@ -38,7 +38,7 @@ from transformers import (
 from dilstore.reader.modeling.architectures import Architecture, architecture_for
 from dilstore.reader.modeling.checkpoints import (
     CheckpointMetadata,
-    read_metadata,
+    metadata_of_kind,
     require_checkpoint_dir,
     write_metadata,
 )
@@ -100,9 +100,7 @@ class DilBertReader(nn.Module):
         stored in. Nothing is ever downloaded.
         """
         directory = require_checkpoint_dir(Path(path))
-        metadata = read_metadata(directory)
-        if metadata is not None and metadata.kind != cls.kind:
-            raise DilstoreError(f"{directory} holds a {metadata.kind!r} checkpoint, not a {cls.kind!r} reader")
+        metadata = metadata_of_kind(directory, (cls.kind,), f", not a {cls.kind!r} reader")
         if layers is None:
             if metadata is None:
                 raise DilstoreError(

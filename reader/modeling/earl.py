@@ -58,6 +58,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -73,14 +75,13 @@ from dilstore.reader.modeling.dilbert import padding_attention_mask
 from dilstore.reader.modeling.earl_blocks import JudgerBlock
 from dilstore.reader.modeling.earl_checkpoints import (
     KIND,
-    EarlCheckpoint,
     base_reference,
     base_weights_sha256,
     load_base_encoder,
-    read_earl_checkpoint,
     write_earl_checkpoint,
 )
 from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights, init_score_head
+from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
 from dilstore.reader.text.tokenization import TokenizedText, encode_document, encode_question
 from dilstore.storage.errors import DilstoreError
@@ -93,55 +94,76 @@ PRIOR_SCALE = 20.0
 ENCODER_PREFIXES = ("document_encoder.", "query_encoder.")
 
 
+@dataclass(frozen=True)
+class EarlConfig:
+    """Which EARL variant to build beside the encoder's BertConfig (as nanoGPT's GPTConfig beside GPT).
+
+    `query_layers` is N (None: l − 2, resolved by the ranker, which knows
+    the encoder's l; at most l − 1), so that M = l − N judger blocks follow;
+    `pooling` is "cls" (ClsPool) or "mean" (AvePool, over valid query
+    tokens); `tied` shares the query module with the document module's
+    first N layers; `prior` adds the bi-encoder prior (module docstring).
+    dilstore.json records these as layers, judger_blocks, pooling, tied and
+    prior (reader/modeling/checkpoints.py).
+    """
+
+    query_layers: int | None = None
+    pooling: str = "cls"
+    tied: bool = False
+    prior: bool = False
+
+    def __post_init__(self) -> None:
+        """Refuse an unknown pooling and a tied or prior that is not a bool; N is checked against l by the ranker."""
+        if self.pooling not in POOLINGS:
+            raise DilstoreError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        if not isinstance(self.tied, bool):
+            raise DilstoreError(f"tied must be True or False, got {self.tied!r}")
+        if not isinstance(self.prior, bool):
+            raise DilstoreError(f"prior must be True or False, got {self.prior!r}")
+
+    @classmethod
+    def from_metadata(cls, metadata: CheckpointMetadata) -> EarlConfig:
+        """The variant an earl checkpoint's dilstore.json records (no `prior` in files older than it: off)."""
+        return cls(
+            query_layers=metadata.layers, pooling=metadata.pooling, tied=metadata.tied, prior=bool(metadata.prior)
+        )
+
+
 class EarlRanker(RankerBase):
     """The EARL ranker: document module, query module, M judger blocks and a linear score head.
 
-    `query_layers` is N (default l − 2, at most l − 1), `judger_blocks` is
-    M = l − N, `pooling` is "cls" (ClsPool) or "mean" (AvePool, over valid
-    query tokens), `tied` shares the query module with the document
-    module's first N layers and `prior` adds the bi-encoder prior (module
-    docstring). Built from a config the weights are random; use
-    `from_encoder`, `from_base` or `from_pretrained` for the paper's
-    initialisation or a trained ranker.
+    `earl` says which variant (EarlConfig). Built from a config the weights
+    are random; use `from_encoder`, `from_base` or `from_pretrained` for the
+    paper's initialisation or a trained ranker.
     """
 
     kind = KIND
     description = "EARL ranker"
 
     def __init__(
-        self,
-        config: BertConfig,
-        tokenizer: PreTrainedTokenizerBase,
-        query_layers: int | None = None,
-        pooling: str = "cls",
-        tied: bool = False,
-        prior: bool = False,
+        self, config: BertConfig, tokenizer: PreTrainedTokenizerBase, earl: EarlConfig = EarlConfig()
     ) -> None:
         super().__init__(config, tokenizer)
         num_layers = self.num_layers
-        query_layers = max(num_layers - 2, 0) if query_layers is None else query_layers
+        query_layers = max(num_layers - 2, 0) if earl.query_layers is None else earl.query_layers
         if not isinstance(query_layers, int) or isinstance(query_layers, bool) or not 0 <= query_layers < num_layers:
             raise DilstoreError(
                 f"query_layers (N) must be an integer in 0..{num_layers - 1} for this {num_layers}-layer encoder "
                 f"(at least one layer is left for the judger blocks), got {query_layers!r}"
             )
-        if pooling not in POOLINGS:
-            raise DilstoreError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-        if not isinstance(tied, bool):
-            raise DilstoreError(f"tied must be True or False, got {tied!r}")
-        if not isinstance(prior, bool):
-            raise DilstoreError(f"prior must be True or False, got {prior!r}")
         self.query_layers: int = query_layers
         self.judger_blocks: int = num_layers - query_layers
-        self.pooling: str = pooling
-        self.tied: bool = tied
-        self.prior: bool = prior
+        self.pooling: str = earl.pooling
+        self.tied: bool = earl.tied
+        self.prior: bool = earl.prior
         self.hidden_size: int = config.hidden_size
         self.document_encoder = BertModel(config, add_pooling_layer=False)
-        self.query_encoder = None if tied else BertModel(_with_layers(config, query_layers), add_pooling_layer=False)
+        self.query_encoder = (
+            None if earl.tied else BertModel(_with_layers(config, query_layers), add_pooling_layer=False)
+        )
         self.blocks = nn.ModuleList(JudgerBlock(config) for _ in range(self.judger_blocks))
         self.score = nn.Linear(config.hidden_size, 1)
-        self.prior_scale = nn.Parameter(torch.tensor(PRIOR_SCALE)) if prior else None
+        self.prior_scale = nn.Parameter(torch.tensor(PRIOR_SCALE)) if earl.prior else None
         # Set by freeze_encoder: the base the encoder copies are held at, which save_pretrained then leaves out.
         self.base_encoder: BaseEncoderReference | None = None
 
@@ -168,31 +190,19 @@ class EarlRanker(RankerBase):
 
     @classmethod
     def from_encoder(
-        cls,
-        encoder: BertModel,
-        tokenizer: PreTrainedTokenizerBase,
-        query_layers: int | None = None,
-        pooling: str = "cls",
-        tied: bool = False,
-        prior: bool = False,
+        cls, encoder: BertModel, tokenizer: PreTrainedTokenizerBase, earl: EarlConfig = EarlConfig()
     ) -> EarlRanker:
         """The paper's initialisation from a pretrained BERT encoder (its weights are copied, never shared).
 
         Leaves the caller's random stream alone; returns the ranker in eval mode.
         """
-        return super().from_encoder(encoder, tokenizer, query_layers, pooling, tied, prior)
+        return cls._started(encoder, partial(cls, tokenizer=tokenizer, earl=earl))
 
     @classmethod
-    def from_base(
-        cls,
-        path: str | Path,
-        query_layers: int | None = None,
-        pooling: str = "cls",
-        tied: bool = False,
-        prior: bool = False,
-    ) -> EarlRanker:
+    def from_base(cls, path: str | Path, earl: EarlConfig = EarlConfig()) -> EarlRanker:
         """A new ranker from a plain Hugging Face BERT directory (e.g. base_model_dir()), initialised as the paper."""
-        return super().from_base(path, query_layers, pooling, tied, prior)
+        encoder, tokenizer = load_base_encoder(path)
+        return cls.from_encoder(encoder, tokenizer, earl)
 
     def metadata(self) -> CheckpointMetadata:
         """What dilstore.json records for this ranker."""
@@ -209,16 +219,11 @@ class EarlRanker(RankerBase):
         )
 
     @classmethod
-    def _read_checkpoint(cls, path: str | Path) -> EarlCheckpoint:
-        """An earl checkpoint, whose metadata must also describe the judger blocks."""
-        return read_earl_checkpoint(path)
+    def _built_for(cls, checkpoint: RankerCheckpoint) -> EarlRanker:
+        """A fresh ranker of the variant the checkpoint's dilstore.json records."""
+        return cls(checkpoint.config, checkpoint.tokenizer, EarlConfig.from_metadata(checkpoint.metadata))
 
-    @classmethod
-    def _checkpoint_options(cls, metadata: CheckpointMetadata) -> tuple[int, str | None, bool | None, bool]:
-        """N, pooling, tying and the prior as dilstore.json records them (no `prior` in older files: off)."""
-        return metadata.layers, metadata.pooling, metadata.tied, bool(metadata.prior)
-
-    def _load_checkpoint_state(self, checkpoint: EarlCheckpoint) -> None:
+    def _load_checkpoint_state(self, checkpoint: RankerCheckpoint) -> None:
         """The checkpoint's weights; for one saved without its encoder, the encoder comes from the named base.
 
         The base is loaded, frozen as in training (freeze_encoder) and must

@@ -1,4 +1,7 @@
-"""EARL checkpoint directories: reading a base encoder, and reading or writing a trained ranker.
+"""EARL checkpoint directories: reading a base encoder, checking an earl dilstore.json, writing a trained ranker.
+
+Reading a trained ranker of any kind is reader/modeling/ranker_checkpoints.py's; the
+files it loads (load_checkpoint_files) and the writer are shared from here.
 
 A ranker checkpoint is a plain directory:
 
@@ -24,7 +27,6 @@ failure is a DilstoreError that names the directory.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,8 +38,9 @@ from transformers import AutoConfig, AutoTokenizer, BertConfig, BertModel, PreTr
 from dilstore.reader.modeling.checkpoints import (
     BASE_MODEL_REF,
     CheckpointMetadata,
-    read_metadata,
+    metadata_of_kind,
     require_checkpoint_dir,
+    trained_metadata,
     write_metadata,
 )
 from dilstore.reader.modeling.fingerprint import tensors_sha256
@@ -50,17 +53,6 @@ PACKAGED_BASE_WEIGHTS_SHA256 = "6a2e86ebcb9db5572b6f8a1d1596ba062582409c9b35c777
 SUPPORTED_MODEL_TYPES = ("bert",)
 # Errors that Hugging Face and safetensors raise for a missing, truncated or inconsistent checkpoint file.
 _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, json.JSONDecodeError)
-
-
-@dataclass(frozen=True, eq=False)
-class EarlCheckpoint:
-    """What a ranker checkpoint holds, read and checked but not yet put into a model."""
-
-    directory: Path
-    metadata: CheckpointMetadata
-    config: BertConfig
-    tokenizer: PreTrainedTokenizerBase
-    state: dict[str, torch.Tensor]
 
 
 def require_supported(model_type: str) -> None:
@@ -80,12 +72,8 @@ def load_base_encoder(path: str | Path) -> tuple[BertModel, PreTrainedTokenizerB
     silently starting that weight at random.
     """
     directory = require_checkpoint_dir(Path(path))
-    metadata = read_metadata(directory)
-    if metadata is not None:
-        raise DilstoreError(
-            f"{directory} holds a {metadata.kind!r} checkpoint; from_base takes a plain encoder directory "
-            "(load an EARL checkpoint with EarlRanker.from_pretrained)"
-        )
+    refusal = "; from_base takes a plain encoder directory (load an EARL checkpoint with EarlRanker.from_pretrained)"
+    metadata_of_kind(directory, (), refusal)
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
         require_supported(config.model_type)
@@ -129,17 +117,14 @@ def base_reference(base: str | Path, weights_sha256: str) -> str:
     return str(Path(base).resolve())
 
 
-def read_earl_checkpoint(path: str | Path) -> EarlCheckpoint:
-    """Read and check a ranker checkpoint written by `write_earl_checkpoint`."""
-    directory = require_checkpoint_dir(Path(path))
-    metadata = read_metadata(directory)
-    if metadata is None:
-        raise DilstoreError(
-            f"{directory} is a base encoder without dilstore metadata: start a ranker from it with "
-            "EarlRanker.from_base(directory, query_layers=N)"
-        )
-    if metadata.kind != KIND:
-        raise DilstoreError(f"{directory} holds a {metadata.kind!r} checkpoint, not an {KIND!r} ranker")
+def read_earl_metadata(directory: Path) -> CheckpointMetadata:
+    """An earl checkpoint's dilstore.json, which must also describe the judger blocks; other kinds are refused."""
+    metadata = trained_metadata(
+        directory,
+        (KIND,),
+        f", not an {KIND!r} ranker",
+        ": start a ranker from it with EarlRanker.from_base(directory, EarlConfig(query_layers=N))",
+    )
     if metadata.judger_blocks is None or metadata.pooling is None or metadata.tied is None:
         raise DilstoreError(f"{directory}: an earl checkpoint's metadata needs judger_blocks, pooling and tied")
     if metadata.judger_blocks != metadata.num_layers - metadata.layers:
@@ -147,7 +132,7 @@ def read_earl_checkpoint(path: str | Path) -> EarlCheckpoint:
             f"{directory}: judger_blocks {metadata.judger_blocks} is not num_layers {metadata.num_layers} "
             f"minus layers {metadata.layers}"
         )
-    return EarlCheckpoint(directory, metadata, *load_checkpoint_files(directory, metadata))
+    return metadata
 
 
 def load_checkpoint_files(
@@ -155,7 +140,7 @@ def load_checkpoint_files(
 ) -> tuple[BertConfig, PreTrainedTokenizerBase, dict[str, torch.Tensor]]:
     """Config, tokenizer and weights of a ranker checkpoint directory, checked against its dilstore.json.
 
-    Shared by every ranker kind (EARL here, the baselines in reader/modeling/ranker_checkpoints.py).
+    Shared by every ranker kind (reader/modeling/ranker_checkpoints.py).
     """
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)

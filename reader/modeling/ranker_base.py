@@ -9,7 +9,7 @@ once here:
 
     from_encoder     copy the encoder's config, build the ranker, `_initialise_from` its weights
     from_base        from_encoder over a plain Hugging Face BERT directory (load_base_encoder)
-    from_pretrained  `_read_checkpoint`, build the ranker with `_checkpoint_options`, `_load_checkpoint_state`,
+    from_pretrained  `_read_checkpoint`, build the ranker it describes (`_built_for`), `_load_checkpoint_state`,
                      and take the query length it was trained with (`trained_query_length`)
     save_pretrained  config.json, tokenizer, model.safetensors and `metadata()` as dilstore.json
     score_texts      score_text_pairs over the ranker's own tokenize_query, tokenize_document, score_groups
@@ -20,9 +20,10 @@ from __future__ import annotations
 import copy
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any, Self
+from typing import Self
 
 import torch
 from torch import nn
@@ -30,19 +31,14 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, CheckpointMetadata
 from dilstore.reader.modeling.dilbert import HEAD_INIT_SEED
-from dilstore.reader.modeling.earl_checkpoints import (
-    EarlCheckpoint,
-    load_base_encoder,
-    require_supported,
-    write_earl_checkpoint,
-)
+from dilstore.reader.modeling.earl_checkpoints import load_base_encoder, require_supported, write_earl_checkpoint
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, score_text_pairs
 from dilstore.storage.errors import DilstoreError
 
 
 class RankerBase(nn.Module, ABC):
-    """A ranker module built as `cls(config, tokenizer, *options)` and saved as a dilstore checkpoint directory.
+    """A ranker module built as `cls(config, tokenizer)` (EARL: and an EarlConfig), saved as a checkpoint directory.
 
     A subclass sets `kind` (its dilstore.json kind) and `description` (how
     errors name it), implements `metadata` and `_initialise_from`, and the
@@ -63,34 +59,28 @@ class RankerBase(nn.Module, ABC):
         self.max_query_length: int = DEFAULT_MAX_QUERY_LENGTH
 
     @classmethod
-    def from_encoder(cls, encoder: BertModel, tokenizer: PreTrainedTokenizerBase, *options: Any) -> Self:
+    def from_encoder(cls, encoder: BertModel, tokenizer: PreTrainedTokenizerBase) -> Self:
         """A new ranker over a copy of `encoder`'s config, initialised from its weights (eval mode).
 
-        `options` follow config and tokenizer in the constructor (EARL's N,
-        pooling and tying). The weights are copied, never shared, and the
-        caller's random stream is left alone.
+        The weights are copied, never shared, and the caller's random stream is left alone.
         """
-        base = encoder.base_model
-        with torch.random.fork_rng(devices=[]):
-            ranker = cls(copy.deepcopy(base.config), tokenizer, *options)
-            ranker._initialise_from(base)
-        return ranker.eval()
+        return cls._started(encoder, partial(cls, tokenizer=tokenizer))
 
     @classmethod
-    def from_base(cls, path: str | Path, *options: Any) -> Self:
+    def from_base(cls, path: str | Path) -> Self:
         """A new ranker from a plain Hugging Face BERT directory (e.g. base_model_dir()), as `from_encoder`."""
         encoder, tokenizer = load_base_encoder(path)
-        return cls.from_encoder(encoder, tokenizer, *options)
+        return cls.from_encoder(encoder, tokenizer)
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> Self:
-        """Load a ranker saved by `save_pretrained` (eval mode); its options come from its dilstore.json.
+        """Load a ranker saved by `save_pretrained` (eval mode); its variant comes from its dilstore.json.
 
         Weights are upcast to fp32 whatever dtype they were stored in.
         """
         checkpoint = cls._read_checkpoint(path)
         with torch.random.fork_rng(devices=[]):
-            ranker = cls(checkpoint.config, checkpoint.tokenizer, *cls._checkpoint_options(checkpoint.metadata))
+            ranker = cls._built_for(checkpoint)
         ranker._load_checkpoint_state(checkpoint)
         ranker.max_query_length = trained_query_length(Path(path))
         return ranker.eval()
@@ -118,16 +108,29 @@ class RankerBase(nn.Module, ABC):
         """Take over the weights of the pretrained `encoder` (a BertModel of this ranker's config)."""
 
     @classmethod
-    def _read_checkpoint(cls, path: str | Path) -> RankerCheckpoint | EarlCheckpoint:
+    def _read_checkpoint(cls, path: str | Path) -> RankerCheckpoint:
         """The checkpoint directory `path`, read and checked as one of this `kind`."""
         return read_ranker_checkpoint(path, cls.kind)
 
     @classmethod
-    def _checkpoint_options(cls, metadata: CheckpointMetadata) -> tuple[Any, ...]:
-        """The constructor's options after config and tokenizer, as a checkpoint's metadata records them."""
-        return ()
+    def _built_for(cls, checkpoint: RankerCheckpoint) -> Self:
+        """A fresh ranker (random weights) of the variant the checkpoint records; the baselines have no variants."""
+        return cls(checkpoint.config, checkpoint.tokenizer)
 
-    def _load_checkpoint_state(self, checkpoint: RankerCheckpoint | EarlCheckpoint) -> None:
+    @classmethod
+    def _started(cls, encoder: BertModel, build: Callable[[BertConfig], Self]) -> Self:
+        """`build` over a copy of `encoder`'s config, initialised from its weights, in eval mode.
+
+        `build` is the constructor with everything but the config bound (the
+        tokenizer, EARL's variant). The caller's random stream is left alone.
+        """
+        base = encoder.base_model
+        with torch.random.fork_rng(devices=[]):
+            ranker = build(copy.deepcopy(base.config))
+            ranker._initialise_from(base)
+        return ranker.eval()
+
+    def _load_checkpoint_state(self, checkpoint: RankerCheckpoint) -> None:
         """Put the checkpoint's weights into this freshly built ranker; every weight must fit exactly."""
         try:
             self.load_state_dict(checkpoint.state)

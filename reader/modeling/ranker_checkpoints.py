@@ -1,13 +1,13 @@
-"""Checkpoint directories of the two baseline rankers (kinds "cross-encoder" and "siamese").
+"""Reading the checkpoint directories of the three trainable rankers (kinds "earl", "cross-encoder" and "siamese").
 
-The same plain layout as an EARL ranker (reader/modeling/earl_checkpoints.py), whose
-writer they share:
+One plain layout, written by write_earl_checkpoint (reader/modeling/earl_checkpoints.py):
 
     config.json        the encoder's BertConfig
     tokenizer files    the fast tokenizer
-    model.safetensors  the ranker's whole state dict (never pickle)
+    model.safetensors  the ranker's whole state dict (never pickle); EARL may leave out a frozen encoder
     dilstore.json      the kind, with `layers` = how many layers see query and document apart:
-                       0 for the cross-encoder (all l layers see the pair), l for the Siamese encoder
+                       N for EARL (which adds judger_blocks, pooling, tied and prior), 0 for the
+                       cross-encoder (all l layers see the pair), l for the Siamese encoder
 
 Every failure is a DilstoreError that names the directory.
 """
@@ -20,14 +20,14 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, PreTrainedTokenizerBase
 
-from dilstore.reader.modeling.checkpoints import CheckpointMetadata, read_metadata, require_checkpoint_dir
-from dilstore.reader.modeling.earl_checkpoints import load_checkpoint_files
-from dilstore.storage.errors import DilstoreError
+from dilstore.reader.modeling.checkpoints import CheckpointMetadata, require_checkpoint_dir, trained_metadata
+from dilstore.reader.modeling.earl_checkpoints import KIND as EARL_KIND
+from dilstore.reader.modeling.earl_checkpoints import load_checkpoint_files, read_earl_metadata
 
 
 @dataclass(frozen=True, eq=False)
 class RankerCheckpoint:
-    """What a baseline ranker checkpoint holds, read and checked but not yet put into a model."""
+    """What a ranker checkpoint holds, read and checked but not yet put into a model."""
 
     directory: Path
     metadata: CheckpointMetadata
@@ -37,11 +37,14 @@ class RankerCheckpoint:
 
 
 def read_ranker_checkpoint(path: str | Path, kind: str) -> RankerCheckpoint:
-    """Read a checkpoint of `kind` written by the ranker's save_pretrained; refuse any other kind."""
+    """Read a checkpoint of ranker `kind` written by its save_pretrained; refuse a base encoder or any other kind.
+
+    Its dilstore.json is checked before any weight is read (an earl one
+    must also describe the judger blocks: read_earl_metadata).
+    """
     directory = require_checkpoint_dir(Path(path))
-    metadata = read_metadata(directory)
-    if metadata is None:
-        raise DilstoreError(f"{directory} is a base encoder without dilstore metadata, not a trained {kind!r} ranker")
-    if metadata.kind != kind:
-        raise DilstoreError(f"{directory} holds a {metadata.kind!r} checkpoint, not a {kind!r} ranker")
+    if kind == EARL_KIND:
+        metadata = read_earl_metadata(directory)
+    else:
+        metadata = trained_metadata(directory, (kind,), f", not a {kind!r} ranker", f", not a trained {kind!r} ranker")
     return RankerCheckpoint(directory, metadata, *load_checkpoint_files(directory, metadata))

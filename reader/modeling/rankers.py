@@ -7,27 +7,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
+from dilstore.reader.modeling.checkpoints import require_checkpoint_dir, trained_metadata
 from dilstore.reader.modeling.cross_encoder import CrossEncoderRanker
-from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS, TrainableRanker
 from dilstore.reader.modeling.siamese import SiameseRanker
 from dilstore.storage.errors import DilstoreError
 
 _CLASSES = {"earl": EarlRanker, "cross-encoder": CrossEncoderRanker, "siamese": SiameseRanker}
-
-
-@dataclass(frozen=True)
-class EarlOptions:
-    """EARL's variant: N query layers (None: l − 2), pooling "cls" or "mean", tied modules, the bi-encoder prior."""
-
-    query_layers: int | None = None
-    pooling: str = "cls"
-    tied: bool = False
-    prior: bool = False
 
 
 def require_kind(kind: str) -> None:
@@ -36,12 +25,14 @@ def require_kind(kind: str) -> None:
         raise DilstoreError(f"unknown ranker kind {kind!r}; the kinds are {', '.join(RANKER_KINDS)}")
 
 
-def new_ranker(kind: str, base: str | Path, earl: EarlOptions | None = None) -> TrainableRanker:
-    """A ranker of `kind` initialised from the plain encoder directory `base` (EARL: the paper's initialisation)."""
+def new_ranker(kind: str, base: str | Path, earl: EarlConfig = EarlConfig()) -> TrainableRanker:
+    """A ranker of `kind` initialised from the plain encoder directory `base` (EARL: the paper's initialisation).
+
+    `earl` is the EARL variant; the baselines have none and ignore it.
+    """
     require_kind(kind)
     if kind == "earl":
-        options = earl or EarlOptions()
-        return EarlRanker.from_base(base, options.query_layers, options.pooling, options.tied, options.prior)
+        return EarlRanker.from_base(base, earl)
     return _CLASSES[kind].from_base(base)
 
 
@@ -53,14 +44,7 @@ def load_ranker(path: str | Path) -> TrainableRanker:
 def checkpoint_kind(path: str | Path) -> str:
     """The ranker kind a checkpoint directory holds; a DilstoreError for a base encoder or another kind."""
     directory = require_checkpoint_dir(Path(path))
-    metadata = read_metadata(directory)
-    if metadata is None:
-        raise DilstoreError(
-            f"{directory} is a base encoder without dilstore metadata, not a trained ranker "
-            f"(kinds: {', '.join(RANKER_KINDS)})"
-        )
-    if metadata.kind not in RANKER_KINDS:
-        raise DilstoreError(
-            f"{directory} holds a {metadata.kind!r} checkpoint, not a ranker ({', '.join(RANKER_KINDS)})"
-        )
-    return metadata.kind
+    kinds = ", ".join(RANKER_KINDS)
+    return trained_metadata(
+        directory, RANKER_KINDS, f", not a ranker ({kinds})", f", not a trained ranker (kinds: {kinds})"
+    ).kind

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
+from dilstore.reader.modeling.checkpoints import metadata_of_kind, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.text.tokenization import TokenizedText, encode_document_windows, encode_passage
 from dilstore.storage.errors import DilstoreError
 
@@ -112,14 +113,7 @@ def load_offline_model(path: str | Path, kind: str, layers: int | None) -> Offli
     """
     wanted = offline_kind(kind)
     directory = require_checkpoint_dir(Path(path))
-    metadata = read_metadata(directory)
-    needed = wanted.model_class.kind
-    if metadata is not None and metadata.kind != needed:
-        makes = [name for name, other in OFFLINE_KINDS.items() if other.model_class.kind == metadata.kind]
-        raise DilstoreError(
-            f"{directory} holds a {metadata.kind!r} checkpoint, which makes {' or '.join(makes) or 'no'} stores; "
-            f"{kind} stores need {wanted.model_name} (dilstore.json kind {needed!r}) or a plain encoder directory"
-        )
+    metadata = metadata_of_kind(directory, (wanted.model_class.kind,), partial(_cannot_make, kind))
     if wanted.model_class is DilBertReader:
         if metadata is not None and layers is not None and layers != metadata.layers:
             raise DilstoreError(
@@ -128,13 +122,23 @@ def load_offline_model(path: str | Path, kind: str, layers: int | None) -> Offli
             )
         return DilBertReader.from_pretrained(directory, layers=layers)
     if metadata is None:
-        return EarlRanker.from_base(directory, query_layers=layers)
+        return EarlRanker.from_base(directory, EarlConfig(query_layers=layers))
     if layers is not None and layers != metadata.layers:
         raise DilstoreError(
             f"{directory} is an EARL ranker with N = {metadata.layers} query layers, not {layers}; "
             "omit the layers (--layers) or give its own N"
         )
     return EarlRanker.from_pretrained(directory)
+
+
+def _cannot_make(kind: str, found: str) -> str:
+    """Why a checkpoint of dilstore.json kind `found` cannot make `kind` stores: what it makes, what they need."""
+    wanted = OFFLINE_KINDS[kind]
+    makes = [name for name, other in OFFLINE_KINDS.items() if other.model_class.kind == found]
+    return (
+        f", which makes {' or '.join(makes) or 'no'} stores; {kind} stores need {wanted.model_name} "
+        f"(dilstore.json kind {wanted.model_class.kind!r}) or a plain encoder directory"
+    )
 
 
 def max_positions(model: OfflineModel) -> int:

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from dilstore.reader.data.ranking_files import Triple, read_paragraphs, read_triples
-from dilstore.reader.modeling.earl import ENCODER_PREFIXES, POOLINGS, EarlRanker
-from dilstore.reader.modeling.rankers import EarlOptions, load_ranker, new_ranker
+from dilstore.reader.modeling.earl import ENCODER_PREFIXES, POOLINGS, EarlConfig, EarlRanker
+from dilstore.reader.modeling.rankers import load_ranker, new_ranker
 from dilstore.reader.modeling.ranking_inputs import (
     DEFAULT_MAX_DOC_LENGTH,
     DEFAULT_MAX_QUERY_LENGTH,
@@ -123,9 +123,9 @@ class RankingTrainingConfig:
         if self.encoder_learning_rate is not None and self.encoder_learning_rate <= 0:
             raise DilstoreError(f"encoder-learning-rate must be positive, got {self.encoder_learning_rate}")
 
-    def earl_options(self) -> EarlOptions:
+    def earl_config(self) -> EarlConfig:
         """The EARL variant this config trains (ignored by the other kinds)."""
-        return EarlOptions(query_layers=self.query_layers, pooling=self.pooling, tied=self.tied, prior=self.prior)
+        return EarlConfig(query_layers=self.query_layers, pooling=self.pooling, tied=self.tied, prior=self.prior)
 
     def learning_rates(self) -> dict[str, float] | None:
         """Parameter-name prefixes with their own peak rate: EARL's encoder copies under encoder_learning_rate."""
@@ -233,7 +233,7 @@ def train_ranker(
     device = training_device(device)
     seed_everything(config.seed)
     resume_from = resume_point(output_dir, config) if resume else None
-    ranker = load_ranker(resume_from) if resume_from else new_ranker(config.kind, base_model, config.earl_options())
+    ranker = load_ranker(resume_from) if resume_from else new_ranker(config.kind, base_model, config.earl_config())
     if ranker.kind != config.kind:
         raise DilstoreError(f"--resume: {resume_from} holds a {ranker.kind!r} ranker, not {config.kind!r}")
     if config.freeze_encoder and resume_from is None:

@@ -25,7 +25,8 @@ from dilstore.reader.evaluation.ranking import (
     write_task_files,
 )
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
-from dilstore.reader.modeling.rankers import EarlOptions, new_ranker
+from dilstore.reader.modeling.earl import EarlConfig
+from dilstore.reader.modeling.rankers import new_ranker
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.paths import ROOT
 from tests.fixtures.ranking_fixtures import write_squad_articles
@@ -63,7 +64,7 @@ def test_dl19_task_keeps_bm25_order_texts_and_the_judged_queries(dl19_file: Path
 
 @pytest.mark.parametrize("kind", ["earl", "cross-encoder", "siamese"])
 def test_rerank_scores_every_candidate_as_the_ranker_scores_pairs(kind: str, tiny_base: Path, dl19_file: Path) -> None:
-    ranker = new_ranker(kind, tiny_base, EarlOptions(query_layers=1))
+    ranker = new_ranker(kind, tiny_base, EarlConfig(query_layers=1))
     task = load_dl19_task(dl19_file, QRELS)
     run = rerank(ranker, task, max_query_length=16, max_doc_length=32, batch_size=2)
     assert {qid: set(scores) for qid, scores in run.items()} == {qid: set(c) for qid, c in task.bm25.items()}

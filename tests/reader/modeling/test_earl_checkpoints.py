@@ -17,7 +17,7 @@ from transformers import RobertaConfig
 
 from dilstore.reader.modeling.checkpoints import BASE_MODEL_REF, METADATA_FILE, BaseEncoderReference, base_model_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.earl_checkpoints import PACKAGED_BASE_WEIGHTS_SHA256, WEIGHTS_FILE, load_base_encoder
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.dilbert_tiny import tiny_model
@@ -105,18 +105,18 @@ def test_a_base_encoder_loads_as_the_papers_initialisation(base_bert: Path) -> N
     torch.manual_seed(5)
     expected_next = torch.rand(1)
     torch.manual_seed(5)
-    ranker = EarlRanker.from_base(base_bert, pooling="mean")
+    ranker = EarlRanker.from_base(base_bert, EarlConfig(pooling="mean"))
     assert torch.equal(torch.rand(1), expected_next)
     assert (ranker.query_layers, ranker.judger_blocks, ranker.pooling, ranker.tied) == (1, 2, "mean", False)
-    assert torch.equal(scores(ranker), scores(EarlRanker.from_base(base_bert, pooling="mean")))
-    reference = EarlRanker.from_encoder(tiny_encoder(seed=3), tokenizer(), pooling="mean")
+    assert torch.equal(scores(ranker), scores(EarlRanker.from_base(base_bert, EarlConfig(pooling="mean"))))
+    reference = EarlRanker.from_encoder(tiny_encoder(seed=3), tokenizer(), EarlConfig(pooling="mean"))
     assert torch.allclose(scores(ranker), scores(reference), atol=1e-6, rtol=0)
     with pytest.raises(DilstoreError, match=r"without dilstore metadata.*EarlRanker\.from_base"):
         EarlRanker.from_pretrained(base_bert)
 
 
 def test_packaged_minilm_loads_with_n4_and_m2() -> None:
-    ranker = EarlRanker.from_base(base_model_dir(), tied=True)
+    ranker = EarlRanker.from_base(base_model_dir(), EarlConfig(tied=True))
     assert (ranker.num_layers, ranker.query_layers, ranker.judger_blocks, ranker.hidden_size) == (6, 4, 2, 384)
     source = ranker.document_encoder.encoder.layer[4].attention.self.query.weight
     assert torch.equal(ranker.blocks[0].cross_attention.query.weight, source)
@@ -213,7 +213,7 @@ def test_the_prior_round_trips_and_a_file_without_it_loads_with_the_prior_off(sa
 @pytest.mark.parametrize("tied", [False, True])
 def test_a_frozen_encoder_is_saved_as_a_reference_to_its_base(base_bert: Path, tied: bool, tmp_path: Path) -> None:
     """Only the judger blocks, head and scale are stored; loading rebuilds the encoder from the base."""
-    ranker = EarlRanker.from_base(base_bert, tied=tied, prior=True)
+    ranker = EarlRanker.from_base(base_bert, EarlConfig(tied=tied, prior=True))
     ranker.freeze_encoder(base_bert)
     with torch.no_grad():
         ranker.score.weight.normal_(std=0.1)  # as if trained
@@ -233,7 +233,7 @@ def test_a_frozen_encoder_is_saved_as_a_reference_to_its_base(base_bert: Path, t
 
 def test_a_changed_base_or_encoder_is_refused(base_bert: Path, tmp_path: Path) -> None:
     base = save_base_encoder(tmp_path / "base", tiny_encoder(seed=3))
-    ranker = EarlRanker.from_base(base, prior=True)
+    ranker = EarlRanker.from_base(base, EarlConfig(prior=True))
     ranker.freeze_encoder(base)
     saved = ranker.save_pretrained(tmp_path / "ranker")
     save_base_encoder(base, tiny_encoder(seed=4))  # the base is replaced after training
@@ -251,7 +251,7 @@ def test_the_packaged_base_is_named_by_reference_whatever_copy_it_came_from(tmp_
     encoder, base_tokenizer = load_base_encoder(base_model_dir())
     encoder.half().save_pretrained(copy)
     base_tokenizer.save_pretrained(copy)
-    ranker = EarlRanker.from_base(copy, tied=True, prior=True)
+    ranker = EarlRanker.from_base(copy, EarlConfig(tied=True, prior=True))
     reference = ranker.freeze_encoder(copy)
     assert reference == BaseEncoderReference(BASE_MODEL_REF, PACKAGED_BASE_WEIGHTS_SHA256)
     saved = ranker.save_pretrained(tmp_path / "ranker")

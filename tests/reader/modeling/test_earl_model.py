@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from transformers import BertModel, RobertaConfig
 from transformers.models.bert.modeling_bert import BertAttention
 
-from dilstore.reader.modeling.earl import ENCODER_PREFIXES, PRIOR_SCALE, EarlRanker
+from dilstore.reader.modeling.earl import ENCODER_PREFIXES, PRIOR_SCALE, EarlConfig, EarlRanker
 from dilstore.reader.modeling.siamese import CosineBiEncoder
 from dilstore.reader.training.losses import softmax_cross_entropy_loss
 from dilstore.storage.errors import DilstoreError
@@ -197,7 +197,7 @@ def reference_scores(encoder: BertModel, head: torch.nn.Linear, pairs: Pairs, qu
 @pytest.mark.parametrize("query_layers", [0, 1, 2])
 def test_split_scores_equal_the_reference_network_at_init(pooling: str, tied: bool, query_layers: int) -> None:
     encoder = tiny_encoder(seed=6)
-    ranker = EarlRanker.from_encoder(encoder, tokenizer(), query_layers, pooling, tied)
+    ranker = EarlRanker.from_encoder(encoder, tokenizer(), EarlConfig(query_layers, pooling, tied))
     pairs = random_pairs(MIXED_LENGTHS, seed=6, pad_id=7)
     expected = reference_scores(encoder, ranker.score, pairs, query_layers, pooling)
     for strategy in ("S1", "S2"):
@@ -208,7 +208,7 @@ def test_split_scores_equal_the_reference_network_at_init(pooling: str, tied: bo
 @pytest.mark.parametrize("tied", [False, True])
 def test_document_module_equals_the_plain_hugging_face_bert_model(tied: bool) -> None:
     encoder = tiny_encoder()
-    ranker = EarlRanker.from_encoder(encoder, tokenizer(), tied=tied)
+    ranker = EarlRanker.from_encoder(encoder, tokenizer(), EarlConfig(tied=tied))
     pairs = random_pairs(MIXED_LENGTHS, seed=1, pad_id=7)
     with torch.no_grad():
         states = ranker.encode_documents(pairs.doc_ids, pairs.doc_mask)  # (b, n, d)
@@ -220,7 +220,7 @@ def test_document_module_equals_the_plain_hugging_face_bert_model(tied: bool) ->
 def test_query_module_equals_the_first_n_layers_of_the_plain_model() -> None:
     """The untied query module at init is copy 2's embeddings and layers 1..N: HF's hidden_states[N]."""
     encoder = tiny_encoder()
-    ranker = EarlRanker.from_encoder(encoder, tokenizer(), query_layers=2)
+    ranker = EarlRanker.from_encoder(encoder, tokenizer(), EarlConfig(query_layers=2))
     pairs = random_pairs(MIXED_LENGTHS, seed=2)
     with torch.no_grad():
         states = ranker.encode_queries(pairs.query_ids, pairs.query_mask)  # (b, nq, d)
@@ -260,7 +260,7 @@ def test_cross_attention_starts_as_a_separate_copy_of_the_source_self_attention(
 
 def test_modules_are_copies_of_the_encoder_in_the_papers_split() -> None:
     encoder = tiny_encoder()
-    ranker = EarlRanker.from_encoder(encoder, tokenizer(), query_layers=2)
+    ranker = EarlRanker.from_encoder(encoder, tokenizer(), EarlConfig(query_layers=2))
     source = encoder.state_dict()
     assert all(torch.equal(tensor, source[name]) for name, tensor in ranker.document_encoder.state_dict().items())
     query_state = ranker.query_encoder.state_dict()
@@ -300,7 +300,7 @@ def test_score_head_is_seeded_and_loading_leaves_the_callers_random_stream_alone
     torch.manual_seed(123)
     first = EarlRanker.from_encoder(encoder, tokenizer())
     after = torch.rand(1)
-    second = EarlRanker.from_encoder(encoder, tokenizer(), tied=True)
+    second = EarlRanker.from_encoder(encoder, tokenizer(), EarlConfig(tied=True))
     assert torch.equal(first.score.weight, second.score.weight) and bool(first.score.weight.ne(0).any())
     assert torch.equal(after, expected_next)
 
@@ -321,7 +321,7 @@ def sentence_embeddings(encoder: BertModel, ids: torch.Tensor, mask: torch.Tenso
 def test_untrained_prior_ranker_scores_as_the_cosine_bi_encoder_times_20(tied: bool, query_layers: int) -> None:
     """The head starts at zero and the scale at 20: scores are exactly 20 × CosineBiEncoder's, same ranking."""
     encoder = tiny_encoder(seed=8)
-    ranker = EarlRanker.from_encoder(encoder, tokenizer(), query_layers, "cls", tied, prior=True)
+    ranker = EarlRanker.from_encoder(encoder, tokenizer(), EarlConfig(query_layers, "cls", tied, prior=True))
     bi_encoder = CosineBiEncoder.from_encoder(encoder, tokenizer())
     assert ranker.prior_scale.item() == PRIOR_SCALE == 20.0
     assert not ranker.score.weight.any() and not ranker.score.bias.any()
@@ -340,7 +340,7 @@ def test_untrained_prior_ranker_scores_as_the_cosine_bi_encoder_times_20(tied: b
 def test_prior_vectors_are_the_base_models_sentence_embeddings(tied: bool) -> None:
     """The query's states after layer N continue through the document module; both sides are mean-pooled."""
     encoder = tiny_encoder(seed=9)
-    ranker = EarlRanker.from_encoder(encoder, tokenizer(), query_layers=1, tied=tied, prior=True)
+    ranker = EarlRanker.from_encoder(encoder, tokenizer(), EarlConfig(query_layers=1, tied=tied, prior=True))
     pairs = random_pairs(MIXED_LENGTHS, seed=9, pad_id=7)
     with torch.no_grad():
         query_states = ranker.encode_queries(pairs.query_ids, pairs.query_mask)  # (b, nq, d)
@@ -404,16 +404,16 @@ def test_defaults_follow_the_paper() -> None:
 @pytest.mark.parametrize("query_layers", [-1, 3, 1.0, True])
 def test_query_layers_must_leave_a_judger_block(query_layers) -> None:
     with pytest.raises(DilstoreError, match=r"query_layers \(N\) must be an integer in 0\.\.2"):
-        EarlRanker(tiny_config(), tokenizer(), query_layers=query_layers)
+        EarlRanker(tiny_config(), tokenizer(), EarlConfig(query_layers=query_layers))
 
 
 def test_bad_pooling_tying_and_architecture_are_refused() -> None:
     with pytest.raises(DilstoreError, match="pooling must be one of cls, mean, got 'max'"):
-        EarlRanker(tiny_config(), tokenizer(), pooling="max")
+        EarlConfig(pooling="max")
     with pytest.raises(DilstoreError, match="tied must be True or False"):
-        EarlRanker(tiny_config(), tokenizer(), tied="yes")
+        EarlConfig(tied="yes")
     with pytest.raises(DilstoreError, match="prior must be True or False"):
-        EarlRanker(tiny_config(), tokenizer(), prior=1)
+        EarlConfig(prior=1)
     roberta = RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
     with pytest.raises(DilstoreError, match="'roberta' is not supported by the EARL ranker; supported: bert"):
         EarlRanker(roberta, tokenizer())

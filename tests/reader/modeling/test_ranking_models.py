@@ -14,8 +14,8 @@ import torch
 from dilstore.reader.batching import pad_token_ids
 from dilstore.reader.modeling.checkpoints import METADATA_FILE
 from dilstore.reader.modeling.cross_encoder import CrossEncoderRanker
-from dilstore.reader.modeling.earl import EarlRanker
-from dilstore.reader.modeling.rankers import EarlOptions, checkpoint_kind, load_ranker, new_ranker
+from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
+from dilstore.reader.modeling.rankers import checkpoint_kind, load_ranker, new_ranker
 from dilstore.reader.modeling.siamese import CosineBiEncoder, SiameseRanker
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
@@ -37,7 +37,7 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def ranker(kind: str, base: Path):
-    return new_ranker(kind, base, EarlOptions(query_layers=1))
+    return new_ranker(kind, base, EarlConfig(query_layers=1))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -94,7 +94,8 @@ def test_cross_encoder_reads_q_then_d_with_segments_0_and_1(tiny_base: Path) -> 
     query, document = model.tokenize_query("who runs trams", 32), model.tokenize_document(DOCUMENTS[0], 10)
     assert query[0] == tokenizer.cls_token_id and query[-1] == tokenizer.sep_token_id
     assert len(document) == 9 and document[-1] == tokenizer.sep_token_id and tokenizer.cls_token_id not in document
-    earl_document = EarlRanker.from_encoder(model.encoder, tokenizer, 1).tokenize_document(DOCUMENTS[0], 10)
+    earl = EarlRanker.from_encoder(model.encoder, tokenizer, EarlConfig(query_layers=1))
+    earl_document = earl.tokenize_document(DOCUMENTS[0], 10)
     assert document.tolist() == earl_document[1:].tolist(), "the same word pieces as EARL's [CLS] d [SEP]"
     pair = torch.tensor([list(query) + list(document)])
     segments = torch.tensor([[0] * len(query) + [1] * len(document)])

@@ -26,7 +26,7 @@ from transformers import BertModel
 
 from dilstore.pipelines.passages import Passage
 from dilstore.reader.batching import BatchPolicy
-from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import (
     DEFAULT_RANKER_REF,
@@ -414,7 +414,7 @@ def test_kind_and_model_errors_exit_2_with_one_line_before_any_work(
 @pytest.fixture(scope="module")
 def prior_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tied prior ranker whose head and scale were moved off their start, so judger and prior both count."""
-    ranker = EarlRanker.from_encoder(text_encoder(seed=2), tokenizer(), tied=True, prior=True)
+    ranker = EarlRanker.from_encoder(text_encoder(seed=2), tokenizer(), EarlConfig(tied=True, prior=True))
     with torch.no_grad():
         ranker.score.weight.normal_(std=0.1, generator=torch.Generator().manual_seed(2))
         ranker.prior_scale.fill_(5.0)

@@ -24,7 +24,7 @@ import torch
 from transformers import BertConfig, BertModel
 
 from dilstore.reader.data.trec import rank_documents, read_run, write_run
-from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_QUERY_LENGTH
@@ -80,7 +80,7 @@ def save_ranker(directory: Path, seed: int, prior: bool = False) -> Path:
     )  # fmt: skip
     torch.manual_seed(seed)
     encoder = BertModel(config, add_pooling_layer=False).eval()
-    return EarlRanker.from_encoder(encoder, tokenizer(), prior=prior).save_pretrained(directory)
+    return EarlRanker.from_encoder(encoder, tokenizer(), EarlConfig(prior=prior)).save_pretrained(directory)
 
 
 def write_earl_store(directory: Path, ranker: EarlRanker, kind: str, encoding: str) -> Path:

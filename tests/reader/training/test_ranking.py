@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
-from dilstore.reader.modeling.rankers import EarlOptions, load_ranker, new_ranker
+from dilstore.reader.modeling.earl import EarlConfig
+from dilstore.reader.modeling.rankers import load_ranker, new_ranker
 from dilstore.reader.training.ranking import (
     RankingTrainingConfig,
     accumulate_ranking_gradients,
@@ -139,7 +140,7 @@ def test_gradient_accumulation_matches_the_larger_batch(tiny_base: Path, overfit
     """Two accumulated micro-batches of 2 triples give the gradient and loss of one batch of 4."""
     triples, paragraphs = overfit_files
     config = RankingTrainingConfig(kind="earl", query_layers=1, **SMALL)
-    ranker = new_ranker("earl", tiny_base, EarlOptions(query_layers=1)).train()
+    ranker = new_ranker("earl", tiny_base, EarlConfig(query_layers=1)).train()
     data = load_ranking_data(ranker, triples, paragraphs, config)
     cpu = torch.device("cpu")
     large_loss = accumulate_ranking_gradients(ranker, data, [[0, 1, 2, 3]], config, cpu)
@@ -228,7 +229,7 @@ def test_cli_prior_with_a_frozen_encoder_trains_judger_head_and_scale_only(
                    "--max-doc-length", "24", "--tied", "--prior", "--freeze-encoder", "--device", "cpu",
                    "--threads", "1", "--no-progress", "--json"])  # fmt: skip
     assert status == 0, capsys.readouterr().err
-    base = new_ranker("earl", tiny_base, EarlOptions(tied=True, prior=True))
+    base = new_ranker("earl", tiny_base, EarlConfig(tied=True, prior=True))
     ranker = load_ranker(tmp_path)
     assert ranker.prior and ranker.base_encoder.model == str(tiny_base.resolve())
     for name, tensor in ranker.document_encoder.state_dict().items():
@@ -248,7 +249,7 @@ def test_encoder_learning_rate_gives_the_encoder_copies_their_own_rate(
     triples, paragraphs = overfit_files
     config = RankingTrainingConfig(kind="earl", query_layers=1, prior=True, max_steps=2, batch_size=2,
                                    learning_rate=1e-2, encoder_learning_rate=1e-9, warmup_ratio=0.0, **SMALL)  # fmt: skip
-    base = new_ranker("earl", tiny_base, EarlOptions(query_layers=1, prior=True))
+    base = new_ranker("earl", tiny_base, EarlConfig(query_layers=1, prior=True))
     result = train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="lr", progress=False)
     trained, start = parameters(result.ranker), parameters(base)
     for name in trained:
