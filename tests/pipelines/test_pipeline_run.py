@@ -29,7 +29,7 @@ from dilstore.pipelines.options import LocalDefaults, assemble_beam_flags, pipel
 from dilstore.pipelines.precompute import NAMESPACE, build_pipeline
 from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, route
 from dilstore.reader.batching import BatchPolicy
-from dilstore.reader.offline.encoding import cached_reader, encode_tokenized
+from dilstore.reader.offline.encoding import encode_tokenized, load_reader
 from dilstore.runners import cli
 from dilstore.runners.cmd_precompute import build_job, quiet_dask_logging
 from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook
@@ -103,7 +103,7 @@ def metered_run(tmp_path_factory: pytest.TempPathFactory, corpus, tiny_dir: Path
 
 def expected_units(corpus, tiny_dir: Path):
     """Every stored unit the corpus should give, tokenized and encoded directly (no Beam)."""
-    reader = cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
+    reader = load_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
     documents = {}
     for path in corpus:
         for record in read_corpus(path, "jsonl"):
