@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from dilstore.reader.data.qa_batches import QABatch, collate_features
-from dilstore.reader.data.qa_features import QAFeature, build_features
+from dilstore.reader.data.qa_features import QAFeature, window_features
 from dilstore.reader.data.squad import load_squad
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.loop import (
@@ -123,15 +123,7 @@ def load_training_data(tokenizer: Any, train_file: Path, config: TrainingConfig)
         examples = examples[: config.train_limit]
     if not examples:
         raise DilstoreError(f"{train_file}: no training questions")
-    features = list(
-        build_features(
-            tokenizer,
-            examples,
-            max_seq_length=config.max_seq_length,
-            doc_stride=config.doc_stride,
-            max_question_length=config.max_question_length,
-        )
-    )
+    features = window_features(tokenizer, examples, config)
     return TrainingData(features=features, questions=len(examples), pad_token_id=tokenizer.pad_token_id)
 
 

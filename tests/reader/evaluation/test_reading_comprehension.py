@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dilstore.reader.data.qa_batches import QABatch, collate_features
-from dilstore.reader.data.qa_features import answer_token_range, build_features
+from dilstore.reader.data.qa_features import answer_token_range, build_features, window_features
 from dilstore.reader.data.squad import load_squad
 from dilstore.reader.evaluation.reading_comprehension import (
     ReadingSettings,
@@ -64,16 +64,7 @@ def oracle_scorer(batch: QABatch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def oracle_predictions(tokenizer, examples, reading: ReadingSettings) -> dict[str, str]:
-    features = list(
-        build_features(
-            tokenizer,
-            examples,
-            max_seq_length=reading.max_seq_length,
-            doc_stride=reading.doc_stride,
-            max_question_length=reading.max_question_length,
-        )
-    )
-    return predict_answers(features, oracle_scorer, reading, tokenizer.pad_token_id)
+    return predict_answers(window_features(tokenizer, examples, reading), oracle_scorer, reading, tokenizer.pad_token_id)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
