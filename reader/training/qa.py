@@ -231,9 +231,7 @@ def train_qa(
 ) -> TrainingResult:
     """Fine-tune the reader at `model_dir` (a base model or a reader) with k=config.layers; save to `output_dir`.
 
-    With `resume`, the newest complete checkpoint under OUTPUT/checkpoints
-    is loaded (weights, optimizer, scheduler, RNG, position) and the run
-    continues where it stopped; the config must match the interrupted run's.
+    With `resume`, the run continues from its newest checkpoint (runs.start_run).
     """
     start = start_run(output_dir, config, resume=resume, device=device)
     reader = DilBertReader.from_pretrained(start.resume_from or model_dir, layers=config.layers)

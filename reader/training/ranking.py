@@ -217,9 +217,7 @@ def train_ranker(
 ) -> RankingTrainingResult:
     """Train a `config.kind` ranker initialised from the plain encoder `base_model`; save it to `output_dir`.
 
-    With `resume`, the newest complete checkpoint under OUTPUT/checkpoints
-    is loaded (weights, optimizer, scheduler, RNG, position) and the run
-    continues where it stopped; the config must match the interrupted run's.
+    With `resume`, the run continues from its newest checkpoint (runs.start_run).
     """
     start = start_run(output_dir, config, resume=resume, device=device)
     resume_from = start.resume_from

@@ -75,7 +75,13 @@ class TrainerRun:
 def start_run(
     output_dir: Path, config: LoopSettings, *, resume: bool, device: str | torch.device | None
 ) -> RunStart:
-    """Step 1 of the module docstring: pick the device, seed everything, and find the checkpoint to resume from."""
+    """Step 1 of the module docstring: pick the device, seed everything, and find the checkpoint to resume from.
+
+    With `resume`, the newest complete checkpoint under OUTPUT/checkpoints is
+    the one: `finish_run` restores its optimizer, scheduler, RNG and position,
+    and the trainer loads its weights, so the run continues where it stopped;
+    the config must match the interrupted run's (a DilstoreError otherwise).
+    """
     output_dir = Path(output_dir)
     chosen = training_device(device)
     seed_everything(config.seed)
