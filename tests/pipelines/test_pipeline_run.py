@@ -236,6 +236,20 @@ def test_the_progress_bar_shows_passages_per_second(corpus, tiny_dir: Path, tmp_
     assert "precompute summary" in captured.out
 
 
+def refused_precompute(tiny_dir: Path, tmp_path: Path, capsys, *extra: str) -> str:
+    """Run `precompute` of the tiny model into tmp_path/s from tmp_path; check that it exits 2 and return its stderr.
+
+    `extra` options come last; a small corpus is added unless they name --input.
+    """
+    args = ["precompute", "--model", str(tiny_dir), "--output", str(tmp_path / "s"), "--no-progress", *extra]
+    if "--input" not in extra:
+        args += ["--input", str(write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2)))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        assert cli.main(args) == 2
+    return capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -249,14 +263,7 @@ def test_the_progress_bar_shows_passages_per_second(corpus, tiny_dir: Path, tmp_
 )
 def test_user_errors_exit_2_with_a_message(tiny_dir: Path, tmp_path: Path, capsys, extra, message) -> None:
     (tmp_path / "corpus.txt").write_text("x\n")
-    args = ["precompute", "--model", str(tiny_dir), "--output", str(tmp_path / "s"), "--no-progress",
-            "--max-length", str(MAX_LENGTH), *extra]
-    if "--input" not in extra:
-        args += ["--input", str(write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2)))]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(tmp_path)
-        assert cli.main(args) == 2
-    err = capsys.readouterr().err
+    err = refused_precompute(tiny_dir, tmp_path, capsys, "--max-length", str(MAX_LENGTH), *extra)
     assert err.startswith("dilstore precompute: error:") and message in err
 
 
@@ -332,13 +339,7 @@ def test_bad_inputs_are_usage_errors_before_anything_is_written(
     tiny_dir: Path, tmp_path: Path, capsys, extra: list[str], message: str
 ) -> None:
     """Each stops with exit 2 and one line naming the problem, and the store folder is never created."""
-    args = ["precompute", "--model", str(tiny_dir), "--output", str(tmp_path / "s"), "--no-progress", *extra]
-    if "--input" not in extra:
-        args += ["--input", str(write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2)))]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(tmp_path)
-        assert cli.main(args) == 2
-    err = capsys.readouterr().err
+    err = refused_precompute(tiny_dir, tmp_path, capsys, *extra)
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "s").exists()
 
