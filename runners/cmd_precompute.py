@@ -334,7 +334,7 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
 
 
 def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
-    """Say on stderr when an EARL or Listformer store is about to be made by a ranker initialised from a plain encoder."""
+    """Say on stderr when an EARL or Listformer store is about to be made by a ranker started from a plain encoder."""
     from dilstore.reader.modeling.checkpoints import read_metadata
     from dilstore.reader.modeling.earl import EarlRanker
     from dilstore.reader.modeling.listformer import ListformerRanker

@@ -186,7 +186,8 @@ class ListformerRanker(RankerBase):
         run continues exactly; loading upcasts to fp32 either way.
         """
         state = {
-            name: tensor.to(dtype) if tensor.is_floating_point() else tensor for name, tensor in self.state_dict().items()
+            name: tensor.to(dtype) if tensor.is_floating_point() else tensor
+            for name, tensor in self.state_dict().items()
         }
         return write_earl_checkpoint(path, self.config, self.tokenizer, state, self.metadata())
 
