@@ -282,7 +282,8 @@ def train(args: argparse.Namespace) -> int:
 
 def prepare(args: argparse.Namespace) -> int:
     """The `prepare` command: the carried ranking folder and the fp16 base model (needs pyserini, shared data)."""
-    from dilstore.reader.modeling.checkpoints import TOKENIZER_FILES, base_model_dir
+    from dilstore.reader.modeling.checkpoints import base_model_dir
+    from random_models import TOKENIZER_FILES
     from dilstore.reader.modeling.earl_checkpoints import load_base_encoder
     from dilstore.reader.evaluation.ranking import load_dl19_task, save_task, squad_dev_task
     from dilstore.reader.data.trec import read_qrels

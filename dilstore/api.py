@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the heavy layers load on first use, so `import dilstore` st
     from dilstore.reader.evaluation.open_domain import QAEvaluation
     from dilstore.reader.evaluation.rank_metrics import RankEvaluation
     from dilstore.reader.serving.odqa import OpenDomainReader
-    from dilstore.reader.serving.rerank import EarlReranker
+    from dilstore.reader.serving.rerank import StoreReranker
     from dilstore.storage.reader import Store
 
 PathLike = str | Path
@@ -54,15 +54,15 @@ def open_reader(
     return open_odqa_reader(store, model, index_dir=index, settings=OdqaSettings(**chosen), device=device)
 
 
-def open_reranker(store: PathLike, model: PathLike | None = None, *, device: str | None = None) -> EarlReranker:
-    """An EARL reranker over an earl-s1 or earl-s2 store: `reranker.rerank(query, doc_ids)` → {doc_id: score}.
+def open_reranker(store: PathLike, model: PathLike | None = None, *, device: str | None = None) -> StoreReranker:
+    """A reranker over an earl-s1, earl-s2 or listformer store: `reranker.rerank(query, doc_ids)` → {doc_id: score}.
 
-    `model` defaults to the shipped EARL ranker and must be the one that made the store.
+    `model` must be the one that made the store; for EARL stores it defaults
+    to the shipped EARL ranker (no Listformer is shipped).
     """
-    from dilstore.reader.packaged.shipped import default_ranker_dir
-    from dilstore.reader.serving.rerank import open_reranker as open_earl_reranker
+    from dilstore.reader.serving.rerank import open_reranker as open_store_reranker
 
-    return open_earl_reranker(store, default_ranker_dir() if model is None else model, device=device)
+    return open_store_reranker(store, model, device=device)
 
 
 def precompute(**options: Any) -> Path:

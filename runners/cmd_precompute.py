@@ -12,10 +12,14 @@ finalized only when every shard is there.
 
 --kind picks what is stored per token: dilbert (a DilBert reader's passage
 states after layer k, d values), earl-s1 (an EARL ranker's document-module
-output, d values) or earl-s2 (its judger blocks' keys and values, M x 2 x d
-values). The EARL kinds default to the packaged EARL ranker; --model takes
-another EARL ranker checkpoint, or a plain encoder directory (e.g.
-package:base-model), whose untrained ranker suits speed and size tests only.
+output, d values), earl-s2 (its judger blocks' keys and values, M x 2 x d
+values) or listformer (a delayed Listformer's document states after its
+layers 1..k, d values). The EARL kinds default to the packaged EARL ranker;
+--model takes another EARL ranker checkpoint, or a plain encoder directory
+(e.g. package:base-model), whose untrained ranker suits speed and size tests
+only. No Listformer is packaged: listformer stores need --model, a Listformer
+checkpoint (`dilstore train listformer --delayed-layers K`) or a plain encoder
+with --layers K.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
     from dilstore.reader.offline.kinds import OfflineModel
 
 DEFAULT_OUTPUT = "dilstore-store"
-KINDS = ("dilbert", "earl-s1", "earl-s2")
+KINDS = ("dilbert", "earl-s1", "earl-s2", "listformer")
 ENCODINGS = ("fp32", "fp16", "int8", "2bit", "1bit")
 COMPRESSIONS = ("none", *COMPRESSORS)
 SPLITS = ("words", "paragraphs", "none")
@@ -95,17 +99,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--output", type=Path, default=Path(DEFAULT_OUTPUT), metavar="STORE",
                        help=f"store directory to write (default ./{DEFAULT_OUTPUT})")
     model.add_argument("--model", metavar="DIR",
-                       help="checkpoint directory: a DilBert reader (dilbert) or an EARL ranker (earl-s1, earl-s2), "
-                            "or a plain encoder directory to start one from (default: the packaged DilBert "
-                            "checkpoint for dilbert, the packaged EARL ranker for the EARL kinds)")
+                       help="checkpoint directory: a DilBert reader (dilbert), an EARL ranker (earl-s1, earl-s2) or "
+                            "a Listformer (listformer), or a plain encoder directory to start one from (default: "
+                            "the packaged DilBert checkpoint for dilbert, the packaged EARL ranker for the EARL "
+                            "kinds; listformer needs it)")
     model.add_argument("--kind", choices=KINDS, default="dilbert",
                        help="what is stored per token: dilbert (passage states after layer k, d values), "
                             "earl-s1 (EARL document-module output, d values), earl-s2 (EARL judger-block keys "
-                            "and values, M x 2 x d values) (default dilbert)")
+                            "and values, M x 2 x d values), listformer (Listformer document states after its "
+                            "delayed layers k, d values) (default dilbert)")
     model.add_argument("--layers", type=int, metavar="K",
-                       help="the split: k, the offline layers, for dilbert; N, the query layers, for earl-s1 and "
-                            "earl-s2 (default: the checkpoint's own; with a plain encoder directory k is required "
-                            "and N defaults to l-2; an EARL checkpoint's N cannot be changed)")
+                       help="the split: k, the offline layers, for dilbert and listformer; N, the query layers, "
+                            "for earl-s1 and earl-s2 (default: the checkpoint's own; with a plain encoder directory "
+                            "k is required and N defaults to l-2; a ranker checkpoint's split cannot be changed)")
     model.add_argument("--encoding", choices=ENCODINGS, default="fp16", help="state encoding (default fp16)")
     model.add_argument("--codebook", type=Path, metavar="DIR",
                        help="2bit/1bit only: use this codebook folder (e.g. another store's codebook/, to append "
@@ -191,6 +197,11 @@ def resolve_model(model: str | None, layers: int | None, kind: str) -> tuple[str
 
     if model is not None:
         return model, layers
+    if kind == "listformer":
+        raise DilstoreError(
+            "listformer stores need --model: a Listformer checkpoint (`dilstore train listformer --delayed-layers K`), "
+            "or a plain encoder directory (e.g. package:base-model) with --layers K; no Listformer is packaged"
+        )
     if kind != "dilbert":
         resolve_model_dir(DEFAULT_RANKER_REF)
         return DEFAULT_RANKER_REF, layers
@@ -323,19 +334,28 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
 
 
 def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
-    """Say on stderr when an EARL store is about to be made by a ranker initialised from a plain encoder."""
+    """Say on stderr when an EARL or Listformer store is about to be made by a ranker started from a plain encoder."""
     from dilstore.reader.modeling.checkpoints import read_metadata
     from dilstore.reader.modeling.earl import EarlRanker
+    from dilstore.reader.modeling.listformer import ListformerRanker
     from dilstore.reader.offline.encoding import resolve_model_dir
 
     directory = resolve_model_dir(model)
-    if isinstance(reader, EarlRanker) and read_metadata(directory) is None:
-        print(
-            f"dilstore precompute: note: {directory} is a plain encoder, so an untrained EARL ranker "
-            f"(N={reader.query_layers}, M={reader.judger_blocks}, {reader.pooling} pooling) is initialised from "
-            "it; its states suit speed and size tests only",
-            file=sys.stderr,
+    if read_metadata(directory) is not None:
+        return
+    if isinstance(reader, EarlRanker):
+        untrained = (
+            f"an untrained EARL ranker (N={reader.query_layers}, M={reader.judger_blocks}, {reader.pooling} pooling)"
         )
+    elif isinstance(reader, ListformerRanker):
+        untrained = f"an untrained Listformer (k={reader.delayed_layers})"
+    else:
+        return
+    print(
+        f"dilstore precompute: note: {directory} is a plain encoder, so {untrained} is initialised from it; "
+        "its states suit speed and size tests only",
+        file=sys.stderr,
+    )
 
 
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:

@@ -1,4 +1,4 @@
-"""`dilstore rerank`: rerank a first-stage TREC run with an EARL ranker over its stored representations."""
+"""`dilstore rerank`: rerank a first-stage TREC run with the ranker of a store (EARL or Listformer) over its states."""
 
 from __future__ import annotations
 
@@ -20,15 +20,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `rerank` subcommand."""
     parser = subparsers.add_parser(
         "rerank",
-        help="rerank a TREC run with stored EARL representations -> TREC run",
+        help="rerank a TREC run with stored EARL or Listformer representations -> TREC run",
         description=(
-            "Rescore each query's top --depth documents of a first-stage TREC run with the EARL ranker that "
-            "made STORE: the query module runs once per query, the judger blocks per (query, document) pair "
-            "over the stored S1 states or S2 keys and values. Documents below --depth follow the reranked "
-            "ones in their first-stage order. The run is written atomically with the tag 'dilstore-earl'."
+            "Rescore each query's top --depth documents of a first-stage TREC run with the ranker that made "
+            "STORE, picked by the store's kind. EARL (earl-s1, earl-s2): the query module runs once per query, "
+            "the judger blocks per (query, document) pair over the stored S1 states or S2 keys and values. "
+            "Listformer (listformer): the query's layers 1..k run once, then layers k+1..l over the query and "
+            "all its top --depth documents' stored states in one pass. Documents below --depth follow the "
+            "reranked ones in their first-stage order. The run is written atomically with the tag "
+            "'dilstore-earl' or 'dilstore-listformer'."
         ),
     )
-    parser.add_argument("store", type=str, help="store made by `dilstore precompute --kind earl-s1|earl-s2`")
+    parser.add_argument(
+        "store", type=str, help="store made by `dilstore precompute --kind earl-s1|earl-s2|listformer`"
+    )
     parser.add_argument("--topics", type=Path, required=True, help="queries: qid<TAB>query per line")
     parser.add_argument(
         "--run", type=Path, required=True, dest="run_file", metavar="RUN",
@@ -37,8 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", type=Path, required=True, help="where to write the reranked TREC run")
     parser.add_argument(
         "--model", type=Path,
-        help="EARL checkpoint that made STORE (default: the packaged EARL ranker, which made stores built "
-             "by `dilstore precompute --kind earl-s1|earl-s2` without --model)",
+        help="the ranker checkpoint that made STORE: an EARL ranker or a Listformer (default for EARL stores: "
+             "the packaged EARL ranker, which made stores built by `dilstore precompute --kind earl-s1|earl-s2` "
+             "without --model; a listformer store needs it)",
     )  # fmt: skip
     parser.add_argument("--depth", type=int, help="documents reranked per query (default 100)")
     parser.add_argument(
@@ -51,9 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "from its dilstore_training.json; 32 without one)",
     )  # fmt: skip
     parser.add_argument(
-        "--pair-batch-tokens", type=int, help="padded query+document tokens per judging batch (default 8192)"
+        "--pair-batch-tokens", type=int,
+        help="EARL: padded query+document tokens per judging batch (default 8192)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-pairs-per-batch", type=int, help="EARL: query-document pairs per judging batch (default 64)"
     )
-    parser.add_argument("--max-pairs-per-batch", type=int, help="query-document pairs per judging batch (default 64)")
     add_runtime_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
@@ -69,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     from tqdm import tqdm
 
-    from dilstore.reader.packaged.shipped import default_ranker_dir
-    from dilstore.reader.serving.rerank import DEFAULT_DEPTH, RUN_TAG, RerankSettings, check_depth, open_reranker, require_topics
+    from dilstore.reader.serving.rerank import DEFAULT_DEPTH, RerankSettings, check_depth, open_reranker, require_topics
     from dilstore.reader.data.trec import read_run, read_topics, write_run
 
     depth = DEFAULT_DEPTH if args.depth is None else args.depth
@@ -81,15 +89,14 @@ def run(args: argparse.Namespace) -> int:
         raise DilstoreError(f"{args.run_file}: the run holds no queries")
     require_topics(topics, first_stage, str(args.topics))
     settings = RerankSettings(**{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None})
-    model = default_ranker_dir() if args.model is None else args.model
-    reranker = open_reranker(args.store, model, settings=settings, device=args.device)
+    reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)
     bar = tqdm(total=len(first_stage), unit="query", desc="rerank", file=sys.stderr, dynamic_ncols=True,
                disable=args.no_progress or args.json)  # fmt: skip
     with bar:
         reranked, stats = reranker.rerank_run(
             topics, first_stage, depth, skip_missing=args.skip_missing, on_query=lambda _: bar.update()
         )
-    write_run(args.output, reranked, tag=RUN_TAG)
+    write_run(args.output, reranked, tag=reranker.run_tag)
     summary = {**stats.to_dict(), "depth": depth, "output": str(args.output)}
     if args.json:
         print(json.dumps(summary))

@@ -131,17 +131,15 @@ def per_store_models(models: Sequence[Path] | None, stores: int) -> list[Path | 
 
 
 def open_served_store(name: str, path: Path, model: Path | None, device: str | None):  # -> ServedStore
-    """Open one store with its checked model as an AskService (dilbert) or RerankService (earl-s1/earl-s2)."""
-    from dilstore.reader.packaged.shipped import default_ranker_dir
+    """Open one store with its checked model as an AskService (dilbert) or RerankService (earl-s1/earl-s2/listformer)."""
     from dilstore.reader.serving.odqa import bm25_index_dir, open_reader
-    from dilstore.reader.serving.rerank import EARL_KINDS, open_reranker
+    from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
     from dilstore.reader.retrieval import Bm25Searcher
     from dilstore.runners.serve_app import AskService, RerankService, ServedStore
     from dilstore.storage.info import store_info
 
     info = store_info(path)
-    if info["kind"] in EARL_KINDS:
-        model = default_ranker_dir() if model is None else model
+    if info["kind"] in RERANK_KINDS:
         reranker = open_reranker(path, model, device=device)
         index = bm25_index_dir(path)
         searcher = Bm25Searcher(index) if any(index.glob("segments_*")) else None

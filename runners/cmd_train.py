@@ -1,8 +1,8 @@
 """`dilstore train`: fine-tune readers and rankers.
 
 `train qa` fine-tunes a DilBert reader on SQuAD; `train earl`, `train
-cross-encoder` and `train siamese` train rankers on the triples that
-`train ranking-data` builds (runners/cmd_train_ranking.py).
+cross-encoder`, `train siamese` and `train listformer` train rankers on the
+triples that `train ranking-data` builds (runners/cmd_train_ranking.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dilstore.storage.errors import DilstoreError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `train` and its sub-subcommands: qa, the three ranker kinds, and ranking-data."""
+    """Add `train` and its sub-subcommands: qa, the ranker kinds, and ranking-data."""
     parser = subparsers.add_parser("train", help="fine-tune readers and rankers", description=__doc__)
     kinds = parser.add_subparsers(dest="train_command", metavar="KIND", required=True)
     register_qa(kinds)

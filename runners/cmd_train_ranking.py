@@ -1,8 +1,9 @@
-"""`dilstore train earl|cross-encoder|siamese` and `dilstore train ranking-data`: paragraph-ranking training.
+"""`dilstore train earl|cross-encoder|siamese|listformer` and `dilstore train ranking-data`: paragraph ranking.
 
 `ranking-data` turns a SQuAD v1.1 file into (query, gold paragraph, BM25
-negatives) triples; the three ranker kinds train on those triples with one
-loop (reader/training/ranking.py).
+negatives) triples; every ranker kind trains on those triples with one loop
+(reader/training/ranking.py). The Listformer reads each query's positive and
+negatives as one list and trains with a listwise loss (ApproxNDCG or ListNet).
 """
 
 from __future__ import annotations
@@ -29,18 +30,24 @@ RANKER_HELP = {
     "earl": "EARL: query module + judger blocks over an offline document module (seed 004)",
     "cross-encoder": "the BERT ranker baseline over [CLS] q [SEP] d [SEP]",
     "siamese": "the BERT-Siamese baseline: mean-pooled embeddings, dot product",
+    "listformer": "the Listformer: a query and its whole document list in one pass, global-local attention (seed 003)",
+}
+LOSS_HELP = {
+    "pairwise": "a softmax or pairwise hinge loss over 1 positive and N negatives per query",
+    "listwise": "a listwise ApproxNDCG or ListNet loss over each query's list of 1 positive and N negatives",
 }
 
 
 def register_rankers(kinds: argparse._SubParsersAction) -> None:
-    """Add `train earl`, `train cross-encoder` and `train siamese`."""
+    """Add `train earl`, `train cross-encoder`, `train siamese` and `train listformer`."""
     for kind, help_text in RANKER_HELP.items():
+        losses = LOSS_HELP["listwise" if kind == "listformer" else "pairwise"]
         parser = kinds.add_parser(
             kind,
             help=f"train {help_text}",
             description=(
-                f"Train {help_text} on triples from `dilstore train ranking-data`, end to end with a softmax or "
-                "pairwise hinge loss over 1 positive and N negatives per query (AdamW, linear warm-up and decay). "
+                f"Train {help_text} on triples from `dilstore train ranking-data`, end to end with {losses} "
+                "(AdamW, linear warm-up and decay). "
                 "Writes the ranker plus dilstore_training.json to --output and periodic resumable checkpoints "
                 "under OUTPUT/checkpoints."
             ),
@@ -84,8 +91,20 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument(
         "--negatives", type=int, default=7, help="negatives per query: the first N of each triple (default 7)"
     )
-    parser.add_argument("--loss", choices=("softmax", "hinge"), default="softmax", help="default softmax")
-    parser.add_argument("--margin", type=float, default=1.0, help="margin of the hinge loss (default 1.0)")
+    if kind == "listformer":
+        parser.add_argument("--loss", choices=("approx-ndcg", "listnet"), default="approx-ndcg",
+                            help="default approx-ndcg")  # fmt: skip
+        parser.add_argument(
+            "--temperature", type=float, default=1.0,
+            help="T of ApproxNDCG's ranks 1 + sum_j sigmoid((s_j - s_i) / T); smaller is closer to NDCG (default 1.0)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--delayed-layers", type=int, default=0, metavar="K",
+            help="k: layers 1..k see each document and the query alone, so precompute can store them (default 0)",
+        )  # fmt: skip
+    else:
+        parser.add_argument("--loss", choices=("softmax", "hinge"), default="softmax", help="default softmax")
+        parser.add_argument("--margin", type=float, default=1.0, help="margin of the hinge loss (default 1.0)")
     add_optimizer_arguments(parser, passes_over="triples", epochs=1, batch_of="queries", batch_size=16)
     parser.add_argument("--max-query-length", type=int, default=32, help="query tokens with [CLS], [SEP] (default 32)")
     parser.add_argument("--max-doc-length", type=int, default=256, help="document tokens with [CLS], [SEP] (256)")
@@ -127,7 +146,9 @@ def run_ranker(args: argparse.Namespace) -> int:
         kind=args.train_command,
         negatives=args.negatives,
         loss=args.loss,
-        margin=args.margin,
+        margin=getattr(args, "margin", 1.0),
+        temperature=getattr(args, "temperature", 1.0),
+        delayed_layers=getattr(args, "delayed_layers", 0),
         max_query_length=args.max_query_length,
         max_doc_length=args.max_doc_length,
         query_layers=getattr(args, "query_layers", None),

@@ -7,9 +7,9 @@ runs on that store's Batcher worker thread (runners/serve_batching.py):
   does (reader/odqa.py: BM25 top-p, stored states, online layers, the seed's
   μ fusion), and batches the question–passage pairs of concurrent requests
   through one `OpenDomainReader.read` call.
-- RerankService (an `earl-s1`/`earl-s2` store): /rerank scores given document
-  ids, or BM25's top k when the store has an index, with `EarlReranker`
-  (reader/rerank.py), one request at a time.
+- RerankService (an `earl-s1`/`earl-s2`/`listformer` store): /rerank scores given
+  document ids, or BM25's top k when the store has an index, with the store's
+  reranker (reader/serving/rerank.py), one request at a time.
 
 Errors: a request the server cannot serve gets a 4xx with a message
 (`{"detail": ...}`): 422 for a malformed body or a bad field (FastAPI's
@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dilstore.reader.serving.odqa import OpenDomainReader, Timings, aggregate
-from dilstore.reader.serving.rerank import EarlReranker
+from dilstore.reader.serving.rerank import StoreReranker
 from dilstore.reader.retrieval import Bm25Searcher
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import CONTENT_TYPE, Metrics
@@ -138,11 +138,11 @@ class AskService:
 
 
 class RerankService:
-    """/rerank over an EARL store, one request at a time; `searcher` serves bm25_top_k requests."""
+    """/rerank over an EARL or Listformer store, one request at a time; `searcher` serves bm25_top_k requests."""
 
     endpoint = RERANK
 
-    def __init__(self, reranker: EarlReranker, searcher: Bm25Searcher | None = None) -> None:
+    def __init__(self, reranker: StoreReranker, searcher: Bm25Searcher | None = None) -> None:
         self.reranker = reranker
         self.searcher = searcher
 

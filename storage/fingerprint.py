@@ -26,8 +26,8 @@ class Fingerprint:
 
     architecture: the model class (e.g. "BertModel"); config_sha256: hash of its
     config; weights_sha256: hash of its weights; tokenizer_sha256: hash of its
-    tokenizer files; kind: representation kind ("dilbert", "earl-s1", "earl-s2");
-    layers: the split point (k for dilbert, N for EARL); encoding: on-disk encoding name; max_length:
+    tokenizer files; kind: representation kind ("dilbert", "earl-s1", "earl-s2", "listformer");
+    layers: the split point (k for dilbert and listformer, N for EARL); encoding: on-disk encoding name; max_length:
     the longest passage window in tokens.
     """
 

@@ -90,6 +90,7 @@ KINDS: dict[str, Kind] = {
         Kind("dilbert", "DilBert passage states after layer k, (T, d)", 1),
         Kind("earl-s1", "EARL S1 document-module output states, (T, d)", 1),
         Kind("earl-s2", "EARL S2 judger-block key/value projections, (T, blocks, 2, d)", 3),
+        Kind("listformer", "Listformer document states after its delayed layers k, (T, d)", 1),
     )
 }
 

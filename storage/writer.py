@@ -133,7 +133,7 @@ def write_shard(
 ) -> ShardSummary:
     """Write `records` as shard `shard_index` of the store at `store_root` and return what was written.
 
-    kind: representation kind ("dilbert", "earl-s1", "earl-s2"); encoding:
+    kind: representation kind ("dilbert", "earl-s1", "earl-s2", "listformer"); encoding:
     "fp32", "fp16", "int8", "2bit" or "1bit"; codebook: the store-wide codebook
     of a 2bit/1bit store (`train_codebook`), copied into the shard; without it
     the shard trains its own on a seeded sample of its states. compressor:

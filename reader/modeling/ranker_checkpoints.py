@@ -1,4 +1,4 @@
-"""Reading the checkpoint directories of the three trainable rankers (kinds "earl", "cross-encoder" and "siamese").
+"""Reading the checkpoint directories of the trainable rankers (kinds "earl", "cross-encoder", "siamese", "listformer").
 
 One plain layout, written by write_earl_checkpoint (reader/modeling/earl_checkpoints.py):
 
@@ -7,7 +7,8 @@ One plain layout, written by write_earl_checkpoint (reader/modeling/earl_checkpo
     model.safetensors  the ranker's whole state dict (never pickle); EARL may leave out a frozen encoder
     dilstore.json      the kind, with `layers` = how many layers see query and document apart:
                        N for EARL (which adds judger_blocks, pooling, tied and prior), 0 for the
-                       cross-encoder (all l layers see the pair), l for the Siamese encoder
+                       cross-encoder (all l layers see the pair), l for the Siamese encoder, k (the
+                       delayed layers) for the Listformer, which writes its weights in fp16
 
 Every failure is a DilstoreError that names the directory.
 """

@@ -1,4 +1,4 @@
-"""What the three trainable rankers (EARL, cross-encoder, Siamese) share: the scoring interface and its checks.
+"""What the trainable rankers (EARL, cross-encoder, Siamese, Listformer) share: the scoring interface and its checks.
 
 Each ranker tokenizes a query and a document on its own, once (so training
 and evaluation tokenize every paragraph a single time), and scores groups of
@@ -10,7 +10,8 @@ documents per query:
     score_texts(queries, documents, ...)   → scores (b,) of b (query, document) text pairs
 
 Training scores groups of 1 positive and n negatives, (b, 1 + n); evaluation
-scores one query's candidates as one group, so EARL encodes that query once.
+scores one query's candidates as one group, so EARL encodes that query once
+and the Listformer reads the whole candidate list in one pass.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dilstore.storage.errors import DilstoreError
 
 DEFAULT_MAX_QUERY_LENGTH = 32
 DEFAULT_MAX_DOC_LENGTH = 256
-RANKER_KINDS = ("earl", "cross-encoder", "siamese")
+RANKER_KINDS = ("earl", "cross-encoder", "siamese", "listformer")
 
 
 class TrainableRanker(Protocol):

@@ -1,11 +1,12 @@
 """Which model makes which store kind, and how: loading, tokenizing and encoding per kind, for precompute.
 
-One table (`OFFLINE_KINDS`) serves the three kinds a store can hold:
+One table (`OFFLINE_KINDS`) serves the four kinds a store can hold:
 
-    kind      model (dilstore.json kind)  stored unit             per-token state
-    dilbert   DilBertReader ("dilbert")   `p [SEP]` windows       encode_passages      (d,)
-    earl-s1   EarlRanker ("earl")         `[CLS] d [SEP]` windows encode_documents     (d,)
-    earl-s2   EarlRanker ("earl")         `[CLS] d [SEP]` windows document_key_values  (M, 2, d)
+    kind        model (dilstore.json kind)          stored unit             per-token state
+    dilbert     DilBertReader ("dilbert")           `p [SEP]` windows       encode_passages      (d,)
+    earl-s1     EarlRanker ("earl")                 `[CLS] d [SEP]` windows encode_documents     (d,)
+    earl-s2     EarlRanker ("earl")                 `[CLS] d [SEP]` windows document_key_values  (M, 2, d)
+    listformer  ListformerRanker ("listformer")     `d [SEP]` windows       encode_documents     (d,)
 
 Loading (`load_offline_model`) checks the directory's dilstore.json before
 any weight is read, so a DilBert checkpoint asked for an EARL kind (or the
@@ -14,7 +15,9 @@ encoder directory (no dilstore.json) starts a new model: a DilBert reader
 with k = `layers`, or an EARL ranker initialised as the paper does
 (`EarlRanker.from_base`: N = `layers`, default l − 2, CLS pooling, untied).
 A base-initialised EARL ranker has never been trained to rank, so its stores
-only suit speed and size measurements. An EARL ranker with the bi-encoder
+only suit speed and size measurements. A plain encoder directory starts an
+untrained Listformer (`ListformerRanker.from_base`) with k = `layers`, which
+it then needs. An EARL ranker with the bi-encoder
 prior also gives each passage its mean S1 vector, on S1 and S2 stores alike
 (the store's passages/vectors).
 """
@@ -30,14 +33,15 @@ from typing import TypeVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from dilstore.reader.modeling.checkpoints import metadata_of_kind, require_checkpoint_dir
+from dilstore.reader.modeling.checkpoints import CheckpointMetadata, metadata_of_kind, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
+from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
 from dilstore.reader.text.tokenization import TokenizedText, encode_document_windows, encode_passage
 from dilstore.storage.errors import DilstoreError
 
-OfflineModel = DilBertReader | EarlRanker
-_Model = TypeVar("_Model", DilBertReader, EarlRanker)
+OfflineModel = DilBertReader | EarlRanker | ListformerRanker
+_Model = TypeVar("_Model", DilBertReader, EarlRanker, ListformerRanker)
 
 
 # Per-token states (b, n, *state_shape), and per-passage vectors (b, d) or None.
@@ -62,6 +66,11 @@ def _earl_s2_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask
     ranker = _as(model, EarlRanker)
     states = ranker.encode_documents(input_ids, attention_mask)  # (b, n, d)
     return ranker.document_key_values(states), _prior_vectors(ranker, states, attention_mask)
+
+
+def _listformer_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> OfflineOutput:
+    """`d [SEP]` ids and mask (b, n) → each document's states after the delayed layers k (b, n, d); no vectors."""
+    return _as(model, ListformerRanker).encode_documents(input_ids, attention_mask), None
 
 
 def _prior_vectors(ranker: EarlRanker, states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
@@ -92,6 +101,7 @@ OFFLINE_KINDS: dict[str, OfflineKind] = {
         OfflineKind("dilbert", "a DilBert reader", DilBertReader, encode_passage, _dilbert_states),
         OfflineKind("earl-s1", "an EARL ranker", EarlRanker, encode_document_windows, _earl_s1_states),
         OfflineKind("earl-s2", "an EARL ranker", EarlRanker, encode_document_windows, _earl_s2_states),
+        OfflineKind("listformer", "a Listformer ranker", ListformerRanker, encode_passage, _listformer_states),
     )
 }
 
@@ -107,7 +117,7 @@ def offline_kind(name: str) -> OfflineKind:
 def load_offline_model(path: str | Path, kind: str, layers: int | None) -> OfflineModel:
     """The model that makes `kind` stores, from a checkpoint or a plain encoder directory (module docstring).
 
-    `layers` is k for dilbert and N for the EARL kinds. A trained checkpoint
+    `layers` is k for dilbert and listformer, N for the EARL kinds. A trained checkpoint
     fixes its own split: `layers` must then be None or equal to it. The directory's
     kind is checked before any weight is loaded.
     """
@@ -121,6 +131,8 @@ def load_offline_model(path: str | Path, kind: str, layers: int | None) -> Offli
                 "another k holds states that reader cannot read; omit the layers (--layers) or give its own k"
             )
         return DilBertReader.from_pretrained(directory, layers=layers)
+    if wanted.model_class is ListformerRanker:
+        return _load_listformer(directory, metadata, layers)
     if metadata is None:
         return EarlRanker.from_base(directory, EarlConfig(query_layers=layers))
     if layers is not None and layers != metadata.layers:
@@ -129,6 +141,23 @@ def load_offline_model(path: str | Path, kind: str, layers: int | None) -> Offli
             "omit the layers (--layers) or give its own N"
         )
     return EarlRanker.from_pretrained(directory)
+
+
+def _load_listformer(directory: Path, metadata: CheckpointMetadata | None, layers: int | None) -> ListformerRanker:
+    """A trained Listformer (its own k, which `layers` may only repeat), or an untrained one from a plain encoder."""
+    if metadata is None:
+        if layers is None:
+            raise DilstoreError(
+                f"{directory} is a plain encoder: an untrained Listformer from it needs its delayed layers k "
+                "(--layers)"
+            )
+        return ListformerRanker.from_base(directory, ListformerConfig(delayed_layers=layers))
+    if layers is not None and layers != metadata.layers:
+        raise DilstoreError(
+            f"{directory} is a Listformer with k = {metadata.layers} delayed layers, not {layers}; "
+            "omit the layers (--layers) or give its own k"
+        )
+    return ListformerRanker.from_pretrained(directory)
 
 
 def _cannot_make(kind: str, found: str) -> str:

@@ -1,4 +1,10 @@
-"""Reranking a first-stage run with an EARL ranker over stored document representations (seed 004).
+"""Reranking a first-stage run over stored document representations: EARL (seed 004) or the Listformer (seed 003).
+
+The store's kind picks the reranker (`open_reranker`): EarlReranker for
+"earl-s1" and "earl-s2" stores, ListformerReranker for "listformer" stores.
+Both share the lookup, the run handling and the statistics (StoreReranker).
+
+**EARL** scores each (query, document) pair:
 
     query ─ query module (layers 1..N) ─→ query states               (once per query)
     doc ids ─ store.fetch ──────────────→ S1 (n, d) or S2 (n, M, 2, d)  (memory-mapped; int8 dequantized)
@@ -15,6 +21,17 @@ its S1 and S2 stores give the same prior; a store without them is refused.
 A document is looked up by its own id: for a document longer than the
 store's max length that is its first window, the tokens `encode_document`
 keeps, so it is scored by its first tokens (FirstP) as online.
+
+**The Listformer** scores a query's whole candidate list in one pass:
+
+    query ─ layers 1..k alone ───────────→ query states                 (once per query)
+    doc ids ─ store.fetch ───────────────→ `d [SEP]` states after layer k (n, d) each
+    query + every document of the list ──→ global-local layers k+1..l → separators → scores
+
+which gives the scores of the unsplit `ListformerRanker.forward` on the same
+text (its first `d [SEP]` window, as `tokenize_document` keeps). The batch
+settings do not apply: the list is one batch. The "judge" stage time is the
+global-local layers and the score head.
 
 **Reranking a run (`rerank_run`).** Each query's documents are taken in
 first-stage order (score descending, ties by docid descending, as trec_eval
@@ -36,6 +53,7 @@ rankers do; truncated queries are counted, not refused.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,6 +66,9 @@ from dilstore.reader.batching import BatchPolicy, length_batches
 from dilstore.reader.data.trec import Run, rank_documents
 from dilstore.reader.modeling.earl import EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.modeling.listformer import KIND as LISTFORMER
+from dilstore.reader.modeling.listformer import ListformerRanker
+from dilstore.reader.packaged.shipped import default_ranker_dir
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
@@ -58,7 +79,9 @@ from dilstore.storage.records import StoredPassage
 
 EARL_S1, EARL_S2 = "earl-s1", "earl-s2"
 EARL_KINDS = (EARL_S1, EARL_S2)
+RERANK_KINDS = (EARL_S1, EARL_S2, LISTFORMER)
 RUN_TAG = "dilstore-earl"
+LISTFORMER_RUN_TAG = "dilstore-listformer"
 DEFAULT_DEPTH = 100
 # Padded (query + document) tokens per judging batch, and pairs per batch.
 DEFAULT_PAIR_BATCH_TOKENS = 8192
@@ -132,6 +155,16 @@ def require_topics(topics: Mapping[str, str], run: Run, source: str = "the topic
         raise DilstoreError(f"{len(missing)} query(ies) of the run have no topic in {source}: {_named(missing)}")
 
 
+def require_rerank_store(store: Store) -> str:
+    """The store's kind, one a reranker reads (RERANK_KINDS); any other kind raises DilstoreError."""
+    if store.kind not in RERANK_KINDS:
+        raise DilstoreError(
+            f"store {store.url} holds {store.kind!r} states; reranking needs an {EARL_S1!r} or {EARL_S2!r} store "
+            f"(`dilstore precompute --kind earl-s1|earl-s2`) or a {LISTFORMER!r} one (`--kind listformer`)"
+        )
+    return store.kind
+
+
 def require_earl_store(store: Store) -> str:
     """The store's kind, "earl-s1" or "earl-s2"; any other kind raises DilstoreError."""
     if store.kind not in EARL_KINDS:
@@ -142,27 +175,25 @@ def require_earl_store(store: Store) -> str:
     return store.kind
 
 
-class EarlReranker:
-    """Scores documents of an EARL store against queries; one instance serves many requests.
+class StoreReranker(ABC):
+    """Scores stored documents against queries; one instance serves many requests. Subclasses score (`_score`).
 
     `model` must be the ranker whose fingerprint the store carries
     (`open_reranker` builds one with that check). Every problem a request
     can cause raises DilstoreError and leaves the reranker usable.
     """
 
+    run_tag: str
+    model: EarlRanker | ListformerRanker
+
     def __init__(
         self,
-        model: EarlRanker,
+        model: EarlRanker | ListformerRanker,
         store: Store,
         settings: RerankSettings | None = None,
         device: str | torch.device | None = None,
     ) -> None:
-        self.kind = require_earl_store(store)
-        if model.prior and store.vector_size is None:
-            raise DilstoreError(
-                f"store {store.url} has no passage vectors, which this ranker's bi-encoder prior needs; "
-                "precompute the store again with this ranker"
-            )
+        self.kind = store.kind
         self.model = model.eval()
         self.store = store
         self.settings = settings or RerankSettings()
@@ -256,6 +287,32 @@ class EarlReranker:
                 present = [docid for docid in doc_ids if docid not in missing]
                 return self.store.fetch(present) if present else []
 
+    @abstractmethod
+    def _score(self, tokens: TokenizedText, documents: Sequence[StoredPassage], stats: RerankStats) -> list[float]:
+        """Scores of the (non-empty) documents against the tokenized query, in their order."""
+
+
+class EarlReranker(StoreReranker):
+    """Scores documents of an EARL store pair by pair: the query module once, the judger blocks per document."""
+
+    run_tag = RUN_TAG
+    model: EarlRanker
+
+    def __init__(
+        self,
+        model: EarlRanker,
+        store: Store,
+        settings: RerankSettings | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        require_earl_store(store)
+        if model.prior and store.vector_size is None:
+            raise DilstoreError(
+                f"store {store.url} has no passage vectors, which this ranker's bi-encoder prior needs; "
+                "precompute the store again with this ranker"
+            )
+        super().__init__(model, store, settings, device)
+
     def _score(self, tokens: TokenizedText, documents: Sequence[StoredPassage], stats: RerankStats) -> list[float]:
         """The query module once, then the judger blocks over every document in length-bucketed batches."""
         with stats.measure("query_layers"), torch.inference_mode():
@@ -282,15 +339,48 @@ class EarlReranker:
         return scores
 
 
-def load_store_ranker(store: Store, model_dir: str | Path) -> EarlRanker:
-    """The EARL ranker at `model_dir`, checked against the store's fingerprint (kind, encoding, max length).
+class ListformerReranker(StoreReranker):
+    """Scores the documents of a Listformer store as one list per query, in one pass over the list."""
 
-    A non-EARL store is refused before the model is loaded; a model that did
-    not make the store raises FingerprintMismatchError showing both
-    fingerprints.
+    run_tag = LISTFORMER_RUN_TAG
+    model: ListformerRanker
+
+    def __init__(
+        self,
+        model: ListformerRanker,
+        store: Store,
+        settings: RerankSettings | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        if store.kind != LISTFORMER:
+            raise DilstoreError(
+                f"store {store.url} holds {store.kind!r} states; the Listformer reranker needs a {LISTFORMER!r} "
+                "store (`dilstore precompute --kind listformer`)"
+            )
+        super().__init__(model, store, settings, device)
+
+    def _score(self, tokens: TokenizedText, documents: Sequence[StoredPassage], stats: RerankStats) -> list[float]:
+        """The query's layers 1..k once, then layers k+1..l over the query and every stored document together."""
+        with stats.measure("query_layers"), torch.inference_mode():
+            query_ids = torch.from_numpy(tokens.token_ids.astype(np.int64))[None].to(self.device)  # (1, nq)
+            query_mask = torch.ones_like(query_ids)  # (1, nq)
+            query_states = self.model.encode_queries(query_ids, query_mask)  # (1, nq, d)
+        with stats.measure("judge"), torch.inference_mode():
+            stored, doc_mask = pad_stored_states(documents, self.device, self.model.dtype)  # (D, n, d), (D, n)
+            scores = self.model.score_lists(query_states, query_mask, stored[None], doc_mask[None])  # (1, D)
+        return scores[0].float().cpu().tolist()
+
+
+def load_store_ranker(store: Store, model_dir: str | Path) -> EarlRanker | ListformerRanker:
+    """The ranker at `model_dir` for the store's kind, checked against its fingerprint (kind, encoding, max length).
+
+    A store no reranker reads is refused before the model is loaded; a
+    checkpoint of another ranker kind is refused from its dilstore.json; a
+    model that did not make the store raises FingerprintMismatchError
+    showing both fingerprints.
     """
-    kind = require_earl_store(store)
-    model = EarlRanker.from_pretrained(model_dir)
+    kind = require_rerank_store(store)
+    model = ListformerRanker.from_pretrained(model_dir) if kind == LISTFORMER else EarlRanker.from_pretrained(model_dir)
     found = store.fingerprint
     expected = model_fingerprint(model, kind, found.encoding, found.max_length)
     check_fingerprint(found, expected, f"store {store.url} (model {model_dir})")
@@ -299,14 +389,31 @@ def load_store_ranker(store: Store, model_dir: str | Path) -> EarlRanker:
 
 def open_reranker(
     store_path: str | Path,
-    model_dir: str | Path,
+    model_dir: str | Path | None = None,
     *,
     settings: RerankSettings | None = None,
     device: str | None = None,
-) -> EarlReranker:
-    """Open an EARL store, load and check its ranker, and return them as one EarlReranker."""
+) -> StoreReranker:
+    """Open a store, load and check its ranker, and return the reranker its kind calls for.
+
+    Without `model_dir`, EARL stores use the packaged EARL ranker; no
+    Listformer is packaged, so a Listformer store needs the checkpoint that
+    made it.
+    """
     store = open_store(store_path)
-    return EarlReranker(load_store_ranker(store, model_dir), store, settings, device)
+    kind = require_rerank_store(store)
+    if kind == LISTFORMER:
+        if model_dir is None:
+            raise DilstoreError(
+                f"store {store.url} is a {LISTFORMER!r} store: give the Listformer checkpoint that made it "
+                "(--model); no Listformer ranker is packaged"
+            )
+        model = load_store_ranker(store, model_dir)
+        assert isinstance(model, ListformerRanker)  # load_store_ranker loads by the store's kind
+        return ListformerReranker(model, store, settings, device)
+    model = load_store_ranker(store, default_ranker_dir() if model_dir is None else model_dir)
+    assert isinstance(model, EarlRanker)  # load_store_ranker loads by the store's kind
+    return EarlReranker(model, store, settings, device)
 
 
 def _named(names: Sequence[str]) -> str:

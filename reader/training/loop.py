@@ -30,7 +30,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -270,6 +270,8 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
 
     `config` (a dataclass) is compared with the one write_run_config recorded,
     all but how often checkpoints are saved, which may change between the parts of a run.
+    A setting the recorded file lacks (one added since that run started)
+    counts as its default.
     """
     checkpoints = Path(output_dir) / CHECKPOINTS_DIR
     found = latest_checkpoint(checkpoints)
@@ -278,10 +280,11 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
     saved_file = Path(output_dir) / RUN_CONFIG_FILE
     if saved_file.is_file():
         saved = json.loads(saved_file.read_text(encoding="utf-8"))["config"]
+        defaults = {item.name: item.default for item in fields(config) if item.default is not MISSING}
         differing = sorted(
             name
             for name, value in asdict(config).items()
-            if name not in _MAY_CHANGE_ON_RESUME and saved.get(name) != value
+            if name not in _MAY_CHANGE_ON_RESUME and saved.get(name, defaults.get(name)) != value
         )
         if differing:
             raise DilstoreError(f"--resume: settings differ from the interrupted run ({saved_file}): {differing}")

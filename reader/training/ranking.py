@@ -1,9 +1,14 @@
-"""Train EARL and its two baselines end to end on (query, positive, negatives) triples (seed 004, 3.4 and 4.3).
+"""Train EARL, its two baselines and the Listformer end to end on (query, positive, negatives) triples.
 
-One loop serves the three rankers of reader/modeling/rankers.py (EARL, the
-cross-encoder and the Siamese encoder); each scores groups of 1 positive and
-n negatives per query, (b, 1 + n), and the loss is the pairwise hinge or the
-softmax cross-entropy of reader/training/losses.py:
+One loop serves the rankers of reader/modeling/rankers.py (EARL, the
+cross-encoder and the Siamese encoder, seed 004, 3.4 and 4.3; the Listformer,
+seed 003); each scores groups of 1 positive and n negatives per query,
+(b, 1 + n), and the loss is one of reader/training/losses.py: the pairwise
+hinge or the softmax cross-entropy, or a listwise loss over the group as a
+list (ApproxNDCG with temperature `temperature`, or ListNet), its labels
+built beside the scores (1 for the positive, 0 for each negative), so each
+label stays with its document. The Listformer reads each group as one list
+in one pass; `delayed_layers` is its k.
 
 - Data: triples and paragraphs files (reader/data/ranking_files.py); every query
   and paragraph is tokenized once, by the ranker's own convention.
@@ -13,7 +18,8 @@ softmax cross-entropy of reader/training/losses.py:
   skips exactly what it saw; dropout continues from the saved RNG), periodic
   resumable checkpoints under OUTPUT/checkpoints/step-N.
 - The final ranker goes to OUTPUT with dilstore_training.json (kind, command,
-  data, steps, seconds, hardware).
+  data, steps, seconds, hardware). A Listformer's final weights are fp16; its
+  periodic checkpoints keep fp32, so that a resumed run continues exactly.
 - EARL with the bi-encoder prior (`prior`) starts as the base model's cosine.
   `freeze_encoder` then trains only the judger blocks, the head and the
   prior's scale, so the prior stays that cosine and checkpoints name the base
@@ -34,6 +40,7 @@ import torch
 
 from dilstore.reader.data.ranking_files import Triple, read_paragraphs, read_triples
 from dilstore.reader.modeling.earl import ENCODER_PREFIXES, POOLINGS, EarlConfig, EarlRanker
+from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
 from dilstore.reader.modeling.rankers import load_ranker, new_ranker
 from dilstore.reader.modeling.ranking_inputs import (
     DEFAULT_MAX_DOC_LENGTH,
@@ -48,11 +55,19 @@ from dilstore.reader.training.loop import (
     check_loop_settings,
     optimizer_step_batches,
 )
-from dilstore.reader.training.losses import DEFAULT_MARGIN, pairwise_hinge_loss, softmax_cross_entropy_loss
+from dilstore.reader.training.losses import (
+    DEFAULT_MARGIN,
+    approx_ndcg_loss,
+    listnet_loss,
+    pairwise_hinge_loss,
+    softmax_cross_entropy_loss,
+)
 from dilstore.reader.training.runs import TrainerRun, finish_run, start_run
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 
-LOSSES = ("softmax", "hinge")
+LOSSES = ("softmax", "hinge", "approx-ndcg", "listnet")
+LISTWISE_LOSSES = ("approx-ndcg", "listnet")
+DEFAULT_TEMPERATURE = 1.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,7 @@ class RankingTrainingConfig:
     negatives: int = 7
     loss: str = "softmax"
     margin: float = DEFAULT_MARGIN
+    temperature: float = DEFAULT_TEMPERATURE
     epochs: int = 1
     max_steps: int | None = None
     batch_size: int = 16
@@ -79,6 +95,7 @@ class RankingTrainingConfig:
     prior: bool = False
     freeze_encoder: bool = False
     encoder_learning_rate: float | None = None
+    delayed_layers: int = 0
     seed: int = 42
     save_every: int = 0
     save_every_minutes: float = 10.0
@@ -101,6 +118,11 @@ class RankingTrainingConfig:
             raise DilstoreError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         if self.margin <= 0:
             raise DilstoreError(f"margin must be positive, got {self.margin}")
+        if not self.temperature > 0:
+            raise DilstoreError(f"temperature must be positive, got {self.temperature}")
+        if self.kind != "listformer" and self.delayed_layers:
+            raise DilstoreError("delayed-layers describes a Listformer only")
+        ListformerConfig(self.delayed_layers)
         if self.pooling not in POOLINGS:
             raise DilstoreError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         earl_only = (self.query_layers is not None, self.pooling != "cls", self.tied, self.prior,
@@ -118,6 +140,10 @@ class RankingTrainingConfig:
     def earl_config(self) -> EarlConfig:
         """The EARL variant this config trains (ignored by the other kinds)."""
         return EarlConfig(query_layers=self.query_layers, pooling=self.pooling, tied=self.tied, prior=self.prior)
+
+    def listformer_config(self) -> ListformerConfig:
+        """The Listformer variant this config trains (ignored by the other kinds)."""
+        return ListformerConfig(delayed_layers=self.delayed_layers)
 
     def learning_rates(self) -> dict[str, float] | None:
         """Parameter-name prefixes with their own peak rate: EARL's encoder copies under encoder_learning_rate."""
@@ -176,10 +202,20 @@ def load_ranking_data(
 
 
 def ranking_loss(scores: torch.Tensor, config: RankingTrainingConfig) -> torch.Tensor:
-    """The configured loss over scores (b, 1 + n), positive first, computed in fp32."""
+    """The configured loss over scores (b, 1 + n), positive first, computed in fp32.
+
+    The listwise losses get the group's labels beside its scores: 1 for the
+    positive in column 0, 0 for the negatives after it.
+    """
     scores = scores.float()  # (b, 1 + n)
     if config.loss == "hinge":
         return pairwise_hinge_loss(scores, config.margin)
+    if config.loss in LISTWISE_LOSSES:
+        labels = torch.zeros_like(scores)  # (b, 1 + n)
+        labels[:, 0] = 1.0
+        if config.loss == "listnet":
+            return listnet_loss(scores, labels)
+        return approx_ndcg_loss(scores, labels, config.temperature)
     return softmax_cross_entropy_loss(scores)
 
 
@@ -221,7 +257,11 @@ def train_ranker(
     """
     start = start_run(output_dir, config, resume=resume, device=device)
     resume_from = start.resume_from
-    ranker = load_ranker(resume_from) if resume_from else new_ranker(config.kind, base_model, config.earl_config())
+    ranker = (
+        load_ranker(resume_from)
+        if resume_from
+        else new_ranker(config.kind, base_model, config.earl_config(), config.listformer_config())
+    )
     if ranker.kind != config.kind:
         raise DilstoreError(f"--resume: {resume_from} holds a {ranker.kind!r} ranker, not {config.kind!r}")
     if config.freeze_encoder and resume_from is None:
@@ -252,6 +292,11 @@ def train_ranker(
             "train_triples": len(data.triples),
         },
         learning_rates=config.learning_rates(),
+        # A Listformer's periodic checkpoints keep fp32 weights (its final one is fp16),
+        # so that --resume continues exactly where the run stopped.
+        save_checkpoint=(
+            partial(ranker.save_pretrained, dtype=torch.float32) if isinstance(ranker, ListformerRanker) else None
+        ),
     )
     outcome = finish_run(start, run, config, command=command, progress=progress)
     return RankingTrainingResult(

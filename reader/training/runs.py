@@ -58,7 +58,9 @@ class TrainerRun:
     ranker); `identity` opens dilstore_training.json (the kind, and k for a reader);
     `inputs` names the files the run read (recorded in run_config.json and
     dilstore_training.json); `counts(position)` closes it: what the run had
-    seen at `position`, and how large its data is.
+    seen at `position`, and how large its data is. `save_checkpoint(directory)`,
+    where given, saves a periodic checkpoint's weights in place of
+    `model.save_pretrained` (the final model is always saved by the latter).
     """
 
     model: torch.nn.Module
@@ -70,6 +72,7 @@ class TrainerRun:
     inputs: Mapping[str, str]
     counts: Callable[[LoopPosition], dict[str, int]]
     learning_rates: Mapping[str, float] | None = None
+    save_checkpoint: Callable[[Path], None] | None = None
 
 
 def start_run(
@@ -98,7 +101,8 @@ def finish_run(
 
     def save(directory: Path, position: LoopPosition, loss: float) -> None:
         """The model and its dilstore_training.json: a periodic checkpoint or the final model."""
-        run.model.save_pretrained(directory)
+        periodic = Path(directory) != start.output_dir
+        (run.save_checkpoint if periodic and run.save_checkpoint else run.model.save_pretrained)(directory)
         document = {
             **run.identity,
             "command": command,

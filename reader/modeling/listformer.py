@@ -1,0 +1,429 @@
+"""Listformer: a listwise BERT reranker over one query and a whole candidate list in one pass (seed 003).
+
+The input is one query and D documents, each document closed by a separator:
+
+    `[CLS] q [SEP]`  `d₁ [SEP]`  `d₂ [SEP]` …  `d_D [SEP]`
+     segment 0        segment 1 (every document), positions restart at 0 in each document
+
+**Global-local attention** (section 3.1). Global tokens are every query token
+([CLS] and the query's [SEP] included) and every document's separator; they
+attend to all tokens, and all tokens attend to them. A document's other
+tokens are local: they attend to their own document and to the global
+tokens. Positions are document-wise, so nothing tells a document where it
+sits in the list: a document's score does not depend on its place, and
+permuting the documents permutes the scores.
+
+**Blocked, not dense.** No N×N mask over the list is ever built. A layer
+runs two attentions over the BERT layer's own query/key/value weights:
+
+    local   documents as a batch dimension: each document's n tokens over
+            its own n tokens + the nq query tokens + the D separators
+            (its own separator is among its own tokens, so that copy is masked)
+    global  the nq + D global tokens over all nq + D·n tokens
+
+then BERT's attention output, feed-forward and LayerNorms position by
+position. Attention memory is D·n·(n + nq + D) + (nq + D)·(nq + D·n)
+scores per head: linear in the list length while D stays below n (the D
+separators are global, which adds the D² terms).
+
+**Scores** come from each document's separator after the last layer:
+r_j = W · s_j + b (section 3.1).
+
+**The delayed Listformer** (`delayed_layers` = k, 0 ≤ k < l): in layers
+1..k the query and each document attend only to themselves, so a
+document's states after layer k do not depend on the query or on the other
+documents and can be stored (`dilstore precompute --kind listformer`).
+Online, the query runs layers 1..k alone, and layers k+1..l apply
+global-local attention over the query and the stored documents. k = 0 is
+the plain Listformer.
+
+    offline   `d [SEP]` → embeddings (segment 1, positions from 0) → layers 1..k   (encode_documents)
+    online    `[CLS] q [SEP]` → embeddings (segment 0) → layers 1..k             (encode_queries)
+              query + D stored documents → global-local layers k+1..l → separators → scores  (score_lists)
+
+Initialisation from a pretrained encoder: the encoder is a copy of it (all
+its weights are reused: embeddings, query/key/value, attention output,
+intermediate, output and LayerNorms); the score head starts from a fixed
+seed. A checkpoint is a directory: config.json, the tokenizer,
+model.safetensors and dilstore.json of kind "listformer" with layers = k and
+num_layers = l (reader/modeling/ranker_checkpoints.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
+from transformers.models.bert.modeling_bert import BertLayer, BertSelfAttention
+
+from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.modeling.architectures import architecture_for
+from dilstore.reader.modeling.checkpoints import CheckpointMetadata
+from dilstore.reader.modeling.dilbert import padding_attention_mask
+from dilstore.reader.modeling.earl_checkpoints import load_base_encoder, write_earl_checkpoint
+from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights, init_score_head
+from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint
+from dilstore.reader.modeling.ranking_inputs import group_size, module_device
+from dilstore.reader.text.tokenization import encode_question, passage_pieces, passage_window
+from dilstore.storage.errors import DilstoreError
+
+KIND = "listformer"
+QUERY_SEGMENT = 0
+DOCUMENT_SEGMENT = 1
+
+
+@dataclass(frozen=True)
+class ListformerConfig:
+    """Which Listformer to build beside the encoder's BertConfig: `delayed_layers` is k (0: the plain Listformer).
+
+    k is checked against the encoder's l by the ranker (0 ≤ k < l);
+    dilstore.json records it as `layers`.
+    """
+
+    delayed_layers: int = 0
+
+    def __post_init__(self) -> None:
+        """Refuse a k that is not a non-negative integer."""
+        k = self.delayed_layers
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise DilstoreError(f"delayed_layers (k) must be a non-negative integer, got {k!r}")
+
+    @classmethod
+    def from_metadata(cls, metadata: CheckpointMetadata) -> ListformerConfig:
+        """The variant a listformer checkpoint's dilstore.json records."""
+        return cls(delayed_layers=metadata.layers)
+
+
+class ListformerRanker(RankerBase):
+    """One encoder whose layers k+1..l attend global-locally over a query and its document list, and a score head.
+
+    Built from a config the weights are random; use `from_encoder`,
+    `from_base` or `from_pretrained` for a pretrained or trained ranker.
+    """
+
+    kind = KIND
+    description = "Listformer ranker"
+
+    def __init__(
+        self, config: BertConfig, tokenizer: PreTrainedTokenizerBase, listformer: ListformerConfig = ListformerConfig()
+    ) -> None:
+        super().__init__(config, tokenizer)
+        if config.type_vocab_size < 2:
+            raise DilstoreError(
+                f"the Listformer needs segment embeddings for query and documents; this config has "
+                f"type_vocab_size {config.type_vocab_size}"
+            )
+        if listformer.delayed_layers >= self.num_layers:
+            raise DilstoreError(
+                f"delayed_layers (k) must be in 0..{self.num_layers - 1} for this {self.num_layers}-layer encoder "
+                f"(at least one layer must see the list), got {listformer.delayed_layers}"
+            )
+        self.delayed_layers: int = listformer.delayed_layers
+        self.hidden_size: int = config.hidden_size
+        self.encoder = BertModel(config, add_pooling_layer=False)
+        self.score = nn.Linear(config.hidden_size, 1)
+
+    @property
+    def layers(self) -> int:
+        """The split point a store's fingerprint records: the delayed layers k."""
+        return self.delayed_layers
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the weights; stored states are cast to it."""
+        return self.score.weight.dtype
+
+    def fingerprinted_network(self) -> tuple[BertConfig, nn.Module]:
+        """The config and the module whose weights a store's fingerprint hashes: the whole ranker."""
+        return self.config, self
+
+    # ------------------------------------------------------------------ initialising, loading and saving
+
+    @classmethod
+    def from_encoder(
+        cls,
+        encoder: BertModel,
+        tokenizer: PreTrainedTokenizerBase,
+        listformer: ListformerConfig = ListformerConfig(),
+    ) -> ListformerRanker:
+        """A new ranker over a copy of `encoder`'s weights (never shared); eval mode, caller's RNG untouched."""
+        return cls._started(encoder, partial(cls, tokenizer=tokenizer, listformer=listformer))
+
+    @classmethod
+    def from_base(cls, path: str | Path, listformer: ListformerConfig = ListformerConfig()) -> ListformerRanker:
+        """A new ranker from a plain Hugging Face BERT directory (e.g. base_model_dir())."""
+        encoder, tokenizer = load_base_encoder(path)
+        return cls.from_encoder(encoder, tokenizer, listformer)
+
+    def metadata(self) -> CheckpointMetadata:
+        """dilstore.json: kind listformer, layers = k, num_layers = l."""
+        return CheckpointMetadata(
+            kind=KIND, architecture=self.config.model_type, layers=self.delayed_layers, num_layers=self.num_layers
+        )
+
+    @classmethod
+    def _built_for(cls, checkpoint: RankerCheckpoint) -> ListformerRanker:
+        """A fresh ranker with the k the checkpoint's dilstore.json records."""
+        return cls(checkpoint.config, checkpoint.tokenizer, ListformerConfig.from_metadata(checkpoint.metadata))
+
+    @torch.no_grad()
+    def _initialise_from(self, encoder: BertModel) -> None:
+        """The encoder becomes a copy of `encoder`; the score head starts from a fixed seed."""
+        self.encoder.load_state_dict(encoder_weights(encoder))
+        init_score_head(self.score, self.config.initializer_range)
+
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.float16) -> Path:
+        """Write the checkpoint with its floating-point weights as `dtype`: fp16 by default (half the size).
+
+        Training keeps fp32 in its periodic checkpoints, so that a resumed
+        run continues exactly; loading upcasts to fp32 either way.
+        """
+        state = {
+            name: tensor.to(dtype) if tensor.is_floating_point() else tensor
+            for name, tensor in self.state_dict().items()
+        }
+        return write_earl_checkpoint(path, self.config, self.tokenizer, state, self.metadata())
+
+    # ------------------------------------------------------------------ tokenization
+
+    def tokenize_query(self, text: str, max_length: int) -> np.ndarray:
+        """`[CLS] q [SEP]`, at most `max_length` tokens: every token of it is global."""
+        return encode_question(self.tokenizer, text, max_length).token_ids
+
+    def tokenize_document(self, text: str, max_length: int) -> np.ndarray:
+        """`d [SEP]` with at most max_length − 1 word pieces: the first window precompute stores of it."""
+        if max_length < 2:
+            raise DilstoreError(f"max_length {max_length} leaves no room for a document (d [SEP] needs 2)")
+        pieces = passage_pieces(self.tokenizer, text)
+        return passage_window(self.tokenizer, pieces, 0, max_length - 1).token_ids
+
+    # ------------------------------------------------------------------ the offline and online halves
+
+    def encode_documents(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Offline: `d [SEP]` ids (b, n) and 1/0 mask → states after layer k (b, n, d), each document alone."""
+        return self._encode_alone(input_ids, attention_mask, DOCUMENT_SEGMENT)
+
+    def encode_queries(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Once per query: `[CLS] q [SEP]` ids (b, nq) and mask → states after layer k (b, nq, d), the query alone."""
+        return self._encode_alone(input_ids, attention_mask, QUERY_SEGMENT)
+
+    def score_lists(
+        self,
+        query_states: torch.Tensor,
+        query_mask: torch.Tensor,
+        doc_states: torch.Tensor,
+        doc_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Online: layers k+1..l over B lists (encode_lists), then each document's separator → scores (B, D)."""
+        _, doc_hidden = self.encode_lists(query_states, query_mask, doc_states, doc_mask)  # (B, D, n, d)
+        separators = doc_mask.sum(dim=-1) - 1  # (B, D)
+        return self.score(gather_separators(doc_hidden, separators)).squeeze(-1)  # (B, D)
+
+    def encode_lists(
+        self,
+        query_states: torch.Tensor,
+        query_mask: torch.Tensor,
+        doc_states: torch.Tensor,
+        doc_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Online: the global-local layers k+1..l → the query's (B, nq, d) and the documents' (B, D, n, d) last states.
+
+        Takes query states after layer k (B, nq, d) with 1/0 mask (B, nq) and
+        document states after layer k (B, D, n, d) with mask (B, D, n). Each
+        document's valid tokens come first and end with its separator;
+        stored states of any float dtype are cast to the model's dtype.
+        """
+        separators = self._separators(query_states, query_mask, doc_states, doc_mask)  # (B, D)
+        query_hidden = query_states.to(self.dtype)  # (B, nq, d)
+        doc_hidden = doc_states.to(self.dtype)  # (B, D, n, d)
+        for index in range(self.delayed_layers, self.num_layers):
+            query_hidden, doc_hidden = global_local_layer(
+                self.encoder.encoder.layer[index], query_hidden, query_mask, doc_hidden, doc_mask, separators
+            )
+        return query_hidden, doc_hidden
+
+    def forward(
+        self,
+        query_ids: torch.Tensor,
+        query_mask: torch.Tensor,
+        doc_ids: torch.Tensor,
+        doc_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """The unsplit path: query ids and mask (B, nq), document ids and mask (B, D, n) → scores (B, D)."""
+        if doc_ids.dim() != 3 or doc_mask.shape != doc_ids.shape:
+            raise DilstoreError(
+                f"document ids and mask must both be (lists, documents, tokens), got {tuple(doc_ids.shape)} "
+                f"and {tuple(doc_mask.shape)}"
+            )
+        lists, documents, _ = doc_ids.shape
+        query_states = self.encode_queries(query_ids, query_mask)  # (B, nq, d)
+        doc_states = self.encode_documents(doc_ids.flatten(0, 1), doc_mask.flatten(0, 1))  # (B·D, n, d)
+        doc_states = doc_states.unflatten(0, (lists, documents))  # (B, D, n, d)
+        return self.score_lists(query_states, query_mask, doc_states, doc_mask)
+
+    def score_groups(self, queries: Sequence[np.ndarray], groups: Sequence[Sequence[np.ndarray]]) -> torch.Tensor:
+        """Query ids (b of them) and g document ids per query → scores (b, g): each group is one list, one pass."""
+        size = group_size(queries, groups)
+        pad_id = self.tokenizer.pad_token_id
+        if pad_id is None:
+            raise DilstoreError(f"{type(self.tokenizer).__name__} has no pad token, which batching needs")
+        query_ids, query_mask = pad_token_ids(list(queries), pad_id)  # (b, nq) each
+        doc_ids, doc_mask = pad_token_ids([document for group in groups for document in group], pad_id)  # (b·g, n)
+        device = module_device(self)
+        return self(
+            query_ids.to(device),
+            query_mask.to(device),
+            doc_ids.view(len(queries), size, -1).to(device),  # (b, g, n)
+            doc_mask.view(len(queries), size, -1).to(device),  # (b, g, n)
+        )  # (b, g)
+
+    # ------------------------------------------------------------------ internals
+
+    def _encode_alone(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, segment: int) -> torch.Tensor:
+        """One text alone: embeddings (`segment`, positions from 0) → layers 1..k with padding masked."""
+        batch, length = input_ids.shape
+        if length > self.config.max_position_embeddings:
+            raise DilstoreError(
+                f"a text of {length} tokens is longer than this model's {self.config.max_position_embeddings} "
+                "positions; use a smaller max length"
+            )
+        bert = architecture_for("bert")
+        position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)  # (b, n)
+        hidden = bert.embed(self.encoder, input_ids, position_ids, segment=segment)  # (b, n, d)
+        additive = padding_attention_mask(attention_mask, length, hidden.dtype)  # (b, 1, n, n)
+        for index in range(self.delayed_layers):
+            hidden = bert.run_layer(self.encoder, index, hidden, additive)  # (b, n, d)
+        return hidden
+
+    def _separators(
+        self, query_states: torch.Tensor, query_mask: torch.Tensor, doc_states: torch.Tensor, doc_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Each document's separator index (B, D): its last valid token; a DilstoreError for inputs that do not fit."""
+        if doc_states.dim() != 4 or doc_states.shape[-1] != self.hidden_size:
+            raise DilstoreError(
+                f"document states must be (lists, documents, tokens, {self.hidden_size}), got {tuple(doc_states.shape)}"
+            )
+        if tuple(doc_mask.shape) != tuple(doc_states.shape[:3]):
+            raise DilstoreError(f"document mask {tuple(doc_mask.shape)} does not fit states {tuple(doc_states.shape)}")
+        lists = doc_states.shape[0]
+        if query_states.dim() != 3 or query_states.shape[0] != lists or query_mask.shape != query_states.shape[:2]:
+            raise DilstoreError(
+                f"query states {tuple(query_states.shape)} with mask {tuple(query_mask.shape)} do not fit "
+                f"{lists} document lists"
+            )
+        lengths = doc_mask.sum(dim=-1)  # (B, D)
+        if bool((lengths < 1).any()) or bool((query_mask.sum(dim=-1) < 1).any()):
+            raise DilstoreError("every query and every document needs at least one token (its separator)")
+        positions = torch.arange(doc_mask.shape[-1], device=doc_mask.device)  # (n,)
+        if not torch.equal(doc_mask.bool(), positions < lengths.unsqueeze(-1)):
+            raise DilstoreError("document masks must hold each document's tokens first, then padding")
+        return lengths - 1  # (B, D)
+
+
+def global_local_layer(
+    layer: BertLayer,
+    query_states: torch.Tensor,
+    query_mask: torch.Tensor,
+    doc_states: torch.Tensor,
+    doc_mask: torch.Tensor,
+    separators: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One BERT layer with global-local attention: query (B, nq, d) and documents (B, D, n, d) → the same shapes.
+
+    The attention is global_local_attention over the layer's own weights;
+    the attention output (dense, dropout, residual, LayerNorm) and the
+    feed-forward are the layer's own modules, applied token by token.
+    """
+    query_context, doc_context = global_local_attention(
+        layer.attention.self, query_states, query_mask, doc_states, doc_mask, separators
+    )  # (B, nq, d), (B, D, n, d)
+    query_hidden = layer.attention.output(query_context, query_states)  # (B, nq, d)
+    doc_hidden = layer.attention.output(doc_context, doc_states)  # (B, D, n, d)
+    query_out = layer.output(layer.intermediate(query_hidden), query_hidden)  # (B, nq, d)
+    doc_out = layer.output(layer.intermediate(doc_hidden), doc_hidden)  # (B, D, n, d)
+    return query_out, doc_out
+
+
+def global_local_attention(
+    attention: BertSelfAttention,
+    query_states: torch.Tensor,
+    query_mask: torch.Tensor,
+    doc_states: torch.Tensor,
+    doc_mask: torch.Tensor,
+    separators: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-head global-local attention over a BERT self-attention's weights, blocked (module docstring).
+
+    Query states (B, nq, d) with 1/0 mask (B, nq), document states
+    (B, D, n, d) with mask (B, D, n) and separator indices (B, D) → the
+    attention contexts of the query (B, nq, d) and of the documents
+    (B, D, n, d), heads concatenated, before BERT's output dense.
+    """
+    lists, documents, length, width = doc_states.shape
+    heads, head_size = attention.num_attention_heads, attention.attention_head_size
+    dropout = attention.dropout.p if attention.training else 0.0
+
+    def by_head(states: torch.Tensor) -> torch.Tensor:
+        return states.unflatten(-1, (heads, head_size)).transpose(-3, -2)  # (..., t, d) → (..., h, t, hs)
+
+    query_q, query_k, query_v = (by_head(p(query_states)) for p in (attention.query, attention.key, attention.value))
+    # query_*: (B, h, nq, hs)
+    doc_q, doc_k, doc_v = (by_head(p(doc_states)) for p in (attention.query, attention.key, attention.value))
+    # doc_*: (B, D, h, n, hs)
+    at_separator = separators[:, :, None, None, None].expand(lists, documents, heads, 1, head_size)  # (B, D, h, 1, hs)
+    sep_q, sep_k, sep_v = (t.gather(3, at_separator).squeeze(3).transpose(1, 2) for t in (doc_q, doc_k, doc_v))
+    # sep_*: (B, h, D, hs)
+    queries = query_states.shape[1]
+
+    # Local: documents as a batch dimension, each over its own tokens, the query tokens and every separator.
+    def local_keys(doc: torch.Tensor, query: torch.Tensor, sep: torch.Tensor) -> torch.Tensor:
+        shared = torch.cat([query, sep], dim=2)  # (B, h, nq + D, hs)
+        return torch.cat([doc, shared.unsqueeze(1).expand(-1, documents, -1, -1, -1)], dim=3)  # (B, D, h, n+nq+D, hs)
+
+    own_separator = torch.eye(documents, dtype=torch.bool, device=doc_mask.device)  # (D, D)
+    local_allowed = torch.cat(
+        [
+            doc_mask.bool(),  # (B, D, n)
+            query_mask.bool().unsqueeze(1).expand(-1, documents, -1),  # (B, D, nq)
+            ~own_separator.expand(lists, -1, -1),  # (B, D, D): the own separator is already among the own tokens
+        ],
+        dim=-1,
+    )  # (B, D, n + nq + D)
+    local = F.scaled_dot_product_attention(
+        doc_q.flatten(0, 1),  # (B·D, h, n, hs)
+        local_keys(doc_k, query_k, sep_k).flatten(0, 1),  # (B·D, h, n + nq + D, hs)
+        local_keys(doc_v, query_v, sep_v).flatten(0, 1),  # (B·D, h, n + nq + D, hs)
+        attn_mask=local_allowed.flatten(0, 1)[:, None, None, :],  # (B·D, 1, 1, n + nq + D)
+        dropout_p=dropout,
+    )  # (B·D, h, n, hs)
+    doc_context = local.transpose(1, 2).reshape(lists, documents, length, width)  # (B, D, n, d)
+
+    # Global: the query tokens and the separators over every token of the list.
+    global_allowed = torch.cat([query_mask.bool(), doc_mask.bool().flatten(1)], dim=-1)  # (B, nq + D·n)
+    every = partial(torch.cat, dim=2)
+    glob = F.scaled_dot_product_attention(
+        every([query_q, sep_q]),  # (B, h, nq + D, hs)
+        every([query_k, doc_k.transpose(1, 2).flatten(2, 3)]),  # (B, h, nq + D·n, hs)
+        every([query_v, doc_v.transpose(1, 2).flatten(2, 3)]),  # (B, h, nq + D·n, hs)
+        attn_mask=global_allowed[:, None, None, :],  # (B, 1, 1, nq + D·n)
+        dropout_p=dropout,
+    )  # (B, h, nq + D, hs)
+    glob = glob.transpose(1, 2).flatten(2)  # (B, nq + D, d)
+    query_context = glob[:, :queries]  # (B, nq, d)
+    separator_rows = separators[:, :, None, None].expand(lists, documents, 1, width)  # (B, D, 1, d)
+    doc_context = doc_context.scatter(2, separator_rows, glob[:, queries:].unsqueeze(2))  # (B, D, n, d)
+    return query_context, doc_context
+
+
+def gather_separators(doc_states: torch.Tensor, separators: torch.Tensor) -> torch.Tensor:
+    """Document states (B, D, n, d) and separator indices (B, D) → the separators' states (B, D, d)."""
+    index = separators[:, :, None, None].expand(-1, -1, 1, doc_states.shape[-1])  # (B, D, 1, d)
+    return doc_states.gather(2, index).squeeze(2)  # (B, D, d)
+

@@ -1,0 +1,165 @@
+"""The delayed Listformer through a store: `precompute --kind listformer`, then `rerank` picks the Listformer.
+
+A tiny random 3-layer Listformer with k = 2 delayed layers, over the real
+MiniLM vocabulary, is saved as a checkpoint (fp16 weights). A DirectRunner
+run of the command stores each document's states after layer k; reranking a
+query's whole list from the store must give the scores of the unsplit
+forward on the same texts, in one pass.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertModel
+
+from dilstore.reader.data.trec import read_run, write_run
+from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
+from dilstore.reader.serving.rerank import ListformerReranker, open_reranker
+from dilstore.runners import cli
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import FingerprintMismatchError
+from tests.fixtures.earl_tiny import save_base_encoder, tiny_config, tokenizer
+from tests.fixtures.pipeline_fixtures import wiki_like_documents, write_jsonl
+
+MAX_LENGTH = 40  # the tiny config embeds 64 positions
+DELAYED = 2
+QUERY = "when was the railway station of the river city built"
+TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3}
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def text_encoder(seed: int = 0) -> BertModel:
+    """earl_tiny's 3-layer, 32-wide random BERT, over the MiniLM tokenizer's whole vocabulary."""
+    config = tiny_config(layers=3)
+    config.vocab_size = tokenizer().vocab_size
+    torch.manual_seed(seed)
+    return BertModel(config, add_pooling_layer=False).eval()
+
+
+def save_listformer(directory: Path, seed: int, delayed_layers: int = DELAYED) -> Path:
+    ranker = ListformerRanker.from_encoder(text_encoder(seed), tokenizer(), ListformerConfig(delayed_layers))
+    return ranker.save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def listformer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_listformer(tmp_path_factory.mktemp("listformer"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def documents() -> dict[str, str]:
+    """Six short documents and one longer than MAX_LENGTH, which is stored as windows and read by its first."""
+    rows = wiki_like_documents(6, words=12) + [{**wiki_like_documents(1, words=60, seed=3)[0], "id": "long"}]
+    return {row["id"]: row["text"] for row in rows}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory, documents: dict[str, str]) -> Path:
+    rows = [{"id": docid, "title": "", "text": text} for docid, text in documents.items()]
+    return write_jsonl(tmp_path_factory.mktemp("corpus") / "documents.jsonl", rows)
+
+
+def precompute(corpus: Path, model: Path, store: Path, encoding: str, *extra: str) -> list[str]:
+    return ["precompute", "--input", str(corpus), "--format", "jsonl", "--split", "none", "--output", str(store),
+            "--model", str(model), "--kind", "listformer", "--encoding", encoding, "--shards", "2",
+            "--max-length", str(MAX_LENGTH), "--workers", "1", "--threads", "1", "--no-progress", "--json",
+            *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory, corpus: Path, listformer_dir: Path) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("stores")
+    made = {}
+    for encoding in ("fp32", "fp16"):
+        made[encoding] = folder / encoding
+        assert cli.main(precompute(corpus, listformer_dir, made[encoding], encoding)) == 0
+    return made
+
+
+def unsplit_scores(model_dir: Path, documents: dict[str, str], docids: list[str]) -> dict[str, float]:
+    """The whole list through `ListformerRanker.forward` from the texts: what the store must give back."""
+    ranker = ListformerRanker.from_pretrained(model_dir)
+    query = ranker.tokenize_query(QUERY, ranker.max_query_length)
+    group = [ranker.tokenize_document(documents[docid], MAX_LENGTH) for docid in docids]
+    with torch.inference_mode():
+        scores = ranker.score_groups([query], [group])[0]  # (D,)
+    return dict(zip(docids, scores.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("encoding", ["fp32", "fp16"])
+def test_the_list_scored_from_the_store_equals_the_unsplit_forward(
+    stores, listformer_dir: Path, documents: dict[str, str], encoding: str
+) -> None:
+    summary = json.loads((stores[encoding] / "run-summary.json").read_text(encoding="utf-8"))
+    assert (summary["kind"], summary["layers"], summary["documents"], summary["long_passages"]) == (
+        "listformer", DELAYED, 7, 1,
+    )  # fmt: skip
+    reranker = open_reranker(stores[encoding], listformer_dir)
+    assert isinstance(reranker, ListformerReranker) and reranker.run_tag == "dilstore-listformer"
+    docids = list(documents)
+    got = reranker.rerank(QUERY, docids)
+    want = unsplit_scores(listformer_dir, documents, docids)
+    assert np.ptp(list(want.values())) > 0.01, "scores that differ"
+    assert max(abs(got[docid] - want[docid]) for docid in docids) < TOLERANCE[encoding]
+    reordered = reranker.rerank(QUERY, docids[::-1])
+    assert max(abs(reordered[docid] - got[docid]) for docid in docids) < 1e-5, "the list order does not matter"
+
+
+def test_a_shorter_list_is_another_list(stores, listformer_dir: Path, documents: dict[str, str]) -> None:
+    """Documents see each other through the separators: a sublist is scored as that list, not as a slice."""
+    docids = list(documents)[:3]
+    got = open_reranker(stores["fp32"], listformer_dir).rerank(QUERY, docids)
+    want = unsplit_scores(listformer_dir, documents, docids)
+    assert max(abs(got[docid] - want[docid]) for docid in docids) < TOLERANCE["fp32"]
+
+
+def test_a_listformer_store_needs_its_own_listformer(stores, listformer_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(DilstoreError, match="give the Listformer checkpoint that made it"):
+        open_reranker(stores["fp16"])
+    with pytest.raises(FingerprintMismatchError):
+        open_reranker(stores["fp16"], save_listformer(tmp_path / "other", seed=5))
+    earl_like = save_base_encoder(tmp_path / "base", text_encoder())
+    with pytest.raises(DilstoreError, match="base encoder without dilstore metadata"):
+        open_reranker(stores["fp16"], earl_like)
+
+
+def test_cli_reranks_a_run_with_the_listformer_the_store_names(
+    stores, listformer_dir: Path, documents: dict[str, str], tmp_path: Path, capsys
+) -> None:
+    docids = list(documents)
+    first_stage = {"q1": {docid: float(len(docids) - rank) for rank, docid in enumerate(docids)}}
+    (tmp_path / "topics.tsv").write_text(f"q1\t{QUERY}\n", encoding="utf-8")
+    write_run(tmp_path / "first.trec", first_stage, tag="bm25")
+    arguments = ["rerank", str(stores["fp32"]), "--topics", str(tmp_path / "topics.tsv"), "--run",
+                 str(tmp_path / "first.trec"), "--output", str(tmp_path / "out.trec"), "--depth", "5", "--json",
+                 "--threads", "1"]  # fmt: skip
+    assert cli.main([*arguments, "--model", str(listformer_dir)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["queries"] == 1 and summary["pairs"] == 5
+    reranked = read_run(tmp_path / "out.trec")["q1"]
+    want = unsplit_scores(listformer_dir, documents, docids[:5])
+    assert sorted(reranked, key=reranked.get, reverse=True)[:5] == sorted(want, key=want.get, reverse=True)
+    assert (tmp_path / "out.trec").read_text().split("\n")[0].endswith("dilstore-listformer")
+    assert cli.main(arguments) == 2
+    assert "give the Listformer checkpoint that made it" in capsys.readouterr().err
+
+
+def test_precompute_needs_a_model_and_a_plain_encoder_needs_k(corpus: Path, tmp_path: Path, capsys) -> None:
+    base = save_base_encoder(tmp_path / "base", text_encoder(seed=1))
+    args = precompute(corpus, base, tmp_path / "store", "fp16")
+    at = args.index("--model")
+    assert cli.main([*args[:at], *args[at + 2 :]]) == 2
+    assert "listformer stores need --model" in capsys.readouterr().err
+    assert cli.main(args) == 2
+    assert "needs its delayed layers k (--layers)" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()
+    assert cli.main([*args, "--layers", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "an untrained Listformer (k=1)" in captured.err
+    assert json.loads(captured.out)["layers"] == 1
