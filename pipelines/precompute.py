@@ -13,6 +13,10 @@ outputs and no finish_bundle outputs, so it means the same on the Dask runner
 on the DirectRunner, Dataflow and Flink. Workers count what they do in Beam
 metrics (namespace "dilstore"); the summary itself is summed in the graph, so
 it exists on runners without metrics too.
+
+The model is loaded in the DoFns' `setup()` through one `RunModel` handle:
+Route (for its tokenizer) and WriteGroups (to encode) share one loaded copy per
+worker process, checked against the run's fingerprint when it is loaded.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.utils.shared import Shared
 
 from dilstore.pipelines.corpora import Document, Record, Rejected
 from dilstore.pipelines.duplicate_ids import keep_first
@@ -45,15 +50,16 @@ from dilstore.pipelines.routing import (
 )
 from dilstore.pipelines.run_stats import RunStats, merge_stats
 from dilstore.pipelines.shard_sink import write_rejected_part, write_shard_outputs
-from dilstore.reader.offline.encoding import checked_reader, set_threads
+from dilstore.reader.offline.encoding import load_checked_reader, set_threads
+from dilstore.reader.offline.kinds import OfflineModel
 from dilstore.storage.errors import DilstoreError
 
 NAMESPACE = "dilstore"
 RUN_KEY = "run"
 
 
-def write_group(job: PrecomputeJob, key: GroupKey, values: Iterable[Any]) -> RunStats:
-    """Write one group (a shard, a dead-letter part) or sum one group of counts; its RunStats."""
+def write_group(job: PrecomputeJob, key: GroupKey, values: Iterable[Any], reader: OfflineModel) -> RunStats:
+    """Write one group (a shard, encoded with `reader`; a dead-letter part) or sum one group of counts; its RunStats."""
     group, index = key
     if group == SHARD:
         pieces = pieces_of(values)
@@ -61,13 +67,7 @@ def write_group(job: PrecomputeJob, key: GroupKey, values: Iterable[Any]) -> Run
         def progress(done: int) -> None:
             report_progress(job.progress_dir, index, done)
 
-        stats = write_shard_outputs(
-            job.shard_settings(),
-            index,
-            pieces,
-            lambda: checked_reader(job.model, job.layers, job.fingerprint),
-            progress,
-        )
+        stats = write_shard_outputs(job.shard_settings(), index, pieces, reader, progress)
         report_progress(job.progress_dir, index, stats.passages)
         return stats
     if group == REJECTED:
@@ -75,6 +75,24 @@ def write_group(job: PrecomputeJob, key: GroupKey, values: Iterable[Any]) -> Run
     if group == COUNTS:
         return merge_stats(values)
     raise ValueError(f"unknown group {group!r}")
+
+
+class RunModel:
+    """The run's model in a worker: loaded once per process and shared by every DoFn given this handle.
+
+    The handle pickles with the DoFns that hold it and keeps its `Shared` key,
+    so after unpickling on a worker they all acquire the same loaded model. A
+    model whose fingerprint differs from the run's is refused when it loads.
+    """
+
+    def __init__(self, job: PrecomputeJob) -> None:
+        self.job = job
+        self.shared = Shared()
+
+    def acquire(self) -> OfflineModel:
+        """The model: loaded and checked on the first call in this process, the same object on every later one."""
+        job = self.job
+        return self.shared.acquire(lambda: load_checked_reader(job.model, job.layers, job.fingerprint))
 
 
 class ReadCorpusFn(beam.DoFn):
@@ -97,15 +115,16 @@ class RouteFn(beam.DoFn):
     progress bar has a total once routing is done.
     """
 
-    def __init__(self, job: PrecomputeJob) -> None:
+    def __init__(self, job: PrecomputeJob, model: RunModel) -> None:
         self.job = job
+        self.model = model
         self.settings = job.route_settings()
         self.tokenizer: Any = None
         self.planned = 0
 
     def setup(self) -> None:
         set_threads(self.job.threads)
-        self.tokenizer = checked_reader(self.job.model, self.job.layers, self.job.fingerprint).tokenizer
+        self.tokenizer = self.model.acquire().tokenizer
 
     def start_bundle(self) -> None:
         self.planned = 0
@@ -121,10 +140,12 @@ class RouteFn(beam.DoFn):
 
 
 class WriteGroupFn(beam.DoFn):
-    """Write one grouped key (`write_group`) and count it in Beam metrics."""
+    """Write one grouped key (`write_group`) with the model loaded in `setup()`, and count it in Beam metrics."""
 
-    def __init__(self, job: PrecomputeJob) -> None:
+    def __init__(self, job: PrecomputeJob, model: RunModel) -> None:
         self.job = job
+        self.model = model
+        self.reader: Any = None
         self.counters = {
             name: Metrics.counter(NAMESPACE, name)
             for name in ("documents", "passages", "tokens", "rejected", "skipped", "long_passages")
@@ -135,10 +156,11 @@ class WriteGroupFn(beam.DoFn):
 
     def setup(self) -> None:
         set_threads(self.job.threads)
+        self.reader = self.model.acquire()
 
     def process(self, element: tuple[GroupKey, Iterable[Any]]) -> Iterator[tuple[str, RunStats]]:
         key, values = element
-        stats = write_group(self.job, key, values)
+        stats = write_group(self.job, key, values, self.reader)
         for name, counter in self.counters.items():
             counter.inc(getattr(stats, name))
         if stats.shards_resumed:
@@ -170,6 +192,7 @@ class Precompute(beam.PTransform):
 
     def expand(self, pipeline: beam.pvalue.PBegin) -> beam.PCollection:
         job = self.job
+        model = RunModel(job)
         records = (
             pipeline
             | "Inputs" >> beam.Create(list(job.inputs))
@@ -182,13 +205,13 @@ class Precompute(beam.PTransform):
             | "KeepFirst" >> beam.FlatMap(first_of_each_id)
         )
         others = records | "NotDocuments" >> beam.Filter(is_not_document)
-        routed = (unique, others) | "AllRecords" >> beam.Flatten() | "Route" >> beam.ParDo(RouteFn(job))
+        routed = (unique, others) | "AllRecords" >> beam.Flatten() | "Route" >> beam.ParDo(RouteFn(job, model))
         seeds = pipeline | "ShardSeeds" >> beam.Create(shard_seeds(job.num_shards))
         return (
             (routed, seeds)
             | "WithSeeds" >> beam.Flatten()
             | "GroupByShard" >> beam.GroupByKey()
-            | "WriteGroups" >> beam.ParDo(WriteGroupFn(job))
+            | "WriteGroups" >> beam.ParDo(WriteGroupFn(job, model))
             | "SumCounts" >> beam.CombinePerKey(merge_stats)
             | "Finish" >> beam.Map(finish, job)
         )

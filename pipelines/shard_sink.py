@@ -36,6 +36,7 @@ from dilstore.pipelines.corpora import Rejected
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import TokenizedPassage, encode_tokenized
+from dilstore.reader.offline.kinds import OfflineModel
 from dilstore.storage.atomic_files import atomic_write_bytes, atomic_write_text
 from dilstore.storage.codebook import read_codebook
 from dilstore.storage.fingerprint import Fingerprint
@@ -151,21 +152,20 @@ def write_shard_outputs(
     settings: ShardSettings,
     shard: int,
     pieces: Sequence[TokenizedPassage],
-    reader_for: Callable[[], object],
+    reader: OfflineModel,
     on_batch: Callable[[int], None] | None = None,
 ) -> RunStats:
-    """Encode and write one shard group (see the module docstring); its counts.
+    """Encode with `reader` and write one shard group (see the module docstring); its counts.
 
-    `pieces` must be sorted by id. `reader_for()` gives the (cached) model, and
-    is only called when there is something to encode. A shard whose marker
-    exists is not recomputed: its counts come back with shards_resumed = 1.
+    `pieces` must be sorted by id. A shard whose marker exists is not
+    recomputed: its counts come back with shards_resumed = 1.
     """
     store = Path(settings.store)
     done = read_meta(store, shard, settings.generation)
     if done is not None:
         return RunStats(**{**done.to_dict(), "shards_resumed": 1})
     if pieces:
-        records = encode_tokenized(reader_for(), settings.kind, pieces, settings.policy, on_batch)
+        records = encode_tokenized(reader, settings.kind, pieces, settings.policy, on_batch)
         atomic_write_bytes(parquet_path(store, shard), passage_table_bytes(pieces))
         atomic_write_text(jsonl_path(store, shard), collection_jsonl(pieces))
         codebook = None if settings.codebook is None else read_codebook(settings.codebook, settings.encoding)[0]

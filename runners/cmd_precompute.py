@@ -366,7 +366,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     from dilstore.reader.modeling.fingerprint import model_fingerprint
     from dilstore.reader.offline.kinds import max_positions
     from dilstore.reader.batching import BatchPolicy
-    from dilstore.reader.offline.encoding import cached_reader
+    from dilstore.reader.offline.encoding import load_reader
 
     refuse_url("--output", args.output)
     if args.codebook is not None:
@@ -375,7 +375,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
             raise DilstoreError(f"--codebook is for the 2bit and 1bit encodings, not {args.encoding}")
     inputs = resolve_inputs(args.input, args.format)
     model, layers = resolve_model(args.model, args.layers, args.kind)
-    reader = cached_reader(model, args.kind, layers)
+    reader = load_reader(model, args.kind, layers)
     note_untrained_ranker(model, reader)
     positions = max_positions(reader)
     if args.max_length < MIN_MAX_LENGTH:
@@ -459,13 +459,14 @@ def build_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -> di
     """Build the store at `job.store` (the folder being written, under the write lock); the run summary.
 
     A 2bit/1bit run first puts its codebook in that folder (pipelines/codebook.py),
-    so an --overwrite replacement gets its own, inside the folder it is built in.
+    so an --overwrite replacement gets its own, inside the folder it is built in;
+    the model for its sample is loaded and checked against the run's fingerprint here.
     """
     from dilstore.pipelines.codebook import needs_codebook, prepare_codebook
-    from dilstore.reader.offline.encoding import checked_reader
+    from dilstore.reader.offline.encoding import load_checked_reader
 
     if needs_codebook(job.encoding):
-        prepare_codebook(job, checked_reader(job.model, job.layers, job.fingerprint))
+        prepare_codebook(job, load_checked_reader(job.model, job.layers, job.fingerprint))
     return run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
 
 

@@ -12,15 +12,11 @@ import json
 from pathlib import Path
 
 from dilstore.runners.cmd_train_ranking import register_rankers, register_ranking_data
-from dilstore.runners.reading_options import (
-    add_reading_arguments,
-    add_runtime_arguments,
-    apply_threads,
-    reading_settings,
-)
+from dilstore.runners.reading_options import add_reading_arguments, apply_threads, reading_settings
 from dilstore.runners.training_options import (
     add_optimizer_arguments,
     add_output_argument,
+    add_report_arguments,
     add_run_arguments,
     config_fields,
     output_dir,
@@ -80,9 +76,7 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--eval-limit", type=int, help="evaluate on a seeded random subset of N dev questions")
     parser.add_argument("--eval-seed", type=int, default=0, help="seed of the --eval-limit subset (default 0)")
     add_reading_arguments(parser)
-    add_runtime_arguments(parser)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
-    parser.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    add_report_arguments(parser)
     parser.set_defaults(run=run_qa)
 
 

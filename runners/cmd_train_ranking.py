@@ -14,10 +14,11 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
+from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.training_options import (
     add_optimizer_arguments,
     add_output_argument,
+    add_report_arguments,
     add_run_arguments,
     config_fields,
     output_dir,
@@ -127,9 +128,7 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
         )  # fmt: skip
     add_run_arguments(parser, seeded="data order and dropout", limit_of="triples")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
-    add_runtime_arguments(parser)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
-    parser.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    add_report_arguments(parser)
 
 
 def run_ranker(args: argparse.Namespace) -> int:

@@ -3,7 +3,8 @@
 Without `--verbose`, a command turns off before any library loads:
 - Hugging Face's load reports and weight-loading bars (TRANSFORMERS_VERBOSITY,
   HF_HUB_DISABLE_PROGRESS_BARS: environment variables, so Beam's worker
-  processes inherit them);
+  processes inherit them; a transformers this process already imported, as
+  in a Python caller of dilstore's API, read them at import and is told directly);
 - the JVM's notices (Java 22+ native access, sun.misc.Unsafe), Lucene's
   MMapDirectory warning and Anserini's INFO lines (DILSTORE_QUIET, read by
   dilstore.reader.retrieval when it starts the JVM);
@@ -43,6 +44,10 @@ def configure(verbose: bool) -> None:
     os.environ[QUIET_ENV] = "1"
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    if hf_logging is not None:  # imported before this call: it has read the environment already
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
 
 
 def is_quiet() -> bool:

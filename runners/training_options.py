@@ -1,7 +1,7 @@
 """Command-line options shared by `train qa` and `train earl|cross-encoder|siamese`, and what they become.
 
 The two commands add them at different places among their own options (the
-order shows in --help and in the recorded command), hence two functions.
+order shows in --help and in the recorded command), hence one function per group.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import os
 import shlex
 from pathlib import Path
 from typing import Any
+
+from dilstore.runners.reading_options import add_runtime_arguments
 
 # Options that describe how the command was launched, not what it computes.
 _NOT_IN_COMMAND = {"command", "train_command", "run", "run_name"}
@@ -56,6 +58,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, seeded: str, limit_of:
         help="auto: fp32 on CPU, bf16 (else fp16) autocast on CUDA",
     )  # fmt: skip
     parser.add_argument("--train-limit", type=int, help=f"use only the first N {limit_of}")
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """--device to --json, the last options of every training command: where it runs and how it reports."""
+    add_runtime_arguments(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    parser.add_argument("--json", action="store_true", help="print the run summary as JSON")
 
 
 def config_fields(args: argparse.Namespace) -> dict[str, Any]:

@@ -319,27 +319,29 @@ def _residual_encoding(bits: int) -> Encoding:
     )
 
 
+def _float_encoding(
+    name: str,
+    dtype: str,
+    description: str,
+    encode: Callable[[np.ndarray, Mapping[str, np.ndarray] | None], dict[str, np.ndarray]],
+) -> Encoding:
+    """fp32 or fp16: the states themselves as one `dtype` array, returned as stored (zero-copy from a memory map)."""
+    return Encoding(
+        name=name,
+        description=description,
+        arrays=(EncodedArray("values", dtype, True, _same_shape, _finite),),
+        encode=encode,
+        decode=_decode_values,
+        output_dtype=dtype,
+        zero_copy=True,
+    )
+
+
 ENCODINGS: dict[str, Encoding] = {
     encoding.name: encoding
     for encoding in (
-        Encoding(
-            name="fp32",
-            description="float32 values, exact",
-            arrays=(EncodedArray("values", "float32", True, _same_shape, _finite),),
-            encode=_encode_fp32,
-            decode=_decode_values,
-            output_dtype="float32",
-            zero_copy=True,
-        ),
-        Encoding(
-            name="fp16",
-            description="float16 values",
-            arrays=(EncodedArray("values", "float16", True, _same_shape, _finite),),
-            encode=_encode_fp16,
-            decode=_decode_values,
-            output_dtype="float16",
-            zero_copy=True,
-        ),
+        _float_encoding("fp32", "float32", "float32 values, exact", _encode_fp32),
+        _float_encoding("fp16", "float16", "float16 values", _encode_fp16),
         Encoding(
             name="int8",
             description="symmetric int8, one scale per token vector, power-of-two channel scales per shard",

@@ -1,4 +1,4 @@
-"""Shared fixtures: where the repo and ../shared/data are, one torch thread, and a tiny base encoder.
+"""Shared fixtures: where the repo and ../shared/data are, one torch thread, a tiny base encoder and SQuAD file.
 
 Torch and the model helpers are imported inside the fixtures that use them,
 so that tests which need neither never load them.
@@ -43,6 +43,22 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-base"))
+
+
+@pytest.fixture(scope="module")
+def tiny_base_with_dropout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_base` with dropout 0.1, for proving that a resumed run continues the dropout RNG exactly."""
+    from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-base-dropout"), dropout=0.1)
+
+
+@pytest.fixture(scope="module")
+def squad_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/fixtures/qa_training_fixtures.py's handful of SQuAD v1.1 questions, written as a file."""
+    from tests.fixtures.qa_training_fixtures import write_squad
+
+    return write_squad(tmp_path_factory.mktemp("squad") / "tiny.json")
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -165,6 +165,34 @@ def build_features(
             )
         except DilstoreError as error:
             raise DilstoreError(f"question {example.id!r}: {error}") from None
+
+
+class Windowing(Protocol):
+    """How questions and paragraphs are cut into windows: ReadingSettings and the QA TrainingConfig both say it."""
+
+    max_seq_length: int
+    doc_stride: int
+    max_question_length: int
+
+
+def window_features(
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Iterable[SquadExample],
+    windowing: Windowing,
+    *,
+    labelled: bool = True,
+) -> list[QAFeature]:
+    """`build_features` with the window sizes of `windowing`, as a list."""
+    return list(
+        build_features(
+            tokenizer,
+            examples,
+            max_seq_length=windowing.max_seq_length,
+            doc_stride=windowing.doc_stride,
+            max_question_length=windowing.max_question_length,
+            labelled=labelled,
+        )
+    )
 
 
 def _check_lengths(max_seq_length: int, doc_stride: int, max_question_length: int) -> None:

@@ -28,7 +28,7 @@ from dilstore.reader.data.qa_features import (
     DEFAULT_MAX_QUESTION_LENGTH,
     DEFAULT_MAX_SEQ_LENGTH,
     QAFeature,
-    build_features,
+    window_features,
 )
 from dilstore.reader.data.squad import SquadExample, load_squad
 from dilstore.reader.evaluation.squad_metric import evaluate_examples
@@ -90,20 +90,6 @@ def select_examples(examples: Sequence[SquadExample], limit: int | None, seed: i
         raise DilstoreError(f"--limit must be at least 1, got {limit}")
     chosen = sorted(random.Random(seed).sample(range(len(examples)), limit))
     return [examples[index] for index in chosen]
-
-
-def window_features(tokenizer: Any, examples: Sequence[SquadExample], settings: ReadingSettings) -> list[QAFeature]:
-    """Every window of every question, unlabelled (answers are never shown to the reader)."""
-    return list(
-        build_features(
-            tokenizer,
-            examples,
-            max_seq_length=settings.max_seq_length,
-            doc_stride=settings.doc_stride,
-            max_question_length=settings.max_question_length,
-            labelled=False,
-        )
-    )
 
 
 def predict_answers(
@@ -171,7 +157,8 @@ def evaluate_reader(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     reader.to(device).eval()
     started = time.perf_counter()
-    features = window_features(reader.tokenizer, examples, settings)
+    # Every window of every question, unlabelled: answers are never shown to the reader.
+    features = window_features(reader.tokenizer, examples, settings, labelled=False)
     predictions = predict_answers(
         features, reader_scorer(reader, device), settings, reader.tokenizer.pad_token_id, progress
     )

@@ -18,13 +18,15 @@ convention, the offline half) comes from `reader.offline_models`.
 - **Batching.** Passages are sorted by token count and cut into batches whose
   padded size stays under a token budget (reader/batching.py), so a batch
   pads only to its own longest passage. Encoding runs under `torch.inference_mode`.
-- **The model once per worker.** `cached_reader` keeps loaded models per
-  (model directory, kind, split) for the life of the process.
+- **Loading.** `load_reader` loads a model afresh and `load_checked_reader`
+  also checks it against the run's fingerprint; neither caches. Whoever holds
+  the model decides how long it lives: the launcher for the run's setup, and
+  in Beam the DoFns, which load it in `setup()` once per worker process
+  (pipelines/precompute.py).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,6 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from transformers.utils import logging as hf_logging
 
 from dilstore.reader.batching import BatchPolicy, length_batches, pad_token_ids
 from dilstore.reader.modeling.checkpoints import BASE_MODEL_REF as BASE_MODEL_REF  # re-exported: model references
@@ -97,32 +98,23 @@ def resolve_model_dir(model: str) -> Path:
     return resolve_base_model(model)
 
 
-@functools.lru_cache(maxsize=2)
-def cached_reader(model: str, kind: str, layers: int | None) -> OfflineModel:
-    """The model that makes `kind` stores from (model reference, split), loaded once per process and kept.
+def load_reader(model: str, kind: str, layers: int | None) -> OfflineModel:
+    """The model that makes `kind` stores from (model reference, split), loaded from disk.
 
     `layers` is k for dilbert and N for the EARL kinds (None: the
-    checkpoint's own); `reader.offline_models.load_offline_model` refuses a
+    checkpoint's own); `reader.offline.kinds.load_offline_model` refuses a
     checkpoint of the wrong kind before loading any weight.
-
-    Hugging Face's per-load progress bars and load reports are turned off: a
-    pipeline loads the model in every worker, and they would interleave with
-    the run's own progress bar (a base model's report only lists the QA head,
-    which the offline layers never use).
     """
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
     return load_offline_model(resolve_model_dir(model), kind, layers)
 
 
-@functools.lru_cache(maxsize=2)
-def checked_reader(model: str, layers: int, expected: Fingerprint) -> OfflineModel:
-    """`cached_reader` for the run's kind, refusing a model whose fingerprint differs from the run's.
+def load_checked_reader(model: str, layers: int, expected: Fingerprint) -> OfflineModel:
+    """`load_reader` for the run's kind, refusing a model whose fingerprint differs from the run's.
 
     Guards a long run against a model that changed on disk, or a worker that
     resolved a different copy, between the launch and this worker's start.
     """
-    reader = cached_reader(model, expected.kind, layers)
+    reader = load_reader(model, expected.kind, layers)
     actual = model_fingerprint(reader, expected.kind, expected.encoding, expected.max_length)
     if actual != expected:
         raise DilstoreError(

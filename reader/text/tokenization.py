@@ -29,6 +29,7 @@ span (s, s) because the tokenizer trims whitespace from offsets.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -187,12 +188,7 @@ def encode_passage(
         raise DilstoreError(
             f"a passage window needs max_length of at least 2 (a word piece and [SEP]), got {max_length}"
         )
-    pieces = passage_pieces(tokenizer, text)
-    window_pieces = max_length - 1
-    return [
-        passage_window(tokenizer, pieces, start, start + window_pieces)
-        for start in window_starts(len(pieces), window_pieces, stride)
-    ]
+    return _windows(tokenizer, text, max_length - 1, stride, passage_window)
 
 
 def document_window(tokenizer: PreTrainedTokenizerBase, pieces: TokenizedText, start: int, stop: int) -> TokenizedText:
@@ -223,10 +219,24 @@ def encode_document_windows(
         raise DilstoreError(
             f"a document window needs max_length of at least 3 ([CLS], a word piece and [SEP]), got {max_length}"
         )
+    return _windows(tokenizer, text, max_length - 2, stride, document_window)
+
+
+def _windows(
+    tokenizer: PreTrainedTokenizerBase,
+    text: str,
+    window_pieces: int,
+    stride: int,
+    wrap: Callable[[PreTrainedTokenizerBase, TokenizedText, int, int], TokenizedText],
+) -> list[TokenizedText]:
+    """The word pieces of `text` cut by `window_starts` into runs of `window_pieces`, each wrapped by `wrap`.
+
+    `wrap` adds a convention's special tokens around pieces [start, stop)
+    (`passage_window`, `document_window`).
+    """
     pieces = passage_pieces(tokenizer, text)
-    window_pieces = max_length - 2
     return [
-        document_window(tokenizer, pieces, start, start + window_pieces)
+        wrap(tokenizer, pieces, start, start + window_pieces)
         for start in window_starts(len(pieces), window_pieces, stride)
     ]
 

@@ -1,8 +1,9 @@
 """The training loop that `train qa` and `train earl|cross-encoder|siamese` share, and the parts it is made of.
 
 A trainer (reader/training/qa.py, reader/training/ranking.py) loads its model
-and data and says how to compute one step's gradients and how to save its
-model; everything else is here, so both run the same way:
+and data and says how to compute one step's gradients; reader/training/runs.py
+puts a run together in one order (seed, resume, optimize, record, train, save);
+everything else is here, so both run the same way:
 
 - AdamW (no decay on biases and LayerNorm) with linear warm-up then linear
   decay to zero, gradient clipping, gradient accumulation.
@@ -358,9 +359,10 @@ class SaveModel(Protocol):
 
 @dataclass(frozen=True)
 class LoopOutcome:
-    """Where the loop stopped, and the loss of every step this call ran."""
+    """Where the loop stopped, the run's length in optimizer steps, and the loss of every step this call ran."""
 
     position: LoopPosition
+    total_steps: int
     losses: list[float]
 
     @property
@@ -431,7 +433,7 @@ def run_training_loop(
             last_save = time.perf_counter()
     bar.close()
 
-    outcome = LoopOutcome(position=position, losses=losses)
+    outcome = LoopOutcome(position=position, total_steps=total_steps, losses=losses)
     model.eval()
     save(output_dir, position, outcome.final_loss)
     return outcome

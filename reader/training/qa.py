@@ -25,7 +25,7 @@ trained k is exactly the k that `precompute` and `ask` use.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from dilstore.reader.data.qa_batches import QABatch, collate_features
-from dilstore.reader.data.qa_features import QAFeature, build_features
+from dilstore.reader.data.qa_features import QAFeature, window_features
 from dilstore.reader.data.squad import load_squad
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.loop import (
@@ -42,15 +42,8 @@ from dilstore.reader.training.loop import (
     autocast_context,
     check_loop_settings,
     optimizer_step_batches,
-    resume_point,
-    run_training_loop,
-    seed_everything,
-    start_optimization,
-    training_device,
-    write_run_config,
-    write_training_record,
 )
-from dilstore.reader.training.state import LoopPosition
+from dilstore.reader.training.runs import TrainerRun, finish_run, start_run
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 
 # How `train qa` reports its speed: windows per second.
@@ -130,15 +123,7 @@ def load_training_data(tokenizer: Any, train_file: Path, config: TrainingConfig)
         examples = examples[: config.train_limit]
     if not examples:
         raise DilstoreError(f"{train_file}: no training questions")
-    features = list(
-        build_features(
-            tokenizer,
-            examples,
-            max_seq_length=config.max_seq_length,
-            doc_stride=config.doc_stride,
-            max_question_length=config.max_question_length,
-        )
-    )
+    features = window_features(tokenizer, examples, config)
     return TrainingData(features=features, questions=len(examples), pad_token_id=tokenizer.pad_token_id)
 
 
@@ -246,46 +231,38 @@ def train_qa(
 ) -> TrainingResult:
     """Fine-tune the reader at `model_dir` (a base model or a reader) with k=config.layers; save to `output_dir`.
 
-    With `resume`, the newest complete checkpoint under OUTPUT/checkpoints
-    is loaded (weights, optimizer, scheduler, RNG, position) and the run
-    continues where it stopped; the config must match the interrupted run's.
+    With `resume`, the run continues from its newest checkpoint (runs.start_run).
     """
-    output_dir = Path(output_dir)
-    device = training_device(device)
-    seed_everything(config.seed)
-    resume_from = resume_point(output_dir, config) if resume else None
-    reader = DilBertReader.from_pretrained(resume_from or model_dir, layers=config.layers)
+    start = start_run(output_dir, config, resume=resume, device=device)
+    reader = DilBertReader.from_pretrained(start.resume_from or model_dir, layers=config.layers)
     data = load_training_data(reader.tokenizer, Path(train_file), config)
-    reader.to(device).train()
     distillation = None
     if config.teacher is not None:
-        teacher = load_teacher(Path(config.teacher), reader, device)
+        teacher = load_teacher(Path(config.teacher), reader, start.device)
         distillation = Distillation(
             teacher, config.distillation_temperature, config.distillation_weight, config.representation_weight
         )
-    optimization = start_optimization(reader, len(data.features), config, resume_from)
-    write_run_config(output_dir, config, command, base_model=str(model_dir), train_file=str(train_file))
-    run = _RunInfo(reader, config, Path(model_dir), Path(train_file), command, device, len(data.features),
-                   data.questions, optimization.total_steps)  # fmt: skip
-
     lengths = [len(feature.question) + len(feature.passage) for feature in data.features]
-    outcome = run_training_loop(
-        reader,
-        optimization,
-        optimizer_step_batches(len(data.features), config, lengths if config.group_by_length else None),
-        accumulate=partial(accumulate_gradients, reader, data, device=device, distillation=distillation),
-        save=run.save,
-        config=config,
-        device=device,
-        output_dir=output_dir,
+    run = TrainerRun(
+        model=reader,
+        num_examples=len(data.features),
+        step_plan=optimizer_step_batches(len(data.features), config, lengths if config.group_by_length else None),
+        accumulate=partial(accumulate_gradients, reader, data, device=start.device, distillation=distillation),
         throughput=_THROUGHPUT,
-        progress=progress,
+        identity={"kind": "dilbert-qa", "layers": reader.layers, "num_layers": reader.num_layers},
+        inputs={"base_model": str(Path(model_dir)), "train_file": str(Path(train_file))},
+        counts=lambda position: {
+            "features_seen": position.features_seen,
+            "train_features": len(data.features),
+            "train_questions": data.questions,
+        },
     )
+    outcome = finish_run(start, run, config, command=command, progress=progress)
     return TrainingResult(
-        output=output_dir,
+        output=start.output_dir,
         layers=reader.layers,
         steps=outcome.position.step,
-        total_steps=optimization.total_steps,
+        total_steps=outcome.total_steps,
         features_seen=outcome.position.features_seen,
         train_features=len(data.features),
         train_questions=data.questions,
@@ -331,42 +308,3 @@ def accumulate_gradients(
         )
 
     return accumulate_micro_batches(micro_batches, micro_batch_loss, scaler)
-
-
-@dataclass(frozen=True)
-class _RunInfo:
-    """What stays fixed over a run and goes into every dilstore_training.json it writes."""
-
-    reader: DilBertReader
-    config: TrainingConfig
-    model_dir: Path
-    train_file: Path
-    command: str
-    device: torch.device
-    train_features: int
-    train_questions: int
-    total_steps: int
-
-    def save(self, directory: Path, position: LoopPosition, loss: float) -> None:
-        """The reader and its dilstore_training.json into `directory`: a periodic checkpoint or the final model."""
-        self.reader.save_pretrained(directory)
-        _write_metadata(directory, self, position, loss)
-
-
-def _write_metadata(directory: Path, run: _RunInfo, position: LoopPosition, final_loss: float) -> None:
-    """dilstore_training.json: k, the command, and the budget this checkpoint was actually trained with."""
-    document: dict[str, Any] = {
-        "kind": "dilbert-qa",
-        "layers": run.reader.layers,
-        "num_layers": run.reader.num_layers,
-        "command": run.command,
-        "base_model": str(run.model_dir),
-        "train_file": str(run.train_file),
-        "config": asdict(run.config),
-        "steps": position.step,
-        "total_steps": run.total_steps,
-        "features_seen": position.features_seen,
-        "train_features": run.train_features,
-        "train_questions": run.train_questions,
-    }
-    write_training_record(directory, document, position, final_loss, run.device)

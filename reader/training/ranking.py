@@ -31,10 +31,9 @@ in one pass; `delayed_layers` is its k.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -55,13 +54,6 @@ from dilstore.reader.training.loop import (
     autocast_context,
     check_loop_settings,
     optimizer_step_batches,
-    resume_point,
-    run_training_loop,
-    seed_everything,
-    start_optimization,
-    training_device,
-    write_run_config,
-    write_training_record,
 )
 from dilstore.reader.training.losses import (
     DEFAULT_MARGIN,
@@ -70,7 +62,7 @@ from dilstore.reader.training.losses import (
     pairwise_hinge_loss,
     softmax_cross_entropy_loss,
 )
-from dilstore.reader.training.state import LoopPosition
+from dilstore.reader.training.runs import TrainerRun, finish_run, start_run
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 
 LOSSES = ("softmax", "hinge", "approx-ndcg", "listnet")
@@ -261,14 +253,10 @@ def train_ranker(
 ) -> RankingTrainingResult:
     """Train a `config.kind` ranker initialised from the plain encoder `base_model`; save it to `output_dir`.
 
-    With `resume`, the newest complete checkpoint under OUTPUT/checkpoints
-    is loaded (weights, optimizer, scheduler, RNG, position) and the run
-    continues where it stopped; the config must match the interrupted run's.
+    With `resume`, the run continues from its newest checkpoint (runs.start_run).
     """
-    output_dir = Path(output_dir)
-    device = training_device(device)
-    seed_everything(config.seed)
-    resume_from = resume_point(output_dir, config) if resume else None
+    start = start_run(output_dir, config, resume=resume, device=device)
+    resume_from = start.resume_from
     ranker = (
         load_ranker(resume_from)
         if resume_from
@@ -280,38 +268,42 @@ def train_ranker(
         assert isinstance(ranker, EarlRanker)  # freeze_encoder is EARL-only (RankingTrainingConfig)
         ranker.freeze_encoder(base_model)
     data = load_ranking_data(ranker, Path(triples_file), Path(paragraphs_file), config)
-    ranker.to(device).train()
-    optimization = start_optimization(ranker, len(data.triples), config, resume_from, config.learning_rates())
-    write_run_config(
-        output_dir,
-        config,
-        command,
-        base_model=str(base_model),
-        triples=str(triples_file),
-        paragraphs=str(paragraphs_file),
+    run = TrainerRun(
+        model=ranker,
+        num_examples=len(data.triples),
+        step_plan=optimizer_step_batches(len(data.triples), config),
+        accumulate=partial(accumulate_ranking_gradients, ranker, data, config=config, device=start.device),
+        throughput=Throughput(
+            per_example=1 + config.negatives,
+            bar_name="pairs_per_s",
+            log_name="pairs/s",
+            log_digits=1,
+            seen_name="triples",
+        ),
+        identity={"kind": ranker.kind},
+        inputs={
+            "base_model": str(Path(base_model)),
+            "triples": str(Path(triples_file)),
+            "paragraphs": str(Path(paragraphs_file)),
+        },
+        counts=lambda position: {
+            "triples_seen": position.features_seen,
+            "pairs_seen": position.features_seen * (1 + config.negatives),
+            "train_triples": len(data.triples),
+        },
+        learning_rates=config.learning_rates(),
+        # A Listformer's periodic checkpoints keep fp32 weights (its final one is fp16),
+        # so that --resume continues exactly where the run stopped.
+        save_checkpoint=(
+            partial(ranker.save_pretrained, dtype=torch.float32) if isinstance(ranker, ListformerRanker) else None
+        ),
     )
-    run = _RunInfo(ranker, config, Path(base_model), Path(triples_file), Path(paragraphs_file), command, device,
-                   len(data.triples), optimization.total_steps, output_dir)  # fmt: skip
-    throughput = Throughput(
-        per_example=1 + config.negatives, bar_name="pairs_per_s", log_name="pairs/s", log_digits=1, seen_name="triples"
-    )
-    outcome = run_training_loop(
-        ranker,
-        optimization,
-        optimizer_step_batches(len(data.triples), config),
-        accumulate=partial(accumulate_ranking_gradients, ranker, data, config=config, device=device),
-        save=run.save,
-        config=config,
-        device=device,
-        output_dir=output_dir,
-        throughput=throughput,
-        progress=progress,
-    )
+    outcome = finish_run(start, run, config, command=command, progress=progress)
     return RankingTrainingResult(
-        output=output_dir,
+        output=start.output_dir,
         kind=ranker.kind,
         steps=outcome.position.step,
-        total_steps=optimization.total_steps,
+        total_steps=outcome.total_steps,
         triples_seen=outcome.position.features_seen,
         train_triples=len(data.triples),
         train_seconds=outcome.position.train_seconds,
@@ -319,49 +311,3 @@ def train_ranker(
         losses=outcome.losses,
         ranker=ranker,
     )
-
-
-@dataclass(frozen=True)
-class _RunInfo:
-    """What stays fixed over a run and goes into every dilstore_training.json it writes."""
-
-    ranker: TrainableRanker
-    config: RankingTrainingConfig
-    base_model: Path
-    triples_file: Path
-    paragraphs_file: Path
-    command: str
-    device: torch.device
-    train_triples: int
-    total_steps: int
-    output_dir: Path
-
-    def save(self, directory: Path, position: LoopPosition, loss: float) -> None:
-        """The ranker and its dilstore_training.json into `directory`: a periodic checkpoint or the final model.
-
-        A Listformer's periodic checkpoints keep fp32 weights (its final one is
-        fp16), so that --resume continues exactly where the run stopped.
-        """
-        if isinstance(self.ranker, ListformerRanker) and Path(directory) != self.output_dir:
-            self.ranker.save_pretrained(directory, dtype=torch.float32)
-        else:
-            self.ranker.save_pretrained(directory)
-        _write_metadata(directory, self, position, loss)
-
-
-def _write_metadata(directory: Path, run: _RunInfo, position: LoopPosition, final_loss: float) -> None:
-    """dilstore_training.json: the kind, the command, the data and the budget this checkpoint was trained with."""
-    document: dict[str, Any] = {
-        "kind": run.ranker.kind,
-        "command": run.command,
-        "base_model": str(run.base_model),
-        "triples": str(run.triples_file),
-        "paragraphs": str(run.paragraphs_file),
-        "config": asdict(run.config),
-        "steps": position.step,
-        "total_steps": run.total_steps,
-        "triples_seen": position.features_seen,
-        "pairs_seen": position.features_seen * (1 + run.config.negatives),
-        "train_triples": run.train_triples,
-    }
-    write_training_record(directory, document, position, final_loss, run.device)

@@ -29,7 +29,7 @@ from dilstore.pipelines.options import LocalDefaults, assemble_beam_flags, pipel
 from dilstore.pipelines.precompute import NAMESPACE, build_pipeline
 from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, route
 from dilstore.reader.batching import BatchPolicy
-from dilstore.reader.offline.encoding import cached_reader, encode_tokenized
+from dilstore.reader.offline.encoding import encode_tokenized, load_reader
 from dilstore.runners import cli
 from dilstore.runners.cmd_precompute import build_job, quiet_dask_logging
 from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook
@@ -103,7 +103,7 @@ def metered_run(tmp_path_factory: pytest.TempPathFactory, corpus, tiny_dir: Path
 
 def expected_units(corpus, tiny_dir: Path):
     """Every stored unit the corpus should give, tokenized and encoded directly (no Beam)."""
-    reader = cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
+    reader = load_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
     documents = {}
     for path in corpus:
         for record in read_corpus(path, "jsonl"):
@@ -236,6 +236,20 @@ def test_the_progress_bar_shows_passages_per_second(corpus, tiny_dir: Path, tmp_
     assert "precompute summary" in captured.out
 
 
+def refused_precompute(tiny_dir: Path, tmp_path: Path, capsys, *extra: str) -> str:
+    """Run `precompute` of the tiny model into tmp_path/s from tmp_path; check that it exits 2 and return its stderr.
+
+    `extra` options come last; a small corpus is added unless they name --input.
+    """
+    args = ["precompute", "--model", str(tiny_dir), "--output", str(tmp_path / "s"), "--no-progress", *extra]
+    if "--input" not in extra:
+        args += ["--input", str(write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2)))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        assert cli.main(args) == 2
+    return capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -249,14 +263,7 @@ def test_the_progress_bar_shows_passages_per_second(corpus, tiny_dir: Path, tmp_
 )
 def test_user_errors_exit_2_with_a_message(tiny_dir: Path, tmp_path: Path, capsys, extra, message) -> None:
     (tmp_path / "corpus.txt").write_text("x\n")
-    args = ["precompute", "--model", str(tiny_dir), "--output", str(tmp_path / "s"), "--no-progress",
-            "--max-length", str(MAX_LENGTH), *extra]
-    if "--input" not in extra:
-        args += ["--input", str(write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2)))]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(tmp_path)
-        assert cli.main(args) == 2
-    err = capsys.readouterr().err
+    err = refused_precompute(tiny_dir, tmp_path, capsys, "--max-length", str(MAX_LENGTH), *extra)
     assert err.startswith("dilstore precompute: error:") and message in err
 
 
@@ -332,13 +339,7 @@ def test_bad_inputs_are_usage_errors_before_anything_is_written(
     tiny_dir: Path, tmp_path: Path, capsys, extra: list[str], message: str
 ) -> None:
     """Each stops with exit 2 and one line naming the problem, and the store folder is never created."""
-    args = ["precompute", "--model", str(tiny_dir), "--output", str(tmp_path / "s"), "--no-progress", *extra]
-    if "--input" not in extra:
-        args += ["--input", str(write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2)))]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(tmp_path)
-        assert cli.main(args) == 2
-    err = capsys.readouterr().err
+    err = refused_precompute(tiny_dir, tmp_path, capsys, *extra)
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "s").exists()
 

@@ -30,7 +30,7 @@ from dilstore.pipelines.shard_sink import (
 from dilstore.pipelines.sharding import MIN_DEFAULT_SHARDS, default_shard_count, shard_of, stable_hash
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.modeling.fingerprint import model_fingerprint
-from dilstore.reader.offline.encoding import cached_reader, encode_tokenized
+from dilstore.reader.offline.encoding import encode_tokenized, load_reader
 from dilstore.storage.finalize import finalize
 from dilstore.storage.format import SHARDS_DIR, shard_name
 from dilstore.storage.reader import open_store
@@ -41,7 +41,17 @@ WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu x
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory):
-    return cached_reader(str(save_tiny_reader(tmp_path_factory.mktemp("tiny-reader"))), "dilbert", TINY_LAYERS)
+    return load_reader(str(save_tiny_reader(tmp_path_factory.mktemp("tiny-reader"))), "dilbert", TINY_LAYERS)
+
+
+class NoModel:
+    """Stands in for the model where nothing may be encoded: any use of it fails the test with `why`."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __getattr__(self, name: str) -> None:
+        raise AssertionError(self.why)
 
 
 def document(doc_id: str, words: int, line: int | None = 1) -> Document:
@@ -139,7 +149,7 @@ def test_the_shard_sink_writes_table_collection_shard_and_marker_then_resumes(tm
     settings = ShardSettings(store=str(tmp_path), kind="dilbert", encoding="fp16", policy=BatchPolicy(batch_tokens=64))
     pieces = shard_units(tiny)
     progress = []
-    stats = write_shard_outputs(settings, 2, pieces, lambda: tiny, progress.append)
+    stats = write_shard_outputs(settings, 2, pieces, tiny, progress.append)
     assert (stats.passages, stats.tokens, stats.shards) == (len(pieces), sum(p.length for p in pieces), 1)
     assert progress[-1] == len(pieces)
     table = pq.read_table(parquet_path(tmp_path, 2)).to_pylist()
@@ -151,27 +161,24 @@ def test_the_shard_sink_writes_table_collection_shard_and_marker_then_resumes(tm
     assert stats.bytes == sum(f.stat().st_size for f in (tmp_path / SHARDS_DIR).rglob("*") if f.is_file()) + sum(
         path.stat().st_size for path in (parquet_path(tmp_path, 2), jsonl_path(tmp_path, 2)))
 
-    def no_model():
-        raise AssertionError("a committed shard must not be encoded again")
-
-    resumed = write_shard_outputs(settings, 2, pieces, no_model)
+    resumed = write_shard_outputs(settings, 2, pieces, NoModel("a committed shard must not be encoded again"))
     assert resumed == RunStats(**{**stats.to_dict(), "shards_resumed": 1})
 
 
 def test_a_rewritten_shard_is_byte_identical(tmp_path: Path, tiny) -> None:
     settings = ShardSettings(store=str(tmp_path), kind="dilbert", encoding="int8", policy=BatchPolicy())
     pieces = shard_units(tiny, 4)
-    write_shard_outputs(settings, 0, pieces, lambda: tiny)
+    write_shard_outputs(settings, 0, pieces, tiny)
     before = {p.relative_to(tmp_path): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
     meta_path(tmp_path, 0).unlink()  # as if killed just before the commit marker
-    write_shard_outputs(settings, 0, pieces, lambda: tiny)
+    write_shard_outputs(settings, 0, pieces, tiny)
     after = {p.relative_to(tmp_path): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
     assert after == before
 
 
 def test_an_empty_shard_leaves_only_its_marker(tmp_path: Path) -> None:
     settings = ShardSettings(store=str(tmp_path), kind="dilbert", encoding="fp16", policy=BatchPolicy())
-    stats = write_shard_outputs(settings, 7, [], lambda: pytest.fail("nothing to encode"))
+    stats = write_shard_outputs(settings, 7, [], NoModel("nothing to encode"))
     assert stats == RunStats()
     assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()] == [
         "passages/meta/part-00007.json"]
@@ -223,7 +230,7 @@ def test_states_survive_the_sink_for_every_encoding(tmp_path: Path, tiny) -> Non
     for encoding, tolerance in (("fp32", 0.0), ("fp16", 2e-3), ("int8", 0.05)):
         store = tmp_path / encoding
         settings = ShardSettings(store=str(store), kind="dilbert", encoding=encoding, policy=BatchPolicy())
-        write_shard_outputs(settings, 0, pieces, lambda: tiny)
+        write_shard_outputs(settings, 0, pieces, tiny)
         finalize(store, model_fingerprint(tiny, "dilbert", encoding, 64))
         expected = {record.id: record.states for record in encode_tokenized(tiny, "dilbert", pieces)}
         with open_store(store) as opened:

@@ -10,7 +10,6 @@ import io
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,32 +19,27 @@ from dilstore.reader.retrieval import Hit
 from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
 from dilstore.runners.cmd_ask import highlight, interactive, printable
 from dilstore.storage.reader import open_store
-from tests.fixtures.odqa_fixtures import one_torch_thread, write_collection, write_reader_checkpoint, write_store
+from tests.fixtures.odqa_fixtures import collection_documents, write_collection, write_reader_and_store
 from tests.fixtures.paths import ROOT
 
 GOOD = "When did the Zürich tram network open?"
 SESSION = ["", GOOD, "   ", "word " * 10_000, "Xylophone mallets?", "How high is Mount Kilimanjaro?"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_threaded() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def store_and_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("ask")
-    model_dir = write_reader_checkpoint(root / "model")
-    store_dir = root / "store"
-    write_store(store_dir, model_dir)
+    model_dir, store_dir, _ = write_reader_and_store(root)
     return store_dir, model_dir
 
 
 def test_interactive_session_in_a_subprocess(store_and_model: tuple[Path, Path], tmp_path: Path) -> None:
     store_dir, model_dir = store_and_model
-    documents = [(p.id, f"{p.title}\n{p.text}") for p in open_store(store_dir).fetch(["tram#0", "kili#0"])]
-    write_collection(tmp_path / "collection" / "passages.jsonl", [*documents, ("ghost#0", "Xylophone mallets.")])
+    documents = [*collection_documents(store_dir, ["tram#0", "kili#0"]), ("ghost#0", "Xylophone mallets.")]
+    write_collection(tmp_path / "collection" / "passages.jsonl", documents)
     index = tmp_path / "bm25"
     build = (
         "import sys; from pathlib import Path; from reader.retrieval import build_bm25_index as build; "

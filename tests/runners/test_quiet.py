@@ -37,6 +37,21 @@ def test_configure_sets_the_switches_for_child_processes_and_verbose_clears_them
     assert not quiet.is_quiet()
 
 
+def test_configure_also_quiets_a_transformers_imported_before_it() -> None:
+    """A Python caller may import transformers before a command runs; quiet mode reaches it all the same."""
+    from transformers.utils import logging as hf_logging
+
+    before = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
+    hf_logging.set_verbosity_warning()
+    hf_logging.enable_progress_bar()
+    try:
+        quiet.configure(verbose=False)
+        assert (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()) == (hf_logging.ERROR, False)
+    finally:
+        hf_logging.set_verbosity(before[0])
+        (hf_logging.enable_progress_bar if before[1] else hf_logging.disable_progress_bar)()
+
+
 def test_a_child_process_noise_line_is_dropped_and_its_other_lines_kept(quiet_on, capfd) -> None:
     with quiet.filtered_stderr():
         child_writes_to_stderr(NOISE, KEPT, "bigquery client libraries are not available")

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from tests.fixtures.odqa_fixtures import one_torch_thread, write_reader_checkpoint, write_store
+from tests.fixtures.odqa_fixtures import write_reader_checkpoint, write_store
 from tests.reader.serving.test_rerank import DOCUMENTS, save_ranker, write_earl_store
 
 from dilstore.reader.modeling.dilbert import DilBertReader
@@ -56,10 +56,7 @@ QUESTIONS = [
 WAIT = 30.0  # seconds any step may take before the test fails instead of hanging
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_threaded() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class OverlapSearcher:

@@ -20,10 +20,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.fixtures.odqa_fixtures import write_collection, write_reader_checkpoint, write_store
+from tests.fixtures.odqa_fixtures import (
+    collection_documents,
+    write_collection,
+    write_reader_and_store,
+    write_reader_checkpoint,
+)
 
 from dilstore.runners.cli import main
-from dilstore.storage.reader import open_store
 from tests.fixtures.paths import ROOT
 
 QUESTIONS = [
@@ -46,11 +50,8 @@ INDEX_THEN_ASK = (
 def indexed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """A tiny store with its BM25 index at STORE/bm25, and `ask --json`'s answers to QUESTIONS."""
     root = tmp_path_factory.mktemp("serve-process")
-    model = write_reader_checkpoint(root / "model")
-    store = root / "store"
-    ids = write_store(store, model)
-    write_collection(root / "collection" / "passages.jsonl",
-                     [(p.id, f"{p.title}\n{p.text}") for p in open_store(store).fetch(ids)])  # fmt: skip
+    model, store, ids = write_reader_and_store(root)
+    write_collection(root / "collection" / "passages.jsonl", collection_documents(store, ids))
     ask = ["ask", str(store), "--model", str(model), "--threads", "1", "--top-p", "4", "--json"]
     done = subprocess.run([sys.executable, "-c", INDEX_THEN_ASK, str(root / "collection"), str(store / "bm25"), *ask],
                           input="\n".join(QUESTIONS) + "\n", capture_output=True, text=True, cwd=ROOT,

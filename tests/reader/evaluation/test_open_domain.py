@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
@@ -24,7 +23,7 @@ from dilstore.reader.serving.answers import aggregate
 from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
-from tests.fixtures.odqa_fixtures import one_torch_thread, write_reader_checkpoint, write_store
+from tests.fixtures.odqa_fixtures import write_reader_checkpoint, write_store
 from tests.fixtures.qa_training_fixtures import write_squad
 
 
@@ -41,10 +40,7 @@ class QueryKeyedSearcher:
         return self.default[:k]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_threaded() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

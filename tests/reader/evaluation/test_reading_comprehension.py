@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dilstore.reader.data.qa_batches import QABatch, collate_features
-from dilstore.reader.data.qa_features import answer_token_range, build_features
+from dilstore.reader.data.qa_features import answer_token_range, build_features, window_features
 from dilstore.reader.data.squad import load_squad
 from dilstore.reader.evaluation.reading_comprehension import (
     ReadingSettings,
@@ -32,7 +32,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.text.tokenization import passage_pieces
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
-from tests.fixtures.qa_training_fixtures import HANDFUL, write_squad, write_tiny_checkpoint
+from tests.fixtures.qa_training_fixtures import HANDFUL
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +40,6 @@ def tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(base_model_dir(), local_files_only=True)
-
-
-@pytest.fixture(scope="module")
-def squad_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_squad(tmp_path_factory.mktemp("squad") / "tiny.json")
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-bert"))
 
 
 def oracle_scorer(batch: QABatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,16 +54,7 @@ def oracle_scorer(batch: QABatch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def oracle_predictions(tokenizer, examples, reading: ReadingSettings) -> dict[str, str]:
-    features = list(
-        build_features(
-            tokenizer,
-            examples,
-            max_seq_length=reading.max_seq_length,
-            doc_stride=reading.doc_stride,
-            max_question_length=reading.max_question_length,
-        )
-    )
-    return predict_answers(features, oracle_scorer, reading, tokenizer.pad_token_id)
+    return predict_answers(window_features(tokenizer, examples, reading), oracle_scorer, reading, tokenizer.pad_token_id)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -127,9 +108,9 @@ def _window_piece_range(feature, pieces) -> range:
     return range(first, first + len(spans))
 
 
-def test_answers_do_not_depend_on_batching(tiny_model: Path, squad_file: Path) -> None:
+def test_answers_do_not_depend_on_batching(tiny_base: Path, squad_file: Path) -> None:
     """A real (random) reader gives the same answers one window at a time and in mixed-length batches."""
-    reader = DilBertReader.from_pretrained(tiny_model, layers=1)
+    reader = DilBertReader.from_pretrained(tiny_base, layers=1)
     examples = load_squad(squad_file)
     windowing = dict(max_seq_length=40, doc_stride=8, max_question_length=16)
     one = evaluate_reader(reader, examples, ReadingSettings(batch_size=1, **windowing))
@@ -139,9 +120,9 @@ def test_answers_do_not_depend_on_batching(tiny_model: Path, squad_file: Path) -
     assert one.k == 1 and one.questions == len(examples)
 
 
-def test_reader_scorer_runs_the_training_forward_pass(tiny_model: Path, tokenizer) -> None:
+def test_reader_scorer_runs_the_training_forward_pass(tiny_base: Path, tokenizer) -> None:
     """Evaluation scores windows with the reader's forward, the code path training uses."""
-    reader = DilBertReader.from_pretrained(tiny_model, layers=2)
+    reader = DilBertReader.from_pretrained(tiny_base, layers=2)
     example_features = list(
         build_features(
             tokenizer,
@@ -179,21 +160,21 @@ def test_limit_is_a_seeded_subset_in_file_order(squad_file: Path) -> None:
         select_examples(examples, 0, seed=0)
 
 
-def test_questions_without_references_are_refused(tiny_model: Path, tmp_path: Path) -> None:
+def test_questions_without_references_are_refused(tiny_base: Path, tmp_path: Path) -> None:
     document = {"version": "1.1", "data": [{"title": "t", "paragraphs": [
         {"context": "Some text.", "qas": [{"id": "q1", "question": "What?", "answers": []}]}
     ]}]}  # fmt: skip
     path = tmp_path / "no-answers.json"
     path.write_text(json.dumps(document))
-    reader = DilBertReader.from_pretrained(tiny_model, layers=0)
+    reader = DilBertReader.from_pretrained(tiny_base, layers=0)
     with pytest.raises(DilstoreError, match="'q1' has no reference answer"):
         evaluate_reader(reader, load_squad(path))
 
 
 def test_cli_json_prints_the_documented_keys(
-    tiny_model: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    reader_dir = DilBertReader.from_pretrained(tiny_model, layers=1).save_pretrained(tmp_path / "reader")
+    reader_dir = DilBertReader.from_pretrained(tiny_base, layers=1).save_pretrained(tmp_path / "reader")
     predictions = tmp_path / "predictions.json"
     status = main(
         ["evaluate-rc", "--model", str(reader_dir), "--data", str(squad_file), "--limit", "4", "--json",
@@ -216,8 +197,8 @@ def test_cli_without_model_and_without_default_says_so(
     assert "default reader checkpoint is missing" in capsys.readouterr().err
 
 
-def test_cli_reports_a_broken_data_file(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    reader_dir = DilBertReader.from_pretrained(tiny_model, layers=1).save_pretrained(tmp_path / "reader")
+def test_cli_reports_a_broken_data_file(tiny_base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reader_dir = DilBertReader.from_pretrained(tiny_base, layers=1).save_pretrained(tmp_path / "reader")
     broken = tmp_path / "broken.json"
     broken.write_text('{"data": [')
     assert main(["evaluate-rc", "--model", str(reader_dir), "--data", str(broken)]) == 2
@@ -225,9 +206,9 @@ def test_cli_reports_a_broken_data_file(tiny_model: Path, tmp_path: Path, capsys
 
 
 @pytest.mark.shared_data
-def test_real_squad_dev_subset(tiny_model: Path, shared_data: Path, tmp_path: Path, capsys) -> None:
+def test_real_squad_dev_subset(tiny_base: Path, shared_data: Path, tmp_path: Path, capsys) -> None:
     """The real dev file loads and a seeded subset is scored end to end (random weights: score not asserted)."""
-    reader_dir = DilBertReader.from_pretrained(tiny_model, layers=1).save_pretrained(tmp_path / "reader")
+    reader_dir = DilBertReader.from_pretrained(tiny_base, layers=1).save_pretrained(tmp_path / "reader")
     dev = shared_data / "squad" / "dev-v1.1.json"
     assert main(["evaluate-rc", "--model", str(reader_dir), "--data", str(dev), "--limit", "5", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)

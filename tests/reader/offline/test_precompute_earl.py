@@ -30,8 +30,8 @@ from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import (
     DEFAULT_RANKER_REF,
-    cached_reader,
-    checked_reader,
+    load_checked_reader,
+    load_reader,
     encode_tokenized,
     resolve_model_dir,
     tokenize_passage,
@@ -104,7 +104,7 @@ def dilbert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def ranker(earl_dir: Path) -> EarlRanker:
-    return cached_reader(str(earl_dir), "earl-s1", None)
+    return load_reader(str(earl_dir), "earl-s1", None)
 
 
 def passage(text: str = TEXT, number: int = 0) -> Passage:
@@ -195,18 +195,18 @@ def test_stored_states_are_the_rankers_offline_half_whatever_the_batching(ranker
 # ---------------------------------------------------------------------- loading: which model makes which kind
 
 
-def test_an_earl_checkpoint_loads_once_and_is_checked_against_the_run_fingerprint(earl_dir: Path) -> None:
-    first = cached_reader(str(earl_dir), "earl-s2", None)
+def test_an_earl_checkpoint_loads_and_is_checked_against_the_run_fingerprint(earl_dir: Path) -> None:
+    first = load_reader(str(earl_dir), "earl-s2", None)
     assert isinstance(first, EarlRanker) and first.query_layers == 1 and first.judger_blocks == 2
-    assert cached_reader(str(earl_dir), "earl-s2", None) is first
     fingerprint = model_fingerprint(first, "earl-s2", "fp16", MAX_LENGTH)
     assert (fingerprint.kind, fingerprint.layers) == ("earl-s2", 1)
-    assert checked_reader(str(earl_dir), 1, fingerprint) is cached_reader(str(earl_dir), "earl-s2", 1)
+    checked = load_checked_reader(str(earl_dir), 1, fingerprint)
+    assert model_fingerprint(checked, "earl-s2", "fp16", MAX_LENGTH) == fingerprint
     saved = EarlRanker.from_pretrained(earl_dir)
     assert model_fingerprint(saved, "earl-s2", "fp16", MAX_LENGTH) == fingerprint
     other = replace(fingerprint, weights_sha256="0" * 64)
     with pytest.raises(DilstoreError, match="does not match the fingerprint"):
-        checked_reader(str(earl_dir), 1, other)
+        load_checked_reader(str(earl_dir), 1, other)
 
 
 def test_a_plain_encoder_starts_an_untrained_ranker_with_n_from_layers(base_dir: Path) -> None:

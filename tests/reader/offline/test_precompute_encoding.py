@@ -1,4 +1,4 @@
-"""reader/offline/encoding.py without Beam: the long-passage rule, length buckets, batched encoding, the model cache."""
+"""reader/offline/encoding.py without Beam: the long-passage rule, length buckets, batched encoding, model loading."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers.utils import logging as hf_logging
 
 from dilstore.pipelines.passages import Passage
 from dilstore.reader.batching import BatchPolicy, length_batches
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import (
     TokenizedPassage,
-    cached_reader,
-    checked_reader,
     encode_tokenized,
+    load_checked_reader,
+    load_reader,
     tokenize_passage,
     window_id,
 )
@@ -39,7 +40,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(tiny_dir: Path):
-    return cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
+    return load_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
 
 
 def passage(text: str = TEXT, number: int = 0) -> Passage:
@@ -119,21 +120,29 @@ def test_batched_encoding_equals_one_passage_at_a_time(tiny) -> None:
         assert (record.title, record.text) == (piece.title, piece.text)
 
 
-def test_the_model_is_loaded_once_per_process_and_checked_against_the_run_fingerprint(tiny_dir: Path) -> None:
-    first = cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
-    assert cached_reader(str(tiny_dir), "dilbert", TINY_LAYERS) is first
+def test_each_load_is_a_fresh_model_checked_against_the_run_fingerprint(tiny_dir: Path) -> None:
+    """No process-wide cache: the caller holds the model (the launcher, or a DoFn from its setup())."""
+    first = load_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
     fingerprint = model_fingerprint(first, "dilbert", "fp16", 64)
-    assert checked_reader(str(tiny_dir), TINY_LAYERS, fingerprint) is first
+    checked = load_checked_reader(str(tiny_dir), TINY_LAYERS, fingerprint)
+    assert checked is not first and model_fingerprint(checked, "dilbert", "fp16", 64) == fingerprint
     other = replace(fingerprint, weights_sha256="0" * 64)
     with pytest.raises(DilstoreError, match="does not match the fingerprint"):
-        checked_reader(str(tiny_dir), TINY_LAYERS, other)
+        load_checked_reader(str(tiny_dir), TINY_LAYERS, other)
+
+
+def test_loading_leaves_hugging_face_logging_as_it_was(tiny_dir: Path) -> None:
+    """Quiet mode sets Hugging Face's switches through the environment (runners/quiet.py); a load changes none."""
+    before = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
+    load_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
+    assert (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()) == before
 
 
 @pytest.mark.slow
 def test_the_real_minilm_encodes_a_few_passages_like_its_own_offline_half() -> None:
     from dilstore.reader.offline.encoding import BASE_MODEL_REF
 
-    reader = cached_reader(BASE_MODEL_REF, "dilbert", 2)
+    reader = load_reader(BASE_MODEL_REF, "dilbert", 2)
     texts = [TEXT, TEXT[:90], "Rollo agreed to swear fealty to King Charles III."]
     pieces: list[TokenizedPassage] = [
         piece

@@ -7,7 +7,6 @@ runs the real Lucene index.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -23,16 +22,13 @@ from dilstore.reader.text.tokenization import encode_passage, encode_question
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import FingerprintMismatchError
 from dilstore.storage.reader import MissingPassagesError, open_store
-from tests.fixtures.odqa_fixtures import MAX_LENGTH, PASSAGES, one_torch_thread, write_reader_checkpoint, write_store
+from tests.fixtures.odqa_fixtures import MAX_LENGTH, PASSAGES, write_reader_checkpoint, write_store
 
 QUESTION = "When did the Zürich tram network open?"
 QUESTIONS = [QUESTION, "Who was the lighthouse keeper?", "How high is Kilimanjaro?"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_threaded() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,13 @@ import pytest
 from dilstore.reader.retrieval import Bm25Searcher, build_bm25_index
 from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
 from dilstore.runners.cli import main
-from dilstore.storage.reader import MissingPassagesError, open_store
-from tests.fixtures.odqa_fixtures import one_torch_thread, write_collection, write_reader_checkpoint, write_store
+from dilstore.storage.reader import MissingPassagesError
+from tests.fixtures.odqa_fixtures import (
+    collection_documents,
+    write_collection,
+    write_reader_and_store,
+    write_reader_checkpoint,
+)
 from tests.fixtures.paths import ROOT
 
 QUESTION = "When did the Zürich tram network open?"
@@ -25,21 +29,15 @@ QUESTION = "When did the Zürich tram network open?"
 GHOST = ("ghost#0", "Xylophone museum curators polish mallets.")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_threaded() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A store with its BM25 index at STORE/bm25 (plus one passage the store lacks)."""
     root = tmp_path_factory.mktemp("odqa-bm25")
-    model_dir = write_reader_checkpoint(root / "model")
-    store_dir = root / "store"
-    ids = write_store(store_dir, model_dir)
-    documents = [(p.id, f"{p.title}\n{p.text}") for p in open_store(store_dir).fetch(ids)] + [GHOST]
-    write_collection(root / "collection" / "passages.jsonl", documents)
+    model_dir, store_dir, ids = write_reader_and_store(root)
+    write_collection(root / "collection" / "passages.jsonl", [*collection_documents(store_dir, ids), GHOST])
     build_bm25_index(root / "collection", bm25_index_dir(store_dir))
     return {"store": store_dir, "model": model_dir, "root": root}
 

@@ -15,7 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +39,6 @@ from dilstore.storage.reader import MissingPassagesError, open_store
 from dilstore.storage.records import PassageRecord
 from dilstore.storage.writer import write_shard
 from tests.fixtures.earl_tiny import INIT, tokenizer
-from tests.fixtures.odqa_fixtures import one_torch_thread
 from tests.fixtures.paths import ROOT
 from tests.fixtures.store_fixtures import build_store, random_shards
 
@@ -66,10 +65,7 @@ QUERIES = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_threaded() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def save_ranker(directory: Path, seed: int, prior: bool = False) -> Path:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.fixtures.qa_training_fixtures import write_squad, write_tiny_checkpoint
+from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.qa import (
@@ -29,21 +29,13 @@ from dilstore.reader.training.qa import (
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 
-SMALL = dict(max_seq_length=48, doc_stride=16, max_question_length=24)
-
 
 @pytest.fixture(scope="module")
-def squad_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_squad(tmp_path_factory.mktemp("squad") / "tiny.json")
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory: pytest.TempPathFactory, squad_file: Path) -> Path:
+def teacher_dir(tmp_path_factory: pytest.TempPathFactory, tiny_base: Path, squad_file: Path) -> Path:
     """A k=0 tiny reader, briefly trained so that its head is not at its initialisation."""
-    base = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-bert"))
     output = tmp_path_factory.mktemp("teacher")
-    config = TrainingConfig(layers=0, max_steps=3, batch_size=4, learning_rate=1e-3, log_every=1000, **SMALL)
-    train_qa(base, squad_file, output, config, command="test teacher", progress=False)
+    config = TrainingConfig(layers=0, max_steps=3, batch_size=4, learning_rate=1e-3, log_every=1000, **SMALL_WINDOWS)
+    train_qa(tiny_base, squad_file, output, config, command="test teacher", progress=False)
     return output
 
 
@@ -102,7 +94,7 @@ def test_a_teacher_equal_to_the_student_adds_nothing(teacher_dir: Path, squad_fi
     """With the student's own weights and k as teacher (no dropout), the loss is the plain cross-entropy."""
     student = DilBertReader.from_pretrained(teacher_dir).train()
     teacher = DilBertReader.from_pretrained(teacher_dir).eval()
-    data = load_training_data(student.tokenizer, squad_file, TrainingConfig(layers=0, **SMALL))
+    data = load_training_data(student.tokenizer, squad_file, TrainingConfig(layers=0, **SMALL_WINDOWS))
     batches = [list(range(4))]
     device = torch.device("cpu")
     plain = accumulate_gradients(student, data, batches, device)
@@ -117,7 +109,7 @@ def test_a_different_teacher_adds_a_positive_loss(teacher_dir: Path, squad_file:
     """A k=1 student started from the k=0 teacher differs from it above layer 1, so both terms are positive."""
     student = DilBertReader.from_pretrained(teacher_dir, layers=1).train()
     teacher = DilBertReader.from_pretrained(teacher_dir).eval()
-    data = load_training_data(student.tokenizer, squad_file, TrainingConfig(layers=1, **SMALL))
+    data = load_training_data(student.tokenizer, squad_file, TrainingConfig(layers=1, **SMALL_WINDOWS))
     batches = [list(range(4))]
     device = torch.device("cpu")
     plain = accumulate_gradients(student, data, batches, device)
@@ -150,7 +142,7 @@ def test_cli_distils_and_records_the_teacher(
 def test_a_teacher_with_more_layers_apart_is_refused(teacher_dir: Path, squad_file: Path, tmp_path: Path) -> None:
     student_k1 = tmp_path / "k1"
     DilBertReader.from_pretrained(teacher_dir, layers=1).save_pretrained(student_k1)
-    config = TrainingConfig(layers=0, max_steps=1, batch_size=4, teacher=str(student_k1), **SMALL)
+    config = TrainingConfig(layers=0, max_steps=1, batch_size=4, teacher=str(student_k1), **SMALL_WINDOWS)
     with pytest.raises(DilstoreError, match="k=1, more than the student's k=0"):
         train_qa(teacher_dir, squad_file, tmp_path / "out", config, command="test", progress=False)
 

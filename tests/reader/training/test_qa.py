@@ -36,34 +36,18 @@ from dilstore.reader.training.state import LoopPosition, latest_checkpoint, load
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.paths import ROOT
-from tests.fixtures.qa_training_fixtures import write_squad, write_tiny_checkpoint
-
-SMALL = dict(max_seq_length=48, doc_stride=16, max_question_length=24)
+from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
 
 @pytest.fixture(scope="module")
-def squad_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_squad(tmp_path_factory.mktemp("squad") / "tiny.json")
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-bert"))
-
-
-@pytest.fixture(scope="module")
-def tiny_model_with_dropout(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-bert-dropout"), dropout=0.1)
-
-
-@pytest.fixture(scope="module")
-def overfit_run(tiny_model: Path, squad_file: Path, tmp_path_factory: pytest.TempPathFactory):
+def overfit_run(tiny_base: Path, squad_file: Path, tmp_path_factory: pytest.TempPathFactory):
     """The tiny reader trained to memorise the handful of questions (k=1)."""
     config = TrainingConfig(
-        layers=1, epochs=150, batch_size=16, learning_rate=1e-2, warmup_ratio=0.05, seed=3, log_every=1000, **SMALL
+        layers=1, epochs=150, batch_size=16, learning_rate=1e-2, warmup_ratio=0.05, seed=3, log_every=1000,
+        **SMALL_WINDOWS,
     )
     output = tmp_path_factory.mktemp("overfit")
-    return train_qa(tiny_model, squad_file, output, config, command="test overfit", progress=False)
+    return train_qa(tiny_base, squad_file, output, config, command="test overfit", progress=False)
 
 
 def parameters(reader: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -77,7 +61,7 @@ def test_tiny_model_overfits_a_handful_of_questions(overfit_run, squad_file: Pat
     result = evaluate_file(
         DilBertReader.from_pretrained(overfit_run.output),
         squad_file,
-        settings=ReadingSettings(**SMALL, batch_size=8),
+        settings=ReadingSettings(**SMALL_WINDOWS, batch_size=8),
     )
     assert result.questions == 6
     assert result.em == 100.0 and result.f1 == 100.0
@@ -111,19 +95,19 @@ def test_metadata_records_k_command_and_budget(overfit_run) -> None:
 
 
 def test_resume_continues_exactly_where_the_run_stopped(
-    tiny_model_with_dropout: Path, squad_file: Path, tmp_path: Path
+    tiny_base_with_dropout: Path, squad_file: Path, tmp_path: Path
 ) -> None:
     """A run cut after step 3 and resumed ends with the same weights as one never cut (dropout on)."""
     config = TrainingConfig(
-        layers=1, epochs=2, batch_size=3, learning_rate=1e-3, save_every=3, keep_checkpoints=5, seed=7, **SMALL
+        layers=1, epochs=2, batch_size=3, learning_rate=1e-3, save_every=3, keep_checkpoints=5, seed=7, **SMALL_WINDOWS
     )
-    straight = train_qa(tiny_model_with_dropout, squad_file, tmp_path / "a", config, command="a", progress=False)
+    straight = train_qa(tiny_base_with_dropout, squad_file, tmp_path / "a", config, command="a", progress=False)
     assert straight.steps > 3
     cut = tmp_path / "b"
     (cut / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "a" / "checkpoints" / "step-0000003", cut / "checkpoints" / "step-0000003")
     shutil.copy2(tmp_path / "a" / "run_config.json", cut / "run_config.json")
-    resumed = train_qa(tiny_model_with_dropout, squad_file, cut, config, command="b", resume=True, progress=False)
+    resumed = train_qa(tiny_base_with_dropout, squad_file, cut, config, command="b", resume=True, progress=False)
     assert resumed.steps == straight.steps
     assert resumed.features_seen == straight.features_seen
     assert resumed.losses == straight.losses[3:]
@@ -133,23 +117,23 @@ def test_resume_continues_exactly_where_the_run_stopped(
         assert torch.allclose(want[name], got[name], atol=1e-6), name
 
 
-def test_resume_refuses_changed_settings(tiny_model: Path, squad_file: Path, tmp_path: Path) -> None:
-    config = TrainingConfig(layers=1, epochs=1, max_steps=2, batch_size=2, save_every=1, **SMALL)
-    train_qa(tiny_model, squad_file, tmp_path, config, command="c", progress=False)
+def test_resume_refuses_changed_settings(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
+    config = TrainingConfig(layers=1, epochs=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
+    train_qa(tiny_base, squad_file, tmp_path, config, command="c", progress=False)
     with pytest.raises(DilstoreError, match="learning_rate"):
-        train_qa(tiny_model, squad_file, tmp_path, replace(config, learning_rate=1.0), command="c", resume=True)
+        train_qa(tiny_base, squad_file, tmp_path, replace(config, learning_rate=1.0), command="c", resume=True)
 
 
-def test_resume_without_checkpoint_is_a_user_error(tiny_model: Path, squad_file: Path, tmp_path: Path) -> None:
-    config = TrainingConfig(layers=1, epochs=1, **SMALL)
+def test_resume_without_checkpoint_is_a_user_error(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
+    config = TrainingConfig(layers=1, epochs=1, **SMALL_WINDOWS)
     with pytest.raises(DilstoreError, match="no complete checkpoint"):
-        train_qa(tiny_model, squad_file, tmp_path, config, command="c", resume=True)
+        train_qa(tiny_base, squad_file, tmp_path, config, command="c", resume=True)
 
 
-def test_gradient_accumulation_matches_the_larger_batch(tiny_model: Path, squad_file: Path) -> None:
+def test_gradient_accumulation_matches_the_larger_batch(tiny_base: Path, squad_file: Path) -> None:
     """Two accumulated micro-batches of 2 give the gradient and loss of one batch of 4 (dropout off)."""
-    reader = DilBertReader.from_pretrained(tiny_model, layers=1).train()
-    data = load_training_data(reader.tokenizer, squad_file, TrainingConfig(layers=1, **SMALL))
+    reader = DilBertReader.from_pretrained(tiny_base, layers=1).train()
+    data = load_training_data(reader.tokenizer, squad_file, TrainingConfig(layers=1, **SMALL_WINDOWS))
     cpu = torch.device("cpu")
     large_loss = accumulate_gradients(reader, data, [[0, 1, 2, 3]], cpu)
     large = {name: p.grad.clone() for name, p in reader.named_parameters() if p.grad is not None}
@@ -252,12 +236,12 @@ def test_config_rejects_bad_values(changes: dict, message: str) -> None:
 
 
 def test_cli_trains_evaluates_and_writes_the_run(
-    tiny_model: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output = tmp_path / "run"
     status = main(
         [
-            "train", "qa", "--model", str(tiny_model), "--layers", "2", "--train", str(squad_file),
+            "train", "qa", "--model", str(tiny_base), "--layers", "2", "--train", str(squad_file),
             "--dev", str(squad_file), "--output", str(output), "--max-steps", "2", "--batch-size", "4",
             "--max-seq-length", "48", "--doc-stride", "16", "--max-question-length", "24", "--no-progress", "--json",
         ]
@@ -297,7 +281,7 @@ def test_packaged_checkpoint_is_fp16_and_answers_like_the_original(
     assert not (packaged / "checkpoints").exists()
     assert "k=1" in (packaged / "MODEL_CARD.md").read_text() and "test overfit" in card
     result = evaluate_file(
-        DilBertReader.from_pretrained(packaged), squad_file, settings=ReadingSettings(**SMALL, batch_size=8)
+        DilBertReader.from_pretrained(packaged), squad_file, settings=ReadingSettings(**SMALL_WINDOWS, batch_size=8)
     )
     assert result.em == 100.0
 
@@ -308,10 +292,10 @@ def test_missing_default_checkpoint_is_a_clear_error(monkeypatch: pytest.MonkeyP
         default_checkpoint_dir()
 
 
-def test_periodic_checkpoint_is_evaluable_and_packageable(tiny_model: Path, squad_file: Path, tmp_path: Path) -> None:
+def test_periodic_checkpoint_is_evaluable_and_packageable(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
     """A run cut off after a periodic checkpoint leaves a reader, its training record, and a shippable package."""
-    config = TrainingConfig(layers=1, epochs=1, max_steps=2, batch_size=2, save_every=1, **SMALL)
-    train_qa(tiny_model, squad_file, tmp_path / "run", config, command="dilstore train qa cut", progress=False)
+    config = TrainingConfig(layers=1, epochs=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
+    train_qa(tiny_base, squad_file, tmp_path / "run", config, command="dilstore train qa cut", progress=False)
     step = tmp_path / "run" / "checkpoints" / "step-0000001"
     assert load_training_metadata(step)["steps"] == 1
     (step / TRAINING_METADATA_FILE).unlink()  # as written by a run that predates the record in checkpoints
@@ -323,7 +307,7 @@ def test_periodic_checkpoint_is_evaluable_and_packageable(tiny_model: Path, squa
     assert json.loads((packaged / TRAINING_METADATA_FILE).read_text())["steps"] == 1
     assert DilBertReader.from_pretrained(packaged).layers == 1
     with pytest.raises(DilstoreError, match="not a periodic training checkpoint"):
-        load_training_metadata(tiny_model)
+        load_training_metadata(tiny_base)
 
 
 def test_k_sweep_script_writes_table_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

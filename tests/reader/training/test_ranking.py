@@ -28,17 +28,11 @@ from dilstore.reader.training.ranking import (
 )
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
-from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
 from tests.fixtures.ranking_fixtures import OVERFIT_TRIPLES, write_overfit_files
 
 SMALL = dict(negatives=2, max_query_length=16, max_doc_length=24, log_every=1000)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def tiny_base_with_dropout(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-base-dropout"), dropout=0.1)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,128 @@
+"""One training run from start to saved model: the sequence `train qa` and `train earl|cross-encoder|siamese` share.
+
+A trainer (reader/training/qa.py, reader/training/ranking.py) calls
+`start_run`, loads its model (from `RunStart.resume_from` when resuming) and
+its data, and hands both to `finish_run` as a `TrainerRun`. The two calls fix
+the order every run takes, so both trainers seed, resume, record and save alike:
+
+1. the device, the seeds (Python, numpy, torch), and the checkpoint to resume
+   from, refused when the settings differ from the interrupted run's;
+2. (the trainer) the model and the data, so a new model's random init comes
+   from the seeded RNG;
+3. the model on the device in train mode, AdamW and the schedule (restored,
+   with the RNG, from the checkpoint on resume);
+4. OUTPUT/run_config.json with the settings, the inputs and the command;
+5. the shared loop (loop.run_training_loop), which saves the model and its
+   dilstore_training.json at every checkpoint and at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dilstore.reader.training.loop import (
+    Accumulate,
+    LoopOutcome,
+    LoopSettings,
+    Throughput,
+    resume_point,
+    run_training_loop,
+    seed_everything,
+    start_optimization,
+    training_device,
+    write_run_config,
+    write_training_record,
+)
+from dilstore.reader.training.state import LoopPosition
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Where a run writes, the device it trains on, and the checkpoint it resumes from (None: a new run)."""
+
+    output_dir: Path
+    device: torch.device
+    resume_from: Path | None
+
+
+@dataclass(frozen=True)
+class TrainerRun:
+    """What a trainer hands `finish_run` once its model and data are loaded.
+
+    `model` is a torch module with `save_pretrained(directory)` (a reader or a
+    ranker); `identity` opens dilstore_training.json (the kind, and k for a reader);
+    `inputs` names the files the run read (recorded in run_config.json and
+    dilstore_training.json); `counts(position)` closes it: what the run had
+    seen at `position`, and how large its data is. `save_checkpoint(directory)`,
+    where given, saves a periodic checkpoint's weights in place of
+    `model.save_pretrained` (the final model is always saved by the latter).
+    """
+
+    model: torch.nn.Module
+    num_examples: int
+    step_plan: Iterable[Sequence[Sequence[int]]]
+    accumulate: Accumulate
+    throughput: Throughput
+    identity: Mapping[str, Any]
+    inputs: Mapping[str, str]
+    counts: Callable[[LoopPosition], dict[str, int]]
+    learning_rates: Mapping[str, float] | None = None
+    save_checkpoint: Callable[[Path], None] | None = None
+
+
+def start_run(
+    output_dir: Path, config: LoopSettings, *, resume: bool, device: str | torch.device | None
+) -> RunStart:
+    """Step 1 of the module docstring: pick the device, seed everything, and find the checkpoint to resume from.
+
+    With `resume`, the newest complete checkpoint under OUTPUT/checkpoints is
+    the one: `finish_run` restores its optimizer, scheduler, RNG and position,
+    and the trainer loads its weights, so the run continues where it stopped;
+    the config must match the interrupted run's (a DilstoreError otherwise).
+    """
+    output_dir = Path(output_dir)
+    chosen = training_device(device)
+    seed_everything(config.seed)
+    return RunStart(output_dir, chosen, resume_point(output_dir, config) if resume else None)
+
+
+def finish_run(
+    start: RunStart, run: TrainerRun, config: LoopSettings, *, command: str, progress: bool
+) -> LoopOutcome:
+    """Steps 3 to 5 of the module docstring: optimize, record the run, train, and save the model to OUTPUT."""
+    run.model.to(start.device).train()
+    optimization = start_optimization(run.model, run.num_examples, config, start.resume_from, run.learning_rates)
+    write_run_config(start.output_dir, config, command, **run.inputs)
+
+    def save(directory: Path, position: LoopPosition, loss: float) -> None:
+        """The model and its dilstore_training.json: a periodic checkpoint or the final model."""
+        periodic = Path(directory) != start.output_dir
+        (run.save_checkpoint if periodic and run.save_checkpoint else run.model.save_pretrained)(directory)
+        document = {
+            **run.identity,
+            "command": command,
+            **run.inputs,
+            "config": asdict(config),
+            "steps": position.step,
+            "total_steps": optimization.total_steps,
+            **run.counts(position),
+        }
+        write_training_record(directory, document, position, loss, start.device)
+
+    return run_training_loop(
+        run.model,
+        optimization,
+        run.step_plan,
+        accumulate=run.accumulate,
+        save=save,
+        config=config,
+        device=start.device,
+        output_dir=start.output_dir,
+        throughput=run.throughput,
+        progress=progress,
+    )
