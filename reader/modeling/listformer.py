@@ -241,12 +241,13 @@ class ListformerRanker(RankerBase):
         stored states of any float dtype are cast to the model's dtype.
         """
         separators = self._separators(query_states, query_mask, doc_states, doc_mask)  # (B, D)
+        layout = ListLayout(query_mask, doc_mask, separators)
         query_hidden = query_states.to(self.dtype)  # (B, nq, d)
         doc_hidden = doc_states.to(self.dtype)  # (B, D, n, d)
         for index in range(self.delayed_layers, self.num_layers):
             query_hidden, doc_hidden = global_local_layer(
-                self.encoder.encoder.layer[index], query_hidden, query_mask, doc_hidden, doc_mask, separators
-            )
+                self.encoder.encoder.layer[index], query_hidden, doc_hidden, layout
+            )  # (B, nq, d), (B, D, n, d)
         return query_hidden, doc_hidden
 
     def forward(
@@ -327,13 +328,22 @@ class ListformerRanker(RankerBase):
         return lengths - 1  # (B, D)
 
 
+@dataclass(frozen=True)
+class ListLayout:
+    """Where the tokens of B lists stand, the same in every global-local layer: masks and separators.
+
+    `query_mask` (B, nq) and `doc_mask` (B, D, n) are 1/0 masks, each
+    document's valid tokens first; `separators` (B, D) is each document's
+    separator index, its last valid token.
+    """
+
+    query_mask: torch.Tensor  # (B, nq)
+    doc_mask: torch.Tensor  # (B, D, n)
+    separators: torch.Tensor  # (B, D)
+
+
 def global_local_layer(
-    layer: BertLayer,
-    query_states: torch.Tensor,
-    query_mask: torch.Tensor,
-    doc_states: torch.Tensor,
-    doc_mask: torch.Tensor,
-    separators: torch.Tensor,
+    layer: BertLayer, query_states: torch.Tensor, doc_states: torch.Tensor, layout: ListLayout
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One BERT layer with global-local attention: query (B, nq, d) and documents (B, D, n, d) → the same shapes.
 
@@ -342,7 +352,7 @@ def global_local_layer(
     feed-forward are the layer's own modules, applied token by token.
     """
     query_context, doc_context = global_local_attention(
-        layer.attention.self, query_states, query_mask, doc_states, doc_mask, separators
+        layer.attention.self, query_states, doc_states, layout
     )  # (B, nq, d), (B, D, n, d)
     query_hidden = layer.attention.output(query_context, query_states)  # (B, nq, d)
     doc_hidden = layer.attention.output(doc_context, doc_states)  # (B, D, n, d)
@@ -352,20 +362,15 @@ def global_local_layer(
 
 
 def global_local_attention(
-    attention: BertSelfAttention,
-    query_states: torch.Tensor,
-    query_mask: torch.Tensor,
-    doc_states: torch.Tensor,
-    doc_mask: torch.Tensor,
-    separators: torch.Tensor,
+    attention: BertSelfAttention, query_states: torch.Tensor, doc_states: torch.Tensor, layout: ListLayout
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Multi-head global-local attention over a BERT self-attention's weights, blocked (module docstring).
 
-    Query states (B, nq, d) with 1/0 mask (B, nq), document states
-    (B, D, n, d) with mask (B, D, n) and separator indices (B, D) → the
-    attention contexts of the query (B, nq, d) and of the documents
-    (B, D, n, d), heads concatenated, before BERT's output dense.
+    Query states (B, nq, d) and document states (B, D, n, d), laid out as
+    `layout` says → the attention contexts of the query (B, nq, d) and of
+    the documents (B, D, n, d), heads concatenated, before BERT's output dense.
     """
+    query_mask, doc_mask, separators = layout.query_mask, layout.doc_mask, layout.separators
     lists, documents, length, width = doc_states.shape
     heads, head_size = attention.num_attention_heads, attention.attention_head_size
     dropout = attention.dropout.p if attention.training else 0.0
