@@ -317,10 +317,6 @@ class EarlRanker(RankerBase):
         """`[CLS] d [SEP]` per document, truncated to `max_length`, right-padded: ids and mask, each (b, n)."""
         return self._pad([encode_document(self.tokenizer, document, max_length) for document in documents])
 
-    def tokenize_query(self, text: str, max_length: int) -> np.ndarray:
-        """One query as `[CLS] q [SEP]` ids, at most `max_length` (the training and evaluation interface)."""
-        return encode_question(self.tokenizer, text, max_length).token_ids
-
     def tokenize_document(self, text: str, max_length: int) -> np.ndarray:
         """One document as `[CLS] d [SEP]` ids, at most `max_length` (the training and evaluation interface)."""
         return encode_document(self.tokenizer, text, max_length).token_ids

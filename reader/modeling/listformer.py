@@ -71,7 +71,7 @@ from dilstore.reader.modeling.earl_checkpoints import load_base_encoder, write_e
 from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights, init_score_head
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
-from dilstore.reader.text.tokenization import encode_question, passage_pieces, passage_window
+from dilstore.reader.text.tokenization import first_passage_window
 from dilstore.storage.errors import DilstoreError
 
 KIND = "listformer"
@@ -193,16 +193,11 @@ class ListformerRanker(RankerBase):
 
     # ------------------------------------------------------------------ tokenization
 
-    def tokenize_query(self, text: str, max_length: int) -> np.ndarray:
-        """`[CLS] q [SEP]`, at most `max_length` tokens: every token of it is global."""
-        return encode_question(self.tokenizer, text, max_length).token_ids
-
     def tokenize_document(self, text: str, max_length: int) -> np.ndarray:
         """`d [SEP]` with at most max_length − 1 word pieces: the first window precompute stores of it."""
         if max_length < 2:
             raise DilstoreError(f"max_length {max_length} leaves no room for a document (d [SEP] needs 2)")
-        pieces = passage_pieces(self.tokenizer, text)
-        return passage_window(self.tokenizer, pieces, 0, max_length - 1).token_ids
+        return first_passage_window(self.tokenizer, text, max_length - 1).token_ids
 
     # ------------------------------------------------------------------ the offline and online halves
 

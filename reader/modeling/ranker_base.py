@@ -12,6 +12,7 @@ once here:
     from_pretrained  `_read_checkpoint`, build the ranker it describes (`_built_for`), `_load_checkpoint_state`,
                      and take the query length it was trained with (`trained_query_length`)
     save_pretrained  config.json, tokenizer, model.safetensors and `metadata()` as dilstore.json
+    tokenize_query   `[CLS] q [SEP]`: every ranker's query convention (each tokenizes documents its own way)
     score_texts      score_text_pairs over the ranker's own tokenize_query, tokenize_document, score_groups
 """
 
@@ -25,6 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Self
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
@@ -34,6 +36,7 @@ from dilstore.reader.modeling.dilbert import HEAD_INIT_SEED
 from dilstore.reader.modeling.earl_checkpoints import load_base_encoder, require_supported, write_earl_checkpoint
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, score_text_pairs
+from dilstore.reader.text.tokenization import encode_question
 from dilstore.storage.errors import DilstoreError
 
 
@@ -88,6 +91,10 @@ class RankerBase(nn.Module, ABC):
     def save_pretrained(self, path: str | Path) -> Path:
         """Write config.json, the tokenizer, model.safetensors and dilstore.json into `path`."""
         return write_earl_checkpoint(path, self.config, self.tokenizer, self.state_dict(), self.metadata())
+
+    def tokenize_query(self, text: str, max_length: int) -> np.ndarray:
+        """One query as `[CLS] q [SEP]` ids, at most `max_length` tokens: every ranker reads queries so."""
+        return encode_question(self.tokenizer, text, max_length).token_ids
 
     def score_texts(
         self,
