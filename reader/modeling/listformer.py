@@ -64,11 +64,9 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 from transformers.models.bert.modeling_bert import BertLayer, BertSelfAttention
 
 from dilstore.reader.batching import pad_token_ids
-from dilstore.reader.modeling.architectures import architecture_for
 from dilstore.reader.modeling.checkpoints import CheckpointMetadata
-from dilstore.reader.modeling.dilbert import padding_attention_mask
 from dilstore.reader.modeling.earl_checkpoints import load_base_encoder, write_earl_checkpoint
-from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights, init_score_head
+from dilstore.reader.modeling.ranker_base import RankerBase, encode_alone, encoder_weights, init_score_head
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
 from dilstore.reader.text.tokenization import first_passage_window
@@ -203,11 +201,11 @@ class ListformerRanker(RankerBase):
 
     def encode_documents(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Offline: `d [SEP]` ids (b, n) and 1/0 mask → states after layer k (b, n, d), each document alone."""
-        return self._encode_alone(input_ids, attention_mask, DOCUMENT_SEGMENT)
+        return encode_alone(self.encoder, self.delayed_layers, input_ids, attention_mask, DOCUMENT_SEGMENT)
 
     def encode_queries(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Once per query: `[CLS] q [SEP]` ids (b, nq) and mask → states after layer k (b, nq, d), the query alone."""
-        return self._encode_alone(input_ids, attention_mask, QUERY_SEGMENT)
+        return encode_alone(self.encoder, self.delayed_layers, input_ids, attention_mask, QUERY_SEGMENT)
 
     def score_lists(
         self,
@@ -281,22 +279,6 @@ class ListformerRanker(RankerBase):
         )  # (b, g)
 
     # ------------------------------------------------------------------ internals
-
-    def _encode_alone(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, segment: int) -> torch.Tensor:
-        """One text alone: embeddings (`segment`, positions from 0) → layers 1..k with padding masked."""
-        batch, length = input_ids.shape
-        if length > self.config.max_position_embeddings:
-            raise DilstoreError(
-                f"a text of {length} tokens is longer than this model's {self.config.max_position_embeddings} "
-                "positions; use a smaller max length"
-            )
-        bert = architecture_for("bert")
-        position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)  # (b, n)
-        hidden = bert.embed(self.encoder, input_ids, position_ids, segment=segment)  # (b, n, d)
-        additive = padding_attention_mask(attention_mask, length, hidden.dtype)  # (b, 1, n, n)
-        for index in range(self.delayed_layers):
-            hidden = bert.run_layer(self.encoder, index, hidden, additive)  # (b, n, d)
-        return hidden
 
     def _separators(
         self, query_states: torch.Tensor, query_mask: torch.Tensor, doc_states: torch.Tensor, doc_mask: torch.Tensor
