@@ -27,7 +27,7 @@ from dilstore.reader.batching import pad_token_ids
 from dilstore.reader.modeling.checkpoints import CheckpointMetadata
 from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights, init_score_head
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
-from dilstore.reader.text.tokenization import encode_question, passage_pieces, passage_window
+from dilstore.reader.text.tokenization import first_passage_window
 from dilstore.storage.errors import DilstoreError
 
 KIND = "cross-encoder"
@@ -64,16 +64,11 @@ class CrossEncoderRanker(RankerBase):
 
     # ------------------------------------------------------------------ tokenization
 
-    def tokenize_query(self, text: str, max_length: int) -> np.ndarray:
-        """`[CLS] q [SEP]`, at most `max_length` tokens: the pair's first segment."""
-        return encode_question(self.tokenizer, text, max_length).token_ids
-
     def tokenize_document(self, text: str, max_length: int) -> np.ndarray:
         """`d [SEP]` with at most max_length − 2 word pieces: the same pieces EARL reads at that max length."""
         if max_length < 3:
             raise DilstoreError(f"max_length {max_length} leaves no room for the document ([CLS] d [SEP] needs 3)")
-        pieces = passage_pieces(self.tokenizer, text)
-        return passage_window(self.tokenizer, pieces, 0, max_length - 2).token_ids
+        return first_passage_window(self.tokenizer, text, max_length - 2).token_ids
 
     # ------------------------------------------------------------------ scoring
 

@@ -69,9 +69,7 @@ from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from dilstore.reader.batching import pad_token_ids
-from dilstore.reader.modeling.architectures import architecture_for
 from dilstore.reader.modeling.checkpoints import BaseEncoderReference, CheckpointMetadata, resolve_base_model
-from dilstore.reader.modeling.dilbert import padding_attention_mask
 from dilstore.reader.modeling.earl_blocks import JudgerBlock
 from dilstore.reader.modeling.earl_checkpoints import (
     KIND,
@@ -80,7 +78,7 @@ from dilstore.reader.modeling.earl_checkpoints import (
     load_base_encoder,
     write_earl_checkpoint,
 )
-from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights, init_score_head
+from dilstore.reader.modeling.ranker_base import RankerBase, encode_alone, encoder_weights, init_score_head, run_layers
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
 from dilstore.reader.text.tokenization import TokenizedText, encode_document, encode_question
@@ -317,10 +315,6 @@ class EarlRanker(RankerBase):
         """`[CLS] d [SEP]` per document, truncated to `max_length`, right-padded: ids and mask, each (b, n)."""
         return self._pad([encode_document(self.tokenizer, document, max_length) for document in documents])
 
-    def tokenize_query(self, text: str, max_length: int) -> np.ndarray:
-        """One query as `[CLS] q [SEP]` ids, at most `max_length` (the training and evaluation interface)."""
-        return encode_question(self.tokenizer, text, max_length).token_ids
-
     def tokenize_document(self, text: str, max_length: int) -> np.ndarray:
         """One document as `[CLS] d [SEP]` ids, at most `max_length` (the training and evaluation interface)."""
         return encode_document(self.tokenizer, text, max_length).token_ids
@@ -329,7 +323,7 @@ class EarlRanker(RankerBase):
 
     def encode_documents(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Offline: `[CLS] d [SEP]` ids (b, n) and 1/0 mask → S1 states (b, n, d), the document module's output."""
-        return self._encode(self.document_encoder, self.num_layers, input_ids, attention_mask)
+        return encode_alone(self.document_encoder, self.num_layers, input_ids, attention_mask)  # (b, n, d)
 
     def document_key_values(self, doc_states: torch.Tensor) -> torch.Tensor:
         """Offline: S1 states (b, n, d) → S2 (b, n, M, 2, d), every judger block's cross-attention keys and values."""
@@ -338,7 +332,7 @@ class EarlRanker(RankerBase):
 
     def encode_queries(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Once per query: `[CLS] q [SEP]` ids (b, nq) and mask → query states (b, nq, d) after layer N."""
-        return self._encode(self.query_module, self.query_layers, input_ids, attention_mask)
+        return encode_alone(self.query_module, self.query_layers, input_ids, attention_mask)  # (b, nq, d)
 
     def judge(
         self,
@@ -395,7 +389,7 @@ class EarlRanker(RankerBase):
     def query_vectors(self, query_states: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
         """The prior's query side: states after layer N (b, nq, d) → document module layers N+1..l → mean (b, d)."""
         hidden = query_states.to(self.dtype)  # (b, nq, d)
-        hidden = self._run_layers(self.document_encoder, self.query_layers, self.num_layers, hidden, query_mask)
+        hidden = run_layers(self.document_encoder, self.query_layers, self.num_layers, hidden, query_mask)  # (b, nq, d)
         return masked_mean(hidden, query_mask)  # (b, d)
 
     def document_vectors(self, doc_states: torch.Tensor, doc_mask: torch.Tensor) -> torch.Tensor:
@@ -440,31 +434,6 @@ class EarlRanker(RankerBase):
         return scores.view(len(queries), size)  # (b, g)
 
     # ------------------------------------------------------------------ internals
-
-    def _encode(
-        self, encoder: BertModel, layers: int, input_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> torch.Tensor:
-        """One text alone: the encoder's embeddings (segment 0, positions from 0) → its layers 1..`layers`."""
-        batch, length = input_ids.shape
-        if length > self.config.max_position_embeddings:
-            raise DilstoreError(
-                f"a text of {length} tokens is longer than this model's {self.config.max_position_embeddings} "
-                "positions; use a smaller max length"
-            )
-        position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)  # (b, n)
-        hidden = architecture_for("bert").embed(encoder, input_ids, position_ids, segment=0)  # (b, n, d)
-        return self._run_layers(encoder, 0, layers, hidden, attention_mask)  # (b, n, d)
-
-    @staticmethod
-    def _run_layers(
-        encoder: BertModel, first: int, stop: int, hidden: torch.Tensor, attention_mask: torch.Tensor
-    ) -> torch.Tensor:
-        """States (b, n, d) with 1/0 mask (b, n) through the encoder's layers first+1..stop → (b, n, d)."""
-        bert = architecture_for("bert")
-        additive = padding_attention_mask(attention_mask, hidden.shape[1], hidden.dtype)  # (b, 1, n, n)
-        for index in range(first, stop):
-            hidden = bert.run_layer(encoder, index, hidden, additive)  # (b, n, d)
-        return hidden
 
     def _pool(self, hidden: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
         """Last judger states (b, nq, d) → (b, d): the [CLS] state, or the mean over valid query tokens."""

@@ -64,14 +64,12 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 from transformers.models.bert.modeling_bert import BertLayer, BertSelfAttention
 
 from dilstore.reader.batching import pad_token_ids
-from dilstore.reader.modeling.architectures import architecture_for
 from dilstore.reader.modeling.checkpoints import CheckpointMetadata
-from dilstore.reader.modeling.dilbert import padding_attention_mask
 from dilstore.reader.modeling.earl_checkpoints import load_base_encoder, write_earl_checkpoint
-from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights, init_score_head
+from dilstore.reader.modeling.ranker_base import RankerBase, encode_alone, encoder_weights, init_score_head
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
-from dilstore.reader.text.tokenization import encode_question, passage_pieces, passage_window
+from dilstore.reader.text.tokenization import first_passage_window
 from dilstore.storage.errors import DilstoreError
 
 KIND = "listformer"
@@ -193,26 +191,21 @@ class ListformerRanker(RankerBase):
 
     # ------------------------------------------------------------------ tokenization
 
-    def tokenize_query(self, text: str, max_length: int) -> np.ndarray:
-        """`[CLS] q [SEP]`, at most `max_length` tokens: every token of it is global."""
-        return encode_question(self.tokenizer, text, max_length).token_ids
-
     def tokenize_document(self, text: str, max_length: int) -> np.ndarray:
         """`d [SEP]` with at most max_length − 1 word pieces: the first window precompute stores of it."""
         if max_length < 2:
             raise DilstoreError(f"max_length {max_length} leaves no room for a document (d [SEP] needs 2)")
-        pieces = passage_pieces(self.tokenizer, text)
-        return passage_window(self.tokenizer, pieces, 0, max_length - 1).token_ids
+        return first_passage_window(self.tokenizer, text, max_length - 1).token_ids
 
     # ------------------------------------------------------------------ the offline and online halves
 
     def encode_documents(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Offline: `d [SEP]` ids (b, n) and 1/0 mask → states after layer k (b, n, d), each document alone."""
-        return self._encode_alone(input_ids, attention_mask, DOCUMENT_SEGMENT)
+        return encode_alone(self.encoder, self.delayed_layers, input_ids, attention_mask, DOCUMENT_SEGMENT)
 
     def encode_queries(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Once per query: `[CLS] q [SEP]` ids (b, nq) and mask → states after layer k (b, nq, d), the query alone."""
-        return self._encode_alone(input_ids, attention_mask, QUERY_SEGMENT)
+        return encode_alone(self.encoder, self.delayed_layers, input_ids, attention_mask, QUERY_SEGMENT)
 
     def score_lists(
         self,
@@ -241,12 +234,13 @@ class ListformerRanker(RankerBase):
         stored states of any float dtype are cast to the model's dtype.
         """
         separators = self._separators(query_states, query_mask, doc_states, doc_mask)  # (B, D)
+        layout = ListLayout(query_mask, doc_mask, separators)
         query_hidden = query_states.to(self.dtype)  # (B, nq, d)
         doc_hidden = doc_states.to(self.dtype)  # (B, D, n, d)
         for index in range(self.delayed_layers, self.num_layers):
             query_hidden, doc_hidden = global_local_layer(
-                self.encoder.encoder.layer[index], query_hidden, query_mask, doc_hidden, doc_mask, separators
-            )
+                self.encoder.encoder.layer[index], query_hidden, doc_hidden, layout
+            )  # (B, nq, d), (B, D, n, d)
         return query_hidden, doc_hidden
 
     def forward(
@@ -286,22 +280,6 @@ class ListformerRanker(RankerBase):
 
     # ------------------------------------------------------------------ internals
 
-    def _encode_alone(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, segment: int) -> torch.Tensor:
-        """One text alone: embeddings (`segment`, positions from 0) → layers 1..k with padding masked."""
-        batch, length = input_ids.shape
-        if length > self.config.max_position_embeddings:
-            raise DilstoreError(
-                f"a text of {length} tokens is longer than this model's {self.config.max_position_embeddings} "
-                "positions; use a smaller max length"
-            )
-        bert = architecture_for("bert")
-        position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)  # (b, n)
-        hidden = bert.embed(self.encoder, input_ids, position_ids, segment=segment)  # (b, n, d)
-        additive = padding_attention_mask(attention_mask, length, hidden.dtype)  # (b, 1, n, n)
-        for index in range(self.delayed_layers):
-            hidden = bert.run_layer(self.encoder, index, hidden, additive)  # (b, n, d)
-        return hidden
-
     def _separators(
         self, query_states: torch.Tensor, query_mask: torch.Tensor, doc_states: torch.Tensor, doc_mask: torch.Tensor
     ) -> torch.Tensor:
@@ -327,13 +305,22 @@ class ListformerRanker(RankerBase):
         return lengths - 1  # (B, D)
 
 
+@dataclass(frozen=True)
+class ListLayout:
+    """Where the tokens of B lists stand, the same in every global-local layer: masks and separators.
+
+    `query_mask` (B, nq) and `doc_mask` (B, D, n) are 1/0 masks, each
+    document's valid tokens first; `separators` (B, D) is each document's
+    separator index, its last valid token.
+    """
+
+    query_mask: torch.Tensor  # (B, nq)
+    doc_mask: torch.Tensor  # (B, D, n)
+    separators: torch.Tensor  # (B, D)
+
+
 def global_local_layer(
-    layer: BertLayer,
-    query_states: torch.Tensor,
-    query_mask: torch.Tensor,
-    doc_states: torch.Tensor,
-    doc_mask: torch.Tensor,
-    separators: torch.Tensor,
+    layer: BertLayer, query_states: torch.Tensor, doc_states: torch.Tensor, layout: ListLayout
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One BERT layer with global-local attention: query (B, nq, d) and documents (B, D, n, d) → the same shapes.
 
@@ -342,7 +329,7 @@ def global_local_layer(
     feed-forward are the layer's own modules, applied token by token.
     """
     query_context, doc_context = global_local_attention(
-        layer.attention.self, query_states, query_mask, doc_states, doc_mask, separators
+        layer.attention.self, query_states, doc_states, layout
     )  # (B, nq, d), (B, D, n, d)
     query_hidden = layer.attention.output(query_context, query_states)  # (B, nq, d)
     doc_hidden = layer.attention.output(doc_context, doc_states)  # (B, D, n, d)
@@ -352,20 +339,15 @@ def global_local_layer(
 
 
 def global_local_attention(
-    attention: BertSelfAttention,
-    query_states: torch.Tensor,
-    query_mask: torch.Tensor,
-    doc_states: torch.Tensor,
-    doc_mask: torch.Tensor,
-    separators: torch.Tensor,
+    attention: BertSelfAttention, query_states: torch.Tensor, doc_states: torch.Tensor, layout: ListLayout
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Multi-head global-local attention over a BERT self-attention's weights, blocked (module docstring).
 
-    Query states (B, nq, d) with 1/0 mask (B, nq), document states
-    (B, D, n, d) with mask (B, D, n) and separator indices (B, D) → the
-    attention contexts of the query (B, nq, d) and of the documents
-    (B, D, n, d), heads concatenated, before BERT's output dense.
+    Query states (B, nq, d) and document states (B, D, n, d), laid out as
+    `layout` says → the attention contexts of the query (B, nq, d) and of
+    the documents (B, D, n, d), heads concatenated, before BERT's output dense.
     """
+    query_mask, doc_mask, separators = layout.query_mask, layout.doc_mask, layout.separators
     lists, documents, length, width = doc_states.shape
     heads, head_size = attention.num_attention_heads, attention.attention_head_size
     dropout = attention.dropout.p if attention.training else 0.0

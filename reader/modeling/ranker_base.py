@@ -12,6 +12,7 @@ once here:
     from_pretrained  `_read_checkpoint`, build the ranker it describes (`_built_for`), `_load_checkpoint_state`,
                      and take the query length it was trained with (`trained_query_length`)
     save_pretrained  config.json, tokenizer, model.safetensors and `metadata()` as dilstore.json
+    tokenize_query   `[CLS] q [SEP]`: every ranker's query convention (each tokenizes documents its own way)
     score_texts      score_text_pairs over the ranker's own tokenize_query, tokenize_document, score_groups
 """
 
@@ -25,15 +26,18 @@ from functools import partial
 from pathlib import Path
 from typing import Self
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, CheckpointMetadata
-from dilstore.reader.modeling.dilbert import HEAD_INIT_SEED
+from dilstore.reader.modeling.architectures import architecture_for
+from dilstore.reader.modeling.dilbert import HEAD_INIT_SEED, padding_attention_mask
 from dilstore.reader.modeling.earl_checkpoints import load_base_encoder, require_supported, write_earl_checkpoint
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, score_text_pairs
+from dilstore.reader.text.tokenization import encode_question
 from dilstore.storage.errors import DilstoreError
 
 
@@ -89,6 +93,10 @@ class RankerBase(nn.Module, ABC):
         """Write config.json, the tokenizer, model.safetensors and dilstore.json into `path`."""
         return write_earl_checkpoint(path, self.config, self.tokenizer, self.state_dict(), self.metadata())
 
+    def tokenize_query(self, text: str, max_length: int) -> np.ndarray:
+        """One query as `[CLS] q [SEP]` ids, at most `max_length` tokens: every ranker reads queries so."""
+        return encode_question(self.tokenizer, text, max_length).token_ids
+
     def score_texts(
         self,
         queries: Sequence[str],
@@ -138,6 +146,37 @@ class RankerBase(nn.Module, ABC):
             raise DilstoreError(
                 f"{checkpoint.directory}: the weights do not fit this {self.description}: {error}"
             ) from error
+
+
+def encode_alone(
+    encoder: BertModel, layers: int, input_ids: torch.Tensor, attention_mask: torch.Tensor, segment: int = 0
+) -> torch.Tensor:
+    """One text alone: ids (b, n) with 1/0 mask → embeddings (`segment`, positions from 0) → layers 1..`layers`.
+
+    The states (b, n, d) of EARL's document and query modules and of the
+    Listformer's delayed layers; a text longer than the encoder's positions
+    raises DilstoreError.
+    """
+    batch, length = input_ids.shape
+    positions = encoder.config.max_position_embeddings
+    if length > positions:
+        raise DilstoreError(
+            f"a text of {length} tokens is longer than this model's {positions} positions; use a smaller max length"
+        )
+    position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)  # (b, n)
+    hidden = architecture_for("bert").embed(encoder, input_ids, position_ids, segment=segment)  # (b, n, d)
+    return run_layers(encoder, 0, layers, hidden, attention_mask)  # (b, n, d)
+
+
+def run_layers(
+    encoder: BertModel, first: int, stop: int, hidden: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """States (b, n, d) with 1/0 mask (b, n) through the encoder's layers first+1..stop → (b, n, d)."""
+    bert = architecture_for("bert")
+    additive = padding_attention_mask(attention_mask, hidden.shape[1], hidden.dtype)  # (b, 1, n, n)
+    for index in range(first, stop):
+        hidden = bert.run_layer(encoder, index, hidden, additive)  # (b, n, d)
+    return hidden
 
 
 def encoder_weights(encoder: BertModel) -> dict[str, torch.Tensor]:

@@ -33,7 +33,7 @@ from dilstore.reader.modeling.checkpoints import CheckpointMetadata
 from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
-from dilstore.reader.text.tokenization import encode_document, encode_question
+from dilstore.reader.text.tokenization import encode_document
 from dilstore.storage.errors import DilstoreError
 
 KIND = "siamese"
@@ -78,10 +78,6 @@ class SiameseRanker(RankerBase):
         return checkpoint
 
     # ------------------------------------------------------------------ tokenization
-
-    def tokenize_query(self, text: str, max_length: int) -> np.ndarray:
-        """`[CLS] q [SEP]`, at most `max_length` tokens."""
-        return encode_question(self.tokenizer, text, max_length).token_ids
 
     def tokenize_document(self, text: str, max_length: int) -> np.ndarray:
         """`[CLS] d [SEP]`, at most `max_length` tokens (the document's first pieces)."""

@@ -125,21 +125,17 @@ def load_offline_model(path: str | Path, kind: str, layers: int | None) -> Offli
     directory = require_checkpoint_dir(Path(path))
     metadata = metadata_of_kind(directory, (wanted.model_class.kind,), partial(_cannot_make, kind))
     if wanted.model_class is DilBertReader:
-        if metadata is not None and layers is not None and layers != metadata.layers:
-            raise DilstoreError(
-                f"{directory} is a DilBert reader trained with k = {metadata.layers}, not {layers}: a store at "
-                "another k holds states that reader cannot read; omit the layers (--layers) or give its own k"
-            )
+        if metadata is not None:
+            trained = f"a DilBert reader trained with k = {metadata.layers}"
+            why = ": a store at another k holds states that reader cannot read"
+            _require_own_split(directory, metadata.layers, layers, "k", trained, why)
         return DilBertReader.from_pretrained(directory, layers=layers)
     if wanted.model_class is ListformerRanker:
         return _load_listformer(directory, metadata, layers)
     if metadata is None:
         return EarlRanker.from_base(directory, EarlConfig(query_layers=layers))
-    if layers is not None and layers != metadata.layers:
-        raise DilstoreError(
-            f"{directory} is an EARL ranker with N = {metadata.layers} query layers, not {layers}; "
-            "omit the layers (--layers) or give its own N"
-        )
+    trained = f"an EARL ranker with N = {metadata.layers} query layers"
+    _require_own_split(directory, metadata.layers, layers, "N", trained)
     return EarlRanker.from_pretrained(directory)
 
 
@@ -152,12 +148,21 @@ def _load_listformer(directory: Path, metadata: CheckpointMetadata | None, layer
                 "(--layers)"
             )
         return ListformerRanker.from_base(directory, ListformerConfig(delayed_layers=layers))
-    if layers is not None and layers != metadata.layers:
-        raise DilstoreError(
-            f"{directory} is a Listformer with k = {metadata.layers} delayed layers, not {layers}; "
-            "omit the layers (--layers) or give its own k"
-        )
+    trained = f"a Listformer with k = {metadata.layers} delayed layers"
+    _require_own_split(directory, metadata.layers, layers, "k", trained)
     return ListformerRanker.from_pretrained(directory)
+
+
+def _require_own_split(directory: Path, own: int, layers: int | None, symbol: str, trained: str, why: str = "") -> None:
+    """Refuse `layers` other than a trained checkpoint's own split `own` (its k or N: `symbol`); None takes its own.
+
+    `trained` says what the checkpoint is ("an EARL ranker with N = 2 query
+    layers"); `why`, when given, adds what another split would break.
+    """
+    if layers is not None and layers != own:
+        raise DilstoreError(
+            f"{directory} is {trained}, not {layers}{why}; omit the layers (--layers) or give its own {symbol}"
+        )
 
 
 def _cannot_make(kind: str, found: str) -> str:

@@ -57,7 +57,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -88,6 +88,8 @@ DEFAULT_PAIR_BATCH_TOKENS = 8192
 DEFAULT_MAX_PAIRS_PER_BATCH = 64
 STAGES = ("query_layers", "store_read", "judge")
 _SHOWN = 5
+# The ranker a StoreReranker subclass scores with.
+RankerT = TypeVar("RankerT", EarlRanker, ListformerRanker)
 
 
 @dataclass(frozen=True)
@@ -157,42 +159,42 @@ def require_topics(topics: Mapping[str, str], run: Run, source: str = "the topic
 
 def require_rerank_store(store: Store) -> str:
     """The store's kind, one a reranker reads (RERANK_KINDS); any other kind raises DilstoreError."""
-    if store.kind not in RERANK_KINDS:
-        raise DilstoreError(
-            f"store {store.url} holds {store.kind!r} states; reranking needs an {EARL_S1!r} or {EARL_S2!r} store "
-            f"(`dilstore precompute --kind earl-s1|earl-s2`) or a {LISTFORMER!r} one (`--kind listformer`)"
-        )
-    return store.kind
+    return _require_kind(
+        store,
+        RERANK_KINDS,
+        f"reranking needs an {EARL_S1!r} or {EARL_S2!r} store (`dilstore precompute --kind earl-s1|earl-s2`) "
+        f"or a {LISTFORMER!r} one (`--kind listformer`)",
+    )
 
 
 def require_earl_store(store: Store) -> str:
     """The store's kind, "earl-s1" or "earl-s2"; any other kind raises DilstoreError."""
-    if store.kind not in EARL_KINDS:
-        raise DilstoreError(
-            f"store {store.url} holds {store.kind!r} states; the EARL reranker needs an "
-            f"{EARL_S1!r} or {EARL_S2!r} store (`dilstore precompute --kind earl-s1|earl-s2`)"
-        )
-    return store.kind
+    return _require_kind(
+        store,
+        EARL_KINDS,
+        f"the EARL reranker needs an {EARL_S1!r} or {EARL_S2!r} store (`dilstore precompute --kind earl-s1|earl-s2`)",
+    )
 
 
-class StoreReranker(ABC):
-    """Scores stored documents against queries; one instance serves many requests. Subclasses score (`_score`).
+class StoreReranker(ABC, Generic[RankerT]):
+    """Scores stored documents against queries; one instance serves many requests.
 
-    `model` must be the ranker whose fingerprint the store carries
-    (`open_reranker` builds one with that check). Every problem a request
-    can cause raises DilstoreError and leaves the reranker usable.
+    Subclasses say which stores their ranker reads (`_check_store`) and
+    score (`_score`). `model` must be the ranker whose fingerprint the store
+    carries (`open_reranker` builds one with that check). Every problem a
+    request can cause raises DilstoreError and leaves the reranker usable.
     """
 
     run_tag: str
-    model: EarlRanker | ListformerRanker
 
     def __init__(
         self,
-        model: EarlRanker | ListformerRanker,
+        model: RankerT,
         store: Store,
         settings: RerankSettings | None = None,
         device: str | torch.device | None = None,
     ) -> None:
+        self._check_store(model, store)
         self.kind = store.kind
         self.model = model.eval()
         self.store = store
@@ -287,38 +289,39 @@ class StoreReranker(ABC):
                 present = [docid for docid in doc_ids if docid not in missing]
                 return self.store.fetch(present) if present else []
 
+    def _encode_query(self, tokens: TokenizedText) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokenized query through the ranker's query layers: its states (1, nq, d) and its mask (1, nq)."""
+        query_ids = torch.from_numpy(tokens.token_ids.astype(np.int64))[None].to(self.device)  # (1, nq)
+        query_mask = torch.ones_like(query_ids)  # (1, nq)
+        return self.model.encode_queries(query_ids, query_mask), query_mask  # (1, nq, d), (1, nq)
+
+    @abstractmethod
+    def _check_store(self, model: RankerT, store: Store) -> None:
+        """Raise DilstoreError unless `store` holds what this reranker reads with `model`."""
+
     @abstractmethod
     def _score(self, tokens: TokenizedText, documents: Sequence[StoredPassage], stats: RerankStats) -> list[float]:
         """Scores of the (non-empty) documents against the tokenized query, in their order."""
 
 
-class EarlReranker(StoreReranker):
+class EarlReranker(StoreReranker[EarlRanker]):
     """Scores documents of an EARL store pair by pair: the query module once, the judger blocks per document."""
 
     run_tag = RUN_TAG
-    model: EarlRanker
 
-    def __init__(
-        self,
-        model: EarlRanker,
-        store: Store,
-        settings: RerankSettings | None = None,
-        device: str | torch.device | None = None,
-    ) -> None:
+    def _check_store(self, model: EarlRanker, store: Store) -> None:
+        """An "earl-s1" or "earl-s2" store, with passage vectors when the ranker has the bi-encoder prior."""
         require_earl_store(store)
         if model.prior and store.vector_size is None:
             raise DilstoreError(
                 f"store {store.url} has no passage vectors, which this ranker's bi-encoder prior needs; "
                 "precompute the store again with this ranker"
             )
-        super().__init__(model, store, settings, device)
 
     def _score(self, tokens: TokenizedText, documents: Sequence[StoredPassage], stats: RerankStats) -> list[float]:
         """The query module once, then the judger blocks over every document in length-bucketed batches."""
         with stats.measure("query_layers"), torch.inference_mode():
-            query_ids = torch.from_numpy(tokens.token_ids.astype(np.int64))[None].to(self.device)  # (1, nq)
-            query_mask = torch.ones_like(query_ids)  # (1, nq)
-            query_states = self.model.encode_queries(query_ids, query_mask)  # (1, nq, d)
+            query_states, query_mask = self._encode_query(tokens)  # (1, nq, d), (1, nq)
             prior = {"query_vectors": self.model.query_vectors(query_states, query_mask)} if self.model.prior else {}
         policy = BatchPolicy(self.settings.pair_batch_tokens, self.settings.max_pairs_per_batch)
         lengths = [len(tokens) + len(document.token_ids) for document in documents]
@@ -339,32 +342,23 @@ class EarlReranker(StoreReranker):
         return scores
 
 
-class ListformerReranker(StoreReranker):
+class ListformerReranker(StoreReranker[ListformerRanker]):
     """Scores the documents of a Listformer store as one list per query, in one pass over the list."""
 
     run_tag = LISTFORMER_RUN_TAG
-    model: ListformerRanker
 
-    def __init__(
-        self,
-        model: ListformerRanker,
-        store: Store,
-        settings: RerankSettings | None = None,
-        device: str | torch.device | None = None,
-    ) -> None:
-        if store.kind != LISTFORMER:
-            raise DilstoreError(
-                f"store {store.url} holds {store.kind!r} states; the Listformer reranker needs a {LISTFORMER!r} "
-                "store (`dilstore precompute --kind listformer`)"
-            )
-        super().__init__(model, store, settings, device)
+    def _check_store(self, model: ListformerRanker, store: Store) -> None:
+        """A "listformer" store."""
+        _require_kind(
+            store,
+            (LISTFORMER,),
+            f"the Listformer reranker needs a {LISTFORMER!r} store (`dilstore precompute --kind listformer`)",
+        )
 
     def _score(self, tokens: TokenizedText, documents: Sequence[StoredPassage], stats: RerankStats) -> list[float]:
         """The query's layers 1..k once, then layers k+1..l over the query and every stored document together."""
         with stats.measure("query_layers"), torch.inference_mode():
-            query_ids = torch.from_numpy(tokens.token_ids.astype(np.int64))[None].to(self.device)  # (1, nq)
-            query_mask = torch.ones_like(query_ids)  # (1, nq)
-            query_states = self.model.encode_queries(query_ids, query_mask)  # (1, nq, d)
+            query_states, query_mask = self._encode_query(tokens)  # (1, nq, d), (1, nq)
         with stats.measure("judge"), torch.inference_mode():
             stored, doc_mask = pad_stored_states(documents, self.device, self.model.dtype)  # (D, n, d), (D, n)
             scores = self.model.score_lists(query_states, query_mask, stored[None], doc_mask[None])  # (1, D)
@@ -414,6 +408,13 @@ def open_reranker(
     model = load_store_ranker(store, default_ranker_dir() if model_dir is None else model_dir)
     assert isinstance(model, EarlRanker)  # load_store_ranker loads by the store's kind
     return EarlReranker(model, store, settings, device)
+
+
+def _require_kind(store: Store, kinds: Sequence[str], needed: str) -> str:
+    """The store's kind if it is one of `kinds`; any other kind raises DilstoreError saying what is `needed`."""
+    if store.kind not in kinds:
+        raise DilstoreError(f"store {store.url} holds {store.kind!r} states; {needed}")
+    return store.kind
 
 
 def _named(names: Sequence[str]) -> str:

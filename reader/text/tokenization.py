@@ -174,6 +174,11 @@ def passage_window(tokenizer: PreTrainedTokenizerBase, pieces: TokenizedText, st
     return TokenizedText(token_ids, char_spans)
 
 
+def first_passage_window(tokenizer: PreTrainedTokenizerBase, text: str, max_pieces: int) -> TokenizedText:
+    """The text's first `max_pieces` word pieces and [SEP]: the first window `encode_passage` cuts of it."""
+    return passage_window(tokenizer, passage_pieces(tokenizer, text), 0, max_pieces)
+
+
 def encode_passage(
     tokenizer: PreTrainedTokenizerBase, text: str, max_length: int, stride: int = DEFAULT_STRIDE
 ) -> list[TokenizedText]:

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import BertConfig
 
-from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker, global_local_layer
+from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker, ListLayout, global_local_layer
 from dilstore.reader.modeling.earl import EarlRanker
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.earl_tiny import tiny_config, tokenizer
@@ -64,9 +64,8 @@ def test_one_blocked_layer_equals_the_dense_masked_bert_layer(heads, head_size, 
     doc_mask = (torch.arange(n) < torch.tensor(document_lengths)[:, None]).long()[None]  # (1, D, n)
     separators = torch.tensor(document_lengths)[None] - 1  # (1, D)
     with torch.no_grad():
-        got_query, got_documents = global_local_layer(
-            layer, query, torch.ones(1, query_length, dtype=torch.long), documents, doc_mask, separators
-        )
+        layout = ListLayout(torch.ones(1, query_length, dtype=torch.long), doc_mask, separators)
+        got_query, got_documents = global_local_layer(layer, query, documents, layout)
         laid_out = torch.cat([query[0], *(documents[0, j, :length] for j, length in enumerate(document_lengths))])
         allowed = dense_mask(query_length, document_lengths, global_local=True)
         additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)

@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import BertModel
 
 from dilstore.pipelines.passages import Passage
 from dilstore.reader.batching import BatchPolicy
@@ -48,7 +47,7 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import FingerprintMismatchError
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
-from tests.fixtures.earl_tiny import save_base_encoder, tiny_config, tokenizer
+from tests.fixtures.earl_tiny import save_base_encoder, text_encoder, tokenizer
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
 
 MAX_LENGTH = 48  # the tiny config embeds 64 positions
@@ -74,14 +73,6 @@ TEXT = (
 QUERY = "when was the railway station of the river city built"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def text_encoder(seed: int = 0) -> BertModel:
-    """earl_tiny's 3-layer, 32-wide random BERT, over the MiniLM tokenizer's whole vocabulary."""
-    config = tiny_config(layers=3)
-    config.vocab_size = tokenizer().vocab_size
-    torch.manual_seed(seed)
-    return BertModel(config, add_pooling_layer=False).eval()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import BertModel
 
 from dilstore.reader.data.trec import read_run, write_run
 from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
@@ -23,7 +22,7 @@ from dilstore.reader.serving.rerank import ListformerReranker, open_reranker
 from dilstore.runners import cli
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import FingerprintMismatchError
-from tests.fixtures.earl_tiny import save_base_encoder, tiny_config, tokenizer
+from tests.fixtures.earl_tiny import save_base_encoder, text_encoder, tokenizer
 from tests.fixtures.pipeline_fixtures import wiki_like_documents, write_jsonl
 
 MAX_LENGTH = 40  # the tiny config embeds 64 positions
@@ -32,14 +31,6 @@ QUERY = "when was the railway station of the river city built"
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3}
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def text_encoder(seed: int = 0) -> BertModel:
-    """earl_tiny's 3-layer, 32-wide random BERT, over the MiniLM tokenizer's whole vocabulary."""
-    config = tiny_config(layers=3)
-    config.vocab_size = tokenizer().vocab_size
-    torch.manual_seed(seed)
-    return BertModel(config, add_pooling_layer=False).eval()
 
 
 def save_listformer(directory: Path, seed: int, delayed_layers: int = DELAYED) -> Path:
