@@ -31,17 +31,17 @@ import json
 import math
 import platform
 import re
-import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from dilstore.runners.serve_process import ServeProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUESTIONS = ROOT.parent / "shared" / "data" / "opensquad" / "questions.dev-v1.1.jsonl"
@@ -83,41 +83,15 @@ def load_questions(path: Path) -> list[str]:
     return list(dict.fromkeys(json.loads(line)["question"] for line in lines if line.strip()))
 
 
-class Server:
-    """`dilstore serve` in a child process on 127.0.0.1, port 0; `url` from uvicorn's start-up line."""
-
-    def __init__(self, args: argparse.Namespace, *extra: str) -> None:
-        command = [sys.executable, "-m", "dilstore", "serve", str(args.store), "--host", "127.0.0.1",
-                   "--port", "0", "--threads", str(args.threads), *extra]  # fmt: skip
-        if args.model:
-            command += ["--model", str(args.model)]
-        started = time.perf_counter()
-        self.process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        self.url = ""
-        found = threading.Event()
-
-        def read() -> None:
-            for line in self.process.stderr:
-                match = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
-                if match:
-                    self.url = match.group(1)
-                    found.set()
-
-        self.reader = threading.Thread(target=read, daemon=True)
-        self.reader.start()
-        while not found.wait(0.2):
-            if self.process.poll() is not None or time.perf_counter() - started > START_TIMEOUT:
-                self.process.kill()
-                raise SystemExit(f"the server did not start: {' '.join(command)}")
-        self.start_seconds = time.perf_counter() - started
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+def start_server(args: argparse.Namespace, *extra: str) -> ServeProcess:
+    """`dilstore serve` over --store with the benchmark's threads and model, plus `extra` options."""
+    options = [str(args.store), "--threads", str(args.threads), *extra]
+    if args.model:
+        options += ["--model", str(args.model)]
+    try:
+        return ServeProcess(options, timeout=START_TIMEOUT, cwd=ROOT)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from None
 
 
 async def load(url: str, questions: list[str], top_p: int, clients: int, requests: int, seconds: float) -> dict:
@@ -166,7 +140,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def run_mode(args: argparse.Namespace, questions: list[str], batch_pairs: int) -> dict[str, Any]:
     """One server with `--max-batch-pairs batch_pairs`, every concurrency level, then SIGTERM."""
-    server = Server(args, "--max-batch-pairs", str(batch_pairs), "--max-wait-ms", str(args.max_wait_ms))
+    server = start_server(args, "--max-batch-pairs", str(batch_pairs), "--max-wait-ms", str(args.max_wait_ms))
     try:
         asyncio.run(load(server.url, questions[::-1], args.top_p, 1, args.warmup, args.seconds))
         levels = []
@@ -194,7 +168,7 @@ def batch_totals(metrics: str) -> dict[str, float]:
 
 def run_overload(args: argparse.Namespace, questions: list[str]) -> dict[str, Any]:
     """A server with a small queue under a burst: how many 200s and 503s, and /health afterwards."""
-    server = Server(args, "--queue-size", str(args.overload_queue))
+    server = start_server(args, "--queue-size", str(args.overload_queue))
     try:
         burst = asyncio.run(load(server.url, questions, args.top_p, args.overload_clients, args.overload_requests,
                                  args.seconds))  # fmt: skip

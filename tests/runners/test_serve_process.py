@@ -8,12 +8,10 @@ refused before its index is opened).
 from __future__ import annotations
 
 import json
-import re
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +26,7 @@ from tests.fixtures.odqa_fixtures import (
 )
 
 from dilstore.runners.cli import main
+from dilstore.runners.serve_process import ServeProcess
 from tests.fixtures.paths import ROOT
 
 QUESTIONS = [
@@ -39,7 +38,7 @@ WAIT = 120.0
 # Builds the index (Anserini's log kept off stdout), then runs `dilstore ask ARGS` on stdin's questions:
 # one JVM start for both.
 INDEX_THEN_ASK = (
-    "import sys; from pathlib import Path; from reader.retrieval import build_bm25_index; "
+    "import sys; from pathlib import Path; from dilstore.reader.retrieval import build_bm25_index; "
     "from dilstore.runners.cli import main; from dilstore.runners.cmd_index import stdout_to_stderr\n"
     "with stdout_to_stderr(): build_bm25_index(Path(sys.argv[1]), Path(sys.argv[2]))\n"
     "sys.exit(main(sys.argv[3:]))"
@@ -62,48 +61,14 @@ def indexed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"store": store, "model": model, "answers": answers, "root": root}
 
 
-class Server:
-    """`dilstore serve` in a child process on port 0; `url` once uvicorn says where it listens."""
-
-    def __init__(self, *args: str) -> None:
-        command = [sys.executable, "-m", "dilstore", "serve", *args, "--port", "0", "--threads", "1"]
-        self.process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.log: list[str] = []
-        found = threading.Event()
-        self.url = ""
-
-        def read() -> None:
-            for line in self.process.stderr:
-                self.log.append(line)
-                match = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
-                if match:
-                    self.url = match.group(1)
-                    found.set()
-
-        self.reader = threading.Thread(target=read, daemon=True)
-        self.reader.start()
-        deadline = time.monotonic() + WAIT
-        while not found.wait(0.1):
-            assert self.process.poll() is None, "".join(self.log)
-            assert time.monotonic() < deadline, "the server did not start:\n" + "".join(self.log)
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        status = self.process.wait(WAIT)
-        self.reader.join(WAIT)
-        return status
-
-
 @pytest.fixture
-def server(indexed: dict[str, object]) -> Iterator[Server]:
-    server = Server(str(indexed["store"]), "--model", str(indexed["model"]))
+def server(indexed: dict[str, object]) -> Iterator[ServeProcess]:
+    options = [str(indexed["store"]), "--model", str(indexed["model"]), "--threads", "1"]
+    server = ServeProcess(options, timeout=WAIT, cwd=ROOT)
     try:
         yield server
     finally:
-        if server.process.poll() is None:
-            server.process.kill()
-            server.process.wait()
+        server.kill()
 
 
 def wait_for_in_flight(url: str) -> None:
@@ -114,7 +79,7 @@ def wait_for_in_flight(url: str) -> None:
         time.sleep(0.05)
 
 
-def test_answers_equal_ask_json_and_sigterm_drains_the_request_in_flight(indexed, server: Server) -> None:
+def test_answers_equal_ask_json_and_sigterm_drains_the_request_in_flight(indexed, server: ServeProcess) -> None:
     with httpx.Client(base_url=server.url, timeout=WAIT) as client:
         assert client.get("/health").status_code == 200
         for question, expected in zip(QUESTIONS, indexed["answers"], strict=True):
@@ -156,3 +121,13 @@ def test_a_store_of_another_model_is_refused_with_exit_2(indexed, tmp_path: Path
     err = capsys.readouterr().err
     assert "dilstore serve: error: store" in err and "differs in: weights_sha256" in err
     assert "Uvicorn running" not in err
+
+
+def test_a_server_that_cannot_start_is_an_error_with_its_stderr(tmp_path: Path) -> None:
+    """ServeProcess does not wait for a server that exited: the error names the command and repeats its stderr."""
+    missing = tmp_path / "no-store"
+    with pytest.raises(RuntimeError) as raised:
+        ServeProcess([str(missing)], timeout=WAIT, cwd=ROOT)
+    assert "the server did not start" in str(raised.value)
+    assert str(missing) in str(raised.value).splitlines()[0]
+    assert "dilstore serve: error" in str(raised.value)
