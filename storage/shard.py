@@ -229,6 +229,8 @@ class ShardReader:
         if from_store:
             assert store_codebook is not None
             self.per_shard.update(store_codebook())
+        if self.encoding.prepare is not None:  # lookup tables for decoding, built once per open shard
+            self.per_shard = self.encoding.prepare(self.per_shard)
         self.vectors = None if self.attributes.vector_size is None else column(VECTORS).whole()  # (n, d) float32
         self._check_offsets(arrays)
 
@@ -297,6 +299,11 @@ class ShardReader:
             ]
         )
         per_token = dict(zip(names, states, strict=True))
+        decoded = None
+        if not self.encoding.zero_copy and len(rows):  # one decode call for all rows, then a view per passage
+            joined = {name: np.concatenate(values) for name, values in per_token.items()}
+            whole = self.encoding.decode({**joined, **self.per_shard})  # (Σn, *S)
+            decoded = np.split(whole, np.cumsum((token_stops - token_starts)[:-1]))
         passages = []
         for i, row in enumerate(rows.tolist()):
             arrays: dict[str, Any] = {name: values[i] for name, values in per_token.items()}
@@ -308,7 +315,7 @@ class ShardReader:
                     text=self._decoded(texts[i], row, "text"),
                     token_ids=token_ids[i],
                     char_spans=char_spans[i],
-                    states=self.encoding.decode(arrays),
+                    states=self.encoding.decode(arrays) if decoded is None else decoded[i],
                     vector=None if self.vectors is None else self.vectors[row],
                 )
             )
