@@ -4,24 +4,33 @@ For the first --paragraphs SQuAD v1.1 dev paragraphs this script
 
 1. runs `dilstore precompute --format squad --split paragraphs` with the shipped
    DilBert reader once per encoding (fp32 as the reference, fp16, int8, 2bit,
-   1bit; one worker) and records the wall time and `dilstore info --json`'s
-   state bytes per token, then `dilstore verify`;
+   1bit; one worker, one shard) and records the wall time and `dilstore info
+   --json`'s state bytes per token (total, and split into what each token adds
+   and fixed bytes), then `dilstore verify`;
 2. compares each store's decoded states with the fp32 store's: relative MSE
    (sum of squared errors over sum of squares) and mean per-token cosine;
-3. compares the residual codes with faiss product quantization at the same
-   bytes per token (M = d/4 or d/8 one-byte sub-quantizers), trained on the
-   same seeded token sample as the codebooks (storage.encodings.sample_rows);
+3. compares the residual codes with faiss product quantization at about the
+   same bytes per token (faiss.ProductQuantizer, M = d/4 or d/8 one-byte
+   sub-quantizers: 96 / 48 bytes at d = 384 against 98 / 50), trained on the
+   same seeded token sample as the codebooks (storage.encodings.sample_rows):
+   error, and F1 with the PQ-decoded fp32 states put in place of the store's;
 4. reads every question of those paragraphs against its own paragraph's stored
    units (reading comprehension through the store, μ = 1) and scores SQuAD F1;
-5. times decoding 100 passages (store.fetch) against the online layers for
-   one question over the same 100 passages (OpenDomainReader.read).
+5. times decoding 100 passages (store.fetch; for PQ, fetching the fp32 store
+   plus faiss decoding) against one question over the same 100 passages
+   (OpenDomainReader.read, which includes the fetch): `decode_share` is
+   fetch / (read - fetch), the share of the online layers' time.
 
-    .venv/bin/python benchmarks/bench_codes.py --work /tmp/bench-codes --paragraphs 60 --output codes.json
+Both quantizers are trained here on the states they encode (in-sample);
+bench_codes_heldout.py trains them on other paragraphs' states instead.
+
+    .venv/bin/python benchmarks/bench_codes.py --work /tmp/bench-codes --paragraphs 60 --threads 1 --output codes.json
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -63,8 +72,8 @@ def precompute(corpus: Path, store: Path, encoding: str, threads: int) -> float:
     return time.perf_counter() - started
 
 
-def pq_errors(reference: np.ndarray, bytes_per_token: int) -> dict[str, float]:
-    """faiss ProductQuantizer with `bytes_per_token` 8-bit sub-quantizers on `(T, d)` states."""
+def train_pq(reference: np.ndarray, bytes_per_token: int) -> tuple[Any, dict[str, float]]:
+    """faiss ProductQuantizer with `bytes_per_token` 8-bit sub-quantizers, trained on a seeded sample of `(T, d)` states."""
     import faiss
 
     from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, sample_rows
@@ -77,8 +86,55 @@ def pq_errors(reference: np.ndarray, bytes_per_token: int) -> dict[str, float]:
     encoded = time.perf_counter()
     decoded = quantizer.decode(codes)
     done = time.perf_counter()
-    return {**errors(reference, decoded), "train_s": trained - started, "encode_s": encoded - trained,
-            "decode_s": done - encoded}
+    return quantizer, {**errors(reference, decoded), "bytes_per_token": bytes_per_token,
+                       "codebook_bytes": 4 * reference.shape[1] * 256, "train_s": trained - started,
+                       "encode_s": encoded - trained, "decode_s": done - encoded}
+
+
+class PqStore:
+    """An fp32 store whose states come back from faiss PQ codes, so the reader reads PQ-decoded states.
+
+    The codes of every passage are computed once up front (what a PQ store would
+    hold); fetch reads the fp32 passage for its text and token ids (memory-mapped
+    views) and decodes its codes, so fetch time is what decoding PQ costs.
+    """
+
+    def __init__(self, store: Any, quantizer: Any, ids: list[str]) -> None:
+        self._store, self._quantizer = store, quantizer
+        self._codes = {p.id: quantizer.compute_codes(np.ascontiguousarray(p.states, dtype=np.float32))
+                       for p in store.fetch(ids)}
+
+    def fetch(self, passage_ids: list[str]) -> list[Any]:
+        passages = self._store.fetch(passage_ids)
+        decoded = self._quantizer.decode(np.concatenate([self._codes[p.id] for p in passages]))  # (T, d) float32
+        bounds = np.cumsum([0, *(len(p.states) for p in passages)])
+        return [dataclasses.replace(p, states=decoded[start:stop])
+                for p, start, stop in zip(passages, bounds[:-1], bounds[1:], strict=True)]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def through_reader(reader: Any, questions: list[dict[str, Any]], by_doc: dict[str, list[str]],
+                   ids: list[str]) -> dict[str, float]:
+    """SQuAD F1 (μ = 1, each question against its own paragraph) and the decode time of 100 passages vs the read."""
+    from dilstore.reader.evaluation.squad_metric import f1
+    from dilstore.reader.serving.answers import aggregate
+
+    readings = reader.read([q["question"] for q in questions], [by_doc[q["doc"]] for q in questions])
+    scores = [max(f1(aggregate(reading, 1.0, 20).text, answer) for answer in q["answers"])
+              for reading, q in zip(readings, questions, strict=True)]
+    hundred = (ids * (100 // len(ids) + 1))[:100]
+    fetch = online = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        reader.store.fetch(hundred)
+        fetch = min(fetch, time.perf_counter() - started)
+        started = time.perf_counter()
+        reader.read([questions[0]["question"]], [hundred])
+        online = min(online, time.perf_counter() - started)
+    return {"f1": 100 * float(np.mean(scores)), "fetch_100_s": fetch, "read_100_s": online,
+            "decode_share": fetch / (online - fetch)}
 
 
 def errors(reference: np.ndarray, decoded: np.ndarray) -> dict[str, float]:
@@ -97,19 +153,20 @@ def main() -> None:
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
 
+    import faiss
     import torch
 
-    from dilstore.reader.evaluation.squad_metric import f1
-    from dilstore.reader.serving.answers import aggregate
     from dilstore.reader.serving.odqa import open_reader
-    from dilstore.storage.reader import open_store
 
     torch.set_num_threads(args.threads)
+    faiss.omp_set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     corpus = args.work / "squad-subset.json"
     questions = squad_subset(args.squad, args.paragraphs, corpus)
-    results: dict[str, Any] = {"paragraphs": args.paragraphs, "questions": len(questions), "encodings": {}}
+    results: dict[str, Any] = {"paragraphs": args.paragraphs, "questions": len(questions), "threads": args.threads,
+                               "encodings": {}}
     states: dict[str, np.ndarray] = {}
+    readers: dict[str, Any] = {}
     for encoding in ENCODINGS:
         store = args.work / encoding
         seconds = precompute(corpus, store, encoding, args.threads)
@@ -118,39 +175,35 @@ def main() -> None:
         verified = subprocess.run([*CLI, "verify", str(store), "--json"], capture_output=True, text=True)
         table = pa.concat_tables([pq.read_table(part) for part in sorted((store / "passages").glob("*.parquet"))]).to_pydict()
         ids = table["id"]
-        reader = open_reader(store, with_index=False)
+        reader = readers[encoding] = open_reader(store, with_index=False)
         states[encoding] = np.concatenate([p.states for p in reader.store.fetch(ids)]).astype(np.float32)
         by_doc: dict[str, list[str]] = {}
         for passage_id, doc_id in zip(ids, table["doc_id"], strict=True):
             by_doc.setdefault(doc_id, []).append(passage_id)
-        readings = reader.read([q["question"] for q in questions], [by_doc[q["doc"]] for q in questions])
-        scores = [max(f1(aggregate(reading, 1.0, 20).text, answer) for answer in q["answers"])
-                  for reading, q in zip(readings, questions, strict=True)]
-        hundred = (ids * (100 // len(ids) + 1))[:100]
-        fetch = online = float("inf")
-        for _ in range(3):
-            started = time.perf_counter()
-            reader.store.fetch(hundred)
-            fetch = min(fetch, time.perf_counter() - started)
-            started = time.perf_counter()
-            reader.read([questions[0]["question"]], [hundred])
-            online = min(online, time.perf_counter() - started)
         results["encodings"][encoding] = {
             "precompute_s": seconds,
             "tokens": info["tokens"],
+            "shards": info["shards"],
             "bytes_per_token": info["bytes_per_token"]["dilbert"],
+            "state_bytes_per_token_marginal": info["state_bytes_per_token_marginal"],
+            "state_bytes_fixed": info["state_bytes"]["fixed"],
             "verify_ok": verified.returncode == 0,
-            "f1": 100 * float(np.mean(scores)),
-            "fetch_100_s": fetch,
-            "read_100_s": online,
-            "decode_share": fetch / online,
+            **through_reader(reader, questions, by_doc, ids),
         }
         print(encoding, results["encodings"][encoding], flush=True)
     reference = states["fp32"]
     for encoding in ENCODINGS[1:]:
         results["encodings"][encoding].update(errors(reference, states[encoding]))
     dims = reference.shape[1]
-    results["pq"] = {f"pq{dims // 4}x8": pq_errors(reference, dims // 4), f"pq{dims // 8}x8": pq_errors(reference, dims // 8)}
+    results["pq"] = {}
+    fp32 = readers["fp32"]
+    for bytes_per_token in (dims // 4, dims // 8):
+        quantizer, measured = train_pq(reference, bytes_per_token)
+        fp32.store = PqStore(readers["fp32"].store, quantizer, ids)
+        measured.update(through_reader(fp32, questions, by_doc, ids))
+        fp32.store = fp32.store._store
+        results["pq"][f"pq{bytes_per_token}x8"] = measured
+        print(f"pq{bytes_per_token}x8", measured, flush=True)
     print(json.dumps(results, indent=1))
     if args.output:
         args.output.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")

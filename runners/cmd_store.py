@@ -81,6 +81,11 @@ def format_info(info: dict[str, Any]) -> str:
         ("bytes/token", ", ".join(f"{kind} {value}" for kind, value in info["bytes_per_token"].items())),
         ("  by part", per_token),
     ]
+    if info["state_bytes_per_token_marginal"] is not None:
+        states = info["state_bytes"]
+        rows.append(("  states", f"{info['state_bytes_per_token_marginal']} per token "
+                                 f"({_size(states['per_token'])}) + {_size(states['fixed'])} fixed (last-chunk "
+                                 "padding, chunk indexes, per-shard parameters, codebook)"))
     rows += [("fingerprint" if i == 0 else "", f"{key}: {value}") for i, (key, value) in enumerate(info["fingerprint"].items())]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

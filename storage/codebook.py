@@ -3,14 +3,17 @@
 The pipeline trains the codebook on a seeded sample of the corpus's states
 (or takes one given with `--codebook`) and writes it to `STORE/codebook/`
 before the shards, so finalize checksums it with every other file and every
-shard writer encodes with the same arrays (each shard also keeps a copy under
-`states/`, which is what the reader decodes with). A codebook group of one
+shard writer encodes with the same arrays. The shards hold no copy of it (their
+attributes say `codebook: "store"`); the reader loads this group once per store
+and decodes every shard with it (`load_store_codebook`). A codebook group of one
 store can be given to another run, e.g. to append passages with the same codes.
 
 Like a shard, the group records the build it belongs to (`generation`) and the
 hash of the model fingerprint (`fingerprint_sha256`), so finalize and verify
 can tell a codebook left by another build or made for another model, and
-check that every shard's copy is this codebook (`store_codebook_problems`).
+check that every shard that needs it finds it, and that any shard that keeps a
+codebook of its own (one written without the store's) holds this one
+(`store_codebook_problems`).
 
     codebook/zarr.json   attrs dilstore = {format, format_version, node: "codebook", encoding, state_shape,
                                            generation, fingerprint_sha256}  (the last two when known)
@@ -34,8 +37,10 @@ from dilstore.storage.encodings import check_codebook, get_encoding
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
+    CODEBOOK_DIR,
     FORMAT_NAME,
     FORMAT_VERSION,
+    STORE_CODEBOOK,
     TMP_PREFIX,
     StoreFormatError,
     states_array,
@@ -43,7 +48,8 @@ from dilstore.storage.format import (
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.writer import build_attributes
 
-CODEBOOK_DIR = "codebook"
+__all__ = ["CODEBOOK_DIR", "codebook_build", "codebook_digest", "load_store_codebook", "read_codebook",
+           "store_codebook_problems", "write_codebook"]
 
 
 def write_codebook(
@@ -102,30 +108,54 @@ def codebook_build(path: str | Path) -> dict[str, str]:
         return {}
 
 
+def load_store_codebook(location: StoreLocation, encoding: str) -> dict[str, np.ndarray]:
+    """The arrays of the store's `codebook/` group, checked to be a codebook of `encoding` (what readers decode with).
+
+    A missing or invalid group is a StoreFormatError that points at `verify`.
+    """
+    where = location.path(CODEBOOK_DIR)
+    try:
+        group = location.open_group(CODEBOOK_DIR)
+        return _codebook_of(group, where, encoding)[0]
+    except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
+        raise StoreFormatError(
+            f"cannot read the store's codebook {where}: {type(error).__name__}: {error}; run `dilstore verify`"
+        ) from None
+
+
 def store_codebook_problems(
     location: StoreLocation, shards: Sequence[str], encoding: str, generation: str | None, fingerprint: Fingerprint
 ) -> list[str]:
-    """What is wrong with a store's `codebook/` group (none when it has none), for finalize and verify.
+    """What is wrong with a store's `codebook/` group and the shards' use of it, for finalize and verify.
 
-    The group must be a valid codebook of the store's `encoding`, belong to
-    its build `generation`, record the hash of `fingerprint` (when it records
-    one), and equal the copy every shard in `shards` (paths under the root)
-    decodes with. An empty list means sound.
+    The group, when present, must be a valid codebook of the store's
+    `encoding`, belong to its build `generation`, record the hash of
+    `fingerprint` (when it records one), and equal every copy a shard in
+    `shards` (paths under the root) still holds (shards written without the
+    store's codebook train and keep their own). A shard that decodes with the
+    store's codebook (`codebook: "store"`) needs the group. An empty list means sound.
     """
+    users, copies, problems = [], [], []
+    for shard in shards:
+        try:
+            data = location.open_group(shard).attrs.asdict().get(ATTRIBUTES_KEY, {})
+        except Exception as error:  # noqa: BLE001 - a damaged shard gives a problem line, not a traceback
+            problems.append(f"{shard}: cannot read its attributes: {type(error).__name__}: {error}")
+            continue
+        (users if isinstance(data, dict) and data.get("codebook") == STORE_CODEBOOK else copies).append(shard)
     if not location.is_dir(CODEBOOK_DIR):
-        return []
+        return problems + [f"{shard} decodes with the store's {CODEBOOK_DIR}/, which is missing" for shard in users]
     try:
         group = location.open_group(CODEBOOK_DIR)
         arrays, _ = _codebook_of(group, CODEBOOK_DIR, encoding)
         build = _build_of(group)
     except (StoreFormatError, FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
-        return [f"{CODEBOOK_DIR}: {error}"]
-    problems = []
+        return problems + [f"{CODEBOOK_DIR}: {error}"]
     if build.get("generation") != generation:
         problems.append(f"{CODEBOOK_DIR} belongs to build {build.get('generation')!r}, the store to {generation!r}")
     if build.get("fingerprint_sha256") not in (None, fingerprint_sha256(fingerprint)):
         problems.append(f"{CODEBOOK_DIR} was made by another model than the fingerprint says")
-    for shard in shards:
+    for shard in copies:
         for name, values in arrays.items():
             try:
                 copy = np.asarray(location.open_group(shard)[states_array(name)][...])

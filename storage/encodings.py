@@ -79,7 +79,10 @@ class Encoding:
     zero_copy: decode returns the stored array itself, so memory-mapped reads
     stay views. train: a sample of states `(N, *S)` -> the codebook (the
     per-shard arrays named in `codebook`), for encodings that need one; the
-    same codebook is given to every shard of a store, and each shard keeps a copy.
+    same codebook is given to every shard of a store, which keeps it once in its
+    `codebook/` group. prepare: the per-shard arrays -> the same plus derived
+    lookup tables that make decode faster, for a reader to build once per shard
+    (None: decode takes the stored arrays as they are).
     """
 
     name: str
@@ -91,6 +94,7 @@ class Encoding:
     zero_copy: bool
     train: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
     codebook: tuple[str, ...] = ()
+    prepare: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None = None
 
     def array(self, name: str) -> EncodedArray:
         """The spec of array `name` of this encoding."""
@@ -281,18 +285,45 @@ def _encode_residual(
                                                  for name in ("mean", "cutoffs", "weights")}}
 
 
-def _decode_residual(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
+def _decode_table(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
+    """Byte -> decoded normalized values, per byte position: `(prod(S[:-1]) * width * 256, 8 // bits)` float32.
+
+    Row `(g * width + j) * 256 + v` holds the weights of the 8/bits values that
+    byte value v codes at byte j of token vector g (dimensions past d are 0), so
+    decoding is one row gather per stored byte instead of one per value.
+    """
     weights = arrays["weights"]  # (K, *S)
     levels, state_shape = weights.shape[0], weights.shape[1:]
+    dims, per_byte = state_shape[-1], 8 // bits
+    width = _packed_width(dims, bits)
+    groups = math.prod(state_shape[:-1])
+    padded = np.zeros((levels, groups, width * per_byte), dtype=np.float32)  # (K, G, width*per_byte)
+    padded[..., :dims] = weights.reshape(levels, groups, dims)
+    padded = padded.reshape(levels, groups, width, per_byte)  # (K, G, width, per_byte)
+    buckets = _UNPACK[bits]  # (256, per_byte): the bucket of each value a byte codes
+    table = padded[buckets, :, :, np.arange(per_byte)]  # (256, per_byte, G, width)
+    return np.ascontiguousarray(table.transpose(2, 3, 0, 1)).reshape(groups * width * 256, per_byte)
+
+
+def _prepare_residual(arrays: Mapping[str, np.ndarray], bits: int) -> dict[str, np.ndarray]:
+    """The per-shard arrays plus `decode_table` (_decode_table), built once per shard or store by the reader."""
+    return {**arrays, "decode_table": _decode_table(arrays, bits)}
+
+
+def _decode_residual(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
+    table = arrays.get("decode_table")
+    if table is None:
+        table = _decode_table(arrays, bits)
+    mean = arrays["mean"]  # (*S)
+    state_shape = mean.shape
     codes = arrays["codes"]  # (n, *S[:-1], width)
-    n, flat = len(codes), math.prod(state_shape)
-    unpacked = _UNPACK[bits][codes]  # (n, *S[:-1], width, 8 // bits)
-    buckets = unpacked.reshape(*codes.shape[:-1], codes.shape[-1] * unpacked.shape[-1])[..., : state_shape[-1]]  # (n, *S)
-    index = buckets.reshape(n, flat) + np.arange(flat, dtype=np.intp) * levels  # (n, prod(S))
-    values = np.ascontiguousarray(np.moveaxis(weights, 0, -1)).reshape(-1)[index]  # (n, prod(S))
-    values = values.reshape(n, *state_shape)  # (n, *S)
+    n, width = len(codes), codes.shape[-1]
+    groups = math.prod(state_shape[:-1])
+    base = (np.arange(groups * width, dtype=np.intp) * 256).reshape(*state_shape[:-1], width)  # (*S[:-1], width)
+    values = np.take(table, codes + base, axis=0)  # (n, *S[:-1], width, 8 // bits)
+    values = values.reshape(n, *state_shape[:-1], width * table.shape[1])[..., : state_shape[-1]]  # (n, *S)
     values *= arrays["scales"].astype(np.float32)[..., None]
-    values += arrays["mean"]
+    values += mean
     return values
 
 
@@ -315,6 +346,7 @@ def _residual_encoding(bits: int) -> Encoding:
         output_dtype="float32",
         zero_copy=False,
         train=lambda sample: _train_residual(sample, bits),
+        prepare=lambda arrays: _prepare_residual(arrays, bits),
         codebook=("mean", "cutoffs", "weights"),
     )
 

@@ -72,7 +72,8 @@ def finalize(
     `generation`); the manifest records it, so readers can tell a store
     rebuilt under them. Shards that record the fingerprint's hash must match it.
     A `codebook/` group (2bit/1bit) must belong to the same build and model,
-    and every shard's copy must equal it (storage.codebook.store_codebook_problems).
+    shards that decode with it need it, and a codebook a shard keeps of its own
+    must equal it (storage.codebook.store_codebook_problems).
     Duplicate passage ids across shards raise DuplicatePassageIdError.
     """
     root = Path(store_root)

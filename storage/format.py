@@ -36,6 +36,10 @@ TOKEN_OFFSETS = "tokens/offsets"
 TOKEN_IDS = "tokens/ids"
 CHAR_SPANS = "tokens/char_spans"
 STATES_GROUP = "states"
+# The store's 2bit/1bit codebook group at the root, and the shard attribute value
+# (`codebook: "store"`) of a shard that decodes with it instead of holding a copy.
+CODEBOOK_DIR = "codebook"
+STORE_CODEBOOK = "store"
 
 # Arrays of the global id index.
 INDEX_HASHES, INDEX_SHARDS, INDEX_ROWS = "hashes", "shards", "rows"

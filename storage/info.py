@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
-from dilstore.storage.format import INDEX_DIR, SHARDS_DIR, STATES_GROUP
+import numpy as np
+
+from dilstore.storage.encodings import get_encoding
+from dilstore.storage.format import CODEBOOK_DIR, INDEX_DIR, SHARDS_DIR, STATES_GROUP
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
 
@@ -15,7 +19,8 @@ PARTS = ("states", "tokens", "passages", "index", "metadata", "other")
 def part_of(path: str) -> str:
     """Which part of the store a file belongs to, for the size breakdown.
 
-    states: encoded state chunks; tokens: token ids, spans and offsets;
+    states: encoded state chunks and the store's codebook (`codebook/`, what
+    2bit/1bit states decode with); tokens: token ids, spans and offsets;
     passages: ids, titles, texts; index: the id index; metadata: zarr.json
     files and the manifest; other: anything else (e.g. passages.parquet, bm25/).
     """
@@ -24,6 +29,8 @@ def part_of(path: str) -> str:
         return "metadata"
     if parts[0] == INDEX_DIR:
         return "index"
+    if parts[0] == CODEBOOK_DIR:
+        return STATES_GROUP
     if parts[0] == SHARDS_DIR and len(parts) > 2 and parts[2] in (STATES_GROUP, "tokens", "passages"):
         return parts[2]
     return "other"
@@ -35,7 +42,11 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
     Keys: store, format_version, kind, encoding, compressor, state_shape,
     passages, tokens, shards, bytes_on_disk (every file under the store),
     bytes_by_part, bytes_per_token ({kind: state bytes per token on disk}),
-    bytes_per_token_by_part, fingerprint, creation.
+    bytes_per_token_by_part, state_bytes (the state bytes split into
+    `per_token`: tokens times what each token's encoded arrays hold, and
+    `fixed`: everything else, i.e. the zero padding of each shard's last
+    chunk, chunk indexes, per-shard parameters and the store's codebook),
+    state_bytes_per_token_marginal (bytes one more token adds), fingerprint, creation.
     """
     location = StoreLocation.parse(path_or_url, storage_options)
     manifest = read_manifest(location)
@@ -47,6 +58,13 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
 
     def per_token(size: int) -> float | None:
         return round(size / tokens, 3) if tokens else None
+
+    marginal = None
+    if manifest.state_shape is not None:
+        encoding = get_encoding(manifest.encoding)
+        marginal = sum(math.prod(spec.shape(tuple(manifest.state_shape))) * np.dtype(spec.dtype).itemsize
+                       for spec in encoding.arrays if spec.per_token)
+    per_token_bytes = (marginal or 0) * tokens
 
     return {
         "store": location.url,
@@ -62,6 +80,8 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
         "bytes_by_part": by_part,
         "bytes_per_token": {manifest.kind: per_token(by_part["states"])},
         "bytes_per_token_by_part": {part: per_token(size) for part, size in by_part.items()},
+        "state_bytes": {"per_token": per_token_bytes, "fixed": by_part["states"] - per_token_bytes},
+        "state_bytes_per_token_marginal": marginal,
         "fingerprint": manifest.fingerprint.to_dict(),
         "creation": manifest.creation,
     }

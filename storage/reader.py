@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import zarr
 
+from dilstore.storage.codebook import load_store_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, check_fingerprint
 from dilstore.storage.format import (
@@ -72,6 +73,7 @@ class Store:
         self._max_open_shards = max_open_shards
         self._shards: OrderedDict[int, ShardReader] = OrderedDict()
         self._lock = threading.Lock()
+        self._codebook: dict[str, np.ndarray] | None = None
 
     @property
     def url(self) -> str:
@@ -154,7 +156,7 @@ class Store:
         entry = self.manifest.shard_by_index.get(index)
         if entry is None:
             raise StoreFormatError(f"store {self.url}: the id index points to shard {index}, which the manifest lacks")
-        reader = ShardReader(self.location, shard_path(index), use_mmap=self._use_mmap)
+        reader = ShardReader(self.location, shard_path(index), use_mmap=self._use_mmap, store_codebook=self.codebook)
         found = reader.attributes
         if found.generation != self.manifest.generation:
             raise StoreChangedError(
@@ -174,6 +176,13 @@ class Store:
             while len(self._shards) > self._max_open_shards:
                 self._shards.popitem(last=False)
         return reader
+
+    def codebook(self) -> dict[str, np.ndarray]:
+        """The store's `codebook/` arrays (2bit/1bit), read on first use and then kept: shards hold no copy."""
+        with self._lock:
+            if self._codebook is None:
+                self._codebook = load_store_codebook(self.location, self.manifest.encoding)
+            return self._codebook
 
     def _id_at(self, shard: int, row: int) -> str:
         return self.shard(shard).id_at(row)

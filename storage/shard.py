@@ -10,7 +10,7 @@ titles) are held whole; texts and per-token arrays are sliced per request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,6 +27,7 @@ from dilstore.storage.format import (
     FORMAT_VERSION,
     ID_BYTES,
     ID_OFFSETS,
+    STORE_CODEBOOK,
     TEXT_BYTES,
     TEXT_OFFSETS,
     TITLE_BYTES,
@@ -58,6 +59,9 @@ class ShardAttributes:
     vector_size: int | None = None  # d of passages/vectors; None: the shard has no vectors
     generation: str | None = None  # the build this shard belongs to; None in stores made before generations
     fingerprint_sha256: str | None = None  # storage.fingerprint.fingerprint_sha256 of the model that made it
+    # "store": the shard holds no codebook arrays and decodes with the store's `codebook/` group (2bit/1bit);
+    # None: it holds whatever per-shard arrays its encoding declares (STORE_FORMAT.md §4).
+    codebook: str | None = None
 
     @classmethod
     def of(cls, group: zarr.Group, where: str) -> ShardAttributes:
@@ -79,11 +83,25 @@ class ShardAttributes:
                 vector_size=None if data.get("vector_size") is None else int(data["vector_size"]),
                 generation=_optional_text(data, "generation"),
                 fingerprint_sha256=_optional_text(data, "fingerprint_sha256"),
+                codebook=_optional_text(data, "codebook"),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise StoreFormatError(f"{where} has malformed attributes: {type(error).__name__}: {error}") from None
         get_kind(attributes.kind).check_state_shape(attributes.state_shape)
+        if attributes.codebook not in (None, STORE_CODEBOOK):
+            raise StoreFormatError(
+                f"{where} has codebook {attributes.codebook!r}; this dilstore knows only {STORE_CODEBOOK!r}"
+            )
+        if attributes.codebook is not None and not get_encoding(attributes.encoding).codebook:
+            raise StoreFormatError(
+                f"{where} refers to a store codebook, but its encoding {attributes.encoding} has none"
+            )
         return attributes
+
+    @property
+    def codebook_in_store(self) -> bool:
+        """Whether the shard decodes with the store's `codebook/` group instead of arrays of its own."""
+        return self.codebook == STORE_CODEBOOK
 
 
 def _optional_text(data: dict[str, Any], key: str) -> str | None:
@@ -154,8 +172,19 @@ def read_ranges(requests: Sequence[tuple[Column, np.ndarray, np.ndarray]]) -> li
 class ShardReader:
     """Read access to one committed shard through memory maps or zarr-python."""
 
-    def __init__(self, location: StoreLocation, relative: str, *, use_mmap: bool) -> None:
-        """Open shard `relative` of `location`; use_mmap demands the memory-mapped path for every array."""
+    def __init__(
+        self,
+        location: StoreLocation,
+        relative: str,
+        *,
+        use_mmap: bool,
+        store_codebook: Callable[[], Mapping[str, np.ndarray]] | None = None,
+    ) -> None:
+        """Open shard `relative` of `location`; use_mmap demands the memory-mapped path for every array.
+
+        store_codebook: gives the store's codebook (loaded once per store), for
+        a shard whose attributes say it decodes with it (`codebook: "store"`).
+        """
         where = location.path(relative)
         try:
             group = location.open_group(relative)
@@ -189,9 +218,19 @@ class ShardReader:
         self.token_ids = column(TOKEN_IDS)
         self.char_spans = column(CHAR_SPANS)
         self.per_token = {spec.name: column(states_array(spec.name)) for spec in self.encoding.arrays if spec.per_token}
+        from_store = set(self.encoding.codebook) if self.attributes.codebook_in_store else set()
+        if from_store and store_codebook is None:
+            raise StoreFormatError(f"{where} decodes with its store's codebook/, and none was given")
         self.per_shard = {
-            spec.name: column(states_array(spec.name)).whole() for spec in self.encoding.arrays if not spec.per_token
+            spec.name: column(states_array(spec.name)).whole()
+            for spec in self.encoding.arrays
+            if not spec.per_token and spec.name not in from_store
         }
+        if from_store:
+            assert store_codebook is not None
+            self.per_shard.update(store_codebook())
+        if self.encoding.prepare is not None:  # lookup tables for decoding, built once per open shard
+            self.per_shard = self.encoding.prepare(self.per_shard)
         self.vectors = None if self.attributes.vector_size is None else column(VECTORS).whole()  # (n, d) float32
         self._check_offsets(arrays)
 
@@ -260,6 +299,11 @@ class ShardReader:
             ]
         )
         per_token = dict(zip(names, states, strict=True))
+        decoded = None
+        if not self.encoding.zero_copy and len(rows):  # one decode call for all rows, then a view per passage
+            joined = {name: np.concatenate(values) for name, values in per_token.items()}
+            whole = self.encoding.decode({**joined, **self.per_shard})  # (Σn, *S)
+            decoded = np.split(whole, np.cumsum((token_stops - token_starts)[:-1]))
         passages = []
         for i, row in enumerate(rows.tolist()):
             arrays: dict[str, Any] = {name: values[i] for name, values in per_token.items()}
@@ -271,7 +315,7 @@ class ShardReader:
                     text=self._decoded(texts[i], row, "text"),
                     token_ids=token_ids[i],
                     char_spans=char_spans[i],
-                    states=self.encoding.decode(arrays),
+                    states=self.encoding.decode(arrays) if decoded is None else decoded[i],
                     vector=None if self.vectors is None else self.vectors[row],
                 )
             )

@@ -247,7 +247,9 @@ def _check_shard(location: StoreLocation, manifest: Manifest, entry: ShardEntry,
             _check_spans(np.asarray(char_spans[...]), token_offsets, texts, where, report)
     if token_ids is not None:
         np.asarray(token_ids[...])  # reading decodes every chunk: damage surfaces here
-    _check_encoded(group, get_encoding(attributes.encoding), state_shape, tokens, where, report)
+    encoding = get_encoding(attributes.encoding)
+    in_store = set(encoding.codebook) if attributes.codebook_in_store else set()  # checked in codebook/ instead
+    _check_encoded(group, encoding, state_shape, tokens, where, report, skip=in_store)
     if attributes.vector_size is not None:
         vectors = _array(group, VECTORS, "float32", (n, attributes.vector_size), where, report)
         if vectors is not None and not np.isfinite(np.asarray(vectors[...])).all():
@@ -266,9 +268,14 @@ def _check_spans(spans: np.ndarray, token_offsets: np.ndarray, texts: list[str],
 
 
 def _check_encoded(group: zarr.Group, encoding: Encoding, state_shape: tuple[int, ...], tokens: int, where: str,
-                   report: VerifyReport) -> None:
-    """The encoding's arrays have their dtypes and shapes and hold valid values."""
+                   report: VerifyReport, skip: set[str] | frozenset[str] = frozenset()) -> None:
+    """The encoding's arrays (but those in `skip`) have their dtypes and shapes and hold valid values."""
     for spec in encoding.arrays:
+        if spec.name in skip:
+            if states_array(spec.name) in group:
+                _problem(report, where, f"{states_array(spec.name)} is there, but the shard says it uses the store's "
+                                        "codebook")
+            continue
         shape = (tokens, *spec.shape(state_shape)) if spec.per_token else spec.shape(state_shape)
         name = states_array(spec.name)
         array = _array(group, name, spec.dtype, shape, where, report)

@@ -43,6 +43,7 @@ from dilstore.storage.format import (
     MANIFEST_FILE,
     OFFSETS_PER_CHUNK,
     SHARDS_DIR,
+    STORE_CODEBOOK,
     TEXT_BYTES,
     TEXT_OFFSETS,
     TITLE_BYTES,
@@ -135,8 +136,11 @@ def write_shard(
 
     kind: representation kind ("dilbert", "earl-s1", "earl-s2", "listformer"); encoding:
     "fp32", "fp16", "int8", "2bit" or "1bit"; codebook: the store-wide codebook
-    of a 2bit/1bit store (`train_codebook`), copied into the shard; without it
-    the shard trains its own on a seeded sample of its states. compressor:
+    of a 2bit/1bit store (`train_codebook`), which the caller writes once to
+    `STORE/codebook/` (storage.codebook.write_codebook): the shard is encoded
+    with it, holds no copy, and records `codebook: "store"` (finalize refuses
+    the store if the group is missing or differs); without it the shard trains
+    its own on a seeded sample of its states and keeps it under `states/`. compressor:
     None (memory-mappable) or "zstd" / "blosc" for cold storage. durable:
     fsync every file and directory before the rename publishes the shard
     (False skips it, for scratch stores and tests, where a crash may leave a
@@ -162,6 +166,8 @@ def write_shard(
     temporary = shards_dir / f"{TMP_PREFIX}{name}-{uuid.uuid4().hex}"
     try:
         build = build_attributes(generation, fingerprint)
+        if codebook is not None and encoding_spec.codebook:
+            build = {**build, "codebook": STORE_CODEBOOK}
         _write_group(temporary, columns, shard_index, kind_spec, encoding_spec, compressor, codebook, build)
         record_checksums(temporary)
         if durable:
@@ -307,7 +313,7 @@ def _write_group(
     codebook: Mapping[str, np.ndarray] | None,
     build: dict[str, str],
 ) -> None:
-    """Write one shard's Zarr v3 group at `path`; `build` holds its generation and fingerprint hash, if any."""
+    """Write one shard's Zarr v3 group at `path`; `build` holds its generation, fingerprint hash and codebook, if any."""
     attributes = {
         ATTRIBUTES_KEY: {
             "format": FORMAT_NAME,
@@ -347,6 +353,8 @@ def _write_group(
                 dimension_names=["token", "start_end"])
     state_axes = [f"state_{axis}" for axis in range(len(columns.state_shape))]
     for array_name, data in encoding.encode(columns.states, codebook).items():
+        if codebook is not None and array_name in encoding.codebook:
+            continue  # the store's codebook/ group holds it, once for all shards
         spec = encoding.array(array_name)
         if spec.per_token:
             axes = ["token", *state_axes[: data.ndim - 1]]

@@ -367,7 +367,7 @@ def test_the_store_records_the_generation_of_its_spec(metered_run) -> None:
     assert {shard_generation(store, entry["index"]) for entry in manifest["shards"]} == {manifest["generation"]}
 
 
-def test_a_2bit_run_trains_one_codebook_every_shard_copies_and_another_run_can_reuse(
+def test_a_2bit_run_trains_one_codebook_every_shard_decodes_with_and_another_run_can_reuse(
     metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys
 ) -> None:
     reference, _, _ = metered_run
@@ -376,8 +376,9 @@ def test_a_2bit_run_trains_one_codebook_every_shard_copies_and_another_run_can_r
     codebook, _ = read_codebook(store / CODEBOOK_DIR, "2bit")
     with open_store(store) as opened:
         for shard in range(SHARDS):
-            copy = opened.shard(shard).per_shard
-            assert all(np.array_equal(copy[name], codebook[name]) for name in codebook), shard
+            reader = opened.shard(shard)
+            assert reader.attributes.codebook_in_store, shard  # the shard holds no copy of it
+            assert all(np.array_equal(reader.per_shard[name], codebook[name]) for name in codebook), shard
     mine, theirs = store_contents(store), store_contents(reference)
     assert sorted(mine) == sorted(theirs)
     original = np.concatenate([theirs[passage_id][-1] for passage_id in sorted(theirs)])  # (T, d)

@@ -1,11 +1,14 @@
 """The 2bit and 1bit encodings: plain zarr-python reads the codes and the codebook, verify catches damage.
 
 Decoding by hand from arrays read with zarr-python (the recipe STORE_FORMAT.md §4
-gives) must equal what the store returns; a byte flipped in a shard's codebook
-copy or in the store's `codebook/` group is a verify problem; a codebook of
-another build or model, or one a shard does not copy, is refused by finalize
-and reported by verify; and on Gaussian states with uneven per-dimension
-spreads the error stays near the textbook values of 4- and 2-level quantizers.
+gives: codes and scales from the shard, the codebook from the store's
+`codebook/` group, which the shards do not copy) must equal what the store
+returns on both read paths; a byte flipped in the store's `codebook/` group or
+in a codebook a shard keeps of its own is a verify problem; a missing codebook
+group, a codebook of another build or model, or one that a shard's own
+codebook differs from, is refused by finalize and reported by verify; and on
+Gaussian states with uneven per-dimension spreads the error stays near the
+textbook values of 4- and 2-level quantizers.
 """
 
 from __future__ import annotations
@@ -67,9 +70,9 @@ def test_zarr_python_reads_codes_and_codebook_and_decodes_like_the_store(lowbit_
         codes = np.asarray(group["states/codes"][...])  # (T, ceil(d * bits / 8)) uint8
         assert codes.dtype == np.uint8 and codes.shape[1] == -(-DIMS * bits // 8)
         scales = np.asarray(group["states/scales"][...]).astype(np.float32)  # (T,) float16 on disk
-        mean, weights = np.asarray(group["states/mean"][...]), np.asarray(group["states/weights"][...])
-        for name in ("mean", "cutoffs", "weights"):
-            np.testing.assert_array_equal(group[f"states/{name}"][...], codebook[name][...])
+        assert group.attrs["dilstore"]["codebook"] == "store"
+        assert not any(f"states/{name}" in group for name in ("mean", "cutoffs", "weights"))  # no per-shard copy
+        mean, weights = np.asarray(codebook["mean"][...]), np.asarray(codebook["weights"][...])
         buckets = np.unpackbits(codes, axis=1).reshape(len(codes), -1, bits)  # (T, 8 * width / bits, bits)
         buckets = (buckets * (1 << np.arange(bits - 1, -1, -1))).sum(axis=2)[:, :DIMS]  # (T, d)
         decoded = mean + scales[:, None] * weights[buckets, np.arange(DIMS)]  # (T, d)
@@ -79,16 +82,54 @@ def test_zarr_python_reads_codes_and_codebook_and_decodes_like_the_store(lowbit_
             np.testing.assert_allclose(decoded[offsets[row] : offsets[row + 1]], stored[passage_id], rtol=1e-6)
 
 
-def test_verify_catches_a_damaged_codebook_in_a_shard_or_the_store(lowbit_store) -> None:
-    _, root, _ = lowbit_store
+def test_both_read_paths_and_a_compressed_store_decode_with_the_store_codebook(lowbit_store, tmp_path_factory) -> None:
+    encoding, root, records = lowbit_store
+    ids = [record.id for record in records]
+    codebook = read_codebook(root / CODEBOOK_DIR, encoding)[0]
+    packed = tmp_path_factory.mktemp("packed")
+    write_codebook(packed / CODEBOOK_DIR, encoding, codebook, (DIMS,))
+    for index, prefix in enumerate(("p0-", "p1-")):
+        write_shard(packed, index, [r for r in records if r.id.startswith(prefix)], kind="dilbert", encoding=encoding,
+                    durable=False, codebook=codebook, compressor="zstd")
+    finalize(packed, fingerprint_for("dilbert", encoding), {"command": "test"})
+    mapped = open_store(root, read_path="mmap")
+    reads = [mapped.fetch(ids), open_store(root, read_path="zarr").fetch(ids), open_store(packed).fetch(ids)]
+    for passages in reads[1:]:
+        for first, other in zip(reads[0], passages, strict=True):
+            np.testing.assert_array_equal(first.states, other.states)
+    assert mapped.codebook() is mapped.codebook()  # loaded once per store, shared by its shards
+    assert verify_store(packed).ok
+
+
+def test_verify_catches_a_damaged_store_codebook_or_shard_codebook(lowbit_store, tmp_path_factory) -> None:
+    encoding, root, records = lowbit_store
     assert verify_store(root).ok
-    for path in (root / shard_path(1) / "states" / "cutoffs" / "c" / "0" / "0", root / CODEBOOK_DIR / "weights" / "c" / "0" / "0"):
+    own = tmp_path_factory.mktemp("own")  # shards written without the store's codebook keep their own (older layout)
+    write_shard(own, 0, records, kind="dilbert", encoding=encoding, durable=False)
+    finalize(own, fingerprint_for("dilbert", encoding), {"command": "test"})
+    assert verify_store(own).ok and not (own / CODEBOOK_DIR).exists()
+    for store, relative in ((own, f"{shard_path(0)}/states/cutoffs/c/0/0"), (root, f"{CODEBOOK_DIR}/weights/c/0/0")):
+        path = store / relative
         original = path.read_bytes()
         path.write_bytes(bytes([original[0] ^ 0x40]) + original[1:])
-        report = verify_store(root)
+        report = verify_store(store)
         path.write_bytes(original)
-        relative = path.relative_to(root).as_posix()
         assert not report.ok and any(relative in problem for problem in report.problems), report.problems
+
+
+def test_a_shard_that_uses_the_store_codebook_needs_the_group(lowbit_store, tmp_path_factory) -> None:
+    encoding, root, records = lowbit_store
+    codebook = read_codebook(root / CODEBOOK_DIR, encoding)[0]
+    bare = tmp_path_factory.mktemp("bare")
+    write_shard(bare, 0, records, kind="dilbert", encoding=encoding, durable=False, codebook=codebook)
+    with pytest.raises(DilstoreError, match=r"shards/shard-00000 decodes with the store's codebook/, which is missing"):
+        finalize(bare, fingerprint_for("dilbert", encoding), {"command": "test"})
+    (root / CODEBOOK_DIR).rename(root / "moved")  # a finalized store that lost its codebook
+    with pytest.raises(StoreFormatError, match="cannot read the store's codebook .* run `dilstore verify`"):
+        open_store(root).fetch([records[0].id])
+    problems = verify_store(root).problems
+    assert "shards/shard-00000 decodes with the store's codebook/, which is missing" in problems
+    assert "missing file codebook/weights/c/0/0" in problems  # the manifest lists it
 
 
 def test_a_codebook_for_another_shape_or_encoding_is_refused(tmp_path: Path) -> None:
@@ -106,7 +147,7 @@ def test_a_codebook_for_another_shape_or_encoding_is_refused(tmp_path: Path) -> 
 def _unfinalized(root: Path, generation: str, *, book_generation: str, book_model: str = "dilbert",
                  copied: bool = True) -> None:
     """Two 2bit shards of build `generation`, and a codebook of build `book_generation` made by `book_model`'s
-    fingerprint; the shards copy it (`copied`) or train their own."""
+    fingerprint; the shards are encoded with it (`copied`, they refer to it) or train and keep their own."""
     shards = [_records(0), _records(1)]
     codebook = train_codebook("2bit", np.concatenate([record.states for shard in shards for record in shard]))
     write_codebook(root / CODEBOOK_DIR, "2bit", codebook, (DIMS,), generation=book_generation,

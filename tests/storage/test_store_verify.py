@@ -103,6 +103,8 @@ def test_info_json_has_the_interface_keys(store, capsys) -> None:
     state_bytes = info["bytes_by_part"]["states"]
     assert 9 * info["tokens"] <= state_bytes <= 9 * info["tokens"] + 2 * (TOKENS_PER_CHUNK * 9 + 200)
     assert info["bytes_per_token"]["dilbert"] == round(state_bytes / info["tokens"], 3)
+    assert info["state_bytes_per_token_marginal"] == 9
+    assert info["state_bytes"] == {"per_token": 9 * info["tokens"], "fixed": state_bytes - 9 * info["tokens"]}
     assert info["bytes_on_disk"] == sum(path.stat().st_size for path in store.rglob("*") if path.is_file())
     assert main(["info", str(store)]) == 0
     assert "bytes/token  dilbert" in capsys.readouterr().out

@@ -1,0 +1,132 @@
+"""Residual codes against faiss PQ with codebooks trained on held-out states (bench_codes.py trains in-sample).
+
+bench_codes.py trains both the residual codebook and faiss PQ on the very
+states they then encode (a few thousand tokens of the evaluation paragraphs),
+which flatters the quantizer with more parameters: PQ with M one-byte
+sub-quantizers holds 256·d float32 values (393 KB at d = 384), the residual
+codebook 2^(b+1)·d (12 KB for 2bit). Here both are trained on the states of
+other text and evaluated on the first --paragraphs SQuAD dev paragraphs:
+
+1. `dilstore precompute` (fp32, shipped DilBert reader) of the first
+   --train-paragraphs SQuAD *train* paragraphs (other articles than dev);
+2. the 2bit/1bit codebooks (storage.encodings.train_codebook) and faiss
+   ProductQuantizer (M = d/4, d/8, 8 bits) on the same seeded sample of those
+   states (storage.encodings.sample_rows, at most 65,536 tokens);
+3. 2bit/1bit stores of the evaluation paragraphs with `--codebook` (the
+   held-out codebooks), an fp32 store of them for reference and for PQ;
+4. relative MSE and cosine against fp32, SQuAD F1 through the reader
+   (bench_codes.through_reader: each question against its own paragraph, μ = 1),
+   and the decode time of 100 passages against the read.
+
+    .venv/bin/python benchmarks/bench_codes_heldout.py --work /tmp/bench-heldout --paragraphs 60 \\
+        --train-paragraphs 240 --threads 1 --output heldout.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_codes import CLI, PqStore, errors, squad_subset, through_reader  # noqa: E402
+
+SQUAD = Path(__file__).resolve().parents[1] / "../shared/data/squad"
+
+
+def precompute(corpus: Path, store: Path, encoding: str, threads: int, *extra: str) -> float:
+    started = time.perf_counter()
+    subprocess.run([*CLI, "precompute", "--input", str(corpus), "--format", "squad", "--split", "paragraphs",
+                    "--output", str(store), "--encoding", encoding, "--shards", "1", "--workers", "1",
+                    "--threads", str(threads), "--overwrite", "--no-progress", "--json", *extra],
+                   check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def store_ids(store: Path) -> tuple[list[str], list[str]]:
+    table = pa.concat_tables([pq.read_table(part) for part in sorted((store / "passages").glob("*.parquet"))])
+    return table.column("id").to_pylist(), table.column("doc_id").to_pylist()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--paragraphs", type=int, default=60)
+    parser.add_argument("--train-paragraphs", type=int, default=240)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args()
+
+    import faiss
+    import torch
+
+    from dilstore.reader.serving.odqa import open_reader
+    from dilstore.storage.codebook import write_codebook
+    from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, sample_rows, train_codebook
+
+    torch.set_num_threads(args.threads)
+    faiss.omp_set_num_threads(args.threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+    train_corpus, eval_corpus = args.work / "train-subset.json", args.work / "eval-subset.json"
+    squad_subset(SQUAD / "train-v1.1.json", args.train_paragraphs, train_corpus)
+    questions = squad_subset(SQUAD / "dev-v1.1.json", args.paragraphs, eval_corpus)
+
+    precompute(train_corpus, args.work / "train-fp32", "fp32", args.threads)
+    train_ids, _ = store_ids(args.work / "train-fp32")
+    train_reader = open_reader(args.work / "train-fp32", with_index=False)
+    train_states = np.concatenate([p.states for p in train_reader.store.fetch(train_ids)]).astype(np.float32)
+    sample = np.ascontiguousarray(train_states[sample_rows(len(train_states), CODEBOOK_SAMPLE_TOKENS)])
+    results: dict[str, Any] = {"paragraphs": args.paragraphs, "questions": len(questions),
+                               "train_paragraphs": args.train_paragraphs, "train_tokens": len(train_states),
+                               "sample_tokens": len(sample), "threads": args.threads, "methods": {}}
+
+    precompute(eval_corpus, args.work / "fp32", "fp32", args.threads)
+    ids, doc_ids = store_ids(args.work / "fp32")
+    by_doc: dict[str, list[str]] = {}
+    for passage_id, doc_id in zip(ids, doc_ids, strict=True):
+        by_doc.setdefault(doc_id, []).append(passage_id)
+    fp32 = open_reader(args.work / "fp32", with_index=False)
+    reference = np.concatenate([p.states for p in fp32.store.fetch(ids)]).astype(np.float32)
+    results["eval_tokens"] = len(reference)
+    results["methods"]["fp32"] = through_reader(fp32, questions, by_doc, ids)
+
+    for encoding in ("2bit", "1bit"):
+        started = time.perf_counter()
+        codebook = train_codebook(encoding, sample)
+        trained = time.perf_counter() - started
+        folder = write_codebook(args.work / f"codebook-{encoding}", encoding, codebook, sample.shape[1:])
+        store = args.work / encoding
+        precompute(eval_corpus, store, encoding, args.threads, "--codebook", str(folder))
+        reader = open_reader(store, with_index=False)
+        decoded = np.concatenate([p.states for p in reader.store.fetch(ids)]).astype(np.float32)
+        results["methods"][encoding] = {"train_s": trained, **errors(reference, decoded),
+                                        **through_reader(reader, questions, by_doc, ids)}
+        print(encoding, results["methods"][encoding], flush=True)
+
+    dims = reference.shape[1]
+    for bytes_per_token in (dims // 4, dims // 8):
+        quantizer = faiss.ProductQuantizer(dims, bytes_per_token, 8)
+        started = time.perf_counter()
+        quantizer.train(sample)
+        trained = time.perf_counter() - started
+        decoded = quantizer.decode(quantizer.compute_codes(reference))
+        fp32.store = PqStore(fp32.store, quantizer, ids)
+        measured = {"train_s": trained, **errors(reference, decoded), **through_reader(fp32, questions, by_doc, ids)}
+        fp32.store = fp32.store._store
+        results["methods"][f"pq{bytes_per_token}x8"] = measured
+        print(f"pq{bytes_per_token}x8", measured, flush=True)
+    print(json.dumps(results, indent=1))
+    if args.output:
+        args.output.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
