@@ -35,6 +35,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,15 +73,13 @@ def precompute(corpus: Path, store: Path, encoding: str, threads: int) -> float:
     return time.perf_counter() - started
 
 
-def train_pq(reference: np.ndarray, bytes_per_token: int) -> tuple[Any, dict[str, float]]:
-    """faiss ProductQuantizer with `bytes_per_token` 8-bit sub-quantizers, trained on a seeded sample of `(T, d)` states."""
+def train_pq(sample: np.ndarray, reference: np.ndarray, bytes_per_token: int) -> tuple[Any, dict[str, float]]:
+    """faiss ProductQuantizer with `bytes_per_token` 8-bit sub-quantizers, trained on `sample`, measured on `reference`."""
     import faiss
-
-    from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, sample_rows
 
     quantizer = faiss.ProductQuantizer(reference.shape[1], bytes_per_token, 8)
     started = time.perf_counter()
-    quantizer.train(np.ascontiguousarray(reference[sample_rows(len(reference), CODEBOOK_SAMPLE_TOKENS)]))
+    quantizer.train(np.ascontiguousarray(sample))
     trained = time.perf_counter()
     codes = quantizer.compute_codes(reference)
     encoded = time.perf_counter()
@@ -89,6 +88,22 @@ def train_pq(reference: np.ndarray, bytes_per_token: int) -> tuple[Any, dict[str
     return quantizer, {**errors(reference, decoded), "bytes_per_token": bytes_per_token,
                        "codebook_bytes": 4 * reference.shape[1] * 256, "train_s": trained - started,
                        "encode_s": encoded - trained, "decode_s": done - encoded}
+
+
+def pq_through_reader(
+    sample: np.ndarray, reference: np.ndarray, reader: Any, questions: list[dict[str, Any]], by_doc: Any, ids: list[str]
+) -> dict[str, dict[str, Any]]:
+    """PQ at d/4 and d/8 bytes per token: its error, and F1 of `reader` (the fp32 store's) reading PQ-decoded states."""
+    results = {}
+    dims = reference.shape[1]
+    for bytes_per_token in (dims // 4, dims // 8):
+        quantizer, measured = train_pq(sample, reference, bytes_per_token)
+        reader.store = PqStore(reader.store, quantizer, ids)
+        measured.update(through_reader(reader, questions, by_doc, ids))
+        reader.store = reader.store._store
+        results[f"pq{bytes_per_token}x8"] = measured
+        print(f"pq{bytes_per_token}x8", measured, flush=True)
+    return results
 
 
 class PqStore:
@@ -144,23 +159,30 @@ def errors(reference: np.ndarray, decoded: np.ndarray) -> dict[str, float]:
             "cosine": float(cosine.mean())}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--squad", type=Path, default=Path(__file__).resolve().parents[1] / "../shared/data/squad/dev-v1.1.json")
-    parser.add_argument("--paragraphs", type=int, default=60)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--output", type=Path)
-    args = parser.parse_args()
-
+def parse_arguments(doc: str, threads: int, extra: Callable[[argparse.ArgumentParser], None]) -> argparse.Namespace:
+    """--work, --paragraphs, --threads, --output and the script's `extra` options; torch and faiss on --threads."""
     import faiss
     import torch
 
-    from dilstore.reader.serving.odqa import open_reader
-
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--paragraphs", type=int, default=60)
+    parser.add_argument("--threads", type=int, default=threads)
+    parser.add_argument("--output", type=Path)
+    extra(parser)
+    args = parser.parse_args()
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main() -> None:
+    squad = Path(__file__).resolve().parents[1] / "../shared/data/squad/dev-v1.1.json"
+    args = parse_arguments(__doc__, 2, lambda parser: parser.add_argument("--squad", type=Path, default=squad))
+
+    from dilstore.reader.serving.odqa import open_reader
+
     corpus = args.work / "squad-subset.json"
     questions = squad_subset(args.squad, args.paragraphs, corpus)
     results: dict[str, Any] = {"paragraphs": args.paragraphs, "questions": len(questions), "threads": args.threads,
@@ -194,16 +216,10 @@ def main() -> None:
     reference = states["fp32"]
     for encoding in ENCODINGS[1:]:
         results["encodings"][encoding].update(errors(reference, states[encoding]))
-    dims = reference.shape[1]
-    results["pq"] = {}
-    fp32 = readers["fp32"]
-    for bytes_per_token in (dims // 4, dims // 8):
-        quantizer, measured = train_pq(reference, bytes_per_token)
-        fp32.store = PqStore(readers["fp32"].store, quantizer, ids)
-        measured.update(through_reader(fp32, questions, by_doc, ids))
-        fp32.store = fp32.store._store
-        results["pq"][f"pq{bytes_per_token}x8"] = measured
-        print(f"pq{bytes_per_token}x8", measured, flush=True)
+    from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, sample_rows
+
+    sample = reference[sample_rows(len(reference), CODEBOOK_SAMPLE_TOKENS)]
+    results["pq"] = pq_through_reader(sample, reference, readers["fp32"], questions, by_doc, ids)
     print(json.dumps(results, indent=1))
     if args.output:
         args.output.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")

@@ -24,7 +24,6 @@ other text and evaluated on the first --paragraphs SQuAD dev paragraphs:
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_codes import CLI, PqStore, errors, squad_subset, through_reader  # noqa: E402
+from bench_codes import CLI, errors, parse_arguments, pq_through_reader, squad_subset, through_reader  # noqa: E402
 
 SQUAD = Path(__file__).resolve().parents[1] / "../shared/data/squad"
 
@@ -57,24 +56,12 @@ def store_ids(store: Path) -> tuple[list[str], list[str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--paragraphs", type=int, default=60)
-    parser.add_argument("--train-paragraphs", type=int, default=240)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output", type=Path)
-    args = parser.parse_args()
-
-    import faiss
-    import torch
+    args = parse_arguments(__doc__, 1, lambda parser: parser.add_argument("--train-paragraphs", type=int, default=240))
 
     from dilstore.reader.serving.odqa import open_reader
     from dilstore.storage.codebook import write_codebook
     from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, sample_rows, train_codebook
 
-    torch.set_num_threads(args.threads)
-    faiss.omp_set_num_threads(args.threads)
-    args.work.mkdir(parents=True, exist_ok=True)
     train_corpus, eval_corpus = args.work / "train-subset.json", args.work / "eval-subset.json"
     squad_subset(SQUAD / "train-v1.1.json", args.train_paragraphs, train_corpus)
     questions = squad_subset(SQUAD / "dev-v1.1.json", args.paragraphs, eval_corpus)
@@ -111,18 +98,7 @@ def main() -> None:
                                         **through_reader(reader, questions, by_doc, ids)}
         print(encoding, results["methods"][encoding], flush=True)
 
-    dims = reference.shape[1]
-    for bytes_per_token in (dims // 4, dims // 8):
-        quantizer = faiss.ProductQuantizer(dims, bytes_per_token, 8)
-        started = time.perf_counter()
-        quantizer.train(sample)
-        trained = time.perf_counter() - started
-        decoded = quantizer.decode(quantizer.compute_codes(reference))
-        fp32.store = PqStore(fp32.store, quantizer, ids)
-        measured = {"train_s": trained, **errors(reference, decoded), **through_reader(fp32, questions, by_doc, ids)}
-        fp32.store = fp32.store._store
-        results["methods"][f"pq{bytes_per_token}x8"] = measured
-        print(f"pq{bytes_per_token}x8", measured, flush=True)
+    results["methods"].update(pq_through_reader(sample, reference, fp32, questions, by_doc, ids))
     print(json.dumps(results, indent=1))
     if args.output:
         args.output.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
