@@ -22,6 +22,7 @@ import numpy as np
 import zarr
 
 from dilstore.storage.codebook import load_store_codebook
+from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, check_fingerprint
 from dilstore.storage.format import (
@@ -178,10 +179,17 @@ class Store:
         return reader
 
     def codebook(self) -> dict[str, np.ndarray]:
-        """The store's `codebook/` arrays (2bit/1bit), read on first use and then kept: shards hold no copy."""
+        """The store's `codebook/` arrays (2bit/1bit) with their decode tables, built on first use and then kept.
+
+        Shards hold no copy of the codebook, so every shard decodes with these
+        arrays, and the tables the encoding derives from them are built once per
+        store rather than once per opened shard.
+        """
         with self._lock:
             if self._codebook is None:
-                self._codebook = load_store_codebook(self.location, self.manifest.encoding)
+                arrays = load_store_codebook(self.location, self.manifest.encoding)
+                prepare = get_encoding(self.manifest.encoding).prepare
+                self._codebook = arrays if prepare is None else prepare(arrays)
             return self._codebook
 
     def _id_at(self, shard: int, row: int) -> str:

@@ -182,8 +182,9 @@ class ShardReader:
     ) -> None:
         """Open shard `relative` of `location`; use_mmap demands the memory-mapped path for every array.
 
-        store_codebook: gives the store's codebook (loaded once per store), for
-        a shard whose attributes say it decodes with it (`codebook: "store"`).
+        store_codebook: gives the store's codebook, loaded and prepared
+        (Encoding.prepare) once per store, for a shard whose attributes say it
+        decodes with it (`codebook: "store"`).
         """
         where = location.path(relative)
         try:
@@ -228,8 +229,8 @@ class ShardReader:
         }
         if from_store:
             assert store_codebook is not None
-            self.per_shard.update(store_codebook())
-        if self.encoding.prepare is not None:  # lookup tables for decoding, built once per open shard
+            self.per_shard.update(store_codebook())  # already prepared, once per store
+        elif self.encoding.prepare is not None:  # a shard's own codebook: its lookup tables, once per open shard
             self.per_shard = self.encoding.prepare(self.per_shard)
         self.vectors = None if self.attributes.vector_size is None else column(VECTORS).whole()  # (n, d) float32
         self._check_offsets(arrays)
