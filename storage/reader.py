@@ -39,9 +39,9 @@ from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
 from dilstore.storage.mapped import map_array
 from dilstore.storage.records import StoredPassage
-from dilstore.storage.shard import ShardReader
+from dilstore.storage.shard import ShardReader, read_ranges
 
-ReadPath = Literal["auto", "mmap", "zarr"]
+ReadPath = Literal["auto", "mmap", "ranged", "zarr"]
 _SHOWN = 5
 
 
@@ -65,12 +65,12 @@ class Store:
     """A finalized store opened read-only. Build it with `open_store`."""
 
     def __init__(
-        self, location: StoreLocation, manifest: Manifest, index: IdIndex, *, use_mmap: bool, max_open_shards: int
+        self, location: StoreLocation, manifest: Manifest, index: IdIndex, *, read_path: str, max_open_shards: int
     ) -> None:
         self.location = location
         self.manifest = manifest
         self._index = index
-        self._use_mmap = use_mmap
+        self._read_path = read_path
         self._max_open_shards = max_open_shards
         self._shards: OrderedDict[int, ShardReader] = OrderedDict()
         self._lock = threading.Lock()
@@ -104,8 +104,8 @@ class Store:
 
     @property
     def read_path(self) -> str:
-        """"mmap" (zero-copy memory maps) or "zarr" (zarr-python)."""
-        return "mmap" if self._use_mmap else "zarr"
+        """"mmap" (zero-copy memory maps), "ranged" (coalesced byte ranges, storage/ranged.py) or "zarr" (zarr-python)."""
+        return self._read_path
 
     def __len__(self) -> int:
         return self.manifest.passages
@@ -140,10 +140,13 @@ class Store:
                 f"{len(missing)} of {len(passage_ids)} requested passage ids are not in store {self.url}: {shown}{more}",
                 missing,
             )
+        touched = [(self.shard(shard), np.flatnonzero(shards == shard)) for shard in np.unique(shards).tolist()]
+        requests = [reader.requests(rows[positions]) for reader, positions in touched]
+        parts = iter(read_ranges([request for shard_requests in requests for request in shard_requests]))  # one round
         passages: list[StoredPassage | None] = [None] * len(passage_ids)
-        for shard in np.unique(shards).tolist():
-            positions = np.flatnonzero(shards == shard)
-            for position, passage in zip(positions.tolist(), self.shard(shard).read(rows[positions]), strict=True):
+        for (reader, positions), shard_requests in zip(touched, requests, strict=True):
+            read = reader.passages(rows[positions], [next(parts) for _ in shard_requests])
+            for position, passage in zip(positions.tolist(), read, strict=True):
                 passages[position] = passage
         return passages  # type: ignore[return-value]  # every position was filled above
 
@@ -157,7 +160,7 @@ class Store:
         entry = self.manifest.shard_by_index.get(index)
         if entry is None:
             raise StoreFormatError(f"store {self.url}: the id index points to shard {index}, which the manifest lacks")
-        reader = ShardReader(self.location, shard_path(index), use_mmap=self._use_mmap, store_codebook=self.codebook)
+        reader = ShardReader(self.location, shard_path(index), read_path=self._read_path, store_codebook=self.codebook)
         found = reader.attributes
         if found.generation != self.manifest.generation:
             raise StoreChangedError(
@@ -208,22 +211,27 @@ def open_store(
 
     expected: the caller's model fingerprint; a store made otherwise raises
     FingerprintMismatchError showing both. read_path: "auto" memory-maps local
-    uncompressed stores and uses zarr-python otherwise; "mmap" insists on memory
-    maps; "zarr" always uses zarr-python. max_open_shards bounds the shards kept
-    open (each holds about six file descriptors on the mmap path).
+    uncompressed stores, reads remote uncompressed ones by coalesced byte ranges
+    ("ranged": a fetch of many passages costs a few requests per array, not
+    several per passage) and compressed ones through zarr-python; "mmap"
+    insists on memory maps; "ranged" reads uncompressed arrays by byte ranges
+    wherever the store is; "zarr" always uses zarr-python. max_open_shards
+    bounds the shards kept open (each holds about six file descriptors on the
+    mmap path). Nothing is ever written, beside the store or elsewhere.
     """
     location = StoreLocation.parse(path_or_url, storage_options)
     manifest = read_manifest(location)
     if expected is not None:
         check_fingerprint(manifest.fingerprint, expected, f"store {location.url}")
-    use_mmap = _choose_mmap(location, manifest, read_path)
-    index = _open_index(location, manifest, use_mmap)
-    return Store(location, manifest, index, use_mmap=use_mmap, max_open_shards=max_open_shards)
+    chosen = _choose_read_path(location, manifest, read_path)
+    index = _open_index(location, manifest, use_mmap=chosen == "mmap")
+    return Store(location, manifest, index, read_path=chosen, max_open_shards=max_open_shards)
 
 
-def _choose_mmap(location: StoreLocation, manifest: Manifest, read_path: ReadPath) -> bool:
-    if read_path not in ("auto", "mmap", "zarr"):
-        raise DilstoreError(f"read_path must be 'auto', 'mmap' or 'zarr', got {read_path!r}")
+def _choose_read_path(location: StoreLocation, manifest: Manifest, read_path: ReadPath) -> str:
+    """The read path "auto" stands for here, or the one asked for after checking that it can work."""
+    if read_path not in ("auto", "mmap", "ranged", "zarr"):
+        raise DilstoreError(f"read_path must be 'auto', 'mmap', 'ranged' or 'zarr', got {read_path!r}")
     blocker = None
     if location.local_root is None:
         blocker = "it is not on the local filesystem"
@@ -231,10 +239,14 @@ def _choose_mmap(location: StoreLocation, manifest: Manifest, read_path: ReadPat
         blocker = f"it is compressed with {manifest.compressor}"
     if read_path == "mmap" and blocker:
         raise DilstoreError(f"cannot memory-map store {location.url}: {blocker}; use read_path='zarr' or 'auto'")
-    return read_path != "zarr" and blocker is None
+    if read_path != "auto":
+        return read_path
+    if blocker is None:
+        return "mmap"
+    return "zarr" if manifest.compressor is not None else "ranged"
 
 
-def _open_index(location: StoreLocation, manifest: Manifest, use_mmap: bool) -> IdIndex:
+def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) -> IdIndex:
     """The id index arrays, memory-mapped or loaded, after checking they fit the manifest."""
     where = location.path(INDEX_DIR)
     try:
