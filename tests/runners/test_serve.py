@@ -451,5 +451,9 @@ def test_model_options_must_match_the_stores(tiny: dict[str, Any], capsys) -> No
     assert "max-batch-pairs must be at least 1" in capsys.readouterr().err
     assert main(["serve", str(tiny["s1"]), f"{tiny['s1'].name}={tiny['s2']}"]) == 2
     assert "store names must differ" in capsys.readouterr().err
-    assert parse_store_argument(f"books={tiny['s1']}") == ("books", tiny["s1"])
-    assert parse_store_argument(str(tiny["s1"])) == ("s1", tiny["s1"])
+    assert parse_store_argument(f"books={tiny['s1']}") == ("books", str(tiny["s1"]))
+    assert parse_store_argument(str(tiny["s1"])) == ("s1", str(tiny["s1"]))
+    assert parse_store_argument("http://127.0.0.1:8000/stores/books/") == ("books", "http://127.0.0.1:8000/stores/books/")
+    assert parse_store_argument("wiki=s3://bucket/a=b") == ("wiki", "s3://bucket/a=b")
+    assert main(["serve", str(tiny["s1"]), "--index", "nothing=/tmp"]) == 2
+    assert "no store is named 'nothing'" in capsys.readouterr().err
