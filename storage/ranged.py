@@ -84,8 +84,9 @@ def read_row_ranges(
 def read_blocks(fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap: int = COALESCE_GAP) -> list[memoryview]:
     """The bytes of each range of files on `fs`, read as coalesced blocks in one `cat_ranges` call.
 
-    A block that comes back shorter than asked (a truncated file, a server
-    that ignores byte ranges) is a StoreFormatError naming the file.
+    A block that comes back with other than the bytes asked for (a truncated
+    file, or a server that ignores byte ranges and sends the whole file) is a
+    StoreFormatError naming the file.
     """
     blocks, placed = coalesce(ranges, gap)
     wanted = [index for index, (_, start, stop) in enumerate(blocks) if stop > start]
@@ -98,8 +99,8 @@ def read_blocks(fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap:
         path, start, stop = blocks[index]
         if len(data) != stop - start:
             raise StoreFormatError(
-                f"{path}: asked for bytes {start}..{stop - 1}, got {len(data)} bytes "
-                "(truncated file, or a server that does not answer byte ranges)"
+                f"{path}: asked for bytes {start}..{stop - 1}, got {len(data)} bytes: the file is shorter than "
+                "its metadata says, or the server does not answer byte ranges (`Range: bytes=a-b` with 206)"
             )
     return [
         memoryview(fetched.get(block, b""))[offset : offset + stop - start]

@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -150,3 +153,22 @@ def test_urls_without_a_store_give_one_line_errors(server: HttpServer, capsys) -
         assert err.startswith("dilstore info: error: ") and message in err and len(err.splitlines()) == 1
         assert main(["verify", url]) == verify_status
         assert message in "".join(capsys.readouterr())
+
+
+def test_a_server_that_ignores_byte_ranges_is_a_clear_error(served_root: Path) -> None:
+    """Python's own http.server sends whole files for ranged requests: the reader says so instead of misreading."""
+
+    class WholeFiles(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+            """Silent."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(WholeFiles, directory=str(served_root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(DilstoreError, match="the server does not answer byte ranges"):
+            open_store(f"http://127.0.0.1:{server.server_address[1]}/fp16").fetch(IDS[:3])
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
