@@ -3,7 +3,7 @@
 Over HTTP or object storage every request is a round trip, and often a billed
 operation. zarr-python reads a sharded array slice by slice, each time the
 shard index and then every inner chunk the slice touches, so a fetch of 100
-passages cost about 8 requests per passage. An uncompressed dilstore array
+passages cost 8 to 10 requests per passage. An uncompressed dilstore array
 file is its rows back to back (storage/mapped.py's ContiguousLayout), so the
 rows of one passage are one byte range of the file. This module gathers the
 byte ranges of every column a fetch needs, merges ranges of the same file
@@ -48,7 +48,7 @@ class RangedColumn:
         return self.path, start * self.layout.row_bytes, stop * self.layout.row_bytes
 
     def index_range(self) -> ByteRange:
-        """The bytes of the shard index (offset and length per chunk), for `check_layouts`."""
+        """The bytes of the shard index (offset and length per chunk), which `read_row_ranges` checks."""
         return self.path, self.layout.index_offset, self.layout.index_stop
 
 

@@ -5,8 +5,10 @@
     passages[0].states  # (n, d): a view into the shard file for fp32/fp16
 
 Local uncompressed stores are memory-mapped and fp32/fp16 states come back as
-read-only views of the page cache; compressed or remote stores (any fsspec URL)
-go through zarr-python and give the same values. A Store is safe to share
+read-only views of the page cache; remote uncompressed stores (any fsspec URL:
+https://, s3://, ...) are read by coalesced byte ranges, one concurrent round
+per fetch (storage/ranged.py); compressed stores go through zarr-python. All
+give the same values, and none writes anything. A Store is safe to share
 between threads; processes open their own (or inherit one across fork).
 """
 

@@ -1,10 +1,12 @@
 """Reading one shard: its attributes, its per-passage columns and its per-token rows.
 
-Each array of a shard is read through one of two sources with the same
-interface: a memory-mapped numpy view (uncompressed arrays on a local disk;
-slices are zero-copy views) or a zarr-python array (compressed arrays, remote
-stores, or when asked for). Per-passage columns that are small (offsets, ids,
-titles) are held whole; texts and per-token arrays are sliced per request.
+Each array of a shard is read through one of three sources: a memory-mapped
+numpy view (uncompressed arrays on a local disk; slices are zero-copy views),
+byte ranges of its file (uncompressed arrays of a remote store, storage/ranged.py)
+or a zarr-python array (compressed arrays, or when asked for). Per-passage
+columns that are small (offsets, ids, titles, vectors) are held whole; texts
+and per-token arrays are sliced per request, and `read_ranges` reads the
+slices of many columns, of one shard or several, in one round.
 """
 
 from __future__ import annotations
@@ -194,7 +196,7 @@ def _open_arrays(group: zarr.Group, names: Sequence[str]) -> dict[str, zarr.Arra
 
     async def one(name: str) -> zarr.Array | None:
         try:
-            node = await group._async_group.getitem(name)
+            node = await group._async_group.getitem(name)  # zarr.Group has no public async handle (zarr < 3.2 pinned)
         except KeyError:
             return None
         return zarr.Array(node) if isinstance(node, zarr.AsyncArray) else None

@@ -13,6 +13,7 @@ import shutil
 import socket
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -172,3 +173,13 @@ def test_a_server_that_ignores_byte_ranges_is_a_clear_error(served_root: Path) -
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_threads_share_one_store_over_http_while_shards_are_evicted(served_root: Path, server: HttpServer) -> None:
+    expected = {passage.id: passage for passage in open_store(served_root / "int8").fetch(IDS)}
+    store = open_store(f"{server.url}/int8", max_open_shards=1)  # threads keep reopening shards
+    batches = [IDS[start::8] for start in range(8)] * 2
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(store.fetch, batches))
+    for ids, passages in zip(batches, results, strict=True):
+        assert_same_passages(passages, [expected[passage_id] for passage_id in ids])
