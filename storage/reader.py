@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +37,7 @@ from dilstore.storage.format import (
     StoreFormatError,
     shard_path,
 )
-from dilstore.storage.id_index import HASH_NAME, IdIndex
+from dilstore.storage.id_index import HASH_NAME, IdIndex, id_hashes
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
 from dilstore.storage.mapped import map_array
@@ -45,6 +46,7 @@ from dilstore.storage.shard import ShardReader, read_ranges
 
 ReadPath = Literal["auto", "mmap", "ranged", "zarr"]
 _SHOWN = 5
+_OPEN_THREADS = 8  # remote shards opened at once by one fetch
 
 
 class MissingPassagesError(DilstoreError):
@@ -134,6 +136,7 @@ class Store:
         Raises MissingPassagesError naming the first few ids that are not in the store.
         """
         passage_ids = list(passage_ids)
+        self._open_concurrently(passage_ids)
         shards, rows, missing = self._index.locate(passage_ids, self._id_at)
         if missing:
             shown = ", ".join(repr(passage_id) for passage_id in missing[:_SHOWN])
@@ -151,6 +154,24 @@ class Store:
             for position, passage in zip(positions.tolist(), read, strict=True):
                 passages[position] = passage
         return passages  # type: ignore[return-value]  # every position was filled above
+
+    def _open_concurrently(self, passage_ids: Sequence[str]) -> None:
+        """Open the shards these ids point to, several at once, when they are not open yet and not local.
+
+        Opening a remote shard takes a few round trips (metadata, small
+        arrays); one by one, as the id lookup would open them, they add up
+        for a fetch that touches many shards. Local shards open fast enough.
+        """
+        if self._read_path == "mmap" or not len(self._index):
+            return
+        hashes = id_hashes(passage_ids)
+        positions = np.minimum(np.searchsorted(self._index.hashes, hashes), len(self._index) - 1)
+        pointed = self._index.shards[positions[self._index.hashes[positions] == hashes]]
+        with self._lock:
+            closed = sorted(set(pointed.tolist()) - set(self._shards))
+        if 1 < len(closed) <= self._max_open_shards:
+            with ThreadPoolExecutor(max_workers=min(_OPEN_THREADS, len(closed))) as pool:
+                list(pool.map(self.shard, closed))
 
     def shard(self, index: int) -> ShardReader:
         """The reader of shard `index`, opened on first use; the least recently used are dropped beyond the limit."""
