@@ -102,6 +102,24 @@ def test_the_list_scored_from_the_store_equals_the_unsplit_forward(
     assert max(abs(reordered[docid] - got[docid]) for docid in docids) < 1e-5, "the list order does not matter"
 
 
+def test_a_prior_listformer_store_keeps_each_documents_prior_vector(
+    corpus: Path, documents: dict[str, str], tmp_path: Path
+) -> None:
+    """The prior's document vectors are stored per passage; reranking from them equals the unsplit forward."""
+    ranker = ListformerRanker.from_encoder(text_encoder(1), tokenizer(), ListformerConfig(DELAYED, prior=True))
+    with torch.no_grad():
+        ranker.score.weight.normal_(std=0.5)  # as if trained: both the Listformer and the prior move the scores
+    model = ranker.save_pretrained(tmp_path / "prior-listformer")
+    assert cli.main(precompute(corpus, model, tmp_path / "store", "fp16")) == 0
+    reranker = open_reranker(tmp_path / "store", model)
+    assert reranker.store.vector_size == ranker.hidden_size
+    docids = list(documents)
+    got = reranker.rerank(QUERY, docids)
+    want = unsplit_scores(model, documents, docids)
+    assert np.ptp(list(want.values())) > 0.01, "scores that differ"
+    assert max(abs(got[docid] - want[docid]) for docid in docids) < TOLERANCE["fp16"]
+
+
 def test_a_shorter_list_is_another_list(stores, listformer_dir: Path, documents: dict[str, str]) -> None:
     """Documents see each other through the separators: a sublist is scored as that list, not as a slice."""
     docids = list(documents)[:3]
