@@ -14,12 +14,12 @@ finalized only when every shard is there.
 states after layer k, d values), earl-s1 (an EARL ranker's document-module
 output, d values), earl-s2 (its judger blocks' keys and values, M x 2 x d
 values) or listformer (a delayed Listformer's document states after its
-layers 1..k, d values). The EARL kinds default to the packaged EARL ranker;
---model takes another EARL ranker checkpoint, or a plain encoder directory
-(e.g. package:base-model), whose untrained ranker suits speed and size tests
-only. No Listformer is packaged: listformer stores need --model, a Listformer
-checkpoint (`dilstore train listformer --delayed-layers K`) or a plain encoder
-with --layers K.
+layers 1..k, d values, and with the prior each passage's vector). The EARL
+kinds default to the packaged EARL ranker, listformer to the packaged
+Listformer; --model takes another checkpoint of the kind (`dilstore train
+earl|listformer`), or a plain encoder directory (e.g. package:base-model,
+with --layers K for listformer), whose untrained ranker suits speed and size
+tests only.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="checkpoint directory: a DilBert reader (dilbert), an EARL ranker (earl-s1, earl-s2) or "
                             "a Listformer (listformer), or a plain encoder directory to start one from (default: "
                             "the packaged DilBert checkpoint for dilbert, the packaged EARL ranker for the EARL "
-                            "kinds; listformer needs it)")
+                            "kinds, the packaged Listformer for listformer)")
     model.add_argument("--kind", choices=KINDS, default="dilbert",
                        help="what is stored per token: dilbert (passage states after layer k, d values), "
                             "earl-s1 (EARL document-module output, d values), earl-s2 (EARL judger-block keys "
@@ -189,19 +189,24 @@ def refuse_url(flag: str, path: str | Path) -> None:
 def resolve_model(model: str | None, layers: int | None, kind: str) -> tuple[str, int | None]:
     """(model reference, split) for the run, saying so when the default checkpoint must be stood in for.
 
-    With no `--model`, dilbert stores come from the packaged DilBert reader
-    and the EARL kinds from the packaged EARL ranker (whose N is fixed).
+    With no `--model`, dilbert stores come from the packaged DilBert reader,
+    the EARL kinds from the packaged EARL ranker (whose N is fixed) and
+    listformer from the packaged Listformer (whose k is fixed).
     """
     from dilstore.reader.modeling.checkpoints import read_metadata
-    from dilstore.reader.offline.encoding import BASE_MODEL_REF, DEFAULT_CHECKPOINT_REF, DEFAULT_RANKER_REF, resolve_model_dir
+    from dilstore.reader.offline.encoding import (
+        BASE_MODEL_REF,
+        DEFAULT_CHECKPOINT_REF,
+        DEFAULT_LISTFORMER_REF,
+        DEFAULT_RANKER_REF,
+        resolve_model_dir,
+    )
 
     if model is not None:
         return model, layers
     if kind == "listformer":
-        raise DilstoreError(
-            "listformer stores need --model: a Listformer checkpoint (`dilstore train listformer --delayed-layers K`), "
-            "or a plain encoder directory (e.g. package:base-model) with --layers K; no Listformer is packaged"
-        )
+        resolve_model_dir(DEFAULT_LISTFORMER_REF)
+        return DEFAULT_LISTFORMER_REF, layers
     if kind != "dilbert":
         resolve_model_dir(DEFAULT_RANKER_REF)
         return DEFAULT_RANKER_REF, layers

@@ -68,7 +68,7 @@ from dilstore.reader.modeling.earl import EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.listformer import KIND as LISTFORMER
 from dilstore.reader.modeling.listformer import ListformerRanker
-from dilstore.reader.packaged.shipped import default_ranker_dir
+from dilstore.reader.packaged.shipped import default_listformer_dir, default_ranker_dir
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
@@ -395,19 +395,13 @@ def open_reranker(
 ) -> StoreReranker:
     """Open a store, load and check its ranker, and return the reranker its kind calls for.
 
-    Without `model_dir`, EARL stores use the packaged EARL ranker; no
-    Listformer is packaged, so a Listformer store needs the checkpoint that
-    made it.
+    Without `model_dir`, EARL stores use the packaged EARL ranker and
+    Listformer stores the packaged Listformer.
     """
     store = open_store(store_path)
     kind = require_rerank_store(store)
     if kind == LISTFORMER:
-        if model_dir is None:
-            raise DilstoreError(
-                f"store {store.url} is a {LISTFORMER!r} store: give the Listformer checkpoint that made it "
-                "(--model); no Listformer ranker is packaged"
-            )
-        model = load_store_ranker(store, model_dir)
+        model = load_store_ranker(store, default_listformer_dir() if model_dir is None else model_dir)
         assert isinstance(model, ListformerRanker)  # load_store_ranker loads by the store's kind
         return ListformerReranker(model, store, settings, device)
     model = load_store_ranker(store, default_ranker_dir() if model_dir is None else model_dir)
