@@ -8,6 +8,8 @@ memory only, the scores mean nothing.
 - delayed Listformer (k = --delayed-layers, default 4): the documents' layers 1..k are precomputed
   (as `precompute --kind listformer` stores them; held in memory here, not read from a store), so
   per query only the query's layers 1..k and the 6 − k global-local layers over the list run;
+- the same with the bi-encoder prior (the shipped kind): the documents' prior vectors are
+  precomputed too, and per query the frozen base encoder also runs over the query;
 - pointwise cross-encoder: every `[CLS] q [SEP] d [SEP]` pair through all 6 layers, in batches
   of --batch pairs (the thesis's pointwise BERT);
 - pairwise (duoBERT-style): every ordered document pair as `[CLS] q [SEP] d_i [SEP] d_j [SEP]`
@@ -56,6 +58,7 @@ FIRST_WORD = 1000  # random word pieces come from [FIRST_WORD, vocab): no specia
 RANKERS = {
     "listformer": "listformer (k=0)",
     "delayed": "delayed listformer (k={k})",
+    "delayed-prior": "delayed listformer (k={k}, prior)",
     "cross-encoder": "cross-encoder (pointwise)",
     "pairwise": "pairwise (duoBERT-style, 1 run)",
 }
@@ -87,12 +90,16 @@ def listformer_pass(ranker: ListformerRanker, query: torch.Tensor, docs: torch.T
     doc_mask = torch.ones_like(docs)[None]  # (1, D, n)
     with torch.inference_mode():
         stored = ranker.encode_documents(docs, doc_mask[0])[None]  # (1, D, n, d): offline, not timed
+        doc_vectors = ranker.document_vectors(docs, doc_mask[0])[None] if ranker.prior else None  # (1, D, d)
 
     def run() -> torch.Tensor:
         if ranker.delayed_layers == 0:
             return ranker(query, query_mask, docs[None], doc_mask)  # (1, D)
         query_states = ranker.encode_queries(query, query_mask)  # (1, nq, d)
-        return ranker.score_lists(query_states, query_mask, stored, doc_mask)  # (1, D)
+        if doc_vectors is None:
+            return ranker.score_lists(query_states, query_mask, stored, doc_mask)  # (1, D)
+        query_vectors = ranker.query_vectors(query, query_mask)  # (1, d)
+        return ranker.score_lists(query_states, query_mask, stored, doc_mask, query_vectors, doc_vectors)  # (1, D)
 
     return run
 
@@ -231,6 +238,9 @@ def main() -> None:
         "listformer": lambda: listformer_pass(ListformerRanker(config, tokenizer).eval(), query, docs),
         "delayed": lambda: listformer_pass(
             ListformerRanker(config, tokenizer, ListformerConfig(args.delayed_layers)).eval(), query, docs
+        ),
+        "delayed-prior": lambda: listformer_pass(
+            ListformerRanker(config, tokenizer, ListformerConfig(args.delayed_layers, prior=True)).eval(), query, docs
         ),
         "cross-encoder": lambda: cross_encoder_pass(CrossEncoderRanker(config, tokenizer).eval(), query, docs, args.batch),
         "pairwise": lambda: pairwise_pass(CrossEncoderRanker(config, tokenizer).eval(), query, docs, args.batch),
