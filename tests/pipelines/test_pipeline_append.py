@@ -10,7 +10,12 @@ the BM25 + reader path (`ask`, `evaluate-qa`) is in test_pipeline_append_bm25.py
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +33,7 @@ from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from tests.fixtures.earl_tiny import text_encoder, tokenizer
-from tests.fixtures.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+from tests.fixtures.pipeline_fixtures import ROOT, save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -194,3 +199,65 @@ def test_an_append_that_dies_before_its_commit_leaves_the_store_and_a_rerun_comp
     assert verify_store(store).ok
     assert precompute(models["dilbert"], corpus_b, store, "--append") == 0  # already complete: nothing changes
     assert_same_passages(store, reference)
+
+
+def test_a_2bit_append_encodes_with_the_store_codebook_and_refuses_another(
+    models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus_a, corpus_b = split_corpus(tmp_path, [i % 2 == 1 for i in range(len(DOCUMENTS))])
+    union_corpus = write_jsonl(tmp_path / "all.jsonl", DOCUMENTS)
+    store, union = tmp_path / "store", tmp_path / "union"
+    assert precompute(models["dilbert"], corpus_a, store, "--encoding", "2bit") == 0
+    codebook = (store / "codebook" / "mean" / "c" / "0").read_bytes()
+    assert precompute(models["dilbert"], corpus_b, store, "--encoding", "2bit", "--append") == 0
+    assert (store / "codebook" / "mean" / "c" / "0").read_bytes() == codebook  # reused, not retrained
+    assert precompute(models["dilbert"], union_corpus, union, "--encoding", "2bit",
+                      "--codebook", str(store / "codebook")) == 0
+    assert_same_passages(store, union)
+    assert verify_store(store).ok
+    own = tmp_path / "own-codebook"
+    assert precompute(models["dilbert"], corpus_b, own, "--encoding", "2bit") == 0
+    assert precompute(models["dilbert"], corpus_b, store, "--encoding", "2bit", "--append", "--replace",
+                      "--codebook", str(own / "codebook")) == 2
+    assert "is not the store's codebook/" in capsys.readouterr().err
+
+
+def start(arguments: list[str], log: Path) -> subprocess.Popen:
+    """`dilstore ARGS` in a new process group, so that SIGKILL reaches every process it started."""
+    with log.open("wb") as output:
+        return subprocess.Popen([sys.executable, "-m", "dilstore.runners.cli", *arguments], cwd=ROOT, stdout=output,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def append_markers(store: Path) -> int:
+    return len(list((store / APPENDS_DIR).glob("*/passages/meta/part-*.json")))
+
+
+def test_sigkill_during_an_append_then_rerun(models: dict[str, Path], tmp_path: Path) -> None:
+    corpus_a = write_jsonl(tmp_path / "a.jsonl", DOCUMENTS)
+    more = [{**document, "id": f"more-{document['id']}"} for document in wiki_like_documents(120, seed=3)]
+    corpus_b = write_jsonl(tmp_path / "b.jsonl", more)
+    store, reference = tmp_path / "store", tmp_path / "reference"
+    for target in (store, reference):
+        assert precompute(models["dilbert"], corpus_a, target) == 0
+    assert precompute(models["dilbert"], corpus_b, reference, "--append", "--shards", "8") == 0
+    manifest = (store / MANIFEST_FILE).read_bytes()
+    arguments = ["precompute", "--input", str(corpus_b), "--output", str(store), "--model", str(models["dilbert"]),
+                 "--workers", "1", "--threads", "1", "--max-length", "48", "--shards", "8", "--encoding", "fp32",
+                 "--no-progress", "--append"]
+    started = time.monotonic()
+    process = start(arguments, tmp_path / "killed.log")
+    while append_markers(store) == 0 and process.poll() is None and time.monotonic() - started < 240:
+        time.sleep(0.005)
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    assert (store / MANIFEST_FILE).read_bytes() == manifest, "the append committed before the kill"
+    assert append_markers(store) >= 1 and verify_store(store).ok
+    assert cli.main(arguments) == 0
+    assert_same_passages(store, reference)
+    assert verify_store(store).ok
+    assert [path.name for path in (store / APPENDS_DIR).iterdir()] == [
+        path.name for path in (reference / APPENDS_DIR).iterdir()
+    ]
+    assert not (store / "index").exists()
