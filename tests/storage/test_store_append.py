@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dilstore.storage import append as append_module
-from dilstore.storage.append import AppendMismatchError, commit_append, first_free_shard
+from dilstore.storage import reader as reader_module
+from dilstore.storage.append import AppendMismatchError, commit_append, first_free_shard, remove_leftovers
 from dilstore.storage.format import APPENDED_FORMAT_VERSION, INDEX_DIR, MANIFEST_FILE, append_dir
 from dilstore.storage.id_index import DuplicatePassageIdError
 from dilstore.storage.info import store_info
@@ -244,3 +245,31 @@ def test_verify_reports_superseded_counts_that_do_not_match_the_index(tmp_path: 
     (store / MANIFEST_FILE).write_bytes(manifest_json(edited))  # with a valid checksum of its own
     problems = verify_store(store).problems
     assert any("superseded_shards" in problem for problem in problems), problems
+
+
+def test_a_reader_opening_while_an_append_commits_retries_with_the_new_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(tmp_path / "store", [records(["a", "b"])])
+    stale = read_manifest(StoreLocation.parse(store))  # read just before the commit ...
+    write_append(store, [records(["c"], seed=1)])
+    commit_append(store, GENERATION, fingerprint_for())  # ... which then removes the index it names
+    real = reader_module.read_manifest
+    answers = iter([stale])
+    monkeypatch.setattr(reader_module, "read_manifest", lambda location: next(answers, None) or real(location))
+    with open_store(store) as opened:
+        assert len(opened) == 3 and "c" in opened
+
+
+def test_leftovers_of_killed_appends_and_replaced_indexes_are_removed(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", [records(["a"])])
+    write_append(store, [records(["b"], seed=1)])
+    manifest = commit_append(store, GENERATION, fingerprint_for())
+    (store / INDEX_DIR).mkdir()  # as a kill right after the commit leaves it
+    for name in ("0" * 16, "f" * 16):
+        write_append(store, [records(["z"], seed=2)], generation=name)  # killed appends, never committed
+    assert verify_store(store).ok  # uncommitted appends are untracked, not problems
+    removed = remove_leftovers(store, manifest, keep=("f" * 16,))
+    assert sorted(removed) == [append_dir("0" * 16), INDEX_DIR]
+    assert (store / append_dir("f" * 16)).is_dir() and (store / append_dir(GENERATION)).is_dir()
+    assert verify_store(store).ok and len(open_store(store)) == 2
