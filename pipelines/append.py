@@ -8,7 +8,9 @@
    store already holds, is refused before any model runs, unless `--replace`
    (then the first document of an id is kept, as in any run, and the new rows
    supersede the stored ones). The commit checks the stored ids again, exactly,
-   window ids included (storage.append).
+   window ids included (storage.append). With `--replace` a document replaces
+   every stored passage of its id, also those its new version no longer has
+   (`retired_passages`, from the passage tables, at the commit).
 3. `prepare_append`: the run's build id (generation) comes from its spec, as
    for any run, plus `replace`; the run writes into `STORE/appends/<generation>/`,
    numbering its shards from the store's first free shard. A folder of the same
@@ -30,10 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from dilstore.pipelines.corpora import Document
 from dilstore.pipelines.job import SPEC_FILE, PrecomputeJob, read_spec, run_spec, spec_generation, spec_json
 from dilstore.pipelines.passages import split_document
 from dilstore.pipelines.routing import ReadTask, read_task
+from dilstore.pipelines.shard_sink import PASSAGES_DIR
 from dilstore.storage.append import AppendMismatchError, check_appendable, first_free_shard, remove_leftovers
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
@@ -137,6 +142,34 @@ def refuse_duplicates(store: Path, job: PrecomputeJob) -> None:
     if stored:
         raise DilstoreError(f"--append: {len(stored)} passage ids are in {store} already: {_listed(stored)}; "
                             "pass --replace to let the new rows win")
+
+
+def retired_passages(store: Path, folder: Path) -> list[str]:
+    """The store's passage ids of every document the append in `folder` stores again (from the passage tables).
+
+    A new version of a document may split into fewer passages or windows than
+    the stored one; --replace supersedes the stored ones it does not bring
+    again too, so no text of the old version stays reachable.
+    """
+    replaced = {document_id for table in _passage_tables(folder) for document_id in _column(table, "doc_id")}
+    manifest = read_manifest(StoreLocation.parse(store))
+    folders = [store, *(store / append_dir(str(record.get("generation"))) for record in manifest.appends)]
+    return [
+        passage_id
+        for stored in folders
+        for table in _passage_tables(stored)
+        for passage_id, document_id in zip(_column(table, "id"), _column(table, "doc_id"), strict=True)
+        if document_id in replaced
+    ]
+
+
+def _passage_tables(folder: Path) -> list[Path]:
+    """The per-shard passage tables (id, doc_id, title, text) a run wrote into `folder`."""
+    return sorted((folder / PASSAGES_DIR).glob("part-*.parquet"))
+
+
+def _column(table: Path, name: str) -> list[str]:
+    return pq.read_table(table, columns=[name]).column(name).to_pylist()
 
 
 def _listed(ids: list[str]) -> str:

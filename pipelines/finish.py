@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dilstore.pipelines.append import retired_passages
 from dilstore.pipelines.job import SUMMARY_FILE, PrecomputeJob
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.shard_sink import REJECTED_DIR, meta_path
@@ -67,5 +68,6 @@ def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
     elif job.generation is None:
         raise DilstoreError("an append needs its run's generation (pipelines/append.py sets it)")
     else:
-        commit_append(job.append_to, job.generation, job.fingerprint, creation, replace=job.replace)
+        retire = retired_passages(Path(job.append_to), store) if job.replace else []
+        commit_append(job.append_to, job.generation, job.fingerprint, creation, replace=job.replace, retire=retire)
     return summary

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,13 +109,17 @@ def commit_append(
     creation_info: dict[str, Any] | None = None,
     *,
     replace: bool = False,
+    retire: Collection[str] = (),
 ) -> Manifest:
     """Commit the shards under `store_root/appends/<generation>/shards/` into the store; return the new manifest.
 
     See the module docstring for the steps. creation_info: JSON-ready facts
     recorded in the append's entry of the manifest's `appends`. Duplicate ids
     within the append always raise DuplicatePassageIdError; ids already in the
-    store raise it too, unless `replace`. Any refusal leaves the store as it was.
+    store raise it too, unless `replace`. retire: with `replace`, more stored ids
+    to supersede although the append does not bring them again (the other
+    passages of a replaced document); ids the store lacks are ignored. Any
+    refusal leaves the store as it was.
     """
     root = Path(store_root)
     location = StoreLocation.parse(root)
@@ -134,7 +138,7 @@ def commit_append(
                                        base.encoding, base.generation, base.fingerprint)
     if problems:
         raise DilstoreError(f"{root}: {'; '.join(problems)}")
-    index, superseded, dropped_tokens = merged_index(location, base, contents, replace)
+    index, superseded, dropped_tokens = merged_index(location, base, contents, replace, retire)
     index_dir = f"{folder}/{INDEX_DIR}"
     write_index(root, index, directory=index_dir, superseded=superseded)
     record = {"generation": generation, "first_shard": first_free_shard(base), **(creation_info or {})}
@@ -197,13 +201,18 @@ def read_index(location: StoreLocation, manifest: Manifest) -> tuple[IdIndex, Su
 
 
 def merged_index(
-    location: StoreLocation, base: Manifest, contents: dict[int, ShardContents], replace: bool
+    location: StoreLocation,
+    base: Manifest,
+    contents: dict[int, ShardContents],
+    replace: bool,
+    retire: Collection[str] = (),
 ) -> tuple[IdIndex, Superseded, int]:
     """The index over the store's live rows and the new shards' rows, every superseded row, and the tokens of the
     rows this append supersedes.
 
     An id both in the store and in the new shards raises DuplicatePassageIdError
-    naming a few, unless `replace`: then the store's row is superseded.
+    naming a few, unless `replace`: then the store's row is superseded, and so
+    is the row of every id in `retire` that the store holds.
     """
     old, old_superseded = read_index(location, base)
     added = build_index({index: content.ids for index, content in contents.items()},
@@ -220,7 +229,7 @@ def merged_index(
             f"{len(repeated)} passage ids of the append are already in store {location.url}: {shown}{more}; "
             "append with --replace to let the new rows win"
         )
-    dropped = _sorted_rows(found_shards[hit], found_rows[hit])
+    dropped = _retired(old, rows, found_shards[hit], found_rows[hit], retire if replace else ())
     keep = ~np.isin(row_keys(old.shards, old.rows), dropped.keys())  # (N,) bool
     hashes = np.concatenate([old.hashes[keep], added.hashes])
     shards = np.concatenate([old.shards[keep], added.shards]).astype(np.uint32)
@@ -230,6 +239,18 @@ def merged_index(
     superseded = _sorted_rows(np.concatenate([old_superseded.shards, dropped.shards]),
                               np.concatenate([old_superseded.rows, dropped.rows]))
     return merged, superseded, rows.tokens(dropped)
+
+
+def _retired(
+    old: IdIndex, rows: _OldRows, shards: np.ndarray, found_rows: np.ndarray, retire: Collection[str]
+) -> Superseded:
+    """The stored rows this append supersedes: those of its own ids (`shards`, `found_rows`) and of `retire`."""
+    retired_shards, retired_rows, _ = old.locate(list(retire), rows.id_at)
+    held = retired_shards >= 0
+    all_shards = np.concatenate([shards, retired_shards[held]])
+    all_rows = np.concatenate([found_rows, retired_rows[held]])
+    _, first = np.unique(row_keys(all_shards, all_rows), return_index=True)
+    return _sorted_rows(all_shards[first], all_rows[first])
 
 
 def _sorted_rows(shards: np.ndarray, rows: np.ndarray) -> Superseded:

@@ -307,7 +307,7 @@ def _check_index(
     location: StoreLocation, manifest: Manifest, shard_rows: dict[int, tuple[list[str], np.ndarray]], report: VerifyReport
 ) -> None:
     """The id index is sorted, covers every row once (live in the index or superseded), and each hash is its id's;
-    a superseded row's id is live elsewhere, and the superseded rows' tokens are the manifest's."""
+    the superseded rows' tokens are the manifest's."""
     where = manifest.index
     group = location.open_group(manifest.index)
     attributes = group.attrs.asdict().get("dilstore", {})
@@ -339,10 +339,9 @@ def _check_index(
     wrong = np.flatnonzero(id_hashes(ids) != hashes)
     if wrong.size:
         _problem(report, where, f"{wrong.size} hashes do not match their ids (first: {ids[wrong[0]]!r})")
-    live = set(ids)
-    if len(live) != total:
-        _problem(report, where, f"{total - len(live)} passage ids occur more than once")
-    _check_superseded_rows(superseded, shard_rows, live, manifest, where, report)
+    if len(set(ids)) != total:
+        _problem(report, where, f"{total - len(set(ids))} passage ids occur more than once")
+    _check_superseded_tokens(superseded, shard_rows, manifest, where, report)
 
 
 def _superseded(group: zarr.Group, manifest: Manifest, where: str, report: VerifyReport) -> Superseded | None:
@@ -361,16 +360,12 @@ def _superseded(group: zarr.Group, manifest: Manifest, where: str, report: Verif
     return superseded
 
 
-def _check_superseded_rows(
-    superseded: Superseded, shard_rows: dict[int, tuple[list[str], np.ndarray]], live: set[str], manifest: Manifest,
-    where: str, report: VerifyReport,
+def _check_superseded_tokens(
+    superseded: Superseded, shard_rows: dict[int, tuple[list[str], np.ndarray]], manifest: Manifest, where: str,
+    report: VerifyReport,
 ) -> None:
-    """Each superseded row's id is live in another row (an append with replace put it there), and their tokens add
-    up to the manifest's superseded tokens."""
-    pairs = list(zip(superseded.shards.tolist(), superseded.rows.tolist(), strict=True))
-    orphans = [shard_rows[shard][0][row] for shard, row in pairs if shard_rows[shard][0][row] not in live]
-    if orphans:
-        _problem(report, where, f"{len(orphans)} superseded rows have no live row of their id (first: {orphans[0]!r})")
+    """The superseded rows hold the manifest's superseded tokens."""
+    pairs = zip(superseded.shards.tolist(), superseded.rows.tolist(), strict=True)
     tokens = sum(int(shard_rows[shard][1][row]) for shard, row in pairs)
     if tokens != manifest.superseded_tokens:
         _problem(report, where, f"superseded rows hold {tokens} tokens, the manifest says {manifest.superseded_tokens}")

@@ -261,3 +261,22 @@ def test_sigkill_during_an_append_then_rerun(models: dict[str, Path], tmp_path: 
         path.name for path in (reference / APPENDS_DIR).iterdir()
     ]
     assert not (store / "index").exists()
+
+
+def test_replace_retires_the_passages_a_shorter_new_version_no_longer_has(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    long = {"id": "long", "title": "Long", "text": " ".join(["harbour"] * 40 + ["ropes"] * 40 + ["gulls"] * 170)}
+    store = tmp_path / "store"
+    assert precompute(models["dilbert"], write_jsonl(tmp_path / "a.jsonl", [*DOCUMENTS[:3], long]), store) == 0
+    stored = [passage_id for passage_id in store_contents(store) if passage_id.startswith("long#")]
+    assert len(stored) > 1
+    short = {**long, "text": "the harbour was closed"}
+    assert precompute(models["dilbert"], write_jsonl(tmp_path / "b.jsonl", [short]), store,
+                      "--append", "--replace") == 0
+    contents = store_contents(store)
+    assert [passage_id for passage_id in contents if passage_id.startswith("long#")] == ["long#0"]
+    assert contents["long#0"][1] == "the harbour was closed"
+    with open_store(store) as opened:
+        assert len(opened) == 4 and opened.manifest.superseded_passages == len(stored)
+    assert verify_store(store).ok

@@ -273,3 +273,16 @@ def test_leftovers_of_killed_appends_and_replaced_indexes_are_removed(tmp_path: 
     assert sorted(removed) == [append_dir("0" * 16), INDEX_DIR]
     assert (store / append_dir("f" * 16)).is_dir() and (store / append_dir(GENERATION)).is_dir()
     assert verify_store(store).ok and len(open_store(store)) == 2
+
+
+def test_replace_also_retires_the_given_ids_the_append_does_not_bring_again(tmp_path: Path) -> None:
+    old = records(["d#0", "d#1", "d#2", "e#0"])
+    store = build_store(tmp_path / "store", [old[:2], old[2:]])
+    write_append(store, [records(["d#0"], seed=8)])
+    manifest = commit_append(store, GENERATION, fingerprint_for(), replace=True, retire=["d#0", "d#1", "d#2", "gone"])
+    with open_store(store) as opened:
+        assert [passage_id in opened for passage_id in ("d#0", "d#1", "d#2", "e#0")] == [True, False, False, True]
+        assert len(opened) == 2
+    assert manifest.superseded_passages == 3
+    assert manifest.superseded_tokens == sum(len(record.token_ids) for record in old[:3])
+    assert verify_store(store).ok, verify_store(store).problems
