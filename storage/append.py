@@ -22,6 +22,8 @@ With `replace`, an old row whose id the append brings again is *superseded*: it
 stays in its shard (old shards are never rewritten), but the new id index leaves
 it out, lists it in its `superseded_*` arrays, and the manifest's passage and
 token totals no longer count it, so no lookup, count or check reaches it.
+`retire` supersedes more stored ids the same way (a replaced document's
+passages that its new version no longer has).
 """
 
 from __future__ import annotations
