@@ -1,6 +1,6 @@
 """Listformer speed and memory on CPU (seed 003, Table 4.3's protocol): rerank 100 documents for one query.
 
-Three rankers over the same query and documents, all with all-MiniLM-L6-v2's
+Four rankers over the same query and documents, all with all-MiniLM-L6-v2's
 dimensions (6 layers, hidden 384, 12 heads) and RANDOM weights: speed and
 memory only, the scores mean nothing.
 
@@ -8,8 +8,16 @@ memory only, the scores mean nothing.
 - delayed Listformer (k = --delayed-layers, default 4): the documents' layers 1..k are precomputed
   (as `precompute --kind listformer` stores them; held in memory here, not read from a store), so
   per query only the query's layers 1..k and the 6 − k global-local layers over the list run;
+- the same with the bi-encoder prior (the shipped kind): the documents' prior vectors are
+  precomputed too, and per query the frozen base encoder also runs over the query;
 - pointwise cross-encoder: every `[CLS] q [SEP] d [SEP]` pair through all 6 layers, in batches
-  of --batch pairs (the thesis's pointwise BERT).
+  of --batch pairs (the thesis's pointwise BERT);
+- pairwise (duoBERT-style): every ordered document pair as `[CLS] q [SEP] d_i [SEP] d_j [SEP]`
+  through all 6 layers and a score head, D·(D − 1) inputs in batches of --batch, each document's
+  score the sum of its pairs' (the thesis extrapolated this one from the pointwise time; here it
+  is run, once: at 100 documents that is 9,900 inputs).
+
+--rankers picks which rows run (default all); --no-memory skips the memory curve.
 
 Inputs: a `[CLS] q [SEP]` query of 16 tokens and `d [SEP]` documents of --doc-tokens (128)
 random word pieces. Time: the median of --repeats runs after one warm-up, with --threads torch
@@ -47,6 +55,13 @@ from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRank
 QUERY_TOKENS = 16
 LIST_LENGTHS = (10, 25, 50, 100)
 FIRST_WORD = 1000  # random word pieces come from [FIRST_WORD, vocab): no special tokens
+RANKERS = {
+    "listformer": "listformer (k=0)",
+    "delayed": "delayed listformer (k={k})",
+    "delayed-prior": "delayed listformer (k={k}, prior)",
+    "cross-encoder": "cross-encoder (pointwise)",
+    "pairwise": "pairwise (duoBERT-style, 1 run)",
+}
 WEIGHTS = "all-MiniLM-L6-v2 dimensions (6 layers, hidden 384, 12 heads), RANDOM weights (speed and memory only)"
 
 
@@ -75,12 +90,16 @@ def listformer_pass(ranker: ListformerRanker, query: torch.Tensor, docs: torch.T
     doc_mask = torch.ones_like(docs)[None]  # (1, D, n)
     with torch.inference_mode():
         stored = ranker.encode_documents(docs, doc_mask[0])[None]  # (1, D, n, d): offline, not timed
+        doc_vectors = ranker.document_vectors(docs, doc_mask[0])[None] if ranker.prior else None  # (1, D, d)
 
     def run() -> torch.Tensor:
         if ranker.delayed_layers == 0:
             return ranker(query, query_mask, docs[None], doc_mask)  # (1, D)
         query_states = ranker.encode_queries(query, query_mask)  # (1, nq, d)
-        return ranker.score_lists(query_states, query_mask, stored, doc_mask)  # (1, D)
+        if doc_vectors is None:
+            return ranker.score_lists(query_states, query_mask, stored, doc_mask)  # (1, D)
+        query_vectors = ranker.query_vectors(query, query_mask)  # (1, d)
+        return ranker.score_lists(query_states, query_mask, stored, doc_mask, query_vectors, doc_vectors)  # (1, D)
 
     return run
 
@@ -101,6 +120,42 @@ def cross_encoder_pass(
         )  # (D,)
 
     return run
+
+
+def pairwise_pass(
+    ranker: CrossEncoderRanker, query: torch.Tensor, docs: torch.Tensor, batch: int
+) -> Callable[[], torch.Tensor]:
+    """Every ordered pair (d_i, d_j), i ≠ j, with the query through all layers, `batch` inputs at a time.
+
+    Each document's score is the sum of its pairs' scores; the pair tensors
+    are built per batch, so memory stays that of one batch.
+    """
+    count = docs.shape[0]
+    first, second = (index.flatten() for index in torch.meshgrid(torch.arange(count), torch.arange(count), indexing="ij"))
+    keep = first != second
+    first, second = first[keep], second[keep]  # (D·(D − 1),)
+    query_segment = torch.zeros_like(query[0])  # (nq,)
+    doc_segment = torch.full((2 * docs.shape[1],), DOCUMENT_SEGMENT)  # (2n,)
+    segments = torch.cat([query_segment, doc_segment])  # (nq + 2n,)
+
+    def run() -> torch.Tensor:
+        scores = torch.zeros(count)  # (D,)
+        for start in range(0, len(first), batch):
+            i, j = first[start : start + batch], second[start : start + batch]  # (b,)
+            pairs = torch.cat([query.expand(len(i), -1), docs[i], docs[j]], dim=1)  # (b, nq + 2n)
+            batch_segments = segments.expand(len(i), -1)  # (b, nq + 2n)
+            scores.index_add_(0, i, ranker(pairs, batch_segments, torch.ones_like(pairs)))  # (b,) into (D,)
+        return scores
+
+    return run
+
+
+def timed_once(run: Callable[[], torch.Tensor]) -> float:
+    """The wall time of one run under inference_mode (for a row too long to repeat)."""
+    with torch.inference_mode():
+        started = time.perf_counter()
+        run()
+        return time.perf_counter() - started
 
 
 def median_seconds(run: Callable[[], torch.Tensor], repeats: int) -> float:
@@ -166,6 +221,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="cross-encoder pairs per batch (default 100)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per ranker after a warm-up (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--rankers", nargs="+", choices=RANKERS, default=list(RANKERS), help="rows to run (all)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the list-length memory curve")
     parser.add_argument("--json-out", help="also write the results as JSON here")
     parser.add_argument("--memory-point", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -177,17 +234,23 @@ def main() -> None:
     config, tokenizer = minilm_shape()
     query, docs = random_inputs(tokenizer, args.documents, args.doc_tokens)
     torch.manual_seed(0)
-    rankers: dict[str, Callable[[], torch.Tensor]] = {
-        "listformer (k=0)": listformer_pass(ListformerRanker(config, tokenizer).eval(), query, docs),
-        f"delayed listformer (k={args.delayed_layers})": listformer_pass(
+    build: dict[str, Callable[[], Callable[[], torch.Tensor]]] = {
+        "listformer": lambda: listformer_pass(ListformerRanker(config, tokenizer).eval(), query, docs),
+        "delayed": lambda: listformer_pass(
             ListformerRanker(config, tokenizer, ListformerConfig(args.delayed_layers)).eval(), query, docs
         ),
-        "cross-encoder (pointwise)": cross_encoder_pass(
-            CrossEncoderRanker(config, tokenizer).eval(), query, docs, args.batch
+        "delayed-prior": lambda: listformer_pass(
+            ListformerRanker(config, tokenizer, ListformerConfig(args.delayed_layers, prior=True)).eval(), query, docs
         ),
+        "cross-encoder": lambda: cross_encoder_pass(CrossEncoderRanker(config, tokenizer).eval(), query, docs, args.batch),
+        "pairwise": lambda: pairwise_pass(CrossEncoderRanker(config, tokenizer).eval(), query, docs, args.batch),
     }
-    speed = {name: median_seconds(run, args.repeats) for name, run in rankers.items()}
-    memory = [
+    speed = {}
+    for name in args.rankers:
+        label = RANKERS[name].format(k=args.delayed_layers)
+        # The pairwise row runs D·(D − 1) inputs: one timed run, no warm-up.
+        speed[label] = timed_once(build[name]()) if name == "pairwise" else median_seconds(build[name](), args.repeats)
+    memory = [] if args.no_memory else [
         {
             "documents": count,
             "tokens": QUERY_TOKENS + count * args.doc_tokens,
@@ -208,9 +271,9 @@ def main() -> None:
     }
     print(f"Rerank {args.documents} documents of {args.doc_tokens} tokens for one {QUERY_TOKENS}-token query "
           f"({result['device']}; {WEIGHTS})")  # fmt: skip
-    print(f"{'ranker':<30} {'s/query':>8}")
+    print(f"{'ranker':<32} {'s/query':>8}")
     for name, seconds in speed.items():
-        print(f"{name:<30} {seconds:>8.2f}")
+        print(f"{name:<32} {seconds:>8.2f}")
     print()
     print(f"{'documents':>9} {'tokens':>7} {'peak MiB k=0':>13} {'peak MiB k=' + str(args.delayed_layers):>13} "
           f"{'blocked scores':>15} {'dense scores':>13}")  # fmt: skip

@@ -1,8 +1,11 @@
-"""Package a trained EARL run as the project's default ranker (fp16 safetensors + model card).
+"""Package a trained EARL or Listformer run as the project's default of its kind (fp16 safetensors + model card).
 
     python benchmarks/package_default_ranker.py --checkpoint RUN_DIR \
         --quality DL19_REPORT.json --quality SQUAD_REPORT.json [--notes TEXT]
 
+The run's training record says its kind: an EARL run becomes the default
+ranker (reader/models/earl-minilm-squad), a Listformer run the default
+Listformer (reader/models/listformer-minilm-squad).
 Each `--quality` is a `benchmarks/rank_quality.py --output` report that scored
 RUN_DIR (and, for the card's target line, a trained cross-encoder); every row
 of every report goes into the card's results table. Prints the packaged size:
@@ -16,13 +19,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME, packaged_models_dir
+from dilstore.reader.packaged.shipped import DEFAULT_LISTFORMER_NAME, DEFAULT_RANKER_NAME, packaged_models_dir
 from dilstore.reader.text.files import read_json
-from dilstore.reader.training.model_cards import render_ranker_card
+from dilstore.reader.training.model_cards import render_listformer_card, render_ranker_card
 from dilstore.reader.training.release import load_training_metadata, package_checkpoint, report_package_size
 from dilstore.storage.errors import DilstoreError
 
 SIZE_LIMIT_MB = 60.0
+# Per packaged kind: the shipped folder's name and the card that describes it.
+PACKAGES = {
+    "earl": (DEFAULT_RANKER_NAME, render_ranker_card),
+    "listformer": (DEFAULT_LISTFORMER_NAME, render_listformer_card),
+}
 
 
 def quality_rows(reports: list[Path]) -> list[dict[str, Any]]:
@@ -41,22 +49,25 @@ def quality_rows(reports: list[Path]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", type=Path, required=True, help="the EARL run's output directory")
+    parser.add_argument("--checkpoint", type=Path, required=True, help="the EARL or Listformer run's output directory")
     parser.add_argument("--quality", type=Path, action="append", required=True,
                         help="a rank_quality.py report that scored --checkpoint (repeat)")  # fmt: skip
     parser.add_argument("--hardware", default="CPU only (2-vCPU shared development VM), 2 torch threads, no GPU")
     parser.add_argument("--notes", default="", help="extra Markdown for the card's Notes section")
-    parser.add_argument("--destination", type=Path, default=packaged_models_dir() / DEFAULT_RANKER_NAME)
+    parser.add_argument("--destination", type=Path, help="default: the shipped folder of the run's kind")
     args = parser.parse_args(argv)
     try:
         training = load_training_metadata(args.checkpoint)
-        if training.get("kind") != "earl":
-            raise DilstoreError(f"{args.checkpoint} holds a {training.get('kind')!r} run, not an EARL ranker")
-        card = render_ranker_card(
+        if training.get("kind") not in PACKAGES:
+            raise DilstoreError(
+                f"{args.checkpoint} holds a {training.get('kind')!r} run, not an EARL ranker or a Listformer"
+            )
+        name, render = PACKAGES[training["kind"]]
+        card = render(
             training, quality_rows(args.quality), checkpoint=str(args.checkpoint), hardware=args.hardware,
             notes=args.notes,
         )  # fmt: skip
-        destination = package_checkpoint(args.checkpoint, args.destination, card)
+        destination = package_checkpoint(args.checkpoint, args.destination or packaged_models_dir() / name, card)
     except DilstoreError as error:
         print(f"package_default_ranker: error: {error}", file=sys.stderr)
         return 2

@@ -13,7 +13,9 @@ never trained, labelled as such: EARL's score head is random there, so its
 numbers are a floor, not a result). `--reference-bi-encoder` adds the base
 model scored by cosine, as sentence-transformers ranks with it: for
 all-MiniLM-L6-v2 the published DL19 figure is nDCG@10 0.642, a check of this
-whole evaluation path. Qrels, the BM25 runs and every ranker's
+whole evaluation path. `--dl19-run CHECKPOINT RUN` scores a DL19 run that
+a ranker made elsewhere (`dilstore rerank` through its store, as the
+Listformer is served) as that checkpoint's DL19 row. Qrels, the BM25 runs and every ranker's
 run are written to --work as TREC files, and each task as
 WORK/task.NAME.json.gz: `--task-file` evaluates such a file where the data,
 the index and Java are absent (a GPU machine). The table goes to stdout and
@@ -34,7 +36,7 @@ from typing import Any
 
 import torch
 
-from dilstore.reader.data.trec import read_qrels, write_run
+from dilstore.reader.data.trec import read_qrels, read_run, write_run
 from dilstore.reader.evaluation.rank_metrics import METRICS, evaluate_run
 from dilstore.reader.evaluation.ranking import (
     RankingTask,
@@ -79,19 +81,23 @@ def load_tasks(args: argparse.Namespace) -> list[RankingTask]:
     return tasks
 
 
+def described(path: Path, ranker: TrainableRanker, via: str = "") -> dict[str, Any]:
+    """A checkpoint's row description from its training record, so no untrained model passes as trained."""
+    training_file = path / TRAINING_METADATA_FILE
+    training = json.loads(training_file.read_text()) if training_file.is_file() else None
+    steps = None if training is None else training.get("steps")
+    trained = bool(steps)
+    status = f"{steps} steps" if trained else "UNTRAINED: no training recorded"
+    label = f"{ranker.kind} {path.name} ({status}{via})"
+    return {"model": label, "kind": ranker.kind, "path": str(path), "trained": trained, "training": training}
+
+
 def rankers(args: argparse.Namespace) -> list[tuple[dict[str, Any], TrainableRanker]]:
-    """(description, ranker) for every --model and --untrained, described so no untrained model passes as trained."""
+    """(description, ranker) for every --model and --untrained."""
     found = []
     for path in args.model:
         ranker = load_ranker(path)
-        training_file = path / TRAINING_METADATA_FILE
-        training = json.loads(training_file.read_text()) if training_file.is_file() else None
-        steps = None if training is None else training.get("steps")
-        trained = bool(steps)
-        status = f"{steps} steps" if trained else "UNTRAINED: no training recorded"
-        label = f"{ranker.kind} {path.name} ({status})"
-        found.append(({"model": label, "kind": ranker.kind, "path": str(path), "trained": trained,
-                       "training": training}, ranker))  # fmt: skip
+        found.append((described(path, ranker), ranker))
     if args.reference_bi_encoder:
         label = f"bi-encoder cosine (UNTRAINED {args.base_model.name}, as sentence-transformers scores it)"
         found.append(({"model": label, "kind": "siamese", "path": str(args.base_model), "trained": False,
@@ -124,11 +130,26 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             write_run(args.work / f"run.{slug}.trec", run, tag=description["kind"])
             summary = evaluate_run(task.qrels, run).summary()
             results.append({"task": task.name, **description, **summary, "seconds": round(seconds, 1)})
+    results += given_dl19_runs(args.dl19_run, tasks)
     return {
         "tasks": {task.name: {"queries": len(task.queries), "depth": args.depth} for task in tasks},
         "device": str(device),
         "results": results,
     }
+
+
+def given_dl19_runs(runs: list[list[str]], tasks: list[RankingTask]) -> list[dict[str, Any]]:
+    """A DL19 row for each (checkpoint, run file) of --dl19-run, evaluated with the DL19 task's qrels."""
+    dl19 = [task for task in tasks if task.name == "DL19"]
+    if runs and not dl19:
+        raise DilstoreError("--dl19-run needs the dl19 task (--tasks dl19)")
+    rows = []
+    for checkpoint, run_file in runs:
+        path = Path(checkpoint)
+        description = described(path, load_ranker(path), via=f", run {Path(run_file).name}")
+        summary = evaluate_run(dl19[0].qrels, read_run(run_file)).summary()
+        rows.append({"task": "DL19", **description, **summary, "seconds": None})
+    return rows
 
 
 def render(report: dict[str, Any]) -> str:
@@ -155,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True, help="folder for the SQuAD dev index, qrels and runs")
     parser.add_argument("--model", type=Path, action="append", default=[], help="a trained ranker checkpoint (repeat)")
+    parser.add_argument("--dl19-run", nargs=2, action="append", default=[], metavar=("CHECKPOINT", "RUN"),
+                        help="a DL19 TREC run CHECKPOINT made elsewhere (e.g. `dilstore rerank`), scored (repeat)")
     parser.add_argument("--untrained", choices=RANKER_KINDS, action="append", default=[],
                         help="also evaluate this kind initialised from --base-model, untrained (repeat)")  # fmt: skip
     parser.add_argument("--reference-bi-encoder", action="store_true",

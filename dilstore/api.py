@@ -62,8 +62,8 @@ def open_reader(
 def open_reranker(store: PathLike, model: PathLike | None = None, *, device: str | None = None) -> StoreReranker:
     """A reranker over an earl-s1, earl-s2 or listformer store: `reranker.rerank(query, doc_ids)` → {doc_id: score}.
 
-    `model` must be the one that made the store; for EARL stores it defaults
-    to the shipped EARL ranker (no Listformer is shipped).
+    `model` must be the one that made the store; it defaults to the shipped
+    EARL ranker for EARL stores and to the shipped Listformer for Listformer stores.
     """
     from dilstore.reader.serving.rerank import open_reranker as open_store_reranker
 

@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dilstore.pipelines.append import retired_passages
 from dilstore.pipelines.job import SUMMARY_FILE, PrecomputeJob
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.shard_sink import REJECTED_DIR, meta_path
+from dilstore.storage.append import commit_append
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
@@ -24,9 +26,9 @@ from dilstore.storage.finalize import finalize
 SUMMARY_KEYS = ("documents", "passages", "tokens", "rejected", "shards", "seconds", "runner")
 
 
-def missing_shards(store: Path, num_shards: int) -> list[int]:
-    """Shard indices in [0, num_shards) without a commit marker."""
-    return [shard for shard in range(num_shards) if not meta_path(store, shard).is_file()]
+def missing_shards(store: Path, num_shards: int, first_shard: int = 0) -> list[int]:
+    """Shard indices in [first_shard, first_shard + num_shards) without a commit marker."""
+    return [shard for shard in range(first_shard, first_shard + num_shards) if not meta_path(store, shard).is_file()]
 
 
 def run_summary(stats: RunStats, job: PrecomputeJob, finished_at: float) -> dict[str, Any]:
@@ -47,17 +49,25 @@ def run_summary(stats: RunStats, job: PrecomputeJob, finished_at: float) -> dict
 
 
 def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
-    """Write `run-summary.json` and `rejected/`, then finalize the store; the summary.
+    """Write `run-summary.json` and `rejected/`, then finalize the store, or commit an append into its store; the
+    summary.
 
     Raises DilstoreError, leaving the store unfinalized (a re-run completes
     it), when some shard has no commit marker.
     """
     store = Path(job.store)
-    absent = missing_shards(store, job.num_shards)
+    absent = missing_shards(store, job.num_shards, job.first_shard)
     if absent:
         raise DilstoreError(f"{store}: shards {absent[:10]} are not committed; re-run to complete them")
     (store / REJECTED_DIR).mkdir(exist_ok=True)
     summary = run_summary(stats, job, time.time())
     atomic_write_text(store / SUMMARY_FILE, json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    finalize(store, job.fingerprint, {**job.creation, "summary": summary}, generation=job.generation)
+    creation = {**job.creation, "summary": summary}
+    if job.append_to is None:
+        finalize(store, job.fingerprint, creation, generation=job.generation)
+    elif job.generation is None:
+        raise DilstoreError("an append needs its run's generation (pipelines/append.py sets it)")
+    else:
+        retire = retired_passages(Path(job.append_to), store) if job.replace else []
+        commit_append(job.append_to, job.generation, job.fingerprint, creation, replace=job.replace, retire=retire)
     return summary

@@ -65,8 +65,14 @@ class PrecomputeJob:
     compressor: str | None = None
     codebook: str | None = None
     generation: str | None = None
-    # Where the store ends up when it is built elsewhere (an --overwrite replacement, built beside it).
+    # Where the store ends up when it is built elsewhere (an --overwrite replacement, built beside it; an --append,
+    # built in the store's appends/<generation>/ folder).
     destination: str | None = None
+    # --append: the finalized store the run's shards join (whose codebook they use), the index of the run's shard 0
+    # there, and whether the new rows supersede stored rows of the same id (--replace). pipelines/append.py.
+    append_to: str | None = None
+    first_shard: int = 0
+    replace: bool = False
     creation: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -90,7 +96,8 @@ class PrecomputeJob:
     def shard_settings(self) -> ShardSettings:
         return ShardSettings(
             store=self.store, kind=self.kind, encoding=self.encoding, policy=self.policy, compressor=self.compressor,
-            codebook=str(Path(self.store) / CODEBOOK_DIR) if get_encoding(self.encoding).codebook else None,
+            codebook=str(Path(self.append_to or self.store) / CODEBOOK_DIR) if get_encoding(self.encoding).codebook
+            else None,
             generation=self.generation, fingerprint=self.fingerprint,
         )  # fmt: skip
 

@@ -59,7 +59,11 @@ RUN_KEY = "run"
 
 
 def write_group(job: PrecomputeJob, key: GroupKey, values: Iterable[Any], reader: OfflineModel) -> RunStats:
-    """Write one group (a shard, encoded with `reader`; a dead-letter part) or sum one group of counts; its RunStats."""
+    """Write one group (a shard, encoded with `reader`; a dead-letter part) or sum one group of counts; its RunStats.
+
+    Shard and dead-letter part `index` are written as number `job.first_shard + index`, so an append's shards
+    never take a number the store uses.
+    """
     group, index = key
     if group == SHARD:
         pieces = pieces_of(values)
@@ -67,11 +71,11 @@ def write_group(job: PrecomputeJob, key: GroupKey, values: Iterable[Any], reader
         def progress(done: int) -> None:
             report_progress(job.progress_dir, index, done)
 
-        stats = write_shard_outputs(job.shard_settings(), index, pieces, reader, progress)
+        stats = write_shard_outputs(job.shard_settings(), job.first_shard + index, pieces, reader, progress)
         report_progress(job.progress_dir, index, stats.passages)
         return stats
     if group == REJECTED:
-        return write_rejected_part(job.store, index, values)
+        return write_rejected_part(job.store, job.first_shard + index, values)
     if group == COUNTS:
         return merge_stats(values)
     raise ValueError(f"unknown group {group!r}")

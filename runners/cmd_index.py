@@ -2,7 +2,10 @@
 
 Indexes the pyserini JsonCollection files that `dilstore precompute` wrote to
 STORE/passages/jsonl (`{"id", "contents"}`, contents = title, newline, text)
-into STORE/bm25, so BM25 hits carry exactly the store's passage ids. The JVM
+into STORE/bm25, so BM25 hits carry exactly the store's passage ids. For a
+store that passages were appended to (`precompute --append`), the index is
+rebuilt over every part, the store's and each append's, leaving out the rows
+an append with --replace superseded (pipelines/collection.py). The JVM
 runs in this process, which never forks after starting it; its log goes to
 stderr, so that stdout carries only the result. The index is built
 in a temporary folder next to STORE/bm25 and renamed into place when complete.
@@ -15,6 +18,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,27 +73,39 @@ def stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Build STORE/bm25 from STORE/passages/jsonl; 0 on success."""
-    from dilstore.pipelines.shard_sink import JSONL_DIR
+def build_index(collection: Path, target: Path, threads: int) -> None:
+    """Index the JSONL folder `collection` into `target`, with Anserini's log on stderr."""
     from dilstore.reader.retrieval import build_bm25_index_in_place
+
+    with stdout_to_stderr():
+        build_bm25_index_in_place(collection, target, threads=threads)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Build STORE/bm25 from STORE/passages/jsonl (and, in an appended store, every append's parts); 0 on success."""
+    from dilstore.pipelines.collection import collection_dir, is_appended, write_live_collection
 
     if args.threads < 1:
         raise DilstoreError(f"--threads must be at least 1, got {args.threads}")
     store = local_store(args.store)
-    collection = store / JSONL_DIR
+    collection = collection_dir(store)
     if not store.is_dir():
         raise DilstoreError(f"no store at {store}")
     if not collection.is_dir():
         raise DilstoreError(f"{store} has no passage collection at {collection}; was it made by `dilstore precompute`?")
     target = store / BM25_DIR
     started = time.time()
-    with stdout_to_stderr():
-        build_bm25_index_in_place(collection, target, threads=args.threads)
+    if is_appended(store):
+        with tempfile.TemporaryDirectory(prefix="dilstore-collection-") as live:
+            files = write_live_collection(store, Path(live))
+            build_index(Path(live), target, args.threads)
+    else:
+        files = len(list(collection.glob("*.jsonl")))
+        build_index(collection, target, args.threads)
     result = {
         "index": str(target),
         "collection": str(collection),
-        "files": len(list(collection.glob("*.jsonl"))),
+        "files": files,
         "seconds": round(time.time() - started, 2),
     }
     if args.json:

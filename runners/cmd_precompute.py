@@ -14,12 +14,12 @@ finalized only when every shard is there.
 states after layer k, d values), earl-s1 (an EARL ranker's document-module
 output, d values), earl-s2 (its judger blocks' keys and values, M x 2 x d
 values) or listformer (a delayed Listformer's document states after its
-layers 1..k, d values). The EARL kinds default to the packaged EARL ranker;
---model takes another EARL ranker checkpoint, or a plain encoder directory
-(e.g. package:base-model), whose untrained ranker suits speed and size tests
-only. No Listformer is packaged: listformer stores need --model, a Listformer
-checkpoint (`dilstore train listformer --delayed-layers K`) or a plain encoder
-with --layers K.
+layers 1..k, d values, and with the prior each passage's vector). The EARL
+kinds default to the packaged EARL ranker, listformer to the packaged
+Listformer; --model takes another checkpoint of the kind (`dilstore train
+earl|listformer`), or a plain encoder directory (e.g. package:base-model,
+with --layers K for listformer), whose untrained ranker suits speed and size
+tests only.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="checkpoint directory: a DilBert reader (dilbert), an EARL ranker (earl-s1, earl-s2) or "
                             "a Listformer (listformer), or a plain encoder directory to start one from (default: "
                             "the packaged DilBert checkpoint for dilbert, the packaged EARL ranker for the EARL "
-                            "kinds; listformer needs it)")
+                            "kinds, the packaged Listformer for listformer)")
     model.add_argument("--kind", choices=KINDS, default="dilbert",
                        help="what is stored per token: dilbert (passage states after layer k, d values), "
                             "earl-s1 (EARL document-module output, d values), earl-s2 (EARL judger-block keys "
@@ -126,6 +126,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="shard count (default: from the input size, one per ~1 MiB, 4 to 16384)")
     model.add_argument("--overwrite", action="store_true",
                        help="replace an existing store made with other settings (default: refuse)")
+    model.add_argument("--append", action="store_true",
+                       help="add the inputs' passages to the finalized store --output as new shards, without "
+                            "rewriting it; the run must match the store's model, kind, encoding, compression and "
+                            "split, and uses its codebook")
+    model.add_argument("--replace", action="store_true",
+                       help="with --append: new passages whose id the store (or the input) already holds win; the "
+                            "old rows become unreachable (default: refuse duplicate ids)")
     run = parser.add_argument_group("running")
     run.add_argument("--runner", default="direct", metavar="NAME",
                      help="direct (default), dask, dataflow, flink, portable, or a Beam runner name")
@@ -189,19 +196,24 @@ def refuse_url(flag: str, path: str | Path) -> None:
 def resolve_model(model: str | None, layers: int | None, kind: str) -> tuple[str, int | None]:
     """(model reference, split) for the run, saying so when the default checkpoint must be stood in for.
 
-    With no `--model`, dilbert stores come from the packaged DilBert reader
-    and the EARL kinds from the packaged EARL ranker (whose N is fixed).
+    With no `--model`, dilbert stores come from the packaged DilBert reader,
+    the EARL kinds from the packaged EARL ranker (whose N is fixed) and
+    listformer from the packaged Listformer (whose k is fixed).
     """
     from dilstore.reader.modeling.checkpoints import read_metadata
-    from dilstore.reader.offline.encoding import BASE_MODEL_REF, DEFAULT_CHECKPOINT_REF, DEFAULT_RANKER_REF, resolve_model_dir
+    from dilstore.reader.offline.encoding import (
+        BASE_MODEL_REF,
+        DEFAULT_CHECKPOINT_REF,
+        DEFAULT_LISTFORMER_REF,
+        DEFAULT_RANKER_REF,
+        resolve_model_dir,
+    )
 
     if model is not None:
         return model, layers
     if kind == "listformer":
-        raise DilstoreError(
-            "listformer stores need --model: a Listformer checkpoint (`dilstore train listformer --delayed-layers K`), "
-            "or a plain encoder directory (e.g. package:base-model) with --layers K; no Listformer is packaged"
-        )
+        resolve_model_dir(DEFAULT_LISTFORMER_REF)
+        return DEFAULT_LISTFORMER_REF, layers
     if kind != "dilbert":
         resolve_model_dir(DEFAULT_RANKER_REF)
         return DEFAULT_RANKER_REF, layers
@@ -470,9 +482,39 @@ def build_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -> di
     return run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
 
 
+def check_append_flags(args: argparse.Namespace) -> None:
+    """--replace needs --append; --append adds to a store, so it excludes --overwrite."""
+    if args.replace and not args.append:
+        raise DilstoreError("--replace only applies to --append")
+    if args.append and args.overwrite:
+        raise DilstoreError("--append adds to a store and --overwrite replaces it; give one of them")
+
+
+def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Append the run's passages to the finalized store at `job.store` (pipelines/append.py); the run summary.
+
+    Runs under the store's write lock. A run of an append the store already
+    holds says so and returns that append's summary.
+    """
+    from dilstore.pipelines.append import check_store_settings, prepare_append, refuse_duplicates
+
+    store = Path(job.store)
+    manifest = check_store_settings(store, job)
+    job = dataclasses.replace(job, replace=args.replace)
+    plan = prepare_append(store, job, manifest)
+    if plan.committed is not None:
+        print(f"dilstore precompute: {job.store} already holds this append ({plan.generation})", file=sys.stderr)
+        return dict(plan.committed.get("summary", {}))
+    refuse_duplicates(store, job)
+    appended = dataclasses.replace(job, store=str(plan.folder), destination=job.store, append_to=job.store,
+                                   first_shard=plan.first_shard, generation=plan.generation)
+    return run_pipeline(appended, runner, args.beam_args, args.workers, not args.no_progress)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run `dilstore precompute` and print its summary; 0 on success."""
     started = time.time()
+    check_append_flags(args)
     quiet_local_logging()
     from dilstore.pipelines.job import (
         SUMMARY_FILE,
@@ -493,7 +535,9 @@ def run_command(args: argparse.Namespace) -> int:
         job = build_job(args, started, runner, progress_dir if runner in LOCAL_RUNNERS else None)
         store, spec = Path(job.store), run_spec(job)
         with write_lock(store):
-            if prepare_store(store, spec, args.overwrite):
+            if args.append:
+                summary = append_to_store(job, runner, args)
+            elif prepare_store(store, spec, args.overwrite):
                 print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
                 summary = json.loads((store / SUMMARY_FILE).read_text(encoding="utf-8"))
             elif args.overwrite and needs_replacement(store, spec):

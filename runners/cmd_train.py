@@ -72,6 +72,15 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--representation-weight", type=float, default=1.0, help="weight beta of the upper-layer loss (default 1)"
     )
+    parser.add_argument(
+        "--shared-norm", type=Path, metavar="TRIPLES",
+        help="shared normalisation: train each question with the first windows of its BM25 negative paragraphs "
+        "from these triples (`train ranking-data`; paragraphs.jsonl.gz beside them), one softmax over all",
+    )  # fmt: skip
+    parser.add_argument(
+        "--shared-norm-negatives", type=int, default=3, metavar="N",
+        help="negative paragraphs per question with --shared-norm (default 3)",
+    )  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
     parser.add_argument("--eval-limit", type=int, help="evaluate on a seeded random subset of N dev questions")
     parser.add_argument("--eval-seed", type=int, default=0, help="seed of the --eval-limit subset (default 0)")
@@ -93,6 +102,8 @@ def run_qa(args: argparse.Namespace) -> int:
         raise DilstoreError(f"--teacher {args.teacher}: no such directory")
     if args.dev is not None and not args.dev.is_file():
         raise DilstoreError(f"--dev {args.dev}: no such file")
+    if args.shared_norm is not None and not args.shared_norm.is_file():
+        raise DilstoreError(f"--shared-norm {args.shared_norm}: no such file")
     config = TrainingConfig(
         layers=args.layers,
         max_seq_length=args.max_seq_length,
@@ -103,6 +114,8 @@ def run_qa(args: argparse.Namespace) -> int:
         distillation_temperature=args.distillation_temperature,
         distillation_weight=args.distillation_weight,
         representation_weight=args.representation_weight,
+        shared_norm=None if args.shared_norm is None else str(args.shared_norm),
+        shared_norm_negatives=args.shared_norm_negatives,
         **config_fields(args),
     )
     result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args))

@@ -102,6 +102,11 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
             "--delayed-layers", type=int, default=0, metavar="K",
             help="k: layers 1..k see each document and the query alone, so precompute can store them (default 0)",
         )  # fmt: skip
+        parser.add_argument(
+            "--prior", action="store_true",
+            help="add the bi-encoder prior: 20 x cosine of the frozen base's mean-pooled query and document, "
+            "a zero-initialised head",
+        )  # fmt: skip
     else:
         parser.add_argument("--loss", choices=("softmax", "hinge"), default="softmax", help="default softmax")
         parser.add_argument("--margin", type=float, default=1.0, help="margin of the hinge loss (default 1.0)")

@@ -45,13 +45,18 @@ from dilstore.storage.shard import ShardAttributes
 
 
 @dataclass(frozen=True)
-class _ShardContents:
+class ShardContents:
     """What finalize needs from one shard."""
 
     name: str
     attributes: ShardAttributes
     ids: list[str]
-    longest: int  # tokens in the longest passage
+    lengths: np.ndarray  # (n,) int64: tokens of each row
+
+    @property
+    def longest(self) -> int:
+        """Tokens in the longest passage (0 for none)."""
+        return int(self.lengths.max(initial=0))
 
 
 def finalize(
@@ -82,14 +87,14 @@ def finalize(
     (root / MANIFEST_FILE).unlink(missing_ok=True)
     _remove_stale_temporaries(root)
     location = StoreLocation.parse(root)
-    indices = _committed_shards(root)
+    indices = committed_shards(root)
     if expected_shards is not None and indices != list(range(expected_shards)):
         absent = sorted(set(range(expected_shards)) - set(indices))
         extra = sorted(set(indices) - set(range(expected_shards)))
         raise DilstoreError(f"{root}: expected shards 0..{expected_shards - 1}; missing {absent}, unexpected {extra}")
-    contents = {index: _read_shard(location, index) for index in indices}
-    state_shape, vector_size = _check_agreement(root, contents, fingerprint)
-    _check_build(root, contents, fingerprint, generation)
+    contents = {index: read_shard_contents(location, index) for index in indices}
+    state_shape, vector_size = check_agreement(root, contents, fingerprint)
+    check_build(root, contents, fingerprint, generation)
     codebook = store_codebook_problems(location, [shard_path(i) for i in indices], fingerprint.encoding, generation,
                                        fingerprint)
     if codebook:
@@ -99,7 +104,7 @@ def finalize(
         {shard: content.name for shard, content in contents.items()},
     )
     write_index(root, index)
-    files = _checksum_all(root, location, [content.name for content in contents.values()])
+    files = checksum_all(root, location, [content.name for content in contents.values()])
     manifest = Manifest(
         kind=fingerprint.kind,
         encoding=fingerprint.encoding,
@@ -113,7 +118,7 @@ def finalize(
             for shard, content in contents.items()
         ),
         fingerprint=fingerprint,
-        creation={**_library_versions(), **(creation_info or {})},
+        creation={**library_versions(), **(creation_info or {})},
         files=files,
         vector_size=vector_size,
         generation=generation,
@@ -142,7 +147,7 @@ def _remove_stale_temporaries(root: Path) -> None:
                 entry.unlink(missing_ok=True)
 
 
-def _committed_shards(root: Path) -> list[int]:
+def committed_shards(root: Path) -> list[int]:
     """Indices of the committed shards, sorted; stale temporaries are removed, strangers are an error."""
     shards_dir = root / SHARDS_DIR
     if not shards_dir.exists():
@@ -159,9 +164,9 @@ def _committed_shards(root: Path) -> list[int]:
     return sorted(indices)
 
 
-def _read_shard(location: StoreLocation, index: int) -> _ShardContents:
-    """A shard's attributes, ids and longest passage, read with zarr-python."""
-    relative = shard_path(index)
+def read_shard_contents(location: StoreLocation, index: int, relative: str | None = None) -> ShardContents:
+    """Shard `index`'s attributes, ids and token counts, read with zarr-python from `relative` (default shards/NAME)."""
+    relative = shard_path(index) if relative is None else relative
     where = location.path(relative)
     try:
         group = location.open_group(relative)
@@ -175,16 +180,16 @@ def _read_shard(location: StoreLocation, index: int) -> _ShardContents:
         raise StoreFormatError(f"{where} says it is shard {attributes.shard}; was it renamed by hand?")
     if len(id_offsets) != attributes.passages + 1 or len(token_offsets) != attributes.passages + 1:
         raise StoreFormatError(f"{where}: offsets do not match its {attributes.passages} passages")
-    return _ShardContents(
+    return ShardContents(
         name=relative.rsplit("/", 1)[1],
         attributes=attributes,
         ids=[decode_string(id_bytes, id_offsets, row) for row in range(attributes.passages)],
-        longest=int(np.diff(token_offsets).max(initial=0)),
+        lengths=np.diff(token_offsets),
     )
 
 
-def _check_agreement(
-    root: Path, contents: dict[int, _ShardContents], fingerprint: Fingerprint
+def check_agreement(
+    root: Path, contents: dict[int, ShardContents], fingerprint: Fingerprint
 ) -> tuple[tuple[int, ...] | None, int | None]:
     """Every shard has the fingerprint's kind and encoding, one compressor, state shape and vector size, fitting
     lengths; returns the state shape and vector size (None, None for no shards)."""
@@ -216,8 +221,8 @@ def _check_agreement(
     return next(iter(settings))[3:] if settings else (None, None)
 
 
-def _check_build(
-    root: Path, contents: dict[int, _ShardContents], fingerprint: Fingerprint, generation: str | None
+def check_build(
+    root: Path, contents: dict[int, ShardContents], fingerprint: Fingerprint, generation: str | None
 ) -> None:
     """Every shard belongs to `generation` and, where it records one, to the fingerprint's model.
 
@@ -236,7 +241,7 @@ def _check_build(
             raise DilstoreError(f"{root}: {content.name} was made by another model than the fingerprint's")
 
 
-def _checksum_all(root: Path, location: StoreLocation, shard_names: list[str]) -> dict[str, FileEntry]:
+def checksum_all(root: Path, location: StoreLocation, shard_names: list[str]) -> dict[str, FileEntry]:
     """Size and SHA-256 of every file under the store except the manifest and temporaries.
 
     Shard files take the hashes their writer recorded (after checking the files
@@ -258,7 +263,7 @@ def _checksum_all(root: Path, location: StoreLocation, shard_names: list[str]) -
     return dict(sorted(files.items()))
 
 
-def _library_versions() -> dict[str, Any]:
+def library_versions() -> dict[str, Any]:
     """When and with which library versions the store was finalized."""
     return {
         "finalized_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

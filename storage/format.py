@@ -15,11 +15,15 @@ from dilstore.storage.errors import DilstoreError
 
 FORMAT_NAME = "dilstore-store"
 FORMAT_VERSION = 1
+# The manifest of a store that passages were appended to (STORE_FORMAT.md §13): its index may live elsewhere, some
+# shards under `appends/`, and some rows may be superseded, which a dilstore that reads only version 1 would miss.
+APPENDED_FORMAT_VERSION = 2
 
 # Directory layout under the store root.
 MANIFEST_FILE = "manifest.json"
 SHARDS_DIR = "shards"
 INDEX_DIR = "index"
+APPENDS_DIR = "appends"
 TMP_PREFIX = ".tmp-"
 _SHARD_NAME = re.compile(r"shard-(\d{5,})")
 
@@ -41,8 +45,9 @@ STATES_GROUP = "states"
 CODEBOOK_DIR = "codebook"
 STORE_CODEBOOK = "store"
 
-# Arrays of the global id index.
+# Arrays of the global id index, and of the rows an append with replace superseded (STORE_FORMAT.md §13).
 INDEX_HASHES, INDEX_SHARDS, INDEX_ROWS = "hashes", "shards", "rows"
+SUPERSEDED_SHARDS, SUPERSEDED_ROWS = "superseded_shards", "superseded_rows"
 
 # Fixed chunking (idempotent writes need it fixed): rows per inner chunk of the
 # sharding codec. Token arrays hold 256 tokens per chunk: a random passage of
@@ -130,6 +135,11 @@ def parse_shard_name(name: str) -> int | None:
 def shard_path(index: int) -> str:
     """Path of shard `index` relative to the store root."""
     return f"{SHARDS_DIR}/{shard_name(index)}"
+
+
+def append_dir(generation: str) -> str:
+    """Folder, relative to the store root, that holds everything one append of build `generation` wrote."""
+    return f"{APPENDS_DIR}/{generation}"
 
 
 def states_array(name: str) -> str:

@@ -34,6 +34,8 @@ from dilstore.storage.format import (
     INDEX_ROWS,
     INDEX_SHARDS,
     OFFSETS_PER_CHUNK,
+    SUPERSEDED_ROWS,
+    SUPERSEDED_SHARDS,
     TMP_PREFIX,
 )
 
@@ -123,9 +125,39 @@ def _reject_duplicates(index: IdIndex, shard_ids: dict[int, Sequence[str]], shar
         raise DuplicatePassageIdError(f"{len(duplicates)} passage ids occur more than once: {shown}{more}")
 
 
-def write_index(root: Path, index: IdIndex) -> None:
-    """Write `root/index/` as a Zarr v3 group, replacing any earlier one only once the new one is complete."""
-    temporary = root / f"{TMP_PREFIX}{INDEX_DIR}-{uuid.uuid4().hex}"
+@dataclass(frozen=True)
+class Superseded:
+    """Rows an append with replace took out of the index: `(K,)` uint32 shards and rows, sorted by (shard, row)."""
+
+    shards: np.ndarray  # (K,) uint32
+    rows: np.ndarray  # (K,) uint32
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    @classmethod
+    def empty(cls) -> Superseded:
+        return cls(np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.uint32))
+
+    def keys(self) -> np.ndarray:
+        """One uint64 `(K,)` per row: shard in the high 32 bits, row in the low."""
+        return row_keys(self.shards, self.rows)
+
+
+def row_keys(shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`(n,)` uint64 keys of (shard, row) pairs: shard in the high 32 bits, row in the low, so they sort together."""
+    return shards.astype(np.uint64) << np.uint64(32) | rows.astype(np.uint64)
+
+
+def write_index(root: Path, index: IdIndex, *, directory: str = INDEX_DIR, superseded: Superseded | None = None) -> None:
+    """Write `root/directory` as a Zarr v3 group, replacing any earlier one only once the new one is complete.
+
+    superseded: the rows an appended store's index leaves out (STORE_FORMAT.md
+    §13), written as two more arrays; None for a store never appended to, whose
+    index group keeps its layout.
+    """
+    target = root / directory
+    temporary = target.parent / f"{TMP_PREFIX}{target.name}-{uuid.uuid4().hex}"
     attributes = {
         ATTRIBUTES_KEY: {
             "format": FORMAT_NAME,
@@ -133,22 +165,36 @@ def write_index(root: Path, index: IdIndex) -> None:
             "node": "index",
             "hash": HASH_NAME,
             "passages": len(index),
+            **({} if superseded is None else {"superseded": len(superseded)}),
         }
     }
+    arrays = [(INDEX_HASHES, index.hashes), (INDEX_SHARDS, index.shards), (INDEX_ROWS, index.rows)]
+    if superseded is not None:
+        arrays += [(SUPERSEDED_SHARDS, superseded.shards), (SUPERSEDED_ROWS, superseded.rows)]
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         group = zarr.open_group(str(temporary), mode="w-", zarr_format=3, attributes=attributes)
-        for name, data in ((INDEX_HASHES, index.hashes), (INDEX_SHARDS, index.shards), (INDEX_ROWS, index.rows)):
+        for name, data in arrays:
             write_array(group, name, data, rows_per_chunk=OFFSETS_PER_CHUNK, compressor=None,
                         dimension_names=["entry"])
         fsync_tree(temporary)
-        target = root / INDEX_DIR
         if target.exists():
-            old = root / f"{TMP_PREFIX}old-{INDEX_DIR}-{uuid.uuid4().hex}"
+            old = target.parent / f"{TMP_PREFIX}old-{target.name}-{uuid.uuid4().hex}"
             os.rename(target, old)
             os.rename(temporary, target)
             shutil.rmtree(old)
         else:
             os.rename(temporary, target)
-        fsync_dir(root)
+        fsync_dir(target.parent)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
+
+
+def read_superseded(group: zarr.Group) -> Superseded:
+    """The superseded rows an index group lists; none for the index of a store never appended to."""
+    if SUPERSEDED_SHARDS not in group:
+        return Superseded.empty()
+    return Superseded(
+        np.asarray(group[SUPERSEDED_SHARDS][...], dtype=np.uint32),
+        np.asarray(group[SUPERSEDED_ROWS][...], dtype=np.uint32),
+    )

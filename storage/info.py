@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from dilstore.storage.encodings import get_encoding
-from dilstore.storage.format import CODEBOOK_DIR, INDEX_DIR, MANIFEST_FILE, SHARDS_DIR, STATES_GROUP
+from dilstore.storage.format import APPENDS_DIR, CODEBOOK_DIR, INDEX_DIR, MANIFEST_FILE, SHARDS_DIR, STATES_GROUP
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
 
@@ -23,8 +23,12 @@ def part_of(path: str) -> str:
     2bit/1bit states decode with); tokens: token ids, spans and offsets;
     passages: ids, titles, texts; index: the id index; metadata: zarr.json
     files and the manifest; other: anything else (e.g. passages.parquet, bm25/).
+    What an append wrote under `appends/<generation>/` counts like the same
+    path at the root.
     """
     parts = path.split("/")
+    if parts[0] == APPENDS_DIR and len(parts) > 2:
+        parts = parts[2:]
     if parts[-1] in ("zarr.json", "manifest.json"):
         return "metadata"
     if parts[0] == INDEX_DIR:
@@ -98,6 +102,9 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
         "bytes_per_token_by_part": {part: per_token(size) for part, size in by_part.items()},
         "state_bytes": {"per_token": per_token_bytes, "fixed": by_part["states"] - per_token_bytes},
         "state_bytes_per_token_marginal": marginal,
+        # Only for appended stores, so other stores' info keeps its keys.
+        **({} if not manifest.appends else {"appends": len(manifest.appends), "superseded": {
+            "passages": manifest.superseded_passages, "tokens": manifest.superseded_tokens}}),
         "fingerprint": manifest.fingerprint.to_dict(),
         "creation": manifest.creation,
     }

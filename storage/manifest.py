@@ -16,18 +16,42 @@ from typing import Any
 
 from dilstore.storage.atomic_files import atomic_write_bytes
 from dilstore.storage.fingerprint import Fingerprint
-from dilstore.storage.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, StoreFormatError
+from dilstore.storage.format import (
+    APPENDED_FORMAT_VERSION,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX_DIR,
+    MANIFEST_FILE,
+    StoreFormatError,
+    shard_path,
+)
 from dilstore.storage.location import StoreLocation
 
 
 @dataclass(frozen=True)
 class ShardEntry:
-    """One committed shard: its index (from its name), name and counts."""
+    """One committed shard: its index (from its name), name and counts (rows, superseded ones included).
+
+    generation: the build of a shard an append added (None: the manifest's own
+    generation). path: where such a shard lives, relative to the root (None:
+    `shards/NAME`). Both stay None for every shard of a store never appended to.
+    """
 
     index: int
     name: str
     passages: int
     tokens: int
+    generation: str | None = None
+    path: str | None = None
+
+    @property
+    def directory(self) -> str:
+        """The shard's folder relative to the store root."""
+        return self.path if self.path is not None else shard_path(self.index)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; the append-only keys are left out when None, so other manifests keep their bytes."""
+        return {key: value for key, value in vars(self).items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -44,8 +68,13 @@ class Manifest:
 
     state_shape is the per-token shape of the states (None for a store without passages).
     vector_size is d of the shards' passages/vectors, None when they have none.
-    generation names the build every shard belongs to (None in stores made before generations).
+    generation names the build every shard belongs to (None in stores made before generations); a shard an
+    append added records its own build in its ShardEntry.
     files maps '/'-separated paths relative to the store root to their entries.
+    passages and tokens count the rows the id index reaches; an append with replace
+    leaves superseded rows in their shards (superseded_passages, superseded_tokens),
+    listed in the index group. index: the id index group, relative to the root.
+    appends: one record per committed append, oldest first (STORE_FORMAT.md §13).
     """
 
     kind: str
@@ -60,6 +89,10 @@ class Manifest:
     files: dict[str, FileEntry]
     vector_size: int | None = None
     generation: str | None = None
+    index: str = INDEX_DIR
+    superseded_passages: int = 0
+    superseded_tokens: int = 0
+    appends: tuple[dict[str, Any], ...] = ()
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
     shard_by_index: dict[int, ShardEntry] = field(init=False, repr=False, compare=False)
@@ -78,13 +111,22 @@ class Manifest:
             "state_shape": None if self.state_shape is None else list(self.state_shape),
             "passages": self.passages,
             "tokens": self.tokens,
-            "shards": [vars(shard) for shard in self.shards],
+            "shards": [shard.to_dict() for shard in self.shards],
             "fingerprint": self.fingerprint.to_dict(),
             "creation": self.creation,
             "files": {path: vars(entry) for path, entry in self.files.items()},
             # Only for stores with vectors, so the manifests of stores without them stay as they were.
             **({} if self.vector_size is None else {"vector_size": self.vector_size}),
             **({} if self.generation is None else {"generation": self.generation}),
+            **({} if not self.appends else self._append_keys()),
+        }
+
+    def _append_keys(self) -> dict[str, Any]:
+        """The keys only an appended store's manifest has."""
+        return {
+            "index": self.index,
+            "superseded": {"passages": self.superseded_passages, "tokens": self.superseded_tokens},
+            "appends": list(self.appends),
         }
 
     @classmethod
@@ -93,12 +135,13 @@ class Manifest:
         try:
             if data["format"] != FORMAT_NAME:
                 raise StoreFormatError(f"not a dilstore manifest (format {data['format']!r})")
-            if not isinstance(data["format_version"], int) or data["format_version"] > FORMAT_VERSION:
+            if not isinstance(data["format_version"], int) or data["format_version"] > APPENDED_FORMAT_VERSION:
                 raise StoreFormatError(
                     f"store format version {data['format_version']} is newer than this dilstore reads "
-                    f"({FORMAT_VERSION}); upgrade dilstore"
+                    f"({APPENDED_FORMAT_VERSION}); upgrade dilstore"
                 )
             shape = data["state_shape"]
+            superseded = data.get("superseded", {})
             return cls(
                 kind=str(data["kind"]),
                 encoding=str(data["encoding"]),
@@ -112,6 +155,10 @@ class Manifest:
                 files={path: FileEntry(**entry) for path, entry in data["files"].items()},
                 vector_size=None if data.get("vector_size") is None else int(data["vector_size"]),
                 generation=None if data.get("generation") is None else str(data["generation"]),
+                index=str(data.get("index", INDEX_DIR)),
+                superseded_passages=int(superseded.get("passages", 0)),
+                superseded_tokens=int(superseded.get("tokens", 0)),
+                appends=tuple(dict(record) for record in data.get("appends", ())),
                 format=data["format"],
                 format_version=data["format_version"],
             )

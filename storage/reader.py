@@ -30,14 +30,12 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, check_fingerprint
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
-    INDEX_DIR,
     INDEX_HASHES,
     INDEX_ROWS,
     INDEX_SHARDS,
     StoreFormatError,
-    shard_path,
 )
-from dilstore.storage.id_index import HASH_NAME, IdIndex, id_hashes
+from dilstore.storage.id_index import HASH_NAME, IdIndex, Superseded, id_hashes, read_superseded
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
 from dilstore.storage.mapped import map_array
@@ -47,6 +45,7 @@ from dilstore.storage.shard import ShardReader, read_ranges
 ReadPath = Literal["auto", "mmap", "ranged", "zarr"]
 _SHOWN = 5
 _OPEN_THREADS = 8  # remote shards opened at once by one fetch
+_OPEN_ATTEMPTS = 3  # tries at reading a manifest and opening its index while appends commit (_open_commit)
 
 
 class MissingPassagesError(DilstoreError):
@@ -183,12 +182,13 @@ class Store:
         entry = self.manifest.shard_by_index.get(index)
         if entry is None:
             raise StoreFormatError(f"store {self.url}: the id index points to shard {index}, which the manifest lacks")
-        reader = ShardReader(self.location, shard_path(index), read_path=self._read_path, store_codebook=self.codebook)
+        reader = ShardReader(self.location, entry.directory, read_path=self._read_path, store_codebook=self.codebook)
         found = reader.attributes
-        if found.generation != self.manifest.generation:
+        expected = entry.generation if entry.generation is not None else self.manifest.generation
+        if found.generation != expected:
             raise StoreChangedError(
                 f"store {self.url} was rebuilt after it was opened: {reader.where} belongs to build "
-                f"{found.generation!r}, the store was opened at build {self.manifest.generation!r}; "
+                f"{found.generation!r}, the store was opened at build {expected!r}; "
                 "reopen the store (no passage of the new build was mixed with the old)"
             )
         if (found.passages, found.tokens, found.kind, found.encoding) != (
@@ -218,6 +218,14 @@ class Store:
                 self._codebook = arrays if prepare is None else prepare(arrays)
             return self._codebook
 
+    def superseded(self) -> Superseded:
+        """The rows an append with replace took out of the id index (none for a store never appended to).
+
+        They stay in their shards, but no lookup reaches them; whatever lists a
+        shard's rows by position (the BM25 collection) must leave them out.
+        """
+        return read_superseded(self.location.open_group(self.manifest.index))
+
     def _id_at(self, shard: int, row: int) -> str:
         return self.shard(shard).id_at(row)
 
@@ -243,12 +251,29 @@ def open_store(
     mmap path). Nothing is ever written, beside the store or elsewhere.
     """
     location = StoreLocation.parse(path_or_url, storage_options)
-    manifest = read_manifest(location)
+    manifest, chosen, index = _open_commit(location, read_path)
     if expected is not None:
         check_fingerprint(manifest.fingerprint, expected, f"store {location.url}")
-    chosen = _choose_read_path(location, manifest, read_path)
-    index = _open_index(location, manifest, use_mmap=chosen == "mmap")
     return Store(location, manifest, index, read_path=chosen, max_open_shards=max_open_shards)
+
+
+def _open_commit(location: StoreLocation, read_path: ReadPath) -> tuple[Manifest, str, IdIndex]:
+    """The manifest, read path and id index of one commit of the store.
+
+    An append committed between reading the manifest and opening the index it
+    names deletes that index; then the new manifest is read and opened instead.
+    """
+    for _ in range(_OPEN_ATTEMPTS - 1):
+        manifest = read_manifest(location)
+        chosen = _choose_read_path(location, manifest, read_path)
+        try:
+            return manifest, chosen, _open_index(location, manifest, use_mmap=chosen == "mmap")
+        except StoreFormatError:
+            if read_manifest(location).index == manifest.index:
+                raise
+    manifest = read_manifest(location)
+    chosen = _choose_read_path(location, manifest, read_path)
+    return manifest, chosen, _open_index(location, manifest, use_mmap=chosen == "mmap")
 
 
 def _choose_read_path(location: StoreLocation, manifest: Manifest, read_path: ReadPath) -> str:
@@ -271,9 +296,9 @@ def _choose_read_path(location: StoreLocation, manifest: Manifest, read_path: Re
 
 def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) -> IdIndex:
     """The id index arrays, memory-mapped or loaded, after checking they fit the manifest."""
-    where = location.path(INDEX_DIR)
+    where = location.path(manifest.index)
     try:
-        group = location.open_group(INDEX_DIR)
+        group = location.open_group(manifest.index)
     except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
         raise StoreFormatError(f"cannot open the id index {where}: {type(error).__name__}: {error}") from None
     attributes = group.attrs.asdict().get(ATTRIBUTES_KEY, {})
@@ -286,7 +311,7 @@ def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) 
             raise StoreFormatError(f"{where}/{name} is not an array of {manifest.passages} entries")
         if use_mmap:
             assert location.local_root is not None
-            arrays.append(map_array(array, location.local_root / INDEX_DIR / name))
+            arrays.append(map_array(array, location.local_root / manifest.index / name))
         else:
             arrays.append(np.asarray(array[...]))
     return IdIndex(*arrays)

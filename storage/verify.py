@@ -33,6 +33,8 @@ from dilstore.storage.format import (
     INDEX_SHARDS,
     MANIFEST_FILE,
     SHARDS_DIR,
+    SUPERSEDED_ROWS,
+    SUPERSEDED_SHARDS,
     TEXT_BYTES,
     TEXT_OFFSETS,
     TITLE_BYTES,
@@ -40,11 +42,12 @@ from dilstore.storage.format import (
     TOKEN_IDS,
     TOKEN_OFFSETS,
     VECTORS,
+    append_dir,
     shard_name,
     shard_path,
     states_array,
 )
-from dilstore.storage.id_index import HASH_NAME, id_hashes
+from dilstore.storage.id_index import HASH_NAME, Superseded, id_hashes, row_keys
 from dilstore.storage.info import store_files
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest
@@ -96,13 +99,13 @@ def verify_store(path_or_url: str | Path, storage_options: dict[str, Any] | None
     report.shards, report.passages, report.tokens = len(manifest.shards), manifest.passages, manifest.tokens
     _check_manifest(manifest, report)
     _check_files(location, manifest, report)
-    shard_ids: dict[int, list[str]] = {}
+    shard_rows: dict[int, tuple[list[str], np.ndarray]] = {}
     for entry in manifest.shards:
-        ids = _guarded(report, f"shard {entry.name}", lambda entry=entry: _check_shard(location, manifest, entry, report))
-        if ids is not None:
-            shard_ids[entry.index] = ids
-    _guarded(report, "id index", lambda: _check_index(location, manifest, shard_ids, report))
-    shard_paths = [shard_path(entry.index) for entry in manifest.shards]
+        rows = _guarded(report, f"shard {entry.name}", lambda entry=entry: _check_shard(location, manifest, entry, report))
+        if rows is not None:
+            shard_rows[entry.index] = rows
+    _guarded(report, "id index", lambda: _check_index(location, manifest, shard_rows, report))
+    shard_paths = [entry.directory for entry in manifest.shards]
     _guarded(report, CODEBOOK_DIR, lambda: report.problems.extend(store_codebook_problems(
         location, shard_paths, manifest.encoding, manifest.generation, manifest.fingerprint)))  # fmt: skip
     return report
@@ -118,14 +121,19 @@ def _guarded(report: VerifyReport, what: str, check: Callable[[], Any]) -> Any:
 
 
 def _check_manifest(manifest: Manifest, report: VerifyReport) -> None:
-    """Totals, shard names and the fingerprint agree with the rest of the manifest."""
-    if sum(shard.passages for shard in manifest.shards) != manifest.passages:
-        report.problems.append("manifest: shard passage counts do not add up to its passage total")
-    if sum(shard.tokens for shard in manifest.shards) != manifest.tokens:
-        report.problems.append("manifest: shard token counts do not add up to its token total")
+    """Totals (superseded rows left out), shard names and places, and the fingerprint agree with the rest of the
+    manifest."""
+    if sum(shard.passages for shard in manifest.shards) - manifest.superseded_passages != manifest.passages:
+        report.problems.append("manifest: shard passage counts less the superseded do not add up to its passage total")
+    if sum(shard.tokens for shard in manifest.shards) - manifest.superseded_tokens != manifest.tokens:
+        report.problems.append("manifest: shard token counts less the superseded do not add up to its token total")
+    appended = {str(record.get("generation")) for record in manifest.appends}
     for shard in manifest.shards:
         if shard.name != shard_name(shard.index):
             report.problems.append(f"manifest: shard {shard.index} is named {shard.name!r}")
+        if shard.path is not None and (shard.generation not in appended
+                                       or shard.path != f"{append_dir(shard.generation)}/{shard_path(shard.index)}"):
+            report.problems.append(f"manifest: shard {shard.index} lives at {shard.path!r}, not in an append's folder")
     fingerprint = manifest.fingerprint
     if (fingerprint.kind, fingerprint.encoding) != (manifest.kind, manifest.encoding):
         report.problems.append("manifest: the fingerprint's kind or encoding differs from the store's")
@@ -139,9 +147,7 @@ def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyRepo
     """
     present = store_files(location, manifest)
     missing_shards = [
-        f"{SHARDS_DIR}/{shard.name}"
-        for shard in manifest.shards
-        if location.lists_files and not location.is_dir(f"{SHARDS_DIR}/{shard.name}")
+        shard.directory for shard in manifest.shards if location.lists_files and not location.is_dir(shard.directory)
     ]
     for shard_dir in missing_shards:
         report.problems.append(f"missing shard directory {shard_dir}")
@@ -166,10 +172,12 @@ def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyRepo
         else:
             report.files_checked += 1
             report.bytes_checked += present[path]
+    data_folders = (SHARDS_DIR, INDEX_DIR, manifest.index, CODEBOOK_DIR,
+                    *(append_dir(str(record.get("generation"))) for record in manifest.appends))
     for path in present:
         if path == MANIFEST_FILE or path in manifest.files:
             continue
-        if path.startswith((f"{SHARDS_DIR}/", f"{INDEX_DIR}/", f"{CODEBOOK_DIR}/")):
+        if path.startswith(tuple(f"{folder}/" for folder in data_folders)):
             report.problems.append(f"{path}: inside the store's data but not in the manifest")
         else:
             report.untracked.append(path)
@@ -222,9 +230,12 @@ def _strings(group: zarr.Group, data_name: str, offsets_name: str, passages: int
         return None
 
 
-def _check_shard(location: StoreLocation, manifest: Manifest, entry: ShardEntry, report: VerifyReport) -> list[str] | None:
-    """Check one shard's attributes, arrays, offsets, strings, spans and encoded values; return its ids."""
-    relative = shard_path(entry.index)
+def _check_shard(
+    location: StoreLocation, manifest: Manifest, entry: ShardEntry, report: VerifyReport
+) -> tuple[list[str], np.ndarray] | None:
+    """Check one shard's attributes, arrays, offsets, strings, spans and encoded values; return its ids and the
+    tokens of each row `(n,)` (None when they cannot be read)."""
+    relative = entry.directory
     where = relative
     group = location.open_group(relative)
     attributes = ShardAttributes.of(group, where)
@@ -236,8 +247,9 @@ def _check_shard(location: StoreLocation, manifest: Manifest, entry: ShardEntry,
         _problem(report, where, f"attributes {found} differ from the manifest's {expected} "
                                 "(shard, kind, encoding, compressor, state shape, passages, tokens, vector size)")
         return None
-    if attributes.generation != manifest.generation:
-        _problem(report, where, f"belongs to build {attributes.generation!r}, the manifest to {manifest.generation!r}")
+    generation = entry.generation if entry.generation is not None else manifest.generation
+    if attributes.generation != generation:
+        _problem(report, where, f"belongs to build {attributes.generation!r}, the manifest to {generation!r}")
     if attributes.fingerprint_sha256 is not None and attributes.fingerprint_sha256 != fingerprint_sha256(
         manifest.fingerprint
     ):
@@ -249,9 +261,11 @@ def _check_shard(location: StoreLocation, manifest: Manifest, entry: ShardEntry,
     token_offsets_array = _array(group, TOKEN_OFFSETS, "int64", (n + 1,), where, report)
     token_ids = _array(group, TOKEN_IDS, "int32", (tokens,), where, report)
     char_spans = _array(group, CHAR_SPANS, "int32", (tokens, 2), where, report)
+    lengths = None
     if token_offsets_array is not None:
         token_offsets = np.asarray(token_offsets_array[...])
         offsets_ok = _check_offsets(token_offsets, tokens, TOKEN_OFFSETS, where, report)
+        lengths = np.diff(token_offsets) if offsets_ok else None
         if offsets_ok and texts is not None and char_spans is not None:
             _check_spans(np.asarray(char_spans[...]), token_offsets, texts, where, report)
     if token_ids is not None:
@@ -263,7 +277,7 @@ def _check_shard(location: StoreLocation, manifest: Manifest, entry: ShardEntry,
         vectors = _array(group, VECTORS, "float32", (n, attributes.vector_size), where, report)
         if vectors is not None and not np.isfinite(np.asarray(vectors[...])).all():
             _problem(report, where, f"{VECTORS} holds NaN or infinite values")
-    return ids
+    return None if ids is None or lengths is None else (ids, lengths)
 
 
 def _check_spans(spans: np.ndarray, token_offsets: np.ndarray, texts: list[str], where: str, report: VerifyReport) -> None:
@@ -298,36 +312,69 @@ def _check_encoded(group: zarr.Group, encoding: Encoding, state_shape: tuple[int
                 break
 
 
-def _check_index(location: StoreLocation, manifest: Manifest, shard_ids: dict[int, list[str]], report: VerifyReport) -> None:
-    """The id index is sorted, covers every (shard, row) once, and each hash is its id's."""
-    where = INDEX_DIR
-    group = location.open_group(INDEX_DIR)
+def _check_index(
+    location: StoreLocation, manifest: Manifest, shard_rows: dict[int, tuple[list[str], np.ndarray]], report: VerifyReport
+) -> None:
+    """The id index is sorted, covers every row once (live in the index or superseded), and each hash is its id's;
+    the superseded rows' tokens are the manifest's."""
+    where = manifest.index
+    group = location.open_group(manifest.index)
     attributes = group.attrs.asdict().get("dilstore", {})
     if attributes.get("hash") != HASH_NAME or attributes.get("passages") != manifest.passages:
         _problem(report, where, f"attributes {attributes} do not match the manifest")
     total = manifest.passages
     arrays = [_array(group, name, dtype, (total,), where, report)
               for name, dtype in ((INDEX_HASHES, "uint64"), (INDEX_SHARDS, "uint32"), (INDEX_ROWS, "uint32"))]
-    if any(array is None for array in arrays):
+    superseded = _superseded(group, manifest, where, report)
+    if any(array is None for array in arrays) or superseded is None:
         return
     hashes, shards, rows = (np.asarray(array[...]) for array in arrays)
     if (hashes[1:] < hashes[:-1]).any():
         _problem(report, where, "hashes are not sorted, so binary search would miss ids")
+    all_shards = np.concatenate([shards, superseded.shards])
+    all_rows = np.concatenate([rows, superseded.rows])
     counts = {entry.index: entry.passages for entry in manifest.shards}
-    limits = np.array([counts.get(int(shard), 0) for shard in shards.tolist()], dtype=np.int64)
-    in_bounds = rows.astype(np.int64) < limits
+    limits = np.array([counts.get(int(shard), 0) for shard in all_shards.tolist()], dtype=np.int64)
+    in_bounds = all_rows.astype(np.int64) < limits
     if not in_bounds.all():
         _problem(report, where, f"{int((~in_bounds).sum())} entries point outside their shard")
         return
-    keys = shards.astype(np.uint64) << np.uint64(32) | rows.astype(np.uint64)
-    if len(np.unique(keys)) != total:
+    if len(np.unique(row_keys(all_shards, all_rows))) != sum(counts.values()):
         _problem(report, where, "some (shard, row) pairs are listed twice, so others are missing")
         return
-    if set(shard_ids) != set(counts):
+    if set(shard_rows) != set(counts):
         return  # a shard could not be read; that is reported already
-    ids = [shard_ids[int(shard)][int(row)] for shard, row in zip(shards.tolist(), rows.tolist(), strict=True)]
+    ids = [shard_rows[int(shard)][0][int(row)] for shard, row in zip(shards.tolist(), rows.tolist(), strict=True)]
     wrong = np.flatnonzero(id_hashes(ids) != hashes)
     if wrong.size:
         _problem(report, where, f"{wrong.size} hashes do not match their ids (first: {ids[wrong[0]]!r})")
     if len(set(ids)) != total:
         _problem(report, where, f"{total - len(set(ids))} passage ids occur more than once")
+    _check_superseded_tokens(superseded, shard_rows, manifest, where, report)
+
+
+def _superseded(group: zarr.Group, manifest: Manifest, where: str, report: VerifyReport) -> Superseded | None:
+    """The index's superseded rows, checked to be as many as the manifest says and sorted; None on a problem."""
+    count = manifest.superseded_passages
+    if SUPERSEDED_SHARDS not in group and not count:
+        return Superseded.empty()
+    arrays = [_array(group, name, "uint32", (count,), where, report) for name in (SUPERSEDED_SHARDS, SUPERSEDED_ROWS)]
+    if any(array is None for array in arrays):
+        return None
+    superseded = Superseded(*(np.asarray(array[...]) for array in arrays))
+    keys = superseded.keys()
+    if (keys[1:] <= keys[:-1]).any():
+        _problem(report, where, "superseded rows are not sorted by (shard, row) or repeat")
+        return None
+    return superseded
+
+
+def _check_superseded_tokens(
+    superseded: Superseded, shard_rows: dict[int, tuple[list[str], np.ndarray]], manifest: Manifest, where: str,
+    report: VerifyReport,
+) -> None:
+    """The superseded rows hold the manifest's superseded tokens."""
+    pairs = zip(superseded.shards.tolist(), superseded.rows.tolist(), strict=True)
+    tokens = sum(int(shard_rows[shard][1][row]) for shard, row in pairs)
+    if tokens != manifest.superseded_tokens:
+        _problem(report, where, f"superseded rows hold {tokens} tokens, the manifest says {manifest.superseded_tokens}")

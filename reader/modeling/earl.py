@@ -78,6 +78,7 @@ from dilstore.reader.modeling.earl_checkpoints import (
     load_base_encoder,
     write_earl_checkpoint,
 )
+from dilstore.reader.modeling.prior import freeze_at_fp16, masked_mean, new_prior_scale, prior_scores
 from dilstore.reader.modeling.ranker_base import RankerBase, encode_alone, encoder_weights, init_score_head, run_layers
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
@@ -85,9 +86,6 @@ from dilstore.reader.text.tokenization import TokenizedText, encode_document, en
 from dilstore.storage.errors import DilstoreError
 
 POOLINGS = ("cls", "mean")
-# The prior's starting scale: cosines in [-1, 1] become scores in [-20, 20], the scale
-# sentence-transformers' MultipleNegativesRankingLoss trains all-MiniLM-L6-v2's cosines with.
-PRIOR_SCALE = 20.0
 # State-dict prefixes of the encoder copies (document module, untied query module).
 ENCODER_PREFIXES = ("document_encoder.", "query_encoder.")
 
@@ -161,7 +159,7 @@ class EarlRanker(RankerBase):
         )
         self.blocks = nn.ModuleList(JudgerBlock(config) for _ in range(self.judger_blocks))
         self.score = nn.Linear(config.hidden_size, 1)
-        self.prior_scale = nn.Parameter(torch.tensor(PRIOR_SCALE)) if earl.prior else None
+        self.prior_scale = new_prior_scale() if earl.prior else None
         # Set by freeze_encoder: the base the encoder copies are held at, which save_pretrained then leaves out.
         self.base_encoder: BaseEncoderReference | None = None
 
@@ -288,10 +286,7 @@ class EarlRanker(RankerBase):
         """
         if not self._query_copy_is_document_prefix():
             raise DilstoreError("cannot freeze the encoder: the untied query module differs from the document module")
-        with torch.no_grad():
-            for parameter in self._encoder_parameters():
-                parameter.copy_(parameter.to(torch.float16))
-                parameter.requires_grad_(False)
+        freeze_at_fp16(self._encoder_parameters())
         self.base_encoder = self._encoder_reference(base)
         self.train(self.training)
         return self.base_encoder
@@ -464,8 +459,7 @@ class EarlRanker(RankerBase):
             doc_vectors = self.document_vectors(doc_states, doc_mask)  # (b, d)
         if query_vectors is None:
             query_vectors = self.query_vectors(query_states, query_mask)  # (b or 1, d)
-        cosine = F.cosine_similarity(query_vectors.float(), doc_vectors.float(), dim=-1)  # (b,)
-        return self.prior_scale.float() * cosine  # (b,)
+        return prior_scores(self.prior_scale, query_vectors, doc_vectors)  # (b,)
 
     def _encoder_parameters(self) -> list[nn.Parameter]:
         """The encoder copies' parameters: the document module's, and the untied query module's."""
@@ -521,12 +515,6 @@ class EarlRanker(RankerBase):
         if self.tokenizer.pad_token_id is None:
             raise DilstoreError(f"{type(self.tokenizer).__name__} has no pad token, which batching needs")
         return pad_token_ids(sequences, self.tokenizer.pad_token_id)
-
-
-def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """States (b, n, d) with 1/0 mask (b, n) → their mean over valid tokens (b, d)."""
-    weights = mask.to(states.dtype).unsqueeze(-1)  # (b, n, 1)
-    return (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)  # (b, d)
 
 
 def _with_layers(config: BertConfig, layers: int) -> BertConfig:

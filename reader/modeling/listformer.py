@@ -29,6 +29,20 @@ separators are global, which adds the D² terms).
 **Scores** come from each document's separator after the last layer:
 r_j = W · s_j + b (section 3.1).
 
+**The bi-encoder prior** (`prior=True`, reader/modeling/prior.py) adds the
+base encoder's own sentence similarity to each document's score:
+
+    r_j = W · s_j + b + prior_scale · cos(mean(base(`[CLS] q [SEP]`)), mean(base(`[CLS] d_j [SEP]`)))
+
+from a second copy of the base encoder (`prior_encoder`) held frozen at its
+base weights, so training moves the Listformer and the scale but never the
+prior. The score head starts at zero, so an untrained prior Listformer ranks
+exactly as the bi-encoder. A document's vector does not depend on the query
+or the list: precompute stores it per passage (`passages/vectors`), and
+online only the query runs through the prior encoder. A checkpoint leaves
+the prior encoder out and names its base instead (`base_encoder` in
+dilstore.json), as a frozen EARL does.
+
 **The delayed Listformer** (`delayed_layers` = k, 0 ≤ k < l): in layers
 1..k the query and each document attend only to themselves, so a
 document's states after layer k do not depend on the query or on the other
@@ -38,15 +52,17 @@ global-local attention over the query and the stored documents. k = 0 is
 the plain Listformer.
 
     offline   `d [SEP]` → embeddings (segment 1, positions from 0) → layers 1..k   (encode_documents)
+              with the prior: `[CLS] d [SEP]` → prior encoder → mean              (document_vectors)
     online    `[CLS] q [SEP]` → embeddings (segment 0) → layers 1..k             (encode_queries)
+              with the prior: `[CLS] q [SEP]` → prior encoder → mean              (query_vectors)
               query + D stored documents → global-local layers k+1..l → separators → scores  (score_lists)
 
 Initialisation from a pretrained encoder: the encoder is a copy of it (all
 its weights are reused: embeddings, query/key/value, attention output,
 intermediate, output and LayerNorms); the score head starts from a fixed
-seed. A checkpoint is a directory: config.json, the tokenizer,
-model.safetensors and dilstore.json of kind "listformer" with layers = k and
-num_layers = l (reader/modeling/ranker_checkpoints.py).
+seed (at zero with the prior). A checkpoint is a directory: config.json, the
+tokenizer, model.safetensors and dilstore.json of kind "listformer" with
+layers = k, num_layers = l and `prior` (reader/modeling/ranker_checkpoints.py).
 """
 
 from __future__ import annotations
@@ -64,8 +80,14 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 from transformers.models.bert.modeling_bert import BertLayer, BertSelfAttention
 
 from dilstore.reader.batching import pad_token_ids
-from dilstore.reader.modeling.checkpoints import CheckpointMetadata
-from dilstore.reader.modeling.earl_checkpoints import load_base_encoder, write_earl_checkpoint
+from dilstore.reader.modeling.checkpoints import BaseEncoderReference, CheckpointMetadata, resolve_base_model
+from dilstore.reader.modeling.earl_checkpoints import (
+    base_reference,
+    base_weights_sha256,
+    load_base_encoder,
+    write_earl_checkpoint,
+)
+from dilstore.reader.modeling.prior import freeze_at_fp16, masked_mean, new_prior_scale, prior_scores
 from dilstore.reader.modeling.ranker_base import RankerBase, encode_alone, encoder_weights, init_score_head
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
@@ -75,28 +97,33 @@ from dilstore.storage.errors import DilstoreError
 KIND = "listformer"
 QUERY_SEGMENT = 0
 DOCUMENT_SEGMENT = 1
+PRIOR_PREFIX = "prior_encoder."
 
 
 @dataclass(frozen=True)
 class ListformerConfig:
-    """Which Listformer to build beside the encoder's BertConfig: `delayed_layers` is k (0: the plain Listformer).
+    """Which Listformer to build beside the encoder's BertConfig.
 
-    k is checked against the encoder's l by the ranker (0 ≤ k < l);
-    dilstore.json records it as `layers`.
+    `delayed_layers` is k (0: the plain Listformer), checked against the
+    encoder's l by the ranker (0 ≤ k < l); `prior` adds the bi-encoder prior
+    (module docstring). dilstore.json records them as `layers` and `prior`.
     """
 
     delayed_layers: int = 0
+    prior: bool = False
 
     def __post_init__(self) -> None:
-        """Refuse a k that is not a non-negative integer."""
+        """Refuse a k that is not a non-negative integer, and a prior that is not a bool."""
         k = self.delayed_layers
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise DilstoreError(f"delayed_layers (k) must be a non-negative integer, got {k!r}")
+        if not isinstance(self.prior, bool):
+            raise DilstoreError(f"prior must be True or False, got {self.prior!r}")
 
     @classmethod
     def from_metadata(cls, metadata: CheckpointMetadata) -> ListformerConfig:
-        """The variant a listformer checkpoint's dilstore.json records."""
-        return cls(delayed_layers=metadata.layers)
+        """The variant a listformer checkpoint's dilstore.json records (no `prior`: off)."""
+        return cls(delayed_layers=metadata.layers, prior=bool(metadata.prior))
 
 
 class ListformerRanker(RankerBase):
@@ -124,9 +151,18 @@ class ListformerRanker(RankerBase):
                 f"(at least one layer must see the list), got {listformer.delayed_layers}"
             )
         self.delayed_layers: int = listformer.delayed_layers
+        self.prior: bool = listformer.prior
+        # The id the prior puts before a `d [SEP]` document: the tokenizer's [CLS].
+        self.cls_token_id: int | None = tokenizer.cls_token_id
         self.hidden_size: int = config.hidden_size
         self.encoder = BertModel(config, add_pooling_layer=False)
         self.score = nn.Linear(config.hidden_size, 1)
+        self.prior_encoder = BertModel(config, add_pooling_layer=False) if listformer.prior else None
+        if self.prior_encoder is not None:
+            self.prior_encoder.requires_grad_(False)  # the prior stays the base's: never trained
+        self.prior_scale = new_prior_scale() if listformer.prior else None
+        # The base the prior encoder is held at (set by from_base), which save_pretrained then leaves out.
+        self.base_encoder: BaseEncoderReference | None = None
 
     @property
     def layers(self) -> int:
@@ -156,15 +192,34 @@ class ListformerRanker(RankerBase):
 
     @classmethod
     def from_base(cls, path: str | Path, listformer: ListformerConfig = ListformerConfig()) -> ListformerRanker:
-        """A new ranker from a plain Hugging Face BERT directory (e.g. base_model_dir())."""
+        """A new ranker from a plain Hugging Face BERT directory (e.g. base_model_dir()).
+
+        With the prior, its checkpoints name this base instead of storing the prior encoder.
+        """
         encoder, tokenizer = load_base_encoder(path)
-        return cls.from_encoder(encoder, tokenizer, listformer)
+        ranker = cls.from_encoder(encoder, tokenizer, listformer)
+        if ranker.prior_encoder is not None:
+            weights = base_weights_sha256(ranker.prior_encoder)
+            ranker.base_encoder = BaseEncoderReference(model=base_reference(path, weights), weights_sha256=weights)
+        return ranker
 
     def metadata(self) -> CheckpointMetadata:
-        """dilstore.json: kind listformer, layers = k, num_layers = l."""
+        """dilstore.json: kind listformer, layers = k, num_layers = l, prior, and the prior encoder's base."""
         return CheckpointMetadata(
-            kind=KIND, architecture=self.config.model_type, layers=self.delayed_layers, num_layers=self.num_layers
+            kind=KIND,
+            architecture=self.config.model_type,
+            layers=self.delayed_layers,
+            num_layers=self.num_layers,
+            prior=self.prior,
+            base_encoder=self.base_encoder,
         )
+
+    def train(self, mode: bool = True) -> ListformerRanker:
+        """Set training mode; the frozen prior encoder always stays in eval mode (no dropout in the prior)."""
+        super().train(mode)
+        if self.prior_encoder is not None:
+            self.prior_encoder.eval()
+        return self
 
     @classmethod
     def _built_for(cls, checkpoint: RankerCheckpoint) -> ListformerRanker:
@@ -173,19 +228,65 @@ class ListformerRanker(RankerBase):
 
     @torch.no_grad()
     def _initialise_from(self, encoder: BertModel) -> None:
-        """The encoder becomes a copy of `encoder`; the score head starts from a fixed seed."""
+        """The encoder (and the prior encoder, frozen) become copies of `encoder`; the score head starts seeded.
+
+        With the prior the head starts at zero, so the untrained ranker scores as the bi-encoder alone.
+        """
         self.encoder.load_state_dict(encoder_weights(encoder))
         init_score_head(self.score, self.config.initializer_range)
+        if self.prior_encoder is not None:
+            self._hold_prior_encoder(encoder)
+            nn.init.zeros_(self.score.weight)
+
+    def _hold_prior_encoder(self, encoder: BertModel) -> None:
+        """The prior encoder becomes a frozen fp16-rounded copy of `encoder` (reader/modeling/prior.py)."""
+        assert self.prior_encoder is not None
+        self.prior_encoder.load_state_dict(encoder_weights(encoder))
+        freeze_at_fp16(self.prior_encoder.parameters())
+        self.prior_encoder.eval()
+
+    def _load_checkpoint_state(self, checkpoint: RankerCheckpoint) -> None:
+        """The checkpoint's weights; a prior encoder it left out comes from the named base, fingerprint checked."""
+        reference = checkpoint.metadata.base_encoder
+        if reference is None or self.prior_encoder is None:
+            super()._load_checkpoint_state(checkpoint)
+            return
+        encoder, _ = load_base_encoder(resolve_base_model(reference.model))
+        try:
+            self._hold_prior_encoder(encoder)
+        except RuntimeError as error:
+            raise DilstoreError(
+                f"{checkpoint.directory}: its base encoder {reference.model} does not fit this Listformer: {error}"
+            ) from error
+        found = base_weights_sha256(self.prior_encoder)
+        if found != reference.weights_sha256:
+            raise DilstoreError(
+                f"{checkpoint.directory} was trained with the prior of base encoder {reference.model} with weights "
+                f"{reference.weights_sha256[:12]}, but {resolve_base_model(reference.model)} has weights "
+                f"{found[:12]}; install the base it was trained from"
+            )
+        self.base_encoder = reference
+        missing, unexpected = self.load_state_dict(checkpoint.state, strict=False)
+        stray = [name for name in missing if not name.startswith(PRIOR_PREFIX)] + list(unexpected)
+        stray += [name for name in checkpoint.state if name.startswith(PRIOR_PREFIX)]
+        if stray:
+            raise DilstoreError(
+                f"{checkpoint.directory}: the weights do not fit this Listformer without its prior encoder: "
+                f"{', '.join(sorted(stray)[:5])}"
+            )
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.float16) -> Path:
         """Write the checkpoint with its floating-point weights as `dtype`: fp16 by default (half the size).
 
         Training keeps fp32 in its periodic checkpoints, so that a resumed
-        run continues exactly; loading upcasts to fp32 either way.
+        run continues exactly; loading upcasts to fp32 either way. A prior
+        encoder held at a named base (from_base) is left out.
         """
+        leave_out = PRIOR_PREFIX if self.base_encoder is not None else None
         state = {
             name: tensor.to(dtype) if tensor.is_floating_point() else tensor
             for name, tensor in self.state_dict().items()
+            if leave_out is None or not name.startswith(leave_out)
         }
         return write_earl_checkpoint(path, self.config, self.tokenizer, state, self.metadata())
 
@@ -207,17 +308,41 @@ class ListformerRanker(RankerBase):
         """Once per query: `[CLS] q [SEP]` ids (b, nq) and mask → states after layer k (b, nq, d), the query alone."""
         return encode_alone(self.encoder, self.delayed_layers, input_ids, attention_mask, QUERY_SEGMENT)
 
+    def query_vectors(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The prior's query side: `[CLS] q [SEP]` ids (b, nq) and mask → the prior encoder's mean, fp32 (b, d)."""
+        return self._prior_vectors(input_ids, attention_mask)
+
+    def document_vectors(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The prior's document side: `d [SEP]` ids (b, n) and mask → mean of `[CLS] d [SEP]`, fp32 (b, d).
+
+        What a store keeps per passage (passages/vectors): it depends on the document alone.
+        """
+        batch = input_ids.shape[0]
+        cls = torch.full((batch, 1), self._cls_id(), dtype=input_ids.dtype, device=input_ids.device)  # (b, 1)
+        ids = torch.cat([cls, input_ids], dim=1)  # (b, 1 + n)
+        mask = torch.cat([torch.ones_like(cls), attention_mask.to(input_ids.dtype)], dim=1)  # (b, 1 + n)
+        return self._prior_vectors(ids, mask)
+
     def score_lists(
         self,
         query_states: torch.Tensor,
         query_mask: torch.Tensor,
         doc_states: torch.Tensor,
         doc_mask: torch.Tensor,
+        query_vectors: torch.Tensor | None = None,
+        doc_vectors: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Online: layers k+1..l over B lists (encode_lists), then each document's separator → scores (B, D)."""
+        """Online: layers k+1..l over B lists (encode_lists), then each document's separator → scores (B, D).
+
+        A prior ranker also needs the prior's `query_vectors` (B, d) and
+        `doc_vectors` (B, D, d) (query_vectors, document_vectors; a store's
+        passages/vectors); its scores are fp32.
+        """
+        prior = self._prior_scores(query_vectors, doc_vectors)  # (B, D) or None
         _, doc_hidden = self.encode_lists(query_states, query_mask, doc_states, doc_mask)  # (B, D, n, d)
         separators = doc_mask.sum(dim=-1) - 1  # (B, D)
-        return self.score(gather_separators(doc_hidden, separators)).squeeze(-1)  # (B, D)
+        scores = self.score(gather_separators(doc_hidden, separators)).squeeze(-1)  # (B, D)
+        return scores if prior is None else scores + prior  # (B, D)
 
     def encode_lists(
         self,
@@ -260,7 +385,12 @@ class ListformerRanker(RankerBase):
         query_states = self.encode_queries(query_ids, query_mask)  # (B, nq, d)
         doc_states = self.encode_documents(doc_ids.flatten(0, 1), doc_mask.flatten(0, 1))  # (B·D, n, d)
         doc_states = doc_states.unflatten(0, (lists, documents))  # (B, D, n, d)
-        return self.score_lists(query_states, query_mask, doc_states, doc_mask)
+        vectors = {}
+        if self.prior:
+            vectors["query_vectors"] = self.query_vectors(query_ids, query_mask)  # (B, d)
+            doc_vectors = self.document_vectors(doc_ids.flatten(0, 1), doc_mask.flatten(0, 1))  # (B·D, d)
+            vectors["doc_vectors"] = doc_vectors.unflatten(0, (lists, documents))  # (B, D, d)
+        return self.score_lists(query_states, query_mask, doc_states, doc_mask, **vectors)
 
     def score_groups(self, queries: Sequence[np.ndarray], groups: Sequence[Sequence[np.ndarray]]) -> torch.Tensor:
         """Query ids (b of them) and g document ids per query → scores (b, g): each group is one list, one pass."""
@@ -279,6 +409,38 @@ class ListformerRanker(RankerBase):
         )  # (b, g)
 
     # ------------------------------------------------------------------ internals
+
+    def _prior_vectors(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """`[CLS] text [SEP]` ids (b, n) and mask through the whole prior encoder → fp32 mean (b, d)."""
+        if self.prior_encoder is None:
+            raise DilstoreError("this Listformer has no prior; it has no prior vectors")
+        with torch.no_grad():
+            states = encode_alone(self.prior_encoder, self.num_layers, input_ids, attention_mask)  # (b, n, d)
+        return masked_mean(states.float(), attention_mask)  # (b, d)
+
+    def _prior_scores(self, query_vectors: torch.Tensor | None, doc_vectors: torch.Tensor | None) -> torch.Tensor | None:
+        """prior_scale · cos(query vector, each document vector) (B, D), or None for a ranker without the prior."""
+        if self.prior_scale is None:
+            if query_vectors is not None or doc_vectors is not None:
+                raise DilstoreError("this Listformer has no prior; query_vectors and doc_vectors are not used")
+            return None
+        if query_vectors is None or doc_vectors is None:
+            raise DilstoreError(
+                "a prior Listformer needs query_vectors and doc_vectors (query_vectors, document_vectors; "
+                "a store's passages/vectors)"
+            )
+        if doc_vectors.dim() != 3 or query_vectors.shape != (doc_vectors.shape[0], doc_vectors.shape[2]):
+            raise DilstoreError(
+                f"prior vectors must be (lists, d) and (lists, documents, d), got {tuple(query_vectors.shape)} "
+                f"and {tuple(doc_vectors.shape)}"
+            )
+        return prior_scores(self.prior_scale, query_vectors.unsqueeze(1), doc_vectors)  # (B, D)
+
+    def _cls_id(self) -> int:
+        """The [CLS] id the prior puts before a `d [SEP]` document (cls_token_id)."""
+        if self.cls_token_id is None:
+            raise DilstoreError(f"{type(self.tokenizer).__name__} has no [CLS] token, which the prior needs")
+        return int(self.cls_token_id)
 
     def _separators(
         self, query_states: torch.Tensor, query_mask: torch.Tensor, doc_states: torch.Tensor, doc_mask: torch.Tensor

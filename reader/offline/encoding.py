@@ -40,7 +40,7 @@ from dilstore.reader.modeling.checkpoints import BASE_MODEL_REF as BASE_MODEL_RE
 from dilstore.reader.modeling.checkpoints import base_model_dir, resolve_base_model
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.kinds import OfflineModel, load_offline_model, offline_kind
-from dilstore.reader.packaged.shipped import default_checkpoint_dir, default_ranker_dir
+from dilstore.reader.packaged.shipped import default_checkpoint_dir, default_listformer_dir, default_ranker_dir
 from dilstore.reader.text.tokenization import TokenizedText
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
@@ -50,6 +50,7 @@ from dilstore.storage.records import PassageRecord
 # installed package's copy, so a remote worker finds the packaged models wherever its site-packages is.
 DEFAULT_CHECKPOINT_REF = "package:default-checkpoint"
 DEFAULT_RANKER_REF = "package:default-ranker"
+DEFAULT_LISTFORMER_REF = "package:default-listformer"
 WINDOW_ID_SEPARATOR = "~"
 DEFAULT_MAX_LENGTH = 384
 
@@ -95,6 +96,8 @@ def resolve_model_dir(model: str) -> Path:
         return default_checkpoint_dir()
     if model == DEFAULT_RANKER_REF:
         return default_ranker_dir()
+    if model == DEFAULT_LISTFORMER_REF:
+        return default_listformer_dir()
     return resolve_base_model(model)
 
 

@@ -69,8 +69,11 @@ def _earl_s2_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask
 
 
 def _listformer_states(model: OfflineModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> OfflineOutput:
-    """`d [SEP]` ids and mask (b, n) → each document's states after the delayed layers k (b, n, d); no vectors."""
-    return _as(model, ListformerRanker).encode_documents(input_ids, attention_mask), None
+    """`d [SEP]` ids and mask (b, n) → each document's states after the delayed layers k (b, n, d), and the
+    prior's vectors (b, d) when the ranker has the prior."""
+    ranker = _as(model, ListformerRanker)
+    states = ranker.encode_documents(input_ids, attention_mask)  # (b, n, d)
+    return states, ranker.document_vectors(input_ids, attention_mask) if ranker.prior else None
 
 
 def _prior_vectors(ranker: EarlRanker, states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:

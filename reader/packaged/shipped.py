@@ -1,9 +1,10 @@
-"""Where the checkpoints shipped inside the package are: the default DilBert reader and the default EARL ranker.
+"""Where the checkpoints shipped inside the package are: the default DilBert reader, EARL ranker and Listformer.
 
 Every command that reads answers (`precompute`, `ask`, `evaluate-qa`,
-`evaluate-rc`) falls back to the reader when no `--model` is given, and
-`precompute --kind earl-s1|earl-s2` and `rerank` fall back to the ranker.
-Both are fine-tuned all-MiniLM-L6-v2 models stored as fp16 safetensors inside
+`evaluate-rc`) falls back to the reader when no `--model` is given,
+`precompute --kind earl-s1|earl-s2` and `rerank` of an EARL store fall back
+to the EARL ranker, and `precompute --kind listformer` and `rerank` of a
+Listformer store to the Listformer. All are fine-tuned all-MiniLM-L6-v2 models stored as fp16 safetensors inside
 the package, so an installed dilstore works with no download; the model card
 next to the weights says how each was trained and what it scores.
 
@@ -21,6 +22,7 @@ from dilstore.storage.errors import DilstoreError
 
 DEFAULT_CHECKPOINT_NAME = "dilbert-minilm-squad"
 DEFAULT_RANKER_NAME = "earl-minilm-squad"
+DEFAULT_LISTFORMER_NAME = "listformer-minilm-squad"
 
 
 def packaged_models_dir() -> Path:
@@ -36,6 +38,13 @@ def default_checkpoint_dir() -> Path:
 def default_ranker_dir() -> Path:
     """The shipped default EARL checkpoint folder; a DilstoreError says how to get one when it is missing."""
     return _shipped(DEFAULT_RANKER_NAME, "EARL ranker checkpoint", "train earl", "package_default_ranker.py")
+
+
+def default_listformer_dir() -> Path:
+    """The shipped default Listformer checkpoint folder; a DilstoreError says how to get one when it is missing."""
+    return _shipped(
+        DEFAULT_LISTFORMER_NAME, "Listformer checkpoint", "train listformer", "package_default_ranker.py"
+    )
 
 
 def _shipped(name: str, what: str, train: str, package_script: str) -> Path:

@@ -68,7 +68,7 @@ from dilstore.reader.modeling.earl import EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.listformer import KIND as LISTFORMER
 from dilstore.reader.modeling.listformer import ListformerRanker
-from dilstore.reader.packaged.shipped import default_ranker_dir
+from dilstore.reader.packaged.shipped import default_listformer_dir, default_ranker_dir
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
@@ -312,11 +312,7 @@ class EarlReranker(StoreReranker[EarlRanker]):
     def _check_store(self, model: EarlRanker, store: Store) -> None:
         """An "earl-s1" or "earl-s2" store, with passage vectors when the ranker has the bi-encoder prior."""
         require_earl_store(store)
-        if model.prior and store.vector_size is None:
-            raise DilstoreError(
-                f"store {store.url} has no passage vectors, which this ranker's bi-encoder prior needs; "
-                "precompute the store again with this ranker"
-            )
+        _require_prior_vectors(model.prior, store)
 
     def _score(self, tokens: TokenizedText, documents: Sequence[StoredPassage], stats: RerankStats) -> list[float]:
         """The query module once, then the judger blocks over every document in length-bucketed batches."""
@@ -348,20 +344,29 @@ class ListformerReranker(StoreReranker[ListformerRanker]):
     run_tag = LISTFORMER_RUN_TAG
 
     def _check_store(self, model: ListformerRanker, store: Store) -> None:
-        """A "listformer" store."""
+        """A "listformer" store, with passage vectors when the ranker has the bi-encoder prior."""
         _require_kind(
             store,
             (LISTFORMER,),
             f"the Listformer reranker needs a {LISTFORMER!r} store (`dilstore precompute --kind listformer`)",
         )
+        _require_prior_vectors(model.prior, store)
 
     def _score(self, tokens: TokenizedText, documents: Sequence[StoredPassage], stats: RerankStats) -> list[float]:
-        """The query's layers 1..k once, then layers k+1..l over the query and every stored document together."""
+        """The query's layers 1..k once (and the prior encoder), then layers k+1..l over the query and every
+        stored document together (plus each document's stored prior vector)."""
         with stats.measure("query_layers"), torch.inference_mode():
             query_states, query_mask = self._encode_query(tokens)  # (1, nq, d), (1, nq)
+            prior = {}
+            if self.model.prior:
+                query_ids = torch.from_numpy(tokens.token_ids.astype(np.int64))[None].to(self.device)  # (1, nq)
+                prior["query_vectors"] = self.model.query_vectors(query_ids, query_mask)  # (1, d)
         with stats.measure("judge"), torch.inference_mode():
             stored, doc_mask = pad_stored_states(documents, self.device, self.model.dtype)  # (D, n, d), (D, n)
-            scores = self.model.score_lists(query_states, query_mask, stored[None], doc_mask[None])  # (1, D)
+            if prior:
+                vectors = np.stack([document.vector for document in documents])  # (D, d)
+                prior["doc_vectors"] = torch.from_numpy(vectors)[None].to(self.device)  # (1, D, d)
+            scores = self.model.score_lists(query_states, query_mask, stored[None], doc_mask[None], **prior)  # (1, D)
         return scores[0].float().cpu().tolist()
 
 
@@ -390,24 +395,27 @@ def open_reranker(
 ) -> StoreReranker:
     """Open a store, load and check its ranker, and return the reranker its kind calls for.
 
-    Without `model_dir`, EARL stores use the packaged EARL ranker; no
-    Listformer is packaged, so a Listformer store needs the checkpoint that
-    made it.
+    Without `model_dir`, EARL stores use the packaged EARL ranker and
+    Listformer stores the packaged Listformer.
     """
     store = open_store(store_path)
     kind = require_rerank_store(store)
     if kind == LISTFORMER:
-        if model_dir is None:
-            raise DilstoreError(
-                f"store {store.url} is a {LISTFORMER!r} store: give the Listformer checkpoint that made it "
-                "(--model); no Listformer ranker is packaged"
-            )
-        model = load_store_ranker(store, model_dir)
+        model = load_store_ranker(store, default_listformer_dir() if model_dir is None else model_dir)
         assert isinstance(model, ListformerRanker)  # load_store_ranker loads by the store's kind
         return ListformerReranker(model, store, settings, device)
     model = load_store_ranker(store, default_ranker_dir() if model_dir is None else model_dir)
     assert isinstance(model, EarlRanker)  # load_store_ranker loads by the store's kind
     return EarlReranker(model, store, settings, device)
+
+
+def _require_prior_vectors(prior: bool, store: Store) -> None:
+    """Refuse a store without passage vectors for a ranker with the bi-encoder prior, which reads them."""
+    if prior and store.vector_size is None:
+        raise DilstoreError(
+            f"store {store.url} has no passage vectors, which this ranker's bi-encoder prior needs; "
+            "precompute the store again with this ranker"
+        )
 
 
 def _require_kind(store: Store, kinds: Sequence[str], needed: str) -> str:

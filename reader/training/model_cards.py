@@ -1,4 +1,4 @@
-"""Model cards for the shipped checkpoints: what the default reader and the default EARL ranker score.
+"""Model cards for the shipped checkpoints: what the default reader, EARL ranker and Listformer score.
 
 A card is rendered from a run's dilstore_training.json and its evaluation
 (the reader's eval-dev.json, the ranker's rank_quality rows); the packaging
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dilstore.reader.evaluation.rank_metrics import METRICS
-from dilstore.reader.packaged.shipped import DEFAULT_CHECKPOINT_NAME, DEFAULT_RANKER_NAME
+from dilstore.reader.packaged.shipped import DEFAULT_CHECKPOINT_NAME, DEFAULT_LISTFORMER_NAME, DEFAULT_RANKER_NAME
 
 # The issue's target: EARL within this much nDCG@10 of the same-size cross-encoder.
 TARGET_NDCG_GAP = 0.01
@@ -37,12 +37,58 @@ def render_ranker_card(
     config = training["config"]
     pooling = {"cls": "ClsPool", "mean": "AvePool"}[config["pooling"]]
     tied = "tied" if config["tied"] else "untied"
-    lines = [
+    intro = [
         f"# {DEFAULT_RANKER_NAME}: EARL ranker, all-MiniLM-L6-v2, {pooling}, {tied}",
         "",
         "An EARL (MORES) ranker: a document module over `[CLS] d [SEP]` that runs offline",
         "(`dilstore precompute --kind earl-s1|earl-s2`), a query module that runs once per query,",
         "and judger blocks that run per query-document pair (`dilstore rerank`).",
+    ]
+    loss = f"- {config['loss']} loss over 1 positive and {config['negatives']} negatives"
+    target = target_statement(results, checkpoint)
+    return _ranker_card(intro, loss, training, results, checkpoint, hardware, target, notes)
+
+
+def render_listformer_card(
+    training: Mapping[str, Any],
+    results: Sequence[Mapping[str, Any]],
+    *,
+    checkpoint: str,
+    hardware: str,
+    notes: str = "",
+) -> str:
+    """A Listformer's model card, as render_ranker_card; its target: ≥ the same-budget cross-encoder, > BM25."""
+    config = training["config"]
+    k = int(config["delayed_layers"])
+    prior = ", bi-encoder prior" if config.get("prior") else ""
+    intro = [
+        f"# {DEFAULT_LISTFORMER_NAME}: Listformer ranker, all-MiniLM-L6-v2, k={k} delayed layers{prior}",
+        "",
+        "A listwise Listformer (seed 003): a query and its whole candidate list in one pass, with",
+        "global-local attention and document-wise positions. Layers 1..k see each document alone, so",
+        "`dilstore precompute --kind listformer` stores their output; `dilstore rerank` runs the rest."
+        + (" The score adds 20 x the frozen base's cosine of mean-pooled query and document, whose" if prior else ""),
+        *(["document side the store keeps per passage."] if prior else []),
+    ]
+    loss = f"- {config['loss']} loss (T = {config['temperature']}) over lists of 1 positive and {config['negatives']} negatives"
+    return _ranker_card(intro, loss, training, results, checkpoint, hardware, listformer_target(results, checkpoint),
+                        notes)  # fmt: skip
+
+
+def _ranker_card(
+    intro: Sequence[str],
+    loss: str,
+    training: Mapping[str, Any],
+    results: Sequence[Mapping[str, Any]],
+    checkpoint: str,
+    hardware: str,
+    target: str,
+    notes: str,
+) -> str:
+    """The card both rankers share: `intro`, data, training (`loss` opens its settings line), results, `target`."""
+    config = training["config"]
+    lines = [
+        *intro,
         "",
         "## Data",
         f"- Train: SQuAD v1.1 train questions (`{training['triples']}`, made by `dilstore train ranking-data`):",
@@ -58,7 +104,7 @@ def render_ranker_card(
         f"{training['triples_seen']} of {training['train_triples']} training questions seen "
         f"({training['triples_seen'] / training['train_triples']:.2%} of one epoch), "
         f"{training['pairs_seen']} query-document pairs.",
-        f"- {config['loss']} loss over 1 positive and {config['negatives']} negatives, batch {config['batch_size']}"
+        f"{loss}, batch {config['batch_size']}"
         f" x accumulation {config['gradient_accumulation']}, learning rate {config['learning_rate']},"
         f" warm-up {config['warmup_ratio']:.0%}, query length {config['max_query_length']},"
         f" document length {config['max_doc_length']}, seed {config['seed']}.",
@@ -69,7 +115,7 @@ def render_ranker_card(
         "",
         *results_table(results, checkpoint),
         "",
-        f"- {target_statement(results, checkpoint)}",
+        f"- {target}",
     ]
     if notes:
         lines += ["", "## Notes", "", notes.rstrip()]
@@ -104,6 +150,22 @@ def target_statement(results: Sequence[Mapping[str, Any]], checkpoint: str) -> s
         f"target within {TARGET_NDCG_GAP} nDCG@10 of the same-size cross-encoder on {TARGET_TASK}: {verdict} "
         f"(cross-encoder {float(encoders[0]['nDCG@10']):.4f}, this ranker {float(ours[0]['nDCG@10']):.4f}, "
         f"gap {gap:+.4f})"
+    )
+
+
+def listformer_target(results: Sequence[Mapping[str, Any]], checkpoint: str) -> str:
+    """Whether this Listformer is at least the trained cross-encoder's and above BM25's nDCG@10 on TARGET_TASK."""
+    rows = [row for row in results if row["task"] == TARGET_TASK]
+    ours = [row for row in rows if row.get("path") == checkpoint]
+    encoders = [row for row in rows if row["kind"] == "cross-encoder" and row.get("trained")]
+    bm25 = [row for row in rows if row["kind"] == "bm25"]
+    if not ours or not encoders or not bm25:
+        return f"no trained cross-encoder and BM25 rows on {TARGET_TASK} were given, so the target is not assessed"
+    score, encoder, baseline = (float(row[0]["nDCG@10"]) for row in (ours, encoders, bm25))
+    verdict = "met" if score >= encoder and score > baseline else "NOT met"
+    return (
+        f"target nDCG@10 on {TARGET_TASK} at least the same-budget cross-encoder's and above BM25's: {verdict} "
+        f"(this ranker {score:.4f}, cross-encoder {encoder:.4f}, BM25 {baseline:.4f})"
     )
 
 

@@ -12,6 +12,12 @@ trained k is exactly the k that `precompute` and `ask` use.
   CPU and bf16 (or fp16) autocast on CUDA, a seeded window order, periodic
   resumable checkpoints under OUTPUT/checkpoints/step-N.
 - Windows of similar length are batched together to cut padding.
+- Shared normalisation (Clark & Gardner 2018), when `shared_norm` names the
+  triples of `train ranking-data`: each training example is a question group
+  of its answer window and the first windows of N BM25 negative paragraphs
+  (reader/data/shared_norm.py), and the start and end cross-entropies run
+  over one softmax across the passage tokens of the whole group, so span
+  scores become comparable across passages (shared_norm_loss).
 - Distillation (DeFormer, Cao et al. 2020), when a teacher reader is given:
   loss = CE + alpha * T^2 * KL(teacher || student) on the start and end
   distributions at temperature T, + beta * the mean squared distance between
@@ -34,6 +40,8 @@ import torch
 
 from dilstore.reader.data.qa_batches import QABatch, collate_features
 from dilstore.reader.data.qa_features import QAFeature, window_features
+from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
+from dilstore.reader.data.shared_norm import shared_norm_groups
 from dilstore.reader.data.squad import load_squad
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.loop import (
@@ -46,8 +54,13 @@ from dilstore.reader.training.loop import (
 from dilstore.reader.training.runs import TrainerRun, finish_run, start_run
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 
-# How `train qa` reports its speed: windows per second.
-_THROUGHPUT = Throughput(per_example=1, bar_name="win_per_s", log_name="windows/s", log_digits=2, seen_name="seen")
+
+
+def _throughput(windows_per_example: int) -> Throughput:
+    """How `train qa` reports its speed: windows per second (a shared-normalisation example is a group of windows)."""
+    return Throughput(
+        per_example=windows_per_example, bar_name="win_per_s", log_name="windows/s", log_digits=2, seen_name="seen"
+    )
 
 
 @dataclass(frozen=True)
@@ -78,9 +91,16 @@ class TrainingConfig:
     distillation_temperature: float = 2.0
     distillation_weight: float = 1.0
     representation_weight: float = 1.0
+    shared_norm: str | None = None
+    shared_norm_negatives: int = 3
 
     def __post_init__(self) -> None:
         check_loop_settings(self)
+        if self.shared_norm is not None and self.shared_norm_negatives < 1:
+            raise DilstoreError(
+                f"shared-norm-negatives must be at least 1 (paragraphs beside the answer's), got "
+                f"{self.shared_norm_negatives}"
+            )
         require_at_least_one(
             {
                 "max_seq_length": self.max_seq_length,
@@ -105,26 +125,55 @@ class TrainingConfig:
 
 @dataclass(frozen=True)
 class TrainingData:
-    """The labelled windows of a training file, and how to pad any subset of them into a batch."""
+    """The labelled training examples of a file, and how to pad any subset of them into a batch.
+
+    An example is one window, or with shared normalisation a group of
+    `group_size` windows (answer window first); `features` holds them
+    group by group.
+    """
 
     features: list[QAFeature]
     questions: int
     pad_token_id: int
+    group_size: int = 1
+
+    @property
+    def examples(self) -> int:
+        """How many training examples (windows, or question groups) there are."""
+        return len(self.features) // self.group_size
+
+    def windows(self, index: int) -> list[QAFeature]:
+        """The windows of example `index`."""
+        return self.features[index * self.group_size : (index + 1) * self.group_size]
+
+    def lengths(self) -> list[int]:
+        """Tokens per example (question plus window, summed over a group), for length-grouped batching."""
+        return [
+            sum(len(feature.question) + len(feature.passage) for feature in self.windows(index))
+            for index in range(self.examples)
+        ]
 
     def collate(self, indices: Sequence[int]) -> QABatch:
-        """The padded batch of the windows at `indices`."""
-        return collate_features([self.features[i] for i in indices], self.pad_token_id)
+        """The padded batch of the examples at `indices`, their windows group by group."""
+        return collate_features([feature for i in indices for feature in self.windows(i)], self.pad_token_id)
 
 
 def load_training_data(tokenizer: Any, train_file: Path, config: TrainingConfig) -> TrainingData:
-    """SQuAD training questions (the first `train_limit` when set) as labelled sliding-window features."""
+    """SQuAD training questions (the first `train_limit` when set) as labelled windows or shared-norm groups."""
     examples = load_squad(train_file)
     if config.train_limit is not None:
         examples = examples[: config.train_limit]
     if not examples:
         raise DilstoreError(f"{train_file}: no training questions")
-    features = window_features(tokenizer, examples, config)
-    return TrainingData(features=features, questions=len(examples), pad_token_id=tokenizer.pad_token_id)
+    pad_id = tokenizer.pad_token_id
+    if config.shared_norm is None:
+        return TrainingData(window_features(tokenizer, examples, config), len(examples), pad_id)
+    triples = Path(config.shared_norm)
+    groups = shared_norm_groups(
+        tokenizer, examples, triples, triples.parent / PARAGRAPHS_FILE, config.shared_norm_negatives, config
+    )
+    features = [feature for group in groups for feature in group]
+    return TrainingData(features, len(examples), pad_id, group_size=1 + config.shared_norm_negatives)
 
 
 @dataclass(frozen=True)
@@ -151,6 +200,28 @@ def qa_loss(
     start = torch.nn.functional.cross_entropy(start_logits.float(), start_targets)
     end = torch.nn.functional.cross_entropy(end_logits.float(), end_targets)
     return (start + end) / 2
+
+
+def shared_norm_loss(
+    start_logits: torch.Tensor, end_logits: torch.Tensor, batch: QABatch, group_size: int
+) -> torch.Tensor:
+    """Mean of start and end cross-entropies, each over one softmax across the passage tokens of a whole group.
+
+    Logits (b·g, nq+np) hold b groups of g windows, answer window first;
+    only passage tokens (not the question, not padding) compete, and the
+    target is the answer's position in the group's first window.
+    """
+    groups = start_logits.shape[0] // group_size
+    question_width = batch.question_ids.shape[1]
+    passage = torch.cat([torch.zeros_like(batch.question_mask), batch.passage_mask], dim=1).bool()  # (b·g, nq+np)
+    targets = (batch.start_targets[::group_size], batch.end_targets[::group_size])  # (b,) each, in window 0
+    if bool((targets[0] < question_width).any()):
+        raise DilstoreError("a shared-normalisation group's first window must hold the answer")
+    losses = []
+    for logits, target in zip((start_logits, end_logits), targets, strict=True):
+        masked = logits.float().masked_fill(~passage, torch.finfo(torch.float32).min)  # (b·g, nq+np)
+        losses.append(torch.nn.functional.cross_entropy(masked.reshape(groups, -1), target))  # over (b, g·(nq+np))
+    return (losses[0] + losses[1]) / 2
 
 
 @dataclass(frozen=True)
@@ -242,19 +313,19 @@ def train_qa(
         distillation = Distillation(
             teacher, config.distillation_temperature, config.distillation_weight, config.representation_weight
         )
-    lengths = [len(feature.question) + len(feature.passage) for feature in data.features]
     run = TrainerRun(
         model=reader,
-        num_examples=len(data.features),
-        step_plan=optimizer_step_batches(len(data.features), config, lengths if config.group_by_length else None),
+        num_examples=data.examples,
+        step_plan=optimizer_step_batches(data.examples, config, data.lengths() if config.group_by_length else None),
         accumulate=partial(accumulate_gradients, reader, data, device=start.device, distillation=distillation),
-        throughput=_THROUGHPUT,
+        throughput=_throughput(data.group_size),
         identity={"kind": "dilbert-qa", "layers": reader.layers, "num_layers": reader.num_layers},
         inputs={"base_model": str(Path(model_dir)), "train_file": str(Path(train_file))},
         counts=lambda position: {
             "features_seen": position.features_seen,
-            "train_features": len(data.features),
+            "train_features": data.examples,
             "train_questions": data.questions,
+            "windows_per_example": data.group_size,
         },
     )
     outcome = finish_run(start, run, config, command=command, progress=progress)
@@ -264,7 +335,7 @@ def train_qa(
         steps=outcome.position.step,
         total_steps=outcome.total_steps,
         features_seen=outcome.position.features_seen,
-        train_features=len(data.features),
+        train_features=data.examples,
         train_questions=data.questions,
         train_seconds=outcome.position.train_seconds,
         final_loss=outcome.final_loss,
@@ -284,7 +355,8 @@ def accumulate_gradients(
 ) -> float:
     """Forward and backward over one optimizer step's micro-batches, adding into `.grad`; returns the mean loss.
 
-    With `distillation`, the loss adds its terms (module docstring) to the span cross-entropy.
+    With `distillation`, the loss adds its terms (module docstring) to the span cross-entropy; with
+    shared normalisation (groups of more than one window) that cross-entropy is shared_norm_loss.
     """
 
     def micro_batch_loss(indices: Sequence[int]) -> torch.Tensor:
@@ -292,7 +364,10 @@ def accumulate_gradients(
         inputs = (batch.question_ids, batch.question_mask, batch.passage_ids, batch.passage_mask)
         with autocast_context(device, dtype):
             start_logits, end_logits, states = reader.forward_with_states(*inputs)  # (b, nq + np) ×2, states
-        loss = qa_loss(start_logits, end_logits, batch.start_targets, batch.end_targets)
+        if data.group_size > 1:
+            loss = shared_norm_loss(start_logits, end_logits, batch, data.group_size)
+        else:
+            loss = qa_loss(start_logits, end_logits, batch.start_targets, batch.end_targets)
         if distillation is None:
             return loss
         with torch.no_grad(), autocast_context(device, dtype):

@@ -26,6 +26,8 @@ in one pass; `delayed_layers` is its k.
   instead of storing the encoder (EarlRanker.freeze_encoder);
   `encoder_learning_rate` instead trains the encoder copies at their own,
   lower peak rate.
+- A Listformer with the prior (`prior`) starts as the same cosine, from a
+  frozen copy of the base that its checkpoints name instead of storing.
 """
 
 from __future__ import annotations
@@ -125,13 +127,14 @@ class RankingTrainingConfig:
         ListformerConfig(self.delayed_layers)
         if self.pooling not in POOLINGS:
             raise DilstoreError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
-        earl_only = (self.query_layers is not None, self.pooling != "cls", self.tied, self.prior,
+        earl_only = (self.query_layers is not None, self.pooling != "cls", self.tied,
                      self.freeze_encoder, self.encoder_learning_rate is not None)  # fmt: skip
         if self.kind != "earl" and any(earl_only):
             raise DilstoreError(
-                "query-layers, pooling, tied, prior, freeze-encoder and encoder-learning-rate describe an EARL "
-                "ranker only"
+                "query-layers, pooling, tied, freeze-encoder and encoder-learning-rate describe an EARL ranker only"
             )
+        if self.prior and self.kind not in ("earl", "listformer"):
+            raise DilstoreError("prior describes an EARL ranker or a Listformer only")
         if self.freeze_encoder and self.encoder_learning_rate is not None:
             raise DilstoreError("freeze-encoder and encoder-learning-rate exclude each other: a frozen encoder has none")
         if self.encoder_learning_rate is not None and self.encoder_learning_rate <= 0:
@@ -143,7 +146,7 @@ class RankingTrainingConfig:
 
     def listformer_config(self) -> ListformerConfig:
         """The Listformer variant this config trains (ignored by the other kinds)."""
-        return ListformerConfig(delayed_layers=self.delayed_layers)
+        return ListformerConfig(delayed_layers=self.delayed_layers, prior=self.prior)
 
     def learning_rates(self) -> dict[str, float] | None:
         """Parameter-name prefixes with their own peak rate: EARL's encoder copies under encoder_learning_rate."""

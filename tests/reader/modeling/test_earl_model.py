@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from transformers import BertModel, RobertaConfig
 from transformers.models.bert.modeling_bert import BertAttention
 
-from dilstore.reader.modeling.earl import ENCODER_PREFIXES, PRIOR_SCALE, EarlConfig, EarlRanker
+from dilstore.reader.modeling.earl import ENCODER_PREFIXES, EarlConfig, EarlRanker
+from dilstore.reader.modeling.prior import PRIOR_SCALE
 from dilstore.reader.modeling.siamese import CosineBiEncoder
 from dilstore.reader.training.losses import softmax_cross_entropy_loss
 from dilstore.storage.errors import DilstoreError

@@ -241,7 +241,9 @@ def test_checkpoint_round_trip_in_fp16_keeps_k_and_scores(tmp_path) -> None:
     ranker = tiny_listformer(1)
     ranker.save_pretrained(tmp_path / "ckpt")
     metadata = json.loads((tmp_path / "ckpt" / "dilstore.json").read_text())
-    assert metadata == {"architecture": "bert", "format": 1, "kind": "listformer", "layers": 1, "num_layers": 3}
+    assert metadata == {
+        "architecture": "bert", "format": 1, "kind": "listformer", "layers": 1, "num_layers": 3, "prior": False
+    }
     from safetensors.torch import load_file
 
     assert {tensor.dtype for tensor in load_file(tmp_path / "ckpt" / "model.safetensors").values()} == {torch.float16}

@@ -10,6 +10,7 @@ forward on the same texts, in one pass.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 
 from dilstore.reader.data.trec import read_run, write_run
 from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
+from dilstore.reader.packaged.shipped import DEFAULT_LISTFORMER_NAME
 from dilstore.reader.serving.rerank import ListformerReranker, open_reranker
 from dilstore.runners import cli
 from dilstore.storage.errors import DilstoreError
@@ -102,6 +104,24 @@ def test_the_list_scored_from_the_store_equals_the_unsplit_forward(
     assert max(abs(reordered[docid] - got[docid]) for docid in docids) < 1e-5, "the list order does not matter"
 
 
+def test_a_prior_listformer_store_keeps_each_documents_prior_vector(
+    corpus: Path, documents: dict[str, str], tmp_path: Path
+) -> None:
+    """The prior's document vectors are stored per passage; reranking from them equals the unsplit forward."""
+    ranker = ListformerRanker.from_encoder(text_encoder(1), tokenizer(), ListformerConfig(DELAYED, prior=True))
+    with torch.no_grad():
+        ranker.score.weight.normal_(std=0.5)  # as if trained: both the Listformer and the prior move the scores
+    model = ranker.save_pretrained(tmp_path / "prior-listformer")
+    assert cli.main(precompute(corpus, model, tmp_path / "store", "fp16")) == 0
+    reranker = open_reranker(tmp_path / "store", model)
+    assert reranker.store.vector_size == ranker.hidden_size
+    docids = list(documents)
+    got = reranker.rerank(QUERY, docids)
+    want = unsplit_scores(model, documents, docids)
+    assert np.ptp(list(want.values())) > 0.01, "scores that differ"
+    assert max(abs(got[docid] - want[docid]) for docid in docids) < TOLERANCE["fp16"]
+
+
 def test_a_shorter_list_is_another_list(stores, listformer_dir: Path, documents: dict[str, str]) -> None:
     """Documents see each other through the separators: a sublist is scored as that list, not as a slice."""
     docids = list(documents)[:3]
@@ -110,9 +130,28 @@ def test_a_shorter_list_is_another_list(stores, listformer_dir: Path, documents:
     assert max(abs(got[docid] - want[docid]) for docid in docids) < TOLERANCE["fp32"]
 
 
-def test_a_listformer_store_needs_its_own_listformer(stores, listformer_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(DilstoreError, match="give the Listformer checkpoint that made it"):
+@pytest.fixture
+def packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty stand-in for the package's shipped-models folder."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    monkeypatch.setattr("dilstore.reader.packaged.shipped.packaged_models_dir", lambda: folder)
+    return folder
+
+
+def test_without_a_model_the_packaged_listformer_reranks(
+    stores, listformer_dir: Path, documents: dict[str, str], packaged: Path
+) -> None:
+    with pytest.raises(DilstoreError, match="the default Listformer checkpoint is missing"):
         open_reranker(stores["fp16"])
+    shutil.copytree(listformer_dir, packaged / DEFAULT_LISTFORMER_NAME)
+    docids = list(documents)
+    assert open_reranker(stores["fp16"]).rerank(QUERY, docids) == open_reranker(stores["fp16"], listformer_dir).rerank(
+        QUERY, docids
+    )
+
+
+def test_a_listformer_store_needs_its_own_listformer(stores, listformer_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(FingerprintMismatchError):
         open_reranker(stores["fp16"], save_listformer(tmp_path / "other", seed=5))
     earl_like = save_base_encoder(tmp_path / "base", text_encoder())
@@ -121,7 +160,7 @@ def test_a_listformer_store_needs_its_own_listformer(stores, listformer_dir: Pat
 
 
 def test_cli_reranks_a_run_with_the_listformer_the_store_names(
-    stores, listformer_dir: Path, documents: dict[str, str], tmp_path: Path, capsys
+    stores, listformer_dir: Path, documents: dict[str, str], tmp_path: Path, capsys, packaged: Path
 ) -> None:
     docids = list(documents)
     first_stage = {"q1": {docid: float(len(docids) - rank) for rank, docid in enumerate(docids)}}
@@ -138,15 +177,23 @@ def test_cli_reranks_a_run_with_the_listformer_the_store_names(
     assert sorted(reranked, key=reranked.get, reverse=True)[:5] == sorted(want, key=want.get, reverse=True)
     assert (tmp_path / "out.trec").read_text().split("\n")[0].endswith("dilstore-listformer")
     assert cli.main(arguments) == 2
-    assert "give the Listformer checkpoint that made it" in capsys.readouterr().err
+    assert "the default Listformer checkpoint is missing" in capsys.readouterr().err
 
 
-def test_precompute_needs_a_model_and_a_plain_encoder_needs_k(corpus: Path, tmp_path: Path, capsys) -> None:
+def test_precompute_defaults_to_the_packaged_listformer_and_a_plain_encoder_needs_k(
+    corpus: Path, listformer_dir: Path, tmp_path: Path, capsys, packaged: Path
+) -> None:
     base = save_base_encoder(tmp_path / "base", text_encoder(seed=1))
     args = precompute(corpus, base, tmp_path / "store", "fp16")
     at = args.index("--model")
-    assert cli.main([*args[:at], *args[at + 2 :]]) == 2
-    assert "listformer stores need --model" in capsys.readouterr().err
+    without_model = [*args[:at], *args[at + 2 :]]
+    assert cli.main(without_model) == 2
+    assert "the default Listformer checkpoint is missing" in capsys.readouterr().err
+    shutil.copytree(listformer_dir, packaged / DEFAULT_LISTFORMER_NAME)
+    assert cli.main(without_model) == 0
+    assert json.loads(capsys.readouterr().out)["layers"] == DELAYED
+    open_reranker(tmp_path / "store", listformer_dir)  # the packaged Listformer made it: the fingerprint matches
+    shutil.rmtree(tmp_path / "store")
     assert cli.main(args) == 2
     assert "needs its delayed layers k (--layers)" in capsys.readouterr().err
     assert not (tmp_path / "store").exists()

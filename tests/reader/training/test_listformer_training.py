@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
-from dilstore.reader.modeling.listformer import ListformerRanker
+from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
 from dilstore.reader.modeling.rankers import load_ranker
 from dilstore.reader.training.ranking import RankingTrainingConfig, load_ranking_data, train_ranker
 from dilstore.runners.cli import main
@@ -54,12 +54,17 @@ def test_the_listformer_overfits_four_lists(
         assert reloaded.score_groups(*data.batch(range(4))).argmax(dim=1).tolist() == [0, 0, 0, 0]
 
 
-def test_resume_continues_exactly_where_the_run_stopped(overfit_files, tmp_path: Path) -> None:
-    """A run cut after step 2 and resumed ends with the same weights (dropout on): periodic checkpoints are fp32."""
+@pytest.mark.parametrize("prior", [False, True])
+def test_resume_continues_exactly_where_the_run_stopped(prior: bool, overfit_files, tmp_path: Path) -> None:
+    """A run cut after step 2 and resumed ends with the same weights (dropout on): periodic checkpoints are fp32.
+
+    With the prior, they name the base instead of storing the prior encoder, which resuming takes from it.
+    """
     base = write_tiny_checkpoint(tmp_path / "base", dropout=0.1)
     triples, paragraphs = overfit_files
     config = RankingTrainingConfig(kind="listformer", loss="approx-ndcg", delayed_layers=1, epochs=3, batch_size=2,
-                                   learning_rate=1e-3, save_every=2, keep_checkpoints=5, seed=7, **SMALL)  # fmt: skip
+                                   learning_rate=1e-3, save_every=2, keep_checkpoints=5, seed=7, prior=prior,
+                                   **SMALL)  # fmt: skip
     straight = train_ranker(base, triples, paragraphs, tmp_path / "a", config, command="a", progress=False)
     step = tmp_path / "a" / "checkpoints" / "step-0000002"
     assert {tensor.dtype for tensor in load_file(step / "model.safetensors").values()} == {torch.float32}
@@ -93,6 +98,7 @@ def test_resume_reads_a_run_config_written_before_a_setting_existed(tiny_base, o
         ({"temperature": 0.0}, "temperature must be positive"),
         ({"delayed_layers": -1}, "non-negative integer"),
         ({"kind": "earl", "delayed_layers": 1}, "delayed-layers describes a Listformer only"),
+        ({"kind": "cross-encoder", "prior": True}, "prior describes an EARL ranker or a Listformer only"),
     ],
 )
 def test_config_errors_name_the_option(changes: dict, message: str) -> None:
@@ -115,6 +121,26 @@ def test_cli_trains_a_delayed_listformer_end_to_end(tiny_base: Path, overfit_fil
     metadata = json.loads((tmp_path / TRAINING_METADATA_FILE).read_text())
     assert "--loss listnet" in metadata["command"] and "--delayed-layers 1" in metadata["command"]
     assert metadata["config"]["delayed_layers"] == 1
+
+
+def test_cli_trains_a_prior_listformer_that_names_its_base(tiny_base: Path, overfit_files, tmp_path: Path) -> None:
+    """`--prior`: the checkpoint leaves the frozen prior encoder out, and it comes back as the base's weights."""
+    triples, _ = overfit_files
+    status = main(["train", "listformer", "--triples", str(triples), "--output", str(tmp_path), "--base-model",
+                   str(tiny_base), "--negatives", "2", "--delayed-layers", "1", "--prior", "--max-steps", "2",
+                   "--batch-size", "2", "--learning-rate", "1e-2", "--max-query-length", "16", "--max-doc-length",
+                   "24", "--device", "cpu", "--threads", "1", "--no-progress", "--json"])  # fmt: skip
+    assert status == 0
+    metadata = json.loads((tmp_path / "dilstore.json").read_text())
+    assert metadata["prior"] is True and metadata["base_encoder"]["model"] == str(tiny_base.resolve())
+    assert not any(name.startswith("prior_encoder.") for name in load_file(tmp_path / "model.safetensors"))
+    ranker = load_ranker(tmp_path)
+    assert isinstance(ranker, ListformerRanker) and ranker.prior
+    base = ListformerRanker.from_base(tiny_base, ListformerConfig(1, prior=True))
+    for (name, got), want in zip(ranker.prior_encoder.state_dict().items(), base.prior_encoder.state_dict().values()):
+        assert torch.equal(got, want), name
+    assert not torch.equal(ranker.encoder.encoder.layer[1].output.dense.weight,
+                           base.encoder.encoder.layer[1].output.dense.weight), "the Listformer itself trained"  # fmt: skip
 
 
 def test_cli_refuses_a_delayed_split_the_encoder_cannot_take(tiny_base, overfit_files, tmp_path, capsys) -> None:

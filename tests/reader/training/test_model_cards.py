@@ -1,6 +1,6 @@
-"""The default EARL ranker: where it ships, its packaging as fp16 with a model card, and the card's target line.
+"""The default EARL ranker and Listformer: where they ship, its packaging as fp16 with a model card, and the card's target line.
 
-A tiny random 2-layer EARL ranker is trained for two steps on four triples
+A tiny random 2-layer EARL ranker (and Listformer) is trained for two steps on four triples
 (tests/fixtures/ranking_fixtures.py), so the card is rendered from a real
 dilstore_training.json; the quality reports are written in rank_quality.py's
 layout with made-up metrics, which only the card's arithmetic reads.
@@ -18,8 +18,14 @@ from safetensors import safe_open
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.modeling.rankers import load_ranker
-from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME, default_ranker_dir, packaged_models_dir
-from dilstore.reader.training.model_cards import target_statement
+from dilstore.reader.packaged.shipped import (
+    DEFAULT_LISTFORMER_NAME,
+    DEFAULT_RANKER_NAME,
+    default_listformer_dir,
+    default_ranker_dir,
+    packaged_models_dir,
+)
+from dilstore.reader.training.model_cards import listformer_target, target_statement
 from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
 from dilstore.reader.training.release import MODEL_CARD_FILE, report_package_size
 from dilstore.storage.errors import DilstoreError
@@ -28,21 +34,24 @@ from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
 from tests.fixtures.ranking_fixtures import write_overfit_files
 
 
-@pytest.fixture(scope="module")
-def earl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A two-step EARL run over a tiny random base, as `dilstore train earl` leaves it."""
-    root = tmp_path_factory.mktemp("earl-run")
+def tiny_run(root: Path, kind: str, **settings: object) -> Path:
+    """A two-step run of `kind` over a tiny random base, as `dilstore train KIND` leaves it."""
     triples, paragraphs = write_overfit_files(root / "data")
-    config = RankingTrainingConfig(kind="earl", query_layers=1, max_steps=2, batch_size=2, negatives=2,
-                                   max_query_length=16, max_doc_length=24, log_every=1000)  # fmt: skip
+    config = RankingTrainingConfig(kind=kind, max_steps=2, batch_size=2, negatives=2, max_query_length=16,
+                                   max_doc_length=24, log_every=1000, **settings)  # fmt: skip
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         train_ranker(write_tiny_checkpoint(root / "base"), triples, paragraphs, root / "run", config,
-                     command="dilstore train earl tiny", progress=False)  # fmt: skip
+                     command=f"dilstore train {kind} tiny", progress=False)  # fmt: skip
     finally:
         torch.set_num_threads(previous)
     return root / "run"
+
+
+@pytest.fixture(scope="module")
+def earl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("earl-run"), "earl", query_layers=1)
 
 
 def row(task: str, model: str, kind: str, ndcg: float, path: str = "", trained: bool | None = True) -> dict:
@@ -116,6 +125,32 @@ def test_package_writes_fp16_weights_and_a_card_with_every_row(earl_run: Path, t
     torch.testing.assert_close(got, want, atol=1e-2, rtol=0)  # fp16 weights, fp32 compute
 
 
+def test_a_listformer_run_is_packaged_as_the_default_listformer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    run = tiny_run(tmp_path, "listformer", delayed_layers=1, prior=True, loss="approx-ndcg")
+    monkeypatch.setattr("dilstore.reader.packaged.shipped.packaged_models_dir", lambda: tmp_path / "models")
+    dl19 = write_report(tmp_path / "dl19.json", [
+        row("DL19", "BM25", "bm25", 0.5058, trained=None),
+        row("DL19", "cross-encoder ce (200 steps)", "cross-encoder", 0.1806, "runs/ce"),
+        row("DL19", "listformer run (2 steps)", "listformer", 0.6300, str(run)),
+    ], {"DL19": 43})  # fmt: skip
+    script = package_script()
+    script.packaged_models_dir = lambda: tmp_path / "models"  # the script's own import of it
+    capsys.readouterr()
+    assert script.main(["--checkpoint", str(run), "--quality", str(dl19)]) == 0
+    destination = tmp_path / "models" / DEFAULT_LISTFORMER_NAME
+    assert json.loads(capsys.readouterr().out)["destination"] == str(destination)
+    assert default_listformer_dir() == destination
+    card = (destination / MODEL_CARD_FILE).read_text()
+    assert card.startswith(f"# {DEFAULT_LISTFORMER_NAME}: Listformer ranker, all-MiniLM-L6-v2, k=1 delayed layers, bi")
+    assert "approx-ndcg loss (T = 1.0) over lists of 1 positive and 2 negatives" in card
+    assert "above BM25's: met (this ranker 0.6300, cross-encoder 0.1806, BM25 0.5058)" in card
+    assert "prior_encoder.encoder.layer.0.output.dense.weight" not in safe_open(
+        destination / "model.safetensors", "pt"
+    ).keys(), "the prior's frozen base is named, not shipped"  # fmt: skip
+
+
 def test_package_size_report_fails_over_the_limit(earl_run: Path, capsys) -> None:
     assert report_package_size(earl_run, limit_mb=1000.0) == 0
     assert json.loads(capsys.readouterr().out)["destination"] == str(earl_run)
@@ -130,7 +165,7 @@ def test_package_refuses_a_run_of_another_kind(earl_run: Path, tmp_path: Path, c
     report = write_report(tmp_path / "r.json", [], {})
     assert package_script().main(["--checkpoint", str(run), "--quality", str(report),
                                   "--destination", str(tmp_path / "out")]) == 2  # fmt: skip
-    assert "holds a 'cross-encoder' run, not an EARL ranker" in capsys.readouterr().err
+    assert "holds a 'cross-encoder' run, not an EARL ranker or a Listformer" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
@@ -145,3 +180,19 @@ def test_package_refuses_a_run_of_another_kind(earl_run: Path, tmp_path: Path, c
 )
 def test_target_statement(rows: list[dict], expected: str) -> None:
     assert expected in target_statement(rows, "me")
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ([row("DL19", "ce", "cross-encoder", 0.18), row("DL19", "b", "bm25", 0.5), row("DL19", "l", "listformer", 0.6, "me")],
+         ": met"),
+        ([row("DL19", "ce", "cross-encoder", 0.18), row("DL19", "b", "bm25", 0.5), row("DL19", "l", "listformer", 0.4, "me")],
+         "NOT met"),
+        ([row("DL19", "ce", "cross-encoder", 0.7), row("DL19", "b", "bm25", 0.5), row("DL19", "l", "listformer", 0.6, "me")],
+         "NOT met"),
+        ([row("DL19", "ce", "cross-encoder", 0.18), row("DL19", "l", "listformer", 0.6, "me")], "not assessed"),
+    ],
+)  # fmt: skip
+def test_listformer_target(rows: list[dict], expected: str) -> None:
+    assert expected in listformer_target(rows, "me")

@@ -1,0 +1,116 @@
+"""Reader learning curves (issue #12): SQuAD dev EM/F1 against training windows seen, per recipe, as a table and a PNG.
+
+Each RUN is a `dilstore train qa` output directory; every periodic checkpoint
+under RUN/checkpoints (keep them with --keep-checkpoints) and the final model
+(when the run finished) is evaluated on the same seeded subset of --dev
+(--limit questions, --seed), so the points of every run are comparable.
+Scores are cached per checkpoint in --cache, keyed by the checkpoint's path,
+its weights' modification time and the subset, so a curve that grows over
+sessions evaluates only its new points.
+
+    .venv/bin/python benchmarks/reader_curve.py RUN [RUN...] --dev ../shared/data/squad/dev-v1.1.json \
+        --limit 500 --png reader_curve.png --cache /work/runs/curve-cache.json
+
+Prints the table (run, step, windows seen, hours of training, EM, F1), then
+the rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import torch
+
+from dilstore.reader.evaluation.reading_comprehension import evaluate_file
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.training.release import load_training_metadata
+from dilstore.storage.errors import DilstoreError
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+WEIGHTS = "model.safetensors"
+
+
+def checkpoints(run: Path) -> list[Path]:
+    """The run's periodic checkpoints in step order, then its final model when it has one."""
+    found = sorted((run / "checkpoints").glob("step-*")) if (run / "checkpoints").is_dir() else []
+    found = [path for path in found if (path / WEIGHTS).is_file()]
+    if (run / WEIGHTS).is_file():
+        found.append(run)
+    return found
+
+
+def point(checkpoint: Path, dev: Path, limit: int, seed: int, cache: dict[str, Any]) -> dict[str, Any]:
+    """One curve point: the checkpoint's training position and its dev scores (from the cache when current)."""
+    training = load_training_metadata(checkpoint)
+    key = f"{checkpoint.resolve()}|{(checkpoint / WEIGHTS).stat().st_mtime_ns}|{dev.resolve()}|{limit}|{seed}"
+    if key not in cache:
+        result = evaluate_file(DilBertReader.from_pretrained(checkpoint), dev, limit=limit, seed=seed)
+        cache[key] = {"em": result.em, "f1": result.f1, "questions": result.questions}
+    return {
+        "run": checkpoint.name if checkpoint.parent.name != "checkpoints" else checkpoint.parent.parent.name,
+        "checkpoint": str(checkpoint),
+        "k": training.get("layers"),
+        "step": training["steps"],
+        "windows_seen": training["features_seen"] * int(training.get("windows_per_example") or 1),
+        "train_hours": round(training["train_seconds"] / 3600, 3),
+        **cache[key],
+    }
+
+
+def plot(rows: list[dict[str, Any]], png: Path) -> None:
+    """F1 against windows seen, one line per run."""
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for run in dict.fromkeys(row["run"] for row in rows):
+        points = sorted((row["windows_seen"], row["f1"]) for row in rows if row["run"] == run)
+        axes.plot(*zip(*points, strict=True), marker="o", label=run)
+    axes.set_xlabel("training windows seen")
+    axes.set_ylabel("SQuAD v1.1 dev F1 (seeded subset)")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(png, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="`dilstore train qa` output directories")
+    parser.add_argument("--dev", type=Path, required=True, help="SQuAD v1.1 dev JSON")
+    parser.add_argument("--limit", type=int, default=500, help="seeded subset of dev questions (default 500)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the subset (default 0)")
+    parser.add_argument("--cache", type=Path, required=True, help="JSON file of scores already computed")
+    parser.add_argument("--png", type=Path, help="write the plot here")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cache = json.loads(args.cache.read_text()) if args.cache.is_file() else {}
+    try:
+        rows = []
+        for run in args.runs:
+            for checkpoint in checkpoints(run):
+                rows.append(point(checkpoint, args.dev, args.limit, args.seed, cache))
+                args.cache.write_text(json.dumps(cache, indent=1))
+    except DilstoreError as error:
+        print(f"reader_curve: error: {error}", file=sys.stderr)
+        return 2
+    if not rows:
+        print("reader_curve: error: no checkpoint with weights in the runs given", file=sys.stderr)
+        return 2
+    print(f"{'run':<22} {'k':>2} {'step':>6} {'windows':>8} {'hours':>6} {'EM':>6} {'F1':>6}")
+    for row in rows:
+        print(f"{row['run']:<22} {row['k']!s:>2} {row['step']:>6} {row['windows_seen']:>8} {row['train_hours']:>6.2f} "
+              f"{row['em']:>6.2f} {row['f1']:>6.2f}")  # fmt: skip
+    if args.png:
+        plot(rows, args.png)
+    print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

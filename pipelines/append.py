@@ -1,0 +1,178 @@
+"""`precompute --append`: what the launcher does before the Beam job adds shards to a finalized store.
+
+1. `check_store_settings`: the run must make what the store holds (the model
+   fingerprint: model, kind, k, encoding, max length; the compression; the
+   split), and a 2bit/1bit run uses the store's own `codebook/` (a `--codebook`
+   that differs is refused); one line names what differs.
+2. `refuse_duplicates`: an input document id given twice, or a passage id the
+   store already holds, is refused before any model runs, unless `--replace`
+   (then the first document of an id is kept, as in any run, and the new rows
+   supersede the stored ones). The commit checks the stored ids again, exactly,
+   window ids included (storage.append). With `--replace` a document replaces
+   every stored passage of its id, also those its new version no longer has
+   (`retired_passages`, from the passage tables, at the commit).
+3. `prepare_append`: the run's build id (generation) comes from its spec, as
+   for any run, plus `replace`; the run writes into `STORE/appends/<generation>/`,
+   numbering its shards from the store's first free shard. A folder of the same
+   spec and first shard (a killed run) is resumed, anything else there is
+   removed, and so are the leftovers of other killed appends. When the store's
+   manifest already lists the generation, the append is complete.
+
+The Beam job then runs as usual with the append folder as its store, and its
+last step commits the folder into the store (pipelines/finish.py,
+storage.append.commit_append).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from dilstore.pipelines.corpora import Document
+from dilstore.pipelines.job import SPEC_FILE, PrecomputeJob, read_spec, run_spec, spec_generation, spec_json
+from dilstore.pipelines.passages import split_document
+from dilstore.pipelines.routing import ReadTask, read_task
+from dilstore.pipelines.shard_sink import PASSAGES_DIR
+from dilstore.storage.append import AppendMismatchError, check_appendable, first_free_shard, remove_leftovers
+from dilstore.storage.atomic_files import atomic_write_text
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
+from dilstore.storage.encodings import get_encoding
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import append_dir
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import Manifest, read_manifest
+from dilstore.storage.reader import open_store
+
+_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class AppendPlan:
+    """Where an append writes: its build id, folder and first shard; `committed` when the store lists it already."""
+
+    generation: str
+    folder: Path
+    first_shard: int
+    committed: dict[str, Any] | None  # the manifest's record of this append, when it is committed
+
+
+def check_store_settings(store: Path, job: PrecomputeJob) -> Manifest:
+    """The store's manifest, after checking the run makes what the store holds (AppendMismatchError otherwise)."""
+    manifest = read_manifest(StoreLocation.parse(store))
+    check_appendable(manifest, job.fingerprint, str(store))
+    differing = []
+    if manifest.shards and manifest.compressor != job.compressor:
+        differing.append(f"compression: store {manifest.compressor or 'none'}, this run {job.compressor or 'none'}")
+    split = (read_spec(store) or {}).get("split")
+    if split is not None and split != job.strategy:
+        differing.append(f"split: store {split!r}, this run {job.strategy!r}")
+    if get_encoding(job.encoding).codebook:
+        differing += _codebook_differences(store, job)
+    if differing:
+        raise AppendMismatchError(f"cannot append to {store}: the store was made with other settings "
+                                  f"({'; '.join(differing)})")
+    return manifest
+
+
+def _codebook_differences(store: Path, job: PrecomputeJob) -> list[str]:
+    """Why the run could not encode with the store's codebook (an empty list when it can)."""
+    if not (store / CODEBOOK_DIR).is_dir():
+        return [f"codebook: the store has no {CODEBOOK_DIR}/ to encode the new shards with"]
+    if job.codebook is None:
+        return []
+    stored = codebook_digest(read_codebook(store / CODEBOOK_DIR, job.encoding)[0])
+    given = codebook_digest(read_codebook(job.codebook, job.encoding)[0])
+    return [] if stored == given else [f"codebook: --codebook {job.codebook} is not the store's {CODEBOOK_DIR}/"]
+
+
+def append_spec(job: PrecomputeJob) -> dict[str, Any]:
+    """What fixes an append's contents: the run's spec (inputs, split, shards, model) and whether it replaces."""
+    return {**run_spec(job), "append": {"replace": job.replace}}
+
+
+def prepare_append(store: Path, job: PrecomputeJob, manifest: Manifest) -> AppendPlan:
+    """Make the append folder ready for this run (see the module docstring); call it under the write lock."""
+    spec = append_spec(job)
+    generation = spec_generation(spec)
+    folder = store / append_dir(generation)
+    committed = next((record for record in manifest.appends if record.get("generation") == generation), None)
+    remove_leftovers(store, manifest, keep=() if committed else (generation,))
+    first = first_free_shard(manifest)
+    if committed is not None:
+        return AppendPlan(generation, folder, int(committed.get("first_shard", first)), committed)
+    folder_spec = {**spec, "first_shard": first}
+    if folder.is_dir() and read_spec(folder) != folder_spec:
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if read_spec(folder) is None:
+        atomic_write_text(folder / SPEC_FILE, spec_json(folder_spec))
+    return AppendPlan(generation, folder, first, None)
+
+
+def input_passage_ids(inputs: Iterable[ReadTask], strategy: str) -> Iterator[tuple[str, list[str]]]:
+    """(document id, its passage ids before windowing) for every document of the inputs, in file order."""
+    for task in inputs:
+        for record in read_task(task):
+            if isinstance(record, Document):
+                yield record.id, [passage.id for passage in split_document(record, strategy)]
+
+
+def refuse_duplicates(store: Path, job: PrecomputeJob) -> None:
+    """Without `job.replace`: a DilstoreError naming a few ids when an input document id occurs twice or a passage
+    id of the inputs is in the store already."""
+    if job.replace:
+        return
+    documents: Counter[str] = Counter()
+    passage_ids: list[str] = []
+    for document_id, passages in input_passage_ids(job.inputs, job.strategy):
+        documents[document_id] += 1
+        passage_ids += passages
+    twice = [document_id for document_id, count in documents.items() if count > 1]
+    if twice:
+        raise DilstoreError(f"--append: {len(twice)} document ids occur more than once in the input: "
+                            f"{_listed(twice)}; pass --replace to keep the first of each")
+    with open_store(store) as opened:
+        stored = [passage_id for passage_id in passage_ids if passage_id in opened]
+    if stored:
+        raise DilstoreError(f"--append: {len(stored)} passage ids are in {store} already: {_listed(stored)}; "
+                            "pass --replace to let the new rows win")
+
+
+def retired_passages(store: Path, folder: Path) -> list[str]:
+    """The store's passage ids of every document the append in `folder` stores again (from the passage tables).
+
+    A new version of a document may split into fewer passages or windows than
+    the stored one; --replace supersedes the stored ones it does not bring
+    again too, so no text of the old version stays reachable.
+    """
+    replaced = {document_id for table in _passage_tables(folder) for document_id in _column(table, "doc_id")}
+    manifest = read_manifest(StoreLocation.parse(store))
+    folders = [store, *(store / append_dir(str(record.get("generation"))) for record in manifest.appends)]
+    return [
+        passage_id
+        for stored in folders
+        for table in _passage_tables(stored)
+        for passage_id, document_id in zip(_column(table, "id"), _column(table, "doc_id"), strict=True)
+        if document_id in replaced
+    ]
+
+
+def _passage_tables(folder: Path) -> list[Path]:
+    """The per-shard passage tables (id, doc_id, title, text) a run wrote into `folder`."""
+    return sorted((folder / PASSAGES_DIR).glob("part-*.parquet"))
+
+
+def _column(table: Path, name: str) -> list[str]:
+    return pq.read_table(table, columns=[name]).column(name).to_pylist()
+
+
+def _listed(ids: list[str]) -> str:
+    """The first few ids, quoted, and how many more."""
+    more = f" (and {len(ids) - _SHOWN} more)" if len(ids) > _SHOWN else ""
+    return ", ".join(repr(passage_id) for passage_id in ids[:_SHOWN]) + more

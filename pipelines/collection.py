@@ -1,0 +1,60 @@
+"""The BM25 collection of a store: the pyserini JSONL parts of the passages its id index reaches.
+
+`dilstore precompute` writes one JSONL part per shard (pipelines/shard_sink.py),
+line r of `part-s.jsonl` being row r of shard s. A store never appended to is
+indexed from `STORE/passages/jsonl` as it is. An appended store has parts in
+`passages/jsonl` and in each append's `appends/<generation>/passages/jsonl`,
+and rows that an append with --replace superseded are still in their old parts;
+`write_live_collection` gathers every part into one folder and leaves those
+lines out, so BM25 never finds text the store no longer serves under that id.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from dilstore.pipelines.shard_sink import JSONL_DIR, jsonl_path
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import MANIFEST_FILE, append_dir
+from dilstore.storage.manifest import ShardEntry
+from dilstore.storage.reader import open_store
+
+
+def collection_dir(store: Path) -> Path:
+    """The JSONL folder a store never appended to is indexed from."""
+    return store / JSONL_DIR
+
+
+def is_appended(store: Path) -> bool:
+    """Whether passages were appended to the finalized store (its collection is spread over several folders)."""
+    if not (store / MANIFEST_FILE).is_file():
+        return False
+    with open_store(store) as opened:
+        return bool(opened.manifest.appends)
+
+
+def _part_of(store: Path, entry: ShardEntry) -> Path:
+    """The JSONL part of a shard: in the store's folder, or in the folder of the append that wrote it."""
+    folder = store if entry.generation is None else store / append_dir(entry.generation)
+    return jsonl_path(folder, entry.index)
+
+
+def write_live_collection(store: Path, target: Path) -> int:
+    """Write the store's JSONL parts into `target` without the lines of superseded rows; the number of parts."""
+    with open_store(store) as opened:
+        superseded: dict[int, set[int]] = defaultdict(set)
+        found = opened.superseded()
+        for shard, row in zip(found.shards.tolist(), found.rows.tolist(), strict=True):
+            superseded[shard].add(row)
+        entries = opened.manifest.shards
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        source = _part_of(store, entry)
+        lines = source.read_text(encoding="utf-8").splitlines(keepends=True)
+        if len(lines) != entry.passages:
+            raise DilstoreError(f"{source} has {len(lines)} lines for the {entry.passages} rows of {entry.name}")
+        dropped = superseded.get(entry.index, set())
+        kept = [line for row, line in enumerate(lines) if row not in dropped]
+        (target / source.name).write_text("".join(kept), encoding="utf-8")
+    return len(entries)

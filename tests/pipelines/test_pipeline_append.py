@@ -1,0 +1,282 @@
+"""`dilstore precompute --append`: a store of A followed by an append of B serves what the store of A ∪ B serves.
+
+The tiny random reader and a tiny EARL ranker make the stores in-process
+(DirectRunner, one worker, one thread). Stored passages are compared with the
+one-run store (states to fp tolerance: the encoder batches passages by length,
+so a passage may be padded differently in the two runs), EARL rerank scores too;
+the BM25 + reader path (`ask`, `evaluate-qa`) is in test_pipeline_append_bm25.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dilstore.pipelines.job import SUMMARY_FILE
+from dilstore.reader.serving.rerank import open_reranker
+from dilstore.runners import cli
+from dilstore.storage import append as storage_append
+from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE
+from dilstore.storage.info import store_info
+from dilstore.storage.reader import open_store
+from dilstore.storage.verify import verify_store
+from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
+from tests.fixtures.earl_tiny import text_encoder, tokenizer
+from tests.fixtures.pipeline_fixtures import ROOT, save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+
+DOCUMENTS = wiki_like_documents(12, words=30)
+STATE_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("append-models")
+    ranker = EarlRanker.from_encoder(text_encoder(), tokenizer(), EarlConfig())
+    return {"dilbert": save_tiny_reader(folder / "reader"), "earl": ranker.save_pretrained(folder / "earl")}
+
+
+def precompute(model: Path, corpus: Path, store: Path, *extra: str) -> int:
+    return cli.main(["precompute", "--input", str(corpus), "--output", str(store), "--model", str(model),
+                     "--workers", "1", "--threads", "1", "--max-length", "48", "--shards", "3",
+                     "--encoding", "fp32", "--no-progress", *extra])
+
+
+@pytest.fixture(scope="module")
+def union(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The store of every document, made in one run."""
+    folder = tmp_path_factory.mktemp("append-union")
+    corpus = write_jsonl(folder / "all.jsonl", DOCUMENTS)
+    assert precompute(models["dilbert"], corpus, folder / "store") == 0
+    return folder / "store"
+
+
+def assert_same_passages(store: Path, reference: Path) -> None:
+    """The two stores serve the same ids, texts and tokens, and states within STATE_TOLERANCE."""
+    found, expected = store_contents(store), store_contents(reference)
+    assert sorted(found) == sorted(expected)
+    for passage_id, (title, text, token_ids, spans, states) in expected.items():
+        got = found[passage_id]
+        assert (got[0], got[1]) == (title, text)
+        assert np.array_equal(got[2], token_ids) and np.array_equal(got[3], spans)
+        np.testing.assert_allclose(got[4], states, atol=STATE_TOLERANCE, rtol=0)
+
+
+def split_corpus(folder: Path, in_b: list[bool]) -> tuple[Path, Path]:
+    a = [document for document, b in zip(DOCUMENTS, in_b, strict=True) if not b]
+    b = [document for document, b in zip(DOCUMENTS, in_b, strict=True) if b]
+    return write_jsonl(folder / "a.jsonl", a), write_jsonl(folder / "b.jsonl", b)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(in_b=st.lists(st.booleans(), min_size=len(DOCUMENTS), max_size=len(DOCUMENTS)))
+def test_a_then_an_append_of_b_serves_what_one_run_over_a_and_b_serves(
+    models: dict[str, Path], union: Path, tmp_path_factory: pytest.TempPathFactory, in_b: list[bool]
+) -> None:
+    folder = tmp_path_factory.mktemp("append-split")
+    corpus_a, corpus_b = split_corpus(folder, in_b)
+    store = folder / "store"
+    assert precompute(models["dilbert"], corpus_a, store) == 0
+    assert precompute(models["dilbert"], corpus_b, store, "--append") == 0
+    assert_same_passages(store, union)
+    report = verify_store(store)
+    assert report.ok, report.problems
+    assert store_info(store)["passages"] == store_info(union)["passages"]
+    assert store_info(store)["tokens"] == store_info(union)["tokens"]
+
+
+def test_earl_rerank_scores_of_an_appended_store_equal_the_one_run_store(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    corpus_a, corpus_b = split_corpus(tmp_path, [i % 3 == 0 for i in range(len(DOCUMENTS))])
+    union_corpus = write_jsonl(tmp_path / "all.jsonl", DOCUMENTS)
+    earl = ["--kind", "earl-s1", "--split", "none"]
+    assert precompute(models["earl"], union_corpus, tmp_path / "union", *earl) == 0
+    assert precompute(models["earl"], corpus_a, tmp_path / "store", *earl) == 0
+    assert precompute(models["earl"], corpus_b, tmp_path / "store", *earl, "--append") == 0
+    ids = [document["id"] for document in DOCUMENTS]
+    for query in ("bridge across the river", "museum library garden"):
+        appended = open_reranker(tmp_path / "store", models["earl"]).rerank(query, ids)
+        whole = open_reranker(tmp_path / "union", models["earl"]).rerank(query, ids)
+        assert appended.keys() == whole.keys()
+        np.testing.assert_allclose([appended[i] for i in ids], [whole[i] for i in ids], rtol=1e-5, atol=1e-6)
+    assert verify_store(tmp_path / "store").ok
+
+
+def test_other_settings_are_refused_in_one_line(models: dict[str, Path], union: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = write_jsonl(tmp_path / "new.jsonl", [{"id": "new", "text": "a bridge"}])
+    store = tmp_path / "store"
+    shutil.copytree(union, store)
+    before = (store / MANIFEST_FILE).read_bytes()
+    cases = [
+        (["--encoding", "fp16"], "encoding: store 'fp32', this run 'fp16'"),
+        (["--max-length", "40"], "max_length: store 48, this run 40"),
+        (["--split", "none"], "split: store 'words', this run 'none'"),
+        (["--compression", "zstd"], "compression: store none, this run zstd"),
+    ]
+    for extra, named in cases:
+        arguments = ["precompute", "--input", str(corpus), "--output", str(store), "--model", str(models["dilbert"]),
+                     "--workers", "1", "--threads", "1", "--max-length", "48", "--shards", "3", "--encoding", "fp32",
+                     "--no-progress", "--append", *extra]
+        assert cli.main(arguments) == 2
+        error = capsys.readouterr().err.strip()
+        assert named in error and len(error.splitlines()) == 1, error
+    assert precompute(models["earl"], corpus, store, "--kind", "earl-s1", "--append") == 2
+    error = capsys.readouterr().err.strip()
+    assert "kind: store 'dilbert', this run 'earl-s1'" in error and "weights_sha256" in error, error
+    assert (store / MANIFEST_FILE).read_bytes() == before
+    assert not (store / APPENDS_DIR).exists()
+
+
+def test_duplicate_ids_are_refused_naming_them(models: dict[str, Path], union: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(union, store)
+    again = write_jsonl(tmp_path / "again.jsonl", [DOCUMENTS[3], {"id": "fresh", "text": "a new bridge"}])
+    assert precompute(models["dilbert"], again, store, "--append") == 2
+    assert "1 passage ids are in" in (error := capsys.readouterr().err) and "'doc-003#0'" in error
+    twice = write_jsonl(tmp_path / "twice.jsonl", [{"id": "x", "text": "one"}, {"id": "x", "text": "two"}])
+    assert precompute(models["dilbert"], twice, store, "--append") == 2
+    assert "document ids occur more than once in the input: 'x'" in capsys.readouterr().err
+    assert "fresh#0" not in open_store(store) and verify_store(store).ok
+
+
+def test_replace_serves_the_new_row_and_no_count_or_check_sees_the_old(
+    models: dict[str, Path], union: Path, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(union, store)
+    changed = {**DOCUMENTS[3], "text": "the tower was rebuilt by settlers"}
+    corpus = write_jsonl(tmp_path / "changed.jsonl", [changed, {"id": "fresh", "text": "a new bridge"}])
+    before = store_contents(store)
+    assert precompute(models["dilbert"], corpus, store, "--append", "--replace") == 0
+    after = store_contents(store)
+    assert after["doc-003#0"][1] == "the tower was rebuilt by settlers"
+    assert sorted(after) == sorted([*before, "fresh#0"])
+    with open_store(store) as opened:
+        assert len(opened) == len(before) + 1 and opened.manifest.superseded_passages == 1
+    assert store_info(store)["passages"] == len(before) + 1
+    report = verify_store(store)
+    assert report.ok and report.passages == len(before) + 1, report.problems
+
+
+def test_an_append_that_dies_before_its_commit_leaves_the_store_and_a_rerun_completes_it(
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corpus_a, corpus_b = split_corpus(tmp_path, [i >= 8 for i in range(len(DOCUMENTS))])
+    store, reference = tmp_path / "store", tmp_path / "reference"
+    for target in (store, reference):
+        assert precompute(models["dilbert"], corpus_a, target) == 0
+    assert precompute(models["dilbert"], corpus_b, reference, "--append") == 0
+    before = store_contents(store)
+    manifest = (store / MANIFEST_FILE).read_bytes()
+
+    def crash(*_: object) -> None:
+        raise OSError("simulated crash before the manifest")
+
+    monkeypatch.setattr(storage_append, "write_manifest", crash)
+    assert precompute(models["dilbert"], corpus_b, store, "--append") == 2
+    monkeypatch.undo()
+    assert (store / MANIFEST_FILE).read_bytes() == manifest
+    assert store_contents(store).keys() == before.keys() and verify_store(store).ok
+    assert precompute(models["dilbert"], corpus_b, store, "--append") == 0
+    summary = json.loads(next((store / APPENDS_DIR).glob(f"*/{SUMMARY_FILE}")).read_text())
+    assert summary["shards_resumed"] == summary["shard_count"]  # the shards written before the crash were kept
+    assert_same_passages(store, reference)
+    assert verify_store(store).ok
+    assert precompute(models["dilbert"], corpus_b, store, "--append") == 0  # already complete: nothing changes
+    assert_same_passages(store, reference)
+
+
+def test_a_2bit_append_encodes_with_the_store_codebook_and_refuses_another(
+    models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus_a, corpus_b = split_corpus(tmp_path, [i % 2 == 1 for i in range(len(DOCUMENTS))])
+    union_corpus = write_jsonl(tmp_path / "all.jsonl", DOCUMENTS)
+    store, union = tmp_path / "store", tmp_path / "union"
+    assert precompute(models["dilbert"], corpus_a, store, "--encoding", "2bit") == 0
+    codebook = (store / "codebook" / "mean" / "c" / "0").read_bytes()
+    assert precompute(models["dilbert"], corpus_b, store, "--encoding", "2bit", "--append") == 0
+    assert (store / "codebook" / "mean" / "c" / "0").read_bytes() == codebook  # reused, not retrained
+    assert precompute(models["dilbert"], union_corpus, union, "--encoding", "2bit",
+                      "--codebook", str(store / "codebook")) == 0
+    assert_same_passages(store, union)
+    assert verify_store(store).ok
+    own = tmp_path / "own-codebook"
+    assert precompute(models["dilbert"], corpus_b, own, "--encoding", "2bit") == 0
+    assert precompute(models["dilbert"], corpus_b, store, "--encoding", "2bit", "--append", "--replace",
+                      "--codebook", str(own / "codebook")) == 2
+    assert "is not the store's codebook/" in capsys.readouterr().err
+
+
+def start(arguments: list[str], log: Path) -> subprocess.Popen:
+    """`dilstore ARGS` in a new process group, so that SIGKILL reaches every process it started."""
+    with log.open("wb") as output:
+        return subprocess.Popen([sys.executable, "-m", "dilstore.runners.cli", *arguments], cwd=ROOT, stdout=output,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def append_markers(store: Path) -> int:
+    return len(list((store / APPENDS_DIR).glob("*/passages/meta/part-*.json")))
+
+
+def test_sigkill_during_an_append_then_rerun(models: dict[str, Path], tmp_path: Path) -> None:
+    corpus_a = write_jsonl(tmp_path / "a.jsonl", DOCUMENTS)
+    more = [{**document, "id": f"more-{document['id']}"} for document in wiki_like_documents(120, seed=3)]
+    corpus_b = write_jsonl(tmp_path / "b.jsonl", more)
+    store, reference = tmp_path / "store", tmp_path / "reference"
+    for target in (store, reference):
+        assert precompute(models["dilbert"], corpus_a, target) == 0
+    assert precompute(models["dilbert"], corpus_b, reference, "--append", "--shards", "8") == 0
+    manifest = (store / MANIFEST_FILE).read_bytes()
+    arguments = ["precompute", "--input", str(corpus_b), "--output", str(store), "--model", str(models["dilbert"]),
+                 "--workers", "1", "--threads", "1", "--max-length", "48", "--shards", "8", "--encoding", "fp32",
+                 "--no-progress", "--append"]
+    started = time.monotonic()
+    process = start(arguments, tmp_path / "killed.log")
+    while append_markers(store) == 0 and process.poll() is None and time.monotonic() - started < 240:
+        time.sleep(0.005)
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    assert (store / MANIFEST_FILE).read_bytes() == manifest, "the append committed before the kill"
+    assert append_markers(store) >= 1 and verify_store(store).ok
+    assert cli.main(arguments) == 0
+    assert_same_passages(store, reference)
+    assert verify_store(store).ok
+    assert [path.name for path in (store / APPENDS_DIR).iterdir()] == [
+        path.name for path in (reference / APPENDS_DIR).iterdir()
+    ]
+    assert not (store / "index").exists()
+
+
+def test_replace_retires_the_passages_a_shorter_new_version_no_longer_has(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    long = {"id": "long", "title": "Long", "text": " ".join(["harbour"] * 40 + ["ropes"] * 40 + ["gulls"] * 170)}
+    store = tmp_path / "store"
+    assert precompute(models["dilbert"], write_jsonl(tmp_path / "a.jsonl", [*DOCUMENTS[:3], long]), store) == 0
+    stored = [passage_id for passage_id in store_contents(store) if passage_id.startswith("long#")]
+    assert len(stored) > 1
+    short = {**long, "text": "the harbour was closed"}
+    assert precompute(models["dilbert"], write_jsonl(tmp_path / "b.jsonl", [short]), store,
+                      "--append", "--replace") == 0
+    contents = store_contents(store)
+    assert [passage_id for passage_id in contents if passage_id.startswith("long#")] == ["long#0"]
+    assert contents["long#0"][1] == "the harbour was closed"
+    with open_store(store) as opened:
+        assert len(opened) == 4 and opened.manifest.superseded_passages == len(stored)
+    assert verify_store(store).ok

@@ -1,0 +1,108 @@
+"""BM25 and the reader over an appended store: `dilstore index`, `ask` and `evaluate-qa` as over a one-run store.
+
+`dilstore index` rebuilds STORE/bm25 over every part of an appended store,
+leaving out rows a --replace superseded. Indexing, asking and evaluating each
+run in their own process (the JVM is started there and never forked), as
+users run them; the stores are made in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dilstore.runners import cli
+from dilstore.storage.verify import verify_store
+from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, save_tiny_reader, write_jsonl
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+
+DOCUMENTS = [
+    {"id": "rhine", "title": "Rhine", "text": "The Rhine flows from the Swiss Alps to the North Sea through Germany."},
+    {"id": "oxygen", "title": "Oxygen", "text": "Oxygen is a chemical element with symbol O and atomic number 8."},
+    {"id": "normans", "title": "Normans", "text": "The Normans gave their name to Normandy, a region in France."},
+    {"id": "tram", "title": "Zürich trams", "text": "The Zürich tram network opened in 1882 and is run by VBZ."},
+    {"id": "curie", "title": "Marie Curie", "text": "Marie Curie won the Nobel Prize in Chemistry in 1911."},
+    {"id": "kili", "title": "Kilimanjaro", "text": "Mount Kilimanjaro rises 5,895 metres above sea level in Tanzania."},
+]
+QUESTIONS = [
+    {"question": "Where does the Rhine flow to?", "answer": ["the North Sea"]},
+    {"question": "When did the Zürich tram network open?", "answer": ["1882"]},
+    {"question": "Who won the Nobel Prize in Chemistry in 1911?", "answer": ["Marie Curie"]},
+    {"question": "How high is Mount Kilimanjaro?", "answer": ["5,895 metres"]},
+]
+SEARCH = """
+import json, sys
+from pathlib import Path
+from dilstore.reader.retrieval import Bm25Searcher
+hits = Bm25Searcher(Path(sys.argv[1])).search(sys.argv[2], k=10)
+print(json.dumps({hit.passage_id: hit.score for hit in hits}))
+"""
+
+
+def precompute(model: Path, corpus: Path, store: Path, *extra: str) -> None:
+    assert cli.main(["precompute", "--input", str(corpus), "--output", str(store), "--model", str(model),
+                     "--workers", "1", "--threads", "1", "--shards", "2", "--max-length", "48",
+                     "--encoding", "fp32", "--no-progress", *extra]) == 0
+
+
+def index(store: Path) -> dict:
+    indexed = dilstore_command(["index", str(store), "--json"])
+    assert indexed.returncode == 0, indexed.stderr
+    return json.loads(indexed.stdout)
+
+
+def search(store: Path, query: str) -> dict[str, float]:
+    found = subprocess.run([sys.executable, "-c", SEARCH, str(store / "bm25"), query], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert found.returncode == 0, found.stderr
+    return json.loads(found.stdout.strip().splitlines()[-1])
+
+
+def read(store: Path, model: Path, questions: Path) -> tuple[dict, dict, dict]:
+    """(evaluate-qa --json without its timing, its predictions, ask --json without timings) over `store`."""
+    predictions = store.with_name(store.name + "-predictions.json")
+    common = ["--model", str(model), "--top-p", "3", "--threads", "1"]
+    evaluated = dilstore_command(["evaluate-qa", str(store), "--questions", str(questions), "--json",
+                                  "--predictions", str(predictions), *common])
+    assert evaluated.returncode == 0, evaluated.stderr
+    summary = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    asked = dilstore_command(["ask", str(store), QUESTIONS[1]["question"], "--json", *common])
+    assert asked.returncode == 0, asked.stderr
+    answer = json.loads(asked.stdout.strip().splitlines()[-1])
+    for document in (summary, answer):
+        document.pop("seconds", None)
+        document.pop("timings", None)
+    return summary, json.loads(predictions.read_text()), answer
+
+
+def test_ask_and_evaluate_qa_over_a_then_b_equal_the_one_run_store(tmp_path: Path) -> None:
+    model = save_tiny_reader(tmp_path / "tiny")
+    questions = write_jsonl(tmp_path / "questions.jsonl", QUESTIONS)
+    precompute(model, write_jsonl(tmp_path / "all.jsonl", DOCUMENTS), tmp_path / "union")
+    precompute(model, write_jsonl(tmp_path / "a.jsonl", DOCUMENTS[::2]), tmp_path / "store")
+    precompute(model, write_jsonl(tmp_path / "b.jsonl", DOCUMENTS[1::2]), tmp_path / "store", "--append")
+    index(tmp_path / "union")
+    assert index(tmp_path / "store")["files"] == 4  # two parts of A, two of B
+    assert search(tmp_path / "store", "atomic number of oxygen") == search(tmp_path / "union", "atomic number of oxygen")
+    appended, whole = read(tmp_path / "store", model, questions), read(tmp_path / "union", model, questions)
+    assert appended[0] == whole[0]  # EM, F1, R
+    assert appended[1] == whole[1]  # every answer
+    assert appended[2] == whole[2]  # answer, scores, n-best
+    assert verify_store(tmp_path / "store").ok
+
+
+def test_bm25_no_longer_finds_the_text_of_a_replaced_row(tmp_path: Path) -> None:
+    model = save_tiny_reader(tmp_path / "tiny")
+    store = tmp_path / "store"
+    precompute(model, write_jsonl(tmp_path / "a.jsonl", DOCUMENTS), store)
+    changed = {"id": "oxygen", "title": "Zeppelin", "text": "A zeppelin hangar stood at Friedrichshafen."}
+    precompute(model, write_jsonl(tmp_path / "b.jsonl", [changed]), store, "--append", "--replace")
+    index(store)
+    assert "oxygen#0" not in search(store, "chemical element symbol atomic number")
+    assert list(search(store, "zeppelin hangar")) == ["oxygen#0"]
+    assert verify_store(store).ok

@@ -1,0 +1,48 @@
+"""benchmarks/reader_curve.py: every checkpoint of a run scored on one seeded dev subset, cached across calls."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from dilstore.reader.training.qa import TrainingConfig, train_qa
+from tests.fixtures.paths import ROOT
+from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def curve_script():
+    spec = importlib.util.spec_from_file_location("reader_curve", ROOT / "benchmarks" / "reader_curve.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_checkpoint_is_a_point_and_scores_are_cached(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = TrainingConfig(layers=1, max_steps=3, batch_size=2, learning_rate=1e-3, save_every=1,
+                            keep_checkpoints=5, log_every=1000, **SMALL_WINDOWS)  # fmt: skip
+    train_qa(tiny_base, squad_file, tmp_path / "run", config, command="test curve", progress=False)
+    script = curve_script()
+    arguments = [str(tmp_path / "run"), "--dev", str(squad_file), "--limit", "4", "--cache",
+                 str(tmp_path / "cache.json"), "--png", str(tmp_path / "curve.png"), "--threads", "1"]  # fmt: skip
+    capsys.readouterr()
+    assert script.main(arguments) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [row["step"] for row in rows] == [1, 2, 3], "two periodic checkpoints, then the final model"
+    assert [row["windows_seen"] for row in rows] == [2, 4, 6]
+    assert rows[-1]["checkpoint"] == str(tmp_path / "run") and rows[-1]["run"] == "run" == rows[0]["run"]
+    assert all(row["questions"] == 4 and 0 <= row["f1"] <= 100 and row["k"] == 1 for row in rows)
+    assert (tmp_path / "curve.png").stat().st_size > 0
+
+    def no_evaluation(*args, **kwargs):
+        raise AssertionError("a cached point was evaluated again")
+
+    monkeypatch.setattr(script, "evaluate_file", no_evaluation)
+    assert script.main(arguments) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == rows

@@ -1,0 +1,148 @@
+"""Shared normalisation for `train qa --shared-norm`: the question groups, the loss, and what training gives.
+
+The tiny random reader and the handful of SQuAD questions (tests/fixtures/qa_training_fixtures.py);
+each question's negatives are other paragraphs of the handful, written as `train ranking-data` triples.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dilstore.reader.data.qa_batches import QABatch, collate_features
+from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE, Triple, write_paragraphs, write_triples
+from dilstore.reader.data.shared_norm import shared_norm_groups
+from dilstore.reader.data.squad import load_squad
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.training.qa import TrainingConfig, load_training_data, shared_norm_loss, train_qa
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.earl_tiny import tokenizer as minilm_tokenizer
+from tests.fixtures.qa_training_fixtures import HANDFUL, SMALL_WINDOWS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+NEGATIVES = 2
+
+
+def write_handful_triples(directory: Path, negatives: int = NEGATIVES, skip: str | None = None) -> Path:
+    """Triples whose negatives are the next `negatives` paragraphs of the handful (`skip`: a question left out)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paragraphs = {f"p{index}": context for index, (context, _) in enumerate(HANDFUL)}
+    triples = [
+        Triple(qid, question, f"p{index}", tuple(f"p{(index + j) % len(HANDFUL)}" for j in range(1, negatives + 1)))
+        for index, (_, questions) in enumerate(HANDFUL)
+        for qid, question, _ in questions
+        if qid != skip
+    ]
+    write_paragraphs(directory / PARAGRAPHS_FILE, paragraphs)
+    write_triples(directory / TRIPLES_FILE, triples)
+    return directory / TRIPLES_FILE
+
+
+def reference_loss(start: torch.Tensor, end: torch.Tensor, batch: QABatch, group_size: int) -> torch.Tensor:
+    """Group by group: the passage-token logits of all its windows in one list, −log softmax at the answer."""
+    width = batch.question_ids.shape[1]
+    losses = []
+    for group in range(start.shape[0] // group_size):
+        rows = range(group * group_size, (group + 1) * group_size)
+        for logits, targets in ((start, batch.start_targets), (end, batch.end_targets)):
+            pieces = [logits[row, width:][batch.passage_mask[row].bool()] for row in rows]
+            gold = int(targets[rows[0]]) - width  # the answer sits in the group's first window
+            losses.append(-torch.log_softmax(torch.cat(pieces), dim=0)[gold])
+    return torch.stack(losses).mean()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    groups=st.integers(1, 3),
+    group_size=st.integers(2, 4),
+    question_width=st.integers(2, 5),
+    passage_lengths=st.lists(st.integers(2, 9), min_size=12, max_size=12),
+    seed=st.integers(0, 1000),
+)
+def test_the_loss_is_one_softmax_over_the_passage_tokens_of_each_group(
+    groups: int, group_size: int, question_width: int, passage_lengths: list[int], seed: int
+) -> None:
+    rows = groups * group_size
+    lengths = torch.tensor(passage_lengths[:rows])
+    generator = torch.Generator().manual_seed(seed)
+    width = int(lengths.max())
+    passage_mask = (torch.arange(width) < lengths[:, None]).long()  # (rows, np)
+    starts = torch.tensor([question_width + int(torch.randint(0, int(n), (1,), generator=generator)) for n in lengths])
+    batch = QABatch(
+        question_ids=torch.zeros(rows, question_width, dtype=torch.long),
+        question_mask=torch.ones(rows, question_width, dtype=torch.long),
+        passage_ids=torch.zeros(rows, width, dtype=torch.long),
+        passage_mask=passage_mask,
+        start_targets=starts,
+        end_targets=starts,
+    )
+    start = torch.randn(rows, question_width + width, generator=generator) * 3
+    end = torch.randn(rows, question_width + width, generator=generator) * 3
+    got = shared_norm_loss(start, end, batch, group_size)
+    torch.testing.assert_close(got, reference_loss(start, end, batch, group_size), atol=1e-5, rtol=1e-5)
+
+
+def test_a_group_is_the_answer_window_then_each_negatives_first_window(squad_file: Path, tmp_path: Path) -> None:
+    triples = write_handful_triples(tmp_path)
+    tokenizer = minilm_tokenizer()
+    examples = load_squad(squad_file)
+    windows = TrainingConfig(layers=1, **SMALL_WINDOWS)
+    groups = shared_norm_groups(tokenizer, examples, triples, triples.parent / PARAGRAPHS_FILE, NEGATIVES, windows)
+    assert len(groups) == len(examples) == 6
+    by_context = {context: index for index, (context, _) in enumerate(HANDFUL)}
+    for example, group in zip(examples, groups, strict=True):
+        assert len(group) == 1 + NEGATIVES
+        assert group[0].has_answer and group[0].context == example.context
+        own = by_context[example.context]
+        assert [by_context[window.context] for window in group[1:]] == [(own + j) % len(HANDFUL) for j in (1, 2)]
+        assert all(not window.has_answer and window.window_index == 0 for window in group[1:])
+        assert all(window.question.token_ids.tolist() == group[0].question.token_ids.tolist() for window in group)
+    keeper = next(group for group in groups if group[0].example_id == "q-keeper")
+    assert keeper[0].window_index > 0, "the answer window, not the paragraph's first"
+
+
+def test_a_question_without_a_triple_is_named(squad_file: Path, tmp_path: Path) -> None:
+    triples = write_handful_triples(tmp_path, skip="q-cafe-price")
+    config = TrainingConfig(layers=1, shared_norm=str(triples), shared_norm_negatives=NEGATIVES, **SMALL_WINDOWS)
+    with pytest.raises(DilstoreError, match="question 'q-cafe-price' has no triple in"):
+        load_training_data(minilm_tokenizer(), squad_file, config)
+    with pytest.raises(DilstoreError, match="shared-norm-negatives must be at least 1"):
+        TrainingConfig(layers=1, shared_norm=str(triples), shared_norm_negatives=0)
+
+
+def test_training_with_shared_norm_ranks_the_answer_paragraph_first(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """After training, each question's best span score is in its own paragraph, not in a negative one."""
+    triples = write_handful_triples(tmp_path / "triples")
+    config = TrainingConfig(layers=1, epochs=120, batch_size=6, learning_rate=1e-2, warmup_ratio=0.05, seed=3,
+                            log_every=1000, shared_norm=str(triples), shared_norm_negatives=NEGATIVES,
+                            **SMALL_WINDOWS)  # fmt: skip
+    result = train_qa(tiny_base, squad_file, tmp_path / "run", config, command="test", progress=False)
+    assert sum(result.losses[-5:]) < 0.2 * sum(result.losses[:5])
+    assert result.train_features == 6 and result.features_seen == 6 * 120
+    data = load_training_data(result.reader.tokenizer, squad_file, config)
+    reader = DilBertReader.from_pretrained(tmp_path / "run")
+    for index in range(data.examples):
+        batch = collate_features(data.windows(index), data.pad_token_id)
+        with torch.no_grad():
+            start, end = reader(batch.question_ids, batch.question_mask, batch.passage_ids, batch.passage_mask)
+        width = batch.question_ids.shape[1]
+        passage = batch.passage_mask.bool()
+        best = [float((start[row, width:][passage[row]]).max() + (end[row, width:][passage[row]]).max())
+                for row in range(len(passage))]  # fmt: skip
+        assert best[0] > max(best[1:]), data.windows(index)[0].example_id
+
+
+def test_cli_reports_a_missing_triples_file(tmp_path: Path, squad_file: Path, capsys) -> None:
+    missing = tmp_path / "nope.jsonl.gz"
+    status = main(["train", "qa", "--layers", "1", "--train", str(squad_file), "--shared-norm", str(missing),
+                   "--output", str(tmp_path / "o")])  # fmt: skip
+    assert status == 2
+    assert f"--shared-norm {missing}: no such file" in capsys.readouterr().err

@@ -1,0 +1,288 @@
+"""Appending shards to a finalized store (storage/append.py, STORE_FORMAT.md §13), without Beam or a model.
+
+A store of A followed by an append of B must read exactly like the store of
+A ∪ B written in one go; duplicates are refused unless replace, which makes the
+old rows unreachable; a reader opened before the append keeps its store; and
+a commit that dies before the manifest leaves the old store as it was and can
+be run again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dilstore.storage import append as append_module
+from dilstore.storage import reader as reader_module
+from dilstore.storage.append import AppendMismatchError, commit_append, first_free_shard, remove_leftovers
+from dilstore.storage.format import APPENDED_FORMAT_VERSION, INDEX_DIR, MANIFEST_FILE, append_dir
+from dilstore.storage.id_index import DuplicatePassageIdError
+from dilstore.storage.info import store_info
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import manifest_json, read_manifest
+from dilstore.storage.reader import MissingPassagesError, open_store
+from dilstore.storage.records import PassageRecord
+from dilstore.storage.verify import verify_store
+from dilstore.storage.writer import write_shard
+from tests.fixtures.store_fixtures import build_store, fingerprint_for, passage, scratch_dir
+
+GENERATION = "a1b2c3d4e5f60718"
+
+
+def records(ids: list[str], seed: int = 0) -> list[PassageRecord]:
+    """Random passages with these ids (the same id and seed give the same passage)."""
+    return [passage(passage_id, int(np.random.default_rng([seed, i]).integers(0, 12)), (8,),
+                    np.random.default_rng([seed, i])) for i, passage_id in enumerate(ids)]
+
+
+def write_append(root: Path, shards: list[list[PassageRecord]], generation: str = GENERATION,
+                 encoding: str = "fp32") -> None:
+    """Write `shards` into the store's append folder for `generation`, numbered from its first free shard."""
+    first = first_free_shard(read_manifest(StoreLocation.parse(root)))
+    (root / append_dir(generation)).mkdir(parents=True, exist_ok=True)
+    for offset, shard in enumerate(shards):
+        write_shard(root / append_dir(generation), first + offset, shard, kind="dilbert", encoding=encoding,
+                    durable=False, generation=generation)
+
+
+def contents(store_path: Path) -> dict[str, tuple]:
+    """Every id the store's index reaches, with its title, text, token ids and states."""
+    with open_store(store_path) as store:
+        ids = [store.shard(entry.index).id_at(row) for entry in store.manifest.shards
+               for row in range(entry.passages)]
+        live = [passage_id for passage_id in dict.fromkeys(ids) if passage_id in store]
+        return {p.id: (p.title, p.text, p.token_ids.tolist(), np.asarray(p.states).tolist())
+                for p in store.fetch(live)}
+
+
+def fetched(store_path: Path, ids: list[str]) -> dict[str, tuple]:
+    with open_store(store_path) as store:
+        return {p.id: (p.text, np.asarray(p.states).tolist()) for p in store.fetch(ids)}
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(split=st.lists(st.booleans(), min_size=2, max_size=14), cut=st.integers(1, 3))
+def test_store_of_a_then_append_of_b_reads_like_the_store_of_a_and_b(split: list[bool], cut: int) -> None:
+    ids = [f"p{i}" for i in range(len(split))]
+    every = records(ids)
+    a = [record for record, in_b in zip(every, split, strict=True) if not in_b]
+    b = [record for record, in_b in zip(every, split, strict=True) if in_b]
+    with scratch_dir() as scratch:
+        whole = build_store(Path(scratch) / "whole", [every])
+        appended = build_store(Path(scratch) / "appended", [a] if a else [])
+        write_append(appended, [b[i::cut] for i in range(cut) if b[i::cut]])
+        commit_append(appended, GENERATION, fingerprint_for())
+        assert contents(appended) == contents(whole)
+        assert verify_store(appended).ok, verify_store(appended).problems
+        assert len(open_store(appended)) == len(every)
+        assert store_info(appended)["passages"] == store_info(whole)["passages"]
+        assert store_info(appended)["tokens"] == store_info(whole)["tokens"]
+
+
+def test_an_append_writes_only_new_files_and_moves_the_index(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", [records(["a", "b"]), records(["c"], seed=1)])
+    before = {path: path.read_bytes() for path in store.rglob("*") if path.is_file() and INDEX_DIR not in path.parts}
+    write_append(store, [records(["d", "e"], seed=2)])
+    manifest = commit_append(store, GENERATION, fingerprint_for(), {"command": "test append"})
+    for path, data in before.items():
+        if path.name != MANIFEST_FILE:
+            assert path.read_bytes() == data, f"{path} was rewritten"
+    assert manifest.format_version == APPENDED_FORMAT_VERSION
+    assert manifest.index == f"{append_dir(GENERATION)}/{INDEX_DIR}"
+    assert not (store / INDEX_DIR).exists()
+    assert [entry.index for entry in manifest.shards] == [0, 1, 2]
+    assert manifest.shards[2].directory == f"{append_dir(GENERATION)}/shards/shard-00002"
+    assert manifest.appends[0]["command"] == "test append" and manifest.appends[0]["passages"] == 2
+    assert verify_store(store).ok
+
+
+def test_a_duplicate_id_is_refused_naming_it_and_the_store_is_untouched(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", [records(["a", "b", "c"])])
+    manifest_bytes = (store / MANIFEST_FILE).read_bytes()
+    write_append(store, [records(["x", "b", "c"], seed=1)])
+    with pytest.raises(DuplicatePassageIdError, match=r"2 passage ids of the append are already in store .*'b', 'c'"):
+        commit_append(store, GENERATION, fingerprint_for())
+    assert (store / MANIFEST_FILE).read_bytes() == manifest_bytes
+    assert verify_store(store).ok
+    assert "x" not in open_store(store)
+
+
+def test_a_duplicate_id_within_the_append_is_refused_even_with_replace(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", [records(["a"])])
+    write_append(store, [records(["x"], seed=1), records(["x"], seed=2)])
+    with pytest.raises(DuplicatePassageIdError, match="'x'"):
+        commit_append(store, GENERATION, fingerprint_for(), replace=True)
+
+
+def test_replace_makes_the_old_row_unreachable_everywhere(tmp_path: Path) -> None:
+    old = records(["a", "b", "c"])
+    store = build_store(tmp_path / "store", [old])
+    new_b = records(["b", "d"], seed=7)
+    write_append(store, [new_b])
+    manifest = commit_append(store, GENERATION, fingerprint_for(), replace=True)
+    assert fetched(store, ["b"]) == {"b": (new_b[0].text, np.asarray(new_b[0].states).tolist())}
+    assert manifest.passages == 4 and manifest.superseded_passages == 1
+    assert manifest.tokens == sum(len(r.token_ids) for r in (old[0], old[2], *new_b))
+    assert manifest.superseded_tokens == len(old[1].token_ids)
+    with open_store(store) as opened:
+        assert len(opened) == 4
+        assert opened.superseded().shards.tolist() == [0] and opened.superseded().rows.tolist() == [1]
+    info = store_info(store)
+    assert info["passages"] == 4 and info["superseded"] == {"passages": 1, "tokens": len(old[1].token_ids)}
+    report = verify_store(store)
+    assert report.ok, report.problems
+    assert report.passages == 4
+
+
+def test_verify_still_checks_the_superseded_rows_files(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", [records(["a", "b"])])
+    write_append(store, [records(["b"], seed=3)])
+    commit_append(store, GENERATION, fingerprint_for(), replace=True)
+    states = store / "shards" / "shard-00000" / "states" / "values" / "c" / "0" / "0"  # (T, d): c/0/0
+    data = bytearray(states.read_bytes())
+    data[0] ^= 0xFF
+    states.write_bytes(bytes(data))
+    assert any("SHA-256 differs" in problem for problem in verify_store(store).problems)
+
+
+def test_a_second_append_replaces_rows_of_the_first(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", [records(["a", "b"])])
+    write_append(store, [records(["b", "c"], seed=1)], generation="1" * 16)
+    commit_append(store, "1" * 16, fingerprint_for(), replace=True)
+    latest = records(["c", "a"], seed=2)
+    write_append(store, [latest], generation="2" * 16)
+    manifest = commit_append(store, "2" * 16, fingerprint_for(), replace=True)
+    assert manifest.passages == 3 and manifest.superseded_passages == 3  # b, then c and a
+    assert manifest.index == f"{append_dir('2' * 16)}/{INDEX_DIR}"
+    assert not (store / append_dir("1" * 16) / INDEX_DIR).exists()
+    assert fetched(store, ["c"])["c"][0] == latest[0].text
+    assert verify_store(store).ok, verify_store(store).problems
+
+
+@pytest.mark.parametrize(("kind", "encoding", "max_length", "named"), [
+    ("earl-s1", "fp32", 512, "kind: store 'dilbert', this run 'earl-s1'"),
+    ("dilbert", "fp16", 512, "encoding: store 'fp32', this run 'fp16'"),
+    ("dilbert", "fp32", 256, "max_length: store 512, this run 256"),
+])
+def test_other_settings_are_refused_in_one_line_naming_them(
+    tmp_path: Path, kind: str, encoding: str, max_length: int, named: str
+) -> None:
+    store = build_store(tmp_path / "store", [records(["a"])])
+    write_append(store, [records(["b"], seed=1)])
+    with pytest.raises(AppendMismatchError) as raised:
+        commit_append(store, GENERATION, fingerprint_for(kind, encoding, max_length))
+    assert named in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_another_model_is_refused_naming_its_weights(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", [records(["a"])])
+    other = fingerprint_for()
+    other = type(other)(**{**other.to_dict(), "weights_sha256": "f" * 64})
+    with pytest.raises(AppendMismatchError, match="weights_sha256: store wwwwwwwwwwww…, this run ffffffffffff…"):
+        commit_append(store, GENERATION, other)
+
+
+@pytest.mark.parametrize("read_path", ["mmap", "zarr"])
+def test_a_reader_opened_before_the_append_keeps_reading_the_old_store(tmp_path: Path, read_path: str) -> None:
+    old = records(["a", "b", "c"])
+    store = build_store(tmp_path / "store", [old[:2], old[2:]])
+    before = open_store(store, read_path=read_path)
+    before.fetch(["a"])  # shard 0 open before the append, shard 1 opened after
+    write_append(store, [records(["b", "z"], seed=5)])
+    commit_append(store, GENERATION, fingerprint_for(), replace=True)
+    assert [p.text for p in before.fetch(["a", "b", "c"])] == [r.text for r in old]
+    assert np.array_equal(np.asarray(before.fetch(["b"])[0].states), old[1].states)
+    with pytest.raises(MissingPassagesError):
+        before.fetch(["z"])
+    assert len(before) == 3
+    after = open_store(store, read_path=read_path)
+    assert len(after) == 4 and after.fetch(["b"])[0].text != old[1].text
+
+
+def test_a_commit_killed_before_the_manifest_leaves_the_old_store_and_a_rerun_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(tmp_path / "store", [records(["a", "b"])])
+    reference = build_store(tmp_path / "reference", [records(["a", "b"])])
+    manifest_bytes = (store / MANIFEST_FILE).read_bytes()
+    for target in (store, reference):
+        write_append(target, [records(["b", "c"], seed=4)])
+
+    def crash(*_: object) -> None:
+        raise KeyboardInterrupt("killed before the commit")
+
+    monkeypatch.setattr(append_module, "write_manifest", crash)
+    with pytest.raises(KeyboardInterrupt):
+        commit_append(store, GENERATION, fingerprint_for(), replace=True)
+    assert (store / MANIFEST_FILE).read_bytes() == manifest_bytes
+    assert verify_store(store).ok, verify_store(store).problems  # the append folder is only untracked
+    assert "c" not in open_store(store)
+    monkeypatch.undo()
+    commit_append(store, GENERATION, fingerprint_for(), replace=True)
+    commit_append(reference, GENERATION, fingerprint_for(), replace=True)
+    assert contents(store) == contents(reference)
+    assert verify_store(store).ok
+
+
+def test_a_committed_append_cannot_be_committed_twice(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", [records(["a"])])
+    write_append(store, [records(["b"], seed=1)])
+    commit_append(store, GENERATION, fingerprint_for())
+    with pytest.raises(Exception, match="committed already"):
+        commit_append(store, GENERATION, fingerprint_for())
+
+
+def test_verify_reports_superseded_counts_that_do_not_match_the_index(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", [records(["a", "b"])])
+    write_append(store, [records(["b"], seed=3)])
+    manifest = commit_append(store, GENERATION, fingerprint_for(), replace=True)
+    edited = dataclasses.replace(manifest, superseded_passages=0, passages=manifest.passages + 1)
+    (store / MANIFEST_FILE).write_bytes(manifest_json(edited))  # with a valid checksum of its own
+    problems = verify_store(store).problems
+    assert any("superseded_shards" in problem for problem in problems), problems
+
+
+def test_a_reader_opening_while_an_append_commits_retries_with_the_new_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(tmp_path / "store", [records(["a", "b"])])
+    stale = read_manifest(StoreLocation.parse(store))  # read just before the commit ...
+    write_append(store, [records(["c"], seed=1)])
+    commit_append(store, GENERATION, fingerprint_for())  # ... which then removes the index it names
+    real = reader_module.read_manifest
+    answers = iter([stale])
+    monkeypatch.setattr(reader_module, "read_manifest", lambda location: next(answers, None) or real(location))
+    with open_store(store) as opened:
+        assert len(opened) == 3 and "c" in opened
+
+
+def test_leftovers_of_killed_appends_and_replaced_indexes_are_removed(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", [records(["a"])])
+    write_append(store, [records(["b"], seed=1)])
+    manifest = commit_append(store, GENERATION, fingerprint_for())
+    (store / INDEX_DIR).mkdir()  # as a kill right after the commit leaves it
+    for name in ("0" * 16, "f" * 16):
+        write_append(store, [records(["z"], seed=2)], generation=name)  # killed appends, never committed
+    assert verify_store(store).ok  # uncommitted appends are untracked, not problems
+    removed = remove_leftovers(store, manifest, keep=("f" * 16,))
+    assert sorted(removed) == [append_dir("0" * 16), INDEX_DIR]
+    assert (store / append_dir("f" * 16)).is_dir() and (store / append_dir(GENERATION)).is_dir()
+    assert verify_store(store).ok and len(open_store(store)) == 2
+
+
+def test_replace_also_retires_the_given_ids_the_append_does_not_bring_again(tmp_path: Path) -> None:
+    old = records(["d#0", "d#1", "d#2", "e#0"])
+    store = build_store(tmp_path / "store", [old[:2], old[2:]])
+    write_append(store, [records(["d#0"], seed=8)])
+    manifest = commit_append(store, GENERATION, fingerprint_for(), replace=True, retire=["d#0", "d#1", "d#2", "gone"])
+    with open_store(store) as opened:
+        assert [passage_id in opened for passage_id in ("d#0", "d#1", "d#2", "e#0")] == [True, False, False, True]
+        assert len(opened) == 2
+    assert manifest.superseded_passages == 3
+    assert manifest.superseded_tokens == sum(len(record.token_ids) for record in old[:3])
+    assert verify_store(store).ok, verify_store(store).problems
