@@ -25,11 +25,16 @@ if TYPE_CHECKING:  # the heavy layers load on first use, so `import dilstore` st
 PathLike = str | Path
 
 
-def open_store(path: PathLike) -> Store:
-    """A finalized store, memory-mapped read-only: `store.get(ids)`, `store.fingerprint`, `store.manifest`."""
+def open_store(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> Store:
+    """A finalized store, read-only: `store.fetch(ids)`, `store.fingerprint`, `store.manifest`.
+
+    `path` is a local folder (memory-mapped) or an fsspec URL such as
+    https://host/store or s3://bucket/store; `storage_options` go to that
+    URL's fsspec filesystem (credentials, endpoint).
+    """
     from dilstore.storage.reader import open_store as open_shard_store
 
-    return open_shard_store(path)
+    return open_shard_store(path, storage_options=storage_options)
 
 
 def open_reader(

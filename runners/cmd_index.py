@@ -37,11 +37,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("store", type=Path, metavar="STORE", help="a store written by `dilstore precompute`")
+    parser.add_argument("store", metavar="STORE", help="a store written by `dilstore precompute` (a local folder)")
     parser.add_argument("--threads", type=int, default=1, help="indexing threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_verbose_argument(parser)
     parser.set_defaults(run=run_command)
+
+
+def local_store(argument: str) -> Path:
+    """STORE as a local folder: the index is built by Lucene on local files and written to STORE/bm25."""
+    if "://" in argument:
+        raise DilstoreError(
+            f"{argument} is a URL, and Lucene writes only local files: index a local copy of the store, then "
+            "give its bm25/ folder to ask, evaluate-qa or serve with --index"
+        )
+    return Path(argument)
 
 
 @contextlib.contextmanager
@@ -77,16 +87,17 @@ def run_command(args: argparse.Namespace) -> int:
 
     if args.threads < 1:
         raise DilstoreError(f"--threads must be at least 1, got {args.threads}")
-    collection = collection_dir(args.store)
-    if not args.store.is_dir():
-        raise DilstoreError(f"no store at {args.store}")
+    store = local_store(args.store)
+    collection = collection_dir(store)
+    if not store.is_dir():
+        raise DilstoreError(f"no store at {store}")
     if not collection.is_dir():
-        raise DilstoreError(f"{args.store} has no passage collection at {collection}; was it made by `dilstore precompute`?")
-    target = args.store / BM25_DIR
+        raise DilstoreError(f"{store} has no passage collection at {collection}; was it made by `dilstore precompute`?")
+    target = store / BM25_DIR
     started = time.time()
-    if is_appended(args.store):
+    if is_appended(store):
         with tempfile.TemporaryDirectory(prefix="dilstore-collection-") as live:
-            files = write_live_collection(args.store, Path(live))
+            files = write_live_collection(store, Path(live))
             build_index(Path(live), target, args.threads)
     else:
         files = len(list(collection.glob("*.jsonl")))

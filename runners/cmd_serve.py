@@ -45,7 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "stores", nargs="+", metavar="STORE",
-        help="store directory, or NAME=DIR to name it in requests (default name: the directory's name)",
+        help="store directory or fsspec URL (http://, s3://, ...), or NAME=STORE to name it in requests "
+             "(default name: the last component of its path)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--index", action="append", metavar="NAME=DIR", default=[],
+        help="local Lucene BM25 index of the store named NAME (default: STORE/bm25 of a local store); a dilbert "
+             "store given as a URL needs one, since Lucene reads only local files",
     )  # fmt: skip
     parser.add_argument(
         "--model", type=Path, action="append",
@@ -99,8 +105,10 @@ def run(args: argparse.Namespace) -> int:
     if len(set(names)) != len(names):
         raise DilstoreError(f"store names must differ, got {names}; name them as NAME=DIR")
     models = per_store_models(args.model, len(named))
+    indexes = per_store_indexes(args.index, names)
     served = [
-        open_served_store(name, path, model, args.device) for (name, path), model in zip(named, models, strict=True)
+        open_served_store(name, path, model, args.device, indexes.get(name))
+        for (name, path), model in zip(named, models, strict=True)
     ]
     app = create_app(served, settings)
     config = uvicorn.Config(
@@ -111,12 +119,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_store_argument(argument: str) -> tuple[str, Path]:
-    """`NAME=DIR` or `DIR` (named by its last path component) as (name, path)."""
-    name, separator, path = argument.partition("=")
+def parse_store_argument(argument: str) -> tuple[str, str]:
+    """`NAME=STORE` or `STORE` (named by the last component of its path) as (name, store path or URL).
+
+    The store stays a string: a URL such as http://host/store is no local path.
+    """
+    name, separator, store = argument.partition("=")
     if separator and name and "/" not in name:
-        return name, Path(path)
-    return Path(argument).resolve().name, Path(argument)
+        return name, store
+    if "://" in argument:
+        return argument.rstrip("/").rsplit("/", 1)[-1], argument
+    return Path(argument).resolve().name, argument
+
+
+def per_store_indexes(indexes: Sequence[str], names: Sequence[str]) -> dict[str, Path]:
+    """`--index NAME=DIR` options as {store name: index folder}; a NAME that names no store is an error."""
+    chosen = {}
+    for option in indexes:
+        name, separator, directory = option.partition("=")
+        if not separator or not directory:
+            raise DilstoreError(f"--index takes NAME=DIR, got {option!r}")
+        if name not in names:
+            raise DilstoreError(f"--index {option}: no store is named {name!r} (stores: {', '.join(names)})")
+        chosen[name] = Path(directory)
+    return chosen
 
 
 def per_store_models(models: Sequence[Path] | None, stores: int) -> list[Path | None]:
@@ -130,27 +156,35 @@ def per_store_models(models: Sequence[Path] | None, stores: int) -> list[Path | 
     return list(models)
 
 
-def open_served_store(name: str, path: Path, model: Path | None, device: str | None):  # -> ServedStore
-    """Open one store with its checked model as an AskService (dilbert) or RerankService (earl-s1/earl-s2/listformer)."""
+def open_served_store(
+    name: str, path: str, model: Path | None, device: str | None, index: Path | None = None
+):  # -> ServedStore
+    """Open one store with its checked model as an AskService (dilbert) or RerankService (earl-s1/earl-s2/listformer).
+
+    index: its BM25 index (default STORE/bm25); a rerank store needs none,
+    and gets retrieval only where one exists.
+    """
     from dilstore.reader.serving.odqa import bm25_index_dir, open_reader
     from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
     from dilstore.reader.retrieval import Bm25Searcher
     from dilstore.runners.serve_app import AskService, RerankService, ServedStore
     from dilstore.storage.info import store_info
+    from dilstore.storage.location import StoreLocation
 
     info = store_info(path)
     if info["kind"] in RERANK_KINDS:
         reranker = open_reranker(path, model, device=device)
-        index = bm25_index_dir(path)
-        searcher = Bm25Searcher(index) if any(index.glob("segments_*")) else None
+        if index is None and StoreLocation.parse(path).local_root is not None:
+            index = bm25_index_dir(path)
+        searcher = Bm25Searcher(index) if index is not None and any(index.glob("segments_*")) else None
         service: AskService | RerankService = RerankService(reranker, searcher)
     else:
-        odqa = open_reader(path, model, device=device)
+        odqa = open_reader(path, model, index_dir=index, device=device)
         service = AskService(odqa)
     model_name = str(model) if model is not None else "default"
     print(f"dilstore serve: store {name!r} ({info['kind']}, {info['passages']:,} passages) from {path}, "
           f"model {model_name}", file=sys.stderr)  # fmt: skip
-    return ServedStore(name, service, {"path": str(path), "model": model_name, "info": info})
+    return ServedStore(name, service, {"path": path, "model": model_name, "info": info})
 
 
 @contextlib.contextmanager

@@ -25,11 +25,18 @@ _SETTINGS = (
 
 def add_odqa_arguments(parser: argparse.ArgumentParser) -> None:
     """STORE plus --model, --index, --top-p, --mu and the decoding and batching limits."""
-    parser.add_argument("store", type=str, help="store directory made by `dilstore precompute` (kind dilbert)")
+    parser.add_argument(
+        "store", type=str,
+        help="store made by `dilstore precompute` (kind dilbert): a directory or an fsspec URL (http://, s3://, ...)",
+    )  # fmt: skip
     parser.add_argument(
         "--model", type=Path, help="reader checkpoint that made the store (default: the shipped reader)"
     )
-    parser.add_argument("--index", type=Path, help="Lucene BM25 index (default: STORE/bm25, from `dilstore index`)")
+    parser.add_argument(
+        "--index", type=Path,
+        help="Lucene BM25 index, a local folder (default: STORE/bm25, from `dilstore index`; a STORE given as a "
+             "URL needs it)",
+    )  # fmt: skip
     parser.add_argument(
         "--top-p", type=int, help="passages retrieved per question (default 29; the seed uses 29 and 100)"
     )

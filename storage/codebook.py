@@ -143,7 +143,7 @@ def store_codebook_problems(
             problems.append(f"{shard}: cannot read its attributes: {type(error).__name__}: {error}")
             continue
         (users if isinstance(data, dict) and data.get("codebook") == STORE_CODEBOOK else copies).append(shard)
-    if not location.is_dir(CODEBOOK_DIR):
+    if not (location.exists(f"{CODEBOOK_DIR}/zarr.json") or location.is_dir(CODEBOOK_DIR)):  # HTTP lists no folders
         return problems + [f"{shard} decodes with the store's {CODEBOOK_DIR}/, which is missing" for shard in users]
     try:
         group = location.open_group(CODEBOOK_DIR)

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from dilstore.storage.encodings import get_encoding
-from dilstore.storage.format import APPENDS_DIR, CODEBOOK_DIR, INDEX_DIR, SHARDS_DIR, STATES_GROUP
+from dilstore.storage.format import APPENDS_DIR, CODEBOOK_DIR, INDEX_DIR, MANIFEST_FILE, SHARDS_DIR, STATES_GROUP
 from dilstore.storage.location import StoreLocation
-from dilstore.storage.manifest import read_manifest
+from dilstore.storage.manifest import Manifest, read_manifest
 
 PARTS = ("states", "tokens", "passages", "index", "metadata", "other")
 
@@ -40,11 +40,26 @@ def part_of(path: str) -> str:
     return "other"
 
 
+def store_files(location: StoreLocation, manifest: Manifest) -> dict[str, int]:
+    """Every file of the store with its size: a listing where the filesystem has one, else the manifest's files.
+
+    HTTP servers give no listing, so over http(s) the files are those the
+    manifest recorded at finalize (with their recorded sizes) plus the
+    manifest itself; files added later (a BM25 index) are not seen there.
+    """
+    if location.lists_files:
+        return location.files()
+    files = {path: entry.bytes for path, entry in manifest.files.items()}
+    files[MANIFEST_FILE] = int(location.fs.size(location.path(MANIFEST_FILE)))
+    return dict(sorted(files.items()))
+
+
 def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """A JSON-ready description of the store at a local path or fsspec URL.
 
     Keys: store, format_version, kind, encoding, compressor, state_shape,
-    passages, tokens, shards, bytes_on_disk (every file under the store),
+    passages, tokens, shards, files_listed ("listing", or "manifest" over HTTP,
+    which cannot list: see store_files), bytes_on_disk (every file under the store),
     bytes_by_part, bytes_per_token ({kind: state bytes per token on disk}),
     bytes_per_token_by_part, state_bytes (the state bytes split into
     `per_token`: tokens times what each token's encoded arrays hold, and
@@ -54,7 +69,7 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
     """
     location = StoreLocation.parse(path_or_url, storage_options)
     manifest = read_manifest(location)
-    sizes = location.files()
+    sizes = store_files(location, manifest)
     by_part = dict.fromkeys(PARTS, 0)
     for path, size in sizes.items():
         by_part[part_of(path)] += size
@@ -80,6 +95,7 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
         "passages": manifest.passages,
         "tokens": tokens,
         "shards": len(manifest.shards),
+        "files_listed": "listing" if location.lists_files else "manifest",
         "bytes_on_disk": sum(sizes.values()),
         "bytes_by_part": by_part,
         "bytes_per_token": {manifest.kind: per_token(by_part["states"])},

@@ -2,12 +2,14 @@
 
 Readers, `verify` and `info` take either; only local stores can be
 memory-mapped, and only local stores are written (the writer's atomic renames
-need a real filesystem).
+need a real filesystem). Reading never writes: no lock file, cache or
+temporary goes beside a store, so a read-only mount or bucket serves as well.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,8 +23,12 @@ from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import Store as ZarrStore
 from zarr.storage import FsspecStore, LocalStore
 
+from dilstore.storage.errors import DilstoreError
+
 _READ_BLOCK = 8 << 20
 _HASH_THREADS = 4
+# Filesystems that cannot list a folder: an HTTP server's HTML index page, where there is one, is not a listing.
+_UNLISTABLE = frozenset({"http", "https"})
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,10 @@ class StoreLocation:
         """The location of a local path or fsspec URL (e.g. `memory://store`, `gs://bucket/store`)."""
         url = str(path_or_url)
         options = dict(storage_options or {})
-        fs, root = url_to_fs(url, **options)
+        try:
+            fs, root = url_to_fs(url, **options)
+        except (ImportError, ValueError) as error:  # an unknown protocol, or its fsspec package is not installed
+            raise DilstoreError(f"cannot open store {url}: {error}") from None
         return cls(url=url, fs=fs, root=root.rstrip("/") or "/", storage_options=options)
 
     @property
@@ -47,21 +56,36 @@ class StoreLocation:
         """The root as a local path, or None when the store is not on the local filesystem."""
         return Path(self.root) if isinstance(self.fs, LocalFileSystem) else None
 
+    @property
+    def lists_files(self) -> bool:
+        """Whether `files` can list the store; over HTTP the manifest's list of files stands in for it."""
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        return not _UNLISTABLE.intersection(protocols)
+
     def path(self, relative: str) -> str:
         """Full filesystem path of `relative`."""
         return f"{self.root}/{relative}" if relative else self.root
 
     def exists(self, relative: str = "") -> bool:
-        return bool(self.fs.exists(self.path(relative)))
+        return bool(self._reach(self.fs.exists, relative))
 
     def is_dir(self, relative: str = "") -> bool:
-        return bool(self.fs.isdir(self.path(relative)))
+        return bool(self._reach(self.fs.isdir, relative))
+
+    def _reach(self, method: Callable[[str], Any], relative: str) -> Any:
+        """`method` of `relative`'s full path; a failure to reach the store (no route, refused) names the store."""
+        try:
+            return method(self.path(relative))
+        except FileNotFoundError:
+            raise
+        except OSError as error:
+            raise DilstoreError(f"cannot reach store {self.url}: {error}") from None
 
     def read_bytes(self, relative: str) -> bytes:
         return bytes(self.fs.cat_file(self.path(relative)))
 
     def files(self) -> dict[str, int]:
-        """Every file under the root: relative path -> size in bytes, sorted by path."""
+        """Every file under the root: relative path -> size in bytes, sorted by path (only where `lists_files`)."""
         found = self.fs.find(self.root, detail=True, withdirs=False)
         prefix = self.fs._strip_protocol(self.root).rstrip("/") + "/"
         sizes = {}

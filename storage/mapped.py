@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,72 @@ def mappable_reason(array: zarr.Array) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class ContiguousLayout:
+    """Where an uncompressed single-shard array keeps its rows: row r at bytes [r · row_bytes, (r + 1) · row_bytes).
+
+    The file is `chunk_count` inner chunks of `chunk_bytes`, one after another,
+    then the shard index at `index_offset`. Both the memory-mapped path and the
+    ranged path of remote stores (storage/ranged.py) read rows by this layout.
+    """
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    chunk_key: str  # the file under the array's directory: "c/0", "c/0/0", ...
+    chunk_count: int
+    chunk_bytes: int
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return self.shape[1:]
+
+    @property
+    def row_bytes(self) -> int:
+        return math.prod(self.row_shape) * self.dtype.itemsize
+
+    @property
+    def index_offset(self) -> int:
+        return self.chunk_count * self.chunk_bytes
+
+    @property
+    def index_stop(self) -> int:
+        """The byte after the index entries (the CRC32C follows)."""
+        return self.index_offset + self.chunk_count * _INDEX_ENTRY_BYTES
+
+    @property
+    def file_size(self) -> int:
+        return self.index_stop + _INDEX_CHECKSUM_BYTES
+
+    def index_is_contiguous(self, index: np.ndarray) -> bool:
+        """Whether the shard index (uint64 offset, length per chunk) lists the chunks back to back from byte 0."""
+        expected = np.empty((self.chunk_count, 2), dtype="<u8")  # (chunks, offset/length)
+        expected[:, 0] = np.arange(self.chunk_count, dtype=np.uint64) * np.uint64(self.chunk_bytes)
+        expected[:, 1] = self.chunk_bytes
+        return np.array_equal(index, expected.reshape(-1))
+
+    def rows_of(self, raw: bytes | memoryview | mmap.mmap, rows: int, offset: int = 0) -> np.ndarray:
+        """A read-only (rows, *row_shape) view of `rows` rows of `raw` starting at byte `offset`."""
+        count = rows * math.prod(self.row_shape)
+        return np.frombuffer(raw, dtype=self.dtype, count=count, offset=offset).reshape(rows, *self.row_shape)
+
+
+def contiguous_layout(array: zarr.Array, where: str | Path) -> ContiguousLayout:
+    """The layout of `array`'s file, or a StoreFormatError naming `where` when its metadata says it has none."""
+    reason = mappable_reason(array)
+    if reason is not None:
+        raise StoreFormatError(f"{where} has no contiguous layout: {reason}")
+    metadata = array.metadata
+    chunk_rows = metadata.codecs[0].chunk_shape[0]
+    dtype = np.dtype(metadata.data_type.to_native_dtype()).newbyteorder("<")
+    return ContiguousLayout(
+        dtype=dtype,
+        shape=tuple(array.shape),
+        chunk_key=metadata.encode_chunk_key((0,) * array.ndim),
+        chunk_count=metadata.chunk_grid.chunk_shape[0] // chunk_rows,
+        chunk_bytes=chunk_rows * math.prod(array.shape[1:]) * dtype.itemsize,
+    )
+
+
 def map_array(array: zarr.Array, array_dir: Path) -> np.ndarray:
     """A read-only numpy view of `array`'s values, memory-mapped from its shard file under `array_dir`.
 
@@ -62,31 +129,21 @@ def map_array(array: zarr.Array, array_dir: Path) -> np.ndarray:
     reason = mappable_reason(array)
     if reason is not None:
         raise StoreFormatError(f"cannot memory-map {array_dir}: {reason}")
-    dtype = np.dtype(array.metadata.data_type.to_native_dtype()).newbyteorder("<")
+    layout = contiguous_layout(array, array_dir)
     if array.shape[0] == 0:
-        empty = np.empty(array.shape, dtype=dtype)
+        empty = np.empty(array.shape, dtype=layout.dtype)
         empty.flags.writeable = False
         return empty
-    metadata = array.metadata
-    sharding = metadata.codecs[0]
-    path = array_dir / metadata.encode_chunk_key((0,) * array.ndim)
-    chunk_rows = sharding.chunk_shape[0]
-    chunk_count = metadata.chunk_grid.chunk_shape[0] // chunk_rows
-    chunk_bytes = chunk_rows * math.prod(array.shape[1:]) * dtype.itemsize
-    index_bytes = chunk_count * _INDEX_ENTRY_BYTES + _INDEX_CHECKSUM_BYTES
-    expected_size = chunk_count * chunk_bytes + index_bytes
+    path = array_dir / layout.chunk_key
     try:
         with path.open("rb") as file:
             size = file.seek(0, 2)
-            if size != expected_size:
-                raise StoreFormatError(f"{path} has {size} bytes, its metadata implies {expected_size}")
+            if size != layout.file_size:
+                raise StoreFormatError(f"{path} has {size} bytes, its metadata implies {layout.file_size}")
             mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         raise StoreFormatError(f"missing array file {path}") from None
-    index = np.frombuffer(mapping, dtype="<u8", count=2 * chunk_count, offset=chunk_count * chunk_bytes)
-    expected_index = np.empty((chunk_count, 2), dtype="<u8")  # (chunks, offset/length)
-    expected_index[:, 0] = np.arange(chunk_count, dtype=np.uint64) * np.uint64(chunk_bytes)
-    expected_index[:, 1] = chunk_bytes
-    if not np.array_equal(index, expected_index.reshape(-1)):
+    index = np.frombuffer(mapping, dtype="<u8", count=2 * layout.chunk_count, offset=layout.index_offset)
+    if not layout.index_is_contiguous(index):
         raise StoreFormatError(f"{path}: shard index does not describe contiguous chunks, cannot memory-map")
-    return np.frombuffer(mapping, dtype=dtype, count=math.prod(array.shape)).reshape(array.shape)
+    return layout.rows_of(mapping, array.shape[0])

@@ -5,8 +5,10 @@
     passages[0].states  # (n, d): a view into the shard file for fp32/fp16
 
 Local uncompressed stores are memory-mapped and fp32/fp16 states come back as
-read-only views of the page cache; compressed or remote stores (any fsspec URL)
-go through zarr-python and give the same values. A Store is safe to share
+read-only views of the page cache; remote uncompressed stores (any fsspec URL:
+https://, s3://, ...) are read by coalesced byte ranges, one concurrent round
+per fetch (storage/ranged.py); compressed stores go through zarr-python. All
+give the same values, and none writes anything. A Store is safe to share
 between threads; processes open their own (or inherit one across fork).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -32,15 +35,16 @@ from dilstore.storage.format import (
     INDEX_SHARDS,
     StoreFormatError,
 )
-from dilstore.storage.id_index import HASH_NAME, IdIndex, Superseded, read_superseded
+from dilstore.storage.id_index import HASH_NAME, IdIndex, Superseded, id_hashes, read_superseded
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
 from dilstore.storage.mapped import map_array
 from dilstore.storage.records import StoredPassage
-from dilstore.storage.shard import ShardReader
+from dilstore.storage.shard import ShardReader, read_ranges
 
-ReadPath = Literal["auto", "mmap", "zarr"]
+ReadPath = Literal["auto", "mmap", "ranged", "zarr"]
 _SHOWN = 5
+_OPEN_THREADS = 8  # remote shards opened at once by one fetch
 _OPEN_ATTEMPTS = 3  # tries at reading a manifest and opening its index while appends commit (_open_commit)
 
 
@@ -64,12 +68,12 @@ class Store:
     """A finalized store opened read-only. Build it with `open_store`."""
 
     def __init__(
-        self, location: StoreLocation, manifest: Manifest, index: IdIndex, *, use_mmap: bool, max_open_shards: int
+        self, location: StoreLocation, manifest: Manifest, index: IdIndex, *, read_path: str, max_open_shards: int
     ) -> None:
         self.location = location
         self.manifest = manifest
         self._index = index
-        self._use_mmap = use_mmap
+        self._read_path = read_path
         self._max_open_shards = max_open_shards
         self._shards: OrderedDict[int, ShardReader] = OrderedDict()
         self._lock = threading.Lock()
@@ -103,8 +107,8 @@ class Store:
 
     @property
     def read_path(self) -> str:
-        """"mmap" (zero-copy memory maps) or "zarr" (zarr-python)."""
-        return "mmap" if self._use_mmap else "zarr"
+        """"mmap" (zero-copy memory maps), "ranged" (coalesced byte ranges, storage/ranged.py) or "zarr" (zarr-python)."""
+        return self._read_path
 
     def __len__(self) -> int:
         return self.manifest.passages
@@ -131,6 +135,7 @@ class Store:
         Raises MissingPassagesError naming the first few ids that are not in the store.
         """
         passage_ids = list(passage_ids)
+        self._open_concurrently(passage_ids)
         shards, rows, missing = self._index.locate(passage_ids, self._id_at)
         if missing:
             shown = ", ".join(repr(passage_id) for passage_id in missing[:_SHOWN])
@@ -139,12 +144,33 @@ class Store:
                 f"{len(missing)} of {len(passage_ids)} requested passage ids are not in store {self.url}: {shown}{more}",
                 missing,
             )
+        touched = [(self.shard(shard), np.flatnonzero(shards == shard)) for shard in np.unique(shards).tolist()]
+        requests = [reader.requests(rows[positions]) for reader, positions in touched]
+        parts = iter(read_ranges([request for shard_requests in requests for request in shard_requests]))  # one round
         passages: list[StoredPassage | None] = [None] * len(passage_ids)
-        for shard in np.unique(shards).tolist():
-            positions = np.flatnonzero(shards == shard)
-            for position, passage in zip(positions.tolist(), self.shard(shard).read(rows[positions]), strict=True):
+        for (reader, positions), shard_requests in zip(touched, requests, strict=True):
+            read = reader.passages(rows[positions], [next(parts) for _ in shard_requests])
+            for position, passage in zip(positions.tolist(), read, strict=True):
                 passages[position] = passage
         return passages  # type: ignore[return-value]  # every position was filled above
+
+    def _open_concurrently(self, passage_ids: Sequence[str]) -> None:
+        """Open the shards these ids point to, several at once, when they are not open yet and not local.
+
+        Opening a remote shard takes a few round trips (metadata, small
+        arrays); one by one, as the id lookup would open them, they add up
+        for a fetch that touches many shards. Local shards open fast enough.
+        """
+        if self._read_path == "mmap" or not len(self._index):
+            return
+        hashes = id_hashes(passage_ids)
+        positions = np.minimum(np.searchsorted(self._index.hashes, hashes), len(self._index) - 1)
+        pointed = self._index.shards[positions[self._index.hashes[positions] == hashes]]
+        with self._lock:
+            closed = sorted(set(pointed.tolist()) - set(self._shards))
+        if 1 < len(closed) <= self._max_open_shards:
+            with ThreadPoolExecutor(max_workers=min(_OPEN_THREADS, len(closed))) as pool:
+                list(pool.map(self.shard, closed))
 
     def shard(self, index: int) -> ShardReader:
         """The reader of shard `index`, opened on first use; the least recently used are dropped beyond the limit."""
@@ -156,7 +182,7 @@ class Store:
         entry = self.manifest.shard_by_index.get(index)
         if entry is None:
             raise StoreFormatError(f"store {self.url}: the id index points to shard {index}, which the manifest lacks")
-        reader = ShardReader(self.location, entry.directory, use_mmap=self._use_mmap, store_codebook=self.codebook)
+        reader = ShardReader(self.location, entry.directory, read_path=self._read_path, store_codebook=self.codebook)
         found = reader.attributes
         expected = entry.generation if entry.generation is not None else self.manifest.generation
         if found.generation != expected:
@@ -216,18 +242,22 @@ def open_store(
 
     expected: the caller's model fingerprint; a store made otherwise raises
     FingerprintMismatchError showing both. read_path: "auto" memory-maps local
-    uncompressed stores and uses zarr-python otherwise; "mmap" insists on memory
-    maps; "zarr" always uses zarr-python. max_open_shards bounds the shards kept
-    open (each holds about six file descriptors on the mmap path).
+    uncompressed stores, reads remote uncompressed ones by coalesced byte ranges
+    ("ranged": a fetch of many passages costs a few requests per array, not
+    several per passage) and compressed ones through zarr-python; "mmap"
+    insists on memory maps; "ranged" reads uncompressed arrays by byte ranges
+    wherever the store is; "zarr" always uses zarr-python. max_open_shards
+    bounds the shards kept open (each holds about six file descriptors on the
+    mmap path). Nothing is ever written, beside the store or elsewhere.
     """
     location = StoreLocation.parse(path_or_url, storage_options)
-    manifest, use_mmap, index = _open_commit(location, read_path)
+    manifest, chosen, index = _open_commit(location, read_path)
     if expected is not None:
         check_fingerprint(manifest.fingerprint, expected, f"store {location.url}")
-    return Store(location, manifest, index, use_mmap=use_mmap, max_open_shards=max_open_shards)
+    return Store(location, manifest, index, read_path=chosen, max_open_shards=max_open_shards)
 
 
-def _open_commit(location: StoreLocation, read_path: ReadPath) -> tuple[Manifest, bool, IdIndex]:
+def _open_commit(location: StoreLocation, read_path: ReadPath) -> tuple[Manifest, str, IdIndex]:
     """The manifest, read path and id index of one commit of the store.
 
     An append committed between reading the manifest and opening the index it
@@ -235,20 +265,21 @@ def _open_commit(location: StoreLocation, read_path: ReadPath) -> tuple[Manifest
     """
     for _ in range(_OPEN_ATTEMPTS - 1):
         manifest = read_manifest(location)
-        use_mmap = _choose_mmap(location, manifest, read_path)
+        chosen = _choose_read_path(location, manifest, read_path)
         try:
-            return manifest, use_mmap, _open_index(location, manifest, use_mmap)
+            return manifest, chosen, _open_index(location, manifest, use_mmap=chosen == "mmap")
         except StoreFormatError:
             if read_manifest(location).index == manifest.index:
                 raise
     manifest = read_manifest(location)
-    use_mmap = _choose_mmap(location, manifest, read_path)
-    return manifest, use_mmap, _open_index(location, manifest, use_mmap)
+    chosen = _choose_read_path(location, manifest, read_path)
+    return manifest, chosen, _open_index(location, manifest, use_mmap=chosen == "mmap")
 
 
-def _choose_mmap(location: StoreLocation, manifest: Manifest, read_path: ReadPath) -> bool:
-    if read_path not in ("auto", "mmap", "zarr"):
-        raise DilstoreError(f"read_path must be 'auto', 'mmap' or 'zarr', got {read_path!r}")
+def _choose_read_path(location: StoreLocation, manifest: Manifest, read_path: ReadPath) -> str:
+    """The read path "auto" stands for here, or the one asked for after checking that it can work."""
+    if read_path not in ("auto", "mmap", "ranged", "zarr"):
+        raise DilstoreError(f"read_path must be 'auto', 'mmap', 'ranged' or 'zarr', got {read_path!r}")
     blocker = None
     if location.local_root is None:
         blocker = "it is not on the local filesystem"
@@ -256,10 +287,14 @@ def _choose_mmap(location: StoreLocation, manifest: Manifest, read_path: ReadPat
         blocker = f"it is compressed with {manifest.compressor}"
     if read_path == "mmap" and blocker:
         raise DilstoreError(f"cannot memory-map store {location.url}: {blocker}; use read_path='zarr' or 'auto'")
-    return read_path != "zarr" and blocker is None
+    if read_path != "auto":
+        return read_path
+    if blocker is None:
+        return "mmap"
+    return "zarr" if manifest.compressor is not None else "ranged"
 
 
-def _open_index(location: StoreLocation, manifest: Manifest, use_mmap: bool) -> IdIndex:
+def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) -> IdIndex:
     """The id index arrays, memory-mapped or loaded, after checking they fit the manifest."""
     where = location.path(manifest.index)
     try:

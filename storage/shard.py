@@ -1,10 +1,12 @@
 """Reading one shard: its attributes, its per-passage columns and its per-token rows.
 
-Each array of a shard is read through one of two sources with the same
-interface: a memory-mapped numpy view (uncompressed arrays on a local disk;
-slices are zero-copy views) or a zarr-python array (compressed arrays, remote
-stores, or when asked for). Per-passage columns that are small (offsets, ids,
-titles) are held whole; texts and per-token arrays are sliced per request.
+Each array of a shard is read through one of three sources: a memory-mapped
+numpy view (uncompressed arrays on a local disk; slices are zero-copy views),
+byte ranges of its file (uncompressed arrays of a remote store, storage/ranged.py)
+or a zarr-python array (compressed arrays, or when asked for). Per-passage
+columns that are small (offsets, ids, titles, vectors) are held whole; texts
+and per-token arrays are sliced per request, and `read_ranges` reads the
+slices of many columns, of one shard or several, in one round.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal
 
 import numpy as np
 import zarr
@@ -41,7 +43,8 @@ from dilstore.storage.format import (
     states_array,
 )
 from dilstore.storage.location import StoreLocation
-from dilstore.storage.mapped import map_array
+from dilstore.storage.mapped import contiguous_layout, map_array, mappable_reason
+from dilstore.storage.ranged import RangedColumn, read_row_ranges
 from dilstore.storage.records import StoredPassage
 
 
@@ -112,12 +115,7 @@ def _optional_text(data: dict[str, Any], key: str) -> str | None:
     return value
 
 
-class Column(Protocol):
-    """Rows of one array, read whole or as ranges along the first axis."""
-
-    def whole(self) -> np.ndarray: ...
-
-    async def ranges(self, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray]: ...
+ReadPath = Literal["mmap", "ranged", "zarr"]
 
 
 class MappedColumn:
@@ -126,14 +124,12 @@ class MappedColumn:
     def __init__(self, values: np.ndarray) -> None:
         self.values = values
 
-    def whole(self) -> np.ndarray:
-        return self.values
+    @property
+    def rows(self) -> int:
+        return len(self.values)
 
     def views(self, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray]:
         return [self.values[start:stop] for start, stop in zip(starts.tolist(), stops.tolist(), strict=True)]
-
-    async def ranges(self, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray]:
-        return self.views(starts, stops)
 
 
 class ZarrColumn:
@@ -142,10 +138,9 @@ class ZarrColumn:
     def __init__(self, array: zarr.Array) -> None:
         self.array = array
 
-    def whole(self) -> np.ndarray:
-        values = np.asarray(self.array[...])
-        values.flags.writeable = False
-        return values
+    @property
+    def rows(self) -> int:
+        return self.array.shape[0]
 
     async def ranges(self, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray]:
         source = self.array.async_array
@@ -158,33 +153,79 @@ class ZarrColumn:
         return values
 
 
-def read_ranges(requests: Sequence[tuple[Column, np.ndarray, np.ndarray]]) -> list[list[np.ndarray]]:
-    """Row ranges of several columns: straight views when all are mapped, else one concurrent zarr-python round."""
-    if all(isinstance(column, MappedColumn) for column, _, _ in requests):
-        return [column.views(starts, stops) for column, starts, stops in requests]  # type: ignore[attr-defined]
+Column = MappedColumn | RangedColumn | ZarrColumn
+RangeRequest = tuple[Column, np.ndarray, np.ndarray]  # a column and the row ranges starts[i]:stops[i] wanted of it
 
-    async def gather() -> list[list[np.ndarray]]:
-        return list(await asyncio.gather(*(column.ranges(starts, stops) for column, starts, stops in requests)))
 
-    return sync(gather())
+def read_ranges(requests: Sequence[RangeRequest], check: Sequence[RangedColumn] = ()) -> list[list[np.ndarray]]:
+    """Row ranges of several columns: views of mapped ones, one coalesced round for ranged ones (which also checks
+    the layout of the `check` columns, storage/ranged.py), and one concurrent zarr-python round for the rest."""
+    results: list[list[np.ndarray]] = [[] for _ in requests]
+    ranged = [i for i, (column, _, _) in enumerate(requests) if isinstance(column, RangedColumn)]
+    through_zarr = [i for i, (column, _, _) in enumerate(requests) if isinstance(column, ZarrColumn)]
+    for i, (column, starts, stops) in enumerate(requests):
+        if isinstance(column, MappedColumn):
+            results[i] = column.views(starts, stops)
+    if ranged or check:
+        fs = (check or [requests[i][0] for i in ranged])[0].fs  # type: ignore[union-attr]  # one store, one filesystem
+        parts = read_row_ranges(fs, [requests[i] for i in ranged], check)  # type: ignore[misc]
+        for i, rows in zip(ranged, parts, strict=True):
+            results[i] = rows
+    if through_zarr:
+
+        async def gather() -> list[list[np.ndarray]]:
+            return list(await asyncio.gather(*(requests[i][0].ranges(*requests[i][1:]) for i in through_zarr)))  # type: ignore[union-attr]
+
+        for i, rows in zip(through_zarr, sync(gather()), strict=True):
+            results[i] = rows
+    return results
+
+
+def read_whole(columns: Sequence[Column], check: Sequence[RangedColumn] = ()) -> list[np.ndarray]:
+    """Every row of each column, in one round of requests for remote ones (checking `check`'s layouts in it)."""
+    zero = np.zeros(1, dtype=np.int64)
+    return [parts[0] for parts in read_ranges([(column, zero, np.array([column.rows])) for column in columns], check)]
+
+
+def _open_arrays(group: zarr.Group, names: Sequence[str]) -> dict[str, zarr.Array | None]:
+    """The arrays `names` (paths under `group`), their metadata read concurrently; None where there is no array.
+
+    Opening by name needs no directory listing, which plain HTTP servers and
+    CDNs do not give, and one concurrent round instead of a request per array.
+    """
+
+    async def one(name: str) -> zarr.Array | None:
+        try:
+            node = await group._async_group.getitem(name)  # zarr.Group has no public async handle (zarr < 3.2 pinned)
+        except KeyError:
+            return None
+        return zarr.Array(node) if isinstance(node, zarr.AsyncArray) else None
+
+    async def every() -> list[zarr.Array | None]:
+        return list(await asyncio.gather(*(one(name) for name in names)))
+
+    return dict(zip(names, sync(every()), strict=True))
 
 
 class ShardReader:
-    """Read access to one committed shard through memory maps or zarr-python."""
+    """Read access to one committed shard through memory maps, byte ranges or zarr-python."""
 
     def __init__(
         self,
         location: StoreLocation,
         relative: str,
         *,
-        use_mmap: bool,
+        read_path: ReadPath,
         store_codebook: Callable[[], Mapping[str, np.ndarray]] | None = None,
     ) -> None:
-        """Open shard `relative` of `location`; use_mmap demands the memory-mapped path for every array.
+        """Open shard `relative` of `location`, reading every array by `read_path`.
 
-        store_codebook: gives the store's codebook, loaded and prepared
-        (Encoding.prepare) once per store, for a shard whose attributes say it
-        decodes with it (`codebook: "store"`).
+        "mmap" maps every array; "ranged" reads uncompressed arrays by coalesced
+        byte ranges (remote stores) and compressed ones through zarr-python;
+        "zarr" uses zarr-python for everything. store_codebook: gives the
+        store's codebook, loaded and prepared (Encoding.prepare) once per
+        store, for a shard whose attributes say it decodes with it
+        (`codebook: "store"`).
         """
         where = location.path(relative)
         try:
@@ -195,47 +236,51 @@ class ShardReader:
         self.attributes = ShardAttributes.of(group, where)
         self.encoding: Encoding = get_encoding(self.attributes.encoding)
         local_root = location.local_root
-        if use_mmap and local_root is None:
+        if read_path == "mmap" and local_root is None:
             raise StoreFormatError(f"cannot memory-map {location.url}: not on the local filesystem")
-
-        arrays = {name: node for name, node in group.members(max_depth=None) if isinstance(node, zarr.Array)}
+        from_store = set(self.encoding.codebook) if self.attributes.codebook_in_store else set()
+        if from_store and store_codebook is None:
+            raise StoreFormatError(f"{where} decodes with its store's codebook/, and none was given")
+        per_shard = [spec.name for spec in self.encoding.arrays if not spec.per_token and spec.name not in from_store]
+        whole_names = [ID_BYTES, ID_OFFSETS, TITLE_BYTES, TITLE_OFFSETS, TEXT_OFFSETS, TOKEN_OFFSETS,
+                       *(states_array(name) for name in per_shard),
+                       *([VECTORS] if self.attributes.vector_size is not None else [])]  # fmt: skip
+        per_token = [spec.name for spec in self.encoding.arrays if spec.per_token]
+        arrays = _open_arrays(group, [*whole_names, TEXT_BYTES, TOKEN_IDS, CHAR_SPANS,
+                                      *(states_array(name) for name in per_token)])  # fmt: skip
 
         def column(name: str) -> Column:
             array = arrays.get(name)
             if array is None:
                 raise StoreFormatError(f"{where}/{name} is missing or not an array")
-            if use_mmap:
+            if read_path == "mmap":
                 assert local_root is not None
                 return MappedColumn(map_array(array, local_root / relative / name))
+            if read_path == "ranged" and mappable_reason(array) is None:
+                layout = contiguous_layout(array, f"{where}/{name}")
+                return RangedColumn(location.fs, location.path(f"{relative}/{name}/{layout.chunk_key}"), layout)
             return ZarrColumn(array)
 
-        self.id_bytes = column(ID_BYTES).whole()
-        self.id_offsets = column(ID_OFFSETS).whole()
-        self.title_bytes = column(TITLE_BYTES).whole()
-        self.title_offsets = column(TITLE_OFFSETS).whole()
-        self.text_offsets = column(TEXT_OFFSETS).whole()
-        self.token_offsets = column(TOKEN_OFFSETS).whole()
-        self.texts = column(TEXT_BYTES)
-        self.token_ids = column(TOKEN_IDS)
-        self.char_spans = column(CHAR_SPANS)
-        self.per_token = {spec.name: column(states_array(spec.name)) for spec in self.encoding.arrays if spec.per_token}
-        from_store = set(self.encoding.codebook) if self.attributes.codebook_in_store else set()
-        if from_store and store_codebook is None:
-            raise StoreFormatError(f"{where} decodes with its store's codebook/, and none was given")
-        self.per_shard = {
-            spec.name: column(states_array(spec.name)).whole()
-            for spec in self.encoding.arrays
-            if not spec.per_token and spec.name not in from_store
-        }
+        columns = {name: column(name) for name in arrays}
+        ranged = [column for column in columns.values() if isinstance(column, RangedColumn)]
+        whole = dict(zip(whole_names, read_whole([columns[name] for name in whole_names], ranged), strict=True))
+        self.id_bytes, self.id_offsets = whole[ID_BYTES], whole[ID_OFFSETS]
+        self.title_bytes, self.title_offsets = whole[TITLE_BYTES], whole[TITLE_OFFSETS]
+        self.text_offsets, self.token_offsets = whole[TEXT_OFFSETS], whole[TOKEN_OFFSETS]
+        self.texts = columns[TEXT_BYTES]
+        self.token_ids = columns[TOKEN_IDS]
+        self.char_spans = columns[CHAR_SPANS]
+        self.per_token = {name: columns[states_array(name)] for name in per_token}
+        self.per_shard = {name: whole[states_array(name)] for name in per_shard}
         if from_store:
             assert store_codebook is not None
             self.per_shard.update(store_codebook())  # already prepared, once per store
         elif self.encoding.prepare is not None:  # a shard's own codebook: its lookup tables, once per open shard
             self.per_shard = self.encoding.prepare(self.per_shard)
-        self.vectors = None if self.attributes.vector_size is None else column(VECTORS).whole()  # (n, d) float32
-        self._check_offsets(arrays)
+        self.vectors = whole.get(VECTORS)  # (n, d) float32, None when the shard has none
+        self._check_offsets({name: column.rows for name, column in columns.items()})
 
-    def _check_offsets(self, arrays: dict[str, zarr.Array]) -> None:
+    def _check_offsets(self, rows: dict[str, int]) -> None:
         """Every ragged column's offsets fit its passages and data, so no read can mix up passages.
 
         A StoreFormatError (one line naming the shard, pointing at `verify`)
@@ -249,7 +294,7 @@ class ShardReader:
             (TOKEN_OFFSETS, self.token_offsets, TOKEN_IDS),
         )
         for name, offsets, data in columns:
-            if len(offsets) != self.attributes.passages + 1 or not offsets_are_valid(offsets, arrays[data].shape[0]):
+            if len(offsets) != self.attributes.passages + 1 or not offsets_are_valid(offsets, rows[data]):
                 raise StoreFormatError(
                     f"{self.where}/{name}: offsets do not fit its {self.attributes.passages} passages and "
                     f"{data}; the store is damaged, run `dilstore verify`"
@@ -288,23 +333,33 @@ class ShardReader:
 
     def read(self, rows: Sequence[int]) -> list[StoredPassage]:
         """The passages at `rows` (any order, repeats allowed), states decoded."""
+        return self.passages(rows, read_ranges(self.requests(rows)))
+
+    def requests(self, rows: Sequence[int]) -> list[RangeRequest]:
+        """What `passages` needs read for `rows`: texts, token ids, char spans and per-token states.
+
+        Store.fetch reads the requests of every shard a fetch touches in one round.
+        """
         rows = np.asarray(rows, dtype=np.int64)
         token_starts, token_stops = self.token_offsets[rows], self.token_offsets[rows + 1]
-        names = list(self.per_token)
-        texts, token_ids, char_spans, *states = read_ranges(
-            [
-                (self.texts, self.text_offsets[rows], self.text_offsets[rows + 1]),
-                (self.token_ids, token_starts, token_stops),
-                (self.char_spans, token_starts, token_stops),
-                *((self.per_token[name], token_starts, token_stops) for name in names),
-            ]
-        )
-        per_token = dict(zip(names, states, strict=True))
+        return [
+            (self.texts, self.text_offsets[rows], self.text_offsets[rows + 1]),
+            (self.token_ids, token_starts, token_stops),
+            (self.char_spans, token_starts, token_stops),
+            *((self.per_token[name], token_starts, token_stops) for name in self.per_token),
+        ]
+
+    def passages(self, rows: Sequence[int], parts: list[list[np.ndarray]]) -> list[StoredPassage]:
+        """The passages at `rows` from what `requests(rows)` read (`parts`, in its order), states decoded."""
+        rows = np.asarray(rows, dtype=np.int64)
+        token_lengths = self.token_offsets[rows + 1] - self.token_offsets[rows]
+        texts, token_ids, char_spans, *states = parts
+        per_token = dict(zip(self.per_token, states, strict=True))
         decoded = None
         if not self.encoding.zero_copy and len(rows):  # one decode call for all rows, then a view per passage
             joined = {name: np.concatenate(values) for name, values in per_token.items()}
             whole = self.encoding.decode({**joined, **self.per_shard})  # (Σn, *S)
-            decoded = np.split(whole, np.cumsum((token_stops - token_starts)[:-1]))
+            decoded = np.split(whole, np.cumsum(token_lengths[:-1]))
         passages = []
         for i, row in enumerate(rows.tolist()):
             arrays: dict[str, Any] = {name: values[i] for name, values in per_token.items()}

@@ -48,6 +48,7 @@ from dilstore.storage.format import (
     states_array,
 )
 from dilstore.storage.id_index import HASH_NAME, Superseded, id_hashes, row_keys
+from dilstore.storage.info import store_files
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest
 from dilstore.storage.shard import ShardAttributes
@@ -139,9 +140,15 @@ def _check_manifest(manifest: Manifest, report: VerifyReport) -> None:
 
 
 def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyReport) -> None:
-    """Every manifest file is present with its size and SHA-256; unknown files inside the data are problems."""
-    present = location.files()
-    missing_shards = [shard.directory for shard in manifest.shards if not location.is_dir(shard.directory)]
+    """Every manifest file is present with its size and SHA-256; unknown files inside the data are problems.
+
+    Where the filesystem cannot list (HTTP), only the manifest's files are
+    checked: a missing one shows when it is read, a truncated one by its hash.
+    """
+    present = store_files(location, manifest)
+    missing_shards = [
+        shard.directory for shard in manifest.shards if location.lists_files and not location.is_dir(shard.directory)
+    ]
     for shard_dir in missing_shards:
         report.problems.append(f"missing shard directory {shard_dir}")
     to_hash = []
@@ -156,7 +163,9 @@ def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyRepo
         else:
             to_hash.append(path)
     for path, digest in location.sha256_many(to_hash).items():
-        if isinstance(digest, OSError):
+        if isinstance(digest, FileNotFoundError):
+            report.problems.append(f"missing file {path}")
+        elif isinstance(digest, OSError):
             report.problems.append(f"{path}: cannot be read: {digest}")
         elif digest != manifest.files[path].sha256:
             report.problems.append(f"{path}: SHA-256 differs from the manifest (the file changed after finalize)")

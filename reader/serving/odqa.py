@@ -55,6 +55,7 @@ from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
+from dilstore.storage.location import StoreLocation
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import StoredPassage
 
@@ -310,8 +311,20 @@ class OpenDomainReader:
 
 
 def bm25_index_dir(store_path: str | Path) -> Path:
-    """Where `dilstore index STORE` puts the store's Lucene index: STORE/bm25."""
-    return Path(store_path) / BM25_INDEX_DIR
+    """Where `dilstore index STORE` puts the store's Lucene index: STORE/bm25, for a store on the local filesystem.
+
+    Lucene reads only local files, so a store at a URL (http://, s3://, ...)
+    has no default index: a DilstoreError asks for a local one (`--index`).
+    """
+    if "://" not in str(store_path):
+        return Path(store_path) / BM25_INDEX_DIR
+    local = StoreLocation.parse(store_path).local_root
+    if local is None:
+        raise DilstoreError(
+            f"store {store_path} is not on the local filesystem, and its BM25 index must be (Lucene reads only "
+            "local files): give a local copy of the store's bm25/ folder with --index DIR"
+        )
+    return local / BM25_INDEX_DIR
 
 
 def load_store_model(store: Any, model_dir: str | Path | None = None) -> DilBertReader:
@@ -350,9 +363,11 @@ def open_reader(
     checked before the JVM starts, so a bad request fails fast.
     """
     store = open_store(store_path)
-    index = Path(index_dir) if index_dir is not None else bm25_index_dir(store_path)
-    if with_index and not any(index.glob("segments_*")):
-        raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {store_path}`")
+    index = None
+    if with_index:
+        index = Path(index_dir) if index_dir is not None else bm25_index_dir(store_path)
+        if not any(index.glob("segments_*")):
+            raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {store_path}`")
     model = load_store_model(store, model_dir)
-    searcher = Bm25Searcher(index) if with_index else None
+    searcher = Bm25Searcher(index) if index is not None else None
     return OpenDomainReader(model, store, searcher, settings, device)

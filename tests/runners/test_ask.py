@@ -105,3 +105,63 @@ def test_a_line_that_is_not_utf8_is_reported_and_the_session_goes_on(store_and_m
     assert interactive(odqa, raw, out, err, as_json=True) == 0
     assert err.getvalue() == "dilstore ask: error: the question is not UTF-8 text (byte at character 6); skipped\n"
     assert [json.loads(line)["question"] for line in out.getvalue().splitlines()] == [GOOD]
+
+
+def test_ask_and_evaluate_qa_refuse_a_store_url_without_an_index(store_and_model: tuple[Path, Path], tmp_path: Path,
+                                                                  capsys) -> None:  # fmt: skip
+    from dilstore.runners.cli import main
+    from tests.fixtures.http_store import serve_directory
+
+    store_dir, model_dir = store_and_model
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"question": GOOD, "answer": ["1882"]}) + "\n", encoding="utf-8")
+    with serve_directory(store_dir.parent) as server:
+        url = f"{server.url}/{store_dir.name}"
+        for command in (["ask", url, GOOD], ["evaluate-qa", url, "--questions", str(questions)]):
+            assert main([*command, "--model", str(model_dir), "--threads", "1"]) == 2
+            err = capsys.readouterr().err
+            assert f"store {url} is not on the local filesystem" in err and "with --index DIR" in err
+
+
+def test_ask_reads_a_store_at_an_http_url_like_the_local_path(store_and_model: tuple[Path, Path]) -> None:
+    """The store from a real HTTP server on 127.0.0.1, the BM25 index local (--index): the same answers."""
+    from tests.fixtures.http_store import serve_directory
+
+    store_dir, model_dir = store_and_model
+    local = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), OneHitSearcher(),
+                             OdqaSettings(mu=0.5))  # fmt: skip
+    with serve_directory(store_dir.parent) as server:
+        store = open_store(f"{server.url}/{store_dir.name}")
+        remote = OpenDomainReader(local.model, store, OneHitSearcher(), OdqaSettings(mu=0.5))
+        answers = [odqa.answer(GOOD).to_dict() for odqa in (local, remote)]
+    for answer in answers:
+        answer.pop("timings")
+    assert answers[0] == answers[1] and answers[0]["passage_id"] == "tram#0"
+
+
+@pytest.mark.slow
+def test_ask_command_with_a_store_url_in_a_subprocess(store_and_model: tuple[Path, Path], tmp_path: Path) -> None:
+    """`dilstore ask http://... --index DIR` (BM25 over a local index, JVM in the child) answers like the local path."""
+    from tests.fixtures.http_store import serve_directory
+
+    store_dir, model_dir = store_and_model
+    documents = collection_documents(store_dir, ["tram#0", "curie#0", "kili#0", "cafe#0"])
+    write_collection(tmp_path / "collection" / "passages.jsonl", documents)
+    index = tmp_path / "bm25"
+    build = (
+        "import sys; from pathlib import Path; from reader.retrieval import build_bm25_index as build; "
+        "build(Path(sys.argv[1]), Path(sys.argv[2]))"
+    )
+    subprocess.run([sys.executable, "-c", build, str(tmp_path / "collection"), str(index)], check=True, cwd=ROOT,
+                   capture_output=True, timeout=300)  # fmt: skip
+    answers = []
+    with serve_directory(store_dir.parent) as server:
+        for where in (str(store_dir), f"{server.url}/{store_dir.name}"):
+            command = [sys.executable, "-m", "dilstore.runners.cli", "ask", where, GOOD, "--model", str(model_dir),
+                       "--index", str(index), "--top-p", "3", "--threads", "1", "--json"]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+            assert done.returncode == 0, done.stderr
+            answer = json.loads(done.stdout)
+            answer.pop("timings")
+            answers.append(answer)
+    assert answers[0] == answers[1]

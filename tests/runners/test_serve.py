@@ -451,5 +451,32 @@ def test_model_options_must_match_the_stores(tiny: dict[str, Any], capsys) -> No
     assert "max-batch-pairs must be at least 1" in capsys.readouterr().err
     assert main(["serve", str(tiny["s1"]), f"{tiny['s1'].name}={tiny['s2']}"]) == 2
     assert "store names must differ" in capsys.readouterr().err
-    assert parse_store_argument(f"books={tiny['s1']}") == ("books", tiny["s1"])
-    assert parse_store_argument(str(tiny["s1"])) == ("s1", tiny["s1"])
+    assert parse_store_argument(f"books={tiny['s1']}") == ("books", str(tiny["s1"]))
+    assert parse_store_argument(str(tiny["s1"])) == ("s1", str(tiny["s1"]))
+    assert parse_store_argument("http://127.0.0.1:8000/stores/books/") == ("books", "http://127.0.0.1:8000/stores/books/")
+    assert parse_store_argument("wiki=s3://bucket/a=b") == ("wiki", "s3://bucket/a=b")
+    assert main(["serve", str(tiny["s1"]), "--index", "nothing=/tmp"]) == 2
+    assert "no store is named 'nothing'" in capsys.readouterr().err
+
+
+def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any]) -> None:
+    """A store given as an http:// URL (a real server on 127.0.0.1) is mounted like a local one; a dilbert store
+    at a URL needs --index, since Lucene reads only local files."""
+    from tests.fixtures.http_store import serve_directory
+
+    from dilstore.runners.cmd_serve import open_served_store
+    from dilstore.storage.errors import DilstoreError
+
+    ids = ["kili", "tram", "cafe", "curie"]
+    with serve_directory(tiny["s2"].parent) as files:
+        url = f"{files.url}/{tiny['s2'].name}"
+        name, path = parse_store_argument(url)
+        store = open_served_store(name, path, tiny["ranker_dir"], None)
+        assert store.description["path"] == url and store.description["info"]["passages"] == len(DOCUMENTS)
+        with pytest.raises(DilstoreError, match="give a local copy of the store's bm25/ folder with --index"):
+            open_served_store("qa", f"{files.url}/{tiny['qa'].name}", tiny["model_dir"], None)
+        with running([store]) as (client, _):
+            response = client.post("/rerank", json={"query": "Zürich tram", "doc_ids": ids, "store": name})
+    assert response.status_code == 200, response.text
+    expected = open_reranker(tiny["s2"], tiny["ranker_dir"]).rerank("Zürich tram", ids)
+    assert {r["doc_id"]: r["score"] for r in response.json()["results"]} == pytest.approx(expected, rel=1e-6)

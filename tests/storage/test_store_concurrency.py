@@ -17,7 +17,7 @@ from dilstore.storage.records import PassageRecord, StoredPassage
 from tests.fixtures.paths import ROOT
 from tests.fixtures.store_fixtures import build_store, random_shards
 
-READ_PATHS = ("mmap", "zarr")
+READ_PATHS = ("mmap", "ranged", "zarr")
 
 
 def _digest(passage_id: str, text: str, token_ids: np.ndarray, states: np.ndarray) -> str:

@@ -119,7 +119,7 @@ def test_fp32_and_fp16_reads_are_zero_copy_views_of_the_shard_files(shards, tmp_
                 base = base.base
             base = base.obj if isinstance(base, memoryview) else base
             assert isinstance(base, mmap.mmap), f"{encoding} states are not a view of a memory map"
-            values = store.shard(2 if stored.id == "s2/p3" else 0).per_token["values"].whole()
+            values = store.shard(2 if stored.id == "s2/p3" else 0).per_token["values"].values
             assert np.shares_memory(stored.states, values)
 
 
@@ -190,8 +190,10 @@ def test_fsspec_urls_read_like_local_paths(fp32_store) -> None:
     memory = fsspec.filesystem("memory")
     memory.put(str(fp32_store), "/fp32-store", recursive=True)
     try:
-        for url, read_path in ((fp32_store.as_uri(), "mmap"), ("memory://fp32-store", "zarr")):
-            store = open_store(url)
+        opened = [(fp32_store.as_uri(), "auto", "mmap"), ("memory://fp32-store", "auto", "ranged"),
+                  ("memory://fp32-store", "zarr", "zarr")]  # fmt: skip
+        for url, asked, read_path in opened:
+            store = open_store(url, read_path=asked)
             assert store.read_path == read_path
             for got, expected in zip(store.fetch(wanted), local, strict=True):
                 assert got.text == expected.text

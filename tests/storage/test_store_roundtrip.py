@@ -129,6 +129,8 @@ def test_round_trip_every_encoding_and_read_path(encoding, data, compressor, pic
         reads = {
             "mmap": open_store(plain, read_path="mmap").fetch(wanted),
             "zarr": open_store(plain, read_path="zarr").fetch(wanted),
+            "ranged": open_store(plain, read_path="ranged").fetch(wanted),
+            f"ranged {compressor}": open_store(packed, read_path="ranged").fetch(wanted),
             compressor: open_store(packed).fetch(wanted),
         }
         for position, passage_id in enumerate(wanted):

@@ -298,6 +298,25 @@ def test_cli_writes_a_trec_run_ordered_by_the_model(
         np.testing.assert_allclose([run[qid][d] for d in expected], list(expected.values()), atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_cli_reranks_a_store_at_an_http_url_like_the_local_path(
+    kind: str, store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """STORE as an http:// URL of a real server on 127.0.0.1 writes the run the local path writes."""
+    from tests.fixtures.http_store import serve_directory
+
+    local = store(kind, "fp16")
+    runs = []
+    for name, where in (("local", str(local)), ("http", None)):
+        arguments = write_inputs(tmp_path / name, FIRST_STAGE)
+        with serve_directory(local.parent) as server:
+            status, _, err = cli(capsys, where or f"{server.url}/{local.name}", *arguments, "--model", model_dir,
+                                 "--depth", 4, "--json", "--threads", 1)  # fmt: skip
+        assert status == 0, err
+        runs.append((tmp_path / name / "out.trec").read_text())
+    assert runs[0] == runs[1]
+
+
 def test_cli_text_summary_and_progress_bar(
     store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

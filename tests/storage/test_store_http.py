@@ -1,0 +1,209 @@
+"""Stores read over real HTTP (a server on 127.0.0.1): the same passages, info and verify as the local path,
+a 100-passage fetch in a handful of requests, and one-line errors for URLs that hold no store.
+
+Every test runs against a server with HTML folder listings (Python's
+http.server) and one without (like object stores and CDNs), see
+tests/fixtures/http_store.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.info import store_info
+from dilstore.storage.reader import open_store
+from dilstore.storage.records import StoredPassage
+from dilstore.storage.verify import verify_store
+from tests.fixtures.http_store import HttpServer, serve_directory
+from tests.fixtures.store_fixtures import build_store, random_shards
+
+SHARDS = 2
+IDS = [f"s{shard}/p{row}" for shard in range(SHARDS) for row in range(0, 300, 6)]  # 100 passages, both shards
+PER_TOKEN_ARRAYS = {"fp16": 4, "int8": 5}  # texts, token ids, char spans and the encoding's per-token arrays
+
+
+@pytest.fixture(scope="module")
+def served_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """fp16, int8 and zstd-compressed stores of the same passages, and a folder that is not a store."""
+    root = tmp_path_factory.mktemp("http-stores")
+    shards = random_shards([300] * SHARDS, state_shape=(16,), max_words=60)
+    shards = [[replace(record, vector=np.full(16, index, dtype=np.float32)) for index, record in enumerate(shard)]
+              for shard in shards]  # fmt: skip  # passage vectors, read whole when a shard opens
+    build_store(root / "fp16", shards, encoding="fp16")
+    build_store(root / "int8", shards, encoding="int8")
+    build_store(root / "zstd", shards[:1], encoding="fp16", compressor="zstd")
+    (root / "not-a-store").mkdir()
+    (root / "not-a-store" / "notes.txt").write_text("no manifest here\n")
+    return root
+
+
+@pytest.fixture(params=[True, False], ids=["listings", "no-listings"])
+def server(request: pytest.FixtureRequest, served_root: Path) -> Iterator[HttpServer]:
+    with serve_directory(served_root, listings=request.param) as running:
+        yield running
+
+
+def assert_same_passages(got: list[StoredPassage], expected: list[StoredPassage]) -> None:
+    assert len(got) == len(expected)
+    for one, other in zip(got, expected, strict=True):
+        assert (one.id, one.title, one.text) == (other.id, other.title, other.text)
+        for field in ("token_ids", "char_spans", "states", "vector"):
+            if getattr(other, field) is None:  # a store without passage vectors
+                assert getattr(one, field) is None, field
+                continue
+            np.testing.assert_array_equal(getattr(one, field), getattr(other, field), err_msg=field)
+            assert getattr(one, field).dtype == getattr(other, field).dtype, field
+
+
+@pytest.mark.parametrize(("name", "read_path"), [("fp16", "ranged"), ("int8", "ranged"), ("zstd", "zarr")])
+def test_a_fetch_over_http_equals_the_local_path(served_root: Path, server: HttpServer, name: str,
+                                                  read_path: str) -> None:  # fmt: skip
+    wanted = [passage_id for passage_id in IDS if passage_id.startswith("s0/")] if name == "zstd" else IDS
+    wanted = wanted + wanted[:7][::-1]  # repeats, in another order
+    store = open_store(f"{server.url}/{name}")
+    assert store.read_path == read_path
+    assert_same_passages(store.fetch(wanted), open_store(served_root / name).fetch(wanted))
+    assert "s0/p1" in store and "ghost" not in store
+
+
+@pytest.mark.parametrize("encoding", ["fp16", "int8"])
+def test_a_100_passage_fetch_costs_a_few_requests(server: HttpServer, encoding: str) -> None:
+    """One block per per-token array and shard once the shards are open; opening costs a fixed few more."""
+    server.counter.reset()
+    store = open_store(f"{server.url}/{encoding}")
+    opened = server.requests
+    store.fetch(IDS)
+    cold = server.requests
+    server.counter.reset()
+    store.fetch(IDS)
+    warm = server.requests
+    assert opened <= 10  # manifest, id index
+    assert warm <= SHARDS * PER_TOKEN_ARRAYS[encoding]
+    assert cold <= opened + SHARDS * 30 + warm  # each shard: its metadata, one round of small arrays and indexes
+    if encoding == "fp16":  # what it was before: zarr-python reads the shard index and each chunk per passage
+        server.counter.reset()
+        open_store(f"{server.url}/{encoding}", read_path="zarr").fetch(IDS)
+        assert server.requests > 20 * warm
+
+
+def test_info_and_verify_over_http_equal_the_local_path(served_root: Path, server: HttpServer, capsys) -> None:
+    for name in ("fp16", "int8", "zstd"):
+        url = f"{server.url}/{name}"
+        remote, local = store_info(url), store_info(served_root / name)
+        assert remote.pop("store") == url and remote.pop("files_listed") == "manifest"  # HTML pages are no listing
+        assert local.pop("files_listed") == "listing"
+        assert remote == {key: value for key, value in local.items() if key != "store"}
+        report, expected = verify_store(url), verify_store(served_root / name)
+        assert report.ok and report.problems == []
+        assert (report.files_checked, report.bytes_checked) == (expected.files_checked, expected.bytes_checked)
+    url = f"{server.url}/int8"
+    assert main(["info", url, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["store"], printed["passages"], printed["encoding"]) == (url, 2 * 300, "int8")
+    assert main(["verify", url]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "OK"
+
+
+@pytest.mark.parametrize("listings", [True, False], ids=["listings", "no-listings"])
+def test_verify_over_http_reports_a_changed_and_a_missing_file(served_root: Path, tmp_path: Path,
+                                                               listings: bool) -> None:  # fmt: skip
+    store = Path(shutil.copytree(served_root / "fp16", tmp_path / "fp16"))
+    changed = store / "shards" / "shard-00000" / "states" / "values" / "c" / "0" / "0"
+    data = bytearray(changed.read_bytes())
+    data[100] ^= 0xFF
+    changed.write_bytes(bytes(data))
+    (store / "shards" / "shard-00001" / "tokens" / "ids" / "c" / "0").unlink()
+    with serve_directory(tmp_path, listings=listings) as server:
+        report = verify_store(f"{server.url}/fp16")
+    assert not report.ok
+    assert "shards/shard-00000/states/values/c/0/0: SHA-256 differs from the manifest (the file changed after " \
+           "finalize)" in report.problems  # fmt: skip
+    assert "missing file shards/shard-00001/tokens/ids/c/0" in report.problems
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (just bound and released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_urls_without_a_store_give_one_line_errors(server: HttpServer, capsys) -> None:
+    cases = [  # (URL, message, verify's exit status: 1 reports a problem, 2 a usage error)
+        (f"{server.url}/nothing", "no store at", 1),
+        (f"{server.url}/not-a-store", "never finalized" if server.listings else "no store at", 1),
+        (f"http://127.0.0.1:{_closed_port()}/store", "cannot reach store", 1),
+        ("s3-nowhere://bucket/store", "cannot open store s3-nowhere://bucket/store: Protocol not known", 2),
+    ]
+    for url, message, verify_status in cases:
+        with pytest.raises(DilstoreError, match=message):
+            open_store(url)
+        assert main(["info", url]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("dilstore info: error: ") and message in err and len(err.splitlines()) == 1
+        assert main(["verify", url]) == verify_status
+        assert message in "".join(capsys.readouterr())
+
+
+def test_a_server_that_ignores_byte_ranges_is_a_clear_error(served_root: Path) -> None:
+    """Python's own http.server sends whole files for ranged requests: the reader says so instead of misreading."""
+
+    class WholeFiles(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+            """Silent."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(WholeFiles, directory=str(served_root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(DilstoreError, match="the server does not answer byte ranges"):
+            open_store(f"http://127.0.0.1:{server.server_address[1]}/fp16").fetch(IDS[:3])
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_threads_share_one_store_over_http_while_shards_are_evicted(served_root: Path, server: HttpServer) -> None:
+    expected = {passage.id: passage for passage in open_store(served_root / "int8").fetch(IDS)}
+    store = open_store(f"{server.url}/int8", max_open_shards=1)  # threads keep reopening shards
+    batches = [IDS[start::8] for start in range(8)] * 2
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(store.fetch, batches))
+    for ids, passages in zip(batches, results, strict=True):
+        assert_same_passages(passages, [expected[passage_id] for passage_id in ids])
+
+
+def test_an_appended_store_with_replaced_rows_reads_over_http_like_the_local_path(tmp_path: Path) -> None:
+    from dilstore.storage.append import commit_append
+    from tests.fixtures.store_fixtures import fingerprint_for
+    from tests.storage.test_store_append import GENERATION, records, write_append
+
+    store = build_store(tmp_path / "appended", [records(["a", "b", "c"])])
+    write_append(store, [records(["b", "d"], seed=7)])
+    commit_append(store, GENERATION, fingerprint_for(), replace=True)
+    with serve_directory(tmp_path, listings=False) as server:
+        url = f"{server.url}/appended"
+        remote = open_store(url)
+        assert_same_passages(remote.fetch(["a", "b", "c", "d"]), open_store(store).fetch(["a", "b", "c", "d"]))
+        assert remote.superseded().rows.tolist() == open_store(store).superseded().rows.tolist() == [1]
+        info, local = store_info(url), store_info(store)
+        assert {key: info[key] for key in ("passages", "tokens", "shards", "superseded", "bytes_on_disk")} == \
+               {key: local[key] for key in ("passages", "tokens", "shards", "superseded", "bytes_on_disk")}  # fmt: skip
+        report = verify_store(url)
+    assert report.ok, report.problems
+    assert report.files_checked == verify_store(store).files_checked
