@@ -31,7 +31,7 @@ def test_the_wheel_holds_only_dilstore_with_its_layers_and_shipped_models(tmp_pa
     for module in ("api.py", "__main__.py", "storage/reader.py", "reader/serving/odqa.py",
                    "pipelines/precompute.py", "runners/cli.py", "reader/packaged/shipped.py"):  # fmt: skip
         assert f"dilstore/{module}" in names
-    for model in ("dilbert-minilm-squad", "earl-minilm-squad"):
+    for model in ("dilbert-minilm-squad", "earl-minilm-squad", "listformer-minilm-squad"):
         assert f"dilstore/reader/models/{model}/model.safetensors" in names
         assert f"dilstore/reader/models/{model}/config.json" in names
 

