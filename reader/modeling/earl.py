@@ -69,7 +69,7 @@ from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from dilstore.reader.batching import pad_token_ids
-from dilstore.reader.modeling.checkpoints import BaseEncoderReference, CheckpointMetadata, resolve_base_model
+from dilstore.reader.modeling.checkpoints import BaseEncoderReference, CheckpointMetadata
 from dilstore.reader.modeling.earl_blocks import JudgerBlock
 from dilstore.reader.modeling.earl_checkpoints import (
     KIND,
@@ -230,29 +230,14 @@ class EarlRanker(RankerBase):
         if reference is None:
             super()._load_checkpoint_state(checkpoint)
             return
-        encoder, _ = load_base_encoder(resolve_base_model(reference.model))
-        try:
+
+        def hold(encoder: BertModel) -> nn.Module:
             self._initialise_encoders(encoder)
-        except RuntimeError as error:
-            raise DilstoreError(
-                f"{checkpoint.directory}: its base encoder {reference.model} does not fit this EARL ranker: {error}"
-            ) from error
-        found = self.freeze_encoder(reference.model)
-        if found.weights_sha256 != reference.weights_sha256:
-            raise DilstoreError(
-                f"{checkpoint.directory} was trained over base encoder {reference.model} with weights "
-                f"{reference.weights_sha256[:12]}, but {resolve_base_model(reference.model)} has weights "
-                f"{found.weights_sha256[:12]}; install the base it was trained from"
-            )
+            self.freeze_encoder(reference.model)
+            return self.document_encoder
+
+        self._load_with_named_base(checkpoint, hold, ENCODER_PREFIXES)
         self.base_encoder = reference
-        missing, unexpected = self.load_state_dict(checkpoint.state, strict=False)
-        stray = [name for name in missing if not name.startswith(ENCODER_PREFIXES)]
-        stray += [name for name in unexpected] + [name for name in checkpoint.state if name.startswith(ENCODER_PREFIXES)]
-        if stray:
-            raise DilstoreError(
-                f"{checkpoint.directory}: the weights do not fit this EARL ranker without its encoder: "
-                f"{', '.join(sorted(stray)[:5])}"
-            )
 
     def save_pretrained(self, path: str | Path) -> Path:
         """Write the checkpoint; with a frozen encoder (freeze_encoder), without the encoder's weights.

@@ -80,7 +80,7 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 from transformers.models.bert.modeling_bert import BertLayer, BertSelfAttention
 
 from dilstore.reader.batching import pad_token_ids
-from dilstore.reader.modeling.checkpoints import BaseEncoderReference, CheckpointMetadata, resolve_base_model
+from dilstore.reader.modeling.checkpoints import BaseEncoderReference, CheckpointMetadata
 from dilstore.reader.modeling.earl_checkpoints import (
     base_reference,
     base_weights_sha256,
@@ -251,29 +251,14 @@ class ListformerRanker(RankerBase):
         if reference is None or self.prior_encoder is None:
             super()._load_checkpoint_state(checkpoint)
             return
-        encoder, _ = load_base_encoder(resolve_base_model(reference.model))
-        try:
+
+        def hold(encoder: BertModel) -> nn.Module:
             self._hold_prior_encoder(encoder)
-        except RuntimeError as error:
-            raise DilstoreError(
-                f"{checkpoint.directory}: its base encoder {reference.model} does not fit this Listformer: {error}"
-            ) from error
-        found = base_weights_sha256(self.prior_encoder)
-        if found != reference.weights_sha256:
-            raise DilstoreError(
-                f"{checkpoint.directory} was trained with the prior of base encoder {reference.model} with weights "
-                f"{reference.weights_sha256[:12]}, but {resolve_base_model(reference.model)} has weights "
-                f"{found[:12]}; install the base it was trained from"
-            )
+            assert self.prior_encoder is not None
+            return self.prior_encoder
+
+        self._load_with_named_base(checkpoint, hold, (PRIOR_PREFIX,))
         self.base_encoder = reference
-        missing, unexpected = self.load_state_dict(checkpoint.state, strict=False)
-        stray = [name for name in missing if not name.startswith(PRIOR_PREFIX)] + list(unexpected)
-        stray += [name for name in checkpoint.state if name.startswith(PRIOR_PREFIX)]
-        if stray:
-            raise DilstoreError(
-                f"{checkpoint.directory}: the weights do not fit this Listformer without its prior encoder: "
-                f"{', '.join(sorted(stray)[:5])}"
-            )
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.float16) -> Path:
         """Write the checkpoint with its floating-point weights as `dtype`: fp16 by default (half the size).

@@ -31,10 +31,15 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
-from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, CheckpointMetadata
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, CheckpointMetadata, resolve_base_model
 from dilstore.reader.modeling.architectures import architecture_for
 from dilstore.reader.modeling.dilbert import HEAD_INIT_SEED, padding_attention_mask
-from dilstore.reader.modeling.earl_checkpoints import load_base_encoder, require_supported, write_earl_checkpoint
+from dilstore.reader.modeling.earl_checkpoints import (
+    base_weights_sha256,
+    load_base_encoder,
+    require_supported,
+    write_earl_checkpoint,
+)
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, score_text_pairs
 from dilstore.reader.text.tokenization import encode_question
@@ -137,6 +142,42 @@ class RankerBase(nn.Module, ABC):
             ranker = build(copy.deepcopy(base.config))
             ranker._initialise_from(base)
         return ranker.eval()
+
+    def _load_with_named_base(
+        self, checkpoint: RankerCheckpoint, hold: Callable[[BertModel], nn.Module], left_out: tuple[str, ...]
+    ) -> None:
+        """Load a checkpoint saved without the encoder it holds frozen, which dilstore.json names as its base.
+
+        `hold` puts the base encoder into the ranker, frozen as in training, and
+        returns the module whose fingerprint must be the one dilstore.json
+        recorded; then the saved tensors must be exactly the ranker's other
+        weights (none under the `left_out` state-dict prefixes).
+        """
+        reference = checkpoint.metadata.base_encoder
+        assert reference is not None
+        encoder, _ = load_base_encoder(resolve_base_model(reference.model))
+        try:
+            frozen = hold(encoder)
+        except RuntimeError as error:
+            raise DilstoreError(
+                f"{checkpoint.directory}: its base encoder {reference.model} does not fit this {self.description}: "
+                f"{error}"
+            ) from error
+        found = base_weights_sha256(frozen)
+        if found != reference.weights_sha256:
+            raise DilstoreError(
+                f"{checkpoint.directory} was trained over base encoder {reference.model} with weights "
+                f"{reference.weights_sha256[:12]}, but {resolve_base_model(reference.model)} has weights "
+                f"{found[:12]}; install the base it was trained from"
+            )
+        missing, unexpected = self.load_state_dict(checkpoint.state, strict=False)
+        stray = [name for name in missing if not name.startswith(left_out)] + list(unexpected)
+        stray += [name for name in checkpoint.state if name.startswith(left_out)]
+        if stray:
+            raise DilstoreError(
+                f"{checkpoint.directory}: the weights do not fit this {self.description} without its frozen base "
+                f"encoder: {', '.join(sorted(stray)[:5])}"
+            )
 
     def _load_checkpoint_state(self, checkpoint: RankerCheckpoint) -> None:
         """Put the checkpoint's weights into this freshly built ranker; every weight must fit exactly."""
