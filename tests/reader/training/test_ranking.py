@@ -158,7 +158,7 @@ def test_gradient_accumulation_matches_the_larger_batch(tiny_base: Path, overfit
         ({"precision": "fp8"}, "precision"),
         ({"max_doc_length": 2}, "max-doc-length"),
         ({"kind": "siamese", "tied": True}, "EARL ranker only"),
-        ({"kind": "cross-encoder", "prior": True}, "EARL ranker only"),
+        ({"kind": "cross-encoder", "prior": True}, "prior describes an EARL ranker or a Listformer only"),
         ({"kind": "siamese", "freeze_encoder": True}, "EARL ranker only"),
         ({"freeze_encoder": True, "encoder_learning_rate": 1e-6}, "exclude each other"),
         ({"encoder_learning_rate": 0.0}, "encoder-learning-rate must be positive"),
