@@ -7,6 +7,7 @@ folders under `dilstore.`; this builds a real wheel and looks inside it.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,14 +18,23 @@ import pytest
 from tests.fixtures.paths import ROOT
 
 
+# What a wheel build must not see (or write into): the checkout's environment, caches and build outputs.
+_NOT_SOURCE = (".venv", ".git", "build", "dist", "*.egg-info", ".pytest_cache", ".hypothesis", "__pycache__",
+               "dilstore-store")  # fmt: skip
+
+
 @pytest.mark.slow
 def test_the_wheel_holds_only_dilstore_with_its_layers_and_shipped_models(tmp_path: Path) -> None:
+    """Built from a copy of the sources: a build in the checkout itself writes dilstore.egg-info there, which
+    tests running beside it would read as the installed package's metadata while it is half written."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--wheel-dir", str(tmp_path), str(ROOT)],
+         "--disable-pip-version-check", "--wheel-dir", str(tmp_path / "wheels"), str(source)],
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip
-    (wheel,) = tmp_path.glob("dilstore-*.whl")
+    (wheel,) = (tmp_path / "wheels").glob("dilstore-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top_levels = {name.split("/")[0] for name in names}
     assert top_levels == {"dilstore", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
