@@ -142,9 +142,10 @@ def build_store(root: Path, passages: int, per_shard: int, encoding: str, *, see
 
 # ---- measurements run in a fresh process (`--measure-open ROOT`) ----
 
-def rss_bytes() -> int:
+def rss_bytes(field: str = "VmRSS") -> int:
+    """This process's resident memory from /proc/self/status: VmRSS, or RssAnon / RssFile (mapped files)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     return -1
 
@@ -172,6 +173,7 @@ def measure_open(root: Path, passages: int, lookups: int, fetch: int, seed: int,
     fetch_ids = [passage_id(i) for i in rng.choice(passages, fetch, replace=False)]
     cold = drop_cache and drop_page_cache()
     rss_before = rss_bytes()
+    rss_before_split = {"anon": rss_bytes("RssAnon"), "file": rss_bytes("RssFile")}
     start = time.perf_counter()
     store = open_store(root)
     open_s = time.perf_counter() - start
@@ -183,6 +185,7 @@ def measure_open(root: Path, passages: int, lookups: int, fetch: int, seed: int,
         lookup_s.append(time.perf_counter() - start)
         assert found == lookups, f"{lookups - found} ids not found ({label})"
     rss_lookups = rss_bytes()
+    rss_lookups_split = {"anon": rss_bytes("RssAnon"), "file": rss_bytes("RssFile")}
     fetched = []
     for label in ("cold", "warm"):
         start = time.perf_counter()
@@ -199,6 +202,8 @@ def measure_open(root: Path, passages: int, lookups: int, fetch: int, seed: int,
         "rss_after_open_bytes": rss_open,
         "rss_open_delta_bytes": rss_open - rss_before,
         "rss_after_lookups_bytes": rss_lookups,
+        "rss_after_lookups_anon_file_bytes": rss_lookups_split,
+        "rss_before_open_anon_file_bytes": rss_before_split,
         "rss_after_fetch_bytes": rss_bytes(),
         "shards_opened_by_lookups": len(store._shards),  # noqa: SLF001 - a benchmark may look
         "lookups": lookups,
