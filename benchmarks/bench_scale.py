@@ -15,7 +15,7 @@ or cached in the interpreter:
 - on-disk sizes: the id index, the manifest, and bytes per token by part (`dilstore info`).
 
 Synthetic passages: d=384 (`dilbert`), 60..100 tokens (uniform, seeded), random token ids, every
-token's char span (-1, -1) (allowed: special tokens), texts of ~20 characters and empty titles
+token's char span (-1, -1) (allowed: special tokens), texts of about 25 characters and empty titles
 (kept short on purpose to save disk; real texts add their UTF-8 bytes). States are float32
 standard normals: each passage is a random run of a seeded pool of --pool-tokens random
 tokens (drawing fresh normals for 80M tokens would dominate the build and does not change what is
@@ -26,6 +26,11 @@ CODEBOOK_SAMPLE_TOKENS pool tokens, as the pipeline trains one per store, and wr
 
     python benchmarks/bench_scale.py --passages 100000 300000 1000000 --work-dir /work/scale-stores \
         --output /tmp/bench-scale.json
+    python benchmarks/bench_scale.py --passages 20000 --passages-per-shard 5 --pool-tokens 65536 \
+        --work-dir /work/scale-stores/s4000 --output /tmp/bench-scale-4000shards.json   # many small shards
+    python benchmarks/bench_scale.py --report-only /tmp/bench-scale.json   # the tables again
+
+Each store is deleted after it is measured unless --keep is given; use one --work-dir per concurrent run.
 """
 
 from __future__ import annotations
