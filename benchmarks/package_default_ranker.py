@@ -21,16 +21,13 @@ from typing import Any
 
 from dilstore.reader.packaged.shipped import DEFAULT_LISTFORMER_NAME, DEFAULT_RANKER_NAME, packaged_models_dir
 from dilstore.reader.text.files import read_json
-from dilstore.reader.training.model_cards import render_listformer_card, render_ranker_card
+from dilstore.reader.training.model_cards import render_ranker_card
 from dilstore.reader.training.release import load_training_metadata, package_checkpoint, report_package_size
 from dilstore.storage.errors import DilstoreError
 
 SIZE_LIMIT_MB = 60.0
-# Per packaged kind: the shipped folder's name and the card that describes it.
-PACKAGES = {
-    "earl": (DEFAULT_RANKER_NAME, render_ranker_card),
-    "listformer": (DEFAULT_LISTFORMER_NAME, render_listformer_card),
-}
+# Per packaged kind: the shipped folder's name.
+PACKAGES = {"earl": DEFAULT_RANKER_NAME, "listformer": DEFAULT_LISTFORMER_NAME}
 
 
 def quality_rows(reports: list[Path]) -> list[dict[str, Any]]:
@@ -62,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             raise DilstoreError(
                 f"{args.checkpoint} holds a {training.get('kind')!r} run, not an EARL ranker or a Listformer"
             )
-        name, render = PACKAGES[training["kind"]]
-        card = render(
+        name = PACKAGES[training["kind"]]
+        card = render_ranker_card(
             training, quality_rows(args.quality), checkpoint=str(args.checkpoint), hardware=args.hardware,
             notes=args.notes,
         )  # fmt: skip

@@ -48,7 +48,7 @@ from dilstore.reader.evaluation.ranking import (
     write_task_files,
 )
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, base_model_dir
-from dilstore.reader.modeling.rankers import load_ranker, new_ranker
+from dilstore.reader.modeling.rankers import checkpoint_kind, load_ranker, new_ranker
 from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS, TrainableRanker
 from dilstore.reader.modeling.siamese import CosineBiEncoder
 from dilstore.storage.errors import DilstoreError
@@ -81,15 +81,15 @@ def load_tasks(args: argparse.Namespace) -> list[RankingTask]:
     return tasks
 
 
-def described(path: Path, ranker: TrainableRanker, via: str = "") -> dict[str, Any]:
+def described(path: Path, kind: str, via: str = "") -> dict[str, Any]:
     """A checkpoint's row description from its training record, so no untrained model passes as trained."""
     training_file = path / TRAINING_METADATA_FILE
     training = json.loads(training_file.read_text()) if training_file.is_file() else None
     steps = None if training is None else training.get("steps")
     trained = bool(steps)
     status = f"{steps} steps" if trained else "UNTRAINED: no training recorded"
-    label = f"{ranker.kind} {path.name} ({status}{via})"
-    return {"model": label, "kind": ranker.kind, "path": str(path), "trained": trained, "training": training}
+    label = f"{kind} {path.name} ({status}{via})"
+    return {"model": label, "kind": kind, "path": str(path), "trained": trained, "training": training}
 
 
 def rankers(args: argparse.Namespace) -> list[tuple[dict[str, Any], TrainableRanker]]:
@@ -97,7 +97,7 @@ def rankers(args: argparse.Namespace) -> list[tuple[dict[str, Any], TrainableRan
     found = []
     for path in args.model:
         ranker = load_ranker(path)
-        found.append((described(path, ranker), ranker))
+        found.append((described(path, ranker.kind), ranker))
     if args.reference_bi_encoder:
         label = f"bi-encoder cosine (UNTRAINED {args.base_model.name}, as sentence-transformers scores it)"
         found.append(({"model": label, "kind": "siamese", "path": str(args.base_model), "trained": False,
@@ -146,7 +146,7 @@ def given_dl19_runs(runs: list[list[str]], tasks: list[RankingTask]) -> list[dic
     rows = []
     for checkpoint, run_file in runs:
         path = Path(checkpoint)
-        description = described(path, load_ranker(path), via=f", run {Path(run_file).name}")
+        description = described(path, checkpoint_kind(path), via=f", run {Path(run_file).name}")
         summary = evaluate_run(dl19[0].qrels, read_run(run_file)).summary()
         rows.append({"task": "DL19", **description, **summary, "seconds": None})
     return rows

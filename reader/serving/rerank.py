@@ -289,10 +289,14 @@ class StoreReranker(ABC, Generic[RankerT]):
                 present = [docid for docid in doc_ids if docid not in missing]
                 return self.store.fetch(present) if present else []
 
+    def _query_tensors(self, tokens: TokenizedText) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokenized query as ids (1, nq) and mask (1, nq) on the device."""
+        query_ids = torch.from_numpy(tokens.token_ids.astype(np.int64))[None].to(self.device)  # (1, nq)
+        return query_ids, torch.ones_like(query_ids)  # (1, nq), (1, nq)
+
     def _encode_query(self, tokens: TokenizedText) -> tuple[torch.Tensor, torch.Tensor]:
         """The tokenized query through the ranker's query layers: its states (1, nq, d) and its mask (1, nq)."""
-        query_ids = torch.from_numpy(tokens.token_ids.astype(np.int64))[None].to(self.device)  # (1, nq)
-        query_mask = torch.ones_like(query_ids)  # (1, nq)
+        query_ids, query_mask = self._query_tensors(tokens)  # (1, nq), (1, nq)
         return self.model.encode_queries(query_ids, query_mask), query_mask  # (1, nq, d), (1, nq)
 
     @abstractmethod
@@ -356,10 +360,10 @@ class ListformerReranker(StoreReranker[ListformerRanker]):
         """The query's layers 1..k once (and the prior encoder), then layers k+1..l over the query and every
         stored document together (plus each document's stored prior vector)."""
         with stats.measure("query_layers"), torch.inference_mode():
-            query_states, query_mask = self._encode_query(tokens)  # (1, nq, d), (1, nq)
+            query_ids, query_mask = self._query_tensors(tokens)  # (1, nq), (1, nq)
+            query_states = self.model.encode_queries(query_ids, query_mask)  # (1, nq, d)
             prior = {}
             if self.model.prior:
-                query_ids = torch.from_numpy(tokens.token_ids.astype(np.int64))[None].to(self.device)  # (1, nq)
                 prior["query_vectors"] = self.model.query_vectors(query_ids, query_mask)  # (1, d)
         with stats.measure("judge"), torch.inference_mode():
             stored, doc_mask = pad_stored_states(documents, self.device, self.model.dtype)  # (D, n, d), (D, n)

@@ -30,63 +30,14 @@ def render_ranker_card(
 
     `results` are rows of `benchmarks/rank_quality.py` reports (task, model,
     kind, path, trained, RR@10, nDCG@10, R@100); the row whose path is
-    `checkpoint` is this model. The card states whether this EARL ranker is
-    within TARGET_NDCG_GAP nDCG@10 of the trained cross-encoder on
-    TARGET_TASK, when the rows hold one.
+    `checkpoint` is this model. The run's kind picks the description and the
+    target the card states, when the rows allow: an EARL ranker within
+    TARGET_NDCG_GAP nDCG@10 of the trained cross-encoder on TARGET_TASK, a
+    Listformer at least that cross-encoder's and above BM25's.
     """
     config = training["config"]
-    pooling = {"cls": "ClsPool", "mean": "AvePool"}[config["pooling"]]
-    tied = "tied" if config["tied"] else "untied"
-    intro = [
-        f"# {DEFAULT_RANKER_NAME}: EARL ranker, all-MiniLM-L6-v2, {pooling}, {tied}",
-        "",
-        "An EARL (MORES) ranker: a document module over `[CLS] d [SEP]` that runs offline",
-        "(`dilstore precompute --kind earl-s1|earl-s2`), a query module that runs once per query,",
-        "and judger blocks that run per query-document pair (`dilstore rerank`).",
-    ]
-    loss = f"- {config['loss']} loss over 1 positive and {config['negatives']} negatives"
-    target = target_statement(results, checkpoint)
-    return _ranker_card(intro, loss, training, results, checkpoint, hardware, target, notes)
-
-
-def render_listformer_card(
-    training: Mapping[str, Any],
-    results: Sequence[Mapping[str, Any]],
-    *,
-    checkpoint: str,
-    hardware: str,
-    notes: str = "",
-) -> str:
-    """A Listformer's model card, as render_ranker_card; its target: ≥ the same-budget cross-encoder, > BM25."""
-    config = training["config"]
-    k = int(config["delayed_layers"])
-    prior = ", bi-encoder prior" if config.get("prior") else ""
-    intro = [
-        f"# {DEFAULT_LISTFORMER_NAME}: Listformer ranker, all-MiniLM-L6-v2, k={k} delayed layers{prior}",
-        "",
-        "A listwise Listformer (seed 003): a query and its whole candidate list in one pass, with",
-        "global-local attention and document-wise positions. Layers 1..k see each document alone, so",
-        "`dilstore precompute --kind listformer` stores their output; `dilstore rerank` runs the rest.",
-        *(["The score adds 20 x the frozen base's cosine of mean-pooled query and document, whose",
-           "document side the store keeps per passage."] if prior else []),  # fmt: skip
-    ]
-    loss = f"- {config['loss']} loss (T = {config['temperature']}) over lists of 1 positive and {config['negatives']} negatives"
-    return _ranker_card(intro, loss, training, results, checkpoint, hardware, listformer_target(results, checkpoint),
-                        notes)  # fmt: skip
-
-
-def _ranker_card(
-    intro: Sequence[str],
-    loss: str,
-    training: Mapping[str, Any],
-    results: Sequence[Mapping[str, Any]],
-    checkpoint: str,
-    hardware: str,
-    target: str,
-    notes: str,
-) -> str:
-    """The card both rankers share: `intro`, data, training (`loss` opens its settings line), results, `target`."""
-    config = training["config"]
+    describe = _listformer_parts if training.get("kind") == "listformer" else _earl_parts
+    intro, loss, target = describe(config, results, checkpoint)
     lines = [
         *intro,
         "",
@@ -120,6 +71,42 @@ def _ranker_card(
         lines += ["", "## Notes", "", notes.rstrip()]
     lines += ["", "Weights stored as fp16 safetensors.", ""]
     return "\n".join(lines)
+
+
+def _earl_parts(
+    config: Mapping[str, Any], results: Sequence[Mapping[str, Any]], checkpoint: str
+) -> tuple[list[str], str, str]:
+    """An EARL card's title and description, its loss line's opening, and its target statement."""
+    pooling = {"cls": "ClsPool", "mean": "AvePool"}[config["pooling"]]
+    tied = "tied" if config["tied"] else "untied"
+    intro = [
+        f"# {DEFAULT_RANKER_NAME}: EARL ranker, all-MiniLM-L6-v2, {pooling}, {tied}",
+        "",
+        "An EARL (MORES) ranker: a document module over `[CLS] d [SEP]` that runs offline",
+        "(`dilstore precompute --kind earl-s1|earl-s2`), a query module that runs once per query,",
+        "and judger blocks that run per query-document pair (`dilstore rerank`).",
+    ]
+    loss = f"- {config['loss']} loss over 1 positive and {config['negatives']} negatives"
+    return intro, loss, target_statement(results, checkpoint)
+
+
+def _listformer_parts(
+    config: Mapping[str, Any], results: Sequence[Mapping[str, Any]], checkpoint: str
+) -> tuple[list[str], str, str]:
+    """A Listformer card's title and description, its loss line's opening, and its target statement."""
+    k = int(config["delayed_layers"])
+    prior = ", bi-encoder prior" if config.get("prior") else ""
+    intro = [
+        f"# {DEFAULT_LISTFORMER_NAME}: Listformer ranker, all-MiniLM-L6-v2, k={k} delayed layers{prior}",
+        "",
+        "A listwise Listformer (seed 003): a query and its whole candidate list in one pass, with",
+        "global-local attention and document-wise positions. Layers 1..k see each document alone, so",
+        "`dilstore precompute --kind listformer` stores their output; `dilstore rerank` runs the rest.",
+        *(["The score adds 20 x the frozen base's cosine of mean-pooled query and document, whose",
+           "document side the store keeps per passage."] if prior else []),  # fmt: skip
+    ]
+    loss = f"- {config['loss']} loss (T = {config['temperature']}) over lists of 1 positive and {config['negatives']} negatives"
+    return intro, loss, listformer_target(results, checkpoint)
 
 
 # How a card describes each evaluation task of benchmarks/rank_quality.py.
