@@ -81,6 +81,11 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
         "--shared-norm-negatives", type=int, default=3, metavar="N",
         help="negative paragraphs per question with --shared-norm (default 3)",
     )  # fmt: skip
+    parser.add_argument(
+        "--freeze-lower", action="store_true",
+        help="train only layers k+1..l and the head: the embeddings and layers 1..k stay as in --model, and each "
+        "window's layer-k states are computed once and cached in fp16, as a store keeps them (needs k >= 1)",
+    )  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
     parser.add_argument("--eval-limit", type=int, help="evaluate on a seeded random subset of N dev questions")
     parser.add_argument("--eval-seed", type=int, default=0, help="seed of the --eval-limit subset (default 0)")
@@ -116,6 +121,7 @@ def run_qa(args: argparse.Namespace) -> int:
         representation_weight=args.representation_weight,
         shared_norm=None if args.shared_norm is None else str(args.shared_norm),
         shared_norm_negatives=args.shared_norm_negatives,
+        freeze_lower=args.freeze_lower,
         **config_fields(args),
     )
     result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args))

@@ -240,6 +240,21 @@ class DilBertReader(nn.Module):
         """`forward`, also returning the interaction states (see `interaction_states`) for distillation."""
         question_states = self.encode_questions(question_ids, question_mask)  # (b, nq, d)
         passage_states = self.encode_passages(passage_ids, passage_mask)  # (b, np, d)
+        return self.forward_from_states(question_states, question_mask, passage_states, passage_mask)
+
+    def forward_from_states(
+        self,
+        question_states: torch.Tensor,
+        question_mask: torch.Tensor,
+        passage_states: torch.Tensor,
+        passage_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """`interact` that also returns the interaction states: the training path over given layer-k states.
+
+        `train qa --freeze-lower` feeds it cached question and passage states
+        (b, nq, d) and (b, np, d); returns start and end logits, each
+        (b, nq + np), and the states of `interaction_states`.
+        """
         states, mask = self.interaction_states(question_states, question_mask, passage_states, passage_mask)
         start_logits, end_logits = self.answer_logits(states[-1], mask)  # each (b, nq + np)
         return start_logits, end_logits, states

@@ -24,6 +24,10 @@ trained k is exactly the k that `precompute` and `ask` use.
   the student's and the teacher's outputs of each upper layer k+1..l (the
   layerwise representation similarity). The teacher is usually the k=0
   reader the student was started from; it runs frozen, in eval mode.
+- Frozen lower layers (`freeze_lower`, reader/training/frozen_lower.py): the
+  embeddings and layers 1..k stay as loaded, each distinct window's layer-k
+  states are computed once and cached in fp16 (the store as a training
+  cache), and only layers k+1..l and the head train.
 - The final model goes to OUTPUT itself, with dilstore_training.json (k, the
   command, the budget actually run).
 """
@@ -44,6 +48,7 @@ from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
 from dilstore.reader.data.shared_norm import shared_norm_groups
 from dilstore.reader.data.squad import load_squad
 from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
 from dilstore.reader.training.loop import (
     Throughput,
     accumulate_micro_batches,
@@ -93,6 +98,7 @@ class TrainingConfig:
     representation_weight: float = 1.0
     shared_norm: str | None = None
     shared_norm_negatives: int = 3
+    freeze_lower: bool = False
 
     def __post_init__(self) -> None:
         check_loop_settings(self)
@@ -306,6 +312,10 @@ def train_qa(
     """
     start = start_run(output_dir, config, resume=resume, device=device)
     reader = DilBertReader.from_pretrained(start.resume_from or model_dir, layers=config.layers)
+    lower_cache = None
+    if config.freeze_lower:
+        freeze_lower_layers(reader)
+        lower_cache = LowerStateCache(reader)
     data = load_training_data(reader.tokenizer, Path(train_file), config)
     distillation = None
     if config.teacher is not None:
@@ -317,7 +327,9 @@ def train_qa(
         model=reader,
         num_examples=data.examples,
         step_plan=optimizer_step_batches(data.examples, config, data.lengths() if config.group_by_length else None),
-        accumulate=partial(accumulate_gradients, reader, data, device=start.device, distillation=distillation),
+        accumulate=partial(
+            accumulate_gradients, reader, data, device=start.device, distillation=distillation, lower_cache=lower_cache
+        ),
         throughput=_throughput(data.group_size),
         identity={"kind": "dilbert-qa", "layers": reader.layers, "num_layers": reader.num_layers},
         inputs={"base_model": str(Path(model_dir)), "train_file": str(Path(train_file))},
@@ -326,6 +338,7 @@ def train_qa(
             "train_features": data.examples,
             "train_questions": data.questions,
             "windows_per_example": data.group_size,
+            **({} if lower_cache is None else lower_cache.sizes),
         },
     )
     outcome = finish_run(start, run, config, command=command, progress=progress)
@@ -352,18 +365,27 @@ def accumulate_gradients(
     dtype: torch.dtype | None = None,
     scaler: torch.amp.GradScaler | None = None,
     distillation: Distillation | None = None,
+    lower_cache: LowerStateCache | None = None,
 ) -> float:
     """Forward and backward over one optimizer step's micro-batches, adding into `.grad`; returns the mean loss.
 
     With `distillation`, the loss adds its terms (module docstring) to the span cross-entropy; with
     shared normalisation (groups of more than one window) that cross-entropy is shared_norm_loss.
+    With `lower_cache` (frozen lower layers) the student starts from its cached layer-k states.
     """
 
     def micro_batch_loss(indices: Sequence[int]) -> torch.Tensor:
         batch = data.collate(indices).to(device)
         inputs = (batch.question_ids, batch.question_mask, batch.passage_ids, batch.passage_mask)
         with autocast_context(device, dtype):
-            start_logits, end_logits, states = reader.forward_with_states(*inputs)  # (b, nq + np) ×2, states
+            if lower_cache is None:
+                start_logits, end_logits, states = reader.forward_with_states(*inputs)  # (b, nq + np) ×2, states
+            else:
+                features = [feature for index in indices for feature in data.windows(index)]
+                question_states, passage_states = lower_cache.states(features, batch)  # (b, nq, d), (b, np, d)
+                start_logits, end_logits, states = reader.forward_from_states(
+                    question_states, batch.question_mask, passage_states, batch.passage_mask
+                )
         if data.group_size > 1:
             loss = shared_norm_loss(start_logits, end_logits, batch, data.group_size)
         else:
