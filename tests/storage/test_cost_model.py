@@ -1,0 +1,152 @@
+"""benchmarks/cost_model.py: its arithmetic on known inputs, and the provenance of its committed inputs.
+
+The cost model turns measured figures into storage, CPU hours and a GPU
+estimate for full corpora. These tests pin the arithmetic on hand-checkable
+inputs, and hold the committed inputs file to its rules: every entry has a
+value, unit, source, date and status, BENCHMARKS.md sources name a real
+section, and figures that restate the code (state shapes, the codebook's
+sample size) match it.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib.util
+import json
+import math
+import re
+
+import pytest
+
+from tests.fixtures.paths import ROOT
+
+BENCHMARKS_SECTIONS = set(re.findall(r"^## (.+)$", (ROOT / "BENCHMARKS.md").read_text(), flags=re.MULTILINE))
+
+
+def module_constant(path, name: str):
+    """A module-level constant read from source (importing the pipelines would load torch and take long)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == name for target in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{name} not found in {path}")
+
+
+CODEBOOK_DOCUMENTS = module_constant(ROOT / "pipelines" / "codebook.py", "CODEBOOK_DOCUMENTS")
+
+
+@pytest.fixture(scope="module")
+def cost():
+    spec = importlib.util.spec_from_file_location("cost_model", ROOT / "benchmarks" / "cost_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tree():
+    return json.loads((ROOT / "benchmarks" / "cost_inputs.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def inputs(cost):
+    return cost.read_inputs(cost.INPUTS)
+
+
+def test_every_input_entry_has_a_source_and_benchmarks_sources_name_a_section(cost, tree) -> None:
+    found = list(cost.entries(tree))
+    assert len(found) > 40
+    cost.check_entries(tree)
+    for path, entry in found:
+        source = entry["source"]
+        if source.startswith("BENCHMARKS.md § "):
+            assert source.removeprefix("BENCHMARKS.md § ") in BENCHMARKS_SECTIONS, path
+        elif source != "assumption":
+            assert (ROOT / source).is_file(), path
+        assert (entry["status"] == "assumed") == (source == "assumption"), path
+        assert re.fullmatch(r"2026-\d\d-\d\d", entry["date"]), path
+
+
+@pytest.mark.parametrize("field", ["source", "unit", "date"])
+def test_an_entry_without_a_required_field_is_refused(cost, tree, field: str) -> None:
+    broken = copy.deepcopy(tree)
+    del broken["vm_vcpus"][field]
+    with pytest.raises(cost.InputError, match=f"vm_vcpus lacks {field}"):
+        cost.check_entries(broken)
+
+
+def test_inputs_agree_with_the_code_they_restate(cost, inputs) -> None:
+    assert inputs["codebook"]["sample_documents"] == CODEBOOK_DOCUMENTS
+    bench_scale = importlib.import_module("bench_scale")  # on sys.path once cost_model is loaded
+    d = inputs["model"]["hidden"]
+    shapes = {"dilbert": (d,), "earl-s1": (d,), "earl-s2": (inputs["model"]["judger_blocks"], 2, d)}
+    for kind, shape in shapes.items():
+        assert inputs["kinds"][kind]["values_per_token"] == math.prod(shape)
+        for encoding, measured in inputs["kinds"][kind]["state_bytes_per_token"].items():
+            marginal = bench_scale.encoding_bytes_per_token(encoding, shape)
+            assert marginal <= measured <= marginal * 1.01, (kind, encoding)  # measured = marginal + fixed bytes
+
+
+def test_storage_is_tokens_times_bytes_per_token_plus_the_index(cost) -> None:
+    stored = cost.storage_bytes(tokens=1e9, passages=1e7, state_per_token=100.0, ids_per_token=12.0,
+                                index_per_passage=16.0)
+    assert stored == {"states": 1e11, "token_ids_and_spans": 1.2e10, "index": 1.6e8, "total": 1e11 + 1.2e10 + 1.6e8}
+
+
+def test_precompute_hours_scale_linearly_and_codebooks_add_a_fixed_pass(cost, inputs) -> None:
+    kind = {"precompute_tokens": 1000.0, "precompute_seconds": 1.0, "values_per_token": 384}  # 1,000 tokens/s
+    fp16 = cost.precompute_seconds(1e6, 100.0, kind, "fp16", inputs)
+    assert fp16["total"] == pytest.approx(1000.0) and fp16["codebook_sampling"] == 0
+    assert cost.precompute_seconds(2e6, 100.0, kind, "fp16", inputs)["total"] == pytest.approx(2000.0)
+    two_bit = cost.precompute_seconds(1e6, 100.0, kind, "2bit", inputs)
+    encode = inputs["encode_us_per_token"]
+    assert two_bit["extra_encode"] == pytest.approx(1e6 * (encode["2bit"] - encode["fp16"]) * 1e-6)
+    assert two_bit["codebook_sampling"] == pytest.approx(CODEBOOK_DOCUMENTS * 100.0 / 1000.0
+                                                         + inputs["codebook"]["train_seconds"])
+    four_values = cost.precompute_seconds(1e6, 100.0, {**kind, "values_per_token": 4 * 384}, "2bit", inputs)
+    assert four_values["extra_encode"] == pytest.approx(4 * two_bit["extra_encode"])
+    assert cost.precompute_seconds(1e6, 100.0, kind, "int8", inputs)["extra_encode"] == 0  # int8 encodes faster
+
+
+def test_gpu_estimate_takes_the_largest_floor(cost) -> None:
+    gpu = {"peak_bf16_flops": 1e15, "utilisation": 0.1, "host_cores": 10, "write_bytes_per_s": 1e9}
+    estimate = cost.gpu_estimate_seconds(tokens=1e9, flops=1e7, encode_us=2.0, store_bytes=5e11, gpu=gpu)
+    assert estimate["model_flops"] == pytest.approx(100.0)
+    assert estimate["host_encode"] == pytest.approx(200.0)
+    assert estimate["write"] == pytest.approx(500.0)
+    assert (estimate["total"], estimate["bound_by"]) == (estimate["write"], "write")
+
+
+def test_flops_per_token_counts_the_offline_layers_and_s2_projections(cost) -> None:
+    model = {"hidden": 2, "intermediate": 8, "offline_layers": 3, "judger_blocks": 2}
+    layer = 2 * (4 * 4 + 2 * 2 * 8) + 4 * 10 * 2  # QKV + output + FFN, attention over 10 tokens
+    assert cost.flops_per_token(model, "earl-s1", 10) == 3 * layer
+    assert cost.flops_per_token(model, "earl-s2", 10) == 3 * layer + 2 * 2 * 2 * 4
+
+
+def test_growth_fits_a_line_and_labels_fitted_values(cost) -> None:
+    grown = cost.growth([[1, 10.0], [2, 20.0], [4, 40.0]], at=[2, 10])
+    assert grown["slope"] == pytest.approx(10.0) and grown["intercept"] == pytest.approx(0.0, abs=1e-9)
+    assert [(row["value"], row["status"]) for row in grown["at"]] == [(20.0, "measured"),
+                                                                      (pytest.approx(100.0), "fitted")]
+
+
+def test_report_on_the_committed_inputs(cost, inputs) -> None:
+    result = cost.cost_model(inputs)
+    assert len(result["rows"]) == 2 * 3 * 4
+    wiki = {(row["kind"], row["encoding"]): row for row in result["rows"] if row["corpus"] == "English Wikipedia"}
+    assert wiki["dilbert", "fp16"]["storage_bytes"]["states"] == pytest.approx(4.5e9 * 768.4)
+    assert wiki["earl-s2", "fp16"]["storage_bytes"]["total"] > 3.9 * wiki["earl-s1", "fp16"]["storage_bytes"]["total"]
+    assert all(row["core_hours"] == pytest.approx(2 * row["cpu_hours"]) for row in result["rows"])
+    index = result["growth"]["index_bytes"]
+    assert index["slope"] == pytest.approx(16.06, rel=0.01)
+    assert [row["status"] for row in index["at"]] == ["measured", "fitted", "fitted"]
+    assert {row["kind"] for row in result["check"]} == {"earl-s1", "earl-s2"}
+    assert all(0.8 < row["model_over_measured"] < 1.25 for row in result["check"])
+    text = cost.render(result)
+    assert "ESTIMATE" in text and "(fitted)" in text
+
+
+def test_a_missing_inputs_file_is_one_line_and_exit_2(cost, tmp_path, capsys) -> None:
+    assert cost.main(["--inputs", str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
