@@ -19,13 +19,23 @@ token's char span (-1, -1) (allowed: special tokens), texts of about 25 characte
 (kept short on purpose to save disk; real texts add their UTF-8 bytes). States are float32
 standard normals: each passage is a random run of a seeded pool of --pool-tokens random
 tokens (drawing fresh normals for 80M tokens would dominate the build and does not change what is
-measured; the encoder still encodes every token). The codebook is trained once on
-CODEBOOK_SAMPLE_TOKENS pool tokens, as the pipeline trains one per store, and written to
-`codebook/` before the shards. The writer holds a whole shard's float32 states in memory
-(T x d x 4 bytes, plus a copy), which bounds --passages-per-shard on a small machine.
+measured; the encoder still encodes every token). Each shard's records come from a generator of
+its own (seed, shard), so --jobs N writes the same store with N shards at once, one spawned
+process each. The codebook is trained once on CODEBOOK_SAMPLE_TOKENS pool tokens, as the pipeline
+trains one per store, and written to `codebook/` before the shards. The writer holds a whole
+shard's float32 states in memory (T x d x 4 bytes, concatenated from the records), per job, which
+bounds --passages-per-shard x --jobs on a small machine.
+
+Before building, the script estimates each store's disk (mean tokens x bytes per token, measured
+on this run's previous store when there is one) and stops with an error, keeping the results so
+far, when it would leave less than --min-free-gb free under --work-dir. The report's first table
+is measured; the EXTRAPOLATION table is linear fits in N, each row saying how far past the largest
+measured N it lies; the DERIVED table is arithmetic on the encodings' array sizes.
 
     python benchmarks/bench_scale.py --passages 100000 300000 1000000 --work-dir /work/scale-stores \
         --output /tmp/bench-scale.json
+    python benchmarks/bench_scale.py --passages 1000000 3000000 6000000 --work-dir /work/scale-stores \
+        --output /tmp/bench-scale-6m.json   # --jobs 2: two shards written at once, on a machine with cores to spare
     python benchmarks/bench_scale.py --passages 20000 --passages-per-shard 5 --pool-tokens 65536 \
         --work-dir /work/scale-stores/s4000 --output /tmp/bench-scale-4000shards.json   # many small shards
     python benchmarks/bench_scale.py --report-only /tmp/bench-scale.json   # the tables again
@@ -36,8 +46,11 @@ Each store is deleted after it is measured unless --keep is given; use one --wor
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import math
+import multiprocessing
 import os
 import platform
 import shutil
@@ -45,7 +58,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -62,6 +77,10 @@ from dilstore.storage.writer import write_shard
 
 DIM = 384
 MIN_TOKENS, MAX_TOKENS = 60, 100  # inclusive
+MEAN_TOKENS = (MIN_TOKENS + MAX_TOKENS) / 2
+# Bytes per token besides the states, for disk estimates before a store of the run is measured: token ids and
+# char spans (12) plus texts, offsets, index and chunk padding (1.4 measured at 1M passages, 1bit).
+OTHER_BYTES_PER_TOKEN = 13.5
 GENERATION = "bench-scale"
 STARTED = time.perf_counter()
 # Corpora to extrapolate to: passages and tokens (Wikipedia from the DPR split; MS MARCO tokens from the
@@ -85,9 +104,17 @@ def fingerprint(encoding: str) -> Fingerprint:
     return Fingerprint("BertModel", "bench-scale", "bench-scale", "bench-scale", "dilbert", 4, encoding, 128)
 
 
+@functools.cache
 def state_pool(tokens: int, seed: int) -> np.ndarray:
-    """`(tokens, DIM)` float32 standard normals, seeded."""
-    return np.random.default_rng(seed).standard_normal((tokens, DIM), dtype=np.float32)
+    """`(tokens, DIM)` float32 standard normals, seeded; made once per process and read-only."""
+    pool = np.random.default_rng(seed).standard_normal((tokens, DIM), dtype=np.float32)
+    pool.flags.writeable = False
+    return pool
+
+
+def shard_rng(seed: int, shard: int) -> np.random.Generator:
+    """The generator of shard `shard`'s records: a stream of its own, so shards can be built in any order."""
+    return np.random.default_rng([seed + 1, shard])
 
 
 def shard_records(first: int, count: int, pool: np.ndarray, rng: np.random.Generator) -> list[PassageRecord]:
@@ -108,9 +135,55 @@ def shard_records(first: int, count: int, pool: np.ndarray, rng: np.random.Gener
     return records
 
 
+@dataclass(frozen=True)
+class BuildSettings:
+    """What every shard of one synthetic store is written with (picklable, for worker processes)."""
+
+    root: Path
+    passages: int
+    per_shard: int
+    encoding: str
+    seed: int
+    pool_tokens: int
+    durable: bool
+    codebook: Mapping[str, np.ndarray] | None
+
+
+def write_one_shard(settings: BuildSettings, shard: int) -> dict[str, Any]:
+    """Write shard `shard` of the store with `write_shard`; its passages, tokens, bytes and CPU seconds.
+
+    The CPU seconds are this process's (user + system) for the records and the write, not the state pool.
+    """
+    pool = state_pool(settings.pool_tokens, settings.seed)
+    cpu = time.process_time()
+    first = shard * settings.per_shard
+    records = shard_records(first, min(settings.per_shard, settings.passages - first), pool,
+                            shard_rng(settings.seed, shard))
+    summary = write_shard(settings.root, shard, records, kind="dilbert", encoding=settings.encoding,
+                          codebook=settings.codebook, durable=settings.durable, generation=GENERATION,
+                          fingerprint=fingerprint(settings.encoding))
+    return {"shard": shard, "passages": summary.passages, "tokens": summary.tokens, "bytes": summary.bytes,
+            "cpu_s": time.process_time() - cpu}
+
+
+def write_shards(settings: BuildSettings, shards: int, jobs: int) -> Iterator[dict[str, Any]]:
+    """`write_one_shard` of every shard, in shard order: in this process, or in `jobs` worker processes.
+
+    Workers are spawned (not forked: zarr-python runs an event-loop thread) and each makes the state pool once.
+    """
+    if jobs == 1:
+        yield from (write_one_shard(settings, shard) for shard in range(shards))
+        return
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as workers:
+        yield from workers.map(write_one_shard, itertools.repeat(settings), range(shards))
+
+
 def build_store(root: Path, passages: int, per_shard: int, encoding: str, *, seed: int = 0,
-                pool_tokens: int = 1 << 18, durable: bool = False) -> dict[str, Any]:
-    """Write and finalize a synthetic store of `passages` passages at `root`; return timings and counts."""
+                pool_tokens: int = 1 << 18, durable: bool = False, jobs: int = 1) -> dict[str, Any]:
+    """Write and finalize a synthetic store of `passages` passages at `root`; return timings and counts.
+
+    jobs: shards written at once, each by its own process. The store's bytes do not depend on it.
+    """
     timings: dict[str, Any] = {}
     start = time.perf_counter()
     pool = state_pool(pool_tokens, seed)
@@ -125,24 +198,43 @@ def build_store(root: Path, passages: int, per_shard: int, encoding: str, *, see
     else:
         codebook = None
     timings["setup_s"] = time.perf_counter() - start
-    rng = np.random.default_rng(seed + 1)
+    settings = BuildSettings(root, passages, per_shard, encoding, seed, pool_tokens, durable, codebook)
     shards = math.ceil(passages / per_shard)
-    tokens = 0
+    tokens, cpu_s = 0, 0.0
     start = time.perf_counter()
-    for shard in range(shards):
-        first = shard * per_shard
-        records = shard_records(first, min(per_shard, passages - first), pool, rng)
-        summary = write_shard(root, shard, records, kind="dilbert", encoding=encoding, codebook=codebook,
-                              durable=durable, generation=GENERATION, fingerprint=fingerprint(encoding))
-        tokens += summary.tokens
-        del records
-        log(f"  shard {shard + 1}/{shards}: {summary.passages} passages, {summary.bytes / 1e6:.0f} MB")
+    for summary in write_shards(settings, shards, jobs):
+        tokens += summary["tokens"]
+        cpu_s += summary["cpu_s"]
+        log(f"  shard {summary['shard'] + 1}/{shards}: {summary['passages']} passages, {summary['bytes'] / 1e6:.0f} MB")
     timings["write_s"] = time.perf_counter() - start
+    timings["write_cpu_s"] = cpu_s
     start = time.perf_counter()
     finalize(root, fingerprint(encoding), {"command": "benchmarks/bench_scale.py"}, expected_shards=shards,
              generation=GENERATION)
     timings["finalize_s"] = time.perf_counter() - start
-    return {**timings, "passages": passages, "tokens": tokens, "shards": shards}
+    return {**timings, "passages": passages, "tokens": tokens, "shards": shards, "jobs": jobs}
+
+
+# ---- disk ----
+
+def projected_store_bytes(passages: int, encoding: str, bytes_per_token: float | None = None) -> float:
+    """Disk a synthetic store of `passages` passages will take (an estimate): mean tokens x bytes per token.
+
+    bytes_per_token: measured on a store of this run; without it, the encoding's state bytes plus
+    OTHER_BYTES_PER_TOKEN.
+    """
+    if bytes_per_token is None:
+        bytes_per_token = encoding_bytes_per_token(encoding) + OTHER_BYTES_PER_TOKEN
+    return passages * MEAN_TOKENS * bytes_per_token
+
+
+def disk_problem(work_dir: Path, needed_bytes: float, min_free_bytes: float) -> str | None:
+    """Why writing `needed_bytes` more under `work_dir` would leave less than `min_free_bytes` free; None if it fits."""
+    free = shutil.disk_usage(work_dir).free
+    if free - needed_bytes >= min_free_bytes:
+        return None
+    return (f"{work_dir} has {free / 1e9:.1f} GB free; stores of about {needed_bytes / 1e9:.1f} GB would leave "
+            f"{(free - needed_bytes) / 1e9:.1f} GB, less than --min-free-gb {min_free_bytes / 1e9:g}")
 
 
 # ---- measurements run in a fresh process (`--measure-open ROOT`) ----
@@ -280,6 +372,13 @@ def encoding_bytes_per_token(encoding: str, state_shape: tuple[int, ...] = (DIM,
                for array in spec.arrays if array.per_token)
 
 
+def basis(passages: int, measured: Sequence[int]) -> str:
+    """Where `passages` lies against the measured N: a fit there is interpolated, or extrapolated how far."""
+    if passages <= max(measured):
+        return "fit, at a measured N" if passages in measured else "fit, interpolated"
+    return f"fit, extrapolated {passages / max(measured):.1f}x past the largest measured N"
+
+
 def extrapolate(stores: list[dict[str, Any]], per_shard: int) -> dict[str, Any]:
     """Linear fits in N of what was measured, evaluated at the CORPORA sizes (extrapolation, not measured)."""
     ns = [store["passages"] for store in stores]
@@ -299,11 +398,13 @@ def extrapolate(stores: list[dict[str, Any]], per_shard: int) -> dict[str, Any]:
         tokens = tokens if tokens is not None else passages * tokens_per_passage
         rows[name] = {
             "passages": passages, "tokens": tokens, "shards_at_per_shard": math.ceil(passages / per_shard),
+            "basis": basis(passages, ns),
             **{key: intercept + slope * passages for key, (intercept, slope) in fits.items()},
             "store_bytes_at_measured_bytes_per_token": tokens * bytes_per_token,
         }
     return {"fits": {key: {"intercept": a, "slope_per_passage": b} for key, (a, b) in fits.items()},
-            "tokens_per_passage_measured": tokens_per_passage, "corpora": rows}
+            "measured_passages": sorted(ns), "tokens_per_passage_measured": tokens_per_passage,
+            "bytes_per_token_measured": bytes_per_token, "corpora": rows}
 
 
 def cost_table(tokens_extra: float) -> dict[str, Any]:
@@ -324,17 +425,22 @@ def cost_table(tokens_extra: float) -> dict[str, Any]:
 
 def render(result: dict[str, Any]) -> str:
     lines = [
-        "| N passages | shards | tokens | build s (write + finalize) | open ms | RSS +open MB | RSS +lookups MB "
-        "| lookup µs first / again | fetch 100 ms cold / warm | verify s | verify passages/s | verify MB/s "
-        "| index MB | manifest KB | B/token total |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "MEASURED (each row one store, built and measured in this run):", "",
+        "| N passages | shards | tokens | build s (write + finalize) | write passages/s (jobs) | write CPU ms/passage "
+        "| open ms | RSS +open MB | RSS +lookups MB | lookup µs first / again | fetch 100 ms cold / warm | verify s "
+        "| verify passages/s | verify MB/s | index MB | manifest KB | B/token total | KB/passage total |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for store in result["stores"]:
         opened, disk, verify = store["open"], store["disk"], store.get("verify")
         cold = f"{opened['fetch_first_ms']:.0f}" + ("" if opened["fetch_first_is_cold"] else " (not cold)")
+        build = store["build"]
+        cpu = build.get("write_cpu_s")  # absent from results of older versions of this script
         lines.append("| " + " | ".join([
             f"{store['passages']:,}", str(store["shards"]), f"{store['tokens']:,}",
-            f"{store['build']['write_s']:.0f} + {store['build']['finalize_s']:.0f}",
+            f"{build['write_s']:.0f} + {build['finalize_s']:.0f}",
+            f"{store['passages'] / build['write_s']:,.0f} ({build.get('jobs', 1)})",
+            "not recorded" if cpu is None else f"{cpu / store['passages'] * 1e3:.2f}",
             f"{opened['open_s'] * 1e3:.1f}", f"{opened['rss_open_delta_bytes'] / 1e6:.1f}",
             f"{(opened['rss_after_lookups_bytes'] - opened['rss_before_open_bytes']) / 1e6:.1f}",
             f"{opened['lookup_first_us']:.0f} / {opened['lookup_again_us']:.0f}",
@@ -342,17 +448,21 @@ def render(result: dict[str, Any]) -> str:
             *(["not run"] * 3 if verify is None else
               [f"{verify['seconds']:.0f}", f"{verify['passages_per_s']:,.0f}", f"{verify['MB_per_s']:.0f}"]),
             f"{disk['index_bytes'] / 1e6:.2f}", f"{disk['manifest_bytes'] / 1e3:.1f}",
-            f"{disk['bytes_per_token_total']:.1f}",
+            f"{disk['bytes_per_token_total']:.1f}", f"{disk['bytes_on_disk'] / store['passages'] / 1e3:.2f}",
         ]) + " |")
     extrapolation = result.get("extrapolation")
     if extrapolation:
-        lines += ["", "EXTRAPOLATION (linear fits in N of the rows above; not measured):", "",
-                  "| corpus | passages | shards | open ms | RSS +open MB | index MB | manifest KB | verify h | store GB |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        measured = extrapolation.get("measured_passages") or sorted(store["passages"] for store in result["stores"])
+        lines += ["", f"EXTRAPOLATION (NOT MEASURED: linear fits in N of the measured rows above, N = "
+                      f"{', '.join(f'{n:,}' for n in measured)}; store GB at the largest store's B/token):", "",
+                  "| corpus | passages | basis | shards | open ms | RSS +open MB | index MB | manifest KB | verify h "
+                  "| store GB |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
         for name, row in extrapolation["corpora"].items():
             verify = f"{row['verify_s'] / 3600:.1f}" if "verify_s" in row else "not run"
             lines.append(
-                f"| {name} | {row['passages']:,} | {row['shards_at_per_shard']} | {row['open_s'] * 1e3:.0f} | "
+                f"| {name} | {row['passages']:,} | {row.get('basis', 'fit')} | {row['shards_at_per_shard']} | "
+                f"{row['open_s'] * 1e3:.0f} | "
                 f"{row['rss_open_delta_bytes'] / 1e6:.0f} | {row['index_bytes'] / 1e6:.0f} | "
                 f"{row['manifest_bytes'] / 1e3:.0f} | {verify} | "
                 f"{row['store_bytes_at_measured_bytes_per_token'] / 1e9:.0f} |")
@@ -386,12 +496,19 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--verify-max-passages", type=int, default=10_000_000,
                         help="skip the full verify above this N")
     parser.add_argument("--keep", action="store_true", help="keep each store (default: delete it after measuring)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="shards written at once, one process each (default 1; each holds a shard in memory)")
+    parser.add_argument("--min-free-gb", type=float, default=15.0,
+                        help="refuse a store that would leave less free disk under --work-dir (default 15)")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/dilstore-bench-scale"))
     parser.add_argument("--output", type=Path, default=Path("/tmp/bench-scale.json"))
     parser.add_argument("--report-only", type=Path, metavar="JSON", help="print the tables of a saved --output file")
     parser.add_argument("--measure-open", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--measure-passages", type=int, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -406,6 +523,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(render(result))
         return 0
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    # Stores are deleted after measuring unless --keep: the disk must hold the largest, or all of them.
+    needed = (sum if args.keep else max)(projected_store_bytes(n, args.encoding) for n in args.passages)
+    problem = disk_problem(args.work_dir, needed, args.min_free_gb * 1e9)
+    if problem is not None:
+        print(f"bench_scale.py: error: {problem}; measure smaller N or free disk", file=sys.stderr)
+        return 2
     result: dict[str, Any] = {
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
@@ -417,9 +540,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for passages in args.passages:
         root = args.work_dir / f"scale-{passages}-{args.encoding}"
         shutil.rmtree(root, ignore_errors=True)
-        log(f"building {passages:,} passages ({args.encoding}, {args.passages_per_shard:,} per shard) at {root}")
+        measured = result["stores"][-1]["disk"]["bytes_per_token_total"] if result["stores"] else None
+        problem = disk_problem(args.work_dir, projected_store_bytes(passages, args.encoding, measured),
+                               args.min_free_gb * 1e9)
+        if problem is not None:  # the stores measured so far are in --output
+            print(f"bench_scale.py: error: not building {passages:,} passages: {problem}", file=sys.stderr)
+            return 2
+        log(f"building {passages:,} passages ({args.encoding}, {args.passages_per_shard:,} per shard, "
+            f"{args.jobs} job(s)) at {root}")
         build = build_store(root, passages, args.passages_per_shard, args.encoding, seed=args.seed,
-                            pool_tokens=args.pool_tokens)
+                            pool_tokens=args.pool_tokens, jobs=args.jobs)
         log(f"built: write {build['write_s']:.0f} s, finalize {build['finalize_s']:.0f} s")
         store: dict[str, Any] = {"passages": passages, "tokens": build["tokens"], "shards": build["shards"],
                                  "build": build, "disk": disk_sizes(root)}

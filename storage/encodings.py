@@ -262,25 +262,31 @@ def _unpack_table(bits: int) -> np.ndarray:
 _UNPACK = {bits: _unpack_table(bits) for bits in (1, 2)}
 
 
+def _pack_codes(buckets: np.ndarray, bits: int) -> np.ndarray:
+    """Buckets `(rows, *S)` (each below 2**bits) packed big-endian: `(rows, *S[:-1], ceil(d*bits/8))` uint8.
+
+    Each bucket becomes its `bits` bits, highest first, and numpy packs the bit
+    rows eight to a byte, first bit in the high bit and the last byte padded with
+    zeros: the layout the module docstring describes, without a reduction over
+    a short axis.
+    """
+    shifts = np.arange(bits - 1, -1, -1, dtype=np.uint8)  # (bits,)
+    bit_rows = (buckets[..., None] >> shifts) & 1  # (rows, *S, bits)
+    return np.packbits(bit_rows.reshape(*buckets.shape[:-1], buckets.shape[-1] * bits), axis=-1)
+
+
 def _encode_residual(
     states: np.ndarray, codebook: Mapping[str, np.ndarray] | None, bits: int
 ) -> dict[str, np.ndarray]:
     if codebook is None:
         codebook = _train_residual(states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)], bits)
     mean, cutoffs = codebook["mean"], codebook["cutoffs"]
-    dims, per_byte = states.shape[-1], 8 // bits
-    width = _packed_width(dims, bits)
-    shifts = np.arange(per_byte - 1, -1, -1, dtype=np.uint8) * bits  # (per_byte,)
-    codes = np.empty((*states.shape[:-1], width), dtype=np.uint8)  # (T, *S[:-1], width)
+    codes = np.empty((*states.shape[:-1], _packed_width(states.shape[-1], bits)), dtype=np.uint8)  # (T, *S[:-1], width)
     scales = np.empty(states.shape[:-1], dtype=np.float16)  # (T, *S[:-1])
     for start in range(0, len(states), _BLOCK_ROWS):
         rows = slice(start, start + _BLOCK_ROWS)
         normalized, scales[rows] = _normalized_residuals(states[rows], mean)  # (rows, *S)
-        buckets = _buckets(normalized, cutoffs)  # (rows, *S)
-        padded = np.zeros((*buckets.shape[:-1], width * per_byte), dtype=np.uint8)  # (rows, *S[:-1], width*per_byte)
-        padded[..., :dims] = buckets
-        grouped = padded.reshape(*buckets.shape[:-1], width, per_byte) << shifts  # (rows, *S[:-1], width, per_byte)
-        codes[rows] = np.bitwise_or.reduce(grouped, axis=-1)
+        codes[rows] = _pack_codes(_buckets(normalized, cutoffs), bits)
     return {"codes": codes, "scales": scales, **{name: np.asarray(codebook[name], dtype=np.float32)
                                                  for name in ("mean", "cutoffs", "weights")}}
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import zarr
+from numcodecs.checksum32 import CRC32C
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
 from zarr.codecs.bytes import Endian
 
@@ -60,7 +61,8 @@ class ContiguousLayout:
 
     The file is `chunk_count` inner chunks of `chunk_bytes`, one after another,
     then the shard index at `index_offset`. Both the memory-mapped path and the
-    ranged path of remote stores (storage/ranged.py) read rows by this layout.
+    ranged path of remote stores (storage/ranged.py) read rows by this layout,
+    and storage/arrays.py writes uncompressed arrays by it.
     """
 
     dtype: np.dtype
@@ -90,12 +92,30 @@ class ContiguousLayout:
     def file_size(self) -> int:
         return self.index_stop + _INDEX_CHECKSUM_BYTES
 
+    def contiguous_index(self) -> np.ndarray:
+        """The shard index of chunks back to back from byte 0: `(chunk_count * 2,)` little-endian uint64, an offset
+        and a length per chunk."""
+        index = np.empty((self.chunk_count, 2), dtype="<u8")  # (chunks, offset/length)
+        index[:, 0] = np.arange(self.chunk_count, dtype=np.uint64) * np.uint64(self.chunk_bytes)
+        index[:, 1] = self.chunk_bytes
+        return index.reshape(-1)
+
     def index_is_contiguous(self, index: np.ndarray) -> bool:
         """Whether the shard index (uint64 offset, length per chunk) lists the chunks back to back from byte 0."""
-        expected = np.empty((self.chunk_count, 2), dtype="<u8")  # (chunks, offset/length)
-        expected[:, 0] = np.arange(self.chunk_count, dtype=np.uint64) * np.uint64(self.chunk_bytes)
-        expected[:, 1] = self.chunk_bytes
-        return np.array_equal(index, expected.reshape(-1))
+        return np.array_equal(index, self.contiguous_index())
+
+    def file_bytes(self, values: np.ndarray) -> np.ndarray:
+        """The whole file of an array holding `values` `(shape)`, as `(file_size,)` uint8.
+
+        The rows, zeros (the fill value) to the end of the last inner chunk, the
+        contiguous index and its CRC32C: what zarr-python writes for such an
+        array, without encoding the inner chunks one by one (storage/arrays.py).
+        """
+        file = np.zeros(self.file_size, dtype=np.uint8)  # (file_size,)
+        rows = np.ascontiguousarray(values, dtype=self.dtype).reshape(-1).view(np.uint8)  # (rows * row_bytes,)
+        file[: rows.size] = rows
+        file[self.index_offset :] = np.frombuffer(CRC32C(location="end").encode(self.contiguous_index()), dtype=np.uint8)
+        return file
 
     def rows_of(self, raw: bytes | memoryview | mmap.mmap, rows: int, offset: int = 0) -> np.ndarray:
         """A read-only (rows, *row_shape) view of `rows` rows of `raw` starting at byte `offset`."""

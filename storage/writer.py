@@ -64,6 +64,7 @@ from dilstore.storage.records import PassageRecord
 from dilstore.storage.shard import ShardAttributes
 
 _INT32 = np.iinfo(np.int32)
+_CHECK_ROWS = 8192  # token rows checked for NaN and infinity at a time
 
 
 @dataclass(frozen=True)
@@ -287,9 +288,9 @@ def _check_values(columns: _Columns) -> None:
     if bad.size:
         fail(int(bad[0]), f"has id {int(ids[bad[0]])}, which does not fit int32")
     flat_states = columns.states.reshape(len(columns.states), math.prod(columns.state_shape))  # (T, prod(S))
-    finite = np.isfinite(flat_states).all(axis=1)  # (T,)
-    if not finite.all():
-        fail(int(np.flatnonzero(~finite)[0]), "has NaN or infinite states")
+    bad_token = _first_non_finite_row(flat_states)
+    if bad_token is not None:
+        fail(bad_token, "has NaN or infinite states")
     text_lengths = np.repeat(
         np.fromiter(map(len, columns.texts), dtype=np.int64, count=len(columns.texts)), np.diff(columns.token_offsets)
     )  # (T,)
@@ -301,6 +302,18 @@ def _check_values(columns: _Columns) -> None:
         token = int(bad[0])
         fail(token, f"has char span {tuple(spans[token].tolist())}, outside its text of {int(text_lengths[token])} "
                     "characters (special tokens use (-1, -1))")
+
+
+def _first_non_finite_row(values: np.ndarray) -> int | None:
+    """The first row of `values` `(T, F)` that holds a NaN or infinity, or None.
+
+    Checked a block of rows at a time, so the temporary mask stays small (a whole shard's would be T x F bytes).
+    """
+    for start in range(0, len(values), _CHECK_ROWS):
+        finite = np.isfinite(values[start : start + _CHECK_ROWS]).all(axis=1)  # (rows,)
+        if not finite.all():
+            return start + int(np.flatnonzero(~finite)[0])
+    return None
 
 
 def _write_group(

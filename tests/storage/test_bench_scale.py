@@ -2,12 +2,14 @@
 
 The scale benchmark builds its stores with the project's writer and finalize;
 this runs its builder and in-process measurement at a tiny N (2,000 passages,
-2 shards) so the benchmark code cannot silently rot.
+2 shards) so the benchmark code cannot silently rot: in one process and in two
+worker processes (the same bytes), its disk check, and its report's labels.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +27,15 @@ PASSAGES, PER_SHARD, SEED = 2_000, 1_000, 3
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "benchmarks" / "bench_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """benchmarks/bench_scale.py as module `bench_scale`, importable by name: its --jobs workers import it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(ROOT / "benchmarks"))
+        yield importlib.import_module("bench_scale")
+    sys.modules.pop("bench_scale", None)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
 
 
 @pytest.mark.parametrize("encoding", ["1bit", "fp16"])
@@ -42,9 +49,8 @@ def test_builder_store_verifies_and_fetches_what_was_written(bench, tmp_path: Pa
 
     # The builder's records again, from the same seeds, then compare a few across both shards.
     pool = bench.state_pool(4096, SEED)
-    rng = np.random.default_rng(SEED + 1)
-    records = [record for first in range(0, PASSAGES, PER_SHARD)
-               for record in bench.shard_records(first, PER_SHARD, pool, rng)]
+    records = [record for shard in range(2)
+               for record in bench.shard_records(shard * PER_SHARD, PER_SHARD, pool, bench.shard_rng(SEED, shard))]
     assert {len(record.token_ids) for record in records} <= set(range(bench.MIN_TOKENS, bench.MAX_TOKENS + 1))
     chosen = [records[i] for i in (0, 999, 1000, 1999, 1234)]
     encoder = get_encoding(encoding)
@@ -70,4 +76,37 @@ def test_measure_open_and_report_run_on_a_tiny_store(bench, tmp_path: Path) -> N
     result = {"stores": [store], "extrapolation": bench.extrapolate([store], PER_SHARD), "cost": bench.cost_table(12)}
     assert result["cost"]["1bit"]["state_bytes_per_token"] == 384 // 8 + 2
     assert result["cost"]["fp16"]["state_bytes_per_token"] == 768
-    assert "EXTRAPOLATION" in bench.render(result)
+    rendered = bench.render(result)
+    assert rendered.startswith("MEASURED") and "EXTRAPOLATION (NOT MEASURED" in rendered
+    ten_million = result["extrapolation"]["corpora"]["10M passages (synthetic mean length)"]
+    assert ten_million["basis"] == "fit, extrapolated 5000.0x past the largest measured N"
+    assert ten_million["basis"] in rendered and "not recorded" in rendered  # a build without CPU seconds
+
+
+def test_two_jobs_write_the_same_store_as_one(bench, tmp_path: Path) -> None:
+    one = bench.build_store(tmp_path / "one", PASSAGES, PER_SHARD, "1bit", seed=SEED, pool_tokens=4096)
+    two = bench.build_store(tmp_path / "two", PASSAGES, PER_SHARD, "1bit", seed=SEED, pool_tokens=4096, jobs=2)
+    assert (two["jobs"], two["tokens"]) == (2, one["tokens"]) and two["write_cpu_s"] > 0
+    assert verify_store(tmp_path / "two").ok
+    files_one, files_two = _files(tmp_path / "one"), _files(tmp_path / "two")
+    assert sorted(files_one) == sorted(files_two)
+    assert [name for name in files_one if name != "manifest.json" and files_one[name] != files_two[name]] == []
+
+
+def test_the_disk_check_refuses_a_store_that_would_leave_too_little_free(bench, tmp_path: Path, capsys) -> None:
+    assert bench.projected_store_bytes(1_000_000, "1bit") == 1_000_000 * 80 * (384 // 8 + 2 + 13.5)
+    assert bench.projected_store_bytes(1_000_000, "1bit", bytes_per_token=63.4) == pytest.approx(5.072e9)
+    assert bench.disk_problem(tmp_path, 0, 0) is None
+    assert "GB free" in bench.disk_problem(tmp_path, 0, 1e18)
+    output = tmp_path / "result.json"
+    status = bench.main(["--passages", "1000", "--work-dir", str(tmp_path / "work"), "--min-free-gb", "1e9",
+                         "--output", str(output)])
+    error = capsys.readouterr().err
+    assert status == 2 and error.startswith("bench_scale.py: error:") and error.count("\n") == 1
+    assert "--min-free-gb 1e+09" in error and not output.exists()
+
+
+def test_the_report_labels_measured_and_extrapolated_figures(bench) -> None:
+    assert bench.basis(3_000_000, [1_000_000, 3_000_000]) == "fit, at a measured N"
+    assert bench.basis(2_000_000, [1_000_000, 3_000_000]) == "fit, interpolated"
+    assert bench.basis(10_000_000, [1_000_000, 4_000_000]) == "fit, extrapolated 2.5x past the largest measured N"

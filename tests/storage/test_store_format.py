@@ -229,6 +229,17 @@ def test_the_writer_rejects_bad_records_naming_them(change, message, tmp_path) -
     assert not (tmp_path / "shards" / "shard-00000").exists()
 
 
+def test_the_writer_names_a_non_finite_state_past_its_first_block_of_tokens(tmp_path) -> None:
+    rng = np.random.default_rng(7)
+    first, long = passage("first", 99, (4,), rng), passage("long", 9999, (4,), rng)  # 100 + 10,000 tokens
+    states = np.array(long.states)
+    states[8500, 2] = -np.inf  # shard token 8600: past the first 8192 the writer checks at once
+    bad = PassageRecord(**{**vars(long), "states": states})
+    with pytest.raises(DilstoreError, match="passage 'long': token 8500 has NaN or infinite states"):
+        write_shard(tmp_path, 0, [first, bad], kind="dilbert", encoding="1bit", durable=False)
+    assert write_shard(tmp_path, 0, [first, long], kind="dilbert", encoding="1bit", durable=False).tokens == 10_100
+
+
 def test_the_writer_rejects_empty_shards_duplicates_and_wrong_kinds(tmp_path) -> None:
     rng = np.random.default_rng(6)
     record = passage("p", 2, (4,), rng)

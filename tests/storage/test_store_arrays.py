@@ -1,0 +1,48 @@
+"""storage/arrays.py writes an uncompressed array's file itself: the bytes must be zarr-python's, to the byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from dilstore.storage.arrays import compressor_codecs, write_array
+from dilstore.storage.mapped import map_array
+
+RNG = np.random.default_rng(11)
+CASES = {  # name: (data, rows per chunk)
+    "token ids, partial last chunk": (RNG.integers(-5, 30000, 1000).astype(np.int32), 256),
+    "char spans": (RNG.integers(-1, 500, (1000, 2)).astype(np.int32), 256),
+    "1bit codes": (RNG.integers(0, 256, (513, 48)).astype(np.uint8), 256),
+    "float16 scales, whole chunks": (RNG.random(512).astype(np.float16), 256),
+    "codebook, one chunk": (RNG.standard_normal((3, 7)).astype(np.float32), 3),
+    "offsets": (np.cumsum(RNG.integers(0, 100, 2049)).astype(np.int64), 1024),
+    "one row of states": (RNG.standard_normal((1, 2, 2, 5)).astype(np.float32), 256),
+    "no rows": (np.zeros((0, 4), dtype=np.float32), 256),
+}
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("compressor", [None, "zstd"])
+def test_write_array_writes_what_zarr_python_writes(tmp_path: Path, compressor: str | None) -> None:
+    ours = zarr.open_group(str(tmp_path / "ours"), mode="w-", zarr_format=3)
+    theirs = zarr.open_group(str(tmp_path / "theirs"), mode="w-", zarr_format=3)
+    for index, (data, rows) in enumerate(CASES.values()):
+        names = [f"axis_{axis}" for axis in range(data.ndim)]
+        written = write_array(ours, f"a{index}", data, rows_per_chunk=rows, compressor=compressor,
+                              dimension_names=names)
+        theirs.create_array(f"a{index}", data=data, chunks=(rows, *data.shape[1:]),
+                            shards=(max(1, -(-len(data) // rows)) * rows, *data.shape[1:]),
+                            compressors=compressor_codecs(compressor), fill_value=0, dimension_names=names,
+                            config={"write_empty_chunks": True})
+        np.testing.assert_array_equal(written[...], data)
+        if compressor is None and len(data):
+            np.testing.assert_array_equal(map_array(written, tmp_path / "ours" / f"a{index}"), data)
+    ours_files, theirs_files = _files(tmp_path / "ours"), _files(tmp_path / "theirs")
+    assert sorted(ours_files) == sorted(theirs_files) and len(ours_files) > len(CASES)
+    assert [name for name in ours_files if ours_files[name] != theirs_files[name]] == []
