@@ -14,6 +14,10 @@ For the first --paragraphs SQuAD v1.1 dev paragraphs this script
    sub-quantizers: 96 / 48 bytes at d = 384 against 98 / 50), trained on the
    same seeded token sample as the codebooks (storage.encodings.sample_rows):
    error, and F1 with the PQ-decoded fp32 states put in place of the store's;
+   likewise the residual_variants codecs (VARIANTS), trained on that sample:
+   least-squares token scales, and ColBERTv2-style k-means centroid ids plus
+   1/2-bit residual codes against the centroid (bytes per token: codes, fp16
+   scale, uint16 id), with their encode and decode times;
 4. reads every question of those paragraphs against its own paragraph's stored
    units (reading comprehension through the store, μ = 1) and scores SQuAD F1;
 5. times decoding 100 passages (store.fetch; for PQ, fetching the fp32 store
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -43,7 +48,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import residual_variants  # noqa: E402
+from residual_variants import Variant  # noqa: E402
+
 ENCODINGS = ("fp32", "fp16", "int8", "2bit", "1bit")
+# Least-squares scales alone; ColBERTv2-style centroids (RMS scale) at 256 / 1024 / 4096 centroids; both together.
+VARIANTS = (Variant(0, 2, True), Variant(0, 1, True),
+            *(Variant(centroids, bits, False) for bits in (2, 1) for centroids in (256, 1024, 4096)),
+            Variant(1024, 1, True))
 CLI = [sys.executable, "-m", "dilstore"]
 
 
@@ -98,7 +111,8 @@ def pq_through_reader(
     dims = reference.shape[1]
     for bytes_per_token in (dims // 4, dims // 8):
         quantizer, measured = train_pq(sample, reference, bytes_per_token)
-        reader.store = PqStore(reader.store, quantizer, ids)
+        reader.store = CodedStore(reader.store, lambda states, q=quantizer: {"codes": q.compute_codes(states)},
+                                  lambda arrays, q=quantizer: q.decode(arrays["codes"]), ids)
         measured.update(through_reader(reader, questions, by_doc, ids))
         reader.store = reader.store._store
         results[f"pq{bytes_per_token}x8"] = measured
@@ -106,22 +120,53 @@ def pq_through_reader(
     return results
 
 
-class PqStore:
-    """An fp32 store whose states come back from faiss PQ codes, so the reader reads PQ-decoded states.
+def variants_through_reader(
+    sample: np.ndarray, reference: np.ndarray, reader: Any, questions: list[dict[str, Any]], by_doc: Any, ids: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Each of VARIANTS trained on `sample`: its error on `reference`, sizes, times, and F1 of `reader` reading it."""
+    results = {}
+    for variant in VARIANTS:
+        started = time.perf_counter()
+        codec = residual_variants.train(sample, variant)
+        trained = time.perf_counter()
+        arrays = residual_variants.encode(reference, codec)
+        encoded = time.perf_counter()
+        decoded = residual_variants.decode(arrays, codec)  # (T, d)
+        done = time.perf_counter()
+        measured = {**errors(reference, decoded), "bytes_per_token": codec.bytes_per_token(reference.shape[1]),
+                    "codebook_bytes": codec.table_bytes(), "train_s": trained - started,
+                    "encode_s": encoded - trained, "decode_s": done - encoded}
+        reader.store = CodedStore(reader.store, functools.partial(residual_variants.encode, codec=codec),
+                                  functools.partial(residual_variants.decode, codec=codec), ids)
+        measured.update(through_reader(reader, questions, by_doc, ids))
+        reader.store = reader.store._store
+        results[variant.name] = measured
+        print(variant.name, measured, flush=True)
+    return results
 
-    The codes of every passage are computed once up front (what a PQ store would
-    hold); fetch reads the fp32 passage for its text and token ids (memory-mapped
-    views) and decodes its codes, so fetch time is what decoding PQ costs.
+
+class CodedStore:
+    """An fp32 store whose states come back through a codec, so the reader reads decoded states (PQ, residual variants).
+
+    `encode` turns a passage's states `(n, d)` into per-token arrays by name;
+    the arrays of every passage are computed once up front (what such a store
+    would hold). fetch reads the fp32 passages for their text and token ids
+    (memory-mapped views), joins their arrays and decodes them at once with
+    `decode` (arrays of T tokens -> `(T, d)`), so fetch time is decoding time.
     """
 
-    def __init__(self, store: Any, quantizer: Any, ids: list[str]) -> None:
-        self._store, self._quantizer = store, quantizer
-        self._codes = {p.id: quantizer.compute_codes(np.ascontiguousarray(p.states, dtype=np.float32))
-                       for p in store.fetch(ids)}
+    def __init__(self, store: Any, encode: Callable[[np.ndarray], dict[str, np.ndarray]],
+                 decode: Callable[[dict[str, np.ndarray]], np.ndarray], ids: list[str]) -> None:
+        self._store, self._decode = store, decode
+        self._arrays = {p.id: encode(np.ascontiguousarray(p.states, dtype=np.float32)) for p in store.fetch(ids)}
 
     def fetch(self, passage_ids: list[str]) -> list[Any]:
         passages = self._store.fetch(passage_ids)
-        decoded = self._quantizer.decode(np.concatenate([self._codes[p.id] for p in passages]))  # (T, d) float32
+        if not passages:
+            return []
+        names = self._arrays[passages[0].id]
+        decoded = self._decode({name: np.concatenate([self._arrays[p.id][name] for p in passages])
+                                for name in names})  # (T, d) float32
         bounds = np.cumsum([0, *(len(p.states) for p in passages)])
         return [dataclasses.replace(p, states=decoded[start:stop])
                 for p, start, stop in zip(passages, bounds[:-1], bounds[1:], strict=True)]
@@ -220,6 +265,7 @@ def main() -> None:
 
     sample = reference[sample_rows(len(reference), CODEBOOK_SAMPLE_TOKENS)]
     results["pq"] = pq_through_reader(sample, reference, readers["fp32"], questions, by_doc, ids)
+    results["variants"] = variants_through_reader(sample, reference, readers["fp32"], questions, by_doc, ids)
     print(json.dumps(results, indent=1))
     if args.output:
         args.output.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")

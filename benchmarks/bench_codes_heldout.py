@@ -10,8 +10,9 @@ other text and evaluated on the first --paragraphs SQuAD dev paragraphs:
 1. `dilstore precompute` (fp32, shipped DilBert reader) of the first
    --train-paragraphs SQuAD *train* paragraphs (other articles than dev);
 2. the 2bit/1bit codebooks (storage.encodings.train_codebook) and faiss
-   ProductQuantizer (M = d/4, d/8, 8 bits) on the same seeded sample of those
-   states (storage.encodings.sample_rows, at most 65,536 tokens);
+   ProductQuantizer (M = d/4, d/8, 8 bits) and the bench_codes.VARIANTS
+   (least-squares scales, k-means centroid residual codes) on the same seeded
+   sample of those states (storage.encodings.sample_rows, at most 65,536 tokens);
 3. 2bit/1bit stores of the evaluation paragraphs with `--codebook` (the
    held-out codebooks), an fp32 store of them for reference and for PQ;
 4. relative MSE and cosine against fp32, SQuAD F1 through the reader
@@ -36,7 +37,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_codes import CLI, errors, parse_arguments, pq_through_reader, squad_subset, through_reader  # noqa: E402
+from bench_codes import (  # noqa: E402
+    CLI,
+    errors,
+    parse_arguments,
+    pq_through_reader,
+    squad_subset,
+    through_reader,
+    variants_through_reader,
+)
 
 SQUAD = Path(__file__).resolve().parents[1] / "../shared/data/squad"
 
@@ -99,6 +108,7 @@ def main() -> None:
         print(encoding, results["methods"][encoding], flush=True)
 
     results["methods"].update(pq_through_reader(sample, reference, fp32, questions, by_doc, ids))
+    results["methods"].update(variants_through_reader(sample, reference, fp32, questions, by_doc, ids))
     print(json.dumps(results, indent=1))
     if args.output:
         args.output.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
