@@ -530,6 +530,19 @@ def train_codebook(encoding: str, sample: np.ndarray) -> dict[str, np.ndarray]:
     return {} if spec.train is None else spec.train(np.asarray(sample, dtype=np.float32))
 
 
+def train_residual_codebook(encoding: str, sample: np.ndarray) -> dict[str, np.ndarray]:
+    """A 2bit/1bit codebook without centroids trained on `(N, *S)`: the scheme of stores written before centroids.
+
+    Such stores keep encoding with their own codebook (appends); this trains
+    one afresh, for comparisons (benchmarks/residual_variants.py) and tests.
+    """
+    spec = get_encoding(encoding)
+    if "centroids" not in spec.codebook:
+        raise StoreFormatError(f"{spec.name} has no residual codebook; only 2bit and 1bit do")
+    (bits,) = spec.array("codes").shape((8,))  # 8 values pack into `bits` bytes
+    return _train_residual(np.asarray(sample, dtype=np.float32), bits)
+
+
 def check_codebook(encoding: Encoding, codebook: Mapping[str, np.ndarray], state_shape: Shape) -> None:
     """Raise StoreFormatError unless `codebook` has the encoding's codebook arrays, shaped for `state_shape`, valid.
 

@@ -24,9 +24,9 @@ from dilstore.storage.arrays import offsets_are_valid
 from dilstore.storage.encodings import Encoding, get_encoding
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
+    CENTROIDS_SHARD_VERSION,
     CHAR_SPANS,
     FORMAT_NAME,
-    FORMAT_VERSION,
     ID_BYTES,
     ID_OFFSETS,
     STORE_CODEBOOK,
@@ -72,8 +72,9 @@ class ShardAttributes:
         data = group.attrs.asdict().get(ATTRIBUTES_KEY)
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME or data.get("node") != "shard":
             raise StoreFormatError(f"{where} is not a dilstore shard (no '{ATTRIBUTES_KEY}' shard attributes)")
-        if data.get("format_version", FORMAT_VERSION + 1) > FORMAT_VERSION:
-            raise StoreFormatError(f"{where} has format version {data.get('format_version')}, newer than {FORMAT_VERSION}")
+        if data.get("format_version", CENTROIDS_SHARD_VERSION + 1) > CENTROIDS_SHARD_VERSION:
+            raise StoreFormatError(
+                f"{where} has format version {data.get('format_version')}, newer than {CENTROIDS_SHARD_VERSION}")
         try:
             attributes = cls(
                 shard=int(data["shard"]),

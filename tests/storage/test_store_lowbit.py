@@ -109,6 +109,7 @@ def test_zarr_python_reads_codes_and_codebook_and_decodes_like_the_store(lowbit_
     for shard in range(2):
         group = zarr.open_group(root / shard_path(shard), mode="r")
         assert group.attrs["dilstore"]["codebook"] == "store"
+        assert group.attrs["dilstore"]["format_version"] == (2 if centroids else 1)  # older dilstores refuse 2
         assert not any(f"states/{name}" in group for name in ("mean", "cutoffs", "weights", "centroids"))  # no copy
         decoded = _hand_decoded(group, codebook, bits)
         offsets = np.asarray(group["tokens/offsets"][...])
@@ -284,3 +285,13 @@ def test_centroids_shrink_the_error_and_a_codebook_without_them_encodes_as_befor
     assert errors[0] < 0.6 * errors[1]
     with pytest.raises(StoreFormatError, match="holds arrays"):
         check_codebook(spec, {**old, "extra": old["mean"]}, (32,))
+
+
+def test_a_shard_newer_than_centroids_is_refused(lowbit_store) -> None:
+    _, root, records = lowbit_store
+    attributes = root / shard_path(0) / "zarr.json"
+    metadata = json.loads(attributes.read_text())
+    metadata["attributes"]["dilstore"]["format_version"] = 3
+    attributes.write_text(json.dumps(metadata))
+    with pytest.raises(StoreFormatError, match="has format version 3, newer than 2"):
+        open_store(root).fetch([records[0].id])
