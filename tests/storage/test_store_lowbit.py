@@ -11,7 +11,9 @@ keeps of its own is a verify problem; a missing codebook
 group, a codebook of another build or model, or one that a shard's own
 codebook differs from, is refused by finalize and reported by verify; and on
 Gaussian states with uneven per-dimension spreads the error stays near the
-textbook values of 4- and 2-level quantizers.
+textbook values of 4- and 2-level quantizers. `dilstore info` counts a
+centroid id byte per token only where the shards store ids, and a shard
+newer than centroids' version 2 is refused.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import fingerprint_sha256
 from dilstore.storage.format import StoreFormatError, shard_path
+from dilstore.storage.info import store_info
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import PassageRecord
 from dilstore.storage.verify import verify_store
@@ -106,6 +109,8 @@ def test_zarr_python_reads_codes_and_codebook_and_decodes_like_the_store(lowbit_
     stored = {passage.id: passage.states for passage in open_store(root).fetch([r.id for r in records])}
     codebook = zarr.open_group(root / CODEBOOK_DIR, mode="r")
     assert ("centroids" in codebook) == centroids
+    marginal = -(-DIMS * bits // 8) + 2 + (1 if centroids else 0)  # codes, float16 scale, uint8 centroid id
+    assert store_info(root)["state_bytes_per_token_marginal"] == marginal
     for shard in range(2):
         group = zarr.open_group(root / shard_path(shard), mode="r")
         assert group.attrs["dilstore"]["codebook"] == "store"
