@@ -12,8 +12,9 @@ group, a codebook of another build or model, or one that a shard's own
 codebook differs from, is refused by finalize and reported by verify; and on
 Gaussian states with uneven per-dimension spreads the error stays near the
 textbook values of 4- and 2-level quantizers. `dilstore info` counts a
-centroid id byte per token only where the shards store ids, and a shard
-newer than centroids' version 2 is refused.
+centroid id byte per token only where the shards store ids, a shard
+newer than centroids' version 2 is refused, and verify reports centroid ids
+beside a codebook without centroids.
 """
 
 from __future__ import annotations
@@ -300,3 +301,12 @@ def test_a_shard_newer_than_centroids_is_refused(lowbit_store) -> None:
     attributes.write_text(json.dumps(metadata))
     with pytest.raises(StoreFormatError, match="has format version 3, newer than 2"):
         open_store(root).fetch([records[0].id])
+
+
+def test_verify_reports_centroid_ids_beside_a_codebook_without_centroids(tmp_path: Path) -> None:
+    _build(tmp_path, "2bit", _codebook("2bit", centroids=False))
+    group = zarr.open_group(tmp_path / shard_path(0), mode="r+")
+    tokens = group["states/scales"].shape[0]
+    group.create_array("states/centroid_ids", shape=(tokens,), dtype="uint8", fill_value=0)
+    problems = verify_store(tmp_path).problems
+    assert "shards/shard-00000: states/centroid_ids is there, but its codebook has no 'centroids'" in problems
