@@ -42,10 +42,12 @@ old stores keep reading.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.cluster.vq import kmeans2
 
 from dilstore.storage.format import StoreFormatError
 
@@ -290,30 +292,24 @@ def _nearest_centroids(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray
 
 
 def _kmeans(sample: np.ndarray, count: int, seed: int = CODEBOOK_SEED) -> np.ndarray:
-    """Seeded Lloyd k-means on `(N, d)` float32 -> `(count, d)` float32 centroids.
+    """Seeded k-means (scipy's kmeans2, KMEANS_ITERATIONS rounds) on `(N, d)` float32 -> `(count, d)` float32 centroids.
 
-    Starts from min(count, N) sample rows chosen with `seed` and runs
-    KMEANS_ITERATIONS rounds; a centroid that is nobody's nearest keeps its
-    place. With fewer sample rows than `count`, the rows past N repeat the
-    trained ones (row i is row i mod N), so the table keeps its shape and a
-    lower id always wins the tie; an empty sample gives all-zero centroids,
-    which no token refers to. numpy only (the storage layer's dependencies),
-    and deterministic for a given sample and BLAS.
+    It starts from min(count, N) distinct sample rows chosen with `seed`; a
+    centroid that is nobody's nearest keeps its place. With fewer sample rows
+    than `count`, the rows past N repeat the trained ones (row i is row i mod N),
+    so the table keeps its shape and a lower id always wins the tie; an empty
+    sample gives all-zero centroids, which no token refers to. Deterministic for
+    a given sample.
     """
     rows, dims = sample.shape
     if rows == 0:
         return np.zeros((count, dims), dtype=np.float32)
     trained = min(count, rows)
     start = np.sort(np.random.default_rng(seed).choice(rows, size=trained, replace=False))  # (k,)
-    centroids = sample[start].copy()  # (k, d)
-    for _ in range(KMEANS_ITERATIONS):
-        ids = _nearest_centroids(sample, centroids)  # (N,)
-        counts = np.bincount(ids, minlength=trained)  # (k,)
-        used = counts > 0  # (k,)
-        firsts = (np.cumsum(counts) - counts)[used]  # (used,): where each used cluster starts in id order
-        sums = np.add.reduceat(sample[np.argsort(ids, kind="stable")], firsts, axis=0, dtype=np.float64)  # (used, d)
-        centroids[used] = (sums / counts[used, None]).astype(np.float32)
-    return centroids[np.arange(count) % trained]  # (count, d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "One of the clusters is empty": it keeps its place
+        centroids, _ = kmeans2(sample, sample[start], iter=KMEANS_ITERATIONS, minit="matrix", missing="warn")
+    return np.asarray(centroids, dtype=np.float32)[np.arange(count) % trained]  # (count, d)
 
 
 def _train_centroids(sample: np.ndarray) -> np.ndarray:
