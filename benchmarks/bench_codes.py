@@ -11,13 +11,16 @@ For the first --paragraphs SQuAD v1.1 dev paragraphs this script
    (sum of squared errors over sum of squares) and mean per-token cosine;
 3. compares the residual codes with faiss product quantization at about the
    same bytes per token (faiss.ProductQuantizer, M = d/4 or d/8 one-byte
-   sub-quantizers: 96 / 48 bytes at d = 384 against 98 / 50), trained on the
+   sub-quantizers: 96 / 48 bytes at d = 384 against 99 / 51, the store's codes
+   with their uint8 centroid id, 256 centroids), trained on the
    same seeded token sample as the codebooks (storage.encodings.sample_rows):
    error, and F1 with the PQ-decoded fp32 states put in place of the store's;
    likewise the residual_variants codecs (VARIANTS), trained on that sample:
-   least-squares token scales, and ColBERTv2-style k-means centroid ids plus
-   1/2-bit residual codes against the centroid (bytes per token: codes, fp16
-   scale, uint16 id), with their encode and decode times;
+   least-squares token scales (on the codes from before centroids), and
+   ColBERTv2-style faiss k-means centroid ids plus 1/2-bit residual codes
+   against the centroid (bytes per token: codes, fp16 scale, uint16 id): the
+   prototype of the store's centroids, at 256 to 4096 centroids; with their
+   encode and decode times;
 4. reads every question of those paragraphs against its own paragraph's stored
    units (reading comprehension through the store, μ = 1) and scores SQuAD F1;
 5. times decoding 100 passages (store.fetch; for PQ, fetching the fp32 store

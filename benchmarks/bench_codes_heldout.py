@@ -4,7 +4,8 @@ bench_codes.py trains both the residual codebook and faiss PQ on the very
 states they then encode (a few thousand tokens of the evaluation paragraphs),
 which flatters the quantizer with more parameters: PQ with M one-byte
 sub-quantizers holds 256·d float32 values (393 KB at d = 384), the residual
-codebook 2^(b+1)·d (12 KB for 2bit). Here both are trained on the states of
+codebook 256·d + 2^(b+1)·d (its 256 centroids and the bucket tables: 405 KB
+for 2bit; 12 KB in stores from before centroids). Here both are trained on the states of
 other text and evaluated on the first --paragraphs SQuAD dev paragraphs:
 
 1. `dilstore precompute` (fp32, shipped DilBert reader) of the first

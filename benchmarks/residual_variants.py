@@ -16,7 +16,11 @@ each, so a row measures that one thing:
   store's 1bit/2bit encodings; only the encoder's scale changes.
 
 Nothing here is a store format: bench_codes puts the decoded states in place of
-the store's, as it does for faiss PQ.
+the store's, as it does for faiss PQ. The residual codebooks here have no
+centroids of the store's own (storage.encodings.train_residual_codebook), so
+`1bit`/`2bit` rows here are the store's codes from before centroids, and the
+`c…` rows use faiss k-means and uint16 ids where the store now uses its own
+numpy k-means with 256 centroids and uint8 ids.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dilstore.storage.encodings import CODEBOOK_SEED, Encoding, get_encoding
+from dilstore.storage.encodings import CODEBOOK_SEED, Encoding, get_encoding, train_residual_codebook
 
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 _SCALE_BYTES = 2  # float16 per-token scale
@@ -109,7 +113,7 @@ def with_centroids(sample: np.ndarray, centroids: np.ndarray, variant: Variant) 
     sample = np.asarray(sample, dtype=np.float32)  # (N, d)
     residuals = sample - centroids[nearest_centroids(sample, centroids)] if len(centroids) else sample  # (N, d)
     encoding = variant.encoding
-    codebook = encoding.prepare(encoding.train(residuals))  # mean, cutoffs, weights, decode_table
+    codebook = encoding.prepare(train_residual_codebook(encoding.name, residuals))  # mean, cutoffs, weights, table
     return Codec(variant, centroids, codebook)
 
 

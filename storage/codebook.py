@@ -17,7 +17,8 @@ codebook of its own (one written without the store's) holds this one
 
     codebook/zarr.json   attrs dilstore = {format, format_version, node: "codebook", encoding, state_shape,
                                            generation, fingerprint_sha256}  (the last two when known)
-    codebook/<name>      float32 arrays named by the encoding (`mean`, `cutoffs`, `weights`)
+    codebook/<name>      float32 arrays named by the encoding (`mean`, `cutoffs`, `weights`, and `centroids`
+                         in codebooks trained since centroids were added: storage.encodings)
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def write_codebook(
     }
     try:
         group = zarr.open_group(str(temporary), mode="w-", zarr_format=3, attributes=attributes)
-        for name in spec.codebook:
+        for name in spec.codebook_layout(codebook):
             values = np.ascontiguousarray(codebook[name], dtype=np.float32)
             write_array(group, name, values, rows_per_chunk=values.shape[0], compressor=None,
                         dimension_names=[f"axis_{axis}" for axis in range(values.ndim)])
@@ -193,8 +194,9 @@ def _codebook_of(group: zarr.Group, where: str, encoding: str) -> tuple[dict[str
     if data.get("encoding") != spec.name:
         raise StoreFormatError(f"{where} is a codebook for {data.get('encoding')!r}, not {spec.name!r}")
     state_shape = tuple(int(size) for size in data.get("state_shape", ()))
+    present = [name for name in spec.codebook if name in group]
     arrays = {}
-    for name in spec.codebook:
+    for name in spec.codebook_layout(present):  # optional arrays (2bit/1bit `centroids`) where the group has them
         if name not in group:
             raise StoreFormatError(f"codebook {where} lacks array {name!r}")
         arrays[name] = np.asarray(group[name][...], dtype=np.float32)

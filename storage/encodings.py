@@ -28,15 +28,26 @@ old stores keep reading.
   buckets beat uniform levels on BERT-like states, whose dimensions have
   different, heavy-tailed spreads; BENCHMARKS.md compares them with faiss
   product quantization at the same size.
+  Codebooks trained now also hold `centroids (256, *S) float32`: seeded k-means
+  centroids of each token vector position (ColBERTv2-style). Each token vector
+  then stores its nearest centroid's id, `centroid_ids (T, *S[:-1]) uint8`, and
+  the residual code above is of the state minus that centroid (the mean,
+  cutoffs and weights are trained on those differences); decoding adds the
+  centroid back. The scheme is read off the codebook: one without `centroids`
+  (stores written before) decodes, verifies and appends exactly as before.
+  256 centroids with uint8 ids: every id a byte can hold is a valid row, and
+  a token costs one byte more (2bit at d=384: 96 + 2 + 1 = 99 bytes).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.cluster.vq import kmeans2
 
 from dilstore.storage.format import StoreFormatError
 
@@ -48,6 +59,9 @@ _MIN_EXPONENT, _MAX_EXPONENT = -126, 127
 # Tokens of a seeded sample a codebook is trained on when none is given.
 CODEBOOK_SAMPLE_TOKENS = 65536
 CODEBOOK_SEED = 0
+# Centroids of the 2bit/1bit codebooks: one uint8 id per token vector addresses all of them.
+CENTROIDS = 256
+KMEANS_ITERATIONS = 20
 
 Shape = tuple[int, ...]
 
@@ -60,6 +74,8 @@ class EncodedArray:
     shard-wide parameters. shape: per-token trailing shape (per_token) or the
     whole shape (per shard), from the kind's per-token state shape.
     check: a problem found in a block of stored values, or None.
+    requires: the codebook array without which this array is not stored
+    (None: always stored), so stores written before it was added keep reading.
     """
 
     name: str
@@ -67,6 +83,7 @@ class EncodedArray:
     per_token: bool
     shape: Callable[[Shape], Shape]
     check: Callable[[np.ndarray], str | None]
+    requires: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +116,21 @@ class Encoding:
     def array(self, name: str) -> EncodedArray:
         """The spec of array `name` of this encoding."""
         return next(spec for spec in self.arrays if spec.name == name)
+
+    def layout(self, codebook: Collection[str]) -> tuple[EncodedArray, ...]:
+        """The arrays stored with a codebook holding the arrays named in `codebook`.
+
+        An array that `requires` a codebook array is left out where that array
+        is absent: a 2bit/1bit codebook without `centroids` (written before
+        centroids were added) has no `centroid_ids` either.
+        """
+        present = set(codebook)
+        return tuple(spec for spec in self.arrays if spec.requires is None or spec.requires in present)
+
+    def codebook_layout(self, codebook: Collection[str]) -> tuple[str, ...]:
+        """The names of the codebook arrays a codebook holding `codebook` must hold (see `layout`)."""
+        stored = {spec.name for spec in self.layout(codebook)}
+        return tuple(name for name in self.codebook if name in stored)
 
 
 def _same_shape(state_shape: Shape) -> Shape:
@@ -248,6 +280,77 @@ def _train_residual(states: np.ndarray, bits: int) -> dict[str, np.ndarray]:
     return {"mean": mean, "cutoffs": cutoffs, "weights": weights}
 
 
+def _nearest_centroids(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """The id of each vector's nearest centroid (squared L2, ties to the lower id): `(rows, d)`, `(C, d)` -> `(rows,)` intp."""
+    norms = np.einsum("cd,cd->c", centroids, centroids)  # (C,)
+    ids = np.empty(len(vectors), dtype=np.intp)  # (rows,)
+    for start in range(0, len(vectors), _BLOCK_ROWS):
+        block = vectors[start : start + _BLOCK_ROWS]  # (block, d)
+        distances = norms - 2 * (block @ centroids.T)  # (block, C): |x - c|^2 less |x|^2, the same for every c
+        ids[start : start + len(block)] = distances.argmin(axis=1)
+    return ids
+
+
+def _kmeans(sample: np.ndarray, count: int, seed: int = CODEBOOK_SEED) -> np.ndarray:
+    """Seeded k-means (scipy's kmeans2, KMEANS_ITERATIONS rounds) on `(N, d)` float32 -> `(count, d)` float32 centroids.
+
+    It starts from min(count, N) distinct sample rows chosen with `seed`; a
+    centroid that is nobody's nearest keeps its place. With fewer sample rows
+    than `count`, the rows past N repeat the trained ones (row i is row i mod N),
+    so the table keeps its shape and a lower id always wins the tie; an empty
+    sample gives all-zero centroids, which no token refers to. Deterministic for
+    a given sample.
+    """
+    rows, dims = sample.shape
+    if rows == 0:
+        return np.zeros((count, dims), dtype=np.float32)
+    trained = min(count, rows)
+    start = np.sort(np.random.default_rng(seed).choice(rows, size=trained, replace=False))  # (k,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "One of the clusters is empty": it keeps its place
+        centroids, _ = kmeans2(sample, sample[start], iter=KMEANS_ITERATIONS, minit="matrix", missing="warn")
+    return np.asarray(centroids, dtype=np.float32)[np.arange(count) % trained]  # (count, d)
+
+
+def _train_centroids(sample: np.ndarray) -> np.ndarray:
+    """CENTROIDS k-means centroids per token vector position: `(N, *S)` -> `(CENTROIDS, *S)` float32."""
+    state_shape = sample.shape[1:]
+    vectors = sample.reshape(len(sample), math.prod(state_shape[:-1]), state_shape[-1])  # (N, G, d)
+    tables = [_kmeans(np.ascontiguousarray(vectors[:, group]), CENTROIDS) for group in range(vectors.shape[1])]
+    return np.stack(tables, axis=1).reshape(CENTROIDS, *state_shape)  # (C, *S)
+
+
+def _assign_centroids(states: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """Each token vector's nearest centroid of its position: `(rows, *S)`, `(C, *S)` -> `(rows, *S[:-1])` uint8."""
+    groups, dims = math.prod(states.shape[1:-1]), states.shape[-1]
+    vectors = states.reshape(len(states), groups, dims)  # (rows, G, d)
+    tables = centroids.reshape(len(centroids), groups, dims)  # (C, G, d)
+    ids = np.empty((len(states), groups), dtype=np.intp)  # (rows, G)
+    for group in range(groups):
+        ids[:, group] = _nearest_centroids(np.ascontiguousarray(vectors[:, group]), tables[:, group])
+    return ids.astype(np.uint8).reshape(states.shape[:-1])
+
+
+def _gather_centroids(ids: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """The centroids that ids name: `(rows, *S[:-1])` uint8, `(C, *S)` -> `(rows, *S)` float32."""
+    groups, dims = math.prod(centroids.shape[1:-1]), centroids.shape[-1]
+    tables = centroids.reshape(len(centroids), groups, dims)  # (C, G, d)
+    flat = ids.reshape(len(ids), groups)  # (rows, G)
+    return tables[flat, np.arange(groups)].reshape(*ids.shape, dims)  # (rows, *S)
+
+
+def _train_centroid_residual(states: np.ndarray, bits: int) -> dict[str, np.ndarray]:
+    """A codebook with centroids (`_train_centroids`) and the residual codebook of the states less their centroid."""
+    states = np.asarray(states, dtype=np.float32)  # (N, *S)
+    centroids = _train_centroids(states)  # (C, *S)
+    residuals = states - _gather_centroids(_assign_centroids(states, centroids), centroids)  # (N, *S)
+    return {**_train_residual(residuals, bits), "centroids": centroids}
+
+
+# Codebook arrays of 2bit/1bit; `centroids` only in codebooks trained since centroids were added.
+_RESIDUAL_CODEBOOK = ("mean", "cutoffs", "weights", "centroids")
+
+
 def _packed_width(dims: int, bits: int) -> int:
     return -(-dims * bits // 8)
 
@@ -278,17 +381,29 @@ def _pack_codes(buckets: np.ndarray, bits: int) -> np.ndarray:
 def _encode_residual(
     states: np.ndarray, codebook: Mapping[str, np.ndarray] | None, bits: int
 ) -> dict[str, np.ndarray]:
+    """States `(T, *S)` -> codes, scales and (with a codebook that has centroids) centroid_ids, plus the codebook.
+
+    Without a codebook, one with centroids is trained on a seeded sample; a
+    given codebook without centroids encodes in the scheme from before them.
+    """
     if codebook is None:
-        codebook = _train_residual(states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)], bits)
+        codebook = _train_centroid_residual(states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)], bits)
     mean, cutoffs = codebook["mean"], codebook["cutoffs"]
+    centroids = codebook.get("centroids")  # (C, *S) or None
     codes = np.empty((*states.shape[:-1], _packed_width(states.shape[-1], bits)), dtype=np.uint8)  # (T, *S[:-1], width)
     scales = np.empty(states.shape[:-1], dtype=np.float16)  # (T, *S[:-1])
+    ids = np.empty(states.shape[:-1], dtype=np.uint8)  # (T, *S[:-1])
     for start in range(0, len(states), _BLOCK_ROWS):
         rows = slice(start, start + _BLOCK_ROWS)
-        normalized, scales[rows] = _normalized_residuals(states[rows], mean)  # (rows, *S)
+        block = states[rows]  # (rows, *S)
+        if centroids is not None:
+            ids[rows] = _assign_centroids(block, centroids)
+            block = block - _gather_centroids(ids[rows], centroids)  # (rows, *S)
+        normalized, scales[rows] = _normalized_residuals(block, mean)  # (rows, *S)
         codes[rows] = _pack_codes(_buckets(normalized, cutoffs), bits)
-    return {"codes": codes, "scales": scales, **{name: np.asarray(codebook[name], dtype=np.float32)
-                                                 for name in ("mean", "cutoffs", "weights")}}
+    per_token = {"codes": codes, "scales": scales, **({} if centroids is None else {"centroid_ids": ids})}
+    return {**per_token, **{name: np.asarray(values, dtype=np.float32) for name, values in codebook.items()
+                            if name in _RESIDUAL_CODEBOOK}}
 
 
 def _decode_table(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
@@ -330,6 +445,8 @@ def _decode_residual(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
     values = values.reshape(n, *state_shape[:-1], width * table.shape[1])[..., : state_shape[-1]]  # (n, *S)
     values *= arrays["scales"].astype(np.float32)[..., None]
     values += mean
+    if "centroids" in arrays:  # codebooks from before centroids have none
+        values += _gather_centroids(arrays["centroid_ids"], arrays["centroids"])
     return values
 
 
@@ -337,8 +454,8 @@ def _residual_encoding(bits: int) -> Encoding:
     levels = 2**bits
     return Encoding(
         name=f"{bits}bit",
-        description=f"{bits}-bit residual codes: per-dimension mean, float16 token scale, {levels} quantile buckets "
-        "per dimension from a codebook trained on the corpus",
+        description=f"{bits}-bit residual codes: nearest of {CENTROIDS} centroids, per-dimension mean, float16 token "
+        f"scale, {levels} quantile buckets per dimension from a codebook trained on the corpus",
         arrays=(
             EncodedArray("codes", "uint8", True, lambda shape: (*shape[:-1], _packed_width(shape[-1], bits)),
                          lambda codes: None),
@@ -346,14 +463,18 @@ def _residual_encoding(bits: int) -> Encoding:
             EncodedArray("mean", "float32", False, _same_shape, _finite),
             EncodedArray("cutoffs", "float32", False, lambda shape: (levels - 1, *shape), _finite_sorted),
             EncodedArray("weights", "float32", False, lambda shape: (levels, *shape), _finite),
+            EncodedArray("centroid_ids", "uint8", True, lambda shape: shape[:-1], lambda ids: None,
+                         requires="centroids"),
+            EncodedArray("centroids", "float32", False, lambda shape: (CENTROIDS, *shape), _finite,
+                         requires="centroids"),
         ),
         encode=lambda states, codebook=None: _encode_residual(states, codebook, bits),
         decode=lambda arrays: _decode_residual(arrays, bits),
         output_dtype="float32",
         zero_copy=False,
-        train=lambda sample: _train_residual(sample, bits),
+        train=lambda sample: _train_centroid_residual(sample, bits),
         prepare=lambda arrays: _prepare_residual(arrays, bits),
-        codebook=("mean", "cutoffs", "weights"),
+        codebook=_RESIDUAL_CODEBOOK,
     )
 
 
@@ -405,13 +526,30 @@ def train_codebook(encoding: str, sample: np.ndarray) -> dict[str, np.ndarray]:
     return {} if spec.train is None else spec.train(np.asarray(sample, dtype=np.float32))
 
 
+def train_residual_codebook(encoding: str, sample: np.ndarray) -> dict[str, np.ndarray]:
+    """A 2bit/1bit codebook without centroids trained on `(N, *S)`: the scheme of stores written before centroids.
+
+    Such stores keep encoding with their own codebook (appends); this trains
+    one afresh, for comparisons (benchmarks/residual_variants.py) and tests.
+    """
+    spec = get_encoding(encoding)
+    if "centroids" not in spec.codebook:
+        raise StoreFormatError(f"{spec.name} has no residual codebook; only 2bit and 1bit do")
+    (bits,) = spec.array("codes").shape((8,))  # 8 values pack into `bits` bytes
+    return _train_residual(np.asarray(sample, dtype=np.float32), bits)
+
+
 def check_codebook(encoding: Encoding, codebook: Mapping[str, np.ndarray], state_shape: Shape) -> None:
-    """Raise StoreFormatError unless `codebook` has exactly the encoding's codebook arrays, shaped for `state_shape`, valid."""
-    if set(codebook) != set(encoding.codebook):
-        raise StoreFormatError(
-            f"a {encoding.name} codebook holds arrays {sorted(encoding.codebook)}, got {sorted(codebook)}"
-        )
-    for name in encoding.codebook:
+    """Raise StoreFormatError unless `codebook` has the encoding's codebook arrays, shaped for `state_shape`, valid.
+
+    Optional arrays (`EncodedArray.requires`, e.g. 2bit/1bit `centroids`) may be absent; no others may.
+    """
+    expected = encoding.codebook_layout(codebook)  # the required arrays, and the optional ones it holds
+    if set(codebook) != set(expected):
+        optional = sorted(set(encoding.codebook) - set(encoding.codebook_layout(())))
+        raise StoreFormatError(f"a {encoding.name} codebook holds arrays {sorted(encoding.codebook_layout(()))}"
+                               f"{f' (and optionally {optional})' if optional else ''}, got {sorted(codebook)}")
+    for name in expected:
         spec = encoding.array(name)
         values = np.asarray(codebook[name])
         if values.shape != spec.shape(state_shape):

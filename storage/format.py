@@ -18,6 +18,9 @@ FORMAT_VERSION = 1
 # The manifest of a store that passages were appended to (STORE_FORMAT.md §13): its index may live elsewhere, some
 # shards under `appends/`, and some rows may be superseded, which a dilstore that reads only version 1 would miss.
 APPENDED_FORMAT_VERSION = 2
+# A shard whose `states/` hold `centroid_ids` (2bit/1bit codes against centroids, STORE_FORMAT.md §4): a dilstore
+# that reads only version 1 would decode it without the centroids, silently wrong, so it refuses the shard instead.
+CENTROIDS_SHARD_VERSION = 2
 
 # Directory layout under the store root.
 MANIFEST_FILE = "manifest.json"

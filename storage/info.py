@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,19 @@ def part_of(path: str) -> str:
     if parts[0] == SHARDS_DIR and len(parts) > 2 and parts[2] in (STATES_GROUP, "tokens", "passages"):
         return parts[2]
     return "other"
+
+
+def _stored_state_arrays(paths: Iterable[str]) -> set[str]:
+    """The names of the arrays under any shard's `states/` group, so optional ones (2bit/1bit `centroid_ids`,
+    absent from stores written before centroids) count only where stored."""
+    names = set()
+    for path in paths:
+        parts = path.split("/")
+        if parts[0] == APPENDS_DIR and len(parts) > 2:
+            parts = parts[2:]
+        if len(parts) > 3 and parts[0] == SHARDS_DIR and parts[2] == STATES_GROUP:
+            names.add(parts[3])
+    return names
 
 
 def store_files(location: StoreLocation, manifest: Manifest) -> dict[str, int]:
@@ -81,8 +95,10 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
     marginal = None
     if manifest.state_shape is not None:
         encoding = get_encoding(manifest.encoding)
+        stored = _stored_state_arrays(sizes)
         marginal = sum(math.prod(spec.shape(tuple(manifest.state_shape))) * np.dtype(spec.dtype).itemsize
-                       for spec in encoding.arrays if spec.per_token)
+                       for spec in encoding.arrays
+                       if spec.per_token and (spec.requires is None or spec.name in stored))
     per_token_bytes = (marginal or 0) * tokens
 
     return {

@@ -24,9 +24,9 @@ from dilstore.storage.arrays import offsets_are_valid
 from dilstore.storage.encodings import Encoding, get_encoding
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
+    CENTROIDS_SHARD_VERSION,
     CHAR_SPANS,
     FORMAT_NAME,
-    FORMAT_VERSION,
     ID_BYTES,
     ID_OFFSETS,
     STORE_CODEBOOK,
@@ -72,8 +72,9 @@ class ShardAttributes:
         data = group.attrs.asdict().get(ATTRIBUTES_KEY)
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME or data.get("node") != "shard":
             raise StoreFormatError(f"{where} is not a dilstore shard (no '{ATTRIBUTES_KEY}' shard attributes)")
-        if data.get("format_version", FORMAT_VERSION + 1) > FORMAT_VERSION:
-            raise StoreFormatError(f"{where} has format version {data.get('format_version')}, newer than {FORMAT_VERSION}")
+        if data.get("format_version", CENTROIDS_SHARD_VERSION + 1) > CENTROIDS_SHARD_VERSION:
+            raise StoreFormatError(
+                f"{where} has format version {data.get('format_version')}, newer than {CENTROIDS_SHARD_VERSION}")
         try:
             attributes = cls(
                 shard=int(data["shard"]),
@@ -241,11 +242,12 @@ class ShardReader:
         from_store = set(self.encoding.codebook) if self.attributes.codebook_in_store else set()
         if from_store and store_codebook is None:
             raise StoreFormatError(f"{where} decodes with its store's codebook/, and none was given")
-        per_shard = [spec.name for spec in self.encoding.arrays if not spec.per_token and spec.name not in from_store]
+        layout = self.encoding.layout(self._codebook_held(group, store_codebook if from_store else None))
+        per_shard = [spec.name for spec in layout if not spec.per_token and spec.name not in from_store]
         whole_names = [ID_BYTES, ID_OFFSETS, TITLE_BYTES, TITLE_OFFSETS, TEXT_OFFSETS, TOKEN_OFFSETS,
                        *(states_array(name) for name in per_shard),
                        *([VECTORS] if self.attributes.vector_size is not None else [])]  # fmt: skip
-        per_token = [spec.name for spec in self.encoding.arrays if spec.per_token]
+        per_token = [spec.name for spec in layout if spec.per_token]
         arrays = _open_arrays(group, [*whole_names, TEXT_BYTES, TOKEN_IDS, CHAR_SPANS,
                                       *(states_array(name) for name in per_token)])  # fmt: skip
 
@@ -279,6 +281,21 @@ class ShardReader:
             self.per_shard = self.encoding.prepare(self.per_shard)
         self.vectors = whole.get(VECTORS)  # (n, d) float32, None when the shard has none
         self._check_offsets({name: column.rows for name, column in columns.items()})
+
+    def _codebook_held(self, group: zarr.Group, store_codebook: Callable[[], Mapping[str, np.ndarray]] | None
+                       ) -> set[str]:
+        """The optional codebook arrays (Encoding.layout) the shard decodes with: the store's, or its own.
+
+        A 2bit/1bit codebook without `centroids` (written before them) means a
+        shard without `centroid_ids`, decoded as before.
+        """
+        optional = list(dict.fromkeys(spec.requires for spec in self.encoding.arrays if spec.requires is not None))
+        if store_codebook is not None:
+            return set(optional) & set(store_codebook())
+        if not optional:
+            return set()
+        found = _open_arrays(group, [states_array(name) for name in optional])
+        return {name for name in optional if found[states_array(name)] is not None}
 
     def _check_offsets(self, rows: dict[str, int]) -> None:
         """Every ragged column's offsets fit its passages and data, so no read can mix up passages.

@@ -272,7 +272,8 @@ def _check_shard(
         np.asarray(token_ids[...])  # reading decodes every chunk: damage surfaces here
     encoding = get_encoding(attributes.encoding)
     in_store = set(encoding.codebook) if attributes.codebook_in_store else set()  # checked in codebook/ instead
-    _check_encoded(group, encoding, state_shape, tokens, where, report, skip=in_store)
+    held = _codebook_held(location, group, encoding, attributes.codebook_in_store)
+    _check_encoded(group, encoding, state_shape, tokens, where, report, held, skip=in_store)
     if attributes.vector_size is not None:
         vectors = _array(group, VECTORS, "float32", (n, attributes.vector_size), where, report)
         if vectors is not None and not np.isfinite(np.asarray(vectors[...])).all():
@@ -290,10 +291,34 @@ def _check_spans(spans: np.ndarray, token_offsets: np.ndarray, texts: list[str],
         _problem(report, where, f"{bad.size} char spans lie outside their passage text (first at token {bad[0]})")
 
 
+def _codebook_held(location: StoreLocation, group: zarr.Group, encoding: Encoding, in_store: bool) -> set[str]:
+    """The optional codebook arrays (Encoding.layout) of the codebook a shard decodes with: the store's or its own.
+
+    A missing store codebook holds none here; store_codebook_problems reports it.
+    """
+    optional = {spec.requires for spec in encoding.arrays if spec.requires is not None}
+    if not optional:
+        return set()
+    if not in_store:
+        return {name for name in optional if states_array(name) in group}
+    try:
+        codebook = location.open_group(CODEBOOK_DIR)
+    except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError):
+        return set()
+    return {name for name in optional if name in codebook}
+
+
 def _check_encoded(group: zarr.Group, encoding: Encoding, state_shape: tuple[int, ...], tokens: int, where: str,
-                   report: VerifyReport, skip: set[str] | frozenset[str] = frozenset()) -> None:
-    """The encoding's arrays (but those in `skip`) have their dtypes and shapes and hold valid values."""
+                   report: VerifyReport, held: set[str], skip: set[str] | frozenset[str] = frozenset()) -> None:
+    """The encoding's arrays for a codebook holding the optional arrays `held` (Encoding.layout), but those in
+    `skip`, have their dtypes and shapes and hold valid values; arrays of another layout are not there."""
+    layout = encoding.layout(held)
     for spec in encoding.arrays:
+        if spec not in layout:
+            if states_array(spec.name) in group:
+                _problem(report, where, f"{states_array(spec.name)} is there, but its codebook has no "
+                                        f"{spec.requires!r}")
+            continue
         if spec.name in skip:
             if states_array(spec.name) in group:
                 _problem(report, where, f"{states_array(spec.name)} is there, but the shard says it uses the store's "

@@ -37,6 +37,7 @@ from dilstore.storage.format import (
     BYTES_PER_CHUNK,
     CHAR_SPANS,
     FORMAT_NAME,
+    CENTROIDS_SHARD_VERSION,
     FORMAT_VERSION,
     ID_BYTES,
     ID_OFFSETS,
@@ -326,11 +327,15 @@ def _write_group(
     codebook: Mapping[str, np.ndarray] | None,
     build: dict[str, str],
 ) -> None:
-    """Write one shard's Zarr v3 group at `path`; `build` holds its generation, fingerprint hash and codebook, if any."""
+    """Write one shard's Zarr v3 group at `path`; `build` holds its generation, fingerprint hash and codebook, if any.
+
+    A shard with centroid ids gets format version CENTROIDS_SHARD_VERSION, so that older readers refuse it.
+    """
+    encoded = encoding.encode(columns.states, codebook)
     attributes = {
         ATTRIBUTES_KEY: {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            "format_version": CENTROIDS_SHARD_VERSION if "centroid_ids" in encoded else FORMAT_VERSION,
             "node": "shard",
             "shard": shard_index,
             "kind": kind.name,
@@ -365,7 +370,7 @@ def _write_group(
     write_array(group, CHAR_SPANS, columns.char_spans, rows_per_chunk=TOKENS_PER_CHUNK, compressor=compressor,
                 dimension_names=["token", "start_end"])
     state_axes = [f"state_{axis}" for axis in range(len(columns.state_shape))]
-    for array_name, data in encoding.encode(columns.states, codebook).items():
+    for array_name, data in encoded.items():
         if codebook is not None and array_name in encoding.codebook:
             continue  # the store's codebook/ group holds it, once for all shards
         spec = encoding.array(array_name)

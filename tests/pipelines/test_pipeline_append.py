@@ -27,6 +27,7 @@ from dilstore.pipelines.job import SUMMARY_FILE
 from dilstore.reader.serving.rerank import open_reranker
 from dilstore.runners import cli
 from dilstore.storage import append as storage_append
+from dilstore.storage.codebook import read_codebook, write_codebook
 from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE
 from dilstore.storage.info import store_info
 from dilstore.storage.reader import open_store
@@ -208,9 +209,12 @@ def test_a_2bit_append_encodes_with_the_store_codebook_and_refuses_another(
     union_corpus = write_jsonl(tmp_path / "all.jsonl", DOCUMENTS)
     store, union = tmp_path / "store", tmp_path / "union"
     assert precompute(models["dilbert"], corpus_a, store, "--encoding", "2bit") == 0
-    codebook = (store / "codebook" / "mean" / "c" / "0").read_bytes()
+    chunks = ("mean/c/0", "centroids/c/0/0")
+    codebook = {chunk: (store / "codebook" / chunk).read_bytes() for chunk in chunks}
     assert precompute(models["dilbert"], corpus_b, store, "--encoding", "2bit", "--append") == 0
-    assert (store / "codebook" / "mean" / "c" / "0").read_bytes() == codebook  # reused, not retrained
+    for chunk, stored in codebook.items():
+        assert (store / "codebook" / chunk).read_bytes() == stored  # reused, not retrained
+    assert list((store / APPENDS_DIR).glob("*/shards/*/states/centroid_ids/zarr.json"))  # appended ids name them
     assert precompute(models["dilbert"], union_corpus, union, "--encoding", "2bit",
                       "--codebook", str(store / "codebook")) == 0
     assert_same_passages(store, union)
@@ -220,6 +224,24 @@ def test_a_2bit_append_encodes_with_the_store_codebook_and_refuses_another(
     assert precompute(models["dilbert"], corpus_b, store, "--encoding", "2bit", "--append", "--replace",
                       "--codebook", str(own / "codebook")) == 2
     assert "is not the store's codebook/" in capsys.readouterr().err
+
+
+def test_a_2bit_append_to_a_store_without_centroids_keeps_its_scheme(models: dict[str, Path], tmp_path: Path) -> None:
+    """A store whose codebook has no centroids (as stores written before them have) appends without them too."""
+    corpus_a, corpus_b = split_corpus(tmp_path, [i % 2 == 1 for i in range(len(DOCUMENTS))])
+    trained = tmp_path / "trained"
+    assert precompute(models["dilbert"], corpus_a, trained, "--encoding", "2bit") == 0
+    arrays, state_shape = read_codebook(trained / "codebook", "2bit")
+    old_book = write_codebook(tmp_path / "old-book", "2bit",
+                              {name: values for name, values in arrays.items() if name != "centroids"}, state_shape)
+    store, union = tmp_path / "store", tmp_path / "union"
+    assert precompute(models["dilbert"], corpus_a, store, "--encoding", "2bit", "--codebook", str(old_book)) == 0
+    assert precompute(models["dilbert"], corpus_b, store, "--encoding", "2bit", "--append") == 0
+    assert not (store / "codebook" / "centroids").exists() and not list(store.rglob("centroid_ids"))
+    assert precompute(models["dilbert"], write_jsonl(tmp_path / "all.jsonl", DOCUMENTS), union, "--encoding", "2bit",
+                      "--codebook", str(old_book)) == 0
+    assert_same_passages(store, union)
+    assert verify_store(store).ok
 
 
 def start(arguments: list[str], log: Path) -> subprocess.Popen:

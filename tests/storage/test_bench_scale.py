@@ -74,7 +74,7 @@ def test_measure_open_and_report_run_on_a_tiny_store(bench, tmp_path: Path) -> N
     store = {"passages": PASSAGES, "tokens": 160_000, "shards": 2, "open": opened, "disk": disk,
              "build": {"write_s": 1.0, "finalize_s": 1.0}}
     result = {"stores": [store], "extrapolation": bench.extrapolate([store], PER_SHARD), "cost": bench.cost_table(12)}
-    assert result["cost"]["1bit"]["state_bytes_per_token"] == 384 // 8 + 2
+    assert result["cost"]["1bit"]["state_bytes_per_token"] == 384 // 8 + 2 + 1  # codes, float16 scale, uint8 centroid id
     assert result["cost"]["fp16"]["state_bytes_per_token"] == 768
     rendered = bench.render(result)
     assert rendered.startswith("MEASURED") and "EXTRAPOLATION (NOT MEASURED" in rendered
@@ -94,7 +94,7 @@ def test_two_jobs_write_the_same_store_as_one(bench, tmp_path: Path) -> None:
 
 
 def test_the_disk_check_refuses_a_store_that_would_leave_too_little_free(bench, tmp_path: Path, capsys) -> None:
-    assert bench.projected_store_bytes(1_000_000, "1bit") == 1_000_000 * 80 * (384 // 8 + 2 + 13.5)
+    assert bench.projected_store_bytes(1_000_000, "1bit") == 1_000_000 * 80 * (384 // 8 + 2 + 1 + 13.5)
     assert bench.projected_store_bytes(1_000_000, "1bit", bytes_per_token=63.4) == pytest.approx(5.072e9)
     assert bench.disk_problem(tmp_path, 0, 0) is None
     assert "GB free" in bench.disk_problem(tmp_path, 0, 1e18)

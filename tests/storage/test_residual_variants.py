@@ -3,7 +3,7 @@
 Small random states only: the shapes and bytes the benchmark reports come from
 what the codecs really emit, a centroid codec is exact on states that are its
 centroids, its k-means finds well-separated clusters, the plain variant is the
-store's own encoding, and the least-squares scale only moves the token scale,
+store's own encoding with a codebook without centroids (stores from before them), and the least-squares scale only moves the token scale,
 never increasing a token's error.
 """
 
@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from dilstore.storage.encodings import get_encoding, train_codebook
+from dilstore.storage.encodings import get_encoding, train_residual_codebook
 from tests.fixtures.paths import ROOT
 
 DIMS = 24
@@ -84,11 +84,11 @@ def test_kmeans_finds_separated_clusters(variants) -> None:
 
 
 @pytest.mark.parametrize("bits", [1, 2])
-def test_plain_variant_is_the_store_encoding(variants, bits: int) -> None:
+def test_plain_variant_is_the_store_encoding_without_centroids(variants, bits: int) -> None:
     sample, states = _states(400), _states(30, seed=1)
     codec = variants.train(sample, variants.Variant(0, bits, False))
     encoding = get_encoding(f"{bits}bit")
-    stored = encoding.encode(states, train_codebook(f"{bits}bit", sample))
+    stored = encoding.encode(states, train_residual_codebook(f"{bits}bit", sample))
     arrays = variants.encode(states, codec)
     np.testing.assert_array_equal(arrays["codes"], stored["codes"])
     np.testing.assert_array_equal(arrays["scales"], stored["scales"])

@@ -1,14 +1,20 @@
 """The 2bit and 1bit encodings: plain zarr-python reads the codes and the codebook, verify catches damage.
 
 Decoding by hand from arrays read with zarr-python (the recipe STORE_FORMAT.md §4
-gives: codes and scales from the shard, the codebook from the store's
-`codebook/` group, which the shards do not copy) must equal what the store
-returns on both read paths; a byte flipped in the store's `codebook/` group or
-in a codebook a shard keeps of its own is a verify problem; a missing codebook
+gives: codes, scales and centroid ids from the shard, the codebook from the
+store's `codebook/` group, which the shards do not copy) must equal what the
+store returns on both read paths, and a store whose codebook has no centroids
+(written before them) still decodes by the recipe without them, verifies, and
+appends in its own scheme; a byte flipped in the store's `codebook/` group
+(centroids included), in the shards' centroid ids, or in a codebook a shard
+keeps of its own is a verify problem; a missing codebook
 group, a codebook of another build or model, or one that a shard's own
 codebook differs from, is refused by finalize and reported by verify; and on
 Gaussian states with uneven per-dimension spreads the error stays near the
-textbook values of 4- and 2-level quantizers.
+textbook values of 4- and 2-level quantizers. `dilstore info` counts a
+centroid id byte per token only where the shards store ids, a shard
+newer than centroids' version 2 is refused, and verify reports centroid ids
+beside a codebook without centroids.
 """
 
 from __future__ import annotations
@@ -19,13 +25,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook, write_codebook
-from dilstore.storage.encodings import get_encoding, train_codebook
+from dilstore.storage.encodings import check_codebook, get_encoding, train_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import fingerprint_sha256
 from dilstore.storage.format import StoreFormatError, shard_path
+from dilstore.storage.info import store_info
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import PassageRecord
 from dilstore.storage.verify import verify_store
@@ -46,36 +56,68 @@ def _records(seed: int, passages: int = 4) -> list[PassageRecord]:
     return records
 
 
+def _codebook(encoding: str, centroids: bool = True) -> dict[str, np.ndarray]:
+    """A codebook trained on other tokens than the stores' (about 1800 of them, so no stored token is a centroid);
+    without `centroids`, the codebook of a store written before centroids were added."""
+    sample = np.concatenate([record.states for record in _records(99, passages=400)])  # (N, d)
+    codebook = train_codebook(encoding, sample)
+    return codebook if centroids else {name: values for name, values in codebook.items() if name != "centroids"}
+
+
+def _hand_decoded(shard: zarr.Group, codebook: zarr.Group, bits: int) -> np.ndarray:
+    """STORE_FORMAT.md §4's decoding recipe on arrays read with zarr-python: `(T, d)` float32."""
+    codes = np.asarray(shard["states/codes"][...])  # (T, ceil(d * bits / 8)) uint8
+    assert codes.dtype == np.uint8 and codes.shape[1] == -(-DIMS * bits // 8)
+    scales = np.asarray(shard["states/scales"][...]).astype(np.float32)  # (T,) float16 on disk
+    mean, weights = np.asarray(codebook["mean"][...]), np.asarray(codebook["weights"][...])
+    buckets = np.unpackbits(codes, axis=1).reshape(len(codes), -1, bits)  # (T, 8 * width / bits, bits)
+    buckets = (buckets * (1 << np.arange(bits - 1, -1, -1))).sum(axis=2)[:, :DIMS]  # (T, d)
+    decoded = mean + scales[:, None] * weights[buckets, np.arange(DIMS)]  # (T, d)
+    if "centroids" in codebook:
+        ids = np.asarray(shard["states/centroid_ids"][...])  # (T,) uint8
+        assert ids.dtype == np.uint8 and codebook["centroids"].shape == (256, DIMS)
+        decoded += np.asarray(codebook["centroids"][...])[ids]  # (T, d)
+    else:
+        assert "states/centroid_ids" not in shard
+    return decoded
+
+
+def _build(root: Path, encoding: str, codebook: dict[str, np.ndarray]) -> list[PassageRecord]:
+    """A two-shard store of `encoding` encoded with `codebook`, kept at STORE/codebook; its records."""
+    shards = [_records(0), _records(1)]
+    write_codebook(root / CODEBOOK_DIR, encoding, codebook, (DIMS,))
+    for index, records in enumerate(shards):
+        write_shard(root, index, records, kind="dilbert", encoding=encoding, durable=False, codebook=codebook)
+    finalize(root, fingerprint_for("dilbert", encoding), {"command": "test"})
+    return [record for shard in shards for record in shard]
+
+
 @pytest.fixture(params=["2bit", "1bit"])
 def lowbit_store(request, tmp_path: Path) -> tuple[str, Path, list[PassageRecord]]:
-    """A two-shard store of one encoding with one trained codebook, also kept at STORE/codebook."""
-    encoding = request.param
-    shards = [_records(0), _records(1)]
-    every = [record for shard in shards for record in shard]
-    codebook = train_codebook(encoding, np.concatenate([record.states for record in every]))
-    write_codebook(tmp_path / CODEBOOK_DIR, encoding, codebook, (DIMS,))
-    for index, records in enumerate(shards):
-        write_shard(tmp_path, index, records, kind="dilbert", encoding=encoding, durable=False, codebook=codebook)
-    finalize(tmp_path, fingerprint_for("dilbert", encoding), {"command": "test"})
-    return encoding, tmp_path, every
+    """A two-shard store of one encoding with one trained codebook (with centroids), also kept at STORE/codebook."""
+    return request.param, tmp_path, _build(tmp_path, request.param, _codebook(request.param))
 
 
-def test_zarr_python_reads_codes_and_codebook_and_decodes_like_the_store(lowbit_store) -> None:
+@pytest.mark.parametrize("centroids", [True, False])
+def test_zarr_python_reads_codes_and_codebook_and_decodes_like_the_store(lowbit_store, centroids, tmp_path_factory
+                                                                         ) -> None:
     encoding, root, records = lowbit_store
+    if not centroids:  # a store written before centroids: its codebook and shards have none
+        root = tmp_path_factory.mktemp("old")
+        _build(root, encoding, _codebook(encoding, centroids=False))
+        assert verify_store(root).ok
     bits = int(encoding[0])
     stored = {passage.id: passage.states for passage in open_store(root).fetch([r.id for r in records])}
     codebook = zarr.open_group(root / CODEBOOK_DIR, mode="r")
+    assert ("centroids" in codebook) == centroids
+    marginal = -(-DIMS * bits // 8) + 2 + (1 if centroids else 0)  # codes, float16 scale, uint8 centroid id
+    assert store_info(root)["state_bytes_per_token_marginal"] == marginal
     for shard in range(2):
         group = zarr.open_group(root / shard_path(shard), mode="r")
-        codes = np.asarray(group["states/codes"][...])  # (T, ceil(d * bits / 8)) uint8
-        assert codes.dtype == np.uint8 and codes.shape[1] == -(-DIMS * bits // 8)
-        scales = np.asarray(group["states/scales"][...]).astype(np.float32)  # (T,) float16 on disk
         assert group.attrs["dilstore"]["codebook"] == "store"
-        assert not any(f"states/{name}" in group for name in ("mean", "cutoffs", "weights"))  # no per-shard copy
-        mean, weights = np.asarray(codebook["mean"][...]), np.asarray(codebook["weights"][...])
-        buckets = np.unpackbits(codes, axis=1).reshape(len(codes), -1, bits)  # (T, 8 * width / bits, bits)
-        buckets = (buckets * (1 << np.arange(bits - 1, -1, -1))).sum(axis=2)[:, :DIMS]  # (T, d)
-        decoded = mean + scales[:, None] * weights[buckets, np.arange(DIMS)]  # (T, d)
+        assert group.attrs["dilstore"]["format_version"] == (2 if centroids else 1)  # older dilstores refuse 2
+        assert not any(f"states/{name}" in group for name in ("mean", "cutoffs", "weights", "centroids"))  # no copy
+        decoded = _hand_decoded(group, codebook, bits)
         offsets = np.asarray(group["tokens/offsets"][...])
         ids = [r.id for r in records if r.id.startswith(f"p{shard}-")]
         for row, passage_id in enumerate(ids):
@@ -108,7 +150,10 @@ def test_verify_catches_a_damaged_store_codebook_or_shard_codebook(lowbit_store,
     write_shard(own, 0, records, kind="dilbert", encoding=encoding, durable=False)
     finalize(own, fingerprint_for("dilbert", encoding), {"command": "test"})
     assert verify_store(own).ok and not (own / CODEBOOK_DIR).exists()
-    for store, relative in ((own, f"{shard_path(0)}/states/cutoffs/c/0/0"), (root, f"{CODEBOOK_DIR}/weights/c/0/0")):
+    damaged = ((own, f"{shard_path(0)}/states/cutoffs/c/0/0"), (own, f"{shard_path(0)}/states/centroids/c/0/0"),
+               (root, f"{CODEBOOK_DIR}/weights/c/0/0"), (root, f"{CODEBOOK_DIR}/centroids/c/0/0"),
+               (root, f"{shard_path(1)}/states/centroid_ids/c/0"))
+    for store, relative in damaged:
         path = store / relative
         original = path.read_bytes()
         path.write_bytes(bytes([original[0] ^ 0x40]) + original[1:])
@@ -163,7 +208,7 @@ def _unfinalized(root: Path, generation: str, *, book_generation: str, book_mode
     [
         ("theirs", "dilbert", True, "codebook belongs to build 'theirs', the store to 'mine'"),
         ("mine", "earl-s1", True, "codebook was made by another model than the fingerprint says"),
-        ("mine", "dilbert", False, "shard-00000: its codebook copy states/mean differs from codebook/mean"),
+        ("mine", "dilbert", False, r"shard-00000: its codebook copy states/(\w+) differs from codebook/\1"),
     ],
 )
 def test_finalize_refuses_a_codebook_of_another_build_or_model_or_that_a_shard_does_not_copy(
@@ -202,3 +247,66 @@ def test_gaussian_error_is_near_the_optimal_quantizers(encoding: str, bound: flo
     decoded = spec.decode(spec.encode(states, train_codebook(encoding, states[:2000])))
     residual = states - states.mean(axis=0)
     assert np.square(decoded - states).sum() / np.square(residual).sum() < bound
+
+
+@pytest.mark.parametrize("encoding", ["2bit", "1bit"])
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_tokens_that_are_centroids_decode_exactly_and_few_tokens_still_fill_the_table(encoding: str, data) -> None:
+    """Up to 256 tokens each become a centroid (the table repeats them to its 256 rows), so they decode exactly.
+
+    Integer-valued states keep every distance exact in float32, so each token's nearest centroid is itself (or a
+    copy of it); an empty sample gives an all-zero table.
+    """
+    state_shape = data.draw(st.sampled_from([(1,), (7,), (3, 5)]))
+    tokens = data.draw(st.integers(0, 60))
+    states = data.draw(hnp.arrays(np.float32, (tokens, *state_shape), elements=st.integers(-100, 100).map(float)))
+    spec = get_encoding(encoding)
+    codebook = train_codebook(encoding, states)
+    assert codebook["centroids"].shape == (256, *state_shape)
+    if tokens == 0:
+        assert not codebook["centroids"].any()
+    encoded = spec.encode(states, codebook)
+    assert encoded["centroid_ids"].shape == (tokens, *state_shape[:-1]) and encoded["centroid_ids"].dtype == np.uint8
+    decoded = spec.decode({**spec.prepare(codebook), **{name: encoded[name] for name in
+                                                        ("codes", "scales", "centroid_ids")}})
+    np.testing.assert_array_equal(decoded, states)
+
+
+@pytest.mark.parametrize("encoding", ["2bit", "1bit"])
+def test_centroids_shrink_the_error_and_a_codebook_without_them_encodes_as_before(encoding: str) -> None:
+    """Clustered states: centroids cut the error; without them, the arrays and values are the pre-centroid ones."""
+    rng = np.random.default_rng(3)
+    centres = rng.standard_normal((40, 32)) * 4  # (40, d)
+    states = (centres[rng.integers(0, 40, 3000)] + rng.standard_normal((3000, 32))).astype(np.float32)  # (T, d)
+    spec = get_encoding(encoding)
+    codebook = train_codebook(encoding, states[:1500])
+    old = {name: values for name, values in codebook.items() if name != "centroids"}
+    new_arrays, old_arrays = spec.encode(states, codebook), spec.encode(states, old)
+    assert "centroid_ids" not in old_arrays and set(old_arrays) == {"codes", "scales", "mean", "cutoffs", "weights"}
+    residuals = (states - old["mean"]).astype(np.float32)  # the pre-centroid scheme: residual against the mean
+    np.testing.assert_array_equal(old_arrays["scales"],
+                                  np.sqrt(np.mean(np.square(residuals, dtype=np.float64), axis=1)).astype(np.float16))
+    errors = [np.square(spec.decode(arrays) - states).sum() for arrays in (new_arrays, old_arrays)]
+    assert errors[0] < 0.6 * errors[1]
+    with pytest.raises(StoreFormatError, match="holds arrays"):
+        check_codebook(spec, {**old, "extra": old["mean"]}, (32,))
+
+
+def test_a_shard_newer_than_centroids_is_refused(lowbit_store) -> None:
+    _, root, records = lowbit_store
+    attributes = root / shard_path(0) / "zarr.json"
+    metadata = json.loads(attributes.read_text())
+    metadata["attributes"]["dilstore"]["format_version"] = 3
+    attributes.write_text(json.dumps(metadata))
+    with pytest.raises(StoreFormatError, match="has format version 3, newer than 2"):
+        open_store(root).fetch([records[0].id])
+
+
+def test_verify_reports_centroid_ids_beside_a_codebook_without_centroids(tmp_path: Path) -> None:
+    _build(tmp_path, "2bit", _codebook("2bit", centroids=False))
+    group = zarr.open_group(tmp_path / shard_path(0), mode="r+")
+    tokens = group["states/scales"].shape[0]
+    group.create_array("states/centroid_ids", shape=(tokens,), dtype="uint8", fill_value=0)
+    problems = verify_store(tmp_path).problems
+    assert "shards/shard-00000: states/centroid_ids is there, but its codebook has no 'centroids'" in problems

@@ -4,8 +4,9 @@ The memory-mapped path, the zarr-python path and a compressed copy must give
 identical results; fp32 is exact, fp16 equals numpy's float16 rounding,
 int8 stays within half a quantization step of every value, and 2bit/1bit
 put every value back inside its own quantile bucket (scaled by the token's
-float16 scale), whose outer buckets end at the shard's extremes, because a
-shard written without a given codebook trains one on its own states.
+float16 scale) around the centroid the token's stored id names, whose outer
+buckets end at the shard's extremes, because a shard written without a given
+codebook trains one (centroids included) on its own states.
 """
 
 from __future__ import annotations
@@ -64,21 +65,31 @@ def ragged_store(draw: st.DrawFn) -> tuple[str, tuple[int, ...], list[list[Passa
 
 
 def _shard_arrays(root: Path, shard: int, encoding: str) -> dict[str, np.ndarray]:
-    """The per-shard arrays (scales, codebook) of an encoding, read with zarr-python."""
+    """The per-shard arrays (scales, codebook) of an encoding, read with zarr-python, plus `bases`: each token's
+    centroid `(T, *S)` from its stored `centroid_ids` (2bit/1bit; zeros without centroids)."""
     group = zarr.open_group(root / shard_path(shard), mode="r")
-    return {spec.name: np.asarray(group[f"states/{spec.name}"][...])
-            for spec in get_encoding(encoding).arrays if not spec.per_token}
+    arrays = {spec.name: np.asarray(group[f"states/{spec.name}"][...])
+              for spec in get_encoding(encoding).arrays if not spec.per_token and f"states/{spec.name}" in group}
+    if "centroids" in arrays:
+        ids = np.asarray(group["states/centroid_ids"][...])  # (T, *S[:-1]) uint8
+        tables = arrays["centroids"].reshape(256, -1, arrays["centroids"].shape[-1])  # (C, G, d)
+        flat = ids.reshape(len(ids), tables.shape[1])  # (T, G)
+        arrays["bases"] = tables[flat, np.arange(tables.shape[1])].reshape(*ids.shape, tables.shape[2])  # (T, *S)
+    return arrays
 
 
-def _residual_bound(original: np.ndarray, stored: dict[str, np.ndarray], shard_states: np.ndarray) -> np.ndarray:
+def _residual_bound(original: np.ndarray, stored: dict[str, np.ndarray], shard_states: np.ndarray,
+                    base: np.ndarray, shard_base: np.ndarray) -> np.ndarray:
     """Largest error a value may have: its token scale times the width of its bucket. `(n, *S)`.
 
-    A token vector whose residual RMS is at most 2**-25 (half float16's smallest step) gets the scale 0 and
-    decodes to the mean (STORE_FORMAT.md §4: divide by 1 where s = 0), so its error is its residual.
+    Residuals are taken after the token's centroid (`base`, `shard_base` for the shard's states). A token vector
+    whose residual RMS is at most 2**-25 (half float16's smallest step) gets the scale 0 and decodes to its centroid
+    plus the mean (STORE_FORMAT.md §4: divide by 1 where s = 0), so its error is its residual.
     """
     mean, cutoffs = stored["mean"], stored["cutoffs"]  # (*S), (K-1, *S)
     if original.size == 0:
         return np.zeros(original.shape, dtype=np.float32)
+    original, shard_states = original - base, shard_states - shard_base  # (n, *S), (T, *S)
 
     def normalized(states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         residuals = (states - mean).astype(np.float32)  # (n, *S)
@@ -93,11 +104,11 @@ def _residual_bound(original: np.ndarray, stored: dict[str, np.ndarray], shard_s
     width = np.take_along_axis(edges[1:][None], buckets[:, None], 1)[:, 0] - np.take_along_axis(
         edges[:-1][None], buckets[:, None], 1)[:, 0]  # (n, *S)
     bucket = np.where(scales > 0, scales * width, np.abs(original - mean))  # (n, *S)
-    return bucket + 1e-4 * (np.abs(original) + np.abs(mean)) + 1e-30
+    return bucket + 1e-4 * (np.abs(original) + np.abs(mean) + np.abs(base)) + 1e-30
 
 
 def _check_decoded(encoding: str, original: np.ndarray, decoded: np.ndarray, stored: dict[str, np.ndarray],
-                   shard_states: np.ndarray) -> None:
+                   shard_states: np.ndarray, start: int) -> None:
     """The decoded states are what the encoding promises for these original states."""
     assert decoded.shape == original.shape
     if encoding == "fp32":
@@ -113,7 +124,9 @@ def _check_decoded(encoding: str, original: np.ndarray, decoded: np.ndarray, sto
         assert (np.abs(decoded - original) <= 0.5 * step * (1 + 1e-5) + 1e-30).all()
     else:
         assert decoded.dtype == np.float32
-        assert (np.abs(decoded - original) <= _residual_bound(original, stored, shard_states)).all()
+        shard_base = stored.get("bases", np.zeros_like(shard_states))  # (T, *S)
+        base = shard_base[start : start + len(original)]  # (n, *S): the record's tokens start at row `start`
+        assert (np.abs(decoded - original) <= _residual_bound(original, stored, shard_states, base, shard_base)).all()
 
 
 @pytest.mark.parametrize("encoding", sorted(ENCODINGS))
@@ -137,11 +150,12 @@ def test_round_trip_every_encoding_and_read_path(encoding, data, compressor, pic
             shard, record = records[passage_id]
             stored = _shard_arrays(plain, shard, encoding)
             shard_states = np.concatenate([other.states for other in shards[shard]])
+            start = sum(len(other.states) for other in shards[shard][: [other.id for other in shards[shard]].index(record.id)])
             reference = reads["mmap"][position]
             assert (reference.id, reference.title, reference.text) == (record.id, record.title, record.text)
             np.testing.assert_array_equal(reference.token_ids, record.token_ids)
             np.testing.assert_array_equal(reference.char_spans, record.char_spans)
-            _check_decoded(encoding, record.states, reference.states, stored, shard_states)
+            _check_decoded(encoding, record.states, reference.states, stored, shard_states, start)
             for path, passages in reads.items():
                 other = passages[position]
                 assert (other.id, other.title, other.text) == (reference.id, reference.title, reference.text), path
