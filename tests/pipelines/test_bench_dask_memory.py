@@ -9,7 +9,6 @@ of memory events from worker logs, so the benchmark code cannot silently rot.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,21 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.paths import ROOT
+from tests.fixtures.benchmarks import benchmark_module
 from tests.fixtures.store_fixtures import build_store, random_shards
-
-BENCHMARKS = ROOT / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(BENCHMARKS))  # the script imports random_models from its own folder
-        spec = importlib.util.spec_from_file_location("bench_dask_memory", BENCHMARKS / "bench_dask_memory.py")
-        module = importlib.util.module_from_spec(spec)
-        patch.setitem(sys.modules, spec.name, module)  # its dataclass looks its module up while being defined
-        spec.loader.exec_module(module)
-    return module
+    """benchmarks/bench_dask_memory.py as module `bench_dask_memory`."""
+    with benchmark_module("bench_dask_memory") as module:
+        yield module
 
 
 def test_corpus_is_sized_by_state_bytes_and_every_word_is_one_token(bench, tmp_path: Path) -> None:

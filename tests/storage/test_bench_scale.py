@@ -8,8 +8,6 @@ worker processes (the same bytes), its disk check, and its report's labels.
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ from dilstore.storage.encodings import get_encoding
 from dilstore.storage.format import CODEBOOK_DIR
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
-from tests.fixtures.paths import ROOT
+from tests.fixtures.benchmarks import benchmark_module
 
 PASSAGES, PER_SHARD, SEED = 2_000, 1_000, 3
 
@@ -28,10 +26,8 @@ PASSAGES, PER_SHARD, SEED = 2_000, 1_000, 3
 @pytest.fixture(scope="module")
 def bench():
     """benchmarks/bench_scale.py as module `bench_scale`, importable by name: its --jobs workers import it."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(ROOT / "benchmarks"))
-        yield importlib.import_module("bench_scale")
-    sys.modules.pop("bench_scale", None)
+    with benchmark_module("bench_scale") as module:
+        yield module
 
 
 def _files(root: Path) -> dict[str, bytes]:

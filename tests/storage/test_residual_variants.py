@@ -9,14 +9,11 @@ never increasing a token's error.
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import numpy as np
 import pytest
 
 from dilstore.storage.encodings import get_encoding, train_residual_codebook
-from tests.fixtures.paths import ROOT
+from tests.fixtures.benchmarks import benchmark_module
 
 DIMS = 24
 
@@ -24,10 +21,8 @@ DIMS = 24
 @pytest.fixture(scope="module")
 def variants():
     """benchmarks/residual_variants.py as module `residual_variants`."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(ROOT / "benchmarks"))
-        yield importlib.import_module("residual_variants")
-    sys.modules.pop("residual_variants", None)
+    with benchmark_module("residual_variants") as module:
+        yield module
 
 
 def _states(rows: int, seed: int = 0) -> np.ndarray:
