@@ -1,0 +1,374 @@
+"""The reader recipe of issue #12 inside one bounded GPU call: the k=0 teacher, then distilled students side by side.
+
+A lent GPU machine gives one command of at most ten minutes, so this script sizes every run to end, evaluated,
+before --deadline seconds. Every run is a plain `dilstore train qa` process; the script only measures, decides
+budgets, runs them side by side on the one GPU and packs what comes back.
+
+    for layer in storage reader pipelines runners; do ln -sfn ../$layer dilstore/$layer; done  # the namespace
+    python3 benchmarks/gpu_reader_schedule.py train --carry .carry/reader --work /tmp/reader-runs --out "$OUT" \\
+        --deadline 540
+    python3 benchmarks/gpu_reader_schedule.py export NAME --work /tmp/reader-runs --out "$OUT"   # a later call
+    .venv/bin/python benchmarks/gpu_reader_schedule.py join OUT_DIR NAME --into DIR               # back here
+
+`train`, in order:
+1. calibrate: three short runs side by side (k=0; k=4 distilled; k=4 distilled with shared normalisation), each
+   --train-limit questions plus a seeded 500-question dev evaluation: examples/s and questions/s per process.
+2. teacher: k=0 from the carried reader (teacher-k0), on the full training set.
+3. students: k=1..5 from the teacher and distilled from it, plus k=4 with shared normalisation over BM25
+   negatives (triples of `dilstore train ranking-data`), side by side, each evaluated on the full dev set.
+   One fraction f of the 2-epoch budget (plan_fraction) holds for the teacher and every student, so the k-sweep
+   is trained the same way; when f would be under --min-fraction, only --priority-students (k=4, 5) train.
+   A run still training at the hard stop is ended (its record says so).
+4. export: the better k=4 run (shared normalisation unless it is more than --prefer-margin F1 below the plain one)
+   as fp16 weights in pieces under 16 MiB with their SHA-256, a tar of its small files, and every run's record in
+   results.tgz (the machine returns at most 8 files).
+
+The carried folder (git-ignored, prepared here): teacher-k0/ (an fp16 k=0 reader), train-v1.1.json.xz,
+dev-v1.1.json.xz, shared-norm/triples.jsonl.gz and shared-norm/paragraphs.jsonl.gz. The GPU machine has torch,
+transformers and setuptools but no zarr, Beam or pyserini; `train qa` and `evaluate-rc` need none of them. The
+links above put the layer folders where `python3 -m dilstore` finds them from the checkout's root, with
+nothing installed (a namespace built elsewhere on PYTHONPATH is shadowed by the checkout's own `dilstore/`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import lzma
+import math
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EPOCHS = 2
+BATCH = 32  # windows per step; a shared-normalisation step takes BATCH // GROUP groups
+GROUP = 4  # the answer window and 3 negative paragraphs' first windows
+LEARNING_RATE = "1e-4"
+TEACHER_LEARNING_RATE = "5e-5"  # the teacher starts from a trained k=0 reader
+DEV_QUESTIONS = 10570
+PIECE_BYTES = 15 * 2**20
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-process rates measured with three runs side by side on the one GPU."""
+
+    plain: float  # training examples/s, k=0
+    distilled: float  # training examples/s, k=4 with a teacher
+    shared_norm: float  # training groups/s, k=4 distilled, shared normalisation
+    eval_questions: float  # dev questions/s of one evaluation
+    overhead: float  # seconds a run spends loading, building windows and saving
+
+
+def plan_fraction(cal: Calibration, seconds: float, examples: int, students: int) -> float:
+    """The share f (at most 1) of the 2-epoch budget that the teacher and then all students fit into `seconds`.
+
+    The teacher runs alone and is assumed to get two thirds of the three-process aggregate; the students
+    (`students` plain-distilled runs and one shared-normalisation run) share the GPU, whose aggregate is three
+    times each calibrated per-process rate. Each phase also pays one overhead and the students their evaluation.
+    """
+    budget = EPOCHS * examples
+    teacher = budget / (2 * cal.plain)  # its evaluation runs beside the students
+    side_by_side = budget * (students / (3 * cal.distilled) + 1 / (3 * cal.shared_norm))
+    evaluation = DEV_QUESTIONS / (cal.eval_questions * 3 / (students + 2))
+    spare = seconds - 2 * cal.overhead - evaluation
+    return max(0.0, min(1.0, spare / (teacher + side_by_side)))
+
+
+def steps_for(fraction: float, examples: int, per_step: int) -> int:
+    """Optimizer steps that cover `fraction` of EPOCHS passes over `examples` at `per_step` examples a step."""
+    return max(1, math.ceil(fraction * EPOCHS * examples / per_step))
+
+
+class Schedule:
+    """Launches `dilstore` processes under one clock and collects their records."""
+
+    def __init__(self, carry: Path, work: Path, deadline: float, device: str, smoke: list[str]) -> None:
+        self.carry, self.work, self.start, self.deadline = carry, work, time.monotonic(), deadline
+        self.device, self.smoke = device, smoke
+        self.data = work / "data"
+        self.data.mkdir(parents=True, exist_ok=True)
+        for name in ("train-v1.1.json", "dev-v1.1.json"):
+            with lzma.open(carry / f"{name}.xz", "rb") as source, (self.data / name).open("wb") as target:
+                shutil.copyfileobj(source, target)
+        self.events: list[dict[str, Any]] = []
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def note(self, **event: Any) -> None:
+        event["t"] = round(self.elapsed(), 1)
+        self.events.append(event)
+        print(json.dumps(event), flush=True)
+
+    def launch(self, name: str, k: int, model: Path, extra: list[str], evaluate: bool = True) -> subprocess.Popen[bytes]:
+        """Start `train qa` for run `name` (output WORK/name, log WORK/name.log), evaluating on dev after it."""
+        dev = ["--dev", str(self.data / "dev-v1.1.json")] if evaluate else []
+        command = [
+            sys.executable, "-m", "dilstore", "train", "qa", "--layers", str(k), "--model", str(model),
+            "--train", str(self.data / "train-v1.1.json"), *dev,
+            "--output", str(self.work / name), "--device", self.device, "--threads", "2", "--log-every", "100",
+            "--save-every-minutes", "1", "--keep-checkpoints", "1", "--warmup-ratio", "0.1", "--no-progress",
+            "--json", *extra,
+        ]  # fmt: skip
+        if "--train-limit" not in extra:
+            command += self.smoke
+        self.note(event="launch", run=name, command=command[2:])
+        log = (self.work / f"{name}.log").open("wb")
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def evaluate(self, name: str) -> subprocess.Popen[bytes]:
+        """Start `evaluate-rc` of run `name`'s model on the dev set; its JSON becomes WORK/name/eval-dev.json."""
+        command = [
+            sys.executable, "-m", "dilstore", "evaluate-rc", "--model", str(self.work / name),
+            "--data", str(self.data / "dev-v1.1.json"), "--device", self.device, "--threads", "2", "--json",
+            *(["--limit", self.smoke[-1]] if self.smoke else []),
+        ]  # fmt: skip
+        self.note(event="launch", run=f"{name}-eval", command=command[2:])
+        result = (self.work / name / "eval-dev.json").open("wb")
+        return subprocess.Popen(command, stdout=result, stderr=(self.work / f"{name}-eval.log").open("wb"))
+
+    def wait(self, runs: dict[str, subprocess.Popen[bytes]], stop_at: float) -> None:
+        """Wait for `runs`; any still going at `stop_at` seconds is ended and noted."""
+        while any(process.poll() is None for process in runs.values()) and self.elapsed() < stop_at:
+            time.sleep(2)
+        for name, process in runs.items():
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=30)
+                self.note(event="stopped", run=name, reason="hard stop")
+            else:
+                self.note(event="finished", run=name, returncode=process.returncode)
+
+    def record(self, name: str) -> dict[str, Any]:
+        """The run's training record and evaluation, as far as they exist."""
+        found: dict[str, Any] = {"run": name}
+        for key, file in (("training", "dilstore_training.json"), ("eval", "eval-dev.json")):
+            path = self.work / name / file
+            try:
+                found[key] = json.loads(path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                continue
+            except ValueError:
+                found[key] = {"unreadable": path.read_text(encoding="utf-8", errors="replace")[-2000:]}
+        return found
+
+
+def calibrate(schedule: Schedule, teacher: Path, triples: Path, limit: int) -> Calibration:
+    """Three short runs side by side; their records give the per-process rates."""
+    common = ["--train-limit", str(limit), "--epochs", "1", "--eval-limit", "500", "--learning-rate", LEARNING_RATE]
+    runs = {
+        "cal-k0": schedule.launch("cal-k0", 0, teacher, [*common, "--batch-size", str(BATCH)]),
+        "cal-k4": schedule.launch(
+            "cal-k4", 4, teacher, [*common, "--batch-size", str(BATCH), "--teacher", str(teacher)]
+        ),
+        "cal-k4-sn": schedule.launch(
+            "cal-k4-sn", 4, teacher,
+            [*common, "--batch-size", str(BATCH // GROUP), "--teacher", str(teacher), "--shared-norm", str(triples)],
+        ),  # fmt: skip
+    }
+    launched = schedule.elapsed()
+    schedule.wait(runs, stop_at=schedule.deadline * 0.4)
+    wall = schedule.elapsed() - launched
+    records = {name: schedule.record(name) for name in runs}
+    for name, record in records.items():
+        if dev_f1(record) is None:
+            raise SystemExit(f"calibration run {name} failed: see {schedule.work / name}.log")
+
+    def rate(name: str) -> float:
+        training = records[name]["training"]
+        return training["features_seen"] / training["train_seconds"]
+
+    evaluation = records["cal-k0"]["eval"]
+    training_seconds = records["cal-k0"]["training"]["train_seconds"]
+    cal = Calibration(
+        plain=rate("cal-k0"),
+        distilled=rate("cal-k4"),
+        shared_norm=rate("cal-k4-sn"),
+        eval_questions=evaluation["questions"] / evaluation["seconds"],
+        overhead=max(10.0, wall - training_seconds - evaluation["seconds"]),
+    )
+    schedule.note(event="calibration", **vars(cal))
+    return cal
+
+
+def train(args: argparse.Namespace) -> int:
+    """Steps 1 to 4 of the module docstring."""
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    smoke = [] if args.smoke is None else ["--train-limit", str(args.smoke), "--eval-limit", str(args.smoke)]
+    schedule = Schedule(args.carry, args.work, args.deadline, args.device, smoke)
+    try:
+        run_schedule(schedule, args)
+    finally:
+        write_results(schedule, args.out)
+    return 0
+
+
+def run_schedule(schedule: Schedule, args: argparse.Namespace) -> None:
+    carried_teacher = args.carry / "teacher-k0"
+    triples = args.carry / "shared-norm" / "triples.jsonl.gz"
+    cal = calibrate(schedule, carried_teacher, triples, args.calibration_limit)
+    examples = args.train_examples
+    remaining = args.deadline - schedule.elapsed() - args.export_reserve
+    student_ks = args.students
+    fraction = plan_fraction(cal, remaining, examples, students=len(student_ks))
+    if fraction < args.min_fraction:
+        student_ks = args.priority_students
+        fraction = plan_fraction(cal, remaining, examples, students=len(student_ks))
+    schedule.note(event="plan", fraction=fraction, seconds=remaining, students=student_ks)
+    plain_steps = str(steps_for(fraction, examples, BATCH))
+    teacher_run = {
+        "k0": schedule.launch(
+            "k0", 0, carried_teacher,
+            ["--max-steps", plain_steps, "--batch-size", str(BATCH), "--learning-rate", TEACHER_LEARNING_RATE],
+            evaluate=False,
+        )  # fmt: skip
+    }
+    schedule.wait(teacher_run, stop_at=args.deadline * 0.6)
+    teacher = args.work / "k0"
+    runs: dict[str, subprocess.Popen[bytes]] = {}
+    if (teacher / "model.safetensors").is_file():
+        runs["k0-eval"] = schedule.evaluate("k0")
+    else:
+        schedule.note(event="teacher missing", fallback=str(carried_teacher))
+        teacher = carried_teacher
+    distil = ["--teacher", str(teacher), "--learning-rate", LEARNING_RATE]
+    for k in student_ks:
+        runs[f"k{k}"] = schedule.launch(
+            f"k{k}", k, teacher, [*distil, "--max-steps", plain_steps, "--batch-size", str(BATCH)]
+        )
+    shared_norm_steps = str(steps_for(fraction, examples, BATCH // GROUP))
+    runs["k4-sn"] = schedule.launch(
+        "k4-sn", 4, teacher,
+        [*distil, "--max-steps", shared_norm_steps, "--batch-size", str(BATCH // GROUP), "--shared-norm", str(triples)],
+    )  # fmt: skip
+    schedule.wait(runs, stop_at=args.deadline - args.export_reserve)
+    chosen = choose_default(schedule.record("k4"), schedule.record("k4-sn"), args.prefer_margin)
+    schedule.note(event="chosen", run=chosen)
+    if chosen is not None:
+        export(args.work, chosen, args.out)
+
+
+def dev_f1(record: dict[str, Any]) -> float | None:
+    """The run's dev F1, or None when it has no readable evaluation."""
+    return record.get("eval", {}).get("f1")
+
+
+def choose_default(plain: dict[str, Any], shared_norm: dict[str, Any], margin: float) -> str | None:
+    """The k=4 run to export: shared normalisation unless its dev F1 is more than `margin` below the plain run's."""
+    plain_f1, shared_f1 = dev_f1(plain), dev_f1(shared_norm)
+    if shared_f1 is None:
+        return None if plain_f1 is None else plain["run"]
+    return shared_norm["run"] if plain_f1 is None or shared_f1 >= plain_f1 - margin else plain["run"]
+
+
+def export(work: Path, name: str, out: Path) -> None:
+    """Run `name`'s model as fp16 weight pieces (NAME.safetensors.part-NN) and NAME.tar with its small files."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    run = work / name
+    tensors = {
+        key: (tensor.to(torch.float16) if tensor.is_floating_point() else tensor).contiguous()
+        for key, tensor in load_file(run / "model.safetensors").items()
+    }
+    weights = work / f"{name}.fp16.safetensors"
+    save_file(tensors, weights, metadata={"format": "pt"})
+    data = weights.read_bytes()
+    for index in range(0, len(data), PIECE_BYTES):
+        (out / f"{name}.safetensors.part-{index // PIECE_BYTES:02d}").write_bytes(data[index : index + PIECE_BYTES])
+    with tarfile.open(out / f"{name}.tar", "w") as archive:
+        for path in sorted(run.iterdir()):
+            if path.is_file() and path.suffix != ".safetensors":
+                archive.add(path, arcname=path.name)
+        manifest = work / f"{name}.weights.sha256"
+        manifest.write_text(f"{hashlib.sha256(data).hexdigest()}  model.safetensors\n", encoding="utf-8")
+        archive.add(manifest, arcname="weights.sha256")
+
+
+def write_results(schedule: Schedule, out: Path) -> None:
+    """Every run's record and log, the events and the machine, in OUT/results.tgz."""
+    records = [schedule.record(path.name) for path in sorted(schedule.work.iterdir()) if (path / "run_config.json").is_file()]
+    (schedule.work / "results.json").write_text(
+        json.dumps({"machine": machine(), "events": schedule.events, "runs": records}, indent=1), encoding="utf-8"
+    )
+    with tarfile.open(out / "results.tgz", "w:gz") as archive:
+        archive.add(schedule.work / "results.json", arcname="results.json")
+        for log in sorted(schedule.work.glob("*.log")):  # the runs' logs and their evaluations' stderr
+            archive.add(log, arcname=log.name)
+
+
+def machine() -> dict[str, str]:
+    """The GPU and the library versions the runs used."""
+    import torch
+    import transformers
+
+    return {
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+    }
+
+
+def join(args: argparse.Namespace) -> int:
+    """Back here: NAME.tar and the weight pieces in OUT_DIR become a checkpoint folder, its SHA-256 checked."""
+    args.into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(args.out_dir / f"{args.name}.tar") as archive:
+        archive.extractall(args.into, filter="data")
+    pieces = sorted(args.out_dir.glob(f"{args.name}.safetensors.part-*"))
+    data = b"".join(piece.read_bytes() for piece in pieces)
+    expected = (args.into / "weights.sha256").read_text(encoding="utf-8").split()[0]
+    if hashlib.sha256(data).hexdigest() != expected:
+        print(f"{args.name}: the joined weights do not match weights.sha256 ({len(pieces)} pieces)", file=sys.stderr)
+        return 1
+    (args.into / "model.safetensors").write_bytes(data)
+    (args.into / "weights.sha256").unlink()
+    print(f"{args.into}: {len(data)} bytes of weights from {len(pieces)} pieces, SHA-256 checked")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("train", help="calibrate, teacher, students, export (steps 1-4)")
+    run.add_argument("--carry", type=Path, default=Path(".carry/reader"))
+    run.add_argument("--work", type=Path, default=Path("/tmp/reader-runs"))
+    run.add_argument("--out", type=Path, required=True)
+    run.add_argument("--deadline", type=float, default=540.0, help="seconds from start to the end of the export")
+    run.add_argument("--export-reserve", type=float, default=40.0, help="seconds kept for the export")
+    run.add_argument("--calibration-limit", type=int, default=3000, help="training questions per calibration run")
+    run.add_argument("--train-examples", type=int, default=88641, help="training windows of SQuAD v1.1 train")
+    run.add_argument("--device", default="cuda", help="cpu for a smoke test of the script itself")
+    run.add_argument("--smoke", type=int, metavar="N", help="a smoke test of the script: N training and dev questions")
+    run.add_argument("--students", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    run.add_argument(
+        "--min-fraction", type=float, default=0.5,
+        help="below this share of the 2-epoch budget, train only --priority-students (default 0.5)",
+    )  # fmt: skip
+    run.add_argument("--priority-students", type=int, nargs="+", default=[4, 5])
+    run.add_argument("--prefer-margin", type=float, default=0.5)
+    run.set_defaults(run=train)
+    again = commands.add_parser("export", help="export another run of a finished schedule (same machine)")
+    again.add_argument("name")
+    again.add_argument("--work", type=Path, default=Path("/tmp/reader-runs"))
+    again.add_argument("--out", type=Path, required=True)
+    again.set_defaults(run=lambda args: export(args.work, args.name, args.out) or 0)
+    back = commands.add_parser("join", help="here: put an exported run back together")
+    back.add_argument("out_dir", type=Path)
+    back.add_argument("name")
+    back.add_argument("--into", type=Path, required=True)
+    back.set_defaults(run=join)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

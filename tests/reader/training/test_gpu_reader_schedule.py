@@ -1,0 +1,129 @@
+"""benchmarks/gpu_reader_schedule.py: the budget it plans, the run it exports, and the weights it joins back.
+
+The schedule itself needs a GPU and the whole SQuAD file; these tests hold its pure parts: the share of
+the 2-epoch budget grows with the time given and never passes 1, steps cover that share, the k=4 run is
+chosen by dev F1 with the stated preference, and an exported run joins back byte for byte (a corrupted
+piece is refused).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
+
+from tests.fixtures.benchmarks import benchmark_module
+
+
+@pytest.fixture(scope="module")
+def schedule():
+    """benchmarks/gpu_reader_schedule.py as module `gpu_reader_schedule`."""
+    with benchmark_module("gpu_reader_schedule") as module:
+        yield module
+
+
+def _calibration(schedule, **rates: float):
+    values = {"plain": 900.0, "distilled": 500.0, "shared_norm": 150.0, "eval_questions": 800.0, "overhead": 30.0}
+    return schedule.Calibration(**{**values, **rates})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seconds=st.floats(0, 5000),
+    more=st.floats(1, 5000),
+    students=st.integers(1, 6),
+    plain=st.floats(10, 5000),
+    distilled=st.floats(10, 5000),
+    shared=st.floats(5, 2000),
+)
+def test_plan_fraction_is_a_share_that_grows_with_time(schedule, seconds, more, students, plain, distilled, shared):
+    cal = _calibration(schedule, plain=plain, distilled=distilled, shared_norm=shared)
+    fraction = schedule.plan_fraction(cal, seconds, 88641, students)
+    later = schedule.plan_fraction(cal, seconds + more, 88641, students)
+    assert 0.0 <= fraction <= later <= 1.0
+
+
+def test_plan_fraction_fits_the_time_it_was_given(schedule):
+    cal = _calibration(schedule)
+    fraction = schedule.plan_fraction(cal, 400.0, 88641, students=2)
+    assert 0 < fraction < 1
+    budget = fraction * 2 * 88641
+    planned = (
+        budget / (2 * cal.plain)
+        + budget * (2 / (3 * cal.distilled) + 1 / (3 * cal.shared_norm))
+        + 2 * cal.overhead
+        + 10570 / (cal.eval_questions * 3 / 4)
+    )
+    assert planned == pytest.approx(400.0)
+    assert schedule.plan_fraction(cal, 1e6, 88641, students=2) == 1.0
+    assert schedule.plan_fraction(cal, 10.0, 88641, students=2) == 0.0
+
+
+def test_steps_cover_the_share_of_two_epochs(schedule):
+    assert schedule.steps_for(1.0, 88641, 32) == 5541  # ceil(2 * 88641 / 32)
+    assert schedule.steps_for(0.5, 1000, 8) == 125
+    assert schedule.steps_for(0.0, 1000, 8) == 1
+
+
+def test_choose_default_prefers_shared_normalisation_within_the_margin(schedule):
+    def run(name: str, f1: float | None) -> dict:
+        return {"run": name} if f1 is None else {"run": name, "eval": {"f1": f1}}
+
+    assert schedule.choose_default(run("k4", 60.0), run("k4-sn", 59.6), 0.5) == "k4-sn"
+    assert schedule.choose_default(run("k4", 60.0), run("k4-sn", 59.4), 0.5) == "k4"
+    assert schedule.choose_default(run("k4", None), run("k4-sn", 30.0), 0.5) == "k4-sn"
+    assert schedule.choose_default(run("k4", 50.0), run("k4-sn", None), 0.5) == "k4"
+    assert schedule.choose_default(run("k4", None), run("k4-sn", None), 0.5) is None
+    unreadable = {"run": "k4-sn", "eval": {"unreadable": "Traceback ..."}}
+    assert schedule.choose_default(run("k4", 50.0), unreadable, 0.5) == "k4"
+
+
+def _run_folder(work: Path, name: str) -> dict[str, torch.Tensor]:
+    run = work / name
+    run.mkdir(parents=True)
+    tensors = {"weight": torch.randn(700, 900), "ids": torch.arange(5)}  # fp32 weights of ~2.5 MB
+    save_file(tensors, run / "model.safetensors")
+    (run / "config.json").write_text(json.dumps({"hidden_size": 900}), encoding="utf-8")
+    (run / "eval-dev.json").write_text(json.dumps({"f1": 61.0}), encoding="utf-8")
+    return tensors
+
+
+def test_export_then_join_gives_the_fp16_weights_back(schedule, tmp_path, monkeypatch):
+    monkeypatch.setattr(schedule, "PIECE_BYTES", 2**20)
+    tensors = _run_folder(tmp_path / "work", "k4-sn")
+    out = tmp_path / "out"
+    out.mkdir()
+    schedule.export(tmp_path / "work", "k4-sn", out)
+    pieces = sorted(out.glob("k4-sn.safetensors.part-*"))
+    assert len(pieces) == 2 and all(piece.stat().st_size <= 2**20 for piece in pieces)
+
+    into = tmp_path / "joined"
+    assert schedule.main(["join", str(out), "k4-sn", "--into", str(into)]) == 0
+    joined = load_file(into / "model.safetensors")
+    assert joined["weight"].dtype == torch.float16
+    assert torch.equal(joined["weight"], tensors["weight"].half())
+    assert torch.equal(joined["ids"], tensors["ids"])
+    assert json.loads((into / "eval-dev.json").read_text(encoding="utf-8")) == {"f1": 61.0}
+    assert not (into / "weights.sha256").exists()
+
+
+def test_join_refuses_a_corrupted_piece(schedule, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(schedule, "PIECE_BYTES", 2**20)
+    _run_folder(tmp_path / "work", "k4")
+    out = tmp_path / "out"
+    out.mkdir()
+    schedule.export(tmp_path / "work", "k4", out)
+    piece = out / "k4.safetensors.part-01"
+    data = bytearray(piece.read_bytes())
+    data[100] ^= 0xFF
+    piece.write_bytes(bytes(data))
+
+    into = tmp_path / "joined"
+    assert schedule.main(["join", str(out), "k4", "--into", str(into)]) == 1
+    assert "do not match weights.sha256" in capsys.readouterr().err
+    assert not (into / "model.safetensors").exists()
