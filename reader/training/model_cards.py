@@ -216,7 +216,7 @@ def render_model_card(
         "## Training",
         f"- Command: `{training['command']}`",
         f"- Optimizer steps: {training['steps']} of a {training.get('total_steps')}-step schedule;"
-        f" training windows seen: {training['features_seen']}{_per_epoch(training)}.",
+        f" training {_seen(training)}{_per_epoch(training)}.",
         f"- Budget: {_budget(training)}",
         f"- Batch {config['batch_size']} x accumulation {config['gradient_accumulation']},"
         f" learning rate {config['learning_rate']}, warm-up {config['warmup_ratio']:.0%},"
@@ -243,8 +243,26 @@ def _budget(training: Mapping[str, Any]) -> str:
     if training.get("train_features"):
         epochs = training["features_seen"] / training["train_features"]
         kind = "full" if epochs >= 2 else "REDUCED"
-        return f"{kind}: {epochs:.2f} epochs of training windows; {seed_budget}."
+        unit = "windows" if _windows_per_example(training) == 1 else "question groups"
+        return f"{kind}: {epochs:.2f} epochs of training {unit}; {seed_budget}."
     return f"{training['features_seen']} windows (per-epoch count not recorded); {seed_budget}."
+
+
+def _windows_per_example(training: Mapping[str, Any]) -> int:
+    """Windows per training example: 1, or 1 + negatives for a shared-normalisation question group."""
+    return int(training.get("windows_per_example") or 1)
+
+
+def _seen(training: Mapping[str, Any]) -> str:
+    """ "windows seen: N", or with shared normalisation the question groups seen and the windows in them."""
+    per_example = _windows_per_example(training)
+    if per_example == 1:
+        return f"windows seen: {training['features_seen']}"
+    windows = training["features_seen"] * per_example
+    return (
+        f"question groups seen: {training['features_seen']} (shared normalisation, {per_example} windows each: "
+        f"{windows} windows)"
+    )
 
 
 def _per_epoch(training: Mapping[str, Any]) -> str:

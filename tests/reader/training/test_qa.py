@@ -360,3 +360,30 @@ def test_model_card_states_whether_targets_were_met(k: int, f1: float, baseline:
     card = render_model_card(training, evaluation, hardware="CPU", baseline_f1=baseline)
     assert expected in card
     assert "REDUCED: 0.10 epochs" in card
+
+
+@pytest.mark.parametrize(
+    ("windows_per_example", "seen", "budget"),
+    [
+        (1, "training windows seen: 160 (of 1600 per epoch", "REDUCED: 0.10 epochs of training windows"),
+        (
+            4,
+            "training question groups seen: 160 (shared normalisation, 4 windows each: 640 windows) (of 1600 per epoch",
+            "REDUCED: 0.10 epochs of training question groups",
+        ),
+    ],
+)
+def test_model_card_counts_shared_normalisation_groups_and_their_windows(
+    windows_per_example: int, seen: str, budget: str
+) -> None:
+    training = {
+        "layers": 4, "num_layers": 6, "train_file": "train.json", "base_model": "minilm", "command": "dilstore train qa",
+        "steps": 20, "total_steps": 20, "features_seen": 160, "train_features": 1600, "train_questions": 1600,
+        "windows_per_example": windows_per_example, "train_seconds": 60.0,
+        "config": {"batch_size": 8, "gradient_accumulation": 1, "learning_rate": 5e-5, "warmup_ratio": 0.06,
+                   "max_seq_length": 384, "doc_stride": 128, "seed": 42},
+    }  # fmt: skip
+    evaluation = {"questions": 10570, "em": 51.6, "f1": 63.9, "k": 4, "seconds": 230.0}
+    card = render_model_card(training, evaluation, hardware="GPU", baseline_f1=76.7)
+    assert seen in card
+    assert budget in card
