@@ -127,6 +127,11 @@ class Encoding:
         present = set(codebook)
         return tuple(spec for spec in self.arrays if spec.requires is None or spec.requires in present)
 
+    def optional_codebook(self) -> tuple[str, ...]:
+        """The codebook arrays that some codebooks lack (an array `requires` one): what a reader looks for
+        to choose the layout, in the store's codebook or in a shard's own."""
+        return tuple(dict.fromkeys(spec.requires for spec in self.arrays if spec.requires is not None))
+
     def codebook_layout(self, codebook: Collection[str]) -> tuple[str, ...]:
         """The names of the codebook arrays a codebook holding `codebook` must hold (see `layout`)."""
         stored = {spec.name for spec in self.layout(codebook)}

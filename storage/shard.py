@@ -24,7 +24,7 @@ from dilstore.storage.arrays import offsets_are_valid
 from dilstore.storage.encodings import Encoding, get_encoding
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
-    CENTROIDS_SHARD_VERSION,
+    SHARD_FORMAT_VERSION,
     CHAR_SPANS,
     FORMAT_NAME,
     ID_BYTES,
@@ -72,9 +72,9 @@ class ShardAttributes:
         data = group.attrs.asdict().get(ATTRIBUTES_KEY)
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME or data.get("node") != "shard":
             raise StoreFormatError(f"{where} is not a dilstore shard (no '{ATTRIBUTES_KEY}' shard attributes)")
-        if data.get("format_version", CENTROIDS_SHARD_VERSION + 1) > CENTROIDS_SHARD_VERSION:
+        if data.get("format_version", SHARD_FORMAT_VERSION + 1) > SHARD_FORMAT_VERSION:
             raise StoreFormatError(
-                f"{where} has format version {data.get('format_version')}, newer than {CENTROIDS_SHARD_VERSION}")
+                f"{where} has format version {data.get('format_version')}, newer than {SHARD_FORMAT_VERSION}")
         try:
             attributes = cls(
                 shard=int(data["shard"]),
@@ -289,11 +289,9 @@ class ShardReader:
         A 2bit/1bit codebook without `centroids` (written before them) means a
         shard without `centroid_ids`, decoded as before.
         """
-        optional = list(dict.fromkeys(spec.requires for spec in self.encoding.arrays if spec.requires is not None))
+        optional = self.encoding.optional_codebook()
         if store_codebook is not None:
             return set(optional) & set(store_codebook())
-        if not optional:
-            return set()
         found = _open_arrays(group, [states_array(name) for name in optional])
         return {name for name in optional if found[states_array(name)] is not None}
 

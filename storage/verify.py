@@ -100,8 +100,12 @@ def verify_store(path_or_url: str | Path, storage_options: dict[str, Any] | None
     _check_manifest(manifest, report)
     _check_files(location, manifest, report)
     shard_rows: dict[int, tuple[list[str], np.ndarray]] = {}
+    store_codebook = _store_codebook_names(location)
     for entry in manifest.shards:
-        rows = _guarded(report, f"shard {entry.name}", lambda entry=entry: _check_shard(location, manifest, entry, report))
+        rows = _guarded(
+            report, f"shard {entry.name}",
+            lambda entry=entry: _check_shard(location, manifest, entry, store_codebook, report),
+        )  # fmt: skip
         if rows is not None:
             shard_rows[entry.index] = rows
     _guarded(report, "id index", lambda: _check_index(location, manifest, shard_rows, report))
@@ -109,6 +113,15 @@ def verify_store(path_or_url: str | Path, storage_options: dict[str, Any] | None
     _guarded(report, CODEBOOK_DIR, lambda: report.problems.extend(store_codebook_problems(
         location, shard_paths, manifest.encoding, manifest.generation, manifest.fingerprint)))  # fmt: skip
     return report
+
+
+def _store_codebook_names(location: StoreLocation) -> set[str]:
+    """The arrays in the store's codebook/, read once per store (none when it is missing or unreadable:
+    store_codebook_problems reports that)."""
+    try:
+        return set(location.open_group(CODEBOOK_DIR).array_keys())
+    except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError):
+        return set()
 
 
 def _guarded(report: VerifyReport, what: str, check: Callable[[], Any]) -> Any:
@@ -231,10 +244,11 @@ def _strings(group: zarr.Group, data_name: str, offsets_name: str, passages: int
 
 
 def _check_shard(
-    location: StoreLocation, manifest: Manifest, entry: ShardEntry, report: VerifyReport
+    location: StoreLocation, manifest: Manifest, entry: ShardEntry, store_codebook: set[str], report: VerifyReport
 ) -> tuple[list[str], np.ndarray] | None:
     """Check one shard's attributes, arrays, offsets, strings, spans and encoded values; return its ids and the
-    tokens of each row `(n,)` (None when they cannot be read)."""
+    tokens of each row `(n,)` (None when they cannot be read). `store_codebook` names the arrays in the store's
+    codebook/ (_store_codebook_names)."""
     relative = entry.directory
     where = relative
     group = location.open_group(relative)
@@ -272,7 +286,9 @@ def _check_shard(
         np.asarray(token_ids[...])  # reading decodes every chunk: damage surfaces here
     encoding = get_encoding(attributes.encoding)
     in_store = set(encoding.codebook) if attributes.codebook_in_store else set()  # checked in codebook/ instead
-    held = _codebook_held(location, group, encoding, attributes.codebook_in_store)
+    optional = encoding.optional_codebook()
+    present = store_codebook if attributes.codebook_in_store else {n for n in optional if states_array(n) in group}
+    held = set(optional) & present
     _check_encoded(group, encoding, state_shape, tokens, where, report, held, skip=in_store)
     if attributes.vector_size is not None:
         vectors = _array(group, VECTORS, "float32", (n, attributes.vector_size), where, report)
@@ -289,23 +305,6 @@ def _check_spans(spans: np.ndarray, token_offsets: np.ndarray, texts: list[str],
     bad = np.flatnonzero(~(special | inside))
     if bad.size:
         _problem(report, where, f"{bad.size} char spans lie outside their passage text (first at token {bad[0]})")
-
-
-def _codebook_held(location: StoreLocation, group: zarr.Group, encoding: Encoding, in_store: bool) -> set[str]:
-    """The optional codebook arrays (Encoding.layout) of the codebook a shard decodes with: the store's or its own.
-
-    A missing store codebook holds none here; store_codebook_problems reports it.
-    """
-    optional = {spec.requires for spec in encoding.arrays if spec.requires is not None}
-    if not optional:
-        return set()
-    if not in_store:
-        return {name for name in optional if states_array(name) in group}
-    try:
-        codebook = location.open_group(CODEBOOK_DIR)
-    except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError):
-        return set()
-    return {name for name in optional if name in codebook}
 
 
 def _check_encoded(group: zarr.Group, encoding: Encoding, state_shape: tuple[int, ...], tokens: int, where: str,

@@ -36,6 +36,7 @@ from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import fingerprint_sha256
 from dilstore.storage.format import StoreFormatError, shard_path
 from dilstore.storage.info import store_info
+from dilstore.storage.location import StoreLocation
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import PassageRecord
 from dilstore.storage.verify import verify_store
@@ -310,3 +311,20 @@ def test_verify_reports_centroid_ids_beside_a_codebook_without_centroids(tmp_pat
     group.create_array("states/centroid_ids", shape=(tokens,), dtype="uint8", fill_value=0)
     problems = verify_store(tmp_path).problems
     assert "shards/shard-00000: states/centroid_ids is there, but its codebook has no 'centroids'" in problems
+
+
+def test_verify_opens_the_store_codebook_once_for_all_shards(lowbit_store, monkeypatch) -> None:
+    """Which layout each shard has is decided from the store's codebook/ read once, not once per shard."""
+    _, root, _ = lowbit_store
+    opened: list[str] = []
+    original = StoreLocation.open_group
+
+    def counting(self, relative: str = "", *args, **kwargs):
+        opened.append(relative)
+        return original(self, relative, *args, **kwargs)
+
+    monkeypatch.setattr(StoreLocation, "open_group", counting)
+    assert verify_store(root).ok
+    shards = [relative for relative in opened if relative.startswith("shards/")]
+    assert len(set(shards)) == 2  # both shards were checked
+    assert opened.count(CODEBOOK_DIR) <= 2  # the layout once, store_codebook_problems once: not per shard
