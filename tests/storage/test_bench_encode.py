@@ -1,0 +1,63 @@
+"""benchmarks/bench_encode.py: it reads a store's first states exactly and times every encoding's encoder.
+
+The timings themselves are the benchmark's output; here the states it encodes are the store's own
+(in the order of shards and rows, cut at --tokens), a store with too few tokens is a clear error,
+and every encoding gives a positive time per token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dilstore.storage.finalize import finalize
+from dilstore.storage.records import PassageRecord
+from dilstore.storage.writer import write_shard
+from tests.fixtures.benchmarks import benchmark_module
+from tests.fixtures.store_fixtures import fingerprint_for
+
+DIMS = 16
+
+
+@pytest.fixture(scope="module")
+def bench_encode():
+    """benchmarks/bench_encode.py as module `bench_encode`."""
+    with benchmark_module("bench_encode") as module:
+        yield module
+
+
+def _store(root: Path) -> np.ndarray:
+    """A two-shard fp32 store of random states; all its token states in shard and row order."""
+    rng = np.random.default_rng(5)
+    everything = []
+    for shard in range(2):
+        records = []
+        for row in range(40):
+            n = int(rng.integers(1, 12))
+            states = rng.standard_normal((n, DIMS)).astype(np.float32)  # (n, d)
+            everything.append(states)
+            records.append(PassageRecord(id=f"s{shard}-{row:02d}", title="", text="",
+                                         token_ids=np.arange(n, dtype=np.int32),
+                                         char_spans=np.full((n, 2), -1, dtype=np.int32), states=states))  # fmt: skip
+        write_shard(root, shard, records, kind="dilbert", encoding="fp32", durable=False)
+    finalize(root, fingerprint_for("dilbert", "fp32"), {"command": "test"})
+    return np.concatenate(everything)
+
+
+def test_first_states_are_the_stores_own_in_order(bench_encode, tmp_path: Path) -> None:
+    expected = _store(tmp_path)
+    tokens = len(expected) - 7  # crosses into the second shard
+    states = bench_encode.first_states(str(tmp_path), tokens)
+    np.testing.assert_array_equal(states, expected[:tokens])
+    with pytest.raises(SystemExit, match=f"holds only {len(expected)} tokens"):
+        bench_encode.first_states(str(tmp_path), len(expected) + 1)
+
+
+@pytest.mark.parametrize("encoding", ["fp16", "int8", "2bit", "1bit"])
+def test_every_encoding_is_timed(bench_encode, encoding: str) -> None:
+    states = np.random.default_rng(1).standard_normal((600, DIMS)).astype(np.float32)  # (T, d)
+    row = bench_encode.measure(states, encoding, sample=512, repeats=2, seed=0)
+    assert row["encode_us_per_token"] > 0
+    assert row["train_s"] >= 0
