@@ -100,9 +100,11 @@ class Schedule:
         self.events: list[dict[str, Any]] = []
 
     def elapsed(self) -> float:
+        """Seconds since the schedule started."""
         return time.monotonic() - self.start
 
     def note(self, **event: Any) -> None:
+        """Record and print one event with its time, so a cut-off call still shows how far it got."""
         event["t"] = round(self.elapsed(), 1)
         self.events.append(event)
         print(json.dumps(event), flush=True)
@@ -212,6 +214,7 @@ def train(args: argparse.Namespace) -> int:
 
 
 def run_schedule(schedule: Schedule, args: argparse.Namespace) -> None:
+    """Calibrate, plan one budget share, train the teacher, then the students side by side, export the k=4 pick."""
     carried_teacher = args.carry / "teacher-k0"
     triples = args.carry / "shared-norm" / "triples.jsonl.gz"
     cal = calibrate(schedule, carried_teacher, triples, args.calibration_limit)
@@ -293,6 +296,12 @@ def export(work: Path, name: str, out: Path) -> None:
         archive.add(manifest, arcname="weights.sha256")
 
 
+def export_again(args: argparse.Namespace) -> int:
+    """`export NAME`: another run of a finished schedule, in a later call on the same machine."""
+    export(args.work, args.name, args.out)
+    return 0
+
+
 def write_results(schedule: Schedule, out: Path) -> None:
     """Every run's record and log, the events and the machine, in OUT/results.tgz."""
     records = [schedule.record(path.name) for path in sorted(schedule.work.iterdir()) if (path / "run_config.json").is_file()]
@@ -360,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     again.add_argument("name")
     again.add_argument("--work", type=Path, default=Path("/tmp/reader-runs"))
     again.add_argument("--out", type=Path, required=True)
-    again.set_defaults(run=lambda args: export(args.work, args.name, args.out) or 0)
+    again.set_defaults(run=export_again)
     back = commands.add_parser("join", help="here: put an exported run back together")
     back.add_argument("out_dir", type=Path)
     back.add_argument("name")
