@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dilstore.pipelines.corpus_squad import paragraph_id
@@ -42,10 +43,13 @@ from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.retrieval import build_bm25_index
 from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
 from dilstore.reader.text.files import read_json
+from dilstore.storage.codebook import CODEBOOK_DIR, write_codebook
+from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, get_encoding, sample_rows, train_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.format import MANIFEST_FILE
 from dilstore.storage.reader import open_store
+from dilstore.storage.records import PassageRecord
 from dilstore.storage.writer import write_shard
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -76,15 +80,29 @@ def msmarco_passages(path: Path, limit: int | None) -> list[Passage]:
     return passages
 
 
+def store_codebook(store: Path, records: list[PassageRecord], encoding: str) -> dict[str, np.ndarray]:
+    """For 2bit/1bit: the codebook trained on a seeded sample of the first shard's token states, written to
+    STORE/codebook as `dilstore precompute` keeps it (the pipeline samples 512 documents across the corpus;
+    here the first shard holds every SQuAD paragraph and the first MS MARCO passages)."""
+    states = np.concatenate([record.states for record in records])  # (T, d)
+    codebook = train_codebook(encoding, states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)])
+    write_codebook(store / CODEBOOK_DIR, encoding, codebook, states.shape[1:])
+    return codebook
+
+
 def build_store(store: Path, reader: DilBertReader, passages: list[Passage], args: argparse.Namespace) -> None:
     """Encode and write the passages shard by shard, then finalize with the model's fingerprint."""
     started = time.perf_counter()
     shards = 0
+    codebook = None
     for first in range(0, len(passages), args.shard_passages):
         chunk = passages[first : first + args.shard_passages]
         pieces = [piece for passage in chunk
                   for piece in tokenize_passage(reader.tokenizer, passage, args.max_length, "dilbert")]
-        write_shard(store, shards, encode_tokenized(reader, "dilbert", pieces), kind="dilbert", encoding=args.encoding)
+        records = encode_tokenized(reader, "dilbert", pieces)
+        if codebook is None and get_encoding(args.encoding).codebook:
+            codebook = store_codebook(store, records, args.encoding)
+        write_shard(store, shards, records, kind="dilbert", encoding=args.encoding, codebook=codebook)
         shards += 1
         done = first + len(chunk)
         rate = done / (time.perf_counter() - started)
@@ -156,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset (default 0)")
     parser.add_argument("--top-p", type=int, nargs="+", default=list(SEED_TOP_PS), help="p values (default 29 100)")
     parser.add_argument("--mu", type=float, default=0.5, help="BM25 fusion weight of the 'w/' columns (default 0.5)")
-    parser.add_argument("--encoding", choices=("fp32", "fp16", "int8"), default="fp16")
+    parser.add_argument("--encoding", choices=("fp32", "fp16", "int8", "2bit", "1bit"), default="fp16",
+                        help="state encoding of the store (2bit/1bit: codebook trained on the first shard)")
     parser.add_argument("--max-length", type=int, default=384, help="stored window length in tokens (default 384)")
     parser.add_argument("--shard-passages", type=int, default=4096, help="passages per shard (default 4096)")
     parser.add_argument("--squad-paragraphs", type=int, help="use only the first N SQuAD paragraphs (tests)")

@@ -16,6 +16,7 @@ from dilstore.reader.retrieval import Bm25Searcher, build_bm25_index
 from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
 from dilstore.runners.cli import main
 from dilstore.storage.reader import MissingPassagesError
+from dilstore.storage.verify import verify_store
 from tests.fixtures.odqa_fixtures import (
     collection_documents,
     write_collection,
@@ -108,8 +109,9 @@ def test_commands_report_bad_setups_without_a_traceback(
 
 
 @pytest.mark.shared_data
+@pytest.mark.parametrize("encoding", ["fp16", "2bit"])
 def test_mini_opensquad_benchmark_runs_end_to_end_on_a_tiny_corpus(
-    indexed: dict[str, Path], shared_data: Path, tmp_path: Path
+    indexed: dict[str, Path], shared_data: Path, tmp_path: Path, encoding: str
 ) -> None:
     script = ROOT / "benchmarks" / "mini_opensquad.py"
     spec = importlib.util.spec_from_file_location("mini_opensquad", script)
@@ -118,9 +120,11 @@ def test_mini_opensquad_benchmark_runs_end_to_end_on_a_tiny_corpus(
     output = tmp_path / "result.json"
     argv = ["--work", str(tmp_path / "work"), "--model", str(indexed["model"]), "--data", str(shared_data),
             "--squad-paragraphs", "12", "--msmarco-passages", "30", "--limit", "6", "--top-p", "3", "10",
-            "--max-length", "64", "--threads", "1", "--output", str(output)]  # fmt: skip
+            "--max-length", "64", "--threads", "1", "--encoding", encoding, "--output", str(output)]  # fmt: skip
     assert module.main(argv) == 0
     result = json.loads(output.read_text())
+    assert result["encoding"] == encoding
+    assert verify_store(tmp_path / "work" / "store").ok  # a 2bit store keeps its codebook in STORE/codebook
     assert result["questions"] == 6 and result["passages"] >= 42
     assert [row["top_p"] for row in result["rows"]] == [3, 10]
     for row in result["rows"]:
