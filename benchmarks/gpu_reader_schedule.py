@@ -4,6 +4,9 @@ A lent GPU machine gives one command of at most ten minutes, so this script size
 before --deadline seconds. Every run is a plain `dilstore train qa` process; the script only measures, decides
 budgets, runs them side by side on the one GPU and packs what comes back.
 
+    .venv/bin/python benchmarks/gpu_reader_schedule.py prepare --teacher K0_READER \\
+        --train ../shared/data/squad/train-v1.1.json --dev ../shared/data/squad/dev-v1.1.json \\
+        --ranking-data RANKING_DATA                                            # here, once
     for layer in storage reader pipelines runners; do ln -sfn ../$layer dilstore/$layer; done  # the namespace
     python3 benchmarks/gpu_reader_schedule.py train --carry .carry/reader --work /tmp/reader-runs --out "$OUT" \\
         --deadline 540
@@ -13,6 +16,7 @@ budgets, runs them side by side on the one GPU and packs what comes back.
 `train`, in order:
 1. calibrate: three short runs side by side (k=0; k=4 distilled; k=4 distilled with shared normalisation), each
    --train-limit questions plus a seeded 500-question dev evaluation: examples/s and questions/s per process.
+   --fraction F skips it and fixes the budget share instead (the calibration cost 58 s of a 401 s call).
 2. teacher: k=0 from the carried reader (teacher-k0), on the full training set.
 3. students: k=1..5 from the teacher and distilled from it, plus k=4 with shared normalisation over BM25
    negatives (triples of `dilstore train ranking-data`), side by side, each evaluated on the full dev set.
@@ -26,6 +30,8 @@ budgets, runs them side by side on the one GPU and packs what comes back.
 The carried folder (git-ignored, prepared here): teacher-k0/ (an fp16 k=0 reader), train-v1.1.json.xz,
 dev-v1.1.json.xz, shared-norm/triples.jsonl.gz and shared-norm/paragraphs.jsonl.gz. The GPU machine has torch,
 transformers and setuptools but no zarr, Beam or pyserini; `train qa` and `evaluate-rc` need none of them. The
+shipped weights tracked in reader/models/ (~100 MB) put the tree over the 64 MiB a call may carry: move their
+model.safetensors out of the work tree for the call and back after. The
 links above put the layer folders where `python3 -m dilstore` finds them from the checkout's root, with
 nothing installed (a namespace built elsewhere on PYTHONPATH is shadowed by the checkout's own `dilstore/`).
 """
@@ -53,6 +59,8 @@ LEARNING_RATE = "1e-4"
 TEACHER_LEARNING_RATE = "5e-5"  # the teacher starts from a trained k=0 reader
 DEV_QUESTIONS = 10570
 PIECE_BYTES = 15 * 2**20
+# A reader checkpoint's files besides its weights that `train qa --model` needs.
+CARRIED_READER_FILES = ("config.json", "dilstore.json", "dilstore_training.json", "tokenizer.json", "tokenizer_config.json")
 
 
 @dataclass(frozen=True)
@@ -217,15 +225,18 @@ def run_schedule(schedule: Schedule, args: argparse.Namespace) -> None:
     """Calibrate, plan one budget share, train the teacher, then the students side by side, export the k=4 pick."""
     carried_teacher = args.carry / "teacher-k0"
     triples = args.carry / "shared-norm" / "triples.jsonl.gz"
-    cal = calibrate(schedule, carried_teacher, triples, args.calibration_limit)
     examples = args.train_examples
-    remaining = args.deadline - schedule.elapsed() - args.export_reserve
     student_ks = args.students
-    fraction = plan_fraction(cal, remaining, examples, students=len(student_ks))
-    if fraction < args.min_fraction:
-        student_ks = args.priority_students
+    if args.fraction is not None:  # a budget chosen beforehand: no calibration runs
+        fraction = args.fraction
+    else:
+        cal = calibrate(schedule, carried_teacher, triples, args.calibration_limit)
+        remaining = args.deadline - schedule.elapsed() - args.export_reserve
         fraction = plan_fraction(cal, remaining, examples, students=len(student_ks))
-    schedule.note(event="plan", fraction=fraction, seconds=remaining, students=student_ks)
+        if fraction < args.min_fraction:
+            student_ks = args.priority_students
+            fraction = plan_fraction(cal, remaining, examples, students=len(student_ks))
+    schedule.note(event="plan", fraction=fraction, students=student_ks)
     plain_steps = str(steps_for(fraction, examples, BATCH))
     teacher_run = {
         "k0": schedule.launch(
@@ -327,6 +338,33 @@ def machine() -> dict[str, str]:
     }
 
 
+def prepare(args: argparse.Namespace) -> int:
+    """Here: the carried folder — the k=0 reader with fp16 weights, SQuAD train/dev as .xz, the shared-norm triples.
+
+    xz keeps the folder small: the whole working tree may carry 64 MiB, and the teacher alone is ~45 MB.
+    """
+    from safetensors.torch import load_file, save_file
+
+    teacher = args.carry / "teacher-k0"
+    teacher.mkdir(parents=True, exist_ok=True)
+    for path in sorted(args.teacher.iterdir()):
+        if path.name == "model.safetensors":
+            tensors = {name: (t.half() if t.is_floating_point() else t).contiguous() for name, t in load_file(path).items()}
+            save_file(tensors, teacher / path.name, metadata={"format": "pt"})
+        elif path.is_file() and path.name in CARRIED_READER_FILES:
+            shutil.copy2(path, teacher / path.name)
+    for source in (args.train, args.dev):
+        with source.open("rb") as plain, lzma.open(args.carry / f"{source.name}.xz", "wb", preset=9) as packed:
+            shutil.copyfileobj(plain, packed)
+    shared = args.carry / "shared-norm"
+    shared.mkdir(exist_ok=True)
+    for name in ("triples.jsonl.gz", "paragraphs.jsonl.gz"):
+        shutil.copy2(args.ranking_data / name, shared / name)
+    size = sum(path.stat().st_size for path in args.carry.rglob("*") if path.is_file())
+    print(f"{args.carry}: {size / 1e6:.1f} MB to carry (the whole tree may carry 64 MiB)")
+    return 0
+
+
 def join(args: argparse.Namespace) -> int:
     """Back here: NAME.tar and the weight pieces in OUT_DIR become a checkpoint folder, its SHA-256 checked."""
     args.into.mkdir(parents=True, exist_ok=True)
@@ -354,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--deadline", type=float, default=540.0, help="seconds from start to the end of the export")
     run.add_argument("--export-reserve", type=float, default=40.0, help="seconds kept for the export")
     run.add_argument("--calibration-limit", type=int, default=3000, help="training questions per calibration run")
+    run.add_argument(
+        "--fraction", type=float,
+        help="train every run on this share of the 2-epoch budget, without calibrating (a run still going at "
+        "the hard stop is ended)",
+    )  # fmt: skip
     run.add_argument("--train-examples", type=int, default=88641, help="training windows of SQuAD v1.1 train")
     run.add_argument("--device", default="cuda", help="cpu for a smoke test of the script itself")
     run.add_argument("--smoke", type=int, metavar="N", help="a smoke test of the script: N training and dev questions")
@@ -370,6 +413,13 @@ def main(argv: list[str] | None = None) -> int:
     again.add_argument("--work", type=Path, default=Path("/tmp/reader-runs"))
     again.add_argument("--out", type=Path, required=True)
     again.set_defaults(run=export_again)
+    ready = commands.add_parser("prepare", help="here: write the carried folder")
+    ready.add_argument("--teacher", type=Path, required=True, help="the k=0 reader to start from")
+    ready.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 train JSON")
+    ready.add_argument("--dev", type=Path, required=True, help="SQuAD v1.1 dev JSON")
+    ready.add_argument("--ranking-data", type=Path, required=True, help="`dilstore train ranking-data` output folder")
+    ready.add_argument("--carry", type=Path, default=Path(".carry/reader"))
+    ready.set_defaults(run=prepare)
     back = commands.add_parser("join", help="here: put an exported run back together")
     back.add_argument("out_dir", type=Path)
     back.add_argument("name")

@@ -9,6 +9,7 @@ piece is refused).
 from __future__ import annotations
 
 import json
+import lzma
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,32 @@ def test_join_refuses_a_corrupted_piece(schedule, tmp_path, monkeypatch, capsys)
     assert schedule.main(["join", str(out), "k4", "--into", str(into)]) == 1
     assert "do not match weights.sha256" in capsys.readouterr().err
     assert not (into / "model.safetensors").exists()
+
+
+def test_prepare_writes_an_fp16_teacher_xz_data_and_the_triples(schedule, tmp_path):
+    teacher = tmp_path / "k0"
+    teacher.mkdir()
+    save_file({"weight": torch.randn(8, 4), "ids": torch.arange(3)}, teacher / "model.safetensors")
+    for name in ("config.json", "tokenizer.json", "dilstore.json"):
+        (teacher / name).write_text("{}", encoding="utf-8")
+    (teacher / "eval-dev.json").write_text("{}", encoding="utf-8")  # a run's file the carried reader leaves out
+    train, dev = tmp_path / "train-v1.1.json", tmp_path / "dev-v1.1.json"
+    train.write_text(json.dumps({"data": ["train"]}), encoding="utf-8")
+    dev.write_text(json.dumps({"data": ["dev"]}), encoding="utf-8")
+    ranking = tmp_path / "ranking"
+    ranking.mkdir()
+    for name in ("triples.jsonl.gz", "paragraphs.jsonl.gz"):
+        (ranking / name).write_bytes(name.encode())
+    carry = tmp_path / "carry"
+
+    argv = ["prepare", "--teacher", str(teacher), "--train", str(train), "--dev", str(dev),
+            "--ranking-data", str(ranking), "--carry", str(carry)]  # fmt: skip
+    assert schedule.main(argv) == 0
+    weights = load_file(carry / "teacher-k0" / "model.safetensors")
+    assert weights["weight"].dtype == torch.float16 and weights["ids"].dtype == torch.int64
+    assert sorted(path.name for path in (carry / "teacher-k0").iterdir()) == [
+        "config.json", "dilstore.json", "model.safetensors", "tokenizer.json"
+    ]
+    for source in (train, dev):
+        assert lzma.decompress((carry / f"{source.name}.xz").read_bytes()) == source.read_bytes()
+    assert (carry / "shared-norm" / "triples.jsonl.gz").read_bytes() == b"triples.jsonl.gz"
