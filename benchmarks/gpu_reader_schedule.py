@@ -285,16 +285,13 @@ def choose_default(plain: dict[str, Any], shared_norm: dict[str, Any], margin: f
 
 def export(work: Path, name: str, out: Path) -> None:
     """Run `name`'s model as fp16 weight pieces (NAME.safetensors.part-NN) and NAME.tar with its small files."""
-    import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
+
+    from dilstore.reader.training.release import fp16_tensors
 
     run = work / name
-    tensors = {
-        key: (tensor.to(torch.float16) if tensor.is_floating_point() else tensor).contiguous()
-        for key, tensor in load_file(run / "model.safetensors").items()
-    }
     weights = work / f"{name}.fp16.safetensors"
-    save_file(tensors, weights, metadata={"format": "pt"})
+    save_file(fp16_tensors(run / "model.safetensors"), weights, metadata={"format": "pt"})
     data = weights.read_bytes()
     for index in range(0, len(data), PIECE_BYTES):
         (out / f"{name}.safetensors.part-{index // PIECE_BYTES:02d}").write_bytes(data[index : index + PIECE_BYTES])
@@ -343,14 +340,15 @@ def prepare(args: argparse.Namespace) -> int:
 
     xz keeps the folder small: the whole working tree may carry 64 MiB, and the teacher alone is ~45 MB.
     """
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
+
+    from dilstore.reader.training.release import fp16_tensors
 
     teacher = args.carry / "teacher-k0"
     teacher.mkdir(parents=True, exist_ok=True)
     for path in sorted(args.teacher.iterdir()):
         if path.name == "model.safetensors":
-            tensors = {name: (t.half() if t.is_floating_point() else t).contiguous() for name, t in load_file(path).items()}
-            save_file(tensors, teacher / path.name, metadata={"format": "pt"})
+            save_file(fp16_tensors(path), teacher / path.name, metadata={"format": "pt"})
         elif path.is_file() and path.name in CARRIED_READER_FILES:
             shutil.copy2(path, teacher / path.name)
     for source in (args.train, args.dev):

@@ -26,6 +26,14 @@ MODEL_CARD_FILE = "MODEL_CARD.md"
 _NOT_SHIPPED = {"checkpoints", EVALUATION_FILE, STATE_TENSORS, STATE_JSON, "run_config.json"}
 
 
+def fp16_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file with every float one as fp16 (integer tensors as they are), contiguous."""
+    return {
+        name: (tensor.to(torch.float16) if tensor.is_floating_point() else tensor).contiguous()
+        for name, tensor in load_file(path).items()
+    }
+
+
 def package_checkpoint(source: Path, destination: Path, model_card: str) -> Path:
     """Copy a trained checkpoint to `destination` with every float tensor stored as fp16.
 
@@ -46,11 +54,7 @@ def package_checkpoint(source: Path, destination: Path, model_card: str) -> Path
         if path.name in _NOT_SHIPPED or path.is_dir():
             continue
         if path.suffix == ".safetensors":
-            tensors = {
-                name: (tensor.to(torch.float16) if tensor.is_floating_point() else tensor).contiguous()
-                for name, tensor in load_file(path).items()
-            }
-            save_file(tensors, destination / path.name, metadata={"format": "pt"})
+            save_file(fp16_tensors(path), destination / path.name, metadata={"format": "pt"})
         else:
             shutil.copy2(path, destination / path.name)
     (destination / TRAINING_METADATA_FILE).write_text(json.dumps(training, indent=1), encoding="utf-8")
