@@ -24,11 +24,11 @@ from dilstore.storage.arrays import offsets_are_valid
 from dilstore.storage.encodings import Encoding, get_encoding
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
-    SHARD_FORMAT_VERSION,
     CHAR_SPANS,
     FORMAT_NAME,
     ID_BYTES,
     ID_OFFSETS,
+    SHARD_FORMAT_VERSION,
     STORE_CODEBOOK,
     TEXT_BYTES,
     TEXT_OFFSETS,
