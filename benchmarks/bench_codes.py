@@ -81,11 +81,13 @@ def squad_subset(source: Path, paragraphs: int, target: Path) -> list[dict[str, 
     return questions
 
 
-def precompute(corpus: Path, store: Path, encoding: str, threads: int) -> float:
+def precompute(corpus: Path, store: Path, encoding: str, threads: int, *extra: str) -> float:
+    """`dilstore precompute` of a SQuAD-format corpus into a one-shard store (`extra`: more options); seconds."""
     started = time.perf_counter()
     subprocess.run([*CLI, "precompute", "--input", str(corpus), "--format", "squad", "--split", "paragraphs",
-                    "--output", str(store), "--encoding", encoding, "--shards", "1", "--workers", "1", "--threads", str(threads),
-                    "--overwrite", "--no-progress", "--json"], check=True, stdout=subprocess.DEVNULL)
+                    "--output", str(store), "--encoding", encoding, "--shards", "1", "--workers", "1",
+                    "--threads", str(threads), "--overwrite", "--no-progress", "--json", *extra],
+                   check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - started
 
 

@@ -27,7 +27,6 @@ other text and evaluated on the first --paragraphs SQuAD dev paragraphs:
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,25 +38,16 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_codes import (  # noqa: E402
-    CLI,
     errors,
     parse_arguments,
     pq_through_reader,
+    precompute,
     squad_subset,
     through_reader,
     variants_through_reader,
 )
 
 SQUAD = Path(__file__).resolve().parents[1] / "../shared/data/squad"
-
-
-def precompute(corpus: Path, store: Path, encoding: str, threads: int, *extra: str) -> float:
-    started = time.perf_counter()
-    subprocess.run([*CLI, "precompute", "--input", str(corpus), "--format", "squad", "--split", "paragraphs",
-                    "--output", str(store), "--encoding", encoding, "--shards", "1", "--workers", "1",
-                    "--threads", str(threads), "--overwrite", "--no-progress", "--json", *extra],
-                   check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - started
 
 
 def store_ids(store: Path) -> tuple[list[str], list[str]]:
