@@ -8,10 +8,17 @@ budgets, runs them side by side on the one GPU and packs what comes back.
         --train ../shared/data/squad/train-v1.1.json --dev ../shared/data/squad/dev-v1.1.json \\
         --ranking-data RANKING_DATA                                            # here, once
     for layer in storage reader pipelines runners; do ln -sfn ../$layer dilstore/$layer; done  # the namespace
+    export PYTHONPATH=$PWD  # the script itself imports dilstore (its folder, not the root, heads sys.path)
     python3 benchmarks/gpu_reader_schedule.py train --carry .carry/reader --work /tmp/reader-runs --out "$OUT" \\
         --deadline 540
     python3 benchmarks/gpu_reader_schedule.py export NAME --work /tmp/reader-runs --out "$OUT"   # a later call
     .venv/bin/python benchmarks/gpu_reader_schedule.py join OUT_DIR NAME --into DIR               # back here
+    python3 benchmarks/gpu_reader_schedule.py extend --carry .carry/reader --out "$OUT" --deadline 540  # or this
+
+`extend` continues one carried reader (prepare --start) with shared normalisation, without a teacher: a short
+probe run measures groups/s at the chosen batch, the schedule (warm-up and linear decay) is sized to end before
+the deadline (at most --max-epochs passes), periodic checkpoints give a learning curve on --curve-limit seeded
+dev questions, and the final model (the newest checkpoint when the run was cut off) is exported.
 
 `train`, in order:
 1. calibrate: three short runs side by side (k=0; k=4 distilled; k=4 distilled with shared normalisation), each
@@ -43,7 +50,9 @@ import hashlib
 import json
 import lzma
 import math
+import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -58,6 +67,7 @@ GROUP = 4  # the answer window and 3 negative paragraphs' first windows
 LEARNING_RATE = "1e-4"
 TEACHER_LEARNING_RATE = "5e-5"  # the teacher starts from a trained k=0 reader
 DEV_QUESTIONS = 10570
+TRAIN_QUESTIONS = 87599  # SQuAD v1.1 train; a shared-normalisation example is one question's group
 PIECE_BYTES = 15 * 2**20
 # A reader checkpoint's files besides its weights that `train qa --model` needs.
 CARRIED_READER_FILES = ("config.json", "dilstore.json", "dilstore_training.json", "tokenizer.json", "tokenizer_config.json")
@@ -267,7 +277,79 @@ def run_schedule(schedule: Schedule, args: argparse.Namespace) -> None:
     chosen = choose_default(schedule.record("k4"), schedule.record("k4-sn"), args.prefer_margin)
     schedule.note(event="chosen", run=chosen)
     if chosen is not None:
-        export(args.work, chosen, args.out)
+        export(args.work / chosen, chosen, args.out)
+
+
+def extension_steps(rate: float, seconds: float, groups: int, max_epochs: int) -> int:
+    """Optimizer steps of `groups` questions that `rate` questions/s fill in `seconds`, at most `max_epochs` passes."""
+    fit = math.floor(max(0.0, seconds) * rate / groups)
+    return max(1, min(fit, math.ceil(max_epochs * TRAIN_QUESTIONS / groups)))
+
+
+def steady_rate(log: str) -> float | None:
+    """Groups/s of a shared-normalisation run once started: the median windows/s of its progress lines after the
+    first, over GROUP windows a group. The record's features_seen / train_seconds counts the first steps' start-up
+    (CUDA, the allocator) too: on the H200 it gave 119 groups/s for a run that then trained at 678."""
+    rates = [float(match) for match in re.findall(r"^step \d+/\d+ .* windows/s ([\d.]+) ", log, flags=re.MULTILINE)]
+    return statistics.median(rates[1:]) / GROUP if len(rates) > 1 else None
+
+
+def extend(args: argparse.Namespace) -> int:
+    """`extend`: probe, size, train with shared normalisation, curve, export (see the module docstring)."""
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    smoke = [] if args.smoke is None else ["--train-limit", str(args.smoke), "--eval-limit", str(args.smoke)]
+    schedule = Schedule(args.carry, args.work, args.deadline, args.device, smoke)
+    try:
+        run_extension(schedule, args)
+    finally:
+        write_results(schedule, args.out)
+    return 0
+
+
+def run_extension(schedule: Schedule, args: argparse.Namespace) -> None:
+    """The probe run's rate sizes the one long run; its checkpoints are scored for the curve; the result exported."""
+    start = args.carry / "start"
+    recipe = [
+        "--shared-norm", str(args.carry / "shared-norm" / "triples.jsonl.gz"), "--batch-size", str(args.groups),
+        "--learning-rate", args.learning_rate, "--warmup-ratio", "0.06", "--save-every-minutes", "0",
+    ]  # fmt: skip
+    probe_limit = args.probe_limit if args.smoke is None else args.smoke
+    probe = ["--train-limit", str(probe_limit), "--max-steps", str(args.probe_steps), "--log-every", "25"]
+    launched = schedule.elapsed()
+    schedule.wait({"probe": schedule.launch("probe", args.layers, start, [*recipe, *probe], evaluate=False)},
+                  stop_at=args.deadline * 0.3)  # fmt: skip
+    training = schedule.record("probe").get("training")
+    rate = steady_rate((schedule.work / "probe.log").read_text(encoding="utf-8", errors="replace"))
+    if training is None or rate is None:
+        raise SystemExit(f"the probe run failed: see {schedule.work / 'probe.log'}")
+    overhead = schedule.elapsed() - launched - training["train_seconds"]
+    seconds = args.deadline - schedule.elapsed() - args.export_reserve - args.curve_reserve - 2 * overhead
+    steps = extension_steps(rate, seconds, args.groups, args.max_epochs)
+    every = max(1, steps // args.curve_points)
+    schedule.note(event="plan", groups_per_second=rate, overhead=overhead, seconds=seconds, steps=steps, every=every)
+    long_run = [
+        *recipe, "--epochs", str(args.max_epochs), "--max-steps", str(steps), "--save-every", str(every),
+        "--keep-checkpoints", str(args.curve_points + 1),
+    ]  # fmt: skip
+    stop = args.deadline - args.export_reserve
+    schedule.wait({"extended": schedule.launch("extended", args.layers, start, long_run)},
+                  stop_at=stop - args.curve_reserve)  # fmt: skip
+    run = schedule.work / "extended"
+    curve = [
+        sys.executable, str(Path(__file__).with_name("reader_curve.py")), str(run),
+        "--dev", str(schedule.data / "dev-v1.1.json"), "--limit", str(args.curve_limit),
+        "--cache", str(schedule.work / "curve-cache.json"), "--device", args.device,
+    ]  # fmt: skip
+    schedule.note(event="launch", run="curve", command=curve[1:])
+    with (schedule.work / "curve.log").open("wb") as log:
+        schedule.wait({"curve": subprocess.Popen(curve, stdout=log, stderr=subprocess.STDOUT)}, stop_at=stop)
+    finished = (run / "model.safetensors").is_file()
+    saved = sorted((run / "checkpoints").glob("step-*")) if (run / "checkpoints").is_dir() else []
+    chosen = run if finished else (saved[-1] if saved else None)
+    schedule.note(event="chosen", run=None if chosen is None else str(chosen))
+    if chosen is not None:
+        export(chosen, "extended", args.out)
 
 
 def dev_f1(record: dict[str, Any]) -> float | None:
@@ -283,14 +365,13 @@ def choose_default(plain: dict[str, Any], shared_norm: dict[str, Any], margin: f
     return shared_norm["run"] if plain_f1 is None or shared_f1 >= plain_f1 - margin else plain["run"]
 
 
-def export(work: Path, name: str, out: Path) -> None:
-    """Run `name`'s model as fp16 weight pieces (NAME.safetensors.part-NN) and NAME.tar with its small files."""
+def export(run: Path, name: str, out: Path) -> None:
+    """The model in `run` as fp16 weight pieces (NAME.safetensors.part-NN) and NAME.tar with its small files."""
     from safetensors.torch import save_file
 
     from dilstore.reader.training.release import fp16_tensors
 
-    run = work / name
-    weights = work / f"{name}.fp16.safetensors"
+    weights = run.parent / f"{name}.fp16.safetensors"
     save_file(fp16_tensors(run / "model.safetensors"), weights, metadata={"format": "pt"})
     data = weights.read_bytes()
     for index in range(0, len(data), PIECE_BYTES):
@@ -299,14 +380,14 @@ def export(work: Path, name: str, out: Path) -> None:
         for path in sorted(run.iterdir()):
             if path.is_file() and path.suffix != ".safetensors":
                 archive.add(path, arcname=path.name)
-        manifest = work / f"{name}.weights.sha256"
+        manifest = run.parent / f"{name}.weights.sha256"
         manifest.write_text(f"{hashlib.sha256(data).hexdigest()}  model.safetensors\n", encoding="utf-8")
         archive.add(manifest, arcname="weights.sha256")
 
 
 def export_again(args: argparse.Namespace) -> int:
     """`export NAME`: another run of a finished schedule, in a later call on the same machine."""
-    export(args.work, args.name, args.out)
+    export(args.work / args.name, args.name, args.out)
     return 0
 
 
@@ -336,21 +417,23 @@ def machine() -> dict[str, str]:
 
 
 def prepare(args: argparse.Namespace) -> int:
-    """Here: the carried folder — the k=0 reader with fp16 weights, SQuAD train/dev as .xz, the shared-norm triples.
+    """Here: the carried folder — one reader with fp16 weights (the k=0 teacher for `train`, or the reader `extend`
+    continues), SQuAD train/dev as .xz, the shared-norm triples.
 
-    xz keeps the folder small: the whole working tree may carry 64 MiB, and the teacher alone is ~45 MB.
+    xz keeps the folder small: the whole working tree may carry 64 MiB, and one reader alone is ~45 MB.
     """
     from safetensors.torch import save_file
 
     from dilstore.reader.training.release import fp16_tensors
 
-    teacher = args.carry / "teacher-k0"
-    teacher.mkdir(parents=True, exist_ok=True)
-    for path in sorted(args.teacher.iterdir()):
+    source, folder = (args.teacher, "teacher-k0") if args.teacher is not None else (args.start, "start")
+    reader = args.carry / folder
+    reader.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.iterdir()):
         if path.name == "model.safetensors":
-            save_file(fp16_tensors(path), teacher / path.name, metadata={"format": "pt"})
+            save_file(fp16_tensors(path), reader / path.name, metadata={"format": "pt"})
         elif path.is_file() and path.name in CARRIED_READER_FILES:
-            shutil.copy2(path, teacher / path.name)
+            shutil.copy2(path, reader / path.name)
     for source in (args.train, args.dev):
         with source.open("rb") as plain, lzma.open(args.carry / f"{source.name}.xz", "wb", preset=9) as packed:
             shutil.copyfileobj(plain, packed)
@@ -406,13 +489,33 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--priority-students", type=int, nargs="+", default=[4, 5])
     run.add_argument("--prefer-margin", type=float, default=0.5)
     run.set_defaults(run=train)
+    more = commands.add_parser("extend", help="continue the carried start reader with shared normalisation")
+    more.add_argument("--carry", type=Path, default=Path(".carry/reader"))
+    more.add_argument("--work", type=Path, default=Path("/tmp/reader-runs"))
+    more.add_argument("--out", type=Path, required=True)
+    more.add_argument("--deadline", type=float, default=540.0, help="seconds from start to the end of the export")
+    more.add_argument("--export-reserve", type=float, default=30.0, help="seconds kept for the export")
+    more.add_argument("--curve-reserve", type=float, default=45.0, help="seconds kept for scoring the checkpoints")
+    more.add_argument("--layers", type=int, default=4, help="k of the start reader")
+    more.add_argument("--groups", type=int, default=32, help="questions (groups of 4 windows) per step")
+    more.add_argument("--learning-rate", default="1e-4")
+    more.add_argument("--max-epochs", type=int, default=3)
+    more.add_argument("--probe-limit", type=int, default=6000, help="training questions of the probe run")
+    more.add_argument("--probe-steps", type=int, default=300)
+    more.add_argument("--curve-points", type=int, default=6, help="periodic checkpoints scored for the curve")
+    more.add_argument("--curve-limit", type=int, default=2000, help="seeded dev questions per curve point")
+    more.add_argument("--device", default="cuda", help="cpu for a smoke test of the script itself")
+    more.add_argument("--smoke", type=int, metavar="N", help="a smoke test of the script: N training and dev questions")
+    more.set_defaults(run=extend)
     again = commands.add_parser("export", help="export another run of a finished schedule (same machine)")
     again.add_argument("name")
     again.add_argument("--work", type=Path, default=Path("/tmp/reader-runs"))
     again.add_argument("--out", type=Path, required=True)
     again.set_defaults(run=export_again)
     ready = commands.add_parser("prepare", help="here: write the carried folder")
-    ready.add_argument("--teacher", type=Path, required=True, help="the k=0 reader to start from")
+    readers = ready.add_mutually_exclusive_group(required=True)
+    readers.add_argument("--teacher", type=Path, help="the k=0 reader `train` starts from (carried as teacher-k0)")
+    readers.add_argument("--start", type=Path, help="the reader `extend` continues (carried as start)")
     ready.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 train JSON")
     ready.add_argument("--dev", type=Path, required=True, help="SQuAD v1.1 dev JSON")
     ready.add_argument("--ranking-data", type=Path, required=True, help="`dilstore train ranking-data` output folder")

@@ -23,16 +23,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import torch
 
 from dilstore.reader.evaluation.reading_comprehension import evaluate_file
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.release import load_training_metadata
 from dilstore.storage.errors import DilstoreError
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 WEIGHTS = "model.safetensors"
 
@@ -46,12 +42,14 @@ def checkpoints(run: Path) -> list[Path]:
     return found
 
 
-def point(checkpoint: Path, dev: Path, limit: int, seed: int, cache: dict[str, Any]) -> dict[str, Any]:
+def point(
+    checkpoint: Path, dev: Path, limit: int, seed: int, cache: dict[str, Any], device: str | None = None
+) -> dict[str, Any]:
     """One curve point: the checkpoint's training position and its dev scores (from the cache when current)."""
     training = load_training_metadata(checkpoint)
     key = f"{checkpoint.resolve()}|{(checkpoint / WEIGHTS).stat().st_mtime_ns}|{dev.resolve()}|{limit}|{seed}"
     if key not in cache:
-        result = evaluate_file(DilBertReader.from_pretrained(checkpoint), dev, limit=limit, seed=seed)
+        result = evaluate_file(DilBertReader.from_pretrained(checkpoint), dev, limit=limit, seed=seed, device=device)
         cache[key] = {"em": result.em, "f1": result.f1, "questions": result.questions}
     return {
         "run": checkpoint.name if checkpoint.parent.name != "checkpoints" else checkpoint.parent.parent.name,
@@ -65,7 +63,11 @@ def point(checkpoint: Path, dev: Path, limit: int, seed: int, cache: dict[str, A
 
 
 def plot(rows: list[dict[str, Any]], png: Path) -> None:
-    """F1 against windows seen, one line per run."""
+    """F1 against windows seen, one line per run (matplotlib is imported here: a GPU machine may lack it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for run in dict.fromkeys(row["run"] for row in rows):
         points = sorted((row["windows_seen"], row["f1"]) for row in rows if row["run"] == run)
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, required=True, help="JSON file of scores already computed")
     parser.add_argument("--png", type=Path, help="write the plot here")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--device", help="torch device of the evaluations (default: the CPU)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cache = json.loads(args.cache.read_text()) if args.cache.is_file() else {}
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for run in args.runs:
             for checkpoint in checkpoints(run):
-                rows.append(point(checkpoint, args.dev, args.limit, args.seed, cache))
+                rows.append(point(checkpoint, args.dev, args.limit, args.seed, cache, args.device))
                 args.cache.write_text(json.dumps(cache, indent=1))
     except DilstoreError as error:
         print(f"reader_curve: error: {error}", file=sys.stderr)

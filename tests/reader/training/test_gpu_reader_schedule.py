@@ -99,7 +99,7 @@ def test_export_then_join_gives_the_fp16_weights_back(schedule, tmp_path, monkey
     tensors = _run_folder(tmp_path / "work", "k4-sn")
     out = tmp_path / "out"
     out.mkdir()
-    schedule.export(tmp_path / "work", "k4-sn", out)
+    schedule.export(tmp_path / "work" / "k4-sn", "k4-sn", out)
     pieces = sorted(out.glob("k4-sn.safetensors.part-*"))
     assert len(pieces) == 2 and all(piece.stat().st_size <= 2**20 for piece in pieces)
 
@@ -118,7 +118,7 @@ def test_join_refuses_a_corrupted_piece(schedule, tmp_path, monkeypatch, capsys)
     _run_folder(tmp_path / "work", "k4")
     out = tmp_path / "out"
     out.mkdir()
-    schedule.export(tmp_path / "work", "k4", out)
+    schedule.export(tmp_path / "work" / "k4", "k4", out)
     piece = out / "k4.safetensors.part-01"
     data = bytearray(piece.read_bytes())
     data[100] ^= 0xFF
@@ -157,3 +157,32 @@ def test_prepare_writes_an_fp16_teacher_xz_data_and_the_triples(schedule, tmp_pa
     for source in (train, dev):
         assert lzma.decompress((carry / f"{source.name}.xz").read_bytes()) == source.read_bytes()
     assert (carry / "shared-norm" / "triples.jsonl.gz").read_bytes() == b"triples.jsonl.gz"
+
+
+def test_steady_rate_leaves_out_the_first_progress_line(schedule):
+    log = (
+        "Loading weights: 100%\n"
+        "step 25/300 loss 1.9 lr 1.0e-05 windows/s 300.00 seen 800 elapsed 14s\n"
+        "step 50/300 loss 1.8 lr 2.0e-05 windows/s 2600.00 seen 1600 elapsed 15s\n"
+        "step 75/300 loss 1.8 lr 3.0e-05 windows/s 2800.00 seen 2400 elapsed 16s\n"
+        "step 100/300 loss 1.7 lr 4.0e-05 windows/s 2700.00 seen 3200 elapsed 18s\n"
+    )
+    assert schedule.steady_rate(log) == pytest.approx(2700.0 / 4)
+    assert schedule.steady_rate(log.splitlines()[1]) is None  # one line: no rate after the start-up
+    assert schedule.steady_rate("Traceback (most recent call last):\n") is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(rate=st.floats(1, 5000), seconds=st.floats(-100, 5000), more=st.floats(0, 5000),
+       groups=st.integers(1, 64), epochs=st.integers(1, 4))  # fmt: skip
+def test_extension_steps_fill_the_time_up_to_the_epoch_cap(schedule, rate, seconds, more, groups, epochs):
+    steps = schedule.extension_steps(rate, seconds, groups, epochs)
+    assert 1 <= steps <= schedule.extension_steps(rate, seconds + more, groups, epochs)
+    assert steps <= max(1, -(-epochs * schedule.TRAIN_QUESTIONS // groups))
+    assert steps == 1 or steps * groups <= seconds * rate * (1 + 1e-9)  # the schedule ends within the time
+
+
+def test_extension_steps_of_the_h200_run(schedule):
+    assert schedule.extension_steps(678.0, 345.0, 32, 3) == 7309  # floor(345 * 678 / 32)
+    assert schedule.extension_steps(678.0, 5000.0, 32, 2) == 5475  # the 2-epoch cap, ceil(2 * 87599 / 32)
+    assert schedule.extension_steps(678.0, -5.0, 32, 2) == 1
