@@ -12,7 +12,10 @@ sessions evaluates only its new points.
         --limit 500 --png reader_curve.png --cache /work/runs/curve-cache.json
 
 Prints the table (run, step, windows seen, hours of training, EM, F1), then
-the rows as JSON.
+the rows as JSON. --scored FILE [FILE...] tables and plots rows printed by an
+earlier call instead (the checkpoints scored on a lent GPU that kept them):
+
+    .venv/bin/python benchmarks/reader_curve.py --scored rows.json --png curve.png
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dilstore.reader.training.release import load_training_metadata
 from dilstore.storage.errors import DilstoreError
 
 WEIGHTS = "model.safetensors"
+ROW_KEYS = frozenset({"run", "k", "step", "windows_seen", "train_hours", "em", "f1"})
 
 
 def checkpoints(run: Path) -> list[Path]:
@@ -80,25 +84,48 @@ def plot(rows: list[dict[str, Any]], png: Path) -> None:
     figure.savefig(png, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="`dilstore train qa` output directories")
-    parser.add_argument("--dev", type=Path, required=True, help="SQuAD v1.1 dev JSON")
-    parser.add_argument("--limit", type=int, default=500, help="seeded subset of dev questions (default 500)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the subset (default 0)")
-    parser.add_argument("--cache", type=Path, required=True, help="JSON file of scores already computed")
-    parser.add_argument("--png", type=Path, help="write the plot here")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    parser.add_argument("--device", help="torch device of the evaluations (default: the CPU)")
-    args = parser.parse_args(argv)
+def evaluated_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every checkpoint of every RUN scored (or taken from the cache), the cache saved after each point."""
     torch.set_num_threads(args.threads)
     cache = json.loads(args.cache.read_text()) if args.cache.is_file() else {}
+    rows = []
+    for run in args.runs:
+        for checkpoint in checkpoints(run):
+            rows.append(point(checkpoint, args.dev, args.limit, args.seed, cache, args.device))
+            args.cache.write_text(json.dumps(cache, indent=1))
+    return rows
+
+
+def scored_rows(files: list[Path]) -> list[dict[str, Any]]:
+    """The rows of earlier calls: each file holds the JSON list such a call printed last."""
+    rows = []
+    for file in files:
+        try:
+            found = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise DilstoreError(f"{file}: not a readable JSON list of curve rows ({error})") from error
+        if not isinstance(found, list) or not all(isinstance(row, dict) and ROW_KEYS <= row.keys() for row in found):
+            raise DilstoreError(f"{file}: expected a JSON list of rows with {', '.join(sorted(ROW_KEYS))}")
+        rows += found
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="*", type=Path, metavar="RUN", help="`dilstore train qa` output directories")
+    parser.add_argument("--scored", nargs="+", type=Path, metavar="FILE", help="JSON rows of an earlier call")
+    parser.add_argument("--dev", type=Path, help="SQuAD v1.1 dev JSON (needed with RUN)")
+    parser.add_argument("--limit", type=int, default=500, help="seeded subset of dev questions (default 500)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the subset (default 0)")
+    parser.add_argument("--cache", type=Path, help="JSON file of scores already computed (needed with RUN)")
+    parser.add_argument("--png", type=Path, help="write the plot here")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--device", help="torch device of the evaluations (default: CUDA when present, else the CPU)")
+    args = parser.parse_args(argv)
+    if bool(args.runs) == bool(args.scored) or (args.runs and (args.dev is None or args.cache is None)):
+        parser.error("give RUN... with --dev and --cache, or --scored FILE...")
     try:
-        rows = []
-        for run in args.runs:
-            for checkpoint in checkpoints(run):
-                rows.append(point(checkpoint, args.dev, args.limit, args.seed, cache, args.device))
-                args.cache.write_text(json.dumps(cache, indent=1))
+        rows = scored_rows(args.scored) if args.scored else evaluated_rows(args)
     except DilstoreError as error:
         print(f"reader_curve: error: {error}", file=sys.stderr)
         return 2

@@ -46,3 +46,26 @@ def test_every_checkpoint_is_a_point_and_scores_are_cached(
     monkeypatch.setattr(script, "evaluate_file", no_evaluation)
     assert script.main(arguments) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == rows
+
+    scored = tmp_path / "rows.json"
+    scored.write_text(json.dumps(rows), encoding="utf-8")
+    (tmp_path / "curve.png").unlink()
+    assert script.main(["--scored", str(scored), "--png", str(tmp_path / "curve.png")]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == rows, "rows scored elsewhere, unchanged"
+    assert (tmp_path / "curve.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "content", ["not json", json.dumps({"run": "a"}), json.dumps([{"run": "a", "step": 1}])], ids=["text", "object", "keys"]
+)
+def test_scored_rows_that_are_not_curve_rows_are_refused_by_name(tmp_path: Path, capsys, content: str) -> None:
+    scored = tmp_path / "rows.json"
+    scored.write_text(content, encoding="utf-8")
+    assert curve_script().main(["--scored", str(scored)]) == 2
+    assert f"reader_curve: error: {scored}" in capsys.readouterr().err
+
+
+def test_runs_and_scored_rows_do_not_mix(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        curve_script().main([str(tmp_path), "--scored", str(tmp_path / "rows.json")])
+    assert stopped.value.code == 2
