@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,21 +219,26 @@ def calibrate(schedule: Schedule, teacher: Path, triples: Path, limit: int) -> C
     return cal
 
 
-def train(args: argparse.Namespace) -> int:
-    """Steps 1 to 4 of the module docstring."""
-    args.work.mkdir(parents=True, exist_ok=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    smoke = [] if args.smoke is None else ["--train-limit", str(args.smoke), "--eval-limit", str(args.smoke)]
-    schedule = Schedule(args.carry, args.work, args.deadline, args.device, smoke)
-    try:
-        run_schedule(schedule, args)
-    finally:
-        write_results(schedule, args.out)
-    return 0
+def on_the_gpu(plan: Callable[[Schedule, argparse.Namespace], None]) -> Callable[[argparse.Namespace], int]:
+    """A subcommand that runs `plan` under one Schedule and packs every run's record, even when `plan` fails."""
+
+    def run(args: argparse.Namespace) -> int:
+        args.work.mkdir(parents=True, exist_ok=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        smoke = [] if args.smoke is None else ["--train-limit", str(args.smoke), "--eval-limit", str(args.smoke)]
+        schedule = Schedule(args.carry, args.work, args.deadline, args.device, smoke)
+        try:
+            plan(schedule, args)
+        finally:
+            write_results(schedule, args.out)
+        return 0
+
+    return run
 
 
 def run_schedule(schedule: Schedule, args: argparse.Namespace) -> None:
-    """Calibrate, plan one budget share, train the teacher, then the students side by side, export the k=4 pick."""
+    """`train`, steps 1 to 4 of the module docstring: calibrate, plan one budget share, train the teacher, then the
+    students side by side, export the k=4 pick."""
     carried_teacher = args.carry / "teacher-k0"
     triples = args.carry / "shared-norm" / "triples.jsonl.gz"
     examples = args.train_examples
@@ -294,36 +300,15 @@ def steady_rate(log: str) -> float | None:
     return statistics.median(rates[1:]) / GROUP if len(rates) > 1 else None
 
 
-def extend(args: argparse.Namespace) -> int:
-    """`extend`: probe, size, train with shared normalisation, curve, export (see the module docstring)."""
-    args.work.mkdir(parents=True, exist_ok=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    smoke = [] if args.smoke is None else ["--train-limit", str(args.smoke), "--eval-limit", str(args.smoke)]
-    schedule = Schedule(args.carry, args.work, args.deadline, args.device, smoke)
-    try:
-        run_extension(schedule, args)
-    finally:
-        write_results(schedule, args.out)
-    return 0
-
-
 def run_extension(schedule: Schedule, args: argparse.Namespace) -> None:
-    """The probe run's rate sizes the one long run; its checkpoints are scored for the curve; the result exported."""
+    """`extend`: the probe run's rate sizes the one long run; its checkpoints are scored for the curve; the result
+    exported."""
     start = args.carry / "start"
     recipe = [
         "--shared-norm", str(args.carry / "shared-norm" / "triples.jsonl.gz"), "--batch-size", str(args.groups),
         "--learning-rate", args.learning_rate, "--warmup-ratio", "0.06", "--save-every-minutes", "0",
     ]  # fmt: skip
-    probe_limit = args.probe_limit if args.smoke is None else args.smoke
-    probe = ["--train-limit", str(probe_limit), "--max-steps", str(args.probe_steps), "--log-every", "25"]
-    launched = schedule.elapsed()
-    schedule.wait({"probe": schedule.launch("probe", args.layers, start, [*recipe, *probe], evaluate=False)},
-                  stop_at=args.deadline * 0.3)  # fmt: skip
-    training = schedule.record("probe").get("training")
-    rate = steady_rate((schedule.work / "probe.log").read_text(encoding="utf-8", errors="replace"))
-    if training is None or rate is None:
-        raise SystemExit(f"the probe run failed: see {schedule.work / 'probe.log'}")
-    overhead = schedule.elapsed() - launched - training["train_seconds"]
+    rate, overhead = probe(schedule, args, start, recipe)
     seconds = args.deadline - schedule.elapsed() - args.export_reserve - args.curve_reserve - 2 * overhead
     steps = extension_steps(rate, seconds, args.groups, args.max_epochs)
     every = max(1, steps // args.curve_points)
@@ -336,6 +321,30 @@ def run_extension(schedule: Schedule, args: argparse.Namespace) -> None:
     schedule.wait({"extended": schedule.launch("extended", args.layers, start, long_run)},
                   stop_at=stop - args.curve_reserve)  # fmt: skip
     run = schedule.work / "extended"
+    score_checkpoints(schedule, run, args, stop_at=stop)
+    saved = sorted((run / "checkpoints").glob("step-*")) if (run / "checkpoints").is_dir() else []
+    chosen = run if (run / "model.safetensors").is_file() else (saved[-1] if saved else None)
+    schedule.note(event="chosen", run=None if chosen is None else str(chosen))
+    if chosen is not None:
+        export(chosen, "extended", args.out)
+
+
+def probe(schedule: Schedule, args: argparse.Namespace, start: Path, recipe: list[str]) -> tuple[float, float]:
+    """A short run of the recipe on --probe-limit questions: its steady groups/s and its seconds outside training."""
+    limit = args.probe_limit if args.smoke is None else args.smoke
+    short = ["--train-limit", str(limit), "--max-steps", str(args.probe_steps), "--log-every", "25"]
+    launched = schedule.elapsed()
+    schedule.wait({"probe": schedule.launch("probe", args.layers, start, [*recipe, *short], evaluate=False)},
+                  stop_at=args.deadline * 0.3)  # fmt: skip
+    training = schedule.record("probe").get("training")
+    rate = steady_rate((schedule.work / "probe.log").read_text(encoding="utf-8", errors="replace"))
+    if training is None or rate is None:
+        raise SystemExit(f"the probe run failed: see {schedule.work / 'probe.log'}")
+    return rate, schedule.elapsed() - launched - training["train_seconds"]
+
+
+def score_checkpoints(schedule: Schedule, run: Path, args: argparse.Namespace, stop_at: float) -> None:
+    """reader_curve.py over the run's checkpoints on --curve-limit seeded dev questions (table and rows in curve.log)."""
     curve = [
         sys.executable, str(Path(__file__).with_name("reader_curve.py")), str(run),
         "--dev", str(schedule.data / "dev-v1.1.json"), "--limit", str(args.curve_limit),
@@ -343,13 +352,7 @@ def run_extension(schedule: Schedule, args: argparse.Namespace) -> None:
     ]  # fmt: skip
     schedule.note(event="launch", run="curve", command=curve[1:])
     with (schedule.work / "curve.log").open("wb") as log:
-        schedule.wait({"curve": subprocess.Popen(curve, stdout=log, stderr=subprocess.STDOUT)}, stop_at=stop)
-    finished = (run / "model.safetensors").is_file()
-    saved = sorted((run / "checkpoints").glob("step-*")) if (run / "checkpoints").is_dir() else []
-    chosen = run if finished else (saved[-1] if saved else None)
-    schedule.note(event="chosen", run=None if chosen is None else str(chosen))
-    if chosen is not None:
-        export(chosen, "extended", args.out)
+        schedule.wait({"curve": subprocess.Popen(curve, stdout=log, stderr=subprocess.STDOUT)}, stop_at=stop_at)
 
 
 def dev_f1(record: dict[str, Any]) -> float | None:
@@ -488,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     run.add_argument("--priority-students", type=int, nargs="+", default=[4, 5])
     run.add_argument("--prefer-margin", type=float, default=0.5)
-    run.set_defaults(run=train)
+    run.set_defaults(run=on_the_gpu(run_schedule))
     more = commands.add_parser("extend", help="continue the carried start reader with shared normalisation")
     more.add_argument("--carry", type=Path, default=Path(".carry/reader"))
     more.add_argument("--work", type=Path, default=Path("/tmp/reader-runs"))
@@ -496,17 +499,17 @@ def main(argv: list[str] | None = None) -> int:
     more.add_argument("--deadline", type=float, default=540.0, help="seconds from start to the end of the export")
     more.add_argument("--export-reserve", type=float, default=30.0, help="seconds kept for the export")
     more.add_argument("--curve-reserve", type=float, default=45.0, help="seconds kept for scoring the checkpoints")
-    more.add_argument("--layers", type=int, default=4, help="k of the start reader")
+    more.add_argument("--layers", type=int, default=4, help="k to train (a k=0 start becomes a k-layer reader)")
     more.add_argument("--groups", type=int, default=32, help="questions (groups of 4 windows) per step")
     more.add_argument("--learning-rate", default="1e-4")
-    more.add_argument("--max-epochs", type=int, default=3)
+    more.add_argument("--max-epochs", type=int, default=2, help="at most this many passes (the seed schedule: 2)")
     more.add_argument("--probe-limit", type=int, default=6000, help="training questions of the probe run")
     more.add_argument("--probe-steps", type=int, default=300)
     more.add_argument("--curve-points", type=int, default=6, help="periodic checkpoints scored for the curve")
     more.add_argument("--curve-limit", type=int, default=2000, help="seeded dev questions per curve point")
     more.add_argument("--device", default="cuda", help="cpu for a smoke test of the script itself")
     more.add_argument("--smoke", type=int, metavar="N", help="a smoke test of the script: N training and dev questions")
-    more.set_defaults(run=extend)
+    more.set_defaults(run=on_the_gpu(run_extension))
     again = commands.add_parser("export", help="export another run of a finished schedule (same machine)")
     again.add_argument("name")
     again.add_argument("--work", type=Path, default=Path("/tmp/reader-runs"))
