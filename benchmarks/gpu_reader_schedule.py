@@ -223,6 +223,10 @@ def on_the_gpu(plan: Callable[[Schedule, argparse.Namespace], None]) -> Callable
     """A subcommand that runs `plan` under one Schedule and packs every run's record, even when `plan` fails."""
 
     def run(args: argparse.Namespace) -> int:
+        missing = [name for name in ("train-v1.1.json.xz", "dev-v1.1.json.xz") if not (args.carry / name).is_file()]
+        if missing:
+            print(f"{args.carry}: no {' or '.join(missing)}; write the carried folder with `prepare`", file=sys.stderr)
+            return 2
         args.work.mkdir(parents=True, exist_ok=True)
         args.out.mkdir(parents=True, exist_ok=True)
         smoke = [] if args.smoke is None else ["--train-limit", str(args.smoke), "--eval-limit", str(args.smoke)]
@@ -469,11 +473,14 @@ def join(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("train", help="calibrate, teacher, students, export (steps 1-4)")
-    run.add_argument("--carry", type=Path, default=Path(".carry/reader"))
-    run.add_argument("--work", type=Path, default=Path("/tmp/reader-runs"))
-    run.add_argument("--out", type=Path, required=True)
-    run.add_argument("--deadline", type=float, default=540.0, help="seconds from start to the end of the export")
+    on_gpu = argparse.ArgumentParser(add_help=False)  # the options of both subcommands that run on the GPU
+    on_gpu.add_argument("--carry", type=Path, default=Path(".carry/reader"))
+    on_gpu.add_argument("--work", type=Path, default=Path("/tmp/reader-runs"))
+    on_gpu.add_argument("--out", type=Path, required=True)
+    on_gpu.add_argument("--deadline", type=float, default=540.0, help="seconds from start to the end of the export")
+    on_gpu.add_argument("--device", default="cuda", help="cpu for a smoke test of the script itself")
+    on_gpu.add_argument("--smoke", type=int, metavar="N", help="a smoke test of the script: N training and dev questions")
+    run = commands.add_parser("train", parents=[on_gpu], help="calibrate, teacher, students, export (steps 1-4)")
     run.add_argument("--export-reserve", type=float, default=40.0, help="seconds kept for the export")
     run.add_argument("--calibration-limit", type=int, default=3000, help="training questions per calibration run")
     run.add_argument(
@@ -482,8 +489,6 @@ def main(argv: list[str] | None = None) -> int:
         "the hard stop is ended)",
     )  # fmt: skip
     run.add_argument("--train-examples", type=int, default=88641, help="training windows of SQuAD v1.1 train")
-    run.add_argument("--device", default="cuda", help="cpu for a smoke test of the script itself")
-    run.add_argument("--smoke", type=int, metavar="N", help="a smoke test of the script: N training and dev questions")
     run.add_argument("--students", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     run.add_argument(
         "--min-fraction", type=float, default=0.5,
@@ -492,11 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--priority-students", type=int, nargs="+", default=[4, 5])
     run.add_argument("--prefer-margin", type=float, default=0.5)
     run.set_defaults(run=on_the_gpu(run_schedule))
-    more = commands.add_parser("extend", help="continue the carried start reader with shared normalisation")
-    more.add_argument("--carry", type=Path, default=Path(".carry/reader"))
-    more.add_argument("--work", type=Path, default=Path("/tmp/reader-runs"))
-    more.add_argument("--out", type=Path, required=True)
-    more.add_argument("--deadline", type=float, default=540.0, help="seconds from start to the end of the export")
+    more = commands.add_parser(
+        "extend", parents=[on_gpu], help="continue the carried start reader with shared normalisation"
+    )
     more.add_argument("--export-reserve", type=float, default=30.0, help="seconds kept for the export")
     more.add_argument("--curve-reserve", type=float, default=45.0, help="seconds kept for scoring the checkpoints")
     more.add_argument("--layers", type=int, default=4, help="k to train (a k=0 start becomes a k-layer reader)")
@@ -507,8 +510,6 @@ def main(argv: list[str] | None = None) -> int:
     more.add_argument("--probe-steps", type=int, default=300)
     more.add_argument("--curve-points", type=int, default=6, help="periodic checkpoints scored for the curve")
     more.add_argument("--curve-limit", type=int, default=2000, help="seeded dev questions per curve point")
-    more.add_argument("--device", default="cuda", help="cpu for a smoke test of the script itself")
-    more.add_argument("--smoke", type=int, metavar="N", help="a smoke test of the script: N training and dev questions")
     more.set_defaults(run=on_the_gpu(run_extension))
     again = commands.add_parser("export", help="export another run of a finished schedule (same machine)")
     again.add_argument("name")

@@ -186,3 +186,14 @@ def test_extension_steps_of_the_h200_run(schedule):
     assert schedule.extension_steps(678.0, 345.0, 32, 3) == 7309  # floor(345 * 678 / 32)
     assert schedule.extension_steps(678.0, 5000.0, 32, 2) == 5475  # the 2-epoch cap, ceil(2 * 87599 / 32)
     assert schedule.extension_steps(678.0, -5.0, 32, 2) == 1
+
+
+@pytest.mark.parametrize("command", ["train", "extend"])
+def test_a_carried_folder_without_the_data_is_refused_by_name(schedule, tmp_path, capsys, command):
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    (carry / "dev-v1.1.json.xz").write_bytes(lzma.compress(b"{}"))
+    argv = [command, "--carry", str(carry), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    assert schedule.main(argv) == 2
+    assert f"{carry}: no train-v1.1.json.xz; write the carried folder with `prepare`" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
