@@ -197,3 +197,71 @@ def test_a_carried_folder_without_the_data_is_refused_by_name(schedule, tmp_path
     assert schedule.main(argv) == 2
     assert f"{carry}: no train-v1.1.json.xz; write the carried folder with `prepare`" in capsys.readouterr().err
     assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+
+
+class _FinishedRun:
+    """What `Schedule.launch` gets from a faked Popen: a process that has already ended well."""
+
+    returncode = 0
+
+    def poll(self) -> int:
+        return 0
+
+
+def _fake_runs(launched: list[list[str]]):
+    """A Popen stand-in: the probe logs steady progress, the long run leaves two checkpoints and no final model."""
+
+    def popen(command, stdout=None, stderr=None):
+        launched.append([str(part) for part in command])
+        if "--output" not in command:  # reader_curve.py
+            return _FinishedRun()
+        output = Path(command[command.index("--output") + 1])
+        output.mkdir(parents=True)
+        if output.name == "probe":
+            stdout.write(b"step 25/300 loss 2.0 lr 1e-05 windows/s 400.00 seen 800 elapsed 20s\n"
+                         b"step 50/300 loss 1.9 lr 2e-05 windows/s 2000.00 seen 1600 elapsed 21s\n"
+                         b"step 75/300 loss 1.9 lr 3e-05 windows/s 2400.00 seen 2400 elapsed 22s\n")  # fmt: skip
+            stdout.flush()
+            record = {"features_seen": 2400, "train_seconds": 22.0}
+            (output / "dilstore_training.json").write_text(json.dumps(record), encoding="utf-8")
+        else:
+            for step in (100, 200):
+                checkpoint = output / "checkpoints" / f"step-{step:07d}"
+                checkpoint.mkdir(parents=True)
+                save_file({"weight": torch.full((4, 4), float(step))}, checkpoint / "model.safetensors")
+                (checkpoint / "config.json").write_text(json.dumps({"step": step}), encoding="utf-8")
+        return _FinishedRun()
+
+    return popen
+
+
+def test_extend_sizes_the_run_from_the_probe_and_exports_the_newest_checkpoint_of_a_cut_run(
+    schedule, tmp_path, monkeypatch
+):
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        (carry / f"{name}.xz").write_bytes(lzma.compress(b'{"data": []}'))
+    launched: list[list[str]] = []
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_runs(launched))
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    out, work = tmp_path / "out", tmp_path / "work"
+    argv = ["extend", "--carry", str(carry), "--work", str(work), "--out", str(out), "--deadline", "500",
+            "--groups", "32", "--curve-points", "4"]  # fmt: skip
+    assert schedule.main(argv) == 0
+
+    events = json.loads((work / "results.json").read_text(encoding="utf-8"))["events"]
+    plan = next(event for event in events if event["event"] == "plan")
+    assert plan["groups_per_second"] == pytest.approx(2200.0 / 4), "the median after the first line, per group"
+    assert plan["steps"] == schedule.extension_steps(2200.0 / 4, plan["seconds"], 32, 2)
+    long_run = next(command for command in launched if "extended" in command[command.index("--output") + 1])
+    assert long_run[long_run.index("--max-steps") + 1] == str(plan["steps"])
+    assert long_run[long_run.index("--save-every") + 1] == str(max(1, plan["steps"] // 4))
+    assert any(command[1].endswith("reader_curve.py") for command in launched), "the checkpoints were scored"
+    chosen = next(event for event in events if event["event"] == "chosen")
+    assert chosen["run"].endswith("step-0000200")
+
+    into = tmp_path / "joined"
+    assert schedule.main(["join", str(out), "extended", "--into", str(into)]) == 0
+    assert torch.equal(load_file(into / "model.safetensors")["weight"], torch.full((4, 4), 200.0, dtype=torch.float16))
+    assert json.loads((into / "config.json").read_text(encoding="utf-8")) == {"step": 200}
