@@ -34,7 +34,8 @@ dev questions, and the final model (the newest checkpoint when the run was cut o
    as fp16 weights in pieces under 16 MiB with their SHA-256, a tar of its small files, and every run's record in
    results.tgz (the machine returns at most 8 files).
 
-The carried folder (git-ignored, prepared here): teacher-k0/ (an fp16 k=0 reader), train-v1.1.json.xz,
+The carried folder (git-ignored, prepared here): teacher-k0/ (an fp16 k=0 reader; for `extend`, start/ instead:
+the reader it continues), train-v1.1.json.xz,
 dev-v1.1.json.xz, shared-norm/triples.jsonl.gz and shared-norm/paragraphs.jsonl.gz. The GPU machine has torch,
 transformers and setuptools but no zarr, Beam or pyserini; `train qa` and `evaluate-rc` need none of them. The
 shipped weights tracked in reader/models/ (~100 MB) put the tree over the 64 MiB a call may carry: move their
@@ -324,10 +325,11 @@ def run_extension(schedule: Schedule, args: argparse.Namespace) -> None:
     stop = args.deadline - args.export_reserve
     schedule.wait({"extended": schedule.launch("extended", args.layers, start, long_run)},
                   stop_at=stop - args.curve_reserve)  # fmt: skip
+    from dilstore.reader.training.state import latest_checkpoint
+
     run = schedule.work / "extended"
     score_checkpoints(schedule, run, args, stop_at=stop)
-    saved = sorted((run / "checkpoints").glob("step-*")) if (run / "checkpoints").is_dir() else []
-    chosen = run if (run / "model.safetensors").is_file() else (saved[-1] if saved else None)
+    chosen = run if (run / "model.safetensors").is_file() else latest_checkpoint(run / "checkpoints")
     schedule.note(event="chosen", run=None if chosen is None else str(chosen))
     if chosen is not None:
         export(chosen, "extended", args.out)

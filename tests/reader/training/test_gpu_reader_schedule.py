@@ -230,6 +230,8 @@ def _fake_runs(launched: list[list[str]]):
                 checkpoint.mkdir(parents=True)
                 save_file({"weight": torch.full((4, 4), float(step))}, checkpoint / "model.safetensors")
                 (checkpoint / "config.json").write_text(json.dumps({"step": step}), encoding="utf-8")
+                (checkpoint / "training_state.json").write_text(json.dumps({"step": step}), encoding="utf-8")
+            (output / "checkpoints" / "step-0000300").mkdir()  # cut off while saving: no training state, skipped
         return _FinishedRun()
 
     return popen
