@@ -544,6 +544,25 @@ def train_residual_codebook(encoding: str, sample: np.ndarray) -> dict[str, np.n
     return _train_residual(np.asarray(sample, dtype=np.float32), bits)
 
 
+def round_trip(encoding: str, codebook: Mapping[str, np.ndarray] | None = None) -> Callable[[np.ndarray], np.ndarray]:
+    """What a store of `encoding` with `codebook` gives back for float32 states `(T, *S)`: encode, then decode.
+
+    The codebook's lookup tables are prepared once, as a reader prepares them
+    once per store. Encodings with a codebook need one here: encoding without
+    would train a new codebook on every call's states.
+    """
+    spec = get_encoding(encoding)
+    if spec.codebook and codebook is None:
+        raise StoreFormatError(f"a {spec.name} round trip needs the codebook the store would encode with")
+    prepared = {} if codebook is None else dict(codebook if spec.prepare is None else spec.prepare(codebook))
+
+    def encode_and_decode(states: np.ndarray) -> np.ndarray:
+        encoded = spec.encode(np.asarray(states, dtype=np.float32), codebook)
+        return np.asarray(spec.decode({**encoded, **prepared}), dtype=np.float32)  # (T, *S)
+
+    return encode_and_decode
+
+
 def check_codebook(encoding: Encoding, codebook: Mapping[str, np.ndarray], state_shape: Shape) -> None:
     """Raise StoreFormatError unless `codebook` has the encoding's codebook arrays, shaped for `state_shape`, valid.
 

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook, write_codebook
-from dilstore.storage.encodings import check_codebook, get_encoding, train_codebook
+from dilstore.storage.encodings import check_codebook, get_encoding, round_trip, train_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import fingerprint_sha256
@@ -123,6 +123,25 @@ def test_zarr_python_reads_codes_and_codebook_and_decodes_like_the_store(lowbit_
         ids = [r.id for r in records if r.id.startswith(f"p{shard}-")]
         for row, passage_id in enumerate(ids):
             np.testing.assert_allclose(decoded[offsets[row] : offsets[row + 1]], stored[passage_id], rtol=1e-6)
+
+
+def test_round_trip_gives_back_what_the_store_returns(lowbit_store) -> None:
+    """`round_trip` (what `train qa --store-encoding` trains on) equals the store's own reads, bit for bit."""
+    encoding, root, records = lowbit_store
+    codebook = read_codebook(root / CODEBOOK_DIR, encoding)[0]
+    through = round_trip(encoding, codebook)
+    stored = open_store(root).fetch([record.id for record in records])
+    joined = through(np.concatenate([record.states for record in records]))  # (T, d)
+    np.testing.assert_array_equal(joined, np.concatenate([passage.states for passage in stored]))
+    assert not np.array_equal(joined, np.concatenate([record.states for record in records]))  # it is lossy
+    with pytest.raises(StoreFormatError, match="needs the codebook"):
+        round_trip(encoding)
+
+
+def test_round_trip_of_a_float_encoding_is_its_rounding() -> None:
+    states = np.random.default_rng(3).standard_normal((7, DIMS)).astype(np.float32)  # (T, d)
+    np.testing.assert_array_equal(round_trip("fp16")(states), states.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(round_trip("fp32")(states), states)
 
 
 def test_both_read_paths_and_a_compressed_store_decode_with_the_store_codebook(lowbit_store, tmp_path_factory) -> None:
