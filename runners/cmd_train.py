@@ -86,6 +86,16 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
         help="train only layers k+1..l and the head: the embeddings and layers 1..k stay as in --model, and each "
         "window's layer-k states are computed once and cached in fp16, as a store keeps them (needs k >= 1)",
     )  # fmt: skip
+    parser.add_argument(
+        "--store-encoding", metavar="ENCODING",
+        help="with --freeze-lower: cache the passage states as a store of this encoding (e.g. 2bit) returns them, "
+        "so the upper layers learn to read decoded states; the codebook goes to OUTPUT/codebook",
+    )  # fmt: skip
+    parser.add_argument(
+        "--codebook", type=Path,
+        help="with --store-encoding: this codebook (a store's codebook/ folder) instead of one trained on a seeded "
+        "sample of the training passages' states",
+    )  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
     parser.add_argument("--eval-limit", type=int, help="evaluate on a seeded random subset of N dev questions")
     parser.add_argument("--eval-seed", type=int, default=0, help="seed of the --eval-limit subset (default 0)")
@@ -109,6 +119,8 @@ def run_qa(args: argparse.Namespace) -> int:
         raise DilstoreError(f"--dev {args.dev}: no such file")
     if args.shared_norm is not None and not args.shared_norm.is_file():
         raise DilstoreError(f"--shared-norm {args.shared_norm}: no such file")
+    if args.codebook is not None and not args.codebook.is_dir():
+        raise DilstoreError(f"--codebook {args.codebook}: no such directory")
     config = TrainingConfig(
         layers=args.layers,
         max_seq_length=args.max_seq_length,
@@ -122,6 +134,8 @@ def run_qa(args: argparse.Namespace) -> int:
         shared_norm=None if args.shared_norm is None else str(args.shared_norm),
         shared_norm_negatives=args.shared_norm_negatives,
         freeze_lower=args.freeze_lower,
+        store_encoding=args.store_encoding,
+        codebook=None if args.codebook is None else str(args.codebook),
         **config_fields(args),
     )
     result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args))

@@ -87,6 +87,8 @@ class DilBertReader(nn.Module):
                 f"{self.num_layers}-layer {model.config.model_type} model, got {layers!r}"
             )
         self.layers: int = layers
+        # The file of online layers swapped in for a store's encoding (reader/modeling/online_variants.py), if any.
+        self.online_variant: str | None = None
 
     # ------------------------------------------------------------------ loading and saving
 
@@ -141,6 +143,20 @@ class DilBertReader(nn.Module):
             layers=self.layers,
             num_layers=self.num_layers,
         )
+
+    def offline_modules(self) -> list[nn.Module]:
+        """The embeddings and layers 1..k: the modules whose weights shape the passage states a store keeps."""
+        return [self.model.base_model.embeddings] + [
+            self.architecture.layer_module(self.model, index) for index in range(self.layers)
+        ]
+
+    def online_state_names(self) -> list[str]:
+        """The names in `model`'s state dict outside `offline_modules`: layers k+1..l and the head, sorted."""
+        offline = {
+            id(tensor) for module in self.offline_modules() for tensor in [*module.parameters(), *module.buffers()]
+        }
+        state = self.model.state_dict(keep_vars=True)
+        return sorted(name for name, tensor in state.items() if id(tensor) not in offline)
 
     def fingerprinted_network(self) -> tuple[PreTrainedConfig, nn.Module]:
         """The config and the module whose weights a store's fingerprint hashes: the wrapped HF model."""

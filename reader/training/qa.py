@@ -27,7 +27,9 @@ trained k is exactly the k that `precompute` and `ask` use.
 - Frozen lower layers (`freeze_lower`, reader/training/frozen_lower.py): the
   embeddings and layers 1..k stay as loaded, each distinct window's layer-k
   states are computed once and cached in fp16 (the store as a training
-  cache), and only layers k+1..l and the head train.
+  cache), and only layers k+1..l and the head train. With `store_encoding`
+  (reader/training/store_codec.py) the cached passage states are what a
+  store of that encoding returns, so the upper layers learn to read them.
 - The final model goes to OUTPUT itself, with dilstore_training.json (k, the
   command, the budget actually run).
 """
@@ -49,6 +51,7 @@ from dilstore.reader.data.shared_norm import shared_norm_groups
 from dilstore.reader.data.squad import load_squad
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
+from dilstore.reader.training.store_codec import training_round_trip
 from dilstore.reader.training.loop import (
     Throughput,
     accumulate_micro_batches,
@@ -57,6 +60,7 @@ from dilstore.reader.training.loop import (
     optimizer_step_batches,
 )
 from dilstore.reader.training.runs import TrainerRun, finish_run, start_run
+from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 
 
@@ -99,9 +103,20 @@ class TrainingConfig:
     shared_norm: str | None = None
     shared_norm_negatives: int = 3
     freeze_lower: bool = False
+    store_encoding: str | None = None
+    codebook: str | None = None
 
     def __post_init__(self) -> None:
         check_loop_settings(self)
+        if self.store_encoding is not None:
+            get_encoding(self.store_encoding)
+            if not self.freeze_lower:
+                raise DilstoreError(
+                    "store-encoding trains on states as a store returns them, which needs --freeze-lower: "
+                    "the lower layers must stay as they are so that the stored passage states do not change"
+                )
+        if self.codebook is not None and self.store_encoding is None:
+            raise DilstoreError("codebook is the one a --store-encoding round trip uses; give --store-encoding too")
         if self.shared_norm is not None and self.shared_norm_negatives < 1:
             raise DilstoreError(
                 f"shared-norm-negatives must be at least 1 (paragraphs beside the answer's), got "
@@ -312,11 +327,18 @@ def train_qa(
     """
     start = start_run(output_dir, config, resume=resume, device=device)
     reader = DilBertReader.from_pretrained(start.resume_from or model_dir, layers=config.layers)
+    data = load_training_data(reader.tokenizer, Path(train_file), config)
     lower_cache = None
     if config.freeze_lower:
         freeze_lower_layers(reader)
-        lower_cache = LowerStateCache(reader)
-    data = load_training_data(reader.tokenizer, Path(train_file), config)
+        round_trip = None
+        if config.store_encoding is not None:
+            round_trip = training_round_trip(
+                reader.to(start.device), [feature.passage.token_ids for feature in data.features],
+                config.store_encoding, None if config.codebook is None else Path(config.codebook),
+                start.output_dir, start.device, resume=start.resume_from is not None,
+            )  # fmt: skip
+        lower_cache = LowerStateCache(reader, round_trip)
     distillation = None
     if config.teacher is not None:
         teacher = load_teacher(Path(config.teacher), reader, start.device)

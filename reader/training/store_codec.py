@@ -1,0 +1,97 @@
+"""Training on what a low-bit store gives back: `train qa --freeze-lower --store-encoding ENC` (issue 15).
+
+A 2bit or 1bit store returns layer-k passage states with an error that the
+upper layers never saw in training, and the reader loses F1 through it
+(BENCHMARKS.md, "Low-bit store encodings"). With frozen lower layers the
+cached passage states can be exactly what such a store returns: encoded with
+a codebook and decoded again (storage.encodings.round_trip). Only layers
+k+1..l and the head train, so they learn to read decoded states, while the
+passage states, and so any store precomputed with the starting model, stay
+as they were. Question states are computed online and never stored: they
+stay fp16.
+
+The codebook is given (`codebook`: a store's `codebook/` group, to train on
+that store's exact codes) or trained the way the pipeline's sampling pass
+trains a store's (pipelines/codebook.py): on a seeded sample of at most
+CODEBOOK_SAMPLE_TOKENS layer-k token states of at most CODEBOOK_WINDOWS
+distinct training passage windows. A store of another corpus trains its own
+codebook, so the upper layers are meant to learn the codec's kind of error,
+not one codebook. The codebook is written to OUTPUT/codebook, and a resumed
+run reads it back, so every step of a run sees the same codes.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.training.frozen_lower import StateTransform, encode_windows
+from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
+from dilstore.storage.encodings import (
+    CODEBOOK_SAMPLE_TOKENS,
+    CODEBOOK_SEED,
+    get_encoding,
+    round_trip,
+    sample_rows,
+    train_codebook,
+)
+
+CODEBOOK_WINDOWS = 512  # as many passage windows as the pipeline samples documents
+_ENCODE_BATCH = 32
+
+
+def passage_state_sample(
+    reader: DilBertReader, windows: Sequence[Sequence[int]], device: torch.device, seed: int = CODEBOOK_SEED
+) -> np.ndarray:
+    """A seeded sample of at most CODEBOOK_SAMPLE_TOKENS layer-k token states `(N, d)` of CODEBOOK_WINDOWS distinct windows.
+
+    The windows are drawn from the distinct token-id rows in sorted order, so
+    the sample does not depend on the order or repeats of `windows`.
+    """
+    distinct = sorted({tuple(int(token) for token in ids) for ids in windows})
+    chosen = [distinct[int(index)] for index in sample_rows(len(distinct), CODEBOOK_WINDOWS, seed)]
+    states = [
+        row
+        for start in range(0, len(chosen), _ENCODE_BATCH)
+        for row in encode_windows(reader, reader.encode_passages, chosen[start : start + _ENCODE_BATCH], device)
+    ]
+    joined = torch.cat(states).numpy()  # (Σn, d)
+    return joined[sample_rows(len(joined), CODEBOOK_SAMPLE_TOKENS, seed)]  # (N, d)
+
+
+def training_round_trip(
+    reader: DilBertReader,
+    windows: Sequence[Sequence[int]],
+    encoding: str,
+    codebook: Path | None,
+    output_dir: Path,
+    device: torch.device,
+    *,
+    resume: bool,
+) -> StateTransform:
+    """The round trip through `encoding` that a run's passage states take, with its codebook saved to OUTPUT/codebook.
+
+    A resumed run reads back the codebook its first part saved; otherwise it
+    is the given `codebook` or one trained on `windows` (module docstring).
+    """
+    target = Path(output_dir) / CODEBOOK_DIR
+    if resume and target.is_dir():
+        arrays, _ = read_codebook(target, encoding)
+        return round_trip(encoding, arrays)
+    if not get_encoding(encoding).codebook:
+        return round_trip(encoding)
+    if codebook is not None:
+        arrays, state_shape = read_codebook(codebook, encoding)
+    else:
+        sample = passage_state_sample(reader, windows, device)  # (N, d)
+        arrays, state_shape = train_codebook(encoding, sample), sample.shape[1:]
+    if target.is_dir():
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_codebook(target, encoding, arrays, tuple(state_shape))
+    return round_trip(encoding, arrays)
