@@ -33,6 +33,11 @@ def add_odqa_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", type=Path, help="reader checkpoint that made the store (default: the shipped reader)"
     )
     parser.add_argument(
+        "--no-online-variant", action="store_true",
+        help="read a 2bit/1bit store with the checkpoint's own online layers, not those it tuned for that "
+        "encoding (online-ENC.safetensors)",
+    )  # fmt: skip
+    parser.add_argument(
         "--index", type=Path,
         help="Lucene BM25 index, a local folder (default: STORE/bm25, from `dilstore index`; a STORE given as a "
              "URL needs it)",
@@ -65,4 +70,7 @@ def open_odqa_reader(args: argparse.Namespace):  # -> reader.odqa.OpenDomainRead
 
     chosen = {name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None}
     settings = OdqaSettings(**chosen)
-    return open_reader(args.store, args.model, index_dir=args.index, settings=settings, device=args.device)
+    return open_reader(
+        args.store, args.model, index_dir=args.index, settings=settings, device=args.device,
+        online_variant=not args.no_online_variant,
+    )  # fmt: skip

@@ -38,6 +38,7 @@ from dilstore.reader.batching import BatchPolicy, length_batches, pad_token_ids
 from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.modeling.online_variants import load_online_variant
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.retrieval import Bm25Searcher, Hit
 from dilstore.reader.serving.answers import (
@@ -327,13 +328,17 @@ def bm25_index_dir(store_path: str | Path) -> Path:
     return local / BM25_INDEX_DIR
 
 
-def load_store_model(store: Any, model_dir: str | Path | None = None) -> DilBertReader:
+def load_store_model(
+    store: Any, model_dir: str | Path | None = None, *, online_variant: bool = True
+) -> DilBertReader:
     """The reader for a store: `model_dir` (default: the shipped checkpoint), checked against the store.
 
     k comes from the checkpoint's dilstore.json, or from the store when the
     checkpoint is a base model without one. The store's fingerprint must
     equal the model's (for the store's own encoding and max length), else
-    FingerprintMismatchError shows both.
+    FingerprintMismatchError shows both. Then, with `online_variant`, the
+    checkpoint's online layers tuned for the store's encoding are swapped in
+    where it has them (reader/modeling/online_variants.py).
     """
     fingerprint = store.fingerprint
     if fingerprint.kind != DilBertReader.kind:
@@ -345,6 +350,8 @@ def load_store_model(store: Any, model_dir: str | Path | None = None) -> DilBert
     model = DilBertReader.from_pretrained(directory, layers=layers)
     expected = model_fingerprint(model, DilBertReader.kind, fingerprint.encoding, fingerprint.max_length)
     check_fingerprint(fingerprint, expected, f"store {store.url} (model {directory})")
+    if online_variant:
+        load_online_variant(model, directory, fingerprint.encoding)
     return model
 
 
@@ -356,11 +363,13 @@ def open_reader(
     with_index: bool = True,
     settings: OdqaSettings | None = None,
     device: str | None = None,
+    online_variant: bool = True,
 ) -> OpenDomainReader:
     """Open a store, load and check its model, and (with_index) its BM25 index, as one OpenDomainReader.
 
     The index is looked for before the model is loaded, and the fingerprint
     checked before the JVM starts, so a bad request fails fast.
+    `online_variant`: as in `load_store_model`.
     """
     store = open_store(store_path)
     index = None
@@ -368,6 +377,6 @@ def open_reader(
         index = Path(index_dir) if index_dir is not None else bm25_index_dir(store_path)
         if not any(index.glob("segments_*")):
             raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {store_path}`")
-    model = load_store_model(store, model_dir)
+    model = load_store_model(store, model_dir, online_variant=online_variant)
     searcher = Bm25Searcher(index) if index is not None else None
     return OpenDomainReader(model, store, searcher, settings, device)
