@@ -151,7 +151,8 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"Mini OpenSQuAD: {result['questions']} questions, {result['passages']} stored passages, "
         f"model {result['model'].get('model_card_title', result['model']['path'])} "
-        f"(k={result['model'].get('layers')}), mu={result['mu']}.",
+        f"(k={result['model'].get('layers')}, online layers {result['model'].get('online_variant') or 'its own'}), "
+        f"{result['encoding']} store, mu={result['mu']}.",
         "",
         "| model | EM w/o | EM w/ | F1 w/o | F1 w/ | R |",
         "|---|---|---|---|---|---|",
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, required=True, help="folder for the store, index and collection")
     parser.add_argument("--store", type=Path, help="an existing store with STORE/bm25 (skips steps 1 and 2)")
     parser.add_argument("--model", type=Path, help="reader checkpoint (default: the shipped default checkpoint)")
+    parser.add_argument("--no-online-variant", action="store_true",
+                        help="read a 2bit/1bit store with the checkpoint's own online layers, not its tuned ones")
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="the shared data folder")
     parser.add_argument("--limit", type=int, help="a seeded random subset of N questions (default: all 10,570)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset (default 0)")
@@ -211,7 +214,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not any(bm25_index_dir(store).glob("segments_*")):
         build_index(store, stored_ids(store), args.work)
     build_seconds = time.perf_counter() - started
-    odqa = open_reader(store, model_dir, settings=OdqaSettings(top_p=max(args.top_p), mu=args.mu))
+    odqa = open_reader(store, model_dir, settings=OdqaSettings(top_p=max(args.top_p), mu=args.mu),
+                       online_variant=not args.no_online_variant)
     questions = select_questions(
         load_questions(args.data / "opensquad" / "questions.dev-v1.1.jsonl"), args.limit, args.seed
     )
@@ -248,7 +252,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "passages": len(odqa.store),
         "store": str(store),
         "encoding": odqa.store.encoding,
-        "model": model_description(Path(model_dir)),
+        "model": {**model_description(Path(model_dir)), "online_variant": odqa.model.online_variant},
         "mu": args.mu,
         "threads": args.threads,
         "rows": rows,

@@ -1,0 +1,122 @@
+"""Learning curve of a `train qa --store-encoding ENC` run: Mini OpenSQuAD F1 on an ENC store against questions seen.
+
+    .venv/bin/python benchmarks/online_variant_curve.py RUN --store STORE --work DIR \
+        [--base DIR] [--limit 300] [--top-p 29] [--png curve.png]
+
+STORE is a Mini OpenSQuAD store of the run's encoding with its BM25 index
+(benchmarks/mini_opensquad.py --encoding ENC), precomputed with --base (the
+checkpoint the run started from, default the shipped reader). Step 0 is the
+base read with its own online layers (--no-online-variant); every periodic
+checkpoint of RUN (and its final model) is packaged as the base's online
+variant in DIR/step-N (benchmarks/package_online_variant.py) and scored on the
+same seeded questions (mini_opensquad.py --store). Results are kept in
+DIR/step-N.json, so a second call scores only new checkpoints.
+Prints a table, then the rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mini_opensquad  # noqa: E402
+from package_online_variant import copy_checkpoint  # noqa: E402
+from reader_curve import checkpoints  # noqa: E402
+
+from dilstore.reader.modeling.dilbert import DilBertReader  # noqa: E402
+from dilstore.reader.modeling.online_variants import write_online_variant  # noqa: E402
+from dilstore.reader.packaged.shipped import default_checkpoint_dir  # noqa: E402
+from dilstore.reader.training.release import load_training_metadata  # noqa: E402
+from dilstore.storage.errors import DilstoreError  # noqa: E402
+
+
+def scored(result_file: Path, arguments: list[str]) -> dict[str, Any]:
+    """mini_opensquad.py's result for `arguments`, run once and kept in `result_file`."""
+    if not result_file.is_file():
+        if mini_opensquad.main([*arguments, "--output", str(result_file)]) != 0:
+            raise DilstoreError(f"mini_opensquad.py {' '.join(arguments)} failed")
+    return json.loads(result_file.read_text())
+
+
+def curve_row(step: int, questions: int, hours: float, result: dict[str, Any]) -> dict[str, Any]:
+    """One point: the training position and the first top-p row's scores."""
+    row = result["rows"][0]
+    return {
+        "step": step,
+        "questions_seen": questions,
+        "train_hours": round(hours, 3),
+        "online_variant": result["model"].get("online_variant"),
+        "top_p": row["top_p"],
+        "f1_fused": row["f1_with_bm25"],
+        "f1_alone": row["f1_without_bm25"],
+        "recall": row["recall"],
+    }
+
+
+def plot(rows: list[dict[str, Any]], png: Path, encoding: str) -> None:
+    """Fused and reader-alone F1 against questions seen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    seen = [row["questions_seen"] for row in rows]
+    axes.plot(seen, [row["f1_fused"] for row in rows], marker="o", label="fused with BM25 (mu = 0.5)")
+    axes.plot(seen, [row["f1_alone"] for row in rows], marker="s", label="reader alone (mu = 1)")
+    axes.set_xlabel("training questions seen (groups of 1 + 3 paragraphs)")
+    axes.set_ylabel(f"Mini OpenSQuAD F1 on a {encoding} store")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(png, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--store", type=Path, required=True, help="a Mini OpenSQuAD store of the run's encoding")
+    parser.add_argument("--work", type=Path, required=True, help="folder for the packaged checkpoints and results")
+    parser.add_argument("--base", type=Path, help="the checkpoint the run started from (default: the shipped reader)")
+    parser.add_argument("--limit", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top-p", type=int, default=29)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--png", type=Path)
+    args = parser.parse_args(argv)
+    base = args.base or default_checkpoint_dir()
+    common = ["--work", str(args.work), "--store", str(args.store), "--limit", str(args.limit), "--seed",
+              str(args.seed), "--top-p", str(args.top_p), "--threads", str(args.threads)]  # fmt: skip
+    try:
+        args.work.mkdir(parents=True, exist_ok=True)
+        start = scored(args.work / "step-0.json", [*common, "--model", str(base), "--no-online-variant"])
+        rows = [curve_row(0, 0, 0.0, start)]
+        for checkpoint in checkpoints(args.run):
+            training = load_training_metadata(checkpoint)
+            packaged = args.work / f"step-{training['steps']}"
+            if not packaged.is_dir():
+                copy_checkpoint(base, packaged)
+                write_online_variant(DilBertReader.from_pretrained(checkpoint), DilBertReader.from_pretrained(base),
+                                     training["config"]["store_encoding"], packaged)  # fmt: skip
+            result = scored(args.work / f"step-{training['steps']}.json", [*common, "--model", str(packaged)])
+            rows.append(curve_row(training["steps"], training["features_seen"], training["train_seconds"] / 3600, result))
+    except DilstoreError as error:
+        print(f"online_variant_curve: error: {error}", file=sys.stderr)
+        return 2
+    print("| step | questions seen | train h | F1 fused | F1 alone | R |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['step']} | {row['questions_seen']:,} | {row['train_hours']:.2f} | {row['f1_fused']:.1f} | "
+              f"{row['f1_alone']:.1f} | {row['recall']:.1f} |")
+    if args.png:
+        plot(rows, args.png, start["encoding"])
+    print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Package a `train qa --freeze-lower --store-encoding ENC` run as a checkpoint's online layers for ENC stores.
+
+    python benchmarks/package_online_variant.py --checkpoint RUN_OR_STEP_DIR [--base DIR] [--into DIR] \
+        [--eval TUNED.json --baseline PLAIN.json --reference FP16.json] [--hardware TEXT] [--notes TEXT]
+
+Writes `online-ENC.safetensors` (reader/modeling/online_variants.py) from the
+run's online weights into `--into` (default: `--base`, the shipped default
+reader). When `--into` is another folder, the base checkpoint's files are
+copied there first, so a checkpoint can be tried on a store without touching
+the shipped one. The run must have started from `--base` with frozen lower
+layers: its offline weights must equal the base's bit for bit.
+
+With `--eval` (benchmarks/mini_opensquad.py's JSON on an ENC store with the
+variant), `--baseline` (the same store with `--no-online-variant`) and
+`--reference` (an fp16 store), the model card beside the weights gets a
+section for the variant: data, recipe, command, hardware, time and those
+scores. Prints the variant's size and its rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.online_variants import write_online_variant
+from dilstore.reader.packaged.shipped import default_checkpoint_dir
+from dilstore.reader.text.files import read_json
+from dilstore.reader.training.release import load_training_metadata
+from dilstore.storage.errors import DilstoreError
+
+CARD = "MODEL_CARD.md"
+
+
+def copy_checkpoint(base: Path, into: Path) -> None:
+    """The base checkpoint's files (not its online variants) copied into a new folder `into`."""
+    if into.exists():
+        raise DilstoreError(f"--into {into} exists; give a new folder, or --base itself")
+    into.mkdir(parents=True)
+    for path in base.iterdir():
+        if path.is_file() and not path.name.startswith("online-"):
+            shutil.copy2(path, into / path.name)
+
+
+def score_rows(evaluations: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """Markdown rows, one per (evaluation, p): fused (mu) and reader-alone F1 and recall, labelled by online layers."""
+    rows = []
+    for label, result in evaluations:
+        for row in result["rows"]:
+            rows.append(
+                f"| {label} | {result['encoding']} | {row['top_p']} | {row['f1_with_bm25']:.1f} | "
+                f"{row['f1_without_bm25']:.1f} | {row['recall']:.1f} |"
+            )
+    return rows
+
+
+def card_section(
+    encoding: str,
+    training: Mapping[str, Any],
+    evaluations: Sequence[tuple[str, Mapping[str, Any]]],
+    hardware: str,
+    notes: str,
+) -> str:
+    """The model card's section for the `encoding` variant."""
+    config = training["config"]
+    windows = training["features_seen"] * training.get("windows_per_example", 1)
+    lines = [
+        f"## Online layers for {encoding} stores: `online-{encoding}.safetensors`",
+        "",
+        f"Layers {training['layers'] + 1}..{training['num_layers']} and the QA head of this checkpoint, tuned on the "
+        f"passage states a {encoding} store returns (encoded with a codebook, then decoded), with the embeddings "
+        f"and layers 1..{training['layers']} frozen: stores precomputed with this checkpoint are unchanged, and a "
+        f"reader opening a {encoding} store swaps these layers in after the fingerprint check "
+        "(`--no-online-variant` to read with the checkpoint's own).",
+        "",
+        f"- Data: SQuAD v1.1 train, {training['features_seen']:,} questions seen ({windows:,} windows; "
+        f"{'shared normalisation with ' + str(config['shared_norm_negatives']) + ' BM25 negative paragraphs each' if config.get('shared_norm') else 'no negatives'}).",
+        f"- Codebook: {'the given ' + config['codebook'] if config.get('codebook') else 'trained on a seeded sample of the training passage windows’ own layer-k states'} "
+        "(a store trains its own on its corpus, so these layers never saw the evaluation store's codebook).",
+        f"- Recipe: {training['steps']:,} steps × {config['batch_size']} questions, AdamW lr {config['learning_rate']:g}, "
+        f"warm-up {config['warmup_ratio']:g}, linear decay, seed {config['seed']}.",
+        f"- Command: `{training['command']}`",
+        f"- Hardware: {hardware}; {training['train_seconds'] / 3600:.2f} h of training.",
+    ]
+    if evaluations:
+        lines += [
+            "",
+            "Mini OpenSQuAD (benchmarks/mini_opensquad.py; the same seeded questions in every row):",
+            "",
+            "| online layers | store | p | F1 fused (mu = 0.5) | F1 reader alone (mu = 1) | R |",
+            "|---|---|---|---|---|---|",
+            *score_rows(evaluations),
+        ]
+    if notes:
+        lines += ["", notes.strip()]
+    return "\n".join(lines) + "\n"
+
+
+def with_section(card: str, encoding: str, section: str) -> str:
+    """`card` with its section for `encoding` replaced by `section` (appended when it has none)."""
+    heading = re.escape(f"## Online layers for {encoding} stores")
+    pattern = re.compile(rf"^{heading}.*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
+    if pattern.search(card):
+        return pattern.sub(lambda match: section + "\n", card).rstrip("\n") + "\n"
+    return card.rstrip("\n") + "\n\n" + section
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, required=True, help="run output dir or checkpoints/step-N")
+    parser.add_argument("--base", type=Path, help="the checkpoint the run started from (default: the shipped reader)")
+    parser.add_argument("--into", type=Path, help="where to write the variant (default: --base)")
+    parser.add_argument("--eval", type=Path, help="mini_opensquad.py JSON: the ENC store, with the variant")
+    parser.add_argument("--baseline", type=Path, help="mini_opensquad.py JSON: the ENC store, --no-online-variant")
+    parser.add_argument("--reference", type=Path, help="mini_opensquad.py JSON: an fp16 store")
+    parser.add_argument("--hardware", default="CPU, 2 cores, 2 torch threads")
+    parser.add_argument("--notes", default="", help="extra Markdown for the card section")
+    args = parser.parse_args(argv)
+    try:
+        base_dir = args.base or default_checkpoint_dir()
+        training = load_training_metadata(args.checkpoint)
+        encoding = training["config"].get("store_encoding")
+        if not encoding:
+            raise DilstoreError(f"{args.checkpoint} was not trained with --store-encoding")
+        into = args.into or base_dir
+        if into.resolve() != base_dir.resolve():
+            copy_checkpoint(base_dir, into)
+        path = write_online_variant(
+            DilBertReader.from_pretrained(args.checkpoint), DilBertReader.from_pretrained(base_dir), encoding, into
+        )
+        evaluations = [
+            (label, read_json(file))
+            for label, file in (("own", args.reference), ("own", args.baseline), ("tuned", args.eval))
+            if file is not None
+        ]
+        if args.eval is not None:
+            card = into / CARD
+            text = card.read_text(encoding="utf-8") if card.is_file() else ""
+            card.write_text(with_section(text, encoding, card_section(encoding, training, evaluations,
+                                                                      args.hardware, args.notes)), encoding="utf-8")
+    except DilstoreError as error:
+        print(f"package_online_variant: error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps({"variant": str(path), "megabytes": round(path.stat().st_size / 1e6, 2), "encoding": encoding}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""benchmarks/package_online_variant.py: a `--store-encoding` run packaged as a checkpoint's online layers.
+
+Checked on a tiny run: the variant goes into a copy of the base (the base is
+left alone), loads back through the store path's loader, and the model card
+gets one section for the encoding, replaced (not repeated) when packaged
+again; a run without `--store-encoding` is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.online_variants import load_online_variant
+from dilstore.reader.training.qa import TrainingConfig, train_qa
+from tests.fixtures.benchmarks import benchmark_module
+from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def evaluation(encoding: str, f1: float) -> dict:
+    row = {"top_p": 29, "f1_with_bm25": f1, "f1_without_bm25": f1 - 2, "recall": 90.0}
+    return {"encoding": encoding, "rows": [row]}
+
+
+def test_a_run_becomes_a_variant_beside_a_copy_of_the_base_with_one_card_section(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = DilBertReader.from_pretrained(tiny_base, layers=1).save_pretrained(tmp_path / "base")
+    (base / "MODEL_CARD.md").write_text("# tiny reader\n\n## Notes\n\nbase card\n")
+    config = TrainingConfig(layers=1, max_steps=2, batch_size=2, learning_rate=1e-3, log_every=1000,
+                            freeze_lower=True, store_encoding="2bit", **SMALL_WINDOWS)  # fmt: skip
+    train_qa(base, squad_file, tmp_path / "run", config, command="dilstore train qa (test)", progress=False)
+    files = {}
+    for name, result in (("tuned", evaluation("2bit", 61.0)), ("plain", evaluation("2bit", 58.0)),
+                         ("fp16", evaluation("fp16", 62.0))):  # fmt: skip
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(result))
+    arguments = ["--checkpoint", str(tmp_path / "run"), "--base", str(base), "--into", str(tmp_path / "into"),
+                 "--eval", str(files["tuned"]), "--baseline", str(files["plain"]), "--reference", str(files["fp16"])]
+    with benchmark_module("package_online_variant") as script:
+        assert script.main(arguments) == 0
+        assert not (base / "online-2bit.safetensors").exists(), "the base is left alone"
+        reader = DilBertReader.from_pretrained(tmp_path / "into")
+        assert load_online_variant(reader, tmp_path / "into", "2bit") is not None
+        card = (tmp_path / "into" / "MODEL_CARD.md").read_text()
+        assert card.startswith("# tiny reader") and "base card" in card
+        assert card.count("## Online layers for 2bit stores") == 1
+        assert "| tuned | 2bit | 29 | 61.0 | 59.0 | 90.0 |" in card and "| own | fp16 | 29 | 62.0 |" in card
+        assert "dilstore train qa (test)" in card
+        files["tuned"].write_text(json.dumps(evaluation("2bit", 63.5)))
+        assert script.main(["--checkpoint", str(tmp_path / "run"), "--base", str(tmp_path / "into"),
+                            "--eval", str(files["tuned"])]) == 0  # fmt: skip
+        card = (tmp_path / "into" / "MODEL_CARD.md").read_text()
+        assert card.count("## Online layers for 2bit stores") == 1 and "| tuned | 2bit | 29 | 63.5 |" in card
+        assert "| 61.0 |" not in card and "base card" in card
+        assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["encoding"] == "2bit"
+        plain = TrainingConfig(layers=1, max_steps=1, batch_size=2, log_every=1000, **SMALL_WINDOWS)
+        train_qa(base, squad_file, tmp_path / "plain-run", plain, command="test", progress=False)
+        assert script.main(["--checkpoint", str(tmp_path / "plain-run"), "--base", str(base)]) == 2
+        assert "was not trained with --store-encoding" in capsys.readouterr().err
