@@ -24,6 +24,10 @@ them (reader/modeling/earl_checkpoints.py); its dilstore.json then says which ba
 and with which weight fingerprint:
 
     "base_encoder": {"model": "package:base-model", "weights_sha256": "…"}
+
+A DilBert checkpoint may also hold `online-ENC.safetensors` files: its layers
+k+1..l and head tuned for stores of encoding ENC (2bit, 1bit), which a store's
+reader swaps in (reader/modeling/online_variants.py).
 """
 
 from __future__ import annotations
