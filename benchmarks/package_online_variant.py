@@ -83,15 +83,17 @@ def card_section(
         f"{'shared normalisation with ' + str(config['shared_norm_negatives']) + ' BM25 negative paragraphs each' if config.get('shared_norm') else 'no negatives'}).",
         f"- Codebook: {'the given ' + config['codebook'] if config.get('codebook') else 'trained on a seeded sample of the training passage windows’ own layer-k states'} "
         "(a store trains its own on its corpus, so these layers never saw the evaluation store's codebook).",
-        f"- Recipe: {training['steps']:,} steps × {config['batch_size']} questions, AdamW lr {config['learning_rate']:g}, "
-        f"warm-up {config['warmup_ratio']:g}, linear decay, seed {config['seed']}.",
+        f"- Recipe: step {training['steps']:,} of a {training['total_steps']:,}-step schedule, {config['batch_size']} "
+        f"questions a step, AdamW peak lr {config['learning_rate']:g}, warm-up {config['warmup_ratio']:g}, linear decay, "
+        f"seed {config['seed']}.",
         f"- Command: `{training['command']}`",
         f"- Hardware: {hardware}; {training['train_seconds'] / 3600:.2f} h of training.",
     ]
     if evaluations:
         lines += [
             "",
-            "Mini OpenSQuAD (benchmarks/mini_opensquad.py; the same seeded questions in every row):",
+            f"Mini OpenSQuAD (benchmarks/mini_opensquad.py), the same {evaluations[0][1]['questions']:,} questions "
+            f"(seed {evaluations[0][1]['seed']}) in every row:",
             "",
             "| online layers | store | p | F1 fused (mu = 0.5) | F1 reader alone (mu = 1) | R |",
             "|---|---|---|---|---|---|",

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def evaluation(encoding: str, f1: float) -> dict:
     row = {"top_p": 29, "f1_with_bm25": f1, "f1_without_bm25": f1 - 2, "recall": 90.0}
-    return {"encoding": encoding, "rows": [row]}
+    return {"encoding": encoding, "questions": 300, "seed": 0, "rows": [row]}
 
 
 def test_a_run_becomes_a_variant_beside_a_copy_of_the_base_with_one_card_section(
@@ -51,7 +51,8 @@ def test_a_run_becomes_a_variant_beside_a_copy_of_the_base_with_one_card_section
         assert card.startswith("# tiny reader") and "base card" in card
         assert card.count("## Online layers for 2bit stores") == 1
         assert "| tuned | 2bit | 29 | 61.0 | 59.0 | 90.0 |" in card and "| own | fp16 | 29 | 62.0 |" in card
-        assert "dilstore train qa (test)" in card
+        assert "dilstore train qa (test)" in card and "the same 300 questions (seed 0)" in card
+        assert "step 2 of a 2-step schedule" in card
         files["tuned"].write_text(json.dumps(evaluation("2bit", 63.5)))
         assert script.main(["--checkpoint", str(tmp_path / "run"), "--base", str(tmp_path / "into"),
                             "--eval", str(files["tuned"])]) == 0  # fmt: skip
