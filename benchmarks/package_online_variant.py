@@ -70,6 +70,16 @@ def card_section(
     """The model card's section for the `encoding` variant."""
     config = training["config"]
     windows = training["features_seen"] * training.get("windows_per_example", 1)
+    negatives = (
+        f"shared normalisation with {config['shared_norm_negatives']} BM25 negative paragraphs each"
+        if config.get("shared_norm")
+        else "no negatives"
+    )
+    codebook = (
+        f"the given {config['codebook']}"
+        if config.get("codebook")
+        else "trained on a seeded sample of the training passage windows' own layer-k states"
+    )
     lines = [
         f"## Online layers for {encoding} stores: `online-{encoding}.safetensors`",
         "",
@@ -79,10 +89,9 @@ def card_section(
         f"reader opening a {encoding} store swaps these layers in after the fingerprint check "
         "(`--no-online-variant` to read with the checkpoint's own).",
         "",
-        f"- Data: SQuAD v1.1 train, {training['features_seen']:,} questions seen ({windows:,} windows; "
-        f"{'shared normalisation with ' + str(config['shared_norm_negatives']) + ' BM25 negative paragraphs each' if config.get('shared_norm') else 'no negatives'}).",
-        f"- Codebook: {'the given ' + config['codebook'] if config.get('codebook') else 'trained on a seeded sample of the training passage windows’ own layer-k states'} "
-        "(a store trains its own on its corpus, so these layers never saw the evaluation store's codebook).",
+        f"- Data: SQuAD v1.1 train, {training['features_seen']:,} questions seen ({windows:,} windows; {negatives}).",
+        f"- Codebook: {codebook} (a store trains its own on its corpus, so these layers never saw the evaluation "
+        "store's codebook).",
         f"- Recipe: step {training['steps']:,} of a {training['total_steps']:,}-step schedule, {config['batch_size']} "
         f"questions a step, AdamW peak lr {config['learning_rate']:g}, warm-up {config['warmup_ratio']:g}, linear decay, "
         f"seed {config['seed']}.",

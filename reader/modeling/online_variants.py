@@ -97,13 +97,21 @@ def load_online_variant(reader: DilBertReader, directory: str | Path, encoding: 
         "layers": str(reader.layers),
         "base_weights_sha256": weights_sha256(reader.model),
     }
-    wrong = [f"{key} {metadata.get(key)!r} (expected {value!r})" for key, value in expected.items() if metadata.get(key) != value]
+    wrong = [
+        f"{key} {metadata.get(key)!r} (expected {value!r})"
+        for key, value in expected.items()
+        if metadata.get(key) != value
+    ]
     if wrong:
-        raise DilstoreError(f"online variant {path} does not belong to the checkpoint beside it: {'; '.join(wrong)}")
+        raise DilstoreError(
+            f"online variant {path} does not belong to the checkpoint beside it: {'; '.join(wrong)}"
+        )
     state = reader.model.state_dict()
     online = reader.online_state_names()
     if sorted(tensors) != online or any(tensors[name].shape != state[name].shape for name in online):
-        raise DilstoreError(f"online variant {path} does not hold exactly the online tensors of this k={reader.layers} reader")
+        raise DilstoreError(
+            f"online variant {path} does not hold exactly the online tensors of this k={reader.layers} reader"
+        )
     with torch.no_grad():
         for name in online:
             state[name].copy_(tensors[name].to(state[name].dtype))
