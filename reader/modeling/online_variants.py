@@ -75,12 +75,16 @@ def write_online_variant(trained: DilBertReader, base: DilBertReader, encoding: 
     return path
 
 
-def load_online_variant(reader: DilBertReader, directory: str | Path, encoding: str) -> Path | None:
+def load_online_variant(
+    reader: DilBertReader, directory: str | Path, encoding: str, weights: str | None = None
+) -> Path | None:
     """Swap the `encoding` variant of the checkpoint in `directory` into `reader`, when there is one; its path.
 
     `reader` must be that checkpoint as loaded (its weights are what the
     variant names); a variant of other weights, another k or encoding, or
     with other tensors is refused with a DilstoreError naming the file.
+    `weights`: the reader's weights_sha256 when the caller has it already
+    (a store's fingerprint check), so the weights are not hashed twice.
     """
     path = variant_path(directory, encoding)
     if not path.is_file():
@@ -95,7 +99,7 @@ def load_online_variant(reader: DilBertReader, directory: str | Path, encoding: 
         "format": VARIANT_FORMAT,
         "encoding": get_encoding(encoding).name,
         "layers": str(reader.layers),
-        "base_weights_sha256": weights_sha256(reader.model),
+        "base_weights_sha256": weights if weights is not None else weights_sha256(reader.model),
     }
     wrong = [
         f"{key} {metadata.get(key)!r} (expected {value!r})"

@@ -351,7 +351,7 @@ def load_store_model(
     expected = model_fingerprint(model, DilBertReader.kind, fingerprint.encoding, fingerprint.max_length)
     check_fingerprint(fingerprint, expected, f"store {store.url} (model {directory})")
     if online_variant:
-        load_online_variant(model, directory, fingerprint.encoding)
+        load_online_variant(model, directory, fingerprint.encoding, expected.weights_sha256)
     return model
 
 
