@@ -8,7 +8,8 @@ codebook, so the codebook is made once, in the launcher, before the Beam job:
    or runner; only the sampled documents are split and tokenized);
 2. run the offline layers on their passages and keep a seeded sample of at
    most `CODEBOOK_SAMPLE_TOKENS` token states;
-3. train the codebook (storage.encodings.train_codebook) and write it to
+3. train the codebook (storage.encodings.train_codebook; rotated codes where
+   the kind wants them, reader.offline.kinds) and write it to
    `STORE/codebook/` (storage.codebook), where every shard writer reads it.
 
 A codebook given with `--codebook` (e.g. another store's `codebook/` folder,
@@ -33,7 +34,7 @@ from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, read_task
 from dilstore.pipelines.sharding import stable_hash
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import TokenizedPassage, encode_tokenized
-from dilstore.reader.offline.kinds import OfflineModel
+from dilstore.reader.offline.kinds import OfflineModel, offline_kind
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook, write_codebook
 from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SEED, get_encoding, sample_rows, train_codebook
 from dilstore.storage.errors import DilstoreError
@@ -95,6 +96,7 @@ def prepare_codebook(job: PrecomputeJob, reader: OfflineModel) -> Path:
     else:
         documents = sample_documents(job.inputs, CODEBOOK_DOCUMENTS)
         sample = sample_states(documents, job.route_settings(), reader, job.policy)  # (N, *S)
-        codebook, state_shape = train_codebook(job.encoding, sample), sample.shape[1:]
+        rotate = offline_kind(job.kind).rotated_codes
+        codebook, state_shape = train_codebook(job.encoding, sample, rotate=rotate), sample.shape[1:]
     return write_codebook(target, job.encoding, codebook, state_shape, generation=job.generation,
                           fingerprint=job.fingerprint)

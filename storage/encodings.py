@@ -37,6 +37,14 @@ old stores keep reading.
   (stores written before) decodes, verifies and appends exactly as before.
   256 centroids with uint8 ids: every id a byte can hold is a valid row, and
   a token costs one byte more (2bit at d=384: 96 + 2 + 1 = 99 bytes).
+  Codebooks trained with rotation (the default, `train_codebook(rotate=True)`)
+  replace `cutoffs` and `weights` by rotated codes (storage.rotated_codes): the
+  normalized residual is turned onto the sample's principal axes and each
+  component gets 0-4 bits by its variance, in the same ceil(d*bits/8) bytes;
+  arrays `rotation`, `allocation`, `component_cutoffs`, `component_weights`.
+  Decoding then costs a (d x d) product per token vector, which pays where the
+  online layers run over every stored token (DilBert, Listformer) and not for
+  EARL's judger (reader.offline.kinds chooses per kind).
 """
 
 from __future__ import annotations
@@ -50,6 +58,18 @@ import numpy as np
 from scipy.cluster.vq import kmeans2
 
 from dilstore.storage.format import StoreFormatError
+from dilstore.storage.rotated_codes import (
+    MAX_BITS,
+    ROTATED_CODEBOOK,
+    allocation_problem,
+    bucket_of,
+    decode_rotated,
+    encode_rotated,
+    packed_width,
+    prepare_rotated,
+    quantile_quantizer,
+    train_rotated,
+)
 
 # Rows encoded at a time, so that temporaries stay small for multi-GB shards.
 _BLOCK_ROWS = 8192
@@ -76,6 +96,8 @@ class EncodedArray:
     check: a problem found in a block of stored values, or None.
     requires: the codebook array without which this array is not stored
     (None: always stored), so stores written before it was added keep reading.
+    replaced_by: the codebook array whose presence means this array is not
+    stored (None: never replaced).
     """
 
     name: str
@@ -84,6 +106,7 @@ class EncodedArray:
     shape: Callable[[Shape], Shape]
     check: Callable[[np.ndarray], str | None]
     requires: str | None = None
+    replaced_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +118,8 @@ class Encoding:
     tokens) plus the shard arrays -> states `(n, *S)` of `output_dtype`.
     zero_copy: decode returns the stored array itself, so memory-mapped reads
     stay views. train: a sample of states `(N, *S)` -> the codebook (the
-    per-shard arrays named in `codebook`), for encodings that need one; the
+    per-shard arrays named in `codebook`), for encodings that need one (the
+    flag: whether to train rotated codes, where the encoding has them); the
     same codebook is given to every shard of a store, which keeps it once in its
     `codebook/` group. prepare: the per-shard arrays -> the same plus derived
     lookup tables that make decode faster, for a reader to build once per shard
@@ -109,7 +133,7 @@ class Encoding:
     decode: Callable[[Mapping[str, np.ndarray]], np.ndarray]
     output_dtype: str
     zero_copy: bool
-    train: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
+    train: Callable[[np.ndarray, bool], dict[str, np.ndarray]] | None = None
     codebook: tuple[str, ...] = ()
     prepare: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None = None
 
@@ -122,15 +146,25 @@ class Encoding:
 
         An array that `requires` a codebook array is left out where that array
         is absent: a 2bit/1bit codebook without `centroids` (written before
-        centroids were added) has no `centroid_ids` either.
+        centroids were added) has no `centroid_ids` either. An array
+        `replaced_by` a codebook array is left out where that one is present
+        (a rotated 2bit/1bit codebook has no `cutoffs`).
         """
         present = set(codebook)
-        return tuple(spec for spec in self.arrays if spec.requires is None or spec.requires in present)
+        return tuple(spec for spec in self.arrays if (spec.requires is None or spec.requires in present)
+                     and (spec.replaced_by is None or spec.replaced_by not in present))
 
     def optional_codebook(self) -> tuple[str, ...]:
-        """The codebook arrays that some codebooks lack (an array `requires` one): what a reader looks for
-        to choose the layout, in the store's codebook or in a shard's own."""
-        return tuple(dict.fromkeys(spec.requires for spec in self.arrays if spec.requires is not None))
+        """The codebook arrays that some codebooks lack (an array `requires` one or is `replaced_by` one): what a
+        reader looks for to choose the layout, in the store's codebook or in a shard's own."""
+        names = (name for spec in self.arrays for name in (spec.requires, spec.replaced_by) if name is not None)
+        return tuple(dict.fromkeys(names))
+
+    def absent_reason(self, spec: EncodedArray) -> str:
+        """Why `spec` is not stored with some codebook: the codebook array it needs, or the one that replaces it."""
+        if spec.replaced_by is not None:
+            return f"its codebook has {spec.replaced_by!r}"
+        return f"its codebook has no {spec.requires!r}"
 
     def codebook_layout(self, codebook: Collection[str]) -> tuple[str, ...]:
         """The names of the codebook arrays a codebook holding `codebook` must hold (see `layout`)."""
@@ -246,22 +280,13 @@ def _normalized_residuals(states: np.ndarray, mean: np.ndarray) -> tuple[np.ndar
     return residuals, scales
 
 
-def _buckets(normalized: np.ndarray, cutoffs: np.ndarray) -> np.ndarray:
-    """The bucket of each value: how many cutoffs lie below it. `(rows, *S)`, `(K-1, *S)` -> `(rows, *S)` uint8."""
-    buckets = np.zeros(normalized.shape, dtype=np.uint8)  # (rows, *S)
-    for cutoff in cutoffs:
-        buckets += normalized > cutoff
-    return buckets
-
-
 def _train_residual(states: np.ndarray, bits: int) -> dict[str, np.ndarray]:
     """A residual codebook from a sample `(N, *S)`: per-dimension mean, quantile cutoffs and bucket means.
 
-    The cutoffs are the per-dimension quantiles j/K (K = 2**bits) of the
-    scale-normalized residuals, so every bucket holds about 1/K of the sample;
-    each bucket's weight is the mean of the sample values in it (the cutoffs'
-    midpoint where a bucket is empty). Everything is float64 internally and
-    deterministic for a given sample. An empty sample (a shard whose passages
+    The cutoffs and weights are the per-dimension quantile buckets of the
+    scale-normalized residuals (rotated_codes.quantile_quantizer: about 1/K of
+    the sample in each of K = 2**bits buckets, weighted by their means).
+    Deterministic for a given sample. An empty sample (a shard whose passages
     have no tokens) gets an all-zero codebook, which no code ever refers to.
     """
     states = np.asarray(states, dtype=np.float32)
@@ -272,16 +297,7 @@ def _train_residual(states: np.ndarray, bits: int) -> dict[str, np.ndarray]:
                 "weights": np.zeros((levels, *states.shape[1:]), dtype=np.float32)}
     mean = states.mean(axis=0, dtype=np.float64).astype(np.float32)  # (*S)
     normalized, _ = _normalized_residuals(states, mean)  # (N, *S)
-    cutoffs = np.quantile(normalized, np.arange(1, levels) / levels, axis=0).astype(np.float32)  # (K-1, *S)
-    buckets = _buckets(normalized, cutoffs)  # (N, *S)
-    edges = np.concatenate([cutoffs[:1] - 1, cutoffs, cutoffs[-1:] + 1])  # (K+1, *S)
-    weights = np.empty((levels, *states.shape[1:]), dtype=np.float32)  # (K, *S)
-    for level in range(levels):
-        inside = buckets == level  # (N, *S)
-        count = inside.sum(axis=0)  # (*S)
-        total = np.where(inside, normalized, 0).sum(axis=0, dtype=np.float64)  # (*S)
-        midpoint = (edges[level].astype(np.float64) + edges[level + 1]) / 2  # (*S)
-        weights[level] = np.where(count > 0, total / np.maximum(count, 1), midpoint)
+    cutoffs, weights = quantile_quantizer(normalized, levels)  # (K-1, *S), (K, *S)
     return {"mean": mean, "cutoffs": cutoffs, "weights": weights}
 
 
@@ -344,20 +360,23 @@ def _gather_centroids(ids: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     return tables[flat, np.arange(groups)].reshape(*ids.shape, dims)  # (rows, *S)
 
 
-def _train_centroid_residual(states: np.ndarray, bits: int) -> dict[str, np.ndarray]:
-    """A codebook with centroids (`_train_centroids`) and the residual codebook of the states less their centroid."""
+def _train_centroid_residual(states: np.ndarray, bits: int, rotate: bool) -> dict[str, np.ndarray]:
+    """A codebook with centroids (`_train_centroids`) and the residual codebook of the states less their centroid:
+    rotated codes (storage.rotated_codes) with `rotate`, per-dimension quantile buckets without."""
     states = np.asarray(states, dtype=np.float32)  # (N, *S)
     centroids = _train_centroids(states)  # (C, *S)
     residuals = states - _gather_centroids(_assign_centroids(states, centroids), centroids)  # (N, *S)
-    return {**_train_residual(residuals, bits), "centroids": centroids}
+    if not rotate:
+        return {**_train_residual(residuals, bits), "centroids": centroids}
+    mean = (residuals.mean(axis=0, dtype=np.float64) if len(residuals) else np.zeros(residuals.shape[1:]))
+    mean = mean.astype(np.float32)  # (*S)
+    normalized, _ = _normalized_residuals(residuals, mean)  # (N, *S)
+    return {"mean": mean, "centroids": centroids, **train_rotated(normalized, bits)}
 
 
-# Codebook arrays of 2bit/1bit; `centroids` only in codebooks trained since centroids were added.
-_RESIDUAL_CODEBOOK = ("mean", "cutoffs", "weights", "centroids")
-
-
-def _packed_width(dims: int, bits: int) -> int:
-    return -(-dims * bits // 8)
+# Codebook arrays of 2bit/1bit; `centroids` only in codebooks trained since centroids were added, the rotated
+# arrays (instead of `cutoffs` and `weights`) only in rotated ones.
+_RESIDUAL_CODEBOOK = ("mean", "cutoffs", "weights", "centroids", *ROTATED_CODEBOOK)
 
 
 def _unpack_table(bits: int) -> np.ndarray:
@@ -388,14 +407,16 @@ def _encode_residual(
 ) -> dict[str, np.ndarray]:
     """States `(T, *S)` -> codes, scales and (with a codebook that has centroids) centroid_ids, plus the codebook.
 
-    Without a codebook, one with centroids is trained on a seeded sample; a
-    given codebook without centroids encodes in the scheme from before them.
+    Without a codebook, a rotated one with centroids is trained on a seeded
+    sample; a given codebook without centroids encodes in the scheme from before
+    them, one without rotation with per-dimension buckets.
     """
     if codebook is None:
-        codebook = _train_centroid_residual(states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)], bits)
-    mean, cutoffs = codebook["mean"], codebook["cutoffs"]
+        codebook = _train_centroid_residual(states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)], bits, True)
+    mean = codebook["mean"]
+    rotated = "rotation" in codebook
     centroids = codebook.get("centroids")  # (C, *S) or None
-    codes = np.empty((*states.shape[:-1], _packed_width(states.shape[-1], bits)), dtype=np.uint8)  # (T, *S[:-1], width)
+    codes = np.empty((*states.shape[:-1], packed_width(states.shape[-1], bits)), dtype=np.uint8)  # (T, *S[:-1], width)
     scales = np.empty(states.shape[:-1], dtype=np.float16)  # (T, *S[:-1])
     ids = np.empty(states.shape[:-1], dtype=np.uint8)  # (T, *S[:-1])
     for start in range(0, len(states), _BLOCK_ROWS):
@@ -405,7 +426,10 @@ def _encode_residual(
             ids[rows] = _assign_centroids(block, centroids)
             block = block - _gather_centroids(ids[rows], centroids)  # (rows, *S)
         normalized, scales[rows] = _normalized_residuals(block, mean)  # (rows, *S)
-        codes[rows] = _pack_codes(_buckets(normalized, cutoffs), bits)
+        if rotated:
+            codes[rows] = encode_rotated(normalized, codebook, bits)
+        else:
+            codes[rows] = _pack_codes(bucket_of(normalized, codebook["cutoffs"]), bits)
     per_token = {"codes": codes, "scales": scales, **({} if centroids is None else {"centroid_ids": ids})}
     return {**per_token, **{name: np.asarray(values, dtype=np.float32) for name, values in codebook.items()
                             if name in _RESIDUAL_CODEBOOK}}
@@ -421,7 +445,7 @@ def _decode_table(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
     weights = arrays["weights"]  # (K, *S)
     levels, state_shape = weights.shape[0], weights.shape[1:]
     dims, per_byte = state_shape[-1], 8 // bits
-    width = _packed_width(dims, bits)
+    width = packed_width(dims, bits)
     groups = math.prod(state_shape[:-1])
     padded = np.zeros((levels, groups, width * per_byte), dtype=np.float32)  # (K, G, width*per_byte)
     padded[..., :dims] = weights.reshape(levels, groups, dims)
@@ -432,22 +456,34 @@ def _decode_table(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
 
 
 def _prepare_residual(arrays: Mapping[str, np.ndarray], bits: int) -> dict[str, np.ndarray]:
-    """The per-shard arrays plus `decode_table` (_decode_table), built once per shard or store by the reader."""
+    """The per-shard arrays plus lookup tables (_decode_table, or rotated_codes.prepare_rotated for a rotated
+    codebook), built once per shard or store by the reader."""
+    if "rotation" in arrays:
+        return {**arrays, **prepare_rotated(arrays, bits)}
     return {**arrays, "decode_table": _decode_table(arrays, bits)}
 
 
-def _decode_residual(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
+def _decode_buckets(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
+    """Codes of per-dimension buckets `(n, *S[:-1], width)` -> normalized residuals `(n, *S)` float32."""
     table = arrays.get("decode_table")
     if table is None:
         table = _decode_table(arrays, bits)
-    mean = arrays["mean"]  # (*S)
-    state_shape = mean.shape
+    state_shape = arrays["mean"].shape
     codes = arrays["codes"]  # (n, *S[:-1], width)
     n, width = len(codes), codes.shape[-1]
     groups = math.prod(state_shape[:-1])
     base = (np.arange(groups * width, dtype=np.intp) * 256).reshape(*state_shape[:-1], width)  # (*S[:-1], width)
     values = np.take(table, codes + base, axis=0)  # (n, *S[:-1], width, 8 // bits)
-    values = values.reshape(n, *state_shape[:-1], width * table.shape[1])[..., : state_shape[-1]]  # (n, *S)
+    return values.reshape(n, *state_shape[:-1], width * table.shape[1])[..., : state_shape[-1]]  # (n, *S)
+
+
+def _decode_residual(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
+    mean = arrays["mean"]  # (*S)
+    if "rotation" in arrays:
+        prepared = arrays if "rotated_table" in arrays else prepare_rotated(arrays, bits)
+        values = decode_rotated(arrays["codes"], prepared)  # (n, *S)
+    else:
+        values = _decode_buckets(arrays, bits)  # (n, *S)
     values *= arrays["scales"].astype(np.float32)[..., None]
     values += mean
     if "centroids" in arrays:  # codebooks from before centroids have none
@@ -462,22 +498,30 @@ def _residual_encoding(bits: int) -> Encoding:
         description=f"{bits}-bit residual codes: nearest of {CENTROIDS} centroids, per-dimension mean, float16 token "
         f"scale, {levels} quantile buckets per dimension from a codebook trained on the corpus",
         arrays=(
-            EncodedArray("codes", "uint8", True, lambda shape: (*shape[:-1], _packed_width(shape[-1], bits)),
+            EncodedArray("codes", "uint8", True, lambda shape: (*shape[:-1], packed_width(shape[-1], bits)),
                          lambda codes: None),
             EncodedArray("scales", "float16", True, lambda shape: shape[:-1], _non_negative_finite),
             EncodedArray("mean", "float32", False, _same_shape, _finite),
-            EncodedArray("cutoffs", "float32", False, lambda shape: (levels - 1, *shape), _finite_sorted),
-            EncodedArray("weights", "float32", False, lambda shape: (levels, *shape), _finite),
+            EncodedArray("cutoffs", "float32", False, lambda shape: (levels - 1, *shape), _finite_sorted,
+                         replaced_by="rotation"),
+            EncodedArray("weights", "float32", False, lambda shape: (levels, *shape), _finite, replaced_by="rotation"),
             EncodedArray("centroid_ids", "uint8", True, lambda shape: shape[:-1], lambda ids: None,
                          requires="centroids"),
             EncodedArray("centroids", "float32", False, lambda shape: (CENTROIDS, *shape), _finite,
                          requires="centroids"),
+            EncodedArray("rotation", "float32", False, lambda shape: (shape[-1], *shape), _finite, requires="rotation"),
+            EncodedArray("allocation", "float32", False, _same_shape, lambda values: allocation_problem(values, bits),
+                         requires="rotation"),
+            EncodedArray("component_cutoffs", "float32", False, lambda shape: (2**MAX_BITS - 1, *shape),
+                         _finite_sorted, requires="rotation"),
+            EncodedArray("component_weights", "float32", False, lambda shape: (2**MAX_BITS, *shape), _finite,
+                         requires="rotation"),
         ),
         encode=lambda states, codebook=None: _encode_residual(states, codebook, bits),
         decode=lambda arrays: _decode_residual(arrays, bits),
         output_dtype="float32",
         zero_copy=False,
-        train=lambda sample: _train_centroid_residual(sample, bits),
+        train=lambda sample, rotate: _train_centroid_residual(sample, bits, rotate),
         prepare=lambda arrays: _prepare_residual(arrays, bits),
         codebook=_RESIDUAL_CODEBOOK,
     )
@@ -525,10 +569,14 @@ ENCODINGS: dict[str, Encoding] = {
 }
 
 
-def train_codebook(encoding: str, sample: np.ndarray) -> dict[str, np.ndarray]:
-    """The codebook of `encoding` trained on a sample of states `(N, *S)`; {} for encodings without one."""
+def train_codebook(encoding: str, sample: np.ndarray, *, rotate: bool = True) -> dict[str, np.ndarray]:
+    """The codebook of `encoding` trained on a sample of states `(N, *S)`; {} for encodings without one.
+
+    rotate: 2bit/1bit codes on the sample's principal axes with bits by
+    variance (storage.rotated_codes), or per-dimension buckets without.
+    """
     spec = get_encoding(encoding)
-    return {} if spec.train is None else spec.train(np.asarray(sample, dtype=np.float32))
+    return {} if spec.train is None else spec.train(np.asarray(sample, dtype=np.float32), rotate)
 
 
 def train_residual_codebook(encoding: str, sample: np.ndarray) -> dict[str, np.ndarray]:

@@ -21,8 +21,11 @@ APPENDED_FORMAT_VERSION = 2
 # A shard whose `states/` hold `centroid_ids` (2bit/1bit codes against centroids, STORE_FORMAT.md §4): a dilstore
 # that reads only version 1 would decode it without the centroids, silently wrong, so it refuses the shard instead.
 CENTROIDS_SHARD_VERSION = 2
+# A shard coded against a rotated codebook (storage.rotated_codes, STORE_FORMAT.md §4): a dilstore that reads only
+# versions 1-2 finds no `cutoffs` to decode its codes with, so it refuses the shard with a clear error instead.
+ROTATED_SHARD_VERSION = 3
 # The newest shard format version this dilstore reads; a shard of a later one is refused with a clear error.
-SHARD_FORMAT_VERSION = CENTROIDS_SHARD_VERSION
+SHARD_FORMAT_VERSION = ROTATED_SHARD_VERSION
 
 # Directory layout under the store root.
 MANIFEST_FILE = "manifest.json"

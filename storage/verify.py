@@ -315,8 +315,7 @@ def _check_encoded(group: zarr.Group, encoding: Encoding, state_shape: tuple[int
     for spec in encoding.arrays:
         if spec not in layout:
             if states_array(spec.name) in group:
-                _problem(report, where, f"{states_array(spec.name)} is there, but its codebook has no "
-                                        f"{spec.requires!r}")
+                _problem(report, where, f"{states_array(spec.name)} is there, but {encoding.absent_reason(spec)}")
             continue
         if spec.name in skip:
             if states_array(spec.name) in group:

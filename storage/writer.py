@@ -43,6 +43,7 @@ from dilstore.storage.format import (
     ID_OFFSETS,
     MANIFEST_FILE,
     OFFSETS_PER_CHUNK,
+    ROTATED_SHARD_VERSION,
     SHARDS_DIR,
     STORE_CODEBOOK,
     TEXT_BYTES,
@@ -329,13 +330,16 @@ def _write_group(
 ) -> None:
     """Write one shard's Zarr v3 group at `path`; `build` holds its generation, fingerprint hash and codebook, if any.
 
-    A shard with centroid ids gets format version CENTROIDS_SHARD_VERSION, so that older readers refuse it.
+    A shard with centroid ids gets format version CENTROIDS_SHARD_VERSION, one coded against a rotated codebook
+    ROTATED_SHARD_VERSION, so that older readers refuse them.
     """
     encoded = encoding.encode(columns.states, codebook)
+    version = ROTATED_SHARD_VERSION if "rotation" in encoded else (
+        CENTROIDS_SHARD_VERSION if "centroid_ids" in encoded else FORMAT_VERSION)
     attributes = {
         ATTRIBUTES_KEY: {
             "format": FORMAT_NAME,
-            "format_version": CENTROIDS_SHARD_VERSION if "centroid_ids" in encoded else FORMAT_VERSION,
+            "format_version": version,
             "node": "shard",
             "shard": shard_index,
             "kind": kind.name,

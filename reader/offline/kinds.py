@@ -88,7 +88,12 @@ class OfflineKind:
     `windows(tokenizer, text, max_length)` splits a text into stored units
     (never truncating); `states(model, ids, mask)` maps padded ids and mask
     (b, n) to per-token states (b, n, *state_shape) and per-passage vectors
-    (b, d), or None when the model stores none.
+    (b, d), or None when the model stores none. `rotated_codes`: whether
+    2bit/1bit codebooks of this kind use rotated codes (storage.rotated_codes):
+    they halve the codes' error but cost a (d x d) product per decoded token
+    vector, which pays where the online layers run over every stored token
+    (DilBert's upper layers, Listformer's joint layers) and not where EARL's
+    judger only attends to them (BENCHMARKS.md, "Rotated codes").
     """
 
     name: str
@@ -96,15 +101,16 @@ class OfflineKind:
     model_class: type[OfflineModel]
     windows: Callable[[PreTrainedTokenizerBase, str, int], list[TokenizedText]]
     states: Callable[[OfflineModel, torch.Tensor, torch.Tensor], OfflineOutput]
+    rotated_codes: bool
 
 
 OFFLINE_KINDS: dict[str, OfflineKind] = {
     kind.name: kind
     for kind in (
-        OfflineKind("dilbert", "a DilBert reader", DilBertReader, encode_passage, _dilbert_states),
-        OfflineKind("earl-s1", "an EARL ranker", EarlRanker, encode_document_windows, _earl_s1_states),
-        OfflineKind("earl-s2", "an EARL ranker", EarlRanker, encode_document_windows, _earl_s2_states),
-        OfflineKind("listformer", "a Listformer ranker", ListformerRanker, encode_passage, _listformer_states),
+        OfflineKind("dilbert", "a DilBert reader", DilBertReader, encode_passage, _dilbert_states, True),
+        OfflineKind("earl-s1", "an EARL ranker", EarlRanker, encode_document_windows, _earl_s1_states, False),
+        OfflineKind("earl-s2", "an EARL ranker", EarlRanker, encode_document_windows, _earl_s2_states, False),
+        OfflineKind("listformer", "a Listformer ranker", ListformerRanker, encode_passage, _listformer_states, True),
     )
 }
 

@@ -3,9 +3,9 @@
 Decoding by hand from arrays read with zarr-python (the recipe STORE_FORMAT.md §4
 gives: codes, scales and centroid ids from the shard, the codebook from the
 store's `codebook/` group, which the shards do not copy) must equal what the
-store returns on both read paths, and a store whose codebook has no centroids
-(written before them) still decodes by the recipe without them, verifies, and
-appends in its own scheme; a byte flipped in the store's `codebook/` group
+store returns on both read paths, for rotated codebooks (trained now) and for
+codebooks without rotation or without centroids (stores written before them),
+which still decode by the recipe, verify, and append in their own scheme; a byte flipped in the store's `codebook/` group
 (centroids included), in the shards' centroid ids, or in a codebook a shard
 keeps of its own is a verify problem; a missing codebook
 group, a codebook of another build or model, or one that a shard's own
@@ -13,7 +13,7 @@ codebook differs from, is refused by finalize and reported by verify; and on
 Gaussian states with uneven per-dimension spreads the error stays near the
 textbook values of 4- and 2-level quantizers. `dilstore info` counts a
 centroid id byte per token only where the shards store ids, a shard
-newer than centroids' version 2 is refused, and verify reports centroid ids
+newer than rotated codes' version 3 is refused, and verify reports centroid ids
 beside a codebook without centroids.
 """
 
@@ -57,12 +57,41 @@ def _records(seed: int, passages: int = 4) -> list[PassageRecord]:
     return records
 
 
-def _codebook(encoding: str, centroids: bool = True) -> dict[str, np.ndarray]:
-    """A codebook trained on other tokens than the stores' (about 1800 of them, so no stored token is a centroid);
-    without `centroids`, the codebook of a store written before centroids were added."""
+# The three codebook schemes a store may hold: rotated codes (trained now), per-dimension buckets against
+# centroids (stores written before rotation), per-dimension buckets alone (stores written before centroids).
+SCHEMES = ("rotated", "centroids", "plain")
+SHARD_VERSIONS = {"rotated": 3, "centroids": 2, "plain": 1}
+
+
+def _codebook(encoding: str, scheme: str = "rotated") -> dict[str, np.ndarray]:
+    """A codebook of `scheme` trained on other tokens than the stores' (about 1800 of them, so no stored token is
+    a centroid)."""
     sample = np.concatenate([record.states for record in _records(99, passages=400)])  # (N, d)
-    codebook = train_codebook(encoding, sample)
-    return codebook if centroids else {name: values for name, values in codebook.items() if name != "centroids"}
+    codebook = train_codebook(encoding, sample, rotate=scheme == "rotated")
+    return {name: values for name, values in codebook.items() if scheme != "plain" or name != "centroids"}
+
+
+def _hand_components(codes: np.ndarray, codebook: zarr.Group, bits: int) -> np.ndarray:
+    """The per-dimension buckets' values `(T, d)` coded in `codes`, or for a rotated codebook the normalized
+    residuals: each component's allocated bits in turn, its bucket's weight, times its axis."""
+    unpacked = np.unpackbits(codes, axis=1)  # (T, 8 * width)
+    if "rotation" not in codebook:
+        buckets = unpacked.reshape(len(codes), -1, bits)  # (T, 8 * width / bits, bits)
+        buckets = (buckets * (1 << np.arange(bits - 1, -1, -1))).sum(axis=2)[:, :DIMS]  # (T, d)
+        return np.asarray(codebook["weights"][...])[buckets, np.arange(DIMS)]  # (T, d)
+    allocation = np.asarray(codebook["allocation"][...]).astype(int)  # (d,)
+    weights = np.asarray(codebook["component_weights"][...])  # (16, d)
+    rotation = np.asarray(codebook["rotation"][...])  # (d, d): row j, component j's axis
+    assert (np.diff(allocation[:8]) == 0).all() and set(allocation) <= {0, 1, 2, 4}  # blocks of 8 share bits
+    assert allocation.sum() <= 8 * codes.shape[1]
+    normalized = np.zeros((len(codes), DIMS), dtype=np.float64)  # (T, d)
+    offset = 0
+    for component, count in enumerate(allocation):
+        code = (unpacked[:, offset : offset + count] * (1 << np.arange(count - 1, -1, -1))).sum(axis=1)  # (T,)
+        normalized += weights[code, component][:, None] * rotation[component]
+        offset += count
+    assert not unpacked[:, offset:].any()  # the rest is zero padding
+    return normalized
 
 
 def _hand_decoded(shard: zarr.Group, codebook: zarr.Group, bits: int) -> np.ndarray:
@@ -70,10 +99,8 @@ def _hand_decoded(shard: zarr.Group, codebook: zarr.Group, bits: int) -> np.ndar
     codes = np.asarray(shard["states/codes"][...])  # (T, ceil(d * bits / 8)) uint8
     assert codes.dtype == np.uint8 and codes.shape[1] == -(-DIMS * bits // 8)
     scales = np.asarray(shard["states/scales"][...]).astype(np.float32)  # (T,) float16 on disk
-    mean, weights = np.asarray(codebook["mean"][...]), np.asarray(codebook["weights"][...])
-    buckets = np.unpackbits(codes, axis=1).reshape(len(codes), -1, bits)  # (T, 8 * width / bits, bits)
-    buckets = (buckets * (1 << np.arange(bits - 1, -1, -1))).sum(axis=2)[:, :DIMS]  # (T, d)
-    decoded = mean + scales[:, None] * weights[buckets, np.arange(DIMS)]  # (T, d)
+    mean = np.asarray(codebook["mean"][...])
+    decoded = mean + scales[:, None] * _hand_components(codes, codebook, bits)  # (T, d)
     if "centroids" in codebook:
         ids = np.asarray(shard["states/centroid_ids"][...])  # (T,) uint8
         assert ids.dtype == np.uint8 and codebook["centroids"].shape == (256, DIMS)
@@ -99,30 +126,34 @@ def lowbit_store(request, tmp_path: Path) -> tuple[str, Path, list[PassageRecord
     return request.param, tmp_path, _build(tmp_path, request.param, _codebook(request.param))
 
 
-@pytest.mark.parametrize("centroids", [True, False])
-def test_zarr_python_reads_codes_and_codebook_and_decodes_like_the_store(lowbit_store, centroids, tmp_path_factory
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_zarr_python_reads_codes_and_codebook_and_decodes_like_the_store(lowbit_store, scheme, tmp_path_factory
                                                                          ) -> None:
     encoding, root, records = lowbit_store
-    if not centroids:  # a store written before centroids: its codebook and shards have none
+    centroids = scheme != "plain"
+    if scheme != "rotated":  # a store written before rotation (or before centroids): its codebook has none
         root = tmp_path_factory.mktemp("old")
-        _build(root, encoding, _codebook(encoding, centroids=False))
+        _build(root, encoding, _codebook(encoding, scheme))
         assert verify_store(root).ok
     bits = int(encoding[0])
     stored = {passage.id: passage.states for passage in open_store(root).fetch([r.id for r in records])}
     codebook = zarr.open_group(root / CODEBOOK_DIR, mode="r")
-    assert ("centroids" in codebook) == centroids
+    assert ("centroids" in codebook) == centroids and ("rotation" in codebook) == (scheme == "rotated")
+    assert ("cutoffs" in codebook) == (scheme != "rotated")
     marginal = -(-DIMS * bits // 8) + 2 + (1 if centroids else 0)  # codes, float16 scale, uint8 centroid id
     assert store_info(root)["state_bytes_per_token_marginal"] == marginal
     for shard in range(2):
         group = zarr.open_group(root / shard_path(shard), mode="r")
         assert group.attrs["dilstore"]["codebook"] == "store"
-        assert group.attrs["dilstore"]["format_version"] == (2 if centroids else 1)  # older dilstores refuse 2
-        assert not any(f"states/{name}" in group for name in ("mean", "cutoffs", "weights", "centroids"))  # no copy
+        assert group.attrs["dilstore"]["format_version"] == SHARD_VERSIONS[scheme]  # older dilstores refuse newer
+        assert not any(f"states/{name}" in group for name in ("mean", "cutoffs", "weights", "centroids", "rotation",
+                                                              "allocation", "component_weights"))  # no copy
         decoded = _hand_decoded(group, codebook, bits)
         offsets = np.asarray(group["tokens/offsets"][...])
         ids = [r.id for r in records if r.id.startswith(f"p{shard}-")]
         for row, passage_id in enumerate(ids):
-            np.testing.assert_allclose(decoded[offsets[row] : offsets[row + 1]], stored[passage_id], rtol=1e-6)
+            np.testing.assert_allclose(decoded[offsets[row] : offsets[row + 1]], stored[passage_id], rtol=1e-6,
+                                       atol=1e-5)  # a float32 product with the axes
 
 
 def test_round_trip_gives_back_what_the_store_returns(lowbit_store) -> None:
@@ -170,9 +201,10 @@ def test_verify_catches_a_damaged_store_codebook_or_shard_codebook(lowbit_store,
     write_shard(own, 0, records, kind="dilbert", encoding=encoding, durable=False)
     finalize(own, fingerprint_for("dilbert", encoding), {"command": "test"})
     assert verify_store(own).ok and not (own / CODEBOOK_DIR).exists()
-    damaged = ((own, f"{shard_path(0)}/states/cutoffs/c/0/0"), (own, f"{shard_path(0)}/states/centroids/c/0/0"),
-               (root, f"{CODEBOOK_DIR}/weights/c/0/0"), (root, f"{CODEBOOK_DIR}/centroids/c/0/0"),
-               (root, f"{shard_path(1)}/states/centroid_ids/c/0"))
+    damaged = ((own, f"{shard_path(0)}/states/component_cutoffs/c/0/0"),
+               (own, f"{shard_path(0)}/states/centroids/c/0/0"), (own, f"{shard_path(0)}/states/rotation/c/0/0"),
+               (root, f"{CODEBOOK_DIR}/component_weights/c/0/0"), (root, f"{CODEBOOK_DIR}/centroids/c/0/0"),
+               (root, f"{CODEBOOK_DIR}/allocation/c/0"), (root, f"{shard_path(1)}/states/centroid_ids/c/0"))
     for store, relative in damaged:
         path = store / relative
         original = path.read_bytes()
@@ -194,7 +226,7 @@ def test_a_shard_that_uses_the_store_codebook_needs_the_group(lowbit_store, tmp_
         open_store(root).fetch([records[0].id])
     problems = verify_store(root).problems
     assert "shards/shard-00000 decodes with the store's codebook/, which is missing" in problems
-    assert "missing file codebook/weights/c/0/0" in problems  # the manifest lists it
+    assert "missing file codebook/component_weights/c/0/0" in problems  # the manifest lists it
 
 
 def test_a_codebook_for_another_shape_or_encoding_is_refused(tmp_path: Path) -> None:
@@ -300,7 +332,7 @@ def test_centroids_shrink_the_error_and_a_codebook_without_them_encodes_as_befor
     centres = rng.standard_normal((40, 32)) * 4  # (40, d)
     states = (centres[rng.integers(0, 40, 3000)] + rng.standard_normal((3000, 32))).astype(np.float32)  # (T, d)
     spec = get_encoding(encoding)
-    codebook = train_codebook(encoding, states[:1500])
+    codebook = train_codebook(encoding, states[:1500], rotate=False)
     old = {name: values for name, values in codebook.items() if name != "centroids"}
     new_arrays, old_arrays = spec.encode(states, codebook), spec.encode(states, old)
     assert "centroid_ids" not in old_arrays and set(old_arrays) == {"codes", "scales", "mean", "cutoffs", "weights"}
@@ -313,18 +345,18 @@ def test_centroids_shrink_the_error_and_a_codebook_without_them_encodes_as_befor
         check_codebook(spec, {**old, "extra": old["mean"]}, (32,))
 
 
-def test_a_shard_newer_than_centroids_is_refused(lowbit_store) -> None:
+def test_a_shard_newer_than_rotated_codes_is_refused(lowbit_store) -> None:
     _, root, records = lowbit_store
     attributes = root / shard_path(0) / "zarr.json"
     metadata = json.loads(attributes.read_text())
-    metadata["attributes"]["dilstore"]["format_version"] = 3
+    metadata["attributes"]["dilstore"]["format_version"] = 4
     attributes.write_text(json.dumps(metadata))
-    with pytest.raises(StoreFormatError, match="has format version 3, newer than 2"):
+    with pytest.raises(StoreFormatError, match="has format version 4, newer than 3"):
         open_store(root).fetch([records[0].id])
 
 
 def test_verify_reports_centroid_ids_beside_a_codebook_without_centroids(tmp_path: Path) -> None:
-    _build(tmp_path, "2bit", _codebook("2bit", centroids=False))
+    _build(tmp_path, "2bit", _codebook("2bit", "plain"))
     group = zarr.open_group(tmp_path / shard_path(0), mode="r+")
     tokens = group["states/scales"].shape[0]
     group.create_array("states/centroid_ids", shape=(tokens,), dtype="uint8", fill_value=0)

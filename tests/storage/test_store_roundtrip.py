@@ -86,7 +86,7 @@ def _residual_bound(original: np.ndarray, stored: dict[str, np.ndarray], shard_s
     whose residual RMS is at most 2**-25 (half float16's smallest step) gets the scale 0 and decodes to its centroid
     plus the mean (STORE_FORMAT.md §4: divide by 1 where s = 0), so its error is its residual.
     """
-    mean, cutoffs = stored["mean"], stored["cutoffs"]  # (*S), (K-1, *S)
+    mean = stored["mean"]  # (*S)
     if original.size == 0:
         return np.zeros(original.shape, dtype=np.float32)
     original, shard_states = original - base, shard_states - shard_base  # (n, *S), (T, *S)
@@ -99,12 +99,34 @@ def _residual_bound(original: np.ndarray, stored: dict[str, np.ndarray], shard_s
 
     every, _ = normalized(shard_states)  # (T, *S)
     values, scales = normalized(original)  # (n, *S), (n, *S[:-1], 1)
-    edges = np.concatenate([every.min(axis=0)[None], cutoffs, every.max(axis=0)[None]])  # (K+1, *S)
-    buckets = (values[..., None, :] > np.moveaxis(cutoffs, 0, -2)).sum(axis=-2)  # (n, *S)
-    width = np.take_along_axis(edges[1:][None], buckets[:, None], 1)[:, 0] - np.take_along_axis(
-        edges[:-1][None], buckets[:, None], 1)[:, 0]  # (n, *S)
+    if "rotation" in stored:  # the error on the axes, turned back: at most its norm in every value
+        every, values = _components(every, stored["rotation"]), _components(values, stored["rotation"])
+        width = _bucket_widths(every, values, stored["component_cutoffs"], stored["allocation"])  # (n, *S)
+        zero_bit = stored["allocation"] == 0  # (*S)
+        width = np.where(zero_bit, np.abs(values - stored["component_weights"][0]), width)
+        width = np.broadcast_to(np.sqrt(np.square(width).sum(axis=-1, keepdims=True)), width.shape)
+    else:
+        width = _bucket_widths(every, values, stored["cutoffs"], np.full(mean.shape, np.log2(len(stored["weights"]))))
     bucket = np.where(scales > 0, scales * width, np.abs(original - mean))  # (n, *S)
     return bucket + 1e-4 * (np.abs(original) + np.abs(mean) + np.abs(base)) + 1e-30
+
+
+def _components(values: np.ndarray, rotation: np.ndarray) -> np.ndarray:
+    """Normalized residuals `(n, *S)` on a rotated codebook's axes `(d, *S)`: `(n, *S)`."""
+    return np.einsum("n...d,j...d->n...j", values, rotation)
+
+
+def _bucket_widths(every: np.ndarray, values: np.ndarray, cutoffs: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    """The width of each value's bucket `(n, *S)`, the outer buckets closed by the shard's smallest and largest
+    values `every` `(T, *S)`; only the first 2**bits - 1 cutoffs of a value count."""
+    counted = np.arange(len(cutoffs)).reshape(-1, *[1] * bits.ndim) < (2**bits - 1)  # (K-1, *S)
+    low = np.where(counted, cutoffs, np.inf)  # (K-1, *S)
+    buckets = (values[..., None, :] > np.moveaxis(low, 0, -2)).sum(axis=-2)  # (n, *S)
+    edges = np.concatenate([every.min(axis=0)[None], low, np.full((1, *bits.shape), np.inf)])  # (K+1, *S)
+    upper = np.take_along_axis(edges[1:][None], buckets[:, None], 1)[:, 0]  # (n, *S)
+    upper = np.where(buckets == 2**bits - 1, every.max(axis=0), upper)
+    lower = np.take_along_axis(edges[:-1][None], buckets[:, None], 1)[:, 0]  # (n, *S)
+    return upper - lower
 
 
 def _check_decoded(encoding: str, original: np.ndarray, decoded: np.ndarray, stored: dict[str, np.ndarray],
