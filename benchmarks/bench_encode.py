@@ -4,7 +4,8 @@ The cost model (benchmarks/cost_inputs.json, `encode_us_per_token`) needs what e
 precompute beyond the model's layers. Reads the first --tokens token states of a store (e.g. a DL19
 EARL S1 fp16 store), trains each encoding's codebook on a seeded --sample of them, then times
 `encode` over all of them, min of --repeats, with 1 numpy/BLAS thread (set OMP_NUM_THREADS=1 and
-OPENBLAS_NUM_THREADS=1 before starting, as the example does).
+OPENBLAS_NUM_THREADS=1 before starting, as the example does). 2bit/1bit codebooks are rotated
+(what DilBert and Listformer stores get); --buckets trains them without rotation (EARL's).
 
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bench_encode.py \\
         /work/runs/dl19-earl-s1-fp16 --tokens 100000 --sample 65536
@@ -42,12 +43,13 @@ def first_states(store_path: str, tokens: int) -> np.ndarray:
     raise SystemExit(f"{store_path} holds only {count} tokens, fewer than --tokens {tokens}")
 
 
-def measure(states: np.ndarray, encoding: str, sample: int, repeats: int, seed: int) -> dict[str, float]:
+def measure(states: np.ndarray, encoding: str, sample: int, repeats: int, seed: int, rotate: bool = True
+            ) -> dict[str, float]:
     """Codebook training seconds (on a seeded sample) and the best encode time per token in µs."""
     spec = get_encoding(encoding)
     rows = np.random.default_rng(seed).choice(len(states), size=min(sample, len(states)), replace=False)
     started = time.perf_counter()
-    codebook = train_codebook(encoding, states[np.sort(rows)]) or None
+    codebook = train_codebook(encoding, states[np.sort(rows)], rotate=rotate) or None
     train_s = time.perf_counter() - started
     best = float("inf")
     for _ in range(repeats):
@@ -65,15 +67,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--encodings", nargs="+", default=list(ENCODINGS))
+    parser.add_argument("--buckets", action="store_true", help="2bit/1bit codebooks without rotation (EARL stores')")
     args = parser.parse_args(argv)
     states = first_states(args.store, args.tokens)
-    rows = {name: measure(states, name, args.sample, args.repeats, args.seed) for name in args.encodings}
-    print(f"{len(states)} token states {states.shape[1:]} from {args.store}, min of {args.repeats}")
+    rows = {name: measure(states, name, args.sample, args.repeats, args.seed, not args.buckets)
+            for name in args.encodings}
+    codes = "per-dimension buckets" if args.buckets else "rotated codes"
+    print(f"{len(states)} token states {states.shape[1:]} from {args.store}, min of {args.repeats}, 2bit/1bit: {codes}")
     print("| encoding | encode µs/token | codebook training s |")
     print("|---|---:|---:|")
     for name, row in rows.items():
         print(f"| {name} | {row['encode_us_per_token']} | {row['train_s']} |")
-    print(json.dumps({"store": args.store, "tokens": len(states), "sample": args.sample, "rows": rows}))
+    print(json.dumps({"store": args.store, "tokens": len(states), "sample": args.sample, "rotated": not args.buckets,
+                      "rows": rows}))
     return 0
 
 

@@ -2,7 +2,8 @@
 
 The timings themselves are the benchmark's output; here the states it encodes are the store's own
 (in the order of shards and rows, cut at --tokens), a store with too few tokens is a clear error,
-and every encoding gives a positive time per token.
+and every encoding gives a positive time per token, 2bit/1bit with rotated codes or with
+per-dimension buckets (--buckets).
 """
 
 from __future__ import annotations
@@ -56,8 +57,14 @@ def test_first_states_are_the_stores_own_in_order(bench_encode, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("encoding", ["fp16", "int8", "2bit", "1bit"])
-def test_every_encoding_is_timed(bench_encode, encoding: str) -> None:
+@pytest.mark.parametrize("rotate", [True, False])
+def test_every_encoding_is_timed_with_either_codes(bench_encode, encoding: str, rotate: bool, monkeypatch) -> None:
     states = np.random.default_rng(1).standard_normal((600, DIMS)).astype(np.float32)  # (T, d)
-    row = bench_encode.measure(states, encoding, sample=512, repeats=2, seed=0)
+    trained = []
+    original = bench_encode.train_codebook
+    monkeypatch.setattr(bench_encode, "train_codebook", lambda *args, **kwargs: trained.append(
+        original(*args, **kwargs)) or trained[-1])
+    row = bench_encode.measure(states, encoding, sample=512, repeats=2, seed=0, rotate=rotate)
     assert row["encode_us_per_token"] > 0
     assert row["train_s"] >= 0
+    assert ("rotation" in trained[0]) == (rotate and encoding in ("2bit", "1bit"))
