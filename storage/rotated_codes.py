@@ -6,7 +6,10 @@ principal axes of the codebook's sample, and each component gets its own
 number of bits: components in order of falling variance form blocks of
 `BLOCK` (the last block may be shorter); a block's components share 0, 1, 2
 or 4 bits, chosen greedily to cut the sample's squared error most per bit
-spent, within the encoding's ceil(d * bits / 8) bytes. Each component then
+spent, within the encoding's ceil(d * bits / 8) bytes. The codebook then
+lists the full blocks in order of falling bits (by variance within a bit
+count; the shorter block stays last), so that a reader decodes one run of
+whole bytes per bit count; any block order is valid and decodes. Each component then
 stores its bucket among 2**b quantile buckets of its own (the bucket's mean
 decodes it; a 0-bit component decodes to its sample mean). On the states of
 the shipped DilBert reader this halves the squared error of the unrotated
@@ -19,7 +22,7 @@ code straddles a byte, the shorter last block is padded with zero bits, and
 unused bytes at the end are zero.
 
 Codebook arrays (float32, S the per-token state shape, d = S[-1]):
-    rotation (d, *S)              row j: the j-th axis of each vector position (unit vectors, falling variance)
+    rotation (d, *S)              row j: component j's axis for each vector position (unit vectors)
     allocation (*S)               bits of each component: 0, 1, 2 or 4, the same within a block
     component_cutoffs (15, *S)    the first 2**b - 1 rows: the component's bucket cutoffs; then the last repeated
     component_weights (16, *S)    the first 2**b rows: the buckets' means (row 0 of a 0-bit component: its mean)
@@ -150,6 +153,16 @@ def allocate(errors: dict[int, np.ndarray], bits: int) -> np.ndarray:
     return np.repeat(chosen, sizes)
 
 
+def _block_order(allocation: np.ndarray) -> np.ndarray:
+    """Component order `(d,)` that puts the full blocks in order of falling bits (stable: by variance within a bit
+    count) and keeps a shorter last block last, so a reader decodes at most one run of bytes per bit count."""
+    dims = len(allocation)
+    full = dims // BLOCK
+    blocks = sorted(range(full), key=lambda block: -allocation[block * BLOCK])
+    return np.concatenate([np.arange(block * BLOCK, (block + 1) * BLOCK) for block in blocks]
+                          + [np.arange(full * BLOCK, dims)]).astype(np.intp)
+
+
 def train_rotated(normalized: np.ndarray, bits: int) -> dict[str, np.ndarray]:
     """A rotated codebook (the module docstring) from normalized residuals `(N, *S)`, per vector position.
 
@@ -172,6 +185,9 @@ def train_rotated(normalized: np.ndarray, bits: int) -> dict[str, np.ndarray]:
         components = vectors[:, group] @ rotation[group].T  # (N, d)
         quantizers = _quantizers(components)
         chosen = allocate({count: error for count, (_, _, error) in quantizers.items()}, bits)  # (d,)
+        order = _block_order(chosen)  # (d,)
+        rotation[group], chosen = rotation[group, order], chosen[order]
+        quantizers = {count: (c[:, order], w[:, order], e[order]) for count, (c, w, e) in quantizers.items()}
         allocation[group] = chosen
         for count, (count_cutoffs, count_weights, _) in quantizers.items():
             columns = chosen == count  # (d,)
@@ -227,54 +243,79 @@ def _code_layout(allocation: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def prepare_rotated(codebook: Mapping[str, np.ndarray], bits: int) -> dict[str, np.ndarray]:
-    """Lookup tables for `decode_rotated`, built once per store: per vector position, one row per byte value.
+    """Lookup tables for `decode_rotated`, built once per store, per run of coded components of one bit count.
 
-    `rotated_table (G * width * 256, 8)`: row (g*width + j)*256 + v holds the
-    weights of the codes byte value v holds at byte j (in the first 8/b slots);
-    `rotated_slots (G, A)`: where each coded component sits among a token
-    vector's width*8 slots (A: the most coded components of any position);
-    `rotated_axes (G, A, d)`: their axes (zero rows where a position codes
-    fewer, so what those read adds nothing); `rotated_offset (*S)`: what the 0-bit
-    components add (their mean times their axis).
+    A run of b-bit codes fills whole bytes (blocks are whole bytes; only the
+    last, shorter block may end inside a byte), so each run decodes with one
+    table row per stored byte holding its 8/b values: `rotated_runs (R, 6)`
+    int64 rows (position g, first byte, end byte, values per byte, offset of
+    the run's table in `rotated_tables`, first column in the coded values);
+    `rotated_tables` the runs' tables, flat; `rotated_axes (G, A, d)` the axis
+    of each column of the coded values (A: the most columns of any position;
+    zero rows for padding, so what those read adds nothing); `rotated_offset
+    (*S)` what the 0-bit components add (their mean times their axis).
     """
     state_shape = np.asarray(codebook["allocation"]).shape
     groups, dims = math.prod(state_shape[:-1]), state_shape[-1]
     rotation = _per_group(codebook, "rotation", groups, dims)  # (G, d, d)
     weights = _per_group(codebook, "component_weights", groups, dims)  # (G, 16, d)
     allocation = np.asarray(codebook["allocation"]).reshape(groups, dims).astype(np.int64)  # (G, d)
-    width = packed_width(dims, bits)
-    table = np.zeros((groups, width, 256, 8), dtype=np.float32)  # (G, width, 256, 8)
-    most = int((allocation > 0).sum(axis=1).max()) if dims else 0
-    slots = np.zeros((groups, most), dtype=np.intp)  # (G, A): padding entries read slot 0 against a zero axis
-    axes = np.zeros((groups, most, dims), dtype=np.float32)  # (G, A, d)
-    offset = np.zeros((groups, dims), dtype=np.float32)  # (G, d)
+    runs, tables, columns = [], [], []
+    flat = 0
     values = np.arange(256)  # (256,)
+    offset = np.zeros((groups, dims), dtype=np.float32)  # (G, d)
     for group in range(groups):
         coded, counts, offsets = _code_layout(allocation[group])
-        byte, within = offsets // 8, offsets % 8  # (A,) each
-        buckets = (values[None] >> (8 - within - counts)[:, None]) & (2 ** counts[:, None] - 1)  # (A, 256)
-        table[group, byte[:, None], values[None], (within // counts)[:, None]] = weights[group][buckets,
-                                                                                               coded[:, None]]
-        slots[group, : len(coded)] = byte * 8 + within // counts
-        axes[group, : len(coded)] = rotation[group, coded]
         uncoded = allocation[group] == 0  # (d,)
         offset[group] = weights[group, 0, uncoded] @ rotation[group, uncoded]
-    return {"rotated_table": table.reshape(groups * width * 256, 8), "rotated_slots": slots,
-            "rotated_axes": axes, "rotated_offset": offset.reshape(state_shape)}
+        axes, column = [], 0
+        for first, end in _runs(counts):
+            count, per_byte = int(counts[first]), 8 // int(counts[first])
+            start_byte, end_byte = int(offsets[first] // 8), int(-(-(offsets[end - 1] + count) // 8))
+            slots = (end_byte - start_byte) * per_byte
+            table = np.zeros((end_byte - start_byte, 256, per_byte), dtype=np.float32)  # (bytes, 256, 8/b)
+            run_axes = np.zeros((slots, dims), dtype=np.float32)  # (slots, d)
+            for position in range(first, end):
+                byte, slot = divmod(int(offsets[position] - start_byte * 8) // count, per_byte)
+                buckets = (values >> (8 - (slot + 1) * count)) & (2**count - 1)  # (256,)
+                table[byte, :, slot] = weights[group, buckets, coded[position]]
+                run_axes[byte * per_byte + slot] = rotation[group, coded[position]]
+            runs.append((group, start_byte, end_byte, per_byte, flat, column))
+            tables.append(table.ravel())
+            axes.append(run_axes)
+            flat, column = flat + table.size, column + slots
+        columns.append(np.concatenate(axes) if axes else np.zeros((0, dims), dtype=np.float32))
+    most = max(len(axes) for axes in columns)
+    padded = np.zeros((groups, most, dims), dtype=np.float32)  # (G, A, d)
+    for group, axes in enumerate(columns):
+        padded[group, : len(axes)] = axes
+    return {"rotated_runs": np.array(runs, dtype=np.int64).reshape(-1, 6),
+            "rotated_tables": np.concatenate(tables) if tables else np.zeros(0, dtype=np.float32),
+            "rotated_axes": padded, "rotated_offset": offset.reshape(state_shape)}
+
+
+def _runs(counts: np.ndarray) -> list[tuple[int, int]]:
+    """(first, end) of each run of equal values in `counts` `(A,)`."""
+    breaks = [0, *(np.flatnonzero(np.diff(counts)) + 1).tolist(), len(counts)]
+    return [(first, end) for first, end in zip(breaks[:-1], breaks[1:], strict=True) if end > first]
 
 
 def decode_rotated(codes: np.ndarray, prepared: Mapping[str, np.ndarray]) -> np.ndarray:
     """Packed codes `(n, *S[:-1], width)` -> normalized residuals `(n, *S)` float32 (before the token scale)."""
-    table = prepared["rotated_table"]  # (G*width*256, 8)
-    slots = prepared["rotated_slots"]  # (G, A)
+    tables = prepared["rotated_tables"]  # (sum of the runs' table sizes,)
     axes = prepared["rotated_axes"]  # (G, A, d)
     offset = prepared["rotated_offset"]  # (*S)
-    groups, width, dims = slots.shape[0], codes.shape[-1], axes.shape[-1]
-    flat = codes.reshape(len(codes), groups, width)  # (n, G, width)
-    base = (np.arange(groups * width, dtype=np.intp) * 256).reshape(groups, width)  # (G, width)
-    gathered = np.take(table, flat + base, axis=0).reshape(len(codes), groups, width * 8)  # (n, G, width*8)
+    groups, most, dims = axes.shape
+    flat = codes.reshape(len(codes), groups, codes.shape[-1])  # (n, G, width)
+    coded = np.zeros((len(codes), groups, most), dtype=np.float32)  # (n, G, A)
+    for group, start_byte, end_byte, per_byte, table_at, column in prepared["rotated_runs"].tolist():
+        count = end_byte - start_byte
+        table = tables[table_at : table_at + count * 256 * per_byte].reshape(count * 256, per_byte)
+        rows = flat[:, group, start_byte:end_byte] + np.arange(0, count * 256, 256)  # (n, bytes)
+        coded[:, group, column : column + count * per_byte] = np.take(table, rows, axis=0).reshape(
+            len(codes), count * per_byte)
     out = np.empty((len(codes), groups, dims), dtype=np.float32)  # (n, G, d)
     for group in range(groups):
-        out[:, group] = gathered[:, group, slots[group]] @ axes[group]  # (n, A) @ (A, d)
+        np.matmul(coded[:, group], axes[group], out=out[:, group])  # (n, A) @ (A, d)
     out += offset.reshape(groups, dims)
     return out.reshape(*codes.shape[:-1], dims)

@@ -4,7 +4,8 @@ On correlated states the rotated codes cut the squared error of per-dimension
 buckets at the same size; the table decoder equals a plain per-component
 decode for any state shape (hypothesis); the allocation keeps blocks of 8
 components on one bit count and fits the encoding's bytes, and a codebook
-whose allocation breaks that is refused by name; training is deterministic.
+whose allocation breaks that is refused by name; training is deterministic and
+puts blocks in order of falling bits, though any block order decodes.
 """
 
 from __future__ import annotations
@@ -110,3 +111,20 @@ def test_training_is_deterministic_and_axes_are_signed() -> None:
     axes = first["rotation"]  # (d, d): row j, axis j
     np.testing.assert_allclose(axes @ axes.T, np.eye(24), atol=1e-5)
     assert (axes[np.arange(24), np.abs(axes).argmax(axis=1)] > 0).all()
+
+
+def test_blocks_come_in_falling_bits_and_another_block_order_decodes_the_same() -> None:
+    """Training puts full blocks in order of falling bits (one run of bytes per bit count); a codebook whose
+    blocks come in another order is as valid and decodes every state the same."""
+    states = _correlated(3000, 44, rank=9, seed=4)  # 5 full blocks and a block of 4
+    spec = get_encoding("2bit")
+    codebook = train_codebook("2bit", states[:2000])
+    allocation = codebook["allocation"]
+    assert (np.diff(allocation[:40]) <= 0).all() and len(set(allocation[:40].tolist())) > 1
+    order = np.concatenate([np.arange(start, start + BLOCK) for start in (32, 0, 24, 8, 16)] + [np.arange(40, 44)])
+    turned = {**codebook, "allocation": allocation[order], "rotation": codebook["rotation"][order],
+              "component_cutoffs": codebook["component_cutoffs"][:, order],
+              "component_weights": codebook["component_weights"][:, order]}
+    check_codebook(spec, turned, (44,))
+    np.testing.assert_allclose(round_trip("2bit", turned)(states[2000:]), round_trip("2bit", codebook)(states[2000:]),
+                               rtol=1e-5, atol=1e-5)
