@@ -9,11 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dilstore.storage.finalize import finalize
 from dilstore.storage.records import PassageRecord
-from dilstore.storage.writer import write_shard
 from tests.fixtures.benchmarks import benchmark_module
-from tests.fixtures.store_fixtures import fingerprint_for
+from tests.fixtures.store_fixtures import build_store
 
 DIMS = 24
 
@@ -29,19 +27,14 @@ def _store(root: Path) -> list[np.ndarray]:
     """A two-shard fp32 store of correlated states (near a 4-dimensional subspace); each passage's states."""
     rng = np.random.default_rng(2)
     basis = rng.standard_normal((4, DIMS)) * np.array([[6], [4], [2], [1]])  # (4, d)
-    passages = []
-    for shard in range(2):
-        records = []
-        for row in range(60):
-            n = int(rng.integers(20, 40))
-            states = (rng.standard_normal((n, 4)) @ basis + 0.2 * rng.standard_normal((n, DIMS))).astype(np.float32)
-            passages.append(states)
-            records.append(PassageRecord(id=f"s{shard}-{row:02d}", title="", text="",
-                                         token_ids=np.arange(n, dtype=np.int32),
-                                         char_spans=np.full((n, 2), -1, dtype=np.int32), states=states))  # fmt: skip
-        write_shard(root, shard, records, kind="dilbert", encoding="fp32", durable=False)
-    finalize(root, fingerprint_for("dilbert", "fp32"), {"command": "test"})
-    return passages
+    lengths = rng.integers(20, 40, size=(2, 60))  # (shards, passages)
+    shards = [[PassageRecord(id=f"s{shard}-{row:02d}", title="", text="", token_ids=np.arange(n, dtype=np.int32),
+                             char_spans=np.full((n, 2), -1, dtype=np.int32),
+                             states=(rng.standard_normal((n, 4)) @ basis + 0.2 * rng.standard_normal((n, DIMS))
+                                     ).astype(np.float32))  # (n, d)
+               for row, n in enumerate(lengths[shard].tolist())] for shard in range(2)]
+    build_store(root, shards)
+    return [record.states for records in shards for record in records]
 
 
 def test_it_codes_every_nth_passage_and_rotation_wins_on_correlated_states(bench_rotation, tmp_path: Path,
