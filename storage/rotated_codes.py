@@ -100,7 +100,7 @@ def principal_axes(normalized: np.ndarray) -> np.ndarray:
     """The principal axes of a sample `(N, d)`: eigenvectors of its second moments, largest first.
 
     `(d, d)` float32, row j the j-th axis, signed so that its largest entry
-    is positive: the codebook is the same wherever the same sample trains it.
+    is positive (an eigenvector's sign is otherwise arbitrary).
     """
     sample = normalized.astype(np.float64)
     moments = sample.T @ sample / max(len(sample), 1)  # (d, d)
