@@ -480,7 +480,7 @@ def _decode_buckets(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
 def _decode_residual(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
     mean = arrays["mean"]  # (*S)
     if "rotation" in arrays:
-        prepared = arrays if "rotated_table" in arrays else prepare_rotated(arrays, bits)
+        prepared = arrays if "rotated_runs" in arrays else prepare_rotated(arrays, bits)
         values = decode_rotated(arrays["codes"], prepared)  # (n, *S)
     else:
         values = _decode_buckets(arrays, bits)  # (n, *S)

@@ -128,3 +128,20 @@ def test_blocks_come_in_falling_bits_and_another_block_order_decodes_the_same() 
     check_codebook(spec, turned, (44,))
     np.testing.assert_allclose(round_trip("2bit", turned)(states[2000:]), round_trip("2bit", codebook)(states[2000:]),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_prepared_codebook_decodes_without_building_its_tables_again(monkeypatch) -> None:
+    """The reader prepares a store's tables once; decoding with them must not rebuild them per fetch."""
+    from dilstore.storage import encodings
+
+    states = _correlated(400, 16, rank=3)
+    spec = get_encoding("1bit")
+    codebook = train_codebook("1bit", states)
+    arrays = {**spec.encode(states, codebook), **spec.prepare(codebook)}
+    expected = spec.decode(arrays)
+
+    def rebuilt(*args, **kwargs):
+        raise AssertionError("decode rebuilt the prepared tables")
+
+    monkeypatch.setattr(encodings, "prepare_rotated", rebuilt)
+    np.testing.assert_array_equal(spec.decode(arrays), expected)
