@@ -1,6 +1,7 @@
 """Decode share for EARL: store.fetch (read + decode) of one DL19 query's 100 BM25 passages against its rerank.
 
-For each STORE given (earl-s1 or earl-s2, any encoding, made from passages that
+For each STORE given (earl-s1 or earl-s2, or a listformer store, which
+`open_reranker` reads the same way; any encoding; made from passages that
 include the first DL19 query's BM25 top 100), times `store.fetch(ids)` and
 `open_reranker(STORE).rerank(query, ids)` (which fetches too), min of 5 each,
 after a warm-up, with 1 torch thread; decode_share = fetch / (rerank - fetch).
