@@ -39,6 +39,7 @@ from dilstore.reader.evaluation.open_domain import evaluate_top_ps, load_questio
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import encode_tokenized, tokenize_passage
+from dilstore.reader.offline.kinds import offline_kind
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.retrieval import build_bm25_index
 from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
@@ -85,7 +86,8 @@ def store_codebook(store: Path, records: list[PassageRecord], encoding: str) -> 
     STORE/codebook as `dilstore precompute` keeps it (the pipeline samples 512 documents across the corpus;
     here the first shard holds every SQuAD paragraph and the first MS MARCO passages)."""
     states = np.concatenate([record.states for record in records])  # (T, d)
-    codebook = train_codebook(encoding, states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)])
+    sample = states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)]
+    codebook = train_codebook(encoding, sample, rotate=offline_kind("dilbert").rotated_codes)
     write_codebook(store / CODEBOOK_DIR, encoding, codebook, states.shape[1:])
     return codebook
 

@@ -71,13 +71,9 @@ def bucket_of(values: np.ndarray, cutoffs: np.ndarray) -> np.ndarray:
     return buckets
 
 
-def packed_width(dims: int, bits: int) -> int:
-    """Bytes of `dims` values at `bits` bits each, rounded up."""
+def packed_width(dims: int | np.ndarray, bits: int | np.ndarray) -> int | np.ndarray:
+    """Bytes of `dims` values at `bits` bits each, rounded up (elementwise for arrays)."""
     return -(-dims * bits // 8)
-
-
-def _block_bytes(sizes: np.ndarray, bits: np.ndarray) -> np.ndarray:
-    return -(-sizes * bits // 8)
 
 
 def allocation_problem(allocation: np.ndarray, bits: int) -> str | None:
@@ -90,7 +86,7 @@ def allocation_problem(allocation: np.ndarray, bits: int) -> str | None:
     if (np.repeat(rows[:, starts], BLOCK, axis=1)[:, :dims] != rows).any():
         return f"gives components of one block of {BLOCK} different bit counts"
     sizes = np.diff(np.append(starts, dims))  # (blocks,)
-    used = _block_bytes(sizes, rows[:, starts].astype(np.int64)).sum(axis=1)  # (G,)
+    used = packed_width(sizes, rows[:, starts].astype(np.int64)).sum(axis=1)  # (G,)
     if (used > packed_width(dims, bits)).any():
         return f"needs {int(used.max())} bytes per token vector, more than the {packed_width(dims, bits)} of {bits}bit"
     return None
@@ -141,8 +137,8 @@ def allocate(errors: dict[int, np.ndarray], bits: int) -> np.ndarray:
     while True:
         upgradable = chosen < MAX_BITS
         nexts = np.array([_NEXT_BITS.get(int(count), MAX_BITS) for count in chosen])  # (blocks,)
-        extra = _block_bytes(sizes, nexts) - _block_bytes(sizes, chosen)  # (blocks,)
-        fits = upgradable & (_block_bytes(sizes, chosen).sum() + extra <= budget)
+        extra = packed_width(sizes, nexts) - packed_width(sizes, chosen)  # (blocks,)
+        fits = upgradable & (packed_width(sizes, chosen).sum() + extra <= budget)
         gain = np.array([block_errors[int(c)][b] - block_errors[int(n)][b] if f else -np.inf
                          for b, (c, n, f) in enumerate(zip(chosen, nexts, fits, strict=True))])
         gain = gain / np.maximum(sizes * (nexts - chosen), 1)
