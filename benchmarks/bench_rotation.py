@@ -20,11 +20,15 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 
 from dilstore.storage.encodings import get_encoding, train_codebook
 from dilstore.storage.reader import open_store
+
+Result = TypeVar("Result")
 
 
 def passage_states(store_path: str, every: int) -> np.ndarray:
@@ -38,7 +42,7 @@ def passage_states(store_path: str, every: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def best_seconds(work, repeats: int) -> tuple[float, object]:
+def best_seconds(work: Callable[[], Result], repeats: int) -> tuple[float, Result]:
     """The fastest of `repeats` calls of `work` and its last result."""
     best, result = float("inf"), None
     for _ in range(repeats):
@@ -56,7 +60,7 @@ def measure(train: np.ndarray, held_out: np.ndarray, encoding: str, rotate: bool
     train_s = time.perf_counter() - started
     encode_s, encoded = best_seconds(lambda: spec.encode(held_out, codebook), repeats)
     prepared = spec.prepare(codebook)
-    arrays = {**encoded, **prepared}  # type: ignore[dict-item]
+    arrays = {**encoded, **prepared}
     decode_s, decoded = best_seconds(lambda: spec.decode(arrays), repeats)
     variance = np.square(held_out - held_out.mean(axis=0)).sum()
     return {"relative_error": round(float(np.square(decoded - held_out).sum() / variance), 4),
