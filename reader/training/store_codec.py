@@ -30,7 +30,6 @@ import numpy as np
 import torch
 
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.reader.offline.kinds import offline_kind
 from dilstore.reader.training.frozen_lower import StateTransform, encode_windows
 from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
 from dilstore.storage.encodings import (
@@ -90,8 +89,7 @@ def training_round_trip(
         arrays, state_shape = read_codebook(codebook, encoding)
     else:
         sample = passage_state_sample(reader, windows, device)  # (N, d)
-        rotate = offline_kind("dilbert").rotated_codes  # the codes a DilBert store of this encoding holds
-        arrays, state_shape = train_codebook(encoding, sample, rotate=rotate), sample.shape[1:]
+        arrays, state_shape = train_codebook(encoding, sample), sample.shape[1:]  # rotated, as DilBert stores are
     if target.is_dir():
         shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
