@@ -51,7 +51,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, seeded: str, limit_of:
         help="also a resumable checkpoint whenever M minutes of training passed since the last (0: not by time; "
         "default 10), so a killed run loses at most M minutes",
     )  # fmt: skip
-    parser.add_argument("--keep-checkpoints", type=int, default=2, help="periodic checkpoints kept (default 2)")
+    parser.add_argument(
+        "--keep-checkpoints", type=int, default=2,
+        help="periodic checkpoints kept (default 2); with --save-every, those at its multiples, and a checkpoint "
+        "taken by time only until a newer one exists",
+    )  # fmt: skip
     parser.add_argument("--log-every", type=int, default=10, help="log a progress line every N steps (default 10)")
     parser.add_argument(
         "--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",

@@ -16,7 +16,8 @@ everything else is here, so both run the same way:
   minutes of training, so a killed run loses at most M minutes; each is
   written under a temporary name and
   renamed, so a run cut off at any moment leaves a usable checkpoint; only
-  the newest `keep_checkpoints` are kept.
+  the newest `keep_checkpoints` are kept (with `save_every`, those at its
+  multiples: a checkpoint taken by time goes once a newer one exists).
 - Resumption from the newest checkpoint, refused when the settings recorded
   in OUTPUT/run_config.json at the start differ.
 """
@@ -429,7 +430,7 @@ def run_training_loop(
         due_by_steps = config.save_every and position.step % config.save_every == 0
         due_by_time = config.save_every_minutes and time.perf_counter() - last_save >= 60 * config.save_every_minutes
         if (due_by_steps or due_by_time) and position.step < total_steps:
-            _save_checkpoint(output_dir, optimization, position, step_loss, save, config.keep_checkpoints)
+            _save_checkpoint(output_dir, optimization, position, step_loss, save, config)
             last_save = time.perf_counter()
     bar.close()
 
@@ -440,9 +441,10 @@ def run_training_loop(
 
 
 def _save_checkpoint(
-    output_dir: Path, optimization: Optimization, position: LoopPosition, loss: float, save: SaveModel, keep: int
+    output_dir: Path, optimization: Optimization, position: LoopPosition, loss: float, save: SaveModel,
+    config: LoopSettings,
 ) -> None:
-    """Write a resumable checkpoint atomically (temporary folder, then rename) and prune all but the `keep` newest.
+    """Write a resumable checkpoint atomically (temporary folder, then rename), then prune (`prune_checkpoints`).
 
     It carries dilstore_training.json too, so a run cut off later still
     leaves a checkpoint that can be evaluated and packaged as it is.
@@ -456,4 +458,4 @@ def _save_checkpoint(
     save(partial, position, loss)
     save_training_state(partial, optimization.optimizer, optimization.scheduler, position)
     partial.rename(final)
-    prune_checkpoints(checkpoints, keep)
+    prune_checkpoints(checkpoints, config.keep_checkpoints, config.save_every)

@@ -117,12 +117,25 @@ def latest_checkpoint(checkpoints: Path) -> Path | None:
     return max(candidates)[1] if candidates else None
 
 
-def prune_checkpoints(checkpoints: Path, keep: int) -> None:
-    """Delete all but the `keep` newest complete periodic checkpoints."""
+def prune_checkpoints(checkpoints: Path, keep: int, every: int = 0) -> None:
+    """Delete all but the `keep` newest complete periodic checkpoints.
+
+    With `every` > 0, only checkpoints at multiples of `every` steps count
+    towards `keep` (they are a learning curve's points); one taken off that
+    grid (by time, to bound what a kill loses) is deleted as soon as a newer
+    checkpoint exists, so a long run's time checkpoints never push its curve
+    points out.
+    """
     complete = sorted(
         (int(match.group(1)), path)
         for path in Path(checkpoints).iterdir()
         if (match := _STEP_DIR.match(path.name)) and (path / STATE_JSON).is_file()
     )
-    for _, path in complete[: max(0, len(complete) - keep)]:
+    if every <= 0:
+        doomed = complete[: max(0, len(complete) - keep)]
+    else:
+        on_grid = [entry for entry in complete if entry[0] % every == 0]
+        off_grid = [entry for entry in complete[:-1] if entry[0] % every != 0]
+        doomed = on_grid[: max(0, len(on_grid) - keep)] + off_grid
+    for _, path in doomed:
         shutil.rmtree(path)

@@ -10,10 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
 from dilstore.reader.training.qa import TrainingConfig, train_qa
-from dilstore.reader.training.state import latest_checkpoint
+from dilstore.reader.training.state import STATE_JSON, latest_checkpoint, prune_checkpoints, step_directory
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 
@@ -28,6 +30,43 @@ def test_checkpoints_are_saved_by_time_without_a_step_interval(
     train_qa(tiny_base, squad_file, tmp_path, config, command="t", progress=False)
     steps = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
     assert steps == ["step-0000001", "step-0000002"]
+
+
+def test_time_checkpoints_do_not_push_out_the_step_checkpoints(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """A checkpoint every step by time and every 2 steps by count, keeping 1: the newest even step stays, and
+    of the odd (time) ones only the newest, for resuming."""
+    config = TrainingConfig(
+        layers=1, max_steps=6, batch_size=2, save_every=2, save_every_minutes=1e-9, keep_checkpoints=1, **SMALL_WINDOWS
+    )
+    train_qa(tiny_base, squad_file, tmp_path, config, command="t", progress=False)
+    steps = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
+    assert steps == ["step-0000004", "step-0000005"]
+
+
+def _complete_checkpoints(folder: Path, steps: set[int]) -> None:
+    for step in steps:
+        step_directory(folder, step).mkdir(parents=True)
+        (step_directory(folder, step) / STATE_JSON).write_text("{}", encoding="utf-8")
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.sets(st.integers(1, 60), min_size=1, max_size=25), keep=st.integers(1, 6), every=st.integers(0, 7))
+def test_pruning_keeps_the_newest_on_the_grid_and_the_newest_of_all(
+    steps: set[int], keep: int, every: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    folder = tmp_path_factory.mktemp("checkpoints")
+    _complete_checkpoints(folder, steps)
+    step_directory(folder, 99).with_name("step-0000099.partial").mkdir()  # an unfinished write is never counted
+    prune_checkpoints(folder, keep, every)
+    kept = {int(path.name.removeprefix("step-")) for path in folder.iterdir() if (path / STATE_JSON).is_file()}
+    if every == 0:
+        assert kept == set(sorted(steps)[-keep:])
+    else:
+        on_grid = sorted(step for step in steps if step % every == 0)
+        assert kept == set(on_grid[-keep:]) | {max(steps)}
+    assert latest_checkpoint(folder) == step_directory(folder, max(steps))
 
 
 def test_no_time_checkpoint_when_disabled(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
