@@ -14,11 +14,19 @@ budgets, runs them side by side on the one GPU and packs what comes back.
     python3 benchmarks/gpu_reader_schedule.py export NAME --work /tmp/reader-runs --out "$OUT"   # a later call
     .venv/bin/python benchmarks/gpu_reader_schedule.py join OUT_DIR NAME --into DIR               # back here
     python3 benchmarks/gpu_reader_schedule.py extend --carry .carry/reader --out "$OUT" --deadline 540  # or this
+    python3 benchmarks/gpu_reader_schedule.py sweep --layers 0 5 3 --out "$OUT" --deadline 560  # or the k-sweep
 
 `extend` continues one carried reader (prepare --start) with shared normalisation, without a teacher: a short
 probe run measures groups/s at the chosen batch, the schedule (warm-up and linear decay) is sized to end before
 the deadline (at most --max-epochs passes), periodic checkpoints give a learning curve on --curve-limit seeded
 dev questions, and the final model (the newest checkpoint when the run was cut off) is exported.
+
+`sweep --layers K [K ...]` trains the k-sweep with one recipe: every k from the carried start reader (the k=0 one)
+with shared normalisation for EPOCHS full passes, all side by side on the one GPU, each run evaluated on the full
+dev set when it ends and its --curve-points checkpoints scored for the learning curve. Nothing is sized to the
+deadline (that would train the ks differently): a run still going at the deadline is stopped and the same command
+in a later call on the same warm machine resumes it from its checkpoint (one every minute), while finished runs are
+left as they are. No weights come back (at most 64 MiB a call, one reader's worth); `export` brings one back.
 
 `train`, in order:
 1. calibrate: three short runs side by side (k=0; k=4 distilled; k=4 distilled with shared normalisation), each
@@ -328,11 +336,50 @@ def run_extension(schedule: Schedule, args: argparse.Namespace) -> None:
     from dilstore.reader.training.state import latest_checkpoint
 
     run = schedule.work / "extended"
-    score_checkpoints(schedule, run, args, stop_at=stop)
+    score_checkpoints(schedule, [run], args, stop_at=stop)
     chosen = run if (run / "model.safetensors").is_file() else latest_checkpoint(run / "checkpoints")
     schedule.note(event="chosen", run=None if chosen is None else str(chosen))
     if chosen is not None:
         export(chosen, "extended", args.out)
+
+
+def sweep_recipe(triples: Path, groups: int, learning_rate: str, questions: int, curve_points: int) -> list[str]:
+    """`train qa` options every k of the sweep shares: EPOCHS passes over `questions` question groups, shared
+    normalisation, a checkpoint every 1/curve_points of the schedule (the curve) and every minute (for resuming)."""
+    steps = EPOCHS * math.ceil(questions / groups)
+    return [
+        "--shared-norm", str(triples), "--batch-size", str(groups), "--learning-rate", learning_rate,
+        "--warmup-ratio", "0.06", "--epochs", str(EPOCHS), "--save-every", str(max(1, steps // curve_points)),
+        "--save-every-minutes", "1", "--keep-checkpoints", str(curve_points),
+    ]  # fmt: skip
+
+
+def sweep_state(run: Path) -> str:
+    """"done" (a final model and its dev evaluation), "resume" (a complete checkpoint) or "new"."""
+    from dilstore.reader.training.state import latest_checkpoint
+
+    if (run / "model.safetensors").is_file() and (run / "eval-dev.json").is_file():
+        return "done"
+    return "new" if latest_checkpoint(run / "checkpoints") is None else "resume"
+
+
+def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
+    """`sweep`: the ks not done yet trained (or resumed) side by side; the curves of the finished ones scored."""
+    questions = TRAIN_QUESTIONS if args.smoke is None else args.smoke
+    recipe = sweep_recipe(args.carry / "shared-norm" / "triples.jsonl.gz", args.groups, args.learning_rate,
+                          questions, args.curve_points)  # fmt: skip
+    runs: dict[str, subprocess.Popen[bytes]] = {}
+    for k in args.layers:
+        name = f"sweep-k{k}"
+        state = sweep_state(schedule.work / name)
+        schedule.note(event="sweep", run=name, state=state)
+        if state != "done":
+            resume = ["--resume"] if state == "resume" else []
+            runs[name] = schedule.launch(name, k, args.carry / "start", [*recipe, *resume])
+    schedule.wait(runs, stop_at=args.deadline - args.curve_reserve)
+    finished = [schedule.work / f"sweep-k{k}" for k in args.layers if sweep_state(schedule.work / f"sweep-k{k}") == "done"]
+    if finished:
+        score_checkpoints(schedule, finished, args, stop_at=args.deadline)
 
 
 def probe(schedule: Schedule, args: argparse.Namespace, start: Path, recipe: list[str]) -> tuple[float, float]:
@@ -349,10 +396,10 @@ def probe(schedule: Schedule, args: argparse.Namespace, start: Path, recipe: lis
     return rate, schedule.elapsed() - launched - training["train_seconds"]
 
 
-def score_checkpoints(schedule: Schedule, run: Path, args: argparse.Namespace, stop_at: float) -> None:
-    """reader_curve.py over the run's checkpoints on --curve-limit seeded dev questions (table and rows in curve.log)."""
+def score_checkpoints(schedule: Schedule, runs: list[Path], args: argparse.Namespace, stop_at: float) -> None:
+    """reader_curve.py over the runs' checkpoints on --curve-limit seeded dev questions (table and rows in curve.log)."""
     curve = [
-        sys.executable, str(Path(__file__).with_name("reader_curve.py")), str(run),
+        sys.executable, str(Path(__file__).with_name("reader_curve.py")), *map(str, runs),
         "--dev", str(schedule.data / "dev-v1.1.json"), "--limit", str(args.curve_limit),
         "--cache", str(schedule.work / "curve-cache.json"), "--device", args.device,
     ]  # fmt: skip
@@ -513,6 +560,16 @@ def main(argv: list[str] | None = None) -> int:
     more.add_argument("--curve-points", type=int, default=6, help="periodic checkpoints scored for the curve")
     more.add_argument("--curve-limit", type=int, default=2000, help="seeded dev questions per curve point")
     more.set_defaults(run=on_the_gpu(run_extension))
+    sweep = commands.add_parser(
+        "sweep", parents=[on_gpu], help="the k-sweep: every k from the carried start, one recipe, side by side"
+    )
+    sweep.add_argument("--layers", type=int, nargs="+", required=True, help="the ks to train (or resume) side by side")
+    sweep.add_argument("--groups", type=int, default=32, help="questions (groups of 4 windows) per step")
+    sweep.add_argument("--learning-rate", default=LEARNING_RATE)
+    sweep.add_argument("--curve-points", type=int, default=6, help="checkpoints kept and scored for each curve")
+    sweep.add_argument("--curve-limit", type=int, default=2000, help="seeded dev questions per curve point")
+    sweep.add_argument("--curve-reserve", type=float, default=60.0, help="seconds kept for scoring the curves")
+    sweep.set_defaults(run=on_the_gpu(run_sweep))
     again = commands.add_parser("export", help="export another run of a finished schedule (same machine)")
     again.add_argument("name")
     again.add_argument("--work", type=Path, default=Path("/tmp/reader-runs"))

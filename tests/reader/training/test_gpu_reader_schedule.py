@@ -188,12 +188,13 @@ def test_extension_steps_of_the_h200_run(schedule):
     assert schedule.extension_steps(678.0, -5.0, 32, 2) == 1
 
 
-@pytest.mark.parametrize("command", ["train", "extend"])
+@pytest.mark.parametrize("command", ["train", "extend", "sweep"])
 def test_a_carried_folder_without_the_data_is_refused_by_name(schedule, tmp_path, capsys, command):
     carry = tmp_path / "carry"
     carry.mkdir()
     (carry / "dev-v1.1.json.xz").write_bytes(lzma.compress(b"{}"))
     argv = [command, "--carry", str(carry), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    argv += ["--layers", "0"] if command == "sweep" else []
     assert schedule.main(argv) == 2
     assert f"{carry}: no train-v1.1.json.xz; write the carried folder with `prepare`" in capsys.readouterr().err
     assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
@@ -267,3 +268,67 @@ def test_extend_sizes_the_run_from_the_probe_and_exports_the_newest_checkpoint_o
     assert schedule.main(["join", str(out), "extended", "--into", str(into)]) == 0
     assert torch.equal(load_file(into / "model.safetensors")["weight"], torch.full((4, 4), 200.0, dtype=torch.float16))
     assert json.loads((into / "config.json").read_text(encoding="utf-8")) == {"step": 200}
+
+
+def test_sweep_recipe_checkpoints_the_two_epoch_schedule_for_its_curve(schedule, tmp_path):
+    recipe = schedule.sweep_recipe(tmp_path / "triples.jsonl.gz", 32, "1e-4", 87599, 6)
+    options = dict(zip(recipe[::2], recipe[1::2], strict=True))
+    assert options["--epochs"] == "2" and options["--batch-size"] == "32" and options["--learning-rate"] == "1e-4"
+    assert options["--save-every"] == str(5476 // 6)  # 2 * ceil(87599 / 32) = 5476 steps, the shipped reader's
+    assert options["--keep-checkpoints"] == "6" and options["--save-every-minutes"] == "1"
+    assert options["--shared-norm"] == str(tmp_path / "triples.jsonl.gz")
+    assert schedule.sweep_recipe(tmp_path, 32, "1e-4", 10, 6)[-3] == "1"  # never 0 (that would mean no curve)
+
+
+def _fake_sweep(launched: list[list[str]], finishing: set[str]):
+    """A Popen stand-in: runs named in `finishing` end with a model and a dev evaluation; the others are cut off
+    after a checkpoint; reader_curve.py ends at once."""
+
+    def popen(command, stdout=None, stderr=None):
+        launched.append([str(part) for part in command])
+        if "--output" in command:
+            output = Path(command[command.index("--output") + 1])
+            checkpoint = output / "checkpoints" / "step-0000010"
+            checkpoint.mkdir(parents=True, exist_ok=True)
+            (checkpoint / "training_state.json").write_text("{}", encoding="utf-8")
+            if output.name in finishing:
+                (output / "model.safetensors").write_bytes(b"weights")
+                (output / "eval-dev.json").write_text(json.dumps({"f1": 70.0}), encoding="utf-8")
+        return _FinishedRun()
+
+    return popen
+
+
+def test_sweep_resumes_cut_runs_leaves_finished_ones_and_scores_their_curves(schedule, tmp_path, monkeypatch):
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        (carry / f"{name}.xz").write_bytes(lzma.compress(b'{"data": []}'))
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    work = tmp_path / "work"
+    argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(tmp_path / "out"), "--layers", "0", "5"]
+
+    first: list[list[str]] = []
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(first, finishing={"sweep-k0"}))
+    assert schedule.main(argv) == 0
+    trained = {command[command.index("--output") + 1]: command for command in first if "--output" in command}
+    assert sorted(trained) == [str(work / "sweep-k0"), str(work / "sweep-k5")]
+    for k, command in ((0, trained[str(work / "sweep-k0")]), (5, trained[str(work / "sweep-k5")])):
+        assert command[command.index("--layers") + 1] == str(k)
+        assert command[command.index("--model") + 1] == str(carry / "start")
+        assert "--resume" not in command
+    curves = [command for command in first if command[1].endswith("reader_curve.py")]
+    assert len(curves) == 1 and str(work / "sweep-k0") in curves[0] and str(work / "sweep-k5") not in curves[0]
+
+    second: list[list[str]] = []
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(second, finishing={"sweep-k0", "sweep-k5"}))
+    assert schedule.main(argv) == 0
+    trained_again = [command for command in second if "--output" in command]
+    assert len(trained_again) == 1 and trained_again[0][trained_again[0].index("--output") + 1] == str(work / "sweep-k5")
+    assert "--resume" in trained_again[0]
+    curve = next(command for command in second if command[1].endswith("reader_curve.py"))
+    assert str(work / "sweep-k0") in curve and str(work / "sweep-k5") in curve
+    events = json.loads((work / "results.json").read_text(encoding="utf-8"))["events"]
+    assert [(event["run"], event["state"]) for event in events if event["event"] == "sweep"] == [
+        ("sweep-k0", "done"), ("sweep-k5", "resume")
+    ]
