@@ -96,6 +96,12 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
         help="with --store-encoding: this codebook (a store's codebook/ folder) instead of one trained on a seeded "
         "sample of the training passages' states",
     )  # fmt: skip
+    parser.add_argument(
+        "--chunk-windows", type=int, metavar="N",
+        help="run each micro-batch's windows through the model in length-sorted passes of at most N, each padded "
+        "to its own longest: the same loss, less padding (0: one pass per micro-batch; default: 4 on a CPU, "
+        "where shared-normalisation steps ran 2.4x faster, and 0 on a GPU)",
+    )  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
     parser.add_argument("--eval-limit", type=int, help="evaluate on a seeded random subset of N dev questions")
     parser.add_argument("--eval-seed", type=int, default=0, help="seed of the --eval-limit subset (default 0)")
@@ -109,6 +115,7 @@ def run_qa(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     from dilstore.reader.modeling.checkpoints import base_model_dir
     from dilstore.reader.evaluation.reading_comprehension import evaluate_file, write_evaluation
+    from dilstore.reader.training.length_chunks import default_chunk_windows
     from dilstore.reader.training.qa import TrainingConfig, train_qa
 
     if not args.train.is_file():
@@ -136,6 +143,7 @@ def run_qa(args: argparse.Namespace) -> int:
         freeze_lower=args.freeze_lower,
         store_encoding=args.store_encoding,
         codebook=None if args.codebook is None else str(args.codebook),
+        chunk_windows=default_chunk_windows(args.device) if args.chunk_windows is None else args.chunk_windows,
         **config_fields(args),
     )
     result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args))

@@ -11,7 +11,10 @@ trained k is exactly the k that `precompute` and `ask` use.
   with linear warm-up and decay, gradient clipping and accumulation, fp32 on
   CPU and bf16 (or fp16) autocast on CUDA, a seeded window order, periodic
   resumable checkpoints under OUTPUT/checkpoints/step-N.
-- Windows of similar length are batched together to cut padding.
+- Windows of similar length are batched together to cut padding; with
+  `chunk_windows`, a micro-batch's windows also run in length-sorted chunks
+  (reader/training/length_chunks.py), which a shared-normalisation group's
+  windows of unrelated lengths need.
 - Shared normalisation (Clark & Gardner 2018), when `shared_norm` names the
   triples of `train ranking-data`: each training example is a question group
   of its answer window and the first windows of N BM25 negative paragraphs
@@ -51,6 +54,7 @@ from dilstore.reader.data.shared_norm import shared_norm_groups
 from dilstore.reader.data.squad import load_squad
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
+from dilstore.reader.training.length_chunks import ChunkForward, forward_in_chunks
 from dilstore.reader.training.store_codec import training_round_trip
 from dilstore.reader.training.loop import (
     Throughput,
@@ -105,9 +109,12 @@ class TrainingConfig:
     freeze_lower: bool = False
     store_encoding: str | None = None
     codebook: str | None = None
+    chunk_windows: int = 0
 
     def __post_init__(self) -> None:
         check_loop_settings(self)
+        if self.chunk_windows < 0:
+            raise DilstoreError(f"chunk-windows must be 0 (one pass per micro-batch) or positive, got {self.chunk_windows}")
         if self.store_encoding is not None:
             get_encoding(self.store_encoding)
             if not self.freeze_lower:
@@ -350,7 +357,8 @@ def train_qa(
         num_examples=data.examples,
         step_plan=optimizer_step_batches(data.examples, config, data.lengths() if config.group_by_length else None),
         accumulate=partial(
-            accumulate_gradients, reader, data, device=start.device, distillation=distillation, lower_cache=lower_cache
+            accumulate_gradients, reader, data, device=start.device, distillation=distillation, lower_cache=lower_cache,
+            chunk_windows=config.chunk_windows,
         ),
         throughput=_throughput(data.group_size),
         identity={"kind": "dilbert-qa", "layers": reader.layers, "num_layers": reader.num_layers},
@@ -388,34 +396,46 @@ def accumulate_gradients(
     scaler: torch.amp.GradScaler | None = None,
     distillation: Distillation | None = None,
     lower_cache: LowerStateCache | None = None,
+    chunk_windows: int = 0,
 ) -> float:
     """Forward and backward over one optimizer step's micro-batches, adding into `.grad`; returns the mean loss.
 
     With `distillation`, the loss adds its terms (module docstring) to the span cross-entropy; with
     shared normalisation (groups of more than one window) that cross-entropy is shared_norm_loss.
     With `lower_cache` (frozen lower layers) the student starts from its cached layer-k states.
+    With `chunk_windows` > 0, each micro-batch's windows run in length-sorted chunks of at most that many
+    (reader/training/length_chunks.py): the same losses, less padding computed.
     """
+
+    def student(features: Sequence[QAFeature], batch: QABatch) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        if lower_cache is None:
+            return reader.forward_with_states(*_inputs(batch))  # (b, nq + np) ×2, states
+        question_states, passage_states = lower_cache.states(features, batch)  # (b, nq, d), (b, np, d)
+        return reader.forward_from_states(question_states, batch.question_mask, passage_states, batch.passage_mask)
+
+    def run(
+        forward: ChunkForward, features: Sequence[QAFeature], batch: QABatch, with_states: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        if chunk_windows == 0:
+            return forward(features, batch)
+        return forward_in_chunks(forward, features, batch, data.pad_token_id, chunk_windows, with_states)
 
     def micro_batch_loss(indices: Sequence[int]) -> torch.Tensor:
         batch = data.collate(indices).to(device)
-        inputs = (batch.question_ids, batch.question_mask, batch.passage_ids, batch.passage_mask)
+        features = [feature for index in indices for feature in data.windows(index)]
         with autocast_context(device, dtype):
-            if lower_cache is None:
-                start_logits, end_logits, states = reader.forward_with_states(*inputs)  # (b, nq + np) ×2, states
-            else:
-                features = [feature for index in indices for feature in data.windows(index)]
-                question_states, passage_states = lower_cache.states(features, batch)  # (b, nq, d), (b, np, d)
-                start_logits, end_logits, states = reader.forward_from_states(
-                    question_states, batch.question_mask, passage_states, batch.passage_mask
-                )
+            start_logits, end_logits, states = run(student, features, batch, with_states=distillation is not None)
         if data.group_size > 1:
             loss = shared_norm_loss(start_logits, end_logits, batch, data.group_size)
         else:
             loss = qa_loss(start_logits, end_logits, batch.start_targets, batch.end_targets)
         if distillation is None:
             return loss
+        teacher = distillation.teacher
         with torch.no_grad(), autocast_context(device, dtype):
-            teacher_start, teacher_end, teacher_states = distillation.teacher.forward_with_states(*inputs)
+            teacher_start, teacher_end, teacher_states = run(
+                lambda _, part: teacher.forward_with_states(*_inputs(part)), features, batch, with_states=True
+            )
         mask = torch.cat([batch.question_mask, batch.passage_mask], dim=1)  # (b, nq + np)
         upper = reader.num_layers - reader.layers  # layer outputs k+1..l, the last `upper` states of each
         return (
@@ -427,3 +447,8 @@ def accumulate_gradients(
         )
 
     return accumulate_micro_batches(micro_batches, micro_batch_loss, scaler)
+
+
+def _inputs(batch: QABatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch's question ids and mask, passage ids and mask: the reader's forward arguments."""
+    return batch.question_ids, batch.question_mask, batch.passage_ids, batch.passage_mask

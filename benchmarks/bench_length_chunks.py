@@ -1,0 +1,114 @@
+"""Shared-normalisation training step time with a micro-batch's windows run in length-sorted chunks (issue #12).
+
+Loads the first --questions SQuAD training questions as shared-normalisation groups (each question's
+answer window and the first windows of its BM25-negative paragraphs, as `train qa --shared-norm`), takes
+the micro-batches of the run's own length-grouped order (--batch-size groups each), and for every
+--chunks value measures the seconds of one forward and backward pass per micro-batch (train mode, over
+--micro-batches of them after one warm-up) and the share of the tokens computed that are real (not
+padding), over all micro-batches of the order. 0 is one pass per micro-batch, the behaviour before.
+The weights do not change the work, so any reader will do.
+
+    .venv/bin/python benchmarks/bench_length_chunks.py --model /work/runs/sweep/start-k0 \\
+        --train ../shared/data/squad/train-v1.1.json --shared-norm /work/runs/ranking-data-full/triples.jsonl.gz \\
+        --layers 2 --questions 3000 --micro-batches 12 --threads 2
+
+Prints a table, then the rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dilstore.reader.data.qa_features import QAFeature
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.training.length_chunks import length_chunks
+from dilstore.reader.training.loop import optimizer_step_batches
+from dilstore.reader.training.qa import TrainingConfig, TrainingData, accumulate_gradients, load_training_data
+
+
+def computed_tokens(windows: Sequence[QAFeature], chunk: int) -> int:
+    """Tokens one micro-batch's forward computes: each pass pads its windows to its longest question and passage."""
+    passes = length_chunks(windows, chunk) if chunk else [list(range(len(windows)))]
+    return sum(
+        len(indices)
+        * (max(len(windows[i].question) for i in indices) + max(len(windows[i].passage) for i in indices))
+        for indices in passes
+    )
+
+
+def real_share(data: TrainingData, micro_batches: Sequence[Sequence[int]], chunk: int) -> float:
+    """Real tokens over computed tokens across `micro_batches` (lists of group indices)."""
+    real = computed = 0
+    for groups in micro_batches:
+        windows = [window for index in groups for window in data.windows(index)]
+        real += sum(len(window.question) + len(window.passage) for window in windows)
+        computed += computed_tokens(windows, chunk)
+    return real / computed
+
+
+def seconds_per_micro_batch(
+    reader: DilBertReader, data: TrainingData, micro_batches: Sequence[Sequence[int]], chunk: int
+) -> float:
+    """Mean seconds of forward and backward per micro-batch, after one warm-up pass that is not timed."""
+    reader.train()
+    device = torch.device("cpu")
+    accumulate_gradients(reader, data, [micro_batches[0]], device, chunk_windows=chunk)
+    started = time.perf_counter()
+    for groups in micro_batches:
+        reader.zero_grad(set_to_none=True)
+        accumulate_gradients(reader, data, [groups], device, chunk_windows=chunk)
+    return (time.perf_counter() - started) / len(micro_batches)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True, help="a reader (or base model) folder")
+    parser.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 training JSON")
+    parser.add_argument("--shared-norm", type=Path, required=True, help="`train ranking-data` triples")
+    parser.add_argument("--layers", type=int, default=2, help="k of the reader trained")
+    parser.add_argument("--questions", type=int, default=3000, help="first N training questions")
+    parser.add_argument("--batch-size", type=int, default=8, help="question groups per micro-batch")
+    parser.add_argument("--micro-batches", type=int, default=12, help="micro-batches timed per chunk size")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[0, 16, 8, 4], help="windows per pass (0: all)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    reader = DilBertReader.from_pretrained(args.model, layers=args.layers)
+    config = TrainingConfig(layers=args.layers, batch_size=args.batch_size, train_limit=args.questions,
+                            epochs=1, shared_norm=str(args.shared_norm))  # fmt: skip
+    data = load_training_data(reader.tokenizer, args.train, config)
+    order = [micro for step in optimizer_step_batches(data.examples, config, data.lengths()) for micro in step]
+    # Timed micro-batches spread evenly over the order: its length groups run from long to short windows.
+    timed = order[:: max(1, len(order) // args.micro_batches)][: args.micro_batches]
+    rows: list[dict[str, Any]] = []
+    for chunk in args.chunks:
+        seconds = seconds_per_micro_batch(reader, data, timed, chunk)
+        rows.append({
+            "chunk_windows": chunk, "real_token_share": round(real_share(data, order, chunk), 4),
+            "seconds_per_micro_batch": round(seconds, 3),
+            "windows_per_second": round(args.batch_size * data.group_size / seconds, 2),
+        })  # fmt: skip
+    whole = rows[0]["seconds_per_micro_batch"] if rows[0]["chunk_windows"] == 0 else None
+    print(f"{data.examples} groups of {data.group_size} windows, k={args.layers}, {args.batch_size} groups a "
+          f"micro-batch, {len(timed)} timed, {args.threads} threads")  # fmt: skip
+    print(f"{'windows/pass':>12} {'real tokens':>12} {'s/micro-batch':>14} {'windows/s':>10} {'speed-up':>9}")
+    for row in rows:
+        speedup = f"{whole / row['seconds_per_micro_batch']:.2f}x" if whole else "-"
+        label = row["chunk_windows"] or "all"
+        print(f"{label:>12} {row['real_token_share']:>12.3f} {row['seconds_per_micro_batch']:>14.3f} "
+              f"{row['windows_per_second']:>10.2f} {speedup:>9}")  # fmt: skip
+    print(json.dumps({"questions": args.questions, "layers": args.layers, "threads": args.threads, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
