@@ -1,7 +1,8 @@
 """Shared-normalisation training step time with a micro-batch's windows run in length-sorted chunks (issue #12).
 
 Loads the first --questions SQuAD training questions as shared-normalisation groups (each question's
-answer window and the first windows of its BM25-negative paragraphs, as `train qa --shared-norm`), takes
+answer window and the first windows of its BM25-negative paragraphs, as `train qa --shared-norm`; without
+--shared-norm, their plain windows, --batch-size of them a micro-batch), takes
 the micro-batches of the run's own length-grouped order (--batch-size groups each), and for every
 --chunks value measures the seconds of one forward and backward pass per micro-batch (train mode, over
 --micro-batches of them after one warm-up) and the share of the tokens computed that are real (not
@@ -72,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="a reader (or base model) folder")
     parser.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 training JSON")
-    parser.add_argument("--shared-norm", type=Path, required=True, help="`train ranking-data` triples")
+    parser.add_argument("--shared-norm", type=Path, help="`train ranking-data` triples (without: plain windows)")
     parser.add_argument("--layers", type=int, default=2, help="k of the reader trained")
     parser.add_argument("--questions", type=int, default=3000, help="first N training questions")
-    parser.add_argument("--batch-size", type=int, default=8, help="question groups per micro-batch")
+    parser.add_argument("--batch-size", type=int, default=8, help="question groups (or plain windows) per micro-batch")
     parser.add_argument("--micro-batches", type=int, default=12, help="micro-batches timed per chunk size")
     parser.add_argument("--chunks", type=int, nargs="+", default=[0, 16, 8, 4], help="windows per pass (0: all)")
     parser.add_argument("--threads", type=int, default=2)
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     reader = DilBertReader.from_pretrained(args.model, layers=args.layers)
     config = TrainingConfig(layers=args.layers, batch_size=args.batch_size, train_limit=args.questions,
-                            epochs=1, shared_norm=str(args.shared_norm))  # fmt: skip
+                            epochs=1, shared_norm=None if args.shared_norm is None else str(args.shared_norm))  # fmt: skip
     data = load_training_data(reader.tokenizer, args.train, config)
     order = [micro for step in optimizer_step_batches(data.examples, config, data.lengths()) for micro in step]
     # Timed micro-batches spread evenly over the order: its length groups run from long to short windows.
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             "windows_per_second": round(args.batch_size * data.group_size / seconds, 2),
         })  # fmt: skip
     whole = rows[0]["seconds_per_micro_batch"] if rows[0]["chunk_windows"] == 0 else None
-    print(f"{data.examples} groups of {data.group_size} windows, k={args.layers}, {args.batch_size} groups a "
+    print(f"{data.examples} examples of {data.group_size} window(s), k={args.layers}, {args.batch_size} examples a "
           f"micro-batch, {len(timed)} timed, {args.threads} threads")  # fmt: skip
     print(f"{'windows/pass':>12} {'real tokens':>12} {'s/micro-batch':>14} {'windows/s':>10} {'speed-up':>9}")
     for row in rows:

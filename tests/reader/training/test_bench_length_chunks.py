@@ -1,0 +1,49 @@
+"""benchmarks/bench_length_chunks.py: the padding it counts and the table it prints, on the tiny reader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.training.qa import TrainingConfig, load_training_data
+from tests.fixtures.benchmarks import benchmark_module
+from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
+from tests.reader.training.test_shared_norm import write_handful_triples
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    with benchmark_module("bench_length_chunks") as module:
+        yield module
+
+
+def test_computed_tokens_fall_with_smaller_passes_but_never_below_the_real_ones(
+    bench, tiny_base: Path, squad_file: Path
+) -> None:
+    reader = DilBertReader.from_pretrained(tiny_base, layers=1)
+    windows = load_training_data(reader.tokenizer, squad_file, TrainingConfig(layers=1, **SMALL_WINDOWS)).features
+    real = sum(len(window.question) + len(window.passage) for window in windows)
+    longest = max(len(window.question) for window in windows) + max(len(window.passage) for window in windows)
+    assert bench.computed_tokens(windows, 0) == len(windows) * longest
+    computed = [bench.computed_tokens(windows, chunk) for chunk in (0, 8, 4, 2)]
+    assert computed == sorted(computed, reverse=True)
+    assert bench.computed_tokens(windows, 1) == real
+    assert computed[-1] >= real
+
+
+def test_the_script_prints_a_row_per_chunk_size(bench, tiny_base: Path, squad_file: Path, tmp_path: Path, capsys) -> None:
+    triples = write_handful_triples(tmp_path / "ranking", negatives=3)  # the script's (and train qa's) default
+    argv = ["--model", str(tiny_base), "--train", str(squad_file), "--shared-norm", str(triples), "--layers", "1",
+            "--questions", "6", "--batch-size", "2", "--micro-batches", "2", "--chunks", "0", "3", "--threads", "1"]  # fmt: skip
+    assert bench.main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = json.loads(lines[-1])["rows"]
+    assert [row["chunk_windows"] for row in rows] == [0, 3]
+    assert 0 < rows[0]["real_token_share"] <= rows[1]["real_token_share"] <= 1
+    assert all(row["seconds_per_micro_batch"] > 0 for row in rows)
+    assert any(line.split()[0] == "all" for line in lines[2:-1]), "the one-pass row is labelled"
