@@ -24,7 +24,14 @@ from dilstore.reader.training.length_chunks import (
     length_chunks,
 )
 from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
-from dilstore.reader.training.qa import Distillation, TrainingConfig, accumulate_gradients, load_training_data, train_qa
+from dilstore.reader.training.qa import (
+    Distillation,
+    TrainingConfig,
+    TrainingData,
+    accumulate_gradients,
+    load_training_data,
+    train_qa,
+)
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
@@ -72,55 +79,50 @@ def test_chunks_are_length_sorted_and_cover_every_window_once(windows: list[QAFe
     assert lengths == sorted(lengths)
 
 
-def test_a_shared_norm_step_with_a_teacher_has_the_loss_and_gradients_of_one_pass(
-    tiny_base: Path, squad_file: Path, tmp_path: Path
+def assert_chunks_change_nothing(
+    reader: DilBertReader, data: TrainingData, micro_batches: list[list[int]], chunk: int, **options: object
 ) -> None:
-    triples = write_handful_triples(tmp_path / "ranking")
-    student = DilBertReader.from_pretrained(tiny_base, layers=1).eval()  # eval: no dropout, so passes compare
-    teacher = DilBertReader.from_pretrained(tiny_base, layers=0).eval().requires_grad_(False)
-    config = TrainingConfig(layers=1, shared_norm=str(triples), shared_norm_negatives=2, **SMALL_WINDOWS)
-    data = load_training_data(student.tokenizer, squad_file, config)
-    distillation = Distillation(teacher, temperature=2.0, alpha=1.0, beta=1.0)
-    steps = [[0, 1], [2, 3]]
+    """One optimizer step's loss and gradients with chunks of `chunk` windows equal those of one pass each."""
 
-    def step(chunk: int) -> tuple[float, dict[str, torch.Tensor]]:
-        student.zero_grad(set_to_none=True)
-        loss = accumulate_gradients(student, data, steps, torch.device("cpu"), distillation=distillation,
-                                    chunk_windows=chunk)  # fmt: skip
-        return loss, {name: p.grad.clone() for name, p in student.named_parameters() if p.grad is not None}
+    def step(chunk_windows: int) -> tuple[float, dict[str, torch.Tensor]]:
+        reader.zero_grad(set_to_none=True)
+        loss = accumulate_gradients(reader, data, micro_batches, torch.device("cpu"), chunk_windows=chunk_windows,
+                                    **options)  # fmt: skip
+        return loss, {name: p.grad.clone() for name, p in reader.named_parameters() if p.grad is not None}
 
     whole_loss, whole = step(0)
-    chunked_loss, chunked = step(2)
+    chunked_loss, chunked = step(chunk)
     assert whole and chunked.keys() == whole.keys()
     assert chunked_loss == pytest.approx(whole_loss, rel=1e-5)
     for name, gradient in whole.items():
         torch.testing.assert_close(chunked[name], gradient, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def _shared_norm_data(reader: DilBertReader, squad_file: Path, tmp_path: Path) -> TrainingData:
+    triples = write_handful_triples(tmp_path / "ranking")
+    config = TrainingConfig(layers=1, shared_norm=str(triples), shared_norm_negatives=2, **SMALL_WINDOWS)
+    return load_training_data(reader.tokenizer, squad_file, config)
+
+
+def test_a_shared_norm_step_with_a_teacher_has_the_loss_and_gradients_of_one_pass(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    student = DilBertReader.from_pretrained(tiny_base, layers=1).eval()  # eval: no dropout, so passes compare
+    teacher = DilBertReader.from_pretrained(tiny_base, layers=0).eval().requires_grad_(False)
+    distillation = Distillation(teacher, temperature=2.0, alpha=1.0, beta=1.0)
+    data = _shared_norm_data(student, squad_file, tmp_path)
+    assert_chunks_change_nothing(student, data, [[0, 1], [2, 3]], 2, distillation=distillation)
 
 
 def test_the_frozen_lower_path_in_chunks_has_the_loss_and_gradients_of_one_pass(
     tiny_base: Path, squad_file: Path, tmp_path: Path
 ) -> None:
     """With --freeze-lower each chunk reads its windows' cached layer-k states at the chunk's own widths."""
-    triples = write_handful_triples(tmp_path / "ranking")
     reader = DilBertReader.from_pretrained(tiny_base, layers=1)
     freeze_lower_layers(reader)
     reader.eval()
-    config = TrainingConfig(layers=1, shared_norm=str(triples), shared_norm_negatives=2, **SMALL_WINDOWS)
-    data = load_training_data(reader.tokenizer, squad_file, config)
-    cache = LowerStateCache(reader)
-
-    def step(chunk: int) -> tuple[float, dict[str, torch.Tensor]]:
-        reader.zero_grad(set_to_none=True)
-        loss = accumulate_gradients(reader, data, [[0, 1, 2]], torch.device("cpu"), lower_cache=cache,
-                                    chunk_windows=chunk)  # fmt: skip
-        return loss, {name: p.grad.clone() for name, p in reader.named_parameters() if p.grad is not None}
-
-    whole_loss, whole = step(0)
-    chunked_loss, chunked = step(3)
-    assert whole and chunked.keys() == whole.keys()
-    assert chunked_loss == pytest.approx(whole_loss, rel=1e-5)
-    for name, gradient in whole.items():
-        torch.testing.assert_close(chunked[name], gradient, atol=1e-6, rtol=1e-4, msg=name)
+    data = _shared_norm_data(reader, squad_file, tmp_path)
+    assert_chunks_change_nothing(reader, data, [[0, 1, 2]], 3, lower_cache=LowerStateCache(reader))
 
 
 def test_a_resumed_run_may_change_the_chunk_size(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
