@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     reader = DilBertReader.from_pretrained(args.model, layers=args.layers)
-    config = TrainingConfig(layers=args.layers, batch_size=args.batch_size, train_limit=args.questions,
-                            epochs=1, shared_norm=None if args.shared_norm is None else str(args.shared_norm))  # fmt: skip
+    shared_norm = None if args.shared_norm is None else str(args.shared_norm)
+    config = TrainingConfig(layers=args.layers, batch_size=args.batch_size, train_limit=args.questions, epochs=1,
+                            shared_norm=shared_norm)  # fmt: skip
     data = load_training_data(reader.tokenizer, args.train, config)
     order = [micro for step in optimizer_step_batches(data.examples, config, data.lengths()) for micro in step]
     # Timed micro-batches spread evenly over the order: its length groups run from long to short windows.

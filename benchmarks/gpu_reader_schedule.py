@@ -377,7 +377,7 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
             resume = ["--resume"] if state == "resume" else []
             runs[name] = schedule.launch(name, k, args.carry / "start", [*recipe, *resume])
     schedule.wait(runs, stop_at=args.deadline - args.curve_reserve)
-    finished = [schedule.work / f"sweep-k{k}" for k in args.layers if sweep_state(schedule.work / f"sweep-k{k}") == "done"]
+    finished = [run for run in (schedule.work / f"sweep-k{k}" for k in args.layers) if sweep_state(run) == "done"]
     if finished:
         score_checkpoints(schedule, finished, args, stop_at=args.deadline)
 
@@ -397,7 +397,7 @@ def probe(schedule: Schedule, args: argparse.Namespace, start: Path, recipe: lis
 
 
 def score_checkpoints(schedule: Schedule, runs: list[Path], args: argparse.Namespace, stop_at: float) -> None:
-    """reader_curve.py over the runs' checkpoints on --curve-limit seeded dev questions (table and rows in curve.log)."""
+    """reader_curve.py over the runs' checkpoints on --curve-limit seeded dev questions (table, rows: curve.log)."""
     curve = [
         sys.executable, str(Path(__file__).with_name("reader_curve.py")), *map(str, runs),
         "--dev", str(schedule.data / "dev-v1.1.json"), "--limit", str(args.curve_limit),

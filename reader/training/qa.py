@@ -114,7 +114,9 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         check_loop_settings(self)
         if self.chunk_windows < 0:
-            raise DilstoreError(f"chunk-windows must be 0 (one pass per micro-batch) or positive, got {self.chunk_windows}")
+            raise DilstoreError(
+                f"chunk-windows must be 0 (one pass per micro-batch) or positive, got {self.chunk_windows}"
+            )
         if self.store_encoding is not None:
             get_encoding(self.store_encoding)
             if not self.freeze_lower:

@@ -36,10 +36,13 @@ def test_computed_tokens_fall_with_smaller_passes_but_never_below_the_real_ones(
     assert computed[-1] >= real
 
 
-def test_the_script_prints_a_row_per_chunk_size(bench, tiny_base: Path, squad_file: Path, tmp_path: Path, capsys) -> None:
+def test_the_script_prints_a_row_per_chunk_size(
+    bench, tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     triples = write_handful_triples(tmp_path / "ranking", negatives=3)  # the script's (and train qa's) default
     argv = ["--model", str(tiny_base), "--train", str(squad_file), "--shared-norm", str(triples), "--layers", "1",
-            "--questions", "6", "--batch-size", "2", "--micro-batches", "2", "--chunks", "0", "3", "--threads", "1"]  # fmt: skip
+            "--questions", "6", "--batch-size", "2", "--micro-batches", "2", "--chunks", "0", "3",
+            "--threads", "1"]  # fmt: skip
     assert bench.main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     rows = json.loads(lines[-1])["rows"]

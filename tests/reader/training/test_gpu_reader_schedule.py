@@ -324,7 +324,8 @@ def test_sweep_resumes_cut_runs_leaves_finished_ones_and_scores_their_curves(sch
     monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(second, finishing={"sweep-k0", "sweep-k5"}))
     assert schedule.main(argv) == 0
     trained_again = [command for command in second if "--output" in command]
-    assert len(trained_again) == 1 and trained_again[0][trained_again[0].index("--output") + 1] == str(work / "sweep-k5")
+    assert len(trained_again) == 1
+    assert trained_again[0][trained_again[0].index("--output") + 1] == str(work / "sweep-k5")
     assert "--resume" in trained_again[0]
     curve = next(command for command in second if command[1].endswith("reader_curve.py"))
     assert str(work / "sweep-k0") in curve and str(work / "sweep-k5") in curve
