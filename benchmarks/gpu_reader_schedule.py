@@ -14,7 +14,7 @@ budgets, runs them side by side on the one GPU and packs what comes back.
     python3 benchmarks/gpu_reader_schedule.py export NAME --work /tmp/reader-runs --out "$OUT"   # a later call
     .venv/bin/python benchmarks/gpu_reader_schedule.py join OUT_DIR NAME --into DIR               # back here
     python3 benchmarks/gpu_reader_schedule.py extend --carry .carry/reader --out "$OUT" --deadline 540  # or this
-    python3 benchmarks/gpu_reader_schedule.py sweep --layers 0 5 3 --out "$OUT" --deadline 560  # or the k-sweep
+    python3 benchmarks/gpu_reader_schedule.py sweep --layers 0 4 --out "$OUT" --deadline 560  # or the k-sweep
 
 `extend` continues one carried reader (prepare --start) with shared normalisation, without a teacher: a short
 probe run measures groups/s at the chosen batch, the schedule (warm-up and linear decay) is sized to end before
