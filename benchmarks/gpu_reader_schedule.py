@@ -13,6 +13,7 @@ budgets, runs them side by side on the one GPU and packs what comes back.
         --deadline 540
     python3 benchmarks/gpu_reader_schedule.py export NAME --work /tmp/reader-runs --out "$OUT"   # a later call
     .venv/bin/python benchmarks/gpu_reader_schedule.py join OUT_DIR NAME --into DIR               # back here
+    .venv/bin/python benchmarks/gpu_reader_schedule.py records OUT_DIR --into DIR    # back here: records, curve
     python3 benchmarks/gpu_reader_schedule.py extend --carry .carry/reader --out "$OUT" --deadline 540  # or this
     python3 benchmarks/gpu_reader_schedule.py sweep --layers 0 4 --out "$OUT" --deadline 560  # or the k-sweep
 
@@ -519,6 +520,36 @@ def join(args: argparse.Namespace) -> int:
     return 0
 
 
+def _member_text(archive: tarfile.TarFile, name: str) -> str:
+    """The text of the archive's file `name`, or "" when it has none."""
+    member = archive.extractfile(name) if name in archive.getnames() else None
+    return "" if member is None else member.read().decode("utf-8")
+
+
+def records(args: argparse.Namespace) -> int:
+    """Back here: results.tgz in OUT_DIR as one folder per run (its training record and dev evaluation, what
+    plot_k_sweep.py reads) and the curve's rows (the last line of curve.log, what reader_curve.py --scored reads)."""
+    with tarfile.open(args.out_dir / "results.tgz") as archive:
+        document, curve = (_member_text(archive, name) for name in ("results.json", "curve.log"))
+    if not document:
+        print(f"{args.out_dir / 'results.tgz'}: no results.json", file=sys.stderr)
+        return 2
+    results = json.loads(document)
+    written = []
+    for run in results["runs"]:
+        if "training" not in run or "eval" not in run:
+            continue
+        folder = args.into / run["run"]
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "dilstore_training.json").write_text(json.dumps(run["training"], indent=1), encoding="utf-8")
+        (folder / "eval-dev.json").write_text(json.dumps(run["eval"], indent=1), encoding="utf-8")
+        written.append(run["run"])
+    rows = curve.strip().splitlines()[-1] if curve.strip() else "[]"
+    (args.into / "curve-rows.json").write_text(rows + "\n", encoding="utf-8")
+    print(f"{args.into}: {', '.join(written) or 'no evaluated run'}; {len(json.loads(rows))} curve rows")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -589,6 +620,10 @@ def main(argv: list[str] | None = None) -> int:
     back.add_argument("name")
     back.add_argument("--into", type=Path, required=True)
     back.set_defaults(run=join)
+    unpack = commands.add_parser("records", help="here: a call's results.tgz as run folders and curve rows")
+    unpack.add_argument("out_dir", type=Path)
+    unpack.add_argument("--into", type=Path, required=True)
+    unpack.set_defaults(run=records)
     args = parser.parse_args(argv)
     return args.run(args)
 

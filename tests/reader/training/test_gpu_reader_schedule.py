@@ -280,12 +280,15 @@ def test_sweep_recipe_checkpoints_the_two_epoch_schedule_for_its_curve(schedule,
     assert schedule.sweep_recipe(tmp_path, 32, "1e-4", 10, 6)[-3] == "1"  # never 0 (that would mean no curve)
 
 
-def _fake_sweep(launched: list[list[str]], finishing: set[str]):
+def _fake_sweep(launched: list[list[str]], finishing: set[str], curve_rows: list[dict] | None = None):
     """A Popen stand-in: runs named in `finishing` end with a model and a dev evaluation; the others are cut off
-    after a checkpoint; reader_curve.py ends at once."""
+    after a checkpoint; reader_curve.py prints a table and `curve_rows` (when given) and ends at once."""
 
     def popen(command, stdout=None, stderr=None):
         launched.append([str(part) for part in command])
+        if "--output" not in command and curve_rows is not None:
+            stdout.write(f"run k step\n{json.dumps(curve_rows)}\n".encode())
+            stdout.flush()
         if "--output" in command:
             output = Path(command[command.index("--output") + 1])
             checkpoint = output / "checkpoints" / "step-0000010"
@@ -333,3 +336,40 @@ def test_sweep_resumes_cut_runs_leaves_finished_ones_and_scores_their_curves(sch
     assert [(event["run"], event["state"]) for event in events if event["event"] == "sweep"] == [
         ("sweep-k0", "done"), ("sweep-k5", "resume")
     ]
+
+
+def test_records_turns_a_sweeps_results_into_run_folders_and_curve_rows(schedule, tmp_path, monkeypatch, capsys):
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        (carry / f"{name}.xz").write_bytes(lzma.compress(b'{"data": []}'))
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    launched: list[list[str]] = []
+    rows = [{"run": "sweep-k0", "k": 0, "step": 10, "windows_seen": 40, "train_hours": 0.1, "em": 1.0, "f1": 2.0}]
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(launched, finishing={"sweep-k0"}, curve_rows=rows))
+    work, out = tmp_path / "work", tmp_path / "out"
+    for k in (0, 5):
+        (work / f"sweep-k{k}").mkdir(parents=True)
+        (work / f"sweep-k{k}" / "run_config.json").write_text("{}", encoding="utf-8")
+        (work / f"sweep-k{k}" / "dilstore_training.json").write_text(json.dumps({"k": k}), encoding="utf-8")
+    argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(out), "--layers", "0", "5"]
+    assert schedule.main(argv) == 0
+
+    into = tmp_path / "records"
+    assert schedule.main(["records", str(out), "--into", str(into)]) == 0
+    assert sorted(path.name for path in into.iterdir()) == ["curve-rows.json", "sweep-k0"], "k5 has no evaluation"
+    assert json.loads((into / "sweep-k0" / "eval-dev.json").read_text(encoding="utf-8")) == {"f1": 70.0}
+    assert json.loads((into / "sweep-k0" / "dilstore_training.json").read_text(encoding="utf-8")) == {"k": 0}
+    assert json.loads((into / "curve-rows.json").read_text(encoding="utf-8")) == rows
+    assert "sweep-k0; 1 curve rows" in capsys.readouterr().out
+
+
+def test_records_refuses_an_archive_without_results(schedule, tmp_path, capsys):
+    import tarfile
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with tarfile.open(out / "results.tgz", "w:gz"):
+        pass
+    assert schedule.main(["records", str(out), "--into", str(tmp_path / "records")]) == 2
+    assert "no results.json" in capsys.readouterr().err
