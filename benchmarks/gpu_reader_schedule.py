@@ -529,12 +529,17 @@ def _member_text(archive: tarfile.TarFile, name: str) -> str:
 def records(args: argparse.Namespace) -> int:
     """Back here: results.tgz in OUT_DIR as one folder per run (its training record and dev evaluation, what
     plot_k_sweep.py reads) and the curve's rows (the last line of curve.log, what reader_curve.py --scored reads)."""
-    with tarfile.open(args.out_dir / "results.tgz") as archive:
+    packed = args.out_dir / "results.tgz"
+    if not packed.is_file():
+        print(f"{packed}: no such file (the folder a call's $OUT came back to)", file=sys.stderr)
+        return 2
+    with tarfile.open(packed) as archive:
         document, curve = (_member_text(archive, name) for name in ("results.json", "curve.log"))
     if not document:
-        print(f"{args.out_dir / 'results.tgz'}: no results.json", file=sys.stderr)
+        print(f"{packed}: no results.json", file=sys.stderr)
         return 2
     results = json.loads(document)
+    args.into.mkdir(parents=True, exist_ok=True)
     written = []
     for run in results["runs"]:
         if "training" not in run or "eval" not in run:
@@ -544,10 +549,21 @@ def records(args: argparse.Namespace) -> int:
         (folder / "dilstore_training.json").write_text(json.dumps(run["training"], indent=1), encoding="utf-8")
         (folder / "eval-dev.json").write_text(json.dumps(run["eval"], indent=1), encoding="utf-8")
         written.append(run["run"])
-    rows = curve.strip().splitlines()[-1] if curve.strip() else "[]"
-    (args.into / "curve-rows.json").write_text(rows + "\n", encoding="utf-8")
-    print(f"{args.into}: {', '.join(written) or 'no evaluated run'}; {len(json.loads(rows))} curve rows")
+    rows = curve_rows(curve)
+    (args.into / "curve-rows.json").write_text(json.dumps(rows) + "\n", encoding="utf-8")
+    print(f"{args.into}: {', '.join(written) or 'no evaluated run'}; {len(rows)} curve rows")
     return 0
+
+
+def curve_rows(log: str) -> list[dict[str, Any]]:
+    """The rows reader_curve.py printed as its last line; none when the log ends otherwise (the scoring was cut off
+    or failed: its lines are in the log)."""
+    lines = log.strip().splitlines()
+    try:
+        rows = json.loads(lines[-1]) if lines else []
+    except ValueError:
+        return []
+    return rows if isinstance(rows, list) else []
 
 
 def main(argv: list[str] | None = None) -> int:

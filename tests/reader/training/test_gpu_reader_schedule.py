@@ -373,3 +373,17 @@ def test_records_refuses_an_archive_without_results(schedule, tmp_path, capsys):
         pass
     assert schedule.main(["records", str(out), "--into", str(tmp_path / "records")]) == 2
     assert "no results.json" in capsys.readouterr().err
+
+
+def test_curve_rows_are_the_last_line_only_when_it_is_the_rows(schedule):
+    rows = [{"run": "sweep-k0", "step": 1}]
+    assert schedule.curve_rows(f"table\n{json.dumps(rows)}\n") == rows
+    assert schedule.curve_rows("table\nsweep-k0  0  8  64\n") == []  # cut off before the rows were printed
+    assert schedule.curve_rows("Traceback (most recent call last):\n  ...\nValueError: x\n") == []
+    assert schedule.curve_rows("") == []
+    assert schedule.curve_rows('{"not": "rows"}') == []
+
+
+def test_records_names_a_missing_archive(schedule, tmp_path, capsys):
+    assert schedule.main(["records", str(tmp_path), "--into", str(tmp_path / "records")]) == 2
+    assert f"{tmp_path / 'results.tgz'}: no such file" in capsys.readouterr().err
