@@ -1,8 +1,9 @@
 """A micro-batch's windows in length-sorted chunks (reader/training/length_chunks.py) give one pass's outputs.
 
 Against the reference, one forward pass over the whole padded micro-batch: the logits everywhere, the
-states on real tokens, and the training step's loss and gradients (shared normalisation with a teacher,
-dropout off). The tiny random reader and the handful of SQuAD questions keep it to seconds.
+states on real tokens, and the training step's loss and gradients (shared normalisation with a teacher, and
+with frozen lower layers; dropout off). The tiny random reader and the handful of SQuAD questions keep it
+to seconds.
 """
 
 from __future__ import annotations
