@@ -347,7 +347,10 @@ def run_extension(schedule: Schedule, args: argparse.Namespace) -> None:
 def sweep_recipe(triples: Path, groups: int, learning_rate: str, questions: int, curve_points: int) -> list[str]:
     """`train qa` options every k of the sweep shares: EPOCHS passes over `questions` question groups, shared
     normalisation, a checkpoint every 1/curve_points of the schedule (the curve) and every minute (for resuming)."""
-    steps = EPOCHS * math.ceil(questions / groups)
+    from dilstore.reader.training.loop import total_optimizer_steps
+    from dilstore.reader.training.qa import TrainingConfig
+
+    steps = total_optimizer_steps(questions, TrainingConfig(layers=0, batch_size=groups, epochs=EPOCHS))
     return [
         "--shared-norm", str(triples), "--batch-size", str(groups), "--learning-rate", learning_rate,
         "--warmup-ratio", "0.06", "--epochs", str(EPOCHS), "--save-every", str(max(1, steps // curve_points)),

@@ -115,7 +115,6 @@ def run_qa(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     from dilstore.reader.modeling.checkpoints import base_model_dir
     from dilstore.reader.evaluation.reading_comprehension import evaluate_file, write_evaluation
-    from dilstore.reader.training.length_chunks import default_chunk_windows
     from dilstore.reader.training.qa import TrainingConfig, train_qa
 
     if not args.train.is_file():
@@ -143,7 +142,7 @@ def run_qa(args: argparse.Namespace) -> int:
         freeze_lower=args.freeze_lower,
         store_encoding=args.store_encoding,
         codebook=None if args.codebook is None else str(args.codebook),
-        chunk_windows=default_chunk_windows(args.device) if args.chunk_windows is None else args.chunk_windows,
+        chunk_windows=args.chunk_windows,
         **config_fields(args),
     )
     result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args))

@@ -21,6 +21,7 @@ import torch
 
 from dilstore.reader.data.qa_batches import QABatch, collate_features
 from dilstore.reader.data.qa_features import QAFeature
+from dilstore.reader.training.loop import training_device
 
 # A forward pass over some windows and their padded batch: start and end logits (c, nq + np) and the states.
 ChunkForward = Callable[[Sequence[QAFeature], QABatch], tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]]
@@ -28,13 +29,12 @@ ChunkForward = Callable[[Sequence[QAFeature], QABatch], tuple[torch.Tensor, torc
 CPU_CHUNK_WINDOWS = 4
 
 
-def default_chunk_windows(device: str | None) -> int:
+def default_chunk_windows(device: str | torch.device | None) -> int:
     """CPU_CHUNK_WINDOWS on a CPU; 0 (one pass per micro-batch, as before) on a GPU, where it was not measured.
 
-    `device` as `train qa --device` takes it: None means CUDA when available, else the CPU.
+    `device` as training takes it (loop.training_device): None means CUDA when available, else the CPU.
     """
-    resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    return CPU_CHUNK_WINDOWS if resolved.type == "cpu" else 0
+    return CPU_CHUNK_WINDOWS if training_device(device).type == "cpu" else 0
 
 
 def length_chunks(features: Sequence[QAFeature], chunk: int) -> list[list[int]]:

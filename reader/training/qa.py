@@ -54,7 +54,7 @@ from dilstore.reader.data.shared_norm import shared_norm_groups
 from dilstore.reader.data.squad import load_squad
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
-from dilstore.reader.training.length_chunks import ChunkForward, forward_in_chunks
+from dilstore.reader.training.length_chunks import ChunkForward, default_chunk_windows, forward_in_chunks
 from dilstore.reader.training.store_codec import training_round_trip
 from dilstore.reader.training.loop import (
     Throughput,
@@ -109,11 +109,11 @@ class TrainingConfig:
     freeze_lower: bool = False
     store_encoding: str | None = None
     codebook: str | None = None
-    chunk_windows: int = 0
+    chunk_windows: int | None = None  # None: length_chunks.default_chunk_windows of the run's device
 
     def __post_init__(self) -> None:
         check_loop_settings(self)
-        if self.chunk_windows < 0:
+        if self.chunk_windows is not None and self.chunk_windows < 0:
             raise DilstoreError(
                 f"chunk-windows must be 0 (one pass per micro-batch) or positive, got {self.chunk_windows}"
             )
@@ -360,7 +360,7 @@ def train_qa(
         step_plan=optimizer_step_batches(data.examples, config, data.lengths() if config.group_by_length else None),
         accumulate=partial(
             accumulate_gradients, reader, data, device=start.device, distillation=distillation, lower_cache=lower_cache,
-            chunk_windows=config.chunk_windows,
+            chunk_windows=default_chunk_windows(start.device) if config.chunk_windows is None else config.chunk_windows,
         ),
         throughput=_throughput(data.group_size),
         identity={"kind": "dilbert-qa", "layers": reader.layers, "num_layers": reader.num_layers},
