@@ -55,7 +55,6 @@ from dilstore.reader.data.squad import load_squad
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
 from dilstore.reader.training.length_chunks import ChunkForward, default_chunk_windows, forward_in_chunks
-from dilstore.reader.training.store_codec import training_round_trip
 from dilstore.reader.training.loop import (
     Throughput,
     accumulate_micro_batches,
@@ -342,6 +341,9 @@ def train_qa(
         freeze_lower_layers(reader)
         round_trip = None
         if config.store_encoding is not None:
+            # Imported here: the codebook needs zarr, which a training-only machine (the lent GPU) may lack.
+            from dilstore.reader.training.store_codec import training_round_trip
+
             round_trip = training_round_trip(
                 reader.to(start.device), [feature.passage.token_ids for feature in data.features],
                 config.store_encoding, None if config.codebook is None else Path(config.codebook),
