@@ -212,8 +212,9 @@ class _FinishedRun:
 def _fake_runs(launched: list[list[str]]):
     """A Popen stand-in: the probe logs steady progress, the long run leaves two checkpoints and no final model."""
 
-    def popen(command, stdout=None, stderr=None):
+    def popen(command, stdout=None, stderr=None, env=None):
         launched.append([str(part) for part in command])
+        assert "--output" not in command or env["PYTHONUNBUFFERED"] == "1"  # a cut-off run keeps its last lines
         if "--output" not in command:  # reader_curve.py
             return _FinishedRun()
         output = Path(command[command.index("--output") + 1])
@@ -284,8 +285,9 @@ def _fake_sweep(launched: list[list[str]], finishing: set[str], curve_rows: list
     """A Popen stand-in: runs named in `finishing` end with a model and a dev evaluation; the others are cut off
     after a checkpoint; reader_curve.py prints a table and `curve_rows` (when given) and ends at once."""
 
-    def popen(command, stdout=None, stderr=None):
+    def popen(command, stdout=None, stderr=None, env=None):
         launched.append([str(part) for part in command])
+        assert "--output" not in command or env["PYTHONUNBUFFERED"] == "1"  # a cut-off run keeps its last lines
         if "--output" not in command and curve_rows is not None:
             stdout.write(f"run k step\n{json.dumps(curve_rows)}\n".encode())
             stdout.flush()
@@ -387,3 +389,48 @@ def test_curve_rows_are_the_last_line_only_when_it_is_the_rows(schedule):
 def test_records_names_a_missing_archive(schedule, tmp_path, capsys):
     assert schedule.main(["records", str(tmp_path), "--into", str(tmp_path / "records")]) == 2
     assert f"{tmp_path / 'results.tgz'}: no such file" in capsys.readouterr().err
+
+
+class _RunningRun:
+    """A Popen stand-in for a run that never ends by itself."""
+
+    returncode = None
+
+    def __init__(self) -> None:
+        self.terminated = False
+
+    def poll(self):
+        return None if not self.terminated else -15
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+    def wait(self, timeout=None):
+        return -15
+
+
+def test_sweep_gives_its_runs_the_whole_deadline(schedule, tmp_path, monkeypatch):
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        (carry / f"{name}.xz").write_bytes(lzma.compress(b'{"data": []}'))
+    clock = [0.0]
+    monkeypatch.setattr(schedule.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    launched: list[list[str]] = []
+
+    def popen(command, stdout=None, stderr=None, env=None):
+        launched.append([str(part) for part in command])
+        return _RunningRun()
+
+    monkeypatch.setattr(schedule.subprocess, "Popen", popen)
+    work = tmp_path / "work"
+    argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(tmp_path / "out"), "--layers", "0", "4",
+            "--deadline", "500"]  # fmt: skip
+    assert schedule.main(argv) == 0
+    events = json.loads((work / "results.json").read_text(encoding="utf-8"))["events"]
+    stopped = [event for event in events if event["event"] == "stopped"]
+    assert [event["run"] for event in stopped] == ["sweep-k0", "sweep-k4"]
+    assert all(500 <= event["t"] < 503 for event in stopped)
+    assert not [command for command in launched if command[1].endswith("reader_curve.py")]  # nothing finished
+
