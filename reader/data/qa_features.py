@@ -96,14 +96,18 @@ def question_features(
     doc_stride: int = DEFAULT_STRIDE,
     max_question_length: int = DEFAULT_MAX_QUESTION_LENGTH,
     pieces: TokenizedText | None = None,
+    encoded_question: TokenizedText | None = None,
 ) -> list[QAFeature]:
     """All window features of one question; `answer` None gives unlabelled (inference) features.
 
     `pieces` may pass the context's word pieces (`passage_pieces`) when many
-    questions share a paragraph; they are computed here otherwise.
+    questions share a paragraph, and `encoded_question` the question's
+    `encode_question` when it is read against many paragraphs; they are
+    computed here otherwise.
     """
     _check_lengths(max_seq_length, doc_stride, max_question_length)
-    encoded_question = encode_question(tokenizer, question, max_question_length)
+    if encoded_question is None:
+        encoded_question = encode_question(tokenizer, question, max_question_length)
     if pieces is None:
         pieces = passage_pieces(tokenizer, context)
     window_pieces = max_seq_length - len(encoded_question) - 1

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from dilstore.reader.data.qa_features import QAFeature, Windowing, question_features
 from dilstore.reader.data.ranking_files import read_paragraphs, read_triples
 from dilstore.reader.data.squad import SquadExample
-from dilstore.reader.text.tokenization import TokenizedText, passage_pieces
+from dilstore.reader.text.tokenization import TokenizedText, encode_questions, passage_pieces_many
 from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:
@@ -49,30 +49,35 @@ def shared_norm_groups(
         raise DilstoreError(f"shared normalisation needs at least 1 negative paragraph per question, got {negatives}")
     paragraphs = read_paragraphs(paragraphs_file)
     triples = {triple.qid: triple for triple in read_triples(triples_file, paragraphs, paragraphs_file, negatives)}
-    pieces: dict[str, TokenizedText] = {}
-
-    def windows(example: SquadExample, context: str, labelled: bool) -> list[QAFeature]:
-        if context not in pieces:
-            pieces[context] = passage_pieces(tokenizer, context)
-        answer = example.answers[0] if labelled and example.answers else None
-        return question_features(
-            tokenizer, example.id, example.question, context, answer, pieces=pieces[context],
-            max_seq_length=windowing.max_seq_length, doc_stride=windowing.doc_stride,
-            max_question_length=windowing.max_question_length,
-        )  # fmt: skip
-
-    groups = []
     for example in examples:
-        triple = triples.get(example.id)
-        if triple is None:
+        if example.id not in triples:
             raise DilstoreError(
                 f"question {example.id!r} has no triple in {triples_file}: build the triples for the same "
                 "training questions (`dilstore train ranking-data` with the same --limit)"
             )
-        answer_windows = [feature for feature in windows(example, example.context, True) if feature.has_answer]
+    # Every paragraph and question tokenized once, in batches: per-text calls were most of a run's start-up.
+    contexts = list(dict.fromkeys(
+        context for example in examples
+        for context in (example.context, *(paragraphs[pid] for pid in triples[example.id].negatives))
+    ))  # fmt: skip
+    pieces = dict(zip(contexts, passage_pieces_many(tokenizer, contexts)))
+    questions = encode_questions(tokenizer, [example.question for example in examples], windowing.max_question_length)
+
+    def windows(example: SquadExample, question: TokenizedText, context: str, labelled: bool) -> list[QAFeature]:
+        answer = example.answers[0] if labelled and example.answers else None
+        return question_features(
+            tokenizer, example.id, example.question, context, answer, pieces=pieces[context],
+            encoded_question=question, max_seq_length=windowing.max_seq_length, doc_stride=windowing.doc_stride,
+            max_question_length=windowing.max_question_length,
+        )  # fmt: skip
+
+    groups = []
+    for example, question in zip(examples, questions):
+        own = windows(example, question, example.context, True)
+        answer_windows = [feature for feature in own if feature.has_answer]
         if not answer_windows:
             continue
-        negative_windows = [windows(example, paragraphs[pid], False)[0] for pid in triple.negatives]
+        negative_windows = [windows(example, question, paragraphs[pid], False)[0] for pid in triples[example.id].negatives]
         groups.append([answer_windows[0], *negative_windows])
     if not groups:
         raise DilstoreError(f"no training question has its answer inside a window ({len(examples)} questions)")

@@ -20,7 +20,9 @@ from dilstore.reader.text.tokenization import (
     encode_document,
     encode_passage,
     encode_question,
+    encode_questions,
     passage_pieces,
+    passage_pieces_many,
     window_starts,
 )
 from dilstore.storage.errors import DilstoreError
@@ -233,3 +235,54 @@ def test_byte_level_bpe_spans_hold_each_tokens_bytes(text: str) -> None:
     byte_of = {symbol: byte for byte, symbol in bytes_to_unicode().items()}
     for token, (start, end) in zip(tokens, pieces.char_spans.tolist(), strict=True):
         assert bytes(byte_of[symbol] for symbol in token).strip(b" ") in text[start:end].encode("utf-8")
+
+
+def _same_tokens(left: TokenizedText, right: TokenizedText) -> bool:
+    return (
+        np.array_equal(left.token_ids, right.token_ids)
+        and np.array_equal(left.char_spans, right.char_spans)
+        and left.truncated == right.truncated
+    )
+
+
+def _outcome(encode, *args) -> TokenizedText | str:
+    """The encoding, or the message of the DilstoreError raised instead."""
+    try:
+        return encode(*args)
+    except DilstoreError as error:
+        return str(error)
+
+
+@given(texts=st.lists(TEXTS, max_size=8), max_length=st.integers(3, 24))
+@PROPERTY
+def test_batched_questions_encode_each_question_as_alone(tokenizer, texts: list[str], max_length: int) -> None:
+    alone = [_outcome(encode_question, tokenizer, text, max_length) for text in texts]
+    batched = _outcome(encode_questions, tokenizer, texts, max_length)
+    first_error = next((outcome for outcome in alone if isinstance(outcome, str)), None)
+    if first_error is not None:
+        assert batched == first_error
+    else:
+        assert len(batched) == len(alone) and all(map(_same_tokens, batched, alone))
+
+
+@given(texts=st.lists(TEXTS, max_size=8))
+@PROPERTY
+def test_batched_passages_give_each_passages_pieces_as_alone(tokenizer, texts: list[str]) -> None:
+    alone = [_outcome(passage_pieces, tokenizer, text) for text in texts]
+    batched = _outcome(passage_pieces_many, tokenizer, texts)
+    first_error = next((outcome for outcome in alone if isinstance(outcome, str)), None)
+    if first_error is not None:
+        assert batched == first_error
+    else:
+        assert len(batched) == len(alone) and all(map(_same_tokens, batched, alone))
+
+
+def test_batched_encodings_refuse_what_the_single_ones_refuse(tokenizer) -> None:
+    with pytest.raises(DilstoreError, match="no room"):
+        encode_questions(tokenizer, ["why?"], max_length=2)
+    with pytest.raises(DilstoreError, match="question is empty"):
+        encode_questions(tokenizer, ["why?", "  "], max_length=16)
+    with pytest.raises(DilstoreError, match="not a fast tokenizer"):
+        passage_pieces_many(SimpleNamespace(is_fast=False), ["text"])
+    assert encode_questions(tokenizer, [], max_length=16) == [] and passage_pieces_many(tokenizer, []) == []
+

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dilstore.reader.data.qa_batches import QABatch, collate_features
+from dilstore.reader.data.qa_features import question_features
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE, Triple, write_paragraphs, write_triples
 from dilstore.reader.data.shared_norm import shared_norm_groups
 from dilstore.reader.data.squad import load_squad
@@ -105,6 +106,29 @@ def test_a_group_is_the_answer_window_then_each_negatives_first_window(squad_fil
         assert all(window.question.token_ids.tolist() == group[0].question.token_ids.tolist() for window in group)
     keeper = next(group for group in groups if group[0].example_id == "q-keeper")
     assert keeper[0].window_index > 0, "the answer window, not the paragraph's first"
+
+
+def test_groups_hold_the_windows_that_one_call_per_text_gives(squad_file: Path, tmp_path: Path) -> None:
+    """The batched tokenization of shared_norm_groups changes no window: each equals question_features' own."""
+    triples = write_handful_triples(tmp_path)
+    tokenizer = minilm_tokenizer()
+    examples = load_squad(squad_file)
+    windows = TrainingConfig(layers=1, **SMALL_WINDOWS)
+    groups = shared_norm_groups(tokenizer, examples, triples, triples.parent / PARAGRAPHS_FILE, NEGATIVES, windows)
+    sizes = {key: getattr(windows, key) for key in ("max_seq_length", "doc_stride", "max_question_length")}
+    for example, group in zip(examples, groups, strict=True):
+        own = question_features(tokenizer, example.id, example.question, example.context, example.answers[0], **sizes)
+        expected = [next(window for window in own if window.has_answer)]
+        expected += [
+            question_features(tokenizer, example.id, example.question, window.context, None, **sizes)[0]
+            for window in group[1:]
+        ]
+        for got, want in zip(group, expected, strict=True):
+            assert (got.example_id, got.window_index, got.context) == (want.example_id, want.window_index, want.context)
+            assert (got.start_position, got.end_position) == (want.start_position, want.end_position)
+            for part in ("question", "passage"):
+                assert getattr(got, part).token_ids.tolist() == getattr(want, part).token_ids.tolist()
+                assert getattr(got, part).char_spans.tolist() == getattr(want, part).char_spans.tolist()
 
 
 def test_a_question_without_a_triple_is_named(squad_file: Path, tmp_path: Path) -> None:
