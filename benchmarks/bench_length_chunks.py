@@ -12,6 +12,10 @@ The weights do not change the work, so any reader will do.
     .venv/bin/python benchmarks/bench_length_chunks.py --model /work/runs/sweep/start-k0 \\
         --train ../shared/data/squad/train-v1.1.json --shared-norm /work/runs/ranking-data-full/triples.jsonl.gz \\
         --layers 2 --questions 3000 --micro-batches 12 --threads 2
+    # on a lent GPU (the sweep's micro-batch: 32 groups, 128 windows), under training's bf16 autocast:
+    python3 benchmarks/bench_length_chunks.py --model .carry/reader/start --train train-v1.1.json \
+        --shared-norm .carry/reader/shared-norm/triples.jsonl.gz --layers 4 --batch-size 32 --chunks 0 64 32 16 \
+        --micro-batches 12 --device cuda
 
 Prints a table, then the rows as JSON.
 """
@@ -31,7 +35,7 @@ import torch
 from dilstore.reader.data.qa_features import QAFeature
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.length_chunks import length_chunks
-from dilstore.reader.training.loop import optimizer_step_batches
+from dilstore.reader.training.loop import autocast_dtype, optimizer_step_batches
 from dilstore.reader.training.qa import TrainingConfig, TrainingData, accumulate_gradients, load_training_data
 
 
@@ -56,17 +60,32 @@ def real_share(data: TrainingData, micro_batches: Sequence[Sequence[int]], chunk
 
 
 def seconds_per_micro_batch(
-    reader: DilBertReader, data: TrainingData, micro_batches: Sequence[Sequence[int]], chunk: int
+    reader: DilBertReader,
+    data: TrainingData,
+    micro_batches: Sequence[Sequence[int]],
+    chunk: int,
+    device: torch.device,
+    dtype: torch.dtype | None,
 ) -> float:
-    """Mean seconds of forward and backward per micro-batch, after one warm-up pass that is not timed."""
+    """Mean seconds of forward and backward per micro-batch, after one warm-up pass that is not timed.
+
+    On CUDA the passes run under the autocast `dtype` training uses there, and the clock waits for the GPU.
+    """
     reader.train()
-    device = torch.device("cpu")
-    accumulate_gradients(reader, data, [micro_batches[0]], device, chunk_windows=chunk)
+    accumulate_gradients(reader, data, [micro_batches[0]], device, dtype=dtype, chunk_windows=chunk)
+    _wait_for(device)
     started = time.perf_counter()
     for groups in micro_batches:
         reader.zero_grad(set_to_none=True)
-        accumulate_gradients(reader, data, [groups], device, chunk_windows=chunk)
+        accumulate_gradients(reader, data, [groups], device, dtype=dtype, chunk_windows=chunk)
+    _wait_for(device)
     return (time.perf_counter() - started) / len(micro_batches)
+
+
+def _wait_for(device: torch.device) -> None:
+    """Let queued GPU work finish, so that the clock measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,20 +99,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batches", type=int, default=12, help="micro-batches timed per chunk size")
     parser.add_argument("--chunks", type=int, nargs="+", default=[0, 16, 8, 4], help="windows per pass (0: all)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (timed under the autocast training uses)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    reader = DilBertReader.from_pretrained(args.model, layers=args.layers)
+    device = torch.device(args.device)
+    reader = DilBertReader.from_pretrained(args.model, layers=args.layers).to(device)
     shared_norm = None if args.shared_norm is None else str(args.shared_norm)
     config = TrainingConfig(layers=args.layers, batch_size=args.batch_size, train_limit=args.questions, epochs=1,
                             shared_norm=shared_norm)  # fmt: skip
+    dtype = autocast_dtype(config, device)
     data = load_training_data(reader.tokenizer, args.train, config)
     order = [micro for step in optimizer_step_batches(data.examples, config, data.lengths()) for micro in step]
     # Timed micro-batches spread evenly over the order: its length groups run from long to short windows.
     timed = order[:: max(1, len(order) // args.micro_batches)][: args.micro_batches]
     rows: list[dict[str, Any]] = []
     for chunk in args.chunks:
-        seconds = seconds_per_micro_batch(reader, data, timed, chunk)
+        seconds = seconds_per_micro_batch(reader, data, timed, chunk, device, dtype)
         rows.append({
             "chunk_windows": chunk, "real_token_share": round(real_share(data, order, chunk), 4),
             "seconds_per_micro_batch": round(seconds, 3),
@@ -101,14 +123,15 @@ def main(argv: list[str] | None = None) -> int:
         })  # fmt: skip
     whole = rows[0]["seconds_per_micro_batch"] if rows[0]["chunk_windows"] == 0 else None
     print(f"{data.examples} examples of {data.group_size} window(s), k={args.layers}, {args.batch_size} examples a "
-          f"micro-batch, {len(timed)} timed, {args.threads} threads")  # fmt: skip
+          f"micro-batch, {len(timed)} timed, {args.threads} threads, {device} ({dtype or torch.float32})")  # fmt: skip
     print(f"{'windows/pass':>12} {'real tokens':>12} {'s/micro-batch':>14} {'windows/s':>10} {'speed-up':>9}")
     for row in rows:
         speedup = f"{whole / row['seconds_per_micro_batch']:.2f}x" if whole else "-"
         label = row["chunk_windows"] or "all"
         print(f"{label:>12} {row['real_token_share']:>12.3f} {row['seconds_per_micro_batch']:>14.3f} "
               f"{row['windows_per_second']:>10.2f} {speedup:>9}")  # fmt: skip
-    print(json.dumps({"questions": args.questions, "layers": args.layers, "threads": args.threads, "rows": rows}))
+    print(json.dumps({"questions": args.questions, "layers": args.layers, "threads": args.threads,
+                      "device": str(device), "rows": rows}))  # fmt: skip
     return 0
 
 

@@ -385,6 +385,8 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
     questions = TRAIN_QUESTIONS if args.smoke is None else args.smoke
     recipe = sweep_recipe(args.carry / "shared-norm" / "triples.jsonl.gz", args.groups, args.learning_rate,
                           questions, args.curve_points)  # fmt: skip
+    if args.chunk_windows is not None:
+        recipe += ["--chunk-windows", str(args.chunk_windows)]
     runs: dict[str, subprocess.Popen[bytes]] = {}
     for k in args.layers:
         name = f"sweep-k{k}"
@@ -631,6 +633,11 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--learning-rate", default=LEARNING_RATE)
     sweep.add_argument("--curve-points", type=int, default=6, help="checkpoints kept and scored for each curve")
     sweep.add_argument("--curve-limit", type=int, default=2000, help="seeded dev questions per curve point")
+    sweep.add_argument(
+        "--chunk-windows", type=int, metavar="N",
+        help="train qa --chunk-windows for every run (how a step is computed, not what: measure it first with "
+        "bench_length_chunks.py --device cuda; default: train qa's, one pass on a GPU)",
+    )  # fmt: skip
     sweep.set_defaults(run=on_the_gpu(run_sweep))
     again = commands.add_parser("export", help="export another run of a finished schedule (same machine)")
     again.add_argument("name")

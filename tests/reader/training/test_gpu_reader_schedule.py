@@ -321,7 +321,7 @@ def test_sweep_resumes_cut_runs_leaves_finished_ones_and_scores_their_curves(sch
     for k, command in ((0, trained[str(work / "sweep-k0")]), (5, trained[str(work / "sweep-k5")])):
         assert command[command.index("--layers") + 1] == str(k)
         assert command[command.index("--model") + 1] == str(carry / "start")
-        assert "--resume" not in command
+        assert "--resume" not in command and "--chunk-windows" not in command  # train qa's own default
     curves = [command for command in first if command[1].endswith("reader_curve.py")]
     assert len(curves) == 1 and str(work / "sweep-k0") in curves[0] and str(work / "sweep-k5") not in curves[0]
 
@@ -332,6 +332,7 @@ def test_sweep_resumes_cut_runs_leaves_finished_ones_and_scores_their_curves(sch
     assert len(trained_again) == 1
     assert trained_again[0][trained_again[0].index("--output") + 1] == str(work / "sweep-k5")
     assert "--resume" in trained_again[0]
+    assert "--chunk-windows" not in trained_again[0]
     curve = next(command for command in second if command[1].endswith("reader_curve.py"))
     assert str(work / "sweep-k0") in curve and str(work / "sweep-k5") in curve
     events = json.loads((work / "results.json").read_text(encoding="utf-8"))["events"]
@@ -433,4 +434,20 @@ def test_sweep_gives_its_runs_the_whole_deadline(schedule, tmp_path, monkeypatch
     assert [event["run"] for event in stopped] == ["sweep-k0", "sweep-k4"]
     assert all(500 <= event["t"] < 503 for event in stopped)
     assert not [command for command in launched if command[1].endswith("reader_curve.py")]  # nothing finished
+
+
+def test_sweep_passes_chunk_windows_to_every_run(schedule, tmp_path, monkeypatch):
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        (carry / f"{name}.xz").write_bytes(lzma.compress(b'{"data": []}'))
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    launched: list[list[str]] = []
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(launched, finishing=set()))
+    argv = ["sweep", "--carry", str(carry), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"),
+            "--layers", "1", "3", "--chunk-windows", "32"]  # fmt: skip
+    assert schedule.main(argv) == 0
+    trained = [command for command in launched if "--output" in command]
+    assert len(trained) == 2
+    assert all(command[command.index("--chunk-windows") + 1] == "32" for command in trained)
 
