@@ -30,9 +30,8 @@ alike, and any machine can rebuild it (a fine-tuned start lives only where it wa
 deadline (that would train the ks differently): a run still going at the deadline is stopped and the same command
 in a later call on the same warm machine resumes it from its checkpoint (one every minute), while finished runs are
 left as they are. On an H200 two runs side by side train at ~1,650 windows/s each (one alone: ~2,700), so two ks
-take ~440 s of training plus each run's start-up (~60 s there before its tokenization was batched): one 590 s
-call. No weights come back (at most 64 MiB a call, one
-reader's worth); `export` brings one back.
+take ~470 s of training plus each run's start-up (~60 s there before its tokenization was batched): one 590 s
+call. No weights come back (at most 64 MiB a call, one reader's worth); `export` brings one back.
 
 `train`, in order:
 1. calibrate: three short runs side by side (k=0; k=4 distilled; k=4 distilled with shared normalisation), each
