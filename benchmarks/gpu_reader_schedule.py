@@ -545,7 +545,10 @@ def _member_text(archive: tarfile.TarFile, name: str) -> str:
 
 def records(args: argparse.Namespace) -> int:
     """Back here: results.tgz in OUT_DIR as one folder per run (its training record and dev evaluation, what
-    plot_k_sweep.py reads) and the curve's rows (the last line of curve.log, what reader_curve.py --scored reads)."""
+    plot_k_sweep.py reads) and the curve's rows (the last line of curve.log, what reader_curve.py --scored reads).
+
+    The sweep takes several draws of a GPU, each a fresh machine, so DIR is meant to be tracked
+    (benchmarks/k_sweep/): each call adds its runs, and its curve rows replace only those of the same runs."""
     packed = args.out_dir / "results.tgz"
     if not packed.is_file():
         print(f"{packed}: no such file (the folder a call's $OUT came back to)", file=sys.stderr)
@@ -567,8 +570,12 @@ def records(args: argparse.Namespace) -> int:
         (folder / "eval-dev.json").write_text(json.dumps(run["eval"], indent=1), encoding="utf-8")
         written.append(run["run"])
     rows = curve_rows(curve)
-    (args.into / "curve-rows.json").write_text(json.dumps(rows) + "\n", encoding="utf-8")
-    print(f"{args.into}: {', '.join(written) or 'no evaluated run'}; {len(rows)} curve rows")
+    kept_file = args.into / "curve-rows.json"
+    kept = json.loads(kept_file.read_text(encoding="utf-8")) if kept_file.is_file() else []
+    scored = {row["run"] for row in rows}
+    merged = [row for row in kept if row["run"] not in scored] + rows
+    kept_file.write_text(json.dumps(merged) + "\n", encoding="utf-8")
+    print(f"{args.into}: {', '.join(written) or 'no evaluated run'}; {len(rows)} curve rows ({len(merged)} in all)")
     return 0
 
 

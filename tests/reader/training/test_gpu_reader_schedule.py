@@ -364,7 +364,15 @@ def test_records_turns_a_sweeps_results_into_run_folders_and_curve_rows(schedule
     assert json.loads((into / "sweep-k0" / "eval-dev.json").read_text(encoding="utf-8")) == {"f1": 70.0}
     assert json.loads((into / "sweep-k0" / "dilstore_training.json").read_text(encoding="utf-8")) == {"k": 0}
     assert json.loads((into / "curve-rows.json").read_text(encoding="utf-8")) == rows
-    assert "sweep-k0; 1 curve rows" in capsys.readouterr().out
+    assert "sweep-k0; 1 curve rows (1 in all)" in capsys.readouterr().out
+
+    # A later draw's records add to the folder: other runs' rows stay, the same runs' rows are replaced.
+    earlier = {"run": "sweep-k4", "k": 4, "step": 10, "windows_seen": 40, "train_hours": 0.1, "em": 3.0, "f1": 4.0}
+    stale = {**rows[0], "f1": 1.0}
+    (into / "curve-rows.json").write_text(json.dumps([earlier, stale]), encoding="utf-8")
+    assert schedule.main(["records", str(out), "--into", str(into)]) == 0
+    assert json.loads((into / "curve-rows.json").read_text(encoding="utf-8")) == [earlier, *rows]
+    assert "1 curve rows (2 in all)" in capsys.readouterr().out
 
 
 def test_records_refuses_an_archive_without_results(schedule, tmp_path, capsys):
