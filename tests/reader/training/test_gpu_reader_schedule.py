@@ -242,10 +242,7 @@ def _fake_runs(launched: list[list[str]]):
 def test_extend_sizes_the_run_from_the_probe_and_exports_the_newest_checkpoint_of_a_cut_run(
     schedule, tmp_path, monkeypatch
 ):
-    carry = tmp_path / "carry"
-    carry.mkdir()
-    for name in ("train-v1.1.json", "dev-v1.1.json"):
-        (carry / f"{name}.xz").write_bytes(lzma.compress(b'{"data": []}'))
+    carry = _carried_squad(tmp_path)
     launched: list[list[str]] = []
     monkeypatch.setattr(schedule.subprocess, "Popen", _fake_runs(launched))
     monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
@@ -281,6 +278,15 @@ def test_sweep_recipe_checkpoints_the_two_epoch_schedule_for_its_curve(schedule,
     assert schedule.sweep_recipe(tmp_path, 32, "1e-4", 10, 6)[-3] == "1"  # never 0 (that would mean no curve)
 
 
+def _carried_squad(tmp_path: Path) -> Path:
+    """A carried folder holding (empty) SQuAD train and dev files, as the schedule unpacks them."""
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        (carry / f"{name}.xz").write_bytes(lzma.compress(b'{"data": []}'))
+    return carry
+
+
 def _fake_sweep(launched: list[list[str]], finishing: set[str], curve_rows: list[dict] | None = None):
     """A Popen stand-in: runs named in `finishing` end with a model and a dev evaluation; the others are cut off
     after a checkpoint; reader_curve.py prints a table and `curve_rows` (when given) and ends at once."""
@@ -305,10 +311,7 @@ def _fake_sweep(launched: list[list[str]], finishing: set[str], curve_rows: list
 
 
 def test_sweep_resumes_cut_runs_leaves_finished_ones_and_scores_their_curves(schedule, tmp_path, monkeypatch):
-    carry = tmp_path / "carry"
-    carry.mkdir()
-    for name in ("train-v1.1.json", "dev-v1.1.json"):
-        (carry / f"{name}.xz").write_bytes(lzma.compress(b'{"data": []}'))
+    carry = _carried_squad(tmp_path)
     monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
     work = tmp_path / "work"
     argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(tmp_path / "out"), "--layers", "0", "5"]
@@ -342,10 +345,7 @@ def test_sweep_resumes_cut_runs_leaves_finished_ones_and_scores_their_curves(sch
 
 
 def test_records_turns_a_sweeps_results_into_run_folders_and_curve_rows(schedule, tmp_path, monkeypatch, capsys):
-    carry = tmp_path / "carry"
-    carry.mkdir()
-    for name in ("train-v1.1.json", "dev-v1.1.json"):
-        (carry / f"{name}.xz").write_bytes(lzma.compress(b'{"data": []}'))
+    carry = _carried_squad(tmp_path)
     monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
     launched: list[list[str]] = []
     rows = [{"run": "sweep-k0", "k": 0, "step": 10, "windows_seen": 40, "train_hours": 0.1, "em": 1.0, "f1": 2.0}]
@@ -419,10 +419,7 @@ class _RunningRun:
 
 
 def test_sweep_gives_its_runs_the_whole_deadline(schedule, tmp_path, monkeypatch):
-    carry = tmp_path / "carry"
-    carry.mkdir()
-    for name in ("train-v1.1.json", "dev-v1.1.json"):
-        (carry / f"{name}.xz").write_bytes(lzma.compress(b'{"data": []}'))
+    carry = _carried_squad(tmp_path)
     clock = [0.0]
     monkeypatch.setattr(schedule.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(schedule.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
@@ -445,10 +442,7 @@ def test_sweep_gives_its_runs_the_whole_deadline(schedule, tmp_path, monkeypatch
 
 
 def test_sweep_passes_chunk_windows_to_every_run(schedule, tmp_path, monkeypatch):
-    carry = tmp_path / "carry"
-    carry.mkdir()
-    for name in ("train-v1.1.json", "dev-v1.1.json"):
-        (carry / f"{name}.xz").write_bytes(lzma.compress(b'{"data": []}'))
+    carry = _carried_squad(tmp_path)
     monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
     launched: list[list[str]] = []
     monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(launched, finishing=set()))

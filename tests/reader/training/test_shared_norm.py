@@ -89,12 +89,18 @@ def test_the_loss_is_one_softmax_over_the_passage_tokens_of_each_group(
     torch.testing.assert_close(got, reference_loss(start, end, batch, group_size), atol=1e-5, rtol=1e-5)
 
 
-def test_a_group_is_the_answer_window_then_each_negatives_first_window(squad_file: Path, tmp_path: Path) -> None:
+def _handful_groups(squad_file: Path, tmp_path: Path):
+    """The handful's shared-norm groups (NEGATIVES each), with the tokenizer, examples and windowing that made them."""
     triples = write_handful_triples(tmp_path)
     tokenizer = minilm_tokenizer()
     examples = load_squad(squad_file)
     windows = TrainingConfig(layers=1, **SMALL_WINDOWS)
     groups = shared_norm_groups(tokenizer, examples, triples, triples.parent / PARAGRAPHS_FILE, NEGATIVES, windows)
+    return tokenizer, examples, windows, groups
+
+
+def test_a_group_is_the_answer_window_then_each_negatives_first_window(squad_file: Path, tmp_path: Path) -> None:
+    _, examples, _, groups = _handful_groups(squad_file, tmp_path)
     assert len(groups) == len(examples) == 6
     by_context = {context: index for index, (context, _) in enumerate(HANDFUL)}
     for example, group in zip(examples, groups, strict=True):
@@ -110,11 +116,7 @@ def test_a_group_is_the_answer_window_then_each_negatives_first_window(squad_fil
 
 def test_groups_hold_the_windows_that_one_call_per_text_gives(squad_file: Path, tmp_path: Path) -> None:
     """The batched tokenization of shared_norm_groups changes no window: each equals question_features' own."""
-    triples = write_handful_triples(tmp_path)
-    tokenizer = minilm_tokenizer()
-    examples = load_squad(squad_file)
-    windows = TrainingConfig(layers=1, **SMALL_WINDOWS)
-    groups = shared_norm_groups(tokenizer, examples, triples, triples.parent / PARAGRAPHS_FILE, NEGATIVES, windows)
+    tokenizer, examples, windows, groups = _handful_groups(squad_file, tmp_path)
     sizes = {key: getattr(windows, key) for key in ("max_seq_length", "doc_stride", "max_question_length")}
     for example, group in zip(examples, groups, strict=True):
         own = question_features(tokenizer, example.id, example.question, example.context, example.answers[0], **sizes)
