@@ -103,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]  # fmt: skip
     print(f"{'path':<28} {'questions':>9} {'groups':>7} {'seconds':>8} {'speed-up':>8}")
     for row in rows:
-        print(f"{row['path']:<28} {row['questions']:>9} {row['groups']:>7} {row['seconds']:>8.2f} {row['speed_up']:>7.2f}×")
+        print(f"{row['path']:<28} {row['questions']:>9} {row['groups']:>7} {row['seconds']:>8.2f} "
+              f"{row['speed_up']:>7.2f}×")  # fmt: skip
     print(json.dumps(rows))
     return 0
 

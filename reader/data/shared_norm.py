@@ -77,7 +77,8 @@ def shared_norm_groups(
         answer_windows = [feature for feature in own if feature.has_answer]
         if not answer_windows:
             continue
-        negative_windows = [windows(example, question, paragraphs[pid], False)[0] for pid in triples[example.id].negatives]
+        negatives_of = triples[example.id].negatives
+        negative_windows = [windows(example, question, paragraphs[pid], False)[0] for pid in negatives_of]
         groups.append([answer_windows[0], *negative_windows])
     if not groups:
         raise DilstoreError(f"no training question has its answer inside a window ({len(examples)} questions)")

@@ -130,7 +130,7 @@ def encode_questions(
     encoded = []
     for index, question in enumerate(questions):
         single = _to_tokenized(_batch_item(encodings, index), truncated=False)
-        fits = question.strip() and len(single) <= max_length and single.is_text.any()
+        fits = bool(question.strip()) and len(single) <= max_length and bool(single.is_text.any())
         encoded.append(single if fits else encode_question(tokenizer, question, max_length))
     return encoded
 
@@ -297,8 +297,9 @@ def _require_fast(tokenizer: PreTrainedTokenizerBase) -> None:
         )
 
 
-def _call(tokenizer: PreTrainedTokenizerBase, text: str, **options: Any) -> Any:
-    """One tokenizer call with offsets and the special-token mask; special-token strings in text stay text."""
+def _call(tokenizer: PreTrainedTokenizerBase, text: str | list[str], **options: Any) -> Any:
+    """One tokenizer call (one text, or a batch) with offsets and the special-token mask; special-token strings in
+    text stay text."""
     return tokenizer(
         text,
         return_offsets_mapping=True,

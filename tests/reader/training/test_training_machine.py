@@ -34,7 +34,8 @@ else:
 
 def _run_without_absent(*argv: str) -> subprocess.CompletedProcess[str]:
     driver = DRIVER.format(absent=ABSENT_ON_THE_GPU)
-    return subprocess.run([sys.executable, "-c", driver, *argv], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    command = [sys.executable, "-c", driver, *argv]
+    return subprocess.run(command, check=False, capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
 @pytest.mark.parametrize("name", ABSENT_ON_THE_GPU)
@@ -52,13 +53,13 @@ def test_train_evaluate_and_curve_need_none_of_the_absent_packages(
     run = tmp_path / "run"
     trained = _run_without_absent(
         "dilstore", "train", "qa", "--model", str(tiny_base), "--layers", "1", "--train", str(squad_file),
-        "--dev", str(squad_file), "--output", str(run), "--shared-norm", str(triples), "--shared-norm-negatives", "2", "--batch-size", "2",
-        "--epochs", "2", "--save-every", "2", "--keep-checkpoints", "4", "--max-seq-length", "48", "--doc-stride", "16",
-        "--max-question-length", "24", "--no-progress", "--json",
+        "--dev", str(squad_file), "--output", str(run), "--shared-norm", str(triples), "--shared-norm-negatives", "2",
+        "--batch-size", "2", "--epochs", "2", "--save-every", "2", "--keep-checkpoints", "4", "--max-seq-length", "48",
+        "--doc-stride", "16", "--max-question-length", "24", "--no-progress", "--json",
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert json.loads(trained.stdout.strip().splitlines()[-1])["k"] == 1
-    assert sorted(path.name for path in (run / "checkpoints").iterdir())
+    assert any((run / "checkpoints").iterdir()), "periodic checkpoints were written"
 
     evaluated = _run_without_absent("dilstore", "evaluate-rc", "--model", str(run), "--data", str(squad_file), "--json")
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
