@@ -13,7 +13,7 @@ The weights do not change the work, so any reader will do.
         --train ../shared/data/squad/train-v1.1.json --shared-norm /work/runs/ranking-data-full/triples.jsonl.gz \\
         --layers 2 --questions 3000 --micro-batches 12 --threads 2
     # on a lent GPU (the sweep's micro-batch: 32 groups, 128 windows), under training's bf16 autocast:
-    python3 benchmarks/bench_length_chunks.py --model .carry/reader/start --train train-v1.1.json \
+    python3 benchmarks/bench_length_chunks.py --model .carry/reader/start --train /tmp/train.json \
         --shared-norm .carry/reader/shared-norm/triples.jsonl.gz --layers 4 --batch-size 32 --chunks 0 64 32 16 \
         --micro-batches 12 --device cuda
 
