@@ -7,7 +7,13 @@ the micro-batches of the run's own length-grouped order (--batch-size groups eac
 --chunks value measures the seconds of one forward and backward pass per micro-batch (train mode, over
 --micro-batches of them after one warm-up) and the share of the tokens computed that are real (not
 padding), over all micro-batches of the order. 0 is one pass per micro-batch, the behaviour before.
-The weights do not change the work, so any reader will do.
+The weights do not change the work, so any reader will do. --group-length picks what the order's length
+groups are sorted by (as `train qa --group-length`); --micro-batches 0 only counts the padding, for
+micro-batches too large to time here (the GPU's 32 groups: one fp32 pass of 128 windows needs > 24 GB):
+
+    .venv/bin/python benchmarks/bench_length_chunks.py --model .carry/reader/start \
+        --train ../shared/data/squad/train-v1.1.json --shared-norm /work/runs/ranking-data-full/triples.jsonl.gz \
+        --layers 4 --questions 87599 --batch-size 32 --micro-batches 0 --chunks 0 64 32 16 8 --group-length sum
 
     .venv/bin/python benchmarks/bench_length_chunks.py --model /work/runs/sweep/start-k0 \\
         --train ../shared/data/squad/train-v1.1.json --shared-norm /work/runs/ranking-data-full/triples.jsonl.gz \\
@@ -36,7 +42,13 @@ from dilstore.reader.data.qa_features import QAFeature
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.length_chunks import length_chunks
 from dilstore.reader.training.loop import autocast_dtype, optimizer_step_batches
-from dilstore.reader.training.qa import TrainingConfig, TrainingData, accumulate_gradients, load_training_data
+from dilstore.reader.training.qa import (
+    GROUP_LENGTHS,
+    TrainingConfig,
+    TrainingData,
+    accumulate_gradients,
+    load_training_data,
+)
 
 
 def computed_tokens(windows: Sequence[QAFeature], chunk: int) -> int:
@@ -96,10 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=2, help="k of the reader trained")
     parser.add_argument("--questions", type=int, default=3000, help="first N training questions")
     parser.add_argument("--batch-size", type=int, default=8, help="question groups (or plain windows) per micro-batch")
-    parser.add_argument("--micro-batches", type=int, default=12, help="micro-batches timed per chunk size")
+    parser.add_argument("--micro-batches", type=int, default=12,
+                        help="micro-batches timed per chunk size (0: count the padding only, no timing)")  # fmt: skip
     parser.add_argument("--chunks", type=int, nargs="+", default=[0, 16, 8, 4], help="windows per pass (0: all)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (timed under the autocast training uses)")
+    parser.add_argument("--group-length", choices=GROUP_LENGTHS, default="longest",
+                        help="what length groups are sorted by (train qa --group-length)")  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -107,31 +122,33 @@ def main(argv: list[str] | None = None) -> int:
     reader = DilBertReader.from_pretrained(args.model, layers=args.layers).to(device)
     shared_norm = None if args.shared_norm is None else str(args.shared_norm)
     config = TrainingConfig(layers=args.layers, batch_size=args.batch_size, train_limit=args.questions, epochs=1,
-                            shared_norm=shared_norm)  # fmt: skip
+                            shared_norm=shared_norm, group_length=args.group_length)  # fmt: skip
     dtype = autocast_dtype(config, device)
     data = load_training_data(reader.tokenizer, args.train, config)
-    order = [micro for step in optimizer_step_batches(data.examples, config, data.lengths()) for micro in step]
+    lengths = data.lengths(args.group_length)
+    order = [micro for step in optimizer_step_batches(data.examples, config, lengths) for micro in step]
     # Timed micro-batches spread evenly over the order: its length groups run from long to short windows.
-    timed = order[:: max(1, len(order) // args.micro_batches)][: args.micro_batches]
+    timed = order[:: max(1, len(order) // max(1, args.micro_batches))][: args.micro_batches]
     rows: list[dict[str, Any]] = []
     for chunk in args.chunks:
-        seconds = seconds_per_micro_batch(reader, data, timed, chunk, device, dtype)
+        seconds = seconds_per_micro_batch(reader, data, timed, chunk, device, dtype) if timed else None
         rows.append({
             "chunk_windows": chunk, "real_token_share": round(real_share(data, order, chunk), 4),
-            "seconds_per_micro_batch": round(seconds, 3),
-            "windows_per_second": round(args.batch_size * data.group_size / seconds, 2),
+            "seconds_per_micro_batch": None if seconds is None else round(seconds, 3),
+            "windows_per_second": None if seconds is None else round(args.batch_size * data.group_size / seconds, 2),
         })  # fmt: skip
     whole = rows[0]["seconds_per_micro_batch"] if rows[0]["chunk_windows"] == 0 else None
     print(f"{data.examples} examples of {data.group_size} window(s), k={args.layers}, {args.batch_size} examples a "
           f"micro-batch, {len(timed)} timed, {args.threads} threads, {device} ({dtype or torch.float32})")  # fmt: skip
     print(f"{'windows/pass':>12} {'real tokens':>12} {'s/micro-batch':>14} {'windows/s':>10} {'speed-up':>9}")
     for row in rows:
-        speedup = f"{whole / row['seconds_per_micro_batch']:.2f}x" if whole else "-"
+        seconds, rate = row["seconds_per_micro_batch"], row["windows_per_second"]
+        speedup = f"{whole / seconds:.2f}x" if whole and seconds else "-"
         label = row["chunk_windows"] or "all"
-        print(f"{label:>12} {row['real_token_share']:>12.3f} {row['seconds_per_micro_batch']:>14.3f} "
-              f"{row['windows_per_second']:>10.2f} {speedup:>9}")  # fmt: skip
+        print(f"{label:>12} {row['real_token_share']:>12.3f} {'-' if seconds is None else f'{seconds:.3f}':>14} "
+              f"{'-' if rate is None else f'{rate:.2f}':>10} {speedup:>9}")  # fmt: skip
     print(json.dumps({"questions": args.questions, "layers": args.layers, "threads": args.threads,
-                      "device": str(device), "rows": rows}))  # fmt: skip
+                      "device": str(device), "group_length": args.group_length, "rows": rows}))  # fmt: skip
     return 0
 
 

@@ -59,6 +59,11 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
         help="batch windows in plain random order (default: length-grouped)",
     )
     parser.add_argument(
+        "--group-length", choices=("longest", "sum"), default="longest",
+        help="with --shared-norm, the length a question group is grouped by: its longest window's tokens (default: "
+        "what a micro-batch pads to) or their sum over its windows (runs before 2026-11-26; resume those with it)",
+    )  # fmt: skip
+    parser.add_argument(
         "--teacher",
         type=Path,
         help="distil from this reader (usually the fine-tuned k=0 one): its start/end distributions and upper layers",
@@ -133,6 +138,7 @@ def run_qa(args: argparse.Namespace) -> int:
         doc_stride=args.doc_stride,
         max_question_length=args.max_question_length,
         group_by_length=not args.no_group_by_length,
+        group_length=args.group_length,
         teacher=None if args.teacher is None else str(args.teacher),
         distillation_temperature=args.distillation_temperature,
         distillation_weight=args.distillation_weight,

@@ -272,7 +272,8 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
     `config` (a dataclass) is compared with the one write_run_config recorded,
     all but how often checkpoints are saved, which may change between the parts of a run.
     A setting the recorded file lacks (one added since that run started)
-    counts as its default.
+    counts as the value runs had before it existed: its field's metadata
+    "before" when it changed what a run does, else its default.
     """
     checkpoints = Path(output_dir) / CHECKPOINTS_DIR
     found = latest_checkpoint(checkpoints)
@@ -281,7 +282,9 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
     saved_file = Path(output_dir) / RUN_CONFIG_FILE
     if saved_file.is_file():
         saved = json.loads(saved_file.read_text(encoding="utf-8"))["config"]
-        defaults = {item.name: item.default for item in fields(config) if item.default is not MISSING}
+        defaults = {
+            item.name: item.metadata.get("before", item.default) for item in fields(config) if item.default is not MISSING
+        }
         differing = sorted(
             name
             for name, value in asdict(config).items()

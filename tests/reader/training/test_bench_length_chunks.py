@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.training.loop import optimizer_step_batches
 from dilstore.reader.training.qa import TrainingConfig, load_training_data
 from tests.fixtures.benchmarks import benchmark_module
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
@@ -50,3 +51,25 @@ def test_the_script_prints_a_row_per_chunk_size(
     assert 0 < rows[0]["real_token_share"] <= rows[1]["real_token_share"] <= 1
     assert all(row["seconds_per_micro_batch"] > 0 for row in rows)
     assert any(line.split()[0] == "all" for line in lines[2:-1]), "the one-pass row is labelled"
+
+
+@pytest.mark.parametrize("measure", ["longest", "sum"])
+def test_micro_batches_0_counts_the_padding_of_the_order_grouped_by_the_measure_asked(
+    bench, tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], measure: str
+) -> None:
+    triples = write_handful_triples(tmp_path / "ranking", negatives=3)
+    argv = ["--model", str(tiny_base), "--train", str(squad_file), "--shared-norm", str(triples), "--layers", "1",
+            "--questions", "6", "--batch-size", "2", "--micro-batches", "0", "--chunks", "0", "2",
+            "--group-length", measure, "--threads", "1"]  # fmt: skip
+    assert bench.main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["group_length"] == measure
+    assert all(row["seconds_per_micro_batch"] is None and row["windows_per_second"] is None for row in report["rows"])
+
+    reader = DilBertReader.from_pretrained(tiny_base, layers=1)
+    # The script's own windowing (the defaults), so the same order as it counts.
+    config = TrainingConfig(layers=1, batch_size=2, train_limit=6, epochs=1, shared_norm=str(triples),
+                            group_length=measure)  # fmt: skip
+    data = load_training_data(reader.tokenizer, squad_file, config)
+    order = [micro for step in optimizer_step_batches(data.examples, config, data.lengths(measure)) for micro in step]
+    assert report["rows"][0]["real_token_share"] == pytest.approx(bench.real_share(data, order, 0), abs=1e-4)

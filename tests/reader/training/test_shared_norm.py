@@ -6,6 +6,8 @@ each question's negatives are other paragraphs of the handful, written as `train
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -172,3 +174,53 @@ def test_cli_reports_a_missing_triples_file(tmp_path: Path, squad_file: Path, ca
                    "--output", str(tmp_path / "o")])  # fmt: skip
     assert status == 2
     assert f"--shared-norm {missing}: no such file" in capsys.readouterr().err
+
+
+def test_a_group_is_as_long_as_its_longest_window_or_with_sum_all_of_them(squad_file: Path, tmp_path: Path) -> None:
+    triples = write_handful_triples(tmp_path)
+    tokenizer = minilm_tokenizer()
+    grouped = load_training_data(tokenizer, squad_file, TrainingConfig(
+        layers=1, shared_norm=str(triples), shared_norm_negatives=NEGATIVES, **SMALL_WINDOWS))  # fmt: skip
+    tokens = [[len(window.question) + len(window.passage) for window in grouped.windows(index)]
+              for index in range(grouped.examples)]  # fmt: skip
+    assert grouped.lengths() == grouped.lengths("longest") == [max(group) for group in tokens]
+    assert grouped.lengths("sum") == [sum(group) for group in tokens]
+    assert grouped.lengths("longest") != grouped.lengths("sum")
+    plain = load_training_data(tokenizer, squad_file, TrainingConfig(layers=1, **SMALL_WINDOWS))
+    assert plain.lengths("longest") == plain.lengths("sum"), "one window per example: the same order as before"
+    with pytest.raises(DilstoreError, match="group-length must be one of longest, sum"):
+        TrainingConfig(layers=1, group_length="median")
+
+
+def test_a_run_from_before_group_length_resumes_only_with_the_sum(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """Its run_config.json has no group_length: it grouped by the sum, and resuming with another order would see
+    some groups twice and others never in that epoch, so --resume refuses until told --group-length sum."""
+    triples = write_handful_triples(tmp_path / "triples")
+    config = TrainingConfig(layers=1, epochs=1, max_steps=3, batch_size=2, save_every=1, log_every=1000,
+                            shared_norm=str(triples), shared_norm_negatives=NEGATIVES, group_length="sum",
+                            **SMALL_WINDOWS)  # fmt: skip
+    run = tmp_path / "run"
+    train_qa(tiny_base, squad_file, run, config, command="c", progress=False)  # checkpoints at steps 1 and 2
+    record = json.loads((run / "run_config.json").read_text())
+    del record["config"]["group_length"]
+    (run / "run_config.json").write_text(json.dumps(record))
+    with pytest.raises(DilstoreError, match=r"settings differ .*\['group_length'\]"):
+        train_qa(tiny_base, squad_file, run, replace(config, group_length="longest"), command="c", resume=True,
+                 progress=False)  # fmt: skip
+    resumed = train_qa(tiny_base, squad_file, run, config, command="c", resume=True, progress=False)
+    assert resumed.steps == 3
+
+
+def test_cli_group_length_reaches_the_run(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
+    triples = write_handful_triples(tmp_path / "triples")
+    for measure in ("sum", None):
+        output = tmp_path / f"run-{measure}"
+        argv = ["train", "qa", "--model", str(tiny_base), "--layers", "1", "--train", str(squad_file),
+                "--shared-norm", str(triples), "--shared-norm-negatives", str(NEGATIVES), "--max-steps", "1",
+                "--batch-size", "2", "--max-seq-length", "48", "--doc-stride", "16", "--max-question-length", "24",
+                "--output", str(output), "--no-progress", "--json"]  # fmt: skip
+        assert main(argv + (["--group-length", measure] if measure else [])) == 0
+        recorded = json.loads((output / "run_config.json").read_text())["config"]["group_length"]
+        assert recorded == (measure or "longest")
