@@ -273,7 +273,8 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
     all but how often checkpoints are saved, which may change between the parts of a run.
     A setting the recorded file lacks (one added since that run started)
     counts as the value runs had before it existed: its field's metadata
-    "before" when it changed what a run does, else its default.
+    "before" (a function of the recorded settings) when it changed what a
+    run does, else its default.
     """
     checkpoints = Path(output_dir) / CHECKPOINTS_DIR
     found = latest_checkpoint(checkpoints)
@@ -283,7 +284,9 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
     if saved_file.is_file():
         saved = json.loads(saved_file.read_text(encoding="utf-8"))["config"]
         defaults = {
-            item.name: item.metadata.get("before", item.default) for item in fields(config) if item.default is not MISSING
+            item.name: item.metadata["before"](saved) if "before" in item.metadata else item.default
+            for item in fields(config)
+            if item.default is not MISSING
         }
         differing = sorted(
             name

@@ -82,6 +82,13 @@ def _throughput(windows_per_example: int) -> Throughput:
 GROUP_LENGTHS = ("longest", "sum")
 
 
+def _group_length_before(saved: dict[str, Any]) -> str:
+    """The group_length of a run recorded before the setting existed: shared-normalisation runs grouped by the sum
+    over a group's windows; plain runs' one-window examples measure the same either way, so they read as the default.
+    """
+    return "sum" if saved.get("shared_norm") is not None else "longest"
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     """Everything that decides what a run computes (the seed's run_squad defaults where it has one)."""
@@ -106,9 +113,9 @@ class TrainingConfig:
     precision: str = "auto"
     train_limit: int | None = None
     group_by_length: bool = True
-    # How a shared-normalisation group's length is measured for length grouping (GROUP_LENGTHS). Runs started
-    # before this setting existed summed it over the group's windows: resume_point reads a missing one as that.
-    group_length: str = field(default="longest", metadata={"before": "sum"})
+    # How a shared-normalisation group's length is measured for length grouping (GROUP_LENGTHS); resume_point reads
+    # a run_config.json without it as _group_length_before says.
+    group_length: str = field(default="longest", metadata={"before": _group_length_before})
     teacher: str | None = None
     distillation_temperature: float = 2.0
     distillation_weight: float = 1.0

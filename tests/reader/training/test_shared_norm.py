@@ -213,6 +213,19 @@ def test_a_run_from_before_group_length_resumes_only_with_the_sum(
     assert resumed.steps == 3
 
 
+def test_a_plain_run_from_before_group_length_resumes_as_it_is(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """One window per example measures the same by either length, so an older plain run resumes unchanged."""
+    config = TrainingConfig(layers=1, epochs=1, max_steps=3, batch_size=2, save_every=1, log_every=1000,
+                            **SMALL_WINDOWS)  # fmt: skip
+    train_qa(tiny_base, squad_file, tmp_path, config, command="c", progress=False)
+    record = json.loads((tmp_path / "run_config.json").read_text())
+    del record["config"]["group_length"]
+    (tmp_path / "run_config.json").write_text(json.dumps(record))
+    assert train_qa(tiny_base, squad_file, tmp_path, config, command="c", resume=True, progress=False).steps == 3
+
+
 def test_cli_group_length_reaches_the_run(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
     triples = write_handful_triples(tmp_path / "triples")
     for measure in ("sum", None):
