@@ -378,10 +378,11 @@ def train_qa(
         distillation = Distillation(
             teacher, config.distillation_temperature, config.distillation_weight, config.representation_weight
         )
+    lengths = data.lengths(config.group_length) if config.group_by_length else None
     run = TrainerRun(
         model=reader,
         num_examples=data.examples,
-        step_plan=optimizer_step_batches(data.examples, config, data.lengths(config.group_length) if config.group_by_length else None),
+        step_plan=optimizer_step_batches(data.examples, config, lengths),
         accumulate=partial(
             accumulate_gradients, reader, data, device=start.device, distillation=distillation, lower_cache=lower_cache,
             chunk_windows=default_chunk_windows(start.device) if config.chunk_windows is None else config.chunk_windows,
