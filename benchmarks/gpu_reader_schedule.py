@@ -178,8 +178,12 @@ class Schedule:
             time.sleep(2)
         for name, process in runs.items():
             if process.poll() is None:
-                process.terminate()
-                process.wait(timeout=30)
+                process.terminate()  # train qa checkpoints the step in progress, then ends
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
                 self.note(event="stopped", run=name, reason="hard stop")
             else:
                 self.note(event="finished", run=name, returncode=process.returncode)

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from dilstore.runners.quiet import configure as configure_output
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
 # Order is the order `dilstore --help` lists them in.
 COMMANDS: tuple[str, ...] = (
@@ -63,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     0 on success; 2 with one `dilstore CMD: error: ...` line for a user error,
     and for the operating-system and decoding errors a user causes (a path
-    that cannot be written or read, bytes that are not UTF-8); 130 on Ctrl-C;
+    that cannot be written or read, bytes that are not UTF-8); 130 on Ctrl-C
+    (143 on SIGTERM when a training run stops itself at a checkpoint);
     141 when the reader of the output went away. A command's own status
     (verify's 1) is passed through.
     """
@@ -77,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = int(args.run(args) or 0)
         sys.stdout.flush()
         return status
+    except StoppedBySignal as stop:
+        print(f"dilstore {args.command}: {stop}", file=sys.stderr)
+        return 128 + stop.signal_number
     except DilstoreError as error:
         print(f"dilstore {args.command}: error: {error}", file=sys.stderr)
         return 2

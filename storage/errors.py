@@ -1,4 +1,5 @@
-"""The one exception type that carries a user-facing message, and the one "must be at least 1" check.
+"""The exception type that carries a user-facing message (and its one kind for a run stopped by a signal), and the
+one "must be at least 1" check.
 
 It lives in the lowest layer so that every layer above can raise it and the
 command line can turn it into a clear message and a non-zero exit, never a
@@ -12,6 +13,18 @@ from collections.abc import Mapping
 
 class DilstoreError(Exception):
     """A problem with the user's input or files, explained in the message."""
+
+
+class StoppedBySignal(DilstoreError):
+    """A long run stopped, as asked, by SIGTERM or SIGINT after saving what it needs to continue.
+
+    Not the user's mistake: the command line prints the message (where the run
+    can go on from) and exits with 128 + the signal's number, as a shell reports it.
+    """
+
+    def __init__(self, message: str, signal_number: int) -> None:
+        super().__init__(message)
+        self.signal_number = signal_number
 
 
 def require_at_least_one(values: Mapping[str, int | None], *, dashed: bool = True) -> None:

@@ -20,6 +20,10 @@ everything else is here, so both run the same way:
   multiples: a checkpoint taken by time goes once a newer one exists).
 - Resumption from the newest checkpoint, refused when the settings recorded
   in OUTPUT/run_config.json at the start differ.
+- SIGTERM or SIGINT (Ctrl-C) ends the run after the step in progress, with a
+  checkpoint of it (StoppedBySignal), so a stop asked for loses nothing; a
+  second signal acts at once, as without this; one during the last step acts
+  once the final model is saved.
 """
 
 from __future__ import annotations
@@ -29,8 +33,12 @@ import math
 import platform
 import random
 import shutil
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,7 +57,7 @@ from dilstore.reader.training.state import (
     save_training_state,
     step_directory,
 )
-from dilstore.storage.errors import DilstoreError, require_at_least_one
+from dilstore.storage.errors import DilstoreError, StoppedBySignal, require_at_least_one
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Micro-batches per length-sorted group (Hugging Face's LengthGroupedSampler uses 50).
@@ -407,43 +415,99 @@ def run_training_loop(
     started = time.perf_counter() - position.train_seconds
     window_start, window_units = time.perf_counter(), 0
     last_save = time.perf_counter()
-    for step_index, micro_batches in enumerate(step_plan):
-        if step_index >= total_steps:
-            break
-        if step_index < position.step:
-            continue
-        step_loss = accumulate(micro_batches, dtype=dtype, scaler=scaler)
-        apply_optimizer_step(model, optimization.optimizer, optimization.scheduler, scaler, config.max_grad_norm)
-        seen = sum(len(batch) for batch in micro_batches)
-        position = LoopPosition(
-            step=step_index + 1,
-            features_seen=position.features_seen + seen,
-            train_seconds=time.perf_counter() - started,
-        )
-        losses.append(step_loss)
-        window_units += seen * throughput.per_example
-        rate = window_units / max(time.perf_counter() - window_start, 1e-9)
-        bar.set_postfix(loss=f"{step_loss:.3f}", **{throughput.bar_name: f"{rate:.1f}"}, refresh=False)
-        bar.update(1)
-        if position.step % config.log_every == 0 or position.step == total_steps:
-            bar.write(
-                f"step {position.step}/{total_steps} loss {float(np.mean(losses[-config.log_every:])):.4f} "
-                f"lr {optimization.scheduler.get_last_lr()[0]:.2e} {throughput.log_name} "
-                f"{rate:.{throughput.log_digits}f} {throughput.seen_name} {position.features_seen} "
-                f"elapsed {position.train_seconds:.0f}s"
+    with _stop_requests() as stop:
+        for step_index, micro_batches in enumerate(step_plan):
+            if step_index >= total_steps:
+                break
+            if step_index < position.step:
+                continue
+            step_loss = accumulate(micro_batches, dtype=dtype, scaler=scaler)
+            apply_optimizer_step(model, optimization.optimizer, optimization.scheduler, scaler, config.max_grad_norm)
+            seen = sum(len(batch) for batch in micro_batches)
+            position = LoopPosition(
+                step=step_index + 1,
+                features_seen=position.features_seen + seen,
+                train_seconds=time.perf_counter() - started,
             )
-            window_start, window_units = time.perf_counter(), 0
-        due_by_steps = config.save_every and position.step % config.save_every == 0
-        due_by_time = config.save_every_minutes and time.perf_counter() - last_save >= 60 * config.save_every_minutes
-        if (due_by_steps or due_by_time) and position.step < total_steps:
-            _save_checkpoint(output_dir, optimization, position, step_loss, save, config)
-            last_save = time.perf_counter()
+            losses.append(step_loss)
+            window_units += seen * throughput.per_example
+            rate = window_units / max(time.perf_counter() - window_start, 1e-9)
+            bar.set_postfix(loss=f"{step_loss:.3f}", **{throughput.bar_name: f"{rate:.1f}"}, refresh=False)
+            bar.update(1)
+            if position.step % config.log_every == 0 or position.step == total_steps:
+                bar.write(
+                    f"step {position.step}/{total_steps} loss {float(np.mean(losses[-config.log_every:])):.4f} "
+                    f"lr {optimization.scheduler.get_last_lr()[0]:.2e} {throughput.log_name} "
+                    f"{rate:.{throughput.log_digits}f} {throughput.seen_name} {position.features_seen} "
+                    f"elapsed {position.train_seconds:.0f}s"
+                )
+                window_start, window_units = time.perf_counter(), 0
+            due_by_steps = config.save_every and position.step % config.save_every == 0
+            minutes = (time.perf_counter() - last_save) / 60
+            due_by_time = config.save_every_minutes and minutes >= config.save_every_minutes
+            if (due_by_steps or due_by_time) and position.step < total_steps:
+                _save_checkpoint(output_dir, optimization, position, step_loss, save, config)
+                last_save = time.perf_counter()
+            if stop.signal_number is not None and position.step < total_steps:
+                bar.close()
+                _stop_at_checkpoint(output_dir, optimization, position, step_loss, save, config, stop.signal_number)
     bar.close()
 
     outcome = LoopOutcome(position=position, total_steps=total_steps, losses=losses)
     model.eval()
     save(output_dir, position, outcome.final_loss)
+    if stop.signal_number is not None:
+        signal.raise_signal(stop.signal_number)  # asked during the last step: it acts now that the model is saved
     return outcome
+
+
+@dataclass
+class _StopRequest:
+    """The signal that asked the loop to stop after the step in progress, once one has."""
+
+    signal_number: int | None = None
+
+
+@contextmanager
+def _stop_requests() -> Iterator[_StopRequest]:
+    """While training, the first SIGTERM or SIGINT asks for a stop after the step in progress; a second acts as it
+    would without this (the handlers in place before are back from the first). Only the main thread may set
+    handlers, so elsewhere the signals keep theirs."""
+    request = _StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+    previous = {number: signal.getsignal(number) or signal.SIG_DFL for number in (signal.SIGTERM, signal.SIGINT)}
+
+    def ask(number: int, frame: Any) -> None:
+        request.signal_number = number
+        for other, handler in previous.items():
+            signal.signal(other, handler)
+        sys.stderr.write(f"{signal.Signals(number).name}: stopping after this step, with a checkpoint "
+                         "(again to stop at once)\n")  # fmt: skip
+
+    for number in previous:
+        signal.signal(number, ask)
+    try:
+        yield request
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _stop_at_checkpoint(
+    output_dir: Path, optimization: Optimization, position: LoopPosition, loss: float, save: SaveModel,
+    config: LoopSettings, signal_number: int,
+) -> None:
+    """Checkpoint the step just done (unless that step already did), then end the run with StoppedBySignal."""
+    checkpoint = step_directory(Path(output_dir) / CHECKPOINTS_DIR, position.step)
+    if not checkpoint.is_dir():
+        _save_checkpoint(output_dir, optimization, position, loss, save, config)
+    raise StoppedBySignal(
+        f"stopped by {signal.Signals(signal_number).name} after step {position.step} of {optimization.total_steps}; "
+        f"checkpoint {checkpoint}: continue with the same command and --resume",
+        signal_number,
+    )
 
 
 def _save_checkpoint(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -453,3 +454,37 @@ def test_sweep_passes_chunk_windows_to_every_run(schedule, tmp_path, monkeypatch
     assert len(trained) == 2
     assert all(command[command.index("--chunk-windows") + 1] == "32" for command in trained)
 
+
+
+class _StubbornRun(_RunningRun):
+    """A run that does not end within the wait after SIGTERM (a step or checkpoint still going)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.killed = False
+
+    def wait(self, timeout=None):
+        if timeout is not None and not self.killed:
+            raise subprocess.TimeoutExpired(cmd="train qa", timeout=timeout)
+        return -9
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_a_run_that_outlasts_the_wait_after_sigterm_is_killed(schedule, tmp_path, monkeypatch):
+    carry = _carried_squad(tmp_path)
+    clock = [0.0]
+    monkeypatch.setattr(schedule.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    runs: list[_StubbornRun] = []
+
+    def popen(command, stdout=None, stderr=None, env=None):
+        runs.append(_StubbornRun())
+        return runs[-1]
+
+    monkeypatch.setattr(schedule.subprocess, "Popen", popen)
+    argv = ["sweep", "--carry", str(carry), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"),
+            "--layers", "2", "--deadline", "100"]  # fmt: skip
+    assert schedule.main(argv) == 0
+    assert len(runs) == 1 and runs[0].terminated and runs[0].killed
