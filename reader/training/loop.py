@@ -406,6 +406,8 @@ def run_training_loop(
     `config.save_every` steps, and whenever `config.save_every_minutes` of
     training passed since the last one (0: never by time), a resumable
     checkpoint goes under OUTPUT/checkpoints, except at the last step.
+    SIGTERM or SIGINT ends it after the step in progress with a checkpoint
+    of that step, raising StoppedBySignal (module docstring).
     """
     dtype = autocast_dtype(config, device)
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
