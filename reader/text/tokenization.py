@@ -179,11 +179,7 @@ def passage_pieces(tokenizer: PreTrainedTokenizerBase, text: str) -> TokenizedTe
     Raises DilstoreError when the text has no word piece (empty, whitespace
     or only characters the tokenizer drops).
     """
-    _require_fast(tokenizer)
-    pieces = _to_tokenized(_call(tokenizer, text, add_special_tokens=False), truncated=False)
-    if len(pieces) == 0:
-        raise DilstoreError(f"the passage {_preview(text)} has no word pieces after tokenization")
-    return pieces
+    return passage_pieces_many(tokenizer, [text])[0]
 
 
 def window_starts(num_pieces: int, window_pieces: int, stride: int = DEFAULT_STRIDE) -> list[int]:

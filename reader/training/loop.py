@@ -447,12 +447,13 @@ def run_training_loop(
             due_by_steps = config.save_every and position.step % config.save_every == 0
             minutes = (time.perf_counter() - last_save) / 60
             due_by_time = config.save_every_minutes and minutes >= config.save_every_minutes
-            if (due_by_steps or due_by_time) and position.step < total_steps:
+            stopping = stop.signal_number is not None and position.step < total_steps
+            if (due_by_steps or due_by_time or stopping) and position.step < total_steps:
                 _save_checkpoint(output_dir, optimization, position, step_loss, save, config)
                 last_save = time.perf_counter()
-            if stop.signal_number is not None and position.step < total_steps:
+            if stopping:
                 bar.close()
-                _stop_at_checkpoint(output_dir, optimization, position, step_loss, save, config, stop.signal_number)
+                raise _stopped(output_dir, position, total_steps, stop.signal_number)
     bar.close()
 
     outcome = LoopOutcome(position=position, total_steps=total_steps, losses=losses)
@@ -497,16 +498,11 @@ def _stop_requests() -> Iterator[_StopRequest]:
             signal.signal(number, handler)
 
 
-def _stop_at_checkpoint(
-    output_dir: Path, optimization: Optimization, position: LoopPosition, loss: float, save: SaveModel,
-    config: LoopSettings, signal_number: int,
-) -> None:
-    """Checkpoint the step just done (unless that step already did), then end the run with StoppedBySignal."""
+def _stopped(output_dir: Path, position: LoopPosition, total_steps: int, signal_number: int) -> StoppedBySignal:
+    """The error that ends a run stopped by `signal_number` once the step at `position` is checkpointed."""
     checkpoint = step_directory(Path(output_dir) / CHECKPOINTS_DIR, position.step)
-    if not checkpoint.is_dir():
-        _save_checkpoint(output_dir, optimization, position, loss, save, config)
-    raise StoppedBySignal(
-        f"stopped by {signal.Signals(signal_number).name} after step {position.step} of {optimization.total_steps}; "
+    return StoppedBySignal(
+        f"stopped by {signal.Signals(signal_number).name} after step {position.step} of {total_steps}; "
         f"checkpoint {checkpoint}: continue with the same command and --resume",
         signal_number,
     )
