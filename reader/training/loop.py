@@ -11,6 +11,9 @@ everything else is here, so both run the same way:
 - Seeded: the example order of epoch e is a permutation drawn from seed + e,
   independent of the dropout RNG, so a resumed run skips exactly what it saw.
 - A progress bar, and a log line every `log_every` steps.
+- No wait for the device inside a step: a step's loss stays a device tensor
+  until a log line, a checkpoint or the end reads it, so on a GPU the host
+  queues the next step while this one computes.
 - Periodic checkpoints under OUTPUT/checkpoints/step-N (model + training
   state, see reader/training/state.py), every N steps and at least every M
   minutes of training, so a killed run loses at most M minutes; each is
@@ -237,20 +240,21 @@ def accumulate_micro_batches(
     micro_batches: Sequence[Sequence[int]],
     micro_batch_loss: Callable[[Sequence[int]], torch.Tensor],
     scaler: torch.amp.GradScaler | None = None,
-) -> float:
+) -> torch.Tensor:
     """Backward over one optimizer step's micro-batches, adding into `.grad`; returns the step's mean loss.
 
     `micro_batch_loss` gives the mean loss of the examples at some indices.
     Each is divided by the number of micro-batches, so equal-sized
-    micro-batches accumulate the gradient of one large batch.
+    micro-batches accumulate the gradient of one large batch. The step's
+    loss comes back as a 0-dimensional tensor on the loss's device.
     """
     scaler = scaler or torch.amp.GradScaler("cuda", enabled=False)
-    total = 0.0
+    losses = []
     for indices in micro_batches:
         loss = micro_batch_loss(indices) / len(micro_batches)
         scaler.scale(loss).backward()
-        total += float(loss.detach())
-    return total
+        losses.append(loss.detach())
+    return torch.stack(losses).sum()  # (): on the loss's device, read only when needed (module docstring)
 
 
 def hardware_description(device: torch.device) -> str:
@@ -359,11 +363,14 @@ class Throughput:
 
 
 class Accumulate(Protocol):
-    """Forward and backward over one optimizer step's micro-batches (example indices); returns the step's loss."""
+    """Forward and backward over one optimizer step's micro-batches (example indices); returns the step's loss.
+
+    The loss is a 0-dimensional tensor on the model's device, so that the loop can read it without a wait per step.
+    """
 
     def __call__(
         self, micro_batches: Sequence[Sequence[int]], *, dtype: torch.dtype | None, scaler: torch.amp.GradScaler
-    ) -> float: ...
+    ) -> torch.Tensor: ...
 
 
 class SaveModel(Protocol):
@@ -412,7 +419,8 @@ def run_training_loop(
     dtype = autocast_dtype(config, device)
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
     total_steps, position = optimization.total_steps, optimization.start
-    losses: list[float] = []
+    losses: list[torch.Tensor] = []  # each step's loss, () on the device: read at log lines, checkpoints, the end
+    logged_loss = "-"
     bar = tqdm(total=total_steps, initial=position.step, disable=not progress, unit="step", dynamic_ncols=True)
     started = time.perf_counter() - position.train_seconds
     window_start, window_units = time.perf_counter(), 0
@@ -434,11 +442,14 @@ def run_training_loop(
             losses.append(step_loss)
             window_units += seen * throughput.per_example
             rate = window_units / max(time.perf_counter() - window_start, 1e-9)
-            bar.set_postfix(loss=f"{step_loss:.3f}", **{throughput.bar_name: f"{rate:.1f}"}, refresh=False)
+            log_line = position.step % config.log_every == 0 or position.step == total_steps
+            if log_line:
+                logged_loss = f"{torch.stack(losses[-config.log_every :]).mean().item():.4f}"
+            bar.set_postfix(loss=logged_loss, **{throughput.bar_name: f"{rate:.1f}"}, refresh=False)
             bar.update(1)
-            if position.step % config.log_every == 0 or position.step == total_steps:
+            if log_line:
                 bar.write(
-                    f"step {position.step}/{total_steps} loss {float(np.mean(losses[-config.log_every:])):.4f} "
+                    f"step {position.step}/{total_steps} loss {logged_loss} "
                     f"lr {optimization.scheduler.get_last_lr()[0]:.2e} {throughput.log_name} "
                     f"{rate:.{throughput.log_digits}f} {throughput.seen_name} {position.features_seen} "
                     f"elapsed {position.train_seconds:.0f}s"
@@ -449,14 +460,15 @@ def run_training_loop(
             due_by_time = config.save_every_minutes and minutes >= config.save_every_minutes
             stopping = stop.signal_number is not None and position.step < total_steps
             if (due_by_steps or due_by_time or stopping) and position.step < total_steps:
-                _save_checkpoint(output_dir, optimization, position, step_loss, save, config)
+                _save_checkpoint(output_dir, optimization, position, step_loss.item(), save, config)
                 last_save = time.perf_counter()
             if stopping:
                 bar.close()
                 raise _stopped(output_dir, position, total_steps, stop.signal_number)
     bar.close()
 
-    outcome = LoopOutcome(position=position, total_steps=total_steps, losses=losses)
+    step_losses = torch.stack(losses).tolist() if losses else []
+    outcome = LoopOutcome(position=position, total_steps=total_steps, losses=step_losses)
     model.eval()
     save(output_dir, position, outcome.final_loss)
     if stop.signal_number is not None:

@@ -185,6 +185,17 @@ class TrainingData:
     pad_token_id: int
     group_size: int = 1
 
+    def __post_init__(self) -> None:
+        """Shared normalisation's target is in a group's first window: refuse groups whose first has no answer."""
+        if self.group_size > 1:
+            for index in range(self.examples):
+                first = self.windows(index)[0]
+                if not first.has_answer:
+                    raise DilstoreError(
+                        f"shared-normalisation group {index} (question {first.example_id!r}): its first window "
+                        "must hold the answer"
+                    )
+
     @property
     def examples(self) -> int:
         """How many training examples (windows, or question groups) there are."""
@@ -260,14 +271,13 @@ def shared_norm_loss(
 
     Logits (b·g, nq+np) hold b groups of g windows, answer window first;
     only passage tokens (not the question, not padding) compete, and the
-    target is the answer's position in the group's first window.
+    target is the answer's position in the group's first window, which
+    must hold the answer (TrainingData checks it once, so that no step
+    waits on the device to check it again).
     """
     groups = start_logits.shape[0] // group_size
-    question_width = batch.question_ids.shape[1]
     passage = torch.cat([torch.zeros_like(batch.question_mask), batch.passage_mask], dim=1).bool()  # (b·g, nq+np)
     targets = (batch.start_targets[::group_size], batch.end_targets[::group_size])  # (b,) each, in window 0
-    if bool((targets[0] < question_width).any()):
-        raise DilstoreError("a shared-normalisation group's first window must hold the answer")
     losses = []
     for logits, target in zip((start_logits, end_logits), targets, strict=True):
         masked = logits.float().masked_fill(~passage, torch.finfo(torch.float32).min)  # (b·g, nq+np)
@@ -424,8 +434,8 @@ def accumulate_gradients(
     distillation: Distillation | None = None,
     lower_cache: LowerStateCache | None = None,
     chunk_windows: int = 0,
-) -> float:
-    """Forward and backward over one optimizer step's micro-batches, adding into `.grad`; returns the mean loss.
+) -> torch.Tensor:
+    """Forward and backward over one optimizer step's micro-batches, adding into `.grad`; returns the mean loss ().
 
     With `distillation`, the loss adds its terms (module docstring) to the span cross-entropy; with
     shared normalisation (groups of more than one window) that cross-entropy is shared_norm_loss.

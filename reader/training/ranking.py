@@ -230,8 +230,8 @@ def accumulate_ranking_gradients(
     device: torch.device,
     dtype: torch.dtype | None = None,
     scaler: torch.amp.GradScaler | None = None,
-) -> float:
-    """Forward and backward over one optimizer step's micro-batches, adding into `.grad`; returns the mean loss."""
+) -> torch.Tensor:
+    """Forward and backward over one optimizer step's micro-batches, adding into `.grad`; returns the mean loss ()."""
 
     def micro_batch_loss(indices: Sequence[int]) -> torch.Tensor:
         queries, groups = data.batch(indices)

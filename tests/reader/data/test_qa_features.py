@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -240,6 +241,32 @@ def test_collate_pads_and_targets_the_concatenation() -> None:
     assert pairs[1, 0] == tokenizer.cls_token_id
     moved = batch.to("cpu")
     assert moved.start_targets.dtype == torch.long and torch.equal(moved.passage_ids, batch.passage_ids)
+
+
+def test_a_batch_goes_to_a_gpu_through_pinned_memory_without_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy from pageable memory would make the host wait for the GPU's queue; here no GPU is needed to see
+    that every tensor is pinned first and copied with non_blocking (the calls are recorded, not run)."""
+    tokenizer = minilm_tokenizer()
+    features = question_features(
+        tokenizer, "s", "Which?", NUMBERS, numbers_answer(2, 2), max_seq_length=24, doc_stride=6, max_question_length=8
+    )
+    batch = collate_features(features, tokenizer.pad_token_id)
+    calls: list[tuple[str, object]] = []
+
+    def pin(tensor: torch.Tensor) -> torch.Tensor:
+        calls.append(("pin", tensor.data_ptr()))
+        return tensor
+
+    def to(tensor: torch.Tensor, device: torch.device, non_blocking: bool = False) -> torch.Tensor:
+        calls.append(("to", (str(device), non_blocking)))
+        return tensor
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    batch.to("cuda:0")
+    tensors = len(dataclasses.fields(batch))
+    assert [name for name, _ in calls].count("pin") == tensors
+    assert [value for name, value in calls if name == "to"] == [("cuda:0", True)] * tensors
 
 
 def test_pad_token_ids_refuses_an_empty_batch() -> None:

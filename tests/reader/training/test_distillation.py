@@ -97,11 +97,11 @@ def test_a_teacher_equal_to_the_student_adds_nothing(teacher_dir: Path, squad_fi
     data = load_training_data(student.tokenizer, squad_file, TrainingConfig(layers=0, **SMALL_WINDOWS))
     batches = [list(range(4))]
     device = torch.device("cpu")
-    plain = accumulate_gradients(student, data, batches, device)
+    plain = accumulate_gradients(student, data, batches, device).item()
     student.zero_grad()
     distilled = accumulate_gradients(
         student, data, batches, device, distillation=Distillation(teacher, 2.0, 1.0, 1.0)
-    )
+    ).item()
     assert distilled == pytest.approx(plain, rel=1e-5)
 
 
@@ -112,11 +112,13 @@ def test_a_different_teacher_adds_a_positive_loss(teacher_dir: Path, squad_file:
     data = load_training_data(student.tokenizer, squad_file, TrainingConfig(layers=1, **SMALL_WINDOWS))
     batches = [list(range(4))]
     device = torch.device("cpu")
-    plain = accumulate_gradients(student, data, batches, device)
+    plain = accumulate_gradients(student, data, batches, device).item()
     only_logits = accumulate_gradients(
         student, data, batches, device, distillation=Distillation(teacher, 2.0, 1.0, 0.0)
-    )
-    both = accumulate_gradients(student, data, batches, device, distillation=Distillation(teacher, 2.0, 1.0, 1.0))
+    ).item()
+    both = accumulate_gradients(
+        student, data, batches, device, distillation=Distillation(teacher, 2.0, 1.0, 1.0)
+    ).item()
     assert plain < only_logits < both
 
 

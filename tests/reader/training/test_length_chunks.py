@@ -89,7 +89,7 @@ def assert_chunks_change_nothing(
         reader.zero_grad(set_to_none=True)
         loss = accumulate_gradients(reader, data, micro_batches, torch.device("cpu"), chunk_windows=chunk_windows,
                                     **options)  # fmt: skip
-        return loss, {name: p.grad.clone() for name, p in reader.named_parameters() if p.grad is not None}
+        return loss.item(), {name: p.grad.clone() for name, p in reader.named_parameters() if p.grad is not None}
 
     whole_loss, whole = step(0)
     chunked_loss, chunked = step(chunk)

@@ -135,10 +135,10 @@ def test_gradient_accumulation_matches_the_larger_batch(tiny_base: Path, squad_f
     reader = DilBertReader.from_pretrained(tiny_base, layers=1).train()
     data = load_training_data(reader.tokenizer, squad_file, TrainingConfig(layers=1, **SMALL_WINDOWS))
     cpu = torch.device("cpu")
-    large_loss = accumulate_gradients(reader, data, [[0, 1, 2, 3]], cpu)
+    large_loss = accumulate_gradients(reader, data, [[0, 1, 2, 3]], cpu).item()
     large = {name: p.grad.clone() for name, p in reader.named_parameters() if p.grad is not None}
     reader.zero_grad(set_to_none=True)
-    accumulated_loss = accumulate_gradients(reader, data, [[0, 1], [2, 3]], cpu)
+    accumulated_loss = accumulate_gradients(reader, data, [[0, 1], [2, 3]], cpu).item()
     assert accumulated_loss == pytest.approx(large_loss, rel=1e-5)
     assert large
     for name, parameter in reader.named_parameters():

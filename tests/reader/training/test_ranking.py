@@ -137,10 +137,10 @@ def test_gradient_accumulation_matches_the_larger_batch(tiny_base: Path, overfit
     ranker = new_ranker("earl", tiny_base, EarlConfig(query_layers=1)).train()
     data = load_ranking_data(ranker, triples, paragraphs, config)
     cpu = torch.device("cpu")
-    large_loss = accumulate_ranking_gradients(ranker, data, [[0, 1, 2, 3]], config, cpu)
+    large_loss = accumulate_ranking_gradients(ranker, data, [[0, 1, 2, 3]], config, cpu).item()
     large = {name: p.grad.clone() for name, p in ranker.named_parameters() if p.grad is not None}
     ranker.zero_grad(set_to_none=True)
-    accumulated_loss = accumulate_ranking_gradients(ranker, data, [[0, 1], [2, 3]], config, cpu)
+    accumulated_loss = accumulate_ranking_gradients(ranker, data, [[0, 1], [2, 3]], config, cpu).item()
     assert accumulated_loss == pytest.approx(large_loss, rel=1e-5)
     assert large
     for name, parameter in ranker.named_parameters():

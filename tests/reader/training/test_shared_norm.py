@@ -21,7 +21,7 @@ from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE, Tr
 from dilstore.reader.data.shared_norm import shared_norm_groups
 from dilstore.reader.data.squad import load_squad
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.reader.training.qa import TrainingConfig, load_training_data, shared_norm_loss, train_qa
+from dilstore.reader.training.qa import TrainingConfig, TrainingData, load_training_data, shared_norm_loss, train_qa
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.earl_tiny import tokenizer as minilm_tokenizer
@@ -114,6 +114,15 @@ def test_a_group_is_the_answer_window_then_each_negatives_first_window(squad_fil
         assert all(window.question.token_ids.tolist() == group[0].question.token_ids.tolist() for window in group)
     keeper = next(group for group in groups if group[0].example_id == "q-keeper")
     assert keeper[0].window_index > 0, "the answer window, not the paragraph's first"
+
+
+def test_training_data_refuses_a_group_whose_first_window_has_no_answer(squad_file: Path, tmp_path: Path) -> None:
+    """The loss takes its target from a group's first window, so the data are checked once, not at every step."""
+    _, _, _, groups = _handful_groups(squad_file, tmp_path)
+    flipped = [groups[0], [*groups[1][1:], groups[1][0]], *groups[2:]]
+    TrainingData([window for group in groups for window in group], len(groups), 0, group_size=1 + NEGATIVES)
+    with pytest.raises(DilstoreError, match=rf"group 1 \(question {groups[1][0].example_id!r}\).*must hold the answer"):
+        TrainingData([window for group in flipped for window in group], len(groups), 0, group_size=1 + NEGATIVES)
 
 
 def test_groups_hold_the_windows_that_one_call_per_text_gives(squad_file: Path, tmp_path: Path) -> None:
