@@ -1,0 +1,116 @@
+"""benchmarks/bench_side_by_side.py and benchmarks/cuda_mps.py: phases of workers side by side, and MPS that
+starts, serves its clients and quits, or is reported missing without stopping the benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.benchmarks import benchmark_module
+from tests.reader.training.test_shared_norm import write_handful_triples
+
+
+@pytest.fixture(scope="module")
+def bench():
+    with benchmark_module("bench_side_by_side") as module:
+        yield module
+
+
+@pytest.fixture(scope="module")
+def mps():
+    with benchmark_module("cuda_mps") as module:
+        yield module
+
+
+def test_a_phase_is_a_worker_count_with_an_optional_wait(bench) -> None:
+    assert bench.parse_phase("3") == (3, False)
+    assert bench.parse_phase("1s") == (1, True)
+    for bad in ("0", "s", "2x", "-1", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="a phase is N or Ns"):
+            bench.parse_phase(bad)
+
+
+def test_workers_train_each_phase_side_by_side_and_a_missing_mps_is_a_row(
+    bench, mps, tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(mps, "control_binary", lambda: None)
+    triples = write_handful_triples(tmp_path / "ranking", negatives=3)
+    argv = ["--model", str(tiny_base), "--train", str(squad_file), "--shared-norm", str(triples), "--layers", "1",
+            "--questions", "6", "--batch-size", "2", "--phases", "1", "1s", "2", "--seconds", "1", "--device", "cpu",
+            "--threads", "1", "--mps"]  # fmt: skip
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    rows = json.loads(out[-1])["rows"]
+    trained = [row for row in rows if "failed" not in row]
+    assert [(row["processes"], row["waits_each_step"], row["mps"]) for row in trained] == [
+        (1, False, "off"), (1, True, "off"), (2, False, "off")
+    ]
+    for row in trained:
+        assert len(row["windows_per_second_each"]) == row["processes"]
+        assert all(rate > 0 for rate in row["windows_per_second_each"])
+        assert row["windows_per_second"] == pytest.approx(sum(row["windows_per_second_each"]), abs=0.2)
+    assert rows[-1] == {"mps": "on", "failed": "no nvidia-cuda-mps-control on PATH or in /usr/local/nvidia/bin"}
+    assert any(line.split()[:3] == ["off", "2", "no"] and line.endswith("x") for line in out)
+
+
+def test_a_worker_that_cannot_start_is_named_with_its_error(
+    bench, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--model", str(tmp_path / "missing"), "--train", str(squad_file), "--shared-norm", str(tmp_path),
+            "--phases", "1", "--device", "cpu", "--startup-timeout", "120"]  # fmt: skip
+    assert bench.main(argv) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    assert len(rows) == 1 and rows[0]["mps"] == "off" and rows[0]["failed"].startswith("worker 0 exited")
+    assert "missing" in rows[0]["failed"]
+
+
+def _fake_control(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in for nvidia-cuda-mps-control that logs its arguments, stdin and pipe directory."""
+    log = tmp_path / "control.log"
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        f"with open({str(log)!r}, 'a') as log:\n"
+        "    data = '' if sys.argv[1:] else sys.stdin.read().strip()\n"
+        "    log.write(' '.join(sys.argv[1:]) + '|' + data + '|' + os.environ['CUDA_MPS_PIPE_DIRECTORY'] + '\\n')\n",
+        encoding="utf-8",
+    )
+    control.chmod(control.stat().st_mode | stat.S_IXUSR)
+    return control, log
+
+
+def test_mps_serves_its_clients_and_quits(mps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    control, log = _fake_control(tmp_path)
+    monkeypatch.setattr(mps, "control_binary", lambda: control)
+    monkeypatch.setattr(mps, "CLIENT_CHECK", "import os; assert os.environ['CUDA_MPS_PIPE_DIRECTORY']")
+    with mps.mps_server(tmp_path / "mps") as server:
+        assert server.note == "on"
+        assert server.env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps" / "pipe")
+        assert server.env["CUDA_MPS_LOG_DIRECTORY"] == str(tmp_path / "mps" / "log")
+        assert log.read_text(encoding="utf-8").splitlines() == [f"-d||{tmp_path / 'mps' / 'pipe'}"]
+    assert log.read_text(encoding="utf-8").splitlines()[1:] == [f"|quit|{tmp_path / 'mps' / 'pipe'}"]
+
+
+def test_mps_whose_client_fails_quits_and_says_why(mps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    control, log = _fake_control(tmp_path)
+    monkeypatch.setattr(mps, "control_binary", lambda: control)
+    monkeypatch.setattr(mps, "CLIENT_CHECK", "raise SystemExit('no CUDA device under MPS')")
+    with mps.mps_server(tmp_path / "mps") as server:
+        assert server.env is None
+        assert server.note.startswith("a CUDA client failed under MPS: exit 1") and "no CUDA device" in server.note
+        assert [line.split("|")[1] for line in log.read_text(encoding="utf-8").splitlines()] == ["", "quit"]
+
+
+def test_a_missing_control_program_is_no_error(mps, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(mps, "DRIVER_BIN", tmp_path / "nowhere")
+    assert mps.control_binary() is None
+    with mps.mps_server(tmp_path / "mps") as server:
+        assert server.env is None and "no nvidia-cuda-mps-control" in server.note
