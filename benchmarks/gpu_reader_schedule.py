@@ -31,7 +31,9 @@ deadline (that would train the ks differently): a run still going at the deadlin
 in a later call on the same warm machine resumes it from its checkpoint (one every minute), while finished runs are
 left as they are. On an H200 two runs side by side train at ~1,650 windows/s each (one alone: ~2,700), so two ks
 take ~470 s of training plus each run's start-up (~60 s there before its tokenization was batched): one 590 s
-call. No weights come back (at most 64 MiB a call, one reader's worth); `export` brings one back.
+call. No weights come back (at most 64 MiB a call, one reader's worth); `export` brings one back. With --mps the
+runs and their evaluations are clients of one CUDA MPS server (benchmarks/cuda_mps.py), so their kernels share the
+GPU at once; bench_side_by_side.py --mps measures whether that pays, and how many runs share the GPU well.
 
 `train`, in order:
 1. calibrate: three short runs side by side (k=0; k=4 distilled; k=4 distilled with shared normalisation), each
@@ -73,9 +75,13 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cuda_mps import mps_server  # noqa: E402
 
 EPOCHS = 2
 BATCH = 32  # windows per step; a shared-normalisation step takes BATCH // GROUP groups
@@ -132,6 +138,8 @@ class Schedule:
             with lzma.open(carry / f"{name}.xz", "rb") as source, (self.data / name).open("wb") as target:
                 shutil.copyfileobj(source, target)
         self.events: list[dict[str, Any]] = []
+        # Every process's environment: an MPS server's client settings replace it (run_sweep --mps).
+        self.env: dict[str, str] = dict(os.environ)
 
     def elapsed(self) -> float:
         """Seconds since the schedule started."""
@@ -158,7 +166,7 @@ class Schedule:
         self.note(event="launch", run=name, command=command[2:])
         log = (self.work / f"{name}.log").open("wb")
         # Unbuffered: a run ended at the deadline otherwise loses its last progress lines with its buffer.
-        unbuffered = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        unbuffered = {**self.env, "PYTHONUNBUFFERED": "1"}
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=unbuffered)
 
     def evaluate(self, name: str) -> subprocess.Popen[bytes]:
@@ -170,7 +178,9 @@ class Schedule:
         ]  # fmt: skip
         self.note(event="launch", run=f"{name}-eval", command=command[2:])
         result = (self.work / name / "eval-dev.json").open("wb")
-        return subprocess.Popen(command, stdout=result, stderr=(self.work / f"{name}-eval.log").open("wb"))
+        return subprocess.Popen(
+            command, stdout=result, stderr=(self.work / f"{name}-eval.log").open("wb"), env=self.env
+        )
 
     def wait(self, runs: dict[str, subprocess.Popen[bytes]], stop_at: float) -> None:
         """Wait for `runs`; any still going at `stop_at` seconds is ended and noted."""
@@ -390,18 +400,23 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
                           questions, args.curve_points)  # fmt: skip
     if args.chunk_windows is not None:
         recipe += ["--chunk-windows", str(args.chunk_windows)]
-    runs: dict[str, subprocess.Popen[bytes]] = {}
-    for k in args.layers:
-        name = f"sweep-k{k}"
-        state = sweep_state(schedule.work / name)
-        schedule.note(event="sweep", run=name, state=state)
-        if state != "done":
-            resume = ["--resume"] if state == "resume" else []
-            runs[name] = schedule.launch(name, k, args.carry / "start", [*recipe, *resume])
-    schedule.wait(runs, stop_at=args.deadline)
-    finished = [run for run in (schedule.work / f"sweep-k{k}" for k in args.layers) if sweep_state(run) == "done"]
-    if finished:
-        score_checkpoints(schedule, finished, args, stop_at=args.deadline)
+    with ExitStack() as stack:
+        if args.mps:
+            server = stack.enter_context(mps_server(schedule.work / "mps"))
+            schedule.note(event="mps", state=server.note)
+            schedule.env = server.env or schedule.env
+        runs: dict[str, subprocess.Popen[bytes]] = {}
+        for k in args.layers:
+            name = f"sweep-k{k}"
+            state = sweep_state(schedule.work / name)
+            schedule.note(event="sweep", run=name, state=state)
+            if state != "done":
+                resume = ["--resume"] if state == "resume" else []
+                runs[name] = schedule.launch(name, k, args.carry / "start", [*recipe, *resume])
+        schedule.wait(runs, stop_at=args.deadline)
+        finished = [run for run in (schedule.work / f"sweep-k{k}" for k in args.layers) if sweep_state(run) == "done"]
+        if finished:
+            score_checkpoints(schedule, finished, args, stop_at=args.deadline)
 
 
 def probe(schedule: Schedule, args: argparse.Namespace, start: Path, recipe: list[str]) -> tuple[float, float]:
@@ -427,7 +442,8 @@ def score_checkpoints(schedule: Schedule, runs: list[Path], args: argparse.Names
     ]  # fmt: skip
     schedule.note(event="launch", run="curve", command=curve[1:])
     with (schedule.work / "curve.log").open("wb") as log:
-        schedule.wait({"curve": subprocess.Popen(curve, stdout=log, stderr=subprocess.STDOUT)}, stop_at=stop_at)
+        process = subprocess.Popen(curve, stdout=log, stderr=subprocess.STDOUT, env=schedule.env)
+        schedule.wait({"curve": process}, stop_at=stop_at)
 
 
 def dev_f1(record: dict[str, Any]) -> float | None:
@@ -647,6 +663,11 @@ def main(argv: list[str] | None = None) -> int:
         "--chunk-windows", type=int, metavar="N",
         help="train qa --chunk-windows for every run (how a step is computed, not what: measure it first with "
         "bench_length_chunks.py --device cuda; default: train qa's, one pass on a GPU)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--mps", action="store_true",
+        help="run the processes under a CUDA MPS server, so their kernels share the GPU at once rather than in "
+        "turns (measure it first with bench_side_by_side.py --mps; without a working MPS the runs go on as usual)",
     )  # fmt: skip
     sweep.set_defaults(run=on_the_gpu(run_sweep))
     again = commands.add_parser("export", help="export another run of a finished schedule (same machine)")

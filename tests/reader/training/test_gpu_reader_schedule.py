@@ -8,9 +8,12 @@ piece is refused).
 
 from __future__ import annotations
 
+import importlib
 import json
 import lzma
+import os
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -343,6 +346,48 @@ def test_sweep_resumes_cut_runs_leaves_finished_ones_and_scores_their_curves(sch
     assert [(event["run"], event["state"]) for event in events if event["event"] == "sweep"] == [
         ("sweep-k0", "done"), ("sweep-k5", "resume")
     ]
+
+
+@pytest.mark.parametrize("env", [{"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps-pipe"}, None])
+def test_sweep_with_mps_makes_every_process_a_client_or_goes_on_without_one(schedule, tmp_path, monkeypatch, env):
+    carry, work = _carried_squad(tmp_path), tmp_path / "work"
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    launched: list[list[str]] = []
+    environments: list[dict[str, str]] = []
+    fake = _fake_sweep(launched, finishing={"sweep-k0", "sweep-k4"})
+
+    def popen(command, stdout=None, stderr=None, env=None):
+        environments.append(env)
+        return fake(command, stdout=stdout, stderr=stderr, env=env)
+
+    servers: list[Path] = []
+
+    @contextmanager
+    def server(directory: Path):
+        servers.append(directory)
+        served = None if env is None else {**os.environ, **env}
+        yield importlib.import_module("cuda_mps").MpsServer(served, "on" if env else "no MPS here")
+
+    monkeypatch.setattr(schedule.subprocess, "Popen", popen)
+    monkeypatch.setattr(schedule, "mps_server", server)
+    argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(tmp_path / "out"), "--layers", "0", "4",
+            "--mps"]  # fmt: skip
+    assert schedule.main(argv) == 0
+    assert servers == [work / "mps"]
+    assert len(launched) == 3, "two runs and the curve"
+    pipes = [environment.get("CUDA_MPS_PIPE_DIRECTORY") for environment in environments]
+    assert pipes == [None if env is None else "/tmp/mps-pipe"] * 3
+    events = json.loads((work / "results.json").read_text(encoding="utf-8"))["events"]
+    assert [event["state"] for event in events if event["event"] == "mps"] == ["on" if env else "no MPS here"]
+
+
+def test_sweep_without_mps_starts_no_server(schedule, tmp_path, monkeypatch):
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep([], finishing={"sweep-k0"}))
+    monkeypatch.setattr(schedule, "mps_server", lambda directory: pytest.fail("no MPS was asked for"))
+    argv = ["sweep", "--carry", str(_carried_squad(tmp_path)), "--work", str(tmp_path / "work"),
+            "--out", str(tmp_path / "out"), "--layers", "0"]  # fmt: skip
+    assert schedule.main(argv) == 0
 
 
 def test_records_turns_a_sweeps_results_into_run_folders_and_curve_rows(schedule, tmp_path, monkeypatch, capsys):
