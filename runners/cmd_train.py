@@ -107,6 +107,11 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
         "to its own longest: the same loss, less padding (0: one pass per micro-batch; default: 4 on a CPU, "
         "where shared-normalisation steps ran 2.4x faster, and 0 on a GPU)",
     )  # fmt: skip
+    parser.add_argument(
+        "--compile", action="store_true",
+        help="compile the encoder layers (torch.compile) before training: fewer, fused kernels a step on a GPU, "
+        "where small kernels bound the step; the first step waits for the compilation",
+    )  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
     parser.add_argument("--eval-limit", type=int, help="evaluate on a seeded random subset of N dev questions")
     parser.add_argument("--eval-seed", type=int, default=0, help="seed of the --eval-limit subset (default 0)")
@@ -149,6 +154,7 @@ def run_qa(args: argparse.Namespace) -> int:
         store_encoding=args.store_encoding,
         codebook=None if args.codebook is None else str(args.codebook),
         chunk_windows=args.chunk_windows,
+        compile=args.compile,
         **config_fields(args),
     )
     result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args))

@@ -162,6 +162,19 @@ class DilBertReader(nn.Module):
         """The config and the module whose weights a store's fingerprint hashes: the wrapped HF model."""
         return self.model.config, self.model
 
+    def compile_layers(self) -> None:
+        """Compile every encoder layer (torch.compile, shapes dynamic), so each runs as a few fused kernels.
+
+        A 384-wide layer is many small kernels, and on a GPU their launches
+        and memory round trips, not the arithmetic, bound a training step.
+        The weights, their names and what the reader computes stay the same
+        (within float rounding; dropout draws its masks differently). One
+        compilation serves every layer and every length; it costs seconds
+        to minutes on the first call.
+        """
+        for index in range(self.num_layers):
+            self.architecture.layer_module(self.model, index).compile(dynamic=True)
+
     # ------------------------------------------------------------------ the three halves
 
     def encode_passages(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

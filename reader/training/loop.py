@@ -67,7 +67,7 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 LENGTH_GROUP = 50
 RUN_CONFIG_FILE = "run_config.json"
 # Settings a resumed run may change: how often it saves checkpoints, and how (not what) a step computes.
-_MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes", "chunk_windows"})
+_MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes", "chunk_windows", "compile"})
 CHECKPOINTS_DIR = "checkpoints"
 
 

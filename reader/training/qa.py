@@ -126,6 +126,7 @@ class TrainingConfig:
     store_encoding: str | None = None
     codebook: str | None = None
     chunk_windows: int | None = None  # None: length_chunks.default_chunk_windows of the run's device
+    compile: bool = False  # DilBertReader.compile_layers before training: how a step is computed, not what
 
     def __post_init__(self) -> None:
         check_loop_settings(self)
@@ -388,6 +389,8 @@ def train_qa(
         distillation = Distillation(
             teacher, config.distillation_temperature, config.distillation_weight, config.representation_weight
         )
+    if config.compile:
+        reader.compile_layers()
     lengths = data.lengths(config.group_length) if config.group_by_length else None
     run = TrainerRun(
         model=reader,
