@@ -1,4 +1,4 @@
-"""Training windows/s of `train qa` steps run side by side on one GPU, with and without CUDA MPS (issue #12).
+"""Training windows/s of `train qa` steps side by side on one GPU: plain, compiled, under CUDA MPS (issue #12).
 
 The k-sweep trains its ks as separate processes on the one lent GPU, and how many finish in one 10-minute call
 depends on how many share it well. This script starts --processes workers, each the sweep's own training step
@@ -7,13 +7,16 @@ depends on how many share it well. This script starts --processes workers, each 
 workers train side by side for --seconds while the rest wait; "Ns" is the same with the host waiting for the
 device after every step, as the training loop's per-step loss read made it do until 2026-11-26 (the step's two
 other waits of then, a copy from pageable memory and a check of the group targets, are gone from both).
-Workers load their data and model once and warm up before the first phase starts; with --mps the phases of
-several workers that do not wait run again with fresh workers under an MPS server (benchmarks/cuda_mps.py), where
-the machine has one. Every row's speed-up is against one worker alone without MPS and without waiting.
+Workers load their data and model once and warm up (3 steps) before the first phase starts. --sets says which
+ways of running them to time: "plain" (every phase), then for "compile" (`train qa --compile`), "mps" (an MPS
+server, benchmarks/cuda_mps.py, where the machine has one) and "compile+mps", the phases that do not wait, each
+set with fresh workers. Every row's speed-up is against one plain worker alone that does not wait; each set's
+warm-up seconds (the slowest worker's: with compile, mostly the compilation) are in its rows.
 
     # on a lent GPU (the carried start reader and data of gpu_reader_schedule.py prepare):
     python3 benchmarks/bench_side_by_side.py --model .carry/reader/start --train /tmp/train.json \\
-        --shared-norm .carry/reader/shared-norm/triples.jsonl.gz --layers 4 --phases 1 1s 2 3 --mps
+        --shared-norm .carry/reader/shared-norm/triples.jsonl.gz --layers 4 --phases 1 2 3 --seconds 6 \
+        --sets plain compile+mps
     # here, a smoke test of the script on the CPU:
     .venv/bin/python benchmarks/bench_side_by_side.py --model .carry/reader/start \\
         --train ../shared/data/squad/train-v1.1.json --shared-norm /work/runs/ranking-data-full/triples.jsonl.gz \\
@@ -38,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_mps import mps_server  # noqa: E402
 
 WARM_UP_STEPS = 3
+SETS = ("plain", "compile", "mps", "compile+mps")
 
 
 def parse_phase(text: str) -> tuple[int, bool]:
@@ -90,10 +94,13 @@ def worker(args: argparse.Namespace) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    warming = time.perf_counter()
+    if args.compile:
+        reader.compile_layers()
     for _ in range(WARM_UP_STEPS):
         step(wait=True)
     settle()
-    (args.sync_dir / f"ready-{args.index}").touch()
+    (args.sync_dir / f"ready-{args.index}").write_text(str(time.perf_counter() - warming), encoding="utf-8")
     for number, (count, wait) in enumerate(args.phases):
         go = args.sync_dir / f"go-{number}"
         while not go.exists():
@@ -111,16 +118,17 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def run_workers(
-    args: argparse.Namespace, env: dict[str, str] | None, phases: list[tuple[int, bool]], mps: str
+    args: argparse.Namespace, env: dict[str, str] | None, phases: list[tuple[int, bool]], name: str
 ) -> list[dict[str, Any]]:
-    """Start the workers, run `phases` in turn, and return one row per phase (and a failed row if one fails)."""
+    """Start set `name`'s workers, run `phases` in turn; one row per phase (and a failed row if one fails)."""
     count = max(workers for workers, _ in phases)
+    compiled = ["--compile"] if "compile" in name else []
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as folder:
         sync_dir = Path(folder)
         processes = [
             subprocess.Popen(
                 [sys.executable, __file__, "worker", "--index", str(index), "--sync-dir", str(sync_dir),
-                 *args.worker_args, "--phases", *(f"{n}{'s' if waits else ''}" for n, waits in phases)],
+                 *args.worker_args, *compiled, "--phases", *(f"{n}{'s' if waits else ''}" for n, waits in phases)],
                 env=env, stdout=(sync_dir / f"worker-{index}.log").open("wb"), stderr=subprocess.STDOUT,
             )  # fmt: skip
             for index in range(count)
@@ -128,19 +136,22 @@ def run_workers(
         try:
             failure = _wait_for_files(sync_dir, [f"ready-{i}" for i in range(count)], processes, args.startup_timeout)
             if failure:
-                return [{"mps": mps, "failed": failure}]
+                return [{"set": name, "failed": failure}]
+            warm_up = max(float((sync_dir / f"ready-{index}").read_text(encoding="utf-8")) for index in range(count))
             rows = []
             for number, (workers, waits) in enumerate(phases):
                 (sync_dir / f"go-{number}").touch()
                 names = [f"result-{number}-{index}.json" for index in range(workers)]
                 failure = _wait_for_files(sync_dir, names, processes, args.seconds + args.startup_timeout)
                 if failure:
-                    return [*rows, {"mps": mps, "failed": failure}]
+                    return [*rows, {"set": name, "failed": failure}]
                 results = [json.loads((sync_dir / name).read_text(encoding="utf-8")) for name in names]
                 rates = [result["windows"] / result["seconds"] for result in results]
-                rows.append({"processes": workers, "waits_each_step": waits, "mps": mps,
-                             "windows_per_second_each": [round(rate, 1) for rate in rates],
-                             "windows_per_second": round(sum(rates), 1)})  # fmt: skip
+                rows.append({
+                    "set": name, "processes": workers, "waits_each_step": waits,
+                    "windows_per_second_each": [round(rate, 1) for rate in rates],
+                    "windows_per_second": round(sum(rates), 1), "warm_up_seconds": round(warm_up, 1),
+                })  # fmt: skip
             return rows
         finally:
             for process in processes:
@@ -168,21 +179,22 @@ def _wait_for_files(
 
 
 def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    """The table (speed-up against one process alone, without MPS or waits: the first such row), then JSON."""
+    """The table (speed-up against one plain process alone that does not wait: the first such row), then JSON."""
     print(f"k={args.layers}, {args.batch_size} groups a step, first {args.questions} questions, {args.seconds:.0f} s "
           f"a phase, {args.device}")  # fmt: skip
-    print(f"{'mps':>4} {'processes':>9} {'waits':>6} {'windows/s each':>22} {'windows/s':>10} {'vs 1':>6}")
+    print(f"{'set':>11} {'processes':>9} {'waits':>6} {'windows/s each':>22} {'windows/s':>10} {'vs 1':>6} "
+          f"{'warm-up s':>9}")  # fmt: skip
     one = next((row["windows_per_second"] for row in rows if row.get("processes") == 1
-                and not row["waits_each_step"] and row["mps"] == "off"), None)  # fmt: skip
+                and not row["waits_each_step"] and row["set"] == "plain"), None)  # fmt: skip
     for row in rows:
         if "failed" in row:
-            print(f"{row['mps']:>4} failed: {row['failed']}")
+            print(f"{row['set']:>11} failed: {row['failed']}")
             continue
         ratio = f"{row['windows_per_second'] / one:.2f}x" if one else "-"
         each = " ".join(f"{rate:.0f}" for rate in row["windows_per_second_each"])
         waits = "yes" if row["waits_each_step"] else "no"
-        print(f"{row['mps']:>4} {row['processes']:>9} {waits:>6} {each:>22} {row['windows_per_second']:>10.1f} "
-              f"{ratio:>6}")  # fmt: skip
+        print(f"{row['set']:>11} {row['processes']:>9} {waits:>6} {each:>22} {row['windows_per_second']:>10.1f} "
+              f"{ratio:>6} {row['warm_up_seconds']:>9.1f}")  # fmt: skip
     print(json.dumps({"layers": args.layers, "batch_size": args.batch_size, "questions": args.questions,
                       "seconds": args.seconds, "device": args.device, "rows": rows}))  # fmt: skip
 
@@ -203,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds each phase trains")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each worker (train qa's default)")
-    parser.add_argument("--mps", action="store_true", help="run the phases again under an MPS server")
+    parser.add_argument("--sets", nargs="+", choices=SETS, default=["plain"],
+                        help="ways of running the workers to time, each with fresh workers (module docstring)")
+    parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--startup-timeout", type=float, default=180.0, help="seconds a worker may take to start")
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--sync-dir", type=Path, help=argparse.SUPPRESS)
@@ -215,14 +229,19 @@ def main(argv: list[str] | None = None) -> int:
         "--layers", str(args.layers), "--questions", str(args.questions), "--batch-size", str(args.batch_size),
         "--seconds", str(args.seconds), "--device", args.device, "--threads", str(args.threads),
     ]  # fmt: skip
-    rows = run_workers(args, None, args.phases, "off")
-    shared = [(count, waits) for count, waits in args.phases if count > 1 and not waits]
-    if args.mps and shared:
+    rows: list[dict[str, Any]] = []
+    for name in dict.fromkeys(args.sets):
+        phases = args.phases if name == "plain" else [phase for phase in args.phases if not phase[1]]
+        if not phases:
+            continue
+        if "mps" not in name:
+            rows += run_workers(args, None, phases, name)
+            continue
         with tempfile.TemporaryDirectory(prefix="mps-") as folder, mps_server(Path(folder)) as server:
             if server.env is None:
-                rows.append({"mps": "on", "failed": server.note})
+                rows.append({"set": name, "failed": server.note})
             else:
-                rows += run_workers(args, server.env, shared, "on")
+                rows += run_workers(args, server.env, phases, name)
     print_rows(rows, args)
     return 0
 

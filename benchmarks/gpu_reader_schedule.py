@@ -33,7 +33,8 @@ left as they are. On an H200 two runs side by side train at ~1,650 windows/s eac
 take ~470 s of training plus each run's start-up (~60 s there before its tokenization was batched): one 590 s
 call. No weights come back (at most 64 MiB a call, one reader's worth); `export` brings one back. With --mps the
 runs and their evaluations are clients of one CUDA MPS server (benchmarks/cuda_mps.py), so their kernels share the
-GPU at once; bench_side_by_side.py --mps measures whether that pays, and how many runs share the GPU well.
+GPU at once; with --compile every run compiles its layers (`train qa --compile`); bench_side_by_side.py --sets
+measures whether either pays, and how many runs share the GPU well.
 
 `train`, in order:
 1. calibrate: three short runs side by side (k=0; k=4 distilled; k=4 distilled with shared normalisation), each
@@ -400,6 +401,8 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
                           questions, args.curve_points)  # fmt: skip
     if args.chunk_windows is not None:
         recipe += ["--chunk-windows", str(args.chunk_windows)]
+    if args.compile:
+        recipe += ["--compile"]
     with ExitStack() as stack:
         if args.mps:
             server = stack.enter_context(mps_server(schedule.work / "mps"))
@@ -668,6 +671,11 @@ def main(argv: list[str] | None = None) -> int:
         "--mps", action="store_true",
         help="run the processes under a CUDA MPS server, so their kernels share the GPU at once rather than in "
         "turns (measure it first with bench_side_by_side.py --mps; without a working MPS the runs go on as usual)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--compile", action="store_true",
+        help="train qa --compile for every run: how a step is computed, not what (measure it first with "
+        "bench_side_by_side.py --sets plain compile)",
     )  # fmt: skip
     sweep.set_defaults(run=on_the_gpu(run_sweep))
     again = commands.add_parser("export", help="export another run of a finished schedule (same machine)")

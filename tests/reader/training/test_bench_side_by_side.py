@@ -43,20 +43,21 @@ def test_workers_train_each_phase_side_by_side_and_a_missing_mps_is_a_row(
     triples = write_handful_triples(tmp_path / "ranking", negatives=3)
     argv = ["--model", str(tiny_base), "--train", str(squad_file), "--shared-norm", str(triples), "--layers", "1",
             "--questions", "6", "--batch-size", "2", "--phases", "1", "1s", "2", "--seconds", "1", "--device", "cpu",
-            "--threads", "1", "--mps"]  # fmt: skip
+            "--threads", "1", "--sets", "plain", "compile", "mps"]  # fmt: skip
     assert bench.main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
     rows = json.loads(out[-1])["rows"]
     trained = [row for row in rows if "failed" not in row]
-    assert [(row["processes"], row["waits_each_step"], row["mps"]) for row in trained] == [
-        (1, False, "off"), (1, True, "off"), (2, False, "off")
+    assert [(row["set"], row["processes"], row["waits_each_step"]) for row in trained] == [
+        ("plain", 1, False), ("plain", 1, True), ("plain", 2, False), ("compile", 1, False), ("compile", 2, False)
     ]
     for row in trained:
         assert len(row["windows_per_second_each"]) == row["processes"]
         assert all(rate > 0 for rate in row["windows_per_second_each"])
         assert row["windows_per_second"] == pytest.approx(sum(row["windows_per_second_each"]), abs=0.2)
-    assert rows[-1] == {"mps": "on", "failed": "no nvidia-cuda-mps-control on PATH or in /usr/local/nvidia/bin"}
-    assert any(line.split()[:3] == ["off", "2", "no"] and line.endswith("x") for line in out)
+        assert row["warm_up_seconds"] > 0
+    assert rows[-1] == {"set": "mps", "failed": "no nvidia-cuda-mps-control on PATH or in /usr/local/nvidia/bin"}
+    assert any(line.split()[:3] == ["plain", "2", "no"] and line.split()[-2].endswith("x") for line in out)
 
 
 def test_a_worker_that_cannot_start_is_named_with_its_error(
@@ -66,7 +67,7 @@ def test_a_worker_that_cannot_start_is_named_with_its_error(
             "--phases", "1", "--device", "cpu", "--startup-timeout", "120"]  # fmt: skip
     assert bench.main(argv) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
-    assert len(rows) == 1 and rows[0]["mps"] == "off" and rows[0]["failed"].startswith("worker 0 exited")
+    assert len(rows) == 1 and rows[0]["set"] == "plain" and rows[0]["failed"].startswith("worker 0 exited")
     assert "missing" in rows[0]["failed"]
 
 

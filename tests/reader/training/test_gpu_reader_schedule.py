@@ -328,7 +328,7 @@ def test_sweep_resumes_cut_runs_leaves_finished_ones_and_scores_their_curves(sch
     for k, command in ((0, trained[str(work / "sweep-k0")]), (5, trained[str(work / "sweep-k5")])):
         assert command[command.index("--layers") + 1] == str(k)
         assert command[command.index("--model") + 1] == str(carry / "start")
-        assert "--resume" not in command and "--chunk-windows" not in command  # train qa's own default
+        assert not {"--resume", "--chunk-windows", "--compile"} & set(command)  # train qa's own defaults
     curves = [command for command in first if command[1].endswith("reader_curve.py")]
     assert len(curves) == 1 and str(work / "sweep-k0") in curves[0] and str(work / "sweep-k5") not in curves[0]
 
@@ -371,10 +371,11 @@ def test_sweep_with_mps_makes_every_process_a_client_or_goes_on_without_one(sche
     monkeypatch.setattr(schedule.subprocess, "Popen", popen)
     monkeypatch.setattr(schedule, "mps_server", server)
     argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(tmp_path / "out"), "--layers", "0", "4",
-            "--mps"]  # fmt: skip
+            "--mps", "--compile"]  # fmt: skip
     assert schedule.main(argv) == 0
     assert servers == [work / "mps"]
     assert len(launched) == 3, "two runs and the curve"
+    assert ["--compile" in command for command in launched] == [True, True, False]
     pipes = [environment.get("CUDA_MPS_PIPE_DIRECTORY") for environment in environments]
     assert pipes == [None if env is None else "/tmp/mps-pipe"] * 3
     events = json.loads((work / "results.json").read_text(encoding="utf-8"))["events"]
