@@ -381,11 +381,16 @@ def sweep_recipe(triples: Path, groups: int, learning_rate: str, questions: int,
 
 
 def sweep_state(run: Path) -> str:
-    """"done" (a final model and its dev evaluation), "resume" (a complete checkpoint) or "new"."""
+    """"done" (a final model and a dev F1), "evaluate" (a final model whose evaluation was cut off or failed),
+    "resume" (a complete checkpoint) or "new"."""
     from dilstore.reader.training.state import latest_checkpoint
 
-    if (run / "model.safetensors").is_file() and (run / "eval-dev.json").is_file():
-        return "done"
+    if (run / "model.safetensors").is_file():
+        try:
+            evaluation = json.loads((run / "eval-dev.json").read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            return "evaluate"
+        return "done" if isinstance(evaluation, dict) and evaluation.get("f1") is not None else "evaluate"
     return "new" if latest_checkpoint(run / "checkpoints") is None else "resume"
 
 
@@ -394,7 +399,8 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
 
     The runs have until the deadline: no time is held back for the curves, which are scored in whatever time is
     left (cached, so a later call scores the rest). On a lent H200 a 60 s curve reserve stopped k = 0 (side by side
-    with k = 4) with its last logged step 176 short of the end of training, and neither run was evaluated.
+    with k = 4) with its last logged step 176 short of the end of training, and neither run was evaluated. A run
+    trained to the end whose evaluation was cut off (or failed) is only evaluated, by `evaluate-rc`.
     """
     questions = TRAIN_QUESTIONS if args.smoke is None else args.smoke
     recipe = sweep_recipe(args.carry / "shared-norm" / "triples.jsonl.gz", args.groups, args.learning_rate,
@@ -413,7 +419,9 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
             name = f"sweep-k{k}"
             state = sweep_state(schedule.work / name)
             schedule.note(event="sweep", run=name, state=state)
-            if state != "done":
+            if state == "evaluate":  # trained to the end: only its evaluation is missing
+                runs[name] = schedule.evaluate(name)
+            elif state != "done":
                 resume = ["--resume"] if state == "resume" else []
                 runs[name] = schedule.launch(name, k, args.carry / "start", [*recipe, *resume])
         schedule.wait(runs, stop_at=args.deadline)

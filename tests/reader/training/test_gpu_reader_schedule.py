@@ -391,6 +391,36 @@ def test_sweep_without_mps_starts_no_server(schedule, tmp_path, monkeypatch):
     assert schedule.main(argv) == 0
 
 
+@pytest.mark.parametrize("evaluation", [None, "", '{"f1": null}'])
+def test_a_trained_run_without_a_dev_f1_is_only_evaluated(schedule, tmp_path, monkeypatch, evaluation):
+    carry, work = _carried_squad(tmp_path), tmp_path / "work"
+    run = work / "sweep-k2"
+    (run / "checkpoints" / "step-0000010").mkdir(parents=True)
+    (run / "checkpoints" / "step-0000010" / "training_state.json").write_text("{}", encoding="utf-8")
+    (run / "model.safetensors").write_bytes(b"weights")
+    if evaluation is not None:
+        (run / "eval-dev.json").write_text(evaluation, encoding="utf-8")
+    assert schedule.sweep_state(run) == "evaluate"
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    launched: list[list[str]] = []
+
+    def popen(command, stdout=None, stderr=None, env=None):
+        launched.append([str(part) for part in command])
+        if "evaluate-rc" in command:
+            stdout.write(json.dumps({"em": 50.0, "f1": 60.0}).encode())
+            stdout.flush()
+        return _FinishedRun()
+
+    monkeypatch.setattr(schedule.subprocess, "Popen", popen)
+    argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(tmp_path / "out"), "--layers", "2"]
+    assert schedule.main(argv) == 0
+    assert launched[0][2:4] == ["dilstore", "evaluate-rc"], "no training again"
+    assert not any("train" in command for command in launched)
+    assert launched[0][launched[0].index("--model") + 1] == str(run)
+    assert schedule.sweep_state(run) == "done"
+    assert any(command[1].endswith("reader_curve.py") for command in launched[1:]), "then its curve is scored"
+
+
 def test_records_turns_a_sweeps_results_into_run_folders_and_curve_rows(schedule, tmp_path, monkeypatch, capsys):
     carry = _carried_squad(tmp_path)
     monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
