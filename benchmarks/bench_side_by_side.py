@@ -1,12 +1,13 @@
 """Training windows/s of `train qa` steps side by side on one GPU: plain, compiled, under CUDA MPS (issue #12).
 
 The k-sweep trains its ks as separate processes on the one lent GPU, and how many finish in one 10-minute call
-depends on how many share it well. This script starts --processes workers, each the sweep's own training step
-(the shared-normalisation groups of the first --questions SQuAD questions in the run's length-grouped order,
---batch-size groups a step, AdamW, the autocast of training), and times phases: in phase "N" the first N
-workers train side by side for --seconds while the rest wait; "Ns" is the same with the host waiting for the
-device after every step, as the training loop's per-step loss read made it do until 2026-11-26 (the step's two
-other waits of then, a copy from pageable memory and a check of the group targets, are gone from both).
+depends on how many share it well. This script starts workers (as many as the largest phase), each running the
+sweep's own training step (the shared-normalisation groups of the first --questions SQuAD questions in the run's
+length-grouped order, --batch-size groups a step, AdamW, the autocast of training), and times phases: in phase
+"N" the first N workers train side by side for --seconds while the rest wait; "Ns" is the same with the host
+waiting for the device after every step, as the training loop's per-step loss read made it do until 2026-11-26
+(the step's two other waits of then, a copy from pageable memory and a check of the group targets, are gone from
+both).
 Workers load their data and model once and warm up (3 steps) before the first phase starts. --sets says which
 ways of running them to time: "plain" (every phase), then for "compile" (`train qa --compile`), "mps" (an MPS
 server, benchmarks/cuda_mps.py, where the machine has one) and "compile+mps", the phases that do not wait, each
@@ -15,7 +16,7 @@ warm-up seconds (the slowest worker's: with compile, mostly the compilation) are
 
     # on a lent GPU (the carried start reader and data of gpu_reader_schedule.py prepare):
     python3 benchmarks/bench_side_by_side.py --model .carry/reader/start --train /tmp/train.json \\
-        --shared-norm .carry/reader/shared-norm/triples.jsonl.gz --layers 4 --phases 1 2 3 --seconds 6 \
+        --shared-norm .carry/reader/shared-norm/triples.jsonl.gz --layers 4 --phases 1 2 3 --seconds 6 \\
         --sets plain compile+mps
     # here, a smoke test of the script on the CPU:
     .venv/bin/python benchmarks/bench_side_by_side.py --model .carry/reader/start \\
@@ -100,7 +101,7 @@ def worker(args: argparse.Namespace) -> int:
     for _ in range(WARM_UP_STEPS):
         step(wait=True)
     settle()
-    (args.sync_dir / f"ready-{args.index}").write_text(str(time.perf_counter() - warming), encoding="utf-8")
+    _publish(args.sync_dir / f"ready-{args.index}", str(time.perf_counter() - warming))
     for number, (count, wait) in enumerate(args.phases):
         go = args.sync_dir / f"go-{number}"
         while not go.exists():
@@ -112,9 +113,16 @@ def worker(args: argparse.Namespace) -> int:
             windows += step(wait)
         settle()
         seconds = time.perf_counter() - started
-        result = {"windows": windows, "seconds": seconds}
-        (args.sync_dir / f"result-{number}-{args.index}.json").write_text(json.dumps(result), encoding="utf-8")
+        result = json.dumps({"windows": windows, "seconds": seconds})
+        _publish(args.sync_dir / f"result-{number}-{args.index}.json", result)
     return 0
+
+
+def _publish(path: Path, text: str) -> None:
+    """Write `path` whole or not at all (a temporary name, then a rename), since the parent reads it once it exists."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.rename(path)
 
 
 def run_workers(
@@ -141,11 +149,11 @@ def run_workers(
             rows = []
             for number, (workers, waits) in enumerate(phases):
                 (sync_dir / f"go-{number}").touch()
-                names = [f"result-{number}-{index}.json" for index in range(workers)]
-                failure = _wait_for_files(sync_dir, names, processes, args.seconds + args.startup_timeout)
+                files = [f"result-{number}-{index}.json" for index in range(workers)]
+                failure = _wait_for_files(sync_dir, files, processes, args.seconds + args.startup_timeout)
                 if failure:
                     return [*rows, {"set": name, "failed": failure}]
-                results = [json.loads((sync_dir / name).read_text(encoding="utf-8")) for name in names]
+                results = [json.loads((sync_dir / file).read_text(encoding="utf-8")) for file in files]
                 rates = [result["windows"] / result["seconds"] for result in results]
                 rows.append({
                     "set": name, "processes": workers, "waits_each_step": waits,

@@ -678,7 +678,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument(
         "--mps", action="store_true",
         help="run the processes under a CUDA MPS server, so their kernels share the GPU at once rather than in "
-        "turns (measure it first with bench_side_by_side.py --mps; without a working MPS the runs go on as usual)",
+        "turns (measure it first with bench_side_by_side.py --sets plain mps; without a working MPS the runs go on "
+        "as usual)",
     )  # fmt: skip
     sweep.add_argument(
         "--compile", action="store_true",

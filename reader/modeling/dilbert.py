@@ -165,12 +165,12 @@ class DilBertReader(nn.Module):
     def compile_layers(self) -> None:
         """Compile every encoder layer (torch.compile, shapes dynamic), so each runs as a few fused kernels.
 
-        A 384-wide layer is many small kernels, and on a GPU their launches
-        and memory round trips, not the arithmetic, bound a training step.
+        A 384-wide layer is many small kernels, whose launches and memory
+        round trips can bound a GPU training step more than its arithmetic
+        (benchmarks/bench_side_by_side.py measures whether compiling pays).
         The weights, their names and what the reader computes stay the same
-        (within float rounding; dropout draws its masks differently). One
-        compilation serves every layer and every length; it costs seconds
-        to minutes on the first call.
+        (within float rounding; dropout draws its masks differently). The
+        first call compiles (seconds to minutes); later lengths reuse it.
         """
         for index in range(self.num_layers):
             self.architecture.layer_module(self.model, index).compile(dynamic=True)
