@@ -130,14 +130,12 @@ def run_workers(
 ) -> list[dict[str, Any]]:
     """Start set `name`'s workers, run `phases` in turn; one row per phase (and a failed row if one fails)."""
     count = max(workers for workers, _ in phases)
-    compiled = ["--compile"] if "compile" in name else []
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as folder:
         sync_dir = Path(folder)
         processes = [
             subprocess.Popen(
-                [sys.executable, __file__, "worker", "--index", str(index), "--sync-dir", str(sync_dir),
-                 *args.worker_args, *compiled, "--phases", *(f"{n}{'s' if waits else ''}" for n, waits in phases)],
-                env=env, stdout=(sync_dir / f"worker-{index}.log").open("wb"), stderr=subprocess.STDOUT,
+                worker_command(args.worker_args, index, sync_dir, phases, name), env=env,
+                stdout=(sync_dir / f"worker-{index}.log").open("wb"), stderr=subprocess.STDOUT,
             )  # fmt: skip
             for index in range(count)
         ]
@@ -168,6 +166,18 @@ def run_workers(
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+
+
+def worker_command(
+    common: list[str], index: int, sync_dir: Path, phases: list[tuple[int, bool]], name: str
+) -> list[str]:
+    """Worker `index` of set `name`: the shared options, its phases, and --compile for a compiled set."""
+    compiled = ["--compile"] if "compile" in name else []
+    phase_texts = [f"{count}{'s' if waits else ''}" for count, waits in phases]
+    return [
+        sys.executable, __file__, "worker", "--index", str(index), "--sync-dir", str(sync_dir), *common, *compiled,
+        "--phases", *phase_texts,
+    ]  # fmt: skip
 
 
 def _wait_for_files(
@@ -207,7 +217,8 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
                       "seconds": args.seconds, "device": args.device, "rows": rows}))  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
+    """The options of the benchmark and of its workers (the hidden role, --index, --sync-dir and --compile)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("role", nargs="?", choices=["worker"], help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, required=True, help="a reader (or base model) folder")
@@ -229,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-timeout", type=float, default=180.0, help="seconds a worker may take to start")
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--sync-dir", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     if args.role == "worker":
         return worker(args)
     args.worker_args = [

@@ -43,13 +43,13 @@ def test_workers_train_each_phase_side_by_side_and_a_missing_mps_is_a_row(
     triples = write_handful_triples(tmp_path / "ranking", negatives=3)
     argv = ["--model", str(tiny_base), "--train", str(squad_file), "--shared-norm", str(triples), "--layers", "1",
             "--questions", "6", "--batch-size", "2", "--phases", "1", "1s", "2", "--seconds", "1", "--device", "cpu",
-            "--threads", "1", "--sets", "plain", "compile", "mps"]  # fmt: skip
+            "--threads", "1", "--sets", "plain", "mps"]  # fmt: skip
     assert bench.main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
     rows = json.loads(out[-1])["rows"]
     trained = [row for row in rows if "failed" not in row]
     assert [(row["set"], row["processes"], row["waits_each_step"]) for row in trained] == [
-        ("plain", 1, False), ("plain", 1, True), ("plain", 2, False), ("compile", 1, False), ("compile", 2, False)
+        ("plain", 1, False), ("plain", 1, True), ("plain", 2, False)
     ]
     for row in trained:
         assert len(row["windows_per_second_each"]) == row["processes"]
@@ -58,6 +58,19 @@ def test_workers_train_each_phase_side_by_side_and_a_missing_mps_is_a_row(
         assert row["warm_up_seconds"] > 0
     assert rows[-1] == {"set": "mps", "failed": "no nvidia-cuda-mps-control on PATH or in /usr/local/nvidia/bin"}
     assert any(line.split()[:3] == ["plain", "2", "no"] and line.split()[-2].endswith("x") for line in out)
+
+
+@pytest.mark.parametrize(("name", "compiled"), [("plain", False), ("mps", False), ("compile", True),
+                                               ("compile+mps", True)])
+def test_a_compiled_sets_workers_compile_and_every_worker_gets_its_phases(bench, name, compiled) -> None:
+    """A compiled worker runs `train qa --compile`'s compile_layers (tests/reader/training/test_compile.py)."""
+    command = bench.worker_command(["--layers", "4"], 1, Path("/sync"), [(1, False), (3, True)], name)
+    assert command[2:7] == ["worker", "--index", "1", "--sync-dir", "/sync"]
+    assert ("--compile" in command) is compiled
+    assert command[command.index("--phases") + 1 :] == ["1", "3s"]
+    parsed = bench.argument_parser().parse_args([*command[2:], "--model", "m", "--train", "t", "--shared-norm", "s"])
+    assert parsed.role == "worker" and parsed.index == 1 and parsed.sync_dir == Path("/sync")
+    assert parsed.compile is compiled and parsed.phases == [(1, False), (3, True)] and parsed.layers == 4
 
 
 def test_a_worker_that_cannot_start_is_named_with_its_error(
