@@ -7,6 +7,8 @@ the micro-batches of the run's own length-grouped order (--batch-size groups eac
 --chunks value measures the seconds of one forward and backward pass per micro-batch (train mode, over
 --micro-batches of them after one warm-up) and the share of the tokens computed that are real (not
 padding), over all micro-batches of the order. 0 is one pass per micro-batch, the behaviour before.
+--precisions repeats the timing under each `train qa --precision` (bf16: autocast, on a CPU too); every row's
+speed-up is against the first row.
 The weights do not change the work, so any reader will do. --group-length picks what the order's length
 groups are sorted by (as `train qa --group-length`); --micro-batches 0 only counts the padding, for
 micro-batches too large to time here (the GPU's 32 groups: one fp32 pass of 128 windows needs > 24 GB):
@@ -33,6 +35,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (timed under the autocast training uses)")
     parser.add_argument("--group-length", choices=GROUP_LENGTHS, default="longest",
                         help="what length groups are sorted by (train qa --group-length)")  # fmt: skip
+    parser.add_argument("--precisions", nargs="+", choices=("auto", "fp32", "bf16"), default=["auto"],
+                        help="train qa --precision values to time, each over every chunk size (bf16 on a CPU too)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -123,30 +128,35 @@ def main(argv: list[str] | None = None) -> int:
     shared_norm = None if args.shared_norm is None else str(args.shared_norm)
     config = TrainingConfig(layers=args.layers, batch_size=args.batch_size, train_limit=args.questions, epochs=1,
                             shared_norm=shared_norm, group_length=args.group_length)  # fmt: skip
-    dtype = autocast_dtype(config, device)
+    dtypes = {precision: autocast_dtype(replace(config, precision=precision), device) for precision in args.precisions}
     data = load_training_data(reader.tokenizer, args.train, config)
     lengths = data.lengths(args.group_length)
     order = [micro for step in optimizer_step_batches(data.examples, config, lengths) for micro in step]
     # Timed micro-batches spread evenly over the order: its length groups run from long to short windows.
     timed = order[:: max(1, len(order) // max(1, args.micro_batches))][: args.micro_batches]
     rows: list[dict[str, Any]] = []
-    for chunk in args.chunks:
-        seconds = seconds_per_micro_batch(reader, data, timed, chunk, device, dtype) if timed else None
-        rows.append({
-            "chunk_windows": chunk, "real_token_share": round(real_share(data, order, chunk), 4),
-            "seconds_per_micro_batch": None if seconds is None else round(seconds, 3),
-            "windows_per_second": None if seconds is None else round(args.batch_size * data.group_size / seconds, 2),
-        })  # fmt: skip
-    whole = rows[0]["seconds_per_micro_batch"] if rows[0]["chunk_windows"] == 0 else None
+    windows = args.batch_size * data.group_size
+    for precision, dtype in dtypes.items():
+        for chunk in args.chunks:
+            seconds = seconds_per_micro_batch(reader, data, timed, chunk, device, dtype) if timed else None
+            rows.append({
+                "precision": precision, "dtype": str(dtype or torch.float32).removeprefix("torch."),
+                "chunk_windows": chunk, "real_token_share": round(real_share(data, order, chunk), 4),
+                "seconds_per_micro_batch": None if seconds is None else round(seconds, 3),
+                "windows_per_second": None if seconds is None else round(windows / seconds, 2),
+            })  # fmt: skip
+    first = rows[0]["seconds_per_micro_batch"]
     print(f"{data.examples} examples of {data.group_size} window(s), k={args.layers}, {args.batch_size} examples a "
-          f"micro-batch, {len(timed)} timed, {args.threads} threads, {device} ({dtype or torch.float32})")  # fmt: skip
-    print(f"{'windows/pass':>12} {'real tokens':>12} {'s/micro-batch':>14} {'windows/s':>10} {'speed-up':>9}")
+          f"micro-batch, {len(timed)} timed, {args.threads} threads, {device}")  # fmt: skip
+    print(f"{'dtype':>9} {'windows/pass':>12} {'real tokens':>12} {'s/micro-batch':>14} {'windows/s':>10} "
+          f"{'vs row 1':>9}")  # fmt: skip
     for row in rows:
         seconds, rate = row["seconds_per_micro_batch"], row["windows_per_second"]
-        speedup = f"{whole / seconds:.2f}x" if whole and seconds else "-"
+        speedup = f"{first / seconds:.2f}x" if first and seconds else "-"
         label = row["chunk_windows"] or "all"
-        print(f"{label:>12} {row['real_token_share']:>12.3f} {'-' if seconds is None else f'{seconds:.3f}':>14} "
-              f"{'-' if rate is None else f'{rate:.2f}':>10} {speedup:>9}")  # fmt: skip
+        print(f"{row['dtype']:>9} {label:>12} {row['real_token_share']:>12.3f} "
+              f"{'-' if seconds is None else f'{seconds:.3f}':>14} {'-' if rate is None else f'{rate:.2f}':>10} "
+              f"{speedup:>9}")  # fmt: skip
     print(json.dumps({"questions": args.questions, "layers": args.layers, "threads": args.threads,
                       "device": str(device), "group_length": args.group_length, "rows": rows}))  # fmt: skip
     return 0

@@ -59,7 +59,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, seeded: str, limit_of:
     parser.add_argument("--log-every", type=int, default=10, help="log a progress line every N steps (default 10)")
     parser.add_argument(
         "--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-        help="auto: fp32 on CPU, bf16 (else fp16) autocast on CUDA",
+        help="auto: fp32 on CPU, bf16 (else fp16) autocast on CUDA; bf16 autocast on a CPU too when asked (faster "
+        "where it has AVX512-BF16 or AMX); fp16 needs CUDA",
     )  # fmt: skip
     parser.add_argument("--train-limit", type=int, help=f"use only the first N {limit_of}")
 

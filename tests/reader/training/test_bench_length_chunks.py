@@ -43,14 +43,16 @@ def test_the_script_prints_a_row_per_chunk_size(
     triples = write_handful_triples(tmp_path / "ranking", negatives=3)  # the script's (and train qa's) default
     argv = ["--model", str(tiny_base), "--train", str(squad_file), "--shared-norm", str(triples), "--layers", "1",
             "--questions", "6", "--batch-size", "2", "--micro-batches", "2", "--chunks", "0", "3",
-            "--threads", "1"]  # fmt: skip
+            "--threads", "1", "--precisions", "fp32", "bf16"]  # fmt: skip
     assert bench.main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     rows = json.loads(lines[-1])["rows"]
-    assert [row["chunk_windows"] for row in rows] == [0, 3]
+    assert [(row["precision"], row["dtype"], row["chunk_windows"]) for row in rows] == [
+        ("fp32", "float32", 0), ("fp32", "float32", 3), ("bf16", "bfloat16", 0), ("bf16", "bfloat16", 3)
+    ]
     assert 0 < rows[0]["real_token_share"] <= rows[1]["real_token_share"] <= 1
     assert all(row["seconds_per_micro_batch"] > 0 for row in rows)
-    assert any(line.split()[0] == "all" for line in lines[2:-1]), "the one-pass row is labelled"
+    assert any(line.split()[:2] == ["bfloat16", "all"] for line in lines[2:-1]), "the one-pass row is labelled"
 
 
 @pytest.mark.parametrize("measure", ["longest", "sum"])

@@ -387,3 +387,24 @@ def test_model_card_counts_shared_normalisation_groups_and_their_windows(
     card = render_model_card(training, evaluation, hardware="GPU", baseline_f1=76.7)
     assert seen in card
     assert budget in card
+
+
+def test_bf16_autocast_on_a_cpu_when_asked_and_fp16_still_needs_cuda() -> None:
+    from dilstore.reader.training.loop import autocast_dtype
+
+    cpu = torch.device("cpu")
+    assert autocast_dtype(TrainingConfig(layers=1, precision="bf16"), cpu) is torch.bfloat16
+    assert autocast_dtype(TrainingConfig(layers=1, precision="auto"), cpu) is None
+    assert autocast_dtype(TrainingConfig(layers=1, precision="fp32"), cpu) is None
+    with pytest.raises(DilstoreError, match="precision fp16 needs a CUDA device"):
+        autocast_dtype(TrainingConfig(layers=1, precision="fp16"), cpu)
+
+
+def test_a_bf16_run_on_a_cpu_trains_close_to_the_fp32_one(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
+    settings = dict(layers=1, max_steps=3, batch_size=3, learning_rate=1e-3, save_every=0, save_every_minutes=0,
+                    seed=9, **SMALL_WINDOWS)  # fmt: skip
+    full = train_qa(tiny_base, squad_file, tmp_path / "fp32", TrainingConfig(**settings), command="a", progress=False)
+    half = train_qa(tiny_base, squad_file, tmp_path / "bf16", TrainingConfig(**settings, precision="bf16"),
+                    command="a", progress=False)  # fmt: skip
+    assert half.losses == pytest.approx(full.losses, rel=0.05)
+    assert half.losses != full.losses, "bf16 matrix products round differently from fp32 ones"
