@@ -7,9 +7,9 @@ the kernels of all its client processes at once. Whether that pays on the lent m
 assumed: benchmarks/bench_side_by_side.py times the same phases with and without it.
 
 `mps_server(directory)` starts the control daemon with its pipes and logs under `directory`, checks that a
-CUDA client can start under it, and yields the environment every client must be started with; where the daemon
-is missing or a client cannot start, it yields None and the reason, and the caller goes on without MPS. The
-daemon is told to quit on the way out.
+CUDA client runs under it and that the daemon then lists a server, and yields the environment every client must
+be started with; where the daemon is missing, a client fails or no server comes up, it yields None and the
+reason, and the caller goes on without MPS. The daemon is told to quit on the way out.
 """
 
 from __future__ import annotations
@@ -46,7 +46,12 @@ def control_binary() -> Path | None:
 
 @contextmanager
 def mps_server(directory: Path, timeout: float = 60.0) -> Iterator[MpsServer]:
-    """An MPS control daemon for the duration of the block (module docstring); never raises for a missing MPS."""
+    """An MPS control daemon for the duration of the block (module docstring); never raises for a missing MPS.
+
+    A daemon already serving `directory` (left by a call cut off before it could quit it) is used as it is.
+    MPS is on only when, after a CUDA client ran, the daemon lists a server: a client that finds no daemon
+    runs without MPS and would otherwise pass for one.
+    """
     control = control_binary()
     if control is None:
         yield MpsServer(None, f"no {CONTROL} on PATH or in {DRIVER_BIN}")
@@ -55,27 +60,28 @@ def mps_server(directory: Path, timeout: float = 60.0) -> Iterator[MpsServer]:
     pipes.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipes), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
-    started = _run([str(control), "-d"], env, timeout)
-    if started is not None:
-        yield MpsServer(None, f"{CONTROL} -d failed: {started}")
-        return
-    failed = _run([sys.executable, "-c", CLIENT_CHECK], env, timeout)
-    if failed is not None:
+    started, start_output = _run([str(control), "-d"], env, timeout)
+    client, client_output = _run([sys.executable, "-c", CLIENT_CHECK], env, timeout)
+    listed, servers = _run([str(control)], env, timeout, stdin="get_server_list\n")
+    if not (client and listed and servers):
         _run([str(control)], env, timeout, stdin="quit\n")
-        yield MpsServer(None, f"a CUDA client failed under MPS: {failed}")
+        reason = (
+            f"a CUDA client failed under MPS: {client_output}" if not client
+            else f"no MPS server listed after a client ran ({servers or 'none'})"
+        )  # fmt: skip
+        yield MpsServer(None, reason if started else f"{CONTROL} -d failed ({start_output}); {reason}")
         return
     try:
-        yield MpsServer(env, "on")
+        yield MpsServer(env, "on" if started else f"on (a daemon was already serving {pipes})")
     finally:
         _run([str(control)], env, timeout, stdin="quit\n")
 
 
-def _run(command: list[str], env: dict[str, str], timeout: float, stdin: str | None = None) -> str | None:
-    """Run `command`; None when it exits 0, else a short reason (its exit status and last output)."""
+def _run(command: list[str], env: dict[str, str], timeout: float, stdin: str | None = None) -> tuple[bool, str]:
+    """Run `command`: whether it exited 0, and the end of its output (with the exit status when it did not)."""
     try:
         done = subprocess.run(command, env=env, input=stdin, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as error:
-        return str(error)
-    if done.returncode == 0:
-        return None
-    return f"exit {done.returncode}: {(done.stdout + done.stderr).strip()[-300:]}"
+        return False, str(error)
+    output = (done.stdout + done.stderr).strip()[-300:]
+    return (True, output) if done.returncode == 0 else (False, f"exit {done.returncode}: {output}")

@@ -84,20 +84,29 @@ def test_a_worker_that_cannot_start_is_named_with_its_error(
     assert "missing" in rows[0]["failed"]
 
 
-def _fake_control(tmp_path: Path) -> tuple[Path, Path]:
-    """A stand-in for nvidia-cuda-mps-control that logs its arguments, stdin and pipe directory."""
+def _fake_control(tmp_path: Path, servers: str = "4242", start_exit: int = 0) -> tuple[Path, Path]:
+    """A stand-in for nvidia-cuda-mps-control that logs its arguments, stdin and pipe directory, lists `servers`
+    for get_server_list, and exits `start_exit` for -d (1: a daemon already serves that directory)."""
     log = tmp_path / "control.log"
     control = tmp_path / "nvidia-cuda-mps-control"
     control.write_text(
         f"#!{sys.executable}\n"
         "import os, sys\n"
+        "data = '' if sys.argv[1:] else sys.stdin.read().strip()\n"
         f"with open({str(log)!r}, 'a') as log:\n"
-        "    data = '' if sys.argv[1:] else sys.stdin.read().strip()\n"
-        "    log.write(' '.join(sys.argv[1:]) + '|' + data + '|' + os.environ['CUDA_MPS_PIPE_DIRECTORY'] + '\\n')\n",
+        "    log.write(' '.join(sys.argv[1:]) + '|' + data + '|' + os.environ['CUDA_MPS_PIPE_DIRECTORY'] + '\\n')\n"
+        f"if data == 'get_server_list':\n    print({servers!r})\n"
+        f"if sys.argv[1:] == ['-d'] and {start_exit}:\n    print('An instance of this daemon is already running')\n"
+        f"    sys.exit({start_exit})\n",
         encoding="utf-8",
     )
     control.chmod(control.stat().st_mode | stat.S_IXUSR)
     return control, log
+
+
+def _commands(log: Path) -> list[str]:
+    """What the stand-in was asked, in order: its argument or the line on its stdin."""
+    return [line.split("|")[0] or line.split("|")[1] for line in log.read_text(encoding="utf-8").splitlines()]
 
 
 def test_mps_serves_its_clients_and_quits(mps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,18 +117,38 @@ def test_mps_serves_its_clients_and_quits(mps, tmp_path: Path, monkeypatch: pyte
         assert server.note == "on"
         assert server.env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps" / "pipe")
         assert server.env["CUDA_MPS_LOG_DIRECTORY"] == str(tmp_path / "mps" / "log")
-        assert log.read_text(encoding="utf-8").splitlines() == [f"-d||{tmp_path / 'mps' / 'pipe'}"]
-    assert log.read_text(encoding="utf-8").splitlines()[1:] == [f"|quit|{tmp_path / 'mps' / 'pipe'}"]
+        assert _commands(log) == ["-d", "get_server_list"]
+    assert _commands(log) == ["-d", "get_server_list", "quit"]
+    assert {line.split("|")[2] for line in log.read_text(encoding="utf-8").splitlines()} == {
+        str(tmp_path / "mps" / "pipe")
+    }
 
 
-def test_mps_whose_client_fails_quits_and_says_why(mps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    control, log = _fake_control(tmp_path)
+def test_a_daemon_left_running_is_used(mps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    control, log = _fake_control(tmp_path, start_exit=1)
     monkeypatch.setattr(mps, "control_binary", lambda: control)
-    monkeypatch.setattr(mps, "CLIENT_CHECK", "raise SystemExit('no CUDA device under MPS')")
+    monkeypatch.setattr(mps, "CLIENT_CHECK", "print('ok')")
     with mps.mps_server(tmp_path / "mps") as server:
-        assert server.env is None
-        assert server.note.startswith("a CUDA client failed under MPS: exit 1") and "no CUDA device" in server.note
-        assert [line.split("|")[1] for line in log.read_text(encoding="utf-8").splitlines()] == ["", "quit"]
+        assert server.env is not None and server.note.startswith("on (a daemon was already serving")
+    assert _commands(log)[-1] == "quit"
+
+
+@pytest.mark.parametrize(
+    ("check", "servers", "reason"),
+    [
+        ("raise SystemExit('no CUDA device')", "4242", "a CUDA client failed under MPS: exit 1: no CUDA device"),
+        ("print('ok')", "", "no MPS server listed after a client ran (none)"),
+    ],
+)
+def test_mps_that_serves_no_client_quits_and_says_why(
+    mps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, check: str, servers: str, reason: str
+) -> None:
+    control, log = _fake_control(tmp_path, servers=servers)
+    monkeypatch.setattr(mps, "control_binary", lambda: control)
+    monkeypatch.setattr(mps, "CLIENT_CHECK", check)
+    with mps.mps_server(tmp_path / "mps") as server:
+        assert server.env is None and server.note == reason
+        assert _commands(log) == ["-d", "get_server_list", "quit"]
 
 
 def test_a_missing_control_program_is_no_error(mps, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
