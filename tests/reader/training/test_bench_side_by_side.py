@@ -73,6 +73,26 @@ def test_a_compiled_sets_workers_compile_and_every_worker_gets_its_phases(bench,
     assert parsed.compile is compiled and parsed.phases == [(1, False), (3, True)] and parsed.layers == 4
 
 
+def test_compile_with_mps_runs_as_compile_where_mps_cannot_start(
+    bench, mps, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mps, "control_binary", lambda: None)
+    ran: list[tuple[str, list[tuple[int, bool]]]] = []
+
+    def run_workers(args, env, phases, name):
+        ran.append((name, phases))
+        return [{"set": name, "processes": count, "waits_each_step": waits, "windows_per_second_each": [1.0] * count,
+                 "windows_per_second": float(count), "warm_up_seconds": 1.0} for count, waits in phases]  # fmt: skip
+
+    monkeypatch.setattr(bench, "run_workers", run_workers)
+    argv = ["--model", "m", "--train", "t", "--shared-norm", "s", "--phases", "1", "1s", "3", "--sets", "plain",
+            "compile+mps", "mps"]  # fmt: skip
+    assert bench.main(argv) == 0
+    assert ran == [("plain", [(1, False), (1, True), (3, False)]), ("compile", [(1, False), (3, False)])]
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    assert [row["set"] for row in rows if "failed" in row] == ["compile+mps", "mps"]
+
+
 def test_a_worker_that_cannot_start_is_named_with_its_error(
     bench, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
