@@ -57,6 +57,19 @@ def length_batches(lengths: Sequence[int], policy: BatchPolicy) -> list[list[int
     return batches
 
 
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`tensor` on `device`; to a GPU through pinned memory, queued behind the device's work.
+
+    A copy from pageable memory waits for the GPU to finish what it was
+    given, so a training host could not prepare the next step while the
+    device computes this one.
+    """
+    target = torch.device(device)
+    if target.type != "cuda":
+        return tensor.to(target)
+    return tensor.pin_memory().to(target, non_blocking=True)
+
+
 def pad_token_ids(sequences: Sequence[np.ndarray], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad int token-id arrays to the longest: (ids (b, n) long, mask (b, n) long)."""
     if not sequences:

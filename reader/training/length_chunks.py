@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from dilstore.reader.batching import to_device
 from dilstore.reader.data.qa_batches import QABatch, collate_features
 from dilstore.reader.data.qa_features import QAFeature
 from dilstore.reader.training.loop import training_device
@@ -85,6 +86,6 @@ def forward_in_chunks(
         rows.extend(indices)
     inverse = torch.empty(len(rows), dtype=torch.long)
     inverse[torch.tensor(rows)] = torch.arange(len(rows))
-    inverse = inverse.to(batch.question_ids.device)  # row i of the micro-batch is row inverse[i] of the chunks
+    inverse = to_device(inverse, batch.question_ids.device)  # row i of the micro-batch is row inverse[i] of the chunks
     joined = [torch.cat(layer, dim=0).index_select(0, inverse) for layer in zip(*states, strict=True)]
     return torch.cat(starts).index_select(0, inverse), torch.cat(ends).index_select(0, inverse), joined
