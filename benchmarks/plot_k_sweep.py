@@ -36,7 +36,12 @@ def load_rows(paths: list[Path], pairs: list[tuple[Path, Path]]) -> list[dict[st
         row = json.loads(file.read_text(encoding="utf-8"))
         row["source"] = str(file)
         if path.is_dir():
-            row.update(run=path.name, init=initialisation(load_training_metadata(path)))
+            training = load_training_metadata(path)
+            row.update(run=path.name, init=initialisation(training))
+            # An evaluation by `evaluate-rc` (a sweep run whose own was cut off) lacks the training budget.
+            row.setdefault("train_steps", training["steps"])
+            row.setdefault("train_seconds", training["train_seconds"])
+            row.setdefault("features_seen", training["features_seen"])
         rows.append(row)
     for file, checkpoint in pairs:
         training = load_training_metadata(checkpoint)

@@ -327,6 +327,21 @@ def test_k_sweep_script_writes_table_and_png(tmp_path: Path, capsys: pytest.Capt
     assert lines[3].startswith("| 4 | base | 50.00 | 61.50 | -4.50 |")
 
 
+def test_k_sweep_takes_the_budget_of_a_run_evaluated_apart_from_its_training_record(tmp_path: Path) -> None:
+    """A sweep run whose own evaluation was cut off is evaluated by `evaluate-rc`, whose JSON has no budget."""
+    spec = importlib.util.spec_from_file_location("plot_k_sweep", ROOT / "benchmarks" / "plot_k_sweep.py")
+    plot_k_sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_k_sweep)
+    run = tmp_path / "sweep-k2"
+    run.mkdir()
+    (run / "eval-dev.json").write_text(json.dumps({"questions": 100, "em": 50.0, "f1": 60.0, "k": 2, "seconds": 9.0}))
+    training = {"steps": 5476, "train_seconds": 420.0, "features_seen": 175198, "base_model": str(tmp_path / "base")}
+    (run / TRAINING_METADATA_FILE).write_text(json.dumps(training))
+    (row,) = plot_k_sweep.load_rows([run], [])
+    assert (row["train_steps"], row["train_seconds"], row["features_seen"]) == (5476, 420.0, 175198)
+    assert row["run"] == "sweep-k2" and row["init"] == "base"
+
+
 def test_k_sweep_names_the_checkpoint_a_run_was_warm_started_from(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("plot_k_sweep", ROOT / "benchmarks" / "plot_k_sweep.py")
     plot_k_sweep = importlib.util.module_from_spec(spec)
