@@ -6,7 +6,6 @@ second or two; the real MiniLM is never trained here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from dataclasses import replace
@@ -35,7 +34,7 @@ from dilstore.reader.training.release import load_training_metadata, package_che
 from dilstore.reader.training.state import LoopPosition, latest_checkpoint, load_training_state, save_training_state
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
-from tests.fixtures.paths import ROOT
+from tests.fixtures.benchmarks import benchmark_module
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
 
@@ -310,10 +309,16 @@ def test_periodic_checkpoint_is_evaluable_and_packageable(tiny_base: Path, squad
         load_training_metadata(tiny_base)
 
 
-def test_k_sweep_script_writes_table_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec = importlib.util.spec_from_file_location("plot_k_sweep", ROOT / "benchmarks" / "plot_k_sweep.py")
-    plot_k_sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot_k_sweep)
+@pytest.fixture(scope="module")
+def plot_k_sweep():
+    """benchmarks/plot_k_sweep.py as a module."""
+    with benchmark_module("plot_k_sweep") as module:
+        yield module
+
+
+def test_k_sweep_script_writes_table_and_png(
+    plot_k_sweep, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = []
     for k, em, f1 in [(4, 50.0, 61.5), (0, 55.0, 66.0)]:
         path = tmp_path / f"k{k}.json"
@@ -327,11 +332,10 @@ def test_k_sweep_script_writes_table_and_png(tmp_path: Path, capsys: pytest.Capt
     assert lines[3].startswith("| 4 | base | 50.00 | 61.50 | -4.50 |")
 
 
-def test_k_sweep_takes_the_budget_of_a_run_evaluated_apart_from_its_training_record(tmp_path: Path) -> None:
+def test_k_sweep_takes_the_budget_of_a_run_evaluated_apart_from_its_training_record(
+    plot_k_sweep, tmp_path: Path
+) -> None:
     """A sweep run whose own evaluation was cut off is evaluated by `evaluate-rc`, whose JSON has no budget."""
-    spec = importlib.util.spec_from_file_location("plot_k_sweep", ROOT / "benchmarks" / "plot_k_sweep.py")
-    plot_k_sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot_k_sweep)
     run = tmp_path / "sweep-k2"
     run.mkdir()
     (run / "eval-dev.json").write_text(json.dumps({"questions": 100, "em": 50.0, "f1": 60.0, "k": 2, "seconds": 9.0}))
@@ -342,10 +346,7 @@ def test_k_sweep_takes_the_budget_of_a_run_evaluated_apart_from_its_training_rec
     assert row["run"] == "sweep-k2" and row["init"] == "base"
 
 
-def test_k_sweep_names_the_checkpoint_a_run_was_warm_started_from(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("plot_k_sweep", ROOT / "benchmarks" / "plot_k_sweep.py")
-    plot_k_sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot_k_sweep)
+def test_k_sweep_names_the_checkpoint_a_run_was_warm_started_from(plot_k_sweep, tmp_path: Path) -> None:
     start = tmp_path / "minilm-k0"
     start.mkdir()
     (start / "dilstore.json").write_text("{}")
