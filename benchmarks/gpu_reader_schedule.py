@@ -16,6 +16,7 @@ budgets, runs them side by side on the one GPU and packs what comes back.
     .venv/bin/python benchmarks/gpu_reader_schedule.py records OUT_DIR --into DIR    # back here: records, curve
     python3 benchmarks/gpu_reader_schedule.py extend --carry .carry/reader --out "$OUT" --deadline 540  # or this
     python3 benchmarks/gpu_reader_schedule.py sweep --layers 0 4 --out "$OUT" --deadline 560  # or the k-sweep
+    python3 benchmarks/gpu_reader_schedule.py sweep --layers 0 4 --distil --export sweep-k0 --out "$OUT"  # k0 first
 
 `extend` continues one carried reader (prepare --start) with shared normalisation, without a teacher: a short
 probe run measures groups/s at the chosen batch, the schedule (warm-up and linear decay) is sized to end before
@@ -29,9 +30,12 @@ all-MiniLM-L6-v2 (`prepare --start .venv/lib/python3.11/site-packages/gt_all_min
 alike, and any machine can rebuild it (a fine-tuned start lives only where it was trained). Nothing is sized to the
 deadline (that would train the ks differently): a run still going at the deadline is stopped and the same command
 in a later call on the same warm machine resumes it from its checkpoint (one every minute), while finished runs are
-left as they are. On an H200 two runs side by side train at ~1,650 windows/s each (one alone: ~2,700), so two ks
-take ~470 s of training plus each run's start-up (~60 s there before its tokenization was batched): one 590 s
-call. No weights come back (at most 64 MiB a call, one reader's worth); `export` brings one back. With --mps the
+left as they are. On an H100 (2026-11-26) k = 0 alone trained its 2 epochs in 238 s, 282 s from launch to the end
+of its full dev evaluation; on an H200 two runs side by side trained at ~1,650 windows/s each. With --distil the
+sweep is teacher first: k = 0 trains alone, then every other k starts from it and is distilled from it
+(DeFormer). No weights come back unless --export names a run (one a call: at most 8 files come back, a reader is
+3 pieces); an exported sweep-k0, carried by a later draw as teacher-k0/ (`prepare --teacher`), is the teacher of
+that draw's distilled ks. With --mps the
 runs and their evaluations are clients of one CUDA MPS server (benchmarks/cuda_mps.py), so their kernels share the
 GPU at once; with --compile every run compiles its layers (`train qa --compile`); bench_side_by_side.py --sets
 measures whether either pays, and how many runs share the GPU well.
@@ -395,12 +399,14 @@ def sweep_state(run: Path) -> str:
 
 
 def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
-    """`sweep`: the ks not done yet trained (or resumed) side by side; the curves of the finished ones scored.
+    """`sweep`: the ks not done yet trained (or resumed) side by side; --export's run exported; the curves of the
+    finished ones scored.
 
     The runs have until the deadline: no time is held back for the curves, which are scored in whatever time is
     left (cached, so a later call scores the rest). On a lent H200 a 60 s curve reserve stopped k = 0 (side by side
     with k = 4) with its last logged step 176 short of the end of training, and neither run was evaluated. A run
-    trained to the end whose evaluation was cut off (or failed) is only evaluated, by `evaluate-rc`.
+    trained to the end whose evaluation was cut off (or failed) is only evaluated, by `evaluate-rc`. With --distil
+    the k = 0 run trains first, alone, and every other k then starts from it and is distilled from it (distil-kK).
     """
     questions = TRAIN_QUESTIONS if args.smoke is None else args.smoke
     recipe = sweep_recipe(args.carry / "shared-norm" / "triples.jsonl.gz", args.groups, args.learning_rate,
@@ -409,25 +415,62 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
         recipe += ["--chunk-windows", str(args.chunk_windows)]
     if args.compile:
         recipe += ["--compile"]
+    start = args.carry / "start"
     with ExitStack() as stack:
         if args.mps:
             server = stack.enter_context(mps_server(schedule.work / "mps"))
             schedule.note(event="mps", state=server.note)
             schedule.env = server.env or schedule.env
-        runs: dict[str, subprocess.Popen[bytes]] = {}
-        for k in args.layers:
-            name = f"sweep-k{k}"
-            state = sweep_state(schedule.work / name)
-            schedule.note(event="sweep", run=name, state=state)
-            if state == "evaluate":  # trained to the end: only its evaluation is missing
-                runs[name] = schedule.evaluate(name)
-            elif state != "done":
-                resume = ["--resume"] if state == "resume" else []
-                runs[name] = schedule.launch(name, k, args.carry / "start", [*recipe, *resume])
-        schedule.wait(runs, stop_at=args.deadline)
-        finished = [run for run in (schedule.work / f"sweep-k{k}" for k in args.layers) if sweep_state(run) == "done"]
+        if not args.distil:
+            names = train_side_by_side(schedule, [(f"sweep-k{k}", k, start, []) for k in args.layers], recipe, args)
+        else:
+            names = train_side_by_side(schedule, [("sweep-k0", 0, start, [])], recipe, args) if 0 in args.layers else []
+            teacher = sweep_teacher(schedule.work, args.carry)
+            schedule.note(event="teacher", path=None if teacher is None else str(teacher))
+            students = [(f"distil-k{k}", k, teacher, ["--teacher", str(teacher)]) for k in args.layers if k != 0]
+            names += train_side_by_side(schedule, students, recipe, args) if teacher is not None else []
+        if args.export is not None:
+            export_finished(schedule, args.export, args.out)
+        finished = [schedule.work / name for name in names if sweep_state(schedule.work / name) == "done"]
         if finished:
             score_checkpoints(schedule, finished, args, stop_at=args.deadline)
+
+
+def train_side_by_side(
+    schedule: Schedule, runs: list[tuple[str, int, Path, list[str]]], recipe: list[str], args: argparse.Namespace
+) -> list[str]:
+    """Train, resume or only evaluate each (name, k, start, options) run by its state, side by side, until the
+    deadline; their names."""
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    for name, k, start, extra in runs:
+        state = sweep_state(schedule.work / name)
+        schedule.note(event="sweep", run=name, state=state)
+        if state == "evaluate":  # trained to the end: only its evaluation is missing
+            processes[name] = schedule.evaluate(name)
+        elif state != "done":
+            resume = ["--resume"] if state == "resume" else []
+            processes[name] = schedule.launch(name, k, start, [*recipe, *extra, *resume])
+    schedule.wait(processes, stop_at=args.deadline)
+    return [name for name, *_ in runs]
+
+
+def sweep_teacher(work: Path, carry: Path) -> Path | None:
+    """The k = 0 reader the distilled ks start from and learn from: this machine's trained sweep-k0, else the carried
+    teacher-k0/ (a sweep-k0 exported by an earlier draw, `prepare --teacher`), else None."""
+    for reader in (work / "sweep-k0", carry / "teacher-k0"):
+        if (reader / "model.safetensors").is_file():
+            return reader
+    return None
+
+
+def export_finished(schedule: Schedule, name: str, out: Path) -> None:
+    """Export run `name` when it was trained to the end (its weights are what a later draw carries or ships)."""
+    run = schedule.work / name
+    if not (run / "model.safetensors").is_file():
+        schedule.note(event="export skipped", run=name, reason="not trained to the end")
+        return
+    export(run, name, out)
+    schedule.note(event="exported", run=name)
 
 
 def probe(schedule: Schedule, args: argparse.Namespace, start: Path, recipe: list[str]) -> tuple[float, float]:
@@ -686,6 +729,16 @@ def main(argv: list[str] | None = None) -> int:
         help="train qa --compile for every run: how a step is computed, not what (measure it first with "
         "bench_side_by_side.py --sets plain compile)",
     )  # fmt: skip
+    sweep.add_argument(
+        "--distil", action="store_true",
+        help="teacher first: k=0 trains alone (when among --layers), then every other k starts from that k=0 reader "
+        "and is distilled from it (runs distil-kK; the teacher is the carried teacher-k0/ when k=0 is not trained "
+        "here)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--export", metavar="RUN",
+        help="after training, export this run (e.g. sweep-k0) as fp16 weight pieces, before the curves are scored",
+    )
     sweep.set_defaults(run=on_the_gpu(run_sweep))
     again = commands.add_parser("export", help="export another run of a finished schedule (same machine)")
     again.add_argument("name")

@@ -54,9 +54,13 @@ def load_rows(paths: list[Path], pairs: list[tuple[Path, Path]]) -> list[dict[st
 
 
 def initialisation(training: dict[str, Any]) -> str:
-    """Where a run started: "base" (all-MiniLM-L6-v2) or the name of the fine-tuned checkpoint it continued."""
+    """Where a run started: "base" (all-MiniLM-L6-v2) or the name of the fine-tuned checkpoint it continued.
+
+    A distilled run started from its teacher (`sweep --distil`), which may live only on the GPU machine that
+    trained both, so its record's teacher says so where the start folder cannot."""
     start = Path(training["base_model"])
-    return start.name if (start / "dilstore.json").is_file() else BASE_INIT
+    teacher = training.get("config", {}).get("teacher")
+    return start.name if (start / "dilstore.json").is_file() or teacher is not None else BASE_INIT
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:

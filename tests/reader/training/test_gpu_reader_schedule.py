@@ -307,7 +307,7 @@ def _fake_sweep(launched: list[list[str]], finishing: set[str], curve_rows: list
             checkpoint.mkdir(parents=True, exist_ok=True)
             (checkpoint / "training_state.json").write_text("{}", encoding="utf-8")
             if output.name in finishing:
-                (output / "model.safetensors").write_bytes(b"weights")
+                save_file({"weight": torch.full((3,), float(len(output.name)))}, output / "model.safetensors")
                 (output / "eval-dev.json").write_text(json.dumps({"f1": 70.0}), encoding="utf-8")
         return _FinishedRun()
 
@@ -346,6 +346,69 @@ def test_sweep_resumes_cut_runs_leaves_finished_ones_and_scores_their_curves(sch
     assert [(event["run"], event["state"]) for event in events if event["event"] == "sweep"] == [
         ("sweep-k0", "done"), ("sweep-k5", "resume")
     ]
+
+
+def test_sweep_with_distil_trains_the_teacher_first_then_students_from_it_and_exports_it(
+    schedule, tmp_path, monkeypatch
+):
+    carry, work, out = _carried_squad(tmp_path), tmp_path / "work", tmp_path / "out"
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    launched: list[list[str]] = []
+    fake = _fake_sweep(launched, finishing={"sweep-k0", "distil-k4"})
+    teacher_ready_at_launch: list[bool] = []
+
+    def popen(command, stdout=None, stderr=None, env=None):
+        teacher_ready_at_launch.append((work / "sweep-k0" / "model.safetensors").is_file())
+        return fake(command, stdout=stdout, stderr=stderr, env=env)
+
+    monkeypatch.setattr(schedule.subprocess, "Popen", popen)
+    argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(out), "--layers", "0", "4", "5",
+            "--distil", "--export", "sweep-k0"]  # fmt: skip
+    assert schedule.main(argv) == 0
+    trained = [command for command in launched if "--output" in command]
+    outputs = [command[command.index("--output") + 1] for command in trained]
+    assert outputs == [str(work / "sweep-k0"), str(work / "distil-k4"), str(work / "distil-k5")]
+    assert teacher_ready_at_launch[:3] == [False, True, True], "the students start once the teacher has ended"
+    teacher, students = trained[0], trained[1:]
+    assert teacher[teacher.index("--model") + 1] == str(carry / "start") and "--teacher" not in teacher
+    for k, command in zip((4, 5), students, strict=True):
+        assert command[command.index("--layers") + 1] == str(k)
+        assert command[command.index("--model") + 1] == str(work / "sweep-k0")
+        assert command[command.index("--teacher") + 1] == str(work / "sweep-k0")
+    curve = next(command for command in launched if command[1].endswith("reader_curve.py"))
+    assert str(work / "sweep-k0") in curve and str(work / "distil-k4") in curve and str(work / "distil-k5") not in curve
+    joined = tmp_path / "joined"
+    assert schedule.main(["join", str(out), "sweep-k0", "--into", str(joined)]) == 0
+    assert torch.equal(load_file(joined / "model.safetensors")["weight"], torch.full((3,), 8.0, dtype=torch.float16))
+    events = json.loads((work / "results.json").read_text(encoding="utf-8"))["events"]
+    assert [event["run"] for event in events if event["event"] == "exported"] == ["sweep-k0"]
+
+
+def test_sweep_with_distil_learns_from_the_carried_teacher_or_trains_no_student_without_one(
+    schedule, tmp_path, monkeypatch
+):
+    carry, work, out = _carried_squad(tmp_path), tmp_path / "work", tmp_path / "out"
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(out), "--layers", "4",
+            "--distil", "--export", "distil-k4"]  # fmt: skip
+    launched: list[list[str]] = []
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(launched, finishing=set()))
+    assert schedule.main(argv) == 0
+    assert launched == [], "no teacher here or carried: no student"
+    events = json.loads((work / "results.json").read_text(encoding="utf-8"))["events"]
+    assert [event.get("path", event.get("reason")) for event in events if event["event"] != "sweep"] == [
+        None, "not trained to the end"
+    ]
+    assert not list(out.glob("distil-k4*"))
+
+    (carry / "teacher-k0").mkdir()
+    save_file({"weight": torch.zeros(3)}, carry / "teacher-k0" / "model.safetensors")
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(launched, finishing={"distil-k4"}))
+    assert schedule.main(argv) == 0
+    (student,) = [command for command in launched if "--output" in command]
+    assert student[student.index("--model") + 1] == str(carry / "teacher-k0")
+    assert student[student.index("--teacher") + 1] == str(carry / "teacher-k0")
+    assert len(list(out.glob("distil-k4.safetensors.part-*"))) == 1 and (out / "distil-k4.tar").is_file()
 
 
 @pytest.mark.parametrize("env", [{"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps-pipe"}, None])

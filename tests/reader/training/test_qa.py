@@ -352,6 +352,9 @@ def test_k_sweep_names_the_checkpoint_a_run_was_warm_started_from(plot_k_sweep, 
     (start / "dilstore.json").write_text("{}")
     assert plot_k_sweep.initialisation({"base_model": str(start)}) == "minilm-k0"
     assert plot_k_sweep.initialisation({"base_model": str(tmp_path / "plain-encoder")}) == "base"
+    distilled = {"base_model": "/tmp/reader-runs/sweep-k0", "config": {"teacher": "/tmp/reader-runs/sweep-k0"}}
+    assert plot_k_sweep.initialisation(distilled) == "sweep-k0", "a teacher's folder left on the GPU machine"
+    assert plot_k_sweep.initialisation({**distilled, "config": {"teacher": None}}) == "base"
 
 
 @pytest.mark.parametrize(
