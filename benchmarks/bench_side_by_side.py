@@ -8,7 +8,11 @@ length-grouped order, --batch-size groups a step, AdamW, the autocast of trainin
 waiting for the device after every step, as the training loop's per-step loss read made it do until 2026-11-26
 (the step's two other waits of then, a copy from pageable memory and a check of the group targets, are gone from
 both).
-Workers load their data and model once and warm up (3 steps) before the first phase starts. --sets says which
+Workers load their data and model once and warm up before the first phase starts: one pass over their steps
+by default, so every padded length has met the device once. (With 3 warm-up steps and 6 s phases a lent H100
+gave one plain worker 242 windows/s, while `train qa` on the same GPU with the same recipe logged 741 windows/s
+over its first 100 steps, ~1,000 over the next 100 and 2,000-4,000 from step ~400 on: the phases had timed the
+start-up regime, not the steady one.) --sets says which
 ways of running them to time: "plain" (every phase), then for "compile" (`train qa --compile`), "mps" (an MPS
 server, benchmarks/cuda_mps.py, where the machine has one) and "compile+mps", the phases that do not wait, each
 set with fresh workers; where MPS cannot start, "compile+mps" runs as "compile" (unless that is asked for too).
@@ -42,7 +46,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_mps import mps_server  # noqa: E402
 
-WARM_UP_STEPS = 3
 SETS = ("plain", "compile", "mps", "compile+mps")
 
 
@@ -99,10 +102,12 @@ def worker(args: argparse.Namespace) -> int:
     warming = time.perf_counter()
     if args.compile:
         reader.compile_layers()
-    for _ in range(WARM_UP_STEPS):
-        step(wait=True)
+    warm_up_steps = len(steps) if args.warm_up_steps is None else args.warm_up_steps
+    for _ in range(warm_up_steps):
+        step(wait=False)
     settle()
-    _publish(args.sync_dir / f"ready-{args.index}", str(time.perf_counter() - warming))
+    ready = {"seconds": time.perf_counter() - warming, "steps": warm_up_steps}
+    _publish(args.sync_dir / f"ready-{args.index}", json.dumps(ready))
     for number, (count, wait) in enumerate(args.phases):
         go = args.sync_dir / f"go-{number}"
         while not go.exists():
@@ -144,7 +149,8 @@ def run_workers(
             failure = _wait_for_files(sync_dir, [f"ready-{i}" for i in range(count)], processes, args.startup_timeout)
             if failure:
                 return [{"set": name, "failed": failure}]
-            warm_up = max(float((sync_dir / f"ready-{index}").read_text(encoding="utf-8")) for index in range(count))
+            readies = [json.loads((sync_dir / f"ready-{index}").read_text(encoding="utf-8")) for index in range(count)]
+            warm_up = max(ready["seconds"] for ready in readies)
             rows = []
             for number, (workers, waits) in enumerate(phases):
                 (sync_dir / f"go-{number}").touch()
@@ -158,6 +164,7 @@ def run_workers(
                     "set": name, "processes": workers, "waits_each_step": waits,
                     "windows_per_second_each": [round(rate, 1) for rate in rates],
                     "windows_per_second": round(sum(rates), 1), "warm_up_seconds": round(warm_up, 1),
+                    "warm_up_steps": readies[0]["steps"],
                 })  # fmt: skip
             return rows
         finally:
@@ -233,6 +240,9 @@ def argument_parser() -> argparse.ArgumentParser:
         help="N: N workers side by side; Ns: the same, waiting for the device after every step (default: 1 1s 2 3)",
     )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds each phase trains")
+    parser.add_argument(
+        "--warm-up-steps", type=int, metavar="N", help="steps each worker trains before the phases (default: one pass)"
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each worker (train qa's default)")
     parser.add_argument("--sets", nargs="+", choices=SETS, default=["plain"],
@@ -252,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model", str(args.model), "--train", str(args.train), "--shared-norm", str(args.shared_norm),
         "--layers", str(args.layers), "--questions", str(args.questions), "--batch-size", str(args.batch_size),
         "--seconds", str(args.seconds), "--device", args.device, "--threads", str(args.threads),
+        *([] if args.warm_up_steps is None else ["--warm-up-steps", str(args.warm_up_steps)]),
     ]  # fmt: skip
     rows: list[dict[str, Any]] = []
     for name in dict.fromkeys(args.sets):

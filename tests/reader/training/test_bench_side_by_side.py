@@ -42,7 +42,7 @@ def test_workers_train_each_phase_side_by_side_and_a_missing_mps_is_a_row(
     monkeypatch.setattr(mps, "control_binary", lambda: None)
     triples = write_handful_triples(tmp_path / "ranking", negatives=3)
     argv = ["--model", str(tiny_base), "--train", str(squad_file), "--shared-norm", str(triples), "--layers", "1",
-            "--questions", "6", "--batch-size", "2", "--phases", "1", "1s", "2", "--seconds", "1", "--device", "cpu",
+            "--questions", "6", "--batch-size", "1", "--phases", "1", "1s", "2", "--seconds", "1", "--device", "cpu",
             "--threads", "1", "--sets", "plain", "mps"]  # fmt: skip
     assert bench.main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -56,6 +56,7 @@ def test_workers_train_each_phase_side_by_side_and_a_missing_mps_is_a_row(
         assert all(rate > 0 for rate in row["windows_per_second_each"])
         assert row["windows_per_second"] == pytest.approx(sum(row["windows_per_second_each"]), abs=0.2)
         assert row["warm_up_seconds"] > 0
+        assert row["warm_up_steps"] == 6, "one pass over 6 questions, 1 a step"
     assert rows[-1] == {"set": "mps", "failed": "no nvidia-cuda-mps-control on PATH or in /usr/local/nvidia/bin"}
     assert any(line.split()[:3] == ["plain", "2", "no"] and line.split()[-2].endswith("x") for line in out)
 
