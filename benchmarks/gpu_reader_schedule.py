@@ -421,15 +421,19 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
             server = stack.enter_context(mps_server(schedule.work / "mps"))
             schedule.note(event="mps", state=server.note)
             schedule.env = server.env or schedule.env
+        exported = False
         if not args.distil:
             names = train_side_by_side(schedule, [(f"sweep-k{k}", k, start, []) for k in args.layers], recipe, args)
         else:
             names = train_side_by_side(schedule, [("sweep-k0", 0, start, [])], recipe, args) if 0 in args.layers else []
+            if args.export in names:  # the teacher's weights come back even if its students are cut off
+                export_finished(schedule, args.export, args.out)
+                exported = True
             teacher = sweep_teacher(schedule.work, args.carry)
             schedule.note(event="teacher", path=None if teacher is None else str(teacher))
             students = [(f"distil-k{k}", k, teacher, ["--teacher", str(teacher)]) for k in args.layers if k != 0]
             names += train_side_by_side(schedule, students, recipe, args) if teacher is not None else []
-        if args.export is not None:
+        if args.export is not None and not exported:
             export_finished(schedule, args.export, args.out)
         finished = [schedule.work / name for name in names if sweep_state(schedule.work / name) == "done"]
         if finished:
@@ -737,7 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     sweep.add_argument(
         "--export", metavar="RUN",
-        help="after training, export this run (e.g. sweep-k0) as fp16 weight pieces, before the curves are scored",
+        help="export this run (e.g. sweep-k0) as fp16 weight pieces once it is trained (with --distil, sweep-k0 "
+        "before its students start), before the curves are scored",
     )
     sweep.set_defaults(run=on_the_gpu(run_sweep))
     again = commands.add_parser("export", help="export another run of a finished schedule (same machine)")

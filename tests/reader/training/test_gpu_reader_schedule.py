@@ -356,9 +356,11 @@ def test_sweep_with_distil_trains_the_teacher_first_then_students_from_it_and_ex
     launched: list[list[str]] = []
     fake = _fake_sweep(launched, finishing={"sweep-k0", "distil-k4"})
     teacher_ready_at_launch: list[bool] = []
+    teacher_exported_at_launch: list[bool] = []
 
     def popen(command, stdout=None, stderr=None, env=None):
         teacher_ready_at_launch.append((work / "sweep-k0" / "model.safetensors").is_file())
+        teacher_exported_at_launch.append((out / "sweep-k0.tar").is_file())
         return fake(command, stdout=stdout, stderr=stderr, env=env)
 
     monkeypatch.setattr(schedule.subprocess, "Popen", popen)
@@ -369,6 +371,7 @@ def test_sweep_with_distil_trains_the_teacher_first_then_students_from_it_and_ex
     outputs = [command[command.index("--output") + 1] for command in trained]
     assert outputs == [str(work / "sweep-k0"), str(work / "distil-k4"), str(work / "distil-k5")]
     assert teacher_ready_at_launch[:3] == [False, True, True], "the students start once the teacher has ended"
+    assert teacher_exported_at_launch[:3] == [False, True, True], "and once its weights are exported"
     teacher, students = trained[0], trained[1:]
     assert teacher[teacher.index("--model") + 1] == str(carry / "start") and "--teacher" not in teacher
     for k, command in zip((4, 5), students, strict=True):
