@@ -37,20 +37,24 @@ def load_rows(paths: list[Path], pairs: list[tuple[Path, Path]]) -> list[dict[st
         row["source"] = str(file)
         if path.is_dir():
             training = load_training_metadata(path)
-            row.update(run=path.name, init=initialisation(training))
             # An evaluation by `evaluate-rc` (a sweep run whose own was cut off) lacks the training budget.
-            row.setdefault("train_steps", training["steps"])
-            row.setdefault("train_seconds", training["train_seconds"])
-            row.setdefault("features_seen", training["features_seen"])
+            row = {**budget(training), **row, "run": path.name, "init": initialisation(training)}
         rows.append(row)
     for file, checkpoint in pairs:
         training = load_training_metadata(checkpoint)
         row = json.loads(file.read_text(encoding="utf-8"))
-        row.update(source=str(file), checkpoint=str(checkpoint), train_steps=training["steps"])
-        row.update(train_seconds=training["train_seconds"], features_seen=training["features_seen"])
-        row["init"] = initialisation(training)
+        row.update(source=str(file), checkpoint=str(checkpoint), init=initialisation(training), **budget(training))
         rows.append(row)
     return sorted(rows, key=lambda row: (row.get("init", BASE_INIT) != BASE_INIT, int(row["k"])))
+
+
+def budget(training: dict[str, Any]) -> dict[str, Any]:
+    """A run's training budget from its record: steps, seconds and examples seen."""
+    return {
+        "train_steps": training["steps"],
+        "train_seconds": training["train_seconds"],
+        "features_seen": training["features_seen"],
+    }
 
 
 def initialisation(training: dict[str, Any]) -> str:
