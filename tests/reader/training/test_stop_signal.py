@@ -7,7 +7,6 @@ signal's number), and resume to the weights of a run never stopped.
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
@@ -25,7 +24,11 @@ CONFIG = TrainingConfig(layers=1, epochs=2, max_steps=4, batch_size=3, learning_
 
 
 def _signal_in_steps(monkeypatch: pytest.MonkeyPatch, number: int, steps: set[int], times: int = 1) -> None:
-    """Send `number` to this process `times` times during each step in `steps` (1-based)."""
+    """Raise `number` in this thread `times` times during each step in `steps` (1-based).
+
+    `signal.raise_signal` runs the handler before it returns; `os.kill` on this process may land in another of
+    its threads, late, and two such signals still pending merge into one, which made these tests flaky under load.
+    """
     original, calls = qa.accumulate_gradients, [0]
 
     def accumulate(*args, **kwargs):
@@ -33,7 +36,7 @@ def _signal_in_steps(monkeypatch: pytest.MonkeyPatch, number: int, steps: set[in
         loss = original(*args, **kwargs)
         if calls[0] in steps:
             for _ in range(times):
-                os.kill(os.getpid(), number)
+                signal.raise_signal(number)
         return loss
 
     monkeypatch.setattr(qa, "accumulate_gradients", accumulate)
