@@ -13,14 +13,18 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from dilstore.storage.errors import DilstoreError
 
+T = TypeVar("T")
+
 _JVM_LOCK = threading.Lock()
 _JVM_STARTED = False
+_BUILDS: dict[Path, threading.Thread] = {}  # index folder → the thread that builds it (build_bm25_index)
 
 
 def start_jvm(max_heap: str = "4g") -> None:
@@ -61,14 +65,16 @@ def _quiet() -> bool:
 
 
 def build_bm25_index(collection_dir: Path, index_dir: Path, threads: int = 1) -> None:
-    """Index a folder of pyserini JsonCollection files (`{"id","contents"}`) with Lucene BM25."""
+    """Index a folder of pyserini JsonCollection files (`{"id","contents"}`) with Lucene BM25.
+
+    Ctrl-C acts at once (see `_wait_in_python`); a build cut off that way goes on in its daemon thread until the
+    process ends, so a second build of the same `index_dir` in this process is refused while it runs.
+    """
     if not collection_dir.is_dir() or not any(collection_dir.glob("*.jsonl")):
         raise DilstoreError(f"no passage JSONL to index in {collection_dir}")
+    _refuse_while_building(index_dir)
     start_jvm()
-    from jnius import autoclass
-
-    index_collection = autoclass("io.anserini.index.IndexCollection")
-    index_collection.main([
+    arguments = [
         "-collection", "JsonCollection",
         "-generator", "DefaultLuceneDocumentGenerator",
         "-input", str(collection_dir),
@@ -76,7 +82,50 @@ def build_bm25_index(collection_dir: Path, index_dir: Path, threads: int = 1) ->
         "-threads", str(threads),
         "-storePositions", "-storeDocvectors", "-storeRaw",
         *(["-quiet"] if _quiet() else []),
-    ])
+    ]  # fmt: skip
+
+    def build() -> None:
+        from jnius import autoclass
+
+        autoclass("io.anserini.index.IndexCollection").main(arguments)
+
+    _wait_in_python(build, f"bm25-build {index_dir.name}", building=index_dir)
+
+
+def _refuse_while_building(index_dir: Path) -> None:
+    """A clear error if a build of `index_dir` cut off by Ctrl-C still runs in this process (build_bm25_index)."""
+    running = _BUILDS.get(index_dir.resolve())
+    if running is not None and running.is_alive():
+        raise DilstoreError(f"an interrupted BM25 build of {index_dir} still runs in this process: "
+                            "wait for it to end, or start a new process")  # fmt: skip
+
+
+def _wait_in_python(work: Callable[[], T], name: str, building: Path | None = None) -> T:
+    """Run `work`, a long call into Java, in a daemon thread while this thread waits in short joins; its result.
+
+    Python runs signal handlers only between bytecodes of the main thread, so a main thread inside one Java call
+    would take Ctrl-C only when Java returns: minutes, for a large index. Waiting here, KeyboardInterrupt acts
+    within 0.2 s and the process can end; the Java call is abandoned with its daemon thread. A thread that
+    builds an index is recorded under `building`, its folder.
+    """
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as error:  # handed to the waiting thread, which raises it
+            failure.append(error)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    if building is not None:
+        _BUILDS[building.resolve()] = thread
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+    if failure:
+        raise failure[0]
+    return outcome[0]
 
 
 def build_bm25_index_in_place(collection_dir: Path, index_dir: Path, threads: int = 1) -> Path:
@@ -86,6 +135,7 @@ def build_bm25_index_in_place(collection_dir: Path, index_dir: Path, threads: in
     name that looks like a whole index; an older index there is replaced.
     """
     building = index_dir.with_name(f".{index_dir.name}.building")
+    _refuse_while_building(building)
     shutil.rmtree(building, ignore_errors=True)
     build_bm25_index(collection_dir, building, threads=threads)
     if not any(building.glob("segments_*")):
@@ -124,5 +174,7 @@ class Bm25Searcher:
         """The top-k passages of many queries at once, searched by `threads` Java threads: qid → hits, best first."""
         if len(queries) != len(qids) or len(set(qids)) != len(qids):
             raise DilstoreError("batch_search needs one distinct qid per query")
-        found = self._searcher.batch_search(list(queries), list(qids), k=k, threads=threads)
+        found = _wait_in_python(
+            lambda: self._searcher.batch_search(list(queries), list(qids), k=k, threads=threads), "bm25-search"
+        )
         return {qid: [Hit(hit.docid, float(hit.score)) for hit in found.get(qid, [])] for qid in qids}

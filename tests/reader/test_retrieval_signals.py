@@ -1,8 +1,10 @@
-"""The JVM that BM25 search starts in-process leaves SIGINT and SIGTERM to Python.
+"""The JVM that BM25 search starts in-process leaves SIGINT and SIGTERM to Python, and Ctrl-C acts at once.
 
 Without `-Xrs` the JVM installs its own handlers for both: Ctrl-C then ends the process at once from Java
 (exit 130), past every Python handler, `finally` block and the CLI's "interrupted" line. A Python program that
-uses dilstore's search (a server, a notebook kernel) would lose its own handling of these signals.
+uses dilstore's search (a server, a notebook kernel) would lose its own handling of these signals. With them
+Python's, a long call into Java waits in Python (retrieval._wait_in_python) so that the signal does not wait
+for Java to return.
 """
 
 from __future__ import annotations
@@ -12,7 +14,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from pathlib import Path
 
+import pytest
+
+from dilstore.reader import retrieval
+from dilstore.storage.errors import DilstoreError
 from tests.fixtures.paths import ROOT
 
 # Handlers first, then the JVM: the order in which a server or a notebook meets them.
@@ -34,12 +43,18 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_python_keeps_its_sigint_and_sigterm_handlers_once_the_jvm_runs() -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job starts with it ignored
+def _start(script: str, *args: str, **env: str) -> subprocess.Popen[str]:
+    """A Python child that runs `script` from this checkout with SIGINT at its default (a background job of a
+    shell starts with it ignored)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
+
+
+def test_python_keeps_its_sigint_and_sigterm_handlers_once_the_jvm_runs() -> None:
+    child = _start(CHILD)
     try:
         assert child.stdout is not None and child.stderr is not None
         ready = child.stdout.readline().strip()
@@ -51,3 +66,73 @@ def test_python_keeps_its_sigint_and_sigterm_handlers_once_the_jvm_runs() -> Non
         child.kill()
     assert child.returncode == 0, f"the JVM took the signal (exit {child.returncode}): {err[-2000:]}"
     assert out.strip() == f"caught [{int(signal.SIGINT)}, {int(signal.SIGTERM)}]"
+
+
+# Start the JVM, then build an index large enough to take seconds; Ctrl-C arrives while Java builds it.
+BUILDING = textwrap.dedent(
+    """
+    import json, random, sys
+    from pathlib import Path
+    from dilstore.reader.retrieval import build_bm25_index_in_place, start_jvm
+    root = Path(sys.argv[1])
+    (root / "collection").mkdir()
+    words = [f"w{i}" for i in range(20000)]
+    random.seed(0)
+    with open(root / "collection" / "docs.jsonl", "w") as out:
+        for i in range(80000):
+            out.write(json.dumps({"id": f"d{i}", "contents": " ".join(random.choices(words, k=60))}) + "\\n")
+    start_jvm()
+    print("building", flush=True)
+    try:
+        build_bm25_index_in_place(root / "collection", root / "bm25")
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(130)
+    print("built", flush=True)
+    """
+)
+
+
+def test_ctrl_c_during_an_index_build_acts_before_java_returns(tmp_path: Path) -> None:
+    child = _start(BUILDING, str(tmp_path), DILSTORE_QUIET="1")
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        started = child.stdout.readline().strip()
+        assert started == "building", child.stderr.read()[-2000:]
+        lock, deadline = tmp_path / ".bm25.building" / "write.lock", time.monotonic() + 60
+        while not lock.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lock.exists(), "Lucene never opened the index for writing"
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert (child.returncode, out.strip()) == (130, "interrupted"), err[-2000:]
+    assert not (tmp_path / "bm25").exists(), "a build cut off is never renamed into place"
+    assert not any((tmp_path / ".bm25.building").glob("segments_*")), "Ctrl-C waited for Java to finish the build"
+
+
+def test_a_build_of_a_folder_still_being_built_in_this_process_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    collection, index = tmp_path / "collection", tmp_path / "bm25"
+    collection.mkdir()
+    (collection / "docs.jsonl").write_text('{"id": "d0", "contents": "tram"}\n', encoding="utf-8")
+    building = tmp_path / ".bm25.building"
+    building.mkdir()
+    release = threading.Event()
+    cut_off = threading.Thread(target=release.wait, daemon=True)
+    cut_off.start()
+    monkeypatch.setitem(retrieval._BUILDS, building.resolve(), cut_off)
+    try:
+        with pytest.raises(DilstoreError, match=r"interrupted BM25 build of .*\.bm25\.building still runs"):
+            retrieval.build_bm25_index_in_place(collection, index)
+        assert building.is_dir(), "the folder the cut-off build writes to is left to it"
+    finally:
+        release.set()
+
+
+def test_a_java_call_waited_on_gives_back_its_result_or_its_error() -> None:
+    assert retrieval._wait_in_python(lambda: 6 * 7, "answer") == 42
+    with pytest.raises(ZeroDivisionError):
+        retrieval._wait_in_python(lambda: 1 / 0, "error")

@@ -56,6 +56,14 @@ def test_answers_come_from_the_bm25_top_p_with_their_scores(indexed: dict[str, P
     assert {span.passage_id for span in odqa.answer(QUESTION, top_p=1).nbest} == {"tram#0"}
 
 
+def test_a_batch_search_on_java_threads_finds_what_one_search_at_a_time_finds(indexed: dict[str, Path]) -> None:
+    searcher = Bm25Searcher(bm25_index_dir(indexed["store"]))
+    questions = {"q1": QUESTION, "q2": "Who polishes mallets?"}
+    batch = searcher.batch_search(list(questions.values()), list(questions), 3, threads=2)
+    assert batch["q1"] and batch["q1"][0].passage_id == "tram#0"
+    assert batch == {qid: searcher.search(question, 3) for qid, question in questions.items()}
+
+
 def test_an_index_id_missing_from_the_store_is_a_clear_error(indexed: dict[str, Path]) -> None:
     odqa = open_reader(indexed["store"], indexed["model"])
     with pytest.raises(MissingPassagesError, match="ghost#0"):
