@@ -91,6 +91,10 @@ def evaluated_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for run in args.runs:
         for checkpoint in checkpoints(run):
+            if not (checkpoint / WEIGHTS).is_file():  # a run still training prunes its off-grid checkpoints
+                print(f"reader_curve: {checkpoint} is gone (pruned by its run while earlier points were scored): "
+                      "skipped", file=sys.stderr)  # fmt: skip
+                continue
             rows.append(point(checkpoint, args.dev, args.limit, args.seed, cache, args.device))
             args.cache.write_text(json.dumps(cache, indent=1))
     return rows

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,29 @@ def test_every_checkpoint_is_a_point_and_scores_are_cached(
     assert script.main(["--scored", str(scored), "--png", str(tmp_path / "curve.png")]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == rows, "rows scored elsewhere, unchanged"
     assert (tmp_path / "curve.png").stat().st_size > 0
+
+
+def test_a_checkpoint_pruned_while_the_curve_is_scored_is_skipped_with_a_line(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = TrainingConfig(layers=1, max_steps=3, batch_size=2, learning_rate=1e-3, save_every=1,
+                            keep_checkpoints=5, log_every=1000, **SMALL_WINDOWS)  # fmt: skip
+    train_qa(tiny_base, squad_file, tmp_path / "run", config, command="test curve", progress=False)
+    script = curve_script()
+    evaluate, pruned = script.evaluate_file, tmp_path / "run" / "checkpoints" / "step-0000002"
+
+    def evaluate_then_prune(*args, **kwargs):
+        result = evaluate(*args, **kwargs)
+        shutil.rmtree(pruned, ignore_errors=True)  # what a run still training does to an off-grid checkpoint
+        return result
+
+    monkeypatch.setattr(script, "evaluate_file", evaluate_then_prune)
+    capsys.readouterr()
+    assert script.main([str(tmp_path / "run"), "--dev", str(squad_file), "--limit", "4", "--cache",
+                        str(tmp_path / "cache.json"), "--threads", "1"]) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    assert [row["step"] for row in json.loads(out.strip().splitlines()[-1])] == [1, 3]
+    assert f"{pruned} is gone" in err
 
 
 @pytest.mark.parametrize(
