@@ -23,12 +23,17 @@ def curve_script():
     return module
 
 
+def _train_three_steps(tiny_base: Path, squad_file: Path, run: Path) -> None:
+    """A tiny run with a checkpoint at steps 1 and 2 and its final model at step 3."""
+    config = TrainingConfig(layers=1, max_steps=3, batch_size=2, learning_rate=1e-3, save_every=1,
+                            keep_checkpoints=5, log_every=1000, **SMALL_WINDOWS)  # fmt: skip
+    train_qa(tiny_base, squad_file, run, config, command="test curve", progress=False)
+
+
 def test_every_checkpoint_is_a_point_and_scores_are_cached(
     tiny_base: Path, squad_file: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = TrainingConfig(layers=1, max_steps=3, batch_size=2, learning_rate=1e-3, save_every=1,
-                            keep_checkpoints=5, log_every=1000, **SMALL_WINDOWS)  # fmt: skip
-    train_qa(tiny_base, squad_file, tmp_path / "run", config, command="test curve", progress=False)
+    _train_three_steps(tiny_base, squad_file, tmp_path / "run")
     script = curve_script()
     arguments = [str(tmp_path / "run"), "--dev", str(squad_file), "--limit", "4", "--cache",
                  str(tmp_path / "cache.json"), "--png", str(tmp_path / "curve.png"), "--threads", "1"]  # fmt: skip
@@ -59,9 +64,7 @@ def test_every_checkpoint_is_a_point_and_scores_are_cached(
 def test_a_checkpoint_pruned_while_the_curve_is_scored_is_skipped_with_a_line(
     tiny_base: Path, squad_file: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = TrainingConfig(layers=1, max_steps=3, batch_size=2, learning_rate=1e-3, save_every=1,
-                            keep_checkpoints=5, log_every=1000, **SMALL_WINDOWS)  # fmt: skip
-    train_qa(tiny_base, squad_file, tmp_path / "run", config, command="test curve", progress=False)
+    _train_three_steps(tiny_base, squad_file, tmp_path / "run")
     script = curve_script()
     evaluate, pruned = script.evaluate_file, tmp_path / "run" / "checkpoints" / "step-0000002"
 
