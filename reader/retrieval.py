@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 _JVM_LOCK = threading.Lock()
 _JVM_STARTED = False
-_BUILDS: dict[Path, threading.Thread] = {}  # index folder → the thread that builds it (build_bm25_index)
+_BUILDS: dict[Path, threading.Thread] = {}  # index folder → the thread still building it (build_bm25_index)
 
 
 def start_jvm(max_heap: str = "4g") -> None:
@@ -123,6 +123,8 @@ def _wait_in_python(work: Callable[[], T], name: str, building: Path | None = No
     thread.start()
     while thread.is_alive():
         thread.join(0.2)
+    if building is not None:
+        del _BUILDS[building.resolve()]  # ended: only a build cut off by Ctrl-C stays recorded
     if failure:
         raise failure[0]
     return outcome[0]
