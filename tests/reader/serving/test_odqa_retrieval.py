@@ -64,6 +64,24 @@ def test_a_batch_search_on_java_threads_finds_what_one_search_at_a_time_finds(in
     assert batch == {qid: searcher.search(question, 3) for qid, question in questions.items()}
 
 
+def test_hits_equal_pyserinis_lucene_searcher(indexed: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bm25Searcher calls Anserini's SimpleSearcher directly: the same ids, scores and order as pyserini's wrapper."""
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")  # pyserini's encoder module builds an OpenAI client on import
+    from pyserini.search.lucene import LuceneSearcher
+
+    index = bm25_index_dir(indexed["store"])
+    ours, reference = Bm25Searcher(index), LuceneSearcher(str(index))
+    queries = {"q1": QUESTION, "q2": "Who polishes mallets?", "q3": "the", "q4": "network open museum 1882 tram"}
+    for k in (1, 3, 10):
+        expected = {qid: [(hit.docid, hit.score) for hit in reference.search(query, k=k)]
+                    for qid, query in queries.items()}
+        assert {qid: [(hit.passage_id, hit.score) for hit in ours.search(query, k)]
+                for qid, query in queries.items()} == expected
+        batch = ours.batch_search(list(queries.values()), list(queries), k, threads=2)
+        assert {qid: [(hit.passage_id, hit.score) for hit in hits] for qid, hits in batch.items()} == expected
+    assert any(len(hits) > 1 for hits in expected.values())
+
+
 def test_an_index_id_missing_from_the_store_is_a_clear_error(indexed: dict[str, Path]) -> None:
     odqa = open_reader(indexed["store"], indexed["model"])
     with pytest.raises(MissingPassagesError, match="ghost#0"):

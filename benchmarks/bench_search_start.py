@@ -1,0 +1,104 @@
+"""Start-up of a BM25 search in a fresh process: dilstore's searcher against pyserini's LuceneSearcher wrapper.
+
+Every `dilstore ask`, `evaluate-qa`, `serve` and `train ranking-data` opens a BM25 index once, in a new
+process. `Bm25Searcher` calls Anserini's SimpleSearcher in pyserini's jar directly; pyserini's own
+`LuceneSearcher` wraps the same Java class, but importing `pyserini.search.lucene` also imports its
+neural encoders (torch, scikit-learn, transformers models, an OpenAI client). This times both in fresh
+Python processes, alternating, --repeats times each: the JVM start, the open and one search, and checks
+that both return the same hits. --squad builds the index first, over a SQuAD file's paragraphs, when
+--index holds none (or time a store's, after `dilstore index STORE`: --index STORE/bm25):
+
+    .venv/bin/python benchmarks/bench_search_start.py --index /tmp/squad-train-bm25 \
+        --squad ../shared/data/squad/train-v1.1.json --query "When did the Zurich tram network open?"
+
+Prints a table, then the rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+OURS = """
+import json, sys, time
+start = time.perf_counter()
+from pathlib import Path
+from dilstore.reader.retrieval import Bm25Searcher
+hits = Bm25Searcher(Path(sys.argv[1])).search(sys.argv[2], 10)
+print(json.dumps({"seconds": time.perf_counter() - start, "hits": [[h.passage_id, h.score] for h in hits]}))
+"""
+PYSERINI = """
+import json, os, sys, time
+start = time.perf_counter()
+os.environ.setdefault("OPENAI_API_KEY", "unused")  # pyserini's encoder module builds an OpenAI client on import
+from pathlib import Path
+from dilstore.reader.retrieval import start_jvm
+start_jvm()
+from pyserini.search.lucene import LuceneSearcher
+hits = LuceneSearcher(sys.argv[1]).search(sys.argv[2], k=10)
+print(json.dumps({"seconds": time.perf_counter() - start, "hits": [[h.docid, h.score] for h in hits]}))
+"""
+SEARCHERS = {"dilstore Bm25Searcher": OURS, "pyserini LuceneSearcher": PYSERINI}
+
+
+def time_once(script: str, index: Path, query: str) -> dict:
+    """Seconds from the first import to the first search's hits, in a fresh process, and those hits."""
+    done = subprocess.run([sys.executable, "-c", script, str(index), query], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_search_start: the search process failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def build_squad_index(squad: Path, index: Path) -> int:
+    """A BM25 index at `index` over every paragraph of a SQuAD file; returns the number of paragraphs."""
+    from dilstore.reader.retrieval import build_bm25_index
+
+    paragraphs = [paragraph["context"] for article in json.loads(squad.read_text())["data"]
+                  for paragraph in article["paragraphs"]]
+    collection = index.with_name(index.name + "-collection")
+    collection.mkdir(parents=True, exist_ok=True)
+    with open(collection / "paragraphs.jsonl", "w", encoding="utf-8") as out:
+        for number, text in enumerate(paragraphs):
+            out.write(json.dumps({"id": f"p{number}", "contents": text}) + "\n")
+    build_bm25_index(collection, index, threads=2)
+    return len(paragraphs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--index", type=Path, required=True, help="a Lucene index folder (STORE/bm25)")
+    parser.add_argument("--query", default="when did the network open")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--squad", type=Path, help="build --index over this SQuAD file's paragraphs if it has none")
+    args = parser.parse_args(argv)
+    if args.squad and not any(args.index.glob("segments_*")):
+        print(f"indexed {build_squad_index(args.squad, args.index)} paragraphs of {args.squad}", file=sys.stderr)
+    if not any(args.index.glob("segments_*")):
+        parser.error(f"no Lucene index at {args.index}")
+    seconds: dict[str, list[float]] = {name: [] for name in SEARCHERS}
+    hits: dict[str, list] = {}
+    for _ in range(args.repeats):
+        for name, script in SEARCHERS.items():
+            result = time_once(script, args.index, args.query)
+            seconds[name].append(result["seconds"])
+            hits[name] = result["hits"]
+    reference = statistics.median(seconds["pyserini LuceneSearcher"])
+    rows = [{"searcher": name, "median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3),
+             "max_s": round(max(times), 3), "speed_up": round(reference / statistics.median(times), 2)}
+            for name, times in seconds.items()]
+    same = len({json.dumps(found) for found in hits.values()}) == 1
+    print(f"{'searcher':<26}{'median s':>10}{'min s':>8}{'max s':>8}{'speed-up':>10}")
+    for row in rows:
+        print(f"{row['searcher']:<26}{row['median_s']:>10.3f}{row['min_s']:>8.3f}{row['max_s']:>8.3f}"
+              f"{row['speed_up']:>9.2f}x")
+    print(f"same hits: {same} ({len(next(iter(hits.values())))} hits)")
+    print(json.dumps({"repeats": args.repeats, "same_hits": same, "rows": rows}))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
