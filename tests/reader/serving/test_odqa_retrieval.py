@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dilstore.reader.retrieval import Bm25Searcher, build_bm25_index
+from dilstore.reader.retrieval import Bm25Searcher, build_bm25_index, start_jvm
 from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
 from dilstore.runners.cli import main
 from dilstore.storage.reader import MissingPassagesError
@@ -67,6 +67,7 @@ def test_a_batch_search_on_java_threads_finds_what_one_search_at_a_time_finds(in
 def test_hits_equal_pyserinis_lucene_searcher(indexed: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """Bm25Searcher calls Anserini's SimpleSearcher directly: the same ids, scores and order as pyserini's wrapper."""
     monkeypatch.setenv("OPENAI_API_KEY", "unused")  # pyserini's encoder module builds an OpenAI client on import
+    start_jvm()  # before pyserini's import, which would otherwise start it without dilstore's options
     from pyserini.search.lucene import LuceneSearcher
 
     index = bm25_index_dir(indexed["store"])
