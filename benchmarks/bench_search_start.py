@@ -5,11 +5,12 @@ process. `Bm25Searcher` calls Anserini's SimpleSearcher in pyserini's jar direct
 `LuceneSearcher` wraps the same Java class, but importing `pyserini.search.lucene` also imports its
 neural encoders (torch, scikit-learn, transformers models, an OpenAI client). This times both in fresh
 Python processes, alternating, --repeats times each: the JVM start, the open and one search, and checks
-that both return the same hits. --squad builds the index first, over a SQuAD file's paragraphs, when
---index holds none (or time a store's, after `dilstore index STORE`: --index STORE/bm25):
+that both return the same hits. Time a store's index (after `dilstore index STORE`: --index STORE/bm25),
+or --squad FILE's paragraphs, indexed into --work/bm25 as `train ranking-data` indexes them (reused
+when it already holds exactly those paragraphs):
 
-    .venv/bin/python benchmarks/bench_search_start.py --index /tmp/squad-train-bm25 \
-        --squad ../shared/data/squad/train-v1.1.json --query "When did the Zurich tram network open?"
+    .venv/bin/python benchmarks/bench_search_start.py --squad ../shared/data/squad/train-v1.1.json \
+        --work /tmp/squad-train-bm25 --query "When did the Zurich tram network open?"
 
 Prints a table, then the rows as JSON.
 """
@@ -53,30 +54,19 @@ def time_once(script: str, index: Path, query: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def build_squad_index(squad: Path, index: Path) -> int:
-    """A BM25 index at `index` over every paragraph of a SQuAD file; returns the number of paragraphs."""
-    from dilstore.reader.retrieval import build_bm25_index
-
-    paragraphs = [paragraph["context"] for article in json.loads(squad.read_text())["data"]
-                  for paragraph in article["paragraphs"]]
-    collection = index.with_name(index.name + "-collection")
-    collection.mkdir(parents=True, exist_ok=True)
-    with open(collection / "paragraphs.jsonl", "w", encoding="utf-8") as out:
-        for number, text in enumerate(paragraphs):
-            out.write(json.dumps({"id": f"p{number}", "contents": text}) + "\n")
-    build_bm25_index(collection, index, threads=2)
-    return len(paragraphs)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index", type=Path, required=True, help="a Lucene index folder (STORE/bm25)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--index", type=Path, help="a Lucene index folder (STORE/bm25)")
+    source.add_argument("--squad", type=Path, help="index this SQuAD file's paragraphs into --work/bm25 and time that")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/bench-search-start"), help="where --squad's index goes")
     parser.add_argument("--query", default="when did the network open")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--squad", type=Path, help="build --index over this SQuAD file's paragraphs if it has none")
     args = parser.parse_args(argv)
-    if args.squad and not any(args.index.glob("segments_*")):
-        print(f"indexed {build_squad_index(args.squad, args.index)} paragraphs of {args.squad}", file=sys.stderr)
+    if args.squad:
+        from dilstore.reader.data.ranking_data import ensure_bm25_index, read_squad_ranking
+
+        args.index = ensure_bm25_index(read_squad_ranking(args.squad).paragraphs, args.work, threads=2)
     if not any(args.index.glob("segments_*")):
         parser.error(f"no Lucene index at {args.index}")
     seconds: dict[str, list[float]] = {name: [] for name in SEARCHERS}

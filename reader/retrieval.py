@@ -179,7 +179,8 @@ class Bm25Searcher:
             raise DilstoreError("batch_search needs one distinct qid per query")
         from jnius import autoclass
 
-        java_queries, java_qids = autoclass("java.util.ArrayList")(), autoclass("java.util.ArrayList")()
+        java_list = autoclass("java.util.ArrayList")
+        java_queries, java_qids = java_list(), java_list()
         for query, qid in zip(queries, qids):
             java_queries.add(query)
             java_qids.add(qid)
