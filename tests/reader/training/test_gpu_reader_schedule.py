@@ -280,6 +280,9 @@ def test_sweep_recipe_checkpoints_the_two_epoch_schedule_for_its_curve(schedule,
     assert options["--keep-checkpoints"] == "6" and options["--save-every-minutes"] == "1"
     assert options["--shared-norm"] == str(tmp_path / "triples.jsonl.gz")
     assert schedule.sweep_recipe(tmp_path, 32, "1e-4", 10, 6)[-3] == "1"  # never 0 (that would mean no curve)
+    longer = schedule.sweep_recipe(tmp_path / "triples.jsonl.gz", 32, "1e-4", 87599, 6, epochs=3)
+    options = dict(zip(longer[::2], longer[1::2], strict=True))
+    assert options["--epochs"] == "3" and options["--save-every"] == str(8214 // 6)  # 3 * ceil(87599 / 32) steps
 
 
 def _carried_squad(tmp_path: Path) -> Path:
@@ -595,6 +598,21 @@ def test_sweep_passes_chunk_windows_to_every_run(schedule, tmp_path, monkeypatch
     trained = [command for command in launched if "--output" in command]
     assert len(trained) == 2
     assert all(command[command.index("--chunk-windows") + 1] == "32" for command in trained)
+
+
+def test_sweep_epochs_reach_the_teacher_and_its_students_alike(schedule, tmp_path, monkeypatch):
+    carry = _carried_squad(tmp_path)
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    launched: list[list[str]] = []
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(launched, finishing={"sweep-k0", "distil-k4"}))
+    argv = ["sweep", "--carry", str(carry), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"),
+            "--layers", "0", "4", "--distil", "--epochs", "3", "--smoke", "64"]  # fmt: skip
+    assert schedule.main(argv) == 0
+    trained = {command[command.index("--output") + 1]: command for command in launched if "--output" in command}
+    assert [Path(output).name for output in trained] == ["sweep-k0", "distil-k4"]
+    for command in trained.values():
+        assert command[command.index("--epochs") + 1] == "3"
+        assert command[command.index("--save-every") + 1] == str(3 * 2 // 6)  # 3 * ceil(64 / 32) steps, 6 points
 
 
 
