@@ -615,7 +615,6 @@ def test_sweep_epochs_reach_the_teacher_and_its_students_alike(schedule, tmp_pat
         assert command[command.index("--save-every") + 1] == str(3 * 2 // 6)  # 3 * ceil(64 / 32) steps, 6 points
 
 
-
 class _StubbornRun(_RunningRun):
     """A run that does not end within the wait after SIGTERM (a step or checkpoint still going)."""
 
