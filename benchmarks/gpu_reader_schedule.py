@@ -17,6 +17,7 @@ budgets, runs them side by side on the one GPU and packs what comes back.
     python3 benchmarks/gpu_reader_schedule.py extend --carry .carry/reader --out "$OUT" --deadline 540  # or this
     python3 benchmarks/gpu_reader_schedule.py sweep --layers 0 4 --out "$OUT" --deadline 560  # or the k-sweep
     python3 benchmarks/gpu_reader_schedule.py sweep --layers 0 4 --distil --export sweep-k0 --out "$OUT"  # k0 first
+    python3 benchmarks/gpu_reader_schedule.py sweep --layers 4 --distil --epochs 3 --export distil-k4 --out "$OUT"
 
 `extend` continues one carried reader (prepare --start) with shared normalisation, without a teacher: a short
 probe run measures groups/s at the chosen batch, the schedule (warm-up and linear decay) is sized to end before
@@ -31,14 +32,14 @@ alike, and any machine can rebuild it (a fine-tuned start lives only where it wa
 deadline (that would train the ks differently): a run still going at the deadline is stopped and the same command
 in a later call on the same warm machine resumes it from its checkpoint (one every minute), while finished runs are
 left as they are. On an H100 (2026-11-26) k = 0 alone trained its 2 epochs in 238 s, 282 s from launch to the end
-of its full dev evaluation; on an H200 two runs side by side trained at ~1,650 windows/s each. With --distil the
-sweep is teacher first: k = 0 trains alone, then every other k starts from it and is distilled from it
-(DeFormer). No weights come back unless --export names a run (one a call: at most 8 files come back, a reader is
-3 pieces); an exported sweep-k0, carried by a later draw as teacher-k0/ (`prepare --teacher`), is the teacher of
-that draw's distilled ks. With --mps the
-runs and their evaluations are clients of one CUDA MPS server (benchmarks/cuda_mps.py), so their kernels share the
-GPU at once; with --compile every run compiles its layers (`train qa --compile`); bench_side_by_side.py --sets
-measures whether either pays, and how many runs share the GPU well.
+of its full dev evaluation; on an H200 two runs side by side trained at ~1,650 windows/s each, and (2026-11-27)
+k = 0 alone its 2 epochs in 212 s, then k = 4 distilled from it in 357 s. With --distil the sweep is teacher
+first: k = 0 trains alone, then every other k starts from it and is distilled from it (DeFormer). No weights
+come back unless --export names a run (one a call: at most 8 files come back, a reader is 3 pieces); an exported
+sweep-k0, carried by a later draw as teacher-k0/ (`prepare --teacher`), is the teacher of that draw's distilled
+ks. With --mps the runs and their evaluations are clients of one CUDA MPS server (benchmarks/cuda_mps.py), so
+their kernels share the GPU at once; with --compile every run compiles its layers (`train qa --compile`);
+bench_side_by_side.py --sets measures whether either pays, and how many runs share the GPU well.
 
 `train`, in order:
 1. calibrate: three short runs side by side (k=0; k=4 distilled; k=4 distilled with shared normalisation), each
