@@ -606,13 +606,14 @@ def test_sweep_epochs_reach_the_teacher_and_its_students_alike(schedule, tmp_pat
     launched: list[list[str]] = []
     monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(launched, finishing={"sweep-k0", "distil-k4"}))
     argv = ["sweep", "--carry", str(carry), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"),
-            "--layers", "0", "4", "--distil", "--epochs", "3", "--smoke", "64"]  # fmt: skip
+            "--layers", "0", "4", "--distil", "--epochs", "3", "--smoke", "128"]  # fmt: skip
     assert schedule.main(argv) == 0
     trained = {command[command.index("--output") + 1]: command for command in launched if "--output" in command}
     assert [Path(output).name for output in trained] == ["sweep-k0", "distil-k4"]
     for command in trained.values():
         assert command[command.index("--epochs") + 1] == "3"
-        assert command[command.index("--save-every") + 1] == str(3 * 2 // 6)  # 3 * ceil(64 / 32) steps, 6 points
+        # 3 * ceil(128 / 32) = 12 steps over 6 points: every 2 (2 epochs would give every 1)
+        assert command[command.index("--save-every") + 1] == "2"
 
 
 class _StubbornRun(_RunningRun):
