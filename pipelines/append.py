@@ -38,7 +38,7 @@ from dilstore.pipelines.corpora import Document
 from dilstore.pipelines.job import SPEC_FILE, PrecomputeJob, read_spec, run_spec, spec_generation, spec_json
 from dilstore.pipelines.passages import split_document
 from dilstore.pipelines.routing import ReadTask, read_task
-from dilstore.pipelines.shard_sink import PASSAGES_DIR
+from dilstore.pipelines.part_files import PASSAGES_DIR
 from dilstore.storage.append import AppendMismatchError, check_appendable, first_free_shard, remove_leftovers
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook

@@ -16,7 +16,7 @@ from typing import Any
 from dilstore.pipelines.append import retired_passages
 from dilstore.pipelines.job import SUMMARY_FILE, PrecomputeJob
 from dilstore.pipelines.run_stats import RunStats
-from dilstore.pipelines.shard_sink import REJECTED_DIR, meta_path
+from dilstore.pipelines.part_files import REJECTED_DIR, meta_path
 from dilstore.storage.append import commit_append
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dilstore.pipelines.corpora import Rejected
+from dilstore.pipelines.part_files import jsonl_path, meta_path, parquet_path, rejected_path
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import TokenizedPassage, encode_tokenized
@@ -43,11 +44,6 @@ from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import SHARDS_DIR, shard_name
 from dilstore.storage.writer import shard_generation, write_shard
 
-PASSAGES_DIR = "passages"
-JSONL_DIR = f"{PASSAGES_DIR}/jsonl"
-META_DIR = f"{PASSAGES_DIR}/meta"
-REJECTED_DIR = "rejected"
-
 PASSAGE_SCHEMA = pa.schema(
     [
         pa.field("id", pa.string(), nullable=False),
@@ -56,27 +52,6 @@ PASSAGE_SCHEMA = pa.schema(
         pa.field("text", pa.string(), nullable=False),
     ]
 )
-
-
-def part_name(index: int) -> str:
-    """`part-NNNNN`, the base name of every per-shard file for shard (or dead-letter part) `index`."""
-    return f"part-{index:05d}"
-
-
-def parquet_path(store: Path, shard: int) -> Path:
-    return store / PASSAGES_DIR / f"{part_name(shard)}.parquet"
-
-
-def jsonl_path(store: Path, shard: int) -> Path:
-    return store / JSONL_DIR / f"{part_name(shard)}.jsonl"
-
-
-def meta_path(store: Path, shard: int) -> Path:
-    return store / META_DIR / f"{part_name(shard)}.json"
-
-
-def rejected_path(store: Path, part: int) -> Path:
-    return store / REJECTED_DIR / f"{part_name(part)}.jsonl"
 
 
 @dataclass(frozen=True)

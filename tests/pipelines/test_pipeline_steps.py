@@ -15,18 +15,11 @@ from hypothesis import strategies as st
 
 from dilstore.pipelines.corpora import Document, Rejected, Skipped
 from dilstore.pipelines.job import spec_differences
+from dilstore.pipelines.part_files import jsonl_path, meta_path, parquet_path, rejected_path
 from dilstore.pipelines.progress import passages_done, passages_planned, report_planned, report_progress
 from dilstore.pipelines.routing import COUNTS, REJECTED, SHARD, RouteSettings, pieces_of, route, shard_seeds
 from dilstore.pipelines.run_stats import RunStats, merge_stats
-from dilstore.pipelines.shard_sink import (
-    ShardSettings,
-    jsonl_path,
-    meta_path,
-    parquet_path,
-    rejected_path,
-    write_rejected_part,
-    write_shard_outputs,
-)
+from dilstore.pipelines.shard_sink import ShardSettings, write_rejected_part, write_shard_outputs
 from dilstore.pipelines.sharding import MIN_DEFAULT_SHARDS, default_shard_count, shard_of, stable_hash
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.modeling.fingerprint import model_fingerprint

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from dilstore.pipelines.run_stats import RunStats
-from dilstore.pipelines.shard_sink import meta_path, read_meta
+from dilstore.pipelines.part_files import meta_path
+from dilstore.pipelines.shard_sink import read_meta
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import fingerprint_sha256

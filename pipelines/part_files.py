@@ -1,0 +1,35 @@
+"""Where a store's per-shard passage files live: `passages/part-s.parquet`, its JSONL twin, its commit marker.
+
+Names only, no model code: `dilstore index` reads the JSONL parts and should
+not pay for importing torch to find them (pipelines/shard_sink.py writes them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PASSAGES_DIR = "passages"
+JSONL_DIR = f"{PASSAGES_DIR}/jsonl"
+META_DIR = f"{PASSAGES_DIR}/meta"
+REJECTED_DIR = "rejected"
+
+
+def part_name(index: int) -> str:
+    """`part-NNNNN`, the base name of every per-shard file for shard (or dead-letter part) `index`."""
+    return f"part-{index:05d}"
+
+
+def parquet_path(store: Path, shard: int) -> Path:
+    return store / PASSAGES_DIR / f"{part_name(shard)}.parquet"
+
+
+def jsonl_path(store: Path, shard: int) -> Path:
+    return store / JSONL_DIR / f"{part_name(shard)}.jsonl"
+
+
+def meta_path(store: Path, shard: int) -> Path:
+    return store / META_DIR / f"{part_name(shard)}.json"
+
+
+def rejected_path(store: Path, part: int) -> Path:
+    return store / REJECTED_DIR / f"{part_name(part)}.jsonl"
