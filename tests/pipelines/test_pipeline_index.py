@@ -59,3 +59,15 @@ def test_index_refuses_a_folder_that_is_not_a_precomputed_store(tmp_path: Path, 
     (tmp_path / "empty").mkdir()
     assert cli.main(["index", str(tmp_path / "empty")]) == 2
     assert "has no passage collection" in capsys.readouterr().err
+
+
+def test_what_index_imports_leaves_out_the_model_stack() -> None:
+    """`dilstore index` needs the store and Lucene, not torch or transformers (about 5 s of every start)."""
+    code = (
+        "import sys\n"
+        "import dilstore.runners.cmd_index, dilstore.pipelines.collection, dilstore.reader.retrieval\n"
+        "print([name for name in ('torch', 'transformers') if name in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
