@@ -7,6 +7,7 @@ so that tests which need neither never load them.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,18 +24,26 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-@pytest.fixture(scope="module")
-def one_thread() -> Iterator[None]:
-    """Torch on one thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`).
+def pytest_configure(config: pytest.Config) -> None:
+    """Torch on one thread in every test process and in every process a test starts.
 
-    Tiny tensors run far faster on one thread than on two that contend with other work.
+    `make test` runs one xdist worker per core (-n 2 on 2 cores). Torch's default of a thread per core
+    would put two threads on each core, and tiny tensors then spend their time waiting on each other:
+    tests/reader/training/test_qa.py took 324 s so on this VM, 25 s on one thread. OMP_NUM_THREADS reaches the
+    commands, Beam and Dask workers that tests start; a test that wants more threads asks for them.
     """
-    import torch
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+
+@pytest.fixture(autouse=True)
+def torch_back_on_one_thread() -> Iterator[None]:
+    """One torch thread again after each test: an in-process `precompute` sets CPUs / workers for its process."""
     yield
-    torch.set_num_threads(previous)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")

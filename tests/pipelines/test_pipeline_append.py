@@ -36,7 +36,7 @@ from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from tests.fixtures.earl_tiny import text_encoder, tokenizer
 from tests.fixtures.pipeline_fixtures import ROOT, save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 DOCUMENTS = wiki_like_documents(12, words=30)
 STATE_TOLERANCE = 1e-5

@@ -19,7 +19,7 @@ from dilstore.runners import cli
 from dilstore.storage.verify import verify_store
 from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, save_tiny_reader, write_jsonl
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 DOCUMENTS = [
     {"id": "rhine", "title": "Rhine", "text": "The Rhine flows from the Swiss Alps to the North Sea through Germany."},

@@ -26,9 +26,6 @@ GOOD = "When did the Zürich tram network open?"
 SESSION = ["", GOOD, "   ", "word " * 10_000, "Xylophone mallets?", "How high is Mount Kilimanjaro?"]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 @pytest.fixture(scope="module")
 def store_and_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("ask")

@@ -56,9 +56,6 @@ QUESTIONS = [
 WAIT = 30.0  # seconds any step may take before the test fails instead of hanging
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 class OverlapSearcher:
     """Stands in for BM25: ranks stored passages by words shared with the query (ties: store order)."""
 

@@ -40,9 +40,6 @@ class QueryKeyedSearcher:
         return self.default[:k]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 @pytest.fixture(scope="module")
 def odqa(tmp_path_factory: pytest.TempPathFactory) -> OpenDomainReader:
     root = tmp_path_factory.mktemp("odqa-eval")

@@ -44,8 +44,6 @@ DL19_LIKE = [
 ]  # fmt: skip
 QRELS = {"11": {"d2": 3, "d1": 0}, "12": {"d4": 2, "d3": 1}}
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def dl19_file(tmp_path_factory: pytest.TempPathFactory) -> Path:

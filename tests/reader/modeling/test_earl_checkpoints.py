@@ -23,8 +23,6 @@ from dilstore.storage.errors import DilstoreError
 from tests.fixtures.dilbert_tiny import tiny_model
 from tests.fixtures.earl_tiny import random_pairs, save_base_encoder, tiny_encoder, tiny_ranker, tokenizer
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def saved_earl(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -32,8 +32,6 @@ VARIANT_IDS = [
     f"{pooling}-{'tied' if tied else 'untied'}{'-prior' if prior else ''}" for pooling, tied, prior in VARIANTS
 ]
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def rankers() -> dict[tuple[str, bool, bool], EarlRanker]:

@@ -32,8 +32,6 @@ from tests.fixtures.listformer_tiny import (
 TOLERANCE = 1e-4
 LISTS = [(3, [4, 1, 7]), (1, [9]), (5, [2, 2, 6, 3, 1])]  # (query words, document words)
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def scores_of(ranker: ListformerRanker, query: torch.Tensor, documents: list[torch.Tensor]) -> torch.Tensor:
     with torch.no_grad():

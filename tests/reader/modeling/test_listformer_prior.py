@@ -27,8 +27,6 @@ from tests.fixtures.random_tokens import CLS
 
 TOLERANCE = 1e-4
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def sentence_embedding(encoder: BertModel, ids: torch.Tensor) -> torch.Tensor:
     """Plain Hugging Face: `[CLS] text [SEP]` ids (n,) → mean of the last hidden states (d,)."""

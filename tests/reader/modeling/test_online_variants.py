@@ -26,8 +26,6 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
 from tests.fixtures.odqa_fixtures import write_reader_checkpoint, write_store
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def tuned(model_dir: Path, seed: int = 0) -> DilBertReader:
     """The checkpoint with noise added to every online tensor: a stand-in for `train qa --store-encoding`."""

@@ -28,8 +28,6 @@ DOCUMENTS = [
 ]
 KINDS = ("earl", "cross-encoder", "siamese")
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:

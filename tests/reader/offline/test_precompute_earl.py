@@ -72,8 +72,6 @@ TEXT = (
 )
 QUERY = "when was the railway station of the river city built"
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def earl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

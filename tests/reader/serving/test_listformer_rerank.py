@@ -32,8 +32,6 @@ DELAYED = 2
 QUERY = "when was the railway station of the river city built"
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3}
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def save_listformer(directory: Path, seed: int, delayed_layers: int = DELAYED) -> Path:
     ranker = ListformerRanker.from_encoder(text_encoder(seed), tokenizer(), ListformerConfig(delayed_layers))

@@ -28,9 +28,6 @@ QUESTION = "When did the Zürich tram network open?"
 QUESTIONS = [QUESTION, "Who was the lighthouse keeper?", "How high is Kilimanjaro?"]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A tiny reader checkpoint, fp32/fp16/int8 stores of PASSAGES, and a second model's checkpoint."""

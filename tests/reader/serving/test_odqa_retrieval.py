@@ -30,9 +30,6 @@ QUESTION = "When did the Zürich tram network open?"
 GHOST = ("ghost#0", "Xylophone museum curators polish mallets.")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A store with its BM25 index at STORE/bm25 (plus one passage the store lacks)."""

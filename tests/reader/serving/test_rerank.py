@@ -65,9 +65,6 @@ QUERIES = {
 }
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def save_ranker(directory: Path, seed: int, prior: bool = False) -> Path:
     """A random 3-layer ranker over the MiniLM vocabulary, initialised the paper's way and saved."""
     config = BertConfig(

@@ -14,8 +14,6 @@ from tests.fixtures.benchmarks import benchmark_module
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 from tests.reader.training.test_shared_norm import write_handful_triples
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def bench():

@@ -14,8 +14,6 @@ from dilstore.reader.training.qa import TrainingConfig, train_qa
 from dilstore.runners.cli import main
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def _inputs(batch: int, question: int, passage: int) -> tuple[torch.Tensor, ...]:
     """Random question and passage ids with some padding in each half: (b, nq), (b, nq), (b, np), (b, np)."""

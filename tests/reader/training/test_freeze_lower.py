@@ -28,8 +28,6 @@ from dilstore.storage.errors import DilstoreError
 from tests.fixtures.dilbert_tiny import tiny_model
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS, write_tiny_checkpoint
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def dropout_reader(tmp_path_factory: pytest.TempPathFactory) -> DilBertReader:

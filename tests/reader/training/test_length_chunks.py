@@ -38,8 +38,6 @@ from dilstore.storage.errors import DilstoreError
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 from tests.reader.training.test_shared_norm import write_handful_triples
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def windows(tiny_base: Path, squad_file: Path) -> list[QAFeature]:

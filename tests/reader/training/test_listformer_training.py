@@ -25,8 +25,6 @@ from tests.fixtures.ranking_fixtures import OVERFIT_TRIPLES, write_overfit_files
 
 SMALL = dict(negatives=2, max_query_length=16, max_doc_length=24, log_every=1000)
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def overfit_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:

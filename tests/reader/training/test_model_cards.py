@@ -39,13 +39,8 @@ def tiny_run(root: Path, kind: str, **settings: object) -> Path:
     triples, paragraphs = write_overfit_files(root / "data")
     config = RankingTrainingConfig(kind=kind, max_steps=2, batch_size=2, negatives=2, max_query_length=16,
                                    max_doc_length=24, log_every=1000, **settings)  # fmt: skip
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train_ranker(write_tiny_checkpoint(root / "base"), triples, paragraphs, root / "run", config,
-                     command=f"dilstore train {kind} tiny", progress=False)  # fmt: skip
-    finally:
-        torch.set_num_threads(previous)
+    train_ranker(write_tiny_checkpoint(root / "base"), triples, paragraphs, root / "run", config,
+                 command=f"dilstore train {kind} tiny", progress=False)  # fmt: skip
     return root / "run"
 
 

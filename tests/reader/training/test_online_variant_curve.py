@@ -21,8 +21,6 @@ from dilstore.reader.training.qa import TrainingConfig, train_qa
 from tests.fixtures.benchmarks import benchmark_module
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def test_every_checkpoint_is_packaged_scored_once_and_becomes_a_row(
     tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]

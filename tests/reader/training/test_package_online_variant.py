@@ -19,8 +19,6 @@ from dilstore.reader.training.qa import TrainingConfig, train_qa
 from tests.fixtures.benchmarks import benchmark_module
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def evaluation(encoding: str, f1: float) -> dict:
     row = {"top_p": 29, "f1_with_bm25": f1, "f1_without_bm25": f1 - 2, "recall": 90.0}

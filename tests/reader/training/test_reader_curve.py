@@ -13,8 +13,6 @@ from dilstore.reader.training.qa import TrainingConfig, train_qa
 from tests.fixtures.paths import ROOT
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def curve_script():
     spec = importlib.util.spec_from_file_location("reader_curve", ROOT / "benchmarks" / "reader_curve.py")

@@ -27,7 +27,6 @@ from dilstore.storage.errors import DilstoreError
 from tests.fixtures.earl_tiny import tokenizer as minilm_tokenizer
 from tests.fixtures.qa_training_fixtures import HANDFUL, SMALL_WINDOWS
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 NEGATIVES = 2
 

@@ -30,7 +30,6 @@ from dilstore.storage.encodings import round_trip, train_codebook
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")
 
 

@@ -37,8 +37,6 @@ loaded = sorted(name for name in sys.modules if name.split(".")[0] in {BLOCKED!r
 assert not loaded, loaded
 """
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def driver():
     spec = importlib.util.spec_from_file_location("train_rankers_gpu", DRIVER)
@@ -66,7 +64,7 @@ def test_train_runs_all_four_rankers_without_the_modules_the_gpu_machine_lacks(t
     command = [sys.executable, "-c", BLOCKING_RUNNER, str(DRIVER), "train", "--carry", str(carry), "--base",
                str(base), "--out", str(out), "--work", str(tmp_path / "work"), "--steps", "2", "--batch-size", "2",
                "--negatives", "2", "--max-doc-length", "24", "--curve-points", "2", "--device", "cpu"]  # fmt: skip
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     environment.pop("DILSTORE_BASE_MODEL", None)
     finished = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
