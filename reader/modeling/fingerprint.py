@@ -11,6 +11,7 @@ that shapes the stored states changes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -93,7 +94,17 @@ def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
             f"{type(tokenizer).__name__} has no `tokenizers` backend (no tokenizer.json); "
             "dilstore fingerprints need a tokenizers-backed tokenizer"
         )
-    document = json.loads(backend.to_str())
+    return _pipeline_sha256(backend.to_str())
+
+
+@functools.lru_cache(maxsize=8)
+def _pipeline_sha256(pipeline: str) -> str:
+    """tokenizer_sha256 of a pipeline's JSON text, remembered per process.
+
+    A precompute run fingerprints the same tokenizer several times, and writing a
+    30,000-word vocabulary out again as canonical JSON costs about 0.2 s each time.
+    """
+    document = json.loads(pipeline)
     return _canonical_sha256({key: value for key, value in document.items() if key not in _VOLATILE_TOKENIZER_KEYS})
 
 
