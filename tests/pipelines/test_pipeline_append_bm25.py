@@ -1,9 +1,9 @@
 """BM25 and the reader over an appended store: `dilstore index`, `ask` and `evaluate-qa` as over a one-run store.
 
 `dilstore index` rebuilds STORE/bm25 over every part of an appended store,
-leaving out rows a --replace superseded. Indexing, asking and evaluating each
-run in their own process (the JVM is started there and never forked), as
-users run them; the stores are made in this process.
+leaving out rows a --replace superseded. Indexing, asking and evaluating run
+as commands in a child process, one after another as users run them (the JVM
+is started there and never forked); the stores are made in this process.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from dilstore.runners import cli
 from dilstore.storage.verify import verify_store
-from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, save_tiny_reader, write_jsonl
+from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, dilstore_commands, save_tiny_reader, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +39,10 @@ SEARCH = """
 import json, sys
 from pathlib import Path
 from dilstore.reader.retrieval import Bm25Searcher
-hits = Bm25Searcher(Path(sys.argv[1])).search(sys.argv[2], k=10)
-print(json.dumps({hit.passage_id: hit.score for hit in hits}))
+found = []
+for index, query in json.loads(sys.argv[1]):
+    found.append({hit.passage_id: hit.score for hit in Bm25Searcher(Path(index)).search(query, k=10)})
+print(json.dumps(found))
 """
 
 
@@ -56,28 +58,35 @@ def index(store: Path) -> dict:
     return json.loads(indexed.stdout)
 
 
-def search(store: Path, query: str) -> dict[str, float]:
-    found = subprocess.run([sys.executable, "-c", SEARCH, str(store / "bm25"), query], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300)
+def search(*searches: tuple[Path, str]) -> list[dict[str, float]]:
+    """The BM25 hits of each (store, query), {passage id: score}, from one process."""
+    pairs = [(str(store / "bm25"), query) for store, query in searches]
+    found = subprocess.run([sys.executable, "-c", SEARCH, json.dumps(pairs)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
     assert found.returncode == 0, found.stderr
     return json.loads(found.stdout.strip().splitlines()[-1])
 
 
-def read(store: Path, model: Path, questions: Path) -> tuple[dict, dict, dict]:
-    """(evaluate-qa --json without its timing, its predictions, ask --json without timings) over `store`."""
+def index_and_read(store: Path, model: Path, questions: Path) -> tuple[dict, dict, dict, dict]:
+    """(index --json, evaluate-qa --json without its timing, its predictions, ask --json without timings).
+
+    The three commands run in one process, one after another, as a user runs them.
+    """
     predictions = store.with_name(store.name + "-predictions.json")
     common = ["--model", str(model), "--top-p", "3", "--threads", "1"]
-    evaluated = dilstore_command(["evaluate-qa", str(store), "--questions", str(questions), "--json",
-                                  "--predictions", str(predictions), *common])
-    assert evaluated.returncode == 0, evaluated.stderr
-    summary = json.loads(evaluated.stdout.strip().splitlines()[-1])
-    asked = dilstore_command(["ask", str(store), QUESTIONS[1]["question"], "--json", *common])
-    assert asked.returncode == 0, asked.stderr
-    answer = json.loads(asked.stdout.strip().splitlines()[-1])
+    indexed, evaluated, asked = dilstore_commands(
+        ["index", str(store), "--json"],
+        ["evaluate-qa", str(store), "--questions", str(questions), "--json", "--predictions", str(predictions),
+         *common],
+        ["ask", str(store), QUESTIONS[1]["question"], "--json", *common],
+    )
+    for done in (indexed, evaluated, asked):
+        assert done.returncode == 0, done.stderr
+    summary, answer = (json.loads(done.stdout.strip().splitlines()[-1]) for done in (evaluated, asked))
     for document in (summary, answer):
         document.pop("seconds", None)
         document.pop("timings", None)
-    return summary, json.loads(predictions.read_text()), answer
+    return json.loads(indexed.stdout), summary, json.loads(predictions.read_text()), answer
 
 
 def test_ask_and_evaluate_qa_over_a_then_b_equal_the_one_run_store(tmp_path: Path) -> None:
@@ -86,10 +95,13 @@ def test_ask_and_evaluate_qa_over_a_then_b_equal_the_one_run_store(tmp_path: Pat
     precompute(model, write_jsonl(tmp_path / "all.jsonl", DOCUMENTS), tmp_path / "union")
     precompute(model, write_jsonl(tmp_path / "a.jsonl", DOCUMENTS[::2]), tmp_path / "store")
     precompute(model, write_jsonl(tmp_path / "b.jsonl", DOCUMENTS[1::2]), tmp_path / "store", "--append")
-    index(tmp_path / "union")
-    assert index(tmp_path / "store")["files"] == 4  # two parts of A, two of B
-    assert search(tmp_path / "store", "atomic number of oxygen") == search(tmp_path / "union", "atomic number of oxygen")
-    appended, whole = read(tmp_path / "store", model, questions), read(tmp_path / "union", model, questions)
+    indexed, *whole = index_and_read(tmp_path / "union", model, questions)
+    assert indexed["files"] == 2
+    indexed, *appended = index_and_read(tmp_path / "store", model, questions)
+    assert indexed["files"] == 4  # two parts of A, two of B
+    query = "atomic number of oxygen"
+    hits, hits_whole = search((tmp_path / "store", query), (tmp_path / "union", query))
+    assert hits == hits_whole and "oxygen#0" in hits
     assert appended[0] == whole[0]  # EM, F1, R
     assert appended[1] == whole[1]  # every answer
     assert appended[2] == whole[2]  # answer, scores, n-best
@@ -103,6 +115,7 @@ def test_bm25_no_longer_finds_the_text_of_a_replaced_row(tmp_path: Path) -> None
     changed = {"id": "oxygen", "title": "Zeppelin", "text": "A zeppelin hangar stood at Friedrichshafen."}
     precompute(model, write_jsonl(tmp_path / "b.jsonl", [changed]), store, "--append", "--replace")
     index(store)
-    assert "oxygen#0" not in search(store, "chemical element symbol atomic number")
-    assert list(search(store, "zeppelin hangar")) == ["oxygen#0"]
+    old_text, new_text = search((store, "chemical element symbol atomic number"), (store, "zeppelin hangar"))
+    assert "oxygen#0" not in old_text
+    assert list(new_text) == ["oxygen#0"]
     assert verify_store(store).ok

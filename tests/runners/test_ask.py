@@ -21,6 +21,7 @@ from dilstore.runners.cmd_ask import highlight, interactive, printable
 from dilstore.storage.reader import open_store
 from tests.fixtures.odqa_fixtures import collection_documents, write_collection, write_reader_and_store
 from tests.fixtures.paths import ROOT
+from tests.fixtures.pipeline_fixtures import dilstore_commands
 
 GOOD = "When did the Zürich tram network open?"
 SESSION = ["", GOOD, "   ", "word " * 10_000, "Xylophone mallets?", "How high is Mount Kilimanjaro?"]
@@ -151,14 +152,14 @@ def test_ask_command_with_a_store_url_in_a_subprocess(store_and_model: tuple[Pat
     )
     subprocess.run([sys.executable, "-c", build, str(tmp_path / "collection"), str(index)], check=True, cwd=ROOT,
                    capture_output=True, timeout=300)  # fmt: skip
-    answers = []
     with serve_directory(store_dir.parent) as server:
-        for where in (str(store_dir), f"{server.url}/{store_dir.name}"):
-            command = [sys.executable, "-m", "dilstore.runners.cli", "ask", where, GOOD, "--model", str(model_dir),
-                       "--index", str(index), "--top-p", "3", "--threads", "1", "--json"]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
-            assert done.returncode == 0, done.stderr
-            answer = json.loads(done.stdout)
-            answer.pop("timings")
-            answers.append(answer)
+        places = (str(store_dir), f"{server.url}/{store_dir.name}")
+        asked = dilstore_commands(*(["ask", where, GOOD, "--model", str(model_dir), "--index", str(index),
+                                     "--top-p", "3", "--threads", "1", "--json"] for where in places))
+    answers = []
+    for done in asked:
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+        answer.pop("timings")
+        answers.append(answer)
     assert answers[0] == answers[1]
