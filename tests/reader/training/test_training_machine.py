@@ -11,53 +11,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.paths import ROOT
+from tests.fixtures.pipeline_fixtures import commands_in_one_process
 from tests.reader.training.test_shared_norm import write_handful_triples
 
 ABSENT_ON_THE_GPU = ("zarr", "numcodecs", "apache_beam", "pyserini", "pyarrow", "dask")
-# Runs each command of the JSON list argv[2], one after another, as `dilstore ...` (first word "dilstore") or as
-# that script, without ABSENT_ON_THE_GPU; writes each one's exit status and output to the JSON file argv[1].
-DRIVER = """
-import contextlib, io, json, runpy, sys, traceback
-for name in {absent!r}:
-    sys.modules[name] = None
-path, commands, results = sys.argv[1], json.loads(sys.argv[2]), []
-for target, *arguments in commands:
-    sys.argv = [target, *arguments]
-    out, err, status = io.StringIO(), io.StringIO(), 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            if target == "dilstore":
-                runpy.run_module("dilstore", run_name="__main__")
-            else:
-                runpy.run_path(target, run_name="__main__")
-        except SystemExit as stop:
-            status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-        except Exception:
-            traceback.print_exc()
-            status = 1
-    results.append({{"args": [target, *arguments], "returncode": status, "stdout": out.getvalue(),
-                    "stderr": err.getvalue()}})
-with open(path, "w", encoding="utf-8") as file:
-    json.dump(results, file)
-"""
 
 
 def _run_without_absent(*commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
     """Each command's exit status and output, all run in one interpreter that cannot import ABSENT_ON_THE_GPU."""
-    with tempfile.TemporaryDirectory(prefix="dilstore-driver-") as folder:
-        results = Path(folder) / "results.json"
-        driver = DRIVER.format(absent=ABSENT_ON_THE_GPU)
-        child = subprocess.run([sys.executable, "-c", driver, str(results), json.dumps(commands)], check=False,
-                               capture_output=True, text=True, cwd=ROOT, timeout=600)  # fmt: skip
-        assert child.returncode == 0, child.stderr[-2000:]
-        return [subprocess.CompletedProcess(**result) for result in json.loads(results.read_text(encoding="utf-8"))]
+    return commands_in_one_process(*commands, blocked=ABSENT_ON_THE_GPU)
 
 
 @pytest.mark.parametrize("name", ABSENT_ON_THE_GPU)
