@@ -275,6 +275,23 @@ class ProgressBar:
 
 
 @contextlib.contextmanager
+def callers_torch_threads() -> Iterator[None]:
+    """Give this process its torch thread count back after the block.
+
+    The precompute DoFns set `--threads` in the process they run in, which an
+    in-process runner (`--workers 1`, or `dilstore.precompute` from Python)
+    shares with its caller.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@contextlib.contextmanager
 def local_runtime(runner: str, workers: int, num_shards: int, beam_args: Sequence[str]) -> Iterator[LocalDefaults]:
     """LocalDefaults for the runner; for Dask without a scheduler given, a LocalCluster of `workers` processes."""
     from dilstore.pipelines.options import DASK_RUNNER, LocalDefaults
@@ -303,7 +320,7 @@ def run_pipeline(
     from dilstore.pipelines.options import LOCAL_RUNNERS, assemble_beam_flags, pipeline_options
     from dilstore.pipelines.precompute import build_pipeline
 
-    with local_runtime(runner, workers, job.num_shards, beam_args) as defaults:
+    with callers_torch_threads(), local_runtime(runner, workers, job.num_shards, beam_args) as defaults:
         options = pipeline_options(assemble_beam_flags(runner, beam_args, defaults))
         pipeline = build_pipeline(job, options)
         result = None

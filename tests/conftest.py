@@ -39,7 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def torch_back_on_one_thread() -> Iterator[None]:
-    """One torch thread again after each test: an in-process `precompute` sets CPUs / workers for its process."""
+    """One torch thread again after each test: a command run in-process with --threads N sets N for its process."""
     yield
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != 1:

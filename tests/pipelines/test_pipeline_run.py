@@ -192,6 +192,17 @@ def test_multi_processing_gives_the_same_store(metered_run, corpus, tiny_dir: Pa
         assert (store / name).read_bytes() == (reference / name).read_bytes(), name
 
 
+def test_an_in_process_run_gives_the_caller_its_torch_threads_back(corpus, tiny_dir: Path, tmp_path: Path) -> None:
+    """The DoFns set --threads in the process they run in; with --workers 1 that is the caller's."""
+    import torch
+
+    assert torch.get_num_threads() == 1
+    args = precompute_args(corpus, tiny_dir, tmp_path / "store", "--workers", "1", "--no-progress")
+    args[args.index("--threads") + 1] = "2"
+    assert cli.main(args) == 0
+    assert torch.get_num_threads() == 1
+
+
 def test_a_zstd_store_holds_the_same_passages_verifies_and_says_so(
     metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys
 ) -> None:
