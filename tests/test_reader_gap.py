@@ -1,0 +1,109 @@
+"""benchmarks/reader_gap.py: two readers' predictions compared per question, in buckets, with clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dilstore.reader.modeling.checkpoints import base_model_dir
+from dilstore.storage.errors import DilstoreError
+from tests.fixtures.benchmarks import benchmark_module
+
+CONTEXT = "Marie Curie won the Nobel Prize in Physics in 1903 and in Chemistry in 1911 in Paris."
+QUESTIONS = [
+    ("q1", "Who won the Nobel Prize in Physics in 1903?", "Marie Curie"),
+    ("q2", "When did she win the prize in Chemistry?", "1911"),
+    ("q3", "Where did she win it?", "Paris"),
+    ("q4", "How many prizes did she win in 1903 and 1911?", "two"),  # not in the context: no answers
+]
+
+
+def write_squad(path: Path) -> Path:
+    """A one-paragraph SQuAD v1.1 file with QUESTIONS; the last has no reference answers."""
+    qas = [
+        {"id": qid, "question": question,
+         "answers": [{"text": text, "answer_start": CONTEXT.index(text)}] if text in CONTEXT else []}
+        for qid, question, text in QUESTIONS
+    ]  # fmt: skip
+    path.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": CONTEXT, "qas": qas}]}]}))
+    return path
+
+
+def write_predictions(path: Path, answers: dict[str, str]) -> Path:
+    path.write_text(json.dumps(answers), encoding="utf-8")
+    return path
+
+
+def test_the_gap_is_split_into_buckets_whose_shares_add_up_to_one(tmp_path: Path, capsys) -> None:
+    data = write_squad(tmp_path / "dev.json")
+    a = write_predictions(tmp_path / "a.json", {"q1": "Marie Curie", "q2": "1911", "q3": "Paris", "q4": "two"})
+    b = write_predictions(tmp_path / "b.json", {"q1": "Curie", "q2": "1911", "q3": "1903", "q4": "one"})
+    with benchmark_module("reader_gap") as reader_gap:
+        assert reader_gap.main([str(data), str(a), str(b), "--tokenizer", str(base_model_dir())]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    # q4 has no references and is left out; q1: F1 100 against 66.67 (1 of 2 tokens), q2 equal, q3 100 against 0.
+    assert result["summary"] == {"questions": 3, "f1_a": 100.0, "f1_b": 55.56, "gap": 44.44, "same_answer_pct": 33.3}
+    words = {row["bucket"]: row for row in result["buckets"]["question word"]}
+    assert set(words) == {"who", "when", "where"}
+    assert words["where"]["gap"] == 100.0 and words["when"]["gap"] == 0.0
+    assert words["where"]["share"] == pytest.approx(0.75, abs=1e-3) and words["who"]["share"] == pytest.approx(0.25)
+    for rows in result["buckets"].values():
+        assert sum(row["questions"] for row in rows) == 3
+        assert sum(row["share"] for row in rows) == pytest.approx(1.0, abs=2e-3)
+    assert [row["bucket"] for row in result["buckets"]["answer tokens"]] == ["<=1", "3"]  # "Marie Curie": 3 pieces
+
+
+def test_range_buckets_keep_their_order_and_word_buckets_go_by_size() -> None:
+    with benchmark_module("reader_gap") as reader_gap:
+        def question(word: str, answer_tokens: int, f1_b: float) -> object:
+            return reader_gap.ScoredQuestion(100.0, f1_b, False, word, answer_tokens, 0, 10)
+
+        scored = [question("what", 1, 50.0), question("who", 7, 0.0), question("who", 8, 100.0)]
+        by_length = reader_gap.bucket_rows(scored, lambda q: reader_gap.length_bucket(q.answer_tokens, (1, 5)),
+                                           reader_gap.range_labels((1, 5)))  # fmt: skip
+        assert [(row["bucket"], row["questions"]) for row in by_length] == [("<=1", 1), (">5", 2)]
+        by_word = reader_gap.bucket_rows(scored, lambda q: q.question_word)
+        rows = [(row["bucket"], row["questions"], row["gap"]) for row in by_word]
+        assert rows == [("who", 2, 50.0), ("what", 1, 50.0)]
+        assert [row["share"] for row in by_word] == [0.667, 0.333]
+
+
+@pytest.mark.parametrize(
+    ("value", "label"), [(0, "<=1"), (1, "<=1"), (2, "2"), (5, "5"), (6, ">5"), (400, ">5")]
+)
+def test_length_buckets_cover_every_count(value: int, label: str) -> None:
+    with benchmark_module("reader_gap") as reader_gap:
+        assert reader_gap.length_bucket(value, (1, 2, 3, 4, 5)) == label
+        assert reader_gap.range_labels((63, 127)) == ["<=63", "64-127", ">127"]
+
+
+@pytest.mark.parametrize(
+    ("question", "word"),
+    [("How many prizes?", "how many"), ("how did she win?", "how"), ("In which year?", "which"),
+     ("Name the city.", "other"), ("Tell me: who wrote it?", "who")],
+)  # fmt: skip
+def test_question_words_prefer_the_two_word_ones(question: str, word: str) -> None:
+    with benchmark_module("reader_gap") as reader_gap:
+        assert reader_gap.question_word(question) == word
+
+
+def test_prediction_files_for_other_questions_are_refused_by_id(tmp_path: Path) -> None:
+    with benchmark_module("reader_gap") as reader_gap:
+        from dilstore.reader.data.squad import load_squad
+
+        examples = load_squad(write_squad(tmp_path / "dev.json"))
+        with pytest.raises(DilstoreError, match="answer different questions, e.g. 'q2'"):
+            reader_gap.score_questions(examples, {"q1": "x", "q2": "y"}, {"q1": "x"}, len)
+        with pytest.raises(DilstoreError, match="question 'zz' is not in the dataset"):
+            reader_gap.score_questions(examples, {"zz": "x"}, {"zz": "x"}, len)
+
+
+def test_a_bad_prediction_file_ends_in_one_line_naming_it(tmp_path: Path) -> None:
+    data = write_squad(tmp_path / "dev.json")
+    good = write_predictions(tmp_path / "a.json", {"q1": "Marie Curie"})
+    bad = tmp_path / "b.json"
+    bad.write_text('["not", "an", "object"]', encoding="utf-8")
+    with benchmark_module("reader_gap") as reader_gap, pytest.raises(SystemExit, match=f"reader_gap: {bad}"):
+        reader_gap.main([str(data), str(good), str(bad), "--tokenizer", str(base_model_dir())])
