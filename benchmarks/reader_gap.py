@@ -53,7 +53,7 @@ def question_word(question: str) -> str:
     return next((word for word in QUESTION_WORDS if f" {word} " in words), "other")
 
 
-def score_questions(
+def per_question_f1(
     examples: Sequence[SquadExample],
     predictions_a: dict[str, str],
     predictions_b: dict[str, str],
@@ -165,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("predictions_b", type=Path, help="reader b's, for the same questions")
     parser.add_argument("--tokenizer", type=Path, required=True, help="a reader folder whose tokenizer counts tokens")
     args = parser.parse_args(argv)
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # here, not at the top: `--help` and argument errors stay fast
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     try:
-        scored = score_questions(
+        scored = per_question_f1(
             load_squad(args.data),
             load_predictions(args.predictions_a),
             load_predictions(args.predictions_b),

@@ -95,9 +95,9 @@ def test_prediction_files_for_other_questions_are_refused_by_id(tmp_path: Path) 
 
         examples = load_squad(write_squad(tmp_path / "dev.json"))
         with pytest.raises(DilstoreError, match="answer different questions, e.g. 'q2'"):
-            reader_gap.score_questions(examples, {"q1": "x", "q2": "y"}, {"q1": "x"}, len)
+            reader_gap.per_question_f1(examples, {"q1": "x", "q2": "y"}, {"q1": "x"}, len)
         with pytest.raises(DilstoreError, match="question 'zz' is not in the dataset"):
-            reader_gap.score_questions(examples, {"zz": "x"}, {"zz": "x"}, len)
+            reader_gap.per_question_f1(examples, {"zz": "x"}, {"zz": "x"}, len)
 
 
 def test_a_bad_prediction_file_ends_in_one_line_naming_it(tmp_path: Path) -> None:
