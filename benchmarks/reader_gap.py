@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("predictions_b", type=Path, help="reader b's, for the same questions")
     parser.add_argument("--tokenizer", type=Path, required=True, help="a reader folder whose tokenizer counts tokens")
     args = parser.parse_args(argv)
+    if not (args.tokenizer / "tokenizer.json").is_file():
+        parser.error(f"--tokenizer {args.tokenizer}: no tokenizer.json there; give a reader folder")
     from transformers import AutoTokenizer  # here, not at the top: `--help` and argument errors stay fast
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)

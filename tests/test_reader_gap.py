@@ -107,3 +107,11 @@ def test_a_bad_prediction_file_ends_in_one_line_naming_it(tmp_path: Path) -> Non
     bad.write_text('["not", "an", "object"]', encoding="utf-8")
     with benchmark_module("reader_gap") as reader_gap, pytest.raises(SystemExit, match=f"reader_gap: {bad}"):
         reader_gap.main([str(data), str(good), str(bad), "--tokenizer", str(base_model_dir())])
+
+
+def test_a_folder_without_a_tokenizer_is_refused_by_name(tmp_path: Path, capsys) -> None:
+    data = write_squad(tmp_path / "dev.json")
+    predictions = write_predictions(tmp_path / "a.json", {"q1": "Marie Curie"})
+    with benchmark_module("reader_gap") as reader_gap, pytest.raises(SystemExit) as exit_info:
+        reader_gap.main([str(data), str(predictions), str(predictions), "--tokenizer", str(tmp_path)])
+    assert exit_info.value.code == 2 and f"--tokenizer {tmp_path}: no tokenizer.json" in capsys.readouterr().err
