@@ -104,17 +104,19 @@ def length_bucket(value: int, edges: Sequence[int]) -> str:
     return range_labels(edges)[sum(value > edge for edge in edges)]
 
 
-ANSWER_TOKENS, ANSWER_OFFSET, CONTEXT_TOKENS = (1, 2, 3, 4, 5), (63, 127, 255), (127, 191, 255, 320)
+def by_range(
+    value: Callable[[ScoredQuestion], int], edges: Sequence[int]
+) -> tuple[Callable[[ScoredQuestion], str], list[str]]:
+    """A BUCKETS entry for a count cut at `edges`: the question's range label, and the ranges in order."""
+    return (lambda question: length_bucket(value(question), edges)), range_labels(edges)
+
 
 # Per kind of bucket: the question's bucket, and the order of the rows (None: the largest bucket first).
 BUCKETS: dict[str, tuple[Callable[[ScoredQuestion], str], list[str] | None]] = {
     "question word": (lambda q: q.question_word, None),
-    "answer tokens": (lambda q: length_bucket(q.answer_tokens, ANSWER_TOKENS), range_labels(ANSWER_TOKENS)),
-    "answer offset (tokens)": (
-        lambda q: length_bucket(q.answer_offset, ANSWER_OFFSET),
-        range_labels(ANSWER_OFFSET),
-    ),
-    "context tokens": (lambda q: length_bucket(q.context_tokens, CONTEXT_TOKENS), range_labels(CONTEXT_TOKENS)),
+    "answer tokens": by_range(lambda q: q.answer_tokens, (1, 2, 3, 4, 5)),
+    "answer offset (tokens)": by_range(lambda q: q.answer_offset, (63, 127, 255)),
+    "context tokens": by_range(lambda q: q.context_tokens, (127, 191, 255, 320)),
 }
 
 
