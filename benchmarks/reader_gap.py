@@ -21,6 +21,7 @@ one table per kind of bucket, then everything as JSON.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -172,12 +173,18 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer  # here, not at the top: `--help` and argument errors stay fast
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+
+    @functools.cache
+    def count_tokens(text: str) -> int:
+        """Tokens in `text`; remembered, because a paragraph's questions share its context."""
+        return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
     try:
         scored = per_question_f1(
             load_squad(args.data),
             load_predictions(args.predictions_a),
             load_predictions(args.predictions_b),
-            lambda text: len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]),
+            count_tokens,
         )
     except DilstoreError as error:
         raise SystemExit(f"reader_gap: {error}") from None
