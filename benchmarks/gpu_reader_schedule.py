@@ -37,9 +37,12 @@ k = 0 alone its 2 epochs in 212 s, then k = 4 distilled from it in 357 s. With -
 first: k = 0 trains alone, then every other k starts from it and is distilled from it (DeFormer). No weights
 come back unless --export names a run (one a call: at most 8 files come back, a reader is 3 pieces); an exported
 sweep-k0, carried by a later draw as teacher-k0/ (`prepare --teacher`), is the teacher of that draw's distilled
-ks. With --mps the runs and their evaluations are clients of one CUDA MPS server (benchmarks/cuda_mps.py), so
-their kernels share the GPU at once; with --compile every run compiles its layers (`train qa --compile`);
-bench_side_by_side.py --sets measures whether either pays, and how many runs share the GPU well.
+ks; with --export-cut a run the deadline stops before its end exports its newest checkpoint (a draw's last
+call). --chunk-windows auto times one pass against length-sorted passes on the sweep's own micro-batch
+(bench_length_chunks.py) and trains with the fastest, kept for the draw's later calls. With --mps the runs and
+their evaluations are clients of one CUDA MPS server (benchmarks/cuda_mps.py), so their kernels share the GPU
+at once; with --compile every run compiles its layers (`train qa --compile`); bench_side_by_side.py --sets
+measures whether either pays, and how many runs share the GPU well.
 
 `train`, in order:
 1. calibrate: three short runs side by side (k=0; k=4 distilled; k=4 distilled with shared normalisation), each
@@ -97,6 +100,13 @@ TEACHER_LEARNING_RATE = "5e-5"  # the teacher starts from a trained k=0 reader
 DEV_QUESTIONS = 10570
 TRAIN_QUESTIONS = 87599  # SQuAD v1.1 train; a shared-normalisation example is one question's group
 PIECE_BYTES = 15 * 2**20
+# --chunk-windows auto: the pass sizes timed (0: one pass per micro-batch), on the first AUTO_QUESTIONS training
+# questions' micro-batches, AUTO_MICRO_BATCHES of them; a size beats one pass when AUTO_MARGIN times as fast.
+AUTO_CHUNKS = (0, 64, 32)
+AUTO_QUESTIONS = 3000
+AUTO_MICRO_BATCHES = 8
+AUTO_MARGIN = 1.05
+AUTO_SECONDS = 150
 # A reader checkpoint's files besides its weights that `train qa --model` needs.
 CARRIED_READER_FILES = ("config.json", "dilstore.json", "dilstore_training.json", "tokenizer.json", "tokenizer_config.json")
 
@@ -414,8 +424,9 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
     questions = TRAIN_QUESTIONS if args.smoke is None else args.smoke
     recipe = sweep_recipe(args.carry / "shared-norm" / "triples.jsonl.gz", args.groups, args.learning_rate,
                           questions, args.curve_points, args.epochs)  # fmt: skip
-    if args.chunk_windows is not None:
-        recipe += ["--chunk-windows", str(args.chunk_windows)]
+    chunk = measured_chunk_windows(schedule, args) if args.chunk_windows == "auto" else args.chunk_windows
+    if chunk is not None:
+        recipe += ["--chunk-windows", str(chunk)]
     if args.compile:
         recipe += ["--compile"]
     start = args.carry / "start"
@@ -430,17 +441,74 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
         else:
             names = train_side_by_side(schedule, [("sweep-k0", 0, start, [])], recipe, args) if 0 in args.layers else []
             if args.export in names:  # the teacher's weights come back even if its students are cut off
-                export_finished(schedule, args.export, args.out)
+                export_finished(schedule, args.export, args.out, args.export_cut)
                 exported = True
             teacher = sweep_teacher(schedule.work, args.carry)
             schedule.note(event="teacher", path=None if teacher is None else str(teacher))
             students = [(f"distil-k{k}", k, teacher, ["--teacher", str(teacher)]) for k in args.layers if k != 0]
             names += train_side_by_side(schedule, students, recipe, args) if teacher is not None else []
         if args.export is not None and not exported:
-            export_finished(schedule, args.export, args.out)
+            export_finished(schedule, args.export, args.out, args.export_cut)
         finished = [schedule.work / name for name in names if sweep_state(schedule.work / name) == "done"]
         if finished:
             score_checkpoints(schedule, finished, args, stop_at=args.deadline)
+
+
+def measured_chunk_windows(schedule: Schedule, args: argparse.Namespace) -> int | None:
+    """`--chunk-windows auto`: windows a pass, chosen by timing the sweep's own micro-batch on this machine.
+
+    chunk_rates times each of AUTO_CHUNKS; pick_chunk_windows takes the fastest when it beats one pass clearly.
+    The choice is kept in WORK/chunk-windows.json, so a later call of the same draw resumes its runs with it
+    without timing again. When the timing fails, train qa's default stays (None).
+    """
+    kept = schedule.work / "chunk-windows.json"
+    if kept.is_file():
+        chosen = json.loads(kept.read_text(encoding="utf-8"))["chunk_windows"]
+        schedule.note(event="chunk windows", chosen=chosen, source=str(kept))
+        return chosen
+    rates = chunk_rates(schedule, args)
+    if rates is None:
+        return None
+    chosen = pick_chunk_windows(rates)
+    kept.write_text(json.dumps({"chunk_windows": chosen, "windows_per_second": rates}) + "\n", encoding="utf-8")
+    schedule.note(event="chunk windows", chosen=chosen, windows_per_second=rates)
+    return chosen
+
+
+def pick_chunk_windows(rates: dict[int, float]) -> int:
+    """The windows a pass with the highest windows/s in `rates` when it is AUTO_MARGIN times one pass's (0), else 0."""
+    fastest = max(rates, key=lambda chunk: rates[chunk])
+    return fastest if rates[fastest] >= AUTO_MARGIN * rates[0] else 0
+
+
+def chunk_rates(schedule: Schedule, args: argparse.Namespace) -> dict[int, float] | None:
+    """Training windows/s of each of AUTO_CHUNKS windows a pass (0: one pass), by bench_length_chunks.py.
+
+    It times one forward and backward pass over AUTO_MICRO_BATCHES micro-batches of --groups question groups from
+    the first AUTO_QUESTIONS training questions, at the sweep's largest k. None (noted with the bench's last
+    output) when the bench fails or outlasts AUTO_SECONDS.
+    """
+    model = sweep_teacher(schedule.work, args.carry) or args.carry / "start"  # the weights do not change the work
+    command = [
+        sys.executable, str(Path(__file__).with_name("bench_length_chunks.py")), "--model", str(model),
+        "--train", str(schedule.data / "train-v1.1.json"),
+        "--shared-norm", str(args.carry / "shared-norm" / "triples.jsonl.gz"), "--layers", str(max(args.layers)),
+        "--batch-size", str(args.groups), "--questions", str(AUTO_QUESTIONS if args.smoke is None else args.smoke),
+        "--micro-batches", str(AUTO_MICRO_BATCHES), "--chunks", *map(str, AUTO_CHUNKS), "--device", args.device,
+    ]  # fmt: skip
+    schedule.note(event="launch", run="chunk-windows", command=command[1:])
+    try:
+        bench = subprocess.run(command, capture_output=True, text=True, env=schedule.env, timeout=AUTO_SECONDS)
+    except subprocess.TimeoutExpired:
+        schedule.note(event="chunk windows", chosen=None, failed=f"no result in {AUTO_SECONDS} s")
+        return None
+    try:
+        rows = json.loads(bench.stdout.strip().splitlines()[-1])["rows"]
+        return {int(row["chunk_windows"]): float(row["windows_per_second"]) for row in rows}
+    except (ValueError, IndexError, KeyError, TypeError):
+        output = (bench.stdout + bench.stderr)[-1000:]
+        schedule.note(event="chunk windows", chosen=None, failed=f"exit {bench.returncode}: {output}")
+        return None
 
 
 def train_side_by_side(
@@ -470,14 +538,25 @@ def sweep_teacher(work: Path, carry: Path) -> Path | None:
     return None
 
 
-def export_finished(schedule: Schedule, name: str, out: Path) -> None:
-    """Export run `name` when it was trained to the end (its weights are what a later draw carries or ships)."""
+def export_finished(schedule: Schedule, name: str, out: Path, cut: bool = False) -> None:
+    """Export run `name` when it was trained to the end (its weights are what a later draw carries or ships).
+
+    With `cut`, a run stopped before its end exports its newest complete checkpoint instead: in a draw's last call
+    the steps it reached come back rather than nothing (a later call that finishes it exports again).
+    """
+    from dilstore.reader.training.state import latest_checkpoint
+
     run = schedule.work / name
-    if not (run / "model.safetensors").is_file():
+    if (run / "model.safetensors").is_file():
+        export(run, name, out)
+        schedule.note(event="exported", run=name)
+        return
+    checkpoint = latest_checkpoint(run / "checkpoints") if cut else None
+    if checkpoint is None:
         schedule.note(event="export skipped", run=name, reason="not trained to the end")
         return
-    export(run, name, out)
-    schedule.note(event="exported", run=name)
+    export(checkpoint, name, out)
+    schedule.note(event="exported", run=name, checkpoint=checkpoint.name)
 
 
 def probe(schedule: Schedule, args: argparse.Namespace, start: Path, recipe: list[str]) -> tuple[float, float]:
@@ -671,6 +750,19 @@ def curve_rows(log: str) -> list[dict[str, Any]]:
     return rows if isinstance(rows, list) else []
 
 
+def chunk_windows_option(value: str) -> int | str:
+    """--chunk-windows: a number of windows a pass (0 or more), or "auto"."""
+    if value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a number of windows (0 or more) nor auto")
+    return number
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -726,9 +818,10 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--curve-points", type=int, default=6, help="checkpoints kept and scored for each curve")
     sweep.add_argument("--curve-limit", type=int, default=2000, help="seeded dev questions per curve point")
     sweep.add_argument(
-        "--chunk-windows", type=int, metavar="N",
-        help="train qa --chunk-windows for every run (how a step is computed, not what: measure it first with "
-        "bench_length_chunks.py --device cuda; default: train qa's, one pass on a GPU)",
+        "--chunk-windows", type=chunk_windows_option, metavar="N|auto",
+        help="train qa --chunk-windows for every run (how a step is computed, not what); auto: time one pass and "
+        f"passes of {' and '.join(map(str, AUTO_CHUNKS[1:]))} windows on this machine first with "
+        "bench_length_chunks.py and take the fastest (default: train qa's, one pass on a GPU)",
     )  # fmt: skip
     sweep.add_argument(
         "--mps", action="store_true",
@@ -751,6 +844,11 @@ def main(argv: list[str] | None = None) -> int:
         "--export", metavar="RUN",
         help="export this run (e.g. sweep-k0) as fp16 weight pieces once it is trained (with --distil, sweep-k0 "
         "before its students start), before the curves are scored",
+    )
+    sweep.add_argument(
+        "--export-cut", action="store_true",
+        help="when --export's run is stopped at the deadline before its end, export its newest checkpoint instead "
+        "(for a draw's last call; its record names the checkpoint)",
     )
     sweep.set_defaults(run=on_the_gpu(run_sweep))
     again = commands.add_parser("export", help="export another run of a finished schedule (same machine)")

@@ -296,7 +296,7 @@ def _carried_squad(tmp_path: Path) -> Path:
 
 def _fake_sweep(launched: list[list[str]], finishing: set[str], curve_rows: list[dict] | None = None):
     """A Popen stand-in: runs named in `finishing` end with a model and a dev evaluation; the others are cut off
-    after a checkpoint; reader_curve.py prints a table and `curve_rows` (when given) and ends at once."""
+    after a checkpoint at step 10 (weights all 10); reader_curve.py prints a table and `curve_rows` (when given) and ends at once."""
 
     def popen(command, stdout=None, stderr=None, env=None):
         launched.append([str(part) for part in command])
@@ -308,6 +308,7 @@ def _fake_sweep(launched: list[list[str]], finishing: set[str], curve_rows: list
             output = Path(command[command.index("--output") + 1])
             checkpoint = output / "checkpoints" / "step-0000010"
             checkpoint.mkdir(parents=True, exist_ok=True)
+            save_file({"weight": torch.full((3,), 10.0)}, checkpoint / "model.safetensors")
             (checkpoint / "training_state.json").write_text("{}", encoding="utf-8")
             if output.name in finishing:
                 save_file({"weight": torch.full((3,), float(len(output.name)))}, output / "model.safetensors")
@@ -648,3 +649,135 @@ def test_a_run_that_outlasts_the_wait_after_sigterm_is_killed(schedule, tmp_path
             "--layers", "2", "--deadline", "100"]  # fmt: skip
     assert schedule.main(argv) == 0
     assert len(runs) == 1 and runs[0].terminated and runs[0].killed
+
+
+def test_sweep_export_cut_brings_back_the_newest_checkpoint_of_a_run_the_deadline_stopped(
+    schedule, tmp_path, monkeypatch
+):
+    carry, work, out = _carried_squad(tmp_path), tmp_path / "work", tmp_path / "out"
+    (carry / "teacher-k0").mkdir()
+    save_file({"weight": torch.zeros(3)}, carry / "teacher-k0" / "model.safetensors")
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep([], finishing=set()))
+    argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(out), "--layers", "4", "--distil",
+            "--export", "distil-k4"]  # fmt: skip
+    assert schedule.main(argv) == 0
+    assert not list(out.glob("distil-k4*")), "without --export-cut a cut run stays on the machine"
+
+    assert schedule.main([*argv, "--export-cut"]) == 0
+    events = json.loads((work / "results.json").read_text(encoding="utf-8"))["events"]
+    assert [event for event in events if event["event"] == "exported"][0]["checkpoint"] == "step-0000010"
+    joined = tmp_path / "joined"
+    assert schedule.main(["join", str(out), "distil-k4", "--into", str(joined)]) == 0
+    assert torch.equal(load_file(joined / "model.safetensors")["weight"], torch.full((3,), 10.0, dtype=torch.float16))
+
+
+def test_sweep_export_cut_exports_a_finished_run_itself(schedule, tmp_path, monkeypatch):
+    carry, work, out = _carried_squad(tmp_path), tmp_path / "work", tmp_path / "out"
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep([], finishing={"sweep-k2"}))
+    argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(out), "--layers", "2",
+            "--export", "sweep-k2", "--export-cut"]  # fmt: skip
+    assert schedule.main(argv) == 0
+    events = json.loads((work / "results.json").read_text(encoding="utf-8"))["events"]
+    assert [event for event in events if event["event"] == "exported"] == [
+        {"event": "exported", "run": "sweep-k2", "t": pytest.approx(0, abs=60)}
+    ]
+    joined = tmp_path / "joined"
+    assert schedule.main(["join", str(out), "sweep-k2", "--into", str(joined)]) == 0
+    assert torch.equal(load_file(joined / "model.safetensors")["weight"], torch.full((3,), 8.0, dtype=torch.float16))
+
+
+@settings(max_examples=80, deadline=None)
+@given(rates=st.dictionaries(st.sampled_from([0, 4, 16, 32, 64]), st.floats(0.1, 5000), min_size=1)
+       .map(lambda rates: {0: 100.0, **rates}))  # fmt: skip
+def test_pick_chunk_windows_takes_the_fastest_only_when_it_beats_one_pass_clearly(schedule, rates):
+    chosen = schedule.pick_chunk_windows(rates)
+    assert chosen in rates
+    if chosen == 0:
+        assert max(rates.values()) < schedule.AUTO_MARGIN * rates[0] or rates[0] == max(rates.values())
+    else:
+        assert rates[chosen] == max(rates.values()) and rates[chosen] >= schedule.AUTO_MARGIN * rates[0]
+
+
+def _bench_result(rates: dict[int, float], returncode: int = 0, stderr: str = ""):
+    rows = [{"chunk_windows": chunk, "windows_per_second": rate} for chunk, rate in rates.items()]
+    stdout = "a table\n" + json.dumps({"rows": rows}) + "\n" if returncode == 0 else "a table\n"
+    return subprocess.CompletedProcess(args=[], returncode=returncode, stdout=stdout, stderr=stderr)
+
+
+def test_sweep_chunk_windows_auto_times_the_sizes_once_and_trains_every_run_with_the_fastest(
+    schedule, tmp_path, monkeypatch
+):
+    carry, work = _carried_squad(tmp_path), tmp_path / "work"
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    benches: list[list[str]] = []
+
+    def bench(command, **options):
+        benches.append([str(part) for part in command])
+        assert options["timeout"] == schedule.AUTO_SECONDS
+        return _bench_result({0: 2000.0, 64: 2300.0, 32: 2450.0})
+
+    monkeypatch.setattr(schedule.subprocess, "run", bench)
+    launched: list[list[str]] = []
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(launched, finishing=set()))
+    argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(tmp_path / "out"), "--layers", "0", "4",
+            "--groups", "16", "--chunk-windows", "auto"]  # fmt: skip
+    assert schedule.main(argv) == 0
+    (command,) = benches
+    assert command[1].endswith("bench_length_chunks.py")
+    assert command[command.index("--layers") + 1] == "4" and command[command.index("--batch-size") + 1] == "16"
+    assert command[command.index("--chunks") + 1 : command.index("--chunks") + 4] == ["0", "64", "32"]
+    trained = [command for command in launched if "--output" in command]
+    assert len(trained) == 2 and all(command[command.index("--chunk-windows") + 1] == "32" for command in trained)
+
+    launched.clear()
+    assert schedule.main(argv) == 0, "a later call of the draw"
+    assert len(benches) == 1, "the choice is kept, not timed again"
+    trained = [command for command in launched if "--output" in command]
+    assert trained and all(command[command.index("--chunk-windows") + 1] == "32" for command in trained)
+
+
+@pytest.mark.parametrize(
+    "outcome, chosen",
+    [
+        (_bench_result({0: 2000.0, 64: 2050.0, 32: 1500.0}), "0"),  # 2.5% faster: not clearly, one pass
+        (_bench_result({}, returncode=1, stderr="CUDA out of memory"), None),
+        (subprocess.TimeoutExpired(cmd="bench", timeout=150), None),
+    ],
+)
+def test_sweep_chunk_windows_auto_keeps_one_pass_unless_a_size_is_clearly_faster(
+    schedule, tmp_path, monkeypatch, outcome, chosen
+):
+    carry, work = _carried_squad(tmp_path), tmp_path / "work"
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+
+    def bench(command, **options):
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(schedule.subprocess, "run", bench)
+    launched: list[list[str]] = []
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(launched, finishing=set()))
+    argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(tmp_path / "out"), "--layers", "4",
+            "--chunk-windows", "auto"]  # fmt: skip
+    assert schedule.main(argv) == 0
+    (trained,) = [command for command in launched if "--output" in command]
+    if chosen is None:
+        assert "--chunk-windows" not in trained, "a failed timing leaves train qa's default"
+        events = json.loads((work / "results.json").read_text(encoding="utf-8"))["events"]
+        failed = next(event for event in events if event["event"] == "chunk windows")["failed"]
+        assert "CUDA out of memory" in failed or "no result in 150 s" in failed
+        assert not (work / "chunk-windows.json").exists(), "a later call times again"
+    else:
+        assert trained[trained.index("--chunk-windows") + 1] == chosen
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "3.5"])
+def test_sweep_refuses_a_chunk_windows_that_is_not_a_count_or_auto(schedule, tmp_path, capsys, value):
+    argv = ["sweep", "--out", str(tmp_path / "out"), "--layers", "4", "--chunk-windows", value]
+    with pytest.raises(SystemExit) as exit_info:
+        schedule.main(argv)
+    assert exit_info.value.code == 2
+    assert f"{value!r} is neither a number of windows (0 or more) nor auto" in capsys.readouterr().err
