@@ -3,7 +3,8 @@
 The schedule itself needs a GPU and the whole SQuAD file; these tests hold its pure parts: the share of
 the 2-epoch budget grows with the time given and never passes 1, steps cover that share, the k=4 run is
 chosen by dev F1 with the stated preference, and an exported run joins back byte for byte (a corrupted
-piece is refused).
+piece is refused). With Popen and the bench faked, the sweep's wiring: which runs start, resume or export (a
+cut run's newest checkpoint with --export-cut), and which pass size --chunk-windows auto picks and keeps.
 """
 
 from __future__ import annotations
@@ -296,7 +297,8 @@ def _carried_squad(tmp_path: Path) -> Path:
 
 def _fake_sweep(launched: list[list[str]], finishing: set[str], curve_rows: list[dict] | None = None):
     """A Popen stand-in: runs named in `finishing` end with a model and a dev evaluation; the others are cut off
-    after a checkpoint at step 10 (weights all 10); reader_curve.py prints a table and `curve_rows` (when given) and ends at once."""
+    after a checkpoint at step 10 (weights all 10); reader_curve.py prints a table and `curve_rows` (when given)
+    and ends at once."""
 
     def popen(command, stdout=None, stderr=None, env=None):
         launched.append([str(part) for part in command])
