@@ -371,11 +371,9 @@ def run_extension(schedule: Schedule, args: argparse.Namespace) -> None:
     stop = args.deadline - args.export_reserve
     schedule.wait({"extended": schedule.launch("extended", args.layers, start, long_run)},
                   stop_at=stop - args.curve_reserve)  # fmt: skip
-    from dilstore.reader.training.state import latest_checkpoint
-
     run = schedule.work / "extended"
     score_checkpoints(schedule, [run], args, stop_at=stop)
-    chosen = run if (run / "model.safetensors").is_file() else latest_checkpoint(run / "checkpoints")
+    chosen = newest_weights(run)
     schedule.note(event="chosen", run=None if chosen is None else str(chosen))
     if chosen is not None:
         export(chosen, "extended", args.out)
@@ -538,25 +536,29 @@ def sweep_teacher(work: Path, carry: Path) -> Path | None:
     return None
 
 
+def newest_weights(run: Path, cut: bool = True) -> Path | None:
+    """The folder holding `run`'s newest weights: the run itself when trained to the end, else (with `cut`) its
+    newest complete checkpoint, else None."""
+    from dilstore.reader.training.state import latest_checkpoint
+
+    if (run / "model.safetensors").is_file():
+        return run
+    return latest_checkpoint(run / "checkpoints") if cut else None
+
+
 def export_finished(schedule: Schedule, name: str, out: Path, cut: bool = False) -> None:
     """Export run `name` when it was trained to the end (its weights are what a later draw carries or ships).
 
     With `cut`, a run stopped before its end exports its newest complete checkpoint instead: in a draw's last call
     the steps it reached come back rather than nothing (a later call that finishes it exports again).
     """
-    from dilstore.reader.training.state import latest_checkpoint
-
     run = schedule.work / name
-    if (run / "model.safetensors").is_file():
-        export(run, name, out)
-        schedule.note(event="exported", run=name)
-        return
-    checkpoint = latest_checkpoint(run / "checkpoints") if cut else None
-    if checkpoint is None:
+    chosen = newest_weights(run, cut)
+    if chosen is None:
         schedule.note(event="export skipped", run=name, reason="not trained to the end")
         return
-    export(checkpoint, name, out)
-    schedule.note(event="exported", run=name, checkpoint=checkpoint.name)
+    export(chosen, name, out)
+    schedule.note(event="exported", run=name, **({} if chosen == run else {"checkpoint": chosen.name}))
 
 
 def probe(schedule: Schedule, args: argparse.Namespace, start: Path, recipe: list[str]) -> tuple[float, float]:
