@@ -417,7 +417,8 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
     left (cached, so a later call scores the rest). On a lent H200 a 60 s curve reserve stopped k = 0 (side by side
     with k = 4) with its last logged step 176 short of the end of training, and neither run was evaluated. A run
     trained to the end whose evaluation was cut off (or failed) is only evaluated, by `evaluate-rc`. With --distil
-    the k = 0 run trains first, alone, and every other k then starts from it and is distilled from it (distil-kK).
+    the k = 0 run trains first, alone, and every other k then starts from it (or, with --students-from-start, from
+    the carried start/) and is distilled from it (distil-kK).
     """
     questions = TRAIN_QUESTIONS if args.smoke is None else args.smoke
     recipe = sweep_recipe(args.carry / "shared-norm" / "triples.jsonl.gz", args.groups, args.learning_rate,
@@ -443,7 +444,8 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
                 exported = True
             teacher = sweep_teacher(schedule.work, args.carry)
             schedule.note(event="teacher", path=None if teacher is None else str(teacher))
-            students = [(f"distil-k{k}", k, teacher, ["--teacher", str(teacher)]) for k in args.layers if k != 0]
+            first = start if args.students_from_start else teacher
+            students = [(f"distil-k{k}", k, first, ["--teacher", str(teacher)]) for k in args.layers if k != 0]
             names += train_side_by_side(schedule, students, recipe, args) if teacher is not None else []
         if args.export is not None and not exported:
             export_finished(schedule, args.export, args.out, args.export_cut)
@@ -841,6 +843,11 @@ def main(argv: list[str] | None = None) -> int:
         help="teacher first: k=0 trains alone (when among --layers), then every other k starts from that k=0 reader "
         "and is distilled from it (runs distil-kK; the teacher is the carried teacher-k0/ when k=0 is not trained "
         "here)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--students-from-start", action="store_true",
+        help="with --distil, every student starts from the carried start/ rather than from the teacher's weights "
+        "(start/ a trained reader: distillation then continues it with a fresh schedule)",
     )  # fmt: skip
     sweep.add_argument(
         "--export", metavar="RUN",

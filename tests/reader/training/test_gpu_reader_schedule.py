@@ -393,6 +393,28 @@ def test_sweep_with_distil_trains_the_teacher_first_then_students_from_it_and_ex
     assert [event["run"] for event in events if event["event"] == "exported"] == ["sweep-k0"]
 
 
+def test_sweep_with_students_from_start_distils_from_the_new_teacher_into_the_carried_reader(
+    schedule, tmp_path, monkeypatch
+):
+    """--students-from-start: the teacher trains from start/ as usual, and each student starts from start/ too
+    (a trained reader continued) while it learns from the teacher trained in this call."""
+    carry, work, out = _carried_squad(tmp_path), tmp_path / "work", tmp_path / "out"
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    launched: list[list[str]] = []
+    monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(launched, finishing={"sweep-k0", "distil-k4"}))
+    argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(out), "--layers", "0", "4",
+            "--distil", "--students-from-start", "--export", "distil-k4"]  # fmt: skip
+    assert schedule.main(argv) == 0
+    trained = [command for command in launched if "--output" in command]
+    teacher, student = trained
+    assert teacher[teacher.index("--output") + 1] == str(work / "sweep-k0")
+    assert teacher[teacher.index("--model") + 1] == str(carry / "start") and "--teacher" not in teacher
+    assert student[student.index("--output") + 1] == str(work / "distil-k4")
+    assert student[student.index("--model") + 1] == str(carry / "start")
+    assert student[student.index("--teacher") + 1] == str(work / "sweep-k0")
+    assert (out / "distil-k4.tar").is_file()
+
+
 def test_sweep_with_distil_learns_from_the_carried_teacher_or_trains_no_student_without_one(
     schedule, tmp_path, monkeypatch
 ):
