@@ -157,13 +157,16 @@ def test_zarr_python_reads_codes_and_codebook_and_decodes_like_the_store(lowbit_
 
 
 def test_round_trip_gives_back_what_the_store_returns(lowbit_store) -> None:
-    """`round_trip` (what `train qa --store-encoding` trains on) equals the store's own reads, bit for bit."""
+    """`round_trip` (what `train qa --store-encoding` trains on) equals the store's own reads, to float32 rounding.
+
+    The store decodes each passage's rows and round_trip all of them at once; the final float32 product with the
+    axes may round differently with the row count (OpenBLAS on AMD EPYC: up to 1.2e-6 apart)."""
     encoding, root, records = lowbit_store
     codebook = read_codebook(root / CODEBOOK_DIR, encoding)[0]
     through = round_trip(encoding, codebook)
     stored = open_store(root).fetch([record.id for record in records])
     joined = through(np.concatenate([record.states for record in records]))  # (T, d)
-    np.testing.assert_array_equal(joined, np.concatenate([passage.states for passage in stored]))
+    np.testing.assert_allclose(joined, np.concatenate([passage.states for passage in stored]), rtol=1e-6, atol=1e-5)
     assert not np.array_equal(joined, np.concatenate([record.states for record in records]))  # it is lossy
     with pytest.raises(StoreFormatError, match="needs the codebook"):
         round_trip(encoding)
