@@ -445,7 +445,8 @@ def run_sweep(schedule: Schedule, args: argparse.Namespace) -> None:
             teacher = sweep_teacher(schedule.work, args.carry)
             schedule.note(event="teacher", path=None if teacher is None else str(teacher))
             first = start if args.students_from_start else teacher
-            students = [(f"distil-k{k}", k, first, ["--teacher", str(teacher)]) for k in args.layers if k != 0]
+            rate = [] if args.student_learning_rate is None else ["--learning-rate", args.student_learning_rate]
+            students = [(f"distil-k{k}", k, first, ["--teacher", str(teacher), *rate]) for k in args.layers if k != 0]
             names += train_side_by_side(schedule, students, recipe, args) if teacher is not None else []
         if args.export is not None and not exported:
             export_finished(schedule, args.export, args.out, args.export_cut)
@@ -849,6 +850,10 @@ def main(argv: list[str] | None = None) -> int:
         help="with --distil, every student starts from the carried start/ rather than from the teacher's weights "
         "(start/ a trained reader: distillation then continues it with a fresh schedule)",
     )  # fmt: skip
+    sweep.add_argument(
+        "--student-learning-rate", metavar="LR",
+        help="with --distil, the students' peak learning rate (default: --learning-rate, the teacher's too)",
+    )
     sweep.add_argument(
         "--export", metavar="RUN",
         help="export this run (e.g. sweep-k0) as fp16 weight pieces once it is trained (with --distil, sweep-k0 "

@@ -397,16 +397,21 @@ def test_sweep_with_students_from_start_distils_from_the_new_teacher_into_the_ca
     schedule, tmp_path, monkeypatch
 ):
     """--students-from-start: the teacher trains from start/ as usual, and each student starts from start/ too
-    (a trained reader continued) while it learns from the teacher trained in this call."""
+    (a trained reader continued) while it learns from the teacher trained in this call; --student-learning-rate
+    sets the students' rate alone."""
     carry, work, out = _carried_squad(tmp_path), tmp_path / "work", tmp_path / "out"
     monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
     launched: list[list[str]] = []
     monkeypatch.setattr(schedule.subprocess, "Popen", _fake_sweep(launched, finishing={"sweep-k0", "distil-k4"}))
     argv = ["sweep", "--carry", str(carry), "--work", str(work), "--out", str(out), "--layers", "0", "4",
-            "--distil", "--students-from-start", "--export", "distil-k4"]  # fmt: skip
+            "--distil", "--students-from-start", "--student-learning-rate", "3e-5",
+            "--export", "distil-k4"]  # fmt: skip
     assert schedule.main(argv) == 0
     trained = [command for command in launched if "--output" in command]
     teacher, student = trained
+    rates = [[command[i + 1] for i, part in enumerate(command) if part == "--learning-rate"] for command in trained]
+    assert rates[0][-1] == schedule.LEARNING_RATE, "the teacher keeps the sweep's rate"
+    assert rates[1][-1] == "3e-5", "the student's own rate comes last, so train qa takes it"
     assert teacher[teacher.index("--output") + 1] == str(work / "sweep-k0")
     assert teacher[teacher.index("--model") + 1] == str(carry / "start") and "--teacher" not in teacher
     assert student[student.index("--output") + 1] == str(work / "distil-k4")
