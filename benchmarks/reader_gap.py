@@ -16,6 +16,11 @@ Each question is scored with the official v1.1 F1 (best over its references). It
 the gold answer's length and first token offset in the context, and the context's length, all in tokens of
 --tokenizer. A bucket's share is its part of the summed per-question gap (so the shares add up to 1). Prints
 one table per kind of bucket, then everything as JSON.
+
+Whether a gap is more than the choice of questions: the summary also gives a paired bootstrap 95% interval of
+the gap (the questions resampled with replacement, --resamples times, both readers' scores kept together) and how
+many questions each reader scores higher on. An interval that holds 0 means these questions cannot tell the two
+readers apart.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from dilstore.reader.data.squad import SquadExample, load_predictions, load_squad
 from dilstore.reader.evaluation.squad_metric import f1, metric_max_over_ground_truths
@@ -148,15 +155,38 @@ def bucket_rows(
     return sorted(rows, key=lambda row: order.index(str(row["bucket"])))
 
 
-def summary(scored: Sequence[ScoredQuestion]) -> dict[str, float | int]:
-    """Questions, both mean F1s, their gap and the share of questions answered identically."""
+def gap_interval(
+    scored: Sequence[ScoredQuestion], resamples: int = 2000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """The paired bootstrap interval of the mean gap (a − b): percentiles of the gap over `resamples` resamplings
+    of the questions, each question's two scores kept together (paired, so what both readers find hard cancels)."""
+    if resamples < 1:
+        raise DilstoreError(f"resamples must be at least 1, not {resamples}")
+    gaps = np.array([q.f1_a - q.f1_b for q in scored])  # (questions,)
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples)
+    for start in range(0, resamples, 100):  # 100 resamplings at a time: (100, questions) indices in memory
+        stop = min(start + 100, resamples)
+        means[start:stop] = gaps[rng.integers(0, len(gaps), (stop - start, len(gaps)))].mean(axis=1)
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def summary(scored: Sequence[ScoredQuestion], resamples: int = 2000, seed: int = 0) -> dict[str, object]:
+    """Questions, both mean F1s, their gap with its paired bootstrap 95% interval, how many questions each reader
+    scores higher on, and the share of questions answered identically."""
     n = len(scored)
     f1_a, f1_b = sum(q.f1_a for q in scored) / n, sum(q.f1_b for q in scored) / n
+    low, high = gap_interval(scored, resamples, seed)
     return {
         "questions": n,
         "f1_a": round(f1_a, 2),
         "f1_b": round(f1_b, 2),
         "gap": round(f1_a - f1_b, 2),
+        "gap_ci95": [round(low, 2), round(high, 2)],
+        "a_higher": sum(q.f1_a > q.f1_b for q in scored),
+        "b_higher": sum(q.f1_b > q.f1_a for q in scored),
         "same_answer_pct": round(100 * sum(q.same_answer for q in scored) / n, 1),
     }
 
@@ -167,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("predictions_a", type=Path, help="reader a's {question id: answer} JSON (evaluate-rc)")
     parser.add_argument("predictions_b", type=Path, help="reader b's, for the same questions")
     parser.add_argument("--tokenizer", type=Path, required=True, help="a reader folder whose tokenizer counts tokens")
+    parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamplings of the gap (default 2000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     args = parser.parse_args(argv)
+    if args.resamples < 1:
+        parser.error(f"--resamples {args.resamples}: give 1 or more")
     if not (args.tokenizer / "tokenizer.json").is_file():
         parser.error(f"--tokenizer {args.tokenizer}: no tokenizer.json there; give a reader folder")
     from transformers import AutoTokenizer  # here, not at the top: `--help` and argument errors stay fast
@@ -188,9 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     except DilstoreError as error:
         raise SystemExit(f"reader_gap: {error}") from None
-    overall = summary(scored)
+    overall = summary(scored, args.resamples, args.seed)
+    low, high = overall["gap_ci95"]
     print(f"{overall['questions']} questions: F1 a {overall['f1_a']:.2f}, b {overall['f1_b']:.2f}, gap "
-          f"{overall['gap']:+.2f}; the same answer for {overall['same_answer_pct']:.1f}%")  # fmt: skip
+          f"{overall['gap']:+.2f} (paired bootstrap 95%: {low:+.2f} to {high:+.2f}); a higher on "
+          f"{overall['a_higher']}, b on {overall['b_higher']}; "
+          f"the same answer for {overall['same_answer_pct']:.1f}%")  # fmt: skip
     tables = {name: bucket_rows(scored, key, order) for name, (key, order) in BUCKETS.items()}
     for name, rows in tables.items():
         print(f"\n{name:<24} {'questions':>9} {'F1 a':>7} {'F1 b':>7} {'gap':>7} {'share':>6}")

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.storage.errors import DilstoreError
@@ -44,7 +46,12 @@ def test_the_gap_is_split_into_buckets_whose_shares_add_up_to_one(tmp_path: Path
         assert reader_gap.main([str(data), str(a), str(b), "--tokenizer", str(base_model_dir())]) == 0
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
     # q4 has no references and is left out; q1: F1 100 against 66.67 (1 of 2 tokens), q2 equal, q3 100 against 0.
-    assert result["summary"] == {"questions": 3, "f1_a": 100.0, "f1_b": 55.56, "gap": 44.44, "same_answer_pct": 33.3}
+    summary = result["summary"]
+    low, high = summary.pop("gap_ci95")
+    assert summary == {"questions": 3, "f1_a": 100.0, "f1_b": 55.56, "gap": 44.44, "a_higher": 2, "b_higher": 0,
+                       "same_answer_pct": 33.3}  # fmt: skip
+    # The per-question gaps are 33.33, 0 and 100: every resampled mean lies between 0 and 100.
+    assert 0.0 <= low < 44.44 < high <= 100.0
     words = {row["bucket"]: row for row in result["buckets"]["question word"]}
     assert set(words) == {"who", "when", "where"}
     assert words["where"]["gap"] == 100.0 and words["when"]["gap"] == 0.0
@@ -115,3 +122,37 @@ def test_a_folder_without_a_tokenizer_is_refused_by_name(tmp_path: Path, capsys)
     with benchmark_module("reader_gap") as reader_gap, pytest.raises(SystemExit) as exit_info:
         reader_gap.main([str(data), str(predictions), str(predictions), "--tokenizer", str(tmp_path)])
     assert exit_info.value.code == 2 and f"--tokenizer {tmp_path}: no tokenizer.json" in capsys.readouterr().err
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.floats(0, 100), st.floats(0, 100)), min_size=1, max_size=60),
+    seed=st.integers(0, 2**16),
+)
+def test_the_bootstrap_interval_lies_within_the_per_question_gaps(pairs: list[tuple[float, float]], seed: int) -> None:
+    with benchmark_module("reader_gap") as reader_gap:
+        scored = [reader_gap.ScoredQuestion(a, b, False, "what", 1, 0, 10) for a, b in pairs]
+        low, high = reader_gap.gap_interval(scored, resamples=200, seed=seed)
+        gaps = [a - b for a, b in pairs]
+        assert min(gaps) - 1e-9 <= low <= high <= max(gaps) + 1e-9
+        assert reader_gap.gap_interval(scored, resamples=200, seed=seed) == (low, high)  # seeded: the same again
+
+
+def test_one_reader_better_on_every_question_gives_an_interval_above_zero_and_equal_readers_zero() -> None:
+    with benchmark_module("reader_gap") as reader_gap:
+        better = [reader_gap.ScoredQuestion(60.0 + i % 7, 50.0, False, "who", 1, 0, 10) for i in range(300)]
+        low, high = reader_gap.gap_interval(better)
+        assert 10.0 <= low < 13.0 < high <= 16.0  # the mean gap is 12.99; every question's gap is 10 to 16
+        equal = [reader_gap.ScoredQuestion(f, f, True, "who", 1, 0, 10) for f in (0.0, 50.0, 100.0)]
+        assert reader_gap.gap_interval(equal) == (0.0, 0.0)
+        with pytest.raises(DilstoreError, match="resamples must be at least 1, not 0"):
+            reader_gap.gap_interval(equal, resamples=0)
+
+
+def test_no_resamples_is_refused_by_name(tmp_path: Path, capsys) -> None:
+    data = write_squad(tmp_path / "dev.json")
+    predictions = write_predictions(tmp_path / "a.json", {"q1": "Marie Curie"})
+    with benchmark_module("reader_gap") as reader_gap, pytest.raises(SystemExit) as exit_info:
+        reader_gap.main([str(data), str(predictions), str(predictions), "--tokenizer", str(base_model_dir()),
+                         "--resamples", "0"])  # fmt: skip
+    assert exit_info.value.code == 2 and "--resamples 0: give 1 or more" in capsys.readouterr().err
