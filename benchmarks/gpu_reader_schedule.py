@@ -889,6 +889,11 @@ def main(argv: list[str] | None = None) -> int:
     unpack.add_argument("--into", type=Path, required=True)
     unpack.set_defaults(run=records)
     args = parser.parse_args(argv)
+    if not getattr(args, "distil", True):
+        student_only = [name for name, value in (("--students-from-start", args.students_from_start),
+                                                 ("--student-learning-rate", args.student_learning_rate)) if value]
+        if student_only:
+            parser.error(f"{' and '.join(student_only)} only apply with --distil (there are no students without it)")
     return args.run(args)
 
 

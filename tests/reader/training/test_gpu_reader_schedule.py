@@ -810,3 +810,18 @@ def test_sweep_refuses_a_chunk_windows_that_is_not_a_count_or_auto(schedule, tmp
         schedule.main(argv)
     assert exit_info.value.code == 2
     assert f"{value!r} is neither a number of windows (0 or more) nor auto" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [(["--students-from-start"], "--students-from-start"),
+     (["--student-learning-rate", "3e-5"], "--student-learning-rate"),
+     (["--students-from-start", "--student-learning-rate", "3e-5"],
+      "--students-from-start and --student-learning-rate")],
+)  # fmt: skip
+def test_sweep_refuses_student_options_without_distil(schedule, tmp_path, capsys, options, named):
+    with pytest.raises(SystemExit) as exit_info:
+        schedule.main(["sweep", "--out", str(tmp_path / "out"), "--layers", "0", "4", *options])
+    assert exit_info.value.code == 2
+    assert f"{named} only apply with --distil" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
