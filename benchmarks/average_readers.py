@@ -1,0 +1,115 @@
+"""A uniform weight average of readers fine-tuned along one lineage (a "model soup"): a new reader folder.
+
+Readers that continue one another (each round of `gpu_reader_schedule.py sweep --students-from-start` starts
+from the previous default) lie close together in weight space, and the average of such points often scores
+higher than any of them. Averaging costs no training, so it is worth one full-dev evaluation:
+
+    .venv/bin/python benchmarks/average_readers.py READER_A READER_B [...] --output /tmp/soup
+    .venv/bin/dilstore evaluate-rc --model /tmp/soup --data ../shared/data/squad/dev-v1.1.json --threads 2 --json
+
+Every reader must have the same config.json and dilstore.json (the same architecture and k) and the same tensor
+names and shapes. The average is taken in float32 and stored as fp16, like a shipped reader; config, dilstore.json
+and the tokenizer come from the first reader, and averaged_from.json names every source with its SHA-256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from dilstore.storage.errors import DilstoreError
+
+SAME_FILES = ("config.json", "dilstore.json")
+COPIED_FILES = (*SAME_FILES, "tokenizer.json", "tokenizer_config.json")
+
+
+def sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_same_reader_kind(readers: list[Path]) -> None:
+    """Refuse, by folder and file, readers whose config.json or dilstore.json differ from the first's."""
+    for reader in readers:
+        for name in (*SAME_FILES, "model.safetensors"):
+            if not (reader / name).is_file():
+                raise DilstoreError(f"{reader}: no {name}; give reader folders")
+    for name in SAME_FILES:
+        first = json.loads((readers[0] / name).read_text(encoding="utf-8"))
+        for reader in readers[1:]:
+            if json.loads((reader / name).read_text(encoding="utf-8")) != first:
+                raise DilstoreError(f"{reader / name} differs from {readers[0] / name}: "
+                                    "only readers of one kind average")  # fmt: skip
+
+
+def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """The float32 mean of each floating tensor over the files, as fp16; integer tensors must be equal."""
+    total = {name: tensor.to(torch.float32) if tensor.is_floating_point() else tensor
+             for name, tensor in load_file(paths[0]).items()}  # fmt: skip
+    for path in paths[1:]:
+        tensors = load_file(path)
+        if tensors.keys() != total.keys():
+            only = sorted(tensors.keys() ^ total.keys())
+            raise DilstoreError(f"{path}: other tensors than {paths[0]}, e.g. {only[0]!r} ({len(only)} differ)")
+        for name, tensor in tensors.items():
+            if tensor.shape != total[name].shape:
+                raise DilstoreError(f"{path}: tensor {name!r} is {tuple(tensor.shape)}, "
+                                    f"{tuple(total[name].shape)} in {paths[0]}")  # fmt: skip
+            if tensor.is_floating_point():
+                total[name] += tensor.to(torch.float32)
+            elif not torch.equal(tensor, total[name]):
+                raise DilstoreError(f"{path}: integer tensor {name!r} differs from {paths[0]}'s")
+    return {name: (tensor / len(paths)).to(torch.float16).contiguous() if tensor.is_floating_point() else tensor
+            for name, tensor in total.items()}  # fmt: skip
+
+
+def average_readers(readers: list[Path], output: Path) -> dict[str, object]:
+    """Write the averaged reader to `output` (which must not exist yet); returns what averaged_from.json holds."""
+    if len(readers) < 2:
+        raise DilstoreError(f"give 2 or more readers to average, not {len(readers)}")
+    if output.exists():
+        raise DilstoreError(f"{output} exists already; give a new folder")
+    check_same_reader_kind(readers)
+    weights = [reader / "model.safetensors" for reader in readers]
+    averaged = average_weights(weights)
+    output.mkdir(parents=True)
+    save_file(averaged, output / "model.safetensors", metadata={"format": "pt"})
+    for name in COPIED_FILES:
+        if (readers[0] / name).is_file():
+            shutil.copy2(readers[0] / name, output / name)
+    record = {
+        "method": "uniform float32 mean of every floating tensor, stored as fp16",
+        "sources": [{"reader": str(reader), "sha256": sha256(path)} for reader, path in zip(readers, weights)],
+        "output_sha256": sha256(output / "model.safetensors"),
+    }
+    (output / "averaged_from.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("readers", type=Path, nargs="+", help="reader folders of one architecture and k")
+    parser.add_argument("--output", type=Path, required=True, help="the new reader folder")
+    args = parser.parse_args(argv)
+    try:
+        record = average_readers(args.readers, args.output)
+    except DilstoreError as error:
+        raise SystemExit(f"average_readers: {error}") from None
+    print(f"{args.output}: the mean of {len(args.readers)} readers")
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
