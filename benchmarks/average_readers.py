@@ -31,12 +31,9 @@ COPIED_FILES = (*SAME_FILES, "tokenizer.json", "tokenizer_config.json")
 
 
 def sha256(path: Path) -> str:
-    """The SHA-256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
+    """The SHA-256 of a file (hex)."""
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def check_same_reader_kind(readers: list[Path]) -> None:
