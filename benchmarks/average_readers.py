@@ -9,7 +9,9 @@ higher than any of them. Averaging costs no training, so it is worth one full-de
 
 Every reader must have the same config.json and dilstore.json (the same architecture and k) and the same tensor
 names and shapes. The average is taken in float32 and stored as fp16, like a shipped reader; config, dilstore.json
-and the tokenizer come from the first reader, and averaged_from.json names every source with its SHA-256.
+and the tokenizer come from the first reader. dilstore_training.json is the last reader's (give the newest run
+last), with every source and its SHA-256 under "averaged_from", so `package_default_checkpoint.py --checkpoint`
+takes the folder as it is.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.storage.errors import DilstoreError
 
 SAME_FILES = ("config.json", "dilstore.json")
@@ -72,7 +75,8 @@ def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def average_readers(readers: list[Path], output: Path) -> dict[str, object]:
-    """Write the averaged reader to `output` (which must not exist yet); returns what averaged_from.json holds."""
+    """Write the averaged reader to `output` (which must not exist yet); returns its training record's
+    "averaged_from"."""
     if len(readers) < 2:
         raise DilstoreError(f"give 2 or more readers to average, not {len(readers)}")
     if output.exists():
@@ -90,7 +94,10 @@ def average_readers(readers: list[Path], output: Path) -> dict[str, object]:
         "sources": [{"reader": str(reader), "sha256": sha256(path)} for reader, path in zip(readers, weights)],
         "output_sha256": sha256(output / "model.safetensors"),
     }
-    (output / "averaged_from.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    newest = readers[-1] / TRAINING_METADATA_FILE
+    training = json.loads(newest.read_text(encoding="utf-8")) if newest.is_file() else {}
+    training["averaged_from"] = record
+    (output / TRAINING_METADATA_FILE).write_text(json.dumps(training, indent=1) + "\n", encoding="utf-8")
     return record
 
 

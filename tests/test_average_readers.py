@@ -27,13 +27,14 @@ def write_reader(folder: Path, tensors: dict[str, torch.Tensor], kind: dict | No
     return folder
 
 
-def test_the_average_is_the_float32_mean_stored_as_fp16_with_its_sources_named(tmp_path: Path, capsys) -> None:
+def test_the_average_is_the_float32_mean_stored_as_fp16_with_its_sources_in_the_record(tmp_path: Path, capsys) -> None:
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(3, 4, generator=generator, dtype=torch.float32) for _ in range(3)]
     readers = [
         write_reader(tmp_path / f"r{i}", {"w": w.half(), "position_ids": torch.arange(5)})
         for i, w in enumerate(weights)
     ]
+    (readers[-1] / "dilstore_training.json").write_text('{"command": "round 3"}', encoding="utf-8")
     output = tmp_path / "soup"
     with benchmark_module("average_readers") as average_readers:
         assert average_readers.main([*map(str, readers), "--output", str(output)]) == 0
@@ -43,7 +44,9 @@ def test_the_average_is_the_float32_mean_stored_as_fp16_with_its_sources_named(t
     assert torch.equal(averaged["position_ids"], torch.arange(5))
     assert json.loads((output / "dilstore.json").read_text()) == KIND
     assert json.loads((output / "tokenizer.json").read_text()) == {"from": "r0"}
-    record = json.loads((output / "averaged_from.json").read_text())
+    training = json.loads((output / "dilstore_training.json").read_text())
+    assert training["command"] == "round 3", "the newest (last) reader's training record is carried"
+    record = training["averaged_from"]
     assert [source["reader"] for source in record["sources"]] == [str(reader) for reader in readers]
     assert len({source["sha256"] for source in record["sources"]}) == 3
     assert json.loads(capsys.readouterr().out.splitlines()[-1]) == record
