@@ -33,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json", action="store_true", help='print {"questions","em","f1","recall","top_p","mu","seconds",...}'
     )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (none with --json either)")
     add_verbose_argument(parser)
     parser.set_defaults(run=run)
 
@@ -40,19 +41,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load questions, open the reader, evaluate, print EM/F1 for mu = 1 and --mu, and R."""
     apply_threads(args.threads)
+    from tqdm import tqdm
+
     from dilstore.reader.evaluation.open_domain import evaluate_questions, load_questions, select_questions, write_predictions
 
     questions = select_questions(load_questions(args.questions), args.limit, args.seed)
     odqa = open_odqa_reader(args)
-    progress = None if args.json else _progress_printer(len(questions))
-    evaluation = evaluate_questions(
-        odqa,
-        questions,
-        top_p=odqa.settings.top_p,
-        mu=odqa.settings.mu,
-        question_batch=args.question_batch,
-        on_batch=progress,
-    )
+    bar = tqdm(total=len(questions), unit="question", desc="evaluate-qa", file=sys.stderr, dynamic_ncols=True,
+               disable=args.no_progress or args.json)  # fmt: skip
+    with bar:
+        evaluation = evaluate_questions(
+            odqa,
+            questions,
+            top_p=odqa.settings.top_p,
+            mu=odqa.settings.mu,
+            question_batch=args.question_batch,
+            on_batch=lambda done: bar.update(done - bar.n),
+        )
     if args.predictions:
         write_predictions(args.predictions, evaluation)
     if args.json:
@@ -71,11 +76,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {evaluation.refused} question(s) refused (too long) and scored as unanswered")
     return 0
 
-
-def _progress_printer(total: int):
-    """A callback that prints `done/total` to stderr on one line."""
-
-    def report(done: int) -> None:
-        print(f"\r{done}/{total} questions", end="" if done < total else "\n", file=sys.stderr, flush=True)
-
-    return report

@@ -116,8 +116,12 @@ def test_evaluate_qa_command(indexed: dict[str, Path], capsys: pytest.CaptureFix
     assert summary["recall"] == 100.0  # every answer is in its question's top-3 passages
     assert all(0 <= row["em"] <= row["f1"] + 1e-9 <= 100 + 1e-9 for row in summary["by_mu"])
     assert main([*base, "--limit", "2"]) == 0
-    text = capsys.readouterr().out
-    assert "questions 2" in text and "mu 1 (reader only)" in text and "mu 0.5 (reader + BM25)" in text
+    captured = capsys.readouterr()
+    assert "questions 2" in captured.out and "mu 1 (reader only)" in captured.out
+    assert "mu 0.5 (reader + BM25)" in captured.out
+    assert "evaluate-qa" in captured.err and "2/2" in captured.err  # the bar, on stderr
+    assert main([*base, "--limit", "2", "--no-progress"]) == 0
+    assert "2/2" not in capsys.readouterr().err
 
 
 def test_commands_report_bad_setups_without_a_traceback(
