@@ -6,12 +6,16 @@ import argparse
 import json
 import sys
 import unicodedata
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.storage.errors import DilstoreError
+
+if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
+    from dilstore.reader.serving.answers import Answer
+    from dilstore.reader.serving.odqa import OpenDomainReader
 
 HIGHLIGHT = ("[[", "]]")
 _STAGE_LABELS = {
@@ -56,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     return interactive(odqa, sys.stdin, sys.stdout, sys.stderr, as_json=args.json)
 
 
-def interactive(odqa, lines: TextIO, out: TextIO, err: TextIO, *, as_json: bool) -> int:
+def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO, *, as_json: bool) -> int:
     """Answer each line of `lines`; a bad question is reported on `err` and the loop goes on.
 
     A line that is not UTF-8 (read with surrogateescape) is reported by the
@@ -86,7 +90,7 @@ def interactive(odqa, lines: TextIO, out: TextIO, err: TextIO, *, as_json: bool)
         out.flush()
 
 
-def print_answer(answer, as_json: bool, out: TextIO) -> None:
+def print_answer(answer: Answer, as_json: bool, out: TextIO) -> None:
     """The answer as one JSON line, or as text: answer, scores, highlighted passage, timings."""
     if as_json:
         print(json.dumps(answer.to_dict(), ensure_ascii=False), file=out)

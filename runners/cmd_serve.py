@@ -15,6 +15,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.runners.serve_batching import (
@@ -25,6 +26,9 @@ from dilstore.runners.serve_batching import (
     ServeSettings,
 )
 from dilstore.storage.errors import DilstoreError
+
+if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
+    from dilstore.runners.serve_app import ServedStore
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -158,7 +162,7 @@ def per_store_models(models: Sequence[Path] | None, stores: int) -> list[Path | 
 
 def open_served_store(
     name: str, path: str, model: Path | None, device: str | None, index: Path | None = None
-):  # -> ServedStore
+) -> ServedStore:
     """Open one store with its checked model as an AskService (dilbert) or RerankService (earl-s1/earl-s2/listformer).
 
     index: its BM25 index (default STORE/bm25); a rerank store needs none,

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dilstore.runners.reading_options import add_runtime_arguments
+
+if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
+    from dilstore.reader.serving.odqa import OpenDomainReader
 
 # Options that are OdqaSettings fields of the same name.
 _SETTINGS = (
@@ -64,7 +68,7 @@ def add_odqa_arguments(parser: argparse.ArgumentParser) -> None:
     add_runtime_arguments(parser)
 
 
-def open_odqa_reader(args: argparse.Namespace):  # -> reader.odqa.OpenDomainReader
+def open_odqa_reader(args: argparse.Namespace) -> OpenDomainReader:
     """The OpenDomainReader the options describe (store, checked model, BM25 index)."""
     from dilstore.reader.serving.odqa import OdqaSettings, open_reader
 

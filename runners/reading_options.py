@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
+    from dilstore.reader.evaluation.reading_comprehension import ReadingSettings
 
 
 def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +32,7 @@ def apply_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def reading_settings(args: argparse.Namespace):  # -> reader.reading_comprehension.ReadingSettings
+def reading_settings(args: argparse.Namespace) -> ReadingSettings:
     """ReadingSettings from the options add_reading_arguments added."""
     from dilstore.reader.evaluation.reading_comprehension import ReadingSettings
 
