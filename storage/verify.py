@@ -10,6 +10,7 @@ manifest does not know is.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,9 +118,15 @@ def verify_store(path_or_url: str | Path, storage_options: dict[str, Any] | None
 
 def _store_codebook_names(location: StoreLocation) -> set[str]:
     """The arrays in the store's codebook/, read once per store (none when it is missing or unreadable:
-    store_codebook_problems reports that)."""
+    store_codebook_problems reports that).
+
+    zarr warns about each file in the group that is no zarr node; _check_files reports such a file as a problem
+    already, so the warning would only repeat it on stderr as library noise.
+    """
     try:
-        return set(location.open_group(CODEBOOK_DIR).array_keys())
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Object at .* is not recognized", category=UserWarning)
+            return set(location.open_group(CODEBOOK_DIR).array_keys())
     except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError):
         return set()
 
