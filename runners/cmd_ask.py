@@ -51,6 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Open the store, model and index once, then answer one question or every line of stdin."""
     apply_threads(args.threads)
+    if args.question is not None and (bad := _undecoded_byte(args.question)) is not None:
+        raise DilstoreError(f"the question is not UTF-8 text (byte at character {bad + 1})")
     odqa = open_odqa_reader(args)
     if args.question is not None:
         print_answer(odqa.answer(args.question), args.json, sys.stdout)
@@ -58,6 +60,14 @@ def run(args: argparse.Namespace) -> int:
     # Bytes that are not UTF-8 become lone surrogates instead of ending the session with a decode error.
     sys.stdin.reconfigure(errors="surrogateescape")
     return interactive(odqa, sys.stdin, sys.stdout, sys.stderr, as_json=args.json)
+
+
+def _undecoded_byte(text: str) -> int | None:
+    """Where the first byte that was not UTF-8 sits in `text` (0-based), else None.
+
+    Python decodes such bytes, in argv and in stdin read with surrogateescape, to U+DC80..U+DCFF.
+    """
+    return next((index for index, character in enumerate(text) if "\udc80" <= character <= "\udcff"), None)
 
 
 def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO, *, as_json: bool) -> int:
@@ -76,7 +86,7 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
         if not line:
             return 0
         question = line.rstrip("\r\n")
-        bad = next((index for index, character in enumerate(question) if "\udc80" <= character <= "\udcff"), None)
+        bad = _undecoded_byte(question)
         if bad is not None:
             print(f"dilstore ask: error: the question is not UTF-8 text (byte at character {bad + 1}); skipped",
                   file=err, flush=True)  # fmt: skip

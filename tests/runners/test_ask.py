@@ -105,6 +105,14 @@ def test_a_line_that_is_not_utf8_is_reported_and_the_session_goes_on(store_and_m
     assert [json.loads(line)["question"] for line in out.getvalue().splitlines()] == [GOOD]
 
 
+def test_a_question_argument_that_is_not_utf8_is_refused_before_the_store_opens(tmp_path: Path, capsys) -> None:
+    """Python decodes argv's bad bytes to U+DC80..U+DCFF; the error names the byte, not the tokenizer's TypeError."""
+    from dilstore.runners.cli import main
+
+    assert main(["ask", str(tmp_path / "no-store"), "Tram \udcff open?", "--model", str(tmp_path / "no-model")]) == 2
+    assert capsys.readouterr().err == "dilstore ask: error: the question is not UTF-8 text (byte at character 6)\n"
+
+
 def test_ask_and_evaluate_qa_refuse_a_store_url_without_an_index(store_and_model: tuple[Path, Path], tmp_path: Path,
                                                                   capsys) -> None:  # fmt: skip
     from dilstore.runners.cli import main
