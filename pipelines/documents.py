@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from dilstore.reader.text.surrogates import lone_surrogate
+
 # Documents larger than this (UTF-8 bytes of their text) are rejected, not split:
 # a single record that size is almost always a broken export, and it would pin one
 # worker's memory while every other worker waits.
@@ -70,15 +72,6 @@ class Skipped:
 Record = Document | Rejected | Skipped
 
 
-def lone_surrogate_reason(field: str, value: str) -> str | None:
-    """Why `value` cannot be UTF-8 encoded (it holds a lone surrogate code point), or None when it can."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as error:
-        return f"invalid text: {field} holds a lone surrogate U+{ord(value[error.start]):04X} at character {error.start + 1}"
-    return None
-
-
 def make_document(
     source: str,
     position: int | str,
@@ -99,9 +92,9 @@ def make_document(
     if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or not str(doc_id).strip():
         return Rejected(source, position, "missing id")
     for field, value in (("id", str(doc_id)), ("title", title), ("text", text)):
-        surrogate = lone_surrogate_reason(field, value)
+        surrogate = lone_surrogate(value)
         if surrogate is not None:
-            return Rejected(source, position, surrogate)
+            return Rejected(source, position, f"invalid text: {field} holds {surrogate}")
     if not text.strip():
         return Rejected(source, position, "empty text")
     size = len(text.encode("utf-8"))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dilstore.reader.text.files import numbered_lines
+from dilstore.reader.text.surrogates import require_unicode
 from dilstore.storage.atomic_files import atomic_write_bytes
 from dilstore.storage.errors import DilstoreError
 
@@ -143,8 +144,8 @@ def _parse_line(path: Path, number: int, line: str) -> dict[str, Any]:
 
 
 def _string(record: dict[str, Any], key: str, where: str) -> str:
-    """record[key], which must be a non-empty string."""
+    """record[key], which must be a non-empty string of Unicode text (no lone surrogate)."""
     value = record.get(key)
     if not isinstance(value, str) or not value:
         raise DilstoreError(f"{where}: {key!r} must be a non-empty string, got {json.dumps(value)[:60]}")
-    return value
+    return require_unicode(value, f"{where}: {key!r}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dilstore.reader.text.files import numbered_lines, read_json
+from dilstore.reader.text.surrogates import require_unicode
 from dilstore.storage.errors import DilstoreError
 
 
@@ -107,6 +108,8 @@ def load_open_questions(path: str | Path) -> list[OpenQuestion]:
         answers = _field(record, "answer", list, where, "the line")
         if not answers or not all(isinstance(answer, str) for answer in answers):
             raise DilstoreError(f'{where}: "answer" must be a non-empty list of strings, got {_short(answers)}')
+        for n, answer in enumerate(answers):
+            require_unicode(answer, f'{where}: "answer"[{n}]')
         questions.append(OpenQuestion(line=number, question=question, answers=tuple(answers)))
     return questions
 
@@ -156,7 +159,8 @@ _MISSING = object()
 
 
 def _field(container: Any, key: str, kind: type, source: str, where: str, default: Any = _MISSING) -> Any:
-    """container[key], checked to be of `kind` (bool is not an int); a DilstoreError naming source and item."""
+    """container[key], checked to be of `kind` (bool is not an int) and, as a string, Unicode text (no lone
+    surrogate); a DilstoreError naming source and item."""
     if not isinstance(container, dict):
         raise DilstoreError(f"{source}: {where} must be a JSON object, got {_kind(container)}")
     if key not in container:
@@ -166,6 +170,8 @@ def _field(container: Any, key: str, kind: type, source: str, where: str, defaul
     value = container[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise DilstoreError(f"{source}: {where}: {key!r} must be {_KIND_NAMES[kind]}, got {_short(value)}")
+    if kind is str:
+        require_unicode(value, f"{source}: {where}: {key!r}")
     return value
 
 

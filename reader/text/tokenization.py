@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dilstore.reader.text.surrogates import require_unicode
 from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:
@@ -94,8 +95,9 @@ def encode_question(tokenizer: PreTrainedTokenizerBase, question: str, max_lengt
     An over-long question is not an error: the tokenizer's truncation drops
     word pieces from the end (its `truncation_side`, "right" for every shipped
     tokenizer) and keeps the template's final [SEP]; the result's `truncated`
-    flag tells the caller. An empty or whitespace-only question, or one that
-    has no word piece at all, raises DilstoreError.
+    flag tells the caller. An empty or whitespace-only question, one holding a
+    lone surrogate (not Unicode text) and one that has no word piece at all
+    raise DilstoreError.
     """
     return _encode_single(tokenizer, question, max_length, "question")
 
@@ -126,6 +128,8 @@ def encode_questions(
     _require_room(tokenizer, max_length, "question")
     if not questions:
         return []
+    for question in questions:
+        require_unicode(question, "the question")
     encodings = _call(tokenizer, list(questions), add_special_tokens=True)
     encoded = []
     for index, question in enumerate(questions):
@@ -140,6 +144,7 @@ def _encode_single(tokenizer: PreTrainedTokenizerBase, text: str, max_length: in
     _require_fast(tokenizer)
     if not text.strip():
         raise DilstoreError(f"the {what} is empty")
+    require_unicode(text, f"the {what}")
     _require_room(tokenizer, max_length, what)
     encoding = _call(tokenizer, text, add_special_tokens=True)
     truncated = len(encoding["input_ids"]) > max_length
@@ -165,6 +170,8 @@ def passage_pieces_many(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]
     _require_fast(tokenizer)
     if not texts:
         return []
+    for text in texts:
+        require_unicode(text, f"the passage {_preview(text)}")
     encodings = _call(tokenizer, list(texts), add_special_tokens=False)
     pieces = [_to_tokenized(_batch_item(encodings, index), truncated=False) for index in range(len(texts))]
     for text, text_pieces in zip(texts, pieces):
@@ -177,7 +184,7 @@ def passage_pieces(tokenizer: PreTrainedTokenizerBase, text: str) -> TokenizedTe
     """All word pieces of a passage (no special tokens), each with its character span.
 
     Raises DilstoreError when the text has no word piece (empty, whitespace
-    or only characters the tokenizer drops).
+    or only characters the tokenizer drops) or holds a lone surrogate.
     """
     return passage_pieces_many(tokenizer, [text])[0]
 

@@ -127,6 +127,7 @@ def write_lines(path: Path, lines: list[str]) -> Path:
         ('{"qid": "q2", "query": "x", "pos": "a", "negs": "b"}', ':2: "negs" must be a list'),
         ('{"qid": "q2", "query": "x", "negs": ["b"]}', ":2: 'pos' must be a non-empty string"),
         ('{"qid": "q2", "query": "x", "pos": "a", "negs": ["a", "b"]}', ":2: the positive 'a' of 'q2' is also"),
+        ('{"qid": "q2", "query": "x\\ud800", "pos": "a", "negs": ["b"]}', ":2: 'query' holds a lone surrogate U+D800"),
     ],
 )
 def test_bad_triples_name_file_and_line(line: str, message: str, tmp_path: Path) -> None:

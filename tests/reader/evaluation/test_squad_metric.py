@@ -175,6 +175,15 @@ def _qa(document: dict, index: int) -> dict:
             r"qas\[1\]: question id 'q1' already used at data\[0\]\.paragraphs\[0\]\.qas\[0\]",
         ),
         (lambda d: _qa(d, 0).update(question="  "), r"'q1'\): the question is empty"),
+        (
+            lambda d: _qa(d, 0).update(question="Who \ud800?"),
+            r"'q1'\): 'question' holds a lone surrogate U\+D800 at character 5, which is not Unicode text",
+        ),
+        (
+            lambda d: d["data"][0]["paragraphs"][0].update(context="\udfff"),
+            r"^file\.json: data\[0\]\.paragraphs\[0\]: 'context' holds a lone surrogate U\+DFFF at character 1",
+        ),
+        (lambda d: _qa(d, 1)["answers"][0].update(text="19\udc00"), r"'q2'\)\.answers\[0\]: 'text' holds a lone"),
         (lambda d: d["data"].append([]), r"data\[1\] must be a JSON object, got a list"),
     ],
 )
@@ -208,6 +217,8 @@ def test_load_squad_names_the_file_for_unreadable_input(tmp_path: Path) -> None:
         (['{"question": "Who?", "answer": []}'], r"q\.jsonl:1: \"answer\" must be a non-empty list of strings"),
         (['{"question": "Who?", "answer": [3]}'], r"q\.jsonl:1: \"answer\" must be a non-empty list .*, got \[3\]"),
         (["", '{"question": " ", "answer": ["x"]}'], r"q\.jsonl:2: the question is empty"),
+        (['{"question": "Who\\ud800?", "answer": ["x"]}'], r"q\.jsonl:1: the line: 'question' holds a lone surrogate"),
+        (['{"question": "Who?", "answer": ["x", "\\udbff"]}'], r'q\.jsonl:1: "answer"\[1\] holds a lone surrogate'),
         (['["Who?", ["me"]]'], r"q\.jsonl:1: the line must be a JSON object, got a list"),
     ],
 )

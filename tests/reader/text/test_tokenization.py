@@ -7,6 +7,7 @@ byte-level BPE (tests/fixtures/tokenizer_fixtures.py).
 from __future__ import annotations
 
 import itertools
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -286,3 +287,21 @@ def test_batched_encodings_refuse_what_the_single_ones_refuse(tokenizer) -> None
         passage_pieces_many(SimpleNamespace(is_fast=False), ["text"])
     assert encode_questions(tokenizer, [], max_length=16) == [] and passage_pieces_many(tokenizer, []) == []
 
+
+
+@given(before=TEXTS, surrogate=st.integers(0xD800, 0xDFFF), after=TEXTS)
+@PROPERTY
+def test_a_lone_surrogate_is_refused_by_name_and_place_not_raised_from_the_tokenizer(
+    tokenizer, before: str, surrogate: int, after: str
+) -> None:
+    """JSON's "\\ud800" decodes to a string no tokenizer reads; every entry point says what and where instead."""
+    text = before + chr(surrogate) + after
+    place = re.escape(f"a lone surrogate U+{surrogate:04X} at character {len(before) + 1}, which is not Unicode text")
+    with pytest.raises(DilstoreError, match=f"^the question holds {place}$"):
+        encode_questions(tokenizer, ["why?", text], max_length=16)
+    with pytest.raises(DilstoreError, match=f"^the question holds {place}$"):
+        encode_question(tokenizer, text, max_length=16)
+    with pytest.raises(DilstoreError, match=f"^the document holds {place}$"):
+        encode_document(tokenizer, text, max_length=16)
+    with pytest.raises(DilstoreError, match=f"^the passage .* holds {place}$"):
+        passage_pieces_many(tokenizer, ["fine", text])
