@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.errors import DilstoreError
 from dilstore.runners.quiet import add_verbose_argument
 
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("store", metavar="STORE", help="a store written by `dilstore precompute` (a local folder)")
-    parser.add_argument("--threads", type=int, default=1, help="indexing threads (default 1)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="indexing threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_verbose_argument(parser)
     parser.set_defaults(run=run_command)
@@ -85,8 +86,6 @@ def run_command(args: argparse.Namespace) -> int:
     """Build STORE/bm25 from STORE/passages/jsonl (and, in an appended store, every append's parts); 0 on success."""
     from dilstore.pipelines.collection import collection_dir, is_appended, write_live_collection
 
-    if args.threads < 1:
-        raise DilstoreError(f"--threads must be at least 1, got {args.threads}")
     store = local_store(args.store)
     collection = collection_dir(store)
     if not store.is_dir():

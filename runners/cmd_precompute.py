@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dilstore.storage.errors import DilstoreError
+from dilstore.runners.arg_types import positive_int
 from dilstore.runners.quiet import add_verbose_argument, filtered_stderr
 from dilstore.storage.format import COMPRESSORS
 
@@ -65,17 +66,6 @@ _NOT_IN_COMMAND = {"command", "run", "beam_args"}
 
 # The shortest stored unit worth making: [CLS]/[SEP] and a few word pieces per window.
 MIN_MAX_LENGTH = 8
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from dilstore.runners.arg_types import positive_int
 from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.training_options import (
     add_optimizer_arguments,
@@ -75,7 +76,7 @@ def register_ranking_data(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=13, help="seed of the negative sampling (default 13)")
     parser.add_argument("--limit", type=int, help="only the first N questions (the index still covers all)")
     parser.add_argument("--work", type=Path, help="where the BM25 index is cached (default OUTPUT/work)")
-    parser.add_argument("--threads", type=int, default=1, help="indexing and search threads (default 1)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="indexing and search threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults(run=run_ranking_data)
 
@@ -192,8 +193,6 @@ def run_ranking_data(args: argparse.Namespace) -> int:
 
     if not args.squad.is_file():
         raise DilstoreError(f"--squad {args.squad}: no such file")
-    if args.threads < 1:
-        raise DilstoreError(f"--threads must be at least 1, got {args.threads}")
     with stdout_to_stderr():
         summary = build_ranking_data(
             args.squad,

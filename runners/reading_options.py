@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from dilstore.runners.arg_types import positive_int, torch_device
+
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     from dilstore.reader.evaluation.reading_comprehension import ReadingSettings
 
@@ -20,8 +22,8 @@ def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """Where and how wide to run."""
-    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", type=torch_device, help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
 
 
 def apply_threads(threads: int | None) -> None:

@@ -44,6 +44,39 @@ def test_user_errors_are_one_line_and_exit_2(
     assert lines[-1].startswith(message) and "Traceback" not in err
 
 
+_RUNTIME = [
+    ["ask", "{tmp}/no-store", "a question"],
+    ["evaluate-qa", "{tmp}/no-store", "--questions", "{tmp}/q.jsonl"],
+    ["evaluate-rc", "--data", "{tmp}/none.json"],
+    ["rerank", "{tmp}/no-store", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec", "--output", "{tmp}/o.trec"],
+    ["serve", "{tmp}/no-store", "--port", "0"],
+    ["train", "qa", "--layers", "1", "--train", "{tmp}/none.json", "--output", "{tmp}/o"],
+]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "option", "message"),
+    [
+        *[(command, ["--threads", "0"], "--threads: expected a positive integer, got 0") for command in _RUNTIME],
+        (_RUNTIME[0], ["--threads", "-3"], "--threads: expected a positive integer, got -3"),
+        (["index", "{tmp}/no-store"], ["--threads", "0"], "--threads: expected a positive integer"),
+        (["train", "ranking-data", "--squad", "{tmp}/none.json", "--output", "{tmp}/o"], ["--threads", "0"],
+         "--threads: expected a positive integer"),
+        *[(command, ["--device", "bogus"], "--device: not a torch device: 'bogus'") for command in _RUNTIME],
+        (_RUNTIME[0], ["--device", "cuda:7"], "--device: cuda:7: this machine has"),
+        (_RUNTIME[0], ["--device", "meta"], "--device: meta: dilstore runs on cpu, cuda or mps devices"),
+    ],
+)
+def test_bad_threads_and_devices_are_usage_errors_before_the_command_runs(
+    arguments: list[str], option: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch would raise on them later (set_num_threads, torch.device), as a traceback."""
+    with pytest.raises(SystemExit) as exited:
+        main([argument.replace("{tmp}", str(tmp_path)) for argument in arguments] + option)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and message in err.strip().splitlines()[-1] and "Traceback" not in err
+
+
 def test_an_os_error_inside_a_command_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """Any OSError a command lets through (here: a permission error) becomes one line naming the file."""
     import dilstore.runners.cmd_store as cmd_store
