@@ -111,10 +111,21 @@ def check_loop_settings(config: LoopSettings) -> None:
             "max_steps": config.max_steps,
         }
     )
+    require_finite(
+        {
+            "learning-rate": config.learning_rate,
+            "weight-decay": config.weight_decay,
+            "max-grad-norm": config.max_grad_norm,
+        }
+    )
     if not 0 <= config.warmup_ratio < 1:
         raise DilstoreError(f"warmup-ratio must be in [0, 1), got {config.warmup_ratio}")
     if config.learning_rate <= 0:
         raise DilstoreError(f"learning-rate must be positive, got {config.learning_rate}")
+    if config.weight_decay < 0:
+        raise DilstoreError(f"weight-decay must be at least 0, got {config.weight_decay}")
+    if config.max_grad_norm <= 0:
+        raise DilstoreError(f"max-grad-norm must be positive, got {config.max_grad_norm}")
     if config.save_every < 0:
         raise DilstoreError(f"save-every must be 0 (only at the end) or positive, got {config.save_every}")
     if not config.save_every_minutes >= 0:
@@ -123,6 +134,17 @@ def check_loop_settings(config: LoopSettings) -> None:
         )
     if config.precision not in PRECISIONS:
         raise DilstoreError(f"precision must be one of {', '.join(PRECISIONS)}, got {config.precision!r}")
+
+
+def require_finite(settings: Mapping[str, float]) -> None:
+    """A DilstoreError naming the first setting that is NaN or infinite.
+
+    Range checks alone let NaN through (every comparison with it is false), and a NaN or infinite rate trains
+    every weight to NaN without an error.
+    """
+    for name, value in settings.items():
+        if not math.isfinite(value):
+            raise DilstoreError(f"{name} must be a finite number, got {value}")
 
 
 def seed_everything(seed: int) -> None:

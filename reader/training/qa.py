@@ -61,6 +61,7 @@ from dilstore.reader.training.loop import (
     autocast_context,
     check_loop_settings,
     optimizer_step_batches,
+    require_finite,
 )
 from dilstore.reader.training.runs import TrainerRun, finish_run, start_run
 from dilstore.storage.encodings import get_encoding
@@ -160,6 +161,8 @@ class TrainingConfig:
         )
         if self.layers < 0:
             raise DilstoreError(f"layers (k) must be at least 0, got {self.layers}")
+        require_finite({"distillation temperature": self.distillation_temperature,
+                        "alpha": self.distillation_weight, "beta": self.representation_weight})  # fmt: skip
         if self.distillation_temperature <= 0 or self.distillation_weight < 0 or self.representation_weight < 0:
             raise DilstoreError(
                 "distillation temperature must be positive and its weights at least 0, got "

@@ -56,6 +56,7 @@ from dilstore.reader.training.loop import (
     autocast_context,
     check_loop_settings,
     optimizer_step_batches,
+    require_finite,
 )
 from dilstore.reader.training.losses import (
     DEFAULT_MARGIN,
@@ -137,6 +138,8 @@ class RankingTrainingConfig:
             raise DilstoreError("prior describes an EARL ranker or a Listformer only")
         if self.freeze_encoder and self.encoder_learning_rate is not None:
             raise DilstoreError("freeze-encoder and encoder-learning-rate exclude each other: a frozen encoder has none")
+        if self.encoder_learning_rate is not None:
+            require_finite({"encoder-learning-rate": self.encoder_learning_rate})
         if self.encoder_learning_rate is not None and self.encoder_learning_rate <= 0:
             raise DilstoreError(f"encoder-learning-rate must be positive, got {self.encoder_learning_rate}")
 

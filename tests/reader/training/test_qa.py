@@ -227,6 +227,13 @@ def test_length_grouping_cuts_padding() -> None:
         ({"precision": "fp8"}, "precision"),
         ({"doc_stride": 400}, "doc-stride"),
         ({"layers": -1}, "layers"),
+        ({"learning_rate": float("inf")}, "learning-rate must be a finite number, got inf"),
+        ({"learning_rate": float("nan")}, "learning-rate must be a finite number, got nan"),
+        ({"weight_decay": float("nan")}, "weight-decay must be a finite number, got nan"),
+        ({"weight_decay": -0.01}, "weight-decay must be at least 0"),
+        ({"max_grad_norm": 0.0}, "max-grad-norm must be positive"),
+        ({"distillation_temperature": float("nan")}, "distillation temperature must be a finite number"),
+        ({"distillation_weight": float("inf")}, "alpha must be a finite number"),
     ],
 )
 def test_config_rejects_bad_values(changes: dict, message: str) -> None:

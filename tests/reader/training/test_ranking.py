@@ -160,6 +160,8 @@ def test_gradient_accumulation_matches_the_larger_batch(tiny_base: Path, overfit
         ({"kind": "siamese", "freeze_encoder": True}, "EARL ranker only"),
         ({"freeze_encoder": True, "encoder_learning_rate": 1e-6}, "exclude each other"),
         ({"encoder_learning_rate": 0.0}, "encoder-learning-rate must be positive"),
+        ({"encoder_learning_rate": float("nan")}, "encoder-learning-rate must be a finite number, got nan"),
+        ({"learning_rate": float("inf")}, "learning-rate must be a finite number, got inf"),
         ({"pooling": "max"}, "pooling"),
     ],
 )
