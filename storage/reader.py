@@ -306,7 +306,12 @@ def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) 
         raise StoreFormatError(f"{where} does not match the manifest (hash or passage count); run `dilstore verify`")
     arrays = []
     for name in (INDEX_HASHES, INDEX_SHARDS, INDEX_ROWS):
-        array = group[name]
+        try:
+            array = group[name]
+        except (ValueError, TypeError, KeyError, zarr.errors.NodeTypeValidationError) as error:
+            raise StoreFormatError(
+                f"cannot open {where}/{name}: {type(error).__name__}: {error}; run `dilstore verify`"
+            ) from None
         if not isinstance(array, zarr.Array) or array.shape != (manifest.passages,):
             raise StoreFormatError(f"{where}/{name} is not an array of {manifest.passages} entries")
         if use_mmap:

@@ -188,11 +188,13 @@ def read_whole(columns: Sequence[Column], check: Sequence[RangedColumn] = ()) ->
     return [parts[0] for parts in read_ranges([(column, zero, np.array([column.rows])) for column in columns], check)]
 
 
-def _open_arrays(group: zarr.Group, names: Sequence[str]) -> dict[str, zarr.Array | None]:
-    """The arrays `names` (paths under `group`), their metadata read concurrently; None where there is no array.
+def _open_arrays(group: zarr.Group, names: Sequence[str], where: str) -> dict[str, zarr.Array | None]:
+    """The arrays `names` (paths under `group`, at `where`), their metadata read concurrently; None where there is
+    no array.
 
     Opening by name needs no directory listing, which plain HTTP servers and
     CDNs do not give, and one concurrent round instead of a request per array.
+    Metadata that cannot be read (a truncated zarr.json) raises StoreFormatError naming the array.
     """
 
     async def one(name: str) -> zarr.Array | None:
@@ -200,6 +202,10 @@ def _open_arrays(group: zarr.Group, names: Sequence[str]) -> dict[str, zarr.Arra
             node = await group._async_group.getitem(name)  # zarr.Group has no public async handle (zarr < 3.2 pinned)
         except KeyError:
             return None
+        except (ValueError, TypeError, zarr.errors.NodeTypeValidationError) as error:
+            raise StoreFormatError(
+                f"cannot open {where}/{name}: {type(error).__name__}: {error}; run `dilstore verify`"
+            ) from None
         return zarr.Array(node) if isinstance(node, zarr.AsyncArray) else None
 
     async def every() -> list[zarr.Array | None]:
@@ -249,7 +255,7 @@ class ShardReader:
                        *([VECTORS] if self.attributes.vector_size is not None else [])]  # fmt: skip
         per_token = [spec.name for spec in layout if spec.per_token]
         arrays = _open_arrays(group, [*whole_names, TEXT_BYTES, TOKEN_IDS, CHAR_SPANS,
-                                      *(states_array(name) for name in per_token)])  # fmt: skip
+                                      *(states_array(name) for name in per_token)], where)  # fmt: skip
 
         def column(name: str) -> Column:
             array = arrays.get(name)
@@ -292,7 +298,7 @@ class ShardReader:
         optional = self.encoding.optional_codebook()
         if store_codebook is not None:
             return set(optional) & set(store_codebook())
-        found = _open_arrays(group, [states_array(name) for name in optional])
+        found = _open_arrays(group, [states_array(name) for name in optional], self.where)
         return {name for name in optional if found[states_array(name)] is not None}
 
     def _check_offsets(self, rows: dict[str, int]) -> None:

@@ -110,3 +110,19 @@ def test_a_sound_store_still_reads_every_passage(store: Path) -> None:
     for read_path in PATHS:
         with open_store(store, read_path=read_path) as opened:
             assert [passage.id for passage in opened.fetch(ids)] == ids
+
+
+@pytest.mark.parametrize("read_path", PATHS)
+@pytest.mark.parametrize("relative", [f"{shard_path(0)}/{TEXT_BYTES}", f"{shard_path(0)}/states/values",
+                                      f"{INDEX_DIR}/{INDEX_ROWS}"])  # fmt: skip
+def test_a_truncated_array_zarr_json_is_refused_by_name(store: Path, read_path: str, relative: str) -> None:
+    """Cut metadata is a JSONDecodeError inside zarr; the reader names the array instead, and verify catches it."""
+    ids = all_ids(store)
+    metadata = store / relative / "zarr.json"
+    metadata.write_bytes(metadata.read_bytes()[:20])
+    assert not verify_store(store).ok
+    with pytest.raises(StoreFormatError) as raised:
+        with open_store(store, read_path=read_path) as opened:
+            opened.fetch([ids[0]])
+    message = str(raised.value)
+    assert f"cannot open {store / relative}: JSONDecodeError" in message and "dilstore verify" in message
