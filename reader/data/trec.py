@@ -30,6 +30,7 @@ Qrels = dict[str, dict[str, int]]
 
 RUN_COLUMNS = "qid Q0 docid rank score tag"
 QRELS_COLUMNS = "qid 0 docid grade"
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 def read_topics(path: str | Path) -> dict[str, str]:
@@ -138,10 +139,14 @@ def _columns(path: Path, number: int, line: str, expected: int, names: str) -> l
 
 
 def _integer(path: Path, number: int, name: str, text: str) -> int:
+    """`text` as an integer that fits 32 bits signed (trec_eval's, and pytrec_eval fails deep inside on more)."""
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise DilstoreError(f"{path}:{number}: {name} {text!r} is not an integer") from None
+    if not _INT32_MIN <= value <= _INT32_MAX:
+        raise DilstoreError(f"{path}:{number}: {name} {text} is out of range ({_INT32_MIN} to {_INT32_MAX})")
+    return value
 
 
 def _score(path: Path, number: int, text: str) -> float:

@@ -18,9 +18,10 @@ def numbered_lines(path: Path, what: str = "file", *, gzipped: bool = False) -> 
 
     `what` names the expected kind of file in the error for a directory
     ("a JSONL file", "a file"). With `gzipped` the file is decompressed as
-    it is read. A missing or unreadable file, a line that is not UTF-8 and a
-    truncated or corrupt gzip stream raise DilstoreError naming the file
-    (and the line).
+    it is read. A byte-order mark opening the file is dropped (editors on
+    Windows write one; kept, it would join the first id). A missing or
+    unreadable file, a line that is not UTF-8 and a truncated or corrupt gzip
+    stream raise DilstoreError naming the file (and the line).
     """
     raw = _open_binary(path, what)
     stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
@@ -46,19 +47,21 @@ def _open_binary(path: Path, what: str) -> io.BufferedReader:
 
 
 def _decoded(path: Path, number: int, line: bytes) -> str:
-    """Line `number` of `path` as text; a DilstoreError naming file and line when it is not UTF-8."""
+    """Line `number` of `path` as text (line 1 without a byte-order mark); a DilstoreError naming file and line when
+    it is not UTF-8."""
     try:
-        return line.decode("utf-8")
+        return line.decode("utf-8-sig" if number == 1 else "utf-8")
     except UnicodeDecodeError as error:
         raise DilstoreError(f"{path}:{number}: not UTF-8 text (byte {error.start} of the line)") from None
 
 
 def read_json(path: str | Path) -> Any:
-    """Parse a UTF-8 JSON file; every failure is a DilstoreError naming the file."""
+    """Parse a UTF-8 JSON file (a byte-order mark opening it is dropped); every failure is a DilstoreError naming the
+    file."""
     path = Path(path)
     try:
         with _open_binary(path, "a JSON file") as handle:
-            return json.loads(handle.read().decode("utf-8"))
+            return json.loads(handle.read().decode("utf-8-sig"))
     except OSError as error:
         raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None
     except UnicodeDecodeError as error:

@@ -77,6 +77,16 @@ def test_tiny_example_matches_the_formulas(tiny: tuple[Path, Path]) -> None:
     assert set(evaluation.per_query) == {"q1", "q2", "q3"}
 
 
+def test_a_byte_order_mark_opening_the_files_changes_nothing(tiny: tuple[Path, Path]) -> None:
+    """Kept, the mark would join the first qid ("\ufeffq1") and silently score that query as unjudged."""
+    qrels, run = tiny
+    plain = evaluate_run(read_qrels(qrels), read_run(run))
+    for path in (qrels, run):
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    marked = evaluate_run(read_qrels(qrels), read_run(run))
+    assert marked.means == plain.means and set(read_qrels(qrels)) == {"q1", "q2", "q3"}
+
+
 def test_cli_json_and_table(tiny: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     qrels, run = tiny
     assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json"]) == 0
@@ -181,6 +191,8 @@ BAD_QRELS = [
     ("q1 0 d1\n", 1, "expected 4 whitespace-separated columns (qid 0 docid grade), found 3"),
     (GOOD_QRELS + "q1 0 d2 1.5\n", 2, "grade '1.5' is not an integer"),
     (GOOD_QRELS + "q1 0 d1 2\n", 2, "docid 'd1' is judged twice for qid 'q1'"),
+    (GOOD_QRELS + "q1 0 d2 99999999999999999999999\n", 2,
+     "grade 99999999999999999999999 is out of range (-2147483648 to 2147483647)"),
 ]
 BAD_TOPICS = [
     ("1 no tab here\n", 1, "expected 2 tab-separated columns (qid, query), found 1"),
