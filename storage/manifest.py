@@ -162,7 +162,7 @@ class Manifest:
                 format=data["format"],
                 format_version=data["format_version"],
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:
             raise StoreFormatError(f"malformed manifest: {type(error).__name__}: {error}") from None
 
 
@@ -183,6 +183,8 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise StoreFormatError(f"{where} is not valid JSON: {error}") from None
+    except RecursionError:
+        raise StoreFormatError(f"{where} is not a dilstore manifest: JSON nested too deep to read") from None
     if not isinstance(data, dict) or "checksum" not in data:
         raise StoreFormatError(f"{where} has no checksum; not a dilstore manifest")
     recorded = data.pop("checksum")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 from pathlib import Path
@@ -142,6 +143,33 @@ def test_an_empty_store_opens_and_answers(tmp_path) -> None:
     assert len(store) == 0 and store.fetch([]) == [] and "anything" not in store
     with pytest.raises(MissingPassagesError, match="'anything'"):
         store.fetch(["anything"])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda data: data.update(tokens=float("inf")), "malformed manifest: OverflowError"),
+        (lambda data: data.update(passages=[1]), "malformed manifest: TypeError"),
+    ],
+)
+def test_a_manifest_with_a_valid_checksum_but_impossible_fields_is_refused(tmp_path, change, message) -> None:
+    """A hand-edited manifest whose checksum was recomputed: every field still goes through the same checks."""
+    finalize(tmp_path, fingerprint_for(), {})
+    data = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    data.pop("checksum")
+    change(data)
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    data["checksum"] = hashlib.sha256(canonical).hexdigest()
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(data))
+    with pytest.raises(StoreFormatError, match=message):
+        open_store(tmp_path)
+
+
+def test_a_manifest_nested_too_deep_for_json_is_refused(tmp_path) -> None:
+    finalize(tmp_path, fingerprint_for(), {})
+    (tmp_path / MANIFEST_FILE).write_text("[" * 200_000)
+    with pytest.raises(StoreFormatError, match="not a dilstore manifest: JSON nested too deep"):
+        open_store(tmp_path)
 
 
 def test_fetch_returns_request_order_with_repeats_and_answer_text(fp32_store, shards) -> None:
