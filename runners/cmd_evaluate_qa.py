@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
+from dilstore.runners.outputs import refuse_output_inside_store
 from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.quiet import add_verbose_argument
 
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
 
     from dilstore.reader.evaluation.open_domain import evaluate_questions, load_questions, select_questions, write_predictions
 
+    if args.predictions:
+        refuse_output_inside_store(args.predictions, args.store, "--predictions")
     questions = select_questions(load_questions(args.questions), args.limit, args.seed)
     odqa = open_odqa_reader(args)
     bar = tqdm(total=len(questions), unit="question", desc="evaluate-qa", file=sys.stderr, dynamic_ncols=True,

@@ -77,6 +77,30 @@ def test_bad_threads_and_devices_are_usage_errors_before_the_command_runs(
     assert exited.value.code == 2 and message in err.strip().splitlines()[-1] and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("arguments", "flag"),
+    [
+        (["rerank", "{store}", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec", "--output", "{store}/manifest.json"],
+         "--output"),
+        (["evaluate-qa", "{store}", "--questions", "{tmp}/q.jsonl", "--predictions", "{store}/sub/../p.json"],
+         "--predictions"),
+    ],
+)
+def test_an_output_inside_the_store_read_is_refused_before_anything_is_written(
+    arguments: list[str], flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rerank --output STORE/manifest.json` replaced the manifest and left a store that verify calls damaged."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "manifest.json").write_text("{}")
+    status = main([argument.replace("{store}", str(store)).replace("{tmp}", str(tmp_path)) for argument in arguments])
+    err = capsys.readouterr().err
+    assert status == 2 and f"error: {flag} {store}/" in err
+    assert f"is inside the store {store}; write it elsewhere" in err
+    assert (store / "manifest.json").read_text() == "{}"
+    assert sorted(path.name for path in store.iterdir()) == ["manifest.json"]
+
+
 def test_an_os_error_inside_a_command_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """Any OSError a command lets through (here: a permission error) becomes one line naming the file."""
     import dilstore.runners.cmd_store as cmd_store
