@@ -556,4 +556,22 @@ def run_command(args: argparse.Namespace) -> int:
             else:
                 summary = build_store(job, runner, args)
     print_summary(summary, args.json)
+    empty = None if args.append else nothing_stored(summary, job.store)
+    if empty is not None:
+        print(f"dilstore precompute: error: {empty}", file=sys.stderr)
+        return 1
     return 0
+
+
+def nothing_stored(summary: dict[str, Any], store: str) -> str | None:
+    """Why a build that stored no passage failed the user (what it read, where the rejected records are), else None.
+
+    Every record may be a dead letter (a JSONL file read with --format squad) or the input empty: the store is then
+    finalized but holds nothing, which a script must not take for success.
+    """
+    if summary.get("passages") != 0:
+        return None
+    documents, rejected = summary.get("documents", 0), summary.get("rejected", 0)
+    where = f" (see {store}/rejected/ for why)" if rejected else ""
+    return (f"no passage was stored: {documents} document(s) read, {rejected} record(s) rejected{where}; "
+            "check --input and --format")  # fmt: skip

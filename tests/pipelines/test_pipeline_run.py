@@ -247,6 +247,24 @@ def test_the_progress_bar_shows_passages_per_second(corpus, tiny_dir: Path, tmp_
     assert "precompute summary" in captured.out
 
 
+@pytest.mark.parametrize(("lines", "extra", "told"), [
+    ([], [], "0 document(s) read, 0 record(s) rejected; check --input"),
+    (['{"id": "a", "text": "fine"}'], ["--format", "squad"], "1 record(s) rejected (see {store}/rejected/ for why)"),
+])  # fmt: skip
+def test_a_build_that_stores_no_passage_exits_1_and_says_why(
+    tiny_dir: Path, tmp_path: Path, capsys, lines: list[str], extra: list[str], told: str
+) -> None:
+    """An empty input, or only dead letters, finalizes an empty store; a script must not take it for success."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(line + "\n" for line in lines))
+    store = tmp_path / "s"
+    args = ["precompute", "--input", str(corpus), "--output", str(store), "--model", str(tiny_dir),
+            "--max-length", str(MAX_LENGTH), "--workers", "1", "--no-progress", *extra]  # fmt: skip
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert "dilstore precompute: error: no passage was stored: " in err and told.format(store=store) in err
+
+
 def refused_precompute(tiny_dir: Path, tmp_path: Path, capsys, *extra: str) -> str:
     """Run `precompute` of the tiny model into tmp_path/s from tmp_path; check that it exits 2 and return its stderr.
 
