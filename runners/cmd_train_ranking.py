@@ -71,8 +71,8 @@ def register_ranking_data(kinds: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--squad", type=Path, required=True, help="SQuAD v1.1 training JSON")
     parser.add_argument("--output", type=Path, required=True, help="folder for the triples and paragraphs files")
-    parser.add_argument("--negatives", type=int, default=8, help="negatives per question (default 8)")
-    parser.add_argument("--depth", type=int, default=30, help="BM25 candidates per question (default 30)")
+    parser.add_argument("--negatives", type=positive_int, default=8, help="negatives per question (default 8)")
+    parser.add_argument("--depth", type=positive_int, default=30, help="BM25 candidates per question (default 30)")
     parser.add_argument("--seed", type=int, default=13, help="seed of the negative sampling (default 13)")
     parser.add_argument("--limit", type=int, help="only the first N questions (the index still covers all)")
     parser.add_argument("--work", type=Path, help="where the BM25 index is cached (default OUTPUT/work)")
@@ -90,7 +90,7 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     add_output_argument(parser, "{train_command}", shown_as=kind)
     parser.add_argument("--base-model", type=Path, help="plain BERT encoder to start from (default: all-MiniLM-L6-v2)")
     parser.add_argument(
-        "--negatives", type=int, default=7, help="negatives per query: the first N of each triple (default 7)"
+        "--negatives", type=positive_int, default=7, help="negatives per query: the first N of each triple (default 7)"
     )
     if kind == "listformer":
         parser.add_argument("--loss", choices=("approx-ndcg", "listnet"), default="approx-ndcg",

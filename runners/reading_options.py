@@ -13,12 +13,14 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
 
 def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
     """Windowing and decoding options of reading-comprehension evaluation."""
-    parser.add_argument("--eval-batch-size", type=int, default=32, help="windows per forward pass (default 32)")
-    parser.add_argument("--max-seq-length", type=int, default=384, help="question + window tokens (default 384)")
-    parser.add_argument("--doc-stride", type=int, default=128, help="overlap between windows (default 128)")
-    parser.add_argument("--max-question-length", type=int, default=64, help="question tokens (default 64)")
-    parser.add_argument("--max-answer-length", type=int, default=30, help="longest answer in tokens (default 30)")
-
+    for option, default, what in (
+        ("--eval-batch-size", 32, "windows per forward pass"),
+        ("--max-seq-length", 384, "question + window tokens"),
+        ("--doc-stride", 128, "overlap between windows"),
+        ("--max-question-length", 64, "question tokens"),
+        ("--max-answer-length", 30, "longest answer in tokens"),
+    ):
+        parser.add_argument(option, type=positive_int, default=default, help=f"{what} (default {default})")
 
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """Where and how wide to run."""

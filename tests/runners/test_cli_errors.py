@@ -78,6 +78,26 @@ def test_bad_threads_and_devices_are_usage_errors_before_the_command_runs(
 
 
 @pytest.mark.parametrize(
+    ("arguments", "option"),
+    [
+        (_RUNTIME[5] + ["--dev", "{tmp}/none.json"], ["--eval-batch-size", "0"]),
+        (_RUNTIME[2], ["--max-answer-length", "0"]),
+        (_RUNTIME[2], ["--doc-stride", "-1"]),
+        (["train", "ranking-data", "--squad", "{tmp}/none.json", "--output", "{tmp}/o"], ["--negatives", "0"]),
+        (["train", "ranking-data", "--squad", "{tmp}/none.json", "--output", "{tmp}/o"], ["--depth", "0"]),
+    ],
+)
+def test_counts_below_1_are_usage_errors_naming_the_option(
+    arguments: list[str], option: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked late, `train qa --eval-batch-size 0` trained to the end and then blamed "batch-size"."""
+    with pytest.raises(SystemExit) as exited:
+        main([argument.replace("{tmp}", str(tmp_path)) for argument in arguments] + option)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exited.value.code == 2 and f"argument {option[0]}: expected a positive integer, got {option[1]}" in last
+
+
+@pytest.mark.parametrize(
     ("arguments", "flag"),
     [
         (["rerank", "{store}", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec", "--output", "{store}/manifest.json"],
