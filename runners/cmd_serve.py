@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import signal
+import socket
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -103,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if not 0 <= args.port <= 65535:
         raise DilstoreError(f"--port must be between 0 and 65535, got {args.port}")
+    check_listening_address(args.host, args.port)
     apply_threads(args.threads)
     named = [parse_store_argument(argument) for argument in args.stores]
     names = [name for name, _ in named]
@@ -121,6 +123,24 @@ def run(args: argparse.Namespace) -> int:
     with signals_end_cleanly():
         uvicorn.Server(config).run()
     return 0
+
+
+def check_listening_address(host: str, port: int) -> None:
+    """A DilstoreError naming --host/--port when the server could not listen there, before any store is opened.
+
+    Opening large stores takes a while; uvicorn would find a port in use (or a host that does not resolve) only after
+    that, and exit 3 with its own log line. The socket is bound as uvicorn binds it (SO_REUSEADDR), then closed.
+    """
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as error:
+        raise DilstoreError(f"--host {host}: cannot resolve it ({error.strerror})") from None
+    try:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as error:
+        raise DilstoreError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
 def parse_store_argument(argument: str) -> tuple[str, str]:

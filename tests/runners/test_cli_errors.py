@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -119,6 +120,19 @@ def test_an_output_inside_the_store_read_is_refused_before_anything_is_written(
     assert f"is inside the store {store}; write it elsewhere" in err
     assert (store / "manifest.json").read_text() == "{}"
     assert sorted(path.name for path in store.iterdir()) == ["manifest.json"]
+
+
+def test_serve_names_a_port_in_use_or_an_unknown_host_before_opening_any_store(tmp_path: Path, capsys) -> None:
+    """The store does not exist: an error about the address shows it was checked first (stores can take long)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(tmp_path / "no-store"), "--port", str(port)]) == 2
+        expected = f"dilstore serve: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+        assert capsys.readouterr().err == expected
+    assert main(["serve", str(tmp_path / "no-store"), "--host", "no-such-host.invalid", "--port", "0"]) == 2
+    assert capsys.readouterr().err.startswith("dilstore serve: error: --host no-such-host.invalid: cannot resolve it (")
 
 
 def test_an_os_error_inside_a_command_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
