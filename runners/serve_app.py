@@ -47,6 +47,7 @@ logger = logging.getLogger("dilstore.serve")
 ASK, RERANK = "/ask", "/rerank"
 ENDPOINTS = (ASK, RERANK, "/health", "/stores", "/metrics")
 RETRY_AFTER_SECONDS = 1
+MAX_BODY_BYTES = 1 << 20
 
 
 class ClientError(Exception):
@@ -251,12 +252,21 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
         metrics.in_flight(endpoint, 1)
         status = 500
         try:
-            response = await call_next(request)
+            response = too_large(request) or await call_next(request)
             status = response.status_code
             return response
         finally:
             metrics.in_flight(endpoint, -1)
             metrics.count_request(endpoint, status, time.perf_counter() - started)
+
+    def too_large(request: Request) -> JSONResponse | None:
+        # A request body is a question or a query with at most MAX_TOP_P-ish ids: kilobytes. Refused by its declared
+        # length before any of it is read, so a client cannot make the server read and parse megabytes per request.
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            message = f"the request body is {int(declared):,} bytes; the server reads at most {MAX_BODY_BYTES:,}"
+            return JSONResponse({"detail": message}, status_code=413)
+        return None
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:

@@ -299,6 +299,7 @@ BAD_ASKS = [
     ("over-long question", {"question": "word " * 80}, 422, "longer than 64 tokens"),
     ("huge question", {"question": "x" * 100_000}, 422, "characters long"),
     ("lone surrogate", b'{"question": "Who \\ud800?"}', 422, "lone surrogate U+D800 at character 5"),
+    ("body over 1 MiB", b'{"question": "' + b"x" * (1 << 20) + b'"}', 413, "the server reads at most 1,048,576"),
     ("top_p zero", {"question": "q?", "top_p": 0}, 422, "greater than or equal to 1"),
     ("top_p over the limit", {"question": "q?", "top_p": 101}, 422, "at most 100"),
     ("top_p a float", {"question": "q?", "top_p": 2.5}, 422, "integer"),
