@@ -488,6 +488,7 @@ def run_training_loop(
             due_by_time = config.save_every_minutes and minutes >= config.save_every_minutes
             stopping = stop.signal_number is not None and position.step < total_steps
             if (due_by_steps or due_by_time or stopping) and position.step < total_steps:
+                require_finite_weights(model, position.step, step_loss.item(), output_dir)
                 _save_checkpoint(output_dir, optimization, position, step_loss.item(), save, config)
                 last_save = time.perf_counter()
             if stopping:
@@ -497,11 +498,28 @@ def run_training_loop(
 
     step_losses = torch.stack(losses).tolist() if losses else []
     outcome = LoopOutcome(position=position, total_steps=total_steps, losses=step_losses)
+    require_finite_weights(model, position.step, outcome.final_loss, output_dir)
     model.eval()
     save(output_dir, position, outcome.final_loss)
     if stop.signal_number is not None:
         signal.raise_signal(stop.signal_number)  # asked during the last step: it acts now that the model is saved
     return outcome
+
+
+def require_finite_weights(model: torch.nn.Module, step: int, loss: float, output_dir: Path) -> None:
+    """A DilstoreError, before anything is saved, when training diverged and some weight is NaN or infinite.
+
+    Checked at each checkpoint and at the end (one pass over the weights), not at every step, so that the loss stays
+    on the device between log lines. A non-finite loss alone is not divergence: under fp16 the gradient scaler skips
+    such a step and the weights stay finite.
+    """
+    broken = [name for name, parameter in model.named_parameters() if not torch.isfinite(parameter).all()]
+    if broken:
+        raise DilstoreError(
+            f"training diverged: at step {step} (loss {loss}) {len(broken)} weight tensor(s) hold NaN or infinity, "
+            f"first {broken[0]!r}; nothing was saved for this step, and the checkpoints under {output_dir} before it "
+            "are kept; train again with a lower --learning-rate"
+        )
 
 
 @dataclass

@@ -265,6 +265,25 @@ def test_cli_trains_evaluates_and_writes_the_run(
     assert DilBertReader.from_pretrained(output).layers == 2
 
 
+def test_a_diverging_run_saves_no_nan_weights_and_says_so(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A learning rate of 1e6 drives the weights to NaN; the run stops with exit 2 instead of shipping them (exit 0)."""
+    output = tmp_path / "run"
+    status = main(
+        [
+            "train", "qa", "--model", str(tiny_base), "--layers", "1", "--train", str(squad_file),
+            "--output", str(output), "--max-steps", "6", "--batch-size", "2", "--learning-rate", "1e6",
+            "--save-every", "3", "--max-seq-length", "48", "--doc-stride", "16", "--max-question-length", "24",
+            "--no-progress",
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2 and "dilstore train: error: training diverged: at step " in err
+    assert "hold NaN or infinity" in err and "lower --learning-rate" in err
+    assert not (output / "model.safetensors").exists()
+
+
 def test_cli_reports_missing_training_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nope.json"
     status = main(["train", "qa", "--layers", "1", "--train", str(missing), "--output", str(tmp_path / "o")])
