@@ -202,7 +202,11 @@ def read_manifest(location: StoreLocation) -> Manifest:
         raise StoreFormatError(
             f"{where} is missing: the store at {location.url} was never finalized, or its manifest was deleted"
         )
-    return parse_manifest(location.read_bytes(MANIFEST_FILE), where)
+    try:
+        raw = location.read_bytes(MANIFEST_FILE)
+    except IsADirectoryError:
+        raise StoreFormatError(f"{where} is a directory, not a manifest file") from None
+    return parse_manifest(raw, where)
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:

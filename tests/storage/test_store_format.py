@@ -19,6 +19,7 @@ from dilstore.storage.fingerprint import Fingerprint, FingerprintMismatchError
 from dilstore.storage.format import MANIFEST_FILE, StoreFormatError
 from dilstore.storage.id_index import DuplicatePassageIdError
 from dilstore.storage.reader import MissingPassagesError, open_store
+from dilstore.storage.verify import verify_store
 from dilstore.storage.records import PassageRecord
 from dilstore.storage.writer import write_shard
 from tests.fixtures.store_fixtures import build_store, fingerprint_for, passage, random_shards, scratch_dir
@@ -163,6 +164,16 @@ def test_a_manifest_with_a_valid_checksum_but_impossible_fields_is_refused(tmp_p
     (tmp_path / MANIFEST_FILE).write_text(json.dumps(data))
     with pytest.raises(StoreFormatError, match=message):
         open_store(tmp_path)
+
+
+def test_a_manifest_that_is_a_directory_is_a_store_problem(tmp_path) -> None:
+    """verify reports it as a problem (exit 1), like any other damage, rather than an OS error (exit 2)."""
+    finalize(tmp_path, fingerprint_for(), {})
+    (tmp_path / MANIFEST_FILE).unlink()
+    (tmp_path / MANIFEST_FILE).mkdir()
+    with pytest.raises(StoreFormatError, match="manifest.json is a directory, not a manifest file"):
+        open_store(tmp_path)
+    assert verify_store(tmp_path).problems == [f"{tmp_path / MANIFEST_FILE} is a directory, not a manifest file"]
 
 
 def test_a_manifest_nested_too_deep_for_json_is_refused(tmp_path) -> None:
