@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from dilstore.storage.errors import DilstoreError
@@ -67,14 +68,27 @@ def load_training_state(
 
     The optimizer must have been built over the same parameters in the same
     order. The torch RNG state is restored last, so call this after every
-    module has been built.
+    module has been built. A file that is missing, cut or edited raises
+    DilstoreError naming the checkpoint (an older one may still resume).
     """
     directory = Path(directory)
     try:
-        document = json.loads((directory / STATE_JSON).read_text(encoding="utf-8"))
-        tensors = load_file(directory / STATE_TENSORS)
+        return _restore_training_state(directory, optimizer, scheduler)
     except FileNotFoundError as error:
         raise DilstoreError(f"{directory} is not a resumable training checkpoint ({error.filename} missing)") from error
+    except (ValueError, KeyError, TypeError, IndexError, SafetensorError) as error:  # JSONDecodeError is a ValueError
+        raise DilstoreError(
+            f"{directory} is a damaged training checkpoint ({type(error).__name__}: {error}); "
+            "move it aside to resume from the checkpoint before it"
+        ) from None
+
+
+def _restore_training_state(
+    directory: Path, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler
+) -> LoopPosition:
+    """load_training_state's work, letting a damaged file's own exception through."""
+    document = json.loads((directory / STATE_JSON).read_text(encoding="utf-8"))
+    tensors = load_file(directory / STATE_TENSORS)
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         if key == _RNG_KEY:

@@ -7,6 +7,7 @@ second or two; the real MiniLM is never trained here.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -172,6 +173,26 @@ def test_training_state_round_trips_through_safetensors(tmp_path: Path) -> None:
         for key in want:
             assert torch.equal(want[key], got[key])
     assert {path.name for path in tmp_path.iterdir()} == {"training_state.safetensors", "training_state.json"}
+
+
+@pytest.mark.parametrize(
+    ("damage", "error"),
+    [
+        (lambda state: (state / "training_state.json").write_text(""), "JSONDecodeError"),
+        (lambda state: (state / "training_state.json").write_text('{"step": "x"}'), "KeyError"),
+        (lambda state: (state / "training_state.safetensors").write_bytes(b"\x00" * 50), "SafetensorError"),
+    ],
+)
+def test_a_damaged_training_state_is_one_error_naming_the_checkpoint(tmp_path: Path, damage, error: str) -> None:
+    """Resuming from a cut or edited checkpoint was a traceback; the error says which folder to move aside."""
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 2, 10)
+    save_training_state(tmp_path, optimizer, scheduler, LoopPosition(step=3, features_seen=15, train_seconds=1.5))
+    damage(tmp_path)
+    expected = f"^{re.escape(str(tmp_path))} is a damaged training checkpoint \\({error}: "
+    with pytest.raises(DilstoreError, match=expected):
+        load_training_state(tmp_path, optimizer, scheduler)
 
 
 def test_latest_checkpoint_ignores_partial_folders(tmp_path: Path) -> None:
