@@ -12,17 +12,22 @@ neural encoders (torch, scikit-learn, an OpenAI client), 10 s of every
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dilstore.storage.errors import DilstoreError
 
+if TYPE_CHECKING:
+    from dilstore.storage.manifest import Manifest
+
 T = TypeVar("T")
+INDEX_RECORD = "dilstore-index.json"  # beside Lucene's files: the state of the store the index covers
 
 _JVM_LOCK = threading.Lock()
 _JVM_STARTED = False
@@ -131,11 +136,15 @@ def _wait_in_python(work: Callable[[], T], name: str, building: Path | None = No
     return outcome[0]
 
 
-def build_bm25_index_in_place(collection_dir: Path, index_dir: Path, threads: int = 1) -> Path:
+def build_bm25_index_in_place(
+    collection_dir: Path, index_dir: Path, threads: int = 1, store: Manifest | None = None
+) -> Path:
     """Build `index_dir` in a temporary folder beside it and rename it into place when complete.
 
     A build cut off at any point never leaves a folder under `index_dir`'s
     name that looks like a whole index; an older index there is replaced.
+    With `store`, the index records which state of that store it covers
+    (INDEX_RECORD), so that a reader can tell when an append made it stale.
     """
     building = index_dir.with_name(f".{index_dir.name}.building")
     _refuse_while_building(building)
@@ -143,9 +152,40 @@ def build_bm25_index_in_place(collection_dir: Path, index_dir: Path, threads: in
     build_bm25_index(collection_dir, building, threads=threads)
     if not any(building.glob("segments_*")):
         raise DilstoreError(f"pyserini wrote no index to {building}; see its log above")
+    if store is not None:
+        (building / INDEX_RECORD).write_text(json.dumps(indexed_state(store), sort_keys=True) + "\n", encoding="utf-8")
     shutil.rmtree(index_dir, ignore_errors=True)
     building.rename(index_dir)
     return index_dir
+
+
+def indexed_state(store: Manifest) -> dict[str, Any]:
+    """What an index records of the store it was built from: the build, and the counts every append changes."""
+    return {
+        "generation": store.generation,
+        "passages": store.passages,
+        "superseded_passages": store.superseded_passages,
+        "appends": len(store.appends),
+    }
+
+
+def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path) -> None:
+    """A DilstoreError when the index at `index_dir` records another state of the store than `store` (it was built
+    before an append, or for another store); an index without a record (built before records, or by hand) passes."""
+    try:
+        recorded = json.loads((index_dir / INDEX_RECORD).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as error:
+        raise DilstoreError(f"{index_dir / INDEX_RECORD} cannot be read ({error}); rebuild the index") from None
+    now = indexed_state(store)
+    if recorded != now:
+        raise DilstoreError(
+            f"the BM25 index at {index_dir} covers {recorded.get('passages')} passages of build "
+            f"{recorded.get('generation')!r} after {recorded.get('appends')} append(s), but the store {store_path} now "
+            f"holds {now['passages']} after {now['appends']}: its answers would miss what changed; rebuild it with "
+            f"`dilstore index {store_path}`"
+        )
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,14 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dilstore.runners.arg_types import positive_int
 from dilstore.storage.errors import DilstoreError
 from dilstore.runners.quiet import add_verbose_argument
+
+if TYPE_CHECKING:
+    from dilstore.storage.manifest import Manifest
 
 BM25_DIR = "bm25"
 
@@ -74,17 +78,18 @@ def stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def build_index(collection: Path, target: Path, threads: int) -> None:
-    """Index the JSONL folder `collection` into `target`, with Anserini's log on stderr."""
+def build_index(collection: Path, target: Path, threads: int, store: Manifest) -> None:
+    """Index the JSONL folder `collection` of `store` into `target`, with Anserini's log on stderr."""
     from dilstore.reader.retrieval import build_bm25_index_in_place
 
     with stdout_to_stderr():
-        build_bm25_index_in_place(collection, target, threads=threads)
+        build_bm25_index_in_place(collection, target, threads=threads, store=store)
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Build STORE/bm25 from STORE/passages/jsonl (and, in an appended store, every append's parts); 0 on success."""
     from dilstore.pipelines.collection import collection_dir, is_appended, write_live_collection
+    from dilstore.storage.reader import open_store
 
     store = local_store(args.store)
     collection = collection_dir(store)
@@ -94,13 +99,14 @@ def run_command(args: argparse.Namespace) -> int:
         raise DilstoreError(f"{store} has no passage collection at {collection}; was it made by `dilstore precompute`?")
     target = store / BM25_DIR
     started = time.time()
+    manifest = open_store(store).manifest
     if is_appended(store):
         with tempfile.TemporaryDirectory(prefix="dilstore-collection-") as live:
             files = write_live_collection(store, Path(live))
-            build_index(Path(live), target, args.threads)
+            build_index(Path(live), target, args.threads, manifest)
     else:
         files = len(list(collection.glob("*.jsonl")))
-        build_index(collection, target, args.threads)
+        build_index(collection, target, args.threads, manifest)
     result = {
         "index": str(target),
         "collection": str(collection),

@@ -40,7 +40,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.online_variants import load_online_variant
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
-from dilstore.reader.retrieval import Bm25Searcher, Hit
+from dilstore.reader.retrieval import Bm25Searcher, Hit, check_index_covers
 from dilstore.reader.serving.answers import (
     Answer,
     PassageLogits,
@@ -377,6 +377,7 @@ def open_reader(
         index = Path(index_dir) if index_dir is not None else bm25_index_dir(store_path)
         if not any(index.glob("segments_*")):
             raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {store_path}`")
+        check_index_covers(index, store.manifest, store_path)
     model = load_store_model(store, model_dir, online_variant=online_variant)
     searcher = Bm25Searcher(index) if index is not None else None
     return OpenDomainReader(model, store, searcher, settings, device)

@@ -9,13 +9,16 @@ is started there and never forked); the stores are made in this process.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from dilstore.reader.serving.odqa import open_reader
 from dilstore.runners import cli
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.verify import verify_store
 from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, dilstore_commands, save_tiny_reader, write_jsonl
 
@@ -112,8 +115,12 @@ def test_bm25_no_longer_finds_the_text_of_a_replaced_row(tmp_path: Path) -> None
     model = save_tiny_reader(tmp_path / "tiny")
     store = tmp_path / "store"
     precompute(model, write_jsonl(tmp_path / "a.jsonl", DOCUMENTS), store)
+    index(store)
     changed = {"id": "oxygen", "title": "Zeppelin", "text": "A zeppelin hangar stood at Friedrichshafen."}
     precompute(model, write_jsonl(tmp_path / "b.jsonl", [changed]), store, "--append", "--replace")
+    stale = re.escape(f"the BM25 index at {store / 'bm25'} covers ") + r"\d+ passages .* after 0 append\(s\), but"
+    with pytest.raises(DilstoreError, match=stale + r" the store .* after 1: .* rebuild it with `dilstore index"):
+        open_reader(store, model)  # the index predates the append: its hits would miss the new row
     index(store)
     old_text, new_text = search((store, "chemical element symbol atomic number"), (store, "zeppelin hangar"))
     assert "oxygen#0" not in old_text
