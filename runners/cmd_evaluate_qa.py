@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
-from dilstore.runners.outputs import refuse_output_inside_store
+from dilstore.runners.outputs import check_output_file, refuse_output_inside_store
 from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.quiet import add_verbose_argument
 
@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.predictions:
         refuse_output_inside_store(args.predictions, args.store, "--predictions")
+        check_output_file(args.predictions, "--predictions", [args.questions])
     questions = select_questions(load_questions(args.questions), args.limit, args.seed)
     odqa = open_odqa_reader(args)
     bar = tqdm(total=len(questions), unit="question", desc="evaluate-qa", file=sys.stderr, dynamic_ncols=True,

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from dilstore.runners.quiet import add_verbose_argument
+from dilstore.runners.outputs import check_output_file
 from dilstore.runners.reading_options import (
     add_reading_arguments,
     add_runtime_arguments,
@@ -47,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from dilstore.reader.modeling.dilbert import DilBertReader
     from dilstore.reader.evaluation.reading_comprehension import evaluate_file
 
+    if args.predictions:
+        check_output_file(args.predictions, "--predictions", [args.data])
     model_dir = args.model or default_checkpoint_dir()
     reader = DilBertReader.from_pretrained(model_dir)
     result = evaluate_file(

@@ -1,7 +1,8 @@
-"""Where a command may write: never inside the store it reads, whose files the manifest checksums."""
+"""Where a command may write: never inside the store it reads, onto an input, or into a folder that is not there."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from dilstore.storage.errors import DilstoreError
@@ -18,3 +19,17 @@ def refuse_output_inside_store(output: Path, store: str, flag: str) -> None:
     root = Path(store).resolve()
     if output.resolve().is_relative_to(root):
         raise DilstoreError(f"{flag} {output} is inside the store {store}; write it elsewhere")
+
+
+def check_output_file(output: Path, flag: str, inputs: Sequence[Path]) -> None:
+    """A DilstoreError, before any work, when the file `output` could not be written or would overwrite an input.
+
+    Checked up front, a long evaluation is not lost to a typo in the path at its end.
+    """
+    if output.is_dir():
+        raise DilstoreError(f"{flag} {output} is a directory; give a file path")
+    if not output.parent.is_dir():
+        raise DilstoreError(f"{flag} {output}: the folder {output.parent} does not exist")
+    for given in inputs:
+        if given.exists() and output.resolve() == given.resolve():
+            raise DilstoreError(f"{flag} {output} is the input file {given}; write it elsewhere")

@@ -122,6 +122,29 @@ def test_an_output_inside_the_store_read_is_refused_before_anything_is_written(
     assert sorted(path.name for path in store.iterdir()) == ["manifest.json"]
 
 
+@pytest.mark.parametrize("command", ["evaluate-rc", "evaluate-qa"])
+@pytest.mark.parametrize(
+    ("predictions", "message"),
+    [
+        ("{tmp}/nodir/p.json", "--predictions {tmp}/nodir/p.json: the folder {tmp}/nodir does not exist"),
+        ("{tmp}", "--predictions {tmp} is a directory; give a file path"),
+        ("{tmp}/data.json", "--predictions {tmp}/data.json is the input file {tmp}/data.json; write it elsewhere"),
+    ],
+)
+def test_a_predictions_path_that_cannot_be_written_is_refused_before_the_evaluation(
+    command: str, predictions: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found only at the end, it lost the whole evaluation's scores; `--predictions DATA` overwrote the input."""
+    data = tmp_path / "data.json"
+    data.write_text("{}")
+    store = str(tmp_path / "no-store")
+    source = ["--data", str(data)] if command == "evaluate-rc" else [store, "--questions", str(data)]
+    status = main([command, *source, "--predictions", predictions.replace("{tmp}", str(tmp_path))])
+    assert status == 2
+    assert capsys.readouterr().err == f"dilstore {command}: error: {message.replace('{tmp}', str(tmp_path))}\n"
+    assert data.read_text() == "{}"
+
+
 def test_serve_names_a_port_in_use_or_an_unknown_host_before_opening_any_store(tmp_path: Path, capsys) -> None:
     """The store does not exist: an error about the address shows it was checked first (stores can take long)."""
     with socket.socket() as taken:
