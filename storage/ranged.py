@@ -85,15 +85,27 @@ def read_blocks(fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap:
     """The bytes of each range of files on `fs`, read as coalesced blocks in one `cat_ranges` call.
 
     A block that comes back with other than the bytes asked for (a truncated
-    file, or a server that ignores byte ranges and sends the whole file) is a
+    file, or a server that ignores byte ranges and sends the whole file), a
+    missing file and a failed request (HTTP 416 for a file cut short) are a
     StoreFormatError naming the file.
     """
     blocks, placed = coalesce(ranges, gap)
     wanted = [index for index, (_, start, stop) in enumerate(blocks) if stop > start]
     fetched: dict[int, bytes] = {}
     if wanted:
-        data = fs.cat_ranges([blocks[i][0] for i in wanted], [blocks[i][1] for i in wanted],
-                             [blocks[i][2] for i in wanted], on_error="raise")  # fmt: skip
+        paths = [blocks[i][0] for i in wanted]
+        try:
+            data = fs.cat_ranges(paths, [blocks[i][1] for i in wanted], [blocks[i][2] for i in wanted],
+                                 on_error="raise")  # fmt: skip
+        except FileNotFoundError as error:
+            missing = error.args[0] if error.args else paths[0]
+            raise StoreFormatError(f"{missing}: not found (the store lacks a file its metadata names); "
+                                   "run `dilstore verify`") from None  # fmt: skip
+        except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
+            raise StoreFormatError(
+                f"reading byte ranges of {paths[0]}{' and more' if len(set(paths)) > 1 else ''} failed: "
+                f"{type(error).__name__}: {error}; run `dilstore verify`"
+            ) from None
         fetched = dict(zip(wanted, data, strict=True))
     for index, data in fetched.items():
         path, start, stop = blocks[index]

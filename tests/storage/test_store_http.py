@@ -24,6 +24,7 @@ import pytest
 
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import StoreFormatError
 from dilstore.storage.info import store_info
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import StoredPassage
@@ -133,6 +134,26 @@ def test_verify_over_http_reports_a_changed_and_a_missing_file(served_root: Path
     assert "shards/shard-00000/states/values/c/0/0: SHA-256 differs from the manifest (the file changed after " \
            "finalize)" in report.problems  # fmt: skip
     assert "missing file shards/shard-00001/tokens/ids/c/0" in report.problems
+
+
+@pytest.mark.parametrize("damage", ["cut", "removed"])
+def test_a_file_cut_or_removed_after_the_store_opened_is_a_store_error(served_root: Path, tmp_path: Path,
+                                                                       damage: str) -> None:  # fmt: skip
+    """Found at fetch time over HTTP (416 for a range past the end, 404), it was a traceback from aiohttp/fsspec."""
+    store = Path(shutil.copytree(served_root / "fp16", tmp_path / "fp16"))
+    with serve_directory(tmp_path, listings=True) as server:
+        opened = open_store(f"{server.url}/fp16")
+        opened.fetch(IDS[:1])  # shard 0 is open: its metadata and whole arrays are read
+        states = store / "shards" / "shard-00000" / "states" / "values" / "c" / "0" / "0"
+        if damage == "cut":
+            states.write_bytes(states.read_bytes()[:10])
+        else:
+            states.unlink()
+        with pytest.raises(StoreFormatError) as raised:
+            opened.fetch(IDS[40:43])
+    message = str(raised.value)
+    assert "shards/shard-00000/states/values/c/0/0" in message and "\n" not in message
+    assert "dilstore verify" in message or "shorter than its metadata says" in message
 
 
 def _closed_port() -> int:
