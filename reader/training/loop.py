@@ -488,8 +488,9 @@ def run_training_loop(
             due_by_time = config.save_every_minutes and minutes >= config.save_every_minutes
             stopping = stop.signal_number is not None and position.step < total_steps
             if (due_by_steps or due_by_time or stopping) and position.step < total_steps:
-                require_finite_weights(model, position.step, step_loss.item(), output_dir)
-                _save_checkpoint(output_dir, optimization, position, step_loss.item(), save, config)
+                loss_value = step_loss.item()
+                require_finite_weights(model, position.step, loss_value, output_dir)
+                _save_checkpoint(output_dir, optimization, position, loss_value, save, config)
                 last_save = time.perf_counter()
             if stopping:
                 bar.close()
