@@ -10,7 +10,8 @@ The public Python API (see dilstore/api.py and the README's "Python API"):
 
 `open_store`, `open_reader`, `open_reranker`, `precompute`, `build_index`,
 `evaluate_qa` and `evaluate_rank` load on first use, so `import dilstore`
-pulls in neither torch nor Beam. The layers install under this one name:
+pulls in neither torch nor Beam. Every error they explain is a
+`dilstore.DilstoreError` (the command line prints its message). The layers install under this one name:
 `dilstore.storage` (the shard store), `dilstore.reader` (models, serving,
 training, evaluation), `dilstore.pipelines` (the Beam precompute job) and
 `dilstore.runners` (the `dilstore` command).
@@ -20,12 +21,23 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["build_index", "evaluate_qa", "evaluate_rank", "open_reader", "open_reranker", "open_store", "precompute"]
+from dilstore.storage.errors import DilstoreError
+
+__all__ = [
+    "DilstoreError",
+    "build_index",
+    "evaluate_qa",
+    "evaluate_rank",
+    "open_reader",
+    "open_reranker",
+    "open_store",
+    "precompute",
+]
 
 
 def __getattr__(name: str) -> Any:
     """Load the API module on first use of one of its names."""
-    if name in __all__:
+    if name in __all__:  # DilstoreError is bound above, so only the API's functions come here
         from dilstore import api
 
         return getattr(api, name)

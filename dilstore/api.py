@@ -97,7 +97,10 @@ def build_index(store: PathLike, *, threads: int = 1) -> Path:
     """Build STORE/bm25, the Lucene BM25 index over the store's passages (as `dilstore index`); returns its path."""
     from dilstore.runners.cli import build_parser
 
-    args = build_parser().parse_args(["index", str(store), "--threads", str(threads)])
+    try:
+        args = build_parser().parse_args(["index", str(store), "--threads", str(threads)])
+    except SystemExit as error:
+        raise DilstoreError(f"invalid index options: threads={threads!r} (see the message above)") from error
     args.run(args)
     return Path(store) / "bm25"
 

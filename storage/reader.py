@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -132,9 +132,16 @@ class Store:
     def fetch(self, passage_ids: Sequence[str]) -> list[StoredPassage]:
         """The passages with these ids, in the order given (repeats allowed).
 
-        Raises MissingPassagesError naming the first few ids that are not in the store.
+        Raises MissingPassagesError naming the first few ids that are not in the store, and DilstoreError when
+        `passage_ids` is not a sequence of strings (a bare string would be read as one id per character).
         """
+        if isinstance(passage_ids, str) or not isinstance(passage_ids, Iterable):
+            given = f"{type(passage_ids).__name__} {passage_ids!r:.60}"
+            raise DilstoreError(f"fetch takes a list of passage ids, got {given}")
         passage_ids = list(passage_ids)
+        wrong = next((passage_id for passage_id in passage_ids if not isinstance(passage_id, str)), None)
+        if wrong is not None:
+            raise DilstoreError(f"passage ids are strings, got {type(wrong).__name__} {wrong!r:.60}")
         self._open_concurrently(passage_ids)
         shards, rows, missing = self._index.locate(passage_ids, self._id_at)
         if missing:

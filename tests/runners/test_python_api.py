@@ -43,6 +43,15 @@ def test_import_dilstore_is_light_and_lists_the_api() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     names, torch_loaded = done.stdout.splitlines()
     assert names == str(
-        ["build_index", "evaluate_qa", "evaluate_rank", "open_reader", "open_reranker", "open_store", "precompute"]
-    )
+        ["DilstoreError", "build_index", "evaluate_qa", "evaluate_rank", "open_reader", "open_reranker", "open_store",
+         "precompute"]
+    )  # fmt: skip
     assert torch_loaded == "False"
+
+
+def test_bad_api_options_raise_dilstore_error_not_system_exit(tmp_path: Path) -> None:
+    """build_index goes through the command's parser, whose usage error would end the caller's process."""
+    import dilstore
+
+    with pytest.raises(dilstore.DilstoreError, match=r"invalid index options: threads=0"):
+        dilstore.build_index(tmp_path, threads=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import mmap
 from pathlib import Path
 
@@ -200,6 +201,20 @@ def test_missing_ids_raise_naming_the_first_few(fp32_store) -> None:
     with pytest.raises(MissingPassagesError, match=r"7 of 8 .*'nope-0', 'nope-1'.* and 2 more") as caught:
         store.fetch(["s0/p0"] + [f"nope-{i}" for i in range(7)])
     assert caught.value.missing == [f"nope-{i}" for i in range(7)]
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        ("s0/p0", "fetch takes a list of passage ids, got str 's0/p0'"),
+        (None, "fetch takes a list of passage ids, got NoneType None"),
+        (["s0/p0", 1], "passage ids are strings, got int 1"),
+    ],
+)
+def test_fetch_refuses_what_is_not_a_list_of_id_strings(fp32_store, ids, message: str) -> None:
+    """A bare string was read as one id per character ('s', '0', '/', ...) and all of them reported missing."""
+    with pytest.raises(DilstoreError, match=re.escape(message)):
+        open_store(fp32_store).fetch(ids)
 
 
 def test_duplicate_ids_across_shards_fail_at_finalize(tmp_path) -> None:
