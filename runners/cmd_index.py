@@ -89,7 +89,8 @@ def build_index(collection: Path, target: Path, threads: int, store: Manifest) -
 def run_command(args: argparse.Namespace) -> int:
     """Build STORE/bm25 from STORE/passages/jsonl (and, in an appended store, every append's parts); 0 on success."""
     from dilstore.pipelines.collection import collection_dir, is_appended, write_live_collection
-    from dilstore.storage.reader import open_store
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
 
     store = local_store(args.store)
     collection = collection_dir(store)
@@ -99,7 +100,7 @@ def run_command(args: argparse.Namespace) -> int:
         raise DilstoreError(f"{store} has no passage collection at {collection}; was it made by `dilstore precompute`?")
     target = store / BM25_DIR
     started = time.time()
-    manifest = open_store(store).manifest
+    manifest = read_manifest(StoreLocation.parse(store))
     if is_appended(store):
         with tempfile.TemporaryDirectory(prefix="dilstore-collection-") as live:
             files = write_live_collection(store, Path(live))

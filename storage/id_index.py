@@ -53,8 +53,12 @@ def id_hash(passage_id: str) -> int:
 
 
 def id_hashes(passage_ids: Sequence[str]) -> np.ndarray:
-    """Index hashes of many ids, `(n,)` uint64."""
-    return np.fromiter((id_hash(passage_id) for passage_id in passage_ids), dtype=np.uint64, count=len(passage_ids))
+    """Index hashes of many ids, `(n,)` uint64; an id that is not a string raises DilstoreError naming it."""
+    try:
+        return np.fromiter((id_hash(passage_id) for passage_id in passage_ids), dtype=np.uint64, count=len(passage_ids))
+    except AttributeError:  # only a non-string lacks .encode; found here, the check costs nothing when ids are fine
+        wrong = next(passage_id for passage_id in passage_ids if not isinstance(passage_id, str))
+        raise DilstoreError(f"passage ids are strings, got {type(wrong).__name__} {wrong!r:.60}") from None
 
 
 @dataclass(frozen=True)

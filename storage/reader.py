@@ -139,9 +139,6 @@ class Store:
             given = f"{type(passage_ids).__name__} {passage_ids!r:.60}"
             raise DilstoreError(f"fetch takes a list of passage ids, got {given}")
         passage_ids = list(passage_ids)
-        wrong = next((passage_id for passage_id in passage_ids if not isinstance(passage_id, str)), None)
-        if wrong is not None:
-            raise DilstoreError(f"passage ids are strings, got {type(wrong).__name__} {wrong!r:.60}")
         self._open_concurrently(passage_ids)
         shards, rows, missing = self._index.locate(passage_ids, self._id_at)
         if missing:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dilstore.reader.text.surrogates import require_unicode
+from dilstore.reader.text.surrogates import lone_surrogate, require_unicode
 from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:
@@ -170,8 +170,9 @@ def passage_pieces_many(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]
     _require_fast(tokenizer)
     if not texts:
         return []
-    for text in texts:
-        require_unicode(text, f"the passage {_preview(text)}")
+    bad = next((text for text in texts if lone_surrogate(text) is not None), None)
+    if bad is not None:
+        require_unicode(bad, f"the passage {_preview(bad)}")
     encodings = _call(tokenizer, list(texts), add_special_tokens=False)
     pieces = [_to_tokenized(_batch_item(encodings, index), truncated=False) for index in range(len(texts))]
     for text, text_pieces in zip(texts, pieces):
