@@ -16,6 +16,7 @@ import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import zarr
 from numcodecs.checksum32 import CRC32C
@@ -146,24 +147,63 @@ def map_array(array: zarr.Array, array_dir: Path) -> np.ndarray:
     Raises StoreFormatError when the array is not mappable or its file does not
     match its metadata (truncated, foreign index).
     """
-    reason = mappable_reason(array)
-    if reason is not None:
-        raise StoreFormatError(f"cannot memory-map {array_dir}: {reason}")
-    layout = contiguous_layout(array, array_dir)
+    layout = _layout_or_refuse(array, f"cannot memory-map {array_dir}")
     if array.shape[0] == 0:
-        empty = np.empty(array.shape, dtype=layout.dtype)
-        empty.flags.writeable = False
-        return empty
+        return _empty(array, layout)
     path = array_dir / layout.chunk_key
     try:
         with path.open("rb") as file:
-            size = file.seek(0, 2)
-            if size != layout.file_size:
-                raise StoreFormatError(f"{path} has {size} bytes, its metadata implies {layout.file_size}")
+            _check_size(file.seek(0, 2), layout, path)
             mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         raise StoreFormatError(f"missing array file {path}") from None
-    index = np.frombuffer(mapping, dtype="<u8", count=2 * layout.chunk_count, offset=layout.index_offset)
+    return _checked_rows(mapping, array, layout, path)
+
+
+def read_array_file(array: zarr.Array, fs: fsspec.AbstractFileSystem, array_dir: str) -> np.ndarray:
+    """`array`'s values read whole from its shard file under `array_dir` on `fs`, read-only.
+
+    The read path for arrays that are read whole from a remote store (the id
+    index). zarr-python reads a missing shard file as the fill value, zeros,
+    which for the id index would make every id look absent or point at row 0 of
+    shard 0; read here, a missing or cut file is a StoreFormatError, checked as
+    `map_array` checks a mapped one.
+    """
+    layout = _layout_or_refuse(array, f"cannot read {array_dir} whole")
+    if array.shape[0] == 0:
+        return _empty(array, layout)
+    path = f"{array_dir}/{layout.chunk_key}"
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        raise StoreFormatError(f"missing array file {path}") from None
+    _check_size(len(raw), layout, path)
+    return _checked_rows(raw, array, layout, path)
+
+
+def _layout_or_refuse(array: zarr.Array, refusal: str) -> ContiguousLayout:
+    reason = mappable_reason(array)
+    if reason is not None:
+        raise StoreFormatError(f"{refusal}: {reason}")
+    return contiguous_layout(array, refusal)
+
+
+def _empty(array: zarr.Array, layout: ContiguousLayout) -> np.ndarray:
+    empty = np.empty(array.shape, dtype=layout.dtype)
+    empty.flags.writeable = False
+    return empty
+
+
+def _check_size(size: int, layout: ContiguousLayout, path: str | Path) -> None:
+    if size != layout.file_size:
+        raise StoreFormatError(f"{path} has {size} bytes, its metadata implies {layout.file_size}")
+
+
+def _checked_rows(
+    raw: bytes | mmap.mmap, array: zarr.Array, layout: ContiguousLayout, path: str | Path
+) -> np.ndarray:
+    """The array's rows of a whole shard file `raw`, after checking its index lists the chunks back to back."""
+    index = np.frombuffer(raw, dtype="<u8", count=2 * layout.chunk_count, offset=layout.index_offset)
     if not layout.index_is_contiguous(index):
-        raise StoreFormatError(f"{path}: shard index does not describe contiguous chunks, cannot memory-map")
-    return layout.rows_of(mapping, array.shape[0])
+        raise StoreFormatError(f"{path}: shard index does not describe contiguous chunks; run `dilstore verify`")
+    return layout.rows_of(raw, array.shape[0])

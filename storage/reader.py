@@ -38,7 +38,7 @@ from dilstore.storage.format import (
 from dilstore.storage.id_index import HASH_NAME, IdIndex, Superseded, id_hashes, read_superseded
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
-from dilstore.storage.mapped import map_array
+from dilstore.storage.mapped import map_array, read_array_file
 from dilstore.storage.records import StoredPassage
 from dilstore.storage.shard import ShardReader, read_ranges
 
@@ -322,5 +322,5 @@ def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) 
             assert location.local_root is not None
             arrays.append(map_array(array, location.local_root / manifest.index / name))
         else:
-            arrays.append(np.asarray(array[...]))
+            arrays.append(read_array_file(array, location.fs, location.path(f"{manifest.index}/{name}")))
     return IdIndex(*arrays)

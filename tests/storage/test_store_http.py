@@ -156,6 +156,25 @@ def test_a_file_cut_or_removed_after_the_store_opened_is_a_store_error(served_ro
     assert "dilstore verify" in message or "shorter than its metadata says" in message
 
 
+@pytest.mark.parametrize("damage", ["cut", "removed"])
+@pytest.mark.parametrize("array", ["hashes", "rows"])
+def test_an_id_index_file_cut_or_removed_is_a_store_error_at_open(served_root: Path, tmp_path: Path, damage: str,
+                                                                  array: str) -> None:  # fmt: skip
+    """zarr-python read a missing index file as zeros: every id then looked absent (hashes), or every passage
+    came from row 0 (rows); read whole, the file's absence and size are checked."""
+    store = Path(shutil.copytree(served_root / "fp16", tmp_path / "fp16"))
+    damaged = store / "index" / array / "c" / "0"
+    if damage == "cut":
+        damaged.write_bytes(damaged.read_bytes()[:-100])
+    else:
+        damaged.unlink()
+    with serve_directory(tmp_path, listings=True) as server, pytest.raises(StoreFormatError) as raised:
+        open_store(f"{server.url}/fp16").fetch(IDS[:3])
+    message = str(raised.value)
+    assert f"index/{array}/c/0" in message and "\n" not in message
+    assert ("missing array file" if damage == "removed" else "its metadata implies") in message
+
+
 def _closed_port() -> int:
     """A port on 127.0.0.1 that nothing listens on (just bound and released)."""
     with socket.socket() as probe:
