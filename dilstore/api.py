@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # the heavy layers load on first use, so `import dilstore` st
     from dilstore.storage.reader import Store
 
 PathLike = str | Path
+_PATH = (str, Path)
+_OPTIONAL_PATH = (str, Path, type(None))
 
 
 def open_store(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> Store:
@@ -34,6 +36,8 @@ def open_store(path: PathLike, *, storage_options: dict[str, Any] | None = None)
     """
     from dilstore.storage.reader import open_store as open_shard_store
 
+    _check("path", path, _PATH, "a folder path or URL")
+    _check("storage_options", storage_options, (dict, type(None)), "a dict of fsspec options or None")
     return open_shard_store(path, storage_options=storage_options)
 
 
@@ -55,6 +59,12 @@ def open_reader(
     from dilstore.reader.serving.odqa import OdqaSettings
     from dilstore.reader.serving.odqa import open_reader as open_odqa_reader
 
+    _check("store", store, _PATH, "a store path or URL")
+    _check("model", model, _OPTIONAL_PATH, "a model folder or None")
+    _check("index", index, _OPTIONAL_PATH, "an index folder or None")
+    _check("top_p", top_p, (int, type(None)), "a positive integer or None")
+    _check("mu", mu, (int, float, type(None)), "a number from 0 to 1 or None")
+    _check("device", device, (str, type(None)), "a torch device name or None")
     chosen = {name: value for name, value in (("top_p", top_p), ("mu", mu)) if value is not None}
     return open_odqa_reader(store, model, index_dir=index, settings=OdqaSettings(**chosen), device=device)
 
@@ -67,6 +77,9 @@ def open_reranker(store: PathLike, model: PathLike | None = None, *, device: str
     """
     from dilstore.reader.serving.rerank import open_reranker as open_store_reranker
 
+    _check("store", store, _PATH, "a store path or URL")
+    _check("model", model, _OPTIONAL_PATH, "a model folder or None")
+    _check("device", device, (str, type(None)), "a torch device name or None")
     return open_store_reranker(store, model, device=device)
 
 
@@ -97,6 +110,8 @@ def build_index(store: PathLike, *, threads: int = 1) -> Path:
     """Build STORE/bm25, the Lucene BM25 index over the store's passages (as `dilstore index`); returns its path."""
     from dilstore.runners.cli import build_parser
 
+    _check("store", store, _PATH, "a store folder")
+    _check("threads", threads, (int,), "a positive integer")
     try:
         args = build_parser().parse_args(["index", str(store), "--threads", str(threads)])
     except SystemExit as error:
@@ -115,7 +130,12 @@ def evaluate_qa(
     given, as `dilstore evaluate-qa` does.
     """
     from dilstore.reader.evaluation.open_domain import evaluate_questions, load_questions, select_questions
+    from dilstore.reader.serving.odqa import OpenDomainReader
 
+    _check("reader", reader, (OpenDomainReader,), "a reader from open_reader")
+    _check("questions", questions, _PATH, "a question file")
+    _check("limit", limit, (int, type(None)), "a positive integer or None")
+    _check("seed", seed, (int,), "an integer")
     chosen = select_questions(load_questions(questions), limit, seed)
     return evaluate_questions(reader, chosen, top_p=reader.settings.top_p, mu=reader.settings.mu)
 
@@ -124,12 +144,22 @@ def evaluate_rank(
     qrels: PathLike | Mapping[str, Mapping[str, int]], run: PathLike | Mapping[str, Mapping[str, float]]
 ) -> RankEvaluation:
     """RR@10, nDCG@10 and R@100 of a run against qrels (TREC files, or {qid: {docid: grade or score}})."""
-    from dilstore.reader.data.trec import read_qrels, read_run
+    from dilstore.reader.data.trec import qrels_from_mapping, read_qrels, read_run, run_from_mapping
     from dilstore.reader.evaluation.rank_metrics import evaluate_run
 
-    judged = read_qrels(qrels) if isinstance(qrels, str | Path) else {q: dict(d) for q, d in qrels.items()}
-    ranked = read_run(run) if isinstance(run, str | Path) else {q: dict(d) for q, d in run.items()}
+    judged = read_qrels(qrels) if isinstance(qrels, str | Path) else qrels_from_mapping(qrels)
+    ranked = read_run(run) if isinstance(run, str | Path) else run_from_mapping(run)
     return evaluate_run(judged, ranked)
+
+
+def _check(name: str, value: Any, kinds: tuple[type, ...], expected: str) -> None:
+    """Raise DilstoreError naming the argument when `value` is none of `kinds` (a bool is never a number).
+
+    A wrong type deep in a layer surfaced as a bare TypeError or AttributeError
+    far from the call that caused it.
+    """
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise DilstoreError(f"{name} must be {expected}, got {type(value).__name__} {value!r:.80}")
 
 
 def _flags(options: Mapping[str, Any]) -> list[str]:

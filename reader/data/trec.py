@@ -18,8 +18,10 @@ kept: trec_eval orders documents by score, and so does everything here.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from numbers import Integral, Real
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from dilstore.reader.text.files import numbered_lines
 from dilstore.storage.atomic_files import atomic_write_text
@@ -84,6 +86,54 @@ def read_qrels(path: str | Path) -> Qrels:
             raise DilstoreError(f"{path}:{number}: docid {docid!r} is judged twice for qid {qid!r}")
         judged[docid] = grade
     return qrels
+
+
+def run_from_mapping(run: Mapping[str, Mapping[str, float]]) -> Run:
+    """A checked copy of a run given as `{qid: {docid: score}}`: scores must be finite numbers, as in a file."""
+    return _from_mapping("run", run, "a finite score", _finite_score)
+
+
+def qrels_from_mapping(qrels: Mapping[str, Mapping[str, int]]) -> Qrels:
+    """A checked copy of qrels given as `{qid: {docid: grade}}`: grades must be 32-bit integers, as in a file."""
+    return _from_mapping("qrels", qrels, "a 32-bit integer grade", _int32_grade)
+
+
+def _from_mapping(
+    what: str, mapping: Mapping[str, Mapping[str, Any]], expected: str, convert: Callable[[Any], Any]
+) -> dict[str, dict[str, Any]]:
+    """`{qid: {docid: convert(value)}}`, or a DilstoreError naming the first entry that is not of that shape.
+
+    pytrec_eval takes a string score, NaN or a grade beyond 32 bits without a
+    word and scores them wrongly, so each value is checked here.
+    """
+    if not isinstance(mapping, Mapping):
+        raise DilstoreError(f"the {what} must be a file path or a {{qid: {{docid: value}}}} mapping, got "
+                            f"{type(mapping).__name__}")  # fmt: skip
+    checked: dict[str, dict[str, Any]] = {}
+    for qid, documents in mapping.items():
+        if not isinstance(qid, str) or not isinstance(documents, Mapping):
+            raise DilstoreError(f"the {what} must map string qids to {{docid: value}} mappings; "
+                                f"found {qid!r:.60}: {type(documents).__name__}")  # fmt: skip
+        checked[qid] = {}
+        for docid, value in documents.items():
+            converted = convert(value) if isinstance(docid, str) else None
+            if converted is None:
+                raise DilstoreError(f"the {what} must give each string docid {expected}; "
+                                    f"found {qid!r:.60}/{docid!r:.60}: {value!r:.60}")  # fmt: skip
+            checked[qid][docid] = converted
+    return checked
+
+
+def _finite_score(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _int32_grade(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, Integral) or not _INT32_MIN <= value <= _INT32_MAX:
+        return None
+    return int(value)
 
 
 def rank_documents(scores: dict[str, float]) -> list[tuple[str, float]]:

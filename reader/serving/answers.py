@@ -8,6 +8,7 @@ Open-domain evaluation scores Readings under several μ without reading twice.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from numbers import Real
 from typing import Any
 
 import numpy as np
@@ -27,8 +28,8 @@ def check_top_p(top_p: int) -> None:
 
 
 def check_mu(mu: float) -> None:
-    """Raise DilstoreError unless 0 ≤ μ ≤ 1."""
-    if not 0.0 <= float(mu) <= 1.0:
+    """Raise DilstoreError unless μ is a number with 0 ≤ μ ≤ 1."""
+    if isinstance(mu, bool) or not isinstance(mu, Real) or not 0.0 <= float(mu) <= 1.0:
         raise DilstoreError(f"mu must be between 0 and 1, got {mu!r}")
 
 

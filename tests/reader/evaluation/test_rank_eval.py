@@ -12,7 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dilstore.reader.data.trec import Run, rank_documents, read_qrels, read_run, read_topics, write_run
+from dilstore.reader.data.trec import (
+    Run,
+    qrels_from_mapping,
+    rank_documents,
+    read_qrels,
+    read_run,
+    read_topics,
+    run_from_mapping,
+    write_run,
+)
 from dilstore.reader.evaluation.rank_metrics import evaluate_run, relevance_level
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
@@ -127,6 +136,38 @@ def test_a_run_with_no_judged_query_or_empty_qrels_is_an_error() -> None:
         evaluate_run({"q1": {"d": 1}}, {"q9": {"d": 1.0}})
     with pytest.raises(DilstoreError, match="judge no documents"):
         evaluate_run({}, {"q9": {"d": 1.0}})
+
+
+def test_mappings_read_like_the_files_they_stand_for(tiny: tuple[Path, Path]) -> None:
+    """Numpy scalars are numbers like any other; the checked copies equal the files' readings."""
+    import numpy as np
+
+    qrels, run = read_qrels(tiny[0]), read_run(tiny[1])
+    as_numpy = {qid: {docid: np.float32(score) for docid, score in docs.items()} for qid, docs in run.items()}
+    assert run_from_mapping(as_numpy) == run and qrels_from_mapping(qrels) == qrels
+
+
+@pytest.mark.parametrize(
+    ("qrels", "run", "message"),
+    [
+        (None, {"q": {"d": 1.0}}, "the qrels must be a file path or a {qid: {docid: value}} mapping, got NoneType"),
+        ({"q": [1]}, {"q": {"d": 1.0}}, "the qrels must map string qids to {docid: value} mappings; found 'q': list"),
+        ({1: {"d": 1}}, {"1": {"d": 1.0}}, "found 1: dict"),
+        ({"q": {"d": 1.5}}, {"q": {"d": 1.0}}, "a 32-bit integer grade; found 'q'/'d': 1.5"),
+        ({"q": {"d": 2**40}}, {"q": {"d": 1.0}}, "found 'q'/'d': 1099511627776"),
+        ({"q": {"d": True}}, {"q": {"d": 1.0}}, "found 'q'/'d': True"),
+        ({"q": {"d": 1}}, {"q": {"d": "9"}}, "the run must give each string docid a finite score; found 'q'/'d': '9'"),
+        ({"q": {"d": 1}}, {"q": {"d": float("nan")}}, "found 'q'/'d': nan"),
+        ({"q": {"d": 1}}, {"q": {2: 1.0}}, "found 'q'/2: 1.0"),
+    ],
+)
+def test_bad_mappings_name_the_entry(qrels: object, run: object, message: str) -> None:
+    """pytrec_eval scored a string or NaN score and an overflowing grade without a word (RR@10 1.0, nDCG 0.0)."""
+    import dilstore
+
+    with pytest.raises(DilstoreError) as raised:
+        dilstore.evaluate_rank(qrels, run)  # type: ignore[arg-type]
+    assert message in str(raised.value)
 
 
 IDS = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp")), min_size=1, max_size=6)

@@ -1,0 +1,41 @@
+"""The Python API refuses arguments of the wrong type by name, before any layer trips on them.
+
+Each call below was a bare TypeError or AttributeError from deep inside
+(`mu='x'` a ValueError from float()), far from the argument that caused it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import dilstore
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda root: dilstore.open_store(None), "path must be a folder path or URL, got NoneType None"),
+        (lambda root: dilstore.open_store(root, storage_options=5), "storage_options must be a dict"),
+        (lambda root: dilstore.open_reader(root, mu="x"), "mu must be a number from 0 to 1 or None, got str 'x'"),
+        (lambda root: dilstore.open_reader(root, top_p=2.5), "top_p must be a positive integer or None"),
+        (lambda root: dilstore.open_reader(root, top_p=True), "top_p must be a positive integer or None, got bool"),
+        (lambda root: dilstore.open_reader(root, model=3), "model must be a model folder or None, got int 3"),
+        (lambda root: dilstore.open_reader(root, index=[root]), "index must be an index folder or None, got list"),
+        (lambda root: dilstore.open_reader(root, device=0), "device must be a torch device name or None"),
+        (lambda root: dilstore.open_reranker(b"store"), "store must be a store path or URL, got bytes"),
+        (lambda root: dilstore.build_index(root, threads="2"), "threads must be a positive integer, got str '2'"),
+        (lambda root: dilstore.evaluate_qa(None, root), "reader must be a reader from open_reader, got NoneType"),
+    ],
+)
+def test_wrong_argument_types_raise_dilstore_error_naming_the_argument(tmp_path: Path, call, message: str) -> None:
+    with pytest.raises(dilstore.DilstoreError) as raised:
+        call(tmp_path)
+    assert message in str(raised.value)
+
+
+def test_a_long_wrong_value_is_cut_in_the_message(tmp_path: Path) -> None:
+    with pytest.raises(dilstore.DilstoreError) as raised:
+        dilstore.open_reader(tmp_path, mu="μ" * 1000)
+    assert len(str(raised.value)) < 200
