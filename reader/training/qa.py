@@ -231,6 +231,10 @@ def load_training_data(tokenizer: Any, train_file: Path, config: TrainingConfig)
         examples = examples[: config.train_limit]
     if not examples:
         raise DilstoreError(f"{train_file}: no training questions")
+    unanswered = [example.id for example in examples if not example.answers]
+    if unanswered:  # its windows would all be labelled [CLS], teaching the reader that the answer is absent
+        raise DilstoreError(f"{train_file}: question {unanswered[0]!r} has no answer to train on "
+                            f"({len(unanswered)} such); train qa takes SQuAD v1.1 questions with answers")  # fmt: skip
     pad_id = tokenizer.pad_token_id
     if config.shared_norm is None:
         return TrainingData(window_features(tokenizer, examples, config), len(examples), pad_id)

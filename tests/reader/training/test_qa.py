@@ -312,6 +312,22 @@ def test_cli_reports_missing_training_file(tmp_path: Path, capsys: pytest.Captur
     assert f"--train {missing}: no such file" in capsys.readouterr().err
 
 
+def test_a_training_question_without_answers_is_refused_by_id(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its windows were all labelled [CLS], which trains the reader that the answer is absent, without a word."""
+    document = json.loads(squad_file.read_text(encoding="utf-8"))
+    questions = [qa for article in document["data"] for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+    questions[1]["answers"] = []
+    unanswered = tmp_path / "unanswered.json"
+    unanswered.write_text(json.dumps(document), encoding="utf-8")
+    status = main(["train", "qa", "--model", str(tiny_base), "--layers", "1", "--train", str(unanswered),
+                   "--output", str(tmp_path / "run")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2 and f"{unanswered}: question {questions[1]['id']!r} has no answer to train on (1 such)" in err
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
 def test_packaged_checkpoint_is_fp16_and_answers_like_the_original(
     overfit_run, squad_file: Path, tmp_path: Path
 ) -> None:
