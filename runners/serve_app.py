@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dilstore.reader.serving.odqa import OpenDomainReader, Timings, aggregate
-from dilstore.reader.serving.rerank import StoreReranker
+from dilstore.reader.serving.rerank import StoreReranker, named_ids
 from dilstore.reader.retrieval import Bm25Searcher
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import CONTENT_TYPE, Metrics
@@ -174,8 +174,9 @@ class RerankService:
             ids = request.doc_ids
             try:
                 scores = self.reranker.rerank(request.query, ids)
-            except MissingPassagesError as error:
-                raise ClientError(422, str(error)) from None
+            except MissingPassagesError as error:  # the library's message suggests skip_missing, which /rerank lacks
+                raise ClientError(422, f"{len(error.missing)} of {len(set(ids))} doc_ids are not in this store: "
+                                       f"{named_ids(error.missing)}") from None  # fmt: skip
         else:
             if self.searcher is None:
                 raise ClientError(400, "this store has no BM25 index (`dilstore index STORE`); give doc_ids")

@@ -154,7 +154,7 @@ def require_topics(topics: Mapping[str, str], run: Run, source: str = "the topic
     """Raise DilstoreError naming the run's queries that have no topic in `topics` (read from `source`)."""
     missing = [qid for qid in run if qid not in topics]
     if missing:
-        raise DilstoreError(f"{len(missing)} query(ies) of the run have no topic in {source}: {_named(missing)}")
+        raise DilstoreError(f"{len(missing)} query(ies) of the run have no topic in {source}: {named_ids(missing)}")
 
 
 def require_rerank_store(store: Store) -> str:
@@ -280,7 +280,7 @@ class StoreReranker(ABC, Generic[RankerT]):
                 if not skip_missing:
                     raise MissingPassagesError(
                         f"{len(error.missing)} of {len(doc_ids)} documents to rerank are not in store "
-                        f"{self.store.url}: {_named(error.missing)}; leave them out with skip_missing "
+                        f"{self.store.url}: {named_ids(error.missing)}; leave them out with skip_missing "
                         "(--skip-missing)",
                         error.missing,
                     ) from None
@@ -429,7 +429,7 @@ def _require_kind(store: Store, kinds: Sequence[str], needed: str) -> str:
     return store.kind
 
 
-def _named(names: Sequence[str]) -> str:
+def named_ids(names: Sequence[str]) -> str:
     """The first few names, quoted, and how many more there are."""
     more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
     return ", ".join(repr(name) for name in names[:_SHOWN]) + more
