@@ -262,7 +262,8 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
 
     def too_large(request: Request) -> JSONResponse | None:
         # A request body is a question or a query with at most MAX_TOP_P-ish ids: kilobytes. Refused by its declared
-        # length before any of it is read, so a client cannot make the server read and parse megabytes per request.
+        # length before any of it is read, so a client cannot make the server read and parse megabytes per request;
+        # this message names the sizes, where the routes' max_body_size says only "Content Too Large".
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             message = f"the request body is {int(declared):,} bytes; the server reads at most {MAX_BODY_BYTES:,}"
@@ -309,11 +310,13 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
             return JSONResponse({"detail": f"internal error: {type(error).__name__}: {error}"}, status_code=500)
         return JSONResponse(result)
 
-    @app.post(ASK, summary="Answer a question (the JSON of `dilstore ask --json`)")
+    # max_body_size counts a chunked body (no Content-Length), which too_large cannot see, as it arrives.
+    @app.post(ASK, summary="Answer a question (the JSON of `dilstore ask --json`)", max_body_size=MAX_BODY_BYTES)
     async def ask(request: AskRequest) -> JSONResponse:
         return await answer(request, ASK)
 
-    @app.post(RERANK, summary="Score documents of an EARL store against a query, best first")
+    @app.post(RERANK, summary="Score documents of an EARL store against a query, best first",
+              max_body_size=MAX_BODY_BYTES)
     async def rerank(request: RerankRequest) -> JSONResponse:
         return await answer(request, RERANK)
 

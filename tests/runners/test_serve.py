@@ -343,6 +343,18 @@ def test_bad_input_gets_a_4xx_with_a_message(served, endpoint: str, body: Any, s
     assert client.get("/health").status_code == 200
 
 
+def test_a_chunked_body_over_the_cap_gets_a_413_and_the_server_goes_on(served) -> None:
+    """Without a Content-Length, the declared-length check cannot see the size: the whole body was read and parsed."""
+    client, _, _ = served
+    chunks = (b'{"question": "', *([b"x" * 65536] * 17), b'"}')  # 1,114,128 bytes, no Content-Length
+    response = client.post("/ask", content=iter(chunks), headers={"content-type": "application/json"})
+    sent = response.request.headers
+    assert sent.get("transfer-encoding") == "chunked" and "content-length" not in sent
+    assert response.status_code == 413 and "Too Large" in response.json()["detail"], response.text
+    assert client.post("/ask", content=iter([b'{"question": "', b'Who?"}']),
+                       headers={"content-type": "application/json"}).status_code == 200  # fmt: skip
+
+
 # ---------------------------------------------------------------------- rerank, stores, docs, metrics
 
 
