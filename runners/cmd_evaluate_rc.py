@@ -14,6 +14,7 @@ from dilstore.runners.reading_options import (
     apply_threads,
     reading_settings,
 )
+from dilstore.storage.errors import DilstoreError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,12 +46,16 @@ def run(args: argparse.Namespace) -> int:
     """Load the reader and data, evaluate, print the scores."""
     apply_threads(args.threads)
     from dilstore.reader.packaged.shipped import default_checkpoint_dir
+    from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
     from dilstore.reader.modeling.dilbert import DilBertReader
     from dilstore.reader.evaluation.reading_comprehension import evaluate_file
 
     if args.predictions:
         check_output_file(args.predictions, "--predictions", [args.data])
     model_dir = args.model or default_checkpoint_dir()
+    if read_metadata(require_checkpoint_dir(model_dir)) is None:
+        raise DilstoreError(f"{model_dir} is a base model without dilstore metadata, and its QA head would be "
+                            "untrained: give a reader that `dilstore train qa` wrote")  # fmt: skip
     reader = DilBertReader.from_pretrained(model_dir)
     result = evaluate_file(
         reader,

@@ -145,6 +145,18 @@ def test_a_predictions_path_that_cannot_be_written_is_refused_before_the_evaluat
     assert data.read_text() == "{}"
 
 
+def test_evaluate_rc_on_a_base_model_says_it_needs_a_trained_reader(
+    tiny_base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It suggested --layers K, an option evaluate-rc does not have (and a base model's QA head is untrained)."""
+    data = tmp_path / "data.json"
+    data.write_text("{}")
+    status = main(["evaluate-rc", "--model", str(tiny_base), "--data", str(data)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith(f"dilstore evaluate-rc: error: {tiny_base} is a base model without")
+    assert "give a reader that `dilstore train qa` wrote" in err and "--layers" not in err
+
+
 def test_serve_names_a_port_in_use_or_an_unknown_host_before_opening_any_store(tmp_path: Path, capsys) -> None:
     """The store does not exist: an error about the address shows it was checked first (stores can take long)."""
     with socket.socket() as taken:
