@@ -64,6 +64,10 @@ def _wikipedia_records(source: str, stream: BinaryIO, max_bytes: int, plain_text
         events = ElementTree.iterparse(stream, events=("start", "end"))
         try:
             _, root = next(events)
+            if _local_name(root.tag) != "mediawiki":
+                yield Rejected(source, 1, f"not a MediaWiki XML export: the root element is <{_local_name(root.tag)}>, "
+                                          "not <mediawiki>")  # fmt: skip
+                return
             for event, element in events:
                 if event == "end" and _local_name(element.tag) == "page":
                     record = page_record(source, element, max_bytes, plain_text)

@@ -367,6 +367,15 @@ def test_wikipedia_pages_skipped_rejected_and_kept(tmp_path: Path) -> None:
     ]
 
 
+def test_xml_that_is_not_a_mediawiki_export_is_one_dead_letter(tmp_path: Path) -> None:
+    """Read as a dump, an RSS feed gave no record at all, so precompute could only say "0 document(s) read"."""
+    feed = tmp_path / "feed.xml"
+    feed.write_text("<rss><channel><item><page><title>T</title><id>1</id></page></item></channel></rss>")
+    assert list(read_wikipedia(feed)) == [
+        Rejected(str(feed), 1, "not a MediaWiki XML export: the root element is <rss>, not <mediawiki>")
+    ]
+
+
 def test_wikipedia_raw_wikitext_then_conversion_equals_direct_reading(tmp_path: Path) -> None:
     first = "'''One''' [[is]] {{here}} here."
     dump = write_dump(

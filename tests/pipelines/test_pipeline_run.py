@@ -247,15 +247,23 @@ def test_the_progress_bar_shows_passages_per_second(corpus, tiny_dir: Path, tmp_
     assert "precompute summary" in captured.out
 
 
-@pytest.mark.parametrize(("lines", "extra", "told"), [
-    ([], [], "0 document(s) read, 0 record(s) rejected; check --input"),
-    (['{"id": "a", "text": "fine"}'], ["--format", "squad"], "1 record(s) rejected (see {store}/rejected/ for why)"),
+REDIRECT_ONLY_DUMP = ('<mediawiki><page><title>A</title><ns>0</ns><id>1</id><redirect title="B" />'
+                      "<revision><text>#REDIRECT [[B]]</text></revision></page></mediawiki>")  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "lines", "extra", "told"), [
+    ("c.jsonl", [], [], "0 document(s) read, 0 record(s) rejected; check --input"),
+    ("c.jsonl", ['{"id": "a", "text": "fine"}'], ["--format", "squad"],
+     "1 record(s) rejected (see {store}/rejected/ for why)"),
+    ("c.xml", [REDIRECT_ONLY_DUMP], [],
+     "0 document(s) read, 1 left out on purpose (Wikipedia redirects and non-article pages), 0 record(s) rejected"),
 ])  # fmt: skip
 def test_a_build_that_stores_no_passage_exits_1_and_says_why(
-    tiny_dir: Path, tmp_path: Path, capsys, lines: list[str], extra: list[str], told: str
+    tiny_dir: Path, tmp_path: Path, capsys, name: str, lines: list[str], extra: list[str], told: str
 ) -> None:
-    """An empty input, or only dead letters, finalizes an empty store; a script must not take it for success."""
-    corpus = tmp_path / "c.jsonl"
+    """An empty input, only dead letters or only redirects finalize an empty store; a script must not take it for
+    success."""
+    corpus = tmp_path / name
     corpus.write_text("".join(line + "\n" for line in lines))
     store = tmp_path / "s"
     args = ["precompute", "--input", str(corpus), "--output", str(store), "--model", str(tiny_dir),
