@@ -532,10 +532,19 @@ def run_command(args: argparse.Namespace) -> int:
         run_spec,
         swap_in,
     )
-    from dilstore.pipelines.options import LOCAL_RUNNERS, canonical_runner
+    from dilstore.pipelines.options import (
+        LOCAL_RUNNERS,
+        LocalDefaults,
+        assemble_beam_flags,
+        canonical_runner,
+        pipeline_options,
+    )
     from dilstore.pipelines.store_lock import write_lock
 
     runner = canonical_runner(args.runner)
+    # Beam's flags are checked again with the real local defaults when the pipeline starts; checked here as well,
+    # a bad one is refused before the output folder is created or its precompute.json written.
+    pipeline_options(assemble_beam_flags(runner, args.beam_args, LocalDefaults(workers=args.workers)))
     if runner not in LOCAL_RUNNERS:
         logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
     with tempfile.TemporaryDirectory(prefix="dilstore-progress-") as progress_dir:

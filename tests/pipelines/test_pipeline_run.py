@@ -302,6 +302,7 @@ def test_user_errors_exit_2_with_a_message(tiny_dir: Path, tmp_path: Path, capsy
     (tmp_path / "corpus.txt").write_text("x\n")
     err = refused_precompute(tiny_dir, tmp_path, capsys, "--max-length", str(MAX_LENGTH), *extra)
     assert err.startswith("dilstore precompute: error:") and message in err
+    assert not (tmp_path / "s").exists()  # an unknown Beam option left s/precompute.json behind
 
 
 def test_an_unknown_format_is_a_usage_error(capsys) -> None:
