@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from dilstore.runners.outputs import refuse_output_inside_store
+from dilstore.runners.outputs import check_output_file, refuse_output_inside_store
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.storage.errors import DilstoreError
@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from dilstore.reader.data.trec import read_run, read_topics, write_run
 
     refuse_output_inside_store(args.output, args.store, "--output")
+    check_output_file(args.output, "--output", [args.topics, args.run_file])
     depth = DEFAULT_DEPTH if args.depth is None else args.depth
     check_depth(depth)
     topics = read_topics(args.topics)

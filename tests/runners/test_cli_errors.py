@@ -145,6 +145,27 @@ def test_a_predictions_path_that_cannot_be_written_is_refused_before_the_evaluat
     assert data.read_text() == "{}"
 
 
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ("{tmp}", "--output {tmp} is a directory; give a file path"),
+        ("{tmp}/nodir/o.trec", "--output {tmp}/nodir/o.trec: the folder {tmp}/nodir does not exist"),
+        ("{tmp}/r.trec", "--output {tmp}/r.trec is the input file {tmp}/r.trec; write it elsewhere"),
+    ],
+)
+def test_a_rerank_output_that_cannot_be_written_is_refused_before_the_store_opens(
+    output: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--output .` was "Device or resource busy" after the whole rerank; `--output RUN` overwrote the input run."""
+    (tmp_path / "r.trec").write_text("q Q0 d 1 1.0 t\n")
+    (tmp_path / "t.tsv").write_text("q\tquery\n")
+    args = ["rerank", str(tmp_path / "no-store"), "--topics", str(tmp_path / "t.tsv"),
+            "--run", str(tmp_path / "r.trec"), "--output", output.replace("{tmp}", str(tmp_path))]  # fmt: skip
+    assert main(args) == 2
+    assert capsys.readouterr().err == f"dilstore rerank: error: {message.replace('{tmp}', str(tmp_path))}\n"
+    assert (tmp_path / "r.trec").read_text() == "q Q0 d 1 1.0 t\n"
+
+
 def test_evaluate_rc_on_a_base_model_says_it_needs_a_trained_reader(
     tiny_base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
