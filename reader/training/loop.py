@@ -59,6 +59,7 @@ from dilstore.reader.training.state import (
     prune_checkpoints,
     save_training_state,
     step_directory,
+    verify_checkpoint,
 )
 from dilstore.storage.errors import DilstoreError, StoppedBySignal, require_at_least_one
 
@@ -311,6 +312,7 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
 
     `config` (a dataclass) is compared with the one write_run_config recorded,
     all but how often checkpoints are saved, which may change between the parts of a run.
+    The checkpoint's files must still have the checksums recorded when it was saved.
     A setting the recorded file lacks (one added since that run started)
     counts as the value runs had before it existed: its field's metadata
     "before" (a function of the recorded settings) when it changed what a
@@ -335,6 +337,7 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
         )
         if differing:
             raise DilstoreError(f"--resume: settings differ from the interrupted run ({saved_file}): {differing}")
+    verify_checkpoint(found)
     return found
 
 

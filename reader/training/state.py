@@ -4,12 +4,14 @@ A periodic checkpoint is a model directory (the model core's save_pretrained)
 plus two files written here: `training_state.safetensors` (AdamW moments and
 step counters, and the torch RNG state so dropout continues where it left off)
 and `training_state.json` (optimizer hyperparameters per group, the learning
-rate scheduler's state, and the loop position). Restoring both gives the same
+rate scheduler's state, the loop position, and the SHA-256 of every other file
+of the checkpoint, checked before a resume). Restoring both gives the same
 weights as a run that was never interrupted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -27,6 +29,7 @@ STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _RNG_KEY = "rng.torch"
+_CHECKSUMS_KEY = "sha256"
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,44 @@ def save_training_state(
         "param_groups": state["param_groups"],
         "scheduler": scheduler.state_dict(),
         "position": asdict(position),
+        _CHECKSUMS_KEY: _checksums(Path(directory)),
     }
     (Path(directory) / STATE_JSON).write_text(json.dumps(document, indent=1), encoding="utf-8")
+
+
+def verify_checkpoint(directory: Path) -> None:
+    """Raise DilstoreError when a file of the checkpoint no longer has the SHA-256 recorded when it was saved.
+
+    A weight file damaged on disk still loads (safetensors checks only its
+    header), and a resumed run would go on from the damaged weights. Checkpoints
+    saved before checksums were recorded pass unchecked.
+    """
+    directory = Path(directory)
+    try:
+        recorded = json.loads((directory / STATE_JSON).read_text(encoding="utf-8")).get(_CHECKSUMS_KEY, {})
+    except (OSError, ValueError, AttributeError):
+        return  # load_training_state names a missing or damaged training_state.json
+    for name, digest in sorted(recorded.items()):
+        path = directory / name
+        found = _sha256(path) if path.is_file() else None
+        if found != digest:
+            what = "is missing" if found is None else "does not match the SHA-256 recorded when it was saved"
+            raise DilstoreError(f"{path} {what}: the checkpoint changed or was damaged since; move {directory} "
+                                "aside to resume from the checkpoint before it")  # fmt: skip
+
+
+def _checksums(directory: Path) -> dict[str, str]:
+    """{relative path: SHA-256} of every file under `directory` but training_state.json, which records them."""
+    return {
+        path.relative_to(directory).as_posix(): _sha256(path)
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and path.name != STATE_JSON
+    }
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def load_training_state(

@@ -124,6 +124,40 @@ def test_resume_refuses_changed_settings(tiny_base: Path, squad_file: Path, tmp_
         train_qa(tiny_base, squad_file, tmp_path, replace(config, learning_rate=1.0), command="c", resume=True)
 
 
+@pytest.mark.parametrize("damage", ["zeroed", "removed"])
+def test_resume_refuses_a_checkpoint_whose_weights_changed_since_it_was_saved(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, damage: str
+) -> None:
+    """Zeroing 4 KiB inside model.safetensors left a file that loads: the run resumed from damaged weights."""
+    config = TrainingConfig(layers=1, epochs=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
+    train_qa(tiny_base, squad_file, tmp_path, config, command="c", progress=False)
+    checkpoint = tmp_path / "checkpoints" / "step-0000001"
+    weights = checkpoint / "model.safetensors"
+    if damage == "zeroed":
+        data = bytearray(weights.read_bytes())
+        data[-4096:] = bytes(4096)
+        weights.write_bytes(bytes(data))
+        load_file(weights)  # still a readable safetensors file: only the checksum shows the damage
+    else:
+        weights.unlink()
+    what = "is missing" if damage == "removed" else "does not match the SHA-256 recorded when it was saved"
+    with pytest.raises(DilstoreError) as raised:
+        train_qa(tiny_base, squad_file, tmp_path, config, command="c", resume=True)
+    assert str(raised.value).startswith(f"{weights} {what}") and f"move {checkpoint} aside" in str(raised.value)
+
+
+def test_a_checkpoint_saved_before_checksums_were_recorded_still_resumes(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    config = TrainingConfig(layers=1, epochs=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
+    train_qa(tiny_base, squad_file, tmp_path, config, command="c", progress=False)
+    state = tmp_path / "checkpoints" / "step-0000001" / "training_state.json"
+    document = json.loads(state.read_text())
+    assert set(document.pop("sha256")) >= {"model.safetensors", "training_state.safetensors", "config.json"}
+    state.write_text(json.dumps(document))
+    assert train_qa(tiny_base, squad_file, tmp_path, config, command="c", resume=True, progress=False).steps == 2
+
+
 def test_resume_without_checkpoint_is_a_user_error(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
     config = TrainingConfig(layers=1, epochs=1, **SMALL_WINDOWS)
     with pytest.raises(DilstoreError, match="no complete checkpoint"):
