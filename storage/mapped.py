@@ -165,9 +165,8 @@ def read_array_file(array: zarr.Array, fs: fsspec.AbstractFileSystem, array_dir:
 
     The read path for arrays that are read whole from a remote store (the id
     index). zarr-python reads a missing shard file as the fill value, zeros,
-    which for the id index would make every id look absent or point at row 0 of
-    shard 0; read here, a missing or cut file is a StoreFormatError, checked as
-    `map_array` checks a mapped one.
+    which made every id of a remote store look absent; read here, a missing or
+    cut file is a StoreFormatError, checked as `map_array` checks a mapped one.
     """
     layout = _layout_or_refuse(array, f"cannot read {array_dir} whole")
     if array.shape[0] == 0:

@@ -18,8 +18,8 @@ kept: trec_eval orders documents by score, and so does everything here.
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 from collections.abc import Callable, Iterator, Mapping
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 

@@ -75,6 +75,9 @@ def verify_checkpoint(directory: Path) -> None:
         recorded = json.loads((directory / STATE_JSON).read_text(encoding="utf-8")).get(_CHECKSUMS_KEY, {})
     except (OSError, ValueError, AttributeError):
         return  # load_training_state names a missing or damaged training_state.json
+    if not isinstance(recorded, dict):
+        raise DilstoreError(f"{directory / STATE_JSON}: its {_CHECKSUMS_KEY!r} entry is not a mapping of file names "
+                            "to checksums; move the checkpoint aside to resume from the one before it")  # fmt: skip
     for name, digest in sorted(recorded.items()):
         path = directory / name
         found = _sha256(path) if path.is_file() else None

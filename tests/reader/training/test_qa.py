@@ -32,7 +32,13 @@ from dilstore.reader.training.qa import (
     train_qa,
 )
 from dilstore.reader.training.release import load_training_metadata, package_checkpoint, weights_megabytes
-from dilstore.reader.training.state import LoopPosition, latest_checkpoint, load_training_state, save_training_state
+from dilstore.reader.training.state import (
+    LoopPosition,
+    latest_checkpoint,
+    load_training_state,
+    save_training_state,
+    verify_checkpoint,
+)
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.benchmarks import benchmark_module
@@ -156,6 +162,9 @@ def test_a_checkpoint_saved_before_checksums_were_recorded_still_resumes(
     assert set(document.pop("sha256")) >= {"model.safetensors", "training_state.safetensors", "config.json"}
     state.write_text(json.dumps(document))
     assert train_qa(tiny_base, squad_file, tmp_path, config, command="c", resume=True, progress=False).steps == 2
+    state.write_text(json.dumps({**document, "sha256": ["model.safetensors"]}))
+    with pytest.raises(DilstoreError, match="its 'sha256' entry is not a mapping of file names to checksums"):
+        verify_checkpoint(state.parent)
 
 
 def test_resume_without_checkpoint_is_a_user_error(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
