@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 INDEX_RECORD = "dilstore-index.json"  # beside Lucene's files: the state of the store the index covers
+_JAVA_INT_MAX = 2**31 - 1
 
 _JVM_LOCK = threading.Lock()
 _JVM_STARTED = False
@@ -179,6 +180,12 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
     except (OSError, ValueError) as error:
         raise DilstoreError(f"{index_dir / INDEX_RECORD} cannot be read ({error}); rebuild the index") from None
     now = indexed_state(store)
+    if recorded.get("generation") != now["generation"]:
+        raise DilstoreError(
+            f"the BM25 index at {index_dir} was built for another store (build {recorded.get('generation')!r}); "
+            f"the store {store_path} is build {now['generation']!r}: give its own index, which `dilstore index "
+            f"{store_path}` builds"
+        )
     if recorded != now:
         raise DilstoreError(
             f"the BM25 index at {index_dir} covers {recorded.get('passages')} passages of build "
@@ -186,6 +193,14 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
             f"holds {now['passages']} after {now['appends']}: its answers would miss what changed; rebuild it with "
             f"`dilstore index {store_path}`"
         )
+
+
+def _java_int(k: int) -> int:
+    """`k` capped at Java's largest int: Anserini takes an int, and a larger k (top_p 2**31) was a JavaException.
+
+    No index holds that many passages, so the cap changes no result.
+    """
+    return min(int(k), _JAVA_INT_MAX)
 
 
 @dataclass(frozen=True)
@@ -209,7 +224,7 @@ class Bm25Searcher:
 
     def search(self, query: str, k: int) -> list[Hit]:
         """The top-k passages for one query, best first."""
-        return [Hit(hit.docid, float(hit.score)) for hit in self._searcher.search(query, int(k))]
+        return [Hit(hit.docid, float(hit.score)) for hit in self._searcher.search(query, _java_int(k))]
 
     def batch_search(
         self, queries: Sequence[str], qids: Sequence[str], k: int, threads: int = 1
@@ -225,6 +240,6 @@ class Bm25Searcher:
             java_queries.add(query)
             java_qids.add(qid)
         found = _wait_in_python(
-            lambda: self._searcher.batch_search(java_queries, java_qids, int(k), int(threads)), "bm25-search"
+            lambda: self._searcher.batch_search(java_queries, java_qids, _java_int(k), int(threads)), "bm25-search"
         )
         return {qid: [Hit(hit.docid, float(hit.score)) for hit in (found.get(qid) or [])] for qid in qids}

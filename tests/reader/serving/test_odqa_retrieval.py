@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from dilstore.reader.retrieval import Bm25Searcher, build_bm25_index, start_jvm
 from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
 from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import MissingPassagesError
 from dilstore.storage.verify import verify_store
 from tests.fixtures.odqa_fixtures import (
@@ -59,6 +61,31 @@ def test_a_batch_search_on_java_threads_finds_what_one_search_at_a_time_finds(in
     batch = searcher.batch_search(list(questions.values()), list(questions), 3, threads=2)
     assert batch["q1"] and batch["q1"][0].passage_id == "tram#0"
     assert batch == {qid: searcher.search(question, 3) for qid, question in questions.items()}
+
+
+def test_a_top_p_beyond_javas_int_returns_every_hit(indexed: dict[str, Path]) -> None:
+    """Anserini's search takes a Java int: top_p 2**31 was a JavaException traceback from ask, evaluate-qa and serve."""
+    searcher = Bm25Searcher(bm25_index_dir(indexed["store"]))
+    everything = searcher.search(QUESTION, 1000)
+    assert searcher.search(QUESTION, 2**31) == everything == searcher.search(QUESTION, 10**20)
+    assert searcher.batch_search([QUESTION], ["q"], 2**31)["q"] == everything
+    odqa = open_reader(indexed["store"], indexed["model"], settings=OdqaSettings(top_p=2**31))
+    assert odqa.answer(QUESTION).nbest
+
+
+def test_an_index_of_another_store_is_named_as_such(indexed: dict[str, Path], tmp_path: Path) -> None:
+    """It was refused with the message for an index an append made stale, which advised rebuilding the wrong one."""
+    from dilstore.reader.retrieval import INDEX_RECORD
+
+    other = tmp_path / "other-bm25"
+    shutil.copytree(bm25_index_dir(indexed["store"]), other)
+    record = json.loads((other / INDEX_RECORD).read_text()) if (other / INDEX_RECORD).exists() else {}
+    (other / INDEX_RECORD).write_text(json.dumps({**record, "generation": "0123456789abcdef"}))
+    with pytest.raises(DilstoreError) as raised:
+        open_reader(indexed["store"], indexed["model"], index_dir=other)
+    message = str(raised.value)
+    assert f"the BM25 index at {other} was built for another store (build '0123456789abcdef')" in message
+    assert f"give its own index, which `dilstore index {indexed['store']}` builds" in message
 
 
 def test_hits_equal_pyserinis_lucene_searcher(indexed: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
