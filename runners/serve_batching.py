@@ -38,6 +38,7 @@ BatchRunner = Callable[[Sequence[Any]], Sequence[Any]]
 
 DEFAULT_MAX_BATCH_PAIRS = 256
 DEFAULT_MAX_WAIT_MS = 10.0
+MAX_WAIT_LIMIT_MS = 60_000.0  # a batch that waits longer helps no one; inf overflowed the batcher's clock
 DEFAULT_QUEUE_SIZE = 256
 DEFAULT_MAX_TOP_P = 100
 
@@ -62,8 +63,8 @@ class ServeSettings:
         for name in ("max_batch_pairs", "queue_size", "max_top_p"):
             if getattr(self, name) < 1:
                 raise DilstoreError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.max_wait < 0:
-            raise DilstoreError(f"max-wait-ms must not be negative, got {self.max_wait * 1000:g}")
+        if not 0 <= self.max_wait <= MAX_WAIT_LIMIT_MS / 1000:  # NaN fails too: it made the batcher spin forever
+            raise DilstoreError(f"max-wait-ms must be from 0 to {MAX_WAIT_LIMIT_MS:g}, got {self.max_wait * 1000:g}")
 
 
 class Overloaded(Exception):

@@ -462,6 +462,9 @@ def test_model_options_must_match_the_stores(tiny: dict[str, Any], capsys) -> No
     assert "once per store" in capsys.readouterr().err
     assert main(["serve", str(tiny["s1"]), "--max-batch-pairs", "0"]) == 2
     assert "max-batch-pairs must be at least 1" in capsys.readouterr().err
+    for wait in ("nan", "inf", "-1", "60001"):  # nan spun the batcher forever and inf killed it, with /health ok
+        assert main(["serve", str(tiny["s1"]), "--max-wait-ms", wait]) == 2
+        assert f"max-wait-ms must be from 0 to 60000, got {float(wait):g}" in capsys.readouterr().err
     assert main(["serve", str(tiny["s1"]), f"{tiny['s1'].name}={tiny['s2']}"]) == 2
     assert "store names must differ" in capsys.readouterr().err
     assert parse_store_argument(f"books={tiny['s1']}") == ("books", str(tiny["s1"]))
