@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dilstore.runners.arg_types import positive_int
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.runners.serve_batching import (
     DEFAULT_MAX_BATCH_PAIRS,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
+DEFAULT_SHUTDOWN_TIMEOUT = 30
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -85,6 +87,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-top-p", type=int, default=DEFAULT_MAX_TOP_P,
         help=f"largest top_p, bm25_top_k or number of doc_ids per request (default {DEFAULT_MAX_TOP_P})",
     )  # fmt: skip
+    parser.add_argument(
+        "--shutdown-timeout", type=positive_int, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="S",
+        help="on Ctrl-C or SIGTERM, seconds to wait for requests in flight before cancelling them, so that a client "
+             f"that stalls mid-request cannot hold the server up (default {DEFAULT_SHUTDOWN_TIMEOUT})",
+    )  # fmt: skip
     parser.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
     add_runtime_arguments(parser)
     parser.set_defaults(run=run)
@@ -118,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     ]
     app = create_app(served, settings)
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, access_log=args.access_log, log_level="info", lifespan="on"
+        app, host=args.host, port=args.port, access_log=args.access_log, log_level="info", lifespan="on",
+        timeout_graceful_shutdown=args.shutdown_timeout,
     )
     with signals_end_cleanly():
         uvicorn.Server(config).run()

@@ -253,7 +253,10 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
         metrics.in_flight(endpoint, 1)
         status = 500
         try:
-            response = too_large(request) or await call_next(request)
+            try:
+                response = too_large(request) or await call_next(request)
+            except asyncio.CancelledError:  # --shutdown-timeout ended a request still unfinished (a stalled client)
+                response = JSONResponse({"detail": "the server shut down before this request was complete"}, 503)
             status = response.status_code
             return response
         finally:

@@ -35,6 +35,7 @@ QUESTIONS = [
     "Who was the lighthouse keeper?",
 ]
 WAIT = 120.0
+SHUTDOWN_TIMEOUT = 3
 # Builds the index (Anserini's log kept off stdout), then runs `dilstore ask ARGS` on stdin's questions:
 # one JVM start for both.
 INDEX_THEN_ASK = (
@@ -63,7 +64,8 @@ def indexed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 
 @pytest.fixture
 def server(indexed: dict[str, object]) -> Iterator[ServeProcess]:
-    options = [str(indexed["store"]), "--model", str(indexed["model"]), "--threads", "1"]
+    options = [str(indexed["store"]), "--model", str(indexed["model"]), "--threads", "1",
+               "--shutdown-timeout", str(SHUTDOWN_TIMEOUT)]
     server = ServeProcess(options, timeout=WAIT, cwd=ROOT)
     try:
         yield server
@@ -71,10 +73,11 @@ def server(indexed: dict[str, object]) -> Iterator[ServeProcess]:
         server.kill()
 
 
-def wait_for_in_flight(url: str) -> None:
-    """Until /metrics shows one /ask request in flight (its headers read, its body awaited)."""
+def wait_for_in_flight(url: str, requests: int) -> None:
+    """Until /metrics shows `requests` /ask requests in flight (their headers read, their bodies awaited)."""
     deadline = time.monotonic() + WAIT
-    while 'dilstore_requests_in_flight{endpoint="/ask"} 1' not in httpx.get(url + "/metrics", timeout=WAIT).text:
+    in_flight = f'dilstore_requests_in_flight{{endpoint="/ask"}} {requests}'
+    while in_flight not in httpx.get(url + "/metrics", timeout=WAIT).text:
         assert time.monotonic() < deadline, "the request never arrived"
         time.sleep(0.05)
 
@@ -90,28 +93,39 @@ def test_answers_equal_ask_json_and_sigterm_drains_the_request_in_flight(indexed
             assert {k: v for k, v in served.items() if k != "timings"} == {
                 k: v for k, v in expected.items() if k != "timings"
             }
-    # A request whose headers have arrived but whose body has not: in flight when SIGTERM comes.
+    # Two requests whose headers have arrived but whose bodies have not, in flight when SIGTERM comes: one is
+    # finished after the signal and answered; the other stalls, and the server exits at its --shutdown-timeout.
     host, port = server.url.removeprefix("http://").split(":")
     body = json.dumps({"question": QUESTIONS[1], "top_p": 4}).encode()
-    with socket.create_connection((host, int(port)), timeout=WAIT) as connection:
-        connection.sendall(b"POST /ask HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                           b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])  # fmt: skip
-        wait_for_in_flight(server.url)
+    head = (b"POST /ask HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    with socket.create_connection((host, int(port)), timeout=WAIT) as connection, \
+            socket.create_connection((host, int(port)), timeout=WAIT) as stalled:  # fmt: skip
+        connection.sendall(head + body[:10])
+        stalled.sendall(head + body[:10])
+        wait_for_in_flight(server.url, 2)
         server.process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
         time.sleep(0.5)
         assert server.process.poll() is None, "the server exited with a request in flight"
         connection.sendall(body[10:])
         response = b""
         while chunk := connection.recv(65536):
             response += chunk
+        status = server.process.wait(WAIT)  # a stalled client held the server up for as long as it stalled
+        waited = time.monotonic() - signalled
+        cancelled = stalled.recv(65536)
     head, _, payload = response.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), response[:500]
     answer = json.loads(payload)
     assert {k: v for k, v in answer.items() if k != "timings"} == {
         k: v for k, v in indexed["answers"][1].items() if k != "timings"
     }
-    assert server.stop() == 0, "".join(server.log)
-    assert any("Finished server process" in line for line in server.log)
+    assert status == 0 and waited < SHUTDOWN_TIMEOUT + 10, "".join(server.log)
+    assert cancelled.startswith(b"HTTP/1.1 503") and b"the server shut down before this request was" in cancelled
+    log = "".join(server.log)
+    assert "timeout graceful shutdown exceeded" in log and "Application shutdown complete" in log
+    assert "Finished server process" in log and "Traceback" not in log
 
 
 def test_a_store_of_another_model_is_refused_with_exit_2(indexed, tmp_path: Path, capsys) -> None:
