@@ -113,7 +113,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="longest stored window in tokens, special tokens included (p [SEP] for dilbert, "
                             "[CLS] d [SEP] for EARL); longer passages are split into windows (default 384)")
     model.add_argument("--shards", type=positive_int, metavar="N",
-                       help="shard count (default: from the input size, one per ~1 MiB, 4 to 16384)")
+                       help="shard count, at most 16384 (default: from the input size, one per ~1 MiB, 4 to 16384)")
     model.add_argument("--overwrite", action="store_true",
                        help="replace an existing store made with other settings (default: refuse)")
     model.add_argument("--append", action="store_true",
@@ -157,8 +157,12 @@ def resolve_inputs(paths: Sequence[str | Path] | None, format: str | None) -> tu
         path = Path(given)
         if path.is_dir():
             raise DilstoreError(f"--input {path} is a directory; give the corpus files in it, one --input each")
-        if not path.is_file():
+        if not path.exists():
             raise DilstoreError(f"input file not found: {path}")
+        if not path.is_file():  # a FIFO or a device such as /dev/null
+            raise DilstoreError(f"--input {path} is not a regular file; give a corpus file")
+        if path.resolve() in {Path(task.path) for task in tasks}:
+            raise DilstoreError(f"--input {path} is given twice")
         if not os.access(path, os.R_OK):
             raise DilstoreError(f"--input {path}: permission denied (the file is not readable)")
         task = ReadTask(str(path.resolve()), format or format_for_path(path))
@@ -381,7 +385,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
     from dilstore.pipelines.codebook import needs_codebook
     from dilstore.pipelines.job import PrecomputeJob, run_spec, spec_generation
-    from dilstore.pipelines.sharding import default_shard_count
+    from dilstore.pipelines.sharding import MAX_DEFAULT_SHARDS, default_shard_count
     from dilstore.reader.modeling.fingerprint import model_fingerprint
     from dilstore.reader.offline.kinds import max_positions
     from dilstore.reader.batching import BatchPolicy
@@ -404,6 +408,8 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         )
     if args.max_length > positions:
         raise DilstoreError(f"--max-length {args.max_length} exceeds the model's {positions} positions")
+    if args.shards is not None and args.shards > MAX_DEFAULT_SHARDS:  # each shard costs files even when empty
+        raise DilstoreError(f"--shards {args.shards} is more than {MAX_DEFAULT_SHARDS}, the most a store is split into")
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     job = PrecomputeJob(

@@ -291,6 +291,9 @@ def refused_precompute(tiny_dir: Path, tmp_path: Path, capsys, *extra: str) -> s
     ("extra", "message"),
     [
         (["--input", "/no/such/corpus.jsonl"], "input file not found"),
+        (["--input", "/dev/null", "--format", "jsonl"], "--input /dev/null is not a regular file"),
+        (["--input", "docs.jsonl", "--input", "./docs.jsonl"], "--input docs.jsonl is given twice"),
+        (["--shards", "16385"], "--shards 16385 is more than 16384"),
         (["--input", "corpus.txt"], "cannot tell the corpus format"),
         (["--kind", "earl-s1"], "holds a 'dilbert' checkpoint, which makes dilbert stores; earl-s1 stores need"),
         (["--bogus_beam_flag", "1"], "unknown Beam option"),
@@ -300,6 +303,7 @@ def refused_precompute(tiny_dir: Path, tmp_path: Path, capsys, *extra: str) -> s
 )
 def test_user_errors_exit_2_with_a_message(tiny_dir: Path, tmp_path: Path, capsys, extra, message) -> None:
     (tmp_path / "corpus.txt").write_text("x\n")
+    (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "fine"}\n')
     err = refused_precompute(tiny_dir, tmp_path, capsys, "--max-length", str(MAX_LENGTH), *extra)
     assert err.startswith("dilstore precompute: error:") and message in err
     assert not (tmp_path / "s").exists()  # an unknown Beam option left s/precompute.json behind
