@@ -184,7 +184,9 @@ class OpenDomainReader:
     def tokenize_question(self, question: str) -> TokenizedText:
         """`[CLS] q [SEP]` of one question; an empty or over-long question raises DilstoreError."""
         limit = self.settings.max_question_length
-        if not isinstance(question, str) or not question.strip():
+        if not isinstance(question, str):
+            raise DilstoreError(f"a question must be a string, got {type(question).__name__}")
+        if not question.strip():
             raise DilstoreError("the question is empty")
         if len(question) > limit * _CHARS_PER_PIECE_LIMIT:
             raise DilstoreError(

@@ -207,6 +207,13 @@ def test_bad_questions_get_clear_errors_and_the_reader_survives(tiny: dict, ques
     assert odqa.answer(QUESTION).text
 
 
+@pytest.mark.parametrize("question", [b"Who won?", None, 7])
+def test_a_question_that_is_not_a_string_is_named_as_such(tiny: dict, question: object) -> None:
+    """It was "the question is empty", which b"Who won?" is not."""
+    with pytest.raises(DilstoreError, match=f"a question must be a string, got {type(question).__name__}$"):
+        odqa_for(tiny).answer(question)  # type: ignore[arg-type]
+
+
 def test_missing_ids_raise_and_the_reader_survives(tiny: dict) -> None:
     odqa = odqa_for(tiny)
     with pytest.raises(MissingPassagesError, match="no-such-passage"):
