@@ -51,6 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def local_store(argument: str) -> Path:
     """STORE as a local folder: the index is built by Lucene on local files and written to STORE/bm25."""
+    if not argument.strip():
+        raise DilstoreError("the store path is empty")
     if "://" in argument:
         raise DilstoreError(
             f"{argument} is a URL, and Lucene writes only local files: index a local copy of the store, then "

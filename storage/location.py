@@ -44,6 +44,8 @@ class StoreLocation:
     def parse(cls, path_or_url: str | Path, storage_options: dict[str, Any] | None = None) -> StoreLocation:
         """The location of a local path or fsspec URL (e.g. `memory://store`, `gs://bucket/store`)."""
         url = str(path_or_url)
+        if not url.strip():  # it read as the current folder, and messages named a blank store
+            raise DilstoreError("the store path is empty")
         options = dict(storage_options or {})
         try:
             fs, root = url_to_fs(url, **options)
