@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import shlex
+import signal
 import sys
 import tempfile
 import threading
@@ -40,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.quiet import add_verbose_argument, filtered_stderr
 from dilstore.storage.format import COMPRESSORS
@@ -318,7 +319,7 @@ def run_pipeline(
         options = pipeline_options(assemble_beam_flags(runner, beam_args, defaults))
         pipeline = build_pipeline(job, options)
         result = None
-        with filtered_stderr():
+        with filtered_stderr(), interrupts_unlogged():
             bar = ProgressBar(Path(job.progress_dir) if progress and runner in LOCAL_RUNNERS and job.progress_dir else None)
             with bar:
                 try:
@@ -327,6 +328,11 @@ def run_pipeline(
                 except DilstoreError:
                     raise
                 except Exception as error:  # Beam wraps worker errors in runner-specific types
+                    if _caused_by(error, KeyboardInterrupt):
+                        raise StoppedBySignal(
+                            "interrupted; run the same command again to go on (the shards it finished are kept)",
+                            signal.SIGINT,
+                        ) from None
                     raise DilstoreError(f"the pipeline failed: {_last_line(error)}") from error
                 finally:
                     client = getattr(result, "client", None)  # the Dask runner's distributed.Client
@@ -334,6 +340,38 @@ def run_pipeline(
                         client.close()
     summary_path = Path(job.store) / SUMMARY_FILE
     return json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+
+
+def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `error` or an exception it was raised from or during is a `kind` (Beam wraps a DoFn's errors)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class _DropInterrupts(logging.Filter):
+    """Drops log records of a KeyboardInterrupt: Beam logs one with its traceback before it re-raises it wrapped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = record.exc_info[0] if record.exc_info else None
+        return not (kind is not None and issubclass(kind, KeyboardInterrupt))
+
+
+@contextlib.contextmanager
+def interrupts_unlogged() -> Iterator[None]:
+    """While the pipeline runs, Ctrl-C ends it with one line (the caller's StoppedBySignal), not a logged traceback."""
+    beam_runner_log = logging.getLogger("apache_beam.runners.common")
+    dropped = _DropInterrupts()
+    beam_runner_log.addFilter(dropped)
+    try:
+        yield
+    finally:
+        beam_runner_log.removeFilter(dropped)
 
 
 def _last_line(error: BaseException) -> str:

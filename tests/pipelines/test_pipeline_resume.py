@@ -82,6 +82,23 @@ def assert_same_store(store: Path, reference: Path) -> None:
     assert not [path for path in store.rglob(f"{TMP_PREFIX}*")], "no temporary shard may survive finalize"
 
 
+def test_ctrl_c_mid_run_exits_130_with_one_line(setup, tmp_path: Path) -> None:
+    """SIGINT to the process group, as Ctrl-C sends it: it exited 2 with a 70-line Beam traceback ending
+    "the pipeline failed: KeyboardInterrupt"."""
+    model, corpus, _ = setup
+    store = tmp_path / "interrupted"
+    log = tmp_path / "interrupted.log"
+    started = time.monotonic()
+    process = start(arguments(model, corpus, store), log)
+    while committed(store) == 0 and process.poll() is None and time.monotonic() - started < 240:
+        time.sleep(0.005)
+    os.killpg(process.pid, signal.SIGINT)
+    assert process.wait(timeout=120) == 130
+    output = log.read_text()
+    assert not (store / MANIFEST_FILE).exists(), "the run finished before the interrupt; the corpus is too small"
+    assert "dilstore precompute: interrupted" in output and "Traceback" not in output, output[-3000:]
+
+
 @pytest.mark.slow
 def test_sigkill_after_the_first_shard_and_at_a_random_moment_then_rerun(setup, tmp_path: Path) -> None:
     model, corpus, reference = setup
