@@ -33,7 +33,7 @@ from dilstore.pipelines.job import PrecomputeJob
 from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, read_task, route
 from dilstore.pipelines.sharding import stable_hash
 from dilstore.reader.batching import BatchPolicy
-from dilstore.reader.offline.encoding import TokenizedPassage, encode_tokenized
+from dilstore.reader.offline.encoding import TokenizedPassage, encode_batch, encode_tokenized
 from dilstore.reader.offline.kinds import OfflineModel, offline_kind
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook, write_codebook
 from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SEED, get_encoding, sample_rows, train_codebook
@@ -76,6 +76,22 @@ def sample_states(
         raise DilstoreError("the codebook sample holds no passage to encode; give one with --codebook")
     states = np.concatenate([record.states for record in encode_tokenized(reader, settings.kind, pieces, policy)])
     return states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)]  # (N, *S)
+
+
+def check_codebook_fits(path: Path, encoding: str, kind: str, reader: OfflineModel) -> None:
+    """Refuse, before any work, a --codebook made for states of another shape than `reader` makes as `kind`.
+
+    The shard writers check every codebook too, but only inside the pipeline,
+    after the store folder was begun: a Listformer store's codebook given to an
+    EARL S2 run was a traceback there, with a half-made store left behind.
+    """
+    _, shape = read_codebook(path, encoding)
+    probe = np.asarray(reader.tokenizer.encode("codebook probe"), dtype=np.int64)  # (n,)
+    states, _ = encode_batch(reader, kind, [probe])  # [(n, *S)]
+    made = tuple(states[0].shape[1:])
+    if tuple(shape) != made:
+        raise DilstoreError(f"--codebook {path} is for states of shape {tuple(shape)}, but this model's {kind} "
+                            f"states have shape {made}: give a codebook of a {kind} store of this model")  # fmt: skip
 
 
 def prepare_codebook(job: PrecomputeJob, reader: OfflineModel) -> Path:

@@ -421,7 +421,7 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
 
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
-    from dilstore.pipelines.codebook import needs_codebook
+    from dilstore.pipelines.codebook import check_codebook_fits, needs_codebook
     from dilstore.pipelines.job import PrecomputeJob, run_spec, spec_generation
     from dilstore.pipelines.sharding import MAX_DEFAULT_SHARDS, default_shard_count
     from dilstore.reader.modeling.fingerprint import model_fingerprint
@@ -448,6 +448,8 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         raise DilstoreError(f"--max-length {args.max_length} exceeds the model's {positions} positions")
     if args.shards is not None and args.shards > MAX_DEFAULT_SHARDS:  # each shard costs files even when empty
         raise DilstoreError(f"--shards {args.shards} is more than {MAX_DEFAULT_SHARDS}, the most a store is split into")
+    if args.codebook is not None:
+        check_codebook_fits(args.codebook, args.encoding, args.kind, reader)
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     job = PrecomputeJob(

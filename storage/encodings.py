@@ -626,7 +626,8 @@ def check_codebook(encoding: Encoding, codebook: Mapping[str, np.ndarray], state
         values = np.asarray(codebook[name])
         if values.shape != spec.shape(state_shape):
             raise StoreFormatError(
-                f"codebook array {name!r} has shape {values.shape}; states {state_shape} need {spec.shape(state_shape)}"
+                f"codebook array {name!r} has shape {values.shape}, but states of shape {state_shape} need it to be "
+                f"{spec.shape(state_shape)}"
             )
         problem = spec.check(values)
         if problem:

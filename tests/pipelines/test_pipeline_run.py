@@ -32,7 +32,8 @@ from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import encode_tokenized, load_reader
 from dilstore.runners import cli
 from dilstore.runners.cmd_precompute import build_job, quiet_dask_logging
-from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook
+from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
+from dilstore.storage.encodings import train_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
@@ -294,6 +295,8 @@ def refused_precompute(tiny_dir: Path, tmp_path: Path, capsys, *extra: str) -> s
         (["--input", "/dev/null", "--format", "jsonl"], "--input /dev/null is not a regular file"),
         (["--input", "docs.jsonl", "--input", "./docs.jsonl"], "--input docs.jsonl is given twice"),
         (["--shards", "16385"], "--shards 16385 is more than 16384"),
+        (["--encoding", "2bit", "--codebook", "book7"], "--codebook book7 is for states of shape (7,), but this "
+         "model's dilbert states have shape (32,): give a codebook of a dilbert store of this model"),
         (["--input", "corpus.txt"], "cannot tell the corpus format"),
         (["--kind", "earl-s1"], "holds a 'dilbert' checkpoint, which makes dilbert stores; earl-s1 stores need"),
         (["--bogus_beam_flag", "1"], "unknown Beam option"),
@@ -304,6 +307,8 @@ def refused_precompute(tiny_dir: Path, tmp_path: Path, capsys, *extra: str) -> s
 def test_user_errors_exit_2_with_a_message(tiny_dir: Path, tmp_path: Path, capsys, extra, message) -> None:
     (tmp_path / "corpus.txt").write_text("x\n")
     (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "fine"}\n')
+    states = np.random.default_rng(0).standard_normal((64, 7)).astype(np.float32)
+    write_codebook(tmp_path / "book7", "2bit", train_codebook("2bit", states), (7,))  # found in the pipeline only
     err = refused_precompute(tiny_dir, tmp_path, capsys, "--max-length", str(MAX_LENGTH), *extra)
     assert err.startswith("dilstore precompute: error:") and message in err
     assert not (tmp_path / "s").exists()  # an unknown Beam option left s/precompute.json behind

@@ -235,7 +235,7 @@ def test_a_shard_that_uses_the_store_codebook_needs_the_group(lowbit_store, tmp_
 
 def test_a_codebook_for_another_shape_or_encoding_is_refused(tmp_path: Path) -> None:
     codebook = train_codebook("2bit", np.ones((5, DIMS), dtype=np.float32))
-    with pytest.raises(StoreFormatError, match=r"has shape \(11,\); states \(10,\) need \(10,\)"):
+    with pytest.raises(StoreFormatError, match=r"has shape \(11,\), but states of shape \(10,\) need it to be \(10,\)"):
         write_shard(tmp_path, 0, _records(0), kind="dilbert", encoding="2bit", codebook=train_codebook(
             "2bit", np.ones((5, DIMS + 1), dtype=np.float32)))
     with pytest.raises(StoreFormatError, match="holds arrays"):
