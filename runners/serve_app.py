@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dilstore.reader.serving.odqa import OpenDomainReader, Timings, aggregate
 from dilstore.reader.serving.rerank import StoreReranker, named_ids
@@ -272,6 +274,14 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
             message = f"the request body is {int(declared):,} bytes; the server reads at most {MAX_BODY_BYTES:,}"
             return JSONResponse({"detail": message}, status_code=413)
         return None
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> Response:
+        # FastAPI answers a body it cannot decode (bytes that are not UTF-8, JSON nested too deep, an integer of
+        # thousands of digits) with 400 "There was an error parsing the body"; the cause it was raised from says why.
+        if error.status_code == 400 and error.__cause__ is not None:
+            return JSONResponse({"detail": f"the body is not valid JSON: {error.__cause__}"}, status_code=422)
+        return await http_exception_handler(request, error)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
