@@ -126,6 +126,16 @@ def parse_squad_ranking(document: Any, source: str) -> SquadRanking:
     return SquadRanking(paragraphs, questions)
 
 
+def check_negatives(paragraphs: int, negatives: int) -> None:
+    """A DilstoreError unless a corpus of `paragraphs` paragraphs holds `negatives` (>= 1) besides a gold one."""
+    if negatives < 1:
+        raise DilstoreError(f"negatives must be at least 1, got {negatives}")
+    if paragraphs - 1 < negatives:
+        raise DilstoreError(
+            f"the corpus has {paragraphs} paragraph(s): too few for {negatives} negatives besides the gold one"
+        )
+
+
 def sample_negatives(
     questions: Sequence[RankingQuestion],
     retrieved: Mapping[str, Sequence[tuple[str, float]]],
@@ -139,12 +149,7 @@ def sample_negatives(
     non-gold ids, all of them are kept and the rest drawn from `corpus_ids`
     (every paragraph, in corpus order), never the gold one nor a repeat.
     """
-    if negatives < 1:
-        raise DilstoreError(f"negatives must be at least 1, got {negatives}")
-    if len(set(corpus_ids)) - 1 < negatives:
-        raise DilstoreError(
-            f"the corpus has {len(set(corpus_ids))} paragraphs: too few for {negatives} negatives besides the gold one"
-        )
+    check_negatives(len(set(corpus_ids)), negatives)
     triples = []
     filled_questions = filled_negatives = 0
     for question in questions:
@@ -252,6 +257,7 @@ def build_ranking_data(
         raise DilstoreError(f"limit must be at least 1, got {limit}")
     started = time.perf_counter()
     collection = read_squad_ranking(squad)
+    check_negatives(len(collection.paragraphs), negatives)  # before the BM25 index and search, which take minutes
     questions = collection.questions[:limit] if limit is not None else collection.questions
     output.mkdir(parents=True, exist_ok=True)
     index = None

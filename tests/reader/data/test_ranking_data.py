@@ -94,6 +94,18 @@ def test_short_bm25_lists_are_filled_and_counted(squad_file: Path) -> None:
         sample_negatives(collection.questions, gold_only, corpus, 8, seed=0)
 
 
+def test_too_many_negatives_are_refused_before_any_search_or_output(squad_file: Path, tmp_path: Path) -> None:
+    """It was found only after the BM25 index was built and every question searched, leaving work/ behind."""
+    paragraphs = len(read_squad_ranking(squad_file).paragraphs)
+
+    def retriever(queries: object, depth: int) -> dict:
+        raise AssertionError("searched before the negatives were checked")
+
+    with pytest.raises(DilstoreError, match=rf"the corpus has {paragraphs} paragraph\(s\): too few for 99 negatives"):
+        build_ranking_data(squad_file, tmp_path / "out", negatives=99, depth=5, seed=4, retriever=retriever)
+    assert not (tmp_path / "out").exists()
+
+
 def test_build_writes_deterministic_gzip_files(squad_file: Path, tmp_path: Path) -> None:
     collection = read_squad_ranking(squad_file)
     retriever = every_paragraph_retriever(list(collection.paragraphs))
