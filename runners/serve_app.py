@@ -333,7 +333,7 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
     async def rerank(request: RerankRequest) -> JSONResponse:
         return await answer(request, RERANK)
 
-    @app.get("/health", summary="200 once every store is loaded")
+    @app.api_route("/health", methods=["GET", "HEAD"], summary="200 once every store is loaded")  # HEAD: probes
     async def health() -> dict[str, Any]:
         return {"status": "ok", "stores": names}
 
