@@ -51,10 +51,16 @@ def arguments(model: Path, corpus: Path, store: Path) -> list[str]:
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
-    """`dilstore ARGS` in a new process group (so that SIGKILL reaches every process it started)."""
+    """`dilstore ARGS` in a new process group (so that SIGKILL reaches every process it started).
+
+    SIGINT is reset to its default first: a suite started as a background job of a non-interactive shell
+    ignores it, an ignored signal stays ignored across exec, and Python then installs no KeyboardInterrupt
+    handler, so the child would finish its run.
+    """
     with log.open("wb") as output:
         return subprocess.Popen([sys.executable, "-m", "dilstore.runners.cli", *args], cwd=ROOT, stdout=output,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
 
 def kill_group(process: subprocess.Popen) -> None:
