@@ -50,6 +50,7 @@ ASK, RERANK = "/ask", "/rerank"
 ENDPOINTS = (ASK, RERANK, "/health", "/stores", "/metrics")
 RETRY_AFTER_SECONDS = 1
 MAX_BODY_BYTES = 1 << 20
+UNPARSED_BODY = "There was an error parsing the body"  # FastAPI's 400 detail for a body it cannot decode
 
 
 class ClientError(Exception):
@@ -279,7 +280,7 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
     async def http_error(request: Request, error: StarletteHTTPException) -> Response:
         # FastAPI answers a body it cannot decode (bytes that are not UTF-8, JSON nested too deep, an integer of
         # thousands of digits) with 400 "There was an error parsing the body"; the cause it was raised from says why.
-        if error.status_code == 400 and error.__cause__ is not None:
+        if error.status_code == 400 and error.detail == UNPARSED_BODY and error.__cause__ is not None:
             return JSONResponse({"detail": f"the body is not valid JSON: {error.__cause__}"}, status_code=422)
         return await http_exception_handler(request, error)
 
@@ -333,9 +334,11 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
     async def rerank(request: RerankRequest) -> JSONResponse:
         return await answer(request, RERANK)
 
-    @app.api_route("/health", methods=["GET", "HEAD"], summary="200 once every store is loaded")  # HEAD: probes
+    @app.get("/health", summary="200 once every store is loaded")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "stores": names}
+
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)  # for probes that use HEAD
 
     @app.get("/stores", summary="Each store's `dilstore info --json`, its endpoint and model")
     async def list_stores() -> dict[str, Any]:
