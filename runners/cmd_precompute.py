@@ -162,11 +162,12 @@ def resolve_inputs(paths: Sequence[str | Path] | None, format: str | None) -> tu
             raise DilstoreError(f"input file not found: {path}")
         if not path.is_file():  # a FIFO or a device such as /dev/null
             raise DilstoreError(f"--input {path} is not a regular file; give a corpus file")
-        if path.resolve() in {Path(task.path) for task in tasks}:
+        resolved = str(path.resolve())
+        if any(task.path == resolved for task in tasks):
             raise DilstoreError(f"--input {path} is given twice")
         if not os.access(path, os.R_OK):
             raise DilstoreError(f"--input {path}: permission denied (the file is not readable)")
-        task = ReadTask(str(path.resolve()), format or format_for_path(path))
+        task = ReadTask(resolved, format or format_for_path(path))
         check_format(task.path, task.format)
         tasks.append(task)
     return tuple(tasks)

@@ -22,6 +22,7 @@ def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
     ):
         parser.add_argument(option, type=positive_int, default=default, help=f"{what} (default {default})")
 
+
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """Where and how wide to run."""
     parser.add_argument("--device", type=torch_device, help="torch device (default: cuda when available, else cpu)")

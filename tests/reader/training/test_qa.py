@@ -305,17 +305,19 @@ def test_config_rejects_bad_values(changes: dict, message: str) -> None:
         TrainingConfig(**{"layers": 0, **changes})
 
 
+def small_train_qa(model: Path, train: Path, output: Path, *extra: str) -> list[str]:
+    """`dilstore train qa` arguments for the tiny reader: short windows, no progress bar, then `extra`."""
+    return ["train", "qa", "--model", str(model), "--train", str(train), "--output", str(output),
+            "--max-seq-length", "48", "--doc-stride", "16", "--max-question-length", "24", "--no-progress",
+            *extra]  # fmt: skip
+
+
 def test_cli_trains_evaluates_and_writes_the_run(
     tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output = tmp_path / "run"
-    status = main(
-        [
-            "train", "qa", "--model", str(tiny_base), "--layers", "2", "--train", str(squad_file),
-            "--dev", str(squad_file), "--output", str(output), "--max-steps", "2", "--batch-size", "4",
-            "--max-seq-length", "48", "--doc-stride", "16", "--max-question-length", "24", "--no-progress", "--json",
-        ]
-    )  # fmt: skip
+    status = main(small_train_qa(tiny_base, squad_file, output, "--layers", "2", "--dev", str(squad_file),
+                                 "--max-steps", "2", "--batch-size", "4", "--json"))  # fmt: skip
     assert status == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["k"] == 2 and summary["train_steps"] == 2 and summary["questions"] == 6
@@ -334,14 +336,8 @@ def test_a_diverging_run_saves_no_nan_weights_and_says_so(
 ) -> None:
     """A learning rate of 1e6 drives the weights to NaN; the run stops with exit 2 instead of shipping them (exit 0)."""
     output = tmp_path / "run"
-    status = main(
-        [
-            "train", "qa", "--model", str(tiny_base), "--layers", "1", "--train", str(squad_file),
-            "--output", str(output), "--max-steps", "6", "--batch-size", "2", "--learning-rate", "1e6",
-            "--save-every", "3", "--max-seq-length", "48", "--doc-stride", "16", "--max-question-length", "24",
-            "--no-progress",
-        ]
-    )  # fmt: skip
+    status = main(small_train_qa(tiny_base, squad_file, output, "--layers", "1", "--max-steps", "6",
+                                 "--batch-size", "2", "--learning-rate", "1e6", "--save-every", "3"))  # fmt: skip
     err = capsys.readouterr().err
     assert status == 2 and "dilstore train: error: training diverged: at step " in err
     assert "hold NaN or infinity" in err and "lower --learning-rate" in err
@@ -364,8 +360,7 @@ def test_a_training_question_without_answers_is_refused_by_id(
     questions[1]["answers"] = []
     unanswered = tmp_path / "unanswered.json"
     unanswered.write_text(json.dumps(document), encoding="utf-8")
-    status = main(["train", "qa", "--model", str(tiny_base), "--layers", "1", "--train", str(unanswered),
-                   "--output", str(tmp_path / "run")])  # fmt: skip
+    status = main(small_train_qa(tiny_base, unanswered, tmp_path / "run", "--layers", "1"))
     err = capsys.readouterr().err
     assert status == 2 and f"{unanswered}: question {questions[1]['id']!r} has no answer to train on (1 such)" in err
     assert not (tmp_path / "run" / "model.safetensors").exists()
