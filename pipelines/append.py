@@ -124,8 +124,8 @@ def input_passage_ids(inputs: Iterable[ReadTask], strategy: str) -> Iterator[tup
 
 
 def refuse_duplicates(store: Path, job: PrecomputeJob) -> None:
-    """Without `job.replace`: a DilstoreError naming a few ids when an input document id occurs twice or a passage
-    id of the inputs is in the store already."""
+    """Without `job.replace`: one DilstoreError naming a few ids of each kind of duplicate the inputs hold, input
+    document ids given twice and passage ids the store holds already, so one fix of the input clears both."""
     if job.replace:
         return
     documents: Counter[str] = Counter()
@@ -134,14 +134,16 @@ def refuse_duplicates(store: Path, job: PrecomputeJob) -> None:
         documents[document_id] += 1
         passage_ids += passages
     twice = [document_id for document_id, count in documents.items() if count > 1]
-    if twice:
-        raise DilstoreError(f"--append: {len(twice)} document ids occur more than once in the input: "
-                            f"{_listed(twice)}; pass --replace to keep the first of each")
     with open_store(store) as opened:
-        stored = [passage_id for passage_id in passage_ids if passage_id in opened]
+        stored = list(dict.fromkeys(passage_id for passage_id in passage_ids if passage_id in opened))
+    found = []
+    if twice:
+        found.append(f"{len(twice)} document ids occur more than once in the input: {_listed(twice)}")
     if stored:
-        raise DilstoreError(f"--append: {len(stored)} passage ids are in {store} already: {_listed(stored)}; "
-                            "pass --replace to let the new rows win")
+        found.append(f"{len(stored)} passage ids are in {store} already: {_listed(stored)}")
+    if found:
+        raise DilstoreError(f"--append: {'; '.join(found)}; pass --replace to keep the first copy of each document "
+                            "and let the new rows win over the stored ones")
 
 
 def retired_passages(store: Path, folder: Path) -> list[str]:
