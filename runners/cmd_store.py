@@ -83,9 +83,13 @@ def format_info(info: dict[str, Any]) -> str:
     ]
     if info["state_bytes_per_token_marginal"] is not None:
         states = info["state_bytes"]
+        superseded = f" + {_size(states['superseded'])} superseded" if states.get("superseded") else ""
         rows.append(("  states", f"{info['state_bytes_per_token_marginal']} per token "
-                                 f"({_size(states['per_token'])}) + {_size(states['fixed'])} fixed (last-chunk "
-                                 "padding, chunk indexes, per-shard parameters, codebook)"))
+                                 f"({_size(states['per_token'])}){superseded} + {_size(states['fixed'])} fixed "
+                                 "(last-chunk padding, chunk indexes, per-shard parameters, codebook)"))
+    if "appends" in info:
+        rows.append(("appends", f"{info['appends']:,}; {info['superseded']['passages']:,} passages "
+                                f"({info['superseded']['tokens']:,} tokens) superseded by --replace, still on disk"))
     rows += [("fingerprint" if i == 0 else "", f"{key}: {value}") for i, (key, value) in enumerate(info["fingerprint"].items())]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

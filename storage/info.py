@@ -76,9 +76,11 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
     which cannot list: see store_files), bytes_on_disk (every file under the store),
     bytes_by_part, bytes_per_token ({kind: state bytes per token on disk}),
     bytes_per_token_by_part, state_bytes (the state bytes split into
-    `per_token`: tokens times what each token's encoded arrays hold, and
-    `fixed`: everything else, i.e. the zero padding of each shard's last
-    chunk, chunk indexes, per-shard parameters and the store's codebook),
+    `per_token`: tokens times what each token's encoded arrays hold; in an
+    appended store `superseded`: the same for the tokens of rows --replace
+    took out of reach, still on disk; and `fixed`: everything else, i.e. the
+    zero padding of each shard's last chunk, chunk indexes, per-shard
+    parameters and the store's codebook),
     state_bytes_per_token_marginal (bytes one more token adds), fingerprint, creation.
     """
     location = StoreLocation.parse(path_or_url, storage_options)
@@ -100,6 +102,7 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
                        for spec in encoding.arrays
                        if spec.per_token and (spec.requires is None or spec.name in stored))
     per_token_bytes = (marginal or 0) * tokens
+    superseded_bytes = (marginal or 0) * manifest.superseded_tokens
 
     return {
         "store": location.url,
@@ -116,7 +119,9 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
         "bytes_by_part": by_part,
         "bytes_per_token": {manifest.kind: per_token(by_part["states"])},
         "bytes_per_token_by_part": {part: per_token(size) for part, size in by_part.items()},
-        "state_bytes": {"per_token": per_token_bytes, "fixed": by_part["states"] - per_token_bytes},
+        "state_bytes": {"per_token": per_token_bytes,
+                        **({"superseded": superseded_bytes} if manifest.appends else {}),
+                        "fixed": by_part["states"] - per_token_bytes - superseded_bytes},
         "state_bytes_per_token_marginal": marginal,
         # Only for appended stores, so other stores' info keeps its keys.
         **({} if not manifest.appends else {"appends": len(manifest.appends), "superseded": {

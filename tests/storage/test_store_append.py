@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dilstore.runners.cmd_store import format_info
 from dilstore.storage import append as append_module
 from dilstore.storage import reader as reader_module
 from dilstore.storage.append import AppendMismatchError, commit_append, first_free_shard, remove_leftovers
@@ -137,6 +138,28 @@ def test_replace_makes_the_old_row_unreachable_everywhere(tmp_path: Path) -> Non
     report = verify_store(store)
     assert report.ok, report.problems
     assert report.passages == 4
+
+
+def test_info_counts_superseded_states_on_their_own_not_as_fixed_bytes(tmp_path: Path) -> None:
+    """A replacing append and a plain one of passages of the same sizes write the same state bytes: the fixed
+    bytes (padding, chunk indexes) agree, and the superseded row's states are their own entry."""
+    infos = {}
+    for name, ids, replace in (("replaced", ["b", "d"], True), ("plain", ["x", "d"], False)):
+        store = build_store(tmp_path / name, [records(["a", "b", "c"])])
+        write_append(store, [records(ids, seed=7)])
+        commit_append(store, GENERATION, fingerprint_for(), replace=replace)
+        infos[name] = store_info(store)
+    replaced, plain = infos["replaced"], infos["plain"]
+    marginal = replaced["state_bytes_per_token_marginal"]
+    assert replaced["bytes_by_part"]["states"] == plain["bytes_by_part"]["states"]
+    assert replaced["state_bytes"]["superseded"] == replaced["superseded"]["tokens"] * marginal > 0
+    assert plain["state_bytes"]["superseded"] == 0
+    assert replaced["state_bytes"]["fixed"] == plain["state_bytes"]["fixed"]
+    assert sum(replaced["state_bytes"].values()) == replaced["bytes_by_part"]["states"]
+    table = format_info(replaced)
+    tokens = replaced["superseded"]["tokens"]
+    assert f"appends      1; 1 passages ({tokens} tokens) superseded by --replace" in table, table
+    assert f" + {replaced['state_bytes']['superseded']} B superseded + " in table, table
 
 
 def test_verify_still_checks_the_superseded_rows_files(tmp_path: Path) -> None:
