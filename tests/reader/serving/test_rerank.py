@@ -233,6 +233,9 @@ def test_missing_ids_are_named_or_skipped_and_counted(store: Callable[..., Path]
     assert reranker.rerank(QUERIES["q1"], ["ghost"], skip_missing=True) == {}
     with pytest.raises(MissingPassagesError, match="query 'q2': .*'ghost'"):
         reranker.rerank_run(QUERIES, {"q1": {"tram": 1.0}, "q2": {"ghost": 2.0, "tram": 1.0}})
+    every_top_missing = {"q2": {"ghost": 3.0, "phantom": 2.0, "tram": 1.0}}
+    reranked, stats = reranker.rerank_run(QUERIES, every_top_missing, depth=2, skip_missing=True)
+    assert reranked == {"q2": {"tram": -1.0}} and stats.skipped == 2  # m = 0: no top document was scored
 
 
 def test_a_store_of_another_model_is_refused_showing_both_fingerprints(
