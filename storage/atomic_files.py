@@ -7,16 +7,23 @@ flushed too, so two writers of the same file (a retried bundle, a re-run
 after a crash) never interleave, a killed writer leaves no partial file under
 the final name, and a crash after the rename cannot lose the file. The
 manifest, TREC runs, ranking data files and shard parts are all written here.
+
+The file gets the mode any new file gets under the process's umask (0644
+under the usual 022), not the 0600 of a bare temporary file: a store is read
+by query servers, web servers and other users than the one that wrote it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from pathlib import Path
 
 from dilstore.storage.durability import fsync_dir
 from dilstore.storage.format import TMP_PREFIX
+
+_NEW_FILE_MODE = 0o666  # what open() asks for; the umask takes bits away
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, create_parents: bool = True) -> None:
@@ -29,6 +36,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, create_parents: bool = True) 
         path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(handle, _NEW_FILE_MODE & ~_umask())
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
             stream.flush()
@@ -38,6 +46,14 @@ def atomic_write_bytes(path: Path, data: bytes, *, create_parents: bool = True) 
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+@functools.cache
+def _umask() -> int:
+    """The process's umask, read once: reading it means setting it, so it is set straight back."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: Path, text: str, *, create_parents: bool = True) -> None:
