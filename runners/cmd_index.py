@@ -8,7 +8,9 @@ rebuilt over every part, the store's and each append's, leaving out the rows
 an append with --replace superseded (pipelines/collection.py). The JVM
 runs in this process, which never forks after starting it; its log goes to
 stderr, so that stdout carries only the result. The index is built
-in a temporary folder next to STORE/bm25 and renamed into place when complete.
+in a temporary folder next to STORE/bm25 and renamed into place when complete,
+under a lock (`.STORE.dilstore-index-lock` beside it, storage/write_lock.py): two
+runs on one store used to delete each other's half-built index.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dilstore.runners.arg_types import positive_int
-from dilstore.storage.errors import DilstoreError
 from dilstore.runners.quiet import add_verbose_argument
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.write_lock import INDEX_ROLE, write_lock
 
 if TYPE_CHECKING:
     from dilstore.storage.manifest import Manifest
@@ -102,14 +105,15 @@ def run_command(args: argparse.Namespace) -> int:
         raise DilstoreError(f"{store} has no passage collection at {collection}; was it made by `dilstore precompute`?")
     target = store / BM25_DIR
     started = time.time()
-    manifest = read_manifest(StoreLocation.parse(store))
-    if is_appended(store):
-        with tempfile.TemporaryDirectory(prefix="dilstore-collection-") as live:
-            files = write_live_collection(store, Path(live))
-            build_index(Path(live), target, args.threads, manifest)
-    else:
-        files = len(list(collection.glob("*.jsonl")))
-        build_index(collection, target, args.threads, manifest)
+    with write_lock(store, INDEX_ROLE, doing="indexed"):
+        manifest = read_manifest(StoreLocation.parse(store))
+        if is_appended(store):
+            with tempfile.TemporaryDirectory(prefix="dilstore-collection-") as live:
+                files = write_live_collection(store, Path(live))
+                build_index(Path(live), target, args.threads, manifest)
+        else:
+            files = len(list(collection.glob("*.jsonl")))
+            build_index(collection, target, args.threads, manifest)
     result = {
         "index": str(target),
         "collection": str(collection),

@@ -586,7 +586,7 @@ def run_command(args: argparse.Namespace) -> int:
         canonical_runner,
         pipeline_options,
     )
-    from dilstore.pipelines.store_lock import write_lock
+    from dilstore.storage.write_lock import write_lock
 
     runner = canonical_runner(args.runner)
     # Beam's flags are checked again with the real local defaults when the pipeline starts; checked here as well,

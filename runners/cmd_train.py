@@ -19,6 +19,7 @@ from dilstore.runners.training_options import (
     add_report_arguments,
     add_run_arguments,
     config_fields,
+    holding_the_output,
     output_dir,
     run_options,
 )
@@ -117,7 +118,7 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--eval-seed", type=int, default=0, help="seed of the --eval-limit subset (default 0)")
     add_reading_arguments(parser)
     add_report_arguments(parser)
-    parser.set_defaults(run=run_qa)
+    parser.set_defaults(run=holding_the_output(run_qa))
 
 
 def run_qa(args: argparse.Namespace) -> int:

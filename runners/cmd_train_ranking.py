@@ -22,6 +22,7 @@ from dilstore.runners.training_options import (
     add_report_arguments,
     add_run_arguments,
     config_fields,
+    holding_the_output,
     output_dir,
     run_options,
 )
@@ -54,7 +55,7 @@ def register_rankers(kinds: argparse._SubParsersAction) -> None:
             ),
         )
         _add_ranker_arguments(parser, kind)
-        parser.set_defaults(run=run_ranker)
+        parser.set_defaults(run=holding_the_output(run_ranker))
 
 
 def register_ranking_data(kinds: argparse._SubParsersAction) -> None:

@@ -7,12 +7,15 @@ order shows in --help and in the recorded command), hence one function per group
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dilstore.runners.reading_options import add_runtime_arguments
+from dilstore.storage.write_lock import write_lock
 
 # Options that describe how the command was launched, not what it computes.
 _NOT_IN_COMMAND = {"command", "train_command", "run", "run_name"}
@@ -118,6 +121,17 @@ def default_runs_dir() -> Path:
 def output_dir(args: argparse.Namespace) -> Path:
     """The run folder: --output, or the default one named by the command and its k or kind."""
     return args.output if args.output is not None else default_runs_dir() / args.run_name.format(**vars(args))
+
+
+def holding_the_output(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """`run` with the run folder's write lock held throughout: a second training into it stops at once."""
+
+    @functools.wraps(run)
+    def locked(args: argparse.Namespace) -> int:
+        with write_lock(output_dir(args)):
+            return run(args)
+
+    return locked
 
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:

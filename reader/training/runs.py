@@ -26,6 +26,8 @@ from typing import Any
 import torch
 
 from dilstore.reader.training.loop import (
+    CHECKPOINTS_DIR,
+    RUN_CONFIG_FILE,
     Accumulate,
     LoopOutcome,
     LoopSettings,
@@ -39,6 +41,7 @@ from dilstore.reader.training.loop import (
     write_training_record,
 )
 from dilstore.reader.training.state import LoopPosition
+from dilstore.storage.errors import DilstoreError
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,24 @@ def start_run(
     output_dir = Path(output_dir)
     chosen = training_device(device)
     seed_everything(config.seed)
+    if not resume:
+        refuse_an_earlier_run(output_dir)
     return RunStart(output_dir, chosen, resume_point(output_dir, config) if resume else None)
+
+
+def refuse_an_earlier_run(output_dir: Path) -> None:
+    """A DilstoreError when `output_dir` holds a run already (its settings or a checkpoint).
+
+    A new run there would record its settings over the old run's and leave
+    the old checkpoints beside its own, so a later --resume would continue
+    the old run's weights under the new run's record.
+    """
+    found = [path.name for path in (output_dir / RUN_CONFIG_FILE, output_dir / CHECKPOINTS_DIR) if path.exists()]
+    if found:
+        raise DilstoreError(
+            f"--output {output_dir} holds a training run already ({', '.join(found)}): continue it with --resume, "
+            "or give another --output (remove that folder to start over there)"
+        )
 
 
 def finish_run(

@@ -7,6 +7,7 @@ there and never forked), as users run them.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ import pytest
 
 from dilstore.runners import cli
 from dilstore.storage.verify import verify_store
+from dilstore.storage.write_lock import INDEX_ROLE
+from tests.fixtures.locks import hold_lock
 from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, save_tiny_reader, store_contents, write_jsonl
 
 DOCUMENTS = [
@@ -59,6 +62,22 @@ def test_index_refuses_a_folder_that_is_not_a_precomputed_store(tmp_path: Path, 
     (tmp_path / "empty").mkdir()
     assert cli.main(["index", str(tmp_path / "empty")]) == 2
     assert "has no passage collection" in capsys.readouterr().err
+
+
+def test_index_stops_at_once_while_another_index_run_holds_the_store(tmp_path: Path, capsys) -> None:
+    """Two runs deleted each other's half-built index: one failed with a Java traceback, or the first found its
+    folder gone."""
+    store = tmp_path / "store"
+    (store / "passages" / "jsonl").mkdir(parents=True)
+    holder = hold_lock(store, INDEX_ROLE)
+    try:
+        status = cli.main(["index", str(store)])
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert status == 2
+    assert f"{store} is being indexed by pid {holder.pid}" in capsys.readouterr().err
+    assert sorted(path.name for path in store.iterdir()) == ["passages"]
 
 
 def test_what_index_imports_leaves_out_the_model_stack() -> None:

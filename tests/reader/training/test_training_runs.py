@@ -6,12 +6,14 @@ The tiny random reader keeps each run to a second or two.
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.fixtures.locks import hold_lock
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
 from dilstore.reader.training.qa import TrainingConfig, train_qa
@@ -107,3 +109,37 @@ def test_cli_runs_go_outside_the_work_tree_by_default(
     assert (tmp_path / "runs" / "qa-k1" / "model.safetensors").is_file()
     assert main([*arguments, "--resume"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["train_steps"] == 2
+
+
+def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_the_run_can_still_resume(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """A new run there would record its settings over the old run's, and --resume would then continue the old
+    run's checkpoint under the new settings (a 5-step run reporting 90 steps and publishing the old weights)."""
+    config = TrainingConfig(layers=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
+    train_qa(tiny_base, squad_file, tmp_path, config, command="t", progress=False)
+    recorded = (tmp_path / "run_config.json").read_bytes()
+    other = replace(config, learning_rate=1e-4, max_steps=1)
+    with pytest.raises(DilstoreError, match=r"holds a training run already \(run_config.json, checkpoints\): "
+                                            "continue it with --resume"):  # fmt: skip
+        train_qa(tiny_base, squad_file, tmp_path, other, command="t", progress=False)
+    assert (tmp_path / "run_config.json").read_bytes() == recorded
+    with pytest.raises(DilstoreError, match=r"settings differ from the interrupted run .*learning_rate"):
+        train_qa(tiny_base, squad_file, tmp_path, other, command="t", resume=True, progress=False)
+    assert train_qa(tiny_base, squad_file, tmp_path, config, command="t", resume=True, progress=False).steps == 2
+
+
+def test_a_second_training_into_a_folder_being_trained_into_stops_at_once(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "run"
+    holder = hold_lock(output)
+    try:
+        status = main(["train", "qa", "--model", str(tiny_base), "--layers", "1", "--train", str(squad_file),
+                       "--output", str(output), "--max-steps", "1", "--no-progress"])  # fmt: skip
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert status == 2
+    assert f"{output} is being written by pid {holder.pid}" in capsys.readouterr().err
+    assert not output.exists()

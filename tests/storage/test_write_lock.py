@@ -1,34 +1,18 @@
-"""One writer per store: a second `precompute` on a store being written stops with the first one's pid."""
+"""One writer per folder (storage/write_lock.py): a second `precompute` on a store being written stops with the first
+one's pid."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from dilstore.pipelines.store_lock import lock_path, write_lock
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
-from tests.fixtures.paths import ROOT
-
-
-
-def hold_lock(store: Path) -> subprocess.Popen:
-    """A separate process that takes the store's write lock, says so, then waits to be killed."""
-    code = (
-        "import sys, time; from pathlib import Path; from dilstore.pipelines.store_lock import write_lock\n"
-        "with write_lock(Path(sys.argv[1])):\n    print('locked', flush=True)\n    time.sleep(120)\n"
-    )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code, str(store)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-    return holder
+from dilstore.storage.write_lock import lock_path, write_lock
+from tests.fixtures.locks import hold_lock
 
 
 def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path: Path) -> None:

@@ -1,0 +1,56 @@
+"""One writer per folder: an advisory lock held for a whole run that writes a store, an index or a training run.
+
+Two writers on one store once left shards of mixed encodings, all marked
+committed, that resume then trusted; two `train qa` runs into one folder
+crashed each other's checkpoints; two `dilstore index` runs deleted each
+other's half-built index. The lock is `fcntl.flock` on a small file beside
+the folder (`.NAME.dilstore-lock` in its parent folder; `.NAME.dilstore-index-lock`
+for a store's BM25 index), not inside it, so that `--overwrite`, which deletes
+the store folder, cannot delete the lock out from under a second writer. The
+file holds the pid of the writer that holds the lock, for the error message;
+the kernel releases the lock when that process ends, however it ends (kill -9
+included).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dilstore.storage.errors import DilstoreError
+
+WRITE_ROLE = "dilstore"
+INDEX_ROLE = "dilstore-index"
+
+
+def lock_path(folder: Path, role: str = WRITE_ROLE) -> Path:
+    """The lock file of `folder` for `role`: beside it, named after both."""
+    folder = Path(folder).absolute()
+    return folder.parent / f".{folder.name}.{role}-lock"
+
+
+@contextmanager
+def write_lock(folder: Path, role: str = WRITE_ROLE, doing: str = "written") -> Iterator[Path]:
+    """Hold `folder`'s lock for `role` in the `with` block; a DilstoreError naming the holder's pid if taken.
+
+    `doing` says what the holder does to the folder, for the message.
+    """
+    path = lock_path(folder, role)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise DilstoreError(
+                f"{folder} is being {doing} by pid {holder} (lock {path}); wait for that run or stop it"
+            ) from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield path
+    finally:
+        os.close(descriptor)
