@@ -15,8 +15,9 @@ from typing import Any
 
 from dilstore.pipelines.append import retired_passages
 from dilstore.pipelines.job import SUMMARY_FILE, PrecomputeJob
+from dilstore.pipelines.part_files import REJECTED_DIR
 from dilstore.pipelines.run_stats import RunStats
-from dilstore.pipelines.part_files import REJECTED_DIR, meta_path
+from dilstore.pipelines.shard_sink import read_meta
 from dilstore.storage.append import commit_append
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError
@@ -26,9 +27,9 @@ from dilstore.storage.finalize import finalize
 SUMMARY_KEYS = ("documents", "passages", "tokens", "rejected", "shards", "seconds", "runner")
 
 
-def missing_shards(store: Path, num_shards: int, first_shard: int = 0) -> list[int]:
-    """Shard indices in [first_shard, first_shard + num_shards) without a commit marker."""
-    return [shard for shard in range(first_shard, first_shard + num_shards) if not meta_path(store, shard).is_file()]
+def missing_shards(store: Path, num_shards: int, first_shard: int = 0, generation: str | None = None) -> list[int]:
+    """Shard indices in [first_shard, first_shard + num_shards) without a commit marker `read_meta` trusts."""
+    return [shard for shard in range(first_shard, first_shard + num_shards) if read_meta(store, shard, generation) is None]
 
 
 def run_summary(stats: RunStats, job: PrecomputeJob, finished_at: float) -> dict[str, Any]:
@@ -56,7 +57,7 @@ def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
     it), when some shard has no commit marker.
     """
     store = Path(job.store)
-    absent = missing_shards(store, job.num_shards, job.first_shard)
+    absent = missing_shards(store, job.num_shards, job.first_shard, job.generation)
     if absent:
         raise DilstoreError(f"{store}: shards {absent[:10]} are not committed; re-run to complete them")
     (store / REJECTED_DIR).mkdir(exist_ok=True)

@@ -103,16 +103,25 @@ def collection_jsonl(pieces: Sequence[TokenizedPassage]) -> str:
 def read_meta(store: Path, shard: int, generation: str | None = None) -> RunStats | None:
     """The counts of a shard already committed by an earlier attempt of this build, or None.
 
-    A commit marker whose store shard belongs to another build (a second
-    writer with other settings, before the write lock) is not trusted: the
-    shard is written again.
+    A commit marker is not trusted, and the shard is written again, when its
+    store shard belongs to another build (a second writer with other
+    settings, before the write lock), or when it counts passages but a file
+    written before it is gone (a shard folder deleted by hand or by a partial
+    copy: trusting it finalized a store that silently lacked the shard).
     """
     path = meta_path(store, shard)
     if not path.is_file():
         return None
     if shard_generation(store, shard) not in (None, generation):
         return None
-    return RunStats.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    stats = RunStats.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    return stats if not stats.passages or shard_outputs_present(store, shard) else None
+
+
+def shard_outputs_present(store: Path, shard: int) -> bool:
+    """Whether the passage tables and the store shard, which a shard with passages writes before its marker, exist."""
+    shard_group = store / SHARDS_DIR / shard_name(shard) / "zarr.json"
+    return all(path.is_file() for path in (parquet_path(store, shard), jsonl_path(store, shard), shard_group))
 
 
 def shard_files_bytes(store: Path, shard: int) -> int:

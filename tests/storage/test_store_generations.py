@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from dilstore.pipelines.finish import missing_shards
+from dilstore.pipelines.part_files import jsonl_path, meta_path, parquet_path
 from dilstore.pipelines.run_stats import RunStats
-from dilstore.pipelines.part_files import meta_path
 from dilstore.pipelines.shard_sink import read_meta
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
@@ -96,8 +97,23 @@ def test_resume_does_not_trust_a_committed_shard_of_another_build(tmp_path: Path
     marker = meta_path(root, 0)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps(RunStats(passages=3).to_dict()), encoding="utf-8")
+    for table in (parquet_path(root, 0), jsonl_path(root, 0)):
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.touch()
     assert read_meta(root, 0, "gen-a") == RunStats(passages=3)
     assert read_meta(root, 0, "gen-b") is None, "a shard of another build is written again"
+
+
+def test_resume_does_not_trust_a_marker_counting_passages_whose_files_are_gone(tmp_path: Path) -> None:
+    """An empty shard has only its marker; one that counts passages needs its tables and its store shard."""
+    root = tmp_path / "s"
+    for shard, passages in ((0, 0), (1, 3)):
+        marker = meta_path(root, shard)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps(RunStats(passages=passages).to_dict()), encoding="utf-8")
+    assert read_meta(root, 0, "gen-a") == RunStats()
+    assert read_meta(root, 1, "gen-a") is None
+    assert missing_shards(root, 2, generation="gen-a") == [1]
 
 
 def test_shards_made_before_generations_read_as_before(tmp_path: Path) -> None:
