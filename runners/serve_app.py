@@ -16,7 +16,11 @@ Errors: a request the server cannot serve gets a 4xx with a message
 validation, or the reader's own checks of the question), 404 for an unknown
 store, 400 for a store of the wrong kind or a BM25 request to a store without
 an index. A full queue gets 503 with Retry-After. A failure inside the model
-gets 500 for the failing request only.
+gets 500 for the failing request only. A store whose files changed under the
+server (rebuilt with --overwrite, moved, deleted, damaged: StoreFormatError)
+cannot be served again by this process: it is marked unavailable, its requests
+get 503, and /health answers 503 naming it, so a load balancer takes the
+server out of rotation until it is restarted.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from dilstore.reader.retrieval import Bm25Searcher
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import CONTENT_TYPE, Metrics
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import StoreFormatError
 from dilstore.storage.reader import MissingPassagesError
 
 logger = logging.getLogger("dilstore.serve")
@@ -201,11 +206,20 @@ Service = AskService | RerankService
 
 @dataclass
 class ServedStore:
-    """One mounted store: its name in requests, its service, and what /stores says about it."""
+    """One mounted store: its name in requests, its service, and what /stores says about it.
+
+    `problem` says why the store became unavailable (None while it serves).
+    """
 
     name: str
     service: Service
     description: dict[str, Any] = field(default_factory=dict)
+    problem: str | None = None
+
+    def unavailable(self) -> ClientError:
+        """The 503 each request to this store gets once it has a problem."""
+        return ClientError(503, f"store {self.name!r} is unavailable: {self.problem}; restart the server to serve "
+                                "the store as it is on disk now")  # fmt: skip
 
 
 # ---------------------------------------------------------------------- the app
@@ -254,17 +268,17 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
         endpoint = request.url.path if request.url.path in ENDPOINTS else "other"
         started = time.perf_counter()
         metrics.in_flight(endpoint, 1)
-        status = 500
+        status, retry_later = 500, False
         try:
             try:
                 response = too_large(request) or await call_next(request)
             except asyncio.CancelledError:  # --shutdown-timeout ended a request still unfinished (a stalled client)
                 response = JSONResponse({"detail": "the server shut down before this request was complete"}, 503)
-            status = response.status_code
+            status, retry_later = response.status_code, "retry-after" in response.headers
             return response
         finally:
             metrics.in_flight(endpoint, -1)
-            metrics.count_request(endpoint, status, time.perf_counter() - started)
+            metrics.count_request(endpoint, status, time.perf_counter() - started, retry_later=retry_later)
 
     def too_large(request: Request) -> JSONResponse | None:
         # A request body is a question or a query with at most MAX_TOP_P-ish ids: kilobytes. Refused by its declared
@@ -306,11 +320,18 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
     async def answer(request: AskRequest | RerankRequest, endpoint: str) -> JSONResponse:
         try:
             store = choose(request.store, endpoint)
+            if store.problem is not None:
+                raise store.unavailable()
             pairs = store.service.pairs(request)  # type: ignore[arg-type]
             if pairs > settings.max_top_p:
                 raise ClientError(422, f"this server answers at most {settings.max_top_p} passages per request, "
                                   f"got {pairs}")  # fmt: skip
-            result = await batchers[store.name].submit(request, pairs)
+            try:
+                result = await batchers[store.name].submit(request, pairs)
+            except StoreFormatError as error:  # the files under the open store changed: no later request can work
+                store.problem = str(error)
+                logger.error("store %r is unavailable from now on: %s", store.name, error)
+                raise store.unavailable() from None
         except ClientError as error:
             return JSONResponse({"detail": str(error)}, status_code=error.status)
         except Overloaded as error:
@@ -334,9 +355,12 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
     async def rerank(request: RerankRequest) -> JSONResponse:
         return await answer(request, RERANK)
 
-    @app.get("/health", summary="200 once every store is loaded")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "stores": names}
+    @app.get("/health", summary="200 once every store is loaded; 503 naming the stores that became unavailable")
+    async def health() -> JSONResponse:
+        problems = {store.name: store.problem for store in stores if store.problem is not None}
+        if problems:
+            return JSONResponse({"status": "unavailable", "stores": names, "problems": problems}, status_code=503)
+        return JSONResponse({"status": "ok", "stores": names})
 
     app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)  # for probes that use HEAD
 
@@ -344,7 +368,9 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
     async def list_stores() -> dict[str, Any]:
         return {
             "stores": [
-                {"name": store.name, "endpoint": store.service.endpoint, **store.description} for store in stores
+                {"name": store.name, "endpoint": store.service.endpoint, **store.description,
+                 **({} if store.problem is None else {"problem": store.problem})}
+                for store in stores
             ]
         }
 

@@ -64,7 +64,7 @@ class Metrics:
 
     Families: dilstore_requests_total (counter by endpoint and status code),
     dilstore_errors_total (counter by endpoint and kind: bad_request,
-    overloaded, internal), dilstore_request_seconds (latency histogram by
+    overloaded, unavailable, internal), dilstore_request_seconds (latency histogram by
     endpoint), dilstore_queue_seconds (time a request waited for its batch,
     by store), dilstore_batch_requests and dilstore_batch_pairs (batch sizes,
     by store), dilstore_requests_in_flight and dilstore_queue_depth (gauges).
@@ -90,12 +90,16 @@ class Metrics:
 
     # ------------------------------------------------------------------ updates
 
-    def count_request(self, endpoint: str, status: int, seconds: float) -> None:
-        """One finished request: its status and latency; 4xx and 5xx also count as errors."""
+    def count_request(self, endpoint: str, status: int, seconds: float, *, retry_later: bool = False) -> None:
+        """One finished request: its status and latency; 4xx and 5xx also count as errors.
+
+        `retry_later`: the response asked the client to retry (Retry-After), which
+        tells a 503 of a full queue from one of an unavailable store.
+        """
         with self._lock:
             self._add("requests_total", (("endpoint", endpoint), ("code", str(status))), 1)
             self._observe("request_seconds", (("endpoint", endpoint),), seconds)
-            kind = _error_kind(status)
+            kind = _error_kind(status, retry_later)
             if kind is not None:
                 self._add("errors_total", (("endpoint", endpoint), ("kind", kind)), 1)
 
@@ -181,9 +185,9 @@ _FAMILIES = (
 )
 
 
-def _error_kind(status: int) -> str | None:
+def _error_kind(status: int, retry_later: bool) -> str | None:
     if status == 503:
-        return "overloaded"
+        return "overloaded" if retry_later else "unavailable"
     if status >= 500:
         return "internal"
     if status >= 400:

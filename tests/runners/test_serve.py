@@ -18,6 +18,7 @@ import io
 import json
 import math
 import re
+import shutil
 import socket
 import threading
 import time
@@ -267,6 +268,33 @@ def test_a_failure_in_a_shared_batch_is_a_500_for_that_request_only(tiny: dict[s
         text = client.get("/metrics").text
     assert metric(text, "dilstore_errors_total", endpoint="/ask", kind="internal") == 1
     assert metric(text, "dilstore_errors_total", endpoint="/ask", kind="bad_request") == 1
+
+
+def test_a_store_whose_files_went_away_is_unavailable_and_health_says_so(
+    tiny: dict[str, Any], tmp_path: Path
+) -> None:
+    """After `precompute --overwrite`, a move or a deletion under a running server, every request to that store
+    failed with a 500 while /health said ok; now the store is marked unavailable: 503s, and /health is 503."""
+    shutil.copytree(tiny["qa"], tmp_path / "qa")
+    odqa = OpenDomainReader(tiny["model"], open_store(tmp_path / "qa"), OverlapSearcher(tiny["texts"]), OdqaSettings())
+    stores = make_stores(tiny, odqa)
+    with running(stores, max_wait=0.0) as (client, _):
+        (tmp_path / "qa" / "shards").rename(tmp_path / "moved")
+        first = client.post("/ask", json={"question": QUESTIONS[0]})
+        assert first.status_code == 503, first.text
+        assert first.json()["detail"].startswith("store 'qa' is unavailable: ")
+        assert "restart the server" in first.json()["detail"]
+        again = client.post("/ask", json={"question": QUESTIONS[1]})
+        assert again.status_code == 503 and again.json()["detail"] == first.json()["detail"]
+        health = client.get("/health")
+        assert health.status_code == 503
+        assert health.json()["status"] == "unavailable" and list(health.json()["problems"]) == ["qa"]
+        assert client.head("/health").status_code == 503
+        listed = {store["name"]: store for store in client.get("/stores").json()["stores"]}
+        assert "problem" in listed["qa"] and "problem" not in listed["s1"]
+        assert client.post("/rerank", json={"query": "tram", "doc_ids": ["tram"], "store": "s1"}).status_code == 200
+        text = client.get("/metrics").text
+    assert metric(text, "dilstore_errors_total", endpoint="/ask", kind="unavailable") == 2
 
 
 def test_a_full_queue_gets_503_with_retry_after_and_the_server_recovers(tiny: dict[str, Any]) -> None:
