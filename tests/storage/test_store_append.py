@@ -10,6 +10,7 @@ be run again.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -286,12 +287,15 @@ def test_a_reader_opening_while_an_append_commits_retries_with_the_new_manifest(
 
 def test_leftovers_of_killed_appends_and_replaced_indexes_are_removed(tmp_path: Path) -> None:
     store = build_store(tmp_path / "store", [records(["a"])])
+    shutil.copytree(store / INDEX_DIR, tmp_path / "old-index")
     write_append(store, [records(["b"], seed=1)])
     manifest = commit_append(store, GENERATION, fingerprint_for())
-    (store / INDEX_DIR).mkdir()  # as a kill right after the commit leaves it
+    shutil.copytree(tmp_path / "old-index", store / INDEX_DIR)  # as a kill right after the commit leaves it
     for name in ("0" * 16, "f" * 16):
         write_append(store, [records(["z"], seed=2)], generation=name)  # killed appends, never committed
-    assert verify_store(store).ok  # uncommitted appends are untracked, not problems
+    report = verify_store(store)
+    assert report.ok, report.problems  # uncommitted appends and the replaced index are untracked, not problems
+    assert any(path.startswith(f"{INDEX_DIR}/") for path in report.untracked)
     removed = remove_leftovers(store, manifest, keep=("f" * 16,))
     assert sorted(removed) == [append_dir("0" * 16), INDEX_DIR]
     assert (store / append_dir("f" * 16)).is_dir() and (store / append_dir(GENERATION)).is_dir()
