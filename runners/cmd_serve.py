@@ -30,6 +30,8 @@ from dilstore.runners.serve_batching import (
 from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
+    import uvicorn
+
     from dilstore.runners.serve_app import ServedStore
 
 DEFAULT_HOST = "127.0.0.1"
@@ -128,8 +130,9 @@ def run(args: argparse.Namespace) -> int:
         app, host=args.host, port=args.port, access_log=args.access_log, log_level="info", lifespan="on",
         timeout_graceful_shutdown=args.shutdown_timeout,
     )
-    with signals_end_cleanly():
-        uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    with signals_end_cleanly(), hangup_stops(server):
+        server.run()
     return 0
 
 
@@ -217,6 +220,20 @@ def open_served_store(
     print(f"dilstore serve: store {name!r} ({info['kind']}, {info['passages']:,} passages) from {path}, "
           f"model {model_name}", file=sys.stderr)  # fmt: skip
     return ServedStore(name, service, {"path": path, "model": model_name, "info": info})
+
+
+@contextlib.contextmanager
+def hangup_stops(server: uvicorn.Server) -> Iterator[None]:
+    """SIGHUP stops the server gracefully, as SIGTERM does, instead of killing it mid-request (its default).
+
+    A server started from a terminal or an ssh session gets SIGHUP when that
+    session goes away; uvicorn handles only SIGINT and SIGTERM.
+    """
+    previous = signal.signal(signal.SIGHUP, lambda _, frame: server.handle_exit(signal.SIGTERM, frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 @contextlib.contextmanager

@@ -128,6 +128,28 @@ def test_answers_equal_ask_json_and_sigterm_drains_the_request_in_flight(indexed
     assert "Finished server process" in log and "Traceback" not in log
 
 
+def test_sighup_stops_the_server_gracefully_like_sigterm(server: ServeProcess) -> None:
+    """A server started from a terminal or an ssh session gets SIGHUP when it goes away; that killed it at once."""
+    host, port = server.url.removeprefix("http://").split(":")
+    body = json.dumps({"question": QUESTIONS[0], "top_p": 4}).encode()
+    head = (b"POST /ask HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    with socket.create_connection((host, int(port)), timeout=WAIT) as connection:
+        connection.sendall(head + body[:10])
+        wait_for_in_flight(server.url, 1)
+        server.process.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert server.process.poll() is None, "the server exited with a request in flight"
+        connection.sendall(body[10:])
+        response = b""
+        while chunk := connection.recv(65536):
+            response += chunk
+    assert response.startswith(b"HTTP/1.1 200"), response[:500]
+    assert server.process.wait(WAIT) == 0
+    log = "".join(server.log)
+    assert "Application shutdown complete" in log and "Traceback" not in log
+
+
 def test_a_store_of_another_model_is_refused_with_exit_2(indexed, tmp_path: Path, capsys) -> None:
     """In this process: the fingerprint is checked before the index is opened, so the JVM never starts."""
     other = write_reader_checkpoint(tmp_path / "other", seed=1)
