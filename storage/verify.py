@@ -175,7 +175,7 @@ def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyRepo
     for path, entry in manifest.files.items():
         if path not in present:
             if not any(path.startswith(shard_dir + "/") for shard_dir in missing_shards):
-                report.problems.append(f"missing file {path}")
+                report.problems.append(_absent_file_problem(location, path))
         elif present[path] != entry.bytes:
             report.problems.append(
                 f"{path}: {present[path]} bytes, the manifest recorded {entry.bytes} (truncated or overwritten)"
@@ -206,6 +206,21 @@ def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyRepo
             report.problems.append(f"{path}: inside the store's data but not in the manifest")
         else:
             report.untracked.append(path)
+
+
+def _absent_file_problem(location: StoreLocation, path: str) -> str:
+    """Why a file the manifest lists is not among the store's files: missing, a directory, or not reachable."""
+    if location.local_root is not None:
+        target = Path(location.local_root) / path
+        try:
+            if target.is_dir():
+                return f"{path}: a directory where the manifest lists a file"
+            target.lstat()
+        except PermissionError as error:
+            return f"{path}: cannot be read: {error}"
+        except OSError:
+            pass
+    return f"missing file {path}"
 
 
 def _problem(report: VerifyReport, where: str, message: str) -> None:

@@ -72,6 +72,16 @@ def test_a_truncated_file_is_caught(store, capsys) -> None:
     assert "FAILED" in out and "shards/shard-00001/states/codes/c/0/0" in out and "truncated" in out
 
 
+def test_a_file_replaced_by_a_directory_is_named_as_such(store) -> None:
+    values = store / "shards/shard-00001/states/codes/c/0/0"
+    values.unlink()
+    values.mkdir()
+    (values / "inside").write_bytes(b"x")
+    problems = verify_store(store).problems
+    assert "shards/shard-00001/states/codes/c/0/0: a directory where the manifest lists a file" in problems
+    assert not any(problem.startswith("missing file") for problem in problems), problems
+
+
 def test_a_missing_shard_is_caught(store, capsys) -> None:
     shutil.rmtree(store / "shards" / "shard-00000")
     assert main(["verify", str(store), "--json"]) == 1
