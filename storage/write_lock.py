@@ -39,6 +39,7 @@ def write_lock(folder: Path, role: str = WRITE_ROLE, doing: str = "written") -> 
     `doing` says what the holder does to the folder, for the message.
     """
     path = lock_path(folder, role)
+    _check_ancestors(Path(folder))
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -54,3 +55,12 @@ def write_lock(folder: Path, role: str = WRITE_ROLE, doing: str = "written") -> 
         yield path
     finally:
         os.close(descriptor)
+
+
+def _check_ancestors(folder: Path) -> None:
+    """A DilstoreError when the nearest existing folder above `folder` is a file (mkdir said only "File exists")."""
+    for ancestor in folder.absolute().parents:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise DilstoreError(f"{folder} cannot be made: {ancestor} is a file, not a folder")
+            return

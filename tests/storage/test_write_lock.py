@@ -36,6 +36,13 @@ def test_the_lock_lives_beside_the_store_not_in_it(tmp_path: Path) -> None:
     assert not store.exists()
 
 
+def test_a_folder_under_a_file_is_refused_naming_the_file(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DilstoreError, match=rf"{tmp_path}/afile/sub/store cannot be made: {tmp_path}/afile is a file"):
+        with write_lock(tmp_path / "afile" / "sub" / "store"):
+            pass
+
+
 @pytest.mark.parametrize("encoding", ["fp16", "2bit"])
 def test_precompute_on_a_locked_store_stops_before_writing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], encoding: str
