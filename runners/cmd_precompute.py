@@ -558,7 +558,7 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
     plan = prepare_append(store, job, manifest)
     if plan.committed is not None:
         print(f"dilstore precompute: {job.store} already holds this append ({plan.generation})", file=sys.stderr)
-        return dict(plan.committed.get("summary", {}))
+        return {**plan.committed.get("summary", {}), "store": job.store}  # where it is now, if it was moved
     refuse_duplicates(store, job)
     appended = dataclasses.replace(job, store=str(plan.folder), destination=job.store, append_to=job.store,
                                    first_shard=plan.first_shard, generation=plan.generation)
@@ -602,7 +602,8 @@ def run_command(args: argparse.Namespace) -> int:
                 summary = append_to_store(job, runner, args)
             elif prepare_store(store, spec, args.overwrite):
                 print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
-                summary = json.loads((store / SUMMARY_FILE).read_text(encoding="utf-8"))
+                recorded = json.loads((store / SUMMARY_FILE).read_text(encoding="utf-8"))
+                summary = {**recorded, "store": job.store}  # where it is now, if the store was moved since
             elif args.overwrite and needs_replacement(store, spec):
                 check_replaceable(store, [task.path for task in job.inputs])
                 building = replacement_dir(store, spec)

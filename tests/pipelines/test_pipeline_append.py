@@ -179,7 +179,7 @@ def test_replace_serves_the_new_row_and_no_count_or_check_sees_the_old(
 
 
 def test_an_append_that_dies_before_its_commit_leaves_the_store_and_a_rerun_completes_it(
-    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     corpus_a, corpus_b = split_corpus(tmp_path, [i >= 8 for i in range(len(DOCUMENTS))])
     store, reference = tmp_path / "store", tmp_path / "reference"
@@ -204,6 +204,12 @@ def test_an_append_that_dies_before_its_commit_leaves_the_store_and_a_rerun_comp
     assert verify_store(store).ok
     assert precompute(models["dilbert"], corpus_b, store, "--append") == 0  # already complete: nothing changes
     assert_same_passages(store, reference)
+    moved = tmp_path / "moved"
+    store.rename(moved)
+    capsys.readouterr()
+    assert precompute(models["dilbert"], corpus_b, moved, "--append", "--json") == 0
+    captured = capsys.readouterr()
+    assert "already holds this append" in captured.err and json.loads(captured.out)["store"] == str(moved)
 
 
 def test_a_2bit_append_encodes_with_the_store_codebook_and_refuses_another(

@@ -229,12 +229,18 @@ def test_a_zstd_store_holds_the_same_passages_verifies_and_says_so(
     assert "differs in: compression" in capsys.readouterr().err
 
 
-def test_a_rerun_of_a_complete_store_changes_nothing(metered_run, corpus, tiny_dir: Path, capsys) -> None:
+def test_a_rerun_of_a_complete_store_changes_nothing(metered_run, corpus, tiny_dir: Path, capsys,
+                                                     tmp_path: Path) -> None:
     store, _, _ = metered_run
     manifest = (store / "manifest.json").read_bytes()
     assert cli.main(precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress")) == 0
     assert "already complete" in capsys.readouterr().err
     assert (store / "manifest.json").read_bytes() == manifest
+    moved = tmp_path / "moved store"
+    shutil.copytree(store, moved)
+    assert cli.main(precompute_args(corpus, tiny_dir, moved, "--workers", "1", "--no-progress", "--json")) == 0
+    captured = capsys.readouterr()
+    assert "already complete" in captured.err and json.loads(captured.out)["store"] == str(moved)
 
 
 def test_the_progress_bar_shows_passages_per_second(corpus, tiny_dir: Path, tmp_path: Path, capsys) -> None:
