@@ -40,8 +40,12 @@ def write_lock(folder: Path, role: str = WRITE_ROLE, doing: str = "written") -> 
     """
     path = lock_path(folder, role)
     _check_ancestors(Path(folder))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except PermissionError as error:
+        raise DilstoreError(f"cannot create the lock file {path}: {error.strerror}; the lock of {folder} lives "
+                            f"beside it, so its folder {path.parent} must be writable") from None  # fmt: skip
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)

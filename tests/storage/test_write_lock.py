@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dilstore.runners.cli import main
+from dilstore.storage import write_lock as write_lock_module
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.write_lock import lock_path, write_lock
 from tests.fixtures.locks import hold_lock
@@ -40,6 +41,21 @@ def test_a_folder_under_a_file_is_refused_naming_the_file(tmp_path: Path) -> Non
     (tmp_path / "afile").write_text("x")
     with pytest.raises(DilstoreError, match=rf"{tmp_path}/afile/sub/store cannot be made: {tmp_path}/afile is a file"):
         with write_lock(tmp_path / "afile" / "sub" / "store"):
+            pass
+
+
+def test_a_lock_that_cannot_be_created_says_which_folder_must_be_writable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only parent folder (tests run as root, whom file modes do not stop, so os.open is made to refuse)."""
+
+    def refuse(*_: object, **__: object) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(write_lock_module.os, "open", refuse)
+    with pytest.raises(DilstoreError, match=rf"cannot create the lock file .*: Permission denied; .* so its folder "
+                                            rf"{tmp_path} must be writable"):  # fmt: skip
+        with write_lock(tmp_path / "store"):
             pass
 
 
