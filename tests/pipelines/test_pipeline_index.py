@@ -7,7 +7,6 @@ there and never forked), as users run them.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 from dilstore.runners import cli
 from dilstore.storage.verify import verify_store
 from dilstore.storage.write_lock import INDEX_ROLE
-from tests.fixtures.locks import hold_lock
+from tests.fixtures.locks import held_lock
 from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, save_tiny_reader, store_contents, write_jsonl
 
 DOCUMENTS = [
@@ -69,14 +68,10 @@ def test_index_stops_at_once_while_another_index_run_holds_the_store(tmp_path: P
     folder gone."""
     store = tmp_path / "store"
     (store / "passages" / "jsonl").mkdir(parents=True)
-    holder = hold_lock(store, INDEX_ROLE)
-    try:
+    with held_lock(store, INDEX_ROLE) as holder:
         status = cli.main(["index", str(store)])
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
     assert status == 2
-    assert f"{store} is being indexed by pid {holder.pid}" in capsys.readouterr().err
+    assert f"{store} is being indexed by pid {holder}" in capsys.readouterr().err
     assert sorted(path.name for path in store.iterdir()) == ["passages"]
 
 

@@ -82,6 +82,25 @@ def wait_for_in_flight(url: str, requests: int) -> None:
         time.sleep(0.05)
 
 
+def split_ask(question: str) -> tuple[bytes, bytes]:
+    """A raw POST /ask of `question` in two parts: the headers with the body's first bytes, and the rest."""
+    body = json.dumps({"question": question, "top_p": 4}).encode()
+    head = (b"POST /ask HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    return head + body[:10], body[10:]
+
+
+def finish_after_a_pause(server: ServeProcess, connection: socket.socket, rest: bytes) -> bytes:
+    """After a stop signal: check the server waits for the request in flight, send its rest, read the response."""
+    time.sleep(0.5)
+    assert server.process.poll() is None, "the server exited with a request in flight"
+    connection.sendall(rest)
+    response = b""
+    while chunk := connection.recv(65536):
+        response += chunk
+    return response
+
+
 def test_answers_equal_ask_json_and_sigterm_drains_the_request_in_flight(indexed, server: ServeProcess) -> None:
     with httpx.Client(base_url=server.url, timeout=WAIT) as client:
         assert client.get("/health").status_code == 200
@@ -96,22 +115,15 @@ def test_answers_equal_ask_json_and_sigterm_drains_the_request_in_flight(indexed
     # Two requests whose headers have arrived but whose bodies have not, in flight when SIGTERM comes: one is
     # finished after the signal and answered; the other stalls, and the server exits at its --shutdown-timeout.
     host, port = server.url.removeprefix("http://").split(":")
-    body = json.dumps({"question": QUESTIONS[1], "top_p": 4}).encode()
-    head = (b"POST /ask HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body))
+    start, rest = split_ask(QUESTIONS[1])
     with socket.create_connection((host, int(port)), timeout=WAIT) as connection, \
             socket.create_connection((host, int(port)), timeout=WAIT) as stalled:  # fmt: skip
-        connection.sendall(head + body[:10])
-        stalled.sendall(head + body[:10])
+        connection.sendall(start)
+        stalled.sendall(start)
         wait_for_in_flight(server.url, 2)
         server.process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        time.sleep(0.5)
-        assert server.process.poll() is None, "the server exited with a request in flight"
-        connection.sendall(body[10:])
-        response = b""
-        while chunk := connection.recv(65536):
-            response += chunk
+        response = finish_after_a_pause(server, connection, rest)
         status = server.process.wait(WAIT)  # a stalled client held the server up for as long as it stalled
         waited = time.monotonic() - signalled
         cancelled = stalled.recv(65536)
@@ -131,19 +143,12 @@ def test_answers_equal_ask_json_and_sigterm_drains_the_request_in_flight(indexed
 def test_sighup_stops_the_server_gracefully_like_sigterm(server: ServeProcess) -> None:
     """A server started from a terminal or an ssh session gets SIGHUP when it goes away; that killed it at once."""
     host, port = server.url.removeprefix("http://").split(":")
-    body = json.dumps({"question": QUESTIONS[0], "top_p": 4}).encode()
-    head = (b"POST /ask HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body))
+    start, rest = split_ask(QUESTIONS[0])
     with socket.create_connection((host, int(port)), timeout=WAIT) as connection:
-        connection.sendall(head + body[:10])
+        connection.sendall(start)
         wait_for_in_flight(server.url, 1)
         server.process.send_signal(signal.SIGHUP)
-        time.sleep(0.5)
-        assert server.process.poll() is None, "the server exited with a request in flight"
-        connection.sendall(body[10:])
-        response = b""
-        while chunk := connection.recv(65536):
-            response += chunk
+        response = finish_after_a_pause(server, connection, rest)
     assert response.startswith(b"HTTP/1.1 200"), response[:500]
     assert server.process.wait(WAIT) == 0
     log = "".join(server.log)

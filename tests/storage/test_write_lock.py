@@ -4,7 +4,6 @@ one's pid."""
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -13,18 +12,14 @@ from dilstore.runners.cli import main
 from dilstore.storage import write_lock as write_lock_module
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.write_lock import lock_path, write_lock
-from tests.fixtures.locks import hold_lock
+from tests.fixtures.locks import held_lock
 
 
 def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    holder = hold_lock(store)
-    try:
-        with pytest.raises(DilstoreError, match=rf"being written by pid {holder.pid} "), write_lock(store):
+    with held_lock(store) as holder, pytest.raises(DilstoreError, match=rf"being written by pid {holder} "):
+        with write_lock(store):
             pass
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
     with write_lock(store) as path:
         assert path == lock_path(store)
         assert path.read_text().strip() == str(os.getpid())
@@ -67,13 +62,9 @@ def test_precompute_on_a_locked_store_stops_before_writing(
     store = tmp_path / "store"
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "a", "text": "one short document"}\n', encoding="utf-8")
-    holder = hold_lock(store)
-    try:
+    with held_lock(store) as holder:
         status = main(["precompute", "--input", str(corpus), "--output", str(store), "--encoding", encoding,
                        "--no-progress"])
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
     assert status == 2
-    assert f"is being written by pid {holder.pid}" in capsys.readouterr().err
+    assert f"is being written by pid {holder}" in capsys.readouterr().err
     assert not store.exists()

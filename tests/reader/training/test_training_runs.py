@@ -6,14 +6,13 @@ The tiny random reader keeps each run to a second or two.
 from __future__ import annotations
 
 import json
-import signal
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.fixtures.locks import hold_lock
+from tests.fixtures.locks import held_lock
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
 from dilstore.reader.training.qa import TrainingConfig, train_qa
@@ -133,13 +132,9 @@ def test_a_second_training_into_a_folder_being_trained_into_stops_at_once(
     tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output = tmp_path / "run"
-    holder = hold_lock(output)
-    try:
+    with held_lock(output) as holder:
         status = main(["train", "qa", "--model", str(tiny_base), "--layers", "1", "--train", str(squad_file),
                        "--output", str(output), "--max-steps", "1", "--no-progress"])  # fmt: skip
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
     assert status == 2
-    assert f"{output} is being written by pid {holder.pid}" in capsys.readouterr().err
+    assert f"{output} is being written by pid {holder}" in capsys.readouterr().err
     assert not output.exists()
