@@ -29,7 +29,8 @@ SUMMARY_KEYS = ("documents", "passages", "tokens", "rejected", "shards", "second
 
 def missing_shards(store: Path, num_shards: int, first_shard: int = 0, generation: str | None = None) -> list[int]:
     """Shard indices in [first_shard, first_shard + num_shards) without a commit marker `read_meta` trusts."""
-    return [shard for shard in range(first_shard, first_shard + num_shards) if read_meta(store, shard, generation) is None]
+    shards = range(first_shard, first_shard + num_shards)
+    return [shard for shard in shards if read_meta(store, shard, generation) is None]
 
 
 def run_summary(stats: RunStats, job: PrecomputeJob, finished_at: float) -> dict[str, Any]:

@@ -39,8 +39,8 @@ ranks them) and the first `depth` are rescored by the model. The documents
 below `depth` are kept, after the reranked ones and in their first-stage
 order: they get the scores m − 1, m − 2, … where m is the lowest model score
 of the query, or 0 when no top document was scored (their first-stage scores
-live on another scale and are not kept). Only the top `depth` documents are looked up in the store, so the tail
-may hold ids the store lacks.
+live on another scale and are not kept). Only the top `depth` documents are
+looked up in the store, so the tail may hold ids the store lacks.
 
 **Missing documents.** A top-`depth` id that is not in the store raises
 MissingPassagesError naming it; with `skip_missing=True` it is left out of
