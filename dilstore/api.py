@@ -9,6 +9,8 @@ default to the checkpoints shipped in the package.
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,7 +92,9 @@ def precompute(**options: Any) -> Path:
     parser: `input=["a.jsonl", "b.jsonl"]` repeats `--input`, `workers=1` is
     `--workers 1`, `overwrite=True` is the bare `--overwrite` (False and None
     leave a flag out). No options run the embedded default corpus, as the
-    command does. An invalid option raises DilstoreError.
+    command does. An invalid option raises DilstoreError. Nothing is printed
+    on stdout, which may be the caller's own channel: the command's summary
+    is in STORE/run-summary.json.
     """
     from dilstore.runners.cli import build_parser, parse
     from dilstore.runners.cmd_precompute import DEFAULT_OUTPUT
@@ -100,7 +104,8 @@ def precompute(**options: Any) -> Path:
         args = parse(build_parser(), argv)
     except SystemExit as error:
         raise DilstoreError(f"invalid precompute options {argv[1:]} (see the message above)") from error
-    status = args.run(args)
+    with contextlib.redirect_stdout(io.StringIO()):  # the summary table the command prints
+        status = args.run(args)
     if status:
         raise DilstoreError(f"precompute failed with status {status}")
     return Path(args.output if args.output is not None else DEFAULT_OUTPUT)

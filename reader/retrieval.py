@@ -221,10 +221,22 @@ class Bm25Searcher:
         from jnius import autoclass
 
         self._searcher = autoclass("io.anserini.search.SimpleSearcher")(str(index_dir))
+        self._index_dir = index_dir
+
+    def close(self) -> None:
+        """Release the Lucene index (its files stay mapped until then, even once deleted); searching then raises."""
+        if self._searcher is not None:
+            self._searcher.close()
+            self._searcher = None
+
+    def _open(self) -> Any:
+        if self._searcher is None:
+            raise DilstoreError(f"the BM25 searcher of {self._index_dir} is closed; open it again")
+        return self._searcher
 
     def search(self, query: str, k: int) -> list[Hit]:
         """The top-k passages for one query, best first."""
-        return [Hit(hit.docid, float(hit.score)) for hit in self._searcher.search(query, _java_int(k))]
+        return [Hit(hit.docid, float(hit.score)) for hit in self._open().search(query, _java_int(k))]
 
     def batch_search(
         self, queries: Sequence[str], qids: Sequence[str], k: int, threads: int = 1
@@ -232,6 +244,7 @@ class Bm25Searcher:
         """The top-k passages of many queries at once, searched by `threads` Java threads: qid → hits, best first."""
         if len(queries) != len(qids) or len(set(qids)) != len(qids):
             raise DilstoreError("batch_search needs one distinct qid per query")
+        searcher = self._open()
         from jnius import autoclass
 
         java_list = autoclass("java.util.ArrayList")
@@ -240,6 +253,6 @@ class Bm25Searcher:
             java_queries.add(query)
             java_qids.add(qid)
         found = _wait_in_python(
-            lambda: self._searcher.batch_search(java_queries, java_qids, _java_int(k), int(threads)), "bm25-search"
+            lambda: searcher.batch_search(java_queries, java_qids, _java_int(k), int(threads)), "bm25-search"
         )
         return {qid: [Hit(hit.docid, float(hit.score)) for hit in (found.get(qid) or [])] for qid in qids}

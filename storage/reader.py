@@ -64,8 +64,12 @@ class StoreChangedError(StoreFormatError):
     """
 
 
+_EMPTY = np.zeros(0, dtype=np.uint64)
+_CLOSED_INDEX = IdIndex(_EMPTY, _EMPTY.astype(np.uint32), _EMPTY.astype(np.uint32))  # what a closed store holds
+
+
 class Store:
-    """A finalized store opened read-only. Build it with `open_store`."""
+    """A finalized store opened read-only. Build it with `open_store`; `close()` it (or use `with`) when done."""
 
     def __init__(
         self, location: StoreLocation, manifest: Manifest, index: IdIndex, *, read_path: str, max_open_shards: int
@@ -78,6 +82,7 @@ class Store:
         self._shards: OrderedDict[int, ShardReader] = OrderedDict()
         self._lock = threading.Lock()
         self._codebook: dict[str, np.ndarray] | None = None
+        self._closed = False
 
     @property
     def url(self) -> str:
@@ -116,7 +121,7 @@ class Store:
     def __contains__(self, passage_id: object) -> bool:
         if not isinstance(passage_id, str):
             return False
-        return not self._index.locate([passage_id], self._id_at)[2]
+        return not self._open_index().locate([passage_id], self._id_at)[2]
 
     def __enter__(self) -> Store:
         return self
@@ -125,9 +130,23 @@ class Store:
         self.close()
 
     def close(self) -> None:
-        """Drop the open shards; memory maps close once no returned array still uses them."""
+        """Close the store: drop its shards and id index; a later lookup raises DilstoreError (open it again).
+
+        Memory maps close once no returned array still uses them. A lookup
+        running in another thread while the store closes may finish, or raise.
+        """
         with self._lock:
+            self._closed = True
             self._shards.clear()
+            self._index = _CLOSED_INDEX
+            self._codebook = None
+
+    def _open_index(self) -> IdIndex:
+        """The id index; a DilstoreError once the store is closed."""
+        index = self._index
+        if self._closed:
+            raise DilstoreError(f"store {self.url} is closed; open it again to read from it")
+        return index
 
     def fetch(self, passage_ids: Sequence[str]) -> list[StoredPassage]:
         """The passages with these ids, in the order given (repeats allowed).
@@ -139,8 +158,9 @@ class Store:
             given = f"{type(passage_ids).__name__} {passage_ids!r:.60}"
             raise DilstoreError(f"fetch takes a list of passage ids, got {given}")
         passage_ids = list(passage_ids)
-        self._open_concurrently(passage_ids)
-        shards, rows, missing = self._index.locate(passage_ids, self._id_at)
+        index = self._open_index()
+        self._open_concurrently(passage_ids, index)
+        shards, rows, missing = index.locate(passage_ids, self._id_at)
         if missing:
             shown = ", ".join(repr(passage_id) for passage_id in missing[:_SHOWN])
             more = f" and {len(missing) - _SHOWN} more" if len(missing) > _SHOWN else ""
@@ -158,18 +178,18 @@ class Store:
                 passages[position] = passage
         return passages  # type: ignore[return-value]  # every position was filled above
 
-    def _open_concurrently(self, passage_ids: Sequence[str]) -> None:
+    def _open_concurrently(self, passage_ids: Sequence[str], index: IdIndex) -> None:
         """Open the shards these ids point to, several at once, when they are not open yet and not local.
 
         Opening a remote shard takes a few round trips (metadata, small
         arrays); one by one, as the id lookup would open them, they add up
         for a fetch that touches many shards. Local shards open fast enough.
         """
-        if self._read_path == "mmap" or not len(self._index):
+        if self._read_path == "mmap" or not len(index):
             return
         hashes = id_hashes(passage_ids)
-        positions = np.minimum(np.searchsorted(self._index.hashes, hashes), len(self._index) - 1)
-        pointed = self._index.shards[positions[self._index.hashes[positions] == hashes]]
+        positions = np.minimum(np.searchsorted(index.hashes, hashes), len(index) - 1)
+        pointed = index.shards[positions[index.hashes[positions] == hashes]]
         with self._lock:
             closed = sorted(set(pointed.tolist()) - set(self._shards))
         if 1 < len(closed) <= self._max_open_shards:
@@ -183,6 +203,7 @@ class Store:
             if reader is not None:
                 self._shards.move_to_end(index)
                 return reader
+        self._open_index()
         entry = self.manifest.shard_by_index.get(index)
         if entry is None:
             raise StoreFormatError(f"store {self.url}: the id index points to shard {index}, which the manifest lacks")
@@ -203,6 +224,8 @@ class Store:
         ):
             raise StoreFormatError(f"{reader.where} does not match the manifest's entry for it; run `dilstore verify`")
         with self._lock:
+            if self._closed:
+                raise DilstoreError(f"store {self.url} is closed; open it again to read from it")
             reader = self._shards.setdefault(index, reader)
             while len(self._shards) > self._max_open_shards:
                 self._shards.popitem(last=False)

@@ -137,6 +137,22 @@ class OpenDomainReader:
         pad = model.tokenizer.pad_token_id
         self._pad_id = 0 if pad is None else int(pad)
 
+    def __enter__(self) -> OpenDomainReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the store and the BM25 searcher (their files stay mapped until then); answering then raises.
+
+        A store or searcher without `close` (a stand-in given by the caller) is left as it is.
+        """
+        for resource in (self.store, self.searcher):
+            close = getattr(resource, "close", None)
+            if close is not None:
+                close()
+
     # ------------------------------------------------------------------ public API
 
     def answer(self, question: str, top_p: int | None = None, mu: float | None = None) -> Answer:
@@ -165,6 +181,8 @@ class OpenDomainReader:
 
     def read(self, questions: Sequence[str], candidates: Sequence[Sequence[Hit | str]]) -> list[Reading]:
         """Read each question against its own candidates: BM25 hits, or bare passage ids (s_bm25 = 0)."""
+        if isinstance(candidates, str) or any(isinstance(row, str) for row in candidates):
+            raise DilstoreError("candidates must hold one list of passage ids (or hits) per question, not a string")
         if len(questions) != len(candidates):
             raise DilstoreError(f"got {len(questions)} questions but {len(candidates)} candidate lists")
         tokenized = self._tokenize_questions(questions)
@@ -203,6 +221,8 @@ class OpenDomainReader:
 
     def _tokenize_questions(self, questions: Sequence[str]) -> list[TokenizedText]:
         """`tokenize_question` for each question; at least one is needed."""
+        if isinstance(questions, str):  # it would be read as one question per character
+            raise DilstoreError("questions must be a list of strings, not one string; answer() takes a single one")
         if not questions:
             raise DilstoreError("no question given")
         return [self.tokenize_question(question) for question in questions]

@@ -71,7 +71,7 @@ from dilstore.reader.modeling.listformer import ListformerRanker
 from dilstore.reader.packaged.shipped import default_listformer_dir, default_ranker_dir
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.serving.timing import StageTimer
-from dilstore.reader.text.tokenization import TokenizedText, encode_question
+from dilstore.reader.text.tokenization import TokenizedText, encode_query
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import MissingPassagesError, Store, open_store
@@ -203,6 +203,16 @@ class StoreReranker(ABC, Generic[RankerT]):
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model.to(self.device)
 
+    def __enter__(self) -> StoreReranker[RankerT]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the store (its files stay mapped until then); reranking then raises."""
+        self.store.close()
+
     def rerank(
         self,
         query: str,
@@ -217,6 +227,8 @@ class StoreReranker(ABC, Generic[RankerT]):
         `skip_missing` are left out and counted in `stats.skipped`. Pass a
         RerankStats to collect counts and stage times.
         """
+        if isinstance(doc_ids, str):  # it would be read as one id per character
+            raise DilstoreError("doc_ids must be a list of document ids, not one string")
         stats = RerankStats() if stats is None else stats
         started = time.perf_counter()
         try:
@@ -265,9 +277,11 @@ class StoreReranker(ABC, Generic[RankerT]):
 
     def _tokenize_query(self, query: str, stats: RerankStats) -> TokenizedText:
         """`[CLS] q [SEP]`, truncated to max_query_length (counted in stats)."""
-        if not isinstance(query, str) or not query.strip():
+        if not isinstance(query, str):
+            raise DilstoreError(f"a query must be a string, got {type(query).__name__}")
+        if not query.strip():
             raise DilstoreError("the query is empty")
-        tokens = encode_question(self.model.tokenizer, query, self.max_query_length)
+        tokens = encode_query(self.model.tokenizer, query, self.max_query_length)
         stats.truncated_queries += int(tokens.truncated)
         return tokens
 

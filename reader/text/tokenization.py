@@ -102,6 +102,11 @@ def encode_question(tokenizer: PreTrainedTokenizerBase, question: str, max_lengt
     return _encode_single(tokenizer, question, max_length, "question")
 
 
+def encode_query(tokenizer: PreTrainedTokenizerBase, query: str, max_length: int) -> TokenizedText:
+    """`encode_question` of a ranker's query, with errors that call it a query."""
+    return _encode_single(tokenizer, query, max_length, "query")
+
+
 def encode_document(tokenizer: PreTrainedTokenizerBase, document: str, max_length: int) -> TokenizedText:
     """`[CLS] d [SEP]`, the ranker's document convention (EARL), truncated to `max_length` tokens.
 

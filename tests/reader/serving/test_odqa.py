@@ -214,6 +214,16 @@ def test_a_question_that_is_not_a_string_is_named_as_such(tiny: dict, question: 
         odqa_for(tiny).answer(question)  # type: ignore[arg-type]
 
 
+def test_one_string_where_a_list_belongs_is_refused(tiny: dict) -> None:
+    """answer_many("museum") answered six one-letter questions; read() listed letters as missing passage ids."""
+    odqa = odqa_for(tiny)
+    with pytest.raises(DilstoreError, match="questions must be a list of strings, not one string"):
+        odqa.answer_many(QUESTION)  # type: ignore[arg-type]
+    with pytest.raises(DilstoreError, match="one list of passage ids .* per question, not a string"):
+        odqa.read([QUESTION], [tiny["ids"][0]])
+    assert odqa.read([QUESTION], [[tiny["ids"][0]]])[0].spans
+
+
 def test_missing_ids_raise_and_the_reader_survives(tiny: dict) -> None:
     odqa = odqa_for(tiny)
     with pytest.raises(MissingPassagesError, match="no-such-passage"):

@@ -55,6 +55,27 @@ def test_answers_come_from_the_bm25_top_p_with_their_scores(indexed: dict[str, P
     assert {span.passage_id for span in odqa.answer(QUESTION, top_p=1).nbest} == {"tram#0"}
 
 
+def test_a_closed_reader_releases_its_index_and_refuses_to_answer(indexed: dict[str, Path], tmp_path: Path) -> None:
+    """The Lucene index stayed mapped (deleted files included, after a rebuild) until Java's GC ran."""
+    index = shutil.copytree(bm25_index_dir(indexed["store"]), tmp_path / "bm25")  # mapped by this test alone
+
+    def mapped() -> int:
+        return sum(f"{index}/" in line for line in Path("/proc/self/maps").read_text().splitlines())
+
+    settings = OdqaSettings(top_p=3)
+    with open_reader(indexed["store"], indexed["model"], index_dir=index, settings=settings) as odqa:
+        expected = odqa.answer(QUESTION).text
+        assert mapped() > 0
+    assert mapped() == 0
+    for closed_call in (lambda: odqa.answer(QUESTION), lambda: odqa.searcher.search(QUESTION, 3)):
+        with pytest.raises(DilstoreError, match="is closed; open it again"):
+            closed_call()
+    again = open_reader(indexed["store"], indexed["model"], index_dir=index, settings=settings)
+    assert again.answer(QUESTION).text == expected
+    again.close()
+    again.close()  # closing twice is harmless
+
+
 def test_a_batch_search_on_java_threads_finds_what_one_search_at_a_time_finds(indexed: dict[str, Path]) -> None:
     searcher = Bm25Searcher(bm25_index_dir(indexed["store"]))
     questions = {"q1": QUESTION, "q2": "Who polishes mallets?"}

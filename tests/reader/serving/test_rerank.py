@@ -238,6 +238,28 @@ def test_missing_ids_are_named_or_skipped_and_counted(store: Callable[..., Path]
     assert reranked == {"q2": {"tram": -1.0}} and stats.skipped == 2  # m = 0: no top document was scored
 
 
+def test_strings_where_lists_belong_and_non_string_queries_are_named(
+    store: Callable[..., Path], model_dir: Path
+) -> None:
+    """A bare string of doc_ids was read as one id per character (an error listing letters)."""
+    reranker = open_reranker(store("earl-s1"), model_dir)
+    with pytest.raises(DilstoreError, match="doc_ids must be a list of document ids, not one string"):
+        reranker.rerank(QUERIES["q1"], "tram")
+    with pytest.raises(DilstoreError, match="a query must be a string, got NoneType"):
+        reranker.rerank(None, ["tram"])  # type: ignore[arg-type]
+    with pytest.raises(DilstoreError, match="the query holds a lone surrogate"):
+        reranker.rerank("a\ud800", ["tram"])
+    assert list(reranker.rerank(QUERIES["q1"], ["tram"])) == ["tram"]
+
+
+def test_a_closed_reranker_refuses_to_score(store: Callable[..., Path], model_dir: Path) -> None:
+    with open_reranker(store("earl-s1"), model_dir) as reranker:
+        scores = reranker.rerank(QUERIES["q1"], ["tram"])
+    with pytest.raises(DilstoreError, match="is closed; open it again"):
+        reranker.rerank(QUERIES["q1"], ["tram"])
+    assert open_reranker(store("earl-s1"), model_dir).rerank(QUERIES["q1"], ["tram"]) == scores
+
+
 def test_a_store_of_another_model_is_refused_showing_both_fingerprints(
     store: Callable[..., Path], tmp_path: Path
 ) -> None:
