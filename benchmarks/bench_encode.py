@@ -22,7 +22,9 @@ import time
 
 import numpy as np
 
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.encodings import get_encoding, train_codebook
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
 
 ENCODINGS = ("fp16", "int8", "2bit", "1bit")
@@ -62,14 +64,17 @@ def measure(states: np.ndarray, encoding: str, sample: int, repeats: int, seed: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("store", help="a store whose states to encode (any encoding; fp16 keeps them exact)")
-    parser.add_argument("--tokens", type=int, default=100_000)
-    parser.add_argument("--sample", type=int, default=65_536, help="codebook training sample (tokens)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tokens", type=positive_int, default=100_000)
+    parser.add_argument("--sample", type=positive_int, default=65_536, help="codebook training sample (tokens)")
+    parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--encodings", nargs="+", default=list(ENCODINGS))
+    parser.add_argument("--encodings", nargs="+", choices=ENCODINGS, default=list(ENCODINGS))
     parser.add_argument("--buckets", action="store_true", help="2bit/1bit codebooks without rotation (EARL stores')")
     args = parser.parse_args(argv)
-    states = first_states(args.store, args.tokens)
+    try:
+        states = first_states(args.store, args.tokens)
+    except DilstoreError as error:
+        parser.error(str(error))
     rows = {name: measure(states, name, args.sample, args.repeats, args.seed, not args.buckets)
             for name in args.encodings}
     codes = "per-dimension buckets" if args.buckets else "rotated codes"

@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dilstore.runners.arg_types import positive_int
+
 OURS = """
 import json, sys, time
 start = time.perf_counter()
@@ -61,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--squad", type=Path, help="index this SQuAD file's paragraphs into --work/bm25 and time that")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-search-start"), help="where --squad's index goes")
     parser.add_argument("--query", default="when did the network open")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=positive_int, default=5)
     args = parser.parse_args(argv)
+    if not args.query.strip():
+        parser.error("--query is empty: the searchers would agree on no hits, which compares nothing")
     if args.squad:
         from dilstore.reader.data.ranking_data import ensure_bm25_index, read_squad_ranking
 

@@ -259,6 +259,10 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(argv)
+    if args.output is not None and not args.output.parent.is_dir():
+        print(f"cost_model: error: --output {args.output}: the folder {args.output.parent} does not exist",
+              file=sys.stderr)
+        return 2
     try:
         result = cost_model(read_inputs(args.inputs))
     except (InputError, KeyError) as error:

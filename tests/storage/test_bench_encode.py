@@ -68,3 +68,22 @@ def test_every_encoding_is_timed_with_either_codes(bench_encode, encoding: str, 
     assert row["encode_us_per_token"] > 0
     assert row["train_s"] >= 0
     assert ("rotation" in trained[0]) == (rotate and encoding in ("2bit", "1bit"))
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--tokens", "0"], "--tokens: expected a positive integer, got 0"),
+    (["--repeats", "0"], "--repeats: expected a positive integer, got 0"),
+    (["--encodings", "bogus"], "--encodings: invalid choice: 'bogus'"),
+])
+def test_bad_arguments_are_usage_errors(bench_encode, tmp_path: Path, capsys, argv: list[str], named: str) -> None:
+    """--tokens 0 was a ZeroDivisionError, --repeats 0 printed Infinity into the JSON, a bad encoding a traceback."""
+    _store(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        bench_encode.main([str(tmp_path), *argv])
+    assert stopped.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_a_missing_store_is_a_usage_error(bench_encode, tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        bench_encode.main([str(tmp_path / "nowhere")])
+    assert stopped.value.code == 2 and "no store at" in capsys.readouterr().err

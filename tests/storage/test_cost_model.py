@@ -150,3 +150,10 @@ def test_report_on_the_committed_inputs(cost, inputs) -> None:
 def test_a_missing_inputs_file_is_one_line_and_exit_2(cost, tmp_path, capsys) -> None:
     assert cost.main(["--inputs", str(tmp_path / "none.json")]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_an_output_in_a_missing_folder_is_refused_before_the_report(cost, tmp_path, capsys) -> None:
+    """It printed the whole report, then a FileNotFoundError traceback."""
+    assert cost.main(["--output", str(tmp_path / "none" / "cost.json")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "the folder" in captured.err and "does not exist" in captured.err
