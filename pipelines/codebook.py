@@ -38,6 +38,7 @@ from dilstore.reader.offline.kinds import OfflineModel, offline_kind
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook, write_codebook
 from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SEED, get_encoding, sample_rows, train_codebook
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.writer import build_attributes
 
 CODEBOOK_DOCUMENTS = 512
@@ -92,6 +93,18 @@ def check_codebook_fits(path: Path, encoding: str, kind: str, reader: OfflineMod
     if tuple(shape) != made:
         raise DilstoreError(f"--codebook {path} is for states of shape {tuple(shape)}, but this model's {kind} "
                             f"states have shape {made}: give a codebook of a {kind} store of this model")  # fmt: skip
+
+
+def made_for_another_model(path: Path, fingerprint: Fingerprint) -> bool:
+    """Whether the codebook at `path` records the fingerprint of a store of another model or other settings.
+
+    Its codes then fit this run's states only if they are that model's too (a
+    reader trained with its lower layers frozen): a codebook of a model of the
+    same width otherwise encodes every state several times worse, unseen by
+    `verify`. A codebook that records none (one `train qa` wrote) cannot tell.
+    """
+    recorded = codebook_build(path).get("fingerprint_sha256")
+    return recorded is not None and recorded != fingerprint_sha256(fingerprint)
 
 
 def prepare_codebook(job: PrecomputeJob, reader: OfflineModel) -> Path:

@@ -422,7 +422,7 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
 
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
-    from dilstore.pipelines.codebook import check_codebook_fits, needs_codebook
+    from dilstore.pipelines.codebook import check_codebook_fits, made_for_another_model, needs_codebook
     from dilstore.pipelines.job import PrecomputeJob, run_spec, spec_generation
     from dilstore.pipelines.sharding import MAX_DEFAULT_SHARDS, default_shard_count
     from dilstore.reader.modeling.fingerprint import model_fingerprint
@@ -452,6 +452,10 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     if args.codebook is not None:
         check_codebook_fits(args.codebook, args.encoding, args.kind, reader)
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)
+    if args.codebook is not None and made_for_another_model(args.codebook, fingerprint):
+        print(f"dilstore precompute: warning: --codebook {args.codebook} was made for a store of another model or "
+              "other settings; its codes fit this model's states only if they are that model's (a reader trained "
+              "with frozen lower layers), and encode them far worse otherwise", file=sys.stderr)  # fmt: skip
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     job = PrecomputeJob(
         inputs=inputs,

@@ -441,8 +441,14 @@ def test_a_2bit_run_trains_one_codebook_every_shard_decodes_with_and_another_run
     assert verify_store(store).ok
     reuse = precompute_args(corpus, tiny_dir, again, "--workers", "1", "--no-progress", "--encoding", "2bit",
                             "--codebook", str(store / CODEBOOK_DIR))
+    capsys.readouterr()
     assert cli.main(reuse) == 0
+    assert "warning" not in capsys.readouterr().err
     assert all(np.array_equal(mine[key][-1], value[-1]) for key, value in store_contents(again).items())
+    other_model = save_tiny_reader(tmp_path / "other-tiny", seed=1)
+    assert cli.main(precompute_args(corpus, other_model, tmp_path / "other", "--workers", "1", "--no-progress",
+                                    "--encoding", "2bit", "--codebook", str(store / CODEBOOK_DIR))) == 0
+    assert "warning: --codebook" in capsys.readouterr().err  # same shape, another model: encoded far worse
     assert "codebook" in json.loads((again / "precompute.json").read_text())
     one_bit = precompute_args(corpus, tiny_dir, tmp_path / "1bit", "--workers", "1", "--no-progress",
                               "--encoding", "1bit", "--codebook", str(store / CODEBOOK_DIR))
