@@ -248,7 +248,9 @@ class ShardReader:
         from_store = set(self.encoding.codebook) if self.attributes.codebook_in_store else set()
         if from_store and store_codebook is None:
             raise StoreFormatError(f"{where} decodes with its store's codebook/, and none was given")
-        layout = self.encoding.layout(self._codebook_held(group, store_codebook if from_store else None))
+        held = self._codebook_held(group, store_codebook if from_store else None)
+        layout = self.encoding.layout(held)
+        self._refuse_codes_the_codebook_cannot_decode(group, held)
         per_shard = [spec.name for spec in layout if not spec.per_token and spec.name not in from_store]
         whole_names = [ID_BYTES, ID_OFFSETS, TITLE_BYTES, TITLE_OFFSETS, TEXT_OFFSETS, TOKEN_OFFSETS,
                        *(states_array(name) for name in per_shard),
@@ -300,6 +302,16 @@ class ShardReader:
             return set(optional) & set(store_codebook())
         found = _open_arrays(group, [states_array(name) for name in optional], self.where)
         return {name for name in optional if found[states_array(name)] is not None}
+
+    def _refuse_codes_the_codebook_cannot_decode(self, group: zarr.Group, held: set[str]) -> None:
+        """A StoreFormatError when the shard holds an array whose codebook array is gone (`centroid_ids` without
+        `centroids`): reading on would decode every state against the wrong reference, without an error."""
+        orphans = [spec for spec in self.encoding.arrays if spec.requires is not None and spec.requires not in held]
+        found = _open_arrays(group, [states_array(spec.name) for spec in orphans], self.where)
+        for spec in orphans:
+            if found[states_array(spec.name)] is not None:
+                raise StoreFormatError(f"{self.where} holds {states_array(spec.name)}, but its codebook has no "
+                                       f"{spec.requires!r} to decode it with; run `dilstore verify`")  # fmt: skip
 
     def _check_offsets(self, rows: dict[str, int]) -> None:
         """Every ragged column's offsets fit its passages and data, so no read can mix up passages.

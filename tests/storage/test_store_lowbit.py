@@ -20,6 +20,7 @@ beside a codebook without centroids.
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from pathlib import Path
 
@@ -231,6 +232,14 @@ def test_a_shard_that_uses_the_store_codebook_needs_the_group(lowbit_store, tmp_
     problems = verify_store(root).problems
     assert "shards/shard-00000 decodes with the store's codebook/, which is missing" in problems
     assert "missing file codebook/component_weights/c/0/0" in problems  # the manifest lists it
+
+
+def test_codes_whose_codebook_array_is_gone_are_refused_not_decoded(lowbit_store) -> None:
+    """Without codebook/centroids, the shards' centroid ids were ignored: states off by several times their scale."""
+    encoding, root, records = lowbit_store
+    shutil.rmtree(root / CODEBOOK_DIR / "centroids")
+    with pytest.raises(StoreFormatError, match=r"holds states/centroid_ids, but its codebook has no 'centroids'"):
+        open_store(root).fetch([records[0].id])
 
 
 def test_a_codebook_for_another_shape_or_encoding_is_refused(tmp_path: Path) -> None:
