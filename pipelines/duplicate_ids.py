@@ -31,7 +31,7 @@ def keep_first(documents: Iterable[Document]) -> list[Document | Rejected]:
     if not ordered:
         return []
     kept = ordered[0]
-    return [kept, *(duplicate_of(kept, doc) for doc in ordered[1:])]
+    return [kept, *(duplicate_of(kept, doc, "the record first by title, then text") for doc in ordered[1:])]
 
 
 def drop_duplicate_ids(records: Iterable[Record]) -> Iterator[Record]:
@@ -45,14 +45,15 @@ def drop_duplicate_ids(records: Iterable[Record]) -> Iterator[Record]:
         if isinstance(record, Document):
             kept = first_seen.setdefault(record.id, record)
             if kept is not record:
-                yield duplicate_of(kept, record)
+                yield duplicate_of(kept, record, "an earlier record")
                 continue
         yield record
 
 
-def duplicate_of(kept: Document, duplicate: Document) -> Rejected:
-    """The dead letter for `duplicate`, naming where the document that was kept came from."""
-    where = f"line {kept.line}" if kept.line is not None else "an earlier record"
+def duplicate_of(kept: Document, duplicate: Document, unlined: str) -> Rejected:
+    """The dead letter for `duplicate`, naming where the document that was kept came from (`unlined` says which
+    it was where records have no line)."""
+    where = f"line {kept.line}" if kept.line is not None else unlined
     if kept.source != duplicate.source:
         where = f"{where} of {kept.source}"
     position = duplicate.line if duplicate.line is not None else duplicate.id

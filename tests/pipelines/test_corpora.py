@@ -173,6 +173,14 @@ def test_keep_first_is_independent_of_arrival_order(documents: list[Document]) -
     assert all(r.reason.startswith("duplicate id 'x'") for r in rejected)
 
 
+@given(st.permutations([doc("101", None, "dump.xml", "Zebra"), doc("101", None, "dump.xml", "Apple")]))
+def test_a_dead_letter_of_a_file_without_lines_says_which_record_was_kept(documents: list[Document]) -> None:
+    """It said "kept an earlier record", though the kept one is the first by title, then text, not by dump order."""
+    kept, rejected = keep_first(documents)
+    assert kept.text == "Apple"
+    assert rejected == Rejected("dump.xml", "101", "duplicate id '101' (kept the record first by title, then text)")
+
+
 def test_keep_first_of_nothing_is_nothing() -> None:
     assert keep_first([]) == []
 
