@@ -6,8 +6,10 @@ Two strategies split (seed 002 uses both for OpenSQuAD), and one keeps documents
   previous one. Words are whitespace-separated tokens; a passage's text is its
   words joined by single spaces.
 - "paragraphs": blocks of text separated by a blank line (a line holding at
-  most whitespace); whitespace inside a paragraph is collapsed to single
-  spaces, and paragraphs shorter than `min_chars` characters are dropped.
+  most whitespace; lines end at any break `str.splitlines` knows: \n, \r\n,
+  a lone \r, U+2028 …) or by U+2029, the paragraph separator; whitespace
+  inside a paragraph is collapsed to single spaces, and paragraphs shorter
+  than `min_chars` characters are dropped.
 - "none": the whole document is one passage whose id is the document id, for
   rankers whose first-stage runs name documents (MS MARCO pids in a TREC run).
   Whitespace is collapsed as for paragraphs; a passage longer than the model's
@@ -31,7 +33,6 @@ A document whose text yields no passage (only short paragraphs) gives none.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from dilstore.pipelines.documents import Document
@@ -42,7 +43,7 @@ DEFAULT_STRIDE = 50
 DEFAULT_MIN_CHARS = 30
 STRATEGIES = ("words", "paragraphs", "none")
 
-_BLANK_LINE = re.compile(r"\n[^\S\n]*\n")
+_PARAGRAPH_SEPARATOR = "\u2029"
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,22 @@ def split_words(doc: Document, window: int = DEFAULT_WINDOW, stride: int = DEFAU
     ]
 
 
+def _paragraphs(text: str) -> list[str]:
+    """The text's paragraphs (module docstring), whitespace collapsed; blank ones left out."""
+    paragraphs: list[str] = []
+    lines: list[str] = []
+    for line in [*text.replace(_PARAGRAPH_SEPARATOR, "\n\n").splitlines(), ""]:
+        if line.strip():
+            lines.append(line)
+        elif lines:
+            paragraphs.append(" ".join(" ".join(lines).split()))
+            lines = []
+    return paragraphs
+
+
 def split_paragraphs(doc: Document, min_chars: int = DEFAULT_MIN_CHARS) -> list[Passage]:
     """The document's blank-line-separated paragraphs of at least `min_chars` characters."""
-    paragraphs = (" ".join(block.split()) for block in _BLANK_LINE.split(doc.text))
-    kept = [paragraph for paragraph in paragraphs if paragraph and len(paragraph) >= min_chars]
+    kept = [paragraph for paragraph in _paragraphs(doc.text) if len(paragraph) >= min_chars]
     return [Passage(passage_id(doc.id, n), doc.id, doc.title, paragraph) for n, paragraph in enumerate(kept)]
 
 

@@ -85,9 +85,11 @@ def test_short_document_is_one_passage_and_seed_sizes_work() -> None:
 def paragraph_texts(draw: st.DrawFn) -> tuple[list[str], str]:
     """Paragraphs (as normalised text) and a document holding them between blank lines."""
     paragraphs = draw(st.lists(st.lists(WORD, min_size=1, max_size=12).map(" ".join), min_size=1, max_size=10))
-    blank = st.sampled_from(["\n\n", "\n \n", "\n\t\n\n", "\r\n\r\n"])
+    blank = st.sampled_from(["\n\n", "\n \n", "\n\t\n\n", "\r\n\r\n", "\r\r", "\r\u3000\r", "\u2029", "\n\u2029",
+                             "\u2028\u2028", "\x85\x85"])
     breaks = draw(st.lists(blank, min_size=len(paragraphs), max_size=len(paragraphs)))
-    lines_inside = [paragraph.replace(" ", "\n", 1) for paragraph in paragraphs]  # single breaks stay inside
+    single = draw(st.sampled_from(["\n", "\r\n", "\r", "\u2028"]))
+    lines_inside = [paragraph.replace(" ", single, 1) for paragraph in paragraphs]  # single breaks stay inside
     return paragraphs, "".join(text + gap for text, gap in zip(lines_inside, breaks, strict=True))
 
 
