@@ -230,6 +230,7 @@ class Bm25Searcher:
             self._searcher = None
 
     def _open(self) -> Any:
+        """The Java searcher; a DilstoreError once closed (Lucene would fail with a Java exception)."""
         if self._searcher is None:
             raise DilstoreError(f"the BM25 searcher of {self._index_dir} is closed; open it again")
         return self._searcher
