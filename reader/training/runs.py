@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.training.loop import (
     CHECKPOINTS_DIR,
-    RUN_CONFIG_FILE,
     Accumulate,
     LoopOutcome,
     LoopSettings,
@@ -40,7 +40,7 @@ from dilstore.reader.training.loop import (
     write_run_config,
     write_training_record,
 )
-from dilstore.reader.training.state import LoopPosition
+from dilstore.reader.training.state import LoopPosition, latest_checkpoint
 from dilstore.storage.errors import DilstoreError
 
 
@@ -97,13 +97,20 @@ def start_run(
 
 
 def refuse_an_earlier_run(output_dir: Path) -> None:
-    """A DilstoreError when `output_dir` holds a run already (its settings or a checkpoint).
+    """A DilstoreError when `output_dir` holds a run to continue or keep: a complete checkpoint or a final model.
 
     A new run there would record its settings over the old run's and leave
     the old checkpoints beside its own, so a later --resume would continue
-    the old run's weights under the new run's record.
+    the old run's weights under the new run's record (or overwrite a finished
+    model). A run stopped before its first checkpoint left nothing to keep,
+    so a new run may start there (as a scheduler relaunching it does).
     """
-    found = [path.name for path in (output_dir / RUN_CONFIG_FILE, output_dir / CHECKPOINTS_DIR) if path.exists()]
+    found = []
+    latest = latest_checkpoint(output_dir / CHECKPOINTS_DIR)
+    if latest is not None:
+        found.append(f"checkpoint {latest.name}")
+    if (output_dir / TRAINING_METADATA_FILE).is_file():
+        found.append(f"a final model, {TRAINING_METADATA_FILE}")
     if found:
         raise DilstoreError(
             f"--output {output_dir} holds a training run already ({', '.join(found)}): continue it with --resume, "

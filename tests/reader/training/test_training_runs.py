@@ -119,13 +119,23 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_the_run_can_still_
     train_qa(tiny_base, squad_file, tmp_path, config, command="t", progress=False)
     recorded = (tmp_path / "run_config.json").read_bytes()
     other = replace(config, learning_rate=1e-4, max_steps=1)
-    with pytest.raises(DilstoreError, match=r"holds a training run already \(run_config.json, checkpoints\): "
-                                            "continue it with --resume"):  # fmt: skip
+    with pytest.raises(DilstoreError, match=r"holds a training run already \(checkpoint step-0000001, a final model, "
+                                            r"dilstore_training.json\): continue it with --resume"):  # fmt: skip
         train_qa(tiny_base, squad_file, tmp_path, other, command="t", progress=False)
     assert (tmp_path / "run_config.json").read_bytes() == recorded
     with pytest.raises(DilstoreError, match=r"settings differ from the interrupted run .*learning_rate"):
         train_qa(tiny_base, squad_file, tmp_path, other, command="t", resume=True, progress=False)
     assert train_qa(tiny_base, squad_file, tmp_path, config, command="t", resume=True, progress=False).steps == 2
+
+
+def test_a_run_stopped_before_its_first_checkpoint_may_start_again_without_resume(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """It left only run_config.json: nothing to continue, so a scheduler relaunches it as a new run."""
+    config = TrainingConfig(layers=1, max_steps=1, batch_size=2, save_every=0, save_every_minutes=0, **SMALL_WINDOWS)
+    (tmp_path / "run_config.json").write_text("{}", encoding="utf-8")
+    (tmp_path / "checkpoints" / "step-0000003.partial").mkdir(parents=True)  # cut off while being written
+    assert train_qa(tiny_base, squad_file, tmp_path, config, command="t", progress=False).steps == 1
 
 
 def test_a_second_training_into_a_folder_being_trained_into_stops_at_once(
