@@ -250,14 +250,17 @@ class ShardReader:
             raise StoreFormatError(f"{where} decodes with its store's codebook/, and none was given")
         held = self._codebook_held(group, store_codebook if from_store else None)
         layout = self.encoding.layout(held)
-        self._refuse_codes_the_codebook_cannot_decode(group, held)
         per_shard = [spec.name for spec in layout if not spec.per_token and spec.name not in from_store]
         whole_names = [ID_BYTES, ID_OFFSETS, TITLE_BYTES, TITLE_OFFSETS, TEXT_OFFSETS, TOKEN_OFFSETS,
                        *(states_array(name) for name in per_shard),
                        *([VECTORS] if self.attributes.vector_size is not None else [])]  # fmt: skip
         per_token = [spec.name for spec in layout if spec.per_token]
+        # Arrays whose codebook array is gone are looked for in the same round, to refuse them (see below).
+        orphans = [spec.name for spec in self.encoding.arrays
+                   if spec.requires is not None and spec.requires not in held]  # fmt: skip
         arrays = _open_arrays(group, [*whole_names, TEXT_BYTES, TOKEN_IDS, CHAR_SPANS,
-                                      *(states_array(name) for name in per_token)], where)  # fmt: skip
+                                      *(states_array(name) for name in [*per_token, *orphans])], where)  # fmt: skip
+        self._refuse_codes_the_codebook_cannot_decode({name: arrays.pop(states_array(name)) for name in orphans})
 
         def column(name: str) -> Column:
             array = arrays.get(name)
@@ -303,14 +306,16 @@ class ShardReader:
         found = _open_arrays(group, [states_array(name) for name in optional], self.where)
         return {name for name in optional if found[states_array(name)] is not None}
 
-    def _refuse_codes_the_codebook_cannot_decode(self, group: zarr.Group, held: set[str]) -> None:
+    def _refuse_codes_the_codebook_cannot_decode(self, orphans: Mapping[str, zarr.Array | None]) -> None:
         """A StoreFormatError when the shard holds an array whose codebook array is gone (`centroid_ids` without
-        `centroids`): reading on would decode every state against the wrong reference, without an error."""
-        orphans = [spec for spec in self.encoding.arrays if spec.requires is not None and spec.requires not in held]
-        found = _open_arrays(group, [states_array(spec.name) for spec in orphans], self.where)
-        for spec in orphans:
-            if found[states_array(spec.name)] is not None:
-                raise StoreFormatError(f"{self.where} holds {states_array(spec.name)}, but its codebook has no "
+        `centroids`): reading on would decode every state against the wrong reference, without an error.
+
+        `orphans`: such arrays by name, None where the shard (rightly) lacks them.
+        """
+        for name, array in orphans.items():
+            if array is not None:
+                spec = self.encoding.array(name)
+                raise StoreFormatError(f"{self.where} holds {states_array(name)}, but its codebook has no "
                                        f"{spec.requires!r} to decode it with; run `dilstore verify`")  # fmt: skip
 
     def _check_offsets(self, rows: dict[str, int]) -> None:
