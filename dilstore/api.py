@@ -9,8 +9,6 @@ default to the checkpoints shipped in the package.
 
 from __future__ import annotations
 
-import contextlib
-import io
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,17 +95,16 @@ def precompute(**options: Any) -> Path:
     is in STORE/run-summary.json.
     """
     from dilstore.runners.cli import build_parser, parse
-    from dilstore.runners.cmd_precompute import DEFAULT_OUTPUT
+    from dilstore.runners.cmd_precompute import DEFAULT_OUTPUT, precompute_store
 
     argv = ["precompute", *_flags(options)]
     try:
         args = parse(build_parser(), argv)
     except SystemExit as error:
         raise DilstoreError(f"invalid precompute options {argv[1:]} (see the message above)") from error
-    with contextlib.redirect_stdout(io.StringIO()):  # the summary table the command prints
-        status = args.run(args)
-    if status:
-        raise DilstoreError(f"precompute failed with status {status}")
+    _, empty = precompute_store(args)
+    if empty is not None:
+        raise DilstoreError(empty)
     return Path(args.output if args.output is not None else DEFAULT_OUTPUT)
 
 

@@ -571,6 +571,21 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
 
 def run_command(args: argparse.Namespace) -> int:
     """Run `dilstore precompute` and print its summary; 0 on success."""
+    summary, empty = precompute_store(args)
+    print_summary(summary, args.json)
+    if empty is not None:
+        print(f"dilstore precompute: error: {empty}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
+    """Build, resume or append to the store the parsed arguments name, printing nothing on stdout.
+
+    Returns the run's summary and, for a build that stored no passage, why
+    (`nothing_stored`), else None. The command prints both; the Python API
+    raises on the second, and its caller's stdout stays its own.
+    """
     started = time.time()
     check_append_flags(args)
     quiet_local_logging()
@@ -616,12 +631,7 @@ def run_command(args: argparse.Namespace) -> int:
                 swap_in(store, building)
             else:
                 summary = build_store(job, runner, args)
-    print_summary(summary, args.json)
-    empty = None if args.append else nothing_stored(summary, job.store)
-    if empty is not None:
-        print(f"dilstore precompute: error: {empty}", file=sys.stderr)
-        return 1
-    return 0
+    return summary, None if args.append else nothing_stored(summary, job.store)
 
 
 def nothing_stored(summary: dict[str, Any], store: str) -> str | None:

@@ -56,3 +56,16 @@ def test_bad_api_options_raise_dilstore_error_not_system_exit(tmp_path: Path) ->
 
     with pytest.raises(dilstore.DilstoreError, match=r"invalid index options: threads=0"):
         dilstore.build_index(tmp_path, threads=0)
+
+
+def test_a_precompute_that_stores_nothing_raises_why_and_prints_nothing(tmp_path: Path, capsys) -> None:
+    """It raised "precompute failed with status 1"; the reason went to stderr and the summary table to stdout."""
+    import dilstore
+
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"id": "a"}\n{"text": "no id"}\n', encoding="utf-8")
+    with pytest.raises(dilstore.DilstoreError, match=r"no passage was stored: 0 document\(s\) read, 2 record\(s\) "
+                                                     r"rejected \(see .*/rejected/ for why\)"):  # fmt: skip
+        dilstore.precompute(input=str(corpus), output=str(tmp_path / "store"), split="none", workers=1,
+                            no_progress=True)  # fmt: skip
+    assert capsys.readouterr().out == ""
