@@ -24,11 +24,15 @@ is the one appended here.
 Byte-level BPE tokenizers (RoBERTa) can split one character into several
 tokens (an emoji's UTF-8 bytes); those tokens all carry that character's span.
 A bare whitespace token (RoBERTa's "Ġ" before a double space) gets an empty
-span (s, s) because the tokenizer trims whitespace from offsets.
+span (s, s) because the tokenizer trims whitespace from offsets. A combining
+mark that no token holds (an uncased tokenizer strips the accent of "e" +
+U+0301, the decomposed "é") joins the span of the token it follows, so an
+answer sliced from the spans keeps it ("Café", not "Cafe").
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -138,7 +142,7 @@ def encode_questions(
     encodings = _call(tokenizer, list(questions), add_special_tokens=True)
     encoded = []
     for index, question in enumerate(questions):
-        single = _to_tokenized(_batch_item(encodings, index), truncated=False)
+        single = _to_tokenized(_batch_item(encodings, index), question, truncated=False)
         fits = bool(question.strip()) and len(single) <= max_length and bool(single.is_text.any())
         encoded.append(single if fits else encode_question(tokenizer, question, max_length))
     return encoded
@@ -155,7 +159,7 @@ def _encode_single(tokenizer: PreTrainedTokenizerBase, text: str, max_length: in
     truncated = len(encoding["input_ids"]) > max_length
     if truncated:
         encoding = _call(tokenizer, text, add_special_tokens=True, truncation=True, max_length=max_length)
-    result = _to_tokenized(encoding, truncated=truncated)
+    result = _to_tokenized(encoding, text, truncated=truncated)
     if not result.is_text.any():
         raise DilstoreError(f"the {what} {_preview(text)} has no word pieces after tokenization")
     return result
@@ -179,7 +183,7 @@ def passage_pieces_many(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]
     if bad is not None:
         require_unicode(bad, f"the passage {_preview(bad)}")
     encodings = _call(tokenizer, list(texts), add_special_tokens=False)
-    pieces = [_to_tokenized(_batch_item(encodings, index), truncated=False) for index in range(len(texts))]
+    pieces = [_to_tokenized(_batch_item(encodings, index), text, truncated=False) for index, text in enumerate(texts)]
     for text, text_pieces in zip(texts, pieces):
         if len(text_pieces) == 0:
             raise DilstoreError(f"the passage {_preview(text)} has no word pieces after tokenization")
@@ -326,13 +330,31 @@ def _batch_item(encodings: Any, index: int) -> dict[str, Any]:
     return {key: encodings[key][index] for key in ("input_ids", "offset_mapping", "special_tokens_mask")}
 
 
-def _to_tokenized(encoding: Any, *, truncated: bool) -> TokenizedText:
-    """A tokenizer encoding → TokenizedText, special tokens' spans set to (-1, -1)."""
+def _to_tokenized(encoding: Any, text: str, *, truncated: bool) -> TokenizedText:
+    """A tokenizer encoding of `text` → TokenizedText, special tokens' spans set to (-1, -1)."""
     token_ids = np.asarray(encoding["input_ids"], dtype=np.int32)  # (n,)
     char_spans = np.asarray(encoding["offset_mapping"], dtype=np.int32).reshape(-1, 2)  # (n, 2)
     special = np.asarray(encoding["special_tokens_mask"], dtype=bool)  # (n,)
     char_spans[special] = SPECIAL_SPAN
+    _cover_following_marks(text, char_spans)
     return TokenizedText(token_ids, char_spans, truncated=truncated)
+
+
+def _cover_following_marks(text: str, char_spans: np.ndarray) -> None:
+    """Extend each non-empty span over the combining marks right after it that start no token (in place).
+
+    An uncased tokenizer strips accents, so in decomposed text the mark after
+    a word's last letter belongs to no token and slicing by spans dropped it.
+    A mark that starts a token of its own (byte-level BPE) is left to it.
+    """
+    if text.isascii():
+        return
+    starts = set(char_spans[:, 0].tolist())
+    for row in np.flatnonzero(char_spans[:, 0] < char_spans[:, 1]):
+        end = int(char_spans[row, 1])
+        while end < len(text) and end not in starts and unicodedata.category(text[end]).startswith("M"):
+            end += 1
+        char_spans[row, 1] = end
 
 
 def _preview(text: str, limit: int = 60) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import unicodedata
 from types import SimpleNamespace
 
 import numpy as np
@@ -216,6 +217,30 @@ def test_wordpiece_spans_point_at_the_characters_of_each_token(text: str) -> Non
         if tokenizer.unk_token not in group_tokens:
             expected = "".join(token.removeprefix("##") for token in group_tokens)
             assert normalizer.normalize_str(text[start:end]).strip() == expected
+
+
+ACCENTED_WORDS = st.lists(st.text(alphabet="aeoncuéèüñçåøx\u0301\u0308", min_size=1, max_size=8), min_size=1, max_size=8)
+
+
+@given(words=ACCENTED_WORDS)
+@PROPERTY
+def test_decomposed_words_come_back_whole_from_their_spans(words: list[str]) -> None:
+    """Each word of NFD text, sliced from its first token's start to its last token's end, is the whole word.
+
+    The uncased tokenizer strips accents, so a combining mark after a word's
+    last letter ("Cafe" + U+0301) is in no token; its span must still cover it.
+    """
+    words = [word for word in (unicodedata.normalize("NFD", word) for word in words) if word[0].isalpha()]
+    if not words:
+        return
+    text = " ".join(words)
+    pieces = passage_pieces(minilm_tokenizer(), text)
+    starts, ends = pieces.char_spans[:, 0].tolist(), pieces.char_spans[:, 1].tolist()
+    position = 0
+    for word in words:
+        first, last = starts.index(position), ends.index(position + len(word))
+        assert text[starts[first] : ends[last]] == word
+        position += len(word) + 1
 
 
 @given(text=TEXTS)
