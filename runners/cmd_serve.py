@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_SHUTDOWN_TIMEOUT = 30
+DEFAULT_REQUEST_TIMEOUT = 60
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -94,6 +95,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="on Ctrl-C or SIGTERM, seconds to wait for requests in flight before cancelling them, so that a client "
              f"that stalls mid-request cannot hold the server up (default {DEFAULT_SHUTDOWN_TIMEOUT})",
     )  # fmt: skip
+    parser.add_argument(
+        "--request-timeout", type=positive_int, default=DEFAULT_REQUEST_TIMEOUT, metavar="S",
+        help="seconds a client has to send a whole request (headers and body) once it connects or starts one; a "
+             "connection still owing part of it is closed, so that stalled clients cannot use up the server's "
+             f"connections (default {DEFAULT_REQUEST_TIMEOUT})",
+    )  # fmt: skip
     parser.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
     add_runtime_arguments(parser)
     parser.set_defaults(run=run)
@@ -104,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from dilstore.runners.serve_app import create_app
+    from dilstore.runners.serve_deadlines import request_deadline_protocol
 
     settings = ServeSettings(
         max_batch_pairs=args.max_batch_pairs,
@@ -128,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(served, settings)
     config = uvicorn.Config(
         app, host=args.host, port=args.port, access_log=args.access_log, log_level="info", lifespan="on",
-        timeout_graceful_shutdown=args.shutdown_timeout,
+        timeout_graceful_shutdown=args.shutdown_timeout, http=request_deadline_protocol(args.request_timeout),
     )
     server = uvicorn.Server(config)
     with signals_end_cleanly(), hangup_stops(server):

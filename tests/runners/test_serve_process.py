@@ -172,3 +172,39 @@ def test_a_server_that_cannot_start_is_an_error_with_its_stderr(tmp_path: Path) 
     assert "the server did not start" in str(raised.value)
     assert str(missing) in str(raised.value).splitlines()[0]
     assert "dilstore serve: error" in str(raised.value)
+
+
+def test_a_request_that_does_not_arrive_whole_in_time_loses_its_connection(indexed) -> None:
+    """Clients that send nothing, part of their headers, or part of their body are cut at --request-timeout.
+
+    They held their sockets for as long as they stalled (uvicorn times out only idle kept-alive connections), and
+    enough of them use up the server's file descriptors. Whole requests on other connections are answered meanwhile.
+    """
+    timeout = 2
+    options = [str(indexed["store"]), "--model", str(indexed["model"]), "--threads", "1",
+               "--request-timeout", str(timeout)]  # fmt: skip
+    server = ServeProcess(options, timeout=WAIT, cwd=ROOT)
+    try:
+        host, port = server.url.removeprefix("http://").split(":")
+        head_and_some_body, _ = split_ask(QUESTIONS[0])
+        partial_head = b"POST /ask HTTP/1.1\r\nHost: test\r\n"
+        stalled = [socket.create_connection((host, int(port)), timeout=WAIT) for _ in range(3)]
+        opened = time.monotonic()
+        for connection, sent in zip(stalled, [b"", partial_head, head_and_some_body], strict=True):
+            connection.sendall(sent)
+        with httpx.Client(base_url=server.url, timeout=WAIT) as client:
+            answered = client.post("/ask", json={"question": QUESTIONS[0], "top_p": 4})
+        assert answered.status_code == 200, answered.text
+        assert [connection.recv(65536) for connection in stalled] == [b"", b"", b""]
+        closed = time.monotonic() - opened
+        for connection in stalled:
+            connection.close()
+        assert timeout - 0.5 <= closed < timeout + 30
+        assert httpx.get(server.url + "/health", timeout=WAIT).status_code == 200
+        wait_for_in_flight(server.url, 0)
+        assert server.stop() == 0
+    finally:
+        server.kill()
+    log = "".join(server.log)
+    assert log.count(f"its request did not arrive whole within {timeout} s (--request-timeout)") == 3, log
+    assert "Traceback" not in log, log
