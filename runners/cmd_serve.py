@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from dilstore.runners.serve_app import create_app
-    from dilstore.runners.serve_deadlines import request_deadline_protocol
+    from dilstore.runners.serve_protocol import serve_protocol
 
     settings = ServeSettings(
         max_batch_pairs=args.max_batch_pairs,
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(served, settings)
     config = uvicorn.Config(
         app, host=args.host, port=args.port, access_log=args.access_log, log_level="info", lifespan="on",
-        timeout_graceful_shutdown=args.shutdown_timeout, http=request_deadline_protocol(args.request_timeout),
+        timeout_graceful_shutdown=args.shutdown_timeout, http=serve_protocol(args.request_timeout),
     )
     server = uvicorn.Server(config)
     with signals_end_cleanly(), hangup_stops(server):

@@ -177,6 +177,8 @@ def test_a_server_that_cannot_start_is_an_error_with_its_stderr(tmp_path: Path) 
 def test_a_request_that_does_not_arrive_whole_in_time_loses_its_connection(indexed) -> None:
     """Clients that send nothing, part of their headers, or part of their body are cut at --request-timeout.
 
+    A request that is not HTTP gets a 400 whose body is JSON, like every other error of the server.
+
     They held their sockets for as long as they stalled (uvicorn times out only idle kept-alive connections), and
     enough of them use up the server's file descriptors. Whole requests on other connections are answered meanwhile.
     """
@@ -201,6 +203,11 @@ def test_a_request_that_does_not_arrive_whole_in_time_loses_its_connection(index
             connection.close()
         assert timeout - 0.5 <= closed < timeout + 30
         assert httpx.get(server.url + "/health", timeout=WAIT).status_code == 200
+        with socket.create_connection((host, int(port)), timeout=WAIT) as garbled:
+            garbled.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            refused = b""
+            while chunk := garbled.recv(65536):
+                refused += chunk
         wait_for_in_flight(server.url, 0)
         assert server.stop() == 0
     finally:
@@ -208,3 +215,6 @@ def test_a_request_that_does_not_arrive_whole_in_time_loses_its_connection(index
     log = "".join(server.log)
     assert log.count(f"its request did not arrive whole within {timeout} s (--request-timeout)") == 3, log
     assert "Traceback" not in log, log
+    head, _, body = refused.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), refused
+    assert json.loads(body) == {"detail": "Invalid HTTP request received."}

@@ -1,4 +1,6 @@
-"""A deadline for every request `dilstore serve` reads: it must arrive whole within --request-timeout seconds.
+"""uvicorn's h11 protocol as `dilstore serve` needs it: a deadline for every request, and JSON protocol errors.
+
+**Deadline.** A request must arrive whole within --request-timeout seconds.
 
 uvicorn times out only the idle wait between two requests of a kept-alive
 connection (`timeout_keep_alive`). A client that connects and sends nothing,
@@ -8,26 +10,31 @@ after which the server accepts no one. The protocol below is uvicorn's h11
 protocol with one timer added: it runs while the client still owes part of a
 request and closes the connection when it expires. A request that has arrived
 whole is never cut, however long its answer takes.
+
+**Protocol errors.** A request h11 cannot parse (a malformed request line,
+headers past h11's size limit) gets uvicorn's 400, but with the body every
+other error of the server has, `{"detail": ...}` as JSON, not plain text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 LOGGER = logging.getLogger("uvicorn.error")
 # The client's h11 states while it owes part of a request: its headers (or a first byte of them), or its body.
 OWING = (h11.IDLE, h11.SEND_BODY)
 
 
-def request_deadline_protocol(seconds: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol that closes a connection whose request is not whole `seconds` after it began."""
+def serve_protocol(seconds: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a request deadline of `seconds` and JSON protocol errors (module docstring)."""
 
-    class RequestDeadlineProtocol(H11Protocol):
-        """Arms the timer when a connection opens or a request's first bytes arrive; stops it once it is whole."""
+    class ServeProtocol(H11Protocol):
+        """The deadline runs from a connection's opening or a request's first bytes until the request is whole."""
 
         deadline: asyncio.TimerHandle | None = None
 
@@ -65,4 +72,20 @@ def request_deadline_protocol(seconds: float) -> type[H11Protocol]:
                 )  # fmt: skip
                 self.transport.close()
 
-    return RequestDeadlineProtocol
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to a request h11 cannot parse (then it closes), with a JSON body."""
+            body = json.dumps({"detail": msg}).encode()
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ]
+            for event in (
+                h11.Response(status_code=400, headers=headers, reason=STATUS_PHRASES[400]),
+                h11.Data(data=body),
+                h11.EndOfMessage(),
+            ):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+
+    return ServeProtocol
