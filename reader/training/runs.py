@@ -11,13 +11,16 @@ the order every run takes, so both trainers seed, resume, record and save alike:
    from the seeded RNG;
 3. the model on the device in train mode, AdamW and the schedule (restored,
    with the RNG, from the checkpoint on resume);
-4. OUTPUT/run_config.json with the settings, the inputs and the command;
+4. on resume, the input files compared with the interrupted run's (by SHA-256);
+   then OUTPUT/run_config.json with the settings, the inputs, their digests
+   and the command;
 5. the shared loop (loop.run_training_loop), which saves the model and its
    dilstore_training.json at every checkpoint and at the end.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +31,7 @@ import torch
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.training.loop import (
     CHECKPOINTS_DIR,
+    RUN_CONFIG_FILE,
     Accumulate,
     LoopOutcome,
     LoopSettings,
@@ -40,8 +44,13 @@ from dilstore.reader.training.loop import (
     write_run_config,
     write_training_record,
 )
-from dilstore.reader.training.state import LoopPosition, latest_checkpoint
+from dilstore.reader.training.state import LoopPosition, file_sha256, latest_checkpoint
 from dilstore.storage.errors import DilstoreError
+
+# The files of a saved Hugging Face model, which a run's final save writes into its --output.
+MODEL_FILES = ("config.json", "model.safetensors")
+# run_config.json's record of the SHA-256 of each input file, which --resume compares.
+INPUT_DIGESTS = "input_sha256"
 
 
 @dataclass(frozen=True)
@@ -97,13 +106,16 @@ def start_run(
 
 
 def refuse_an_earlier_run(output_dir: Path) -> None:
-    """A DilstoreError when `output_dir` holds a run to continue or keep: a complete checkpoint or a final model.
+    """A DilstoreError when `output_dir` holds a run to continue or keep (a complete checkpoint or a final model),
+    or any other model, which the run's final save would overwrite.
 
     A new run there would record its settings over the old run's and leave
     the old checkpoints beside its own, so a later --resume would continue
     the old run's weights under the new run's record (or overwrite a finished
-    model). A run stopped before its first checkpoint left nothing to keep,
-    so a new run may start there (as a scheduler relaunching it does).
+    model). A model that no run made there is most likely the run's own base
+    model (`--output` equal to `--base-model`). A run stopped before its
+    first checkpoint left nothing to keep, so a new run may start there (as a
+    scheduler relaunching it does).
     """
     found = []
     latest = latest_checkpoint(output_dir / CHECKPOINTS_DIR)
@@ -116,15 +128,45 @@ def refuse_an_earlier_run(output_dir: Path) -> None:
             f"--output {output_dir} holds a training run already ({', '.join(found)}): continue it with --resume, "
             "or give another --output (remove that folder to start over there)"
         )
+    model_files = [name for name in MODEL_FILES if (output_dir / name).exists()]
+    if model_files:
+        raise DilstoreError(
+            f"--output {output_dir} holds a model ({', '.join(model_files)}) that the run's final save would "
+            "overwrite (is it the base model?): give another --output"
+        )
+
+
+def input_digests(inputs: Mapping[str, str]) -> dict[str, str]:
+    """The SHA-256 of each input that is a file (training data), by its name in `inputs`; folders are left out."""
+    return {name: file_sha256(Path(path)) for name, path in inputs.items() if Path(path).is_file()}
+
+
+def refuse_other_inputs(output_dir: Path, digests: Mapping[str, str]) -> None:
+    """A DilstoreError when an input file of a resumed run differs from the one the interrupted run read.
+
+    resume_point compares the settings only; a resumed run that read another
+    triples or SQuAD file would mix two datasets under one record. Runs
+    recorded before digests were kept are not checked.
+    """
+    recorded = json.loads((output_dir / RUN_CONFIG_FILE).read_text(encoding="utf-8")).get(INPUT_DIGESTS, {})
+    differing = sorted(name for name, digest in recorded.items() if digests.get(name, digest) != digest)
+    if differing:
+        raise DilstoreError(
+            f"--resume: not the data the interrupted run read: {', '.join(differing)} (its SHA-256 is recorded in "
+            f"{output_dir / RUN_CONFIG_FILE}); resume with the same files, or start a new run"
+        )
 
 
 def finish_run(
     start: RunStart, run: TrainerRun, config: LoopSettings, *, command: str, progress: bool
 ) -> LoopOutcome:
     """Steps 3 to 5 of the module docstring: optimize, record the run, train, and save the model to OUTPUT."""
+    digests = input_digests(run.inputs)
+    if start.resume_from is not None:
+        refuse_other_inputs(start.output_dir, digests)
     run.model.to(start.device).train()
     optimization = start_optimization(run.model, run.num_examples, config, start.resume_from, run.learning_rates)
-    write_run_config(start.output_dir, config, command, **run.inputs)
+    write_run_config(start.output_dir, config, command, {**run.inputs, INPUT_DIGESTS: digests})
 
     def save(directory: Path, position: LoopPosition, loss: float) -> None:
         """The model and its dilstore_training.json: a periodic checkpoint or the final model."""

@@ -80,7 +80,7 @@ def verify_checkpoint(directory: Path) -> None:
                             "to checksums; move the checkpoint aside to resume from the one before it")  # fmt: skip
     for name, digest in sorted(recorded.items()):
         path = directory / name
-        found = _sha256(path) if path.is_file() else None
+        found = file_sha256(path) if path.is_file() else None
         if found != digest:
             what = "is missing" if found is None else "does not match the SHA-256 recorded when it was saved"
             raise DilstoreError(f"{path} {what}: the checkpoint changed or was damaged since; move {directory} "
@@ -90,13 +90,14 @@ def verify_checkpoint(directory: Path) -> None:
 def _checksums(directory: Path) -> dict[str, str]:
     """{relative path: SHA-256} of every file under `directory` but training_state.json, which records them."""
     return {
-        path.relative_to(directory).as_posix(): _sha256(path)
+        path.relative_to(directory).as_posix(): file_sha256(path)
         for path in sorted(directory.rglob("*"))
         if path.is_file() and path.name != STATE_JSON
     }
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, as hex."""
     with path.open("rb") as file:
         return hashlib.file_digest(file, "sha256").hexdigest()
 

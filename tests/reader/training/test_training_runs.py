@@ -148,3 +148,39 @@ def test_a_second_training_into_a_folder_being_trained_into_stops_at_once(
     assert status == 2
     assert f"{output} is being written by pid {holder}" in capsys.readouterr().err
     assert not output.exists()
+
+
+def test_a_run_whose_output_is_its_base_model_is_refused_before_the_weights_change(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """`--output` equal to `--model`: the final save wrote the new reader over the base model's files."""
+    base = tmp_path / "base"
+    base.mkdir()
+    for path in tiny_base.iterdir():
+        (base / path.name).write_bytes(path.read_bytes())
+    before = {path.name: path.read_bytes() for path in base.iterdir()}
+    config = TrainingConfig(layers=1, max_steps=1, batch_size=2, **SMALL_WINDOWS)
+    with pytest.raises(DilstoreError, match=r"holds a model \(config.json, model.safetensors\) that the run's final "
+                                            r"save would overwrite \(is it the base model\?\)"):  # fmt: skip
+        train_qa(base, squad_file, base, config, command="t", progress=False)
+    assert {path.name: path.read_bytes() for path in base.iterdir()} == before
+
+
+def test_resume_refuses_training_data_other_than_the_interrupted_runs(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """The settings were compared and the data not: a resumed run mixed two datasets under one record."""
+    config = TrainingConfig(layers=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
+    output = tmp_path / "run"
+    train_qa(tiny_base, squad_file, output, config, command="t", progress=False)
+    recorded = json.loads((output / "run_config.json").read_text())["input_sha256"]
+    assert set(recorded) == {"train_file"}  # the base model is a folder: only files are hashed
+    other = tmp_path / "other.json"
+    data = json.loads(squad_file.read_text())
+    data["data"][0]["title"] += " (edited)"
+    other.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(DilstoreError, match=r"--resume: not the data the interrupted run read: train_file \(its SHA-256"):
+        train_qa(tiny_base, other, output, config, command="t", resume=True, progress=False)
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(squad_file.read_bytes())
+    assert train_qa(tiny_base, copy, output, config, command="t", resume=True, progress=False).steps == 2
