@@ -70,6 +70,8 @@ RUN_CONFIG_FILE = "run_config.json"
 # Settings a resumed run may change: how often it saves checkpoints, and how (not what) a step computes.
 _MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes", "chunk_windows", "compile"})
 CHECKPOINTS_DIR = "checkpoints"
+# numpy's seeding (seed_everything) takes seeds from 0 to this; it raised a ValueError on others mid-start.
+MAX_SEED = 2**32 - 1
 
 
 class OptimizationSettings(Protocol):
@@ -135,6 +137,8 @@ def check_loop_settings(config: LoopSettings) -> None:
         )
     if config.precision not in PRECISIONS:
         raise DilstoreError(f"precision must be one of {', '.join(PRECISIONS)}, got {config.precision!r}")
+    if not 0 <= config.seed <= MAX_SEED:
+        raise DilstoreError(f"seed must be from 0 to {MAX_SEED}, got {config.seed}")
 
 
 def require_finite(settings: Mapping[str, float]) -> None:
@@ -341,8 +345,8 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
     return found
 
 
-def write_run_config(output_dir: Path, config: LoopSettings, command: str, **inputs: str) -> None:
-    """Create `output_dir` and record the settings, the `inputs` (name: path) and the command at the start.
+def write_run_config(output_dir: Path, config: LoopSettings, command: str, inputs: Mapping[str, object]) -> None:
+    """Create `output_dir` and record the settings, the `inputs` (name: path, and their digests) and the command.
 
     resume_point reads it back, so --resume can check it continues the same run.
     """

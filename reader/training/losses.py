@@ -22,6 +22,8 @@ document i of list q, so the lists may come in any order.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -99,9 +101,9 @@ def _require_lists(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def _require_temperature(temperature: float) -> None:
-    """The ApproxNDCG temperature must be a positive number."""
-    if not temperature > 0:
-        raise DilstoreError(f"the ApproxNDCG temperature must be positive, got {temperature}")
+    """The ApproxNDCG temperature must be a positive finite number (at infinity the loss is constant)."""
+    if not 0 < temperature < math.inf:
+        raise DilstoreError(f"the ApproxNDCG temperature must be a positive finite number, got {temperature}")
 
 
 def _require_groups(scores: torch.Tensor) -> None:

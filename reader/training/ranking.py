@@ -32,6 +32,7 @@ in one pass; `delayed_layers` is its k.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -121,8 +122,8 @@ class RankingTrainingConfig:
             raise DilstoreError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         if self.margin <= 0:
             raise DilstoreError(f"margin must be positive, got {self.margin}")
-        if not self.temperature > 0:
-            raise DilstoreError(f"temperature must be positive, got {self.temperature}")
+        if not 0 < self.temperature < math.inf:
+            raise DilstoreError(f"temperature must be a positive finite number, got {self.temperature}")
         if self.kind != "listformer" and self.delayed_layers:
             raise DilstoreError("delayed-layers describes a Listformer only")
         ListformerConfig(self.delayed_layers)

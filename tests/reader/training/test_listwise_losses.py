@@ -89,5 +89,6 @@ def test_approx_ndcg_has_gradients_that_raise_the_relevant_document() -> None:
 def test_bad_inputs_are_refused(scores, labels, message) -> None:
     with pytest.raises(DilstoreError, match=message):
         approx_ndcg_loss(scores, labels)
-    with pytest.raises(DilstoreError, match="positive"):
-        approx_ndcg_loss(torch.zeros(1, 2), torch.ones(1, 2), temperature=0.0)
+    for temperature in (0.0, float("inf")):
+        with pytest.raises(DilstoreError, match="positive finite"):
+            approx_ndcg_loss(torch.zeros(1, 2), torch.ones(1, 2), temperature=temperature)

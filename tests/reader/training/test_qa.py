@@ -298,6 +298,7 @@ def test_length_grouping_cuts_padding() -> None:
         ({"max_grad_norm": 0.0}, "max-grad-norm must be positive"),
         ({"distillation_temperature": float("nan")}, "distillation temperature must be a finite number"),
         ({"distillation_weight": float("inf")}, "alpha must be a finite number"),
+        ({"seed": -1}, "seed must be from 0 to 4294967295, got -1"),
     ],
 )
 def test_config_rejects_bad_values(changes: dict, message: str) -> None:

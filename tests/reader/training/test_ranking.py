@@ -163,6 +163,9 @@ def test_gradient_accumulation_matches_the_larger_batch(tiny_base: Path, overfit
         ({"encoder_learning_rate": float("nan")}, "encoder-learning-rate must be a finite number, got nan"),
         ({"learning_rate": float("inf")}, "learning-rate must be a finite number, got inf"),
         ({"pooling": "max"}, "pooling"),
+        ({"kind": "listformer", "temperature": float("inf")}, "temperature must be a positive finite number, got inf"),
+        ({"seed": -1}, "seed must be from 0 to 4294967295, got -1"),
+        ({"seed": 2**32}, "seed must be from 0 to 4294967295, got 4294967296"),
     ],
 )
 def test_config_errors_name_the_option(changes: dict, message: str) -> None:
