@@ -63,8 +63,8 @@ def parse_squad(document: Any, source: str) -> list[SquadExample]:
     and `answers` (a list, possibly empty for a file without references);
     each answer with `text` and an integer `answer_start` such that the
     context holds exactly `text` there. An article's `title` may be missing
-    (it becomes ""). Question ids must be unique, because predictions are
-    keyed by id.
+    (it becomes ""). Contexts may not be blank. Question ids must be
+    non-empty and unique, because predictions are keyed by id.
     """
     data = _field(document, "data", list, source, "the document")
     examples: list[SquadExample] = []
@@ -75,6 +75,8 @@ def parse_squad(document: Any, source: str) -> list[SquadExample]:
         for p, paragraph in enumerate(_field(article, "paragraphs", list, source, where)):
             where_p = f"{where}.paragraphs[{p}]"
             context = _field(paragraph, "context", str, source, where_p)
+            if not context.strip():
+                raise DilstoreError(f"{source}: {where_p}: the context is empty")
             for q, qa in enumerate(_field(paragraph, "qas", list, source, where_p)):
                 example = _parse_question(qa, title, context, source, f"{where_p}.qas[{q}]")
                 if example.id in seen:
@@ -130,6 +132,8 @@ def load_predictions(path: str | Path) -> dict[str, str]:
 def _parse_question(qa: Any, title: str, context: str, source: str, where: str) -> SquadExample:
     """One `qas` item → SquadExample, checking every answer against the context."""
     question_id = _field(qa, "id", str, source, where)
+    if not question_id:
+        raise DilstoreError(f"{source}: {where}: the question id is empty")
     where = f"{where} (id {question_id!r})"
     question = _field(qa, "question", str, source, where)
     if not question.strip():

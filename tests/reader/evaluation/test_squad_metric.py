@@ -185,6 +185,14 @@ def _qa(document: dict, index: int) -> dict:
         ),
         (lambda d: _qa(d, 1)["answers"][0].update(text="19\udc00"), r"'q2'\)\.answers\[0\]: 'text' holds a lone"),
         (lambda d: d["data"].append([]), r"data\[1\] must be a JSON object, got a list"),
+        (
+            lambda d: _qa(d, 1).update(id=""),
+            r"^file\.json: data\[0\]\.paragraphs\[0\]\.qas\[1\]: the question id is empty$",
+        ),
+        (
+            lambda d: d["data"][0]["paragraphs"].append({"context": " \n ", "qas": []}),
+            r"^file\.json: data\[0\]\.paragraphs\[1\]: the context is empty$",
+        ),
     ],
 )
 def test_parse_squad_names_the_offending_item(edit, message: str) -> None:
