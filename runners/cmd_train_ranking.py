@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dilstore.runners.arg_types import positive_int
+from dilstore.runners.inputs import require_file
 from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.training_options import (
     add_optimizer_arguments,
@@ -26,7 +27,6 @@ from dilstore.runners.training_options import (
     output_dir,
     run_options,
 )
-from dilstore.storage.errors import DilstoreError
 
 RANKER_HELP = {
     "earl": "EARL: query module + judger blocks over an offline document module (seed 004)",
@@ -147,8 +147,7 @@ def run_ranker(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     paragraphs = args.paragraphs or args.triples.parent / PARAGRAPHS_FILE
     for flag, path in (("--triples", args.triples), ("--paragraphs", paragraphs)):
-        if not path.is_file():
-            raise DilstoreError(f"{flag} {path}: no such file")
+        require_file(path, flag)
     config = RankingTrainingConfig(
         kind=args.train_command,
         negatives=args.negatives,
@@ -192,8 +191,7 @@ def run_ranking_data(args: argparse.Namespace) -> int:
     from dilstore.reader.data.ranking_data import build_ranking_data
     from dilstore.runners.cmd_index import stdout_to_stderr
 
-    if not args.squad.is_file():
-        raise DilstoreError(f"--squad {args.squad}: no such file")
+    require_file(args.squad, "--squad")
     with stdout_to_stderr():
         summary = build_ranking_data(
             args.squad,
@@ -211,7 +209,8 @@ def run_ranking_data(args: argparse.Namespace) -> int:
     else:
         print(
             f"{summary.questions} triples with {summary.negatives} negatives each (BM25 top-{summary.depth}, "
-            f"{summary.filled_questions} question(s) filled with {summary.filled_negatives} random negative(s)) "
+            f"{summary.filled_questions} question(s) filled with {summary.filled_negatives} random negative(s), "
+            f"{summary.twin_questions} whose gold text recurs under another id, never a negative) "
             f"→ {summary.triples}, {summary.paragraphs_written} paragraphs → {summary.paragraphs}"
         )
     return 0

@@ -14,7 +14,10 @@ From a SQuAD v1.1 file (seed 004 trains on query, positive, negatives groups):
    replacement from its BM25 list by a generator seeded with (seed, qid), so
    the draw of a question does not depend on which others are in the file; a
    list with too few non-gold paragraphs is filled with random non-gold
-   paragraphs of the corpus, and the fills are counted;
+   paragraphs of the corpus, and the fills are counted. A paragraph whose text
+   equals the gold one's under another id (SQuAD-train holds a few such twins)
+   is gold too: it is never a negative, which would teach the ranker to score
+   the same text both up and down; the questions this spares are counted;
 5. files: triples and the paragraphs they use (reader/data/ranking_files.py), so a
    training run (on a machine without the SQuAD file or the index) reads
    only those two.
@@ -70,6 +73,7 @@ class SamplingStats:
     questions: int
     filled_questions: int
     filled_negatives: int
+    twin_questions: int
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class RankingDataSummary:
     limit: int | None
     filled_questions: int
     filled_negatives: int
+    twin_questions: int
     index: str | None
     seconds: float
 
@@ -139,32 +144,49 @@ def check_negatives(paragraphs: int, negatives: int) -> None:
 def sample_negatives(
     questions: Sequence[RankingQuestion],
     retrieved: Mapping[str, Sequence[tuple[str, float]]],
-    corpus_ids: Sequence[str],
+    paragraphs: Mapping[str, str],
     negatives: int,
     seed: int,
 ) -> tuple[list[Triple], SamplingStats]:
     """`negatives` distinct non-gold paragraph ids per question, in sampled (random) order.
 
     Drawn from the question's retrieved (id, score) list; when that holds fewer
-    non-gold ids, all of them are kept and the rest drawn from `corpus_ids`
-    (every paragraph, in corpus order), never the gold one nor a repeat.
+    non-gold ids, all of them are kept and the rest drawn from `paragraphs`
+    (every paragraph, in corpus order), never a repeat. Gold is the question's
+    paragraph and every paragraph with the same text (`same_text_ids`).
     """
-    check_negatives(len(set(corpus_ids)), negatives)
+    check_negatives(len(paragraphs), negatives)
+    twins = same_text_ids(paragraphs)
     triples = []
-    filled_questions = filled_negatives = 0
+    filled_questions = filled_negatives = twin_questions = 0
     for question in questions:
         rng = random.Random(f"{seed}:{question.qid}")
-        candidates = list(dict.fromkeys(pid for pid, _ in retrieved.get(question.qid, ()) if pid != question.positive))
+        gold = twins.get(question.positive, {question.positive})
+        twin_questions += len(gold) > 1
+        candidates = list(dict.fromkeys(pid for pid, _ in retrieved.get(question.qid, ()) if pid not in gold))
         chosen = rng.sample(candidates, min(negatives, len(candidates)))
         if len(chosen) < negatives:
-            taken = {question.positive, *chosen}
-            pool = [pid for pid in dict.fromkeys(corpus_ids) if pid not in taken]
+            taken = {*gold, *chosen}
+            pool = [pid for pid in paragraphs if pid not in taken]
+            if len(pool) < negatives - len(chosen):
+                raise DilstoreError(
+                    f"question {question.qid!r}: the corpus has too few paragraphs whose text differs from its gold "
+                    f"paragraph's for {negatives} negatives"
+                )
             fill = rng.sample(pool, negatives - len(chosen))
             chosen += fill
             filled_questions += 1
             filled_negatives += len(fill)
         triples.append(Triple(question.qid, question.query, question.positive, tuple(chosen)))
-    return triples, SamplingStats(len(questions), filled_questions, filled_negatives)
+    return triples, SamplingStats(len(questions), filled_questions, filled_negatives, twin_questions)
+
+
+def same_text_ids(paragraphs: Mapping[str, str]) -> dict[str, set[str]]:
+    """For each paragraph whose text (whitespace collapsed) recurs under other ids, the ids of all its copies."""
+    by_text: dict[str, set[str]] = {}
+    for pid, text in paragraphs.items():
+        by_text.setdefault(" ".join(text.split()), set()).add(pid)
+    return {pid: ids for ids in by_text.values() if len(ids) > 1 for pid in ids}
 
 
 def used_paragraphs(triples: Sequence[Triple], paragraphs: Mapping[str, str]) -> dict[str, str]:
@@ -265,7 +287,7 @@ def build_ranking_data(
         index = ensure_bm25_index(collection.paragraphs, work or output / "work", threads)
         retriever = bm25_retriever(index, threads, log)
     retrieved = retriever([(question.qid, question.query) for question in questions], depth)
-    triples, stats = sample_negatives(questions, retrieved, list(collection.paragraphs), negatives, seed)
+    triples, stats = sample_negatives(questions, retrieved, collection.paragraphs, negatives, seed)
     paragraphs = used_paragraphs(triples, collection.paragraphs)
     write_triples(output / TRIPLES_FILE, triples)
     write_paragraphs(output / PARAGRAPHS_FILE, paragraphs)
@@ -282,6 +304,7 @@ def build_ranking_data(
         limit=limit,
         filled_questions=stats.filled_questions,
         filled_negatives=stats.filled_negatives,
+        twin_questions=stats.twin_questions,
         index=None if index is None else str(index),
         seconds=round(time.perf_counter() - started, 1),
     )

@@ -81,7 +81,10 @@ def read_triples(
 
     With `negatives`, every line must hold at least that many and only the
     first `negatives` are kept (a uniformly random subset, as the builder
-    writes them in sampled order).
+    writes them in sampled order). A line's negatives must be distinct (a
+    repeat would put one paragraph twice into one list or softmax group); a
+    qid may recur on other lines, as in MS MARCO's triples, with other
+    positives or negatives.
     """
     triples = []
     for number, record in _read_jsonl(path):
@@ -99,6 +102,9 @@ def read_triples(
                 raise DilstoreError(f"{where}: paragraph id {pid!r} is not in {paragraphs_file}")
         if positive in negs:
             raise DilstoreError(f"{where}: the positive {positive!r} of {qid!r} is also listed as a negative")
+        repeated = next((pid for n, pid in enumerate(negs) if pid in negs[:n]), None)
+        if repeated is not None:
+            raise DilstoreError(f"{where}: the negative {repeated!r} of {qid!r} is listed twice")
         if negatives is not None and len(negs) < negatives:
             raise DilstoreError(f"{where}: {qid!r} has {len(negs)} negatives, fewer than the {negatives} asked for")
         kept = negs if negatives is None else negs[:negatives]

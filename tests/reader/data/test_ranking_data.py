@@ -67,16 +67,16 @@ def test_negatives_are_distinct_non_gold_and_seeded(squad_file: Path) -> None:
     collection = read_squad_ranking(squad_file)
     corpus = list(collection.paragraphs)
     retrieved = every_paragraph_retriever(corpus)([(q.qid, q.query) for q in collection.questions], 30)
-    triples, stats = sample_negatives(collection.questions, retrieved, corpus, 4, seed=1)
+    triples, stats = sample_negatives(collection.questions, retrieved, collection.paragraphs, 4, seed=1)
     assert stats.filled_questions == 0 and stats.questions == 9
     for triple, question in zip(triples, collection.questions, strict=True):
         assert triple.positive == question.positive and triple.query == question.query
         assert len(triple.negatives) == len(set(triple.negatives)) == 4
         assert triple.positive not in triple.negatives
-    again, _ = sample_negatives(collection.questions, retrieved, corpus, 4, seed=1)
-    other, _ = sample_negatives(collection.questions, retrieved, corpus, 4, seed=2)
+    again, _ = sample_negatives(collection.questions, retrieved, collection.paragraphs, 4, seed=1)
+    other, _ = sample_negatives(collection.questions, retrieved, collection.paragraphs, 4, seed=2)
     assert again == triples and other != triples
-    first_three, _ = sample_negatives(collection.questions[:3], retrieved, corpus, 4, seed=1)
+    first_three, _ = sample_negatives(collection.questions[:3], retrieved, collection.paragraphs, 4, seed=1)
     assert first_three == triples[:3], "a question's draw does not depend on the other questions"
 
 
@@ -85,13 +85,39 @@ def test_short_bm25_lists_are_filled_and_counted(squad_file: Path) -> None:
     corpus = list(collection.paragraphs)
     gold_only = {q.qid: [(q.positive, 9.0)] for q in collection.questions[:2]}
     gold_only[collection.questions[0].qid].append((corpus[-1], 1.0))  # one real BM25 negative for question 0
-    triples, stats = sample_negatives(collection.questions[:3], gold_only, corpus, 3, seed=0)
+    triples, stats = sample_negatives(collection.questions[:3], gold_only, collection.paragraphs, 3, seed=0)
     assert (stats.filled_questions, stats.filled_negatives) == (3, 2 + 3 + 3)
     assert corpus[-1] in triples[0].negatives
     for triple in triples:
         assert len(set(triple.negatives)) == 3 and triple.positive not in triple.negatives
     with pytest.raises(DilstoreError, match="too few for 8 negatives"):
-        sample_negatives(collection.questions, gold_only, corpus, 8, seed=0)
+        sample_negatives(collection.questions, gold_only, collection.paragraphs, 8, seed=0)
+
+
+def test_a_paragraph_with_the_gold_text_under_another_id_is_never_a_negative(squad_file: Path) -> None:
+    """SQuAD-train repeats a few paragraphs under two ids; BM25 ranks the twin first, and it was drawn as a negative
+    of its own text. Other questions draw exactly as before."""
+    collection = read_squad_ranking(squad_file)
+    question = collection.questions[0]
+    twin = "Twin#p0"
+    paragraphs = {**collection.paragraphs, twin: "  " + " \n".join(collection.paragraphs[question.positive].split())}
+    ids = list(paragraphs)
+    everything = {q.qid: [(pid, float(len(ids) - rank)) for rank, pid in enumerate(ids)] for q in collection.questions}
+    negatives = len(ids) - 2  # every paragraph but the gold one and its twin
+    triples, stats = sample_negatives(collection.questions, everything, paragraphs, negatives, seed=3)
+    twins_of_gold = [q for q in collection.questions if q.positive == question.positive]
+    assert stats.twin_questions == len(twins_of_gold) and stats.filled_questions == 0
+    for triple in triples:
+        if triple.positive == question.positive:
+            assert set(triple.negatives) == set(ids) - {question.positive, twin}
+    untouched = [q for q in collection.questions if q.positive != question.positive]
+    without_twin = {q.qid: [(pid, score) for pid, score in everything[q.qid] if pid != twin] for q in untouched}
+    before, _ = sample_negatives(untouched, without_twin, collection.paragraphs, 3, seed=3)
+    after, _ = sample_negatives(untouched, without_twin, paragraphs, 3, seed=3)
+    assert after == before
+    with pytest.raises(DilstoreError, match=rf"question '{question.qid}': the corpus has too few paragraphs whose "
+                                            r"text differs from its gold paragraph's for 8 negatives"):  # fmt: skip
+        sample_negatives([question], {question.qid: []}, paragraphs, len(ids) - 1, seed=3)
 
 
 def test_too_many_negatives_are_refused_before_any_search_or_output(squad_file: Path, tmp_path: Path) -> None:
@@ -139,6 +165,7 @@ def write_lines(path: Path, lines: list[str]) -> Path:
         ('{"qid": "q2", "query": "x", "pos": "a", "negs": "b"}', ':2: "negs" must be a list'),
         ('{"qid": "q2", "query": "x", "negs": ["b"]}', ":2: 'pos' must be a non-empty string"),
         ('{"qid": "q2", "query": "x", "pos": "a", "negs": ["a", "b"]}', ":2: the positive 'a' of 'q2' is also"),
+        ('{"qid": "q2", "query": "x", "pos": "a", "negs": ["b", "b"]}', ":2: the negative 'b' of 'q2' is listed twice"),
         ('{"qid": "q2", "query": "x\\ud800", "pos": "a", "negs": ["b"]}', ":2: 'query' holds a lone surrogate U+D800"),
     ],
 )
