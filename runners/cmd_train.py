@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from dilstore.runners.cmd_train_ranking import register_rankers, register_ranking_data
+from dilstore.runners.inputs import require_directory, require_file
 from dilstore.runners.reading_options import add_reading_arguments, apply_threads, reading_settings
 from dilstore.runners.training_options import (
     add_optimizer_arguments,
@@ -23,7 +24,6 @@ from dilstore.runners.training_options import (
     output_dir,
     run_options,
 )
-from dilstore.storage.errors import DilstoreError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -128,16 +128,13 @@ def run_qa(args: argparse.Namespace) -> int:
     from dilstore.reader.evaluation.reading_comprehension import evaluate_file, write_evaluation
     from dilstore.reader.training.qa import TrainingConfig, train_qa
 
-    if not args.train.is_file():
-        raise DilstoreError(f"--train {args.train}: no such file")
-    if args.teacher is not None and not args.teacher.is_dir():
-        raise DilstoreError(f"--teacher {args.teacher}: no such directory")
-    if args.dev is not None and not args.dev.is_file():
-        raise DilstoreError(f"--dev {args.dev}: no such file")
-    if args.shared_norm is not None and not args.shared_norm.is_file():
-        raise DilstoreError(f"--shared-norm {args.shared_norm}: no such file")
-    if args.codebook is not None and not args.codebook.is_dir():
-        raise DilstoreError(f"--codebook {args.codebook}: no such directory")
+    require_file(args.train, "--train")
+    for flag, path in (("--dev", args.dev), ("--shared-norm", args.shared_norm)):
+        if path is not None:
+            require_file(path, flag)
+    for flag, path in (("--teacher", args.teacher), ("--codebook", args.codebook)):
+        if path is not None:
+            require_directory(path, flag)
     config = TrainingConfig(
         layers=args.layers,
         max_seq_length=args.max_seq_length,

@@ -45,6 +45,29 @@ def test_user_errors_are_one_line_and_exit_2(
     assert lines[-1].startswith(message) and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["train", "ranking-data", "--squad", "{tmp}", "--output", "{tmp}/o"],
+         "--squad {tmp}: is a directory; give a file"),
+        (["train", "listformer", "--triples", "{tmp}", "--output", "{tmp}/o"],
+         "--triples {tmp}: is a directory; give a file"),
+        (["train", "qa", "--layers", "1", "--train", "/dev/null", "--output", "{tmp}/o"],
+         "--train /dev/null: is not a regular file; give a file"),
+        (["train", "qa", "--layers", "1", "--train", "{tmp}/squad.json", "--teacher", "{tmp}/squad.json",
+          "--output", "{tmp}/o"], "--teacher {tmp}/squad.json: is a file, not a directory"),
+    ],
+)
+def test_an_input_of_the_wrong_kind_is_named_as_such(
+    arguments: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder given as a file was reported as "no such file", which sent users looking for a missing path."""
+    (tmp_path / "squad.json").write_text("{}", encoding="utf-8")
+    status = main([argument.replace("{tmp}", str(tmp_path)) for argument in arguments])
+    err = capsys.readouterr().err
+    assert status == 2 and err.strip().endswith(message.replace("{tmp}", str(tmp_path))), err
+
+
 _RUNTIME = [
     ["ask", "{tmp}/no-store", "a question"],
     ["evaluate-qa", "{tmp}/no-store", "--questions", "{tmp}/q.jsonl"],
