@@ -43,9 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", type=Path, required=True, help="where to write the reranked TREC run")
     parser.add_argument(
         "--model", type=Path,
-        help="the ranker checkpoint that made STORE: an EARL ranker or a Listformer (default for EARL stores: "
-             "the packaged EARL ranker, which made stores built by `dilstore precompute --kind earl-s1|earl-s2` "
-             "without --model; a listformer store needs it)",
+        help="the ranker checkpoint that made STORE: an EARL ranker or a Listformer (default: the packaged EARL "
+             "ranker for earl-s1/earl-s2 stores and the packaged Listformer for listformer stores, which made the "
+             "stores `dilstore precompute --kind ...` builds without --model)",
     )  # fmt: skip
     parser.add_argument("--depth", type=int, help="documents reranked per query (default 100)")
     parser.add_argument(
