@@ -33,3 +33,9 @@ def check_output_file(output: Path, flag: str, inputs: Sequence[Path]) -> None:
     for given in inputs:
         if given.exists() and output.resolve() == given.resolve():
             raise DilstoreError(f"{flag} {output} is the input file {given}; write it elsewhere")
+
+
+def check_output_folder(output: Path, flag: str) -> None:
+    """A DilstoreError naming `flag` when the folder `output` is an existing file (mkdir said only "File exists")."""
+    if output.exists() and not output.is_dir():
+        raise DilstoreError(f"{flag} {output}: is a file, not a folder")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dilstore.runners.outputs import check_output_folder
 from dilstore.runners.reading_options import add_runtime_arguments
 from dilstore.storage.write_lock import write_lock
 
@@ -124,11 +125,17 @@ def output_dir(args: argparse.Namespace) -> Path:
 
 
 def holding_the_output(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """`run` with the run folder's write lock held throughout: a second training into it stops at once."""
+    """`run` with the run folder's write lock held throughout: a second training into it stops at once.
+
+    An --output that is a file is refused first, by name (the lock and mkdir
+    said only "File exists").
+    """
 
     @functools.wraps(run)
     def locked(args: argparse.Namespace) -> int:
-        with write_lock(output_dir(args)):
+        output = output_dir(args)
+        check_output_folder(output, "--output")
+        with write_lock(output):
             return run(args)
 
     return locked

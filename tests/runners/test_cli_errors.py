@@ -56,6 +56,10 @@ def test_user_errors_are_one_line_and_exit_2(
          "--train /dev/null: is not a regular file; give a file"),
         (["train", "qa", "--layers", "1", "--train", "{tmp}/squad.json", "--teacher", "{tmp}/squad.json",
           "--output", "{tmp}/o"], "--teacher {tmp}/squad.json: is a file, not a directory"),
+        (["train", "ranking-data", "--squad", "{tmp}/squad.json", "--output", "{tmp}/squad.json"],
+         "--output {tmp}/squad.json: is a file, not a folder"),
+        (["train", "earl", "--triples", "{tmp}/squad.json", "--output", "{tmp}/squad.json"],
+         "--output {tmp}/squad.json: is a file, not a folder"),
     ],
 )
 def test_an_input_of_the_wrong_kind_is_named_as_such(
