@@ -51,6 +51,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dilstore.runners.arg_types import positive_int
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import residual_variants  # noqa: E402
 from residual_variants import Variant  # noqa: E402
@@ -216,8 +218,8 @@ def parse_arguments(doc: str, threads: int, extra: Callable[[argparse.ArgumentPa
 
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--paragraphs", type=int, default=60)
-    parser.add_argument("--threads", type=int, default=threads)
+    parser.add_argument("--paragraphs", type=positive_int, default=60)
+    parser.add_argument("--threads", type=positive_int, default=threads)
     parser.add_argument("--output", type=Path)
     extra(parser)
     args = parser.parse_args()

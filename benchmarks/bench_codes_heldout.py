@@ -36,6 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dilstore.runners.arg_types import positive_int
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_codes import (  # noqa: E402
     errors,
@@ -56,7 +58,9 @@ def store_ids(store: Path) -> tuple[list[str], list[str]]:
 
 
 def main() -> None:
-    args = parse_arguments(__doc__, 1, lambda parser: parser.add_argument("--train-paragraphs", type=int, default=240))
+    args = parse_arguments(
+        __doc__, 1, lambda parser: parser.add_argument("--train-paragraphs", type=positive_int, default=240)
+    )
 
     from dilstore.reader.serving.odqa import open_reader
     from dilstore.storage.codebook import write_codebook

@@ -38,6 +38,7 @@ from transformers import AutoModelForQuestionAnswering, AutoTokenizer, BertConfi
 
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.runners.arg_types import positive_int
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SQUAD = ROOT.parent / "shared" / "data" / "squad" / "dev-v1.1.json"
@@ -292,20 +293,26 @@ def render_table(result: dict[str, Any], settings: dict[str, Any]) -> str:
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--questions", type=int, default=100, help="q: questions (default 100, the protocol)")
-    parser.add_argument("--passages", type=int, default=100, help="p: passages (default 100, the protocol)")
+    parser.add_argument("--questions", type=positive_int, default=100, help="q: questions (default 100, the protocol)")
+    parser.add_argument("--passages", type=positive_int, default=100, help="p: passages (default 100, the protocol)")
     parser.add_argument(
         "--pairs-questions",
-        type=int,
+        type=positive_int,
         default=None,
         help="time I Q-P for this many questions × all p passages (default: all q); fewer is computed up to q×p",
     )
-    parser.add_argument("--batch-size", type=int, default=32, help="pairs / questions / passages per batch (32)")
-    parser.add_argument("--question-length", type=int, default=32, help="max question tokens incl. [CLS], [SEP] (32)")
-    parser.add_argument("--passage-length", type=int, default=192, help="max passage tokens incl. [SEP] (192)")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=32, help="pairs / questions / passages per batch (32)"
+    )
+    parser.add_argument(
+        "--question-length", type=positive_int, default=32, help="max question tokens incl. [CLS], [SEP] (32)"
+    )
+    parser.add_argument("--passage-length", type=positive_int, default=192, help="max passage tokens incl. [SEP] (192)")
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, of {', '.join(SIZES)}")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per phase; the median is reported (3)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=3, help="timed repetitions per phase; the median is reported (3)"
+    )
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--squad", type=Path, default=DEFAULT_SQUAD, help="SQuAD v1.1 dev JSON")
     parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON result here")
     arguments = parser.parse_args(argv)

@@ -51,6 +51,7 @@ from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.serving.rerank import EarlReranker, RerankSettings, RerankStats
 from dilstore.reader.text.files import read_json
 from dilstore.reader.text.tokenization import encode_document, encode_question
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.finalize import finalize
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import PassageRecord
@@ -169,14 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True, help="folder for the S1 and S2 stores")
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="the shared data folder")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512])
-    parser.add_argument("--candidates", type=int, default=1000)
-    parser.add_argument("--unique", type=int, default=100, help="distinct documents per length (default 100)")
+    parser.add_argument("--lengths", type=positive_int, nargs="+", default=[128, 256, 512])
+    parser.add_argument("--candidates", type=positive_int, default=1000)
+    parser.add_argument("--unique", type=positive_int, default=100, help="distinct documents per length (default 100)")
     parser.add_argument("--encoding", choices=("fp32", "fp16", "int8"), default="fp16")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cross-repeats", type=int, default=1)
-    parser.add_argument("--batch", type=int, default=32, help="cross-encoder pairs per batch (default 32)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--cross-repeats", type=positive_int, default=1)
+    parser.add_argument("--batch", type=positive_int, default=32, help="cross-encoder pairs per batch (default 32)")
+    parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--size", choices=SIZES, default="minilm", help="model dimensions (default minilm)")
     parser.add_argument("--json-out", type=Path, default=Path("/tmp/bench-earl-speed.json"))
     args = parser.parse_args(argv)

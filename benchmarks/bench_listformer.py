@@ -51,6 +51,7 @@ from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokeni
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.cross_encoder import DOCUMENT_SEGMENT, CrossEncoderRanker
 from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
+from dilstore.runners.arg_types import positive_int
 
 QUERY_TOKENS = 16
 LIST_LENGTHS = (10, 25, 50, 100)
@@ -215,16 +216,22 @@ def measured_memory(documents: int, doc_tokens: int, delayed_layers: int, thread
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--documents", type=int, default=100, help="documents reranked per query (default 100)")
-    parser.add_argument("--doc-tokens", type=int, default=128, help="tokens per document, [SEP] included (128)")
+    parser.add_argument(
+        "--documents", type=positive_int, default=100, help="documents reranked per query (default 100)"
+    )
+    parser.add_argument(
+        "--doc-tokens", type=positive_int, default=128, help="tokens per document, [SEP] included (128)"
+    )
     parser.add_argument("--delayed-layers", type=int, default=4, help="k of the delayed Listformer (default 4)")
-    parser.add_argument("--batch", type=int, default=100, help="cross-encoder pairs per batch (default 100)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per ranker after a warm-up (default 3)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--batch", type=positive_int, default=100, help="cross-encoder pairs per batch (default 100)")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=3, help="timed runs per ranker after a warm-up (default 3)"
+    )
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     parser.add_argument("--rankers", nargs="+", choices=RANKERS, default=list(RANKERS), help="rows to run (all)")
     parser.add_argument("--no-memory", action="store_true", help="skip the list-length memory curve")
     parser.add_argument("--json-out", help="also write the results as JSON here")
-    parser.add_argument("--memory-point", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-point", type=positive_int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_point is not None:
         print(json.dumps(memory_point(args.memory_point, args.doc_tokens, args.delayed_layers, args.threads)))

@@ -59,6 +59,7 @@ from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import encode_tokenized, tokenize_passage
 from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
 from dilstore.reader.text.tokenization import encode_question
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.finalize import finalize
 from dilstore.storage.reader import open_store
 from dilstore.storage.writer import write_shard
@@ -269,17 +270,17 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--q", type=int, default=100, help="questions (default 100, as in the seed)")
-    parser.add_argument("--p", type=int, default=100, help="passages (default 100, as in the seed)")
+    parser.add_argument("--q", type=positive_int, default=100, help="questions (default 100, as in the seed)")
+    parser.add_argument("--p", type=positive_int, default=100, help="passages (default 100, as in the seed)")
     parser.add_argument(
-        "--measure-questions", type=int, default=100,
+        "--measure-questions", type=positive_int, default=100,
         help="questions whose q×p pairs are run through I Q-P; fewer than --q extrapolates (default 100)",
     )  # fmt: skip
     parser.add_argument("--sizes", nargs="+", choices=SIZES, default=list(SIZES))
     parser.add_argument("--encodings", nargs="+", choices=("fp32", "fp16", "int8"), default=["fp16", "int8"])
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    parser.add_argument("--pair-batch-tokens", type=int, default=8192)
-    parser.add_argument("--max-pairs-per-batch", type=int, default=64)
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--pair-batch-tokens", type=positive_int, default=8192)
+    parser.add_argument("--max-pairs-per-batch", type=positive_int, default=64)
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="the shared data folder")
     parser.add_argument("--output", type=Path, default=Path("/tmp/bench-odqa-speed.json"))
     args = parser.parse_args(argv)

@@ -37,6 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/fixtures/http_store.py: the counting, range-serving test server
 
+from dilstore.runners.arg_types import positive_int  # noqa: E402
 from dilstore.storage.finalize import finalize  # noqa: E402
 from dilstore.storage.fingerprint import Fingerprint  # noqa: E402
 from dilstore.storage.reader import Store, open_store  # noqa: E402
@@ -50,11 +51,11 @@ STORE_NAME = "store"
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True, help="folder for the store (reused when present)")
-    parser.add_argument("--passages", type=int, default=4000)
-    parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--dim", type=int, default=384)
-    parser.add_argument("--fetch", type=int, default=100, help="passages per fetch")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--passages", type=positive_int, default=4000)
+    parser.add_argument("--shards", type=positive_int, default=4)
+    parser.add_argument("--dim", type=positive_int, default=384)
+    parser.add_argument("--fetch", type=positive_int, default=100, help="passages per fetch")
+    parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--latency-ms", type=float, nargs="+", default=[0.0], help="added to every HTTP answer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, help="also write the results as JSON here")

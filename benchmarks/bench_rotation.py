@@ -25,6 +25,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.encodings import get_encoding, train_codebook
 from dilstore.storage.reader import open_store
 
@@ -72,10 +73,10 @@ def measure(train: np.ndarray, held_out: np.ndarray, encoding: str, rotate: bool
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("store", help="an fp16 or fp32 store whose states to code")
-    parser.add_argument("--every", type=int, default=13, help="take every N-th passage of each shard")
-    parser.add_argument("--sample", type=int, default=65_536, help="codebook training tokens")
-    parser.add_argument("--held-out", type=int, default=30_000, help="tokens coded and scored")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--every", type=positive_int, default=13, help="take every N-th passage of each shard")
+    parser.add_argument("--sample", type=positive_int, default=65_536, help="codebook training tokens")
+    parser.add_argument("--held-out", type=positive_int, default=30_000, help="tokens coded and scored")
+    parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     states = passage_states(args.store, args.every)

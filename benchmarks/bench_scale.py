@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.codebook import write_codebook
 from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, ENCODINGS, get_encoding, train_codebook
 from dilstore.storage.finalize import finalize
@@ -485,14 +486,14 @@ def cpu_model() -> str:
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--passages", type=int, nargs="+", default=[100_000, 300_000, 1_000_000])
-    parser.add_argument("--passages-per-shard", type=int, default=25_000,
+    parser.add_argument("--passages", type=positive_int, nargs="+", default=[100_000, 300_000, 1_000_000])
+    parser.add_argument("--passages-per-shard", type=positive_int, default=25_000,
                         help="default 25000 (the writer holds a shard's float32 states: ~3 GB here)")
     parser.add_argument("--encoding", default="1bit", choices=sorted(ENCODINGS))
-    parser.add_argument("--lookups", type=int, default=100)
-    parser.add_argument("--fetch", type=int, default=100)
+    parser.add_argument("--lookups", type=positive_int, default=100)
+    parser.add_argument("--fetch", type=positive_int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--pool-tokens", type=int, default=1 << 18)
+    parser.add_argument("--pool-tokens", type=positive_int, default=1 << 18)
     parser.add_argument("--verify-max-passages", type=int, default=10_000_000,
                         help="skip the full verify above this N")
     parser.add_argument("--keep", action="store_true", help="keep each store (default: delete it after measuring)")
@@ -504,7 +505,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=Path("/tmp/bench-scale.json"))
     parser.add_argument("--report-only", type=Path, metavar="JSON", help="print the tables of a saved --output file")
     parser.add_argument("--measure-open", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--measure-passages", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--measure-passages", type=positive_int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")

@@ -41,6 +41,7 @@ from typing import Any
 
 import httpx
 
+from dilstore.runners.arg_types import positive_int
 from dilstore.runners.serve_process import ServeProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,18 +60,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--store", type=Path, required=True, help="a dilbert store with its BM25 index")
     parser.add_argument("--model", type=Path, help="the store's model (default: the shipped reader)")
     parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="DPR-style JSONL questions")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
-    parser.add_argument("--requests", type=int, default=64, help="answers per level (at least the concurrency)")
+    parser.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument(
+        "--requests", type=positive_int, default=64, help="answers per level (at least the concurrency)"
+    )
     parser.add_argument("--seconds", type=float, default=120.0, help="time limit per level")
-    parser.add_argument("--top-p", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the server and the CLI")
-    parser.add_argument("--max-batch-pairs", type=int, default=256, help="the batching-on setting")
+    parser.add_argument("--top-p", type=positive_int, default=10)
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads of the server and the CLI")
+    parser.add_argument("--max-batch-pairs", type=positive_int, default=256, help="the batching-on setting")
     parser.add_argument("--max-wait-ms", type=float, default=10.0)
     parser.add_argument("--warmup", type=int, default=4, help="requests before each mode's levels")
-    parser.add_argument("--overload-queue", type=int, default=8)
-    parser.add_argument("--overload-clients", type=int, default=64)
-    parser.add_argument("--overload-requests", type=int, default=128)
-    parser.add_argument("--cli-questions", type=int, default=8)
+    parser.add_argument("--overload-queue", type=positive_int, default=8)
+    parser.add_argument("--overload-clients", type=positive_int, default=64)
+    parser.add_argument("--overload-requests", type=positive_int, default=128)
+    parser.add_argument("--cli-questions", type=positive_int, default=8)
     parser.add_argument("--json-out", type=Path, help="also write the JSON report here")
     return parser.parse_args(argv)
 

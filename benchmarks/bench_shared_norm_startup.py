@@ -31,6 +31,7 @@ from dilstore.reader.data.squad import SquadExample, load_squad
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.text.tokenization import TokenizedText, passage_pieces
 from dilstore.reader.training.qa import TrainingConfig
+from dilstore.runners.arg_types import positive_int
 
 
 def groups_one_call_per_text(
@@ -73,8 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 train JSON")
     parser.add_argument("--triples", type=Path, required=True, help="triples.jsonl.gz of `dilstore train ranking-data`")
-    parser.add_argument("--questions", type=int, default=8000, help="the first N training questions")
-    parser.add_argument("--negatives", type=int, default=3)
+    parser.add_argument("--questions", type=positive_int, default=8000, help="the first N training questions")
+    parser.add_argument("--negatives", type=positive_int, default=3)
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer

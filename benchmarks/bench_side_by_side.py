@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dilstore.runners.arg_types import positive_int
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_mps import mps_server  # noqa: E402
 
@@ -233,8 +235,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 training JSON")
     parser.add_argument("--shared-norm", type=Path, required=True, help="`train ranking-data` triples")
     parser.add_argument("--layers", type=int, default=4, help="k of the reader trained")
-    parser.add_argument("--questions", type=int, default=3000, help="first N training questions")
-    parser.add_argument("--batch-size", type=int, default=32, help="question groups a step (the sweep's 32)")
+    parser.add_argument("--questions", type=positive_int, default=3000, help="first N training questions")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="question groups a step (the sweep's 32)")
     parser.add_argument(
         "--phases", type=parse_phase, nargs="+", default=[(1, False), (1, True), (2, False), (3, False)],
         help="N: N workers side by side; Ns: the same, waiting for the device after every step (default: 1 1s 2 3)",
@@ -244,7 +246,9 @@ def argument_parser() -> argparse.ArgumentParser:
         "--warm-up-steps", type=int, metavar="N", help="steps each worker trains before the phases (default: one pass)"
     )
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of each worker (train qa's default)")
+    parser.add_argument(
+        "--threads", type=positive_int, default=2, help="torch threads of each worker (train qa's default)"
+    )
     parser.add_argument("--sets", nargs="+", choices=SETS, default=["plain"],
                         help="ways of running the workers to time, each with fresh workers (module docstring)")
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)

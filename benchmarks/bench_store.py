@@ -46,6 +46,7 @@ from transformers import AutoModelForQuestionAnswering, BertConfig
 
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.info import store_info
@@ -310,20 +311,26 @@ def render(result: dict[str, Any]) -> str:
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--passages", type=int, default=100_000, help="passages per store (default 100000)")
-    parser.add_argument("--passages-per-shard", type=int, default=2500, help="default 2500")
-    parser.add_argument("--templates", type=int, default=4, help="distinct generated shards to cycle (default 4)")
+    parser.add_argument("--passages", type=positive_int, default=100_000, help="passages per store (default 100000)")
+    parser.add_argument("--passages-per-shard", type=positive_int, default=2500, help="default 2500")
+    parser.add_argument(
+        "--templates", type=positive_int, default=4, help="distinct generated shards to cycle (default 4)"
+    )
     parser.add_argument("--dims", type=int, nargs="+", default=[384, 768], choices=[384, 768])
     parser.add_argument("--encodings", nargs="+", default=["fp32", "fp16", "int8"], choices=["fp32", "fp16", "int8"])
-    parser.add_argument("--fetch", type=int, default=100, help="passages per fetch (default 100)")
-    parser.add_argument("--repeats", type=int, default=7, help="warm repetitions (default 7)")
-    parser.add_argument("--online-repeats", type=int, default=3, help="repetitions of the online layers (default 3)")
-    parser.add_argument("--cold-repeats", type=int, default=3, help="cold repetitions (default 3)")
-    parser.add_argument("--compression-sample", type=int, default=2000, help="passages in the compression sample")
-    parser.add_argument("--pool-paragraphs", type=int, default=150, help="SQuAD paragraphs in the state pool")
+    parser.add_argument("--fetch", type=positive_int, default=100, help="passages per fetch (default 100)")
+    parser.add_argument("--repeats", type=positive_int, default=7, help="warm repetitions (default 7)")
+    parser.add_argument(
+        "--online-repeats", type=positive_int, default=3, help="repetitions of the online layers (default 3)"
+    )
+    parser.add_argument("--cold-repeats", type=positive_int, default=3, help="cold repetitions (default 3)")
+    parser.add_argument(
+        "--compression-sample", type=positive_int, default=2000, help="passages in the compression sample"
+    )
+    parser.add_argument("--pool-paragraphs", type=positive_int, default=150, help="SQuAD paragraphs in the state pool")
     parser.add_argument("--squad", type=Path, default=DEFAULT_SQUAD)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/dilstore-bench-store"))
-    parser.add_argument("--threads", type=int, help="torch threads for the online layers (default: torch's)")
+    parser.add_argument("--threads", type=positive_int, help="torch threads for the online layers (default: torch's)")
     parser.add_argument("--json-out", type=Path, default=Path("/tmp/bench-store.json"))
     return parser.parse_args(argv)
 

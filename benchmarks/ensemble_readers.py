@@ -34,6 +34,7 @@ from dilstore.reader.evaluation.reading_comprehension import (
 )
 from dilstore.reader.evaluation.squad_metric import evaluate_examples
 from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.errors import DilstoreError
 
 Logits = tuple[torch.Tensor, torch.Tensor]  # start and end, each (batch, question + passage tokens)
@@ -71,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("members", nargs="+", type=Path, help="reader folders whose logits are averaged")
     parser.add_argument("--also", nargs="*", type=Path, default=[], help="reader folders scored alone beside them")
     parser.add_argument("--data", type=Path, required=True, help="SQuAD v1.1 JSON")
-    parser.add_argument("--limit", type=int, default=2000)
+    parser.add_argument("--limit", type=positive_int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=positive_int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     paths = [*args.members, *args.also]

@@ -89,6 +89,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dilstore.runners.arg_types import positive_int
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_mps import mps_server  # noqa: E402
 
@@ -777,22 +779,26 @@ def main(argv: list[str] | None = None) -> int:
     on_gpu.add_argument("--out", type=Path, required=True)
     on_gpu.add_argument("--deadline", type=float, default=540.0, help="seconds from start to the end of the export")
     on_gpu.add_argument("--device", default="cuda", help="cpu for a smoke test of the script itself")
-    on_gpu.add_argument("--smoke", type=int, metavar="N", help="a smoke test of the script: N training and dev questions")
+    on_gpu.add_argument(
+        "--smoke", type=positive_int, metavar="N", help="a smoke test of the script: N training and dev questions"
+    )
     run = commands.add_parser("train", parents=[on_gpu], help="calibrate, teacher, students, export (steps 1-4)")
     run.add_argument("--export-reserve", type=float, default=40.0, help="seconds kept for the export")
-    run.add_argument("--calibration-limit", type=int, default=3000, help="training questions per calibration run")
+    run.add_argument(
+        "--calibration-limit", type=positive_int, default=3000, help="training questions per calibration run"
+    )
     run.add_argument(
         "--fraction", type=float,
         help="train every run on this share of the 2-epoch budget, without calibrating (a run still going at "
         "the hard stop is ended)",
     )  # fmt: skip
-    run.add_argument("--train-examples", type=int, default=88641, help="training windows of SQuAD v1.1 train")
-    run.add_argument("--students", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    run.add_argument("--train-examples", type=positive_int, default=88641, help="training windows of SQuAD v1.1 train")
+    run.add_argument("--students", type=positive_int, nargs="+", default=[1, 2, 3, 4, 5])
     run.add_argument(
         "--min-fraction", type=float, default=0.5,
         help="below this share of the 2-epoch budget, train only --priority-students (default 0.5)",
     )  # fmt: skip
-    run.add_argument("--priority-students", type=int, nargs="+", default=[4, 5])
+    run.add_argument("--priority-students", type=positive_int, nargs="+", default=[4, 5])
     run.add_argument("--prefer-margin", type=float, default=0.5)
     run.set_defaults(run=on_the_gpu(run_schedule))
     more = commands.add_parser(
@@ -801,27 +807,31 @@ def main(argv: list[str] | None = None) -> int:
     more.add_argument("--export-reserve", type=float, default=30.0, help="seconds kept for the export")
     more.add_argument("--curve-reserve", type=float, default=45.0, help="seconds kept for scoring the checkpoints")
     more.add_argument("--layers", type=int, default=4, help="k to train (a k=0 start becomes a k-layer reader)")
-    more.add_argument("--groups", type=int, default=32, help="questions (groups of 4 windows) per step")
+    more.add_argument("--groups", type=positive_int, default=32, help="questions (groups of 4 windows) per step")
     more.add_argument("--learning-rate", default="1e-4")
-    more.add_argument("--max-epochs", type=int, default=2, help="at most this many passes (the seed schedule: 2)")
-    more.add_argument("--probe-limit", type=int, default=6000, help="training questions of the probe run")
-    more.add_argument("--probe-steps", type=int, default=300)
-    more.add_argument("--curve-points", type=int, default=6, help="periodic checkpoints scored for the curve")
-    more.add_argument("--curve-limit", type=int, default=2000, help="seeded dev questions per curve point")
+    more.add_argument(
+        "--max-epochs", type=positive_int, default=2, help="at most this many passes (the seed schedule: 2)"
+    )
+    more.add_argument("--probe-limit", type=positive_int, default=6000, help="training questions of the probe run")
+    more.add_argument("--probe-steps", type=positive_int, default=300)
+    more.add_argument("--curve-points", type=positive_int, default=6, help="periodic checkpoints scored for the curve")
+    more.add_argument("--curve-limit", type=positive_int, default=2000, help="seeded dev questions per curve point")
     more.set_defaults(run=on_the_gpu(run_extension))
     sweep = commands.add_parser(
         "sweep", parents=[on_gpu], help="the k-sweep: every k from the carried start, one recipe, side by side"
     )
     sweep.add_argument("--layers", type=int, nargs="+", required=True, help="the ks to train (or resume) side by side")
-    sweep.add_argument("--groups", type=int, default=32, help="questions (groups of 4 windows) per step")
+    sweep.add_argument("--groups", type=positive_int, default=32, help="questions (groups of 4 windows) per step")
     sweep.add_argument("--learning-rate", default=LEARNING_RATE)
     sweep.add_argument(
-        "--epochs", type=int, default=EPOCHS,
+        "--epochs", type=positive_int, default=EPOCHS,
         help=f"full passes of every run (default {EPOCHS}, the seed's schedule; warm-up and decay follow it, and "
         "`train qa --resume` refuses a checkpoint of another schedule)",
     )  # fmt: skip
-    sweep.add_argument("--curve-points", type=int, default=6, help="checkpoints kept and scored for each curve")
-    sweep.add_argument("--curve-limit", type=int, default=2000, help="seeded dev questions per curve point")
+    sweep.add_argument(
+        "--curve-points", type=positive_int, default=6, help="checkpoints kept and scored for each curve"
+    )
+    sweep.add_argument("--curve-limit", type=positive_int, default=2000, help="seeded dev questions per curve point")
     sweep.add_argument(
         "--chunk-windows", type=chunk_windows_option, metavar="N|auto",
         help="train qa --chunk-windows for every run (how a step is computed, not what); auto: time one pass and "

@@ -45,6 +45,7 @@ from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.retrieval import build_bm25_index
 from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
 from dilstore.reader.text.files import read_json
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.codebook import CODEBOOK_DIR, write_codebook
 from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, get_encoding, sample_rows, train_codebook
 from dilstore.storage.errors import DilstoreError
@@ -176,18 +177,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-online-variant", action="store_true",
                         help="read a 2bit/1bit store with the checkpoint's own online layers, not its tuned ones")
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="the shared data folder")
-    parser.add_argument("--limit", type=int, help="a seeded random subset of N questions (default: all 10,570)")
+    parser.add_argument(
+        "--limit", type=positive_int, help="a seeded random subset of N questions (default: all 10,570)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset (default 0)")
-    parser.add_argument("--top-p", type=int, nargs="+", default=list(SEED_TOP_PS), help="p values (default 29 100)")
+    parser.add_argument(
+        "--top-p", type=positive_int, nargs="+", default=list(SEED_TOP_PS), help="p values (default 29 100)"
+    )
     parser.add_argument("--mu", type=float, default=0.5, help="BM25 fusion weight of the 'w/' columns (default 0.5)")
     parser.add_argument("--encoding", choices=("fp32", "fp16", "int8", "2bit", "1bit"), default="fp16",
                         help="state encoding of the store (2bit/1bit: codebook trained on the first shard)")
-    parser.add_argument("--max-length", type=int, default=384, help="stored window length in tokens (default 384)")
-    parser.add_argument("--shard-passages", type=int, default=4096, help="passages per shard (default 4096)")
-    parser.add_argument("--squad-paragraphs", type=int, help="use only the first N SQuAD paragraphs (tests)")
-    parser.add_argument("--msmarco-passages", type=int, help="use only the first N MS MARCO passages (tests)")
-    parser.add_argument("--question-batch", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument(
+        "--max-length", type=positive_int, default=384, help="stored window length in tokens (default 384)"
+    )
+    parser.add_argument("--shard-passages", type=positive_int, default=4096, help="passages per shard (default 4096)")
+    parser.add_argument("--squad-paragraphs", type=positive_int, help="use only the first N SQuAD paragraphs (tests)")
+    parser.add_argument("--msmarco-passages", type=positive_int, help="use only the first N MS MARCO passages (tests)")
+    parser.add_argument("--question-batch", type=positive_int, default=8)
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     parser.add_argument("--output", type=Path, default=Path("/tmp/bench-mini-opensquad.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -31,6 +31,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader  # noqa: E402
 from dilstore.reader.modeling.online_variants import write_online_variant  # noqa: E402
 from dilstore.reader.packaged.shipped import default_checkpoint_dir  # noqa: E402
 from dilstore.reader.training.release import load_training_metadata  # noqa: E402
+from dilstore.runners.arg_types import positive_int  # noqa: E402
 from dilstore.storage.errors import DilstoreError  # noqa: E402
 
 
@@ -82,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", type=Path, required=True, help="a Mini OpenSQuAD store of the run's encoding")
     parser.add_argument("--work", type=Path, required=True, help="folder for the packaged checkpoints and results")
     parser.add_argument("--base", type=Path, help="the checkpoint the run started from (default: the shipped reader)")
-    parser.add_argument("--limit", type=int, default=300)
+    parser.add_argument("--limit", type=positive_int, default=300)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--top-p", type=int, default=29)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--top-p", type=positive_int, default=29)
+    parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--png", type=Path)
     args = parser.parse_args(argv)
     base = args.base or default_checkpoint_dir()

@@ -51,6 +51,7 @@ from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, base_mo
 from dilstore.reader.modeling.rankers import checkpoint_kind, load_ranker, new_ranker
 from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS, TrainableRanker
 from dilstore.reader.modeling.siamese import CosineBiEncoder
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.errors import DilstoreError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -187,14 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="the shared data folder")
     parser.add_argument("--task-file", type=Path, action="append", default=[],
                         help="evaluate a WORK/task.*.json.gz an earlier run saved, not --tasks (repeat)")  # fmt: skip
-    parser.add_argument("--depth", type=int, default=100, help="BM25 candidates reranked per query (default 100)")
-    parser.add_argument("--squad-limit", type=int, default=500, help="SQuAD dev questions, seeded subset (500)")
+    parser.add_argument(
+        "--depth", type=positive_int, default=100, help="BM25 candidates reranked per query (default 100)"
+    )
+    parser.add_argument(
+        "--squad-limit", type=positive_int, default=500, help="SQuAD dev questions, seeded subset (500)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the --squad-limit subset (default 0)")
-    parser.add_argument("--max-query-length", type=int, default=32)
-    parser.add_argument("--max-doc-length", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=64, help="documents per forward pass (default 64)")
+    parser.add_argument("--max-query-length", type=positive_int, default=32)
+    parser.add_argument("--max-doc-length", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="documents per forward pass (default 64)")
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--threads", type=int, default=2, help="torch and search threads (default 2)")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch and search threads (default 2)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--output", type=Path, default=Path("/tmp/bench-rank-quality.json"))
     args = parser.parse_args(argv)

@@ -31,6 +31,7 @@ import torch
 from dilstore.reader.evaluation.reading_comprehension import evaluate_file
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.release import load_training_metadata
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.errors import DilstoreError
 
 WEIGHTS = "model.safetensors"
@@ -119,11 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="*", type=Path, metavar="RUN", help="`dilstore train qa` output directories")
     parser.add_argument("--scored", nargs="+", type=Path, metavar="FILE", help="JSON rows of an earlier call")
     parser.add_argument("--dev", type=Path, help="SQuAD v1.1 dev JSON (needed with RUN)")
-    parser.add_argument("--limit", type=int, default=500, help="seeded subset of dev questions (default 500)")
+    parser.add_argument("--limit", type=positive_int, default=500, help="seeded subset of dev questions (default 500)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the subset (default 0)")
     parser.add_argument("--cache", type=Path, help="JSON file of scores already computed (needed with RUN)")
     parser.add_argument("--png", type=Path, help="write the plot here")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     parser.add_argument("--device", help="torch device of the evaluations (default: CUDA when present, else the CPU)")
     args = parser.parse_args(argv)
     if bool(args.runs) == bool(args.scored) or (args.runs and (args.dev is None or args.cache is None)):

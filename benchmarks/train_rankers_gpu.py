@@ -71,6 +71,7 @@ from dilstore.reader.modeling.ranking_inputs import TrainableRanker
 from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
 from dilstore.reader.modeling.rankers import load_ranker, new_ranker
 from dilstore.reader.data.trec import Qrels, Run, rank_documents, write_run
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.errors import DilstoreError
 
 DL19_TASK, SQUAD_TASK = "task.dl19.json.gz", "task.squad-dev.json.gz"
@@ -319,17 +320,17 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--work", type=Path, default=Path("/tmp/train-rankers-work"), help="checkpoints (not returned)")
     run.add_argument("--runs", nargs="+", choices=RUN_NAMES, default=list(RUN_NAMES))
     run.add_argument("--steps", type=int, default=1500, help="optimizer steps of every run (default 1500)")
-    run.add_argument("--batch-size", type=int, default=16, help="queries per step (default 16)")
-    run.add_argument("--negatives", type=int, default=7, help="negatives per query (default 7)")
-    run.add_argument("--max-doc-length", type=int, default=256, help="document tokens (default 256)")
+    run.add_argument("--batch-size", type=positive_int, default=16, help="queries per step (default 16)")
+    run.add_argument("--negatives", type=positive_int, default=7, help="negatives per query (default 7)")
+    run.add_argument("--max-doc-length", type=positive_int, default=256, help="document tokens (default 256)")
     run.add_argument("--learning-rate", type=float, default=3e-5, help="cross-encoder and Siamese (default 3e-5)")
     run.add_argument("--earl-learning-rate", type=float, default=1e-4,
                      help="EARL's judger blocks, head and scale (default 1e-4)")  # fmt: skip
     run.add_argument("--encoder-learning-rate", type=float, default=5e-6,
                      help="earl-prior-encoder-lr's encoder copies (default 5e-6)")  # fmt: skip
     run.add_argument("--curve-points", type=int, default=4, help="periodic checkpoints evaluated (default 4)")
-    run.add_argument("--log-every", type=int, default=100)
-    run.add_argument("--eval-batch-size", type=int, default=128)
+    run.add_argument("--log-every", type=positive_int, default=100)
+    run.add_argument("--eval-batch-size", type=positive_int, default=128)
     run.add_argument("--seed", type=int, default=42)
     run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     run.set_defaults(run=train)

@@ -1,0 +1,141 @@
+"""Benchmark scripts refuse 0 for counts that must be positive: a usage error naming the option, exit status 2.
+
+Repeats, tokens, passages, batch sizes, threads, steps and the like were plain `type=int`: a 0 ended in a
+traceback (an empty median, a zero division, a zero range step, torch refusing 0 threads), a hang, a failure in
+a child process, or a figure computed from nothing. They are `positive_int` (runners/arg_types.py) now; a
+sample of them per script is checked here.
+
+Only argument parsing runs: every argv ends in an option no script has, so a value a parser let through would
+stop at "unrecognized arguments" (and fail here) rather than start the benchmark.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.fixtures.benchmarks import benchmark_module
+
+UNKNOWN = "--no-such-option"
+
+Parse = Callable[[ModuleType, list[str]], Any]
+
+
+def _from_sys_argv(function: str) -> Parse:
+    """Scripts whose `function()` parses sys.argv itself: sys.argv is `argv` for the call."""
+
+    def call(bench: ModuleType, argv: list[str]) -> Any:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "argv", [f"{bench.__name__}.py", *argv])
+            return getattr(bench, function)()
+
+    return call
+
+
+def _main(bench: ModuleType, argv: list[str]) -> Any:
+    """main(argv), which parses before any work."""
+    return bench.main(argv)
+
+
+def _parse_arguments(bench: ModuleType, argv: list[str]) -> Any:
+    return bench.parse_arguments(argv)
+
+
+# How each script parses its command line.
+PARSE: dict[str, Parse] = {
+    "bench_codes": _from_sys_argv("main"),
+    "bench_codes_heldout": _from_sys_argv("main"),
+    "bench_dilbert": _parse_arguments,
+    "bench_earl_speed": _main,
+    "bench_length_chunks": _main,
+    "bench_listformer": _from_sys_argv("main"),
+    "bench_odqa_speed": _main,
+    "bench_pipeline": _from_sys_argv("main"),
+    "bench_remote_fetch": _from_sys_argv("parse_arguments"),
+    "bench_rotation": _main,
+    "bench_scale": _parse_arguments,
+    "bench_serve": lambda bench, argv: bench.parse_args(argv),
+    "bench_shared_norm_startup": _main,
+    "bench_side_by_side": lambda bench, argv: bench.argument_parser().parse_args(argv),
+    "bench_store": _parse_arguments,
+    "ensemble_readers": _main,
+    "gpu_reader_schedule": _main,
+    "mini_opensquad": _main,
+    "online_variant_curve": _main,
+    "rank_quality": _main,
+    "reader_curve": _main,
+    "train_rankers_gpu": _main,
+}
+
+# (script, argv): the first option in argv is the one whose 0 is refused.
+CASES = [
+    ("bench_codes", ["--paragraphs", "0"]),
+    ("bench_codes", ["--threads", "0"]),
+    ("bench_codes_heldout", ["--train-paragraphs", "0"]),
+    ("bench_dilbert", ["--pairs-questions", "0"]),
+    ("bench_dilbert", ["--batch-size", "0"]),
+    ("bench_dilbert", ["--repeats", "0"]),
+    ("bench_earl_speed", ["--lengths", "128", "0"]),
+    ("bench_earl_speed", ["--unique", "0"]),
+    ("bench_earl_speed", ["--cross-repeats", "0"]),
+    ("bench_length_chunks", ["--questions", "0"]),
+    ("bench_length_chunks", ["--batch-size", "0"]),
+    ("bench_listformer", ["--repeats", "0"]),
+    ("bench_listformer", ["--memory-point", "0"]),
+    ("bench_odqa_speed", ["--measure-questions", "0"]),
+    ("bench_odqa_speed", ["--max-pairs-per-batch", "0"]),
+    ("bench_pipeline", ["--limit", "0"]),
+    ("bench_pipeline", ["--batch-tokens", "0"]),
+    ("bench_remote_fetch", ["--shards", "0"]),
+    ("bench_remote_fetch", ["--fetch", "0"]),
+    ("bench_rotation", ["--every", "0"]),
+    ("bench_rotation", ["--held-out", "0"]),
+    ("bench_scale", ["--passages", "1000", "0"]),
+    ("bench_scale", ["--lookups", "0"]),
+    ("bench_serve", ["--concurrency", "1", "0"]),
+    ("bench_serve", ["--top-p", "0"]),
+    ("bench_serve", ["--cli-questions", "0"]),
+    ("bench_shared_norm_startup", ["--questions", "0"]),
+    ("bench_shared_norm_startup", ["--negatives", "0"]),
+    ("bench_side_by_side", ["--batch-size", "0"]),
+    ("bench_side_by_side", ["--threads", "0"]),
+    ("bench_store", ["--templates", "0"]),
+    ("bench_store", ["--cold-repeats", "0"]),
+    ("ensemble_readers", ["--limit", "0"]),
+    ("ensemble_readers", ["--threads", "0"]),
+    ("gpu_reader_schedule", ["train", "--students", "4", "0"]),
+    ("gpu_reader_schedule", ["train", "--smoke", "0"]),
+    ("gpu_reader_schedule", ["extend", "--groups", "0"]),
+    ("gpu_reader_schedule", ["extend", "--curve-points", "0"]),
+    ("gpu_reader_schedule", ["sweep", "--epochs", "0"]),
+    ("mini_opensquad", ["--top-p", "29", "0"]),
+    ("mini_opensquad", ["--shard-passages", "0"]),
+    ("mini_opensquad", ["--msmarco-passages", "0"]),
+    ("online_variant_curve", ["--limit", "0"]),
+    ("online_variant_curve", ["--top-p", "0"]),
+    ("rank_quality", ["--depth", "0"]),
+    ("rank_quality", ["--batch-size", "0"]),
+    ("reader_curve", ["--limit", "0"]),
+    ("train_rankers_gpu", ["train", "--log-every", "0"]),
+    ("train_rankers_gpu", ["train", "--eval-batch-size", "0"]),
+]
+
+
+@pytest.mark.parametrize(("script", "argv"), CASES, ids=[f"{script} {' '.join(argv)}" for script, argv in CASES])
+def test_zero_is_a_usage_error_naming_the_option(
+    script: str, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    option = next(argument for argument in argv if argument.startswith("--"))
+    with benchmark_module(script) as bench, pytest.raises(SystemExit) as stopped:
+        PARSE[script](bench, [*argv, UNKNOWN])
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2, error
+    assert f"argument {option}: expected a positive integer, got 0" in error
+
+
+def test_every_script_with_a_case_has_a_way_to_parse() -> None:
+    assert {script for script, _ in CASES} == set(PARSE)
