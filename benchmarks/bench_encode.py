@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.storage.encodings import get_encoding, train_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=positive_int, default=100_000)
     parser.add_argument("--sample", type=positive_int, default=65_536, help="codebook training sample (tokens)")
     parser.add_argument("--repeats", type=positive_int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=numpy_seed, default=0)
     parser.add_argument("--encodings", nargs="+", choices=ENCODINGS, default=list(ENCODINGS))
     parser.add_argument("--buckets", action="store_true", help="2bit/1bit codebooks without rotation (EARL stores')")
     args = parser.parse_args(argv)

@@ -52,7 +52,7 @@ from dilstore.reader.training.qa import (
     accumulate_gradients,
     load_training_data,
 )
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import non_negative_int, positive_int
 
 
 def computed_tokens(windows: Sequence[QAFeature], chunk: int) -> int:
@@ -109,14 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, required=True, help="a reader (or base model) folder")
     parser.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 training JSON")
     parser.add_argument("--shared-norm", type=Path, help="`train ranking-data` triples (without: plain windows)")
-    parser.add_argument("--layers", type=int, default=2, help="k of the reader trained")
+    parser.add_argument("--layers", type=non_negative_int, default=2, help="k of the reader trained")
     parser.add_argument("--questions", type=positive_int, default=3000, help="first N training questions")
     parser.add_argument(
         "--batch-size", type=positive_int, default=8, help="question groups (or plain windows) per micro-batch"
     )
     parser.add_argument("--micro-batches", type=int, default=12,
                         help="micro-batches timed per chunk size (0: count the padding only, no timing)")  # fmt: skip
-    parser.add_argument("--chunks", type=int, nargs="+", default=[0, 16, 8, 4], help="windows per pass (0: all)")
+    parser.add_argument("--chunks", type=non_negative_int, nargs="+", default=[0, 16, 8, 4], help="windows per pass (0: all)")
     parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (timed under the autocast training uses)")
     parser.add_argument("--group-length", choices=GROUP_LENGTHS, default="longest",

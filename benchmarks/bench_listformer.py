@@ -51,7 +51,7 @@ from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokeni
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.cross_encoder import DOCUMENT_SEGMENT, CrossEncoderRanker
 from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import non_negative_int, positive_int
 
 QUERY_TOKENS = 16
 LIST_LENGTHS = (10, 25, 50, 100)
@@ -222,7 +222,7 @@ def main() -> None:
     parser.add_argument(
         "--doc-tokens", type=positive_int, default=128, help="tokens per document, [SEP] included (128)"
     )
-    parser.add_argument("--delayed-layers", type=int, default=4, help="k of the delayed Listformer (default 4)")
+    parser.add_argument("--delayed-layers", type=non_negative_int, default=4, help="k of the delayed Listformer (default 4)")
     parser.add_argument("--batch", type=positive_int, default=100, help="cross-encoder pairs per batch (default 100)")
     parser.add_argument(
         "--repeats", type=positive_int, default=3, help="timed runs per ranker after a warm-up (default 3)"

@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/fixtures/http_store.py: the counting, range-serving test server
 
-from dilstore.runners.arg_types import positive_int  # noqa: E402
+from dilstore.runners.arg_types import numpy_seed, positive_int  # noqa: E402
 from dilstore.storage.finalize import finalize  # noqa: E402
 from dilstore.storage.fingerprint import Fingerprint  # noqa: E402
 from dilstore.storage.reader import Store, open_store  # noqa: E402
@@ -57,7 +57,7 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--fetch", type=positive_int, default=100, help="passages per fetch")
     parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--latency-ms", type=float, nargs="+", default=[0.0], help="added to every HTTP answer")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=numpy_seed, default=0)
     parser.add_argument("--output", type=Path, help="also write the results as JSON here")
     return parser.parse_args()
 

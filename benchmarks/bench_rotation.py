@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.storage.encodings import get_encoding, train_codebook
 from dilstore.storage.reader import open_store
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=positive_int, default=65_536, help="codebook training tokens")
     parser.add_argument("--held-out", type=positive_int, default=30_000, help="tokens coded and scored")
     parser.add_argument("--repeats", type=positive_int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=numpy_seed, default=0)
     args = parser.parse_args(argv)
     states = passage_states(args.store, args.every)
     if len(states) < args.sample + args.held_out:

@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.storage.codebook import write_codebook
 from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, ENCODINGS, get_encoding, train_codebook
 from dilstore.storage.finalize import finalize
@@ -492,7 +492,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--encoding", default="1bit", choices=sorted(ENCODINGS))
     parser.add_argument("--lookups", type=positive_int, default=100)
     parser.add_argument("--fetch", type=positive_int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=numpy_seed, default=0)
     parser.add_argument("--pool-tokens", type=positive_int, default=1 << 18)
     parser.add_argument("--verify-max-passages", type=int, default=10_000_000,
                         help="skip the full verify above this N")

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import non_negative_int, positive_int
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_mps import mps_server  # noqa: E402
@@ -234,7 +234,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", type=Path, required=True, help="a reader (or base model) folder")
     parser.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 training JSON")
     parser.add_argument("--shared-norm", type=Path, required=True, help="`train ranking-data` triples")
-    parser.add_argument("--layers", type=int, default=4, help="k of the reader trained")
+    parser.add_argument("--layers", type=non_negative_int, default=4, help="k of the reader trained")
     parser.add_argument("--questions", type=positive_int, default=3000, help="first N training questions")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="question groups a step (the sweep's 32)")
     parser.add_argument(
@@ -243,7 +243,7 @@ def argument_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds each phase trains")
     parser.add_argument(
-        "--warm-up-steps", type=int, metavar="N", help="steps each worker trains before the phases (default: one pass)"
+        "--warm-up-steps", type=non_negative_int, metavar="N", help="steps each worker trains before the phases (default: one pass)"
     )
     parser.add_argument("--device", default="cuda")
     parser.add_argument(

@@ -37,6 +37,7 @@ import numpy as np
 
 from dilstore.reader.data.squad import SquadExample, load_predictions, load_squad
 from dilstore.reader.evaluation.squad_metric import f1, metric_max_over_ground_truths
+from dilstore.runners.arg_types import numpy_seed
 from dilstore.storage.errors import DilstoreError
 
 QUESTION_WORDS = ("how many", "how much", "what", "who", "when", "where", "which", "why", "how")
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("predictions_b", type=Path, help="reader b's, for the same questions")
     parser.add_argument("--tokenizer", type=Path, required=True, help="a reader folder whose tokenizer counts tokens")
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamplings of the gap (default 2000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    parser.add_argument("--seed", type=numpy_seed, default=0, help="seed of the bootstrap (default 0)")
     args = parser.parse_args(argv)
     if args.resamples < 1:
         parser.error(f"--resamples {args.resamples}: give 1 or more")

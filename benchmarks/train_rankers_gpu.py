@@ -71,7 +71,7 @@ from dilstore.reader.modeling.ranking_inputs import TrainableRanker
 from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
 from dilstore.reader.modeling.rankers import load_ranker, new_ranker
 from dilstore.reader.data.trec import Qrels, Run, rank_documents, write_run
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.storage.errors import DilstoreError
 
 DL19_TASK, SQUAD_TASK = "task.dl19.json.gz", "task.squad-dev.json.gz"
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--curve-points", type=int, default=4, help="periodic checkpoints evaluated (default 4)")
     run.add_argument("--log-every", type=positive_int, default=100)
     run.add_argument("--eval-batch-size", type=positive_int, default=128)
-    run.add_argument("--seed", type=int, default=42)
+    run.add_argument("--seed", type=numpy_seed, default=42)
     run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     run.set_defaults(run=train)
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+# The largest seed numpy's legacy and Generator seeding accept.
+MAX_SEED = 2**32 - 1
+
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
@@ -13,6 +16,28 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (where 0 means none, or all)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 0, got {value}")
+    return value
+
+
+def numpy_seed(text: str) -> int:
+    """argparse type: a seed numpy accepts, 0 to 2**32 - 1 (`np.random.seed` raises on any other)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {MAX_SEED}, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {MAX_SEED}, got {value}")
     return value
 
 

@@ -50,6 +50,7 @@ PARSE: dict[str, Parse] = {
     "bench_codes": _from_sys_argv("main"),
     "bench_codes_heldout": _from_sys_argv("main"),
     "bench_dilbert": _parse_arguments,
+    "bench_encode": _main,
     "bench_earl_speed": _main,
     "bench_length_chunks": _main,
     "bench_listformer": _from_sys_argv("main"),
@@ -67,6 +68,7 @@ PARSE: dict[str, Parse] = {
     "mini_opensquad": _main,
     "online_variant_curve": _main,
     "rank_quality": _main,
+    "reader_gap": _main,
     "reader_curve": _main,
     "train_rankers_gpu": _main,
 }
@@ -137,5 +139,39 @@ def test_zero_is_a_usage_error_naming_the_option(
     assert f"argument {option}: expected a positive integer, got 0" in error
 
 
+# (script, argv, message): k, "0: all" counts and numpy seeds, where 0 is valid and a negative is not.
+NEGATIVE_CASES = [
+    ("bench_length_chunks", ["--layers", "-1"], "expected an integer of at least 0, got -1"),
+    ("bench_length_chunks", ["--chunks", "0", "-1"], "expected an integer of at least 0, got -1"),
+    ("bench_listformer", ["--delayed-layers", "-1"], "expected an integer of at least 0, got -1"),
+    ("bench_pipeline", ["--layers", "-1"], "expected an integer of at least 0, got -1"),
+    ("bench_side_by_side", ["--warm-up-steps", "-1"], "expected an integer of at least 0, got -1"),
+    ("gpu_reader_schedule", ["sweep", "--layers", "0", "-1"], "expected an integer of at least 0, got -1"),
+    ("bench_encode", ["--seed", "-1"], "expected a seed from 0 to 4294967295, got -1"),
+    ("bench_remote_fetch", ["--seed", "4294967296"], "expected a seed from 0 to 4294967295, got 4294967296"),
+    ("bench_rotation", ["--seed", "-1"], "expected a seed from 0 to 4294967295, got -1"),
+    ("bench_scale", ["--seed", "-1"], "expected a seed from 0 to 4294967295, got -1"),
+    ("reader_gap", ["--seed", "-1"], "expected a seed from 0 to 4294967295, got -1"),
+    ("train_rankers_gpu", ["train", "--seed", "-1"], "expected a seed from 0 to 4294967295, got -1"),
+]
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "message"),
+    NEGATIVE_CASES,
+    ids=[f"{script} {' '.join(argv)}" for script, argv, _ in NEGATIVE_CASES],
+)
+def test_negative_layers_counts_and_seeds_are_usage_errors_naming_the_option(
+    script: str, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A negative k failed after the model loaded or in a worker; numpy raised on a negative seed mid-run."""
+    option = next(argument for argument in argv if argument.startswith("--"))
+    with benchmark_module(script) as bench, pytest.raises(SystemExit) as stopped:
+        PARSE[script](bench, [*argv, UNKNOWN])
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2, error
+    assert f"argument {option}: {message}" in error
+
+
 def test_every_script_with_a_case_has_a_way_to_parse() -> None:
-    assert {script for script, _ in CASES} == set(PARSE)
+    assert {script for script, _ in CASES} | {script for script, _, _ in NEGATIVE_CASES} == set(PARSE)
