@@ -93,7 +93,7 @@ def test_resume_reads_a_run_config_written_before_a_setting_existed(tiny_base, o
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"temperature": 0.0}, "temperature must be positive"),
+        ({"temperature": 0.0}, "temperature must be a positive finite number, got 0.0"),
         ({"delayed_layers": -1}, "non-negative integer"),
         ({"kind": "earl", "delayed_layers": 1}, "delayed-layers describes a Listformer only"),
         ({"kind": "cross-encoder", "prior": True}, "prior describes an EARL ranker or a Listformer only"),
