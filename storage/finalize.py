@@ -257,7 +257,7 @@ def checksum_all(root: Path, location: StoreLocation, shard_names: list[str]) ->
         if path != MANIFEST_FILE and path not in files and not path.startswith(TMP_PREFIX) and f"/{TMP_PREFIX}" not in path
     }
     for path, digest in location.sha256_many(list(sizes)).items():
-        if isinstance(digest, OSError):
+        if isinstance(digest, Exception):
             raise DilstoreError(f"cannot read {location.path(path)} to checksum it: {digest}")
         files[path] = FileEntry(bytes=sizes[path], sha256=digest)
     return dict(sorted(files.items()))

@@ -76,6 +76,14 @@ class StoreFormatError(DilstoreError):
     """A store or shard that does not follow the format (damaged, foreign or too new)."""
 
 
+class StoreReadError(DilstoreError):
+    """Reading a remote store's file failed in transit (a server error, a cut body, a timeout).
+
+    Not a StoreFormatError: the store may be whole, and the same read may
+    work a moment later, so a long-running reader keeps serving it.
+    """
+
+
 @dataclass(frozen=True)
 class Kind:
     """A representation kind: what the per-token states mean and what shape they have.

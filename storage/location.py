@@ -24,6 +24,7 @@ from zarr.abc.store import Store as ZarrStore
 from zarr.storage import FsspecStore, LocalStore
 
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.zarr_reads import RequiredChunksStore
 
 _READ_BLOCK = 8 << 20
 _HASH_THREADS = 4
@@ -105,13 +106,14 @@ class StoreLocation:
                 digest.update(block)
         return digest.hexdigest()
 
-    def sha256_many(self, relatives: list[str]) -> dict[str, str | OSError]:
-        """SHA-256 of many files, hashed on a few threads; a file that cannot be read maps to its error."""
+    def sha256_many(self, relatives: list[str]) -> dict[str, str | Exception]:
+        """SHA-256 of many files, hashed on a few threads; a file that cannot be read maps to its error (an OSError,
+        or a remote backend's own: a body cut short over HTTP is an aiohttp error, not an OSError)."""
 
-        def one(relative: str) -> str | OSError:
+        def one(relative: str) -> str | Exception:
             try:
                 return self.sha256(relative)
-            except OSError as error:
+            except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind
                 return error
 
         with ThreadPoolExecutor(max_workers=_HASH_THREADS) as pool:
@@ -119,11 +121,14 @@ class StoreLocation:
 
     @cached_property
     def zarr_store(self) -> ZarrStore:
-        """A read-only zarr-python store at the root (made once per location)."""
+        """A read-only zarr-python store at the root (made once per location), on which a missing array file or a
+        failed remote read is an error naming the file (storage/zarr_reads.py)."""
         local = self.local_root
         if local is not None:
-            return LocalStore(local, read_only=True)
-        return FsspecStore.from_url(self.url, storage_options=self.storage_options, read_only=True)
+            store: ZarrStore = LocalStore(local, read_only=True)
+        else:
+            store = FsspecStore.from_url(self.url, storage_options=self.storage_options, read_only=True)
+        return RequiredChunksStore(store, self.url)
 
     def open_group(self, relative: str) -> zarr.Group:
         """Open the Zarr v3 group at `relative` read-only with zarr-python."""

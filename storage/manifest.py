@@ -26,6 +26,7 @@ from dilstore.storage.format import (
     shard_path,
 )
 from dilstore.storage.location import StoreLocation
+from dilstore.storage.zarr_reads import read_failure
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ def read_manifest(location: StoreLocation) -> Manifest:
     where = location.path(MANIFEST_FILE)
     if not location.exists(MANIFEST_FILE):
         if not location.is_dir():
+            _refuse_an_unreadable_manifest(location, where)
             raise StoreFormatError(f"no store at {location.url}")
         raise StoreFormatError(
             f"{where} is missing: the store at {location.url} was never finalized, or its manifest was deleted"
@@ -206,7 +208,22 @@ def read_manifest(location: StoreLocation) -> Manifest:
         raw = location.read_bytes(MANIFEST_FILE)
     except IsADirectoryError:
         raise StoreFormatError(f"{where} is a directory, not a manifest file") from None
+    except FileNotFoundError:
+        raise StoreFormatError(f"{where} went missing while it was read") from None
+    except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
+        raise read_failure(where, error) from None
     return parse_manifest(raw, where)
+
+
+def _refuse_an_unreadable_manifest(location: StoreLocation, where: str) -> None:
+    """A StoreReadError when the manifest exists but cannot be read (an HTTP 500, which fsspec's `exists` reports as
+    absent), so a failing server is not taken for a wrong URL; nothing when it is really absent."""
+    try:
+        location.read_bytes(MANIFEST_FILE)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return
+    except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
+        raise read_failure(where, error) from None
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:

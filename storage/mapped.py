@@ -24,6 +24,7 @@ from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
 from zarr.codecs.bytes import Endian
 
 from dilstore.storage.format import StoreFormatError
+from dilstore.storage.zarr_reads import read_failure
 
 _INDEX_ENTRY_BYTES = 16  # uint64 offset + uint64 length per inner chunk
 _INDEX_CHECKSUM_BYTES = 4  # CRC32C after the index
@@ -176,6 +177,8 @@ def read_array_file(array: zarr.Array, fs: fsspec.AbstractFileSystem, array_dir:
         raw = fs.cat_file(path)
     except FileNotFoundError:
         raise StoreFormatError(f"missing array file {path}") from None
+    except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
+        raise read_failure(path, error) from None
     _check_size(len(raw), layout, path)
     return _checked_rows(raw, array, layout, path)
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from dilstore.storage.format import StoreFormatError
 from dilstore.storage.mapped import ContiguousLayout
+from dilstore.storage.zarr_reads import read_failure
 
 # Byte ranges of one file closer than this are read as one block. A round trip to object storage costs
 # tens of milliseconds, in which 256 KiB transfer many times over; the cap bounds what a fetch reads
@@ -85,9 +86,10 @@ def read_blocks(fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap:
     """The bytes of each range of files on `fs`, read as coalesced blocks in one `cat_ranges` call.
 
     A block that comes back with other than the bytes asked for (a truncated
-    file, or a server that ignores byte ranges and sends the whole file), a
-    missing file and a failed request (HTTP 416 for a file cut short) are a
-    StoreFormatError naming the file.
+    file, or a server that ignores byte ranges and sends the whole file) and a
+    missing file are a StoreFormatError naming the file; a request that failed
+    in transit (a server error, a cut body, a timeout) a StoreReadError, since
+    the same read may work again.
     """
     blocks, placed = coalesce(ranges, gap)
     wanted = [index for index, (_, start, stop) in enumerate(blocks) if stop > start]
@@ -102,10 +104,7 @@ def read_blocks(fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap:
             raise StoreFormatError(f"{missing}: not found (the store lacks a file its metadata names); "
                                    "run `dilstore verify`") from None  # fmt: skip
         except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
-            raise StoreFormatError(
-                f"reading byte ranges of {paths[0]}{' and more' if len(set(paths)) > 1 else ''} failed: "
-                f"{type(error).__name__}: {error}; run `dilstore verify`"
-            ) from None
+            raise read_failure(f"byte ranges of {paths[0]}{' and more' if len(set(paths)) > 1 else ''}", error) from None
         fetched = dict(zip(wanted, data, strict=True))
     for index, data in fetched.items():
         path, start, stop = blocks[index]

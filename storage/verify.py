@@ -53,6 +53,7 @@ from dilstore.storage.info import store_files
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest
 from dilstore.storage.shard import ShardAttributes
+from dilstore.storage.zarr_reads import describe
 
 _CHECK_ROWS = 1 << 18  # rows of a per-token array checked at a time
 
@@ -127,7 +128,7 @@ def _store_codebook_names(location: StoreLocation) -> set[str]:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Object at .* is not recognized", category=UserWarning)
             return set(location.open_group(CODEBOOK_DIR).array_keys())
-    except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError):
+    except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError, DilstoreError):
         return set()
 
 
@@ -185,8 +186,8 @@ def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyRepo
     for path, digest in location.sha256_many(to_hash).items():
         if isinstance(digest, FileNotFoundError):
             report.problems.append(f"missing file {path}")
-        elif isinstance(digest, OSError):
-            report.problems.append(f"{path}: cannot be read: {digest}")
+        elif isinstance(digest, Exception):
+            report.problems.append(f"{path}: cannot be read: {describe(digest)}")
         elif digest != manifest.files[path].sha256:
             report.problems.append(f"{path}: SHA-256 differs from the manifest (the file changed after finalize)")
         else:

@@ -24,7 +24,7 @@ import pytest
 
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.format import StoreFormatError
+from dilstore.storage.format import StoreFormatError, StoreReadError
 from dilstore.storage.info import store_info
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import StoredPassage
@@ -173,6 +173,50 @@ def test_an_id_index_file_cut_or_removed_is_a_store_error_at_open(served_root: P
     message = str(raised.value)
     assert f"index/{array}/c/0" in message and "\n" not in message
     assert ("missing array file" if damage == "removed" else "its metadata implies") in message
+
+
+@pytest.mark.parametrize(
+    "failing",
+    ["manifest.json", "index/zarr.json", "index/rows/c/0", "shards/shard-00001/zarr.json",
+     "shards/shard-00001/tokens/ids/zarr.json", "shards/shard-00001/states/values/c/0/0"],
+)  # fmt: skip
+def test_a_server_error_is_a_read_error_naming_the_file_and_the_next_read_works(served_root: Path,
+                                                                                failing: str, capsys) -> None:  # fmt: skip
+    """An HTTP 500 on metadata raised aiohttp's own error (a traceback at the command line), and a 500 on a data
+    range a StoreFormatError, which `serve` took for damage and so stopped serving the store for good."""
+    with serve_directory(served_root, listings=False) as server:
+        url = f"{server.url}/fp16"
+        expected = open_store(url).fetch(IDS)
+        opened = open_store(url)
+        server.faults[failing] = 500
+        with pytest.raises(StoreReadError) as raised:
+            open_store(url).fetch(IDS)
+        message = str(raised.value)
+        assert failing in message and "500" in message and "\n" not in message
+        if failing.startswith("shards/"):  # an open store meets the failure at fetch, and reads again after it
+            with pytest.raises(StoreReadError):
+                opened.fetch(IDS)
+        assert main(["info", url]) == (2 if failing == "manifest.json" else 0)
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and (not err or err.startswith("dilstore info: error: reading "))
+        server.faults.clear()
+        assert_same_passages(opened.fetch(IDS), expected)
+
+
+@pytest.mark.parametrize("read_path", ["auto", "zarr"])
+def test_a_missing_file_read_through_zarr_python_is_a_store_error_not_zeros(served_root: Path, tmp_path: Path,
+                                                                           read_path: str) -> None:  # fmt: skip
+    """zarr-python reads an absent chunk file as the fill value: a compressed store (always read through it) or the
+    zarr read path gave states of 0.0, empty texts and token ids 0, and `rerank` scored them without a word."""
+    name = "zstd" if read_path == "auto" else "fp16"
+    store = Path(shutil.copytree(served_root / name, tmp_path / name))
+    expected = open_store(store).fetch(IDS[:3])
+    (store / "shards" / "shard-00000" / "passages" / "texts" / "bytes" / "c" / "0").unlink()
+    with pytest.raises(StoreFormatError, match=r"missing array file .*shard-00000/passages/texts/bytes/c/0; run "):
+        open_store(store, read_path=read_path).fetch(IDS[:3])
+    with serve_directory(tmp_path, listings=False) as server, pytest.raises(StoreFormatError, match="missing array"):
+        open_store(f"{server.url}/{name}", read_path=read_path).fetch(IDS[:3])
+    assert expected[0].text  # the file held text: zeros would have read as ""
 
 
 def _closed_port() -> int:

@@ -1,0 +1,79 @@
+"""The zarr-python store dilstore reads through: a missing array file is an error, a failed read says so.
+
+zarr-python reads a chunk file that is not there as the array's fill value.
+Every array of a dilstore store is one file whose presence the manifest
+promises, so for a dilstore reader a missing file is damage: read as zeros,
+it gave states of 0.0, empty texts and token ids of 0, and `rerank` exited 0
+with other scores. And a remote read that fails in transit (HTTP 500, a body
+cut short, a timeout) raised the HTTP library's own exception, a traceback at
+the command line. This wrapper raises StoreFormatError for the first and
+StoreReadError for the second, both naming the file; metadata files
+(`zarr.json`) may still be absent, which is how zarr-python tells an array
+from a group and a missing node from a present one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from zarr.abc.store import ByteRequest, Store
+from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.storage import WrapperStore
+
+from dilstore.storage.format import StoreFormatError, StoreReadError
+
+_METADATA = "zarr.json"
+_RANGE_NOT_SATISFIABLE = 416
+
+
+class RequiredChunksStore(WrapperStore):
+    """A read-only zarr store whose chunk (array data) files must exist and whose failed reads name the file."""
+
+    def __init__(self, store: Store, url: str) -> None:
+        super().__init__(store)
+        self.url = url
+
+    def _with_store(self, store: Store) -> RequiredChunksStore:
+        return type(self)(store, self.url)
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        try:
+            value = await self._store.get(key, prototype, byte_range)
+        except (StoreFormatError, StoreReadError):
+            raise
+        except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
+            raise read_failure(self._path(key), error) from None
+        if value is None and not key.endswith(_METADATA):
+            raise StoreFormatError(f"missing array file {self._path(key)}; run `dilstore verify`")
+        return value
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
+
+    def _path(self, key: str) -> str:
+        return f"{self.url.rstrip('/')}/{key}"
+
+
+def read_failure(what: str, error: BaseException) -> StoreFormatError | StoreReadError:
+    """The error for a failed read of `what`: the file cut short (HTTP 416, a range past its end) is damage, a
+    StoreFormatError; anything else failed in transit, a StoreReadError, which may not recur."""
+    if getattr(error, "status", None) == _RANGE_NOT_SATISFIABLE:
+        return StoreFormatError(
+            f"reading {what} failed: {describe(error)}: the file is shorter than its metadata says; "
+            "run `dilstore verify`"
+        )
+    return StoreReadError(f"reading {what} failed: {describe(error)}; try again")
+
+
+def describe(error: BaseException) -> str:
+    """`Type: message`, or what a message-less error means (an fsspec timeout has an empty message)."""
+    text = str(error).strip()
+    if text:
+        return f"{type(error).__name__}: {text}"
+    if "timeout" in type(error).__name__.lower():
+        return f"{type(error).__name__}: the server did not answer in time"
+    return type(error).__name__
