@@ -20,7 +20,9 @@ gets 500 for the failing request only. A store whose files changed under the
 server (rebuilt with --overwrite, moved, deleted, damaged: StoreFormatError)
 cannot be served again by this process: it is marked unavailable, its requests
 get 503, and /health answers 503 naming it, so a load balancer takes the
-server out of rotation until it is restarted.
+server out of rotation until it is restarted. A read of a remote store that
+fails in transit (StoreReadError: a server error, a timeout) gets 502 for
+that request only; the store stays served.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from dilstore.reader.retrieval import Bm25Searcher
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import CONTENT_TYPE, Metrics
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.format import StoreFormatError
+from dilstore.storage.format import StoreFormatError, StoreReadError
 from dilstore.storage.reader import MissingPassagesError
 
 logger = logging.getLogger("dilstore.serve")
@@ -59,7 +61,7 @@ UNPARSED_BODY = "There was an error parsing the body"  # FastAPI's 400 detail fo
 
 
 class ClientError(Exception):
-    """A request the server refuses with a 4xx `status` and a message."""
+    """A request the server refuses with a 4xx `status` and a message (502, 503: the store could not be read)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -332,6 +334,9 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
                 store.problem = str(error)
                 logger.error("store %r is unavailable from now on: %s", store.name, error)
                 raise store.unavailable() from None
+            except StoreReadError as error:  # a remote read failed in transit: this request only, the store stays
+                logger.warning("reading store %r failed: %s", store.name, error)
+                raise ClientError(502, f"reading store {store.name!r} failed: {error}") from None
         except ClientError as error:
             return JSONResponse({"detail": str(error)}, status_code=error.status)
         except Overloaded as error:

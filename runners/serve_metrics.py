@@ -64,7 +64,7 @@ class Metrics:
 
     Families: dilstore_requests_total (counter by endpoint and status code),
     dilstore_errors_total (counter by endpoint and kind: bad_request,
-    overloaded, unavailable, internal), dilstore_request_seconds (latency histogram by
+    overloaded, unavailable, store_read, internal), dilstore_request_seconds (latency histogram by
     endpoint), dilstore_queue_seconds (time a request waited for its batch,
     by store), dilstore_batch_requests and dilstore_batch_pairs (batch sizes,
     by store), dilstore_requests_in_flight and dilstore_queue_depth (gauges).
@@ -188,6 +188,8 @@ _FAMILIES = (
 def _error_kind(status: int, retry_later: bool) -> str | None:
     if status == 503:
         return "overloaded" if retry_later else "unavailable"
+    if status == 502:
+        return "store_read"
     if status >= 500:
         return "internal"
     if status >= 400:

@@ -528,3 +528,28 @@ def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any]) ->
     assert response.status_code == 200, response.text
     expected = open_reranker(tiny["s2"], tiny["ranker_dir"]).rerank("Zürich tram", ids)
     assert {r["doc_id"]: r["score"] for r in response.json()["results"]} == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_remote_store_that_fails_in_transit_gets_502_for_that_request_and_stays_served(
+    tiny: dict[str, Any]
+) -> None:
+    """One HTTP 500 from the store's server made the store unavailable for good and /health 503 for the whole
+    server, even after the file server recovered."""
+    from tests.fixtures.http_store import serve_directory
+
+    from dilstore.runners.cmd_serve import open_served_store
+
+    ids = ["kili", "tram", "cafe", "curie"]
+    with serve_directory(tiny["s2"].parent, listings=False) as files:
+        store = open_served_store("s2", f"{files.url}/{tiny['s2'].name}", tiny["ranker_dir"], None)
+        with running([store]) as (client, _):
+            files.faults["/states/"] = 500
+            failed = client.post("/rerank", json={"query": "Zürich tram", "doc_ids": ids})
+            assert client.get("/health").status_code == 200
+            files.faults.clear()
+            answered = client.post("/rerank", json={"query": "Zürich tram", "doc_ids": ids})
+            text = client.get("/metrics").text
+    assert failed.status_code == 502, failed.text
+    assert failed.json()["detail"].startswith("reading store 's2' failed: ") and "500" in failed.json()["detail"]
+    assert answered.status_code == 200, answered.text
+    assert metric(text, "dilstore_errors_total", endpoint="/rerank", kind="store_read") == 1
