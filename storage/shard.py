@@ -136,18 +136,28 @@ class MappedColumn:
 class ZarrColumn:
     """An array read through zarr-python; the ranges of a request are read concurrently."""
 
-    def __init__(self, array: zarr.Array) -> None:
+    def __init__(self, array: zarr.Array, where: str) -> None:
         self.array = array
+        self.where = where
 
     @property
     def rows(self) -> int:
         return self.array.shape[0]
 
     async def ranges(self, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray]:
+        """The row ranges; bytes that do not decode (a checksum that differs: a damaged file, or a server that sent
+        the whole file for a byte range) are a StoreFormatError naming the array, not zarr-python's ValueError."""
         source = self.array.async_array
-        parts = await asyncio.gather(
-            *(source.getitem(slice(start, stop)) for start, stop in zip(starts.tolist(), stops.tolist(), strict=True))
-        )
+        try:
+            parts = await asyncio.gather(
+                *(source.getitem(slice(start, stop))
+                  for start, stop in zip(starts.tolist(), stops.tolist(), strict=True))
+            )  # fmt: skip
+        except ValueError as error:
+            raise StoreFormatError(
+                f"{self.where} cannot be decoded ({error}): the file is damaged, or its server does not answer byte "
+                "ranges (`Range: bytes=a-b` with 206); run `dilstore verify`"
+            ) from None
         values = [np.asarray(part) for part in parts]
         for part in values:
             part.flags.writeable = False
@@ -272,7 +282,7 @@ class ShardReader:
             if read_path == "ranged" and mappable_reason(array) is None:
                 layout = contiguous_layout(array, f"{where}/{name}")
                 return RangedColumn(location.fs, location.path(f"{relative}/{name}/{layout.chunk_key}"), layout)
-            return ZarrColumn(array)
+            return ZarrColumn(array, f"{where}/{name}")
 
         columns = {name: column(name) for name in arrays}
         ranged = [column for column in columns.values() if isinstance(column, RangedColumn)]
