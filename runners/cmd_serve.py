@@ -221,9 +221,11 @@ def open_served_store(
             index = bm25_index_dir(path)
         searcher = Bm25Searcher(index) if index is not None and any(index.glob("segments_*")) else None
         service: AskService | RerankService = RerankService(reranker, searcher)
+        reranker.store.check_files = True  # a file cut under the server's maps would kill it (storage/mapped.py)
     else:
         odqa = open_reader(path, model, index_dir=index, device=device)
         service = AskService(odqa)
+        odqa.store.check_files = True
     model_name = str(model) if model is not None else "default"
     print(f"dilstore serve: store {name!r} ({info['kind']}, {info['passages']:,} passages) from {path}, "
           f"model {model_name}", file=sys.stderr)  # fmt: skip

@@ -76,6 +76,16 @@ class StoreFormatError(DilstoreError):
     """A store or shard that does not follow the format (damaged, foreign or too new)."""
 
 
+class StoreChangedError(StoreFormatError):
+    """The store changed under an open reader: a shard opened lazily belongs to another build than the manifest
+    the store was opened with, or a memory-mapped file was cut, written, replaced or deleted since it was mapped.
+
+    Raised instead of reading it: mixing two builds (say, layer-3 states
+    under a layer-4 model) would give wrong answers with no error, and a map
+    of a file cut short kills the process on the next read (SIGBUS).
+    """
+
+
 class StoreReadError(DilstoreError):
     """Reading a remote store's file failed in transit (a server error, a cut body, a timeout).
 

@@ -7,12 +7,22 @@ When the metadata says exactly that and the index confirms that chunk i sits at
 byte i * chunk_bytes, the first `shape[0]` rows of the file are the array, and
 numpy can view them straight from the page cache. Anything else (compression,
 another layout) is not mapped, and the caller reads through zarr-python.
+
+A map shows the file as it is now, not as it was mapped: a file cut short
+under it makes the next read of a lost page a SIGBUS, which kills the
+process (a server with every store it serves), and bytes written in place
+read as data. Store files never change once written, so a reader records
+each mapped file's inode, size and mtime (`MappedFile`) and checks them
+before it reads (`check_unchanged`): a file truncated, overwritten, replaced
+or deleted since is a StoreChangedError (a StoreFormatError) instead.
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +33,7 @@ from numcodecs.checksum32 import CRC32C
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
 from zarr.codecs.bytes import Endian
 
-from dilstore.storage.format import StoreFormatError
+from dilstore.storage.format import StoreChangedError, StoreFormatError
 from dilstore.storage.zarr_reads import read_failure
 
 _INDEX_ENTRY_BYTES = 16  # uint64 offset + uint64 length per inner chunk
@@ -142,7 +152,57 @@ def contiguous_layout(array: zarr.Array, where: str | Path) -> ContiguousLayout:
     )
 
 
-def map_array(array: zarr.Array, array_dir: Path) -> np.ndarray:
+@dataclass(frozen=True)
+class MappedFile:
+    """A file as it was when it was memory-mapped (see the module docstring)."""
+
+    path: Path
+    inode: int
+    size: int
+    modified_ns: int
+
+    @classmethod
+    def of(cls, path: Path, status: os.stat_result) -> MappedFile:
+        return cls(path, status.st_ino, status.st_size, status.st_mtime_ns)
+
+    def change(self) -> str | None:
+        """How the file at `path` differs from the one mapped, or None when it is the same, unchanged."""
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            return "deleted"
+        except OSError as error:
+            return f"no longer readable ({error.strerror or error})"
+        if now.st_ino != self.inode:
+            return "replaced by another file"
+        if now.st_size != self.size:
+            return f"cut or grown from {self.size} to {now.st_size} bytes"
+        if now.st_mtime_ns != self.modified_ns:
+            return "written to in place"
+        return None
+
+
+def check_unchanged(files: Iterable[MappedFile]) -> None:
+    """A StoreChangedError naming the first mapped file that changed since it was mapped; reading it could kill the
+    process (SIGBUS) or give other data."""
+    for file in files:
+        change = file.change()
+        if change is not None:
+            raise StoreChangedError(
+                f"{file.path} was {change} after the store was opened: the store was rebuilt, damaged or replaced "
+                "under this reader; open it again (`dilstore verify` checks it)"
+            )
+
+
+@dataclass(frozen=True)
+class MappedArray:
+    """An array's values mapped from its file, and that file as it was mapped (None for an empty array: no file)."""
+
+    values: np.ndarray
+    file: MappedFile | None
+
+
+def map_array(array: zarr.Array, array_dir: Path) -> MappedArray:
     """A read-only numpy view of `array`'s values, memory-mapped from its shard file under `array_dir`.
 
     Raises StoreFormatError when the array is not mappable or its file does not
@@ -150,15 +210,16 @@ def map_array(array: zarr.Array, array_dir: Path) -> np.ndarray:
     """
     layout = _layout_or_refuse(array, f"cannot memory-map {array_dir}")
     if array.shape[0] == 0:
-        return _empty(array, layout)
+        return MappedArray(_empty(array, layout), None)
     path = array_dir / layout.chunk_key
     try:
         with path.open("rb") as file:
-            _check_size(file.seek(0, 2), layout, path)
+            status = os.fstat(file.fileno())
+            _check_size(status.st_size, layout, path)
             mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         raise StoreFormatError(f"missing array file {path}") from None
-    return _checked_rows(mapping, array, layout, path)
+    return MappedArray(_checked_rows(mapping, array, layout, path), MappedFile.of(path, status))
 
 
 def read_array_file(array: zarr.Array, fs: fsspec.AbstractFileSystem, array_dir: str) -> np.ndarray:

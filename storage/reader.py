@@ -33,12 +33,13 @@ from dilstore.storage.format import (
     INDEX_HASHES,
     INDEX_ROWS,
     INDEX_SHARDS,
+    StoreChangedError,
     StoreFormatError,
 )
 from dilstore.storage.id_index import HASH_NAME, IdIndex, Superseded, id_hashes, read_superseded
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
-from dilstore.storage.mapped import map_array, read_array_file
+from dilstore.storage.mapped import MappedFile, check_unchanged, map_array, read_array_file
 from dilstore.storage.records import StoredPassage
 from dilstore.storage.shard import ShardReader, read_ranges
 
@@ -56,14 +57,6 @@ class MissingPassagesError(DilstoreError):
         self.missing = missing
 
 
-class StoreChangedError(StoreFormatError):
-    """A shard opened lazily belongs to another build than the manifest the store was opened with.
-
-    Raised instead of reading it: mixing two builds (say, layer-3 states
-    under a layer-4 model) would give wrong answers with no error.
-    """
-
-
 _EMPTY = np.zeros(0, dtype=np.uint64)
 _CLOSED_INDEX = IdIndex(_EMPTY, _EMPTY.astype(np.uint32), _EMPTY.astype(np.uint32))  # what a closed store holds
 
@@ -72,11 +65,21 @@ class Store:
     """A finalized store opened read-only. Build it with `open_store`; `close()` it (or use `with`) when done."""
 
     def __init__(
-        self, location: StoreLocation, manifest: Manifest, index: IdIndex, *, read_path: str, max_open_shards: int
+        self,
+        location: StoreLocation,
+        manifest: Manifest,
+        index: IdIndex,
+        *,
+        read_path: str,
+        max_open_shards: int,
+        index_files: Sequence[MappedFile] = (),
+        check_files: bool = False,
     ) -> None:
         self.location = location
         self.manifest = manifest
         self._index = index
+        self._index_files = list(index_files)
+        self.check_files = check_files
         self._read_path = read_path
         self._max_open_shards = max_open_shards
         self._shards: OrderedDict[int, ShardReader] = OrderedDict()
@@ -121,7 +124,9 @@ class Store:
     def __contains__(self, passage_id: object) -> bool:
         if not isinstance(passage_id, str):
             return False
-        return not self._open_index().locate([passage_id], self._id_at)[2]
+        index = self._open_index()
+        self._check_mapped_files([passage_id], index)
+        return not index.locate([passage_id], self._id_at)[2]
 
     def __enter__(self) -> Store:
         return self
@@ -159,6 +164,7 @@ class Store:
             raise DilstoreError(f"fetch takes a list of passage ids, got {given}")
         passage_ids = list(passage_ids)
         index = self._open_index()
+        self._check_mapped_files(passage_ids, index)
         self._open_concurrently(passage_ids, index)
         shards, rows, missing = index.locate(passage_ids, self._id_at)
         if missing:
@@ -178,6 +184,19 @@ class Store:
                 passages[position] = passage
         return passages  # type: ignore[return-value]  # every position was filled above
 
+    def _check_mapped_files(self, passage_ids: Sequence[str], index: IdIndex) -> None:
+        """With `check_files`, on the mmap path, before a lookup reads them: the id index's files and those of the
+        open shards these ids point to must be as they were mapped (storage/mapped.py: a file cut short under a map
+        kills the process). A stat per file: about twice the time of a warm fetch (BENCHMARKS.md), so it is for
+        long-running readers (`serve` turns it on), not one-off commands."""
+        if not self.check_files or self._read_path != "mmap":
+            return
+        check_unchanged(self._index_files)
+        with self._lock:
+            readers = [self._shards[shard] for shard in _pointed_shards(passage_ids, index) if shard in self._shards]
+        for reader in readers:
+            check_unchanged(reader.mapped_files)
+
     def _open_concurrently(self, passage_ids: Sequence[str], index: IdIndex) -> None:
         """Open the shards these ids point to, several at once, when they are not open yet and not local.
 
@@ -185,13 +204,10 @@ class Store:
         arrays); one by one, as the id lookup would open them, they add up
         for a fetch that touches many shards. Local shards open fast enough.
         """
-        if self._read_path == "mmap" or not len(index):
+        if self._read_path == "mmap":
             return
-        hashes = id_hashes(passage_ids)
-        positions = np.minimum(np.searchsorted(index.hashes, hashes), len(index) - 1)
-        pointed = index.shards[positions[index.hashes[positions] == hashes]]
         with self._lock:
-            closed = sorted(set(pointed.tolist()) - set(self._shards))
+            closed = sorted(_pointed_shards(passage_ids, index) - set(self._shards))
         if 1 < len(closed) <= self._max_open_shards:
             with ThreadPoolExecutor(max_workers=min(_OPEN_THREADS, len(closed))) as pool:
                 list(pool.map(self.shard, closed))
@@ -257,6 +273,15 @@ class Store:
         return self.shard(shard).id_at(row)
 
 
+def _pointed_shards(passage_ids: Sequence[str], index: IdIndex) -> set[int]:
+    """The shards whose rows have the hash of one of these ids (before the lookup confirms the ids)."""
+    if not len(index):
+        return set()
+    hashes = id_hashes(passage_ids)
+    positions = np.minimum(np.searchsorted(index.hashes, hashes), len(index) - 1)
+    return set(index.shards[positions[index.hashes[positions] == hashes]].tolist())
+
+
 def open_store(
     path_or_url: str | Path,
     expected: Fingerprint | None = None,
@@ -264,6 +289,7 @@ def open_store(
     read_path: ReadPath = "auto",
     storage_options: dict[str, Any] | None = None,
     max_open_shards: int = 128,
+    check_files: bool = False,
 ) -> Store:
     """Open the finalized store at a local path or fsspec URL, read-only.
 
@@ -275,17 +301,27 @@ def open_store(
     insists on memory maps; "ranged" reads uncompressed arrays by byte ranges
     wherever the store is; "zarr" always uses zarr-python. max_open_shards
     bounds the shards kept open (each holds about six file descriptors on the
-    mmap path). Nothing is ever written, beside the store or elsewhere.
+    mmap path). check_files: before each lookup on the mmap path, check that
+    the mapped files it reads are as they were mapped, so a store rebuilt,
+    cut or overwritten under a long-running reader is a StoreChangedError,
+    not a SIGBUS that kills the process or other data (`Store.check_files`
+    may also be set later). Nothing is ever written, beside the store or
+    elsewhere.
     """
     location = StoreLocation.parse(path_or_url, storage_options)
-    manifest, chosen, index = _open_commit(location, read_path)
+    manifest, chosen, (index, index_files) = _open_commit(location, read_path)
     if expected is not None:
         check_fingerprint(manifest.fingerprint, expected, f"store {location.url}")
-    return Store(location, manifest, index, read_path=chosen, max_open_shards=max_open_shards)
+    return Store(
+        location, manifest, index, read_path=chosen, max_open_shards=max_open_shards, index_files=index_files,
+        check_files=check_files,
+    )
 
 
-def _open_commit(location: StoreLocation, read_path: ReadPath) -> tuple[Manifest, str, IdIndex]:
-    """The manifest, read path and id index of one commit of the store.
+def _open_commit(
+    location: StoreLocation, read_path: ReadPath
+) -> tuple[Manifest, str, tuple[IdIndex, list[MappedFile]]]:
+    """The manifest, read path and id index (with its mapped files) of one commit of the store.
 
     An append committed between reading the manifest and opening the index it
     names deletes that index; then the new manifest is read and opened instead.
@@ -321,8 +357,8 @@ def _choose_read_path(location: StoreLocation, manifest: Manifest, read_path: Re
     return "zarr" if manifest.compressor is not None else "ranged"
 
 
-def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) -> IdIndex:
-    """The id index arrays, memory-mapped or loaded, after checking they fit the manifest."""
+def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) -> tuple[IdIndex, list[MappedFile]]:
+    """The id index arrays, memory-mapped or loaded, after checking they fit the manifest, and the files mapped."""
     where = location.path(manifest.index)
     try:
         group = location.open_group(manifest.index)
@@ -331,7 +367,7 @@ def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) 
     attributes = group.attrs.asdict().get(ATTRIBUTES_KEY, {})
     if attributes.get("hash") != HASH_NAME or attributes.get("passages") != manifest.passages:
         raise StoreFormatError(f"{where} does not match the manifest (hash or passage count); run `dilstore verify`")
-    arrays = []
+    arrays, files = [], []
     for name in (INDEX_HASHES, INDEX_SHARDS, INDEX_ROWS):
         try:
             array = group[name]
@@ -343,7 +379,9 @@ def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) 
             raise StoreFormatError(f"{where}/{name} is not an array of {manifest.passages} entries")
         if use_mmap:
             assert location.local_root is not None
-            arrays.append(map_array(array, location.local_root / manifest.index / name))
+            mapped = map_array(array, location.local_root / manifest.index / name)
+            arrays.append(mapped.values)
+            files += [] if mapped.file is None else [mapped.file]
         else:
             arrays.append(read_array_file(array, location.fs, location.path(f"{manifest.index}/{name}")))
-    return IdIndex(*arrays)
+    return IdIndex(*arrays), files

@@ -43,7 +43,7 @@ from dilstore.storage.format import (
     states_array,
 )
 from dilstore.storage.location import StoreLocation
-from dilstore.storage.mapped import contiguous_layout, map_array, mappable_reason
+from dilstore.storage.mapped import MappedArray, contiguous_layout, map_array, mappable_reason
 from dilstore.storage.ranged import RangedColumn, read_row_ranges
 from dilstore.storage.records import StoredPassage
 
@@ -122,8 +122,9 @@ ReadPath = Literal["mmap", "ranged", "zarr"]
 class MappedColumn:
     """A memory-mapped array; ranges are zero-copy read-only views."""
 
-    def __init__(self, values: np.ndarray) -> None:
-        self.values = values
+    def __init__(self, mapped: MappedArray) -> None:
+        self.values = mapped.values
+        self.file = mapped.file
 
     @property
     def rows(self) -> int:
@@ -301,6 +302,8 @@ class ShardReader:
         elif self.encoding.prepare is not None:  # a shard's own codebook: its lookup tables, once per open shard
             self.per_shard = self.encoding.prepare(self.per_shard)
         self.vectors = whole.get(VECTORS)  # (n, d) float32, None when the shard has none
+        self.mapped_files = [column.file for column in columns.values()
+                             if isinstance(column, MappedColumn) and column.file is not None]  # fmt: skip
         self._check_offsets({name: column.rows for name, column in columns.items()})
 
     def _codebook_held(self, group: zarr.Group, store_codebook: Callable[[], Mapping[str, np.ndarray]] | None

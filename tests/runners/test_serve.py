@@ -17,6 +17,7 @@ import asyncio
 import io
 import json
 import math
+import os
 import re
 import shutil
 import socket
@@ -528,6 +529,28 @@ def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any]) ->
     assert response.status_code == 200, response.text
     expected = open_reranker(tiny["s2"], tiny["ranker_dir"]).rerank("Zürich tram", ids)
     assert {r["doc_id"]: r["score"] for r in response.json()["results"]} == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_store_file_cut_under_the_server_makes_that_store_unavailable_not_a_dead_server(
+    tiny: dict[str, Any], tmp_path: Path
+) -> None:
+    """serve maps its stores; a mapped file cut short in place (cp over it, a full disk) made the next read a SIGBUS
+    that killed the server with every store it served. serve checks the mapped files before each read."""
+    from dilstore.runners.cmd_serve import open_served_store
+
+    shutil.copytree(tiny["s2"], tmp_path / "s2")
+    ids = ["kili", "tram", "cafe", "curie"]
+    store = open_served_store("s2", str(tmp_path / "s2"), tiny["ranker_dir"], None)
+    assert store.service.reranker.store.check_files  # type: ignore[union-attr]
+    with running([store]) as (client, _):
+        assert client.post("/rerank", json={"query": "Zürich tram", "doc_ids": ids}).status_code == 200
+        for states in (tmp_path / "s2" / "shards").glob("*/states/*/c/**/*"):
+            if states.is_file():
+                os.truncate(states, 64)
+        cut = client.post("/rerank", json={"query": "Zürich tram", "doc_ids": ids})
+        health = client.get("/health")
+    assert cut.status_code == 503 and "after the store was opened" in cut.json()["detail"], cut.text
+    assert health.status_code == 503 and list(health.json()["problems"]) == ["s2"]
 
 
 def test_a_remote_store_that_fails_in_transit_gets_502_for_that_request_and_stays_served(

@@ -42,7 +42,7 @@ def test_write_array_writes_what_zarr_python_writes(tmp_path: Path, compressor: 
                             config={"write_empty_chunks": True})
         np.testing.assert_array_equal(written[...], data)
         if compressor is None and len(data):
-            np.testing.assert_array_equal(map_array(written, tmp_path / "ours" / f"a{index}"), data)
+            np.testing.assert_array_equal(map_array(written, tmp_path / "ours" / f"a{index}").values, data)
     ours_files, theirs_files = _files(tmp_path / "ours"), _files(tmp_path / "theirs")
     assert sorted(ours_files) == sorted(theirs_files) and len(ours_files) > len(CASES)
     assert [name for name in ours_files if ours_files[name] != theirs_files[name]] == []

@@ -1,0 +1,78 @@
+"""A memory-mapped store whose files change under an open reader (`check_files`, which `serve` turns on): an
+error naming the file, never a SIGBUS.
+
+A map shows the file as it is now. A file cut short under it made the next read a SIGBUS, which killed the
+process (`serve`, with every store it served); bytes written in place were read as states. Each case runs in a
+child process, so that a SIGBUS fails the test instead of killing the test worker.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.paths import ROOT
+from tests.fixtures.store_fixtures import build_store, random_shards
+
+# Opens the store, fetches every passage (mapping both shards and the id index), damages FILE as DAMAGE says,
+# then fetches again and prints the error's type and message.
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from dilstore.storage.reader import open_store
+    root, relative, damage = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    ids = sys.argv[4:]
+    store = open_store(root, read_path="mmap", check_files=True)
+    before = store.fetch(ids)
+    target = root / relative
+    time.sleep(0.05)  # past the file system's timestamp granularity
+    if damage == "cut":
+        os.truncate(target, 100)
+    elif damage == "written":
+        with open(target, "r+b") as file:
+            file.write(b"\\x7b" * 64)
+    elif damage == "deleted":
+        target.unlink()
+    else:
+        target.rename(root / "aside")
+        (root / "aside").rename(target)  # the same file back: nothing changed
+    try:
+        after = store.fetch(ids)
+    except Exception as error:
+        print(type(error).__name__, error)
+    else:
+        print("read", all((a.states == b.states).all() for a, b in zip(after, before)))
+""")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    shards = random_shards([40, 40], state_shape=(8,), seed=5, max_words=30)
+    root = build_store(tmp_path_factory.mktemp("changed") / "store", shards, encoding="fp16")
+    return root, [record.id for shard in shards for record in shard]
+
+
+@pytest.mark.parametrize("damage", ["cut", "written", "deleted", "untouched"])
+@pytest.mark.parametrize(
+    "relative", ["shards/shard-00001/states/values/c/0/0", "shards/shard-00000/passages/ids/bytes/c/0",
+                 "index/hashes/c/0"],
+)  # fmt: skip
+def test_a_mapped_file_changed_under_an_open_store_is_a_store_error(
+    store: tuple[Path, list[str]], tmp_path: Path, relative: str, damage: str
+) -> None:
+    root, ids = store
+    copy = tmp_path / "store"
+    subprocess.run(["cp", "-a", str(root), str(copy)], check=True)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(copy), relative, damage, *ids],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    assert done.returncode == 0, f"the reader died (status {done.returncode}): {done.stderr[-2000:]}"
+    if damage == "untouched":
+        assert done.stdout.strip() == "read True"
+        return
+    change = {"cut": "cut or grown from", "written": "written to in place", "deleted": "deleted"}[damage]
+    assert done.stdout.startswith(f"StoreChangedError {copy / relative} was {change}"), done.stdout
+    assert "after the store was opened" in done.stdout and "open it again" in done.stdout
