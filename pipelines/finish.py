@@ -52,7 +52,7 @@ def run_summary(stats: RunStats, job: PrecomputeJob, finished_at: float) -> dict
 
 def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
     """Write `run-summary.json` and `rejected/`, then finalize the store, or commit an append into its store; the
-    summary.
+    summary. An append that stored no passage is left uncommitted in its folder, with its dead letters.
 
     Raises DilstoreError, leaving the store unfinalized (a re-run completes
     it), when some shard has no commit marker.
@@ -69,6 +69,8 @@ def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
         finalize(store, job.fingerprint, creation, generation=job.generation)
     elif job.generation is None:
         raise DilstoreError("an append needs its run's generation (pipelines/append.py sets it)")
+    elif stats.passages == 0:
+        pass  # an append that stored nothing is not committed: the store stays as it was, and the command says why
     else:
         retire = retired_passages(Path(job.append_to), store) if job.replace else []
         commit_append(job.append_to, job.generation, job.fingerprint, creation, replace=job.replace, retire=retire)

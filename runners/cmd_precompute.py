@@ -548,13 +548,18 @@ def check_append_flags(args: argparse.Namespace) -> None:
         raise DilstoreError("--append adds to a store and --overwrite replaces it; give one of them")
 
 
-def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Append the run's passages to the finalized store at `job.store` (pipelines/append.py); the run summary.
+def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
+    """Append the run's passages to the finalized store at `job.store` (pipelines/append.py); the run summary, and
+    why nothing was appended when no passage was stored (`nothing_stored`; the store is then unchanged).
 
     Runs under the store's write lock. A run of an append the store already
-    holds says so and returns that append's summary.
+    holds says so and returns that append's summary. An append refused for
+    duplicate ids leaves no folder behind.
     """
+    import shutil
+
     from dilstore.pipelines.append import check_store_settings, prepare_append, refuse_duplicates
+    from dilstore.pipelines.job import SPEC_FILE
 
     store = Path(job.store)
     manifest = check_store_settings(store, job)
@@ -562,11 +567,20 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
     plan = prepare_append(store, job, manifest)
     if plan.committed is not None:
         print(f"dilstore precompute: {job.store} already holds this append ({plan.generation})", file=sys.stderr)
-        return {**plan.committed.get("summary", {}), "store": job.store}  # where it is now, if it was moved
-    refuse_duplicates(store, job)
+        return {**plan.committed.get("summary", {}), "store": job.store}, None  # where it is now, if it was moved
+    try:
+        refuse_duplicates(store, job)
+    except DilstoreError:
+        if [path.name for path in plan.folder.iterdir()] == [SPEC_FILE]:  # made by this run, nothing else in it
+            shutil.rmtree(plan.folder)
+            with contextlib.suppress(OSError):  # appends/ too when this run made it: only an empty one goes
+                plan.folder.parent.rmdir()
+        raise
     appended = dataclasses.replace(job, store=str(plan.folder), destination=job.store, append_to=job.store,
                                    first_shard=plan.first_shard, generation=plan.generation)
-    return run_pipeline(appended, runner, args.beam_args, args.workers, not args.no_progress)
+    summary = run_pipeline(appended, runner, args.beam_args, args.workers, not args.no_progress)
+    empty = nothing_stored(summary, str(plan.folder))
+    return summary, None if empty is None else f"{empty}; nothing was appended, {job.store} is unchanged"
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -618,8 +632,8 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
         store, spec = Path(job.store), run_spec(job)
         with write_lock(store):
             if args.append:
-                summary = append_to_store(job, runner, args)
-            elif prepare_store(store, spec, args.overwrite):
+                return append_to_store(job, runner, args)
+            if prepare_store(store, spec, args.overwrite):
                 print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
                 recorded = json.loads((store / SUMMARY_FILE).read_text(encoding="utf-8"))
                 summary = {**recorded, "store": job.store}  # where it is now, if the store was moved since
@@ -631,7 +645,7 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
                 swap_in(store, building)
             else:
                 summary = build_store(job, runner, args)
-    return summary, None if args.append else nothing_stored(summary, job.store)
+    return summary, nothing_stored(summary, job.store)
 
 
 def nothing_stored(summary: dict[str, Any], store: str) -> str | None:

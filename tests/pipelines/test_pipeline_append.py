@@ -89,8 +89,9 @@ def test_a_then_an_append_of_b_serves_what_one_run_over_a_and_b_serves(
     folder = tmp_path_factory.mktemp("append-split")
     corpus_a, corpus_b = split_corpus(folder, in_b)
     store = folder / "store"
-    assert precompute(models["dilbert"], corpus_a, store) == 0
-    assert precompute(models["dilbert"], corpus_b, store, "--append") == 0
+    # A part with no document stores no passage: its build or append exits 1 (and an empty append is not committed)
+    assert precompute(models["dilbert"], corpus_a, store) == (1 if all(in_b) else 0)
+    assert precompute(models["dilbert"], corpus_b, store, "--append") == (0 if any(in_b) else 1)
     assert_same_passages(store, union)
     report = verify_store(store)
     assert report.ok, report.problems
@@ -157,6 +158,29 @@ def test_duplicate_ids_are_refused_naming_them(models: dict[str, Path], union: P
     error = capsys.readouterr().err
     assert "more than once in the input: 'x'" in error and "1 passage ids are in" in error and "'doc-003#0'" in error
     assert "fresh#0" not in open_store(store) and verify_store(store).ok
+    assert not (store / APPENDS_DIR).exists(), "a refused append left its folder behind"
+    assert verify_store(store).untracked == []
+
+
+@pytest.mark.parametrize(("lines", "extra", "told"), [
+    ([], [], "0 document(s) read, 0 record(s) rejected; check --input"),
+    (['{"id": "a", "text": "fine"}'], ["--format", "squad"], "1 record(s) rejected (see {folder}/rejected/ for why)"),
+])  # fmt: skip
+def test_an_append_that_stores_no_passage_exits_1_says_why_and_leaves_the_store_unchanged(
+    models: dict[str, Path], union: Path, tmp_path: Path, capsys, lines: list[str], extra: list[str], told: str
+) -> None:
+    """It exited 0 without a word and committed an empty append (the manifest's format_version went up)."""
+    store = tmp_path / "store"
+    shutil.copytree(union, store)
+    manifest = (store / MANIFEST_FILE).read_bytes()
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(line + "\n" for line in lines))
+    assert precompute(models["dilbert"], corpus, store, "--append", *extra) == 1
+    err = capsys.readouterr().err
+    folder = next((store / APPENDS_DIR).iterdir())
+    assert "dilstore precompute: error: no passage was stored: " in err and told.format(folder=folder) in err
+    assert f"nothing was appended, {store} is unchanged" in err
+    assert (store / MANIFEST_FILE).read_bytes() == manifest and verify_store(store).ok
 
 
 def test_replace_serves_the_new_row_and_no_count_or_check_sees_the_old(
