@@ -30,7 +30,13 @@ def numbered_lines(path: Path, what: str = "file", *, gzipped: bool = False) -> 
         with raw, stream:
             for number, line in enumerate(stream, start=1):
                 yield number, _decoded(path, number, line)
-    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+    except gzip.BadGzipFile as error:
+        if number == 0:  # not even a gzip header: a plain file named .gz
+            raise DilstoreError(
+                f"{path}: not a gzip file ({error}); a plain text file needs a name without .gz"
+            ) from None
+        raise DilstoreError(f"{path}: not a complete gzip file (after line {number}: {error})") from None
+    except (EOFError, zlib.error) as error:
         raise DilstoreError(f"{path}: not a complete gzip file (after line {number}: {error})") from None
 
 

@@ -191,6 +191,10 @@ def test_bad_files_are_named(tmp_path: Path) -> None:
     truncated.write_bytes(truncated.read_bytes()[:200])
     with pytest.raises(DilstoreError, match="cut.jsonl.gz: not a complete gzip file"):
         read_triples(truncated, {"a": "A", "b": "B"}, tmp_path / "p")
+    misnamed = tmp_path / "plain.jsonl.gz"
+    misnamed.write_text('{"qid": "q1", "query": "y", "pos": "a", "negs": ["b"]}\n')
+    with pytest.raises(DilstoreError, match=r"plain.jsonl.gz: not a gzip file \(.*\); a plain text file needs a name"):
+        read_triples(misnamed, {"a": "A", "b": "B"}, tmp_path / "p")
     plain = tmp_path / "plain.jsonl"
     plain.write_text('{"qid": "q1", "query": "y", "pos": "a", "negs": ["b"]}\n')
     assert read_triples(plain, {"a": "A", "b": "B"}, tmp_path / "p", negatives=1)[0].negatives == ("b",)
