@@ -24,7 +24,7 @@ from zarr.abc.store import Store as ZarrStore
 from zarr.storage import FsspecStore, LocalStore
 
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.zarr_reads import RequiredChunksStore
+from dilstore.storage.zarr_reads import RequiredChunksStore, describe
 
 _READ_BLOCK = 8 << 20
 _HASH_THREADS = 4
@@ -82,7 +82,7 @@ class StoreLocation:
         except FileNotFoundError:
             raise
         except OSError as error:
-            raise DilstoreError(f"cannot reach store {self.url}: {error}") from None
+            raise DilstoreError(f"cannot reach store {self.url}: {describe(error)}") from None
 
     def read_bytes(self, relative: str) -> bytes:
         return bytes(self.fs.cat_file(self.path(relative)))

@@ -219,6 +219,16 @@ def test_a_missing_file_read_through_zarr_python_is_a_store_error_not_zeros(serv
     assert expected[0].text  # the file held text: zeros would have read as ""
 
 
+def test_a_silent_server_times_out_as_storage_options_say_and_the_error_says_so(served_root: Path) -> None:
+    """The README's way to shorten fsspec's 5-minute wait; the timeout's empty message left the error blank."""
+    import aiohttp
+
+    options = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=0.5)}}
+    with serve_directory(served_root, latency=3.0) as server, pytest.raises(DilstoreError) as raised:
+        open_store(f"{server.url}/fp16", storage_options=options)
+    assert str(raised.value).endswith("the server did not answer in time"), str(raised.value)
+
+
 def _closed_port() -> int:
     """A port on 127.0.0.1 that nothing listens on (just bound and released)."""
     with socket.socket() as probe:
