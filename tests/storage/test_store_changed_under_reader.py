@@ -56,10 +56,13 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     return root, [record.id for shard in shards for record in shard]
 
 
-@pytest.mark.parametrize("damage", ["cut", "written", "deleted", "untouched"])
+STATES = "shards/shard-00001/states/values/c/0/0"
+
+
 @pytest.mark.parametrize(
-    "relative", ["shards/shard-00001/states/values/c/0/0", "shards/shard-00000/passages/ids/bytes/c/0",
-                 "index/hashes/c/0"],
+    ("relative", "damage"),
+    [(STATES, "cut"), ("shards/shard-00000/passages/ids/bytes/c/0", "cut"), ("index/hashes/c/0", "cut"),
+     (STATES, "written"), ("index/rows/c/0", "deleted"), (STATES, "untouched")],
 )  # fmt: skip
 def test_a_mapped_file_changed_under_an_open_store_is_a_store_error(
     store: tuple[Path, list[str]], tmp_path: Path, relative: str, damage: str
