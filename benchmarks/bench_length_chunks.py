@@ -116,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--micro-batches", type=int, default=12,
                         help="micro-batches timed per chunk size (0: count the padding only, no timing)")  # fmt: skip
-    parser.add_argument("--chunks", type=non_negative_int, nargs="+", default=[0, 16, 8, 4], help="windows per pass (0: all)")
+    parser.add_argument(
+        "--chunks", type=non_negative_int, nargs="+", default=[0, 16, 8, 4], help="windows per pass (0: all)"
+    )
     parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (timed under the autocast training uses)")
     parser.add_argument("--group-length", choices=GROUP_LENGTHS, default="longest",

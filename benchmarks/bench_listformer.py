@@ -222,7 +222,9 @@ def main() -> None:
     parser.add_argument(
         "--doc-tokens", type=positive_int, default=128, help="tokens per document, [SEP] included (128)"
     )
-    parser.add_argument("--delayed-layers", type=non_negative_int, default=4, help="k of the delayed Listformer (default 4)")
+    parser.add_argument(
+        "--delayed-layers", type=non_negative_int, default=4, help="k of the delayed Listformer (default 4)"
+    )
     parser.add_argument("--batch", type=positive_int, default=100, help="cross-encoder pairs per batch (default 100)")
     parser.add_argument(
         "--repeats", type=positive_int, default=3, help="timed runs per ranker after a warm-up (default 3)"

@@ -117,7 +117,9 @@ def pipeline_run(corpus: Path, store: Path, layers: int, max_length: int, batch_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=positive_int, default=10_000, help="first N passages of the MS MARCO pool")
-    parser.add_argument("--layers", type=non_negative_int, default=4, help="k, offline layers of all-MiniLM-L6-v2 (default 4)")
+    parser.add_argument(
+        "--layers", type=non_negative_int, default=4, help="k, offline layers of all-MiniLM-L6-v2 (default 4)"
+    )
     parser.add_argument("--max-length", type=positive_int, default=384)
     parser.add_argument("--batch-tokens", type=positive_int, default=8192)
     parser.add_argument("--json-out", type=Path)

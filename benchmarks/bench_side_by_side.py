@@ -243,8 +243,9 @@ def argument_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds each phase trains")
     parser.add_argument(
-        "--warm-up-steps", type=non_negative_int, metavar="N", help="steps each worker trains before the phases (default: one pass)"
-    )
+        "--warm-up-steps", type=non_negative_int, metavar="N",
+        help="steps each worker trains before the phases (default: one pass)",
+    )  # fmt: skip
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
         "--threads", type=positive_int, default=2, help="torch threads of each worker (train qa's default)"

@@ -806,7 +806,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     more.add_argument("--export-reserve", type=float, default=30.0, help="seconds kept for the export")
     more.add_argument("--curve-reserve", type=float, default=45.0, help="seconds kept for scoring the checkpoints")
-    more.add_argument("--layers", type=non_negative_int, default=4, help="k to train (a k=0 start becomes a k-layer reader)")
+    more.add_argument(
+        "--layers", type=non_negative_int, default=4, help="k to train (a k=0 start becomes a k-layer reader)"
+    )
     more.add_argument("--groups", type=positive_int, default=32, help="questions (groups of 4 windows) per step")
     more.add_argument("--learning-rate", default="1e-4")
     more.add_argument(
@@ -820,7 +822,9 @@ def main(argv: list[str] | None = None) -> int:
     sweep = commands.add_parser(
         "sweep", parents=[on_gpu], help="the k-sweep: every k from the carried start, one recipe, side by side"
     )
-    sweep.add_argument("--layers", type=non_negative_int, nargs="+", required=True, help="the ks to train (or resume) side by side")
+    sweep.add_argument(
+        "--layers", type=non_negative_int, nargs="+", required=True, help="the ks to train (or resume) side by side"
+    )
     sweep.add_argument("--groups", type=positive_int, default=32, help="questions (groups of 4 windows) per step")
     sweep.add_argument("--learning-rate", default=LEARNING_RATE)
     sweep.add_argument(

@@ -10,34 +10,27 @@ MAX_SEED = 2**32 - 1
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+    return _integer_in(text, 1, None, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0 (where 0 means none, or all)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer of at least 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer of at least 0, got {value}")
-    return value
+    return _integer_in(text, 0, None, "an integer of at least 0")
 
 
 def numpy_seed(text: str) -> int:
     """argparse type: a seed numpy accepts, 0 to 2**32 - 1 (`np.random.seed` raises on any other)."""
+    return _integer_in(text, 0, MAX_SEED, f"a seed from 0 to {MAX_SEED}")
+
+
+def _integer_in(text: str, low: int, high: int | None, expected: str) -> int:
+    """`text` as an integer from `low` to `high` (no bound when None); an ArgumentTypeError saying `expected`."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {MAX_SEED}, got {text!r}") from None
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {MAX_SEED}, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
     return value
 
 

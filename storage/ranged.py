@@ -104,7 +104,8 @@ def read_blocks(fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap:
             raise StoreFormatError(f"{missing}: not found (the store lacks a file its metadata names); "
                                    "run `dilstore verify`") from None  # fmt: skip
         except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
-            raise read_failure(f"byte ranges of {paths[0]}{' and more' if len(set(paths)) > 1 else ''}", error) from None
+            what = f"byte ranges of {paths[0]}{' and more' if len(set(paths)) > 1 else ''}"
+            raise read_failure(what, error) from None
         fetched = dict(zip(wanted, data, strict=True))
     for index, data in fetched.items():
         path, start, stop = blocks[index]

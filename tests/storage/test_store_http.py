@@ -180,8 +180,9 @@ def test_an_id_index_file_cut_or_removed_is_a_store_error_at_open(served_root: P
     ["manifest.json", "index/zarr.json", "index/rows/c/0", "shards/shard-00001/zarr.json",
      "shards/shard-00001/tokens/ids/zarr.json", "shards/shard-00001/states/values/c/0/0"],
 )  # fmt: skip
-def test_a_server_error_is_a_read_error_naming_the_file_and_the_next_read_works(served_root: Path,
-                                                                                failing: str, capsys) -> None:  # fmt: skip
+def test_a_server_error_is_a_read_error_naming_the_file_and_the_next_read_works(
+    served_root: Path, failing: str, capsys
+) -> None:
     """An HTTP 500 on metadata raised aiohttp's own error (a traceback at the command line), and a 500 on a data
     range a StoreFormatError, which `serve` took for damage and so stopped serving the store for good."""
     with serve_directory(served_root, listings=False) as server:

@@ -219,7 +219,9 @@ def test_wordpiece_spans_point_at_the_characters_of_each_token(text: str) -> Non
             assert normalizer.normalize_str(text[start:end]).strip() == expected
 
 
-ACCENTED_WORDS = st.lists(st.text(alphabet="aeoncuéèüñçåøx\u0301\u0308", min_size=1, max_size=8), min_size=1, max_size=8)
+ACCENTED_WORDS = st.lists(
+    st.text(alphabet="aeoncuéèüñçåøx\u0301\u0308", min_size=1, max_size=8), min_size=1, max_size=8
+)
 
 
 @given(words=ACCENTED_WORDS)

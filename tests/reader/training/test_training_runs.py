@@ -179,7 +179,8 @@ def test_resume_refuses_training_data_other_than_the_interrupted_runs(
     data = json.loads(squad_file.read_text())
     data["data"][0]["title"] += " (edited)"
     other.write_text(json.dumps(data), encoding="utf-8")
-    with pytest.raises(DilstoreError, match=r"--resume: not the data the interrupted run read: train_file \(its SHA-256"):
+    refused = r"--resume: not the data the interrupted run read: train_file \(its SHA-256"
+    with pytest.raises(DilstoreError, match=refused):
         train_qa(tiny_base, other, output, config, command="t", resume=True, progress=False)
     copy = tmp_path / "copy.json"
     copy.write_bytes(squad_file.read_bytes())
