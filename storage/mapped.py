@@ -13,8 +13,11 @@ under it makes the next read of a lost page a SIGBUS, which kills the
 process (a server with every store it serves), and bytes written in place
 read as data. Store files never change once written, so a reader records
 each mapped file's inode, size and mtime (`MappedFile`) and checks them
-before it reads (`check_unchanged`): a file truncated, overwritten, replaced
-or deleted since is a StoreChangedError (a StoreFormatError) instead.
+before it reads (`check_unchanged`): a file truncated or written in place
+since, or another file now at its path (a store rebuilt there), is a
+StoreChangedError (a StoreFormatError) instead. A file deleted since is not:
+its map keeps it whole, as the store was when opened, which is how a reader
+opened before an append goes on reading the index the append removed.
 """
 
 from __future__ import annotations
@@ -166,11 +169,11 @@ class MappedFile:
         return cls(path, status.st_ino, status.st_size, status.st_mtime_ns)
 
     def change(self) -> str | None:
-        """How the file at `path` differs from the one mapped, or None when it is the same, unchanged."""
+        """How the file at `path` differs from the one mapped, or None when it is the same, unchanged, or gone."""
         try:
             now = os.stat(self.path)
         except FileNotFoundError:
-            return "deleted"
+            return None  # deleted: the map holds the file whole (module docstring)
         except OSError as error:
             return f"no longer readable ({error.strerror or error})"
         if now.st_ino != self.inode:

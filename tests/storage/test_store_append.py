@@ -211,11 +211,13 @@ def test_another_model_is_refused_naming_its_weights(tmp_path: Path) -> None:
         commit_append(store, GENERATION, other)
 
 
-@pytest.mark.parametrize("read_path", ["mmap", "zarr"])
-def test_a_reader_opened_before_the_append_keeps_reading_the_old_store(tmp_path: Path, read_path: str) -> None:
+@pytest.mark.parametrize(("read_path", "check_files"), [("mmap", False), ("mmap", True), ("zarr", False)])
+def test_a_reader_opened_before_the_append_keeps_reading_the_old_store(tmp_path: Path, read_path: str,
+                                                                       check_files: bool) -> None:  # fmt: skip
+    """With `check_files` (serve) too: the append deletes the index the reader mapped, which it reads on safely."""
     old = records(["a", "b", "c"])
     store = build_store(tmp_path / "store", [old[:2], old[2:]])
-    before = open_store(store, read_path=read_path)
+    before = open_store(store, read_path=read_path, check_files=check_files)
     before.fetch(["a"])  # shard 0 open before the append, shard 1 opened after
     write_append(store, [records(["b", "z"], seed=5)])
     commit_append(store, GENERATION, fingerprint_for(), replace=True)
