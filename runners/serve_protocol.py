@@ -50,6 +50,14 @@ def serve_protocol(seconds: float) -> type[H11Protocol]:
             self._stop_watching()
             super().connection_lost(exc)
 
+        def on_response_complete(self) -> None:
+            """A request sent behind this one on the connection starts now: part of it may be here already, and
+            no data may come to start the timer for it (an idle kept-alive connection is uvicorn's to time out)."""
+            super().on_response_complete()
+            state = self.conn.their_state
+            if state is h11.SEND_BODY or (state is h11.IDLE and self.conn.trailing_data[0]):
+                self._watch()
+
         def _watch(self) -> None:
             """Keep the timer running while the client owes part of a request, and only then."""
             if self.conn.their_state not in OWING:
