@@ -198,8 +198,8 @@ def read_manifest(location: StoreLocation) -> Manifest:
     """The manifest of the store at `location`, or a clear error when it is missing or damaged."""
     where = location.path(MANIFEST_FILE)
     if not location.exists(MANIFEST_FILE):
+        _refuse_an_unreadable_manifest(location, where)
         if not location.is_dir():
-            _refuse_an_unreadable_manifest(location, where)
             raise StoreFormatError(f"no store at {location.url}")
         raise StoreFormatError(
             f"{where} is missing: the store at {location.url} was never finalized, or its manifest was deleted"
@@ -217,7 +217,7 @@ def read_manifest(location: StoreLocation) -> Manifest:
 
 def _refuse_an_unreadable_manifest(location: StoreLocation, where: str) -> None:
     """A StoreReadError when the manifest exists but cannot be read (an HTTP 500, which fsspec's `exists` reports as
-    absent), so a failing server is not taken for a wrong URL; nothing when it is really absent."""
+    absent), so a failing server is not taken for a wrong URL or an unfinalized store; nothing when it is absent."""
     try:
         location.read_bytes(MANIFEST_FILE)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
