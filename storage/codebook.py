@@ -48,6 +48,7 @@ from dilstore.storage.format import (
 )
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.writer import build_attributes
+from dilstore.storage.zarr_reads import describe
 
 __all__ = ["CODEBOOK_DIR", "codebook_build", "codebook_digest", "load_store_codebook", "read_codebook",
            "store_codebook_problems", "write_codebook"]
@@ -144,8 +145,13 @@ def store_codebook_problems(
             problems.append(f"{shard}: cannot read its attributes: {type(error).__name__}: {error}")
             continue
         (users if isinstance(data, dict) and data.get("codebook") == STORE_CODEBOOK else copies).append(shard)
-    if not (location.exists(f"{CODEBOOK_DIR}/zarr.json") or location.is_dir(CODEBOOK_DIR)):  # HTTP lists no folders
-        return problems + [f"{shard} decodes with the store's {CODEBOOK_DIR}/, which is missing" for shard in users]
+    try:
+        location.read_bytes(f"{CODEBOOK_DIR}/zarr.json")
+    except FileNotFoundError:
+        if not location.is_dir(CODEBOOK_DIR):  # a folder without its zarr.json is a damaged group, told below
+            return problems + [f"{shard} decodes with the store's {CODEBOOK_DIR}/, which is missing" for shard in users]
+    except Exception as error:  # noqa: BLE001 - a server's failure (an HTTP 500) is one problem, blamed on no shard
+        return problems + [f"{CODEBOOK_DIR}: cannot be read: {describe(error)}"]
     try:
         group = location.open_group(CODEBOOK_DIR)
         arrays, _ = _codebook_of(group, CODEBOOK_DIR, encoding)

@@ -43,6 +43,7 @@ from dilstore.storage.format import (
     TOKEN_IDS,
     TOKEN_OFFSETS,
     VECTORS,
+    StoreReadError,
     append_dir,
     shard_name,
     shard_path,
@@ -117,9 +118,9 @@ def verify_store(path_or_url: str | Path, storage_options: dict[str, Any] | None
     return report
 
 
-def _store_codebook_names(location: StoreLocation) -> set[str]:
-    """The arrays in the store's codebook/, read once per store (none when it is missing or unreadable:
-    store_codebook_problems reports that).
+def _store_codebook_names(location: StoreLocation) -> set[str] | None:
+    """The arrays in the store's codebook/, read once per store (none when it is missing or damaged, None when a
+    read failed in transit: store_codebook_problems reports either once, and no shard is blamed for it).
 
     zarr warns about each file in the group that is no zarr node; _check_files reports such a file as a problem
     already, so the warning would only repeat it on stderr as library noise.
@@ -128,6 +129,8 @@ def _store_codebook_names(location: StoreLocation) -> set[str]:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Object at .* is not recognized", category=UserWarning)
             return set(location.open_group(CODEBOOK_DIR).array_keys())
+    except StoreReadError:
+        return None
     except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError, DilstoreError):
         return set()
 
@@ -272,7 +275,8 @@ def _strings(group: zarr.Group, data_name: str, offsets_name: str, passages: int
 
 
 def _check_shard(
-    location: StoreLocation, manifest: Manifest, entry: ShardEntry, store_codebook: set[str], report: VerifyReport
+    location: StoreLocation, manifest: Manifest, entry: ShardEntry, store_codebook: set[str] | None,
+    report: VerifyReport,
 ) -> tuple[list[str], np.ndarray] | None:
     """Check one shard's attributes, arrays, offsets, strings, spans and encoded values; return its ids and the
     tokens of each row `(n,)` (None when they cannot be read). `store_codebook` names the arrays in the store's
@@ -315,7 +319,10 @@ def _check_shard(
     encoding = get_encoding(attributes.encoding)
     in_store = set(encoding.codebook) if attributes.codebook_in_store else set()  # checked in codebook/ instead
     optional = encoding.optional_codebook()
-    present = store_codebook if attributes.codebook_in_store else {n for n in optional if states_array(n) in group}
+    if not attributes.codebook_in_store:
+        present = {n for n in optional if states_array(n) in group}
+    else:
+        present = set(optional) if store_codebook is None else store_codebook  # unread: not this shard's problem
     held = set(optional) & present
     _check_encoded(group, encoding, state_shape, tokens, where, report, held, skip=in_store)
     if attributes.vector_size is not None:

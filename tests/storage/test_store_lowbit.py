@@ -219,6 +219,20 @@ def test_verify_catches_a_damaged_store_codebook_or_shard_codebook(lowbit_store,
         assert not report.ok and any(relative in problem for problem in report.problems), report.problems
 
 
+def test_a_codebook_a_server_fails_to_send_is_one_problem_not_one_per_shard(lowbit_store) -> None:
+    """verify took an HTTP 500 on codebook/zarr.json for a store without a codebook and blamed every shard ("its
+    codebook has no 'centroids'", "decodes with the store's codebook/, which is missing")."""
+    from tests.fixtures.http_store import serve_directory
+
+    _, root, _ = lowbit_store
+    with serve_directory(root.parent, listings=False) as server:
+        server.faults[f"{root.name}/{CODEBOOK_DIR}/zarr.json"] = 500
+        report = verify_store(f"{server.url}/{root.name}")
+    assert not any(problem.startswith("shards/") for problem in report.problems), report.problems
+    assert any(problem.startswith(f"{CODEBOOK_DIR}: cannot be read: ClientResponseError: 500")
+               for problem in report.problems), report.problems
+
+
 def test_a_shard_that_uses_the_store_codebook_needs_the_group(lowbit_store, tmp_path_factory) -> None:
     encoding, root, records = lowbit_store
     codebook = read_codebook(root / CODEBOOK_DIR, encoding)[0]
