@@ -198,8 +198,9 @@ def read_manifest(location: StoreLocation) -> Manifest:
     """The manifest of the store at `location`, or a clear error when it is missing or damaged."""
     where = location.path(MANIFEST_FILE)
     if not location.exists(MANIFEST_FILE):
+        folder = location.is_dir()  # first: a host that cannot be reached is named as such
         _refuse_an_unreadable_manifest(location, where)
-        if not location.is_dir():
+        if not folder:
             raise StoreFormatError(f"no store at {location.url}")
         raise StoreFormatError(
             f"{where} is missing: the store at {location.url} was never finalized, or its manifest was deleted"
