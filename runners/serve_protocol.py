@@ -81,19 +81,26 @@ def serve_protocol(seconds: float) -> type[H11Protocol]:
                 self.transport.close()
 
         def send_400_response(self, msg: str) -> None:
-            """uvicorn's answer to a request h11 cannot parse (then it closes), with a JSON body."""
+            """uvicorn's answer to a request h11 cannot parse (then it closes), with a JSON body.
+
+            h11 sends no body after the headers of an answer to HEAD (the request line parsed, the body did not):
+            the headers go alone, where uvicorn's own version raised out of the protocol, a traceback in the log.
+            """
             body = json.dumps({"detail": msg}).encode()
             headers = [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
             ]
-            for event in (
-                h11.Response(status_code=400, headers=headers, reason=STATUS_PHRASES[400]),
-                h11.Data(data=body),
-                h11.EndOfMessage(),
-            ):
-                self.transport.write(self.conn.send(event))
+            try:
+                for event in (
+                    h11.Response(status_code=400, headers=headers, reason=STATUS_PHRASES[400]),
+                    h11.Data(data=body),
+                    h11.EndOfMessage(),
+                ):
+                    self.transport.write(self.conn.send(event) or b"")
+            except h11.LocalProtocolError:
+                pass  # what h11 refused to send (a body to HEAD) is not sent; the connection closes all the same
             self.transport.close()
 
     return ServeProtocol

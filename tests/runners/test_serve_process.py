@@ -209,9 +209,10 @@ def test_a_request_that_does_not_arrive_whole_in_time_loses_its_connection(index
         assert httpx.get(server.url + "/health", timeout=WAIT).status_code == 200
         with socket.create_connection((host, int(port)), timeout=WAIT) as garbled:
             garbled.sendall(b"NOT HTTP AT ALL\r\n\r\n")
-            refused = b""
-            while chunk := garbled.recv(65536):
-                refused += chunk
+            refused = b"".join(iter(lambda: garbled.recv(65536), b""))
+        with socket.create_connection((host, int(port)), timeout=WAIT) as garbled:  # a 400 to HEAD has no body
+            garbled.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+            refused_head = b"".join(iter(lambda: garbled.recv(65536), b""))
         wait_for_in_flight(server.url, 0)
         assert server.stop() == 0
     finally:
@@ -222,3 +223,4 @@ def test_a_request_that_does_not_arrive_whole_in_time_loses_its_connection(index
     head, _, body = refused.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), refused
     assert json.loads(body) == {"detail": "Invalid HTTP request received."}
+    assert refused_head.startswith(b"HTTP/1.1 400") and refused_head.endswith(b"\r\n\r\n"), refused_head
