@@ -80,8 +80,10 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
     appended store `superseded`: the same for the tokens of rows --replace
     took out of reach, still on disk; and `fixed`: everything else, i.e. the
     zero padding of each shard's last chunk, chunk indexes, per-shard
-    parameters and the store's codebook),
-    state_bytes_per_token_marginal (bytes one more token adds), fingerprint, creation.
+    parameters and the store's codebook; a compressed store's state bytes
+    depend on the data, so they are one `compressed` entry),
+    state_bytes_per_token_marginal (bytes one more token adds; None for a
+    compressed store), fingerprint, creation.
     """
     location = StoreLocation.parse(path_or_url, storage_options)
     manifest = read_manifest(location)
@@ -95,7 +97,7 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
         return round(size / tokens, 3) if tokens else None
 
     marginal = None
-    if manifest.state_shape is not None:
+    if manifest.state_shape is not None and manifest.compressor is None:
         encoding = get_encoding(manifest.encoding)
         stored = _stored_state_arrays(sizes)
         marginal = sum(math.prod(spec.shape(tuple(manifest.state_shape))) * np.dtype(spec.dtype).itemsize
@@ -119,9 +121,11 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
         "bytes_by_part": by_part,
         "bytes_per_token": {manifest.kind: per_token(by_part["states"])},
         "bytes_per_token_by_part": {part: per_token(size) for part, size in by_part.items()},
-        "state_bytes": {"per_token": per_token_bytes,
-                        **({"superseded": superseded_bytes} if manifest.appends else {}),
-                        "fixed": by_part["states"] - per_token_bytes - superseded_bytes},
+        "state_bytes": {"compressed": by_part["states"]} if manifest.compressor is not None else {
+            "per_token": per_token_bytes,
+            **({"superseded": superseded_bytes} if manifest.appends else {}),
+            "fixed": by_part["states"] - per_token_bytes - superseded_bytes,
+        },
         "state_bytes_per_token_marginal": marginal,
         # Only for appended stores, so other stores' info keeps its keys.
         **({} if not manifest.appends else {"appends": len(manifest.appends), "superseded": {

@@ -120,6 +120,18 @@ def test_info_json_has_the_interface_keys(store, capsys) -> None:
     assert "bytes/token  dilbert" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("compressor", ["zstd", "blosc"])
+def test_info_of_a_compressed_store_does_not_split_its_state_bytes(tmp_path: Path, compressor: str, capsys) -> None:
+    """The per-token + fixed split assumes uncompressed arrays: a blosc store showed a negative "fixed"."""
+    store = build_store(tmp_path / "s", random_shards([40, 40], state_shape=(128,), seed=2), compressor=compressor)
+    assert main(["info", str(store), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["state_bytes"] == {"compressed": info["bytes_by_part"]["states"]}
+    assert info["state_bytes_per_token_marginal"] is None
+    assert main(["info", str(store)]) == 0
+    assert " fixed " not in capsys.readouterr().out
+
+
 def test_the_command_runs_as_a_program_and_reports_errors_without_a_traceback(store, tmp_path, capsys) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "dilstore.runners.cli", "info", str(store), "--json"], capture_output=True, text=True, check=True
