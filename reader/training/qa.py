@@ -340,7 +340,13 @@ def representation_loss(
 
 
 def load_teacher(path: Path, student: DilBertReader, device: torch.device) -> DilBertReader:
-    """The frozen teacher reader at `path`, checked to be comparable with `student` (same depth, k no larger)."""
+    """The frozen teacher reader at `path`, checked to be comparable with `student` (same depth, k no larger), whose
+    online layers (k+1..l) distillation matches: a student with none (k = l) is refused."""
+    if student.layers >= student.num_layers:
+        raise DilstoreError(
+            f"--teacher: the student has k={student.layers} of {student.num_layers} layers, none online, and "
+            "distillation matches the online layers' states; give --layers below the model's layer count"
+        )
     teacher = DilBertReader.from_pretrained(path)
     if teacher.num_layers != student.num_layers or teacher.hidden_size != student.hidden_size:
         raise DilstoreError(

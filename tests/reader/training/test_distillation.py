@@ -149,6 +149,15 @@ def test_a_teacher_with_more_layers_apart_is_refused(teacher_dir: Path, squad_fi
         train_qa(teacher_dir, squad_file, tmp_path / "out", config, command="test", progress=False)
 
 
+def test_a_student_without_online_layers_is_refused(teacher_dir: Path, squad_file: Path, tmp_path: Path) -> None:
+    """k = l leaves no layer states to match: the first step died with an IndexError, whatever the weights."""
+    layers = DilBertReader.from_pretrained(teacher_dir).num_layers
+    config = TrainingConfig(layers=layers, max_steps=1, batch_size=4, teacher=str(teacher_dir),
+                            representation_weight=0.0, **SMALL_WINDOWS)  # fmt: skip
+    with pytest.raises(DilstoreError, match=rf"--teacher: the student has k={layers} of {layers} layers, none online"):
+        train_qa(teacher_dir, squad_file, tmp_path / "out", config, command="test", progress=False)
+
+
 def test_cli_reports_a_missing_teacher(squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "no-teacher"
     status = main(
