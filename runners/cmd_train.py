@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dilstore.runners.arg_types import positive_int
 from dilstore.runners.cmd_train_ranking import register_rankers, register_ranking_data
 from dilstore.runners.inputs import require_directory, require_file
 from dilstore.runners.reading_options import add_reading_arguments, apply_threads, reading_settings
@@ -114,7 +115,9 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
         "where small kernels bound the step; the first step waits for the compilation",
     )  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT")
-    parser.add_argument("--eval-limit", type=int, help="evaluate on a seeded random subset of N dev questions")
+    parser.add_argument(
+        "--eval-limit", type=positive_int, help="evaluate on a seeded random subset of N dev questions"
+    )
     parser.add_argument("--eval-seed", type=int, default=0, help="seed of the --eval-limit subset (default 0)")
     add_reading_arguments(parser)
     add_report_arguments(parser)
@@ -135,6 +138,10 @@ def run_qa(args: argparse.Namespace) -> int:
     for flag, path in (("--teacher", args.teacher), ("--codebook", args.codebook)):
         if path is not None:
             require_directory(path, flag)
+    if args.dev is not None:
+        from dilstore.reader.data.squad import load_squad
+
+        load_squad(args.dev)  # a malformed dev file is refused now, not after the training it would evaluate
     config = TrainingConfig(
         layers=args.layers,
         max_seq_length=args.max_seq_length,

@@ -352,6 +352,22 @@ def test_cli_reports_missing_training_file(tmp_path: Path, capsys: pytest.Captur
     assert f"--train {missing}: no such file" in capsys.readouterr().err
 
 
+def test_a_bad_dev_file_or_eval_limit_is_refused_before_training(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both failed only after the training, whose folder a rerun then refused: the run was lost."""
+    broken = tmp_path / "dev.json"
+    broken.write_text('{"data": [{"paragraphs": [{"context": "x"}]}]}', encoding="utf-8")
+    status = main(small_train_qa(tiny_base, squad_file, tmp_path / "a", "--layers", "1", "--dev", str(broken)))
+    assert status == 2 and "has no 'qas' key" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(SystemExit):
+        main(small_train_qa(tiny_base, squad_file, tmp_path / "b", "--layers", "1", "--dev", str(squad_file),
+                            "--eval-limit", "0"))  # fmt: skip
+    assert "argument --eval-limit: expected a positive integer, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
 def test_a_training_question_without_answers_is_refused_by_id(
     tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
