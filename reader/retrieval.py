@@ -12,11 +12,12 @@ neural encoders (torch, scikit-learn, an OpenAI client), 10 s of every
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -220,8 +221,9 @@ class Bm25Searcher:
         start_jvm()
         from jnius import autoclass
 
-        self._searcher = autoclass("io.anserini.search.SimpleSearcher")(str(index_dir))
         self._index_dir = index_dir
+        with self._lucene_errors():
+            self._searcher = autoclass("io.anserini.search.SimpleSearcher")(str(index_dir))
 
     def close(self) -> None:
         """Release the Lucene index (its files stay mapped until then, even once deleted); searching then raises."""
@@ -235,9 +237,23 @@ class Bm25Searcher:
             raise DilstoreError(f"the BM25 searcher of {self._index_dir} is closed; open it again")
         return self._searcher
 
+    @contextlib.contextmanager
+    def _lucene_errors(self) -> Iterator[None]:
+        """A Java exception from Lucene (a missing or cut index file: CorruptIndexException) as a DilstoreError."""
+        from jnius import JavaException
+
+        try:
+            yield
+        except JavaException as error:
+            raise DilstoreError(
+                f"the BM25 index {self._index_dir} cannot be read ({error.classname}: {error.innermessage}); "
+                "rebuild it with `dilstore index STORE`"
+            ) from None
+
     def search(self, query: str, k: int) -> list[Hit]:
         """The top-k passages for one query, best first."""
-        return [Hit(hit.docid, float(hit.score)) for hit in self._open().search(query, _java_int(k))]
+        with self._lucene_errors():
+            return [Hit(hit.docid, float(hit.score)) for hit in self._open().search(query, _java_int(k))]
 
     def batch_search(
         self, queries: Sequence[str], qids: Sequence[str], k: int, threads: int = 1
@@ -253,7 +269,8 @@ class Bm25Searcher:
         for query, qid in zip(queries, qids):
             java_queries.add(query)
             java_qids.add(qid)
-        found = _wait_in_python(
-            lambda: searcher.batch_search(java_queries, java_qids, _java_int(k), int(threads)), "bm25-search"
-        )
+        with self._lucene_errors():
+            found = _wait_in_python(
+                lambda: searcher.batch_search(java_queries, java_qids, _java_int(k), int(threads)), "bm25-search"
+            )
         return {qid: [Hit(hit.docid, float(hit.score)) for hit in (found.get(qid) or [])] for qid in qids}

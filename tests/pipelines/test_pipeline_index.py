@@ -31,6 +31,17 @@ from dilstore.reader.retrieval import Bm25Searcher
 hits = Bm25Searcher(Path(sys.argv[1])).search(sys.argv[2], k=3)
 print(json.dumps({"hits": [hit.passage_id for hit in hits], "encoders": "pyserini.encode" in sys.modules}))
 """
+# Opens and searches an index whose files were cut: one line naming the index, not a Java traceback.
+SEARCH_DAMAGED = """
+import sys
+from pathlib import Path
+from dilstore.reader.retrieval import Bm25Searcher
+from dilstore.storage.errors import DilstoreError
+try:
+    Bm25Searcher(Path(sys.argv[1])).search(sys.argv[2], k=3)
+except DilstoreError as error:
+    print("DilstoreError", error)
+"""
 
 
 @pytest.mark.slow
@@ -53,6 +64,14 @@ def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
     assert not searched["encoders"]  # searching never imports pyserini's neural encoders (10 s of start-up)
     report = verify_store(store)
     assert report.ok and report.untracked and all(name.startswith("bm25/") for name in report.untracked)
+    for path in (store / "bm25").iterdir():  # every file but the commit point cut to a few bytes
+        if path.is_file() and not path.name.startswith(("segments", "write.lock", "dilstore")):
+            path.write_bytes(path.read_bytes()[:8])
+    damaged = subprocess.run([sys.executable, "-c", SEARCH_DAMAGED, str(store / "bm25"), "oxygen"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert damaged.returncode == 0 and "Traceback" not in damaged.stderr, damaged.stderr
+    assert damaged.stdout.startswith(f"DilstoreError the BM25 index {store / 'bm25'} cannot be read ("), damaged.stdout
+    assert "rebuild it with `dilstore index STORE`" in damaged.stdout
 
 
 def test_index_refuses_a_folder_that_is_not_a_precomputed_store(tmp_path: Path, capsys) -> None:
