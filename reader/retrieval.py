@@ -180,6 +180,8 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
         return
     except (OSError, ValueError) as error:
         raise DilstoreError(f"{index_dir / INDEX_RECORD} cannot be read ({error}); rebuild the index") from None
+    if not isinstance(recorded, dict):
+        raise DilstoreError(f"{index_dir / INDEX_RECORD} is not a JSON object; rebuild the index")
     now = indexed_state(store)
     if recorded.get("generation") != now["generation"]:
         raise DilstoreError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,11 @@ def test_interactive_session_in_a_subprocess(store_and_model: tuple[Path, Path],
     assert "empty" in errors[0] and "empty" in errors[1]
     assert "longer than 64 tokens" in errors[2] or "characters long" in errors[2]
     assert "ghost#0" in errors[3] and "not in store" in errors[3]
+    closed = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            preexec_fn=lambda: os.close(0))  # fmt: skip  # `ask STORE <&-`: sys.stdin is None
+    assert closed.returncode == 2 and "Traceback" not in closed.stderr, closed.stderr
+    assert closed.stderr.strip().endswith("no question given and standard input is closed: give a QUESTION or "
+                                          "questions on stdin")  # fmt: skip
 
 
 class OneHitSearcher:

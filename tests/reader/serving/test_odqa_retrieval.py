@@ -107,6 +107,9 @@ def test_an_index_of_another_store_is_named_as_such(indexed: dict[str, Path], tm
     message = str(raised.value)
     assert f"the BM25 index at {other} was built for another store (build '0123456789abcdef')" in message
     assert f"give its own index, which `dilstore index {indexed['store']}` builds" in message
+    (other / INDEX_RECORD).write_text("[1, 2]")
+    with pytest.raises(DilstoreError, match=r"dilstore-index.json is not a JSON object; rebuild the index"):
+        open_reader(indexed["store"], indexed["model"], index_dir=other)
 
 
 def test_hits_equal_pyserinis_lucene_searcher(indexed: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
