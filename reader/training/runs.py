@@ -137,8 +137,15 @@ def refuse_an_earlier_run(output_dir: Path) -> None:
 
 
 def input_digests(inputs: Mapping[str, str]) -> dict[str, str]:
-    """The SHA-256 of each input that is a file (training data), by its name in `inputs`; folders are left out."""
-    return {name: file_sha256(Path(path)) for name, path in inputs.items() if Path(path).is_file()}
+    """The SHA-256 of each input, by its name in `inputs`: of a file (training data), or of a model folder's
+    weights (`model.safetensors`, the base model); other folders are left out."""
+    digests = {}
+    for name, given in inputs.items():
+        path = Path(given)
+        weights = path / "model.safetensors"
+        if path.is_file() or weights.is_file():
+            digests[name] = file_sha256(path if path.is_file() else weights)
+    return digests
 
 
 def refuse_other_inputs(output_dir: Path, digests: Mapping[str, str]) -> None:

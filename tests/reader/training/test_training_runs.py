@@ -6,12 +6,14 @@ The tiny random reader keeps each run to a second or two.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
 from tests.fixtures.locks import held_lock
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
@@ -174,7 +176,7 @@ def test_resume_refuses_training_data_other_than_the_interrupted_runs(
     output = tmp_path / "run"
     train_qa(tiny_base, squad_file, output, config, command="t", progress=False)
     recorded = json.loads((output / "run_config.json").read_text())["input_sha256"]
-    assert set(recorded) == {"train_file"}  # the base model is a folder: only files are hashed
+    assert set(recorded) == {"train_file", "base_model"}  # the base model by its weights
     other = tmp_path / "other.json"
     data = json.loads(squad_file.read_text())
     data["data"][0]["title"] += " (edited)"
@@ -182,6 +184,11 @@ def test_resume_refuses_training_data_other_than_the_interrupted_runs(
     refused = r"--resume: not the data the interrupted run read: train_file \(its SHA-256"
     with pytest.raises(DilstoreError, match=refused):
         train_qa(tiny_base, other, output, config, command="t", resume=True, progress=False)
+    other_base = shutil.copytree(tiny_base, tmp_path / "other-base")
+    weights = load_file(other_base / "model.safetensors")
+    save_file({name: tensor + 1 for name, tensor in weights.items()}, other_base / "model.safetensors")
+    with pytest.raises(DilstoreError, match=r"--resume: not the data the interrupted run read: base_model \(its SHA"):
+        train_qa(other_base, squad_file, output, config, command="t", resume=True, progress=False)
     copy = tmp_path / "copy.json"
     copy.write_bytes(squad_file.read_bytes())
     assert train_qa(tiny_base, copy, output, config, command="t", resume=True, progress=False).steps == 2
