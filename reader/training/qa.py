@@ -40,7 +40,7 @@ trained k is exactly the k that `precompute` and `ask` use.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,11 @@ def _throughput(windows_per_example: int) -> Throughput:
 # padding depends on: at 32 groups a micro-batch over SQuAD-train, real tokens are 0.672 of those computed against
 # 0.529 with "sum" (over its windows, the measure before; BENCHMARKS.md).
 GROUP_LENGTHS = ("longest", "sum")
+# Settings that act only with another: option -> its settings (TrainingConfig fields).
+_ACTING_ONLY_WITH = {
+    "teacher": ("distillation_temperature", "distillation_weight", "representation_weight"),
+    "shared_norm": ("shared_norm_negatives", "group_length"),
+}
 
 
 def _group_length_before(saved: dict[str, Any]) -> str:
@@ -129,6 +134,17 @@ class TrainingConfig:
     chunk_windows: int | None = None  # None: length_chunks.default_chunk_windows of the run's device
     compile: bool = False  # DilBertReader.compile_layers before training: how a step is computed, not what
 
+    def _refuse_settings_without_their_option(self) -> None:
+        """A DilstoreError naming the settings changed from their defaults that only act with an option not given
+        (distillation's without --teacher, shared normalisation's without --shared-norm): they were ignored."""
+        defaults = {item.name: item.default for item in fields(self)}
+        for option, settings in _ACTING_ONLY_WITH.items():
+            if getattr(self, option) is None:
+                changed = [name for name in settings if getattr(self, name) != defaults[name]]
+                if changed:
+                    names = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
+                    raise DilstoreError(f"{names} only act with --{option.replace('_', '-')}, which is not given")
+
     def __post_init__(self) -> None:
         check_loop_settings(self)
         if self.group_length not in GROUP_LENGTHS:
@@ -173,6 +189,7 @@ class TrainingConfig:
             raise DilstoreError(
                 f"doc-stride ({self.doc_stride}) must be smaller than max-seq-length ({self.max_seq_length})"
             )
+        self._refuse_settings_without_their_option()  # last: a bad value is named as such first
 
 
 @dataclass(frozen=True)
