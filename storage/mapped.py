@@ -12,12 +12,18 @@ A map shows the file as it is now, not as it was mapped: a file cut short
 under it makes the next read of a lost page a SIGBUS, which kills the
 process (a server with every store it serves), and bytes written in place
 read as data. Store files never change once written, so a reader records
-each mapped file's inode, size and mtime (`MappedFile`) and checks them
+each mapped file's inode, size and mtime (`WatchedFile`) and checks them
 before it reads (`check_unchanged`): a file truncated or written in place
 since, or another file now at its path (a store rebuilt there), is a
 StoreChangedError (a StoreFormatError) instead. A file deleted since is not:
 its map keeps it whole, as the store was when opened, which is how a reader
 opened before an append goes on reading the index the append removed.
+
+The other local read paths (compressed stores, or "zarr" and "ranged" asked
+for) read a shard's chunks when a lookup needs them, with the offsets read
+when the shard opened: after a rebuild in place they would slice the new
+build's files with the old build's offsets. So they watch each open shard's
+metadata (its zarr.json, which every build writes anew) the same way.
 """
 
 from __future__ import annotations
@@ -156,8 +162,9 @@ def contiguous_layout(array: zarr.Array, where: str | Path) -> ContiguousLayout:
 
 
 @dataclass(frozen=True)
-class MappedFile:
-    """A file as it was when it was memory-mapped (see the module docstring)."""
+class WatchedFile:
+    """A store file as a reader found it: when it was memory-mapped, or, on the other local read paths, a shard's
+    metadata when the shard was opened (see the module docstring)."""
 
     path: Path
     inode: int
@@ -165,11 +172,11 @@ class MappedFile:
     modified_ns: int
 
     @classmethod
-    def of(cls, path: Path, status: os.stat_result) -> MappedFile:
+    def of(cls, path: Path, status: os.stat_result) -> WatchedFile:
         return cls(path, status.st_ino, status.st_size, status.st_mtime_ns)
 
     def change(self) -> str | None:
-        """How the file at `path` differs from the one mapped, or None when it is the same, unchanged, or gone."""
+        """How the file at `path` differs from the one found, or None when it is the same, unchanged, or gone."""
         try:
             now = os.stat(self.path)
         except FileNotFoundError:
@@ -185,9 +192,18 @@ class MappedFile:
         return None
 
 
-def check_unchanged(files: Iterable[MappedFile]) -> None:
-    """A StoreChangedError naming the first mapped file that changed since it was mapped; reading it could kill the
-    process (SIGBUS) or give other data."""
+def watch(path: Path) -> WatchedFile | None:
+    """`path` as it is now, for `check_unchanged` later; None when it cannot be found (the read that follows says
+    so)."""
+    try:
+        return WatchedFile.of(path, os.stat(path))
+    except OSError:
+        return None
+
+
+def check_unchanged(files: Iterable[WatchedFile]) -> None:
+    """A StoreChangedError naming the first watched file that changed since it was found; reading a mapped one could
+    kill the process (SIGBUS), and reading on from any of them could give another build's data."""
     for file in files:
         change = file.change()
         if change is not None:
@@ -202,7 +218,7 @@ class MappedArray:
     """An array's values mapped from its file, and that file as it was mapped (None for an empty array: no file)."""
 
     values: np.ndarray
-    file: MappedFile | None
+    file: WatchedFile | None
 
 
 def map_array(array: zarr.Array, array_dir: Path) -> MappedArray:
@@ -222,7 +238,7 @@ def map_array(array: zarr.Array, array_dir: Path) -> MappedArray:
             mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         raise StoreFormatError(f"missing array file {path}") from None
-    return MappedArray(_checked_rows(mapping, array, layout, path), MappedFile.of(path, status))
+    return MappedArray(_checked_rows(mapping, array, layout, path), WatchedFile.of(path, status))
 
 
 def read_array_file(array: zarr.Array, fs: fsspec.AbstractFileSystem, array_dir: str) -> np.ndarray:

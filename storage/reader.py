@@ -39,7 +39,7 @@ from dilstore.storage.format import (
 from dilstore.storage.id_index import HASH_NAME, IdIndex, Superseded, id_hashes, read_superseded
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
-from dilstore.storage.mapped import MappedFile, check_unchanged, map_array, read_array_file
+from dilstore.storage.mapped import WatchedFile, check_unchanged, map_array, read_array_file
 from dilstore.storage.records import StoredPassage
 from dilstore.storage.shard import ShardReader, read_ranges
 
@@ -72,7 +72,7 @@ class Store:
         *,
         read_path: str,
         max_open_shards: int,
-        index_files: Sequence[MappedFile] = (),
+        index_files: Sequence[WatchedFile] = (),
         check_files: bool = False,
     ) -> None:
         self.location = location
@@ -125,7 +125,7 @@ class Store:
         if not isinstance(passage_id, str):
             return False
         index = self._open_index()
-        self._check_mapped_files([passage_id], index)
+        self._check_watched_files([passage_id], index)
         return not index.locate([passage_id], self._id_at)[2]
 
     def __enter__(self) -> Store:
@@ -164,7 +164,7 @@ class Store:
             raise DilstoreError(f"fetch takes a list of passage ids, got {given}")
         passage_ids = list(passage_ids)
         index = self._open_index()
-        self._check_mapped_files(passage_ids, index)
+        self._check_watched_files(passage_ids, index)
         self._open_concurrently(passage_ids, index)
         shards, rows, missing = index.locate(passage_ids, self._id_at)
         if missing:
@@ -184,18 +184,19 @@ class Store:
                 passages[position] = passage
         return passages  # type: ignore[return-value]  # every position was filled above
 
-    def _check_mapped_files(self, passage_ids: Sequence[str], index: IdIndex) -> None:
-        """With `check_files`, on the mmap path, before a lookup reads them: the id index's files and those of the
-        open shards these ids point to must be as they were mapped (storage/mapped.py: a file cut short under a map
-        kills the process). A stat per file: about twice the time of a warm fetch (BENCHMARKS.md), so it is for
-        long-running readers (`serve` turns it on), not one-off commands."""
-        if not self.check_files or self._read_path != "mmap":
+    def _check_watched_files(self, passage_ids: Sequence[str], index: IdIndex) -> None:
+        """With `check_files`, on a local store, before a lookup reads them: the id index's mapped files and the
+        watched files of the open shards these ids point to must be as they were found (storage/mapped.py: a file
+        cut short under a map kills the process; a shard rebuilt under its offsets gives another build's data).
+        A stat per file: about twice the time of a warm fetch (BENCHMARKS.md), so it is for long-running readers
+        (`serve` turns it on), not one-off commands."""
+        if not self.check_files or self.location.local_root is None:
             return
         check_unchanged(self._index_files)
         with self._lock:
             readers = [self._shards[shard] for shard in _pointed_shards(passage_ids, index) if shard in self._shards]
         for reader in readers:
-            check_unchanged(reader.mapped_files)
+            check_unchanged(reader.watched_files)
 
     def _open_concurrently(self, passage_ids: Sequence[str], index: IdIndex) -> None:
         """Open the shards these ids point to, several at once, when they are not open yet and not local.
@@ -301,10 +302,11 @@ def open_store(
     insists on memory maps; "ranged" reads uncompressed arrays by byte ranges
     wherever the store is; "zarr" always uses zarr-python. max_open_shards
     bounds the shards kept open (each holds about six file descriptors on the
-    mmap path). check_files: before each lookup on the mmap path, check that
-    the mapped files it reads are as they were mapped, so a store rebuilt,
-    cut or overwritten under a long-running reader is a StoreChangedError,
-    not a SIGBUS that kills the process or other data (`Store.check_files`
+    mmap path). check_files: before each lookup on a local store, check that
+    the mapped files it reads (or, on the other read paths, the metadata of
+    the shards it reads) are as they were found, so a store rebuilt, cut or
+    overwritten under a long-running reader is a StoreChangedError, not a
+    SIGBUS that kills the process or another build's data (`Store.check_files`
     may also be set later). Nothing is ever written, beside the store or
     elsewhere.
     """
@@ -320,7 +322,7 @@ def open_store(
 
 def _open_commit(
     location: StoreLocation, read_path: ReadPath
-) -> tuple[Manifest, str, tuple[IdIndex, list[MappedFile]]]:
+) -> tuple[Manifest, str, tuple[IdIndex, list[WatchedFile]]]:
     """The manifest, read path and id index (with its mapped files) of one commit of the store.
 
     An append committed between reading the manifest and opening the index it
@@ -357,7 +359,7 @@ def _choose_read_path(location: StoreLocation, manifest: Manifest, read_path: Re
     return "zarr" if manifest.compressor is not None else "ranged"
 
 
-def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) -> tuple[IdIndex, list[MappedFile]]:
+def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) -> tuple[IdIndex, list[WatchedFile]]:
     """The id index arrays, memory-mapped or loaded, after checking they fit the manifest, and the files mapped."""
     where = location.path(manifest.index)
     try:

@@ -43,7 +43,7 @@ from dilstore.storage.format import (
     states_array,
 )
 from dilstore.storage.location import StoreLocation
-from dilstore.storage.mapped import MappedArray, contiguous_layout, map_array, mappable_reason
+from dilstore.storage.mapped import MappedArray, contiguous_layout, map_array, mappable_reason, watch
 from dilstore.storage.ranged import RangedColumn, read_row_ranges
 from dilstore.storage.records import StoredPassage
 
@@ -246,6 +246,9 @@ class ShardReader:
         (`codebook: "store"`).
         """
         where = location.path(relative)
+        local_root = location.local_root
+        # Found before the group is read: a rebuild after this is seen by the generation check or by check_unchanged.
+        metadata = None if local_root is None or read_path == "mmap" else watch(local_root / relative / "zarr.json")
         try:
             group = location.open_group(relative)
         except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
@@ -253,7 +256,6 @@ class ShardReader:
         self.where = where
         self.attributes = ShardAttributes.of(group, where)
         self.encoding: Encoding = get_encoding(self.attributes.encoding)
-        local_root = location.local_root
         if read_path == "mmap" and local_root is None:
             raise StoreFormatError(f"cannot memory-map {location.url}: not on the local filesystem")
         from_store = set(self.encoding.codebook) if self.attributes.codebook_in_store else set()
@@ -302,8 +304,11 @@ class ShardReader:
         elif self.encoding.prepare is not None:  # a shard's own codebook: its lookup tables, once per open shard
             self.per_shard = self.encoding.prepare(self.per_shard)
         self.vectors = whole.get(VECTORS)  # (n, d) float32, None when the shard has none
-        self.mapped_files = [column.file for column in columns.values()
-                             if isinstance(column, MappedColumn) and column.file is not None]  # fmt: skip
+        # What Store.check_files checks before a lookup reads this shard: its mapped files, or its metadata.
+        self.watched_files = [column.file for column in columns.values()
+                              if isinstance(column, MappedColumn) and column.file is not None]  # fmt: skip
+        if metadata is not None:
+            self.watched_files.append(metadata)
         self._check_offsets({name: column.rows for name, column in columns.items()})
 
     def _codebook_held(self, group: zarr.Group, store_codebook: Callable[[], Mapping[str, np.ndarray]] | None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,35 @@ def test_finalize_removes_what_a_killed_finalize_left_at_the_root(tmp_path: Path
     finalize(root, fingerprint_for("dilbert", "fp16"), generation="gen-a")
     assert not any(path.exists() for path in leftovers)
     assert (root / "notes.txt").read_text() == "the user's own file stays"
+
+
+@pytest.mark.parametrize(("read_path", "compressor"), [("auto", "zstd"), ("zarr", None), ("ranged", None)])
+def test_an_open_shard_rebuilt_in_place_is_refused_on_the_read_paths_that_read_lazily(
+    tmp_path: Path, read_path: str, compressor: str | None
+) -> None:
+    """Off the mmap path an open shard reads its chunks when a lookup needs them, with the offsets it read when it
+    opened. The store rebuilt in place with the same passages in another row order: with `check_files` the next
+    lookup is a StoreChangedError; it was served each passage's neighbour's text and states, without an error."""
+    root = tmp_path / "s"
+    shards = random_shards([6, 6], state_shape=(4,), seed=3, max_words=8)
+
+    def build_rows(order: int) -> None:
+        fingerprint = fingerprint_for("dilbert", "fp16")
+        for index, records in enumerate(shards):
+            write_shard(root, index, records[::order], kind="dilbert", encoding="fp16", durable=False,
+                        generation=f"gen{order:+}", fingerprint=fingerprint, compressor=compressor)  # fmt: skip
+        finalize(root, fingerprint, {"command": "test"}, generation=f"gen{order:+}")
+
+    build_rows(1)
+    ids = [record.id for record in shards[0]]
+    with open_store(root, read_path=read_path, check_files=True) as store:
+        assert store.read_path != "mmap"
+        assert [passage.text for passage in store.fetch(ids)] == [record.text for record in shards[0]]
+        shutil.rmtree(root)
+        time.sleep(0.05)  # past the file system's timestamp granularity, as any real rebuild is
+        build_rows(-1)  # the metadata is as long as before; it may even get the inode of the deleted one
+        with pytest.raises(StoreChangedError, match="shard-00000/zarr.json was (replaced by another file|written to "
+                           "in place) after the store was opened.*open it again"):  # fmt: skip
+            store.fetch(ids[:1])
+    with open_store(root, read_path=read_path) as reopened:
+        assert [passage.text for passage in reopened.fetch(ids)] == [record.text for record in shards[0]]
