@@ -27,18 +27,23 @@ _PATH = (str, Path)
 _OPTIONAL_PATH = (str, Path, type(None))
 
 
-def open_store(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> Store:
+def open_store(
+    path: PathLike, *, storage_options: dict[str, Any] | None = None, check_files: bool = False
+) -> Store:
     """A finalized store, read-only: `store.fetch(ids)`, `store.fingerprint`, `store.manifest`.
 
     `path` is a local folder (memory-mapped) or an fsspec URL such as
     https://host/store or s3://bucket/store; `storage_options` go to that
-    URL's fsspec filesystem (credentials, endpoint).
+    URL's fsspec filesystem (credentials, endpoint). `check_files`: for a
+    program that keeps a local store open, each lookup first checks that the
+    store's files it reads are as they were (README, Python API).
     """
     from dilstore.storage.reader import open_store as open_shard_store
 
     _check("path", path, _PATH, "a folder path or URL")
     _check("storage_options", storage_options, (dict, type(None)), "a dict of fsspec options or None")
-    return open_shard_store(path, storage_options=storage_options)
+    _check("check_files", check_files, (bool,), "True or False")
+    return open_shard_store(path, storage_options=storage_options, check_files=check_files)
 
 
 def open_reader(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import dilstore
+from tests.fixtures.store_fixtures import build_store, random_shards
 
 
 @pytest.mark.parametrize(
@@ -18,6 +19,7 @@ import dilstore
     [
         (lambda root: dilstore.open_store(None), "path must be a folder path or URL, got NoneType None"),
         (lambda root: dilstore.open_store(root, storage_options=5), "storage_options must be a dict"),
+        (lambda root: dilstore.open_store(root, check_files=1), "check_files must be True or False, got int 1"),
         (lambda root: dilstore.open_reader(root, mu="x"), "mu must be a number from 0 to 1 or None, got str 'x'"),
         (lambda root: dilstore.open_reader(root, top_p=2.5), "top_p must be a positive integer or None"),
         (lambda root: dilstore.open_reader(root, top_p=True), "top_p must be a positive integer or None, got bool"),
@@ -39,3 +41,10 @@ def test_a_long_wrong_value_is_cut_in_the_message(tmp_path: Path) -> None:
     with pytest.raises(dilstore.DilstoreError) as raised:
         dilstore.open_reader(tmp_path, mu="μ" * 1000)
     assert len(str(raised.value)) < 200
+
+
+def test_open_store_takes_check_files_as_the_readme_says(tmp_path: Path) -> None:
+    """The README's Python API section tells long-running programs to pass it; it was a TypeError."""
+    root = build_store(tmp_path / "store", random_shards([2], state_shape=(4,), seed=1), encoding="fp16")
+    with dilstore.open_store(root, check_files=True) as checked, dilstore.open_store(root) as plain:
+        assert (checked.check_files, plain.check_files) == (True, False)
