@@ -146,19 +146,24 @@ class ZarrColumn:
         return self.array.shape[0]
 
     async def ranges(self, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray]:
-        """The row ranges; bytes that do not decode (a checksum that differs: a damaged file, or a server that sent
-        the whole file for a byte range) are a StoreFormatError naming the array, not zarr-python's ValueError."""
+        """The row ranges; bytes that do not decode (a checksum that differs or compressed bytes the codec refuses:
+        a damaged file, or a server that sent the whole file for a byte range) are a StoreFormatError naming the
+        array, not zarr-python's ValueError or the decompressor's RuntimeError. Every read ends before the first
+        failure is raised, so none is left pending."""
         source = self.array.async_array
-        try:
-            parts = await asyncio.gather(
-                *(source.getitem(slice(start, stop))
-                  for start, stop in zip(starts.tolist(), stops.tolist(), strict=True))
-            )  # fmt: skip
-        except ValueError as error:
+        parts = await asyncio.gather(
+            *(source.getitem(slice(start, stop))
+              for start, stop in zip(starts.tolist(), stops.tolist(), strict=True)),
+            return_exceptions=True,
+        )  # fmt: skip
+        failure = next((part for part in parts if isinstance(part, BaseException)), None)
+        if isinstance(failure, ValueError | RuntimeError):
             raise StoreFormatError(
-                f"{self.where} cannot be decoded ({error}): the file is damaged, or its server does not answer byte "
+                f"{self.where} cannot be decoded ({failure}): the file is damaged, or its server does not answer byte "
                 "ranges (`Range: bytes=a-b` with 206); run `dilstore verify`"
             ) from None
+        if failure is not None:
+            raise failure
         values = [np.asarray(part) for part in parts]
         for part in values:
             part.flags.writeable = False
@@ -186,7 +191,12 @@ def read_ranges(requests: Sequence[RangeRequest], check: Sequence[RangedColumn] 
     if through_zarr:
 
         async def gather() -> list[list[np.ndarray]]:
-            return list(await asyncio.gather(*(requests[i][0].ranges(*requests[i][1:]) for i in through_zarr)))  # type: ignore[union-attr]
+            reads = (requests[i][0].ranges(*requests[i][1:]) for i in through_zarr)  # type: ignore[union-attr]
+            columns = await asyncio.gather(*reads, return_exceptions=True)  # all end before a failure is raised
+            failure = next((rows for rows in columns if isinstance(rows, BaseException)), None)
+            if failure is not None:
+                raise failure
+            return list(columns)  # type: ignore[arg-type]  # no failure among them
 
         for i, rows in zip(through_zarr, sync(gather()), strict=True):
             results[i] = rows

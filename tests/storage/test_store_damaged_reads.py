@@ -126,3 +126,22 @@ def test_a_truncated_array_zarr_json_is_refused_by_name(store: Path, read_path: 
             opened.fetch([ids[0]])
     message = str(raised.value)
     assert f"cannot open {store / relative}: JSONDecodeError" in message and "dilstore verify" in message
+
+
+@pytest.mark.parametrize("compressor", ["zstd", "blosc"])
+@pytest.mark.parametrize("relative", ["states/values/c/0/0", "passages/ids/bytes/c/0"])
+def test_compressed_bytes_the_codec_refuses_are_one_store_format_error(
+    tmp_path: Path, compressor: str, relative: str
+) -> None:
+    """Bytes flipped at the start of a compressed chunk: the decompressor's RuntimeError came out bare, from a fetch
+    (states) or from opening the shard (ids), and each sibling read was left pending ("Task was destroyed")."""
+    shards = random_shards([5, 4], state_shape=(3,), seed=11, max_words=10)
+    root = build_store(tmp_path / "store", shards, encoding="fp16", compressor=compressor)
+    target = root / shard_path(1) / relative
+    raw = bytearray(target.read_bytes())
+    raw[:8] = bytes(byte ^ 0x5A for byte in raw[:8])
+    target.write_bytes(bytes(raw))
+    with open_store(root) as opened:
+        assert opened.read_path == "zarr"
+        with pytest.raises(StoreFormatError, match=r"shard-00001/.* cannot be decoded .*run `dilstore verify`"):
+            opened.fetch([record.id for record in shards[1]])
