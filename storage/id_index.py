@@ -48,8 +48,16 @@ class DuplicatePassageIdError(DilstoreError):
 
 
 def id_hash(passage_id: str) -> int:
-    """The 64-bit index hash of a passage id."""
-    return int.from_bytes(hashlib.blake2b(passage_id.encode("utf-8"), digest_size=8).digest(), "little")
+    """The 64-bit index hash of a passage id.
+
+    An id holding a lone surrogate (JSON "\\ud800") is not Unicode text, and no
+    store holds one; hashed from its surrogate-passing bytes, which no stored
+    (UTF-8) id has, it is looked up and not found, as any other missing id,
+    where it raised UnicodeEncodeError (a 500 from serve). Valid ids hash as
+    their UTF-8 bytes.
+    """
+    digest = hashlib.blake2b(passage_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def id_hashes(passage_ids: Sequence[str]) -> np.ndarray:

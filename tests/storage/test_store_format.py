@@ -203,6 +203,16 @@ def test_missing_ids_raise_naming_the_first_few(fp32_store) -> None:
     assert caught.value.missing == [f"nope-{i}" for i in range(7)]
 
 
+def test_an_id_holding_a_lone_surrogate_is_missing_not_an_encoding_error(fp32_store) -> None:
+    """JSON's "\\ud800" decodes to an id that is not Unicode text: `in` and fetch raised UnicodeEncodeError (and
+    serve's /rerank a 500); no store can hold it, so it is missing like any other id."""
+    store = open_store(fp32_store)
+    assert "\ud800" not in store and "s0/p\udfff" not in store and "s0/p0" in store
+    with pytest.raises(MissingPassagesError, match="1 of 2 requested passage ids are not in store") as caught:
+        store.fetch(["s0/p0", "s0/p\ud800"])
+    assert caught.value.missing == ["s0/p\ud800"]
+
+
 @pytest.mark.parametrize(
     ("ids", "message"),
     [
