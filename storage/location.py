@@ -128,7 +128,7 @@ class StoreLocation:
             store: ZarrStore = LocalStore(local, read_only=True)
         else:
             store = FsspecStore.from_url(self.url, storage_options=self.storage_options, read_only=True)
-        return RequiredChunksStore(store, self.url)
+        return RequiredChunksStore(store, self.url, local=local is not None)
 
     def open_group(self, relative: str) -> zarr.Group:
         """Open the Zarr v3 group at `relative` read-only with zarr-python."""

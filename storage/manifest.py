@@ -212,7 +212,7 @@ def read_manifest(location: StoreLocation) -> Manifest:
     except FileNotFoundError:
         raise StoreFormatError(f"{where} went missing while it was read") from None
     except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
-        raise read_failure(where, error) from None
+        raise read_failure(where, error, local=location.local_root is not None) from None
     return parse_manifest(raw, where)
 
 
@@ -224,7 +224,7 @@ def _refuse_an_unreadable_manifest(location: StoreLocation, where: str) -> None:
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return
     except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
-        raise read_failure(where, error) from None
+        raise read_failure(where, error, local=location.local_root is not None) from None
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 import fsspec
 import numpy as np
 import zarr
+from fsspec.implementations.local import LocalFileSystem
 from numcodecs.checksum32 import CRC32C
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
 from zarr.codecs.bytes import Endian
@@ -238,6 +239,8 @@ def map_array(array: zarr.Array, array_dir: Path) -> MappedArray:
             mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         raise StoreFormatError(f"missing array file {path}") from None
+    except OSError as error:  # no permission, a directory or a loop of links: no failure in transit
+        raise read_failure(str(path), error, local=True) from None
     return MappedArray(_checked_rows(mapping, array, layout, path), WatchedFile.of(path, status))
 
 
@@ -258,7 +261,7 @@ def read_array_file(array: zarr.Array, fs: fsspec.AbstractFileSystem, array_dir:
     except FileNotFoundError:
         raise StoreFormatError(f"missing array file {path}") from None
     except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
-        raise read_failure(path, error) from None
+        raise read_failure(path, error, local=isinstance(fs, LocalFileSystem)) from None
     _check_size(len(raw), layout, path)
     return _checked_rows(raw, array, layout, path)
 

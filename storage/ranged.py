@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import fsspec
 import numpy as np
+from fsspec.implementations.local import LocalFileSystem
 
 from dilstore.storage.format import StoreFormatError
 from dilstore.storage.mapped import ContiguousLayout
@@ -105,7 +106,7 @@ def read_blocks(fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap:
                                    "run `dilstore verify`") from None  # fmt: skip
         except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
             what = f"byte ranges of {paths[0]}{' and more' if len(set(paths)) > 1 else ''}"
-            raise read_failure(what, error) from None
+            raise read_failure(what, error, local=isinstance(fs, LocalFileSystem)) from None
         fetched = dict(zip(wanted, data, strict=True))
     for index, data in fetched.items():
         path, start, stop = blocks[index]

@@ -7,7 +7,9 @@ it gave states of 0.0, empty texts and token ids of 0, and `rerank` exited 0
 with other scores. And a remote read that fails in transit (HTTP 500, a body
 cut short, a timeout) raised the HTTP library's own exception, a traceback at
 the command line. This wrapper raises StoreFormatError for the first and
-StoreReadError for the second, both naming the file; metadata files
+StoreReadError for the second, both naming the file (a local file that cannot
+be read, one without permission or a directory, is no failure in transit: a
+StoreFormatError too); metadata files
 (`zarr.json`) may still be absent, which is how zarr-python tells an array
 from a group and a missing node from a present one.
 """
@@ -29,12 +31,13 @@ _RANGE_NOT_SATISFIABLE = 416
 class RequiredChunksStore(WrapperStore):
     """A read-only zarr store whose chunk (array data) files must exist and whose failed reads name the file."""
 
-    def __init__(self, store: Store, url: str) -> None:
+    def __init__(self, store: Store, url: str, *, local: bool = False) -> None:
         super().__init__(store)
         self.url = url
+        self.local = local
 
     def _with_store(self, store: Store) -> RequiredChunksStore:
-        return type(self)(store, self.url)
+        return type(self)(store, self.url, local=self.local)
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
@@ -44,7 +47,7 @@ class RequiredChunksStore(WrapperStore):
         except (StoreFormatError, StoreReadError):
             raise
         except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
-            raise read_failure(self._path(key), error) from None
+            raise read_failure(self._path(key), error, local=self.local) from None
         if value is None and not key.endswith(_METADATA):
             raise StoreFormatError(f"missing array file {self._path(key)}; run `dilstore verify`")
         return value
@@ -58,9 +61,16 @@ class RequiredChunksStore(WrapperStore):
         return f"{self.url.rstrip('/')}/{key}"
 
 
-def read_failure(what: str, error: BaseException) -> StoreFormatError | StoreReadError:
+def read_failure(what: str, error: BaseException, *, local: bool = False) -> StoreFormatError | StoreReadError:
     """The error for a failed read of `what`: the file cut short (HTTP 416, a range past its end) is damage, a
-    StoreFormatError; anything else failed in transit, a StoreReadError, which may not recur."""
+    StoreFormatError; so is any failure to read a `local` file (no permission, a directory or a loop of links in
+    its place), which trying again would not mend; anything else failed in transit, a StoreReadError, which may not
+    recur."""
+    if local:
+        return StoreFormatError(
+            f"cannot read {what}: {describe(error)}; every file of a store must be a readable file "
+            "(`dilstore verify` checks them)"
+        )
     if getattr(error, "status", None) == _RANGE_NOT_SATISFIABLE:
         return StoreFormatError(
             f"reading {what} failed: {describe(error)}: the file is shorter than its metadata says; "

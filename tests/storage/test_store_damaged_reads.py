@@ -145,3 +145,23 @@ def test_compressed_bytes_the_codec_refuses_are_one_store_format_error(
         assert opened.read_path == "zarr"
         with pytest.raises(StoreFormatError, match=r"shard-00001/.* cannot be decoded .*run `dilstore verify`"):
             opened.fetch([record.id for record in shards[1]])
+
+
+@pytest.mark.parametrize("read_path", ["mmap", "zarr", "ranged"])
+@pytest.mark.parametrize("damage", ["directory", "link loop"])
+@pytest.mark.parametrize("relative", ["shards/shard-00001/states/values/c/0/0", "index/rows/c/0", "manifest.json"])
+def test_a_local_file_that_cannot_be_read_is_a_store_error_not_a_read_to_try_again(
+    store: Path, read_path: str, damage: str, relative: str
+) -> None:
+    """A directory or a loop of links in a file's place: a bare OSError on the mmap path, and elsewhere a
+    StoreReadError saying "try again" (which `serve` answers 502 and keeps the store for), though it never mends."""
+    target = store / relative
+    target.unlink()
+    if damage == "directory":
+        target.mkdir()
+    else:
+        target.symlink_to(target)
+    with pytest.raises(StoreFormatError) as raised:
+        with open_store(store, read_path=read_path) as opened:
+            opened.fetch(["s1/p0"])
+    assert str(target) in str(raised.value) and "try again" not in str(raised.value)
