@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_scale import fit  # noqa: E402
 
 from dilstore.storage.encodings import get_encoding  # noqa: E402
+from dilstore.storage.format import KINDS  # noqa: E402
 
 INPUTS = Path(__file__).resolve().parent / "cost_inputs.json"
 ENTRY_FIELDS = ("value", "unit", "source", "date", "status")
@@ -50,7 +52,8 @@ HOUR = 3600.0
 
 
 class InputError(ValueError):
-    """The inputs file is missing, not JSON, or has an entry without a required field."""
+    """The inputs file is missing or unreadable, not JSON, or has an entry without a required field or with a value
+    that is no positive finite number (or list of [x, y] pairs of them), or names a kind or encoding the model lacks."""
 
 
 # ---- inputs ----
@@ -70,13 +73,38 @@ def entries(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, dict[
 
 
 def check_entries(tree: dict[str, Any]) -> None:
-    """Every entry carries value, unit, source, date and a known status."""
+    """Every entry carries value, unit, source, date and a known status; its value is a positive finite number or a
+    list of [x, y] pairs of them (a zero divided, a string or a negative gave a traceback or a negative cost); the
+    kinds and encodings named are the model's."""
+    if not isinstance(tree, dict):
+        raise InputError(f"the inputs are a JSON object of entries, not {type(tree).__name__}")
     for path, entry in entries(tree):
         missing = [field for field in ENTRY_FIELDS if entry.get(field) in (None, "")]
         if missing:
             raise InputError(f"{path} lacks {', '.join(missing)}")
         if entry["status"] not in STATUSES:
             raise InputError(f"{path} has status {entry['status']!r}, not one of {', '.join(STATUSES)}")
+        value = entry["value"]
+        pairs = isinstance(value, list) and all(isinstance(pair, list) and len(pair) == 2 for pair in value)
+        numbers = [x for pair in value for x in pair] if pairs else [value]
+        if not numbers or not all(map(_positive, numbers)):
+            raise InputError(f"{path} has value {value!r:.80}: not a positive finite number or a list of [x, y] "
+                             "pairs of them")  # fmt: skip
+    _check_names("kinds", tree.get("kinds", {}), KINDS)
+    for kind, groups in tree.get("kinds", {}).items():
+        _check_names(f"kinds.{kind}.state_bytes_per_token", groups.get("state_bytes_per_token", {}), ENCODINGS)
+    _check_names("encode_us_per_token", tree.get("encode_us_per_token", {}), ENCODINGS)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _check_names(path: str, group: Any, known: Sequence[str]) -> None:
+    """The group's entries are named for `known` names (an unknown one was computed as another's, or ignored)."""
+    unknown = sorted(set(group) - set(known) - set(DESCRIPTIONS)) if isinstance(group, dict) else []
+    if unknown:
+        raise InputError(f"{path} names {', '.join(map(repr, unknown))}, not one of {', '.join(known)}")
 
 
 def values(tree: dict[str, Any]) -> dict[str, Any]:
@@ -88,9 +116,11 @@ def values(tree: dict[str, Any]) -> dict[str, Any]:
 def read_inputs(path: Path) -> dict[str, Any]:
     """Load, check and reduce the inputs file to plain values."""
     try:
-        tree = json.loads(path.read_text())
+        tree = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read {path}: {error}") from None
     except json.JSONDecodeError as error:
         raise InputError(f"{path} is not JSON: {error}") from None
     check_entries(tree)

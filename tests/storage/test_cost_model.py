@@ -157,3 +157,54 @@ def test_an_output_in_a_missing_folder_is_refused_before_the_report(cost, tmp_pa
     assert cost.main(["--output", str(tmp_path / "none" / "cost.json")]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "the folder" in captured.err and "does not exist" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("corpora", "English Wikipedia", "passages"), 0, "corpora.English Wikipedia.passages has value 0"),
+        (("kinds", "dilbert", "precompute_seconds"), -1, "kinds.dilbert.precompute_seconds has value -1"),
+        (("vm_vcpus",), "many", "vm_vcpus has value 'many'"),
+        (("vm_vcpus",), True, "vm_vcpus has value True"),
+        (("gpu", "utilisation"), float("nan"), "gpu.utilisation has value nan"),
+        (("gpu", "utilisation"), float("inf"), "gpu.utilisation has value inf"),
+        (("scale", "open_ms_by_shards"), [[4, 20.1], [12]], "scale.open_ms_by_shards has value [[4, 20.1], [12]]"),
+        (("scale", "open_ms_by_shards"), [], "scale.open_ms_by_shards has value []"),
+    ],
+)
+def test_a_value_that_is_no_positive_finite_number_is_refused(cost, tree, path, value, message: str) -> None:
+    """A zero was a ZeroDivisionError, a string a TypeError, and a negative, NaN or bool value gave a report with
+    negative hours or NaN terabytes."""
+    broken = copy.deepcopy(tree)
+    node = broken
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]]["value"] = value
+    with pytest.raises(cost.InputError, match=re.escape(message) + ": not a positive finite number"):
+        cost.check_entries(broken)
+
+
+def test_a_kind_or_encoding_the_model_lacks_is_refused(cost, tree) -> None:
+    """An unknown kind was costed with dilbert's FLOPs, and an unknown encoding ignored."""
+    unknown_kind = copy.deepcopy(tree)
+    unknown_kind["kinds"]["colbert"] = unknown_kind["kinds"]["dilbert"]
+    with pytest.raises(cost.InputError, match="kinds names 'colbert', not one of dilbert"):
+        cost.check_entries(unknown_kind)
+    unknown_encoding = copy.deepcopy(tree)
+    unknown_encoding["encode_us_per_token"]["fp8"] = unknown_encoding["encode_us_per_token"]["fp16"]
+    with pytest.raises(cost.InputError, match="encode_us_per_token names 'fp8', not one of fp16, int8, 2bit, 1bit"):
+        cost.check_entries(unknown_encoding)
+
+
+@pytest.mark.parametrize("content", [b"[1, 2]", b"\xff\xfe{", None])
+def test_inputs_that_are_no_object_or_cannot_be_read_are_one_line_and_exit_2(cost, tmp_path, capsys,
+                                                                             content: bytes | None) -> None:
+    """A list was an AttributeError, bytes that are not UTF-8 a UnicodeDecodeError, a folder an IsADirectoryError."""
+    inputs = tmp_path / "inputs.json"
+    if content is None:
+        inputs.mkdir()
+    else:
+        inputs.write_bytes(content)
+    assert cost.main(["--inputs", str(inputs)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("cost_model: error: ") and captured.err.count("\n") == 1
