@@ -52,8 +52,9 @@ HOUR = 3600.0
 
 
 class InputError(ValueError):
-    """The inputs file is missing or unreadable, not JSON, or has an entry without a required field or with a value
-    that is no positive finite number (or list of [x, y] pairs of them), or names a kind or encoding the model lacks."""
+    """The inputs file is missing or unreadable, not JSON, or has an entry without a required field or with a
+    value that is no positive finite number (or list of [x, y] pairs of them), or names a kind or encoding the
+    model lacks."""
 
 
 # ---- inputs ----
