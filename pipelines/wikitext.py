@@ -1,7 +1,11 @@
 """Wikitext to plain text, with paragraphs kept as blank-line-separated blocks.
 
 The markup is parsed by mwparserfromhell; this module only decides which parsed
-nodes are kept. Dropped: templates (infoboxes, citations, navboxes), `<ref>`
+nodes are kept. Dropped: templates (infoboxes, citations, navboxes), except
+the few that are the prose itself and are rendered as a reader sees them
+(`INLINE_TEMPLATES`: a measure, a date, words in another language, a space or
+a dash: dropped, they left "at a height of ." and glued "3{{nbsp}}million"
+into "3million"), `<ref>`
 footnotes, tables, images and other files, category and interlanguage links,
 comments, section headings, and tags whose content is not prose (math, code
 listings, galleries, timelines). Kept: the prose, with links reduced to their
@@ -55,6 +59,12 @@ _STYLE_QUOTES = re.compile(r"'{2,}")
 # Parentheses left empty by a removed pronunciation or date template: "Anarchism ( ) is".
 _EMPTY_PARENTHESES = re.compile(r"\([\s,;:]*\)")
 _BLANK_LINES = re.compile(r"\n\s*\n")
+# Templates that stand for text in the sentence, by name (lower case): the text
+# each renders to, given its positional arguments (see `_inline_text`).
+_SEPARATORS = {"nbsp": " ", "thinsp": " ", "ndash": "–", "mdash": "—", "snd": " – ", "spnd": " – ",
+               "sndash": " – ", "spaced ndash": " – "}  # fmt: skip
+_RANGE_WORDS = frozenset({"-", "–", "to", "and", "or", "by", "x", "×", "+/-", "±"})
+INLINE_TEMPLATES = frozenset({*_SEPARATORS, "nowrap", "convert", "cvt", "lang", "as of", "frac", "sfrac", "circa"})
 
 
 def wikitext_to_text(wikitext: str) -> str:
@@ -93,8 +103,11 @@ def _prune(code: Wikicode) -> None:
 
 
 def _replace(node: Node) -> Node | None:
-    """What a node becomes: itself, a whitespace stand-in, or None (dropped)."""
-    if isinstance(node, (Template, Argument, Comment)):
+    """What a node becomes: itself, a whitespace stand-in, the text of an inline template, or None (dropped)."""
+    if isinstance(node, Template):
+        text = _inline_text(node)
+        return None if text is None else Text(text)
+    if isinstance(node, (Argument, Comment)):
         return None
     if isinstance(node, Heading):
         return Text("\n\n")
@@ -108,6 +121,37 @@ def _replace(node: Node) -> Node | None:
     if isinstance(node, Wikilink) and _is_metadata_link(node):
         return None
     return node
+
+
+def _inline_text(template: Template) -> str | None:
+    """The text an inline template shows in its sentence (`INLINE_TEMPLATES`, or `lang-xx`), or None for any other.
+
+    Its positional arguments are reduced to their own prose first. A measure
+    shows its value and the unit written (`{{convert|7283|km2|sqmi}}`: "7283
+    km2"; a range, "5 to 10 km"), a date "As of 2020", a fraction "3 1/2".
+    """
+    name = str(template.name).strip().lower().replace("_", " ")
+    positional = [wikitext_to_text(str(param.value)) for param in template.params if not param.showkey]
+    if name in _SEPARATORS:
+        return _SEPARATORS[name]
+    if name == "nowrap":
+        return " ".join(positional)
+    if name in ("convert", "cvt"):
+        if len(positional) >= 4 and positional[1].lower() in _RANGE_WORDS:
+            return f"{positional[0]} {positional[1]} {positional[2]} {positional[3]}"
+        return " ".join(positional[:2])
+    if name == "lang":
+        return positional[1] if len(positional) > 1 else ""
+    if name.startswith("lang-"):
+        return positional[0] if positional else ""
+    if name == "as of":
+        return " ".join(["As of", *positional[:1]])
+    if name in ("frac", "sfrac"):  # {{frac|4}}: 1/4; {{frac|3|4}}: 3/4; {{frac|2|3|4}}: 2 3/4
+        fraction = ["1", *positional] if len(positional) == 1 else positional[-2:]
+        return " ".join([*positional[:-2], "/".join(fraction)])
+    if name == "circa":
+        return " ".join(["c.", *positional[:1]])
+    return None
 
 
 def _is_metadata_link(link: Wikilink) -> bool:

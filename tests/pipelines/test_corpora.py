@@ -433,6 +433,25 @@ def test_wikitext_to_text_keeps_prose_only() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("wikitext", "text"),
+    [
+        ("At a height of {{convert|735|m|ft}}, it", "At a height of 735 m, it"),
+        ("A span of {{cvt|5|to|10|km}} long", "A span of 5 to 10 km long"),
+        ("on 15{{nbsp}}September 1972, 3{{nbsp}}million", "on 15 September 1972, 3 million"),
+        ("Pages 10{{ndash}}20, philosophy{{snd}}a reference", "Pages 10–20, philosophy – a reference"),
+        ("called {{lang|fr|la France}} or {{lang-de|Frankreich}}", "called la France or Frankreich"),
+        ("{{As of|2020|5}}, {{frac|2|3|4}} cups, {{frac|4}} cup", "As of 2020, 2 3/4 cups, 1/4 cup"),
+        ("{{circa|1500}}: {{nowrap|[[Ada|A]] {{nbsp}}b}}", "c. 1500: A b"),
+        ("{{Infobox place|area={{convert|5|km2}}}}Text{{cite web|url=x}}.", "Text."),
+    ],
+)
+def test_templates_that_are_the_prose_are_rendered_as_a_reader_sees_them(wikitext: str, text: str) -> None:
+    """Every template was dropped: "at a height of ." and "3million" (334 {{convert}} and 254 {{lang}} in the
+    excerpt's 106 articles); infoboxes and citations are still dropped, with what they hold."""
+    assert wikitext_to_text(wikitext) == text
+
+
 # --- the embedded default corpus ---
 
 
