@@ -74,9 +74,10 @@ def _wikipedia_records(source: str, stream: BinaryIO, max_bytes: int, plain_text
                     last_page = f"page {record.id if isinstance(record, Document) else record.line_or_id}"
                     root.clear()  # drop finished pages so memory stays flat
                     yield record
-        except ElementTree.ParseError as error:
+        except ElementTree.ParseError as error:  # an invalid UTF-8 byte is one too: expat cannot go on past it
             line, _ = error.position
-            yield Rejected(source, line, f"bad XML: {error}")
+            yield Rejected(source, line, f"bad XML: {error}; reading stopped there, after {last_page}: the rest of "
+                                         "the file was not read (mend or cut the damage, and run again)")  # fmt: skip
         except (EOFError, OSError) as error:
             yield Rejected(source, f"after {last_page}", f"truncated or corrupt file: {error}")
 

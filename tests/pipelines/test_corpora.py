@@ -410,6 +410,8 @@ def test_wikipedia_broken_xml_keeps_pages_before_the_error(tmp_path: Path) -> No
     records = list(read_wikipedia(invalid_utf8))
     assert [type(r).__name__ for r in records] == ["Document", "Rejected"]
     assert (records[1].line_or_id, records[1].reason.split(":")[0]) == (3, "bad XML")
+    # One byte lost every page after it; the dead letter said only "invalid token".
+    assert "reading stopped there, after page 1: the rest of the file was not read" in records[1].reason
 
     compressed = bz2.compress(write_dump(tmp_path / "d.xml", good * 3).read_bytes())
     cut = tmp_path / "cut.xml.bz2"
