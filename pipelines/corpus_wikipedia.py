@@ -5,7 +5,8 @@ id, title = page title and text = its wikitext as plain prose
 (`pipelines.wikitext`). Redirects and pages of other namespaces are yielded as
 `Skipped` so that they can be counted; they are not dead letters. A page
 outside namespace 0 is skipped as "namespace N" even when it is also a redirect.
-A page without <ns> (very old dumps) counts as namespace 0.
+A page without <ns> (very old dumps) counts as namespace 0; those dumps have no
+<redirect> either, so a page whose text starts with "#REDIRECT" is one too.
 
 The file is parsed with `xml.etree.ElementTree.iterparse` and every finished
 page is cleared from the tree, so memory holds one page at a time whatever the
@@ -29,6 +30,7 @@ from dilstore.pipelines.source_files import open_source
 from dilstore.pipelines.wikitext import wikitext_to_text
 
 ARTICLE_NAMESPACE = "0"
+_REDIRECT = "#redirect"  # the magic word, in any case, that opens a redirect page's text
 
 
 def read_wikipedia(
@@ -98,15 +100,16 @@ def page_record(
     namespace = _text_of(fields.get("ns")) or ARTICLE_NAMESPACE
     if namespace != ARTICLE_NAMESPACE:
         return Skipped(source, position, f"namespace {namespace}")
-    if "redirect" in fields:
-        return Skipped(source, position, "redirect")
-    if not page_id:
-        return Rejected(source, position, "missing id")
     revision = fields.get("revision")
     text_element = None
     if revision is not None:
         text_element = next((c for c in revision if _local_name(c.tag) == "text"), None)
-    raw = make_document(source, page_id, page_id, title, _text_of(text_element), max_bytes=sys.maxsize)
+    wikitext = _text_of(text_element)
+    if "redirect" in fields or wikitext[: len(_REDIRECT)].lower() == _REDIRECT:
+        return Skipped(source, position, "redirect")
+    if not page_id:
+        return Rejected(source, position, "missing id")
+    raw = make_document(source, page_id, page_id, title, wikitext, max_bytes=sys.maxsize)
     if not plain_text or isinstance(raw, Rejected):
         return raw
     return wikitext_document(raw, max_bytes)

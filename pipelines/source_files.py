@@ -22,7 +22,8 @@ _CHUNK_BYTES = 1 << 20
 
 
 def open_source(path: str | Path) -> BinaryIO:
-    """The file as a binary stream, decompressed on the fly for `.gz` and `.bz2`.
+    """The file as a binary stream, decompressed on the fly for `.gz` and `.bz2` (in any case, as the format is told:
+    `PAGES.XML.BZ2` was read compressed, and refused as not XML).
 
     Raises DilstoreError when the file does not exist or is not a file.
     """
@@ -31,9 +32,10 @@ def open_source(path: str | Path) -> BinaryIO:
         raise DilstoreError(f"corpus file not found: {path}")
     if not path.is_file():
         raise DilstoreError(f"corpus path is not a file: {path}")
-    if path.suffix == ".gz":
+    suffix = path.suffix.lower()
+    if suffix == ".gz":
         return gzip.open(path, "rb")
-    if path.suffix == ".bz2":
+    if suffix == ".bz2":
         return bz2.open(path, "rb")
     return path.open("rb")
 

@@ -375,6 +375,28 @@ def test_wikipedia_pages_skipped_rejected_and_kept(tmp_path: Path) -> None:
     ]
 
 
+def test_an_old_dump_without_redirect_elements_still_skips_redirects(tmp_path: Path) -> None:
+    """Schema 0.3 has no <ns> and no <redirect>: a redirect page became a stored passage "REDIRECT Alpha"."""
+    dump = tmp_path / "old.xml"
+    dump.write_text(
+        "<mediawiki>\n<page><title>Alfa</title><id>2</id><revision><text>#redirect [[Alpha]]</text></revision>"
+        "</page>\n"
+        "<page><title>Alpha</title><id>3</id><revision><text>Alpha is a letter.</text></revision></page>\n"
+        "</mediawiki>"
+    )
+    assert list(read_wikipedia(dump)) == [
+        Skipped(str(dump), "2", "redirect"), Document("3", "Alpha", "Alpha is a letter.", str(dump))
+    ]
+
+
+def test_an_upper_case_compressed_name_is_read_decompressed(tmp_path: Path) -> None:
+    """`PAGES.XML.BZ2` was told a Wikipedia dump by its name, then read compressed and refused as not XML."""
+    plain = write_dump(tmp_path / "d.xml", page(1, "One", "First article text."))
+    upper = tmp_path / "PAGES.XML.BZ2"
+    upper.write_bytes(bz2.compress(plain.read_bytes()))
+    assert [record.text for record in read_wikipedia(upper)] == ["First article text."]
+
+
 def test_xml_that_is_not_a_mediawiki_export_is_one_dead_letter(tmp_path: Path) -> None:
     """Read as a dump, an RSS feed gave no record at all, so precompute could only say "0 document(s) read"."""
     feed = tmp_path / "feed.xml"
