@@ -12,7 +12,9 @@ location, or no way to ship the dilstore package to the workers.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -109,9 +111,22 @@ def _register_runner_options(runner: str, flags: Sequence[str]) -> None:
 
 def unknown_flags(options: PipelineOptions) -> list[str]:
     """The flags no registered Beam option class recognises (Beam itself only logs them)."""
-    known = options.get_all_options()
-    with_unknown = options.get_all_options(retain_unknown_options=True)
+    known = _parsed(options)
+    with_unknown = _parsed(options, retain_unknown_options=True)
     return sorted(f"--{name}" for name in with_unknown.keys() - known.keys())
+
+
+def _parsed(options: PipelineOptions, *, retain_unknown_options: bool = False) -> dict[str, object]:
+    """The options' values; a value Beam's parser refuses is one DilstoreError line (the parser printed Beam's whole
+    usage, 129 lines under the name `dilstore`, and exited the process)."""
+    usage = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(usage):
+            return options.get_all_options(retain_unknown_options=retain_unknown_options)
+    except SystemExit:
+        said = usage.getvalue().strip().splitlines()
+        reason = said[-1].partition("error: ")[2] if said else "a value Beam's parser refuses"
+        raise DilstoreError(f"bad Beam option value: {reason}") from None
 
 
 def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
@@ -129,7 +144,10 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
     unknown = unknown_flags(options)
     if unknown:
         raise DilstoreError(f"unknown Beam option(s): {', '.join(unknown)}")
-    values = options.get_all_options()
+    values = _parsed(options)
+    workers = values.get("direct_num_workers") or 0
+    if workers < 0:  # 0 is Beam's "one per core"
+        raise DilstoreError(f"--direct_num_workers must be 0 (one per core) or more, got {workers}")
     if runner == "DataflowRunner":
         missing = [f"--{name}" for name in _DATAFLOW_REQUIRED if not values.get(name)]
         if missing:

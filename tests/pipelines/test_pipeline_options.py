@@ -113,11 +113,18 @@ def test_flink_options_are_assembled_and_the_graph_constructs(tmp_path: Path) ->
         ("DataflowRunner", ["--project", "p", "--setup_file", "./pyproject.toml"], "needs --region, --temp_location"),
         ("DataflowRunner", ["--project", "p", "--region", "r", "--temp_location", "gs://b/t"], "ship dilstore"),
         ("FlinkRunner", ["--flink_master", "host:8081", "--environment_type", "DOCKER"], "ship dilstore"),
+        # Beam's parser printed its whole usage (129 lines) and exited; -3 workers failed inside the run.
+        ("DirectRunner", ["--direct_running_mode", "bogus"],
+         "bad Beam option value: argument --direct_running_mode: invalid choice: 'bogus'"),
+        ("DirectRunner", ["--direct_num_workers", "abc"],
+         "bad Beam option value: argument --direct_num_workers: invalid int value: 'abc'"),
+        ("DirectRunner", ["--direct_num_workers=-3"], "--direct_num_workers must be 0 .one per core. or more, got -3"),
     ],
-)
-def test_options_that_cannot_work_are_refused(runner: str, args: list[str], message: str) -> None:
+)  # fmt: skip
+def test_options_that_cannot_work_are_refused(runner: str, args: list[str], message: str, capsys) -> None:
     with pytest.raises(DilstoreError, match=message):
         pipeline_options(assemble_beam_flags(runner, args, LocalDefaults()))
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(
