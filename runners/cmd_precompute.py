@@ -47,6 +47,8 @@ from dilstore.runners.quiet import add_verbose_argument, filtered_stderr
 from dilstore.storage.format import COMPRESSORS
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
+    from apache_beam.options.pipeline_options import PipelineOptions
+
     from dilstore.pipelines.job import PrecomputeJob
     from dilstore.pipelines.options import LocalDefaults
     from dilstore.pipelines.routing import ReadTask
@@ -334,7 +336,7 @@ def run_pipeline(
                             "interrupted; run the same command again to go on (the shards it finished are kept)",
                             signal.SIGINT,
                         ) from None
-                    raise DilstoreError(f"the pipeline failed: {_last_line(error)}") from error
+                    raise DilstoreError(f"the pipeline failed: {pipeline_failure(error, options)}") from error
                 finally:
                     client = getattr(result, "client", None)  # the Dask runner's distributed.Client
                     if client is not None:
@@ -373,6 +375,16 @@ def interrupts_unlogged() -> Iterator[None]:
         yield
     finally:
         beam_runner_log.removeFilter(dropped)
+
+
+def pipeline_failure(error: BaseException, options: PipelineOptions) -> str:
+    """What failed, in a line: a job server that never answered is named with the option that bounds the wait (it
+    was only "FutureTimeoutError", after minutes), anything else is its most telling line."""
+    if type(error).__name__ == "FutureTimeoutError":  # grpc's, waiting for the portable job server
+        values = options.get_all_options()
+        return (f"no job server answered at {values.get('job_endpoint')} within {values.get('job_server_timeout')} s "
+                "(--job_endpoint, --job_server_timeout)")  # fmt: skip
+    return _last_line(error)
 
 
 def _last_line(error: BaseException) -> str:

@@ -24,6 +24,7 @@ from dilstore.pipelines.options import (
 from dilstore.pipelines.precompute import build_pipeline
 from dilstore.pipelines.routing import ReadTask
 from dilstore.reader.batching import BatchPolicy
+from dilstore.runners.cmd_precompute import pipeline_failure
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
 
@@ -140,3 +141,18 @@ def test_object_storage_urls_are_refused_before_anything_is_written(
     assert main(["precompute", flag, value]) == 2
     assert "URLs are not supported by `dilstore precompute`" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_job_server_that_never_answers_is_named_with_the_options_that_bound_the_wait() -> None:
+    """grpc's FutureTimeoutError has no message: after minutes the run said only "the pipeline failed:
+    FutureTimeoutError"."""
+    class FutureTimeoutError(Exception):
+        """grpc's, by name (the one a PortableRunner raises when the job server does not answer)."""
+
+    options = pipeline_options(assemble_beam_flags(
+        "PortableRunner", ["--job_endpoint", "localhost:1", "--job_server_timeout", "10",
+                           "--environment_type", "LOOPBACK"], LocalDefaults()))  # fmt: skip
+    assert pipeline_failure(FutureTimeoutError(), options) == (
+        "no job server answered at localhost:1 within 10 s (--job_endpoint, --job_server_timeout)"
+    )
+    assert pipeline_failure(RuntimeError("a\nValueError: bad row\nlater"), options) == "ValueError: bad row"
