@@ -54,6 +54,21 @@ class ShardEntry:
         """JSON-ready dict; the append-only keys are left out when None, so other manifests keep their bytes."""
         return {key: value for key, value in vars(self).items() if value is not None}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], position: int) -> ShardEntry:
+        """Parse `to_dict` output; a field of another type is a ValueError naming it (a shard index "0" made
+        `verify` fail with a TypeError traceback, a path 5 a TypeError from fetch)."""
+        entry = cls(**data)
+        for name in ("index", "passages", "tokens"):
+            value = getattr(entry, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"shards[{position}].{name} is {value!r:.40}, not a count")
+        for name, optional in (("name", False), ("generation", True), ("path", True)):
+            value = getattr(entry, name)
+            if not isinstance(value, str) and not (optional and value is None):
+                raise ValueError(f"shards[{position}].{name} is {value!r:.40}, not a string")
+        return entry
+
 
 @dataclass(frozen=True)
 class FileEntry:
@@ -147,10 +162,10 @@ class Manifest:
                 kind=str(data["kind"]),
                 encoding=str(data["encoding"]),
                 compressor=data["compressor"],
-                state_shape=None if shape is None else tuple(int(size) for size in shape),
+                state_shape=None if shape is None else _state_shape(shape),
                 passages=int(data["passages"]),
                 tokens=int(data["tokens"]),
-                shards=tuple(ShardEntry(**shard) for shard in data["shards"]),
+                shards=tuple(ShardEntry.from_dict(shard, position) for position, shard in enumerate(data["shards"])),
                 fingerprint=Fingerprint.from_dict(data["fingerprint"]),
                 creation=dict(data["creation"]),
                 files={path: FileEntry(**entry) for path, entry in data["files"].items()},
@@ -165,6 +180,14 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:
             raise StoreFormatError(f"malformed manifest: {type(error).__name__}: {error}") from None
+
+
+def _state_shape(shape: Any) -> tuple[int, ...]:
+    """A manifest's state_shape: a list of positive sizes ("16" read as (1, 6), and -16 was taken as it is)."""
+    if not isinstance(shape, list) or not all(isinstance(size, int) and not isinstance(size, bool) and size > 0
+                                              for size in shape):  # fmt: skip
+        raise ValueError(f"state_shape is {shape!r:.40}, not a list of positive sizes")
+    return tuple(shape)
 
 
 def _canonical(data: dict[str, Any]) -> bytes:

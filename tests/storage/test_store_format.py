@@ -167,6 +167,32 @@ def test_a_manifest_with_a_valid_checksum_but_impossible_fields_is_refused(tmp_p
         open_store(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda data: data["shards"][0].update(index="0"), r"shards\[0\]\.index is '0', not a count"),
+        (lambda data: data["shards"][1].update(passages=True), r"shards\[1\]\.passages is True, not a count"),
+        (lambda data: data["shards"][0].update(path=5), r"shards\[0\]\.path is 5, not a string"),
+        (lambda data: data.update(state_shape="16"), "state_shape is '16', not a list of positive sizes"),
+        (lambda data: data.update(state_shape=[-16]), r"state_shape is \[-16\], not a list of positive sizes"),
+    ],
+)
+def test_a_manifest_whose_shard_or_shape_fields_have_other_types_is_refused(tmp_path, change, message) -> None:
+    """A shard index "0" made `verify` fail with a TypeError traceback and a path 5 a TypeError from fetch; a shape
+    "16" read as (1, 6) and -16 was taken as it is."""
+    root = build_store(tmp_path / "store", random_shards([2, 2], state_shape=(4,), seed=1), encoding="fp16")
+    data = json.loads((root / MANIFEST_FILE).read_text())
+    data.pop("checksum")
+    change(data)
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    data["checksum"] = hashlib.sha256(canonical).hexdigest()
+    (root / MANIFEST_FILE).write_text(json.dumps(data))
+    with pytest.raises(StoreFormatError, match="malformed manifest: ValueError: " + message):
+        open_store(root)
+    report = verify_store(root)
+    assert not report.ok
+
+
 def test_a_manifest_that_is_a_directory_is_a_store_problem(tmp_path) -> None:
     """verify reports it as a problem (exit 1), like any other damage, rather than an OS error (exit 2)."""
     finalize(tmp_path, fingerprint_for(), {})
