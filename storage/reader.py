@@ -255,6 +255,8 @@ class Store:
         arrays, and the tables the encoding derives from them are built once per
         store rather than once per opened shard.
         """
+        if not get_encoding(self.manifest.encoding).codebook:  # it read as a damaged store's missing codebook
+            raise DilstoreError(f"store {self.url} is {self.manifest.encoding}, an encoding without a codebook")
         with self._lock:
             if self._codebook is None:
                 arrays = load_store_codebook(self.location, self.manifest.encoding)
@@ -268,6 +270,7 @@ class Store:
         They stay in their shards, but no lookup reaches them; whatever lists a
         shard's rows by position (the BM25 collection) must leave them out.
         """
+        self._open_index()  # a closed store refuses work, as its docstring says
         return read_superseded(self.location.open_group(self.manifest.index))
 
     def _id_at(self, shard: int, row: int) -> str:
@@ -310,6 +313,10 @@ def open_store(
     may also be set later). Nothing is ever written, beside the store or
     elsewhere.
     """
+    if not isinstance(max_open_shards, int) or isinstance(max_open_shards, bool) or max_open_shards < 1:
+        raise DilstoreError(f"max_open_shards must be a positive integer, got {max_open_shards!r:.40}")
+    if expected is not None and not isinstance(expected, Fingerprint):
+        raise DilstoreError(f"expected must be a Fingerprint or None, got {type(expected).__name__}")
     location = StoreLocation.parse(path_or_url, storage_options)
     manifest, chosen, (index, index_files) = _open_commit(location, read_path)
     if expected is not None:

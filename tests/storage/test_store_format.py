@@ -413,3 +413,18 @@ def test_vectors_are_given_for_all_passages_of_a_store_or_none(shards, tmp_path)
     write_shard(tmp_path / "b", 1, shards[1], kind="dilbert", encoding="fp32", durable=False)
     with pytest.raises(DilstoreError, match="different settings.*vector_size=5.*vector_size=None"):
         finalize(tmp_path / "b", fingerprint_for(), {})
+
+
+def test_open_store_refuses_arguments_of_the_wrong_kind_and_a_closed_store_refuses_work(fp32_store) -> None:
+    """max_open_shards=-1 was a KeyError at the first fetch, expected="abc" an AttributeError, codebook() of an fp32
+    store said the store was damaged, and superseded() still worked after close()."""
+    with pytest.raises(DilstoreError, match="max_open_shards must be a positive integer, got -1"):
+        open_store(fp32_store, max_open_shards=-1)
+    with pytest.raises(DilstoreError, match="expected must be a Fingerprint or None, got str"):
+        open_store(fp32_store, expected="abc")  # type: ignore[arg-type]
+    store = open_store(fp32_store)
+    with pytest.raises(DilstoreError, match="is fp32, an encoding without a codebook"):
+        store.codebook()
+    store.close()
+    with pytest.raises(DilstoreError, match="is closed"):
+        store.superseded()
