@@ -54,7 +54,8 @@ def canonical_runner(name: str) -> str:
     """
     runner = _RUNNER_ALIASES.get(name.strip().lower())
     if runner is None:
-        choices = "direct, dask, dataflow, flink, portable, fnapi (or DirectRunner, DataflowRunner, ...)"
+        choices = ("direct, dask, dataflow, flink, portable, fnapi (or by Beam's names: DirectRunner, DaskRunner, "
+                   "DataflowRunner, FlinkRunner, PortableRunner, FnApiRunner)")
         raise DilstoreError(f"unknown runner {name!r}; expected one of: {choices}")
     return runner
 

@@ -64,6 +64,10 @@ def test_runner_names_resolve(name: str, runner: str) -> None:
 def test_an_unknown_runner_is_refused() -> None:
     with pytest.raises(DilstoreError, match="unknown runner 'sparkle'"):
         canonical_runner("sparkle")
+    # The message ended "(or DirectRunner, DataflowRunner, ...)", as if any Beam runner would do.
+    with pytest.raises(DilstoreError, match=r"unknown runner 'SparkRunner'.*by Beam's names: DirectRunner, "
+                       r"DaskRunner, DataflowRunner, FlinkRunner, PortableRunner, FnApiRunner\)$"):  # fmt: skip
+        canonical_runner("SparkRunner")
 
 
 def test_the_direct_runner_defaults_to_multi_processing_with_n_workers() -> None:
