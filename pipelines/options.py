@@ -84,7 +84,7 @@ def _has_flag(flags: Sequence[str], name: str) -> bool:
 def assemble_beam_flags(runner: str, beam_args: Sequence[str], defaults: LocalDefaults) -> list[str]:
     """`--runner` plus the user's Beam flags, with local defaults added where the user gave none."""
     flags = ["--runner", runner, *beam_args]
-    if runner == "DirectRunner":
+    if runner in ("DirectRunner", "FnApiRunner"):  # both run --direct_num_workers workers (--workers was ignored)
         if not _has_flag(beam_args, "direct_num_workers"):
             flags += ["--direct_num_workers", str(defaults.workers)]
         if not _has_flag(beam_args, "direct_running_mode"):

@@ -70,13 +70,14 @@ def test_an_unknown_runner_is_refused() -> None:
         canonical_runner("SparkRunner")
 
 
-def test_the_direct_runner_defaults_to_multi_processing_with_n_workers() -> None:
-    values = pipeline_options(assemble_beam_flags("DirectRunner", [], LocalDefaults(workers=3))).get_all_options()
+@pytest.mark.parametrize("runner", ["DirectRunner", "FnApiRunner"])  # --workers was ignored with fnapi
+def test_the_direct_runner_defaults_to_multi_processing_with_n_workers(runner: str) -> None:
+    values = pipeline_options(assemble_beam_flags(runner, [], LocalDefaults(workers=3))).get_all_options()
     assert (values["direct_num_workers"], values["direct_running_mode"]) == (3, "multi_processing")
-    one = pipeline_options(assemble_beam_flags("DirectRunner", [], LocalDefaults(workers=1))).get_all_options()
+    one = pipeline_options(assemble_beam_flags(runner, [], LocalDefaults(workers=1))).get_all_options()
     assert one["direct_running_mode"] == "in_memory"
     mine = ["--direct_running_mode", "multi_threading", "--direct_num_workers=5"]
-    chosen = pipeline_options(assemble_beam_flags("DirectRunner", mine, LocalDefaults(workers=3))).get_all_options()
+    chosen = pipeline_options(assemble_beam_flags(runner, mine, LocalDefaults(workers=3))).get_all_options()
     assert (chosen["direct_num_workers"], chosen["direct_running_mode"]) == (5, "multi_threading")
 
 
