@@ -15,7 +15,8 @@ so `pipelines.passages.split_paragraphs` can split the result.
 Bold and italic quotes are not parsed as tags (`skip_style_tags`): in real
 articles an unbalanced bold quote inside a table cell otherwise makes the parser
 give up on the whole table and leave its raw markup in the text. The quote runs
-carry no text and are removed afterwards.
+carry no text and are removed afterwards, keeping the apostrophes MediaWiki
+shows among them (`_drop_style_quotes`: "''Iliad'''s" is "Iliad's").
 """
 
 from __future__ import annotations
@@ -76,13 +77,37 @@ def wikitext_to_text(wikitext: str) -> str:
     code = mwparserfromhell.parse(wikitext, skip_style_tags=True)
     _prune(code)
     text = code.strip_code(normalize=True, collapse=True)
-    text = _STYLE_QUOTES.sub("", _BEHAVIOUR_SWITCH.sub("", text))
+    text = "\n".join(_drop_style_quotes(line) for line in _BEHAVIOUR_SWITCH.sub("", text).split("\n"))
     paragraphs = []
     for block in _BLANK_LINES.split(text):
         paragraph = " ".join(_EMPTY_PARENTHESES.sub("", block).split())
         if paragraph:
             paragraphs.append(paragraph)
     return "\n\n".join(paragraphs)
+
+
+def _drop_style_quotes(line: str) -> str:
+    """A line without its bold and italic quote runs, but with the apostrophes MediaWiki shows among them.
+
+    MediaWiki's rule, per line: a run of 4 is an apostrophe then bold, a run
+    of 6 or more is apostrophes then bold italic; when the line has an odd
+    number of both italic and bold runs, one bold run is an apostrophe then
+    italic: the first after a one-letter word, else the first after a longer
+    word ("''Iliad'''s": "Iliad's"), else the first after a space.
+    """
+    pieces = _STYLE_QUOTES.split(line)  # text, then text after each run
+    runs = [len(match) for match in _STYLE_QUOTES.findall(line)]
+    shown = ["'" * (size - 3 if size == 4 else size - 5 if size > 5 else 0) for size in runs]
+    sizes = [3 if size == 4 else 5 if size > 5 else size for size in runs]
+    bold = [i for i, size in enumerate(sizes) if size == 3]
+    italic_runs = sum(size in (2, 5) for size in sizes)
+    bold_runs = len(bold) + sum(size == 5 for size in sizes)
+    if italic_runs % 2 and bold_runs % 2 and bold:
+        before = {i: (pieces[i] + shown[i])[-2:].rjust(2) for i in bold}  # two characters before each bold run
+        one_letter = [i for i in bold if before[i][0] == " " and before[i][1] != " "]
+        longer = [i for i in bold if before[i][0] != " " and before[i][1] != " "]
+        shown[(one_letter or longer or bold)[0]] += "'"
+    return "".join(piece + (shown[i] if i < len(shown) else "") for i, piece in enumerate(pieces))
 
 
 def _prune(code: Wikicode) -> None:

@@ -476,6 +476,21 @@ def test_templates_that_are_the_prose_are_rendered_as_a_reader_sees_them(wikitex
     assert wikitext_to_text(wikitext) == text
 
 
+@pytest.mark.parametrize(
+    ("wikitext", "text"),
+    [
+        ("in the ''Iliad'''s account", "in the Iliad's account"),
+        ("'''Alice''''s book", "Alice's book"),
+        ("''A Modest Proposal'''s satire and '''bold''' ''italic''", "A Modest Proposal's satire and bold italic"),
+        ("'''''both''''' and ''''''six''''''", "both and 'six'"),
+        ("it's ''Le l'''amour and '''x'''", "it's Le l'amour and x"),
+    ],
+)
+def test_style_quotes_go_but_the_apostrophes_mediawiki_shows_among_them_stay(wikitext: str, text: str) -> None:
+    """Every run of two or more quotes was deleted: "Iliads", "A Modest Proposals", "Alices"."""
+    assert wikitext_to_text(wikitext) == text
+
+
 # --- the embedded default corpus ---
 
 
