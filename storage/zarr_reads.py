@@ -16,6 +16,7 @@ from a group and a missing node from a present one.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterable
 
 from zarr.abc.store import ByteRequest, Store
@@ -25,6 +26,9 @@ from zarr.storage import WrapperStore
 from dilstore.storage.format import StoreFormatError, StoreReadError
 
 _METADATA = "zarr.json"
+# Local failures no retry mends: a directory or a loop of links in a file's place, a file without permission.
+# Others (too many open files, no memory for a map, an I/O error on a network file system) may pass.
+_LASTING = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG})
 _RANGE_NOT_SATISFIABLE = 416
 
 
@@ -63,10 +67,10 @@ class RequiredChunksStore(WrapperStore):
 
 def read_failure(what: str, error: BaseException, *, local: bool = False) -> StoreFormatError | StoreReadError:
     """The error for a failed read of `what`: the file cut short (HTTP 416, a range past its end) is damage, a
-    StoreFormatError; so is any failure to read a `local` file (no permission, a directory or a loop of links in
-    its place), which trying again would not mend; anything else failed in transit, a StoreReadError, which may not
-    recur."""
-    if local:
+    StoreFormatError; so is a `local` file that cannot be read for good (no permission, a directory or a loop of
+    links in its place, a null byte in its name), which trying again would not mend; anything else failed in
+    transit or for a while (too many open files), a StoreReadError, which may not recur."""
+    if local and (isinstance(error, ValueError) or getattr(error, "errno", None) in _LASTING):
         return StoreFormatError(
             f"cannot read {what}: {describe(error)}; every file of a store must be a readable file "
             "(`dilstore verify` checks them)"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 from fsspec.exceptions import FSTimeoutError
 
 from dilstore.storage.format import StoreFormatError, StoreReadError
@@ -30,3 +32,15 @@ def test_a_range_past_the_end_of_a_file_is_damage_and_anything_else_a_read_error
     assert "shorter than its metadata says" in str(read_failure("f", RangeNotSatisfiable("416")))
     assert isinstance(read_failure("f", ConnectionResetError("reset by peer")), StoreReadError)
     assert describe(ConnectionResetError("reset by peer")) == "ConnectionResetError: reset by peer"
+
+
+def test_a_local_file_that_cannot_be_read_for_good_is_damage_and_a_passing_failure_a_read_error() -> None:
+    """Every local OSError was made damage, so too many open files took a served store offline until a restart."""
+    lasting = [IsADirectoryError(errno.EISDIR, "Is a directory"), PermissionError(errno.EACCES, "Permission denied"),
+               OSError(errno.ELOOP, "Too many levels of symbolic links"), ValueError("embedded null byte")]
+    for error in lasting:
+        assert isinstance(read_failure("/s/f", error, local=True), StoreFormatError), error
+    for error in [OSError(errno.EMFILE, "Too many open files"), OSError(errno.EIO, "Input/output error")]:
+        failure = read_failure("/s/f", error, local=True)
+        assert isinstance(failure, StoreReadError) and str(failure).endswith("; try again"), error
+    assert isinstance(read_failure("https://h/s/f", PermissionError(errno.EACCES, "x")), StoreReadError)
