@@ -224,7 +224,8 @@ class Store:
         entry = self.manifest.shard_by_index.get(index)
         if entry is None:
             raise StoreFormatError(f"store {self.url}: the id index points to shard {index}, which the manifest lacks")
-        reader = ShardReader(self.location, entry.directory, read_path=self._read_path, store_codebook=self.codebook)
+        reader = ShardReader(self.location, entry.directory, read_path=self._read_path,
+                             store_codebook=self._loaded_codebook)
         found = reader.attributes
         expected = entry.generation if entry.generation is not None else self.manifest.generation
         if found.generation != expected:
@@ -257,6 +258,11 @@ class Store:
         """
         if not get_encoding(self.manifest.encoding).codebook:  # it read as a damaged store's missing codebook
             raise DilstoreError(f"store {self.url} is {self.manifest.encoding}, an encoding without a codebook")
+        return self._loaded_codebook()
+
+    def _loaded_codebook(self) -> dict[str, np.ndarray]:
+        """`codebook()` for a shard that decodes with it: a store whose encoding has none is then damaged or rebuilt
+        under this reader, which the shard's checks report (StoreFormatError), not a wrong call."""
         with self._lock:
             if self._codebook is None:
                 arrays = load_store_codebook(self.location, self.manifest.encoding)

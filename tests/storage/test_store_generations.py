@@ -19,9 +19,11 @@ from dilstore.pipelines.finish import missing_shards
 from dilstore.pipelines.part_files import jsonl_path, meta_path, parquet_path
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.shard_sink import read_meta
+from dilstore.storage.codebook import CODEBOOK_DIR, write_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import fingerprint_sha256
+from dilstore.storage.format import StoreFormatError
 from dilstore.storage.manifest import read_manifest, write_manifest
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.reader import StoreChangedError, open_store
@@ -29,6 +31,7 @@ from dilstore.storage.shard import ShardAttributes
 from dilstore.storage.verify import verify_store
 from dilstore.storage.writer import shard_generation, write_shard
 from tests.fixtures.store_fixtures import fingerprint_for, random_shards
+from tests.storage.test_store_lowbit import _codebook
 
 
 def build(root: Path, generation: str, *, seed: int = 3, encoding: str = "fp16") -> list[list[str]]:
@@ -178,3 +181,23 @@ def test_an_open_shard_rebuilt_in_place_is_refused_on_the_read_paths_that_read_l
             store.fetch(ids[:1])
     with open_store(root, read_path=read_path) as reopened:
         assert [passage.text for passage in reopened.fetch(ids)] == [record.text for record in shards[0]]
+
+
+def test_a_store_rebuilt_into_a_codebook_encoding_under_a_reader_is_a_store_error(tmp_path: Path) -> None:
+    """The next shard opened asks the store for its codebook, though the manifest the reader holds says fp16: that
+    is a StoreFormatError (serve: 503, the store unavailable), not the plain DilstoreError `Store.codebook()` gives
+    a caller asking an fp16 store for one (which serve answered 500)."""
+    root = tmp_path / "s"
+    ids = build(root, "gen-a")
+    with open_store(root, read_path="zarr") as store:
+        store.fetch(ids[0][:1])
+        shutil.rmtree(root)
+        codebook = _codebook("2bit")
+        shards = random_shards([3, 3], state_shape=(10,), seed=3, max_words=8)
+        write_codebook(root / CODEBOOK_DIR, "2bit", codebook, (10,), generation="gen-b")
+        for index, records in enumerate(shards):
+            write_shard(root, index, records, kind="dilbert", encoding="2bit", durable=False, codebook=codebook,
+                        generation="gen-b")  # fmt: skip
+        finalize(root, fingerprint_for("dilbert", "2bit"), {"command": "test"}, generation="gen-b")
+        with pytest.raises(StoreFormatError, match="codebook is a codebook for '2bit', not 'fp16'"):
+            store.fetch(ids[1][:1])
