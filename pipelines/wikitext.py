@@ -64,7 +64,9 @@ _BLANK_LINES = re.compile(r"\n\s*\n")
 # each renders to, given its positional arguments (see `_inline_text`).
 _SEPARATORS = {"nbsp": " ", "thinsp": " ", "ndash": "–", "mdash": "—", "snd": " – ", "spnd": " – ",
                "sndash": " – ", "spaced ndash": " – "}  # fmt: skip
-_RANGE_WORDS = frozenset({"-", "–", "to", "and", "or", "by", "x", "×", "+/-", "±"})
+# The words between the values of a {{convert}} range or size ("and(-)" shows "and"); values are numbers.
+_RANGE_WORD = re.compile(r"(-|–|to|to about|and|or|by|x|×|\+/-|±)(\(-\))?")
+_VALUE = re.compile(r"[-+−]?\d[\d.,]*(/\d+)?")
 INLINE_TEMPLATES = frozenset({*_SEPARATORS, "nowrap", "convert", "cvt", "lang", "as of", "frac", "sfrac", "circa"})
 
 
@@ -152,19 +154,20 @@ def _inline_text(template: Template) -> str | None:
     """The text an inline template shows in its sentence (`INLINE_TEMPLATES`, or `lang-xx`), or None for any other.
 
     Its positional arguments are reduced to their own prose first. A measure
-    shows its value and the unit written (`{{convert|7283|km2|sqmi}}`: "7283
-    km2"; a range, "5 to 10 km"), a date "As of 2020", a fraction "3 1/2".
+    shows its values and the units written (`{{convert|7283|km2|sqmi}}`: "7283
+    km2"; "5 to 10 km", "6 ft 4 in", "10 x 20 x 5 m"), a date "As of 2020", a
+    fraction "3 1/2". Arguments named by number (`1=`) count as positional.
     """
     name = str(template.name).strip().lower().replace("_", " ")
-    positional = [wikitext_to_text(str(param.value)) for param in template.params if not param.showkey]
+    numbered = {int(str(param.name).strip()): param.value for param in template.params
+                if str(param.name).strip().isdigit()}  # fmt: skip
+    positional = [wikitext_to_text(str(numbered[number])) for number in sorted(numbered)]
     if name in _SEPARATORS:
         return _SEPARATORS[name]
     if name == "nowrap":
         return " ".join(positional)
     if name in ("convert", "cvt"):
-        if len(positional) >= 4 and positional[1].lower() in _RANGE_WORDS:
-            return f"{positional[0]} {positional[1]} {positional[2]} {positional[3]}"
-        return " ".join(positional[:2])
+        return _measure(positional)
     if name == "lang":
         return positional[1] if len(positional) > 1 else ""
     if name.startswith("lang-"):
@@ -177,6 +180,27 @@ def _inline_text(template: Template) -> str | None:
     if name == "circa":
         return " ".join(["c.", *positional[:1]])
     return None
+
+
+def _measure(arguments: list[str]) -> str:
+    """The measure a {{convert}} shows before its conversion: values joined by range words, each unit written,
+    a second value and unit after the first (6 ft 4 in); the units it converts to and its options are left out."""
+    shown = arguments[:1]
+    position = 1
+    while position < len(arguments):
+        word = _RANGE_WORD.fullmatch(arguments[position].strip().lower())
+        if word is not None and position + 1 < len(arguments):
+            shown += [word.group(1), arguments[position + 1]]
+            position += 2
+            continue
+        shown.append(arguments[position])  # a unit
+        position += 1
+        if position + 1 < len(arguments) and _VALUE.fullmatch(arguments[position].strip()):
+            shown.append(arguments[position])  # the value of a second unit
+            position += 1
+            continue
+        break
+    return " ".join(shown)
 
 
 def _is_metadata_link(link: Wikilink) -> bool:
