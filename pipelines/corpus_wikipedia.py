@@ -6,7 +6,7 @@ id, title = page title and text = its wikitext as plain prose
 `Skipped` so that they can be counted; they are not dead letters. A page
 outside namespace 0 is skipped as "namespace N" even when it is also a redirect.
 A page without <ns> (very old dumps) counts as namespace 0; those dumps have no
-<redirect> either, so a page whose text starts with "#REDIRECT" is one too.
+<redirect> either, so a page whose text opens with "#REDIRECT [[" is one too.
 
 The file is parsed with `xml.etree.ElementTree.iterparse` and every finished
 page is cleared from the tree, so memory holds one page at a time whatever the
@@ -17,6 +17,7 @@ reader stops.
 
 from __future__ import annotations
 
+import re
 import sys
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from dilstore.pipelines.source_files import open_source
 from dilstore.pipelines.wikitext import wikitext_to_text
 
 ARTICLE_NAMESPACE = "0"
-_REDIRECT = "#redirect"  # the magic word, in any case, that opens a redirect page's text
+_REDIRECT = re.compile(r"#redirect\s*:?\s*\[\[", re.IGNORECASE)  # how a redirect page's text opens
 
 
 def read_wikipedia(
@@ -105,7 +106,7 @@ def page_record(
     if revision is not None:
         text_element = next((c for c in revision if _local_name(c.tag) == "text"), None)
     wikitext = _text_of(text_element)
-    if "redirect" in fields or wikitext[: len(_REDIRECT)].lower() == _REDIRECT:
+    if "redirect" in fields or _REDIRECT.match(wikitext):
         return Skipped(source, position, "redirect")
     if not page_id:
         return Rejected(source, position, "missing id")

@@ -48,6 +48,6 @@ def default_shard_count(input_paths: Iterable[str | Path]) -> int:
     total = 0
     for path in map(Path, input_paths):
         size = path.stat().st_size
-        total += size * COMPRESSED_EXPANSION if path.suffix in _COMPRESSED_SUFFIXES else size
+        total += size * COMPRESSED_EXPANSION if path.suffix.lower() in _COMPRESSED_SUFFIXES else size
     wanted = math.ceil(total / DEFAULT_INPUT_BYTES_PER_SHARD)
     return min(MAX_DEFAULT_SHARDS, max(MIN_DEFAULT_SHARDS, wanted))

@@ -128,9 +128,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "old rows become unreachable (default: refuse duplicate ids)")
     run = parser.add_argument_group("running")
     run.add_argument("--runner", default="direct", metavar="NAME",
-                     help="direct (default), dask, dataflow, flink, portable, or a Beam runner name")
+                     help="direct (default), dask, dataflow, flink, portable, fnapi, or one of these by "
+                          "Beam's name (DirectRunner, ...)")
     run.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, metavar="N",
-                     help="local worker processes: DirectRunner multi-processing, Dask LocalCluster "
+                     help="local worker processes: DirectRunner or FnApiRunner multi-processing, Dask LocalCluster "
                           "(default: the number of CPUs)")
     run.add_argument("--threads", type=positive_int, metavar="N",
                      help="torch threads per worker (default: CPUs / workers, at least 1)")

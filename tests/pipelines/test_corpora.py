@@ -387,6 +387,9 @@ def test_an_old_dump_without_redirect_elements_still_skips_redirects(tmp_path: P
     assert list(read_wikipedia(dump)) == [
         Skipped(str(dump), "2", "redirect"), Document("3", "Alpha", "Alpha is a letter.", str(dump))
     ]
+    article = tmp_path / "article.xml"  # only "#REDIRECT [[...]]" makes a redirect, as in MediaWiki
+    article.write_text(f"<mediawiki>\n{page(4, 'Hashtag', '#redirection is a word here.')}</mediawiki>")
+    assert [record.text for record in read_wikipedia(article)] == ["redirection is a word here."]  # a list item
 
 
 def test_an_upper_case_compressed_name_is_read_decompressed(tmp_path: Path) -> None:
@@ -462,6 +465,8 @@ def test_wikitext_to_text_keeps_prose_only() -> None:
     [
         ("At a height of {{convert|735|m|ft}}, it", "At a height of 735 m, it"),
         ("A span of {{cvt|5|to|10|km}} long", "A span of 5 to 10 km long"),
+        ("At {{convert|6|ft|4|in|cm|0}}, between {{convert|60|and(-)|80|kg}}", "At 6 ft 4 in, between 60 and 80 kg"),
+        ("a {{convert|10|x|20|x|5|m|ft|abbr=on}} room, {{nowrap|1=E = mc²}}", "a 10 x 20 x 5 m room, E = mc²"),
         ("on 15{{nbsp}}September 1972, 3{{nbsp}}million", "on 15 September 1972, 3 million"),
         ("Pages 10{{ndash}}20, philosophy{{snd}}a reference", "Pages 10–20, philosophy – a reference"),
         ("called {{lang|fr|la France}} or {{lang-de|Frankreich}}", "called la France or Frankreich"),

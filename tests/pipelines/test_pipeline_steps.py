@@ -78,6 +78,9 @@ def test_default_shard_count_depends_on_input_size_only(tmp_path: Path) -> None:
     packed = tmp_path / "big.jsonl.gz"
     packed.write_bytes(b"x" * (10 << 20))
     assert default_shard_count([packed]) == 40
+    shouted = tmp_path / "BIG.JSONL.GZ"  # read decompressed, so counted so (it was taken as 10 MiB of text)
+    shouted.write_bytes(b"x" * (10 << 20))
+    assert default_shard_count([shouted]) == 40
 
 
 def test_routing_sends_each_record_to_its_group(tiny) -> None:
