@@ -86,11 +86,15 @@ def check_entries(tree: dict[str, Any]) -> None:
         if entry["status"] not in STATUSES:
             raise InputError(f"{path} has status {entry['status']!r}, not one of {', '.join(STATUSES)}")
         value = entry["value"]
-        pairs = isinstance(value, list) and all(isinstance(pair, list) and len(pair) == 2 for pair in value)
-        numbers = [x for pair in value for x in pair] if pairs else [value]
-        if not numbers or not all(map(_positive, numbers)):
-            raise InputError(f"{path} has value {value!r:.80}: not a positive finite number or a list of [x, y] "
-                             "pairs of them")  # fmt: skip
+        if "_by_" in path.rpartition(".")[2]:  # a measured series, "y_by_x": [[x, y], ...]
+            pairs = isinstance(value, list) and all(isinstance(pair, list) and len(pair) == 2 for pair in value)
+            if not pairs or not value or not all(_positive(x) for pair in value for x in pair):
+                raise InputError(f"{path} has value {value!r:.80}: not a list of [x, y] pairs of positive finite "
+                                 "numbers")  # fmt: skip
+        elif not _positive(value):
+            raise InputError(f"{path} has value {value!r:.80}: not a positive finite number")
+        elif path.endswith(".utilisation") and value > 1:
+            raise InputError(f"{path} has value {value!r:.80}: a share of the peak, at most 1")
     _check_names("kinds", tree.get("kinds", {}), KINDS)
     for kind, groups in tree.get("kinds", {}).items():
         _check_names(f"kinds.{kind}.state_bytes_per_token", groups.get("state_bytes_per_token", {}), ENCODINGS)
@@ -98,7 +102,14 @@ def check_entries(tree: dict[str, Any]) -> None:
 
 
 def _positive(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    """A number above 0 that is neither a bool nor infinite nor NaN, nor an int too large for a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        number = float(value)
+    except OverflowError:
+        return False
+    return number > 0 and math.isfinite(number)
 
 
 def _check_names(path: str, group: Any, known: Sequence[str]) -> None:
