@@ -105,9 +105,10 @@ def _drop_style_quotes(line: str) -> str:
     italic_runs = sum(size in (2, 5) for size in sizes)
     bold_runs = len(bold) + sum(size == 5 for size in sizes)
     if italic_runs % 2 and bold_runs % 2 and bold:
-        before = {i: (pieces[i] + shown[i])[-2:].rjust(2) for i in bold}  # two characters before each bold run
-        one_letter = [i for i in bold if before[i][0] == " " and before[i][1] != " "]
-        longer = [i for i in bold if before[i][0] != " " and before[i][1] != " "]
+        last = {i: (pieces[i] + shown[i])[-1:] for i in bold}  # the character before each bold run ("" at the start)
+        second = {i: (pieces[i] + shown[i])[-2:][:1] for i in bold}  # the one before it (the same one, if alone)
+        one_letter = [i for i in bold if last[i] != " " and second[i] == " "]
+        longer = [i for i in bold if last[i] != " " and second[i] != " "]
         shown[(one_letter or longer or bold)[0]] += "'"
     return "".join(piece + (shown[i] if i < len(shown) else "") for i, piece in enumerate(pieces))
 
