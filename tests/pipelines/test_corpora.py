@@ -489,6 +489,7 @@ def test_templates_that_are_the_prose_are_rendered_as_a_reader_sees_them(wikitex
         ("''A Modest Proposal'''s satire and '''bold''' ''italic''", "A Modest Proposal's satire and bold italic"),
         ("'''''both''''' and ''''''six''''''", "both and 'six'"),
         ("it's ''Le l'''amour and '''x'''", "it's Le l'amour and x"),
+        ("'''x ''y zz''' w '''v", "'x y zz w v"),  # a bold run at the line's start counts as after a longer word
     ],
 )
 def test_style_quotes_go_but_the_apostrophes_mediawiki_shows_among_them_stay(wikitext: str, text: str) -> None:
