@@ -688,9 +688,20 @@ def prepare(args: argparse.Namespace) -> int:
 
 
 def join(args: argparse.Namespace) -> int:
-    """Back here: NAME.tar and the weight pieces in OUT_DIR become a checkpoint folder, its SHA-256 checked."""
+    """Back here: NAME.tar and the weight pieces in OUT_DIR become a checkpoint folder, its SHA-256 checked.
+
+    A folder that already holds a reader is refused: joined into it, a second run replaced the first's weights
+    and files without a word (one folder per run)."""
+    packed = args.out_dir / f"{args.name}.tar"
+    if not packed.is_file():
+        print(f"{packed}: no such file (the folder a call's $OUT came back to, and a run it exported)", file=sys.stderr)
+        return 2
+    if (args.into / "model.safetensors").exists():
+        print(f"{args.into} already holds a reader (model.safetensors): join each run into a folder of its own",
+              file=sys.stderr)  # fmt: skip
+        return 2
     args.into.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(args.out_dir / f"{args.name}.tar") as archive:
+    with tarfile.open(packed) as archive:
         archive.extractall(args.into, filter="data")
     pieces = sorted(args.out_dir.glob(f"{args.name}.safetensors.part-*"))
     data = b"".join(piece.read_bytes() for piece in pieces)

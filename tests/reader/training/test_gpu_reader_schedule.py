@@ -116,6 +116,10 @@ def test_export_then_join_gives_the_fp16_weights_back(schedule, tmp_path, monkey
     assert torch.equal(joined["ids"], tensors["ids"])
     assert json.loads((into / "eval-dev.json").read_text(encoding="utf-8")) == {"f1": 61.0}
     assert not (into / "weights.sha256").exists()
+    # A second run joined into the same folder replaced the first's weights without a word.
+    assert schedule.main(["join", str(out), "k4-sn", "--into", str(into)]) == 2
+    assert schedule.main(["join", str(out), "k5", "--into", str(tmp_path / "other")]) == 2  # no k5.tar
+    assert torch.equal(load_file(into / "model.safetensors")["weight"], tensors["weight"].half())
 
 
 def test_join_refuses_a_corrupted_piece(schedule, tmp_path, monkeypatch, capsys):
