@@ -694,7 +694,8 @@ def join(args: argparse.Namespace) -> int:
     and files without a word (one folder per run)."""
     packed = args.out_dir / f"{args.name}.tar"
     if not packed.is_file():
-        print(f"{packed}: no such file (the folder a call's $OUT came back to, and a run it exported)", file=sys.stderr)
+        print(f"{packed}: no such file (the folder a call's $OUT came back to, and a run it exported)",
+              file=sys.stderr)  # fmt: skip
         return 2
     if (args.into / "model.safetensors").exists():
         print(f"{args.into} already holds a reader (model.safetensors): join each run into a folder of its own",
