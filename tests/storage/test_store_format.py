@@ -157,14 +157,19 @@ def test_an_empty_store_opens_and_answers(tmp_path) -> None:
 def test_a_manifest_with_a_valid_checksum_but_impossible_fields_is_refused(tmp_path, change, message) -> None:
     """A hand-edited manifest whose checksum was recomputed: every field still goes through the same checks."""
     finalize(tmp_path, fingerprint_for(), {})
-    data = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    edit_manifest(tmp_path, change)
+    with pytest.raises(StoreFormatError, match=message):
+        open_store(tmp_path)
+
+
+def edit_manifest(root: Path, change) -> None:
+    """Apply `change` to the store's manifest and recompute its checksum, as a hand edit that knows the format would."""
+    data = json.loads((root / MANIFEST_FILE).read_text())
     data.pop("checksum")
     change(data)
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     data["checksum"] = hashlib.sha256(canonical).hexdigest()
-    (tmp_path / MANIFEST_FILE).write_text(json.dumps(data))
-    with pytest.raises(StoreFormatError, match=message):
-        open_store(tmp_path)
+    (root / MANIFEST_FILE).write_text(json.dumps(data))
 
 
 @pytest.mark.parametrize(
@@ -181,12 +186,7 @@ def test_a_manifest_whose_shard_or_shape_fields_have_other_types_is_refused(tmp_
     """A shard index "0" made `verify` fail with a TypeError traceback and a path 5 a TypeError from fetch; a shape
     "16" read as (1, 6) and -16 was taken as it is."""
     root = build_store(tmp_path / "store", random_shards([2, 2], state_shape=(4,), seed=1), encoding="fp16")
-    data = json.loads((root / MANIFEST_FILE).read_text())
-    data.pop("checksum")
-    change(data)
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    data["checksum"] = hashlib.sha256(canonical).hexdigest()
-    (root / MANIFEST_FILE).write_text(json.dumps(data))
+    edit_manifest(root, change)
     with pytest.raises(StoreFormatError, match="malformed manifest: ValueError: " + message):
         open_store(root)
     report = verify_store(root)
