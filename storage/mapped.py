@@ -239,7 +239,7 @@ def map_array(array: zarr.Array, array_dir: Path) -> MappedArray:
             mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         raise StoreFormatError(f"missing array file {path}") from None
-    except OSError as error:  # no permission, a directory or a loop of links: no failure in transit
+    except OSError as error:  # lasting (no permission, a directory in its place) or passing (too many open files)
         raise read_failure(str(path), error, local=True) from None
     return MappedArray(_checked_rows(mapping, array, layout, path), WatchedFile.of(path, status))
 
