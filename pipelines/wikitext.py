@@ -4,7 +4,7 @@ The markup is parsed by mwparserfromhell; this module only decides which parsed
 nodes are kept. Dropped: templates (infoboxes, citations, navboxes), except
 the few that are the prose itself and are rendered as a reader sees them
 (`INLINE_TEMPLATES`: a measure, a date, words in another language, a space or
-a dash: dropped, they left "at a height of ." and glued "3{{nbsp}}million"
+a dash; dropped, they left "at a height of ." and glued "3{{nbsp}}million"
 into "3million"), `<ref>`
 footnotes, tables, images and other files, category and interlanguage links,
 comments, section headings, and tags whose content is not prose (math, code
@@ -160,6 +160,8 @@ def _inline_text(template: Template) -> str | None:
     fraction "3 1/2". Arguments named by number (`1=`) count as positional.
     """
     name = str(template.name).strip().lower().replace("_", " ")
+    if name not in INLINE_TEMPLATES and not name.startswith("lang-"):
+        return None  # before its arguments are converted: an infobox's would be, all for nothing
     numbered = {int(str(param.name).strip()): param.value for param in template.params
                 if str(param.name).strip().isdigit()}  # fmt: skip
     positional = [wikitext_to_text(str(numbered[number])) for number in sorted(numbered)]
