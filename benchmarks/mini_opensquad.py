@@ -46,6 +46,7 @@ from dilstore.reader.retrieval import build_bm25_index
 from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
 from dilstore.reader.text.files import read_json
 from dilstore.runners.arg_types import positive_int
+from dilstore.runners.outputs import check_output_file
 from dilstore.storage.codebook import CODEBOOK_DIR, write_codebook
 from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, get_encoding, sample_rows, train_codebook
 from dilstore.storage.errors import DilstoreError
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
+        check_output_file(args.output, "--output", [])  # before the evaluation, whose result it would lose
         result = run(args)
     except DilstoreError as error:
         print(f"mini_opensquad: error: {error}", file=sys.stderr)

@@ -19,7 +19,10 @@ from typing import Any
 
 import matplotlib
 
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.training.release import load_training_metadata
+from dilstore.runners.outputs import check_output_file
+from dilstore.storage.errors import DilstoreError
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
@@ -118,6 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.runs and not args.pair:
         parser.error("give at least one run directory, eval JSON or --pair")
+    given = [*args.runs, *(path for pair in args.pair for path in pair)]
+    inputs = [path for run in given for path in (run, run / "eval-dev.json", run / TRAINING_METADATA_FILE)]
+    try:  # `--markdown RUN/eval-dev.json` replaced the evaluation with the table
+        check_output_file(args.png, "--png", inputs)
+        if args.markdown:
+            check_output_file(args.markdown, "--markdown", inputs)
+    except DilstoreError as error:
+        print(f"plot_k_sweep: error: {error}", file=sys.stderr)
+        return 2
     rows = load_rows(args.runs, [tuple(pair) for pair in args.pair])
     table = markdown_table(rows)
     print(table)

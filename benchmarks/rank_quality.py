@@ -52,6 +52,7 @@ from dilstore.reader.modeling.rankers import checkpoint_kind, load_ranker, new_r
 from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS, TrainableRanker
 from dilstore.reader.modeling.siamese import CosineBiEncoder
 from dilstore.runners.arg_types import positive_int
+from dilstore.runners.outputs import check_output_file
 from dilstore.storage.errors import DilstoreError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     args.base_model = args.base_model or (base_model_dir() if args.untrained or args.reference_bi_encoder else None)
     try:
+        check_output_file(args.output, "--output", args.task_file)  # a task file it named was replaced by the report
         report = evaluate(args)
     except DilstoreError as error:
         print(f"rank_quality: error: {error}", file=sys.stderr)

@@ -18,6 +18,7 @@ from pathlib import Path
 from dilstore.pipelines.corpus_jsonl import read_jsonl
 from dilstore.pipelines.documents import Document, Rejected
 from dilstore.reader.data.trec import read_run
+from dilstore.runners.outputs import check_output_file
 from dilstore.storage.errors import DilstoreError
 
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, required=True, help="JSONL file to write")
     args = parser.parse_args(argv)
     try:
+        check_output_file(args.output, "--output", [args.run, args.corpus])  # --output CORPUS cut the corpus
         count = run_passages(args.run, args.corpus, args.output)
     except DilstoreError as error:
         print(f"run_passages: error: {error}", file=sys.stderr)

@@ -175,3 +175,29 @@ def test_negative_layers_counts_and_seeds_are_usage_errors_naming_the_option(
 
 def test_every_script_with_a_case_has_a_way_to_parse() -> None:
     assert {script for script, _ in CASES} | {script for script, _, _ in NEGATIVE_CASES} == set(PARSE)
+
+
+def test_an_output_onto_an_input_or_into_a_missing_folder_is_refused_before_any_work(tmp_path, capsys) -> None:
+    """`run_passages --output CORPUS` cut the corpus to the run's passages, `plot_k_sweep --markdown RUN/eval-dev.json`
+    replaced the evaluation with the table and `rank_quality --output TASK` the task with the report, each exiting 0;
+    an --output in a missing folder lost mini_opensquad's and rank_quality's result after the whole evaluation."""
+    corpus, run = tmp_path / "corpus.jsonl", tmp_path / "run.txt"
+    corpus.write_text('{"id": "a", "contents": "x"}\n{"id": "b", "contents": "y"}\n', encoding="utf-8")
+    run.write_text("1 Q0 a 1 1.0 t\n", encoding="utf-8")
+    evaluation = tmp_path / "k0" / "eval-dev.json"
+    evaluation.parent.mkdir()
+    evaluation.write_text('{"f1": 80.0}', encoding="utf-8")
+    task = tmp_path / "task.json.gz"
+    task.write_bytes(b"task")
+    calls = [
+        ("run_passages", ["--run", str(run), "--corpus", str(corpus), "--output", str(corpus)]),
+        ("plot_k_sweep", [str(evaluation.parent), "--png", str(tmp_path / "k.png"), "--markdown", str(evaluation)]),
+        ("rank_quality", ["--work", str(tmp_path / "work"), "--task-file", str(task), "--output", str(task)]),
+        ("mini_opensquad", ["--work", str(tmp_path / "mos"), "--output", str(tmp_path / "missing" / "result.json")]),
+    ]
+    for name, argv in calls:
+        with benchmark_module(name) as script:
+            assert script.main(argv) == 2, name
+        assert f"{name}: error: " in capsys.readouterr().err, name
+    assert corpus.read_text(encoding="utf-8").count("\n") == 2
+    assert evaluation.read_text(encoding="utf-8") == '{"f1": 80.0}' and task.read_bytes() == b"task"
