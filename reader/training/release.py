@@ -42,7 +42,11 @@ def package_checkpoint(source: Path, destination: Path, model_card: str) -> Path
     left behind; config, tokenizer and dilstore.json are copied as they are,
     the training record (load_training_metadata) is written as
     dilstore_training.json, and `model_card` as MODEL_CARD.md. `source` is a
-    run's output directory or one of its periodic checkpoints.
+    run's output directory or one of its periodic checkpoints. Online layers
+    for an encoding (`online-ENC.safetensors`) that `destination` holds and
+    `source` does not are removed: they belong to the weights replaced, and a
+    reader refused them on every store of that encoding (retrain them with
+    `train qa --freeze-lower --store-encoding ENC`).
     """
     source, destination = Path(source), Path(destination)
     training = load_training_metadata(source)
@@ -50,6 +54,9 @@ def package_checkpoint(source: Path, destination: Path, model_card: str) -> Path
     if not weight_files:
         raise DilstoreError(f"{source} holds no .safetensors weights to package")
     destination.mkdir(parents=True, exist_ok=True)
+    for stale in destination.glob("online-*.safetensors"):
+        if not (source / stale.name).exists():
+            stale.unlink()
     for path in sorted(source.iterdir()):
         if path.name in _NOT_SHIPPED or path.is_dir():
             continue

@@ -422,7 +422,10 @@ def test_periodic_checkpoint_is_evaluable_and_packageable(tiny_base: Path, squad
     rebuilt = load_training_metadata(step)
     assert rebuilt["steps"] == 1 and rebuilt["layers"] == 1 and rebuilt["total_steps"] == 2
     assert rebuilt["command"] == "dilstore train qa cut" and rebuilt["features_seen"] == 2
+    (tmp_path / "packaged").mkdir()
+    (tmp_path / "packaged" / "online-2bit.safetensors").write_bytes(b"the replaced weights' online layers")
     packaged = package_checkpoint(step, tmp_path / "packaged", "card")
+    assert not (packaged / "online-2bit.safetensors").exists()  # kept, every 2bit store's reads were refused
     assert not list(packaged.glob("training_state*"))
     assert json.loads((packaged / TRAINING_METADATA_FILE).read_text())["steps"] == 1
     assert DilBertReader.from_pretrained(packaged).layers == 1
