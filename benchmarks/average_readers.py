@@ -30,6 +30,8 @@ from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.storage.errors import DilstoreError
 
 SAME_FILES = ("config.json", "dilstore.json")
+# Written by whichever transformers saved the reader: not the architecture (a GPU run's 5.17 against 5.23 here).
+IGNORED_KEYS = frozenset({"transformers_version"})
 COPIED_FILES = (*SAME_FILES, "tokenizer.json", "tokenizer_config.json")
 
 
@@ -40,17 +42,24 @@ def sha256(path: Path) -> str:
 
 
 def check_same_reader_kind(readers: list[Path]) -> None:
-    """Refuse, by folder and file, readers whose config.json or dilstore.json differ from the first's."""
+    """Refuse, by folder and file, readers whose config.json or dilstore.json differ from the first's (but for the
+    version of transformers that wrote them)."""
     for reader in readers:
         for name in (*SAME_FILES, "model.safetensors"):
             if not (reader / name).is_file():
                 raise DilstoreError(f"{reader}: no {name}; give reader folders")
     for name in SAME_FILES:
-        first = json.loads((readers[0] / name).read_text(encoding="utf-8"))
+        first = _settings(readers[0] / name)
         for reader in readers[1:]:
-            if json.loads((reader / name).read_text(encoding="utf-8")) != first:
+            if _settings(reader / name) != first:
                 raise DilstoreError(f"{reader / name} differs from {readers[0] / name}: "
                                     "only readers of one kind average")  # fmt: skip
+
+
+def _settings(path: Path) -> dict:
+    """A config file's settings, without the keys that do not describe the reader (IGNORED_KEYS)."""
+    return {key: value for key, value in json.loads(path.read_text(encoding="utf-8")).items()
+            if key not in IGNORED_KEYS}  # fmt: skip
 
 
 def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:

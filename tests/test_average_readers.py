@@ -78,3 +78,15 @@ def test_readers_of_another_kind_or_shape_are_refused_by_name(tmp_path: Path) ->
         with pytest.raises(SystemExit, match="average_readers: give 2 or more readers"):
             average_readers.main([str(first), "--output", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_readers_saved_by_other_transformers_versions_still_average(tmp_path: Path) -> None:
+    """The shipped reader (saved by transformers 5.17 on a GPU) and a checkpoint saved here (5.23) were refused as
+    readers of another kind: their config.json differ only in `transformers_version`."""
+    gpu = write_reader(tmp_path / "gpu", {"w": torch.zeros(2, 2, dtype=torch.float16)})
+    here = write_reader(tmp_path / "here", {"w": torch.ones(2, 2, dtype=torch.float16)})
+    for reader, version in ((gpu, "5.17.0"), (here, "5.23.0")):
+        (reader / "config.json").write_text(json.dumps({**CONFIG, "transformers_version": version}), encoding="utf-8")
+    with benchmark_module("average_readers") as average_readers:
+        average_readers.average_readers([gpu, here], tmp_path / "soup")
+    assert torch.equal(load_file(tmp_path / "soup" / "model.safetensors")["w"], torch.full((2, 2), 0.5).half())
