@@ -52,6 +52,8 @@ from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, get_encoding, sam
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.format import MANIFEST_FILE
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import PassageRecord
 from dilstore.storage.writer import write_shard
@@ -115,7 +117,8 @@ def build_store(store: Path, reader: DilBertReader, passages: list[Passage], arg
     finalize(
         store,
         model_fingerprint(reader, "dilbert", args.encoding, args.max_length),
-        {"command": " ".join(sys.argv), "corpus": "SQuAD dev paragraphs + MS MARCO DL19/20 pool"},
+        {"command": " ".join(sys.argv), "corpus": "SQuAD dev paragraphs + MS MARCO DL19/20 pool",
+         "squad_paragraphs": args.squad_paragraphs, "msmarco_passages": args.msmarco_passages},
         expected_shards=shards,
     )
 
@@ -211,6 +214,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def refuse_other_settings(store: Path, args: argparse.Namespace) -> None:
+    """A DilstoreError when the store --work already holds was built with other settings than these: it was read
+    as it was, so an --encoding int8 run reported the fp16 store's scores. (A store of another model is refused by
+    its fingerprint when it opens.)"""
+    manifest = read_manifest(StoreLocation.parse(store))
+    built = {"--encoding": manifest.encoding, "--max-length": manifest.fingerprint.max_length,
+             "--squad-paragraphs": manifest.creation.get("squad_paragraphs", args.squad_paragraphs),
+             "--msmarco-passages": manifest.creation.get("msmarco_passages", args.msmarco_passages)}  # fmt: skip
+    asked = {"--encoding": args.encoding, "--max-length": args.max_length,
+             "--squad-paragraphs": args.squad_paragraphs, "--msmarco-passages": args.msmarco_passages}  # fmt: skip
+    differ = [f"{flag} {built[flag]} (asked: {asked[flag]})" for flag in built if built[flag] != asked[flag]]
+    if differ:
+        raise DilstoreError(f"--work {args.work} holds a store built with {', '.join(differ)}; give another --work, "
+                            "or the same settings")  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build what is missing, evaluate, and return the result document."""
     model_dir = args.model or default_checkpoint_dir()
@@ -223,6 +242,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.data / "msmarco" / "passages.dl19-dl20-pool.jsonl", args.msmarco_passages
         )
         build_store(store, DilBertReader.from_pretrained(model_dir), passages, args)
+    elif not args.store:
+        refuse_other_settings(store, args)
     if not any(bm25_index_dir(store).glob("segments_*")):
         build_index(store, stored_ids(store), args.work)
     build_seconds = time.perf_counter() - started

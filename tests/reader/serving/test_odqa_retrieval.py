@@ -209,3 +209,7 @@ def test_mini_opensquad_benchmark_runs_end_to_end_on_a_tiny_corpus(
     for row in result["rows"]:
         assert 0 <= row["em_without_bm25"] <= 100 and 0 <= row["recall"] <= 100
     assert result["rows"][0]["recall"] <= result["rows"][1]["recall"]
+    # The store --work holds was read whatever was asked: --encoding int8 reported the fp16 store's scores.
+    other = {"fp16": "int8", "2bit": "fp16"}[encoding]
+    assert module.main([*argv[:-4], "--encoding", other, "--output", str(tmp_path / "other.json")]) == 2
+    assert not (tmp_path / "other.json").exists()
