@@ -31,7 +31,7 @@ def run_passages(run_file: Path, corpus: Path, output: Path) -> int:
         if isinstance(record, Rejected):
             raise DilstoreError(f"{record.source}:{record.line_or_id}: {record.reason}")
         if record.id in needed:
-            found[record.id] = record
+            found.setdefault(record.id, record)  # the first of an id, as precompute keeps (it kept the last)
     missing = [docid for docid in wanted if docid not in found]
     if missing:
         raise DilstoreError(f"{corpus} lacks {len(missing)} passage(s) of {run_file}, e.g. {missing[:5]}")

@@ -453,6 +453,10 @@ def test_run_passages_script_cuts_the_run_documents_from_a_corpus(tmp_path: Path
     written = [json.loads(line) for line in output.read_text().splitlines()]
     assert [row["id"] for row in written] == ["kili", "tram", "cafe"], "each docid once, in run order"
     assert written[0]["contents"] == DOCUMENTS["kili"]
+    twice = tmp_path / "twice.jsonl"  # precompute keeps an id's first record; this kept the last
+    twice.write_text(corpus.read_text() + json.dumps({"id": "kili", "contents": "a later text"}) + "\n")
+    assert script.main(["--run", str(tmp_path / "first.trec"), "--corpus", str(twice), "--output", str(output)]) == 0
+    assert json.loads(output.read_text().splitlines()[0])["contents"] == DOCUMENTS["kili"]
     write_run(tmp_path / "ghost.trec", {"q1": {"ghost": 1.0, "tram": 0.5}}, tag="bm25")
     assert script.main(["--run", str(tmp_path / "ghost.trec"), "--corpus", str(corpus), "--output", str(output)]) == 2
     err = capsys.readouterr().err
