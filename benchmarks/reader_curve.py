@@ -32,6 +32,7 @@ from dilstore.reader.evaluation.reading_comprehension import evaluate_file
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.release import load_training_metadata
 from dilstore.runners.arg_types import positive_int
+from dilstore.runners.outputs import check_output_file
 from dilstore.storage.errors import DilstoreError
 
 WEIGHTS = "model.safetensors"
@@ -85,10 +86,30 @@ def plot(rows: list[dict[str, Any]], png: Path) -> None:
     figure.savefig(png, dpi=120)
 
 
+def read_cache(path: Path) -> dict[str, Any]:
+    """The scores cached in `path` ({} when it does not exist yet); a DilstoreError, before any evaluation, for a
+    file that is no such cache: scores were written into whatever JSON object it named (a run's own
+    dilstore_training.json), and a folder or other JSON failed after the first checkpoint was scored."""
+    if path.is_dir():
+        raise DilstoreError(f"--cache {path} is a folder; give a JSON file")
+    if not path.exists():
+        check_output_file(path, "--cache", [])
+        return {}
+    try:
+        cache = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DilstoreError(f"--cache {path} is not JSON: {error}") from None
+    entries = cache.values() if isinstance(cache, dict) else None
+    if entries is None or any(not isinstance(entry, dict) or not {"em", "f1", "questions"} <= entry.keys()
+                              for entry in entries):  # fmt: skip
+        raise DilstoreError(f"--cache {path} is not a cache of scores (an object of {{em, f1, questions}} entries)")
+    return cache
+
+
 def evaluated_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every checkpoint of every RUN scored (or taken from the cache), the cache saved after each point."""
     torch.set_num_threads(args.threads)
-    cache = json.loads(args.cache.read_text()) if args.cache.is_file() else {}
+    cache = read_cache(args.cache)
     rows = []
     for run in args.runs:
         for checkpoint in checkpoints(run):

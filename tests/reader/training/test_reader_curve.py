@@ -94,3 +94,26 @@ def test_runs_and_scored_rows_do_not_mix(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as stopped:
         curve_script().main([str(tmp_path), "--scored", str(tmp_path / "rows.json")])
     assert stopped.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [('{"steps": 10, "layers": 1}', "is not a cache of scores"), ("[]", "is not a cache of scores"),
+     ("not json", "is not JSON"), (None, "is a folder")],
+    ids=["a run's training record", "list", "text", "folder"],
+)  # fmt: skip
+def test_a_cache_that_is_no_cache_of_scores_is_refused_before_any_evaluation(
+    tmp_path: Path, capsys, content: str | None, message: str
+) -> None:
+    """Scores were written into whatever JSON object --cache named (a run's own dilstore_training.json), and other
+    files failed with a traceback after the first checkpoint was scored."""
+    cache = tmp_path / "cache.json"
+    if content is None:
+        cache.mkdir()
+    else:
+        cache.write_text(content, encoding="utf-8")
+    run = tmp_path / "run"
+    run.mkdir()
+    assert curve_script().main([str(run), "--dev", str(tmp_path / "dev.json"), "--cache", str(cache)]) == 2
+    assert f"reader_curve: error: --cache {cache} {message}" in capsys.readouterr().err
+    assert content is None or cache.read_text(encoding="utf-8") == content
