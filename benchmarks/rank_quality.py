@@ -134,7 +134,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             results.append({"task": task.name, **description, **summary, "seconds": round(seconds, 1)})
     results += given_dl19_runs(args.dl19_run, tasks)
     return {
-        "tasks": {task.name: {"queries": len(task.queries), "depth": args.depth} for task in tasks},
+        # The depth each task holds (a --task-file keeps the one it was built with, whatever --depth says now).
+        "tasks": {task.name: {"queries": len(task.queries), "depth": max(map(len, task.bm25.values()), default=0)}
+                  for task in tasks},  # fmt: skip
         "device": str(device),
         "results": results,
     }
