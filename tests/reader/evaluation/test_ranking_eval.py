@@ -156,7 +156,8 @@ def test_benchmark_labels_untrained_rankers(tiny_base: Path, dl19_file: Path, tm
     saved_task = tmp_path / "work" / "task.dl19.json.gz"
     status = rank_quality.main(["--work", str(tmp_path / "elsewhere"), "--data", str(tmp_path / "absent"),
                                 "--task-file", str(saved_task), "--model", str(trained), "--max-doc-length", "32",
-                                "--threads", "1", "--no-progress", "--output", str(again), "--depth", "7"])  # fmt: skip
+                                "--threads", "1", "--no-progress", "--output", str(again),
+                                "--depth", "7"])  # fmt: skip
     assert status == 0
     assert json.loads(again.read_text())["tasks"] == report["tasks"]  # the saved task's depth, not --depth's
 
