@@ -113,6 +113,33 @@ def card_section(
     return "\n".join(lines) + "\n"
 
 
+def read_evaluations(args: argparse.Namespace, encoding: str) -> list[tuple[str, dict[str, Any]]]:
+    """The card's rows: (label, mini_opensquad result) of --reference, --baseline and --eval, each checked to be
+    what its row says (fp16; `encoding` with the checkpoint's own layers; with the variant) and all of the same
+    questions, which the card states (it claimed so of files scored on other questions, and called an fp16 store
+    read without a variant "tuned")."""
+    given = [(flag, label, file, wanted) for flag, label, file, wanted in (
+        ("--reference", "own", args.reference, ("fp16", False)),
+        ("--baseline", "own", args.baseline, (encoding, False)),
+        ("--eval", "tuned", args.eval, (encoding, True))) if file is not None]  # fmt: skip
+    evaluations = []
+    for flag, label, file, (wanted_encoding, tuned) in given:
+        result = read_json(file)
+        if not isinstance(result, dict) or not {"encoding", "model", "questions", "seed", "rows"} <= result.keys():
+            raise DilstoreError(f"{flag} {file} is not a mini_opensquad.py result")
+        variant = (result["model"] or {}).get("online_variant") if isinstance(result["model"], dict) else None
+        if result["encoding"] != wanted_encoding or bool(variant) != tuned:
+            raise DilstoreError(f"{flag} {file} scored a {result['encoding']} store "
+                                f"{'with' if variant else 'without'} an online variant; its row needs a "
+                                f"{wanted_encoding} store {'with' if tuned else 'without'} one")  # fmt: skip
+        evaluations.append((label, result))
+    asked = {(result["questions"], result["seed"]) for _, result in evaluations}
+    if len(asked) > 1:
+        raise DilstoreError(f"the evaluations scored other questions: (questions, seed) {sorted(asked)}; the card's "
+                            "rows must be of the same questions")  # fmt: skip
+    return evaluations
+
+
 def with_section(card: str, encoding: str, section: str) -> str:
     """`card` with its section for `encoding` replaced by `section` (appended when it has none)."""
     heading = re.escape(f"## Online layers for {encoding} stores")
@@ -139,17 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         encoding = training["config"].get("store_encoding")
         if not encoding:
             raise DilstoreError(f"{args.checkpoint} was not trained with --store-encoding")
+        evaluations = read_evaluations(args, encoding)  # before anything is written: a typo left --into half-made
         into = args.into or base_dir
         if into.resolve() != base_dir.resolve():
             copy_checkpoint(base_dir, into)
         path = write_online_variant(
             DilBertReader.from_pretrained(args.checkpoint), DilBertReader.from_pretrained(base_dir), encoding, into
         )
-        evaluations = [
-            (label, read_json(file))
-            for label, file in (("own", args.reference), ("own", args.baseline), ("tuned", args.eval))
-            if file is not None
-        ]
         if args.eval is not None:
             card = into / CARD
             text = card.read_text(encoding="utf-8") if card.is_file() else ""

@@ -20,9 +20,10 @@ from tests.fixtures.benchmarks import benchmark_module
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
 
-def evaluation(encoding: str, f1: float) -> dict:
+def evaluation(encoding: str, f1: float, variant: str | None = None, seed: int = 0) -> dict:
+    """A mini_opensquad.py result of 300 questions; `variant`: the online layers it was read with (None: own)."""
     row = {"top_p": 29, "f1_with_bm25": f1, "f1_without_bm25": f1 - 2, "recall": 90.0}
-    return {"encoding": encoding, "questions": 300, "seed": 0, "rows": [row]}
+    return {"encoding": encoding, "questions": 300, "seed": seed, "rows": [row], "model": {"online_variant": variant}}
 
 
 def test_a_run_becomes_a_variant_beside_a_copy_of_the_base_with_one_card_section(
@@ -34,7 +35,7 @@ def test_a_run_becomes_a_variant_beside_a_copy_of_the_base_with_one_card_section
                             freeze_lower=True, store_encoding="2bit", **SMALL_WINDOWS)  # fmt: skip
     train_qa(base, squad_file, tmp_path / "run", config, command="dilstore train qa (test)", progress=False)
     files = {}
-    for name, result in (("tuned", evaluation("2bit", 61.0)), ("plain", evaluation("2bit", 58.0)),
+    for name, result in (("tuned", evaluation("2bit", 61.0, "online-2bit")), ("plain", evaluation("2bit", 58.0)),
                          ("fp16", evaluation("fp16", 62.0))):  # fmt: skip
         files[name] = tmp_path / f"{name}.json"
         files[name].write_text(json.dumps(result))
@@ -51,7 +52,7 @@ def test_a_run_becomes_a_variant_beside_a_copy_of_the_base_with_one_card_section
         assert "| tuned | 2bit | 29 | 61.0 | 59.0 | 90.0 |" in card and "| own | fp16 | 29 | 62.0 |" in card
         assert "dilstore train qa (test)" in card and "the same 300 questions (seed 0)" in card
         assert "step 2 of a 2-step schedule" in card
-        files["tuned"].write_text(json.dumps(evaluation("2bit", 63.5)))
+        files["tuned"].write_text(json.dumps(evaluation("2bit", 63.5, "online-2bit")))
         assert script.main(["--checkpoint", str(tmp_path / "run"), "--base", str(tmp_path / "into"),
                             "--eval", str(files["tuned"])]) == 0  # fmt: skip
         card = (tmp_path / "into" / "MODEL_CARD.md").read_text()
@@ -62,3 +63,10 @@ def test_a_run_becomes_a_variant_beside_a_copy_of_the_base_with_one_card_section
         train_qa(base, squad_file, tmp_path / "plain-run", plain, command="test", progress=False)
         assert script.main(["--checkpoint", str(tmp_path / "plain-run"), "--base", str(base)]) == 2
         assert "was not trained with --store-encoding" in capsys.readouterr().err
+        # The card said "the same 300 questions (seed 0)" of files scored on others, and "tuned" of a store read
+        # without the variant; both are refused before anything is written.
+        for name, result, message in (("plain", evaluation("2bit", 58.0, seed=7), "scored other questions"),
+                                      ("tuned", evaluation("fp16", 61.0), "scored a fp16 store without")):  # fmt: skip
+            files[name].write_text(json.dumps(result))
+            assert script.main([*arguments[:4], "--into", str(tmp_path / f"into-{name}"), *arguments[6:]]) == 2
+            assert message in capsys.readouterr().err and not (tmp_path / f"into-{name}").exists()
