@@ -94,21 +94,26 @@ def test_this_process_writes_on_descriptor_2_pass_unfiltered(tmp_path: Path) -> 
 def test_precompute_prints_no_library_noise_and_verbose_restores_it(tmp_path: Path) -> None:
     """The CLI end to end with two Beam worker processes, which log on their own stderr.
 
-    Quiet, stderr stays empty (--no-progress); --verbose shows the workers' logging lines.
+    Quiet, stderr stays empty (--no-progress); --verbose shows the workers' logging lines. The two runs go at once:
+    most of each is Beam starting its workers, and one after the other they were the suite's slowest test.
     """
     model = save_tiny_reader(tmp_path / "tiny")
     corpus = write_jsonl(tmp_path / "docs.jsonl", wiki_like_documents(6))
     env = {key: value for key, value in os.environ.items() if key not in
            (quiet.QUIET_ENV, "TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")}  # fmt: skip
 
-    def precompute(output: str, *extra: str) -> str:
+    def precompute(output: str, *extra: str) -> subprocess.Popen:
         args = [sys.executable, "-m", "dilstore", "precompute", "--input", str(corpus), "--output",
                 str(tmp_path / output), "--model", str(model), "--max-length", "48", "--workers", "2", *extra]
-        result = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
-        assert result.returncode == 0, result.stderr
-        return result.stderr
+        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                cwd=tmp_path)  # fmt: skip
 
-    quiet_err = precompute("quiet", "--no-progress")
+    def finished(run: subprocess.Popen) -> str:
+        _, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err
+        return err
+
+    silent, verbose = precompute("quiet", "--no-progress"), precompute("verbose", "--no-progress", "--verbose")
+    quiet_err, verbose_err = finished(silent), finished(verbose)
     assert quiet_err.strip() == "", quiet_err
-    verbose_err = precompute("verbose", "--no-progress", "--verbose")
     assert "apitools not found" in verbose_err and "Logging handler created" in verbose_err
