@@ -12,9 +12,9 @@ slices of many columns, of one shard or several, in one round.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import zarr
@@ -46,6 +46,8 @@ from dilstore.storage.location import StoreLocation
 from dilstore.storage.mapped import MappedArray, contiguous_layout, map_array, mappable_reason, watch
 from dilstore.storage.ranged import RangedColumn, read_row_ranges
 from dilstore.storage.records import StoredPassage
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -151,23 +153,28 @@ class ZarrColumn:
         array, not zarr-python's ValueError or the decompressor's RuntimeError. Every read ends before the first
         failure is raised, so none is left pending."""
         source = self.array.async_array
-        parts = await asyncio.gather(
-            *(source.getitem(slice(start, stop))
-              for start, stop in zip(starts.tolist(), stops.tolist(), strict=True)),
-            return_exceptions=True,
-        )  # fmt: skip
-        failure = next((part for part in parts if isinstance(part, BaseException)), None)
-        if isinstance(failure, ValueError | RuntimeError):
+        try:
+            spans = zip(starts.tolist(), stops.tolist(), strict=True)
+            parts = await _gather_all(source.getitem(slice(start, stop)) for start, stop in spans)
+        except (ValueError, RuntimeError) as error:
             raise StoreFormatError(
-                f"{self.where} cannot be decoded ({failure}): the file is damaged, or its server does not answer byte "
+                f"{self.where} cannot be decoded ({error}): the file is damaged, or its server does not answer byte "
                 "ranges (`Range: bytes=a-b` with 206); run `dilstore verify`"
             ) from None
-        if failure is not None:
-            raise failure
         values = [np.asarray(part) for part in parts]
         for part in values:
             part.flags.writeable = False
         return values
+
+
+async def _gather_all(reads: Iterable[Awaitable[T]]) -> list[T]:
+    """The results of concurrent reads, or the first failure once every read has ended: raised while its siblings
+    ran on, they were left pending ("Task was destroyed but it is pending!" at exit)."""
+    results = await asyncio.gather(*reads, return_exceptions=True)
+    failure = next((result for result in results if isinstance(result, BaseException)), None)
+    if failure is not None:
+        raise failure
+    return results  # type: ignore[return-value]  # no failure among them
 
 
 Column = MappedColumn | RangedColumn | ZarrColumn
@@ -192,11 +199,7 @@ def read_ranges(requests: Sequence[RangeRequest], check: Sequence[RangedColumn] 
 
         async def gather() -> list[list[np.ndarray]]:
             reads = (requests[i][0].ranges(*requests[i][1:]) for i in through_zarr)  # type: ignore[union-attr]
-            columns = await asyncio.gather(*reads, return_exceptions=True)  # all end before a failure is raised
-            failure = next((rows for rows in columns if isinstance(rows, BaseException)), None)
-            if failure is not None:
-                raise failure
-            return list(columns)  # type: ignore[arg-type]  # no failure among them
+            return await _gather_all(reads)
 
         for i, rows in zip(through_zarr, sync(gather()), strict=True):
             results[i] = rows
