@@ -30,6 +30,7 @@ import torch
 
 from dilstore.reader.evaluation.reading_comprehension import evaluate_file
 from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.text.files import read_json
 from dilstore.reader.training.release import load_training_metadata
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.outputs import check_output_file
@@ -96,8 +97,8 @@ def read_cache(path: Path) -> dict[str, Any]:
         check_output_file(path, "--cache", [])
         return {}
     try:
-        cache = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        cache = read_json(path)
+    except DilstoreError as error:
         raise DilstoreError(f"--cache {path} is not JSON: {error}") from None
     entries = cache.values() if isinstance(cache, dict) else None
     if entries is None or any(not isinstance(entry, dict) or not {"em", "f1", "questions"} <= entry.keys()
