@@ -96,13 +96,17 @@ def start_run(
     the one: `finish_run` restores its optimizer, scheduler, RNG and position,
     and the trainer loads its weights, so the run continues where it stopped;
     the config must match the interrupted run's (a DilstoreError otherwise).
+    A run that finished has nothing to continue (a DilstoreError too).
     """
     output_dir = Path(output_dir)
     chosen = training_device(device)
     seed_everything(config.seed)
     if not resume:
         refuse_an_earlier_run(output_dir)
-    return RunStart(output_dir, chosen, resume_point(output_dir, config) if resume else None)
+        return RunStart(output_dir, chosen, None)
+    checkpoint = resume_point(output_dir, config)
+    refuse_a_finished_run(output_dir)
+    return RunStart(output_dir, chosen, checkpoint)
 
 
 def refuse_an_earlier_run(output_dir: Path) -> None:
@@ -134,6 +138,27 @@ def refuse_an_earlier_run(output_dir: Path) -> None:
             f"--output {output_dir} holds a model ({', '.join(model_files)}) that the run's final save would "
             "overwrite (is it the base model?): give another --output"
         )
+
+
+def refuse_a_finished_run(output_dir: Path) -> None:
+    """A DilstoreError when `output_dir` holds a run's final model: --resume has nothing left to train.
+
+    The last checkpoint lies some steps before the end (none is saved at the
+    last step), so resuming a finished run repeated those steps and wrote
+    the final model and its record again.
+    """
+    record = output_dir / TRAINING_METADATA_FILE
+    if not record.is_file():
+        return
+    try:
+        document = json.loads(record.read_text(encoding="utf-8"))
+        where = f"step {document['steps']} of {document['total_steps']}"
+    except (OSError, ValueError, TypeError, KeyError):
+        where = "its final model saved"
+    raise DilstoreError(
+        f"--resume: the run in {output_dir} finished ({where}, {TRAINING_METADATA_FILE}): nothing to resume; "
+        "evaluate or package it, or give another --output for a new run"
+    )
 
 
 def input_digests(inputs: Mapping[str, str]) -> dict[str, str]:

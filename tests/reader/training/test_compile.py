@@ -13,6 +13,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.qa import TrainingConfig, train_qa
 from dilstore.runners.cli import main
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
+from tests.fixtures.training_runs import cut_after_last_checkpoint
 
 
 def _inputs(batch: int, question: int, passage: int) -> tuple[torch.Tensor, ...]:
@@ -70,6 +71,7 @@ def test_a_compiled_run_trains_like_a_plain_one_and_resumes_without_compiling(
     assert json.loads((tmp_path / "compiled" / "run_config.json").read_text())["config"]["compile"] is True
     compiled = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert compiled["train_steps"] == 3 and compiled["final_loss"] == pytest.approx(plain.final_loss, rel=1e-4)
+    cut_after_last_checkpoint(tmp_path / "compiled")
     assert main([*common, "--resume"]) == 0, "compile may change between the parts of a run"
     assert len(compiled_readers) == 1, "no --compile, no compilation"
     resumed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

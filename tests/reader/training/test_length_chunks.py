@@ -36,6 +36,7 @@ from dilstore.reader.training.qa import (
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
+from tests.fixtures.training_runs import cut_after_last_checkpoint
 from tests.reader.training.test_shared_norm import write_handful_triples
 
 
@@ -128,6 +129,7 @@ def test_a_resumed_run_may_change_the_chunk_size(tiny_base: Path, squad_file: Pa
     """The chunk size changes how a step is computed, not what: a run may resume with another."""
     settings = {"layers": 1, "max_steps": 2, "batch_size": 2, "save_every": 1, **SMALL_WINDOWS}
     train_qa(tiny_base, squad_file, tmp_path, TrainingConfig(**settings, chunk_windows=0), command="t", progress=False)
+    cut_after_last_checkpoint(tmp_path)
     resumed = train_qa(tiny_base, squad_file, tmp_path, TrainingConfig(**settings, chunk_windows=3), command="t",
                        resume=True, progress=False)  # fmt: skip
     assert resumed.steps == 2

@@ -22,6 +22,7 @@ from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
 from tests.fixtures.ranking_fixtures import OVERFIT_TRIPLES, write_overfit_files
+from tests.fixtures.training_runs import cut_after_last_checkpoint
 
 SMALL = dict(negatives=2, max_query_length=16, max_doc_length=24, log_every=1000)
 
@@ -83,6 +84,7 @@ def test_resume_reads_a_run_config_written_before_a_setting_existed(tiny_base, o
     triples, paragraphs = overfit_files
     config = RankingTrainingConfig(kind="siamese", max_steps=2, batch_size=2, save_every=1, **SMALL)
     train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="c", progress=False)
+    cut_after_last_checkpoint(tmp_path)
     record = json.loads((tmp_path / "run_config.json").read_text())
     del record["config"]["temperature"], record["config"]["delayed_layers"]
     (tmp_path / "run_config.json").write_text(json.dumps(record))

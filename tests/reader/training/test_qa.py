@@ -43,6 +43,7 @@ from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.benchmarks import benchmark_module
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
+from tests.fixtures.training_runs import cut_after_last_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +158,7 @@ def test_a_checkpoint_saved_before_checksums_were_recorded_still_resumes(
 ) -> None:
     config = TrainingConfig(layers=1, epochs=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
     train_qa(tiny_base, squad_file, tmp_path, config, command="c", progress=False)
+    cut_after_last_checkpoint(tmp_path)
     state = tmp_path / "checkpoints" / "step-0000001" / "training_state.json"
     document = json.loads(state.read_text())
     assert set(document.pop("sha256")) >= {"model.safetensors", "training_state.safetensors", "config.json"}

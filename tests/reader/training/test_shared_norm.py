@@ -26,6 +26,7 @@ from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.earl_tiny import tokenizer as minilm_tokenizer
 from tests.fixtures.qa_training_fixtures import HANDFUL, SMALL_WINDOWS
+from tests.fixtures.training_runs import cut_after_last_checkpoint
 
 
 NEGATIVES = 2
@@ -211,6 +212,7 @@ def test_a_run_from_before_group_length_resumes_only_with_the_sum(
                             **SMALL_WINDOWS)  # fmt: skip
     run = tmp_path / "run"
     train_qa(tiny_base, squad_file, run, config, command="c", progress=False)  # checkpoints at steps 1 and 2
+    cut_after_last_checkpoint(run)
     record = json.loads((run / "run_config.json").read_text())
     del record["config"]["group_length"]
     (run / "run_config.json").write_text(json.dumps(record))
@@ -228,6 +230,7 @@ def test_a_plain_run_from_before_group_length_resumes_as_it_is(
     config = TrainingConfig(layers=1, epochs=1, max_steps=3, batch_size=2, save_every=1, log_every=1000,
                             **SMALL_WINDOWS)  # fmt: skip
     train_qa(tiny_base, squad_file, tmp_path, config, command="c", progress=False)
+    cut_after_last_checkpoint(tmp_path)
     record = json.loads((tmp_path / "run_config.json").read_text())
     del record["config"]["group_length"]
     (tmp_path / "run_config.json").write_text(json.dumps(record))

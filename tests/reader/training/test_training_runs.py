@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from tests.fixtures.locks import held_lock
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
+from tests.fixtures.training_runs import cut_after_last_checkpoint
 
 from dilstore.reader.training.qa import TrainingConfig, train_qa
 from dilstore.reader.training.state import STATE_JSON, latest_checkpoint, prune_checkpoints, step_directory
@@ -81,6 +82,7 @@ def test_no_time_checkpoint_when_disabled(tiny_base: Path, squad_file: Path, tmp
 def test_resume_may_change_the_checkpoint_interval(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
     config = TrainingConfig(layers=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
     train_qa(tiny_base, squad_file, tmp_path, config, command="t", progress=False)
+    cut_after_last_checkpoint(tmp_path)
     resumed = train_qa(
         tiny_base, squad_file, tmp_path, replace(config, save_every_minutes=1.0), command="t", resume=True,
         progress=False,
@@ -98,6 +100,7 @@ def test_cli_runs_go_outside_the_work_tree_by_default(
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     """Without --output, `train qa` writes to $DILSTORE_RUNS/qa-kK, and --resume finds the run there again."""
+    run = tmp_path / "runs" / "qa-k1"
     monkeypatch.setenv("DILSTORE_RUNS", str(tmp_path / "runs"))
     arguments = [
         "train", "qa", "--model", str(tiny_base), "--layers", "1", "--train", str(squad_file), "--max-steps", "2",
@@ -106,13 +109,18 @@ def test_cli_runs_go_outside_the_work_tree_by_default(
     ]  # fmt: skip
     assert main(arguments) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["output"] == str(tmp_path / "runs" / "qa-k1")
-    assert (tmp_path / "runs" / "qa-k1" / "model.safetensors").is_file()
+    assert summary["output"] == str(run)
+    assert (run / "model.safetensors").is_file()
+    assert main([*arguments, "--resume"]) == 2
+    assert f"--resume: the run in {run} finished (step 2 of 2, dilstore_training.json): nothing to resume" in (
+        capsys.readouterr().err
+    )
+    cut_after_last_checkpoint(run)
     assert main([*arguments, "--resume"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["train_steps"] == 2
 
 
-def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_the_run_can_still_resume(
+def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_the_run_is_kept(
     tiny_base: Path, squad_file: Path, tmp_path: Path
 ) -> None:
     """A new run there would record its settings over the old run's, and --resume would then continue the old
@@ -127,7 +135,8 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_the_run_can_still_
     assert (tmp_path / "run_config.json").read_bytes() == recorded
     with pytest.raises(DilstoreError, match=r"settings differ from the interrupted run .*learning_rate"):
         train_qa(tiny_base, squad_file, tmp_path, other, command="t", resume=True, progress=False)
-    assert train_qa(tiny_base, squad_file, tmp_path, config, command="t", resume=True, progress=False).steps == 2
+    with pytest.raises(DilstoreError, match=r"finished \(step 2 of 2, dilstore_training.json\): nothing to resume"):
+        train_qa(tiny_base, squad_file, tmp_path, config, command="t", resume=True, progress=False)
 
 
 def test_a_run_stopped_before_its_first_checkpoint_may_start_again_without_resume(
@@ -175,6 +184,7 @@ def test_resume_refuses_training_data_other_than_the_interrupted_runs(
     config = TrainingConfig(layers=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
     output = tmp_path / "run"
     train_qa(tiny_base, squad_file, output, config, command="t", progress=False)
+    cut_after_last_checkpoint(output)
     recorded = json.loads((output / "run_config.json").read_text())["input_sha256"]
     assert set(recorded) == {"train_file", "base_model"}  # the base model by its weights
     other = tmp_path / "other.json"
