@@ -48,11 +48,14 @@ def read_wikipedia(
 
 
 def wikitext_document(doc: Document, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Document | Rejected:
-    """A document whose text is wikitext, as plain prose; rejected when empty or too large after conversion."""
+    """A document whose text is wikitext, as plain prose; rejected when empty or too large after conversion,
+    or when the conversion fails: one page's odd markup is that page's dead letter, not the dump's end."""
     try:
         text = wikitext_to_text(doc.text)
     except ParserError as error:
         return Rejected(doc.source, doc.id, f"wikitext parser failed: {error}")
+    except Exception as error:  # noqa: BLE001 (a conversion failure belongs to this page alone)
+        return Rejected(doc.source, doc.id, f"wikitext conversion failed: {type(error).__name__}: {error}")
     return make_document(doc.source, doc.id, doc.id, doc.title, text, max_bytes)
 
 

@@ -151,19 +151,23 @@ def _replace(node: Node) -> Node | None:
     return node
 
 
+_POSITION = re.compile(r"[1-9][0-9]*")  # ASCII only: str.isdigit() takes '¹', which int() refuses
+
+
 def _inline_text(template: Template) -> str | None:
     """The text an inline template shows in its sentence (`INLINE_TEMPLATES`, or `lang-xx`), or None for any other.
 
     Its positional arguments are reduced to their own prose first. A measure
     shows its values and the units written (`{{convert|7283|km2|sqmi}}`: "7283
     km2"; "5 to 10 km", "6 ft 4 in", "10 x 20 x 5 m"), a date "As of 2020", a
-    fraction "3 1/2". Arguments named by number (`1=`) count as positional.
+    fraction "3 1/2". Arguments named by a positional number (`1=`; not `0=`, `01=` or `¹=`, which MediaWiki
+    keeps as names) count as positional.
     """
     name = str(template.name).strip().lower().replace("_", " ")
     if name not in INLINE_TEMPLATES and not name.startswith("lang-"):
         return None  # before its arguments are converted: an infobox's would be, all for nothing
     numbered = {int(str(param.name).strip()): param.value for param in template.params
-                if str(param.name).strip().isdigit()}  # fmt: skip
+                if _POSITION.fullmatch(str(param.name).strip())}  # fmt: skip
     positional = [wikitext_to_text(str(numbered[number])) for number in sorted(numbered)]
     if name in _SEPARATORS:
         return _SEPARATORS[name]

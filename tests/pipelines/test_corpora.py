@@ -19,6 +19,7 @@ from dilstore.pipelines.corpora import FORMATS, check_format, format_for_path, r
 from dilstore.pipelines.corpus_jsonl import read_jsonl
 from dilstore.pipelines.corpus_msmarco import read_msmarco
 from dilstore.pipelines.corpus_squad import read_squad
+from dilstore.pipelines import corpus_wikipedia
 from dilstore.pipelines.corpus_wikipedia import read_wikipedia, wikitext_document
 from dilstore.pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
 from dilstore.pipelines.default_corpus.build import ARTICLES, corpus_lines
@@ -422,6 +423,25 @@ def test_wikipedia_raw_wikitext_then_conversion_equals_direct_reading(tmp_path: 
     assert [r.reason.split(":")[0] for r in converted[1:]] == ["empty text", "empty text", "document too large"]
 
 
+def test_a_page_whose_conversion_fails_is_its_own_dead_letter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conversion error other than the parser's (a ValueError of a template's arguments) ended the whole run."""
+    dump = write_dump(tmp_path / "dump.xml", page(1, "One", "First {{odd}} text.") + page(2, "Two", "Second text."))
+
+    def convert(wikitext: str) -> str:
+        if "{{odd}}" in wikitext:
+            raise ValueError("invalid literal for int() with base 10: '¹'")
+        return wikitext
+
+    monkeypatch.setattr(corpus_wikipedia, "wikitext_to_text", convert)
+    records = list(read_wikipedia(dump))
+    assert records[0] == Rejected(
+        str(dump), "1", "wikitext conversion failed: ValueError: invalid literal for int() with base 10: '¹'"
+    )
+    assert [type(record).__name__ for record in records] == ["Rejected", "Document"]
+
+
 def test_wikipedia_broken_xml_keeps_pages_before_the_error(tmp_path: Path) -> None:
     good = page(1, "One", "First article text.")
     truncated = tmp_path / "truncated.xml"
@@ -473,6 +493,7 @@ def test_wikitext_to_text_keeps_prose_only() -> None:
         ("{{As of|2020|5}}, {{frac|2|3|4}} cups, {{frac|4}} cup", "As of 2020, 2 3/4 cups, 1/4 cup"),
         ("{{circa|1500}}: {{nowrap|[[Ada|A]] {{nbsp}}b}}", "c. 1500: A b"),
         ("{{Infobox place|area={{convert|5|km2}}}}Text{{cite web|url=x}}.", "Text."),
+        ("A {{nowrap|¹=near}}b {{convert|6|ft|4|in|²=x}} and {{convert|0=5|1=7|01=9|2=km}}", "A b 6 ft 4 in and 7 km"),
     ],
 )
 def test_templates_that_are_the_prose_are_rendered_as_a_reader_sees_them(wikitext: str, text: str) -> None:
