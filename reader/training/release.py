@@ -14,14 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from dilstore.reader.modeling.checkpoints import EVALUATION_FILE, TRAINING_METADATA_FILE
+from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.fingerprint import weights_sha256
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.state import STATE_JSON, STATE_TENSORS
 from dilstore.storage.errors import DilstoreError
 
 MODEL_CARD_FILE = "MODEL_CARD.md"
+_VARIANT_PREFIX = "online-"  # online-ENC.safetensors (reader/modeling/online_variants.py)
 # Files a training run leaves that a shipped checkpoint does not need.
 _NOT_SHIPPED = {"checkpoints", EVALUATION_FILE, STATE_TENSORS, STATE_JSON, "run_config.json"}
 
@@ -43,10 +47,9 @@ def package_checkpoint(source: Path, destination: Path, model_card: str) -> Path
     the training record (load_training_metadata) is written as
     dilstore_training.json, and `model_card` as MODEL_CARD.md. `source` is a
     run's output directory or one of its periodic checkpoints. Online layers
-    for an encoding (`online-ENC.safetensors`) that `destination` holds and
-    `source` does not are removed: they belong to the weights replaced, and a
-    reader refused them on every store of that encoding (retrain them with
-    `train qa --freeze-lower --store-encoding ENC`).
+    for an encoding (`online-ENC.safetensors`, fp16 already) are copied as
+    they are, and afterwards every one in `destination` that was not trained
+    from the weights as packaged is removed (`drop_stale_variants`).
     """
     source, destination = Path(source), Path(destination)
     training = load_training_metadata(source)
@@ -54,19 +57,45 @@ def package_checkpoint(source: Path, destination: Path, model_card: str) -> Path
     if not weight_files:
         raise DilstoreError(f"{source} holds no .safetensors weights to package")
     destination.mkdir(parents=True, exist_ok=True)
-    for stale in destination.glob("online-*.safetensors"):
-        if not (source / stale.name).exists():
-            stale.unlink()
     for path in sorted(source.iterdir()):
         if path.name in _NOT_SHIPPED or path.is_dir():
             continue
-        if path.suffix == ".safetensors":
+        if path.suffix == ".safetensors" and not path.name.startswith(_VARIANT_PREFIX):
             save_file(fp16_tensors(path), destination / path.name, metadata={"format": "pt"})
         else:
             shutil.copy2(path, destination / path.name)
+    drop_stale_variants(destination)
     (destination / TRAINING_METADATA_FILE).write_text(json.dumps(training, indent=1), encoding="utf-8")
     (destination / MODEL_CARD_FILE).write_text(model_card, encoding="utf-8")
     return destination
+
+
+def drop_stale_variants(directory: Path) -> list[str]:
+    """Remove the online variants in `directory` that were not trained from the reader's weights there; their names.
+
+    A variant names the weights it extends (its `base_weights_sha256`): one
+    of weights since replaced was refused by every reader, on every store of
+    its encoding (retrain it with `train qa --freeze-lower --store-encoding
+    ENC`), and an unreadable one too. A variant of the same weights, as when
+    a checkpoint is packaged again for its card, stays.
+    """
+    variants = sorted(Path(directory).glob(f"{_VARIANT_PREFIX}*.safetensors"))
+    if not variants:
+        return []
+    weights = weights_sha256(DilBertReader.from_pretrained(directory).model)
+    stale = [path for path in variants if _variant_base_weights(path) != weights]
+    for path in stale:
+        path.unlink()
+    return [path.name for path in stale]
+
+
+def _variant_base_weights(path: Path) -> str | None:
+    """The weights_sha256 a variant file records, or None when it cannot be read as one."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return (handle.metadata() or {}).get("base_weights_sha256")
+    except (SafetensorError, OSError):
+        return None
 
 
 def load_training_metadata(checkpoint: Path) -> dict[str, Any]:

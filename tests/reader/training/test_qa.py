@@ -31,6 +31,7 @@ from dilstore.reader.training.qa import (
     optimizer_step_batches,
     train_qa,
 )
+from dilstore.reader.modeling.online_variants import load_online_variant, write_online_variant
 from dilstore.reader.training.release import load_training_metadata, package_checkpoint, weights_megabytes
 from dilstore.reader.training.state import (
     LoopPosition,
@@ -406,6 +407,29 @@ def test_packaged_checkpoint_is_fp16_and_answers_like_the_original(
         DilBertReader.from_pretrained(packaged), squad_file, settings=ReadingSettings(**SMALL_WINDOWS, batch_size=8)
     )
     assert result.em == 100.0
+
+
+def test_packaging_again_keeps_the_online_variants_of_the_same_weights(
+    overfit_run, tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """A variant was removed by name whenever the source lacked one (packaging the same weights again for a new
+    card deleted a variant that loaded), and one in the source was saved again without its metadata (refused)."""
+    packaged = package_checkpoint(overfit_run.output, tmp_path / "packaged", "card")
+    base = DilBertReader.from_pretrained(packaged)
+    tuned = DilBertReader.from_pretrained(packaged)
+    with torch.no_grad():
+        tuned.model.qa_outputs.weight.add_(0.5)
+    variant = write_online_variant(tuned, base, "2bit", packaged).read_bytes()
+    package_checkpoint(overfit_run.output, packaged, "a new card")
+    again = package_checkpoint(packaged, tmp_path / "again", "card")
+    for folder in (packaged, again):
+        assert (folder / "online-2bit.safetensors").read_bytes() == variant
+        reader = DilBertReader.from_pretrained(folder)
+        assert load_online_variant(reader, folder, "2bit") == folder / "online-2bit.safetensors"
+    config = TrainingConfig(layers=1, max_steps=1, batch_size=2, **SMALL_WINDOWS)
+    train_qa(tiny_base, squad_file, tmp_path / "other", config, command="t", progress=False)
+    package_checkpoint(tmp_path / "other", packaged, "other weights")
+    assert not (packaged / "online-2bit.safetensors").exists()
 
 
 def test_missing_default_checkpoint_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
