@@ -6,8 +6,8 @@
 Writes `online-ENC.safetensors` (reader/modeling/online_variants.py) from the
 run's online weights into `--into` (default: `--base`, the shipped default
 reader). When `--into` is another folder, the base checkpoint's files are
-copied there first, so a checkpoint can be tried on a store without touching
-the shipped one. The run must have started from `--base` with frozen lower
+copied there too (the folder appears only once the variant is written), so
+a checkpoint can be tried on a store without touching the shipped one. The run must have started from `--base` with frozen lower
 layers: its offline weights must equal the base's bit for bit.
 
 With `--eval` (benchmarks/mini_opensquad.py's JSON on an ENC store with the
@@ -24,7 +24,8 @@ import json
 import re
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +39,26 @@ from dilstore.storage.errors import DilstoreError
 CARD = "MODEL_CARD.md"
 
 
-def copy_checkpoint(base: Path, into: Path) -> None:
-    """The base checkpoint's files (not its online variants) copied into a new folder `into`."""
+def write_into(base: Path, into: Path, write: Callable[[Path], Path]) -> Path:
+    """`write(folder)` (the variant and card; the variant's path) in `base` itself when `into` is it, else in a
+    copy of the base's files (not its online variants) that becomes the new folder `into` only once `write`
+    succeeded: a checkpoint refused there left a copy without a variant, and the corrected rerun was refused."""
+    if into.resolve() == base.resolve():
+        return write(into)
     if into.exists():
         raise DilstoreError(f"--into {into} exists; give a new folder, or --base itself")
-    into.mkdir(parents=True)
-    for path in base.iterdir():
-        if path.is_file() and not path.name.startswith("online-"):
-            shutil.copy2(path, into / path.name)
+    into.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{into.name}.", dir=into.parent))
+    try:
+        for path in base.iterdir():
+            if path.is_file() and not path.name.startswith("online-"):
+                shutil.copy2(path, staged / path.name)
+        written = write(staged)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    staged.rename(into)
+    return into / written.name
 
 
 def score_rows(evaluations: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
@@ -127,6 +140,9 @@ def read_evaluations(args: argparse.Namespace, encoding: str) -> list[tuple[str,
         result = read_json(file)
         if not isinstance(result, dict) or not {"encoding", "model", "questions", "seed", "rows"} <= result.keys():
             raise DilstoreError(f"{flag} {file} is not a mini_opensquad.py result")
+        if any(type(result[key]) is not int for key in ("questions", "seed")):
+            raise DilstoreError(f"{flag} {file} is not a mini_opensquad.py result: its questions and seed must be "
+                                f"whole numbers, not {result['questions']!r} and {result['seed']!r}")  # fmt: skip
         variant = (result["model"] or {}).get("online_variant") if isinstance(result["model"], dict) else None
         if result["encoding"] != wanted_encoding or bool(variant) != tuned:
             raise DilstoreError(f"{flag} {file} scored a {result['encoding']} store "
@@ -167,17 +183,21 @@ def main(argv: list[str] | None = None) -> int:
         if not encoding:
             raise DilstoreError(f"{args.checkpoint} was not trained with --store-encoding")
         evaluations = read_evaluations(args, encoding)  # before anything is written: a typo left --into half-made
-        into = args.into or base_dir
-        if into.resolve() != base_dir.resolve():
-            copy_checkpoint(base_dir, into)
-        path = write_online_variant(
-            DilBertReader.from_pretrained(args.checkpoint), DilBertReader.from_pretrained(base_dir), encoding, into
-        )
-        if args.eval is not None:
-            card = into / CARD
-            text = card.read_text(encoding="utf-8") if card.is_file() else ""
-            card.write_text(with_section(text, encoding, card_section(encoding, training, evaluations,
-                                                                      args.hardware, args.notes)), encoding="utf-8")
+
+        def write(folder: Path) -> Path:
+            """The variant and, with --eval, the card's section for it, written into `folder`."""
+            written = write_online_variant(
+                DilBertReader.from_pretrained(args.checkpoint), DilBertReader.from_pretrained(base_dir), encoding,
+                folder,
+            )
+            if args.eval is not None:
+                card = folder / CARD
+                text = card.read_text(encoding="utf-8") if card.is_file() else ""
+                section = card_section(encoding, training, evaluations, args.hardware, args.notes)
+                card.write_text(with_section(text, encoding, section), encoding="utf-8")
+            return written
+
+        path = write_into(base_dir, args.into or base_dir, write)
     except DilstoreError as error:
         print(f"package_online_variant: error: {error}", file=sys.stderr)
         return 2

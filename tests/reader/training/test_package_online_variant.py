@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.online_variants import load_online_variant
@@ -70,3 +71,33 @@ def test_a_run_becomes_a_variant_beside_a_copy_of_the_base_with_one_card_section
             files[name].write_text(json.dumps(result))
             assert script.main([*arguments[:4], "--into", str(tmp_path / f"into-{name}"), *arguments[6:]]) == 2
             assert message in capsys.readouterr().err and not (tmp_path / f"into-{name}").exists()
+        files["tuned"].write_text(json.dumps(evaluation("2bit", 61.0, "online-2bit")))
+        files["plain"].write_text(json.dumps({**evaluation("2bit", 58.0), "questions": [1, 2]}))
+        assert script.main([*arguments[:4], "--into", str(tmp_path / "into-list"), *arguments[6:]]) == 2
+        assert "its questions and seed must be whole numbers, not [1, 2] and 0" in capsys.readouterr().err
+
+
+def test_a_checkpoint_refused_at_the_variant_leaves_no_into_behind(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that did not start from --base (its offline weights differ) left --into as a copy of the base
+    without a variant, and the corrected rerun was refused because --into existed."""
+    base = DilBertReader.from_pretrained(tiny_base, layers=1).save_pretrained(tmp_path / "base")
+    other = DilBertReader.from_pretrained(tiny_base, layers=1)
+    with torch.no_grad():
+        other.model.bert.embeddings.word_embeddings.weight.add_(0.1)
+    other = other.save_pretrained(tmp_path / "other")
+    config = TrainingConfig(layers=1, max_steps=1, batch_size=2, log_every=1000, freeze_lower=True,
+                            store_encoding="2bit", **SMALL_WINDOWS)  # fmt: skip
+    train_qa(other, squad_file, tmp_path / "run", config, command="test", progress=False)
+    into = tmp_path / "into"
+    with benchmark_module("package_online_variant") as script:
+        assert script.main(["--checkpoint", str(tmp_path / "run"), "--base", str(base), "--into", str(into)]) == 2
+        assert "the tuned reader changed offline weights" in capsys.readouterr().err
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["base", "other", "run"]
+        train_qa(base, squad_file, tmp_path / "run-from-base", config, command="test", progress=False)
+        assert script.main(["--checkpoint", str(tmp_path / "run-from-base"), "--base", str(base),
+                            "--into", str(into)]) == 0  # fmt: skip
+        assert sorted(path.name for path in into.iterdir() if path.name.startswith("online-")) == [
+            "online-2bit.safetensors"
+        ]
