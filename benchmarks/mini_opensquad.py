@@ -46,7 +46,7 @@ from dilstore.reader.retrieval import build_bm25_index
 from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
 from dilstore.reader.text.files import read_json
 from dilstore.runners.arg_types import positive_int
-from dilstore.runners.outputs import check_output_file
+from dilstore.runners.outputs import check_output_file, refuse_output_inside_store
 from dilstore.storage.codebook import CODEBOOK_DIR, write_codebook
 from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, get_encoding, sample_rows, train_codebook
 from dilstore.storage.errors import DilstoreError
@@ -203,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
-        check_output_file(args.output, "--output", [])  # before the evaluation, whose result it would lose
+        check_output_file(args.output, "--output", [], args.work)  # before the evaluation, whose result it would lose
+        if args.store is not None:
+            refuse_output_inside_store(args.output, str(args.store), "--output")
         result = run(args)
     except DilstoreError as error:
         print(f"mini_opensquad: error: {error}", file=sys.stderr)
@@ -224,7 +226,9 @@ def refuse_other_settings(store: Path, args: argparse.Namespace) -> None:
              "--msmarco-passages": manifest.creation.get("msmarco_passages", args.msmarco_passages)}  # fmt: skip
     asked = {"--encoding": args.encoding, "--max-length": args.max_length,
              "--squad-paragraphs": args.squad_paragraphs, "--msmarco-passages": args.msmarco_passages}  # fmt: skip
-    differ = [f"{flag} {built[flag]} (asked: {asked[flag]})" for flag in built if built[flag] != asked[flag]]
+    shown = {None: "all"}  # no passage count: every passage
+    differ = [f"{flag} {shown.get(built[flag], built[flag])} (asked: {shown.get(asked[flag], asked[flag])})"
+              for flag in built if built[flag] != asked[flag]]  # fmt: skip
     if differ:
         raise DilstoreError(f"--work {args.work} holds a store built with {', '.join(differ)}; give another --work, "
                             "or the same settings")  # fmt: skip

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     args.base_model = args.base_model or (base_model_dir() if args.untrained or args.reference_bi_encoder else None)
     try:
-        check_output_file(args.output, "--output", args.task_file)  # a task file it named was replaced by the report
+        check_output_file(args.output, "--output", args.task_file, args.work)  # a task file was replaced by the report
         report = evaluate(args)
     except DilstoreError as error:
         print(f"rank_quality: error: {error}", file=sys.stderr)

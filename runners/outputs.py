@@ -21,11 +21,15 @@ def refuse_output_inside_store(output: Path, store: str, flag: str) -> None:
         raise DilstoreError(f"{flag} {output} is inside the store {store}; write it elsewhere")
 
 
-def check_output_file(output: Path, flag: str, inputs: Sequence[Path]) -> None:
-    """A DilstoreError, before any work, when the file `output` could not be written or would overwrite an input.
+def check_output_file(output: Path, flag: str, inputs: Sequence[Path], work: Path | None = None) -> None:
+    """A DilstoreError, before any work, when the file `output` could not be written or would overwrite an input,
+    or lies inside `work`, the folder (`--work`) where the run keeps its own files: a store, an index, task files.
 
     Checked up front, a long evaluation is not lost to a typo in the path at its end.
     """
+    if work is not None and output.resolve().is_relative_to(work.resolve()):
+        raise DilstoreError(f"{flag} {output} is inside --work {work}, among the files the run keeps there; "
+                            "write it elsewhere")  # fmt: skip
     if output.is_dir():
         raise DilstoreError(f"{flag} {output} is a directory; give a file path")
     if not output.parent.is_dir():

@@ -180,7 +180,8 @@ def test_every_script_with_a_case_has_a_way_to_parse() -> None:
 def test_an_output_onto_an_input_or_into_a_missing_folder_is_refused_before_any_work(tmp_path, capsys) -> None:
     """`run_passages --output CORPUS` cut the corpus to the run's passages, `plot_k_sweep --markdown RUN/eval-dev.json`
     replaced the evaluation with the table and `rank_quality --output TASK` the task with the report, each exiting 0;
-    an --output in a missing folder lost mini_opensquad's and rank_quality's result after the whole evaluation."""
+    an --output in a missing folder lost mini_opensquad's and rank_quality's result after the whole evaluation, and
+    one inside --work (or --store) replaced a file the run keeps there: the store's manifest, the task it saved."""
     corpus, run = tmp_path / "corpus.jsonl", tmp_path / "run.txt"
     corpus.write_text('{"id": "a", "contents": "x"}\n{"id": "b", "contents": "y"}\n', encoding="utf-8")
     run.write_text("1 Q0 a 1 1.0 t\n", encoding="utf-8")
@@ -189,15 +190,28 @@ def test_an_output_onto_an_input_or_into_a_missing_folder_is_refused_before_any_
     evaluation.write_text('{"f1": 80.0}', encoding="utf-8")
     task = tmp_path / "task.json.gz"
     task.write_bytes(b"task")
+    store, no_data = tmp_path / "store", tmp_path / "no-data"
+    store.mkdir()
+    inside_work = "is inside --work"
     calls = [
-        ("run_passages", ["--run", str(run), "--corpus", str(corpus), "--output", str(corpus)]),
-        ("plot_k_sweep", [str(evaluation.parent), "--png", str(tmp_path / "k.png"), "--markdown", str(evaluation)]),
-        ("rank_quality", ["--work", str(tmp_path / "work"), "--task-file", str(task), "--output", str(task)]),
-        ("mini_opensquad", ["--work", str(tmp_path / "mos"), "--output", str(tmp_path / "missing" / "result.json")]),
-    ]
-    for name, argv in calls:
+        ("run_passages", ["--run", str(run), "--corpus", str(corpus), "--output", str(corpus)], "is the input file"),
+        ("plot_k_sweep", [str(evaluation.parent), "--png", str(tmp_path / "k.png"), "--markdown", str(evaluation)],
+         "is the input file"),
+        ("rank_quality", ["--work", str(tmp_path / "work"), "--task-file", str(task), "--output", str(task)],
+         "is the input file"),
+        ("rank_quality", ["--work", str(tmp_path), "--tasks", "dl19", "--data", str(no_data), "--output",
+                          str(tmp_path / "task.dl19.json.gz")], inside_work),
+        ("mini_opensquad", ["--work", str(tmp_path / "mos"), "--output", str(tmp_path / "missing" / "result.json")],
+         "does not exist"),
+        ("mini_opensquad", ["--work", str(tmp_path), "--data", str(no_data), "--output", str(tmp_path / "r.json")],
+         inside_work),
+        ("mini_opensquad", ["--work", str(tmp_path / "mos"), "--store", str(store), "--output",
+                            str(store / "manifest.json")], f"is inside the store {store}"),
+    ]  # fmt: skip
+    for name, argv, message in calls:
         with benchmark_module(name) as script:
             assert script.main(argv) == 2, name
-        assert f"{name}: error: " in capsys.readouterr().err, name
+        err = capsys.readouterr().err
+        assert f"{name}: error: " in err and message in err, (name, err)
     assert corpus.read_text(encoding="utf-8").count("\n") == 2
     assert evaluation.read_text(encoding="utf-8") == '{"f1": 80.0}' and task.read_bytes() == b"task"
