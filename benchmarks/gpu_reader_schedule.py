@@ -697,13 +697,23 @@ def join(args: argparse.Namespace) -> int:
         print(f"{packed}: no such file (the folder a call's $OUT came back to, and a run it exported)",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.into.exists() and not args.into.is_dir():
+        print(f"--into {args.into}: is a file, not a folder", file=sys.stderr)
+        return 2
     if (args.into / "model.safetensors").exists():
         print(f"{args.into} already holds a reader (model.safetensors): join each run into a folder of its own",
               file=sys.stderr)  # fmt: skip
         return 2
-    args.into.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(packed) as archive:
-        archive.extractall(args.into, filter="data")
+    try:
+        with tarfile.open(packed) as archive:
+            if "weights.sha256" not in archive.getnames():
+                print(f"{packed}: holds no weights.sha256, so it is no run this script exported", file=sys.stderr)
+                return 2
+            args.into.mkdir(parents=True, exist_ok=True)
+            archive.extractall(args.into, filter="data")
+    except tarfile.TarError as error:
+        print(f"{packed}: not a readable tar archive ({error})", file=sys.stderr)
+        return 2
     pieces = sorted(args.out_dir.glob(f"{args.name}.safetensors.part-*"))
     data = b"".join(piece.read_bytes() for piece in pieces)
     expected = (args.into / "weights.sha256").read_text(encoding="utf-8").split()[0]
@@ -732,12 +742,16 @@ def records(args: argparse.Namespace) -> int:
     if not packed.is_file():
         print(f"{packed}: no such file (the folder a call's $OUT came back to)", file=sys.stderr)
         return 2
-    with tarfile.open(packed) as archive:
-        document, curve = (_member_text(archive, name) for name in ("results.json", "curve.log"))
-    if not document:
-        print(f"{packed}: no results.json", file=sys.stderr)
+    try:
+        with tarfile.open(packed) as archive:
+            document, curve = (_member_text(archive, name) for name in ("results.json", "curve.log"))
+        results = json.loads(document) if document else None
+    except (tarfile.TarError, OSError, ValueError) as error:
+        print(f"{packed}: not a readable results archive ({error})", file=sys.stderr)
         return 2
-    results = json.loads(document)
+    if not isinstance(results, dict) or not isinstance(results.get("runs"), list):
+        print(f"{packed}: no results.json with a list of runs", file=sys.stderr)
+        return 2
     args.into.mkdir(parents=True, exist_ok=True)
     written = []
     for run in results["runs"]:

@@ -14,6 +14,7 @@ import json
 import lzma
 import os
 import subprocess
+import tarfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -120,6 +121,35 @@ def test_export_then_join_gives_the_fp16_weights_back(schedule, tmp_path, monkey
     assert schedule.main(["join", str(out), "k4-sn", "--into", str(into)]) == 2
     assert schedule.main(["join", str(out), "k5", "--into", str(tmp_path / "other")]) == 2  # no k5.tar
     assert torch.equal(load_file(into / "model.safetensors")["weight"], tensors["weight"].half())
+
+
+def test_join_and_records_refuse_what_no_export_wrote(schedule, tmp_path, capsys):
+    """Each was a traceback: a file that is no tar, a tar without weights.sha256 (which also left its files in
+    --into), an --into that is a file, a results.tgz that is no archive or holds no runs."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "junk.tar").write_bytes(b"not a tar at all")
+    (out / "results.tgz").write_bytes(b"not a tgz")
+    with tarfile.open(out / "bare.tar", "w") as archive:
+        note = tmp_path / "eval-dev.json"
+        note.write_text("{}", encoding="utf-8")
+        archive.add(note, arcname="eval-dev.json")
+    afile = tmp_path / "afile"
+    afile.write_text("x", encoding="utf-8")
+    for argv, message in (
+        (["join", str(out), "junk", "--into", str(tmp_path / "a")], "junk.tar: not a readable tar archive"),
+        (["join", str(out), "bare", "--into", str(tmp_path / "b")], "bare.tar: holds no weights.sha256"),
+        (["join", str(out), "bare", "--into", str(afile)], f"--into {afile}: is a file, not a folder"),
+        (["records", str(out), "--into", str(tmp_path / "c")], "results.tgz: not a readable results archive"),
+    ):
+        assert schedule.main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["afile", "eval-dev.json", "out"]
+    with tarfile.open(out / "results.tgz", "w:gz") as archive:
+        note.write_text('{"runs": 3}', encoding="utf-8")
+        archive.add(note, arcname="results.json")
+    assert schedule.main(["records", str(out), "--into", str(tmp_path / "c")]) == 2
+    assert "results.tgz: no results.json with a list of runs" in capsys.readouterr().err
 
 
 def test_join_refuses_a_corrupted_piece(schedule, tmp_path, monkeypatch, capsys):
