@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mini_opensquad  # noqa: E402
-from package_online_variant import copy_checkpoint  # noqa: E402
+from package_online_variant import write_into  # noqa: E402
 from reader_curve import checkpoints  # noqa: E402
 
 from dilstore.reader.modeling.dilbert import DilBertReader  # noqa: E402
@@ -32,6 +32,7 @@ from dilstore.reader.modeling.online_variants import write_online_variant  # noq
 from dilstore.reader.packaged.shipped import default_checkpoint_dir  # noqa: E402
 from dilstore.reader.training.release import load_training_metadata  # noqa: E402
 from dilstore.runners.arg_types import positive_int  # noqa: E402
+from dilstore.runners.outputs import PLOT_SUFFIXES, check_output_file  # noqa: E402
 from dilstore.storage.errors import DilstoreError  # noqa: E402
 
 
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     common = ["--work", str(args.work), "--store", str(args.store), "--limit", str(args.limit), "--seed",
               str(args.seed), "--top-p", str(args.top_p), "--threads", str(args.threads)]  # fmt: skip
     try:
+        if args.png:  # before the evaluations, whose plot it would lose
+            check_output_file(args.png, "--png", [], args.work, suffixes=PLOT_SUFFIXES)
         args.work.mkdir(parents=True, exist_ok=True)
         start = scored(args.work / "step-0.json", [*common, "--model", str(base), "--no-online-variant"])
         rows = [curve_row(0, 0, 0.0, start)]
@@ -100,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             training = load_training_metadata(checkpoint)
             packaged = args.work / f"step-{training['steps']}"
             if not packaged.is_dir():
-                copy_checkpoint(base, packaged)
-                write_online_variant(DilBertReader.from_pretrained(checkpoint), DilBertReader.from_pretrained(base),
-                                     training["config"]["store_encoding"], packaged)  # fmt: skip
+                write_into(base, packaged, lambda folder, checkpoint=checkpoint, training=training: write_online_variant(
+                    DilBertReader.from_pretrained(checkpoint), DilBertReader.from_pretrained(base),
+                    training["config"]["store_encoding"], folder))  # fmt: skip
             result = scored(args.work / f"step-{training['steps']}.json", [*common, "--model", str(packaged)])
             rows.append(curve_row(training["steps"], training["features_seen"], training["train_seconds"] / 3600, result))
     except DilstoreError as error:

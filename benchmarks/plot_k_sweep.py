@@ -21,7 +21,7 @@ import matplotlib
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.training.release import load_training_metadata
-from dilstore.runners.outputs import check_output_file
+from dilstore.runners.outputs import PLOT_SUFFIXES, check_output_file
 from dilstore.storage.errors import DilstoreError
 
 matplotlib.use("Agg")
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     given = [*args.runs, *(path for pair in args.pair for path in pair)]
     inputs = [path for run in given for path in (run, run / "eval-dev.json", run / TRAINING_METADATA_FILE)]
     try:  # `--markdown RUN/eval-dev.json` replaced the evaluation with the table
-        check_output_file(args.png, "--png", inputs)
+        check_output_file(args.png, "--png", inputs, suffixes=PLOT_SUFFIXES)
         if args.markdown:
             check_output_file(args.markdown, "--markdown", inputs)
     except DilstoreError as error:

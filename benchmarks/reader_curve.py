@@ -33,7 +33,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.release import load_training_metadata
 from dilstore.runners.arg_types import positive_int
-from dilstore.runners.outputs import check_output_file
+from dilstore.runners.outputs import PLOT_SUFFIXES, check_output_file
 from dilstore.storage.errors import DilstoreError
 
 WEIGHTS = "model.safetensors"
@@ -99,7 +99,7 @@ def read_cache(path: Path) -> dict[str, Any]:
     try:
         cache = read_json(path)
     except DilstoreError as error:
-        raise DilstoreError(f"--cache {path} is not JSON: {error}") from None
+        raise DilstoreError(f"--cache {error}") from None
     entries = cache.values() if isinstance(cache, dict) else None
     if entries is None or any(not isinstance(entry, dict) or not {"em", "f1", "questions"} <= entry.keys()
                               for entry in entries):  # fmt: skip
@@ -152,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.runs) == bool(args.scored) or (args.runs and (args.dev is None or args.cache is None)):
         parser.error("give RUN... with --dev and --cache, or --scored FILE...")
     try:
+        if args.png:  # before the evaluations, whose plot it would lose
+            inputs = [*(args.scored or []), *([args.cache] if args.cache else [])]
+            check_output_file(args.png, "--png", inputs, suffixes=PLOT_SUFFIXES)
         rows = scored_rows(args.scored) if args.scored else evaluated_rows(args)
     except DilstoreError as error:
         print(f"reader_curve: error: {error}", file=sys.stderr)

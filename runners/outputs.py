@@ -21,12 +21,21 @@ def refuse_output_inside_store(output: Path, store: str, flag: str) -> None:
         raise DilstoreError(f"{flag} {output} is inside the store {store}; write it elsewhere")
 
 
-def check_output_file(output: Path, flag: str, inputs: Sequence[Path], work: Path | None = None) -> None:
+# What a plot may be written as: matplotlib picks the format by the suffix, and refuses .json after the work.
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_output_file(
+    output: Path, flag: str, inputs: Sequence[Path], work: Path | None = None, suffixes: Sequence[str] = ()
+) -> None:
     """A DilstoreError, before any work, when the file `output` could not be written or would overwrite an input,
-    or lies inside `work`, the folder (`--work`) where the run keeps its own files: a store, an index, task files.
+    lies inside `work`, the folder (`--work`) where the run keeps its own files (a store, an index, task files),
+    or, with `suffixes`, ends in none of them.
 
     Checked up front, a long evaluation is not lost to a typo in the path at its end.
     """
+    if suffixes and output.suffix.lower() not in suffixes:
+        raise DilstoreError(f"{flag} {output}: give a file ending in {', '.join(suffixes)}")
     if work is not None and output.resolve().is_relative_to(work.resolve()):
         raise DilstoreError(f"{flag} {output} is inside --work {work}, among the files the run keeps there; "
                             "write it elsewhere")  # fmt: skip

@@ -207,6 +207,9 @@ def test_an_output_onto_an_input_or_into_a_missing_folder_is_refused_before_any_
          inside_work),
         ("mini_opensquad", ["--work", str(tmp_path / "mos"), "--store", str(store), "--output",
                             str(store / "manifest.json")], f"is inside the store {store}"),
+        ("plot_k_sweep", [str(evaluation.parent), "--png", str(tmp_path / "k.json")], "give a file ending in .png"),
+        ("online_variant_curve", [str(tmp_path / "run"), "--store", str(store), "--work", str(tmp_path / "ovc"),
+                                  "--png", str(tmp_path / "missing" / "c.png")], "does not exist"),
     ]  # fmt: skip
     for name, argv, message in calls:
         with benchmark_module(name) as script:

@@ -90,6 +90,19 @@ def test_scored_rows_that_are_not_curve_rows_are_refused_by_name(tmp_path: Path,
     assert f"reader_curve: error: {scored}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("png", ["missing/curve.png", "rows.json", "curve.json"])
+def test_a_plot_that_could_not_be_written_is_refused_before_any_row_is_read(
+    tmp_path: Path, capsys, png: str
+) -> None:
+    """A --png in a missing folder, onto an input or in a format matplotlib refuses was a traceback after every
+    checkpoint had been scored."""
+    scored = tmp_path / "rows.json"
+    scored.write_text("[]", encoding="utf-8")
+    assert curve_script().main(["--scored", str(scored), "--png", str(tmp_path / png)]) == 2
+    assert f"reader_curve: error: --png {tmp_path / png}" in capsys.readouterr().err
+    assert scored.read_text(encoding="utf-8") == "[]"
+
+
 def test_runs_and_scored_rows_do_not_mix(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as stopped:
         curve_script().main([str(tmp_path), "--scored", str(tmp_path / "rows.json")])
@@ -98,8 +111,8 @@ def test_runs_and_scored_rows_do_not_mix(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [('{"steps": 10, "layers": 1}', "is not a cache of scores"), ("[]", "is not a cache of scores"),
-     ("not json", "is not JSON"), (None, "is a folder")],
+    [('{"steps": 10, "layers": 1}', " is not a cache of scores"), ("[]", " is not a cache of scores"),
+     ("not json", ": not valid JSON (line 1"), (None, " is a folder")],
     ids=["a run's training record", "list", "text", "folder"],
 )  # fmt: skip
 def test_a_cache_that_is_no_cache_of_scores_is_refused_before_any_evaluation(
@@ -115,5 +128,5 @@ def test_a_cache_that_is_no_cache_of_scores_is_refused_before_any_evaluation(
     run = tmp_path / "run"
     run.mkdir()
     assert curve_script().main([str(run), "--dev", str(tmp_path / "dev.json"), "--cache", str(cache)]) == 2
-    assert f"reader_curve: error: --cache {cache} {message}" in capsys.readouterr().err
+    assert f"reader_curve: error: --cache {cache}{message}" in capsys.readouterr().err
     assert content is None or cache.read_text(encoding="utf-8") == content
