@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.text.files import read_json
 from dilstore.storage.errors import DilstoreError
 
 SAME_FILES = ("config.json", "dilstore.json")
@@ -58,8 +59,15 @@ def check_same_reader_kind(readers: list[Path]) -> None:
 
 def _settings(path: Path) -> dict:
     """A config file's settings, without the keys that do not describe the reader (IGNORED_KEYS)."""
-    return {key: value for key, value in json.loads(path.read_text(encoding="utf-8")).items()
-            if key not in IGNORED_KEYS}  # fmt: skip
+    return {key: value for key, value in _json_object(path).items() if key not in IGNORED_KEYS}
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in `path`; a DilstoreError naming the file when it holds none."""
+    document = read_json(path)
+    if not isinstance(document, dict):
+        raise DilstoreError(f"{path}: not a JSON object")
+    return document
 
 
 def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
@@ -92,6 +100,11 @@ def average_readers(readers: list[Path], output: Path) -> dict[str, object]:
         raise DilstoreError(f"{output} exists already; give a new folder")
     check_same_reader_kind(readers)
     weights = [reader / "model.safetensors" for reader in readers]
+    digests = [sha256(path) for path in weights]
+    for index, digest in enumerate(digests):
+        if digest in digests[:index]:
+            raise DilstoreError(f"{readers[index]} holds the weights of {readers[digests.index(digest)]}: a reader "
+                                "given twice would weigh double in a uniform average")  # fmt: skip
     averaged = average_weights(weights)
     output.mkdir(parents=True)
     save_file(averaged, output / "model.safetensors", metadata={"format": "pt"})
@@ -100,11 +113,11 @@ def average_readers(readers: list[Path], output: Path) -> dict[str, object]:
             shutil.copy2(readers[0] / name, output / name)
     record = {
         "method": "uniform float32 mean of every floating tensor, stored as fp16",
-        "sources": [{"reader": str(reader), "sha256": sha256(path)} for reader, path in zip(readers, weights)],
+        "sources": [{"reader": str(reader), "sha256": digest} for reader, digest in zip(readers, digests)],
         "output_sha256": sha256(output / "model.safetensors"),
     }
     newest = readers[-1] / TRAINING_METADATA_FILE
-    training = json.loads(newest.read_text(encoding="utf-8")) if newest.is_file() else {}
+    training = _json_object(newest) if newest.is_file() else {}
     training["averaged_from"] = record
     (output / TRAINING_METADATA_FILE).write_text(json.dumps(training, indent=1) + "\n", encoding="utf-8")
     return record

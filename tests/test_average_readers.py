@@ -58,6 +58,8 @@ def test_readers_of_another_kind_or_shape_are_refused_by_name(tmp_path: Path) ->
     other_shape = write_reader(tmp_path / "c", {"w": torch.zeros(2, 3, dtype=torch.float16)})
     other_names = write_reader(tmp_path / "d", {"v": torch.zeros(2, 2, dtype=torch.float16)})
     other_ids = write_reader(tmp_path / "e", {"w": torch.zeros(2, 2, dtype=torch.float16)})
+    listed = write_reader(tmp_path / "f", {"w": torch.ones(2, 2, dtype=torch.float16)})
+    (listed / "config.json").write_text("[1]", encoding="utf-8")
     save_file({"w": torch.zeros(2, 2, dtype=torch.int64)}, first.parent / "ints-a.safetensors")
     save_file({"w": torch.ones(2, 2, dtype=torch.int64)}, first.parent / "ints-b.safetensors")
     with benchmark_module("average_readers") as average_readers:
@@ -67,6 +69,8 @@ def test_readers_of_another_kind_or_shape_are_refused_by_name(tmp_path: Path) ->
             ([first, other_names], "other tensors than .*, e.g. 'v' \\(2 differ\\)"),
             ([first, tmp_path / "missing"], "missing: no config.json; give reader folders"),
             ([first], "give 2 or more readers to average, not 1"),
+            ([first, other_ids], re.escape(f"{other_ids} holds the weights of {first}: a reader given twice")),
+            ([first, listed], re.escape(f"{listed / 'config.json'}: not a JSON object")),
         ]
         for readers, message in cases:
             with pytest.raises(DilstoreError, match=message):
