@@ -307,12 +307,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         result = cost_model(read_inputs(args.inputs))
+        document = json.dumps(result, allow_nan=False)
     except (InputError, KeyError) as error:
         print(f"cost_model: error: {error if isinstance(error, InputError) else f'inputs lack {error}'}",
               file=sys.stderr)
         return 2
+    except ValueError:  # a product of finite inputs overflowed: JSON has no Infinity
+        print("cost_model: error: the inputs give a result too large for a number (Infinity); check their scale",
+              file=sys.stderr)
+        return 2
     print(render(result))
-    print(json.dumps(result))
+    print(document)
     if args.output is not None:
         args.output.write_text(json.dumps(result, indent=2))
     return 0

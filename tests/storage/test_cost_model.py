@@ -213,3 +213,14 @@ def test_inputs_that_are_no_object_or_cannot_be_read_are_one_line_and_exit_2(cos
     assert cost.main(["--inputs", str(inputs)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.startswith("cost_model: error: ") and captured.err.count("\n") == 1
+
+
+def test_inputs_whose_results_overflow_are_one_line_and_exit_2(cost, tree, tmp_path, capsys) -> None:
+    """Each input finite, their product not: the report printed `Infinity`, which strict JSON readers refuse."""
+    broken = copy.deepcopy(tree)
+    broken["corpora"]["English Wikipedia"]["tokens"]["value"] = 1e308
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text(json.dumps(broken), encoding="utf-8")
+    assert cost.main(["--inputs", str(inputs)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "a result too large for a number (Infinity)" in captured.err
