@@ -9,7 +9,10 @@ default to the checkpoints shipped in the package.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import argparse
+import contextlib
+import io
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,15 +105,26 @@ def precompute(**options: Any) -> Path:
     from dilstore.runners.cli import build_parser, parse
     from dilstore.runners.cmd_precompute import DEFAULT_OUTPUT, precompute_store
 
-    argv = ["precompute", *_flags(options)]
-    try:
-        args = parse(build_parser(), argv)
-    except SystemExit as error:
-        raise DilstoreError(f"invalid precompute options {argv[1:]} (see the message above)") from error
+    args = _parsed(lambda: parse(build_parser(), ["precompute", *_flags(options)]))
     _, empty = precompute_store(args)
     if empty is not None:
         raise DilstoreError(empty)
     return Path(args.output if args.output is not None else DEFAULT_OUTPUT)
+
+
+def _parsed(parse_arguments: Callable[[], argparse.Namespace]) -> argparse.Namespace:
+    """The command's arguments as its parser reads them; its error line as a DilstoreError, not an exit.
+
+    argparse prints a usage block and `dilstore CMD: error: ...` to stderr, then exits 2, which would end the
+    caller's process; the error line becomes the exception's message, and nothing is printed.
+    """
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            return parse_arguments()
+    except SystemExit:
+        lines = printed.getvalue().strip().splitlines()
+        raise DilstoreError(lines[-1] if lines else "invalid options") from None
 
 
 def build_index(store: PathLike, *, threads: int = 1) -> Path:
@@ -119,10 +133,7 @@ def build_index(store: PathLike, *, threads: int = 1) -> Path:
 
     _check("store", store, _PATH, "a store folder")
     _check("threads", threads, (int,), "a positive integer")
-    try:
-        args = build_parser().parse_args(["index", str(store), "--threads", str(threads)])
-    except SystemExit as error:
-        raise DilstoreError(f"invalid index options: threads={threads!r} (see the message above)") from error
+    args = _parsed(lambda: build_parser().parse_args(["index", str(store), "--threads", str(threads)]))
     args.run(args)
     return Path(store) / "bm25"
 

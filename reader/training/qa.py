@@ -143,7 +143,8 @@ class TrainingConfig:
                 changed = [name for name in settings if getattr(self, name) != defaults[name]]
                 if changed:
                     names = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
-                    raise DilstoreError(f"{names} only act with --{option.replace('_', '-')}, which is not given")
+                    verb = "acts" if len(changed) == 1 else "act"
+                    raise DilstoreError(f"{names} {verb} only with --{option.replace('_', '-')}, which is not given")
 
     def __post_init__(self) -> None:
         check_loop_settings(self)
@@ -162,6 +163,9 @@ class TrainingConfig:
                 )
         if self.codebook is not None and self.store_encoding is None:
             raise DilstoreError("codebook is the one a --store-encoding round trip uses; give --store-encoding too")
+        if self.codebook is not None and not get_encoding(self.store_encoding).codebook:
+            raise DilstoreError(f"codebook is for the 2bit and 1bit encodings, not {self.store_encoding}: "
+                                "its round trip reads none")  # fmt: skip
         if self.shared_norm is not None and self.shared_norm_negatives < 1:
             raise DilstoreError(
                 f"shared-norm-negatives must be at least 1 (paragraphs beside the answer's), got "

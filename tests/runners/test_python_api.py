@@ -50,12 +50,20 @@ def test_import_dilstore_is_light_and_lists_the_api() -> None:
     assert torch_loaded == "False"
 
 
-def test_bad_api_options_raise_dilstore_error_not_system_exit(tmp_path: Path) -> None:
-    """build_index goes through the command's parser, whose usage error would end the caller's process."""
+def test_bad_api_options_raise_dilstore_error_not_system_exit(tmp_path: Path, capsys) -> None:
+    """build_index and precompute go through the command's parser, whose usage error would end the caller's
+    process; the message is the command's error line (precompute's said only "see the message above", and the
+    line and a usage block went to the caller's stderr)."""
     import dilstore
 
-    with pytest.raises(dilstore.DilstoreError, match=r"invalid index options: threads=0"):
-        dilstore.build_index(tmp_path, threads=0)
+    with pytest.raises(dilstore.DilstoreError,
+                       match=r"^dilstore index: error: argument --threads: expected a positive integer, got 0$"):
+        dilstore.build_index(tmp_path, threads=0)  # fmt: skip
+    with pytest.raises(dilstore.DilstoreError,
+                       match=r"^dilstore precompute: error: argument --workers: expected a positive integer, got 'x'$"):
+        dilstore.precompute(workers="x", output=str(tmp_path / "store"))  # fmt: skip
+    assert capsys.readouterr() == ("", "")
+    assert not (tmp_path / "store").exists()
 
 
 def test_a_precompute_that_stores_nothing_raises_why_and_prints_nothing(tmp_path: Path, capsys) -> None:

@@ -302,9 +302,11 @@ def test_length_grouping_cuts_padding() -> None:
         ({"distillation_temperature": float("nan")}, "distillation temperature must be a finite number"),
         ({"distillation_weight": float("inf")}, "alpha must be a finite number"),
         ({"seed": -1}, "seed must be from 0 to 4294967295, got -1"),
-        ({"distillation_weight": 5.0}, r"^--distillation-weight only act with --teacher, which is not given$"),
+        ({"distillation_weight": 5.0}, r"^--distillation-weight acts only with --teacher, which is not given$"),
         ({"shared_norm_negatives": 0, "group_length": "sum"},
-         r"^--shared-norm-negatives, --group-length only act with --shared-norm, which is not given$"),
+         r"^--shared-norm-negatives, --group-length act only with --shared-norm, which is not given$"),
+        ({"freeze_lower": True, "store_encoding": "int8", "codebook": "/tmp/codebook"},
+         r"^codebook is for the 2bit and 1bit encodings, not int8: its round trip reads none$"),
     ],
 )
 def test_config_rejects_bad_values(changes: dict, message: str) -> None:
