@@ -90,7 +90,8 @@ def described(path: Path, kind: str, via: str = "") -> dict[str, Any]:
     steps = None if training is None else training.get("steps")
     trained = bool(steps)
     status = f"{steps} steps" if trained else "UNTRAINED: no training recorded"
-    label = f"{kind} {path.name} ({status}{via})"
+    name = "" if path.name == kind else f" {path.name}"  # a folder named for its kind: "cross-encoder cross-encoder"
+    label = f"{kind}{name} ({status}{via})"
     return {"model": label, "kind": kind, "path": str(path), "trained": trained, "training": training}
 
 

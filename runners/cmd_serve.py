@@ -48,8 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Open each STORE once (model checked against the store's fingerprint, memory maps, BM25 index) and "
             "answer over HTTP: POST /ask on dilbert stores (the JSON of `dilstore ask --json`), POST /rerank on "
-            "earl-s1/earl-s2 stores, GET /health, /stores, /metrics (Prometheus) and /docs. Concurrent /ask "
-            "requests share batches of the interaction layers. Ctrl-C or SIGTERM answers the requests in "
+            "earl-s1/earl-s2 and listformer stores, GET /health, /stores, /metrics (Prometheus) and /docs. "
+            "Concurrent /ask requests share batches of the interaction layers. Ctrl-C or SIGTERM answers the requests in "
             "flight, then exits 0."
         ),
     )
@@ -66,7 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--model", type=Path, action="append",
         help="checkpoint that made the stores: once for all stores, or once per STORE in order "
-             "(default: the shipped reader for dilbert stores, the shipped EARL ranker for earl stores)",
+             "(default: the shipped reader for dilbert stores, the shipped EARL ranker for earl stores, the shipped "
+             "Listformer for listformer stores)",
     )  # fmt: skip
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: this machine only)"

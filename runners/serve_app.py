@@ -90,7 +90,7 @@ class RerankRequest(BaseModel):
     query: str = Field(min_length=1, description="the query")
     doc_ids: list[str] | None = Field(None, min_length=1, description="ids of stored documents to score")
     bm25_top_k: int | None = Field(None, ge=1, description="score BM25's top k (the store needs a BM25 index)")
-    store: str | None = Field(None, description="store name (default: the first EARL store)")
+    store: str | None = Field(None, description="store name (default: the first EARL or Listformer store)")
 
     @model_validator(mode="after")
     def _one_source(self) -> RerankRequest:
@@ -355,7 +355,7 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
     async def ask(request: AskRequest) -> JSONResponse:
         return await answer(request, ASK)
 
-    @app.post(RERANK, summary="Score documents of an EARL store against a query, best first",
+    @app.post(RERANK, summary="Score documents of an EARL or Listformer store against a query, best first",
               max_body_size=MAX_BODY_BYTES)
     async def rerank(request: RerankRequest) -> JSONResponse:
         return await answer(request, RERANK)

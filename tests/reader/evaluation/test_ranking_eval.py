@@ -131,7 +131,7 @@ def test_benchmark_labels_untrained_rankers(tiny_base: Path, dl19_file: Path, tm
     (data / "msmarco" / "qrels.dl19-passage.txt").write_text(
         "".join(f"{qid} 0 {docid} {grade}\n" for qid, grades in QRELS.items() for docid, grade in grades.items())
     )
-    trained = new_ranker("cross-encoder", tiny_base).save_pretrained(tmp_path / "trained")
+    trained = new_ranker("cross-encoder", tiny_base).save_pretrained(tmp_path / "cross-encoder")  # named for its kind
     (trained / TRAINING_METADATA_FILE).write_text(json.dumps({"kind": "cross-encoder", "steps": 7}))
     saved_only = new_ranker("siamese", tiny_base).save_pretrained(tmp_path / "saved-only")
     output = tmp_path / "report.json"
@@ -144,7 +144,7 @@ def test_benchmark_labels_untrained_rankers(tiny_base: Path, dl19_file: Path, tm
     labels = {row["model"]: row["trained"] for row in report["results"]}
     assert labels == {
         "BM25": None,
-        "cross-encoder trained (7 steps)": True,
+        "cross-encoder (7 steps)": True,  # not "cross-encoder cross-encoder (7 steps)"
         "siamese saved-only (UNTRAINED: no training recorded)": False,
         f"earl (UNTRAINED: base-initialised from {tiny_base.name})": False,
         f"bi-encoder cosine (UNTRAINED {tiny_base.name}, as sentence-transformers scores it)": False,
