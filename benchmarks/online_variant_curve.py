@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             training = load_training_metadata(checkpoint)
             packaged = args.work / f"step-{training['steps']}"
             if not packaged.is_dir():
-                write_into(base, packaged, lambda folder, checkpoint=checkpoint, training=training: write_online_variant(
-                    DilBertReader.from_pretrained(checkpoint), DilBertReader.from_pretrained(base),
-                    training["config"]["store_encoding"], folder))  # fmt: skip
+                tuned, encoding = DilBertReader.from_pretrained(checkpoint), training["config"]["store_encoding"]
+                write_into(base, packaged, lambda folder, tuned=tuned, encoding=encoding: write_online_variant(
+                    tuned, DilBertReader.from_pretrained(base), encoding, folder))  # fmt: skip
             result = scored(args.work / f"step-{training['steps']}.json", [*common, "--model", str(packaged)])
             rows.append(curve_row(training["steps"], training["features_seen"], training["train_seconds"] / 3600, result))
     except DilstoreError as error:

@@ -7,8 +7,9 @@ Writes `online-ENC.safetensors` (reader/modeling/online_variants.py) from the
 run's online weights into `--into` (default: `--base`, the shipped default
 reader). When `--into` is another folder, the base checkpoint's files are
 copied there too (the folder appears only once the variant is written), so
-a checkpoint can be tried on a store without touching the shipped one. The run must have started from `--base` with frozen lower
-layers: its offline weights must equal the base's bit for bit.
+a checkpoint can be tried on a store without touching the shipped one. The
+run must have started from `--base` with frozen lower layers: its offline
+weights must equal the base's bit for bit.
 
 With `--eval` (benchmarks/mini_opensquad.py's JSON on an ENC store with the
 variant), `--baseline` (the same store with `--no-online-variant`) and

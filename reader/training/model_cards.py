@@ -59,7 +59,8 @@ def render_ranker_card(
         f" warm-up {config['warmup_ratio']:.0%}, query length {config['max_query_length']},"
         f" document length {config['max_doc_length']}, seed {config['seed']}.",
         f"- Hardware: {hardware}.",
-        f"- Training wall time: {training['train_seconds'] / 60:.1f} min; loss of the last step {training['final_loss']:.4f}.",
+        f"- Training wall time: {training['train_seconds'] / 60:.1f} min; "
+        f"loss of the last step {training['final_loss']:.4f}.",
         "",
         "## Results",
         "",
