@@ -23,7 +23,7 @@ it is for reporting, never for choosing anything. Written to --out:
 
 The machine it is made for has Python 3.12, torch and transformers, no network, and none of
 zarr, apache_beam, pyserini or ir_measures: `train` imports only reader/ model and training code
-(tests/test_train_rankers_gpu.py checks that, with those modules blocked). It reads everything
+(tests/reader/training/test_train_rankers_gpu.py checks that, with those modules blocked). It reads everything
 from two carried folders, prepared here (CPU, pyserini and ../shared/data needed):
 
     .venv/bin/dilstore train ranking-data --squad ../shared/data/squad/train-v1.1.json \\

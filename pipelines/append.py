@@ -34,6 +34,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from dilstore.pipelines.codebook import needs_codebook
 from dilstore.pipelines.corpora import Document
 from dilstore.pipelines.job import SPEC_FILE, PrecomputeJob, read_spec, run_spec, spec_generation, spec_json
 from dilstore.pipelines.passages import split_document
@@ -42,7 +43,6 @@ from dilstore.pipelines.part_files import PASSAGES_DIR
 from dilstore.storage.append import AppendMismatchError, check_appendable, first_free_shard, remove_leftovers
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
-from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import append_dir
 from dilstore.storage.location import StoreLocation
@@ -72,7 +72,7 @@ def check_store_settings(store: Path, job: PrecomputeJob) -> Manifest:
     split = (read_spec(store) or {}).get("split")
     if split is not None and split != job.strategy:
         differing.append(f"split: store {split!r}, this run {job.strategy!r}")
-    if get_encoding(job.encoding).codebook:
+    if needs_codebook(job.encoding):
         differing += _codebook_differences(store, job)
     if differing:
         raise AppendMismatchError(f"cannot append to {store}: the store was made with other settings "

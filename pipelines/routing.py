@@ -58,8 +58,8 @@ def is_not_document(record: Record) -> bool:
 class RouteSettings:
     """How documents become stored units: the split strategy, the shard count, the token limit and the store kind.
 
-    The kind picks the token convention (`p [SEP]` for dilbert, `[CLS] d [SEP]`
-    for the EARL kinds; see reader.offline_models).
+    The kind picks the token convention (`p [SEP]` for dilbert, `d [SEP]` for
+    listformer, `[CLS] d [SEP]` for the EARL kinds; see reader.offline.kinds).
     """
 
     strategy: str
@@ -78,7 +78,7 @@ def route(
     """Where one record goes: a document's tokenized passages to their shards, anything else to its group.
 
     A document is split into passages and each passage tokenized in the
-    kind's convention (long ones into windows, see reader.precompute); each
+    kind's convention (long ones into windows, see reader.offline.encoding); each
     window goes to the shard of its
     own id. A passage with no word piece, and a document whose split yields
     no passage at all, become dead letters (one per cause, never two for one

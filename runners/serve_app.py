@@ -4,7 +4,7 @@ Each store is served by one service that owns its reader (or reranker) and
 runs on that store's Batcher worker thread (runners/serve_batching.py):
 
 - AskService (a `dilbert` store): /ask answers the way `dilstore ask --json`
-  does (reader/odqa.py: BM25 top-p, stored states, online layers, the seed's
+  does (reader/serving/odqa.py: BM25 top-p, stored states, online layers, the seed's
   μ fusion), and batches the question–passage pairs of concurrent requests
   through one `OpenDomainReader.read` call.
 - RerankService (an `earl-s1`/`earl-s2`/`listformer` store): /rerank scores given

@@ -14,7 +14,7 @@ old stores keep reading.
   of two). BERT-like states have a few outlier dimensions that would otherwise
   set every token's scale; the channel scale evens them out (all-MiniLM-L6-v2
   states of SQuAD paragraphs, layers 1-5: 1.28-1.68% relative error with plain
-  per-token int8, 0.87-0.96% with channel scales; tests/test_store_int8_minilm.py).
+  per-token int8, 0.87-0.96% with channel scales; tests/storage/test_store_int8_minilm.py).
   Powers of two keep the channel step exact. Arrays: `codes (T, *S) int8`,
   `scales (T, *S[:-1]) float32` and `channel_scales (*S) float32`.
 - 2bit / 1bit: residual codes against a codebook trained on a sample of the

@@ -14,7 +14,7 @@ cutoff. This module fixes the rules the tools leave open, and states them:
   is 3 (TREC Deep Learning's 0–3 scale), grade ≥ 2 is relevant, as the DL track
   overviews count it for binary measures; otherwise grade ≥ 1. nDCG always uses
   the grades themselves as gains (trec_eval's linear gain, log2 discount).
-- **Ties.** Documents with equal scores are ranked by `reader.trec.rank_documents`
+- **Ties.** Documents with equal scores are ranked by `reader.data.trec.rank_documents`
   (docid descending, trec_eval's order) for every metric, which is also the
   order `write_run` writes; the two providers would otherwise break ties in
   opposite directions.

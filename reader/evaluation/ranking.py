@@ -52,7 +52,7 @@ class RankingTask:
 
 
 def load_dl19_task(candidates_file: Path, qrels: Qrels, depth: int = DEFAULT_DEPTH) -> RankingTask:
-    """The DL19 task from the BM25-top-100-with-text JSON list; `qrels` from reader.trec.read_qrels."""
+    """The DL19 task from the BM25-top-100-with-text JSON list; `qrels` from reader.data.trec.read_qrels."""
     document = read_json(candidates_file)
     if not isinstance(document, list):
         raise DilstoreError(f"{candidates_file}: expected a JSON list of {{query, hits}} objects")

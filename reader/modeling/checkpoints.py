@@ -91,7 +91,7 @@ class BaseEncoderReference:
     """The base model a checkpoint's encoder weights are, instead of storing them: where it is, and its fingerprint.
 
     `model` is BASE_MODEL_REF or a directory; `weights_sha256` is
-    reader.earl_checkpoints.base_weights_sha256 of its encoder.
+    reader.modeling.earl_checkpoints.base_weights_sha256 of its encoder.
     """
 
     model: str

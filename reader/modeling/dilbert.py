@@ -35,7 +35,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from dilstore.reader.modeling.architectures import Architecture, architecture_for
+from dilstore.reader.modeling.architectures import ATTENTION_IMPLEMENTATIONS, Architecture, architecture_for
 from dilstore.reader.modeling.checkpoints import (
     CheckpointMetadata,
     metadata_of_kind,
@@ -79,6 +79,12 @@ class DilBertReader(nn.Module):
         self.model = model
         self.tokenizer = tokenizer
         self.architecture: Architecture = architecture_for(model.config.model_type)
+        implementation = getattr(model.config, "_attn_implementation", None)
+        if implementation not in ATTENTION_IMPLEMENTATIONS:
+            raise DilstoreError(
+                f"the DilBert reader runs the model's layers with an additive attention mask, which attention "
+                f"implementation {implementation!r} does not take: load it with attn_implementation 'sdpa' or 'eager'"
+            )
         self.num_layers: int = model.config.num_hidden_layers
         self.hidden_size: int = model.config.hidden_size
         if not isinstance(layers, int) or not 0 <= layers <= self.num_layers:

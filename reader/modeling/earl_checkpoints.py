@@ -20,7 +20,7 @@ the whole tied ranker), and dilstore.json's `base_encoder` names the base
 refuses one whose fingerprint differs.
 
 A base encoder is any Hugging Face BERT directory without dilstore.json (the
-packaged all-MiniLM-L6-v2 of reader.checkpoints.base_model_dir()). Every
+packaged all-MiniLM-L6-v2 of reader.modeling.checkpoints.base_model_dir()). Every
 failure is a DilstoreError that names the directory.
 """
 

@@ -2,16 +2,17 @@
 
 Pipelines call these per shard; nothing here knows about Beam. One code path
 serves every store kind; what differs per kind (the model, the token
-convention, the offline half) comes from `reader.offline_models`.
+convention, the offline half) comes from `reader.offline.kinds` (`OFFLINE_KINDS`).
 
-- **Tokenizing.** A dilbert passage is `p [SEP]` (`encode_passage`), an EARL
-  document `[CLS] d [SEP]` (`encode_document_windows`); either way its stored
-  states never depend on a question. Pipelines tokenize before grouping by
+- **Tokenizing.** Each kind's stored unit (`p [SEP]` for dilbert, `d [SEP]`
+  for listformer, both through `encode_passage`; `[CLS] d [SEP]` for the EARL
+  kinds, `encode_document_windows`) is listed in reader.offline.kinds; either
+  way its stored states never depend on a question. Pipelines tokenize before grouping by
   shard, so that each window of a long passage is its own stored unit.
 - **Long passages (the documented rule).** A passage longer than `max_length`
   tokens in its kind's convention is split into overlapping windows (each at
-  most `max_length` tokens: `p_window [SEP]`, or `[CLS] d_window [SEP]` for
-  EARL). Nothing is truncated away: window 0 keeps the passage id, window
+  most `max_length` tokens, in the kind's convention: `p_window [SEP]`, or
+  `[CLS] d_window [SEP]` for EARL). Nothing is truncated away: window 0 keeps the passage id, window
   w ≥ 1 gets the id `{passage_id}~{w}`; each window's text is the slice of
   the passage text its tokens cover, and its character spans point into that
   slice. Every such passage is counted (`long_passages`).
@@ -46,13 +47,12 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.records import PassageRecord
 
-# Symbolic model references (with reader.checkpoints.BASE_MODEL_REF), resolved on each worker to the
+# Symbolic model references (with reader.modeling.checkpoints.BASE_MODEL_REF), resolved on each worker to the
 # installed package's copy, so a remote worker finds the packaged models wherever its site-packages is.
 DEFAULT_CHECKPOINT_REF = "package:default-checkpoint"
 DEFAULT_RANKER_REF = "package:default-ranker"
 DEFAULT_LISTFORMER_REF = "package:default-listformer"
 WINDOW_ID_SEPARATOR = "~"
-DEFAULT_MAX_LENGTH = 384
 
 
 class PassageLike(Protocol):

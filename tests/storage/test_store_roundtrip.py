@@ -189,6 +189,7 @@ def test_round_trip_every_encoding_and_read_path(encoding, data, compressor, pic
             np.testing.assert_array_equal(reference.token_ids, record.token_ids)
             np.testing.assert_array_equal(reference.char_spans, record.char_spans)
             _check_decoded(encoding, record.states, reference.states, stored, shard_states, start)
+            assert reference.states.dtype == np.dtype(get_encoding(encoding).output_dtype)
             for path, passages in reads.items():
                 other = passages[position]
                 assert (other.id, other.title, other.text) == (reference.id, reference.title, reference.text), path

@@ -82,6 +82,12 @@ def test_sdpa_and_eager_attention_agree(name: str, tokenizer) -> None:
     assert difference < TOLERANCE, f"{name}: max |sdpa - eager| = {difference:.2e}"
 
 
+def test_an_attention_implementation_without_additive_masks_is_refused(tokenizer) -> None:
+    """Only sdpa and eager take the (b, 1, n, n) additive masks the split layers pass; another one was accepted."""
+    with pytest.raises(DilstoreError, match="attention implementation 'flex_attention' does not take"):
+        DilBertReader(tiny_model("bert", "flex_attention"), tokenizer, layers=1)
+
+
 @pytest.mark.parametrize("name", ["bert", "albert-grouped", "distilbert", "roberta"])
 @settings(max_examples=8, deadline=None)
 @given(
