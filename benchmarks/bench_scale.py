@@ -54,7 +54,6 @@ import multiprocessing
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import time

@@ -81,6 +81,55 @@ class Architecture:
         # transformers 5 layers return a tensor; a tuple's first item is the hidden states in any release.
         return output[0] if isinstance(output, tuple) else output  # (b, n, hidden)
 
+    def run_layers(
+        self, model: PreTrainedModel, first: int, stop: int, hidden: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """States (b, n, hidden) with 1/0 mask (b, n) through encoder layers first+1..stop → (b, n, hidden)."""
+        additive = padding_attention_mask(attention_mask, hidden.shape[1], hidden.dtype)  # (b, 1, n, n)
+        for index in range(first, stop):
+            hidden = self.run_layer(model, index, hidden, additive)  # (b, n, hidden)
+        return hidden
+
+    def encode_segment(
+        self, model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, segment: int | None,
+        stop: int,
+    ) -> torch.Tensor:  # fmt: skip
+        """One segment alone: ids (b, n) with 1/0 mask → embeddings (positions from the model's first, `segment`'s
+        type id) → layers 1..`stop` (b, n, hidden).
+
+        This is the delayed-interaction rule of ARCHITECTURE.md (each segment's
+        positions restart at the first): DilBert's passage and question
+        halves, EARL's document and query modules and the Listformer's delayed
+        layers all run it, so a rule for a new architecture reaches all of them.
+        """
+        batch, length = input_ids.shape
+        first = self.first_position(model.config)
+        require_positions(model.config, length, first)
+        positions = torch.arange(first, first + length, device=input_ids.device)  # (n,)
+        hidden = self.embed(model, input_ids, positions.expand(batch, length), segment)  # (b, n, hidden)
+        return self.run_layers(model, 0, stop, hidden, attention_mask)  # (b, n, hidden)
+
+
+def require_positions(config: PreTrainedConfig, length: int, first: int = 0) -> None:
+    """A DilstoreError when a text of `length` tokens, positioned from `first`, has no room in the model."""
+    if first + length > config.max_position_embeddings:
+        raise DilstoreError(
+            f"a text of {length} tokens is longer than this model's {config.max_position_embeddings - first} "
+            "positions; use a smaller max length"
+        )
+
+
+def padding_attention_mask(key_mask: torch.Tensor, queries: int, dtype: torch.dtype) -> torch.Tensor:
+    """A (b, keys) 1/0 validity mask → the additive (b, 1, queries, keys) mask every layer takes.
+
+    0 where the key is a real token, the dtype's minimum where it is padding,
+    the form both the eager and the sdpa attention of transformers 5 accept.
+    """
+    allowed = key_mask.bool()[:, None, None, :]  # (b, 1, 1, keys)
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=key_mask.device)  # (b, 1, 1, keys)
+    additive = additive.masked_fill(~allowed, torch.finfo(dtype).min)  # (b, 1, 1, keys)
+    return additive.expand(-1, -1, queries, -1)  # (b, 1, queries, keys)
+
 
 def _no_projection(model: PreTrainedModel, states: torch.Tensor) -> torch.Tensor:
     return states

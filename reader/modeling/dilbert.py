@@ -35,7 +35,12 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from dilstore.reader.modeling.architectures import ATTENTION_IMPLEMENTATIONS, Architecture, architecture_for
+from dilstore.reader.modeling.architectures import (
+    ATTENTION_IMPLEMENTATIONS,
+    Architecture,
+    architecture_for,
+    padding_attention_mask,
+)
 from dilstore.reader.modeling.checkpoints import (
     CheckpointMetadata,
     metadata_of_kind,
@@ -49,17 +54,6 @@ _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, js
 # The head of a base model (no QA head yet) is initialised from this seed, so loading is reproducible.
 HEAD_INIT_SEED = 0
 
-
-def padding_attention_mask(key_mask: torch.Tensor, queries: int, dtype: torch.dtype) -> torch.Tensor:
-    """A (b, keys) 1/0 validity mask → the additive (b, 1, queries, keys) mask every layer takes.
-
-    0 where the key is a real token, the dtype's minimum where it is padding,
-    the form both the eager and the sdpa attention of transformers 5 accept.
-    """
-    allowed = key_mask.bool()[:, None, None, :]  # (b, 1, 1, keys)
-    additive = torch.zeros(allowed.shape, dtype=dtype, device=key_mask.device)  # (b, 1, 1, keys)
-    additive = additive.masked_fill(~allowed, torch.finfo(dtype).min)  # (b, 1, 1, keys)
-    return additive.expand(-1, -1, queries, -1)  # (b, 1, queries, keys)
 
 
 class DilBertReader(nn.Module):
@@ -298,17 +292,4 @@ class DilBertReader(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, segment: int | None
     ) -> torch.Tensor:
         """One segment alone: embeddings (positions from the first, the given segment id) → layers 1..k."""
-        batch, length = input_ids.shape
-        first = self.architecture.first_position(self.model.config)
-        if first + length > self.model.config.max_position_embeddings:
-            raise DilstoreError(
-                f"a segment of {length} tokens is longer than this model's "
-                f"{self.model.config.max_position_embeddings - first} positions; use a smaller max length"
-            )
-        positions = torch.arange(first, first + length, device=input_ids.device)  # (n,)
-        position_ids = positions.expand(batch, length)  # (b, n)
-        hidden = self.architecture.embed(self.model, input_ids, position_ids, segment)  # (b, n, d)
-        additive = padding_attention_mask(attention_mask, length, hidden.dtype)  # (b, 1, n, n)
-        for index in range(self.layers):
-            hidden = self.architecture.run_layer(self.model, index, hidden, additive)  # (b, n, d)
-        return hidden
+        return self.architecture.encode_segment(self.model, input_ids, attention_mask, segment, self.layers)

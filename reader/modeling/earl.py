@@ -64,7 +64,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 

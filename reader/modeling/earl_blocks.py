@@ -21,7 +21,7 @@ from transformers import BertConfig
 from transformers.activations import ACT2FN
 from transformers.models.bert.modeling_bert import BertAttention, BertLayer
 
-from dilstore.reader.modeling.dilbert import padding_attention_mask
+from dilstore.reader.modeling.architectures import padding_attention_mask
 from dilstore.storage.errors import DilstoreError
 
 

@@ -31,9 +31,9 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
-from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, CheckpointMetadata, resolve_base_model
 from dilstore.reader.modeling.architectures import architecture_for
-from dilstore.reader.modeling.dilbert import HEAD_INIT_SEED, padding_attention_mask
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, CheckpointMetadata, resolve_base_model
+from dilstore.reader.modeling.dilbert import HEAD_INIT_SEED
 from dilstore.reader.modeling.earl_checkpoints import (
     base_weights_sha256,
     load_base_encoder,
@@ -198,26 +198,14 @@ def encode_alone(
     Listformer's delayed layers; a text longer than the encoder's positions
     raises DilstoreError.
     """
-    batch, length = input_ids.shape
-    positions = encoder.config.max_position_embeddings
-    if length > positions:
-        raise DilstoreError(
-            f"a text of {length} tokens is longer than this model's {positions} positions; use a smaller max length"
-        )
-    position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)  # (b, n)
-    hidden = architecture_for("bert").embed(encoder, input_ids, position_ids, segment=segment)  # (b, n, d)
-    return run_layers(encoder, 0, layers, hidden, attention_mask)  # (b, n, d)
+    return architecture_for("bert").encode_segment(encoder, input_ids, attention_mask, segment, layers)  # (b, n, d)
 
 
 def run_layers(
     encoder: BertModel, first: int, stop: int, hidden: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
     """States (b, n, d) with 1/0 mask (b, n) through the encoder's layers first+1..stop → (b, n, d)."""
-    bert = architecture_for("bert")
-    additive = padding_attention_mask(attention_mask, hidden.shape[1], hidden.dtype)  # (b, 1, n, n)
-    for index in range(first, stop):
-        hidden = bert.run_layer(encoder, index, hidden, additive)  # (b, n, d)
-    return hidden
+    return architecture_for("bert").run_layers(encoder, first, stop, hidden, attention_mask)  # (b, n, d)
 
 
 def encoder_weights(encoder: BertModel) -> dict[str, torch.Tensor]:

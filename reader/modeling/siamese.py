@@ -29,7 +29,9 @@ import torch
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.modeling.architectures import require_positions
 from dilstore.reader.modeling.checkpoints import CheckpointMetadata
+from dilstore.reader.modeling.prior import masked_mean
 from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
@@ -87,14 +89,9 @@ class SiameseRanker(RankerBase):
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Texts (b, n) with 1/0 mask (b, n) → embeddings (b, d): the mean of the last states over valid tokens."""
-        if input_ids.shape[1] > self.config.max_position_embeddings:
-            raise DilstoreError(
-                f"a text of {input_ids.shape[1]} tokens is longer than this model's "
-                f"{self.config.max_position_embeddings} positions; use a smaller max length"
-            )
+        require_positions(self.config, input_ids.shape[1])
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (b, n, d)
-        weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (b, n, 1)
-        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)  # (b, d)
+        return masked_mean(hidden, attention_mask)  # (b, d)
 
     def forward(
         self, query_ids: torch.Tensor, query_mask: torch.Tensor, doc_ids: torch.Tensor, doc_mask: torch.Tensor

@@ -38,7 +38,7 @@ import torch
 
 from dilstore.reader.batching import BatchPolicy, length_batches, pad_token_ids
 from dilstore.reader.modeling.checkpoints import BASE_MODEL_REF as BASE_MODEL_REF  # re-exported: model references
-from dilstore.reader.modeling.checkpoints import base_model_dir, resolve_base_model
+from dilstore.reader.modeling.checkpoints import resolve_base_model
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.kinds import OfflineModel, load_offline_model, offline_kind
 from dilstore.reader.packaged.shipped import default_checkpoint_dir, default_listformer_dir, default_ranker_dir
