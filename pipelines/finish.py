@@ -18,6 +18,7 @@ from dilstore.pipelines.job import SUMMARY_FILE, PrecomputeJob
 from dilstore.pipelines.part_files import REJECTED_DIR
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.shard_sink import read_meta
+from dilstore.reader.text.files import read_json
 from dilstore.storage.append import commit_append
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError
@@ -48,6 +49,18 @@ def run_summary(stats: RunStats, job: PrecomputeJob, finished_at: float) -> dict
         "split": job.strategy,
         "max_length": job.max_length,
     }
+
+
+def read_summary(store: Path) -> dict[str, Any]:
+    """The `run-summary.json` a finished run wrote in `store`, or {} when there is none; a DilstoreError naming
+    the file when it holds no JSON object (cut short, or edited by hand)."""
+    path = Path(store) / SUMMARY_FILE
+    if not path.is_file():
+        return {}
+    summary = read_json(path)
+    if not isinstance(summary, dict):
+        raise DilstoreError(f"{path}: not a run summary (a JSON object)")
+    return summary
 
 
 def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:

@@ -55,6 +55,9 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
     from dilstore.reader.offline.kinds import OfflineModel
 
 DEFAULT_OUTPUT = "dilstore-store"
+# The choices the parser offers, written out so that `dilstore --help` starts without numpy, torch or the wikitext
+# parser; tests/runners/test_cli_errors.py checks each equals its source (OFFLINE_KINDS, ENCODINGS, STRATEGIES,
+# corpora.FORMATS), so a new kind or encoding cannot be refused as an "invalid choice".
 KINDS = ("dilbert", "earl-s1", "earl-s2", "listformer")
 ENCODINGS = ("fp32", "fp16", "int8", "2bit", "1bit")
 COMPRESSIONS = ("none", *COMPRESSORS)
@@ -315,7 +318,7 @@ def run_pipeline(
     Local runners get defaults (worker processes, a Dask LocalCluster) and a
     progress bar; a failed pipeline raises DilstoreError with Beam's message.
     """
-    from dilstore.pipelines.job import SUMMARY_FILE
+    from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.options import LOCAL_RUNNERS, assemble_beam_flags, pipeline_options
     from dilstore.pipelines.precompute import build_pipeline
 
@@ -342,8 +345,7 @@ def run_pipeline(
                     client = getattr(result, "client", None)  # the Dask runner's distributed.Client
                     if client is not None:
                         client.close()
-    summary_path = Path(job.store) / SUMMARY_FILE
-    return json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+    return read_summary(Path(job.store))
 
 
 def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
@@ -616,8 +618,8 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
     started = time.time()
     check_append_flags(args)
     quiet_local_logging()
+    from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.job import (
-        SUMMARY_FILE,
         check_replaceable,
         needs_replacement,
         prepare_store,
@@ -648,8 +650,7 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
                 return append_to_store(job, runner, args)
             if prepare_store(store, spec, args.overwrite):
                 print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
-                recorded = json.loads((store / SUMMARY_FILE).read_text(encoding="utf-8"))
-                summary = {**recorded, "store": job.store}  # where it is now, if the store was moved since
+                summary = {**read_summary(store), "store": job.store}  # where it is now, if the store was moved since
             elif args.overwrite and needs_replacement(store, spec):
                 check_replaceable(store, [task.path for task in job.inputs])
                 building = replacement_dir(store, spec)

@@ -262,3 +262,19 @@ def test_usage_errors_exit_2_in_a_real_process() -> None:
     done = subprocess.run([sys.executable, "-m", "dilstore", "info"], capture_output=True, text=True, cwd=ROOT,
                           timeout=60)  # fmt: skip
     assert done.returncode == 2 and "usage:" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_precompute_choices_are_those_of_the_modules_that_define_them() -> None:
+    """The parser's copies keep `dilstore --help` light; a kind, encoding, split or format added at its source and
+    not here would be refused as an invalid choice."""
+    from dilstore.pipelines.corpora import FORMATS
+    from dilstore.pipelines.passages import STRATEGIES
+    from dilstore.reader.offline.kinds import OFFLINE_KINDS
+    from dilstore.runners import cmd_precompute
+    from dilstore.storage.encodings import ENCODINGS
+    from dilstore.storage.format import KINDS
+
+    assert set(cmd_precompute.KINDS) == set(OFFLINE_KINDS) == set(KINDS)
+    assert set(cmd_precompute.ENCODINGS) == set(ENCODINGS)
+    assert set(cmd_precompute.SPLITS) == set(STRATEGIES)
+    assert set(cmd_precompute.FORMATS) == set(FORMATS)
