@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from dilstore.storage.errors import DilstoreError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Padded tokens per batch: 64 passages of 128 tokens. Bounds activation memory per forward.
 DEFAULT_BATCH_TOKENS = 8192
@@ -68,6 +72,18 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if target.type != "cuda":
         return tensor.to(target)
     return tensor.pin_memory().to(target, non_blocking=True)
+
+
+def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id every stage pads with: the tokenizer's pad token, or 0 when it has none.
+
+    Padded positions are masked out of every attention and never read, so
+    any id serves; one rule keeps the offline and the online half padding
+    alike (they resolved it four ways, and a tokenizer without a pad token
+    was a TypeError in some, a refusal in others).
+    """
+    pad = tokenizer.pad_token_id
+    return 0 if pad is None else int(pad)
 
 
 def pad_token_ids(sequences: Sequence[np.ndarray], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from dilstore.reader.batching import pad_id
 from dilstore.reader.data.qa_batches import QABatch, collate_features
 from dilstore.reader.data.qa_features import (
     DEFAULT_MAX_QUESTION_LENGTH,
@@ -160,7 +161,7 @@ def evaluate_reader(
     # Every window of every question, unlabelled: answers are never shown to the reader.
     features = window_features(reader.tokenizer, examples, settings, labelled=False)
     predictions = predict_answers(
-        features, reader_scorer(reader, device), settings, reader.tokenizer.pad_token_id, progress
+        features, reader_scorer(reader, device), settings, pad_id(reader.tokenizer), progress
     )
     scores = evaluate_examples(examples, predictions)
     return ReadingResult(

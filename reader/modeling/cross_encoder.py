@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
-from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.batching import pad_id, pad_token_ids
 from dilstore.reader.modeling.checkpoints import CheckpointMetadata
 from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights, init_score_head
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
@@ -96,7 +96,7 @@ class CrossEncoderRanker(RankerBase):
                 segments.append(
                     np.concatenate([np.zeros(len(query), np.int64), np.full(len(document), DOCUMENT_SEGMENT)])
                 )
-        input_ids, attention_mask = pad_token_ids(pairs, self.tokenizer.pad_token_id)  # (b·g, L) each
+        input_ids, attention_mask = pad_token_ids(pairs, pad_id(self.tokenizer))  # (b·g, L) each
         token_type_ids, _ = pad_token_ids(segments, 0)  # (b·g, L)
         device = module_device(self)
         scores = self(input_ids.to(device), token_type_ids.to(device), attention_mask.to(device))  # (b·g,)

@@ -67,7 +67,7 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
-from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.batching import pad_id, pad_token_ids
 from dilstore.reader.modeling.checkpoints import BaseEncoderReference, CheckpointMetadata
 from dilstore.reader.modeling.earl_blocks import JudgerBlock
 from dilstore.reader.modeling.earl_checkpoints import (
@@ -496,9 +496,7 @@ class EarlRanker(RankerBase):
 
     def _pad_ids(self, sequences: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-pad token id arrays with the tokenizer's pad id: ids and mask, each (b, n) long."""
-        if self.tokenizer.pad_token_id is None:
-            raise DilstoreError(f"{type(self.tokenizer).__name__} has no pad token, which batching needs")
-        return pad_token_ids(sequences, self.tokenizer.pad_token_id)
+        return pad_token_ids(sequences, pad_id(self.tokenizer))
 
 
 def _with_layers(config: BertConfig, layers: int) -> BertConfig:

@@ -79,7 +79,7 @@ from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 from transformers.models.bert.modeling_bert import BertLayer, BertSelfAttention
 
-from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.batching import pad_id, pad_token_ids
 from dilstore.reader.modeling.checkpoints import BaseEncoderReference, CheckpointMetadata
 from dilstore.reader.modeling.earl_checkpoints import (
     base_reference,
@@ -380,11 +380,9 @@ class ListformerRanker(RankerBase):
     def score_groups(self, queries: Sequence[np.ndarray], groups: Sequence[Sequence[np.ndarray]]) -> torch.Tensor:
         """Query ids (b of them) and g document ids per query → scores (b, g): each group is one list, one pass."""
         size = group_size(queries, groups)
-        pad_id = self.tokenizer.pad_token_id
-        if pad_id is None:
-            raise DilstoreError(f"{type(self.tokenizer).__name__} has no pad token, which batching needs")
-        query_ids, query_mask = pad_token_ids(list(queries), pad_id)  # (b, nq) each
-        doc_ids, doc_mask = pad_token_ids([document for group in groups for document in group], pad_id)  # (b·g, n)
+        pad = pad_id(self.tokenizer)
+        query_ids, query_mask = pad_token_ids(list(queries), pad)  # (b, nq) each
+        doc_ids, doc_mask = pad_token_ids([document for group in groups for document in group], pad)  # (b·g, n)
         device = module_device(self)
         return self(
             query_ids.to(device),

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
-from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.batching import pad_id, pad_token_ids
 from dilstore.reader.modeling.architectures import require_positions
 from dilstore.reader.modeling.checkpoints import CheckpointMetadata
 from dilstore.reader.modeling.prior import masked_mean
@@ -103,8 +103,9 @@ class SiameseRanker(RankerBase):
         """Query ids (b of them) and g document ids per query → scores (b, g); each text is embedded once."""
         size = group_size(queries, groups)
         device = module_device(self)
-        query_ids, query_mask = pad_token_ids(list(queries), self.tokenizer.pad_token_id)  # (b, nq) each
-        doc_ids, doc_mask = pad_token_ids([doc for group in groups for doc in group], self.tokenizer.pad_token_id)
+        pad = pad_id(self.tokenizer)
+        query_ids, query_mask = pad_token_ids(list(queries), pad)  # (b, nq) each
+        doc_ids, doc_mask = pad_token_ids([doc for group in groups for doc in group], pad)
         query_vectors = self.embed(query_ids.to(device), query_mask.to(device))  # (b, d)
         doc_vectors = self.embed(doc_ids.to(device), doc_mask.to(device))  # (b·g, d)
         doc_vectors = doc_vectors.view(len(queries), size, -1)  # (b, g, d)

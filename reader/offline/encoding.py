@@ -36,7 +36,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from dilstore.reader.batching import BatchPolicy, length_batches, pad_token_ids
+from dilstore.reader.batching import BatchPolicy, length_batches, pad_id, pad_token_ids
 from dilstore.reader.modeling.checkpoints import BASE_MODEL_REF as BASE_MODEL_REF  # re-exported: model references
 from dilstore.reader.modeling.checkpoints import resolve_base_model
 from dilstore.reader.modeling.fingerprint import model_fingerprint
@@ -175,8 +175,7 @@ def encode_batch(
 
     The state shape is the model's: (d,) for dilbert and earl-s1, (M, 2, d) for earl-s2.
     """
-    pad_id = reader.tokenizer.pad_token_id
-    ids, mask = pad_token_ids(sequences, 0 if pad_id is None else int(pad_id))  # (b, n), (b, n)
+    ids, mask = pad_token_ids(sequences, pad_id(reader.tokenizer))  # (b, n), (b, n)
     with torch.inference_mode():
         states, vectors = offline_kind(kind).states(reader, ids, mask)  # (b, n, *S), (b, d) or None
     states = states.to(torch.float32).numpy()  # (b, n, *S)

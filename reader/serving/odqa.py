@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dilstore.reader.batching import BatchPolicy, length_batches, pad_token_ids
+from dilstore.reader.batching import BatchPolicy, length_batches, pad_id, pad_token_ids
 from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import model_fingerprint
@@ -134,8 +134,7 @@ class OpenDomainReader:
         self.settings = settings or OdqaSettings()
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model.to(self.device)
-        pad = model.tokenizer.pad_token_id
-        self._pad_id = 0 if pad is None else int(pad)
+        self._pad_id = pad_id(model.tokenizer)
 
     def __enter__(self) -> OpenDomainReader:
         return self

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from dilstore.reader.batching import pad_id
 from dilstore.reader.data.qa_batches import QABatch, collate_features
 from dilstore.reader.data.qa_features import QAFeature, window_features
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
@@ -256,15 +257,15 @@ def load_training_data(tokenizer: Any, train_file: Path, config: TrainingConfig)
     if unanswered:  # its windows would all be labelled [CLS], teaching the reader that the answer is absent
         raise DilstoreError(f"{train_file}: question {unanswered[0]!r} has no answer to train on "
                             f"({len(unanswered)} such); train qa takes SQuAD v1.1 questions with answers")  # fmt: skip
-    pad_id = tokenizer.pad_token_id
+    pad = pad_id(tokenizer)
     if config.shared_norm is None:
-        return TrainingData(window_features(tokenizer, examples, config), len(examples), pad_id)
+        return TrainingData(window_features(tokenizer, examples, config), len(examples), pad)
     triples = Path(config.shared_norm)
     groups = shared_norm_groups(
         tokenizer, examples, triples, triples.parent / PARAGRAPHS_FILE, config.shared_norm_negatives, config
     )
     features = [feature for group in groups for feature in group]
-    return TrainingData(features, len(examples), pad_id, group_size=1 + config.shared_norm_negatives)
+    return TrainingData(features, len(examples), pad, group_size=1 + config.shared_norm_negatives)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,20 @@ def test_group_scores_equal_pair_scores_whatever_the_padding(kind: str, tiny_bas
     assert len(set(pairs.tolist())) == 3
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tokenizer_without_a_pad_token_scores_the_same(kind: str, tiny_base: Path) -> None:
+    """Padding is masked, so its id cannot matter: EARL refused such a tokenizer, the cross-encoder and the siamese
+    ranker failed inside torch.full with a TypeError; every stage now pads with pad_id's one rule."""
+    model = ranker(kind, tiny_base)
+    with torch.no_grad():
+        query = model.tokenize_query(QUERIES[0], 32)
+        groups = [[model.tokenize_document(d, 64) for d in DOCUMENTS]]
+        padded = model.score_groups([query], groups)
+        model.tokenizer.pad_token = None
+        assert model.tokenizer.pad_token_id is None
+        assert torch.allclose(model.score_groups([query], groups), padded, atol=1e-6)
+
+
 def test_earl_group_scores_are_its_unsplit_forward(tiny_base: Path) -> None:
     model = ranker("earl", tiny_base)
     query_ids, query_mask = model.tokenize_queries(QUERIES[:1] * 3, 32)
