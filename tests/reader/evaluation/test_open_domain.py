@@ -16,6 +16,7 @@ from dilstore.reader.evaluation.open_domain import (
     load_questions,
     select_questions,
 )
+from dilstore.reader.evaluation import squad_metric
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths, normalize_answer
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.retrieval import Hit
@@ -76,6 +77,22 @@ def test_scores_both_mu_from_one_pass_and_match_the_official_metric(odqa: OpenDo
         assert f1_ == pytest.approx(100 * expected_f1 / 3)
     summary = evaluation.summary()
     assert {"questions", "em", "f1", "recall", "top_p", "mu", "seconds"} <= set(summary)
+    # The random reader's answers match none of QUESTIONS' (both totals are 0), so the loop above could not tell
+    # EM from F1: gold answers built from its own predictions give an exact match, a partial one and a miss,
+    # scored against the official script's totals (squad_metric.evaluate, checked on the leaderboard's file).
+    first = evaluation.predictions
+    golds = {"q1": (first["q1"]["0.5"],), "q2": (first["q2"]["0.5"] + " and more words",), "q3": QUESTIONS[2].answers}
+    graded = [QAQuestion(q.id, q.question, golds[q.id]) for q in QUESTIONS]
+    regraded = evaluate_questions(odqa, graded, top_p=2, mu=0.5, question_batch=2)
+    context = " ".join(answer for answers in golds.values() for answer in answers)
+    qas = [{"id": q.id, "question": q.question,
+            "answers": [{"text": a, "answer_start": context.index(a)} for a in q.answers]} for q in graded]
+    dataset = {"data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}]}  # fmt: skip
+    for mu, (em, f1_) in regraded.scores.items():
+        official = squad_metric.evaluate(dataset, {qid: row[str(mu)] for qid, row in regraded.predictions.items()})
+        assert (em, f1_) == (pytest.approx(official["exact_match"]), pytest.approx(official["f1"]))
+    em, f1_ = regraded.scores[0.5]
+    assert em == pytest.approx(100 / 3) and 100 / 3 < f1_ < 200 / 3
     assert (summary["questions"], summary["top_p"], summary["mu"]) == (3, 2, 0.5)
     assert [row["mu"] for row in summary["by_mu"]] == [1.0, 0.5]
     json.dumps(summary)
