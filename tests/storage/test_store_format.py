@@ -58,8 +58,18 @@ def test_plain_zarr_python_reads_the_store_without_dilstore(fp32_store, shards) 
     text_bytes, text_offsets = shard["passages/texts/bytes"][...], shard["passages/texts/offsets"][...]
     assert bytes(text_bytes[text_offsets[row] : text_offsets[row + 1]]).decode() == record.text
     hashes, shard_of, row_of = index["hashes"][...], index["shards"][...], index["rows"][...]
-    assert len(hashes) == 12 and (np.diff(hashes.astype(np.float64)) >= 0).all()
+    assert len(hashes) == 12 and (hashes[1:] >= hashes[:-1]).all()  # uint64 order (float64 blurs close hashes)
     assert sorted(zip(shard_of.tolist(), row_of.tolist())) == [(s, r) for s, n in enumerate([5, 3, 4]) for r in range(n)]
+    # Each entry's hash is STORE_FORMAT §6's: BLAKE2b (digest_size 8) of the id's UTF-8 bytes, read little-endian.
+    # Writer, reader and verify share one id_hash, so only an independent computation catches a change to it.
+    for position, (entry_shard, entry_row) in enumerate(zip(shard_of.tolist(), row_of.tolist())):
+        passage_id = shards[entry_shard][entry_row].id
+        expected = int.from_bytes(hashlib.blake2b(passage_id.encode("utf-8"), digest_size=8).digest(), "little")
+        assert int(hashes[position]) == expected, passage_id
+    wanted = shards[2][1].id
+    found = int(np.searchsorted(hashes, np.uint64(int.from_bytes(
+        hashlib.blake2b(wanted.encode("utf-8"), digest_size=8).digest(), "little"))))  # fmt: skip
+    assert (int(shard_of[found]), int(row_of[found])) == (2, 1)
 
 
 def test_manifest_lists_shards_checksums_fingerprint_and_files_of_other_layers(shards, tmp_path) -> None:
