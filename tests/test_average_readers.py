@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -48,7 +49,11 @@ def test_the_average_is_the_float32_mean_stored_as_fp16_with_its_sources_in_the_
     assert training["command"] == "round 3", "the newest (last) reader's training record is carried"
     record = training["averaged_from"]
     assert [source["reader"] for source in record["sources"]] == [str(reader) for reader in readers]
-    assert len({source["sha256"] for source in record["sources"]}) == 3
+    def digest(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    assert [source["sha256"] for source in record["sources"]] == [digest(r / "model.safetensors") for r in readers]
+    assert record["output_sha256"] == digest(output / "model.safetensors")
     assert json.loads(capsys.readouterr().out.splitlines()[-1]) == record
 
 

@@ -42,7 +42,7 @@ def test_user_errors_are_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert status == 2, err
     lines = err.strip().splitlines()
-    assert lines[-1].startswith(message) and "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith(message), err
 
 
 @pytest.mark.parametrize(
