@@ -7,7 +7,11 @@ from pathlib import Path
 
 import torch
 
-from dilstore.reader.evaluation.reading_comprehension import evaluate_file
+from dilstore.reader.batching import pad_id
+from dilstore.reader.data.qa_batches import collate_features
+from dilstore.reader.data.qa_features import window_features
+from dilstore.reader.data.squad import load_squad
+from dilstore.reader.evaluation.reading_comprehension import ReadingSettings, evaluate_file, reader_scorer
 from dilstore.reader.modeling.dilbert import DilBertReader
 from tests.fixtures.benchmarks import benchmark_module
 
@@ -38,7 +42,21 @@ def test_each_reader_scores_as_evaluate_rc_scores_it_and_the_ensemble_is_their_m
             assert scores[str(folder)] == {"em": alone.em, "f1": alone.f1}
         assert scores[str(first)] != scores[str(second)], "the two random heads should answer differently"
         assert scores["ensemble of 2"] == scores[str(first)], "the mean of one reader's logits twice is its logits"
-        logits = [(torch.tensor([[1.0, 3.0]]), torch.tensor([[0.0, 2.0]])),
-                  (torch.tensor([[3.0, 1.0]]), torch.tensor([[4.0, 0.0]]))]  # fmt: skip
-        replayed = ensemble_readers.replayed_scorer([logits, logits], 1)
-        assert replayed(None) == logits[1] and replayed(None) == logits[1]
+        # The run above averaged one reader with itself, which any pick of a member passes: two readers here, and
+        # a replay over two different batches, which one that does not advance fails.
+        readers = [DilBertReader.from_pretrained(folder).float().eval() for folder in (first, second)]
+        features = window_features(readers[0].tokenizer, load_squad(squad_file), ReadingSettings())
+        batches = [collate_features(features[:2], pad_id(readers[0].tokenizer)),
+                   collate_features(features[2:4], pad_id(readers[0].tokenizer))]  # fmt: skip
+        record: list = []
+        ensemble = ensemble_readers.recorded_scorer(readers, 2, record)
+        for batch in batches:
+            start, end = ensemble(batch)  # (b, tokens) each
+            scorers = [reader_scorer(reader, torch.device("cpu")) for reader in readers]
+            (start_a, end_a), (start_b, end_b) = (scorer(batch) for scorer in scorers)
+            assert not torch.allclose(start_a, start_b)
+            assert torch.allclose(start, (start_a + start_b) / 2) and torch.allclose(end, (end_a + end_b) / 2)
+        replayed = ensemble_readers.replayed_scorer(record, 1)
+        for recorded in record:
+            assert all(torch.equal(got, want) for got, want in zip(replayed(None), recorded[1]))
+        assert not torch.equal(record[0][1][0], record[1][1][0])
