@@ -172,11 +172,17 @@ def test_summary_and_beam_metrics_agree(metered_run) -> None:
     assert summary["long_passages"] > 0 and summary["runner"] == "DirectRunner" and summary["seconds"] > 0
 
 
-def test_multi_processing_gives_the_same_store(metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys) -> None:
+def test_multi_processing_gives_the_same_store_and_no_library_noise(
+    metered_run, corpus, tiny_dir: Path, tmp_path: Path, capfd
+) -> None:
+    """Two Beam worker processes, which log on their own stderr (apitools, logging handlers): quiet by default,
+    nothing reaches descriptor 2 (tests/runners/test_quiet.py shows --verbose lets those lines through)."""
     reference, summary, _ = metered_run
     store = tmp_path / "multi"
     assert cli.main([*precompute_args(corpus, tiny_dir, store, "--workers", "2"), "--json", "--no-progress"]) == 0
-    printed = json.loads(capsys.readouterr().out)
+    out, err = capfd.readouterr()
+    assert err.strip() == "", err
+    printed = json.loads(out)
     assert printed["runner"] == "DirectRunner" and printed["passages"] == summary["passages"]
     options = json.loads((store / "manifest.json").read_text())["creation"]["command"]
     assert "--workers 2" in options

@@ -91,11 +91,11 @@ def test_this_process_writes_on_descriptor_2_pass_unfiltered(tmp_path: Path) -> 
     assert result.stderr.splitlines() == [NOISE, "after"]
 
 
-def test_precompute_prints_no_library_noise_and_verbose_restores_it(tmp_path: Path) -> None:
-    """The CLI end to end with two Beam worker processes, which log on their own stderr.
-
-    Quiet, stderr stays empty (--no-progress); --verbose shows the workers' logging lines. The two runs go at once:
-    most of each is Beam starting its workers, and one after the other they were the suite's slowest test.
+def test_precompute_with_verbose_shows_the_workers_library_noise(tmp_path: Path) -> None:
+    """The CLI end to end with two Beam worker processes, which log on their own stderr: --verbose shows their
+    logging lines, so the quiet run's empty stderr (tests/pipelines/test_pipeline_run.py, the same two workers
+    in-process) is the filter's doing. One run here: the quiet one rode on a run that test already makes, and the
+    two, most of each Beam starting its workers, were the suite's slowest test.
     """
     model = save_tiny_reader(tmp_path / "tiny")
     corpus = write_jsonl(tmp_path / "docs.jsonl", wiki_like_documents(6))
@@ -113,7 +113,5 @@ def test_precompute_prints_no_library_noise_and_verbose_restores_it(tmp_path: Pa
         assert run.returncode == 0, err
         return err
 
-    silent, verbose = precompute("quiet", "--no-progress"), precompute("verbose", "--no-progress", "--verbose")
-    quiet_err, verbose_err = finished(silent), finished(verbose)
-    assert quiet_err.strip() == "", quiet_err
+    verbose_err = finished(precompute("verbose", "--no-progress", "--verbose"))
     assert "apitools not found" in verbose_err and "Logging handler created" in verbose_err
