@@ -108,12 +108,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Open the stores, then serve until Ctrl-C or SIGTERM; 0 after a graceful shutdown."""
-    import uvicorn
+    """Open the stores, then serve until Ctrl-C or SIGTERM; 0 after a graceful shutdown.
 
-    from dilstore.runners.serve_app import create_app
-    from dilstore.runners.serve_protocol import serve_protocol
-
+    The arguments are checked and each store's manifest read before its model stack loads, and the web server is
+    imported last, so a mistyped store path fails in a moment, not after some 10 s of imports.
+    """
     settings = ServeSettings(
         max_batch_pairs=args.max_batch_pairs,
         max_wait=args.max_wait_ms / 1000,
@@ -134,6 +133,11 @@ def run(args: argparse.Namespace) -> int:
         open_served_store(name, path, model, args.device, indexes.get(name))
         for (name, path), model in zip(named, models, strict=True)
     ]
+    import uvicorn
+
+    from dilstore.runners.serve_app import create_app
+    from dilstore.runners.serve_protocol import serve_protocol
+
     app = create_app(served, settings)
     config = uvicorn.Config(
         app, host=args.host, port=args.port, access_log=args.access_log, log_level="info", lifespan="on",
@@ -208,14 +212,15 @@ def open_served_store(
     index: its BM25 index (default STORE/bm25); a rerank store needs none,
     and gets retrieval only where one exists.
     """
-    from dilstore.reader.serving.odqa import bm25_index_dir, open_reader
-    from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
-    from dilstore.reader.retrieval import Bm25Searcher
-    from dilstore.runners.serve_app import AskService, RerankService, ServedStore
     from dilstore.storage.info import store_info
     from dilstore.storage.location import StoreLocation
 
-    info = store_info(path)
+    info = store_info(path)  # first: a path without a store is named before the model stack loads
+    from dilstore.reader.retrieval import Bm25Searcher
+    from dilstore.reader.serving.odqa import bm25_index_dir, open_reader
+    from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
+    from dilstore.runners.serve_app import AskService, RerankService, ServedStore
+
     if info["kind"] in RERANK_KINDS:
         reranker = open_reranker(path, model, device=device)
         if index is None and StoreLocation.parse(path).local_root is not None:
