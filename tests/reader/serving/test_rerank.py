@@ -13,8 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -423,22 +421,24 @@ def test_cli_without_model_uses_the_packaged_ranker(
     assert "the default EARL ranker checkpoint is missing" in err and "--model DIR" in err
 
 
-def test_cli_fingerprint_mismatch_in_a_subprocess(store: Callable[..., Path], tmp_path: Path) -> None:
-    """The one multi-line error: the table of both fingerprints, after a single `error:` line; exit 2."""
+def test_cli_fingerprint_mismatch_is_one_error_line_and_the_table(
+    store: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The one multi-line error: the table of both fingerprints, after a single `error:` line; exit 2. (In-process:
+    a child's exit status is test_cli_errors' and test_packaging's to show, and its imports took 9 s.)"""
     other = save_ranker(tmp_path / "other", seed=1)
     arguments = write_inputs(tmp_path, FIRST_STAGE)
-    command = [sys.executable, "-m", "dilstore.runners.cli", "rerank", str(store("earl-s2")), *map(str, arguments),
-               "--model", str(other), "--threads", "1"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    lines = done.stderr.splitlines()
+    status = main(["rerank", str(store("earl-s2")), *map(str, arguments), "--model", str(other), "--threads", "1"])
+    done = capsys.readouterr()
+    assert status == 2 and "Traceback" not in done.err
+    lines = done.err.splitlines()
     assert lines[0].startswith("dilstore rerank: error: store ") and "differs in: weights_sha256" in lines[0]
     assert all(line.startswith("  ") for line in lines[1:]) and len(lines) == 9
     weights = next(line for line in lines[1:] if "weights_sha256" in line)
     store_hash = weights.split("store: ")[1].split()[0]
     expected_hash = weights.split("expected: ")[1].strip()
     assert store_hash != expected_hash and len(store_hash) == len(expected_hash) == 64
-    assert done.stdout == "" and not (tmp_path / "out.trec").exists()
+    assert done.out == "" and not (tmp_path / "out.trec").exists()
 
 
 def test_run_passages_script_cuts_the_run_documents_from_a_corpus(tmp_path: Path, capsys) -> None:
