@@ -30,14 +30,26 @@ def bench():
         yield module
 
 
+@pytest.fixture(scope="module")
+def one_bit(bench, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The 1bit store of the builder in one process, made once for the tests that only read it; its build record."""
+    root = tmp_path_factory.mktemp("bench-scale") / "one"
+    return root, bench.build_store(root, PASSAGES, PER_SHARD, "1bit", seed=SEED, pool_tokens=4096)
+
+
 def _files(root: Path) -> dict[str, bytes]:
     return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
 
 
 @pytest.mark.parametrize("encoding", ["1bit", "fp16"])
-def test_builder_store_verifies_and_fetches_what_was_written(bench, tmp_path: Path, encoding: str) -> None:
-    root = tmp_path / "store"
-    build = bench.build_store(root, PASSAGES, PER_SHARD, encoding, seed=SEED, pool_tokens=4096)
+def test_builder_store_verifies_and_fetches_what_was_written(
+    bench, request: pytest.FixtureRequest, tmp_path: Path, encoding: str
+) -> None:
+    if encoding == "1bit":
+        root, build = request.getfixturevalue("one_bit")
+    else:
+        root = tmp_path / "store"
+        build = bench.build_store(root, PASSAGES, PER_SHARD, encoding, seed=SEED, pool_tokens=4096)
     assert (build["passages"], build["shards"]) == (PASSAGES, 2)
     report = verify_store(root)
     assert report.ok, report.problems
@@ -63,9 +75,8 @@ def test_builder_store_verifies_and_fetches_what_was_written(bench, tmp_path: Pa
             np.testing.assert_allclose(passage.states, expected.astype(passage.states.dtype), rtol=rtol, atol=atol)
 
 
-def test_measure_open_and_report_run_on_a_tiny_store(bench, tmp_path: Path) -> None:
-    root = tmp_path / "store"
-    bench.build_store(root, PASSAGES, PER_SHARD, "1bit", seed=SEED, pool_tokens=4096)
+def test_measure_open_and_report_run_on_a_tiny_store(bench, one_bit: tuple[Path, dict]) -> None:
+    root, _ = one_bit
     opened = bench.measure_open(root, PASSAGES, lookups=20, fetch=10, seed=0, drop_cache=False)
     assert opened["fetch_passages"] == 10 and opened["open_s"] > 0 and not opened["fetch_first_is_cold"]
     disk = bench.disk_sizes(root)
@@ -82,12 +93,12 @@ def test_measure_open_and_report_run_on_a_tiny_store(bench, tmp_path: Path) -> N
     assert ten_million["basis"] in rendered and "not recorded" in rendered  # a build without CPU seconds
 
 
-def test_two_jobs_write_the_same_store_as_one(bench, tmp_path: Path) -> None:
-    one = bench.build_store(tmp_path / "one", PASSAGES, PER_SHARD, "1bit", seed=SEED, pool_tokens=4096)
+def test_two_jobs_write_the_same_store_as_one(bench, one_bit: tuple[Path, dict], tmp_path: Path) -> None:
+    root_one, one = one_bit
     two = bench.build_store(tmp_path / "two", PASSAGES, PER_SHARD, "1bit", seed=SEED, pool_tokens=4096, jobs=2)
     assert (two["jobs"], two["tokens"]) == (2, one["tokens"]) and two["write_cpu_s"] > 0
     assert verify_store(tmp_path / "two").ok
-    files_one, files_two = _files(tmp_path / "one"), _files(tmp_path / "two")
+    files_one, files_two = _files(root_one), _files(tmp_path / "two")
     assert sorted(files_one) == sorted(files_two)
     assert [name for name in files_one if name != "manifest.json" and files_one[name] != files_two[name]] == []
 
