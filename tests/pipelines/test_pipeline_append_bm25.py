@@ -70,26 +70,36 @@ def search(*searches: tuple[Path, str]) -> list[dict[str, float]]:
     return json.loads(found.stdout.strip().splitlines()[-1])
 
 
-def index_and_read(store: Path, model: Path, questions: Path) -> tuple[dict, dict, dict, dict]:
-    """(index --json, evaluate-qa --json without its timing, its predictions, ask --json without timings).
+def index_and_read(stores: list[Path], model: Path, questions: Path) -> list[tuple[dict, dict, dict, dict]]:
+    """For each store: (index --json, evaluate-qa --json without its timing, its predictions, ask --json without
+    timings).
 
-    The three commands run in one process, one after another, as a user runs them.
+    The commands run in one process, one after another, as a user runs them (one torch import and one JVM for
+    all the stores: a process per store took 10-13 s each).
     """
-    predictions = store.with_name(store.name + "-predictions.json")
     common = ["--model", str(model), "--top-p", "3", "--threads", "1"]
-    indexed, evaluated, asked = dilstore_commands(
-        ["index", str(store), "--json"],
-        ["evaluate-qa", str(store), "--questions", str(questions), "--json", "--predictions", str(predictions),
-         *common],
-        ["ask", str(store), QUESTIONS[1]["question"], "--json", *common],
-    )
-    for done in (indexed, evaluated, asked):
-        assert done.returncode == 0, done.stderr
-    summary, answer = (json.loads(done.stdout.strip().splitlines()[-1]) for done in (evaluated, asked))
-    for document in (summary, answer):
-        document.pop("seconds", None)
-        document.pop("timings", None)
-    return json.loads(indexed.stdout), summary, json.loads(predictions.read_text()), answer
+    commands = []
+    for store in stores:
+        predictions = store.with_name(store.name + "-predictions.json")
+        commands += [
+            ["index", str(store), "--json"],
+            ["evaluate-qa", str(store), "--questions", str(questions), "--json", "--predictions", str(predictions),
+             *common],
+            ["ask", str(store), QUESTIONS[1]["question"], "--json", *common],
+        ]
+    done = dilstore_commands(*commands)
+    results = []
+    for position, store in enumerate(stores):
+        indexed, evaluated, asked = done[3 * position : 3 * position + 3]
+        for command in (indexed, evaluated, asked):
+            assert command.returncode == 0, command.stderr
+        summary, answer = (json.loads(command.stdout.strip().splitlines()[-1]) for command in (evaluated, asked))
+        for document in (summary, answer):
+            document.pop("seconds", None)
+            document.pop("timings", None)
+        predictions = store.with_name(store.name + "-predictions.json")
+        results.append((json.loads(indexed.stdout), summary, json.loads(predictions.read_text()), answer))
+    return results
 
 
 def test_ask_and_evaluate_qa_over_a_then_b_equal_the_one_run_store(tmp_path: Path) -> None:
@@ -98,9 +108,9 @@ def test_ask_and_evaluate_qa_over_a_then_b_equal_the_one_run_store(tmp_path: Pat
     precompute(model, write_jsonl(tmp_path / "all.jsonl", DOCUMENTS), tmp_path / "union")
     precompute(model, write_jsonl(tmp_path / "a.jsonl", DOCUMENTS[::2]), tmp_path / "store")
     precompute(model, write_jsonl(tmp_path / "b.jsonl", DOCUMENTS[1::2]), tmp_path / "store", "--append")
-    indexed, *whole = index_and_read(tmp_path / "union", model, questions)
-    assert indexed["files"] == 2
-    indexed, *appended = index_and_read(tmp_path / "store", model, questions)
+    (indexed_whole, *whole), (indexed, *appended) = index_and_read([tmp_path / "union", tmp_path / "store"], model,
+                                                                   questions)  # fmt: skip
+    assert indexed_whole["files"] == 2
     assert indexed["files"] == 4  # two parts of A, two of B
     query = "atomic number of oxygen"
     hits, hits_whole = search((tmp_path / "store", query), (tmp_path / "union", query))
