@@ -43,13 +43,12 @@ from dilstore.pipelines.part_files import PASSAGES_DIR
 from dilstore.storage.append import AppendMismatchError, check_appendable, first_free_shard, remove_leftovers
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, listed
 from dilstore.storage.format import append_dir
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
 from dilstore.storage.reader import open_store
 
-_SHOWN = 5
 
 
 @dataclass(frozen=True)
@@ -138,9 +137,9 @@ def refuse_duplicates(store: Path, job: PrecomputeJob) -> None:
         stored = list(dict.fromkeys(passage_id for passage_id in passage_ids if passage_id in opened))
     found = []
     if twice:
-        found.append(f"{len(twice)} document ids occur more than once in the input: {_listed(twice)}")
+        found.append(f"{len(twice)} document ids occur more than once in the input: {listed(twice)}")
     if stored:
-        found.append(f"{len(stored)} passage ids are in {store} already: {_listed(stored)}")
+        found.append(f"{len(stored)} passage ids are in {store} already: {listed(stored)}")
     if found:
         raise DilstoreError(f"--append: {'; '.join(found)}; pass --replace to keep the first copy of each document "
                             "and let the new rows win over the stored ones")
@@ -172,9 +171,3 @@ def _passage_tables(folder: Path) -> list[Path]:
 
 def _column(table: Path, name: str) -> list[str]:
     return pq.read_table(table, columns=[name]).column(name).to_pylist()
-
-
-def _listed(ids: list[str]) -> str:
-    """The first few ids, quoted, and how many more."""
-    more = f" (and {len(ids) - _SHOWN} more)" if len(ids) > _SHOWN else ""
-    return ", ".join(repr(passage_id) for passage_id in ids[:_SHOWN]) + more

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from dilstore.storage.errors import listed
+
 _SHOWN_UNTRACKED = 10
 
 
@@ -104,9 +106,8 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     untracked = report["untracked"]
     if untracked:
-        listed = ", ".join(untracked[:_SHOWN_UNTRACKED])
-        more = f" and {len(untracked) - _SHOWN_UNTRACKED} more" if len(untracked) > _SHOWN_UNTRACKED else ""
-        lines.append(f"not in the manifest (added after finalize, not checked): {listed}{more}")
+        shown = listed(untracked, quoted=False, limit=_SHOWN_UNTRACKED)
+        lines.append(f"not in the manifest (added after finalize, not checked): {shown}")
     if report["ok"]:
         lines.append("OK")
     else:

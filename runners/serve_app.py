@@ -43,11 +43,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dilstore.reader.serving.odqa import OpenDomainReader, Timings, aggregate
-from dilstore.reader.serving.rerank import StoreReranker, named_ids
+from dilstore.reader.serving.rerank import StoreReranker
 from dilstore.reader.retrieval import Bm25Searcher
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import CONTENT_TYPE, Metrics
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, listed
 from dilstore.storage.format import StoreFormatError, StoreReadError
 from dilstore.storage.reader import MissingPassagesError
 
@@ -186,7 +186,7 @@ class RerankService:
                 scores = self.reranker.rerank(request.query, ids)
             except MissingPassagesError as error:  # the library's message suggests skip_missing, which /rerank lacks
                 raise ClientError(422, f"{len(error.missing)} of {len(set(ids))} doc_ids are not in this store: "
-                                       f"{named_ids(error.missing)}") from None  # fmt: skip
+                                       f"{listed(error.missing)}") from None  # fmt: skip
         else:
             if self.searcher is None:
                 raise ClientError(400, "this store has no BM25 index (`dilstore index STORE`); give doc_ids")

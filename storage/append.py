@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from dilstore.storage.codebook import store_codebook_problems
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, listed
 from dilstore.storage.finalize import (
     ShardContents,
     check_agreement,
@@ -70,7 +70,6 @@ from dilstore.storage.id_index import (
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest, write_manifest
 
-_SHOWN = 5
 _HASH_SHOWN = 12  # hex digits of a hash field shown in a mismatch message
 
 
@@ -225,10 +224,8 @@ def merged_index(
     hit = found_shards >= 0
     if hit.any() and not replace:
         repeated = [passage_id for passage_id, found in zip(new_ids, hit, strict=True) if found]
-        shown = ", ".join(repr(passage_id) for passage_id in repeated[:_SHOWN])
-        more = f" (and {len(repeated) - _SHOWN} more)" if len(repeated) > _SHOWN else ""
         raise DuplicatePassageIdError(
-            f"{len(repeated)} passage ids of the append are already in store {location.url}: {shown}{more}; "
+            f"{len(repeated)} passage ids of the append are already in store {location.url}: {listed(repeated)}; "
             "append with --replace to let the new rows win"
         )
     dropped = _retired(old, rows, found_shards[hit], found_rows[hit], retire if replace else ())

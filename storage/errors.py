@@ -1,5 +1,5 @@
-"""The exception type that carries a user-facing message (and its one kind for a run stopped by a signal), and the
-one "must be at least 1" check.
+"""The exception type that carries a user-facing message (and its one kind for a run stopped by a signal), the
+one "must be at least 1" check, and how a message names a few of many items.
 
 It lives in the lowest layer so that every layer above can raise it and the
 command line can turn it into a clear message and a non-zero exit, never a
@@ -8,7 +8,9 @@ traceback.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+SHOWN = 5  # items a message names before "and N more"
 
 
 class DilstoreError(Exception):
@@ -37,3 +39,10 @@ def require_at_least_one(values: Mapping[str, int | None], *, dashed: bool = Tru
         if value is not None and value < 1:
             label = name.replace("_", "-") if dashed else name
             raise DilstoreError(f"{label} must be at least 1, got {value}")
+
+
+def listed(items: Sequence[str], *, quoted: bool = True, limit: int = SHOWN, separator: str = ", ") -> str:
+    """The first `limit` items (each as repr unless not `quoted`) joined by `separator`, then " and N more" when
+    there are more: an error names a few of a long list and counts the rest."""
+    shown = separator.join(repr(item) if quoted else str(item) for item in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")

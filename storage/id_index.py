@@ -24,7 +24,7 @@ import zarr
 
 from dilstore.storage.arrays import write_array
 from dilstore.storage.durability import fsync_dir, fsync_tree
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, listed
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
     FORMAT_NAME,
@@ -40,7 +40,6 @@ from dilstore.storage.format import (
 )
 
 HASH_NAME = "blake2b-64-le"
-_SHOWN = 5
 
 
 class DuplicatePassageIdError(DilstoreError):
@@ -132,9 +131,10 @@ def _reject_duplicates(index: IdIndex, shard_ids: dict[int, Sequence[str]], shar
         places_by_id.setdefault(shard_ids[shard][row], []).append(f"{shard_names[shard]} row {row}")
     duplicates = [(passage_id, places) for passage_id, places in places_by_id.items() if len(places) > 1]
     if duplicates:
-        shown = "; ".join(f"{passage_id!r} in {', '.join(places)}" for passage_id, places in duplicates[:_SHOWN])
-        more = f" (and {len(duplicates) - _SHOWN} more)" if len(duplicates) > _SHOWN else ""
-        raise DuplicatePassageIdError(f"{len(duplicates)} passage ids occur more than once: {shown}{more}")
+        places = [f"{passage_id!r} in {', '.join(where)}" for passage_id, where in duplicates]
+        raise DuplicatePassageIdError(
+            f"{len(duplicates)} passage ids occur more than once: {listed(places, quoted=False, separator='; ')}"
+        )
 
 
 @dataclass(frozen=True)

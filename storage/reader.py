@@ -26,7 +26,7 @@ import zarr
 
 from dilstore.storage.codebook import load_store_codebook
 from dilstore.storage.encodings import get_encoding
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, listed
 from dilstore.storage.fingerprint import Fingerprint, check_fingerprint
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
@@ -44,7 +44,6 @@ from dilstore.storage.records import StoredPassage
 from dilstore.storage.shard import ShardReader, read_ranges
 
 ReadPath = Literal["auto", "mmap", "ranged", "zarr"]
-_SHOWN = 5
 _OPEN_THREADS = 8  # remote shards opened at once by one fetch
 _OPEN_ATTEMPTS = 3  # tries at reading a manifest and opening its index while appends commit (_open_commit)
 
@@ -168,10 +167,9 @@ class Store:
         self._open_concurrently(passage_ids, index)
         shards, rows, missing = index.locate(passage_ids, self._id_at)
         if missing:
-            shown = ", ".join(repr(passage_id) for passage_id in missing[:_SHOWN])
-            more = f" and {len(missing) - _SHOWN} more" if len(missing) > _SHOWN else ""
             raise MissingPassagesError(
-                f"{len(missing)} of {len(passage_ids)} requested passage ids are not in store {self.url}: {shown}{more}",
+                f"{len(missing)} of {len(passage_ids)} requested passage ids are not in store {self.url}: "
+                f"{listed(missing)}",
                 missing,
             )
         touched = [(self.shard(shard), np.flatnonzero(shards == shard)) for shard in np.unique(shards).tolist()]

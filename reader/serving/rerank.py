@@ -72,7 +72,7 @@ from dilstore.reader.packaged.shipped import default_listformer_dir, default_ran
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_query
-from dilstore.storage.errors import DilstoreError, require_at_least_one
+from dilstore.storage.errors import DilstoreError, listed, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import MissingPassagesError, Store, open_store
 from dilstore.storage.records import StoredPassage
@@ -87,7 +87,6 @@ DEFAULT_DEPTH = 100
 DEFAULT_PAIR_BATCH_TOKENS = 8192
 DEFAULT_MAX_PAIRS_PER_BATCH = 64
 STAGES = ("query_layers", "store_read", "judge")
-_SHOWN = 5
 # The ranker a StoreReranker subclass scores with.
 RankerT = TypeVar("RankerT", EarlRanker, ListformerRanker)
 
@@ -154,7 +153,7 @@ def require_topics(topics: Mapping[str, str], run: Run, source: str = "the topic
     """Raise DilstoreError naming the run's queries that have no topic in `topics` (read from `source`)."""
     missing = [qid for qid in run if qid not in topics]
     if missing:
-        raise DilstoreError(f"{len(missing)} query(ies) of the run have no topic in {source}: {named_ids(missing)}")
+        raise DilstoreError(f"{len(missing)} query(ies) of the run have no topic in {source}: {listed(missing)}")
 
 
 def require_rerank_store(store: Store) -> str:
@@ -294,7 +293,7 @@ class StoreReranker(ABC, Generic[RankerT]):
                 if not skip_missing:
                     raise MissingPassagesError(
                         f"{len(error.missing)} of {len(doc_ids)} documents to rerank are not in store "
-                        f"{self.store.url}: {named_ids(error.missing)}; leave them out with skip_missing "
+                        f"{self.store.url}: {listed(error.missing)}; leave them out with skip_missing "
                         "(--skip-missing)",
                         error.missing,
                     ) from None
@@ -443,7 +442,3 @@ def _require_kind(store: Store, kinds: Sequence[str], needed: str) -> str:
     return store.kind
 
 
-def named_ids(names: Sequence[str]) -> str:
-    """The first few names, quoted, and how many more there are."""
-    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
-    return ", ".join(repr(name) for name in names[:_SHOWN]) + more
