@@ -135,7 +135,9 @@ def build_index(store: PathLike, *, threads: int = 1) -> Path:
     _check("threads", threads, (int,), "a positive integer")
     args = _parsed(lambda: build_parser().parse_args(["index", str(store), "--threads", str(threads)]))
     args.run(args)
-    return Path(store) / "bm25"
+    from dilstore.reader.retrieval import bm25_index_dir
+
+    return bm25_index_dir(store)
 
 
 def evaluate_qa(

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 # Padded tokens per batch: 64 passages of 128 tokens. Bounds activation memory per forward.
 DEFAULT_BATCH_TOKENS = 8192
 DEFAULT_MAX_BATCH_SIZE = 128
+# Online, per batch of question–passage (or query–document) pairs: padded tokens, and pairs.
+DEFAULT_PAIR_BATCH_TOKENS = 8192
+DEFAULT_MAX_PAIRS_PER_BATCH = 64
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,31 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 INDEX_RECORD = "dilstore-index.json"  # beside Lucene's files: the state of the store the index covers
+BM25_INDEX_DIR = "bm25"  # STORE/bm25: where `dilstore index STORE` puts a store's index
 _JAVA_INT_MAX = 2**31 - 1
 
 _JVM_LOCK = threading.Lock()
 _JVM_STARTED = False
 _BUILDS: dict[Path, threading.Thread] = {}  # index folder → the thread still building it (build_bm25_index)
+
+
+def bm25_index_dir(store_path: str | Path) -> Path:
+    """Where `dilstore index STORE` puts the store's Lucene index: STORE/bm25, for a store on the local filesystem.
+
+    Lucene reads only local files, so a store at a URL (http://, s3://, ...)
+    has no default index: a DilstoreError asks for a local one (`--index`).
+    """
+    if "://" not in str(store_path):
+        return Path(store_path) / BM25_INDEX_DIR
+    from dilstore.storage.location import StoreLocation
+
+    local = StoreLocation.parse(store_path).local_root
+    if local is None:
+        raise DilstoreError(
+            f"store {store_path} is not on the local filesystem, and its BM25 index must be (Lucene reads only "
+            "local files): give a local copy of the store's bm25/ folder with --index DIR"
+        )
+    return local / BM25_INDEX_DIR
 
 
 def start_jvm(max_heap: str = "4g") -> None:

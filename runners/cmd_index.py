@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dilstore.reader.retrieval import bm25_index_dir
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.storage.errors import DilstoreError
@@ -34,7 +35,6 @@ from dilstore.storage.write_lock import INDEX_ROLE, write_lock
 if TYPE_CHECKING:
     from dilstore.storage.manifest import Manifest
 
-BM25_DIR = "bm25"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -103,7 +103,7 @@ def run_command(args: argparse.Namespace) -> int:
         raise DilstoreError(f"no store at {store}")
     if not collection.is_dir():
         raise DilstoreError(f"{store} has no passage collection at {collection}; was it made by `dilstore precompute`?")
-    target = store / BM25_DIR
+    target = bm25_index_dir(store)
     started = time.time()
     with write_lock(store, INDEX_ROLE, doing="indexed"):
         manifest = read_manifest(StoreLocation.parse(store))

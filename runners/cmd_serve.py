@@ -216,8 +216,8 @@ def open_served_store(
     from dilstore.storage.location import StoreLocation
 
     info = store_info(path)  # first: a path without a store is named before the model stack loads
-    from dilstore.reader.retrieval import Bm25Searcher
-    from dilstore.reader.serving.odqa import bm25_index_dir, open_reader
+    from dilstore.reader.retrieval import Bm25Searcher, bm25_index_dir
+    from dilstore.reader.serving.odqa import open_reader
     from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
     from dilstore.runners.serve_app import AskService, RerankService, ServedStore
 

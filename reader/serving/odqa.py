@@ -34,13 +34,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from dilstore.reader.batching import BatchPolicy, length_batches, pad_id, pad_token_ids
+from dilstore.reader.batching import (
+    DEFAULT_MAX_PAIRS_PER_BATCH,
+    DEFAULT_PAIR_BATCH_TOKENS,
+    BatchPolicy,
+    length_batches,
+    pad_id,
+    pad_token_ids,
+)
 from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.online_variants import load_online_variant
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
-from dilstore.reader.retrieval import Bm25Searcher, Hit, check_index_covers
+from dilstore.reader.retrieval import Bm25Searcher, Hit, bm25_index_dir, check_index_covers
 from dilstore.reader.serving.answers import (
     Answer,
     PassageLogits,
@@ -56,20 +63,15 @@ from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
-from dilstore.storage.location import StoreLocation
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import StoredPassage
 
 DEFAULT_TOP_P = 29
 DEFAULT_MU = 0.5
 DEFAULT_MAX_QUESTION_LENGTH = 64
-# Padded (question + passage) tokens per interaction batch, and pairs per batch.
-DEFAULT_PAIR_BATCH_TOKENS = 8192
-DEFAULT_MAX_PAIRS_PER_BATCH = 64
 # Characters per allowed word piece in the cheap pre-check that keeps a huge
 # string away from the tokenizer; real text averages well under 10.
 _CHARS_PER_PIECE_LIMIT = 20
-BM25_INDEX_DIR = "bm25"
 
 
 @dataclass(frozen=True)
@@ -330,23 +332,6 @@ class OpenDomainReader:
             )
             for candidate in candidates
         ]
-
-
-def bm25_index_dir(store_path: str | Path) -> Path:
-    """Where `dilstore index STORE` puts the store's Lucene index: STORE/bm25, for a store on the local filesystem.
-
-    Lucene reads only local files, so a store at a URL (http://, s3://, ...)
-    has no default index: a DilstoreError asks for a local one (`--index`).
-    """
-    if "://" not in str(store_path):
-        return Path(store_path) / BM25_INDEX_DIR
-    local = StoreLocation.parse(store_path).local_root
-    if local is None:
-        raise DilstoreError(
-            f"store {store_path} is not on the local filesystem, and its BM25 index must be (Lucene reads only "
-            "local files): give a local copy of the store's bm25/ folder with --index DIR"
-        )
-    return local / BM25_INDEX_DIR
 
 
 def load_store_model(

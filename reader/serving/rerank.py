@@ -62,7 +62,12 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import torch
 
-from dilstore.reader.batching import BatchPolicy, length_batches
+from dilstore.reader.batching import (
+    DEFAULT_MAX_PAIRS_PER_BATCH,
+    DEFAULT_PAIR_BATCH_TOKENS,
+    BatchPolicy,
+    length_batches,
+)
 from dilstore.reader.data.trec import Run, rank_documents
 from dilstore.reader.modeling.earl import EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
@@ -83,9 +88,6 @@ RERANK_KINDS = (EARL_S1, EARL_S2, LISTFORMER)
 RUN_TAG = "dilstore-earl"
 LISTFORMER_RUN_TAG = "dilstore-listformer"
 DEFAULT_DEPTH = 100
-# Padded (query + document) tokens per judging batch, and pairs per batch.
-DEFAULT_PAIR_BATCH_TOKENS = 8192
-DEFAULT_MAX_PAIRS_PER_BATCH = 64
 STAGES = ("query_layers", "store_read", "judge")
 # The ranker a StoreReranker subclass scores with.
 RankerT = TypeVar("RankerT", EarlRanker, ListformerRanker)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dilstore.reader.retrieval import Bm25Searcher, build_bm25_index, start_jvm
-from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
+from dilstore.reader.retrieval import Bm25Searcher, bm25_index_dir, build_bm25_index, start_jvm
+from dilstore.reader.serving.odqa import OdqaSettings, open_reader
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import MissingPassagesError
