@@ -91,7 +91,7 @@ def route(
         yield (REJECTED, rejected_part(record, shards)), record
         return
     if isinstance(record, Skipped):
-        yield (COUNTS, stable_hash(f"{record.source}\0{record.line_or_id}") % shards), RunStats(skipped=1)
+        yield (COUNTS, source_part(record.source, record.line_or_id, shards)), RunStats(skipped=1)
         return
     position = record.line if record.line is not None else record.id
     if settings.strategy == "none" and _WINDOW_ID.fullmatch(record.id):
@@ -128,7 +128,13 @@ def route(
 
 def rejected_part(record: Rejected, num_shards: int) -> int:
     """The dead-letter file a rejected record goes to (a stable hash of where it came from)."""
-    return stable_hash(f"{record.source}\0{record.line_or_id}") % num_shards
+    return source_part(record.source, record.line_or_id, num_shards)
+
+
+def source_part(source: str, line_or_id: int | str, num_shards: int) -> int:
+    """The part a record that stores nothing is counted in or written to: a stable hash of where it came from
+    (its file, and its line or id), so dead letters and skips spread over the parts alike in every run."""
+    return stable_hash(f"{source}\0{line_or_id}") % num_shards
 
 
 def shard_seeds(num_shards: int) -> list[tuple[GroupKey, None]]:
