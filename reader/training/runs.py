@@ -104,9 +104,8 @@ def start_run(
     if not resume:
         refuse_an_earlier_run(output_dir)
         return RunStart(output_dir, chosen, None)
-    checkpoint = resume_point(output_dir, config)
     refuse_a_finished_run(output_dir)
-    return RunStart(output_dir, chosen, checkpoint)
+    return RunStart(output_dir, chosen, resume_point(output_dir, config))
 
 
 def refuse_an_earlier_run(output_dir: Path) -> None:

@@ -128,6 +128,7 @@ def test_resume_continues_exactly_where_the_run_stopped(
 def test_resume_refuses_changed_settings(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
     config = TrainingConfig(layers=1, epochs=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
     train_qa(tiny_base, squad_file, tmp_path, config, command="c", progress=False)
+    cut_after_last_checkpoint(tmp_path)
     with pytest.raises(DilstoreError, match="learning_rate"):
         train_qa(tiny_base, squad_file, tmp_path, replace(config, learning_rate=1.0), command="c", resume=True)
 
@@ -139,6 +140,7 @@ def test_resume_refuses_a_checkpoint_whose_weights_changed_since_it_was_saved(
     """Zeroing 4 KiB inside model.safetensors left a file that loads: the run resumed from damaged weights."""
     config = TrainingConfig(layers=1, epochs=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
     train_qa(tiny_base, squad_file, tmp_path, config, command="c", progress=False)
+    cut_after_last_checkpoint(tmp_path)
     checkpoint = tmp_path / "checkpoints" / "step-0000001"
     weights = checkpoint / "model.safetensors"
     if damage == "zeroed":

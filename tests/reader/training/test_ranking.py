@@ -29,6 +29,7 @@ from dilstore.reader.training.ranking import (
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.ranking_fixtures import OVERFIT_TRIPLES, write_overfit_files
+from tests.fixtures.training_runs import cut_after_last_checkpoint
 
 SMALL = dict(negatives=2, max_query_length=16, max_doc_length=24, log_every=1000)
 
@@ -123,6 +124,7 @@ def test_resume_refuses_changed_settings_or_a_missing_checkpoint(
     with pytest.raises(DilstoreError, match="no complete checkpoint"):
         train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="c", resume=True)
     train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="c", progress=False)
+    cut_after_last_checkpoint(tmp_path)
     with pytest.raises(DilstoreError, match="learning_rate"):
         train_ranker(tiny_base, triples, paragraphs, tmp_path, replace(config, learning_rate=1.0), command="c",
                      resume=True)  # fmt: skip

@@ -133,9 +133,20 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_the_run_is_kept(
                                             r"dilstore_training.json\): continue it with --resume"):  # fmt: skip
         train_qa(tiny_base, squad_file, tmp_path, other, command="t", progress=False)
     assert (tmp_path / "run_config.json").read_bytes() == recorded
+    with pytest.raises(DilstoreError, match=r"finished \(step 2 of 2, dilstore_training.json\): nothing to resume"):
+        train_qa(tiny_base, squad_file, tmp_path, other, command="t", resume=True, progress=False)
+    cut_after_last_checkpoint(tmp_path)
     with pytest.raises(DilstoreError, match=r"settings differ from the interrupted run .*learning_rate"):
         train_qa(tiny_base, squad_file, tmp_path, other, command="t", resume=True, progress=False)
-    with pytest.raises(DilstoreError, match=r"finished \(step 2 of 2, dilstore_training.json\): nothing to resume"):
+
+
+def test_resume_of_a_finished_run_without_checkpoints_says_it_finished(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """With no periodic checkpoint (--save-every 0, no minutes), --resume said "no complete checkpoint"."""
+    config = TrainingConfig(layers=1, max_steps=1, batch_size=2, save_every=0, save_every_minutes=0, **SMALL_WINDOWS)
+    train_qa(tiny_base, squad_file, tmp_path, config, command="t", progress=False)
+    with pytest.raises(DilstoreError, match=r"finished \(step 1 of 1, dilstore_training.json\): nothing to resume"):
         train_qa(tiny_base, squad_file, tmp_path, config, command="t", resume=True, progress=False)
 
 
