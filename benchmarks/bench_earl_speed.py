@@ -43,7 +43,7 @@ import torch
 from random_models import write_random_bert_base
 from transformers import BertModel
 
-from dilstore.reader.batching import pad_token_ids
+from dilstore.reader.batching import pad_id, pad_token_ids
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.cross_encoder import CrossEncoderRanker
 from dilstore.reader.modeling.earl import EarlRanker
@@ -157,7 +157,7 @@ def time_cross(
         with torch.inference_mode():
             for first in range(0, candidates, batch):
                 chunk = pairs[first : first + batch]
-                ids, mask = pad_token_ids([pair for pair, _ in chunk], model.tokenizer.pad_token_id)  # (b, L) each
+                ids, mask = pad_token_ids([pair for pair, _ in chunk], pad_id(model.tokenizer))  # (b, L) each
                 segments = torch.zeros_like(ids)  # (b, L)
                 for row, (_, query_length) in enumerate(chunk):
                     segments[row, query_length:] = 1

@@ -51,7 +51,7 @@ from random_models import write_random_bert_base
 from transformers import BertForQuestionAnswering
 
 from dilstore.pipelines.passages import Passage
-from dilstore.reader.batching import BatchPolicy, length_batches, pad_token_ids
+from dilstore.reader.batching import BatchPolicy, length_batches, pad_id, pad_token_ids
 from dilstore.reader.data.squad import load_open_questions, load_squad
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
@@ -113,7 +113,7 @@ def pair_batches(question_lengths: list[int], passage_lengths: list[int], policy
 
 def time_full_model(full: DilBertReader, question_ids: list, passage_ids: list, policy: BatchPolicy) -> float:
     """Seconds for layers 1..l + head over every pair of the given questions × passages."""
-    pad = full.tokenizer.pad_token_id or 0
+    pad = pad_id(full.tokenizer)
     batches = pair_batches([len(ids) for ids in question_ids], [len(ids) for ids in passage_ids], policy)
     started = time.perf_counter()
     with torch.inference_mode():
@@ -126,7 +126,7 @@ def time_full_model(full: DilBertReader, question_ids: list, passage_ids: list, 
 
 def time_question_layers(reader: DilBertReader, question_ids: list) -> float:
     """Seconds for layers 1..k over all questions in one padded batch."""
-    pad = reader.tokenizer.pad_token_id or 0
+    pad = pad_id(reader.tokenizer)
     started = time.perf_counter()
     with torch.inference_mode():
         ids, mask = pad_token_ids(question_ids, pad)  # (q, nq)

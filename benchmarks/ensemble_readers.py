@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from dilstore.reader.batching import pad_id
 from dilstore.reader.data.qa_batches import QABatch
 from dilstore.reader.data.qa_features import window_features
 from dilstore.reader.data.squad import load_squad
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     examples = select_examples(load_squad(args.data), args.limit, args.seed)
     settings = ReadingSettings()
     features = window_features(readers[0].tokenizer, examples, settings, labelled=False)
-    pad = readers[0].tokenizer.pad_token_id
+    pad = pad_id(readers[0].tokenizer)
     record: list[list[Logits]] = []
     started = time.perf_counter()
     ensemble = recorded_scorer(readers, len(args.members), record)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
@@ -50,6 +51,9 @@ def write_into(base: Path, into: Path, write: Callable[[Path], Path]) -> Path:
         raise DilstoreError(f"--into {into} exists; give a new folder, or --base itself")
     into.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{into.name}.", dir=into.parent))
+    mask = os.umask(0)
+    os.umask(mask)
+    staged.chmod(0o777 & ~mask)  # mkdtemp's 0700 would keep the packaged checkpoint from other accounts
     try:
         for path in base.iterdir():
             if path.is_file() and not path.name.startswith("online-"):

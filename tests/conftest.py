@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.paths import ROOT, SHARED_DATA
+from tests.fixtures.paths import SHARED_DATA
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ again; a run without `--store-encoding` is refused.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,6 @@ def test_a_checkpoint_refused_at_the_variant_leaves_no_into_behind(
         assert sorted(path.name for path in into.iterdir() if path.name.startswith("online-")) == [
             "online-2bit.safetensors"
         ]
+        mask = os.umask(0)
+        os.umask(mask)
+        assert into.stat().st_mode & 0o777 == 0o777 & ~mask, "a folder as mkdir makes it, not mkdtemp's 0700"
