@@ -105,26 +105,30 @@ def precompute(**options: Any) -> Path:
     from dilstore.runners.cli import build_parser, parse
     from dilstore.runners.cmd_precompute import DEFAULT_OUTPUT, precompute_store
 
-    args = _parsed(lambda: parse(build_parser(), ["precompute", *_flags(options)]))
+    args = _parsed("precompute", lambda: parse(build_parser(), ["precompute", *_flags(options)]))
     _, empty = precompute_store(args)
     if empty is not None:
         raise DilstoreError(empty)
     return Path(args.output if args.output is not None else DEFAULT_OUTPUT)
 
 
-def _parsed(parse_arguments: Callable[[], argparse.Namespace]) -> argparse.Namespace:
+def _parsed(command: str, parse_arguments: Callable[[], argparse.Namespace]) -> argparse.Namespace:
     """The command's arguments as its parser reads them; its error line as a DilstoreError, not an exit.
 
     argparse prints a usage block and `dilstore CMD: error: ...` to stderr, then exits 2, which would end the
-    caller's process; the error line becomes the exception's message, and nothing is printed.
+    caller's process; the error line becomes the exception's message, and nothing is printed (a help option,
+    which would print the usage on the caller's stdout and exit 0, is refused too).
     """
-    printed = io.StringIO()
+    errors, output = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stderr(printed):
+        with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(output):
             return parse_arguments()
     except SystemExit:
-        lines = printed.getvalue().strip().splitlines()
-        raise DilstoreError(lines[-1] if lines else "invalid options") from None
+        lines = errors.getvalue().strip().splitlines()
+        if lines:
+            raise DilstoreError(lines[-1]) from None
+        raise DilstoreError(f"the options ask for {command}'s usage, which `dilstore {command} --help` prints; "
+                            "nothing was run") from None  # fmt: skip
 
 
 def build_index(store: PathLike, *, threads: int = 1) -> Path:
@@ -133,7 +137,7 @@ def build_index(store: PathLike, *, threads: int = 1) -> Path:
 
     _check("store", store, _PATH, "a store folder")
     _check("threads", threads, (int,), "a positive integer")
-    args = _parsed(lambda: build_parser().parse_args(["index", str(store), "--threads", str(threads)]))
+    args = _parsed("index", lambda: build_parser().parse_args(["index", str(store), "--threads", str(threads)]))
     args.run(args)
     from dilstore.reader.retrieval import bm25_index_dir
 
