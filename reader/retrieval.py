@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 INDEX_RECORD = "dilstore-index.json"  # beside Lucene's files: the state of the store the index covers
-BM25_INDEX_DIR = "bm25"  # STORE/bm25: where `dilstore index STORE` puts a store's index
+BM25_INDEX_DIR = "bm25"
+# The environment switch of quiet commands: set by dilstore.runners.quiet (a layer above), read here.
+QUIET_ENV = "DILSTORE_QUIET"  # STORE/bm25: where `dilstore index STORE` puts a store's index
 _JAVA_INT_MAX = 2**31 - 1
 
 _JVM_LOCK = threading.Lock()
@@ -88,8 +90,8 @@ def start_jvm(max_heap: str = "4g") -> None:
 
 
 def _quiet() -> bool:
-    """Whether the command runs quiet (no --verbose): see dilstore.runners.quiet, which sets DILSTORE_QUIET."""
-    return os.environ.get("DILSTORE_QUIET") == "1"
+    """Whether the command runs quiet (no --verbose): dilstore.runners.quiet sets QUIET_ENV (in Beam's workers too)."""
+    return os.environ.get(QUIET_ENV) == "1"
 
 
 def build_bm25_index(collection_dir: Path, index_dir: Path, threads: int = 1) -> None:

@@ -23,8 +23,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-# The environment switch that dilstore.reader.retrieval reads (also in Beam's workers).
-QUIET_ENV = "DILSTORE_QUIET"
+from dilstore.reader.retrieval import QUIET_ENV
+
 # Lines that Beam's worker processes print and a user has no use for.
 _WORKER_NOISE = ("apitools not found", "Logging handler created", "bigquery client libraries are not available")
 
