@@ -52,6 +52,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.text.files import read_json
 from dilstore.reader.training.state import (
     LoopPosition,
     latest_checkpoint,
@@ -328,7 +329,7 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
         raise DilstoreError(f"--resume: no complete checkpoint under {checkpoints}")
     saved_file = Path(output_dir) / RUN_CONFIG_FILE
     if saved_file.is_file():
-        saved = json.loads(saved_file.read_text(encoding="utf-8"))["config"]
+        saved = read_run_settings(saved_file)
         defaults = {
             item.name: item.metadata["before"](saved) if "before" in item.metadata else item.default
             for item in fields(config)
@@ -343,6 +344,17 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
             raise DilstoreError(f"--resume: settings differ from the interrupted run ({saved_file}): {differing}")
     verify_checkpoint(found)
     return found
+
+
+def read_run_settings(path: Path) -> dict[str, Any]:
+    """The settings ("config") write_run_config recorded in `path`; a DilstoreError naming the file when it holds
+    none (cut short or edited by hand: a JSONDecodeError or KeyError traceback on --resume)."""
+    document = read_json(path)
+    settings = document.get("config") if isinstance(document, dict) else None
+    if not isinstance(settings, dict):
+        raise DilstoreError(f"--resume: {path} holds no run settings (a JSON object with a \"config\" object); "
+                            "it cannot tell whether this command continues that run")  # fmt: skip
+    return settings
 
 
 def write_run_config(output_dir: Path, config: LoopSettings, command: str, inputs: Mapping[str, object]) -> None:

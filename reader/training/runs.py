@@ -44,6 +44,7 @@ from dilstore.reader.training.loop import (
     write_run_config,
     write_training_record,
 )
+from dilstore.reader.text.files import read_json
 from dilstore.reader.training.state import LoopPosition, file_sha256, latest_checkpoint
 from dilstore.storage.errors import DilstoreError
 
@@ -179,7 +180,8 @@ def refuse_other_inputs(output_dir: Path, digests: Mapping[str, str]) -> None:
     triples or SQuAD file would mix two datasets under one record. Runs
     recorded before digests were kept are not checked.
     """
-    recorded = json.loads((output_dir / RUN_CONFIG_FILE).read_text(encoding="utf-8")).get(INPUT_DIGESTS, {})
+    record = output_dir / RUN_CONFIG_FILE
+    recorded = read_json(record).get(INPUT_DIGESTS, {}) if record.is_file() else {}
     differing = sorted(name for name, digest in recorded.items() if digests.get(name, digest) != digest)
     if differing:
         raise DilstoreError(

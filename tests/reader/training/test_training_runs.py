@@ -6,6 +6,7 @@ The tiny random reader keeps each run to a second or two.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -138,6 +139,19 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_the_run_is_kept(
     cut_after_last_checkpoint(tmp_path)
     with pytest.raises(DilstoreError, match=r"settings differ from the interrupted run .*learning_rate"):
         train_qa(tiny_base, squad_file, tmp_path, other, command="t", resume=True, progress=False)
+
+
+@pytest.mark.parametrize("content", ['{"config": {"layers"', '{"command": "c"}', "[]"])
+def test_resume_with_a_damaged_run_config_names_the_file(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, content: str
+) -> None:
+    """A run_config.json cut short or edited was a JSONDecodeError or KeyError traceback on --resume."""
+    config = TrainingConfig(layers=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
+    train_qa(tiny_base, squad_file, tmp_path, config, command="t", progress=False)
+    cut_after_last_checkpoint(tmp_path)
+    (tmp_path / "run_config.json").write_text(content, encoding="utf-8")
+    with pytest.raises(DilstoreError, match=re.escape(str(tmp_path / "run_config.json"))):
+        train_qa(tiny_base, squad_file, tmp_path, config, command="t", resume=True, progress=False)
 
 
 def test_resume_of_a_finished_run_without_checkpoints_says_it_finished(
