@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from dilstore.storage.atomic_files import remove_stale_writes
 from dilstore.storage.codebook import store_codebook_problems
 from dilstore.storage.errors import DilstoreError, listed
 from dilstore.storage.finalize import (
@@ -55,6 +56,7 @@ from dilstore.storage.format import (
     INDEX_HASHES,
     INDEX_ROWS,
     INDEX_SHARDS,
+    SHARDS_DIR,
     append_dir,
     shard_path,
 )
@@ -129,6 +131,7 @@ def commit_append(
     if any(record.get("generation") == generation for record in base.appends):
         raise DilstoreError(f"{root}: append {generation} is committed already")
     folder = append_dir(generation)
+    remove_stale_writes(root / folder, skip=(SHARDS_DIR, INDEX_DIR))
     contents = _new_shards(root / folder, base, fingerprint, generation)
     entries = tuple(
         ShardEntry(index=index, name=content.name, passages=content.attributes.passages,

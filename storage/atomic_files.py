@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
 from dilstore.storage.durability import fsync_dir
@@ -59,3 +60,23 @@ def _umask() -> int:
 def atomic_write_text(path: Path, text: str, *, create_parents: bool = True) -> None:
     """Write `text` as UTF-8 to `path` atomically (see atomic_write_bytes)."""
     atomic_write_bytes(path, text.encode("utf-8"), create_parents=create_parents)
+
+
+def remove_stale_writes(folder: Path, skip: Collection[str] = ()) -> list[Path]:
+    """Delete the temporaries of atomic writes killed midway below `folder` (its subfolders named in `skip`
+    left alone); the paths removed.
+
+    A SIGKILL between mkstemp and the rename leaves one such file (`.tmp-NAME.XXXX.tmp`) beside the part it
+    was writing; a re-run writes the part again under its own name, and the temporary stayed in the store for
+    good. Call this only where no writer is at work: finalize and commit_append run after every shard's.
+    """
+    removed = []
+    for entry in Path(folder).iterdir():
+        if entry.name in skip:
+            continue
+        found = entry.rglob(f"{TMP_PREFIX}*.tmp") if entry.is_dir() else [entry]
+        for path in found:
+            if path.is_file() and path.name.startswith(TMP_PREFIX) and path.name.endswith(".tmp"):
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed

@@ -6,7 +6,8 @@ index and last the manifest, atomically: a store with a manifest is complete.
 Shard files keep the checksums their writers recorded (storage/checksums.py);
 every other file present (the index, files other layers put there) is hashed.
 Leftover temporary shard directories of crashed or duplicate workers are
-removed; any other entry under `shards/` is an error.
+removed, and so are the temporaries of part files a killed run was writing
+(passages/, rejected/); any other entry under `shards/` is an error.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import zarr
 
 from dilstore.storage.arrays import decode_string
+from dilstore.storage.atomic_files import remove_stale_writes
 from dilstore.storage.checksums import read_checksums
 from dilstore.storage.codebook import CODEBOOK_DIR, store_codebook_problems
 from dilstore.storage.errors import DilstoreError
@@ -86,6 +88,7 @@ def finalize(
         raise DilstoreError(f"no store directory at {root}")
     (root / MANIFEST_FILE).unlink(missing_ok=True)
     _remove_stale_temporaries(root)
+    remove_stale_writes(root, skip=(SHARDS_DIR, INDEX_DIR))
     location = StoreLocation.parse(root)
     indices = committed_shards(root)
     if expected_shards is not None and indices != list(range(expected_shards)):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dilstore.storage.atomic_files import atomic_write_bytes, atomic_write_text
+from dilstore.storage.atomic_files import atomic_write_bytes, atomic_write_text, remove_stale_writes
 from tests.fixtures.store_fixtures import build_store, passage
 
 
@@ -50,3 +50,19 @@ def test_every_file_of_a_store_has_the_mode_of_a_plain_new_file(tmp_path: Path) 
     modes = {str(path.relative_to(store)): mode(path) for path in store.rglob("*") if path.is_file()}
     assert "manifest.json" in modes
     assert {name: m for name, m in modes.items() if m != mode(reference)} == {}
+
+
+def test_finalize_removes_what_killed_atomic_writes_left_and_nothing_else(tmp_path: Path) -> None:
+    """A run SIGKILLed while it wrote a part file left `.tmp-part-00000.jsonl.XXXX.tmp` beside it; the re-run
+    wrote the part again and finalized, and the temporary stayed in the store (found by the resume test)."""
+    rng = np.random.default_rng(0)
+    records = [[passage("a", 5, (8,), rng)], [passage("b", 3, (8,), rng)]]
+    stale = [tmp_path / "store" / "passages" / "jsonl" / ".tmp-part-00000.jsonl.dn7rz7fk.tmp",
+             tmp_path / "store" / "rejected" / ".tmp-part-00001.jsonl.x1.tmp"]  # fmt: skip
+    kept = [tmp_path / "store" / "passages" / "jsonl" / "part-00000.jsonl", tmp_path / "store" / "notes.tmp"]
+    for path in (*stale, *kept):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x", encoding="utf-8")
+    store = build_store(tmp_path / "store", records)
+    assert [path for path in stale if path.exists()] == [] and all(path.is_file() for path in kept)
+    assert remove_stale_writes(store) == []
