@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.text.files import read_json
 from dilstore.reader.training.loop import (
     CHECKPOINTS_DIR,
     RUN_CONFIG_FILE,
@@ -44,7 +45,6 @@ from dilstore.reader.training.loop import (
     write_run_config,
     write_training_record,
 )
-from dilstore.reader.text.files import read_json
 from dilstore.reader.training.state import LoopPosition, file_sha256, latest_checkpoint
 from dilstore.storage.errors import DilstoreError
 
