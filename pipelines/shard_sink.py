@@ -41,8 +41,7 @@ from dilstore.reader.offline.kinds import OfflineModel
 from dilstore.storage.atomic_files import atomic_write_bytes, atomic_write_text
 from dilstore.storage.codebook import read_codebook
 from dilstore.storage.fingerprint import Fingerprint
-from dilstore.storage.format import SHARDS_DIR, shard_name
-from dilstore.storage.writer import shard_generation, write_shard
+from dilstore.storage.writer import shard_generation, shard_written, write_shard
 
 PASSAGE_SCHEMA = pa.schema(
     [
@@ -120,16 +119,8 @@ def read_meta(store: Path, shard: int, generation: str | None = None) -> RunStat
 
 def shard_outputs_present(store: Path, shard: int) -> bool:
     """Whether the passage tables and the store shard, which a shard with passages writes before its marker, exist."""
-    shard_group = store / SHARDS_DIR / shard_name(shard) / "zarr.json"
-    return all(path.is_file() for path in (parquet_path(store, shard), jsonl_path(store, shard), shard_group))
-
-
-def shard_files_bytes(store: Path, shard: int) -> int:
-    """Bytes of a shard's store directory and passage-table files (what the shard added to disk)."""
-    shard_dir = store / SHARDS_DIR / shard_name(shard)
-    sizes = [path.stat().st_size for path in shard_dir.rglob("*") if path.is_file()] if shard_dir.is_dir() else []
-    tables = [parquet_path(store, shard), jsonl_path(store, shard)]
-    return sum(sizes) + sum(path.stat().st_size for path in tables if path.is_file())
+    tables = (parquet_path(store, shard), jsonl_path(store, shard))
+    return all(path.is_file() for path in tables) and shard_written(store, shard)
 
 
 def write_shard_outputs(
@@ -148,20 +139,24 @@ def write_shard_outputs(
     done = read_meta(store, shard, settings.generation)
     if done is not None:
         return RunStats(**{**done.to_dict(), "shards_resumed": 1})
+    written = 0  # bytes the shard added to disk: its store folder and its passage tables
     if pieces:
         records = encode_tokenized(reader, settings.kind, pieces, settings.policy, on_batch)
-        atomic_write_bytes(parquet_path(store, shard), passage_table_bytes(pieces))
-        atomic_write_text(jsonl_path(store, shard), collection_jsonl(pieces))
+        tables = {parquet_path(store, shard): passage_table_bytes(pieces),
+                  jsonl_path(store, shard): collection_jsonl(pieces).encode("utf-8")}  # fmt: skip
+        for path, data in tables.items():
+            atomic_write_bytes(path, data)
         codebook = None if settings.codebook is None else read_codebook(settings.codebook, settings.encoding)[0]
-        write_shard(
+        summary = write_shard(
             store, shard, records, kind=settings.kind, encoding=settings.encoding, compressor=settings.compressor,
             codebook=codebook, generation=settings.generation, fingerprint=settings.fingerprint,
         )  # fmt: skip
+        written = summary.bytes + sum(len(data) for data in tables.values())
     stats = RunStats(
         passages=len(pieces),
         tokens=sum(piece.length for piece in pieces),
         shards=1 if pieces else 0,
-        bytes=shard_files_bytes(store, shard),
+        bytes=written,
     )
     atomic_write_text(meta_path(store, shard), json.dumps(stats.to_dict(), sort_keys=True) + "\n")
     return stats
