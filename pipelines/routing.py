@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dilstore.pipelines.corpora import Document, Record, Rejected, Skipped, read_corpus
 from dilstore.pipelines.passages import split_document
@@ -25,6 +26,9 @@ from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.sharding import shard_of, stable_hash
 from dilstore.reader.offline.encoding import WINDOW_ID_SEPARATOR, TokenizedPassage, tokenize_passage
 from dilstore.storage.errors import DilstoreError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SHARD, REJECTED, COUNTS = "shard", "rejected", "counts"
 GroupKey = tuple[str, int]
@@ -73,7 +77,7 @@ _WINDOW_ID = re.compile(rf".+{re.escape(WINDOW_ID_SEPARATOR)}[1-9][0-9]*")
 
 
 def route(
-    record: Document | Rejected | Skipped, settings: RouteSettings, tokenizer: object
+    record: Document | Rejected | Skipped, settings: RouteSettings, tokenizer: PreTrainedTokenizerBase
 ) -> Iterator[tuple[GroupKey, object]]:
     """Where one record goes: a document's tokenized passages to their shards, anything else to its group.
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -46,6 +46,9 @@ from dilstore.reader.text.tokenization import TokenizedText
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.records import PassageRecord
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Symbolic model references (with reader.modeling.checkpoints.BASE_MODEL_REF), resolved on each worker to the
 # installed package's copy, so a remote worker finds the packaged models wherever its site-packages is.
@@ -150,7 +153,9 @@ def _window_text(text: str, tokens: TokenizedText) -> tuple[str, TokenizedText]:
     return text[start:end], TokenizedText(token_ids=tokens.token_ids, char_spans=shifted)
 
 
-def tokenize_passage(tokenizer: object, passage: PassageLike, max_length: int, kind: str) -> list[TokenizedPassage]:
+def tokenize_passage(
+    tokenizer: PreTrainedTokenizerBase, passage: PassageLike, max_length: int, kind: str
+) -> list[TokenizedPassage]:
     """One passage in `kind`'s token convention, split into windows when longer than `max_length` (module rule).
 
     Raises DilstoreError when the text has no word piece at all (the caller dead-letters it).

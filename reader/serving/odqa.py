@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -63,7 +63,7 @@ from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
-from dilstore.storage.reader import open_store
+from dilstore.storage.reader import Store, open_store
 from dilstore.storage.records import StoredPassage
 
 DEFAULT_TOP_P = 29
@@ -113,19 +113,25 @@ class _Pair:
     length: int
 
 
+class PassageSource(Protocol):
+    """What the reader needs of a store: the stored passages of some ids, in their order."""
+
+    def fetch(self, passage_ids: Sequence[str]) -> list[StoredPassage]: ...
+
+
 class OpenDomainReader:
     """Answers questions from a store with a DilBert reader; one instance serves many requests.
 
     `model` must be the reader whose fingerprint the store carries
-    (`open_reader` builds one with that check); `store` has
-    `fetch(ids) -> list[StoredPassage]`; `searcher` (`search(query, k) ->
+    (`open_reader` builds one with that check); `store` is any PassageSource
+    (an opened Store, or a stand-in); `searcher` (`search(query, k) ->
     list[Hit]`) is needed only for questions without given candidates.
     """
 
     def __init__(
         self,
         model: DilBertReader,
-        store: Any,
+        store: PassageSource,
         searcher: Bm25Searcher | None = None,
         settings: OdqaSettings | None = None,
         device: str | torch.device | None = None,
@@ -335,7 +341,7 @@ class OpenDomainReader:
 
 
 def load_store_model(
-    store: Any, model_dir: str | Path | None = None, *, online_variant: bool = True
+    store: Store, model_dir: str | Path | None = None, *, online_variant: bool = True
 ) -> DilBertReader:
     """The reader for a store: `model_dir` (default: the shipped checkpoint), checked against the store.
 

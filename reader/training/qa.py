@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from dilstore.reader.batching import pad_id
 from dilstore.reader.data.qa_batches import QABatch, collate_features
@@ -246,7 +247,7 @@ class TrainingData:
         return collate_features([feature for i in indices for feature in self.windows(i)], self.pad_token_id)
 
 
-def load_training_data(tokenizer: Any, train_file: Path, config: TrainingConfig) -> TrainingData:
+def load_training_data(tokenizer: PreTrainedTokenizerBase, train_file: Path, config: TrainingConfig) -> TrainingData:
     """SQuAD training questions (the first `train_limit` when set) as labelled windows or shared-norm groups."""
     examples = load_squad(train_file)
     if config.train_limit is not None:
