@@ -18,10 +18,9 @@ from pathlib import Path
 
 import zarr
 
-from dilstore.storage.format import ATTRIBUTES_KEY, StoreFormatError
+from dilstore.storage.format import ATTRIBUTES_KEY, ZARR_METADATA_FILE, StoreFormatError
 from dilstore.storage.manifest import FileEntry
 
-GROUP_FILE = "zarr.json"
 _READ_BLOCK = 8 << 20
 _HASH_THREADS = 4
 
@@ -39,7 +38,7 @@ def _data_files(directory: Path) -> list[str]:
     """Every file under `directory` except its root zarr.json, as sorted '/'-separated paths."""
     return sorted(
         name for name in (path.relative_to(directory).as_posix() for path in directory.rglob("*") if path.is_file())
-        if name != GROUP_FILE
+        if name != ZARR_METADATA_FILE
     )
 
 
@@ -58,7 +57,7 @@ def record_checksums(directory: Path) -> None:
 
 def read_checksums(directory: Path) -> dict[str, FileEntry]:
     """A shard's recorded checksums after checking that they list exactly its files, at their sizes."""
-    path = directory / GROUP_FILE
+    path = directory / ZARR_METADATA_FILE
     try:
         listing = json.loads(path.read_text(encoding="utf-8"))["attributes"][ATTRIBUTES_KEY]["files"]
         recorded = {name: FileEntry(**entry) for name, entry in listing.items()}

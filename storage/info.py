@@ -10,7 +10,15 @@ from typing import Any
 import numpy as np
 
 from dilstore.storage.encodings import get_encoding
-from dilstore.storage.format import APPENDS_DIR, CODEBOOK_DIR, INDEX_DIR, MANIFEST_FILE, SHARDS_DIR, STATES_GROUP
+from dilstore.storage.format import (
+    APPENDS_DIR,
+    CODEBOOK_DIR,
+    INDEX_DIR,
+    MANIFEST_FILE,
+    SHARDS_DIR,
+    STATES_GROUP,
+    ZARR_METADATA_FILE,
+)
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
 
@@ -30,7 +38,7 @@ def part_of(path: str) -> str:
     parts = path.split("/")
     if parts[0] == APPENDS_DIR and len(parts) > 2:
         parts = parts[2:]
-    if parts[-1] in ("zarr.json", "manifest.json"):
+    if parts[-1] in (ZARR_METADATA_FILE, MANIFEST_FILE):
         return "metadata"
     if parts[0] == INDEX_DIR:
         return "index"

@@ -37,6 +37,7 @@ from dilstore.storage.format import (
     TOKEN_IDS,
     TOKEN_OFFSETS,
     VECTORS,
+    ZARR_METADATA_FILE,
     StoreFormatError,
     check_compressor,
     get_kind,
@@ -261,7 +262,7 @@ class ShardReader:
         where = location.path(relative)
         local_root = location.local_root
         # Found before the group is read: a rebuild after this is seen by the generation check or by check_unchanged.
-        metadata = None if local_root is None or read_path == "mmap" else watch(local_root / relative / "zarr.json")
+        metadata = None if local_root is None or read_path == "mmap" else watch(local_root / relative / ZARR_METADATA_FILE)
         try:
             group = location.open_group(relative)
         except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:

@@ -26,7 +26,7 @@ import numpy as np
 import zarr
 
 from dilstore.storage.arrays import encode_strings, write_array
-from dilstore.storage.checksums import GROUP_FILE, record_checksums
+from dilstore.storage.checksums import record_checksums
 from dilstore.storage.durability import fsync_dir, fsync_tree
 from dilstore.storage.encodings import Encoding, check_codebook, get_encoding
 from dilstore.storage.errors import DilstoreError
@@ -56,6 +56,7 @@ from dilstore.storage.format import (
     TOKEN_OFFSETS,
     VECTORS,
     VECTORS_PER_CHUNK,
+    ZARR_METADATA_FILE,
     Kind,
     check_compressor,
     get_kind,
@@ -105,7 +106,7 @@ class _Columns:
 def shard_written(store_root: str | Path, shard_index: int) -> bool:
     """Whether shard `shard_index` is in place: write_shard renames a finished shard folder in, group metadata
     and all, so its zarr.json is there only once every file is."""
-    return (Path(store_root) / SHARDS_DIR / shard_name(shard_index) / GROUP_FILE).is_file()
+    return (Path(store_root) / SHARDS_DIR / shard_name(shard_index) / ZARR_METADATA_FILE).is_file()
 
 
 def shard_generation(store_root: str | Path, shard_index: int) -> str | None:

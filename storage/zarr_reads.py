@@ -23,9 +23,8 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
-from dilstore.storage.format import StoreFormatError, StoreReadError
+from dilstore.storage.format import ZARR_METADATA_FILE, StoreFormatError, StoreReadError
 
-_METADATA = "zarr.json"
 # Local failures no retry mends: a directory or a loop of links in a file's place, a file without permission.
 # Others (too many open files, no memory for a map, an I/O error on a network file system) may pass.
 _LASTING = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG})
@@ -52,7 +51,7 @@ class RequiredChunksStore(WrapperStore):
             raise
         except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
             raise read_failure(self._path(key), error, local=self.local) from None
-        if value is None and not key.endswith(_METADATA):
+        if value is None and not key.endswith(ZARR_METADATA_FILE):
             raise StoreFormatError(f"missing array file {self._path(key)}; run `dilstore verify`")
         return value
 
