@@ -133,14 +133,13 @@ def _parsed(command: str, parse_arguments: Callable[[], argparse.Namespace]) -> 
 
 def build_index(store: PathLike, *, threads: int = 1) -> Path:
     """Build STORE/bm25, the Lucene BM25 index over the store's passages (as `dilstore index`); returns its path."""
+    from dilstore.reader.retrieval import bm25_index_dir
     from dilstore.runners.cli import build_parser
 
     _check("store", store, _PATH, "a store folder")
     _check("threads", threads, (int,), "a positive integer")
     args = _parsed("index", lambda: build_parser().parse_args(["index", str(store), "--threads", str(threads)]))
     args.run(args)
-    from dilstore.reader.retrieval import bm25_index_dir
-
     return bm25_index_dir(store)
 
 

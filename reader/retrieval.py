@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 INDEX_RECORD = "dilstore-index.json"  # beside Lucene's files: the state of the store the index covers
-BM25_INDEX_DIR = "bm25"
+BM25_INDEX_DIR = "bm25"  # STORE/bm25: where `dilstore index STORE` puts a store's index
 # The environment switch of quiet commands: set by dilstore.runners.quiet (a layer above), read here.
-QUIET_ENV = "DILSTORE_QUIET"  # STORE/bm25: where `dilstore index STORE` puts a store's index
+QUIET_ENV = "DILSTORE_QUIET"
 _JAVA_INT_MAX = 2**31 - 1
 
 _JVM_LOCK = threading.Lock()

@@ -70,13 +70,13 @@ def remove_stale_writes(folder: Path, skip: Collection[str] = ()) -> list[Path]:
     was writing; a re-run writes the part again under its own name, and the temporary stayed in the store for
     good. Call this only where no writer is at work: finalize and commit_append run after every shard's.
     """
+    pattern = f"{TMP_PREFIX}*.tmp"  # atomic_write_bytes's names
     removed = []
     for entry in Path(folder).iterdir():
         if entry.name in skip:
             continue
-        found = entry.rglob(f"{TMP_PREFIX}*.tmp") if entry.is_dir() else [entry]
-        for path in found:
-            if path.is_file() and path.name.startswith(TMP_PREFIX) and path.name.endswith(".tmp"):
+        for path in entry.rglob(pattern) if entry.is_dir() else [entry] if entry.match(pattern) else []:
+            if path.is_file():
                 path.unlink(missing_ok=True)
                 removed.append(path)
     return removed

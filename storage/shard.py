@@ -262,7 +262,8 @@ class ShardReader:
         where = location.path(relative)
         local_root = location.local_root
         # Found before the group is read: a rebuild after this is seen by the generation check or by check_unchanged.
-        metadata = None if local_root is None or read_path == "mmap" else watch(local_root / relative / ZARR_METADATA_FILE)
+        watched = None if local_root is None or read_path == "mmap" else local_root / relative / ZARR_METADATA_FILE
+        metadata = None if watched is None else watch(watched)
         try:
             group = location.open_group(relative)
         except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:

@@ -7,15 +7,16 @@ convention, the offline half) comes from `reader.offline.kinds` (`OFFLINE_KINDS`
 - **Tokenizing.** Each kind's stored unit (`p [SEP]` for dilbert, `d [SEP]`
   for listformer, both through `encode_passage`; `[CLS] d [SEP]` for the EARL
   kinds, `encode_document_windows`) is listed in reader.offline.kinds; either
-  way its stored states never depend on a question. Pipelines tokenize before grouping by
-  shard, so that each window of a long passage is its own stored unit.
+  way its stored states never depend on a question. Pipelines tokenize before
+  grouping by shard, so that each window of a long passage is its own stored
+  unit.
 - **Long passages (the documented rule).** A passage longer than `max_length`
-  tokens in its kind's convention is split into overlapping windows (each at
-  most `max_length` tokens, in the kind's convention: `p_window [SEP]`, or
-  `[CLS] d_window [SEP]` for EARL). Nothing is truncated away: window 0 keeps the passage id, window
-  w ≥ 1 gets the id `{passage_id}~{w}`; each window's text is the slice of
-  the passage text its tokens cover, and its character spans point into that
-  slice. Every such passage is counted (`long_passages`).
+  tokens in its kind's convention is split into overlapping windows, each at
+  most `max_length` tokens in that convention (`p_window [SEP]`, or
+  `[CLS] d_window [SEP]` for EARL). Nothing is truncated away: window 0 keeps
+  the passage id, window w ≥ 1 gets the id `{passage_id}~{w}`; each window's
+  text is the slice of the passage text its tokens cover, and its character
+  spans point into that slice. Every such passage is counted (`long_passages`).
 - **Batching.** Passages are sorted by token count and cut into batches whose
   padded size stays under a token budget (reader/batching.py), so a batch
   pads only to its own longest passage. Encoding runs under `torch.inference_mode`.

@@ -153,7 +153,8 @@ def test_a_file_cut_or_removed_after_the_store_opened_is_a_store_error(served_ro
             opened.fetch(IDS[40:43])
     message = str(raised.value)
     assert "shards/shard-00000/states/values/c/0/0" in message and "\n" not in message
-    expected = {"cut": "the file is shorter than its metadata says", "removed": "not found (the store lacks a file"}[damage]
+    expected = {"cut": "the file is shorter than its metadata says",
+                "removed": "not found (the store lacks a file"}[damage]  # fmt: skip
     assert expected in message and "dilstore verify" in message, message
 
 
