@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import sys
@@ -36,6 +35,7 @@ from dilstore.reader.modeling.online_variants import write_online_variant
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.release import load_training_metadata
+from dilstore.storage.atomic_files import process_umask
 from dilstore.storage.errors import DilstoreError
 
 CARD = "MODEL_CARD.md"
@@ -51,9 +51,7 @@ def write_into(base: Path, into: Path, write: Callable[[Path], Path]) -> Path:
         raise DilstoreError(f"--into {into} exists; give a new folder, or --base itself")
     into.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{into.name}.", dir=into.parent))
-    mask = os.umask(0)
-    os.umask(mask)
-    staged.chmod(0o777 & ~mask)  # mkdtemp's 0700 would keep the packaged checkpoint from other accounts
+    staged.chmod(0o777 & ~process_umask())  # mkdtemp's 0700 would keep the packaged checkpoint from other accounts
     try:
         for path in base.iterdir():
             if path.is_file() and not path.name.startswith("online-"):

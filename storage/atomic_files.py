@@ -37,7 +37,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, create_parents: bool = True) 
         path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(handle, _NEW_FILE_MODE & ~_umask())
+        os.fchmod(handle, _NEW_FILE_MODE & ~process_umask())
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
             stream.flush()
@@ -50,7 +50,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, create_parents: bool = True) 
 
 
 @functools.cache
-def _umask() -> int:
+def process_umask() -> int:
     """The process's umask, read once: reading it means setting it, so it is set straight back."""
     mask = os.umask(0o022)
     os.umask(mask)
