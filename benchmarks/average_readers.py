@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
-from dilstore.reader.text.files import read_json
+from dilstore.reader.text.files import read_json_object
 from dilstore.storage.errors import DilstoreError
 
 SAME_FILES = ("config.json", "dilstore.json")
@@ -59,15 +59,7 @@ def check_same_reader_kind(readers: list[Path]) -> None:
 
 def _settings(path: Path) -> dict:
     """A config file's settings, without the keys that do not describe the reader (IGNORED_KEYS)."""
-    return {key: value for key, value in _json_object(path).items() if key not in IGNORED_KEYS}
-
-
-def _json_object(path: Path) -> dict:
-    """The JSON object in `path`; a DilstoreError naming the file when it holds none."""
-    document = read_json(path)
-    if not isinstance(document, dict):
-        raise DilstoreError(f"{path}: not a JSON object")
-    return document
+    return {key: value for key, value in read_json_object(path).items() if key not in IGNORED_KEYS}
 
 
 def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
@@ -117,7 +109,7 @@ def average_readers(readers: list[Path], output: Path) -> dict[str, object]:
         "output_sha256": sha256(output / "model.safetensors"),
     }
     newest = readers[-1] / TRAINING_METADATA_FILE
-    training = _json_object(newest) if newest.is_file() else {}
+    training = read_json_object(newest) if newest.is_file() else {}
     training["averaged_from"] = record
     (output / TRAINING_METADATA_FILE).write_text(json.dumps(training, indent=1) + "\n", encoding="utf-8")
     return record

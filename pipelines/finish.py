@@ -18,7 +18,7 @@ from dilstore.pipelines.job import SUMMARY_FILE, PrecomputeJob
 from dilstore.pipelines.part_files import REJECTED_DIR
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.shard_sink import read_meta
-from dilstore.reader.text.files import read_json
+from dilstore.reader.text.files import read_json_object
 from dilstore.storage.append import commit_append
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError
@@ -57,10 +57,7 @@ def read_summary(store: Path) -> dict[str, Any]:
     path = Path(store) / SUMMARY_FILE
     if not path.is_file():
         return {}
-    summary = read_json(path)
-    if not isinstance(summary, dict):
-        raise DilstoreError(f"{path}: not a run summary (a JSON object)")
-    return summary
+    return read_json_object(path, "a run summary (a JSON object)")
 
 
 def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:

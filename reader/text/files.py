@@ -75,3 +75,11 @@ def read_json(path: str | Path) -> Any:
     except json.JSONDecodeError as error:
         where = f"line {error.lineno}, column {error.colno}"
         raise DilstoreError(f"{path}: not valid JSON ({where}: {error.msg})") from None
+
+
+def read_json_object(path: str | Path, what: str = "a JSON object") -> dict[str, Any]:
+    """`read_json` of a file that must hold an object; a DilstoreError "PATH: not WHAT" when it holds another value."""
+    document = read_json(path)
+    if not isinstance(document, dict):
+        raise DilstoreError(f"{path}: not {what}")
+    return document
