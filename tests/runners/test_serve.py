@@ -304,9 +304,12 @@ def test_a_full_queue_gets_503_with_retry_after_and_the_server_recovers(tiny: di
     with running(make_stores(tiny, odqa), max_wait=0.0, queue_size=2) as (client, app):
         responses = send_gated(client, app, odqa.searcher, bodies)
         codes = [r.status_code for r in responses]
-        assert codes == [200, 200, 503, 503, 200]
-        assert responses[2].headers["retry-after"] == "1"
-        assert "overloaded" in responses[2].json()["detail"]
+        # Two of the four queue and two are refused; which two reach the server first is the connections' race
+        # (it read [200, 503, 200, 503] once in a full-suite run).
+        assert sorted(codes[:4]) == [200, 200, 503, 503] and codes[4] == 200
+        refused = next(response for response in responses if response.status_code == 503)
+        assert refused.headers["retry-after"] == "1"
+        assert "overloaded" in refused.json()["detail"]
         assert client.get("/health").json() == {"status": "ok", "stores": ["qa", "s1", "s2"]}
         again = client.post("/ask", json=bodies[3])
         assert again.status_code == 200
