@@ -28,7 +28,9 @@ from mwparserfromhell.nodes import Argument, Comment, ExternalLink, Heading, Nod
 from mwparserfromhell.wikicode import Wikicode
 
 # Tags whose content is not running prose. Tables include `{| ... |}` markup,
-# which mwparserfromhell parses as a "table" tag.
+# which mwparserfromhell parses as a "table" tag. `<includeonly>` text shows only
+# where the page is transcluded, never on the page itself; `<noinclude>` and
+# `<onlyinclude>` text does show there, so those tags are kept.
 DROPPED_TAGS = frozenset(
     {
         "ref",
@@ -45,7 +47,7 @@ DROPPED_TAGS = frozenset(
         "source",
         "syntaxhighlight",
         "templatestyles",
-        "noinclude",
+        "includeonly",
     }
 )
 # Link namespaces that embed media or classify the page instead of linking text.

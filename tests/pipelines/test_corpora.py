@@ -480,6 +480,12 @@ def test_wikitext_to_text_keeps_prose_only() -> None:
     )
 
 
+def test_transclusion_tags_keep_what_the_page_itself_shows() -> None:
+    """`<noinclude>` text was dropped and `<includeonly>` text kept: the wrong way round for a page read as itself."""
+    wikitext = "Alpha <noinclude>beta</noinclude> gamma<includeonly> delta</includeonly> <onlyinclude>zeta</onlyinclude>."
+    assert wikitext_to_text(wikitext) == "Alpha beta gamma zeta."
+
+
 @pytest.mark.parametrize(
     ("wikitext", "text"),
     [
