@@ -16,7 +16,7 @@ import socket
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
@@ -110,8 +110,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Open the stores, then serve until Ctrl-C or SIGTERM; 0 after a graceful shutdown.
 
-    The arguments are checked and each store's manifest read before its model stack loads, and the web server is
-    imported last, so a mistyped store path fails in a moment, not after some 10 s of imports.
+    The arguments are checked, and every store's manifest read and every --model folder found, before the first
+    model stack loads; the web server is imported last. So a mistyped path, even of the last store, fails in a
+    moment, not after some 10 s of imports and the first stores' models.
     """
     settings = ServeSettings(
         max_batch_pairs=args.max_batch_pairs,
@@ -129,9 +130,10 @@ def run(args: argparse.Namespace) -> int:
         raise DilstoreError(f"store names must differ, got {names}; name them as NAME=DIR")
     models = per_store_models(args.model, len(named))
     indexes = per_store_indexes(args.index, names)
+    infos = check_stores_and_models(named, models)
     served = [
-        open_served_store(name, path, model, args.device, indexes.get(name))
-        for (name, path), model in zip(named, models, strict=True)
+        open_served_store(name, path, model, args.device, indexes.get(name), info)
+        for (name, path), model, info in zip(named, models, infos, strict=True)
     ]
     import uvicorn
 
@@ -165,6 +167,18 @@ def check_listening_address(host: str, port: int) -> None:
             probe.bind(address)
     except OSError as error:
         raise DilstoreError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+
+
+def check_stores_and_models(named: Sequence[tuple[str, str]], models: Sequence[Path | None]) -> list[dict[str, Any]]:
+    """Every store's info (its manifest read) and every given --model folder checked, in the order given."""
+    from dilstore.reader.modeling.checkpoints import require_checkpoint_dir
+    from dilstore.storage.info import store_info
+
+    infos = [store_info(path) for _, path in named]
+    for model in models:
+        if model is not None:
+            require_checkpoint_dir(model)
+    return infos
 
 
 def parse_store_argument(argument: str) -> tuple[str, str]:
@@ -205,17 +219,24 @@ def per_store_models(models: Sequence[Path] | None, stores: int) -> list[Path | 
 
 
 def open_served_store(
-    name: str, path: str, model: Path | None, device: str | None, index: Path | None = None
+    name: str,
+    path: str,
+    model: Path | None,
+    device: str | None,
+    index: Path | None = None,
+    info: dict[str, Any] | None = None,
 ) -> ServedStore:
     """Open one store with its checked model as an AskService (dilbert) or RerankService (earl-s1/earl-s2/listformer).
 
     index: its BM25 index (default STORE/bm25); a rerank store needs none,
-    and gets retrieval only where one exists.
+    and gets retrieval only where one exists. info: its `store_info`, when
+    already read (`check_stores_and_models`).
     """
     from dilstore.storage.info import store_info
     from dilstore.storage.location import StoreLocation
 
-    info = store_info(path)  # first: a path without a store is named before the model stack loads
+    if info is None:
+        info = store_info(path)  # first: a path without a store is named before the model stack loads
     from dilstore.reader.retrieval import Bm25Searcher, bm25_index_dir
     from dilstore.reader.serving.odqa import open_reader
     from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker

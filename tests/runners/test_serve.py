@@ -511,6 +511,23 @@ def test_model_options_must_match_the_stores(tiny: dict[str, Any], capsys) -> No
     assert "no store is named 'nothing'" in capsys.readouterr().err
 
 
+def test_every_store_and_model_path_is_checked_before_the_first_model_loads(
+    tiny: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """A mistyped second store or model was found only after the first store's model had loaded."""
+
+    def opened_too_soon(*arguments: Any) -> None:
+        raise AssertionError(f"a store was opened before every path was checked: {arguments}")
+
+    monkeypatch.setattr("dilstore.runners.cmd_serve.open_served_store", opened_too_soon)
+    assert main(["serve", str(tiny["s1"]), str(tmp_path / "no-store"), "--port", "0"]) == 2
+    assert capsys.readouterr().err == f"dilstore serve: error: no store at {tmp_path / 'no-store'}\n"
+    model = str(tiny["ranker_dir"])
+    assert main(["serve", str(tiny["s1"]), str(tiny["s2"]), "--model", model, "--model", str(tmp_path)]) == 2
+    expected = f"dilstore serve: error: {tmp_path} is not a Hugging Face checkpoint: it has no config.json\n"
+    assert capsys.readouterr().err == expected
+
+
 def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any]) -> None:
     """A store given as an http:// URL (a real server on 127.0.0.1) is mounted like a local one; a dilbert store
     at a URL needs --index, since Lucene reads only local files."""
