@@ -14,10 +14,12 @@ current folder is ever replaced (`check_replaceable`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,6 +196,36 @@ def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
         return False
     atomic_write_text(store / SPEC_FILE, spec_json(spec))
     return False
+
+
+@contextlib.contextmanager
+def unmade_if_nothing_stored(store: Path) -> Iterator[None]:
+    """Around a build: when one into an absent or empty folder fails before its pipeline wrote anything, take back
+    what its start wrote.
+
+    `prepare_store` writes the spec first and a 2bit/1bit run its codebook
+    (pipelines/codebook.py). A run whose job never started (a Dataflow
+    project Beam refuses, a runner that cannot start) left that spec behind,
+    and a corrected command with other settings was then refused as "a run
+    with other settings" unless given --overwrite. Anything else in the
+    folder (a shard, a part file) means the run started, and it stays for a
+    re-run to resume. A folder this run created is removed; one that was
+    there, empty, stays.
+    """
+    existed = store.is_dir()
+    if existed and any(store.iterdir()):
+        yield  # a resumed run keeps what the earlier one stored
+        return
+    try:
+        yield
+    except BaseException:
+        written = list(store.iterdir()) if store.is_dir() else []
+        if all(path.name in (SPEC_FILE, CODEBOOK_DIR) for path in written):
+            for path in written:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+            if not existed:
+                store.rmdir()
+        raise
 
 
 def needs_replacement(store: Path, spec: dict[str, Any]) -> bool:

@@ -626,6 +626,7 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
         replacement_dir,
         run_spec,
         swap_in,
+        unmade_if_nothing_stored,
     )
     from dilstore.pipelines.options import (
         LOCAL_RUNNERS,
@@ -648,17 +649,18 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
         with write_lock(store):
             if args.append:
                 return append_to_store(job, runner, args)
-            if prepare_store(store, spec, args.overwrite):
-                print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
-                summary = {**read_summary(store), "store": job.store}  # where it is now, if the store was moved since
-            elif args.overwrite and needs_replacement(store, spec):
-                check_replaceable(store, [task.path for task in job.inputs])
-                building = replacement_dir(store, spec)
-                built = dataclasses.replace(job, store=str(building), destination=job.store)
-                summary = build_store(built, runner, args)
-                swap_in(store, building)
-            else:
-                summary = build_store(job, runner, args)
+            with unmade_if_nothing_stored(store):
+                if prepare_store(store, spec, args.overwrite):
+                    print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
+                    summary = {**read_summary(store), "store": job.store}  # where it is now, if moved since
+                elif args.overwrite and needs_replacement(store, spec):
+                    check_replaceable(store, [task.path for task in job.inputs])
+                    building = replacement_dir(store, spec)
+                    built = dataclasses.replace(job, store=str(building), destination=job.store)
+                    summary = build_store(built, runner, args)
+                    swap_in(store, building)
+                else:
+                    summary = build_store(job, runner, args)
     return summary, nothing_stored(summary, job.store)
 
 

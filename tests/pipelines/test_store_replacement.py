@@ -160,3 +160,39 @@ def test_a_2bit_replacement_builds_its_codebook_inside_the_replacement(
     assert codebook_build(store / CODEBOOK_DIR)["generation"] == manifest["generation"]
     assert json.loads((store / SPEC_FILE).read_text())["split"] == "paragraphs" and verify_store(store).ok
     assert not any(path.name.endswith(".dilstore-building") for path in tmp_path.iterdir())
+
+
+def test_a_run_that_fails_before_storing_anything_leaves_no_settings_behind(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that never started (Beam refusing a Dataflow project) left STORE/precompute.json, and the corrected
+    command with other settings was refused as "a run with other settings"; a run that stored a part keeps it."""
+    from dilstore.runners import cmd_precompute
+
+    tiny = save_tiny_reader(tmp_path / "tiny")
+    corpus = write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(3))
+    store, made_by_user = tmp_path / "store", tmp_path / "empty"
+    made_by_user.mkdir()
+    args = ["precompute", "--input", str(corpus), "--model", str(tiny), "--workers", "1", "--threads", "1",
+            "--max-length", "48", "--shards", "2", "--no-progress"]  # fmt: skip
+    real_run = cmd_precompute.run_pipeline
+
+    def never_starts(job, *rest):
+        raise DilstoreError("the job did not start")
+
+    def dies_part_way(job, *rest):
+        (Path(job.store) / "shards").mkdir()
+        raise DilstoreError("a worker died")
+
+    monkeypatch.setattr(cmd_precompute, "run_pipeline", never_starts)
+    assert cli.main([*args, "--output", str(store)]) == 2
+    assert cli.main([*args, "--output", str(made_by_user), "--encoding", "2bit"]) == 2  # its codebook goes too
+    assert capsys.readouterr().err.count("the job did not start") == 2
+    assert not store.exists() and list(made_by_user.iterdir()) == []
+    monkeypatch.setattr(cmd_precompute, "run_pipeline", dies_part_way)
+    assert cli.main([*args, "--output", str(store), "--split", "paragraphs"]) == 2
+    assert sorted(path.name for path in store.iterdir()) == [SPEC_FILE, "shards"]
+    monkeypatch.setattr(cmd_precompute, "run_pipeline", real_run)
+    assert cli.main([*args, "--output", str(store)]) == 2
+    assert "holds a run with other settings (differs in: split)" in capsys.readouterr().err
+    assert cli.main([*args, "--output", str(made_by_user)]) == 0 and verify_store(made_by_user).ok
