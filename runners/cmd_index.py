@@ -30,6 +30,7 @@ from dilstore.reader.retrieval import bm25_index_dir
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import MANIFEST_FILE
 from dilstore.storage.write_lock import INDEX_ROLE, write_lock
 
 if TYPE_CHECKING:
@@ -102,6 +103,8 @@ def run_command(args: argparse.Namespace) -> int:
     if not store.is_dir():
         raise DilstoreError(f"no store at {store}")
     if not collection.is_dir():
+        if (store / MANIFEST_FILE).is_file() and read_manifest(StoreLocation.parse(store)).passages == 0:
+            raise DilstoreError(f"{store} holds no passages (its precompute stored none): there is nothing to index")
         raise DilstoreError(f"{store} has no passage collection at {collection}; was it made by `dilstore precompute`?")
     target = bm25_index_dir(store)
     started = time.time()

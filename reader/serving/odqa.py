@@ -386,6 +386,8 @@ def open_reader(
     store = open_store(store_path)
     index = None
     if with_index:
+        if store.manifest.passages == 0:
+            raise DilstoreError(f"store {store_path} holds no passages (its precompute stored none): nothing to search")
         index = Path(index_dir) if index_dir is not None else bm25_index_dir(store_path)
         if not any(index.glob("segments_*")):
             raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {store_path}`")

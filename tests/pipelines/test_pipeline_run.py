@@ -278,7 +278,7 @@ def test_a_build_that_stores_no_passage_exits_1_and_says_why(
     tiny_dir: Path, tmp_path: Path, capsys, name: str, lines: list[str], extra: list[str], told: str
 ) -> None:
     """An empty input, only dead letters or only redirects finalize an empty store; a script must not take it for
-    success."""
+    success. `index` and `ask` then say the store is empty (they sent the user to each other)."""
     corpus = tmp_path / name
     corpus.write_text("".join(line + "\n" for line in lines))
     store = tmp_path / "s"
@@ -287,6 +287,11 @@ def test_a_build_that_stores_no_passage_exits_1_and_says_why(
     assert cli.main(args) == 1
     err = capsys.readouterr().err
     assert "dilstore precompute: error: no passage was stored: " in err and told.format(store=store) in err
+    assert cli.main(["index", str(store)]) == 2
+    empty = f"{store} holds no passages (its precompute stored none)"
+    assert capsys.readouterr().err.endswith(f"{empty}: there is nothing to index\n")
+    assert cli.main(["ask", str(store), "Who?", "--model", str(tiny_dir)]) == 2
+    assert capsys.readouterr().err.endswith(f"store {empty}: nothing to search\n")
 
 
 def refused_precompute(tiny_dir: Path, tmp_path: Path, capsys, *extra: str) -> str:
