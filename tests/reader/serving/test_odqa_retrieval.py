@@ -173,6 +173,11 @@ def test_evaluate_qa_command(indexed: dict[str, Path], capsys: pytest.CaptureFix
     assert "evaluate-qa" in captured.err and "2/2" in captured.err  # the bar, on stderr
     assert main([*base, "--limit", "2", "--no-progress"]) == 0
     assert "2/2" not in capsys.readouterr().err
+    questions.write_text(json.dumps({"question": "\u200b\u200b", "answer": ["1882"]}) + "\n")
+    assert main([*base, "--no-progress"]) == 0  # a question of zero-width spaces was counted as "too long"
+    assert "1 question(s) the reader refuses (blank, or over its 64-token limit) scored as unanswered" in (
+        capsys.readouterr().out
+    )
 
 
 def test_commands_report_bad_setups_without_a_traceback(
