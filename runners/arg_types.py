@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 # The largest seed numpy's legacy and Generator seeding accept.
 MAX_SEED = 2**32 - 1
@@ -16,6 +17,15 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0 (where 0 means none, or all)."""
     return _integer_in(text, 0, None, "an integer of at least 0")
+
+
+def integer_at_least(low: int) -> Callable[[str], int]:
+    """argparse type: an integer >= `low`."""
+
+    def parse(text: str) -> int:
+        return _integer_in(text, low, None, f"an integer of at least {low}")
+
+    return parse
 
 
 def numpy_seed(text: str) -> int:

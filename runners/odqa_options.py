@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.reading_options import add_runtime_arguments
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
@@ -47,23 +48,25 @@ def add_odqa_arguments(parser: argparse.ArgumentParser) -> None:
              "URL needs it)",
     )  # fmt: skip
     parser.add_argument(
-        "--top-p", type=int, help="passages retrieved per question (default 29; the seed uses 29 and 100)"
+        "--top-p", type=positive_int, help="passages retrieved per question (default 29; the seed uses 29 and 100)"
     )
     parser.add_argument(
         "--mu", type=float,
         help="final score = mu * reader score + (1 - mu) * BM25 score, raw scores as in the seed; "
         "1 = reader only (default 0.5)",
     )
-    parser.add_argument("--n-best", type=int, help="spans kept per passage and listed (default 20)")
-    parser.add_argument("--max-answer-length", type=int, help="longest answer in word pieces (default 30)")
+    parser.add_argument("--n-best", type=positive_int, help="spans kept per passage and listed (default 20)")
+    parser.add_argument("--max-answer-length", type=positive_int, help="longest answer in word pieces (default 30)")
     parser.add_argument(
-        "--max-question-length", type=int, help="longest question in tokens; longer ones are refused (default 64)"
-    )
+        "--max-question-length", type=integer_at_least(3),
+        help="longest question in tokens, [CLS] and [SEP] included; longer ones are refused (default 64)",
+    )  # fmt: skip
     parser.add_argument(
-        "--pair-batch-tokens", type=int, help="padded question+passage tokens per interaction batch (default 8192)"
-    )
+        "--pair-batch-tokens", type=positive_int,
+        help="padded question+passage tokens per interaction batch (default 8192)",
+    )  # fmt: skip
     parser.add_argument(
-        "--max-pairs-per-batch", type=int, help="question-passage pairs per interaction batch (default 64)"
+        "--max-pairs-per-batch", type=positive_int, help="question-passage pairs per interaction batch (default 64)"
     )
     add_runtime_arguments(parser)
 

@@ -113,16 +113,23 @@ def test_bad_threads_and_devices_are_usage_errors_before_the_command_runs(
         (_RUNTIME[2], ["--doc-stride", "-1"]),
         (["train", "ranking-data", "--squad", "{tmp}/none.json", "--output", "{tmp}/o"], ["--negatives", "0"]),
         (["train", "ranking-data", "--squad", "{tmp}/none.json", "--output", "{tmp}/o"], ["--depth", "0"]),
+        (_RUNTIME[0], ["--n-best", "0"]),
+        (_RUNTIME[1], ["--max-answer-length", "-1"]),
+        (_RUNTIME[0], ["--pair-batch-tokens", "0"]),
+        (_RUNTIME[1], ["--max-pairs-per-batch", "0"]),
+        (_RUNTIME[0], ["--max-question-length", "2"]),
     ],
 )
 def test_counts_below_1_are_usage_errors_naming_the_option(
     arguments: list[str], option: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Checked late, `train qa --eval-batch-size 0` trained to the end and then blamed "batch-size"."""
+    """Checked late, `train qa --eval-batch-size 0` trained to the end and then blamed "batch-size"; `ask` and
+    `evaluate-qa` named their settings' fields ("n_best must be at least 1")."""
     with pytest.raises(SystemExit) as exited:
         main([argument.replace("{tmp}", str(tmp_path)) for argument in arguments] + option)
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert exited.value.code == 2 and f"argument {option[0]}: expected a positive integer, got {option[1]}" in last
+    expected = "an integer of at least 3" if option[0] == "--max-question-length" else "a positive integer"
+    assert exited.value.code == 2 and f"argument {option[0]}: expected {expected}, got {option[1]}" in last
 
 
 @pytest.mark.parametrize(
