@@ -109,7 +109,7 @@ def check_loop_settings(config: LoopSettings) -> None:
         {
             "epochs": config.epochs,
             "batch_size": config.batch_size,
-            "gradient_accumulation": config.gradient_accumulation,
+            "gradient_accumulation_steps": config.gradient_accumulation,  # its flag's name
             "log_every": config.log_every,
             "keep_checkpoints": config.keep_checkpoints,
             "max_steps": config.max_steps,

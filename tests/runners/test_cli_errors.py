@@ -106,6 +106,20 @@ def test_bad_threads_and_devices_are_usage_errors_before_the_command_runs(
 
 
 @pytest.mark.parametrize(
+    "option", ["--epochs", "--batch-size", "--gradient-accumulation-steps", "--log-every", "--keep-checkpoints",
+               "--max-steps"],
+)  # fmt: skip
+def test_training_loop_settings_below_1_are_named_by_their_option(
+    option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--gradient-accumulation-steps 0` was refused as "gradient-accumulation", an option no command has."""
+    (tmp_path / "squad.json").write_text("{}", encoding="utf-8")
+    arguments = ["train", "qa", "--layers", "1", "--train", str(tmp_path / "squad.json"), "--output", str(tmp_path)]
+    assert main([*arguments, option, "0"]) == 2
+    assert capsys.readouterr().err == f"dilstore train: error: {option[2:]} must be at least 1, got 0\n"
+
+
+@pytest.mark.parametrize(
     ("arguments", "option"),
     [
         (_RUNTIME[5] + ["--dev", "{tmp}/none.json"], ["--eval-batch-size", "0"]),
