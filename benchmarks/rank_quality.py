@@ -201,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the --squad-limit subset (default 0)")
     parser.add_argument("--max-query-length", type=positive_int, default=32)
     parser.add_argument("--max-doc-length", type=positive_int, default=256)
-    parser.add_argument("--batch-size", type=positive_int, default=64, help="documents per forward pass (default 64)")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=64,
+        help="documents per forward pass (default 64); a Listformer scores each whole list in one",
+    )  # fmt: skip
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch and search threads (default 2)")
     parser.add_argument("--no-progress", action="store_true")

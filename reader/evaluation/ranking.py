@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from dilstore.reader.data.ranking_data import Retriever, bm25_retriever, ensure_bm25_index, read_squad_ranking
 from dilstore.reader.data.trec import Qrels, Run, write_run
+from dilstore.reader.modeling.listformer import KIND as LISTFORMER
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, TrainableRanker
 from dilstore.reader.text.files import read_json
 from dilstore.storage.errors import DilstoreError
@@ -128,6 +129,9 @@ def rerank(
 
     Each distinct document is tokenized once; a query's candidates are
     scored as groups of that query, so EARL encodes each query once per batch.
+    A Listformer scores each query's whole list in one forward, whatever
+    `batch_size`, as `dilstore rerank` does: its score of a document depends
+    on the rest of the list, so lists cut into batches scored differently.
     """
     if batch_size < 1:
         raise DilstoreError(f"batch size must be at least 1, got {batch_size}")
@@ -141,8 +145,9 @@ def rerank(
             continue
         query = ranker.tokenize_query(task.queries[qid], max_query_length)
         scores: list[float] = []
-        for first in range(0, len(docids), batch_size):
-            chunk = docids[first : first + batch_size]
+        step = len(docids) if ranker.kind == LISTFORMER else batch_size
+        for first in range(0, len(docids), step):
+            chunk = docids[first : first + step]
             for docid in chunk:
                 if docid not in doc_tokens:
                     doc_tokens[docid] = ranker.tokenize_document(task.texts[docid], max_doc_length)

@@ -26,6 +26,7 @@ from dilstore.reader.evaluation.ranking import (
 )
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.modeling.earl import EarlConfig
+from dilstore.reader.modeling.listformer import ListformerConfig
 from dilstore.reader.modeling.rankers import new_ranker
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.paths import ROOT
@@ -71,6 +72,20 @@ def test_rerank_scores_every_candidate_as_the_ranker_scores_pairs(kind: str, tin
     assert list(run["11"].values()) == pytest.approx(expected.tolist(), abs=1e-5)
     evaluation = evaluate_run(task.qrels, run)
     assert evaluation.queries == 2 and evaluation.means["R@100"] == 1.0
+
+
+def test_a_listformer_scores_each_query_s_whole_list_whatever_the_batch_size(tiny_base: Path, dl19_file: Path) -> None:
+    """Lists cut into `batch_size` chunks were scored as separate lists, so the metrics of
+    `rank_quality.py --depth 100 --batch-size 64` depended on the batch size."""
+    ranker = new_ranker("listformer", tiny_base, listformer=ListformerConfig(1))
+    task = load_dl19_task(dl19_file, QRELS)
+    by_batch = [rerank(ranker, task, max_query_length=16, max_doc_length=32, batch_size=size) for size in (1, 3)]
+    tokens = [ranker.tokenize_document(task.texts[docid], 32) for docid in task.bm25["11"]]
+    with torch.no_grad():
+        whole = ranker.score_groups([ranker.tokenize_query(task.queries["11"], 16)], [tokens])[0]  # (3,)
+    assert list(by_batch[0]["11"].values()) == pytest.approx(whole.tolist(), abs=1e-6)
+    for qid, scores in by_batch[1].items():
+        assert by_batch[0][qid] == pytest.approx(scores, abs=1e-6)
 
 
 def passage_order_retriever(corpus: Sequence[str]):
