@@ -6,9 +6,15 @@
 - **EM and F1:** the official SQuAD v1.1 metric (reader/evaluation/squad_metric.py),
   best over the reference answers, in percent over every question.
 - **R:** the percentage of questions for which some reference answer occurs
-  in one of the top-p retrieved passages: the answer, normalised as the
-  metric normalises, appears as a whole-token run in the normalised passage
-  text ("1" does not match inside "1882").
+  in one of the top-p retrieved passages, as DPR, BERTserini and pyserini
+  count it (`pyserini.eval.evaluate_dpr_retrieval.has_answers`): both texts
+  NFD-normalised and cut into lower-cased tokens by DPR's SimpleTokenizer,
+  whose tokens split at punctuation, and the answer's tokens found as a run
+  of the passage's ("1" does not match inside "1882", "11" does inside
+  "11-year"). Until 2026-11-29 the match was made on SQuAD-normalised text,
+  which deletes punctuation and so missed "11" in "11-year" or "Manning" in
+  "Manning's": R ran 0.8 points lower than this definition on the full
+  OpenSQuAD dev set (BENCHMARKS.md).
 - **μ:** reading does not depend on μ, so one pass of the model is scored
   under every requested μ (the seed reports μ = 1, reader only, and μ = 0.5).
 
@@ -22,13 +28,16 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+import unicodedata
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyserini.eval.evaluate_dpr_retrieval import SimpleTokenizer
+
 from dilstore.reader.data.squad import load_open_questions, load_squad
-from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths, normalize_answer
+from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
 from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu, check_top_p
 from dilstore.reader.serving.odqa import OpenDomainReader
 from dilstore.storage.errors import DilstoreError
@@ -75,9 +84,17 @@ def select_questions(questions: Sequence[QAQuestion], limit: int | None, seed: i
     return [questions[index] for index in chosen]
 
 
-def answer_in_text(normalized_answer: str, normalized_text: str) -> bool:
-    """Whether a normalised answer occurs as a whole-token run in a normalised text (empty answers never do)."""
-    return bool(normalized_answer) and f" {normalized_answer} " in f" {normalized_text} "
+def answer_in_text(answer_tokens: str, text_tokens: str) -> bool:
+    """Whether an answer's `recall_tokens` occur as a run of a text's (an answer without tokens never does)."""
+    return bool(answer_tokens) and f" {answer_tokens} " in f" {text_tokens} "
+
+
+def recall_tokens(text: str, tokenizer: SimpleTokenizer) -> str:
+    """`text` as `has_answers` sees it: NFD-normalised, DPR's lower-cased tokens, joined by single spaces.
+
+    No token holds a space, so a run of tokens is a run of this string between spaces.
+    """
+    return " ".join(tokenizer.tokenize(unicodedata.normalize("NFD", text)).words(uncased=True))
 
 
 @dataclass
@@ -126,19 +143,20 @@ class QAEvaluation:
         }
 
 
-class _RecallCache:
-    """Normalised passage texts, computed once per passage id for the whole run."""
+class AnswerRecall:
+    """R's test of one question (`recalled`), each passage's `recall_tokens` computed once for the whole run."""
 
     def __init__(self) -> None:
+        self._tokenizer = SimpleTokenizer()
         self._texts: dict[str, str] = {}
 
-    def recalled(self, reading: Reading, answers: Sequence[str]) -> bool:
-        normalized_answers = [normalize_answer(answer) for answer in answers]
-        for passage_id, passage in reading.passages.items():
+    def recalled(self, passages: Mapping[str, str], answers: Sequence[str]) -> bool:
+        """Whether some answer occurs in some passage (`passages`: passage id → text, ids naming one text each)."""
+        answer_tokens = [recall_tokens(answer, self._tokenizer) for answer in answers]
+        for passage_id, text in passages.items():
             if passage_id not in self._texts:
-                self._texts[passage_id] = normalize_answer(passage.text)
-            text = self._texts[passage_id]
-            if any(answer_in_text(answer, text) for answer in normalized_answers):
+                self._texts[passage_id] = recall_tokens(text, self._tokenizer)
+            if any(answer_in_text(answer, self._texts[passage_id]) for answer in answer_tokens):
                 return True
         return False
 
@@ -188,7 +206,7 @@ def evaluate_top_ps(
     mus = sorted({READER_ONLY_MU, float(mu)}, reverse=True)
     runs = {top_p: _Run(mus) for top_p in top_ps}
     timings = Timings()
-    recall_cache = _RecallCache()
+    recall = AnswerRecall()
     started = time.perf_counter()
     accepted = []
     for question in questions:
@@ -206,7 +224,7 @@ def evaluate_top_ps(
         _add_timings(timings, readings[0].timings)
         for question, reading in zip(batch, readings, strict=True):
             for top_p, run in runs.items():
-                run.score(question, restrict(reading, top_p), recall_cache)
+                run.score(question, restrict(reading, top_p), recall)
         done += len(batch)
         if on_batch is not None:
             on_batch(done)
@@ -243,9 +261,10 @@ class _Run:
         self.refused += 1
         self.predictions[question.id] = {str(mu): "" for mu in self.mus}
 
-    def score(self, question: QAQuestion, reading: Reading, recall_cache: _RecallCache) -> None:
+    def score(self, question: QAQuestion, reading: Reading, recall: AnswerRecall) -> None:
         self.count += 1
-        self.recalled += recall_cache.recalled(reading, question.answers)
+        texts = {passage_id: passage.text for passage_id, passage in reading.passages.items()}
+        self.recalled += recall.recalled(texts, question.answers)
         self.predictions[question.id] = {}
         for mu in self.mus:
             prediction = aggregate(reading, mu, n_best=1).text

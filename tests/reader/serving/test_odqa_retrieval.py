@@ -218,3 +218,29 @@ def test_mini_opensquad_benchmark_runs_end_to_end_on_a_tiny_corpus(
     other = {"fp16": "int8", "2bit": "fp16"}[encoding]
     assert module.main([*argv[:-4], "--encoding", other, "--output", str(tmp_path / "other.json")]) == 2
     assert not (tmp_path / "other.json").exists()
+
+
+def test_answer_recall_benchmark_counts_r_by_both_definitions(
+    indexed: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """"4" is in "€4.50" only as DPR's tokens see it; "5895 metres" is in "5,895 metres" only once SQuAD's
+    normalisation deletes the comma; "1882" is found both ways and the curators' answer by neither."""
+    script = ROOT / "benchmarks" / "answer_recall.py"
+    spec = importlib.util.spec_from_file_location("answer_recall", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"question": question, "answer": answers}) + "\n" for question, answers in [
+        ("When did the Zürich tram network open?", ["1882"]),
+        ("What does the café sell crème brûlée for?", ["4"]),
+        ("How high does Mount Kilimanjaro rise?", ["5895 metres"]),
+        ("Who won the Nobel Prize?", ["Ingrid Solberg"]),
+    ]))  # fmt: skip
+    output = tmp_path / "recall.json"
+    args = ["--store", str(indexed["store"]), "--questions", str(questions), "--top-p", "4", "--output", str(output)]
+    assert module.main(args) == 0
+    result = json.loads(output.read_text())
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == result
+    assert result["questions"] == 4 and len(result["rows"]) == 1
+    assert result["rows"][0] == {"top_p": 4, "recall_dpr": 50.0, "recall_squad_normalised": 50.0, "only_dpr": 1,
+                                 "only_squad_normalised": 1}  # fmt: skip
