@@ -164,15 +164,20 @@ def evaluate_qa(
 
 
 def evaluate_rank(
-    qrels: PathLike | Mapping[str, Mapping[str, int]], run: PathLike | Mapping[str, Mapping[str, float]]
+    qrels: PathLike | Mapping[str, Mapping[str, int]],
+    run: PathLike | Mapping[str, Mapping[str, float]],
+    relevance_level: int | None = None,
 ) -> RankEvaluation:
-    """RR@10, nDCG@10 and R@100 of a run against qrels (TREC files, or {qid: {docid: grade or score}})."""
+    """RR@10, nDCG@10, R@100 and Judged@10 of a run against qrels (TREC files, or {qid: {docid: grade or score}}).
+
+    relevance_level: the lowest grade RR and R count as relevant (`evaluate-rank --relevance-level`).
+    """
     from dilstore.reader.data.trec import qrels_from_mapping, read_qrels, read_run, run_from_mapping
     from dilstore.reader.evaluation.rank_metrics import evaluate_run
 
     judged = read_qrels(qrels) if isinstance(qrels, str | Path) else qrels_from_mapping(qrels)
     ranked = read_run(run) if isinstance(run, str | Path) else run_from_mapping(run)
-    return evaluate_run(judged, ranked)
+    return evaluate_run(judged, ranked, relevance_level)
 
 
 def _check(name: str, value: Any, kinds: tuple[type, ...], expected: str) -> None:

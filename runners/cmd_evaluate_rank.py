@@ -1,10 +1,12 @@
-"""`dilstore evaluate-rank`: RR@10, nDCG@10 and R@100 of a TREC run against TREC qrels."""
+"""`dilstore evaluate-rank`: RR@10, nDCG@10, R@100 and Judged@10 of a TREC run against TREC qrels."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+
+from dilstore.runners.arg_types import positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,24 +18,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Score a TREC run against TREC qrels with ir_measures. Means are over every judged query; "
             "a judged query missing from the run scores 0, and run queries without judgements are ignored. "
             "RR and R count grade >= 2 as relevant when the qrels are graded 0-3 (TREC Deep Learning), "
-            "otherwise grade >= 1; nDCG uses the grades as gains. Tied scores are ranked by docid, "
-            "descending, as trec_eval ranks them."
+            "otherwise grade >= 1, unless --relevance-level says; nDCG uses the grades as gains. Judged@10 is "
+            "the share of each top 10 the qrels judge: unjudged documents count as not relevant. Tied scores are "
+            "ranked by docid, descending, as trec_eval ranks them."
         ),
     )
     parser.add_argument("--qrels", type=Path, required=True, help="TREC qrels: qid 0 docid grade")
     parser.add_argument(
         "--run", type=Path, required=True, dest="run_file", metavar="RUN", help="TREC run: qid Q0 docid rank score tag"
     )
-    parser.add_argument("--json", action="store_true", help='print {"RR@10","nDCG@10","R@100","queries"}')
+    parser.add_argument(
+        "--relevance-level", type=positive_int, metavar="GRADE",
+        help="lowest grade RR and R count as relevant (default: 2 when the qrels' highest grade is 3, else 1); "
+             "give it to score a subset of a file's queries as the whole file scores them",
+    )  # fmt: skip
+    parser.add_argument(
+        "--json", action="store_true",
+        help='print {"RR@10","nDCG@10","R@100","Judged@10","queries","relevance_level"}',
+    )  # fmt: skip
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Read both files, evaluate, print the means."""
-    from dilstore.reader.evaluation.rank_metrics import METRICS, evaluate_run
+    from dilstore.reader.evaluation.rank_metrics import JUDGED, METRICS, evaluate_run
     from dilstore.reader.data.trec import read_qrels, read_run
 
-    evaluation = evaluate_run(read_qrels(args.qrels), read_run(args.run_file))
+    evaluation = evaluate_run(read_qrels(args.qrels), read_run(args.run_file), args.relevance_level)
     summary = evaluation.summary()
     if args.json:
         print(json.dumps(summary))
@@ -43,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         ("run", str(args.run_file)),
         ("queries", f"{evaluation.queries} (relevant for RR and R: grade >= {evaluation.relevance_level})"),
         *((name, f"{summary[name]:.4f}") for name in METRICS),
+        (JUDGED, f"{summary[JUDGED]:.4f} (share of each top 10 the qrels judge)"),
     ]
     width = max(len(label) for label, _ in rows)
     print("\n".join(f"{label:<{width}}  {value}" for label, value in rows))

@@ -1,19 +1,28 @@
-"""Ranking metrics of a run against qrels: RR@10, nDCG@10 and R@100, computed by ir_measures.
+"""Ranking metrics of a run against qrels: RR@10, nDCG@10 and R@100, computed by ir_measures, and Judged@10.
 
-Two ir_measures providers that work offline compute them: nDCG@10 and R@100
+Three ir_measures providers that work offline compute them: nDCG@10 and R@100
 come from pytrec_eval (trec_eval's own C code), RR@10 from ir_measures' port of
 the official MS MARCO script, because pytrec_eval's reciprocal rank ignores a
-cutoff. This module fixes the rules the tools leave open, and states them:
+cutoff, and Judged@10 from its own. Judged@10, the share of each top 10 the
+qrels judge, is no quality measure but says how far to trust the others: an
+unjudged document counts as not relevant, so a reranker that lifts unjudged
+documents into the top 10 loses nDCG@10 whatever they hold (TREC DL 2019
+judged about half of BM25's top 100). This module fixes the rules the tools
+leave open, and states them:
 
 - **Which queries count.** Every query in the qrels. A judged query that the
   run does not contain scores 0 on every metric (trec_eval's `-c`; ir_measures
   does the same, and `evaluate_run` fills the zeros itself so the rule does not
   hang on a provider); a run query without qrels is ignored. Means are over the
   judged queries, and a judged query with no relevant document scores 0.
-- **What "relevant" means for RR and R.** When the highest grade in the qrels
-  is 3 (TREC Deep Learning's 0–3 scale), grade ≥ 2 is relevant, as the DL track
-  overviews count it for binary measures; otherwise grade ≥ 1. nDCG always uses
-  the grades themselves as gains (trec_eval's linear gain, log2 discount).
+- **What "relevant" means for RR and R.** The lowest relevant grade given
+  (`relevance_level`), or by default: when the highest grade in the qrels is 3
+  (TREC Deep Learning's 0–3 passage scale), grade ≥ 2 is relevant, as the DL
+  track overviews count it for binary measures; otherwise grade ≥ 1. The
+  default hangs on the file, so a subset of DL qrels whose best grade is 2 gets
+  ≥ 1: give the level to score a subset as its whole file is scored. nDCG
+  always uses the grades themselves as gains (trec_eval's linear gain, log2
+  discount).
 - **Ties.** Documents with equal scores are ranked by `reader.data.trec.rank_documents`
   (docid descending, trec_eval's order) for every metric, which is also the
   order `write_run` writes; the two providers would otherwise break ties in
@@ -28,14 +37,15 @@ from dilstore.reader.data.trec import Qrels, Run, rank_documents
 from dilstore.storage.errors import DilstoreError
 
 METRICS: tuple[str, ...] = ("RR@10", "nDCG@10", "R@100")
+JUDGED = "Judged@10"
 
 
 @dataclass(frozen=True)
 class RankEvaluation:
     """Per-query and mean metrics of one run, and which queries they cover."""
 
-    per_query: dict[str, dict[str, float]]  # judged qid → {metric name: value}
-    means: dict[str, float]  # metric name → mean over every judged query
+    per_query: dict[str, dict[str, float]]  # judged qid → {metric name or JUDGED: value}
+    means: dict[str, float]  # metric name or JUDGED → mean over every judged query
     relevance_level: int  # lowest grade RR and R count as relevant
     unretrieved: tuple[str, ...]  # judged queries absent from the run, scored 0
     unjudged: int  # run queries without qrels, ignored
@@ -46,8 +56,10 @@ class RankEvaluation:
         return len(self.per_query)
 
     def summary(self) -> dict[str, float | int]:
-        """`{"RR@10", "nDCG@10", "R@100", "queries"}` with the means rounded to 4 places."""
-        return {**{name: round(self.means[name], 4) for name in METRICS}, "queries": self.queries}
+        """`{"RR@10", "nDCG@10", "R@100", "Judged@10", "queries", "relevance_level"}`, the means rounded to 4
+        places."""
+        means = {name: round(self.means[name], 4) for name in (*METRICS, JUDGED)}
+        return {**means, "queries": self.queries, "relevance_level": self.relevance_level}
 
 
 def relevance_level(qrels: Qrels) -> int:
@@ -61,29 +73,36 @@ def relevance_level(qrels: Qrels) -> int:
     return 2 if highest == 3 else 1
 
 
-def evaluate_run(qrels: Qrels, run: Run) -> RankEvaluation:
-    """RR@10, nDCG@10 and R@100 of `run` per judged query and on average (see the module docstring)."""
+def evaluate_run(qrels: Qrels, run: Run, level: int | None = None) -> RankEvaluation:
+    """RR@10, nDCG@10, R@100 and Judged@10 of `run` per judged query and on average (see the module docstring).
+
+    level: the lowest grade RR and R count as relevant (default: `relevance_level` of the qrels).
+    """
     import ir_measures
-    from ir_measures import RR, R, nDCG
+    from ir_measures import RR, Judged, R, nDCG
 
     if not any(qrels.values()):
         raise DilstoreError("the qrels judge no documents")
     judged_in_run = [qid for qid in run if qid in qrels]
     if not judged_in_run:
         raise DilstoreError(f"none of the run's {len(run)} queries has judgements in the qrels")
-    level = relevance_level(qrels)
+    if level is None:
+        level = relevance_level(qrels)
+    elif isinstance(level, bool) or not isinstance(level, int) or level < 1:
+        raise DilstoreError(f"the relevance level must be a grade of at least 1, got {level!r}")
     # pytrec_eval's recip_rank has no cutoff (it would score a first hit at rank 19 as 1/19), so RR@k comes
     # from ir_measures' port of the official MS MARCO script; nDCG@k and R@k come from pytrec_eval.
     measures_by_provider = (
         (ir_measures.msmarco, {RR(rel=level) @ 10: "RR@10"}),
         (ir_measures.pytrec_eval, {nDCG @ 10: "nDCG@10", R(rel=level) @ 100: "R@100"}),
+        (ir_measures.judged, {Judged @ 10: JUDGED}),
     )
     ranked = {qid: _strict_scores(run[qid]) for qid in judged_in_run}
-    per_query = {qid: dict.fromkeys(METRICS, 0.0) for qid in qrels}
+    per_query = {qid: dict.fromkeys((*METRICS, JUDGED), 0.0) for qid in qrels}
     for provider, measures in measures_by_provider:
         for metric in provider.iter_calc(list(measures), qrels, ranked):
             per_query[metric.query_id][measures[metric.measure]] = float(metric.value)
-    means = {name: sum(values[name] for values in per_query.values()) / len(per_query) for name in METRICS}
+    means = {name: sum(values[name] for values in per_query.values()) / len(per_query) for name in (*METRICS, JUDGED)}
     return RankEvaluation(
         per_query=per_query,
         means=means,

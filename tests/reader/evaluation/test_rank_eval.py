@@ -59,10 +59,12 @@ def expected_tiny() -> dict[str, float]:
         "q2": dcg([1] + [0] * 9) / dcg([2, 1]),  # e2 falls outside the top 10
     }
     recall = {"q1": 2 / 2, "q2": 1 / 1}  # every grade >= 2 document is within the top 100
+    judged = {"q1": 4 / 5, "q2": 1 / 10}  # of the documents in each top 10: x and n0..n8 are unjudged
     return {
         "RR@10": sum(rr.values()) / 3,
         "nDCG@10": sum(ndcg.values()) / 3,
         "R@100": sum(recall.values()) / 3,
+        "Judged@10": sum(judged.values()) / 3,
     }
 
 
@@ -82,8 +84,23 @@ def test_tiny_example_matches_the_formulas(tiny: tuple[Path, Path]) -> None:
         assert evaluation.means[name] == pytest.approx(value, abs=1e-12), name
     assert evaluation.relevance_level == 2
     assert evaluation.queries == 3 and evaluation.unretrieved == ("q3",) and evaluation.unjudged == 1
-    assert evaluation.per_query["q3"] == {"RR@10": 0.0, "nDCG@10": 0.0, "R@100": 0.0}
+    assert evaluation.per_query["q3"] == {"RR@10": 0.0, "nDCG@10": 0.0, "R@100": 0.0, "Judged@10": 0.0}
     assert set(evaluation.per_query) == {"q1", "q2", "q3"}
+
+
+def test_a_relevance_level_given_scores_a_subset_as_its_whole_file(tiny: tuple[Path, Path]) -> None:
+    """The level hangs on the qrels' highest grade: q2 alone (grades 1, 2) got grade >= 1, and its RR@10 went
+    from 0 (e2 at rank 12) to 1 (e1 at rank 1)."""
+    qrels, run = read_qrels(tiny[0]), read_run(tiny[1])
+    whole = evaluate_run(qrels, run)
+    alone = evaluate_run({"q2": qrels["q2"]}, run)
+    assert (alone.relevance_level, alone.per_query["q2"]["RR@10"]) == (1, 1.0)
+    given_level = evaluate_run({"q2": qrels["q2"]}, run, level=2)
+    assert given_level.per_query["q2"] == whole.per_query["q2"] and given_level.relevance_level == 2
+    assert evaluate_run(qrels, run, level=1).means["RR@10"] == pytest.approx((1 / 2 + 1) / 3)  # d4 at 2; e1 at 1
+    for bad in (0, True, 1.5):
+        with pytest.raises(DilstoreError, match="relevance level must be a grade of at least 1"):
+            evaluate_run(qrels, run, level=bad)
 
 
 def test_a_byte_order_mark_opening_the_files_changes_nothing(tiny: tuple[Path, Path]) -> None:
@@ -102,12 +119,16 @@ def test_cli_json_and_table(tiny: tuple[Path, Path], capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert len(out.splitlines()) == 1
     summary = json.loads(out)
-    assert list(summary) == ["RR@10", "nDCG@10", "R@100", "queries"]
-    assert summary == {**{name: round(value, 4) for name, value in expected_tiny().items()}, "queries": 3}
+    assert list(summary) == ["RR@10", "nDCG@10", "R@100", "Judged@10", "queries", "relevance_level"]
+    expected = {name: round(value, 4) for name, value in expected_tiny().items()}
+    assert summary == {**expected, "queries": 3, "relevance_level": 2}
+    assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json", "--relevance-level", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["relevance_level"] == 1
     assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2] == "queries  3 (relevant for RR and R: grade >= 2)"
-    assert lines[4] == f"nDCG@10  {expected_tiny()['nDCG@10']:.4f}"
+    assert lines[2] == "queries    3 (relevant for RR and R: grade >= 2)"
+    assert lines[4] == f"nDCG@10    {expected_tiny()['nDCG@10']:.4f}"
+    assert lines[6] == f"Judged@10  {expected_tiny()['Judged@10']:.4f} (share of each top 10 the qrels judge)"
     assert "1 judged query(ies) missing from the run, scored 0" in lines
     assert "1 run query(ies) without judgements, ignored" in lines
 
