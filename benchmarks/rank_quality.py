@@ -172,7 +172,9 @@ def render(report: dict[str, Any]) -> str:
             cells.append(" | " + ("  ".join(f"{row[name]:.4f}" for name in METRICS) if row else "-").center(30))
         lines.append(f"{model:<{width}}" + "".join(cells))
     counts = ", ".join(
-        f"{task}: {info['queries']} queries, BM25 top-{info['depth']}" for task, info in report["tasks"].items()
+        f"{task}: {info['queries']} queries, BM25 top-{info['depth']}"
+        + (f" (so R@100 is R@{info['depth']})" if info["depth"] < 100 else "")
+        for task, info in report["tasks"].items()
     )
     return "\n".join([*lines, f"({counts}; device {report['device']})"])
 

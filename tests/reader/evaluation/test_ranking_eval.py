@@ -166,6 +166,7 @@ def test_benchmark_labels_untrained_rankers(tiny_base: Path, dl19_file: Path, tm
     }
     table = capsys.readouterr().out
     assert "UNTRAINED: base-initialised" in table and "DL19" in table
+    assert "(DL19: 2 queries, BM25 top-3 (so R@100 is R@3); device cpu)" in table  # 3 candidates at most
     assert (tmp_path / "work" / "qrels.dl19.txt").is_file() and len(list((tmp_path / "work").glob("run.*.trec"))) == 5
     again = tmp_path / "again.json"
     saved_task = tmp_path / "work" / "task.dl19.json.gz"
