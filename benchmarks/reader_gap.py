@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,9 +58,18 @@ class ScoredQuestion:
 
 
 def question_word(question: str) -> str:
-    """The first of QUESTION_WORDS in the question (two-word ones first), else "other"."""
-    words = f" {' '.join(question.lower().replace('?', ' ').split())} "
-    return next((word for word in QUESTION_WORDS if f" {word} " in words), "other")
+    """The one of QUESTION_WORDS that comes first in the question ("how many" before "how"), else "other".
+
+    Words are runs of letters, so "Who," and "What's" count.
+    """
+    words = re.findall(r"[a-z]+", question.lower())
+    for position, word in enumerate(words):
+        pair = " ".join(words[position : position + 2])
+        if pair in QUESTION_WORDS:
+            return pair
+        if word in QUESTION_WORDS:
+            return word
+    return "other"
 
 
 def per_question_f1(

@@ -89,7 +89,10 @@ def test_length_buckets_cover_every_count(value: int, label: str) -> None:
 @pytest.mark.parametrize(
     ("question", "word"),
     [("How many prizes?", "how many"), ("how did she win?", "how"), ("In which year?", "which"),
-     ("Name the city.", "other"), ("Tell me: who wrote it?", "who")],
+     ("Name the city.", "other"), ("Tell me: who wrote it?", "who"),
+     # The first in the question, not in QUESTION_WORDS' order, and next to punctuation (129 of SQuAD dev's):
+     ("How old was Peyton Manning when he played?", "how"), ("When John Fox left, who replaced him?", "when"),
+     ("Who, with Jim Nantz, called the game?", "who"), ("What's the name?", "what")],
 )  # fmt: skip
 def test_question_words_prefer_the_two_word_ones(question: str, word: str) -> None:
     with benchmark_module("reader_gap") as reader_gap:
