@@ -229,107 +229,78 @@ class ServedStore:
 
 def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: Metrics | None = None) -> FastAPI:
     """The app over already opened stores; its lifespan starts and drains one Batcher per store."""
-    if not stores:
-        raise DilstoreError("no store to serve")
-    names = [store.name for store in stores]
-    if len(set(names)) != len(names):
-        raise DilstoreError(f"store names must differ, got {names}; name them as NAME=DIR")
-    metrics = metrics or Metrics()
-    batchers = {
-        store.name: Batcher(
-            store.name,
-            store.service.run_batch,
-            # /rerank runs each request alone: only /ask batches pairs across requests.
-            max_batch_pairs=settings.max_batch_pairs if store.service.endpoint == ASK else 1,
-            max_wait=settings.max_wait,
-            queue_size=settings.queue_size,
-            metrics=metrics,
-        )
-        for store in stores
-    }
-    by_name = {store.name: store for store in stores}
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        for batcher in batchers.values():
-            batcher.start()
-        yield
-        # uvicorn has already waited for the requests in flight; stop() runs anything still queued.
-        await asyncio.gather(*(asyncio.to_thread(batcher.stop) for batcher in batchers.values()))
-
+    router = StoreRouter(stores, settings, metrics or Metrics())
     app = FastAPI(
         title="dilstore query server",
         description="Open-domain QA (/ask) and EARL reranking (/rerank) over precomputed shard stores.",
-        lifespan=lifespan,
+        lifespan=router.lifespan,
     )
-    app.state.metrics = metrics
-    app.state.batchers = batchers
+    app.state.metrics = router.metrics
+    app.state.batchers = router.batchers
+    add_request_handling(app, router.metrics)
+    add_routes(app, router)
+    return app
 
-    @app.middleware("http")
-    async def measure(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        endpoint = request.url.path if request.url.path in ENDPOINTS else "other"
-        started = time.perf_counter()
-        metrics.in_flight(endpoint, 1)
-        status, retry_later = 500, False
-        try:
-            try:
-                response = too_large(request) or await call_next(request)
-            except asyncio.CancelledError:  # --shutdown-timeout ended a request still unfinished (a stalled client)
-                response = JSONResponse({"detail": "the server shut down before this request was complete"}, 503)
-            status, retry_later = response.status_code, "retry-after" in response.headers
-            return response
-        finally:
-            metrics.in_flight(endpoint, -1)
-            metrics.count_request(endpoint, status, time.perf_counter() - started, retry_later=retry_later)
 
-    def too_large(request: Request) -> JSONResponse | None:
-        # A request body is a question or a query with at most MAX_TOP_P-ish ids: kilobytes. Refused by its declared
-        # length before any of it is read, so a client cannot make the server read and parse megabytes per request;
-        # this message names the sizes, where the routes' max_body_size says only "Content Too Large".
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            message = f"the request body is {int(declared):,} bytes; the server reads at most {MAX_BODY_BYTES:,}"
-            return JSONResponse({"detail": message}, status_code=413)
-        return None
+class StoreRouter:
+    """The served stores by name, one Batcher each, and how a request reaches its store and comes back."""
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, error: StarletteHTTPException) -> Response:
-        # FastAPI answers a body it cannot decode (bytes that are not UTF-8, JSON nested too deep, an integer of
-        # thousands of digits) with 400 "There was an error parsing the body"; the cause it was raised from says why.
-        if error.status_code == 400 and error.detail == UNPARSED_BODY and error.__cause__ is not None:
-            return JSONResponse({"detail": f"the body is not valid JSON: {error.__cause__}"}, status_code=422)
-        return await http_exception_handler(request, error)
+    def __init__(self, stores: Sequence[ServedStore], settings: ServeSettings, metrics: Metrics) -> None:
+        if not stores:
+            raise DilstoreError("no store to serve")
+        self.names = [store.name for store in stores]
+        if len(set(self.names)) != len(self.names):
+            raise DilstoreError(f"store names must differ, got {self.names}; name them as NAME=DIR")
+        self.stores, self.settings, self.metrics = list(stores), settings, metrics
+        self.by_name = {store.name: store for store in stores}
+        self.batchers = {
+            store.name: Batcher(
+                store.name,
+                store.service.run_batch,
+                # /rerank runs each request alone: only /ask batches pairs across requests.
+                max_batch_pairs=settings.max_batch_pairs if store.service.endpoint == ASK else 1,
+                max_wait=settings.max_wait,
+                queue_size=settings.queue_size,
+                metrics=metrics,
+            )
+            for store in stores
+        }
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
-        # FastAPI's own handler echoes each bad input back, and fails with a 500 on a NaN or infinity.
-        details = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]
-        return JSONResponse({"detail": details}, status_code=422)
+    @asynccontextmanager
+    async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
+        """Start every Batcher; at shutdown, stop them all (each runs what is still queued)."""
+        for batcher in self.batchers.values():
+            batcher.start()
+        yield
+        # uvicorn has already waited for the requests in flight; stop() runs anything still queued.
+        await asyncio.gather(*(asyncio.to_thread(batcher.stop) for batcher in self.batchers.values()))
 
-    def choose(name: str | None, endpoint: str) -> ServedStore:
+    def choose(self, name: str | None, endpoint: str) -> ServedStore:
+        """The store a request names, or the first that answers `endpoint`; a ClientError when there is none."""
         if name is None:
-            for store in stores:
+            for store in self.stores:
                 if store.service.endpoint == endpoint:
                     return store
             raise ClientError(400, f"no store served here answers {endpoint}")
-        if name not in by_name:
-            raise ClientError(404, f"no store named {name!r}; stores: {', '.join(names)}")
-        store = by_name[name]
+        if name not in self.by_name:
+            raise ClientError(404, f"no store named {name!r}; stores: {', '.join(self.names)}")
+        store = self.by_name[name]
         if store.service.endpoint != endpoint:
             raise ClientError(400, f"store {name!r} answers {store.service.endpoint}, not {endpoint}")
         return store
 
-    async def answer(request: AskRequest | RerankRequest, endpoint: str) -> JSONResponse:
+    async def answer(self, request: AskRequest | RerankRequest, endpoint: str) -> JSONResponse:
+        """The response to one /ask or /rerank request: its result, or the error status the module docstring lists."""
         try:
-            store = choose(request.store, endpoint)
+            store = self.choose(request.store, endpoint)
             if store.problem is not None:
                 raise store.unavailable()
             pairs = store.service.pairs(request)  # type: ignore[arg-type]
-            if pairs > settings.max_top_p:
-                raise ClientError(422, f"this server answers at most {settings.max_top_p} passages per request, "
+            if pairs > self.settings.max_top_p:
+                raise ClientError(422, f"this server answers at most {self.settings.max_top_p} passages per request, "
                                   f"got {pairs}")  # fmt: skip
             try:
-                result = await batchers[store.name].submit(request, pairs)
+                result = await self.batchers[store.name].submit(request, pairs)
             except StoreFormatError as error:  # the files under the open store changed: no later request can work
                 store.problem = str(error)
                 logger.error("store %r is unavailable from now on: %s", store.name, error)
@@ -350,37 +321,97 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
             return JSONResponse({"detail": f"internal error: {type(error).__name__}: {error}"}, status_code=500)
         return JSONResponse(result)
 
+    def health(self) -> JSONResponse:
+        """200 naming the stores, or 503 naming those that became unavailable and why."""
+        problems = {store.name: store.problem for store in self.stores if store.problem is not None}
+        if problems:
+            return JSONResponse({"status": "unavailable", "stores": self.names, "problems": problems}, status_code=503)
+        return JSONResponse({"status": "ok", "stores": self.names})
+
+    def descriptions(self) -> dict[str, Any]:
+        """/stores: each store's name, endpoint, `dilstore info --json` and model, and its problem if it has one."""
+        return {
+            "stores": [
+                {"name": store.name, "endpoint": store.service.endpoint, **store.description,
+                 **({} if store.problem is None else {"problem": store.problem})}
+                for store in self.stores
+            ]
+        }  # fmt: skip
+
+
+def add_request_handling(app: FastAPI, metrics: Metrics) -> None:
+    """Count every request in `metrics`, refuse oversized bodies by their declared length, and answer bodies that
+    cannot be decoded or validated with a 422 that says why."""
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        endpoint = request.url.path if request.url.path in ENDPOINTS else "other"
+        started = time.perf_counter()
+        metrics.in_flight(endpoint, 1)
+        status, retry_later = 500, False
+        try:
+            try:
+                response = too_large(request) or await call_next(request)
+            except asyncio.CancelledError:  # --shutdown-timeout ended a request still unfinished (a stalled client)
+                response = JSONResponse({"detail": "the server shut down before this request was complete"}, 503)
+            status, retry_later = response.status_code, "retry-after" in response.headers
+            return response
+        finally:
+            metrics.in_flight(endpoint, -1)
+            metrics.count_request(endpoint, status, time.perf_counter() - started, retry_later=retry_later)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> Response:
+        # FastAPI answers a body it cannot decode (bytes that are not UTF-8, JSON nested too deep, an integer of
+        # thousands of digits) with 400 "There was an error parsing the body"; the cause it was raised from says why.
+        if error.status_code == 400 and error.detail == UNPARSED_BODY and error.__cause__ is not None:
+            return JSONResponse({"detail": f"the body is not valid JSON: {error.__cause__}"}, status_code=422)
+        return await http_exception_handler(request, error)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each bad input back, and fails with a 500 on a NaN or infinity.
+        details = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]
+        return JSONResponse({"detail": details}, status_code=422)
+
+
+def too_large(request: Request) -> JSONResponse | None:
+    """A 413 for a request whose declared body is over MAX_BODY_BYTES, before any of it is read; else None.
+
+    A request body is a question or a query with at most MAX_TOP_P-ish ids: kilobytes. So a client cannot make the
+    server read and parse megabytes per request; this message names the sizes, where the routes' max_body_size
+    says only "Content Too Large".
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        message = f"the request body is {int(declared):,} bytes; the server reads at most {MAX_BODY_BYTES:,}"
+        return JSONResponse({"detail": message}, status_code=413)
+    return None
+
+
+def add_routes(app: FastAPI, router: StoreRouter) -> None:
+    """/ask, /rerank, /health (GET and HEAD), /stores and /metrics."""
+
     # max_body_size counts a chunked body (no Content-Length), which too_large cannot see, as it arrives.
     @app.post(ASK, summary="Answer a question (the JSON of `dilstore ask --json`)", max_body_size=MAX_BODY_BYTES)
     async def ask(request: AskRequest) -> JSONResponse:
-        return await answer(request, ASK)
+        return await router.answer(request, ASK)
 
     @app.post(RERANK, summary="Score documents of an EARL or Listformer store against a query, best first",
               max_body_size=MAX_BODY_BYTES)
     async def rerank(request: RerankRequest) -> JSONResponse:
-        return await answer(request, RERANK)
+        return await router.answer(request, RERANK)
 
     @app.get("/health", summary="200 once every store is loaded; 503 naming the stores that became unavailable")
     async def health() -> JSONResponse:
-        problems = {store.name: store.problem for store in stores if store.problem is not None}
-        if problems:
-            return JSONResponse({"status": "unavailable", "stores": names, "problems": problems}, status_code=503)
-        return JSONResponse({"status": "ok", "stores": names})
+        return router.health()
 
     app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)  # for probes that use HEAD
 
     @app.get("/stores", summary="Each store's `dilstore info --json`, its endpoint and model")
     async def list_stores() -> dict[str, Any]:
-        return {
-            "stores": [
-                {"name": store.name, "endpoint": store.service.endpoint, **store.description,
-                 **({} if store.problem is None else {"problem": store.problem})}
-                for store in stores
-            ]
-        }
+        return router.descriptions()
 
     @app.get("/metrics", summary="Prometheus text exposition")
     async def metrics_text() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
-
-    return app
+        return Response(router.metrics.render(), media_type=CONTENT_TYPE)
