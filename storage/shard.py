@@ -213,6 +213,23 @@ def read_whole(columns: Sequence[Column], check: Sequence[RangedColumn] = ()) ->
     return [parts[0] for parts in read_ranges([(column, zero, np.array([column.rows])) for column in columns], check)]
 
 
+def _column(
+    array: zarr.Array | None, name: str, location: StoreLocation, relative: str, read_path: ReadPath
+) -> Column:
+    """Array `name` of shard `relative` as a column read by `read_path`: mapped, by byte ranges (uncompressed
+    arrays), or through zarr-python; a StoreFormatError when the shard has no such array."""
+    where = f"{location.path(relative)}/{name}"
+    if array is None:
+        raise StoreFormatError(f"{where} is missing or not an array")
+    if read_path == "mmap":
+        assert location.local_root is not None  # ShardReader refuses a remote store's "mmap" first
+        return MappedColumn(map_array(array, location.local_root / relative / name))
+    if read_path == "ranged" and mappable_reason(array) is None:
+        layout = contiguous_layout(array, where)
+        return RangedColumn(location.fs, location.path(f"{relative}/{name}/{layout.chunk_key}"), layout)
+    return ZarrColumn(array, where)
+
+
 def _open_arrays(group: zarr.Group, names: Sequence[str], where: str) -> dict[str, zarr.Array | None]:
     """The arrays `names` (paths under `group`, at `where`), their metadata read concurrently; None where there is
     no array.
@@ -289,20 +306,7 @@ class ShardReader:
         arrays = _open_arrays(group, [*whole_names, TEXT_BYTES, TOKEN_IDS, CHAR_SPANS,
                                       *(states_array(name) for name in [*per_token, *orphans])], where)  # fmt: skip
         self._refuse_codes_the_codebook_cannot_decode({name: arrays.pop(states_array(name)) for name in orphans})
-
-        def column(name: str) -> Column:
-            array = arrays.get(name)
-            if array is None:
-                raise StoreFormatError(f"{where}/{name} is missing or not an array")
-            if read_path == "mmap":
-                assert local_root is not None
-                return MappedColumn(map_array(array, local_root / relative / name))
-            if read_path == "ranged" and mappable_reason(array) is None:
-                layout = contiguous_layout(array, f"{where}/{name}")
-                return RangedColumn(location.fs, location.path(f"{relative}/{name}/{layout.chunk_key}"), layout)
-            return ZarrColumn(array, f"{where}/{name}")
-
-        columns = {name: column(name) for name in arrays}
+        columns = {name: _column(array, name, location, relative, read_path) for name, array in arrays.items()}
         ranged = [column for column in columns.values() if isinstance(column, RangedColumn)]
         whole = dict(zip(whole_names, read_whole([columns[name] for name in whole_names], ranged), strict=True))
         self.id_bytes, self.id_offsets = whole[ID_BYTES], whole[ID_OFFSETS]
