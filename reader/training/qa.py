@@ -65,7 +65,7 @@ from dilstore.reader.training.loop import (
     optimizer_step_batches,
     require_finite,
 )
-from dilstore.reader.training.runs import TrainerRun, finish_run, start_run
+from dilstore.reader.training.runs import RunStart, TrainerRun, finish_run, start_run
 from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 
@@ -405,20 +405,7 @@ def train_qa(
     start = start_run(output_dir, config, resume=resume, device=device)
     reader = DilBertReader.from_pretrained(start.resume_from or model_dir, layers=config.layers)
     data = load_training_data(reader.tokenizer, Path(train_file), config)
-    lower_cache = None
-    if config.freeze_lower:
-        freeze_lower_layers(reader)
-        round_trip = None
-        if config.store_encoding is not None:
-            # Imported here: the codebook needs zarr, which a training-only machine (the lent GPU) may lack.
-            from dilstore.reader.training.store_codec import training_round_trip
-
-            round_trip = training_round_trip(
-                reader.to(start.device), [feature.passage.token_ids for feature in data.features],
-                config.store_encoding, None if config.codebook is None else Path(config.codebook),
-                start.output_dir, start.device, resume=start.resume_from is not None,
-            )  # fmt: skip
-        lower_cache = LowerStateCache(reader, round_trip)
+    lower_cache = _frozen_lower_layers(reader, data, config, start) if config.freeze_lower else None
     distillation = None
     if config.teacher is not None:
         teacher = load_teacher(Path(config.teacher), reader, start.device)
@@ -461,6 +448,24 @@ def train_qa(
         losses=outcome.losses,
         reader=reader,
     )
+
+
+def _frozen_lower_layers(reader: DilBertReader, data: TrainingData, config: TrainingConfig, start: RunStart
+                         ) -> LowerStateCache:  # fmt: skip
+    """--freeze-lower: layers 1..k frozen, and the cache of each window's layer-k states; with --store-encoding
+    those states make the round trip through the store's encoding (its codebook trained or given)."""
+    freeze_lower_layers(reader)
+    round_trip = None
+    if config.store_encoding is not None:
+        # Imported here: the codebook needs zarr, which a training-only machine (the lent GPU) may lack.
+        from dilstore.reader.training.store_codec import training_round_trip
+
+        round_trip = training_round_trip(
+            reader.to(start.device), [feature.passage.token_ids for feature in data.features],
+            config.store_encoding, None if config.codebook is None else Path(config.codebook),
+            start.output_dir, start.device, resume=start.resume_from is not None,
+        )  # fmt: skip
+    return LowerStateCache(reader, round_trip)
 
 
 def accumulate_gradients(
