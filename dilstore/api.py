@@ -14,7 +14,7 @@ import contextlib
 import io
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from dilstore.storage.errors import DilstoreError
 
@@ -91,7 +91,35 @@ def open_reranker(store: PathLike, model: PathLike | None = None, *, device: str
     return open_store_reranker(store, model, device=device)
 
 
-def precompute(**options: Any) -> Path:
+class PrecomputeOptions(TypedDict, total=False):
+    """`precompute`'s keywords: the flags of `dilstore precompute` by their Python names (see its --help for what
+    each does and its default; a test keeps the two lists equal)."""
+
+    input: PathLike | Iterable[PathLike]
+    format: str
+    split: str
+    output: PathLike
+    model: PathLike
+    kind: str
+    layers: int
+    encoding: str
+    codebook: PathLike
+    compression: str
+    max_length: int
+    shards: int
+    overwrite: bool
+    append: bool
+    replace: bool
+    runner: str
+    workers: int
+    threads: int
+    batch_tokens: int
+    no_progress: bool
+    json: bool
+    verbose: bool
+
+
+def precompute(**options: Unpack[PrecomputeOptions]) -> Path:
     """Run `dilstore precompute` from Python and return the store's path.
 
     Options are the command's flags as keywords, parsed by the command's own

@@ -48,3 +48,17 @@ def test_open_store_takes_check_files_as_the_readme_says(tmp_path: Path) -> None
     root = build_store(tmp_path / "store", random_shards([2], state_shape=(4,), seed=1), encoding="fp16")
     with dilstore.open_store(root, check_files=True) as checked, dilstore.open_store(root) as plain:
         assert (checked.check_files, plain.check_files) == (True, False)
+
+
+def test_precompute_options_name_every_flag_of_the_command() -> None:
+    """`dilstore.precompute(**options)` was typed `Any`: its TypedDict lists the command's flags, and a flag added to
+    the command without it (or an option left after the flag went) fails here."""
+    import argparse
+    import typing
+
+    from dilstore.api import PrecomputeOptions
+    from dilstore.runners.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    flags = {action.dest for action in commands["precompute"]._actions} - {"help"}
+    assert set(typing.get_type_hints(PrecomputeOptions)) == flags
