@@ -36,6 +36,9 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from dilstore.storage.errors import DilstoreError
 
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+# A new head (a QA head on a base model, a ranker's score head) is initialised from this seed, so loading is
+# reproducible.
+HEAD_INIT_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,12 @@ def padding_attention_mask(key_mask: torch.Tensor, queries: int, dtype: torch.dt
     additive = torch.zeros(allowed.shape, dtype=dtype, device=key_mask.device)  # (b, 1, 1, keys)
     additive = additive.masked_fill(~allowed, torch.finfo(dtype).min)  # (b, 1, 1, keys)
     return additive.expand(-1, -1, queries, -1)  # (b, 1, queries, keys)
+
+
+def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """States (b, n, d) with 1/0 mask (b, n) → their mean over valid tokens (b, d): the rankers' mean pooling."""
+    weights = mask.to(states.dtype).unsqueeze(-1)  # (b, n, 1)
+    return (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)  # (b, d)
 
 
 def _no_projection(model: PreTrainedModel, states: torch.Tensor) -> torch.Tensor:

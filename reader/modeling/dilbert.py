@@ -37,6 +37,7 @@ from transformers import (
 
 from dilstore.reader.modeling.architectures import (
     ATTENTION_IMPLEMENTATIONS,
+    HEAD_INIT_SEED,
     Architecture,
     architecture_for,
     padding_attention_mask,
@@ -51,8 +52,6 @@ from dilstore.storage.errors import DilstoreError
 
 # Errors that Hugging Face raises for a missing, truncated or inconsistent checkpoint file.
 _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, json.JSONDecodeError)
-# The head of a base model (no QA head yet) is initialised from this seed, so loading is reproducible.
-HEAD_INIT_SEED = 0
 
 
 

@@ -68,6 +68,7 @@ from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from dilstore.reader.batching import pad_id, pad_token_ids
+from dilstore.reader.modeling.architectures import masked_mean
 from dilstore.reader.modeling.checkpoints import BaseEncoderReference, CheckpointMetadata
 from dilstore.reader.modeling.earl_blocks import JudgerBlock
 from dilstore.reader.modeling.earl_checkpoints import (
@@ -77,7 +78,7 @@ from dilstore.reader.modeling.earl_checkpoints import (
     load_base_encoder,
     write_earl_checkpoint,
 )
-from dilstore.reader.modeling.prior import freeze_at_fp16, masked_mean, new_prior_scale, prior_scores
+from dilstore.reader.modeling.prior import freeze_at_fp16, new_prior_scale, prior_scores
 from dilstore.reader.modeling.ranker_base import RankerBase, encode_alone, encoder_weights, init_score_head, run_layers
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device

@@ -31,12 +31,6 @@ def new_prior_scale() -> nn.Parameter:
     return nn.Parameter(torch.tensor(PRIOR_SCALE))
 
 
-def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """States (b, n, d) with 1/0 mask (b, n) → their mean over valid tokens (b, d)."""
-    weights = mask.to(states.dtype).unsqueeze(-1)  # (b, n, 1)
-    return (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)  # (b, d)
-
-
 def prior_scores(scale: torch.Tensor, query_vectors: torch.Tensor, doc_vectors: torch.Tensor) -> torch.Tensor:
     """scale · cos(query vectors, document vectors) in fp32 over the last dimension (broadcast: (..., d) → (...))."""
     return scale.float() * F.cosine_similarity(query_vectors.float(), doc_vectors.float(), dim=-1)

@@ -31,9 +31,8 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
-from dilstore.reader.modeling.architectures import architecture_for
+from dilstore.reader.modeling.architectures import HEAD_INIT_SEED, architecture_for
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, CheckpointMetadata, resolve_base_model
-from dilstore.reader.modeling.dilbert import HEAD_INIT_SEED
 from dilstore.reader.modeling.earl_checkpoints import (
     base_weights_sha256,
     load_base_encoder,

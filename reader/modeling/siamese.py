@@ -29,9 +29,8 @@ import torch
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from dilstore.reader.batching import pad_id, pad_token_ids
-from dilstore.reader.modeling.architectures import require_positions
+from dilstore.reader.modeling.architectures import masked_mean, require_positions
 from dilstore.reader.modeling.checkpoints import CheckpointMetadata
-from dilstore.reader.modeling.prior import masked_mean
 from dilstore.reader.modeling.ranker_base import RankerBase, encoder_weights
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
