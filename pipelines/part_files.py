@@ -20,16 +20,20 @@ def part_name(index: int) -> str:
 
 
 def parquet_path(store: Path, shard: int) -> Path:
+    """Shard `shard`'s passage table in Parquet: id, doc_id, title and text of each stored unit."""
     return store / PASSAGES_DIR / f"{part_name(shard)}.parquet"
 
 
 def jsonl_path(store: Path, shard: int) -> Path:
+    """Shard `shard`'s passages as Anserini JsonCollection lines, which `dilstore index` reads."""
     return store / JSONL_DIR / f"{part_name(shard)}.jsonl"
 
 
 def meta_path(store: Path, shard: int) -> Path:
+    """Shard `shard`'s counts, written last: its commit marker (pipelines/shard_sink.py)."""
     return store / META_DIR / f"{part_name(shard)}.json"
 
 
 def rejected_path(store: Path, part: int) -> Path:
+    """Dead-letter part `part`: one JSON line per rejected record, naming its file, line or id and why."""
     return store / REJECTED_DIR / f"{part_name(part)}.jsonl"

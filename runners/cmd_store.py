@@ -37,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    """`dilstore info`: print the store's description (`store_info`), as a table or JSON; 0."""
     from dilstore.storage.info import store_info
 
     info = store_info(args.store)
@@ -48,6 +49,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    """`dilstore verify`: check the store (`verify_store`) and print the report; 0 when sound, 1 otherwise."""
     from dilstore.storage.verify import verify_store
 
     report = verify_store(args.store)

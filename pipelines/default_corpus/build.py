@@ -53,6 +53,7 @@ def write_corpus(lines: list[str], target: Path) -> None:
 
 
 def main() -> None:
+    """Rebuild the embedded default corpus from the SQuAD v1.1 dev file (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("squad_dev", type=Path, help="path to SQuAD v1.1 dev-v1.1.json")
     parser.add_argument("--output", type=Path, default=default_corpus_path(), help="where to write the corpus")
