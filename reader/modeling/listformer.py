@@ -535,7 +535,7 @@ def global_local_attention(
 
     # Global: the query tokens and the separators over every token of the list.
     global_allowed = torch.cat([query_mask.bool(), doc_mask.bool().flatten(1)], dim=-1)  # (B, nq + D·n)
-    every = partial(torch.cat, dim=2)
+    every = partial(torch.cat, dim=2)  # joins (B, h, ·, hs) pieces along their tokens
     glob = F.scaled_dot_product_attention(
         every([query_q, sep_q]),  # (B, h, nq + D, hs)
         every([query_k, doc_k.transpose(1, 2).flatten(2, 3)]),  # (B, h, nq + D·n, hs)

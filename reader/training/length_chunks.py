@@ -87,5 +87,7 @@ def forward_in_chunks(
     inverse = torch.empty(len(rows), dtype=torch.long)
     inverse[torch.tensor(rows)] = torch.arange(len(rows))
     inverse = to_device(inverse, batch.question_ids.device)  # row i of the micro-batch is row inverse[i] of the chunks
+    # Each joined layer is (b, nq + np, d): the chunks' states padded back, in the micro-batch's row order.
     joined = [torch.cat(layer, dim=0).index_select(0, inverse) for layer in zip(*states, strict=True)]
-    return torch.cat(starts).index_select(0, inverse), torch.cat(ends).index_select(0, inverse), joined
+    start, end = torch.cat(starts).index_select(0, inverse), torch.cat(ends).index_select(0, inverse)  # (b, nq + np)
+    return start, end, joined
