@@ -24,10 +24,6 @@ from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 
-# Summary keys the issue's interface promises, besides every RunStats count.
-SUMMARY_KEYS = ("documents", "passages", "tokens", "rejected", "shards", "seconds", "runner")
-
-
 def missing_shards(store: Path, num_shards: int, first_shard: int = 0, generation: str | None = None) -> list[int]:
     """Shard indices in [first_shard, first_shard + num_shards) without a commit marker `read_meta` trusts."""
     shards = range(first_shard, first_shard + num_shards)
