@@ -74,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     parser.add_argument(
-        "--max-batch-pairs", type=int, default=DEFAULT_MAX_BATCH_PAIRS,
+        "--max-batch-pairs", type=positive_int, default=DEFAULT_MAX_BATCH_PAIRS,
         help="question-passage pairs of concurrent /ask requests run as one batch (each request counts its "
              f"top_p); 1 turns batching off (default {DEFAULT_MAX_BATCH_PAIRS})",
     )  # fmt: skip
@@ -84,11 +84,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              f"(default {DEFAULT_MAX_WAIT_MS:g})",
     )  # fmt: skip
     parser.add_argument(
-        "--queue-size", type=int, default=DEFAULT_QUEUE_SIZE,
+        "--queue-size", type=positive_int, default=DEFAULT_QUEUE_SIZE,
         help=f"requests that may wait per store; more get 503 with Retry-After (default {DEFAULT_QUEUE_SIZE})",
     )  # fmt: skip
     parser.add_argument(
-        "--max-top-p", type=int, default=DEFAULT_MAX_TOP_P,
+        "--max-top-p", type=positive_int, default=DEFAULT_MAX_TOP_P,
         help=f"largest top_p, bm25_top_k or number of doc_ids per request (default {DEFAULT_MAX_TOP_P})",
     )  # fmt: skip
     parser.add_argument(
@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     models = per_store_models(args.model, len(named))
     indexes = per_store_indexes(args.index, names)
     infos = check_stores_and_models(named, models)
+    check_default_top_p(settings.max_top_p, [info["kind"] for info in infos])
     served = [
         open_served_store(name, path, model, args.device, indexes.get(name), info)
         for (name, path), model, info in zip(named, models, infos, strict=True)
@@ -179,6 +180,16 @@ def check_stores_and_models(named: Sequence[tuple[str, str]], models: Sequence[P
         if model is not None:
             require_checkpoint_dir(model)
     return infos
+
+
+def check_default_top_p(max_top_p: int, kinds: Sequence[str]) -> None:
+    """A DilstoreError when a dilbert store is served and --max-top-p is below /ask's default top_p: every request
+    that leaves top_p out would be refused, with a count its client never sent."""
+    from dilstore.reader.serving.answers import DEFAULT_TOP_P
+
+    if "dilbert" in kinds and max_top_p < DEFAULT_TOP_P:
+        raise DilstoreError(f"--max-top-p {max_top_p} is below /ask's default top_p {DEFAULT_TOP_P}, so every /ask "
+                            f"without top_p would be refused; give --max-top-p {DEFAULT_TOP_P} or more")  # fmt: skip
 
 
 def parse_store_argument(argument: str) -> tuple[str, str]:

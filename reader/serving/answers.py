@@ -19,6 +19,7 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.records import StoredPassage
 
 STAGES = ("retrieval", "store_read", "question_layers", "interaction_layers", "decode")
+DEFAULT_TOP_P = 29  # passages retrieved per question when a caller gives none (the seed uses 29 and 100)
 
 
 def check_top_p(top_p: int) -> None:

@@ -49,6 +49,7 @@ from dilstore.reader.modeling.online_variants import load_online_variant
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.retrieval import Bm25Searcher, Hit, bm25_index_dir, check_index_covers
 from dilstore.reader.serving.answers import (
+    DEFAULT_TOP_P,
     Answer,
     PassageLogits,
     Reading,
@@ -66,7 +67,6 @@ from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import Store, open_store
 from dilstore.storage.records import StoredPassage
 
-DEFAULT_TOP_P = 29
 DEFAULT_MU = 0.5
 DEFAULT_MAX_QUESTION_LENGTH = 64
 # Characters per allowed word piece in the cheap pre-check that keeps a huge

@@ -496,8 +496,13 @@ def test_model_options_must_match_the_stores(tiny: dict[str, Any], capsys) -> No
     model = str(tiny["ranker_dir"])
     assert main(["serve", str(tiny["s1"]), str(tiny["s2"]), "--model", model, "--model", model, "--model", model]) == 2
     assert "once per store" in capsys.readouterr().err
-    assert main(["serve", str(tiny["s1"]), "--max-batch-pairs", "0"]) == 2
-    assert "max-batch-pairs must be at least 1" in capsys.readouterr().err
+    for option in ("--max-batch-pairs", "--queue-size", "--max-top-p"):
+        with pytest.raises(SystemExit):
+            main(["serve", str(tiny["s1"]), option, "0"])
+        assert f"argument {option}: expected a positive integer, got 0" in capsys.readouterr().err
+    assert main(["serve", str(tiny["qa"]), "--max-top-p", "20", "--port", "0"]) == 2  # every /ask without top_p: 422
+    assert capsys.readouterr().err == ("dilstore serve: error: --max-top-p 20 is below /ask's default top_p 29, so "
+                                       "every /ask without top_p would be refused; give --max-top-p 29 or more\n")
     for wait in ("nan", "inf", "-1", "60001"):  # nan spun the batcher forever and inf killed it, with /health ok
         assert main(["serve", str(tiny["s1"]), "--max-wait-ms", wait]) == 2
         assert f"max-wait-ms must be from 0 to 60000, got {float(wait):g}" in capsys.readouterr().err
