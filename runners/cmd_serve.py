@@ -244,20 +244,20 @@ def open_served_store(
     already read (`check_stores_and_models`).
     """
     from dilstore.storage.info import store_info
-    from dilstore.storage.location import StoreLocation
 
     if info is None:
         info = store_info(path)  # first: a path without a store is named before the model stack loads
-    from dilstore.reader.retrieval import Bm25Searcher, bm25_index_dir
+    from dilstore.reader.retrieval import Bm25Searcher, check_index_covers
     from dilstore.reader.serving.odqa import open_reader
     from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
     from dilstore.runners.serve_app import AskService, RerankService, ServedStore
 
     if info["kind"] in RERANK_KINDS:
+        index = rerank_index(path, index)
         reranker = open_reranker(path, model, device=device)
-        if index is None and StoreLocation.parse(path).local_root is not None:
-            index = bm25_index_dir(path)
-        searcher = Bm25Searcher(index) if index is not None and any(index.glob("segments_*")) else None
+        if index is not None:  # another store's index, or one built before an append, would name absent ids
+            check_index_covers(index, reranker.store.manifest, path)
+        searcher = Bm25Searcher(index) if index is not None else None
         service: AskService | RerankService = RerankService(reranker, searcher)
         reranker.store.check_files = True  # a file cut under the server's maps would kill it (storage/mapped.py)
     else:
@@ -268,6 +268,22 @@ def open_served_store(
     print(f"dilstore serve: store {name!r} ({info['kind']}, {info['passages']:,} passages) from {path}, "
           f"model {model_name}", file=sys.stderr)  # fmt: skip
     return ServedStore(name, service, {"path": path, "model": model_name, "info": info})
+
+
+def rerank_index(path: str, given: Path | None) -> Path | None:
+    """The BM25 index a rerank store's bm25_top_k searches: `--index` (a DilstoreError when it holds none), else
+    STORE/bm25 of a local store when it has one, else None (requests must give doc_ids)."""
+    from dilstore.reader.retrieval import bm25_index_dir
+    from dilstore.storage.location import StoreLocation
+
+    if given is not None:
+        if not any(given.glob("segments_*")):
+            raise DilstoreError(f"--index {given}: no Lucene index there; build one with `dilstore index {path}`")
+        return given
+    if StoreLocation.parse(path).local_root is None:
+        return None
+    default = bm25_index_dir(path)
+    return default if any(default.glob("segments_*")) else None
 
 
 @contextlib.contextmanager

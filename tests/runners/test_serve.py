@@ -533,6 +533,20 @@ def test_every_store_and_model_path_is_checked_before_the_first_model_loads(
     assert capsys.readouterr().err == expected
 
 
+def test_a_rerank_store_s_index_is_checked_as_a_dilbert_store_s_is(tiny: dict[str, Any], tmp_path: Path) -> None:
+    """A mistyped --index of an EARL store was ignored (bm25_top_k then got 400 "no BM25 index"), and another
+    store's index was searched, each hit missing from the store: a 500 per request."""
+    from dilstore.runners.cmd_serve import open_served_store
+    from dilstore.storage.errors import DilstoreError
+
+    with pytest.raises(DilstoreError, match=f"^--index {tmp_path}: no Lucene index there; build one with"):
+        open_served_store("s1", str(tiny["s1"]), tiny["ranker_dir"], None, tmp_path)
+    (tmp_path / "segments_1").write_bytes(b"")
+    (tmp_path / "dilstore-index.json").write_text(json.dumps({"generation": "of-another-store", "passages": 3}))
+    with pytest.raises(DilstoreError, match=f"^the BM25 index at {tmp_path} was built for another store"):
+        open_served_store("s1", str(tiny["s1"]), tiny["ranker_dir"], None, tmp_path)
+
+
 def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any]) -> None:
     """A store given as an http:// URL (a real server on 127.0.0.1) is mounted like a local one; a dilbert store
     at a URL needs --index, since Lucene reads only local files."""
