@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_store
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.runners.quiet import add_verbose_argument
@@ -47,22 +48,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "ranker for earl-s1/earl-s2 stores and the packaged Listformer for listformer stores, which made the "
              "stores `dilstore precompute --kind ...` builds without --model)",
     )  # fmt: skip
-    parser.add_argument("--depth", type=int, help="documents reranked per query (default 100)")
+    parser.add_argument("--depth", type=positive_int, help="documents reranked per query (default 100)")
     parser.add_argument(
         "--skip-missing", action="store_true",
         help="leave out top-depth documents the store lacks (counted) instead of stopping with an error",
     )  # fmt: skip
     parser.add_argument(
-        "--max-query-length", type=int,
+        "--max-query-length", type=integer_at_least(3),
         help="query tokens kept; longer queries are truncated (default: the length the ranker was trained with, "
              "from its dilstore_training.json; 32 without one)",
     )  # fmt: skip
     parser.add_argument(
-        "--pair-batch-tokens", type=int,
+        "--pair-batch-tokens", type=positive_int,
         help="EARL: padded query+document tokens per judging batch (default 8192)",
     )  # fmt: skip
     parser.add_argument(
-        "--max-pairs-per-batch", type=int, help="EARL: query-document pairs per judging batch (default 64)"
+        "--max-pairs-per-batch", type=positive_int, help="EARL: query-document pairs per judging batch (default 64)"
     )
     add_runtime_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -88,6 +88,7 @@ RERANK_KINDS = (EARL_S1, EARL_S2, LISTFORMER)
 RUN_TAG = "dilstore-earl"
 LISTFORMER_RUN_TAG = "dilstore-listformer"
 DEFAULT_DEPTH = 100
+SPLIT_HINT_PROBES = 5  # missing ids probed for the ID#0 a split store holds instead
 STAGES = ("query_layers", "store_read", "judge")
 # The ranker a StoreReranker subclass scores with.
 RankerT = TypeVar("RankerT", EarlRanker, ListformerRanker)
@@ -255,7 +256,9 @@ class StoreReranker(ABC, Generic[RankerT]):
         """Rerank each query's top-`depth` documents; the reranked run (tail kept below) and the stats.
 
         Queries keep the run's order; each must have a topic. `on_query(qid)`
-        is called after each query, for progress reporting.
+        is called after each query, for progress reporting. With `skip_missing`,
+        a run none of whose top-`depth` documents is in the store is an error,
+        not an empty run.
         """
         check_depth(depth)
         require_topics(topics, run)
@@ -272,6 +275,12 @@ class StoreReranker(ABC, Generic[RankerT]):
             reranked[qid] = {**scores, **tail}
             if on_query is not None:
                 on_query(qid)
+        if stats.skipped and not stats.pairs:
+            first = [docid for docid, _ in rank_documents(next(iter(run.values())))]
+            raise MissingPassagesError(
+                f"none of the run's top-{depth} documents is in store {self.store.url}"
+                f"{split_hint(self.store, first)}: nothing was reranked", first
+            )
         return reranked, stats
 
     # ------------------------------------------------------------------ stages
@@ -295,8 +304,8 @@ class StoreReranker(ABC, Generic[RankerT]):
                 if not skip_missing:
                     raise MissingPassagesError(
                         f"{len(error.missing)} of {len(doc_ids)} documents to rerank are not in store "
-                        f"{self.store.url}: {listed(error.missing)}; leave them out with skip_missing "
-                        "(--skip-missing)",
+                        f"{self.store.url}: {listed(error.missing)}{split_hint(self.store, error.missing)}; leave "
+                        "them out with skip_missing (--skip-missing)",
                         error.missing,
                     ) from None
                 missing = set(error.missing)
@@ -321,6 +330,16 @@ class StoreReranker(ABC, Generic[RankerT]):
     @abstractmethod
     def _score(self, tokens: TokenizedText, documents: Sequence[StoredPassage], stats: RerankStats) -> list[float]:
         """Scores of the (non-empty) documents against the tokenized query, in their order."""
+
+
+def split_hint(store: Store, doc_ids: Sequence[str]) -> str:
+    """", ..." saying that the store cut its documents into passages, when it holds `ID#0` for one of the first
+    few of `doc_ids`; else "". A rerank store must keep each document whole (--split none) to be found by its id."""
+    found = next((f"{docid}#0" for docid in doc_ids[:SPLIT_HINT_PROBES] if f"{docid}#0" in store), None)
+    if found is None:
+        return ""
+    return (f" (the store holds {found!r}: it was built with a --split that cuts documents into passages; rerank "
+            "a store built with --split none, whose ids are the run's docids)")  # fmt: skip
 
 
 class EarlReranker(StoreReranker[EarlRanker]):

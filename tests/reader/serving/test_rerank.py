@@ -27,7 +27,7 @@ from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_QUERY_LENGTH
 from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME
-from dilstore.reader.serving.rerank import EarlReranker, RerankSettings, RerankStats, open_reranker
+from dilstore.reader.serving.rerank import EarlReranker, RerankSettings, RerankStats, open_reranker, split_hint
 from dilstore.reader.text.tokenization import encode_document
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
@@ -231,9 +231,20 @@ def test_missing_ids_are_named_or_skipped_and_counted(store: Callable[..., Path]
     assert reranker.rerank(QUERIES["q1"], ["ghost"], skip_missing=True) == {}
     with pytest.raises(MissingPassagesError, match="query 'q2': .*'ghost'"):
         reranker.rerank_run(QUERIES, {"q1": {"tram": 1.0}, "q2": {"ghost": 2.0, "tram": 1.0}})
-    every_top_missing = {"q2": {"ghost": 3.0, "phantom": 2.0, "tram": 1.0}}
-    reranked, stats = reranker.rerank_run(QUERIES, every_top_missing, depth=2, skip_missing=True)
-    assert reranked == {"q2": {"tram": -1.0}} and stats.skipped == 2  # m = 0: no top document was scored
+    one_top_missing = {"q1": {"tram": 1.0}, "q2": {"ghost": 3.0, "phantom": 2.0, "tram": 1.0}}
+    reranked, stats = reranker.rerank_run(QUERIES, one_top_missing, depth=2, skip_missing=True)
+    assert reranked["q2"] == {"tram": -1.0} and stats.skipped == 2  # m = 0: no top document of q2 was scored
+    every_top_missing = {"q2": one_top_missing["q2"]}  # was an empty-topped run, "written" with exit 0
+    with pytest.raises(MissingPassagesError, match="none of the run's top-2 documents is in store .*: nothing was"):
+        reranker.rerank_run(QUERIES, every_top_missing, depth=2, skip_missing=True)
+
+
+def test_ids_a_split_store_holds_as_passages_are_named_with_the_split() -> None:
+    """A store built with the default --split words holds 'tram#0', so every docid of a run was "not in the store"
+    with no word of why."""
+    passages = {"tram#0", "tram#1", "kili"}
+    assert "holds 'tram#0': it was built with a --split that cuts" in split_hint(passages, ["ghost", "tram"])
+    assert split_hint(passages, ["ghost", "kili"]) == ""
 
 
 def test_strings_where_lists_belong_and_non_string_queries_are_named(
@@ -386,8 +397,9 @@ def test_cli_refusals_are_one_line_errors(
     dilbert = build_store(tmp_path / "dilbert", random_shards([3]))
     err = one_line_error(*cli(capsys, dilbert, *arguments, "--model", model_dir)[::2])
     assert "holds 'dilbert' states" in err
-    err = one_line_error(*cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--depth", 0)[::2])
-    assert "depth must be a positive integer, got 0" in err
+    with pytest.raises(SystemExit):
+        cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--depth", 0)
+    assert "argument --depth: expected a positive integer, got 0" in capsys.readouterr().err
     assert not (tmp_path / "ok" / "out.trec").exists()
 
 
