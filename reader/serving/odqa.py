@@ -353,10 +353,7 @@ def load_store_model(
     where it has them (reader/modeling/online_variants.py).
     """
     fingerprint = store.fingerprint
-    if fingerprint.kind != DilBertReader.kind:
-        raise DilstoreError(
-            f"store {store.url} holds {fingerprint.kind!r} states; the QA reader needs a {DilBertReader.kind!r} store"
-        )
+    require_reader_store(store)
     directory = Path(model_dir) if model_dir is not None else default_checkpoint_dir()
     layers = None if read_metadata(require_checkpoint_dir(directory)) is not None else fingerprint.layers
     model = DilBertReader.from_pretrained(directory, layers=layers)
@@ -365,6 +362,15 @@ def load_store_model(
     if online_variant:
         load_online_variant(model, directory, fingerprint.encoding, expected.weights_sha256)
     return model
+
+
+def require_reader_store(store: Store) -> None:
+    """A DilstoreError unless `store` holds DilBert states, the only kind the QA reader reads."""
+    if store.fingerprint.kind != DilBertReader.kind:
+        raise DilstoreError(
+            f"store {store.url} holds {store.fingerprint.kind!r} states; the QA reader needs a {DilBertReader.kind!r} "
+            "store"
+        )
 
 
 def open_reader(
@@ -384,6 +390,7 @@ def open_reader(
     `online_variant`: as in `load_store_model`.
     """
     store = open_store(store_path)
+    require_reader_store(store)  # before the index: an EARL store's user was first sent off to build one
     index = None
     if with_index:
         if store.manifest.passages == 0:

@@ -23,6 +23,7 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import FingerprintMismatchError
 from dilstore.storage.reader import MissingPassagesError, open_store
 from tests.fixtures.odqa_fixtures import MAX_LENGTH, PASSAGES, write_reader_checkpoint, write_store
+from tests.fixtures.store_fixtures import build_store, random_shards
 
 QUESTION = "When did the Zürich tram network open?"
 QUESTIONS = [QUESTION, "Who was the lighthouse keeper?", "How high is Kilimanjaro?"]
@@ -244,6 +245,13 @@ def test_a_missing_index_is_a_clear_error(tiny: dict, tmp_path) -> None:
     odqa = open_reader(tiny["stores"]["fp32"], tiny["model_dir"], with_index=False)
     with pytest.raises(DilstoreError, match="no BM25 index"):
         odqa.answer(QUESTION)
+
+
+def test_a_store_of_another_kind_is_named_before_its_missing_index(tmp_path) -> None:
+    """`ask` on an EARL store said to build its BM25 index first, and only then that it is the wrong kind."""
+    earl = build_store(tmp_path / "earl", random_shards([2]), kind="earl-s1")
+    with pytest.raises(DilstoreError, match="holds 'earl-s1' states; the QA reader needs a 'dilbert' store$"):
+        open_reader(earl)
 
 
 @pytest.mark.parametrize("options", [{"mu": 1.5}, {"mu": -0.1}, {"top_p": 0}, {"n_best": 0}])
