@@ -40,7 +40,12 @@ from dilstore.pipelines.job import SPEC_FILE, PrecomputeJob, read_spec, run_spec
 from dilstore.pipelines.passages import split_document
 from dilstore.pipelines.routing import ReadTask, read_task
 from dilstore.pipelines.part_files import PASSAGES_DIR
-from dilstore.storage.append import AppendMismatchError, check_appendable, first_free_shard, remove_leftovers
+from dilstore.storage.append import (
+    AppendMismatchError,
+    fingerprint_differences,
+    first_free_shard,
+    remove_leftovers,
+)
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
 from dilstore.storage.errors import DilstoreError, listed
@@ -62,16 +67,17 @@ class AppendPlan:
 
 
 def check_store_settings(store: Path, job: PrecomputeJob) -> Manifest:
-    """The store's manifest, after checking the run makes what the store holds (AppendMismatchError otherwise)."""
+    """The store's manifest, after checking the run makes what the store holds (AppendMismatchError otherwise,
+    naming every difference at once: the model fingerprint's, the compression, the split and the codebook)."""
     manifest = read_manifest(StoreLocation.parse(store))
-    check_appendable(manifest, job.fingerprint, str(store))
-    differing = []
+    model = fingerprint_differences(manifest.fingerprint, job.fingerprint)
+    differing = [model] if model else []
     if manifest.shards and manifest.compressor != job.compressor:
         differing.append(f"compression: store {manifest.compressor or 'none'}, this run {job.compressor or 'none'}")
     split = (read_spec(store) or {}).get("split")
     if split is not None and split != job.strategy:
         differing.append(f"split: store {split!r}, this run {job.strategy!r}")
-    if needs_codebook(job.encoding):
+    if needs_codebook(job.encoding) and not model:  # another encoding's codebook is no difference of its own
         differing += _codebook_differences(store, job)
     if differing:
         raise AppendMismatchError(f"cannot append to {store}: the store was made with other settings "

@@ -128,6 +128,8 @@ def test_other_settings_are_refused_in_one_line(models: dict[str, Path], union: 
         (["--max-length", "40"], "max_length: store 48, this run 40"),
         (["--split", "none"], "split: store 'words', this run 'none'"),
         (["--compression", "zstd"], "compression: store none, this run zstd"),
+        # Every difference at once: the split was named only after the fingerprint's had been mended.
+        (["--max-length", "40", "--split", "none"], "max_length: store 48, this run 40; split: store 'words'"),
     ]
     for extra, named in cases:
         arguments = ["precompute", "--input", str(corpus), "--output", str(store), "--model", str(models["dilbert"]),
