@@ -32,9 +32,8 @@ from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebo
 from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
-from dilstore.storage.format import MANIFEST_FILE
+from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
 
-SPEC_FILE = "precompute.json"
 SUMMARY_FILE = "run-summary.json"
 
 

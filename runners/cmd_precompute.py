@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.runners.arg_types import positive_int
+from dilstore.runners.outputs import check_output_folder, refuse_store_inside_store
 from dilstore.runners.quiet import add_verbose_argument, filtered_stderr
 from dilstore.storage.format import COMPRESSORS
 
@@ -446,6 +447,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     from dilstore.reader.offline.encoding import load_reader
 
     refuse_url("--output", args.output)
+    check_output_location(args.output, args.append)
     if args.codebook is not None:
         refuse_url("--codebook", args.codebook)
         if not needs_codebook(args.encoding):
@@ -490,6 +492,15 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         creation={"command": canonical_command(args), "runner": runner},
     )
     return dataclasses.replace(job, generation=spec_generation(run_spec(job)))
+
+
+def check_output_location(output: Path, append: bool) -> None:
+    """--output's refusals that need no model, made before the write lock, which would create the folder's parents
+    for a run refused anyway: a file, a folder inside another store, and for --append a folder that is not there."""
+    check_output_folder(output, "--output")
+    refuse_store_inside_store(output, "--output")
+    if append and not output.is_dir():
+        raise DilstoreError(f"no store at {output.resolve()}")
 
 
 def compressor_of(compression: str) -> str | None:

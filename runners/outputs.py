@@ -6,19 +6,30 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
 
 
 def refuse_output_inside_store(output: Path, store: str, flag: str) -> None:
     """A DilstoreError when `output` lies inside the local store `store` (a URL store cannot be written to here).
 
     A file written there would replace or add to the store's own files (`--output STORE/manifest.json` destroyed the
-    store), and `dilstore verify` would then report the store as damaged.
+    store), and `dilstore verify` would then report the store as damaged. A folder without a manifest is no store:
+    the command names that itself, rather than blaming `flag`.
     """
     if "://" in store:
         return
     root = Path(store).resolve()
-    if output.resolve().is_relative_to(root):
+    if (root / MANIFEST_FILE).is_file() and output.resolve().is_relative_to(root):
         raise DilstoreError(f"{flag} {output} is inside the store {store}; write it elsewhere")
+
+
+def refuse_store_inside_store(output: Path, flag: str) -> None:
+    """A DilstoreError when the new store `output` would lie inside another store (a folder above it with a
+    manifest.json, or a precompute.json of a run not finished yet): its files would swell that store's size, show
+    as untracked in its `verify`, and go with it in an --overwrite."""
+    for folder in output.resolve().parents:
+        if (folder / MANIFEST_FILE).is_file() or (folder / SPEC_FILE).is_file():
+            raise DilstoreError(f"{flag} {output} is inside the store {folder}; put the new store elsewhere")
 
 
 # What a plot may be written as: matplotlib picks the format by the suffix, and refuses .json after the work.

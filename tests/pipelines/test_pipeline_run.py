@@ -410,6 +410,27 @@ def test_bad_inputs_are_usage_errors_before_anything_is_written(
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        (["--output", "c.jsonl"], "--output c.jsonl: is a file, not a folder"),  # was "Not a directory: ..."
+        (["--output", "outer/inner"],
+         "--output outer/inner is inside the store {tmp}/outer; put the new store elsewhere"),
+        (["--output", "deep/er/s", "--append"], "no store at {tmp}/deep/er/s"),  # its refusal made deep/er/
+    ],
+)
+def test_an_output_that_cannot_be_a_store_is_refused_before_the_lock(
+    tiny_dir: Path, tmp_path: Path, capsys, output: list[str], message: str
+) -> None:
+    """The write lock beside the store created the folders above it, and a store inside another swelled that one."""
+    (tmp_path / "outer").mkdir()
+    (tmp_path / "outer" / "manifest.json").write_text("{}")
+    err = refused_precompute(tiny_dir, tmp_path, capsys, *output)
+    assert err == f"dilstore precompute: error: {message.format(tmp=tmp_path)}\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["c.jsonl", "outer"]
+    assert list((tmp_path / "outer").iterdir()) == [tmp_path / "outer" / "manifest.json"]
+
+
 def test_an_input_edited_in_place_is_a_new_spec(tmp_path: Path) -> None:
     """Same size, new content: the spec differs by the modification time, so the store is not called complete."""
     corpus = write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2))

@@ -170,6 +170,16 @@ def test_an_output_inside_the_store_read_is_refused_before_anything_is_written(
     assert sorted(path.name for path in store.iterdir()) == ["manifest.json"]
 
 
+def test_an_output_inside_a_folder_that_is_no_store_is_not_blamed(tmp_path: Path, capsys) -> None:
+    """`rerank FOLDER ... --output FOLDER/o.trec` said the output was "inside the store", of a folder with no store."""
+    arguments = ["rerank", str(tmp_path), "--topics", str(tmp_path / "t.tsv"), "--run", str(tmp_path / "r.trec")]
+    (tmp_path / "t.tsv").write_text("q1\tquery\n")
+    (tmp_path / "r.trec").write_text("q1 Q0 d1 1 1.0 bm25\n")
+    assert main([*arguments, "--output", str(tmp_path / "o.trec")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dilstore rerank: error: {tmp_path}/manifest.json is missing: the store at"), err
+
+
 @pytest.mark.parametrize("command", ["evaluate-rc", "evaluate-qa"])
 @pytest.mark.parametrize(
     ("predictions", "message"),
