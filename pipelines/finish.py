@@ -31,9 +31,12 @@ def missing_shards(store: Path, num_shards: int, first_shard: int = 0, generatio
 
 
 def run_summary(stats: RunStats, job: PrecomputeJob, finished_at: float) -> dict[str, Any]:
-    """The end-of-run summary: the counts, wall seconds since launch, runner, store and settings."""
+    """The end-of-run summary: the counts, wall seconds since launch, runner, store and settings, and where the
+    dead letters are, relative to the store (`rejected_records`: rejected/, or an append's own under appends/)."""
+    written = Path(job.store).relative_to(job.append_to) if job.append_to is not None else Path()
     return {
         **stats.to_dict(),
+        "rejected_records": str(written / REJECTED_DIR),
         "seconds": round(finished_at - job.started_at, 3),
         "passages_per_second": round(stats.passages / max(finished_at - job.started_at, 1e-9), 2),
         "runner": job.runner,

@@ -186,14 +186,18 @@ def test_an_append_that_stores_no_passage_exits_1_says_why_and_leaves_the_store_
 
 
 def test_replace_serves_the_new_row_and_no_count_or_check_sees_the_old(
-    models: dict[str, Path], union: Path, tmp_path: Path
+    models: dict[str, Path], union: Path, tmp_path: Path, capsys
 ) -> None:
     store = tmp_path / "store"
     shutil.copytree(union, store)
     changed = {**DOCUMENTS[3], "text": "the tower was rebuilt by settlers"}
     corpus = write_jsonl(tmp_path / "changed.jsonl", [changed, {"id": "fresh", "text": "a new bridge"}])
+    with corpus.open("a", encoding="utf-8") as lines:
+        lines.write("not JSON\n")  # its dead letter is in the append's own folder, which nothing named
     before = store_contents(store)
     assert precompute(models["dilbert"], corpus, store, "--append", "--replace") == 0
+    folder = next((store / APPENDS_DIR).iterdir())
+    assert f"1 record(s) rejected: {folder / 'rejected'}/ says why" in capsys.readouterr().err
     after = store_contents(store)
     assert after["doc-003#0"][1] == "the tower was rebuilt by settlers"
     assert sorted(after) == sorted([*before, "fresh#0"])

@@ -239,13 +239,16 @@ def test_a_rerun_of_a_complete_store_changes_nothing(metered_run, corpus, tiny_d
     store, _, _ = metered_run
     manifest = (store / "manifest.json").read_bytes()
     assert cli.main(precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress")) == 0
-    assert "already complete" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "already complete" in err
+    assert f"{len(BAD_LINES)} record(s) rejected: {store / 'rejected'}/ says why, one JSON line each" in err
     assert (store / "manifest.json").read_bytes() == manifest
     moved = tmp_path / "moved store"
     shutil.copytree(store, moved)
     assert cli.main(precompute_args(corpus, tiny_dir, moved, "--workers", "1", "--no-progress", "--json")) == 0
     captured = capsys.readouterr()
     assert "already complete" in captured.err and json.loads(captured.out)["store"] == str(moved)
+    assert f"record(s) rejected: {moved / 'rejected'}/ says why" in captured.err  # the store where it is now
     (moved / "run-summary.json").write_text('{"documents": 3', encoding="utf-8")  # cut short: a traceback before
     assert cli.main(precompute_args(corpus, tiny_dir, moved, "--workers", "1", "--no-progress")) == 2
     assert f"{moved / 'run-summary.json'}: not valid JSON" in capsys.readouterr().err
