@@ -84,13 +84,17 @@ def make_document(
 
     `position` is the 1-based line for line-based formats (kept on the
     document), or the record's id otherwise. The id may be a string or an
-    integer (MS MARCO pids); it is rejected when missing or blank. Text that is
+    integer (MS MARCO pids); it is rejected when missing or blank, or of another
+    type (a float or a list is named as such, not as missing). Text that is
     empty or only whitespace is rejected, and so is text over `max_bytes` of UTF-8.
     A field holding a lone surrogate (JSON's "\\ud800") is not Unicode text
     that any later step could write, so it is rejected here too.
     """
-    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or not str(doc_id).strip():
+    if doc_id is None or (isinstance(doc_id, str) and not doc_id.strip()):
         return Rejected(source, position, "missing id")
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+        kind = "a boolean" if isinstance(doc_id, bool) else f"a {type(doc_id).__name__}"
+        return Rejected(source, position, f"bad record: 'id' is {kind}, not a string or an integer")
     for field, value in (("id", str(doc_id)), ("title", title), ("text", text)):
         surrogate = lone_surrogate(value)
         if surrogate is not None:

@@ -97,13 +97,17 @@ def test_jsonl_schema_conflicts_are_rejected(tmp_path: Path) -> None:
         '{"id": "c", "title": ["x"], "text": "t"}\n'
         '{"id": true, "text": "t"}\n'
         '{"id": "e", "title": null, "contents": "kept, title empty"}\n'
+        '{"id": 1.5, "text": "t"}\n{"id": ["f"], "text": "t"}\n{"id": null, "text": "t"}\n'
     )
     documents, rejected, _ = by_kind(read_jsonl(corpus))
     assert [(r.line_or_id, r.reason) for r in rejected] == [
         (1, "bad record: both 'contents' and 'text' fields"),
         (2, "bad record: 'text' is not a string"),
         (3, "bad record: 'title' is not a string"),
-        (4, "missing id"),
+        (4, "bad record: 'id' is a boolean, not a string or an integer"),  # each was "missing id"
+        (6, "bad record: 'id' is a float, not a string or an integer"),
+        (7, "bad record: 'id' is a list, not a string or an integer"),
+        (8, "missing id"),
     ]
     assert [(d.id, d.title, d.text) for d in documents] == [("e", "", "kept, title empty")]
 
