@@ -82,7 +82,8 @@ def format_info(info: dict[str, Any]) -> str:
         ("tokens", f"{info['tokens']:,}"),
         ("shards", f"{info['shards']:,}"),
         ("on disk", f"{_size(info['bytes_on_disk'])} ({info['bytes_on_disk']:,} bytes)"),
-        ("bytes/token", ", ".join(f"{kind} {value}" for kind, value in info["bytes_per_token"].items())),
+        ("bytes/token", ", ".join(f"{kind} {'n/a (no tokens)' if value is None else value}"
+                                  for kind, value in info["bytes_per_token"].items())),  # fmt: skip
         ("  by part", per_token),
     ]
     if info["state_bytes_per_token_marginal"] is not None:

@@ -294,6 +294,8 @@ def test_a_build_that_stores_no_passage_exits_1_and_says_why(
     assert capsys.readouterr().err.endswith(f"{empty}: there is nothing to index\n")
     assert cli.main(["ask", str(store), "Who?", "--model", str(tiny_dir)]) == 2
     assert capsys.readouterr().err.endswith(f"store {empty}: nothing to search\n")
+    assert cli.main(["info", str(store)]) == 0
+    assert "bytes/token  dilbert n/a (no tokens)\n" in capsys.readouterr().out  # was Python's "None"
 
 
 def refused_precompute(tiny_dir: Path, tmp_path: Path, capsys, *extra: str) -> str:
