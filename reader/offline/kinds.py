@@ -190,6 +190,14 @@ def max_positions(model: OfflineModel) -> int:
     return int(config.max_position_embeddings)
 
 
+def require_within_positions(limit: int, model: OfflineModel, text: str, flag: str) -> None:
+    """A DilstoreError, when a reader or reranker opens, if a `text` of `limit` tokens would not fit the model's
+    positions; found late, it stopped a long run at the first long input, without naming `flag`."""
+    positions = max_positions(model)
+    if limit > positions:
+        raise DilstoreError(f"the {text} limit {limit} ({flag}) is more than this model's {positions} positions")
+
+
 def _as(model: OfflineModel, cls: type[_Model]) -> _Model:
     """`model`, or a DilstoreError when it is not a `cls` (a store kind paired with the wrong model)."""
     if not isinstance(model, cls):

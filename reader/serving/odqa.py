@@ -44,6 +44,7 @@ from dilstore.reader.batching import (
 )
 from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.offline.kinds import require_within_positions
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.online_variants import load_online_variant
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
@@ -140,6 +141,7 @@ class OpenDomainReader:
         self.store = store
         self.searcher = searcher
         self.settings = settings or OdqaSettings()
+        require_within_positions(self.settings.max_question_length, model, "question", "--max-question-length")
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model.to(self.device)
         self._pad_id = pad_id(model.tokenizer)

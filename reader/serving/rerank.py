@@ -73,6 +73,7 @@ from dilstore.reader.modeling.earl import EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.listformer import KIND as LISTFORMER
 from dilstore.reader.modeling.listformer import ListformerRanker
+from dilstore.reader.offline.kinds import require_within_positions
 from dilstore.reader.packaged.shipped import default_listformer_dir, default_ranker_dir
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.serving.timing import StageTimer
@@ -202,6 +203,7 @@ class StoreReranker(ABC, Generic[RankerT]):
         self.store = store
         self.settings = settings or RerankSettings()
         self.max_query_length = self.settings.max_query_length or model.max_query_length
+        require_within_positions(self.max_query_length, model, "query", "--max-query-length")
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model.to(self.device)
 

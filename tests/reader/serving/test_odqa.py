@@ -247,6 +247,15 @@ def test_a_missing_index_is_a_clear_error(tiny: dict, tmp_path) -> None:
         odqa.answer(QUESTION)
 
 
+def test_a_question_limit_past_the_model_s_positions_is_refused_when_the_reader_opens(tiny: dict) -> None:
+    """It was accepted, and the first long question, maybe late in an evaluation, stopped the run."""
+    model = DilBertReader.from_pretrained(tiny["model_dir"])
+    positions = model.fingerprinted_network()[0].max_position_embeddings
+    settings = OdqaSettings(max_question_length=positions + 1)
+    with pytest.raises(DilstoreError, match=f"question limit {positions + 1} .--max-question-length. is more than"):
+        OpenDomainReader(model, open_store(tiny["stores"]["fp32"]), None, settings)
+
+
 def test_a_store_of_another_kind_is_named_before_its_missing_index(tmp_path) -> None:
     """`ask` on an EARL store said to build its BM25 index first, and only then that it is the wrong kind."""
     earl = build_store(tmp_path / "earl", random_shards([2]), kind="earl-s1")

@@ -239,6 +239,13 @@ def test_missing_ids_are_named_or_skipped_and_counted(store: Callable[..., Path]
         reranker.rerank_run(QUERIES, every_top_missing, depth=2, skip_missing=True)
 
 
+def test_a_query_limit_past_the_model_s_positions_is_refused_when_the_reranker_opens(
+    store: Callable[..., Path], model_dir: Path
+) -> None:
+    with pytest.raises(DilstoreError, match=r"query limit 100000 \(--max-query-length\) is more than this model"):
+        open_reranker(store("earl-s1"), model_dir, settings=RerankSettings(max_query_length=100_000))
+
+
 def test_ids_a_split_store_holds_as_passages_are_named_with_the_split() -> None:
     """A store built with the default --split words holds 'tram#0', so every docid of a run was "not in the store"
     with no word of why."""
