@@ -37,8 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Retrieve the top-p passages with BM25, read their stored layer-k states, run the question's "
             "layers 1..k and the interaction layers k+1..l, and print the best answer with its score, its "
             "passage (span in [[ ]]) and the time per stage. Without a question, questions are read from "
-            "standard input, one per line, until end of input; a bad question prints an error and the "
-            "session goes on."
+            "standard input, one per line, until end of input (blank lines are passed over); a bad question "
+            "prints an error and the session goes on."
         ),
     )
     add_odqa_arguments(parser)
@@ -77,17 +77,28 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
 
     A line that is not UTF-8 (read with surrogateescape) is reported by the
     position of its first bad byte; any DilstoreError for one question is
-    printed as one line. Neither ends the session.
+    printed as one line. Neither ends the session. Blank lines are passed
+    over, and a byte-order mark opening the input is not part of the first
+    question.
     """
     prompt = lines.isatty()
+    first = True
     while True:
         if prompt:
             err.write("question> ")
             err.flush()
-        line = lines.readline()
+        try:
+            line = lines.readline()
+        except KeyboardInterrupt:
+            if prompt:  # the interruption's message starts a line of its own, not after the prompt
+                err.write("\n")
+            raise
         if not line:
             return 0
-        question = line.rstrip("\r\n")
+        question = line.rstrip("\r\n").removeprefix("\ufeff" if first else "")
+        first = False
+        if not question.strip():
+            continue
         bad = _undecoded_byte(question)
         if bad is not None:
             print(f"dilstore ask: error: the question is not UTF-8 text (byte at character {bad + 1}); skipped",
@@ -110,7 +121,8 @@ def print_answer(answer: Answer, as_json: bool, out: TextIO) -> None:
     print(f"question: {printable(answer.question)}", file=out)
     best = answer.best
     if best is None:
-        print("answer: (none: no retrieved passage gave a valid span)", file=out)
+        why = "no retrieved passage gave a valid span" if answer.passages else "BM25 retrieved no passage for it"
+        print(f"answer: (none: {why})", file=out)
     else:
         print(f"answer: {printable(best.text)}", file=out)
         print(

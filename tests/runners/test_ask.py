@@ -18,14 +18,14 @@ import pytest
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.retrieval import Hit
 from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
-from dilstore.runners.cmd_ask import highlight, interactive, printable
+from dilstore.runners.cmd_ask import highlight, interactive, print_answer, printable
 from dilstore.storage.reader import open_store
 from tests.fixtures.odqa_fixtures import collection_documents, write_collection, write_reader_and_store
 from tests.fixtures.paths import ROOT
 from tests.fixtures.pipeline_fixtures import dilstore_commands
 
 GOOD = "When did the Zürich tram network open?"
-SESSION = ["", GOOD, "   ", "word " * 10_000, "Xylophone mallets?", "How high is Mount Kilimanjaro?"]
+SESSION = ["\ufeff" + GOOD, "", "   ", "word " * 10_000, "Xylophone mallets?", "How high is Mount Kilimanjaro?"]
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +52,12 @@ def test_interactive_session_in_a_subprocess(store_and_model: tuple[Path, Path],
                           cwd=ROOT, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     answers = [json.loads(line) for line in done.stdout.splitlines()]
+    # The opening byte-order mark is no part of the question; blank lines are passed over, not errors.
     assert [answer["question"] for answer in answers] == [GOOD, "How high is Mount Kilimanjaro?"]
     errors = [line for line in done.stderr.splitlines() if line.startswith("dilstore ask: error:")]
-    assert len(errors) == 4
-    assert "empty" in errors[0] and "empty" in errors[1]
-    assert "longer than 64 tokens" in errors[2] or "characters long" in errors[2]
-    assert "ghost#0" in errors[3] and "not in store" in errors[3]
+    assert len(errors) == 2
+    assert "longer than 64 tokens" in errors[0] or "characters long" in errors[0]
+    assert "ghost#0" in errors[1] and "not in store" in errors[1]
     closed = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300,
                             preexec_fn=lambda: os.close(0))  # fmt: skip  # `ask STORE <&-`: sys.stdin is None
     assert closed.returncode == 2 and "Traceback" not in closed.stderr, closed.stderr
@@ -75,11 +75,25 @@ def test_interactive_loop_prints_text_answers_and_errors(store_and_model: tuple[
     odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), OneHitSearcher(),
                             OdqaSettings(mu=0.5))  # fmt: skip
     out, err = io.StringIO(), io.StringIO()
-    assert interactive(odqa, io.StringIO(f"\n{GOOD}\n"), out, err, as_json=False) == 0
-    assert err.getvalue() == "dilstore ask: error: the question is empty\n"
+    assert interactive(odqa, io.StringIO(f"\n \n{GOOD}\n"), out, err, as_json=False) == 0
+    assert err.getvalue() == ""  # blank lines are passed over
     text = out.getvalue()
     assert text.count("answer: ") == 1 and "passage: tram#0 (Zürich trams)" in text and "[[" in text
     assert "0.5 * reader" in text and "0.5 * bm25 7.5000" in text and "timings: retrieval" in text
+
+
+class NoHitSearcher:
+    def search(self, query: str, k: int) -> list[Hit]:
+        return []
+
+
+def test_a_question_bm25_finds_nothing_for_says_so(store_and_model: tuple[Path, Path]) -> None:
+    """It said "no retrieved passage gave a valid span", of no passage at all."""
+    store_dir, model_dir = store_and_model
+    odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), NoHitSearcher())
+    out = io.StringIO()
+    print_answer(odqa.answer("qwertyzxcv blorf"), False, out)
+    assert "answer: (none: BM25 retrieved no passage for it)\n" in out.getvalue()
 
 
 def test_highlight_wraps_the_span() -> None:
