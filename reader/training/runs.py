@@ -128,9 +128,11 @@ def refuse_an_earlier_run(output_dir: Path) -> None:
     if (output_dir / TRAINING_METADATA_FILE).is_file():
         found.append(f"a final model, {TRAINING_METADATA_FILE}")
     if found:
+        finished = (output_dir / TRAINING_METADATA_FILE).is_file()  # refuse_a_finished_run: nothing left to resume
+        go_on = "" if finished else "continue it with --resume, or "
         raise DilstoreError(
-            f"--output {output_dir} holds a training run already ({', '.join(found)}): continue it with --resume, "
-            "or give another --output (remove that folder to start over there)"
+            f"--output {output_dir} holds a training run already ({', '.join(found)}): {go_on}give another --output "
+            "(remove that folder to start over there)"
         )
     model_files = [name for name in MODEL_FILES if (output_dir / name).exists()]
     if model_files:

@@ -131,12 +131,14 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_the_run_is_kept(
     recorded = (tmp_path / "run_config.json").read_bytes()
     other = replace(config, learning_rate=1e-4, max_steps=1)
     with pytest.raises(DilstoreError, match=r"holds a training run already \(checkpoint step-0000001, a final model, "
-                                            r"dilstore_training.json\): continue it with --resume"):  # fmt: skip
-        train_qa(tiny_base, squad_file, tmp_path, other, command="t", progress=False)
+                                            r"dilstore_training.json\): give another --output"):  # fmt: skip
+        train_qa(tiny_base, squad_file, tmp_path, other, command="t", progress=False)  # not "--resume": it finished
     assert (tmp_path / "run_config.json").read_bytes() == recorded
     with pytest.raises(DilstoreError, match=r"finished \(step 2 of 2, dilstore_training.json\): nothing to resume"):
         train_qa(tiny_base, squad_file, tmp_path, other, command="t", resume=True, progress=False)
     cut_after_last_checkpoint(tmp_path)
+    with pytest.raises(DilstoreError, match=r"\(checkpoint step-0000001\): continue it with --resume, or give"):
+        train_qa(tiny_base, squad_file, tmp_path, other, command="t", progress=False)
     with pytest.raises(DilstoreError, match=r"settings differ from the interrupted run .*learning_rate"):
         train_qa(tiny_base, squad_file, tmp_path, other, command="t", resume=True, progress=False)
 
