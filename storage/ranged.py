@@ -110,10 +110,15 @@ def read_blocks(fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap:
         fetched = dict(zip(wanted, data, strict=True))
     for index, data in fetched.items():
         path, start, stop = blocks[index]
-        if len(data) != stop - start:
+        if len(data) > stop - start:  # the server sent more than asked: it ignored the Range header
+            raise StoreFormatError(
+                f"{path}: asked for bytes {start}..{stop - 1}, got {len(data)} bytes: the server does not answer "
+                "byte ranges (`Range: bytes=a-b` with 206); serve the store from one that does"
+            )
+        if len(data) < stop - start:
             raise StoreFormatError(
                 f"{path}: asked for bytes {start}..{stop - 1}, got {len(data)} bytes: the file is shorter than "
-                "its metadata says, or the server does not answer byte ranges (`Range: bytes=a-b` with 206)"
+                "its metadata says; run `dilstore verify`"
             )
     return [
         memoryview(fetched.get(block, b""))[offset : offset + stop - start]

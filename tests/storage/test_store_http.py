@@ -270,8 +270,9 @@ def test_a_server_that_ignores_byte_ranges_is_a_clear_error(served_root: Path, n
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        with pytest.raises(DilstoreError, match="server does not answer byte ranges"):
+        with pytest.raises(DilstoreError, match="server does not answer byte ranges") as raised:
             open_store(f"http://127.0.0.1:{server.server_address[1]}/{name}").fetch(IDS[:3])
+        assert "shorter" not in str(raised.value)  # it got more bytes than it asked for, not fewer
     finally:
         server.shutdown()
         server.server_close()
