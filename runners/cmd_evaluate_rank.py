@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from dilstore.runners.arg_types import positive_int
+from dilstore.storage.errors import DilstoreError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,7 +46,15 @@ def run(args: argparse.Namespace) -> int:
     from dilstore.reader.evaluation.rank_metrics import JUDGED, METRICS, evaluate_run
     from dilstore.reader.data.trec import read_qrels, read_run
 
-    evaluation = evaluate_run(read_qrels(args.qrels), read_run(args.run_file), args.relevance_level)
+    qrels, ranked = read_qrels(args.qrels), read_run(args.run_file)
+    if not any(qrels.values()):
+        raise DilstoreError(f"{args.qrels}: the qrels judge no documents")
+    if not ranked:
+        raise DilstoreError(f"{args.run_file}: the run holds no lines")
+    evaluation = evaluate_run(qrels, ranked, args.relevance_level)
+    if not any(grade >= evaluation.relevance_level for judged in qrels.values() for grade in judged.values()):
+        print(f"dilstore evaluate-rank: no judged document has grade {evaluation.relevance_level} or more, so RR and "
+              "R are 0 for every query", file=sys.stderr)  # fmt: skip
     summary = evaluation.summary()
     if args.json:
         print(json.dumps(summary))

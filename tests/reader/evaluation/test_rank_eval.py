@@ -124,6 +124,8 @@ def test_cli_json_and_table(tiny: tuple[Path, Path], capsys: pytest.CaptureFixtu
     assert summary == {**expected, "queries": 3, "relevance_level": 2}
     assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json", "--relevance-level", "1"]) == 0
     assert json.loads(capsys.readouterr().out)["relevance_level"] == 1
+    assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json", "--relevance-level", "9"]) == 0
+    assert "no judged document has grade 9 or more, so RR and R are 0 for every query" in capsys.readouterr().err
     assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[2] == "queries    3 (relevant for RR and R: grade >= 2)"
@@ -150,6 +152,17 @@ def test_ties_are_scored_in_the_order_they_are_written(tmp_path: Path) -> None:
     assert evaluation.relevance_level == 1
     assert evaluation.means["RR@10"] == 0.5
     assert evaluation.means["nDCG@10"] == pytest.approx(1 / math.log2(3))
+
+
+def test_empty_files_are_named_by_the_command(tiny: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    """"the qrels judge no documents" named no file, and an empty run was "none of the run's 0 queries"."""
+    qrels, run = tiny
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert main(["evaluate-rank", "--qrels", str(empty), "--run", str(run)]) == 2
+    assert capsys.readouterr().err == f"dilstore evaluate-rank: error: {empty}: the qrels judge no documents\n"
+    assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(empty)]) == 2
+    assert capsys.readouterr().err == f"dilstore evaluate-rank: error: {empty}: the run holds no lines\n"
 
 
 def test_a_run_with_no_judged_query_or_empty_qrels_is_an_error() -> None:
