@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from dilstore.storage.errors import listed
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     verify.add_argument("store", metavar="STORE", help="store directory or fsspec URL")
     verify.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    verify.add_argument("--no-progress", action="store_true", help="no progress bars (also off with --json)")
     verify.set_defaults(run=run_verify)
 
 
@@ -52,7 +54,8 @@ def run_verify(args: argparse.Namespace) -> int:
     """`dilstore verify`: check the store (`verify_store`) and print the report; 0 when sound, 1 otherwise."""
     from dilstore.storage.verify import verify_store
 
-    report = verify_store(args.store)
+    with BarProgress("verify", disabled=args.no_progress or args.json) as progress:
+        report = verify_store(args.store, progress=progress)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:
@@ -66,6 +69,38 @@ def _size(size: int) -> str:
             return f"{size:.1f} {unit}" if unit != "B" else f"{size} B"
         size /= 1024
     raise AssertionError("unreachable")
+
+
+class BarProgress:
+    """A VerifyProgress shown as one tqdm bar per phase on stderr (bytes scaled to KB, MB, ...)."""
+
+    def __init__(self, command: str, *, disabled: bool) -> None:
+        self.command, self.disabled = command, disabled
+        self.bar: Any = None
+
+    def __enter__(self) -> BarProgress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._close()
+
+    def phase(self, name: str, total: int, unit: str) -> None:
+        """Close the last phase's bar and open this one's."""
+        from tqdm import tqdm
+
+        self._close()
+        self.bar = tqdm(total=total, unit=unit, unit_scale=unit == "B", desc=f"{self.command} {name}",
+                        file=sys.stderr, dynamic_ncols=True, disable=self.disabled)  # fmt: skip
+
+    def advance(self, amount: int) -> None:
+        """Move the current bar on by `amount`."""
+        if self.bar is not None:
+            self.bar.update(amount)
+
+    def _close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def format_info(info: dict[str, Any]) -> str:

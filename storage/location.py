@@ -106,15 +106,21 @@ class StoreLocation:
                 digest.update(block)
         return digest.hexdigest()
 
-    def sha256_many(self, relatives: list[str]) -> dict[str, str | Exception]:
+    def sha256_many(
+        self, relatives: list[str], on_file: Callable[[str], None] | None = None
+    ) -> dict[str, str | Exception]:
         """SHA-256 of many files, hashed on a few threads; a file that cannot be read maps to its error (an OSError,
-        or a remote backend's own: a body cut short over HTTP is an aiohttp error, not an OSError)."""
+        or a remote backend's own: a body cut short over HTTP is an aiohttp error, not an OSError). `on_file` is
+        called with each file once it is read, from the thread that read it."""
 
         def one(relative: str) -> str | Exception:
             try:
                 return self.sha256(relative)
             except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind
                 return error
+            finally:
+                if on_file is not None:
+                    on_file(relative)
 
         with ThreadPoolExecutor(max_workers=_HASH_THREADS) as pool:
             return dict(zip(relatives, pool.map(one, relatives), strict=True))

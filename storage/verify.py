@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import zarr
@@ -90,8 +90,34 @@ class VerifyReport:
         }
 
 
-def verify_store(path_or_url: str | Path, storage_options: dict[str, Any] | None = None) -> VerifyReport:
-    """Check the store at a local path or fsspec URL and return the report (never raises for damage)."""
+class VerifyProgress(Protocol):
+    """Where `verify_store` reports how far it is: each phase's total, then what each step did."""
+
+    def phase(self, name: str, total: int, unit: str) -> None:
+        """A new phase begins: "checksums" over `total` bytes, then "shards" over `total` shards."""
+
+    def advance(self, amount: int) -> None:
+        """`amount` more of the current phase is done."""
+
+
+class _Silent:
+    """No progress reported."""
+
+    def phase(self, name: str, total: int, unit: str) -> None:
+        """Nothing to show."""
+
+    def advance(self, amount: int) -> None:
+        """Nothing to show."""
+
+
+def verify_store(
+    path_or_url: str | Path, storage_options: dict[str, Any] | None = None, progress: VerifyProgress | None = None
+) -> VerifyReport:
+    """Check the store at a local path or fsspec URL and return the report (never raises for damage).
+
+    progress: told of each phase and step (the checksums read every byte, which takes hours at terabytes).
+    """
+    progress = progress or _Silent()
     location = StoreLocation.parse(path_or_url, storage_options)
     report = VerifyReport(url=location.url)
     try:
@@ -101,9 +127,10 @@ def verify_store(path_or_url: str | Path, storage_options: dict[str, Any] | None
         return report
     report.shards, report.passages, report.tokens = len(manifest.shards), manifest.passages, manifest.tokens
     _check_manifest(manifest, report)
-    _check_files(location, manifest, report)
+    _check_files(location, manifest, report, progress)
     shard_rows: dict[int, tuple[list[str], np.ndarray]] = {}
     store_codebook = _store_codebook_names(location)
+    progress.phase("shards", len(manifest.shards), "shard")
     for entry in manifest.shards:
         rows = _guarded(
             report, f"shard {entry.name}",
@@ -111,6 +138,7 @@ def verify_store(path_or_url: str | Path, storage_options: dict[str, Any] | None
         )  # fmt: skip
         if rows is not None:
             shard_rows[entry.index] = rows
+        progress.advance(1)
     _guarded(report, "id index", lambda: _check_index(location, manifest, shard_rows, report))
     shard_paths = [entry.directory for entry in manifest.shards]
     _guarded(report, CODEBOOK_DIR, lambda: report.problems.extend(store_codebook_problems(
@@ -163,7 +191,7 @@ def _check_manifest(manifest: Manifest, report: VerifyReport) -> None:
         report.problems.append("manifest: the fingerprint's kind or encoding differs from the store's")
 
 
-def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyReport) -> None:
+def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyReport, progress: VerifyProgress) -> None:
     """Every manifest file is present with its size and SHA-256; unknown files inside the data are problems.
 
     Where the filesystem cannot list (HTTP), only the manifest's files are
@@ -186,7 +214,9 @@ def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyRepo
             )
         else:
             to_hash.append(path)
-    for path, digest in location.sha256_many(to_hash).items():
+    progress.phase("checksums", sum(present[path] for path in to_hash), "B")
+    hashed = location.sha256_many(to_hash, on_file=lambda path: progress.advance(present[path]))
+    for path, digest in hashed.items():
         if isinstance(digest, FileNotFoundError):
             report.problems.append(f"missing file {path}")
         elif isinstance(digest, Exception):

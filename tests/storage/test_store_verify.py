@@ -102,6 +102,32 @@ def test_a_file_slipped_into_a_shard_is_caught(store) -> None:
     assert report.problems == ["shards/shard-00001/extra.bin: inside the store's data but not in the manifest"]
 
 
+class Recorded:
+    """A VerifyProgress that keeps each phase with its total and the sum of its steps."""
+
+    def __init__(self) -> None:
+        self.phases: list[list] = []
+
+    def phase(self, name: str, total: int, unit: str) -> None:
+        self.phases.append([name, total, unit, 0])
+
+    def advance(self, amount: int) -> None:
+        self.phases[-1][3] += amount
+
+
+def test_verify_reports_its_progress_and_the_command_shows_it(store, capsys) -> None:
+    """verify read every byte of a store (hours at terabytes) and said nothing until the end."""
+    progress = Recorded()
+    report = verify_store(store, progress=progress)
+    assert report.ok and progress.phases == [
+        ["checksums", report.bytes_checked, "B", report.bytes_checked], ["shards", 2, "shard", 2]
+    ]
+    assert main(["verify", str(store)]) == 0
+    err = capsys.readouterr().err
+    assert "verify checksums: 100%" in err and "verify shards: 100%" in err and "2/2" in err
+    assert main(["verify", str(store), "--json"]) == 0 and capsys.readouterr().err == ""
+
+
 def test_info_json_has_the_interface_keys(store, capsys) -> None:
     assert main(["info", str(store), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
