@@ -128,8 +128,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "rewriting it; the run must match the store's model, kind, encoding, compression and "
                             "split, and uses its codebook")
     model.add_argument("--replace", action="store_true",
-                       help="with --append: new passages whose id the store (or the input) already holds win; the "
-                            "old rows become unreachable (default: refuse duplicate ids)")
+                       help="with --append: new passages whose id the store already holds win, and the old rows "
+                            "become unreachable (default: refuse ids the store holds); an id repeated in the input "
+                            "keeps its first record either way, the others going to the dead letters")
     run = parser.add_argument_group("running")
     run.add_argument("--runner", default="direct", metavar="NAME",
                      help="direct (default), dask, dataflow, flink, portable, fnapi, or one of these by "

@@ -192,7 +192,7 @@ def metadata_of_kind(
     """`directory`'s dilstore.json, or None without one; a checkpoint whose kind is not in `kinds` is refused.
 
     The one check of what a checkpoint directory holds, before any weight
-    is read. The error reads "DIRECTORY holds a 'KIND' checkpoint" followed
+    is read. The error reads "DIRECTORY holds a(n) 'KIND' checkpoint" followed
     by `refusal`, or by `refusal(KIND)` where the advice depends on the kind
     found. No `kinds` at all refuses every checkpoint (a base encoder is
     wanted).
@@ -200,8 +200,13 @@ def metadata_of_kind(
     metadata = read_metadata(directory)
     if metadata is not None and metadata.kind not in kinds:
         advice = refusal if isinstance(refusal, str) else refusal(metadata.kind)
-        raise DilstoreError(f"{directory} holds a {metadata.kind!r} checkpoint{advice}")
+        raise DilstoreError(f"{directory} holds {quoted_with_article(metadata.kind)} checkpoint{advice}")
     return metadata
+
+
+def quoted_with_article(kind: str) -> str:
+    """"a 'dilbert'", "an 'earl'": a kind named in a sentence."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind!r}"
 
 
 def trained_metadata(

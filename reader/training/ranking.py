@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from dilstore.reader.data.ranking_files import Triple, read_paragraphs, read_triples
+from dilstore.reader.modeling.checkpoints import quoted_with_article
 from dilstore.reader.modeling.earl import ENCODER_PREFIXES, POOLINGS, EarlConfig, EarlRanker
 from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
 from dilstore.reader.modeling.rankers import load_ranker, new_ranker
@@ -270,7 +271,8 @@ def train_ranker(
         else new_ranker(config.kind, base_model, config.earl_config(), config.listformer_config())
     )
     if ranker.kind != config.kind:
-        raise DilstoreError(f"--resume: {resume_from} holds a {ranker.kind!r} ranker, not {config.kind!r}")
+        found = quoted_with_article(ranker.kind)
+        raise DilstoreError(f"--resume: {resume_from} holds {found} ranker, not {config.kind!r}")
     if config.freeze_encoder and resume_from is None:
         assert isinstance(ranker, EarlRanker)  # freeze_encoder is EARL-only (RankingTrainingConfig)
         ranker.freeze_encoder(base_model)

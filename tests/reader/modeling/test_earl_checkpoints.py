@@ -92,9 +92,9 @@ def test_a_dilbert_checkpoint_is_not_an_earl_ranker_and_vice_versa(saved_earl: P
         EarlRanker.from_pretrained(dilbert)
     with pytest.raises(DilstoreError, match="holds a 'dilbert' checkpoint; from_base takes a plain encoder"):
         EarlRanker.from_base(dilbert)
-    with pytest.raises(DilstoreError, match=rf"{saved_earl} holds a 'earl' checkpoint, not a 'dilbert' reader"):
+    with pytest.raises(DilstoreError, match=rf"{saved_earl} holds an 'earl' checkpoint, not a 'dilbert' reader"):
         DilBertReader.from_pretrained(saved_earl)
-    with pytest.raises(DilstoreError, match="holds a 'earl' checkpoint, not a 'dilbert' reader"):
+    with pytest.raises(DilstoreError, match="holds an 'earl' checkpoint, not a 'dilbert' reader"):
         DilBertReader.from_pretrained(saved_earl, layers=1)
 
 

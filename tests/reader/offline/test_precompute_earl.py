@@ -209,7 +209,7 @@ def test_a_plain_encoder_starts_an_untrained_ranker_with_n_from_layers(base_dir:
 def test_a_model_of_the_wrong_kind_is_refused_before_loading(earl_dir: Path, dilbert_dir: Path) -> None:
     with pytest.raises(DilstoreError, match=r"holds a 'dilbert' checkpoint, which makes dilbert stores; earl-s1"):
         load_offline_model(dilbert_dir, "earl-s1", None)
-    with pytest.raises(DilstoreError, match=r"holds a 'earl' checkpoint, which makes earl-s1 or earl-s2 stores"):
+    with pytest.raises(DilstoreError, match=r"holds an 'earl' checkpoint, which makes earl-s1 or earl-s2 stores"):
         load_offline_model(earl_dir, "dilbert", None)
     with pytest.raises(DilstoreError, match=r"N = 1 query layers, not 2"):
         load_offline_model(earl_dir, "earl-s2", 2)
@@ -380,7 +380,7 @@ def test_earl_kinds_default_to_the_packaged_ranker(
     ("model", "kind", "extra", "message"),
     [
         ("dilbert", "earl-s1", [], "holds a 'dilbert' checkpoint, which makes dilbert stores; earl-s1 stores need"),
-        ("earl", "dilbert", [], "holds a 'earl' checkpoint, which makes earl-s1 or earl-s2 stores; dilbert stores"),
+        ("earl", "dilbert", [], "holds an 'earl' checkpoint, which makes earl-s1 or earl-s2 stores; dilbert stores"),
         ("earl", "earl-s2", ["--layers", "2"], "N = 1 query layers, not 2; omit the layers (--layers)"),
         ("earl", "earl-s1", ["--max-length", "65"], "exceeds the model's 64 positions"),
     ],
