@@ -9,7 +9,8 @@ from pathlib import Path
 
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_store
-from dilstore.runners.reading_options import apply_threads
+from dilstore.runners.arg_types import positive_int
+from dilstore.runners.reading_options import add_subset_arguments, apply_threads, subset_seed
 from dilstore.runners.quiet import add_verbose_argument
 
 
@@ -27,9 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_odqa_arguments(parser)
     parser.add_argument("--questions", type=Path, required=True, help="DPR-style .jsonl or SQuAD v1.1 .json")
-    parser.add_argument("--limit", type=int, help="evaluate a seeded random subset of N questions (default: all)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset (default 0)")
-    parser.add_argument("--question-batch", type=int, default=8, help="questions read together (default 8)")
+    add_subset_arguments(parser, "evaluate questions:")
+    parser.add_argument("--question-batch", type=positive_int, default=8, help="questions read together (default 8)")
     parser.add_argument("--predictions", type=Path, help="also write {question id: {mu: answer}} JSON here")
     parser.add_argument(
         "--json", action="store_true", help='print {"questions","em","f1","recall","top_p","mu","seconds",...}'
@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if args.predictions:
         refuse_output_inside_store(args.predictions, args.store, "--predictions")
         check_output_file(args.predictions, "--predictions", [args.questions])
-    questions = select_questions(load_questions(args.questions), args.limit, args.seed)
+    seed = subset_seed(args)
+    questions = select_questions(load_questions(args.questions), args.limit, seed)
     odqa = open_odqa_reader(args)
     bar = tqdm(total=len(questions), unit="question", desc="evaluate-qa", file=sys.stderr, dynamic_ncols=True,
                disable=args.no_progress or args.json)  # fmt: skip

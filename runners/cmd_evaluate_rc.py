@@ -11,8 +11,10 @@ from dilstore.runners.outputs import check_output_file
 from dilstore.runners.reading_options import (
     add_reading_arguments,
     add_runtime_arguments,
+    add_subset_arguments,
     apply_threads,
     reading_settings,
+    subset_seed,
 )
 from dilstore.storage.errors import DilstoreError
 
@@ -30,10 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", type=Path, help="reader checkpoint directory (default: the shipped reader)")
     parser.add_argument("--data", type=Path, required=True, help="SQuAD v1.1-format JSON")
-    parser.add_argument(
-        "--limit", type=int, help="score a seeded random subset of N questions (default: all of them)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset (default 0)")
+    add_subset_arguments(parser, "score questions:")
     add_reading_arguments(parser)
     add_runtime_arguments(parser)
     parser.add_argument("--predictions", type=Path, help="also write {question id: answer} JSON here")
@@ -62,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         args.data,
         settings=reading_settings(args),
         limit=args.limit,
-        seed=args.seed,
+        seed=subset_seed(args),
         device=args.device,
         progress=not args.json,
     )

@@ -1,4 +1,4 @@
-"""Command-line options shared by `train qa` (its dev evaluation) and `evaluate-rc`."""
+"""Command-line options shared by `train qa` (its dev evaluation), `evaluate-rc` and `evaluate-qa`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from dilstore.runners.arg_types import positive_int, torch_device
+from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     from dilstore.reader.evaluation.reading_comprehension import ReadingSettings
@@ -21,6 +22,20 @@ def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
         ("--max-answer-length", 30, "longest answer in tokens"),
     ):
         parser.add_argument(option, type=positive_int, default=default, help=f"{what} (default {default})")
+
+
+def add_subset_arguments(parser: argparse.ArgumentParser, scored: str) -> None:
+    """--limit and --seed: a seeded random subset of the `scored` items (questions)."""
+    parser.add_argument("--limit", type=positive_int, help=f"{scored} a seeded random subset of N (default: all)")
+    parser.add_argument("--seed", type=int, help="seed of the --limit subset (default 0)")
+
+
+def subset_seed(args: argparse.Namespace) -> int:
+    """The --limit subset's seed (0 by default); a DilstoreError for a --seed without --limit, which picks nothing
+    and was ignored."""
+    if args.seed is not None and args.limit is None:
+        raise DilstoreError("--seed picks the --limit subset; give --limit too, or leave --seed out to score all")
+    return 0 if args.seed is None else args.seed
 
 
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:

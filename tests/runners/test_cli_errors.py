@@ -105,6 +105,15 @@ def test_bad_threads_and_devices_are_usage_errors_before_the_command_runs(
     assert exited.value.code == 2 and message in err.strip().splitlines()[-1] and "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", [["evaluate-qa", "{tmp}/no-store", "--questions", "{tmp}/q.jsonl"],
+                                     ["evaluate-rc", "--data", "{tmp}/none.json"]])  # fmt: skip
+def test_a_seed_without_a_limit_is_refused(command: list[str], tmp_path: Path, capsys) -> None:
+    """It picks the --limit subset; without --limit every question was scored and the seed silently ignored."""
+    assert main([argument.replace("{tmp}", str(tmp_path)) for argument in command] + ["--seed", "3"]) == 2
+    assert capsys.readouterr().err.endswith("error: --seed picks the --limit subset; give --limit too, or leave "
+                                            "--seed out to score all\n")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "option", ["--epochs", "--batch-size", "--gradient-accumulation-steps", "--log-every", "--keep-checkpoints",
                "--max-steps"],
