@@ -96,6 +96,7 @@ _FORMAT_OPENINGS = {
 }
 # How far into a file the first non-blank line is looked for.
 _SNIFF_BYTES = 1 << 16
+GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of every gzip file
 
 
 def check_format(path: str | Path, format: str) -> None:
@@ -106,6 +107,11 @@ def check_format(path: str | Path, format: str) -> None:
     file passes (it simply holds no records).
     """
     looks_right, expected = _FORMAT_OPENINGS[format]
+    if str(path).endswith(".gz"):
+        with open(path, "rb") as raw:
+            magic = raw.read(2)
+        if magic and magic != GZIP_MAGIC:  # every record would be one dead letter, and the run exit 1 with nothing
+            raise DilstoreError(f"--input {path}: not a gzip file; a plain text file needs a name without .gz")
     with open_source(path) as stream:
         try:
             head = stream.read(_SNIFF_BYTES)

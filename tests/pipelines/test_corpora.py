@@ -587,3 +587,11 @@ def test_an_empty_file_fits_any_format(tmp_path: Path) -> None:
     empty.write_bytes(b"\n\n")
     for format in FORMATS:
         check_format(empty, format)
+
+
+def test_a_plain_file_named_gz_is_refused_up_front(tmp_path: Path) -> None:
+    """Its one record became a dead letter ("truncated or corrupt file: Not a gzipped file") and the run exit 1."""
+    plain = tmp_path / "corpus.jsonl.gz"
+    plain.write_text('{"id": "a", "text": "fine"}\n', encoding="utf-8")
+    with pytest.raises(DilstoreError, match="not a gzip file; a plain text file needs a name without .gz$"):
+        check_format(plain, "jsonl")
