@@ -617,7 +617,7 @@ def run_command(args: argparse.Namespace) -> int:
     if empty is not None:
         print(f"dilstore precompute: error: {empty}", file=sys.stderr)
         return 1
-    if summary.get("rejected") and "rejected_records" in summary:  # absent from summaries written before it
+    if summary.get("rejected") and "rejected_records" in summary and not args.json:  # --json's summary says it
         where = Path(summary["store"]) / summary["rejected_records"]
         print(f"dilstore precompute: {summary['rejected']} record(s) rejected: {where}/ says why, one JSON line each",
               file=sys.stderr)  # fmt: skip

@@ -192,6 +192,7 @@ def test_an_output_onto_an_input_or_into_a_missing_folder_is_refused_before_any_
     task.write_bytes(b"task")
     store, no_data = tmp_path / "store", tmp_path / "no-data"
     store.mkdir()
+    (store / "manifest.json").write_text("{}")  # a store: only an output inside one is refused as such
     inside_work = "is inside --work"
     calls = [
         ("run_passages", ["--run", str(run), "--corpus", str(corpus), "--output", str(corpus)], "is the input file"),
