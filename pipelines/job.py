@@ -197,10 +197,18 @@ def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
     return False
 
 
+@dataclass
+class BuildAttempt:
+    """What a failed build's take-back must know: whether it launched a job that runs on without this process
+    (`launched`: set by the launcher once a remote or external runner accepted the job)."""
+
+    launched: bool = False
+
+
 @contextlib.contextmanager
-def unmade_if_nothing_stored(store: Path) -> Iterator[None]:
-    """Around a build: when one into an absent or empty folder fails before its pipeline wrote anything, take back
-    what its start wrote.
+def unmade_if_nothing_stored(store: Path) -> Iterator[BuildAttempt]:
+    """Around a build: when one into an absent or empty folder fails before its pipeline wrote anything, and no job
+    it launched can still be running, take back what its start wrote.
 
     `prepare_store` writes the spec first and a 2bit/1bit run its codebook
     (pipelines/codebook.py). A run whose job never started (a Dataflow
@@ -208,23 +216,35 @@ def unmade_if_nothing_stored(store: Path) -> Iterator[None]:
     and a corrected command with other settings was then refused as "a run
     with other settings" unless given --overwrite. Anything else in the
     folder (a shard, a part file) means the run started, and it stays for a
-    re-run to resume. A folder this run created is removed; one that was
-    there, empty, stays.
+    re-run to resume. So does everything once the attempt is `launched`: a
+    Dataflow job goes on when its launcher is interrupted, and its workers
+    read the codebook and write beside the spec, which must still be there.
+    A folder this run created is removed; one that was there, empty, stays.
+    A take-back that fails leaves the folder as it is, and the build's own
+    error is the one raised.
     """
+    attempt = BuildAttempt()
     existed = store.is_dir()
     if existed and any(store.iterdir()):
-        yield  # a resumed run keeps what the earlier one stored
+        yield attempt  # a resumed run keeps what the earlier one stored
         return
     try:
-        yield
+        yield attempt
     except BaseException:
-        written = list(store.iterdir()) if store.is_dir() else []
-        if all(path.name in (SPEC_FILE, CODEBOOK_DIR) for path in written):
-            for path in written:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-            if not existed:
-                store.rmdir()
+        if not attempt.launched:
+            with contextlib.suppress(OSError):  # a worker writing meanwhile, or no folder at all
+                _take_back(store, remove_folder=not existed)
         raise
+
+
+def _take_back(store: Path, *, remove_folder: bool) -> None:
+    """Remove the spec and codebook a start wrote into `store`, when they are all it holds (and the folder too)."""
+    written = list(store.iterdir())
+    if all(path.name in (SPEC_FILE, CODEBOOK_DIR) for path in written):
+        for path in written:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if remove_folder:
+            store.rmdir()
 
 
 def needs_replacement(store: Path, spec: dict[str, Any]) -> bool:

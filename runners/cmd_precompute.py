@@ -50,7 +50,7 @@ from dilstore.storage.format import COMPRESSORS
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from dilstore.pipelines.job import PrecomputeJob
+    from dilstore.pipelines.job import BuildAttempt, PrecomputeJob
     from dilstore.pipelines.options import LocalDefaults
     from dilstore.pipelines.routing import ReadTask
     from dilstore.reader.offline.kinds import OfflineModel
@@ -313,15 +313,27 @@ def local_runtime(runner: str, workers: int, num_shards: int, beam_args: Sequenc
 
 
 def run_pipeline(
-    job: PrecomputeJob, runner: str, beam_args: Sequence[str], workers: int, progress: bool
+    job: PrecomputeJob,
+    runner: str,
+    beam_args: Sequence[str],
+    workers: int,
+    progress: bool,
+    attempt: BuildAttempt | None = None,
 ) -> dict[str, Any]:
     """Run the precompute pipeline for `job` to the end; the run summary.
 
     Local runners get defaults (worker processes, a Dask LocalCluster) and a
     progress bar; a failed pipeline raises DilstoreError with Beam's message.
+    `attempt` is marked launched once a runner whose workers outlive this
+    process has the job (pipelines/job.py: its files must then stay).
     """
     from dilstore.pipelines.finish import read_summary
-    from dilstore.pipelines.options import LOCAL_RUNNERS, assemble_beam_flags, pipeline_options
+    from dilstore.pipelines.options import (
+        IN_PROCESS_RUNNERS,
+        LOCAL_RUNNERS,
+        assemble_beam_flags,
+        pipeline_options,
+    )
     from dilstore.pipelines.precompute import build_pipeline
 
     with callers_torch_threads(), local_runtime(runner, workers, job.num_shards, beam_args) as defaults:
@@ -333,6 +345,8 @@ def run_pipeline(
             with bar:
                 try:
                     result = pipeline.run()
+                    if attempt is not None and runner not in IN_PROCESS_RUNNERS:
+                        attempt.launched = True
                     result.wait_until_finish()
                 except DilstoreError:
                     raise
@@ -552,7 +566,9 @@ def quiet_dask_logging() -> None:
     logging.getLogger("distributed").setLevel(logging.WARNING)
 
 
-def build_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -> dict[str, Any]:
+def build_store(
+    job: PrecomputeJob, runner: str, args: argparse.Namespace, attempt: BuildAttempt | None = None
+) -> dict[str, Any]:
     """Build the store at `job.store` (the folder being written, under the write lock); the run summary.
 
     A 2bit/1bit run first puts its codebook in that folder (pipelines/codebook.py),
@@ -564,7 +580,7 @@ def build_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -> di
 
     if needs_codebook(job.encoding):
         prepare_codebook(job, load_checked_reader(job.model, job.layers, job.fingerprint))
-    return run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress)
+    return run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress, attempt)
 
 
 def check_append_flags(args: argparse.Namespace) -> None:
@@ -665,7 +681,7 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
         with write_lock(store):
             if args.append:
                 return append_to_store(job, runner, args)
-            with unmade_if_nothing_stored(store):
+            with unmade_if_nothing_stored(store) as attempt:
                 if prepare_store(store, spec, args.overwrite):
                     print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
                     summary = {**read_summary(store), "store": job.store}  # where it is now, if moved since
@@ -676,7 +692,7 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
                     summary = build_store(built, runner, args)
                     swap_in(store, building)
                 else:
-                    summary = build_store(job, runner, args)
+                    summary = build_store(job, runner, args, attempt)
     return summary, nothing_stored(summary, job.store)
 
 

@@ -18,6 +18,7 @@ from dilstore.pipelines.job import (
     replacement_dir,
     spec_json,
     swap_in,
+    unmade_if_nothing_stored,
 )
 from dilstore.runners import cli
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook
@@ -184,6 +185,16 @@ def test_a_run_that_fails_before_storing_anything_leaves_no_settings_behind(
         (Path(job.store) / "shards").mkdir()
         raise DilstoreError("a worker died")
 
+    def launched_then_interrupted(job, *rest):
+        rest[-1].launched = True  # a Dataflow job accepted: its workers go on, reading the spec and the codebook
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cmd_precompute, "run_pipeline", launched_then_interrupted)
+    assert cli.main([*args, "--output", str(tmp_path / "remote"), "--encoding", "2bit"]) == 130
+    assert sorted(path.name for path in (tmp_path / "remote").iterdir()) == [CODEBOOK_DIR, SPEC_FILE]
+    with pytest.raises(KeyboardInterrupt):  # not the take-back's FileNotFoundError for a folder never made
+        with unmade_if_nothing_stored(tmp_path / "never-made"):
+            raise KeyboardInterrupt
     monkeypatch.setattr(cmd_precompute, "run_pipeline", never_starts)
     assert cli.main([*args, "--output", str(store)]) == 2
     assert cli.main([*args, "--output", str(made_by_user), "--encoding", "2bit"]) == 2  # its codebook goes too
