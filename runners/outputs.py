@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
+from dilstore.storage.format import FORMAT_NAME, MANIFEST_FILE, SPEC_FILE
 
 
 def refuse_output_inside_store(output: Path, store: str, flag: str) -> None:
@@ -24,12 +26,29 @@ def refuse_output_inside_store(output: Path, store: str, flag: str) -> None:
 
 
 def refuse_store_inside_store(output: Path, flag: str) -> None:
-    """A DilstoreError when the new store `output` would lie inside another store (a folder above it with a
-    manifest.json, or a precompute.json of a run not finished yet): its files would swell that store's size, show
-    as untracked in its `verify`, and go with it in an --overwrite."""
+    """A DilstoreError when the new store `output` would lie inside another store (`is_store` of a folder above
+    it): its files would swell that store's size, show as untracked in its `verify`, and go with it in an
+    --overwrite."""
     for folder in output.resolve().parents:
-        if (folder / MANIFEST_FILE).is_file() or (folder / SPEC_FILE).is_file():
+        if is_store(folder):
             raise DilstoreError(f"{flag} {output} is inside the store {folder}; put the new store elsewhere")
+
+
+def is_store(folder: Path) -> bool:
+    """Whether `folder` holds a dilstore store: a manifest.json in dilstore's format, or the precompute.json of a
+    store being built. Other tools name files manifest.json too (web apps, datasets), so the name alone is not
+    enough."""
+    manifest, spec = _json_object(folder / MANIFEST_FILE), _json_object(folder / SPEC_FILE)
+    return manifest.get("format") == FORMAT_NAME or {"inputs", "fingerprint"} <= spec.keys()
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`, or {} when there is none (no such file, unreadable, not JSON, not an object)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 # What a plot may be written as: matplotlib picks the format by the suffix, and refuses .json after the work.

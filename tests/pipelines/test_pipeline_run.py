@@ -431,11 +431,24 @@ def test_an_output_that_cannot_be_a_store_is_refused_before_the_lock(
 ) -> None:
     """The write lock beside the store created the folders above it, and a store inside another swelled that one."""
     (tmp_path / "outer").mkdir()
-    (tmp_path / "outer" / "manifest.json").write_text("{}")
+    (tmp_path / "outer" / "manifest.json").write_text('{"format": "dilstore-store"}')
     err = refused_precompute(tiny_dir, tmp_path, capsys, *output)
     assert err == f"dilstore precompute: error: {message.format(tmp=tmp_path)}\n"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["c.jsonl", "outer"]
     assert list((tmp_path / "outer").iterdir()) == [tmp_path / "outer" / "manifest.json"]
+
+
+def test_only_a_dilstore_store_above_the_output_refuses_it(tmp_path: Path) -> None:
+    """Any manifest.json above --output refused it, a web app's too; a store being built (its spec) counts."""
+    from dilstore.runners.outputs import refuse_store_inside_store
+
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "manifest.json").write_text('{"name": "my web app", "version": "1.0"}')
+    refuse_store_inside_store(tmp_path / "app" / "stores" / "wiki", "--output")
+    (tmp_path / "building").mkdir()
+    (tmp_path / "building" / "precompute.json").write_text('{"inputs": [], "fingerprint": {}}')
+    with pytest.raises(DilstoreError, match="is inside the store .*building; put the new store elsewhere"):
+        refuse_store_inside_store(tmp_path / "building" / "sub", "--output")
 
 
 def test_an_input_edited_in_place_is_a_new_spec(tmp_path: Path) -> None:
