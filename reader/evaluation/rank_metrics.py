@@ -97,7 +97,8 @@ def evaluate_run(qrels: Qrels, run: Run, level: int | None = None) -> RankEvalua
         (ir_measures.pytrec_eval, {nDCG @ 10: "nDCG@10", R(rel=level) @ 100: "R@100"}),
         (ir_measures.judged, {Judged @ 10: JUDGED}),
     )
-    ranked = {qid: _strict_scores(run[qid]) for qid in judged_in_run}
+    # An empty ranking scores 0 on everything (the zeros below), and ir_measures' Judged divides by its length.
+    ranked = {qid: _strict_scores(run[qid]) for qid in judged_in_run if run[qid]}
     per_query = {qid: dict.fromkeys((*METRICS, JUDGED), 0.0) for qid in qrels}
     for provider, measures in measures_by_provider:
         for metric in provider.iter_calc(list(measures), qrels, ranked):

@@ -165,6 +165,14 @@ def test_empty_files_are_named_by_the_command(tiny: tuple[Path, Path], tmp_path:
     assert capsys.readouterr().err == f"dilstore evaluate-rank: error: {empty}: the run holds no lines\n"
 
 
+def test_a_query_with_an_empty_ranking_scores_zero() -> None:
+    """Judged@10 divided by the ranking's length: a ZeroDivisionError, where every metric had scored 0 (the
+    ranking evaluation writes an empty ranking for a query BM25 finds nothing for)."""
+    evaluation = evaluate_run({"q1": {"d1": 1}, "q2": {"d2": 1}}, {"q1": {}, "q2": {"d2": 1.0}})
+    assert evaluation.per_query["q1"] == {"RR@10": 0.0, "nDCG@10": 0.0, "R@100": 0.0, "Judged@10": 0.0}
+    assert evaluation.means == {"RR@10": 0.5, "nDCG@10": 0.5, "R@100": 0.5, "Judged@10": 0.5}
+
+
 def test_a_run_with_no_judged_query_or_empty_qrels_is_an_error() -> None:
     with pytest.raises(DilstoreError, match="none of the run's 1 queries has judgements"):
         evaluate_run({"q1": {"d": 1}}, {"q9": {"d": 1.0}})
