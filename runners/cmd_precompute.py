@@ -129,8 +129,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "split, and uses its codebook")
     model.add_argument("--replace", action="store_true",
                        help="with --append: new passages whose id the store already holds win, and the old rows "
-                            "become unreachable (default: refuse ids the store holds); an id repeated in the input "
-                            "keeps its first record either way, the others going to the dead letters")
+                            "become unreachable; an id repeated in the input keeps its first record, the others going "
+                            "to the dead letters (default: refuse both)")
     run = parser.add_argument_group("running")
     run.add_argument("--runner", default="direct", metavar="NAME",
                      help="direct (default), dask, dataflow, flink, portable, fnapi, or one of these by "
