@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
 
     from dilstore.runners.serve_app import ServedStore
 
+DILBERT = "dilbert"  # the kind of store /ask reads; every other kind is reranked
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_SHUTDOWN_TIMEOUT = 30
@@ -110,9 +111,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Open the stores, then serve until Ctrl-C or SIGTERM; 0 after a graceful shutdown.
 
-    The arguments are checked, and every store's manifest read and every --model folder found, before the first
-    model stack loads; the web server is imported last. So a mistyped path, even of the last store, fails in a
-    moment, not after some 10 s of imports and the first stores' models.
+    The arguments are checked, and every store's manifest read, every --model folder found and every BM25 index
+    checked, before the first model stack loads; the web server is imported last. So a mistyped path, even of
+    the last store, fails in a moment, not after some 10 s of imports and the first stores' models.
     """
     settings = ServeSettings(
         max_batch_pairs=args.max_batch_pairs,
@@ -132,9 +133,10 @@ def run(args: argparse.Namespace) -> int:
     indexes = per_store_indexes(args.index, names)
     infos = check_stores_and_models(named, models)
     check_default_top_p(settings.max_top_p, [info["kind"] for info in infos])
+    found = [served_index(path, info["kind"], indexes.get(name)) for (name, path), info in zip(named, infos)]
     served = [
-        open_served_store(name, path, model, args.device, indexes.get(name), info)
-        for (name, path), model, info in zip(named, models, infos, strict=True)
+        open_served_store(name, path, model, args.device, index, info)
+        for (name, path), model, index, info in zip(named, models, found, infos, strict=True)
     ]
     import uvicorn
 
@@ -187,7 +189,7 @@ def check_default_top_p(max_top_p: int, kinds: Sequence[str]) -> None:
     that leaves top_p out would be refused, with a count its client never sent."""
     from dilstore.reader.serving.answers import DEFAULT_TOP_P
 
-    if "dilbert" in kinds and max_top_p < DEFAULT_TOP_P:
+    if DILBERT in kinds and max_top_p < DEFAULT_TOP_P:
         raise DilstoreError(f"--max-top-p {max_top_p} is below /ask's default top_p {DEFAULT_TOP_P}, so every /ask "
                             f"without top_p would be refused; give --max-top-p {DEFAULT_TOP_P} or more")  # fmt: skip
 
@@ -239,24 +241,22 @@ def open_served_store(
 ) -> ServedStore:
     """Open one store with its checked model as an AskService (dilbert) or RerankService (earl-s1/earl-s2/listformer).
 
-    index: its BM25 index (default STORE/bm25); a rerank store needs none,
-    and gets retrieval only where one exists. info: its `store_info`, when
-    already read (`check_stores_and_models`).
+    index: its BM25 index, as `served_index` finds and checks it (default
+    STORE/bm25); a rerank store needs none, and gets retrieval only where one
+    exists. info: its `store_info`, when already read (`check_stores_and_models`).
     """
     from dilstore.storage.info import store_info
 
     if info is None:
         info = store_info(path)  # first: a path without a store is named before the model stack loads
-    from dilstore.reader.retrieval import Bm25Searcher, check_index_covers
+    index = served_index(path, info["kind"], index)
+    from dilstore.reader.retrieval import Bm25Searcher
     from dilstore.reader.serving.odqa import open_reader
     from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
     from dilstore.runners.serve_app import AskService, RerankService, ServedStore
 
     if info["kind"] in RERANK_KINDS:
-        index = rerank_index(path, index)
         reranker = open_reranker(path, model, device=device)
-        if index is not None:  # another store's index, or one built before an append, would name absent ids
-            check_index_covers(index, reranker.store.manifest, path)
         searcher = Bm25Searcher(index) if index is not None else None
         service: AskService | RerankService = RerankService(reranker, searcher)
         reranker.store.check_files = True  # a file cut under the server's maps would kill it (storage/mapped.py)
@@ -270,20 +270,29 @@ def open_served_store(
     return ServedStore(name, service, {"path": path, "model": model_name, "info": info})
 
 
-def rerank_index(path: str, given: Path | None) -> Path | None:
-    """The BM25 index a rerank store's bm25_top_k searches: `--index` (a DilstoreError when it holds none), else
-    STORE/bm25 of a local store when it has one, else None (requests must give doc_ids)."""
-    from dilstore.reader.retrieval import bm25_index_dir
+def served_index(path: str, kind: str, given: Path | None) -> Path | None:
+    """The BM25 index a store is served with, checked to cover the store as it is: `--index`, else STORE/bm25.
+
+    A dilbert store needs one (/ask retrieves); a rerank store searches it for bm25_top_k only, so without one
+    (none given, none at STORE/bm25, or a store at a URL) it gets None and requests must give doc_ids.
+    """
+    from dilstore.reader.retrieval import bm25_index_dir, check_index_covers
     from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
 
     if given is not None:
-        if not any(given.glob("segments_*")):
-            raise DilstoreError(f"--index {given}: no Lucene index there; build one with `dilstore index {path}`")
-        return given
-    if StoreLocation.parse(path).local_root is None:
+        index: Path | None = given
+    elif kind == DILBERT:
+        index = bm25_index_dir(path)  # a DilstoreError asking for --index when the store is at a URL
+    else:
+        default = bm25_index_dir(path) if StoreLocation.parse(path).local_root is not None else None
+        index = default if default is not None and any(default.glob("segments_*")) else None
+    if index is None:
         return None
-    default = bm25_index_dir(path)
-    return default if any(default.glob("segments_*")) else None
+    if not any(index.glob("segments_*")):
+        raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {path}`")
+    check_index_covers(index, read_manifest(StoreLocation.parse(path)), path)
+    return index
 
 
 @contextlib.contextmanager

@@ -531,6 +531,8 @@ def test_every_store_and_model_path_is_checked_before_the_first_model_loads(
     assert main(["serve", str(tiny["s1"]), str(tiny["s2"]), "--model", model, "--model", str(tmp_path)]) == 2
     expected = f"dilstore serve: error: {tmp_path} is not a Hugging Face checkpoint: it has no config.json\n"
     assert capsys.readouterr().err == expected
+    assert main(["serve", str(tiny["s1"]), str(tiny["s2"]), "--index", f"s2={tmp_path}", "--port", "0"]) == 2
+    assert capsys.readouterr().err.startswith(f"dilstore serve: error: no Lucene index at {tmp_path}: build it")
 
 
 def test_a_rerank_store_s_index_is_checked_as_a_dilbert_store_s_is(tiny: dict[str, Any], tmp_path: Path) -> None:
@@ -539,7 +541,7 @@ def test_a_rerank_store_s_index_is_checked_as_a_dilbert_store_s_is(tiny: dict[st
     from dilstore.runners.cmd_serve import open_served_store
     from dilstore.storage.errors import DilstoreError
 
-    with pytest.raises(DilstoreError, match=f"^--index {tmp_path}: no Lucene index there; build one with"):
+    with pytest.raises(DilstoreError, match=f"^no Lucene index at {tmp_path}: build it with"):
         open_served_store("s1", str(tiny["s1"]), tiny["ranker_dir"], None, tmp_path)
     (tmp_path / "segments_1").write_bytes(b"")
     (tmp_path / "dilstore-index.json").write_text(json.dumps({"generation": "of-another-store", "passages": 3}))
