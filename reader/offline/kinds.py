@@ -33,6 +33,7 @@ from typing import TypeVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from dilstore.reader.modeling.architectures import architecture_for
 from dilstore.reader.modeling.checkpoints import CheckpointMetadata, metadata_of_kind, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
@@ -185,9 +186,10 @@ def _cannot_make(kind: str, found: str) -> str:
 
 
 def max_positions(model: OfflineModel) -> int:
-    """The most positions the model's encoder embeds (`max_position_embeddings` of its config)."""
+    """The most tokens one segment may hold: the positions the encoder embeds (`max_position_embeddings`) from
+    the architecture's first one on (RoBERTa's segments start at pad_token_id + 1, so two fewer)."""
     config, _ = model.fingerprinted_network()
-    return int(config.max_position_embeddings)
+    return int(config.max_position_embeddings) - architecture_for(config.model_type).first_position(config)
 
 
 def require_within_positions(limit: int, model: OfflineModel, text: str, flag: str) -> None:

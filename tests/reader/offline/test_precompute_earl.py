@@ -25,6 +25,7 @@ import torch
 
 from dilstore.pipelines.passages import Passage
 from dilstore.reader.batching import BatchPolicy
+from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import (
@@ -204,6 +205,16 @@ def test_a_plain_encoder_starts_an_untrained_ranker_with_n_from_layers(base_dir:
     assert (default.query_layers, default.pooling, default.tied) == (1, "cls", False), "N = l - 2, cls, untied"
     assert load_offline_model(base_dir, "earl-s2", 0).query_layers == 0
     assert max_positions(default) == 64
+
+
+def test_a_roberta_segment_has_two_positions_fewer() -> None:
+    """RoBERTa's segments start at position pad_token_id + 1: a 66-position model holds 64 tokens, and a limit of 65
+    or 66 passed the check that the first such question then failed."""
+    from tests.fixtures.dilbert_tiny import tiny_model
+    from tests.fixtures.tokenizer_fixtures import minilm_tokenizer
+
+    assert max_positions(DilBertReader(tiny_model("roberta"), minilm_tokenizer(), layers=1)) == 64  # 66 embedded
+    assert max_positions(DilBertReader(tiny_model("bert"), minilm_tokenizer(), layers=1)) == 64
 
 
 def test_a_model_of_the_wrong_kind_is_refused_before_loading(earl_dir: Path, dilbert_dir: Path) -> None:
