@@ -41,6 +41,7 @@ class SquadNormalisedRecall:
         self._texts: dict[str, str] = {}
 
     def recalled(self, passages: dict[str, str], answers: Sequence[str]) -> bool:
+        """Whether some answer occurs in some passage (`passages`: passage id → text), the earlier way."""
         normalised = [normalize_answer(answer) for answer in answers]
         for passage_id, text in passages.items():
             if passage_id not in self._texts:
@@ -62,16 +63,20 @@ def passage_texts(store_path: Path, ids: set[str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse the options, measure, print the table and the JSON (and write it to --output); 0, or 2 on bad input."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", type=Path, required=True, help="a dilbert store with its BM25 index")
     parser.add_argument("--index", type=Path, help="its Lucene index (default STORE/bm25)")
     parser.add_argument("--questions", type=Path, required=True, help="DPR-style JSONL or SQuAD v1.1 JSON")
     parser.add_argument("--top-p", type=positive_int, nargs="+", default=[29, 100], help="p values (default 29 100)")
     parser.add_argument("--limit", type=positive_int, help="a seeded subset of this many questions (default: all)")
-    parser.add_argument("--seed", type=numpy_seed, default=0, help="seed of --limit's subset (default 0)")
+    parser.add_argument("--seed", type=numpy_seed, help="seed of --limit's subset (default 0)")
     parser.add_argument("--threads", type=positive_int, default=2, help="Lucene search threads (default 2)")
     parser.add_argument("--output", type=Path, help="also write the JSON result here")
     args = parser.parse_args(argv)
+    if args.seed is not None and args.limit is None:
+        parser.error("--seed picks the --limit subset; give --limit too, or leave --seed out to count all")
+    args.seed = 0 if args.seed is None else args.seed
     try:
         if args.output is not None:
             check_output_file(args.output, "--output", [args.questions])

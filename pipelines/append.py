@@ -77,7 +77,7 @@ def check_store_settings(store: Path, job: PrecomputeJob) -> Manifest:
     split = (read_spec(store) or {}).get("split")
     if split is not None and split != job.strategy:
         differing.append(f"split: store {split!r}, this run {job.strategy!r}")
-    if needs_codebook(job.encoding) and not model:  # another encoding's codebook is no difference of its own
+    if needs_codebook(job.encoding) and job.encoding == manifest.fingerprint.encoding:  # else not the same codebook
         differing += _codebook_differences(store, job)
     if differing:
         raise AppendMismatchError(f"cannot append to {store}: the store was made with other settings "

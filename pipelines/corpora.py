@@ -96,7 +96,8 @@ _FORMAT_OPENINGS = {
 }
 # How far into a file the first non-blank line is looked for.
 _SNIFF_BYTES = 1 << 16
-GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of every gzip file
+# The first bytes of every file of the compressions `open_source` reads, by suffix (lower case).
+COMPRESSED_MAGIC = {".gz": b"\x1f\x8b", ".bz2": b"BZh"}
 
 
 def check_format(path: str | Path, format: str) -> None:
@@ -107,11 +108,14 @@ def check_format(path: str | Path, format: str) -> None:
     file passes (it simply holds no records).
     """
     looks_right, expected = _FORMAT_OPENINGS[format]
-    if str(path).endswith(".gz"):
+    suffix = Path(path).suffix.lower()
+    if suffix in COMPRESSED_MAGIC:
+        magic = COMPRESSED_MAGIC[suffix]
         with open(path, "rb") as raw:
-            magic = raw.read(2)
-        if magic and magic != GZIP_MAGIC:  # every record would be one dead letter, and the run exit 1 with nothing
-            raise DilstoreError(f"--input {path}: not a gzip file; a plain text file needs a name without .gz")
+            head = raw.read(len(magic))
+        if head and head != magic:  # every record would be one dead letter, and the run exit 1 with nothing
+            raise DilstoreError(f"--input {path}: not a {suffix[1:]} file; a plain text file needs a name without "
+                                f"{suffix}")  # fmt: skip
     with open_source(path) as stream:
         try:
             head = stream.read(_SNIFF_BYTES)

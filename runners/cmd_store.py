@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from typing import Any
 
 from dilstore.storage.errors import listed
@@ -77,6 +78,7 @@ class BarProgress:
     def __init__(self, command: str, *, disabled: bool) -> None:
         self.command, self.disabled = command, disabled
         self.bar: Any = None
+        self._lock = threading.Lock()  # verify hashes on several threads, and tqdm's count is a plain +=
 
     def __enter__(self) -> BarProgress:
         return self
@@ -94,8 +96,9 @@ class BarProgress:
 
     def advance(self, amount: int) -> None:
         """Move the current bar on by `amount`."""
-        if self.bar is not None:
-            self.bar.update(amount)
+        with self._lock:
+            if self.bar is not None:
+                self.bar.update(amount)
 
     def _close(self) -> None:
         if self.bar is not None:

@@ -44,9 +44,9 @@ from dilstore.reader.batching import (
 )
 from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.reader.offline.kinds import require_within_positions
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.online_variants import load_online_variant
+from dilstore.reader.offline.kinds import require_within_positions
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.retrieval import Bm25Searcher, Hit, bm25_index_dir, check_index_covers
 from dilstore.reader.serving.answers import (

@@ -278,7 +278,7 @@ class StoreReranker(ABC, Generic[RankerT]):
             if on_query is not None:
                 on_query(qid)
         if stats.skipped and not stats.pairs:
-            first = [docid for docid, _ in rank_documents(next(iter(run.values())))]
+            first = [docid for docid, _ in rank_documents(next(iter(run.values())))][:depth]  # looked up, all missing
             raise MissingPassagesError(
                 f"none of the run's top-{depth} documents is in store {self.store.url}"
                 f"{split_hint(self.store, first)}: nothing was reranked", first

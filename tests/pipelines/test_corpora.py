@@ -486,7 +486,8 @@ def test_wikitext_to_text_keeps_prose_only() -> None:
 
 def test_transclusion_tags_keep_what_the_page_itself_shows() -> None:
     """`<noinclude>` text was dropped and `<includeonly>` text kept: the wrong way round for a page read as itself."""
-    wikitext = "Alpha <noinclude>beta</noinclude> gamma<includeonly> delta</includeonly> <onlyinclude>zeta</onlyinclude>."
+    wikitext = ("Alpha <noinclude>beta</noinclude> gamma<includeonly> delta</includeonly> "
+                "<onlyinclude>zeta</onlyinclude>.")
     assert wikitext_to_text(wikitext) == "Alpha beta gamma zeta."
 
 
@@ -589,9 +590,11 @@ def test_an_empty_file_fits_any_format(tmp_path: Path) -> None:
         check_format(empty, format)
 
 
-def test_a_plain_file_named_gz_is_refused_up_front(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["corpus.jsonl.gz", "corpus.jsonl.GZ", "corpus.jsonl.bz2"])
+def test_a_plain_file_named_as_compressed_is_refused_up_front(tmp_path: Path, name: str) -> None:
     """Its one record became a dead letter ("truncated or corrupt file: Not a gzipped file") and the run exit 1."""
-    plain = tmp_path / "corpus.jsonl.gz"
+    plain = tmp_path / name
     plain.write_text('{"id": "a", "text": "fine"}\n', encoding="utf-8")
-    with pytest.raises(DilstoreError, match="not a gzip file; a plain text file needs a name without .gz$"):
+    suffix = plain.suffix.lower()
+    with pytest.raises(DilstoreError, match=f"not a {suffix[1:]} file; a plain text file needs a name without "):
         check_format(plain, "jsonl")

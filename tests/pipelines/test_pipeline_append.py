@@ -264,6 +264,10 @@ def test_a_2bit_append_encodes_with_the_store_codebook_and_refuses_another(
     assert precompute(models["dilbert"], corpus_b, store, "--encoding", "2bit", "--append", "--replace",
                       "--codebook", str(own / "codebook")) == 2
     assert "is not the store's codebook/" in capsys.readouterr().err
+    assert precompute(models["dilbert"], corpus_b, store, "--encoding", "2bit", "--append", "--replace",
+                      "--codebook", str(own / "codebook"), "--max-length", "40") == 2  # both named at once
+    error = capsys.readouterr().err
+    assert "max_length: store 48, this run 40" in error and "is not the store's codebook/" in error, error
 
 
 def test_a_2bit_append_to_a_store_without_centroids_keeps_its_scheme(models: dict[str, Path], tmp_path: Path) -> None:
