@@ -35,17 +35,25 @@ def store_and_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     return store_dir, model_dir
 
 
-def test_interactive_session_in_a_subprocess(store_and_model: tuple[Path, Path], tmp_path: Path) -> None:
-    store_dir, model_dir = store_and_model
-    documents = [*collection_documents(store_dir, ["tram#0", "kili#0"]), ("ghost#0", "Xylophone mallets.")]
-    write_collection(tmp_path / "collection" / "passages.jsonl", documents)
-    index = tmp_path / "bm25"
+@pytest.fixture(scope="module")
+def index(store_and_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One BM25 index, built in a child (the JVM stays out of this process), over four stored passages and a ghost
+    the store lacks; the ghost shares no word with GOOD, so only a question about xylophones reaches it."""
+    store_dir, _ = store_and_model
+    root = tmp_path_factory.mktemp("ask-index")
+    documents = collection_documents(store_dir, ["tram#0", "curie#0", "kili#0", "cafe#0"])
+    write_collection(root / "collection" / "passages.jsonl", [*documents, ("ghost#0", "Xylophone mallets.")])
     build = (
         "import sys; from pathlib import Path; from reader.retrieval import build_bm25_index as build; "
         "build(Path(sys.argv[1]), Path(sys.argv[2]))"
     )
-    subprocess.run([sys.executable, "-c", build, str(tmp_path / "collection"), str(index)], check=True, cwd=ROOT,
+    subprocess.run([sys.executable, "-c", build, str(root / "collection"), str(root / "bm25")], check=True, cwd=ROOT,
                    capture_output=True, timeout=300)  # fmt: skip
+    return root / "bm25"
+
+
+def test_interactive_session_in_a_subprocess(store_and_model: tuple[Path, Path], index: Path) -> None:
+    store_dir, model_dir = store_and_model
     command = [sys.executable, "-m", "dilstore.runners.cli", "ask", str(store_dir), "--model", str(model_dir),
                "--index", str(index), "--threads", "1"]  # fmt: skip
     done = subprocess.run([*command, "--json"], input="\n".join(SESSION) + "\n", capture_output=True, text=True,
@@ -166,20 +174,11 @@ def test_ask_reads_a_store_at_an_http_url_like_the_local_path(store_and_model: t
 
 
 @pytest.mark.slow
-def test_ask_command_with_a_store_url_in_a_subprocess(store_and_model: tuple[Path, Path], tmp_path: Path) -> None:
+def test_ask_command_with_a_store_url_in_a_subprocess(store_and_model: tuple[Path, Path], index: Path) -> None:
     """`dilstore ask http://... --index DIR` (BM25 over a local index, JVM in the child) answers like the local path."""
     from tests.fixtures.http_store import serve_directory
 
     store_dir, model_dir = store_and_model
-    documents = collection_documents(store_dir, ["tram#0", "curie#0", "kili#0", "cafe#0"])
-    write_collection(tmp_path / "collection" / "passages.jsonl", documents)
-    index = tmp_path / "bm25"
-    build = (
-        "import sys; from pathlib import Path; from reader.retrieval import build_bm25_index as build; "
-        "build(Path(sys.argv[1]), Path(sys.argv[2]))"
-    )
-    subprocess.run([sys.executable, "-c", build, str(tmp_path / "collection"), str(index)], check=True, cwd=ROOT,
-                   capture_output=True, timeout=300)  # fmt: skip
     with serve_directory(store_dir.parent) as server:
         places = (str(store_dir), f"{server.url}/{store_dir.name}")
         asked = dilstore_commands(*(["ask", where, GOOD, "--model", str(model_dir), "--index", str(index),
