@@ -133,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
     indexes = per_store_indexes(args.index, names)
     infos = check_stores_and_models(named, models)
     check_default_top_p(settings.max_top_p, [info["kind"] for info in infos])
-    found = [served_index(path, info["kind"], indexes.get(name)) for (name, path), info in zip(named, infos)]
+    found = [
+        served_index(path, info["kind"], indexes.get(name)) for (name, path), info in zip(named, infos, strict=True)
+    ]
     served = [
         open_served_store(name, path, model, args.device, index, info)
         for (name, path), model, index, info in zip(named, models, found, infos, strict=True)
