@@ -344,9 +344,16 @@ def run_pipeline(
             bar = ProgressBar(Path(job.progress_dir) if progress and runner in LOCAL_RUNNERS and job.progress_dir else None)
             with bar:
                 try:
-                    result = pipeline.run()
+                    # A remote service may accept the job inside run() (Dataflow's create call) before an interrupt
+                    # or a lost reply: launched from the call on, unless run() itself refuses the job (below).
                     if attempt is not None and runner not in IN_PROCESS_RUNNERS:
                         attempt.launched = True
+                    try:
+                        result = pipeline.run()
+                    except Exception:
+                        if attempt is not None:
+                            attempt.launched = False  # refused: no job runs
+                        raise
                     result.wait_until_finish()
                 except DilstoreError:
                     raise

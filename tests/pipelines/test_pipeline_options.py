@@ -161,3 +161,43 @@ def test_a_job_server_that_never_answers_is_named_with_the_options_that_bound_th
         "no job server answered at localhost:1 within 10 s (--job_endpoint, --job_server_timeout)"
     )
     assert pipeline_failure(RuntimeError("a\nValueError: bad row\nlater"), options) == "ValueError: bad row"
+
+
+@pytest.mark.parametrize(
+    ("runner", "args", "launched"),
+    [("FlinkRunner", FLINK_ARGS, [True, False, True]), ("DirectRunner", [], [False, False, False])],
+)
+def test_a_job_a_remote_runner_took_is_marked_launched_and_a_refused_one_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runner: str, args: list[str], launched: list[bool]
+) -> None:
+    """The take-back of a failed start (pipelines/job.py) deleted the spec and codebook of a job still running on a
+    remote runner: one whose launcher failed or was interrupted while it ran, or while run() was submitting it."""
+    from dilstore.pipelines.job import BuildAttempt
+    from dilstore.runners import cmd_precompute
+
+    class Failing:
+        def wait_until_finish(self) -> None:
+            raise RuntimeError("the launcher lost the job")  # an interrupt would end pytest itself
+
+    class CutShort(BaseException):
+        """Stands for a Ctrl-C inside run(), after the service may have taken the job (pytest ends on a real one)."""
+
+    class Pipeline:
+        def __init__(self, how: str) -> None:
+            self.how = how
+
+        def run(self) -> Failing:
+            if self.how == "refused":
+                raise RuntimeError("the service refused the job")
+            if self.how == "cut":
+                raise CutShort
+            return Failing()
+
+    seen = []
+    for how in ("lost", "refused", "cut"):
+        attempt = BuildAttempt()
+        monkeypatch.setattr("dilstore.pipelines.precompute.build_pipeline", lambda job, options: Pipeline(how))
+        with pytest.raises(CutShort if how == "cut" else DilstoreError):
+            cmd_precompute.run_pipeline(job(tmp_path, runner), runner, args, 1, False, attempt)
+        seen.append(attempt.launched)
+    assert seen == launched
