@@ -115,7 +115,7 @@ def check_format(path: str | Path, format: str) -> None:
             head = raw.read(len(magic))
         if head and head != magic:  # every record would be one dead letter, and the run exit 1 with nothing
             raise DilstoreError(f"--input {path}: not a {suffix[1:]} file; a plain text file needs a name without "
-                                f"{suffix}")  # fmt: skip
+                                f"{Path(path).suffix}")  # fmt: skip
     with open_source(path) as stream:
         try:
             head = stream.read(_SNIFF_BYTES)

@@ -43,7 +43,9 @@ def is_store(folder: Path) -> bool:
 
 
 def _json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`, or {} when there is none (no such file, unreadable, not JSON, not an object)."""
+    """The JSON object in `path`, or {} when there is none (no regular file, unreadable, not JSON, not an object)."""
+    if not path.is_file():  # a FIFO of that name would block the read
+        return {}
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
