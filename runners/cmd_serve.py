@@ -243,15 +243,16 @@ def open_served_store(
 ) -> ServedStore:
     """Open one store with its checked model as an AskService (dilbert) or RerankService (earl-s1/earl-s2/listformer).
 
-    index: its BM25 index, as `served_index` finds and checks it (default
-    STORE/bm25); a rerank store needs none, and gets retrieval only where one
-    exists. info: its `store_info`, when already read (`check_stores_and_models`).
+    index: its BM25 index (default STORE/bm25); a rerank store needs none,
+    and gets retrieval only where one exists. info: its `store_info`, when
+    `run` has read it and found and checked `index` with `served_index`;
+    without it, both are done here.
     """
     from dilstore.storage.info import store_info
 
-    if info is None:
-        info = store_info(path)  # first: a path without a store is named before the model stack loads
-    index = served_index(path, info["kind"], index)
+    if info is None:  # first: a path without a store is named before the model stack loads
+        info = store_info(path)
+        index = served_index(path, info["kind"], index)
     from dilstore.reader.retrieval import Bm25Searcher
     from dilstore.reader.serving.odqa import open_reader
     from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
