@@ -93,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     inputs.add_argument("--split", choices=SPLITS, default="words",
                         help="passages: 100-word windows with stride 50, paragraphs, or none (each document whole, under its own id: for reranking runs that name documents) (default words)")
     model = parser.add_argument_group("model and store")
-    model.add_argument("--output", type=Path, default=Path(DEFAULT_OUTPUT), metavar="STORE",
+    model.add_argument("--output", default=DEFAULT_OUTPUT, metavar="STORE",
                        help=f"store directory to write (default ./{DEFAULT_OUTPUT})")
     model.add_argument("--model", metavar="DIR",
                        help="checkpoint directory: a DilBert reader (dilbert), an EARL ranker (earl-s1, earl-s2) or "
@@ -110,7 +110,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "for earl-s1 and earl-s2 (default: the checkpoint's own; with a plain encoder directory "
                             "k is required and N defaults to l-2; a ranker checkpoint's split cannot be changed)")
     model.add_argument("--encoding", choices=ENCODINGS, default="fp16", help="state encoding (default fp16)")
-    model.add_argument("--codebook", type=Path, metavar="DIR",
+    model.add_argument("--codebook", metavar="DIR",
                        help="2bit/1bit only: use this codebook folder (e.g. another store's codebook/, to append "
                             "with the same codes) instead of training one on a seeded sample of the corpus")
     model.add_argument("--compression", choices=COMPRESSIONS, default="none",
@@ -181,7 +181,7 @@ def resolve_inputs(paths: Sequence[str | Path] | None, format: str | None) -> tu
     return tuple(tasks)
 
 
-# `scheme:/...` as typed, or as pathlib leaves `scheme://...` after folding the double slash.
+# A URL's `scheme:/` or `scheme://` (flags are taken as typed, before pathlib would fold `//` to `/`).
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
 
 
@@ -469,8 +469,10 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     from dilstore.reader.offline.encoding import load_reader
 
     refuse_url("--output", args.output)
-    check_output_location(args.output, args.append)
-    if args.codebook is not None:
+    output = Path(args.output)
+    check_output_location(output, args.append)
+    codebook = None if args.codebook is None else Path(args.codebook)
+    if codebook is not None:
         refuse_url("--codebook", args.codebook)
         if not needs_codebook(args.encoding):
             raise DilstoreError(f"--codebook is for the 2bit and 1bit encodings, not {args.encoding}")
@@ -488,17 +490,17 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         raise DilstoreError(f"--max-length {args.max_length} exceeds the model's {positions} positions")
     if args.shards is not None and args.shards > MAX_DEFAULT_SHARDS:  # each shard costs files even when empty
         raise DilstoreError(f"--shards {args.shards} is more than {MAX_DEFAULT_SHARDS}, the most a store is split into")
-    if args.codebook is not None:
-        check_codebook_fits(args.codebook, args.encoding, args.kind, reader)
+    if codebook is not None:
+        check_codebook_fits(codebook, args.encoding, args.kind, reader)
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)
-    if args.codebook is not None and made_for_another_model(args.codebook, fingerprint):
+    if codebook is not None and made_for_another_model(codebook, fingerprint):
         print(f"dilstore precompute: warning: --codebook {args.codebook} was made for a store of another model or "
               "other settings; its codes fit this model's states only if they are that model's (a reader trained "
               "with frozen lower layers), and encode them far worse otherwise", file=sys.stderr)  # fmt: skip
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     job = PrecomputeJob(
         inputs=inputs,
-        store=str(args.output.resolve()),
+        store=str(output.resolve()),
         strategy=args.split,
         num_shards=args.shards or default_shard_count(task.path for task in inputs),
         max_length=args.max_length,
@@ -507,7 +509,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         policy=BatchPolicy(batch_tokens=args.batch_tokens),
         threads=threads,
         compressor=compressor_of(args.compression),
-        codebook=None if args.codebook is None else str(args.codebook.resolve()),
+        codebook=None if codebook is None else str(codebook.resolve()),
         runner=runner,
         started_at=started,
         progress_dir=progress_dir,

@@ -404,7 +404,7 @@ def test_no_arguments_means_the_embedded_corpus_default_model_and_a_store_here(t
         (["--layers", str(TINY_LAYERS + 1)], f"trained with k = {TINY_LAYERS}, not {TINY_LAYERS + 1}"),
         (["--format", "msmarco"], "--format msmarco does not fit"),
         (["--format", "wikipedia"], "wikipedia files hold XML, but it begins '{"),
-        (["--encoding", "2bit", "--codebook", "s3://bucket/codebook"], "--codebook s3:/bucket/codebook: URLs are not"),
+        (["--encoding", "2bit", "--codebook", "s3://bucket/codebook"], "--codebook s3://bucket/codebook: URLs are not"),
         (["--codebook", "elsewhere/codebook"], "--codebook is for the 2bit and 1bit encodings, not fp16"),
     ],
 )
