@@ -100,6 +100,14 @@ _SNIFF_BYTES = 1 << 16
 COMPRESSED_MAGIC = {".gz": b"\x1f\x8b", ".bz2": b"BZh"}
 
 
+def _named_as(head: bytes, suffix: str) -> str:
+    """What the name of a file that begins with `head` should end in instead of `suffix`."""
+    actual = next((name for name, magic in COMPRESSED_MAGIC.items() if head.startswith(magic)), None)
+    if actual is None:
+        return f"a plain text file needs a name without {suffix}"
+    return f"it is a {actual[1:]} file: name it with {actual} in place of {suffix}"
+
+
 def check_format(path: str | Path, format: str) -> None:
     """A DilstoreError when the file's first non-blank line cannot begin a corpus of `format`.
 
@@ -112,10 +120,9 @@ def check_format(path: str | Path, format: str) -> None:
     if suffix in COMPRESSED_MAGIC:
         magic = COMPRESSED_MAGIC[suffix]
         with open(path, "rb") as raw:
-            head = raw.read(len(magic))
-        if head and head != magic:  # every record would be one dead letter, and the run exit 1 with nothing
-            raise DilstoreError(f"--input {path}: not a {suffix[1:]} file; a plain text file needs a name without "
-                                f"{Path(path).suffix}")  # fmt: skip
+            head = raw.read(max(map(len, COMPRESSED_MAGIC.values())))
+        if head and not head.startswith(magic):  # every record would be one dead letter, and the run exit 1 with nothing
+            raise DilstoreError(f"--input {path}: not a {suffix[1:]} file; {_named_as(head, Path(path).suffix)}")
     with open_source(path) as stream:
         try:
             head = stream.read(_SNIFF_BYTES)

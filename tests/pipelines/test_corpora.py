@@ -598,3 +598,12 @@ def test_a_plain_file_named_as_compressed_is_refused_up_front(tmp_path: Path, na
     suffix = plain.suffix.lower()
     with pytest.raises(DilstoreError, match=f"not a {suffix[1:]} file; a plain text file needs a name without "):
         check_format(plain, "jsonl")
+
+
+@pytest.mark.parametrize(("name", "actual"), [("c.jsonl.bz2", ".gz"), ("c.jsonl.gz", ".bz2")])
+def test_a_file_of_the_other_compression_is_named_for_what_it_is(tmp_path: Path, name: str, actual: str) -> None:
+    """A gzip file named .bz2 was called plain text."""
+    path = tmp_path / name
+    path.write_bytes({".gz": gzip, ".bz2": bz2}[actual].compress(b'{"id": "a", "text": "fine"}\n'))
+    with pytest.raises(DilstoreError, match=f"it is a {actual[1:]} file: name it with {actual} in place of "):
+        check_format(path, "jsonl")
