@@ -28,6 +28,7 @@ that request only; the store stays served.
 from __future__ import annotations
 
 import asyncio
+import email.message
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -369,10 +370,26 @@ def add_request_handling(app: FastAPI, metrics: Metrics) -> None:
         return await http_exception_handler(request, error)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
+    async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
+        # FastAPI reads a body of another declared type as bytes, which then fail as "not a dictionary".
+        content_type = request.headers.get("content-type")
+        if not is_json_type(content_type):
+            declared = "has no content-type" if content_type is None else f"has content-type {content_type!r}"
+            return JSONResponse({"detail": f"the body must be JSON, sent with content-type application/json; this "
+                                           f"request {declared}"}, status_code=422)
         # FastAPI's own handler echoes each bad input back, and fails with a 500 on a NaN or infinity.
         details = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]
         return JSONResponse({"detail": details}, status_code=422)
+
+
+def is_json_type(content_type: str | None) -> bool:
+    """Whether a content-type header declares JSON (application/json or application/*+json, any parameters): the
+    bodies FastAPI parses as JSON (it reads any other, and one with no content-type, as bytes)."""
+    message = email.message.Message()
+    message["content-type"] = content_type or ""
+    subtype = message.get_content_subtype()
+    return content_type is not None and message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json"))
 
 
 def too_large(request: Request) -> JSONResponse | None:

@@ -379,6 +379,27 @@ def test_bad_input_gets_a_4xx_with_a_message(served, endpoint: str, body: Any, s
     assert client.get("/health").status_code == 200 and client.head("/health").status_code == 200  # HEAD was 405
 
 
+@pytest.mark.parametrize(("endpoint", "headers", "declared"), [
+    ("/ask", {"content-type": "text/plain"}, "has content-type 'text/plain'"),
+    ("/rerank", {"content-type": "text/json"}, "has content-type 'text/json'"),
+    ("/ask", {}, "has no content-type"),
+])
+def test_a_body_not_declared_as_json_is_told_to_be(served, endpoint: str, headers: dict, declared: str) -> None:
+    """A JSON body sent as text/plain, or with no content-type, got "Input should be a valid dictionary"."""
+    client, _, _ = served
+    response = client.post(endpoint, content=b'{"question": "q?"}', headers=headers)
+    assert response.status_code == 422
+    assert response.json()["detail"] == ("the body must be JSON, sent with content-type application/json; this "
+                                         f"request {declared}")
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "application/vnd.dilstore+json"])
+def test_json_content_types_with_parameters_or_suffixes_are_read(served, content_type: str) -> None:
+    client, _, _ = served
+    response = client.post("/ask", content=b'{"question": "q?"}', headers={"content-type": content_type})
+    assert response.status_code == 200, response.text
+
+
 def test_a_chunked_body_over_the_cap_gets_a_413_and_the_server_goes_on(served) -> None:
     """Without a Content-Length, the declared-length check cannot see the size: the whole body was read and parsed."""
     client, _, _ = served
