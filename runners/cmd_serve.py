@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     infos = check_stores_and_models(named, models)
     check_default_top_p(settings.max_top_p, [info["kind"] for info in infos])
     found = [
-        served_index(path, info["kind"], indexes.get(name)) for (name, path), info in zip(named, infos, strict=True)
+        served_index(name, path, info["kind"], indexes.get(name)) for (name, path), info in zip(named, infos, strict=True)
     ]
     served = [
         open_served_store(name, path, model, args.device, index, info)
@@ -252,7 +252,7 @@ def open_served_store(
 
     if info is None:  # first: a path without a store is named before the model stack loads
         info = store_info(path)
-        index = served_index(path, info["kind"], index)
+        index = served_index(name, path, info["kind"], index)
     from dilstore.reader.retrieval import Bm25Searcher
     from dilstore.reader.serving.odqa import open_reader
     from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
@@ -273,7 +273,7 @@ def open_served_store(
     return ServedStore(name, service, {"path": path, "model": model_name, "info": info})
 
 
-def served_index(path: str, kind: str, given: Path | None) -> Path | None:
+def served_index(name: str, path: str, kind: str, given: Path | None) -> Path | None:
     """The BM25 index a store is served with, checked to cover the store as it is: `--index`, else STORE/bm25.
 
     A dilbert store needs one (/ask retrieves); a rerank store searches it for bm25_top_k only, so without one
@@ -285,11 +285,14 @@ def served_index(path: str, kind: str, given: Path | None) -> Path | None:
 
     if given is not None:
         index: Path | None = given
+    elif StoreLocation.parse(path).local_root is not None:
+        default = bm25_index_dir(path)
+        index = default if kind == DILBERT or any(default.glob("segments_*")) else None
     elif kind == DILBERT:
-        index = bm25_index_dir(path)  # a DilstoreError asking for --index when the store is at a URL
+        raise DilstoreError(f"store {path} is not on the local filesystem, and its BM25 index must be (Lucene reads "
+                            f"only local files): give a local copy of the store's bm25/ folder with --index {name}=DIR")
     else:
-        default = bm25_index_dir(path) if StoreLocation.parse(path).local_root is not None else None
-        index = default if default is not None and any(default.glob("segments_*")) else None
+        index = None
     if index is None:
         return None
     if not any(index.glob("segments_*")):

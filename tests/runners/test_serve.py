@@ -584,7 +584,7 @@ def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any]) ->
         name, path = parse_store_argument(url)
         store = open_served_store(name, path, tiny["ranker_dir"], None)
         assert store.description["path"] == url and store.description["info"]["passages"] == len(DOCUMENTS)
-        with pytest.raises(DilstoreError, match="give a local copy of the store's bm25/ folder with --index"):
+        with pytest.raises(DilstoreError, match="give a local copy of the store's bm25/ folder with --index qa=DIR$"):
             open_served_store("qa", f"{files.url}/{tiny['qa'].name}", tiny["model_dir"], None)
         with running([store]) as (client, _):
             response = client.post("/rerank", json={"query": "Zürich tram", "doc_ids": ids, "store": name})
