@@ -94,9 +94,13 @@ def _quiet() -> bool:
     return os.environ.get(QUIET_ENV) == "1"
 
 
-def build_bm25_index(collection_dir: Path, index_dir: Path, threads: int = 1) -> None:
+def build_bm25_index(
+    collection_dir: Path, index_dir: Path, threads: int = 1, progress: Callable[[int], None] | None = None
+) -> None:
     """Index a folder of pyserini JsonCollection files (`{"id","contents"}`) with Lucene BM25.
 
+    progress: called with the number of documents indexed so far, every 0.2 s while the build runs and once
+    at its end (Anserini's own log, shown with --verbose, reports once a minute).
     Ctrl-C acts at once (see `_wait_in_python`); a build cut off that way goes on in its daemon thread until the
     process ends, so a second build of the same `index_dir` in this process is refused while it runs.
     """
@@ -113,13 +117,20 @@ def build_bm25_index(collection_dir: Path, index_dir: Path, threads: int = 1) ->
         "-storePositions", "-storeDocvectors", "-storeRaw",
         *(["-quiet"] if _quiet() else []),
     ]  # fmt: skip
+    from jnius import autoclass
 
-    def build() -> None:
-        from jnius import autoclass
+    # What IndexCollection.main does, keeping the indexer, whose counters tell how far the build is.
+    options = autoclass("io.anserini.index.IndexCollection$Args")()
+    autoclass("org.kohsuke.args4j.CmdLineParser")(options).parseArgument(*arguments)
+    indexer = autoclass("io.anserini.index.IndexCollection")(options)
+    indexed = indexer.getCounters().indexed
 
-        autoclass("io.anserini.index.IndexCollection").main(arguments)
+    def report() -> None:
+        if progress is not None:
+            progress(indexed.get())
 
-    _wait_in_python(build, f"bm25-build {index_dir.name}", building=index_dir)
+    _wait_in_python(indexer.run, f"bm25-build {index_dir.name}", building=index_dir, while_waiting=report)
+    report()
 
 
 def _refuse_while_building(index_dir: Path) -> None:
@@ -130,13 +141,15 @@ def _refuse_while_building(index_dir: Path) -> None:
                             "wait for it to end, or start a new process")  # fmt: skip
 
 
-def _wait_in_python(work: Callable[[], T], name: str, building: Path | None = None) -> T:
+def _wait_in_python(
+    work: Callable[[], T], name: str, building: Path | None = None, while_waiting: Callable[[], None] | None = None
+) -> T:
     """Run `work`, a long call into Java, in a daemon thread while this thread waits in short joins; its result.
 
     Python runs signal handlers only between bytecodes of the main thread, so a main thread inside one Java call
     would take Ctrl-C only when Java returns: minutes, for a large index. Waiting here, KeyboardInterrupt acts
     within 0.2 s and the process can end; the Java call is abandoned with its daemon thread. A thread that
-    builds an index is recorded under `building`, its folder.
+    builds an index is recorded under `building`, its folder. `while_waiting` is called after each join.
     """
     outcome: list[T] = []
     failure: list[BaseException] = []
@@ -153,6 +166,8 @@ def _wait_in_python(work: Callable[[], T], name: str, building: Path | None = No
     thread.start()
     while thread.is_alive():
         thread.join(0.2)
+        if while_waiting is not None:
+            while_waiting()
     if building is not None:
         del _BUILDS[building.resolve()]  # ended: only a build cut off by Ctrl-C stays recorded
     if failure:
@@ -161,19 +176,23 @@ def _wait_in_python(work: Callable[[], T], name: str, building: Path | None = No
 
 
 def build_bm25_index_in_place(
-    collection_dir: Path, index_dir: Path, threads: int = 1, store: Manifest | None = None
+    collection_dir: Path,
+    index_dir: Path,
+    threads: int = 1,
+    store: Manifest | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Path:
     """Build `index_dir` in a temporary folder beside it and rename it into place when complete.
 
     A build cut off at any point never leaves a folder under `index_dir`'s
     name that looks like a whole index; an older index there is replaced.
     With `store`, the index records which state of that store it covers
-    (INDEX_RECORD), so that a reader can tell when an append made it stale.
+    (INDEX_RECORD), so that a reader can tell when an append made it stale. progress: as in build_bm25_index.
     """
     building = index_dir.with_name(f".{index_dir.name}.building")
     _refuse_while_building(building)
     shutil.rmtree(building, ignore_errors=True)
-    build_bm25_index(collection_dir, building, threads=threads)
+    build_bm25_index(collection_dir, building, threads=threads, progress=progress)
     if not any(building.glob("segments_*")):
         raise DilstoreError(f"pyserini wrote no index to {building}; see its log above")
     if store is not None:

@@ -49,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("store", metavar="STORE", help="a store written by `dilstore precompute` (a local folder)")
     parser.add_argument("--threads", type=positive_int, default=1, help="indexing threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (none with --json)")
     add_verbose_argument(parser)
     parser.set_defaults(run=run_command)
 
@@ -84,12 +85,18 @@ def stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def build_index(collection: Path, target: Path, threads: int, store: Manifest) -> None:
-    """Index the JSONL folder `collection` of `store` into `target`, with Anserini's log on stderr."""
+def build_index(collection: Path, target: Path, threads: int, store: Manifest, show_progress: bool) -> None:
+    """Index the JSONL folder `collection` of `store` into `target`, with Anserini's log on stderr and, when
+    `show_progress`, a bar of the passages indexed."""
+    from tqdm import tqdm
+
     from dilstore.reader.retrieval import build_bm25_index_in_place
 
-    with stdout_to_stderr():
-        build_bm25_index_in_place(collection, target, threads=threads, store=store)
+    bar = tqdm(total=store.passages, unit="passage", desc="index", file=sys.stderr, dynamic_ncols=True,
+               mininterval=0.5, disable=not show_progress)  # fmt: skip
+    with bar, stdout_to_stderr():
+        build_bm25_index_in_place(collection, target, threads=threads, store=store,
+                                  progress=lambda indexed: bar.update(indexed - bar.n))  # fmt: skip
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -107,16 +114,17 @@ def run_command(args: argparse.Namespace) -> int:
             raise DilstoreError(f"{store} holds no passages (its precompute stored none): there is nothing to index")
         raise DilstoreError(f"{store} has no passage collection at {collection}; was it made by `dilstore precompute`?")
     target = bm25_index_dir(store)
+    show_progress = not (args.no_progress or args.json)
     started = time.time()
     with write_lock(store, INDEX_ROLE, doing="indexed"):
         manifest = read_manifest(StoreLocation.parse(store))
         if is_appended(store):
             with tempfile.TemporaryDirectory(prefix="dilstore-collection-") as live:
                 files = write_live_collection(store, Path(live))
-                build_index(Path(live), target, args.threads, manifest)
+                build_index(Path(live), target, args.threads, manifest, show_progress)
         else:
             files = len(list(collection.glob("*.jsonl")))
-            build_index(collection, target, args.threads, manifest)
+            build_index(collection, target, args.threads, manifest, show_progress)
     result = {
         "index": str(target),
         "collection": str(collection),

@@ -55,6 +55,9 @@ def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
     assert indexed.returncode == 0, indexed.stderr
     result = json.loads(indexed.stdout)
     assert result["index"] == str(store / "bm25") and result["files"] == 2
+    assert "index:" not in indexed.stderr  # no bar with --json
+    rebuilt = dilstore_command(["index", str(store)])
+    assert rebuilt.returncode == 0 and f"| {len(DOCUMENTS)}/{len(DOCUMENTS)} [" in rebuilt.stderr, rebuilt.stderr
     found = subprocess.run([sys.executable, "-c", SEARCH, str(store / "bm25"), "atomic number of oxygen"],
                            cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert found.returncode == 0, found.stderr

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,16 +34,21 @@ GHOST = ("ghost#0", "Xylophone museum curators polish mallets.")
 
 
 @pytest.fixture(scope="module")
-def indexed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A store with its BM25 index at STORE/bm25 (plus one passage the store lacks)."""
     root = tmp_path_factory.mktemp("odqa-bm25")
     model_dir, store_dir, ids = write_reader_and_store(root)
     write_collection(root / "collection" / "passages.jsonl", [*collection_documents(store_dir, ids), GHOST])
-    build_bm25_index(root / "collection", bm25_index_dir(store_dir))
-    return {"store": store_dir, "model": model_dir, "root": root}
+    counts: list[int] = []
+    build_bm25_index(root / "collection", bm25_index_dir(store_dir), progress=counts.append)
+    return {"store": store_dir, "model": model_dir, "root": root, "progress": counts, "documents": len(ids) + 1}
 
 
-def test_answers_come_from_the_bm25_top_p_with_their_scores(indexed: dict[str, Path]) -> None:
+def test_the_build_reports_documents_indexed_until_all_are(indexed: dict[str, Any]) -> None:
+    assert indexed["progress"] == sorted(indexed["progress"]) and indexed["progress"][-1] == indexed["documents"]
+
+
+def test_answers_come_from_the_bm25_top_p_with_their_scores(indexed: dict[str, Any]) -> None:
     odqa = open_reader(indexed["store"], indexed["model"], settings=OdqaSettings(top_p=3))
     hits = Bm25Searcher(bm25_index_dir(indexed["store"])).search(QUESTION, 3)
     assert hits[0].passage_id == "tram#0"
@@ -55,7 +61,7 @@ def test_answers_come_from_the_bm25_top_p_with_their_scores(indexed: dict[str, P
     assert {span.passage_id for span in odqa.answer(QUESTION, top_p=1).nbest} == {"tram#0"}
 
 
-def test_a_closed_reader_releases_its_index_and_refuses_to_answer(indexed: dict[str, Path], tmp_path: Path) -> None:
+def test_a_closed_reader_releases_its_index_and_refuses_to_answer(indexed: dict[str, Any], tmp_path: Path) -> None:
     """The Lucene index stayed mapped (deleted files included, after a rebuild) until Java's GC ran."""
     index = shutil.copytree(bm25_index_dir(indexed["store"]), tmp_path / "bm25")  # mapped by this test alone
 
@@ -76,7 +82,7 @@ def test_a_closed_reader_releases_its_index_and_refuses_to_answer(indexed: dict[
     again.close()  # closing twice is harmless
 
 
-def test_a_batch_search_on_java_threads_finds_what_one_search_at_a_time_finds(indexed: dict[str, Path]) -> None:
+def test_a_batch_search_on_java_threads_finds_what_one_search_at_a_time_finds(indexed: dict[str, Any]) -> None:
     searcher = Bm25Searcher(bm25_index_dir(indexed["store"]))
     questions = {"q1": QUESTION, "q2": "Who polishes mallets?"}
     batch = searcher.batch_search(list(questions.values()), list(questions), 3, threads=2)
@@ -84,7 +90,7 @@ def test_a_batch_search_on_java_threads_finds_what_one_search_at_a_time_finds(in
     assert batch == {qid: searcher.search(question, 3) for qid, question in questions.items()}
 
 
-def test_a_top_p_beyond_javas_int_returns_every_hit(indexed: dict[str, Path]) -> None:
+def test_a_top_p_beyond_javas_int_returns_every_hit(indexed: dict[str, Any]) -> None:
     """Anserini's search takes a Java int: top_p 2**31 was a JavaException traceback from ask, evaluate-qa and serve."""
     searcher = Bm25Searcher(bm25_index_dir(indexed["store"]))
     everything = searcher.search(QUESTION, 1000)
@@ -94,7 +100,7 @@ def test_a_top_p_beyond_javas_int_returns_every_hit(indexed: dict[str, Path]) ->
     assert odqa.answer(QUESTION).nbest
 
 
-def test_an_index_of_another_store_is_named_as_such(indexed: dict[str, Path], tmp_path: Path) -> None:
+def test_an_index_of_another_store_is_named_as_such(indexed: dict[str, Any], tmp_path: Path) -> None:
     """It was refused with the message for an index an append made stale, which advised rebuilding the wrong one."""
     from dilstore.reader.retrieval import INDEX_RECORD
 
@@ -112,7 +118,7 @@ def test_an_index_of_another_store_is_named_as_such(indexed: dict[str, Path], tm
         open_reader(indexed["store"], indexed["model"], index_dir=other)
 
 
-def test_hits_equal_pyserinis_lucene_searcher(indexed: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hits_equal_pyserinis_lucene_searcher(indexed: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Bm25Searcher calls Anserini's SimpleSearcher directly: the same ids, scores and order as pyserini's wrapper."""
     monkeypatch.setenv("OPENAI_API_KEY", "unused")  # pyserini's encoder module builds an OpenAI client on import
     start_jvm()  # before pyserini's import, which would otherwise start it without dilstore's options
@@ -131,14 +137,14 @@ def test_hits_equal_pyserinis_lucene_searcher(indexed: dict[str, Path], monkeypa
     assert any(len(hits) > 1 for hits in expected.values())
 
 
-def test_an_index_id_missing_from_the_store_is_a_clear_error(indexed: dict[str, Path]) -> None:
+def test_an_index_id_missing_from_the_store_is_a_clear_error(indexed: dict[str, Any]) -> None:
     odqa = open_reader(indexed["store"], indexed["model"])
     with pytest.raises(MissingPassagesError, match="ghost#0"):
         odqa.answer("xylophone museum")
     assert odqa.answer(QUESTION).text
 
 
-def test_ask_json_and_text(indexed: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_ask_json_and_text(indexed: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     base = ["ask", str(indexed["store"]), QUESTION, "--model", str(indexed["model"]), "--top-p", "2"]
     assert main([*base, "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
@@ -151,7 +157,7 @@ def test_ask_json_and_text(indexed: dict[str, Path], capsys: pytest.CaptureFixtu
     assert "retrieval" in text and "interaction layers" in text
 
 
-def test_evaluate_qa_command(indexed: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_evaluate_qa_command(indexed: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     questions = indexed["root"] / "questions.jsonl"
     questions.write_text(
         "\n".join(json.dumps(q) for q in [
@@ -181,7 +187,7 @@ def test_evaluate_qa_command(indexed: dict[str, Path], capsys: pytest.CaptureFix
 
 
 def test_commands_report_bad_setups_without_a_traceback(
-    indexed: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    indexed: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     other = write_reader_checkpoint(tmp_path / "other", seed=1)
     assert main(["ask", str(indexed["store"]), QUESTION, "--model", str(other)]) == 2
@@ -195,7 +201,7 @@ def test_commands_report_bad_setups_without_a_traceback(
 @pytest.mark.shared_data
 @pytest.mark.parametrize("encoding", ["fp16", "2bit"])
 def test_mini_opensquad_benchmark_runs_end_to_end_on_a_tiny_corpus(
-    indexed: dict[str, Path], shared_data: Path, tmp_path: Path, encoding: str
+    indexed: dict[str, Any], shared_data: Path, tmp_path: Path, encoding: str
 ) -> None:
     script = ROOT / "benchmarks" / "mini_opensquad.py"
     spec = importlib.util.spec_from_file_location("mini_opensquad", script)
@@ -221,7 +227,7 @@ def test_mini_opensquad_benchmark_runs_end_to_end_on_a_tiny_corpus(
 
 
 def test_answer_recall_benchmark_counts_r_by_both_definitions(
-    indexed: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    indexed: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """"4" is in "€4.50" only as DPR's tokens see it; "5895 metres" is in "5,895 metres" only once SQuAD's
     normalisation deletes the comma; "1882" is found both ways and the curators' answer by neither."""
