@@ -159,14 +159,19 @@ def _parsed(command: str, parse_arguments: Callable[[], argparse.Namespace]) -> 
                             "nothing was run") from None  # fmt: skip
 
 
-def build_index(store: PathLike, *, threads: int = 1) -> Path:
-    """Build STORE/bm25, the Lucene BM25 index over the store's passages (as `dilstore index`); returns its path."""
+def build_index(store: PathLike, *, threads: int = 1, no_progress: bool = False) -> Path:
+    """Build STORE/bm25, the Lucene BM25 index over the store's passages (as `dilstore index`); returns its path.
+
+    A progress bar over the passages goes to stderr unless `no_progress`.
+    """
     from dilstore.reader.retrieval import bm25_index_dir
     from dilstore.runners.cli import build_parser
 
     _check("store", store, _PATH, "a store folder")
     _check("threads", threads, (int,), "a positive integer")
-    args = _parsed("index", lambda: build_parser().parse_args(["index", str(store), "--threads", str(threads)]))
+    _check("no_progress", no_progress, (bool,), "True or False")
+    argv = ["index", str(store), "--threads", str(threads), *(["--no-progress"] if no_progress else [])]
+    args = _parsed("index", lambda: build_parser().parse_args(argv))
     args.run(args)
     return bm25_index_dir(store)
 

@@ -28,6 +28,7 @@ from tests.fixtures.store_fixtures import build_store, random_shards
         (lambda root: dilstore.open_reader(root, device=0), "device must be a torch device name or None"),
         (lambda root: dilstore.open_reranker(b"store"), "store must be a store path or URL, got bytes"),
         (lambda root: dilstore.build_index(root, threads="2"), "threads must be a positive integer, got str '2'"),
+        (lambda root: dilstore.build_index(root, no_progress="yes"), "no_progress must be True or False, got str"),
         (lambda root: dilstore.evaluate_qa(None, root), "reader must be a reader from open_reader, got NoneType"),
     ],
 )
