@@ -41,8 +41,8 @@ _RUNNER_ALIASES = {
 }
 # Runners whose workers run on this machine: they get a progress bar and local defaults.
 LOCAL_RUNNERS = frozenset({"DirectRunner", "FnApiRunner", DASK_RUNNER})
-# Runners whose job ends with this process: no worker of theirs runs on once it stops (a Dask cluster may be
-# another machine's, given by --dask_client_address).
+# Runners whose job ends with this process: no worker of theirs runs on once it stops (as with Dask on the
+# LocalCluster the launcher starts; not with a cluster given by --dask_client_address, maybe another machine's).
 IN_PROCESS_RUNNERS = frozenset({"DirectRunner", "FnApiRunner"})
 # Runners whose workers run elsewhere and need the dilstore package shipped to them.
 REMOTE_RUNNERS = frozenset({"DataflowRunner", "FlinkRunner", "PortableRunner"})

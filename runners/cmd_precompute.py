@@ -346,7 +346,9 @@ def run_pipeline(
                 try:
                     # A remote service may accept the job inside run() (Dataflow's create call) before an interrupt
                     # or a lost reply: launched from the call on, unless run() itself refuses the job (below).
-                    if attempt is not None and runner not in IN_PROCESS_RUNNERS:
+                    # The LocalCluster started here for Dask ends with this call, and its workers with it.
+                    outlives_us = runner not in IN_PROCESS_RUNNERS and defaults.dask_address is None
+                    if attempt is not None and outlives_us:
                         attempt.launched = True
                     try:
                         result = pipeline.run()

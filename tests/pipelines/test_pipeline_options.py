@@ -165,13 +165,20 @@ def test_a_job_server_that_never_answers_is_named_with_the_options_that_bound_th
 
 @pytest.mark.parametrize(
     ("runner", "args", "launched"),
-    [("FlinkRunner", FLINK_ARGS, [True, False, True]), ("DirectRunner", [], [False, False, False])],
+    [
+        ("FlinkRunner", FLINK_ARGS, [True, False, True]),
+        (DASK_RUNNER, ["--dask_client_address", "tcp://127.0.0.1:1"], [True, False, True]),
+        ("DirectRunner", [], [False, False, False]),
+        (DASK_RUNNER, [], [False, False, False]),  # on the LocalCluster precompute starts, and stops with it
+    ],
+    ids=["flink", "dask-cluster-given", "direct", "dask-local-cluster"],
 )
 def test_a_job_a_remote_runner_took_is_marked_launched_and_a_refused_one_is_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runner: str, args: list[str], launched: list[bool]
 ) -> None:
     """The take-back of a failed start (pipelines/job.py) deleted the spec and codebook of a job still running on a
-    remote runner: one whose launcher failed or was interrupted while it ran, or while run() was submitting it."""
+    remote runner: one whose launcher failed or was interrupted while it ran, or while run() was submitting it.
+    A job on Dask's LocalCluster, which ends with the launcher, was kept as if remote."""
     from dilstore.pipelines.job import BuildAttempt
     from dilstore.runners import cmd_precompute
 
