@@ -72,7 +72,7 @@ def open_reader(
     _check("index", index, _OPTIONAL_PATH, "an index folder or None")
     _check("top_p", top_p, (int, type(None)), "a positive integer or None")
     _check("mu", mu, (int, float, type(None)), "a number from 0 to 1 or None")
-    _check("device", device, (str, type(None)), "a torch device name or None")
+    _check_device(device)
     chosen = {name: value for name, value in (("top_p", top_p), ("mu", mu)) if value is not None}
     return open_odqa_reader(store, model, index_dir=index, settings=OdqaSettings(**chosen), device=device)
 
@@ -87,7 +87,7 @@ def open_reranker(store: PathLike, model: PathLike | None = None, *, device: str
 
     _check("store", store, _PATH, "a store path or URL")
     _check("model", model, _OPTIONAL_PATH, "a model folder or None")
-    _check("device", device, (str, type(None)), "a torch device name or None")
+    _check_device(device)
     return open_store_reranker(store, model, device=device)
 
 
@@ -211,6 +211,19 @@ def evaluate_rank(
     judged = read_qrels(qrels) if isinstance(qrels, str | Path) else qrels_from_mapping(qrels)
     ranked = read_run(run) if isinstance(run, str | Path) else run_from_mapping(run)
     return evaluate_run(judged, ranked, relevance_level)
+
+
+def _check_device(device: str | None) -> None:
+    """Raise DilstoreError unless `device` is None or a torch device this machine has, as `--device` is checked
+    (a bad one surfaced as torch's RuntimeError or AssertionError, after the model and the JVM had loaded)."""
+    from dilstore.runners.arg_types import torch_device
+
+    _check("device", device, (str, type(None)), "a torch device name or None")
+    if device is not None:
+        try:
+            torch_device(device)
+        except argparse.ArgumentTypeError as error:
+            raise DilstoreError(f"device: {error}") from None
 
 
 def _check(name: str, value: Any, kinds: tuple[type, ...], expected: str) -> None:

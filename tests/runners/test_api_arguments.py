@@ -26,6 +26,8 @@ from tests.fixtures.store_fixtures import build_store, random_shards
         (lambda root: dilstore.open_reader(root, model=3), "model must be a model folder or None, got int 3"),
         (lambda root: dilstore.open_reader(root, index=[root]), "index must be an index folder or None, got list"),
         (lambda root: dilstore.open_reader(root, device=0), "device must be a torch device name or None"),
+        (lambda root: dilstore.open_reader(root, device="bogus"), "device: not a torch device: 'bogus' (expected"),
+        (lambda root: dilstore.open_reranker(root, device="meta"), "device: meta: dilstore runs on cpu, cuda or mps"),
         (lambda root: dilstore.open_reranker(b"store"), "store must be a store path or URL, got bytes"),
         (lambda root: dilstore.build_index(root, threads="2"), "threads must be a positive integer, got str '2'"),
         (lambda root: dilstore.build_index(root, no_progress="yes"), "no_progress must be True or False, got str"),
