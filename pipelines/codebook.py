@@ -5,7 +5,8 @@ codebook, so the codebook is made once, in the launcher, before the Beam job:
 
 1. read the inputs and keep the `CODEBOOK_DOCUMENTS` documents whose id has the
    smallest seeded hash (a uniform sample that does not depend on file order
-   or runner; only the sampled documents are split and tokenized);
+   or runner; of a duplicate id, the document the store keeps; only the
+   sampled documents are split and tokenized);
 2. run the offline layers on their passages and keep a seeded sample of at
    most `CODEBOOK_SAMPLE_TOKENS` token states;
 3. train the codebook (storage.encodings.train_codebook; rotated codes where
@@ -24,11 +25,13 @@ from __future__ import annotations
 import heapq
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from dilstore.pipelines.corpora import Document
+from dilstore.pipelines.duplicate_ids import document_order
 from dilstore.pipelines.job import PrecomputeJob
 from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, read_task, route
 from dilstore.pipelines.sharding import stable_hash
@@ -50,17 +53,47 @@ def needs_codebook(encoding: str) -> bool:
 
 
 def sample_documents(inputs: Iterable[ReadTask], limit: int, seed: int = CODEBOOK_SEED) -> list[Document]:
-    """The `limit` documents (first of each id) whose `stable_hash(seed, id)` is smallest, in that hash order."""
-    seen: set[str] = set()
+    """The `limit` documents whose `stable_hash(seed, id)` is smallest, in that hash order, in one pass.
 
-    def documents() -> Iterable[Document]:
-        for task in inputs:
-            for record in read_task(task):
-                if isinstance(record, Document) and record.id not in seen:
-                    seen.add(record.id)
-                    yield record
+    Of several documents with one id, the one the store keeps (the first in `document_order`): the sampler kept
+    the first it read, so that with a duplicate id across --input files the codebook could learn from a document
+    the pipeline then rejected. Only the current `limit` ids are held, never every id of the corpus.
+    """
+    kept: dict[str, Document] = {}  # the ids of the `limit` smallest keys so far -> the document the store keeps
+    largest: list[_Largest] = []  # their keys, the largest on top
 
-    return heapq.nsmallest(limit, documents(), key=lambda document: (stable_hash(f"{seed}\0{document.id}"), document.id))
+    for task in inputs:
+        for record in read_task(task):
+            if not isinstance(record, Document):
+                continue
+            if record.id in kept:
+                if document_order(record) < document_order(kept[record.id]):
+                    kept[record.id] = record
+                continue
+            key = _Largest(_sample_key(record.id, seed))
+            if len(kept) < limit:
+                heapq.heappush(largest, key)
+            elif largest and key.key < largest[0].key:
+                del kept[heapq.heapreplace(largest, key).key[1]]
+            else:
+                continue
+            kept[record.id] = record
+    return sorted(kept.values(), key=lambda document: _sample_key(document.id, seed))
+
+
+def _sample_key(doc_id: str, seed: int) -> tuple[int, str]:
+    """Where a document id falls in the seeded sample order (the id breaks the unlikely tie of two hashes)."""
+    return stable_hash(f"{seed}\0{doc_id}"), doc_id
+
+
+@dataclass(frozen=True)
+class _Largest:
+    """A sample key that heapq, a min-heap, keeps with the largest on top."""
+
+    key: tuple[int, str]
+
+    def __lt__(self, other: _Largest) -> bool:
+        return self.key > other.key
 
 
 def sample_states(

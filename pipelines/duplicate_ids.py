@@ -8,7 +8,7 @@ the order in which workers happen to hand records over: the first in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from dilstore.pipelines.documents import Document, Record, Rejected
 
@@ -34,20 +34,21 @@ def keep_first(documents: Iterable[Document]) -> list[Document | Rejected]:
     return [kept, *(duplicate_of(kept, doc, "the record first by title, then text") for doc in ordered[1:])]
 
 
-def drop_duplicate_ids(records: Iterable[Record]) -> Iterator[Record]:
-    """Pass records through, turning each repeat of an earlier document id into a `Rejected`.
+def drop_duplicate_ids(records: Iterable[Record]) -> list[Record]:
+    """The records with each id's documents reduced by `keep_first`, as the pipeline reduces them.
 
-    For single-process use: it keeps every id seen in memory, and "first" means
-    first in the stream. Rejected and Skipped records pass through unchanged.
+    For single-process use (tests, benchmarks): it holds every document in
+    memory. Rejected and Skipped records pass through unchanged, first; then
+    each id's documents in the order their ids first appear.
     """
-    first_seen: dict[str, Document] = {}
+    passed: list[Record] = []
+    by_id: dict[str, list[Document]] = {}
     for record in records:
         if isinstance(record, Document):
-            kept = first_seen.setdefault(record.id, record)
-            if kept is not record:
-                yield duplicate_of(kept, record, "an earlier record")
-                continue
-        yield record
+            by_id.setdefault(record.id, []).append(record)
+        else:
+            passed.append(record)
+    return [*passed, *(record for documents in by_id.values() for record in keep_first(documents))]
 
 
 def duplicate_of(kept: Document, duplicate: Document, unlined: str) -> Rejected:

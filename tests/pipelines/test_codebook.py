@@ -10,8 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from dilstore.pipelines.codebook import prepare_codebook
+from dilstore.pipelines import codebook
+from dilstore.pipelines.codebook import prepare_codebook, sample_documents
+from dilstore.pipelines.documents import Document
+from dilstore.pipelines.duplicate_ids import keep_first
+from dilstore.pipelines.sharding import stable_hash
 from dilstore.pipelines.job import PrecomputeJob
 from dilstore.reader.batching import BatchPolicy
 from dilstore.storage.codebook import codebook_build, read_codebook, write_codebook
@@ -43,3 +50,35 @@ def test_a_resumed_run_reuses_its_codebook_and_another_build_replaces_it(tmp_pat
     prepare_codebook(job_for(store, tmp_path / "b", "g2"), reader=None)
     assert codebook_build(path)["generation"] == "g2"
     assert all(np.array_equal(read_codebook(path, "2bit")[0][k], v) for k, v in books["b"].items())
+
+
+def reference_sample(inputs: list[list[Document]], limit: int, seed: int) -> list[Document]:
+    """The sample by its definition: each id's kept document (`keep_first`), then the `limit` smallest seeded keys."""
+    by_id: dict[str, list[Document]] = {}
+    for document in (document for task in inputs for document in task):
+        by_id.setdefault(document.id, []).append(document)
+    kept = [keep_first(documents)[0] for documents in by_id.values()]
+    return sorted(kept, key=lambda document: (stable_hash(f"{seed}\0{document.id}"), document.id))[:limit]
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(st.sampled_from("abcdefgh"), st.integers(1, 5), st.sampled_from(["x", "y"])), max_size=12),
+        min_size=1, max_size=3,
+    ),
+    st.integers(0, 6),
+    st.integers(0, 3),
+)
+def test_the_codebook_sample_is_the_smallest_keys_of_the_documents_the_store_keeps(
+    files: list[list[tuple[str, int, str]]], limit: int, seed: int
+) -> None:
+    """A duplicate id across --input files was sampled as first read, so the codebook could learn from a document
+    the store rejected; the sample must be the kept documents' `limit` smallest keys, in key order."""
+    inputs = [
+        [Document(id=doc_id, title="", text=text, source=f"{'zyx'[index]}.jsonl", line=line)
+         for doc_id, line, text in documents]
+        for index, documents in enumerate(files)
+    ]  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(codebook, "read_task", iter)
+        assert sample_documents(inputs, limit, seed) == reference_sample(inputs, limit, seed)

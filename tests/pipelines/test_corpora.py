@@ -192,11 +192,11 @@ def test_keep_first_of_nothing_is_nothing() -> None:
 
 def test_drop_duplicate_ids_passes_other_records_through() -> None:
     records = [doc("a", 1), Skipped("s", "9", "redirect"), doc("a", 2), Rejected("s", 3, "bad"), doc("b", 4)]
-    assert list(drop_duplicate_ids(records)) == [
-        doc("a", 1),
+    assert drop_duplicate_ids(records) == [
         Skipped("s", "9", "redirect"),
-        Rejected("a.jsonl", 2, "duplicate id 'a' (kept line 1)"),
         Rejected("s", 3, "bad"),
+        doc("a", 1),
+        Rejected("a.jsonl", 2, "duplicate id 'a' (kept line 1)"),
         doc("b", 4),
     ]
 
