@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dilstore.storage.durability import replace_dir
 from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:
@@ -197,8 +198,7 @@ def build_bm25_index_in_place(
         raise DilstoreError(f"pyserini wrote no index to {building}; see its log above")
     if store is not None:
         (building / INDEX_RECORD).write_text(json.dumps(indexed_state(store), sort_keys=True) + "\n", encoding="utf-8")
-    shutil.rmtree(index_dir, ignore_errors=True)
-    building.rename(index_dir)
+    replace_dir(building, index_dir)  # the old index stays whole until the new one is in its place
     return index_dir
 
 

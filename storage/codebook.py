@@ -34,6 +34,7 @@ import numpy as np
 import zarr
 
 from dilstore.storage.arrays import write_array
+from dilstore.storage.durability import replace_dir
 from dilstore.storage.encodings import check_codebook, get_encoding
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.format import (
@@ -88,7 +89,7 @@ def write_codebook(
             values = np.ascontiguousarray(codebook[name], dtype=np.float32)
             write_array(group, name, values, rows_per_chunk=values.shape[0], compressor=None,
                         dimension_names=[f"axis_{axis}" for axis in range(values.ndim)])
-        temporary.rename(target)
+        replace_dir(temporary, target)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
     return target

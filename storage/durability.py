@@ -1,9 +1,13 @@
-"""Making writes durable before they become visible: fsync files and directories."""
+"""Making writes durable before they become visible: fsync files and directories, and publish finished folders."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
 from pathlib import Path
+
+from dilstore.storage.format import TMP_PREFIX
 
 
 def fsync_dir(path: Path) -> None:
@@ -25,3 +29,24 @@ def fsync_tree(path: Path) -> None:
             finally:
                 os.close(descriptor)
         fsync_dir(Path(directory))
+
+
+def replace_dir(finished: Path, target: Path, *, durable: bool = True) -> None:
+    """Put the complete folder `finished` at `target`, replacing what is there.
+
+    An existing target is renamed aside (`.tmp-old-NAME-<uuid>`, a stale write that finalize and verify know)
+    before `finished` is renamed in, so at every moment a complete folder, old or new, is at one of the two
+    names; then the old one is deleted. With `durable`, `finished`'s files reach the disk before the rename
+    publishes them, and the rename itself after.
+    """
+    if durable:
+        fsync_tree(finished)
+    if os.path.lexists(target):
+        aside = target.with_name(f"{TMP_PREFIX}old-{target.name}-{uuid.uuid4().hex}")
+        os.rename(target, aside)
+        os.rename(finished, target)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.rename(finished, target)
+    if durable:
+        fsync_dir(target.parent)

@@ -12,7 +12,6 @@ ids across shards.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import uuid
 from collections.abc import Callable, Sequence
@@ -23,7 +22,7 @@ import numpy as np
 import zarr
 
 from dilstore.storage.arrays import write_array
-from dilstore.storage.durability import fsync_dir, fsync_tree
+from dilstore.storage.durability import replace_dir
 from dilstore.storage.errors import DilstoreError, listed
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
@@ -189,15 +188,7 @@ def write_index(root: Path, index: IdIndex, *, directory: str = INDEX_DIR, super
         for name, data in arrays:
             write_array(group, name, data, rows_per_chunk=OFFSETS_PER_CHUNK, compressor=None,
                         dimension_names=["entry"])
-        fsync_tree(temporary)
-        if target.exists():
-            old = target.parent / f"{TMP_PREFIX}old-{target.name}-{uuid.uuid4().hex}"
-            os.rename(target, old)
-            os.rename(temporary, target)
-            shutil.rmtree(old)
-        else:
-            os.rename(temporary, target)
-        fsync_dir(target.parent)
+        replace_dir(temporary, target)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
 
