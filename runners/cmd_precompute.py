@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.outputs import check_output_folder, refuse_store_inside_store
-from dilstore.runners.quiet import add_verbose_argument, filtered_stderr
+from dilstore.runners.quiet import add_verbose_argument, filtered_stderr, quiet_beam_logging, quiet_dask_logging
 from dilstore.storage.format import COMPRESSORS
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
@@ -300,8 +300,6 @@ def local_runtime(runner: str, workers: int, num_shards: int, beam_args: Sequenc
     """LocalDefaults for the runner; for Dask without a scheduler given, a LocalCluster of `workers` processes."""
     from dilstore.pipelines.options import DASK_RUNNER, LocalDefaults
 
-    if runner == DASK_RUNNER:
-        quiet_dask_logging()
     scheduler_given = any(arg.startswith(("--dask_client_address", "--dask_scheduler_file")) for arg in beam_args)
     if runner != DASK_RUNNER or scheduler_given:
         yield LocalDefaults(workers=workers, dask_partitions=num_shards if runner == DASK_RUNNER else None)
@@ -547,36 +545,6 @@ def canonical_command(args: argparse.Namespace) -> str:
     return shlex.join([*words, *args.beam_args])
 
 
-class _DropMessages(logging.Filter):
-    """Drops log records whose message starts with one of `prefixes`."""
-
-    def __init__(self, *prefixes: str) -> None:
-        super().__init__()
-        self.prefixes = prefixes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefixes)
-
-
-def quiet_local_logging() -> None:
-    """Keep Beam's INFO/WARNING chatter (and its import-time GCP notice) off a local run's terminal."""
-    root = logging.getLogger()
-    if not any(isinstance(existing, _DropMessages) for existing in root.filters):
-        root.addFilter(_DropMessages("apitools not found"))
-    logging.getLogger("apache_beam").setLevel(logging.ERROR)
-
-
-def quiet_dask_logging() -> None:
-    """Keep dask.distributed's INFO chatter (scheduler, nanny and connection events) off the terminal.
-
-    Importing `distributed` sets its logger to INFO, so this imports it first
-    and then lowers the level to WARNING; warnings and errors still show.
-    """
-    import distributed  # noqa: F401  (its import configures the logger set below)
-
-    logging.getLogger("distributed").setLevel(logging.WARNING)
-
-
 def build_store(
     job: PrecomputeJob, runner: str, args: argparse.Namespace, attempt: BuildAttempt | None = None
 ) -> dict[str, Any]:
@@ -660,7 +628,8 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
     """
     started = time.time()
     check_append_flags(args)
-    quiet_local_logging()
+    if not args.verbose:
+        quiet_beam_logging()  # before Beam's import logs its GCP notice
     from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.job import (
         check_replaceable,
@@ -672,6 +641,7 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
         unmade_if_nothing_stored,
     )
     from dilstore.pipelines.options import (
+        DASK_RUNNER,
         LOCAL_RUNNERS,
         LocalDefaults,
         assemble_beam_flags,
@@ -681,6 +651,8 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
     from dilstore.storage.write_lock import write_lock
 
     runner = canonical_runner(args.runner)
+    if not args.verbose and runner == DASK_RUNNER:
+        quiet_dask_logging()
     # Beam's flags are checked again with the real local defaults when the pipeline starts; checked here as well,
     # a bad one is refused before the output folder is created or its precompute.json written.
     pipeline_options(assemble_beam_flags(runner, args.beam_args, LocalDefaults(workers=args.workers)))

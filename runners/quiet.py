@@ -11,12 +11,16 @@ Without `--verbose`, a command turns off before any library loads:
 - the lines Beam's local worker processes print on their own stderr
   ("apitools not found", "Logging handler created"), which `filtered_stderr`
   drops while a pipeline runs. dilstore's own stderr (the progress bar, the
-  errors) keeps the terminal directly.
+  errors) keeps the terminal directly;
+- Beam's and dask.distributed's log records below ERROR and WARNING, and the
+  same noise in this process's log (`quiet_beam_logging`, `quiet_dask_logging`,
+  which `precompute` calls unless --verbose).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import threading
@@ -48,6 +52,32 @@ def configure(verbose: bool) -> None:
     if hf_logging is not None:  # imported before this call: it has read the environment already
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
+
+
+class _DropNoise(logging.Filter):
+    """Drops log records whose message starts with one of the worker-noise lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_WORKER_NOISE)
+
+
+def quiet_beam_logging() -> None:
+    """Keep Beam's INFO/WARNING chatter, and its import-time GCP notice on the root logger, off a run's terminal."""
+    root = logging.getLogger()
+    if not any(isinstance(existing, _DropNoise) for existing in root.filters):
+        root.addFilter(_DropNoise())
+    logging.getLogger("apache_beam").setLevel(logging.ERROR)
+
+
+def quiet_dask_logging() -> None:
+    """Keep dask.distributed's INFO chatter (scheduler, nanny and connection events) off the terminal.
+
+    Importing `distributed` sets its logger to INFO, so this imports it first
+    and then lowers the level to WARNING; warnings and errors still show.
+    """
+    import distributed  # noqa: F401  (its import configures the logger set below)
+
+    logging.getLogger("distributed").setLevel(logging.WARNING)
 
 
 def is_quiet() -> bool:

@@ -30,7 +30,8 @@ from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, route
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import encode_tokenized, load_reader
 from dilstore.runners import cli
-from dilstore.runners.cmd_precompute import build_job, quiet_dask_logging
+from dilstore.runners.cmd_precompute import build_job
+from dilstore.runners.quiet import quiet_dask_logging
 from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
 from dilstore.storage.encodings import train_codebook
 from dilstore.storage.errors import DilstoreError
@@ -358,6 +359,22 @@ def test_help_shows_compression_and_no_machine_specific_worker_count(capsys) -> 
 def test_dask_logging_stays_at_warning_after_distributed_is_imported() -> None:
     quiet_dask_logging()
     assert logging.getLogger("distributed.scheduler").getEffectiveLevel() == logging.WARNING
+
+
+@pytest.mark.parametrize(("flags", "quieted"), [([], ["beam", "dask"]), (["--verbose"], [])])
+def test_only_a_quiet_precompute_lowers_the_libraries_logging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], quieted: list[str]
+) -> None:
+    """--verbose promises the libraries' logs, but Beam's and Dask's were lowered on every run."""
+    from dilstore.runners import cmd_precompute
+
+    calls: list[str] = []
+    monkeypatch.setattr(cmd_precompute, "quiet_beam_logging", lambda: calls.append("beam"))
+    monkeypatch.setattr(cmd_precompute, "quiet_dask_logging", lambda: calls.append("dask"))
+    missing = tmp_path / "missing.jsonl"  # refused after the logging is set, before anything runs
+    assert cli.main(["precompute", "--runner", "dask", "--input", str(missing), "--output", str(tmp_path / "s"),
+                     *flags]) == 2  # fmt: skip
+    assert calls == quieted
 
 
 def test_a_store_of_other_settings_is_not_overwritten_unless_asked(
