@@ -20,7 +20,7 @@ the store's, as it does for faiss PQ. The residual codebooks here have no
 centroids of the store's own (storage.encodings.train_residual_codebook), so
 `1bit`/`2bit` rows here are the store's codes from before centroids, and the
 `c…` rows use faiss k-means and uint16 ids where the store now uses its own
-numpy k-means with 256 centroids and uint8 ids.
+k-means (scipy's kmeans2, as many rounds as here) with 256 centroids and uint8 ids.
 """
 
 from __future__ import annotations
@@ -30,12 +30,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dilstore.storage.encodings import CODEBOOK_SEED, Encoding, get_encoding, train_residual_codebook
+from dilstore.storage.encodings import (
+    CODEBOOK_SEED,
+    KMEANS_ITERATIONS,
+    Encoding,
+    get_encoding,
+    train_residual_codebook,
+)
 
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 _SCALE_BYTES = 2  # float16 per-token scale
 _ID_BYTES = 2  # uint16 centroid id
-_KMEANS_ITERATIONS = 20
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ def train_centroids(sample: np.ndarray, count: int, seed: int = CODEBOOK_SEED) -
     if not 0 < count <= np.iinfo(np.uint16).max + 1:
         raise ValueError(f"centroid count {count} does not fit a uint16 id")
     sample = np.ascontiguousarray(sample, dtype=np.float32)
-    kmeans = faiss.Kmeans(sample.shape[1], count, niter=_KMEANS_ITERATIONS, seed=seed, verbose=False)
+    kmeans = faiss.Kmeans(sample.shape[1], count, niter=KMEANS_ITERATIONS, seed=seed, verbose=False)
     kmeans.train(sample)
     return np.asarray(kmeans.centroids, dtype=np.float32)  # (C, d)
 

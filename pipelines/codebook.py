@@ -3,7 +3,7 @@
 Codes are only comparable across shards when every shard uses the same
 codebook, so the codebook is made once, in the launcher, before the Beam job:
 
-1. read the inputs and keep the `CODEBOOK_DOCUMENTS` documents whose id has the
+1. read the inputs and keep the `CODEBOOK_SAMPLE_UNITS` documents whose id has the
    smallest seeded hash (a uniform sample that does not depend on file order
    or runner; of a duplicate id, the document the store keeps; only the
    sampled documents are split and tokenized);
@@ -39,13 +39,17 @@ from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import TokenizedPassage, encode_batch, encode_tokenized
 from dilstore.reader.offline.kinds import OfflineModel, offline_kind
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook, write_codebook
-from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SEED, get_encoding, sample_rows, train_codebook
+from dilstore.storage.encodings import (
+    CODEBOOK_SAMPLE_TOKENS,
+    CODEBOOK_SAMPLE_UNITS,
+    CODEBOOK_SEED,
+    get_encoding,
+    sample_rows,
+    train_codebook,
+)
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.writer import build_attributes
-
-CODEBOOK_DOCUMENTS = 512
-
 
 def needs_codebook(encoding: str) -> bool:
     """Whether stores of `encoding` carry a codebook."""
@@ -156,7 +160,7 @@ def prepare_codebook(job: PrecomputeJob, reader: OfflineModel) -> Path:
     if job.codebook is not None:
         codebook, state_shape = read_codebook(job.codebook, job.encoding)
     else:
-        documents = sample_documents(job.inputs, CODEBOOK_DOCUMENTS)
+        documents = sample_documents(job.inputs, CODEBOOK_SAMPLE_UNITS)
         sample = sample_states(documents, job.route_settings(), reader, job.policy)  # (N, *S)
         rotate = offline_kind(job.kind).rotated_codes
         codebook, state_shape = train_codebook(job.encoding, sample, rotate=rotate), sample.shape[1:]

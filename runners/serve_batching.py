@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,8 @@ from typing import Any
 
 from dilstore.runners.serve_metrics import Metrics
 from dilstore.storage.errors import DilstoreError
+
+logger = logging.getLogger("dilstore.serve")
 
 # run_batch(payloads) -> one result or exception per payload.
 BatchRunner = Callable[[Sequence[Any]], Sequence[Any]]
@@ -174,6 +177,8 @@ class Batcher:
         except Exception as error:  # noqa: BLE001 (any failure of the shared run is retried request by request)
             if len(payloads) == 1:
                 return [error]
+            logger.warning("a batch of %d requests failed (%s: %s); running each alone", len(payloads),
+                           type(error).__name__, error)  # fmt: skip
         outcomes: list[Any] = []
         for payload in payloads:
             try:

@@ -78,6 +78,8 @@ _INT8_LEVELS = 127
 _MIN_EXPONENT, _MAX_EXPONENT = -126, 127
 # Tokens of a seeded sample a codebook is trained on when none is given.
 CODEBOOK_SAMPLE_TOKENS = 65536
+# The documents (precompute's sampling pass) or passage windows (training on decoded states) they are drawn from.
+CODEBOOK_SAMPLE_UNITS = 512
 CODEBOOK_SEED = 0
 # Centroids of the 2bit/1bit codebooks: one uint8 id per token vector addresses all of them.
 CENTROIDS = 256
@@ -459,7 +461,7 @@ def _prepare_residual(arrays: Mapping[str, np.ndarray], bits: int) -> dict[str, 
     """The per-shard arrays plus lookup tables (_decode_table, or rotated_codes.prepare_rotated for a rotated
     codebook), built once per shard or store by the reader."""
     if "rotation" in arrays:
-        return {**arrays, **prepare_rotated(arrays, bits)}
+        return {**arrays, **prepare_rotated(arrays)}
     return {**arrays, "decode_table": _decode_table(arrays, bits)}
 
 
@@ -480,7 +482,7 @@ def _decode_buckets(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
 def _decode_residual(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
     mean = arrays["mean"]  # (*S)
     if "rotation" in arrays:
-        prepared = arrays if "rotated_runs" in arrays else prepare_rotated(arrays, bits)
+        prepared = arrays if "rotated_runs" in arrays else prepare_rotated(arrays)
         values = decode_rotated(arrays["codes"], prepared)  # (n, *S)
     else:
         values = _decode_buckets(arrays, bits)  # (n, *S)

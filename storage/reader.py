@@ -123,7 +123,7 @@ class Store:
     def __contains__(self, passage_id: object) -> bool:
         if not isinstance(passage_id, str):
             return False
-        index = self._open_index()
+        index = self._live_index()
         self._check_watched_files([passage_id], index)
         return not index.locate([passage_id], self._id_at)[2]
 
@@ -145,7 +145,7 @@ class Store:
             self._index = _CLOSED_INDEX
             self._codebook = None
 
-    def _open_index(self) -> IdIndex:
+    def _live_index(self) -> IdIndex:
         """The id index; a DilstoreError once the store is closed."""
         index = self._index
         if self._closed:
@@ -162,7 +162,7 @@ class Store:
             given = f"{type(passage_ids).__name__} {passage_ids!r:.60}"
             raise DilstoreError(f"fetch takes a list of passage ids, got {given}")
         passage_ids = list(passage_ids)
-        index = self._open_index()
+        index = self._live_index()
         self._check_watched_files(passage_ids, index)
         self._open_concurrently(passage_ids, index)
         shards, rows, missing = index.locate(passage_ids, self._id_at)
@@ -218,7 +218,7 @@ class Store:
             if reader is not None:
                 self._shards.move_to_end(index)
                 return reader
-        self._open_index()
+        self._live_index()
         entry = self.manifest.shard_by_index.get(index)
         if entry is None:
             raise StoreFormatError(f"store {self.url}: the id index points to shard {index}, which the manifest lacks")
@@ -274,7 +274,7 @@ class Store:
         They stay in their shards, but no lookup reaches them; whatever lists a
         shard's rows by position (the BM25 collection) must leave them out.
         """
-        self._open_index()  # a closed store refuses work, as its docstring says
+        self._live_index()  # a closed store refuses work, as its docstring says
         return read_superseded(self.location.open_group(self.manifest.index))
 
     def _id_at(self, shard: int, row: int) -> str:

@@ -238,7 +238,7 @@ def _code_layout(allocation: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
     return coded, counts, np.cumsum(counts) - counts
 
 
-def prepare_rotated(codebook: Mapping[str, np.ndarray], bits: int) -> dict[str, np.ndarray]:
+def prepare_rotated(codebook: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Lookup tables for `decode_rotated`, built once per store, per run of coded components of one bit count.
 
     A run of b-bit codes fills whole bytes (blocks are whole bytes; only the

@@ -13,7 +13,7 @@ stay fp16.
 The codebook is given (`codebook`: a store's `codebook/` group, to train on
 that store's exact codes) or trained the way the pipeline's sampling pass
 trains a store's (pipelines/codebook.py): on a seeded sample of at most
-CODEBOOK_SAMPLE_TOKENS layer-k token states of at most CODEBOOK_WINDOWS
+CODEBOOK_SAMPLE_TOKENS layer-k token states of at most CODEBOOK_SAMPLE_UNITS
 distinct training passage windows. A store of another corpus trains its own
 codebook, so the upper layers are meant to learn the codec's kind of error,
 not one codebook. The codebook is written to OUTPUT/codebook, and a resumed
@@ -34,6 +34,7 @@ from dilstore.reader.training.frozen_lower import StateTransform, encode_windows
 from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
 from dilstore.storage.encodings import (
     CODEBOOK_SAMPLE_TOKENS,
+    CODEBOOK_SAMPLE_UNITS,
     CODEBOOK_SEED,
     get_encoding,
     round_trip,
@@ -41,20 +42,19 @@ from dilstore.storage.encodings import (
     train_codebook,
 )
 
-CODEBOOK_WINDOWS = 512  # as many passage windows as the pipeline samples documents
 _ENCODE_BATCH = 32
 
 
 def passage_state_sample(
     reader: DilBertReader, windows: Sequence[Sequence[int]], device: torch.device, seed: int = CODEBOOK_SEED
 ) -> np.ndarray:
-    """A seeded sample of at most CODEBOOK_SAMPLE_TOKENS layer-k token states `(N, d)` of CODEBOOK_WINDOWS distinct windows.
+    """A seeded sample of at most CODEBOOK_SAMPLE_TOKENS layer-k token states `(N, d)` of CODEBOOK_SAMPLE_UNITS distinct windows.
 
     The windows are drawn from the distinct token-id rows in sorted order, so
     the sample does not depend on the order or repeats of `windows`.
     """
     distinct = sorted({tuple(int(token) for token in ids) for ids in windows})
-    chosen = [distinct[int(index)] for index in sample_rows(len(distinct), CODEBOOK_WINDOWS, seed)]
+    chosen = [distinct[int(index)] for index in sample_rows(len(distinct), CODEBOOK_SAMPLE_UNITS, seed)]
     states = [
         row
         for start in range(0, len(chosen), _ENCODE_BATCH)

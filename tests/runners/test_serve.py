@@ -254,7 +254,9 @@ def test_batching_off_runs_each_request_alone(tiny: dict[str, Any]) -> None:
     assert metric(text, "dilstore_batch_requests_sum", store="qa") == 4
 
 
-def test_a_failure_in_a_shared_batch_is_a_500_for_that_request_only(tiny: dict[str, Any]) -> None:
+def test_a_failure_in_a_shared_batch_is_a_500_for_that_request_only(
+    tiny: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
     odqa = make_odqa(tiny)
     bodies = [{"question": QUESTIONS[0]}, {"question": BROKEN}, {"question": ""}, {"question": QUESTIONS[2]}]
     with running(make_stores(tiny, odqa), max_wait=0.2) as (client, app):
@@ -269,6 +271,8 @@ def test_a_failure_in_a_shared_batch_is_a_500_for_that_request_only(tiny: dict[s
         text = client.get("/metrics").text
     assert metric(text, "dilstore_errors_total", endpoint="/ask", kind="internal") == 1
     assert metric(text, "dilstore_errors_total", endpoint="/ask", kind="bad_request") == 1
+    retried = [r.getMessage() for r in caplog.records if "running each alone" in r.getMessage()]
+    assert len(retried) == 1 and "requests failed (MissingPassagesError: " in retried[0]  # the shared run's failure
 
 
 def test_a_store_whose_files_went_away_is_unavailable_and_health_says_so(

@@ -10,7 +10,6 @@ sample size) match it.
 
 from __future__ import annotations
 
-import ast
 import copy
 import importlib.util
 import json
@@ -19,20 +18,12 @@ import re
 
 import pytest
 
+from dilstore.storage.encodings import CODEBOOK_SAMPLE_UNITS
 from tests.fixtures.paths import ROOT
 
 BENCHMARKS_SECTIONS = set(re.findall(r"^## (.+)$", (ROOT / "BENCHMARKS.md").read_text(), flags=re.MULTILINE))
 
 
-def module_constant(path, name: str):
-    """A module-level constant read from source (importing the pipelines would load torch and take long)."""
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == name for target in node.targets):
-            return ast.literal_eval(node.value)
-    raise AssertionError(f"{name} not found in {path}")
-
-
-CODEBOOK_DOCUMENTS = module_constant(ROOT / "pipelines" / "codebook.py", "CODEBOOK_DOCUMENTS")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +67,7 @@ def test_an_entry_without_a_required_field_is_refused(cost, tree, field: str) ->
 
 
 def test_inputs_agree_with_the_code_they_restate(cost, inputs) -> None:
-    assert inputs["codebook"]["sample_documents"] == CODEBOOK_DOCUMENTS
+    assert inputs["codebook"]["sample_documents"] == CODEBOOK_SAMPLE_UNITS
     bench_scale = importlib.import_module("bench_scale")  # on sys.path once cost_model is loaded
     d = inputs["model"]["hidden"]
     shapes = {"dilbert": (d,), "earl-s1": (d,), "earl-s2": (inputs["model"]["judger_blocks"], 2, d)}
@@ -101,7 +92,7 @@ def test_precompute_hours_scale_linearly_and_codebooks_add_a_fixed_pass(cost, in
     two_bit = cost.precompute_seconds(1e6, 100.0, kind, "2bit", inputs)
     encode = inputs["encode_us_per_token"]
     assert two_bit["extra_encode"] == pytest.approx(1e6 * (encode["2bit"] - encode["fp16"]) * 1e-6)
-    assert two_bit["codebook_sampling"] == pytest.approx(CODEBOOK_DOCUMENTS * 100.0 / 1000.0
+    assert two_bit["codebook_sampling"] == pytest.approx(CODEBOOK_SAMPLE_UNITS * 100.0 / 1000.0
                                                          + inputs["codebook"]["train_seconds"])
     four_values = cost.precompute_seconds(1e6, 100.0, {**kind, "values_per_token": 4 * 384}, "2bit", inputs)
     assert four_values["extra_encode"] == pytest.approx(4 * two_bit["extra_encode"])

@@ -68,7 +68,7 @@ def test_the_codebook_sample_is_seeded_and_drawn_from_at_most_so_many_distinct_w
     np.testing.assert_array_equal(first, passage_state_sample(reader, rows[::-1] + rows, CPU))  # order, repeats
     distinct = {tuple(row) for row in rows}
     assert first.shape == (sum(len(row) for row in distinct), reader.hidden_size)  # few tokens: all of them
-    monkeypatch.setattr(store_codec, "CODEBOOK_WINDOWS", 2)
+    monkeypatch.setattr(store_codec, "CODEBOOK_SAMPLE_UNITS", 2)
     monkeypatch.setattr(store_codec, "CODEBOOK_SAMPLE_TOKENS", 10)
     small = passage_state_sample(reader, rows, CPU)
     assert small.shape == (10, reader.hidden_size)
