@@ -62,6 +62,7 @@ from dilstore.reader.serving.answers import (
 )
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
 from dilstore.reader.serving.stored_states import pad_stored_states
+from dilstore.reader.data.qa_features import DEFAULT_MAX_QUESTION_LENGTH
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
@@ -69,7 +70,6 @@ from dilstore.storage.reader import Store, open_store
 from dilstore.storage.records import StoredPassage
 
 DEFAULT_MU = 0.5
-DEFAULT_MAX_QUESTION_LENGTH = 64
 # Characters per allowed word piece in the cheap pre-check that keeps a huge
 # string away from the tokenizer; real text averages well under 10.
 _CHARS_PER_PIECE_LIMIT = 20

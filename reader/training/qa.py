@@ -50,11 +50,17 @@ from transformers import PreTrainedTokenizerBase
 
 from dilstore.reader.batching import pad_id
 from dilstore.reader.data.qa_batches import QABatch, collate_features
-from dilstore.reader.data.qa_features import QAFeature, window_features
+from dilstore.reader.data.qa_features import (
+    DEFAULT_MAX_QUESTION_LENGTH,
+    DEFAULT_MAX_SEQ_LENGTH,
+    QAFeature,
+    window_features,
+)
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
 from dilstore.reader.data.shared_norm import shared_norm_groups
 from dilstore.reader.data.squad import load_squad
 from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.text.tokenization import DEFAULT_STRIDE
 from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
 from dilstore.reader.training.length_chunks import ChunkForward, default_chunk_windows, forward_in_chunks
 from dilstore.reader.training.loop import (
@@ -110,9 +116,9 @@ class TrainingConfig:
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
-    max_seq_length: int = 384
-    doc_stride: int = 128
-    max_question_length: int = 64
+    max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
+    doc_stride: int = DEFAULT_STRIDE
+    max_question_length: int = DEFAULT_MAX_QUESTION_LENGTH
     seed: int = 42
     save_every: int = 0
     save_every_minutes: float = 10.0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -318,3 +320,26 @@ def test_the_precompute_choices_are_those_of_the_modules_that_define_them() -> N
     assert set(cmd_precompute.ENCODINGS) == set(ENCODINGS)
     assert set(cmd_precompute.SPLITS) == set(STRATEGIES)
     assert set(cmd_precompute.FORMATS) == set(FORMATS)
+
+
+def test_the_commands_default_lengths_and_help_texts_are_those_of_the_library() -> None:
+    """The runners spell lengths and defaults out, so that `--help` stays light; a library default changed at its
+    source would be neither used nor shown by the command line, so each copy must equal its source."""
+    from dilstore.reader.evaluation.reading_comprehension import ReadingSettings
+    from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH
+    from dilstore.reader.serving.odqa import OdqaSettings
+    from dilstore.runners.cli import build_parser
+    from dilstore.runners.reading_options import reading_settings
+    from dilstore.runners.serve_app import AskRequest
+
+    parser = build_parser()
+    assert reading_settings(parser.parse_args(["evaluate-rc", "--data", "d"])) == ReadingSettings()
+    ranking = parser.parse_args(["train", "earl", "--triples", "t"])
+    assert (ranking.max_query_length, ranking.max_doc_length) == (DEFAULT_MAX_QUERY_LENGTH, DEFAULT_MAX_DOC_LENGTH)
+    ask = next(action.choices["ask"] for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    shown = {action.dest: re.search(r"\(default (\S+?)[;)]", action.help or "") for action in ask._actions}
+    for name, value in vars(OdqaSettings()).items():
+        assert shown[name] is not None and shown[name].group(1) == str(value), (name, value)
+    requests = AskRequest.model_fields
+    assert f"(default {OdqaSettings().top_p})" in requests["top_p"].description
+    assert f"(default {OdqaSettings().mu})" in requests["mu"].description
