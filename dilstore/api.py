@@ -130,10 +130,11 @@ def precompute(**options: Unpack[PrecomputeOptions]) -> Path:
     on stdout, which may be the caller's own channel: the command's summary
     is in STORE/run-summary.json.
     """
+    from dilstore.runners.arg_types import option_words
     from dilstore.runners.cli import build_parser, parse
     from dilstore.runners.cmd_precompute import DEFAULT_OUTPUT, precompute_store
 
-    args = _parsed("precompute", lambda: parse(build_parser(), ["precompute", *_flags(options)]))
+    args = _parsed("precompute", lambda: parse(build_parser(), ["precompute", *option_words(options)]))
     _, empty = precompute_store(args)
     if empty is not None:
         raise DilstoreError(empty)
@@ -234,21 +235,4 @@ def _check(name: str, value: Any, kinds: tuple[type, ...], expected: str) -> Non
     """
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise DilstoreError(f"{name} must be {expected}, got {type(value).__name__} {value!r:.80}")
-
-
-def _flags(options: Mapping[str, Any]) -> list[str]:
-    """Command-line flags for keyword options (see `precompute`)."""
-    argv: list[str] = []
-    for name, value in options.items():
-        flag = "--" + name.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            argv.append(flag)
-        elif isinstance(value, Iterable) and not isinstance(value, str | Path):
-            for item in value:
-                argv += [flag, str(item)]
-        else:
-            argv += [flag, str(value)]
-    return argv
 

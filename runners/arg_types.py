@@ -1,9 +1,12 @@
-"""argparse types shared by the commands: a bad value is a usage error naming the option, never a traceback later."""
+"""argparse types shared by the commands (a bad value is a usage error naming the option, never a traceback later),
+and the way back from parsed options to command-line words."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
 
 # The largest seed numpy's legacy and Generator seeding accept.
 MAX_SEED = 2**32 - 1
@@ -64,3 +67,20 @@ def torch_device(text: str) -> str:
     elif device.type not in ("cpu", "cuda", "mps"):
         raise argparse.ArgumentTypeError(f"{text}: dilstore runs on cpu, cuda or mps devices")
     return text
+
+
+def option_words(options: Mapping[str, Any]) -> list[str]:
+    """`--flag value` words for options by their Python names: None and False leave a flag out, True is the bare
+    flag, and a list (or other iterable but a string or path) repeats the flag for each item."""
+    words: list[str] = []
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, Iterable) and not isinstance(value, str | Path):
+            words += [word for item in value for word in (flag, str(item))]
+        else:
+            words += [flag, str(value)]
+    return words

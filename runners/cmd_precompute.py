@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import option_words, positive_int
 from dilstore.runners.outputs import check_output_folder, refuse_store_inside_store
 from dilstore.runners.quiet import add_verbose_argument, filtered_stderr, quiet_beam_logging, quiet_dask_logging
 from dilstore.storage.format import COMPRESSORS
@@ -534,15 +534,8 @@ def compressor_of(compression: str) -> str | None:
 
 def canonical_command(args: argparse.Namespace) -> str:
     """The command with every option spelled out (defaults included), Beam options last."""
-    words = ["dilstore", "precompute"]
-    for name, value in vars(args).items():
-        if name in _NOT_IN_COMMAND or value is None or value is False:
-            continue
-        flag = "--" + name.replace("_", "-")
-        values = value if isinstance(value, list) else [value]
-        for item in values:
-            words += [flag] if item is True else [flag, str(item)]
-    return shlex.join([*words, *args.beam_args])
+    options = {name: value for name, value in vars(args).items() if name not in _NOT_IN_COMMAND}
+    return shlex.join(["dilstore", "precompute", *option_words(options), *args.beam_args])
 
 
 def build_store(

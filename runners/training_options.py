@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dilstore.runners.arg_types import option_words
 from dilstore.runners.outputs import check_output_folder
 from dilstore.runners.reading_options import add_runtime_arguments
 from dilstore.storage.write_lock import write_lock
@@ -153,10 +154,5 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def canonical_command(args: argparse.Namespace) -> str:
     """The full command with every option spelled out, defaults included, so the run can be repeated."""
-    words = ["dilstore", "train", args.train_command]
-    for name, value in vars(args).items():
-        if name in _NOT_IN_COMMAND or value is None or value is False:
-            continue
-        flag = "--" + name.replace("_", "-")
-        words += [flag] if value is True else [flag, str(value)]
-    return shlex.join(words)
+    options = {name: value for name, value in vars(args).items() if name not in _NOT_IN_COMMAND}
+    return shlex.join(["dilstore", "train", args.train_command, *option_words(options)])
