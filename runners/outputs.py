@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -64,8 +65,18 @@ def check_output_file(
     lies inside `work`, the folder (`--work`) where the run keeps its own files (a store, an index, task files),
     or, with `suffixes`, ends in none of them.
 
-    Checked up front, a long evaluation is not lost to a typo in the path at its end.
+    Checked up front, a long evaluation is not lost to a typo in the path at its end. The file is written whole
+    and renamed into place, which would replace a symbolic link, a device or a pipe (`--output /dev/null` as root
+    replaced the machine's /dev/null with a file): those are refused, and so is `-`, which would be a file named `-`.
     """
+    if str(output) == "-":
+        raise DilstoreError(f"{flag} -: the output is written to a file, not to stdout; give its path")
+    if output.is_symlink():
+        raise DilstoreError(f"{flag} {output} is a symbolic link (to {os.readlink(output)}), which writing would "
+                            "replace with a file; give the path it points to")  # fmt: skip
+    if output.exists() and not output.is_file() and not output.is_dir():
+        raise DilstoreError(f"{flag} {output} is not a regular file (a device, pipe or socket), which writing would "
+                            "replace with a file; give a file path")  # fmt: skip
     if suffixes and output.suffix.lower() not in suffixes:
         raise DilstoreError(f"{flag} {output}: give a file ending in {', '.join(suffixes)}")
     if work is not None and output.resolve().is_relative_to(work.resolve()):

@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -233,6 +234,34 @@ def test_a_rerank_output_that_cannot_be_written_is_refused_before_the_store_open
     assert main(args) == 2
     assert capsys.readouterr().err == f"dilstore rerank: error: {message.replace('{tmp}', str(tmp_path))}\n"
     assert (tmp_path / "r.trec").read_text() == "q Q0 d 1 1.0 t\n"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "dash"])
+def test_an_output_that_writing_would_replace_is_refused(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rerank --output /dev/stdout` replaced the machine's /dev/stdout link with a file holding the run (the file is
+    written whole and renamed into place); a device or a pipe was replaced alike, and `-` became a file named `-`."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.trec").write_text("q Q0 d 1 1.0 t\n")
+    (tmp_path / "t.tsv").write_text("q\tquery\n")
+    target = tmp_path / "kept.trec"
+    target.write_text("kept\n")
+    output = tmp_path / "out.trec"
+    if kind == "symlink":
+        output.symlink_to(target)
+        message = f"--output {output} is a symbolic link (to {target}), which writing would replace with a file"
+    elif kind == "fifo":
+        os.mkfifo(output)
+        message = f"--output {output} is not a regular file (a device, pipe or socket)"
+    else:
+        output = Path("-")
+        message = "--output -: the output is written to a file, not to stdout; give its path"
+    args = ["rerank", str(tmp_path / "no-store"), "--topics", "t.tsv", "--run", "r.trec", "--output", str(output)]
+    assert main(args) == 2
+    assert capsys.readouterr().err.startswith(f"dilstore rerank: error: {message}")
+    assert target.read_text() == "kept\n" and not (tmp_path / "-").exists()
+    assert output.is_symlink() if kind == "symlink" else kind == "dash" or stat.S_ISFIFO(output.lstat().st_mode)
 
 
 def test_evaluate_rc_on_a_base_model_says_it_needs_a_trained_reader(
