@@ -15,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from dilstore.storage.durability import replace_dir
+from dilstore.storage.durability import remove_path, replace_dir
 from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:
@@ -97,10 +96,11 @@ def _quiet() -> bool:
 
 def build_bm25_index(
     collection_dir: Path, index_dir: Path, threads: int = 1, progress: Callable[[int], None] | None = None
-) -> None:
-    """Index a folder of pyserini JsonCollection files (`{"id","contents"}`) with Lucene BM25.
+) -> int:
+    """Index a folder of pyserini JsonCollection files (`{"id","contents"}`) with Lucene BM25; the documents indexed.
 
-    progress: called with the number of documents indexed so far, every 0.2 s while the build runs and once
+    Anserini logs a line it cannot read and goes on without it, so the count may be short of the lines; a Java
+    exception that stops the build is a DilstoreError. progress: called with the number of documents indexed so far, every 0.2 s while the build runs and once
     at its end (Anserini's own log, shown with --verbose, reports once a minute).
     Ctrl-C acts at once (see `_wait_in_python`); a build cut off that way goes on in its daemon thread until the
     process ends, so a second build of the same `index_dir` in this process is refused while it runs.
@@ -118,20 +118,25 @@ def build_bm25_index(
         "-storePositions", "-storeDocvectors", "-storeRaw",
         *(["-quiet"] if _quiet() else []),
     ]  # fmt: skip
-    from jnius import autoclass
+    from jnius import JavaException, autoclass
 
-    # What IndexCollection.main does, keeping the indexer, whose counters tell how far the build is.
-    options = autoclass("io.anserini.index.IndexCollection$Args")()
-    autoclass("org.kohsuke.args4j.CmdLineParser")(options).parseArgument(*arguments)
-    indexer = autoclass("io.anserini.index.IndexCollection")(options)
-    indexed = indexer.getCounters().indexed
+    try:
+        # What IndexCollection.main does, keeping the indexer, whose counters tell how far the build is.
+        options = autoclass("io.anserini.index.IndexCollection$Args")()
+        autoclass("org.kohsuke.args4j.CmdLineParser")(options).parseArgument(*arguments)
+        indexer = autoclass("io.anserini.index.IndexCollection")(options)
+        indexed = indexer.getCounters().indexed
 
-    def report() -> None:
-        if progress is not None:
-            progress(indexed.get())
+        def report() -> None:
+            if progress is not None:
+                progress(indexed.get())
 
-    _wait_in_python(indexer.run, f"bm25-build {index_dir.name}", building=index_dir, while_waiting=report)
+        _wait_in_python(indexer.run, f"bm25-build {index_dir.name}", building=index_dir, while_waiting=report)
+    except JavaException as error:
+        raise DilstoreError(f"the BM25 index of {collection_dir} could not be built in {index_dir} "
+                            f"({error.classname}: {error.innermessage})") from None  # fmt: skip
     report()
+    return int(indexed.get())
 
 
 def _refuse_while_building(index_dir: Path) -> None:
@@ -188,14 +193,21 @@ def build_bm25_index_in_place(
     A build cut off at any point never leaves a folder under `index_dir`'s
     name that looks like a whole index; an older index there is replaced.
     With `store`, the index records which state of that store it covers
-    (INDEX_RECORD), so that a reader can tell when an append made it stale. progress: as in build_bm25_index.
+    (INDEX_RECORD), so that a reader can tell when an append made it stale, and must index every one of its
+    passages: an index short of them (a line of the collection Anserini could not read) is not put in place.
+    progress: as in build_bm25_index.
     """
     building = index_dir.with_name(f".{index_dir.name}.building")
     _refuse_while_building(building)
-    shutil.rmtree(building, ignore_errors=True)
-    build_bm25_index(collection_dir, building, threads=threads, progress=progress)
+    remove_path(building)
+    indexed = build_bm25_index(collection_dir, building, threads=threads, progress=progress)
     if not any(building.glob("segments_*")):
         raise DilstoreError(f"pyserini wrote no index to {building}; see its log above")
+    if store is not None and indexed != store.passages:
+        remove_path(building)
+        raise DilstoreError(f"the BM25 build indexed {indexed} of the store's {store.passages} passages from "
+                            f"{collection_dir} (a line it could not read: see the log above; `dilstore verify` checks "
+                            "the store's files); the index was not replaced")  # fmt: skip
     if store is not None:
         (building / INDEX_RECORD).write_text(json.dumps(indexed_state(store), sort_keys=True) + "\n", encoding="utf-8")
     replace_dir(building, index_dir)  # the old index stays whole until the new one is in its place

@@ -45,8 +45,19 @@ def replace_dir(finished: Path, target: Path, *, durable: bool = True) -> None:
         aside = target.with_name(f"{TMP_PREFIX}old-{target.name}-{uuid.uuid4().hex}")
         os.rename(target, aside)
         os.rename(finished, target)
-        shutil.rmtree(aside, ignore_errors=True)
+        remove_path(aside)
     else:
         os.rename(finished, target)
     if durable:
         fsync_dir(target.parent)
+
+
+def remove_path(path: Path) -> None:
+    """Delete what is at `path`, whatever it is (a folder tree, a file, a symbolic link); nothing if nothing is there.
+
+    `shutil.rmtree(path, ignore_errors=True)` left a file or a link where a folder was expected.
+    """
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        path.unlink()

@@ -27,8 +27,12 @@ INDEX_ROLE = "dilstore-index"
 
 
 def lock_path(folder: Path, role: str = WRITE_ROLE) -> Path:
-    """The lock file of `folder` for `role`: beside it, named after both."""
-    folder = Path(folder).absolute()
+    """The lock file of `folder` for `role`: beside it, named after both.
+
+    The folder's real path decides (symbolic links resolved), so that two spellings of one folder (`lk` and a link
+    to it) take one lock: they took two, and two index builds ran on one store at once.
+    """
+    folder = Path(folder).resolve()
     return folder.parent / f".{folder.name}.{role}-lock"
 
 

@@ -58,6 +58,18 @@ def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
     assert "index:" not in indexed.stderr  # no bar with --json
     rebuilt = dilstore_command(["index", str(store)])
     assert rebuilt.returncode == 0 and f"| {len(DOCUMENTS)}/{len(DOCUMENTS)} [" in rebuilt.stderr, rebuilt.stderr
+    # A line Anserini cannot read: it went on without that file's passages, exit 0, and the index claimed the store.
+    part = sorted((store / "passages" / "jsonl").glob("*.jsonl"))[0]
+    intact, index_files = part.read_bytes(), sorted(path.name for path in (store / "bm25").iterdir())
+    part.write_bytes(intact + b"not json\n")
+    (store / ".bm25.building").write_text("a stray file where the build goes")  # was a Java traceback
+    short = dilstore_command(["index", str(store), "--no-progress"])
+    part.write_bytes(intact)
+    assert short.returncode == 2, short.stderr
+    assert f"of the store's {len(DOCUMENTS)} passages from {store / 'passages' / 'jsonl'}" in short.stderr
+    assert "the index was not replaced" in short.stderr and "Traceback" not in short.stderr
+    assert sorted(path.name for path in (store / "bm25").iterdir()) == index_files
+    assert not (store / ".bm25.building").exists()
     found = subprocess.run([sys.executable, "-c", SEARCH, str(store / "bm25"), "atomic number of oxygen"],
                            cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert found.returncode == 0, found.stderr

@@ -41,3 +41,19 @@ def test_the_old_folder_is_whole_at_one_of_the_names_until_the_new_one_is_in_pla
 def test_a_folder_with_nothing_at_its_target_is_renamed_there(tmp_path: Path) -> None:
     replace_dir(folder(tmp_path / "built", "new"), tmp_path / "bm25")
     assert [path.name for path in tmp_path.iterdir()] == ["bm25"] and (tmp_path / "bm25" / "new").is_file()
+
+
+@pytest.mark.parametrize("kind", ["file", "symlink"])
+def test_what_stood_at_the_target_is_removed_whatever_it_was(tmp_path: Path, kind: str) -> None:
+    """A file or a link at the target was renamed aside and left there: rmtree deletes neither."""
+    target = tmp_path / "bm25"
+    if kind == "file":
+        target.write_text("stray", encoding="utf-8")
+    else:
+        target.symlink_to(folder(tmp_path / "elsewhere", "kept"))
+    replace_dir(folder(tmp_path / "built", "new"), target)
+    left = sorted(path.name for path in tmp_path.iterdir())
+    assert left == (["bm25", "elsewhere"] if kind == "symlink" else ["bm25"])
+    assert (target / "new").is_file() and not target.is_symlink()
+    if kind == "symlink":
+        assert (tmp_path / "elsewhere" / "kept").is_file()  # the link went, not what it pointed to

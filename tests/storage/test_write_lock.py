@@ -25,6 +25,19 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path: Path) -> None
         assert path.read_text().strip() == str(os.getpid())
 
 
+def test_two_spellings_of_one_folder_take_one_lock(tmp_path: Path) -> None:
+    """`dilstore index lk` and `dilstore index lklink` (a link to lk) each took a lock and built at once."""
+    store = tmp_path / "lk"
+    store.mkdir()
+    (tmp_path / "lklink").symlink_to(store)
+    with held_lock(store) as holder, pytest.raises(DilstoreError, match=rf"being written by pid {holder} "):
+        with write_lock(tmp_path / "lklink"):
+            pass
+    with held_lock(tmp_path / "lklink") as holder, pytest.raises(DilstoreError, match=rf"pid {holder} "):
+        with write_lock(tmp_path / "sub" / ".." / "lk"):
+            pass
+
+
 def test_the_lock_lives_beside_the_store_not_in_it(tmp_path: Path) -> None:
     store = tmp_path / "stores" / "wiki"
     with write_lock(store) as path:

@@ -250,3 +250,13 @@ def test_answer_recall_benchmark_counts_r_by_both_definitions(
     assert result["questions"] == 4 and len(result["rows"]) == 1
     assert result["rows"][0] == {"top_p": 4, "recall_dpr": 50.0, "recall_squad_normalised": 50.0, "only_dpr": 1,
                                  "only_squad_normalised": 1}  # fmt: skip
+
+
+def test_a_build_java_cannot_write_is_one_error_naming_the_folder(indexed: dict[str, Any], tmp_path: Path) -> None:
+    """A Java exception that stopped a build (a folder it could not create, another build's write.lock) was a Python
+    and Java traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder", encoding="utf-8")
+    with pytest.raises(DilstoreError, match=rf"could not be built in {blocker / 'bm25'} \(java\.") as raised:
+        build_bm25_index(indexed["root"] / "collection", blocker / "bm25")
+    assert str(raised.value).startswith(f"the BM25 index of {indexed['root'] / 'collection'} ")
