@@ -11,7 +11,7 @@ from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_store
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.runners.quiet import add_verbose_argument
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, listed
 
 # Options that are RerankSettings fields of the same name.
 _SETTINGS = ("max_query_length", "pair_batch_tokens", "max_pairs_per_batch")
@@ -111,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if stats.skipped:
         print(f"{stats.skipped} document(s) not in the store left out")
+    if stats.emptied_queries:
+        print(f"{len(stats.emptied_queries)} query(ies) had none of their documents in the store and are not in the "
+              f"output run: {listed(stats.emptied_queries)}")  # fmt: skip
     if stats.truncated_queries:
         print(f"{stats.truncated_queries} query(ies) truncated to {reranker.max_query_length} tokens")
     timings = summary["timings"]

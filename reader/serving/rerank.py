@@ -55,7 +55,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -122,6 +122,7 @@ class RerankStats(StageTimer):
 
     queries: queries reranked; pairs: (query, document) pairs judged;
     skipped: documents left out because the store lacks them (skip_missing);
+    emptied_queries: queries none of whose documents is in the store (skip_missing), so left out of the run;
     truncated_queries: queries cut to max_query_length; seconds: wall clock
     of the calls. Stage times: query_layers (tokenizing and the query
     module), store_read (fetching, int8 dequantization included) and judge
@@ -132,6 +133,7 @@ class RerankStats(StageTimer):
     queries: int = 0
     pairs: int = 0
     skipped: int = 0
+    emptied_queries: list[str] = field(default_factory=list)
     truncated_queries: int = 0
     seconds: float = 0.0
     query_layers: float = 0.0
@@ -260,7 +262,8 @@ class StoreReranker(ABC, Generic[RankerT]):
         Queries keep the run's order; each must have a topic. `on_query(qid)`
         is called after each query, for progress reporting. With `skip_missing`,
         a run none of whose top-`depth` documents is in the store is an error,
-        not an empty run.
+        not an empty run, and a query left with no document is not in the run
+        returned but in `stats.emptied_queries`.
         """
         check_depth(depth)
         require_topics(topics, run)
@@ -274,7 +277,10 @@ class StoreReranker(ABC, Generic[RankerT]):
                 raise MissingPassagesError(f"query {qid!r}: {error}", error.missing) from None
             floor = min(scores.values(), default=0.0)
             tail = {docid: floor - rank for rank, docid in enumerate(ranked[depth:], start=1)}
-            reranked[qid] = {**scores, **tail}
+            if scores or tail:
+                reranked[qid] = {**scores, **tail}
+            else:
+                stats.emptied_queries.append(qid)
             if on_query is not None:
                 on_query(qid)
         if stats.skipped and not stats.pairs:

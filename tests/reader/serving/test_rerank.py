@@ -234,6 +234,9 @@ def test_missing_ids_are_named_or_skipped_and_counted(store: Callable[..., Path]
     one_top_missing = {"q1": {"tram": 1.0}, "q2": {"ghost": 3.0, "phantom": 2.0, "tram": 1.0}}
     reranked, stats = reranker.rerank_run(QUERIES, one_top_missing, depth=2, skip_missing=True)
     assert reranked["q2"] == {"tram": -1.0} and stats.skipped == 2  # m = 0: no top document of q2 was scored
+    one_query_emptied = {"q1": {"tram": 1.0}, "q2": {"ghost": 3.0, "phantom": 2.0}}  # q2 left the run unsaid
+    reranked, stats = reranker.rerank_run(QUERIES, one_query_emptied, depth=2, skip_missing=True)
+    assert list(reranked) == ["q1"] and stats.emptied_queries == ["q2"] and stats.to_dict()["emptied_queries"] == ["q2"]
     every_top_missing = {"q2": one_top_missing["q2"]}  # was an empty-topped run, "written" with exit 0
     with pytest.raises(MissingPassagesError, match="none of the run's top-2 documents is in store .*: nothing was"):
         reranker.rerank_run(QUERIES, every_top_missing, depth=2, skip_missing=True)
@@ -384,6 +387,12 @@ def test_cli_skip_missing_counts_and_leaves_out(
     run = read_run(tmp_path / "out.trec")
     assert [d for d, _ in rank_documents(run["q1"])][2:] == ["phantom"]  # below depth: kept, never looked up
     assert set(run["q1"]) == {"tram", "kili", "phantom"}
+    arguments = write_inputs(tmp_path, {**first_stage, "q3": {"ghost": 1.0}}, {**QUERIES, "q3": "nothing stored"})
+    status, out, err = cli(capsys, store("earl-s2"), *arguments, "--model", model_dir, "--skip-missing",
+                           "--no-progress")  # fmt: skip
+    assert status == 0, err
+    assert "1 query(ies) had none of their documents in the store and are not in the output run: 'q3'" in out
+    assert set(read_run(tmp_path / "out.trec")) == {"q1", "q2"}
 
 
 def one_line_error(status: int, err: str) -> str:
