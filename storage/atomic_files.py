@@ -57,6 +57,18 @@ def process_umask() -> int:
     return mask
 
 
+def give_new_file_modes(directory: Path) -> None:
+    """Give every file under `directory` the mode open() gives a new file under the process's umask.
+
+    safetensors writes its files 0600 whatever the umask, so a trained model's weights were the one file of its
+    folder that a server running as another user could not read.
+    """
+    mode = _NEW_FILE_MODE & ~process_umask()
+    for path in Path(directory).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(mode)
+
+
 def atomic_write_text(path: Path, text: str, *, create_parents: bool = True) -> None:
     """Write `text` as UTF-8 to `path` atomically (see atomic_write_bytes)."""
     atomic_write_bytes(path, text.encode("utf-8"), create_parents=create_parents)

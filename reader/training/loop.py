@@ -62,6 +62,7 @@ from dilstore.reader.training.state import (
     step_directory,
     verify_checkpoint,
 )
+from dilstore.storage.atomic_files import give_new_file_modes
 from dilstore.storage.errors import DilstoreError, StoppedBySignal, require_at_least_one
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -521,6 +522,7 @@ def run_training_loop(
     require_finite_weights(model, position.step, outcome.final_loss, output_dir)
     model.eval()
     save(output_dir, position, outcome.final_loss)
+    give_new_file_modes(output_dir)
     if stop.signal_number is not None:
         signal.raise_signal(stop.signal_number)  # asked during the last step: it acts now that the model is saved
     return outcome
@@ -603,5 +605,6 @@ def _save_checkpoint(
     partial.mkdir(parents=True)
     save(partial, position, loss)
     save_training_state(partial, optimization.optimizer, optimization.scheduler, position)
+    give_new_file_modes(partial)
     partial.rename(final)
     prune_checkpoints(checkpoints, config.keep_checkpoints, config.save_every)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import stat
 from dataclasses import replace
 from pathlib import Path
 
@@ -100,6 +101,14 @@ def test_metadata_records_k_command_and_budget(overfit_run) -> None:
     assert metadata["steps"] == overfit_run.steps == overfit_run.total_steps
     assert metadata["features_seen"] == overfit_run.train_features * 150
     assert metadata["config"]["learning_rate"] == 1e-2
+
+
+def test_every_file_of_the_saved_reader_has_the_mode_the_umask_gives(overfit_run) -> None:
+    """safetensors wrote model.safetensors 0600, so a server running as another user could not read the model."""
+    from dilstore.storage.atomic_files import process_umask
+
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in overfit_run.output.rglob("*") if path.is_file()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~process_umask()}, modes
 
 
 def test_resume_continues_exactly_where_the_run_stopped(
