@@ -10,6 +10,7 @@ manifest does not know is.
 
 from __future__ import annotations
 
+import stat
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -127,11 +128,20 @@ def verify_store(
         return report
     report.shards, report.passages, report.tokens = len(manifest.shards), manifest.passages, manifest.tokens
     _check_manifest(manifest, report)
-    _check_files(location, manifest, report, progress)
+    special = _check_files(location, manifest, report, progress)
+
+    def unreadable(folder: str) -> bool:
+        """Whether a file under `folder` is a pipe, socket or device: reading it would block, and verify hang."""
+        return any(path.startswith(f"{folder}/") for path in special)
+
     shard_rows: dict[int, tuple[list[str], np.ndarray]] = {}
-    store_codebook = _store_codebook_names(location)
+    store_codebook = None if unreadable(CODEBOOK_DIR) else _store_codebook_names(location)
     progress.phase("shards", len(manifest.shards), "shard")
     for entry in manifest.shards:
+        if unreadable(entry.directory):
+            report.problems.append(f"shard {entry.name}: not read, as a file of it is not a regular file")
+            progress.advance(1)
+            continue
         rows = _guarded(
             report, f"shard {entry.name}",
             lambda entry=entry: _check_shard(location, manifest, entry, store_codebook, report),
@@ -139,10 +149,12 @@ def verify_store(
         if rows is not None:
             shard_rows[entry.index] = rows
         progress.advance(1)
-    _guarded(report, "id index", lambda: _check_index(location, manifest, shard_rows, report))
+    if not unreadable(manifest.index):
+        _guarded(report, "id index", lambda: _check_index(location, manifest, shard_rows, report))
     shard_paths = [entry.directory for entry in manifest.shards]
-    _guarded(report, CODEBOOK_DIR, lambda: report.problems.extend(store_codebook_problems(
-        location, shard_paths, manifest.encoding, manifest.generation, manifest.fingerprint)))  # fmt: skip
+    if not unreadable(CODEBOOK_DIR):
+        _guarded(report, CODEBOOK_DIR, lambda: report.problems.extend(store_codebook_problems(
+            location, shard_paths, manifest.encoding, manifest.generation, manifest.fingerprint)))  # fmt: skip
     return report
 
 
@@ -191,11 +203,15 @@ def _check_manifest(manifest: Manifest, report: VerifyReport) -> None:
         report.problems.append("manifest: the fingerprint's kind or encoding differs from the store's")
 
 
-def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyReport, progress: VerifyProgress) -> None:
+def _check_files(
+    location: StoreLocation, manifest: Manifest, report: VerifyReport, progress: VerifyProgress
+) -> set[str]:
     """Every manifest file is present with its size and SHA-256; unknown files inside the data are problems.
 
     Where the filesystem cannot list (HTTP), only the manifest's files are
     checked: a missing one shows when it is read, a truncated one by its hash.
+    Returns the manifest's files that are pipes, sockets or devices on a local
+    store, reported here, which no later check may open.
     """
     present = store_files(location, manifest)
     missing_shards = [
@@ -204,7 +220,12 @@ def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyRepo
     for shard_dir in missing_shards:
         report.problems.append(f"missing shard directory {shard_dir}")
     to_hash = []
+    special = _special_files(location, [path for path in manifest.files if path in present])
+    for path in special:
+        report.problems.append(f"{path}: not a regular file (a pipe, socket or device) where the manifest lists a file")
     for path, entry in manifest.files.items():
+        if path in special:
+            continue
         if path not in present:
             if not any(path.startswith(shard_dir + "/") for shard_dir in missing_shards):
                 report.problems.append(_absent_file_problem(location, path))
@@ -240,6 +261,23 @@ def _check_files(location: StoreLocation, manifest: Manifest, report: VerifyRepo
             report.problems.append(f"{path}: inside the store's data but not in the manifest")
         else:
             report.untracked.append(path)
+    return special
+
+
+def _special_files(location: StoreLocation, paths: list[str]) -> set[str]:
+    """Those of `paths` that are neither regular files nor folders on a local store (a FIFO would block a read)."""
+    if location.local_root is None:
+        return set()
+    root = Path(location.local_root)
+    special = set()
+    for path in paths:
+        try:
+            mode = (root / path).stat().st_mode
+        except OSError:
+            continue  # missing or unreadable: the checks below say so
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            special.add(path)
+    return special
 
 
 def _absent_file_problem(location: StoreLocation, path: str) -> str:

@@ -82,6 +82,20 @@ def test_a_file_replaced_by_a_directory_is_named_as_such(store) -> None:
     assert not any(problem.startswith("missing file") for problem in problems), problems
 
 
+def test_a_pipe_standing_for_a_data_file_is_named_and_never_opened(store) -> None:
+    """verify blocked forever opening a FIFO where the manifest lists a shard file (its shard read came after the
+    size check that had already caught it)."""
+    values = store / "shards/shard-00001/states/codes/c/0/0"
+    values.unlink()
+    os.mkfifo(values)
+    problems = verify_store(store).problems  # a read of the pipe would block here
+    assert problems == [
+        "shards/shard-00001/states/codes/c/0/0: not a regular file (a pipe, socket or device) where the manifest "
+        "lists a file",
+        "shard shard-00001: not read, as a file of it is not a regular file",
+    ]
+
+
 def test_a_missing_shard_is_caught(store, capsys) -> None:
     shutil.rmtree(store / "shards" / "shard-00000")
     assert main(["verify", str(store), "--json"]) == 1
