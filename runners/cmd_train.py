@@ -25,6 +25,7 @@ from dilstore.runners.training_options import (
     output_dir,
     run_options,
 )
+from dilstore.storage.errors import DilstoreError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -132,6 +133,8 @@ def run_qa(args: argparse.Namespace) -> int:
     from dilstore.reader.training.qa import TrainingConfig, train_qa
 
     require_file(args.train, "--train")
+    if args.eval_limit is not None and args.dev is None:
+        raise DilstoreError("--eval-limit picks the dev questions evaluated after training; give --dev too")
     for flag, path in (("--dev", args.dev), ("--shared-norm", args.shared_norm)):
         if path is not None:
             require_file(path, flag)

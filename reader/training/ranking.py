@@ -121,8 +121,8 @@ class RankingTrainingConfig:
             )
         if self.loss not in LOSSES:
             raise DilstoreError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
-        if self.margin <= 0:
-            raise DilstoreError(f"margin must be positive, got {self.margin}")
+        if not 0 < self.margin < math.inf:
+            raise DilstoreError(f"margin must be a positive finite number, got {self.margin}")
         if not 0 < self.temperature < math.inf:
             raise DilstoreError(f"temperature must be a positive finite number, got {self.temperature}")
         if self.kind != "listformer" and self.delayed_layers:

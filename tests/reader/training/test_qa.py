@@ -385,6 +385,9 @@ def test_a_bad_dev_file_or_eval_limit_is_refused_before_training(
                             "--eval-limit", "0"))  # fmt: skip
     assert "argument --eval-limit: expected a positive integer, got 0" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+    status = main(small_train_qa(tiny_base, squad_file, tmp_path / "c", "--layers", "1", "--eval-limit", "5"))
+    assert status == 2 and "--eval-limit picks the dev questions" in capsys.readouterr().err  # was run, not evaluated
+    assert not (tmp_path / "c").exists()
 
 
 def test_a_training_question_without_answers_is_refused_by_id(

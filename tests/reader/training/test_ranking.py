@@ -166,6 +166,7 @@ def test_gradient_accumulation_matches_the_larger_batch(tiny_base: Path, overfit
         ({"learning_rate": float("inf")}, "learning-rate must be a finite number, got inf"),
         ({"pooling": "max"}, "pooling"),
         ({"kind": "listformer", "temperature": float("inf")}, "temperature must be a positive finite number, got inf"),
+        ({"loss": "hinge", "margin": float("nan")}, "margin must be a positive finite number, got nan"),
         ({"seed": -1}, "seed must be from 0 to 4294967295, got -1"),
         ({"seed": 2**32}, "seed must be from 0 to 4294967295, got 4294967296"),
     ],
