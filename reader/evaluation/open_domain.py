@@ -56,9 +56,10 @@ class QAQuestion:
 
 
 def load_questions(path: str | Path) -> list[QAQuestion]:
-    """Questions from DPR-style JSONL (`.jsonl`) or SQuAD v1.1 JSON (anything else that parses as one document)."""
+    """Questions from DPR-style JSONL (`.jsonl`, any case) or SQuAD v1.1 JSON (anything else that parses as one
+    document)."""
     path = Path(path)
-    if path.suffix == ".jsonl":
+    if path.suffix.lower() == ".jsonl":
         return [
             QAQuestion(id=f"{path.name}:{item.line}", question=item.question, answers=item.answers)
             for item in load_open_questions(path)

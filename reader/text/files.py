@@ -24,6 +24,12 @@ def numbered_lines(path: Path, what: str = "file", *, gzipped: bool = False) -> 
     stream raise DilstoreError naming the file (and the line).
     """
     raw = _open_binary(path, what)
+    if not gzipped:
+        try:
+            _refuse_compressed(path, raw.peek(8))
+        except DilstoreError:
+            raw.close()
+            raise
     stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
     number = 0
     try:
@@ -58,7 +64,18 @@ def _decoded(path: Path, number: int, line: bytes) -> str:
     try:
         return line.decode("utf-8-sig" if number == 1 else "utf-8")
     except UnicodeDecodeError as error:
-        raise DilstoreError(f"{path}:{number}: not UTF-8 text (byte {error.start} of the line)") from None
+        raise DilstoreError(f"{path}:{number}: not UTF-8 text (byte {error.start + 1} of the line)") from None
+
+
+# The first bytes of compressed files someone may give as text.
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def _refuse_compressed(path: Path, head: bytes) -> None:
+    """A DilstoreError saying so when `head`, the start of a file read as text, is that of a compressed file."""
+    for magic, name in _COMPRESSED.items():
+        if head.startswith(magic):
+            raise DilstoreError(f"{path}: a {name}-compressed file, read here as plain text; decompress it first")
 
 
 def read_json(path: str | Path) -> Any:
@@ -67,11 +84,13 @@ def read_json(path: str | Path) -> Any:
     path = Path(path)
     try:
         with _open_binary(path, "a JSON file") as handle:
-            return json.loads(handle.read().decode("utf-8-sig"))
+            data = handle.read()
+        return json.loads(data.decode("utf-8-sig"))
     except OSError as error:
         raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None
     except UnicodeDecodeError as error:
-        raise DilstoreError(f"{path}: not UTF-8 text (byte {error.start})") from None
+        _refuse_compressed(path, data)
+        raise DilstoreError(f"{path}: not UTF-8 text (byte {error.start + 1})") from None
     except json.JSONDecodeError as error:
         where = f"line {error.lineno}, column {error.colno}"
         raise DilstoreError(f"{path}: not valid JSON ({where}: {error.msg})") from None

@@ -174,6 +174,8 @@ def test_loads_dpr_jsonl_and_squad_json(tmp_path) -> None:
     loaded = load_questions(jsonl)
     assert [(q.question, q.answers) for q in loaded] == [("Who?", ("Ann", "Anne")), ("Where?", ("Bern",))]
     assert loaded[1].id == "questions.jsonl:3"
+    upper = jsonl.rename(tmp_path / "QUESTIONS.JSONL")  # was parsed as SQuAD JSON: "Extra data"
+    assert [(q.question, q.answers) for q in load_questions(upper)] == [(q.question, q.answers) for q in loaded]
     squad = load_questions(write_squad(tmp_path / "dev.json"))
     assert squad[0].id == "q-zurich-year" and squad[0].answers == ("1882",)
 

@@ -1,0 +1,37 @@
+"""Text files read by line or as JSON: errors name the file, the line and the byte, counted from 1 like lines."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import re
+from pathlib import Path
+
+import pytest
+
+from dilstore.reader.text.files import numbered_lines, read_json
+from dilstore.storage.errors import DilstoreError
+
+
+def test_a_byte_that_is_not_utf8_is_counted_from_one_like_the_line(tmp_path: Path) -> None:
+    """The first byte of a line was "byte 0", beside line numbers that start at 1."""
+    path = tmp_path / "run.trec"
+    path.write_bytes(b"q1 Q0 d1 1 1.0 t\n\xffq2 Q0 d1 1 1.0 t\n")
+    with pytest.raises(DilstoreError, match=re.escape(f"{path}:2: not UTF-8 text (byte 1 of the line)")):
+        list(numbered_lines(path))
+    json_file = tmp_path / "data.json"
+    json_file.write_bytes(b'{"a": "\xff"}')
+    with pytest.raises(DilstoreError, match=re.escape(f"{json_file}: not UTF-8 text (byte 8)")):
+        read_json(json_file)
+
+
+@pytest.mark.parametrize(("compress", "name"), [(gzip.compress, "gzip"), (bz2.compress, "bzip2")])
+def test_a_compressed_file_given_as_text_is_named_as_compressed(tmp_path: Path, compress, name: str) -> None:
+    """A gzipped question file was "not UTF-8 text (byte 1)"."""
+    path = tmp_path / "questions.jsonl.gz"
+    path.write_bytes(compress(b'{"question": "q?", "answer": ["a"]}\n' * 50))
+    message = re.escape(f"{path}: a {name}-compressed file, read here as plain text; decompress it first")
+    with pytest.raises(DilstoreError, match=message):
+        list(numbered_lines(path))
+    with pytest.raises(DilstoreError, match=message):
+        read_json(path)
