@@ -52,6 +52,8 @@ class StoreLocation:
             fs, root = url_to_fs(url, **options)
         except (ImportError, ValueError) as error:  # an unknown protocol, or its fsspec package is not installed
             raise DilstoreError(f"cannot open store {url}: {error}") from None
+        except OSError as error:  # a filesystem that connects when made (ftp://, sftp://): the host refused
+            raise DilstoreError(f"cannot reach store {url}: {describe(error)}") from None
         return cls(url=url, fs=fs, root=root.rstrip("/") or "/", storage_options=options)
 
     @property

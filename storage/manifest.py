@@ -22,6 +22,8 @@ from dilstore.storage.format import (
     FORMAT_VERSION,
     INDEX_DIR,
     MANIFEST_FILE,
+    SHARDS_DIR,
+    SPEC_FILE,
     StoreFormatError,
     shard_path,
 )
@@ -225,6 +227,8 @@ def read_manifest(location: StoreLocation) -> Manifest:
         _refuse_an_unreadable_manifest(location, where)
         if not folder:
             raise StoreFormatError(f"no store at {location.url}")
+        if not any(location.exists(begun) for begun in (SPEC_FILE, SHARDS_DIR)):  # no run began here: not a store
+            raise StoreFormatError(f"no store at {location.url}: a folder with no dilstore manifest")
         raise StoreFormatError(
             f"{where} is missing: the store at {location.url} was never finalized, or its manifest was deleted"
         )

@@ -243,8 +243,9 @@ def _closed_port() -> int:
 def test_urls_without_a_store_give_one_line_errors(server: HttpServer, capsys) -> None:
     cases = [  # (URL, message, verify's exit status: 1 reports a problem, 2 a usage error)
         (f"{server.url}/nothing", "no store at", 1),
-        (f"{server.url}/not-a-store", "never finalized" if server.listings else "no store at", 1),
+        (f"{server.url}/not-a-store", "no store at", 1),  # a folder with no store was "never finalized"
         (f"http://127.0.0.1:{_closed_port()}/store", "cannot reach store", 1),
+        (f"ftp://127.0.0.1:{_closed_port()}/store", "cannot reach store ftp://", 2),  # was a bare "Connection refused"
         ("s3-nowhere://bucket/store", "cannot open store s3-nowhere://bucket/store: Protocol not known", 2),
     ]
     for url, message, verify_status in cases:
