@@ -18,9 +18,9 @@
 - **μ:** reading does not depend on μ, so one pass of the model is scored
   under every requested μ (the seed reports μ = 1, reader only, and μ = 0.5).
 
-A question the reader refuses (blank, or longer than its question limit:
-`OpenDomainReader.tokenize_question`) counts as answered with "" and not
-recalled, and is counted in `refused`.
+A question the reader refuses (longer than its question limit, or blank,
+which a question file cannot hold: `OpenDomainReader.tokenize_question`)
+counts as answered with "" and not recalled, and is counted in `refused`.
 """
 
 from __future__ import annotations
