@@ -352,7 +352,7 @@ def add_request_handling(app: FastAPI, metrics: Metrics) -> None:
         status, retry_later = 500, False
         try:
             try:
-                response = too_large(request) or await call_next(request)
+                response = too_large(request) or encoded(request) or await call_next(request)
             except asyncio.CancelledError:  # --shutdown-timeout ended a request still unfinished (a stalled client)
                 response = JSONResponse({"detail": "the server shut down before this request was complete"}, 503)
             status, retry_later = response.status_code, "retry-after" in response.headers
@@ -390,6 +390,18 @@ def is_json_type(content_type: str | None) -> bool:
     subtype = message.get_content_subtype()
     return content_type is not None and message.get_content_maintype() == "application" and (
         subtype == "json" or subtype.endswith("+json"))
+
+
+def encoded(request: Request) -> JSONResponse | None:
+    """A 415 for a body sent with a content-encoding (gzip, ...), which the server does not decode; else None.
+
+    Read as it came, a gzip body was "not valid JSON: 'utf-8' codec can't decode byte 0x8b".
+    """
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    return JSONResponse({"detail": f"the server reads bodies sent without a content-encoding; this request's is "
+                                   f"{encoding!r}"}, status_code=415)  # fmt: skip
 
 
 def too_large(request: Request) -> JSONResponse | None:

@@ -14,6 +14,7 @@ passage the store lacks, a failure inside the reading call.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import io
 import json
 import math
@@ -395,6 +396,18 @@ def test_a_body_not_declared_as_json_is_told_to_be(served, endpoint: str, header
     assert response.status_code == 422
     assert response.json()["detail"] == ("the body must be JSON, sent with content-type application/json; this "
                                          f"request {declared}")
+
+
+def test_a_compressed_body_gets_a_415_naming_its_encoding(served) -> None:
+    """A gzip body was read as it came: "the body is not valid JSON: 'utf-8' codec can't decode byte 0x8b"."""
+    client, _, _ = served
+    body = gzip.compress(b'{"question": "q?"}')
+    response = client.post("/ask", content=body, headers={"content-type": "application/json",
+                                                          "content-encoding": "gzip"})  # fmt: skip
+    assert response.status_code == 415
+    assert response.json()["detail"] == ("the server reads bodies sent without a content-encoding; this request's is "
+                                         "'gzip'")
+    assert client.get("/health").status_code == 200
 
 
 @pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "application/vnd.dilstore+json"])
