@@ -125,6 +125,10 @@ class RankingTrainingConfig:
             raise DilstoreError(f"margin must be a positive finite number, got {self.margin}")
         if not 0 < self.temperature < math.inf:
             raise DilstoreError(f"temperature must be a positive finite number, got {self.temperature}")
+        if self.margin != DEFAULT_MARGIN and self.loss != "hinge":
+            raise DilstoreError(f"margin is the hinge loss's; with the {self.loss} loss it would be ignored")
+        if self.temperature != DEFAULT_TEMPERATURE and self.loss != "approx-ndcg":
+            raise DilstoreError(f"temperature is the approx-ndcg loss's; with the {self.loss} loss it would be ignored")
         if self.kind != "listformer" and self.delayed_layers:
             raise DilstoreError("delayed-layers describes a Listformer only")
         ListformerConfig(self.delayed_layers)

@@ -167,6 +167,8 @@ def test_gradient_accumulation_matches_the_larger_batch(tiny_base: Path, overfit
         ({"pooling": "max"}, "pooling"),
         ({"kind": "listformer", "temperature": float("inf")}, "temperature must be a positive finite number, got inf"),
         ({"loss": "hinge", "margin": float("nan")}, "margin must be a positive finite number, got nan"),
+        ({"margin": 5.0}, "margin is the hinge loss's; with the softmax loss it would be ignored"),
+        ({"kind": "listformer", "loss": "listnet", "temperature": 0.5}, "with the listnet loss it would be ignored"),
         ({"seed": -1}, "seed must be from 0 to 4294967295, got -1"),
         ({"seed": 2**32}, "seed must be from 0 to 4294967295, got 4294967296"),
     ],
