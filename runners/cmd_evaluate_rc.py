@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
     from dilstore.reader.modeling.dilbert import DilBertReader
     from dilstore.reader.evaluation.reading_comprehension import evaluate_file
+    from dilstore.reader.offline.kinds import require_within_positions
 
     if args.predictions:
         check_output_file(args.predictions, "--predictions", [args.data])
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         raise DilstoreError(f"{model_dir} is a base model without dilstore metadata, and its QA head would be "
                             "untrained: give a reader that `dilstore train qa` wrote")  # fmt: skip
     reader = DilBertReader.from_pretrained(model_dir)
+    require_within_positions(args.max_seq_length, reader, "window", "--max-seq-length")  # not at the first long one
     result = evaluate_file(
         reader,
         args.data,

@@ -264,6 +264,17 @@ def test_an_output_that_writing_would_replace_is_refused(
     assert output.is_symlink() if kind == "symlink" else kind == "dash" or stat.S_ISFIFO(output.lstat().st_mode)
 
 
+def test_evaluate_rc_refuses_windows_longer_than_the_model_s_positions_before_reading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Accepted, it failed at the first long window, after the work before it."""
+    data = tmp_path / "data.json"
+    data.write_text("{}")
+    assert main(["evaluate-rc", "--data", str(data), "--max-seq-length", "100000"]) == 2
+    assert capsys.readouterr().err == ("dilstore evaluate-rc: error: the window limit 100000 (--max-seq-length) is "
+                                       "more than this model's 512 positions\n")
+
+
 def test_evaluate_rc_on_a_base_model_says_it_needs_a_trained_reader(
     tiny_base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
