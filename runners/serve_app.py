@@ -43,7 +43,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dilstore.reader.serving.odqa import OpenDomainReader, Timings, aggregate
+from dilstore.reader.serving.odqa import OpenDomainReader, aggregate
 from dilstore.reader.serving.rerank import StoreReranker
 from dilstore.reader.retrieval import Bm25Searcher
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
@@ -135,11 +135,8 @@ class AskService:
                 outcomes[index] = ClientError(422, str(error))
         if good:
             asked = [requests[index] for index in good]
-            retrieval = Timings()
-            with retrieval.measure("retrieval"):
-                hits = [self.odqa.searcher.search(request.question, self._top_p(request)) for request in asked]
-            readings = self.odqa.read([request.question for request in asked], hits)
-            readings[0].timings.retrieval += retrieval.retrieval  # read() gives one call's readings one Timings
+            readings = self.odqa.retrieve_and_read([request.question for request in asked],
+                                                   [self._top_p(request) for request in asked])  # fmt: skip
             for index, request, reading in zip(good, asked, readings, strict=True):
                 mu = self.odqa.settings.mu if request.mu is None else request.mu
                 outcomes[index] = aggregate(reading, mu, self.odqa.settings.n_best).to_dict()

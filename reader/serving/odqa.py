@@ -176,16 +176,23 @@ class OpenDomainReader:
         check_mu(mu)
         return [aggregate(reading, mu, self.settings.n_best) for reading in self.retrieve_and_read(questions, top_p)]
 
-    def retrieve_and_read(self, questions: Sequence[str], top_p: int | None = None) -> list[Reading]:
-        """BM25 top-p for each question, then `read` (questions are checked before any search)."""
+    def retrieve_and_read(
+        self, questions: Sequence[str], top_p: int | Sequence[int] | None = None
+    ) -> list[Reading]:
+        """BM25 top-p for each question (one top_p for all, or one per question), then `read` (questions are checked
+        before any search)."""
         top_p = self.settings.top_p if top_p is None else top_p
-        check_top_p(top_p)
+        top_ps = [top_p] * len(questions) if isinstance(top_p, int) else list(top_p)
+        if len(top_ps) != len(questions):
+            raise DilstoreError(f"got {len(questions)} questions but {len(top_ps)} top_p values")
+        for value in top_ps:
+            check_top_p(value)
         timings = Timings()
         tokenized = self._tokenize_questions(questions)
         if self.searcher is None:
             raise DilstoreError("this reader has no BM25 index; give candidate passages, or open it with an index")
         with timings.measure("retrieval"):
-            hits = [self.searcher.search(question, top_p) for question in questions]
+            hits = [self.searcher.search(question, k) for question, k in zip(questions, top_ps, strict=True)]
         return self._read(questions, tokenized, hits, timings)
 
     def read(self, questions: Sequence[str], candidates: Sequence[Sequence[Hit | str]]) -> list[Reading]:

@@ -61,6 +61,20 @@ def test_answers_come_from_the_bm25_top_p_with_their_scores(indexed: dict[str, A
     assert {span.passage_id for span in odqa.answer(QUESTION, top_p=1).nbest} == {"tram#0"}
 
 
+def test_each_question_of_one_read_may_have_its_own_top_p(indexed: dict[str, Any]) -> None:
+    """serve's batches mix requests of different top_p; it re-implemented retrieval around read() for them."""
+    odqa = open_reader(indexed["store"], indexed["model"])
+    broad = "Which tram, prize or mountain?"  # matches several passages
+    alone = odqa.retrieve_and_read([broad], 5)[0].hits
+    readings = odqa.retrieve_and_read([broad, broad], [1, 5])
+    assert len(alone) > 1 and [reading.hits for reading in readings] == [alone[:1], alone]
+    assert readings[0].timings.retrieval > 0
+    with pytest.raises(DilstoreError, match="got 2 questions but 1 top_p values"):
+        odqa.retrieve_and_read([QUESTION, QUESTION], [1])
+    with pytest.raises(DilstoreError, match="top-p must be a positive integer, got 0"):
+        odqa.retrieve_and_read([QUESTION], [0])
+
+
 def test_a_closed_reader_releases_its_index_and_refuses_to_answer(indexed: dict[str, Any], tmp_path: Path) -> None:
     """The Lucene index stayed mapped (deleted files included, after a rebuild) until Java's GC ran."""
     index = shutil.copytree(bm25_index_dir(indexed["store"]), tmp_path / "bm25")  # mapped by this test alone
