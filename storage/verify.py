@@ -151,7 +151,7 @@ def verify_store(
         progress.advance(1)
     if not unreadable(manifest.index):
         _guarded(report, "id index", lambda: _check_index(location, manifest, shard_rows, report))
-    shard_paths = [entry.directory for entry in manifest.shards]
+    shard_paths = [entry.directory for entry in manifest.shards if not unreadable(entry.directory)]
     if not unreadable(CODEBOOK_DIR):
         _guarded(report, CODEBOOK_DIR, lambda: report.problems.extend(store_codebook_problems(
             location, shard_paths, manifest.encoding, manifest.generation, manifest.fingerprint)))  # fmt: skip
