@@ -27,12 +27,12 @@ INDEX_ROLE = "dilstore-index"
 
 
 def lock_path(folder: Path, role: str = WRITE_ROLE) -> Path:
-    """The lock file of `folder` for `role`: beside it, named after both.
+    """The lock file of `folder` for `role`: beside its real path, named after both.
 
-    The folder's real path decides (symbolic links resolved), so that two spellings of one folder (`lk` and a link
-    to it) take one lock: they took two, and two index builds ran on one store at once.
+    The folder's real path decides (symbolic links resolved, as far as they lead), so that two spellings of one
+    folder (`lk` and a link to it) take one lock: they took two, and two index builds ran on one store at once.
     """
-    folder = Path(folder).resolve()
+    folder = Path(os.path.realpath(folder))  # Path.resolve raises on a link loop; realpath leaves the loop as it is
     return folder.parent / f".{folder.name}.{role}-lock"
 
 
