@@ -36,6 +36,8 @@ def test_two_spellings_of_one_folder_take_one_lock(tmp_path: Path) -> None:
     with held_lock(tmp_path / "lklink") as holder, pytest.raises(DilstoreError, match=rf"pid {holder} "):
         with write_lock(tmp_path / "sub" / ".." / "lk"):
             pass
+    (tmp_path / "loop").symlink_to("loop")  # Path.resolve raised RuntimeError on it: a traceback
+    assert lock_path(tmp_path / "loop") == tmp_path / ".loop.dilstore-lock"
 
 
 def test_the_lock_lives_beside_the_store_not_in_it(tmp_path: Path) -> None:
