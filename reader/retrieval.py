@@ -97,10 +97,12 @@ def _quiet() -> bool:
 def build_bm25_index(
     collection_dir: Path, index_dir: Path, threads: int = 1, progress: Callable[[int], None] | None = None
 ) -> int:
-    """Index a folder of pyserini JsonCollection files (`{"id","contents"}`) with Lucene BM25; the documents indexed.
+    """Index a folder of pyserini JsonCollection files (`{"id","contents"}`) with Lucene BM25; the documents it read.
 
-    Anserini logs a line it cannot read and goes on without it, so the count may be short of the lines; a Java
-    exception that stops the build is a DilstoreError. progress: called with the number of documents indexed so far, every 0.2 s while the build runs and once
+    Anserini logs a line it cannot read and goes on without it (and its file's later lines), so the count, of the
+    documents indexed and those whose contents were empty to Java, may be short of the lines; a Java exception
+    that stops the build is a DilstoreError.
+    progress: called with the number of documents indexed so far, every 0.2 s while the build runs and once
     at its end (Anserini's own log, shown with --verbose, reports once a minute).
     Ctrl-C acts at once (see `_wait_in_python`); a build cut off that way goes on in its daemon thread until the
     process ends, so a second build of the same `index_dir` in this process is refused while it runs.
@@ -125,18 +127,18 @@ def build_bm25_index(
         options = autoclass("io.anserini.index.IndexCollection$Args")()
         autoclass("org.kohsuke.args4j.CmdLineParser")(options).parseArgument(*arguments)
         indexer = autoclass("io.anserini.index.IndexCollection")(options)
-        indexed = indexer.getCounters().indexed
+        counters = indexer.getCounters()
 
         def report() -> None:
             if progress is not None:
-                progress(indexed.get())
+                progress(counters.indexed.get() + counters.empty.get())
 
         _wait_in_python(indexer.run, f"bm25-build {index_dir.name}", building=index_dir, while_waiting=report)
     except JavaException as error:
         raise DilstoreError(f"the BM25 index of {collection_dir} could not be built in {index_dir} "
                             f"({error.classname}: {error.innermessage})") from None  # fmt: skip
     report()
-    return int(indexed.get())
+    return int(counters.indexed.get() + counters.empty.get())
 
 
 def _refuse_while_building(index_dir: Path) -> None:
@@ -200,14 +202,15 @@ def build_bm25_index_in_place(
     building = index_dir.with_name(f".{index_dir.name}.building")
     _refuse_while_building(building)
     remove_path(building)
-    indexed = build_bm25_index(collection_dir, building, threads=threads, progress=progress)
+    read = build_bm25_index(collection_dir, building, threads=threads, progress=progress)
     if not any(building.glob("segments_*")):
         raise DilstoreError(f"pyserini wrote no index to {building}; see its log above")
-    if store is not None and indexed != store.passages:
+    if store is not None and read != store.passages:
         remove_path(building)
-        raise DilstoreError(f"the BM25 build indexed {indexed} of the store's {store.passages} passages from "
-                            f"{collection_dir} (a line it could not read: see the log above; `dilstore verify` checks "
-                            "the store's files); the index was not replaced")  # fmt: skip
+        why = ("a line it could not read: see the log above; `dilstore verify` checks the store's files"
+               if read < store.passages else "the store grew while it was indexed: run `dilstore index` again")
+        raise DilstoreError(f"the BM25 build read {read} of the store's {store.passages} passages from "
+                            f"{collection_dir} ({why}); the index was not replaced")  # fmt: skip
     if store is not None:
         (building / INDEX_RECORD).write_text(json.dumps(indexed_state(store), sort_keys=True) + "\n", encoding="utf-8")
     replace_dir(building, index_dir)  # the old index stays whole until the new one is in its place

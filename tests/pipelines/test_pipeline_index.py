@@ -66,7 +66,7 @@ def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
     short = dilstore_command(["index", str(store), "--no-progress"])
     part.write_bytes(intact)
     assert short.returncode == 2, short.stderr
-    assert f"of the store's {len(DOCUMENTS)} passages from {store / 'passages' / 'jsonl'}" in short.stderr
+    assert f"of the store's {len(DOCUMENTS)} passages from {store / 'passages' / 'jsonl'} (a line" in short.stderr
     assert "the index was not replaced" in short.stderr and "Traceback" not in short.stderr
     assert sorted(path.name for path in (store / "bm25").iterdir()) == index_files
     assert not (store / ".bm25.building").exists()

@@ -136,3 +136,12 @@ def test_a_java_call_waited_on_gives_back_its_result_or_its_error() -> None:
     assert retrieval._wait_in_python(lambda: 6 * 7, "answer") == 42
     with pytest.raises(ZeroDivisionError):
         retrieval._wait_in_python(lambda: 1 / 0, "error")
+
+
+def test_the_waiting_thread_reports_progress_while_the_call_runs() -> None:
+    """The index bar is fed from here: called only once at the end, it would jump from 0 to done."""
+    polls: list[float] = []
+    started = time.monotonic()
+    assert retrieval._wait_in_python(lambda: time.sleep(0.7) or 1, "slow", while_waiting=lambda: polls.append(
+        time.monotonic() - started)) == 1  # fmt: skip
+    assert len(polls) >= 3 and polls[0] < 0.5  # every 0.2 s of the call, from the first on
