@@ -27,6 +27,7 @@ from dilstore.pipelines.corpus_squad import read_squad
 from dilstore.pipelines.corpus_wikipedia import read_wikipedia
 from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped
 from dilstore.pipelines.source_files import open_source
+from dilstore.reader.text.files import COMPRESSIONS, HEAD_BYTES, compression_of
 from dilstore.storage.errors import DilstoreError
 
 __all__ = [
@@ -97,14 +98,17 @@ _FORMAT_OPENINGS = {
 # How far into a file the first non-blank line is looked for.
 _SNIFF_BYTES = 1 << 16
 # The first bytes of every file of the compressions `open_source` reads, by suffix (lower case).
-COMPRESSED_MAGIC = {".gz": b"\x1f\x8b", ".bz2": b"BZh"}
+COMPRESSED_MAGIC = {suffix: magic for _, magic, suffix in COMPRESSIONS if suffix in (".gz", ".bz2")}
 
 
 def _named_as(head: bytes, suffix: str) -> str:
-    """What the name of a file that begins with `head` should end in instead of `suffix`."""
-    actual = next((name for name, magic in COMPRESSED_MAGIC.items() if head.startswith(magic)), None)
-    if actual is None:
+    """What to do with a file named `suffix` that begins with `head`, which is not that compression's start."""
+    found = compression_of(head)
+    if found is None:
         return f"a plain text file needs a name without {suffix}"
+    name, actual = found
+    if actual not in COMPRESSED_MAGIC:
+        return f"it is {name}-compressed, which dilstore does not read: decompress it"
     return f"it is a {actual[1:]} file: name it with {actual} in place of {suffix}"
 
 
@@ -120,7 +124,7 @@ def check_format(path: str | Path, format: str) -> None:
     if suffix in COMPRESSED_MAGIC:
         magic = COMPRESSED_MAGIC[suffix]
         with open(path, "rb") as raw:
-            head = raw.read(max(map(len, COMPRESSED_MAGIC.values())))
+            head = raw.read(HEAD_BYTES)
         if head and not head.startswith(magic):  # every record would be one dead letter, and the run exit 1 with nothing
             raise DilstoreError(f"--input {path}: not a {suffix[1:]} file; {_named_as(head, Path(path).suffix)}")
     with open_source(path) as stream:

@@ -26,7 +26,7 @@ def numbered_lines(path: Path, what: str = "file", *, gzipped: bool = False) -> 
     raw = _open_binary(path, what)
     if not gzipped:
         try:
-            _refuse_compressed(path, raw.peek(8))
+            _refuse_compressed(path, raw.peek(HEAD_BYTES)[:HEAD_BYTES])
         except DilstoreError:
             raw.close()
             raise
@@ -67,15 +67,34 @@ def _decoded(path: Path, number: int, line: bytes) -> str:
         raise DilstoreError(f"{path}:{number}: not UTF-8 text (byte {error.start + 1} of the line)") from None
 
 
-# The first bytes of compressed files someone may give as text.
-_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+# Compressed formats by their first bytes: (name, magic, the suffix that names them). bzip2's "BZh" is text
+# too, so `compression_of` also wants its block-size digit and the first block's (or an empty stream's) magic.
+COMPRESSIONS = (
+    ("gzip", b"\x1f\x8b", ".gz"),
+    ("bzip2", b"BZh", ".bz2"),
+    ("xz", b"\xfd7zXZ\x00", ".xz"),
+    ("zstd", b"\x28\xb5\x2f\xfd", ".zst"),
+)
+_BZIP2_BLOCK_MAGIC = (b"1AY&SY", b"\x17rE8P\x90")
+HEAD_BYTES = 10  # enough of a file's start for `compression_of`
+
+
+def compression_of(head: bytes) -> tuple[str, str] | None:
+    """(name, suffix) of the compressed format whose file begins with `head` (its first HEAD_BYTES), or None."""
+    for name, magic, suffix in COMPRESSIONS:
+        if not head.startswith(magic):
+            continue
+        if name == "bzip2" and not (head[3:4].isdigit() and head[3:4] != b"0" and head[4:10] in _BZIP2_BLOCK_MAGIC):
+            continue
+        return name, suffix
+    return None
 
 
 def _refuse_compressed(path: Path, head: bytes) -> None:
     """A DilstoreError saying so when `head`, the start of a file read as text, is that of a compressed file."""
-    for magic, name in _COMPRESSED.items():
-        if head.startswith(magic):
-            raise DilstoreError(f"{path}: a {name}-compressed file, read here as plain text; decompress it first")
+    found = compression_of(head)
+    if found is not None:
+        raise DilstoreError(f"{path}: a {found[0]}-compressed file, read here as plain text; decompress it first")
 
 
 def read_json(path: str | Path) -> Any:

@@ -7,6 +7,7 @@ import gzip
 import io
 import itertools
 import json
+import lzma
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -606,4 +607,12 @@ def test_a_file_of_the_other_compression_is_named_for_what_it_is(tmp_path: Path,
     path = tmp_path / name
     path.write_bytes({".gz": gzip, ".bz2": bz2}[actual].compress(b'{"id": "a", "text": "fine"}\n'))
     with pytest.raises(DilstoreError, match=f"it is a {actual[1:]} file: name it with {actual} in place of "):
+        check_format(path, "jsonl")
+
+
+def test_a_compressed_file_dilstore_cannot_read_is_named_as_such(tmp_path: Path) -> None:
+    """An xz file named .gz was told to drop the .gz, as plain text."""
+    path = tmp_path / "c.jsonl.gz"
+    path.write_bytes(lzma.compress(b'{"id": "a", "text": "fine"}\n'))
+    with pytest.raises(DilstoreError, match="not a gz file; it is xz-compressed, which dilstore does not read"):
         check_format(path, "jsonl")

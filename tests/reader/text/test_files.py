@@ -35,3 +35,10 @@ def test_a_compressed_file_given_as_text_is_named_as_compressed(tmp_path: Path, 
         list(numbered_lines(path))
     with pytest.raises(DilstoreError, match=message):
         read_json(path)
+
+
+def test_text_that_begins_like_bzip2_is_read_as_text(tmp_path: Path) -> None:
+    """bzip2's magic "BZh" is text: a topics file whose first query id was BZh1 was refused as compressed."""
+    path = tmp_path / "topics.tsv"
+    path.write_text("BZh1\twhat is bzip2?\n", encoding="utf-8")
+    assert list(numbered_lines(path)) == [(1, "BZh1\twhat is bzip2?\n")]
