@@ -23,7 +23,6 @@ records the run's build and model like every shard (storage.codebook).
 from __future__ import annotations
 
 import heapq
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,10 +152,8 @@ def prepare_codebook(job: PrecomputeJob, reader: OfflineModel) -> Path:
     """
     target = Path(job.store) / CODEBOOK_DIR
     build = build_attributes(job.generation, job.fingerprint)
-    if target.is_dir():
-        if codebook_build(target) == build:
-            return target
-        shutil.rmtree(target)
+    if target.is_dir() and codebook_build(target) == build:
+        return target
     if job.codebook is not None:
         codebook, state_shape = read_codebook(job.codebook, job.encoding)
     else:

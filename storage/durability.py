@@ -31,25 +31,27 @@ def fsync_tree(path: Path) -> None:
         fsync_dir(Path(directory))
 
 
-def replace_dir(finished: Path, target: Path, *, durable: bool = True) -> None:
-    """Put the complete folder `finished` at `target`, replacing what is there.
+def replace_dir(finished: Path, target: Path) -> None:
+    """Put the complete folder `finished` at `target`, replacing what is there (a folder, a file or a link).
 
     An existing target is renamed aside (`.tmp-old-NAME-<uuid>`, a stale write that finalize and verify know)
-    before `finished` is renamed in, so at every moment a complete folder, old or new, is at one of the two
-    names; then the old one is deleted. With `durable`, `finished`'s files reach the disk before the rename
-    publishes them, and the rename itself after.
+    before `finished` is renamed in, and back if that fails (or is interrupted), so at every moment a complete
+    folder, old or new, is at one of the two names; then the old one is deleted. `finished`'s files reach the
+    disk before the rename publishes them, and the rename itself after.
     """
-    if durable:
-        fsync_tree(finished)
+    fsync_tree(finished)
     if os.path.lexists(target):
         aside = target.with_name(f"{TMP_PREFIX}old-{target.name}-{uuid.uuid4().hex}")
         os.rename(target, aside)
-        os.rename(finished, target)
+        try:
+            os.rename(finished, target)
+        except BaseException:
+            os.rename(aside, target)
+            raise
         remove_path(aside)
     else:
         os.rename(finished, target)
-    if durable:
-        fsync_dir(target.parent)
+    fsync_dir(target.parent)
 
 
 def remove_path(path: Path) -> None:

@@ -22,7 +22,6 @@ run reads it back, so every step of a run sees the same codes.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -90,8 +89,6 @@ def training_round_trip(
     else:
         sample = passage_state_sample(reader, windows, device)  # (N, d)
         arrays, state_shape = train_codebook(encoding, sample), sample.shape[1:]  # rotated, as DilBert stores are
-    if target.is_dir():
-        shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_codebook(target, encoding, arrays, tuple(state_shape))
     return round_trip(encoding, arrays)

@@ -17,9 +17,8 @@ def folder(path: Path, name: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("durable", [True, False])
 def test_the_old_folder_is_whole_at_one_of_the_names_until_the_new_one_is_in_place(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The BM25 rebuild deleted the old index before renaming the new one in: no index at all meanwhile."""
     target = folder(tmp_path / "bm25", "old")
@@ -33,9 +32,27 @@ def test_the_old_folder_is_whole_at_one_of_the_names_until_the_new_one_is_in_pla
         real_rename(source, destination)
 
     monkeypatch.setattr(durability.os, "rename", observed_rename)
-    replace_dir(finished, target, durable=durable)
+    replace_dir(finished, target)
     assert renames == [True, True]
     assert [path.name for path in tmp_path.iterdir()] == ["bm25"] and (target / "new").read_text() == "new"
+
+
+def test_a_failed_rename_puts_the_old_folder_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old folder was left under its `.tmp-old-` name alone when the new one could not be renamed in."""
+    target = folder(tmp_path / "bm25", "old")
+    finished = folder(tmp_path / ".bm25.building", "new")
+    real_rename = os.rename
+
+    def rename(source: Path, destination: Path) -> None:
+        if Path(source) == finished:
+            raise KeyboardInterrupt  # what a Ctrl-C between the two renames raises
+        real_rename(source, destination)
+
+    monkeypatch.setattr(durability.os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        replace_dir(finished, target)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".bm25.building", "bm25"]
+    assert (target / "old").read_text() == "old"
 
 
 def test_a_folder_with_nothing_at_its_target_is_renamed_there(tmp_path: Path) -> None:
