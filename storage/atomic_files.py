@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import tempfile
 from collections.abc import Collection
 from pathlib import Path
@@ -58,14 +59,16 @@ def process_umask() -> int:
 
 
 def give_new_file_modes(directory: Path) -> None:
-    """Give every file under `directory` the mode open() gives a new file under the process's umask.
+    """Give the safetensors files under `directory` that this process's user owns the mode open() gives a new file.
 
     safetensors writes its files 0600 whatever the umask, so a trained model's weights were the one file of its
-    folder that a server running as another user could not read.
+    folder that a server running as another user could not read. Other files, and other users', are left as they
+    are (a shared folder may hold files this run did not write).
     """
     mode = _NEW_FILE_MODE & ~process_umask()
-    for path in Path(directory).rglob("*"):
-        if path.is_file() and not path.is_symlink():
+    for path in Path(directory).rglob("*.safetensors"):
+        status = path.lstat()
+        if stat.S_ISREG(status.st_mode) and status.st_uid == os.getuid() and stat.S_IMODE(status.st_mode) != mode:
             path.chmod(mode)
 
 

@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import config_sha256, weights_sha256
+from dilstore.storage.atomic_files import give_new_file_modes
 from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
 
@@ -72,6 +73,7 @@ def write_online_variant(trained: DilBertReader, base: DilBertReader, encoding: 
         "base_weights_sha256": weights_sha256(base.model),
     }
     save_file(tensors, str(path), metadata=metadata)
+    give_new_file_modes(path.parent)
     return path
 
 

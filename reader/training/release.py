@@ -22,6 +22,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import weights_sha256
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.state import STATE_JSON, STATE_TENSORS
+from dilstore.storage.atomic_files import give_new_file_modes
 from dilstore.storage.errors import DilstoreError
 
 MODEL_CARD_FILE = "MODEL_CARD.md"
@@ -65,6 +66,7 @@ def package_checkpoint(source: Path, destination: Path, model_card: str) -> Path
         else:
             shutil.copy2(path, destination / path.name)
     drop_stale_variants(destination)
+    give_new_file_modes(destination)
     (destination / TRAINING_METADATA_FILE).write_text(json.dumps(training, indent=1), encoding="utf-8")
     (destination / MODEL_CARD_FILE).write_text(model_card, encoding="utf-8")
     return destination
