@@ -235,4 +235,3 @@ def _check(name: str, value: Any, kinds: tuple[type, ...], expected: str) -> Non
     """
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise DilstoreError(f"{name} must be {expected}, got {type(value).__name__} {value!r:.80}")
-

@@ -50,6 +50,7 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.writer import build_attributes
 
+
 def needs_codebook(encoding: str) -> bool:
     """Whether stores of `encoding` carry a codebook."""
     return bool(get_encoding(encoding).codebook)

@@ -125,7 +125,7 @@ def check_format(path: str | Path, format: str) -> None:
         magic = COMPRESSED_MAGIC[suffix]
         with open(path, "rb") as raw:
             head = raw.read(HEAD_BYTES)
-        if head and not head.startswith(magic):  # every record would be one dead letter, and the run exit 1 with nothing
+        if head and not head.startswith(magic):  # every record would be a dead letter, and the run exit 1 with nothing
             raise DilstoreError(f"--input {path}: not a {suffix[1:]} file; {_named_as(head, Path(path).suffix)}")
     with open_source(path) as stream:
         try:

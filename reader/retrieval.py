@@ -102,8 +102,10 @@ def build_bm25_index(
     Anserini logs a line it cannot read and goes on without it (and its file's later lines), so the count, of the
     documents indexed and those whose contents were empty to Java, may be short of the lines; a Java exception
     that stops the build is a DilstoreError.
-    progress: called with the number of documents indexed so far, every 0.2 s while the build runs and once
-    at its end (Anserini's own log, shown with --verbose, reports once a minute).
+
+    progress: called with the number of documents read so far, every 0.2 s while the build runs and once at its
+    end (Anserini's own log, shown with --verbose, reports once a minute).
+
     Ctrl-C acts at once (see `_wait_in_python`); a build cut off that way goes on in its daemon thread until the
     process ends, so a second build of the same `index_dir` in this process is refused while it runs.
     """

@@ -134,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     infos = check_stores_and_models(named, models)
     check_default_top_p(settings.max_top_p, [info["kind"] for info in infos])
     found = [
-        served_index(name, path, info["kind"], indexes.get(name)) for (name, path), info in zip(named, infos, strict=True)
+        served_index(name, path, info["kind"], indexes.get(name))
+        for (name, path), info in zip(named, infos, strict=True)
     ]
     served = [
         open_served_store(name, path, model, args.device, index, info)

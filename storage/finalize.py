@@ -137,6 +137,7 @@ _ROOT_TEMPORARIES = (
     f"{TMP_PREFIX}old-{INDEX_DIR}-",
     f"{TMP_PREFIX}{MANIFEST_FILE}-",
     f"{TMP_PREFIX}{CODEBOOK_DIR}-",
+    f"{TMP_PREFIX}old-{CODEBOOK_DIR}-",
 )
 
 

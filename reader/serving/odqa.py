@@ -42,6 +42,7 @@ from dilstore.reader.batching import (
     pad_id,
     pad_token_ids,
 )
+from dilstore.reader.data.qa_features import DEFAULT_MAX_QUESTION_LENGTH
 from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import model_fingerprint
@@ -62,7 +63,6 @@ from dilstore.reader.serving.answers import (
 )
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
 from dilstore.reader.serving.stored_states import pad_stored_states
-from dilstore.reader.data.qa_features import DEFAULT_MAX_QUESTION_LENGTH
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint

@@ -47,7 +47,8 @@ _ENCODE_BATCH = 32
 def passage_state_sample(
     reader: DilBertReader, windows: Sequence[Sequence[int]], device: torch.device, seed: int = CODEBOOK_SEED
 ) -> np.ndarray:
-    """A seeded sample of at most CODEBOOK_SAMPLE_TOKENS layer-k token states `(N, d)` of CODEBOOK_SAMPLE_UNITS distinct windows.
+    """A seeded sample of at most CODEBOOK_SAMPLE_TOKENS layer-k token states `(N, d)` of CODEBOOK_SAMPLE_UNITS
+    distinct windows.
 
     The windows are drawn from the distinct token-id rows in sorted order, so
     the sample does not depend on the order or repeats of `windows`.

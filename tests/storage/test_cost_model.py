@@ -24,8 +24,6 @@ from tests.fixtures.paths import ROOT
 BENCHMARKS_SECTIONS = set(re.findall(r"^## (.+)$", (ROOT / "BENCHMARKS.md").read_text(), flags=re.MULTILINE))
 
 
-
-
 @pytest.fixture(scope="module")
 def cost():
     spec = importlib.util.spec_from_file_location("cost_model", ROOT / "benchmarks" / "cost_model.py")
