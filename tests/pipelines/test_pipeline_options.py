@@ -24,7 +24,7 @@ from dilstore.pipelines.options import (
 from dilstore.pipelines.precompute import build_pipeline
 from dilstore.pipelines.routing import ReadTask
 from dilstore.reader.batching import BatchPolicy
-from dilstore.runners.cmd_precompute import pipeline_failure
+from dilstore.runners.precompute_run import pipeline_failure, run_pipeline
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
 
@@ -180,7 +180,6 @@ def test_a_job_a_remote_runner_took_is_marked_launched_and_a_refused_one_is_not(
     remote runner: one whose launcher failed or was interrupted while it ran, or while run() was submitting it.
     A job on Dask's LocalCluster, which ends with the launcher, was kept as if remote."""
     from dilstore.pipelines.job import BuildAttempt
-    from dilstore.runners import cmd_precompute
 
     class Failing:
         def wait_until_finish(self) -> None:
@@ -205,6 +204,6 @@ def test_a_job_a_remote_runner_took_is_marked_launched_and_a_refused_one_is_not(
         attempt = BuildAttempt()
         monkeypatch.setattr("dilstore.pipelines.precompute.build_pipeline", lambda job, options: Pipeline(how))
         with pytest.raises(CutShort if how == "cut" else DilstoreError):
-            cmd_precompute.run_pipeline(job(tmp_path, runner), runner, args, 1, False, attempt)
+            run_pipeline(job(tmp_path, runner), runner, args, 1, False, attempt)
         seen.append(attempt.launched)
     assert seen == launched

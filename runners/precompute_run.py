@@ -1,0 +1,210 @@
+"""Running the precompute pipeline: on local runners a runtime (worker processes, a Dask LocalCluster) and a
+progress bar; on every runner Beam's failures turned into one line, and Ctrl-C into a clean stop.
+
+`run_pipeline` is what `dilstore precompute` (runners/cmd_precompute.py) runs once the job is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dilstore.runners.quiet import filtered_stderr
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
+
+if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from dilstore.pipelines.job import BuildAttempt, PrecomputeJob
+    from dilstore.pipelines.options import LocalDefaults
+
+_PROGRESS_POLL_SECONDS = 0.5
+
+
+class ProgressBar:
+    """A tqdm bar over the progress files local workers write: passages/s and ETA.
+
+    Beam metrics are not live on the local runners and workers may be other
+    processes, so the bar polls `pipelines.progress` files in a thread; the
+    total appears once routing has planned every stored unit.
+    """
+
+    def __init__(self, progress_dir: Path | None) -> None:
+        self.progress_dir = progress_dir
+        self.enabled = progress_dir is not None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="dilstore-progress", daemon=True)
+
+    def __enter__(self) -> ProgressBar:
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.enabled:
+            self._stop.set()
+            self._thread.join()
+
+    def _poll(self) -> None:
+        from tqdm import tqdm
+
+        from dilstore.pipelines.progress import passages_done, passages_planned
+
+        with tqdm(unit="passage", desc="precompute", dynamic_ncols=True, mininterval=1.0, smoothing=0.1) as bar:
+            while True:
+                stopping = self._stop.wait(_PROGRESS_POLL_SECONDS)
+                planned = passages_planned(self.progress_dir)
+                done = passages_done(self.progress_dir)
+                if planned and bar.total != max(planned, done):
+                    bar.total = max(planned, done)
+                    bar.refresh()
+                bar.update(done - bar.n)
+                if stopping:
+                    return
+
+
+@contextlib.contextmanager
+def callers_torch_threads() -> Iterator[None]:
+    """Give this process its torch thread count back after the block.
+
+    The precompute DoFns set `--threads` in the process they run in, which an
+    in-process runner (`--workers 1`, or `dilstore.precompute` from Python)
+    shares with its caller.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@contextlib.contextmanager
+def local_runtime(runner: str, workers: int, num_shards: int, beam_args: Sequence[str]) -> Iterator[LocalDefaults]:
+    """LocalDefaults for the runner; for Dask without a scheduler given, a LocalCluster of `workers` processes."""
+    from dilstore.pipelines.options import DASK_RUNNER, LocalDefaults
+
+    scheduler_given = any(arg.startswith(("--dask_client_address", "--dask_scheduler_file")) for arg in beam_args)
+    if runner != DASK_RUNNER or scheduler_given:
+        yield LocalDefaults(workers=workers, dask_partitions=num_shards if runner == DASK_RUNNER else None)
+        return
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        yield LocalDefaults(workers=workers, dask_address=cluster.scheduler_address, dask_partitions=num_shards)
+
+
+def run_pipeline(
+    job: PrecomputeJob,
+    runner: str,
+    beam_args: Sequence[str],
+    workers: int,
+    progress: bool,
+    attempt: BuildAttempt | None = None,
+) -> dict[str, Any]:
+    """Run the precompute pipeline for `job` to the end; the run summary.
+
+    Local runners get defaults (worker processes, a Dask LocalCluster) and a
+    progress bar; a failed pipeline raises DilstoreError with Beam's message.
+    `attempt` is marked launched once a runner whose workers outlive this
+    process has the job (pipelines/job.py: its files must then stay).
+    """
+    from dilstore.pipelines.finish import read_summary
+    from dilstore.pipelines.options import (
+        IN_PROCESS_RUNNERS,
+        LOCAL_RUNNERS,
+        assemble_beam_flags,
+        pipeline_options,
+    )
+    from dilstore.pipelines.precompute import build_pipeline
+
+    with callers_torch_threads(), local_runtime(runner, workers, job.num_shards, beam_args) as defaults:
+        options = pipeline_options(assemble_beam_flags(runner, beam_args, defaults))
+        pipeline = build_pipeline(job, options)
+        result = None
+        with filtered_stderr(), interrupts_unlogged():
+            bar = ProgressBar(Path(job.progress_dir) if progress and runner in LOCAL_RUNNERS and job.progress_dir else None)
+            with bar:
+                try:
+                    # A remote service may accept the job inside run() (Dataflow's create call) before an interrupt
+                    # or a lost reply: launched from the call on, unless run() itself refuses the job (below).
+                    # The LocalCluster started here for Dask ends with this call, and its workers with it.
+                    outlives_us = runner not in IN_PROCESS_RUNNERS and defaults.dask_address is None
+                    if attempt is not None and outlives_us:
+                        attempt.launched = True
+                    try:
+                        result = pipeline.run()
+                    except Exception:
+                        if attempt is not None:
+                            attempt.launched = False  # refused: no job runs
+                        raise
+                    result.wait_until_finish()
+                except DilstoreError:
+                    raise
+                except Exception as error:  # Beam wraps worker errors in runner-specific types
+                    if _caused_by(error, KeyboardInterrupt):
+                        raise StoppedBySignal(
+                            "interrupted; run the same command again to go on (the shards it finished are kept)",
+                            signal.SIGINT,
+                        ) from None
+                    raise DilstoreError(f"the pipeline failed: {pipeline_failure(error, options)}") from error
+                finally:
+                    client = getattr(result, "client", None)  # the Dask runner's distributed.Client
+                    if client is not None:
+                        client.close()
+    return read_summary(Path(job.store))
+
+
+def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `error` or an exception it was raised from or during is a `kind` (Beam wraps a DoFn's errors)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class _DropInterrupts(logging.Filter):
+    """Drops log records of a KeyboardInterrupt: Beam logs one with its traceback before it re-raises it wrapped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = record.exc_info[0] if record.exc_info else None
+        return not (kind is not None and issubclass(kind, KeyboardInterrupt))
+
+
+@contextlib.contextmanager
+def interrupts_unlogged() -> Iterator[None]:
+    """While the pipeline runs, Ctrl-C ends it with one line (the caller's StoppedBySignal), not a logged traceback."""
+    beam_runner_log = logging.getLogger("apache_beam.runners.common")
+    dropped = _DropInterrupts()
+    beam_runner_log.addFilter(dropped)
+    try:
+        yield
+    finally:
+        beam_runner_log.removeFilter(dropped)
+
+
+def pipeline_failure(error: BaseException, options: PipelineOptions) -> str:
+    """What failed, in a line: a job server that never answered is named with the option that bounds the wait (it
+    was only "FutureTimeoutError", after minutes), anything else is its most telling line."""
+    if type(error).__name__ == "FutureTimeoutError":  # grpc's, waiting for the portable job server
+        values = options.get_all_options()
+        return (f"no job server answered at {values.get('job_endpoint')} within {values.get('job_server_timeout')} s "
+                "(--job_endpoint, --job_server_timeout)")  # fmt: skip
+    return _last_line(error)
+
+
+def _last_line(error: BaseException) -> str:
+    """The most telling line of a (possibly multi-line, worker-side) error message."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line.split(":", 1)[0]]
+    return (errors or lines or [type(error).__name__])[-1]
