@@ -113,6 +113,12 @@ class Architecture:
         return self.run_layers(model, 0, stop, hidden, attention_mask)  # (b, n, hidden)
 
 
+def segment_positions(config: PreTrainedConfig) -> int:
+    """The most tokens one segment may hold: the positions the encoder embeds (`max_position_embeddings`) from
+    the architecture's first one on (RoBERTa's segments start at pad_token_id + 1, so two fewer)."""
+    return int(config.max_position_embeddings) - architecture_for(config.model_type).first_position(config)
+
+
 def require_positions(config: PreTrainedConfig, length: int, first: int = 0) -> None:
     """A DilstoreError when a text of `length` tokens, positioned from `first`, has no room in the model."""
     if first + length > config.max_position_embeddings:

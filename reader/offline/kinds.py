@@ -33,7 +33,7 @@ from typing import TypeVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from dilstore.reader.modeling.architectures import architecture_for
+from dilstore.reader.modeling.architectures import segment_positions
 from dilstore.reader.modeling.checkpoints import CheckpointMetadata, metadata_of_kind, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
@@ -186,10 +186,9 @@ def _cannot_make(kind: str, found: str) -> str:
 
 
 def max_positions(model: OfflineModel) -> int:
-    """The most tokens one segment may hold: the positions the encoder embeds (`max_position_embeddings`) from
-    the architecture's first one on (RoBERTa's segments start at pad_token_id + 1, so two fewer)."""
+    """The most tokens one segment of `model` may hold (architectures.segment_positions)."""
     config, _ = model.fingerprinted_network()
-    return int(config.max_position_embeddings) - architecture_for(config.model_type).first_position(config)
+    return segment_positions(config)
 
 
 def require_within_positions(limit: int, model: OfflineModel, text: str, flag: str) -> None:
