@@ -124,11 +124,13 @@ def run_pipeline(
     )
     from dilstore.pipelines.precompute import build_pipeline
 
-    with callers_torch_threads(), local_runtime(runner, workers, job.num_shards, beam_args) as defaults:
+    # The stderr filter is in place before a LocalCluster's workers start: they inherit its pipe, not the terminal.
+    runtime = local_runtime(runner, workers, job.num_shards, beam_args)
+    with callers_torch_threads(), filtered_stderr(), runtime as defaults:
         options = pipeline_options(assemble_beam_flags(runner, beam_args, defaults))
         pipeline = build_pipeline(job, options)
         result = None
-        with filtered_stderr(), interrupts_unlogged():
+        with interrupts_unlogged():
             bar = ProgressBar(Path(job.progress_dir) if progress and runner in LOCAL_RUNNERS and job.progress_dir else None)
             with bar:
                 try:

@@ -58,3 +58,15 @@ def test_dask_on_a_two_process_local_cluster_writes_the_direct_runners_store(set
         for name in files:
             assert (dask / name).stat().st_size > 0
             assert (dask / name).read_bytes() == (direct / name).read_bytes(), name
+
+
+@pytest.mark.slow
+def test_the_local_cluster_s_workers_write_through_the_quiet_filter(
+    setup, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The LocalCluster precompute starts was started before stderr was filtered, so its workers printed Beam's
+    "apitools not found" warning on the terminal of a quiet run."""
+    model, corpus = setup
+    assert cli.main(arguments(model, corpus, tmp_path / "s", "--runner", "dask", "--workers", "1")) == 0
+    err = capfd.readouterr().err
+    assert "apitools not found" not in err and "Traceback" not in err, err
