@@ -67,6 +67,8 @@ def quiet_beam_logging() -> None:
     if not any(isinstance(existing, _DropNoise) for existing in root.filters):
         root.addFilter(_DropNoise())
     logging.getLogger("apache_beam").setLevel(logging.ERROR)
+    # A remote run raises apache_beam to INFO for the job's URL; its type-hint conversions (50 lines a run) stay out.
+    logging.getLogger("apache_beam.typehints").setLevel(logging.WARNING)
 
 
 def quiet_dask_logging() -> None:
