@@ -31,7 +31,7 @@ from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import encode_tokenized, load_reader
 from dilstore.runners import cli
 from dilstore.runners.cmd_precompute import build_job
-from dilstore.runners.quiet import quiet_dask_logging
+from dilstore.runners.quiet import quiet_beam_logging, quiet_dask_logging
 from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
 from dilstore.storage.encodings import train_codebook
 from dilstore.storage.errors import DilstoreError
@@ -359,6 +359,20 @@ def test_help_shows_compression_and_no_machine_specific_worker_count(capsys) -> 
 def test_dask_logging_stays_at_warning_after_distributed_is_imported() -> None:
     quiet_dask_logging()
     assert logging.getLogger("distributed.scheduler").getEffectiveLevel() == logging.WARNING
+
+
+def test_a_quiet_remote_run_keeps_beam_s_job_lines_but_not_its_type_hint_chatter() -> None:
+    """A remote run raises apache_beam to INFO for the job's URL; 50 'Converting string literal type hint' lines
+    came with it."""
+    beam = logging.getLogger("apache_beam")
+    level = beam.level
+    try:
+        quiet_beam_logging()
+        beam.setLevel(logging.INFO)  # what precompute_store does for a remote runner
+        assert logging.getLogger("apache_beam.runners.dataflow").getEffectiveLevel() == logging.INFO
+        assert logging.getLogger("apache_beam.typehints.native_type_compatibility").getEffectiveLevel() == logging.WARNING
+    finally:
+        beam.setLevel(level)
 
 
 @pytest.mark.parametrize(("flags", "quieted"), [([], ["beam", "dask"]), (["--verbose"], [])])
