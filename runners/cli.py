@@ -52,10 +52,22 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
     """
     args, unknown = parser.parse_known_args(argv)
     if unknown and not hasattr(args, "beam_args"):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if hasattr(args, "beam_args"):
         args.beam_args = list(unknown)
     return args
+
+
+def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command `args` were parsed for (`dilstore train earl`'s for its options), so that its
+    errors name it and show its usage, as argparse's own errors of that command do."""
+    while True:
+        commands = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+        chosen = next((action.choices[name] for action in commands
+                       if (name := getattr(args, action.dest, None)) in action.choices), None)  # fmt: skip
+        if chosen is None:
+            return parser
+        parser = chosen
 
 
 def main(argv: Sequence[str] | None = None) -> int:

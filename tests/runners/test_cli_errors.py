@@ -383,3 +383,22 @@ def test_the_commands_default_lengths_and_help_texts_are_those_of_the_library() 
     requests = AskRequest.model_fields
     assert f"(default {OdqaSettings().top_p})" in requests["top_p"].description
     assert f"(default {OdqaSettings().mu})" in requests["mu"].description
+
+
+@pytest.mark.parametrize(
+    ("argv", "prefix", "unknown"),
+    [
+        (["ask", "store", "--bogus"], "dilstore ask", "--bogus"),
+        (["train", "listformer", "--triples", "t", "--margin", "2"], "dilstore train listformer", "--margin 2"),
+        (["--bogus"], "dilstore", "--bogus"),
+    ],
+)
+def test_an_unknown_option_is_named_by_the_command_it_was_given_to(
+    argv: list[str], prefix: str, unknown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was the top-level parser's error ("dilstore: error:") with its usage, whichever command was run."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.splitlines()[0].startswith(f"usage: {prefix} ")
+    assert err.splitlines()[-1] == f"{prefix}: error: unrecognized arguments: {unknown}"
