@@ -35,9 +35,7 @@ def part_of(path: str) -> str:
     What an append wrote under `appends/<generation>/` counts like the same
     path at the root.
     """
-    parts = path.split("/")
-    if parts[0] == APPENDS_DIR and len(parts) > 2:
-        parts = parts[2:]
+    parts = _in_store_parts(path)
     if parts[-1] in (ZARR_METADATA_FILE, MANIFEST_FILE):
         return "metadata"
     if parts[0] == INDEX_DIR:
@@ -49,14 +47,18 @@ def part_of(path: str) -> str:
     return "other"
 
 
+def _in_store_parts(path: str) -> list[str]:
+    """The parts of a store file's path, an append's `appends/<generation>/` left off (it counts like the root)."""
+    parts = path.split("/")
+    return parts[2:] if parts[0] == APPENDS_DIR and len(parts) > 2 else parts
+
+
 def _stored_state_arrays(paths: Iterable[str]) -> set[str]:
     """The names of the arrays under any shard's `states/` group, so optional ones (2bit/1bit `centroid_ids`,
     absent from stores written before centroids) count only where stored."""
     names = set()
     for path in paths:
-        parts = path.split("/")
-        if parts[0] == APPENDS_DIR and len(parts) > 2:
-            parts = parts[2:]
+        parts = _in_store_parts(path)
         if len(parts) > 3 and parts[0] == SHARDS_DIR and parts[2] == STATES_GROUP:
             names.add(parts[3])
     return names
