@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from multiprocessing import resource_tracker
 import sys
 import threading
 from collections.abc import Iterator
@@ -101,6 +102,10 @@ def filtered_stderr() -> Iterator[None]:
     if not is_quiet():
         yield
         return
+    # A process started in the block inherits the pipe; multiprocessing's resource tracker (started with the first
+    # process pool, as Dask's LocalCluster makes) lives as long as this process and held it open, so the copier
+    # waited its 5 s at every exit. Started first, the tracker keeps the real stderr.
+    resource_tracker.ensure_running()
     sys.stderr.flush()
     real = os.dup(2)
     read_end, write_end = os.pipe()

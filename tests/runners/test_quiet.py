@@ -91,6 +91,23 @@ def test_this_process_writes_on_descriptor_2_pass_unfiltered(tmp_path: Path) -> 
     assert result.stderr.splitlines() == [NOISE, "after"]
 
 
+def test_a_long_lived_process_started_in_the_block_does_not_hold_its_end_open() -> None:
+    """multiprocessing's resource tracker, first started by Dask's LocalCluster inside the block, kept the pipe open
+    for this process's life: every quiet Dask run waited the copier's 5 s timeout at the end."""
+    code = (
+        "import os, time\n"
+        f"os.environ[{quiet.QUIET_ENV!r}] = '1'\n"
+        "from multiprocessing import resource_tracker\n"
+        "from dilstore.runners.quiet import filtered_stderr\n"
+        "with filtered_stderr():\n"
+        "    resource_tracker.ensure_running()\n"
+        "    started = time.monotonic()\n"
+        "print(f'{time.monotonic() - started:.2f}')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert float(result.stdout) < 2.0, result.stdout
+
+
 def test_precompute_with_verbose_shows_the_workers_library_noise(tmp_path: Path) -> None:
     """The CLI end to end with two Beam worker processes, which log on their own stderr: --verbose shows their
     logging lines, so the quiet run's empty stderr (tests/pipelines/test_pipeline_run.py, the same two workers
