@@ -182,7 +182,8 @@ class OpenDomainReader:
         """BM25 top-p for each question (one top_p for all, or one per question), then `read` (questions are checked
         before any search)."""
         top_p = self.settings.top_p if top_p is None else top_p
-        top_ps = [top_p] * len(questions) if isinstance(top_p, int) else list(top_p)
+        per_question = isinstance(top_p, Sequence) and not isinstance(top_p, str)
+        top_ps = list(top_p) if per_question else [top_p] * len(questions)
         if len(top_ps) != len(questions):
             raise DilstoreError(f"got {len(questions)} questions but {len(top_ps)} top_p values")
         for value in top_ps:

@@ -73,6 +73,9 @@ def test_each_question_of_one_read_may_have_its_own_top_p(indexed: dict[str, Any
         odqa.retrieve_and_read([QUESTION, QUESTION], [1])
     with pytest.raises(DilstoreError, match="top-p must be a positive integer, got 0"):
         odqa.retrieve_and_read([QUESTION], [0])
+    for wrong in (2.0, "5"):  # not taken for lists: a TypeError, or a count of the string's characters
+        with pytest.raises(DilstoreError, match=f"top-p must be a positive integer, got {wrong!r}"):
+            odqa.retrieve_and_read([QUESTION, QUESTION], wrong)
 
 
 def test_a_closed_reader_releases_its_index_and_refuses_to_answer(indexed: dict[str, Any], tmp_path: Path) -> None:
