@@ -131,7 +131,8 @@ def run_pipeline(
         pipeline = build_pipeline(job, options)
         result = None
         with interrupts_unlogged():
-            bar = ProgressBar(Path(job.progress_dir) if progress and runner in LOCAL_RUNNERS and job.progress_dir else None)
+            shown = progress and runner in LOCAL_RUNNERS and job.progress_dir
+            bar = ProgressBar(Path(job.progress_dir) if shown else None)
             with bar:
                 try:
                     # A remote service may accept the job inside run() (Dataflow's create call) before an interrupt

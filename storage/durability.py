@@ -46,7 +46,8 @@ def replace_dir(finished: Path, target: Path) -> None:
         try:
             os.rename(finished, target)
         except BaseException:
-            os.rename(aside, target)
+            if os.path.lexists(finished):  # not renamed in (an interrupt after the rename leaves the new one)
+                os.rename(aside, target)
             raise
         remove_path(aside)
     else:

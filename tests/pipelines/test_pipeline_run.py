@@ -370,7 +370,8 @@ def test_a_quiet_remote_run_keeps_beam_s_job_lines_but_not_its_type_hint_chatter
         quiet_beam_logging()
         beam.setLevel(logging.INFO)  # what precompute_store does for a remote runner
         assert logging.getLogger("apache_beam.runners.dataflow").getEffectiveLevel() == logging.INFO
-        assert logging.getLogger("apache_beam.typehints.native_type_compatibility").getEffectiveLevel() == logging.WARNING
+        typehints = logging.getLogger("apache_beam.typehints.native_type_compatibility")
+        assert typehints.getEffectiveLevel() == logging.WARNING
     finally:
         beam.setLevel(level)
 

@@ -368,6 +368,7 @@ def test_the_commands_default_lengths_and_help_texts_are_those_of_the_library() 
     from dilstore.reader.evaluation.reading_comprehension import ReadingSettings
     from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH
     from dilstore.reader.serving.odqa import OdqaSettings
+    from dilstore.reader.training.ranking import DEFAULT_MARGIN, DEFAULT_TEMPERATURE
     from dilstore.runners.cli import build_parser
     from dilstore.runners.reading_options import reading_settings
     from dilstore.runners.serve_app import AskRequest
@@ -376,6 +377,8 @@ def test_the_commands_default_lengths_and_help_texts_are_those_of_the_library() 
     assert reading_settings(parser.parse_args(["evaluate-rc", "--data", "d"])) == ReadingSettings()
     ranking = parser.parse_args(["train", "earl", "--triples", "t"])
     assert (ranking.max_query_length, ranking.max_doc_length) == (DEFAULT_MAX_QUERY_LENGTH, DEFAULT_MAX_DOC_LENGTH)
+    listwise = parser.parse_args(["train", "listformer", "--triples", "t"])  # the library refuses other values
+    assert (ranking.margin, listwise.temperature) == (DEFAULT_MARGIN, DEFAULT_TEMPERATURE)  # with other losses
     ask = next(action.choices["ask"] for action in parser._actions if isinstance(action, argparse._SubParsersAction))
     shown = {action.dest: re.search(r"\(default (\S+?)[;)]", action.help or "") for action in ask._actions}
     for name, value in vars(OdqaSettings()).items():

@@ -10,7 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dilstore.storage.atomic_files import atomic_write_bytes, atomic_write_text, remove_stale_writes
+from dilstore.storage.atomic_files import (
+    atomic_write_bytes,
+    atomic_write_text,
+    give_new_file_modes,
+    process_umask,
+    remove_stale_writes,
+)
 from tests.fixtures.store_fixtures import build_store, passage
 
 
@@ -66,3 +72,15 @@ def test_finalize_removes_what_killed_atomic_writes_left_and_nothing_else(tmp_pa
     store = build_store(tmp_path / "store", records)
     assert [path for path in stale if path.exists()] == [] and all(path.is_file() for path in kept)
     assert remove_stale_writes(store) == []
+
+
+def test_safetensors_files_get_the_umask_s_mode_and_other_files_keep_theirs(tmp_path: Path) -> None:
+    """safetensors writes 0600 whatever the umask; only the weights are widened, not every file of the folder."""
+    weights, private = tmp_path / "sub" / "model.safetensors", tmp_path / "notes.txt"
+    weights.parent.mkdir()
+    for path in (weights, private):
+        path.write_bytes(b"x")
+        path.chmod(0o600)
+    give_new_file_modes(tmp_path)
+    assert stat.S_IMODE(weights.stat().st_mode) == 0o666 & ~process_umask()
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600

@@ -55,6 +55,25 @@ def test_a_failed_rename_puts_the_old_folder_back(tmp_path: Path, monkeypatch: p
     assert (target / "old").read_text() == "old"
 
 
+def test_an_interrupt_after_the_new_folder_is_in_leaves_it_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rolled back regardless, the old folder's rename back failed on the new one and hid the interrupt."""
+    target = folder(tmp_path / "bm25", "old")
+    finished = folder(tmp_path / ".bm25.building", "new")
+    real_rename = os.rename
+
+    def rename(source: Path, destination: Path) -> None:
+        real_rename(source, destination)
+        if Path(source) == finished:
+            raise KeyboardInterrupt  # a Ctrl-C just after the rename
+
+    monkeypatch.setattr(durability.os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        replace_dir(finished, target)
+    assert (target / "new").read_text() == "new"
+
+
 def test_a_folder_with_nothing_at_its_target_is_renamed_there(tmp_path: Path) -> None:
     replace_dir(folder(tmp_path / "built", "new"), tmp_path / "bm25")
     assert [path.name for path in tmp_path.iterdir()] == ["bm25"] and (tmp_path / "bm25" / "new").is_file()

@@ -141,10 +141,11 @@ def test_finalize_removes_what_a_killed_finalize_left_at_the_root(tmp_path: Path
     root = tmp_path / "s"
     build(root, "gen-a")
     (root / "manifest.json").unlink()
-    leftovers = [root / ".tmp-index-0123", root / ".tmp-old-index-4567", root / ".tmp-manifest.json-89ab"]
-    for path in leftovers[:2]:
+    leftovers = [root / ".tmp-index-0123", root / ".tmp-old-index-4567", root / ".tmp-old-codebook-cdef",
+                 root / ".tmp-manifest.json-89ab"]  # fmt: skip
+    for path in leftovers[:3]:
         (path / "hashes").mkdir(parents=True)
-    leftovers[2].write_text("{}")
+    leftovers[3].write_text("{}")
     (root / "notes.txt").write_text("the user's own file stays")
     finalize(root, fingerprint_for("dilbert", "fp16"), generation="gen-a")
     assert not any(path.exists() for path in leftovers)

@@ -93,7 +93,9 @@ def verified_within(store: Path, seconds: float) -> list[str]:
     return outcome[0]
 
 
-@pytest.mark.parametrize("path", ["shards/shard-00001/states/codes/c/0/0", "shards/shard-00001/zarr.json", MANIFEST_FILE])
+@pytest.mark.parametrize(
+    "path", ["shards/shard-00001/states/codes/c/0/0", "shards/shard-00001/zarr.json", MANIFEST_FILE]
+)
 def test_a_pipe_standing_for_a_store_file_is_named_and_never_opened(store, path: str) -> None:
     """verify blocked forever opening a FIFO where the manifest lists a file (its shard and codebook checks read
     the shard after the size check had caught it; the manifest was read as it was)."""

@@ -388,7 +388,8 @@ def test_a_bad_dev_file_or_eval_limit_is_refused_before_training(
     status = main(small_train_qa(tiny_base, squad_file, tmp_path / "c", "--layers", "1", "--eval-limit", "5"))
     assert status == 2 and "--eval-limit picks the dev questions" in capsys.readouterr().err  # was run, not evaluated
     assert not (tmp_path / "c").exists()
-    status = main([*small_train_qa(tiny_base, squad_file, tmp_path / "d", "--layers", "1"), "--max-seq-length", "100000"])
+    too_long = ["--max-seq-length", "100000"]
+    status = main([*small_train_qa(tiny_base, squad_file, tmp_path / "d", "--layers", "1"), *too_long])
     assert status == 2 and "limit 100000 (--max-seq-length) is more than this model's" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()  # it failed at the first long window, leaving a run folder a rerun refused
 
