@@ -35,12 +35,28 @@ from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
 
 VARIANT_FORMAT = "dilstore-online-variant/1"
+VARIANT_PREFIX = "online-"  # online-ENC.safetensors
+_BASE_WEIGHTS_KEY = "base_weights_sha256"  # the metadata key naming the weights a variant extends
 _STORED_DTYPE = torch.float16
 
 
 def variant_path(directory: str | Path, encoding: str) -> Path:
     """Where a checkpoint keeps its online layers for stores of `encoding`."""
-    return Path(directory) / f"online-{get_encoding(encoding).name}.safetensors"
+    return Path(directory) / f"{VARIANT_PREFIX}{get_encoding(encoding).name}.safetensors"
+
+
+def variant_paths(directory: str | Path) -> list[Path]:
+    """Every online variant file in a checkpoint folder, by name."""
+    return sorted(Path(directory).glob(f"{VARIANT_PREFIX}*.safetensors"))
+
+
+def variant_base_weights(path: Path) -> str | None:
+    """The weights_sha256 a variant file records, or None when it cannot be read as one."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return (handle.metadata() or {}).get(_BASE_WEIGHTS_KEY)
+    except (SafetensorError, OSError):
+        return None
 
 
 def write_online_variant(trained: DilBertReader, base: DilBertReader, encoding: str, directory: str | Path) -> Path:
@@ -70,7 +86,7 @@ def write_online_variant(trained: DilBertReader, base: DilBertReader, encoding: 
         "format": VARIANT_FORMAT,
         "encoding": get_encoding(encoding).name,
         "layers": str(base.layers),
-        "base_weights_sha256": weights_sha256(base.model),
+        _BASE_WEIGHTS_KEY: weights_sha256(base.model),
     }
     save_file(tensors, str(path), metadata=metadata)
     give_new_file_modes(path.parent)
@@ -101,7 +117,7 @@ def load_online_variant(
         "format": VARIANT_FORMAT,
         "encoding": get_encoding(encoding).name,
         "layers": str(reader.layers),
-        "base_weights_sha256": weights if weights is not None else weights_sha256(reader.model),
+        _BASE_WEIGHTS_KEY: weights if weights is not None else weights_sha256(reader.model),
     }
     wrong = [
         f"{key} {metadata.get(key)!r} (expected {value!r})"

@@ -14,19 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from dilstore.reader.modeling.checkpoints import EVALUATION_FILE, TRAINING_METADATA_FILE
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import weights_sha256
+from dilstore.reader.modeling.online_variants import VARIANT_PREFIX, variant_base_weights, variant_paths
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.state import STATE_JSON, STATE_TENSORS
 from dilstore.storage.atomic_files import give_new_file_modes
 from dilstore.storage.errors import DilstoreError
 
 MODEL_CARD_FILE = "MODEL_CARD.md"
-_VARIANT_PREFIX = "online-"  # online-ENC.safetensors (reader/modeling/online_variants.py)
 # Files a training run leaves that a shipped checkpoint does not need.
 _NOT_SHIPPED = {"checkpoints", EVALUATION_FILE, STATE_TENSORS, STATE_JSON, "run_config.json"}
 
@@ -61,7 +60,7 @@ def package_checkpoint(source: Path, destination: Path, model_card: str) -> Path
     for path in sorted(source.iterdir()):
         if path.name in _NOT_SHIPPED or path.is_dir():
             continue
-        if path.suffix == ".safetensors" and not path.name.startswith(_VARIANT_PREFIX):
+        if path.suffix == ".safetensors" and not path.name.startswith(VARIANT_PREFIX):
             save_file(fp16_tensors(path), destination / path.name, metadata={"format": "pt"})
         else:
             shutil.copy2(path, destination / path.name)
@@ -81,23 +80,14 @@ def drop_stale_variants(directory: Path) -> list[str]:
     ENC`), and an unreadable one too. A variant of the same weights, as when
     a checkpoint is packaged again for its card, stays.
     """
-    variants = sorted(Path(directory).glob(f"{_VARIANT_PREFIX}*.safetensors"))
+    variants = variant_paths(directory)
     if not variants:
         return []
     weights = weights_sha256(DilBertReader.from_pretrained(directory).model)
-    stale = [path for path in variants if _variant_base_weights(path) != weights]
+    stale = [path for path in variants if variant_base_weights(path) != weights]
     for path in stale:
         path.unlink()
     return [path.name for path in stale]
-
-
-def _variant_base_weights(path: Path) -> str | None:
-    """The weights_sha256 a variant file records, or None when it cannot be read as one."""
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            return (handle.metadata() or {}).get("base_weights_sha256")
-    except (SafetensorError, OSError):
-        return None
 
 
 def load_training_metadata(checkpoint: Path) -> dict[str, Any]:
