@@ -166,12 +166,13 @@ def build_index(store: PathLike, *, threads: int = 1, no_progress: bool = False)
     A progress bar over the passages goes to stderr unless `no_progress`.
     """
     from dilstore.reader.retrieval import bm25_index_dir
+    from dilstore.runners.arg_types import option_words
     from dilstore.runners.cli import build_parser
 
     _check("store", store, _PATH, "a store folder")
     _check("threads", threads, (int,), "a positive integer")
     _check("no_progress", no_progress, (bool,), "True or False")
-    argv = ["index", str(store), "--threads", str(threads), *(["--no-progress"] if no_progress else [])]
+    argv = ["index", str(store), *option_words({"threads": threads, "no_progress": no_progress})]
     args = _parsed("index", lambda: build_parser().parse_args(argv))
     args.run(args)
     return bm25_index_dir(store)

@@ -8,8 +8,8 @@ rebuilt over every part, the store's and each append's, leaving out the rows
 an append with --replace superseded (pipelines/collection.py). The JVM
 runs in this process, which never forks after starting it; its log, the
 progress bar and the closing line go to stderr, so that stdout carries only
-`--json`'s result, and nothing from the Python API's `build_index`. The index is built
-in a temporary folder next to STORE/bm25 and renamed into place when complete,
+`--json`'s result, and nothing from the Python API's `build_index`. The index
+is built in a temporary folder next to STORE/bm25 and renamed into place when complete,
 under a lock (`.STORE.dilstore-index-lock` beside it, storage/write_lock.py): two
 runs on one store used to delete each other's half-built index.
 """

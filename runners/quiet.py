@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from multiprocessing import resource_tracker
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing import resource_tracker
 
 from dilstore.reader.retrieval import QUIET_ENV
 

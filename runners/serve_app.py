@@ -382,11 +382,12 @@ def add_request_handling(app: FastAPI, metrics: Metrics) -> None:
 def is_json_type(content_type: str | None) -> bool:
     """Whether a content-type header declares JSON (application/json or application/*+json, any parameters): the
     bodies FastAPI parses as JSON (it reads any other, and one with no content-type, as bytes)."""
+    if content_type is None:
+        return False
     message = email.message.Message()
-    message["content-type"] = content_type or ""
+    message["content-type"] = content_type
     subtype = message.get_content_subtype()
-    return content_type is not None and message.get_content_maintype() == "application" and (
-        subtype == "json" or subtype.endswith("+json"))
+    return message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
 def encoded(request: Request) -> JSONResponse | None:

@@ -65,11 +65,16 @@ def give_new_file_modes(directory: Path) -> None:
     folder that a server running as another user could not read. Other files, and other users', are left as they
     are (a shared folder may hold files this run did not write).
     """
-    mode = _NEW_FILE_MODE & ~process_umask()
     for path in Path(directory).rglob("*.safetensors"):
-        status = path.lstat()
-        if stat.S_ISREG(status.st_mode) and status.st_uid == os.getuid() and stat.S_IMODE(status.st_mode) != mode:
-            path.chmod(mode)
+        give_new_file_mode(path)
+
+
+def give_new_file_mode(path: Path) -> None:
+    """Give the regular file `path`, when this process's user owns it, the mode open() gives a new file."""
+    mode = _NEW_FILE_MODE & ~process_umask()
+    status = path.lstat()
+    if stat.S_ISREG(status.st_mode) and status.st_uid == os.getuid() and stat.S_IMODE(status.st_mode) != mode:
+        path.chmod(mode)
 
 
 def atomic_write_text(path: Path, text: str, *, create_parents: bool = True) -> None:

@@ -27,7 +27,7 @@ from dilstore.storage.format import (
     StoreFormatError,
     shard_path,
 )
-from dilstore.storage.location import StoreLocation
+from dilstore.storage.location import StoreLocation, is_special_file
 from dilstore.storage.zarr_reads import read_failure
 
 
@@ -219,11 +219,6 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
     return Manifest.from_dict(data)
 
 
-def _special(path: Path) -> bool:
-    """Whether `path` is a pipe, socket or device: neither a file nor a folder."""
-    return path.exists() and not path.is_file() and not path.is_dir()
-
-
 def read_manifest(location: StoreLocation) -> Manifest:
     """The manifest of the store at `location`, or a clear error when it is missing or damaged."""
     where = location.path(MANIFEST_FILE)
@@ -238,7 +233,7 @@ def read_manifest(location: StoreLocation) -> Manifest:
             f"{where} is missing: the store at {location.url} was never finalized, or its manifest was deleted"
         )
     local = location.local_root
-    if local is not None and _special(local / MANIFEST_FILE):
+    if local is not None and is_special_file(local / MANIFEST_FILE):
         raise StoreFormatError(f"{where} is not a regular file (a pipe, socket or device)")  # a read would block
     try:
         raw = location.read_bytes(MANIFEST_FILE)

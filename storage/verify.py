@@ -10,7 +10,6 @@ manifest does not know is.
 
 from __future__ import annotations
 
-import stat
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,7 +51,7 @@ from dilstore.storage.format import (
 )
 from dilstore.storage.id_index import HASH_NAME, Superseded, id_hashes, row_keys
 from dilstore.storage.info import store_files
-from dilstore.storage.location import StoreLocation
+from dilstore.storage.location import StoreLocation, is_special_file
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest
 from dilstore.storage.shard import ShardAttributes
 from dilstore.storage.zarr_reads import describe
@@ -265,19 +264,9 @@ def _check_files(
 
 
 def _special_files(location: StoreLocation, paths: list[str]) -> set[str]:
-    """Those of `paths` that are neither regular files nor folders on a local store (a FIFO would block a read)."""
-    if location.local_root is None:
-        return set()
-    root = Path(location.local_root)
-    special = set()
-    for path in paths:
-        try:
-            mode = (root / path).stat().st_mode
-        except OSError:
-            continue  # missing or unreadable: the checks below say so
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            special.add(path)
-    return special
+    """Those of `paths` that are pipes, sockets or devices on a local store (a FIFO would block a read)."""
+    root = location.local_root
+    return set() if root is None else {path for path in paths if is_special_file(Path(root) / path)}
 
 
 def _absent_file_problem(location: StoreLocation, path: str) -> str:

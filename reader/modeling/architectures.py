@@ -119,6 +119,14 @@ def segment_positions(config: PreTrainedConfig) -> int:
     return int(config.max_position_embeddings) - architecture_for(config.model_type).first_position(config)
 
 
+def require_segment_limit(config: PreTrainedConfig, limit: int, text: str, flag: str) -> None:
+    """A DilstoreError, before any work, if a `text` of `limit` tokens (the `flag` option) would not fit the model's
+    segment positions; found late, it stopped a long run at the first long input, without naming `flag`."""
+    positions = segment_positions(config)
+    if limit > positions:
+        raise DilstoreError(f"the {text} limit {limit} ({flag}) is more than this model's {positions} positions")
+
+
 def require_positions(config: PreTrainedConfig, length: int, first: int = 0) -> None:
     """A DilstoreError when a text of `length` tokens, positioned from `first`, has no room in the model."""
     if first + length > config.max_position_embeddings:

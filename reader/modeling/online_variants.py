@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import config_sha256, weights_sha256
-from dilstore.storage.atomic_files import give_new_file_modes
+from dilstore.storage.atomic_files import give_new_file_mode
 from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
 
@@ -89,7 +89,7 @@ def write_online_variant(trained: DilBertReader, base: DilBertReader, encoding: 
         _BASE_WEIGHTS_KEY: weights_sha256(base.model),
     }
     save_file(tensors, str(path), metadata=metadata)
-    give_new_file_modes(path.parent)
+    give_new_file_mode(path)
     return path
 
 

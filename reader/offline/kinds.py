@@ -33,7 +33,7 @@ from typing import TypeVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from dilstore.reader.modeling.architectures import segment_positions
+from dilstore.reader.modeling.architectures import require_segment_limit, segment_positions
 from dilstore.reader.modeling.checkpoints import CheckpointMetadata, metadata_of_kind, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
@@ -192,11 +192,9 @@ def max_positions(model: OfflineModel) -> int:
 
 
 def require_within_positions(limit: int, model: OfflineModel, text: str, flag: str) -> None:
-    """A DilstoreError, when a reader or reranker opens, if a `text` of `limit` tokens would not fit the model's
-    positions; found late, it stopped a long run at the first long input, without naming `flag`."""
-    positions = max_positions(model)
-    if limit > positions:
-        raise DilstoreError(f"the {text} limit {limit} ({flag}) is more than this model's {positions} positions")
+    """architectures.require_segment_limit for an offline model, checked when a reader or reranker opens."""
+    config, _ = model.fingerprinted_network()
+    require_segment_limit(config, limit, text, flag)
 
 
 def _as(model: OfflineModel, cls: type[_Model]) -> _Model:

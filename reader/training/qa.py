@@ -59,7 +59,7 @@ from dilstore.reader.data.qa_features import (
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
 from dilstore.reader.data.shared_norm import shared_norm_groups
 from dilstore.reader.data.squad import load_squad
-from dilstore.reader.modeling.architectures import segment_positions
+from dilstore.reader.modeling.architectures import require_segment_limit
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.text.tokenization import DEFAULT_STRIDE
 from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
@@ -411,10 +411,7 @@ def train_qa(
     """
     start = start_run(output_dir, config, resume=resume, device=device)
     reader = DilBertReader.from_pretrained(start.resume_from or model_dir, layers=config.layers)
-    positions = segment_positions(reader.model.config)
-    if config.max_seq_length > positions:  # found at the first long window, it ended the run after its data loaded
-        raise DilstoreError(f"the window limit {config.max_seq_length} (--max-seq-length) is more than this model's "
-                            f"{positions} positions")  # fmt: skip
+    require_segment_limit(reader.model.config, config.max_seq_length, "window", "--max-seq-length")
     data = load_training_data(reader.tokenizer, Path(train_file), config)
     lower_cache = _frozen_lower_layers(reader, data, config, start) if config.freeze_lower else None
     distillation = None
