@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from dilstore.runners.quiet import configure as configure_output
+from dilstore.runners.quiet import drop_interrupted_work
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
 # Order is the order `dilstore --help` lists them in.
@@ -92,12 +93,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
     except StoppedBySignal as stop:
         print(f"dilstore {args.command}: {stop}", file=sys.stderr)
+        drop_interrupted_work(stop)
         return 128 + stop.signal_number
     except DilstoreError as error:
         print(f"dilstore {args.command}: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         print(f"dilstore {args.command}: interrupted", file=sys.stderr)
+        drop_interrupted_work(interrupt)
         return 130
     except BrokenPipeError:
         # The reader of our output went away (`dilstore info STORE | head`): stop quietly, as Unix tools do.
