@@ -28,6 +28,7 @@ from dilstore.runners.training_options import (
     output_dir,
     run_options,
 )
+from dilstore.storage.errors import DilstoreError
 
 RANKER_HELP = {
     "earl": "EARL: query module + judger blocks over an offline document module (seed 004)",
@@ -98,7 +99,7 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
         parser.add_argument("--loss", choices=("approx-ndcg", "listnet"), default="approx-ndcg",
                             help="default approx-ndcg")  # fmt: skip
         parser.add_argument(
-            "--temperature", type=float, default=1.0,
+            "--temperature", type=float,
             help="T of ApproxNDCG's ranks 1 + sum_j sigmoid((s_j - s_i) / T); smaller is closer to NDCG (default 1.0)",
         )  # fmt: skip
         parser.add_argument(
@@ -112,7 +113,7 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
         )  # fmt: skip
     else:
         parser.add_argument("--loss", choices=("softmax", "hinge"), default="softmax", help="default softmax")
-        parser.add_argument("--margin", type=float, default=1.0, help="margin of the hinge loss (default 1.0)")
+        parser.add_argument("--margin", type=float, help="margin of the hinge loss (default 1.0)")
     add_optimizer_arguments(parser, passes_over="triples", epochs=1, batch_of="queries", batch_size=16)
     parser.add_argument("--max-query-length", type=int, default=32, help="query tokens with [CLS], [SEP] (default 32)")
     parser.add_argument("--max-doc-length", type=int, default=256, help="document tokens with [CLS], [SEP] (256)")
@@ -149,12 +150,14 @@ def run_ranker(args: argparse.Namespace) -> int:
     paragraphs = args.paragraphs or args.triples.parent / PARAGRAPHS_FILE
     for flag, path in (("--triples", args.triples), ("--paragraphs", paragraphs)):
         require_file(path, flag)
+    given = {name: value for name in ("margin", "temperature") if (value := getattr(args, name, None)) is not None}
+    for name, loss in (("margin", "hinge"), ("temperature", "approx-ndcg")):
+        if name in given and args.loss != loss:
+            raise DilstoreError(f"--{name} is the {loss} loss's; with --loss {args.loss} it would be ignored")
     config = RankingTrainingConfig(
         kind=args.train_command,
         negatives=args.negatives,
         loss=args.loss,
-        margin=getattr(args, "margin", 1.0),
-        temperature=getattr(args, "temperature", 1.0),
         delayed_layers=getattr(args, "delayed_layers", 0),
         max_query_length=args.max_query_length,
         max_doc_length=args.max_doc_length,
@@ -164,6 +167,7 @@ def run_ranker(args: argparse.Namespace) -> int:
         prior=getattr(args, "prior", False),
         freeze_encoder=getattr(args, "freeze_encoder", False),
         encoder_learning_rate=getattr(args, "encoder_learning_rate", None),
+        **given,
         **config_fields(args),
     )
     result = train_ranker(

@@ -369,7 +369,7 @@ def test_the_commands_default_lengths_and_help_texts_are_those_of_the_library() 
     from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH
     from dilstore.reader.serving.odqa import OdqaSettings
     from dilstore.reader.training.ranking import DEFAULT_MARGIN, DEFAULT_TEMPERATURE
-    from dilstore.runners.cli import build_parser
+    from dilstore.runners.cli import build_parser, chosen_parser
     from dilstore.runners.reading_options import reading_settings
     from dilstore.runners.serve_app import AskRequest
 
@@ -377,8 +377,13 @@ def test_the_commands_default_lengths_and_help_texts_are_those_of_the_library() 
     assert reading_settings(parser.parse_args(["evaluate-rc", "--data", "d"])) == ReadingSettings()
     ranking = parser.parse_args(["train", "earl", "--triples", "t"])
     assert (ranking.max_query_length, ranking.max_doc_length) == (DEFAULT_MAX_QUERY_LENGTH, DEFAULT_MAX_DOC_LENGTH)
-    listwise = parser.parse_args(["train", "listformer", "--triples", "t"])  # the library refuses other values
-    assert (ranking.margin, listwise.temperature) == (DEFAULT_MARGIN, DEFAULT_TEMPERATURE)  # with other losses
+    for command, option, default in (
+        ("earl", "margin", DEFAULT_MARGIN),
+        ("listformer", "temperature", DEFAULT_TEMPERATURE),
+    ):
+        kind = chosen_parser(parser, parser.parse_args(["train", command, "--triples", "t"]))
+        help_text = next(action.help for action in kind._actions if action.dest == option)
+        assert f"(default {default})" in help_text, (command, help_text)
     ask = next(action.choices["ask"] for action in parser._actions if isinstance(action, argparse._SubParsersAction))
     shown = {action.dest: re.search(r"\(default (\S+?)[;)]", action.help or "") for action in ask._actions}
     for name, value in vars(OdqaSettings()).items():
@@ -386,6 +391,24 @@ def test_the_commands_default_lengths_and_help_texts_are_those_of_the_library() 
     requests = AskRequest.model_fields
     assert f"(default {OdqaSettings().top_p})" in requests["top_p"].description
     assert f"(default {OdqaSettings().mu})" in requests["mu"].description
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [(["earl", "--loss", "softmax", "--margin", "1.0"], "--margin is the hinge loss's; with --loss softmax"),
+     (["listformer", "--loss", "listnet", "--temperature", "1.0"],
+      "--temperature is the approx-ndcg loss's; with --loss listnet")],
+)
+def test_a_loss_setting_given_with_another_loss_is_refused_even_at_its_default(
+    command: list[str], option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The library compares with the default, so `--margin 1.0` with the softmax loss was ignored without a word."""
+    for name in ("triples.jsonl", "paragraphs.jsonl.gz"):
+        (tmp_path / name).write_text("")
+    argv = ["train", *command, "--triples", str(tmp_path / "triples.jsonl"), "--output", str(tmp_path / "run")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"dilstore train: error: {option} it would be ignored\n"
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(
