@@ -49,9 +49,14 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
 
     Only `precompute` sets `beam_args`: what it does not know are Beam's
     pipeline options, handed on to Beam (which refuses misspelt ones), as
-    Beam's own examples do with `parse_known_args`.
+    Beam's own examples do with `parse_known_args`. Words before the command
+    are `dilstore`'s own, and it knows none but --help.
     """
-    args, unknown = parser.parse_known_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = parser.parse_known_args(words)
+    before_command = words[: words.index(args.command)] if args.command in words else []
+    if before_command:
+        parser.error(f"unrecognized arguments: {' '.join(before_command)} (a command's options go after it)")
     if unknown and not hasattr(args, "beam_args"):
         chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if hasattr(args, "beam_args"):

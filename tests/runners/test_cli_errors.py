@@ -417,6 +417,9 @@ def test_a_loss_setting_given_with_another_loss_is_refused_even_at_its_default(
         (["ask", "store", "--bogus"], "dilstore ask", "--bogus"),
         (["train", "listformer", "--triples", "t", "--margin", "2"], "dilstore train listformer", "--margin 2"),
         (["--bogus"], "dilstore", "--bogus"),
+        # Before the command: the command was blamed, and precompute handed it to Beam as a pipeline option.
+        (["--bogus", "ask", "s"], "dilstore", "--bogus (a command's options go after it)"),
+        (["--bogus", "precompute"], "dilstore", "--bogus (a command's options go after it)"),
     ],
 )
 def test_an_unknown_option_is_named_by_the_command_it_was_given_to(
