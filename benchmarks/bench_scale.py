@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from page_cache import drop_page_cache
 
 from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.storage.codebook import write_codebook
@@ -245,16 +246,6 @@ def rss_bytes(field: str = "VmRSS") -> int:
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     return -1
-
-
-def drop_page_cache() -> bool:
-    """Flush and drop the page cache (needs root); False when not permitted."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        return False
-    return True
 
 
 def measure_open(root: Path, passages: int, lookups: int, fetch: int, seed: int, *,

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from page_cache import drop_page_cache
 from transformers import AutoModelForQuestionAnswering, BertConfig
 
 from dilstore.reader.modeling.checkpoints import base_model_dir
@@ -159,16 +160,6 @@ def pack(store: Store, ids: Sequence[str]) -> np.ndarray:
     for row, passage in enumerate(passages):
         batch[row, : len(passage.states)] = passage.states
     return batch
-
-
-def drop_page_cache() -> bool:
-    """Flush and drop the page cache (needs root); False when not permitted."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        return False
-    return True
 
 
 def time_fetches(
