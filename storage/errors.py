@@ -1,5 +1,6 @@
 """The exception type that carries a user-facing message (and its one kind for a run stopped by a signal), the
-one "must be at least 1" check, and how a message names a few of many items.
+one "must be at least 1" check, the one check that an argument is a list, and how a message names a few of many
+items.
 
 It lives in the lowest layer so that every layer above can raise it and the
 command line can turn it into a clear message and a non-zero exit, never a
@@ -8,9 +9,11 @@ traceback.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 SHOWN = 5  # items a message names before "and N more"
+ITEM_WIDTH = 80  # characters a message shows of one item
 
 
 class DilstoreError(Exception):
@@ -44,5 +47,19 @@ def require_at_least_one(values: Mapping[str, int | None], *, dashed: bool = Tru
 def listed(items: Sequence[str], *, quoted: bool = True, limit: int = SHOWN, separator: str = ", ") -> str:
     """The first `limit` items (each as repr unless not `quoted`) joined by `separator`, then " and N more" when
     there are more: an error names a few of a long list and counts the rest."""
-    shown = separator.join(repr(item) if quoted else str(item) for item in items[:limit])
+    shown = separator.join(_cut(repr(item) if quoted else str(item)) for item in items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _cut(text: str) -> str:
+    """`text` cut to ITEM_WIDTH characters: a message names an item, it does not echo a 500 KB one back."""
+    return text if len(text) <= ITEM_WIDTH else text[: ITEM_WIDTH - 1] + "…"
+
+
+def as_list(items: Any, what: str) -> list[Any]:
+    """`items`, any iterable but a string, as a list; else a DilstoreError naming `what` (e.g. "doc_ids must be a
+    list of document ids"): a string would be read one item per character, and None or a number failed deep
+    inside with a TypeError."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise DilstoreError(f"{what}, got {type(items).__name__} {_cut(repr(items))}")
+    return list(items)

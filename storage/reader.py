@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,7 +26,7 @@ import zarr
 
 from dilstore.storage.codebook import load_store_codebook
 from dilstore.storage.encodings import get_encoding
-from dilstore.storage.errors import DilstoreError, listed
+from dilstore.storage.errors import DilstoreError, as_list, listed
 from dilstore.storage.fingerprint import Fingerprint, check_fingerprint
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
@@ -158,10 +158,7 @@ class Store:
         Raises MissingPassagesError naming the first few ids that are not in the store, and DilstoreError when
         `passage_ids` is not a sequence of strings (a bare string would be read as one id per character).
         """
-        if isinstance(passage_ids, str) or not isinstance(passage_ids, Iterable):
-            given = f"{type(passage_ids).__name__} {passage_ids!r:.60}"
-            raise DilstoreError(f"fetch takes a list of passage ids, got {given}")
-        passage_ids = list(passage_ids)
+        passage_ids = as_list(passage_ids, "fetch takes a list of passage ids")
         index = self._live_index()
         self._check_watched_files(passage_ids, index)
         self._open_concurrently(passage_ids, index)

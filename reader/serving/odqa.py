@@ -64,7 +64,7 @@ from dilstore.reader.serving.answers import (
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.text.tokenization import TokenizedText, encode_question
-from dilstore.storage.errors import DilstoreError, require_at_least_one
+from dilstore.storage.errors import DilstoreError, as_list, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import Store, open_store
 from dilstore.storage.records import StoredPassage
@@ -118,6 +118,11 @@ class PassageSource(Protocol):
     """What the reader needs of a store: the stored passages of some ids, in their order."""
 
     def fetch(self, passage_ids: Sequence[str]) -> list[StoredPassage]: ...
+
+
+def _question_list(questions: Sequence[str]) -> list[str]:
+    """The questions as a list (any iterable but one string, which would be read as one question per character)."""
+    return as_list(questions, "questions must be a list of strings (answer() takes a single one)")
 
 
 class OpenDomainReader:
@@ -181,6 +186,7 @@ class OpenDomainReader:
     ) -> list[Reading]:
         """BM25 top-p for each question (one top_p for all, or one per question), then `read` (questions are checked
         before any search)."""
+        questions = _question_list(questions)
         top_p = self.settings.top_p if top_p is None else top_p
         per_question = isinstance(top_p, Sequence) and not isinstance(top_p, str)
         top_ps = list(top_p) if per_question else [top_p] * len(questions)
@@ -198,8 +204,9 @@ class OpenDomainReader:
 
     def read(self, questions: Sequence[str], candidates: Sequence[Sequence[Hit | str]]) -> list[Reading]:
         """Read each question against its own candidates: BM25 hits, or bare passage ids (s_bm25 = 0)."""
-        if isinstance(candidates, str) or any(isinstance(row, str) for row in candidates):
-            raise DilstoreError("candidates must hold one list of passage ids (or hits) per question, not a string")
+        questions = _question_list(questions)
+        what = "candidates must hold one list of passage ids (or hits) per question"
+        candidates = [as_list(row, what) for row in as_list(candidates, what)]
         if len(questions) != len(candidates):
             raise DilstoreError(f"got {len(questions)} questions but {len(candidates)} candidate lists")
         tokenized = self._tokenize_questions(questions)
@@ -210,7 +217,7 @@ class OpenDomainReader:
         """Start/end logits of one question over each given stored passage (what decoding sees)."""
         tokenized = self._tokenize_questions([question])
         timings = Timings()
-        passages = self._fetch(passage_ids, timings)
+        passages = self._fetch(as_list(passage_ids, "passage_ids must be a list of passage ids"), timings)
         pairs = [_Pair(0, index, len(tokenized[0]) + len(p.token_ids)) for index, p in enumerate(passages)]
         question_states, question_mask = self._question_states(tokenized, timings)
         logits = self._interaction_logits(pairs, question_states, question_mask, passages, timings)
@@ -238,8 +245,6 @@ class OpenDomainReader:
 
     def _tokenize_questions(self, questions: Sequence[str]) -> list[TokenizedText]:
         """`tokenize_question` for each question; at least one is needed."""
-        if isinstance(questions, str):  # it would be read as one question per character
-            raise DilstoreError("questions must be a list of strings, not one string; answer() takes a single one")
         if not questions:
             raise DilstoreError("no question given")
         return [self.tokenize_question(question) for question in questions]
@@ -285,7 +290,7 @@ class OpenDomainReader:
     def _fetch(self, passage_ids: Sequence[str], timings: Timings) -> list[StoredPassage]:
         """The stored passages, in the order asked; a missing id raises the store's DilstoreError."""
         with timings.measure("store_read"):
-            return list(self.store.fetch(list(passage_ids)))
+            return list(self.store.fetch(passage_ids))
 
     def _question_states(
         self, tokenized: Sequence[TokenizedText], timings: Timings

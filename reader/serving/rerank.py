@@ -78,7 +78,7 @@ from dilstore.reader.packaged.shipped import default_listformer_dir, default_ran
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_query
-from dilstore.storage.errors import DilstoreError, listed, require_at_least_one
+from dilstore.storage.errors import DilstoreError, as_list, listed, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import MissingPassagesError, Store, open_store
 from dilstore.storage.records import StoredPassage
@@ -233,8 +233,7 @@ class StoreReranker(ABC, Generic[RankerT]):
         `skip_missing` are left out and counted in `stats.skipped`. Pass a
         RerankStats to collect counts and stage times.
         """
-        if isinstance(doc_ids, str):  # it would be read as one id per character
-            raise DilstoreError("doc_ids must be a list of document ids, not one string")
+        doc_ids = as_list(doc_ids, "doc_ids must be a list of document ids")
         stats = RerankStats() if stats is None else stats
         started = time.perf_counter()
         try:

@@ -218,11 +218,30 @@ def test_a_question_that_is_not_a_string_is_named_as_such(tiny: dict, question: 
 def test_one_string_where_a_list_belongs_is_refused(tiny: dict) -> None:
     """answer_many("museum") answered six one-letter questions; read() listed letters as missing passage ids."""
     odqa = odqa_for(tiny)
-    with pytest.raises(DilstoreError, match="questions must be a list of strings, not one string"):
+    single = r"^questions must be a list of strings \(answer\(\) takes a single one\), got str"
+    with pytest.raises(DilstoreError, match=single):
         odqa.answer_many(QUESTION)  # type: ignore[arg-type]
-    with pytest.raises(DilstoreError, match="one list of passage ids .* per question, not a string"):
+    with pytest.raises(DilstoreError, match="one list of passage ids .* per question, got str"):
         odqa.read([QUESTION], [tiny["ids"][0]])
     assert odqa.read([QUESTION], [[tiny["ids"][0]]])[0].spans
+
+
+def test_any_iterable_is_a_list_and_none_is_named(tiny: dict) -> None:
+    """answer_many(a generator) and answer_many(None) were TypeErrors from len(); read(questions, None) and
+    passage_logits(question, "id") were a TypeError and one id per character."""
+    odqa = odqa_for(tiny)
+    generated = odqa.answer_many(question for question in [QUESTION])
+    assert [answer.nbest for answer in generated] == [odqa.answer(QUESTION).nbest]
+    read = odqa.read(iter([QUESTION]), (row for row in [[tiny["ids"][0]]]))
+    assert read[0].spans == odqa.read([QUESTION], [[tiny["ids"][0]]])[0].spans
+    for call, message in (
+        (lambda: odqa.answer_many(None), "questions must be a list of strings .*, got NoneType None"),
+        (lambda: odqa.read([QUESTION], None), "one list of passage ids .* per question, got NoneType None"),
+        (lambda: odqa.read([QUESTION], [None]), "one list of passage ids .* per question, got NoneType None"),
+        (lambda: odqa.passage_logits(QUESTION, tiny["ids"][0]), "passage_ids must be a list of passage ids, got str"),
+    ):
+        with pytest.raises(DilstoreError, match=message):
+            call()
 
 
 def test_missing_ids_raise_and_the_reader_survives(tiny: dict) -> None:

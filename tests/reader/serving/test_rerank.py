@@ -262,8 +262,10 @@ def test_strings_where_lists_belong_and_non_string_queries_are_named(
 ) -> None:
     """A bare string of doc_ids was read as one id per character (an error listing letters)."""
     reranker = open_reranker(store("earl-s1"), model_dir)
-    with pytest.raises(DilstoreError, match="doc_ids must be a list of document ids, not one string"):
+    with pytest.raises(DilstoreError, match="doc_ids must be a list of document ids, got str"):
         reranker.rerank(QUERIES["q1"], "tram")
+    with pytest.raises(DilstoreError, match="doc_ids must be a list of document ids, got NoneType None"):
+        reranker.rerank(QUERIES["q1"], None)  # type: ignore[arg-type]  # a TypeError from deep inside
     with pytest.raises(DilstoreError, match="a query must be a string, got NoneType"):
         reranker.rerank(None, ["tram"])  # type: ignore[arg-type]
     with pytest.raises(DilstoreError, match="the query holds a lone surrogate"):
