@@ -272,6 +272,11 @@ class Hit:
     score: float
 
 
+class TooManyTermsError(DilstoreError):
+    """A query with more distinct terms than Lucene searches at once (its maxClauseCount, 1024): the query's
+    fault, not the index's, so a server answers it as the client's error."""
+
+
 class Bm25Searcher:
     """Anserini's SimpleSearcher (what pyserini's LuceneSearcher wraps) with BM25 defaults (k1=0.9, b=0.4)."""
 
@@ -299,15 +304,22 @@ class Bm25Searcher:
 
     @contextlib.contextmanager
     def _lucene_errors(self) -> Iterator[None]:
-        """A Java exception from Lucene (a missing or cut index file: CorruptIndexException) as a DilstoreError."""
+        """A Java exception from Lucene as a DilstoreError that says whose it is: a query of more terms than
+        Lucene searches at once (TooManyTermsError), a searcher closed by another thread meanwhile, or an index
+        that cannot be read (a missing or cut file: CorruptIndexException)."""
         from jnius import JavaException
 
         try:
             yield
         except JavaException as error:
+            found = f"{error.classname}: {error.innermessage}"
+            if "TooManyClauses" in found:
+                message = f"the query has more terms than one BM25 search takes ({found}); shorten it"
+                raise TooManyTermsError(message) from None
+            if "AlreadyClosedException" in found:
+                raise DilstoreError(f"the BM25 searcher of {self._index_dir} was closed while it searched") from None
             raise DilstoreError(
-                f"the BM25 index {self._index_dir} cannot be read ({error.classname}: {error.innermessage}); "
-                "rebuild it with `dilstore index STORE`"
+                f"the BM25 index {self._index_dir} cannot be read ({found}); rebuild it with `dilstore index STORE`"
             ) from None
 
     def search(self, query: str, k: int) -> list[Hit]:
@@ -329,8 +341,18 @@ class Bm25Searcher:
         for query, qid in zip(queries, qids):
             java_queries.add(query)
             java_qids.add(qid)
-        with self._lucene_errors():
-            found = _wait_in_python(
-                lambda: searcher.batch_search(java_queries, java_qids, _java_int(k), int(threads)), "bm25-search"
-            )
+        try:
+            with self._lucene_errors():
+                found = _wait_in_python(
+                    lambda: searcher.batch_search(java_queries, java_qids, _java_int(k), int(threads)), "bm25-search"
+                )
+        except DilstoreError:
+            # Anserini's batch names no query that failed ("queryCount = 2 is not equal to completedTaskCount = 1"),
+            # which read as an unreadable index: search one at a time for the failing query's own error.
+            for qid, query in zip(qids, queries):
+                try:
+                    self.search(query, k)
+                except DilstoreError as error:
+                    raise type(error)(f"query {qid!r}: {error}") from None
+            raise
         return {qid: [Hit(hit.docid, float(hit.score)) for hit in (found.get(qid) or [])] for qid in qids}

@@ -292,13 +292,18 @@ class StoreReranker(ABC, Generic[RankerT]):
 
     # ------------------------------------------------------------------ stages
 
-    def _tokenize_query(self, query: str, stats: RerankStats) -> TokenizedText:
-        """`[CLS] q [SEP]`, truncated to max_query_length (counted in stats)."""
+    def tokenize_query(self, query: str) -> TokenizedText:
+        """`[CLS] q [SEP]`, truncated to max_query_length; a DilstoreError for a query that is not a string, is
+        empty or has no word pieces (a zero-width space), which a server refuses before any work."""
         if not isinstance(query, str):
             raise DilstoreError(f"a query must be a string, got {type(query).__name__}")
         if not query.strip():
             raise DilstoreError("the query is empty")
-        tokens = encode_query(self.model.tokenizer, query, self.max_query_length)
+        return encode_query(self.model.tokenizer, query, self.max_query_length)
+
+    def _tokenize_query(self, query: str, stats: RerankStats) -> TokenizedText:
+        """`tokenize_query`, its truncation counted in stats."""
+        tokens = self.tokenize_query(query)
         stats.truncated_queries += int(tokens.truncated)
         return tokens
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dilstore.reader.retrieval import Bm25Searcher, bm25_index_dir, build_bm25_index, start_jvm
+from dilstore.reader.retrieval import Bm25Searcher, TooManyTermsError, bm25_index_dir, build_bm25_index, start_jvm
 from dilstore.reader.serving.odqa import OdqaSettings, open_reader
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
@@ -105,6 +105,22 @@ def test_a_batch_search_on_java_threads_finds_what_one_search_at_a_time_finds(in
     batch = searcher.batch_search(list(questions.values()), list(questions), 3, threads=2)
     assert batch["q1"] and batch["q1"][0].passage_id == "tram#0"
     assert batch == {qid: searcher.search(question, 3) for qid, question in questions.items()}
+
+
+def test_lucene_errors_say_whose_they_are(indexed: dict[str, Any]) -> None:
+    """Every Java exception of a search said the index "cannot be read; rebuild it": a query of more terms than
+    Lucene searches at once, a batch holding one (Anserini's "queryCount = 1 is not equal to completedTaskCount =
+    0"), and a searcher closed by another thread while it searched."""
+    searcher = Bm25Searcher(bm25_index_dir(indexed["store"]))
+    broad = " ".join(f"w{i}x" for i in range(1100))
+    too_many = r"the query has more terms than one BM25 search takes \(.*TooManyClauses: maxClauseCount is set to 1024"
+    with pytest.raises(TooManyTermsError, match=f"^{too_many}"):
+        searcher.search(broad, 3)
+    with pytest.raises(TooManyTermsError, match=f"^query 'q2': {too_many}"):
+        searcher.batch_search([QUESTION, broad], ["q1", "q2"], 3)
+    searcher._open().close()  # what a close() on another thread does to a search under way
+    with pytest.raises(DilstoreError, match="^the BM25 searcher of .* was closed while it searched$"):
+        searcher.search(QUESTION, 3)
 
 
 def test_a_top_p_beyond_javas_int_returns_every_hit(indexed: dict[str, Any]) -> None:
