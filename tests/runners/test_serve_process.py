@@ -127,6 +127,7 @@ def test_answers_equal_ask_json_and_sigterm_drains_the_request_in_flight(indexed
         status = server.process.wait(WAIT)  # a stalled client held the server up for as long as it stalled
         waited = time.monotonic() - signalled
         cancelled = stalled.recv(65536)
+    server.reader.join(WAIT)  # the log's last lines
     head, _, payload = response.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), response[:500]
     answer = json.loads(payload)
@@ -138,6 +139,28 @@ def test_answers_equal_ask_json_and_sigterm_drains_the_request_in_flight(indexed
     log = "".join(server.log)
     assert "timeout graceful shutdown exceeded" in log and "Application shutdown complete" in log
     assert "Finished server process" in log and "Traceback" not in log
+
+
+def test_a_second_signal_while_connections_close_quits_at_once_without_a_traceback(server: ServeProcess) -> None:
+    """uvicorn's "Waiting for connections to close. (CTRL+C to force quit)" invites a second signal; starlette then
+    logged the cancelled lifespan as an ERROR traceback."""
+    host, port = server.url.removeprefix("http://").split(":")
+    start, _ = split_ask(QUESTIONS[0])
+    with socket.create_connection((host, int(port)), timeout=WAIT) as stalled:
+        stalled.sendall(start)
+        wait_for_in_flight(server.url, 1)
+        server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + WAIT
+        while "Waiting for connections to close" not in "".join(server.log):
+            assert time.monotonic() < deadline and server.process.poll() is None, "".join(server.log)
+            time.sleep(0.05)
+        server.process.send_signal(signal.SIGINT)
+        status = server.process.wait(WAIT)
+    server.reader.join(WAIT)  # the log's last lines
+    log = "".join(server.log)
+    assert status == 0, log
+    assert "forced to quit: the requests in flight and 0 queued were not answered" in log
+    assert "Traceback" not in log and "ERROR" not in log, log
 
 
 def test_a_store_of_another_model_is_refused_with_exit_2(indexed, tmp_path: Path, capsys) -> None:
