@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.reader.modeling.online_variants import load_online_variant
 from dilstore.reader.training.qa import TrainingConfig, train_qa
 from tests.fixtures.benchmarks import benchmark_module
-from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
+from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS, assert_holds_the_online_layers_of
 
 
 def test_every_checkpoint_is_packaged_scored_once_and_becomes_a_row(
@@ -52,7 +51,8 @@ def test_every_checkpoint_is_packaged_scored_once_and_becomes_a_row(
         assert rows[0]["online_variant"] is None and rows[1]["online_variant"] == "online-2bit.safetensors"
         assert [row["f1_fused"] for row in rows] == [51.0, 52.0, 53.0]
         assert "--no-online-variant" in calls[0] and all("--no-online-variant" not in call for call in calls[1:])
-        packaged = tmp_path / "work" / "step-1"
-        assert load_online_variant(DilBertReader.from_pretrained(packaged), packaged, "2bit") is not None
+        step_1 = next((tmp_path / "run" / "checkpoints").glob("step-*1"))
+        assert_holds_the_online_layers_of(tmp_path / "work" / "step-1", "2bit", step_1, base)
+        assert_holds_the_online_layers_of(tmp_path / "work" / "step-2", "2bit", tmp_path / "run", base)
         assert script.main(arguments) == 0
         assert len(calls) == 3, "a second call scores nothing again"

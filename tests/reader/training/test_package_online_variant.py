@@ -16,10 +16,9 @@ import pytest
 import torch
 
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.reader.modeling.online_variants import load_online_variant
 from dilstore.reader.training.qa import TrainingConfig, train_qa
 from tests.fixtures.benchmarks import benchmark_module
-from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
+from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS, assert_holds_the_online_layers_of
 
 
 def evaluation(encoding: str, f1: float, variant: str | None = None, seed: int = 0) -> dict:
@@ -46,8 +45,7 @@ def test_a_run_becomes_a_variant_beside_a_copy_of_the_base_with_one_card_section
     with benchmark_module("package_online_variant") as script:
         assert script.main(arguments) == 0
         assert not (base / "online-2bit.safetensors").exists(), "the base is left alone"
-        reader = DilBertReader.from_pretrained(tmp_path / "into")
-        assert load_online_variant(reader, tmp_path / "into", "2bit") is not None
+        assert_holds_the_online_layers_of(tmp_path / "into", "2bit", tmp_path / "run", base)
         card = (tmp_path / "into" / "MODEL_CARD.md").read_text()
         assert card.startswith("# tiny reader") and "base card" in card
         assert card.count("## Online layers for 2bit stores") == 1
