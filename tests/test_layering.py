@@ -46,26 +46,35 @@ READER_GRAPH: dict[str, set[str]] = {
 PIPELINES_MAY_USE = {"offline", "packaged", "text", "batching"}
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Absolute module names a Python file imports (`from a.b import c` gives a.b)."""
+def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
+    """Absolute module names a Python file under `root` (the dilstore namespace's folder) imports.
+
+    `from a.b import c` gives a.b and a.b.c (c may be a module: `from dilstore import runners`); a relative
+    import is resolved against the file's own package (`from ..pipelines import job` in storage/ gives
+    dilstore.pipelines and dilstore.pipelines.job).
+    """
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = ["dilstore", *path.relative_to(root).parent.parts]
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            names.update({module} if node.module else set())
+            names.update(f"{module}.{alias.name}" for alias in node.names)
     return names
 
 
-def imported_top_levels(path: Path) -> set[str]:
-    """Top-level module names a Python file imports (absolute imports only)."""
-    return {name.split(".")[0] for name in imported_modules(path)}
+def imported_top_levels(path: Path, root: Path = ROOT) -> set[str]:
+    """Top-level module names a Python file imports (`dilstore` for a relative import)."""
+    return {name.split(".")[0] for name in imported_modules(path, root)}
 
 
-def imported_layers(path: Path) -> set[str]:
+def imported_layers(path: Path, root: Path = ROOT) -> set[str]:
     """The dilstore layers (`dilstore.storage` → storage) a file imports."""
-    return {name.split(".")[1] for name in imported_modules(path) if name.startswith("dilstore.") and "." in name}
+    return {name.split(".")[1] for name in imported_modules(path, root) if name.startswith("dilstore.")}
 
 
 def reader_part(module: str) -> str | None:
@@ -155,4 +164,13 @@ def test_checker_sees_lazy_imports(tmp_path: Path) -> None:
     """The checker must catch an import hidden inside a function body."""
     module = tmp_path / "m.py"
     module.write_text("def f():\n    import torch\n    from apache_beam import io\n")
-    assert imported_top_levels(module) == {"torch", "apache_beam"}
+    assert imported_top_levels(module, tmp_path) == {"torch", "apache_beam"}
+
+
+def test_checker_sees_relative_imports_and_layers_imported_by_name(tmp_path: Path) -> None:
+    """`from ..pipelines import job` and `from dilstore import runners` in storage/ went unseen (tests36 1.3)."""
+    module = tmp_path / "storage" / "codecs" / "m.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("from dilstore import runners\nfrom ...pipelines import job\nfrom . import sibling\n")
+    assert imported_layers(module, tmp_path) == {"runners", "pipelines", "storage"}
+    assert {"dilstore.pipelines.job", "dilstore.storage.codecs.sibling"} <= imported_modules(module, tmp_path)

@@ -6,7 +6,7 @@ runs the real Lucene index.
 
 from __future__ import annotations
 
-import math
+import time
 
 import numpy as np
 import pytest
@@ -288,7 +288,14 @@ def test_bad_settings_are_refused(options: dict) -> None:
         OdqaSettings(**options)
 
 
-def test_timings_add_up(tiny: dict) -> None:
-    timings = odqa_for(tiny).answer(QUESTION).timings.to_dict()
-    parts = sum(value for stage, value in timings.items() if stage != "total")
-    assert math.isclose(timings["total"], parts) and timings["interaction_layers"] > 0
+def test_every_stage_a_read_passes_through_is_timed_within_the_call(tiny: dict) -> None:
+    """`total` is the stages' sum by definition; that the stages add up said nothing, and the decode, store_read
+    and question_layers timers could be dropped with every test passing (tests36 1.2)."""
+    odqa = odqa_for(tiny)
+    started = time.perf_counter()
+    timings = odqa.answer(QUESTION).timings.to_dict()
+    wall = time.perf_counter() - started
+    stages = {stage: seconds for stage, seconds in timings.items() if stage != "total"}
+    assert set(stages) == {"retrieval", "store_read", "question_layers", "interaction_layers", "decode"}
+    assert all(seconds > 0 for seconds in stages.values()), stages
+    assert timings["total"] <= wall
