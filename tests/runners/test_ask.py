@@ -44,7 +44,7 @@ def index(store_and_model: tuple[Path, Path], tmp_path_factory: pytest.TempPathF
     documents = collection_documents(store_dir, ["tram#0", "curie#0", "kili#0", "cafe#0"])
     write_collection(root / "collection" / "passages.jsonl", [*documents, ("ghost#0", "Xylophone mallets.")])
     build = (
-        "import sys; from pathlib import Path; from reader.retrieval import build_bm25_index as build; "
+        "import sys; from pathlib import Path; from dilstore.reader.retrieval import build_bm25_index as build; "
         "build(Path(sys.argv[1]), Path(sys.argv[2]))"
     )
     subprocess.run([sys.executable, "-c", build, str(root / "collection"), str(root / "bm25")], check=True, cwd=ROOT,
