@@ -141,7 +141,13 @@ def test_a_java_call_waited_on_gives_back_its_result_or_its_error() -> None:
 def test_the_waiting_thread_reports_progress_while_the_call_runs() -> None:
     """The index bar is fed from here: called only once at the end, it would jump from 0 to done."""
     polls: list[float] = []
-    started = time.monotonic()
-    assert retrieval._wait_in_python(lambda: time.sleep(0.7) or 1, "slow", while_waiting=lambda: polls.append(
-        time.monotonic() - started)) == 1  # fmt: skip
-    assert len(polls) >= 3 and polls[0] < 0.5  # every 0.2 s of the call, from the first on
+    polled_thrice = threading.Event()
+
+    def poll() -> None:
+        polls.append(time.monotonic())
+        if len(polls) == 3:
+            polled_thrice.set()
+
+    # The call ends only once it has been polled three times (a timed call needed three polls in 0.7 s of a busy CPU).
+    assert retrieval._wait_in_python(lambda: polled_thrice.wait(60) and 1, "slow", while_waiting=poll) == 1
+    assert len(polls) >= 3
