@@ -7,6 +7,7 @@ so that tests which need neither never load them.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,20 @@ def torch_back_on_one_thread() -> Iterator[None]:
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_left_as_found() -> Iterator[None]:
+    """Each test, and the code it runs in-process, leaves SIGINT, SIGTERM and SIGHUP as it found them: a Python
+    caller of dilstore's API would otherwise keep a handler that no longer raises KeyboardInterrupt."""
+    watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {number: signal.getsignal(number) for number in watched}
+    yield
+    changed = [number for number in watched if signal.getsignal(number) != before[number]]
+    for number in changed:
+        signal.signal(number, before[number])
+    if changed:
+        pytest.fail(f"left the {', '.join(signal.Signals(number).name for number in changed)} handler changed")
 
 
 @pytest.fixture(scope="module")
