@@ -172,7 +172,7 @@ def build_index(store: PathLike, *, threads: int = 1, no_progress: bool = False)
     _check("store", store, _PATH, "a store folder")
     _check("threads", threads, (int,), "a positive integer")
     _check("no_progress", no_progress, (bool,), "True or False")
-    argv = ["index", str(store), *option_words({"threads": threads, "no_progress": no_progress})]
+    argv = ["index", *option_words({"threads": threads, "no_progress": no_progress}), "--", str(store)]
     args = _parsed("index", lambda: build_parser().parse_args(argv))
     args.run(args)
     return bm25_index_dir(store)

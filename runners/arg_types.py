@@ -71,7 +71,8 @@ def torch_device(text: str) -> str:
 
 def option_words(options: Mapping[str, Any]) -> list[str]:
     """`--flag value` words for options by their Python names: None and False leave a flag out, True is the bare
-    flag, and a list (or other iterable but a string or path) repeats the flag for each item."""
+    flag, and a list (or other iterable but a string or path) repeats the flag for each item. A value that
+    begins with "-" is joined to its flag (`--input=-data.jsonl`), as argparse would read it as an option."""
     words: list[str] = []
     for name, value in options.items():
         if value is None or value is False:
@@ -79,8 +80,8 @@ def option_words(options: Mapping[str, Any]) -> list[str]:
         flag = "--" + name.replace("_", "-")
         if value is True:
             words.append(flag)
-        elif isinstance(value, Iterable) and not isinstance(value, str | Path):
-            words += [word for item in value for word in (flag, str(item))]
         else:
-            words += [flag, str(value)]
+            values = value if isinstance(value, Iterable) and not isinstance(value, str | Path) else [value]
+            for item in map(str, values):
+                words += [f"{flag}={item}"] if item.startswith("-") else [flag, item]
     return words

@@ -6,11 +6,15 @@ Each call below was a bare TypeError or AttributeError from deep inside
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import dilstore
+from dilstore.runners.arg_types import option_words
 from tests.fixtures.store_fixtures import build_store, random_shards
 
 
@@ -65,3 +69,25 @@ def test_precompute_options_name_every_flag_of_the_command() -> None:
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     flags = {action.dest for action in commands["precompute"]._actions} - {"help"}
     assert set(typing.get_type_hints(PrecomputeOptions)) == flags
+
+
+# A value of exactly "--" is argparse's own (Python 3.11 drops it from an option's values, even after "=").
+WORDS = st.text(alphabet="-ab.1 ", min_size=1, max_size=8).filter(lambda word: word != "--")
+
+
+@given(value=WORDS, values=st.lists(WORDS, min_size=1, max_size=3))
+def test_option_words_parse_back_even_when_a_value_begins_with_a_dash(value: str, values: list[str]) -> None:
+    """`dilstore.precompute(input="-data.jsonl")` gave argparse `--input -data.jsonl`, which it read as two options."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--input")
+    parser.add_argument("--index", action="append")
+    parser.add_argument("--json", action="store_true")
+    words = option_words({"input": value, "index": values, "json": True, "unset": None})
+    assert vars(parser.parse_args(words)) == {"input": value, "index": values, "json": True}
+
+
+def test_build_index_reads_a_store_named_like_an_option_as_the_store(tmp_path: Path, monkeypatch) -> None:
+    """`dilstore.build_index("-x")` was refused as if "-x" were an option."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(dilstore.DilstoreError, match="-x"):
+        dilstore.build_index("-x")
