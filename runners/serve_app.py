@@ -412,8 +412,19 @@ def add_request_handling(app: FastAPI, metrics: Metrics) -> None:
             return JSONResponse({"detail": f"the body must be JSON, sent with content-type application/json; this "
                                            f"request {declared}"}, status_code=422)
         # FastAPI's own handler echoes each bad input back, and fails with a 500 on a NaN or infinity.
-        details = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in error.errors()]
+        details = [{"type": e["type"], "loc": list(e["loc"]), "msg": _message(e)} for e in error.errors()]
         return JSONResponse({"detail": details}, status_code=422)
+
+
+def _message(error: dict[str, Any]) -> str:
+    """A validation error's message, saying why JSON did not parse ("JSON decode error" did not) and that an empty
+    body is empty ("Field required" of the body did not)."""
+    if error["type"] == "json_invalid":
+        where = f" at character {error['loc'][1]}" if len(error["loc"]) > 1 else ""
+        return f"the body is not valid JSON: {error.get('ctx', {}).get('error', error['msg'])}{where}"
+    if error["type"] == "missing" and tuple(error["loc"]) == ("body",):
+        return "the body is empty; send a JSON object"
+    return error["msg"]
 
 
 def is_json_type(content_type: str | None) -> bool:
