@@ -329,8 +329,8 @@ def test_a_full_queue_gets_503_with_retry_after_and_the_server_recovers(tiny: di
 # ---------------------------------------------------------------------- bad input
 
 BAD_ASKS = [
-    ("not json", b"{question: 1", 422, "the body is not valid JSON: Expecting property name enclosed in double quotes at "
-     "character 1"),
+    ("not json", b"{question: 1", 422,
+     "the body is not valid JSON: Expecting property name enclosed in double quotes at character 1"),
     ("an empty body", b"", 422, "the body is empty; send a JSON object"),
     ("a list", [QUESTIONS[0]], 422, "dictionary"),
     ("no question", {"top_p": 3}, 422, "question"),
