@@ -191,13 +191,15 @@ class RerankService:
         return outcomes
 
     def rerank(self, request: RerankRequest) -> dict[str, Any]:
-        """`{"query", "results": [{"doc_id", "score", "bm25_score"?}, ...]}`, best first.
+        """`{"query", "query_truncated", "results": [{"doc_id", "score", "bm25_score"?}, ...]}`, best first.
 
         Ties keep the order given (or BM25's order). Unknown doc_ids are the
         client's error (422); a BM25 hit the store lacks is the server's.
+        query_truncated: the ranker read only the query's first max_query_length
+        tokens (as `dilstore rerank` counts in truncated_queries).
         """
         try:
-            self.reranker.tokenize_query(request.query)
+            query = self.reranker.tokenize_query(request.query)
         except DilstoreError as error:  # empty, or no word pieces at all (a zero-width space, a NUL)
             raise ClientError(422, str(error)) from None
         if request.doc_ids is not None:
@@ -224,7 +226,7 @@ class RerankService:
             {"doc_id": doc_id, "score": score, **({"bm25_score": bm25[doc_id]} if bm25 else {})}
             for doc_id, score in ranked
         ]
-        return {"query": request.query, "results": results}
+        return {"query": request.query, "query_truncated": query.truncated, "results": results}
 
 
 Service = AskService | RerankService

@@ -475,6 +475,18 @@ def test_rerank_scores_given_ids_and_bm25_hits_like_the_reranker(served, tiny: d
     assert {r["doc_id"]: r["bm25_score"] for r in results} == {hit.passage_id: hit.score for hit in hits}
     scores = [r["score"] for r in results]
     assert scores == sorted(scores, reverse=True)
+    assert response.json()["query_truncated"] is False
+
+
+def test_rerank_says_when_the_ranker_read_only_the_query_s_first_tokens(served, tiny: dict[str, Any]) -> None:
+    """A 200,000-character query was scored on its first tokens, and the response did not say so."""
+    client, _, _ = served
+    long_query = "Zürich tram " * 100
+    response = client.post("/rerank", json={"query": long_query, "doc_ids": ["tram", "kili"]})
+    assert response.status_code == 200, response.text
+    assert response.json()["query_truncated"] is True
+    expected = open_reranker(tiny["s1"], tiny["ranker_dir"]).rerank(long_query, ["tram", "kili"])
+    assert {r["doc_id"]: r["score"] for r in response.json()["results"]} == pytest.approx(expected, rel=1e-5)
 
 
 def test_health_stores_docs(served) -> None:
