@@ -29,7 +29,7 @@ passages that its new version no longer has).
 from __future__ import annotations
 
 import dataclasses
-import shutil
+import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ import numpy as np
 
 from dilstore.storage.atomic_files import remove_stale_writes
 from dilstore.storage.codebook import store_codebook_problems
+from dilstore.storage.durability import remove_path
 from dilstore.storage.errors import DilstoreError, listed
 from dilstore.storage.finalize import (
     ShardContents,
@@ -57,6 +58,7 @@ from dilstore.storage.format import (
     INDEX_ROWS,
     INDEX_SHARDS,
     SHARDS_DIR,
+    TMP_PREFIX,
     append_dir,
     shard_path,
 )
@@ -326,10 +328,13 @@ def remove_leftovers(root: str | Path, manifest: Manifest, keep: Sequence[str] =
     if appends.is_dir():
         doomed += [append_dir(entry.name) for entry in appends.iterdir()
                    if entry.name not in committed and entry.name not in keep]  # fmt: skip
+        # An id index a killed write left half made (.tmp-index-*), or one replace_dir set aside (.tmp-old-index-*):
+        # inside a committed append's folder, verify took it for damage for good.
+        doomed += [f"{APPENDS_DIR}/{entry.parent.name}/{entry.name}" for entry in appends.glob(f"*/{TMP_PREFIX}*")]
     removed = []
     for relative in doomed:
         path = root / relative
-        if relative != manifest.index and path.exists():
-            shutil.rmtree(path)
+        if relative != manifest.index and os.path.lexists(path):
+            remove_path(path)
             removed.append(relative)
     return removed

@@ -246,17 +246,17 @@ def _check_files(
         else:
             report.files_checked += 1
             report.bytes_checked += present[path]
-    # A top-level index/ that an append replaced (manifest.index names the new one) is a leftover a kill between
-    # the commit and the cleanup leaves, which readers never open and the next append removes: untracked.
-    replaced_index = () if manifest.index == INDEX_DIR else (INDEX_DIR,)
-    data_folders = tuple(folder for folder in (SHARDS_DIR, INDEX_DIR, manifest.index, CODEBOOK_DIR,
-                                               *(append_dir(str(record.get("generation")))
-                                                 for record in manifest.appends))
-                         if folder not in replaced_index)
+    # An id index that an append replaced (index/, or an earlier append's appends/G/index/; manifest.index names the
+    # new one) is a leftover a kill between the commit and the cleanup leaves, which readers never open and the next
+    # append or re-run removes: untracked.
+    appended = [append_dir(str(record.get("generation"))) for record in manifest.appends]
+    replaced_indexes = tuple(f"{folder}/" for folder in (INDEX_DIR, *(f"{a}/{INDEX_DIR}" for a in appended))
+                             if folder != manifest.index)  # fmt: skip
+    data_folders = tuple(f"{folder}/" for folder in (SHARDS_DIR, INDEX_DIR, manifest.index, CODEBOOK_DIR, *appended))
     for path in present:
         if path == MANIFEST_FILE or path in manifest.files:
             continue
-        if path.startswith(tuple(f"{folder}/" for folder in data_folders)):
+        if path.startswith(data_folders) and not path.startswith(replaced_indexes):
             report.problems.append(f"{path}: inside the store's data but not in the manifest")
         else:
             report.untracked.append(path)

@@ -22,7 +22,7 @@ from dilstore.runners.cmd_store import format_info
 from dilstore.storage import append as append_module
 from dilstore.storage import reader as reader_module
 from dilstore.storage.append import AppendMismatchError, commit_append, first_free_shard, remove_leftovers
-from dilstore.storage.format import APPENDED_FORMAT_VERSION, INDEX_DIR, MANIFEST_FILE, append_dir
+from dilstore.storage.format import APPENDED_FORMAT_VERSION, INDEX_DIR, MANIFEST_FILE, TMP_PREFIX, append_dir
 from dilstore.storage.id_index import DuplicatePassageIdError
 from dilstore.storage.info import store_info
 from dilstore.storage.location import StoreLocation
@@ -302,6 +302,41 @@ def test_leftovers_of_killed_appends_and_replaced_indexes_are_removed(tmp_path: 
     assert sorted(removed) == [append_dir("0" * 16), INDEX_DIR]
     assert (store / append_dir("f" * 16)).is_dir() and (store / append_dir(GENERATION)).is_dir()
     assert verify_store(store).ok and len(open_store(store)) == 2
+
+
+def test_a_second_append_s_replaced_index_left_by_a_kill_is_untracked_and_then_removed(tmp_path: Path) -> None:
+    """A kill between a second append's commit and its cleanup left the first append's index, which verify called
+    damage ("inside the store's data but not in the manifest"), though no reader opens it (crash36 2)."""
+    store = build_store(tmp_path / "store", [records(["a"])])
+    write_append(store, [records(["b"], seed=1)], generation="1" * 16)
+    commit_append(store, "1" * 16, fingerprint_for())
+    first_index = store / append_dir("1" * 16) / INDEX_DIR
+    shutil.copytree(first_index, tmp_path / "first-index")
+    write_append(store, [records(["c"], seed=2)], generation="2" * 16)
+    manifest = commit_append(store, "2" * 16, fingerprint_for())
+    shutil.copytree(tmp_path / "first-index", first_index)  # as the kill leaves it
+    report = verify_store(store)
+    assert report.ok, report.problems
+    assert any(path.startswith(f"{append_dir('1' * 16)}/{INDEX_DIR}/") for path in report.untracked)
+    assert remove_leftovers(store, manifest) == [f"{append_dir('1' * 16)}/{INDEX_DIR}"]
+
+
+def test_an_id_index_a_kill_left_half_made_inside_an_append_s_folder_is_removed(tmp_path: Path) -> None:
+    """A kill while an append wrote its id index left appends/G/.tmp-index-*; the re-run committed beside it, and
+    verify failed for good, as no cleanup looked inside an append's folder (crash36 1)."""
+    store = build_store(tmp_path / "store", [records(["a"])])
+    write_append(store, [records(["b"], seed=1)])
+    half_made = store / append_dir(GENERATION) / f"{TMP_PREFIX}{INDEX_DIR}-{'9' * 32}"
+    shutil.copytree(store / INDEX_DIR, half_made)
+    set_aside = store / append_dir(GENERATION) / f"{TMP_PREFIX}old-{INDEX_DIR}-{'8' * 32}"
+    shutil.copytree(store / INDEX_DIR, set_aside)
+    manifest = commit_append(store, GENERATION, fingerprint_for())
+    assert not half_made.exists() and not set_aside.exists()
+    assert verify_store(store).ok, verify_store(store).problems
+    shutil.copytree(store / manifest.index, half_made)  # a store damaged so before this fix: the next cleanup mends it
+    assert not verify_store(store).ok
+    assert remove_leftovers(store, manifest) == [f"{append_dir(GENERATION)}/{half_made.name}"]
+    assert verify_store(store).ok
 
 
 def test_replace_also_retires_the_given_ids_the_append_does_not_bring_again(tmp_path: Path) -> None:
