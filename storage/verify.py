@@ -154,7 +154,19 @@ def verify_store(
     if not unreadable(CODEBOOK_DIR):
         _guarded(report, CODEBOOK_DIR, lambda: report.problems.extend(store_codebook_problems(
             location, shard_paths, manifest.encoding, manifest.generation, manifest.fingerprint)))  # fmt: skip
+    if report.problems and _replaced_meanwhile(location, manifest):
+        # An append committed while verify read: its checks of the old manifest's index and files say nothing
+        # about either state (an index it removed read as "cannot be read: GroupNotFoundError").
+        report.problems = ["the store changed while it was verified (an append committed): run verify again"]
     return report
+
+
+def _replaced_meanwhile(location: StoreLocation, verified: Manifest) -> bool:
+    """Whether the store's manifest is now another than the one verified."""
+    try:
+        return read_manifest(location) != verified
+    except DilstoreError:
+        return False
 
 
 def _store_codebook_names(location: StoreLocation) -> set[str] | None:

@@ -287,6 +287,29 @@ def test_a_reader_opening_while_an_append_commits_retries_with_the_new_manifest(
         assert len(opened) == 3 and "c" in opened
 
 
+def test_verify_during_a_commit_says_the_store_changed_not_that_it_is_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append committing between verify's manifest read and its id-index check made verify report a sound store
+    as damaged ("id index: cannot be read: GroupNotFoundError"; crash36 5)."""
+    import dilstore.storage.verify as verify
+
+    store = build_store(tmp_path / "store", [records(["a"])])
+    write_append(store, [records(["b"], seed=1)])
+    check_index = verify._check_index
+
+    def commit_first(*args, **kwargs):
+        commit_append(store, GENERATION, fingerprint_for())  # the commit lands here
+        return check_index(*args, **kwargs)
+
+    monkeypatch.setattr(verify, "_check_index", commit_first)
+    assert verify_store(store).problems == [
+        "the store changed while it was verified (an append committed): run verify again"
+    ]
+    monkeypatch.setattr(verify, "_check_index", check_index)
+    assert verify_store(store).ok
+
+
 def test_leftovers_of_killed_appends_and_replaced_indexes_are_removed(tmp_path: Path) -> None:
     store = build_store(tmp_path / "store", [records(["a"])])
     shutil.copytree(store / INDEX_DIR, tmp_path / "old-index")
