@@ -62,7 +62,7 @@ from dilstore.reader.training.state import (
     step_directory,
     verify_checkpoint,
 )
-from dilstore.storage.atomic_files import give_new_file_modes
+from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
 from dilstore.storage.errors import DilstoreError, StoppedBySignal, require_at_least_one
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -70,7 +70,10 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 LENGTH_GROUP = 50
 RUN_CONFIG_FILE = "run_config.json"
 # Settings a resumed run may change: how often it saves checkpoints, and how (not what) a step computes.
-_MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes", "chunk_windows", "compile"})
+# How often to save, how to chunk and compile: they change no result. The teacher's and the shared-norm triples'
+# paths may change too, as their content is checked by SHA-256 (INPUT_DIGESTS), like the base's and --train's.
+_MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes", "chunk_windows", "compile", "teacher",
+                                   "shared_norm"})
 CHECKPOINTS_DIR = "checkpoints"
 # numpy's seeding (seed_everything) takes seeds from 0 to this; it raised a ValueError on others mid-start.
 MAX_SEED = 2**32 - 1
@@ -328,7 +331,7 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
     found = latest_checkpoint(checkpoints)
     if found is None:
         raise DilstoreError(f"--resume: no complete checkpoint under {checkpoints}")
-    saved_file = Path(output_dir) / RUN_CONFIG_FILE
+    saved_file = run_record(output_dir, found)
     if saved_file.is_file():
         saved = read_run_settings(saved_file)
         defaults = {
@@ -345,6 +348,14 @@ def resume_point(output_dir: Path, config: LoopSettings) -> Path:
             raise DilstoreError(f"--resume: settings differ from the interrupted run ({saved_file}): {differing}")
     verify_checkpoint(found)
     return found
+
+
+def run_record(output_dir: Path, checkpoint: Path) -> Path:
+    """Where a resumed run's settings and input digests were recorded: OUTPUT/run_config.json, or, in a folder
+    that lacks it (rebuilt from a copied checkpoints/), the checkpoint's own dilstore_training.json, which holds
+    them too. Without the fallback such a resume took any settings, data and base without a word."""
+    recorded = Path(output_dir) / RUN_CONFIG_FILE
+    return recorded if recorded.is_file() else Path(checkpoint) / TRAINING_METADATA_FILE
 
 
 def read_run_settings(path: Path) -> dict[str, Any]:
@@ -365,7 +376,8 @@ def write_run_config(output_dir: Path, config: LoopSettings, command: str, input
     """
     output_dir.mkdir(parents=True, exist_ok=True)
     document = {"config": asdict(config), **inputs, "command": command}
-    (output_dir / RUN_CONFIG_FILE).write_text(json.dumps(document, indent=1), encoding="utf-8")
+    # Whole or not at all: written in place, a kill or a full disk left it empty, and no --resume could read it.
+    atomic_write_text(output_dir / RUN_CONFIG_FILE, json.dumps(document, indent=1))
 
 
 @dataclass(frozen=True)

@@ -369,6 +369,18 @@ def representation_loss(
     return torch.stack(distances).mean()
 
 
+def _other_inputs(config: TrainingConfig) -> dict[str, str]:
+    """The files a run reads besides its base and --train, by name: their SHA-256 is recorded, so --resume refuses
+    a teacher or shared-norm triples changed in place (the paths alone were compared, and moving them was refused)."""
+    inputs = {}
+    if config.shared_norm is not None:
+        inputs["shared_norm_triples"] = str(Path(config.shared_norm))
+        inputs["shared_norm_paragraphs"] = str(Path(config.shared_norm).parent / PARAGRAPHS_FILE)
+    if config.teacher is not None:
+        inputs["teacher"] = str(Path(config.teacher))
+    return inputs
+
+
 def load_teacher(path: Path, student: DilBertReader, device: torch.device) -> DilBertReader:
     """The frozen teacher reader at `path`, checked to be comparable with `student` (same depth, k no larger), whose
     online layers (k+1..l) distillation matches: a student with none (k = l) is refused."""
@@ -433,7 +445,7 @@ def train_qa(
         ),
         throughput=_throughput(data.group_size),
         identity={"kind": "dilbert-qa", "layers": reader.layers, "num_layers": reader.num_layers},
-        inputs={"base_model": str(Path(model_dir)), "train_file": str(Path(train_file))},
+        inputs={"base_model": str(Path(model_dir)), "train_file": str(Path(train_file)), **_other_inputs(config)},
         counts=lambda position: {
             "features_seen": position.features_seen,
             "train_features": data.examples,

@@ -32,12 +32,12 @@ from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.loop import (
     CHECKPOINTS_DIR,
-    RUN_CONFIG_FILE,
     Accumulate,
     LoopOutcome,
     LoopSettings,
     Throughput,
     resume_point,
+    run_record,
     run_training_loop,
     seed_everything,
     start_optimization,
@@ -175,20 +175,20 @@ def input_digests(inputs: Mapping[str, str]) -> dict[str, str]:
     return digests
 
 
-def refuse_other_inputs(output_dir: Path, digests: Mapping[str, str]) -> None:
-    """A DilstoreError when an input file of a resumed run differs from the one the interrupted run read.
+def refuse_other_inputs(record: Path, digests: Mapping[str, str]) -> None:
+    """A DilstoreError when an input file of a resumed run differs from the one the interrupted run read, as its
+    `record` (loop.run_record) lists them.
 
     resume_point compares the settings only; a resumed run that read another
     triples or SQuAD file would mix two datasets under one record. Runs
     recorded before digests were kept are not checked.
     """
-    record = output_dir / RUN_CONFIG_FILE
     recorded = read_json(record).get(INPUT_DIGESTS, {}) if record.is_file() else {}
     differing = sorted(name for name, digest in recorded.items() if digests.get(name, digest) != digest)
     if differing:
         raise DilstoreError(
             f"--resume: not the data the interrupted run read: {', '.join(differing)} (its SHA-256 is recorded in "
-            f"{output_dir / RUN_CONFIG_FILE}); resume with the same files, or start a new run"
+            f"{record}); resume with the same files, or start a new run"
         )
 
 
@@ -198,7 +198,7 @@ def finish_run(
     """Steps 3 to 5 of the module docstring: optimize, record the run, train, and save the model to OUTPUT."""
     digests = input_digests(run.inputs)
     if start.resume_from is not None:
-        refuse_other_inputs(start.output_dir, digests)
+        refuse_other_inputs(run_record(start.output_dir, start.resume_from), digests)
     run.model.to(start.device).train()
     optimization = start_optimization(run.model, run.num_examples, config, start.resume_from, run.learning_rates)
     write_run_config(start.output_dir, config, command, {**run.inputs, INPUT_DIGESTS: digests})
@@ -211,6 +211,7 @@ def finish_run(
             **run.identity,
             "command": command,
             **run.inputs,
+            INPUT_DIGESTS: digests,
             "config": asdict(config),
             "steps": position.step,
             "total_steps": optimization.total_steps,

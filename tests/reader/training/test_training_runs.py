@@ -229,3 +229,50 @@ def test_resume_refuses_training_data_other_than_the_interrupted_runs(
     copy = tmp_path / "copy.json"
     copy.write_bytes(squad_file.read_bytes())
     assert train_qa(tiny_base, copy, output, config, command="t", resume=True, progress=False).steps == 2
+
+
+def test_a_resume_without_run_config_checks_the_checkpoint_s_own_record(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """A run folder rebuilt from a copied checkpoints/ (no run_config.json) resumed with any settings, data and base,
+    and wrote a false record; the checkpoint's dilstore_training.json holds the settings and digests too."""
+    config = TrainingConfig(layers=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
+    output = tmp_path / "run"
+    train_qa(tiny_base, squad_file, output, config, command="t", progress=False)
+    cut_after_last_checkpoint(output)
+    (output / "run_config.json").unlink()
+    with pytest.raises(DilstoreError, match=r"settings differ from the interrupted run \(.*step-0000001/"
+                                            r"dilstore_training.json\): \['learning_rate'\]"):  # fmt: skip
+        train_qa(tiny_base, squad_file, output, replace(config, learning_rate=0.5), command="t", resume=True)
+    other = tmp_path / "other.json"
+    data = json.loads(squad_file.read_text())
+    data["data"][0]["title"] += " (edited)"
+    other.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(DilstoreError, match=r"not the data the interrupted run read: train_file \(.*step-0000001/"):
+        train_qa(tiny_base, other, output, config, command="t", resume=True, progress=False)
+    assert train_qa(tiny_base, squad_file, output, config, command="t", resume=True, progress=False).steps == 2
+
+
+def test_a_resume_checks_the_teacher_s_weights_not_its_path(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
+    """The teacher (and the shared-norm triples) were compared by path: changed in place they resumed into another
+    model without a word, and moved they were refused."""
+    from dilstore.reader.modeling.dilbert import DilBertReader
+
+    teacher = DilBertReader.from_pretrained(tiny_base, layers=0).save_pretrained(tmp_path / "teacher")
+    config = TrainingConfig(layers=1, max_steps=2, batch_size=2, save_every=1, teacher=str(teacher), **SMALL_WINDOWS)
+    output = tmp_path / "run"
+    train_qa(tiny_base, squad_file, output, config, command="t", progress=False)
+    cut_after_last_checkpoint(output)
+    assert set(json.loads((output / "run_config.json").read_text())["input_sha256"]) == {
+        "train_file", "base_model", "teacher"
+    }
+    moved = shutil.move(teacher, tmp_path / "teacher-moved")
+    weights = load_file(Path(moved) / "model.safetensors")
+    save_file({name: tensor + 1 for name, tensor in weights.items()}, teacher.parent / "changed.safetensors")
+    changed = shutil.copytree(moved, tmp_path / "teacher-changed")
+    shutil.move(teacher.parent / "changed.safetensors", Path(changed) / "model.safetensors")
+    with pytest.raises(DilstoreError, match=r"not the data the interrupted run read: teacher \(its SHA-256"):
+        train_qa(tiny_base, squad_file, output, replace(config, teacher=str(changed)), command="t", resume=True)
+    resumed = train_qa(tiny_base, squad_file, output, replace(config, teacher=str(moved)), command="t", resume=True,
+                       progress=False)  # fmt: skip
+    assert resumed.steps == 2
