@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
-from dilstore.runners.outputs import check_output_file, refuse_output_inside_store
+from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.reading_options import add_subset_arguments, apply_threads, subset_seed
 from dilstore.runners.quiet import add_verbose_argument
@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.predictions:
         refuse_output_inside_store(args.predictions, args.store, "--predictions")
+        refuse_output_inside_models(args.predictions, args.model, "--predictions")
         check_output_file(args.predictions, "--predictions", [args.questions])
     seed = subset_seed(args)
     questions = select_questions(load_questions(args.questions), args.limit, seed)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from dilstore.runners.quiet import add_verbose_argument
-from dilstore.runners.outputs import check_output_file
+from dilstore.runners.outputs import check_output_file, refuse_output_inside_models
 from dilstore.runners.reading_options import (
     add_reading_arguments,
     add_runtime_arguments,
@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from dilstore.reader.offline.kinds import require_within_positions
 
     if args.predictions:
+        refuse_output_inside_models(args.predictions, args.model, "--predictions")
         check_output_file(args.predictions, "--predictions", [args.data])
     model_dir = args.model or default_checkpoint_dir()
     if read_metadata(require_checkpoint_dir(model_dir)) is None:

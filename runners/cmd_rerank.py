@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dilstore.runners.arg_types import integer_at_least, positive_int
-from dilstore.runners.outputs import check_output_file, refuse_output_inside_store
+from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.storage.errors import DilstoreError, listed
@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from dilstore.reader.data.trec import read_run, read_topics, write_run
 
     refuse_output_inside_store(args.output, args.store, "--output")
+    refuse_output_inside_models(args.output, args.model, "--output")
     check_output_file(args.output, "--output", [args.topics, args.run_file])
     depth = DEFAULT_DEPTH if args.depth is None else args.depth
     check_depth(depth)

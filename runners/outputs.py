@@ -1,4 +1,5 @@
-"""Where a command may write: never inside the store it reads, onto an input, or into a folder that is not there."""
+"""Where a command may write: never inside the store or model it reads, onto an input, or into a folder that is
+not there."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dilstore.reader.packaged.shipped import packaged_models_dir
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import FORMAT_NAME, MANIFEST_FILE, SPEC_FILE
 
@@ -24,6 +26,17 @@ def refuse_output_inside_store(output: Path, store: str, flag: str) -> None:
     root = Path(store).resolve()
     if (root / MANIFEST_FILE).is_file() and output.resolve().is_relative_to(root):
         raise DilstoreError(f"{flag} {output} is inside the store {store}; write it elsewhere")
+
+
+def refuse_output_inside_models(output: Path, model: Path | None, flag: str) -> None:
+    """A DilstoreError when `output` lies inside the model folder read (`--model`) or among the shipped models.
+
+    Written there it replaced the model's own files: `evaluate-rc --predictions MODEL/config.json` and `rerank
+    --output MODEL/model.safetensors` exited 0 and left a model that no longer loads.
+    """
+    for folder, what in ((model, "the model folder"), (packaged_models_dir(), "the shipped models")):
+        if folder is not None and output.resolve().is_relative_to(Path(folder).resolve()):
+            raise DilstoreError(f"{flag} {output} is inside {what} {folder}; write it elsewhere")
 
 
 def refuse_store_inside_store(output: Path, flag: str) -> None:

@@ -182,6 +182,45 @@ def test_an_output_inside_the_store_read_is_refused_before_anything_is_written(
     assert sorted(path.name for path in store.iterdir()) == ["manifest.json"]
 
 
+@pytest.mark.parametrize(
+    ("arguments", "flag"),
+    [
+        (["evaluate-rc", "--data", "{tmp}/d.json", "--model", "{model}", "--predictions", "{model}/config.json"],
+         "--predictions"),
+        (["evaluate-qa", "{tmp}", "--questions", "{tmp}/q.jsonl", "--model", "{model}", "--predictions",
+          "{model}/config.json"], "--predictions"),
+        (["rerank", "{tmp}", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec", "--model", "{model}", "--output",
+          "{model}/model.safetensors"], "--output"),
+    ],
+)
+def test_an_output_inside_the_model_read_is_refused_before_anything_is_written(
+    arguments: list[str], flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`evaluate-rc --predictions MODEL/config.json` exited 0 and left a model that no longer loads (trainqa36 8)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights")
+    for name in ("d.json", "q.jsonl", "t.tsv", "r.trec"):
+        (tmp_path / name).write_text("")
+    status = main([argument.replace("{model}", str(model)).replace("{tmp}", str(tmp_path)) for argument in arguments])
+    err = capsys.readouterr().err
+    assert status == 2 and f"error: {flag} {model}/" in err and f"is inside the model folder {model};" in err, err
+    assert (model / "config.json").read_text() == "{}" and (model / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_an_output_among_the_shipped_models_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With the default --model, the same typo would have replaced a file of the checkpoint shipped in reader/models."""
+    from dilstore.reader.packaged.shipped import default_checkpoint_dir
+
+    shipped = default_checkpoint_dir() / "config.json"
+    before = shipped.read_bytes()
+    (tmp_path / "d.json").write_text("")
+    assert main(["evaluate-rc", "--data", str(tmp_path / "d.json"), "--predictions", str(shipped)]) == 2
+    assert "is inside the shipped models" in capsys.readouterr().err
+    assert shipped.read_bytes() == before
+
+
 def test_an_output_inside_a_folder_that_is_no_store_is_not_blamed(tmp_path: Path, capsys) -> None:
     """`rerank FOLDER ... --output FOLDER/o.trec` said the output was "inside the store", of a folder with no store."""
     arguments = ["rerank", str(tmp_path), "--topics", str(tmp_path / "t.tsv"), "--run", str(tmp_path / "r.trec")]
