@@ -286,10 +286,33 @@ def swap_in(store: Path, built: Path) -> None:
     The old store is renamed aside first, so between the two renames there
     is at every moment a complete store, old or new, at one of the paths.
     """
-    old = store.parent / f".{store.name}.dilstore-replaced"
+    old = _replaced_dir(store)
     if old.exists():
         shutil.rmtree(old)
     os.rename(store, old)
     os.rename(built, store)
     shutil.rmtree(old)
+
+
+def finish_interrupted_swap(store: Path) -> None:
+    """Complete what a run killed inside `swap_in` left beside `store`; call it holding the store's write lock.
+
+    Killed between the two renames, it left no store at `store`, the old one aside and the finished new one in
+    its building folder: the new one goes into place (the old one back, if the new one is not finished). Killed
+    before the last delete, it left the old store aside. Either way the old store is then deleted; a re-run had
+    built from scratch beside both, or said "already complete" and kept the old store's full copy for good.
+    """
+    old = _replaced_dir(store)
+    if not old.is_dir():
+        return
+    if not os.path.lexists(store):
+        building = store.parent / f".{store.name}.dilstore-building"
+        os.rename(building if (building / MANIFEST_FILE).is_file() else old, store)
+    if old.is_dir():
+        shutil.rmtree(old)
+
+
+def _replaced_dir(store: Path) -> Path:
+    """Where swap_in puts the store it replaces until the new one is in place."""
+    return store.parent / f".{store.name}.dilstore-replaced"
 

@@ -437,6 +437,7 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
     from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.job import (
         check_replaceable,
+        finish_interrupted_swap,
         needs_replacement,
         prepare_store,
         replacement_dir,
@@ -466,6 +467,7 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
         job = build_job(args, started, runner, progress_dir if runner in LOCAL_RUNNERS else None)
         store, spec = Path(job.store), run_spec(job)
         with write_lock(store):
+            finish_interrupted_swap(store)
             if args.append:
                 return append_to_store(job, runner, args)
             with unmade_if_nothing_stored(store) as attempt:

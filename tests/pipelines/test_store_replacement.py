@@ -13,6 +13,7 @@ import pytest
 from dilstore.pipelines.job import (
     SPEC_FILE,
     check_replaceable,
+    finish_interrupted_swap,
     needs_replacement,
     prepare_store,
     replacement_dir,
@@ -75,6 +76,33 @@ def test_overwrite_leaves_the_old_store_in_place_until_the_new_one_is_swapped_in
     (building / "manifest.json").write_text("{}")
     swap_in(store, building)
     assert json.loads((store / SPEC_FILE).read_text()) == OTHER
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["store"]
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_swap_killed_between_its_renames_is_completed_by_the_next_run(tmp_path: Path, finished: bool) -> None:
+    """It left no store at the path, the old one aside and the new one in its building folder; the re-run built from
+    scratch beside both, and two full copies stayed for good (crash36 3). An unfinished new store (never so when
+    swap_in runs) gives the old one back."""
+    store = fake_store(tmp_path / "store", SPEC)
+    building = replacement_dir(store, OTHER)
+    if finished:
+        (building / "manifest.json").write_text("{}")
+    store.rename(tmp_path / ".store.dilstore-replaced")  # the kill comes here
+    finish_interrupted_swap(store)
+    assert json.loads((store / SPEC_FILE).read_text()) == (OTHER if finished else SPEC)
+    left = ["store"] if finished else [".store.dilstore-building", "store"]  # an unfinished build stays to resume
+    assert sorted(path.name for path in tmp_path.iterdir()) == left
+
+
+def test_a_swap_killed_before_its_delete_loses_the_old_copy_on_the_next_run(tmp_path: Path) -> None:
+    """The re-run said "already complete" and kept the whole old store beside the new one (crash36 4)."""
+    fake_store(tmp_path / ".store.dilstore-replaced", SPEC)
+    store = fake_store(tmp_path / "store", OTHER)
+    finish_interrupted_swap(store)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["store"]
+    assert json.loads((store / SPEC_FILE).read_text()) == OTHER
+    finish_interrupted_swap(store)  # nothing to finish: nothing changes
     assert sorted(path.name for path in tmp_path.iterdir()) == ["store"]
 
 
