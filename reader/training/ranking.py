@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from dilstore.reader.data.ranking_files import Triple, read_paragraphs, read_triples
+from dilstore.reader.modeling.architectures import require_segment_limit
 from dilstore.reader.modeling.checkpoints import quoted_with_article
 from dilstore.reader.modeling.earl import ENCODER_PREFIXES, POOLINGS, EarlConfig, EarlRanker
 from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
@@ -277,6 +278,9 @@ def train_ranker(
     if ranker.kind != config.kind:
         found = quoted_with_article(ranker.kind)
         raise DilstoreError(f"--resume: {resume_from} holds {found} ranker, not {config.kind!r}")
+    for limit, text, flag in ((config.max_query_length, "query", "--max-query-length"),
+                              (config.max_doc_length, "document", "--max-doc-length")):  # fmt: skip
+        require_segment_limit(ranker.config, limit, text, flag)
     if config.freeze_encoder and resume_from is None:
         assert isinstance(ranker, EarlRanker)  # freeze_encoder is EARL-only (RankingTrainingConfig)
         ranker.freeze_encoder(base_model)

@@ -130,6 +130,21 @@ def test_resume_refuses_changed_settings_or_a_missing_checkpoint(
                      resume=True)  # fmt: skip
 
 
+@pytest.mark.parametrize("kind", ["earl", "listformer"])
+@pytest.mark.parametrize(("field", "flag"), [("max_doc_length", "--max-doc-length"),
+                                             ("max_query_length", "--max-query-length")])
+def test_a_length_past_the_model_s_positions_is_refused_before_step_1(
+    kind: str, field: str, flag: str, tiny_base: Path, overfit_files, tmp_path: Path
+) -> None:
+    """The rankers took any length and failed at the first long text, maybe hours in, leaving a run that could
+    neither resume nor restart in its folder (trainqa36 4)."""
+    triples, paragraphs = overfit_files
+    config = replace(RankingTrainingConfig(kind=kind, max_steps=2, batch_size=2, **SMALL), **{field: 600})
+    with pytest.raises(DilstoreError, match=rf"limit 600 \({flag}\) is more than this model's 512 positions"):
+        train_ranker(tiny_base, triples, paragraphs, tmp_path / "run", config, command="c", progress=False)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_gradient_accumulation_matches_the_larger_batch(tiny_base: Path, overfit_files) -> None:
     """Two accumulated micro-batches of 2 triples give the gradient and loss of one batch of 4."""
     triples, paragraphs = overfit_files
