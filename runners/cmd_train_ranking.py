@@ -16,7 +16,6 @@ from pathlib import Path
 
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.inputs import require_file
-from dilstore.runners.outputs import check_output_folder
 from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.training_options import (
     add_optimizer_arguments,
@@ -81,7 +80,7 @@ def register_ranking_data(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--work", type=Path, help="where the BM25 index is cached (default OUTPUT/work)")
     parser.add_argument("--threads", type=positive_int, default=1, help="indexing and search threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.set_defaults(run=run_ranking_data)
+    parser.set_defaults(run=holding_the_output(run_ranking_data))
 
 
 def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
@@ -197,7 +196,6 @@ def run_ranking_data(args: argparse.Namespace) -> int:
     from dilstore.runners.cmd_index import stdout_to_stderr
 
     require_file(args.squad, "--squad")
-    check_output_folder(args.output, "--output")
     with stdout_to_stderr():
         summary = build_ranking_data(
             args.squad,

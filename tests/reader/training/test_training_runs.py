@@ -188,6 +188,18 @@ def test_a_second_training_into_a_folder_being_trained_into_stops_at_once(
     assert not output.exists()
 
 
+def test_ranking_data_into_a_folder_another_run_writes_is_refused(
+    squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ranking-data runs into one --output both exited 0, one's triples beside the other's record (trainqa36 3)."""
+    output = tmp_path / "data"
+    with held_lock(output) as holder:
+        status = main(["train", "ranking-data", "--squad", str(squad_file), "--output", str(output)])
+    assert status == 2
+    assert f"{output} is being written by pid {holder}" in capsys.readouterr().err
+    assert not output.exists()
+
+
 def test_a_run_whose_output_is_its_base_model_is_refused_before_the_weights_change(
     tiny_base: Path, squad_file: Path, tmp_path: Path
 ) -> None:
