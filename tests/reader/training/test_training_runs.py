@@ -200,6 +200,33 @@ def test_ranking_data_into_a_folder_another_run_writes_is_refused(
     assert not output.exists()
 
 
+def test_a_sigterm_outside_the_training_steps_is_one_line_and_exit_143(
+    squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While the data loaded or the --dev evaluation ran, SIGTERM ended `train` with 143 and nothing on stderr."""
+    import signal
+
+    import dilstore.reader.data.ranking_data as ranking_data
+
+    def terminated(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)  # as `kill` sends it while the work runs
+        raise AssertionError("the signal did not stop the command")
+
+    def unhandled(number: int, frame: object) -> None:
+        raise AssertionError("SIGTERM reached the test's own handler: the command set none")
+
+    monkeypatch.setattr(ranking_data, "build_ranking_data", terminated)
+    previous = signal.signal(signal.SIGTERM, unhandled)  # without the command's handler, the default would end pytest
+    try:
+        status = main(["train", "ranking-data", "--squad", str(squad_file), "--output", str(tmp_path / "data")])
+        assert signal.getsignal(signal.SIGTERM) is unhandled, "the command gives the handler back"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert status == 143
+    assert capsys.readouterr().err == ("dilstore train: stopped by SIGTERM; the run folder keeps what was saved before "
+                                       "it (--resume goes on from its newest checkpoint)\n")
+
+
 def test_a_run_whose_output_is_its_base_model_is_refused_before_the_weights_change(
     tiny_base: Path, squad_file: Path, tmp_path: Path
 ) -> None:
