@@ -268,11 +268,16 @@ BAD_RUNS = [
     (GOOD_RUN + "q1 Q0 d2 1 high t\n", 2, "score 'high' is not a number"),
     (GOOD_RUN + "q1 Q0 d2 1 nan t\n", 2, "score 'nan' is not a finite number"),
     (GOOD_RUN + "q1 Q0 d2 first 1.0 t\n", 2, "rank 'first' is not an integer"),
+    # Python's float() and int() read these; trec_eval does not (trainqa36 L1).
+    (GOOD_RUN + "q1 Q0 d2 1 1_000 t\n", 2, "score '1_000' is not a number"),
+    (GOOD_RUN + "q1 Q0 d2 1 \u0669\u0669 t\n", 2, "score '\u0669\u0669' is not a number"),
     (GOOD_RUN + "\nq1 Q0 d1 2 1.0 t\n", 3, "docid 'd1' appears twice for qid 'q1'"),
 ]
 BAD_QRELS = [
     ("q1 0 d1\n", 1, "expected 4 whitespace-separated columns (qid 0 docid grade), found 3"),
     (GOOD_QRELS + "q1 0 d2 1.5\n", 2, "grade '1.5' is not an integer"),
+    (GOOD_QRELS + "q1 0 d2 1_0\n", 2, "grade '1_0' is not an integer"),  # it was read as 10, changing the metrics
+    (GOOD_QRELS + "q1 0 d2 \u0663\n", 2, "grade '\u0663' is not an integer"),
     (GOOD_QRELS + "q1 0 d1 2\n", 2, "docid 'd1' is judged twice for qid 'q1'"),
     (GOOD_QRELS + "q1 0 d2 99999999999999999999999\n", 2,
      "grade 99999999999999999999999 is out of range (-2147483648 to 2147483647)"),
