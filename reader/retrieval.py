@@ -174,15 +174,35 @@ def _wait_in_python(
     if building is not None:
         _BUILDS[building.resolve()] = thread
     thread.start()
-    while thread.is_alive():
-        thread.join(0.2)
-        if while_waiting is not None:
-            while_waiting()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+            if while_waiting is not None:
+                while_waiting()
+    except KeyboardInterrupt:
+        if building is not None and _quiet():
+            _silence_java()
+        raise
     if building is not None:
         del _BUILDS[building.resolve()]  # ended: only a build cut off by Ctrl-C stays recorded
     if failure:
         raise failure[0]
     return outcome[0]
+
+
+def _silence_java() -> None:
+    """Turn Anserini's logs and Java's stderr off for the rest of the process.
+
+    A build abandoned by Ctrl-C goes on in its daemon thread until the process ends; when its command then
+    deleted the temporary collection it read (an appended store's), it logged a stack trace per file, some 250
+    lines after the one line of the interrupt.
+    """
+    from jnius import autoclass
+
+    level = autoclass("org.apache.logging.log4j.Level")
+    autoclass("org.apache.logging.log4j.core.config.Configurator").setAllLevels("", level.OFF)
+    null_stream = autoclass("java.io.PrintStream")(autoclass("java.io.OutputStream").nullOutputStream())
+    autoclass("java.lang.System").setErr(null_stream)
 
 
 def build_bm25_index_in_place(

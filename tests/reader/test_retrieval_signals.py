@@ -151,3 +151,26 @@ def test_the_waiting_thread_reports_progress_while_the_call_runs() -> None:
     # The call ends only once it has been polled three times (a timed call needed three polls in 0.7 s of a busy CPU).
     assert retrieval._wait_in_python(lambda: polled_thrice.wait(60) and 1, "slow", while_waiting=poll) == 1
     assert len(polls) >= 3
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_a_build_cut_off_by_ctrl_c_silences_java_unless_verbose(
+    quiet: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The abandoned build logged a Java stack trace per file of the temporary collection its command deleted,
+    some 250 lines after `dilstore index: interrupted` (crash36 6); --verbose keeps the libraries' logs."""
+    silenced: list[bool] = []
+    monkeypatch.setattr(retrieval, "_silence_java", lambda: silenced.append(True))
+    if quiet:
+        monkeypatch.setenv(retrieval.QUIET_ENV, "1")
+    else:
+        monkeypatch.delenv(retrieval.QUIET_ENV, raising=False)
+    release = threading.Event()
+
+    def ctrl_c() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        retrieval._wait_in_python(lambda: release.wait(30), "build", building=tmp_path / "b", while_waiting=ctrl_c)
+    release.set()
+    assert silenced == ([True] if quiet else [])
