@@ -230,7 +230,8 @@ def read_manifest(location: StoreLocation) -> Manifest:
         if not any(location.exists(begun) for begun in (SPEC_FILE, SHARDS_DIR)):  # no run began here: not a store
             raise StoreFormatError(f"no store at {location.url}: a folder with no dilstore manifest")
         raise StoreFormatError(
-            f"{where} is missing: the store at {location.url} was never finalized, or its manifest was deleted"
+            f"{where} is missing: the store at {location.url} was never finalized (a `dilstore precompute` killed "
+            "before its end: the same command again goes on from the shards it finished), or its manifest was deleted"
         )
     local = location.local_root
     if local is not None and is_special_file(local / MANIFEST_FILE):
