@@ -527,14 +527,15 @@ def run_training_loop(
             if stopping:
                 bar.close()
                 raise _stopped(output_dir, position, total_steps, stop.signal_number)
-    bar.close()
-
-    step_losses = torch.stack(losses).tolist() if losses else []
-    outcome = LoopOutcome(position=position, total_steps=total_steps, losses=step_losses)
-    require_finite_weights(model, position.step, outcome.final_loss, output_dir)
-    model.eval()
-    save(output_dir, position, outcome.final_loss)
-    give_new_file_modes(output_dir)
+        bar.close()
+        step_losses = torch.stack(losses).tolist() if losses else []
+        outcome = LoopOutcome(position=position, total_steps=total_steps, losses=step_losses)
+        require_finite_weights(model, position.step, outcome.final_loss, output_dir)
+        model.eval()
+        # Still under the stop handlers: a SIGTERM here ended the process mid-save, leaving a final model without
+        # its record, which a re-run took for a base model and --resume for no run at all.
+        save(output_dir, position, outcome.final_loss)
+        give_new_file_modes(output_dir)
     if stop.signal_number is not None:
         signal.raise_signal(stop.signal_number)  # asked during the last step: it acts now that the model is saved
     return outcome

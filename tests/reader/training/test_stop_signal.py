@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dilstore.reader.training import qa
+from dilstore.reader.training import qa, runs
 from dilstore.reader.training.qa import TrainingConfig, train_qa
 from dilstore.runners.cli import main
 from dilstore.storage.errors import StoppedBySignal
@@ -103,6 +103,25 @@ def test_a_signal_in_the_last_step_acts_once_the_model_is_saved(
     with pytest.raises(KeyboardInterrupt):
         train_qa(tiny_base, squad_file, tmp_path, CONFIG, command="a", progress=False)
     assert (tmp_path / "model.safetensors").is_file()
+
+
+def test_a_signal_during_the_final_save_acts_once_the_model_and_its_record_are_saved(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM there ended the process mid-save: a final model without its dilstore_training.json, which a re-run took
+    for a base model and --resume for no run at all (trainqa36 5)."""
+    write_record, signalled = runs.write_training_record, []
+
+    def record_then_signal(directory, *args, **kwargs):
+        if Path(directory) == tmp_path and not signalled:
+            signalled.append(True)
+            signal.raise_signal(signal.SIGINT)  # between the final weights and their record
+        return write_record(directory, *args, **kwargs)
+
+    monkeypatch.setattr(runs, "write_training_record", record_then_signal)
+    with pytest.raises(KeyboardInterrupt):
+        train_qa(tiny_base, squad_file, tmp_path, CONFIG, command="a", progress=False)
+    assert signalled and (tmp_path / "model.safetensors").is_file() and (tmp_path / "dilstore_training.json").is_file()
 
 
 def test_the_command_line_says_where_to_go_on_and_exits_128_plus_the_signal(
