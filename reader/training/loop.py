@@ -70,10 +70,11 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 LENGTH_GROUP = 50
 RUN_CONFIG_FILE = "run_config.json"
 # Settings a resumed run may change: how often it saves checkpoints, and how (not what) a step computes.
-# How often to save, how to chunk and compile: they change no result. The teacher's and the shared-norm triples'
-# paths may change too, as their content is checked by SHA-256 (INPUT_DIGESTS), like the base's and --train's.
-_MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes", "chunk_windows", "compile", "teacher",
-                                   "shared_norm"})
+# How often to save, log and how many checkpoints to keep, how to chunk and compile: they change no result. The
+# teacher's and the shared-norm triples' paths may change too, as their content is checked by SHA-256
+# (INPUT_DIGESTS), like the base's and --train's.
+_MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes", "keep_checkpoints", "log_every",
+                                   "chunk_windows", "compile", "teacher", "shared_norm"})
 CHECKPOINTS_DIR = "checkpoints"
 # numpy's seeding (seed_everything) takes seeds from 0 to this; it raised a ValueError on others mid-start.
 MAX_SEED = 2**32 - 1

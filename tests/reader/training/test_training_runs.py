@@ -80,14 +80,16 @@ def test_no_time_checkpoint_when_disabled(tiny_base: Path, squad_file: Path, tmp
     assert latest_checkpoint(tmp_path / "checkpoints") is None
 
 
-def test_resume_may_change_the_checkpoint_interval(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("changed", [{"save_every_minutes": 1.0}, {"log_every": 7, "keep_checkpoints": 4}])
+def test_resume_may_change_how_often_it_saves_and_logs(
+    changed: dict, tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """None of these changes the weights; a changed --log-every or --keep-checkpoints was refused (trainqa36 L6)."""
     config = TrainingConfig(layers=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
     train_qa(tiny_base, squad_file, tmp_path, config, command="t", progress=False)
     cut_after_last_checkpoint(tmp_path)
-    resumed = train_qa(
-        tiny_base, squad_file, tmp_path, replace(config, save_every_minutes=1.0), command="t", resume=True,
-        progress=False,
-    )  # fmt: skip
+    resumed = train_qa(tiny_base, squad_file, tmp_path, replace(config, **changed), command="t", resume=True,
+                       progress=False)  # fmt: skip
     assert resumed.steps == 2
 
 
