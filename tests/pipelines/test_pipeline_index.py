@@ -56,8 +56,12 @@ def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
     result = json.loads(indexed.stdout)
     assert result["index"] == str(store / "bm25") and result["files"] == 2
     assert "index:" not in indexed.stderr  # no bar with --json
+    aside = store / f".tmp-old-bm25-{'0' * 32}"  # a whole old index, left by a build killed between its renames
+    aside.mkdir()
+    (aside / "segments_1").write_text("an old index")
     rebuilt = dilstore_command(["index", str(store)])
     assert rebuilt.returncode == 0 and f"| {len(DOCUMENTS)}/{len(DOCUMENTS)} [" in rebuilt.stderr, rebuilt.stderr
+    assert not aside.exists(), "nothing ever removed it (crash36 7)"
     # A line Anserini cannot read: it went on without that file's passages, exit 0, and the index claimed the store.
     part = sorted((store / "passages" / "jsonl").glob("*.jsonl"))[0]
     intact, index_files = part.read_bytes(), sorted(path.name for path in (store / "bm25").iterdir())
