@@ -182,7 +182,8 @@ def _wait_in_python(
                 while_waiting()
     except KeyboardInterrupt:
         if building is not None and _quiet():
-            _silence_java()
+            with contextlib.suppress(Exception):  # best effort: a Java error here must not replace the interrupt
+                _silence_java()
         raise
     if building is not None:
         del _BUILDS[building.resolve()]  # ended: only a build cut off by Ctrl-C stays recorded

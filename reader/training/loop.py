@@ -69,10 +69,9 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Micro-batches per length-sorted group (Hugging Face's LengthGroupedSampler uses 50).
 LENGTH_GROUP = 50
 RUN_CONFIG_FILE = "run_config.json"
-# Settings a resumed run may change: how often it saves checkpoints, and how (not what) a step computes.
-# How often to save, log and how many checkpoints to keep, how to chunk and compile: they change no result. The
-# teacher's and the shared-norm triples' paths may change too, as their content is checked by SHA-256
-# (INPUT_DIGESTS), like the base's and --train's.
+# Settings a resumed run may change: how often it saves and logs, how many checkpoints it keeps, how it chunks and
+# compiles (none changes a result), and the teacher's and shared-norm triples' paths, as their content is checked
+# by SHA-256 (INPUT_DIGESTS) like the base's and --train's.
 _MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes", "keep_checkpoints", "log_every",
                                    "chunk_windows", "compile", "teacher", "shared_norm"})
 CHECKPOINTS_DIR = "checkpoints"
