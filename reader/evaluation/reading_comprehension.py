@@ -184,8 +184,10 @@ def evaluate_file(
     progress: bool = False,
 ) -> ReadingResult:
     """`evaluate_reader` over a SQuAD v1.1 file, or a seeded subset of `limit` of its questions."""
-    examples = select_examples(load_squad(path), limit, seed)
-    return evaluate_reader(reader, examples, settings, device, progress)
+    examples = load_squad(path)
+    if not examples:
+        raise DilstoreError(f"{path}: no questions to evaluate (every paragraph's qas is empty)")
+    return evaluate_reader(reader, select_examples(examples, limit, seed), settings, device, progress)
 
 
 def write_evaluation(

@@ -22,6 +22,7 @@ from dilstore.reader.data.qa_features import answer_token_range, build_features,
 from dilstore.reader.data.squad import load_squad
 from dilstore.reader.evaluation.reading_comprehension import (
     ReadingSettings,
+    evaluate_file,
     evaluate_reader,
     predict_answers,
     reader_scorer,
@@ -169,6 +170,16 @@ def test_questions_without_references_are_refused(tiny_base: Path, tmp_path: Pat
     reader = DilBertReader.from_pretrained(tiny_base, layers=0)
     with pytest.raises(DilstoreError, match="'q1' has no reference answer"):
         evaluate_reader(reader, load_squad(path))
+
+
+def test_a_file_without_questions_is_named(tiny_base: Path, tmp_path: Path) -> None:
+    """It said "no questions to evaluate" without naming the file (trainqa36 L4; `train qa` names it)."""
+    document = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "Some text.", "qas": []}]}]}
+    path = tmp_path / "no-questions.json"
+    path.write_text(json.dumps(document))
+    reader = DilBertReader.from_pretrained(tiny_base, layers=0)
+    with pytest.raises(DilstoreError, match=f"^{path}: no questions to evaluate"):
+        evaluate_file(reader, path)
 
 
 def test_cli_json_prints_the_documented_keys(
