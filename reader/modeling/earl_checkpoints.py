@@ -72,7 +72,8 @@ def load_base_encoder(path: str | Path) -> tuple[BertModel, PreTrainedTokenizerB
     silently starting that weight at random.
     """
     directory = require_checkpoint_dir(Path(path))
-    refusal = "; from_base takes a plain encoder directory (load an EARL checkpoint with EarlRanker.from_pretrained)"
+    refusal = ("; a ranker starts from a plain encoder directory (a base model such as all-MiniLM-L6-v2), not a "
+               "trained reader or ranker")
     metadata_of_kind(directory, (), refusal)
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)

@@ -90,7 +90,7 @@ def test_a_dilbert_checkpoint_is_not_an_earl_ranker_and_vice_versa(saved_earl: P
     dilbert = DilBertReader(tiny_model("bert"), tokenizer(), layers=1).save_pretrained(tmp_path)
     with pytest.raises(DilstoreError, match=rf"{tmp_path} holds a 'dilbert' checkpoint, not an 'earl' ranker"):
         EarlRanker.from_pretrained(dilbert)
-    with pytest.raises(DilstoreError, match="holds a 'dilbert' checkpoint; from_base takes a plain encoder"):
+    with pytest.raises(DilstoreError, match="holds a 'dilbert' checkpoint; a ranker starts from a plain encoder"):
         EarlRanker.from_base(dilbert)
     with pytest.raises(DilstoreError, match=rf"{saved_earl} holds an 'earl' checkpoint, not a 'dilbert' reader"):
         DilBertReader.from_pretrained(saved_earl)
