@@ -271,7 +271,7 @@ def replacement_dir(store: Path, spec: dict[str, Any]) -> Path:
     is resumed; one of other settings is this project's own leftover and is
     removed.
     """
-    building = store.parent / f".{store.name}.dilstore-building"
+    building = _building_dir(store)
     if building.is_dir() and read_spec(building) != spec:
         shutil.rmtree(building)
     building.mkdir(parents=True, exist_ok=True)
@@ -306,10 +306,15 @@ def finish_interrupted_swap(store: Path) -> None:
     if not old.is_dir():
         return
     if not os.path.lexists(store):
-        building = store.parent / f".{store.name}.dilstore-building"
+        building = _building_dir(store)
         os.rename(building if (building / MANIFEST_FILE).is_file() else old, store)
     if old.is_dir():
         shutil.rmtree(old)
+
+
+def _building_dir(store: Path) -> Path:
+    """Where the store that replaces `store` is built (replacement_dir)."""
+    return store.parent / f".{store.name}.dilstore-building"
 
 
 def _replaced_dir(store: Path) -> Path:

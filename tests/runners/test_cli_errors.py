@@ -17,6 +17,12 @@ from dilstore.runners.cli import main
 from tests.fixtures.paths import ROOT
 
 
+def filled(words: list[str], **places: Path) -> list[str]:
+    """`words` with each `{name}` replaced by the path given for it (`filled(["{tmp}/q.json"], tmp=tmp_path)`)."""
+    for name, path in places.items():
+        words = [word.replace(f"{{{name}}}", str(path)) for word in words]
+    return words
+
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
@@ -41,7 +47,7 @@ from tests.fixtures.paths import ROOT
 def test_user_errors_are_one_line_and_exit_2(
     arguments: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status = main([argument.replace("{tmp}", str(tmp_path)) for argument in arguments])
+    status = main(filled(arguments, tmp=tmp_path))
     err = capsys.readouterr().err
     assert status == 2, err
     lines = err.strip().splitlines()
@@ -70,7 +76,7 @@ def test_an_input_of_the_wrong_kind_is_named_as_such(
 ) -> None:
     """A folder given as a file was reported as "no such file", which sent users looking for a missing path."""
     (tmp_path / "squad.json").write_text("{}", encoding="utf-8")
-    status = main([argument.replace("{tmp}", str(tmp_path)) for argument in arguments])
+    status = main(filled(arguments, tmp=tmp_path))
     err = capsys.readouterr().err
     assert status == 2 and err.strip().endswith(message.replace("{tmp}", str(tmp_path))), err
 
@@ -103,7 +109,7 @@ def test_bad_threads_and_devices_are_usage_errors_before_the_command_runs(
 ) -> None:
     """torch would raise on them later (set_num_threads, torch.device), as a traceback."""
     with pytest.raises(SystemExit) as exited:
-        main([argument.replace("{tmp}", str(tmp_path)) for argument in arguments] + option)
+        main(filled(arguments, tmp=tmp_path) + option)
     err = capsys.readouterr().err
     assert exited.value.code == 2 and message in err.strip().splitlines()[-1] and "Traceback" not in err
 
@@ -112,7 +118,7 @@ def test_bad_threads_and_devices_are_usage_errors_before_the_command_runs(
                                      ["evaluate-rc", "--data", "{tmp}/none.json"]])  # fmt: skip
 def test_a_seed_without_a_limit_is_refused(command: list[str], tmp_path: Path, capsys) -> None:
     """It picks the --limit subset; without --limit every question was scored and the seed silently ignored."""
-    assert main([argument.replace("{tmp}", str(tmp_path)) for argument in command] + ["--seed", "3"]) == 2
+    assert main(filled(command, tmp=tmp_path) + ["--seed", "3"]) == 2
     assert capsys.readouterr().err.endswith("error: --seed picks the --limit subset; give --limit too, or leave "
                                             "--seed out to score all\n")  # fmt: skip
 
@@ -152,7 +158,7 @@ def test_counts_below_1_are_usage_errors_naming_the_option(
     """Checked late, `train qa --eval-batch-size 0` trained to the end and then blamed "batch-size"; `ask` and
     `evaluate-qa` named their settings' fields ("n_best must be at least 1")."""
     with pytest.raises(SystemExit) as exited:
-        main([argument.replace("{tmp}", str(tmp_path)) for argument in arguments] + option)
+        main(filled(arguments, tmp=tmp_path) + option)
     last = capsys.readouterr().err.strip().splitlines()[-1]
     expected = "an integer of at least 3" if option[0] == "--max-question-length" else "a positive integer"
     assert exited.value.code == 2 and f"argument {option[0]}: expected {expected}, got {option[1]}" in last
@@ -174,7 +180,7 @@ def test_an_output_inside_the_store_read_is_refused_before_anything_is_written(
     store = tmp_path / "store"
     store.mkdir()
     (store / "manifest.json").write_text("{}")
-    status = main([argument.replace("{store}", str(store)).replace("{tmp}", str(tmp_path)) for argument in arguments])
+    status = main(filled(arguments, store=store, tmp=tmp_path))
     err = capsys.readouterr().err
     assert status == 2 and f"error: {flag} {store}/" in err
     assert f"is inside the store {store}; write it elsewhere" in err
@@ -203,7 +209,7 @@ def test_an_output_inside_the_model_read_is_refused_before_anything_is_written(
     (model / "model.safetensors").write_bytes(b"weights")
     for name in ("d.json", "q.jsonl", "t.tsv", "r.trec"):
         (tmp_path / name).write_text("")
-    status = main([argument.replace("{model}", str(model)).replace("{tmp}", str(tmp_path)) for argument in arguments])
+    status = main(filled(arguments, model=model, tmp=tmp_path))
     err = capsys.readouterr().err
     assert status == 2 and f"error: {flag} {model}/" in err and f"is inside the model folder {model};" in err, err
     assert (model / "config.json").read_text() == "{}" and (model / "model.safetensors").read_bytes() == b"weights"
