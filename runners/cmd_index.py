@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING
 from dilstore.reader.retrieval import bm25_index_dir
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.quiet import add_verbose_argument
+from dilstore.runners.scratch import scratch_dir
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import MANIFEST_FILE
 from dilstore.storage.write_lock import INDEX_ROLE, write_lock
@@ -120,9 +120,9 @@ def run_command(args: argparse.Namespace) -> int:
     with write_lock(store, INDEX_ROLE, doing="indexed"):
         manifest = read_manifest(StoreLocation.parse(store))
         if is_appended(store):
-            with tempfile.TemporaryDirectory(prefix="dilstore-collection-") as live:
-                files = write_live_collection(store, Path(live))
-                build_index(Path(live), target, args.threads, manifest, show_progress)
+            with scratch_dir("dilstore-collection-") as live:
+                files = write_live_collection(store, live)
+                build_index(live, target, args.threads, manifest, show_progress)
         else:
             files = len(list(collection.glob("*.jsonl")))
             build_index(collection, target, args.threads, manifest, show_progress)

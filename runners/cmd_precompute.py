@@ -33,7 +33,6 @@ import os
 import re
 import shlex
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +43,7 @@ from dilstore.runners.arg_types import option_words, positive_int
 from dilstore.runners.outputs import check_output_folder, refuse_store_inside_store
 from dilstore.runners.precompute_run import run_pipeline
 from dilstore.runners.quiet import add_verbose_argument, quiet_beam_logging, quiet_dask_logging
+from dilstore.runners.scratch import scratch_dir
 from dilstore.storage.format import COMPRESSORS
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
@@ -463,8 +463,8 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
     pipeline_options(assemble_beam_flags(runner, args.beam_args, LocalDefaults(workers=args.workers)))
     if runner not in LOCAL_RUNNERS:
         logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
-    with tempfile.TemporaryDirectory(prefix="dilstore-progress-") as progress_dir:
-        job = build_job(args, started, runner, progress_dir if runner in LOCAL_RUNNERS else None)
+    with scratch_dir("dilstore-progress-") as progress_dir:
+        job = build_job(args, started, runner, str(progress_dir) if runner in LOCAL_RUNNERS else None)
         store, spec = Path(job.store), run_spec(job)
         with write_lock(store):
             finish_interrupted_swap(store)

@@ -1,0 +1,86 @@
+"""Temporary folders a killed command left in $TMPDIR are removed by the next command that makes one of their kind.
+
+SIGKILL cannot be caught: each killed `precompute` left its progress folder and each killed `index` of an appended
+store a copy of its passage text in $TMPDIR, and nothing removed them (crash36 8).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from dilstore.runners.scratch import OWNER_LOCK, remove_abandoned, scratch_dir
+from tests.fixtures.paths import ROOT
+
+HOLD = """
+import sys, time
+from dilstore.runners.scratch import scratch_dir
+with scratch_dir("dilstore-test-") as folder:
+    (folder / "part.jsonl").write_text("{}")
+    print(folder, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.fixture(autouse=True)
+def _temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def test_a_folder_of_a_killed_command_is_removed_and_one_of_a_running_command_kept(tmp_path: Path) -> None:
+    environment = {**os.environ, "TMPDIR": str(tmp_path)}
+    children = [subprocess.Popen([sys.executable, "-c", HOLD], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
+                                 text=True) for _ in range(2)]  # fmt: skip
+    try:
+        killed, running = (Path(child.stdout.readline().strip()) for child in children)
+        children[0].send_signal(signal.SIGKILL)
+        children[0].wait(timeout=60)
+        assert killed.is_dir(), "SIGKILL leaves the folder"
+        with scratch_dir("dilstore-test-") as mine:
+            assert not killed.exists()
+            assert running.is_dir() and (running / "part.jsonl").is_file()
+            assert mine.is_dir() and mine.parent == tmp_path
+        assert not mine.exists()
+    finally:
+        for child in children:
+            child.kill()
+            child.wait(timeout=60)
+
+
+def test_the_folder_is_removed_when_its_block_ends_by_an_error(tmp_path: Path) -> None:
+    with pytest.raises(KeyboardInterrupt), scratch_dir("dilstore-test-") as folder:
+        (folder / "part.jsonl").write_text("{}")
+        raise KeyboardInterrupt
+    assert not folder.exists() and not list(tmp_path.iterdir())
+
+
+def test_folders_without_an_owner_lock_or_of_another_kind_are_left(tmp_path: Path) -> None:
+    unowned = tmp_path / "dilstore-test-old"
+    unowned.mkdir()
+    other = tmp_path / "dilstore-other-1"
+    other.mkdir()
+    (other / OWNER_LOCK).write_text("")
+    assert remove_abandoned("dilstore-test-") == []
+    assert unowned.is_dir() and other.is_dir()
+    assert remove_abandoned("dilstore-other-") == [other]
+
+
+def test_a_folder_whose_lock_is_held_is_kept(tmp_path: Path) -> None:
+    held = tmp_path / "dilstore-test-held"
+    held.mkdir()
+    descriptor = os.open(held / OWNER_LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        assert remove_abandoned("dilstore-test-") == []
+        assert held.is_dir()
+    finally:
+        os.close(descriptor)
+    assert remove_abandoned("dilstore-test-") == [held]
