@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from dilstore.runners.quiet import configure as configure_output
 from dilstore.runners.quiet import drop_interrupted_work
+from dilstore.runners.stop_signals import interrupt_number, interrupt_words, signals_interrupt
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
 # Order is the order `dilstore --help` lists them in.
@@ -81,8 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     0 on success; 2 with one `dilstore CMD: error: ...` line for a user error,
     and for the operating-system and decoding errors a user causes (a path
-    that cannot be written or read, bytes that are not UTF-8); 130 on Ctrl-C
-    (143 on SIGTERM when a training run stops itself at a checkpoint);
+    that cannot be written or read, bytes that are not UTF-8); 130 on Ctrl-C,
+    143 on SIGTERM and 129 on SIGHUP, each with one line (`stop_signals`);
     141 when the reader of the output went away. A command's own status
     (verify's 1) is passed through.
     """
@@ -91,10 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
-    configure_output(verbose=getattr(args, "verbose", False))
+    verbose = getattr(args, "verbose", False)
+    configure_output(verbose=verbose)
     try:
-        status = int(args.run(args) or 0)
-        sys.stdout.flush()
+        with signals_interrupt(mute_when_stopping=not verbose):
+            status = int(args.run(args) or 0)
+            sys.stdout.flush()
         return status
     except StoppedBySignal as stop:
         print(f"dilstore {args.command}: {stop}", file=sys.stderr)
@@ -104,9 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dilstore {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:
-        print(f"dilstore {args.command}: interrupted", file=sys.stderr)
+        print(f"dilstore {args.command}: {interrupt_words(interrupt)}", file=sys.stderr)
         drop_interrupted_work(interrupt)
-        return 130
+        return 128 + interrupt_number(interrupt)
     except BrokenPipeError:
         # The reader of our output went away (`dilstore info STORE | head`): stop quietly, as Unix tools do.
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dilstore.runners.quiet import filtered_stderr
+from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
     from dilstore.pipelines.options import LocalDefaults
 
 _PROGRESS_POLL_SECONDS = 0.5
+E = TypeVar("E", bound=BaseException)
 
 
 class ProgressBar:
@@ -150,11 +151,13 @@ def run_pipeline(
                     result.wait_until_finish()
                 except DilstoreError:
                     raise
-                except Exception as error:  # Beam wraps worker errors in runner-specific types
-                    if _caused_by(error, KeyboardInterrupt):
+                except (Exception, KeyboardInterrupt) as error:  # Beam wraps worker errors in runner-specific types
+                    interrupt = _cause_of(error, KeyboardInterrupt)
+                    if interrupt is not None:
                         raise StoppedBySignal(
-                            "interrupted; run the same command again to go on (the shards it finished are kept)",
-                            signal.SIGINT,
+                            f"{interrupt_words(interrupt)}; run the same command again to go on (the shards it "
+                            "finished are kept)",
+                            interrupt_number(interrupt),
                         ) from None
                     raise DilstoreError(f"the pipeline failed: {pipeline_failure(error, options)}") from error
                 finally:
@@ -164,16 +167,16 @@ def run_pipeline(
     return read_summary(Path(job.store))
 
 
-def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
-    """Whether `error` or an exception it was raised from or during is a `kind` (Beam wraps a DoFn's errors)."""
+def _cause_of(error: BaseException, kind: type[E]) -> E | None:
+    """`error` or the first exception it was raised from or during that is a `kind` (Beam wraps a DoFn's errors)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         if isinstance(current, kind):
-            return True
+            return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
-    return False
+    return None
 
 
 class _DropInterrupts(logging.Filter):

@@ -32,9 +32,11 @@ from contextlib import contextmanager
 from multiprocessing import resource_tracker
 
 from dilstore.reader.retrieval import QUIET_ENV
+from dilstore.runners.stop_signals import STOP_GRACE_SECONDS, stopping
 
 # Lines that Beam's worker processes print and a user has no use for.
 _WORKER_NOISE = ("apitools not found", "Logging handler created", "bigquery client libraries are not available")
+_PIPE_CHUNK = 65536
 
 
 def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
@@ -127,7 +129,8 @@ def filtered_stderr() -> Iterator[None]:
     """While the block runs, drop the worker-noise lines that child processes write to file descriptor 2.
 
     Descriptor 2 becomes a pipe that a thread copies line by line to the
-    real stderr, leaving out lines that name Beam's known noise. Where
+    real stderr, leaving out lines that name Beam's known noise and, once a
+    stopping signal has arrived (`stop_signals`), everything. Where
     Python's own `sys.stderr` writes to descriptor 2, it is pointed at the
     real stderr, so this process's writes (a progress bar's carriage returns
     included) pass unbuffered; a `sys.stderr` that writes elsewhere (a
@@ -152,10 +155,16 @@ def filtered_stderr() -> Iterator[None]:
     target = os.dup(real)  # the copier's own descriptor: `real` may close before the thread first runs
 
     def copy() -> None:
-        with os.fdopen(read_end, "rb") as lines, os.fdopen(target, "wb", buffering=0) as out:
-            for line in lines:
-                if not any(noise.encode() in line for noise in _WORKER_NOISE):
-                    out.write(line)
+        pending = b""  # a line's start whose end has not arrived yet
+        with os.fdopen(read_end, "rb", buffering=0) as pipe, os.fdopen(target, "wb", buffering=0) as out:
+            while chunk := pipe.read(_PIPE_CHUNK):
+                if stopping.wait(STOP_GRACE_SECONDS):  # a stop reaches the workers as it reaches this process
+                    pending = b""  # what the stop made the workers print
+                    continue
+                *lines, pending = (pending + chunk).split(b"\n")
+                out.write(b"".join(line + b"\n" for line in lines if not _is_noise(line)))
+            if pending and not stopping.is_set() and not _is_noise(pending):
+                out.write(pending)
 
     copier = threading.Thread(target=copy, name="dilstore-stderr-filter", daemon=True)
     copier.start()
@@ -169,6 +178,10 @@ def filtered_stderr() -> Iterator[None]:
         if sys.stderr is not saved:
             sys.stderr.close()
             sys.stderr = saved
+
+
+def _is_noise(line: bytes) -> bool:
+    return any(noise.encode() in line for noise in _WORKER_NOISE)
 
 
 def _writes_descriptor_2(stream: object) -> bool:

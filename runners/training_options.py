@@ -10,7 +10,6 @@ import argparse
 import functools
 import os
 import shlex
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from dilstore.runners.arg_types import option_words
 from dilstore.runners.outputs import check_output_folder
 from dilstore.runners.reading_options import add_runtime_arguments
+from dilstore.runners.stop_signals import Terminated
 from dilstore.storage.errors import StoppedBySignal
 from dilstore.storage.write_lock import write_lock
 
@@ -131,31 +131,24 @@ def holding_the_output(run: Callable[[argparse.Namespace], int]) -> Callable[[ar
     """`run` with the run folder's write lock held throughout: a second training into it stops at once.
 
     An --output that is a file is refused first, by name (the lock and mkdir
-    said only "File exists"). A SIGTERM outside the training loop's steps
-    (which finish their step and checkpoint it) stops the command as Ctrl-C
-    does, with its one line and exit 143: it ended the process without a
-    word while the data loaded or the --dev evaluation ran.
+    said only "File exists"). A SIGTERM or SIGHUP outside the training loop's
+    steps (which finish their step and checkpoint it), while the data loads or
+    the --dev evaluation runs, stops the command with one line that says where
+    the run goes on from.
     """
 
     @functools.wraps(run)
     def locked(args: argparse.Namespace) -> int:
         output = output_dir(args)
         check_output_folder(output, "--output")
-        previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
         try:
             with write_lock(output):
                 return run(args)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        except Terminated as stop:
+            raise StoppedBySignal(f"{stop}; the run folder keeps what was saved before it (--resume goes on from "
+                                  "its newest checkpoint)", stop.signal_number) from None  # fmt: skip
 
     return locked
-
-
-def _stop_on_sigterm(number: int, _frame: object) -> None:
-    raise StoppedBySignal(
-        "stopped by SIGTERM; the run folder keeps what was saved before it (--resume goes on from its newest "
-        "checkpoint)", number
-    )
 
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:

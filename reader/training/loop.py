@@ -568,13 +568,14 @@ class _StopRequest:
 def _stop_requests() -> Iterator[_StopRequest]:
     """While training, the first SIGTERM, SIGINT or SIGHUP (the terminal that started the run closed) asks for a stop
     after the step in progress; a second acts as it would without this (the handlers in place before are back from
-    the first). Only the main thread may set handlers, so elsewhere the signals keep theirs."""
+    the first). A signal ignored before stays ignored (SIGHUP under `nohup`: the run must outlive its terminal).
+    Only the main thread may set handlers, so elsewhere the signals keep theirs."""
     request = _StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield request
         return
-    previous = {number: signal.getsignal(number) or signal.SIG_DFL
-                for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}  # fmt: skip
+    previous = {number: handler or signal.SIG_DFL for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+                if (handler := signal.getsignal(number)) is not signal.SIG_IGN}  # fmt: skip
 
     def ask(number: int, frame: Any) -> None:
         request.signal_number = number

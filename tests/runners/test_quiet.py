@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from dilstore.runners import quiet
+from dilstore.runners.stop_signals import STOP_GRACE_SECONDS, stopping
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, wiki_like_documents, write_jsonl
 
 NOISE = "WARNING: apitools not found; Logging handler created."
@@ -58,6 +60,25 @@ def test_a_child_process_noise_line_is_dropped_and_its_other_lines_kept(quiet_on
     err = capfd.readouterr().err
     assert KEPT in err
     assert "apitools" not in err and "bigquery" not in err
+
+
+def test_a_last_line_without_its_newline_is_kept(quiet_on, capfd) -> None:
+    with quiet.filtered_stderr():
+        subprocess.run([sys.executable, "-c", f"import sys; sys.stderr.write({KEPT!r})"], check=True)
+    assert capfd.readouterr().err == KEPT
+
+
+def test_what_child_processes_print_once_a_stop_has_come_is_dropped(quiet_on, capfd) -> None:
+    """Ctrl-C reached Beam's workers too, and their tracebacks printed above the command's one line."""
+    try:
+        with quiet.filtered_stderr():
+            child_writes_to_stderr(KEPT)
+            time.sleep(2 * STOP_GRACE_SECONDS)  # shown once its grace has passed without a stop
+            stopping.set()
+            child_writes_to_stderr("Traceback (most recent call last):", "KeyboardInterrupt")
+    finally:
+        stopping.clear()
+    assert capfd.readouterr().err == KEPT + "\n"
 
 
 def test_verbose_lets_the_noise_through(monkeypatch, capfd) -> None:

@@ -88,6 +88,20 @@ def test_a_signal_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_t
         assert torch.allclose(want[name], got[name], atol=1e-6), name
 
 
+def test_a_hangup_ignored_before_the_run_leaves_it_running(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under `nohup`, a closed terminal stopped the run after its step: the loop set its handler over the ignore."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        _signal_in_steps(monkeypatch, signal.SIGHUP, {2})
+        finished = train_qa(tiny_base, squad_file, tmp_path, CONFIG, command="a", progress=False)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert finished.steps == 4 and (tmp_path / "model.safetensors").is_file()
+
+
 def test_a_second_signal_acts_at_once(
     tiny_base: Path, squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

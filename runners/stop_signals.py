@@ -1,0 +1,135 @@
+"""Ctrl-C, SIGTERM and SIGHUP stop a command with one line, its temporary files removed, its locks released.
+
+Without this, `kill PID` (or the terminal that started the command closing)
+ended `precompute` or `index` at once, with no line and status -15 or -1,
+and left their temporary folders behind (`index` copies an appended store's
+whole passage text into one). Ctrl-C's path already stopped cleanly. So
+SIGTERM and SIGHUP are raised as `Terminated`, a KeyboardInterrupt, and every
+path that handles Ctrl-C handles them too; the command line exits with 128 +
+the signal's number, as a shell reports a process that signal ended. A signal
+ignored when the command started (SIGHUP under `nohup`) stays ignored.
+
+A stop also sets `stopping`, and in quiet mode it silences what the stop
+itself makes the libraries report: the signal reaches Beam's worker processes
+as well, and each worker's traceback, Beam's log records of the lost workers
+and its threads' exceptions printed some 150 lines above the command's one
+line. Python runs signal handlers in the main thread only, which may take a
+second to get there while Beam's threads already report the workers the
+signal ended; so a thread, woken by the signal's own wake-up byte, sets
+`stopping` at once, and what other threads print waits a moment for it
+(STOP_GRACE_SECONDS).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+STOPPING_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+# Set once a stopping signal has arrived, until the command's block ends.
+stopping = threading.Event()
+# How long a thread's uncaught exception (and, in `quiet.filtered_stderr`, a worker's output) waits for `stopping`
+# before it is shown.
+STOP_GRACE_SECONDS = 0.2
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C's KeyboardInterrupt would be."""
+
+    def __init__(self, signal_number: int) -> None:
+        super().__init__(signal_number)
+        self.signal_number = signal_number
+
+    def __str__(self) -> str:
+        return f"stopped by {signal.Signals(self.signal_number).name}"
+
+
+def interrupt_number(interrupt: KeyboardInterrupt) -> int:
+    """The signal behind `interrupt`: SIGINT for Ctrl-C's, the signal's own for a Terminated."""
+    return interrupt.signal_number if isinstance(interrupt, Terminated) else signal.SIGINT
+
+
+def interrupt_words(interrupt: KeyboardInterrupt) -> str:
+    """How a command's one line names the stop: "interrupted" (Ctrl-C) or "stopped by SIGTERM"."""
+    return str(interrupt) if isinstance(interrupt, Terminated) else "interrupted"
+
+
+@contextmanager
+def signals_interrupt(mute_when_stopping: bool = False) -> Iterator[None]:
+    """Inside the block, a stopping signal sets `stopping` and raises in the main thread: KeyboardInterrupt for
+    SIGINT, Terminated for SIGTERM and SIGHUP (see the module docstring).
+
+    With `mute_when_stopping`, log records and threads' uncaught exceptions are dropped from the stop to the end
+    of the block. Handlers set inside the block (a training run's, the server's) take over while they are in
+    place. Only the main thread may set handlers, so elsewhere the signals keep theirs.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.getsignal(number) for number in STOPPING_SIGNALS}
+    disabled, excepthook = logging.root.manager.disable, threading.excepthook
+
+    def stop(number: int, _frame: FrameType | None) -> None:
+        _stopped(mute_when_stopping)
+        raise KeyboardInterrupt if number == signal.SIGINT else Terminated(number)
+
+    def unless_stopping(arguments: threading.ExceptHookArgs) -> None:
+        if not stopping.wait(STOP_GRACE_SECONDS):
+            excepthook(arguments)
+
+    stopping.clear()
+    for number, handler in previous.items():
+        if handler is not signal.SIG_IGN and (number != signal.SIGINT or handler is signal.default_int_handler):
+            signal.signal(number, stop)
+    if mute_when_stopping:
+        threading.excepthook = unless_stopping
+    try:
+        with _noticed_at_once(lambda number: signal.getsignal(number) is stop, mute_when_stopping):
+            yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+        logging.disable(disabled)
+        threading.excepthook = excepthook
+        stopping.clear()
+
+
+def _stopped(mute: bool) -> None:
+    stopping.set()
+    if mute:
+        logging.disable(logging.CRITICAL)
+
+
+@contextmanager
+def _noticed_at_once(handled_here: Callable[[int], bool], mute: bool) -> Iterator[None]:
+    """In the block, a thread calls `_stopped` the moment a stopping signal arrives (the module docstring says why),
+    unless a handler set inside the block handles it (a training run's checkpoint, the server's graceful shutdown).
+
+    It reads the byte Python's C-level handler writes to the wake-up file descriptor as the signal arrives.
+    """
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    numbers = {int(number) for number in STOPPING_SIGNALS}
+
+    def watch() -> None:
+        while received := os.read(read_end, 64):  # b"" once the block has closed the write end
+            if any(handled_here(number) for number in numbers.intersection(received)):
+                _stopped(mute)
+
+    watcher = threading.Thread(target=watch, name="dilstore-stop-watcher", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(write_end)
+        watcher.join(timeout=1)
+        if not watcher.is_alive():
+            os.close(read_end)

@@ -1,0 +1,127 @@
+"""SIGTERM and SIGHUP stop a command as Ctrl-C does: one line, exit 128 + the signal, temporary folders removed.
+
+`index` of an appended store copies the store's passage text into $TMPDIR; SIGTERM ended it at once with status
+-15, no line, and the copy left behind (crash36 8).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dilstore.runners import cli, cmd_index
+from dilstore.runners.stop_signals import Terminated, signals_interrupt, stopping
+from tests.fixtures.pipeline_fixtures import save_tiny_reader, wiki_like_documents, write_jsonl
+
+STOPPING = (signal.SIGTERM, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def _handlers_back() -> Iterator[None]:
+    before = {number: signal.getsignal(number) for number in STOPPING}
+    yield
+    for number, handler in before.items():
+        signal.signal(number, handler)
+
+
+@pytest.fixture(scope="module")
+def appended_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("appended")
+    model = save_tiny_reader(folder / "tiny")
+    documents = wiki_like_documents(8, words=20)
+    store = folder / "store"
+    common = ["--model", str(model), "--output", str(store), "--workers", "1", "--threads", "1", "--shards", "1",
+              "--max-length", "32", "--no-progress"]  # fmt: skip
+    assert cli.main(["precompute", "--input", str(write_jsonl(folder / "a.jsonl", documents[:5])), *common]) == 0
+    assert cli.main(["precompute", "--input", str(write_jsonl(folder / "b.jsonl", documents[5:])), "--append",
+                     *common]) == 0  # fmt: skip
+    return store
+
+
+@pytest.mark.parametrize("number", STOPPING, ids=lambda number: signal.Signals(number).name)
+def test_a_signal_raises_terminated_and_the_handlers_before_are_back(number: int) -> None:
+    signal.signal(number, signal.SIG_DFL)
+    with pytest.raises(Terminated) as stop, signals_interrupt():
+        signal.raise_signal(number)
+    assert isinstance(stop.value, KeyboardInterrupt) and stop.value.signal_number == number
+    assert str(stop.value) == f"stopped by {signal.Signals(number).name}"
+    assert signal.getsignal(number) is signal.SIG_DFL
+
+
+def test_after_a_stop_threads_exceptions_and_log_records_are_dropped(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With worker processes, Beam's threads reported each worker the signal ended, with tracebacks."""
+    shown: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda arguments: shown.append(str(arguments.exc_value)))
+
+    def fail(message: str) -> None:
+        thread = threading.Thread(target=lambda: (_ for _ in ()).throw(RuntimeError(message)))
+        thread.start()
+        thread.join()
+
+    with signals_interrupt(mute_when_stopping=True):
+        fail("before the stop")
+        logging.getLogger("apache_beam").error("before the stop")
+        with pytest.raises(Terminated):
+            signal.raise_signal(signal.SIGTERM)
+        assert stopping.is_set()
+        fail("after the stop")
+        logging.getLogger("apache_beam").error("after the stop")
+    assert not stopping.is_set() and not logging.root.manager.disable, "both are back after the block"
+    assert shown == ["before the stop"]
+    assert [record.getMessage() for record in caplog.records] == ["before the stop"]
+
+
+def test_a_handler_set_inside_the_block_keeps_the_signal_to_itself() -> None:
+    """A training run checkpoints its step on SIGTERM and the server drains its requests: nothing is muted then."""
+    asked = []
+    with signals_interrupt(mute_when_stopping=True):
+        signal.signal(signal.SIGTERM, lambda number, frame: asked.append(number))
+        signal.raise_signal(signal.SIGTERM)
+        time.sleep(0.2)  # the wake-up thread's turn
+        assert asked == [signal.SIGTERM] and not stopping.is_set() and not logging.root.manager.disable
+
+
+def test_an_ignored_hangup_stays_ignored() -> None:
+    """Under `nohup` the command must outlive its terminal."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with signals_interrupt():
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGHUP)
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+
+
+@pytest.mark.parametrize("number", STOPPING, ids=lambda number: signal.Signals(number).name)
+def test_index_stopped_by_a_signal_says_so_in_one_line_and_removes_its_copy_of_the_passages(
+    appended_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    number: int,
+) -> None:
+    copies: list[Path] = []
+
+    def signalled(collection: Path, *args: object) -> None:
+        copies.append(collection)
+        assert any(collection.glob("*.jsonl")), "the live passages are copied before the build"
+        signal.raise_signal(number)  # as `kill` sends it while Anserini builds
+        raise AssertionError("the signal did not stop the command")
+
+    def unhandled(number: int, frame: object) -> None:
+        raise AssertionError("the signal reached the test's own handler: the command set none")
+
+    monkeypatch.setattr(cmd_index, "build_index", signalled)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    signal.signal(number, unhandled)  # the default would end pytest
+    status = cli.main(["index", str(appended_store)])
+    assert signal.getsignal(number) is unhandled, "the command gives the handler back"
+    assert status == 128 + number
+    assert capsys.readouterr().err == f"dilstore index: stopped by {signal.Signals(number).name}\n"
+    assert copies and copies[0].parent == tmp_path
+    assert not list(tmp_path.iterdir()), "the copy of the passages is removed"
+    assert not (appended_store / "bm25").exists()
