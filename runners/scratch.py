@@ -25,7 +25,7 @@ OWNER_LOCK = ".dilstore-owner-lock"
 
 @contextlib.contextmanager
 def scratch_dir(prefix: str) -> Iterator[Path]:
-    """A new folder `$TMPDIR/PREFIX*`, held and removed when the block ends; abandoned ones of `prefix` removed first."""
+    """A new folder `$TMPDIR/PREFIX*`, held and removed when the block ends; abandoned ones of `prefix` go first."""
     remove_abandoned(prefix)
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     # Locked under another name, then renamed: a folder is never seen with an unlocked OWNER_LOCK while its owner runs.

@@ -45,8 +45,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 
 
 def arguments(model: Path, corpus: Path, store: Path, workers: int = 1) -> list[str]:
-    return ["precompute", "--input", str(corpus), "--output", str(store), "--model", str(model), "--workers", str(workers),
-            "--threads", "1", "--shards", str(SHARDS), "--max-length", "48", "--encoding", "int8", "--no-progress"]
+    return ["precompute", "--input", str(corpus), "--output", str(store), "--model", str(model), "--workers",
+            str(workers), "--threads", "1", "--shards", str(SHARDS), "--max-length", "48", "--encoding", "int8",
+            "--no-progress"]
 
 
 def start(args: list[str], log: Path, temp: Path | None = None) -> subprocess.Popen:
