@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from dilstore.storage.errors import DilstoreError
 
@@ -119,26 +120,72 @@ class PrecomputeOptions(TypedDict, total=False):
     verbose: bool
 
 
-def precompute(**options: Unpack[PrecomputeOptions]) -> Path:
+def precompute(**options: Any) -> Path:
     """Run `dilstore precompute` from Python and return the store's path.
 
-    Options are the command's flags as keywords, parsed by the command's own
-    parser: `input=["a.jsonl", "b.jsonl"]` repeats `--input`, `workers=1` is
-    `--workers 1`, `overwrite=True` is the bare `--overwrite` (False and None
-    leave a flag out). No options run the embedded default corpus, as the
-    command does. An invalid option raises DilstoreError. Nothing is printed
-    on stdout, which may be the caller's own channel: the command's summary
-    is in STORE/run-summary.json.
+    Options are the command's flags as keywords (`PrecomputeOptions`), parsed
+    by the command's own parser: `input=["a.jsonl", "b.jsonl"]` repeats
+    `--input`, `workers=1` is `--workers 1`, `overwrite=True` is the bare
+    `--overwrite` (False and None leave a flag out). Any other keyword is a
+    Beam pipeline option under Beam's own name (`temp_location="gs://b/tmp"`,
+    `dask_client_address="tcp://host:8786"`), as the command hands its other
+    flags to Beam. No options run the embedded default corpus, as the command
+    does; an empty `input` is refused. An invalid option or a value of the
+    wrong type raises DilstoreError. Nothing is printed on stdout, which may
+    be the caller's own channel: the command's summary is in
+    STORE/run-summary.json.
     """
     from dilstore.runners.arg_types import option_words
     from dilstore.runners.cli import build_parser, parse
     from dilstore.runners.cmd_precompute import DEFAULT_OUTPUT, precompute_store
 
-    args = _parsed("precompute", lambda: parse(build_parser(), ["precompute", *option_words(options)]))
+    own = typing.get_type_hints(PrecomputeOptions)
+    for name, value in options.items():
+        _check_precompute_option(name, value, own.get(name))
+    words = option_words({name: value for name, value in options.items() if name in own})
+    beam = [word for name, value in options.items() if name not in own for word in _beam_words(name, value)]
+    args = _parsed("precompute", lambda: parse(build_parser(), ["precompute", *words, *beam]))
     _, empty = precompute_store(args)
     if empty is not None:
         raise DilstoreError(empty)
     return Path(args.output if args.output is not None else DEFAULT_OUTPUT)
+
+
+def _check_precompute_option(name: str, value: Any, hint: Any) -> None:
+    """Raise DilstoreError naming `name` unless `value` suits its flag (`hint`, None for a Beam option).
+
+    A wrong type was read as something else: bytes and other iterables as one flag per item (`output=b"ab"`
+    wrote a store to ./98), `input=[]` as no input (the embedded default corpus).
+    """
+    if value is None:
+        return
+    if hint is None:
+        items = value if isinstance(value, list | tuple) else [value]
+        for item in items:
+            _check(name, item, (str, Path, int, float, bool), "a Beam option value (a string, number or bool)")
+        return
+    if name == "input" and not isinstance(value, _PATH):
+        _check(name, value, (list, tuple), "a file path or a list of them")
+        if not value:
+            raise DilstoreError("input is an empty list: give one file or more (leave input out to run the "
+                                "embedded default corpus)")  # fmt: skip
+        for item in value:
+            _check(name, item, _PATH, "a file path or a list of them")
+        return
+    kinds = typing.get_args(hint) or (hint,)
+    _check(name, value, kinds, _EXPECTED.get(kinds, " or ".join(kind.__name__ for kind in kinds)))
+
+
+_EXPECTED = {(bool,): "True or False", (int,): "an integer", (str,): "a string", _PATH: "a path"}
+
+
+def _beam_words(name: str, value: Any) -> list[str]:
+    """`--name=value` words for a Beam option, under Beam's own name: True is the bare flag, a list repeats it."""
+    if value is None or value is False:
+        return []
+    if value is True:
+        return [f"--{name}"]
+    return [f"--{name}={item}" for item in (value if isinstance(value, list | tuple) else [value])]
 
 
 def _parsed(command: str, parse_arguments: Callable[[], argparse.Namespace]) -> argparse.Namespace:

@@ -12,17 +12,20 @@ location, or no way to ship the dilstore package to the workers.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from dilstore.storage.errors import DilstoreError
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+T = TypeVar("T")
 
 _RUNNER_ALIASES = {
     "direct": "DirectRunner",
@@ -109,24 +112,48 @@ def assemble_beam_flags(runner: str, beam_args: Sequence[str], defaults: LocalDe
 
 def _register_runner_options(runner: str, flags: Sequence[str]) -> None:
     """Import the module that defines the Dask options, so that they parse (and are not unknown)."""
-    if runner == DASK_RUNNER or any(flag.startswith("--dask_") for flag in flags):
+    if runner == DASK_RUNNER or any(flag.startswith(("--dask_", "--dask-")) for flag in flags):
         importlib.import_module("apache_beam.runners.dask.dask_runner")
 
 
-def unknown_flags(options: PipelineOptions) -> list[str]:
-    """The flags no registered Beam option class recognises (Beam itself only logs them)."""
-    known = _parsed(options)
-    with_unknown = _parsed(options, retain_unknown_options=True)
-    return sorted(f"--{name}" for name in with_unknown.keys() - known.keys())
+def unknown_flags(flags: Sequence[str]) -> list[str]:
+    """The flags, as given, that no registered Beam option class defines, each with the spelling Beam knows when
+    only its dashes differ (`--temp-location (Beam spells it --temp_location)`).
+
+    Beam itself only logs such flags and drops them, so a misspelt one was lost without a word; and a dashed
+    spelling of a known option was named back with underscores, as if that spelling were the unknown one.
+    """
+    parser = _beam_parser()
+    _, unknown = _beam_parse(lambda: parser.parse_known_args(flags))
+    named = []
+    for word in unknown:
+        if word.startswith("-"):
+            flag = word.split("=", 1)[0]
+            known = "--" + flag.lstrip("-").replace("-", "_")
+            named.append(f"{flag} (Beam spells it {known})" if known in parser._option_string_actions else flag)
+    return named
 
 
-def _parsed(options: PipelineOptions, *, retain_unknown_options: bool = False) -> dict[str, object]:
-    """The options' values; a value Beam's parser refuses is one DilstoreError line (the parser printed Beam's whole
-    usage, 129 lines under the name `dilstore`, and exited the process)."""
+def _beam_parser() -> argparse.ArgumentParser:
+    """A parser of every registered Beam option class, as PipelineOptions builds one to read its flags."""
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    for options_class in PipelineOptions.__subclasses__():
+        options_class._add_argparse_args(parser)
+    return parser
+
+
+def _parsed(options: PipelineOptions) -> dict[str, object]:
+    """The options' values (see `_beam_parse`)."""
+    return _beam_parse(options.get_all_options)
+
+
+def _beam_parse(parse: Callable[[], T]) -> T:
+    """`parse()`; a value Beam's parser refuses is one DilstoreError line (the parser printed Beam's whole usage,
+    129 lines under the name `dilstore`, and exited the process)."""
     usage = io.StringIO()
     try:
         with contextlib.redirect_stderr(usage):
-            return options.get_all_options(retain_unknown_options=retain_unknown_options)
+            return parse()
     except SystemExit:
         said = usage.getvalue().strip().splitlines()
         reason = said[-1].partition("error: ")[2] if said else "a value Beam's parser refuses"
@@ -145,7 +172,7 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
     runner = flags[flags.index("--runner") + 1] if "--runner" in flags else "DirectRunner"
     _register_runner_options(runner, flags)
     options = PipelineOptions(flags)
-    unknown = unknown_flags(options)
+    unknown = unknown_flags(flags)
     if unknown:
         raise DilstoreError(f"unknown Beam option(s): {', '.join(unknown)}")
     values = _parsed(options)

@@ -36,9 +36,21 @@ from tests.fixtures.store_fixtures import build_store, random_shards
         (lambda root: dilstore.build_index(root, threads="2"), "threads must be a positive integer, got str '2'"),
         (lambda root: dilstore.build_index(root, no_progress="yes"), "no_progress must be True or False, got str"),
         (lambda root: dilstore.evaluate_qa(None, root), "reader must be a reader from open_reader, got NoneType"),
+        # Read as one flag per item or character: ./98 got a store, input=[] the embedded corpus (readme37 M1, M2).
+        (lambda root: dilstore.precompute(output=b"ab"), "output must be a path, got bytes b'ab'"),
+        (lambda root: dilstore.precompute(output=["a", "b"]), "output must be a path, got list"),
+        (lambda root: dilstore.precompute(input=[]), "input is an empty list: give one file or more"),
+        (lambda root: dilstore.precompute(input=5), "input must be a file path or a list of them, got int 5"),
+        (lambda root: dilstore.precompute(input=["a.jsonl", b"b"]), "input must be a file path or a list of them"),
+        (lambda root: dilstore.precompute(workers=True), "workers must be an integer, got bool True"),
+        (lambda root: dilstore.precompute(overwrite="yes"), "overwrite must be True or False, got str 'yes'"),
+        (lambda root: dilstore.precompute(temp_location={}), "temp_location must be a Beam option value"),
     ],
 )
-def test_wrong_argument_types_raise_dilstore_error_naming_the_argument(tmp_path: Path, call, message: str) -> None:
+def test_wrong_argument_types_raise_dilstore_error_naming_the_argument(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call, message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # where a precompute that took its arguments would write
     with pytest.raises(dilstore.DilstoreError) as raised:
         call(tmp_path)
     assert message in str(raised.value)
@@ -48,6 +60,20 @@ def test_a_long_wrong_value_is_cut_in_the_message(tmp_path: Path) -> None:
     with pytest.raises(dilstore.DilstoreError) as raised:
         dilstore.open_reader(tmp_path, mu="μ" * 1000)
     assert len(str(raised.value)) < 200
+
+
+def test_precompute_hands_other_keywords_to_beam_under_beam_s_own_names(tmp_path: Path, monkeypatch) -> None:
+    """Every underscore became a dash: `dask_client_address=` was refused as unknown by its right name, and a
+    given `temp_location=` was reported missing (readme37 M3)."""
+    from dilstore.runners import cmd_precompute
+
+    seen: list[argparse.Namespace] = []
+    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (seen.append(args), (None, None))[1])
+    dilstore.precompute(input=str(tmp_path / "c.jsonl"), output=str(tmp_path / "s"), temp_location="/tmp/t",
+                        experiments=["a", "b"], save_main_session=True, dask_client_address=None)  # fmt: skip
+    assert seen[0].beam_args == ["--temp_location=/tmp/t", "--experiments=a", "--experiments=b",
+                                 "--save_main_session"]  # fmt: skip
+    assert seen[0].output == str(tmp_path / "s")
 
 
 def test_open_store_takes_check_files_as_the_readme_says(tmp_path: Path) -> None:
