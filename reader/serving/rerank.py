@@ -68,7 +68,7 @@ from dilstore.reader.batching import (
     BatchPolicy,
     length_batches,
 )
-from dilstore.reader.data.trec import Run, rank_documents
+from dilstore.reader.data.trec import Run, rank_documents, run_from_mapping
 from dilstore.reader.modeling.earl import EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.listformer import KIND as LISTFORMER
@@ -156,10 +156,24 @@ def check_depth(depth: int) -> None:
 
 
 def require_topics(topics: Mapping[str, str], run: Run, source: str = "the topics") -> None:
-    """Raise DilstoreError naming the run's queries that have no topic in `topics` (read from `source`)."""
+    """Raise DilstoreError naming the run's queries that have no topic in `topics` (read from `source`), or the
+    first whose topic is not a string (`topics` a string was searched for qids as substrings)."""
+    if not isinstance(topics, Mapping):
+        raise DilstoreError(f"the topics must be a {{qid: query text}} mapping, got {type(topics).__name__}")
     missing = [qid for qid in run if qid not in topics]
     if missing:
         raise DilstoreError(f"{len(missing)} query(ies) of the run have no topic in {source}: {listed(missing)}")
+    for qid in run:
+        if not isinstance(topics[qid], str):
+            raise DilstoreError(f"the topic of query {qid!r:.60} must be its text, got {type(topics[qid]).__name__}")
+
+
+def _checked_run(run: Run) -> Run:
+    """A checked copy of a `{qid: {docid: score}}` run (a file path was read one qid per character)."""
+    if not isinstance(run, Mapping):
+        raise DilstoreError(f"the run must be a {{qid: {{docid: score}}}} mapping (a TREC run file is read by "
+                            f"dilstore.reader.data.trec.read_run), got {type(run).__name__}")  # fmt: skip
+    return run_from_mapping(run)
 
 
 def require_rerank_store(store: Store) -> str:
@@ -234,6 +248,10 @@ class StoreReranker(ABC, Generic[RankerT]):
         RerankStats to collect counts and stage times.
         """
         doc_ids = as_list(doc_ids, "doc_ids must be a list of document ids")
+        if not isinstance(skip_missing, bool):
+            raise DilstoreError(f"skip_missing must be True or False, got {type(skip_missing).__name__}")
+        if not isinstance(stats, RerankStats | None):
+            raise DilstoreError(f"stats must be a RerankStats or None, got {type(stats).__name__}")
         stats = RerankStats() if stats is None else stats
         started = time.perf_counter()
         try:
@@ -265,6 +283,7 @@ class StoreReranker(ABC, Generic[RankerT]):
         returned but in `stats.emptied_queries`.
         """
         check_depth(depth)
+        run = _checked_run(run)
         require_topics(topics, run)
         stats = RerankStats()
         reranked: Run = {}

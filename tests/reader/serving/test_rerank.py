@@ -220,6 +220,26 @@ def test_documents_below_depth_follow_in_first_stage_order(store: Callable[..., 
 # ---------------------------------------------------------------------- refusals in the library
 
 
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        # Each was a bare AttributeError or TypeError, or a path read as one qid per character (readme37 M4).
+        (lambda r: r.rerank_run(QUERIES, {"q1": ["tram"]}), "the run must map string qids to {docid: value}"),
+        (lambda r: r.rerank_run(QUERIES, "run.trec"), "the run must be a {qid: {docid: score}} mapping .*got str"),
+        (lambda r: r.rerank_run(QUERIES, {"q1": {"tram": "1"}}), "must give each string docid a finite score"),
+        (lambda r: r.rerank_run("q1 text", {"q1": {"tram": 1.0}}), "the topics must be a {qid: query text} mapping"),
+        (lambda r: r.rerank_run({"q1": 7}, {"q1": {"tram": 1.0}}), "the topic of query 'q1' must be its text"),
+        (lambda r: r.rerank(QUERIES["q1"], ["tram"], stats={}), "stats must be a RerankStats or None, got dict"),
+        (lambda r: r.rerank(QUERIES["q1"], ["tram"], skip_missing="yes"), "skip_missing must be True or False"),
+    ],
+)  # fmt: skip
+def test_arguments_of_the_wrong_type_are_refused_by_name(
+    store: Callable[..., Path], model_dir: Path, call, message: str
+) -> None:
+    with open_reranker(store("earl-s1"), model_dir) as reranker, pytest.raises(DilstoreError, match=message):
+        call(reranker)
+
+
 def test_missing_ids_are_named_or_skipped_and_counted(store: Callable[..., Path], model_dir: Path) -> None:
     reranker = open_reranker(store("earl-s1"), model_dir)
     with pytest.raises(MissingPassagesError, match="'ghost'") as caught:
