@@ -11,7 +11,8 @@ The public Python API (see dilstore/api.py and the README's "Python API"):
 `open_store`, `open_reader`, `open_reranker`, `precompute`, `build_index`,
 `evaluate_qa` and `evaluate_rank` load on first use, so `import dilstore`
 pulls in neither torch nor Beam. Every error they explain is a
-`dilstore.DilstoreError` (the command line prints its message). The layers install under this one name:
+`dilstore.DilstoreError` (the command line prints its message); the kinds a
+program may handle apart are here too (ERRORS). The layers install under this one name:
 `dilstore.storage` (the shard store), `dilstore.reader` (models, serving,
 training, evaluation), `dilstore.pipelines` (the Beam precompute job) and
 `dilstore.runners` (the `dilstore` command).
@@ -19,12 +20,23 @@ training, evaluation), `dilstore.pipelines` (the Beam precompute job) and
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from dilstore.storage.errors import DilstoreError
 
+# The DilstoreError subclasses the README names, by the module that defines each (loaded on first use too).
+ERRORS = {
+    "FingerprintMismatchError": "dilstore.storage.fingerprint",
+    "MissingPassagesError": "dilstore.storage.reader",
+    "StoreChangedError": "dilstore.storage.format",
+    "StoreFormatError": "dilstore.storage.format",
+    "StoreReadError": "dilstore.storage.format",
+}
+
 __all__ = [
     "DilstoreError",
+    *ERRORS,
     "build_index",
     "evaluate_qa",
     "evaluate_rank",
@@ -36,7 +48,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Load the API module on first use of one of its names."""
+    """Load the API module (or an error's module) on first use of one of its names."""
+    if name in ERRORS:
+        return getattr(importlib.import_module(ERRORS[name]), name)
     if name in __all__:  # DilstoreError is bound above, so only the API's functions come here
         from dilstore import api
 

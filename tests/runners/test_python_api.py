@@ -45,10 +45,22 @@ def test_import_dilstore_is_light_and_lists_the_api() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     names, torch_loaded = done.stdout.splitlines()
     assert names == str(
-        ["DilstoreError", "build_index", "evaluate_qa", "evaluate_rank", "open_reader", "open_reranker", "open_store",
-         "precompute"]
+        ["DilstoreError", "FingerprintMismatchError", "MissingPassagesError", "StoreChangedError", "StoreFormatError",
+         "StoreReadError", "build_index", "evaluate_qa", "evaluate_rank", "open_reader", "open_reranker",
+         "open_store", "precompute"]
     )  # fmt: skip
     assert torch_loaded == "False"
+
+
+def test_the_errors_the_readme_names_are_the_ones_raised() -> None:
+    """A program could not catch StoreChangedError or MissingPassagesError by the name the README gives (readme37 L2)."""
+    import dilstore
+    from dilstore.storage.format import StoreChangedError
+    from dilstore.storage.reader import MissingPassagesError
+
+    assert dilstore.StoreChangedError is StoreChangedError and dilstore.MissingPassagesError is MissingPassagesError
+    for name in dilstore.ERRORS:
+        assert issubclass(getattr(dilstore, name), dilstore.DilstoreError), name
 
 
 def test_bad_api_options_raise_dilstore_error_not_system_exit(tmp_path: Path, capsys) -> None:
