@@ -26,7 +26,7 @@ leaves the reader usable for the next request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -203,14 +203,16 @@ class OpenDomainReader:
         return self._read(questions, tokenized, hits, timings)
 
     def read(self, questions: Sequence[str], candidates: Sequence[Sequence[Hit | str]]) -> list[Reading]:
-        """Read each question against its own candidates: BM25 hits, or bare passage ids (s_bm25 = 0)."""
+        """Read each question against its own candidates: BM25 hits, or bare passage ids (s_bm25 = 0). A passage
+        given twice is read once, with its first hit (each span was found twice), as `rerank` scores an id once."""
         questions = _question_list(questions)
         what = "candidates must hold one list of passage ids (or hits) per question"
         candidates = [as_list(row, what) for row in as_list(candidates, what)]
         if len(questions) != len(candidates):
             raise DilstoreError(f"got {len(questions)} questions but {len(candidates)} candidate lists")
         tokenized = self._tokenize_questions(questions)
-        hits = [[item if isinstance(item, Hit) else Hit(str(item), 0.0) for item in row] for row in candidates]
+        hits = [_first_of_each(item if isinstance(item, Hit) else Hit(str(item), 0.0) for item in row)
+                for row in candidates]  # fmt: skip
         return self._read(questions, tokenized, hits, Timings())
 
     def passage_logits(self, question: str, passage_ids: Sequence[str]) -> list[PassageLogits]:
@@ -417,3 +419,11 @@ def open_reader(
     model = load_store_model(store, model_dir, online_variant=online_variant)
     searcher = Bm25Searcher(index) if index is not None else None
     return OpenDomainReader(model, store, searcher, settings, device)
+
+
+def _first_of_each(hits: Iterable[Hit]) -> list[Hit]:
+    """`hits` in order, each passage's first only."""
+    first: dict[str, Hit] = {}
+    for hit in hits:
+        first.setdefault(hit.passage_id, hit)
+    return list(first.values())

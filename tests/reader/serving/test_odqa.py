@@ -192,6 +192,17 @@ def test_bare_passage_ids_get_a_zero_bm25_score(tiny: dict) -> None:
     assert {span.bm25_score for span in reading.spans} == {0.0}
 
 
+def test_a_passage_given_twice_is_read_once(tiny: dict) -> None:
+    """Each of its spans was found twice, so the n-best listed every answer twice (readme37 L3)."""
+    odqa = odqa_for(tiny)
+    first, second = tiny["ids"][:2]
+    once = odqa.read([QUESTION], [[first, second]])[0]
+    twice = odqa.read([QUESTION], [[first, Hit(second, 3.0), second, first]])[0]
+    assert [span.passage_id for span in twice.spans] == [span.passage_id for span in once.spans]
+    assert [span.text for span in twice.spans] == [span.text for span in once.spans]
+    assert {span.bm25_score for span in twice.spans if span.passage_id == second} == {3.0}, "the first hit counts"
+
+
 def test_a_question_without_candidates_has_no_answer(tiny: dict) -> None:
     odqa = odqa_for(tiny)
     reading = odqa.read([QUESTION, QUESTION], [[], tiny["ids"][:1]])
