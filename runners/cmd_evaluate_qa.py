@@ -67,14 +67,14 @@ def run(args: argparse.Namespace) -> int:
     if args.predictions:
         write_predictions(args.predictions, evaluation)
     if args.json:
-        print(json.dumps({**evaluation.summary(), "online_variant": odqa.model.online_variant}))
+        print(json.dumps(evaluation.summary()))
         return 0
     print(
         f"store {args.store}  questions {evaluation.questions}  top-p {evaluation.top_p}  "
         f"R {evaluation.recall:.2f}  ({evaluation.seconds:.1f} s)"
     )
-    if odqa.model.online_variant:
-        print(f"  online layers tuned for the store's encoding: {odqa.model.online_variant}")
+    if evaluation.online_variant:
+        print(f"  online layers tuned for the store's encoding: {evaluation.online_variant}")
     for mu, (em, f1) in sorted(evaluation.scores.items(), reverse=True):
         label = "reader only" if mu == 1.0 else "reader + BM25"
         print(f"  mu {mu:g} ({label}): EM {em:.2f}  F1 {f1:.2f}")

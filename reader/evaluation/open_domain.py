@@ -119,6 +119,7 @@ class QAEvaluation:
     seconds: float
     timings: Timings
     predictions: dict[str, dict[str, str]] = field(repr=False)  # question id → {str(μ): answer}
+    online_variant: str | None = None  # the packaged online layers the reader used for the store's encoding
 
     @property
     def em(self) -> float:
@@ -141,6 +142,7 @@ class QAEvaluation:
             "by_mu": [{"mu": mu, "em": em, "f1": f1_} for mu, (em, f1_) in sorted(self.scores.items(), reverse=True)],
             "refused": self.refused,
             "timings": self.timings.to_dict(),
+            "online_variant": self.online_variant,
         }
 
 
@@ -230,7 +232,8 @@ def evaluate_top_ps(
         if on_batch is not None:
             on_batch(done)
     seconds = time.perf_counter() - started
-    return {top_p: run.result(top_p, float(mu), seconds, timings) for top_p, run in runs.items()}
+    variant = odqa.model.online_variant
+    return {top_p: run.result(top_p, float(mu), seconds, timings, variant) for top_p, run in runs.items()}
 
 
 def restrict(reading: Reading, top_p: int) -> Reading:
@@ -273,7 +276,9 @@ class _Run:
             self.totals[mu].em += metric_max_over_ground_truths(exact_match, prediction, question.answers)
             self.totals[mu].f1 += metric_max_over_ground_truths(f1, prediction, question.answers)
 
-    def result(self, top_p: int, mu: float, seconds: float, timings: Timings) -> QAEvaluation:
+    def result(
+        self, top_p: int, mu: float, seconds: float, timings: Timings, online_variant: str | None
+    ) -> QAEvaluation:
         return QAEvaluation(
             questions=self.count,
             top_p=top_p,
@@ -284,6 +289,7 @@ class _Run:
             seconds=seconds,
             timings=timings,
             predictions=self.predictions,
+            online_variant=online_variant,
         )
 
 

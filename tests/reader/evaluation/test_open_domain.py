@@ -63,6 +63,17 @@ QUESTIONS = [
 ]
 
 
+def test_the_summary_names_the_online_layers_the_reader_used(
+    odqa: OpenDomainReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It is `evaluate-qa --json`'s document; from Python it lacked `online_variant` (readme37 L5)."""
+    assert evaluate_questions(odqa, QUESTIONS[:1], top_p=1, mu=0.5).summary()["online_variant"] is None
+    monkeypatch.setattr(odqa.model, "online_variant", "online-2bit.safetensors")
+    assert evaluate_questions(odqa, QUESTIONS[:1], top_p=1, mu=0.5).summary()["online_variant"] == (
+        "online-2bit.safetensors"
+    )
+
+
 def test_scores_both_mu_from_one_pass_and_match_the_official_metric(odqa: OpenDomainReader) -> None:
     evaluation = evaluate_questions(odqa, QUESTIONS, top_p=2, mu=0.5, question_batch=2)
     assert sorted(evaluation.scores) == [0.5, 1.0]
