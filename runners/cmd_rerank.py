@@ -69,7 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--json", action="store_true",
-        help='print {"queries","pairs","skipped","truncated_queries","seconds","timings","depth","output"}',
+        help='print {"queries","pairs","skipped","emptied_queries","truncated_queries","seconds","timings","depth",'
+             '"output"}',
     )  # fmt: skip
     add_verbose_argument(parser)
     parser.set_defaults(run=run)

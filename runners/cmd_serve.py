@@ -94,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--shutdown-timeout", type=positive_int, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="S",
-        help="on Ctrl-C or SIGTERM, seconds to wait for requests in flight before cancelling them, so that a client "
+        help="on Ctrl-C, SIGTERM or SIGHUP, seconds to wait for requests in flight before cancelling them, so that a client "
              f"that stalls mid-request cannot hold the server up (default {DEFAULT_SHUTDOWN_TIMEOUT})",
     )  # fmt: skip
     parser.add_argument(

@@ -216,9 +216,10 @@ class Store:
                 self._shards.move_to_end(index)
                 return reader
         self._live_index()
-        entry = self.manifest.shard_by_index.get(index)
-        if entry is None:
-            raise StoreFormatError(f"store {self.url}: the id index points to shard {index}, which the manifest lacks")
+        entry = self.manifest.shard_by_index.get(index) if isinstance(index, int) else None
+        if entry is None:  # a caller's bad index, or an id index that names a shard the manifest lacks
+            raise StoreFormatError(f"store {self.url} has no shard {index!r:.40}: its manifest lists shards "
+                                   f"{listed(sorted(self.manifest.shard_by_index), quoted=False)}")  # fmt: skip
         reader = ShardReader(self.location, entry.directory, read_path=self._read_path,
                              store_codebook=self._loaded_codebook)
         found = reader.attributes

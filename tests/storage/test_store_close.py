@@ -37,3 +37,12 @@ def test_with_closes_the_store_and_a_new_open_reads_again(store_path: Path) -> N
         store.fetch(["a"])
     with open_store(store_path) as again:
         assert "a" in again and len(again) == 2
+
+
+@pytest.mark.parametrize("index", [7, "a", None])
+def test_a_shard_the_store_lacks_is_named_with_the_shards_it_has(store_path: Path, index: object) -> None:
+    """`store.shard('a')` said "the id index points to shard a", blaming the store for the caller's index
+    (readme37 L9)."""
+    with open_store(store_path) as store, pytest.raises(DilstoreError) as raised:
+        store.shard(index)
+    assert str(raised.value) == f"store {store.url} has no shard {index!r}: its manifest lists shards 0, 1"
