@@ -240,6 +240,8 @@ def evaluate_qa(
     _check("reader", reader, (OpenDomainReader,), "a reader from open_reader")
     _check("questions", questions, _PATH, "a question file")
     _check("limit", limit, (int, type(None)), "a positive integer or None")
+    if limit is not None and limit < 1:  # the layer's own message names the command's --limit
+        raise DilstoreError(f"limit must be a positive integer or None, got {limit}")
     _check("seed", seed, (int,), "an integer")
     chosen = select_questions(load_questions(questions), limit, seed)
     return evaluate_questions(reader, chosen, top_p=reader.settings.top_p, mu=reader.settings.mu)
