@@ -307,8 +307,12 @@ def hangup_stops(server: uvicorn.Server) -> Iterator[None]:
     """SIGHUP stops the server gracefully, as SIGTERM does, instead of killing it mid-request (its default).
 
     A server started from a terminal or an ssh session gets SIGHUP when that
-    session goes away; uvicorn handles only SIGINT and SIGTERM.
+    session goes away; uvicorn handles only SIGINT and SIGTERM. Under `nohup`
+    (SIGHUP ignored) it is left ignored: the server must outlive the session.
     """
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        yield
+        return
     previous = signal.signal(signal.SIGHUP, lambda _, frame: server.handle_exit(signal.SIGTERM, frame))
     try:
         yield

@@ -54,15 +54,20 @@ def start(args: list[str], log: Path, temp: Path | None = None) -> subprocess.Po
     """`dilstore ARGS` in a new process group (so that SIGKILL reaches every process it started), with $TMPDIR
     `temp` if given.
 
-    SIGINT is reset to its default first: a suite started as a background job of a non-interactive shell
-    ignores it, an ignored signal stays ignored across exec, and Python then installs no KeyboardInterrupt
-    handler, so the child would finish its run.
+    SIGINT and SIGHUP are reset to their defaults first: a suite started as a background job of a
+    non-interactive shell ignores SIGINT (under `nohup`, SIGHUP), an ignored signal stays ignored across exec,
+    and the child then takes no handler for it (it stays ignored), so it would finish its run.
     """
     environment = os.environ if temp is None else {**os.environ, "TMPDIR": str(temp)}
     with log.open("wb") as output:
         return subprocess.Popen([sys.executable, "-m", "dilstore.runners.cli", *args], cwd=ROOT, stdout=output,
                                 stderr=subprocess.STDOUT, start_new_session=True, env=environment,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+                                preexec_fn=_default_stop_signals)  # fmt: skip
+
+
+def _default_stop_signals() -> None:
+    for number in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
 
 
 def kill_group(process: subprocess.Popen) -> None:

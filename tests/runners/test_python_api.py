@@ -73,8 +73,8 @@ def test_bad_api_options_raise_dilstore_error_not_system_exit(tmp_path: Path, ca
                        match=r"^dilstore index: error: argument --threads: expected a positive integer, got 0$"):
         dilstore.build_index(tmp_path, threads=0)  # fmt: skip
     with pytest.raises(dilstore.DilstoreError,
-                       match=r"^dilstore precompute: error: argument --workers: expected a positive integer, got 'x'$"):
-        dilstore.precompute(workers="x", output=str(tmp_path / "store"))  # fmt: skip
+                       match=r"^dilstore precompute: error: argument --workers: expected a positive integer, got 0$"):
+        dilstore.precompute(workers=0, output=str(tmp_path / "store"))  # fmt: skip
     with pytest.raises(dilstore.DilstoreError, match=r"^the options ask for precompute's usage, which `dilstore "
                                                      r"precompute --help` prints; nothing was run$"):  # fmt: skip
         dilstore.precompute(help=True, output=str(tmp_path / "store"))

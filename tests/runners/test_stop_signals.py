@@ -125,3 +125,17 @@ def test_index_stopped_by_a_signal_says_so_in_one_line_and_removes_its_copy_of_t
     assert copies and copies[0].parent == tmp_path
     assert not list(tmp_path.iterdir()), "the copy of the passages is removed"
     assert not (appended_store / "bm25").exists()
+
+
+@pytest.mark.parametrize("ignored", [True, False], ids=["under-nohup", "from-a-terminal"])
+def test_serve_leaves_an_ignored_hangup_ignored(ignored: bool) -> None:
+    """`nohup dilstore serve` stopped when its terminal closed: the server set its SIGHUP handler over the ignore."""
+    import uvicorn
+
+    from dilstore.runners.cmd_serve import hangup_stops
+
+    before = signal.SIG_IGN if ignored else signal.SIG_DFL
+    signal.signal(signal.SIGHUP, before)
+    with hangup_stops(uvicorn.Server(uvicorn.Config(app=None))):
+        assert (signal.getsignal(signal.SIGHUP) is signal.SIG_IGN) == ignored
+    assert signal.getsignal(signal.SIGHUP) is before

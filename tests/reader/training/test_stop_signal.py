@@ -26,13 +26,15 @@ CONFIG = TrainingConfig(layers=1, epochs=2, max_steps=4, batch_size=3, learning_
 
 @pytest.fixture(autouse=True)
 def _python_default_handlers() -> Iterator[None]:
-    """Python's own SIGINT and SIGTERM handlers during each test, whatever an earlier test in this worker left.
+    """Python's own SIGINT, SIGTERM and SIGHUP handlers during each test, whatever an earlier test in this worker left.
 
-    In a full `make test` a worker reached these tests with a SIGINT handler that does not raise (not yet traced).
+    In a full `make test` a worker reached these tests with a SIGINT handler that does not raise (not yet traced);
+    a suite started under `nohup` ignores SIGHUP, which a run then leaves ignored.
     """
-    before = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    before = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     yield
     for number, handler in before.items():
         if handler is not None:
