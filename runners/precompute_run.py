@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
     from dilstore.pipelines.options import LocalDefaults
 
 _PROGRESS_POLL_SECONDS = 0.5
+_DASK_CONNECT_SECONDS = 30  # dask.distributed's own default connect timeout
 E = TypeVar("E", bound=BaseException)
 
 
@@ -118,6 +119,7 @@ def run_pipeline(
     """
     from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.options import (
+        DASK_RUNNER,
         IN_PROCESS_RUNNERS,
         LOCAL_RUNNERS,
         assemble_beam_flags,
@@ -129,6 +131,8 @@ def run_pipeline(
     runtime = local_runtime(runner, workers, job.num_shards, beam_args)
     with callers_torch_threads(), filtered_stderr(), runtime as defaults:
         options = pipeline_options(assemble_beam_flags(runner, beam_args, defaults))
+        if runner == DASK_RUNNER and defaults.dask_address is None:
+            reach_dask_scheduler(options)
         pipeline = build_pipeline(job, options)
         result = None
         with interrupts_unlogged():
@@ -165,6 +169,29 @@ def run_pipeline(
                     if client is not None:
                         client.close()
     return read_summary(Path(job.store))
+
+
+def reach_dask_scheduler(options: PipelineOptions) -> None:
+    """Connect to the Dask scheduler the options name, then let go; a DilstoreError naming it if none answers.
+
+    Beam's runner connects inside the call that hands the job over, after which the run's files must stay (its
+    tasks may run on): Ctrl-C while it waited for a scheduler kept them, and the next command with other
+    settings was refused. It waited for ever for a --dask_scheduler_file that does not exist.
+    """
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+    from distributed import Client
+
+    values = options.view_as(DaskOptions)
+    where = values.scheduler_file or values.address
+    if values.scheduler_file and not Path(values.scheduler_file).is_file():
+        raise DilstoreError(f"--dask_scheduler_file {values.scheduler_file} does not exist (a scheduler started "
+                            "with `dask scheduler --scheduler-file FILE` writes it)")  # fmt: skip
+    timeout = values.timeout if isinstance(values.timeout, int) else _DASK_CONNECT_SECONDS
+    try:
+        Client(address=values.address, scheduler_file=values.scheduler_file, timeout=timeout).close()
+    except Exception as error:  # OSError when no one answers; anything from a server that is not a scheduler
+        raise DilstoreError(f"cannot reach a Dask scheduler at {where}: {_last_line(error)} (the wait is "
+                            f"{timeout} s; --dask_connection_timeout sets it)") from None  # fmt: skip
 
 
 def _cause_of(error: BaseException, kind: type[E]) -> E | None:

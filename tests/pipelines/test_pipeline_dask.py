@@ -9,6 +9,7 @@ WriteToText write empty ones there).
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -70,3 +71,29 @@ def test_the_local_cluster_s_workers_write_through_the_quiet_filter(
     assert cli.main(arguments(model, corpus, tmp_path / "s", "--runner", "dask", "--workers", "1")) == 0
     err = capfd.readouterr().err
     assert "apitools not found" not in err and "Traceback" not in err, err
+
+
+@pytest.fixture
+def nobody_listening() -> str:
+    """The address of a port no one listens on (a scheduler that is not running)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        return f"tcp://127.0.0.1:{server.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("scheduler", ["missing-file", "not-running"])
+def test_a_scheduler_that_cannot_be_reached_is_named_and_the_run_is_taken_back(
+    setup, tmp_path: Path, nobody_listening: str, capsys: pytest.CaptureFixture[str], scheduler: str
+) -> None:
+    """A missing --dask_scheduler_file hung for ever without a word; Ctrl-C while Beam's runner waited for a
+    scheduler kept the run's spec, and the next command with other settings was refused (dask37 M1, M2)."""
+    model, corpus = setup
+    store = tmp_path / "store"
+    given = (["--dask_scheduler_file", str(tmp_path / "scheduler.json")] if scheduler == "missing-file" else
+             ["--dask_client_address", nobody_listening, "--dask_connection_timeout", "1"])  # fmt: skip
+    assert cli.main(arguments(model, corpus, store, "--runner", "dask", *given)) == 2
+    said = capsys.readouterr().err
+    if scheduler == "missing-file":
+        assert f"--dask_scheduler_file {tmp_path / 'scheduler.json'} does not exist" in said
+    else:
+        assert f"cannot reach a Dask scheduler at {nobody_listening}: " in said and "(the wait is 1 s;" in said
+    assert not store.exists(), "the spec is taken back: no job was handed over"
