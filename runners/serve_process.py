@@ -26,13 +26,16 @@ class ServeProcess:
         """Start the server and wait up to `timeout` seconds for it to listen.
 
         Raises RuntimeError with the server's stderr if it exits or does not
-        listen in time (the child is killed then).
+        listen in time (the child is killed then). The child takes SIGHUP as a
+        server started from a terminal does, even when this process ignores it
+        (under `nohup`, which the server would keep).
         """
         self.command = [sys.executable, "-m", "dilstore", "serve", *args, "--host", "127.0.0.1", "--port", "0"]
         self.timeout = timeout
         started = time.perf_counter()
         self.process = subprocess.Popen(
-            self.command, cwd=cwd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+            self.command, cwd=cwd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
         )
         self.log: list[str] = []
         self.url = ""
