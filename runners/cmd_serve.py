@@ -94,8 +94,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--shutdown-timeout", type=positive_int, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="S",
-        help="on Ctrl-C, SIGTERM or SIGHUP, seconds to wait for requests in flight before cancelling them, so that a client "
-             f"that stalls mid-request cannot hold the server up (default {DEFAULT_SHUTDOWN_TIMEOUT})",
+        help="on Ctrl-C, SIGTERM or SIGHUP, seconds to wait for requests in flight before cancelling them, so that a "
+             f"client that stalls mid-request cannot hold the server up (default {DEFAULT_SHUTDOWN_TIMEOUT})",
     )  # fmt: skip
     parser.add_argument(
         "--request-timeout", type=positive_int, default=DEFAULT_REQUEST_TIMEOUT, metavar="S",

@@ -53,7 +53,8 @@ def test_import_dilstore_is_light_and_lists_the_api() -> None:
 
 
 def test_the_errors_the_readme_names_are_the_ones_raised() -> None:
-    """A program could not catch StoreChangedError or MissingPassagesError by the name the README gives (readme37 L2)."""
+    """A program could not catch StoreChangedError or MissingPassagesError by the names the README gives (readme37
+    L2)."""
     import dilstore
     from dilstore.storage.format import StoreChangedError
     from dilstore.storage.reader import MissingPassagesError
