@@ -98,8 +98,23 @@ def local_runtime(runner: str, workers: int, num_shards: int, beam_args: Sequenc
         return
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-        yield LocalDefaults(workers=workers, dask_address=cluster.scheduler_address, dask_partitions=num_shards)
+    nanny_log = logging.getLogger("distributed.nanny")
+    kill_at_close = _DropKillAtClose()
+    nanny_log.addFilter(kill_at_close)
+    try:
+        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+            yield LocalDefaults(workers=workers, dask_address=cluster.scheduler_address, dask_partitions=num_shards)
+    finally:
+        nanny_log.removeFilter(kill_at_close)
+
+
+class _DropKillAtClose(logging.Filter):
+    """Drops the nanny's "Worker process still alive after 4.0 seconds, killing": the LocalCluster's workers often
+    outlive its close by a few seconds once the job is done, and the warning, twice on half the clean runs, read
+    as a failure (dask37 L2)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Worker process still alive after")
 
 
 def run_pipeline(

@@ -9,6 +9,7 @@ WriteToText write empty ones there).
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from pathlib import Path
 
@@ -97,3 +98,20 @@ def test_a_scheduler_that_cannot_be_reached_is_named_and_the_run_is_taken_back(
     else:
         assert f"cannot reach a Dask scheduler at {nobody_listening}: " in said and "(the wait is 1 s;" in said
     assert not store.exists(), "the spec is taken back: no job was handed over"
+
+
+def test_the_local_cluster_s_kill_of_a_slow_worker_at_close_is_not_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Half the clean runs ended with "Worker process still alive after 4.0 seconds, killing", twice (dask37 L2)."""
+    from dilstore.pipelines.options import DASK_RUNNER
+    from dilstore.runners.precompute_run import local_runtime
+
+    nanny = logging.getLogger("distributed.nanny")
+    with caplog.at_level(logging.WARNING, logger="distributed.nanny"), local_runtime(DASK_RUNNER, 1, 1, []) as found:
+        assert found.dask_address
+        nanny.warning("Worker process still alive after 4.0 seconds, killing")
+        nanny.warning("Worker exceeded 95% memory budget. Restarting")
+    nanny.warning("Worker process still alive after 4.0 seconds, killing")  # another cluster's, not dilstore's
+    assert [record.getMessage() for record in caplog.records if record.name == "distributed.nanny"] == [
+        "Worker exceeded 95% memory budget. Restarting", "Worker process still alive after 4.0 seconds, killing"]
