@@ -23,6 +23,9 @@ from dilstore.storage.append import commit_append
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
+from dilstore.storage.format import MANIFEST_FILE
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
 
 def missing_shards(store: Path, num_shards: int, first_shard: int = 0, generation: str | None = None) -> list[int]:
     """Shard indices in [first_shard, first_shard + num_shards) without a commit marker `read_meta` trusts."""
@@ -57,6 +60,18 @@ def read_summary(store: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     return read_json_object(path, "a run summary (a JSON object)")
+
+
+def finished_where(job: PrecomputeJob) -> str | None:
+    """Where the job's Finish has already put its result (a store complete at its --output, or an append its store
+    lists), in words; None while it has not, and for a replacement, which still has to be swapped in."""
+    if job.append_to is not None:
+        appends = read_manifest(StoreLocation.parse(job.append_to)).appends
+        if any(record.get("generation") == job.generation for record in appends):
+            return f"{job.append_to} holds this append"
+    elif job.destination is None and (Path(job.store) / MANIFEST_FILE).is_file():
+        return f"{job.store} is complete"
+    return None
 
 
 def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:

@@ -173,17 +173,29 @@ def run_pipeline(
                 except (Exception, KeyboardInterrupt) as error:  # Beam wraps worker errors in runner-specific types
                     interrupt = _cause_of(error, KeyboardInterrupt)
                     if interrupt is not None:
-                        raise StoppedBySignal(
-                            f"{interrupt_words(interrupt)}; run the same command again to go on (the shards it "
-                            "finished are kept)",
-                            interrupt_number(interrupt),
-                        ) from None
+                        raise stopped(job, interrupt) from None
                     raise DilstoreError(f"the pipeline failed: {pipeline_failure(error, options)}") from error
                 finally:
                     client = getattr(result, "client", None)  # the Dask runner's distributed.Client
                     if client is not None:
                         client.close()
     return read_summary(Path(job.store))
+
+
+def stopped(job: PrecomputeJob, interrupt: KeyboardInterrupt) -> StoppedBySignal:
+    """The stop an interrupt of the run ends in. One that came after the job's Finish put its store (or append) in
+    place says so: Finish runs on in a Dask worker while the launcher unwinds, and "run the same command again"
+    only got "already complete" (dask37 L3)."""
+    from dilstore.pipelines.finish import finished_where
+
+    done = finished_where(job)
+    if done is not None:
+        return StoppedBySignal(f"{interrupt_words(interrupt)} after the run had finished: {done}",
+                               interrupt_number(interrupt))  # fmt: skip
+    return StoppedBySignal(
+        f"{interrupt_words(interrupt)}; run the same command again to go on (the shards it finished are kept)",
+        interrupt_number(interrupt),
+    )
 
 
 def reach_dask_scheduler(options: PipelineOptions) -> None:

@@ -9,6 +9,7 @@ the BM25 + reader path (`ask`, `evaluate-qa`) is in test_pipeline_append_bm25.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -23,9 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dilstore.pipelines.job import SUMMARY_FILE
+from dilstore.pipelines.job import SUMMARY_FILE, PrecomputeJob
+from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.serving.rerank import open_reranker
 from dilstore.runners import cli
+from dilstore.runners.precompute_run import stopped
+from dilstore.runners.stop_signals import Terminated
 from dilstore.storage import append as storage_append
 from dilstore.storage.codebook import read_codebook, write_codebook
 from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE
@@ -346,3 +350,33 @@ def test_replace_retires_the_passages_a_shorter_new_version_no_longer_has(
     with open_store(store) as opened:
         assert len(opened) == 4 and opened.manifest.superseded_passages == len(stored)
     assert verify_store(store).ok
+
+
+def test_a_stop_after_finish_put_the_store_or_append_in_place_says_so(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Finish runs on in a Dask worker while an interrupted launcher unwinds: a stop that came after it had
+    finalized the store, or committed the append, said "run the same command again to go on", and the re-run only
+    said "already complete" (dask37 L3)."""
+    corpus_a = write_jsonl(tmp_path / "a.jsonl", DOCUMENTS[:6])
+    corpus_b = write_jsonl(tmp_path / "b.jsonl", DOCUMENTS[6:])
+    store = tmp_path / "store"
+    assert precompute(models["dilbert"], corpus_a, store) == 0
+    assert precompute(models["dilbert"], corpus_b, store, "--append") == 0
+    committed = json.loads((store / MANIFEST_FILE).read_text())["appends"][0]["generation"]
+    built = PrecomputeJob(inputs=(), store=str(store), strategy="words", num_shards=3, max_length=48, model="unused",
+                          fingerprint=open_store(store).fingerprint, policy=BatchPolicy(), threads=1,
+                          runner="DirectRunner", started_at=0.0)
+    appended = dataclasses.replace(built, store=str(store / APPENDS_DIR / "other"), append_to=str(store))
+    cases = {
+        "finalized": (built, f"stopped by SIGTERM after the run had finished: {store} is complete"),
+        "unfinalized": (dataclasses.replace(built, store=str(tmp_path / "half")), "stopped by SIGTERM; run the same"),
+        "a replacement": (dataclasses.replace(built, destination=str(tmp_path / "old")), "stopped by SIGTERM; run"),
+        "committed": (dataclasses.replace(appended, generation=committed),
+                      f"stopped by SIGTERM after the run had finished: {store} holds this append"),
+        "uncommitted": (dataclasses.replace(appended, generation="0" * 16), "stopped by SIGTERM; run the same"),
+    }
+    for case, (job, words) in cases.items():
+        stop = stopped(job, Terminated(signal.SIGTERM))
+        assert str(stop).startswith(words), (case, str(stop))
+        assert stop.signal_number == signal.SIGTERM
