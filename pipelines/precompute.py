@@ -225,11 +225,13 @@ def build_pipeline(job: PrecomputeJob, options: PipelineOptions) -> beam.Pipelin
     """A pipeline object holding the whole run, not yet run (`.run()` starts it).
 
     Beam validates runner options here (e.g. Dataflow project ids and GCS
-    paths); its complaint becomes a DilstoreError.
+    paths); its complaint, one problem a line, becomes a one-line DilstoreError.
     """
     try:
         pipeline = beam.Pipeline(options=options)
     except ValueError as error:
-        raise DilstoreError(f"invalid Beam options: {error}") from error
+        head, *problems = [line.strip() for line in str(error).splitlines() if line.strip()] or [repr(error)]
+        said = f"{head.rstrip(': ')}: {'; '.join(problem.rstrip('.') for problem in problems)}" if problems else head
+        raise DilstoreError(f"invalid Beam options: {said}") from error
     _ = pipeline | "Precompute" >> Precompute(job)
     return pipeline

@@ -8,6 +8,8 @@ portable Runner API (which is what gets submitted to a service).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -214,3 +216,21 @@ def test_a_job_a_remote_runner_took_is_marked_launched_and_a_refused_one_is_not(
             run_pipeline(job(tmp_path, runner), runner, args, 1, False, attempt)
         seen.append(attempt.launched)
     assert seen == launched
+
+
+def test_values_dataflow_rejects_are_refused_in_one_line(tmp_path: Path) -> None:
+    """Beam's validation errors came one a line after the error line, and two warnings repeating them came before
+    it: six lines (dask37 L1)."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a", "text": "hello world"}\n', encoding="utf-8")
+    (tmp_path / "pyproject.toml").touch()
+    command = [sys.executable, "-m", "dilstore", "precompute", "--input", str(corpus), "--output",
+               str(tmp_path / "store"), "--runner", "DataflowRunner", "--project", "p", "--region", "r",
+               "--temp_location", "/local/t", "--setup_file", str(tmp_path / "pyproject.toml")]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("dilstore precompute: error: invalid Beam options: Pipeline has validations "
+                                  "errors: Invalid GCS path (/local/t), given for the option: temp_location; "
+                                  "Missing GCS path option: staging_location; Invalid Project ID (p)"), done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert not (tmp_path / "store").exists()
