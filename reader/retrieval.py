@@ -54,7 +54,7 @@ def bm25_index_dir(store_path: str | Path) -> Path:
     if local is None:
         raise DilstoreError(
             f"store {store_path} is not on the local filesystem, and its BM25 index must be (Lucene reads only "
-            "local files): give a local copy of the store's bm25/ folder with --index DIR"
+            "local files): give a local copy of the store's bm25/ folder (--index DIR; index= in Python)"
         )
     return local / BM25_INDEX_DIR
 

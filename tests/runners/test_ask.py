@@ -154,7 +154,7 @@ def test_ask_and_evaluate_qa_refuse_a_store_url_without_an_index(store_and_model
         for command in (["ask", url, GOOD], ["evaluate-qa", url, "--questions", str(questions)]):
             assert main([*command, "--model", str(model_dir), "--threads", "1"]) == 2
             err = capsys.readouterr().err
-            assert f"store {url} is not on the local filesystem" in err and "with --index DIR" in err
+            assert f"store {url} is not on the local filesystem" in err and "(--index DIR; index= in Python)" in err
 
 
 def test_ask_reads_a_store_at_an_http_url_like_the_local_path(store_and_model: tuple[Path, Path]) -> None:
