@@ -17,7 +17,7 @@ from typing import Any
 from dilstore.runners.arg_types import option_words
 from dilstore.runners.outputs import check_output_folder
 from dilstore.runners.reading_options import add_runtime_arguments
-from dilstore.runners.stop_signals import Terminated
+from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.errors import StoppedBySignal
 from dilstore.storage.write_lock import write_lock
 
@@ -127,14 +127,19 @@ def output_dir(args: argparse.Namespace) -> Path:
     return args.output if args.output is not None else default_runs_dir() / args.run_name.format(**vars(args))
 
 
-def holding_the_output(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+RESUME_HINT = "the run folder keeps what was saved before it (--resume goes on from its newest checkpoint)"
+
+
+def holding_the_output(
+    run: Callable[[argparse.Namespace], int], on_stop: str = RESUME_HINT
+) -> Callable[[argparse.Namespace], int]:
     """`run` with the run folder's write lock held throughout: a second training into it stops at once.
 
     An --output that is a file is refused first, by name (the lock and mkdir
-    said only "File exists"). A SIGTERM or SIGHUP outside the training loop's
-    steps (which finish their step and checkpoint it), while the data loads or
-    the --dev evaluation runs, stops the command with one line that says where
-    the run goes on from.
+    said only "File exists"). Ctrl-C, SIGTERM or SIGHUP outside the training
+    loop's steps (which finish their step and checkpoint it), while the data
+    loads or the --dev evaluation runs, stops the command with one line that
+    adds `on_stop`: where the run goes on from.
     """
 
     @functools.wraps(run)
@@ -144,9 +149,8 @@ def holding_the_output(run: Callable[[argparse.Namespace], int]) -> Callable[[ar
         try:
             with write_lock(output):
                 return run(args)
-        except Terminated as stop:
-            raise StoppedBySignal(f"{stop}; the run folder keeps what was saved before it (--resume goes on from "
-                                  "its newest checkpoint)", stop.signal_number) from None  # fmt: skip
+        except KeyboardInterrupt as stop:
+            raise StoppedBySignal(f"{interrupt_words(stop)}; {on_stop}", interrupt_number(stop)) from None
 
     return locked
 

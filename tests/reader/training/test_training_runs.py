@@ -202,31 +202,37 @@ def test_ranking_data_into_a_folder_another_run_writes_is_refused(
     assert not output.exists()
 
 
-def test_a_sigterm_outside_the_training_steps_is_one_line_and_exit_143(
-    squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(("number", "words"), [(15, "stopped by SIGTERM"), (2, "interrupted")])
+def test_a_stop_outside_the_training_steps_is_one_line_with_where_to_go_on(
+    squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    number: int, words: str,
 ) -> None:
-    """While the data loaded or the --dev evaluation ran, SIGTERM ended `train` with 143 and nothing on stderr."""
+    """While the data loaded or the --dev evaluation ran, SIGTERM ended `train` with 143 and nothing on stderr.
+    Then `ranking-data`, which has no --resume, was told "--resume goes on", and Ctrl-C got no hint (style38 M1)."""
     import signal
 
     import dilstore.reader.data.ranking_data as ranking_data
 
-    def terminated(*args, **kwargs):
-        signal.raise_signal(signal.SIGTERM)  # as `kill` sends it while the work runs
+    def stopped(*args, **kwargs):
+        signal.raise_signal(number)  # as `kill` or Ctrl-C sends it while the work runs
         raise AssertionError("the signal did not stop the command")
 
     def unhandled(number: int, frame: object) -> None:
-        raise AssertionError("SIGTERM reached the test's own handler: the command set none")
+        raise AssertionError("the signal reached the test's own handler: the command set none")
 
-    monkeypatch.setattr(ranking_data, "build_ranking_data", terminated)
-    previous = signal.signal(signal.SIGTERM, unhandled)  # without the command's handler, the default would end pytest
+    monkeypatch.setattr(ranking_data, "build_ranking_data", stopped)
+    # Without the command's handler, SIGTERM's default would end pytest; a SIGINT handler is taken over only when it
+    # is Python's own (a program's own handler for Ctrl-C is kept).
+    ours = signal.default_int_handler if number == signal.SIGINT else unhandled
+    previous = signal.signal(number, ours)
     try:
         status = main(["train", "ranking-data", "--squad", str(squad_file), "--output", str(tmp_path / "data")])
-        assert signal.getsignal(signal.SIGTERM) is unhandled, "the command gives the handler back"
+        assert signal.getsignal(number) is ours, "the command gives the handler back"
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert status == 143
-    assert capsys.readouterr().err == ("dilstore train: stopped by SIGTERM; the run folder keeps what was saved before "
-                                       "it (--resume goes on from its newest checkpoint)\n")
+        signal.signal(number, previous)
+    assert status == 128 + number
+    assert capsys.readouterr().err == (f"dilstore train: {words}; run the same command again (it reuses a BM25 index "
+                                       "it finished in --work)\n")
 
 
 def test_a_run_whose_output_is_its_base_model_is_refused_before_the_weights_change(
