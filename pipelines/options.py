@@ -135,9 +135,18 @@ def unknown_flags(flags: Sequence[str]) -> list[str]:
 
 
 def _beam_parser() -> argparse.ArgumentParser:
-    """A parser of every registered Beam option class, as PipelineOptions builds one to read its flags."""
+    """A parser of every registered Beam option class, as PipelineOptions builds one to read its flags: once per
+    class name, the first class of a name as Beam takes it (a class defined again, as a notebook cell re-run does,
+    is a subclass twice, and its flags conflicted).
+
+    It rests on two private Beam names, `_BeamArgumentParser` and `_option_string_actions`: held by the pinned
+    apache-beam.
+    """
     parser = _BeamArgumentParser(allow_abbrev=False)
+    classes: dict[str, type[PipelineOptions]] = {}
     for options_class in PipelineOptions.__subclasses__():
+        classes.setdefault(str(options_class), options_class)
+    for options_class in classes.values():
         options_class._add_argparse_args(parser)
     return parser
 

@@ -234,3 +234,29 @@ def test_values_dataflow_rejects_are_refused_in_one_line(tmp_path: Path) -> None
                                   "Missing GCS path option: staging_location; Invalid Project ID (p)"), done.stderr
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert not (tmp_path / "store").exists()
+
+
+def test_an_options_class_defined_twice_still_parses(tmp_path: Path) -> None:
+    """A notebook cell that defines a PipelineOptions subclass, run twice, registers two classes of one name:
+    Beam takes the first, and dilstore's check of the flags raised argparse's "conflicting option string"
+    (style38 M2)."""
+    import gc
+
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    def define() -> type[PipelineOptions]:
+        class NotebookOptions(PipelineOptions):
+            @classmethod
+            def _add_argparse_args(cls, parser) -> None:
+                parser.add_argument("--dilstore_notebook_flag", default="x")
+
+        return NotebookOptions
+
+    classes = [define(), define()]
+    try:
+        options = pipeline_options(assemble_beam_flags("DirectRunner", ["--dilstore_notebook_flag", "y"],
+                                                       LocalDefaults()))  # fmt: skip
+        assert options.get_all_options()["dilstore_notebook_flag"] == "y"
+    finally:
+        classes.clear()
+        gc.collect()  # the two classes leave PipelineOptions' subclasses, so later tests parse without them
