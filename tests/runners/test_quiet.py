@@ -73,12 +73,21 @@ def test_what_child_processes_print_once_a_stop_has_come_is_dropped(quiet_on, ca
     try:
         with quiet.filtered_stderr():
             child_writes_to_stderr(KEPT)
-            time.sleep(2 * STOP_GRACE_SECONDS)  # shown once its grace has passed without a stop
+            shown = wait_for_stderr(capfd, KEPT)  # shown once its grace has passed without a stop
             stopping.set()
             child_writes_to_stderr("Traceback (most recent call last):", "KeyboardInterrupt")
     finally:
         stopping.clear()
-    assert capfd.readouterr().err == KEPT + "\n"
+    assert shown + capfd.readouterr().err == KEPT + "\n"
+
+
+def wait_for_stderr(capfd: pytest.CaptureFixture[str], text: str, seconds: float = 30.0) -> str:
+    """What reached stderr up to `text` (read as it comes, so that a busy machine cannot make a timing fail)."""
+    shown, deadline = "", time.monotonic() + seconds
+    while text not in shown and time.monotonic() < deadline:
+        time.sleep(STOP_GRACE_SECONDS / 10)
+        shown += capfd.readouterr().err
+    return shown
 
 
 def test_verbose_lets_the_noise_through(monkeypatch, capfd) -> None:

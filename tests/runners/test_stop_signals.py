@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dilstore.runners import cli, cmd_index
-from dilstore.runners.stop_signals import Terminated, signals_interrupt, stopping
+from dilstore.runners.stop_signals import Terminated, _noticed_at_once, signals_interrupt, stopping
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, wiki_like_documents, write_jsonl
 
 STOPPING = (signal.SIGTERM, signal.SIGHUP)
@@ -88,6 +88,25 @@ def test_a_handler_set_inside_the_block_keeps_the_signal_to_itself() -> None:
         signal.raise_signal(signal.SIGTERM)
         time.sleep(0.2)  # the wake-up thread's turn
         assert asked == [signal.SIGTERM] and not stopping.is_set() and not logging.root.manager.disable
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["the-commands-handler", "a-handler-set-in-the-block"])
+def test_the_watcher_sets_stopping_as_the_signal_arrives_unless_a_handler_in_the_block_takes_it(ours: bool) -> None:
+    """The main thread may run its Python handler a second late while Beam's threads already print what the
+    stop did to the workers; the watcher reads the signal's wake-up byte and sets `stopping` at once.
+
+    The Python handler here does nothing, so only the watcher can set `stopping`.
+    """
+    signal.signal(signal.SIGTERM, lambda number, frame: None)
+    try:
+        with _noticed_at_once(lambda number: ours, mute=False):
+            signal.raise_signal(signal.SIGTERM)
+            if ours:
+                assert stopping.wait(5), "the watcher did not set stopping"
+        # The block's end closes the pipe and joins the watcher, which has read the byte by then.
+        assert stopping.is_set() == ours
+    finally:
+        stopping.clear()
 
 
 def test_an_ignored_hangup_stays_ignored() -> None:
