@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, require_at_least_one
 
 if TYPE_CHECKING:  # the heavy layers load on first use, so `import dilstore` stays light
     from dilstore.reader.evaluation.open_domain import QAEvaluation
@@ -240,8 +240,7 @@ def evaluate_qa(
     _check("reader", reader, (OpenDomainReader,), "a reader from open_reader")
     _check("questions", questions, _PATH, "a question file")
     _check("limit", limit, (int, type(None)), "a positive integer or None")
-    if limit is not None and limit < 1:  # the layer's own message names the command's --limit
-        raise DilstoreError(f"limit must be a positive integer or None, got {limit}")
+    require_at_least_one({"limit": limit}, dashed=False)  # before the questions load
     _check("seed", seed, (int,), "an integer")
     chosen = select_questions(load_questions(questions), limit, seed)
     return evaluate_questions(reader, chosen, top_p=reader.settings.top_p, mu=reader.settings.mu)

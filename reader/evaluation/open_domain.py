@@ -40,7 +40,7 @@ from dilstore.reader.data.squad import load_open_questions, load_squad
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
 from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu, check_top_p
 from dilstore.reader.serving.odqa import OpenDomainReader
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, require_at_least_one
 
 DEFAULT_QUESTION_BATCH = 8
 READER_ONLY_MU = 1.0
@@ -77,10 +77,9 @@ def load_questions(path: str | Path) -> list[QAQuestion]:
 
 def select_questions(questions: Sequence[QAQuestion], limit: int | None, seed: int) -> list[QAQuestion]:
     """All questions, or a seeded random subset of `limit` of them kept in file order."""
+    require_at_least_one({"limit": limit}, dashed=False)
     if limit is None or limit >= len(questions):
         return list(questions)
-    if limit < 1:
-        raise DilstoreError(f"--limit must be at least 1, got {limit}")
     chosen = sorted(random.Random(seed).sample(range(len(questions)), limit))
     return [questions[index] for index in chosen]
 

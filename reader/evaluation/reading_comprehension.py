@@ -85,10 +85,9 @@ def select_examples(examples: Sequence[SquadExample], limit: int | None, seed: i
     A random sample rather than the first N: SQuAD files are ordered by
     article, so the first N questions would cover only one or two topics.
     """
+    require_at_least_one({"limit": limit}, dashed=False)
     if limit is None or limit >= len(examples):
         return list(examples)
-    if limit < 1:
-        raise DilstoreError(f"--limit must be at least 1, got {limit}")
     chosen = sorted(random.Random(seed).sample(range(len(examples)), limit))
     return [examples[index] for index in chosen]
 

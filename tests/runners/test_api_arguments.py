@@ -39,7 +39,7 @@ from tests.fixtures.store_fixtures import build_store, random_shards
         (lambda root: dilstore.evaluate_qa(None, root), "reader must be a reader from open_reader, got NoneType"),
         # It said "--limit must be at least 1", the command's flag (readme37 L1).
         (lambda root: dilstore.evaluate_qa(object.__new__(OpenDomainReader), root, limit=0),
-         "limit must be a positive integer or None, got 0"),
+         "limit must be at least 1, got 0"),
         # Read as one flag per item or character: ./98 got a store, input=[] the embedded corpus (readme37 M1, M2).
         (lambda root: dilstore.precompute(output=b"ab"), "output must be a path, got bytes b'ab'"),
         (lambda root: dilstore.precompute(output=["a", "b"]), "output must be a path, got list"),

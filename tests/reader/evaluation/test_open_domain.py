@@ -206,3 +206,5 @@ def test_limit_takes_a_seeded_subset_in_file_order() -> None:
     assert len(chosen) == 10 and chosen == select_questions(questions, 10, seed=3)
     assert [int(q.id) for q in chosen] == sorted(int(q.id) for q in chosen)
     assert select_questions(questions, 100, seed=0) == questions
+    with pytest.raises(DilstoreError, match="^limit must be at least 1, got 0$"):
+        select_questions(questions, 0, seed=0)
