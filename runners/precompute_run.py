@@ -19,6 +19,8 @@ from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.pipeline import Pipeline
+    from apache_beam.runners.runner import PipelineResult
 
     from dilstore.pipelines.job import BuildAttempt, PrecomputeJob
     from dilstore.pipelines.options import LocalDefaults
@@ -149,37 +151,43 @@ def run_pipeline(
         if runner == DASK_RUNNER and defaults.dask_address is None:
             reach_dask_scheduler(options)
         pipeline = build_pipeline(job, options)
+        shown = progress and runner in LOCAL_RUNNERS and job.progress_dir
         result = None
-        with interrupts_unlogged():
-            shown = progress and runner in LOCAL_RUNNERS and job.progress_dir
-            bar = ProgressBar(Path(job.progress_dir) if shown else None)
-            with bar:
-                try:
-                    # A remote service may accept the job inside run() (Dataflow's create call) before an interrupt
-                    # or a lost reply: launched from the call on, unless run() itself refuses the job (below).
-                    # The LocalCluster started here for Dask ends with this call, and its workers with it.
-                    outlives_us = runner not in IN_PROCESS_RUNNERS and defaults.dask_address is None
-                    if attempt is not None and outlives_us:
-                        attempt.launched = True
-                    try:
-                        result = pipeline.run()
-                    except Exception:
-                        if attempt is not None:
-                            attempt.launched = False  # refused: no job runs
-                        raise
-                    result.wait_until_finish()
-                except DilstoreError:
-                    raise
-                except (Exception, KeyboardInterrupt) as error:  # Beam wraps worker errors in runner-specific types
-                    interrupt = _cause_of(error, KeyboardInterrupt)
-                    if interrupt is not None:
-                        raise stopped(job, interrupt) from None
-                    raise DilstoreError(f"the pipeline failed: {pipeline_failure(error, options)}") from error
-                finally:
-                    client = getattr(result, "client", None)  # the Dask runner's distributed.Client
-                    if client is not None:
-                        client.close()
+        with interrupts_unlogged(), ProgressBar(Path(job.progress_dir) if shown else None):
+            try:
+                # The LocalCluster started here for Dask ends with this call, and its workers with it.
+                outlives_us = runner not in IN_PROCESS_RUNNERS and defaults.dask_address is None
+                result = _launch(pipeline, attempt if outlives_us else None)
+                result.wait_until_finish()
+            except DilstoreError:
+                raise
+            except (Exception, KeyboardInterrupt) as error:  # Beam wraps worker errors in runner-specific types
+                interrupt = _cause_of(error, KeyboardInterrupt)
+                if interrupt is not None:
+                    raise stopped(job, interrupt) from None
+                raise DilstoreError(f"the pipeline failed: {pipeline_failure(error, options)}") from error
+            finally:
+                client = getattr(result, "client", None)  # the Dask runner's distributed.Client
+                if client is not None:
+                    client.close()
     return read_summary(Path(job.store))
+
+
+def _launch(pipeline: Pipeline, attempt: BuildAttempt | None) -> PipelineResult:
+    """`pipeline.run()`, with `attempt` (given for a job that runs on without this process) marked launched.
+
+    A remote service may accept the job inside run() (Dataflow's create
+    call) before an interrupt or a lost reply: launched from the call on,
+    unless run() itself refuses the job with an error, when no job runs.
+    """
+    if attempt is not None:
+        attempt.launched = True
+    try:
+        return pipeline.run()
+    except Exception:
+        if attempt is not None:
+            attempt.launched = False
+        raise
 
 
 def stopped(job: PrecomputeJob, interrupt: KeyboardInterrupt) -> StoppedBySignal:
