@@ -25,7 +25,8 @@ from typing import Any
 
 from dilstore.storage.errors import DilstoreError
 
-# The DilstoreError subclasses the README names, by the module that defines each (loaded on first use too).
+# The DilstoreError subclasses the README names, by the module that defines each (loaded on first use too); listed
+# by name in __all__ as well, where static tools see them.
 ERRORS = {
     "FingerprintMismatchError": "dilstore.storage.fingerprint",
     "MissingPassagesError": "dilstore.storage.reader",
@@ -36,7 +37,11 @@ ERRORS = {
 
 __all__ = [
     "DilstoreError",
-    *ERRORS,
+    "FingerprintMismatchError",
+    "MissingPassagesError",
+    "StoreChangedError",
+    "StoreFormatError",
+    "StoreReadError",
     "build_index",
     "evaluate_qa",
     "evaluate_rank",

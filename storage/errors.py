@@ -21,10 +21,10 @@ class DilstoreError(Exception):
 
 
 class StoppedBySignal(DilstoreError):
-    """A long run stopped, as asked, by SIGTERM or SIGINT after saving what it needs to continue.
+    """A command stopped by a signal (SIGINT, SIGTERM or SIGHUP); the message says what is kept and how to go on.
 
-    Not the user's mistake: the command line prints the message (where the run
-    can go on from) and exits with 128 + the signal's number, as a shell reports it.
+    Not the user's mistake: the command line prints the message and exits
+    with 128 + `signal_number`, as a shell reports a process that signal ended.
     """
 
     def __init__(self, message: str, signal_number: int) -> None:

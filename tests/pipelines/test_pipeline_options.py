@@ -207,7 +207,8 @@ def test_a_job_a_remote_runner_took_is_marked_launched_and_a_refused_one_is_not(
                 raise CutShort
             return Failing()
 
-    monkeypatch.setattr("dilstore.runners.precompute_run.reach_dask_scheduler", lambda options: None)  # stood in for
+    # No Dask scheduler runs at the address the options name: the probe of it stands aside.
+    monkeypatch.setattr("dilstore.runners.precompute_run.reach_dask_scheduler", lambda options: None)
     seen = []
     for how in ("lost", "refused", "cut"):
         attempt = BuildAttempt()

@@ -62,6 +62,7 @@ def test_the_errors_the_readme_names_are_the_ones_raised() -> None:
     assert dilstore.StoreChangedError is StoreChangedError and dilstore.MissingPassagesError is MissingPassagesError
     for name in dilstore.ERRORS:
         assert issubclass(getattr(dilstore, name), dilstore.DilstoreError), name
+        assert name in dilstore.__all__, name
 
 
 def test_bad_api_options_raise_dilstore_error_not_system_exit(tmp_path: Path, capsys) -> None:
