@@ -14,8 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from dilstore.runners.quiet import configure as configure_output
-from dilstore.runners.quiet import drop_interrupted_work
-from dilstore.runners.stop_signals import interrupt_number, interrupt_words, signals_interrupt
+from dilstore.runners.stop_signals import drop_interrupted_work, interrupt_number, interrupt_words, signals_interrupt
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
 # Order is the order `dilstore --help` lists them in.

@@ -20,13 +20,10 @@ Without `--verbose`, a command turns off before any library loads:
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import sys
 import threading
-import traceback
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing import resource_tracker
@@ -88,37 +85,6 @@ def quiet_dask_logging() -> None:
     import distributed  # noqa: F401  (its import configures the logger set below)
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
-
-
-def drop_interrupted_work(interrupt: BaseException) -> None:
-    """Free what a Ctrl-C left half done, without a word, so that its one line is all the terminal shows.
-
-    The interrupt can land inside a library's constructor (zarr's event loop,
-    half built) or between making a coroutine and running it; their
-    finalizers, run once the exception that holds their frames is dropped,
-    printed "Exception ignored in ... BaseEventLoop.__del__" with a traceback
-    and "coroutine 'open_group' was never awaited" after the line. This
-    clears the locals of every frame in the interrupt's chain and collects
-    them while such reports are silenced.
-    """
-    chain: list[BaseException] = [interrupt]
-    seen: set[int] = set()
-    unraisable_hook = sys.unraisablehook
-    sys.unraisablehook = lambda report: None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            while chain:
-                error = chain.pop()
-                if id(error) in seen:
-                    continue
-                seen.add(id(error))
-                traceback.clear_frames(error.__traceback__)
-                chain.extend(linked for linked in (error.__cause__, error.__context__) if linked is not None)
-            del error
-            gc.collect()
-    finally:
-        sys.unraisablehook = unraisable_hook
 
 
 def is_quiet() -> bool:

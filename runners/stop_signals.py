@@ -22,10 +22,15 @@ signal ended; so a thread, woken by the signal's own wake-up byte, sets
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import signal
+import sys
 import threading
+import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -60,6 +65,37 @@ def interrupt_words(interrupt: KeyboardInterrupt) -> str:
     return str(interrupt) if isinstance(interrupt, Terminated) else "interrupted"
 
 
+def drop_interrupted_work(interrupt: BaseException) -> None:
+    """Free what a Ctrl-C left half done, without a word, so that its one line is all the terminal shows.
+
+    The interrupt can land inside a library's constructor (zarr's event loop,
+    half built) or between making a coroutine and running it; their
+    finalizers, run once the exception that holds their frames is dropped,
+    printed "Exception ignored in ... BaseEventLoop.__del__" with a traceback
+    and "coroutine 'open_group' was never awaited" after the line. This
+    clears the locals of every frame in the interrupt's chain and collects
+    them while such reports are silenced.
+    """
+    chain: list[BaseException] = [interrupt]
+    seen: set[int] = set()
+    unraisable_hook = sys.unraisablehook
+    sys.unraisablehook = lambda report: None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            while chain:
+                error = chain.pop()
+                if id(error) in seen:
+                    continue
+                seen.add(id(error))
+                traceback.clear_frames(error.__traceback__)
+                chain.extend(linked for linked in (error.__cause__, error.__context__) if linked is not None)
+            del error
+            gc.collect()
+    finally:
+        sys.unraisablehook = unraisable_hook
+
+
 @contextmanager
 def signals_interrupt(mute_when_stopping: bool = False) -> Iterator[None]:
     """Inside the block, a stopping signal sets `stopping` and raises in the main thread: KeyboardInterrupt for
@@ -79,6 +115,9 @@ def signals_interrupt(mute_when_stopping: bool = False) -> Iterator[None]:
         _stopped(mute_when_stopping)
         raise KeyboardInterrupt if number == signal.SIGINT else Terminated(number)
 
+    def handled_here(number: int) -> bool:
+        return signal.getsignal(number) is stop
+
     def unless_stopping(arguments: threading.ExceptHookArgs) -> None:
         if not stopping.wait(STOP_GRACE_SECONDS):
             excepthook(arguments)
@@ -90,7 +129,8 @@ def signals_interrupt(mute_when_stopping: bool = False) -> Iterator[None]:
     if mute_when_stopping:
         threading.excepthook = unless_stopping
     try:
-        with _noticed_at_once(lambda number: signal.getsignal(number) is stop, mute_when_stopping):
+        # Only muting reads `stopping` early (--verbose shows everything), so only then is the watcher started.
+        with _noticed_at_once(handled_here, mute_when_stopping) if mute_when_stopping else contextlib.nullcontext():
             yield
     finally:
         for number, handler in previous.items():
