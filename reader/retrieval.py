@@ -372,11 +372,12 @@ class Bm25Searcher:
                 )
         except DilstoreError:
             # Anserini's batch names no query that failed ("queryCount = 2 is not equal to completedTaskCount = 1"),
-            # which read as an unreadable index: search one at a time for the failing query's own error.
+            # which read as an unreadable index: search one at a time for the failing query's own error. Only a
+            # query's own error names it; an index that cannot be read fails every query alike.
             for qid, query in zip(qids, queries):
                 try:
                     self.search(query, k)
-                except DilstoreError as error:
-                    raise type(error)(f"query {qid!r}: {error}") from None
+                except TooManyTermsError as error:
+                    raise TooManyTermsError(f"query {qid!r}: {error}") from None
             raise
         return {qid: [Hit(hit.docid, float(hit.score)) for hit in (found.get(qid) or [])] for qid in qids}

@@ -121,6 +121,9 @@ def test_lucene_errors_say_whose_they_are(indexed: dict[str, Any]) -> None:
     searcher._open().close()  # what a close() on another thread does to a search under way
     with pytest.raises(DilstoreError, match="^the BM25 searcher of .* was closed while it searched$"):
         searcher.search(QUESTION, 3)
+    # Not a query's fault, so no query is named (it said "query 'q1': ...", style38 L12).
+    with pytest.raises(DilstoreError, match="^the BM25 searcher of .* was closed while it searched$"):
+        searcher.batch_search([QUESTION, "who"], ["q1", "q2"], 3)
 
 
 def test_a_top_p_beyond_javas_int_returns_every_hit(indexed: dict[str, Any]) -> None:
