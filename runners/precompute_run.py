@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
     from dilstore.pipelines.options import LocalDefaults
 
 _PROGRESS_POLL_SECONDS = 0.5
-_DASK_CONNECT_SECONDS = 30  # dask.distributed's own default connect timeout
 E = TypeVar("E", bound=BaseException)
 
 
@@ -213,7 +212,9 @@ def reach_dask_scheduler(options: PipelineOptions) -> None:
     tasks may run on): Ctrl-C while it waited for a scheduler kept them, and the next command with other
     settings was refused. It waited for ever for a --dask_scheduler_file that does not exist.
     """
+    import dask
     from apache_beam.runners.dask.dask_runner import DaskOptions
+    from dask.utils import parse_timedelta
     from distributed import Client
 
     values = options.view_as(DaskOptions)
@@ -221,7 +222,8 @@ def reach_dask_scheduler(options: PipelineOptions) -> None:
     if values.scheduler_file and not Path(values.scheduler_file).is_file():
         raise DilstoreError(f"--dask_scheduler_file {values.scheduler_file} does not exist (a scheduler started "
                             "with `dask scheduler --scheduler-file FILE` writes it)")  # fmt: skip
-    timeout = values.timeout if isinstance(values.timeout, int) else _DASK_CONNECT_SECONDS
+    default = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="seconds")
+    timeout = values.timeout if isinstance(values.timeout, int) else default
     try:
         Client(address=values.address, scheduler_file=values.scheduler_file, timeout=timeout).close()
     except Exception as error:  # OSError when no one answers; anything from a server that is not a scheduler

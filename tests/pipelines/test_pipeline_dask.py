@@ -13,6 +13,7 @@ import logging
 import socket
 from pathlib import Path
 
+import dask
 import numpy as np
 import pytest
 from distributed import LocalCluster
@@ -81,7 +82,7 @@ def nobody_listening() -> str:
         return f"tcp://127.0.0.1:{server.getsockname()[1]}"
 
 
-@pytest.mark.parametrize("scheduler", ["missing-file", "not-running"])
+@pytest.mark.parametrize("scheduler", ["missing-file", "not-running", "not-running-dask-config"])
 def test_a_scheduler_that_cannot_be_reached_is_named_and_the_run_is_taken_back(
     setup, tmp_path: Path, nobody_listening: str, capsys: pytest.CaptureFixture[str], scheduler: str
 ) -> None:
@@ -89,9 +90,12 @@ def test_a_scheduler_that_cannot_be_reached_is_named_and_the_run_is_taken_back(
     scheduler kept the run's spec, and the next command with other settings was refused (dask37 M1, M2)."""
     model, corpus = setup
     store = tmp_path / "store"
-    given = (["--dask_scheduler_file", str(tmp_path / "scheduler.json")] if scheduler == "missing-file" else
-             ["--dask_client_address", nobody_listening, "--dask_connection_timeout", "1"])  # fmt: skip
-    assert cli.main(arguments(model, corpus, store, "--runner", "dask", *given)) == 2
+    given = {"missing-file": ["--dask_scheduler_file", str(tmp_path / "scheduler.json")],
+             "not-running": ["--dask_client_address", nobody_listening, "--dask_connection_timeout", "1"],
+             "not-running-dask-config": ["--dask_client_address", nobody_listening]}[scheduler]  # fmt: skip
+    # Without --dask_connection_timeout the wait is dask's own connect timeout (30 s unless configured).
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+        assert cli.main(arguments(model, corpus, store, "--runner", "dask", *given)) == 2
     said = capsys.readouterr().err
     if scheduler == "missing-file":
         assert f"--dask_scheduler_file {tmp_path / 'scheduler.json'} does not exist" in said
