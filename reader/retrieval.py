@@ -78,19 +78,19 @@ def start_jvm(max_heap: str = "4g") -> None:
             # -Xrs: the JVM takes no SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers, so they stay Python's. Without it,
             # Ctrl-C in a process that ever searched exits 130 at once from Java, past Python's handlers and cleanup.
             jnius_config.add_options(f"-Xmx{max_heap}", "-Xrs")
-            if _quiet():
+            if is_quiet():
                 # Java 22+ notices about native access and sun.misc.Unsafe, which Lucene uses as intended.
                 jnius_config.add_options("--enable-native-access=ALL-UNNAMED", "--sun-misc-unsafe-memory-access=allow")
         import jnius  # noqa: F401  (importing jnius starts the JVM)
 
-        if _quiet():
+        if is_quiet():
             # Lucene's "running with Java 22 or later" MMapDirectory warning goes through java.util.logging.
             level = jnius.autoclass("java.util.logging.Level")
             jnius.autoclass("java.util.logging.Logger").getLogger("").setLevel(level.SEVERE)
         _JVM_STARTED = True
 
 
-def _quiet() -> bool:
+def is_quiet() -> bool:
     """Whether the command runs quiet (no --verbose): dilstore.runners.quiet sets QUIET_ENV (in Beam's workers too)."""
     return os.environ.get(QUIET_ENV) == "1"
 
@@ -121,7 +121,7 @@ def build_bm25_index(
         "-index", str(index_dir),
         "-threads", str(threads),
         "-storePositions", "-storeDocvectors", "-storeRaw",
-        *(["-quiet"] if _quiet() else []),
+        *(["-quiet"] if is_quiet() else []),
     ]  # fmt: skip
     from jnius import JavaException, autoclass
 
@@ -181,7 +181,7 @@ def _wait_in_python(
             if while_waiting is not None:
                 while_waiting()
     except KeyboardInterrupt:
-        if building is not None and _quiet():
+        if building is not None and is_quiet():
             with contextlib.suppress(Exception):  # best effort: a Java error here must not replace the interrupt
                 _silence_java()
         raise

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing import resource_tracker
 
-from dilstore.reader.retrieval import QUIET_ENV
+from dilstore.reader.retrieval import QUIET_ENV, is_quiet
 from dilstore.runners.stop_signals import STOP_GRACE_SECONDS, stopping
 
 # Lines that Beam's worker processes print and a user has no use for.
@@ -85,11 +85,6 @@ def quiet_dask_logging() -> None:
     import distributed  # noqa: F401  (its import configures the logger set below)
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
-
-
-def is_quiet() -> bool:
-    """Whether the quiet switch is on (configure(False) was called here or in the parent process)."""
-    return os.environ.get(QUIET_ENV) == "1"
 
 
 @contextmanager
