@@ -8,7 +8,7 @@ written to `STORE/precompute.json` before any shard, so a later run can tell.
 `prepare_store` makes the output folder ready for a run (start, resume, or
 refuse); with --overwrite, a store of other settings is replaced by building
 the new one beside it and swapping it in once complete (`replacement_dir`,
-`swap_in`), and only a dilstore store that holds no input and is not the
+`storage.replacement.swap_in`), and only a dilstore store that holds no input and is not the
 current folder is ever replaced (`check_replaceable`).
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
+from dilstore.storage.replacement import building_dir
 
 SUMMARY_FILE = "run-summary.json"
 
@@ -171,9 +171,9 @@ def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
     the same spec is resumed (or, when finalized, left as it is); anything
     else is refused. With `overwrite` a store of other settings is not
     touched here: the caller builds the new one beside it (`replacement_dir`)
-    and swaps it in when complete (`swap_in`), so a failed run leaves the old
-    store as it was. It runs once, before the pipeline starts, so no worker
-    ever sees a half-prepared store.
+    and swaps it in when complete (`storage.replacement.swap_in`), so a
+    failed run leaves the old store as it was. It runs once, before the
+    pipeline starts, so no worker ever sees a half-prepared store.
     """
     if store.exists() and not store.is_dir():
         raise DilstoreError(f"--output {store} exists and is not a directory")
@@ -271,53 +271,10 @@ def replacement_dir(store: Path, spec: dict[str, Any]) -> Path:
     is resumed; one of other settings is this project's own leftover and is
     removed.
     """
-    building = _building_dir(store)
+    building = building_dir(store)
     if building.is_dir() and read_spec(building) != spec:
         shutil.rmtree(building)
     building.mkdir(parents=True, exist_ok=True)
     if read_spec(building) is None:
         atomic_write_text(building / SPEC_FILE, spec_json(spec))
     return building
-
-
-def swap_in(store: Path, built: Path) -> None:
-    """Put the complete store `built` at `store` and delete the one it replaces.
-
-    The old store is renamed aside first, so between the two renames there
-    is at every moment a complete store, old or new, at one of the paths.
-    """
-    old = _replaced_dir(store)
-    if old.exists():
-        shutil.rmtree(old)
-    os.rename(store, old)
-    os.rename(built, store)
-    shutil.rmtree(old)
-
-
-def finish_interrupted_swap(store: Path) -> None:
-    """Complete what a run killed inside `swap_in` left beside `store`; call it holding the store's write lock.
-
-    Killed between the two renames, it left no store at `store`, the old one aside and the finished new one in
-    its building folder: the new one goes into place (the old one back, if the new one is not finished). Killed
-    before the last delete, it left the old store aside. Either way the old store is then deleted; a re-run had
-    built from scratch beside both, or said "already complete" and kept the old store's full copy for good.
-    """
-    old = _replaced_dir(store)
-    if not old.is_dir():
-        return
-    if not os.path.lexists(store):
-        building = _building_dir(store)
-        os.rename(building if (building / MANIFEST_FILE).is_file() else old, store)
-    if old.is_dir():
-        shutil.rmtree(old)
-
-
-def _building_dir(store: Path) -> Path:
-    """Where the store that replaces `store` is built (replacement_dir)."""
-    return store.parent / f".{store.name}.dilstore-building"
-
-
-def _replaced_dir(store: Path) -> Path:
-    """Where swap_in puts the store it replaces until the new one is in place."""
-    return store.parent / f".{store.name}.dilstore-replaced"
-

@@ -437,12 +437,10 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
     from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.job import (
         check_replaceable,
-        finish_interrupted_swap,
         needs_replacement,
         prepare_store,
         replacement_dir,
         run_spec,
-        swap_in,
         unmade_if_nothing_stored,
     )
     from dilstore.pipelines.options import (
@@ -453,6 +451,7 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
         canonical_runner,
         pipeline_options,
     )
+    from dilstore.storage.replacement import finish_interrupted_swap, swap_in
     from dilstore.storage.write_lock import write_lock
 
     runner = canonical_runner(args.runner)

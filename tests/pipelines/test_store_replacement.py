@@ -13,17 +13,16 @@ import pytest
 from dilstore.pipelines.job import (
     SPEC_FILE,
     check_replaceable,
-    finish_interrupted_swap,
     needs_replacement,
     prepare_store,
     replacement_dir,
     spec_json,
-    swap_in,
     unmade_if_nothing_stored,
 )
 from dilstore.runners import cli
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.replacement import finish_interrupted_swap, swap_in
 from dilstore.storage.verify import verify_store
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, wiki_like_documents, write_jsonl
 

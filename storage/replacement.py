@@ -1,0 +1,60 @@
+"""Replacing a whole store with one built beside it (`precompute --overwrite`), so that a failed build leaves
+the old store as it was, and a kill between the renames is finished by the next writer of the store.
+
+The replacement is built in `building_dir(store)`; `swap_in` puts it in place once complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from dilstore.storage.durability import fsync_dir
+from dilstore.storage.format import MANIFEST_FILE
+
+
+def swap_in(store: Path, built: Path) -> None:
+    """Put the complete store `built` at `store` and delete the one it replaces.
+
+    The old store is renamed aside first, so between the two renames there
+    is at every moment a complete store, old or new, at one of the paths;
+    the renames reach the disk before the old store is deleted.
+    """
+    old = _replaced_dir(store)
+    if old.exists():
+        shutil.rmtree(old)
+    os.rename(store, old)
+    os.rename(built, store)
+    fsync_dir(store.parent)
+    shutil.rmtree(old)
+
+
+def finish_interrupted_swap(store: Path) -> None:
+    """Complete what a run killed inside `swap_in` left beside `store`; call it holding the store's write lock.
+
+    Killed between the two renames, it left no store at `store`, the old one aside and the finished new one in
+    its building folder: the new one goes into place (the old one back, if the new one is not finished). Killed
+    before the last delete, it left the old store aside. Either way the old store is then deleted; a re-run had
+    built from scratch beside both, or said "already complete" and kept the old store's full copy for good.
+    """
+    old = _replaced_dir(store)
+    if not old.is_dir():
+        return
+    if not os.path.lexists(store):
+        building = building_dir(store)
+        os.rename(building if (building / MANIFEST_FILE).is_file() else old, store)
+        fsync_dir(store.parent)
+    if old.is_dir():
+        shutil.rmtree(old)
+
+
+def building_dir(store: Path) -> Path:
+    """Where the store that replaces `store` is built (pipelines/job.replacement_dir readies it for a run)."""
+    return store.parent / f".{store.name}.dilstore-building"
+
+
+def _replaced_dir(store: Path) -> Path:
+    """Where swap_in puts the store it replaces until the new one is in place."""
+    return store.parent / f".{store.name}.dilstore-replaced"
+
