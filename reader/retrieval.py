@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from dilstore.storage.durability import remove_path, replace_dir
+from dilstore.storage.durability import aside_prefix, remove_path, replace_dir
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.format import TMP_PREFIX
 
 if TYPE_CHECKING:
     from dilstore.storage.manifest import Manifest
@@ -238,7 +237,7 @@ def build_bm25_index_in_place(
     if store is not None:
         (building / INDEX_RECORD).write_text(json.dumps(indexed_state(store), sort_keys=True) + "\n", encoding="utf-8")
     replace_dir(building, index_dir)  # the old index stays whole until the new one is in its place
-    for stale in index_dir.parent.glob(f"{TMP_PREFIX}old-{index_dir.name}-*"):
+    for stale in index_dir.parent.glob(f"{aside_prefix(index_dir.name)}*"):
         remove_path(stale)  # an old index a build killed between its renames left aside, whole
     return index_dir
 

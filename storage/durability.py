@@ -41,7 +41,7 @@ def replace_dir(finished: Path, target: Path) -> None:
     """
     fsync_tree(finished)
     if os.path.lexists(target):
-        aside = target.with_name(f"{TMP_PREFIX}old-{target.name}-{uuid.uuid4().hex}")
+        aside = target.with_name(f"{aside_prefix(target.name)}{uuid.uuid4().hex}")
         os.rename(target, aside)
         try:
             os.rename(finished, target)
@@ -53,6 +53,12 @@ def replace_dir(finished: Path, target: Path) -> None:
     else:
         os.rename(finished, target)
     fsync_dir(target.parent)
+
+
+def aside_prefix(name: str) -> str:
+    """How the names of the folders `replace_dir` sets a `name` aside in begin: a kill between its renames leaves
+    one, whole, for the next writer to remove."""
+    return f"{TMP_PREFIX}old-{name}-"
 
 
 def remove_path(path: Path) -> None:

@@ -26,6 +26,7 @@ from dilstore.storage.arrays import decode_string
 from dilstore.storage.atomic_files import remove_stale_writes
 from dilstore.storage.checksums import read_checksums
 from dilstore.storage.codebook import CODEBOOK_DIR, store_codebook_problems
+from dilstore.storage.durability import aside_prefix
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.format import (
@@ -134,10 +135,10 @@ def finalize(
 # while it wrote the codebook, which happens before any shard.
 _ROOT_TEMPORARIES = (
     f"{TMP_PREFIX}{INDEX_DIR}-",
-    f"{TMP_PREFIX}old-{INDEX_DIR}-",
+    aside_prefix(INDEX_DIR),
     f"{TMP_PREFIX}{MANIFEST_FILE}-",
     f"{TMP_PREFIX}{CODEBOOK_DIR}-",
-    f"{TMP_PREFIX}old-{CODEBOOK_DIR}-",
+    aside_prefix(CODEBOOK_DIR),
 )
 
 
