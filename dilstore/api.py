@@ -13,7 +13,7 @@ import argparse
 import contextlib
 import io
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -96,7 +96,7 @@ class PrecomputeOptions(TypedDict, total=False):
     """`precompute`'s keywords: the flags of `dilstore precompute` by their Python names (see its --help for what
     each does and its default; a test keeps the two lists equal)."""
 
-    input: PathLike | Iterable[PathLike]
+    input: PathLike | list[PathLike] | tuple[PathLike, ...]
     format: str
     split: str
     output: PathLike
