@@ -512,7 +512,8 @@ def run_training_loop(
                     f"step {position.step}/{total_steps} loss {logged_loss} "
                     f"lr {optimization.scheduler.get_last_lr()[0]:.2e} {throughput.log_name} "
                     f"{rate:.{throughput.log_digits}f} {throughput.seen_name} {position.features_seen} "
-                    f"elapsed {position.train_seconds:.0f}s"
+                    f"elapsed {position.train_seconds:.0f}s",
+                    file=sys.stderr,  # stdout holds only the result (--json's summary)
                 )
                 window_start, window_units = time.perf_counter(), 0
             due_by_steps = config.save_every and position.step % config.save_every == 0

@@ -111,7 +111,7 @@ def test_cli_runs_go_outside_the_work_tree_by_default(
         "--max-question-length", "24", "--no-progress", "--json",
     ]  # fmt: skip
     assert main(arguments) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    summary = json.loads(capsys.readouterr().out)
     assert summary["output"] == str(run)
     assert (run / "model.safetensors").is_file()
     assert main([*arguments, "--resume"]) == 2
@@ -120,7 +120,7 @@ def test_cli_runs_go_outside_the_work_tree_by_default(
     )
     cut_after_last_checkpoint(run)
     assert main([*arguments, "--resume"]) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["train_steps"] == 2
+    assert json.loads(capsys.readouterr().out)["train_steps"] == 2
 
 
 def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_the_run_is_kept(
