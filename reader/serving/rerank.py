@@ -248,22 +248,15 @@ class StoreReranker(ABC, Generic[RankerT]):
         RerankStats to collect counts and stage times.
         """
         doc_ids = as_list(doc_ids, "doc_ids must be a list of document ids")
+        wrong = next((doc_id for doc_id in doc_ids if not isinstance(doc_id, str)), None)
+        if wrong is not None:  # a list or dict among them failed in dict.fromkeys with a bare TypeError
+            raise DilstoreError(f"doc_ids must be strings, got {type(wrong).__name__} {wrong!r:.60}")
         if not isinstance(skip_missing, bool):
             raise DilstoreError(f"skip_missing must be True or False, got {type(skip_missing).__name__}")
         if not isinstance(stats, RerankStats | None):
             raise DilstoreError(f"stats must be a RerankStats or None, got {type(stats).__name__}")
         stats = RerankStats() if stats is None else stats
-        started = time.perf_counter()
-        try:
-            with stats.measure("query_layers"):
-                tokens = self._tokenize_query(query, stats)
-            documents = self._fetch(list(dict.fromkeys(doc_ids)), skip_missing, stats)
-            scores = self._score(tokens, documents, stats) if documents else []
-        finally:
-            stats.seconds += time.perf_counter() - started
-        stats.queries += 1
-        stats.pairs += len(documents)
-        return {document.id: score for document, score in zip(documents, scores, strict=True)}
+        return self._rerank_tokens(self._tokenize_timed(query, stats), doc_ids, skip_missing, stats)
 
     def rerank_run(
         self,
@@ -276,8 +269,10 @@ class StoreReranker(ABC, Generic[RankerT]):
     ) -> tuple[Run, RerankStats]:
         """Rerank each query's top-`depth` documents; the reranked run (tail kept below) and the stats.
 
-        Queries keep the run's order; each must have a topic. `on_query(qid)`
-        is called after each query, for progress reporting. With `skip_missing`,
+        Queries keep the run's order; each must have a topic. Every topic, and
+        without `skip_missing` every top-`depth` document, is checked before
+        the first query is scored. `on_query(qid)` is called after each
+        query, for progress reporting. With `skip_missing`,
         a run none of whose top-`depth` documents is in the store is an error,
         not an empty run, and a query left with no document is not in the run
         returned but in `stats.emptied_queries`.
@@ -285,14 +280,20 @@ class StoreReranker(ABC, Generic[RankerT]):
         check_depth(depth)
         run = _checked_run(run)
         require_topics(topics, run)
+        if on_query is not None and not callable(on_query):
+            raise DilstoreError(f"on_query must be a function of the qid or None, got {type(on_query).__name__}")
+        if not isinstance(skip_missing, bool):
+            raise DilstoreError(f"skip_missing must be True or False, got {type(skip_missing).__name__}")
         stats = RerankStats()
+        rankings = {qid: [docid for docid, _ in rank_documents(first_stage)] for qid, first_stage in run.items()}
+        # Every topic, and without skip_missing every top document, is checked before the first query is scored:
+        # a bad one found when its query came up lost the work of the queries before it.
+        queries = {qid: self._run_query(qid, topics[qid], stats) for qid in run}
+        if not skip_missing:
+            self._require_stored({qid: ranked[:depth] for qid, ranked in rankings.items()})
         reranked: Run = {}
-        for qid, first_stage in run.items():
-            ranked = [docid for docid, _ in rank_documents(first_stage)]
-            try:
-                scores = self.rerank(topics[qid], ranked[:depth], skip_missing=skip_missing, stats=stats)
-            except MissingPassagesError as error:
-                raise MissingPassagesError(f"query {qid!r}: {error}", error.missing) from None
+        for qid, ranked in rankings.items():
+            scores = self._rerank_tokens(queries[qid], ranked[:depth], skip_missing, stats)
             floor = min(scores.values(), default=0.0)
             tail = {docid: floor - rank for rank, docid in enumerate(ranked[depth:], start=1)}
             if scores or tail:
@@ -320,11 +321,53 @@ class StoreReranker(ABC, Generic[RankerT]):
             raise DilstoreError("the query is empty")
         return encode_query(self.model.tokenizer, query, self.max_query_length)
 
-    def _tokenize_query(self, query: str, stats: RerankStats) -> TokenizedText:
-        """`tokenize_query`, its truncation counted in stats."""
-        tokens = self.tokenize_query(query)
+    def _tokenize_timed(self, query: str, stats: RerankStats) -> TokenizedText:
+        """`tokenize_query`, its time and truncation counted in stats."""
+        started = time.perf_counter()
+        try:
+            with stats.measure("query_layers"):
+                tokens = self.tokenize_query(query)
+        finally:
+            stats.seconds += time.perf_counter() - started
         stats.truncated_queries += int(tokens.truncated)
         return tokens
+
+    def _run_query(self, qid: str, query: str, stats: RerankStats) -> TokenizedText:
+        """A run's query tokenized; an error names its qid."""
+        try:
+            return self._tokenize_timed(query, stats)
+        except DilstoreError as error:
+            raise DilstoreError(f"the topic of query {qid!r:.60}: {error}") from None
+
+    def _require_stored(self, tops: Mapping[str, list[str]]) -> None:
+        """A MissingPassagesError naming the first query with documents the store lacks, and counting the rest."""
+        missing = {qid: [docid for docid in top if docid not in self.store] for qid, top in tops.items()}
+        missing = {qid: docids for qid, docids in missing.items() if docids}
+        if not missing:
+            return
+        (qid, first), others = next(iter(missing.items())), list(missing)[1:]
+        more = sum(len(missing[other]) for other in others)
+        elsewhere = f"; {more} more in {len(others)} other query(ies)" if others else ""
+        raise MissingPassagesError(
+            f"query {qid!r}: {len(first)} of {len(tops[qid])} documents to rerank are not in store {self.store.url}: "
+            f"{listed(first)}{split_hint(self.store, first)}{elsewhere}; leave them out with skip_missing "
+            "(--skip-missing)",
+            [docid for docids in missing.values() for docid in docids],
+        )
+
+    def _rerank_tokens(
+        self, tokens: TokenizedText, doc_ids: list[str], skip_missing: bool, stats: RerankStats
+    ) -> dict[str, float]:
+        """`rerank` of a tokenized query."""
+        started = time.perf_counter()
+        try:
+            documents = self._fetch(list(dict.fromkeys(doc_ids)), skip_missing, stats)
+            scores = self._score(tokens, documents, stats) if documents else []
+        finally:
+            stats.seconds += time.perf_counter() - started
+        stats.queries += 1
+        stats.pairs += len(documents)
+        return {document.id: score for document, score in zip(documents, scores, strict=True)}
 
     def _fetch(self, doc_ids: list[str], skip_missing: bool, stats: RerankStats) -> list[StoredPassage]:
         """The stored documents in the order asked; missing ids raise, or are dropped with skip_missing."""

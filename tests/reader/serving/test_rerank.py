@@ -231,6 +231,11 @@ def test_documents_below_depth_follow_in_first_stage_order(store: Callable[..., 
         (lambda r: r.rerank_run({"q1": 7}, {"q1": {"tram": 1.0}}), "the topic of query 'q1' must be its text"),
         (lambda r: r.rerank(QUERIES["q1"], ["tram"], stats={}), "stats must be a RerankStats or None, got dict"),
         (lambda r: r.rerank(QUERIES["q1"], ["tram"], skip_missing="yes"), "skip_missing must be True or False"),
+        # A bare TypeError from dict.fromkeys; on_query's only after the first query was scored (rank38 M5).
+        (lambda r: r.rerank(QUERIES["q1"], [["tram"]]), "doc_ids must be strings, got list"),
+        (lambda r: r.rerank(QUERIES["q1"], [{"a": 1}]), "doc_ids must be strings, got dict"),
+        (lambda r: r.rerank_run(QUERIES, {"q1": {"tram": 1.0}}, on_query=5), "on_query must be a function of the"),
+        (lambda r: r.rerank_run(QUERIES, {"q1": {"tram": 1.0}}, skip_missing=1), "skip_missing must be True or"),
     ],
 )  # fmt: skip
 def test_arguments_of_the_wrong_type_are_refused_by_name(
@@ -260,6 +265,24 @@ def test_missing_ids_are_named_or_skipped_and_counted(store: Callable[..., Path]
     every_top_missing = {"q2": one_top_missing["q2"]}  # was an empty-topped run, "written" with exit 0
     with pytest.raises(MissingPassagesError, match="none of the run's top-2 documents is in store .*: nothing was"):
         reranker.rerank_run(QUERIES, every_top_missing, depth=2, skip_missing=True)
+
+
+def test_a_bad_topic_or_a_missing_document_is_found_before_any_query_is_scored(
+    store: Callable[..., Path], model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each was found when its query came up, after the queries before it were scored (a long run lost its work),
+    and a topic of no word pieces was not named by its qid (rank38 M2)."""
+    reranker = open_reranker(store("earl-s1"), model_dir)
+    scored = []
+    monkeypatch.setattr(reranker, "_score", lambda tokens, documents, stats: scored.append(documents) or [0.0])
+    run = {"q1": {"tram": 1.0}, "q2": {"ghost": 2.0, "curie": 1.0}, "q3": {"kili": 1.0, "phantom": 0.5}}
+    with pytest.raises(DilstoreError, match="^the topic of query 'q3': the query .* has no word pieces"):
+        reranker.rerank_run({**QUERIES, "q3": "\u200b"}, run)
+    with pytest.raises(MissingPassagesError, match=r"^query 'q2': 1 of 2 documents to rerank are not in store .*"
+                       r"'ghost'.*; 1 more in 1 other query\(ies\); leave them out") as caught:
+        reranker.rerank_run(QUERIES, run)
+    assert caught.value.missing == ["ghost", "phantom"]
+    assert scored == [], "nothing was scored"
 
 
 def test_a_query_limit_past_the_model_s_positions_is_refused_when_the_reranker_opens(
