@@ -32,6 +32,7 @@ answer sliced from the spans keeps it ("Café", not "Cafe").
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
 SPECIAL_SPAN = (-1, -1)
 # run_squad's doc_stride: the distance in word pieces between the starts of consecutive windows.
 DEFAULT_STRIDE = 128
+# Below this many characters a word, a text is tokenized whole without looking for where its first words end.
+_CHARS_PER_WORD = 20
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,14 +158,33 @@ def _encode_single(tokenizer: PreTrainedTokenizerBase, text: str, max_length: in
         raise DilstoreError(f"the {what} is empty")
     require_unicode(text, f"the {what}")
     _require_room(tokenizer, max_length, what)
-    encoding = _call(tokenizer, text, add_special_tokens=True)
+    head = first_words(text, max_length)
+    encoding = _call(tokenizer, head, add_special_tokens=True)
     truncated = len(encoding["input_ids"]) > max_length
+    if head is not text and not truncated:  # some words gave no word piece: the whole text decides
+        head = text
+        encoding = _call(tokenizer, text, add_special_tokens=True)
+        truncated = len(encoding["input_ids"]) > max_length
     if truncated:
-        encoding = _call(tokenizer, text, add_special_tokens=True, truncation=True, max_length=max_length)
-    result = _to_tokenized(encoding, text, truncated=truncated)
+        encoding = _call(tokenizer, head, add_special_tokens=True, truncation=True, max_length=max_length)
+    result = _to_tokenized(encoding, head, truncated=truncated)
     if not result.is_text.any():
         raise DilstoreError(f"the {what} {_preview(text)} has no word pieces after tokenization")
     return result
+
+
+def first_words(text: str, count: int) -> str:
+    """The shortest prefix of `text` that holds its first `count` whitespace-separated words whole (all of it when
+    it has fewer, or is short).
+
+    Words are tokenized one at a time and each gives one word piece or more, so the first `count` tokens of `text`
+    are those of this prefix whenever it gives `count` or more: a 750 KB query was tokenized whole, twice, to keep
+    its first 32 tokens (2.7 s of a server's worker).
+    """
+    if len(text) <= count * _CHARS_PER_WORD:
+        return text
+    words = re.match(rf"\s*(?:\S+\s+){{{count}}}", text)
+    return text if words is None else text[: words.end()]
 
 
 def _require_room(tokenizer: PreTrainedTokenizerBase, max_length: int, what: str) -> None:

@@ -10,6 +10,7 @@ import itertools
 import re
 import unicodedata
 from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -17,10 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from dilstore.reader.text import tokenization
 from dilstore.reader.text.tokenization import (
     TokenizedText,
     encode_document,
     encode_passage,
+    encode_query,
     encode_question,
     encode_questions,
     passage_pieces,
@@ -93,6 +96,44 @@ def test_document_uses_the_single_sequence_template_truncated_to_its_first_token
     assert not short.truncated and short.token_ids.tolist() == tokenizer("Zürich trams")["input_ids"]
     with pytest.raises(DilstoreError, match="the document is empty"):
         encode_document(tokenizer, " \n", max_length=16)
+
+
+WORDS = st.lists(st.one_of(TEXTS, st.sampled_from(["\u200b", "\u0301", "", "a", "word"])), min_size=1, max_size=40)
+
+
+@PROPERTY
+@given(words=WORDS, spaces=st.lists(st.sampled_from([" ", "  ", "\t", "\n", "\u3000"]), min_size=40, max_size=40),
+       max_length=st.integers(3, 12))
+def test_a_text_cut_after_its_first_words_tokenizes_as_the_whole(
+    tokenizer, words: list[str], spaces: list[str], max_length: int
+) -> None:
+    """A long text is tokenized from the prefix that holds its first max_length words (a 750 KB query was tokenized
+    whole, twice, to keep 32 tokens; rank38 M3): the tokens, spans and truncation are those of the whole text, words
+    of no word piece (a zero-width space, a lone mark) included."""
+    text = "".join(word + space for word, space in zip(words, spaces))
+    with mock.patch.object(tokenization, "_CHARS_PER_WORD", 10**9):  # the whole text, always
+        try:
+            whole = encode_document(tokenizer, text, max_length)
+        except DilstoreError as error:
+            whole = str(error)
+    with mock.patch.object(tokenization, "_CHARS_PER_WORD", 0):  # cut after its first words, always
+        try:
+            cut = encode_document(tokenizer, text, max_length)
+        except DilstoreError as error:
+            cut = str(error)
+    if isinstance(whole, str):
+        assert cut == whole
+    else:
+        assert not isinstance(cut, str), cut
+        assert cut.token_ids.tolist() == whole.token_ids.tolist() and cut.truncated == whole.truncated
+        assert cut.char_spans.tolist() == whole.char_spans.tolist()
+
+
+def test_a_long_query_is_cut_before_it_is_tokenized(tokenizer) -> None:
+    query = "flea " * 150_000
+    assert tokenization.first_words(query, 32) == "flea " * 32
+    encoded = encode_query(tokenizer, query, 32)
+    assert encoded.truncated and len(encoded) == 32
 
 
 @pytest.mark.parametrize("question", ["", "   ", "\t\n"])
