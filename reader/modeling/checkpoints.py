@@ -237,6 +237,8 @@ def require_checkpoint_dir(directory: Path) -> Path:
     hub repository name (which would try the network).
     """
     path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise DilstoreError(f"{path} is a file, not a model folder")
     if not path.is_dir():
         raise DilstoreError(f"model directory not found: {path}")
     if not (path / "config.json").is_file():

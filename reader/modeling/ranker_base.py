@@ -154,7 +154,12 @@ class RankerBase(nn.Module, ABC):
         """
         reference = checkpoint.metadata.base_encoder
         assert reference is not None
-        encoder, _ = load_base_encoder(resolve_base_model(reference.model))
+        base = resolve_base_model(reference.model)
+        if not base.is_dir():  # it said "model directory not found: BASE", a folder the user never gave
+            raise DilstoreError(f"{checkpoint.directory} holds no encoder weights of its own: its dilstore.json names "
+                                f"the base encoder {base}, which is not there (put the base it was trained from back "
+                                "there)")  # fmt: skip
+        encoder, _ = load_base_encoder(base)
         try:
             frozen = hold(encoder)
         except RuntimeError as error:
@@ -166,7 +171,7 @@ class RankerBase(nn.Module, ABC):
         if found != reference.weights_sha256:
             raise DilstoreError(
                 f"{checkpoint.directory} was trained over base encoder {reference.model} with weights "
-                f"{reference.weights_sha256[:12]}, but {resolve_base_model(reference.model)} has weights "
+                f"{reference.weights_sha256[:12]}, but {base} has weights "
                 f"{found[:12]}; install the base it was trained from"
             )
         missing, unexpected = self.load_state_dict(checkpoint.state, strict=False)

@@ -146,6 +146,9 @@ def test_a_non_bert_base_encoder_is_refused(tmp_path: Path) -> None:
 def test_missing_directory_is_named(tmp_path: Path) -> None:
     with pytest.raises(DilstoreError, match=f"model directory not found: {tmp_path / 'nowhere'}"):
         EarlRanker.from_pretrained(tmp_path / "nowhere")
+    (tmp_path / "corpus.jsonl").touch()  # it was "not found" too (rank38 M6)
+    with pytest.raises(DilstoreError, match=f"^{tmp_path / 'corpus.jsonl'} is a file, not a model folder$"):
+        EarlRanker.from_base(tmp_path / "corpus.jsonl")
 
 
 EARL_METADATA = {"format": 1, "kind": "earl", "architecture": "bert", "layers": 1, "num_layers": 3}
@@ -236,6 +239,10 @@ def test_a_changed_base_or_encoder_is_refused(base_bert: Path, tmp_path: Path) -
     saved = ranker.save_pretrained(tmp_path / "ranker")
     save_base_encoder(base, tiny_encoder(seed=4))  # the base is replaced after training
     with pytest.raises(DilstoreError, match=rf"^{saved} was trained over base encoder {base} with weights \S+, but"):
+        EarlRanker.from_pretrained(saved)
+    base.rename(tmp_path / "moved-base")  # it said "model directory not found: BASE", a folder never given (rank38 M6)
+    with pytest.raises(DilstoreError, match=rf"^{saved} holds no encoder weights of its own: its dilstore.json names "
+                                            rf"the base encoder {base}, which is not there"):  # fmt: skip
         EarlRanker.from_pretrained(saved)
     with torch.no_grad():
         ranker.document_encoder.embeddings.word_embeddings.weight.add_(1.0)
