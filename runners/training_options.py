@@ -127,11 +127,19 @@ def output_dir(args: argparse.Namespace) -> Path:
     return args.output if args.output is not None else default_runs_dir() / args.run_name.format(**vars(args))
 
 
-RESUME_HINT = "the run folder keeps what was saved before it (--resume goes on from its newest checkpoint)"
+def resume_hint(output: Path) -> str:
+    """Where a stopped training run goes on from: its newest checkpoint, or the start when it saved none (it said
+    "--resume goes on", and --resume then found no checkpoint)."""
+    from dilstore.reader.training.loop import CHECKPOINTS_DIR
+    from dilstore.reader.training.state import latest_checkpoint
+
+    if latest_checkpoint(output / CHECKPOINTS_DIR) is None:
+        return "no checkpoint was saved yet: run the command again, without --resume"
+    return "the run folder keeps what was saved before it (--resume goes on from its newest checkpoint)"
 
 
 def holding_the_output(
-    run: Callable[[argparse.Namespace], int], on_stop: str = RESUME_HINT
+    run: Callable[[argparse.Namespace], int], on_stop: Callable[[Path], str] = resume_hint
 ) -> Callable[[argparse.Namespace], int]:
     """`run` with the run folder's write lock held throughout: a second training into it stops at once.
 
@@ -139,7 +147,7 @@ def holding_the_output(
     said only "File exists"). Ctrl-C, SIGTERM or SIGHUP outside the training
     loop's steps (which finish their step and checkpoint it), while the data
     loads or the --dev evaluation runs, stops the command with one line that
-    adds `on_stop`: where the run goes on from.
+    adds `on_stop(output)`: where the run goes on from.
     """
 
     @functools.wraps(run)
@@ -150,7 +158,7 @@ def holding_the_output(
             with write_lock(output):
                 return run(args)
         except KeyboardInterrupt as stop:
-            raise StoppedBySignal(f"{interrupt_words(stop)}; {on_stop}", interrupt_number(stop)) from None
+            raise StoppedBySignal(f"{interrupt_words(stop)}; {on_stop(output)}", interrupt_number(stop)) from None
 
     return locked
 

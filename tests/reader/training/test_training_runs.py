@@ -323,3 +323,18 @@ def test_a_resume_checks_the_teacher_s_weights_not_its_path(tiny_base: Path, squ
     resumed = train_qa(tiny_base, squad_file, output, replace(config, teacher=str(moved)), command="t", resume=True,
                        progress=False)  # fmt: skip
     assert resumed.steps == 2
+
+
+def test_a_stopped_run_is_told_to_resume_only_when_it_saved_a_checkpoint(tmp_path: Path) -> None:
+    """Stopped before its first checkpoint, a run was told "--resume goes on from its newest checkpoint", and
+    --resume then said "no complete checkpoint" (rank38 L1)."""
+    from dilstore.reader.training.loop import CHECKPOINTS_DIR
+    from dilstore.reader.training.state import STATE_JSON, step_directory
+    from dilstore.runners.training_options import resume_hint
+
+    assert resume_hint(tmp_path / "never-made") == "no checkpoint was saved yet: run the command again, without --resume"
+    half = step_directory(tmp_path / CHECKPOINTS_DIR, 10)
+    half.mkdir(parents=True)  # a checkpoint cut short has no state file yet
+    assert resume_hint(tmp_path).startswith("no checkpoint was saved yet")
+    (half / STATE_JSON).write_text("{}")
+    assert resume_hint(tmp_path).endswith("(--resume goes on from its newest checkpoint)")
