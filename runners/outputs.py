@@ -99,6 +99,8 @@ def check_output_file(
         raise DilstoreError(f"{flag} {output} is a directory; give a file path")
     if not output.parent.is_dir():
         raise DilstoreError(f"{flag} {output}: the folder {output.parent} does not exist")
+    if not os.access(output.parent, os.W_OK | os.X_OK):  # a read-only mount, or another user's folder
+        raise DilstoreError(f"{flag} {output}: the folder {output.parent} cannot be written to")
     for given in inputs:
         if given.exists() and output.resolve() == given.resolve():
             raise DilstoreError(f"{flag} {output} is the input file {given}; write it elsewhere")

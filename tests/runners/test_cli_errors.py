@@ -281,6 +281,24 @@ def test_a_rerank_output_that_cannot_be_written_is_refused_before_the_store_open
     assert (tmp_path / "r.trec").read_text() == "q Q0 d 1 1.0 t\n"
 
 
+def test_a_rerank_output_in_a_folder_that_cannot_be_written_is_refused_before_the_store_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A read-only folder was found only once every query was reranked (rank38 L5). The suite may run as root, whom
+    no folder's permissions stop, so the read-only mount is stood in for."""
+    (tmp_path / "r.trec").write_text("q Q0 d 1 1.0 t\n")
+    (tmp_path / "t.tsv").write_text("q\tquery\n")
+    read_only = tmp_path / "mounted"
+    read_only.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != read_only and access(path, mode, **kw))
+    args = ["rerank", str(tmp_path / "no-store"), "--topics", str(tmp_path / "t.tsv"),
+            "--run", str(tmp_path / "r.trec"), "--output", str(read_only / "o.trec")]  # fmt: skip
+    assert main(args) == 2
+    assert capsys.readouterr().err == (f"dilstore rerank: error: --output {read_only / 'o.trec'}: the folder "
+                                       f"{read_only} cannot be written to\n")
+
+
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "dash"])
 def test_an_output_that_writing_would_replace_is_refused(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
