@@ -39,13 +39,13 @@ def refuse_output_inside_models(output: Path, model: Path | None, flag: str) -> 
             raise DilstoreError(f"{flag} {output} is inside {what} {folder}; write it elsewhere")
 
 
-def refuse_store_inside_store(output: Path, flag: str) -> None:
-    """A DilstoreError when the new store `output` would lie inside another store (`is_store` of a folder above
-    it): its files would swell that store's size, show as untracked in its `verify`, and go with it in an
-    --overwrite."""
+def refuse_store_inside_store(output: Path, flag: str, what: str = "the new store") -> None:
+    """A DilstoreError when the new store (or other folder: `what`) `output` would lie inside a store (`is_store` of
+    a folder above it): its files would swell that store's size, show as untracked in its `verify`, and go with
+    it in an --overwrite."""
     for folder in output.resolve().parents:
         if is_store(folder):
-            raise DilstoreError(f"{flag} {output} is inside the store {folder}; put the new store elsewhere")
+            raise DilstoreError(f"{flag} {output} is inside the store {folder}; put {what} elsewhere")
 
 
 def is_store(folder: Path) -> bool:

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from dilstore.runners.arg_types import option_words
-from dilstore.runners.outputs import check_output_folder
+from dilstore.runners.outputs import check_output_folder, is_store, refuse_store_inside_store
 from dilstore.runners.reading_options import add_runtime_arguments
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
-from dilstore.storage.errors import StoppedBySignal
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.write_lock import write_lock
 
 # Options that describe how the command was launched, not what it computes.
@@ -144,7 +144,8 @@ def holding_the_output(
     """`run` with the run folder's write lock held throughout: a second training into it stops at once.
 
     An --output that is a file is refused first, by name (the lock and mkdir
-    said only "File exists"). Ctrl-C, SIGTERM or SIGHUP outside the training
+    said only "File exists"), and so is one that is or lies in a store (its
+    files showed in the store's `verify` as untracked). Ctrl-C, SIGTERM or SIGHUP outside the training
     loop's steps (which finish their step and checkpoint it), while the data
     loads or the --dev evaluation runs, stops the command with one line that
     adds `on_stop(output)`: where the run goes on from.
@@ -154,6 +155,9 @@ def holding_the_output(
     def locked(args: argparse.Namespace) -> int:
         output = output_dir(args)
         check_output_folder(output, "--output")
+        if is_store(output):
+            raise DilstoreError(f"--output {output} is a store; put the run folder elsewhere")
+        refuse_store_inside_store(output, "--output", "the run folder")
         try:
             with write_lock(output):
                 return run(args)

@@ -202,6 +202,23 @@ def test_ranking_data_into_a_folder_another_run_writes_is_refused(
     assert not output.exists()
 
 
+@pytest.mark.parametrize("where", ["the-store", "inside"])
+def test_a_run_folder_that_is_or_lies_in_a_store_is_refused(
+    squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """`train --output STORE/x` wrote the run into the store, whose `verify` then listed it as untracked (rank38 L6)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "precompute.json").write_text(json.dumps({"inputs": [], "fingerprint": {}}))  # a store being built
+    output = store if where == "the-store" else store / "x"
+    status = main(["train", "ranking-data", "--squad", str(squad_file), "--output", str(output)])
+    assert status == 2
+    said = capsys.readouterr().err
+    expected = f"{store} is a store" if where == "the-store" else f"{output} is inside the store {store}"
+    assert said == f"dilstore train: error: --output {expected}; put the run folder elsewhere\n"
+    assert sorted(path.name for path in store.iterdir()) == ["precompute.json"]
+
+
 @pytest.mark.parametrize(("number", "words"), [(15, "stopped by SIGTERM"), (2, "interrupted")])
 def test_a_stop_outside_the_training_steps_is_one_line_with_where_to_go_on(
     squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
