@@ -145,14 +145,15 @@ def run(args: argparse.Namespace) -> int:
 
     from dilstore.runners.serve_app import create_app
     from dilstore.runners.serve_protocol import serve_protocol
+    from dilstore.runners.serve_server import StopServer, cancelled_requests_unlogged
 
     app = create_app(served, settings)
     config = uvicorn.Config(
         app, host=args.host, port=args.port, access_log=args.access_log, log_level="info", lifespan="on",
         timeout_graceful_shutdown=args.shutdown_timeout, http=serve_protocol(args.request_timeout),
     )
-    server = uvicorn.Server(config)
-    with signals_end_cleanly(), hangup_stops(server):
+    server = StopServer(config)
+    with signals_end_cleanly(), hangup_stops(server), cancelled_requests_unlogged():
         server.run()
     return 0
 

@@ -296,17 +296,18 @@ class StoreRouter:
     async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
         """Start every Batcher; at shutdown, stop them all (each runs what is still queued).
 
-        A forced quit (a second Ctrl-C or SIGTERM while uvicorn waits for the
-        connections to close, as its log line invites) skips the shutdown and
-        cancels this instead; starlette logged that cancellation as an ERROR
-        traceback. It is one warning saying what was cut.
+        A forced quit (a second signal while uvicorn waits for the connections
+        to close, as its log line invites) skips the shutdown and cancels this
+        instead; starlette logged that cancellation as an ERROR traceback. It
+        is one warning saying what was cut, and the workers end with their
+        batch in progress (`Batcher.abandon`).
         """
         for batcher in self.batchers.values():
             batcher.start()
         try:
             yield
         except asyncio.CancelledError:
-            queued = sum(batcher.pending() for batcher in self.batchers.values())
+            queued = sum(batcher.abandon() for batcher in self.batchers.values())
             logger.warning("forced to quit: the requests in flight and %d queued were not answered", queued)
             return
         # uvicorn has already waited for the requests in flight; stop() runs anything still queued.

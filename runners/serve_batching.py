@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -120,6 +121,23 @@ class Batcher:
         if self._thread.is_alive():
             self._thread.join()
 
+    def abandon(self) -> int:
+        """Drop what is queued and end the worker thread once its batch in progress ends (a forced quit); how many
+        requests were dropped.
+
+        The thread must end before the interpreter does: one still inside
+        torch when it exited aborted the process (SIGABRT), and one that
+        finished its batch posted to a closed event loop.
+        """
+        with self._condition:
+            dropped = len(self._queue)
+            self._queue.clear()
+            self._stopping = True
+            self._condition.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+        return dropped
+
     def pending(self) -> int:
         """Requests waiting for a batch (not counting the batch that is running)."""
         with self._condition:
@@ -147,7 +165,8 @@ class Batcher:
                 self.name, len(batch), sum(job.pairs for job in batch), [started - job.enqueued for job in batch]
             )
             for job, outcome in zip(batch, self._outcomes([job.payload for job in batch]), strict=True):
-                job.loop.call_soon_threadsafe(_settle, job.future, outcome)
+                with contextlib.suppress(RuntimeError):  # its loop closed: a forced quit left no one to answer
+                    job.loop.call_soon_threadsafe(_settle, job.future, outcome)
 
     def _next_batch(self) -> list[_Job] | None:
         """The next batch (see the module docstring), or None once stopping with nothing queued."""

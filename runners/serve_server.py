@@ -1,0 +1,48 @@
+"""The uvicorn server `dilstore serve` runs: a second stop signal of any kind forces the quit, which then reads as
+the one warning line the app's lifespan logs.
+
+uvicorn drains on SIGINT or SIGTERM and forces the quit only on a second
+SIGINT: a second SIGTERM (or SIGHUP, which `serve` turns into one) waited the
+whole --shutdown-timeout. A forced quit cancels the requests still in flight,
+and uvicorn logged each as "Exception in ASGI application" with a
+CancelledError traceback under the lifespan's warning that already says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from types import FrameType
+
+import uvicorn
+
+
+class StopServer(uvicorn.Server):
+    """uvicorn's Server, where any stop signal after the first forces the quit."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit:
+            self.force_exit = True
+        super().handle_exit(sig, frame)
+
+
+class _DropCancelledRequests(logging.Filter):
+    """Drops uvicorn's error record of a request a forced quit cancelled."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = record.exc_info[0] if record.exc_info else None
+        return not (kind is not None and issubclass(kind, asyncio.CancelledError))
+
+
+@contextlib.contextmanager
+def cancelled_requests_unlogged() -> Iterator[None]:
+    """Inside the block, uvicorn logs no error for a request cancelled by a forced quit."""
+    log = logging.getLogger("uvicorn.error")
+    dropped = _DropCancelledRequests()
+    log.addFilter(dropped)
+    try:
+        yield
+    finally:
+        log.removeFilter(dropped)

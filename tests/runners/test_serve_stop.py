@@ -1,0 +1,65 @@
+"""A forced quit of `serve` (a second stop signal while it drains): any signal forces it, and the store workers end
+with their batch in progress before the interpreter does.
+
+Under load, a second Ctrl-C printed "RuntimeError: Event loop is closed" from a worker that finished its batch
+after the loop closed, or aborted the process (SIGABRT) with a worker still inside torch; a second SIGTERM waited
+the whole --shutdown-timeout (crash38 H1, M1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+
+import uvicorn
+
+from dilstore.runners.serve_batching import Batcher
+from dilstore.runners.serve_metrics import Metrics
+from dilstore.runners.serve_server import StopServer
+
+
+def test_abandon_drops_the_queue_and_waits_for_the_batch_in_progress_whose_loop_has_closed() -> None:
+    running, release = threading.Event(), threading.Event()
+    failures: list[threading.ExceptHookArgs] = []
+
+    def run_batch(payloads: list[int]) -> list[int]:
+        running.set()
+        release.wait(30)
+        return [payload * 2 for payload in payloads]
+
+    batcher = Batcher("store", run_batch, max_batch_pairs=1, max_wait=0.0, queue_size=10, metrics=Metrics())
+    hook, threading.excepthook = threading.excepthook, failures.append
+    try:
+        batcher.start()
+        loop = asyncio.new_event_loop()
+        requests = [loop.create_task(batcher.submit(number, 1)) for number in range(3)]
+        loop.run_until_complete(asyncio.sleep(0))  # all three submitted: the first runs, two wait in the queue
+        assert running.wait(30)
+        for request in requests:
+            request.cancel()
+        loop.run_until_complete(asyncio.gather(*requests, return_exceptions=True))
+        loop.close()  # as a forced quit leaves it
+        dropped: list[int] = []
+        abandoning = threading.Thread(target=lambda: dropped.append(batcher.abandon()))
+        abandoning.start()
+        abandoning.join(0.3)
+        assert abandoning.is_alive(), "abandon waits for the batch in progress"
+        release.set()
+        abandoning.join(30)
+        assert dropped == [2]
+        assert not batcher._thread.is_alive()
+    finally:
+        release.set()
+        threading.excepthook = hook
+    assert failures == [], [failure.exc_value for failure in failures]
+
+
+def test_any_second_stop_signal_forces_the_quit() -> None:
+    for first, second in ((signal.SIGTERM, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT), (signal.SIGINT,
+                                                                                                signal.SIGTERM)):
+        server = StopServer(uvicorn.Config(app=lambda scope, receive, send: None))
+        server.handle_exit(first, None)
+        assert server.should_exit and not server.force_exit
+        server.handle_exit(second, None)
+        assert server.force_exit, (first, second)
