@@ -35,7 +35,6 @@ import json
 import math
 import platform
 import random
-import shutil
 import signal
 import sys
 import threading
@@ -54,10 +53,12 @@ from transformers import get_linear_schedule_with_warmup
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.state import (
+    PARTIAL_SUFFIX,
     LoopPosition,
     latest_checkpoint,
     load_training_state,
     prune_checkpoints,
+    remove_partial_checkpoints,
     save_training_state,
     step_directory,
     verify_checkpoint,
@@ -485,6 +486,7 @@ def run_training_loop(
     started = time.perf_counter() - position.train_seconds
     window_start, window_units = time.perf_counter(), 0
     last_save = time.perf_counter()
+    remove_partial_checkpoints(Path(output_dir) / CHECKPOINTS_DIR)  # what a kill inside an earlier save left
     with _stop_requests() as stop:
         for step_index, micro_batches in enumerate(step_plan):
             if step_index >= total_steps:
@@ -615,9 +617,8 @@ def _save_checkpoint(
     """
     checkpoints = Path(output_dir) / CHECKPOINTS_DIR
     final = step_directory(checkpoints, position.step)
-    partial = final.with_name(final.name + ".partial")
-    if partial.exists():
-        shutil.rmtree(partial)
+    partial = final.with_name(final.name + PARTIAL_SUFFIX)
+    remove_partial_checkpoints(checkpoints)
     partial.mkdir(parents=True)
     save(partial, position, loss)
     save_training_state(partial, optimization.optimizer, optimization.scheduler, position)

@@ -28,6 +28,7 @@ from dilstore.storage.errors import DilstoreError
 STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+PARTIAL_SUFFIX = ".partial"  # a checkpoint being written, renamed to its step's name once complete
 _RNG_KEY = "rng.torch"
 _CHECKSUMS_KEY = "sha256"
 
@@ -172,6 +173,15 @@ def latest_checkpoint(checkpoints: Path) -> Path | None:
             if match and (path / STATE_JSON).is_file():
                 candidates.append((int(match.group(1)), path))
     return max(candidates)[1] if candidates else None
+
+
+def remove_partial_checkpoints(checkpoints: Path) -> None:
+    """Delete the `step-N.partial` folders a killed checkpoint write left (call it holding the run's lock): each
+    holds a model and its optimizer state, and only one of the same step was ever removed."""
+    if Path(checkpoints).is_dir():
+        for path in Path(checkpoints).iterdir():
+            if _STEP_DIR.match(path.name.removesuffix(PARTIAL_SUFFIX)) and path.name.endswith(PARTIAL_SUFFIX):
+                shutil.rmtree(path)
 
 
 def prune_checkpoints(checkpoints: Path, keep: int, every: int = 0) -> None:
