@@ -16,6 +16,7 @@ from dilstore.runners.reading_options import (
     reading_settings,
     subset_seed,
 )
+from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError
 
 
@@ -69,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.json,
     )
     if args.predictions:
-        args.predictions.write_text(json.dumps(result.predictions, ensure_ascii=False, indent=1), encoding="utf-8")
+        text = json.dumps(result.predictions, ensure_ascii=False, indent=1)
+        atomic_write_text(args.predictions, text, create_parents=False)
     if args.json:
         print(json.dumps(result.summary()))
     else:

@@ -40,6 +40,7 @@ from dilstore.reader.data.squad import load_open_questions, load_squad
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
 from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu, check_top_p
 from dilstore.reader.serving.odqa import OpenDomainReader
+from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 
 DEFAULT_QUESTION_BATCH = 8
@@ -298,8 +299,10 @@ def _add_timings(total: Timings, part: Timings) -> None:
 
 
 def write_predictions(path: Path, evaluation: QAEvaluation) -> None:
-    """Write {question id: {μ: answer}} as JSON, for inspecting what was scored."""
+    """Write {question id: {μ: answer}} as JSON, for inspecting what was scored (atomically: a kill mid-write left
+    a cut file under the name, an older one emptied)."""
     try:
-        Path(path).write_text(json.dumps(evaluation.predictions, ensure_ascii=False, indent=1), encoding="utf-8")
+        text = json.dumps(evaluation.predictions, ensure_ascii=False, indent=1)
+        atomic_write_text(Path(path), text, create_parents=False)
     except OSError as error:
         raise DilstoreError(f"cannot write predictions to {path}: {error}") from error

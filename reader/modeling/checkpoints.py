@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError
 
 METADATA_FILE = "dilstore.json"
@@ -226,7 +227,7 @@ def trained_metadata(
 def write_metadata(directory: Path, metadata: CheckpointMetadata) -> Path:
     """Write dilstore.json into `directory` (sorted keys, so equal metadata gives equal bytes)."""
     path = Path(directory) / METADATA_FILE
-    path.write_text(json.dumps(metadata.to_dict(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_write_text(path, json.dumps(metadata.to_dict(), indent=1, sort_keys=True) + "\n")
     return path
 
 

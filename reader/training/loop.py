@@ -314,7 +314,7 @@ def write_training_record(
         "hardware": hardware_description(device),
         "torch": torch.__version__,
     }
-    (Path(directory) / TRAINING_METADATA_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
+    atomic_write_text(Path(directory) / TRAINING_METADATA_FILE, json.dumps(record, indent=1))
 
 
 def resume_point(output_dir: Path, config: LoopSettings) -> Path:

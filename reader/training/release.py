@@ -22,7 +22,7 @@ from dilstore.reader.modeling.fingerprint import weights_sha256
 from dilstore.reader.modeling.online_variants import VARIANT_PREFIX, variant_base_weights, variant_paths
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.state import STATE_JSON, STATE_TENSORS
-from dilstore.storage.atomic_files import give_new_file_modes
+from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
 from dilstore.storage.errors import DilstoreError
 
 MODEL_CARD_FILE = "MODEL_CARD.md"
@@ -66,8 +66,8 @@ def package_checkpoint(source: Path, destination: Path, model_card: str) -> Path
             shutil.copy2(path, destination / path.name)
     drop_stale_variants(destination)
     give_new_file_modes(destination)
-    (destination / TRAINING_METADATA_FILE).write_text(json.dumps(training, indent=1), encoding="utf-8")
-    (destination / MODEL_CARD_FILE).write_text(model_card, encoding="utf-8")
+    atomic_write_text(destination / TRAINING_METADATA_FILE, json.dumps(training, indent=1))
+    atomic_write_text(destination / MODEL_CARD_FILE, model_card)
     return destination
 
 

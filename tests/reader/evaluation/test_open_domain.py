@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -17,6 +18,7 @@ from dilstore.reader.evaluation.open_domain import (
     load_questions,
     recall_tokens,
     select_questions,
+    write_predictions,
 )
 from dilstore.reader.evaluation import squad_metric
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
@@ -208,3 +210,23 @@ def test_limit_takes_a_seeded_subset_in_file_order() -> None:
     assert select_questions(questions, 100, seed=0) == questions
     with pytest.raises(DilstoreError, match="^limit must be at least 1, got 0$"):
         select_questions(questions, 0, seed=0)
+
+
+def test_predictions_are_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """They were written in place: a kill mid-write left a cut file under the name, an older one emptied first
+    (crash38 M3). A write that fails before its end leaves the older file as it was, and no temporary."""
+    import os
+    from types import SimpleNamespace
+
+    path = tmp_path / "predictions.json"
+    write_predictions(path, SimpleNamespace(predictions={"q1": {"0.5": "Paris"}}))
+    assert json.loads(path.read_text(encoding="utf-8")) == {"q1": {"0.5": "Paris"}}
+
+    def cut(descriptor: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", cut)
+    with pytest.raises(DilstoreError, match=f"cannot write predictions to {path}: .*No space left on device"):
+        write_predictions(path, SimpleNamespace(predictions={"q1": {"0.5": "Lyon"}, "q2": {"0.5": "Rome"}}))
+    assert json.loads(path.read_text(encoding="utf-8")) == {"q1": {"0.5": "Paris"}}
+    assert [entry.name for entry in tmp_path.iterdir()] == ["predictions.json"]
