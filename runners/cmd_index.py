@@ -110,6 +110,8 @@ def run_command(args: argparse.Namespace) -> int:
     collection = collection_dir(store)
     if not store.is_dir():
         raise DilstoreError(f"no store at {store}")
+    with write_lock(store):  # a store a precompute is writing was called "never finalized" or "not made by it"
+        pass
     if not collection.is_dir():
         if (store / MANIFEST_FILE).is_file() and read_manifest(StoreLocation.parse(store)).passages == 0:
             raise DilstoreError(f"{store} holds no passages (its precompute stored none): there is nothing to index")

@@ -113,6 +113,18 @@ def test_index_stops_at_once_while_another_index_run_holds_the_store(tmp_path: P
     assert sorted(path.name for path in store.iterdir()) == ["passages"]
 
 
+def test_index_of_a_store_a_precompute_is_writing_names_the_writer(tmp_path: Path, capsys) -> None:
+    """It said the store was "never finalized" or had "no passage collection ... was it made by `dilstore
+    precompute`?" (crash38 L2)."""
+    store = tmp_path / "store"
+    (store / "passages" / "jsonl").mkdir(parents=True)
+    with held_lock(store) as holder:
+        status = cli.main(["index", str(store)])
+    assert status == 2
+    assert f"{store} is being written by pid {holder}" in capsys.readouterr().err
+    assert sorted(path.name for path in store.iterdir()) == ["passages"]
+
+
 def test_what_index_imports_leaves_out_the_model_stack() -> None:
     """`dilstore index` needs the store and Lucene, not torch or transformers (about 5 s of every start)."""
     code = (
