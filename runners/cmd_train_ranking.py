@@ -97,7 +97,7 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     )
     if kind == "listformer":
         parser.add_argument("--loss", choices=("approx-ndcg", "listnet"), default="approx-ndcg",
-                            help="default approx-ndcg")  # fmt: skip
+                            help="default approx-ndcg (its loss is -ApproxNDCG: 0 down to -1)")  # fmt: skip
         parser.add_argument(
             "--temperature", type=float,
             help="T of ApproxNDCG's ranks 1 + sum_j sigmoid((s_j - s_i) / T); smaller is closer to NDCG (default 1.0)",
