@@ -53,6 +53,9 @@ from dilstore.storage.format import StoreFormatError, StoreReadError
 from dilstore.storage.reader import MissingPassagesError
 
 logger = logging.getLogger("dilstore.serve")
+# A /rerank query may be this many characters per token its ranker reads (BERT reads a word of more than 100 as
+# one [UNK]); longer ones are refused before they are tokenized.
+_QUERY_CHARS_PER_TOKEN = 100
 
 ASK, RERANK = "/ask", "/rerank"
 ENDPOINTS = (ASK, RERANK, "/health", "/stores", "/metrics")
@@ -196,8 +199,14 @@ class RerankService:
         Ties keep the order given (or BM25's order). Unknown doc_ids are the
         client's error (422); a BM25 hit the store lacks is the server's.
         query_truncated: the ranker read only the query's first max_query_length
-        tokens (as `dilstore rerank` counts in truncated_queries).
+        tokens (as `dilstore rerank` counts in truncated_queries). A query of
+        more than _QUERY_CHARS_PER_TOKEN characters a token it reads is refused
+        (422): tokenizing 750 KB of text held the store's worker for seconds.
         """
+        longest = self.reranker.max_query_length * _QUERY_CHARS_PER_TOKEN
+        if len(request.query) > longest:
+            raise ClientError(422, f"the query is {len(request.query)} characters long; /rerank takes at most "
+                                   f"{longest} (the ranker reads its first {self.reranker.max_query_length} tokens)")
         try:
             query = self.reranker.tokenize_query(request.query)
         except DilstoreError as error:  # empty, or no word pieces at all (a zero-width space, a NUL)

@@ -485,8 +485,16 @@ def test_rerank_says_when_the_ranker_read_only_the_query_s_first_tokens(served, 
     response = client.post("/rerank", json={"query": long_query, "doc_ids": ["tram", "kili"]})
     assert response.status_code == 200, response.text
     assert response.json()["query_truncated"] is True
-    expected = open_reranker(tiny["s1"], tiny["ranker_dir"]).rerank(long_query, ["tram", "kili"])
+    reranker = open_reranker(tiny["s1"], tiny["ranker_dir"])
+    expected = reranker.rerank(long_query, ["tram", "kili"])
     assert {r["doc_id"]: r["score"] for r in response.json()["results"]} == pytest.approx(expected, rel=1e-5)
+    # 750 KB of CJK or "a,a,..." held the store's worker for seconds, tokenized twice (review38 M2).
+    longest = reranker.max_query_length * 100
+    response = client.post("/rerank", json={"query": "中" * (longest + 1), "doc_ids": ["tram"]})
+    assert response.status_code == 422
+    assert response.json()["detail"] == (f"the query is {longest + 1} characters long; /rerank takes at most "
+                                         f"{longest} (the ranker reads its first {reranker.max_query_length} tokens)")
+    assert client.post("/rerank", json={"query": "中" * longest, "doc_ids": ["tram"]}).status_code == 200
 
 
 def test_health_stores_docs(served) -> None:

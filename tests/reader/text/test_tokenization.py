@@ -102,7 +102,8 @@ WORDS = st.lists(st.one_of(TEXTS, st.sampled_from(["\u200b", "\u0301", "", "a", 
 
 
 @PROPERTY
-@given(words=WORDS, spaces=st.lists(st.sampled_from([" ", "  ", "\t", "\n", "\u3000"]), min_size=40, max_size=40),
+@given(words=WORDS, spaces=st.lists(st.sampled_from([" ", "  ", "\t", "\n", "\r", "\u3000", "\x0b", "\x0c", "\x85", "\x1c"]),
+                                   min_size=40, max_size=40),
        max_length=st.integers(3, 12))
 def test_a_text_cut_after_its_first_words_tokenizes_as_the_whole(
     tokenizer, words: list[str], spaces: list[str], max_length: int
@@ -127,6 +128,19 @@ def test_a_text_cut_after_its_first_words_tokenizes_as_the_whole(
         assert not isinstance(cut, str), cut
         assert cut.token_ids.tolist() == whole.token_ids.tolist() and cut.truncated == whole.truncated
         assert cut.char_spans.tolist() == whole.char_spans.tolist()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["news\x0bpaper rail\x0bway the city a pho\x0btograph" + " and more words" * 60, "ab\x0b" * 60, "a\x0cb " * 60],
+)
+def test_characters_bert_deletes_do_not_end_a_word(tokenizer, text: str) -> None:
+    """Python's whitespace took VT and FF for word ends; BERT deletes them and joins the words around them, so the
+    cut read "ph" where the whole text read "photograph" (review38 M1)."""
+    with mock.patch.object(tokenization, "_CHARS_PER_WORD", 0):
+        cut = encode_document(tokenizer, text, 8)
+    whole = tokenizer(text, truncation=True, max_length=8)["input_ids"]
+    assert cut.token_ids.tolist() == whole
 
 
 def test_a_long_query_is_cut_before_it_is_tokenized(tokenizer) -> None:
