@@ -345,6 +345,7 @@ def test_a_resume_checks_the_teacher_s_weights_not_its_path(tiny_base: Path, squ
 def test_a_stopped_run_is_told_to_resume_only_when_it_saved_a_checkpoint(tmp_path: Path) -> None:
     """Stopped before its first checkpoint, a run was told "--resume goes on from its newest checkpoint", and
     --resume then said "no complete checkpoint" (rank38 L1)."""
+    from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
     from dilstore.reader.training.loop import CHECKPOINTS_DIR
     from dilstore.reader.training.state import STATE_JSON, step_directory
     from dilstore.runners.training_options import resume_hint
@@ -355,3 +356,5 @@ def test_a_stopped_run_is_told_to_resume_only_when_it_saved_a_checkpoint(tmp_pat
     assert resume_hint(tmp_path).startswith("no checkpoint was saved yet")
     (half / STATE_JSON).write_text("{}")
     assert resume_hint(tmp_path).endswith("(--resume goes on from its newest checkpoint)")
+    (tmp_path / TRAINING_METADATA_FILE).write_text("{}")  # the final save came before the --dev evaluation
+    assert resume_hint(tmp_path).startswith(f"the trained model is saved in {tmp_path}; only what comes after it")
