@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import email.message
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -56,6 +57,8 @@ logger = logging.getLogger("dilstore.serve")
 # A /rerank query may be this many characters per token its ranker reads (BERT reads a word of more than 100 as
 # one [UNK]); longer ones are refused before they are tokenized.
 _QUERY_CHARS_PER_TOKEN = 100
+# How long a forced quit waits for the stores' batches in progress.
+FORCED_QUIT_SECONDS = 10
 
 ASK, RERANK = "/ask", "/rerank"
 ENDPOINTS = (ASK, RERANK, "/health", "/stores", "/metrics")
@@ -308,19 +311,32 @@ class StoreRouter:
         A forced quit (a second signal while uvicorn waits for the connections
         to close, as its log line invites) skips the shutdown and cancels this
         instead; starlette logged that cancellation as an ERROR traceback. It
-        is one warning saying what was cut, and the workers end with their
-        batch in progress (`Batcher.abandon`).
+        is one warning saying what was cut (`forced_quit`).
         """
         for batcher in self.batchers.values():
             batcher.start()
         try:
             yield
         except asyncio.CancelledError:
-            queued = sum(batcher.abandon() for batcher in self.batchers.values())
-            logger.warning("forced to quit: the requests in flight and %d queued were not answered", queued)
+            self.forced_quit()
             return
         # uvicorn has already waited for the requests in flight; stop() runs anything still queued.
         await asyncio.gather(*(asyncio.to_thread(batcher.stop) for batcher in self.batchers.values()))
+
+    def forced_quit(self) -> None:
+        """Drop every store's queue, then give the batches in progress FORCED_QUIT_SECONDS to end, all stores at
+        once; a batch that hangs (a URL store's read that stalls) ends the process without it, since the
+        interpreter's exit would wait for it or abort (SIGABRT) inside torch."""
+        queued = sum(batcher.abandon() for batcher in self.batchers.values())
+        logger.warning("forced to quit: the requests in flight and %d queued were not answered", queued)
+        deadline = time.monotonic() + FORCED_QUIT_SECONDS
+        stuck = [name for name, batcher in self.batchers.items()
+                 if not batcher.join(max(0.0, deadline - time.monotonic()))]  # fmt: skip
+        if stuck:
+            logger.warning("store(s) %s still in a batch after %d s: quitting without waiting for it", listed(stuck),
+                           FORCED_QUIT_SECONDS)  # fmt: skip
+            logging.shutdown()
+            os._exit(0)
 
     def choose(self, name: str | None, endpoint: str) -> ServedStore:
         """The store a request names, or the first that answers `endpoint`; a ClientError when there is none."""

@@ -122,21 +122,24 @@ class Batcher:
             self._thread.join()
 
     def abandon(self) -> int:
-        """Drop what is queued and end the worker thread once its batch in progress ends (a forced quit); how many
-        requests were dropped.
-
-        The thread must end before the interpreter does: one still inside
-        torch when it exited aborted the process (SIGABRT), and one that
-        finished its batch posted to a closed event loop.
-        """
+        """Drop what is queued and let the worker thread end once its batch in progress ends (a forced quit); how
+        many requests were dropped. `join` waits for the thread."""
         with self._condition:
             dropped = len(self._queue)
             self._queue.clear()
             self._stopping = True
             self._condition.notify()
-        if self._thread.is_alive():
-            self._thread.join()
         return dropped
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the worker thread to end; whether it has.
+
+        The thread must end before the interpreter does: one still inside
+        torch when it exited aborted the process (SIGABRT), and one that
+        finished its batch posted to a closed event loop.
+        """
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def pending(self) -> int:
         """Requests waiting for a batch (not counting the batch that is running)."""
@@ -160,6 +163,9 @@ class Batcher:
 
     def _work(self) -> None:
         while (batch := self._next_batch()) is not None:
+            batch = [job for job in batch if not job.future.cancelled()]  # its client is gone (a shutdown's timeout)
+            if not batch:
+                continue
             started = time.perf_counter()
             self._metrics.observe_batch(
                 self.name, len(batch), sum(job.pairs for job in batch), [started - job.enqueued for job in batch]

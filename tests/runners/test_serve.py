@@ -374,7 +374,8 @@ BAD_RERANKS = [
     # These three were 500s with a logged traceback; the third said the (healthy) index "cannot be read".
     ("a zero-width query", {"query": "\u200b", "doc_ids": ["tram"]}, 422, "has no word pieces after tokenization"),
     ("a NUL query", {"query": "\u0000", "bm25_top_k": 2}, 422, "has no word pieces after tokenization"),
-    ("1,100 terms for BM25", {"query": " ".join(f"w{i}x" for i in range(1100)), "bm25_top_k": 2}, 422,
+    # 1,100 ideographs, each a term, under /rerank's 100 characters a query token (it takes 3,200 here).
+    ("1,100 terms for BM25", {"query": " ".join(chr(0x4E00 + i) for i in range(1100)), "bm25_top_k": 2}, 422,
      "the query has more terms than one BM25 search takes (1100)"),
     ("a dilbert store", {"query": "trams", "doc_ids": ["tram"], "store": "qa"}, 400, "answers /ask"),
 ]

@@ -19,7 +19,7 @@ from dilstore.runners.serve_metrics import Metrics
 from dilstore.runners.serve_server import StopServer
 
 
-def test_abandon_drops_the_queue_and_waits_for_the_batch_in_progress_whose_loop_has_closed() -> None:
+def test_abandon_drops_the_queue_and_the_worker_ends_after_the_batch_whose_loop_has_closed() -> None:
     running, release = threading.Event(), threading.Event()
     failures: list[threading.ExceptHookArgs] = []
 
@@ -40,19 +40,43 @@ def test_abandon_drops_the_queue_and_waits_for_the_batch_in_progress_whose_loop_
             request.cancel()
         loop.run_until_complete(asyncio.gather(*requests, return_exceptions=True))
         loop.close()  # as a forced quit leaves it
-        dropped: list[int] = []
-        abandoning = threading.Thread(target=lambda: dropped.append(batcher.abandon()))
-        abandoning.start()
-        abandoning.join(0.3)
-        assert abandoning.is_alive(), "abandon waits for the batch in progress"
+        assert batcher.abandon() == 2
+        assert not batcher.join(0.3), "the batch in progress holds the worker"
         release.set()
-        abandoning.join(30)
-        assert dropped == [2]
-        assert not batcher._thread.is_alive()
+        assert batcher.join(30)
     finally:
         release.set()
         threading.excepthook = hook
     assert failures == [], [failure.exc_value for failure in failures]
+
+
+def test_a_request_cancelled_while_it_waited_is_not_run() -> None:
+    """After --shutdown-timeout uvicorn cancels the unfinished requests, and the drain then ran each of them for
+    nobody (review38 M4)."""
+    running, release, ran = threading.Event(), threading.Event(), []
+
+    def run_batch(payloads: list[int]) -> list[int]:
+        ran.extend(payloads)
+        running.set()
+        release.wait(30)
+        return payloads
+
+    batcher = Batcher("store", run_batch, max_batch_pairs=1, max_wait=0.0, queue_size=10, metrics=Metrics())
+    batcher.start()
+    loop = asyncio.new_event_loop()
+    try:
+        requests = [loop.create_task(batcher.submit(number, 1)) for number in range(3)]
+        loop.run_until_complete(asyncio.sleep(0))
+        assert running.wait(30)
+        requests[1].cancel()
+        loop.run_until_complete(asyncio.gather(requests[1], return_exceptions=True))
+        release.set()
+        batcher.stop()  # the drain: runs what is queued
+        loop.run_until_complete(asyncio.gather(requests[0], requests[2]))
+    finally:
+        release.set()
+        loop.close()
+    assert ran == [0, 2]
 
 
 def test_any_second_stop_signal_forces_the_quit() -> None:
