@@ -37,6 +37,7 @@ from dilstore.reader.modeling.checkpoints import EVALUATION_FILE
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, best_spans
 from dilstore.reader.text.tokenization import DEFAULT_STRIDE
+from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 
 # Scores a padded batch: start and end logits, each (b, nq + np) over [question ; passage].
@@ -195,5 +196,5 @@ def write_evaluation(
     """eval-dev.json in a run directory: the scores, the subset used, and the training budget (for the k sweep)."""
     document = {**training, **result.summary(), "limit": limit, "seed": seed if limit is not None else None}
     path = Path(output_dir) / EVALUATION_FILE
-    path.write_text(json.dumps(document, indent=1), encoding="utf-8")
+    atomic_write_text(path, json.dumps(document, indent=1))
     return path

@@ -24,6 +24,7 @@ from dilstore.reader.text.files import read_json
 from dilstore.reader.training.state import STATE_JSON, STATE_TENSORS
 from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import TMP_PREFIX
 
 MODEL_CARD_FILE = "MODEL_CARD.md"
 # Files a training run leaves that a shipped checkpoint does not need.
@@ -58,7 +59,8 @@ def package_checkpoint(source: Path, destination: Path, model_card: str) -> Path
         raise DilstoreError(f"{source} holds no .safetensors weights to package")
     destination.mkdir(parents=True, exist_ok=True)
     for path in sorted(source.iterdir()):
-        if path.name in _NOT_SHIPPED or path.is_dir():
+        # A temporary file is what an atomic write killed midway left: no part of the model.
+        if path.name in _NOT_SHIPPED or path.name.startswith(TMP_PREFIX) or path.is_dir():
             continue
         if path.suffix == ".safetensors" and not path.name.startswith(VARIANT_PREFIX):
             save_file(fp16_tensors(path), destination / path.name, metadata={"format": "pt"})

@@ -118,9 +118,15 @@ def test_package_writes_fp16_weights_and_a_card_with_every_row(earl_run: Path, t
     again = write_report(tmp_path / "again.json", [row("SQuAD dev", "BM25", "bm25", 0.86, trained=None)],
                          {"SQuAD dev": 500})  # fmt: skip
     destination = tmp_path / "packaged"
-    status = package_script().main(["--checkpoint", checkpoint, "--quality", str(dl19), "--quality", str(squad),
-                                    "--quality", str(again), "--destination", str(destination)])  # fmt: skip
+    stray = earl_run / ".tmp-dilstore.json.k1.tmp"  # what a write killed midway leaves (review38 M5)
+    stray.write_text("{")
+    try:
+        status = package_script().main(["--checkpoint", checkpoint, "--quality", str(dl19), "--quality", str(squad),
+                                        "--quality", str(again), "--destination", str(destination)])  # fmt: skip
+    finally:
+        stray.unlink()
     assert status == 0
+    assert not list(destination.glob(".tmp-*")), "a killed write's temporary is not shipped"
     assert json.loads(capsys.readouterr().out)["destination"] == str(destination)
     with safe_open(destination / "model.safetensors", "pt") as weights:
         assert {weights.get_slice(name).get_dtype() for name in weights.keys()} == {"F16"}
