@@ -195,7 +195,9 @@ def stopped(job: PrecomputeJob, interrupt: KeyboardInterrupt) -> StoppedBySignal
     only got "already complete" (dask37 L3)."""
     from dilstore.pipelines.finish import finished_where
 
-    done = finished_where(job)
+    done = None
+    with contextlib.suppress(DilstoreError):  # a manifest being replaced: the stop is still a stop (130, 143)
+        done = finished_where(job)
     if done is not None:
         return StoppedBySignal(f"{interrupt_words(interrupt)} after the run had finished: {done}",
                                interrupt_number(interrupt))  # fmt: skip

@@ -52,7 +52,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, seeded: str, limit_of:
     `seeded` says what the seed decides; `limit_of` names what --train-limit counts.
     """
     parser.add_argument("--seed", type=int, default=42, help=f"seed of {seeded} (default 42)")
-    parser.add_argument("--save-every", type=int, default=0, help="resumable checkpoint every N steps (default 0: none by steps)")
+    parser.add_argument(
+        "--save-every", type=int, default=0, help="resumable checkpoint every N steps (default 0: none by steps)"
+    )
     parser.add_argument(
         "--save-every-minutes", type=float, default=10.0,
         help="also a resumable checkpoint whenever M minutes of training passed since the last (0: not by time; "

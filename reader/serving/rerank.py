@@ -341,8 +341,7 @@ class StoreReranker(ABC, Generic[RankerT]):
 
     def _require_stored(self, tops: Mapping[str, list[str]]) -> None:
         """A MissingPassagesError naming the first query with documents the store lacks, and counting the rest."""
-        missing = {qid: [docid for docid in top if docid not in self.store] for qid, top in tops.items()}
-        missing = {qid: docids for qid, docids in missing.items() if docids}
+        missing = {qid: docids for qid, top in tops.items() if (docids := self.store.missing(top))}
         if not missing:
             return
         (qid, first), others = next(iter(missing.items())), list(missing)[1:]

@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 
 import dask
+import distributed
 import numpy as np
 import pytest
 from distributed import LocalCluster
@@ -84,7 +85,8 @@ def nobody_listening() -> str:
 
 @pytest.mark.parametrize("scheduler", ["missing-file", "not-running", "not-running-dask-config"])
 def test_a_scheduler_that_cannot_be_reached_is_named_and_the_run_is_taken_back(
-    setup, tmp_path: Path, nobody_listening: str, capsys: pytest.CaptureFixture[str], scheduler: str
+    setup, tmp_path: Path, nobody_listening: str, capsys: pytest.CaptureFixture[str], scheduler: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A missing --dask_scheduler_file hung for ever without a word; Ctrl-C while Beam's runner waited for a
     scheduler kept the run's spec, and the next command with other settings was refused (dask37 M1, M2)."""
@@ -93,9 +95,18 @@ def test_a_scheduler_that_cannot_be_reached_is_named_and_the_run_is_taken_back(
     given = {"missing-file": ["--dask_scheduler_file", str(tmp_path / "scheduler.json")],
              "not-running": ["--dask_client_address", nobody_listening, "--dask_connection_timeout", "1"],
              "not-running-dask-config": ["--dask_client_address", nobody_listening]}[scheduler]  # fmt: skip
+    waits = []
+    client = distributed.Client
+
+    def recording(*args, **kwargs):
+        waits.append(kwargs.get("timeout"))
+        return client(*args, **kwargs)
+
+    monkeypatch.setattr(distributed, "Client", recording)
     # Without --dask_connection_timeout the wait is dask's own connect timeout (30 s unless configured).
     with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
         assert cli.main(arguments(model, corpus, store, "--runner", "dask", *given)) == 2
+    assert waits == ([] if scheduler == "missing-file" else [1])
     said = capsys.readouterr().err
     if scheduler == "missing-file":
         assert f"--dask_scheduler_file {tmp_path / 'scheduler.json'} does not exist" in said

@@ -104,6 +104,7 @@ def test_the_watcher_sets_stopping_as_the_signal_arrives_unless_a_handler_in_the
             if ours:
                 assert stopping.wait(5), "the watcher did not set stopping"
         # The block's end closes the pipe and joins the watcher, which has read the byte by then.
+        assert not [thread for thread in threading.enumerate() if thread.name == "dilstore-stop-watcher"]
         assert stopping.is_set() == ours
     finally:
         stopping.clear()

@@ -247,6 +247,10 @@ def test_an_id_holding_a_lone_surrogate_is_missing_not_an_encoding_error(fp32_st
     with pytest.raises(MissingPassagesError, match="1 of 2 requested passage ids are not in store") as caught:
         store.fetch(["s0/p0", "s0/p\ud800"])
     assert caught.value.missing == ["s0/p\ud800"]
+    assert store.missing(["ghost", "s0/p0", "s0/p\ud800"]) == ["ghost", "s0/p\ud800"]  # one lookup for many ids
+    assert store.missing([]) == []
+    with pytest.raises(DilstoreError, match="missing takes a list of passage ids"):
+        store.missing("s0/p0")
 
 
 @pytest.mark.parametrize(
