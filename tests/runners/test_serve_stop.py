@@ -87,3 +87,17 @@ def test_any_second_stop_signal_forces_the_quit() -> None:
         assert server.should_exit and not server.force_exit
         server.handle_exit(second, None)
         assert server.force_exit, (first, second)
+
+
+def test_uvicorn_logs_no_error_for_a_request_a_forced_quit_cancelled(caplog) -> None:
+    """Each cancelled request was an "Exception in ASGI application" traceback under the quit's warning."""
+    import logging
+
+    from dilstore.runners.serve_server import cancelled_requests_unlogged
+
+    log = logging.getLogger("uvicorn.error")
+    with cancelled_requests_unlogged():
+        log.error("Exception in ASGI application\n", exc_info=asyncio.CancelledError())
+        log.error("Exception in ASGI application\n", exc_info=ValueError("a real failure"))
+    log.error("Exception in ASGI application\n", exc_info=asyncio.CancelledError())  # the filter is gone
+    assert [record.exc_info[0] for record in caplog.records] == [ValueError, asyncio.CancelledError]
