@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from dilstore.runners.quiet import filtered_stderr
+from dilstore.runners.quiet import exceptions_unlogged, filtered_stderr
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
@@ -152,7 +152,9 @@ def run_pipeline(
         pipeline = build_pipeline(job, options)
         shown = progress and runner in LOCAL_RUNNERS and job.progress_dir
         result = None
-        with interrupts_unlogged(), ProgressBar(Path(job.progress_dir) if shown else None):
+        bar = ProgressBar(Path(job.progress_dir) if shown else None)
+        # Beam logs a Ctrl-C with its traceback before it re-raises it wrapped; the caller's StoppedBySignal says it.
+        with exceptions_unlogged("apache_beam.runners.common", KeyboardInterrupt), bar:
             try:
                 # The LocalCluster started here for Dask ends with this call, and its workers with it.
                 outlives_us = runner not in IN_PROCESS_RUNNERS and defaults.dask_address is None
@@ -243,26 +245,6 @@ def _cause_of(error: BaseException, kind: type[E]) -> E | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
-
-
-class _DropInterrupts(logging.Filter):
-    """Drops log records of a KeyboardInterrupt: Beam logs one with its traceback before it re-raises it wrapped."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        kind = record.exc_info[0] if record.exc_info else None
-        return not (kind is not None and issubclass(kind, KeyboardInterrupt))
-
-
-@contextlib.contextmanager
-def interrupts_unlogged() -> Iterator[None]:
-    """While the pipeline runs, Ctrl-C ends it with one line (the caller's StoppedBySignal), not a logged traceback."""
-    beam_runner_log = logging.getLogger("apache_beam.runners.common")
-    dropped = _DropInterrupts()
-    beam_runner_log.addFilter(dropped)
-    try:
-        yield
-    finally:
-        beam_runner_log.removeFilter(dropped)
 
 
 def pipeline_failure(error: BaseException, options: PipelineOptions) -> str:

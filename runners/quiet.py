@@ -153,3 +153,28 @@ def _writes_descriptor_2(stream: object) -> bool:
         return stream.fileno() == 2  # type: ignore[attr-defined]
     except (AttributeError, OSError, ValueError):
         return False
+
+
+class _DropExceptions(logging.Filter):
+    """Drops log records whose exception is a `kind`."""
+
+    def __init__(self, kind: type[BaseException]) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        raised = record.exc_info[0] if record.exc_info else None
+        return not (raised is not None and issubclass(raised, self.kind))
+
+
+@contextmanager
+def exceptions_unlogged(logger: str, kind: type[BaseException]) -> Iterator[None]:
+    """Inside the block, the logger named `logger` drops its records of a `kind` exception (with their tracebacks):
+    a stop the command reports in its own line."""
+    log = logging.getLogger(logger)
+    dropped = _DropExceptions(kind)
+    log.addFilter(dropped)
+    try:
+        yield
+    finally:
+        log.removeFilter(dropped)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Iterator
 from types import FrameType
 
 import uvicorn
+
+from dilstore.runners.quiet import exceptions_unlogged
 
 
 class StopServer(uvicorn.Server):
@@ -28,21 +29,8 @@ class StopServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-class _DropCancelledRequests(logging.Filter):
-    """Drops uvicorn's error record of a request a forced quit cancelled."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        kind = record.exc_info[0] if record.exc_info else None
-        return not (kind is not None and issubclass(kind, asyncio.CancelledError))
-
-
 @contextlib.contextmanager
 def cancelled_requests_unlogged() -> Iterator[None]:
     """Inside the block, uvicorn logs no error for a request cancelled by a forced quit."""
-    log = logging.getLogger("uvicorn.error")
-    dropped = _DropCancelledRequests()
-    log.addFilter(dropped)
-    try:
+    with exceptions_unlogged("uvicorn.error", asyncio.CancelledError):
         yield
-    finally:
-        log.removeFilter(dropped)
