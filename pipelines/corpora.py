@@ -26,7 +26,7 @@ from dilstore.pipelines.corpus_msmarco import read_msmarco
 from dilstore.pipelines.corpus_squad import read_squad
 from dilstore.pipelines.corpus_wikipedia import read_wikipedia
 from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped
-from dilstore.pipelines.source_files import open_source
+from dilstore.pipelines.source_files import UTF8_BOM, open_source
 from dilstore.reader.text.files import COMPRESSIONS, HEAD_BYTES, compression_of
 from dilstore.storage.errors import DilstoreError
 
@@ -95,6 +95,8 @@ _FORMAT_OPENINGS = {
     "squad": (lambda line: line.startswith(b"{"), "one JSON object"),
     "wikipedia": (lambda line: line.startswith(b"<"), "XML"),
 }
+# The formats read a record a line, by `\n` (a `\r` before it is dropped).
+_LINE_FORMATS = ("jsonl", "msmarco")
 # How far into a file the first non-blank line is looked for.
 _SNIFF_BYTES = 1 << 16
 # The first bytes of every file of the compressions `open_source` reads, by suffix (lower case).
@@ -132,7 +134,10 @@ def check_format(path: str | Path, format: str) -> None:
             head = stream.read(_SNIFF_BYTES)
         except (OSError, EOFError):
             return  # a damaged compressed file: the reader dead-letters it where it breaks
-    line = next((line.strip() for line in head.removeprefix(b"\xef\xbb\xbf").splitlines() if line.strip()), b"")
+    if format in _LINE_FORMATS and b"\r" in head and b"\n" not in head:  # read as one line: one merged record
+        raise DilstoreError(f"--input {path}: its lines end in a bare carriage return (CR), which {format} files do "
+                            "not use; convert them to newlines (e.g. `tr '\\r' '\\n'`)")  # fmt: skip
+    line = next((line.strip() for line in head.removeprefix(UTF8_BOM).splitlines() if line.strip()), b"")
     if line and not looks_right(line):
         shown = line[:40].decode("utf-8", "replace")
         raise DilstoreError(

@@ -17,7 +17,8 @@ from typing import BinaryIO
 from dilstore.pipelines.documents import Rejected
 from dilstore.storage.errors import DilstoreError
 
-_UTF8_BOM = b"\xef\xbb\xbf"
+# The byte-order mark some editors put first in a UTF-8 file; every reader drops it.
+UTF8_BOM = b"\xef\xbb\xbf"
 _CHUNK_BYTES = 1 << 20
 
 
@@ -69,7 +70,7 @@ def numbered_lines(stream: BinaryIO, max_bytes: int) -> Iterator[Line]:
         complete = data.endswith(b"\n") or len(data) < max_bytes + 2
         rest = 0 if complete else _skip_rest_of_line(stream)
         if number == 1:
-            data = data.removeprefix(_UTF8_BOM)
+            data = data.removeprefix(UTF8_BOM)
         content = data.removesuffix(b"\n").removesuffix(b"\r") if complete else data
         size = len(content) + rest
         yield Line(number, content if size <= max_bytes else None, size)

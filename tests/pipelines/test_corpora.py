@@ -264,6 +264,15 @@ def test_squad_dev_gives_every_paragraph(shared_data: Path) -> None:
     assert first.text.startswith("Super Bowl 50 was an American football game")
 
 
+def test_a_squad_file_with_a_byte_order_mark_reads_as_without(shared_data: Path, tmp_path: Path) -> None:
+    """json.loads refused the mark, and the whole file became one dead letter (input38 M3)."""
+    source = shared_data / "squad" / "dev-v1.1.json"
+    marked = tmp_path / "dev-bom.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + source.read_bytes())
+    documents, rejected, _ = by_kind(read_squad(marked))
+    assert rejected == [] and [d.text for d in documents] == [d.text for d in by_kind(read_squad(source))[0]]
+
+
 def test_squad_malformed_files_and_paragraphs(tmp_path: Path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text('{"data": [\n  {"title": "A",\n   "paragraphs": [}\n]}')
@@ -582,6 +591,22 @@ def test_real_files_fit_their_format_and_no_other(shared_data: Path, tmp_path: P
         for other in {"msmarco", "wikipedia"} - {format}:
             with pytest.raises(DilstoreError, match=f"--format {other} does not fit"):
                 check_format(path, other)
+
+
+@pytest.mark.parametrize(
+    ("format", "content"),
+    [("msmarco", b"1\tfirst record text\r2\tsecond record text\r"),
+     ("jsonl", b'{"id": "a", "text": "x"}\r{"id": "b", "text": "y"}\r')],
+)
+def test_lines_ending_in_a_bare_carriage_return_are_refused(tmp_path: Path, format: str, content: bytes) -> None:
+    """Read by `\\n`, a TSV file of CR line ends was one document holding every passage, stored with exit 0
+    (input38 H1); a JSONL one was one dead letter for all its records."""
+    path = tmp_path / f"corpus.{'tsv' if format == 'msmarco' else 'jsonl'}"
+    path.write_bytes(content)
+    with pytest.raises(DilstoreError, match=r"its lines end in a bare carriage return \(CR\)"):
+        check_format(path, format)
+    path.write_bytes(content.replace(b"\r", b"\r\n"))  # CRLF is read as it always was
+    check_format(path, format)
 
 
 def test_an_empty_file_fits_any_format(tmp_path: Path) -> None:
