@@ -27,7 +27,7 @@ from typing import BinaryIO
 from mwparserfromhell.parser import ParserError
 
 from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped, make_document
-from dilstore.pipelines.source_files import open_source
+from dilstore.pipelines.source_files import ReadUpToDamage, open_source
 from dilstore.pipelines.wikitext import wikitext_to_text
 
 ARTICLE_NAMESPACE = "0"
@@ -66,8 +66,8 @@ def _local_name(tag: str) -> str:
 
 def _wikipedia_records(source: str, stream: BinaryIO, max_bytes: int, plain_text: bool) -> Iterator[Record]:
     last_page = "the start of the file"
-    with stream:
-        events = ElementTree.iterparse(stream, events=("start", "end"))
+    with ReadUpToDamage(stream) as whole:
+        events = ElementTree.iterparse(whole, events=("start", "end"))
         try:
             _, root = next(events)
             if _local_name(root.tag) != "mediawiki":

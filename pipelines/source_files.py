@@ -41,6 +41,47 @@ def open_source(path: str | Path) -> BinaryIO:
     return path.open("rb")
 
 
+class ReadUpToDamage:
+    """A (decompressing) stream whose `read(n)` hands over every byte decoded before a truncated or corrupt part,
+    and raises the error at the next read.
+
+    `BufferedReader.read(n)` drops the bytes it gathered when the decompressor
+    raises: the XML parser reads 16 KiB at a time, so a cut `.xml.bz2` lost up
+    to 16 KiB of complete pages before the damage, counted nowhere.
+    """
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._error: BaseException | None = None
+
+    def read(self, size: int = -1) -> bytes:
+        if self._error is not None:
+            raise self._error
+        parts: list[bytes] = []
+        got = 0
+        try:
+            while size < 0 or got < size:
+                part = self._stream.read1(size - got if size >= 0 else _CHUNK_BYTES)  # type: ignore[attr-defined]
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+        except (EOFError, OSError) as error:
+            if not parts:
+                raise
+            self._error = error
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> ReadUpToDamage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 @dataclass(frozen=True)
 class Line:
     """One line of a file: its 1-based number and its bytes without the line ending.

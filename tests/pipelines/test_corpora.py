@@ -641,3 +641,18 @@ def test_a_compressed_file_dilstore_cannot_read_is_named_as_such(tmp_path: Path)
     path.write_bytes(lzma.compress(b'{"id": "a", "text": "fine"}\n'))
     with pytest.raises(DilstoreError, match="not a gz file; it is xz-compressed, which dilstore does not read"):
         check_format(path, "jsonl")
+
+
+@pytest.mark.parametrize("kept", [0.35, 0.5])
+def test_a_cut_xml_bz2_keeps_every_page_decoded_before_the_cut(shared_data: Path, tmp_path: Path, kept: float) -> None:
+    """The XML parser reads 16 KiB at a time, and the bz2 reader dropped the bytes of a read that met the cut: up
+    to 16 KiB of complete pages were lost, counted nowhere (input38 M1)."""
+    dump = bz2.decompress((shared_data / "wiki" / "enwiki-excerpt-206-pages.xml.bz2").read_bytes())
+    compressed = bz2.compress(dump, compresslevel=1)
+    cut = compressed[: int(len(compressed) * kept)]
+    path = tmp_path / "cut.xml.bz2"
+    path.write_bytes(cut)
+    decodable = bz2.BZ2Decompressor().decompress(cut)
+    *pages, last = read_wikipedia(path)
+    assert len(pages) == decodable.count(b"</page>")
+    assert isinstance(last, Rejected) and last.reason.startswith("truncated or corrupt file")
