@@ -113,7 +113,7 @@ def route(
         try:
             pieces = tokenize_passage(tokenizer, passage, settings.max_length, settings.kind)
         except DilstoreError as error:
-            dead = Rejected(record.source, passage.id, f"passage {passage.id!r}: {error}")
+            dead = Rejected(record.source, position, f"passage {passage.id!r}: {error}")  # the line, as README says
             yield (REJECTED, rejected_part(dead, shards)), dead
             rejected += 1
             continue

@@ -108,11 +108,12 @@ def test_a_document_that_yields_nothing_to_store_is_a_dead_letter(tiny) -> None:
     settings = RouteSettings(strategy="paragraphs", num_shards=3, max_length=64, kind="dilbert")
     [(key, dead)] = route(empty, settings, tiny.tokenizer)
     assert key[0] == REJECTED and dead.line_or_id == 9 and "no passage" in dead.reason
-    odd = Document(id="odd", title="", text="\u200b " * 40, source="c.jsonl", line=None)
-    routed = list(route(odd, RouteSettings("words", 3, 64, "dilbert"), tiny.tokenizer))
-    [reason] = [value.reason for key, value in routed if key[0] == REJECTED]
-    assert "no word pieces" in reason
-    assert not [key for key, _ in routed if key[0] in (SHARD, COUNTS)]
+    for line, where in ((None, "odd"), (12, 12)):  # named the passage "odd#0", not the line (input38 M5)
+        odd = Document(id="odd", title="", text="\u200b " * 40, source="c.jsonl", line=line)
+        routed = list(route(odd, RouteSettings("words", 3, 64, "dilbert"), tiny.tokenizer))
+        [dead] = [value for key, value in routed if key[0] == REJECTED]
+        assert dead.line_or_id == where and "passage 'odd#0'" in dead.reason and "no word pieces" in dead.reason
+        assert not [key for key, _ in routed if key[0] in (SHARD, COUNTS)]
 
 
 @pytest.mark.parametrize(("doc_id", "refused"), [("a~1", True), ("a~12", True), ("a~0", False), ("a~", False),
