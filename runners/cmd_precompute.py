@@ -496,5 +496,5 @@ def nothing_stored(summary: dict[str, Any], store: str) -> str | None:
     skipped = summary.get("skipped", 0)
     left_out = f", {skipped} left out on purpose (Wikipedia redirects and non-article pages)" if skipped else ""
     where = f" (see {store}/rejected/ for why)" if rejected else ""
-    return (f"no passage was stored: {documents} document(s) read{left_out}, {rejected} record(s) rejected{where}; "
+    return (f"no passage was stored: {documents} document(s) accepted{left_out}, {rejected} record(s) rejected{where}; "
             "check --input and --format")  # fmt: skip

@@ -169,7 +169,7 @@ def test_duplicate_ids_are_refused_naming_them(models: dict[str, Path], union: P
 
 
 @pytest.mark.parametrize(("lines", "extra", "told"), [
-    ([], [], "0 document(s) read, 0 record(s) rejected; check --input"),
+    ([], [], "0 document(s) accepted, 0 record(s) rejected; check --input"),
     (['{"id": "a", "text": "fine"}'], ["--format", "squad"], "1 record(s) rejected (see {folder}/rejected/ for why)"),
 ])  # fmt: skip
 def test_an_append_that_stores_no_passage_exits_1_says_why_and_leaves_the_store_unchanged(

@@ -273,11 +273,11 @@ REDIRECT_ONLY_DUMP = ('<mediawiki><page><title>A</title><ns>0</ns><id>1</id><red
 
 
 @pytest.mark.parametrize(("name", "lines", "extra", "told"), [
-    ("c.jsonl", [], [], "0 document(s) read, 0 record(s) rejected; check --input"),
+    ("c.jsonl", [], [], "0 document(s) accepted, 0 record(s) rejected; check --input"),
     ("c.jsonl", ['{"id": "a", "text": "fine"}'], ["--format", "squad"],
      "1 record(s) rejected (see {store}/rejected/ for why)"),
     ("c.xml", [REDIRECT_ONLY_DUMP], [],
-     "0 document(s) read, 1 left out on purpose (Wikipedia redirects and non-article pages), 0 record(s) rejected"),
+     "0 document(s) accepted, 1 left out on purpose (Wikipedia redirects and non-article pages), 0 record(s) rejected"),
 ])  # fmt: skip
 def test_a_build_that_stores_no_passage_exits_1_and_says_why(
     tiny_dir: Path, tmp_path: Path, capsys, name: str, lines: list[str], extra: list[str], told: str
