@@ -90,7 +90,7 @@ def test_a_precompute_that_stores_nothing_raises_why_and_prints_nothing(tmp_path
 
     corpus = tmp_path / "bad.jsonl"
     corpus.write_text('{"id": "a"}\n{"text": "no id"}\n', encoding="utf-8")
-    with pytest.raises(dilstore.DilstoreError, match=r"no passage was stored: 0 document\(s\) read, 2 record\(s\) "
+    with pytest.raises(dilstore.DilstoreError, match=r"no passage was stored: 0 document\(s\) accepted, 2 record\(s\) "
                                                      r"rejected \(see .*/rejected/ for why\)"):  # fmt: skip
         dilstore.precompute(input=str(corpus), output=str(tmp_path / "store"), split="none", workers=1,
                             no_progress=True)  # fmt: skip
