@@ -1,0 +1,53 @@
+"""The store worker hands freed memory back to the operating system once no request waits: glibc's malloc kept it,
+and a server under /ask traffic grew from 1.0 to 3.6 GB in 21 minutes, still rising (soak38 H1)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from dilstore.runners import serve_batching
+from dilstore.runners.serve_batching import Batcher
+from dilstore.runners.serve_metrics import Metrics
+
+
+def test_the_worker_returns_freed_memory_when_no_request_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    trims: list[int] = []
+    monkeypatch.setattr(serve_batching, "_MALLOC_TRIM", trims.append)
+    batches: list[list[int]] = []
+
+    def run_batch(payloads: list[int]) -> list[int]:
+        deadline = time.monotonic() + 30
+        while not batches and batcher.pending() < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)  # the first batch ends with the other two waiting
+        batches.append(payloads)
+        return [payload + 1 for payload in payloads]
+
+    batcher = Batcher("store", run_batch, max_batch_pairs=1, max_wait=0.0, queue_size=10, metrics=Metrics())
+    batcher.start()
+
+    async def ask_three() -> list[int]:
+        return await asyncio.gather(*(batcher.submit(number, 1) for number in range(3)))
+
+    try:
+        answers = asyncio.run(ask_three())
+    finally:
+        batcher.stop()
+    assert answers == [1, 2, 3] and len(batches) == 3
+    assert trims == [0], "one trim, after the last batch: the first two left requests waiting"
+
+    trims.clear()
+    batcher = Batcher("store", run_batch, max_batch_pairs=1, max_wait=0.0, queue_size=10, metrics=Metrics())
+    batcher.start()
+
+    async def ask_one_at_a_time() -> None:
+        for number in range(2):
+            await batcher.submit(number, 1)
+
+    try:
+        asyncio.run(ask_one_at_a_time())
+    finally:
+        batcher.stop()
+    assert trims == [0, 0], "an idle worker trims after each batch"
