@@ -22,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 
+from dilstore.runners.arg_types import positive_int
+
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "river city war company disease law name size history cause effect date price people team season".split()
 
@@ -63,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True, help="a dilbert store (with STORE/bm25)")
     parser.add_argument("--model", help="the reader's model folder (default: the store's shipped default)")
-    parser.add_argument("--batches", type=int, default=80)
-    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--batches", type=positive_int, default=80)
+    parser.add_argument("--every", type=positive_int, default=10)
     parser.add_argument("--setting", choices=("trim", "keep"), help=argparse.SUPPRESS)  # one child's run
     args = parser.parse_args(argv)
     if args.setting is not None:
