@@ -53,7 +53,8 @@ def run_setting(store: str, model: str | None, batches: int, every: int, trim: b
             if trim:
                 return_freed_memory()
             if number % every == 0:
-                rows.append({"batches": number, "rss_mib": rss_mib(), "seconds": round(time.perf_counter() - started, 1)})
+                seconds = round(time.perf_counter() - started, 1)
+                rows.append({"batches": number, "rss_mib": rss_mib(), "seconds": seconds})
 
     worker = threading.Thread(target=work, name="dilstore-serve-bench")
     worker.start()

@@ -350,7 +350,8 @@ def test_a_stopped_run_is_told_to_resume_only_when_it_saved_a_checkpoint(tmp_pat
     from dilstore.reader.training.state import STATE_JSON, step_directory
     from dilstore.runners.training_options import resume_hint
 
-    assert resume_hint(tmp_path / "never-made") == "no checkpoint was saved yet: run the command again, without --resume"
+    expected = "no checkpoint was saved yet: run the command again, without --resume"
+    assert resume_hint(tmp_path / "never-made") == expected
     half = step_directory(tmp_path / CHECKPOINTS_DIR, 10)
     half.mkdir(parents=True)  # a checkpoint cut short has no state file yet
     assert resume_hint(tmp_path).startswith("no checkpoint was saved yet")
