@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from dilstore.runners.quiet import exceptions_unlogged, filtered_stderr
+from dilstore.runners.quiet import filtered_stderr, raising, records_unlogged
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
@@ -99,23 +99,17 @@ def local_runtime(runner: str, workers: int, num_shards: int, beam_args: Sequenc
         return
     from distributed import LocalCluster
 
-    nanny_log = logging.getLogger("distributed.nanny")
-    kill_at_close = _DropKillAtClose()
-    nanny_log.addFilter(kill_at_close)
-    try:
-        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-            yield LocalDefaults(workers=workers, dask_address=cluster.scheduler_address, dask_partitions=num_shards)
-    finally:
-        nanny_log.removeFilter(kill_at_close)
+    # The nanny's "Worker process still alive after 4.0 seconds, killing": the LocalCluster's workers often outlive
+    # its close by a few seconds once the job is done, and the warning, twice on half the clean runs, read as a
+    # failure (dask37 L2).
+    with records_unlogged("distributed.nanny", _killed_at_close), LocalCluster(
+        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
+        yield LocalDefaults(workers=workers, dask_address=cluster.scheduler_address, dask_partitions=num_shards)
 
 
-class _DropKillAtClose(logging.Filter):
-    """Drops the nanny's "Worker process still alive after 4.0 seconds, killing": the LocalCluster's workers often
-    outlive its close by a few seconds once the job is done, and the warning, twice on half the clean runs, read
-    as a failure (dask37 L2)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Worker process still alive after")
+def _killed_at_close(record: logging.LogRecord) -> bool:
+    return record.getMessage().startswith("Worker process still alive after")
 
 
 def run_pipeline(
@@ -154,7 +148,7 @@ def run_pipeline(
         result = None
         bar = ProgressBar(Path(job.progress_dir) if shown else None)
         # Beam logs a Ctrl-C with its traceback before it re-raises it wrapped; the caller's StoppedBySignal says it.
-        with exceptions_unlogged("apache_beam.runners.common", KeyboardInterrupt), bar:
+        with records_unlogged("apache_beam.runners.common", raising(KeyboardInterrupt)), bar:
             try:
                 # The LocalCluster started here for Dask ends with this call, and its workers with it.
                 outlives_us = runner not in IN_PROCESS_RUNNERS and defaults.dask_address is None

@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing import resource_tracker
 
@@ -155,26 +155,26 @@ def _writes_descriptor_2(stream: object) -> bool:
         return False
 
 
-class _DropExceptions(logging.Filter):
-    """Drops log records whose exception is a `kind`."""
-
-    def __init__(self, kind: type[BaseException]) -> None:
-        super().__init__()
-        self.kind = kind
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        raised = record.exc_info[0] if record.exc_info else None
-        return not (raised is not None and issubclass(raised, self.kind))
-
-
 @contextmanager
-def exceptions_unlogged(logger: str, kind: type[BaseException]) -> Iterator[None]:
-    """Inside the block, the logger named `logger` drops its records of a `kind` exception (with their tracebacks):
-    a stop the command reports in its own line."""
+def records_unlogged(logger: str, drop: Callable[[logging.LogRecord], bool]) -> Iterator[None]:
+    """Inside the block, the logger named `logger` drops the records `drop` picks."""
     log = logging.getLogger(logger)
-    dropped = _DropExceptions(kind)
-    log.addFilter(dropped)
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not drop(record)
+
+    log.addFilter(keep)
     try:
         yield
     finally:
-        log.removeFilter(dropped)
+        log.removeFilter(keep)
+
+
+def raising(kind: type[BaseException]) -> Callable[[logging.LogRecord], bool]:
+    """Picks the records of a `kind` exception (logged with its traceback): a stop the command reports in its own
+    line."""
+
+    def picked(record: logging.LogRecord) -> bool:
+        return record.exc_info is not None and record.exc_info[0] is not None and issubclass(record.exc_info[0], kind)
+
+    return picked

@@ -17,7 +17,7 @@ from types import FrameType
 
 import uvicorn
 
-from dilstore.runners.quiet import exceptions_unlogged
+from dilstore.runners.quiet import raising, records_unlogged
 
 
 class StopServer(uvicorn.Server):
@@ -32,5 +32,5 @@ class StopServer(uvicorn.Server):
 @contextlib.contextmanager
 def cancelled_requests_unlogged() -> Iterator[None]:
     """Inside the block, uvicorn logs no error for a request cancelled by a forced quit."""
-    with exceptions_unlogged("uvicorn.error", asyncio.CancelledError):
+    with records_unlogged("uvicorn.error", raising(asyncio.CancelledError)):
         yield
