@@ -218,7 +218,7 @@ class RerankService:
             bm25: dict[str, float] = {}
             ids = request.doc_ids
             try:
-                scores = self.reranker.rerank(request.query, ids)
+                scores = self.reranker.rerank_tokenized(query, ids)
             except MissingPassagesError as error:  # the library's message suggests skip_missing, which /rerank lacks
                 raise ClientError(422, f"{len(error.missing)} of {len(set(ids))} doc_ids are not in this store: "
                                        f"{listed(error.missing)}") from None  # fmt: skip
@@ -231,7 +231,7 @@ class RerankService:
                 raise ClientError(422, str(error)) from None
             bm25 = {hit.passage_id: hit.score for hit in hits}
             ids = list(bm25)
-            scores = self.reranker.rerank(request.query, ids) if ids else {}
+            scores = self.reranker.rerank_tokenized(query, ids) if ids else {}
         order = {doc_id: rank for rank, doc_id in reversed(list(enumerate(ids)))}
         ranked = sorted(scores.items(), key=lambda item: (-item[1], order[item[0]]))
         results = [

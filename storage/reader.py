@@ -121,11 +121,7 @@ class Store:
         return self.manifest.passages
 
     def __contains__(self, passage_id: object) -> bool:
-        if not isinstance(passage_id, str):
-            return False
-        index = self._live_index()
-        self._check_watched_files([passage_id], index)
-        return not index.locate([passage_id], self._id_at)[2]
+        return isinstance(passage_id, str) and not self.missing([passage_id])
 
     def missing(self, passage_ids: Sequence[str]) -> list[str]:
         """The ids among `passage_ids` the store lacks, in the order given: one lookup for all (`in` takes one)."""

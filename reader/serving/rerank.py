@@ -247,16 +247,12 @@ class StoreReranker(ABC, Generic[RankerT]):
         `skip_missing` are left out and counted in `stats.skipped`. Pass a
         RerankStats to collect counts and stage times.
         """
-        doc_ids = as_list(doc_ids, "doc_ids must be a list of document ids")
-        wrong = next((doc_id for doc_id in doc_ids if not isinstance(doc_id, str)), None)
-        if wrong is not None:  # a list or dict among them failed in dict.fromkeys with a bare TypeError
-            raise DilstoreError(f"doc_ids must be strings, got {type(wrong).__name__} {wrong!r:.60}")
-        if not isinstance(skip_missing, bool):
-            raise DilstoreError(f"skip_missing must be True or False, got {type(skip_missing).__name__}")
-        if not isinstance(stats, RerankStats | None):
-            raise DilstoreError(f"stats must be a RerankStats or None, got {type(stats).__name__}")
         stats = RerankStats() if stats is None else stats
-        return self._rerank_tokens(self._tokenize_timed(query, stats), doc_ids, skip_missing, stats)
+        if not isinstance(stats, RerankStats):
+            raise DilstoreError(f"stats must be a RerankStats or None, got {type(stats).__name__}")
+        _check_skip_missing(skip_missing)
+        return self.rerank_tokenized(self._tokenize_timed(query, stats), doc_ids, skip_missing=skip_missing,
+                                     stats=stats)  # fmt: skip
 
     def rerank_run(
         self,
@@ -282,8 +278,7 @@ class StoreReranker(ABC, Generic[RankerT]):
         require_topics(topics, run)
         if on_query is not None and not callable(on_query):
             raise DilstoreError(f"on_query must be a function of the qid or None, got {type(on_query).__name__}")
-        if not isinstance(skip_missing, bool):
-            raise DilstoreError(f"skip_missing must be True or False, got {type(skip_missing).__name__}")
+        _check_skip_missing(skip_missing)
         stats = RerankStats()
         rankings = {qid: [docid for docid, _ in rank_documents(first_stage)] for qid, first_stage in run.items()}
         # Every topic, and without skip_missing every top document, is checked before the first query is scored:
@@ -293,7 +288,7 @@ class StoreReranker(ABC, Generic[RankerT]):
             self._require_stored({qid: ranked[:depth] for qid, ranked in rankings.items()})
         reranked: Run = {}
         for qid, ranked in rankings.items():
-            scores = self._rerank_tokens(queries[qid], ranked[:depth], skip_missing, stats)
+            scores = self.rerank_tokenized(queries[qid], ranked[:depth], skip_missing=skip_missing, stats=stats)
             floor = min(scores.values(), default=0.0)
             tail = {docid: floor - rank for rank, docid in enumerate(ranked[depth:], start=1)}
             if scores or tail:
@@ -354,10 +349,17 @@ class StoreReranker(ABC, Generic[RankerT]):
             [docid for docids in missing.values() for docid in docids],
         )
 
-    def _rerank_tokens(
-        self, tokens: TokenizedText, doc_ids: list[str], skip_missing: bool, stats: RerankStats
+    def rerank_tokenized(
+        self, tokens: TokenizedText, doc_ids: Sequence[str], *, skip_missing: bool = False,
+        stats: RerankStats | None = None,
     ) -> dict[str, float]:
-        """`rerank` of a tokenized query."""
+        """`rerank` of a query `tokenize_query` has tokenized: a server that checked the query up front, or a run
+        that checked all its topics, does not tokenize it again."""
+        doc_ids = as_list(doc_ids, "doc_ids must be a list of document ids")
+        wrong = next((doc_id for doc_id in doc_ids if not isinstance(doc_id, str)), None)
+        if wrong is not None:  # a list or dict among them failed in dict.fromkeys with a bare TypeError
+            raise DilstoreError(f"doc_ids must be strings, got {type(wrong).__name__} {wrong!r:.60}")
+        stats = RerankStats() if stats is None else stats
         started = time.perf_counter()
         try:
             documents = self._fetch(list(dict.fromkeys(doc_ids)), skip_missing, stats)
@@ -403,6 +405,11 @@ class StoreReranker(ABC, Generic[RankerT]):
     @abstractmethod
     def _score(self, tokens: TokenizedText, documents: Sequence[StoredPassage], stats: RerankStats) -> list[float]:
         """Scores of the (non-empty) documents against the tokenized query, in their order."""
+
+
+def _check_skip_missing(skip_missing: object) -> None:
+    if not isinstance(skip_missing, bool):
+        raise DilstoreError(f"skip_missing must be True or False, got {type(skip_missing).__name__}")
 
 
 def split_hint(store: Store, doc_ids: Sequence[str]) -> str:
