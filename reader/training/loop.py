@@ -617,8 +617,7 @@ def _save_checkpoint(
     """
     checkpoints = Path(output_dir) / CHECKPOINTS_DIR
     final = step_directory(checkpoints, position.step)
-    partial = final.with_name(final.name + PARTIAL_SUFFIX)
-    remove_partial_checkpoints(checkpoints)
+    partial = final.with_name(final.name + PARTIAL_SUFFIX)  # a leftover was removed as the loop started
     partial.mkdir(parents=True)
     save(partial, position, loss)
     save_training_state(partial, optimization.optimizer, optimization.scheduler, position)

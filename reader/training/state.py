@@ -180,7 +180,7 @@ def remove_partial_checkpoints(checkpoints: Path) -> None:
     holds a model and its optimizer state, and only one of the same step was ever removed."""
     if Path(checkpoints).is_dir():
         for path in Path(checkpoints).iterdir():
-            if _STEP_DIR.match(path.name.removesuffix(PARTIAL_SUFFIX)) and path.name.endswith(PARTIAL_SUFFIX):
+            if path.name.endswith(PARTIAL_SUFFIX) and _STEP_DIR.match(path.name.removesuffix(PARTIAL_SUFFIX)):
                 shutil.rmtree(path)
 
 
