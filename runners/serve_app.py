@@ -43,12 +43,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from dilstore.reader.serving.odqa import OpenDomainReader, aggregate
 from dilstore.reader.serving.rerank import StoreReranker
 from dilstore.reader.retrieval import Bm25Searcher, TooManyTermsError
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
-from dilstore.runners.serve_metrics import CONTENT_TYPE, Metrics
+from dilstore.runners.serve_metrics import CLIENT_GONE, CONTENT_TYPE, Metrics
 from dilstore.storage.errors import DilstoreError, listed
 from dilstore.storage.format import StoreFormatError, StoreReadError
 from dilstore.storage.reader import MissingPassagesError
@@ -425,10 +426,16 @@ def add_request_handling(app: FastAPI, metrics: Metrics) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Response:
-        # FastAPI answers a body it cannot decode (bytes that are not UTF-8, JSON nested too deep, an integer of
-        # thousands of digits) with 400 "There was an error parsing the body"; the cause it was raised from says why.
+        # FastAPI answers a body it cannot read with 400 "There was an error parsing the body"; the cause it was
+        # raised from says why: the client left mid-body, or the bytes are not JSON (not UTF-8, nested too deep, an
+        # integer of thousands of digits).
+        if error.status_code == 400 and error.detail == UNPARSED_BODY and isinstance(error.__cause__, ClientDisconnect):
+            return Response(status_code=CLIENT_GONE)
         if error.status_code == 400 and error.detail == UNPARSED_BODY and error.__cause__ is not None:
             return JSONResponse({"detail": f"the body is not valid JSON: {error.__cause__}"}, status_code=422)
+        if error.status_code == 413:  # the routes' max_body_size: a chunked body that passed the cap as it arrived
+            message = f"the request body passed {MAX_BODY_BYTES:,} bytes, the most the server reads"
+            return JSONResponse({"detail": message}, status_code=413)
         return await http_exception_handler(request, error)
 
     @app.exception_handler(RequestValidationError)
@@ -482,8 +489,8 @@ def too_large(request: Request) -> JSONResponse | None:
     """A 413 for a request whose declared body is over MAX_BODY_BYTES, before any of it is read; else None.
 
     A request body is a question or a query with at most MAX_TOP_P-ish ids: kilobytes. So a client cannot make the
-    server read and parse megabytes per request; this message names the sizes, where the routes' max_body_size
-    says only "Content Too Large".
+    server read and parse megabytes per request. A chunked body (no Content-Length) is cut by the routes'
+    max_body_size as it arrives instead.
     """
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:

@@ -15,6 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# nginx's "client closed request": the client went away before its whole request came (it disconnected, or
+# --request-timeout closed its connection). Nobody reads the answer; errors_total counts it as client_gone.
+CLIENT_GONE = 499
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -63,7 +66,7 @@ class Metrics:
     """The server's metric families; `render()` gives the /metrics body.
 
     Families: dilstore_requests_total (counter by endpoint and status code),
-    dilstore_errors_total (counter by endpoint and kind: bad_request,
+    dilstore_errors_total (counter by endpoint and kind: bad_request, client_gone,
     overloaded, unavailable, store_read, internal), dilstore_request_seconds (latency histogram by
     endpoint), dilstore_queue_seconds (time a request waited for its batch,
     by store), dilstore_batch_requests and dilstore_batch_pairs (batch sizes,
@@ -192,6 +195,8 @@ def _error_kind(status: int, retry_later: bool) -> str | None:
         return "store_read"
     if status >= 500:
         return "internal"
+    if status == CLIENT_GONE:
+        return "client_gone"
     if status >= 400:
         return "bad_request"
     return None
