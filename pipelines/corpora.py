@@ -8,10 +8,12 @@ and decode each record strictly as UTF-8, so bad input never raises; only a
 missing file or an unknown format raises DilstoreError, at once.
 
 Formats:
-    jsonl      {"id","contents"} (pyserini JsonCollection) or {"id","title","text"}; .jsonl[.gz]
-    msmarco    pid<TAB>text per line (MS MARCO collection.tsv); .tsv[.gz]
+    jsonl      {"id","contents"} (pyserini JsonCollection) or {"id","title","text"}; .jsonl
+    msmarco    pid<TAB>text per line (MS MARCO collection.tsv); .tsv
     squad      SQuAD JSON, one document per paragraph; .json
-    wikipedia  pages-articles XML dump; .xml or .xml.bz2
+    wikipedia  pages-articles XML dump; .xml
+
+Each is also read compressed, named with .gz or .bz2 after its suffix (`open_source`).
 
 Duplicate ids are not caught per file: see `pipelines.duplicate_ids`.
 """
@@ -51,16 +53,8 @@ FORMATS: dict[str, Reader] = {
     "wikipedia": read_wikipedia,
 }
 
-# File name endings that tell the format, longest first.
-_FORMAT_BY_SUFFIX = (
-    (".xml.bz2", "wikipedia"),
-    (".xml", "wikipedia"),
-    (".jsonl.gz", "jsonl"),
-    (".jsonl", "jsonl"),
-    (".tsv.gz", "msmarco"),
-    (".tsv", "msmarco"),
-    (".json", "squad"),
-)
+# File name endings that tell the format, each also with a compression's suffix after it (`open_source` reads both).
+_FORMAT_BY_SUFFIX = {".xml": "wikipedia", ".jsonl": "jsonl", ".tsv": "msmarco", ".json": "squad"}
 
 
 def read_corpus(path: str | Path, format: str, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Iterator[Record]:
@@ -77,15 +71,18 @@ def read_corpus(path: str | Path, format: str, max_bytes: int = DEFAULT_MAX_DOCU
 
 
 def format_for_path(path: str | Path) -> str:
-    """The corpus format a file name implies (`corpus.jsonl.gz` → "jsonl").
+    """The corpus format a file name implies (`corpus.jsonl.gz` → "jsonl"; `.gz` or `.bz2` may follow any).
 
     Raises DilstoreError when the name does not tell, asking for the format by name.
     """
-    name = Path(path).name.lower()
-    for suffix, format in _FORMAT_BY_SUFFIX:
-        if name.endswith(suffix):
-            return format
-    raise DilstoreError(f"cannot tell the corpus format of {path} from its name; name it: {', '.join(FORMATS)}")
+    name = Path(Path(path).name.lower())
+    if name.suffix in COMPRESSED_MAGIC:  # corpus.jsonl.gz: the format's suffix is the one before
+        name = name.with_suffix("")
+    format = _FORMAT_BY_SUFFIX.get(name.suffix)
+    if format is not None:
+        return format
+    raise DilstoreError(f"cannot tell the corpus format of {path} from its name; give --format, one of: "
+                        f"{', '.join(FORMATS)}")
 
 
 # What the first non-blank bytes of a file in each format look like, and how to say it.
@@ -99,6 +96,9 @@ _FORMAT_OPENINGS = {
 _LINE_FORMATS = ("jsonl", "msmarco")
 # How far into a file the first non-blank line is looked for.
 _SNIFF_BYTES = 1 << 16
+# UTF-16's byte-order marks (little- and big-endian), and how many of the first bytes tell UTF-16 without one.
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+_UTF16_SNIFF_BYTES = 32
 # The first bytes of every file of the compressions `open_source` reads, by suffix (lower case).
 COMPRESSED_MAGIC = {suffix: magic for _, magic, suffix in COMPRESSIONS if suffix in (".gz", ".bz2")}
 
@@ -112,6 +112,14 @@ def _named_as(head: bytes, suffix: str) -> str:
     if actual not in COMPRESSED_MAGIC:
         return f"it is {name}-compressed, which dilstore does not read: decompress it"
     return f"it is a {actual[1:]} file: name it with {actual} in place of {suffix}"
+
+
+def _looks_like_utf16(head: bytes) -> bool:
+    """Whether a file beginning `head` is UTF-16 text: a byte-order mark, or ASCII with a NUL byte beside every
+    character (little- or big-endian). Read as UTF-8, its first line was quoted back as `'\\x00{\\x00"\\x00i...'`."""
+    start = head[:_UTF16_SNIFF_BYTES]
+    halves = (start[1::2], start[0::2])
+    return head.startswith(_UTF16_BOMS) or (len(start) >= 4 and any(half.count(0) == len(half) for half in halves))
 
 
 def check_format(path: str | Path, format: str) -> None:
@@ -134,6 +142,9 @@ def check_format(path: str | Path, format: str) -> None:
             head = stream.read(_SNIFF_BYTES)
         except (OSError, EOFError):
             return  # a damaged compressed file: the reader dead-letters it where it breaks
+    if _looks_like_utf16(head):
+        raise DilstoreError(f"--input {path}: it looks like UTF-16 text; corpus files are UTF-8: convert it (e.g. "
+                            "`iconv -f UTF-16 -t UTF-8`)")  # fmt: skip
     if format in _LINE_FORMATS and b"\r" in head and b"\n" not in head:  # read as one line: one merged record
         raise DilstoreError(f"--input {path}: its lines end in a bare carriage return (CR), which {format} files do "
                             "not use; convert them to newlines (e.g. `tr '\\r' '\\n'`)")  # fmt: skip

@@ -1,4 +1,4 @@
-"""Wikipedia `pages-articles` XML dumps (`.xml` or `.xml.bz2`), streamed page by page.
+"""Wikipedia `pages-articles` XML dumps (`.xml`, or compressed: `.xml.bz2`, `.xml.gz`), streamed page by page.
 
 Each article (namespace 0, not a redirect) becomes a document with id = page
 id, title = page title and text = its wikitext as plain prose

@@ -84,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     inputs.add_argument("--input", action="append", metavar="PATH",
                         help="corpus file; repeat for several (default: the embedded corpus)")
     inputs.add_argument("--format", choices=FORMATS,
-                        help="corpus format (default: from the file name, e.g. .jsonl, .tsv, .json, .xml.bz2)")
+                        help="corpus format (default: from the file name: .jsonl, .tsv, .json, .xml, each maybe with .gz or .bz2)")
     inputs.add_argument("--split", choices=SPLITS, default="words",
                         help="passages: 100-word windows with stride 50, paragraphs, or none (each document whole, under its own id: for reranking runs that name documents) (default words)")
     model = parser.add_argument_group("model and store")
@@ -155,19 +155,25 @@ def resolve_inputs(paths: Sequence[str | Path] | None, format: str | None) -> tu
 
     if not paths:
         return (ReadTask(str(default_corpus_path()), format or DEFAULT_CORPUS_FORMAT),)
-    tasks = []
+    tasks, spellings = [], {}
     for given in paths:
         refuse_url("--input", given)
+        if not str(given).strip():  # Path("") is ".", which was refused as "a directory"
+            raise DilstoreError("--input is empty; give a corpus file")
         path = Path(given)
         if path.is_dir():
             raise DilstoreError(f"--input {path} is a directory; give the corpus files in it, one --input each")
         if not path.exists():
-            raise DilstoreError(f"input file not found: {path}")
+            wildcard = " (dilstore does not expand wildcards: leave the pattern unquoted for the shell)"
+            raise DilstoreError(f"input file not found: {path}{wildcard if _WILDCARDS.search(str(given)) else ''}")
         if not path.is_file():  # a FIFO or a device such as /dev/null
             raise DilstoreError(f"--input {path} is not a regular file; give a corpus file")
         resolved = str(path.resolve())
-        if any(task.path == resolved for task in tasks):
-            raise DilstoreError(f"--input {path} is given twice")
+        if resolved in spellings:
+            first = spellings[resolved]
+            also = "" if first == str(given) else f" (as {first} before it: the same file)"
+            raise DilstoreError(f"--input {given} is given twice{also}")
+        spellings[resolved] = str(given)
         if not os.access(path, os.R_OK):
             raise DilstoreError(f"--input {path}: permission denied (the file is not readable)")
         task = ReadTask(resolved, format or format_for_path(path))
@@ -176,6 +182,8 @@ def resolve_inputs(paths: Sequence[str | Path] | None, format: str | None) -> tu
     return tuple(tasks)
 
 
+# The shell's wildcards: a pattern that reached dilstore unexpanded names no file.
+_WILDCARDS = re.compile(r"[*?[]")
 # A URL's `scheme:/` or `scheme://` (flags are taken as typed, before pathlib would fold `//` to `/`).
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
 

@@ -246,8 +246,27 @@ def test_format_for_path() -> None:
     assert format_for_path("corpus.JSONL.gz") == "jsonl"
     assert format_for_path("collection.tsv") == "msmarco"
     assert format_for_path("dev-v1.1.json") == "squad"
-    with pytest.raises(DilstoreError, match="cannot tell the corpus format of notes.txt"):
-        format_for_path("notes.txt")
+    # every format compressed either way (input38 L11: .jsonl.bz2, .tsv.bz2, .xml.gz were read only with --format)
+    assert [format_for_path(f"c.{name}.{compression}") for name in ("jsonl", "tsv", "json", "xml")
+            for compression in ("gz", "BZ2")] == [format for format in ("jsonl", "msmarco", "squad", "wikipedia")
+                                                 for _ in range(2)]  # fmt: skip
+    for name in ("notes.txt", "corpus.gz", "corpus.txt.bz2"):
+        with pytest.raises(DilstoreError, match=f"cannot tell the corpus format of {name} from its name; give "
+                                                "--format, one of: jsonl, msmarco, squad, wikipedia"):  # fmt: skip
+            format_for_path(name)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("format", ["jsonl", "msmarco"])
+def test_utf16_text_is_refused_with_a_hint_to_convert_it(tmp_path: Path, format: str, encoding: str) -> None:
+    """UTF-16 was refused as "--format jsonl does not fit ...: it begins '\\ufffd\\ufffd{\\x00"\\x00i...'" (input38 L6)."""
+    path = tmp_path / "corpus.jsonl"
+    path.write_bytes('{"id": "a", "text": "x"}\n'.encode(encoding) if format == "jsonl" else "1\tx\n".encode(encoding))
+    with pytest.raises(DilstoreError, match=r"it looks like UTF-16 text; corpus files are UTF-8: convert it"):
+        check_format(path, format)
+    path.write_bytes("1\tnul \x00 in text\n".encode())  # a NUL byte in UTF-8 text is no sign of UTF-16
+    if format == "msmarco":
+        check_format(path, format)
 
 
 # --- SQuAD ---

@@ -320,7 +320,11 @@ def refused_precompute(tiny_dir: Path, tmp_path: Path, capsys, *extra: str) -> s
     [
         (["--input", "/no/such/corpus.jsonl"], "input file not found"),
         (["--input", "/dev/null", "--format", "jsonl"], "--input /dev/null is not a regular file"),
-        (["--input", "docs.jsonl", "--input", "./docs.jsonl"], "--input docs.jsonl is given twice"),
+        (["--input", "docs.jsonl", "--input", "./docs.jsonl"], "--input ./docs.jsonl is given twice (as docs.jsonl "
+         "before it: the same file)"),
+        (["--input", "docs.jsonl", "--input", "docs.jsonl"], "--input docs.jsonl is given twice\n"),
+        (["--input", ""], "--input is empty; give a corpus file"),  # was "--input . is a directory"
+        (["--input", "doc*.jsonl"], "input file not found: doc*.jsonl (dilstore does not expand wildcards"),
         (["--shards", "16385"], "--shards 16385 is more than 16384"),
         (["--encoding", "2bit", "--codebook", "book7"], "--codebook book7 is for states of shape (7,), but this "
          "model's dilbert states have shape (32,): give a codebook of a dilbert store of this model"),
