@@ -28,6 +28,7 @@ from dilstore.storage.format import (
     shard_path,
 )
 from dilstore.storage.location import StoreLocation, is_special_file
+from dilstore.storage.replacement import replaced_dir
 from dilstore.storage.zarr_reads import read_failure
 
 
@@ -219,6 +220,15 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
     return Manifest.from_dict(data)
 
 
+def _interrupted_swap(location: StoreLocation) -> str:
+    """What to say where no store is because a `precompute --overwrite` was killed between swap_in's renames."""
+    local = location.local_root
+    if local is None or not replaced_dir(local).is_dir():
+        return ""
+    return (f": a `dilstore precompute --overwrite` was stopped while it put a new store here (the old one is in "
+            f"{replaced_dir(local).name}); the next `dilstore precompute` of this store finishes it")
+
+
 def read_manifest(location: StoreLocation) -> Manifest:
     """The manifest of the store at `location`, or a clear error when it is missing or damaged."""
     where = location.path(MANIFEST_FILE)
@@ -226,7 +236,7 @@ def read_manifest(location: StoreLocation) -> Manifest:
         folder = location.is_dir()  # first: a host that cannot be reached is named as such
         _refuse_an_unreadable_manifest(location, where)
         if not folder:
-            raise StoreFormatError(f"no store at {location.url}")
+            raise StoreFormatError(f"no store at {location.url}{_interrupted_swap(location)}")
         if not any(location.exists(begun) for begun in (SPEC_FILE, SHARDS_DIR)):  # no run began here: not a store
             raise StoreFormatError(f"no store at {location.url}: a folder with no dilstore manifest")
         raise StoreFormatError(

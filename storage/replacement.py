@@ -21,7 +21,7 @@ def swap_in(store: Path, built: Path) -> None:
     is at every moment a complete store, old or new, at one of the paths;
     the renames reach the disk before the old store is deleted.
     """
-    old = _replaced_dir(store)
+    old = replaced_dir(store)
     if old.exists():
         shutil.rmtree(old)
     os.rename(store, old)
@@ -38,7 +38,7 @@ def finish_interrupted_swap(store: Path) -> None:
     before the last delete, it left the old store aside. Either way the old store is then deleted; a re-run had
     built from scratch beside both, or said "already complete" and kept the old store's full copy for good.
     """
-    old = _replaced_dir(store)
+    old = replaced_dir(store)
     if not old.is_dir():
         return
     if not os.path.lexists(store):
@@ -54,7 +54,7 @@ def building_dir(store: Path) -> Path:
     return store.parent / f".{store.name}.dilstore-building"
 
 
-def _replaced_dir(store: Path) -> Path:
-    """Where swap_in puts the store it replaces until the new one is in place."""
+def replaced_dir(store: Path) -> Path:
+    """Where swap_in puts the store it replaces until the new one is in place (gone once it is deleted)."""
     return store.parent / f".{store.name}.dilstore-replaced"
 

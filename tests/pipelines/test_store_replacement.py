@@ -22,6 +22,9 @@ from dilstore.pipelines.job import (
 from dilstore.runners import cli
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import StoreFormatError
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
 from dilstore.storage.replacement import finish_interrupted_swap, swap_in
 from dilstore.storage.verify import verify_store
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, wiki_like_documents, write_jsonl
@@ -88,6 +91,10 @@ def test_a_swap_killed_between_its_renames_is_completed_by_the_next_run(tmp_path
     if finished:
         (building / "manifest.json").write_text("{}")
     store.rename(tmp_path / ".store.dilstore-replaced")  # the kill comes here
+    with pytest.raises(StoreFormatError, match=f"^no store at {store}: a `dilstore precompute --overwrite` was stopped "
+                       r"while it put a new store here \(the old one is in .store.dilstore-replaced\); the next "
+                       "`dilstore precompute` of this store finishes it$"):  # crash38 L5: "no store at" alone
+        read_manifest(StoreLocation.parse(str(store)))
     finish_interrupted_swap(store)
     assert json.loads((store / SPEC_FILE).read_text()) == (OTHER if finished else SPEC)
     left = ["store"] if finished else [".store.dilstore-building", "store"]  # an unfinished build stays to resume
