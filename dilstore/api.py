@@ -143,7 +143,7 @@ def precompute(**options: Any) -> Path:
     for name, value in options.items():
         _check_precompute_option(name, value, own.get(name))
     words = option_words({name: value for name, value in options.items() if name in own})
-    beam = [word for name, value in options.items() if name not in own for word in _beam_words(name, value)]
+    beam = option_words({name: value for name, value in options.items() if name not in own}, beam=True)
     args = _parsed("precompute", lambda: parse(build_parser(), ["precompute", *words, *beam]))
     _, empty = precompute_store(args)
     if empty is not None:
@@ -177,15 +177,6 @@ def _check_precompute_option(name: str, value: Any, hint: Any) -> None:
 
 
 _EXPECTED = {(bool,): "True or False", (int,): "an integer", (str,): "a string", _PATH: "a path"}
-
-
-def _beam_words(name: str, value: Any) -> list[str]:
-    """`--name=value` words for a Beam option, under Beam's own name: True is the bare flag, a list repeats it."""
-    if value is None or value is False:
-        return []
-    if value is True:
-        return [f"--{name}"]
-    return [f"--{name}={item}" for item in (value if isinstance(value, list | tuple) else [value])]
 
 
 def _parsed(command: str, parse_arguments: Callable[[], argparse.Namespace]) -> argparse.Namespace:

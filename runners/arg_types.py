@@ -69,19 +69,22 @@ def torch_device(text: str) -> str:
     return text
 
 
-def option_words(options: Mapping[str, Any]) -> list[str]:
+def option_words(options: Mapping[str, Any], *, beam: bool = False) -> list[str]:
     """`--flag value` words for options by their Python names: None and False leave a flag out, True is the bare
     flag, and a list (or other iterable but a string or path) repeats the flag for each item. A value that
-    begins with "-" is joined to its flag (`--input=-data.jsonl`), as argparse would read it as an option."""
+    begins with "-" is joined to its flag (`--input=-data.jsonl`), as argparse would read it as an option.
+
+    `beam`: the options are Beam's, under Beam's own names (`temp_location`), each as one `--name=value` word.
+    """
     words: list[str] = []
     for name, value in options.items():
         if value is None or value is False:
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = "--" + (name if beam else name.replace("_", "-"))
         if value is True:
             words.append(flag)
         else:
             values = value if isinstance(value, Iterable) and not isinstance(value, str | Path) else [value]
             for item in map(str, values):
-                words += [f"{flag}={item}"] if item.startswith("-") else [flag, item]
+                words += [f"{flag}={item}"] if beam or item.startswith("-") else [flag, item]
     return words
