@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
+from apache_beam.runners.runner import PipelineRunner
 
 from dilstore.storage.errors import DilstoreError
 
@@ -167,6 +168,25 @@ def _beam_parse(parse: Callable[[], T]) -> T:
         said = usage.getvalue().strip().splitlines()
         reason = said[-1].partition("error: ")[2] if said else "a value Beam's parser refuses"
         raise DilstoreError(f"bad Beam option value: {reason}") from None
+
+
+def in_process_runner(options: PipelineOptions) -> PipelineRunner | None:
+    """The FnApiRunner a DirectRunner (or FnApiRunner) run goes to, set up as the DirectRunner sets up its own;
+    None for other runners, which Beam makes by name.
+
+    Beam's DirectRunner first tries its Prism runner, which downloads a binary from GitHub. Offline that fails,
+    leaving three empty folders in $TMPDIR every run, before it falls back to this FnApiRunner; online the job ran
+    on Prism, whose workers --workers does not set. So local runs go to the FnApiRunner directly, wherever they run.
+    """
+    if options.view_as(StandardOptions).runner not in IN_PROCESS_RUNNERS:
+        return None
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())  # the workers' options
+    provision = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+    return fn_runner.FnApiRunner(provision_info=provision)
 
 
 def pipeline_options(flags: Sequence[str]) -> PipelineOptions:

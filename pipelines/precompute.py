@@ -34,6 +34,7 @@ from dilstore.pipelines.corpora import Document, Record, Rejected
 from dilstore.pipelines.duplicate_ids import keep_first
 from dilstore.pipelines.finish import finish_run
 from dilstore.pipelines.job import PrecomputeJob
+from dilstore.pipelines.options import in_process_runner
 from dilstore.pipelines.progress import report_planned, report_progress
 from dilstore.pipelines.routing import (
     COUNTS,
@@ -228,7 +229,7 @@ def build_pipeline(job: PrecomputeJob, options: PipelineOptions) -> beam.Pipelin
     paths); its complaint, one problem a line, becomes a one-line DilstoreError.
     """
     try:
-        pipeline = beam.Pipeline(options=options)
+        pipeline = beam.Pipeline(runner=in_process_runner(options), options=options)
     except ValueError as error:
         head, *problems = [line.strip() for line in str(error).splitlines() if line.strip()] or [repr(error)]
         said = f"{head.rstrip(': ')}: {'; '.join(problem.rstrip('.') for problem in problems)}" if problems else head

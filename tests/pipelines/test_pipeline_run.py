@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -86,20 +87,31 @@ def precompute_args(corpus: tuple[Path, Path], tiny_dir: Path, store: Path, *ext
 
 @pytest.fixture(scope="module")
 def metered_run(tmp_path_factory: pytest.TempPathFactory, corpus, tiny_dir: Path):
-    """One in-process in-memory DirectRunner run; (store, summary, Beam metrics counters)."""
+    """One in-process in-memory DirectRunner run, with a $TMPDIR of its own; (store, summary, Beam metrics
+    counters, what the run left in $TMPDIR)."""
     store = tmp_path_factory.mktemp("runs") / "in-memory"
+    temp = tmp_path_factory.mktemp("tmpdir")
     args = cli.build_parser().parse_args(precompute_args(corpus, tiny_dir, store, "--workers", "1"))
     job = build_job(args, time.time(), "DirectRunner", None)
     assert prepare_store(Path(job.store), run_spec(job), overwrite=False) is False
     options = pipeline_options(assemble_beam_flags("DirectRunner", [], LocalDefaults(workers=1)))
-    result = build_pipeline(job, options).run()
-    result.wait_until_finish()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(temp))
+        patch.setattr(tempfile, "tempdir", None)  # read again from $TMPDIR
+        result = build_pipeline(job, options).run()
+        result.wait_until_finish()
     counters = {
         counter.key.metric.name: counter.committed
         for counter in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
     }
     summary = json.loads((store / SUMMARY_FILE).read_text(encoding="utf-8"))
-    return store, summary, counters
+    return store, summary, counters, sorted(path.name for path in temp.iterdir())
+
+
+def test_a_direct_run_leaves_nothing_in_tmpdir(metered_run) -> None:
+    """Beam's DirectRunner first tried Prism, which fetches a binary from GitHub; offline it failed and left a
+    beam-temp* and two tmp* folders in $TMPDIR on every run, before falling back to the FnApiRunner (tests39 H1)."""
+    assert metered_run[3] == []
 
 
 def expected_units(corpus, tiny_dir: Path):
@@ -117,7 +129,7 @@ def expected_units(corpus, tiny_dir: Path):
 
 
 def test_the_store_holds_every_good_passage_as_the_model_computes_it(metered_run, corpus, tiny_dir: Path) -> None:
-    store, summary, _ = metered_run
+    store, summary, _, _ = metered_run
     documents, expected = expected_units(corpus, tiny_dir)
     assert GOOD_FIXTURE_IDS <= set(documents)
     stored = store_contents(store)
@@ -132,7 +144,7 @@ def test_the_store_holds_every_good_passage_as_the_model_computes_it(metered_run
 
 
 def test_store_parquet_and_collection_hold_the_same_ids(metered_run) -> None:
-    store, _, _ = metered_run
+    store, _, _, _ = metered_run
     table = pq.read_table(sorted((store / "passages").glob("part-*.parquet"))).to_pylist()
     collection = [json.loads(line) for path in sorted((store / "passages" / "jsonl").glob("*.jsonl"))
                   for line in path.read_text(encoding="utf-8").splitlines()]
@@ -145,7 +157,7 @@ def test_store_parquet_and_collection_hold_the_same_ids(metered_run) -> None:
 
 
 def test_every_bad_record_is_dead_lettered_with_its_reason(metered_run, corpus) -> None:
-    store, summary, _ = metered_run
+    store, summary, _, _ = metered_run
     letters = [json.loads(line) for path in sorted((store / "rejected").glob("part-*.jsonl"))
                for line in path.read_text(encoding="utf-8").splitlines()]
     assert all(set(letter) == {"source", "line_or_id", "reason"} for letter in letters)
@@ -159,7 +171,7 @@ def test_every_bad_record_is_dead_lettered_with_its_reason(metered_run, corpus) 
 
 
 def test_summary_and_beam_metrics_agree(metered_run) -> None:
-    store, summary, counters = metered_run
+    store, summary, counters, _ = metered_run
     assert {"documents", "passages", "tokens", "rejected", "shards", "seconds", "runner"} <= set(summary)
     stored = store_contents(store)
     assert summary["passages"] == len(stored) == counters["passages"]
@@ -177,7 +189,7 @@ def test_multi_processing_gives_the_same_store_and_no_library_noise(
 ) -> None:
     """Two Beam worker processes, which log on their own stderr (apitools, logging handlers): quiet by default,
     nothing reaches descriptor 2 (tests/runners/test_quiet.py shows --verbose lets those lines through)."""
-    reference, summary, _ = metered_run
+    reference, summary, _, _ = metered_run
     store = tmp_path / "multi"
     assert cli.main([*precompute_args(corpus, tiny_dir, store, "--workers", "2"), "--json", "--no-progress"]) == 0
     out, err = capfd.readouterr()
@@ -213,7 +225,7 @@ def test_an_in_process_run_gives_the_caller_its_torch_threads_back(corpus, tiny_
 def test_a_zstd_store_holds_the_same_passages_verifies_and_says_so(
     metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys
 ) -> None:
-    reference, _, _ = metered_run
+    reference, _, _, _ = metered_run
     store = tmp_path / "zstd"
     zstd = precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress", "--compression", "zstd")
     assert cli.main(zstd) == 0
@@ -237,7 +249,7 @@ def test_a_zstd_store_holds_the_same_passages_verifies_and_says_so(
 
 def test_a_rerun_of_a_complete_store_changes_nothing(metered_run, corpus, tiny_dir: Path, capsys,
                                                      tmp_path: Path) -> None:
-    store, _, _ = metered_run
+    store, _, _, _ = metered_run
     manifest = (store / "manifest.json").read_bytes()
     assert cli.main(precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress")) == 0
     err = capsys.readouterr().err
@@ -399,7 +411,7 @@ def test_only_a_quiet_precompute_lowers_the_libraries_logging(
 def test_a_store_of_other_settings_is_not_overwritten_unless_asked(
     metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys
 ) -> None:
-    store, _, _ = metered_run
+    store, _, _, _ = metered_run
     other = tmp_path / "other"
     shutil.copytree(store, other)
     paragraphs = precompute_args(corpus, tiny_dir, other, "--split", "paragraphs", "--no-progress", "--workers", "1")
@@ -503,7 +515,7 @@ def test_an_input_edited_in_place_is_a_new_spec(tmp_path: Path) -> None:
 
 def test_the_store_records_the_generation_of_its_spec(metered_run) -> None:
     """The manifest and every shard name the build: the hash of the run's spec file."""
-    store, _, _ = metered_run
+    store, _, _, _ = metered_run
     spec = json.loads((store / SPEC_FILE).read_text(encoding="utf-8"))
     manifest = json.loads((store / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["generation"] == spec_generation(spec)
@@ -513,7 +525,7 @@ def test_the_store_records_the_generation_of_its_spec(metered_run) -> None:
 def test_a_2bit_run_trains_one_codebook_every_shard_decodes_with_and_another_run_can_reuse(
     metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys
 ) -> None:
-    reference, _, _ = metered_run
+    reference, _, _, _ = metered_run
     store, again = tmp_path / "2bit", tmp_path / "2bit-again"
     assert cli.main(precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress", "--encoding", "2bit")) == 0
     codebook, _ = read_codebook(store / CODEBOOK_DIR, "2bit")
