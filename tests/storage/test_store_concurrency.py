@@ -74,6 +74,7 @@ def test_threads_share_one_store_even_while_shards_are_evicted(root, expected, r
         results = list(pool.map(lambda ids: _digests(store.fetch(ids)), batches))
     for ids, digests in zip(batches, results, strict=True):
         assert digests == [expected[passage_id] for passage_id in ids]
+    assert len(store.manifest.shards) == 4 and len(store._shards) <= 2, "the open shards stay within the bound"
 
 
 def test_spawned_processes_open_and_read_the_store(root, expected) -> None:

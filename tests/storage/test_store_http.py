@@ -288,6 +288,7 @@ def test_threads_share_one_store_over_http_while_shards_are_evicted(served_root:
         results = list(pool.map(store.fetch, batches))
     for ids, passages in zip(batches, results, strict=True):
         assert_same_passages(passages, [expected[passage_id] for passage_id in ids])
+    assert len(store.manifest.shards) > 1 and len(store._shards) <= 1, "the open shards stay within the bound"
 
 
 def test_an_appended_store_with_replaced_rows_reads_over_http_like_the_local_path(tmp_path: Path) -> None:
