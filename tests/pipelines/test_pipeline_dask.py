@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import dask
@@ -77,10 +78,12 @@ def test_the_local_cluster_s_workers_write_through_the_quiet_filter(
 
 
 @pytest.fixture
-def nobody_listening() -> str:
-    """The address of a port no one listens on (a scheduler that is not running)."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        return f"tcp://127.0.0.1:{server.getsockname()[1]}"
+def nobody_listening() -> Iterator[str]:
+    """The address of a port no one listens on (a scheduler that is not running): bound for the test, so that no
+    other process (another xdist worker's LocalCluster) can take it, but never listening, so connections fail."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        yield f"tcp://127.0.0.1:{bound.getsockname()[1]}"
 
 
 @pytest.mark.parametrize("scheduler", ["missing-file", "not-running", "not-running-dask-config"])
