@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dilstore.storage import durability
+from dilstore.storage.atomic_files import atomic_write_bytes
 from dilstore.storage.durability import replace_dir
 
 
@@ -93,3 +94,53 @@ def test_what_stood_at_the_target_is_removed_whatever_it_was(tmp_path: Path, kin
     assert (target / "new").is_file() and not target.is_symlink()
     if kind == "symlink":
         assert (tmp_path / "elsewhere" / "kept").is_file()  # the link went, not what it pointed to
+
+
+def disk_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every fsync (with the path its descriptor names) and every rename from now on, in order."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_rename, real_replace = os.fsync, os.rename, os.replace
+
+    def fsync(descriptor: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        real_fsync(descriptor)
+
+    def renamed(real):
+        def rename(source, destination) -> None:
+            real(source, destination)
+            events.append(("rename", str(destination)))
+        return rename
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", renamed(real_rename))
+    monkeypatch.setattr(os, "replace", renamed(real_replace))
+    return events
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names a descriptor's path through /proc")
+def test_a_published_folder_reaches_the_disk_before_its_rename_and_the_rename_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's crash safety rests on these calls; removing any of them passed every test (tests39 L1)."""
+    target = folder(tmp_path / "bm25", "old")
+    finished = folder(tmp_path / ".bm25.building", "new")
+    (finished / "sub").mkdir()
+    (finished / "sub" / "deep").write_text("deep")
+    events = disk_events(monkeypatch)
+    replace_dir(finished, target)
+    published = events.index(("rename", str(target)))
+    flushed = {path for event, path in events[:published] if event == "fsync"}
+    assert {str(finished / "new"), str(finished / "sub" / "deep"), str(finished / "sub"), str(finished)} <= flushed
+    assert ("fsync", str(tmp_path)) in events[published:], "the rename itself is flushed"
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names a descriptor's path through /proc")
+def test_an_atomic_file_reaches_the_disk_before_its_rename_and_the_rename_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "manifest.json"
+    events = disk_events(monkeypatch)
+    atomic_write_bytes(target, b"{}")
+    published = events.index(("rename", str(target)))
+    assert [event for event, _ in events[:published]] == ["fsync"]  # the temporary file, under its own name
+    assert events[published + 1:] == [("fsync", str(tmp_path))]
