@@ -8,6 +8,7 @@ tests/fixtures/http_store.py.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import socket
@@ -79,6 +80,22 @@ def test_a_fetch_over_http_equals_the_local_path(served_root: Path, server: Http
     assert store.read_path == read_path
     assert_same_passages(store.fetch(wanted), open_store(served_root / name).fetch(wanted))
     assert "s0/p1" in store and "ghost" not in store
+
+
+@pytest.mark.parametrize("read_path", ["ranged", "zarr"])
+def test_a_cold_fetch_opens_its_shards_at_once(served_root: Path, read_path: str) -> None:
+    """Opening a remote shard takes round trips; one shard after another, a fetch that touches many adds them up.
+    Nothing checked that the shards' metadata is read for all of them at once (tests39 M3)."""
+    with serve_directory(served_root, listings=False, latency=0.05) as server:
+        store = open_store(f"{server.url}/fp16", read_path=read_path)
+        server.counter.reset()
+        store.fetch(IDS)
+    metadata = [(path.split("/")[3], start, end) for path, start, end in server.counter.spans
+                if path.startswith("/fp16/shards/") and path.endswith("/zarr.json")]  # fmt: skip
+    assert {shard for shard, _, _ in metadata} == {"shard-00000", "shard-00001"}
+    overlapping = [(one[0], other[0]) for one, other in itertools.combinations(metadata, 2)
+                   if one[0] != other[0] and one[1] < other[2] and other[1] < one[2]]  # fmt: skip
+    assert overlapping, "no two shards' metadata was read at once"
 
 
 @pytest.mark.parametrize("encoding", ["fp16", "int8"])
