@@ -77,12 +77,14 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
 
     A line that is not UTF-8 (read with surrogateescape) is reported by the
     position of its first bad byte; any DilstoreError for one question is
-    printed as one line. Neither ends the session. Blank lines are passed
-    over, and a byte-order mark opening the input is not part of the first
-    question.
+    printed as one line. Neither ends the session, but either makes its exit
+    status 2, as a reported error does everywhere else: a script that pipes a
+    question file in learns that some were not answered. Blank lines are
+    passed over, and a byte-order mark opening the input is not part of the
+    first question.
     """
     prompt = lines.isatty()
-    first = True
+    first, status = True, 0
     while True:
         if prompt:
             err.write("question> ")
@@ -94,7 +96,7 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
                 err.write("\n")
             raise
         if not line:
-            return 0
+            return status
         question = line.rstrip("\r\n").removeprefix("\ufeff" if first else "")
         first = False
         if not question.strip():
@@ -103,11 +105,13 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
         if bad is not None:
             print(f"dilstore ask: error: the question is not UTF-8 text (byte at character {bad + 1}); skipped",
                   file=err, flush=True)  # fmt: skip
+            status = 2
             continue
         try:
             answer = odqa.answer(question)
         except DilstoreError as error:
             print(f"dilstore ask: error: {error}", file=err, flush=True)
+            status = 2
             continue
         print_answer(answer, as_json, out)
         out.flush()

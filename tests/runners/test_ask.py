@@ -58,7 +58,7 @@ def test_interactive_session_in_a_subprocess(store_and_model: tuple[Path, Path],
                "--index", str(index), "--threads", "1"]  # fmt: skip
     done = subprocess.run([*command, "--json"], input="\n".join(SESSION) + "\n", capture_output=True, text=True,
                           cwd=ROOT, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 2, done.stderr  # it was 0 after two refused questions (docs39 M1); the session goes on
     answers = [json.loads(line) for line in done.stdout.splitlines()]
     # The opening byte-order mark is no part of the question; blank lines are passed over, not errors.
     assert [answer["question"] for answer in answers] == [GOOD, "How high is Mount Kilimanjaro?"]
@@ -128,7 +128,7 @@ def test_a_line_that_is_not_utf8_is_reported_and_the_session_goes_on(store_and_m
                             OdqaSettings(mu=0.5))  # fmt: skip
     raw = io.TextIOWrapper(io.BytesIO(b"Tram \xff\xfe open?\n" + GOOD.encode() + b"\n"), errors="surrogateescape")
     out, err = io.StringIO(), io.StringIO()
-    assert interactive(odqa, raw, out, err, as_json=True) == 0
+    assert interactive(odqa, raw, out, err, as_json=True) == 2  # was 0: a script could not tell a question was lost
     assert err.getvalue() == "dilstore ask: error: the question is not UTF-8 text (byte at character 6); skipped\n"
     assert [json.loads(line)["question"] for line in out.getvalue().splitlines()] == [GOOD]
 
