@@ -34,7 +34,8 @@ _OPTIONAL_PATH = (str, Path, type(None))
 def open_store(
     path: PathLike, *, storage_options: dict[str, Any] | None = None, check_files: bool = False
 ) -> Store:
-    """A finalized store, read-only: `store.fetch(ids)`, `store.fingerprint`, `store.manifest`.
+    """A finalized store, read-only: `store.fetch(ids)`, `store.missing(ids)` (those it lacks, in one lookup),
+    `id in store`, `len(store)`, `store.fingerprint`, `store.manifest`.
 
     `path` is a local folder (memory-mapped) or an fsspec URL such as
     https://host/store or s3://bucket/store; `storage_options` go to that

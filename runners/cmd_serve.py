@@ -50,8 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Open each STORE once (model checked against the store's fingerprint, memory maps, BM25 index) and "
             "answer over HTTP: POST /ask on dilbert stores (the JSON of `dilstore ask --json`), POST /rerank on "
             "earl-s1/earl-s2 and listformer stores, GET /health, /stores, /metrics (Prometheus) and /docs. "
-            "Concurrent /ask requests share batches of the interaction layers. Ctrl-C or SIGTERM answers the "
-            "requests in flight, then exits 0."
+            "Concurrent /ask requests share batches of the interaction layers. Ctrl-C, SIGTERM or SIGHUP answers "
+            "the requests in flight, then exits 0; a second one quits at once (the requests in flight get 503). "
+            "An idle store worker hands the memory its batches freed back to the OS."
         ),
     )
     parser.add_argument(

@@ -25,7 +25,7 @@ DEFAULT_TOP_P = 29  # passages retrieved per question when a caller gives none (
 def check_top_p(top_p: int) -> None:
     """Raise DilstoreError unless top_p is a positive integer."""
     if isinstance(top_p, bool) or not isinstance(top_p, int) or top_p < 1:
-        raise DilstoreError(f"top-p must be a positive integer, got {top_p!r}")
+        raise DilstoreError(f"top_p must be a positive integer, got {top_p!r}")
 
 
 def check_mu(mu: float) -> None:

@@ -71,10 +71,10 @@ def test_each_question_of_one_read_may_have_its_own_top_p(indexed: dict[str, Any
     assert readings[0].timings.retrieval > 0
     with pytest.raises(DilstoreError, match="got 2 questions but 1 top_p values"):
         odqa.retrieve_and_read([QUESTION, QUESTION], [1])
-    with pytest.raises(DilstoreError, match="top-p must be a positive integer, got 0"):
+    with pytest.raises(DilstoreError, match="top_p must be a positive integer, got 0"):
         odqa.retrieve_and_read([QUESTION], [0])
     for wrong in (2.0, "5"):  # not taken for lists: a TypeError, or a count of the string's characters
-        with pytest.raises(DilstoreError, match=f"top-p must be a positive integer, got {wrong!r}"):
+        with pytest.raises(DilstoreError, match=f"top_p must be a positive integer, got {wrong!r}"):
             odqa.retrieve_and_read([QUESTION, QUESTION], wrong)
 
 
