@@ -15,6 +15,7 @@ by query servers, web servers and other users than the one that wrote it.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import stat
@@ -31,11 +32,13 @@ _NEW_FILE_MODE = 0o666  # what open() asks for; the umask takes bits away
 def atomic_write_bytes(path: Path, data: bytes, *, create_parents: bool = True) -> None:
     """Write `data` to `path` atomically, creating parent folders as needed unless not `create_parents`.
 
-    Without `create_parents` a missing folder is an OSError, for writers whose
-    caller names the file (a TREC run, a ranking data file) and expects its folder.
+    Without `create_parents` a missing folder is a FileNotFoundError naming it (not the temporary file the write
+    would have made there), for writers whose caller names the file (a TREC run, predictions) and expects its folder.
     """
     if create_parents:
         path.parent.mkdir(parents=True, exist_ok=True)
+    elif not path.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such folder", str(path.parent))
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp")
     try:
         os.fchmod(handle, _NEW_FILE_MODE & ~process_umask())

@@ -301,8 +301,6 @@ def _add_timings(total: Timings, part: Timings) -> None:
 def write_predictions(path: Path, evaluation: QAEvaluation) -> None:
     """Write {question id: {μ: answer}} as JSON, for inspecting what was scored (atomically: a kill mid-write left
     a cut file under the name, an older one emptied)."""
-    if not Path(path).parent.is_dir():  # the atomic write's error named its temporary file
-        raise DilstoreError(f"cannot write predictions to {path}: the folder {Path(path).parent} does not exist")
     try:
         text = json.dumps(evaluation.predictions, ensure_ascii=False, indent=1)
         atomic_write_text(Path(path), text, create_parents=False)
