@@ -41,10 +41,12 @@ from typing import Any
 
 import httpx
 
-from dilstore.runners.arg_types import positive_int
-from dilstore.runners.serve_process import ServeProcess
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the test fixtures' ServeProcess, as `python benchmarks/bench_serve.py` runs it
+
+from dilstore.runners.arg_types import positive_int  # noqa: E402
+from tests.fixtures.serve_process import ServeProcess  # noqa: E402
+
 DEFAULT_QUESTIONS = ROOT.parent / "shared" / "data" / "opensquad" / "questions.dev-v1.1.jsonl"
 FALLBACK_QUESTIONS = [
     "Which Carolina Panthers player was named Most Valuable Player?",

@@ -3,7 +3,7 @@
 The app runs on uvicorn in a thread, on a socket bound to a free localhost
 port, over a tiny random reader (k=1) and tiny EARL stores. BM25 is replaced
 by a word-overlap searcher, so this module never starts the JVM; the real
-index and the real command are tested in tests/test_serve_process.py.
+index and the real command are tested in tests/runners/test_serve_process.py.
 
 Two questions steer the searcher: GATE blocks the store's worker thread until
 the test releases it, so the requests sent meanwhile wait in the queue and

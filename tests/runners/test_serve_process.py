@@ -26,7 +26,7 @@ from tests.fixtures.odqa_fixtures import (
 )
 
 from dilstore.runners.cli import main
-from dilstore.runners.serve_process import ServeProcess
+from tests.fixtures.serve_process import ServeProcess
 from tests.fixtures.paths import ROOT
 
 QUESTIONS = [
