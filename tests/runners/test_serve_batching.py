@@ -13,7 +13,14 @@ from dilstore.runners.serve_batching import Batcher
 from dilstore.runners.serve_metrics import Metrics
 
 
-def test_the_worker_returns_freed_memory_when_no_request_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("every", "expected"), [(serve_batching.TRIM_EVERY_SECONDS, [0]), (0.0, [0, 0, 0])],
+                         ids=["busy-worker-trims-once-idle", "busy-worker-trims-when-the-last-trim-is-old"])  # fmt: skip
+def test_the_worker_returns_freed_memory_when_no_request_waits(
+    monkeypatch: pytest.MonkeyPatch, every: float, expected: list[int]
+) -> None:
+    """A worker whose queue never emptied never trimmed, and grew at the old rate (soak39 M1): it also trims once
+    TRIM_EVERY_SECONDS passed since the last trim (0 here: after every batch)."""
+    monkeypatch.setattr(serve_batching, "TRIM_EVERY_SECONDS", every)
     trims: list[int] = []
     monkeypatch.setattr(serve_batching, "_MALLOC_TRIM", trims.append)
     batches: list[list[int]] = []
@@ -36,7 +43,7 @@ def test_the_worker_returns_freed_memory_when_no_request_waits(monkeypatch: pyte
     finally:
         batcher.stop()
     assert answers == [1, 2, 3] and len(batches) == 3
-    assert trims == [0], "one trim, after the last batch: the first two left requests waiting"
+    assert trims == expected, "the first two batches left requests waiting"
 
     trims.clear()
     batcher = Batcher("store", run_batch, max_batch_pairs=1, max_wait=0.0, queue_size=10, metrics=Metrics())
