@@ -135,7 +135,7 @@ def test_a_long_lived_process_started_in_the_block_does_not_hold_its_end_open() 
         "print(f'{time.monotonic() - started:.2f}')\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert float(result.stdout) < 2.0, result.stdout
+    assert float(result.stdout) < 4.0, result.stdout  # the copier's timeout is 5 s; a loaded CI box needs margin
 
 
 def test_precompute_with_verbose_shows_the_workers_library_noise(tmp_path: Path) -> None:
