@@ -312,10 +312,6 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     if codebook is not None:
         check_codebook_fits(codebook, args.encoding, args.kind, reader)
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)
-    if codebook is not None and made_for_another_model(codebook, fingerprint):
-        print(f"dilstore precompute: warning: --codebook {args.codebook} was made for a store of another model or "
-              "other settings; its codes fit this model's states only if they are that model's (a reader trained "
-              "with frozen lower layers), and encode them far worse otherwise", file=sys.stderr)  # fmt: skip
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     job = PrecomputeJob(
         inputs=inputs,
@@ -334,7 +330,28 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         progress_dir=progress_dir,
         creation={"command": canonical_command(args), "runner": runner},
     )
+    if codebook is not None and made_for_another_model(codebook, fingerprint):
+        check_foreign_codebook(codebook, job, reader)
     return dataclasses.replace(job, generation=spec_generation(run_spec(job)))
+
+
+def check_foreign_codebook(codebook: Path, job: PrecomputeJob, reader: OfflineModel) -> None:
+    """Refuse a --codebook made for a store of another model or other settings that encodes this run's states far
+    worse than a codebook of their own would; say how well it fits when it does (a frozen-lower reader's base's).
+
+    It was one warning line, and the store of near-noise states it made passed `verify` and ranked as well as
+    fp16 through the shipped rankers' bi-encoder prior (lowbit39 M1).
+    """
+    from dilstore.pipelines.codebook import FOREIGN_CODEBOOK_SLACK, codebook_fit
+
+    given, own = codebook_fit(codebook, job, reader)
+    fit = f"relative error {given:.3f} on a sample of this run's states, against {own:.3f} for one trained on them"
+    if given > FOREIGN_CODEBOOK_SLACK * own:
+        raise DilstoreError(f"--codebook {codebook} was made for a store of another model or other settings and "
+                            f"encodes this model's states far worse: {fit}; leave --codebook out to train "
+                            "one")  # fmt: skip
+    print(f"dilstore precompute: note: --codebook {codebook} was made for a store of another model or other "
+          f"settings; it fits this model's states: {fit}", file=sys.stderr)  # fmt: skip
 
 
 def check_output_location(output: Path, append: bool) -> None:

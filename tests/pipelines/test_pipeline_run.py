@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.metrics.metric import MetricsFilter
+from safetensors.numpy import load_file, save_file
 
 from dilstore.pipelines.corpora import Document, read_corpus
 from dilstore.pipelines.job import SPEC_FILE, SUMMARY_FILE, prepare_store, run_spec, spec_differences, spec_generation
@@ -547,10 +548,22 @@ def test_a_2bit_run_trains_one_codebook_every_shard_decodes_with_and_another_run
     assert cli.main(reuse) == 0
     assert "warning" not in capsys.readouterr().err
     assert all(np.array_equal(mine[key][-1], value[-1]) for key, value in store_contents(again).items())
+    # Same shape, another model: its states encoded far worse. It was a warning, and a store of near-noise states
+    # that passed verify (lowbit39 M1); refused now, with the measured fit, before anything is written.
     other_model = save_tiny_reader(tmp_path / "other-tiny", seed=1)
     assert cli.main(precompute_args(corpus, other_model, tmp_path / "other", "--workers", "1", "--no-progress",
+                                    "--encoding", "2bit", "--codebook", str(store / CODEBOOK_DIR))) == 2
+    assert "encodes this model's states far worse: relative error" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
+    # Another fingerprint, the same offline states (a reader trained with frozen lower layers): the codebook fits.
+    online_only = shutil.copytree(tiny_dir, tmp_path / "online-changed")
+    weights = load_file(online_only / "model.safetensors")
+    weights["qa_outputs.bias"] = weights["qa_outputs.bias"] + 1.0  # an online weight
+    save_file(weights, online_only / "model.safetensors")
+    assert cli.main(precompute_args(corpus, online_only, tmp_path / "frozen-lower", "--workers", "1", "--no-progress",
                                     "--encoding", "2bit", "--codebook", str(store / CODEBOOK_DIR))) == 0
-    assert "warning: --codebook" in capsys.readouterr().err  # same shape, another model: encoded far worse
+    note = capsys.readouterr().err
+    assert "note: --codebook" in note and "it fits this model's states" in note
     assert "codebook" in json.loads((again / "precompute.json").read_text())
     one_bit = precompute_args(corpus, tiny_dir, tmp_path / "1bit", "--workers", "1", "--no-progress",
                               "--encoding", "1bit", "--codebook", str(store / CODEBOOK_DIR))
