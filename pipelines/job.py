@@ -160,8 +160,25 @@ def read_spec(store: Path) -> dict[str, Any] | None:
 
 
 def spec_differences(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
-    """Top-level spec entries that differ (names only, for an error message)."""
-    return sorted(key for key in found.keys() | wanted.keys() if found.get(key) != wanted.get(key))
+    """The spec entries that differ, for an error message: a fingerprint's by field (`fingerprint.encoding`), and a
+    setting with both values (`split: the store's 'words', this run's 'none'`); inputs, hashes and the codebook's
+    digest by name alone. "differs in: fingerprint" did not say that it was the encoding (lowbit39 L2)."""
+    differences = []
+    for key in sorted(found.keys() | wanted.keys()):
+        old, new = found.get(key), wanted.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            differences += [f"{key}.{name}{_both_values(name, old.get(name), new.get(name))}"
+                            for name in sorted(old.keys() | new.keys()) if old.get(name) != new.get(name)]  # fmt: skip
+        elif old != new:
+            differences.append(f"{key}{_both_values(key, old, new)}")
+    return differences
+
+
+def _both_values(name: str, old: Any, new: Any) -> str:
+    """`: the store's OLD, this run's NEW` for a setting a user chose; nothing for inputs, hashes and digests."""
+    if name in ("inputs", "codebook") or name.endswith("_sha256") or isinstance(old, list) or isinstance(new, list):
+        return ""
+    return f": the store's {'none' if old is None else repr(old)}, this run's {'none' if new is None else repr(new)}"
 
 
 def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:

@@ -245,7 +245,7 @@ def test_a_zstd_store_holds_the_same_passages_verifies_and_says_so(
     assert json.loads((reference / "manifest.json").read_text())["compressor"] is None
     uncompressed = precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress")
     assert cli.main(uncompressed) == 2
-    assert "differs in: compression" in capsys.readouterr().err
+    assert "differs in: compression: the store's 'zstd', this run's none" in capsys.readouterr().err
 
 
 def test_a_rerun_of_a_complete_store_changes_nothing(metered_run, corpus, tiny_dir: Path, capsys,
@@ -417,7 +417,7 @@ def test_a_store_of_other_settings_is_not_overwritten_unless_asked(
     shutil.copytree(store, other)
     paragraphs = precompute_args(corpus, tiny_dir, other, "--split", "paragraphs", "--no-progress", "--workers", "1")
     assert cli.main(paragraphs) == 2
-    assert "differs in: split" in capsys.readouterr().err
+    assert "differs in: split: the store's 'words', this run's 'paragraphs'" in capsys.readouterr().err
     assert cli.main([*paragraphs, "--overwrite"]) == 0
     assert json.loads((other / SUMMARY_FILE).read_text())["split"] == "paragraphs"
     assert verify_store(other).ok

@@ -224,7 +224,14 @@ def test_progress_files_add_up(tmp_path: Path) -> None:
 def test_spec_differences_name_what_changed() -> None:
     spec = {"split": "words", "shards": 4, "fingerprint": {"layers": 3}}
     assert spec_differences(spec, dict(spec)) == []
-    assert spec_differences(spec, {**spec, "shards": 5, "fingerprint": {"layers": 2}}) == ["fingerprint", "shards"]
+    changed = {**spec, "shards": 5, "fingerprint": {"layers": 2, "encoding": "1bit"}, "compression": "zstd"}
+    assert spec_differences(spec, changed) == [
+        "compression: the store's none, this run's 'zstd'", "fingerprint.encoding: the store's none, this run's '1bit'",
+        "fingerprint.layers: the store's 3, this run's 2", "shards: the store's 4, this run's 5"]  # fmt: skip
+    digests = {"inputs": [{"path": "a"}], "codebook": "ab12", "fingerprint": {"weights_sha256": "cd34"}}
+    assert spec_differences(digests, {"inputs": [{"path": "b"}], "codebook": "ef56",
+                                      "fingerprint": {"weights_sha256": "0a0b"}}) == [
+        "codebook", "fingerprint.weights_sha256", "inputs"]  # fmt: skip
 
 
 def test_states_survive_the_sink_for_every_encoding(tmp_path: Path, tiny) -> None:

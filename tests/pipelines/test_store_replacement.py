@@ -239,5 +239,6 @@ def test_a_run_that_fails_before_storing_anything_leaves_no_settings_behind(
     assert sorted(path.name for path in store.iterdir()) == [SPEC_FILE, "shards"]
     monkeypatch.setattr(cmd_precompute, "run_pipeline", real_run)
     assert cli.main([*args, "--output", str(store)]) == 2
-    assert "holds a run with other settings (differs in: split)" in capsys.readouterr().err
+    assert "holds a run with other settings (differs in: split: the store's 'paragraphs', this run's 'words')" in \
+           capsys.readouterr().err  # fmt: skip
     assert cli.main([*args, "--output", str(made_by_user)]) == 0 and verify_store(made_by_user).ok
