@@ -330,8 +330,8 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         progress_dir=progress_dir,
         creation={"command": canonical_command(args), "runner": runner},
     )
-    if codebook is not None and made_for_another_model(codebook, fingerprint):
-        check_foreign_codebook(codebook, job, reader)
+    if codebook is not None and not args.append and made_for_another_model(codebook, fingerprint):
+        check_foreign_codebook(codebook, job, reader)  # an append takes only the store's own (check_store_settings)
     return dataclasses.replace(job, generation=spec_generation(run_spec(job)))
 
 
