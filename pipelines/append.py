@@ -145,7 +145,8 @@ def refuse_duplicates(store: Path, job: PrecomputeJob) -> None:
     if twice:
         found.append(f"{len(twice)} document ids occur more than once in the input: {listed(twice)}")
     if stored:
-        found.append(f"{len(stored)} passage ids are in {store} already: {listed(stored)}")
+        found.append(f"{len(stored)} passage id{'s are' if len(stored) > 1 else ' is'} in {store} already: "
+                     f"{listed(stored)}")
     if found:
         raise DilstoreError(f"--append: {'; '.join(found)}; pass --replace to keep the first copy of each document "
                             "and let the new rows win over the stored ones")

@@ -179,7 +179,9 @@ def _open(path: str | Path) -> zarr.Group:
     try:
         return zarr.open_group(str(path), mode="r")
     except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
-        raise StoreFormatError(f"cannot open codebook {path}: {type(error).__name__}: {error}") from None
+        inside = Path(path) / CODEBOOK_DIR
+        hint = f"; a store's codebook is its {CODEBOOK_DIR}/ folder: {inside}?" if inside.is_dir() else ""
+        raise StoreFormatError(f"cannot open codebook {path}: {type(error).__name__}: {error}{hint}") from None
 
 
 def _attributes(group: zarr.Group, where: str) -> dict[str, Any]:

@@ -155,14 +155,14 @@ def test_duplicate_ids_are_refused_naming_them(models: dict[str, Path], union: P
     shutil.copytree(union, store)
     again = write_jsonl(tmp_path / "again.jsonl", [DOCUMENTS[3], {"id": "fresh", "text": "a new bridge"}])
     assert precompute(models["dilbert"], again, store, "--append") == 2
-    assert "1 passage ids are in" in (error := capsys.readouterr().err) and "'doc-003#0'" in error
+    assert "1 passage id is in" in (error := capsys.readouterr().err) and "'doc-003#0'" in error
     twice = write_jsonl(tmp_path / "twice.jsonl", [{"id": "x", "text": "one"}, {"id": "x", "text": "two"}])
     assert precompute(models["dilbert"], twice, store, "--append") == 2
     assert "document ids occur more than once in the input: 'x'" in capsys.readouterr().err
     both = write_jsonl(tmp_path / "both.jsonl", [*[{"id": "x", "text": "one"}] * 2, DOCUMENTS[3]])
     assert precompute(models["dilbert"], both, store, "--append") == 2
     error = capsys.readouterr().err
-    assert "more than once in the input: 'x'" in error and "1 passage ids are in" in error and "'doc-003#0'" in error
+    assert "more than once in the input: 'x'" in error and "1 passage id is in" in error and "'doc-003#0'" in error
     assert "fresh#0" not in open_store(store) and verify_store(store).ok
     assert not (store / APPENDS_DIR).exists(), "a refused append left its folder behind"
     assert verify_store(store).untracked == []

@@ -340,7 +340,7 @@ def refused_precompute(tiny_dir: Path, tmp_path: Path, capsys, *extra: str) -> s
         (["--input", "doc*.jsonl"], "input file not found: doc*.jsonl (dilstore does not expand wildcards"),
         (["--shards", "16385"], "--shards 16385 is more than 16384"),
         (["--encoding", "2bit", "--codebook", "book7"], "--codebook book7 is for states of shape (7,), but this "
-         "model's dilbert states have shape (32,): give a codebook of a dilbert store of this model"),
+         "model's dilbert states have shape (32,): give the codebook of a store of this model and kind (dilbert)"),
         (["--input", "corpus.txt"], "cannot tell the corpus format"),
         (["--kind", "earl-s1"], "holds a 'dilbert' checkpoint, which makes dilbert stores; earl-s1 stores need"),
         (["--bogus_beam_flag", "1"], "unknown Beam option"),

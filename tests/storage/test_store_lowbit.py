@@ -409,3 +409,14 @@ def test_verify_opens_the_store_codebook_once_for_all_shards(lowbit_store, monke
     shards = [relative for relative in opened if relative.startswith("shards/")]
     assert len(set(shards)) == 2  # both shards were checked
     assert opened.count(CODEBOOK_DIR) <= 2  # the layout once, store_codebook_problems once: not per shard
+
+
+def test_a_store_given_for_its_codebook_is_pointed_to_its_codebook_folder(tmp_path: Path) -> None:
+    """`--codebook STORE` said only zarr's "GroupNotFoundError: No group found" (lowbit39 L3)."""
+    states = np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32)
+    write_codebook(tmp_path / "store" / CODEBOOK_DIR, "2bit", train_codebook("2bit", states), (8,))
+    with pytest.raises(StoreFormatError, match=rf"; a store's codebook is its codebook/ folder: "
+                                               rf"{tmp_path / 'store' / CODEBOOK_DIR}\?$"):  # fmt: skip
+        read_codebook(tmp_path / "store", "2bit")
+    with pytest.raises(StoreFormatError, match=r"cannot open codebook .*\w$"):  # no hint where none fits
+        read_codebook(tmp_path / "nowhere", "2bit")
