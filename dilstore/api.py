@@ -59,12 +59,17 @@ def open_reader(
     top_p: int | None = None,
     mu: float | None = None,
     device: str | None = None,
+    online_variant: bool = True,
 ) -> OpenDomainReader:
     """An open-domain reader over a dilbert store and its BM25 index: `reader.answer(question).text`.
 
     `model` defaults to the shipped reader and must be the one that made the
     store; `index` defaults to STORE/bm25 (see `build_index`). `top_p` and
     `mu` override the passages read per question and the reader/BM25 score mix.
+    `online_variant`: over a store of an encoding the model ships online layers for (`online-ENC.safetensors`,
+    trained on that encoding's decoded states; the shipped reader has `online-2bit`), read with those, as `ask`
+    does; False reads with its own (`ask --no-online-variant`). `reader.model.online_variant` names the file used,
+    or is None.
     """
     from dilstore.reader.serving.odqa import OdqaSettings
     from dilstore.reader.serving.odqa import open_reader as open_odqa_reader
@@ -75,8 +80,10 @@ def open_reader(
     _check("top_p", top_p, (int, type(None)), "a positive integer or None")
     _check("mu", mu, (int, float, type(None)), "a number from 0 to 1 or None")
     _check_device(device)
+    _check("online_variant", online_variant, (bool,), "True or False")
     chosen = {name: value for name, value in (("top_p", top_p), ("mu", mu)) if value is not None}
-    return open_odqa_reader(store, model, index_dir=index, settings=OdqaSettings(**chosen), device=device)
+    return open_odqa_reader(store, model, index_dir=index, settings=OdqaSettings(**chosen), device=device,
+                            online_variant=online_variant)  # fmt: skip
 
 
 def open_reranker(store: PathLike, model: PathLike | None = None, *, device: str | None = None) -> StoreReranker:

@@ -120,6 +120,7 @@ class QAEvaluation:
     timings: Timings
     predictions: dict[str, dict[str, str]] = field(repr=False)  # question id → {str(μ): answer}
     online_variant: str | None = None  # the packaged online layers the reader used for the store's encoding
+    encoding: str = ""  # the store's encoding (fp16, 2bit, ...): what the passage states were read from
 
     @property
     def em(self) -> float:
@@ -143,6 +144,7 @@ class QAEvaluation:
             "refused": self.refused,
             "timings": self.timings.to_dict(),
             "online_variant": self.online_variant,
+            "encoding": self.encoding,
         }
 
 
@@ -232,8 +234,8 @@ def evaluate_top_ps(
         if on_batch is not None:
             on_batch(done)
     seconds = time.perf_counter() - started
-    variant = odqa.model.online_variant
-    return {top_p: run.result(top_p, float(mu), seconds, timings, variant) for top_p, run in runs.items()}
+    read_with = (odqa.model.online_variant, odqa.store.fingerprint.encoding)
+    return {top_p: run.result(top_p, float(mu), seconds, timings, *read_with) for top_p, run in runs.items()}
 
 
 def restrict(reading: Reading, top_p: int) -> Reading:
@@ -277,7 +279,7 @@ class _Run:
             self.totals[mu].f1 += metric_max_over_ground_truths(f1, prediction, question.answers)
 
     def result(
-        self, top_p: int, mu: float, seconds: float, timings: Timings, online_variant: str | None
+        self, top_p: int, mu: float, seconds: float, timings: Timings, online_variant: str | None, encoding: str
     ) -> QAEvaluation:
         return QAEvaluation(
             questions=self.count,
@@ -290,6 +292,7 @@ class _Run:
             timings=timings,
             predictions=self.predictions,
             online_variant=online_variant,
+            encoding=encoding,
         )
 
 

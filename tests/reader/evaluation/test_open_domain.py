@@ -68,8 +68,10 @@ QUESTIONS = [
 def test_the_summary_names_the_online_layers_the_reader_used(
     odqa: OpenDomainReader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """It is `evaluate-qa --json`'s document; from Python it lacked `online_variant` (readme37 L5)."""
-    assert evaluate_questions(odqa, QUESTIONS[:1], top_p=1, mu=0.5).summary()["online_variant"] is None
+    """It is `evaluate-qa --json`'s document; from Python it lacked `online_variant` (readme37 L5), and nothing
+    said which encoding the scores were read from (lowbit39 L1)."""
+    summary = evaluate_questions(odqa, QUESTIONS[:1], top_p=1, mu=0.5).summary()
+    assert summary["online_variant"] is None and summary["encoding"] == odqa.store.fingerprint.encoding != ""
     monkeypatch.setattr(odqa.model, "online_variant", "online-2bit.safetensors")
     assert evaluate_questions(odqa, QUESTIONS[:1], top_p=1, mu=0.5).summary()["online_variant"] == (
         "online-2bit.safetensors"

@@ -117,3 +117,16 @@ def test_the_command_line_switch_reaches_open_reader(monkeypatch: pytest.MonkeyP
     open_odqa_reader(parser.parse_args(["STORE"]))
     open_odqa_reader(parser.parse_args(["STORE", "--no-online-variant"]))
     assert seen == [True, False]
+
+
+def test_the_python_api_switch_reaches_open_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dilstore.open_reader` had no way to read without the variant (lowbit39 L1)."""
+    import dilstore
+
+    seen = []
+    monkeypatch.setattr(odqa, "open_reader", lambda *args, **kwargs: seen.append(kwargs["online_variant"]))
+    dilstore.open_reader("STORE")
+    dilstore.open_reader("STORE", online_variant=False)
+    assert seen == [True, False]
+    with pytest.raises(DilstoreError, match="online_variant must be True or False, got str 'no'"):
+        dilstore.open_reader("STORE", online_variant="no")
