@@ -10,8 +10,6 @@ default to the checkpoints shipped in the package.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -144,7 +142,7 @@ def precompute(**options: Any) -> Path:
     STORE/run-summary.json.
     """
     from dilstore.runners.arg_types import option_words
-    from dilstore.runners.cli import build_parser, parse
+    from dilstore.runners.cli import parse
     from dilstore.runners.cmd_precompute import DEFAULT_OUTPUT, precompute_store
 
     own = typing.get_type_hints(PrecomputeOptions)
@@ -152,7 +150,7 @@ def precompute(**options: Any) -> Path:
         _check_precompute_option(name, value, own.get(name))
     words = option_words({name: value for name, value in options.items() if name in own})
     beam = option_words({name: value for name, value in options.items() if name not in own}, beam=True)
-    args = _parsed("precompute", lambda: parse(build_parser(), ["precompute", *words, *beam]))
+    args = _parsed("precompute", lambda parser: parse(parser, ["precompute", *words, *beam]))
     _, empty = precompute_store(args)
     if empty is not None:
         raise DilstoreError(empty)
@@ -187,23 +185,46 @@ def _check_precompute_option(name: str, value: Any, hint: Any) -> None:
 _EXPECTED = {(bool,): "True or False", (int,): "an integer", (str,): "a string", _PATH: "a path"}
 
 
-def _parsed(command: str, parse_arguments: Callable[[], argparse.Namespace]) -> argparse.Namespace:
-    """The command's arguments as its parser reads them; its error line as a DilstoreError, not an exit.
+def _parsed(command: str, parse: Callable[[argparse.ArgumentParser], argparse.Namespace]) -> argparse.Namespace:
+    """The command's arguments as `parse` reads them with the command line's parser, whose every (sub)parser
+    raises a DilstoreError where argparse would print and exit (`_raising`).
 
     argparse prints a usage block and `dilstore CMD: error: ...` to stderr, then exits 2, which would end the
-    caller's process; the error line becomes the exception's message, and nothing is printed (a help option,
-    which would print the usage on the caller's stdout and exit 0, is refused too).
+    caller's process: the error line is the exception's message, and nothing is printed (a help option, which
+    would print the usage on the caller's stdout and exit 0, is refused too). Swapping `sys.stdout` and
+    `sys.stderr` for the parse, as this did, swapped them for every thread: two calls at once could leave them
+    swapped for good, and other threads' output went into the swap meanwhile (api39 H1).
     """
-    errors, output = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(output):
-            return parse_arguments()
-    except SystemExit:
-        lines = errors.getvalue().strip().splitlines()
-        if lines:
-            raise DilstoreError(lines[-1]) from None
+    from dilstore.runners.cli import build_parser
+
+    parser = build_parser()
+    for each in _every_parser(parser):
+        _raising(each, command)
+    return parse(parser)
+
+
+def _every_parser(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """`parser` and the parsers of all its subcommands, at every depth (`train earl`'s too)."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # an alias maps to its command's parser again
+                found += _every_parser(child)
+    return found
+
+
+def _raising(parser: argparse.ArgumentParser, command: str) -> None:
+    """Make `parser` raise DilstoreError where it would print and exit: its error line, or the usage refused."""
+
+    def error(message: str) -> typing.NoReturn:
+        raise DilstoreError(f"{parser.prog}: error: {message}")
+
+    def usage(*_: object) -> typing.NoReturn:
         raise DilstoreError(f"the options ask for {command}'s usage, which `dilstore {command} --help` prints; "
-                            "nothing was run") from None  # fmt: skip
+                            "nothing was run")  # fmt: skip
+
+    parser.error = error  # type: ignore[method-assign]
+    parser.print_help = parser.print_usage = parser.exit = usage  # type: ignore[method-assign]
 
 
 def build_index(store: PathLike, *, threads: int = 1, no_progress: bool = False) -> Path:
@@ -213,13 +234,12 @@ def build_index(store: PathLike, *, threads: int = 1, no_progress: bool = False)
     """
     from dilstore.reader.retrieval import bm25_index_dir
     from dilstore.runners.arg_types import option_words
-    from dilstore.runners.cli import build_parser
 
     _check("store", store, _PATH, "a store folder")
     _check("threads", threads, (int,), "a positive integer")
     _check("no_progress", no_progress, (bool,), "True or False")
     argv = ["index", *option_words({"threads": threads, "no_progress": no_progress}), "--", str(store)]
-    args = _parsed("index", lambda: build_parser().parse_args(argv))
+    args = _parsed("index", lambda parser: parser.parse_args(argv))
     args.run(args)
     return bm25_index_dir(store)
 

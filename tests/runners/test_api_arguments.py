@@ -7,6 +7,8 @@ Each call below was a bare TypeError or AttributeError from deep inside
 from __future__ import annotations
 
 import argparse
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -121,3 +123,28 @@ def test_build_index_reads_a_store_named_like_an_option_as_the_store(tmp_path: P
     monkeypatch.chdir(tmp_path)
     with pytest.raises(dilstore.DilstoreError, match="-x"):
         dilstore.build_index("-x")
+
+
+def test_refused_options_leave_the_process_streams_alone_even_from_two_threads(capsys) -> None:
+    """Parsing swapped sys.stdout and sys.stderr for an in-memory buffer, for every thread: two calls at once could
+    leave them swapped for good, and other threads' prints went into the buffer meanwhile (api39 H1)."""
+    streams = (sys.stdout, sys.stderr)
+    seen, errors = [], []
+
+    def refused() -> None:
+        for _ in range(40):
+            try:
+                dilstore.precompute(input="corpus.jsonl", split="bogus")
+            except dilstore.DilstoreError as error:
+                errors.append(str(error))
+
+    threads = [threading.Thread(target=refused) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        seen.append((sys.stdout, sys.stderr) == streams)
+    for thread in threads:
+        thread.join()
+    assert all(seen) and (sys.stdout, sys.stderr) == streams
+    assert len(errors) == 80 and errors[0].startswith("dilstore precompute: error: argument --split: invalid choice")
+    assert capsys.readouterr() == ("", "")  # nothing printed: no usage block either
