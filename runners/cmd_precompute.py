@@ -42,7 +42,7 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.runners.arg_types import option_words, positive_int
 from dilstore.runners.outputs import check_output_folder, refuse_store_inside_store
 from dilstore.runners.precompute_run import run_pipeline
-from dilstore.runners.quiet import add_verbose_argument, quiet_beam_logging, quiet_dask_logging
+from dilstore.runners.quiet import add_verbose_argument, logging_restored, quiet_beam_logging, quiet_dask_logging
 from dilstore.runners.scratch import scratch_dir
 from dilstore.storage.format import COMPRESSORS
 
@@ -453,8 +453,13 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
 
     Returns the run's summary and, for a build that stored no passage, why
     (`nothing_stored`), else None. The command prints both; the Python API
-    raises on the second, and its caller's stdout stays its own.
+    raises on the second, and its caller's stdout and logging stay its own.
     """
+    with logging_restored():
+        return _precompute_store(args)
+
+
+def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
     started = time.time()
     check_append_flags(args)
     if not args.verbose:

@@ -14,7 +14,8 @@ Without `--verbose`, a command turns off before any library loads:
   errors) keeps the terminal directly;
 - Beam's and dask.distributed's log records below ERROR and WARNING, and the
   same noise in this process's log (`quiet_beam_logging`, `quiet_dask_logging`,
-  which `precompute` calls unless --verbose).
+  which `precompute` calls unless --verbose), for the run only
+  (`logging_restored`): a Python caller's own logging is as it was after it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,28 @@ class _DropNoise(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(_WORKER_NOISE)
+
+
+# The loggers whose levels a run sets (`quiet_beam_logging`, `quiet_dask_logging`, a remote run's job URL).
+_RUN_LOGGERS = ("apache_beam", "apache_beam.typehints", "apache_beam.options.pipeline_options", "distributed")
+
+
+@contextmanager
+def logging_restored() -> Iterator[None]:
+    """After the block, the root logger's filters and the levels of the loggers a run sets are as before it.
+
+    `precompute` quietened Beam and Dask for good: a Python caller that logs through Beam of its own lost its
+    INFO and WARNING records, and the root filter dropped its records that began like worker noise (api39 M4).
+    """
+    root = logging.getLogger()
+    filters = list(root.filters)
+    levels = {name: logging.getLogger(name).level for name in _RUN_LOGGERS}
+    try:
+        yield
+    finally:
+        root.filters[:] = filters
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def quiet_beam_logging() -> None:

@@ -409,6 +409,16 @@ def test_only_a_quiet_precompute_lowers_the_libraries_logging(
     assert calls == quieted
 
 
+def test_a_precompute_leaves_the_callers_logging_as_it_was(tmp_path: Path) -> None:
+    """A quiet run lowered Beam's and Dask's loggers and filtered the root logger for good: a Python caller logging
+    through Beam of its own lost its records after one `dilstore.precompute` (api39 M4)."""
+    names = ("apache_beam", "apache_beam.typehints", "apache_beam.options.pipeline_options", "distributed")
+    before = [logging.getLogger(name).level for name in names], list(logging.getLogger().filters)
+    missing = tmp_path / "missing.jsonl"  # refused after the logging is set, before anything runs
+    assert cli.main(["precompute", "--runner", "dask", "--input", str(missing), "--output", str(tmp_path / "s")]) == 2
+    assert ([logging.getLogger(name).level for name in names], list(logging.getLogger().filters)) == before
+
+
 def test_a_store_of_other_settings_is_not_overwritten_unless_asked(
     metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys
 ) -> None:
