@@ -346,14 +346,16 @@ class Bm25Searcher:
             ) from None
 
     def search(self, query: str, k: int) -> list[Hit]:
-        """The top-k passages for one query, best first."""
+        """The top-k passages for one query, best first. The Java bridge takes only an exact `str`: a question from
+        a numpy array (`numpy.str_`) or another str subclass was a bare TypeError from pyjnius (api39 M2)."""
         with self._lucene_errors():
-            return [Hit(hit.docid, float(hit.score)) for hit in self._open().search(query, _java_int(k))]
+            return [Hit(hit.docid, float(hit.score)) for hit in self._open().search(str(query), _java_int(k))]
 
     def batch_search(
         self, queries: Sequence[str], qids: Sequence[str], k: int, threads: int = 1
     ) -> dict[str, list[Hit]]:
         """The top-k passages of many queries at once, searched by `threads` Java threads: qid → hits, best first."""
+        queries, qids = [str(query) for query in queries], [str(qid) for qid in qids]  # exact strs, as in `search`
         if len(queries) != len(qids) or len(set(qids)) != len(qids):
             raise DilstoreError("batch_search needs one distinct qid per query")
         searcher = self._open()

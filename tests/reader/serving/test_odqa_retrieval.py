@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from dilstore.reader.retrieval import Bm25Searcher, TooManyTermsError, bm25_index_dir, build_bm25_index, start_jvm
@@ -105,6 +106,10 @@ def test_a_batch_search_on_java_threads_finds_what_one_search_at_a_time_finds(in
     batch = searcher.batch_search(list(questions.values()), list(questions), 3, threads=2)
     assert batch["q1"] and batch["q1"][0].passage_id == "tram#0"
     assert batch == {qid: searcher.search(question, 3) for qid, question in questions.items()}
+    # Questions from a numpy array, or of any str subclass: pyjnius took only an exact str (api39 M2).
+    asked = np.array(list(questions.values()))
+    assert searcher.batch_search(list(asked), list(np.array(list(questions))), 3, threads=2) == batch
+    assert [searcher.search(question, 3) for question in asked] == [batch["q1"], batch["q2"]]
 
 
 def test_lucene_errors_say_whose_they_are(indexed: dict[str, Any]) -> None:
