@@ -95,7 +95,7 @@ def run_from_mapping(run: Mapping[str, Mapping[str, float]]) -> Run:
 
 def qrels_from_mapping(qrels: Mapping[str, Mapping[str, int]]) -> Qrels:
     """A checked copy of qrels given as `{qid: {docid: grade}}`: grades must be 32-bit integers, as in a file."""
-    return _from_mapping("qrels", qrels, "a 32-bit integer grade", _int32_grade)
+    return _from_mapping("qrels", qrels, "a 32-bit integer grade", int32_grade)
 
 
 def _from_mapping(
@@ -130,7 +130,9 @@ def _finite_score(value: Any) -> float | None:
     return float(value)
 
 
-def _int32_grade(value: Any) -> int | None:
+def int32_grade(value: Any) -> int | None:
+    """`value` as an int when it is an integer (a numpy one too) that fits 32 bits signed, trec_eval's grades; else
+    None (pytrec_eval fails deep inside on more)."""
     if isinstance(value, bool) or not isinstance(value, Integral) or not _INT32_MIN <= value <= _INT32_MAX:
         return None
     return int(value)
@@ -228,3 +230,5 @@ def _check_token(name: str, value: str) -> None:
     """A run column must be one non-empty token, or the written line would not read back."""
     if not value or len(value.split()) != 1 or value.strip() != value:
         raise DilstoreError(f"cannot write a TREC run: {name} {value!r} is empty or contains whitespace")
+    if value.startswith("\ufeff"):  # a reader drops it from the file's first line (utf-8-sig): 5 columns were left
+        raise DilstoreError(f"cannot write a TREC run: {name} {value!r} begins with a byte-order mark (U+FEFF)")

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dilstore.reader.data.trec import Qrels, Run, rank_documents
+from dilstore.reader.data.trec import Qrels, Run, int32_grade, rank_documents
 from dilstore.storage.errors import DilstoreError
 
 METRICS: tuple[str, ...] = ("RR@10", "nDCG@10", "R@100")
@@ -88,8 +88,11 @@ def evaluate_run(qrels: Qrels, run: Run, level: int | None = None) -> RankEvalua
         raise DilstoreError(f"none of the run's {len(run)} queries has judgements in the qrels")
     if level is None:
         level = relevance_level(qrels)
-    elif isinstance(level, bool) or not isinstance(level, int) or level < 1:
-        raise DilstoreError(f"the relevance level must be a grade of at least 1, got {level!r}")
+    elif (grade := int32_grade(level)) is None or grade < 1:  # 2**40 was pytrec_eval's bare TypeError (api39 L2)
+        raise DilstoreError(f"the relevance level must be a grade of at least 1 and at most {2**31 - 1}, got "
+                            f"{level!r}")  # fmt: skip
+    else:
+        level = grade
     # pytrec_eval's recip_rank has no cutoff (it would score a first hit at rank 19 as 1/19), so RR@k comes
     # from ir_measures' port of the official MS MARCO script; nDCG@k and R@k come from pytrec_eval.
     measures_by_provider = (
