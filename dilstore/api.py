@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from dilstore.storage.errors import DilstoreError, require_at_least_one
+from dilstore.storage.errors import DilstoreError, StoppedBySignal, require_at_least_one
 
 if TYPE_CHECKING:  # the heavy layers load on first use, so `import dilstore` stays light
     from dilstore.reader.evaluation.open_domain import QAEvaluation
@@ -137,9 +137,11 @@ def precompute(**options: Any) -> Path:
     `dask_client_address="tcp://host:8786"`), as the command hands its other
     flags to Beam. No options run the embedded default corpus, as the command
     does; an empty `input` is refused. An invalid option or a value of the
-    wrong type raises DilstoreError. Nothing is printed on stdout, which may
-    be the caller's own channel: the command's summary is in
-    STORE/run-summary.json.
+    wrong type raises DilstoreError. Ctrl-C, SIGTERM or SIGHUP during the
+    run raises KeyboardInterrupt, whose message says what was kept (the
+    shards finished: the same call again goes on), as a stop is no input
+    error. Nothing is printed on stdout, which may be the caller's own
+    channel: the command's summary is in STORE/run-summary.json.
     """
     from dilstore.runners.arg_types import option_words
     from dilstore.runners.cli import parse
@@ -151,7 +153,10 @@ def precompute(**options: Any) -> Path:
     words = option_words({name: value for name, value in options.items() if name in own})
     beam = option_words({name: value for name, value in options.items() if name not in own}, beam=True)
     args = _parsed("precompute", lambda parser: parse(parser, ["precompute", *words, *beam]))
-    _, empty = precompute_store(args)
+    try:
+        _, empty = precompute_store(args)
+    except StoppedBySignal as stop:  # the user's stop, not bad input: `except DilstoreError` must not swallow it
+        raise KeyboardInterrupt(str(stop)) from stop
     if empty is not None:
         raise DilstoreError(empty)
     return Path(args.output if args.output is not None else DEFAULT_OUTPUT)

@@ -82,6 +82,21 @@ def test_precompute_hands_other_keywords_to_beam_under_beam_s_own_names(tmp_path
     assert seen[0].output == str(tmp_path / "s")
 
 
+def test_a_stopped_precompute_raises_keyboard_interrupt_not_an_input_error(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C arrived as StoppedBySignal, a DilstoreError: a caller's `except DilstoreError` loop over corpora took
+    the user's stop for a bad corpus and went on to the next (api39 M1)."""
+    from dilstore.runners import cmd_precompute
+    from dilstore.storage.errors import StoppedBySignal
+
+    def stopped(args: argparse.Namespace) -> None:
+        raise StoppedBySignal("interrupted; run the same command again to go on (the shards it finished are kept)", 2)
+
+    monkeypatch.setattr(cmd_precompute, "precompute_store", stopped)
+    with pytest.raises(KeyboardInterrupt, match="the shards it finished are kept") as raised:
+        dilstore.precompute(input=str(tmp_path / "c.jsonl"), output=str(tmp_path / "s"))
+    assert not isinstance(raised.value, dilstore.DilstoreError) and raised.value.__cause__.signal_number == 2
+
+
 def test_open_store_takes_check_files_as_the_readme_says(tmp_path: Path) -> None:
     """The README's Python API section tells long-running programs to pass it; it was a TypeError."""
     root = build_store(tmp_path / "store", random_shards([2], state_shape=(4,), seed=1), encoding="fp16")
