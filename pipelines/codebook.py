@@ -105,6 +105,16 @@ def sample_states(
     documents: Iterable[Document], settings: RouteSettings, reader: OfflineModel, policy: BatchPolicy
 ) -> np.ndarray:
     """A seeded sample of at most CODEBOOK_SAMPLE_TOKENS token states `(N, *S)` of the documents' stored units."""
+    states = _all_states(documents, settings, reader, policy)
+    if states is None:
+        raise DilstoreError("the codebook sample holds no passage to encode; give one with --codebook")
+    return states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)]  # (N, *S)
+
+
+def _all_states(
+    documents: Iterable[Document], settings: RouteSettings, reader: OfflineModel, policy: BatchPolicy
+) -> np.ndarray | None:
+    """Every token state `(N, *S)` of the documents' stored units, or None when they have none."""
     pieces: list[TokenizedPassage] = [
         value  # type: ignore[misc]  # SHARD keys carry tokenized passages
         for document in documents
@@ -112,9 +122,8 @@ def sample_states(
         if key[0] == SHARD
     ]
     if not pieces:
-        raise DilstoreError("the codebook sample holds no passage to encode; give one with --codebook")
-    states = np.concatenate([record.states for record in encode_tokenized(reader, settings.kind, pieces, policy)])
-    return states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)]  # (N, *S)
+        return None
+    return np.concatenate([record.states for record in encode_tokenized(reader, settings.kind, pieces, policy)])
 
 
 def check_codebook_fits(path: Path, encoding: str, kind: str, reader: OfflineModel) -> None:
@@ -137,21 +146,42 @@ def check_codebook_fits(path: Path, encoding: str, kind: str, reader: OfflineMod
 # (relative error): a frozen-lower reader's states are its base's, which its base's codebook fits as well as a new
 # one; another model's states got 0.875 against 0.264 (lowbit39 M1), near what all-zero states give (1.0).
 FOREIGN_CODEBOOK_SLACK = 1.5
+# The fewest token states each half of the fit's sample needs for a verdict: on a few passages a codebook trained
+# on half of them is no yardstick (its held-out error was 0.63 on 5 MS MARCO passages, review39 M1).
+FIT_MIN_TOKENS = 1000
 
 
-def codebook_fit(path: Path, job: PrecomputeJob, reader: OfflineModel) -> tuple[float, float]:
+def codebook_fit(path: Path, job: PrecomputeJob, reader: OfflineModel) -> tuple[float, float] | None:
     """The relative error ||x - x̂|| / ||x|| with which the codebook at `path` encodes held-out states of this run,
-    and with which a codebook trained on the others does: the sampling pass's sample (as a run without --codebook
-    takes it), every other token held out, so that neither codebook is scored on states it was trained on."""
-    sample = sample_states(sample_documents(job.inputs, CODEBOOK_SAMPLE_UNITS), job.route_settings(), reader,
-                           job.policy)  # fmt: skip  # (N, *S)
-    training, held_out = sample[0::2], sample[1::2]
+    and with which a codebook trained on the rest does; None when the sample is too small to tell (FIT_MIN_TOKENS).
+
+    The sampling pass's documents (as a run without --codebook takes them), every other one held out, and held-out
+    states equal to a training state dropped: neither codebook is scored on what it was trained on (a corpus of
+    repeated text gave the trained one an error of 0).
+    """
+    documents = sample_documents(job.inputs, CODEBOOK_SAMPLE_UNITS)
+    halves = [_all_states(documents[start::2], job.route_settings(), reader, job.policy) for start in (0, 1)]
+    if any(half is None for half in halves):
+        return None
+    training, held_out = halves  # (N, *S) each
+    training = training[sample_rows(len(training), CODEBOOK_SAMPLE_TOKENS)]
+    held_out = held_out[sample_rows(len(held_out), CODEBOOK_SAMPLE_TOKENS)]
+    seen = {hash(row.tobytes()) for row in training}
+    held_out = held_out[[hash(row.tobytes()) not in seen for row in held_out]]
+    if min(len(training), len(held_out)) < FIT_MIN_TOKENS:
+        return None
     given, _ = read_codebook(path, job.encoding)
     trained = train_codebook(job.encoding, training, rotate=offline_kind(job.kind).rotated_codes)
     norm = float(np.linalg.norm(held_out))
     errors = [float(np.linalg.norm(held_out - round_trip(job.encoding, book)(held_out))) / norm
               for book in (given, trained)]  # fmt: skip
     return errors[0], errors[1]
+
+
+def codebook_in_place(job: PrecomputeJob) -> bool:
+    """Whether the folder being built holds this build's codebook already (a resumed run), so none is copied."""
+    target = Path(job.store) / CODEBOOK_DIR
+    return target.is_dir() and codebook_build(target) == build_attributes(job.generation, job.fingerprint)
 
 
 def made_for_another_model(path: Path, fingerprint: Fingerprint) -> bool:
@@ -174,8 +204,7 @@ def prepare_codebook(job: PrecomputeJob, reader: OfflineModel) -> Path:
     of another build is written again.
     """
     target = Path(job.store) / CODEBOOK_DIR
-    build = build_attributes(job.generation, job.fingerprint)
-    if target.is_dir() and codebook_build(target) == build:
+    if codebook_in_place(job):
         return target
     if job.codebook is not None:
         codebook, state_shape = read_codebook(job.codebook, job.encoding)

@@ -279,7 +279,7 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
 
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
-    from dilstore.pipelines.codebook import check_codebook_fits, made_for_another_model, needs_codebook
+    from dilstore.pipelines.codebook import check_codebook_fits, needs_codebook
     from dilstore.pipelines.job import PrecomputeJob, run_spec, spec_generation
     from dilstore.pipelines.sharding import MAX_DEFAULT_SHARDS, default_shard_count
     from dilstore.reader.modeling.fingerprint import model_fingerprint
@@ -330,21 +330,28 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         progress_dir=progress_dir,
         creation={"command": canonical_command(args), "runner": runner},
     )
-    if codebook is not None and not args.append and made_for_another_model(codebook, fingerprint):
-        check_foreign_codebook(codebook, job, reader)  # an append takes only the store's own (check_store_settings)
     return dataclasses.replace(job, generation=spec_generation(run_spec(job)))
 
 
 def check_foreign_codebook(codebook: Path, job: PrecomputeJob, reader: OfflineModel) -> None:
     """Refuse a --codebook made for a store of another model or other settings that encodes this run's states far
-    worse than a codebook of their own would; say how well it fits when it does (a frozen-lower reader's base's).
+    worse than a codebook of their own would; say how well it fits when it does (a frozen-lower reader's base's),
+    and warn, as before, where the run's sample is too small to tell.
 
     It was one warning line, and the store of near-noise states it made passed `verify` and ranked as well as
-    fp16 through the shipped rankers' bi-encoder prior (lowbit39 M1).
+    fp16 through the shipped rankers' bi-encoder prior (lowbit39 M1). Called where the codebook is copied into the
+    store, so a re-run of a complete store or a resumed one does not measure it again (review39 M2).
     """
     from dilstore.pipelines.codebook import FOREIGN_CODEBOOK_SLACK, codebook_fit
 
-    given, own = codebook_fit(codebook, job, reader)
+    measured = codebook_fit(codebook, job, reader)
+    if measured is None:
+        print(f"dilstore precompute: warning: --codebook {codebook} was made for a store of another model or other "
+              "settings, and this run's sample is too small to measure how well it fits; its codes fit this "
+              "model's states only if they are that model's (a reader trained with frozen lower layers)",
+              file=sys.stderr)  # fmt: skip
+        return
+    given, own = measured
     fit = f"relative error {given:.3f} on a sample of this run's states, against {own:.3f} for one trained on them"
     if given > FOREIGN_CODEBOOK_SLACK * own:
         raise DilstoreError(f"--codebook {codebook} was made for a store of another model or other settings and "
@@ -383,11 +390,15 @@ def build_store(
     so an --overwrite replacement gets its own, inside the folder it is built in;
     the model for its sample is loaded and checked against the run's fingerprint here.
     """
-    from dilstore.pipelines.codebook import needs_codebook, prepare_codebook
+    from dilstore.pipelines.codebook import codebook_in_place, made_for_another_model, needs_codebook, prepare_codebook
     from dilstore.reader.offline.encoding import load_checked_reader
 
     if needs_codebook(job.encoding):
-        prepare_codebook(job, load_checked_reader(job.model, job.layers, job.fingerprint))
+        reader = load_checked_reader(job.model, job.layers, job.fingerprint)
+        given = None if job.codebook is None else Path(job.codebook)
+        if given is not None and not codebook_in_place(job) and made_for_another_model(given, job.fingerprint):
+            check_foreign_codebook(given, job, reader)
+        prepare_codebook(job, reader)
     return run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress, attempt)
 
 

@@ -533,6 +533,39 @@ def test_the_store_records_the_generation_of_its_spec(metered_run) -> None:
     assert {shard_generation(store, entry["index"]) for entry in manifest["shards"]} == {manifest["generation"]}
 
 
+def test_a_codebook_of_another_model_is_measured_and_refused_where_it_fits_far_worse(
+    tiny_dir: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A codebook of another model's store was one warning, and a store of near-noise states that passed verify
+    (lowbit39 M1): it is measured on held-out states of the run's sample, where the codebook is copied in."""
+    from dilstore.pipelines import codebook as codebook_module
+
+    big = write_jsonl(tmp_path / "big.jsonl", wiki_like_documents(240))
+
+    def run(model: Path, output: str, *extra: str) -> int:
+        return cli.main(["precompute", "--input", str(big), "--output", str(tmp_path / output), "--model", str(model),
+                         "--max-length", str(MAX_LENGTH), "--threads", "1", "--workers", "1", "--no-progress",
+                         "--encoding", "2bit", *extra])  # fmt: skip
+
+    assert run(tiny_dir, "base") == 0
+    given = ("--codebook", str(tmp_path / "base" / CODEBOOK_DIR))
+    capsys.readouterr()
+    assert run(save_tiny_reader(tmp_path / "other-tiny", seed=1), "other", *given) == 2  # same shape, another model
+    assert "encodes this model's states far worse: relative error" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
+    # Another fingerprint, the same offline states (a reader trained with frozen lower layers): the codebook fits.
+    online_only = shutil.copytree(tiny_dir, tmp_path / "online-changed")
+    weights = load_file(online_only / "model.safetensors")
+    weights["qa_outputs.bias"] = weights["qa_outputs.bias"] + 1.0  # an online weight
+    save_file(weights, online_only / "model.safetensors")
+    assert run(online_only, "frozen-lower", *given) == 0
+    note = capsys.readouterr().err
+    assert "note: --codebook" in note and "it fits this model's states" in note
+    # A re-run of the complete store measures nothing again: the check cost a sampling pass every time (review39 M2).
+    monkeypatch.setattr(codebook_module, "codebook_fit", lambda *args: pytest.fail("measured again"))
+    assert run(online_only, "frozen-lower", *given) == 0 and "already complete" in capsys.readouterr().err
+
+
 def test_a_2bit_run_trains_one_codebook_every_shard_decodes_with_and_another_run_can_reuse(
     metered_run, corpus, tiny_dir: Path, tmp_path: Path, capsys
 ) -> None:
@@ -558,22 +591,10 @@ def test_a_2bit_run_trains_one_codebook_every_shard_decodes_with_and_another_run
     assert cli.main(reuse) == 0
     assert "warning" not in capsys.readouterr().err
     assert all(np.array_equal(mine[key][-1], value[-1]) for key, value in store_contents(again).items())
-    # Same shape, another model: its states encoded far worse. It was a warning, and a store of near-noise states
-    # that passed verify (lowbit39 M1); refused now, with the measured fit, before anything is written.
-    other_model = save_tiny_reader(tmp_path / "other-tiny", seed=1)
+    other_model = save_tiny_reader(tmp_path / "other-tiny", seed=1)  # same shape, another model
     assert cli.main(precompute_args(corpus, other_model, tmp_path / "other", "--workers", "1", "--no-progress",
-                                    "--encoding", "2bit", "--codebook", str(store / CODEBOOK_DIR))) == 2
-    assert "encodes this model's states far worse: relative error" in capsys.readouterr().err
-    assert not (tmp_path / "other").exists()
-    # Another fingerprint, the same offline states (a reader trained with frozen lower layers): the codebook fits.
-    online_only = shutil.copytree(tiny_dir, tmp_path / "online-changed")
-    weights = load_file(online_only / "model.safetensors")
-    weights["qa_outputs.bias"] = weights["qa_outputs.bias"] + 1.0  # an online weight
-    save_file(weights, online_only / "model.safetensors")
-    assert cli.main(precompute_args(corpus, online_only, tmp_path / "frozen-lower", "--workers", "1", "--no-progress",
                                     "--encoding", "2bit", "--codebook", str(store / CODEBOOK_DIR))) == 0
-    note = capsys.readouterr().err
-    assert "note: --codebook" in note and "it fits this model's states" in note
+    assert "this run's sample is too small to measure how well it fits" in capsys.readouterr().err  # (next test)
     assert "codebook" in json.loads((again / "precompute.json").read_text())
     one_bit = precompute_args(corpus, tiny_dir, tmp_path / "1bit", "--workers", "1", "--no-progress",
                               "--encoding", "1bit", "--codebook", str(store / CODEBOOK_DIR))
