@@ -185,7 +185,8 @@ def run_overload(args: argparse.Namespace, questions: list[str]) -> dict[str, An
 
 
 def run_cli(args: argparse.Namespace, questions: list[str]) -> dict[str, Any]:
-    """`dilstore ask --json` over stdin questions in one process: wall time and per-question totals."""
+    """`dilstore ask --json` over stdin questions in one process: wall time, per-question totals, and how many it
+    refused (over the reader's question limit: `ask` then exits 2 and goes on)."""
     asked = questions[: args.cli_questions]
     command = [sys.executable, "-m", "dilstore", "ask", str(args.store), "--json", "--top-p", str(args.top_p),
                "--threads", str(args.threads)]  # fmt: skip
@@ -193,11 +194,14 @@ def run_cli(args: argparse.Namespace, questions: list[str]) -> dict[str, Any]:
         command += ["--model", str(args.model)]
     started = time.perf_counter()
     done = subprocess.run(command, input="\n".join(asked) + "\n", capture_output=True, text=True, cwd=ROOT,
-                          timeout=1800, check=True)  # fmt: skip
+                          timeout=1800)  # fmt: skip
     wall = time.perf_counter() - started
+    refused = sum(line.startswith("dilstore ask: error:") for line in done.stderr.splitlines())
+    if done.returncode not in (0, 2) or (done.returncode == 2) != (refused > 0):
+        raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-3000:]}")
     totals = [json.loads(line)["timings"]["total"] for line in done.stdout.splitlines()]
-    return {"questions": len(totals), "wall_seconds": wall, "median_question_seconds": statistics.median(totals),
-            "mean_question_seconds": statistics.fmean(totals)}  # fmt: skip
+    return {"questions": len(totals), "refused": refused, "wall_seconds": wall,
+            "median_question_seconds": statistics.median(totals), "mean_question_seconds": statistics.fmean(totals)}
 
 
 def table(report: dict[str, Any]) -> str:
@@ -241,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     report["seconds"] = time.perf_counter() - started
     print(table(report))
     cli, over = report["cli"], report["overload"]
-    print(f"\nCLI `dilstore ask --json`: {cli['questions']} questions in {cli['wall_seconds']:.1f} s wall (start-up "
-          f"included), median {1000 * cli['median_question_seconds']:.0f} ms per question (timings.total)")
+    print(f"\nCLI `dilstore ask --json`: {cli['questions']} questions ({cli['refused']} refused) in "
+          f"{cli['wall_seconds']:.1f} s wall (start-up included), median "
+          f"{1000 * cli['median_question_seconds']:.0f} ms per question (timings.total)")
     print(f"Past the queue bound (queue {over['queue_size']}, {over['clients']} clients, {over['requests']} "
           f"requests): codes {over['codes']}, /health after: {over['health_after']}")
     print(json.dumps(report, indent=2))

@@ -139,7 +139,8 @@ def check_codebook_fits(path: Path, encoding: str, kind: str, reader: OfflineMod
     made = tuple(states[0].shape[1:])
     if tuple(shape) != made:
         raise DilstoreError(f"--codebook {path} is for states of shape {tuple(shape)}, but this model's {kind} "
-                            f"states have shape {made}: give the codebook of a store of this model and kind ({kind})")  # fmt: skip
+                            f"states have shape {made}: give the codebook of a store of this model and kind "
+                            f"({kind})")  # fmt: skip
 
 
 # How much worse than a codebook trained on a run's own sample a --codebook made for another model may encode it

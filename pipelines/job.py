@@ -204,7 +204,7 @@ def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
                 + ("" if overwrite else " (--overwrite replaces only dilstore stores)")
             )
         if not overwrite:
-            differing = ", ".join(spec_differences(found or {}, spec))
+            differing = "; ".join(spec_differences(found or {}, spec))
             raise DilstoreError(
                 f"--output {store} holds a run with other settings (differs in: {differing}); "
                 "choose another folder or pass --overwrite"

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"store {args.store}  questions {evaluation.questions}  top-p {evaluation.top_p}  "
-        f"R {evaluation.recall:.2f}  ({evaluation.seconds:.1f} s)"
+        f"R {evaluation.recall:.2f}  encoding {evaluation.encoding}  ({evaluation.seconds:.1f} s)"
     )
     if evaluation.online_variant:
         print(f"  online layers tuned for the store's encoding: {evaluation.online_variant}")

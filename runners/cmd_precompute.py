@@ -84,7 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     inputs.add_argument("--input", action="append", metavar="PATH",
                         help="corpus file; repeat for several (default: the embedded corpus)")
     inputs.add_argument("--format", choices=FORMATS,
-                        help="corpus format (default: from the file name: .jsonl, .tsv, .json, .xml, each maybe with .gz or .bz2)")
+                        help="corpus format (default: from the file name: .jsonl, .tsv, .json, .xml, each maybe "
+                             "with .gz or .bz2)")
     inputs.add_argument("--split", choices=SPLITS, default="words",
                         help="passages: 100-word windows with stride 50, paragraphs, or none (each document whole, under its own id: for reranking runs that name documents) (default words)")
     model = parser.add_argument_group("model and store")

@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# nginx's "client closed request": the client went away before its whole request came (it disconnected, or
-# --request-timeout closed its connection). Nobody reads the answer; errors_total counts it as client_gone.
+# nginx's "client closed request": the client went away after its headers, before its whole body came (it
+# disconnected, or --request-timeout closed its connection). Nobody reads the answer; errors_total counts it as
+# client_gone. A connection closed before its headers came reaches no endpoint: it is only logged.
 CLIENT_GONE = 499
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

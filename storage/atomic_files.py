@@ -38,6 +38,8 @@ def atomic_write_bytes(path: Path, data: bytes, *, create_parents: bool = True) 
     if create_parents:
         path.parent.mkdir(parents=True, exist_ok=True)
     elif not path.parent.is_dir():
+        if path.parent.exists():
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(path.parent))
         raise FileNotFoundError(errno.ENOENT, "no such folder", str(path.parent))
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp")
     try:

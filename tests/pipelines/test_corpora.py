@@ -259,14 +259,15 @@ def test_format_for_path() -> None:
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
 @pytest.mark.parametrize("format", ["jsonl", "msmarco"])
 def test_utf16_text_is_refused_with_a_hint_to_convert_it(tmp_path: Path, format: str, encoding: str) -> None:
-    """UTF-16 was refused as "--format jsonl does not fit ...: it begins '\\ufffd\\ufffd{\\x00"\\x00i...'" (input38 L6)."""
+    """UTF-16 was refused as "--format jsonl does not fit ...: it begins '\\ufffd\\ufffd{\\x00"\\x00i...'"
+    (input38 L6)."""
     path = tmp_path / "corpus.jsonl"
     path.write_bytes('{"id": "a", "text": "x"}\n'.encode(encoding) if format == "jsonl" else "1\tx\n".encode(encoding))
     with pytest.raises(DilstoreError, match=r"it looks like UTF-16 text; corpus files are UTF-8: convert it"):
         check_format(path, format)
-    path.write_bytes("1\tnul \x00 in text\n".encode())  # a NUL byte in UTF-8 text is no sign of UTF-16
-    if format == "msmarco":
-        check_format(path, format)
+    text = "1\tnul \x00 in text\n" if format == "msmarco" else '{"id": "a", "text": "nul \\u0000 and \x00"}\n'
+    path.write_bytes(text.encode())  # a NUL byte in UTF-8 text is no sign of UTF-16
+    check_format(path, format)
 
 
 # --- SQuAD ---

@@ -13,8 +13,10 @@ from dilstore.runners.serve_batching import Batcher
 from dilstore.runners.serve_metrics import Metrics
 
 
-@pytest.mark.parametrize(("every", "expected"), [(serve_batching.TRIM_EVERY_SECONDS, [0]), (0.0, [0, 0, 0])],
-                         ids=["busy-worker-trims-once-idle", "busy-worker-trims-when-the-last-trim-is-old"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("every", "expected"), [(serve_batching.TRIM_EVERY_SECONDS, [0]), (0.0, [0, 0, 0])],
+    ids=["busy-worker-trims-once-idle", "busy-worker-trims-when-the-last-trim-is-old"],
+)
 def test_the_worker_returns_freed_memory_when_no_request_waits(
     monkeypatch: pytest.MonkeyPatch, every: float, expected: list[int]
 ) -> None:

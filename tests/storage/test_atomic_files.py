@@ -36,6 +36,9 @@ def test_a_missing_folder_is_an_error_when_parents_are_not_created(tmp_path: Pat
     """The error named the temporary file the write would have made in the folder (review38 L8)."""
     with pytest.raises(FileNotFoundError, match=f"no such folder: '{tmp_path / 'nowhere'}'$"):
         atomic_write_bytes(tmp_path / "nowhere" / "run.trec", b"x", create_parents=False)
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(NotADirectoryError, match=f"not a folder: '{tmp_path / 'a-file'}'$"):
+        atomic_write_bytes(tmp_path / "a-file" / "run.trec", b"x", create_parents=False)
 
 
 @pytest.mark.parametrize(("umask", "expected"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
