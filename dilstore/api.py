@@ -10,6 +10,7 @@ default to the checkpoints shipped in the package.
 from __future__ import annotations
 
 import argparse
+import numbers
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -79,7 +80,7 @@ def open_reader(
     _check("mu", mu, (int, float, type(None)), "a number from 0 to 1 or None")
     _check_device(device)
     _check("online_variant", online_variant, (bool,), "True or False")
-    chosen = {name: value for name, value in (("top_p", top_p), ("mu", mu)) if value is not None}
+    chosen = {name: value for name, value in (("top_p", _int(top_p)), ("mu", mu)) if value is not None}
     return open_odqa_reader(store, model, index_dir=index, settings=OdqaSettings(**chosen), device=device,
                             online_variant=online_variant)  # fmt: skip
 
@@ -266,7 +267,7 @@ def evaluate_qa(
     _check("limit", limit, (int, type(None)), "a positive integer or None")
     require_at_least_one({"limit": limit}, dashed=False)  # before the questions load
     _check("seed", seed, (int,), "an integer")
-    chosen = select_questions(load_questions(questions), limit, seed)
+    chosen = select_questions(load_questions(questions), _int(limit), int(seed))
     return evaluate_questions(reader, chosen, top_p=reader.settings.top_p, mu=reader.settings.mu)
 
 
@@ -300,11 +301,19 @@ def _check_device(device: str | None) -> None:
             raise DilstoreError(f"device: {error}") from None
 
 
+def _int(value: Any) -> Any:
+    """An integer `_check` took (a numpy one too) as a Python int; anything else (None) as it is."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else value
+
+
 def _check(name: str, value: Any, kinds: tuple[type, ...], expected: str) -> None:
-    """Raise DilstoreError naming the argument when `value` is none of `kinds` (a bool is never a number).
+    """Raise DilstoreError naming the argument when `value` is none of `kinds` (a bool is never a number; where
+    `int` is one, any integer is, a numpy one too: the function turns it into an int, `_int`).
 
     A wrong type deep in a layer surfaced as a bare TypeError or AttributeError
-    far from the call that caused it.
+    far from the call that caused it; a numpy integer was refused as "must be a positive integer, got int64 3".
     """
+    if int in kinds and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise DilstoreError(f"{name} must be {expected}, got {type(value).__name__} {value!r:.80}")

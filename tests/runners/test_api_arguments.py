@@ -10,7 +10,9 @@ import argparse
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -163,3 +165,19 @@ def test_refused_options_leave_the_process_streams_alone_even_from_two_threads(c
     assert all(seen) and (sys.stdout, sys.stderr) == streams
     assert len(errors) == 80 and errors[0].startswith("dilstore precompute: error: argument --split: invalid choice")
     assert capsys.readouterr() == ("", "")  # nothing printed: no usage block either
+
+
+def test_numpy_integers_are_taken_as_integers(tmp_path: Path, monkeypatch) -> None:
+    """`top_p=np.int64(3)` was refused as "must be a positive integer or None, got int64 3" (api39 L1)."""
+    from dilstore.reader.serving import odqa
+    from dilstore.runners import cmd_precompute
+
+    seen: list[Any] = []
+    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (seen.append(args), (None, None))[1])
+    dilstore.precompute(input=str(tmp_path / "c.jsonl"), workers=np.int64(2), shards=np.int32(3))
+    assert (seen[0].workers, seen[0].shards) == (2, 3)
+    monkeypatch.setattr(odqa, "open_reader", lambda *args, **kwargs: seen.append(kwargs["settings"]))
+    dilstore.open_reader("STORE", top_p=np.int64(3))
+    assert seen[1].top_p == 3 and type(seen[1].top_p) is int
+    with pytest.raises(dilstore.DilstoreError, match="top_p must be a positive integer or None, got float64"):
+        dilstore.open_reader("STORE", top_p=np.float64(3))
