@@ -659,7 +659,7 @@ def test_a_rerank_store_s_index_is_checked_as_a_dilbert_store_s_is(tiny: dict[st
         open_served_store("s1", str(tiny["s1"]), tiny["ranker_dir"], None, tmp_path)
 
 
-def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any]) -> None:
+def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any], capsys) -> None:
     """A store given as an http:// URL (a real server on 127.0.0.1) is mounted like a local one; a dilbert store
     at a URL needs --index, since Lucene reads only local files."""
     from tests.fixtures.http_store import serve_directory
@@ -673,6 +673,8 @@ def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any]) ->
         name, path = parse_store_argument(url)
         store = open_served_store(name, path, tiny["ranker_dir"], None)
         assert store.description["path"] == url and store.description["info"]["passages"] == len(DOCUMENTS)
+        # The start-up line names the store's encoding (lowbit39 L1: nothing but /stores said which it was).
+        assert f"store {name!r} (earl-s2, fp16, {len(DOCUMENTS)} passages) from {url}" in capsys.readouterr().err
         with pytest.raises(DilstoreError, match="give a local copy of the store's bm25/ folder with --index qa=DIR$"):
             open_served_store("qa", f"{files.url}/{tiny['qa'].name}", tiny["model_dir"], None)
         with running([store]) as (client, _):
