@@ -103,12 +103,13 @@ def run(args: argparse.Namespace) -> int:
             topics, first_stage, depth, skip_missing=args.skip_missing, on_query=lambda _: bar.update()
         )
     write_run(args.output, reranked, tag=reranker.run_tag)
-    summary = {**stats.to_dict(), "depth": depth, "output": str(args.output)}
+    encoding = reranker.store.fingerprint.encoding  # what the states were read from (lowbit39 L1)
+    summary = {**stats.to_dict(), "depth": depth, "output": str(args.output), "encoding": encoding}
     if args.json:
         print(json.dumps(summary))
         return 0
     print(
-        f"reranked {stats.queries} queries, {stats.pairs} pairs (depth {depth}) "
+        f"reranked {stats.queries} queries, {stats.pairs} pairs (depth {depth}, {encoding} store) "
         f"in {stats.seconds:.1f} s -> {args.output}"
     )
     if stats.skipped:

@@ -410,9 +410,11 @@ def test_cli_text_summary_and_progress_bar(
     status, out, err = cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--depth", 2)
     assert status == 0, err
     assert "rerank" in err and "3/3" in err  # tqdm's bar over queries
-    assert out.startswith("reranked 3 queries, 6 pairs (depth 2)") and "timings: query layers" in out
-    status, out, err = cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--no-progress")
-    assert status == 0 and err == "" and "(depth 100)" in out
+    assert out.startswith("reranked 3 queries, 6 pairs (depth 2, fp32 store)") and "timings: query layers" in out
+    status, out, err = cli(capsys, store("earl-s1", "int8"), *arguments, "--model", model_dir, "--no-progress")
+    assert status == 0 and err == "" and "(depth 100, int8 store)" in out  # lowbit39 L1: nothing named the encoding
+    status, out, err = cli(capsys, store("earl-s1", "int8"), *arguments, "--model", model_dir, "--json")
+    assert status == 0 and json.loads(out)["encoding"] == "int8"
 
 
 def test_cli_skip_missing_counts_and_leaves_out(
