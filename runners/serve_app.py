@@ -52,7 +52,7 @@ from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import CLIENT_GONE, CONTENT_TYPE, Metrics
 from dilstore.storage.errors import DilstoreError, listed
 from dilstore.storage.format import StoreFormatError, StoreReadError
-from dilstore.storage.reader import MissingPassagesError
+from dilstore.storage.reader import MissingPassagesError, Store
 
 logger = logging.getLogger("dilstore.serve")
 # A /rerank query may be this many characters per token its ranker reads (BERT reads a word of more than 100 as
@@ -173,6 +173,11 @@ class AskService:
     def _top_p(self, request: AskRequest) -> int:
         return self.odqa.settings.top_p if request.top_p is None else request.top_p
 
+    @property
+    def store(self) -> Store:
+        """The store the answers are read from."""
+        return self.odqa.store
+
 
 class RerankService:
     """/rerank over an EARL or Listformer store, one request at a time; `searcher` serves bm25_top_k requests."""
@@ -182,6 +187,11 @@ class RerankService:
     def __init__(self, reranker: StoreReranker, searcher: Bm25Searcher | None = None) -> None:
         self.reranker = reranker
         self.searcher = searcher
+
+    @property
+    def store(self) -> Store:
+        """The store the documents' states are read from."""
+        return self.reranker.store
 
     def pairs(self, request: RerankRequest) -> int:
         """Query–document pairs the request judges."""
@@ -386,7 +396,18 @@ class StoreRouter:
         return JSONResponse(result)
 
     def health(self) -> JSONResponse:
-        """200 naming the stores, or 503 naming those that became unavailable and why."""
+        """200 naming the stores, or 503 naming those that became unavailable and why.
+
+        Each store's files are checked here too (`Store.check_unchanged`): a store replaced under an idle server
+        kept /health at 200, in a load balancer's rotation, until a request happened to reach it (conc39 M1).
+        """
+        for store in self.stores:
+            if store.problem is None:
+                try:
+                    store.service.store.check_unchanged()
+                except StoreFormatError as error:
+                    store.problem = str(error)
+                    logger.error("store %r is unavailable from now on: %s", store.name, error)
         problems = {store.name: store.problem for store in self.stores if store.problem is not None}
         if problems:
             return JSONResponse({"status": "unavailable", "stores": self.names, "problems": problems}, status_code=503)

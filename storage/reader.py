@@ -182,6 +182,18 @@ class Store:
                 passages[position] = passage
         return passages  # type: ignore[return-value]  # every position was filled above
 
+    def check_unchanged(self) -> None:
+        """A StoreChangedError when a file this local store has mapped or opened (its id index, every open shard)
+        changed since it was found; nothing for a store at a URL. A stat per file, for a server's health check:
+        a store replaced under an idle server was found out only by the next request."""
+        if self.location.local_root is None:
+            return
+        check_unchanged(self._index_files)
+        with self._lock:
+            readers = list(self._shards.values())
+        for reader in readers:
+            check_unchanged(reader.watched_files)
+
     def _check_watched_files(self, passage_ids: Sequence[str], index: IdIndex) -> None:
         """With `check_files`, on a local store, before a lookup reads them: the id index's mapped files and the
         watched files of the open shards these ids point to must be as they were found (storage/mapped.py: a file

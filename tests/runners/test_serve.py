@@ -305,6 +305,22 @@ def test_a_store_whose_files_went_away_is_unavailable_and_health_says_so(
     assert metric(text, "dilstore_errors_total", endpoint="/ask", kind="unavailable") == 2
 
 
+def test_health_finds_a_store_replaced_under_an_idle_server(tiny: dict[str, Any], tmp_path: Path) -> None:
+    """/health said 200 until a request happened to reach the replaced store, so an idle server stayed in a load
+    balancer's rotation (conc39 M1)."""
+    shutil.copytree(tiny["qa"], tmp_path / "qa")
+    odqa = OpenDomainReader(tiny["model"], open_store(tmp_path / "qa"), OverlapSearcher(tiny["texts"]), OdqaSettings())
+    with running(make_stores(tiny, odqa), max_wait=0.0) as (client, _):
+        assert client.post("/ask", json={"question": QUESTIONS[0]}).status_code == 200
+        assert client.get("/health").status_code == 200
+        (tmp_path / "qa").rename(tmp_path / "qa-old")  # what `precompute --overwrite` does: another store in its place
+        shutil.copytree(tiny["qa"], tmp_path / "qa")
+        health = client.get("/health")
+        assert health.status_code == 503 and list(health.json()["problems"]) == ["qa"], health.text
+        assert "after the store was opened" in health.json()["problems"]["qa"]
+        assert client.post("/ask", json={"question": QUESTIONS[0]}).status_code == 503
+
+
 def test_a_full_queue_gets_503_with_retry_after_and_the_server_recovers(tiny: dict[str, Any]) -> None:
     odqa = make_odqa(tiny)
     bodies = [{"question": q} for q in QUESTIONS[:4]]
