@@ -29,6 +29,7 @@ from dilstore.storage.format import (
 )
 from dilstore.storage.location import StoreLocation, is_special_file
 from dilstore.storage.replacement import replaced_dir
+from dilstore.storage.write_lock import writer_of
 from dilstore.storage.zarr_reads import read_failure
 
 
@@ -239,6 +240,10 @@ def read_manifest(location: StoreLocation) -> Manifest:
             raise StoreFormatError(f"no store at {location.url}{_interrupted_swap(location)}")
         if not any(location.exists(begun) for begun in (SPEC_FILE, SHARDS_DIR)):  # no run began here: not a store
             raise StoreFormatError(f"no store at {location.url}: a folder with no dilstore manifest")
+        writer = None if location.local_root is None else writer_of(location.local_root)
+        if writer is not None:  # it was called "never finalized" while its precompute ran (conc39 M2)
+            raise StoreFormatError(f"the store at {location.url} is being written by pid {writer} (a `dilstore "
+                                   "precompute` not finished yet): wait for it")  # fmt: skip
         raise StoreFormatError(
             f"{where} is missing: the store at {location.url} was never finalized (a `dilstore precompute` killed "
             "before its end: the same command again goes on from the shards it finished), or its manifest was deleted"

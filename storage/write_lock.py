@@ -65,6 +65,26 @@ def write_lock(folder: Path, role: str = WRITE_ROLE, doing: str = "written") -> 
         os.close(descriptor)
 
 
+def writer_of(folder: Path, role: str = WRITE_ROLE) -> str | None:
+    """The pid of the process that holds `folder`'s lock for `role`, or None: none holds it, or this system does not
+    say (Linux's /proc/locks names flock holders).
+
+    Read, not probed by taking the lock: a reader that took it, however briefly, could turn away a writer starting
+    at that moment.
+    """
+    try:
+        status = lock_path(folder, role).stat()
+        table = Path("/proc/locks").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    device = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+    for line in table.splitlines():  # "1: FLOCK  ADVISORY  WRITE 28626 fe:00:2146315 0 EOF"
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == device and fields[4].isdigit():
+            return fields[4]
+    return None
+
+
 def _check_ancestors(folder: Path) -> None:
     """A DilstoreError when the nearest existing folder above `folder` is a file (mkdir said only "File exists")."""
     for ancestor in folder.absolute().parents:

@@ -68,6 +68,7 @@ from dilstore.storage.errors import DilstoreError, as_list, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import Store, open_store
 from dilstore.storage.records import StoredPassage
+from dilstore.storage.write_lock import INDEX_ROLE, writer_of
 
 DEFAULT_MU = 0.5
 # Characters per allowed word piece in the cheap pre-check that keeps a huge
@@ -414,6 +415,10 @@ def open_reader(
             raise DilstoreError(f"store {store_path} holds no passages (its precompute stored none): nothing to search")
         index = Path(index_dir) if index_dir is not None else bm25_index_dir(store_path)
         if not any(index.glob("segments_*")):
+            indexer = None if store.location.local_root is None else writer_of(store.location.local_root, INDEX_ROLE)
+            if indexer is not None:  # it was told to build the index `dilstore index` was building (conc39 M2)
+                raise DilstoreError(f"the index of {store_path} is being built by pid {indexer} (`dilstore index`): "
+                                    "wait for it")  # fmt: skip
             raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {store_path}`")
         check_index_covers(index, store.manifest, store_path)
     model = load_store_model(store, model_dir, online_variant=online_variant)

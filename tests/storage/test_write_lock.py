@@ -11,7 +11,10 @@ import pytest
 from dilstore.runners.cli import main
 from dilstore.storage import write_lock as write_lock_module
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.write_lock import lock_path, write_lock
+from dilstore.storage.format import StoreFormatError
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
+from dilstore.storage.write_lock import lock_path, write_lock, writer_of
 from tests.fixtures.locks import held_lock
 
 
@@ -23,6 +26,23 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path: Path) -> None
     with write_lock(store) as path:
         assert path == lock_path(store)
         assert path.read_text().strip() == str(os.getpid())
+
+
+@pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="Linux's /proc/locks names the holder")
+def test_a_store_being_written_is_named_so_not_never_finalized(tmp_path: Path) -> None:
+    """`info`, `ask`, `serve` and `verify` said a store a live precompute was writing "was never finalized (a
+    `dilstore precompute` killed before its end)" (conc39 M2)."""
+    store = tmp_path / "store"
+    (store / "shards").mkdir(parents=True)
+    (store / "precompute.json").write_text("{}")
+    assert writer_of(store) is None
+    with held_lock(store) as holder:
+        assert writer_of(store) == str(holder)
+        with pytest.raises(StoreFormatError, match=rf"is being written by pid {holder} \(a `dilstore precompute` "
+                                                   r"not finished yet\): wait for it$"):  # fmt: skip
+            read_manifest(StoreLocation.parse(store))
+    with pytest.raises(StoreFormatError, match="was never finalized"):
+        read_manifest(StoreLocation.parse(store))
 
 
 def test_two_spellings_of_one_folder_take_one_lock(tmp_path: Path) -> None:

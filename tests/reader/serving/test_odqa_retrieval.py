@@ -21,12 +21,14 @@ from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import MissingPassagesError
 from dilstore.storage.verify import verify_store
+from dilstore.storage.write_lock import INDEX_ROLE
 from tests.fixtures.odqa_fixtures import (
     collection_documents,
     write_collection,
     write_reader_and_store,
     write_reader_checkpoint,
 )
+from tests.fixtures.locks import held_lock
 from tests.fixtures.paths import ROOT
 
 QUESTION = "When did the Zürich tram network open?"
@@ -139,6 +141,16 @@ def test_a_top_p_beyond_javas_int_returns_every_hit(indexed: dict[str, Any]) -> 
     assert searcher.batch_search([QUESTION], ["q"], 2**31)["q"] == everything
     odqa = open_reader(indexed["store"], indexed["model"], settings=OdqaSettings(top_p=2**31))
     assert odqa.answer(QUESTION).nbest
+
+
+def test_a_store_whose_first_index_is_being_built_says_so(indexed: dict[str, Any], tmp_path: Path) -> None:
+    """While a first `dilstore index` ran, `ask` and `serve` said "build it with `dilstore index`" (conc39 M2)."""
+    store = shutil.copytree(indexed["store"], tmp_path / "store", ignore=shutil.ignore_patterns("bm25"))
+    building = rf"^the index of {store} is being built by pid "
+    with held_lock(store, INDEX_ROLE) as holder, pytest.raises(DilstoreError, match=f"{building}{holder} "):
+        open_reader(store, indexed["model"])
+    with pytest.raises(DilstoreError, match="no Lucene index at .*: build it with `dilstore index"):
+        open_reader(store, indexed["model"])
 
 
 def test_an_index_of_another_store_is_named_as_such(indexed: dict[str, Any], tmp_path: Path) -> None:
