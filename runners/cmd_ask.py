@@ -12,6 +12,7 @@ from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import StoreChangedError
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     from dilstore.reader.serving.answers import Answer
@@ -109,6 +110,10 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
             continue
         try:
             answer = odqa.answer(question)
+        except StoreChangedError as error:  # no later question can be read either: some were, others not (conc39 L4)
+            print(f"dilstore ask: error: {error}; the session ends: start `dilstore ask` again to read the store as it "
+                  "is now", file=err, flush=True)  # fmt: skip
+            return 2
         except DilstoreError as error:
             print(f"dilstore ask: error: {error}", file=err, flush=True)
             status = 2

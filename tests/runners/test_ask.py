@@ -19,6 +19,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.retrieval import Hit
 from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
 from dilstore.runners.cmd_ask import highlight, interactive, print_answer, printable
+from dilstore.storage.format import StoreChangedError
 from dilstore.storage.reader import open_store
 from tests.fixtures.odqa_fixtures import collection_documents, write_collection, write_reader_and_store
 from tests.fixtures.paths import ROOT
@@ -131,6 +132,25 @@ def test_a_line_that_is_not_utf8_is_reported_and_the_session_goes_on(store_and_m
     assert interactive(odqa, raw, out, err, as_json=True) == 2  # was 0: a script could not tell a question was lost
     assert err.getvalue() == "dilstore ask: error: the question is not UTF-8 text (byte at character 6); skipped\n"
     assert [json.loads(line)["question"] for line in out.getvalue().splitlines()] == [GOOD]
+
+
+def test_a_store_rebuilt_under_the_session_ends_it(store_and_model: tuple[Path, Path], monkeypatch) -> None:
+    """After an --overwrite under a stdin session, some questions were answered from the old store and others failed
+    with "reopen the store", to the end of the input (conc39 L4): the session ends at the first such error."""
+    store_dir, model_dir = store_and_model
+    odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), OneHitSearcher(),
+                            OdqaSettings(mu=0.5))  # fmt: skip
+
+    def rebuilt(question: str) -> None:
+        raise StoreChangedError("store S was rebuilt after it was opened; reopen the store")
+
+    monkeypatch.setattr(odqa, "answer", rebuilt)
+    out, err = io.StringIO(), io.StringIO()
+    assert interactive(odqa, io.StringIO(f"{GOOD}\n{GOOD}\n"), out, err, as_json=True) == 2
+    assert err.getvalue().splitlines() == ["dilstore ask: error: store S was rebuilt after it was opened; reopen the "
+                                           "store; the session ends: start `dilstore ask` again to read the store as "
+                                           "it is now"]  # fmt: skip
+    assert out.getvalue() == ""
 
 
 def test_a_question_argument_that_is_not_utf8_is_refused_before_the_store_opens(tmp_path: Path, capsys) -> None:

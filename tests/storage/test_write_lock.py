@@ -45,6 +45,27 @@ def test_a_store_being_written_is_named_so_not_never_finalized(tmp_path: Path) -
         read_manifest(StoreLocation.parse(store))
 
 
+def test_a_writer_refused_before_the_holder_recorded_its_pid_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder writes its pid just after it takes the lock: a writer refused in between said "pid unknown"
+    (conc39 L1)."""
+    store = tmp_path / "store"
+    with held_lock(store) as holder:
+        reads = []
+        real_pread = os.pread
+
+        def late(descriptor: int, size: int, offset: int) -> bytes:
+            reads.append(1)
+            return b"" if len(reads) < 3 else real_pread(descriptor, size, offset)  # as if read before the pwrite
+
+        monkeypatch.setattr(write_lock_module.os, "pread", late)
+        with pytest.raises(DilstoreError, match=rf"being written by pid {holder} "):
+            with write_lock(store):
+                pass
+    assert len(reads) == 3
+
+
 def test_two_spellings_of_one_folder_take_one_lock(tmp_path: Path) -> None:
     """`dilstore index lk` and `dilstore index lklink` (a link to lk) each took a lock and built at once."""
     store = tmp_path / "lk"
