@@ -212,6 +212,7 @@ def build_bm25_index_in_place(
     threads: int = 1,
     store: Manifest | None = None,
     progress: Callable[[int], None] | None = None,
+    reread: Callable[[], Manifest] | None = None,
 ) -> Path:
     """Build `index_dir` in a temporary folder beside it and rename it into place when complete.
 
@@ -220,7 +221,8 @@ def build_bm25_index_in_place(
     With `store`, the index records which state of that store it covers
     (INDEX_RECORD), so that a reader can tell when an append made it stale, and must index every one of its
     passages: an index short of them (a line of the collection Anserini could not read) is not put in place.
-    progress: as in build_bm25_index.
+    progress: as in build_bm25_index. reread: the store's manifest as it is now, read again before the index is put
+    in place: a store rebuilt or appended to during the build is not the one indexed.
     """
     building = index_dir.with_name(f".{index_dir.name}.building")
     _refuse_while_building(building)
@@ -234,6 +236,10 @@ def build_bm25_index_in_place(
                if read < store.passages else "the store grew while it was indexed: run `dilstore index` again")
         raise DilstoreError(f"the BM25 build read {read} of the store's {store.passages} passages from "
                             f"{collection_dir} ({why}); the index was not replaced")  # fmt: skip
+    if store is not None and reread is not None and indexed_state(reread()) != indexed_state(store):
+        remove_path(building)  # it said it wrote the index, which readers then refused as another store's (conc39 L5)
+        raise DilstoreError("the store was rebuilt or appended to while it was indexed (a `dilstore precompute` ran "
+                            "meanwhile): run `dilstore index` again; the index was not replaced")  # fmt: skip
     if store is not None:
         (building / INDEX_RECORD).write_text(json.dumps(indexed_state(store), sort_keys=True) + "\n", encoding="utf-8")
     replace_dir(building, index_dir)  # the old index stays whole until the new one is in its place

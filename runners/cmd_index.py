@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,9 +87,12 @@ def stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def build_index(collection: Path, target: Path, threads: int, store: Manifest, show_progress: bool) -> None:
+def build_index(
+    collection: Path, target: Path, threads: int, store: Manifest, show_progress: bool, reread: Callable[[], Manifest]
+) -> None:
     """Index the JSONL folder `collection` of `store` into `target`, with Anserini's log on stderr and, when
-    `show_progress`, a bar of the passages indexed."""
+    `show_progress`, a bar of the passages indexed; `reread` reads the store's manifest again before the index goes
+    in place (a precompute may rebuild or append to the store meanwhile)."""
     from tqdm import tqdm
 
     from dilstore.reader.retrieval import build_bm25_index_in_place
@@ -96,7 +100,7 @@ def build_index(collection: Path, target: Path, threads: int, store: Manifest, s
     bar = tqdm(total=store.passages, unit="passage", desc="index", file=sys.stderr, dynamic_ncols=True,
                mininterval=0.5, disable=not show_progress)  # fmt: skip
     with bar, stdout_to_stderr():
-        build_bm25_index_in_place(collection, target, threads=threads, store=store,
+        build_bm25_index_in_place(collection, target, threads=threads, store=store, reread=reread,
                                   progress=lambda indexed: bar.update(indexed - bar.n))  # fmt: skip
 
 
@@ -121,13 +125,14 @@ def run_command(args: argparse.Namespace) -> int:
     started = time.time()
     with write_lock(store, INDEX_ROLE, doing="indexed"):
         manifest = read_manifest(StoreLocation.parse(store))
+        reread = functools.partial(read_manifest, StoreLocation.parse(store))  # the store's write lock is not held
         if is_appended(store):
             with scratch_dir("dilstore-collection-") as live:
                 files = write_live_collection(store, live)
-                build_index(live, target, args.threads, manifest, show_progress)
+                build_index(live, target, args.threads, manifest, show_progress, reread)
         else:
             files = len(list(collection.glob("*.jsonl")))
-            build_index(collection, target, args.threads, manifest, show_progress)
+            build_index(collection, target, args.threads, manifest, show_progress, reread)
     result = {
         "index": str(target),
         "collection": str(collection),

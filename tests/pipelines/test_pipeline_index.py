@@ -93,6 +93,40 @@ def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
     assert "rebuild it with `dilstore index STORE`" in damaged.stdout
 
 
+# Builds STORE/bm25 as if a precompute had rebuilt the store during the build (its manifest's generation changed).
+REBUILT_MEANWHILE = (
+    "import dataclasses, sys; from pathlib import Path\n"
+    "from dilstore.reader.retrieval import build_bm25_index_in_place\n"
+    "from dilstore.storage.errors import DilstoreError\n"
+    "from dilstore.storage.location import StoreLocation; from dilstore.storage.manifest import read_manifest\n"
+    "store = Path(sys.argv[1]); manifest = read_manifest(StoreLocation.parse(store))\n"
+    "rebuilt = dataclasses.replace(manifest, generation='0' * 16)\n"
+    "try:\n"
+    "    build_bm25_index_in_place(store / 'passages' / 'jsonl', store / 'bm25', store=manifest,\n"
+    "                              reread=lambda: rebuilt)\n"
+    "except DilstoreError as error:\n"
+    "    print(error)\n"
+)
+
+
+def test_an_index_of_a_store_rebuilt_while_it_was_built_is_not_put_in_place(tmp_path: Path) -> None:
+    """`index` took the store's lock only at its start: an --overwrite during the build made it exit 0 with an
+    index of the old store, which `ask` then refused as another store's (conc39 L5)."""
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", DOCUMENTS)
+    store = tmp_path / "store"
+    assert cli.main(["precompute", "--input", str(corpus), "--output", str(store), "--model",
+                     str(save_tiny_reader(tmp_path / "tiny")), "--workers", "1", "--max-length", "48",
+                     "--no-progress"]) == 0  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", REBUILT_MEANWHILE, str(store)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == (
+        "the store was rebuilt or appended to while it was indexed (a `dilstore precompute` ran meanwhile): run "
+        "`dilstore index` again; the index was not replaced"
+    )
+    assert not (store / "bm25").exists() and not (store / ".bm25.building").exists()
+
+
 def test_index_refuses_a_folder_that_is_not_a_precomputed_store(tmp_path: Path, capsys) -> None:
     assert cli.main(["index", str(tmp_path / "missing")]) == 2
     assert "no store at" in capsys.readouterr().err
