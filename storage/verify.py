@@ -154,19 +154,24 @@ def verify_store(
     if not unreadable(CODEBOOK_DIR):
         _guarded(report, CODEBOOK_DIR, lambda: report.problems.extend(store_codebook_problems(
             location, shard_paths, manifest.encoding, manifest.generation, manifest.fingerprint)))  # fmt: skip
-    if report.problems and _replaced_meanwhile(location, manifest):
-        # An append committed while verify read: its checks of the old manifest's index and files say nothing
-        # about either state (an index it removed read as "cannot be read: GroupNotFoundError").
-        report.problems = ["the store changed while it was verified (an append committed): run verify again"]
+    change = _change_meanwhile(location, manifest) if report.problems else None
+    if change is not None:
+        # An append committed, or a rebuild swapped in, while verify read: its checks of the old manifest's index
+        # and files say nothing about either state (an index it removed read as "cannot be read: GroupNotFoundError").
+        report.problems = [f"the store changed while it was verified ({change}): run verify again"]
     return report
 
 
-def _replaced_meanwhile(location: StoreLocation, verified: Manifest) -> bool:
-    """Whether the store's manifest is now another than the one verified."""
+def _change_meanwhile(location: StoreLocation, verified: Manifest) -> str | None:
+    """What replaced the verified manifest meanwhile, in words: an append, or another build (a rebuild, which was
+    called an append, conc39 L3); None when it is still the one verified."""
     try:
-        return read_manifest(location) != verified
+        now = read_manifest(location)
     except DilstoreError:
-        return False
+        return None
+    if now == verified:
+        return None
+    return "an append committed" if now.generation == verified.generation else "it was rebuilt: another build"
 
 
 def _store_codebook_names(location: StoreLocation) -> set[str] | None:

@@ -308,6 +308,19 @@ def test_verify_during_a_commit_says_the_store_changed_not_that_it_is_damaged(
     ]
     monkeypatch.setattr(verify, "_check_index", check_index)
     assert verify_store(store).ok
+    real = verify.read_manifest
+    reads = []
+
+    def rebuilt_meanwhile(location):  # the second read, after the checks, finds another build (--overwrite)
+        reads.append(location)
+        manifest = real(location)
+        return manifest if len(reads) == 1 else dataclasses.replace(manifest, generation="0" * 16)
+
+    monkeypatch.setattr(verify, "read_manifest", rebuilt_meanwhile)
+    monkeypatch.setattr(verify, "_check_index", lambda *args, **kwargs: (_ for _ in ()).throw(OSError("gone")))
+    assert verify_store(store).problems == [
+        "the store changed while it was verified (it was rebuilt: another build): run verify again"
+    ]  # it was called an append (conc39 L3)
 
 
 def test_leftovers_of_killed_appends_and_replaced_indexes_are_removed(tmp_path: Path) -> None:
