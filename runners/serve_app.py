@@ -267,6 +267,11 @@ class ServedStore:
     description: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
 
+    def fail(self, error: Exception) -> None:
+        """Mark the store unavailable for good: its files changed under the server (`error` says how)."""
+        self.problem = str(error)
+        logger.error("store %r is unavailable from now on: %s", self.name, error)
+
     def unavailable(self) -> ClientError:
         """The 503 each request to this store gets once it has a problem."""
         return ClientError(503, f"store {self.name!r} is unavailable: {self.problem}; restart the server to serve "
@@ -376,8 +381,7 @@ class StoreRouter:
             try:
                 result = await self.batchers[store.name].submit(request, pairs)
             except StoreFormatError as error:  # the files under the open store changed: no later request can work
-                store.problem = str(error)
-                logger.error("store %r is unavailable from now on: %s", store.name, error)
+                store.fail(error)
                 raise store.unavailable() from None
             except StoreReadError as error:  # a remote read failed in transit: this request only, the store stays
                 logger.warning("reading store %r failed: %s", store.name, error)
@@ -406,8 +410,7 @@ class StoreRouter:
                 try:
                     store.service.store.check_unchanged()
                 except StoreFormatError as error:
-                    store.problem = str(error)
-                    logger.error("store %r is unavailable from now on: %s", store.name, error)
+                    store.fail(error)
         problems = {store.name: store.problem for store in self.stores if store.problem is not None}
         if problems:
             return JSONResponse({"status": "unavailable", "stores": self.names, "problems": problems}, status_code=503)
