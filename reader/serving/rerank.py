@@ -250,7 +250,6 @@ class StoreReranker(ABC, Generic[RankerT]):
         stats = RerankStats() if stats is None else stats
         if not isinstance(stats, RerankStats):
             raise DilstoreError(f"stats must be a RerankStats or None, got {type(stats).__name__}")
-        _check_skip_missing(skip_missing)
         return self.rerank_tokenized(self._tokenize_timed(query, stats), doc_ids, skip_missing=skip_missing,
                                      stats=stats)  # fmt: skip
 
@@ -356,6 +355,7 @@ class StoreReranker(ABC, Generic[RankerT]):
         """`rerank` of a query `tokenize_query` has tokenized: a server that checked the query up front, or a run
         that checked all its topics, does not tokenize it again."""
         doc_ids = as_list(doc_ids, "doc_ids must be a list of document ids")
+        _check_skip_missing(skip_missing)
         wrong = next((doc_id for doc_id in doc_ids if not isinstance(doc_id, str)), None)
         if wrong is not None:  # a list or dict among them failed in dict.fromkeys with a bare TypeError
             raise DilstoreError(f"doc_ids must be strings, got {type(wrong).__name__} {wrong!r:.60}")
