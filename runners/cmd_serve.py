@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "earl-s1/earl-s2 and listformer stores, GET /health, /stores, /metrics (Prometheus) and /docs. "
             "Concurrent /ask requests share batches of the interaction layers. Ctrl-C, SIGTERM or SIGHUP answers "
             "the requests in flight, then exits 0; a second one quits at once (the requests in flight get 503). "
-            "An idle store worker hands the memory its batches freed back to the OS."
+            "A store worker hands the memory its batches freed back to the OS when idle, and every 5 s when busy."
         ),
     )
     parser.add_argument(
