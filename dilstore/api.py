@@ -10,13 +10,12 @@ default to the checkpoints shipped in the package.
 from __future__ import annotations
 
 import argparse
-import numbers
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from dilstore.storage.errors import DilstoreError, StoppedBySignal, require_at_least_one
+from dilstore.storage.errors import DilstoreError, StoppedBySignal, is_integer, require_at_least_one
 
 if TYPE_CHECKING:  # the heavy layers load on first use, so `import dilstore` stays light
     from dilstore.reader.evaluation.open_domain import QAEvaluation
@@ -301,14 +300,9 @@ def _check_device(device: str | None) -> None:
             raise DilstoreError(f"device: {error}") from None
 
 
-def _is_integer(value: Any) -> bool:
-    """Whether `value` is an integer, a numpy one too, and not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _int(value: Any) -> Any:
     """An integer `_check` took (a numpy one too) as a Python int; anything else (None) as it is."""
-    return int(value) if _is_integer(value) else value
+    return int(value) if is_integer(value) else value
 
 
 def _check(name: str, value: Any, kinds: tuple[type, ...], expected: str) -> None:
@@ -318,7 +312,7 @@ def _check(name: str, value: Any, kinds: tuple[type, ...], expected: str) -> Non
     A wrong type deep in a layer surfaced as a bare TypeError or AttributeError
     far from the call that caused it; a numpy integer was refused as "must be a positive integer, got int64 3".
     """
-    if int in kinds and _is_integer(value):
+    if int in kinds and is_integer(value):
         return
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise DilstoreError(f"{name} must be {expected}, got {type(value).__name__} {value!r:.80}")

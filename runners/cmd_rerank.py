@@ -81,14 +81,13 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     from tqdm import tqdm
 
-    from dilstore.reader.serving.rerank import DEFAULT_DEPTH, RerankSettings, check_depth, open_reranker, require_topics
+    from dilstore.reader.serving.rerank import DEFAULT_DEPTH, RerankSettings, checked_depth, open_reranker, require_topics
     from dilstore.reader.data.trec import read_run, read_topics, write_run
 
     refuse_output_inside_store(args.output, args.store, "--output")
     refuse_output_inside_models(args.output, args.model, "--output")
     check_output_file(args.output, "--output", [args.topics, args.run_file])
-    depth = DEFAULT_DEPTH if args.depth is None else args.depth
-    check_depth(depth)
+    depth = checked_depth(DEFAULT_DEPTH if args.depth is None else args.depth)
     topics = read_topics(args.topics)
     first_stage = read_run(args.run_file)
     if not first_stage:

@@ -1,6 +1,6 @@
 """The exception type that carries a user-facing message (and its one kind for a run stopped by a signal), the
-one "must be at least 1" check, the one check that an argument is a list, and how a message names a few of many
-items.
+one "must be at least 1" check, the one check that an argument is a positive integer (a numpy one too), the one
+check that an argument is a list, and how a message names a few of many items.
 
 It lives in the lowest layer so that every layer above can raise it and the
 command line can turn it into a clear message and a non-zero exit, never a
@@ -9,6 +9,7 @@ traceback.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -42,6 +43,22 @@ def require_at_least_one(values: Mapping[str, int | None], *, dashed: bool = Tru
         if value is not None and value < 1:
             label = name.replace("_", "-") if dashed else name
             raise DilstoreError(f"{label} must be at least 1, got {value}")
+
+
+def is_integer(value: Any) -> bool:
+    """Whether `value` is an integer, a numpy one too, and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def positive_int(name: str, value: Any) -> int:
+    """`value` as a Python int; a DilstoreError naming `name` unless it is an integer of at least 1.
+
+    A numpy integer (a count read from an array) is taken and turned into an
+    int, which JSON and Java both take; a bool or a float is refused.
+    """
+    if not is_integer(value) or value < 1:
+        raise DilstoreError(f"{name} must be a positive integer, got {_cut(repr(value))}")
+    return int(value)
 
 
 def listed(items: Sequence[str], *, quoted: bool = True, limit: int = SHOWN, separator: str = ", ") -> str:

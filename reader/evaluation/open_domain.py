@@ -38,7 +38,7 @@ from pyserini.eval.evaluate_dpr_retrieval import SimpleTokenizer
 
 from dilstore.reader.data.squad import load_open_questions, load_squad
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
-from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu, check_top_p
+from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu, checked_top_p
 from dilstore.reader.serving.odqa import OpenDomainReader
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError, require_at_least_one
@@ -199,8 +199,7 @@ def evaluate_top_ps(
     questions were done after each batch. Every run shares the model-pass
     timings and seconds.
     """
-    for top_p in top_ps:
-        check_top_p(top_p)
+    top_ps = [checked_top_p(top_p) for top_p in top_ps]
     check_mu(mu)
     if not top_ps:
         raise DilstoreError("give at least one top-p to evaluate")

@@ -15,17 +15,16 @@ import numpy as np
 
 from dilstore.reader.retrieval import Hit
 from dilstore.reader.serving.timing import StageTimer
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, positive_int
 from dilstore.storage.records import StoredPassage
 
 STAGES = ("retrieval", "store_read", "question_layers", "interaction_layers", "decode")
 DEFAULT_TOP_P = 29  # passages retrieved per question when a caller gives none (the seed uses 29 and 100)
 
 
-def check_top_p(top_p: int) -> None:
-    """Raise DilstoreError unless top_p is a positive integer."""
-    if isinstance(top_p, bool) or not isinstance(top_p, int) or top_p < 1:
-        raise DilstoreError(f"top_p must be a positive integer, got {top_p!r}")
+def checked_top_p(top_p: int) -> int:
+    """top_p as an int; a DilstoreError unless it is a positive integer (a numpy one is taken)."""
+    return positive_int("top_p", top_p)
 
 
 def check_mu(mu: float) -> None:

@@ -59,7 +59,7 @@ from dilstore.reader.serving.answers import (
     Timings,
     aggregate,
     check_mu,
-    check_top_p,
+    checked_top_p,
 )
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
 from dilstore.reader.serving.stored_states import pad_stored_states
@@ -98,7 +98,7 @@ class OdqaSettings:
     max_pairs_per_batch: int = DEFAULT_MAX_PAIRS_PER_BATCH
 
     def __post_init__(self) -> None:
-        check_top_p(self.top_p)
+        object.__setattr__(self, "top_p", checked_top_p(self.top_p))  # a numpy int as an int, for JSON
         check_mu(self.mu)
         limits = ("n_best", "max_answer_length", "pair_batch_tokens", "max_pairs_per_batch")
         require_at_least_one({name: getattr(self, name) for name in limits}, dashed=False)
@@ -193,8 +193,7 @@ class OpenDomainReader:
         top_ps = list(top_p) if per_question else [top_p] * len(questions)
         if len(top_ps) != len(questions):
             raise DilstoreError(f"got {len(questions)} questions but {len(top_ps)} top_p values")
-        for value in top_ps:
-            check_top_p(value)
+        top_ps = [checked_top_p(value) for value in top_ps]
         timings = Timings()
         tokenized = self._tokenize_questions(questions)
         if self.searcher is None:

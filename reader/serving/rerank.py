@@ -78,7 +78,7 @@ from dilstore.reader.packaged.shipped import default_listformer_dir, default_ran
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_query
-from dilstore.storage.errors import DilstoreError, as_list, listed, require_at_least_one
+from dilstore.storage.errors import DilstoreError, as_list, listed, positive_int, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import MissingPassagesError, Store, open_store
 from dilstore.storage.records import StoredPassage
@@ -149,10 +149,9 @@ class RerankStats(StageTimer):
         }
 
 
-def check_depth(depth: int) -> None:
-    """Raise DilstoreError unless depth is a positive integer."""
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise DilstoreError(f"depth must be a positive integer, got {depth!r}")
+def checked_depth(depth: int) -> int:
+    """depth as an int; a DilstoreError unless it is a positive integer (a numpy one is taken)."""
+    return positive_int("depth", depth)
 
 
 def require_topics(topics: Mapping[str, str], run: Run, source: str = "the topics") -> None:
@@ -272,7 +271,7 @@ class StoreReranker(ABC, Generic[RankerT]):
         not an empty run, and a query left with no document is not in the run
         returned but in `stats.emptied_queries`.
         """
-        check_depth(depth)
+        depth = checked_depth(depth)
         run = _checked_run(run)
         require_topics(topics, run)
         if on_query is not None and not callable(on_query):

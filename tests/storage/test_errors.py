@@ -1,13 +1,17 @@
-"""How a message names a few of many items (storage/errors.py `listed`), the one rule six messages wrote out, and
-the one check that an argument is a list (`as_list`)."""
+"""How a message names a few of many items (storage/errors.py `listed`), the one rule six messages wrote out, the
+one check that an argument is a list (`as_list`), and the one check that a count is a positive integer
+(`positive_int`)."""
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dilstore.storage.errors import ITEM_WIDTH, SHOWN, DilstoreError, as_list, listed
+from dilstore.storage.errors import ITEM_WIDTH, SHOWN, DilstoreError, as_list, listed, positive_int
 
 
 @given(items=st.lists(st.text(max_size=8), max_size=12), limit=st.integers(1, 7))
@@ -38,3 +42,18 @@ def test_any_iterable_but_a_string_is_a_list() -> None:
     for refused, named in (("ab", "str 'ab'"), (b"ab", "bytes b'ab'"), (None, "NoneType None"), (3, "int 3")):
         with pytest.raises(DilstoreError, match=f"^words must be a list, got {named}$"):
             as_list(refused, "words must be a list")
+
+
+@given(st.integers(min_value=1, max_value=2**62), st.sampled_from([int, np.int64, np.int32, np.uint64]))
+def test_a_positive_integer_of_any_integer_type_is_an_int(value: int, kind: type) -> None:
+    """A numpy count was refused by `reader.answer(top_p=np.int64(3))` and `rerank_run(depth=...)` (api39 L1)."""
+    if kind is np.int32:
+        value = min(value, 2**31 - 1)
+    taken = positive_int("top_p", kind(value))
+    assert taken == value and type(taken) is int
+
+
+def test_anything_but_a_positive_integer_is_refused_by_name() -> None:
+    for refused in (0, -3, np.int64(0), True, 2.0, np.float64(2.0), "2", None):
+        with pytest.raises(DilstoreError, match=f"^depth must be a positive integer, got {re.escape(repr(refused))}$"):
+            positive_int("depth", refused)

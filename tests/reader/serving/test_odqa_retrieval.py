@@ -76,6 +76,9 @@ def test_each_question_of_one_read_may_have_its_own_top_p(indexed: dict[str, Any
         odqa.retrieve_and_read([QUESTION, QUESTION], [1])
     with pytest.raises(DilstoreError, match="top_p must be a positive integer, got 0"):
         odqa.retrieve_and_read([QUESTION], [0])
+    numpy = odqa.retrieve_and_read([broad, broad], [np.int64(1), np.int32(5)])  # a count read from an array (api39 L1)
+    assert [reading.hits for reading in numpy] == [alone[:1], alone]
+    assert odqa.answer(broad, top_p=np.int64(5)).text == odqa.answer(broad, top_p=5).text
     for wrong in (2.0, "5"):  # not taken for lists: a TypeError, or a count of the string's characters
         with pytest.raises(DilstoreError, match=f"top_p must be a positive integer, got {wrong!r}"):
             odqa.retrieve_and_read([QUESTION, QUESTION], wrong)

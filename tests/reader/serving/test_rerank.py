@@ -215,6 +215,7 @@ def test_documents_below_depth_follow_in_first_stage_order(store: Callable[..., 
         assert order[2:] == first_order[2:]
         assert {d: reranked[qid][d] for d in order[:2]} == head
         assert max(reranked[qid][d] for d in order[2:]) < min(head.values())
+    assert reranker.rerank_run(QUERIES, FIRST_STAGE, depth=np.int64(2))[0] == reranked  # a numpy count (api39 L1)
 
 
 # ---------------------------------------------------------------------- refusals in the library
