@@ -66,8 +66,8 @@ def open_reader(
     `mu` override the passages read per question and the reader/BM25 score mix.
     `online_variant`: over a store of an encoding the model ships online layers for (`online-ENC.safetensors`,
     trained on that encoding's decoded states; the shipped reader has `online-2bit`), read with those, as `ask`
-    does; False reads with its own (`ask --no-online-variant`). `reader.model.online_variant` names the file used,
-    or is None.
+    does; False reads with its own (`ask --no-online-variant`). `reader.read_with` names the store's encoding and
+    the online layers file used (or None), as `ask --json` prints them.
     """
     from dilstore.reader.serving.odqa import OdqaSettings
     from dilstore.reader.serving.odqa import open_reader as open_odqa_reader

@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Retrieve the top-p passages with BM25, read their stored layer-k states, run the question's "
             "layers 1..k and the interaction layers k+1..l, and print the best answer with its score, its "
-            "passage (span in [[ ]]) and the time per stage. Without a question, questions are read from "
+            "passage (span in [[ ]]), what it was read from (the store's encoding and online layers) and the time "
+            "per stage. Without a question, questions are read from "
             "standard input, one per line, until end of input (blank lines are passed over); a bad question "
             "prints an error and the session goes on."
         ),
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise DilstoreError("no question given and standard input is closed: give a QUESTION or questions on stdin")
     odqa = open_odqa_reader(args)
     if args.question is not None:
-        print_answer(odqa.answer(args.question), args.json, sys.stdout)
+        print_answer(odqa.answer(args.question), args.json, sys.stdout, odqa.read_with)
         return 0
     # Bytes that are not UTF-8 become lone surrogates instead of ending the session with a decode error.
     sys.stdin.reconfigure(errors="surrogateescape")
@@ -118,14 +119,15 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
             print(f"dilstore ask: error: {error}", file=err, flush=True)
             status = 2
             continue
-        print_answer(answer, as_json, out)
+        print_answer(answer, as_json, out, odqa.read_with)
         out.flush()
 
 
-def print_answer(answer: Answer, as_json: bool, out: TextIO) -> None:
-    """The answer as one JSON line, or as text: answer, scores, highlighted passage, timings."""
+def print_answer(answer: Answer, as_json: bool, out: TextIO, read_with: dict[str, str | None]) -> None:
+    """The answer as one JSON line, or as text: answer, scores, highlighted passage, what it was read from (the
+    store's encoding and online layers, `OpenDomainReader.read_with`), timings."""
     if as_json:
-        print(json.dumps(answer.to_dict(), ensure_ascii=False), file=out)
+        print(json.dumps({**answer.to_dict(), **read_with}, ensure_ascii=False), file=out)
         return
     print(f"question: {printable(answer.question)}", file=out)
     best = answer.best
@@ -143,6 +145,8 @@ def print_answer(answer: Answer, as_json: bool, out: TextIO) -> None:
         title = f" ({passage.title})" if passage.title else ""
         print(f"passage: {printable(best.passage_id + title)}", file=out)
         print(f"  {printable(highlight(passage.text, best.char_start, best.char_end))}", file=out)
+    layers = f", online layers {read_with['online_variant']}" if read_with["online_variant"] else ""
+    print(f"read from: {read_with['encoding']} store{layers}", file=out)
     timings = answer.timings.to_dict()
     parts = [f"{label} {1000 * timings[stage]:.1f} ms" for stage, label in _STAGE_LABELS.items()]
     print("timings: " + " | ".join(parts), file=out)

@@ -261,7 +261,7 @@ def open_served_store(
     from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
     from dilstore.runners.serve_app import AskService, RerankService, ServedStore
 
-    layers = ""  # the online layers tuned for the store's encoding, when the reader swapped them in
+    variant = None  # the online layers tuned for the store's encoding, when the reader swapped them in
     if info["kind"] in RERANK_KINDS:
         reranker = open_reranker(path, model, device=device)
         searcher = Bm25Searcher(index) if index is not None else None
@@ -271,11 +271,12 @@ def open_served_store(
         odqa = open_reader(path, model, index_dir=index, device=device)
         service = AskService(odqa)
         odqa.store.check_files = True
-        layers = f", online layers {odqa.model.online_variant}" if odqa.model.online_variant else ""
+        variant = odqa.model.online_variant
     model_name = str(model) if model is not None else "default"
+    layers = f", online layers {variant}" if variant else ""
     print(f"dilstore serve: store {name!r} ({info['kind']}, {info['encoding']}, {info['passages']:,} passages) from "
           f"{path}, model {model_name}{layers}", file=sys.stderr)  # fmt: skip
-    return ServedStore(name, service, {"path": path, "model": model_name, "info": info})
+    return ServedStore(name, service, {"path": path, "model": model_name, "online_variant": variant, "info": info})
 
 
 def served_index(name: str, path: str, kind: str, given: Path | None) -> Path | None:

@@ -167,7 +167,7 @@ class AskService:
                                                    [self._top_p(request) for request in asked])  # fmt: skip
             for index, request, reading in zip(good, asked, readings, strict=True):
                 mu = self.odqa.settings.mu if request.mu is None else request.mu
-                outcomes[index] = aggregate(reading, mu, self.odqa.settings.n_best).to_dict()
+                outcomes[index] = {**aggregate(reading, mu, self.odqa.settings.n_best).to_dict(), **self.odqa.read_with}
         return outcomes  # type: ignore[return-value]
 
     def _top_p(self, request: AskRequest) -> int:
@@ -208,7 +208,8 @@ class RerankService:
         return outcomes
 
     def rerank(self, request: RerankRequest) -> dict[str, Any]:
-        """`{"query", "query_truncated", "results": [{"doc_id", "score", "bm25_score"?}, ...]}`, best first.
+        """`{"query", "query_truncated", "results": [{"doc_id", "score", "bm25_score"?}, ...], "encoding"}`, best
+        first; `encoding` names what the documents' states were read from (fp16, 2bit, ...).
 
         Ties keep the order given (or BM25's order). Unknown doc_ids are the
         client's error (422); a BM25 hit the store lacks is the server's.
@@ -249,7 +250,8 @@ class RerankService:
             {"doc_id": doc_id, "score": score, **({"bm25_score": bm25[doc_id]} if bm25 else {})}
             for doc_id, score in ranked
         ]
-        return {"query": request.query, "query_truncated": query.truncated, "results": results}
+        encoding = self.reranker.store.fingerprint.encoding
+        return {"query": request.query, "query_truncated": query.truncated, "results": results, "encoding": encoding}
 
 
 Service = AskService | RerankService

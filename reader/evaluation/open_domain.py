@@ -233,8 +233,7 @@ def evaluate_top_ps(
         if on_batch is not None:
             on_batch(done)
     seconds = time.perf_counter() - started
-    read_with = (odqa.model.online_variant, odqa.store.fingerprint.encoding)
-    return {top_p: run.result(top_p, float(mu), seconds, timings, *read_with) for top_p, run in runs.items()}
+    return {top_p: run.result(top_p, float(mu), seconds, timings, **odqa.read_with) for top_p, run in runs.items()}
 
 
 def restrict(reading: Reading, top_p: int) -> Reading:

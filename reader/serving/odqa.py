@@ -168,6 +168,16 @@ class OpenDomainReader:
             if close is not None:
                 close()
 
+    @property
+    def read_with(self) -> dict[str, str | None]:
+        """What the answers are read from: the store's encoding (fp16, 2bit, ...) and the packaged online layers
+        swapped in for it (None: the model's own), as `ask --json`, serve's /ask and `evaluate-qa --json` name them.
+
+        A 2bit store read with or without its online layers gives other answers, and nothing in an answer said which
+        (lowbit39 L1).
+        """
+        return {"encoding": self.store.fingerprint.encoding, "online_variant": self.model.online_variant}
+
     # ------------------------------------------------------------------ public API
 
     def answer(self, question: str, top_p: int | None = None, mu: float | None = None) -> Answer:

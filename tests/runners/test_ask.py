@@ -89,6 +89,23 @@ def test_interactive_loop_prints_text_answers_and_errors(store_and_model: tuple[
     text = out.getvalue()
     assert text.count("answer: ") == 1 and "passage: tram#0 (Zürich trams)" in text and "[[" in text
     assert "0.5 * reader" in text and "0.5 * bm25 7.5000" in text and "timings: retrieval" in text
+    assert f"\nread from: {odqa.store.fingerprint.encoding} store\ntimings: " in text
+
+
+def test_an_answer_names_the_store_s_encoding_and_the_online_layers_it_was_read_with(
+    store_and_model: tuple[Path, Path], monkeypatch
+) -> None:
+    """Neither the text nor the JSON said which encoding, or which online layers, gave the answer (lowbit39 L1)."""
+    store_dir, model_dir = store_and_model
+    odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), OneHitSearcher())
+    monkeypatch.setattr(odqa.model, "online_variant", "online-2bit.safetensors")
+    text, document = io.StringIO(), io.StringIO()
+    interactive(odqa, io.StringIO(f"{GOOD}\n"), text, io.StringIO(), as_json=False)
+    interactive(odqa, io.StringIO(f"{GOOD}\n"), document, io.StringIO(), as_json=True)
+    encoding = odqa.store.fingerprint.encoding
+    assert f"\nread from: {encoding} store, online layers online-2bit.safetensors\n" in text.getvalue()
+    answer = json.loads(document.getvalue())
+    assert (answer["encoding"], answer["online_variant"]) == (encoding, "online-2bit.safetensors")
 
 
 class NoHitSearcher:
@@ -101,7 +118,7 @@ def test_a_question_bm25_finds_nothing_for_says_so(store_and_model: tuple[Path, 
     store_dir, model_dir = store_and_model
     odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), NoHitSearcher())
     out = io.StringIO()
-    print_answer(odqa.answer("qwertyzxcv blorf"), False, out)
+    print_answer(odqa.answer("qwertyzxcv blorf"), False, out, odqa.read_with)
     assert "answer: (none: BM25 retrieved no passage for it)\n" in out.getvalue()
 
 

@@ -151,7 +151,7 @@ def served(tiny: dict[str, Any]) -> Iterator[tuple[httpx.Client, Any, OpenDomain
 def cli_json(odqa: OpenDomainReader, question: str, top_p: int | None = None, mu: float | None = None) -> dict:
     """What `dilstore ask --json` prints for the question (runners/cmd_ask.py's printer)."""
     out = io.StringIO()
-    print_answer(odqa.answer(question, top_p=top_p, mu=mu), True, out)
+    print_answer(odqa.answer(question, top_p=top_p, mu=mu), True, out, odqa.read_with)
     return json.loads(out.getvalue())
 
 
@@ -186,6 +186,8 @@ def test_ask_returns_the_json_of_ask(served, top_p: int | None, mu: float | None
     response = client.post("/ask", json=body)
     assert response.status_code == 200, response.text
     assert without_timings(response.json()) == without_timings(cli_json(odqa, QUESTIONS[0], top_p, mu))
+    # What the answer was read from (lowbit39 L1: a 2bit store with or without its online layers answers otherwise).
+    assert (response.json()["encoding"], response.json()["online_variant"]) == (odqa.store.fingerprint.encoding, None)
 
 
 def wait_until(condition: Callable[[], bool], what: str) -> None:
@@ -509,6 +511,8 @@ def test_rerank_scores_given_ids_and_bm25_hits_like_the_reranker(served, tiny: d
         expected = open_reranker(tiny[store], tiny["ranker_dir"]).rerank("Zürich tram", ids)
         results = response.json()["results"]
         assert [r["doc_id"] for r in results] == sorted(expected, key=lambda d: -expected[d])
+        # What the states were read from (lowbit39 L1).
+        assert response.json()["encoding"] == open_store(tiny[store]).fingerprint.encoding
         assert {r["doc_id"]: r["score"] for r in results} == pytest.approx(expected, rel=1e-5)
     response = client.post("/rerank", json={"query": "Zürich tram network", "bm25_top_k": 3})
     assert response.status_code == 200, response.text
@@ -675,6 +679,31 @@ def test_a_rerank_store_s_index_is_checked_as_a_dilbert_store_s_is(tiny: dict[st
         open_served_store("s1", str(tiny["s1"]), tiny["ranker_dir"], None, tmp_path)
 
 
+def test_a_dilbert_store_s_online_layers_are_named_at_start_up_and_in_stores(
+    tiny: dict[str, Any], tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """/stores said `model: default` and the start-up line nothing of the online layers swapped in for a 2bit
+    store, which answer otherwise than the reader's own (lowbit39 L1)."""
+    from dilstore.reader.serving import odqa as odqa_module
+    from dilstore.runners import cmd_serve
+
+    def reader_with_variant(*args: Any, **kwargs: Any) -> OpenDomainReader:
+        reader = make_odqa(tiny)
+        monkeypatch.setattr(reader.model, "online_variant", "online-2bit.safetensors")
+        return reader
+
+    monkeypatch.setattr(cmd_serve, "served_index", lambda *args: tmp_path)
+    monkeypatch.setattr(odqa_module, "open_reader", reader_with_variant)
+    store = cmd_serve.open_served_store("qa", str(tiny["qa"]), tiny["model_dir"], None)
+    assert store.description["online_variant"] == "online-2bit.safetensors"
+    assert capsys.readouterr().err.rstrip().endswith(
+        f"model {tiny['model_dir']}, online layers online-2bit.safetensors")
+    with running([store]) as (client, _):
+        assert client.get("/stores").json()["stores"][0]["online_variant"] == "online-2bit.safetensors"
+        assert client.post("/ask", json={"question": QUESTIONS[0]}).json()["online_variant"] == (
+            "online-2bit.safetensors")  # fmt: skip
+
+
 def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any], capsys) -> None:
     """A store given as an http:// URL (a real server on 127.0.0.1) is mounted like a local one; a dilbert store
     at a URL needs --index, since Lucene reads only local files."""
@@ -689,6 +718,7 @@ def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any], ca
         name, path = parse_store_argument(url)
         store = open_served_store(name, path, tiny["ranker_dir"], None)
         assert store.description["path"] == url and store.description["info"]["passages"] == len(DOCUMENTS)
+        assert store.description["online_variant"] is None  # a ranker has no online layers of its own encoding
         # The start-up line names the store's encoding (lowbit39 L1: nothing but /stores said which it was).
         assert f"store {name!r} (earl-s2, fp16, {len(DOCUMENTS)} passages) from {url}" in capsys.readouterr().err
         with pytest.raises(DilstoreError, match="give a local copy of the store's bm25/ folder with --index qa=DIR$"):
