@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
     from dilstore.pipelines.options import LocalDefaults
 
 _PROGRESS_POLL_SECONDS = 0.5
+HANDSHAKE_GRACE_SECONDS = 5  # past the connection wait, for a scheduler that answers slowly under load
+
 E = TypeVar("E", bound=BaseException)
 
 
@@ -209,6 +211,11 @@ def reach_dask_scheduler(options: PipelineOptions) -> None:
     Beam's runner connects inside the call that hands the job over, after which the run's files must stay (its
     tasks may run on): Ctrl-C while it waited for a scheduler kept them, and the next command with other
     settings was refused. It waited for ever for a --dask_scheduler_file that does not exist.
+
+    The attempt runs on a thread of its own and is given up after the wait (plus HANDSHAKE_GRACE_SECONDS):
+    dask.distributed bounds the connection by it but not the handshake, so an address that accepts connections and
+    never answers (a port forward to nothing, another service) hung for ever. The given-up attempt stays blocked on
+    its daemon thread until the process ends.
     """
     import dask
     from apache_beam.runners.dask.dask_runner import DaskOptions
@@ -222,11 +229,26 @@ def reach_dask_scheduler(options: PipelineOptions) -> None:
                             "with `dask scheduler --scheduler-file FILE` writes it)")  # fmt: skip
     default = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="seconds")
     timeout = values.timeout if isinstance(values.timeout, int) else default
-    try:
-        Client(address=values.address, scheduler_file=values.scheduler_file, timeout=timeout).close()
-    except Exception as error:  # OSError when no one answers; anything from a server that is not a scheduler
-        raise DilstoreError(f"cannot reach a Dask scheduler at {where}: {_last_line(error)} (the wait is "
-                            f"{timeout} s; --dask_connection_timeout sets it)") from None  # fmt: skip
+    outcome: list[Exception | None] = []
+
+    def attempt() -> None:
+        try:
+            Client(address=values.address, scheduler_file=values.scheduler_file, timeout=timeout).close()
+            outcome.append(None)
+        except Exception as error:  # OSError when no one answers; anything from a server that is not a scheduler
+            outcome.append(error)
+
+    reaching = threading.Thread(target=attempt, name="dilstore-dask-reach", daemon=True)
+    reaching.start()
+    waited = timeout + HANDSHAKE_GRACE_SECONDS
+    reaching.join(waited)
+    if not outcome:
+        raise DilstoreError(f"no Dask scheduler answered at {where} within {waited} s: something there accepts "
+                            "connections but does not answer as a scheduler (--dask_connection_timeout sets the "
+                            "wait)")  # fmt: skip
+    if outcome[0] is not None:
+        raise DilstoreError(f"cannot reach a Dask scheduler at {where}: {_last_line(outcome[0])} (the wait is "
+                            f"{timeout} s; --dask_connection_timeout sets it)")  # fmt: skip
 
 
 def _cause_of(error: BaseException, kind: type[E]) -> E | None:

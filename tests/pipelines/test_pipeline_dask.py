@@ -118,6 +118,27 @@ def test_a_scheduler_that_cannot_be_reached_is_named_and_the_run_is_taken_back(
     assert not store.exists(), "the spec is taken back: no job was handed over"
 
 
+def test_an_address_that_accepts_but_never_answers_is_given_up_after_the_wait(
+    setup, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dask.distributed bounds the connection by --dask_connection_timeout but not its handshake: an address that
+    accepts and never answers (here a socket that listens but never reads) hung the command for ever."""
+    from dilstore.runners import precompute_run
+
+    model, corpus = setup
+    store = tmp_path / "store"
+    monkeypatch.setattr(precompute_run, "HANDSHAKE_GRACE_SECONDS", 1)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel completes each connection; nothing ever answers on it
+        address = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+        given = ["--runner", "dask", "--dask_client_address", address, "--dask_connection_timeout", "1"]
+        assert cli.main(arguments(model, corpus, store, *given)) == 2
+    said = capsys.readouterr().err
+    assert f"no Dask scheduler answered at {address} within 2 s: something there accepts connections" in said
+    assert not store.exists(), "the spec is taken back: no job was handed over"
+
+
 def test_the_local_cluster_s_kill_of_a_slow_worker_at_close_is_not_reported(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
