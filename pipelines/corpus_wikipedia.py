@@ -1,9 +1,10 @@
 """Wikipedia `pages-articles` XML dumps (`.xml`, or compressed: `.xml.bz2`, `.xml.gz`), streamed page by page.
 
-Each article (namespace 0, not a redirect) becomes a document with id = page
-id, title = page title and text = its wikitext as plain prose
-(`pipelines.wikitext`). Redirects and pages of other namespaces are yielded as
-`Skipped` so that they can be counted; they are not dead letters. A page
+Each article (namespace 0, not a redirect, not a disambiguation page) becomes a
+document with id = page id, title = page title and text = its wikitext as plain
+prose (`pipelines.wikitext`). Redirects, disambiguation pages and pages of other
+namespaces are yielded as `Skipped` so that they can be counted; they are not
+dead letters. A page
 outside namespace 0 is skipped as "namespace N" even when it is also a redirect.
 A page without <ns> (very old dumps) counts as namespace 0; those dumps have no
 <redirect> either, so a page whose text opens with "#REDIRECT [[" is one too.
@@ -28,7 +29,7 @@ from mwparserfromhell.parser import ParserError
 
 from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped, make_document
 from dilstore.pipelines.source_files import ReadUpToDamage, open_source
-from dilstore.pipelines.wikitext import wikitext_to_text
+from dilstore.pipelines.wikitext import is_disambiguation, wikitext_to_text
 
 ARTICLE_NAMESPACE = "0"
 _REDIRECT = re.compile(r"#redirect\s*:?\s*\[\[", re.IGNORECASE)  # how a redirect page's text opens
@@ -111,6 +112,8 @@ def page_record(
     wikitext = _text_of(text_element)
     if "redirect" in fields or _REDIRECT.match(wikitext):
         return Skipped(source, position, "redirect")
+    if is_disambiguation(wikitext):  # a list of other pages' titles: its passages only took BM25's top-p slots
+        return Skipped(source, position, "disambiguation")
     if not page_id:
         return Rejected(source, position, "missing id")
     raw = make_document(source, page_id, page_id, title, wikitext, max_bytes=sys.maxsize)

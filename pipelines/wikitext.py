@@ -2,14 +2,16 @@
 
 The markup is parsed by mwparserfromhell; this module only decides which parsed
 nodes are kept. Dropped: templates (infoboxes, citations, navboxes), except
-the few that are the prose itself and are rendered as a reader sees them
-(`INLINE_TEMPLATES`: a measure, a date, words in another language, a space or
-a dash; dropped, they left "at a height of ." and glued "3{{nbsp}}million"
-into "3million"), `<ref>`
-footnotes, tables, images and other files, category and interlanguage links,
-comments, section headings, and tags whose content is not prose (math, code
-listings, galleries, timelines). Kept: the prose, with links reduced to their
-visible text and HTML entities decoded. Blank lines between paragraphs survive,
+those that are words of the sentence, rendered as a reader sees them
+(`pipelines.wikitext_templates`: a measure, a date, a quotation, words in
+another language, a power of ten, a space or a dash; dropped, they left "at a
+height of ." and "5.98 kg" for 5.98×10^24 kg), `<ref>` footnotes, tables,
+images and other files, category and interlanguage links, comments, section
+headings, the END_MATTER sections (See also, External links, References, ...),
+and tags whose content is not prose (math, code listings, galleries,
+timelines). Kept: the prose, with links reduced to their visible text, HTML
+entities decoded, a power of ten's superscript as "10^18", and list items ended
+with ";" where they have no punctuation. Blank lines between paragraphs survive,
 so `pipelines.passages.split_paragraphs` can split the result.
 
 Bold and italic quotes are not parsed as tags (`skip_style_tags`): in real
@@ -26,6 +28,8 @@ import re
 import mwparserfromhell
 from mwparserfromhell.nodes import Argument, Comment, ExternalLink, Heading, Node, Tag, Template, Text, Wikilink
 from mwparserfromhell.wikicode import Wikicode
+
+from dilstore.pipelines.wikitext_templates import renders, rendered_text
 
 # Tags whose content is not running prose. Tables include `{| ... |}` markup,
 # which mwparserfromhell parses as a "table" tag. `<includeonly>` text shows only
@@ -59,17 +63,32 @@ _INTERLANGUAGE = re.compile(r"[a-z]{2,3}(-[a-z]+)*|simple")
 _BEHAVIOUR_SWITCH = re.compile(r"__[A-Z]+__")
 # Bold and italic quote runs, left as text by skip_style_tags.
 _STYLE_QUOTES = re.compile(r"'{2,}")
-# Parentheses left empty by a removed pronunciation or date template: "Anarchism ( ) is".
+# Parentheses left empty by a removed pronunciation or date template: "Anarchism ( ) is"; and the separators left
+# at their start or end: "Albert Einstein (; ; 14 March 1879" (pipelines/wikitext_templates.py renders the dates).
 _EMPTY_PARENTHESES = re.compile(r"\([\s,;:]*\)")
+_OPENING_SEPARATORS = re.compile(r"\(\s*(?:[,;:]\s*)+")
+_CLOSING_SEPARATORS = re.compile(r"(?:\s*[,;:])+\s*\)")
 _BLANK_LINES = re.compile(r"\n\s*\n")
-# Templates that stand for text in the sentence, by name (lower case): the text
-# each renders to, given its positional arguments (see `_inline_text`).
-_SEPARATORS = {"nbsp": " ", "thinsp": " ", "ndash": "–", "mdash": "—", "snd": " – ", "spnd": " – ",
-               "sndash": " – ", "spaced ndash": " – "}  # fmt: skip
-# The words between the values of a {{convert}} range or size ("and(-)" shows "and"); values are numbers.
-_RANGE_WORD = re.compile(r"(-|–|to|to about|and|or|by|x|×|\+/-|±)(\(-\))?")
-_VALUE = re.compile(r"[-+−]?\d[\d.,]*(/\d+)?")
-INLINE_TEMPLATES = frozenset({*_SEPARATORS, "nowrap", "convert", "cvt", "lang", "as of", "frac", "sfrac", "circa"})
+# What a dropped node leaves until the style quotes are read: nothing it held shows, but the quote runs on either
+# side stay two runs ("''{{transl|ar|Allah}}''" left "''''", which MediaWiki shows as an apostrophe). XML text,
+# so a dump's text, cannot hold it.
+_DROPPED = "\x00"
+# The sections at an article's end that hold no prose of its own: link lists, citations, reading lists (a
+# "Bibliography" stays: in an author's article it lists the works). From such a heading to the next heading of
+# the same or a higher level, nothing is kept (wiki40 M3: 305 of the excerpt's passages came from them).
+END_MATTER = frozenset({"see also", "external links", "external link", "further reading", "references", "notes",
+                        "footnotes", "citations", "sources", "notes and references", "references and notes",
+                        "works cited"})  # fmt: skip
+# A disambiguation page: a list of other pages' titles, not an article (`is_disambiguation`).
+_DISAMBIGUATION = re.compile(r"\{\{\s*(?:[^|{}]*disambiguation[^|{}]*|disambig|dab|disamb|geodis|hndis|numberdis)"
+                             r"\s*(?:\||\}\})", re.IGNORECASE)  # fmt: skip
+# What a list item's marker ("*", "#", ";", ":") leaves until its paragraph is joined: items that do not end in
+# punctuation are ended with ";" there, so that they do not run together ("Cool roof Daisyworld Emissivity").
+_ITEM = "\x01"
+_ITEM_ENDS = (".", ",", ";", ":", "!", "?")
+# A power of ten: a superscript number after a lone 10 ("10<sup>18</sup>" read "1018", another number).
+_TEN = re.compile(r"(?:^|[^\d.,])10")
+_EXPONENT = re.compile(r"[-−+]?\d+")
 
 
 def wikitext_to_text(wikitext: str) -> str:
@@ -79,15 +98,44 @@ def wikitext_to_text(wikitext: str) -> str:
     list stay in the paragraph they belong to. Returns "" for a page with no prose.
     """
     code = mwparserfromhell.parse(wikitext, skip_style_tags=True)
+    code.nodes = _without_end_matter(code.nodes)
     _prune(code)
     text = code.strip_code(normalize=True, collapse=True)
-    text = "\n".join(_drop_style_quotes(line) for line in _BEHAVIOUR_SWITCH.sub("", text).split("\n"))
+    lines = [_drop_style_quotes(line).replace(_DROPPED, "") for line in _BEHAVIOUR_SWITCH.sub("", text).split("\n")]
+    text = "\n".join(line if line.replace(_ITEM, "").strip() else "" for line in lines)  # an emptied item is blank
     paragraphs = []
     for block in _BLANK_LINES.split(text):
+        block = _CLOSING_SEPARATORS.sub(")", _OPENING_SEPARATORS.sub("(", _ended_items(block)))
         paragraph = " ".join(_EMPTY_PARENTHESES.sub("", block).split())
         if paragraph:
             paragraphs.append(paragraph)
     return "\n\n".join(paragraphs)
+
+
+def is_disambiguation(wikitext: str) -> bool:
+    """Whether the page is a disambiguation page (it carries `{{disambiguation}}`, `{{dab}}`, `{{geodis}}`, ...)."""
+    return _DISAMBIGUATION.search(wikitext) is not None
+
+
+def _without_end_matter(nodes: list[Node]) -> list[Node]:
+    """`nodes` less the END_MATTER sections: each from its heading to the next heading of its level or higher."""
+    kept: list[Node] = []
+    dropping_below: int | None = None  # the level of the end-matter heading being dropped, while one is
+    for node in nodes:
+        if isinstance(node, Heading) and (dropping_below is None or node.level <= dropping_below):
+            title = " ".join(str(node.title).split()).lower()
+            dropping_below = node.level if title in END_MATTER else None
+        if dropping_below is None:
+            kept.append(node)
+    return kept
+
+
+def _ended_items(block: str) -> str:
+    """The block with its list items joined, each but the last ended with ";" unless it ends in punctuation."""
+    preamble, *items = block.split(_ITEM)
+    items = [item.strip() for item in items if item.strip()]  # "**" is two markers before one item
+    ended = [item if item.endswith(_ITEM_ENDS) else item + ";" for item in items[:-1]] + items[-1:]
+    return " ".join([preamble, *ended])
 
 
 def _drop_style_quotes(line: str) -> str:
@@ -119,17 +167,29 @@ def _prune(code: Wikicode) -> None:
     """Remove the nodes that are not prose, in place, at every depth.
 
     Headings and line breaks become whitespace so that the text on either side
-    does not run together.
+    does not run together; a dropped node leaves `_DROPPED`, taken out once
+    the style quotes are read.
     """
     kept: list[Node] = []
     for node in code.nodes:
-        replacement = _replace(node)
+        replacement = _power_of_ten(node, kept) or _replace(node)
         if replacement is None:
+            kept.append(Text(_DROPPED))
             continue
         for inner in _inner_code(replacement):
             _prune(inner)
         kept.append(replacement)
     code.nodes = kept
+
+
+def _power_of_ten(node: Node, before: list[Node]) -> Text | None:
+    """`10<sup>18</sup>` as "10^18", when `node` is a superscript integer after a lone 10; else None."""
+    if not (isinstance(node, Tag) and str(node.tag).strip().lower() == "sup" and node.contents is not None):
+        return None
+    if not (before and isinstance(before[-1], Text) and _TEN.search(before[-1].value.rstrip()[-4:])):
+        return None
+    exponent = str(node.contents).strip()
+    return Text(f"^{exponent}") if _EXPONENT.fullmatch(exponent) else None
 
 
 def _replace(node: Node) -> Node | None:
@@ -147,6 +207,8 @@ def _replace(node: Node) -> Node | None:
             return None
         if name == "br":
             return Text("\n")
+        if name in ("li", "dt", "dd") and node.wiki_markup:
+            return Text(_ITEM)
         return node
     if isinstance(node, Wikilink) and _is_metadata_link(node):
         return None
@@ -157,59 +219,27 @@ _POSITION = re.compile(r"[1-9][0-9]*")  # ASCII only: str.isdigit() takes '¹', 
 
 
 def _inline_text(template: Template) -> str | None:
-    """The text an inline template shows in its sentence (`INLINE_TEMPLATES`, or `lang-xx`), or None for any other.
+    """The text a template shows in its sentence (`pipelines.wikitext_templates`), or None for any other.
 
-    Its positional arguments are reduced to their own prose first. A measure
-    shows its values and the units written (`{{convert|7283|km2|sqmi}}`: "7283
-    km2"; "5 to 10 km", "6 ft 4 in", "10 x 20 x 5 m"), a date "As of 2020", a
-    fraction "3 1/2". Arguments named by a positional number (`1=`; not `0=`, `01=` or `¹=`, which MediaWiki
-    keeps as names) count as positional.
+    Its arguments are reduced to their own prose first. Arguments named by a
+    positional number (`1=`; not `0=`, `01=` or `¹=`, which MediaWiki keeps as
+    names) count as positional.
     """
-    name = str(template.name).strip().lower().replace("_", " ")
-    if name not in INLINE_TEMPLATES and not name.startswith("lang-"):
+    written = str(template.name).strip()
+    name = written.lower().replace("_", " ")
+    if name.startswith("formatnum:"):  # a parser function: {{formatnum:3003}} shows its number
+        return wikitext_to_text(written.split(":", 1)[1])
+    if not renders(name):
         return None  # before its arguments are converted: an infobox's would be, all for nothing
-    numbered = {int(str(param.name).strip()): param.value for param in template.params
-                if _POSITION.fullmatch(str(param.name).strip())}  # fmt: skip
+    numbered, named = {}, {}
+    for param in template.params:
+        key = str(param.name).strip()
+        if _POSITION.fullmatch(key):
+            numbered[int(key)] = param.value
+        else:
+            named[key.lower()] = wikitext_to_text(str(param.value))
     positional = [wikitext_to_text(str(numbered[number])) for number in sorted(numbered)]
-    if name in _SEPARATORS:
-        return _SEPARATORS[name]
-    if name == "nowrap":
-        return " ".join(positional)
-    if name in ("convert", "cvt"):
-        return _measure(positional)
-    if name == "lang":
-        return positional[1] if len(positional) > 1 else ""
-    if name.startswith("lang-"):
-        return positional[0] if positional else ""
-    if name == "as of":
-        return " ".join(["As of", *positional[:1]])
-    if name in ("frac", "sfrac"):  # {{frac|4}}: 1/4; {{frac|3|4}}: 3/4; {{frac|2|3|4}}: 2 3/4
-        fraction = ["1", *positional] if len(positional) == 1 else positional[-2:]
-        return " ".join([*positional[:-2], "/".join(fraction)])
-    if name == "circa":
-        return " ".join(["c.", *positional[:1]])
-    return None
-
-
-def _measure(arguments: list[str]) -> str:
-    """The measure a {{convert}} shows before its conversion: values joined by range words, each unit written,
-    a second value and unit after the first (6 ft 4 in); the units it converts to and its options are left out."""
-    shown = arguments[:1]
-    position = 1
-    while position < len(arguments):
-        word = _RANGE_WORD.fullmatch(arguments[position].strip().lower())
-        if word is not None and position + 1 < len(arguments):
-            shown += [word.group(1), arguments[position + 1]]
-            position += 2
-            continue
-        shown.append(arguments[position])  # a unit
-        position += 1
-        if position + 1 < len(arguments) and _VALUE.fullmatch(arguments[position].strip()):
-            shown.append(arguments[position])  # the value of a second unit
-            position += 1
-            continue
-        break
-    return " ".join(shown)
+    return rendered_text(name, positional, named)
 
 
 def _is_metadata_link(link: Wikilink) -> bool:
