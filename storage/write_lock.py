@@ -80,7 +80,8 @@ def _holder_pid(descriptor: int) -> str:
 
 
 def writer_of(folder: Path, role: str = WRITE_ROLE) -> str | None:
-    """The pid of the process that holds `folder`'s lock for `role`, or None: none holds it, or this system does not
+    """The pid of another process that holds `folder`'s lock for `role`, or None: none holds it, this process does
+    (an `--append` reading the manifest of the store it locked is no writer to wait for), or this system does not
     say (Linux's /proc/locks names flock holders).
 
     Read, not probed by taking the lock: a reader that took it, however briefly, could turn away a writer starting
@@ -95,7 +96,7 @@ def writer_of(folder: Path, role: str = WRITE_ROLE) -> str | None:
     for line in table.splitlines():  # "1: FLOCK  ADVISORY  WRITE 28626 fe:00:2146315 0 EOF"
         fields = line.split()
         if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == device and fields[4].isdigit():
-            return fields[4]
+            return None if int(fields[4]) == os.getpid() else fields[4]
     return None
 
 

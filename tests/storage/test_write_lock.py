@@ -43,6 +43,10 @@ def test_a_store_being_written_is_named_so_not_never_finalized(tmp_path: Path) -
             read_manifest(StoreLocation.parse(store))
     with pytest.raises(StoreFormatError, match="was never finalized"):
         read_manifest(StoreLocation.parse(store))
+    with write_lock(store):  # this process holds it: an --append reading the manifest named its own pid (review40 H1)
+        assert writer_of(store) is None
+        with pytest.raises(StoreFormatError, match="was never finalized"):
+            read_manifest(StoreLocation.parse(store))
 
 
 def test_a_writer_refused_before_the_holder_recorded_its_pid_waits_for_it(
