@@ -26,8 +26,9 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from multiprocessing import resource_tracker
+from typing import Any
 
 from dilstore.reader.retrieval import QUIET_ENV, is_quiet
 from dilstore.runners.stop_signals import STOP_GRACE_SECONDS, stopping
@@ -69,22 +70,49 @@ class _DropNoise(logging.Filter):
 _RUN_LOGGERS = ("apache_beam", "apache_beam.typehints", "apache_beam.options.pipeline_options", "distributed")
 
 
-@contextmanager
-def logging_restored() -> Iterator[None]:
-    """After the block, the root logger's filters and the levels of the loggers a run sets are as before it.
+class _RunsLogging:
+    """The logging state from before the first of the runs now going on, put back when the last of them ends.
+
+    Each run saving and restoring on its own left Beam's logger at ERROR and the noise filter on the root logger
+    for good whenever two runs in two threads did not end in the reverse order they began: the second saved the
+    first's quietened state, and put it back at its end.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs = 0
+        self._filters: list[Any] = []
+        self._levels: dict[str, int] = {}
+
+    @contextmanager
+    def restored(self) -> Iterator[None]:
+        with self._lock:
+            if self._runs == 0:
+                self._filters = list(logging.getLogger().filters)
+                self._levels = {name: logging.getLogger(name).level for name in _RUN_LOGGERS}
+            self._runs += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._runs -= 1
+                if self._runs == 0:
+                    logging.getLogger().filters[:] = self._filters
+                    for name, level in self._levels.items():
+                        logging.getLogger(name).setLevel(level)
+
+
+_RUNS_LOGGING = _RunsLogging()
+
+
+def logging_restored() -> AbstractContextManager[None]:
+    """After the block, the root logger's filters and the levels of the loggers a run sets are as before it (before
+    the first of several blocks going on at once, after the last of them).
 
     `precompute` quietened Beam and Dask for good: a Python caller that logs through Beam of its own lost its
-    INFO and WARNING records, and the root filter dropped its records that began like worker noise (api39 M4).
+    INFO and WARNING records, and the root filter dropped its records that began like worker noise.
     """
-    root = logging.getLogger()
-    filters = list(root.filters)
-    levels = {name: logging.getLogger(name).level for name in _RUN_LOGGERS}
-    try:
-        yield
-    finally:
-        root.filters[:] = filters
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
+    return _RUNS_LOGGING.restored()
 
 
 def quiet_beam_logging() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -162,3 +163,19 @@ def test_precompute_with_verbose_shows_the_workers_library_noise(tmp_path: Path)
 
     verbose_err = finished(precompute("verbose", "--no-progress", "--verbose"))
     assert "apitools not found" in verbose_err and "Logging handler created" in verbose_err
+
+
+def test_runs_that_overlap_put_the_logging_back_as_it_was_before_the_first() -> None:
+    """Two `dilstore.precompute` calls in two threads that did not end in the reverse order they began left Beam's
+    logger at ERROR and the noise filter on the root logger for good (review40 M1)."""
+    beam, root = logging.getLogger("apache_beam"), logging.getLogger()
+    level, filters = beam.level, list(root.filters)
+    first, second = quiet.logging_restored(), quiet.logging_restored()
+    first.__enter__()
+    quiet.quiet_beam_logging()
+    second.__enter__()
+    quiet.quiet_beam_logging()
+    first.__exit__(None, None, None)
+    assert beam.level == logging.ERROR, "the second run is still going on: it stays quiet"
+    second.__exit__(None, None, None)
+    assert (beam.level, root.filters) == (level, filters)
