@@ -137,10 +137,11 @@ def precompute(**options: Any) -> Path:
     `dask_client_address="tcp://host:8786"`), as the command hands its other
     flags to Beam. No options run the embedded default corpus, as the command
     does; an empty `input` is refused. An invalid option or a value of the
-    wrong type raises DilstoreError. Ctrl-C, SIGTERM or SIGHUP during the
-    run raises KeyboardInterrupt, whose message says what was kept (the
-    shards finished: the same call again goes on), as a stop is no input
-    error. Nothing is printed on stdout, which may be the caller's own
+    wrong type raises DilstoreError. Ctrl-C (SIGINT) during the run raises
+    KeyboardInterrupt, whose message says what was kept (the shards
+    finished: the same call again goes on), as a stop is no input error.
+    SIGTERM and SIGHUP keep the caller's own handlers (by default they end
+    the process; the command line turns them into the same stop). Nothing is printed on stdout, which may be the caller's own
     channel: the command's summary is in STORE/run-summary.json.
     """
     from dilstore.runners.arg_types import option_words
