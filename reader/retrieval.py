@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from dilstore.storage.durability import aside_prefix, remove_path, replace_dir
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.write_lock import INDEX_ROLE, writer_of
 
 if TYPE_CHECKING:
     from dilstore.storage.manifest import Manifest
@@ -256,6 +257,21 @@ def indexed_state(store: Manifest) -> dict[str, Any]:
         "superseded_passages": store.superseded_passages,
         "appends": len(store.appends),
     }
+
+
+def require_index_files(index: Path, store_path: str | Path, *, given: bool, local_root: Path | None) -> None:
+    """A DilstoreError unless `index` holds a Lucene index, saying what to do: wait for the `dilstore index` building
+    it (a live one holds the store's index lock; only for a store at `local_root`), or build it, or, for a folder
+    the user `given` (`--index DIR`), which `dilstore index` never writes, give the folder of one it built."""
+    if any(index.glob("segments_*")):
+        return
+    if given:
+        raise DilstoreError(f"no Lucene index at {index}: give the folder of one `dilstore index` built (STORE/bm25, "
+                            "or a copy of it)")  # fmt: skip
+    indexer = None if local_root is None else writer_of(local_root, INDEX_ROLE)
+    if indexer is not None:
+        raise DilstoreError(f"the index of {store_path} is being built by pid {indexer} (`dilstore index`): wait for it")
+    raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {store_path}`")
 
 
 def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path) -> None:

@@ -285,7 +285,7 @@ def served_index(name: str, path: str, kind: str, given: Path | None) -> Path | 
     A dilbert store needs one (/ask retrieves); a rerank store searches it for bm25_top_k only, so without one
     (none given, none at STORE/bm25, or a store at a URL) it gets None and requests must give doc_ids.
     """
-    from dilstore.reader.retrieval import bm25_index_dir, check_index_covers
+    from dilstore.reader.retrieval import bm25_index_dir, check_index_covers, require_index_files
     from dilstore.storage.location import StoreLocation
     from dilstore.storage.manifest import read_manifest
 
@@ -301,8 +301,7 @@ def served_index(name: str, path: str, kind: str, given: Path | None) -> Path | 
         index = None
     if index is None:
         return None
-    if not any(index.glob("segments_*")):
-        raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {path}`")
+    require_index_files(index, path, given=given is not None, local_root=StoreLocation.parse(path).local_root)
     check_index_covers(index, read_manifest(StoreLocation.parse(path)), path)
     return index
 

@@ -49,7 +49,7 @@ from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.online_variants import load_online_variant
 from dilstore.reader.offline.kinds import require_within_positions
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
-from dilstore.reader.retrieval import Bm25Searcher, Hit, bm25_index_dir, check_index_covers
+from dilstore.reader.retrieval import Bm25Searcher, Hit, bm25_index_dir, check_index_covers, require_index_files
 from dilstore.reader.serving.answers import (
     DEFAULT_TOP_P,
     Answer,
@@ -68,7 +68,6 @@ from dilstore.storage.errors import DilstoreError, as_list, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import Store, open_store
 from dilstore.storage.records import StoredPassage
-from dilstore.storage.write_lock import INDEX_ROLE, writer_of
 
 DEFAULT_MU = 0.5
 # Characters per allowed word piece in the cheap pre-check that keeps a huge
@@ -423,12 +422,7 @@ def open_reader(
         if store.manifest.passages == 0:
             raise DilstoreError(f"store {store_path} holds no passages (its precompute stored none): nothing to search")
         index = Path(index_dir) if index_dir is not None else bm25_index_dir(store_path)
-        if not any(index.glob("segments_*")):
-            indexer = None if store.location.local_root is None else writer_of(store.location.local_root, INDEX_ROLE)
-            if indexer is not None:  # it was told to build the index `dilstore index` was building (conc39 M2)
-                raise DilstoreError(f"the index of {store_path} is being built by pid {indexer} (`dilstore index`): "
-                                    "wait for it")  # fmt: skip
-            raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {store_path}`")
+        require_index_files(index, store_path, given=index_dir is not None, local_root=store.location.local_root)
         check_index_covers(index, store.manifest, store_path)
     model = load_store_model(store, model_dir, online_variant=online_variant)
     searcher = Bm25Searcher(index) if index is not None else None

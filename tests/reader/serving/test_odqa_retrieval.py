@@ -154,6 +154,10 @@ def test_a_store_whose_first_index_is_being_built_says_so(indexed: dict[str, Any
         open_reader(store, indexed["model"])
     with pytest.raises(DilstoreError, match="no Lucene index at .*: build it with `dilstore index"):
         open_reader(store, indexed["model"])
+    elsewhere = tmp_path / "elsewhere"  # `dilstore index` never writes it: neither a wait nor a build fills it (review40 L1)
+    with held_lock(store, INDEX_ROLE), pytest.raises(DilstoreError, match=f"^no Lucene index at {elsewhere}: give the "
+                                                                          "folder of one `dilstore index` built"):
+        open_reader(store, indexed["model"], index_dir=elsewhere)
 
 
 def test_an_index_of_another_store_is_named_as_such(indexed: dict[str, Any], tmp_path: Path) -> None:
