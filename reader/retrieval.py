@@ -270,7 +270,8 @@ def require_index_files(index: Path, store_path: str | Path, *, given: bool, loc
                             "or a copy of it)")  # fmt: skip
     indexer = None if local_root is None else writer_of(local_root, INDEX_ROLE)
     if indexer is not None:
-        raise DilstoreError(f"the index of {store_path} is being built by pid {indexer} (`dilstore index`): wait for it")
+        raise DilstoreError(f"the index of {store_path} is being built by pid {indexer} (`dilstore index`): wait "
+                            "for it")  # fmt: skip
     raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {store_path}`")
 
 

@@ -154,7 +154,7 @@ def test_a_store_whose_first_index_is_being_built_says_so(indexed: dict[str, Any
         open_reader(store, indexed["model"])
     with pytest.raises(DilstoreError, match="no Lucene index at .*: build it with `dilstore index"):
         open_reader(store, indexed["model"])
-    elsewhere = tmp_path / "elsewhere"  # `dilstore index` never writes it: neither a wait nor a build fills it (review40 L1)
+    elsewhere = tmp_path / "elsewhere"  # `dilstore index` never writes it: no wait or build fills it (review40 L1)
     with held_lock(store, INDEX_ROLE), pytest.raises(DilstoreError, match=f"^no Lucene index at {elsewhere}: give the "
                                                                           "folder of one `dilstore index` built"):
         open_reader(store, indexed["model"], index_dir=elsewhere)
