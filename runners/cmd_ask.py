@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "passage (span in [[ ]]), what it was read from (the store's encoding and online layers) and the time "
             "per stage. Without a question, questions are read from "
             "standard input, one per line, until end of input (blank lines are passed over); a bad question "
-            "prints an error and the session goes on."
+            "prints an error and the session goes on, and the exit status is then 2 at the end of the input. A "
+            "store rebuilt under the session ends it (exit 2): start ask again to read the store as it is now."
         ),
     )
     add_odqa_arguments(parser)

@@ -25,6 +25,7 @@ from dilstore.runners.serve_batching import (
     DEFAULT_MAX_TOP_P,
     DEFAULT_MAX_WAIT_MS,
     DEFAULT_QUEUE_SIZE,
+    TRIM_EVERY_SECONDS,
     ServeSettings,
 )
 from dilstore.storage.errors import DilstoreError
@@ -52,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "earl-s1/earl-s2 and listformer stores, GET /health, /stores, /metrics (Prometheus) and /docs. "
             "Concurrent /ask requests share batches of the interaction layers. Ctrl-C, SIGTERM or SIGHUP answers "
             "the requests in flight, then exits 0; a second one quits at once (the requests in flight get 503). "
-            "A store worker hands the memory its batches freed back to the OS when idle, and every 5 s when busy."
+            f"A store worker hands the memory its batches freed back to the OS when idle, and every "
+            f"{TRIM_EVERY_SECONDS:g} s when busy."
         ),
     )
     parser.add_argument(
