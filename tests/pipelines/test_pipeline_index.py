@@ -93,19 +93,18 @@ def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
     assert "rebuild it with `dilstore index STORE`" in damaged.stdout
 
 
-# Builds STORE/bm25 as if a precompute had rebuilt the store during the build (its manifest's generation changed).
+# `dilstore index STORE` as if a precompute had rebuilt the store during the build: every read of the manifest
+# after the first finds another generation (the command must read it again before the index goes in place).
 REBUILT_MEANWHILE = (
-    "import dataclasses, sys; from pathlib import Path\n"
-    "from dilstore.reader.retrieval import build_bm25_index_in_place\n"
-    "from dilstore.storage.errors import DilstoreError\n"
-    "from dilstore.storage.location import StoreLocation; from dilstore.storage.manifest import read_manifest\n"
-    "store = Path(sys.argv[1]); manifest = read_manifest(StoreLocation.parse(store))\n"
-    "rebuilt = dataclasses.replace(manifest, generation='0' * 16)\n"
-    "try:\n"
-    "    build_bm25_index_in_place(store / 'passages' / 'jsonl', store / 'bm25', store=manifest,\n"
-    "                              reread=lambda: rebuilt)\n"
-    "except DilstoreError as error:\n"
-    "    print(error)\n"
+    "import dataclasses, sys\n"
+    "from dilstore.runners import cli\n"
+    "from dilstore.storage import manifest\n"
+    "first = manifest.read_manifest; reads = []\n"
+    "def read(location):\n"
+    "    reads.append(1); found = first(location)\n"
+    "    return found if len(reads) == 1 else dataclasses.replace(found, generation='0' * 16)\n"
+    "manifest.read_manifest = read\n"
+    "sys.exit(cli.main(['index', sys.argv[1], '--no-progress']))\n"
 )
 
 
@@ -119,10 +118,10 @@ def test_an_index_of_a_store_rebuilt_while_it_was_built_is_not_put_in_place(tmp_
                      "--no-progress"]) == 0  # fmt: skip
     done = subprocess.run([sys.executable, "-c", REBUILT_MEANWHILE, str(store)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == (
-        "the store was rebuilt or appended to while it was indexed (a `dilstore precompute` ran meanwhile): run "
-        "`dilstore index` again; the index was not replaced"
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "dilstore index: error: the store was rebuilt or appended to while it was indexed (a `dilstore precompute` "
+        "ran meanwhile): run `dilstore index` again; the index was not replaced"
     )
     assert not (store / "bm25").exists() and not (store / ".bm25.building").exists()
 
