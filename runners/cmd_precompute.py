@@ -493,7 +493,7 @@ def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | N
         canonical_runner,
         pipeline_options,
     )
-    from dilstore.storage.replacement import finish_interrupted_swap, swap_in
+    from dilstore.storage.replacement import building_dir, finish_interrupted_swap, swap_in
     from dilstore.storage.write_lock import write_lock
 
     runner = canonical_runner(args.runner)
@@ -517,9 +517,11 @@ def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | N
                     summary = {**read_summary(store), "store": job.store}  # where it is now, if moved since
                 elif args.overwrite and needs_replacement(store, spec):
                     check_replaceable(store, [task.path for task in job.inputs])
-                    building = replacement_dir(store, spec)
-                    built = dataclasses.replace(job, store=str(building), destination=job.store)
-                    summary = build_store(built, runner, args)
+                    # A replacement refused before its job started (a foreign --codebook) left its folder behind.
+                    with unmade_if_nothing_stored(building_dir(store)) as replacing:
+                        building = replacement_dir(store, spec)
+                        built = dataclasses.replace(job, store=str(building), destination=job.store)
+                        summary = build_store(built, runner, args, replacing)
                     swap_in(store, building)
                 else:
                     summary = build_store(job, runner, args, attempt)

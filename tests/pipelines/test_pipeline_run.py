@@ -38,6 +38,7 @@ from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codeboo
 from dilstore.storage.encodings import train_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
+from dilstore.storage.replacement import building_dir
 from dilstore.storage.verify import verify_store
 from dilstore.storage.writer import shard_generation
 from tests.fixtures.pipeline_fixtures import (
@@ -550,7 +551,8 @@ def test_a_codebook_of_another_model_is_measured_and_refused_where_it_fits_far_w
     assert run(tiny_dir, "base") == 0
     given = ("--codebook", str(tmp_path / "base" / CODEBOOK_DIR))
     capsys.readouterr()
-    assert run(save_tiny_reader(tmp_path / "other-tiny", seed=1), "other", *given) == 2  # same shape, another model
+    other_model = save_tiny_reader(tmp_path / "other-tiny", seed=1)  # the same shape, another model
+    assert run(other_model, "other", *given) == 2
     assert "encodes this model's states far worse: relative error" in capsys.readouterr().err
     assert not (tmp_path / "other").exists()
     # Another fingerprint, the same offline states (a reader trained with frozen lower layers): the codebook fits.
@@ -561,6 +563,11 @@ def test_a_codebook_of_another_model_is_measured_and_refused_where_it_fits_far_w
     assert run(online_only, "frozen-lower", *given) == 0
     note = capsys.readouterr().err
     assert "note: --codebook" in note and "it fits this model's states" in note
+    # Refused as the replacement of a store: the folder it was to be built in was left behind (review40 L3).
+    assert run(other_model, "frozen-lower", *given, "--overwrite") == 2
+    assert "far worse" in capsys.readouterr().err
+    kept = tmp_path / "frozen-lower"
+    assert not building_dir(kept).exists() and (kept / "manifest.json").exists()
     # A re-run of the complete store measures nothing again: the check cost a sampling pass every time (review39 M2).
     monkeypatch.setattr(codebook_module, "codebook_fit", lambda *args: pytest.fail("measured again"))
     assert run(online_only, "frozen-lower", *given) == 0 and "already complete" in capsys.readouterr().err
