@@ -270,7 +270,10 @@ class ServedStore:
     problem: str | None = None
 
     def fail(self, error: Exception) -> None:
-        """Mark the store unavailable for good: its files changed under the server (`error` says how)."""
+        """Mark the store unavailable for good: its files changed under the server (`error` says how). The first
+        problem found is kept and logged; the requests in flight that meet it too are not logged again."""
+        if self.problem is not None:
+            return
         self.problem = str(error)
         logger.error("store %r is unavailable from now on: %s", self.name, error)
 

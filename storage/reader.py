@@ -33,6 +33,7 @@ from dilstore.storage.format import (
     INDEX_HASHES,
     INDEX_ROWS,
     INDEX_SHARDS,
+    MANIFEST_FILE,
     StoreChangedError,
     StoreFormatError,
 )
@@ -183,16 +184,15 @@ class Store:
         return passages  # type: ignore[return-value]  # every position was filled above
 
     def check_unchanged(self) -> None:
-        """A StoreChangedError when a file this local store has mapped or opened (its id index, every open shard)
-        changed since it was found; nothing for a store at a URL. A stat per file, for a server's health check:
-        a store replaced under an idle server was found out only by the next request."""
-        if self.location.local_root is None:
+        """A StoreChangedError when this local store was moved or deleted, or a file it has mapped or opened (its id
+        index, every open shard) changed since it was found; nothing for a store at a URL. A stat per file, for a
+        server's health check: a store replaced under an idle server was found out only by the next request."""
+        root = self.location.local_root
+        if root is None:
             return
-        check_unchanged(self._index_files)
         with self._lock:
             readers = list(self._shards.values())
-        for reader in readers:
-            check_unchanged(reader.watched_files)
+        self._check_files(root, readers)
 
     def _check_watched_files(self, passage_ids: Sequence[str], index: IdIndex) -> None:
         """With `check_files`, on a local store, before a lookup reads them: the id index's mapped files and the
@@ -200,11 +200,25 @@ class Store:
         cut short under a map kills the process; a shard rebuilt under its offsets gives another build's data).
         A stat per file: about twice the time of a warm fetch (BENCHMARKS.md), so it is for long-running readers
         (`serve` turns it on), not one-off commands."""
-        if not self.check_files or self.location.local_root is None:
+        root = self.location.local_root
+        if not self.check_files or root is None:
             return
-        check_unchanged(self._index_files)
         with self._lock:
             readers = [self._shards[shard] for shard in _pointed_shards(passage_ids, index) if shard in self._shards]
+        self._check_files(root, readers)
+
+    def _check_files(self, root: Path, readers: Sequence[ShardReader]) -> None:
+        """The local store still at `root`, where it was opened, and the id index's files and the watched files of `readers` as
+        they were found; else a StoreChangedError.
+
+        A store moved or deleted reads on from the files it has mapped, but a shard it has not opened yet cannot be
+        opened: a server answered some requests and failed others, and its /health stayed 200.
+        """
+        manifest = root / MANIFEST_FILE
+        if not manifest.exists():
+            raise StoreChangedError(f"{manifest} is gone: the store was moved or deleted under this reader; open it "
+                                    "where it is now")  # fmt: skip
+        check_unchanged(self._index_files)
         for reader in readers:
             check_unchanged(reader.watched_files)
 

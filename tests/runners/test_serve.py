@@ -323,6 +323,30 @@ def test_health_finds_a_store_replaced_under_an_idle_server(tiny: dict[str, Any]
         assert client.post("/ask", json={"question": QUESTIONS[0]}).status_code == 503
 
 
+def test_a_store_s_first_problem_is_kept_and_logged_once(tiny: dict[str, Any], caplog) -> None:
+    """Each request in flight that met a replaced store logged it unavailable again: three lines for one cause
+    (crash40 L4)."""
+    store = make_stores(tiny, make_odqa(tiny))[0]
+    with caplog.at_level("ERROR", logger="dilstore.serve"):
+        store.fail(OSError("first"))
+        store.fail(OSError("second"))
+    assert store.problem == "first"
+    assert [record.getMessage() for record in caplog.records] == ["store 'qa' is unavailable from now on: first"]
+
+
+def test_health_finds_a_store_moved_away_under_the_server(tiny: dict[str, Any], tmp_path: Path) -> None:
+    """A store moved or deleted was served from its maps until a request needed a shard not opened yet, which got
+    503, and /health stayed 200 until then (crash40 M4)."""
+    shutil.copytree(tiny["qa"], tmp_path / "qa")
+    odqa = OpenDomainReader(tiny["model"], open_store(tmp_path / "qa"), OverlapSearcher(tiny["texts"]), OdqaSettings())
+    with running(make_stores(tiny, odqa), max_wait=0.0) as (client, _):
+        assert client.post("/ask", json={"question": QUESTIONS[0]}).status_code == 200
+        (tmp_path / "qa").rename(tmp_path / "elsewhere")
+        health = client.get("/health")
+        assert health.status_code == 503 and "the store was moved or deleted" in health.json()["problems"]["qa"]
+        assert client.post("/ask", json={"question": QUESTIONS[0]}).status_code == 503
+
+
 def test_a_full_queue_gets_503_with_retry_after_and_the_server_recovers(tiny: dict[str, Any]) -> None:
     odqa = make_odqa(tiny)
     bodies = [{"question": q} for q in QUESTIONS[:4]]
