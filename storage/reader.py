@@ -208,8 +208,8 @@ class Store:
         self._check_files(root, readers)
 
     def _check_files(self, root: Path, readers: Sequence[ShardReader]) -> None:
-        """The local store still at `root`, where it was opened, and the id index's files and the watched files of `readers` as
-        they were found; else a StoreChangedError.
+        """The local store still at `root`, where it was opened, and the id index's files and the watched files of
+        `readers` as they were found; else a StoreChangedError.
 
         A store moved or deleted reads on from the files it has mapped, but a shard it has not opened yet cannot be
         opened: a server answered some requests and failed others, and its /health stayed 200.
