@@ -208,9 +208,22 @@ def _codebook_of(group: zarr.Group, where: str, encoding: str) -> tuple[dict[str
     for name in spec.codebook_layout(present):  # optional arrays (2bit/1bit `centroids`) where the group has them
         if name not in group:
             raise StoreFormatError(f"codebook {where} lacks array {name!r}")
-        arrays[name] = np.asarray(group[name][...], dtype=np.float32)
+        arrays[name] = _read_array(group[name], f"{where}/{name}")
     check_codebook(spec, arrays, state_shape)
     return arrays, state_shape
+
+
+def _read_array(array: zarr.Array, where: str) -> np.ndarray:
+    """The array's values as float32; a StoreFormatError when a local chunk file is missing (zarr reads it as its
+    fill value: a store built with all-zero centroids passed verify) or a chunk cannot be decoded (a cut one failed
+    its checksum with a traceback). Chunks are counted on local files only: over HTTP a folder cannot be listed."""
+    try:
+        if isinstance(array.store, zarr.storage.LocalStore) and array.nchunks_initialized < array.nchunks:
+            raise StoreFormatError(f"codebook array {where} is missing {array.nchunks - array.nchunks_initialized} of "
+                                   f"its {array.nchunks} chunk file(s)")  # fmt: skip
+        return np.asarray(array[...], dtype=np.float32)
+    except (ValueError, KeyError, OSError) as error:
+        raise StoreFormatError(f"cannot read codebook array {where}: {type(error).__name__}: {error}") from None
 
 
 def codebook_digest(codebook: Mapping[str, np.ndarray]) -> str:

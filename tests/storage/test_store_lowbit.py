@@ -420,3 +420,18 @@ def test_a_store_given_for_its_codebook_is_pointed_to_its_codebook_folder(tmp_pa
         read_codebook(tmp_path / "store", "2bit")
     with pytest.raises(StoreFormatError, match=r"cannot open codebook .*\w$"):  # no hint where none fits
         read_codebook(tmp_path / "nowhere", "2bit")
+
+
+def test_a_codebook_with_a_chunk_missing_or_cut_is_refused_naming_the_array(tmp_path: Path) -> None:
+    """A missing chunk file was read as zeros (a store built with all-zero centroids passed verify), and a cut one
+    ended in a traceback (crash40 M1, M2)."""
+    states = np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32)
+    book = write_codebook(tmp_path / "book", "2bit", train_codebook("2bit", states), (8,))
+    chunk = next((book / "mean").rglob("c/*"))
+    whole = chunk.read_bytes()
+    chunk.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(StoreFormatError, match=rf"^cannot read codebook array {book}/mean: "):
+        read_codebook(book, "2bit")
+    chunk.unlink()
+    with pytest.raises(StoreFormatError, match=rf"^codebook array {book}/mean is missing 1 of its 1 chunk file"):
+        read_codebook(book, "2bit")
