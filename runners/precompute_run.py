@@ -7,13 +7,14 @@ progress bar; on every runner Beam's failures turned into one line, and Ctrl-C i
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from dilstore.runners.quiet import filtered_stderr, raising, records_unlogged
+from dilstore.runners.quiet import failures_unlogged, filtered_stderr, records_unlogged
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
@@ -149,8 +150,7 @@ def run_pipeline(
         shown = progress and runner in LOCAL_RUNNERS and job.progress_dir
         result = None
         bar = ProgressBar(Path(job.progress_dir) if shown else None)
-        # Beam logs a Ctrl-C with its traceback before it re-raises it wrapped; the caller's StoppedBySignal says it.
-        with records_unlogged("apache_beam.runners.common", raising(KeyboardInterrupt)), bar:
+        with failures_unlogged(), bar:
             try:
                 # The LocalCluster started here for Dask ends with this call, and its workers with it.
                 outlives_us = runner not in IN_PROCESS_RUNNERS and defaults.dask_address is None
@@ -162,7 +162,7 @@ def run_pipeline(
                 interrupt = _cause_of(error, KeyboardInterrupt)
                 if interrupt is not None:
                     raise stopped(job, interrupt) from None
-                raise DilstoreError(f"the pipeline failed: {pipeline_failure(error, options)}") from error
+                raise DilstoreError(f"the pipeline failed: {pipeline_failure(error, options, job.store)}") from error
             finally:
                 client = getattr(result, "client", None)  # the Dask runner's distributed.Client
                 if client is not None:
@@ -263,14 +263,19 @@ def _cause_of(error: BaseException, kind: type[E]) -> E | None:
     return None
 
 
-def pipeline_failure(error: BaseException, options: PipelineOptions) -> str:
+def pipeline_failure(error: BaseException, options: PipelineOptions, store: str = "the store") -> str:
     """What failed, in a line: a job server that never answered is named with the option that bounds the wait (it
-    was only "FutureTimeoutError", after minutes), anything else is its most telling line."""
+    was only "FutureTimeoutError", after minutes), a full disk with what to do (a worker's OSError reaches the
+    launcher as text), anything else is its most telling line."""
     if type(error).__name__ == "FutureTimeoutError":  # grpc's, waiting for the portable job server
         values = options.get_all_options()
         return (f"no job server answered at {values.get('job_endpoint')} within {values.get('job_server_timeout')} s "
                 "(--job_endpoint, --job_server_timeout)")  # fmt: skip
-    return _last_line(error)
+    line = _last_line(error)
+    if f"[Errno {errno.ENOSPC}]" in line:
+        return (f"{line}: free space on the disk of {store} (or of $TMPDIR), then run the same command again (the "
+                "shards it finished are kept)")  # fmt: skip
+    return line
 
 
 def _last_line(error: BaseException) -> str:

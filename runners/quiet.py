@@ -221,6 +221,22 @@ def records_unlogged(logger: str, drop: Callable[[logging.LogRecord], bool]) -> 
         log.removeFilter(keep)
 
 
+@contextmanager
+def failures_unlogged() -> Iterator[None]:
+    """Inside the block, Beam's own report of a failed run in this process stays off the terminal: a Ctrl-C's
+    traceback always, and without --verbose any failure's (a traceback a failed bundle, and the worker logs the job
+    service relays), which the launcher says in one line. Worker processes (`--workers 2` and more) print their
+    own tracebacks on the stderr they inherit: those are not this process's records."""
+    quiet = is_quiet()
+
+    def relayed(record: logging.LogRecord) -> bool:  # a worker process's log, relayed by the job service
+        return quiet and record.levelno >= logging.ERROR
+
+    with records_unlogged("apache_beam.runners.common", raising(BaseException if quiet else KeyboardInterrupt)), \
+            records_unlogged("apache_beam.runners.portability.local_job_service", relayed):  # fmt: skip
+        yield
+
+
 def raising(kind: type[BaseException]) -> Callable[[logging.LogRecord], bool]:
     """Picks the records of a `kind` exception (logged with its traceback): a stop the command reports in its own
     line."""

@@ -10,7 +10,9 @@ already committed.
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import shutil
 import signal
@@ -178,4 +180,37 @@ def test_a_rerun_rewrites_a_committed_shard_whose_folder_is_gone(setup, tmp_path
     shard = next(int(path.stem.split("-")[1]) for path in markers if json.loads(path.read_text())["passages"])
     shutil.rmtree(store / "shards" / f"shard-{shard:05d}")
     assert cli.main([*arguments(model, corpus, store), "--json"]) == 0
+    assert_same_store(store, reference)
+
+
+def test_a_full_disk_is_one_line_saying_what_to_do_and_the_rerun_finishes(
+    setup, tmp_path: Path, capsys, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk printed Beam's tracebacks (43 lines, 644 with two workers), then a line that named neither the
+    store nor that a re-run resumes (crash40 M3)."""
+    from dilstore.pipelines import shard_sink
+
+    model, corpus, reference = setup
+    store = tmp_path / "store"
+    written = shard_sink.write_shard
+
+    def full_after_two(*args, **kwargs):
+        if len(list((store / "shards").glob("shard-*"))) >= 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return written(*args, **kwargs)
+
+    monkeypatch.setenv("DILSTORE_QUIET", "1")
+    monkeypatch.setattr(shard_sink, "write_shard", full_after_two)
+    capsys.readouterr()
+    assert cli.main(arguments(model, corpus, store)) == 2
+    said = capsys.readouterr().err
+    assert "Traceback" not in said and said.count("\n") == 1, said
+    beam_reports = [record for record in caplog.records if record.name.startswith("apache_beam")]
+    assert not any(record.levelno >= logging.ERROR for record in beam_reports), "Beam's traceback reached the log"
+    assert said.startswith("dilstore precompute: error: the pipeline failed: OSError: [Errno 28] No space left on "
+                           "device")  # fmt: skip
+    assert said.rstrip().endswith(f"free space on the disk of {store} (or of $TMPDIR), then run the same command "
+                                  "again (the shards it finished are kept)")  # fmt: skip
+    monkeypatch.setattr(shard_sink, "write_shard", written)
+    assert cli.main(arguments(model, corpus, store)) == 0
     assert_same_store(store, reference)
