@@ -50,13 +50,17 @@ def write_lock(folder: Path, role: str = WRITE_ROLE, doing: str = "written") -> 
         path.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except PermissionError as error:
+        if path.exists():  # the folder is writable, or the file would not be there: the file itself is not
+            raise DilstoreError(f"cannot open the lock file {path} of {folder}: {error.strerror}; it must be "
+                                "readable and writable by this user") from None  # fmt: skip
         raise DilstoreError(f"cannot create the lock file {path}: {error.strerror}; the lock of {folder} lives "
                             f"beside it, so its folder {path.parent} must be writable") from None  # fmt: skip
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _holder_pid(descriptor)
+            # The holder /proc/locks names; the file may still hold an earlier holder's pid.
+            holder = writer_of(Path(folder), role) or _holder_pid(descriptor)
             raise DilstoreError(
                 f"{folder} is being {doing} by pid {holder} (lock {path}); wait for that run or stop it"
             ) from None

@@ -4,6 +4,8 @@ one's pid."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,7 @@ def test_a_writer_refused_before_the_holder_recorded_its_pid_waits_for_it(
             return b"" if len(reads) < 3 else real_pread(descriptor, size, offset)  # as if read before the pwrite
 
         monkeypatch.setattr(write_lock_module.os, "pread", late)
+        monkeypatch.setattr(write_lock_module, "writer_of", lambda *args: None)  # a system without /proc/locks
         with pytest.raises(DilstoreError, match=rf"being written by pid {holder} "):
             with write_lock(store):
                 pass
@@ -128,3 +131,39 @@ def test_precompute_on_a_locked_store_stops_before_writing(
     assert status == 2
     assert f"is being written by pid {holder}" in capsys.readouterr().err
     assert not store.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="Linux's /proc/locks names the holder")
+def test_a_refused_writer_names_the_process_holding_the_lock_not_an_earlier_pid_in_its_file(tmp_path: Path) -> None:
+    """The file holds the last holder's pid until the next one writes its own: a writer refused in between named a
+    finished run (crash40 L5)."""
+    store = tmp_path / "store"
+    path = lock_path(store)
+    path.write_text("12345\n")
+    code = ("import fcntl, os, sys, time\ndescriptor = os.open(sys.argv[1], os.O_RDWR)\n"
+            "fcntl.flock(descriptor, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(120)\n")  # fmt: skip
+    holder = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(DilstoreError, match=rf"being written by pid {holder.pid} "), write_lock(store):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_file_that_cannot_be_opened_is_named_not_its_folder(tmp_path: Path, monkeypatch) -> None:
+    """A lock file of mode 000 in a writable folder was reported as "its folder must be writable" (crash40 L6)."""
+    from dilstore.storage import write_lock as module
+
+    store = tmp_path / "store"
+    lock_path(store).write_text("")
+
+    def refused(*args: object) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(module.os, "open", refused)
+    with pytest.raises(DilstoreError, match=rf"^cannot open the lock file {lock_path(store)} of {store}: Permission "
+                                            "denied; it must be readable and writable by this user$"):  # fmt: skip
+        with write_lock(store):
+            pass
