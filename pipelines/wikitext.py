@@ -80,14 +80,22 @@ END_MATTER = frozenset({"see also", "external links", "external link", "further 
                         "footnotes", "citations", "sources", "notes and references", "references and notes",
                         "works cited"})  # fmt: skip
 # A disambiguation page: a list of other pages' titles, not an article (`is_disambiguation`).
-_DISAMBIGUATION = re.compile(r"\{\{\s*(?:[^|{}]*disambiguation[^|{}]*|disambig|dab|disamb|geodis|hndis|numberdis)"
-                             r"\s*(?:\||\}\})", re.IGNORECASE)  # fmt: skip
+# By the template's name, never by a word in it: `{{Disambiguation needed}}` (alias `{{dn}}`) is an inline tag of
+# ordinary articles, and `{{Incomplete disambiguation}}` marks an article's title. A name in a comment or a
+# <nowiki> is no template.
+_DISAMBIGUATION_NAMES = ("disambiguation", "disambig", "dab", "disamb", "disam", "dis", "geodis", "hndis",
+                         "hndis-cleanup", "numberdis", "mathdab", "roaddis", "schooldis", "hospitaldis",
+                         "mil-unit-dis", "letter-numbercombdisambig", "disambiguation cleanup",
+                         r"[\w -]+ disambiguation")  # fmt: skip
+_DISAMBIGUATION = re.compile(r"\{\{\s*(?!incomplete disambiguation\s*[|}])(?:" + "|".join(_DISAMBIGUATION_NAMES) +
+                             r")\s*(?:\||\}\})|__DISAMBIG__", re.IGNORECASE)  # fmt: skip
+_NOT_MARKUP = re.compile(r"<!--.*?(?:-->|$)|<nowiki>.*?(?:</nowiki>|$)", re.IGNORECASE | re.DOTALL)
 # What a list item's marker ("*", "#", ";", ":") leaves until its paragraph is joined: items that do not end in
 # punctuation are ended with ";" there, so that they do not run together ("Cool roof Daisyworld Emissivity").
 _ITEM = "\x01"
 _ITEM_ENDS = (".", ",", ";", ":", "!", "?")
 # A power of ten: a superscript number after a lone 10 ("10<sup>18</sup>" read "1018", another number).
-_TEN = re.compile(r"(?:^|[^\d.,])10")
+_TEN = re.compile(r"(?:^|[^\w.,])10$")
 _EXPONENT = re.compile(r"[-−+]?\d+")
 
 
@@ -113,8 +121,9 @@ def wikitext_to_text(wikitext: str) -> str:
 
 
 def is_disambiguation(wikitext: str) -> bool:
-    """Whether the page is a disambiguation page (it carries `{{disambiguation}}`, `{{dab}}`, `{{geodis}}`, ...)."""
-    return _DISAMBIGUATION.search(wikitext) is not None
+    """Whether the page is a disambiguation page (it carries `{{disambiguation}}`, `{{dab}}`, `{{geodis}}`, ...,
+    `{{Place name disambiguation}}` or `__DISAMBIG__`, outside comments and <nowiki>)."""
+    return _DISAMBIGUATION.search(_NOT_MARKUP.sub("", wikitext)) is not None
 
 
 def _without_end_matter(nodes: list[Node]) -> list[Node]:
@@ -186,7 +195,7 @@ def _power_of_ten(node: Node, before: list[Node]) -> Text | None:
     """`10<sup>18</sup>` as "10^18", when `node` is a superscript integer after a lone 10; else None."""
     if not (isinstance(node, Tag) and str(node.tag).strip().lower() == "sup" and node.contents is not None):
         return None
-    if not (before and isinstance(before[-1], Text) and _TEN.search(before[-1].value.rstrip()[-4:])):
+    if not (before and isinstance(before[-1], Text) and _TEN.search(before[-1].value)):
         return None
     exponent = str(node.contents).strip()
     return Text(f"^{exponent}") if _EXPONENT.fullmatch(exponent) else None
@@ -196,7 +205,7 @@ def _replace(node: Node) -> Node | None:
     """What a node becomes: itself, a whitespace stand-in, the text of an inline template, or None (dropped)."""
     if isinstance(node, Template):
         text = _inline_text(node)
-        return None if text is None else Text(text)
+        return None if not text else Text(text)  # an empty rendering leaves the stand-in of a dropped node
     if isinstance(node, (Argument, Comment)):
         return None
     if isinstance(node, Heading):

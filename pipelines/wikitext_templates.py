@@ -22,8 +22,9 @@ _FIXED = {"nbsp": " ", "thinsp": " ", "spaces": " ", "ndash": "–", "mdash": "�
           "spnd": " – ", "sndash": " – ", "spaced ndash": " – ", "'s": "'s", "'": "'"}  # fmt: skip
 # Templates that show their first positional argument: typography wrappers, a linked name, an abbreviation, a flag
 # with its country's name.
-_FIRST = frozenset({"small", "smaller", "big", "larger", "large", "sc", "smallcaps", "small caps", "ill", "abbr",
-                    "vr", "flag", "flagcountry", "nobr", "no wrap"})  # fmt: skip
+_FIRST = frozenset({"small", "smaller", "big", "larger", "large", "sc", "smallcaps", "small caps", "abbr", "vr",
+                    "flag", "flagcountry", "nobr", "no wrap"})  # fmt: skip
+_LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:-[a-z]+)*")
 # Templates that show their last positional argument: a language or script code, then the text.
 _LAST = frozenset({"transl", "transliteration", "script", "rtl-lang", "ipa"})
 # Quotations: their text is a paragraph of its own (as `<blockquote>` text is kept).
@@ -43,7 +44,7 @@ _VALUE = re.compile(r"[-+−]?\d[\d.,]*(/\d+)?")
 _SCALED_UNIT = re.compile(r"e(3|6|9|12)([^\d].*)")
 _SCALES = {"3": "thousand", "6": "million", "9": "billion", "12": "trillion"}
 _OTHERS = frozenset({"nowrap", "convert", "cvt", "as of", "frac", "sfrac", "circa", "nihongo", "angbr", "e", "val",
-                     "oldstyledate"})  # fmt: skip
+                     "oldstyledate", "ill"})  # fmt: skip
 RENDERED_TEMPLATES = frozenset({*_FIXED, *_FIRST, *_LAST, "lang", *_QUOTES, *_SHIPS, *_DATES, *_OTHERS})
 
 
@@ -93,6 +94,10 @@ def _other(name: str, positional: list[str], named: dict[str, str]) -> str:
     if name == "nihongo":  # {{nihongo|Aikido|合気道|aikidō}}: "Aikido (合気道, aikidō)"
         rest = [part for part in positional[1:3] if part]
         return f"{first} ({', '.join(rest)})" if rest else first
+    if name == "ill":  # {{ill|Title|de|Titel|lt=shown}}, or the older {{ill|de|Titel}}: the name a reader sees
+        if named.get("lt"):
+            return named["lt"]
+        return positional[1] if len(positional) > 1 and _LANGUAGE_CODE.fullmatch(first) else first
     if name == "angbr":
         return f"⟨{first}⟩"
     if name == "e":  # {{e|24}}: "×10^24"
@@ -110,8 +115,9 @@ def _other(name: str, positional: list[str], named: dict[str, str]) -> str:
 def _date(positional: list[str], named: dict[str, str]) -> str:
     """A date given as year, month and day (the first three arguments; a death date's birth date after them is left
     out, and so is an age, which depends on the day the page is read), or one argument that is a date already."""
-    numbers = [part.strip() for part in positional[:3]]
-    if len(numbers) == 1 or not all(_NUMBER.fullmatch(part) for part in numbers):
+    numbers = [part.strip() for part in positional[:3]] or [
+        named[key].strip() for key in ("year", "month", "day") if named.get(key)]  # fmt: skip
+    if len(numbers) <= 1 or not all(_NUMBER.fullmatch(part) for part in numbers):
         return " ".join(part for part in numbers if part)
     year, month = numbers[0], int(numbers[1])
     if not 1 <= month <= 12:

@@ -530,10 +530,16 @@ def test_a_disambiguation_page_is_skipped_and_counted(tmp_path: Path) -> None:
     dump = write_dump(tmp_path / "d.xml", page(1, "Ada", "'''Ada''' may refer to:\n* [[Ada Lovelace]]\n"
                                                "{{disambiguation|given name}}")
                       + page(2, "Aa River", "'''Aa''' is:\n* a river\n{{Geodis}}")
-                      + page(3, "Ada Lovelace", "Ada was a mathematician. {{Distinguish|Ada}}"))  # fmt: skip
+                      + page(3, "Ada Lovelace", "Ada was a mathematician. {{Distinguish|Ada}}")
+                      # Articles (wiki40b H1): an inline cleanup tag, a name in a comment, an ambiguous title's tag.
+                      + page(4, "Mercury", "Mercury is a planet; see [[Venus]]{{Disambiguation needed|date=May 2020}}.")
+                      + page(5, "Ceres", "Ceres is a dwarf planet. &lt;!-- not {{disambiguation}} --&gt;")
+                      + page(6, "Pluto", "{{Incomplete disambiguation}}Pluto is a dwarf planet.")
+                      + page(7, "Vesta", "Vesta may be:\n* an asteroid\n__DISAMBIG__"))  # fmt: skip
     documents, rejected, skipped = by_kind(read_wikipedia(dump))
-    assert [d.id for d in documents] == ["3"] and rejected == []
-    assert [(s.line_or_id, s.reason) for s in skipped] == [("1", "disambiguation"), ("2", "disambiguation")]
+    assert [d.id for d in documents] == ["3", "4", "5", "6"] and rejected == []
+    assert [(s.line_or_id, s.reason) for s in skipped] == [("1", "disambiguation"), ("2", "disambiguation"),
+                                                           ("7", "disambiguation")]  # fmt: skip
 
 
 def test_transclusion_tags_keep_what_the_page_itself_shows() -> None:
@@ -570,6 +576,12 @@ def test_transclusion_tags_keep_what_the_page_itself_shows() -> None:
          "6 million; Eagle's feet; computers—following ⟨a⟩ /æ/"),
         ("aboard {{USS|Hornet|CV-12|6}} and {{HMS|Victory}}; {{small|small}} {{ill|Gymnasium|de}} {{OldStyleDate|2 "
          "February|1905|21 January}}", "aboard USS Hornet and HMS Victory; small Gymnasium 2 February 1905"),
+        # The older {{ill|lang|title}} showed "de", and lt= was not read (wiki40b M2).
+        ("the {{ill|de|Gymnasium Ernestinum Gotha}} and {{ill|Trève|fr|lt=trèves}}", "the Gymnasium Ernestinum Gotha "
+         "and trèves"),
+        # A date template without positional arguments raised IndexError: the whole page a dead letter (wiki40b M1).
+        ("{{birth date and age|year=1947|month=4|day=1}}, {{dts}}, {{Start date and age|df=yes}}.",
+         "April 1, 1947, , ."),
     ],
 )
 def test_templates_that_are_the_prose_are_rendered_as_a_reader_sees_them(wikitext: str, text: str) -> None:
@@ -608,6 +620,9 @@ def test_style_quotes_go_but_the_apostrophes_mediawiki_shows_among_them_stay(wik
         # A power of ten read as another number (wiki40 M4); other superscripts are flattened as the page copies.
         ("every 10<sup>18</sup> atoms, 1.25 × 10<sup>−9</sup> s, 7 km<sup>2</sup>, in 2010<sup>3</sup>, 1<sup>st</sup>",
          "every 10^18 atoms, 1.25 × 10^−9 s, 7 km2, in 20103, 1st"),
+        ("Chapter 10 a<sup>1</sup>, the 10th<sup>2</sup>, 1×10<sup>2</sup>", "Chapter 10 a1, the 10th2, 1×10^2"),
+        # An empty rendering merged the italic runs around it into an apostrophe (wiki40b L4).
+        ("the ''{{lang|fr}}'' word", "the word"),
         # List items ran together: "Cool roof Daisyworld Emissivity" (wiki40 M2).
         ("See also:\n* Cool roof\n** Daisyworld\n* Emissivity.\n* Global dimming\n\n;Term\n:its meaning",
          "See also: Cool roof; Daisyworld; Emissivity. Global dimming\n\nTerm; its meaning"),
