@@ -28,6 +28,7 @@ from dilstore.pipelines.documents import Document, Record, Rejected, Skipped
 from dilstore.pipelines.duplicate_ids import drop_duplicate_ids, keep_first
 from dilstore.pipelines.source_files import numbered_lines
 from dilstore.pipelines.wikitext import wikitext_to_text
+from dilstore.pipelines.wikitext_templates import RENDERED_TEMPLATES
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.paths import ROOT
 
@@ -760,3 +761,12 @@ def test_a_cut_xml_bz2_keeps_every_page_decoded_before_the_cut(shared_data: Path
     *pages, last = read_wikipedia(path)
     assert len(pages) == decodable.count(b"</page>")
     assert isinstance(last, Rejected) and last.reason.startswith("truncated or corrupt file")
+
+
+@given(st.sampled_from(sorted(RENDERED_TEMPLATES)),
+       st.lists(st.sampled_from(["", "1", "13", "0", "1947", "x", "year=1", "df=y", "e=3", "u=m", "lt=a", "text=b",
+                                 "de", "²", "{{e|2}}", "1=7"]), max_size=4))  # fmt: skip
+def test_every_rendered_template_reads_any_arguments_without_failing(name: str, arguments: list[str]) -> None:
+    """`{{birth date}}` without arguments raised IndexError, and the whole page became a dead letter (wiki40b M1)."""
+    text = wikitext_to_text(f"A {{{{{'|'.join([name, *arguments])}}}}} b.")
+    assert text.startswith("A") and text.endswith("b.")
