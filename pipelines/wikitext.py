@@ -29,7 +29,7 @@ import mwparserfromhell
 from mwparserfromhell.nodes import Argument, Comment, ExternalLink, Heading, Node, Tag, Template, Text, Wikilink
 from mwparserfromhell.wikicode import Wikicode
 
-from dilstore.pipelines.wikitext_templates import renders, rendered_text
+from dilstore.pipelines.wikitext_templates import NAMED_ARGUMENTS, renders, rendered_text
 
 # Tags whose content is not running prose. Tables include `{| ... |}` markup,
 # which mwparserfromhell parses as a "table" tag. `<includeonly>` text shows only
@@ -245,7 +245,7 @@ def _inline_text(template: Template) -> str | None:
         key = str(param.name).strip()
         if _POSITION.fullmatch(key):
             numbered[int(key)] = param.value
-        else:
+        elif key.lower() in NAMED_ARGUMENTS:  # only those read: each is parsed again, at every depth of nesting
             named[key.lower()] = wikitext_to_text(str(param.value))
     positional = [wikitext_to_text(str(numbered[number])) for number in sorted(numbered)]
     return rendered_text(name, positional, named)

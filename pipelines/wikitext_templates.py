@@ -45,6 +45,8 @@ _SCALED_UNIT = re.compile(r"e(3|6|9|12)([^\d].*)")
 _SCALES = {"3": "thousand", "6": "million", "9": "billion", "12": "trillion"}
 _OTHERS = frozenset({"nowrap", "convert", "cvt", "as of", "frac", "sfrac", "circa", "nihongo", "angbr", "e", "val",
                      "oldstyledate", "ill"})  # fmt: skip
+# The named arguments a rendering reads (a quotation's text, a power of ten, a unit, a date's parts and order).
+NAMED_ARGUMENTS = frozenset({"text", "quote", "e", "u", "ul", "df", "lt", "year", "month", "day"})
 RENDERED_TEMPLATES = frozenset({*_FIXED, *_FIRST, *_LAST, "lang", *_QUOTES, *_SHIPS, *_DATES, *_OTHERS})
 
 
