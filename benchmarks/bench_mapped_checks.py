@@ -4,7 +4,7 @@ A memory-mapped store opened with `check_files` (as `serve` opens its stores) st
 and those of every open shard a fetch points to before it reads them (storage/mapped.py: a file cut short
 under a map kills the process with SIGBUS, and bytes written in place read as data). This builds a local
 fp16 store of random passages, opens it once, and times warm fetches of `--ids` random ids, alternating
-rounds with the check and with it replaced by a no-op, `--rounds` rounds of `--fetches` fetches each.
+rounds with the check (the store's manifest still there, then the mapped files) and with `check_files` off, `--rounds` rounds of `--fetches` fetches each.
 Prints a table, then the rows as JSON.
 
     .venv/bin/python benchmarks/bench_mapped_checks.py --shards 40 --passages 500 --ids 1 100
@@ -25,7 +25,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/fixtures/store_fixtures.py: random passages and a finalized store of them
 
-import dilstore.storage.reader as reader_module  # noqa: E402
 from dilstore.runners.arg_types import positive_int  # noqa: E402
 from dilstore.storage.reader import Store, open_store  # noqa: E402
 from tests.fixtures.store_fixtures import build_store, random_shards  # noqa: E402
@@ -49,7 +48,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetches", type=positive_int, default=200, help="fetches per round")
     parser.add_argument("--rounds", type=positive_int, default=5, help="rounds per setting, alternating")
     args = parser.parse_args(argv)
-    checked = reader_module.check_unchanged
     rng = np.random.default_rng(0)
     rows = []
     with tempfile.TemporaryDirectory() as work:
@@ -63,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                 times: dict[str, list[float]] = {"checked": [], "unchecked": []}
                 for _ in range(args.rounds):
                     for setting in times:
-                        reader_module.check_unchanged = checked if setting == "checked" else (lambda files: None)
+                        store.check_files = setting == "checked"
                         times[setting].append(fetch_microseconds(store, ids, args.fetches))
-                reader_module.check_unchanged = checked
+                store.check_files = True
                 on, off = statistics.median(times["checked"]), statistics.median(times["unchecked"])
                 rows.append({"ids_per_fetch": size, "checked_us": round(on, 1), "unchecked_us": round(off, 1),
                              "ratio": round(on / off, 3)})  # fmt: skip
