@@ -48,13 +48,13 @@ def bm25_index_dir(store_path: str | Path) -> Path:
     """
     if "://" not in str(store_path):
         return Path(store_path) / BM25_INDEX_DIR
-    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.location import StoreLocation, redacted
 
     local = StoreLocation.parse(store_path).local_root
     if local is None:
         raise DilstoreError(
-            f"store {store_path} is not on the local filesystem, and its BM25 index must be (Lucene reads only "
-            "local files): give a local copy of the store's bm25/ folder (--index DIR; index= in Python)"
+            f"store {redacted(str(store_path))} is not on the local filesystem, and its BM25 index must be (Lucene "
+            "reads only local files): give a local copy of the store's bm25/ folder (--index DIR; index= in Python)"
         )
     return local / BM25_INDEX_DIR
 
@@ -286,7 +286,10 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
         raise DilstoreError(f"{index_dir / INDEX_RECORD} cannot be read ({error}); rebuild the index") from None
     if not isinstance(recorded, dict):
         raise DilstoreError(f"{index_dir / INDEX_RECORD} is not a JSON object; rebuild the index")
+    from dilstore.storage.location import redacted
+
     now = indexed_state(store)
+    store_path = redacted(str(store_path))
     if recorded.get("generation") != now["generation"]:
         raise DilstoreError(
             f"the BM25 index at {index_dir} was built for another store (build {recorded.get('generation')!r}); "

@@ -254,6 +254,7 @@ def open_served_store(
     without it, both are done here.
     """
     from dilstore.storage.info import store_info
+    from dilstore.storage.location import redacted
 
     if info is None:  # first: a path without a store is named before the model stack loads
         info = store_info(path)
@@ -276,9 +277,10 @@ def open_served_store(
         variant = odqa.model.online_variant
     model_name = str(model) if model is not None else "default"
     layers = f", online layers {variant}" if variant else ""
+    shown = redacted(path)  # /stores is open to any client: never the storage password
     print(f"dilstore serve: store {name!r} ({info['kind']}, {info['encoding']}, {info['passages']:,} passages) from "
-          f"{path}, model {model_name}{layers}", file=sys.stderr)  # fmt: skip
-    return ServedStore(name, service, {"path": path, "model": model_name, "online_variant": variant, "info": info})
+          f"{shown}, model {model_name}{layers}", file=sys.stderr)  # fmt: skip
+    return ServedStore(name, service, {"path": shown, "model": model_name, "online_variant": variant, "info": info})
 
 
 def served_index(name: str, path: str, kind: str, given: Path | None) -> Path | None:
@@ -288,7 +290,7 @@ def served_index(name: str, path: str, kind: str, given: Path | None) -> Path | 
     (none given, none at STORE/bm25, or a store at a URL) it gets None and requests must give doc_ids.
     """
     from dilstore.reader.retrieval import bm25_index_dir, check_index_covers, require_index_files
-    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.location import StoreLocation, redacted
     from dilstore.storage.manifest import read_manifest
 
     if given is not None:
@@ -297,8 +299,9 @@ def served_index(name: str, path: str, kind: str, given: Path | None) -> Path | 
         default = bm25_index_dir(path)
         index = default if kind == DILBERT or any(default.glob("segments_*")) else None
     elif kind == DILBERT:
-        raise DilstoreError(f"store {path} is not on the local filesystem, and its BM25 index must be (Lucene reads "
-                            f"only local files): give a local copy of the store's bm25/ folder with --index {name}=DIR")
+        raise DilstoreError(f"store {redacted(path)} is not on the local filesystem, and its BM25 index must be "
+                            "(Lucene reads only local files): give a local copy of the store's bm25/ folder with "
+                            f"--index {name}=DIR")
     else:
         index = None
     if index is None:

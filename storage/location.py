@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import fsspec
 import zarr
@@ -30,6 +31,18 @@ _READ_BLOCK = 8 << 20
 _HASH_THREADS = 4
 # Filesystems that cannot list a folder: an HTTP server's HTML index page, where there is one, is not a listing.
 _UNLISTABLE = frozenset({"http", "https"})
+
+
+def redacted(url: str) -> str:
+    """`url` with the password of its user part and its query string hidden, as every message shows a store's URL:
+    `serve` has no authentication, and its /stores, /health and error bodies named the storage password."""
+    parts = urlsplit(url)
+    if "://" not in url or not (parts.password or parts.query):
+        return url
+    netloc = parts.netloc
+    if parts.password:
+        netloc = f"{parts.username}:***@{netloc.rsplit('@', 1)[1]}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", parts.fragment))
 
 
 def is_special_file(path: Path) -> bool:
@@ -49,12 +62,17 @@ class StoreLocation:
     @classmethod
     def parse(cls, path_or_url: str | Path, storage_options: dict[str, Any] | None = None) -> StoreLocation:
         """The location of a local path or fsspec URL (e.g. `memory://store`, `gs://bucket/store`)."""
-        url = str(path_or_url)
-        if not url.strip():  # it read as the current folder, and messages named a blank store
+        given = str(path_or_url)
+        if not given.strip():  # it read as the current folder, and messages named a blank store
             raise DilstoreError("the store path is empty")
+        url = redacted(given)  # what messages, `info` and serve's /stores show: never a password
+        parts = urlsplit(given)
+        if "://" in given and (parts.query or parts.fragment):  # each file's path went after the query: "no store"
+            raise DilstoreError(f"store URLs with a query string or fragment are not supported ({url}): the store's "
+                                "file paths are appended to the URL; give the store's folder URL")  # fmt: skip
         options = dict(storage_options or {})
         try:
-            fs, root = url_to_fs(url, **options)
+            fs, root = url_to_fs(given, **options)
         except (ImportError, ValueError) as error:  # an unknown protocol, or its fsspec package is not installed
             raise DilstoreError(f"cannot open store {url}: {error}") from None
         except OSError as error:  # a filesystem that connects when made (ftp://, sftp://): the host refused
@@ -83,12 +101,13 @@ class StoreLocation:
         return bool(self._reach(self.fs.isdir, relative))
 
     def _reach(self, method: Callable[[str], Any], relative: str) -> Any:
-        """`method` of `relative`'s full path; a failure to reach the store (no route, refused) names the store."""
+        """`method` of `relative`'s full path; a failure to reach the store (no route, refused, or a server's
+        refusal: 401, 403, 502, a redirect loop, which aiohttp raises as no OSError) names the store."""
         try:
             return method(self.path(relative))
-        except FileNotFoundError:
+        except (FileNotFoundError, DilstoreError):
             raise
-        except OSError as error:
+        except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kinds
             raise DilstoreError(f"cannot reach store {self.url}: {describe(error)}") from None
 
     def read_bytes(self, relative: str) -> bytes:

@@ -275,6 +275,44 @@ def test_urls_without_a_store_give_one_line_errors(server: HttpServer, capsys) -
         assert message in "".join(capsys.readouterr())
 
 
+class _Refusing(SimpleHTTPRequestHandler):
+    """A private bucket, a wrong password, a load balancer whose backend is down: every request refused."""
+
+    def do_GET(self) -> None:
+        self.send_error(403)
+
+    do_HEAD = do_GET
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+def test_a_server_that_refuses_every_request_is_one_line_naming_the_store_without_its_password(capsys) -> None:
+    """A 403 (or 401, 502) for the manifest was a traceback from aiohttp, exit 1; a password in the URL was printed
+    by every message, and by serve's /stores and error bodies (remote40 H2, M1)."""
+    with ThreadingHTTPServer(("127.0.0.1", 0), _Refusing) as refusing:
+        threading.Thread(target=refusing.serve_forever, daemon=True).start()
+        try:
+            url = f"http://alice:s3cr3t@127.0.0.1:{refusing.server_address[1]}/store"
+            assert main(["info", url]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("dilstore info: error: cannot reach store http://alice:***@127.0.0.1:"), err
+            assert "403" in err and "s3cr3t" not in err and len(err.splitlines()) == 1, err
+            assert main(["verify", url]) == 1  # a problem found, as for a host that cannot be reached
+            said = "".join(capsys.readouterr())
+            assert "cannot reach store http://alice:***@" in said and "s3cr3t" not in said and "Traceback" not in said
+        finally:
+            refusing.shutdown()
+
+
+def test_a_url_with_a_query_string_is_refused_without_echoing_it(capsys) -> None:
+    """Each file's path went after the query ("no store at URL"), and the query, an access token, was printed
+    (remote40 M4)."""
+    assert main(["info", "https://127.0.0.1:1/store?sig=SECRET"]) == 2
+    err = capsys.readouterr().err
+    assert "query string or fragment are not supported (https://127.0.0.1:1/store?***)" in err and "SECRET" not in err
+
+
 @pytest.mark.parametrize("name", ["fp16", "zstd"])
 def test_a_server_that_ignores_byte_ranges_is_a_clear_error(served_root: Path, name: str) -> None:
     """Python's own http.server sends whole files for ranged requests: the reader says so instead of misreading
