@@ -51,7 +51,7 @@ from dilstore.reader.retrieval import Bm25Searcher, TooManyTermsError
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import CLIENT_GONE, CONTENT_TYPE, Metrics
 from dilstore.storage.errors import DilstoreError, listed
-from dilstore.storage.format import StoreFormatError, StoreReadError
+from dilstore.storage.format import StoreChangedError, StoreFormatError, StoreReadError
 from dilstore.storage.reader import MissingPassagesError, Store
 
 logger = logging.getLogger("dilstore.serve")
@@ -386,8 +386,13 @@ class StoreRouter:
             try:
                 result = await self.batchers[store.name].submit(request, pairs)
             except StoreFormatError as error:  # the files under the open store changed: no later request can work
-                store.fail(error)
-                raise store.unavailable() from None
+                if store.service.store.location.local_root is not None or isinstance(error, StoreChangedError):
+                    store.fail(error)
+                    raise store.unavailable() from None
+                # Over HTTP a 404, a short body or a whole file for a range is one answer of a server (a CDN edge
+                # mid-deploy), no proof that the store changed: it took the store out until a restart.
+                logger.warning("reading store %r failed: %s", store.name, error)
+                raise ClientError(502, f"reading store {store.name!r} failed: {error}") from None
             except StoreReadError as error:  # a remote read failed in transit: this request only, the store stays
                 logger.warning("reading store %r failed: %s", store.name, error)
                 raise ClientError(502, f"reading store {store.name!r} failed: {error}") from None

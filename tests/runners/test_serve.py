@@ -756,6 +756,28 @@ def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any], ca
     assert {r["doc_id"]: r["score"] for r in response.json()["results"]} == pytest.approx(expected, rel=1e-6)
 
 
+def test_a_remote_store_s_missing_file_is_that_request_s_502_not_the_store_s_end(
+    tiny: dict[str, Any], tmp_path: Path
+) -> None:
+    """One 404 from the web server (a CDN edge mid-deploy) marked a store at a URL unavailable until a restart, and
+    /health 503 took the whole server out of rotation (remote40 H3)."""
+    from tests.fixtures.http_store import serve_directory
+
+    from dilstore.runners.cmd_serve import open_served_store
+
+    served = shutil.copytree(tiny["s2"], tmp_path / "site" / "s2")
+    body = {"query": "Zürich tram", "doc_ids": ["kili", "tram"]}
+    with serve_directory(served.parent) as files:
+        store = open_served_store("s2", f"{files.url}/s2", tiny["ranker_dir"], None)
+        with running([store]) as (client, _):
+            (served / "shards").rename(tmp_path / "shards-away")  # every shard file answers 404 for a while
+            failed = client.post("/rerank", json=body)
+            assert failed.status_code == 502 and failed.json()["detail"].startswith("reading store 's2' failed: ")
+            assert client.get("/health").status_code == 200
+            (tmp_path / "shards-away").rename(served / "shards")
+            assert client.post("/rerank", json=body).status_code == 200
+
+
 def test_a_store_file_cut_under_the_server_makes_that_store_unavailable_not_a_dead_server(
     tiny: dict[str, Any], tmp_path: Path
 ) -> None:
