@@ -185,10 +185,12 @@ class Store:
 
     def check_unchanged(self) -> None:
         """A StoreChangedError when this local store was moved or deleted, or a file it has mapped or opened (its id
-        index, every open shard) changed since it was found; nothing for a store at a URL. A stat per file, for a
-        server's health check: a store replaced under an idle server was found out only by the next request."""
+        index, every open shard) changed since it was found; or when a store at a URL is now another build (its
+        manifest read again: a manifest that cannot be read now says nothing). A stat per file, or one request, for
+        a server's health check: a store replaced under an idle server was found out only by the next request."""
         root = self.location.local_root
         if root is None:
+            self._check_build()
             return
         with self._lock:
             readers = list(self._shards.values())
@@ -206,6 +208,16 @@ class Store:
         with self._lock:
             readers = [self._shards[shard] for shard in _pointed_shards(passage_ids, index) if shard in self._shards]
         self._check_files(root, readers)
+
+    def _check_build(self) -> None:
+        """A StoreChangedError when the manifest at the store's URL names another build than the one opened."""
+        try:
+            now = read_manifest(self.location).generation
+        except DilstoreError:  # unreachable or unreadable for now: one answer of a server proves nothing
+            return
+        if now != self.manifest.generation:
+            raise StoreChangedError(f"the store at {self.url} was rebuilt (build {now!r}, opened as build "
+                                    f"{self.manifest.generation!r}): open it again")  # fmt: skip
 
     def _check_files(self, root: Path, readers: Sequence[ShardReader]) -> None:
         """The local store still at `root`, where it was opened, and the id index's files and the watched files of

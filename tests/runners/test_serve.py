@@ -778,6 +778,28 @@ def test_a_remote_store_s_missing_file_is_that_request_s_502_not_the_store_s_end
             assert client.post("/rerank", json=body).status_code == 200
 
 
+def test_health_finds_a_remote_store_rebuilt_on_its_server(tiny: dict[str, Any], tmp_path: Path) -> None:
+    """A store at a URL rebuilt on the web server was never checked: its open shards were read at the old offsets,
+    and answers mixing two builds came back with 200 while /health said ok (remote40 H1)."""
+    import dataclasses
+
+    from tests.fixtures.http_store import serve_directory
+
+    from dilstore.runners.cmd_serve import open_served_store
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest, write_manifest
+
+    served = shutil.copytree(tiny["s2"], tmp_path / "site" / "s2")
+    with serve_directory(served.parent) as files:
+        store = open_served_store("s2", f"{files.url}/s2", tiny["ranker_dir"], None)
+        with running([store]) as (client, _):
+            assert client.get("/health").status_code == 200
+            manifest = read_manifest(StoreLocation.parse(served))
+            write_manifest(served, dataclasses.replace(manifest, generation="another-build"))  # as a rebuild leaves it
+            health = client.get("/health")
+            assert health.status_code == 503 and "was rebuilt (build 'another-build'" in health.json()["problems"]["s2"]
+
+
 def test_a_store_file_cut_under_the_server_makes_that_store_unavailable_not_a_dead_server(
     tiny: dict[str, Any], tmp_path: Path
 ) -> None:
