@@ -4,8 +4,8 @@ A memory-mapped store opened with `check_files` (as `serve` opens its stores) st
 and those of every open shard a fetch points to before it reads them (storage/mapped.py: a file cut short
 under a map kills the process with SIGBUS, and bytes written in place read as data). This builds a local
 fp16 store of random passages, opens it once, and times warm fetches of `--ids` random ids, alternating
-rounds with the check (the store's manifest still there, then the mapped files) and with `check_files` off, `--rounds` rounds of `--fetches` fetches each.
-Prints a table, then the rows as JSON.
+rounds with the check (the store's manifest still there, then the mapped files) and with `check_files` off,
+`--rounds` rounds of `--fetches` fetches each. Prints a table, then the rows as JSON.
 
     .venv/bin/python benchmarks/bench_mapped_checks.py --shards 40 --passages 500 --ids 1 100
 """

@@ -8,9 +8,10 @@ passage of a dump, with the library's own reading (`pipelines.corpus_wikipedia`)
 
 Counted per passage of `--split paragraphs` (and the number of `--split words` windows): leftover wikitext markup
 (`{{`, `}}`, `[[`, `]]`, `''`, `<ref`, `{|`, `|-`, `thumb|`, `Category:`), stray apostrophes (one after a space and
-before a space or punctuation, which no quotation mark is: what a dropped template between two italic runs left), brackets opening on a separator ("(; ;"), and passages ending in ":" (what followed is a list, a quotation
-or a table: kept as the next passage, or dropped). Pages are counted by what became of them: an article, or skipped and why. Prints a table,
-then everything as JSON; run it on two checkouts to compare them.
+before a space or punctuation, which no quotation mark is: what a dropped template between two italic runs
+left), brackets opening on a separator ("(; ;"), and passages ending in ":" (what followed is a list, a
+quotation or a table: kept as the next passage, or dropped). Pages are counted by what became of them: an
+article, or skipped and why. Prints a table, then everything as JSON; run it on two checkouts to compare them.
 """
 
 from __future__ import annotations

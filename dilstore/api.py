@@ -141,8 +141,9 @@ def precompute(**options: Any) -> Path:
     KeyboardInterrupt, whose message says what was kept (the shards
     finished: the same call again goes on), as a stop is no input error.
     SIGTERM and SIGHUP keep the caller's own handlers (by default they end
-    the process; the command line turns them into the same stop). Nothing is printed on stdout, which may be the caller's own
-    channel: the command's summary is in STORE/run-summary.json.
+    the process; the command line turns them into the same stop). Nothing
+    is printed on stdout, which may be the caller's own channel: the
+    command's summary is in STORE/run-summary.json.
     """
     from dilstore.runners.arg_types import option_words
     from dilstore.runners.cli import parse

@@ -81,7 +81,13 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     from tqdm import tqdm
 
-    from dilstore.reader.serving.rerank import DEFAULT_DEPTH, RerankSettings, checked_depth, open_reranker, require_topics
+    from dilstore.reader.serving.rerank import (
+        DEFAULT_DEPTH,
+        RerankSettings,
+        checked_depth,
+        open_reranker,
+        require_topics,
+    )
     from dilstore.reader.data.trec import read_run, read_topics, write_run
 
     refuse_output_inside_store(args.output, args.store, "--output")
