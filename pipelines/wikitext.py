@@ -63,11 +63,12 @@ _INTERLANGUAGE = re.compile(r"[a-z]{2,3}(-[a-z]+)*|simple")
 _BEHAVIOUR_SWITCH = re.compile(r"__[A-Z]+__")
 # Bold and italic quote runs, left as text by skip_style_tags.
 _STYLE_QUOTES = re.compile(r"'{2,}")
-# Parentheses left empty by a removed pronunciation or date template: "Anarchism ( ) is"; and the separators left
-# at their start or end: "Albert Einstein (; ; 14 March 1879" (pipelines/wikitext_templates.py renders the dates).
-_EMPTY_PARENTHESES = re.compile(r"\([\s,;:]*\)")
-_OPENING_SEPARATORS = re.compile(r"\(\s*(?:[,;:]\s*)+")
-_CLOSING_SEPARATORS = re.compile(r"(?:\s*[,;:])+\s*\)")
+# Parentheses a dropped pronunciation or date template (its stand-in, `_DROPPED`) left empty: "Anarchism ( ) is";
+# and the separators it left at their start or end: "Albert Einstein (; ; 14 March 1879". Only next to a stand-in:
+# "for (;;)" in an article on C is the text itself.
+_EMPTY_PARENTHESES = re.compile(r"\(\s*\x00[\s,;:\x00]*\)")
+_OPENING_SEPARATORS = re.compile(r"\(\s*\x00[\s,;:\x00]*")
+_CLOSING_SEPARATORS = re.compile(r"[\s,;:]*\x00[\s,;:\x00]*\)")
 _BLANK_LINES = re.compile(r"\n\s*\n")
 # What a dropped node leaves until the style quotes are read: nothing it held shows, but the quote runs on either
 # side stay two runs ("''{{transl|ar|Allah}}''" left "''''", which MediaWiki shows as an apostrophe). XML text,
@@ -109,12 +110,11 @@ def wikitext_to_text(wikitext: str) -> str:
     code.nodes = _without_end_matter(code.nodes)
     _prune(code)
     text = code.strip_code(normalize=True, collapse=True)
-    lines = [_drop_style_quotes(line).replace(_DROPPED, "") for line in _BEHAVIOUR_SWITCH.sub("", text).split("\n")]
+    lines = [_without_dropped(_drop_style_quotes(line)) for line in _BEHAVIOUR_SWITCH.sub("", text).split("\n")]
     text = "\n".join(line if line.replace(_ITEM, "").strip() else "" for line in lines)  # an emptied item is blank
     paragraphs = []
     for block in _BLANK_LINES.split(text):
-        block = _CLOSING_SEPARATORS.sub(")", _OPENING_SEPARATORS.sub("(", _ended_items(block)))
-        paragraph = " ".join(_EMPTY_PARENTHESES.sub("", block).split())
+        paragraph = " ".join(_ended_items(block).split())
         if paragraph:
             paragraphs.append(paragraph)
     return "\n\n".join(paragraphs)
@@ -137,6 +137,13 @@ def _without_end_matter(nodes: list[Node]) -> list[Node]:
         if dropping_below is None:
             kept.append(node)
     return kept
+
+
+def _without_dropped(line: str) -> str:
+    """The line without the stand-ins of dropped nodes, and without the empty brackets and the separators at a
+    bracket's ends that they left."""
+    line = _CLOSING_SEPARATORS.sub(")", _OPENING_SEPARATORS.sub("(", _EMPTY_PARENTHESES.sub("", line)))
+    return line.replace(_DROPPED, "")
 
 
 def _ended_items(block: str) -> str:
