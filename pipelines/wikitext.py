@@ -111,7 +111,9 @@ def wikitext_to_text(wikitext: str) -> str:
     _prune(code)
     text = code.strip_code(normalize=True, collapse=True)
     lines = [_without_dropped(_drop_style_quotes(line)) for line in _BEHAVIOUR_SWITCH.sub("", text).split("\n")]
-    text = "\n".join(line if line.replace(_ITEM, "").strip() else "" for line in lines)  # an emptied item is blank
+    # A list item a dropped template emptied ("* {{FRA}}") goes, line and all: left blank, it split its list, and
+    # the short items after it fell under the paragraph floor.
+    text = "\n".join(line for line in lines if line.replace(_ITEM, "").strip() or _ITEM not in line)
     paragraphs = []
     for block in _BLANK_LINES.split(text):
         paragraph = " ".join(_ended_items(block).split())

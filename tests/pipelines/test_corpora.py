@@ -624,6 +624,8 @@ def test_style_quotes_go_but_the_apostrophes_mediawiki_shows_among_them_stay(wik
         ("Chapter 10 a<sup>1</sup>, the 10th<sup>2</sup>, 1×10<sup>2</sup>", "Chapter 10 a1, the 10th2, 1×10^2"),
         # Punctuation in brackets is cleared only where a dropped node left it: "for (;;)" is text (wiki40b L3).
         ("a <code>for (;;)</code> loop, ( ; ) and (a, b)", "a for (;;) loop, ( ; ) and (a, b)"),
+        # A list item emptied by a dropped template split its list (wiki40b L6).
+        ("Members are:\n* {{FRA}}\n* Germany\n* {{ITA}}\n* Spain\n\nNext.", "Members are: Germany; Spain\n\nNext."),
         # An empty rendering merged the italic runs around it into an apostrophe (wiki40b L4).
         ("the ''{{lang|fr}}'' word", "the word"),
         # List items ran together: "Cool roof Daisyworld Emissivity" (wiki40 M2).
