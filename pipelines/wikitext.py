@@ -79,7 +79,8 @@ _DROPPED = "\x00"
 # the same or a higher level, nothing is kept (wiki40 M3: 305 of the excerpt's passages came from them).
 END_MATTER = frozenset({"see also", "external links", "external link", "further reading", "references", "notes",
                         "footnotes", "citations", "sources", "notes and references", "references and notes",
-                        "works cited"})  # fmt: skip
+                        "works cited", "references and further reading", "additional references",
+                        "further reading and external links", "external links and further reading"})  # fmt: skip
 # A disambiguation page: a list of other pages' titles, not an article (`is_disambiguation`).
 # By the template's name, never by a word in it: `{{Disambiguation needed}}` (alias `{{dn}}`) is an inline tag of
 # ordinary articles, and `{{Incomplete disambiguation}}` marks an article's title. A name in a comment or a
@@ -134,7 +135,7 @@ def _without_end_matter(nodes: list[Node]) -> list[Node]:
     dropping_below: int | None = None  # the level of the end-matter heading being dropped, while one is
     for node in nodes:
         if isinstance(node, Heading) and (dropping_below is None or node.level <= dropping_below):
-            title = " ".join(str(node.title).split()).lower()
+            title = " ".join(node.title.strip_code().split()).lower()  # "References<!-- x -->" is "references"
             dropping_below = node.level if title in END_MATTER else None
         if dropping_below is None:
             kept.append(node)

@@ -523,7 +523,7 @@ def test_end_matter_sections_are_left_out_to_the_next_heading_of_their_level() -
     """See also, External links, References and the like gave 305 of the excerpt's passages (wiki40 M3)."""
     wikitext = ("Lead text.\n== Life ==\nLife text.\n== See also ==\n* [[Other]]\n=== Lists ===\n* [[List]]\n"
                 "== Works ==\nWorks text.\n== External Links ==\n* [http://x.org Site]\n== Bibliography ==\n"
-                "* ''A Book'' (1957)\n==  Further   reading ==\n* A reading")
+                "* ''A Book'' (1957)\n==  Further   reading ==\n* A reading\n== References<!-- keep -->==\n* A ref")
     assert wikitext_to_text(wikitext) == "Lead text.\n\nLife text.\n\nWorks text.\n\nA Book (1957)"
 
 
