@@ -15,15 +15,16 @@ gaps merged over, are transferred; nothing is cached beyond the fetch.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from dilstore.storage.format import StoreFormatError
+from dilstore.storage.format import StoreFormatError, StoreReadError
 from dilstore.storage.mapped import ContiguousLayout
-from dilstore.storage.zarr_reads import read_failure
+from dilstore.storage.zarr_reads import READ_ATTEMPTS, read_failure, retry_delay
 
 # Byte ranges of one file closer than this are read as one block. A round trip to object storage costs
 # tens of milliseconds, in which 256 KiB transfer many times over; the cap bounds what a fetch reads
@@ -97,16 +98,7 @@ def read_blocks(fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap:
     fetched: dict[int, bytes] = {}
     if wanted:
         paths = [blocks[i][0] for i in wanted]
-        try:
-            data = fs.cat_ranges(paths, [blocks[i][1] for i in wanted], [blocks[i][2] for i in wanted],
-                                 on_error="raise")  # fmt: skip
-        except FileNotFoundError as error:
-            missing = error.args[0] if error.args else paths[0]
-            raise StoreFormatError(f"{missing}: not found (the store lacks a file its metadata names); "
-                                   "run `dilstore verify`") from None  # fmt: skip
-        except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
-            what = f"byte ranges of {paths[0]}{' and more' if len(set(paths)) > 1 else ''}"
-            raise read_failure(what, error, local=isinstance(fs, LocalFileSystem)) from None
+        data = _cat_ranges(fs, paths, [blocks[i][1] for i in wanted], [blocks[i][2] for i in wanted])
         fetched = dict(zip(wanted, data, strict=True))
     for index, data in fetched.items():
         path, start, stop = blocks[index]
@@ -124,6 +116,27 @@ def read_blocks(fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap:
         memoryview(fetched.get(block, b""))[offset : offset + stop - start]
         for (_, start, stop), (block, offset) in zip(ranges, placed, strict=True)
     ]
+
+
+def _cat_ranges(fs: fsspec.AbstractFileSystem, paths: list[str], starts: list[int], stops: list[int]) -> list[bytes]:
+    """`fs.cat_ranges` of the blocks, tried again (READ_ATTEMPTS in all) where a remote read failed in transit; a
+    missing file is a StoreFormatError, a failure that stays a StoreReadError (or, local, a StoreFormatError)."""
+    local = isinstance(fs, LocalFileSystem)
+    attempt = 0
+    while True:
+        try:
+            return fs.cat_ranges(paths, starts, stops, on_error="raise")
+        except FileNotFoundError as error:
+            missing = error.args[0] if error.args else paths[0]
+            raise StoreFormatError(f"{missing}: not found (the store lacks a file its metadata names); "
+                                   "run `dilstore verify`") from None  # fmt: skip
+        except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
+            failure = read_failure(f"byte ranges of {paths[0]}{' and more' if len(set(paths)) > 1 else ''}", error,
+                                   local=local)  # fmt: skip
+            if local or not isinstance(failure, StoreReadError) or attempt + 1 == READ_ATTEMPTS:
+                raise failure from None
+            time.sleep(retry_delay(error, attempt))
+            attempt += 1
 
 
 def coalesce(ranges: Sequence[ByteRange], gap: int) -> tuple[list[ByteRange], list[tuple[int, int]]]:

@@ -16,6 +16,7 @@ from a group and a missing node from a present one.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from collections.abc import Iterable
 
@@ -29,6 +30,12 @@ from dilstore.storage.format import ZARR_METADATA_FILE, StoreFormatError, StoreR
 # Others (too many open files, no memory for a map, an I/O error on a network file system) may pass.
 _LASTING = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG})
 _RANGE_NOT_SATISFIABLE = 416
+# A remote read that failed in transit (a 503 "slow down", a reset, a timeout) is tried again this many times in
+# all, RETRY_SECONDS, then twice and four times that, apart (or after a server's Retry-After, up to
+# MAX_RETRY_SECONDS): one hiccup of a web server ended a rerank run of hours, its work lost.
+READ_ATTEMPTS = 3
+RETRY_SECONDS = 0.5
+MAX_RETRY_SECONDS = 10.0
 
 
 class RequiredChunksStore(WrapperStore):
@@ -45,12 +52,17 @@ class RequiredChunksStore(WrapperStore):
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
-        try:
-            value = await self._store.get(key, prototype, byte_range)
-        except (StoreFormatError, StoreReadError):
-            raise
-        except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
-            raise read_failure(self._path(key), error, local=self.local) from None
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                value = await self._store.get(key, prototype, byte_range)
+                break
+            except (StoreFormatError, StoreReadError):
+                raise
+            except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, ...)
+                failure = read_failure(self._path(key), error, local=self.local)
+                if self.local or not isinstance(failure, StoreReadError) or attempt + 1 == READ_ATTEMPTS:
+                    raise failure from None
+                await asyncio.sleep(retry_delay(error, attempt))
         if value is None and not key.endswith(ZARR_METADATA_FILE):
             raise StoreFormatError(f"missing array file {self._path(key)}; run `dilstore verify`")
         return value
@@ -62,6 +74,17 @@ class RequiredChunksStore(WrapperStore):
 
     def _path(self, key: str) -> str:
         return f"{self.url.rstrip('/')}/{key}"
+
+
+def retry_delay(error: BaseException, attempt: int) -> float:
+    """Seconds to wait before trying a failed remote read again: the server's Retry-After where it gave one, else
+    RETRY_SECONDS doubled per attempt; never over MAX_RETRY_SECONDS."""
+    headers = getattr(error, "headers", None) or {}
+    try:
+        asked = float(headers.get("Retry-After", 0))
+    except (TypeError, ValueError):  # an HTTP date: the doubling wait stands
+        asked = 0.0
+    return min(max(asked, RETRY_SECONDS * 2**attempt), MAX_RETRY_SECONDS)
 
 
 def read_failure(what: str, error: BaseException, *, local: bool = False) -> StoreFormatError | StoreReadError:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import errno
 
+import pytest
 from fsspec.exceptions import FSTimeoutError
 
+from dilstore.storage import ranged
 from dilstore.storage.format import StoreFormatError, StoreReadError
-from dilstore.storage.zarr_reads import describe, read_failure
+from dilstore.storage.zarr_reads import READ_ATTEMPTS, describe, read_failure, retry_delay
 
 
 class RangeNotSatisfiable(Exception):
@@ -44,3 +46,72 @@ def test_a_local_file_that_cannot_be_read_for_good_is_damage_and_a_passing_failu
         failure = read_failure("/s/f", error, local=True)
         assert isinstance(failure, StoreReadError) and str(failure).endswith("; try again"), error
     assert isinstance(read_failure("https://h/s/f", PermissionError(errno.EACCES, "x")), StoreReadError)
+
+
+class SlowDown(Exception):
+    """A server's 503 asking to back off, as aiohttp's ClientResponseError carries it."""
+
+    status = 503
+
+    def __init__(self, retry_after: str | None = None) -> None:
+        super().__init__("503, message='Slow Down'")
+        self.headers = {} if retry_after is None else {"Retry-After": retry_after}
+
+
+class FlakyFilesystem:
+    """An fsspec-like filesystem whose first `failures` calls of cat_ranges raise `error`."""
+
+    def __init__(self, failures: int, error: Exception) -> None:
+        self.failures, self.error, self.calls = failures, error, 0
+
+    def cat_ranges(self, paths, starts, stops, on_error="raise"):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return [bytes(stop - start) for start, stop in zip(starts, stops, strict=True)]
+
+
+def test_a_remote_read_that_fails_in_transit_is_tried_again_then_reported(monkeypatch) -> None:
+    """One 503 (S3's "slow down") or reset ended a whole rerank run over HTTP, its work lost (remote40 M3)."""
+    waits: list[float] = []
+    monkeypatch.setattr(ranged.time, "sleep", waits.append)
+    flaky = FlakyFilesystem(2, ConnectionResetError("reset by peer"))
+    assert [bytes(block) for block in ranged.read_blocks(flaky, [("f", 0, 4)])] == [bytes(4)]
+    assert flaky.calls == 3 and waits == [0.5, 1.0]
+    down = FlakyFilesystem(READ_ATTEMPTS, SlowDown("3"))
+    with pytest.raises(StoreReadError, match="Slow Down"):
+        ranged.read_blocks(down, [("f", 0, 4)])
+    assert down.calls == READ_ATTEMPTS and waits[2:] == [3.0, 3.0]  # the server's Retry-After
+    damaged = FlakyFilesystem(1, RangeNotSatisfiable("416"))  # damage: no retry mends it
+    with pytest.raises(StoreFormatError):
+        ranged.read_blocks(damaged, [("f", 0, 4)])
+    assert damaged.calls == 1
+    assert retry_delay(SlowDown("600"), 0) == 10.0 and retry_delay(SlowDown("Wed, 21 Oct 2026"), 1) == 1.0
+
+
+def test_a_chunk_read_through_zarr_that_fails_in_transit_is_tried_again(monkeypatch) -> None:
+    import asyncio
+
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.storage import MemoryStore
+
+    from dilstore.storage import zarr_reads
+
+    class Flaky(MemoryStore):
+        calls = 0
+
+        async def get(self, key, prototype, byte_range=None):
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise SlowDown()
+            return await super().get(key, prototype, byte_range)
+
+    async def no_wait(seconds: float) -> None:
+        pass
+
+    monkeypatch.setattr(zarr_reads.asyncio, "sleep", no_wait)
+    memory = Flaky()
+    prototype = default_buffer_prototype()
+    asyncio.run(memory.set("a/c/0", prototype.buffer.from_bytes(b"abcd")))
+    store = zarr_reads.RequiredChunksStore(memory, "http://host/store")
+    assert asyncio.run(store.get("a/c/0", prototype)).to_bytes() == b"abcd" and Flaky.calls == 2
