@@ -9,6 +9,7 @@ temporary goes beside a store, so a read-only mount or bucket serves as well.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,6 +32,35 @@ _READ_BLOCK = 8 << 20
 _HASH_THREADS = 4
 # Filesystems that cannot list a folder: an HTTP server's HTML index page, where there is one, is not a listing.
 _UNLISTABLE = frozenset({"http", "https"})
+READ_TIMEOUT_ENV = "DILSTORE_READ_TIMEOUT"  # seconds a store over HTTP may take to connect and to send each read
+
+
+def read_timeout() -> float | None:
+    """The seconds READ_TIMEOUT_ENV sets for each connection and each read of a store over HTTP, or None (fsspec's
+    own wait, 5 minutes); a DilstoreError naming the variable when it is no positive number."""
+    value = os.environ.get(READ_TIMEOUT_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise DilstoreError(f"{READ_TIMEOUT_ENV} must be a number of seconds above 0, got {value!r}")
+    return seconds
+
+
+def _with_read_timeout(scheme: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with READ_TIMEOUT_ENV's wait for an http(s) store, unless they set the client's options already
+    (a silent server held a `serve` store's one worker for fsspec's 5 minutes, and the commands had no way to
+    shorten it)."""
+    seconds = read_timeout()
+    if seconds is None or scheme not in ("http", "https") or "client_kwargs" in options:
+        return options
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+    return {**options, "client_kwargs": {"timeout": timeout}}
 
 
 def redacted(url: str) -> str:
@@ -70,7 +100,7 @@ class StoreLocation:
         if "://" in given and (parts.query or parts.fragment):  # each file's path went after the query: "no store"
             raise DilstoreError(f"store URLs with a query string or fragment are not supported ({url}): the store's "
                                 "file paths are appended to the URL; give the store's folder URL")  # fmt: skip
-        options = dict(storage_options or {})
+        options = _with_read_timeout(parts.scheme, dict(storage_options or {}))
         try:
             fs, root = url_to_fs(given, **options)
         except (ImportError, ValueError) as error:  # an unknown protocol, or its fsspec package is not installed

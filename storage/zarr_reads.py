@@ -106,10 +106,9 @@ def read_failure(what: str, error: BaseException, *, local: bool = False) -> Sto
 
 
 def describe(error: BaseException) -> str:
-    """`Type: message`, or what a message-less error means (an fsspec timeout has an empty message)."""
-    text = str(error).strip()
-    if text:
-        return f"{type(error).__name__}: {text}"
-    if "timeout" in type(error).__name__.lower():
-        return f"{type(error).__name__}: the server did not answer in time"
-    return type(error).__name__
+    """`Type: message`, or what a message-less error means (an fsspec timeout has an empty message); a timeout
+    says how to change the wait."""
+    name, text = type(error).__name__, str(error).strip()
+    if "timeout" in name.lower():
+        return f"{name}: {text or 'the server did not answer in time'} (DILSTORE_READ_TIMEOUT sets the wait)"
+    return f"{name}: {text}" if text else name

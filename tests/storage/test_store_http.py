@@ -247,7 +247,22 @@ def test_a_silent_server_times_out_as_storage_options_say_and_the_error_says_so(
     options = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=0.5)}}
     with serve_directory(served_root, latency=3.0) as server, pytest.raises(DilstoreError) as raised:
         open_store(f"{server.url}/fp16", storage_options=options)
-    assert str(raised.value).endswith("the server did not answer in time"), str(raised.value)
+    assert str(raised.value).endswith("(DILSTORE_READ_TIMEOUT sets the wait)"), str(raised.value)
+
+
+def test_a_silent_server_times_out_after_the_wait_the_environment_sets(
+    served_root: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """fsspec waits 5 minutes for a silent server, and no command could shorten it: a `serve` store's one worker
+    was held that long (remote40 M2)."""
+    monkeypatch.setenv("DILSTORE_READ_TIMEOUT", "0.5")
+    with serve_directory(served_root, latency=3.0) as server:
+        assert main(["info", f"{server.url}/fp16"]) == 2
+    err = capsys.readouterr().err
+    assert "Timeout" in err and err.rstrip().endswith("(DILSTORE_READ_TIMEOUT sets the wait)"), err
+    monkeypatch.setenv("DILSTORE_READ_TIMEOUT", "soon")
+    assert main(["info", "http://127.0.0.1:1/store"]) == 2
+    assert "DILSTORE_READ_TIMEOUT must be a number of seconds above 0, got 'soon'" in capsys.readouterr().err
 
 
 def _closed_port() -> int:

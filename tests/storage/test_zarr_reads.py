@@ -20,12 +20,13 @@ class RangeNotSatisfiable(Exception):
 
 def test_a_timeout_without_a_message_says_what_happened() -> None:
     """fsspec's timeout has an empty message: the command printed `dilstore rerank: error: ` and nothing else."""
-    assert describe(FSTimeoutError()) == "FSTimeoutError: the server did not answer in time"
+    assert describe(FSTimeoutError()) == ("FSTimeoutError: the server did not answer in time (DILSTORE_READ_TIMEOUT "
+                                          "sets the wait)")  # fmt: skip
     failure = read_failure("http://host/store/index/zarr.json", FSTimeoutError())
     assert isinstance(failure, StoreReadError)
     assert str(failure) == (
-        "reading http://host/store/index/zarr.json failed: FSTimeoutError: the server did not answer in time; "
-        "try again"
+        "reading http://host/store/index/zarr.json failed: FSTimeoutError: the server did not answer in time "
+        "(DILSTORE_READ_TIMEOUT sets the wait); try again"
     )
 
 
