@@ -290,18 +290,20 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
 
     now = indexed_state(store)
     store_path = redacted(str(store_path))
+    # `dilstore index` writes only local folders: a store at a URL is indexed as a local copy.
+    build = f"`dilstore index` of a local copy of {store_path}" if "://" in store_path else (
+        f"`dilstore index {store_path}`")  # fmt: skip
     if recorded.get("generation") != now["generation"]:
         raise DilstoreError(
             f"the BM25 index at {index_dir} was built for another store (build {recorded.get('generation')!r}); "
-            f"the store {store_path} is build {now['generation']!r}: give its own index, which `dilstore index "
-            f"{store_path}` builds"
+            f"the store {store_path} is build {now['generation']!r}: give its own index, which {build} builds"
         )
     if recorded != now:
         raise DilstoreError(
             f"the BM25 index at {index_dir} covers {recorded.get('passages')} passages of build "
             f"{recorded.get('generation')!r} after {recorded.get('appends')} append(s), but the store {store_path} now "
             f"holds {now['passages']} after {now['appends']}: its answers would miss what changed; rebuild it with "
-            f"`dilstore index {store_path}`"
+            f"{build}"
         )
 
 

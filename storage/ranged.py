@@ -24,7 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from dilstore.storage.format import StoreFormatError, StoreReadError
 from dilstore.storage.mapped import ContiguousLayout
-from dilstore.storage.zarr_reads import READ_ATTEMPTS, read_failure, retry_delay
+from dilstore.storage.zarr_reads import READ_ATTEMPTS, is_transient, read_failure, retry_delay
 
 # Byte ranges of one file closer than this are read as one block. A round trip to object storage costs
 # tens of milliseconds, in which 256 KiB transfer many times over; the cap bounds what a fetch reads
@@ -133,7 +133,8 @@ def _cat_ranges(fs: fsspec.AbstractFileSystem, paths: list[str], starts: list[in
         except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
             failure = read_failure(f"byte ranges of {paths[0]}{' and more' if len(set(paths)) > 1 else ''}", error,
                                    local=local)  # fmt: skip
-            if local or not isinstance(failure, StoreReadError) or attempt + 1 == READ_ATTEMPTS:
+            last = attempt + 1 == READ_ATTEMPTS
+            if local or not isinstance(failure, StoreReadError) or not is_transient(error) or last:
                 raise failure from None
             time.sleep(retry_delay(error, attempt))
             attempt += 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ssl
 from collections.abc import Iterable
 
 from zarr.abc.store import ByteRequest, Store
@@ -30,6 +31,8 @@ from dilstore.storage.format import ZARR_METADATA_FILE, StoreFormatError, StoreR
 # Others (too many open files, no memory for a map, an I/O error on a network file system) may pass.
 _LASTING = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG})
 _RANGE_NOT_SATISFIABLE = 416
+MESSAGE_WIDTH = 300  # characters of an error's text a message shows
+_REFUSED = (401, 403)  # no credentials, or not allowed: no retry mends it
 # A remote read that failed in transit (a 503 "slow down", a reset, a timeout) is tried again this many times in
 # all, RETRY_SECONDS, then twice and four times that, apart (or after a server's Retry-After, up to
 # MAX_RETRY_SECONDS): one hiccup of a web server ended a rerank run of hours, its work lost.
@@ -60,7 +63,8 @@ class RequiredChunksStore(WrapperStore):
                 raise
             except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, ...)
                 failure = read_failure(self._path(key), error, local=self.local)
-                if self.local or not isinstance(failure, StoreReadError) or attempt + 1 == READ_ATTEMPTS:
+                if self.local or not isinstance(failure, StoreReadError) or not is_transient(error) or (
+                        attempt + 1 == READ_ATTEMPTS):  # fmt: skip
                     raise failure from None
                 await asyncio.sleep(retry_delay(error, attempt))
         if value is None and not key.endswith(ZARR_METADATA_FILE):
@@ -102,13 +106,39 @@ def read_failure(what: str, error: BaseException, *, local: bool = False) -> Sto
             f"reading {what} failed: {describe(error)}: the file is shorter than its metadata says; "
             "run `dilstore verify`"
         )
+    if getattr(error, "status", None) in _REFUSED:
+        return StoreReadError(f"reading {what} failed: {describe(error)}: the server refuses it; check the "
+                              "credentials (in the URL or the environment) and the store's permissions")  # fmt: skip
+    if _untrusted_certificate(error):
+        return StoreReadError(f"reading {what} failed: {describe(error)}: the server's certificate is not trusted "
+                              "(SSL_CERT_FILE names a certificate bundle to trust)")  # fmt: skip
     return StoreReadError(f"reading {what} failed: {describe(error)}; try again")
+
+
+def _first_line(text: str) -> str:
+    """The first non-blank line of an error's text, cut to MESSAGE_WIDTH characters: a server's bad answer put raw
+    response bytes, a kilobyte over several lines, into the message."""
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return line if len(line) <= MESSAGE_WIDTH else line[: MESSAGE_WIDTH - 1] + "…"
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a failed remote read may work if tried again: not a refusal (401, 403), a missing or short file
+    (404, 416) or a certificate this machine does not trust."""
+    status = getattr(error, "status", None)
+    return status not in (*_REFUSED, 404, _RANGE_NOT_SATISFIABLE) and not _untrusted_certificate(error)
+
+
+def _untrusted_certificate(error: BaseException) -> bool:
+    """Whether `error` is (or was caused by) a failed check of the server's TLS certificate."""
+    return isinstance(error, ssl.SSLCertVerificationError) or isinstance(
+        getattr(error, "certificate_error", None), ssl.SSLCertVerificationError)  # fmt: skip
 
 
 def describe(error: BaseException) -> str:
     """`Type: message`, or what a message-less error means (an fsspec timeout has an empty message); a timeout
     says how to change the wait."""
-    name, text = type(error).__name__, str(error).strip()
+    name, text = type(error).__name__, _first_line(str(error))
     if "timeout" in name.lower():
         return f"{name}: {text or 'the server did not answer in time'} (DILSTORE_READ_TIMEOUT sets the wait)"
     return f"{name}: {text}" if text else name

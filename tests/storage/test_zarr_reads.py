@@ -9,7 +9,7 @@ from fsspec.exceptions import FSTimeoutError
 
 from dilstore.storage import ranged
 from dilstore.storage.format import StoreFormatError, StoreReadError
-from dilstore.storage.zarr_reads import READ_ATTEMPTS, describe, read_failure, retry_delay
+from dilstore.storage.zarr_reads import MESSAGE_WIDTH, READ_ATTEMPTS, describe, is_transient, read_failure, retry_delay
 
 
 class RangeNotSatisfiable(Exception):
@@ -116,3 +116,33 @@ def test_a_chunk_read_through_zarr_that_fails_in_transit_is_tried_again(monkeypa
     asyncio.run(memory.set("a/c/0", prototype.buffer.from_bytes(b"abcd")))
     store = zarr_reads.RequiredChunksStore(memory, "http://host/store")
     assert asyncio.run(store.get("a/c/0", prototype)).to_bytes() == b"abcd" and Flaky.calls == 2
+
+
+class Forbidden(Exception):
+    """A server's 403, as aiohttp's ClientResponseError carries it."""
+
+    status = 403
+
+
+def test_a_refusal_or_an_untrusted_certificate_says_what_to_check_and_is_not_tried_again(monkeypatch) -> None:
+    """Both said "try again", which no retry mends (remote40 L1)."""
+    import ssl
+
+    failure = read_failure("https://h/s/manifest.json", Forbidden("403, message='Forbidden'"))
+    assert isinstance(failure, StoreReadError) and str(failure).endswith(
+        "the server refuses it; check the credentials (in the URL or the environment) and the store's permissions")
+    certificate = ssl.SSLCertVerificationError("certificate verify failed: self-signed certificate")
+    assert "SSL_CERT_FILE names a certificate bundle to trust" in str(read_failure("https://h/s/f", certificate))
+    assert not is_transient(Forbidden()) and not is_transient(certificate) and is_transient(SlowDown())
+    monkeypatch.setattr(ranged.time, "sleep", lambda seconds: None)
+    refused = FlakyFilesystem(READ_ATTEMPTS, Forbidden("403"))
+    with pytest.raises(StoreReadError, match="the server refuses it"):
+        ranged.read_blocks(refused, [("f", 0, 4)])
+    assert refused.calls == 1
+
+
+def test_an_error_s_text_is_its_first_line_cut_to_a_readable_width() -> None:
+    """A server's bad answer put a kilobyte of raw response bytes over several lines into the message (remote40 L3)."""
+    raw = ValueError("\nBad status line:\n Expected HTTP/ " + "x" * 2000)
+    assert describe(raw) == "ValueError: Bad status line:"
+    assert len(describe(ValueError("y" * 2000))) == len("ValueError: ") + MESSAGE_WIDTH

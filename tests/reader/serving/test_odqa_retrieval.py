@@ -173,6 +173,14 @@ def test_an_index_of_another_store_is_named_as_such(indexed: dict[str, Any], tmp
     message = str(raised.value)
     assert f"the BM25 index at {other} was built for another store (build '0123456789abcdef')" in message
     assert f"give its own index, which `dilstore index {indexed['store']}` builds" in message
+    # `dilstore index URL` refuses URLs: a store at one is indexed as a local copy (remote40 L4).
+    from dilstore.reader.retrieval import check_index_covers
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
+
+    manifest = read_manifest(StoreLocation.parse(indexed["store"]))
+    with pytest.raises(DilstoreError, match=r"which `dilstore index` of a local copy of http://h/s builds$"):
+        check_index_covers(other, manifest, "http://h/s")
     (other / INDEX_RECORD).write_text("[1, 2]")
     with pytest.raises(DilstoreError, match=r"dilstore-index.json is not a JSON object; rebuild the index"):
         open_reader(indexed["store"], indexed["model"], index_dir=other)
