@@ -281,6 +281,15 @@ def check_replaceable(store: Path, inputs: list[str]) -> None:
             raise DilstoreError(f"--output {store} holds the input {given}; it is never replaced")
 
 
+def discard_other_replacement(store: Path, spec: dict[str, Any]) -> Path:
+    """The folder beside `store` that its replacement is built in, emptied of a replacement of other settings (this
+    project's own leftover); one of this spec is kept, for the run to resume."""
+    building = building_dir(store)
+    if building.is_dir() and read_spec(building) != spec:
+        shutil.rmtree(building)
+    return building
+
+
 def replacement_dir(store: Path, spec: dict[str, Any]) -> Path:
     """The folder beside `store` that its replacement is built in, ready for this spec.
 
@@ -288,9 +297,7 @@ def replacement_dir(store: Path, spec: dict[str, Any]) -> Path:
     is resumed; one of other settings is this project's own leftover and is
     removed.
     """
-    building = building_dir(store)
-    if building.is_dir() and read_spec(building) != spec:
-        shutil.rmtree(building)
+    building = discard_other_replacement(store, spec)
     building.mkdir(parents=True, exist_ok=True)
     if read_spec(building) is None:
         atomic_write_text(building / SPEC_FILE, spec_json(spec))

@@ -88,8 +88,10 @@ END_MATTER = frozenset({"see also", "external links", "external link", "further 
 _DISAMBIGUATION_NAMES = ("disambiguation", "disambig", "dab", "disamb", "disam", "dis", "geodis", "hndis",
                          "hndis-cleanup", "numberdis", "mathdab", "roaddis", "schooldis", "hospitaldis",
                          "mil-unit-dis", "letter-numbercombdisambig", "disambiguation cleanup",
-                         r"[\w -]+ disambiguation")  # fmt: skip
-_DISAMBIGUATION = re.compile(r"\{\{\s*(?!incomplete disambiguation\s*[|}])(?:" + "|".join(_DISAMBIGUATION_NAMES) +
+                         r"\w[\w -]* disambiguation")  # fmt: skip
+# `\s*+` takes every space at once: with `\s*` the lookahead was tried after fewer ("{{ Incomplete ..." passed it),
+# and "{{" before 20,000 spaces took seconds.
+_DISAMBIGUATION = re.compile(r"\{\{\s*+(?!incomplete disambiguation\s*[|}])(?:" + "|".join(_DISAMBIGUATION_NAMES) +
                              r")\s*(?:\||\}\})|__DISAMBIG__", re.IGNORECASE)  # fmt: skip
 _NOT_MARKUP = re.compile(r"<!--.*?(?:-->|$)|<nowiki>.*?(?:</nowiki>|$)", re.IGNORECASE | re.DOTALL)
 # What a list item's marker ("*", "#", ";", ":") leaves until its paragraph is joined: items that do not end in

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from dilstore.runners.quiet import configure as configure_output
 from dilstore.runners.stop_signals import drop_interrupted_work, interrupt_number, interrupt_words, signals_interrupt
-from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.errors import DilstoreError, StoppedBySignal, scrubbed
 
 # Order is the order `dilstore --help` lists them in.
 COMMANDS: tuple[str, ...] = (
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         drop_interrupted_work(stop)
         return 128 + stop.signal_number
     except DilstoreError as error:
-        print(f"dilstore {args.command}: error: {error}", file=sys.stderr)
+        print(f"dilstore {args.command}: error: {scrubbed(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:
         print(f"dilstore {args.command}: {interrupt_words(interrupt)}", file=sys.stderr)
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         # An unwritable output, a full disk, an unreadable file: one line naming the file, as promised.
         where = f": {error.filename}" if error.filename else ""
-        print(f"dilstore {args.command}: error: {error.strerror or error}{where}", file=sys.stderr)
+        print(f"dilstore {args.command}: error: {scrubbed(f'{error.strerror or error}{where}')}", file=sys.stderr)
         return 2
     except UnicodeError as error:
         print(f"dilstore {args.command}: error: text that is not valid UTF-8: {error}", file=sys.stderr)

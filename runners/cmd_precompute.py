@@ -479,6 +479,7 @@ def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | N
     from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.job import (
         check_replaceable,
+        discard_other_replacement,
         needs_replacement,
         prepare_store,
         replacement_dir,
@@ -493,7 +494,7 @@ def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | N
         canonical_runner,
         pipeline_options,
     )
-    from dilstore.storage.replacement import building_dir, finish_interrupted_swap, swap_in
+    from dilstore.storage.replacement import finish_interrupted_swap, swap_in
     from dilstore.storage.write_lock import write_lock
 
     runner = canonical_runner(args.runner)
@@ -517,8 +518,9 @@ def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | N
                     summary = {**read_summary(store), "store": job.store}  # where it is now, if moved since
                 elif args.overwrite and needs_replacement(store, spec):
                     check_replaceable(store, [task.path for task in job.inputs])
-                    # A replacement refused before its job started (a foreign --codebook) left its folder behind.
-                    with unmade_if_nothing_stored(building_dir(store)) as replacing:
+                    # A replacement refused before its job started (a foreign --codebook) left its folder behind; one
+                    # of other settings goes first, so that the take-back sees the folder this run starts from.
+                    with unmade_if_nothing_stored(discard_other_replacement(store, spec)) as replacing:
                         building = replacement_dir(store, spec)
                         built = dataclasses.replace(job, store=str(building), destination=job.store)
                         summary = build_store(built, runner, args, replacing)

@@ -50,7 +50,7 @@ from dilstore.reader.serving.rerank import StoreReranker
 from dilstore.reader.retrieval import Bm25Searcher, TooManyTermsError
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import CLIENT_GONE, CONTENT_TYPE, Metrics
-from dilstore.storage.errors import DilstoreError, listed
+from dilstore.storage.errors import DilstoreError, listed, scrubbed
 from dilstore.storage.format import StoreChangedError, StoreFormatError, StoreReadError
 from dilstore.storage.reader import MissingPassagesError, Store
 
@@ -274,8 +274,8 @@ class ServedStore:
         problem found is kept and logged; the requests in flight that meet it too are not logged again."""
         if self.problem is not None:
             return
-        self.problem = str(error)
-        logger.error("store %r is unavailable from now on: %s", self.name, error)
+        self.problem = scrubbed(str(error))  # /health, /stores and every 503 show it, to any client
+        logger.error("store %r is unavailable from now on: %s", self.name, self.problem)
 
     def unavailable(self) -> ClientError:
         """The 503 each request to this store gets once it has a problem."""
@@ -284,6 +284,13 @@ class ServedStore:
 
 
 # ---------------------------------------------------------------------- the app
+
+
+def _read_failed(name: str, error: Exception) -> ClientError:
+    """The 502 of a request whose read of a store at a URL failed, logged; the store stays served."""
+    message = scrubbed(f"reading store {name!r} failed: {error}")
+    logger.warning("%s", message)
+    return ClientError(502, message)
 
 
 def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: Metrics | None = None) -> FastAPI:
@@ -391,13 +398,11 @@ class StoreRouter:
                     raise store.unavailable() from None
                 # Over HTTP a 404, a short body or a whole file for a range is one answer of a server (a CDN edge
                 # mid-deploy), no proof that the store changed: it took the store out until a restart.
-                logger.warning("reading store %r failed: %s", store.name, error)
-                raise ClientError(502, f"reading store {store.name!r} failed: {error}") from None
+                raise _read_failed(store.name, error) from None
             except StoreReadError as error:  # a remote read failed in transit: this request only, the store stays
-                logger.warning("reading store %r failed: %s", store.name, error)
-                raise ClientError(502, f"reading store {store.name!r} failed: {error}") from None
+                raise _read_failed(store.name, error) from None
         except ClientError as error:
-            return JSONResponse({"detail": str(error)}, status_code=error.status)
+            return JSONResponse({"detail": scrubbed(str(error))}, status_code=error.status)
         except Overloaded as error:
             return JSONResponse(
                 {"detail": f"overloaded: {error}; retry later"},
@@ -406,7 +411,8 @@ class StoreRouter:
             )
         except Exception as error:  # noqa: BLE001 (a model failure is this request's 500, the server goes on)
             logger.exception("%s failed", endpoint)
-            return JSONResponse({"detail": f"internal error: {type(error).__name__}: {error}"}, status_code=500)
+            return JSONResponse({"detail": scrubbed(f"internal error: {type(error).__name__}: {error}")},
+                                status_code=500)  # fmt: skip
         return JSONResponse(result)
 
     def health(self) -> JSONResponse:
@@ -548,7 +554,9 @@ def add_routes(app: FastAPI, router: StoreRouter) -> None:
 
     @app.get("/health", summary="200 once every store is loaded; 503 naming the stores that became unavailable")
     async def health() -> JSONResponse:
-        return router.health()
+        # Off the event loop: a store at a URL reads its manifest again, and a slow storage server held every
+        # request of the server meanwhile.
+        return await asyncio.to_thread(router.health)
 
     app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)  # for probes that use HEAD
 

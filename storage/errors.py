@@ -12,8 +12,10 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 SHOWN = 5  # items a message names before "and N more"
+_SECRETS: set[str] = set()  # passwords and http(s) query strings of the store URLs given in this process
 ITEM_WIDTH = 80  # characters a message shows of one item
 
 
@@ -80,3 +82,21 @@ def as_list(items: Any, what: str) -> list[Any]:
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         raise DilstoreError(f"{what}, got {type(items).__name__} {_cut(repr(items))}")
     return list(items)
+
+
+def remember_secrets(url: str) -> None:
+    """Note the passwords (and http(s) query strings) in each part of a store URL, for `scrubbed`."""
+    for part in url.split("::"):
+        parts = urlsplit(part)
+        if parts.password:
+            _SECRETS.add(parts.password)
+        if parts.query and parts.scheme in ("http", "https"):
+            _SECRETS.add(parts.query)
+
+
+def scrubbed(text: str) -> str:
+    """`text` with every password or query string `remember_secrets` noted replaced by ***: messages name a store's
+    files by their full URL, and `serve` sends its messages to any client (it has no authentication)."""
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text

@@ -25,7 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import Store as ZarrStore
 from zarr.storage import FsspecStore, LocalStore
 
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, remember_secrets
 from dilstore.storage.zarr_reads import RequiredChunksStore, describe
 
 _READ_BLOCK = 8 << 20
@@ -64,15 +64,21 @@ def _with_read_timeout(scheme: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def redacted(url: str) -> str:
-    """`url` with the password of its user part and its query string hidden, as every message shows a store's URL:
-    `serve` has no authentication, and its /stores, /health and error bodies named the storage password."""
+    """`url` with the password of its user part (and, over http(s), its query string) hidden, in each part of a
+    chained fsspec URL (`simplecache::https://...`): `serve` has no authentication, and its /stores, /health and
+    error bodies named the storage password."""
+    return "::".join(_redacted_part(part) for part in url.split("::"))
+
+
+def _redacted_part(url: str) -> str:
     parts = urlsplit(url)
-    if "://" not in url or not (parts.password or parts.query):
+    query = parts.query if parts.scheme in _UNLISTABLE else ""  # elsewhere a '?' is part of a key or a file name
+    if "://" not in url or not (parts.password or query):
         return url
     netloc = parts.netloc
     if parts.password:
         netloc = f"{parts.username}:***@{netloc.rsplit('@', 1)[1]}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", parts.fragment))
+    return urlunsplit((parts.scheme, netloc, parts.path, "***" if query else parts.query, parts.fragment))
 
 
 def is_special_file(path: Path) -> bool:
@@ -96,8 +102,9 @@ class StoreLocation:
         if not given.strip():  # it read as the current folder, and messages named a blank store
             raise DilstoreError("the store path is empty")
         url = redacted(given)  # what messages, `info` and serve's /stores show: never a password
-        parts = urlsplit(given)
-        if "://" in given and (parts.query or parts.fragment):  # each file's path went after the query: "no store"
+        remember_secrets(given)
+        parts = urlsplit(given.split("::")[-1])
+        if parts.scheme in _UNLISTABLE and (parts.query or parts.fragment):  # each file's path went after the query
             raise DilstoreError(f"store URLs with a query string or fragment are not supported ({url}): the store's "
                                 "file paths are appended to the URL; give the store's folder URL")  # fmt: skip
         options = _with_read_timeout(parts.scheme, dict(storage_options or {}))
@@ -137,7 +144,13 @@ class StoreLocation:
             return method(self.path(relative))
         except (FileNotFoundError, DilstoreError):
             raise
-        except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kinds
+        except OSError as error:
+            raise DilstoreError(f"cannot reach store {self.url}: {describe(error)}") from None
+        except (MemoryError, RecursionError):
+            raise
+        except Exception as error:  # noqa: BLE001 - each remote backend raises its own kinds (aiohttp: 403, ...)
+            if self.local_root is not None:  # a local filesystem raises OSError: anything else is no reachability
+                raise
             raise DilstoreError(f"cannot reach store {self.url}: {describe(error)}") from None
 
     def read_bytes(self, relative: str) -> bytes:

@@ -14,7 +14,9 @@ between threads; processes open their own (or inherit one across fork).
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
@@ -39,7 +41,7 @@ from dilstore.storage.format import (
 )
 from dilstore.storage.id_index import HASH_NAME, IdIndex, Superseded, id_hashes, read_superseded
 from dilstore.storage.location import StoreLocation
-from dilstore.storage.manifest import Manifest, read_manifest
+from dilstore.storage.manifest import Manifest, parse_manifest, read_manifest
 from dilstore.storage.mapped import WatchedFile, check_unchanged, map_array, read_array_file
 from dilstore.storage.records import StoredPassage
 from dilstore.storage.shard import ShardReader, read_ranges
@@ -47,6 +49,7 @@ from dilstore.storage.shard import ShardReader, read_ranges
 ReadPath = Literal["auto", "mmap", "ranged", "zarr"]
 _OPEN_THREADS = 8  # remote shards opened at once by one fetch
 _OPEN_ATTEMPTS = 3  # tries at reading a manifest and opening its index while appends commit (_open_commit)
+BUILD_CHECK_SECONDS = 10.0  # how often, at most, a store at a URL reads its manifest again (`check_unchanged`)
 
 
 class MissingPassagesError(DilstoreError):
@@ -86,6 +89,7 @@ class Store:
         self._lock = threading.Lock()
         self._codebook: dict[str, np.ndarray] | None = None
         self._closed = False
+        self._build_checked = -math.inf  # when `_check_build` last read the manifest at the store's URL
 
     @property
     def url(self) -> str:
@@ -210,10 +214,15 @@ class Store:
         self._check_files(root, readers)
 
     def _check_build(self) -> None:
-        """A StoreChangedError when the manifest at the store's URL names another build than the one opened."""
+        """A StoreChangedError when the manifest at the store's URL names another build than the one opened; one
+        GET at most every BUILD_CHECK_SECONDS, however often a server's health is asked."""
+        with self._lock:
+            if time.monotonic() - self._build_checked < BUILD_CHECK_SECONDS:
+                return
+            self._build_checked = time.monotonic()
         try:
-            now = read_manifest(self.location).generation
-        except DilstoreError:  # unreachable or unreadable for now: one answer of a server proves nothing
+            now = parse_manifest(self.location.read_bytes(MANIFEST_FILE), self.location.path(MANIFEST_FILE)).generation
+        except Exception:  # noqa: BLE001 - unreachable or unreadable for now: one answer of a server proves nothing
             return
         if now != self.manifest.generation:
             raise StoreChangedError(f"the store at {self.url} was rebuilt (build {now!r}, opened as build "

@@ -535,7 +535,7 @@ def test_a_disambiguation_page_is_skipped_and_counted(tmp_path: Path) -> None:
                       # Articles (wiki40b H1): an inline cleanup tag, a name in a comment, an ambiguous title's tag.
                       + page(4, "Mercury", "Mercury is a planet; see [[Venus]]{{Disambiguation needed|date=May 2020}}.")
                       + page(5, "Ceres", "Ceres is a dwarf planet. &lt;!-- not {{disambiguation}} --&gt;")
-                      + page(6, "Pluto", "{{Incomplete disambiguation}}Pluto is a dwarf planet.")
+                      + page(6, "Pluto", "{{ Incomplete disambiguation }}Pluto is a dwarf planet.")
                       + page(7, "Vesta", "Vesta may be:\n* an asteroid\n__DISAMBIG__"))  # fmt: skip
     documents, rejected, skipped = by_kind(read_wikipedia(dump))
     assert [d.id for d in documents] == ["3", "4", "5", "6"] and rejected == []

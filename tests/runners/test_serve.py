@@ -768,17 +768,22 @@ def test_a_remote_store_s_missing_file_is_that_request_s_502_not_the_store_s_end
     served = shutil.copytree(tiny["s2"], tmp_path / "site" / "s2")
     body = {"query": "Zürich tram", "doc_ids": ["kili", "tram"]}
     with serve_directory(served.parent) as files:
-        store = open_served_store("s2", f"{files.url}/s2", tiny["ranker_dir"], None)
+        # With a password in its URL, which no response may show: serve has no authentication (review40b H1).
+        url = files.url.replace("http://", "http://reader:S3CRET@") + "/s2"
+        store = open_served_store("s2", url, tiny["ranker_dir"], None)
         with running([store]) as (client, _):
             (served / "shards").rename(tmp_path / "shards-away")  # every shard file answers 404 for a while
             failed = client.post("/rerank", json=body)
             assert failed.status_code == 502 and failed.json()["detail"].startswith("reading store 's2' failed: ")
+            assert "S3CRET" not in failed.text and "S3CRET" not in client.get("/stores").text
             assert client.get("/health").status_code == 200
             (tmp_path / "shards-away").rename(served / "shards")
             assert client.post("/rerank", json=body).status_code == 200
 
 
-def test_health_finds_a_remote_store_rebuilt_on_its_server(tiny: dict[str, Any], tmp_path: Path) -> None:
+def test_health_finds_a_remote_store_rebuilt_on_its_server(
+    tiny: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A store at a URL rebuilt on the web server was never checked: its open shards were read at the old offsets,
     and answers mixing two builds came back with 200 while /health said ok (remote40 H1)."""
     import dataclasses
@@ -789,6 +794,9 @@ def test_health_finds_a_remote_store_rebuilt_on_its_server(tiny: dict[str, Any],
     from dilstore.storage.location import StoreLocation
     from dilstore.storage.manifest import read_manifest, write_manifest
 
+    from dilstore.storage import reader
+
+    monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)  # each /health reads the manifest again
     served = shutil.copytree(tiny["s2"], tmp_path / "site" / "s2")
     with serve_directory(served.parent) as files:
         store = open_served_store("s2", f"{files.url}/s2", tiny["ranker_dir"], None)

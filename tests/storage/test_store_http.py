@@ -380,3 +380,41 @@ def test_an_appended_store_with_replaced_rows_reads_over_http_like_the_local_pat
         report = verify_store(url)
     assert report.ok, report.problems
     assert report.files_checked == verify_store(store).files_checked
+
+
+def test_secrets_of_store_urls_are_hidden_in_every_part_and_only_http_has_a_query(tmp_path: Path) -> None:
+    """A chained URL printed its password, and a '?' or '#' in a local or S3 key was refused as a query
+    (review40b M1, M2); any message naming a store file by its full URL is scrubbed (H1)."""
+    from dilstore.storage.errors import scrubbed
+    from dilstore.storage.location import StoreLocation, redacted
+
+    assert redacted("simplecache::https://u:pw1@h/store") == "simplecache::https://u:***@h/store"
+    assert redacted("s3://bucket/run?1") == "s3://bucket/run?1" and redacted("https://h/s?t=1") == "https://h/s?***"
+    store = tmp_path / "s#1"
+    store.mkdir()
+    assert StoreLocation.parse(f"file://{store}").url == f"file://{store}"
+    StoreLocation.parse("simplecache::http://u:Pw-7x@127.0.0.1:1/store")
+    assert scrubbed("cannot open http://u:Pw-7x@127.0.0.1:1/store/shards/x") == (
+        "cannot open http://u:***@127.0.0.1:1/store/shards/x")
+
+
+def test_a_store_at_a_url_reads_its_manifest_again_at_most_every_so_often(
+    served_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/health reads a remote store's manifest again (review40b H2: a probe every second sent two requests a store,
+    on the event loop): one GET, at most every BUILD_CHECK_SECONDS."""
+    from dilstore.storage import reader
+    from dilstore.storage.location import StoreLocation
+
+    reads: list[str] = []
+    real = StoreLocation.read_bytes
+    monkeypatch.setattr(StoreLocation, "read_bytes", lambda self, relative: (reads.append(relative),
+                                                                             real(self, relative))[1])  # fmt: skip
+    with serve_directory(served_root) as files, open_store(f"{files.url}/fp16") as store:
+        reads.clear()
+        store.check_unchanged()
+        store.check_unchanged()
+        assert reads == ["manifest.json"]
+        monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)
+        store.check_unchanged()
+        assert reads == ["manifest.json"] * 2
