@@ -28,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Reading comprehension: every question is read against its own paragraph (all sliding "
             "windows), the best span across windows is the answer, scored with the official SQuAD v1.1 "
-            "EM/F1. With no --model, the project's default checkpoint is used."
+            "EM/F1. With no --model, the project's default checkpoint is used. With --score, no model runs: a "
+            "prediction file (question id → answer, as --predictions writes and the SQuAD leaderboard takes) is "
+            "scored with the same metric."
         ),
     )
     parser.add_argument("--model", type=Path, help="reader checkpoint directory (default: the shipped reader)")
@@ -37,13 +39,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_reading_arguments(parser)
     add_runtime_arguments(parser)
     parser.add_argument("--predictions", type=Path, help="also write {question id: answer} JSON here")
+    parser.add_argument("--score", type=Path, metavar="PREDICTIONS",
+                        help="score this {question id: answer} JSON file instead of running a reader")  # fmt: skip
     parser.add_argument("--json", action="store_true", help='print {"questions","em","f1","k","seconds"}')
     add_verbose_argument(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the reader and data, evaluate, print the scores."""
+    """Load the reader and data, evaluate, print the scores (or, with --score, score a prediction file)."""
+    if args.score is not None:
+        return score(args)
     apply_threads(args.threads)
     from dilstore.reader.packaged.shipped import default_checkpoint_dir
     from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
@@ -81,3 +87,21 @@ def run(args: argparse.Namespace) -> int:
         )
     return 0
 
+
+
+def score(args: argparse.Namespace) -> int:
+    """`--score PREDICTIONS`: the official EM/F1 of a prediction file over --data (or its --limit subset)."""
+    from dilstore.reader.evaluation.reading_comprehension import score_predictions_file
+
+    given = [flag for flag, value in (("--model", args.model), ("--predictions", args.predictions)) if value]
+    if given:
+        raise DilstoreError(f"--score scores a prediction file and runs no reader: leave out {' and '.join(given)}")
+    result = score_predictions_file(args.data, args.score, args.limit, subset_seed(args))
+    summary = {"questions": result["questions"], "em": result["exact_match"], "f1": result["f1"],
+               "unanswered": result["unanswered"]}  # fmt: skip
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"predictions {args.score}  questions {summary['questions']}  EM {summary['em']:.3f}  "
+              f"F1 {summary['f1']:.3f}  (unanswered {summary['unanswered']}, scored 0)")
+    return 0

@@ -31,7 +31,7 @@ from dilstore.reader.data.qa_features import (
     QAFeature,
     window_features,
 )
-from dilstore.reader.data.squad import SquadExample, load_squad
+from dilstore.reader.data.squad import SquadExample, load_predictions, load_squad
 from dilstore.reader.evaluation.squad_metric import evaluate_examples
 from dilstore.reader.modeling.checkpoints import EVALUATION_FILE
 from dilstore.reader.modeling.dilbert import DilBertReader
@@ -172,6 +172,14 @@ def evaluate_reader(
         seconds=time.perf_counter() - started,
         predictions=predictions,
     )
+
+
+def score_predictions_file(
+    path: str | Path, predictions_path: str | Path, limit: int | None = None, seed: int = 0
+) -> dict[str, float]:
+    """The official SQuAD v1.1 EM/F1 of a prediction file (question id → answer) over the questions of `path`, or
+    the seeded subset of `limit` that `evaluate_file` reads; a question without a prediction scores 0."""
+    return evaluate_examples(select_examples(load_squad(path), limit, seed), load_predictions(predictions_path))
 
 
 def evaluate_file(

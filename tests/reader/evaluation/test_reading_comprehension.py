@@ -199,6 +199,23 @@ def test_cli_json_prints_the_documented_keys(
     assert printed["questions"] == 4 and printed["k"] == 1
     assert 0 <= printed["em"] <= printed["f1"] <= 100
     assert len(json.loads(predictions.read_text())) == 4
+    # The file written scores the same with --score, the same subset and no model (eval40 L1: no command scored one).
+    assert main(["evaluate-rc", "--data", str(squad_file), "--limit", "4", "--score", str(predictions), "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored == {"questions": 4, "em": printed["em"], "f1": printed["f1"], "unanswered": 0}
+    assert main(["evaluate-rc", "--data", str(squad_file), "--score", str(predictions), "--json"]) == 0
+    everything = json.loads(capsys.readouterr().out)  # every question of the file, those not predicted scored 0
+    assert everything["unanswered"] == everything["questions"] - 4 > 0
+    assert main(["evaluate-rc", "--data", str(squad_file), "--score", str(predictions), "--model", str(reader_dir)]) == 2
+    assert "--score scores a prediction file and runs no reader: leave out --model" in capsys.readouterr().err
+
+
+@pytest.mark.shared_data
+def test_cli_scores_the_leaderboard_predictions_as_the_official_script(shared_data: Path, capsys) -> None:
+    squad = shared_data / "squad"
+    assert main(["evaluate-rc", "--data", str(squad / "dev-v1.1.json"), "--score",
+                 str(squad / "predictions.bert-ensemble.dev-v1.1.json")]) == 0  # fmt: skip
+    assert "questions 10570  EM 86.206  F1 92.196  (unanswered 0" in capsys.readouterr().out
 
 
 def test_cli_without_model_and_without_default_says_so(
