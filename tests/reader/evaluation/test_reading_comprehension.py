@@ -206,7 +206,8 @@ def test_cli_json_prints_the_documented_keys(
     assert main(["evaluate-rc", "--data", str(squad_file), "--score", str(predictions), "--json"]) == 0
     everything = json.loads(capsys.readouterr().out)  # every question of the file, those not predicted scored 0
     assert everything["unanswered"] == everything["questions"] - 4 > 0
-    assert main(["evaluate-rc", "--data", str(squad_file), "--score", str(predictions), "--model", str(reader_dir)]) == 2
+    both = ["evaluate-rc", "--data", str(squad_file), "--score", str(predictions), "--model", str(reader_dir)]
+    assert main(both) == 2
     assert "--score scores a prediction file and runs no reader: leave out --model" in capsys.readouterr().err
 
 
