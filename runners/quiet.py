@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -170,14 +171,15 @@ def filtered_stderr() -> Iterator[None]:
 
     def copy() -> None:
         pending = b""  # a line's start whose end has not arrived yet
+        reports = WorkerReports()
         with os.fdopen(read_end, "rb", buffering=0) as pipe, os.fdopen(target, "wb", buffering=0) as out:
             while chunk := pipe.read(_PIPE_CHUNK):
                 if stopping.wait(STOP_GRACE_SECONDS):  # a stop reaches the workers as it reaches this process
                     pending = b""  # what the stop made the workers print
                     continue
                 *lines, pending = (pending + chunk).split(b"\n")
-                out.write(b"".join(line + b"\n" for line in lines if not _is_noise(line)))
-            if pending and not stopping.is_set() and not _is_noise(pending):
+                out.write(b"".join(line + b"\n" for line in lines if not reports.dropped(line)))
+            if pending and not stopping.is_set() and not reports.dropped(pending):
                 out.write(pending)
 
     copier = threading.Thread(target=copy, name="dilstore-stderr-filter", daemon=True)
@@ -192,6 +194,33 @@ def filtered_stderr() -> Iterator[None]:
         if sys.stderr is not saved:
             sys.stderr.close()
             sys.stderr = saved
+
+
+class WorkerReports:
+    """Picks, line by line, what child processes print that a quiet run leaves out: Beam's known noise, and a
+    worker's report of a failure (Beam's ERROR record and the traceback under it, or a bare traceback).
+
+    The launcher says why the run failed in one line; a full disk with two worker processes printed 525 lines of
+    their tracebacks above it.
+    """
+
+    def __init__(self) -> None:
+        self.in_report = False
+
+    def dropped(self, line: bytes) -> bool:
+        """Whether `line` (without its newline) is left out; a report runs from its first line to the first line
+        that belongs to no traceback."""
+        if line.startswith(_REPORT_STARTS):
+            self.in_report = True
+        elif self.in_report and not (not line.strip() or line.startswith(_TRACEBACK_LINES) or _RAISED.match(line)):
+            self.in_report = False
+        return self.in_report or _is_noise(line)
+
+
+# How a worker's failure report begins, how the lines of a traceback begin, and its closing "SomeError: ..." line.
+_REPORT_STARTS = (b"ERROR:apache_beam", b"Traceback (most recent call last):")
+_TRACEBACK_LINES = (b" ", b"\t", b"During handling of the above exception", b"The above exception was the direct")
+_RAISED = re.compile(rb"[\w.]+(Error|Exception|Interrupt|Exit)\b")
 
 
 def _is_noise(line: bytes) -> bool:
@@ -225,8 +254,8 @@ def records_unlogged(logger: str, drop: Callable[[logging.LogRecord], bool]) -> 
 def failures_unlogged() -> Iterator[None]:
     """Inside the block, Beam's own report of a failed run in this process stays off the terminal: a Ctrl-C's
     traceback always, and without --verbose any failure's (a traceback a failed bundle, and the worker logs the job
-    service relays), which the launcher says in one line. Worker processes (`--workers 2` and more) print their
-    own tracebacks on the stderr they inherit: those are not this process's records."""
+    service relays), which the launcher says in one line. Worker processes (`--workers 2` and more) print theirs
+    on the stderr they inherit, where `filtered_stderr` leaves them out (`WorkerReports`)."""
     quiet = is_quiet()
 
     def relayed(record: logging.LogRecord) -> bool:  # a worker process's log, relayed by the job service

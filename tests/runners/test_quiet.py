@@ -179,3 +179,27 @@ def test_runs_that_overlap_put_the_logging_back_as_it_was_before_the_first() -> 
     assert beam.level == logging.ERROR, "the second run is still going on: it stays quiet"
     second.__exit__(None, None, None)
     assert (beam.level, root.filters) == (level, filters)
+
+
+def test_a_worker_s_failure_report_is_left_out_and_the_lines_after_it_are_kept() -> None:
+    """A full disk with two worker processes printed 525 lines of their tracebacks above the run's one line
+    (crash40 M3)."""
+    printed = [
+        b"ERROR:apache_beam.runners.worker.sdk_worker:Error processing instruction bundle_14. Original traceback is",
+        b"Traceback (most recent call last):",
+        b'  File "apache_beam/runners/common.py", line 1512, in process',
+        b"    ^^^^^^^^^^^^",
+        b"OSError: [Errno 28] No space left on device",
+        b"",
+        b"During handling of the above exception, another exception occurred:",
+        b"",
+        b"Traceback (most recent call last):",
+        b'  File "sdk_worker.py", line 310, in _execute',
+        b"RuntimeError: OSError: [Errno 28] No space left on device [while running 'Precompute/WriteGroups']",
+        b"a worker's own line",
+        b"WARNING: apitools not found; Logging handler created.",
+        b"  an indented line of its own",
+    ]
+    reports = quiet.WorkerReports()
+    assert [line for line in printed if not reports.dropped(line)] == [b"a worker's own line",
+                                                                        b"  an indented line of its own"]  # fmt: skip
