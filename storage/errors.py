@@ -15,7 +15,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 SHOWN = 5  # items a message names before "and N more"
-_SECRETS: set[str] = set()  # passwords and http(s) query strings of the store URLs given in this process
+# The user parts with a password ("user:pw@") and the http(s) query strings ("?sig=...") of the store URLs given in
+# this process, as they appear in a URL, each with what shows instead.
+_SECRETS: dict[str, str] = {}
 ITEM_WIDTH = 80  # characters a message shows of one item
 
 
@@ -85,18 +87,21 @@ def as_list(items: Any, what: str) -> list[Any]:
 
 
 def remember_secrets(url: str) -> None:
-    """Note the passwords (and http(s) query strings) in each part of a store URL, for `scrubbed`."""
+    """Note the password-bearing user part (and the http(s) query string) of each part of a store URL, for
+    `scrubbed`. As they appear in URLs ("user:pw@", "?q"), never the bare password: one of "a" would have
+    starred every "a" of every message."""
     for part in url.split("::"):
         parts = urlsplit(part)
-        if parts.password:
-            _SECRETS.add(parts.password)
+        if parts.password is not None:
+            user_part = parts.netloc.rsplit("@", 1)[0]
+            _SECRETS[f"{user_part}@"] = f"{user_part.split(':', 1)[0]}:***@"
         if parts.query and parts.scheme in ("http", "https"):
-            _SECRETS.add(parts.query)
+            _SECRETS[f"?{parts.query}"] = "?***"
 
 
 def scrubbed(text: str) -> str:
-    """`text` with every password or query string `remember_secrets` noted replaced by ***: messages name a store's
-    files by their full URL, and `serve` sends its messages to any client (it has no authentication)."""
+    """`text` with every user part and query string `remember_secrets` noted hidden: messages name a store's files
+    by their full URL, and `serve` sends its messages to any client (it has no authentication)."""
     for secret in sorted(_SECRETS, key=len, reverse=True):
-        text = text.replace(secret, "***")
+        text = text.replace(secret, _SECRETS[secret])
     return text

@@ -57,3 +57,13 @@ def test_anything_but_a_positive_integer_is_refused_by_name() -> None:
     for refused in (0, -3, np.int64(0), True, 2.0, np.float64(2.0), "2", None):
         with pytest.raises(DilstoreError, match=f"^depth must be a positive integer, got {re.escape(repr(refused))}$"):
             positive_int("depth", refused)
+
+
+def test_a_store_url_s_password_is_hidden_as_it_appears_in_urls_not_wherever_its_letters_do() -> None:
+    """A password of "a" starred every "a" of every message."""
+    from dilstore.storage.errors import remember_secrets, scrubbed
+
+    remember_secrets("simplecache::http://reader:a@host/store")
+    remember_secrets("https://host/store?sig=Q9")
+    assert scrubbed("a banana: http://reader:a@host/store/f, https://host/store?sig=Q9/manifest.json") == (
+        "a banana: http://reader:***@host/store/f, https://host/store?***/manifest.json")
