@@ -97,6 +97,8 @@ def score(args: argparse.Namespace) -> int:
     if given:
         raise DilstoreError(f"--score scores a prediction file and runs no reader: leave out {' and '.join(given)}")
     result = score_predictions_file(args.data, args.score, args.limit, subset_seed(args))
+    if result["unanswered"] == result["questions"]:  # a file for another dataset, or ids it was not written with
+        raise DilstoreError(f"{args.score}: none of its predictions is for a question of {args.data}")
     summary = {"questions": result["questions"], "em": result["exact_match"], "f1": result["f1"],
                "unanswered": result["unanswered"]}  # fmt: skip
     if args.json:

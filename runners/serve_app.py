@@ -28,6 +28,7 @@ that request only; the store stays served.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.message
 import logging
 import os
@@ -286,6 +287,9 @@ class ServedStore:
 # ---------------------------------------------------------------------- the app
 
 
+HEALTH_CHECK_SECONDS = 2.0  # how long /health waits for the stores' checks; what they find later shows next time
+
+
 def _read_failed(name: str, error: Exception) -> ClientError:
     """The 502 of a request whose read of a store at a URL failed, logged; the store stays served."""
     message = scrubbed(f"reading store {name!r} failed: {error}")
@@ -415,18 +419,19 @@ class StoreRouter:
                                 status_code=500)  # fmt: skip
         return JSONResponse(result)
 
-    def health(self) -> JSONResponse:
-        """200 naming the stores, or 503 naming those that became unavailable and why.
-
-        Each store's files are checked here too (`Store.check_unchanged`): a store replaced under an idle server
-        kept /health at 200, in a load balancer's rotation, until a request happened to reach it (conc39 M1).
-        """
+    def check_stores(self) -> None:
+        """Check each available store's files (`Store.check_unchanged`), marking one that changed unavailable: a
+        store replaced under an idle server kept /health at 200, in a load balancer's rotation, until a request
+        happened to reach it (conc39 M1)."""
         for store in self.stores:
             if store.problem is None:
                 try:
                     store.service.store.check_unchanged()
                 except StoreFormatError as error:
                     store.fail(error)
+
+    def health(self) -> JSONResponse:
+        """200 naming the stores, or 503 naming those that became unavailable and why (as found so far)."""
         problems = {store.name: store.problem for store in self.stores if store.problem is not None}
         if problems:
             return JSONResponse({"status": "unavailable", "stores": self.names, "problems": problems}, status_code=503)
@@ -554,9 +559,11 @@ def add_routes(app: FastAPI, router: StoreRouter) -> None:
 
     @app.get("/health", summary="200 once every store is loaded; 503 naming the stores that became unavailable")
     async def health() -> JSONResponse:
-        # Off the event loop: a store at a URL reads its manifest again, and a slow storage server held every
-        # request of the server meanwhile.
-        return await asyncio.to_thread(router.health)
+        # The checks run off the event loop, and /health waits for them at most HEALTH_CHECK_SECONDS: a store at a
+        # URL reads its manifest again, and a silent storage server held every request, then every /health.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(asyncio.to_thread(router.check_stores)), HEALTH_CHECK_SECONDS)
+        return router.health()
 
     app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)  # for probes that use HEAD
 

@@ -90,6 +90,7 @@ class Store:
         self._codebook: dict[str, np.ndarray] | None = None
         self._closed = False
         self._build_checked = -math.inf  # when `_check_build` last read the manifest at the store's URL
+        self._build_checking = False  # whether a `_check_build` is reading it now
 
     @property
     def url(self) -> str:
@@ -217,13 +218,15 @@ class Store:
         """A StoreChangedError when the manifest at the store's URL names another build than the one opened; one
         GET at most every BUILD_CHECK_SECONDS, however often a server's health is asked."""
         with self._lock:
-            if time.monotonic() - self._build_checked < BUILD_CHECK_SECONDS:
-                return
-            self._build_checked = time.monotonic()
+            if self._build_checking or time.monotonic() - self._build_checked < BUILD_CHECK_SECONDS:
+                return  # one read at a time: a silent server held a thread per /health until the pool ran out
+            self._build_checked, self._build_checking = time.monotonic(), True
         try:
             now = parse_manifest(self.location.read_bytes(MANIFEST_FILE), self.location.path(MANIFEST_FILE)).generation
         except Exception:  # noqa: BLE001 - unreachable or unreadable for now: one answer of a server proves nothing
             return
+        finally:
+            self._build_checking = False
         if now != self.manifest.generation:
             raise StoreChangedError(f"the store at {self.url} was rebuilt (build {now!r}, opened as build "
                                     f"{self.manifest.generation!r}): open it again")  # fmt: skip

@@ -34,11 +34,12 @@ _RANGE_NOT_SATISFIABLE = 416
 MESSAGE_WIDTH = 300  # characters of an error's text a message shows
 _REFUSED = (401, 403)  # no credentials, or not allowed: no retry mends it
 # A remote read that failed in transit (a 503 "slow down", a reset, a timeout) is tried again this many times in
-# all, RETRY_SECONDS, then twice and four times that, apart (or after a server's Retry-After, up to
-# MAX_RETRY_SECONDS): one hiccup of a web server ended a rerank run of hours, its work lost.
+# all, RETRY_SECONDS, then twice that, apart (or after a server's Retry-After, up to MAX_RETRY_SECONDS): one hiccup
+# of a web server ended a rerank run of hours, its work lost. The waits stay short: a `serve` store's one worker
+# waits them, and the requests queued behind it with it.
 READ_ATTEMPTS = 3
 RETRY_SECONDS = 0.5
-MAX_RETRY_SECONDS = 10.0
+MAX_RETRY_SECONDS = 2.0
 
 
 class RequiredChunksStore(WrapperStore):

@@ -781,6 +781,46 @@ def test_a_remote_store_s_missing_file_is_that_request_s_502_not_the_store_s_end
             assert client.post("/rerank", json=body).status_code == 200
 
 
+def test_health_does_not_wait_for_a_silent_storage_server(
+    tiny: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each /health waited for a remote store's manifest (fsspec waits 5 minutes), one more read every 10 s, until
+    the thread pool ran out and every /health hung, local stores' too (review40c H1)."""
+    import threading
+
+    from tests.fixtures.http_store import serve_directory
+
+    from dilstore.runners import serve_app
+    from dilstore.runners.cmd_serve import open_served_store
+    from dilstore.storage import reader
+    from dilstore.storage.location import StoreLocation
+
+    monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(serve_app, "HEALTH_CHECK_SECONDS", 0.2)
+    silent, answer, reads = threading.Event(), threading.Event(), []
+    real = StoreLocation.read_bytes
+
+    def read_bytes(location: StoreLocation, relative: str) -> bytes:
+        if relative == "manifest.json" and silent.is_set():
+            reads.append(relative)
+            answer.wait(timeout=30)  # until the test ends: a server that never answers
+        return real(location, relative)
+
+    served = shutil.copytree(tiny["s2"], tmp_path / "site" / "s2")
+    with serve_directory(served.parent) as files:
+        store = open_served_store("s2", f"{files.url}/s2", tiny["ranker_dir"], None)
+        monkeypatch.setattr(StoreLocation, "read_bytes", read_bytes)
+        silent.set()
+        with running([store]) as (client, _):
+            try:
+                statuses = [client.get("/health", timeout=5).status_code for _ in range(4)]
+                assert statuses == [200] * 4
+                assert reads == ["manifest.json"], "one read at a time, however often /health is asked"
+            finally:
+                silent.clear()
+                answer.set()  # the server's stop waits for the read it started
+
+
 def test_health_finds_a_remote_store_rebuilt_on_its_server(
     tiny: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -206,6 +206,9 @@ def test_cli_json_prints_the_documented_keys(
     assert main(["evaluate-rc", "--data", str(squad_file), "--score", str(predictions), "--json"]) == 0
     everything = json.loads(capsys.readouterr().out)  # every question of the file, those not predicted scored 0
     assert everything["unanswered"] == everything["questions"] - 4 > 0
+    (tmp_path / "other.json").write_text(json.dumps({"not-a-question-here": "x"}))
+    assert main(["evaluate-rc", "--data", str(squad_file), "--score", str(tmp_path / "other.json")]) == 2
+    assert "none of its predictions is for a question of" in capsys.readouterr().err  # not EM 0 and exit 0
     both = ["evaluate-rc", "--data", str(squad_file), "--score", str(predictions), "--model", str(reader_dir)]
     assert main(both) == 2
     assert "--score scores a prediction file and runs no reader: leave out --model" in capsys.readouterr().err
