@@ -54,8 +54,10 @@ def _with_read_timeout(scheme: str, options: dict[str, Any]) -> dict[str, Any]:
     """`options` with READ_TIMEOUT_ENV's wait for an http(s) store, unless they set the client's options already
     (a silent server held a `serve` store's one worker for fsspec's 5 minutes, and the commands had no way to
     shorten it)."""
+    if scheme not in _UNLISTABLE or "client_kwargs" in options:  # the variable is read for http(s) stores only
+        return options
     seconds = read_timeout()
-    if seconds is None or scheme not in ("http", "https") or "client_kwargs" in options:
+    if seconds is None:
         return options
     import aiohttp
 

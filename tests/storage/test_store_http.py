@@ -263,6 +263,7 @@ def test_a_silent_server_times_out_after_the_wait_the_environment_sets(
     monkeypatch.setenv("DILSTORE_READ_TIMEOUT", "soon")
     assert main(["info", "http://127.0.0.1:1/store"]) == 2
     assert "DILSTORE_READ_TIMEOUT must be a number of seconds above 0, got 'soon'" in capsys.readouterr().err
+    assert main(["info", str(served_root / "fp16")]) == 0  # read for stores over http(s) only (review40c)
 
 
 def _closed_port() -> int:
