@@ -61,9 +61,11 @@ def local_store(argument: str) -> Path:
     if not argument.strip():
         raise DilstoreError("the store path is empty")
     if "://" in argument:
+        from dilstore.storage.location import redacted
+
         raise DilstoreError(
-            f"{argument} is a URL, and Lucene writes only local files: index a local copy of the store, then "
-            "give its bm25/ folder to ask, evaluate-qa or serve with --index"
+            f"{redacted(argument)} is a URL, and Lucene writes only local files: index a local copy of the store, "
+            "then give its bm25/ folder to ask, evaluate-qa or serve with --index"
         )
     return Path(argument)
 

@@ -132,6 +132,9 @@ def test_index_refuses_a_folder_that_is_not_a_precomputed_store(tmp_path: Path, 
     (tmp_path / "empty").mkdir()
     assert cli.main(["index", str(tmp_path / "empty")]) == 2
     assert "has no passage collection" in capsys.readouterr().err
+    assert cli.main(["index", "https://reader:Pw-2@host/store"]) == 2  # a URL, its password not shown (review40c)
+    said = capsys.readouterr().err
+    assert said.startswith("dilstore index: error: https://reader:***@host/store is a URL, and Lucene"), said
 
 
 def test_index_stops_at_once_while_another_index_run_holds_the_store(tmp_path: Path, capsys) -> None:
