@@ -10,6 +10,7 @@ traceback.
 from __future__ import annotations
 
 import numbers
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,6 +19,7 @@ SHOWN = 5  # items a message names before "and N more"
 # The user parts with a password ("user:pw@") and the http(s) query strings ("?sig=...") of the store URLs given in
 # this process, as they appear in a URL, each with what shows instead.
 _SECRETS: dict[str, str] = {}
+_USER_PASSWORD = re.compile(r"://([^/@:\s]*):([^/@\s]*)@")  # a URL's user part that holds a password
 ITEM_WIDTH = 80  # characters a message shows of one item
 
 
@@ -90,11 +92,10 @@ def remember_secrets(url: str) -> None:
     """Note the password-bearing user part (and the http(s) query string) of each part of a store URL, for
     `scrubbed`. As they appear in URLs ("user:pw@", "?q"), never the bare password: one of "a" would have
     starred every "a" of every message."""
+    for user, password in _USER_PASSWORD.findall(url):
+        _SECRETS[f"{user}:{password}@"] = f"{user}:***@"
     for part in url.split("::"):
         parts = urlsplit(part)
-        if parts.password is not None:
-            user_part = parts.netloc.rsplit("@", 1)[0]
-            _SECRETS[f"{user_part}@"] = f"{user_part.split(':', 1)[0]}:***@"
         if parts.query and parts.scheme in ("http", "https"):
             _SECRETS[f"?{parts.query}"] = "?***"
 

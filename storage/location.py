@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ _READ_BLOCK = 8 << 20
 _HASH_THREADS = 4
 # Filesystems that cannot list a folder: an HTTP server's HTML index page, where there is one, is not a listing.
 _UNLISTABLE = frozenset({"http", "https"})
+_USER_PASSWORD = re.compile(r"(://[^/@:\s]*):[^/@\s]*@")  # the user part of a URL that holds a password
 READ_TIMEOUT_ENV = "DILSTORE_READ_TIMEOUT"  # seconds a store over HTTP may take to connect and to send each read
 
 
@@ -73,14 +75,11 @@ def redacted(url: str) -> str:
 
 
 def _redacted_part(url: str) -> str:
+    url = _USER_PASSWORD.sub(r"\1:***@", url)  # by pattern: "=http://u:pw@h" (a serve argument) has no scheme
     parts = urlsplit(url)
-    query = parts.query if parts.scheme in _UNLISTABLE else ""  # elsewhere a '?' is part of a key or a file name
-    if "://" not in url or not (parts.password or query):
+    if parts.scheme not in _UNLISTABLE or not parts.query:  # elsewhere a '?' is part of a key or a file name
         return url
-    netloc = parts.netloc
-    if parts.password:
-        netloc = f"{parts.username}:***@{netloc.rsplit('@', 1)[1]}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "***" if query else parts.query, parts.fragment))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "***", parts.fragment))
 
 
 def is_special_file(path: Path) -> bool:

@@ -390,6 +390,7 @@ def test_secrets_of_store_urls_are_hidden_in_every_part_and_only_http_has_a_quer
     from dilstore.storage.location import StoreLocation, redacted
 
     assert redacted("simplecache::https://u:pw1@h/store") == "simplecache::https://u:***@h/store"
+    assert redacted("=http://u:pw1@h/store") == "=http://u:***@h/store"  # a serve argument without a name
     assert redacted("s3://bucket/run?1") == "s3://bucket/run?1" and redacted("https://h/s?t=1") == "https://h/s?***"
     store = tmp_path / "s#1"
     store.mkdir()
