@@ -22,9 +22,9 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from dilstore.storage.format import StoreFormatError, StoreReadError
+from dilstore.storage.format import StoreFormatError
 from dilstore.storage.mapped import ContiguousLayout
-from dilstore.storage.zarr_reads import READ_ATTEMPTS, is_transient, read_failure, retry_delay
+from dilstore.storage.zarr_reads import read_failure, retry_delay, worth_retrying
 
 # Byte ranges of one file closer than this are read as one block. A round trip to object storage costs
 # tens of milliseconds, in which 256 KiB transfer many times over; the cap bounds what a fetch reads
@@ -123,7 +123,7 @@ def _cat_ranges(fs: fsspec.AbstractFileSystem, paths: list[str], starts: list[in
     missing file is a StoreFormatError, a failure that stays a StoreReadError (or, local, a StoreFormatError)."""
     local = isinstance(fs, LocalFileSystem)
     attempt = 0
-    while True:
+    while True:  # ends in a return or a raise: worth_retrying bounds the attempts
         try:
             return fs.cat_ranges(paths, starts, stops, on_error="raise")
         except FileNotFoundError as error:
@@ -133,8 +133,7 @@ def _cat_ranges(fs: fsspec.AbstractFileSystem, paths: list[str], starts: list[in
         except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
             failure = read_failure(f"byte ranges of {paths[0]}{' and more' if len(set(paths)) > 1 else ''}", error,
                                    local=local)  # fmt: skip
-            last = attempt + 1 == READ_ATTEMPTS
-            if local or not isinstance(failure, StoreReadError) or not is_transient(error) or last:
+            if not worth_retrying(failure, error, local=local, attempt=attempt):
                 raise failure from None
             time.sleep(retry_delay(error, attempt))
             attempt += 1

@@ -64,8 +64,7 @@ class RequiredChunksStore(WrapperStore):
                 raise
             except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, ...)
                 failure = read_failure(self._path(key), error, local=self.local)
-                if self.local or not isinstance(failure, StoreReadError) or not is_transient(error) or (
-                        attempt + 1 == READ_ATTEMPTS):  # fmt: skip
+                if not worth_retrying(failure, error, local=self.local, attempt=attempt):
                     raise failure from None
                 await asyncio.sleep(retry_delay(error, attempt))
         if value is None and not key.endswith(ZARR_METADATA_FILE):
@@ -79,6 +78,15 @@ class RequiredChunksStore(WrapperStore):
 
     def _path(self, key: str) -> str:
         return f"{self.url.rstrip('/')}/{key}"
+
+
+def worth_retrying(
+    failure: StoreFormatError | StoreReadError, error: BaseException, *, local: bool, attempt: int
+) -> bool:
+    """Whether a failed read (`error`, reported as `failure`) is tried again after attempt number `attempt` (from
+    0): a remote read that failed in transit, READ_ATTEMPTS times in all."""
+    transient = isinstance(failure, StoreReadError) and is_transient(error)
+    return not local and transient and attempt + 1 < READ_ATTEMPTS
 
 
 def retry_delay(error: BaseException, attempt: int) -> float:
