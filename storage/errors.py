@@ -19,7 +19,7 @@ SHOWN = 5  # items a message names before "and N more"
 # The user parts with a password ("user:pw@") and the http(s) query strings ("?sig=...") of the store URLs given in
 # this process, as they appear in a URL, each with what shows instead.
 _SECRETS: dict[str, str] = {}
-_USER_PASSWORD = re.compile(r"://([^/@:\s]*):([^/@\s]*)@")  # a URL's user part that holds a password
+URL_PASSWORD = re.compile(r"://([^/@:\s]*):([^/@\s]*)@")  # a URL's user part that holds a password: user, password
 ITEM_WIDTH = 80  # characters a message shows of one item
 
 
@@ -92,7 +92,7 @@ def remember_secrets(url: str) -> None:
     """Note the password-bearing user part (and the http(s) query string) of each part of a store URL, for
     `scrubbed`. As they appear in URLs ("user:pw@", "?q"), never the bare password: one of "a" would have
     starred every "a" of every message."""
-    for user, password in _USER_PASSWORD.findall(url):
+    for user, password in URL_PASSWORD.findall(url):
         _SECRETS[f"{user}:{password}@"] = f"{user}:***@"
     for part in url.split("::"):
         parts = urlsplit(part)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -26,14 +25,13 @@ from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import Store as ZarrStore
 from zarr.storage import FsspecStore, LocalStore
 
-from dilstore.storage.errors import DilstoreError, remember_secrets
+from dilstore.storage.errors import URL_PASSWORD, DilstoreError, remember_secrets
 from dilstore.storage.zarr_reads import RequiredChunksStore, describe
 
 _READ_BLOCK = 8 << 20
 _HASH_THREADS = 4
 # Filesystems that cannot list a folder: an HTTP server's HTML index page, where there is one, is not a listing.
 _UNLISTABLE = frozenset({"http", "https"})
-_USER_PASSWORD = re.compile(r"(://[^/@:\s]*):[^/@\s]*@")  # the user part of a URL that holds a password
 READ_TIMEOUT_ENV = "DILSTORE_READ_TIMEOUT"  # seconds a store over HTTP may take to connect and to send each read
 
 
@@ -75,7 +73,7 @@ def redacted(url: str) -> str:
 
 
 def _redacted_part(url: str) -> str:
-    url = _USER_PASSWORD.sub(r"\1:***@", url)  # by pattern: "=http://u:pw@h" (a serve argument) has no scheme
+    url = URL_PASSWORD.sub(r"://\1:***@", url)  # by pattern: "=http://u:pw@h" (a serve argument) has no scheme
     parts = urlsplit(url)
     if parts.scheme not in _UNLISTABLE or not parts.query:  # elsewhere a '?' is part of a key or a file name
         return url
@@ -89,12 +87,16 @@ def is_special_file(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class StoreLocation:
-    """A store root on some filesystem; paths below are relative to it, '/'-separated."""
+    """A store root on some filesystem; paths below are relative to it, '/'-separated.
+
+    url: the root as messages show it (`redacted`: no password); address: as given, to open it with.
+    """
 
     url: str
     fs: fsspec.AbstractFileSystem
     root: str
     storage_options: dict[str, Any]
+    address: str = field(repr=False)
 
     @classmethod
     def parse(cls, path_or_url: str | Path, storage_options: dict[str, Any] | None = None) -> StoreLocation:
@@ -115,7 +117,7 @@ class StoreLocation:
             raise DilstoreError(f"cannot open store {url}: {error}") from None
         except OSError as error:  # a filesystem that connects when made (ftp://, sftp://): the host refused
             raise DilstoreError(f"cannot reach store {url}: {describe(error)}") from None
-        return cls(url=url, fs=fs, root=root.rstrip("/") or "/", storage_options=options)
+        return cls(url=url, fs=fs, root=root.rstrip("/") or "/", storage_options=options, address=given)
 
     @property
     def local_root(self) -> Path | None:
@@ -203,7 +205,7 @@ class StoreLocation:
         if local is not None:
             store: ZarrStore = LocalStore(local, read_only=True)
         else:
-            store = FsspecStore.from_url(self.url, storage_options=self.storage_options, read_only=True)
+            store = FsspecStore.from_url(self.address, storage_options=self.storage_options, read_only=True)
         return RequiredChunksStore(store, self.url, local=local is not None)
 
     def open_group(self, relative: str) -> zarr.Group:

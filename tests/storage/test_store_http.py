@@ -420,3 +420,17 @@ def test_a_store_at_a_url_reads_its_manifest_again_at_most_every_so_often(
         monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)
         store.check_unchanged()
         assert reads == ["manifest.json"] * 2
+
+
+@pytest.mark.parametrize("name", ["fp16", "zstd"])
+def test_a_store_behind_a_password_reads_on_both_read_paths(served_root: Path, name: str) -> None:
+    """The password was hidden from the location's URL, and zarr-python's store (every shard's metadata, a compressed
+    store's data) was opened with the hidden one: 401 on every read of every remote store with a password."""
+    wanted = IDS[:5] if name == "fp16" else [f"s0/p{row}" for row in range(0, 300, 60)]  # zstd: one shard
+    with serve_directory(served_root, credentials="reader:S3CRET") as files:
+        url = files.url.replace("http://", "http://reader:S3CRET@") + f"/{name}"
+        with open_store(url) as remote:
+            assert remote.url == url.replace("S3CRET", "***")
+            assert_same_passages(remote.fetch(wanted), open_store(served_root / name).fetch(wanted))
+        with pytest.raises(DilstoreError):  # the server does check the password
+            open_store(url.replace("S3CRET", "wrong")).fetch(wanted)
