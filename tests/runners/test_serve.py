@@ -120,7 +120,9 @@ def make_stores(tiny: dict[str, Any], odqa: OpenDomainReader) -> list[ServedStor
 def running(stores: list[ServedStore], **settings: Any) -> Iterator[tuple[httpx.Client, Any]]:
     """The app on uvicorn in a thread, on a free localhost port: a client for it, and the app; stopped after."""
     app = create_app(stores, ServeSettings(**settings))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    # A kept-alive connection idle past uvicorn's 5 s default is closed by the server, and a request sent as it
+    # closes is reset: on a loaded machine the gap between two tests can be that long.
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=int(WAIT)))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
