@@ -64,7 +64,8 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--group-length", choices=("longest", "sum"), default="longest",
         help="with --shared-norm, the length a question group is grouped by: its longest window's tokens (default: "
-        "what a micro-batch pads to) or their sum over its windows (runs before 2026-11-26; resume those with it)",
+        "what a micro-batch pads to) or their sum over its windows (how runs that recorded no setting grouped: resume "
+        "such runs with it)",
     )  # fmt: skip
     parser.add_argument(
         "--teacher",
