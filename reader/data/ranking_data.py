@@ -108,7 +108,7 @@ def read_squad_ranking(path: Path) -> SquadRanking:
 
 
 def parse_squad_ranking(document: Any, source: str) -> SquadRanking:
-    """Paragraphs and questions of a parsed SQuAD document, checked by reader/squad_data.parse_squad first.
+    """Paragraphs and questions of a parsed SQuAD document, checked by reader/data/squad.parse_squad first.
 
     Every article needs a non-empty title, which its paragraph ids carry, and
     two articles may not share a title (their ids would collide).

@@ -14,7 +14,7 @@ best first, with BM25 scores), the candidates' texts and qrels:
 
 `save_task` and `load_task` carry a task as one small file to a machine
 without the data, the index or a JVM. `rerank` returns `{qid: {docid: score}}`
-for reader/rank_metrics.evaluate_run (RR@10, nDCG@10, R@100). Reranking the
+for reader/evaluation/rank_metrics.evaluate_run (RR@10, nDCG@10, R@100). Reranking the
 top-`depth` list keeps its members, so R@depth is BM25's for every ranker.
 """
 

@@ -15,7 +15,7 @@ same scores as judging from S1.
 
 **The bi-encoder prior** (`prior=True`) adds what the base encoder already
 knows to the judger's score, so fine-tuning starts from it instead of from a
-random head (issue #13):
+random head:
 
     score = prior_scale · cos(mean(query states after layer l), mean(S1)) + judger score
 
@@ -45,8 +45,8 @@ cosine, and the checkpoint leaves the encoder out, naming the base instead
 (reader/modeling/earl_checkpoints.py).
 
 Training and evaluation score (query, document) groups through
-`score_groups` and `score_texts`, the interface EARL shares with its two
-baselines (reader/modeling/ranking_inputs.py, reader/training/ranking.py).
+`score_groups`, the interface EARL shares with the other rankers
+(reader/modeling/ranker_base.py, reader/training/ranking.py).
 
 A checkpoint is a directory: the encoder's config.json, the tokenizer,
 model.safetensors (this module's state dict, without the encoder when it is

@@ -1,7 +1,7 @@
-"""What the three trainable rankers share around their networks: starting, loading, saving and scoring texts.
+"""What the trainable rankers share around their networks: starting, loading, saving and scoring texts.
 
-EARL (reader/modeling/earl.py), the cross-encoder (reader/modeling/cross_encoder.py) and the
-Siamese ranker (reader/modeling/siamese.py) differ in their networks, in how they
+EARL (reader/modeling/earl.py), the cross-encoder (reader/modeling/cross_encoder.py), the
+Siamese ranker (reader/modeling/siamese.py) and the Listformer (reader/modeling/listformer.py) differ in their networks, in how they
 take over a pretrained encoder's weights and in the dilstore.json they
 write. How each starts from a base encoder directory, loads and saves a
 checkpoint directory and scores text pairs is the same, so it is written
@@ -41,7 +41,7 @@ from dilstore.reader.modeling.earl_checkpoints import (
 )
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, score_text_pairs
-from dilstore.reader.text.tokenization import encode_question
+from dilstore.reader.text.tokenization import encode_query
 from dilstore.storage.errors import DilstoreError
 
 
@@ -99,7 +99,7 @@ class RankerBase(nn.Module, ABC):
 
     def tokenize_query(self, text: str, max_length: int) -> np.ndarray:
         """One query as `[CLS] q [SEP]` ids, at most `max_length` tokens: every ranker reads queries so."""
-        return encode_question(self.tokenizer, text, max_length).token_ids
+        return encode_query(self.tokenizer, text, max_length).token_ids
 
     def score_texts(
         self,

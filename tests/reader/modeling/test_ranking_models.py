@@ -1,4 +1,4 @@
-"""The three rankers' shared scoring interface, the baselines' checkpoints, and loading rankers by kind.
+"""The rankers' shared scoring interface, the baselines' checkpoints, and loading rankers by kind.
 
 Tiny random 2-layer BERTs with the MiniLM tokenizer (tests/fixtures/qa_training_fixtures.py).
 """
@@ -98,6 +98,12 @@ def test_earl_group_scores_are_its_unsplit_forward(tiny_base: Path) -> None:
         group = [model.tokenize_document(document, 64) for document in DOCUMENTS]
         got = model.score_groups([model.tokenize_query(QUERIES[0], 32)], [group])
     assert torch.allclose(got[0], expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_empty_query_is_named_a_query(kind: str, tiny_base: Path) -> None:
+    with pytest.raises(DilstoreError, match="the query is empty"):
+        ranker(kind, tiny_base).tokenize_query(" ", 16)
 
 
 def test_cross_encoder_reads_q_then_d_with_segments_0_and_1(tiny_base: Path) -> None:
