@@ -84,7 +84,8 @@ class LocalDefaults:
     dask_partitions: int | None = None
 
 
-def _has_flag(flags: Sequence[str], name: str) -> bool:
+def has_flag(flags: Sequence[str], name: str) -> bool:
+    """Whether `--name` is among the flags, as `--name VALUE` or `--name=VALUE`."""
     return any(flag == f"--{name}" or flag.startswith(f"--{name}=") for flag in flags)
 
 
@@ -92,20 +93,20 @@ def assemble_beam_flags(runner: str, beam_args: Sequence[str], defaults: LocalDe
     """`--runner` plus the user's Beam flags, with local defaults added where the user gave none."""
     flags = ["--runner", runner, *beam_args]
     if runner in ("DirectRunner", "FnApiRunner"):  # both run --direct_num_workers workers (--workers was ignored)
-        if not _has_flag(beam_args, "direct_num_workers"):
+        if not has_flag(beam_args, "direct_num_workers"):
             flags += ["--direct_num_workers", str(defaults.workers)]
-        if not _has_flag(beam_args, "direct_running_mode"):
+        if not has_flag(beam_args, "direct_running_mode"):
             mode = "multi_processing" if defaults.workers > 1 else "in_memory"
             flags += ["--direct_running_mode", mode]
-        if not _has_flag(beam_args, "default_sdk_harness_log_level"):
+        if not has_flag(beam_args, "default_sdk_harness_log_level"):
             flags += ["--default_sdk_harness_log_level", "ERROR"]
     elif runner == DASK_RUNNER:
-        if defaults.dask_address and not _has_flag(beam_args, "dask_client_address"):
+        if defaults.dask_address and not has_flag(beam_args, "dask_client_address"):
             flags += ["--dask_client_address", defaults.dask_address]
         if (
             defaults.dask_partitions
-            and not _has_flag(beam_args, "dask_npartitions")
-            and not _has_flag(beam_args, "dask_partition_size")
+            and not has_flag(beam_args, "dask_npartitions")
+            and not has_flag(beam_args, "dask_partition_size")
         ):
             flags += ["--dask_npartitions", str(defaults.dask_partitions)]
     return flags

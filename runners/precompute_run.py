@@ -94,17 +94,16 @@ def callers_torch_threads() -> Iterator[None]:
 @contextlib.contextmanager
 def local_runtime(runner: str, workers: int, num_shards: int, beam_args: Sequence[str]) -> Iterator[LocalDefaults]:
     """LocalDefaults for the runner; for Dask without a scheduler given, a LocalCluster of `workers` processes."""
-    from dilstore.pipelines.options import DASK_RUNNER, LocalDefaults
+    from dilstore.pipelines.options import DASK_RUNNER, LocalDefaults, has_flag
 
-    scheduler_given = any(arg.startswith(("--dask_client_address", "--dask_scheduler_file")) for arg in beam_args)
+    scheduler_given = has_flag(beam_args, "dask_client_address") or has_flag(beam_args, "dask_scheduler_file")
     if runner != DASK_RUNNER or scheduler_given:
         yield LocalDefaults(workers=workers, dask_partitions=num_shards if runner == DASK_RUNNER else None)
         return
     from distributed import LocalCluster
 
     # The nanny's "Worker process still alive after 4.0 seconds, killing": the LocalCluster's workers often outlive
-    # its close by a few seconds once the job is done, and the warning, twice on half the clean runs, read as a
-    # failure (dask37 L2).
+    # its close by a few seconds once the job is done, and that warning on a clean run reads as a failure.
     with records_unlogged("distributed.nanny", _killed_at_close), LocalCluster(
         n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as cluster:
@@ -189,8 +188,8 @@ def _launch(pipeline: Pipeline, attempt: BuildAttempt | None) -> PipelineResult:
 
 def stopped(job: PrecomputeJob, interrupt: KeyboardInterrupt) -> StoppedBySignal:
     """The stop an interrupt of the run ends in. One that came after the job's Finish put its store (or append) in
-    place says so: Finish runs on in a Dask worker while the launcher unwinds, and "run the same command again"
-    only got "already complete" (dask37 L3)."""
+    place says so: Finish runs on in a Dask worker while the launcher unwinds, so "run the same command again"
+    would only answer "already complete"."""
     from dilstore.pipelines.finish import finished_where
 
     done = None
