@@ -160,6 +160,11 @@ def row_keys(shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return shards.astype(np.uint64) << np.uint64(32) | rows.astype(np.uint64)
 
 
+def header_matches(attributes: dict, passages: int) -> bool:
+    """Whether an index group's dilstore attributes are write_index's for a store of `passages` passages."""
+    return attributes.get("hash") == HASH_NAME and attributes.get("passages") == passages
+
+
 def write_index(root: Path, index: IdIndex, *, directory: str = INDEX_DIR, superseded: Superseded | None = None) -> None:
     """Write `root/directory` as a Zarr v3 group, replacing any earlier one only once the new one is complete.
 

@@ -39,7 +39,7 @@ from dilstore.storage.format import (
     StoreChangedError,
     StoreFormatError,
 )
-from dilstore.storage.id_index import HASH_NAME, IdIndex, Superseded, id_hashes, read_superseded
+from dilstore.storage.id_index import IdIndex, Superseded, header_matches, id_hashes, read_superseded
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, parse_manifest, read_manifest
 from dilstore.storage.mapped import WatchedFile, check_unchanged, map_array, read_array_file
@@ -429,7 +429,7 @@ def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) 
     except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
         raise StoreFormatError(f"cannot open the id index {where}: {type(error).__name__}: {error}") from None
     attributes = group.attrs.asdict().get(ATTRIBUTES_KEY, {})
-    if attributes.get("hash") != HASH_NAME or attributes.get("passages") != manifest.passages:
+    if not header_matches(attributes, manifest.passages):
         raise StoreFormatError(f"{where} does not match the manifest (hash or passage count); run `dilstore verify`")
     arrays, files = [], []
     for name in (INDEX_HASHES, INDEX_SHARDS, INDEX_ROWS):

@@ -25,6 +25,7 @@ from dilstore.storage.encodings import Encoding, get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import fingerprint_sha256
 from dilstore.storage.format import (
+    ATTRIBUTES_KEY,
     CHAR_SPANS,
     ID_BYTES,
     ID_OFFSETS,
@@ -49,7 +50,7 @@ from dilstore.storage.format import (
     shard_path,
     states_array,
 )
-from dilstore.storage.id_index import HASH_NAME, Superseded, id_hashes, row_keys
+from dilstore.storage.id_index import Superseded, header_matches, id_hashes, row_keys
 from dilstore.storage.info import store_files
 from dilstore.storage.location import StoreLocation, is_special_file
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest
@@ -163,8 +164,8 @@ def verify_store(
 
 
 def _change_meanwhile(location: StoreLocation, verified: Manifest) -> str | None:
-    """What replaced the verified manifest meanwhile, in words: an append, or another build (a rebuild, which was
-    called an append, conc39 L3); None when it is still the one verified."""
+    """What replaced the verified manifest meanwhile, in words: an append, or another build (a rebuild is not an
+    append); None when it is still the one verified."""
     try:
         now = read_manifest(location)
     except DilstoreError:
@@ -451,8 +452,8 @@ def _check_index(
     the superseded rows' tokens are the manifest's."""
     where = manifest.index
     group = location.open_group(manifest.index)
-    attributes = group.attrs.asdict().get("dilstore", {})
-    if attributes.get("hash") != HASH_NAME or attributes.get("passages") != manifest.passages:
+    attributes = group.attrs.asdict().get(ATTRIBUTES_KEY, {})
+    if not header_matches(attributes, manifest.passages):
         _problem(report, where, f"attributes {attributes} do not match the manifest")
     total = manifest.passages
     arrays = [_array(group, name, dtype, (total,), where, report)
