@@ -4,7 +4,7 @@
 Each setting runs in its own process (RSS is a process's), which opens `--store` (a dilbert store, read with its
 own model or `--model`) and, on a worker thread as `serve` does, answers `--batches` batches of 1 to 8 seeded
 random questions at a top_p of 5, 17 or 29, printing RSS every `--every` batches. glibc's malloc kept the memory
-those batches freed: a soak of `serve` grew from 1.0 to 3.6 GB in 21 minutes (soak38 H1). Prints a table, then the
+those batches freed: a soak of `serve` grew from 1.0 to 3.6 GB in 21 minutes. Prints a table, then the
 rows as JSON.
 
     .venv/bin/dilstore precompute --input PASSAGES.jsonl --output /tmp/qa-store --split none --workers 1

@@ -198,9 +198,8 @@ def _parsed(command: str, parse: Callable[[argparse.ArgumentParser], argparse.Na
 
     argparse prints a usage block and `dilstore CMD: error: ...` to stderr, then exits 2, which would end the
     caller's process: the error line is the exception's message, and nothing is printed (a help option, which
-    would print the usage on the caller's stdout and exit 0, is refused too). Swapping `sys.stdout` and
-    `sys.stderr` for the parse, as this did, swapped them for every thread: two calls at once could leave them
-    swapped for good, and other threads' output went into the swap meanwhile (api39 H1).
+    would print the usage on the caller's stdout and exit 0, is refused too). `sys.stdout` and `sys.stderr` are
+    not swapped for the parse: that swaps them for every thread, and two calls at once could leave them swapped.
     """
     from dilstore.runners.cli import build_parser
 

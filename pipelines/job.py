@@ -162,7 +162,7 @@ def read_spec(store: Path) -> dict[str, Any] | None:
 def spec_differences(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """The spec entries that differ, for an error message: a fingerprint's by field (`fingerprint.encoding`), and a
     setting with both values (`split: the store's 'words', this run's 'none'`); inputs, hashes and the codebook's
-    digest by name alone. "differs in: fingerprint" did not say that it was the encoding (lowbit39 L2)."""
+    digest by name alone."""
     differences = []
     for key in sorted(found.keys() | wanted.keys()):
         old, new = found.get(key), wanted.get(key)

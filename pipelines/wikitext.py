@@ -76,7 +76,7 @@ _BLANK_LINES = re.compile(r"\n\s*\n")
 _DROPPED = "\x00"
 # The sections at an article's end that hold no prose of its own: link lists, citations, reading lists (a
 # "Bibliography" stays: in an author's article it lists the works). From such a heading to the next heading of
-# the same or a higher level, nothing is kept (wiki40 M3: 305 of the excerpt's passages came from them).
+# the same or a higher level, nothing is kept (305 of the dump excerpt's passages came from them).
 END_MATTER = frozenset({"see also", "external links", "external link", "further reading", "references", "notes",
                         "footnotes", "citations", "sources", "notes and references", "references and notes",
                         "works cited", "references and further reading", "additional references",

@@ -238,7 +238,7 @@ def build_bm25_index_in_place(
         raise DilstoreError(f"the BM25 build read {read} of the store's {store.passages} passages from "
                             f"{collection_dir} ({why}); the index was not replaced")  # fmt: skip
     if store is not None and reread is not None and indexed_state(reread()) != indexed_state(store):
-        remove_path(building)  # it said it wrote the index, which readers then refused as another store's (conc39 L5)
+        remove_path(building)  # the store changed while it was indexed: this index describes neither version
         raise DilstoreError("the store was rebuilt or appended to while it was indexed (a `dilstore precompute` ran "
                             "meanwhile): run `dilstore index` again; the index was not replaced")  # fmt: skip
     if store is not None:
@@ -374,8 +374,8 @@ class Bm25Searcher:
             ) from None
 
     def search(self, query: str, k: int) -> list[Hit]:
-        """The top-k passages for one query, best first. The Java bridge takes only an exact `str`: a question from
-        a numpy array (`numpy.str_`) or another str subclass was a bare TypeError from pyjnius (api39 M2)."""
+        """The top-k passages for one query, best first. The Java bridge (pyjnius) takes only an exact `str`, so a
+        str subclass such as `numpy.str_` is converted first."""
         with self._lucene_errors():
             return [Hit(hit.docid, float(hit.score)) for hit in self._open().search(str(query), _java_int(k))]
 

@@ -112,7 +112,7 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
             continue
         try:
             answer = odqa.answer(question)
-        except StoreChangedError as error:  # no later question can be read either: some were, others not (conc39 L4)
+        except StoreChangedError as error:  # no later question can be read either
             print(f"dilstore ask: error: {error}; the session ends: start `dilstore ask` again to read the store as it "
                   "is now", file=err, flush=True)  # fmt: skip
             return 2

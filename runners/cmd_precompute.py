@@ -339,9 +339,9 @@ def check_foreign_codebook(codebook: Path, job: PrecomputeJob, reader: OfflineMo
     worse than a codebook of their own would; say how well it fits when it does (a frozen-lower reader's base's),
     and warn, as before, where the run's sample is too small to tell.
 
-    It was one warning line, and the store of near-noise states it made passed `verify` and ranked as well as
-    fp16 through the shipped rankers' bi-encoder prior (lowbit39 M1). Called where the codebook is copied into the
-    store, so a re-run of a complete store or a resumed one does not measure it again (review39 M2).
+    A store of near-noise states passes `verify`, and through the shipped rankers' bi-encoder prior ranks as well
+    as fp16, so nothing later would show it. Called where the codebook is copied into the store, so a re-run of a
+    complete store or a resumed one does not measure it again.
     """
     from dilstore.pipelines.codebook import FOREIGN_CODEBOOK_SLACK, codebook_fit
 

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             topics, first_stage, depth, skip_missing=args.skip_missing, on_query=lambda _: bar.update()
         )
     write_run(args.output, reranked, tag=reranker.run_tag)
-    encoding = reranker.store.fingerprint.encoding  # what the states were read from (lowbit39 L1)
+    encoding = reranker.store.fingerprint.encoding  # what the states were read from
     summary = {**stats.to_dict(), "depth": depth, "output": str(args.output), "encoding": encoding}
     if args.json:
         print(json.dumps(summary))

@@ -124,7 +124,7 @@ def quiet_beam_logging() -> None:
     logging.getLogger("apache_beam").setLevel(logging.ERROR)
     # A remote run raises apache_beam to INFO for the job's URL; its type-hint conversions (50 lines a run) stay out.
     logging.getLogger("apache_beam.typehints").setLevel(logging.WARNING)
-    # Its warnings repeat, a line each, the validation errors the command reports in its one line (dask37 L1).
+    # Its warnings repeat, a line each, the validation errors the command reports in its one line.
     logging.getLogger("apache_beam.options.pipeline_options").setLevel(logging.ERROR)
 
 

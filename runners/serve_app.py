@@ -420,9 +420,9 @@ class StoreRouter:
         return JSONResponse(result)
 
     def check_stores(self) -> None:
-        """Check each available store's files (`Store.check_unchanged`), marking one that changed unavailable: a
-        store replaced under an idle server kept /health at 200, in a load balancer's rotation, until a request
-        happened to reach it (conc39 M1)."""
+        """Check each available store's files (`Store.check_unchanged`), marking one that changed unavailable, so
+        that a store replaced under an idle server takes /health out of a load balancer's rotation before any
+        request reaches it."""
         for store in self.stores:
             if store.problem is None:
                 try:

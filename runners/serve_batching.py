@@ -21,12 +21,11 @@ beyond that, which the app answers with 503 and Retry-After.
 
 **Memory.** After a batch that leaves no request waiting, the worker hands the
 memory freed so far back to the operating system (`return_freed_memory`).
-glibc's malloc kept it: batches of varying shapes grew a server's RSS from 1.0
-to 3.6 GB in 21 minutes of /ask traffic, still rising (soak38 H1), though no
+glibc's malloc keeps it otherwise: batches of varying shapes grew a server's RSS
+from 1.0 to 3.6 GB in 21 minutes of /ask traffic, still rising, though no
 object was kept alive. A trim takes time (BENCHMARKS.md), so a busy worker
 goes on to its next batch first, but trims all the same once TRIM_EVERY_SECONDS
-passed since its last trim: a queue never empty grew RSS at the old rate
-(soak39 M1).
+passed since its last trim, so that a queue that is never empty does not grow.
 """
 
 from __future__ import annotations

@@ -241,7 +241,7 @@ def read_manifest(location: StoreLocation) -> Manifest:
         if not any(location.exists(begun) for begun in (SPEC_FILE, SHARDS_DIR)):  # no run began here: not a store
             raise StoreFormatError(f"no store at {location.url}: a folder with no dilstore manifest")
         writer = None if location.local_root is None else writer_of(location.local_root)
-        if writer is not None:  # it was called "never finalized" while its precompute ran (conc39 M2)
+        if writer is not None:  # a store still being written is not one that was never finalized
             raise StoreFormatError(f"the store at {location.url} is being written by pid {writer} (a `dilstore "
                                    "precompute` not finished yet): wait for it")  # fmt: skip
         raise StoreFormatError(

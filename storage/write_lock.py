@@ -72,9 +72,8 @@ def write_lock(folder: Path, role: str = WRITE_ROLE, doing: str = "written") -> 
 
 
 def _holder_pid(descriptor: int) -> str:
-    """The pid the lock's holder wrote into the lock file: it writes it just after it took the lock, so a writer
-    refused at that moment read an empty file and said "pid unknown" (11 of 150 refusals of 6 writers started at
-    once, conc39 L1); wait up to PID_WAIT_SECONDS for it."""
+    """The pid the lock's holder wrote into the lock file. It writes it just after it took the lock, so a writer
+    refused at that moment may find the file still empty: wait up to PID_WAIT_SECONDS for it."""
     deadline = time.monotonic() + PID_WAIT_SECONDS
     while not (holder := os.pread(descriptor, 32, 0).decode("ascii", "replace").strip()):
         if time.monotonic() >= deadline:

@@ -1,4 +1,4 @@
-"""run_squad-style sliding-window features for the delayed-interaction reader (issues 5 and 6).
+"""run_squad-style sliding-window features for the delayed-interaction reader.
 
 A SQuAD question becomes one feature per passage window. The question is
 encoded once (`[CLS] q [SEP]`, at most `max_question_length` tokens) and the

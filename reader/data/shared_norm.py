@@ -2,7 +2,7 @@
 
 A reader trained one window at a time learns span scores that are only
 comparable within a window: open-domain QA then picks spans from the wrong
-passage when it reads many (issue #12, μ = 1). Shared normalisation trains
+passage when it reads many (μ = 1). Shared normalisation trains
 each question against several paragraphs at once, with one softmax over the
 passage tokens of all of them, so that a span's score also says how much
 better its paragraph is than the others.

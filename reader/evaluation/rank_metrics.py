@@ -88,7 +88,7 @@ def evaluate_run(qrels: Qrels, run: Run, level: int | None = None) -> RankEvalua
         raise DilstoreError(f"none of the run's {len(run)} queries has judgements in the qrels")
     if level is None:
         level = relevance_level(qrels)
-    elif (grade := int32_grade(level)) is None or grade < 1:  # 2**40 was pytrec_eval's bare TypeError (api39 L2)
+    elif (grade := int32_grade(level)) is None or grade < 1:  # pytrec_eval takes int32 grades only
         raise DilstoreError(f"the relevance level must be a grade of at least 1 and at most {2**31 - 1}, got "
                             f"{level!r}")  # fmt: skip
     else:

@@ -1,4 +1,4 @@
-"""Online layers tuned for one store encoding: `online-ENC.safetensors` beside a reader's weights (issue 15).
+"""Online layers tuned for one store encoding: `online-ENC.safetensors` beside a reader's weights.
 
 A 2bit or 1bit store returns layer-k passage states with an error the online
 layers never saw in training, and answers suffer. `train qa --freeze-lower

@@ -1,4 +1,4 @@
-"""The bi-encoder prior that EARL and the Listformer add to their own scores (issues #13 and #17).
+"""The bi-encoder prior that EARL and the Listformer add to their own scores.
 
     score = prior_scale · cos(mean(query states), mean(document states)) + the ranker's own score
 

@@ -172,8 +172,7 @@ class OpenDomainReader:
         """What the answers are read from: the store's encoding (fp16, 2bit, ...) and the packaged online layers
         swapped in for it (None: the model's own), as `ask --json`, serve's /ask and `evaluate-qa --json` name them.
 
-        A 2bit store read with or without its online layers gives other answers, and nothing in an answer said which
-        (lowbit39 L1).
+        A 2bit store read with or without its online layers gives other answers, so each answer names both.
         """
         return {"encoding": self.store.fingerprint.encoding, "online_variant": self.model.online_variant}
 

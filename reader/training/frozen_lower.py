@@ -1,4 +1,4 @@
-"""The store as a training cache: `train qa --freeze-lower` (issue 12).
+"""The store as a training cache: `train qa --freeze-lower`.
 
 DilBert's layers 1..k see the question and the passage apart, so with those
 layers (and the embeddings) frozen, a window's layer-k states never change

@@ -1,4 +1,4 @@
-"""Fine-tune a DilBert reader on SQuAD-format data, run_squad style (issue 6).
+"""Fine-tune a DilBert reader on SQuAD-format data, run_squad style.
 
 One code path: the loss is computed on the model core's `forward`, the same
 delayed-interaction composition that inference runs offline and online, so a

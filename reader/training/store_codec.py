@@ -1,4 +1,4 @@
-"""Training on what a low-bit store gives back: `train qa --freeze-lower --store-encoding ENC` (issue 15).
+"""Training on what a low-bit store gives back: `train qa --freeze-lower --store-encoding ENC`.
 
 A 2bit or 1bit store returns layer-k passage states with an error that the
 upper layers never saw in training, and the reader loses F1 through it
