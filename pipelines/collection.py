@@ -51,7 +51,8 @@ def write_live_collection(store: Path, target: Path) -> int:
     target.mkdir(parents=True, exist_ok=True)
     for entry in entries:
         source = _part_of(store, entry)
-        lines = source.read_text(encoding="utf-8").splitlines(keepends=True)
+        with source.open(encoding="utf-8", newline="\n") as part:
+            lines = part.readlines()  # "\n" ends a line, not U+2028 or U+0085 inside a title (str.splitlines)
         if len(lines) != entry.passages:
             raise DilstoreError(f"{source} has {len(lines)} lines for the {entry.passages} rows of {entry.name}")
         dropped = superseded.get(entry.index, set())

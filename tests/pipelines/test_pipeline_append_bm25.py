@@ -126,7 +126,8 @@ def test_bm25_no_longer_finds_the_text_of_a_replaced_row(tmp_path: Path) -> None
     store = tmp_path / "store"
     precompute(model, write_jsonl(tmp_path / "a.jsonl", DOCUMENTS), store)
     index(store)
-    changed = {"id": "oxygen", "title": "Zeppelin", "text": "A zeppelin hangar stood at Friedrichshafen."}
+    # U+2028 is no line end in JSON Lines (nor for Anserini), though str.splitlines() takes it for one.
+    changed = {"id": "oxygen", "title": "Zeppelin\u2028LZ 1", "text": "A zeppelin hangar stood at Friedrichshafen."}
     precompute(model, write_jsonl(tmp_path / "b.jsonl", [changed]), store, "--append", "--replace")
     stale = re.escape(f"the BM25 index at {store / 'bm25'} covers ") + r"\d+ passages .* after 0 append\(s\), but"
     with pytest.raises(DilstoreError, match=stale + r" the store .* after 1: .* rebuild it with `dilstore index"):
