@@ -142,6 +142,11 @@ def check_format(path: str | Path, format: str) -> None:
             head = stream.read(_SNIFF_BYTES)
         except (OSError, EOFError):
             return  # a damaged compressed file: the reader dead-letters it where it breaks
+    found = None if suffix in COMPRESSED_MAGIC else compression_of(head)
+    if found is not None:
+        name, actual = found
+        how = f"name it with {actual} at the end" if actual in COMPRESSED_MAGIC else f"dilstore does not read {name}"
+        raise DilstoreError(f"--input {path}: it is {name}-compressed but has a plain name; {how}")
     if _looks_like_utf16(head):
         raise DilstoreError(f"--input {path}: it looks like UTF-16 text; corpus files are UTF-8: convert it (e.g. "
                             "`iconv -f UTF-16 -t UTF-8`)")  # fmt: skip

@@ -50,7 +50,7 @@ def jsonl_record(source: str, line: Line, max_bytes: int = DEFAULT_MAX_DOCUMENT_
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        return Rejected(source, line.number, f"bad JSON: {error.msg} at column {error.colno}")
+        return Rejected(source, line.number, f"bad JSON: {error.msg} (column {error.colno})")
     except (ValueError, RecursionError) as error:
         return Rejected(source, line.number, f"bad JSON: {error}")
     if not isinstance(value, dict):

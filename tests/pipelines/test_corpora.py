@@ -8,8 +8,9 @@ import io
 import itertools
 import json
 import lzma
+import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,7 @@ def test_jsonl_bad_records_each_rejected_once_with_line_and_reason(tmp_path: Pat
 
     reasons = {r.line_or_id: r.reason for r in rejected}
     assert len(rejected) == len(reasons) == 8
-    assert reasons[3].startswith("bad JSON:")
+    assert reasons[3].startswith("bad JSON: ") and reasons[3].endswith(")") and " at column" not in reasons[3]
     assert reasons[4] == "missing id"
     assert reasons[5] == "duplicate id 'd1' (kept line 1)"
     assert reasons[6] == "empty text"
@@ -733,6 +734,21 @@ def test_a_plain_file_named_as_compressed_is_refused_up_front(tmp_path: Path, na
     suffix = plain.suffix.lower()
     with pytest.raises(DilstoreError, match=f"not a {suffix[1:]} file; a plain text file needs a name without "):
         check_format(plain, "jsonl")
+
+
+@pytest.mark.parametrize(("name", "compress", "how"), [
+    ("c.tsv", gzip.compress, "it is gzip-compressed but has a plain name; name it with .gz at the end"),
+    ("c.jsonl", bz2.compress, "it is bzip2-compressed but has a plain name; name it with .bz2 at the end"),
+    ("c.jsonl", lzma.compress, "it is xz-compressed but has a plain name; dilstore does not read xz"),
+])
+def test_a_compressed_file_with_a_plain_name_is_named_for_what_it_is(
+    tmp_path: Path, name: str, compress: Callable[[bytes], bytes], how: str
+) -> None:
+    """It was "--format msmarco does not fit ...: it begins '\\x1f\\ufffd\\x08...'"."""
+    path = tmp_path / name
+    path.write_bytes(compress(b'{"id": "a", "text": "fine"}\n'))
+    with pytest.raises(DilstoreError, match=re.escape(f"--input {path}: {how}")):
+        check_format(path, format_for_path(path))
 
 
 @pytest.mark.parametrize(("name", "actual"), [("c.jsonl.bz2", ".gz"), ("c.jsonl.gz", ".bz2")])
