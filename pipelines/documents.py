@@ -9,6 +9,7 @@ all three in one stream lets a pipeline count each kind without losing any.
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass
 
 from dilstore.reader.text.surrogates import lone_surrogate
@@ -17,6 +18,11 @@ from dilstore.reader.text.surrogates import lone_surrogate
 # a single record that size is almost always a broken export, and it would pin one
 # worker's memory while every other worker waits.
 DEFAULT_MAX_DOCUMENT_BYTES = 1_000_000
+# The longest document id taken (UTF-8 bytes): ids are keys, not text, and Lucene refuses an id term over 32,766.
+MAX_ID_BYTES = 1024
+# Characters no id may hold (Unicode categories): control and format characters (a tab, a newline, a byte-order
+# mark, a zero-width space) and line or paragraph separators. A TREC run, a TSV file or a terminal cannot show them.
+_ID_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,23 @@ class Skipped:
 Record = Document | Rejected | Skipped
 
 
+def id_problem(doc_id: str) -> str | None:
+    """Why `doc_id` cannot be a passage id, or None: whitespace around it (" 7 " would be another document than
+    "7"), a control, format or separator character (a byte-order mark inside a file is two files joined), or more
+    than MAX_ID_BYTES of UTF-8."""
+    if doc_id != doc_id.strip():
+        return "it begins or ends with whitespace"
+    refused = next((char for char in doc_id if unicodedata.category(char) in _ID_REFUSED_CATEGORIES), None)
+    if refused is not None:
+        name = unicodedata.name(refused, "") or "a control character"
+        joined = "; are two files joined?" if refused == "\ufeff" else ""
+        return f"it holds U+{ord(refused):04X} ({name.lower()}{joined})"
+    size = len(doc_id.encode("utf-8"))
+    if size > MAX_ID_BYTES:
+        return f"{size:,} bytes of UTF-8 (limit {MAX_ID_BYTES:,})"
+    return None
+
+
 def make_document(
     source: str,
     position: int | str,
@@ -84,8 +107,9 @@ def make_document(
 
     `position` is the 1-based line for line-based formats (kept on the
     document), or the record's id otherwise. The id may be a string or an
-    integer (MS MARCO pids); it is rejected when missing or blank, or of another
-    type (a float or a list is named as such, not as missing). Text that is
+    integer (MS MARCO pids); it is rejected when missing or blank, of another
+    type (a float or a list is named as such, not as missing), or for an
+    `id_problem`. Text that is
     empty or only whitespace is rejected, and so is text over `max_bytes` of UTF-8.
     A field holding a lone surrogate (JSON's "\\ud800") is not Unicode text
     that any later step could write, so it is rejected here too.
@@ -99,6 +123,9 @@ def make_document(
         surrogate = lone_surrogate(value)
         if surrogate is not None:
             return Rejected(source, position, f"invalid text: {field} holds {surrogate}")
+    problem = id_problem(str(doc_id))
+    if problem is not None:
+        return Rejected(source, position, f"bad id {str(doc_id)[:40]!r}: {problem}")
     if not text.strip():
         return Rejected(source, position, "empty text")
     size = len(text.encode("utf-8"))

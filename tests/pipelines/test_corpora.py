@@ -130,6 +130,27 @@ def test_msmarco_bad_records_each_rejected_once() -> None:
     ]
 
 
+def test_ids_no_run_or_file_can_name_are_dead_letters_and_inner_spaces_are_kept(tmp_path: Path) -> None:
+    """" 7 " was stored as another document than "7", the BOM of a second file joined to the first became part of
+    an id, and a 40,000-byte id broke `dilstore index` (Lucene takes terms of at most 32,766 bytes)."""
+    tsv = tmp_path / "ids.tsv"
+    tsv.write_bytes("7\tseven\n 7 \tseven again\n\ufeff2\tsecond file\n8 9\tinner space\n".encode()
+                    + ("Q" * 1025 + "\tlong\n" + "é" * 512 + "\tlongest taken\n").encode())  # fmt: skip
+    documents, rejected, _ = by_kind(read_msmarco(tsv))
+    assert [d.id for d in documents] == ["7", "8 9", "é" * 512]
+    assert [(r.line_or_id, r.reason) for r in rejected] == [
+        (2, "bad id ' 7 ': it begins or ends with whitespace"),
+        (3, "bad id '\\ufeff2': it holds U+FEFF (zero width no-break space; are two files joined?)"),
+        (5, f"bad id {'Q' * 40!r}: 1,025 bytes of UTF-8 (limit 1,024)"),
+    ]
+    jsonl = tmp_path / "ids.jsonl"
+    jsonl.write_text("".join(json.dumps({"id": doc_id, "text": "t"}) + "\n" for doc_id in ("h\u2028x", "a\tb", "a")))
+    documents, rejected, _ = by_kind(read_jsonl(jsonl))
+    assert [d.id for d in documents] == ["a"]
+    assert [r.reason for r in rejected] == ["bad id 'h\\u2028x': it holds U+2028 (line separator)",
+                                            "bad id 'a\\tb': it holds U+0009 (a control character)"]  # fmt: skip
+
+
 def test_msmarco_ten_megabyte_line_is_rejected_and_reading_goes_on(tmp_path: Path) -> None:
     corpus = tmp_path / "collection.tsv"
     corpus.write_bytes(b"1\tfirst\n2\t" + b"x" * 10_000_000 + b"\n3\tthird\n")
