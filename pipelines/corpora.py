@@ -88,7 +88,8 @@ def format_for_path(path: str | Path) -> str:
 # What the first non-blank bytes of a file in each format look like, and how to say it.
 _FORMAT_OPENINGS = {
     "jsonl": (lambda line: line.startswith(b"{"), "a JSON object per line"),
-    "msmarco": (lambda line: b"\t" in line, "pid<TAB>text lines"),
+    # One tab: a file of more columns (MS MARCO documents, DPR's id/text/title) would glue them into the text.
+    "msmarco": (lambda line: line.count(b"\t") == 1, "pid<TAB>text lines of two columns (convert others to JSONL)"),
     "squad": (lambda line: line.startswith(b"{"), "one JSON object"),
     "wikipedia": (lambda line: line.startswith(b"<"), "XML"),
 }

@@ -1,8 +1,10 @@
 """MS MARCO passage collections: `pid<TAB>text` per line (collection.tsv).
 
 The id is everything before the first tab, exactly as written (TREC runs and
-qrels refer to it); the text is everything after it, so tabs inside the text
-are kept. Documents have no title. Blank lines are passed over.
+qrels refer to it); the text is everything after it, so a tab inside a text
+is kept. A file whose first line has more than two columns is refused before
+the run (corpora.check_format): its columns would be glued into every text.
+Documents have no title. Blank lines are passed over.
 """
 
 from __future__ import annotations

@@ -705,6 +705,16 @@ def test_lone_surrogates_are_rejected_not_raised(tmp_path: Path, line: str, reas
     assert [d.id for d in documents] == ["ok"]
 
 
+@pytest.mark.parametrize("first", ["id\ttext\ttitle", "D1\thttps://example.org/\tA title\tThe body."])
+def test_a_tsv_of_more_columns_is_refused_up_front(tmp_path: Path, first: str) -> None:
+    """DPR's id/text/title and MS MARCO's document collection were read with their columns glued into the text."""
+    path = tmp_path / "collection.tsv"
+    path.write_text(first + "\n1\tsome text\tits title\n", encoding="utf-8")
+    with pytest.raises(DilstoreError, match=r"--format msmarco does not fit .*: msmarco files hold pid<TAB>text lines "
+                                            r"of two columns \(convert others to JSONL\), but it begins"):  # fmt: skip
+        check_format(path, "msmarco")
+
+
 def test_real_files_fit_their_format_and_no_other(shared_data: Path, tmp_path: Path) -> None:
     """check_format passes every real corpus under its own format and refuses it under the others."""
     tsv = tmp_path / "collection.tsv.gz"
