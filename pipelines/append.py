@@ -39,7 +39,7 @@ from dilstore.pipelines.corpora import Document
 from dilstore.pipelines.job import SPEC_FILE, PrecomputeJob, read_spec, run_spec, spec_generation, spec_json
 from dilstore.pipelines.passages import split_document
 from dilstore.pipelines.routing import ReadTask, read_task
-from dilstore.pipelines.part_files import PASSAGES_DIR
+from dilstore.storage.passage_files import PASSAGES_DIR
 from dilstore.storage.append import (
     AppendMismatchError,
     fingerprint_differences,

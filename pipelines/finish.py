@@ -15,7 +15,7 @@ from typing import Any
 
 from dilstore.pipelines.append import retired_passages
 from dilstore.pipelines.job import SUMMARY_FILE, PrecomputeJob
-from dilstore.pipelines.part_files import REJECTED_DIR
+from dilstore.storage.passage_files import REJECTED_DIR
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.shard_sink import read_meta
 from dilstore.reader.text.files import read_json_object

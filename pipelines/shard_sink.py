@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dilstore.pipelines.corpora import Rejected
-from dilstore.pipelines.part_files import jsonl_path, meta_path, parquet_path, rejected_path
+from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path, rejected_path
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import TokenizedPassage, encode_tokenized

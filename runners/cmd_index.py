@@ -5,7 +5,7 @@ STORE/passages/jsonl (`{"id", "contents"}`, contents = title, newline, text)
 into STORE/bm25, so BM25 hits carry exactly the store's passage ids. For a
 store that passages were appended to (`precompute --append`), the index is
 rebuilt over every part, the store's and each append's, leaving out the rows
-an append with --replace superseded (pipelines/collection.py). The JVM
+an append with --replace superseded (storage/collection.py). The JVM
 runs in this process, which never forks after starting it; its log, the
 progress bar and the closing line go to stderr, so that stdout carries only
 `--json`'s result, and nothing from the Python API's `build_index`. The index
@@ -108,7 +108,7 @@ def build_index(
 
 def run_command(args: argparse.Namespace) -> int:
     """Build STORE/bm25 from STORE/passages/jsonl (and, in an appended store, every append's parts); 0 on success."""
-    from dilstore.pipelines.collection import collection_dir, is_appended, write_live_collection
+    from dilstore.storage.collection import collection_dir, is_appended, write_live_collection
     from dilstore.storage.location import StoreLocation
     from dilstore.storage.manifest import read_manifest
 

@@ -165,7 +165,7 @@ def test_what_index_imports_leaves_out_the_model_stack() -> None:
     """`dilstore index` needs the store and Lucene, not torch or transformers (about 5 s of every start)."""
     code = (
         "import sys\n"
-        "import dilstore.runners.cmd_index, dilstore.pipelines.collection, dilstore.reader.retrieval\n"
+        "import dilstore.runners.cmd_index, dilstore.storage.collection, dilstore.reader.retrieval\n"
         "print([name for name in ('torch', 'transformers') if name in sys.modules])\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

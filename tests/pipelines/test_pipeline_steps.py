@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dilstore.pipelines.corpora import Document, Rejected, Skipped
 from dilstore.pipelines.job import spec_differences
-from dilstore.pipelines.part_files import jsonl_path, meta_path, parquet_path, rejected_path
+from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path, rejected_path
 from dilstore.pipelines.progress import passages_done, passages_planned, report_planned, report_progress
 from dilstore.pipelines.routing import COUNTS, REJECTED, SHARD, RouteSettings, pieces_of, route, shard_seeds
 from dilstore.pipelines.run_stats import RunStats, merge_stats

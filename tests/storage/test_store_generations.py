@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dilstore.pipelines.finish import missing_shards
-from dilstore.pipelines.part_files import jsonl_path, meta_path, parquet_path
+from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.shard_sink import read_meta
 from dilstore.storage.codebook import CODEBOOK_DIR, write_codebook

@@ -1,7 +1,7 @@
 """Where a store's per-shard passage files live: `passages/part-s.parquet`, its JSONL twin, its commit marker.
 
-Names only, no model code: `dilstore index` reads the JSONL parts and should
-not pay for importing torch to find them (pipelines/shard_sink.py writes them).
+Names only: pipelines/shard_sink.py writes these files, and `dilstore index`
+reads the JSONL parts (storage/collection.py) without importing torch or Beam.
 """
 
 from __future__ import annotations

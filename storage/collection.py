@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from dilstore.pipelines.part_files import JSONL_DIR, jsonl_path
+from dilstore.storage.passage_files import JSONL_DIR, jsonl_path
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import MANIFEST_FILE, append_dir
 from dilstore.storage.manifest import ShardEntry
