@@ -95,7 +95,7 @@ class Line:
     size: int
 
 
-def numbered_lines(stream: BinaryIO, max_bytes: int) -> Iterator[Line]:
+def bounded_lines(stream: BinaryIO, max_bytes: int) -> Iterator[Line]:
     """Every line of the stream, streaming; lines over `max_bytes` come back without their bytes.
 
     The line ending (`\\n` or `\\r\\n`) and a UTF-8 byte-order mark on the first
@@ -118,7 +118,7 @@ def numbered_lines(stream: BinaryIO, max_bytes: int) -> Iterator[Line]:
 
 
 def source_lines(source: str, stream: BinaryIO, max_bytes: int) -> Iterator[Line | Rejected]:
-    """`numbered_lines` of a corpus file, closing it at the end.
+    """`bounded_lines` of a corpus file, closing it at the end.
 
     A compressed file that is truncated or corrupt ends with one `Rejected`
     saying after which line reading stopped, instead of an exception.
@@ -126,7 +126,7 @@ def source_lines(source: str, stream: BinaryIO, max_bytes: int) -> Iterator[Line
     last = 0
     with stream:
         try:
-            for line in numbered_lines(stream, max_bytes):
+            for line in bounded_lines(stream, max_bytes):
                 last = line.number
                 yield line
         except (EOFError, OSError) as error:

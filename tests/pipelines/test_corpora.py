@@ -27,7 +27,7 @@ from dilstore.pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_cor
 from dilstore.pipelines.default_corpus.build import ARTICLES, corpus_lines
 from dilstore.pipelines.documents import Document, Record, Rejected, Skipped
 from dilstore.pipelines.duplicate_ids import drop_duplicate_ids, keep_first
-from dilstore.pipelines.source_files import numbered_lines
+from dilstore.pipelines.source_files import bounded_lines
 from dilstore.pipelines.wikitext import wikitext_to_text
 from dilstore.pipelines.wikitext_templates import RENDERED_TEMPLATES
 from dilstore.storage.errors import DilstoreError
@@ -233,20 +233,20 @@ def test_drop_duplicate_ids_passes_other_records_through() -> None:
     st.integers(min_value=1, max_value=25),
     st.booleans(),
 )
-def test_numbered_lines_matches_the_lines_and_bounds_them(lines: list[bytes], limit: int, final_newline: bool) -> None:
+def test_bounded_lines_matches_the_lines_and_bounds_them(lines: list[bytes], limit: int, final_newline: bool) -> None:
     content = b"\n".join(lines) + (b"\n" if final_newline else b"")
     assume(not content.startswith(b"\xef\xbb\xbf"))
     expected = content.split(b"\n")
     if expected[-1] == b"":
         expected.pop()  # text after the last line break, if any, is the last line
-    got = list(numbered_lines(io.BytesIO(content), limit))
+    got = list(bounded_lines(io.BytesIO(content), limit))
     assert [line.number for line in got] == list(range(1, len(expected) + 1))
     assert [line.size for line in got] == [len(line) for line in expected]
     assert [line.data for line in got] == [line if len(line) <= limit else None for line in expected]
 
 
-def test_numbered_lines_drops_bom_and_crlf() -> None:
-    got = list(numbered_lines(io.BytesIO(b"\xef\xbb\xbfone\r\ntwo\r\n"), 100))
+def test_bounded_lines_drops_bom_and_crlf() -> None:
+    got = list(bounded_lines(io.BytesIO(b"\xef\xbb\xbfone\r\ntwo\r\n"), 100))
     assert [(line.number, line.data) for line in got] == [(1, b"one"), (2, b"two")]
 
 
