@@ -60,9 +60,9 @@ def needs_codebook(encoding: str) -> bool:
 def sample_documents(inputs: Iterable[ReadTask], limit: int, seed: int = CODEBOOK_SEED) -> list[Document]:
     """The `limit` documents whose `stable_hash(seed, id)` is smallest, in that hash order, in one pass.
 
-    Of several documents with one id, the one the store keeps (the first in `document_order`): the sampler kept
-    the first it read, so that with a duplicate id across --input files the codebook could learn from a document
-    the pipeline then rejected. Only the current `limit` ids are held, never every id of the corpus.
+    Of several documents with one id, the one the store keeps (the first in `document_order`), so that with a
+    duplicate id across --input files the codebook never learns from a document the pipeline rejects. Only the
+    current `limit` ids are held, never every id of the corpus.
     """
     kept: dict[str, Document] = {}  # the ids of the `limit` smallest keys so far -> the document the store keeps
     largest: list[_Largest] = []  # their keys, the largest on top

@@ -10,8 +10,8 @@ runs in this process, which never forks after starting it; its log, the
 progress bar and the closing line go to stderr, so that stdout carries only
 `--json`'s result, and nothing from the Python API's `build_index`. The index
 is built in a temporary folder next to STORE/bm25 and renamed into place when complete,
-under a lock (`.STORE.dilstore-index-lock` beside it, storage/write_lock.py): two
-runs on one store used to delete each other's half-built index.
+under a lock (`.STORE.dilstore-index-lock` beside it, storage/write_lock.py), so
+that two runs on one store cannot delete each other's half-built index.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def run_command(args: argparse.Namespace) -> int:
     collection = collection_dir(store)
     if not store.is_dir():
         raise DilstoreError(f"no store at {store}")
-    with write_lock(store):  # a store a precompute is writing was called "never finalized" or "not made by it"
+    with write_lock(store):  # a store a precompute is still writing is refused as such, naming the writer
         pass
     if not collection.is_dir():
         if (store / MANIFEST_FILE).is_file() and read_manifest(StoreLocation.parse(store)).passages == 0:

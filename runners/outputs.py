@@ -31,8 +31,8 @@ def refuse_output_inside_store(output: Path, store: str, flag: str) -> None:
 def refuse_output_inside_models(output: Path, model: Path | None, flag: str) -> None:
     """A DilstoreError when `output` lies inside the model folder read (`--model`) or among the shipped models.
 
-    Written there it replaced the model's own files: `evaluate-rc --predictions MODEL/config.json` and `rerank
-    --output MODEL/model.safetensors` exited 0 and left a model that no longer loads.
+    Written there it would replace the model's own files (`evaluate-rc --predictions MODEL/config.json`, `rerank
+    --output MODEL/model.safetensors`) and leave a model that no longer loads.
     """
     for folder, what in ((model, "the model folder"), (packaged_models_dir(), "the shipped models")):
         if folder is not None and output.resolve().is_relative_to(Path(folder).resolve()):

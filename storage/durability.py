@@ -64,7 +64,7 @@ def aside_prefix(name: str) -> str:
 def remove_path(path: Path) -> None:
     """Delete what is at `path`, whatever it is (a folder tree, a file, a symbolic link); nothing if nothing is there.
 
-    `shutil.rmtree(path, ignore_errors=True)` left a file or a link where a folder was expected.
+    `shutil.rmtree(path, ignore_errors=True)` alone leaves a file or a link where a folder was expected.
     """
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)

@@ -35,8 +35,8 @@ def finish_interrupted_swap(store: Path) -> None:
 
     Killed between the two renames, it left no store at `store`, the old one aside and the finished new one in
     its building folder: the new one goes into place (the old one back, if the new one is not finished). Killed
-    before the last delete, it left the old store aside. Either way the old store is then deleted; a re-run had
-    built from scratch beside both, or said "already complete" and kept the old store's full copy for good.
+    before the last delete, it left the old store aside. Either way the old store is then deleted, so a re-run
+    neither builds from scratch beside both nor keeps the old store's full copy for good.
     """
     old = replaced_dir(store)
     if not old.is_dir():

@@ -88,7 +88,7 @@ def _throughput(windows_per_example: int) -> Throughput:
 # How a shared-normalisation group's length is measured when micro-batches are grouped by length. A micro-batch
 # pads every window to its longest question and passage, so "longest" (its longest window) groups alike what the
 # padding depends on: at 32 groups a micro-batch over SQuAD-train, real tokens are 0.672 of those computed against
-# 0.529 with "sum" (over its windows, the measure before; BENCHMARKS.md).
+# 0.529 with "sum" (over its windows; BENCHMARKS.md).
 GROUP_LENGTHS = ("longest", "sum")
 # Settings that act only with another: option -> its settings (TrainingConfig fields).
 _ACTING_ONLY_WITH = {
