@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dilstore.runners.arg_types import positive_int
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, listed
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(label) for label, _ in rows)
     print("\n".join(f"{label:<{width}}  {value}" for label, value in rows))
     if evaluation.unretrieved:
-        print(f"{len(evaluation.unretrieved)} judged query(ies) missing from the run, scored 0")
+        print(f"{len(evaluation.unretrieved)} judged query(ies) missing from the run, scored 0: "
+              f"{listed(sorted(evaluation.unretrieved))}")  # fmt: skip
     if evaluation.unjudged:
-        print(f"{evaluation.unjudged} run query(ies) without judgements, ignored")
+        unjudged = sorted(ranked.keys() - qrels.keys())
+        print(f"{evaluation.unjudged} run query(ies) without judgements, ignored: {listed(unjudged)}")
     return 0

@@ -56,10 +56,12 @@ class RankEvaluation:
         return len(self.per_query)
 
     def summary(self) -> dict[str, float | int]:
-        """`{"RR@10", "nDCG@10", "R@100", "Judged@10", "queries", "relevance_level"}`, the means rounded to 4
-        places."""
+        """`{"RR@10", "nDCG@10", "R@100", "Judged@10", "queries", "relevance_level", "unretrieved", "unjudged"}`,
+        the means rounded to 4 places; "unretrieved" counts the judged queries the run lacks (scored 0, so a run of
+        a few queries is not mistaken for a poor run of all), "unjudged" the run's queries the qrels lack."""
         means = {name: round(self.means[name], 4) for name in (*METRICS, JUDGED)}
-        return {**means, "queries": self.queries, "relevance_level": self.relevance_level}
+        return {**means, "queries": self.queries, "relevance_level": self.relevance_level,
+                "unretrieved": len(self.unretrieved), "unjudged": self.unjudged}  # fmt: skip
 
 
 def relevance_level(qrels: Qrels) -> int:

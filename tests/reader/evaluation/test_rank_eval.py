@@ -121,9 +121,10 @@ def test_cli_json_and_table(tiny: tuple[Path, Path], capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert len(out.splitlines()) == 1
     summary = json.loads(out)
-    assert list(summary) == ["RR@10", "nDCG@10", "R@100", "Judged@10", "queries", "relevance_level"]
+    assert list(summary) == ["RR@10", "nDCG@10", "R@100", "Judged@10", "queries", "relevance_level", "unretrieved",
+                             "unjudged"]  # fmt: skip
     expected = {name: round(value, 4) for name, value in expected_tiny().items()}
-    assert summary == {**expected, "queries": 3, "relevance_level": 2}
+    assert summary == {**expected, "queries": 3, "relevance_level": 2, "unretrieved": 1, "unjudged": 1}
     assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json", "--relevance-level", "1"]) == 0
     assert json.loads(capsys.readouterr().out)["relevance_level"] == 1
     assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json", "--relevance-level", "9"]) == 0
@@ -133,8 +134,8 @@ def test_cli_json_and_table(tiny: tuple[Path, Path], capsys: pytest.CaptureFixtu
     assert lines[2] == "queries    3 (relevant for RR and R: grade >= 2)"
     assert lines[4] == f"nDCG@10    {expected_tiny()['nDCG@10']:.4f}"
     assert lines[6] == f"Judged@10  {expected_tiny()['Judged@10']:.4f} (share of each top 10 the qrels judge)"
-    assert "1 judged query(ies) missing from the run, scored 0" in lines
-    assert "1 run query(ies) without judgements, ignored" in lines
+    assert "1 judged query(ies) missing from the run, scored 0: 'q3'" in lines
+    assert "1 run query(ies) without judgements, ignored: 'q4'" in lines
 
 
 @pytest.mark.parametrize("grades, level", [((0, 1, 2, 3), 2), ((0, 1), 1), ((0, 1, 2), 1), ((0, 4), 1)])
