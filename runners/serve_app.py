@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from dilstore.reader.data.trec import rank_documents
 from dilstore.reader.serving.odqa import OpenDomainReader, aggregate
 from dilstore.reader.serving.rerank import StoreReranker
 from dilstore.reader.retrieval import Bm25Searcher, TooManyTermsError
@@ -212,7 +213,8 @@ class RerankService:
         """`{"query", "query_truncated", "results": [{"doc_id", "score", "bm25_score"?}, ...], "encoding"}`, best
         first; `encoding` names what the documents' states were read from (fp16, 2bit, ...).
 
-        Ties keep the order given (or BM25's order). Unknown doc_ids are the
+        Ties are broken by doc_id, descending, as `dilstore rerank` writes them and `evaluate-rank` scores them
+        (reader/data/trec.rank_documents), whatever order the ids came in. Unknown doc_ids are the
         client's error (422); a BM25 hit the store lacks is the server's.
         query_truncated: the ranker read only the query's first max_query_length
         tokens (as `dilstore rerank` counts in truncated_queries). A query of
@@ -245,8 +247,7 @@ class RerankService:
             bm25 = {hit.passage_id: hit.score for hit in hits}
             ids = list(bm25)
             scores = self.reranker.rerank_tokenized(query, ids) if ids else {}
-        order = {doc_id: rank for rank, doc_id in reversed(list(enumerate(ids)))}
-        ranked = sorted(scores.items(), key=lambda item: (-item[1], order[item[0]]))
+        ranked = rank_documents(scores)
         results = [
             {"doc_id": doc_id, "score": score, **({"bm25_score": bm25[doc_id]} if bm25 else {})}
             for doc_id, score in ranked

@@ -43,7 +43,7 @@ from dilstore.reader.retrieval import Hit, TooManyTermsError
 from dilstore.runners.cli import main
 from dilstore.runners.cmd_ask import print_answer
 from dilstore.runners.cmd_serve import parse_store_argument
-from dilstore.runners.serve_app import AskService, RerankService, ServedStore, create_app
+from dilstore.runners.serve_app import AskService, RerankRequest, RerankService, ServedStore, create_app
 from dilstore.runners.serve_batching import ServeSettings
 from dilstore.storage.reader import open_store
 
@@ -548,6 +548,16 @@ def test_rerank_scores_given_ids_and_bm25_hits_like_the_reranker(served, tiny: d
     scores = [r["score"] for r in results]
     assert scores == sorted(scores, reverse=True)
     assert response.json()["query_truncated"] is False
+
+
+def test_rerank_breaks_ties_by_doc_id_as_rerank_writes_them(tiny: dict[str, Any], monkeypatch) -> None:
+    """Two MS MARCO passages of one text score alike: /rerank ranked them in the order the client sent them."""
+    reranker = open_reranker(tiny["s2"], tiny["ranker_dir"])
+    monkeypatch.setattr(reranker, "rerank_tokenized", lambda query, ids: dict.fromkeys(ids, 1.0))
+    service = RerankService(reranker)
+    for ids in (["kili", "tram", "curie"], ["curie", "kili", "tram"]):
+        results = service.rerank(RerankRequest(query="Zürich tram", doc_ids=ids))["results"]
+        assert [result["doc_id"] for result in results] == ["tram", "kili", "curie"]
 
 
 def test_rerank_says_when_the_ranker_read_only_the_query_s_first_tokens(served, tiny: dict[str, Any]) -> None:
