@@ -168,11 +168,17 @@ def require_topics(topics: Mapping[str, str], run: Run, source: str = "the topic
 
 
 def _checked_run(run: Run) -> Run:
-    """A checked copy of a `{qid: {docid: score}}` run (a file path was read one qid per character)."""
+    """A checked copy of a `{qid: {docid: score}}` run (a file path was read one qid per character), every query
+    with a document to rerank."""
     if not isinstance(run, Mapping):
         raise DilstoreError(f"the run must be a {{qid: {{docid: score}}}} mapping (a TREC run file is read by "
                             f"dilstore.reader.data.trec.read_run), got {type(run).__name__}")  # fmt: skip
-    return run_from_mapping(run)
+    checked = run_from_mapping(run)
+    empty = [qid for qid, documents in checked.items() if not documents]
+    if empty:
+        raise DilstoreError(f"{len(empty)} of the run's {len(checked)} queries have no documents to rerank: "
+                            f"{listed(empty)}")  # fmt: skip
+    return checked
 
 
 def require_rerank_store(store: Store) -> str:
@@ -365,7 +371,7 @@ class StoreReranker(ABC, Generic[RankerT]):
             scores = self._score(tokens, documents, stats) if documents else []
         finally:
             stats.seconds += time.perf_counter() - started
-        stats.queries += 1
+        stats.queries += int(bool(documents))  # a query none of whose documents is stored was not reranked
         stats.pairs += len(documents)
         return {document.id: score for document, score in zip(documents, scores, strict=True)}
 
