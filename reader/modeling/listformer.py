@@ -6,12 +6,18 @@ The input is one query and D documents, each document closed by a separator:
      segment 0        segment 1 (every document), positions restart at 0 in each document
 
 **Global-local attention** (section 3.1). Global tokens are every query token
-([CLS] and the query's [SEP] included) and every document's separator; they
-attend to all tokens, and all tokens attend to them. A document's other
-tokens are local: they attend to their own document and to the global
-tokens. Positions are document-wise, so nothing tells a document where it
-sits in the list: a document's score does not depend on its place, and
-permuting the documents permutes the scores.
+([CLS] and the query's [SEP] included) and every document's separator: all
+tokens attend to them. The query tokens attend to all tokens. A document's
+tokens, its separator included, attend to their own document and to the
+global tokens, so a separator sums up its own document in the light of the
+query and of the other documents' separators: the thesis's intuition for
+the separator. Its letter, separators attending to every token, gives every
+separator one attention over one set of keys; in the plain Listformer (k = 0)
+the separators of two documents of one length then start from the same
+embedding at the same position and stay equal through every layer, so such
+documents score alike whatever they say. Positions are document-wise, so
+nothing tells a document where it sits in the list: a document's score does
+not depend on its place, and permuting the documents permutes the scores.
 
 **Blocked, not dense.** No N×N mask over the list is ever built. A layer
 runs two attentions over the BERT layer's own query/key/value weights:
@@ -19,12 +25,12 @@ runs two attentions over the BERT layer's own query/key/value weights:
     local   documents as a batch dimension: each document's n tokens over
             its own n tokens + the nq query tokens + the D separators
             (its own separator is among its own tokens, so that copy is masked)
-    global  the nq + D global tokens over all nq + D·n tokens
+    global  the nq query tokens over all nq + D·n tokens
 
 then BERT's attention output, feed-forward and LayerNorms position by
-position. Attention memory is D·n·(n + nq + D) + (nq + D)·(nq + D·n)
-scores per head: linear in the list length while D stays below n (the D
-separators are global, which adds the D² terms).
+position. Attention memory is D·n·(n + nq + D) + nq·(nq + D·n) scores per
+head: linear in the list length while D stays below n (the D separators
+are keys of every document, which adds the D² term).
 
 **Scores** come from each document's separator after the last layer:
 r_j = W · s_j + b (section 3.1).
@@ -506,9 +512,8 @@ def global_local_attention(
     doc_q, doc_k, doc_v = (by_head(p(doc_states)) for p in (attention.query, attention.key, attention.value))
     # doc_*: (B, D, h, n, hs)
     at_separator = separators[:, :, None, None, None].expand(lists, documents, heads, 1, head_size)  # (B, D, h, 1, hs)
-    sep_q, sep_k, sep_v = (t.gather(3, at_separator).squeeze(3).transpose(1, 2) for t in (doc_q, doc_k, doc_v))
+    sep_k, sep_v = (t.gather(3, at_separator).squeeze(3).transpose(1, 2) for t in (doc_k, doc_v))
     # sep_*: (B, h, D, hs)
-    queries = query_states.shape[1]
 
     # Local: documents as a batch dimension, each over its own tokens, the query tokens and every separator.
     def local_keys(doc: torch.Tensor, query: torch.Tensor, sep: torch.Tensor) -> torch.Tensor:
@@ -533,20 +538,17 @@ def global_local_attention(
     )  # (B·D, h, n, hs)
     doc_context = local.transpose(1, 2).reshape(lists, documents, length, width)  # (B, D, n, d)
 
-    # Global: the query tokens and the separators over every token of the list.
+    # Global: the query tokens over every token of the list. (A separator's row is its local one above.)
     global_allowed = torch.cat([query_mask.bool(), doc_mask.bool().flatten(1)], dim=-1)  # (B, nq + D·n)
     every = partial(torch.cat, dim=2)  # joins (B, h, ·, hs) pieces along their tokens
     glob = F.scaled_dot_product_attention(
-        every([query_q, sep_q]),  # (B, h, nq + D, hs)
+        query_q,  # (B, h, nq, hs)
         every([query_k, doc_k.transpose(1, 2).flatten(2, 3)]),  # (B, h, nq + D·n, hs)
         every([query_v, doc_v.transpose(1, 2).flatten(2, 3)]),  # (B, h, nq + D·n, hs)
         attn_mask=global_allowed[:, None, None, :],  # (B, 1, 1, nq + D·n)
         dropout_p=dropout,
-    )  # (B, h, nq + D, hs)
-    glob = glob.transpose(1, 2).flatten(2)  # (B, nq + D, d)
-    query_context = glob[:, :queries]  # (B, nq, d)
-    separator_rows = separators[:, :, None, None].expand(lists, documents, 1, width)  # (B, D, 1, d)
-    doc_context = doc_context.scatter(2, separator_rows, glob[:, queries:].unsqueeze(2))  # (B, D, n, d)
+    )  # (B, h, nq, hs)
+    query_context = glob.transpose(1, 2).flatten(2)  # (B, nq, d)
     return query_context, doc_context
 
 

@@ -166,6 +166,16 @@ def test_a_documents_score_depends_on_the_query_and_the_other_documents() -> Non
     assert abs(float(scores_of(ranker, query, [documents[0], *other_documents[1:]])[0] - base[0])) > 10 * TOLERANCE
 
 
+@pytest.mark.parametrize("delayed_layers", [0, 1])
+def test_documents_of_one_length_are_told_apart_by_what_they_say(delayed_layers: int) -> None:
+    """Separators that attended to every token of the list read one set of keys with one query each: in the plain
+    Listformer (k = 0) every document of one length had the separator state, and so the score, of every other."""
+    ranker = tiny_listformer(delayed_layers)
+    query, documents = random_list(3, [5, 5, 5], seed=3)
+    scores = scores_of(ranker, query, documents)  # (3,)
+    assert min(abs(float(scores[i] - scores[j])) for i, j in ((0, 1), (0, 2), (1, 2))) > 10 * TOLERANCE
+
+
 # ---------------------------------------------------------------------- the delayed split
 
 
