@@ -400,7 +400,7 @@ def sweep_recipe(
 def sweep_state(run: Path) -> str:
     """"done" (a final model and a dev F1), "evaluate" (a final model whose evaluation was cut off or failed),
     "resume" (a complete checkpoint) or "new"."""
-    from dilstore.reader.training.state import latest_checkpoint
+    from dilstore.reader.training.checkpoint_files import latest_checkpoint
 
     if (run / "model.safetensors").is_file():
         try:
@@ -544,7 +544,7 @@ def sweep_teacher(work: Path, carry: Path) -> Path | None:
 def newest_weights(run: Path, cut: bool = True) -> Path | None:
     """The folder holding `run`'s newest weights: the run itself when trained to the end, else (with `cut`) its
     newest complete checkpoint, else None."""
-    from dilstore.reader.training.state import latest_checkpoint
+    from dilstore.reader.training.checkpoint_files import latest_checkpoint
 
     if (run / "model.safetensors").is_file():
         return run

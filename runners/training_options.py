@@ -133,8 +133,7 @@ def resume_hint(output: Path) -> str:
     """Where a stopped training run goes on from: its newest checkpoint, or the start when it saved none, or
     nowhere when the final model was saved (each was told "--resume goes on", which --resume then refused)."""
     from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
-    from dilstore.reader.training.loop import CHECKPOINTS_DIR
-    from dilstore.reader.training.state import latest_checkpoint
+    from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, latest_checkpoint
 
     if (output / TRAINING_METADATA_FILE).is_file():  # the stop cut the --dev evaluation after the final save
         return (f"the trained model is saved in {output}; only what comes after it was cut (`dilstore evaluate-rc "
@@ -168,9 +167,17 @@ def holding_the_output(
             with write_lock(output):
                 return run(args)
         except KeyboardInterrupt as stop:
-            raise StoppedBySignal(f"{interrupt_words(stop)}; {on_stop(output)}", interrupt_number(stop)) from None
+            raise StoppedBySignal(f"{interrupt_words(stop)}{_hint(on_stop, output)}", interrupt_number(stop)) from None
 
     return locked
+
+
+def _hint(on_stop: Callable[[Path], str], output: Path) -> str:
+    """`; on_stop(output)`, or nothing when it fails: the stop's own line comes first."""
+    try:
+        return f"; {on_stop(output)}"
+    except Exception:  # noqa: BLE001 (a stop mid-import can leave any module half-made)
+        return ""
 
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:

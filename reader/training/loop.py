@@ -52,15 +52,14 @@ from transformers import get_linear_schedule_with_warmup
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.text.files import read_json
+from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, latest_checkpoint, step_directory
 from dilstore.reader.training.state import (
     PARTIAL_SUFFIX,
     LoopPosition,
-    latest_checkpoint,
     load_training_state,
     prune_checkpoints,
     remove_partial_checkpoints,
     save_training_state,
-    step_directory,
     verify_checkpoint,
 )
 from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
@@ -75,7 +74,6 @@ RUN_CONFIG_FILE = "run_config.json"
 # by SHA-256 (INPUT_DIGESTS) like the base's and --train's.
 _MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes", "keep_checkpoints", "log_every",
                                    "chunk_windows", "compile", "teacher", "shared_norm"})
-CHECKPOINTS_DIR = "checkpoints"
 # numpy's seeding (seed_everything) takes seeds from 0 to this; it raised a ValueError on others mid-start.
 MAX_SEED = 2**32 - 1
 

@@ -21,7 +21,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import weights_sha256
 from dilstore.reader.modeling.online_variants import VARIANT_PREFIX, variant_base_weights, variant_paths
 from dilstore.reader.text.files import read_json
-from dilstore.reader.training.state import STATE_JSON, STATE_TENSORS
+from dilstore.reader.training.checkpoint_files import STATE_JSON, STATE_TENSORS
 from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import TMP_PREFIX

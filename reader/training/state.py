@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,11 +22,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from dilstore.reader.training.checkpoint_files import STATE_JSON, STATE_TENSORS, STEP_DIR
 from dilstore.storage.errors import DilstoreError
 
-STATE_TENSORS = "training_state.safetensors"
-STATE_JSON = "training_state.json"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 PARTIAL_SUFFIX = ".partial"  # a checkpoint being written, renamed to its step's name once complete
 _RNG_KEY = "rng.torch"
 _CHECKSUMS_KEY = "sha256"
@@ -159,28 +156,12 @@ def _restore_group(group: dict[str, Any]) -> dict[str, Any]:
     return restored
 
 
-def step_directory(checkpoints: Path, step: int) -> Path:
-    """The folder a periodic checkpoint at `step` lives in."""
-    return Path(checkpoints) / f"step-{step:07d}"
-
-
-def latest_checkpoint(checkpoints: Path) -> Path | None:
-    """The complete periodic checkpoint with the highest step, or None when there is none."""
-    candidates = []
-    if Path(checkpoints).is_dir():
-        for path in Path(checkpoints).iterdir():
-            match = _STEP_DIR.match(path.name)
-            if match and (path / STATE_JSON).is_file():
-                candidates.append((int(match.group(1)), path))
-    return max(candidates)[1] if candidates else None
-
-
 def remove_partial_checkpoints(checkpoints: Path) -> None:
     """Delete the `step-N.partial` folders a killed checkpoint write left (call it holding the run's lock): each
     holds a model and its optimizer state, and only one of the same step was ever removed."""
     if Path(checkpoints).is_dir():
         for path in Path(checkpoints).iterdir():
-            if path.name.endswith(PARTIAL_SUFFIX) and _STEP_DIR.match(path.name.removesuffix(PARTIAL_SUFFIX)):
+            if path.name.endswith(PARTIAL_SUFFIX) and STEP_DIR.match(path.name.removesuffix(PARTIAL_SUFFIX)):
                 shutil.rmtree(path)
 
 
@@ -196,7 +177,7 @@ def prune_checkpoints(checkpoints: Path, keep: int, every: int = 0) -> None:
     complete = sorted(
         (int(match.group(1)), path)
         for path in Path(checkpoints).iterdir()
-        if (match := _STEP_DIR.match(path.name)) and (path / STATE_JSON).is_file()
+        if (match := STEP_DIR.match(path.name)) and (path / STATE_JSON).is_file()
     )
     if every <= 0:
         doomed = complete[: max(0, len(complete) - keep)]

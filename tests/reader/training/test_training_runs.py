@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,11 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from tests.fixtures.locks import held_lock
+from tests.fixtures.paths import ROOT
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 from tests.fixtures.training_runs import cut_after_last_checkpoint
 
 from dilstore.reader.training.qa import TrainingConfig, train_qa
-from dilstore.reader.training.state import STATE_JSON, latest_checkpoint, prune_checkpoints, step_directory
+from dilstore.reader.training.checkpoint_files import STATE_JSON, latest_checkpoint, step_directory
+from dilstore.reader.training.state import prune_checkpoints
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 
@@ -346,8 +350,7 @@ def test_a_stopped_run_is_told_to_resume_only_when_it_saved_a_checkpoint(tmp_pat
     """Stopped before its first checkpoint, a run was told "--resume goes on from its newest checkpoint", and
     --resume then said "no complete checkpoint" (rank38 L1)."""
     from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
-    from dilstore.reader.training.loop import CHECKPOINTS_DIR
-    from dilstore.reader.training.state import STATE_JSON, step_directory
+    from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, STATE_JSON, step_directory
     from dilstore.runners.training_options import resume_hint
 
     expected = "no checkpoint was saved yet: run the command again, without --resume"
@@ -359,3 +362,18 @@ def test_a_stopped_run_is_told_to_resume_only_when_it_saved_a_checkpoint(tmp_pat
     assert resume_hint(tmp_path).endswith("(--resume goes on from its newest checkpoint)")
     (tmp_path / TRAINING_METADATA_FILE).write_text("{}")  # the final save came before the --dev evaluation
     assert resume_hint(tmp_path).startswith(f"the trained model is saved in {tmp_path}; only what comes after it")
+
+
+def test_the_stop_line_of_a_training_command_imports_no_torch(tmp_path: Path) -> None:
+    """A Ctrl-C while torch was still being imported (the first seconds of every `train`) made the stop line import
+    it again, half-made: two tracebacks and exit 1, or a segfault."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from dilstore.runners.training_options import resume_hint\n"
+        f"print(resume_hint(Path({str(tmp_path)!r})))\n"
+        "print([name for name in ('torch', 'transformers') if name in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["no checkpoint was saved yet: run the command again, without --resume", "[]"]
