@@ -31,6 +31,7 @@ import torch
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.loop import (
+    RUN_CONFIG_FILE,
     Accumulate,
     LoopOutcome,
     LoopSettings,
@@ -119,7 +120,9 @@ def refuse_an_earlier_run(output_dir: Path) -> None:
     model). A model that no run made there is most likely the run's own base
     model (`--output` equal to `--base-model`). A run stopped before its
     first checkpoint left nothing to keep, so a new run may start there (as a
-    scheduler relaunching it does).
+    scheduler relaunching it does); so did one whose final save was cut (its
+    run_config.json and model files, but no record), and a new run's save
+    replaces those files.
     """
     found = []
     latest = latest_checkpoint(output_dir / CHECKPOINTS_DIR)
@@ -135,7 +138,7 @@ def refuse_an_earlier_run(output_dir: Path) -> None:
             "(remove that folder to start over there)"
         )
     model_files = [name for name in MODEL_FILES if (output_dir / name).exists()]
-    if model_files:
+    if model_files and not (output_dir / RUN_CONFIG_FILE).is_file():
         raise DilstoreError(
             f"--output {output_dir} holds a model ({', '.join(model_files)}) that the run's final save would "
             "overwrite (is it the base model?): give another --output"

@@ -272,6 +272,21 @@ def test_a_run_whose_output_is_its_base_model_is_refused_before_the_weights_chan
     assert {path.name: path.read_bytes() for path in base.iterdir()} == before
 
 
+def test_a_run_whose_final_save_was_cut_can_be_run_again(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
+    """A second Ctrl-C (or a kill) during the final save left the model files without the run's record: the
+    advised re-run was refused as "is it the base model?", and --resume found no checkpoint."""
+    from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+    from dilstore.runners.training_options import resume_hint
+
+    config = TrainingConfig(layers=1, max_steps=1, batch_size=2, **SMALL_WINDOWS)
+    output = tmp_path / "run"
+    train_qa(tiny_base, squad_file, output, config, command="t", progress=False)
+    (output / TRAINING_METADATA_FILE).unlink()  # the save was cut before its record
+    assert resume_hint(output) == "no checkpoint was saved yet: run the command again, without --resume"
+    assert train_qa(tiny_base, squad_file, output, config, command="t", progress=False).steps == 1
+    assert (output / TRAINING_METADATA_FILE).is_file()
+
+
 def test_resume_refuses_training_data_other_than_the_interrupted_runs(
     tiny_base: Path, squad_file: Path, tmp_path: Path
 ) -> None:
