@@ -217,7 +217,7 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
         if not any(values.get(name) for name in _SHIPPING_OPTIONS):
             raise DilstoreError(
                 f"--runner {runner} runs workers elsewhere: ship dilstore to them with "
-                "--setup_file ./pyproject.toml (or --requirements_file, --extra_package, "
+                "--setup_file ./setup.py (or --requirements_file, --extra_package, "
                 "--sdk_container_image), or use --environment_type LOOPBACK"
             )
     return options
