@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json", action="store_true",
         help='print {"queries","pairs","skipped","emptied_queries","truncated_queries","seconds","timings","depth",'
-             '"output"}',
+             '"output","encoding"}',
     )  # fmt: skip
     add_verbose_argument(parser)
     parser.set_defaults(run=run)
