@@ -479,7 +479,7 @@ def run_training_loop(
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
     total_steps, position = optimization.total_steps, optimization.start
     losses: list[torch.Tensor] = []  # each step's loss, () on the device: read at log lines, checkpoints, the end
-    logged_loss = "-"
+    logged_loss, logged_step = "-", position.step
     bar = tqdm(total=total_steps, initial=position.step, disable=not progress, unit="step", dynamic_ncols=True)
     started = time.perf_counter() - position.train_seconds
     window_start, window_units = time.perf_counter(), 0
@@ -503,8 +503,9 @@ def run_training_loop(
             window_units += seen * throughput.per_example
             rate = window_units / max(time.perf_counter() - window_start, 1e-9)
             log_line = position.step % config.log_every == 0 or position.step == total_steps
-            if log_line:
-                logged_loss = f"{torch.stack(losses[-config.log_every :]).mean().item():.4f}"
+            if log_line:  # the mean over the steps since the last line (fewer than log_every before the last)
+                logged_loss = f"{torch.stack(losses[-(position.step - logged_step) :]).mean().item():.4f}"
+                logged_step = position.step
             bar.set_postfix(loss=logged_loss, **{throughput.bar_name: f"{rate:.1f}"}, refresh=False)
             bar.update(1)
             if log_line:

@@ -76,6 +76,19 @@ def test_each_ranker_overfits_four_triples(
         assert torch.equal(reloaded.score_groups(*data.batch(range(4))), scores)
 
 
+def test_each_log_line_means_the_losses_since_the_line_before(
+    tiny_base: Path, overfit_files, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --log-every 4 and 6 steps, the step-6 line gave the mean of steps 3-6, not of 5-6."""
+    triples, paragraphs = overfit_files
+    config = RankingTrainingConfig(kind="siamese", epochs=6, batch_size=4, learning_rate=1e-3, warmup_ratio=0.0,
+                                   **{**SMALL, "log_every": 4})  # fmt: skip
+    result = train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="test", progress=False)
+    logged = [float(line.split(" loss ")[1].split()[0]) for line in capsys.readouterr().err.splitlines()
+              if line.startswith("step ")]  # fmt: skip
+    assert logged == pytest.approx([sum(result.losses[:4]) / 4, sum(result.losses[4:]) / 2], abs=1e-4)
+
+
 def test_metadata_records_kind_command_data_and_budget(tiny_base: Path, overfit_files, tmp_path: Path) -> None:
     triples, paragraphs = overfit_files
     config = RankingTrainingConfig(kind="siamese", epochs=1, max_steps=3, batch_size=1, **SMALL)
