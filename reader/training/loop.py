@@ -583,8 +583,8 @@ def _stop_requests() -> Iterator[_StopRequest]:
         request.signal_number = number
         for other, handler in previous.items():
             signal.signal(other, handler)
-        sys.stderr.write(f"{signal.Signals(number).name}: stopping after this step, with a checkpoint "
-                         "(again to stop at once)\n")  # fmt: skip
+        sys.stderr.write(f"{signal.Signals(number).name}: stopping after this step, with a checkpoint (after the "
+                         "last step, with the final model) (again to stop at once)\n")  # fmt: skip
 
     for number in previous:
         signal.signal(number, ask)
