@@ -149,6 +149,16 @@ def test_a_teacher_with_more_layers_apart_is_refused(teacher_dir: Path, squad_fi
         train_qa(teacher_dir, squad_file, tmp_path / "out", config, command="test", progress=False)
 
 
+def test_a_base_model_as_teacher_is_refused_for_its_untrained_head(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """It was told to give its k with --layers, which the command already had (the student's)."""
+    config = TrainingConfig(layers=1, max_steps=1, batch_size=4, teacher=str(tiny_base), **SMALL_WINDOWS)
+    with pytest.raises(DilstoreError, match=rf"--teacher {tiny_base} is a base model without dilstore metadata, and "
+                                            "its QA head is untrained"):  # fmt: skip
+        train_qa(tiny_base, squad_file, tmp_path / "out", config, command="test", progress=False)
+
+
 def test_a_student_without_online_layers_is_refused(teacher_dir: Path, squad_file: Path, tmp_path: Path) -> None:
     """k = l leaves no layer states to match: the first step died with an IndexError, whatever the weights."""
     layers = DilBertReader.from_pretrained(teacher_dir).num_layers
