@@ -12,6 +12,7 @@ from typing import Any
 
 from dilstore.reader.evaluation.rank_metrics import METRICS
 from dilstore.reader.packaged.shipped import DEFAULT_CHECKPOINT_NAME, DEFAULT_LISTFORMER_NAME, DEFAULT_RANKER_NAME
+from dilstore.storage.errors import DilstoreError
 
 # The issue's target: EARL within this much nDCG@10 of the same-size cross-encoder.
 TARGET_NDCG_GAP = 0.01
@@ -187,6 +188,9 @@ def render_model_card(
     """
     config = training["config"]
     k = int(training["layers"])
+    if "k" in evaluation and int(evaluation["k"]) != k:  # another run's scores on this checkpoint
+        raise DilstoreError(f"the evaluation is of a k={evaluation['k']} reader, the checkpoint has k={k}: give the "
+                            "evaluation of this checkpoint")  # fmt: skip
     f1, em = float(evaluation["f1"]), float(evaluation["em"])
     if baseline_f1 is None and k == 0:
         target = f"k=0 target F1 >= 75: {'met' if f1 >= 75 else 'NOT met'} (F1 {f1:.2f})"

@@ -549,6 +549,8 @@ def test_model_card_states_whether_targets_were_met(k: int, f1: float, baseline:
     card = render_model_card(training, evaluation, hardware="CPU", baseline_f1=baseline)
     assert expected in card
     assert "REDUCED: 0.10 epochs" in card
+    with pytest.raises(DilstoreError, match=f"the evaluation is of a k={k + 1} reader, the checkpoint has k={k}"):
+        render_model_card(training, {**evaluation, "k": k + 1}, hardware="CPU", baseline_f1=baseline)
 
 
 @pytest.mark.parametrize(
