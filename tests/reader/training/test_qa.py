@@ -34,9 +34,9 @@ from dilstore.reader.training.qa import (
 )
 from dilstore.reader.modeling.online_variants import load_online_variant, write_online_variant
 from dilstore.reader.training.release import load_training_metadata, package_checkpoint, weights_megabytes
+from dilstore.reader.training.checkpoint_files import latest_checkpoint
 from dilstore.reader.training.state import (
     LoopPosition,
-    latest_checkpoint,
     load_training_state,
     save_training_state,
     verify_checkpoint,
