@@ -90,11 +90,13 @@ class PrecomputeJob:
         return self.fingerprint.encoding
 
     def route_settings(self) -> RouteSettings:
+        """What the route step needs of the run: split strategy, shard count, window length, kind."""
         return RouteSettings(
             strategy=self.strategy, num_shards=self.num_shards, max_length=self.max_length, kind=self.kind
         )
 
     def shard_settings(self) -> ShardSettings:
+        """What each shard writer needs of the run: store, kind, encoding, batching, compressor, codebook."""
         return ShardSettings(
             store=self.store, kind=self.kind, encoding=self.encoding, policy=self.policy, compressor=self.compressor,
             codebook=str(Path(self.append_to or self.store) / CODEBOOK_DIR) if get_encoding(self.encoding).codebook

@@ -55,6 +55,8 @@ class ReadUpToDamage:
         self._error: BaseException | None = None
 
     def read(self, size: int = -1) -> bytes:
+        """Up to `size` bytes (all with -1); the damage found during a read comes at the next call, after the bytes
+        read before it."""
         if self._error is not None:
             raise self._error
         parts: list[bytes] = []

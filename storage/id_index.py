@@ -148,6 +148,7 @@ class Superseded:
 
     @classmethod
     def empty(cls) -> Superseded:
+        """No superseded rows: the index of a store never appended to with --replace."""
         return cls(np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.uint32))
 
     def keys(self) -> np.ndarray:

@@ -103,6 +103,7 @@ class ContiguousLayout:
 
     @property
     def index_offset(self) -> int:
+        """Where the shard index begins: after the chunks, stored back to back from byte 0."""
         return self.chunk_count * self.chunk_bytes
 
     @property
@@ -112,6 +113,7 @@ class ContiguousLayout:
 
     @property
     def file_size(self) -> int:
+        """The size a shard file of this layout has: chunks, index entries and the index's CRC32C."""
         return self.index_stop + _INDEX_CHECKSUM_BYTES
 
     def contiguous_index(self) -> np.ndarray:
@@ -174,6 +176,7 @@ class WatchedFile:
 
     @classmethod
     def of(cls, path: Path, status: os.stat_result) -> WatchedFile:
+        """The file at `path` as `status` (os.stat) found it: inode, size and modification time."""
         return cls(path, status.st_ino, status.st_size, status.st_mtime_ns)
 
     def change(self) -> str | None:

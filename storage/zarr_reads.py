@@ -56,6 +56,8 @@ class RequiredChunksStore(WrapperStore):
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
+        """zarr's Store.get, a failure in transit tried again (up to READ_ATTEMPTS reads); a missing array file
+        (any but a zarr.json, whose absence zarr itself reads) is a StoreFormatError."""
         for attempt in range(READ_ATTEMPTS):
             try:
                 value = await self._store.get(key, prototype, byte_range)
