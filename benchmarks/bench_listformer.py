@@ -27,7 +27,7 @@ Memory: peak resident memory added by one plain (and one delayed) Listformer for
 of 10, 25, 50 and 100 documents, each measured in a fresh subprocess: the kernel's peak-RSS mark
 is reset (/proc/self/clear_refs) after the model and inputs exist, and VmHWM − VmRSS read after
 the forward. Beside it, the attention scores per head and layer that the blocked attention
-computes, D·n·(n + nq + D) + (nq + D)·(nq + D·n), against the N² of a dense list of
+computes, D·n·(n + nq + D) + nq·(nq + D·n), against the N² of a dense list of
 N = nq + D·n tokens (computed, not run: the dense list at 100 documents would need
 12 heads × 12,816² × 4 bytes ≈ 7.9 GB per layer).
 
@@ -174,7 +174,7 @@ def median_seconds(run: Callable[[], torch.Tensor], repeats: int) -> float:
 def attention_scores(documents: int, doc_tokens: int) -> dict[str, int]:
     """Attention scores per head and layer: blocked global-local, and a dense list of N tokens."""
     n, nq, count = doc_tokens, QUERY_TOKENS, documents
-    blocked = count * n * (n + nq + count) + (nq + count) * (nq + count * n)
+    blocked = count * n * (n + nq + count) + nq * (nq + count * n)  # documents (separators too); the query
     dense = (nq + count * n) ** 2
     return {"blocked": blocked, "dense": dense}
 
