@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.runners.inputs import require_file
 from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.training_options import (
@@ -75,7 +75,7 @@ def register_ranking_data(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", type=Path, required=True, help="folder for the triples and paragraphs files")
     parser.add_argument("--negatives", type=positive_int, default=8, help="negatives per question (default 8)")
     parser.add_argument("--depth", type=positive_int, default=30, help="BM25 candidates per question (default 30)")
-    parser.add_argument("--seed", type=int, default=13, help="seed of the negative sampling (default 13)")
+    parser.add_argument("--seed", type=numpy_seed, default=13, help="seed of the negative sampling (default 13)")
     parser.add_argument("--limit", type=int, help="only the first N questions (the index still covers all)")
     parser.add_argument("--work", type=Path, help="where the BM25 index is cached (default OUTPUT/work)")
     parser.add_argument("--threads", type=positive_int, default=1, help="indexing and search threads (default 1)")

@@ -132,12 +132,14 @@ def output_dir(args: argparse.Namespace) -> Path:
 def resume_hint(output: Path) -> str:
     """Where a stopped training run goes on from: its newest checkpoint, or the start when it saved none, or
     nowhere when the final model was saved (each was told "--resume goes on", which --resume then refused)."""
-    from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+    from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, read_metadata
     from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, latest_checkpoint
 
     if (output / TRAINING_METADATA_FILE).is_file():  # the stop cut the --dev evaluation after the final save
-        return (f"the trained model is saved in {output}; only what comes after it was cut (`dilstore evaluate-rc "
-                f"--model {output}` scores it)")
+        metadata = read_metadata(output)
+        scored = (f" (`dilstore evaluate-rc --model {output} --data DEV.json` scores it)"
+                  if metadata is not None and metadata.kind == "dilbert" else "")  # fmt: skip
+        return f"the trained model is saved in {output}; only what comes after it was cut{scored}"
     if latest_checkpoint(output / CHECKPOINTS_DIR) is None:
         return "no checkpoint was saved yet: run the command again, without --resume"
     return "the run folder keeps what was saved before it (--resume goes on from its newest checkpoint)"

@@ -99,6 +99,8 @@ _RUNTIME = [
         (["index", "{tmp}/no-store"], ["--threads", "0"], "--threads: expected a positive integer"),
         (["train", "ranking-data", "--squad", "{tmp}/none.json", "--output", "{tmp}/o"], ["--threads", "0"],
          "--threads: expected a positive integer"),
+        (["train", "ranking-data", "--squad", "{tmp}/none.json", "--output", "{tmp}/o"], ["--seed", "-1"],
+         "--seed: expected a seed from 0 to 4294967295, got -1"),
         *[(command, ["--device", "bogus"], "--device: not a torch device: 'bogus'") for command in _RUNTIME],
         (_RUNTIME[0], ["--device", "cuda:7"], "--device: cuda:7: this machine has"),
         (_RUNTIME[0], ["--device", "meta"], "--device: meta: dilstore runs on cpu, cuda or mps devices"),

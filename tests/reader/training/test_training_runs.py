@@ -376,7 +376,10 @@ def test_a_stopped_run_is_told_to_resume_only_when_it_saved_a_checkpoint(tmp_pat
     (half / STATE_JSON).write_text("{}")
     assert resume_hint(tmp_path).endswith("(--resume goes on from its newest checkpoint)")
     (tmp_path / TRAINING_METADATA_FILE).write_text("{}")  # the final save came before the --dev evaluation
-    assert resume_hint(tmp_path).startswith(f"the trained model is saved in {tmp_path}; only what comes after it")
+    assert resume_hint(tmp_path) == f"the trained model is saved in {tmp_path}; only what comes after it was cut"
+    (tmp_path / "dilstore.json").write_text(json.dumps({"format": 1, "kind": "dilbert", "architecture": "bert",
+                                                        "layers": 1, "num_layers": 2}))  # fmt: skip
+    assert resume_hint(tmp_path).endswith(f"(`dilstore evaluate-rc --model {tmp_path} --data DEV.json` scores it)")
 
 
 def test_the_stop_line_of_a_training_command_imports_no_torch(tmp_path: Path) -> None:
