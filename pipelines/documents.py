@@ -20,9 +20,12 @@ from dilstore.reader.text.surrogates import lone_surrogate
 DEFAULT_MAX_DOCUMENT_BYTES = 1_000_000
 # The longest document id taken (UTF-8 bytes): ids are keys, not text, and Lucene refuses an id term over 32,766.
 MAX_ID_BYTES = 1024
-# Characters no id may hold (Unicode categories): control and format characters (a tab, a newline, a byte-order
-# mark, a zero-width space) and line or paragraph separators. A TREC run, a TSV file or a terminal cannot show them.
-_ID_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+# Characters no id may hold: control characters (Unicode category Cc: a tab, a newline, NUL) and line or paragraph
+# separators (Zl, Zp), which end or split a line of a TREC run, a TSV or JSONL file; and the byte-order mark, which
+# inside a file is the start of a second file joined to the first. Other format characters (Cf) are kept: the
+# zero-width non-joiner and joiner spell ordinary Persian, Sinhala or Malayalam titles, which SQuAD ids hold.
+_ID_REFUSED_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
+_BYTE_ORDER_MARK = "\ufeff"
 
 
 @dataclass(frozen=True)
@@ -80,14 +83,16 @@ Record = Document | Rejected | Skipped
 
 def id_problem(doc_id: str) -> str | None:
     """Why `doc_id` cannot be a passage id, or None: whitespace around it (" 7 " would be another document than
-    "7"), a control, format or separator character (a byte-order mark inside a file is two files joined), or more
-    than MAX_ID_BYTES of UTF-8."""
+    "7"), a control or separator character or a byte-order mark (_ID_REFUSED_CATEGORIES), or more than MAX_ID_BYTES
+    of UTF-8. Spaces inside an id are kept: a SQuAD-format corpus's titles may hold them, and ask and evaluate-qa
+    name such passages, though a TREC run cannot."""
     if doc_id != doc_id.strip():
         return "it begins or ends with whitespace"
-    refused = next((char for char in doc_id if unicodedata.category(char) in _ID_REFUSED_CATEGORIES), None)
+    refused = next((char for char in doc_id
+                    if char == _BYTE_ORDER_MARK or unicodedata.category(char) in _ID_REFUSED_CATEGORIES), None)  # fmt: skip
     if refused is not None:
         name = unicodedata.name(refused, "") or "a control character"
-        joined = "; are two files joined?" if refused == "\ufeff" else ""
+        joined = "; are two files joined?" if refused == _BYTE_ORDER_MARK else ""
         return f"it holds U+{ord(refused):04X} ({name.lower()}{joined})"
     size = len(doc_id.encode("utf-8"))
     if size > MAX_ID_BYTES:

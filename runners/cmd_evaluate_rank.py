@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--json", action="store_true",
-        help='print {"RR@10","nDCG@10","R@100","Judged@10","queries","relevance_level"}',
+        help='print {"RR@10","nDCG@10","R@100","Judged@10","queries","relevance_level","unretrieved","unjudged"}',
     )  # fmt: skip
     parser.set_defaults(run=run)
 

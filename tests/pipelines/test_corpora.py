@@ -144,9 +144,11 @@ def test_ids_no_run_or_file_can_name_are_dead_letters_and_inner_spaces_are_kept(
         (5, f"bad id {'Q' * 40!r}: 1,025 bytes of UTF-8 (limit 1,024)"),
     ]
     jsonl = tmp_path / "ids.jsonl"
-    jsonl.write_text("".join(json.dumps({"id": doc_id, "text": "t"}) + "\n" for doc_id in ("h\u2028x", "a\tb", "a")))
+    persian = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645#p0"  # a zero-width non-joiner, as Persian spells
+    ids = ("h\u2028x", "a\tb", "a", persian)
+    jsonl.write_text("".join(json.dumps({"id": doc_id, "text": "t"}) + "\n" for doc_id in ids))
     documents, rejected, _ = by_kind(read_jsonl(jsonl))
-    assert [d.id for d in documents] == ["a"]
+    assert [d.id for d in documents] == ["a", persian]
     assert [r.reason for r in rejected] == ["bad id 'h\\u2028x': it holds U+2028 (line separator)",
                                             "bad id 'a\\tb': it holds U+0009 (a control character)"]  # fmt: skip
 
