@@ -81,6 +81,11 @@ class Skipped:
 Record = Document | Rejected | Skipped
 
 
+def _refused_in_ids(char: str) -> bool:
+    """Whether an id may not hold `char` (_ID_REFUSED_CATEGORIES)."""
+    return char == _BYTE_ORDER_MARK or unicodedata.category(char) in _ID_REFUSED_CATEGORIES
+
+
 def id_problem(doc_id: str) -> str | None:
     """Why `doc_id` cannot be a passage id, or None: whitespace around it (" 7 " would be another document than
     "7"), a control or separator character or a byte-order mark (_ID_REFUSED_CATEGORIES), or more than MAX_ID_BYTES
@@ -88,8 +93,7 @@ def id_problem(doc_id: str) -> str | None:
     name such passages, though a TREC run cannot."""
     if doc_id != doc_id.strip():
         return "it begins or ends with whitespace"
-    refused = next((char for char in doc_id
-                    if char == _BYTE_ORDER_MARK or unicodedata.category(char) in _ID_REFUSED_CATEGORIES), None)  # fmt: skip
+    refused = next((char for char in doc_id if _refused_in_ids(char)), None)
     if refused is not None:
         name = unicodedata.name(refused, "") or "a control character"
         joined = "; are two files joined?" if refused == _BYTE_ORDER_MARK else ""

@@ -1,9 +1,9 @@
 """What the trainable rankers share around their networks: starting, loading, saving and scoring texts.
 
 EARL (reader/modeling/earl.py), the cross-encoder (reader/modeling/cross_encoder.py), the
-Siamese ranker (reader/modeling/siamese.py) and the Listformer (reader/modeling/listformer.py) differ in their networks, in how they
-take over a pretrained encoder's weights and in the dilstore.json they
-write. How each starts from a base encoder directory, loads and saves a
+Siamese ranker (reader/modeling/siamese.py) and the Listformer (reader/modeling/listformer.py)
+differ in their networks, in how they take over a pretrained encoder's weights and in the
+dilstore.json they write. How each starts from a base encoder directory, loads and saves a
 checkpoint directory and scores text pairs is the same, so it is written
 once here:
 
