@@ -25,6 +25,10 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+def _no_fsync(descriptor: int) -> None:
+    os.fstat(descriptor)  # a bad descriptor still raises, as os.fsync's would
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Torch on one thread in every test process and in every process a test starts.
 
@@ -34,6 +38,10 @@ def pytest_configure(config: pytest.Config) -> None:
     commands, Beam and Dask workers that tests start; a test that wants more threads asks for them.
     """
     os.environ["OMP_NUM_THREADS"] = "1"
+    # Flushing a test's temporary files to the disk proves nothing (no test loses power) and took up to a fifth of a
+    # store-building test's time: every call is still made, in order (tests/storage/test_durability.py records
+    # them), and returns at once. Processes a test starts still flush.
+    os.fsync = _no_fsync
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
 

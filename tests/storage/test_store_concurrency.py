@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing
 import subprocess
 import sys
@@ -86,15 +87,8 @@ def test_spawned_processes_open_and_read_the_store(root, expected) -> None:
         assert digests == [expected[passage_id] for passage_id in ids]
 
 
-def test_forked_processes_read_through_a_store_opened_before_the_fork(root, expected) -> None:
-    if "jnius" in sys.modules:
-        # An earlier test on this worker started the JVM (pyserini), and a process must never fork after
-        # that (the child can hang on a lock the JVM held): fork from a fresh interpreter instead.
-        test = f"{Path(__file__).relative_to(ROOT)}::test_forked_processes_read_through_a_store_opened_before_the_fork"
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", test],
-                              cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
-        assert done.returncode == 0, done.stdout[-3000:]
-        return
+def _fork_and_fetch(root: Path, expected: dict[str, str]) -> None:
+    """Open the store once per read path, fetch, then fetch through it in forked children."""
     for read_path in READ_PATHS:
         _INHERITED[read_path] = open_store(root, read_path=read_path)
         _INHERITED[read_path].fetch(sorted(expected)[:3])  # shards opened, zarr's event loop running
@@ -107,3 +101,22 @@ def test_forked_processes_read_through_a_store_opened_before_the_fork(root, expe
         _INHERITED.clear()
     for (_, ids), digests in zip(jobs, results, strict=True):
         assert digests == [expected[passage_id] for passage_id in ids]
+
+
+# The fork, from a fresh interpreter (no JVM in it): argv[1] the store, argv[2] the digests as JSON.
+FORK_CHILD = (
+    "import json, sys; from pathlib import Path\n"
+    "from tests.storage.test_store_concurrency import _fork_and_fetch\n"
+    "_fork_and_fetch(Path(sys.argv[1]), json.loads(sys.argv[2]))\n"
+)
+
+
+def test_forked_processes_read_through_a_store_opened_before_the_fork(root, expected) -> None:
+    if "jnius" in sys.modules:
+        # An earlier test on this worker started the JVM (pyserini), and a process must never fork after
+        # that (the child can hang on a lock the JVM held): fork from a fresh interpreter instead.
+        done = subprocess.run([sys.executable, "-c", FORK_CHILD, str(root), json.dumps(expected)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return
+    _fork_and_fetch(root, expected)
