@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import shlex
 from collections.abc import Callable
@@ -137,12 +138,25 @@ def resume_hint(output: Path) -> str:
 
     if (output / TRAINING_METADATA_FILE).is_file():  # the stop cut the --dev evaluation after the final save
         metadata = read_metadata(output)
-        scored = (f" (`dilstore evaluate-rc --model {output} --data DEV.json` scores it)"
+        scored = (f" (`dilstore evaluate-rc --model {output} --data DEV.json{_window_flags(output)}` scores it)"
                   if metadata is not None and metadata.kind == "dilbert" else "")  # fmt: skip
         return f"the trained model is saved in {output}; only what comes after it was cut{scored}"
     if latest_checkpoint(output / CHECKPOINTS_DIR) is None:
         return "no checkpoint was saved yet: run the command again, without --resume"
     return "the run folder keeps what was saved before it (--resume goes on from its newest checkpoint)"
+
+
+def _window_flags(output: Path) -> str:
+    """The run's reading windows as evaluate-rc flags (` --max-seq-length N ...`), from its run_config.json, so that
+    the command scores as the --dev evaluation would; nothing when the record cannot tell."""
+    from dilstore.reader.training.checkpoint_files import RUN_CONFIG_FILE
+
+    try:
+        config = json.loads((output / RUN_CONFIG_FILE).read_text(encoding="utf-8"))["config"]
+        return "".join(f" --{name.replace('_', '-')} {int(config[name])}"
+                       for name in ("max_seq_length", "doc_stride", "max_question_length"))  # fmt: skip
+    except (OSError, ValueError, TypeError, KeyError):
+        return ""
 
 
 def holding_the_output(

@@ -1,4 +1,4 @@
-"""Where a training run keeps its periodic checkpoints, by name only: no torch.
+"""Where a training run keeps its settings and periodic checkpoints, by name only: no torch.
 
 A stopped command says where its run goes on from (runners/training_options.resume_hint), and a stop can come
 while torch is still being imported; importing it again then fails inside the half-imported module. So the
@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+RUN_CONFIG_FILE = "run_config.json"  # RUN/run_config.json: the run's settings, inputs and command
 CHECKPOINTS_DIR = "checkpoints"  # RUN/checkpoints/step-NNNNNNN: the periodic checkpoints
 STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"  # written last: a step folder without it is incomplete

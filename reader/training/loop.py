@@ -52,7 +52,12 @@ from transformers import get_linear_schedule_with_warmup
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.text.files import read_json
-from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, latest_checkpoint, step_directory
+from dilstore.reader.training.checkpoint_files import (
+    CHECKPOINTS_DIR,
+    RUN_CONFIG_FILE,
+    latest_checkpoint,
+    step_directory,
+)
 from dilstore.reader.training.state import (
     PARTIAL_SUFFIX,
     LoopPosition,
@@ -68,7 +73,6 @@ from dilstore.storage.errors import DilstoreError, StoppedBySignal, require_at_l
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Micro-batches per length-sorted group (Hugging Face's LengthGroupedSampler uses 50).
 LENGTH_GROUP = 50
-RUN_CONFIG_FILE = "run_config.json"
 # Settings a resumed run may change: how often it saves and logs, how many checkpoints it keeps, how it chunks and
 # compiles (none changes a result), and the teacher's and shared-norm triples' paths, as their content is checked
 # by SHA-256 (INPUT_DIGESTS) like the base's and --train's.

@@ -31,7 +31,6 @@ import torch
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.loop import (
-    RUN_CONFIG_FILE,
     Accumulate,
     LoopOutcome,
     LoopSettings,
@@ -45,7 +44,7 @@ from dilstore.reader.training.loop import (
     write_run_config,
     write_training_record,
 )
-from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, latest_checkpoint
+from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, RUN_CONFIG_FILE, latest_checkpoint
 from dilstore.reader.training.state import LoopPosition, file_sha256
 from dilstore.storage.errors import DilstoreError
 

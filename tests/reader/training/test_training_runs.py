@@ -380,6 +380,10 @@ def test_a_stopped_run_is_told_to_resume_only_when_it_saved_a_checkpoint(tmp_pat
     (tmp_path / "dilstore.json").write_text(json.dumps({"format": 1, "kind": "dilbert", "architecture": "bert",
                                                         "layers": 1, "num_layers": 2}))  # fmt: skip
     assert resume_hint(tmp_path).endswith(f"(`dilstore evaluate-rc --model {tmp_path} --data DEV.json` scores it)")
+    windows = {"max_seq_length": 64, "doc_stride": 24, "max_question_length": 16}  # evaluate-rc's 384 fails a 64
+    (tmp_path / "run_config.json").write_text(json.dumps({"config": windows}))  # position model: the run's windows
+    assert resume_hint(tmp_path).endswith(f"(`dilstore evaluate-rc --model {tmp_path} --data DEV.json "
+                                          "--max-seq-length 64 --doc-stride 24 --max-question-length 16` scores it)")
 
 
 def test_the_stop_line_of_a_training_command_imports_no_torch(tmp_path: Path) -> None:
