@@ -21,11 +21,15 @@ DEFAULT_MAX_DOCUMENT_BYTES = 1_000_000
 # The longest document id taken (UTF-8 bytes): ids are keys, not text, and Lucene refuses an id term over 32,766.
 MAX_ID_BYTES = 1024
 # Characters no id may hold: control characters (Unicode category Cc: a tab, a newline, NUL) and line or paragraph
-# separators (Zl, Zp), which end or split a line of a TREC run, a TSV or JSONL file; and the byte-order mark, which
-# inside a file is the start of a second file joined to the first. Other format characters (Cf) are kept: the
-# zero-width non-joiner and joiner spell ordinary Persian, Sinhala or Malayalam titles, which SQuAD ids hold.
+# separators (Zl, Zp), which end or split a line of a TREC run, a TSV or JSONL file; and the invisible format
+# characters that make an id print as another ("7\u200b" as "7"): the zero-width space, the word joiner, the
+# byte-order mark (inside a file, the start of a second file joined to the first) and the bidirectional
+# embeddings, overrides and isolates. Other format characters are kept: the zero-width non-joiner and joiner and
+# the direction marks spell ordinary Persian, Arabic, Sinhala or Malayalam titles, which SQuAD ids hold.
 _ID_REFUSED_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
 _BYTE_ORDER_MARK = "\ufeff"
+_ID_REFUSED_FORMATS = frozenset("\u200b\u2060\ufeff" + "".join(map(chr, range(0x202A, 0x202F)))
+                                + "".join(map(chr, range(0x2066, 0x206A))))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -82,13 +86,13 @@ Record = Document | Rejected | Skipped
 
 
 def _refused_in_ids(char: str) -> bool:
-    """Whether an id may not hold `char` (_ID_REFUSED_CATEGORIES)."""
-    return char == _BYTE_ORDER_MARK or unicodedata.category(char) in _ID_REFUSED_CATEGORIES
+    """Whether an id may not hold `char` (_ID_REFUSED_CATEGORIES, _ID_REFUSED_FORMATS)."""
+    return char in _ID_REFUSED_FORMATS or unicodedata.category(char) in _ID_REFUSED_CATEGORIES
 
 
 def id_problem(doc_id: str) -> str | None:
     """Why `doc_id` cannot be a passage id, or None: whitespace around it (" 7 " would be another document than
-    "7"), a control or separator character or a byte-order mark (_ID_REFUSED_CATEGORIES), or more than MAX_ID_BYTES
+    "7"), a control, separator or invisible format character (_ID_REFUSED_CATEGORIES), or more than MAX_ID_BYTES
     of UTF-8. Spaces inside an id are kept: a SQuAD-format corpus's titles may hold them, and ask and evaluate-qa
     name such passages, though a TREC run cannot."""
     if doc_id != doc_id.strip():

@@ -145,12 +145,17 @@ def test_ids_no_run_or_file_can_name_are_dead_letters_and_inner_spaces_are_kept(
     ]
     jsonl = tmp_path / "ids.jsonl"
     persian = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645#p0"  # a zero-width non-joiner, as Persian spells
-    ids = ("h\u2028x", "a\tb", "a", persian)
+    ids = ("h\u2028x", "a\tb", "a", persian, "a\u200b", "\u200b", "a\u202eb")
     jsonl.write_text("".join(json.dumps({"id": doc_id, "text": "t"}) + "\n" for doc_id in ids))
     documents, rejected, _ = by_kind(read_jsonl(jsonl))
     assert [d.id for d in documents] == ["a", persian]
-    assert [r.reason for r in rejected] == ["bad id 'h\\u2028x': it holds U+2028 (line separator)",
-                                            "bad id 'a\\tb': it holds U+0009 (a control character)"]  # fmt: skip
+    assert [r.reason for r in rejected] == [
+        "bad id 'h\\u2028x': it holds U+2028 (line separator)",
+        "bad id 'a\\tb': it holds U+0009 (a control character)",
+        "bad id 'a\\u200b': it holds U+200B (zero width space)",  # printed as "a": two documents alike
+        "bad id '\\u200b': it holds U+200B (zero width space)",
+        "bad id 'a\\u202eb': it holds U+202E (right-to-left override)",
+    ]
 
 
 def test_msmarco_ten_megabyte_line_is_rejected_and_reading_goes_on(tmp_path: Path) -> None:
