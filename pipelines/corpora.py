@@ -85,13 +85,15 @@ def format_for_path(path: str | Path) -> str:
                         f"{', '.join(FORMATS)}")
 
 
-# What the first non-blank bytes of a file in each format look like, and how to say it.
+# What the first two non-blank lines of a file in each format look like, and how to say it.
 _FORMAT_OPENINGS = {
-    "jsonl": (lambda line: line.startswith(b"{"), "a JSON object per line"),
-    # One tab: a file of more columns (MS MARCO documents, DPR's id/text/title) would glue them into the text.
-    "msmarco": (lambda line: line.count(b"\t") == 1, "pid<TAB>text lines of two columns (convert others to JSONL)"),
-    "squad": (lambda line: line.startswith(b"{"), "one JSON object"),
-    "wikipedia": (lambda line: line.startswith(b"<"), "XML"),
+    "jsonl": (lambda lines: lines[0].startswith(b"{"), "a JSON object per line"),
+    # Two columns: a file of more (MS MARCO documents, DPR's id/text/title) would glue them into every text. One
+    # of the first two lines with one tab will do, as a passage may hold a tab.
+    "msmarco": (lambda lines: b"\t" in lines[0] and any(line.count(b"\t") == 1 for line in lines),
+                "pid<TAB>text lines of two columns (convert others to JSONL)"),
+    "squad": (lambda lines: lines[0].startswith(b"{"), "one JSON object"),
+    "wikipedia": (lambda lines: lines[0].startswith(b"<"), "XML"),
 }
 # The formats read a record a line, by `\n` (a `\r` before it is dropped).
 _LINE_FORMATS = ("jsonl", "msmarco")
@@ -154,9 +156,9 @@ def check_format(path: str | Path, format: str) -> None:
     if format in _LINE_FORMATS and b"\r" in head and b"\n" not in head:  # read as one line: one merged record
         raise DilstoreError(f"--input {path}: its lines end in a bare carriage return (CR), which {format} files do "
                             "not use; convert them to newlines (e.g. `tr '\\r' '\\n'`)")  # fmt: skip
-    line = next((line.strip() for line in head.removeprefix(UTF8_BOM).splitlines() if line.strip()), b"")
-    if line and not looks_right(line):
-        shown = line[:40].decode("utf-8", "replace")
+    lines = [line.strip() for line in head.removeprefix(UTF8_BOM).splitlines() if line.strip()][:2]
+    if lines and not looks_right(lines):
+        shown = lines[0][:40].decode("utf-8", "replace")
         raise DilstoreError(
             f"--format {format} does not fit {path}: {format} files hold {expected}, but it begins {shown!r}"
         )

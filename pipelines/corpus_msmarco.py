@@ -2,8 +2,8 @@
 
 The id is everything before the first tab, exactly as written (TREC runs and
 qrels refer to it); the text is everything after it, so a tab inside a text
-is kept. A file whose first line has more than two columns is refused before
-the run (corpora.check_format): its columns would be glued into every text.
+is kept. A file whose first two lines have more than two columns is refused
+before the run (corpora.check_format): its columns would be glued into every text.
 Documents have no title. Blank lines are passed over.
 """
 

@@ -720,7 +720,8 @@ def test_a_tsv_of_more_columns_is_refused_up_front(tmp_path: Path, first: str) -
     with pytest.raises(DilstoreError, match=r"--format msmarco does not fit .*: msmarco files hold pid<TAB>text lines "
                                             r"of two columns \(convert others to JSONL\), but it begins"):  # fmt: skip
         check_format(path, "msmarco")
-
+    path.write_text("1\ta passage\twith a tab\n2\tanother passage\n", encoding="utf-8")
+    check_format(path, "msmarco")  # two columns, the first text holding a tab
 
 def test_real_files_fit_their_format_and_no_other(shared_data: Path, tmp_path: Path) -> None:
     """check_format passes every real corpus under its own format and refuses it under the others."""
