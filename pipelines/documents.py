@@ -28,7 +28,7 @@ MAX_ID_BYTES = 1024
 # the direction marks spell ordinary Persian, Arabic, Sinhala or Malayalam titles, which SQuAD ids hold.
 _ID_REFUSED_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
 _BYTE_ORDER_MARK = "\ufeff"
-_ID_REFUSED_FORMATS = frozenset("\u200b\u2060\ufeff" + "".join(map(chr, range(0x202A, 0x202F)))
+_ID_REFUSED_FORMATS = frozenset("\u200b\u2060" + _BYTE_ORDER_MARK + "".join(map(chr, range(0x202A, 0x202F)))
                                 + "".join(map(chr, range(0x2066, 0x206A))))  # fmt: skip
 
 

@@ -88,7 +88,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def score(args: argparse.Namespace) -> int:
     """`--score PREDICTIONS`: the official EM/F1 of a prediction file over --data (or its --limit subset)."""
     from dilstore.reader.evaluation.reading_comprehension import score_predictions_file

@@ -26,13 +26,12 @@ from zarr.abc.store import Store as ZarrStore
 from zarr.storage import FsspecStore, LocalStore
 
 from dilstore.storage.errors import URL_PASSWORD, DilstoreError, remember_secrets
-from dilstore.storage.zarr_reads import RequiredChunksStore, describe
+from dilstore.storage.zarr_reads import READ_TIMEOUT_ENV, RequiredChunksStore, describe
 
 _READ_BLOCK = 8 << 20
 _HASH_THREADS = 4
 # Filesystems that cannot list a folder: an HTTP server's HTML index page, where there is one, is not a listing.
 _UNLISTABLE = frozenset({"http", "https"})
-READ_TIMEOUT_ENV = "DILSTORE_READ_TIMEOUT"  # seconds a store over HTTP may take to connect and to send each read
 
 
 def read_timeout() -> float | None:

@@ -32,6 +32,7 @@ from dilstore.storage.format import ZARR_METADATA_FILE, StoreFormatError, StoreR
 _LASTING = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG})
 _RANGE_NOT_SATISFIABLE = 416
 MESSAGE_WIDTH = 300  # characters of an error's text a message shows
+READ_TIMEOUT_ENV = "DILSTORE_READ_TIMEOUT"  # seconds a store over HTTP may take to connect and to send each read
 _REFUSED = (401, 403)  # no credentials, or not allowed: no retry mends it
 # A remote read that failed in transit (a 503 "slow down", a reset, a timeout) is tried again this many times in
 # all, RETRY_SECONDS, then twice that, apart (or after a server's Retry-After, up to MAX_RETRY_SECONDS): one hiccup
@@ -151,5 +152,5 @@ def describe(error: BaseException) -> str:
     says how to change the wait."""
     name, text = type(error).__name__, _first_line(str(error))
     if "timeout" in name.lower():
-        return f"{name}: {text or 'the server did not answer in time'} (DILSTORE_READ_TIMEOUT sets the wait)"
+        return f"{name}: {text or 'the server did not answer in time'} ({READ_TIMEOUT_ENV} sets the wait)"
     return f"{name}: {text}" if text else name
