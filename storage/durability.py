@@ -31,17 +31,19 @@ def fsync_tree(path: Path) -> None:
         fsync_dir(Path(directory))
 
 
-def replace_dir(finished: Path, target: Path) -> None:
+def replace_dir(finished: Path, target: Path, aside: Path | None = None) -> None:
     """Put the complete folder `finished` at `target`, replacing what is there (a folder, a file or a link).
 
-    An existing target is renamed aside (`.tmp-old-NAME-<uuid>`, a stale write that finalize and verify know)
-    before `finished` is renamed in, and back if that fails (or is interrupted), so at every moment a complete
-    folder, old or new, is at one of the two names; then the old one is deleted. `finished`'s files reach the
-    disk before the rename publishes them, and the rename itself after.
+    An existing target is renamed aside before `finished` is renamed in, and back if that fails (or is
+    interrupted), so at every moment a complete folder, old or new, is at one of the two names; then the old one
+    is deleted. `finished`'s files reach the disk before the rename publishes them, and the rename itself after.
+    The aside name is `aside` where the caller finishes a killed replacement itself (a whole store), else
+    `.tmp-old-NAME-<uuid>`, a stale write that finalize and verify know.
     """
     fsync_tree(finished)
     if os.path.lexists(target):
-        aside = target.with_name(f"{aside_prefix(target.name)}{uuid.uuid4().hex}")
+        aside = aside or target.with_name(f"{aside_prefix(target.name)}{uuid.uuid4().hex}")
+        remove_path(aside)
         os.rename(target, aside)
         try:
             os.rename(finished, target)

@@ -10,24 +10,14 @@ import os
 import shutil
 from pathlib import Path
 
-from dilstore.storage.durability import fsync_dir
+from dilstore.storage.durability import fsync_dir, replace_dir
 from dilstore.storage.format import MANIFEST_FILE
 
 
 def swap_in(store: Path, built: Path) -> None:
-    """Put the complete store `built` at `store` and delete the one it replaces.
-
-    The old store is renamed aside first, so between the two renames there
-    is at every moment a complete store, old or new, at one of the paths;
-    the renames reach the disk before the old store is deleted.
-    """
-    old = replaced_dir(store)
-    if old.exists():
-        shutil.rmtree(old)
-    os.rename(store, old)
-    os.rename(built, store)
-    fsync_dir(store.parent)
-    shutil.rmtree(old)
+    """Put the complete store `built` at `store` and delete the one it replaces (`replace_dir`, with the old store
+    aside at `replaced_dir(store)`, where `finish_interrupted_swap` finds it after a kill)."""
+    replace_dir(built, store, aside=replaced_dir(store))
 
 
 def finish_interrupted_swap(store: Path) -> None:

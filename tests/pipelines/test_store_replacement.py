@@ -4,6 +4,7 @@ and builds the replacement beside the old store, so a failed run leaves the old 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from dilstore.pipelines.job import (
     unmade_if_nothing_stored,
 )
 from dilstore.runners import cli
+from dilstore.storage import durability
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreFormatError
@@ -79,6 +81,27 @@ def test_overwrite_leaves_the_old_store_in_place_until_the_new_one_is_swapped_in
     swap_in(store, building)
     assert json.loads((store / SPEC_FILE).read_text()) == OTHER
     assert sorted(path.name for path in tmp_path.iterdir()) == ["store"]
+
+
+def test_a_swap_interrupted_between_its_renames_puts_the_old_store_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C between swap_in's renames left no store at the path until the next run of the store."""
+    store = fake_store(tmp_path / "store", SPEC)
+    building = replacement_dir(store, OTHER)
+    (building / "manifest.json").write_text("{}")
+    real_rename = os.rename
+
+    def rename(source: Path, destination: Path) -> None:
+        if Path(source) == building:
+            raise KeyboardInterrupt
+        real_rename(source, destination)
+
+    monkeypatch.setattr(durability.os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        swap_in(store, building)
+    assert json.loads((store / SPEC_FILE).read_text()) == SPEC
+    assert sorted(path.name for path in tmp_path.iterdir()) == [building.name, "store"]
 
 
 @pytest.mark.parametrize("finished", [True, False])
