@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dilstore.reader.quiet_mode import is_quiet
 from dilstore.storage.durability import aside_prefix, remove_path, replace_dir
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.write_lock import INDEX_ROLE, writer_of
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 INDEX_RECORD = "dilstore-index.json"  # beside Lucene's files: the state of the store the index covers
 BM25_INDEX_DIR = "bm25"  # STORE/bm25: where `dilstore index STORE` puts a store's index
-# The environment switch of quiet commands: set by dilstore.runners.quiet (a layer above), read here.
-QUIET_ENV = "DILSTORE_QUIET"
 _JAVA_INT_MAX = 2**31 - 1
 
 _JVM_LOCK = threading.Lock()
@@ -88,11 +87,6 @@ def start_jvm(max_heap: str = "4g") -> None:
             level = jnius.autoclass("java.util.logging.Level")
             jnius.autoclass("java.util.logging.Logger").getLogger("").setLevel(level.SEVERE)
         _JVM_STARTED = True
-
-
-def is_quiet() -> bool:
-    """Whether the command runs quiet (no --verbose): dilstore.runners.quiet sets QUIET_ENV (in Beam's workers too)."""
-    return os.environ.get(QUIET_ENV) == "1"
 
 
 def build_bm25_index(

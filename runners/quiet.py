@@ -31,7 +31,7 @@ from contextlib import AbstractContextManager, contextmanager
 from multiprocessing import resource_tracker
 from typing import Any
 
-from dilstore.reader.retrieval import QUIET_ENV, is_quiet
+from dilstore.reader.quiet_mode import QUIET_ENV, is_quiet
 from dilstore.runners.stop_signals import STOP_GRACE_SECONDS, stopping
 
 # Lines that Beam's worker processes print and a user has no use for.

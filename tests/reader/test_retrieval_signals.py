@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dilstore.reader import retrieval
+from dilstore.reader import quiet_mode, retrieval
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.paths import ROOT
 
@@ -162,9 +162,9 @@ def test_a_build_cut_off_by_ctrl_c_silences_java_unless_verbose(
     silenced: list[bool] = []
     monkeypatch.setattr(retrieval, "_silence_java", lambda: silenced.append(True))
     if quiet:
-        monkeypatch.setenv(retrieval.QUIET_ENV, "1")
+        monkeypatch.setenv(quiet_mode.QUIET_ENV, "1")
     else:
-        monkeypatch.delenv(retrieval.QUIET_ENV, raising=False)
+        monkeypatch.delenv(quiet_mode.QUIET_ENV, raising=False)
     release = threading.Event()
 
     def ctrl_c() -> None:
