@@ -6,7 +6,7 @@ layers written down:
 
 - layers: runners → pipelines → reader → storage, all under `dilstore.`;
   storage imports no torch or Beam, reader no Beam;
-- the reader by role: text, batching, packaged and retrieval at the bottom;
+- the reader by role: text, batching, packaged, quiet_mode and retrieval at the bottom;
   modeling over them; offline and data beside it; serving over modeling and
   offline; training and evaluation on top. Serving never imports training,
   and nothing imports serving but evaluation and the runners;
@@ -34,7 +34,8 @@ READER_GRAPH: dict[str, set[str]] = {
     "text": set(),
     "batching": set(),
     "packaged": set(),
-    "retrieval": set(),
+    "quiet_mode": set(),
+    "retrieval": {"quiet_mode"},
     "modeling": {"text", "batching"},
     "data": {"text", "batching", "retrieval"},
     "offline": {"modeling", "packaged", "text", "batching"},
