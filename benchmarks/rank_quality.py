@@ -48,8 +48,9 @@ from dilstore.reader.evaluation.ranking import (
     write_task_files,
 )
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, base_model_dir
+from dilstore.reader.modeling.ranker_base import RankerBase
 from dilstore.reader.modeling.rankers import checkpoint_kind, load_ranker, new_ranker
-from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS, TrainableRanker
+from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS
 from dilstore.reader.modeling.siamese import CosineBiEncoder
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.outputs import check_output_file
@@ -95,7 +96,7 @@ def described(path: Path, kind: str, via: str = "") -> dict[str, Any]:
     return {"model": label, "kind": kind, "path": str(path), "trained": trained, "training": training}
 
 
-def rankers(args: argparse.Namespace) -> list[tuple[dict[str, Any], TrainableRanker]]:
+def rankers(args: argparse.Namespace) -> list[tuple[dict[str, Any], RankerBase]]:
     """(description, ranker) for every --model and --untrained."""
     found = []
     for path in args.model:

@@ -67,7 +67,7 @@ from dilstore.reader.modeling.checkpoints import BASE_MODEL_ENV
 from dilstore.reader.training.release import package_checkpoint
 from dilstore.reader.evaluation.ranking import RankingTask, load_task, rerank
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE
-from dilstore.reader.modeling.ranking_inputs import TrainableRanker
+from dilstore.reader.modeling.ranker_base import RankerBase
 from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
 from dilstore.reader.modeling.rankers import load_ranker, new_ranker
 from dilstore.reader.data.trec import Qrels, Run, rank_documents, write_run
@@ -129,19 +129,19 @@ def run_configs(args: argparse.Namespace) -> dict[str, RankingTrainingConfig]:
     }
 
 
-def evaluate(ranker: TrainableRanker, task: RankingTask, config: RankingTrainingConfig, batch_size: int) -> Run:
+def evaluate(ranker: RankerBase, task: RankingTask, config: RankingTrainingConfig, batch_size: int) -> Run:
     """The task's candidates reranked by `ranker` (fp32, eval mode) at the run's query and document lengths."""
     return rerank(ranker, task, max_query_length=config.max_query_length, max_doc_length=config.max_doc_length,
                   batch_size=batch_size)  # fmt: skip
 
 
 def learning_curve(
-    name: str, work: Path, untrained: TrainableRanker, config: RankingTrainingConfig, squad: RankingTask,
+    name: str, work: Path, untrained: RankerBase, config: RankingTrainingConfig, squad: RankingTask,
     args: argparse.Namespace, log: Callable[[str], None],
 ) -> list[dict[str, Any]]:  # fmt: skip
     """SQuAD-dev RR@10 and nDCG@10 at step 0 (untrained), at every periodic checkpoint and at the end."""
     device = torch.device(args.device)
-    points: list[tuple[int, Callable[[], TrainableRanker]]] = [(0, lambda: untrained)]
+    points: list[tuple[int, Callable[[], RankerBase]]] = [(0, lambda: untrained)]
     for checkpoint in sorted((work / "checkpoints").glob("step-*")):
         points.append((int(checkpoint.name.split("-")[1]), lambda path=checkpoint: load_ranker(path)))
     points.append((config.max_steps or 0, lambda: load_ranker(work)))
@@ -195,7 +195,7 @@ def train_one(
     }  # fmt: skip
 
 
-def _prior_scale(ranker: TrainableRanker) -> float | None:
+def _prior_scale(ranker: RankerBase) -> float | None:
     """The trained prior's scale of an EARL prior ranker, else None."""
     scale = getattr(ranker, "prior_scale", None)
     return None if scale is None else round(float(scale.detach()), 4)

@@ -34,7 +34,8 @@ from tqdm.auto import tqdm
 from dilstore.reader.data.ranking_data import Retriever, bm25_retriever, ensure_bm25_index, read_squad_ranking
 from dilstore.reader.data.trec import Qrels, Run, write_run
 from dilstore.reader.modeling.listformer import KIND as LISTFORMER
-from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, TrainableRanker
+from dilstore.reader.modeling.ranker_base import RankerBase
+from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH
 from dilstore.reader.text.files import read_json
 from dilstore.storage.errors import DilstoreError
 
@@ -117,7 +118,7 @@ def squad_dev_task(
 
 @torch.no_grad()
 def rerank(
-    ranker: TrainableRanker,
+    ranker: RankerBase,
     task: RankingTask,
     *,
     max_query_length: int = DEFAULT_MAX_QUERY_LENGTH,

@@ -5,15 +5,26 @@ Siamese ranker (reader/modeling/siamese.py) and the Listformer (reader/modeling/
 differ in their networks, in how they take over a pretrained encoder's weights and in the
 dilstore.json they write. How each starts from a base encoder directory, loads and saves a
 checkpoint directory and scores text pairs is the same, so it is written
-once here:
+once here; RankerBase is also the scoring interface training and evaluation rely on.
+
+Each ranker tokenizes a query and a document on its own, once (so training
+and evaluation tokenize every paragraph a single time), and scores groups of
+documents per query:
+
+    tokenize_query(text, max_length)       → int ids, `[CLS] q [SEP]` (every ranker's query convention)
+    tokenize_document(text, max_length)    → int ids (the ranker's own document convention)
+    score_groups(queries, groups)          → scores (b, g): b queries, g documents each
+    score_texts(queries, documents, ...)   → scores (b,) of b (query, document) text pairs
+
+Training scores groups of 1 positive and n negatives, (b, 1 + n); evaluation
+scores one query's candidates as one group, so EARL encodes that query once
+and the Listformer reads the whole candidate list in one pass. Around them:
 
     from_encoder     copy the encoder's config, build the ranker, `_initialise_from` its weights
     from_base        from_encoder over a plain Hugging Face BERT directory (load_base_encoder)
     from_pretrained  `_read_checkpoint`, build the ranker it describes (`_built_for`), `_load_checkpoint_state`,
                      and take the query length it was trained with (`trained_query_length`)
     save_pretrained  config.json, tokenizer, model.safetensors and `metadata()` as dilstore.json
-    tokenize_query   `[CLS] q [SEP]`: every ranker's query convention (each tokenizes documents its own way)
-    score_texts      score_text_pairs over the ranker's own tokenize_query, tokenize_document, score_groups
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ from dilstore.reader.modeling.earl_checkpoints import (
     write_earl_checkpoint,
 )
 from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint, read_ranker_checkpoint
-from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH, score_text_pairs
+from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH
 from dilstore.reader.text.tokenization import encode_query
 from dilstore.storage.errors import DilstoreError
 
@@ -49,8 +60,8 @@ class RankerBase(nn.Module, ABC):
     """A ranker module built as `cls(config, tokenizer)` (EARL: and an EarlConfig), saved as a checkpoint directory.
 
     A subclass sets `kind` (its dilstore.json kind) and `description` (how
-    errors name it), implements `metadata` and `_initialise_from`, and the
-    scoring interface of reader/modeling/ranking_inputs.py's TrainableRanker.
+    errors name it), and implements `tokenize_document`, `score_groups`,
+    `metadata` and `_initialise_from`.
     """
 
     kind: str
@@ -108,8 +119,20 @@ class RankerBase(nn.Module, ABC):
         max_query_length: int = DEFAULT_MAX_QUERY_LENGTH,
         max_doc_length: int = DEFAULT_MAX_DOC_LENGTH,
     ) -> torch.Tensor:
-        """Scores (b,) of the text pairs (queries[i], documents[i])."""
-        return score_text_pairs(self, queries, documents, max_query_length, max_doc_length)
+        """Scores (b,) of the text pairs (queries[i], documents[i]), each tokenized and truncated on its own."""
+        if len(queries) != len(documents):
+            raise DilstoreError(f"{len(queries)} queries but {len(documents)} documents to pair them with")
+        query_ids = [self.tokenize_query(query, max_query_length) for query in queries]
+        groups = [[self.tokenize_document(document, max_doc_length)] for document in documents]
+        return self.score_groups(query_ids, groups)[:, 0]  # (b,)
+
+    @abstractmethod
+    def tokenize_document(self, text: str, max_length: int) -> np.ndarray:
+        """One document's int ids, at most `max_length` tokens, in the ranker's own document convention."""
+
+    @abstractmethod
+    def score_groups(self, queries: Sequence[np.ndarray], groups: Sequence[Sequence[np.ndarray]]) -> torch.Tensor:
+        """Scores (b, g) of b queries' ids against g documents' ids each (one group per query)."""
 
     @abstractmethod
     def metadata(self) -> CheckpointMetadata:

@@ -14,7 +14,8 @@ from dilstore.reader.modeling.checkpoints import require_checkpoint_dir, trained
 from dilstore.reader.modeling.cross_encoder import CrossEncoderRanker
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
-from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS, TrainableRanker
+from dilstore.reader.modeling.ranker_base import RankerBase
+from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS
 from dilstore.reader.modeling.siamese import SiameseRanker
 from dilstore.storage.errors import DilstoreError
 
@@ -37,7 +38,7 @@ def new_ranker(
     base: str | Path,
     earl: EarlConfig = EarlConfig(),
     listformer: ListformerConfig = ListformerConfig(),
-) -> TrainableRanker:
+) -> RankerBase:
     """A ranker of `kind` initialised from the plain encoder directory `base` (EARL: the paper's initialisation).
 
     `earl` is the EARL variant and `listformer` the Listformer's (its
@@ -51,7 +52,7 @@ def new_ranker(
     return _CLASSES[kind].from_base(base)
 
 
-def load_ranker(path: str | Path) -> TrainableRanker:
+def load_ranker(path: str | Path) -> RankerBase:
     """A trained ranker of whichever kind the checkpoint's dilstore.json names (eval mode)."""
     return _CLASSES[checkpoint_kind(path)].from_pretrained(path)
 

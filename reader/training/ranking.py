@@ -46,12 +46,12 @@ from dilstore.reader.modeling.architectures import require_segment_limit
 from dilstore.reader.modeling.checkpoints import quoted_with_article
 from dilstore.reader.modeling.earl import ENCODER_PREFIXES, POOLINGS, EarlConfig, EarlRanker
 from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
+from dilstore.reader.modeling.ranker_base import RankerBase
 from dilstore.reader.modeling.rankers import load_ranker, new_ranker
 from dilstore.reader.modeling.ranking_inputs import (
     DEFAULT_MAX_DOC_LENGTH,
     DEFAULT_MAX_QUERY_LENGTH,
     RANKER_KINDS,
-    TrainableRanker,
 )
 from dilstore.reader.training.loop import (
     Throughput,
@@ -195,11 +195,11 @@ class RankingTrainingResult:
     train_seconds: float
     final_loss: float
     losses: list[float] = field(repr=False)
-    ranker: TrainableRanker = field(repr=False, compare=False)
+    ranker: RankerBase = field(repr=False, compare=False)
 
 
 def load_ranking_data(
-    ranker: TrainableRanker, triples_file: Path, paragraphs_file: Path, config: RankingTrainingConfig
+    ranker: RankerBase, triples_file: Path, paragraphs_file: Path, config: RankingTrainingConfig
 ) -> RankingData:
     """Read and check the files, keep the first `train_limit` triples and `negatives` negatives, tokenize once."""
     paragraphs = read_paragraphs(paragraphs_file)
@@ -233,7 +233,7 @@ def ranking_loss(scores: torch.Tensor, config: RankingTrainingConfig) -> torch.T
 
 
 def accumulate_ranking_gradients(
-    ranker: TrainableRanker,
+    ranker: RankerBase,
     data: RankingData,
     micro_batches: Sequence[Sequence[int]],
     config: RankingTrainingConfig,
