@@ -82,71 +82,68 @@ _MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes", "keep_che
 MAX_SEED = 2**32 - 1
 
 
-class OptimizationSettings(Protocol):
-    """The fields the shared optimizer, schedule, batching and precision helpers read.
+@dataclass(frozen=True, kw_only=True)
+class LoopConfig:
+    """The settings the shared optimizer, schedule, batching, precision, logging and checkpointing read.
 
-    Both TrainingConfig (QA) and the ranking trainer's config have them, so
-    one implementation serves `train qa` and `train earl|cross-encoder|siamese`.
+    `train qa`'s TrainingConfig and the rankers' RankingTrainingConfig add
+    their own settings and defaults for `epochs` and `batch_size`, so one
+    loop serves `train qa` and `train earl|cross-encoder|siamese|listformer`.
     """
 
     epochs: int
-    max_steps: int | None
+    max_steps: int | None = None
     batch_size: int
-    gradient_accumulation: int
-    learning_rate: float
-    weight_decay: float
-    seed: int
-    precision: str
+    gradient_accumulation: int = 1
+    learning_rate: float = 3e-5
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    seed: int = 42
+    save_every: int = 0
+    save_every_minutes: float = 10.0
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    precision: str = "auto"
+    train_limit: int | None = None
 
-
-class LoopSettings(OptimizationSettings, Protocol):
-    """The further fields the loop reads: schedule shape, clipping, logging and checkpointing."""
-
-    warmup_ratio: float
-    max_grad_norm: float
-    save_every: int
-    save_every_minutes: float
-    keep_checkpoints: int
-    log_every: int
-
-
-def check_loop_settings(config: LoopSettings) -> None:
-    """A DilstoreError naming the option when a setting the shared loop reads is out of range."""
-    require_at_least_one(
-        {
-            "epochs": config.epochs,
-            "batch_size": config.batch_size,
-            "gradient_accumulation_steps": config.gradient_accumulation,  # its flag's name
-            "log_every": config.log_every,
-            "keep_checkpoints": config.keep_checkpoints,
-            "max_steps": config.max_steps,
-        }
-    )
-    require_finite(
-        {
-            "learning-rate": config.learning_rate,
-            "weight-decay": config.weight_decay,
-            "max-grad-norm": config.max_grad_norm,
-        }
-    )
-    if not 0 <= config.warmup_ratio < 1:
-        raise DilstoreError(f"warmup-ratio must be in [0, 1), got {config.warmup_ratio}")
-    if config.learning_rate <= 0:
-        raise DilstoreError(f"learning-rate must be positive, got {config.learning_rate}")
-    if config.weight_decay < 0:
-        raise DilstoreError(f"weight-decay must be at least 0, got {config.weight_decay}")
-    if config.max_grad_norm <= 0:
-        raise DilstoreError(f"max-grad-norm must be positive, got {config.max_grad_norm}")
-    if config.save_every < 0:
-        raise DilstoreError(f"save-every must be 0 (only at the end) or positive, got {config.save_every}")
-    if not config.save_every_minutes >= 0:
-        raise DilstoreError(
-            f"save-every-minutes must be 0 (not by time) or positive, got {config.save_every_minutes}"
+    def __post_init__(self) -> None:
+        """A DilstoreError naming the option when a setting the shared loop reads is out of range."""
+        require_at_least_one(
+            {
+                "epochs": self.epochs,
+                "batch_size": self.batch_size,
+                "gradient_accumulation_steps": self.gradient_accumulation,  # its flag's name
+                "log_every": self.log_every,
+                "keep_checkpoints": self.keep_checkpoints,
+                "max_steps": self.max_steps,
+            }
         )
-    if config.precision not in PRECISIONS:
-        raise DilstoreError(f"precision must be one of {', '.join(PRECISIONS)}, got {config.precision!r}")
-    if not 0 <= config.seed <= MAX_SEED:
-        raise DilstoreError(f"seed must be from 0 to {MAX_SEED}, got {config.seed}")
+        require_finite(
+            {
+                "learning-rate": self.learning_rate,
+                "weight-decay": self.weight_decay,
+                "max-grad-norm": self.max_grad_norm,
+            }
+        )
+        if not 0 <= self.warmup_ratio < 1:
+            raise DilstoreError(f"warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.learning_rate <= 0:
+            raise DilstoreError(f"learning-rate must be positive, got {self.learning_rate}")
+        if self.weight_decay < 0:
+            raise DilstoreError(f"weight-decay must be at least 0, got {self.weight_decay}")
+        if self.max_grad_norm <= 0:
+            raise DilstoreError(f"max-grad-norm must be positive, got {self.max_grad_norm}")
+        if self.save_every < 0:
+            raise DilstoreError(f"save-every must be 0 (only at the end) or positive, got {self.save_every}")
+        if not self.save_every_minutes >= 0:
+            raise DilstoreError(
+                f"save-every-minutes must be 0 (not by time) or positive, got {self.save_every_minutes}"
+            )
+        if self.precision not in PRECISIONS:
+            raise DilstoreError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise DilstoreError(f"seed must be from 0 to {MAX_SEED}, got {self.seed}")
 
 
 def require_finite(settings: Mapping[str, float]) -> None:
@@ -173,7 +170,7 @@ def training_device(device: str | torch.device | None) -> torch.device:
 
 
 def build_optimizer(
-    model: torch.nn.Module, config: OptimizationSettings, learning_rates: Mapping[str, float] | None = None
+    model: torch.nn.Module, config: LoopConfig, learning_rates: Mapping[str, float] | None = None
 ) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on biases or LayerNorm weights), as BERT fine-tuning does.
 
@@ -199,7 +196,7 @@ def build_optimizer(
     )
 
 
-def total_optimizer_steps(num_features: int, config: OptimizationSettings) -> int:
+def total_optimizer_steps(num_features: int, config: LoopConfig) -> int:
     """Optimizer steps of the run: all epochs, or --max-steps when that is fewer."""
     micro_batches_per_epoch = math.ceil(num_features / config.batch_size)
     per_epoch = math.ceil(micro_batches_per_epoch / config.gradient_accumulation)
@@ -214,7 +211,7 @@ def epoch_order(num_features: int, seed: int, epoch: int) -> list[int]:
 
 
 def optimizer_step_batches(
-    num_features: int, config: OptimizationSettings, lengths: Sequence[int] | None = None
+    num_features: int, config: LoopConfig, lengths: Sequence[int] | None = None
 ) -> Iterator[list[list[int]]]:
     """Feature indices for every optimizer step in run order: `gradient_accumulation` micro-batches each.
 
@@ -255,7 +252,7 @@ def apply_optimizer_step(
     optimizer.zero_grad(set_to_none=True)
 
 
-def autocast_dtype(config: OptimizationSettings, device: torch.device) -> torch.dtype | None:
+def autocast_dtype(config: LoopConfig, device: torch.device) -> torch.dtype | None:
     """The autocast dtype: None (fp32) on CPU; bf16 on CUDA when supported, else fp16; bf16 on CPU when asked.
 
     A CPU with AVX512-BF16 or AMX runs bf16 matrix products natively, so asking for bf16 there speeds a step
@@ -319,7 +316,7 @@ def write_training_record(
     atomic_write_text(Path(directory) / TRAINING_METADATA_FILE, json.dumps(record, indent=1))
 
 
-def resume_point(output_dir: Path, config: LoopSettings) -> Path:
+def resume_point(output_dir: Path, config: LoopConfig) -> Path:
     """The checkpoint under OUTPUT/checkpoints to resume from; a DilstoreError when there is none or the config differs.
 
     `config` (a dataclass) is compared with the one write_run_config recorded,
@@ -372,7 +369,7 @@ def read_run_settings(path: Path) -> dict[str, Any]:
     return settings
 
 
-def write_run_config(output_dir: Path, config: LoopSettings, command: str, inputs: Mapping[str, object]) -> None:
+def write_run_config(output_dir: Path, config: LoopConfig, command: str, inputs: Mapping[str, object]) -> None:
     """Create `output_dir` and record the settings, the `inputs` (name: path, and their digests) and the command.
 
     resume_point reads it back, so --resume can check it continues the same run.
@@ -396,7 +393,7 @@ class Optimization:
 def start_optimization(
     model: torch.nn.Module,
     num_examples: int,
-    config: LoopSettings,
+    config: LoopConfig,
     resume_from: Path | None,
     learning_rates: Mapping[str, float] | None = None,
 ) -> Optimization:
@@ -463,7 +460,7 @@ def run_training_loop(
     *,
     accumulate: Accumulate,
     save: SaveModel,
-    config: LoopSettings,
+    config: LoopConfig,
     device: torch.device,
     output_dir: Path,
     throughput: Throughput,
@@ -611,7 +608,7 @@ def _stopped(output_dir: Path, position: LoopPosition, total_steps: int, signal_
 
 def _save_checkpoint(
     output_dir: Path, optimization: Optimization, position: LoopPosition, loss: float, save: SaveModel,
-    config: LoopSettings,
+    config: LoopConfig,
 ) -> None:
     """Write a resumable checkpoint atomically (temporary folder, then rename), then prune (`prune_checkpoints`).
 

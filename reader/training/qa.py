@@ -69,7 +69,7 @@ from dilstore.reader.training.loop import (
     Throughput,
     accumulate_micro_batches,
     autocast_context,
-    check_loop_settings,
+    LoopConfig,
     optimizer_step_batches,
     require_finite,
 )
@@ -105,29 +105,16 @@ def _group_length_before(saved: dict[str, Any]) -> str:
     return "sum" if saved.get("shared_norm") is not None else "longest"
 
 
-@dataclass(frozen=True)
-class TrainingConfig:
+@dataclass(frozen=True, kw_only=True)
+class TrainingConfig(LoopConfig):
     """Everything that decides what a run computes (the seed's run_squad defaults where it has one)."""
 
     layers: int
     epochs: int = 2
-    max_steps: int | None = None
     batch_size: int = 12
-    gradient_accumulation: int = 1
-    learning_rate: float = 3e-5
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
     max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
     doc_stride: int = DEFAULT_STRIDE
     max_question_length: int = DEFAULT_MAX_QUESTION_LENGTH
-    seed: int = 42
-    save_every: int = 0
-    save_every_minutes: float = 10.0
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    precision: str = "auto"
-    train_limit: int | None = None
     group_by_length: bool = True
     # How a shared-normalisation group's length is measured for length grouping (GROUP_LENGTHS); resume_point reads
     # a run_config.json without it as _group_length_before says.
@@ -157,7 +144,7 @@ class TrainingConfig:
                     raise DilstoreError(f"{names} {verb} only with --{option.replace('_', '-')}, which is not given")
 
     def __post_init__(self) -> None:
-        check_loop_settings(self)
+        super().__post_init__()
         if self.group_length not in GROUP_LENGTHS:
             raise DilstoreError(f"group-length must be one of {', '.join(GROUP_LENGTHS)}, got {self.group_length!r}")
         if self.chunk_windows is not None and self.chunk_windows < 0:

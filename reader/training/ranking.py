@@ -57,7 +57,7 @@ from dilstore.reader.training.loop import (
     Throughput,
     accumulate_micro_batches,
     autocast_context,
-    check_loop_settings,
+    LoopConfig,
     optimizer_step_batches,
     require_finite,
 )
@@ -76,8 +76,8 @@ LISTWISE_LOSSES = ("approx-ndcg", "listnet")
 DEFAULT_TEMPERATURE = 1.0
 
 
-@dataclass(frozen=True)
-class RankingTrainingConfig:
+@dataclass(frozen=True, kw_only=True)
+class RankingTrainingConfig(LoopConfig):
     """Everything that decides what a ranking run computes (the seed's AdamW 3e-5 and linear schedule)."""
 
     kind: str
@@ -86,13 +86,7 @@ class RankingTrainingConfig:
     margin: float = DEFAULT_MARGIN
     temperature: float = DEFAULT_TEMPERATURE
     epochs: int = 1
-    max_steps: int | None = None
     batch_size: int = 16
-    gradient_accumulation: int = 1
-    learning_rate: float = 3e-5
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
     max_query_length: int = DEFAULT_MAX_QUERY_LENGTH
     max_doc_length: int = DEFAULT_MAX_DOC_LENGTH
     query_layers: int | None = None
@@ -102,19 +96,12 @@ class RankingTrainingConfig:
     freeze_encoder: bool = False
     encoder_learning_rate: float | None = None
     delayed_layers: int = 0
-    seed: int = 42
-    save_every: int = 0
-    save_every_minutes: float = 10.0
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    precision: str = "auto"
-    train_limit: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in RANKER_KINDS:
             raise DilstoreError(f"unknown ranker kind {self.kind!r}; the kinds are {', '.join(RANKER_KINDS)}")
         require_at_least_one({"negatives": self.negatives, "train_limit": self.train_limit})
-        check_loop_settings(self)
+        super().__post_init__()
         if self.max_query_length < 3 or self.max_doc_length < 3:
             raise DilstoreError(
                 f"max-query-length and max-doc-length must be at least 3 ([CLS] text [SEP]), "

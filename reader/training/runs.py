@@ -33,7 +33,7 @@ from dilstore.reader.text.files import read_json
 from dilstore.reader.training.loop import (
     Accumulate,
     LoopOutcome,
-    LoopSettings,
+    LoopConfig,
     Throughput,
     resume_point,
     run_record,
@@ -89,7 +89,7 @@ class TrainerRun:
 
 
 def start_run(
-    output_dir: Path, config: LoopSettings, *, resume: bool, device: str | torch.device | None
+    output_dir: Path, config: LoopConfig, *, resume: bool, device: str | torch.device | None
 ) -> RunStart:
     """Step 1 of the module docstring: pick the device, seed everything, and find the checkpoint to resume from.
 
@@ -195,7 +195,7 @@ def refuse_other_inputs(record: Path, digests: Mapping[str, str]) -> None:
 
 
 def finish_run(
-    start: RunStart, run: TrainerRun, config: LoopSettings, *, command: str, progress: bool
+    start: RunStart, run: TrainerRun, config: LoopConfig, *, command: str, progress: bool
 ) -> LoopOutcome:
     """Steps 3 to 5 of the module docstring: optimize, record the run, train, and save the model to OUTPUT."""
     digests = input_digests(run.inputs)
