@@ -10,12 +10,15 @@ layers written down:
   modeling over them; offline and data beside it; serving over modeling and
   offline; training and evaluation on top. Serving never imports training,
   and nothing imports serving but evaluation and the runners;
-- pipelines use only the reader's offline half (and what it stands on).
+- pipelines use only the reader's offline half (and what it stands on);
+- and along whole chains of imports, module by module: training never reaches serving, nor serving
+  training, nor pipelines and the offline half serving, training, evaluation or data.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -149,6 +152,64 @@ def test_serving_is_imported_only_by_evaluation_and_the_runners() -> None:
     importers = {part for part, allowed in READER_GRAPH.items() if "serving" in allowed}
     assert importers == {"evaluation"}
     assert "training" not in READER_GRAPH["serving"]
+
+
+_imported_modules = functools.cache(imported_modules)  # each file parsed once for all the chains
+
+
+def module_file(module: str, root: Path = ROOT) -> Path | None:
+    """The source file of a `dilstore.…` module name, None for a name that is not a module (an imported function)."""
+    parts = module.split(".")
+    if parts[0] != "dilstore" or len(parts) < 2:
+        return None
+    base = root.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def reached_reader_parts(start: Path, root: Path = ROOT) -> set[str]:
+    """The reader parts a file reaches through its imports and theirs, module by module (not part by part: training
+    may import evaluation.rank_metrics without reaching the serving that other evaluation modules import)."""
+    seen: set[Path] = set()
+    pending = [start]
+    while pending:
+        path = pending.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        pending.extend(found for module in _imported_modules(path, root) if (found := module_file(module, root)))
+    parts = {path.relative_to(root / "reader").parts for path in seen if path.is_relative_to(root / "reader")}
+    return {part[0] if len(part) > 1 else Path(part[0]).stem for part in parts}
+
+
+@pytest.mark.parametrize(
+    ("layer_or_part", "never"),
+    [("reader/training", {"serving"}), ("reader/serving", {"training"}),
+     ("reader/offline", {"serving", "training", "evaluation", "data"}),
+     ("pipelines", {"serving", "training", "evaluation", "data"})],
+)  # fmt: skip
+def test_nothing_reaches_what_it_must_not_through_other_modules(layer_or_part: str, never: set[str]) -> None:
+    """One edge at a time, training may import evaluation and evaluation serving: only the whole chain shows that
+    serving would be pulled into training."""
+    problems = []
+    for path in sorted((ROOT / layer_or_part).rglob("*.py")):
+        reached = reached_reader_parts(path) & never
+        if reached:
+            problems.append(f"{path.relative_to(ROOT)} reaches reader/{', reader/'.join(sorted(reached))}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_chain_check_follows_imports_through_other_modules(tmp_path: Path) -> None:
+    for name, text in {"training/loop.py": "from dilstore.reader.evaluation import metrics\n",
+                       "evaluation/metrics.py": "from dilstore.reader.serving.odqa import OpenDomainReader\n",
+                       "serving/odqa.py": ""}.items():  # fmt: skip
+        path = tmp_path / "reader" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    reached = reached_reader_parts(tmp_path / "reader" / "training" / "loop.py", tmp_path)
+    assert reached == {"training", "evaluation", "serving"}
 
 
 def test_pipelines_use_only_the_offline_half_of_the_reader() -> None:
