@@ -30,77 +30,78 @@ LOGGER = logging.getLogger("uvicorn.error")
 OWING = (h11.IDLE, h11.SEND_BODY)
 
 
-def serve_protocol(seconds: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a request deadline of `seconds` and JSON protocol errors (module docstring)."""
+class ServeProtocol(H11Protocol):
+    """The deadline runs from a connection's opening or a request's first bytes until the request is whole."""
 
-    class ServeProtocol(H11Protocol):
-        """The deadline runs from a connection's opening or a request's first bytes until the request is whole."""
+    request_timeout: float  # seconds: set by serve_protocol
+    deadline: asyncio.TimerHandle | None = None
 
-        deadline: asyncio.TimerHandle | None = None
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._watch()
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_watching()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        """A request sent behind this one on the connection starts now: part of it may be here already, and
+        no data may come to start the timer for it (an idle kept-alive connection is uvicorn's to time out)."""
+        super().on_response_complete()
+        state = self.conn.their_state
+        if state is h11.SEND_BODY or (state is h11.IDLE and self.conn.trailing_data[0]):
             self._watch()
 
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            self._watch()
-
-        def connection_lost(self, exc: Exception | None) -> None:
+    def _watch(self) -> None:
+        """Keep the timer running while the client owes part of a request, and only then."""
+        if self.conn.their_state not in OWING:
             self._stop_watching()
-            super().connection_lost(exc)
+        elif self.deadline is None:
+            self.deadline = self.loop.call_later(self.request_timeout, self._expire)
 
-        def on_response_complete(self) -> None:
-            """A request sent behind this one on the connection starts now: part of it may be here already, and
-            no data may come to start the timer for it (an idle kept-alive connection is uvicorn's to time out)."""
-            super().on_response_complete()
-            state = self.conn.their_state
-            if state is h11.SEND_BODY or (state is h11.IDLE and self.conn.trailing_data[0]):
-                self._watch()
-
-        def _watch(self) -> None:
-            """Keep the timer running while the client owes part of a request, and only then."""
-            if self.conn.their_state not in OWING:
-                self._stop_watching()
-            elif self.deadline is None:
-                self.deadline = self.loop.call_later(seconds, self._expire)
-
-        def _stop_watching(self) -> None:
-            if self.deadline is not None:
-                self.deadline.cancel()
-                self.deadline = None
-
-        def _expire(self) -> None:
+    def _stop_watching(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
             self.deadline = None
-            if self.conn.their_state in OWING and not self.transport.is_closing():
-                client = "%s:%d" % self.client if self.client else "a client"
-                LOGGER.warning(
-                    "closed the connection of %s: its request did not arrive whole within %g s (--request-timeout)",
-                    client, seconds,
-                )  # fmt: skip
-                self.transport.close()
 
-        def send_400_response(self, msg: str) -> None:
-            """uvicorn's answer to a request h11 cannot parse (then it closes), with a JSON body.
-
-            h11 sends no body after the headers of an answer to HEAD (the request line parsed, the body did not):
-            the headers go alone, where uvicorn's own version raised out of the protocol, a traceback in the log.
-            """
-            body = json.dumps({"detail": msg}).encode()
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ]
-            try:
-                for event in (
-                    h11.Response(status_code=400, headers=headers, reason=STATUS_PHRASES[400]),
-                    h11.Data(data=body),
-                    h11.EndOfMessage(),
-                ):
-                    self.transport.write(self.conn.send(event) or b"")
-            except h11.LocalProtocolError:
-                pass  # what h11 refused to send (a body to HEAD) is not sent; the connection closes all the same
+    def _expire(self) -> None:
+        self.deadline = None
+        if self.conn.their_state in OWING and not self.transport.is_closing():
+            client = "%s:%d" % self.client if self.client else "a client"
+            LOGGER.warning(
+                "closed the connection of %s: its request did not arrive whole within %g s (--request-timeout)",
+                client, self.request_timeout,
+            )  # fmt: skip
             self.transport.close()
 
-    return ServeProtocol
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot parse (then it closes), with a JSON body.
+
+        h11 sends no body after the headers of an answer to HEAD (the request line parsed, the body did not):
+        the headers go alone, where uvicorn's own version raised out of the protocol, a traceback in the log.
+        """
+        body = json.dumps({"detail": msg}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        try:
+            for event in (
+                h11.Response(status_code=400, headers=headers, reason=STATUS_PHRASES[400]),
+                h11.Data(data=body),
+                h11.EndOfMessage(),
+            ):
+                self.transport.write(self.conn.send(event) or b"")
+        except h11.LocalProtocolError:
+            pass  # what h11 refused to send (a body to HEAD) is not sent; the connection closes all the same
+        self.transport.close()
+
+
+def serve_protocol(seconds: float) -> type[ServeProtocol]:
+    """uvicorn's h11 protocol with a request deadline of `seconds` and JSON protocol errors (module docstring)."""
+    return type("ServeProtocol", (ServeProtocol,), {"request_timeout": seconds})
