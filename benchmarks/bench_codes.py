@@ -13,7 +13,7 @@ For the first --paragraphs SQuAD v1.1 dev paragraphs this script
    same bytes per token (faiss.ProductQuantizer, M = d/4 or d/8 one-byte
    sub-quantizers: 96 / 48 bytes at d = 384 against 99 / 51, the store's codes
    with their uint8 centroid id, 256 centroids), trained on the
-   same seeded token sample as the codebooks (storage.encodings.sample_rows):
+   same seeded token sample as the codebooks (storage.residual_codes.sample_rows):
    error, and F1 with the PQ-decoded fp32 states put in place of the store's;
    likewise the residual_variants codecs (VARIANTS), trained on that sample:
    least-squares token scales (on the codes from before centroids), and
@@ -268,7 +268,7 @@ def main() -> None:
     reference = states["fp32"]
     for encoding in ENCODINGS[1:]:
         results["encodings"][encoding].update(errors(reference, states[encoding]))
-    from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, sample_rows
+    from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, sample_rows
 
     sample = reference[sample_rows(len(reference), CODEBOOK_SAMPLE_TOKENS)]
     results["pq"] = pq_through_reader(sample, reference, readers["fp32"], questions, by_doc, ids)

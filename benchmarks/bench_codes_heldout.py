@@ -13,7 +13,7 @@ other text and evaluated on the first --paragraphs SQuAD dev paragraphs:
 2. the 2bit/1bit codebooks (storage.encodings.train_codebook) and faiss
    ProductQuantizer (M = d/4, d/8, 8 bits) and the bench_codes.VARIANTS
    (least-squares scales, k-means centroid residual codes) on the same seeded
-   sample of those states (storage.encodings.sample_rows, at most 65,536 tokens);
+   sample of those states (storage.residual_codes.sample_rows, at most 65,536 tokens);
 3. 2bit/1bit stores of the evaluation paragraphs with `--codebook` (the
    held-out codebooks), an fp32 store of them for reference and for PQ;
 4. relative MSE and cosine against fp32, SQuAD F1 through the reader
@@ -64,7 +64,8 @@ def main() -> None:
 
     from dilstore.reader.serving.odqa import open_reader
     from dilstore.storage.codebook import write_codebook
-    from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, sample_rows, train_codebook
+    from dilstore.storage.encodings import train_codebook
+    from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, sample_rows
 
     train_corpus, eval_corpus = args.work / "train-subset.json", args.work / "eval-subset.json"
     squad_subset(SQUAD / "train-v1.1.json", args.train_paragraphs, train_corpus)

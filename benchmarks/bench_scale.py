@@ -69,7 +69,8 @@ from page_cache import drop_page_cache
 
 from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.storage.codebook import write_codebook
-from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, ENCODINGS, get_encoding, train_codebook
+from dilstore.storage.encodings import ENCODINGS, get_encoding, train_codebook
+from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import CODEBOOK_DIR, INDEX_DIR, MANIFEST_FILE

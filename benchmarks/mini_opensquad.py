@@ -48,7 +48,8 @@ from dilstore.reader.text.files import read_json
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_store
 from dilstore.storage.codebook import CODEBOOK_DIR, write_codebook
-from dilstore.storage.encodings import CODEBOOK_SAMPLE_TOKENS, get_encoding, sample_rows, train_codebook
+from dilstore.storage.encodings import get_encoding, train_codebook
+from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, sample_rows
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.format import MANIFEST_FILE

@@ -30,13 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dilstore.storage.encodings import (
-    CODEBOOK_SEED,
-    KMEANS_ITERATIONS,
-    Encoding,
-    get_encoding,
-    train_residual_codebook,
-)
+from dilstore.storage.encodings import Encoding, get_encoding, train_residual_codebook
+from dilstore.storage.residual_codes import CODEBOOK_SEED, KMEANS_ITERATIONS
 
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 _SCALE_BYTES = 2  # float16 per-token scale

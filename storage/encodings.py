@@ -18,72 +18,33 @@ old stores keep reading.
   Powers of two keep the channel step exact. Arrays: `codes (T, *S) int8`,
   `scales (T, *S[:-1]) float32` and `channel_scales (*S) float32`.
 - 2bit / 1bit: residual codes against a codebook trained on a sample of the
-  corpus's own states (`train_codebook`): subtract a per-dimension mean, divide
-  by a per-token float16 scale (the residual's RMS), and store each dimension's
-  bucket among 4 (2) per-dimension quantile buckets; decoding puts back the
-  bucket's mean. Codes are packed big-endian within a byte (first dimension in
-  the high bits). Arrays: `codes (T, *S[:-1], ceil(d*bits/8)) uint8`,
-  `scales (T, *S[:-1]) float16`, and the codebook, per shard: `mean (*S)`,
-  `cutoffs (2**bits - 1, *S)`, `weights (2**bits, *S)` float32. Quantile
-  buckets beat uniform levels on BERT-like states, whose dimensions have
-  different, heavy-tailed spreads; BENCHMARKS.md compares them with faiss
-  product quantization at the same size.
-  Codebooks trained now also hold `centroids (256, *S) float32`: seeded k-means
-  centroids of each token vector position (ColBERTv2-style). Each token vector
-  then stores its nearest centroid's id, `centroid_ids (T, *S[:-1]) uint8`, and
-  the residual code above is of the state minus that centroid (the mean,
-  cutoffs and weights are trained on those differences); decoding adds the
-  centroid back. The scheme is read off the codebook: one without `centroids`
-  (stores written before) decodes, verifies and appends exactly as before.
-  256 centroids with uint8 ids: every id a byte can hold is a valid row, and
-  a token costs one byte more (2bit at d=384: 96 + 2 + 1 = 99 bytes).
-  Codebooks trained with rotation (the default, `train_codebook(rotate=True)`)
-  replace `cutoffs` and `weights` by rotated codes (storage.rotated_codes): the
-  normalized residual is turned onto the sample's principal axes and each
-  component gets 0-4 bits by its variance, in the same ceil(d*bits/8) bytes;
-  arrays `rotation`, `allocation`, `component_cutoffs`, `component_weights`.
-  Decoding then costs a (d x d) product per token vector, which pays where the
-  online layers run over every stored token (DilBert, Listformer) and not for
-  EARL's judger (reader.offline.kinds chooses per kind).
+  corpus's own states (storage.residual_codes holds the scheme: centroids,
+  per-dimension quantile buckets or rotated codes, and the packing).
 """
 
 from __future__ import annotations
 
-import math
-import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.cluster.vq import kmeans2
 
 from dilstore.storage.format import StoreFormatError
-from dilstore.storage.rotated_codes import (
-    MAX_BITS,
-    ROTATED_CODEBOOK,
-    allocation_problem,
-    bucket_of,
-    decode_rotated,
-    encode_rotated,
-    packed_width,
-    prepare_rotated,
-    quantile_quantizer,
-    train_rotated,
+from dilstore.storage.residual_codes import (
+    BLOCK_ROWS,
+    CENTROIDS,
+    FLOAT16_MAX,
+    RESIDUAL_CODEBOOK,
+    decode_residual,
+    encode_residual,
+    prepare_residual,
+    train_centroid_residual,
+    train_residual,
 )
+from dilstore.storage.rotated_codes import MAX_BITS, allocation_problem, packed_width
 
-# Rows encoded at a time, so that temporaries stay small for multi-GB shards.
-_BLOCK_ROWS = 8192
-_FLOAT16_MAX = float(np.finfo(np.float16).max)
 _INT8_LEVELS = 127
 _MIN_EXPONENT, _MAX_EXPONENT = -126, 127
-# Tokens of a seeded sample a codebook is trained on when none is given.
-CODEBOOK_SAMPLE_TOKENS = 65536
-# The documents (precompute's sampling pass) or passage windows (training on decoded states) they are drawn from.
-CODEBOOK_SAMPLE_UNITS = 512
-CODEBOOK_SEED = 0
-# Centroids of the 2bit/1bit codebooks: one uint8 id per token vector addresses all of them.
-CENTROIDS = 256
-KMEANS_ITERATIONS = 20
 
 Shape = tuple[int, ...]
 
@@ -205,9 +166,9 @@ def _encode_fp32(states: np.ndarray, codebook: Mapping[str, np.ndarray] | None =
 
 
 def _encode_fp16(states: np.ndarray, codebook: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    if states.size and float(np.abs(states).max()) > _FLOAT16_MAX:
+    if states.size and float(np.abs(states).max()) > FLOAT16_MAX:
         raise StoreFormatError(
-            f"states reach {float(np.abs(states).max()):.4g}, beyond float16's range ({_FLOAT16_MAX:g}); use fp32 or int8"
+            f"states reach {float(np.abs(states).max()):.4g}, beyond float16's range ({FLOAT16_MAX:g}); use fp32 or int8"
         )
     return {"values": np.ascontiguousarray(states, dtype=np.float16)}
 
@@ -226,9 +187,9 @@ def channel_scales(states: np.ndarray) -> np.ndarray:
     so a retried writer gets the same bits.
     """
     squares = np.zeros(states.shape[1:], dtype=np.float64)  # (*S)
-    buffer = np.empty((min(len(states), _BLOCK_ROWS), *states.shape[1:]), dtype=np.float64)  # (rows, *S)
-    for start in range(0, len(states), _BLOCK_ROWS):
-        block = states[start : start + _BLOCK_ROWS]  # (rows, *S)
+    buffer = np.empty((min(len(states), BLOCK_ROWS), *states.shape[1:]), dtype=np.float64)  # (rows, *S)
+    for start in range(0, len(states), BLOCK_ROWS):
+        block = states[start : start + BLOCK_ROWS]  # (rows, *S)
         squared = np.square(block, out=buffer[: len(block)], dtype=np.float64)  # (rows, *S)
         squares += squared.sum(axis=0)
     rms = np.sqrt(squares / max(len(states), 1))  # (*S)
@@ -243,8 +204,8 @@ def _encode_int8(states: np.ndarray, codebook: Mapping[str, np.ndarray] | None =
     inverse_channel = np.float32(1) / channel  # (*S), exact: powers of two
     codes = np.empty(states.shape, dtype=np.int8)  # (T, *S)
     scales = np.empty(states.shape[:-1], dtype=np.float32)  # (T, *S[:-1])
-    for start in range(0, len(states), _BLOCK_ROWS):
-        rows = slice(start, start + _BLOCK_ROWS)
+    for start in range(0, len(states), BLOCK_ROWS):
+        rows = slice(start, start + BLOCK_ROWS)
         normalized = np.multiply(states[rows], inverse_channel, dtype=np.float32)  # (rows, *S)
         absmax = np.maximum(normalized.max(axis=-1), -normalized.min(axis=-1))  # (rows, *S[:-1])
         step = absmax / np.float32(_INT8_LEVELS)  # (rows, *S[:-1])
@@ -258,239 +219,6 @@ def _encode_int8(states: np.ndarray, codebook: Mapping[str, np.ndarray] | None =
 def _decode_int8(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
     step = arrays["scales"][..., None] * arrays["channel_scales"]  # (n, *S)
     return np.multiply(arrays["codes"], step, dtype=np.float32)
-
-
-def sample_rows(rows: int, limit: int, seed: int = CODEBOOK_SEED) -> np.ndarray:
-    """Sorted indices of a seeded sample of at most `limit` of `rows` rows (all rows when there are fewer)."""
-    if rows <= limit:
-        return np.arange(rows)
-    return np.sort(np.random.default_rng(seed).choice(rows, size=limit, replace=False))
-
-
-def _token_scales(residuals: np.ndarray) -> np.ndarray:
-    """Per-token-vector RMS of `(rows, *S)` residuals, rounded to float16: `(rows, *S[:-1])` float16."""
-    rms = np.sqrt(np.mean(np.square(residuals, dtype=np.float64), axis=-1))  # (rows, *S[:-1])
-    return np.minimum(rms, _FLOAT16_MAX).astype(np.float16)
-
-
-def _normalized_residuals(states: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(residuals divided by their token scale `(rows, *S)` float32, the float16 scales `(rows, *S[:-1])`)."""
-    residuals = np.subtract(states, mean, dtype=np.float32)  # (rows, *S)
-    scales = _token_scales(residuals)  # (rows, *S[:-1])
-    divisor = scales.astype(np.float32)
-    np.divide(residuals, np.where(divisor > 0, divisor, np.float32(1))[..., None], out=residuals)
-    return residuals, scales
-
-
-def _train_residual(states: np.ndarray, bits: int) -> dict[str, np.ndarray]:
-    """A residual codebook from a sample `(N, *S)`: per-dimension mean, quantile cutoffs and bucket means.
-
-    The cutoffs and weights are the per-dimension quantile buckets of the
-    scale-normalized residuals (rotated_codes.quantile_quantizer: about 1/K of
-    the sample in each of K = 2**bits buckets, weighted by their means).
-    Deterministic for a given sample. An empty sample (a shard whose passages
-    have no tokens) gets an all-zero codebook, which no code ever refers to.
-    """
-    states = np.asarray(states, dtype=np.float32)
-    levels = 2**bits
-    if len(states) == 0:
-        return {"mean": np.zeros(states.shape[1:], dtype=np.float32),
-                "cutoffs": np.zeros((levels - 1, *states.shape[1:]), dtype=np.float32),
-                "weights": np.zeros((levels, *states.shape[1:]), dtype=np.float32)}
-    mean = states.mean(axis=0, dtype=np.float64).astype(np.float32)  # (*S)
-    normalized, _ = _normalized_residuals(states, mean)  # (N, *S)
-    cutoffs, weights = quantile_quantizer(normalized, levels)  # (K-1, *S), (K, *S)
-    return {"mean": mean, "cutoffs": cutoffs, "weights": weights}
-
-
-def _nearest_centroids(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """The id of each vector's nearest centroid (squared L2, ties to the lower id): `(rows, d)`, `(C, d)` -> `(rows,)` intp."""
-    norms = np.einsum("cd,cd->c", centroids, centroids)  # (C,)
-    ids = np.empty(len(vectors), dtype=np.intp)  # (rows,)
-    for start in range(0, len(vectors), _BLOCK_ROWS):
-        block = vectors[start : start + _BLOCK_ROWS]  # (block, d)
-        distances = norms - 2 * (block @ centroids.T)  # (block, C): |x - c|^2 less |x|^2, the same for every c
-        ids[start : start + len(block)] = distances.argmin(axis=1)
-    return ids
-
-
-def _kmeans(sample: np.ndarray, count: int, seed: int = CODEBOOK_SEED) -> np.ndarray:
-    """Seeded k-means (scipy's kmeans2, KMEANS_ITERATIONS rounds) on `(N, d)` float32 -> `(count, d)` float32 centroids.
-
-    It starts from min(count, N) distinct sample rows chosen with `seed`; a
-    centroid that is nobody's nearest keeps its place. With fewer sample rows
-    than `count`, the rows past N repeat the trained ones (row i is row i mod N),
-    so the table keeps its shape and a lower id always wins the tie; an empty
-    sample gives all-zero centroids, which no token refers to. Deterministic for
-    a given sample.
-    """
-    rows, dims = sample.shape
-    if rows == 0:
-        return np.zeros((count, dims), dtype=np.float32)
-    trained = min(count, rows)
-    start = np.sort(np.random.default_rng(seed).choice(rows, size=trained, replace=False))  # (k,)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "One of the clusters is empty": it keeps its place
-        centroids, _ = kmeans2(sample, sample[start], iter=KMEANS_ITERATIONS, minit="matrix", missing="warn")
-    return np.asarray(centroids, dtype=np.float32)[np.arange(count) % trained]  # (count, d)
-
-
-def _train_centroids(sample: np.ndarray) -> np.ndarray:
-    """CENTROIDS k-means centroids per token vector position: `(N, *S)` -> `(CENTROIDS, *S)` float32."""
-    state_shape = sample.shape[1:]
-    vectors = sample.reshape(len(sample), math.prod(state_shape[:-1]), state_shape[-1])  # (N, G, d)
-    tables = [_kmeans(np.ascontiguousarray(vectors[:, group]), CENTROIDS) for group in range(vectors.shape[1])]
-    return np.stack(tables, axis=1).reshape(CENTROIDS, *state_shape)  # (C, *S)
-
-
-def _assign_centroids(states: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """Each token vector's nearest centroid of its position: `(rows, *S)`, `(C, *S)` -> `(rows, *S[:-1])` uint8."""
-    groups, dims = math.prod(states.shape[1:-1]), states.shape[-1]
-    vectors = states.reshape(len(states), groups, dims)  # (rows, G, d)
-    tables = centroids.reshape(len(centroids), groups, dims)  # (C, G, d)
-    ids = np.empty((len(states), groups), dtype=np.intp)  # (rows, G)
-    for group in range(groups):
-        ids[:, group] = _nearest_centroids(np.ascontiguousarray(vectors[:, group]), tables[:, group])
-    return ids.astype(np.uint8).reshape(states.shape[:-1])
-
-
-def _gather_centroids(ids: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """The centroids that ids name: `(rows, *S[:-1])` uint8, `(C, *S)` -> `(rows, *S)` float32."""
-    groups, dims = math.prod(centroids.shape[1:-1]), centroids.shape[-1]
-    tables = centroids.reshape(len(centroids), groups, dims)  # (C, G, d)
-    flat = ids.reshape(len(ids), groups)  # (rows, G)
-    return tables[flat, np.arange(groups)].reshape(*ids.shape, dims)  # (rows, *S)
-
-
-def _train_centroid_residual(states: np.ndarray, bits: int, rotate: bool) -> dict[str, np.ndarray]:
-    """A codebook with centroids (`_train_centroids`) and the residual codebook of the states less their centroid:
-    rotated codes (storage.rotated_codes) with `rotate`, per-dimension quantile buckets without."""
-    states = np.asarray(states, dtype=np.float32)  # (N, *S)
-    centroids = _train_centroids(states)  # (C, *S)
-    residuals = states - _gather_centroids(_assign_centroids(states, centroids), centroids)  # (N, *S)
-    if not rotate:
-        return {**_train_residual(residuals, bits), "centroids": centroids}
-    mean = (residuals.mean(axis=0, dtype=np.float64) if len(residuals) else np.zeros(residuals.shape[1:]))
-    mean = mean.astype(np.float32)  # (*S)
-    normalized, _ = _normalized_residuals(residuals, mean)  # (N, *S)
-    return {"mean": mean, "centroids": centroids, **train_rotated(normalized, bits)}
-
-
-# Codebook arrays of 2bit/1bit; `centroids` only in codebooks trained since centroids were added, the rotated
-# arrays (instead of `cutoffs` and `weights`) only in rotated ones.
-_RESIDUAL_CODEBOOK = ("mean", "cutoffs", "weights", "centroids", *ROTATED_CODEBOOK)
-
-
-def _unpack_table(bits: int) -> np.ndarray:
-    """Byte value -> its 8/bits codes, first code in the high bits: `(256, 8 // bits)` uint8."""
-    per_byte = 8 // bits
-    shifts = np.arange(per_byte - 1, -1, -1, dtype=np.uint8) * bits  # (per_byte,)
-    return ((np.arange(256, dtype=np.uint8)[:, None] >> shifts) & (2**bits - 1)).astype(np.uint8)
-
-
-_UNPACK = {bits: _unpack_table(bits) for bits in (1, 2)}
-
-
-def _pack_codes(buckets: np.ndarray, bits: int) -> np.ndarray:
-    """Buckets `(rows, *S)` (each below 2**bits) packed big-endian: `(rows, *S[:-1], ceil(d*bits/8))` uint8.
-
-    Each bucket becomes its `bits` bits, highest first, and numpy packs the bit
-    rows eight to a byte, first bit in the high bit and the last byte padded with
-    zeros: the layout the module docstring describes, without a reduction over
-    a short axis.
-    """
-    shifts = np.arange(bits - 1, -1, -1, dtype=np.uint8)  # (bits,)
-    bit_rows = (buckets[..., None] >> shifts) & 1  # (rows, *S, bits)
-    return np.packbits(bit_rows.reshape(*buckets.shape[:-1], buckets.shape[-1] * bits), axis=-1)
-
-
-def _encode_residual(
-    states: np.ndarray, codebook: Mapping[str, np.ndarray] | None, bits: int
-) -> dict[str, np.ndarray]:
-    """States `(T, *S)` -> codes, scales and (with a codebook that has centroids) centroid_ids, plus the codebook.
-
-    Without a codebook, a rotated one with centroids is trained on a seeded
-    sample; a given codebook without centroids encodes in the scheme from before
-    them, one without rotation with per-dimension buckets.
-    """
-    if codebook is None:
-        codebook = _train_centroid_residual(states[sample_rows(len(states), CODEBOOK_SAMPLE_TOKENS)], bits, True)
-    mean = codebook["mean"]
-    rotated = "rotation" in codebook
-    centroids = codebook.get("centroids")  # (C, *S) or None
-    codes = np.empty((*states.shape[:-1], packed_width(states.shape[-1], bits)), dtype=np.uint8)  # (T, *S[:-1], width)
-    scales = np.empty(states.shape[:-1], dtype=np.float16)  # (T, *S[:-1])
-    ids = np.empty(states.shape[:-1], dtype=np.uint8)  # (T, *S[:-1])
-    for start in range(0, len(states), _BLOCK_ROWS):
-        rows = slice(start, start + _BLOCK_ROWS)
-        block = states[rows]  # (rows, *S)
-        if centroids is not None:
-            ids[rows] = _assign_centroids(block, centroids)
-            block = block - _gather_centroids(ids[rows], centroids)  # (rows, *S)
-        normalized, scales[rows] = _normalized_residuals(block, mean)  # (rows, *S)
-        if rotated:
-            codes[rows] = encode_rotated(normalized, codebook, bits)
-        else:
-            codes[rows] = _pack_codes(bucket_of(normalized, codebook["cutoffs"]), bits)
-    per_token = {"codes": codes, "scales": scales, **({} if centroids is None else {"centroid_ids": ids})}
-    return {**per_token, **{name: np.asarray(values, dtype=np.float32) for name, values in codebook.items()
-                            if name in _RESIDUAL_CODEBOOK}}
-
-
-def _decode_table(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
-    """Byte -> decoded normalized values, per byte position: `(prod(S[:-1]) * width * 256, 8 // bits)` float32.
-
-    Row `(g * width + j) * 256 + v` holds the weights of the 8/bits values that
-    byte value v codes at byte j of token vector g (dimensions past d are 0), so
-    decoding is one row gather per stored byte instead of one per value.
-    """
-    weights = arrays["weights"]  # (K, *S)
-    levels, state_shape = weights.shape[0], weights.shape[1:]
-    dims, per_byte = state_shape[-1], 8 // bits
-    width = packed_width(dims, bits)
-    groups = math.prod(state_shape[:-1])
-    padded = np.zeros((levels, groups, width * per_byte), dtype=np.float32)  # (K, G, width*per_byte)
-    padded[..., :dims] = weights.reshape(levels, groups, dims)
-    padded = padded.reshape(levels, groups, width, per_byte)  # (K, G, width, per_byte)
-    buckets = _UNPACK[bits]  # (256, per_byte): the bucket of each value a byte codes
-    table = padded[buckets, :, :, np.arange(per_byte)]  # (256, per_byte, G, width)
-    return np.ascontiguousarray(table.transpose(2, 3, 0, 1)).reshape(groups * width * 256, per_byte)
-
-
-def _prepare_residual(arrays: Mapping[str, np.ndarray], bits: int) -> dict[str, np.ndarray]:
-    """The per-shard arrays plus lookup tables (_decode_table, or rotated_codes.prepare_rotated for a rotated
-    codebook), built once per shard or store by the reader."""
-    if "rotation" in arrays:
-        return {**arrays, **prepare_rotated(arrays)}
-    return {**arrays, "decode_table": _decode_table(arrays, bits)}
-
-
-def _decode_buckets(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
-    """Codes of per-dimension buckets `(n, *S[:-1], width)` -> normalized residuals `(n, *S)` float32."""
-    table = arrays.get("decode_table")
-    if table is None:
-        table = _decode_table(arrays, bits)
-    state_shape = arrays["mean"].shape
-    codes = arrays["codes"]  # (n, *S[:-1], width)
-    n, width = len(codes), codes.shape[-1]
-    groups = math.prod(state_shape[:-1])
-    base = (np.arange(groups * width, dtype=np.intp) * 256).reshape(*state_shape[:-1], width)  # (*S[:-1], width)
-    values = np.take(table, codes + base, axis=0)  # (n, *S[:-1], width, 8 // bits)
-    return values.reshape(n, *state_shape[:-1], width * table.shape[1])[..., : state_shape[-1]]  # (n, *S)
-
-
-def _decode_residual(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
-    mean = arrays["mean"]  # (*S)
-    if "rotation" in arrays:
-        prepared = arrays if "rotated_runs" in arrays else prepare_rotated(arrays)
-        values = decode_rotated(arrays["codes"], prepared)  # (n, *S)
-    else:
-        values = _decode_buckets(arrays, bits)  # (n, *S)
-    values *= arrays["scales"].astype(np.float32)[..., None]
-    values += mean
-    if "centroids" in arrays:  # codebooks from before centroids have none
-        values += _gather_centroids(arrays["centroid_ids"], arrays["centroids"])
-    return values
 
 
 def _residual_encoding(bits: int) -> Encoding:
@@ -519,13 +247,13 @@ def _residual_encoding(bits: int) -> Encoding:
             EncodedArray("component_weights", "float32", False, lambda shape: (2**MAX_BITS, *shape), _finite,
                          requires="rotation"),
         ),
-        encode=lambda states, codebook=None: _encode_residual(states, codebook, bits),
-        decode=lambda arrays: _decode_residual(arrays, bits),
+        encode=lambda states, codebook=None: encode_residual(states, codebook, bits),
+        decode=lambda arrays: decode_residual(arrays, bits),
         output_dtype="float32",
         zero_copy=False,
-        train=lambda sample, rotate: _train_centroid_residual(sample, bits, rotate),
-        prepare=lambda arrays: _prepare_residual(arrays, bits),
-        codebook=_RESIDUAL_CODEBOOK,
+        train=lambda sample, rotate: train_centroid_residual(sample, bits, rotate),
+        prepare=lambda arrays: prepare_residual(arrays, bits),
+        codebook=RESIDUAL_CODEBOOK,
     )
 
 
@@ -591,7 +319,7 @@ def train_residual_codebook(encoding: str, sample: np.ndarray) -> dict[str, np.n
     if "centroids" not in spec.codebook:
         raise StoreFormatError(f"{spec.name} has no residual codebook; only 2bit and 1bit do")
     (bits,) = spec.array("codes").shape((8,))  # 8 values pack into `bits` bytes
-    return _train_residual(np.asarray(sample, dtype=np.float32), bits)
+    return train_residual(np.asarray(sample, dtype=np.float32), bits)
 
 
 def round_trip(encoding: str, codebook: Mapping[str, np.ndarray] | None = None) -> Callable[[np.ndarray], np.ndarray]:

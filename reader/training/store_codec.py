@@ -31,15 +31,8 @@ import torch
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.frozen_lower import StateTransform, encode_windows
 from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
-from dilstore.storage.encodings import (
-    CODEBOOK_SAMPLE_TOKENS,
-    CODEBOOK_SAMPLE_UNITS,
-    CODEBOOK_SEED,
-    get_encoding,
-    round_trip,
-    sample_rows,
-    train_codebook,
-)
+from dilstore.storage.encodings import get_encoding, round_trip, train_codebook
+from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SAMPLE_UNITS, CODEBOOK_SEED, sample_rows
 
 _ENCODE_BATCH = 32
 

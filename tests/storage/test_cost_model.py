@@ -18,7 +18,7 @@ import re
 
 import pytest
 
-from dilstore.storage.encodings import CODEBOOK_SAMPLE_UNITS
+from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_UNITS
 from tests.fixtures.paths import ROOT
 
 BENCHMARKS_SECTIONS = set(re.findall(r"^## (.+)$", (ROOT / "BENCHMARKS.md").read_text(), flags=re.MULTILINE))

@@ -132,7 +132,7 @@ def test_blocks_come_in_falling_bits_and_another_block_order_decodes_the_same() 
 
 def test_a_prepared_codebook_decodes_without_building_its_tables_again(monkeypatch) -> None:
     """The reader prepares a store's tables once; decoding with them must not rebuild them per fetch."""
-    from dilstore.storage import encodings
+    from dilstore.storage import residual_codes
 
     states = _correlated(400, 16, rank=3)
     spec = get_encoding("1bit")
@@ -143,5 +143,5 @@ def test_a_prepared_codebook_decodes_without_building_its_tables_again(monkeypat
     def rebuilt(*args, **kwargs):
         raise AssertionError("decode rebuilt the prepared tables")
 
-    monkeypatch.setattr(encodings, "prepare_rotated", rebuilt)
+    monkeypatch.setattr(residual_codes, "prepare_rotated", rebuilt)
     np.testing.assert_array_equal(spec.decode(arrays), expected)
