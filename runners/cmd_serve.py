@@ -4,7 +4,8 @@ Every store is opened once at start-up, before the port is bound: its model
 (checked against the store's fingerprint, so a store made by another model
 stops the command with exit 2), its memory maps and, for a `dilbert` store, its
 BM25 index (the JVM starts in this process; uvicorn runs one process and never
-forks). The app and its batching are in runners/serve_app.py.
+forks). The app, its services and its batching are in runners/serve_app.py,
+serve_services.py and serve_batching.py.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dilstore.storage.errors import DilstoreError
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     import uvicorn
 
-    from dilstore.runners.serve_app import ServedStore
+    from dilstore.runners.serve_services import ServedStore
 
 DILBERT = "dilbert"  # the kind of store /ask reads; every other kind is reranked
 DEFAULT_HOST = "127.0.0.1"
@@ -262,7 +263,7 @@ def open_served_store(
     from dilstore.reader.retrieval import Bm25Searcher
     from dilstore.reader.serving.odqa import open_reader
     from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
-    from dilstore.runners.serve_app import AskService, RerankService, ServedStore
+    from dilstore.runners.serve_services import AskService, RerankService, ServedStore
 
     variant = None  # the online layers tuned for the store's encoding, when the reader swapped them in
     if info["kind"] in RERANK_KINDS:

@@ -436,7 +436,7 @@ def test_the_commands_default_lengths_and_help_texts_are_those_of_the_library() 
     from dilstore.reader.training.ranking import DEFAULT_MARGIN, DEFAULT_TEMPERATURE
     from dilstore.runners.cli import build_parser, chosen_parser
     from dilstore.runners.reading_options import reading_settings
-    from dilstore.runners.serve_app import AskRequest
+    from dilstore.runners.serve_requests import AskRequest
 
     parser = build_parser()
     assert reading_settings(parser.parse_args(["evaluate-rc", "--data", "d"])) == ReadingSettings()

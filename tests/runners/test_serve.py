@@ -43,7 +43,9 @@ from dilstore.reader.retrieval import Hit, TooManyTermsError
 from dilstore.runners.cli import main
 from dilstore.runners.cmd_ask import print_answer
 from dilstore.runners.cmd_serve import parse_store_argument
-from dilstore.runners.serve_app import AskService, RerankRequest, RerankService, ServedStore, create_app
+from dilstore.runners.serve_app import create_app
+from dilstore.runners.serve_requests import RerankRequest
+from dilstore.runners.serve_services import AskService, RerankService, ServedStore
 from dilstore.runners.serve_batching import ServeSettings
 from dilstore.storage.reader import open_store
 

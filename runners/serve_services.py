@@ -1,0 +1,176 @@
+"""The services behind `dilstore serve`'s query endpoints, one per mounted store, run on its Batcher worker
+thread (runners/serve_batching.py): AskService answers /ask over a `dilbert` store, RerankService scores /rerank
+over an EARL or Listformer store; ServedStore is a mounted store with its service and state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dilstore.reader.data.trec import rank_documents
+from dilstore.reader.retrieval import Bm25Searcher, TooManyTermsError
+from dilstore.reader.serving.odqa import OpenDomainReader, aggregate
+from dilstore.reader.serving.rerank import StoreReranker
+from dilstore.runners.serve_requests import ASK, RERANK, AskRequest, ClientError, RerankRequest
+from dilstore.storage.errors import DilstoreError, listed, scrubbed
+from dilstore.storage.reader import MissingPassagesError, Store
+
+logger = logging.getLogger("dilstore.serve")
+# A /rerank query may be this many characters per token its ranker reads (BERT reads a word of more than 100 as
+# one [UNK]); longer ones are refused before they are tokenized.
+_QUERY_CHARS_PER_TOKEN = 100
+
+
+class AskService:
+    """/ask over a `dilbert` store: several requests' pairs go through one reading call."""
+
+    endpoint = ASK
+
+    def __init__(self, odqa: OpenDomainReader) -> None:
+        if odqa.searcher is None:
+            raise DilstoreError("/ask needs a reader with a BM25 index")
+        self.odqa = odqa
+
+    def pairs(self, request: AskRequest) -> int:
+        """Question–passage pairs the request adds to a batch: its top_p."""
+        return self._top_p(request)
+
+    def run_batch(self, requests: Sequence[AskRequest]) -> list[dict[str, Any] | Exception]:
+        """Each request's `ask --json` document, or the ClientError of a bad question.
+
+        Questions are checked one by one first, so a bad one is refused alone;
+        the others are retrieved and then read together: question layers over
+        all their questions, interaction layers over all their pairs. The
+        answers' timings are those of the shared call.
+        """
+        outcomes: list[dict[str, Any] | Exception | None] = [None] * len(requests)
+        good: list[int] = []
+        for index, request in enumerate(requests):
+            try:
+                self.odqa.tokenize_question(request.question)
+                good.append(index)
+            except DilstoreError as error:
+                outcomes[index] = ClientError(422, str(error))
+        if good:
+            asked = [requests[index] for index in good]
+            readings = self.odqa.retrieve_and_read([request.question for request in asked],
+                                                   [self._top_p(request) for request in asked])  # fmt: skip
+            for index, request, reading in zip(good, asked, readings, strict=True):
+                mu = self.odqa.settings.mu if request.mu is None else request.mu
+                outcomes[index] = {**aggregate(reading, mu, self.odqa.settings.n_best).to_dict(), **self.odqa.read_with}
+        return outcomes  # type: ignore[return-value]
+
+    def _top_p(self, request: AskRequest) -> int:
+        return self.odqa.settings.top_p if request.top_p is None else request.top_p
+
+    @property
+    def store(self) -> Store:
+        """The store the answers are read from."""
+        return self.odqa.store
+
+
+class RerankService:
+    """/rerank over an EARL or Listformer store, one request at a time; `searcher` serves bm25_top_k requests."""
+
+    endpoint = RERANK
+
+    def __init__(self, reranker: StoreReranker, searcher: Bm25Searcher | None = None) -> None:
+        self.reranker = reranker
+        self.searcher = searcher
+
+    @property
+    def store(self) -> Store:
+        """The store the documents' states are read from."""
+        return self.reranker.store
+
+    def pairs(self, request: RerankRequest) -> int:
+        """Query–document pairs the request judges."""
+        return len(request.doc_ids) if request.doc_ids is not None else int(request.bm25_top_k or 0)
+
+    def run_batch(self, requests: Sequence[RerankRequest]) -> list[dict[str, Any] | Exception]:
+        """Each request's ranked results; errors of one request are its own outcome."""
+        outcomes: list[dict[str, Any] | Exception] = []
+        for request in requests:
+            try:
+                outcomes.append(self.rerank(request))
+            except Exception as error:  # noqa: BLE001 (handed to that request's handler)
+                outcomes.append(error)
+        return outcomes
+
+    def rerank(self, request: RerankRequest) -> dict[str, Any]:
+        """`{"query", "query_truncated", "results": [{"doc_id", "score", "bm25_score"?}, ...], "encoding"}`, best
+        first; `encoding` names what the documents' states were read from (fp16, 2bit, ...).
+
+        Ties are broken by doc_id, descending, as `dilstore rerank` writes them and `evaluate-rank` scores them
+        (reader/data/trec.rank_documents), whatever order the ids came in. Unknown doc_ids are the
+        client's error (422); a BM25 hit the store lacks is the server's.
+        query_truncated: the ranker read only the query's first max_query_length
+        tokens (as `dilstore rerank` counts in truncated_queries). A query of
+        more than _QUERY_CHARS_PER_TOKEN characters a token it reads is refused
+        (422): tokenizing 750 KB of text held the store's worker for seconds.
+        """
+        longest = self.reranker.max_query_length * _QUERY_CHARS_PER_TOKEN
+        if len(request.query) > longest:
+            raise ClientError(422, f"the query is {len(request.query)} characters long; /rerank takes at most "
+                                   f"{longest} (the ranker reads its first {self.reranker.max_query_length} tokens)")
+        try:
+            query = self.reranker.tokenize_query(request.query)
+        except DilstoreError as error:  # empty, or no word pieces at all (a zero-width space, a NUL)
+            raise ClientError(422, str(error)) from None
+        if request.doc_ids is not None:
+            bm25: dict[str, float] = {}
+            ids = request.doc_ids
+            try:
+                scores = self.reranker.rerank_tokenized(query, ids)
+            except MissingPassagesError as error:  # the library's message suggests skip_missing, which /rerank lacks
+                raise ClientError(422, f"{len(error.missing)} of {len(set(ids))} doc_ids are not in this store: "
+                                       f"{listed(error.missing)}") from None  # fmt: skip
+        else:
+            if self.searcher is None:
+                raise ClientError(400, "this store has no BM25 index (`dilstore index STORE`); give doc_ids")
+            try:
+                hits = self.searcher.search(request.query, int(request.bm25_top_k or 0))
+            except TooManyTermsError as error:
+                raise ClientError(422, str(error)) from None
+            bm25 = {hit.passage_id: hit.score for hit in hits}
+            ids = list(bm25)
+            scores = self.reranker.rerank_tokenized(query, ids) if ids else {}
+        ranked = rank_documents(scores)
+        results = [
+            {"doc_id": doc_id, "score": score, **({"bm25_score": bm25[doc_id]} if bm25 else {})}
+            for doc_id, score in ranked
+        ]
+        encoding = self.reranker.store.fingerprint.encoding
+        return {"query": request.query, "query_truncated": query.truncated, "results": results, "encoding": encoding}
+
+
+Service = AskService | RerankService
+
+
+@dataclass
+class ServedStore:
+    """One mounted store: its name in requests, its service, and what /stores says about it.
+
+    `problem` says why the store became unavailable (None while it serves).
+    """
+
+    name: str
+    service: Service
+    description: dict[str, Any] = field(default_factory=dict)
+    problem: str | None = None
+
+    def fail(self, error: Exception) -> None:
+        """Mark the store unavailable for good: its files changed under the server (`error` says how). The first
+        problem found is kept and logged; the requests in flight that meet it too are not logged again."""
+        if self.problem is not None:
+            return
+        self.problem = scrubbed(str(error))  # /health, /stores and every 503 show it, to any client
+        logger.error("store %r is unavailable from now on: %s", self.name, self.problem)
+
+    def unavailable(self) -> ClientError:
+        """The 503 each request to this store gets once it has a problem."""
+        return ClientError(503, f"store {self.name!r} is unavailable: {self.problem}; restart the server to serve "
+                                "the store as it is on disk now")  # fmt: skip
