@@ -483,7 +483,7 @@ def run_training_loop(
     logged_loss, logged_step = "-", position.step
     bar = tqdm(total=total_steps, initial=position.step, disable=not progress, unit="step", dynamic_ncols=True)
     started = time.perf_counter() - position.train_seconds
-    window_start, window_units = time.perf_counter(), 0
+    speed = _SpeedWindow(throughput.per_example)
     last_save = time.perf_counter()
     remove_partial_checkpoints(Path(output_dir) / CHECKPOINTS_DIR)  # what a kill inside an earlier save left
     with _stop_requests() as stop:
@@ -501,8 +501,7 @@ def run_training_loop(
                 train_seconds=time.perf_counter() - started,
             )
             losses.append(step_loss)
-            window_units += seen * throughput.per_example
-            rate = window_units / max(time.perf_counter() - window_start, 1e-9)
+            rate = speed.add(seen)
             log_line = position.step % config.log_every == 0 or position.step == total_steps
             if log_line:  # the mean over the steps since the last line (fewer than log_every before the last)
                 logged_loss = f"{torch.stack(losses[-(position.step - logged_step) :]).mean().item():.4f}"
@@ -510,19 +509,12 @@ def run_training_loop(
             bar.set_postfix(loss=logged_loss, **{throughput.bar_name: f"{rate:.1f}"}, refresh=False)
             bar.update(1)
             if log_line:
-                bar.write(
-                    f"step {position.step}/{total_steps} loss {logged_loss} "
-                    f"lr {optimization.scheduler.get_last_lr()[0]:.2e} {throughput.log_name} "
-                    f"{rate:.{throughput.log_digits}f} {throughput.seen_name} {position.features_seen} "
-                    f"elapsed {position.train_seconds:.0f}s",
-                    file=sys.stderr,  # stdout holds only the result (--json's summary)
-                )
-                window_start, window_units = time.perf_counter(), 0
-            due_by_steps = config.save_every and position.step % config.save_every == 0
-            minutes = (time.perf_counter() - last_save) / 60
-            due_by_time = config.save_every_minutes and minutes >= config.save_every_minutes
+                learning_rate = optimization.scheduler.get_last_lr()[0]
+                # stdout holds only the result (--json's summary)
+                bar.write(_log_line(position, total_steps, logged_loss, learning_rate, rate, throughput), file=sys.stderr)
+                speed.restart()
             stopping = stop.signal_number is not None and position.step < total_steps
-            if (due_by_steps or due_by_time or stopping) and position.step < total_steps:
+            if position.step < total_steps and (stopping or _checkpoint_due(config, position.step, last_save)):
                 loss_value = step_loss.item()
                 require_finite_weights(model, position.step, loss_value, output_dir)
                 _save_checkpoint(output_dir, optimization, position, loss_value, save, config)
@@ -542,6 +534,39 @@ def run_training_loop(
     if stop.signal_number is not None:
         signal.raise_signal(stop.signal_number)  # asked during the last step: it acts now that the model is saved
     return outcome
+
+
+class _SpeedWindow:
+    """Units (throughput.per_example per example) per second since the window's start: the speed a log line shows,
+    restarted after each line."""
+
+    def __init__(self, per_example: int) -> None:
+        self.per_example = per_example
+        self.restart()
+
+    def restart(self) -> None:
+        self.start, self.units = time.perf_counter(), 0
+
+    def add(self, examples: int) -> float:
+        """Count a step's `examples`; the speed since the window's start."""
+        self.units += examples * self.per_example
+        return self.units / max(time.perf_counter() - self.start, 1e-9)
+
+
+def _log_line(
+    position: LoopPosition, total_steps: int, loss: str, learning_rate: float, rate: float, throughput: Throughput
+) -> str:
+    """A training log line: step, mean loss since the last line, learning rate, speed, examples seen, time."""
+    return (f"step {position.step}/{total_steps} loss {loss} lr {learning_rate:.2e} {throughput.log_name} "
+            f"{rate:.{throughput.log_digits}f} {throughput.seen_name} {position.features_seen} "
+            f"elapsed {position.train_seconds:.0f}s")  # fmt: skip
+
+
+def _checkpoint_due(config: LoopConfig, step: int, last_save: float) -> bool:
+    """Whether step `step` ends with a checkpoint: every save_every steps, or save_every_minutes after the last."""
+    due_by_steps = config.save_every and step % config.save_every == 0
+    minutes = (time.perf_counter() - last_save) / 60
+    return bool(due_by_steps or (config.save_every_minutes and minutes >= config.save_every_minutes))
 
 
 def require_finite_weights(model: torch.nn.Module, step: int, loss: float, output_dir: Path) -> None:
