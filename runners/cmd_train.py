@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.cmd_train_ranking import register_rankers, register_ranking_data
@@ -26,6 +27,9 @@ from dilstore.runners.training_options import (
     run_options,
 )
 from dilstore.storage.errors import DilstoreError
+
+if TYPE_CHECKING:
+    from dilstore.reader.training.qa import TrainingConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -131,41 +135,10 @@ def run_qa(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     from dilstore.reader.modeling.checkpoints import base_model_dir
     from dilstore.reader.evaluation.reading_comprehension import evaluate_file, write_evaluation
-    from dilstore.reader.training.qa import TrainingConfig, train_qa
+    from dilstore.reader.training.qa import train_qa
 
-    require_file(args.train, "--train")
-    if args.eval_limit is not None and args.dev is None:
-        raise DilstoreError("--eval-limit picks the dev questions evaluated after training; give --dev too")
-    for flag, path in (("--dev", args.dev), ("--shared-norm", args.shared_norm)):
-        if path is not None:
-            require_file(path, flag)
-    for flag, path in (("--teacher", args.teacher), ("--codebook", args.codebook)):
-        if path is not None:
-            require_directory(path, flag)
-    if args.dev is not None:
-        from dilstore.reader.data.squad import load_squad
-
-        load_squad(args.dev)  # a malformed dev file is refused now, not after the training it would evaluate
-    config = TrainingConfig(
-        layers=args.layers,
-        max_seq_length=args.max_seq_length,
-        doc_stride=args.doc_stride,
-        max_question_length=args.max_question_length,
-        group_by_length=not args.no_group_by_length,
-        group_length=args.group_length,
-        teacher=None if args.teacher is None else str(args.teacher),
-        distillation_temperature=args.distillation_temperature,
-        distillation_weight=args.distillation_weight,
-        representation_weight=args.representation_weight,
-        shared_norm=None if args.shared_norm is None else str(args.shared_norm),
-        shared_norm_negatives=args.shared_norm_negatives,
-        freeze_lower=args.freeze_lower,
-        store_encoding=args.store_encoding,
-        codebook=None if args.codebook is None else str(args.codebook),
-        chunk_windows=args.chunk_windows,
-        compile=args.compile,
-        **config_fields(args),
-    )
+    _check_qa_inputs(args)
+    config = _qa_config(args)
     result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args))
     summary = {
         "k": result.layers,
@@ -189,11 +162,57 @@ def run_qa(args: argparse.Namespace) -> int:
         )
         summary.update(evaluation.summary())
         write_evaluation(result.output, evaluation, limit=args.eval_limit, seed=args.eval_seed, training=summary)
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        line = f"k={result.layers}  steps {result.steps}  train {result.train_seconds / 60:.1f} min"
-        if args.dev is not None:
-            line += f"  dev EM {summary['em']:.2f}  F1 {summary['f1']:.2f}  eval {summary['seconds'] / 60:.1f} min"
-        print(line)
+    print(json.dumps(summary) if args.json else _qa_line(summary, args.dev is not None))
     return 0
+
+
+def _check_qa_inputs(args: argparse.Namespace) -> None:
+    """A DilstoreError for a missing input file or folder, --eval-limit without --dev, or a malformed --dev: found
+    before training, not after the hours it would take."""
+    require_file(args.train, "--train")
+    if args.eval_limit is not None and args.dev is None:
+        raise DilstoreError("--eval-limit picks the dev questions evaluated after training; give --dev too")
+    for flag, path in (("--dev", args.dev), ("--shared-norm", args.shared_norm)):
+        if path is not None:
+            require_file(path, flag)
+    for flag, path in (("--teacher", args.teacher), ("--codebook", args.codebook)):
+        if path is not None:
+            require_directory(path, flag)
+    if args.dev is not None:
+        from dilstore.reader.data.squad import load_squad
+
+        load_squad(args.dev)  # a malformed dev file is refused now, not after the training it would evaluate
+
+
+def _qa_config(args: argparse.Namespace) -> TrainingConfig:
+    """The run's settings from the command line."""
+    from dilstore.reader.training.qa import TrainingConfig
+
+    return TrainingConfig(
+        layers=args.layers,
+        max_seq_length=args.max_seq_length,
+        doc_stride=args.doc_stride,
+        max_question_length=args.max_question_length,
+        group_by_length=not args.no_group_by_length,
+        group_length=args.group_length,
+        teacher=None if args.teacher is None else str(args.teacher),
+        distillation_temperature=args.distillation_temperature,
+        distillation_weight=args.distillation_weight,
+        representation_weight=args.representation_weight,
+        shared_norm=None if args.shared_norm is None else str(args.shared_norm),
+        shared_norm_negatives=args.shared_norm_negatives,
+        freeze_lower=args.freeze_lower,
+        store_encoding=args.store_encoding,
+        codebook=None if args.codebook is None else str(args.codebook),
+        chunk_windows=args.chunk_windows,
+        compile=args.compile,
+        **config_fields(args),
+    )
+
+
+def _qa_line(summary: dict[str, Any], evaluated: bool) -> str:
+    """The one line `train qa` prints without --json."""
+    line = f"k={summary['k']}  steps {summary['train_steps']}  train {summary['train_seconds'] / 60:.1f} min"
+    if evaluated:
+        line += f"  dev EM {summary['em']:.2f}  F1 {summary['f1']:.2f}  eval {summary['seconds'] / 60:.1f} min"
+    return line

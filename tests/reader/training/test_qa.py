@@ -351,6 +351,16 @@ def test_cli_trains_evaluates_and_writes_the_run(
     assert DilBertReader.from_pretrained(output).layers == 2
 
 
+def test_cli_prints_one_line_without_json(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(small_train_qa(tiny_base, squad_file, tmp_path / "run", "--layers", "1", "--dev", str(squad_file),
+                                 "--max-steps", "1", "--batch-size", "4", "--eval-limit", "2"))  # fmt: skip
+    assert status == 0
+    assert re.fullmatch(r"k=1  steps 1  train \d+\.\d min  dev EM \d+\.\d\d  F1 \d+\.\d\d  eval \d+\.\d min\n",
+                        capsys.readouterr().out)
+
+
 def test_a_diverging_run_saves_no_nan_weights_and_says_so(
     tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
