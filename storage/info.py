@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -106,16 +106,7 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
     def per_token(size: int) -> float | None:
         return round(size / tokens, 3) if tokens else None
 
-    marginal = None
-    if manifest.state_shape is not None and manifest.compressor is None:
-        encoding = get_encoding(manifest.encoding)
-        stored = _stored_state_arrays(sizes)
-        marginal = sum(math.prod(spec.shape(tuple(manifest.state_shape))) * np.dtype(spec.dtype).itemsize
-                       for spec in encoding.arrays
-                       if spec.per_token and (spec.requires is None or spec.name in stored))
-    per_token_bytes = (marginal or 0) * tokens
-    superseded_bytes = (marginal or 0) * manifest.superseded_tokens
-
+    marginal = _marginal_state_bytes(manifest, sizes)
     return {
         "store": location.url,
         "format_version": manifest.format_version,
@@ -131,11 +122,7 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
         "bytes_by_part": by_part,
         "bytes_per_token": {manifest.kind: per_token(by_part["states"])},
         "bytes_per_token_by_part": {part: per_token(size) for part, size in by_part.items()},
-        "state_bytes": {"compressed": by_part["states"]} if manifest.compressor is not None else {
-            "per_token": per_token_bytes,
-            **({"superseded": superseded_bytes} if manifest.appends else {}),
-            "fixed": by_part["states"] - per_token_bytes - superseded_bytes,
-        },
+        "state_bytes": _state_bytes(manifest, by_part["states"], marginal),
         "state_bytes_per_token_marginal": marginal,
         # Only for appended stores, so other stores' info keeps its keys.
         **({} if not manifest.appends else {"appends": len(manifest.appends), "superseded": {
@@ -143,3 +130,24 @@ def store_info(path_or_url: str | Path, storage_options: dict[str, Any] | None =
         "fingerprint": manifest.fingerprint.to_dict(),
         "creation": manifest.creation,
     }
+
+
+def _marginal_state_bytes(manifest: Manifest, sizes: Mapping[str, int]) -> int | None:
+    """The state bytes one more token adds (what its encoded per-token arrays hold); None for a compressed store,
+    whose bytes depend on the data, or one without states."""
+    if manifest.state_shape is None or manifest.compressor is not None:
+        return None
+    stored = _stored_state_arrays(sizes)
+    return sum(math.prod(spec.shape(tuple(manifest.state_shape))) * np.dtype(spec.dtype).itemsize
+               for spec in get_encoding(manifest.encoding).arrays
+               if spec.per_token and (spec.requires is None or spec.name in stored))
+
+
+def _state_bytes(manifest: Manifest, state_bytes: int, marginal: int | None) -> dict[str, int]:
+    """The store's state bytes split into per_token, superseded (an appended store's) and fixed (store_info)."""
+    if manifest.compressor is not None:
+        return {"compressed": state_bytes}
+    per_token = (marginal or 0) * manifest.tokens
+    superseded = (marginal or 0) * manifest.superseded_tokens
+    return {"per_token": per_token, **({"superseded": superseded} if manifest.appends else {}),
+            "fixed": state_bytes - per_token - superseded}
