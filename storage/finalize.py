@@ -91,11 +91,7 @@ def finalize(
     _remove_stale_temporaries(root)
     remove_stale_writes(root, skip=(SHARDS_DIR, INDEX_DIR))
     location = StoreLocation.parse(root)
-    indices = committed_shards(root)
-    if expected_shards is not None and indices != list(range(expected_shards)):
-        absent = sorted(set(range(expected_shards)) - set(indices))
-        extra = sorted(set(indices) - set(range(expected_shards)))
-        raise DilstoreError(f"{root}: expected shards 0..{expected_shards - 1}; missing {absent}, unexpected {extra}")
+    indices = _listed_shards(root, expected_shards)
     contents = {index: read_shard_contents(location, index) for index in indices}
     state_shape, vector_size = check_agreement(root, contents, fingerprint)
     check_build(root, contents, fingerprint, generation)
@@ -129,6 +125,17 @@ def finalize(
     )
     write_manifest(root, manifest)
     return manifest
+
+
+def _listed_shards(root: Path, expected_shards: int | None) -> list[int]:
+    """The committed shards' indices; a DilstoreError naming the missing and unexpected ones unless they are
+    0..expected_shards-1 (when given)."""
+    indices = committed_shards(root)
+    if expected_shards is not None and indices != list(range(expected_shards)):
+        absent = sorted(set(range(expected_shards)) - set(indices))
+        extra = sorted(set(indices) - set(range(expected_shards)))
+        raise DilstoreError(f"{root}: expected shards 0..{expected_shards - 1}; missing {absent}, unexpected {extra}")
+    return indices
 
 
 # Temporaries left at the root by a killed finalize (the index and manifest being written), or by a run killed
