@@ -37,7 +37,6 @@ import warnings
 from collections.abc import Mapping
 
 import numpy as np
-from scipy.cluster.vq import kmeans2
 
 from dilstore.storage.rotated_codes import (
     ROTATED_CODEBOOK,
@@ -127,6 +126,8 @@ def _kmeans(sample: np.ndarray, count: int, seed: int = CODEBOOK_SEED) -> np.nda
     sample gives all-zero centroids, which no token refers to. Deterministic for
     a given sample.
     """
+    from scipy.cluster.vq import kmeans2  # only training a codebook needs scipy: reading a store never imports it
+
     rows, dims = sample.shape
     if rows == 0:
         return np.zeros((count, dims), dtype=np.float32)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,9 @@ import pytest
 from tests.fixtures.paths import ROOT
 
 LAYERS = ("storage", "reader", "pipelines", "runners")
+# The only libraries storage/ may import besides the standard library (ARCHITECTURE.md: numpy/zarr/pyarrow), so a
+# new one is a decision and not a drift: scipy trains codebooks, fsspec and aiohttp read stores at URLs.
+STORAGE_LIBRARIES = {"numpy", "zarr", "numcodecs", "pyarrow", "scipy", "fsspec", "aiohttp"}
 FORBIDDEN_THIRD_PARTY = {
     "storage": {"torch", "transformers", "apache_beam", "tokenizers", "safetensors"},
     "reader": {"apache_beam"},
@@ -110,6 +115,21 @@ def test_imports_point_downward(layer: str) -> None:
         for name in sorted(top_levels & FORBIDDEN_THIRD_PARTY[layer]):
             problems.append(f"{path.relative_to(ROOT)} imports {name} (forbidden in {layer}/)")
     assert not problems, "\n".join(problems)
+
+
+def test_storage_imports_only_its_listed_libraries() -> None:
+    problems = []
+    for path in layer_files("storage"):
+        for name in sorted(imported_top_levels(path) - sys.stdlib_module_names - STORAGE_LIBRARIES - {"dilstore"}):
+            problems.append(f"{path.relative_to(ROOT)} imports {name}, not in STORAGE_LIBRARIES")
+    assert not problems, "\n".join(problems)
+
+
+def test_reading_a_store_imports_no_scipy() -> None:
+    """k-means is for training a codebook; every command that only reads a store paid scipy's import for it."""
+    code = "import sys, dilstore.storage.reader, dilstore.storage.verify; print('scipy' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert done.stdout.strip() == "False"
 
 
 def test_every_reader_part_is_in_the_graph() -> None:
