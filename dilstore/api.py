@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -275,17 +275,19 @@ def evaluate_rank(
     qrels: PathLike | Mapping[str, Mapping[str, int]],
     run: PathLike | Mapping[str, Mapping[str, float]],
     relevance_level: int | None = None,
+    recall_at: Sequence[int] = (100,),
 ) -> RankEvaluation:
-    """RR@10, nDCG@10, R@100 and Judged@10 of a run against qrels (TREC files, or {qid: {docid: grade or score}}).
+    """RR@10, nDCG@10, R@k and Judged@10 of a run against qrels (TREC files, or {qid: {docid: grade or score}}).
 
     relevance_level: the lowest grade RR and R count as relevant (`evaluate-rank --relevance-level`).
+    recall_at: the k of each R@k (`evaluate-rank --recall-at`).
     """
     from dilstore.reader.data.trec import qrels_from_mapping, read_qrels, read_run, run_from_mapping
     from dilstore.reader.evaluation.rank_metrics import evaluate_run
 
     judged = read_qrels(qrels) if isinstance(qrels, str | Path) else qrels_from_mapping(qrels)
     ranked = read_run(run) if isinstance(run, str | Path) else run_from_mapping(run)
-    return evaluate_run(judged, ranked, relevance_level)
+    return evaluate_run(judged, ranked, relevance_level, recall_at)
 
 
 def _check_device(device: str | None) -> None:

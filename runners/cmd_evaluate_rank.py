@@ -1,4 +1,5 @@
-"""`dilstore evaluate-rank`: RR@10, nDCG@10, R@100 and Judged@10 of a TREC run against TREC qrels."""
+"""`dilstore evaluate-rank`: RR@10, nDCG@10, R@k (R@100 by default) and Judged@10 of a TREC run against TREC
+qrels."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `evaluate-rank` subcommand."""
     parser = subparsers.add_parser(
         "evaluate-rank",
-        help="RR@10, nDCG@10 and R@100 of a TREC run against qrels (ir_measures)",
+        help="RR@10, nDCG@10 and R@k of a TREC run against qrels (ir_measures)",
         description=(
             "Score a TREC run against TREC qrels with ir_measures. Means are over every judged query; "
             "a judged query missing from the run scores 0, and run queries without judgements are ignored. "
@@ -35,15 +36,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "give it to score a subset of a file's queries as the whole file scores them",
     )  # fmt: skip
     parser.add_argument(
+        "--recall-at", type=positive_int, action="append", metavar="K", dest="recall_depths",
+        help="the k of R@k; repeat it for several (default: 100)",
+    )  # fmt: skip
+    parser.add_argument(
         "--json", action="store_true",
-        help='print {"RR@10","nDCG@10","R@100","Judged@10","queries","relevance_level","unretrieved","unjudged"}',
+        help='print {"RR@10","nDCG@10","R@100" (each R@K asked),"Judged@10","queries","relevance_level",'
+             '"unretrieved","unjudged"}',
     )  # fmt: skip
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Read both files, evaluate, print the means."""
-    from dilstore.reader.evaluation.rank_metrics import JUDGED, METRICS, evaluate_run
+    from dilstore.reader.evaluation.rank_metrics import DEFAULT_RECALL_DEPTHS, JUDGED, evaluate_run
     from dilstore.reader.data.trec import read_qrels, read_run
 
     qrels, ranked = read_qrels(args.qrels), read_run(args.run_file)
@@ -51,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         raise DilstoreError(f"{args.qrels}: the qrels judge no documents")
     if not ranked:
         raise DilstoreError(f"{args.run_file}: the run holds no lines")
-    evaluation = evaluate_run(qrels, ranked, args.relevance_level)
+    evaluation = evaluate_run(qrels, ranked, args.relevance_level, args.recall_depths or DEFAULT_RECALL_DEPTHS)
     if not any(grade >= evaluation.relevance_level for judged in qrels.values() for grade in judged.values()):
         print(f"dilstore evaluate-rank: no judged document has grade {evaluation.relevance_level} or more, so RR and "
               "R are 0 for every query", file=sys.stderr)  # fmt: skip
@@ -63,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         ("qrels", str(args.qrels)),
         ("run", str(args.run_file)),
         ("queries", f"{evaluation.queries} (relevant for RR and R: grade >= {evaluation.relevance_level})"),
-        *((name, f"{summary[name]:.4f}") for name in METRICS),
+        *((name, f"{summary[name]:.4f}") for name in evaluation.metrics),
         (JUDGED, f"{summary[JUDGED]:.4f} (share of each top 10 the qrels judge)"),
     ]
     width = max(len(label) for label, _ in rows)

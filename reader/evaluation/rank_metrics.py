@@ -1,6 +1,7 @@
-"""Ranking metrics of a run against qrels: RR@10, nDCG@10 and R@100, computed by ir_measures, and Judged@10.
+"""Ranking metrics of a run against qrels: RR@10, nDCG@10 and R@k (R@100 unless asked), computed by ir_measures,
+and Judged@10.
 
-Three ir_measures providers that work offline compute them: nDCG@10 and R@100
+Three ir_measures providers that work offline compute them: nDCG@10 and R@k
 come from pytrec_eval (trec_eval's own C code), RR@10 from ir_measures' port of
 the official MS MARCO script, because pytrec_eval's reciprocal rank ignores a
 cutoff, and Judged@10 from its own. Judged@10, the share of each top 10 the
@@ -31,13 +32,15 @@ leave open, and states them:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dilstore.reader.data.trec import Qrels, Run, int32_grade, rank_documents
 from dilstore.storage.errors import DilstoreError
 
-METRICS: tuple[str, ...] = ("RR@10", "nDCG@10", "R@100")
+METRICS: tuple[str, ...] = ("RR@10", "nDCG@10", "R@100")  # what evaluate_run computes by default
 JUDGED = "Judged@10"
+DEFAULT_RECALL_DEPTHS = (100,)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class RankEvaluation:
     relevance_level: int  # lowest grade RR and R count as relevant
     unretrieved: tuple[str, ...]  # judged queries absent from the run, scored 0
     unjudged: int  # run queries without qrels, ignored
+    metrics: tuple[str, ...] = METRICS  # the metric names computed, in order: RR@10, nDCG@10, then R@k by k
 
     @property
     def queries(self) -> int:
@@ -56,10 +60,11 @@ class RankEvaluation:
         return len(self.per_query)
 
     def summary(self) -> dict[str, float | int]:
-        """`{"RR@10", "nDCG@10", "R@100", "Judged@10", "queries", "relevance_level", "unretrieved", "unjudged"}`,
-        the means rounded to 4 places; "unretrieved" counts the judged queries the run lacks (scored 0, so a run of
-        a few queries is not mistaken for a poor run of all), "unjudged" the run's queries the qrels lack."""
-        means = {name: round(self.means[name], 4) for name in (*METRICS, JUDGED)}
+        """`{"RR@10", "nDCG@10", "R@100" (each R@k computed), "Judged@10", "queries", "relevance_level",
+        "unretrieved", "unjudged"}`, the means rounded to 4 places; "unretrieved" counts the judged queries the run
+        lacks (scored 0, so a run of a few queries is not mistaken for a poor run of all), "unjudged" the run's
+        queries the qrels lack."""
+        means = {name: round(self.means[name], 4) for name in (*self.metrics, JUDGED)}
         return {**means, "queries": self.queries, "relevance_level": self.relevance_level,
                 "unretrieved": len(self.unretrieved), "unjudged": self.unjudged}  # fmt: skip
 
@@ -75,10 +80,13 @@ def relevance_level(qrels: Qrels) -> int:
     return 2 if highest == 3 else 1
 
 
-def evaluate_run(qrels: Qrels, run: Run, level: int | None = None) -> RankEvaluation:
-    """RR@10, nDCG@10, R@100 and Judged@10 of `run` per judged query and on average (see the module docstring).
+def evaluate_run(
+    qrels: Qrels, run: Run, level: int | None = None, recall_depths: Sequence[int] = DEFAULT_RECALL_DEPTHS
+) -> RankEvaluation:
+    """RR@10, nDCG@10, R@k and Judged@10 of `run` per judged query and on average (see the module docstring).
 
     level: the lowest grade RR and R count as relevant (default: `relevance_level` of the qrels).
+    recall_depths: the k of each R@k (default 100), in any order; the metrics name them in increasing order.
     """
     import ir_measures
     from ir_measures import RR, Judged, R, nDCG
@@ -95,27 +103,41 @@ def evaluate_run(qrels: Qrels, run: Run, level: int | None = None) -> RankEvalua
                             f"{level!r}")  # fmt: skip
     else:
         level = grade
+    depths = _recall_depths(recall_depths)
+    metrics = ("RR@10", "nDCG@10", *(f"R@{depth}" for depth in depths))
     # pytrec_eval's recip_rank has no cutoff (it would score a first hit at rank 19 as 1/19), so RR@k comes
     # from ir_measures' port of the official MS MARCO script; nDCG@k and R@k come from pytrec_eval.
     measures_by_provider = (
         (ir_measures.msmarco, {RR(rel=level) @ 10: "RR@10"}),
-        (ir_measures.pytrec_eval, {nDCG @ 10: "nDCG@10", R(rel=level) @ 100: "R@100"}),
+        (ir_measures.pytrec_eval, {nDCG @ 10: "nDCG@10", **{R(rel=level) @ depth: f"R@{depth}" for depth in depths}}),
         (ir_measures.judged, {Judged @ 10: JUDGED}),
     )
     # An empty ranking scores 0 on everything (the zeros below), and ir_measures' Judged divides by its length.
     ranked = {qid: _strict_scores(run[qid]) for qid in judged_in_run if run[qid]}
-    per_query = {qid: dict.fromkeys((*METRICS, JUDGED), 0.0) for qid in qrels}
+    per_query = {qid: dict.fromkeys((*metrics, JUDGED), 0.0) for qid in qrels}
     for provider, measures in measures_by_provider:
         for metric in provider.iter_calc(list(measures), qrels, ranked):
             per_query[metric.query_id][measures[metric.measure]] = float(metric.value)
-    means = {name: sum(values[name] for values in per_query.values()) / len(per_query) for name in (*METRICS, JUDGED)}
+    means = {name: sum(values[name] for values in per_query.values()) / len(per_query) for name in (*metrics, JUDGED)}
     return RankEvaluation(
         per_query=per_query,
         means=means,
         relevance_level=level,
         unretrieved=tuple(qid for qid in qrels if qid not in run),
         unjudged=len(run.keys() - qrels.keys()),
+        metrics=metrics,
     )
+
+
+def _recall_depths(depths: Sequence[int]) -> list[int]:
+    """The distinct recall depths in increasing order; a DilstoreError unless each is an integer of at least 1
+    (pytrec_eval takes int32 cutoffs)."""
+    if isinstance(depths, str | bytes) or not depths:
+        raise DilstoreError(f"the recall depths must be a non-empty list of integers, got {depths!r}")
+    for depth in depths:
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 2**31 - 1:
+            raise DilstoreError(f"a recall depth must be an integer from 1 to {2**31 - 1}, got {depth!r}")
+    return sorted(set(depths))
 
 
 def _strict_scores(scores: dict[str, float]) -> dict[str, float]:

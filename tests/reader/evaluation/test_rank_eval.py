@@ -176,6 +176,27 @@ def test_a_query_with_an_empty_ranking_scores_zero() -> None:
     assert evaluation.means == {"RR@10": 0.5, "nDCG@10": 0.5, "R@100": 0.5, "Judged@10": 0.5}
 
 
+@pytest.mark.parametrize("depths", [(), (0,), (5, -1), (2.5,), (True,), "10", (2**31,)])
+def test_recall_depths_must_be_positive_integers(depths: object) -> None:
+    import dilstore
+
+    with pytest.raises(DilstoreError, match="recall depth"):
+        dilstore.evaluate_rank({"q": {"d": 1}}, {"q": {"d": 1.0}}, recall_at=depths)  # type: ignore[arg-type]
+
+
+def test_the_api_computes_each_recall_depth_asked(tiny: tuple[Path, Path]) -> None:
+    import dilstore
+
+    evaluation = dilstore.evaluate_rank(*tiny, recall_at=(5, 3))
+    assert evaluation.metrics == ("RR@10", "nDCG@10", "R@3", "R@5")
+    assert list(evaluation.summary())[:5] == ["RR@10", "nDCG@10", "R@3", "R@5", "Judged@10"]
+    # q1's grade >= 2 documents are at ranks 3 and 5, q2's at 12; q3 is absent from the run: 0
+    assert evaluation.means["R@3"] == pytest.approx((1 / 2) / 3) and evaluation.means["R@5"] == pytest.approx(1 / 3)
+    measures = {ir_measures.R(rel=2) @ 3: "R@3", ir_measures.R(rel=2) @ 5: "R@5"}
+    for metric in ir_measures.iter_calc(list(measures), read_qrels(tiny[0]), read_run(tiny[1])):
+        assert evaluation.per_query[metric.query_id][measures[metric.measure]] == pytest.approx(metric.value)
+
+
 def test_a_run_with_no_judged_query_or_empty_qrels_is_an_error() -> None:
     with pytest.raises(DilstoreError, match="none of the run's 1 queries has judgements"):
         evaluate_run({"q1": {"d": 1}}, {"q9": {"d": 1.0}})
@@ -348,9 +369,14 @@ def test_bm25_dl19_passage_reproduces_the_published_ndcg(
     assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["nDCG@10"] == 0.5058 and summary["queries"] == 43
-    library = ir_measures.calc_aggregate(
-        [ir_measures.nDCG @ 10, ir_measures.R(rel=2) @ 100], read_qrels(qrels), read_run(run)
-    )
+    recalls = [ir_measures.R(rel=2) @ depth for depth in (5, 20, 100)]
+    library = ir_measures.calc_aggregate([ir_measures.nDCG @ 10, *recalls], read_qrels(qrels), read_run(run))
     assert summary["nDCG@10"] == round(library[ir_measures.nDCG @ 10], 4)
     assert summary["R@100"] == round(library[ir_measures.R(rel=2) @ 100], 4)
+    assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json", "--recall-at", "20",
+                 "--recall-at", "5", "--recall-at", "20"]) == 0  # fmt: skip
+    deeper = json.loads(capsys.readouterr().out)
+    assert [name for name in deeper if name.startswith("R@")] == ["R@5", "R@20"]
+    assert deeper["R@5"] == round(library[recalls[0]], 4) and deeper["R@20"] == round(library[recalls[1]], 4)
+    assert deeper["R@5"] < deeper["R@20"] < summary["R@100"]
     assert set(read_topics(msmarco / "topics.dl19-passage.tsv")) == set(read_run(run))
