@@ -48,10 +48,23 @@ from dilstore.reader.modeling.checkpoints import (
     require_checkpoint_dir,
     write_metadata,
 )
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, listed
 
 # Errors that Hugging Face raises for a missing, truncated or inconsistent checkpoint file.
 _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, json.JSONDecodeError)
+# The head a base encoder lacks: initialised from HEAD_INIT_SEED instead.
+_QA_HEAD_PREFIX = "qa_outputs."
+
+
+def _weights_problem(loading: dict[str, list[str]], trained: bool) -> str | None:
+    """What transformers' loading report says is wrong, or None: a weight the model needs that the file lacks (a
+    base encoder may lack only the QA head), or, in a dilstore checkpoint (`trained`), a weight the model does
+    not have. transformers fills a missing weight at random and drops an unknown one with a warning that quiet
+    commands hide: a store built so held wrong states that verified as whole."""
+    missing = [name for name in loading.get("missing_keys", ()) if trained or not name.startswith(_QA_HEAD_PREFIX)]
+    unknown = list(loading.get("unexpected_keys", ())) if trained else []
+    parts = [f"{label} {listed(sorted(names))}" for label, names in (("missing", missing), ("unknown", unknown)) if names]
+    return "; ".join(parts) or None
 
 
 
@@ -114,12 +127,19 @@ class DilBertReader(nn.Module):
             architecture_for(config.model_type)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(HEAD_INIT_SEED)
-                model = AutoModelForQuestionAnswering.from_pretrained(
-                    directory, dtype=torch.float32, attn_implementation="sdpa", local_files_only=True
+                model, loading = AutoModelForQuestionAnswering.from_pretrained(
+                    directory,
+                    dtype=torch.float32,
+                    attn_implementation="sdpa",
+                    local_files_only=True,
+                    output_loading_info=True,
                 )
             tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         except _LOAD_ERRORS as error:
             raise DilstoreError(f"cannot load a model from {directory}: {error}") from error
+        problem = _weights_problem(loading, trained=metadata is not None)
+        if problem:
+            raise DilstoreError(f"cannot load a model from {directory}: its weights do not fit its config: {problem}")
         return cls(model, tokenizer, layers).eval()
 
     def save_pretrained(self, path: str | Path) -> Path:

@@ -167,6 +167,35 @@ def test_missing_weights_give_a_clear_error(saved_bert: Path, tmp_path: Path) ->
         DilBertReader.from_pretrained(directory)
 
 
+@pytest.mark.parametrize("change", ["drop", "add", "drop-head"])
+def test_weights_that_do_not_fit_the_model_are_refused(saved_bert: Path, tmp_path: Path, change: str) -> None:
+    """transformers filled a missing weight at random and dropped an unknown one with a warning the commands hide:
+    a store built so verified as whole, with wrong states."""
+    directory = copy_checkpoint(saved_bert, tmp_path)
+    weights = load_file(directory / "model.safetensors")
+    name = "qa_outputs.bias" if change == "drop-head" else next(key for key in weights if key.endswith("LayerNorm.bias"))
+    if change == "add":
+        weights["extra.weight"] = weights.pop(name).clone()
+        name = "extra.weight"
+    else:
+        del weights[name]
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    word = "unknown" if change == "add" else "missing"
+    with pytest.raises(DilstoreError, match=f"^cannot load a model from {directory}: its weights do not fit its "
+                       f"config: .*{word} '{name}'"):  # fmt: skip
+        DilBertReader.from_pretrained(directory)
+
+
+def test_a_base_model_may_lack_only_the_head(base_bert: Path, tmp_path: Path) -> None:
+    directory = copy_checkpoint(base_bert, tmp_path)
+    weights = load_file(directory / "model.safetensors")
+    del weights[next(key for key in weights if key.endswith("LayerNorm.bias"))]
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    DilBertReader.from_pretrained(base_bert, layers=1)  # no head, a pooler it does not use: loads
+    with pytest.raises(DilstoreError, match="its weights do not fit its config: missing '.*LayerNorm.bias'"):
+        DilBertReader.from_pretrained(directory, layers=1)
+
+
 def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(DilstoreError, match="'gpt2' is not supported.*albert, bert, distilbert, roberta"):
