@@ -43,7 +43,8 @@ _RUNNER_ALIASES = {
     "fnapi": "FnApiRunner",
     "fnapirunner": "FnApiRunner",
 }
-# Runners whose workers run on this machine: they get a progress bar and local defaults.
+# Runners whose workers run on this machine: they get a progress bar and local defaults (and so does a
+# PortableRunner with its embedded job server and LOOPBACK workers: `runs_here`).
 LOCAL_RUNNERS = frozenset({"DirectRunner", "FnApiRunner", DASK_RUNNER})
 # Runners whose job ends with this process: no worker of theirs runs on once it stops (as with Dask on the
 # LocalCluster the launcher starts; not with a cluster given by --dask_client_address, maybe another machine's).
@@ -171,6 +172,24 @@ def _beam_parse(parse: Callable[[], T]) -> T:
         raise DilstoreError(f"bad Beam option value: {reason}") from None
 
 
+def embedded_portable(options: PipelineOptions) -> bool:
+    """Whether the run is a PortableRunner with the job server in this process (`--job_endpoint embed`) and its
+    workers in this process too (`--environment_type LOOPBACK`): a local run, whatever the runner's name."""
+    values = _parsed(options)
+    return (options.view_as(StandardOptions).runner == "PortableRunner" and values.get("job_endpoint") == "embed"
+            and values.get("environment_type") == "LOOPBACK")  # fmt: skip
+
+
+def runs_here(options: PipelineOptions) -> bool:
+    """Whether the run's workers run on this machine, so that it shows a progress bar and keeps Beam's logs quiet."""
+    return options.view_as(StandardOptions).runner in LOCAL_RUNNERS or embedded_portable(options)
+
+
+def ends_with_this_process(options: PipelineOptions) -> bool:
+    """Whether no worker of the run goes on once this process stops (not so with Dask: see IN_PROCESS_RUNNERS)."""
+    return options.view_as(StandardOptions).runner in IN_PROCESS_RUNNERS or embedded_portable(options)
+
+
 def in_process_runner(options: PipelineOptions) -> PipelineRunner | None:
     """The FnApiRunner a DirectRunner (or FnApiRunner) run goes to, set up as the DirectRunner sets up its own;
     None for other runners, which Beam makes by name.
@@ -194,9 +213,10 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
     """Checked PipelineOptions from assembled flags (see `assemble_beam_flags`).
 
     Raises DilstoreError for flags Beam does not know, a Dataflow run without
-    project, region or temp location, and a remote run with no way to ship
-    the dilstore package (`--setup_file`, `--requirements_file`,
-    `--extra_package` or `--sdk_container_image`; LOOPBACK workers excepted).
+    project, region or temp location, a Portable run without a job endpoint,
+    and a remote run with no way to ship the dilstore package (`--setup_file`,
+    `--requirements_file`, `--extra_package` or `--sdk_container_image`;
+    LOOPBACK workers excepted).
     """
     flags = list(flags)
     runner = flags[flags.index("--runner") + 1] if "--runner" in flags else "DirectRunner"
@@ -213,6 +233,11 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
         missing = [f"--{name}" for name in _DATAFLOW_REQUIRED if not values.get(name)]
         if missing:
             raise DilstoreError(f"--runner DataflowRunner needs {', '.join(missing)}")
+    if runner == "PortableRunner" and not values.get("job_endpoint"):
+        raise DilstoreError(
+            "--runner PortableRunner needs --job_endpoint: a job server's HOST:PORT, or embed to start one in this "
+            "process (with --environment_type LOOPBACK its workers run here too)"
+        )
     if runner in REMOTE_RUNNERS and values.get("environment_type") != "LOOPBACK":
         if not any(values.get(name) for name in _SHIPPING_OPTIONS):
             raise DilstoreError(

@@ -488,11 +488,11 @@ def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | N
     )
     from dilstore.pipelines.options import (
         DASK_RUNNER,
-        LOCAL_RUNNERS,
         LocalDefaults,
         assemble_beam_flags,
         canonical_runner,
         pipeline_options,
+        runs_here,
     )
     from dilstore.storage.replacement import finish_interrupted_swap, swap_in
     from dilstore.storage.write_lock import write_lock
@@ -502,11 +502,11 @@ def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | N
         quiet_dask_logging()
     # Beam's flags are checked again with the real local defaults when the pipeline starts; checked here as well,
     # a bad one is refused before the output folder is created or its precompute.json written.
-    pipeline_options(assemble_beam_flags(runner, args.beam_args, LocalDefaults(workers=args.workers)))
-    if runner not in LOCAL_RUNNERS:
+    here = runs_here(pipeline_options(assemble_beam_flags(runner, args.beam_args, LocalDefaults(workers=args.workers))))
+    if not here:
         logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
     with scratch_dir("dilstore-progress-") as progress_dir:
-        job = build_job(args, started, runner, str(progress_dir) if runner in LOCAL_RUNNERS else None)
+        job = build_job(args, started, runner, str(progress_dir) if here else None)
         store, spec = Path(job.store), run_spec(job)
         with write_lock(store):
             finish_interrupted_swap(store)

@@ -132,10 +132,10 @@ def run_pipeline(
     from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.options import (
         DASK_RUNNER,
-        IN_PROCESS_RUNNERS,
-        LOCAL_RUNNERS,
         assemble_beam_flags,
+        ends_with_this_process,
         pipeline_options,
+        runs_here,
     )
     from dilstore.pipelines.precompute import build_pipeline
 
@@ -146,13 +146,13 @@ def run_pipeline(
         if runner == DASK_RUNNER and defaults.dask_address is None:
             reach_dask_scheduler(options)
         pipeline = build_pipeline(job, options)
-        shown = progress and runner in LOCAL_RUNNERS and job.progress_dir
+        shown = progress and runs_here(options) and job.progress_dir
         result = None
         bar = ProgressBar(Path(job.progress_dir) if shown else None)
         with failures_unlogged(), bar:
             try:
                 # The LocalCluster started here for Dask ends with this call, and its workers with it.
-                outlives_us = runner not in IN_PROCESS_RUNNERS and defaults.dask_address is None
+                outlives_us = not ends_with_this_process(options) and defaults.dask_address is None
                 result = _launch(pipeline, attempt if outlives_us else None)
                 result.wait_until_finish()
             except DilstoreError:

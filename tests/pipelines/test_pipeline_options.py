@@ -21,7 +21,9 @@ from dilstore.pipelines.options import (
     LocalDefaults,
     assemble_beam_flags,
     canonical_runner,
+    ends_with_this_process,
     pipeline_options,
+    runs_here,
 )
 from dilstore.pipelines.precompute import build_pipeline
 from dilstore.pipelines.routing import ReadTask
@@ -115,6 +117,22 @@ def test_flink_options_are_assembled_and_the_graph_constructs(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(
+    ("runner", "args", "here", "ends"),
+    [("DirectRunner", [], True, True), ("FnApiRunner", [], True, True), (DASK_RUNNER, [], True, False),
+     ("PortableRunner", ["--job_endpoint", "embed", "--environment_type", "LOOPBACK"], True, True),
+     ("PortableRunner", ["--job_endpoint=embed", "--environment_type=LOOPBACK"], True, True),
+     ("PortableRunner", ["--job_endpoint", "localhost:8099", "--environment_type", "LOOPBACK"], False, False),
+     ("PortableRunner", ["--job_endpoint", "embed", "--setup_file", "./setup.py"], False, False),
+     ("FlinkRunner", FLINK_ARGS, False, False)],
+)  # fmt: skip
+def test_which_runs_run_here_and_end_with_this_process(runner: str, args: list[str], here: bool, ends: bool) -> None:
+    """A Portable run on the embedded job server with LOOPBACK workers is local: it got Beam's INFO lines, no
+    progress bar, and its files were kept as a job's that might go on (arch42 M1)."""
+    options = pipeline_options(assemble_beam_flags(runner, args, LocalDefaults()))
+    assert (runs_here(options), ends_with_this_process(options)) == (here, ends)
+
+
+@pytest.mark.parametrize(
     ("runner", "args", "message"),
     [
         ("DirectRunner", ["--bogus_option", "1"], "unknown Beam option.*--bogus_option"),
@@ -127,6 +145,8 @@ def test_flink_options_are_assembled_and_the_graph_constructs(tmp_path: Path) ->
         ("DataflowRunner", ["--project", "p", "--setup_file", "./pyproject.toml"], "needs --region, --temp_location"),
         ("DataflowRunner", ["--project", "p", "--region", "r", "--temp_location", "gs://b/t"], "ship dilstore"),
         ("FlinkRunner", ["--flink_master", "host:8081", "--environment_type", "DOCKER"], "ship dilstore"),
+        # It passed the checks and failed inside Beam 11 s later, "You must specify a --job_endpoint" (arch42 M1).
+        ("PortableRunner", ["--environment_type", "LOOPBACK"], "PortableRunner needs --job_endpoint: .* or embed"),
         # Beam's parser printed its whole usage (129 lines) and exited; -3 workers failed inside the run.
         ("DirectRunner", ["--direct_running_mode", "bogus"],
          "bad Beam option value: argument --direct_running_mode: invalid choice: 'bogus'"),
