@@ -32,14 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from dilstore.pipelines.codebook import needs_codebook
 from dilstore.pipelines.corpora import Document
 from dilstore.pipelines.job import SPEC_FILE, PrecomputeJob, read_spec, run_spec, spec_generation, spec_json
 from dilstore.pipelines.passages import split_document
 from dilstore.pipelines.routing import ReadTask, read_task
-from dilstore.storage.passage_files import PASSAGES_DIR
 from dilstore.storage.append import (
     AppendMismatchError,
     fingerprint_differences,
@@ -53,6 +50,7 @@ from dilstore.storage.format import append_dir
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
 from dilstore.storage.reader import open_store
+from dilstore.storage.passage_tables import passage_column, passage_tables
 
 
 
@@ -159,22 +157,13 @@ def retired_passages(store: Path, folder: Path) -> list[str]:
     the stored one; --replace supersedes the stored ones it does not bring
     again too, so no text of the old version stays reachable.
     """
-    replaced = {document_id for table in _passage_tables(folder) for document_id in _column(table, "doc_id")}
+    replaced = {document_id for table in passage_tables(folder) for document_id in passage_column(table, "doc_id")}
     manifest = read_manifest(StoreLocation.parse(store))
     folders = [store, *(store / append_dir(str(record.get("generation"))) for record in manifest.appends)]
     return [
         passage_id
         for stored in folders
-        for table in _passage_tables(stored)
-        for passage_id, document_id in zip(_column(table, "id"), _column(table, "doc_id"), strict=True)
+        for table in passage_tables(stored)
+        for passage_id, document_id in zip(passage_column(table, "id"), passage_column(table, "doc_id"), strict=True)
         if document_id in replaced
     ]
-
-
-def _passage_tables(folder: Path) -> list[Path]:
-    """The per-shard passage tables (id, doc_id, title, text) a run wrote into `folder`."""
-    return sorted((folder / PASSAGES_DIR).glob("part-*.parquet"))
-
-
-def _column(table: Path, name: str) -> list[str]:
-    return pq.read_table(table, columns=[name]).column(name).to_pylist()

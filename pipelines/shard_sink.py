@@ -23,14 +23,10 @@ empty shards). Dead letters go to `rejected/part-r.jsonl` the same way.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dilstore.pipelines.corpora import Rejected
 from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path, rejected_path
@@ -40,18 +36,10 @@ from dilstore.reader.offline.encoding import TokenizedPassage, encode_tokenized
 from dilstore.reader.offline.kinds import OfflineModel
 from dilstore.storage.atomic_files import atomic_write_bytes, atomic_write_text
 from dilstore.storage.codebook import read_codebook
+from dilstore.storage.collection import collection_jsonl
 from dilstore.storage.fingerprint import Fingerprint
+from dilstore.storage.passage_tables import passage_table_bytes
 from dilstore.storage.writer import shard_generation, shard_written, write_shard
-
-PASSAGE_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("doc_id", pa.string(), nullable=False),
-        pa.field("title", pa.string(), nullable=False),
-        pa.field("text", pa.string(), nullable=False),
-    ]
-)
-
 
 @dataclass(frozen=True)
 class ShardSettings:
@@ -72,31 +60,6 @@ class ShardSettings:
     codebook: str | None = None
     generation: str | None = None
     fingerprint: Fingerprint | None = None
-
-
-def passage_table_bytes(pieces: Sequence[TokenizedPassage]) -> bytes:
-    """The shard's Parquet passage table (id, doc_id, title, text), in the order given."""
-    table = pa.table(
-        {
-            "id": [piece.id for piece in pieces],
-            "doc_id": [piece.doc_id for piece in pieces],
-            "title": [piece.title for piece in pieces],
-            "text": [piece.text for piece in pieces],
-        },
-        schema=PASSAGE_SCHEMA,
-    )
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
-    return sink.getvalue()
-
-
-def collection_jsonl(pieces: Sequence[TokenizedPassage]) -> str:
-    """pyserini JsonCollection lines: `{"id", "contents"}` with contents = title, newline, text."""
-    lines = (
-        json.dumps({"id": piece.id, "contents": f"{piece.title}\n{piece.text}"}, ensure_ascii=False)
-        for piece in pieces
-    )
-    return "".join(f"{line}\n" for line in lines)
 
 
 def read_meta(store: Path, shard: int, generation: str | None = None) -> RunStats | None:

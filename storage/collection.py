@@ -11,14 +11,22 @@ lines out, so BM25 never finds text the store no longer serves under that id.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
-from dilstore.storage.passage_files import JSONL_DIR, jsonl_path
+from dilstore.storage.passage_files import JSONL_DIR, PassageRow, jsonl_path
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import MANIFEST_FILE, append_dir
 from dilstore.storage.manifest import ShardEntry
 from dilstore.storage.reader import open_store
+
+
+def collection_jsonl(rows: Sequence[PassageRow]) -> str:
+    """A shard's JSONL part: pyserini JsonCollection lines `{"id", "contents"}`, contents = title, newline, text."""
+    lines = (json.dumps({"id": row.id, "contents": f"{row.title}\n{row.text}"}, ensure_ascii=False) for row in rows)
+    return "".join(f"{line}\n" for line in lines)
 
 
 def collection_dir(store: Path) -> Path:

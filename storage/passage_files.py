@@ -1,17 +1,36 @@
-"""Where a store's per-shard passage files live: `passages/part-s.parquet`, its JSONL twin, its commit marker.
+"""Where a store's per-shard passage files live: `passages/part-s.parquet`, its JSONL twin, its commit marker;
+and what one row of them holds.
 
-Names only: pipelines/shard_sink.py writes these files, and `dilstore index`
-reads the JSONL parts (storage/collection.py) without importing torch or Beam.
+storage/passage_tables.py writes and reads the Parquet tables, storage/collection.py the JSONL parts
+(`dilstore index` reads them without importing torch, Beam or pyarrow); pipelines/shard_sink.py writes both
+for each shard.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 PASSAGES_DIR = "passages"
 JSONL_DIR = f"{PASSAGES_DIR}/jsonl"
 META_DIR = f"{PASSAGES_DIR}/meta"
 REJECTED_DIR = "rejected"
+
+
+class PassageRow(Protocol):
+    """One stored unit as the passage files hold it (reader.offline.encoding.TokenizedPassage is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def doc_id(self) -> str: ...
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
 
 
 def part_name(index: int) -> str:

@@ -29,7 +29,8 @@ from tests.fixtures.paths import ROOT
 
 LAYERS = ("storage", "reader", "pipelines", "runners")
 # The only libraries storage/ may import besides the standard library (ARCHITECTURE.md: numpy/zarr/pyarrow), so a
-# new one is a decision and not a drift: scipy trains codebooks, fsspec and aiohttp read stores at URLs.
+# new one is a decision and not a drift: pyarrow writes the passage tables, scipy trains codebooks, fsspec and
+# aiohttp read stores at URLs.
 STORAGE_LIBRARIES = {"numpy", "zarr", "numcodecs", "pyarrow", "scipy", "fsspec", "aiohttp"}
 FORBIDDEN_THIRD_PARTY = {
     "storage": {"torch", "transformers", "apache_beam", "tokenizers", "safetensors"},
