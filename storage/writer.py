@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
@@ -341,26 +342,43 @@ def _write_group(
     ROTATED_SHARD_VERSION, so that older readers refuse them.
     """
     encoded = encoding.encode(columns.states, codebook)
+    attributes = _shard_attributes(columns, shard_index, kind, encoding, compressor, build, encoded)
+    group = zarr.open_group(str(path), mode="w-", zarr_format=3, attributes={ATTRIBUTES_KEY: attributes})
+    _write_passage_columns(group, columns, compressor)
+    _write_state_arrays(group, encoded, encoding, codebook, compressor, len(columns.state_shape))
+
+
+def _shard_attributes(
+    columns: _Columns,
+    shard_index: int,
+    kind: Kind,
+    encoding: Encoding,
+    compressor: str | None,
+    build: dict[str, str],
+    encoded: Mapping[str, np.ndarray],
+) -> dict[str, Any]:
+    """The shard's dilstore attributes (STORE_FORMAT §2)."""
     version = ROTATED_SHARD_VERSION if "rotation" in encoded else (
         CENTROIDS_SHARD_VERSION if "centroid_ids" in encoded else FORMAT_VERSION)
-    attributes = {
-        ATTRIBUTES_KEY: {
-            "format": FORMAT_NAME,
-            "format_version": version,
-            "node": "shard",
-            "shard": shard_index,
-            "kind": kind.name,
-            "encoding": encoding.name,
-            "compressor": compressor,
-            "state_shape": list(columns.state_shape),
-            "passages": len(columns.ids),
-            "tokens": len(columns.token_ids),
-            # Only in shards with vectors, so shards without them keep their bytes.
-            **({} if columns.vectors is None else {"vector_size": int(columns.vectors.shape[1])}),
-            **build,
-        }
+    return {
+        "format": FORMAT_NAME,
+        "format_version": version,
+        "node": "shard",
+        "shard": shard_index,
+        "kind": kind.name,
+        "encoding": encoding.name,
+        "compressor": compressor,
+        "state_shape": list(columns.state_shape),
+        "passages": len(columns.ids),
+        "tokens": len(columns.token_ids),
+        # Only in shards with vectors, so shards without them keep their bytes.
+        **({} if columns.vectors is None else {"vector_size": int(columns.vectors.shape[1])}),
+        **build,
     }
-    group = zarr.open_group(str(path), mode="w-", zarr_format=3, attributes=attributes)
+
+
+def _write_passage_columns(group: zarr.Group, columns: _Columns, compressor: str | None) -> None:
+    """Everything of the shard but its states: the ids, titles and texts, the vectors, the tokens and their spans."""
     for strings, data_path, offsets_path in (
         (columns.ids, ID_BYTES, ID_OFFSETS),
         (columns.titles, TITLE_BYTES, TITLE_OFFSETS),
@@ -380,7 +398,18 @@ def _write_group(
                 dimension_names=["token"])
     write_array(group, CHAR_SPANS, columns.char_spans, rows_per_chunk=TOKENS_PER_CHUNK, compressor=compressor,
                 dimension_names=["token", "start_end"])
-    state_axes = [f"state_{axis}" for axis in range(len(columns.state_shape))]
+
+
+def _write_state_arrays(
+    group: zarr.Group,
+    encoded: Mapping[str, np.ndarray],
+    encoding: Encoding,
+    codebook: Mapping[str, np.ndarray] | None,
+    compressor: str | None,
+    state_rank: int,
+) -> None:
+    """The encoded states under `states/`, but for the codebook arrays the store's codebook/ group holds."""
+    state_axes = [f"state_{axis}" for axis in range(state_rank)]
     for array_name, data in encoded.items():
         if codebook is not None and array_name in encoding.codebook:
             continue  # the store's codebook/ group holds it, once for all shards
