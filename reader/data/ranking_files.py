@@ -17,7 +17,7 @@ import gzip
 import io
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ class Triple:
     query: str
     positive: str
     negatives: tuple[str, ...]
+    line: int | None = field(default=None, compare=False)  # of the triples file it was read from, if any
 
     def to_dict(self) -> dict[str, Any]:
         """The JSONL object: `{"qid", "query", "pos", "negs"}`."""
@@ -108,7 +109,7 @@ def read_triples(
         if negatives is not None and len(negs) < negatives:
             raise DilstoreError(f"{where}: {qid!r} has {len(negs)} negatives, fewer than the {negatives} asked for")
         kept = negs if negatives is None else negs[:negatives]
-        triples.append(Triple(qid=qid, query=query, positive=positive, negatives=tuple(kept)))
+        triples.append(Triple(qid=qid, query=query, positive=positive, negatives=tuple(kept), line=number))
     if not triples:
         raise DilstoreError(f"{path}: no triples")
     return triples

@@ -33,7 +33,7 @@ in one pass; `delayed_layers` is its k.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -196,9 +196,26 @@ def load_ranking_data(
     used = dict.fromkeys(pid for triple in triples for pid in (triple.positive, *triple.negatives))
     return RankingData(
         triples=triples,
-        query_tokens=[ranker.tokenize_query(triple.query, config.max_query_length) for triple in triples],
-        doc_tokens={pid: ranker.tokenize_document(paragraphs[pid], config.max_doc_length) for pid in used},
+        query_tokens=[
+            _tokenized(ranker.tokenize_query, triple.query, config.max_query_length,
+                       f"{triples_file}:{triple.line}: the query of {triple.qid!r}")  # fmt: skip
+            for triple in triples
+        ],
+        doc_tokens={
+            pid: _tokenized(ranker.tokenize_document, paragraphs[pid], config.max_doc_length,
+                            f"{paragraphs_file}: paragraph {pid!r}")  # fmt: skip
+            for pid in used
+        },
     )
+
+
+def _tokenized(tokenize: Callable[[str, int], np.ndarray], text: str, max_length: int, where: str) -> np.ndarray:
+    """`tokenize(text, max_length)`; its error (no word pieces left: zero-width or control characters only) names
+    `where`, the file, line and id, since a preview of invisible characters cannot be found in a large file."""
+    try:
+        return tokenize(text, max_length)
+    except DilstoreError as error:
+        raise DilstoreError(f"{where}: {error}") from None
 
 
 def ranking_loss(scores: torch.Tensor, config: RankingTrainingConfig) -> torch.Tensor:

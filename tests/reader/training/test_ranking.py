@@ -248,6 +248,30 @@ def test_cli_refuses_bad_input_naming_file_and_line(tiny_base: Path, overfit_fil
     assert ":1: 'q1' has 2 negatives, fewer than the 5 asked for" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("invisible", ["query", "paragraph"])
+def test_text_without_word_pieces_is_named_by_file_line_and_id(
+    tiny_base: Path, overfit_files, tmp_path: Path, capsys, invisible: str
+) -> None:
+    """A query or paragraph of zero-width spaces only was one line naming neither file, line nor id (earl42 M1)."""
+    triples, paragraphs = overfit_files
+    lines = gzip.decompress(triples.read_bytes()).decode().splitlines()
+    records = [json.loads(line) for line in gzip.decompress(paragraphs.read_bytes()).decode().splitlines()]
+    second = json.loads(lines[1])
+    if invisible == "query":
+        second["query"] = "\u200b\u200b"
+        lines[1] = json.dumps(second)
+    else:
+        next(record for record in records if record["id"] == second["pos"])["contents"] = "\u200b \u200b"
+    (tmp_path / TRIPLES_FILE).write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    (tmp_path / PARAGRAPHS_FILE).write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode()))
+    assert main(["train", "earl", "--triples", str(tmp_path / TRIPLES_FILE), "--output", str(tmp_path / "out"),
+                 "--base-model", str(tiny_base), "--negatives", "2", "--no-progress"]) == 2  # fmt: skip
+    error = capsys.readouterr().err
+    where = (f"{tmp_path / TRIPLES_FILE}:2: the query of {second['qid']!r}" if invisible == "query"
+             else f"{tmp_path / PARAGRAPHS_FILE}: paragraph {second['pos']!r}")  # fmt: skip
+    assert error.startswith(f"dilstore train: error: {where}: ") and "no word pieces" in error
+
+
 def test_cli_prior_with_a_frozen_encoder_trains_judger_head_and_scale_only(
     tiny_base: Path, overfit_files, tmp_path: Path, capsys
 ) -> None:
