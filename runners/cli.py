@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from dilstore.runners.open_files import raise_open_file_limit
 from dilstore.runners.quiet import configure as configure_output
 from dilstore.runners.stop_signals import drop_interrupted_work, interrupt_number, interrupt_words, signals_interrupt
 from dilstore.storage.errors import DilstoreError, StoppedBySignal, scrubbed
@@ -93,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     verbose = getattr(args, "verbose", False)
     configure_output(verbose=verbose)
+    raise_open_file_limit()  # a store keeps one descriptor per mapped file open (runners/open_files.py)
     try:
         with signals_interrupt(mute_when_stopping=not verbose):
             status = int(args.run(args) or 0)

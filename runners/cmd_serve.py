@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     models = per_store_models(args.model, len(named))
     indexes = per_store_indexes(args.index, names)
     infos = check_stores_and_models(named, models)
+    check_store_files(named)
     check_default_top_p(settings.max_top_p, [info["kind"] for info in infos])
     found = [
         served_index(name, path, info["kind"], indexes.get(name))
@@ -190,6 +191,41 @@ def check_stores_and_models(named: Sequence[tuple[str, str]], models: Sequence[P
         if model is not None:
             require_checkpoint_dir(model)
     return infos
+
+
+# Descriptors a server needs besides its stores' mapped files: client sockets, the BM25 index, the JVM, libraries.
+OTHER_OPEN_FILES = 512
+
+
+def check_store_files(named: Sequence[tuple[str, str]]) -> None:
+    """A DilstoreError when a local store's files are not as its manifest records (damage already on disk: the
+    first request to meet it took the store out of service, and a restart brought it back to fail again), or
+    when the stores' mapped files would not fit this process's open-file limit (reads failed part-way through)."""
+    from dilstore.runners.open_files import raise_open_file_limit
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
+    from dilstore.storage.mapped import mapped_files
+    from dilstore.storage.verify import size_problems
+
+    mapped = 0
+    for name, path in named:
+        location = StoreLocation.parse(path)
+        if location.local_root is None:  # read through zarr over HTTP: nothing mapped, sizes checked at each read
+            continue
+        manifest = read_manifest(location)
+        problems = size_problems(location, manifest)
+        if problems:
+            more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
+            raise DilstoreError(f"store {name!r} is damaged: {'; '.join(problems[:3])}{more}; `dilstore verify "
+                                f"{path}` checks it, a new precompute mends it")  # fmt: skip
+        mapped += mapped_files(manifest)
+    limit = raise_open_file_limit()
+    if mapped + OTHER_OPEN_FILES > limit:
+        raise DilstoreError(
+            f"the stores map up to {mapped} files, each holding an open file while the server runs, and this process "
+            f"may open only {limit} files in all; raise the limit to at least {mapped + OTHER_OPEN_FILES} (ulimit -n, "
+            "or LimitNOFILE= for a systemd service)"
+        )
 
 
 def check_default_top_p(max_top_p: int, kinds: Sequence[str]) -> None:

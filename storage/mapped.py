@@ -34,6 +34,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import fsspec
 import numpy as np
@@ -45,6 +46,11 @@ from zarr.codecs.bytes import Endian
 
 from dilstore.storage.format import StoreChangedError, StoreFormatError
 from dilstore.storage.zarr_reads import read_failure
+
+if TYPE_CHECKING:
+    from dilstore.storage.manifest import Manifest
+
+CHUNK_PREFIX = "c"  # zarr v3's default chunk key encoding: an array's chunk files are under its c/
 
 _INDEX_ENTRY_BYTES = 16  # uint64 offset + uint64 length per inner chunk
 _INDEX_CHECKSUM_BYTES = 4  # CRC32C after the index
@@ -223,6 +229,15 @@ class MappedArray:
 
     values: np.ndarray
     file: WatchedFile | None
+
+
+def mapped_files(manifest: Manifest) -> int:
+    """How many files a reader of the whole store keeps memory-mapped, each holding an open file descriptor for as
+    long as the store is open (the map keeps its own copy of the descriptor): every chunk file of an uncompressed
+    store, none of a compressed one, which is read through zarr."""
+    if manifest.compressor is not None:
+        return 0
+    return sum(1 for path in manifest.files if f"/{CHUNK_PREFIX}/" in f"/{path}")
 
 
 def map_array(array: zarr.Array, array_dir: Path) -> MappedArray:

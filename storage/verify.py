@@ -243,15 +243,11 @@ def _check_files(
     for path, entry in manifest.files.items():
         if path in special:
             continue
-        if path not in present:
-            if not any(path.startswith(shard_dir + "/") for shard_dir in missing_shards):
-                report.problems.append(_absent_file_problem(location, path))
-        elif present[path] != entry.bytes:
-            report.problems.append(
-                f"{path}: {present[path]} bytes, the manifest recorded {entry.bytes} (truncated or overwritten)"
-            )
-        else:
+        problem = _size_problem(location, path, entry.bytes, present)
+        if problem is None:
             to_hash.append(path)
+        elif path in present or not any(path.startswith(shard_dir + "/") for shard_dir in missing_shards):
+            report.problems.append(problem)
     progress.phase("checksums", sum(present[path] for path in to_hash), "B")
     hashed = location.sha256_many(to_hash, on_file=lambda path: progress.advance(present[path]))
     for path, digest in hashed.items():
@@ -279,6 +275,23 @@ def _check_files(
         else:
             report.untracked.append(path)
     return special
+
+
+def size_problems(location: StoreLocation, manifest: Manifest) -> list[str]:
+    """The manifest's files that are missing or not of their recorded size: verify's first look, without hashing,
+    for a long-running reader (`dilstore serve`) to refuse damage already on disk before it takes a request."""
+    present = store_files(location, manifest)
+    problems = (_size_problem(location, path, entry.bytes, present) for path, entry in manifest.files.items())
+    return [problem for problem in problems if problem is not None]
+
+
+def _size_problem(location: StoreLocation, path: str, recorded: int, present: dict[str, int]) -> str | None:
+    """Why the manifest's file `path` is not as recorded (`present`: the store's files and sizes), or None."""
+    if path not in present:
+        return _absent_file_problem(location, path)
+    if present[path] != recorded:
+        return f"{path}: {present[path]} bytes, the manifest recorded {recorded} (truncated or overwritten)"
+    return None
 
 
 def _special_files(location: StoreLocation, paths: list[str]) -> set[str]:

@@ -121,6 +121,9 @@ def read_failure(what: str, error: BaseException, *, local: bool = False) -> Sto
     if getattr(error, "status", None) in _REFUSED:
         return StoreReadError(f"reading {what} failed: {describe(error)}: the server refuses it; check the "
                               "credentials (in the URL or the environment) and the store's permissions")  # fmt: skip
+    if getattr(error, "errno", None) in (errno.EMFILE, errno.ENFILE):
+        return StoreReadError(f"reading {what} failed: {describe(error)}: each memory-mapped file of an open store "
+                              "holds a file open; raise the open-file limit (ulimit -n)")  # fmt: skip
     if _untrusted_certificate(error):
         return StoreReadError(f"reading {what} failed: {describe(error)}: the server's certificate is not trusted "
                               "(SSL_CERT_FILE names a certificate bundle to trust)")  # fmt: skip

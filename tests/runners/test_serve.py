@@ -660,6 +660,28 @@ def test_a_store_of_another_model_is_refused_with_exit_2(tiny: dict[str, Any], c
     assert err.startswith("dilstore serve: error:") and "differs in: weights_sha256" in err
 
 
+def test_a_store_damaged_on_disk_or_too_many_files_for_the_limit_is_refused_at_start(
+    tiny: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """A chunk cut short started a healthy server that lost the store at its first request, and a restart repeated
+    it; a store of more mapped files than the open-file limit failed its reads part-way through (serve42 M2, H1)."""
+    from dilstore.runners import open_files
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny["s1"], damaged)
+    chunk = next(path for path in sorted((damaged / "shards").rglob("*"))
+                 if path.is_file() and "/states/" in path.as_posix() and "/c/" in path.as_posix())  # fmt: skip
+    chunk.write_bytes(chunk.read_bytes()[:7])
+    assert main(["serve", str(damaged), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dilstore serve: error: store 'damaged' is damaged: ") and "7 bytes, the manifest recorded" in err
+    assert err.rstrip().endswith(f"`dilstore verify {damaged}` checks it, a new precompute mends it")
+    monkeypatch.setattr(open_files, "raise_open_file_limit", lambda: 520)
+    assert main(["serve", str(tiny["s1"]), str(tiny["s2"]), "--port", "0"]) == 2
+    assert re.search(r"the stores map up to \d+ files, .* may open only 520 files in all; raise the limit to at "
+                     r"least \d+ \(ulimit -n", capsys.readouterr().err)  # fmt: skip
+
+
 def test_model_options_must_match_the_stores(tiny: dict[str, Any], capsys) -> None:
     model = str(tiny["ranker_dir"])
     assert main(["serve", str(tiny["s1"]), str(tiny["s2"]), "--model", model, "--model", model, "--model", model]) == 2
