@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exception_handlers import http_exception_handler
@@ -44,6 +44,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import CLIENT_GONE, CONTENT_TYPE, Metrics
@@ -61,6 +62,7 @@ ENDPOINTS = (ASK, RERANK, "/health", "/stores", "/metrics")
 RETRY_AFTER_SECONDS = 1
 MAX_BODY_BYTES = 1 << 20
 UNPARSED_BODY = "There was an error parsing the body"  # FastAPI's 400 detail for a body it cannot decode
+T = TypeVar("T")
 
 
 HEALTH_CHECK_SECONDS = 2.0  # how long /health waits for the stores' checks; what they find later shows next time
@@ -160,8 +162,9 @@ class StoreRouter:
             raise ClientError(400, f"store {name!r} answers {store.service.endpoint}, not {endpoint}")
         return store
 
-    async def answer(self, request: AskRequest | RerankRequest, endpoint: str) -> JSONResponse:
-        """The response to one /ask or /rerank request: its result, or the error status the module docstring lists."""
+    async def answer(self, request: AskRequest | RerankRequest, endpoint: str, receive: Receive) -> Response:
+        """The response to one /ask or /rerank request: its result, or the error status the module docstring lists;
+        a request whose client left while it waited is dropped (CLIENT_GONE), queued or not."""
         try:
             store = self.choose(request.store, endpoint)
             if store.problem is not None:
@@ -171,7 +174,7 @@ class StoreRouter:
                 raise ClientError(422, f"this server answers at most {self.settings.max_top_p} passages per request, "
                                   f"got {pairs}")  # fmt: skip
             try:
-                result = await self.batchers[store.name].submit(request, pairs)
+                result = await while_connected(self.batchers[store.name].submit(request, pairs), receive)
             except StoreFormatError as error:  # the files under the open store changed: no later request can work
                 if store.service.store.location.local_root is not None or isinstance(error, StoreChangedError):
                     store.fail(error)
@@ -183,6 +186,8 @@ class StoreRouter:
                 raise _read_failed(store.name, error) from None
         except ClientError as error:
             return JSONResponse({"detail": scrubbed(str(error))}, status_code=error.status)
+        except ClientGone:
+            return Response(status_code=CLIENT_GONE)
         except Overloaded as error:
             return JSONResponse(
                 {"detail": f"overloaded: {error}; retry later"},
@@ -320,18 +325,48 @@ def too_large(request: Request) -> JSONResponse | None:
     return None
 
 
+class ClientGone(Exception):
+    """The client of a request left before its answer was ready."""
+
+
+async def while_connected(work: Awaitable[T], receive: Receive) -> T:
+    """`await work`, unless the client leaves first: then ClientGone, with `work` cancelled.
+
+    `receive` is the request's ASGI channel, its body already read: what comes next is the disconnect. A
+    Batcher skips a cancelled job still queued and drops the answer of one in its batch; without the watch,
+    requests whose clients had timed out were computed all the same, and 20 of them made the next real /ask
+    wait 8 s instead of 1.
+    """
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and not watch.cancelled() and watch.exception() is None:
+            raise ClientGone
+        return await task  # done, or the watch failed: the work goes on unwatched
+    finally:
+        watch.cancel()
+        task.cancel()  # a no-op once it is done; the client gone or the handler cancelled (a shutdown): stop it
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Return once the ASGI channel says the client disconnected."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 def add_routes(app: FastAPI, router: StoreRouter) -> None:
     """/ask, /rerank, /health (GET and HEAD), /stores and /metrics."""
 
     # max_body_size counts a chunked body (no Content-Length), which too_large cannot see, as it arrives.
     @app.post(ASK, summary="Answer a question (the JSON of `dilstore ask --json`)", max_body_size=MAX_BODY_BYTES)
-    async def ask(request: AskRequest) -> JSONResponse:
-        return await router.answer(request, ASK)
+    async def ask(request: AskRequest, connection: Request) -> Response:
+        return await router.answer(request, ASK, connection.receive)
 
     @app.post(RERANK, summary="Score documents of an EARL or Listformer store against a query, best first",
               max_body_size=MAX_BODY_BYTES)
-    async def rerank(request: RerankRequest) -> JSONResponse:
-        return await router.answer(request, RERANK)
+    async def rerank(request: RerankRequest, connection: Request) -> Response:
+        return await router.answer(request, RERANK, connection.receive)
 
     @app.get("/health", summary="200 once every store is loaded; 503 naming the stores that became unavailable")
     async def health() -> JSONResponse:
