@@ -41,6 +41,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_SHUTDOWN_TIMEOUT = 30
 DEFAULT_REQUEST_TIMEOUT = 60
+LISTEN_BACKLOG = 2048  # uvicorn's default backlog
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -127,7 +128,12 @@ def run(args: argparse.Namespace) -> int:
     )
     if not 0 <= args.port <= 65535:
         raise DilstoreError(f"--port must be between 0 and 65535, got {args.port}")
-    check_listening_address(args.host, args.port)
+    with listening_socket(args.host, args.port) as listener:
+        return serve_on(listener, args, settings)
+
+
+def serve_on(listener: socket.socket, args: argparse.Namespace, settings: ServeSettings) -> int:
+    """Open the stores and serve them on `listener` until a stop signal (see `run`)."""
     apply_threads(args.threads)
     named = [parse_store_argument(argument) for argument in args.stores]
     names = [name for name, _ in named]
@@ -159,26 +165,32 @@ def run(args: argparse.Namespace) -> int:
     )
     server = StopServer(config)
     with signals_end_cleanly(), hangup_stops(server), cancelled_requests_unlogged():
-        server.run()
+        server.run(sockets=[listener])
     return 0
 
 
-def check_listening_address(host: str, port: int) -> None:
-    """A DilstoreError naming --host/--port when the server could not listen there, before any store is opened.
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The socket the server will answer on, bound and listening before any store is opened; a DilstoreError naming
+    --host/--port when it cannot be.
 
-    Opening large stores takes a while; uvicorn would find a port in use (or a host that does not resolve) only after
-    that, and exit 3 with its own log line. The socket is bound as uvicorn binds it (SO_REUSEADDR), then closed.
+    Opening large stores takes a while. Found only after that, a port in use (or a host that does not resolve)
+    was uvicorn's exit 3 with its own log lines; a port checked and let go first could be taken meanwhile, with the
+    same end. Held from the start, it is the server's: a connection made while the stores load waits in its
+    backlog until the server answers. Bound as uvicorn binds (SO_REUSEADDR).
     """
     try:
         family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as error:
         raise DilstoreError(f"--host {host}: cannot resolve it ({error.strerror})") from None
+    listener = socket.socket(family, kind, protocol)
     try:
-        with socket.socket(family, kind, protocol) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(LISTEN_BACKLOG)
     except OSError as error:
+        listener.close()
         raise DilstoreError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return listener
 
 
 def check_stores_and_models(named: Sequence[tuple[str, str]], models: Sequence[Path | None]) -> list[dict[str, Any]]:

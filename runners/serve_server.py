@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Iterator
 from types import FrameType
 
@@ -21,7 +22,13 @@ from dilstore.runners.quiet import raising, records_unlogged
 
 
 class StopServer(uvicorn.Server):
-    """uvicorn's Server, where any stop signal after the first forces the quit."""
+    """uvicorn's Server, where any stop signal after the first forces the quit; given the listening socket, it still
+    logs its "Uvicorn running on URL" line (uvicorn leaves it to whoever bound a socket it is given)."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if sockets is not None and self.started:
+            self._log_started_message(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit:

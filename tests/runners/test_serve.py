@@ -682,6 +682,17 @@ def test_a_store_damaged_on_disk_or_too_many_files_for_the_limit_is_refused_at_s
                      r"least \d+ \(ulimit -n", capsys.readouterr().err)  # fmt: skip
 
 
+def test_the_port_is_held_from_before_the_stores_load() -> None:
+    """The port was checked, let go, and bound again after the stores loaded: taken meanwhile (a second instance
+    started at the same moment), uvicorn exited 3 with its own log lines (serve42 L1)."""
+    from dilstore.runners.cmd_serve import listening_socket
+
+    with listening_socket("127.0.0.1", 0) as listener, socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with pytest.raises(OSError, match="Address already in use"):
+            other.bind(("127.0.0.1", listener.getsockname()[1]))
+
+
 def test_model_options_must_match_the_stores(tiny: dict[str, Any], capsys) -> None:
     model = str(tiny["ranker_dir"])
     assert main(["serve", str(tiny["s1"]), str(tiny["s2"]), "--model", model, "--model", model, "--model", model]) == 2
