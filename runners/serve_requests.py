@@ -51,7 +51,7 @@ class AskRequest(RequestBody):
 class RerankRequest(RequestBody):
     """POST /rerank: a query and either the documents to score or how many BM25 hits to score."""
 
-    query: str = Field(min_length=1, description="the query")
+    query: str = Field(description="the query; empty queries are refused")
     doc_ids: list[str] | None = Field(None, min_length=1, description="ids of stored documents to score")
     bm25_top_k: int | None = Field(None, ge=1, description="score BM25's top k (the store needs a BM25 index)")
     store: str | None = Field(None, description="store name (default: the first EARL or Listformer store)")

@@ -389,8 +389,9 @@ BAD_ASKS = [
     ("body over 1 MiB", b'{"question": "' + b"x" * (1 << 20) + b'"}', 413, "the server reads at most 1,048,576"),
     ("bytes not UTF-8", b'{"question": "caf\xe9?"}', 422, "the body is not valid JSON: 'utf-8' codec can't decode"),
     ("nested too deep", b"[" * 100_000 + b"]" * 100_000, 422, "the body is not valid JSON: maximum recursion depth"),
-    ("a 5,000-digit top_p", b'{"question": "q?", "top_p": ' + b"9" * 5000 + b"}", 422,
-     "the body is not valid JSON: Exceeds the limit (4300 digits) for integer string conversion"),
+    ("a 5,000-digit top_p", b'{"question": "q?", "top_p": ' + b"9" * 5000 + b"}", 422,  # no "use sys.set_int_..."
+     'the body is not valid JSON: Exceeds the limit (4300 digits) for integer string conversion: value has 5000 '
+     'digits"'),
     ("top_p zero", {"question": "q?", "top_p": 0}, 422, "greater than or equal to 1"),
     ("top_p over the limit", {"question": "q?", "top_p": 101}, 422, "at most 100"),
     ("top_p a float", {"question": "q?", "top_p": 2.5}, 422, "integer"),
@@ -408,9 +409,11 @@ BAD_ASKS = [
 BAD_RERANKS = [
     ("neither ids nor k", {"query": "trams"}, 422, "exactly one of"),
     ("both ids and k", {"query": "trams", "doc_ids": ["tram"], "bm25_top_k": 2}, 422, "exactly one of"),
-    ("empty query", {"query": "", "doc_ids": ["tram"]}, 422, "at least 1 character"),
+    ("empty query", {"query": "", "doc_ids": ["tram"]}, 422, "the query is empty"),
     ("blank query", {"query": "  ", "doc_ids": ["tram"]}, 422, "the query is empty"),
-    ("lone surrogate query", b'{"query": "tram \\udc00", "doc_ids": ["tram"]}', 422, "unicode string"),
+    # pydantic's length check failed first, with "unable to parse raw data as a unicode string" (serve42 L4).
+    ("lone surrogate query", b'{"query": "tram \\udc00", "doc_ids": ["tram"]}', 422,
+     "the query holds a lone surrogate U+DC00 at character 6, which is not Unicode text"),
     ("no ids", {"query": "trams", "doc_ids": []}, 422, "at least 1 item"),
     ("unknown id", {"query": "trams", "doc_ids": ["tram", "ghost", "tram"]}, 422,
      "1 of 2 doc_ids are not in this store: 'ghost'\""),  # not the library's skip_missing hint, which /rerank lacks
