@@ -1,6 +1,7 @@
 """uvicorn's h11 protocol as `dilstore serve` needs it: a deadline for every request, and JSON protocol errors.
 
-**Deadline.** A request must arrive whole within --request-timeout seconds.
+**Deadline.** A request must arrive whole within --request-timeout seconds; one
+whose headers came but not all of its body gets a 408 before the close.
 
 uvicorn times out only the idle wait between two requests of a kept-alive
 connection (`timeout_keep_alive`). A client that connects and sends nothing,
@@ -69,6 +70,8 @@ class ServeProtocol(H11Protocol):
             self.deadline = None
 
     def _expire(self) -> None:
+        """Close the connection of a request overdue; one whose headers came, missing part of its body, first gets a
+        408 saying why (a client or proxy saw an empty reply)."""
         self.deadline = None
         if self.conn.their_state in OWING and not self.transport.is_closing():
             client = "%s:%d" % self.client if self.client else "a client"
@@ -76,15 +79,23 @@ class ServeProtocol(H11Protocol):
                 "closed the connection of %s: its request did not arrive whole within %g s (--request-timeout)",
                 client, self.request_timeout,
             )  # fmt: skip
+            if self.conn.their_state is h11.SEND_BODY and self.conn.our_state is h11.SEND_RESPONSE:
+                self._send_error(408, f"the request did not arrive whole within {self.request_timeout:g} s "
+                                      "(--request-timeout)")  # fmt: skip
             self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to a request h11 cannot parse (then it closes), with a JSON body.
+        """uvicorn's answer to a request h11 cannot parse (then it closes), with a JSON body."""
+        self._send_error(400, msg)
+        self.transport.close()
+
+    def _send_error(self, status: int, message: str) -> None:
+        """An error answer with the JSON body every error of the server has, on a connection that then closes.
 
         h11 sends no body after the headers of an answer to HEAD (the request line parsed, the body did not):
         the headers go alone, where uvicorn's own version raised out of the protocol, a traceback in the log.
         """
-        body = json.dumps({"detail": msg}).encode()
+        body = json.dumps({"detail": message}).encode()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
@@ -92,14 +103,13 @@ class ServeProtocol(H11Protocol):
         ]
         try:
             for event in (
-                h11.Response(status_code=400, headers=headers, reason=STATUS_PHRASES[400]),
+                h11.Response(status_code=status, headers=headers, reason=STATUS_PHRASES[status]),
                 h11.Data(data=body),
                 h11.EndOfMessage(),
             ):
                 self.transport.write(self.conn.send(event) or b"")
         except h11.LocalProtocolError:
             pass  # what h11 refused to send (a body to HEAD) is not sent; the connection closes all the same
-        self.transport.close()
 
 
 def serve_protocol(seconds: float) -> type[ServeProtocol]:
