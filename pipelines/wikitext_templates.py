@@ -21,9 +21,13 @@ import re
 _FIXED = {"nbsp": " ", "thinsp": " ", "spaces": " ", "ndash": "–", "mdash": "—", "mdashb": "—", "snd": " – ",
           "spnd": " – ", "sndash": " – ", "spaced ndash": " – ", "'s": "'s", "'": "'"}  # fmt: skip
 # Templates that show their first positional argument: typography wrappers, a linked name, an abbreviation, a flag
-# with its country's name.
+# with its country's name, a formula's variable, an anchored term, a gauge.
 _FIRST = frozenset({"small", "smaller", "big", "larger", "large", "sc", "smallcaps", "small caps", "abbr", "vr",
-                    "flag", "flagcountry", "nobr", "no wrap"})  # fmt: skip
+                    "flag", "flagcountry", "nobr", "no wrap", "math", "mvar", "vanchor", "railgauge", "chem2"})
+# Templates that show their positional arguments run together: a chemical formula, {{chem|C|n|H|2n+2}} "CnH2n+2".
+_JOINED = frozenset({"chem", "chem name"})
+# Musical signs: {{music|flat}} "♭".
+_MUSIC = {"flat": "♭", "sharp": "♯", "natural": "♮", "b": "♭", "#": "♯", "doubleflat": "𝄫", "doublesharp": "𝄪"}
 _LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:-[a-z]+)*")
 # Templates that show their last positional argument: a language or script code, then the text.
 _LAST = frozenset({"transl", "transliteration", "script", "rtl-lang", "ipa"})
@@ -44,10 +48,12 @@ _VALUE = re.compile(r"[-+−]?\d[\d.,]*(/\d+)?")
 _SCALED_UNIT = re.compile(r"e(3|6|9|12)([^\d].*)")
 _SCALES = {"3": "thousand", "6": "million", "9": "billion", "12": "trillion"}
 _OTHERS = frozenset({"nowrap", "convert", "cvt", "as of", "frac", "sfrac", "circa", "nihongo", "angbr", "e", "val",
-                     "oldstyledate", "ill"})  # fmt: skip
+                     "oldstyledate", "ill", "ordinal", "us$", "format price", "inflation", "sclass", "sclass-",
+                     "ship", "bibleref", "bibleverse", "music"})  # fmt: skip
+_ORDINAL_SUFFIXES = {1: "st", 2: "nd", 3: "rd"}
 # The named arguments a rendering reads (a quotation's text, a power of ten, a unit, a date's parts and order).
 NAMED_ARGUMENTS = frozenset({"text", "quote", "e", "u", "ul", "df", "lt", "year", "month", "day"})
-RENDERED_TEMPLATES = frozenset({*_FIXED, *_FIRST, *_LAST, "lang", *_QUOTES, *_SHIPS, *_DATES, *_OTHERS})
+RENDERED_TEMPLATES = frozenset({*_FIXED, *_FIRST, *_JOINED, *_LAST, "lang", *_QUOTES, *_SHIPS, *_DATES, *_OTHERS})
 
 
 def renders(name: str) -> bool:
@@ -63,6 +69,8 @@ def rendered_text(name: str, positional: list[str], named: dict[str, str]) -> st
         return _FIXED[name]
     if name in _FIRST:
         return first
+    if name in _JOINED:
+        return "".join(positional)
     if name == "lang":  # {{lang|fr|la France}}
         return positional[1] if len(positional) > 1 else ""
     if name.startswith("lang-"):  # {{lang-de|Frankreich}}
@@ -111,7 +119,41 @@ def _other(name: str, positional: list[str], named: dict[str, str]) -> str:
         return f"{first}{uncertainty}{power}" + (f" {unit}" if unit else "")
     if name == "oldstyledate":  # {{OldStyleDate|2 February|1905|21 January}}: "2 February 1905"
         return " ".join(positional[:2])
+    return _money_or_name(name, positional)
+
+
+def _money_or_name(name: str, positional: list[str]) -> str:
+    """Amounts, ordinals, ship classes, Bible references and musical signs."""
+    first = positional[0] if positional else ""
+    if name == "ordinal":  # {{ordinal|3}}: "3rd"
+        return _ordinal(first.strip())
+    if name == "us$":  # {{US$|100}}: "US$100"
+        return f"US${first}"
+    if name == "format price":  # {{Format price|3160384}}: "3,160,384"
+        return f"{int(first.strip()):,}" if _NUMBER.fullmatch(first.strip()) else first
+    if name == "inflation":
+        # {{inflation|US|3160384|2003}} shows the amount in today's money, from tables this reader lacks; the
+        # amount as given, of its year, keeps the figure and says which it is.
+        amount, year = (positional[1:3] + ["", ""])[:2]
+        return f"{amount} ({year} value)" if year else amount
+    if name in ("sclass", "sclass-"):  # {{sclass|Iowa|battleship}}: "Iowa-class battleship"
+        return f"{first}-class {positional[1]}" if len(positional) > 1 else f"{first}-class"
+    if name == "ship":  # {{ship|HMS|Victory|1765}}: "HMS Victory"
+        return " ".join(positional[:2])
+    if name in ("bibleref", "bibleverse"):  # {{bibleref|Mark|3:25|9}}: "Mark 3:25"
+        return " ".join(part for part in positional[:2] if part)
+    if name == "music":  # {{music|flat}}: "♭"
+        return _MUSIC.get(first.strip().lower(), "")
     return ""
+
+
+def _ordinal(number: str) -> str:
+    """"3rd" for "3", "11th" for "11"; the text itself when it is no number."""
+    if not _NUMBER.fullmatch(number):
+        return number
+    value = int(number)
+    suffix = "th" if value % 100 in (11, 12, 13) else _ORDINAL_SUFFIXES.get(value % 10, "th")
+    return f"{value}{suffix}"
 
 
 def _date(positional: list[str], named: dict[str, str]) -> str:

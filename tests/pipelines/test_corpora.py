@@ -612,6 +612,14 @@ def test_transclusion_tags_keep_what_the_page_itself_shows() -> None:
         # A date template without positional arguments raised IndexError: the whole page a dead letter (wiki40b M1).
         ("{{birth date and age|year=1947|month=4|day=1}}, {{dts}}, {{Start date and age|df=yes}}.",
          "April 1, 1947, , ."),
+        # wiki42 M1: the sentence's figures and formulas were dropped, and `ask` answered "$" to a question on cost.
+        ("cost of ${{Format price|{{inflation|US|3160384|2003}}}}, {{Format price|1234567}}; formula "
+         "{{chem|C|''n''|H|2''n''+2}} or {{chem2|CH4}}; {{US$|100}}", "cost of $3160384 (2003 value), 1,234,567; "
+         "formula CnH2n+2 or CH4; US$100"),
+        ("the {{ordinal|3}}, {{ordinal|11}}, {{ordinal|22}} and {{ordinal|many}}; an {{sclass|Iowa|battleship}} and "
+         "{{ship|HMS|Victory|1765}}", "the 3rd, 11th, 22nd and many; an Iowa-class battleship and HMS Victory"),
+        ("with {{math|''x'' + 1}} and {{mvar|n}} on the {{RailGauge|1435mm}} line: {{bibleref|Mark|3:25|9}}, "
+         "A{{Music|flat}}4, {{vanchor|Step E1}}", "with x + 1 and n on the 1435mm line: Mark 3:25, A♭4, Step E1"),
     ],
 )
 def test_templates_that_are_the_prose_are_rendered_as_a_reader_sees_them(wikitext: str, text: str) -> None:
