@@ -11,9 +11,12 @@ A page without <ns> (very old dumps) counts as namespace 0; those dumps have no
 
 The file is parsed with `xml.etree.ElementTree.iterparse` and every finished
 page is cleared from the tree, so memory holds one page at a time whatever the
-dump's size. XML that is not well formed cannot be resynchronised: the pages
-before the error come through, then one `Rejected` names the line, and the
-reader stops.
+dump's size. XML that is not well formed (a mismatched tag, an unknown entity,
+a byte that is not UTF-8) ends a parse where it is: one `Rejected` names the
+page (when its id was read) and the line, and reading goes on with a new parse
+from the next line that opens a `<page>`, as dump readers that split at page
+boundaries do (one bad byte in a dump lost every page after it). Pages on the
+damaged line after the damage are lost with it.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import re
 import sys
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from mwparserfromhell.parser import ParserError
 
@@ -33,6 +37,10 @@ from dilstore.pipelines.wikitext import is_disambiguation, wikitext_to_text
 
 ARTICLE_NAMESPACE = "0"
 _REDIRECT = re.compile(r"#redirect\s*:?\s*\[\[", re.IGNORECASE)  # how a redirect page's text opens
+_PAGE_START = re.compile(rb"<page[\s>]")
+_ROOT = b"<mediawiki>"  # what a parse resumed at a <page> starts with, so that the page is inside a root
+_KEPT_BYTES = 1 << 20  # of a parse's last reads, kept to go on past damage (the parser reads 16 KiB at a time)
+_SCAN_BYTES = 1 << 20  # read at a time while looking for the next <page> after damage
 
 
 def read_wikipedia(
@@ -68,25 +76,183 @@ def _local_name(tag: str) -> str:
 def _wikipedia_records(source: str, stream: BinaryIO, max_bytes: int, plain_text: bool) -> Iterator[Record]:
     last_page = "the start of the file"
     with ReadUpToDamage(stream) as whole:
-        events = ElementTree.iterparse(whole, events=("start", "end"))
+        parse = _Parse(whole, first_line=1)
+        try:
+            while True:
+                try:
+                    yield from parse.records(source, max_bytes, plain_text)
+                finally:
+                    last_page = parse.last_page or last_page
+                if parse.damage is None:
+                    return
+                try:
+                    following = parse.following()
+                except (EOFError, OSError):
+                    yield parse.damage.record(source, None)
+                    raise
+                yield parse.damage.record(source, None if following is None else following.first_line)
+                if following is None:
+                    return
+                parse = following
+        except (EOFError, OSError) as error:
+            yield Rejected(source, f"after {last_page}", f"truncated or corrupt file: {error}")
+
+
+class _Readable(Protocol):
+    def read(self, size: int = -1) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class _Damage:
+    """Where a parse found XML that is not well formed, and in which page."""
+
+    line: int  # the dump's line
+    page_id: str  # "" when the page's id was not read yet
+    reason: str
+
+    def record(self, source: str, resumed_at: int | None) -> Rejected:
+        """The dead letter: the page (or line), what is wrong, and where reading went on."""
+        after = (f"reading went on at the next page, line {resumed_at}" if resumed_at is not None
+                 else "no page follows it")  # fmt: skip
+        return Rejected(source, self.page_id or self.line, f"bad XML at line {self.line}: {self.reason}; {after}")
+
+
+class _Parse:
+    """One parse of the dump, from its start or from a `<page>` after damage, that keeps its last reads (by line)
+    to go on past the damage that ends it."""
+
+    def __init__(self, stream: _Readable, first_line: int) -> None:
+        self.recent = _RecentBytes(stream)
+        self.first_line = first_line  # the dump's line that is this parse's line 1
+        self.last_page: str | None = None
+        self.damage: _Damage | None = None
+        self._error_line = 0  # this parse's line of the damage
+
+    def records(self, source: str, max_bytes: int, plain_text: bool) -> Iterator[Record]:
+        """The pages' records, until the end of the XML or damage (then `damage` says where and why)."""
+        events = ElementTree.iterparse(self.recent, events=("start", "end"))
+        page_id, depth, page_depth = "", 0, -1
         try:
             _, root = next(events)
             if _local_name(root.tag) != "mediawiki":
                 yield Rejected(source, 1, f"not a MediaWiki XML export: the root element is <{_local_name(root.tag)}>, "
                                           "not <mediawiki>")  # fmt: skip
                 return
+            depth = 1
             for event, element in events:
-                if event == "end" and _local_name(element.tag) == "page":
+                name = _local_name(element.tag)
+                if event == "start":
+                    depth += 1
+                    page_id, page_depth = ("", depth) if name == "page" else (page_id, page_depth)
+                    continue
+                if name == "id" and depth == page_depth + 1:  # the page's id, not its revision's
+                    page_id = _text_of(element)
+                depth -= 1
+                if name == "page":
                     record = page_record(source, element, max_bytes, plain_text)
-                    last_page = f"page {record.id if isinstance(record, Document) else record.line_or_id}"
+                    self.last_page = f"page {record.id if isinstance(record, Document) else record.line_or_id}"
+                    page_id, page_depth = "", -1
                     root.clear()  # drop finished pages so memory stays flat
                     yield record
-        except ElementTree.ParseError as error:  # an invalid UTF-8 byte is one too: expat cannot go on past it
-            line, _ = error.position
-            yield Rejected(source, line, f"bad XML: {error}; reading stopped there, after {last_page}: the rest of "
-                                         "the file was not read (mend or cut the damage, and run again)")  # fmt: skip
-        except (EOFError, OSError) as error:
-            yield Rejected(source, f"after {last_page}", f"truncated or corrupt file: {error}")
+        except ElementTree.ParseError as error:
+            self._error_line = error.position[0]
+            reason = str(error).rsplit(": line ", 1)[0]  # expat's own position, counted from this parse's start
+            if self.recent.undecodable(self._error_line):
+                reason = "a byte that is not UTF-8"
+            self.damage = _Damage(self.first_line + self._error_line - 1, page_id, reason)
+
+    def following(self) -> _Parse | None:
+        """A parse from the first `<page>` on a line after the damage's, or None when no page follows."""
+        rest = _Chained(self.recent.after_line(self._error_line), self.recent.stream)
+        line = self.first_line + self._error_line
+        while text := rest.readline(_SCAN_BYTES):
+            found = _PAGE_START.search(text)
+            if found is not None:
+                return _Parse(_Chained(_ROOT + text[found.start():], rest), first_line=line)
+            line += text.count(b"\n")
+        return None
+
+
+class _RecentBytes:
+    """A stream that keeps about its last _KEPT_BYTES bytes read, and the line they start on."""
+
+    def __init__(self, stream: _Readable) -> None:
+        self.stream = stream
+        self.kept = bytearray()
+        self.kept_line = 1  # the line `kept` starts on
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.kept += data
+        if len(self.kept) > _KEPT_BYTES:
+            dropped = len(self.kept) - _KEPT_BYTES
+            self.kept_line += self.kept.count(b"\n", 0, dropped)
+            del self.kept[:dropped]
+        return data
+
+    def _line_start(self, line: int) -> int | None:
+        """Where `line` starts in `kept`: 0 for one begun before it, None for one not read yet."""
+        position = 0
+        for _ in range(line - self.kept_line):
+            position = self.kept.find(b"\n", position) + 1
+            if position == 0:
+                return None
+        return position
+
+    def after_line(self, line: int) -> bytes:
+        """The kept bytes after `line`'s end (none when it goes on past them)."""
+        start = self._line_start(line + 1)
+        return b"" if start is None else bytes(self.kept[start:])
+
+    def undecodable(self, line: int) -> bool:
+        """Whether the kept part of `line` holds bytes that are not UTF-8."""
+        start = self._line_start(line)
+        if start is None:
+            return False
+        end = self.kept.find(b"\n", start)
+        text = bytes(self.kept[start : None if end < 0 else end])
+        if start == 0:  # kept may start inside a character
+            text = text.lstrip(bytes(range(0x80, 0xC0)))
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            return error.reason != "unexpected end of data"  # a character cut at the kept part's end is whole
+        return False
+
+
+class _Chained:
+    """Bytes, then a stream: what is left to read after a parse ended in damage."""
+
+    def __init__(self, head: bytes, tail: _Readable) -> None:
+        self.head = head
+        self.tail = tail
+
+    def read(self, size: int = -1) -> bytes:
+        if not self.head:
+            return self.tail.read(size)
+        if size < 0:
+            data, self.head = self.head + self.tail.read(), b""
+            return data
+        data, self.head = self.head[:size], self.head[size:]
+        return data
+
+    def readline(self, limit: int) -> bytes:
+        """Up to and with the next b"\\n", at most `limit` bytes."""
+        parts: list[bytes] = []
+        got = 0
+        while got < limit:
+            if not self.head:
+                self.head = self.tail.read(limit - got)
+                if not self.head:
+                    break
+            end = self.head.find(b"\n", 0, limit - got)
+            take = end + 1 if end >= 0 else min(len(self.head), limit - got)
+            parts.append(self.head[:take])
+            self.head = self.head[take:]
+            got += take
+            if end >= 0:
+                break
+        return b"".join(parts)
 
 
 def page_record(

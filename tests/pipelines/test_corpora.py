@@ -514,16 +514,16 @@ def test_wikipedia_broken_xml_keeps_pages_before_the_error(tmp_path: Path) -> No
     truncated = tmp_path / "truncated.xml"
     truncated.write_text(f"<mediawiki>\n{good}<page><title>Two</title>")
     assert [type(r).__name__ for r in read_wikipedia(truncated)] == ["Document", "Rejected"]
-    assert list(read_wikipedia(truncated))[1].reason.startswith("bad XML: no element found")
+    assert list(read_wikipedia(truncated))[1].reason == "bad XML at line 3: no element found; no page follows it"
 
     invalid_utf8 = tmp_path / "invalid.xml"
     latin1_page = page(2, "Two", "café").encode("latin-1")
     invalid_utf8.write_bytes(f"<mediawiki>\n{good}".encode() + latin1_page + b"</mediawiki>")
     records = list(read_wikipedia(invalid_utf8))
     assert [type(r).__name__ for r in records] == ["Document", "Rejected"]
-    assert (records[1].line_or_id, records[1].reason.split(":")[0]) == (3, "bad XML")
-    # One byte lost every page after it; the dead letter said only "invalid token".
-    assert "reading stopped there, after page 1: the rest of the file was not read" in records[1].reason
+    # The dead letter said only "invalid token", and "reading stopped there" (wiki42 M2).
+    assert records[1] == Rejected(str(invalid_utf8), "2", "bad XML at line 3: a byte that is not UTF-8; no page "
+                                                          "follows it")  # fmt: skip
 
     compressed = bz2.compress(write_dump(tmp_path / "d.xml", good * 3).read_bytes())
     cut = tmp_path / "cut.xml.bz2"
@@ -531,6 +531,31 @@ def test_wikipedia_broken_xml_keeps_pages_before_the_error(tmp_path: Path) -> No
     records = list(read_wikipedia(cut))
     assert isinstance(records[-1], Rejected)
     assert records[-1].reason.startswith("truncated or corrupt file")
+
+
+@pytest.mark.parametrize(
+    ("damage", "where", "reason"),
+    [(page(2, "Two", "café").encode("latin-1"), "2", "line 3: a byte that is not UTF-8"),
+     (page(2, "Two", "a &bogus; entity").encode(), "2", "line 3: undefined entity"),
+     (b"<page><title>Two</title><ns>0</ns></revision></page>\n", 3, "line 3: mismatched tag"),
+     (b"<page>\n<title>Two</title>\n<id>2</id>\n<revision><text>caf\xe9</text>\n</revision>\n</page>\n", "2",
+      "line 6: a byte that is not UTF-8")],
+    ids=["latin-1", "entity", "tag", "multi-line page"],
+)  # fmt: skip
+def test_wikipedia_reading_goes_on_at_the_page_after_damage(
+    tmp_path: Path, damage: bytes, where: object, reason: str
+) -> None:
+    """One bad byte or tag ended the reading of the whole dump, and the run said "1 record(s) rejected" (wiki42 M2)."""
+    dump = tmp_path / "dump.xml.bz2"
+    pages = [page(number, f"Page {number}", f"Text {number}.").encode() for number in (1, 3, 4)]
+    dump.write_bytes(bz2.compress(b'<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/">\n' + pages[0]
+                                  + damage + b"".join(pages[1:]) + b"</mediawiki>\n"))  # fmt: skip
+    records = list(read_wikipedia(dump))
+    assert [record.id for record in records if isinstance(record, Document)] == ["1", "3", "4"]
+    (rejected,) = [record for record in records if isinstance(record, Rejected)]
+    resumed = 3 + damage.count(b"\n")
+    assert rejected == Rejected(str(dump), where, f"bad XML at {reason}; reading went on at the next page, "
+                                                  f"line {resumed}")  # fmt: skip
 
 
 def test_wikitext_to_text_keeps_prose_only() -> None:
