@@ -56,6 +56,8 @@ DROPPED_TAGS = frozenset(
 )
 # Link namespaces that embed media or classify the page instead of linking text.
 DROPPED_LINK_NAMESPACES = frozenset({"file", "image", "media", "category"})
+# HTML blocks whose text the page shows apart from its neighbours: "Geology:<blockquote>He" read "Geology:He".
+BLOCK_TAGS = frozenset({"blockquote", "div", "center", "poem", "p"})
 # Interlanguage links ("[[fr:Anarchisme]]", "[[be-x-old:...]]") are unpiped and
 # prefixed by a lowercase language code.
 _INTERLANGUAGE = re.compile(r"[a-z]{2,3}(-[a-z]+)*|simple")
@@ -199,7 +201,10 @@ def _prune(code: Wikicode) -> None:
             continue
         for inner in _inner_code(replacement):
             _prune(inner)
-        kept.append(replacement)
+        if isinstance(replacement, Tag) and str(replacement.tag).strip().lower() in BLOCK_TAGS:
+            kept += [Text("\n\n"), replacement, Text("\n\n")]  # a paragraph of its own, as the page shows it
+        else:
+            kept.append(replacement)
     code.nodes = kept
 
 

@@ -558,6 +558,14 @@ def test_wikipedia_reading_goes_on_at_the_page_after_damage(
                                                   f"line {resumed}")  # fmt: skip
 
 
+def test_html_blocks_are_paragraphs_of_their_own() -> None:
+    """`<blockquote>` text ran into its neighbours: "Principles of Geology:He refers" (wiki42 L3)."""
+    text = wikitext_to_text("Lyell wrote in ''Principles of Geology'':<blockquote>He refers to it.</blockquote>Then "
+                            "<div>a block</div> and <poem>A line\nB line</poem>after.")  # fmt: skip
+    assert text.split("\n\n") == ["Lyell wrote in Principles of Geology:", "He refers to it.", "Then", "a block",
+                                  "and", "A line B line", "after."]  # fmt: skip
+
+
 def test_wikitext_to_text_keeps_prose_only() -> None:
     wikitext = (
         "{{Infobox person|name=X}}\n'''Ada''' was a [[mathematician|writer]] of [[England]].<ref>Cite</ref>"
