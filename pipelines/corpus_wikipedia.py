@@ -6,8 +6,10 @@ prose (`pipelines.wikitext`). Redirects, disambiguation pages and pages of other
 namespaces are yielded as `Skipped` so that they can be counted; they are not
 dead letters. A page
 outside namespace 0 is skipped as "namespace N" even when it is also a redirect.
-A page without <ns> (very old dumps) counts as namespace 0; those dumps have no
-<redirect> either, so a page whose text opens with "#REDIRECT [[" is one too.
+A page without <ns> (very old dumps) takes its namespace from its title's
+prefix, "Talk:" and the like, as the dump's <siteinfo> names them (namespace 0
+without one); those dumps have no <redirect> either, so a page whose text opens
+with "#REDIRECT [[" is one too.
 
 The file is parsed with `xml.etree.ElementTree.iterparse` and every finished
 page is cleared from the tree, so memory holds one page at a time whatever the
@@ -24,7 +26,7 @@ from __future__ import annotations
 import re
 import sys
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -121,9 +123,10 @@ class _Parse:
     """One parse of the dump, from its start or from a `<page>` after damage, that keeps its last reads (by line)
     to go on past the damage that ends it."""
 
-    def __init__(self, stream: _Readable, first_line: int) -> None:
+    def __init__(self, stream: _Readable, first_line: int, namespaces: dict[str, str] | None = None) -> None:
         self.recent = _RecentBytes(stream)
         self.first_line = first_line  # the dump's line that is this parse's line 1
+        self.namespaces = {} if namespaces is None else namespaces  # <siteinfo>'s: lower-case name → key
         self.last_page: str | None = None
         self.damage: _Damage | None = None
         self._error_line = 0  # this parse's line of the damage
@@ -147,9 +150,11 @@ class _Parse:
                     continue
                 if name == "id" and depth == page_depth + 1:  # the page's id, not its revision's
                     page_id = _text_of(element)
+                elif name == "namespace" and page_depth < 0 and _text_of(element):
+                    self.namespaces[_text_of(element).lower()] = element.get("key", "")
                 depth -= 1
                 if name == "page":
-                    record = page_record(source, element, max_bytes, plain_text)
+                    record = page_record(source, element, max_bytes, plain_text, self.namespaces)
                     self.last_page = f"page {record.id if isinstance(record, Document) else record.line_or_id}"
                     page_id, page_depth = "", -1
                     root.clear()  # drop finished pages so memory stays flat
@@ -168,7 +173,7 @@ class _Parse:
         while text := rest.readline(_SCAN_BYTES):
             found = _PAGE_START.search(text)
             if found is not None:
-                return _Parse(_Chained(_ROOT + text[found.start():], rest), first_line=line)
+                return _Parse(_Chained(_ROOT + text[found.start():], rest), first_line=line, namespaces=self.namespaces)
             line += text.count(b"\n")
         return None
 
@@ -256,11 +261,16 @@ class _Chained:
 
 
 def page_record(
-    source: str, page: ElementTree.Element, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES, plain_text: bool = True
+    source: str,
+    page: ElementTree.Element,
+    max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+    plain_text: bool = True,
+    namespaces: Mapping[str, str] | None = None,
 ) -> Record:
     """The record for one `<page>` element: a Document, or why it was skipped or rejected.
 
-    The document's text is plain prose, or the raw wikitext when `plain_text` is False.
+    The document's text is plain prose, or the raw wikitext when `plain_text` is False. `namespaces` (the dump's,
+    lower-case name → key) gives the namespace of a page without <ns> by its title's prefix.
     """
     fields: dict[str, ElementTree.Element] = {}
     for child in page:
@@ -268,7 +278,7 @@ def page_record(
     title = _text_of(fields.get("title"))
     page_id = _text_of(fields.get("id"))
     position = page_id or title or "a page without id or title"
-    namespace = _text_of(fields.get("ns")) or ARTICLE_NAMESPACE
+    namespace = _text_of(fields.get("ns")) or _namespace_of_title(title, namespaces or {})
     if namespace != ARTICLE_NAMESPACE:
         return Skipped(source, position, f"namespace {namespace}")
     revision = fields.get("revision")
@@ -286,6 +296,12 @@ def page_record(
     if not plain_text or isinstance(raw, Rejected):
         return raw
     return wikitext_document(raw, max_bytes)
+
+
+def _namespace_of_title(title: str, namespaces: Mapping[str, str]) -> str:
+    """The namespace key a title's prefix names ("Talk:Foo": 1), ARTICLE_NAMESPACE for none."""
+    prefix, colon, _ = title.partition(":")
+    return namespaces.get(prefix.strip().lower(), ARTICLE_NAMESPACE) if colon else ARTICLE_NAMESPACE
 
 
 def _text_of(element: ElementTree.Element | None) -> str:

@@ -558,6 +558,17 @@ def test_wikipedia_reading_goes_on_at_the_page_after_damage(
                                                   f"line {resumed}")  # fmt: skip
 
 
+def test_a_page_without_ns_takes_its_namespace_from_its_title(tmp_path: Path) -> None:
+    """Old dumps have no <ns>: their Talk: and User: pages were stored as articles (wiki42 L1)."""
+    siteinfo = ('<siteinfo><namespaces><namespace key="0" /><namespace key="1">Talk</namespace>'
+                '<namespace key="2">User</namespace></namespaces></siteinfo>')  # fmt: skip
+    pages = [page(number, title, "Some prose here.").replace("<ns>0</ns>", "")
+             for number, title in ((1, "Talk:Old page"), (2, "user:Someone"), (3, "Star Wars: A New Hope"))]
+    records = list(read_wikipedia(write_dump(tmp_path / "old.xml", siteinfo + "".join(pages))))
+    assert [(type(record).__name__, getattr(record, "reason", "")) for record in records] == [
+        ("Skipped", "namespace 1"), ("Skipped", "namespace 2"), ("Document", "")]
+
+
 def test_html_blocks_are_paragraphs_of_their_own() -> None:
     """`<blockquote>` text ran into its neighbours: "Principles of Geology:He refers" (wiki42 L3)."""
     text = wikitext_to_text("Lyell wrote in ''Principles of Geology'':<blockquote>He refers to it.</blockquote>Then "
