@@ -67,6 +67,10 @@ def wikitext_document(doc: Document, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
         return Rejected(doc.source, doc.id, f"wikitext parser failed: {error}")
     except Exception as error:  # noqa: BLE001 (a conversion failure belongs to this page alone)
         return Rejected(doc.source, doc.id, f"wikitext conversion failed: {type(error).__name__}: {error}")
+    if not text.strip():  # an infobox, templates and tables only
+        wikitext_bytes = len(doc.text.encode("utf-8", "surrogatepass"))
+        return Rejected(doc.source, doc.id, f"no prose left of its {wikitext_bytes:,} bytes of wikitext (templates, "
+                                            "tables and markup only)")  # fmt: skip
     return make_document(doc.source, doc.id, doc.id, doc.title, text, max_bytes)
 
 
@@ -286,6 +290,8 @@ def page_record(
     if revision is not None:
         text_element = next((c for c in revision if _local_name(c.tag) == "text"), None)
     wikitext = _text_of(text_element)
+    if text_element is None and "redirect" not in fields:
+        return Rejected(source, position, "no <text> element")
     if "redirect" in fields or _REDIRECT.match(wikitext):
         return Skipped(source, position, "redirect")
     if is_disambiguation(wikitext):  # a list of other pages' titles: its passages only took BM25's top-p slots

@@ -438,7 +438,8 @@ def test_wikipedia_pages_skipped_rejected_and_kept(tmp_path: Path) -> None:
         Document("1", "Kept", "Kept is an article.\n\nSecond paragraph.", str(dump)),
         Skipped(str(dump), "2", "redirect"),
         Skipped(str(dump), "3", "namespace 1"),
-        Rejected(str(dump), "4", "empty text"),
+        # "empty text", as if it had none (wiki42 L4)
+        Rejected(str(dump), "4", "no prose left of its 44 bytes of wikitext (templates, tables and markup only)"),
         Rejected(str(dump), "5", "document too large: text of 249 bytes (limit 100 bytes)"),
     ]
 
@@ -487,7 +488,7 @@ def test_wikipedia_raw_wikitext_then_conversion_equals_direct_reading(tmp_path: 
     assert raw[0] == Document("1", "One", first, str(dump))
     converted = [wikitext_document(r, max_bytes=100) if isinstance(r, Document) else r for r in raw]
     assert converted == list(read_wikipedia(dump, max_bytes=100))
-    assert [r.reason.split(":")[0] for r in converted[1:]] == ["empty text", "empty text", "document too large"]
+    assert [r.reason.split(" of ")[0] for r in converted[1:]] == ["no prose left", "empty text", "document too large: text"]
 
 
 def test_a_page_whose_conversion_fails_is_its_own_dead_letter(
@@ -567,6 +568,14 @@ def test_a_page_without_ns_takes_its_namespace_from_its_title(tmp_path: Path) ->
     records = list(read_wikipedia(write_dump(tmp_path / "old.xml", siteinfo + "".join(pages))))
     assert [(type(record).__name__, getattr(record, "reason", "")) for record in records] == [
         ("Skipped", "namespace 1"), ("Skipped", "namespace 2"), ("Document", "")]
+
+
+def test_a_page_without_text_says_so(tmp_path: Path) -> None:
+    dump = write_dump(tmp_path / "d.xml", "<page><title>No text</title><ns>0</ns><id>7</id><revision><id>70</id>"
+                                          "</revision></page><page><title>Empty</title><ns>0</ns><id>8</id>"
+                                          "<revision><text /></revision></page>")  # fmt: skip
+    assert list(read_wikipedia(dump)) == [Rejected(str(dump), "7", "no <text> element"),
+                                          Rejected(str(dump), "8", "empty text")]  # fmt: skip
 
 
 def test_html_blocks_are_paragraphs_of_their_own() -> None:
