@@ -111,7 +111,7 @@ def wikitext_to_text(wikitext: str) -> str:
     Whitespace inside a paragraph is collapsed to single spaces and lines of a
     list stay in the paragraph they belong to. Returns "" for a page with no prose.
     """
-    code = mwparserfromhell.parse(wikitext, skip_style_tags=True)
+    code = mwparserfromhell.parse(_without_unclosed_comment(wikitext), skip_style_tags=True)
     code.nodes = _without_end_matter(code.nodes)
     _prune(code)
     text = code.strip_code(normalize=True, collapse=True)
@@ -125,6 +125,18 @@ def wikitext_to_text(wikitext: str) -> str:
         if paragraph:
             paragraphs.append(paragraph)
     return "\n\n".join(paragraphs)
+
+
+def _without_unclosed_comment(wikitext: str) -> str:
+    """The wikitext up to a `<!--` no `-->` closes: MediaWiki hides the rest of the page, and the parser kept it as
+    text, "<!--" and all."""
+    position = 0
+    while (start := wikitext.find("<!--", position)) >= 0:
+        end = wikitext.find("-->", start + 4)
+        if end < 0:
+            return wikitext[:start]
+        position = end + 3
+    return wikitext
 
 
 def is_disambiguation(wikitext: str) -> bool:

@@ -578,6 +578,16 @@ def test_a_page_without_text_says_so(tmp_path: Path) -> None:
                                           Rejected(str(dump), "8", "empty text")]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("wikitext", "text"),
+    [("Start.<!-- never closed\n\nHidden prose.", "Start."), ("A <!-- c <!-- d --> B <!-- e", "A B"),
+     ("A <!-- c --> B <!-- d --> C", "A B C")],
+)
+def test_a_comment_never_closed_hides_the_rest_of_the_page(wikitext: str, text: str) -> None:
+    """As MediaWiki shows it: the parser kept "<!-- never closed" and what follows as prose (wiki42 L5)."""
+    assert wikitext_to_text(wikitext) == text
+
+
 def test_html_blocks_are_paragraphs_of_their_own() -> None:
     """`<blockquote>` text ran into its neighbours: "Principles of Geology:He refers" (wiki42 L3)."""
     text = wikitext_to_text("Lyell wrote in ''Principles of Geology'':<blockquote>He refers to it.</blockquote>Then "
