@@ -4,7 +4,9 @@ The id is everything before the first tab, exactly as written (TREC runs and
 qrels refer to it); the text is everything after it, so a tab inside a text
 is kept. A file whose first two lines have more than two columns is refused
 before the run (corpora.check_format): its columns would be glued into every text.
-Documents have no title. Blank lines are passed over.
+A first line that names the columns (`id<TAB>text`, `pid<TAB>passage`, ...) is
+skipped as a header, not stored as a passage of id "id". Documents have no
+title. Blank lines are passed over.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Record, Rejected, make_document
+from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Record, Rejected, Skipped, make_document
 from dilstore.pipelines.source_files import Line, decode_line, open_source, source_lines
 
 # Lines longer than the text limit plus this allowance for the id are rejected unparsed.
 _ID_ALLOWANCE_BYTES = 1 << 10
+# A first line of these two column names is a header.
+_ID_HEADERS = frozenset({"id", "pid", "docid", "doc_id", "passage_id", "_id"})
+_TEXT_HEADERS = frozenset({"text", "passage", "contents", "content", "body", "document"})
 
 
 def read_msmarco(path: str | Path, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Iterator[Record]:
@@ -45,4 +50,6 @@ def msmarco_record(source: str, line: Line, max_bytes: int = DEFAULT_MAX_DOCUMEN
     pid, tab, passage = text.partition("\t")
     if not tab:
         return Rejected(source, line.number, "bad record: no tab between id and text")
+    if line.number == 1 and pid.strip().lower() in _ID_HEADERS and passage.strip().lower() in _TEXT_HEADERS:
+        return Skipped(source, 1, f"a header line ({pid.strip()}, {passage.strip()})")
     return make_document(source, line.number, pid, "", passage, max_bytes)

@@ -130,6 +130,17 @@ def test_msmarco_bad_records_each_rejected_once() -> None:
     ]
 
 
+@pytest.mark.parametrize("header", ["id\ttext", "PID\tpassage", "docid\tcontents"])
+def test_a_tsv_header_line_is_skipped_not_stored(tmp_path: Path, header: str) -> None:
+    """A header was stored as a passage of id "id" and text "text" (marco41 L4)."""
+    tsv = tmp_path / "collection.tsv"
+    tsv.write_text(f"{header}\n7\tseven\nid\ttext\n")
+    documents, rejected, skipped = by_kind(read_msmarco(tsv))
+    first, second = header.split("\t")
+    assert [(s.line_or_id, s.reason) for s in skipped] == [(1, f"a header line ({first}, {second})")]
+    assert [(d.id, d.text) for d in documents] == [("7", "seven"), ("id", "text")] and not rejected  # line 3 is data
+
+
 def test_ids_no_run_or_file_can_name_are_dead_letters_and_inner_spaces_are_kept(tmp_path: Path) -> None:
     """" 7 " was stored as another document than "7", the BOM of a second file joined to the first became part of
     an id, and a 40,000-byte id broke `dilstore index` (Lucene takes terms of at most 32,766 bytes)."""
