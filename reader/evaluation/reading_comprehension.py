@@ -16,7 +16,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, best_spans
 from dilstore.reader.text.tokenization import DEFAULT_STRIDE
 from dilstore.storage.atomic_files import atomic_write_text
+from dilstore.storage.checksums import sha256_file
 from dilstore.storage.errors import DilstoreError, require_at_least_one
 
 # Scores a padded batch: start and end logits, each (b, nq + np) over [question ; passage].
@@ -60,7 +61,8 @@ class ReadingSettings:
 
 @dataclass(frozen=True)
 class ReadingResult:
-    """EM/F1 in percent over `questions` questions, the reader's k, wall seconds, and the answers."""
+    """EM/F1 in percent over `questions` questions, the reader's k, wall seconds, and the answers; the reading
+    settings, and the SQuAD file and its SHA-256 when one was read (`evaluate_file`), say what was measured."""
 
     questions: int
     em: float
@@ -68,15 +70,22 @@ class ReadingResult:
     k: int
     seconds: float
     predictions: dict[str, str] = field(repr=False)
+    settings: ReadingSettings = field(default_factory=ReadingSettings)
+    data_file: str | None = None
+    data_sha256: str | None = None
 
     def summary(self) -> dict[str, Any]:
         """What `evaluate-rc --json` prints."""
+        reading = {name: value for name, value in asdict(self.settings).items() if name != "batch_size"}
+        data = {} if self.data_file is None else {"data": {"file": self.data_file, "sha256": self.data_sha256}}
         return {
             "questions": self.questions,
             "em": self.em,
             "f1": self.f1,
             "k": self.k,
             "seconds": round(self.seconds, 2),
+            "reading": reading,
+            **data,
         }
 
 
@@ -171,6 +180,7 @@ def evaluate_reader(
         k=reader.layers,
         seconds=time.perf_counter() - started,
         predictions=predictions,
+        settings=settings,
     )
 
 
@@ -195,7 +205,8 @@ def evaluate_file(
     examples = load_squad(path)
     if not examples:
         raise DilstoreError(f"{path}: no questions to evaluate (every paragraph's qas is empty)")
-    return evaluate_reader(reader, select_examples(examples, limit, seed), settings, device, progress)
+    result = evaluate_reader(reader, select_examples(examples, limit, seed), settings, device, progress)
+    return replace(result, data_file=str(path), data_sha256=sha256_file(Path(path)))
 
 
 def write_evaluation(

