@@ -294,15 +294,10 @@ class ShardReader:
         if from_store and store_codebook is None:
             raise StoreFormatError(f"{where} decodes with its store's codebook/, and none was given")
         held = self._codebook_held(group, store_codebook if from_store else None)
-        layout = self.encoding.layout(held)
-        per_shard = [spec.name for spec in layout if not spec.per_token and spec.name not in from_store]
+        per_shard, per_token, orphans = self._state_arrays(held, from_store)
         whole_names = [ID_BYTES, ID_OFFSETS, TITLE_BYTES, TITLE_OFFSETS, TEXT_OFFSETS, TOKEN_OFFSETS,
                        *(states_array(name) for name in per_shard),
                        *([VECTORS] if self.attributes.vector_size is not None else [])]  # fmt: skip
-        per_token = [spec.name for spec in layout if spec.per_token]
-        # Arrays whose codebook array is gone are looked for in the same round, to refuse them (see below).
-        orphans = [spec.name for spec in self.encoding.arrays
-                   if spec.requires is not None and spec.requires not in held]  # fmt: skip
         arrays = _open_arrays(group, [*whole_names, TEXT_BYTES, TOKEN_IDS, CHAR_SPANS,
                                       *(states_array(name) for name in [*per_token, *orphans])], where)  # fmt: skip
         self._refuse_codes_the_codebook_cannot_decode({name: arrays.pop(states_array(name)) for name in orphans})
@@ -329,6 +324,17 @@ class ShardReader:
         if metadata is not None:
             self.watched_files.append(metadata)
         self._check_offsets({name: column.rows for name, column in columns.items()})
+
+    def _state_arrays(self, held: set[str], from_store: set[str]) -> tuple[list[str], list[str], list[str]]:
+        """The encoding's arrays this shard holds, by name: those per shard (read whole; not the ones its store's
+        codebook gives), those per token, and the orphans, arrays whose codebook array is gone, looked for in the
+        same round so that they can be refused (`_refuse_codes_the_codebook_cannot_decode`)."""
+        layout = self.encoding.layout(held)
+        per_shard = [spec.name for spec in layout if not spec.per_token and spec.name not in from_store]
+        per_token = [spec.name for spec in layout if spec.per_token]
+        orphans = [spec.name for spec in self.encoding.arrays
+                   if spec.requires is not None and spec.requires not in held]  # fmt: skip
+        return per_shard, per_token, orphans
 
     def _codebook_held(self, group: zarr.Group, store_codebook: Callable[[], Mapping[str, np.ndarray]] | None
                        ) -> set[str]:
