@@ -339,15 +339,26 @@ def resume_point(output_dir: Path, config: LoopConfig) -> Path:
             for item in fields(config)
             if item.default is not MISSING
         }
-        differing = sorted(
-            name
-            for name, value in asdict(config).items()
+        differing = [
+            f"{_flag(name)} {value} (the run had {saved.get(name, defaults.get(name))})"
+            for name, value in sorted(asdict(config).items())
             if name not in _MAY_CHANGE_ON_RESUME and saved.get(name, defaults.get(name)) != value
-        )
+        ]
         if differing:
-            raise DilstoreError(f"--resume: settings differ from the interrupted run ({saved_file}): {differing}")
+            raise DilstoreError(f"--resume: settings differ from the interrupted run ({saved_file}): "
+                                f"{'; '.join(differing)}")  # fmt: skip
     verify_checkpoint(found)
     return found
+
+
+# Settings whose command-line flag is not their name with dashes.
+_FLAGS = {"gradient_accumulation": "--gradient-accumulation-steps", "group_by_length": "--no-group-by-length",
+          "kind": "the ranker kind"}  # fmt: skip
+
+
+def _flag(setting: str) -> str:
+    """How the command line names a setting (`learning_rate`: --learning-rate)."""
+    return _FLAGS.get(setting, "--" + setting.replace("_", "-"))
 
 
 def run_record(output_dir: Path, checkpoint: Path) -> Path:

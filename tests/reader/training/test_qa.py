@@ -138,7 +138,7 @@ def test_resume_refuses_changed_settings(tiny_base: Path, squad_file: Path, tmp_
     config = TrainingConfig(layers=1, epochs=1, max_steps=2, batch_size=2, save_every=1, **SMALL_WINDOWS)
     train_qa(tiny_base, squad_file, tmp_path, config, command="c", progress=False)
     cut_after_last_checkpoint(tmp_path)
-    with pytest.raises(DilstoreError, match="learning_rate"):
+    with pytest.raises(DilstoreError, match=r"--learning-rate 1\.0 \(the run had 3e-05\)"):
         train_qa(tiny_base, squad_file, tmp_path, replace(config, learning_rate=1.0), command="c", resume=True)
 
 

@@ -138,7 +138,7 @@ def test_resume_refuses_changed_settings_or_a_missing_checkpoint(
         train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="c", resume=True)
     train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="c", progress=False)
     cut_after_last_checkpoint(tmp_path)
-    with pytest.raises(DilstoreError, match="learning_rate"):
+    with pytest.raises(DilstoreError, match=r"--learning-rate 1\.0 \(the run had 3e-05\)"):
         train_ranker(tiny_base, triples, paragraphs, tmp_path, replace(config, learning_rate=1.0), command="c",
                      resume=True)  # fmt: skip
 

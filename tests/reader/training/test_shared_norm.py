@@ -216,7 +216,7 @@ def test_a_run_from_before_group_length_resumes_only_with_the_sum(
     record = json.loads((run / "run_config.json").read_text())
     del record["config"]["group_length"]
     (run / "run_config.json").write_text(json.dumps(record))
-    with pytest.raises(DilstoreError, match=r"settings differ .*\['group_length'\]"):
+    with pytest.raises(DilstoreError, match=r"settings differ .*: --group-length longest \(the run had sum\)$"):
         train_qa(tiny_base, squad_file, run, replace(config, group_length="longest"), command="c", resume=True,
                  progress=False)  # fmt: skip
     resumed = train_qa(tiny_base, squad_file, run, config, command="c", resume=True, progress=False)
