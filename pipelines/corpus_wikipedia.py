@@ -18,7 +18,9 @@ a byte that is not UTF-8) ends a parse where it is: one `Rejected` names the
 page (when its id was read) and the line, and reading goes on with a new parse
 from the next line that opens a `<page>`, as dump readers that split at page
 boundaries do (one bad byte in a dump lost every page after it). Pages on the
-damaged line after the damage are lost with it.
+damaged line after the damage are lost with it; the dead letter says how many
+pages that line opens. A page whose `</page>` is missing takes in the rest of
+the dump (it is well formed XML until the end), one dead letter in all.
 """
 
 from __future__ import annotations
@@ -115,12 +117,16 @@ class _Damage:
     line: int  # the dump's line
     page_id: str  # "" when the page's id was not read yet
     reason: str
+    pages_on_line: int  # <page> elements the damaged line opens (as far as it was read)
 
     def record(self, source: str, resumed_at: int | None) -> Rejected:
-        """The dead letter: the page (or line), what is wrong, and where reading went on."""
+        """The dead letter: the page (or line), what is wrong, where reading went on, and what else it cost."""
         after = (f"reading went on at the next page, line {resumed_at}" if resumed_at is not None
                  else "no page follows it")  # fmt: skip
-        return Rejected(source, self.page_id or self.line, f"bad XML at line {self.line}: {self.reason}; {after}")
+        shared = (f"; that line opens {self.pages_on_line} pages, and those after the damage were not read"
+                  if self.pages_on_line > 1 else "")  # fmt: skip
+        reason = f"bad XML at line {self.line}: {self.reason}; {after}{shared}"
+        return Rejected(source, self.page_id or self.line, reason)
 
 
 class _Parse:
@@ -168,12 +174,15 @@ class _Parse:
             reason = str(error).rsplit(": line ", 1)[0]  # expat's own position, counted from this parse's start
             if self.recent.undecodable(self._error_line):
                 reason = "a byte that is not UTF-8"
-            self.damage = _Damage(self.first_line + self._error_line - 1, page_id, reason)
+            self.damage = _Damage(self.first_line + self._error_line - 1, page_id, reason,
+                                  self.recent.pages_on_line(self._error_line))  # fmt: skip
 
     def following(self) -> _Parse | None:
         """A parse from the first `<page>` on a line after the damage's, or None when no page follows."""
-        rest = _Chained(self.recent.after_line(self._error_line), self.recent.stream)
-        line = self.first_line + self._error_line
+        after = self.recent.after_line(self._error_line)
+        rest = _Chained(after or b"", self.recent.stream)
+        # Where `rest` starts: the line after the damage's, or, when that line's end was not read yet, inside it.
+        line = self.first_line + self._error_line - (after is None)
         while text := rest.readline(_SCAN_BYTES):
             found = _PAGE_START.search(text)
             if found is not None:
@@ -208,20 +217,26 @@ class _RecentBytes:
                 return None
         return position
 
-    def after_line(self, line: int) -> bytes:
-        """The kept bytes after `line`'s end (none when it goes on past them)."""
+    def after_line(self, line: int) -> bytes | None:
+        """The kept bytes after `line`'s end; None when it goes on past them (its end not read yet)."""
         start = self._line_start(line + 1)
-        return b"" if start is None else bytes(self.kept[start:])
+        return None if start is None else bytes(self.kept[start:])
+
+    def _line(self, line: int) -> bytes:
+        """The kept part of `line` (b"" when none of it is kept)."""
+        start = self._line_start(line)
+        if start is None:
+            return b""
+        end = self.kept.find(b"\n", start)
+        return bytes(self.kept[start : None if end < 0 else end])
+
+    def pages_on_line(self, line: int) -> int:
+        """How many `<page>` elements the kept part of `line` opens."""
+        return len(_PAGE_START.findall(self._line(line)))
 
     def undecodable(self, line: int) -> bool:
         """Whether the kept part of `line` holds bytes that are not UTF-8."""
-        start = self._line_start(line)
-        if start is None:
-            return False
-        end = self.kept.find(b"\n", start)
-        text = bytes(self.kept[start : None if end < 0 else end])
-        if start == 0:  # kept may start inside a character
-            text = text.lstrip(bytes(range(0x80, 0xC0)))
+        text = self._line(line).lstrip(bytes(range(0x80, 0xC0)))  # kept may start inside a character
         try:
             text.decode("utf-8")
         except UnicodeDecodeError as error:
@@ -233,6 +248,8 @@ class _Chained:
     """Bytes, then a stream: what is left to read after a parse ended in damage."""
 
     def __init__(self, head: bytes, tail: _Readable) -> None:
+        while isinstance(tail, _Chained):  # kept flat: nested once per damage, a dump of 500 bad pages hit the
+            head, tail = head + tail.head, tail.tail  # recursion limit on every read
         self.head = head
         self.tail = tail
 

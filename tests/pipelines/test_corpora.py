@@ -570,6 +570,42 @@ def test_wikipedia_reading_goes_on_at_the_page_after_damage(
                                                   f"line {resumed}")  # fmt: skip
 
 
+def test_a_dump_of_many_damaged_pages_reads_every_page(tmp_path: Path) -> None:
+    """Each resumed parse read through every earlier one: 500 damaged pages hit the recursion limit (review42 H1)."""
+    pages = [f"<page>\n<title>P{n}</title>\n<ns>0</ns>\n<id>{n}</id>\n<revision><text>"
+             f"{'a &bogus; entity' if n % 3 else 'Some prose.'}</text></revision>\n</page>\n" for n in range(1, 1501)]
+    dump = tmp_path / "many.xml"
+    dump.write_text("<mediawiki>\n" + "".join(pages) + "</mediawiki>\n")
+    records = list(read_wikipedia(dump))
+    assert [record.id for record in records if isinstance(record, Document)] == [str(n) for n in range(3, 1501, 3)]
+    rejected = [record for record in records if isinstance(record, Rejected)]
+    assert len(rejected) == 1000 and rejected[0] == Rejected(
+        str(dump), "1", "bad XML at line 6: undefined entity; reading went on at the next page, line 8")
+
+
+def test_damage_early_in_a_long_line_counts_lines_from_there(tmp_path: Path) -> None:
+    """The end of a damaged line of megabytes was counted twice: "went on at line 665" for 664 (review42 L3)."""
+    long_text = "a &bogus; entity " + "word " * 700_000
+    dump = tmp_path / "long.xml"
+    dump.write_text(f"<mediawiki>\n<page>\n<title>A</title>\n<ns>0</ns>\n<id>1</id>\n<revision><text>{long_text}"
+                    "</text></revision>\n</page>\n<page>\n<title>B</title>\n<ns>0</ns>\n<id>2</id>\n"
+                    "<revision><text>Prose.</text></revision>\n</page>\n</mediawiki>\n")  # fmt: skip
+    first, second = read_wikipedia(dump)
+    assert first == Rejected(str(dump), "1", "bad XML at line 6: undefined entity; reading went on at the next page, "
+                                             "line 8")  # fmt: skip
+    assert isinstance(second, Document) and second.id == "2"
+
+
+def test_a_damaged_line_of_several_pages_says_what_it_cost(tmp_path: Path) -> None:
+    """A dump without line breaks lost the pages after the damage on its line, counted nowhere (review42 M2)."""
+    pages = [page(n, f"P{n}", "a &bogus; entity" if n == 2 else "Prose.").replace("\n", "") for n in range(1, 5)]
+    dump = write_dump(tmp_path / "compact.xml", "".join(pages))
+    records = list(read_wikipedia(dump))
+    assert records[0].id == "1" and records[1] == Rejected(
+        str(dump), "2", "bad XML at line 1: undefined entity; no page follows it; that line opens 4 pages, and those "
+        "after the damage were not read")  # fmt: skip
+
+
 def test_a_page_without_ns_takes_its_namespace_from_its_title(tmp_path: Path) -> None:
     """Old dumps have no <ns>: their Talk: and User: pages were stored as articles (wiki42 L1)."""
     siteinfo = ('<siteinfo><namespaces><namespace key="0" /><namespace key="1">Talk</namespace>'
