@@ -128,12 +128,16 @@ def run(args: argparse.Namespace) -> int:
     )
     if not 0 <= args.port <= 65535:
         raise DilstoreError(f"--port must be between 0 and 65535, got {args.port}")
-    with listening_socket(args.host, args.port) as listener:
-        return serve_on(listener, args, settings)
+    listeners = listening_sockets(args.host, args.port)
+    try:
+        return serve_on(listeners, args, settings)
+    finally:
+        for listener in listeners:
+            listener.close()
 
 
-def serve_on(listener: socket.socket, args: argparse.Namespace, settings: ServeSettings) -> int:
-    """Open the stores and serve them on `listener` until a stop signal (see `run`)."""
+def serve_on(listeners: list[socket.socket], args: argparse.Namespace, settings: ServeSettings) -> int:
+    """Open the stores and serve them on `listeners` until a stop signal (see `run`)."""
     apply_threads(args.threads)
     named = [parse_store_argument(argument) for argument in args.stores]
     names = [name for name, _ in named]
@@ -165,32 +169,40 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, settings: ServeS
     )
     server = StopServer(config)
     with signals_end_cleanly(), hangup_stops(server), cancelled_requests_unlogged():
-        server.run(sockets=[listener])
+        server.run(sockets=listeners)
     return 0
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """The socket the server will answer on, bound and listening before any store is opened; a DilstoreError naming
-    --host/--port when it cannot be.
+def listening_sockets(host: str, port: int) -> list[socket.socket]:
+    """The sockets the server will answer on, one per address `host` names (localhost: ::1 and 127.0.0.1), bound
+    and listening before any store is opened; a DilstoreError naming --host/--port when one cannot be.
 
     Opening large stores takes a while. Found only after that, a port in use (or a host that does not resolve)
     was uvicorn's exit 3 with its own log lines; a port checked and let go first could be taken meanwhile, with the
     same end. Held from the start, it is the server's: a connection made while the stores load waits in its
-    backlog until the server answers. Bound as uvicorn binds (SO_REUSEADDR).
+    backlog until the server answers. Bound as uvicorn's asyncio binds (SO_REUSEADDR, IPv6 sockets IPv6 only);
+    with port 0 every address gets the port the first one was given.
     """
     try:
-        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as error:
         raise DilstoreError(f"--host {host}: cannot resolve it ({error.strerror})") from None
-    listener = socket.socket(family, kind, protocol)
+    listeners: list[socket.socket] = []
     try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(address)
-        listener.listen(LISTEN_BACKLOG)
+        for family, kind, protocol, _, address in dict.fromkeys((f, k, p, "", a) for f, k, p, _, a in found):
+            listener = socket.socket(family, kind, protocol)
+            listeners.append(listener)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            chosen = listeners[0].getsockname()[1] if len(listeners) > 1 else address[1]
+            listener.bind((address[0], chosen, *address[2:]))
+            listener.listen(LISTEN_BACKLOG)
     except OSError as error:
-        listener.close()
+        for listener in listeners:
+            listener.close()
         raise DilstoreError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
-    return listener
+    return listeners
 
 
 def check_stores_and_models(named: Sequence[tuple[str, str]], models: Sequence[Path | None]) -> list[dict[str, Any]]:

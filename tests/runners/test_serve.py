@@ -44,6 +44,7 @@ from dilstore.runners.cli import main
 from dilstore.runners.cmd_ask import print_answer
 from dilstore.runners.cmd_serve import parse_store_argument
 from dilstore.runners.serve_app import create_app
+from dilstore.storage.errors import DilstoreError
 from dilstore.runners.serve_requests import RerankRequest
 from dilstore.runners.serve_services import AskService, RerankService, ServedStore
 from dilstore.runners.serve_batching import ServeSettings
@@ -685,15 +686,31 @@ def test_a_store_damaged_on_disk_or_too_many_files_for_the_limit_is_refused_at_s
                      r"least \d+ \(ulimit -n", capsys.readouterr().err)  # fmt: skip
 
 
-def test_the_port_is_held_from_before_the_stores_load() -> None:
+def test_the_port_is_held_on_every_address_from_before_the_stores_load(monkeypatch: pytest.MonkeyPatch) -> None:
     """The port was checked, let go, and bound again after the stores loaded: taken meanwhile (a second instance
-    started at the same moment), uvicorn exited 3 with its own log lines (serve42 L1)."""
-    from dilstore.runners.cmd_serve import listening_socket
+    started at the same moment), uvicorn exited 3 with its own log lines (serve42 L1). A name of two addresses
+    (localhost: ::1 and 127.0.0.1) is held on both, as uvicorn bound it (review42 M1)."""
+    from dilstore.runners import cmd_serve
 
-    with listening_socket("127.0.0.1", 0) as listener, socket.socket() as other:
-        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        with pytest.raises(OSError, match="Address already in use"):
-            other.bind(("127.0.0.1", listener.getsockname()[1]))
+    def two_addresses(host: str, port: int, **options: Any) -> list[tuple[Any, ...]]:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port)) for address in ("127.0.0.1", "127.0.0.2")]
+
+    monkeypatch.setattr(cmd_serve.socket, "getaddrinfo", two_addresses)
+    listeners = cmd_serve.listening_sockets("two.example", 0)
+    try:
+        assert [listener.getsockname()[0] for listener in listeners] == ["127.0.0.1", "127.0.0.2"]
+        port = listeners[0].getsockname()[1]
+        assert listeners[1].getsockname()[1] == port > 0
+        for address in ("127.0.0.1", "127.0.0.2"):
+            with socket.socket() as other:
+                other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                with pytest.raises(OSError, match="Address already in use"):
+                    other.bind((address, port))
+        with pytest.raises(DilstoreError, match=f"^cannot listen on two.example:{port}: Address already in use$"):
+            cmd_serve.listening_sockets("two.example", port)
+    finally:
+        for listener in listeners:
+            listener.close()
 
 
 def test_model_options_must_match_the_stores(tiny: dict[str, Any], capsys) -> None:
@@ -745,7 +762,6 @@ def test_a_rerank_store_s_index_is_checked_as_a_dilbert_store_s_is(tiny: dict[st
     """A mistyped --index of an EARL store was ignored (bm25_top_k then got 400 "no BM25 index"), and another
     store's index was searched, each hit missing from the store: a 500 per request."""
     from dilstore.runners.cmd_serve import open_served_store
-    from dilstore.storage.errors import DilstoreError
 
     with pytest.raises(DilstoreError, match=f"^no Lucene index at {tmp_path}: give the folder of one `dilstore index`"):
         open_served_store("s1", str(tiny["s1"]), tiny["ranker_dir"], None, tmp_path)
