@@ -170,7 +170,12 @@ class Batcher:
                 raise Overloaded(f"store {self.name!r} has {len(self._queue)} requests queued, its limit")
             self._queue.append(job)
             self._condition.notify()
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:  # its client left (or a shutdown's timeout): its queue slot is free again
+            with self._condition, contextlib.suppress(ValueError):  # already taken by the worker
+                self._queue.remove(job)
+            raise
 
     # ------------------------------------------------------------------ worker thread
 

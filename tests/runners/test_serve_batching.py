@@ -98,6 +98,7 @@ def test_a_request_whose_client_left_is_never_run_and_frees_its_handler() -> Non
         while not seen:
             await asyncio.sleep(0.001)
         second = await asyncio.gather(while_connected(batcher.submit("gone", 1), leaves), return_exceptions=True)
+        assert batcher.pending() == 0, "the request of a client that left kept its queue slot (review42 L1)"
         release.set()
         return await first, second[0]
 

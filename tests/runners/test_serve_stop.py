@@ -36,11 +36,11 @@ def test_abandon_drops_the_queue_and_the_worker_ends_after_the_batch_whose_loop_
         requests = [loop.create_task(batcher.submit(number, 1)) for number in range(3)]
         loop.run_until_complete(asyncio.sleep(0))  # all three submitted: the first runs, two wait in the queue
         assert running.wait(30)
+        assert batcher.abandon() == 2
         for request in requests:
             request.cancel()
         loop.run_until_complete(asyncio.gather(*requests, return_exceptions=True))
         loop.close()  # as a forced quit leaves it
-        assert batcher.abandon() == 2
         assert not batcher.join(0.3), "the batch in progress holds the worker"
         release.set()
         assert batcher.join(30)
