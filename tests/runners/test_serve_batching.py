@@ -109,3 +109,65 @@ def test_a_request_whose_client_left_is_never_run_and_frees_its_handler() -> Non
         batcher.stop()
     assert kept == "KEPT" and isinstance(gone, ClientGone)
     assert seen == ["kept"], "the worker ran the request of a client that had left"
+
+
+def test_clients_that_leave_are_dropped_through_the_real_app_and_counted_499() -> None:
+    """The watch works through FastAPI and the middleware on a real uvicorn server: requests sent and abandoned
+    behind a slow one are never run, count as 499 in /metrics, and leave no queue behind (review42 L4)."""
+    import socket
+
+    import httpx
+    import uvicorn
+
+    from dilstore.runners.serve_app import create_app
+    from dilstore.runners.serve_batching import ServeSettings
+    from dilstore.runners.serve_requests import ASK
+    from dilstore.runners.serve_services import ServedStore
+
+    release, asked = threading.Event(), []
+
+    class SlowService:
+        """Stands in for AskService: its first batch waits for `release`."""
+
+        endpoint = ASK
+        store = None
+
+        def pairs(self, request: object) -> int:
+            return 1
+
+        def run_batch(self, requests: list) -> list[dict[str, str]]:
+            asked.extend(request.question for request in requests)
+            release.wait(30)
+            return [{"answer": request.question} for request in requests]
+
+    app = create_app([ServedStore("slow", SlowService())], ServeSettings(max_batch_pairs=1, max_wait=0.0))  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url, timeout=30) as client:
+            first = threading.Thread(target=lambda: client.post("/ask", json={"question": "kept"}))
+            first.start()
+            while not asked:
+                time.sleep(0.01)
+            body = b'{"question": "gone"}'
+            for _ in range(5):
+                with socket.create_connection(("127.0.0.1", port)) as gone:
+                    gone.sendall(b"POST /ask HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            deadline = time.monotonic() + 30
+            while 'code="499"} 5' not in (text := httpx.get(url + "/metrics").text):
+                assert time.monotonic() < deadline, text
+                time.sleep(0.05)
+            assert app.state.batchers["slow"].pending() == 0
+            release.set()
+            first.join(30)
+        assert asked == ["kept"]
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(30)
