@@ -140,7 +140,8 @@ def test_clients_that_leave_are_dropped_through_the_real_app_and_counted_499() -
             release.wait(30)
             return [{"answer": request.question} for request in requests]
 
-    app = create_app([ServedStore("slow", SlowService())], ServeSettings(max_batch_pairs=1, max_wait=0.0))  # type: ignore[arg-type]
+    store = ServedStore("slow", SlowService())  # type: ignore[arg-type]
+    app = create_app([store], ServeSettings(max_batch_pairs=1, max_wait=0.0))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
