@@ -18,7 +18,8 @@ REJECTED_DIR = "rejected"
 
 
 class PassageRow(Protocol):
-    """One stored unit as the passage files hold it (reader.offline.encoding.TokenizedPassage is one)."""
+    """One stored unit as the passage files hold it, and what precompute needs of a passage (pipelines' Passage and
+    reader.offline.encoding.TokenizedPassage are ones)."""
 
     @property
     def id(self) -> str: ...

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -46,6 +46,7 @@ from dilstore.reader.packaged.shipped import default_checkpoint_dir, default_lis
 from dilstore.reader.text.tokenization import TokenizedText
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
+from dilstore.storage.passage_files import PassageRow
 from dilstore.storage.records import PassageRecord
 
 if TYPE_CHECKING:
@@ -57,22 +58,6 @@ DEFAULT_CHECKPOINT_REF = "package:default-checkpoint"
 DEFAULT_RANKER_REF = "package:default-ranker"
 DEFAULT_LISTFORMER_REF = "package:default-listformer"
 WINDOW_ID_SEPARATOR = "~"
-
-
-class PassageLike(Protocol):
-    """What precompute needs of a passage: its id, its document's id, title and text."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def doc_id(self) -> str: ...
-
-    @property
-    def title(self) -> str: ...
-
-    @property
-    def text(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -155,7 +140,7 @@ def _window_text(text: str, tokens: TokenizedText) -> tuple[str, TokenizedText]:
 
 
 def tokenize_passage(
-    tokenizer: PreTrainedTokenizerBase, passage: PassageLike, max_length: int, kind: str
+    tokenizer: PreTrainedTokenizerBase, passage: PassageRow, max_length: int, kind: str
 ) -> list[TokenizedPassage]:
     """One passage in `kind`'s token convention, split into windows when longer than `max_length` (module rule).
 
