@@ -1,6 +1,6 @@
 """`dilstore serve`: an HTTP query server (FastAPI on uvicorn) over mounted stores.
 
-Every store is opened once at start-up, before the port is bound: its model
+Every store is opened once at start-up, before the server answers (its port is taken first): its model
 (checked against the store's fingerprint, so a store made by another model
 stops the command with exit 2), its memory maps and, for a `dilbert` store, its
 BM25 index (the JVM starts in this process; uvicorn runs one process and never
