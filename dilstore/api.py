@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -275,12 +275,12 @@ def evaluate_rank(
     qrels: PathLike | Mapping[str, Mapping[str, int]],
     run: PathLike | Mapping[str, Mapping[str, float]],
     relevance_level: int | None = None,
-    recall_at: Sequence[int] = (100,),
+    recall_at: Iterable[int] = (100,),
 ) -> RankEvaluation:
     """RR@10, nDCG@10, R@k and Judged@10 of a run against qrels (TREC files, or {qid: {docid: grade or score}}).
 
     relevance_level: the lowest grade RR and R count as relevant (`evaluate-rank --relevance-level`).
-    recall_at: the k of each R@k (`evaluate-rank --recall-at`).
+    recall_at: the k of each R@k (`evaluate-rank --recall-at`), any iterable of integers.
     """
     from dilstore.reader.data.trec import qrels_from_mapping, read_qrels, read_run, run_from_mapping
     from dilstore.reader.evaluation.rank_metrics import evaluate_run

@@ -32,8 +32,11 @@ leave open, and states them:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 from dilstore.reader.data.trec import Qrels, Run, int32_grade, rank_documents
 from dilstore.storage.errors import DilstoreError
@@ -81,7 +84,7 @@ def relevance_level(qrels: Qrels) -> int:
 
 
 def evaluate_run(
-    qrels: Qrels, run: Run, level: int | None = None, recall_depths: Sequence[int] = DEFAULT_RECALL_DEPTHS
+    qrels: Qrels, run: Run, level: int | None = None, recall_depths: Iterable[int] = DEFAULT_RECALL_DEPTHS
 ) -> RankEvaluation:
     """RR@10, nDCG@10, R@k and Judged@10 of `run` per judged query and on average (see the module docstring).
 
@@ -129,15 +132,18 @@ def evaluate_run(
     )
 
 
-def _recall_depths(depths: Sequence[int]) -> list[int]:
-    """The distinct recall depths in increasing order; a DilstoreError unless each is an integer of at least 1
-    (pytrec_eval takes int32 cutoffs)."""
-    if isinstance(depths, str | bytes) or not depths:
+def _recall_depths(depths: Iterable[int]) -> list[int]:
+    """The distinct recall depths in increasing order; a DilstoreError unless they are a non-empty iterable (a
+    generator too, not a string) of integers (numpy's too) from 1 to 2**31 - 1 (pytrec_eval takes int32 cutoffs)."""
+    if isinstance(depths, str | bytes) or not isinstance(depths, Iterable):
         raise DilstoreError(f"the recall depths must be a non-empty list of integers, got {depths!r}")
-    for depth in depths:
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 2**31 - 1:
+    given = list(depths)
+    if not given:
+        raise DilstoreError("the recall depths must be a non-empty list of integers, got none")
+    for depth in given:
+        if isinstance(depth, bool | np.bool_) or not isinstance(depth, numbers.Integral) or not 1 <= depth < 2**31:
             raise DilstoreError(f"a recall depth must be an integer from 1 to {2**31 - 1}, got {depth!r}")
-    return sorted(set(depths))
+    return sorted({int(depth) for depth in given})
 
 
 def _strict_scores(scores: dict[str, float]) -> dict[str, float]:

@@ -176,7 +176,7 @@ def test_a_query_with_an_empty_ranking_scores_zero() -> None:
     assert evaluation.means == {"RR@10": 0.5, "nDCG@10": 0.5, "R@100": 0.5, "Judged@10": 0.5}
 
 
-@pytest.mark.parametrize("depths", [(), (0,), (5, -1), (2.5,), (True,), "10", (2**31,)])
+@pytest.mark.parametrize("depths", [(), (0,), (5, -1), (2.5,), (True,), "10", (2**31,), 5, (np.bool_(True),)])
 def test_recall_depths_must_be_positive_integers(depths: object) -> None:
     import dilstore
 
@@ -187,6 +187,9 @@ def test_recall_depths_must_be_positive_integers(depths: object) -> None:
 def test_the_api_computes_each_recall_depth_asked(tiny: tuple[Path, Path]) -> None:
     import dilstore
 
+    # A generator left every R@k out, numpy integers were refused (api42 M3, L2).
+    assert dilstore.evaluate_rank(*tiny, recall_at=(depth for depth in (5, 3))).metrics[2:] == ("R@3", "R@5")
+    assert dilstore.evaluate_rank(*tiny, recall_at=np.array([5, 3])).metrics[2:] == ("R@3", "R@5")
     evaluation = dilstore.evaluate_rank(*tiny, recall_at=(5, 3))
     assert evaluation.metrics == ("RR@10", "nDCG@10", "R@3", "R@5")
     assert list(evaluation.summary())[:5] == ["RR@10", "nDCG@10", "R@3", "R@5", "Judged@10"]
