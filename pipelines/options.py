@@ -13,12 +13,10 @@ location, or no way to ship the dilstore package to the workers.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
-import io
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NoReturn
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
 from apache_beam.runners.runner import PipelineRunner
@@ -26,7 +24,6 @@ from apache_beam.runners.runner import PipelineRunner
 from dilstore.storage.errors import DilstoreError
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
-T = TypeVar("T")
 
 _RUNNER_ALIASES = {
     "direct": "DirectRunner",
@@ -127,7 +124,7 @@ def unknown_flags(flags: Sequence[str]) -> list[str]:
     spelling of a known option was named back with underscores, as if that spelling were the unknown one.
     """
     parser = _beam_parser()
-    _, unknown = _beam_parse(lambda: parser.parse_known_args(flags))
+    _, unknown = parser.parse_known_args(flags)
     named = []
     for word in unknown:
         if word.startswith("-"):
@@ -145,7 +142,7 @@ def _beam_parser() -> argparse.ArgumentParser:
     It rests on two private Beam names, `_BeamArgumentParser` and `_option_string_actions`: held by the pinned
     apache-beam.
     """
-    parser = _BeamArgumentParser(allow_abbrev=False)
+    parser = _RaisingParser(allow_abbrev=False)
     classes: dict[str, type[PipelineOptions]] = {}
     for options_class in PipelineOptions.__subclasses__():
         classes.setdefault(str(options_class), options_class)
@@ -155,21 +152,17 @@ def _beam_parser() -> argparse.ArgumentParser:
 
 
 def _parsed(options: PipelineOptions) -> dict[str, object]:
-    """The options' values (see `_beam_parse`)."""
-    return _beam_parse(options.get_all_options)
+    """The values of options whose flags `unknown_flags` has read (so that Beam's own parser meets no bad value)."""
+    return options.get_all_options()
 
 
-def _beam_parse(parse: Callable[[], T]) -> T:
-    """`parse()`; a value Beam's parser refuses is one DilstoreError line (the parser printed Beam's whole usage,
-    129 lines under the name `dilstore`, and exited the process)."""
-    usage = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(usage):
-            return parse()
-    except SystemExit:
-        said = usage.getvalue().strip().splitlines()
-        reason = said[-1].partition("error: ")[2] if said else "a value Beam's parser refuses"
-        raise DilstoreError(f"bad Beam option value: {reason}") from None
+class _RaisingParser(_BeamArgumentParser):
+    """Beam's argument parser, but a value it refuses is one DilstoreError: Beam's printed its whole usage (129
+    lines under the name `dilstore`) and exited the process. Raised, not caught around a redirected stderr, which
+    a second thread's precompute could leave redirected for good."""
+
+    def error(self, message: str) -> NoReturn:
+        raise DilstoreError(f"bad Beam option value: {message}")
 
 
 def embedded_portable(options: PipelineOptions) -> bool:

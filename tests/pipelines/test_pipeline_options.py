@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -159,6 +160,28 @@ def test_options_that_cannot_work_are_refused(runner: str, args: list[str], mess
     with pytest.raises(DilstoreError, match=message):
         pipeline_options(assemble_beam_flags(runner, args, LocalDefaults()))
     assert capsys.readouterr().err == ""
+
+
+def test_bad_values_from_two_threads_leave_stderr_alone(capsys) -> None:
+    """The refusal was read off a redirected stderr: two threads' precompute calls could leave sys.stderr a
+    StringIO for good, every later traceback lost (api42 H1)."""
+    stderr = sys.stderr
+    failures: list[str] = []
+
+    def refuse() -> None:
+        for _ in range(15):
+            try:
+                pipeline_options(assemble_beam_flags("DirectRunner", ["--direct_num_workers", "abc"], LocalDefaults()))
+            except DilstoreError as error:
+                failures.append(str(error))
+
+    threads = [threading.Thread(target=refuse) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sys.stderr is stderr and capsys.readouterr().err == ""
+    assert failures == ["bad Beam option value: argument --direct_num_workers: invalid int value: 'abc'"] * 30
 
 
 @pytest.mark.parametrize(
