@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import locale
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -80,7 +81,12 @@ def start_jvm(max_heap: str = "4g") -> None:
             if is_quiet():
                 # Java 22+ notices about native access and sun.misc.Unsafe, which Lucene uses as intended.
                 jnius_config.add_options("--enable-native-access=ALL-UNNAMED", "--sun-misc-unsafe-memory-access=allow")
+        held = locale.setlocale(locale.LC_ALL)
         import jnius  # noqa: F401  (importing jnius starts the JVM)
+
+        # The JVM sets the whole process's C locale from the environment: under de_DE, C's strtod("0.5") then read 0.0
+        # in the caller's own libraries. The locale the process had is put back.
+        locale.setlocale(locale.LC_ALL, held)
 
         if is_quiet():
             # Lucene's "running with Java 22 or later" MMapDirectory warning goes through java.util.logging.

@@ -68,6 +68,19 @@ def test_python_keeps_its_sigint_and_sigterm_handlers_once_the_jvm_runs() -> Non
     assert out.strip() == f"caught [{int(signal.SIGINT)}, {int(signal.SIGTERM)}]"
 
 
+def test_the_jvm_leaves_the_process_locale_as_it_was() -> None:
+    """Starting the JVM set the C locale from the environment: under de_DE, C's strtod("0.5") read 0.0 in the
+    caller's libraries (api42 M2). C.UTF-8 stands in for a locale of the environment, which Python leaves unset
+    but for LC_CTYPE."""
+    script = ("import locale; from dilstore.reader.retrieval import start_jvm; "
+              "before = locale.setlocale(locale.LC_ALL); start_jvm(); "
+              "print(before == locale.setlocale(locale.LC_ALL), locale.setlocale(locale.LC_NUMERIC))")  # fmt: skip
+    child = _start(script, LC_ALL="C.UTF-8")
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err[-2000:]
+    assert out.split() == ["True", "C"]
+
+
 # Start the JVM, then build an index large enough to take seconds; Ctrl-C arrives while Java builds it.
 BUILDING = textwrap.dedent(
     """
