@@ -11,27 +11,17 @@ verify` then re-hashes every byte against the manifest.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import zarr
 
+from dilstore.storage.digests import sha256_file
 from dilstore.storage.format import ATTRIBUTES_KEY, ZARR_METADATA_FILE, StoreFormatError
 from dilstore.storage.manifest import FileEntry
 
-_READ_BLOCK = 8 << 20
 _HASH_THREADS = 4
-
-
-def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a local file."""
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while block := file.read(_READ_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _data_files(directory: Path) -> list[str]:

@@ -45,7 +45,8 @@ from dilstore.reader.training.loop import (
     write_training_record,
 )
 from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, RUN_CONFIG_FILE, latest_checkpoint
-from dilstore.reader.training.state import LoopPosition, file_sha256
+from dilstore.reader.training.state import LoopPosition
+from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError
 
 # The files of a saved Hugging Face model, which a run's final save writes into its --output.
@@ -173,7 +174,7 @@ def input_digests(inputs: Mapping[str, str]) -> dict[str, str]:
         path = Path(given)
         weights = path / "model.safetensors"
         if path.is_file() or weights.is_file():
-            digests[name] = file_sha256(path if path.is_file() else weights)
+            digests[name] = sha256_file(path if path.is_file() else weights)
     return digests
 
 

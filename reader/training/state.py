@@ -11,7 +11,6 @@ weights as a run that was never interrupted.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import asdict, dataclass
@@ -23,6 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from dilstore.reader.training.checkpoint_files import STATE_JSON, STATE_TENSORS, STEP_DIR
+from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError
 
 PARTIAL_SUFFIX = ".partial"  # a checkpoint being written, renamed to its step's name once complete
@@ -78,7 +78,7 @@ def verify_checkpoint(directory: Path) -> None:
                             "to checksums; move the checkpoint aside to resume from the one before it")  # fmt: skip
     for name, digest in sorted(recorded.items()):
         path = directory / name
-        found = file_sha256(path) if path.is_file() else None
+        found = sha256_file(path) if path.is_file() else None
         if found != digest:
             what = "is missing" if found is None else "does not match the SHA-256 recorded when it was saved"
             raise DilstoreError(f"{path} {what}: the checkpoint changed or was damaged since; move {directory} "
@@ -88,16 +88,10 @@ def verify_checkpoint(directory: Path) -> None:
 def _checksums(directory: Path) -> dict[str, str]:
     """{relative path: SHA-256} of every file under `directory` but training_state.json, which records them."""
     return {
-        path.relative_to(directory).as_posix(): file_sha256(path)
+        path.relative_to(directory).as_posix(): sha256_file(path)
         for path in sorted(directory.rglob("*"))
         if path.is_file() and path.name != STATE_JSON
     }
-
-
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of a file's bytes, as hex."""
-    with path.open("rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def load_training_state(
