@@ -10,6 +10,7 @@ default to the checkpoints shipped in the package.
 from __future__ import annotations
 
 import argparse
+import random
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -155,10 +156,13 @@ def precompute(**options: Any) -> Path:
     words = option_words({name: value for name, value in options.items() if name in own})
     beam = option_words({name: value for name, value in options.items() if name not in own}, beam=True)
     args = _parsed("precompute", lambda parser: parse(parser, ["precompute", *words, *beam]))
+    held = random.getstate()  # Beam runs in this process and draws from the caller's `random` stream
     try:
         _, empty = precompute_store(args)
     except StoppedBySignal as stop:  # the user's stop, not bad input: `except DilstoreError` must not swallow it
         raise KeyboardInterrupt(str(stop)) from stop
+    finally:
+        random.setstate(held)
     if empty is not None:
         raise DilstoreError(empty)
     return Path(args.output if args.output is not None else DEFAULT_OUTPUT)

@@ -7,6 +7,7 @@ process whose working folder is a temporary one.
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -90,8 +91,10 @@ def test_a_precompute_that_stores_nothing_raises_why_and_prints_nothing(tmp_path
 
     corpus = tmp_path / "bad.jsonl"
     corpus.write_text('{"id": "a"}\n{"text": "no id"}\n', encoding="utf-8")
+    random.seed(7)
     with pytest.raises(dilstore.DilstoreError, match=r"no passage was stored: 0 document\(s\) accepted, 2 record\(s\) "
                                                      r"rejected \(see .*/rejected/ for why\)"):  # fmt: skip
         dilstore.precompute(input=str(corpus), output=str(tmp_path / "store"), split="none", workers=1,
                             no_progress=True)  # fmt: skip
     assert capsys.readouterr().out == ""
+    assert random.random() == random.Random(7).random(), "Beam drew from the caller's random stream (api42 L1)"
