@@ -139,7 +139,6 @@ class _Parse:
         self.namespaces = {} if namespaces is None else namespaces  # <siteinfo>'s: lower-case name → key
         self.last_page: str | None = None
         self.damage: _Damage | None = None
-        self._error_line = 0  # this parse's line of the damage
 
     def records(self, source: str, max_bytes: int, plain_text: bool) -> Iterator[Record]:
         """The pages' records, until the end of the XML or damage (then `damage` says where and why)."""
@@ -170,19 +169,20 @@ class _Parse:
                     root.clear()  # drop finished pages so memory stays flat
                     yield record
         except ElementTree.ParseError as error:
-            self._error_line = error.position[0]
+            line = error.position[0]  # this parse's line
             reason = str(error).rsplit(": line ", 1)[0]  # expat's own position, counted from this parse's start
-            if self.recent.undecodable(self._error_line):
+            if self.recent.undecodable(line):
                 reason = "a byte that is not UTF-8"
-            self.damage = _Damage(self.first_line + self._error_line - 1, page_id, reason,
-                                  self.recent.pages_on_line(self._error_line))  # fmt: skip
+            self.damage = _Damage(self.first_line + line - 1, page_id, reason, self.recent.pages_on_line(line))
 
     def following(self) -> _Parse | None:
         """A parse from the first `<page>` on a line after the damage's, or None when no page follows."""
-        after = self.recent.after_line(self._error_line)
+        assert self.damage is not None
+        damaged = self.damage.line - self.first_line + 1  # this parse's line of the damage
+        after = self.recent.after_line(damaged)
         rest = _Chained(after or b"", self.recent.stream)
         # Where `rest` starts: the line after the damage's, or, when that line's end was not read yet, inside it.
-        line = self.first_line + self._error_line - (after is None)
+        line = self.damage.line + (after is not None)
         while text := rest.readline(_SCAN_BYTES):
             found = _PAGE_START.search(text)
             if found is not None:

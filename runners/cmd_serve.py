@@ -189,7 +189,7 @@ def listening_sockets(host: str, port: int) -> list[socket.socket]:
         raise DilstoreError(f"--host {host}: cannot resolve it ({error.strerror})") from None
     listeners: list[socket.socket] = []
     try:
-        for family, kind, protocol, _, address in dict.fromkeys((f, k, p, "", a) for f, k, p, _, a in found):
+        for family, kind, protocol, address in dict.fromkeys((f, k, p, a) for f, k, p, _, a in found):
             listener = socket.socket(family, kind, protocol)
             listeners.append(listener)
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
