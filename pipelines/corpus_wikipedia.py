@@ -19,8 +19,10 @@ page (when its id was read) and the line, and reading goes on with a new parse
 from the next line that opens a `<page>`, as dump readers that split at page
 boundaries do (one bad byte in a dump lost every page after it). Pages on the
 damaged line after the damage are lost with it; the dead letter says how many
-pages that line opens. A page whose `</page>` is missing takes in the rest of
-the dump (it is well formed XML until the end), one dead letter in all.
+pages that line opens. A page whose `</page>` is missing is read when the
+next `<page>` opens inside it (its fields have ended by then), and the pages
+after it are read as they come; the XML error this leaves at the end of the
+dump is one dead letter that names the unclosed page.
 """
 
 from __future__ import annotations
@@ -129,6 +131,15 @@ class _Damage:
         return Rejected(source, self.page_id or self.line, reason)
 
 
+@dataclass
+class _OpenPage:
+    """A `<page>` begun and not yet ended, and whether its record was made (when a page opened inside it)."""
+
+    element: ElementTree.Element
+    read: bool = False
+    label: str = ""  # "page 12", once read
+
+
 class _Parse:
     """One parse of the dump, from its start or from a `<page>` after damage, that keeps its last reads (by line)
     to go on past the damage that ends it."""
@@ -144,6 +155,7 @@ class _Parse:
         """The pages' records, until the end of the XML or damage (then `damage` says where and why)."""
         events = ElementTree.iterparse(self.recent, events=("start", "end"))
         page_id, depth, page_depth = "", 0, -1
+        open_pages: list[_OpenPage] = []  # more than one when a </page> is missing
         try:
             _, root = next(events)
             if _local_name(root.tag) != "mediawiki":
@@ -155,7 +167,11 @@ class _Parse:
                 name = _local_name(element.tag)
                 if event == "start":
                     depth += 1
-                    page_id, page_depth = ("", depth) if name == "page" else (page_id, page_depth)
+                    if name == "page":
+                        if open_pages and not open_pages[-1].read:  # the page around this one lacks its </page>
+                            yield self._page(source, open_pages[-1], max_bytes, plain_text)
+                        open_pages.append(_OpenPage(element))
+                        page_id, page_depth = "", depth
                     continue
                 if name == "id" and depth == page_depth + 1:  # the page's id, not its revision's
                     page_id = _text_of(element)
@@ -163,17 +179,30 @@ class _Parse:
                     self.namespaces[_text_of(element).lower()] = element.get("key", "")
                 depth -= 1
                 if name == "page":
-                    record = page_record(source, element, max_bytes, plain_text, self.namespaces)
-                    self.last_page = f"page {record.id if isinstance(record, Document) else record.line_or_id}"
+                    record = self._page(source, open_pages.pop(), max_bytes, plain_text)
                     page_id, page_depth = "", -1
-                    root.clear()  # drop finished pages so memory stays flat
+                    # Drop finished pages so that memory stays flat (one inside an unclosed page is that page's child).
+                    if open_pages:
+                        open_pages[-1].element.remove(element)
+                    else:
+                        root.clear()
                     yield record
         except ElementTree.ParseError as error:
             line = error.position[0]  # this parse's line
             reason = str(error).rsplit(": line ", 1)[0]  # expat's own position, counted from this parse's start
             if self.recent.undecodable(line):
                 reason = "a byte that is not UTF-8"
+            unclosed = [page.label for page in open_pages if page.read]
+            if unclosed:
+                reason += f" ({', '.join(unclosed)} had no </page>: read when the next <page> opened inside)"
             self.damage = _Damage(self.first_line + line - 1, page_id, reason, self.recent.pages_on_line(line))
+
+    def _page(self, source: str, page: _OpenPage, max_bytes: int, plain_text: bool) -> Record:
+        """The record of a page ended, or of one whose `</page>` is missing when the next page opens inside it."""
+        record = page_record(source, page.element, max_bytes, plain_text, self.namespaces)
+        page.read, page.label = True, f"page {record.id if isinstance(record, Document) else record.line_or_id}"
+        self.last_page = page.label
+        return record
 
     def following(self) -> _Parse | None:
         """A parse from the first `<page>` on a line after the damage's, or None when no page follows."""
