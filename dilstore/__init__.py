@@ -12,7 +12,9 @@ The public Python API (see dilstore/api.py and the README's "Python API"):
 `evaluate_qa` and `evaluate_rank` load on first use, so `import dilstore`
 pulls in neither torch nor Beam. Every error they explain is a
 `dilstore.DilstoreError` (the command line prints its message); the kinds a
-program may handle apart are here too (ERRORS). The layers install under this one name:
+program may handle apart are here too (ERRORS), and so are the classes the
+functions return (RESULTS), for type hints: `def show(reader:
+dilstore.OpenDomainReader)`. The package is typed (py.typed). The layers install under this one name:
 `dilstore.storage` (the shard store), `dilstore.reader` (models, serving,
 training, evaluation), `dilstore.pipelines` (the Beam precompute job) and
 `dilstore.runners` (the `dilstore` command).
@@ -35,13 +37,31 @@ ERRORS = {
     "StoreReadError": "dilstore.storage.format",
 }
 
+# The classes the API's functions return, by the module that defines each (loaded on first use too).
+RESULTS = {
+    "Answer": "dilstore.reader.serving.answers",
+    "OpenDomainReader": "dilstore.reader.serving.odqa",
+    "QAEvaluation": "dilstore.reader.evaluation.open_domain",
+    "RankEvaluation": "dilstore.reader.evaluation.rank_metrics",
+    "RerankStats": "dilstore.reader.serving.rerank",
+    "Store": "dilstore.storage.reader",
+    "StoreReranker": "dilstore.reader.serving.rerank",
+}
+
 __all__ = [
+    "Answer",
     "DilstoreError",
     "FingerprintMismatchError",
     "MissingPassagesError",
+    "OpenDomainReader",
+    "QAEvaluation",
+    "RankEvaluation",
+    "RerankStats",
+    "Store",
     "StoreChangedError",
     "StoreFormatError",
     "StoreReadError",
+    "StoreReranker",
     "build_index",
     "evaluate_qa",
     "evaluate_rank",
@@ -53,9 +73,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Load the API module (or an error's module) on first use of one of its names."""
-    if name in ERRORS:
-        return getattr(importlib.import_module(ERRORS[name]), name)
+    """Load the API module (or an error's or a result's module) on first use of one of its names."""
+    if name in ERRORS or name in RESULTS:
+        return getattr(importlib.import_module(ERRORS.get(name) or RESULTS[name]), name)
     if name in __all__:  # DilstoreError is bound above, so only the API's functions come here
         from dilstore import api
 

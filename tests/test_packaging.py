@@ -39,7 +39,7 @@ def test_the_wheel_holds_only_dilstore_with_its_layers_and_shipped_models(tmp_pa
     top_levels = {name.split("/")[0] for name in names}
     assert top_levels == {"dilstore", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     for module in ("api.py", "__main__.py", "storage/reader.py", "reader/serving/odqa.py",
-                   "pipelines/precompute.py", "runners/cli.py", "reader/packaged/shipped.py"):  # fmt: skip
+                   "pipelines/precompute.py", "runners/cli.py", "reader/packaged/shipped.py", "py.typed"):  # fmt: skip
         assert f"dilstore/{module}" in names
     for model in ("dilbert-minilm-squad", "earl-minilm-squad", "listformer-minilm-squad"):
         assert f"dilstore/reader/models/{model}/model.safetensors" in names

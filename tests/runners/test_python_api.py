@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,31 @@ def test_import_dilstore_is_light_and_lists_the_api() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     names, torch_loaded = done.stdout.splitlines()
     assert names == str(
-        ["DilstoreError", "FingerprintMismatchError", "MissingPassagesError", "StoreChangedError", "StoreFormatError",
-         "StoreReadError", "build_index", "evaluate_qa", "evaluate_rank", "open_reader", "open_reranker",
-         "open_store", "precompute"]
+        ["Answer", "DilstoreError", "FingerprintMismatchError", "MissingPassagesError", "OpenDomainReader",
+         "QAEvaluation", "RankEvaluation", "RerankStats", "Store", "StoreChangedError", "StoreFormatError",
+         "StoreReadError", "StoreReranker", "build_index", "evaluate_qa", "evaluate_rank", "open_reader",
+         "open_reranker", "open_store", "precompute"]
     )  # fmt: skip
     assert torch_loaded == "False"
+
+
+def test_the_classes_the_api_returns_are_named_by_dilstore() -> None:
+    """`def f(reader: dilstore.OpenDomainReader)` was impossible, and the functions' hints named classes no program
+    could reach, so runtime-annotation tools could not read them (api42 L3)."""
+    import dilstore
+    from dilstore import api
+
+    results = {name: getattr(dilstore, name) for name in dilstore.RESULTS}
+    assert all(isinstance(result, type) and name in dilstore.__all__ for name, result in results.items())
+    returned = set()
+    for name in dilstore.__all__:
+        function = getattr(api, name, None)
+        if callable(function) and not isinstance(function, type):
+            returned.add(typing.get_type_hints(function, localns=results)["return"])
+    assert {dilstore.Store, dilstore.OpenDomainReader, dilstore.StoreReranker, dilstore.QAEvaluation,
+            dilstore.RankEvaluation} <= returned  # fmt: skip
+    assert typing.get_type_hints(dilstore.OpenDomainReader.answer)["return"] is dilstore.Answer
+    assert typing.get_type_hints(dilstore.StoreReranker.rerank)["stats"] == dilstore.RerankStats | None
 
 
 def test_the_errors_the_readme_names_are_the_ones_raised() -> None:
