@@ -72,12 +72,18 @@ def add_odqa_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def open_odqa_reader(args: argparse.Namespace) -> OpenDomainReader:
-    """The OpenDomainReader the options describe (store, checked model, BM25 index)."""
+    """The OpenDomainReader the options describe (store, checked model, BM25 index).
+
+    Its store checks its files before each lookup, as `serve`'s do: a store rebuilt under an `ask` session or a
+    long `evaluate-qa` is an error at the next question, not answers read from the deleted build's maps.
+    """
     from dilstore.reader.serving.odqa import OdqaSettings, open_reader
 
     chosen = {name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None}
     settings = OdqaSettings(**chosen)
-    return open_reader(
+    reader = open_reader(
         args.store, args.model, index_dir=args.index, settings=settings, device=args.device,
         online_variant=not args.no_online_variant,
     )  # fmt: skip
+    reader.store.check_files = True
+    return reader
