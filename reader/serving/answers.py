@@ -135,17 +135,26 @@ class Answer:
         return self.best.text if self.best else ""
 
     def to_dict(self) -> dict[str, Any]:
-        """The `ask --json` document; the score fields are null when there is no answer."""
+        """The `ask --json` document; the score fields are null when there is no answer.
+
+        Each span's passage gives its title, and `passages` holds the title and text of every passage the n-best
+        comes from: a client can then check the spans' offsets and show their context (`serve` has no passage
+        endpoint). Offsets count code points (Python string indices) into the passage's text, without its title.
+        """
         best = self.best
+        titled = [{**span.to_dict(self.mu), "title": self.passages[span.passage_id].title} for span in self.nbest]
+        shown = dict.fromkeys(span.passage_id for span in self.nbest)
         return {
             "question": self.question,
             "answer": self.text,
             "score": best.score(self.mu) if best else None,
             "passage_id": best.passage_id if best else None,
+            "title": titled[0]["title"] if titled else None,
             "reader_score": best.reader_score if best else None,
             "bm25_score": best.bm25_score if best else None,
             "mu": self.mu,
-            "nbest": [span.to_dict(self.mu) for span in self.nbest],
+            "nbest": titled,
+            "passages": {key: {"title": self.passages[key].title, "text": self.passages[key].text} for key in shown},
             "timings": self.timings.to_dict(),
         }
 

@@ -22,6 +22,7 @@ from dilstore.reader.text.tokenization import encode_passage, encode_question
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import FingerprintMismatchError
 from dilstore.storage.reader import MissingPassagesError, open_store
+from dilstore.storage.records import StoredPassage
 from tests.fixtures.odqa_fixtures import MAX_LENGTH, PASSAGES, write_reader_checkpoint, write_store
 from tests.fixtures.store_fixtures import build_store, random_shards
 
@@ -150,7 +151,10 @@ def make_reading(scores: list[tuple[float, float]]) -> Reading:
         Span(f"p{i}", f"answer {i}", 0, 0, 0, 8, reader_score=reader, bm25_score=bm25)
         for i, (reader, bm25) in enumerate(scores)
     )
-    return Reading("q", (), {}, spans, Timings())
+    passages = {span.passage_id: StoredPassage(span.passage_id, f"Title {span.passage_id}", span.text,
+                                               np.zeros(1, np.int32), np.zeros((1, 2), np.int32),
+                                               np.zeros((1, 4), np.float32)) for span in spans}  # fmt: skip
+    return Reading("q", (), passages, spans, Timings())
 
 
 @given(
@@ -185,6 +189,15 @@ def test_answer_json_has_the_issue_keys(tiny: dict) -> None:
     assert document["passage_id"] in tiny["ids"][:3]  # only the top-p passages are read
     assert set(document["timings"]) >= {"retrieval", "store_read", "question_layers", "interaction_layers"}
     assert document["answer"] == document["nbest"][0]["text"]
+    # The passages of the n-best, so that a client can check the offsets and show context (odqa43 M2).
+    stored = {passage.id: passage for passage in odqa_for(tiny).store.fetch(list(document["passages"]))}
+    assert set(document["passages"]) == {span["passage_id"] for span in document["nbest"]}
+    for span in document["nbest"]:
+        passage = document["passages"][span["passage_id"]]
+        assert passage == {"title": stored[span["passage_id"]].title, "text": stored[span["passage_id"]].text}
+        assert passage["text"][span["char_start"] : span["char_end"]] == span["text"]
+        assert span["title"] == passage["title"]
+    assert document["title"] == document["nbest"][0]["title"]
 
 
 def test_bare_passage_ids_get_a_zero_bm25_score(tiny: dict) -> None:
@@ -209,6 +222,7 @@ def test_a_question_without_candidates_has_no_answer(tiny: dict) -> None:
     assert reading[0].spans == () and reading[1].spans
     document = aggregate(reading[0], 0.5, 5).to_dict()
     assert (document["answer"], document["score"], document["passage_id"], document["nbest"]) == ("", None, None, [])
+    assert (document["title"], document["passages"]) == (None, {})
 
 
 @pytest.mark.parametrize("question", ["", "   \n", "word " * 10_000, "x" * 100_000])
