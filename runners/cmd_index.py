@@ -128,7 +128,8 @@ def run_command(args: argparse.Namespace) -> int:
     with write_lock(store, INDEX_ROLE, doing="indexed"):
         manifest = read_manifest(StoreLocation.parse(store))
         reread = functools.partial(read_manifest, StoreLocation.parse(store))  # the store's write lock is not held
-        if is_appended(store):
+        appended = is_appended(store)
+        if appended:
             with scratch_dir("dilstore-collection-") as live:
                 files = write_live_collection(store, live)
                 build_index(live, target, args.threads, manifest, show_progress, reread)
@@ -138,11 +139,15 @@ def run_command(args: argparse.Namespace) -> int:
     result = {
         "index": str(target),
         "collection": str(collection),
+        "appended": appended,  # the appends' parts were indexed too, from a scratch copy of the live rows
         "files": files,
+        "passages": manifest.passages,
         "seconds": round(time.time() - started, 2),
     }
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        print(f"BM25 index of {collection} written to {target} in {result['seconds']} s", file=sys.stderr)
+        source = f"{collection} and the store's appends" if appended else str(collection)
+        print(f"BM25 index of {manifest.passages:,} passages ({source}) written to {target} in {result['seconds']} s",
+              file=sys.stderr)  # fmt: skip
     return 0

@@ -110,8 +110,9 @@ def test_ask_and_evaluate_qa_over_a_then_b_equal_the_one_run_store(tmp_path: Pat
     precompute(model, write_jsonl(tmp_path / "b.jsonl", DOCUMENTS[1::2]), tmp_path / "store", "--append")
     (indexed_whole, *whole), (indexed, *appended) = index_and_read([tmp_path / "union", tmp_path / "store"], model,
                                                                    questions)  # fmt: skip
-    assert indexed_whole["files"] == 2
-    assert indexed["files"] == 4  # two parts of A, two of B
+    assert (indexed_whole["files"], indexed_whole["appended"]) == (2, False)
+    assert (indexed["files"], indexed["appended"]) == (4, True)  # two parts of A, two of B
+    assert indexed["passages"] == indexed_whole["passages"] == len(DOCUMENTS)  # A alone was named (odqa43 L4)
     query = "atomic number of oxygen"
     hits, hits_whole = search((tmp_path / "store", query), (tmp_path / "union", query))
     assert hits == hits_whole and "oxygen#0" in hits
