@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     if args.question is not None and (bad := _undecoded_byte(args.question)) is not None:
         raise DilstoreError(f"the question is not UTF-8 text (byte at character {bad + 1})")
+    if args.question is not None and not args.question.strip():  # before the model, maps and JVM load (9 s)
+        raise DilstoreError("the question is empty")
     if args.question is None and sys.stdin is None:  # started with stdin closed (`<&-`): nothing to read questions from
         raise DilstoreError("no question given and standard input is closed: give a QUESTION or questions on stdin")
     odqa = open_odqa_reader(args)

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         label = "reader only" if mu == 1.0 else "reader + BM25"
         print(f"  mu {mu:g} ({label}): EM {em:.2f}  F1 {f1:.2f}")
     if evaluation.refused:
-        print(f"  {evaluation.refused} question(s) over the reader's {odqa.settings.max_question_length}-token limit "
-              "scored as unanswered")
+        print(f"  {evaluation.refused} question(s) the reader refused (over its {odqa.settings.max_question_length}-"
+              "token question limit, or no word pieces at all) scored as unanswered")
     return 0
 

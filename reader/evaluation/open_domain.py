@@ -36,7 +36,7 @@ from typing import Any
 
 from pyserini.eval.evaluate_dpr_retrieval import SimpleTokenizer
 
-from dilstore.reader.data.squad import load_open_questions, load_squad
+from dilstore.reader.data.squad import SquadExample, load_open_questions, load_squad
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
 from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu, checked_top_p
 from dilstore.reader.serving.odqa import OpenDomainReader
@@ -58,22 +58,46 @@ class QAQuestion:
 
 def load_questions(path: str | Path) -> list[QAQuestion]:
     """Questions from DPR-style JSONL (`.jsonl`, any case) or SQuAD v1.1 JSON (anything else that parses as one
-    document)."""
+    document); a DilstoreError naming the file when it holds none."""
     path = Path(path)
     if path.suffix.lower() == ".jsonl":
-        return [
+        questions = [
             QAQuestion(id=f"{path.name}:{item.line}", question=item.question, answers=item.answers)
             for item in load_open_questions(path)
         ]
-    examples = load_squad(path)
-    questions = [
-        QAQuestion(id=example.id, question=example.question, answers=tuple(a.text for a in example.answers))
-        for example in examples
-    ]
+    else:
+        questions = [
+            QAQuestion(id=example.id, question=example.question, answers=tuple(a.text for a in example.answers))
+            for example in _squad_examples(path)
+        ]
+    if not questions:
+        raise DilstoreError(f"{path}: holds no questions")
     unanswerable = [question.id for question in questions if not question.answers]
     if unanswerable:
         raise DilstoreError(f"{path}: question {unanswerable[0]!r} has no reference answer to score against")
     return questions
+
+
+def _squad_examples(path: Path) -> list[SquadExample]:
+    """`load_squad(path)`; a file that fails as SQuAD JSON but opens with a question object says it looks like
+    JSONL, which goes by the `.jsonl` suffix (it got a bare "not valid JSON (... Extra data)")."""
+    try:
+        return load_squad(path)
+    except DilstoreError as error:
+        if _opens_with_a_question_object(path):
+            raise DilstoreError(f"{error}; its first line is one question object, as in DPR-style JSONL: name the "
+                                "file .jsonl to read it as such") from None  # fmt: skip
+        raise
+
+
+def _opens_with_a_question_object(path: Path) -> bool:
+    """Whether the first line of `path` is a JSON object with a "question"."""
+    try:
+        with path.open("rb") as handle:
+            first = json.loads(handle.readline(1 << 20).decode("utf-8-sig"))
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return False
+    return isinstance(first, dict) and "question" in first
 
 
 def select_questions(questions: Sequence[QAQuestion], limit: int | None, seed: int) -> list[QAQuestion]:
@@ -233,6 +257,8 @@ def evaluate_top_ps(
         if on_batch is not None:
             on_batch(done)
     seconds = time.perf_counter() - started
+    for run in runs.values():  # refused questions were filled in first
+        run.predictions = {question.id: run.predictions[question.id] for question in questions}
     return {top_p: run.result(top_p, float(mu), seconds, timings, **odqa.read_with) for top_p, run in runs.items()}
 
 

@@ -191,6 +191,9 @@ def test_a_question_argument_that_is_not_utf8_is_refused_before_the_store_opens(
 
     assert main(["ask", str(tmp_path / "no-store"), "Tram \udcff open?", "--model", str(tmp_path / "no-model")]) == 2
     assert capsys.readouterr().err == "dilstore ask: error: the question is not UTF-8 text (byte at character 6)\n"
+    # A blank question too, where it waited 9 s for the model, the maps and the JVM (odqa43 L1).
+    assert main(["ask", str(tmp_path / "no-store"), " \t", "--model", str(tmp_path / "no-model")]) == 2
+    assert capsys.readouterr().err == "dilstore ask: error: the question is empty\n"
 
 
 def test_ask_and_evaluate_qa_refuse_a_store_url_without_an_index(store_and_model: tuple[Path, Path], tmp_path: Path,

@@ -132,11 +132,37 @@ def test_several_top_p_from_one_reading_equal_separate_runs(odqa: OpenDomainRead
 
 
 def test_a_refused_question_scores_zero_and_is_counted(odqa: OpenDomainReader) -> None:
-    questions = [QAQuestion("long", "tram " * 500, ("1882",)), QUESTIONS[0]]
+    questions = [QUESTIONS[0], QAQuestion("long", "tram " * 500, ("1882",)), QAQuestion("zw", "\u200b", ("x",))]
     evaluation = evaluate_questions(odqa, questions, top_p=2, mu=0.5)
-    assert evaluation.refused == 1
-    assert evaluation.predictions["long"] == {"1.0": "", "0.5": ""}
-    assert evaluation.recall == 50.0
+    assert evaluation.refused == 2
+    assert evaluation.predictions["long"] == evaluation.predictions["zw"] == {"1.0": "", "0.5": ""}
+    assert evaluation.recall == pytest.approx(100 / 3)
+    assert list(evaluation.predictions) == [question.id for question in questions]  # refused ones came first (odqa43)
+
+
+def test_a_question_file_without_questions_is_named(tmp_path: Path) -> None:
+    """An empty file was refused as "there are no questions to evaluate" after the model and the JVM had loaded,
+    the file not named (odqa43 L1)."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps({"version": "1.1", "data": []}))
+    for path in (empty, squad):
+        with pytest.raises(DilstoreError, match=rf"^{path}: holds no questions$"):
+            load_questions(path)
+
+
+def test_jsonl_questions_in_a_json_file_are_named_as_such(tmp_path: Path) -> None:
+    """The format goes by the suffix: a DPR JSONL file named .json got a bare "Extra data" (odqa43 L3)."""
+    lines = [{"question": "When did the tram open?", "answer": ["1882"]}, {"question": "Who?", "answer": ["Curie"]}]
+    path = tmp_path / "questions.json"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(DilstoreError, match=r"Extra data\); its first line is one question object, as in DPR-style "
+                                            r"JSONL: name the file \.jsonl to read it as such$"):  # fmt: skip
+        load_questions(path)
+    path.write_text("{not json")  # no question object: the parser's error alone
+    with pytest.raises(DilstoreError, match=r"not valid JSON \(line 1, column 2: [^)]*\)$"):
+        load_questions(path)
 
 
 def test_reader_only_evaluation_scores_one_mu(odqa: OpenDomainReader) -> None:
