@@ -59,12 +59,19 @@ def open_reader(
     mu: float | None = None,
     device: str | None = None,
     online_variant: bool = True,
+    n_best: int | None = None,
+    max_answer_length: int | None = None,
+    max_question_length: int | None = None,
+    pair_batch_tokens: int | None = None,
+    max_pairs_per_batch: int | None = None,
 ) -> OpenDomainReader:
     """An open-domain reader over a dilbert store and its BM25 index: `reader.answer(question).text`.
 
     `model` defaults to the shipped reader and must be the one that made the
     store; `index` defaults to STORE/bm25 (see `build_index`). `top_p` and
-    `mu` override the passages read per question and the reader/BM25 score mix.
+    `mu` override the passages read per question and the reader/BM25 score mix; `n_best`,
+    `max_answer_length`, `max_question_length`, `pair_batch_tokens` and `max_pairs_per_batch` are `ask`'s flags
+    of those names (None: the command's default).
     `online_variant`: over a store of an encoding the model ships online layers for (`online-ENC.safetensors`,
     trained on that encoding's decoded states; the shipped reader has `online-2bit`), read with those, as `ask`
     does; False reads with its own (`ask --no-online-variant`). `reader.read_with` names the store's encoding and
@@ -76,11 +83,15 @@ def open_reader(
     _check("store", store, _PATH, "a store path or URL")
     _check("model", model, _OPTIONAL_PATH, "a model folder or None")
     _check("index", index, _OPTIONAL_PATH, "an index folder or None")
-    _check("top_p", top_p, (int, type(None)), "a positive integer or None")
     _check("mu", mu, (int, float, type(None)), "a number from 0 to 1 or None")
     _check_device(device)
     _check("online_variant", online_variant, (bool,), "True or False")
-    chosen = {name: value for name, value in (("top_p", _int(top_p)), ("mu", mu)) if value is not None}
+    counts = {"top_p": top_p, "n_best": n_best, "max_answer_length": max_answer_length,
+              "max_question_length": max_question_length, "pair_batch_tokens": pair_batch_tokens,
+              "max_pairs_per_batch": max_pairs_per_batch}  # fmt: skip
+    for name, value in counts.items():
+        _check(name, value, (int, type(None)), "a positive integer or None")
+    chosen = {name: _int(value) for name, value in {**counts, "mu": mu}.items() if value is not None}
     return open_odqa_reader(store, model, index_dir=index, settings=OdqaSettings(**chosen), device=device,
                             online_variant=online_variant)  # fmt: skip
 

@@ -64,6 +64,24 @@ def test_wrong_argument_types_raise_dilstore_error_naming_the_argument(
     assert message in str(raised.value)
 
 
+def test_open_reader_takes_every_reader_option_of_ask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`n_best=3` was a TypeError: ask's --n-best, --max-answer-length, ... had no keyword (odqa43 L5)."""
+    from dilstore.reader.serving import odqa
+
+    seen = []
+    monkeypatch.setattr(odqa, "open_reader", lambda *args, settings, **kwargs: seen.append(settings))
+    options = {"top_p": 7, "mu": 0.25, "n_best": 3, "max_answer_length": np.int64(5), "max_question_length": 20,
+               "pair_batch_tokens": 4096, "max_pairs_per_batch": 8}  # fmt: skip
+    dilstore.open_reader(tmp_path, **options)
+    assert seen == [odqa.OdqaSettings(**{name: int(value) if name != "mu" else value
+                                         for name, value in options.items()})]  # fmt: skip
+    assert type(seen[0].max_answer_length) is int
+    with pytest.raises(dilstore.DilstoreError, match="^n_best must be a positive integer or None, got str '3'$"):
+        dilstore.open_reader(tmp_path, n_best="3")
+    with pytest.raises(dilstore.DilstoreError, match="n_best"):
+        dilstore.open_reader(tmp_path, n_best=0)
+
+
 def test_a_long_wrong_value_is_cut_in_the_message(tmp_path: Path) -> None:
     with pytest.raises(dilstore.DilstoreError) as raised:
         dilstore.open_reader(tmp_path, mu="μ" * 1000)
