@@ -69,6 +69,13 @@ def signal_handlers_left_as_found() -> Iterator[None]:
         pytest.fail(f"left the {', '.join(signal.Signals(number).name for number in changed)} handler changed")
 
 
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Failed remote reads retried as in use, without the real waits (1.5 s a failed read, about 16 s of the suite
+    in the files that fail reads on purpose); tests/storage/test_zarr_reads.py proves the waits themselves."""
+    monkeypatch.setattr("dilstore.storage.zarr_reads.RETRY_SECONDS", 0.01)
+
+
 @pytest.fixture(scope="module")
 def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/fixtures/qa_training_fixtures.py's random 2-layer BERT with the MiniLM tokenizer, a plain encoder directory."""

@@ -139,29 +139,22 @@ def test_a_long_lived_process_started_in_the_block_does_not_hold_its_end_open() 
     assert float(result.stdout) < 4.0, result.stdout  # the copier's timeout is 5 s; a loaded CI box needs margin
 
 
-def test_precompute_with_verbose_shows_the_workers_library_noise(tmp_path: Path) -> None:
+def test_precompute_with_verbose_shows_the_workers_library_noise(tmp_path: Path, capfd, monkeypatch) -> None:
     """The CLI end to end with two Beam worker processes, which log on their own stderr: --verbose shows their
     logging lines, so the quiet run's empty stderr (tests/pipelines/test_pipeline_run.py, the same two workers
-    in-process) is the filter's doing. One run here: the quiet one rode on a run that test already makes, and the
-    two, most of each Beam starting its workers, were the suite's slowest test.
+    in-process) is the filter's doing. In-process as that test is: only the workers need a fresh interpreter.
     """
+    from dilstore.runners import cli
+
     model = save_tiny_reader(tmp_path / "tiny")
     corpus = write_jsonl(tmp_path / "docs.jsonl", wiki_like_documents(6))
-    env = {key: value for key, value in os.environ.items() if key not in
-           (quiet.QUIET_ENV, "TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")}  # fmt: skip
-
-    def precompute(output: str, *extra: str) -> subprocess.Popen:
-        args = [sys.executable, "-m", "dilstore", "precompute", "--input", str(corpus), "--output",
-                str(tmp_path / output), "--model", str(model), "--max-length", "48", "--workers", "2", *extra]
-        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                cwd=tmp_path)  # fmt: skip
-
-    def finished(run: subprocess.Popen) -> str:
-        _, err = run.communicate(timeout=600)
-        assert run.returncode == 0, err
-        return err
-
-    verbose_err = finished(precompute("verbose", "--no-progress", "--verbose"))
+    for name in (quiet.QUIET_ENV, "TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
+    assert cli.main(["precompute", "--input", str(corpus), "--output", str(tmp_path / "verbose"), "--model",
+                     str(model), "--max-length", "48", "--workers", "2", "--no-progress", "--verbose"]) == 0
+    verbose_err = capfd.readouterr().err
     assert "apitools not found" in verbose_err and "Logging handler created" in verbose_err
 
 

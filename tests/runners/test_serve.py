@@ -936,6 +936,7 @@ def test_a_store_file_cut_under_the_server_makes_that_store_unavailable_not_a_de
     assert health.status_code == 503 and list(health.json()["problems"]) == ["s2"]
 
 
+@pytest.mark.usefixtures("quick_retries")  # the store's reads fail on purpose
 def test_a_remote_store_that_fails_in_transit_gets_502_for_that_request_and_stays_served(
     tiny: dict[str, Any]
 ) -> None:

@@ -33,6 +33,8 @@ from dilstore.storage.verify import verify_store
 from tests.fixtures.http_store import HttpServer, serve_directory
 from tests.fixtures.store_fixtures import build_store, random_shards
 
+pytestmark = pytest.mark.usefixtures("quick_retries")  # reads fail on purpose here
+
 SHARDS = 2
 IDS = [f"s{shard}/p{row}" for shard in range(SHARDS) for row in range(0, 300, 6)]  # 100 passages, both shards
 PER_TOKEN_ARRAYS = {"fp16": 4, "int8": 5}  # texts, token ids, char spans and the encoding's per-token arrays

@@ -45,6 +45,8 @@ from dilstore.storage.verify import verify_store
 from dilstore.storage.writer import write_shard
 from tests.fixtures.store_fixtures import fingerprint_for
 
+pytestmark = pytest.mark.usefixtures("quick_retries")  # reads fail on purpose here
+
 DIMS = 10
 
 
