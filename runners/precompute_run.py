@@ -10,6 +10,7 @@ import contextlib
 import errno
 import logging
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,6 +29,13 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
 
 _PROGRESS_POLL_SECONDS = 0.5
 HANDSHAKE_GRACE_SECONDS = 5  # past the connection wait, for a scheduler that answers slowly under load
+_PROCESS_TOKEN = uuid.uuid4().hex  # a worker in another process imports this module afresh, with its own
+# Beam's Dask runner (2.77) hands one output list to all the tasks of a step; a worker in another process gets a
+# copy for each task, one in the caller's process shares it, and each task's outputs repeated the ones before (a
+# corpus refused as "passage id ... occurs twice in one shard").
+IN_PROCESS_WORKERS = ("a worker runs in this process (a LocalCluster or Client started with processes=False), where "
+                      "Beam's Dask runner repeats a step's outputs across its tasks: start the cluster with "
+                      "processes=True (the default)")  # fmt: skip
 
 E = TypeVar("E", bound=BaseException)
 
@@ -232,8 +240,12 @@ def reach_dask_scheduler(options: PipelineOptions) -> None:
 
     def attempt() -> None:
         try:
-            Client(address=values.address, scheduler_file=values.scheduler_file, timeout=timeout).close()
-            outcome.append(None)
+            with Client(address=values.address, scheduler_file=values.scheduler_file, timeout=timeout) as client:
+                # A worker that cannot run the check (no dilstore there) is in another process: its error is
+                # the pipeline's to report.
+                shared = any(answer is True for answer in client.run(_is_this_process, _PROCESS_TOKEN,
+                                                                     on_error="return").values())  # fmt: skip
+            outcome.append(DilstoreError(IN_PROCESS_WORKERS) if shared else None)
         except Exception as error:  # OSError when no one answers; anything from a server that is not a scheduler
             outcome.append(error)
 
@@ -245,9 +257,16 @@ def reach_dask_scheduler(options: PipelineOptions) -> None:
         raise DilstoreError(f"no Dask scheduler answered at {where} within {waited} s: something there accepts "
                             "connections but does not answer as a scheduler (--dask_connection_timeout sets the "
                             "wait)")  # fmt: skip
+    if isinstance(outcome[0], DilstoreError):
+        raise DilstoreError(f"the Dask scheduler at {where}: {outcome[0]}")
     if outcome[0] is not None:
         raise DilstoreError(f"cannot reach a Dask scheduler at {where}: {_last_line(outcome[0])} (the wait is "
                             f"{timeout} s; --dask_connection_timeout sets it)")  # fmt: skip
+
+
+def _is_this_process(token: str) -> bool:
+    """Run on each Dask worker: whether it shares this module's memory with the process that asks."""
+    return token == _PROCESS_TOKEN
 
 
 def _cause_of(error: BaseException, kind: type[E]) -> E | None:

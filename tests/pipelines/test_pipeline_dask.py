@@ -86,6 +86,21 @@ def nobody_listening() -> Iterator[str]:
         yield f"tcp://127.0.0.1:{bound.getsockname()[1]}"
 
 
+def test_a_cluster_whose_worker_runs_in_this_process_is_refused(setup, tmp_path: Path, capsys) -> None:
+    """Beam's Dask runner shares a step's output list between the tasks of an in-process worker: each repeated
+    the ones before, and the run failed on "passage id ... occurs twice in one shard", blaming the corpus (perf43)."""
+    model, corpus = setup
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+        assert cli.main(arguments(model, corpus, tmp_path / "store", "--runner", "dask",
+                                  "--dask_client_address", cluster.scheduler_address)) == 2  # fmt: skip
+    said = capsys.readouterr().err
+    assert said.strip() == (f"dilstore precompute: error: the Dask scheduler at {cluster.scheduler_address}: a worker "
+                            "runs in this process (a LocalCluster or Client started with processes=False), where "
+                            "Beam's Dask runner repeats a step's outputs across its tasks: start the cluster with "
+                            "processes=True (the default)")  # fmt: skip
+    assert not (tmp_path / "store").exists()
+
+
 @pytest.mark.parametrize("scheduler", ["missing-file", "not-running", "not-running-dask-config"])
 def test_a_scheduler_that_cannot_be_reached_is_named_and_the_run_is_taken_back(
     setup, tmp_path: Path, nobody_listening: str, capsys: pytest.CaptureFixture[str], scheduler: str,
