@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 
 from dilstore.runners import cli, cmd_index
-from dilstore.runners.stop_signals import Terminated, _noticed_at_once, drop_interrupted_work, signals_interrupt, stopping
+from dilstore.runners.stop_signals import (
+    Terminated,
+    _noticed_at_once,
+    drop_interrupted_work,
+    signals_interrupt,
+    stopping,
+)
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, wiki_like_documents, write_jsonl
 
 STOPPING = (signal.SIGTERM, signal.SIGHUP)
