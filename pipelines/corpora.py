@@ -20,6 +20,7 @@ Duplicate ids are not caught per file: see `pipelines.duplicate_ids`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -85,14 +86,32 @@ def format_for_path(path: str | Path) -> str:
                         f"{', '.join(FORMATS)}")
 
 
+def _is_json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:  # not JSON, or not UTF-8
+        return False
+
+
+def _json_lines_opening(lines: list[bytes]) -> bool:
+    """A JSON object per line: not an object spread over lines (`{` alone), not a SQuAD file's opening."""
+    return lines[0].startswith(b"{") and lines[0] != b"{" and not lines[0].startswith((b'{"data"', b'{"version"'))
+
+
+def _one_json_document_opening(lines: list[bytes]) -> bool:
+    """One JSON object: not a whole object on the first line with another object opening the next (JSON Lines,
+    often named .json: it ran the whole job to an empty store, every record dead-lettered as "Extra data")."""
+    return lines[0].startswith(b"{") and not (len(lines) > 1 and lines[1].startswith(b"{") and _is_json_object(lines[0]))
+
+
 # What the first two non-blank lines of a file in each format look like, and how to say it.
 _FORMAT_OPENINGS = {
-    "jsonl": (lambda lines: lines[0].startswith(b"{"), "a JSON object per line"),
+    "jsonl": (_json_lines_opening, "a JSON object per line (a SQuAD file is --format squad)"),
     # Two columns: a file of more (MS MARCO documents, DPR's id/text/title) would glue them into every text. One
     # of the first two lines with one tab will do, as a passage may hold a tab.
     "msmarco": (lambda lines: b"\t" in lines[0] and any(line.count(b"\t") == 1 for line in lines),
                 "pid<TAB>text lines of two columns (convert others to JSONL)"),
-    "squad": (lambda lines: lines[0].startswith(b"{"), "one JSON object"),
+    "squad": (_one_json_document_opening, "one JSON object, not one per line (that is --format jsonl)"),
     "wikipedia": (lambda lines: lines[0].startswith(b"<"), "XML"),
 }
 # The formats read a record a line, by `\n` (a `\r` before it is dropped).

@@ -856,9 +856,25 @@ def test_real_files_fit_their_format_and_no_other(shared_data: Path, tmp_path: P
     for format, path in files.items():
         check_format(path, format)
         check_format(default_corpus_path(), DEFAULT_CORPUS_FORMAT)
-        for other in {"msmarco", "wikipedia"} - {format}:
+        for other in set(files) - {format}:  # squad took any file opening with "{" (cli43 M2)
             with pytest.raises(DilstoreError, match=f"--format {other} does not fit"):
                 check_format(path, other)
+
+
+def test_json_lines_and_one_json_document_are_told_apart(tmp_path: Path) -> None:
+    """A JSONL corpus named .json ran the whole job as squad, every record dead-lettered as "Extra data", and left
+    an empty store that the corrected command was refused on (cli43 M2)."""
+    lines = tmp_path / "corpus.json"
+    lines.write_text('{"id": "a", "text": "First."}\n{"id": "b", "text": "Second."}\n')
+    with pytest.raises(DilstoreError, match=r"^--format squad does not fit .*: squad files hold one JSON object, "
+                                            r"not one per line \(that is --format jsonl\), but it begins '\{\"id\""):
+        check_format(lines, "squad")
+    check_format(lines, "jsonl")
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps({"version": "1.1", "data": [{"title": "T", "paragraphs": []}]}, indent=2))
+    check_format(pretty, "squad")
+    with pytest.raises(DilstoreError, match=r"^--format jsonl does not fit .*a SQuAD file is --format squad"):
+        check_format(pretty, "jsonl")
 
 
 @pytest.mark.parametrize(
