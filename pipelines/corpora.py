@@ -101,7 +101,8 @@ def _json_lines_opening(lines: list[bytes]) -> bool:
 def _one_json_document_opening(lines: list[bytes]) -> bool:
     """One JSON object: not a whole object on the first line with another object opening the next (JSON Lines,
     often named .json: it ran the whole job to an empty store, every record dead-lettered as "Extra data")."""
-    return lines[0].startswith(b"{") and not (len(lines) > 1 and lines[1].startswith(b"{") and _is_json_object(lines[0]))
+    one_a_line = len(lines) > 1 and lines[1].startswith(b"{") and _is_json_object(lines[0])
+    return lines[0].startswith(b"{") and not one_a_line
 
 
 # What the first two non-blank lines of a file in each format look like, and how to say it.
