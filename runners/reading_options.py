@@ -17,7 +17,8 @@ def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
     for option, default, what in (
         ("--eval-batch-size", 32, "windows per forward pass"),
         ("--max-seq-length", 384, "question + window tokens"),
-        ("--doc-stride", 128, "overlap between windows"),
+        ("--doc-stride", 128, "word pieces from one window's start to the next's (run_squad's doc_stride: a step, "
+                              "not the overlap)"),
         ("--max-question-length", 64, "question tokens"),
         ("--max-answer-length", 30, "longest answer in tokens"),
     ):
