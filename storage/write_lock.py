@@ -9,11 +9,16 @@ for a store's BM25 index), not inside it, so that `--overwrite`, which deletes
 the store folder, cannot delete the lock out from under a second writer. The
 file holds the pid of the writer that holds the lock, for the error message;
 the kernel releases the lock when that process ends, however it ends (kill -9
-included).
+included). The writer removes the file (and the folders it made for it, when
+still empty) as it lets go, so that a refused run leaves nothing behind (a
+`train` whose inputs were missing left `runs/.NAME.dilstore-lock`); a writer
+that opened the file just before it was removed sees that once it holds the
+lock, and takes the lock of the file now there instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
@@ -46,29 +51,60 @@ def write_lock(folder: Path, role: str = WRITE_ROLE, doing: str = "written") -> 
     """
     path = lock_path(folder, role)
     _check_ancestors(Path(folder))
+    made = [ancestor for ancestor in (path.parent, *path.parent.parents) if not ancestor.exists()]
+    descriptor = _locked(path, Path(folder), role, doing)
+    try:
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):  # removed while held, so that no writer takes a lock on a removed file
+            path.unlink()
+        os.close(descriptor)
+        for ancestor in made:  # deepest first; a folder the run wrote into is not empty and stays
+            with contextlib.suppress(OSError):
+                ancestor.rmdir()
+
+
+def _locked(path: Path, folder: Path, role: str, doing: str) -> int:
+    """A descriptor of the lock file at `path`, locked; a DilstoreError naming the holder if another has it."""
+    while True:
+        descriptor = _opened(path, folder)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # The holder /proc/locks names; the file may still hold an earlier holder's pid.
+            holder = writer_of(folder, role) or _holder_pid(descriptor)
+            os.close(descriptor)
+            raise DilstoreError(
+                f"{folder} is being {doing} by pid {holder} (lock {path}); wait for that run or stop it"
+            ) from None
+        if _is_file_at(descriptor, path):
+            return descriptor
+        os.close(descriptor)  # its holder removed it as it let go, after this process opened it: lock the new one
+
+
+def _opened(path: Path, folder: Path) -> int:
+    """The lock file at `path` opened for reading and writing, made (with its folders) if missing."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except PermissionError as error:
         if path.exists():  # the folder is writable, or the file would not be there: the file itself is not
             raise DilstoreError(f"cannot open the lock file {path} of {folder}: {error.strerror}; it must be "
                                 "readable and writable by this user") from None  # fmt: skip
         raise DilstoreError(f"cannot create the lock file {path}: {error.strerror}; the lock of {folder} lives "
                             f"beside it, so its folder {path.parent} must be writable") from None  # fmt: skip
+
+
+def _is_file_at(descriptor: int, path: Path) -> bool:
+    """Whether `descriptor` is the file now at `path`."""
     try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            # The holder /proc/locks names; the file may still hold an earlier holder's pid.
-            holder = writer_of(Path(folder), role) or _holder_pid(descriptor)
-            raise DilstoreError(
-                f"{folder} is being {doing} by pid {holder} (lock {path}); wait for that run or stop it"
-            ) from None
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
-        yield path
-    finally:
-        os.close(descriptor)
+        now = path.stat()
+    except FileNotFoundError:
+        return False
+    held = os.fstat(descriptor)
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _holder_pid(descriptor: int) -> str:

@@ -178,9 +178,7 @@ def test_a_failed_overwrite_run_leaves_the_old_store_intact(
     assert cli.main([*args, "--split", "paragraphs", "--overwrite"]) == 0
     assert json.loads((store / "run-summary.json").read_text())["store"] == str(store.resolve())
     assert json.loads((store / SPEC_FILE).read_text())["split"] == "paragraphs" and verify_store(store).ok
-    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".store")) == [
-        ".store.dilstore-lock"
-    ]
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".store")) == []
 
 
 def test_a_2bit_replacement_builds_its_codebook_inside_the_replacement(

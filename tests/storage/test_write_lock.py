@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,47 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path: Path) -> None
     with write_lock(store) as path:
         assert path == lock_path(store)
         assert path.read_text().strip() == str(os.getpid())
+
+
+def test_a_writer_leaves_no_lock_file_and_a_refused_one_no_folder(tmp_path: Path) -> None:
+    """A `train` refused for a missing input left `runs/` and `runs/.NAME.dilstore-lock` behind (train41 L3, cli43
+    L2); every finished run left its lock file."""
+    run = tmp_path / "runs" / "deep" / "run"
+    with pytest.raises(DilstoreError, match="no such input"), write_lock(run):
+        assert lock_path(run).is_file()
+        raise DilstoreError("no such input")
+    assert list(tmp_path.iterdir()) == []
+    with write_lock(run):
+        run.mkdir()
+    assert sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*")) == [
+        Path("runs"), Path("runs/deep"), Path("runs/deep/run")]  # the run's folder and those above it stay
+
+
+def test_writers_that_take_turns_never_hold_the_lock_together(tmp_path: Path) -> None:
+    """The file goes as its writer lets go: one that opened it just before holds a lock on a removed file, and
+    must take the new file's instead, or it and the next writer would both hold "the" lock."""
+    store = tmp_path / "store"
+    inside, overlaps, turns = [], [], []
+
+    def writer() -> None:
+        for _ in range(300):
+            try:
+                with write_lock(store):
+                    inside.append(1)
+                    time.sleep(0.0002)  # a moment for another writer to come in, were the lock not exclusive
+                    overlaps.append(len(inside) > 1)
+                    inside.pop()
+                    turns.append(1)
+            except DilstoreError:
+                pass  # held by another: try again
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert turns and not any(overlaps)
+    assert not lock_path(store).exists()
 
 
 @pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="Linux's /proc/locks names the holder")
