@@ -14,8 +14,9 @@ import argparse
 import contextlib
 import signal
 import socket
+import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -166,11 +167,18 @@ def serve_on(listeners: list[socket.socket], args: argparse.Namespace, settings:
     config = uvicorn.Config(
         app, host=args.host, port=args.port, access_log=args.access_log, log_level="info", lifespan="on",
         timeout_graceful_shutdown=args.shutdown_timeout, http=serve_protocol(args.request_timeout),
+        use_colors=log_colors(os.environ),
     )
     server = StopServer(config)
     with signals_end_cleanly(), hangup_stops(server), cancelled_requests_unlogged():
         server.run(sockets=listeners)
     return 0
+
+
+def log_colors(environment: Mapping[str, str]) -> bool | None:
+    """uvicorn's `use_colors`: none when NO_COLOR is set to anything (https://no-color.org), else its own choice
+    (colours on a terminal)."""
+    return False if environment.get("NO_COLOR") else None
 
 
 def listening_sockets(host: str, port: int) -> list[socket.socket]:

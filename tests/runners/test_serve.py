@@ -42,7 +42,7 @@ from dilstore.reader.serving.rerank import open_reranker
 from dilstore.reader.retrieval import Hit, TooManyTermsError
 from dilstore.runners.cli import main
 from dilstore.runners.cmd_ask import print_answer
-from dilstore.runners.cmd_serve import parse_store_argument
+from dilstore.runners.cmd_serve import log_colors, parse_store_argument
 from dilstore.runners.serve_app import create_app
 from dilstore.storage.errors import DilstoreError
 from dilstore.runners.serve_requests import RerankRequest
@@ -960,3 +960,17 @@ def test_a_remote_store_that_fails_in_transit_gets_502_for_that_request_and_stay
     assert failed.json()["detail"].startswith("reading store 's2' failed: ") and "500" in failed.json()["detail"]
     assert answered.status_code == 200, answered.text
     assert metric(text, "dilstore_errors_total", endpoint="/rerank", kind="store_read") == 1
+
+
+def test_no_color_turns_the_server_s_log_colours_off() -> None:
+    """uvicorn coloured its log lines on a terminal whatever NO_COLOR said; no other command colours (cli43 L3)."""
+    import logging
+
+    import uvicorn
+
+    assert log_colors({"NO_COLOR": "1"}) is False and log_colors({"NO_COLOR": ""}) is None and log_colors({}) is None
+    config = uvicorn.Config(lambda scope, receive, send: None, use_colors=log_colors({"NO_COLOR": "1"}))
+    config.configure_logging()
+    (handler,) = logging.getLogger("uvicorn").handlers
+    record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, "Started server process", None, None)
+    assert handler.formatter.format(record) == "INFO:     Started server process"
