@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+import dilstore
 from dilstore.runners.open_files import raise_open_file_limit
 from dilstore.runners.quiet import configure as configure_output
 from dilstore.runners.stop_signals import drop_interrupted_work, interrupt_number, interrupt_words, signals_interrupt
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dilstore",
         description="Precompute transformer reader/ranker states into a shard store and serve them.",
     )
+    parser.add_argument("--version", action="version", version=f"dilstore {dilstore.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMANDS:
         importlib.import_module(module_name).register(subparsers)
@@ -51,7 +53,7 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
     Only `precompute` sets `beam_args`: what it does not know are Beam's
     pipeline options, handed on to Beam (which refuses misspelt ones), as
     Beam's own examples do with `parse_known_args`. Words before the command
-    are `dilstore`'s own, and it knows none but --help.
+    are `dilstore`'s own, and it knows none but --help and --version.
     """
     words = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(words)

@@ -7,6 +7,7 @@ folders under `dilstore.`; this builds a real wheel and looks inside it.
 
 from __future__ import annotations
 
+import importlib.metadata
 import shutil
 import subprocess
 import sys
@@ -48,8 +49,13 @@ def test_the_wheel_holds_only_dilstore_with_its_layers_and_shipped_models(tmp_pa
 
 def test_python_m_dilstore_is_the_dilstore_command() -> None:
     command = Path(sys.executable).with_name("dilstore")
-    for arguments in (["--help"], ["precompute", "--help"], ["info", "--help"]):
+    for arguments in (["--help"], ["precompute", "--help"], ["info", "--help"], ["--version"]):
         module = subprocess.run([sys.executable, "-m", "dilstore", *arguments], capture_output=True, text=True)
         script = subprocess.run([str(command), *arguments], capture_output=True, text=True)
         assert module.returncode == script.returncode == 0
         assert module.stdout == script.stdout
+    # A bug report can say which build it ran (cli43 L6): the installed package's version.
+    assert script.stdout == f"dilstore {importlib.metadata.version('dilstore')}\n"
+    import dilstore
+
+    assert dilstore.__version__ == importlib.metadata.version("dilstore")
