@@ -41,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--predictions", type=Path, help="also write {question id: answer} JSON here")
     parser.add_argument("--score", type=Path, metavar="PREDICTIONS",
                         help="score this {question id: answer} JSON file instead of running a reader")  # fmt: skip
-    parser.add_argument("--json", action="store_true", help='print {"questions","em","f1","k","seconds"}')
+    parser.add_argument("--json", action="store_true",
+                        help='print {"questions","em","f1","k","seconds","reading","data"} (no progress bar)')
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (none with --json)")
     add_verbose_argument(parser)
     parser.set_defaults(run=run)
 
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         limit=args.limit,
         seed=subset_seed(args),
         device=args.device,
-        progress=not args.json,
+        progress=not (args.json or args.no_progress),
     )
     if args.predictions:
         text = json.dumps(result.predictions, ensure_ascii=False, indent=1)

@@ -492,7 +492,8 @@ def run_training_loop(
     total_steps, position = optimization.total_steps, optimization.start
     losses: list[torch.Tensor] = []  # each step's loss, () on the device: read at log lines, checkpoints, the end
     logged_loss, logged_step = "-", position.step
-    bar = tqdm(total=total_steps, initial=position.step, disable=not progress, unit="step", dynamic_ncols=True)
+    bar = tqdm(total=total_steps, initial=position.step, disable=not progress, unit="step", desc="train",
+               dynamic_ncols=True)
     started = time.perf_counter() - position.train_seconds
     speed = _SpeedWindow(throughput.per_example)
     last_save = time.perf_counter()
