@@ -29,10 +29,11 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
 
 _PROGRESS_POLL_SECONDS = 0.5
 HANDSHAKE_GRACE_SECONDS = 5  # past the connection wait, for a scheduler that answers slowly under load
-_PROCESS_TOKEN = uuid.uuid4().hex  # a worker in another process imports this module afresh, with its own
 # Beam's Dask runner (2.77) hands one output list to all the tasks of a step; a worker in another process gets a
 # copy for each task, one in the caller's process shares it, and each task's outputs repeated the ones before (a
-# corpus refused as "passage id ... occurs twice in one shard").
+# corpus refused as "passage id ... occurs twice in one shard"). A worker in another process imports this module
+# afresh, with a token of its own.
+_PROCESS_TOKEN = uuid.uuid4().hex
 IN_PROCESS_WORKERS = ("a worker runs in this process (a LocalCluster or Client started with processes=False), where "
                       "Beam's Dask runner repeats a step's outputs across its tasks: start the cluster with "
                       "processes=True (the default)")  # fmt: skip
