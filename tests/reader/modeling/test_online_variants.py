@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -111,7 +112,8 @@ def test_a_store_reader_gets_the_variant_of_the_store_encoding_only(model_dir: P
 
 def test_the_command_line_switch_reaches_open_reader(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    monkeypatch.setattr(odqa, "open_reader", lambda *args, **kwargs: seen.append(kwargs["online_variant"]))
+    opened = SimpleNamespace(store=SimpleNamespace(check_files=False))  # the command checks the store's files
+    monkeypatch.setattr(odqa, "open_reader", lambda *args, **kwargs: seen.append(kwargs["online_variant"]) or opened)
     parser = argparse.ArgumentParser()
     add_odqa_arguments(parser)
     open_odqa_reader(parser.parse_args(["STORE"]))
