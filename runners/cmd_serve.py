@@ -225,10 +225,6 @@ def check_stores_and_models(named: Sequence[tuple[str, str]], models: Sequence[P
     return infos
 
 
-# Descriptors a server needs besides its stores' mapped files: client sockets, the BM25 index, the JVM, libraries.
-OTHER_OPEN_FILES = 512
-
-
 def check_store_files(named: Sequence[tuple[str, str]]) -> None:
     """A DilstoreError when a local store's files are not as its manifest records (damage already on disk: the
     first request to meet it took the store out of service, and a restart brought it back to fail again), or
@@ -236,7 +232,7 @@ def check_store_files(named: Sequence[tuple[str, str]]) -> None:
     from dilstore.runners.open_files import raise_open_file_limit
     from dilstore.storage.location import StoreLocation
     from dilstore.storage.manifest import read_manifest
-    from dilstore.storage.mapped import mapped_files
+    from dilstore.storage.mapped import OTHER_OPEN_FILES, mapped_files
     from dilstore.storage.verify import size_problems
 
     mapped = 0

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import resource
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,6 +230,28 @@ class MappedArray:
 
     values: np.ndarray
     file: WatchedFile | None
+
+
+# Descriptors a process needs besides a store's mapped files: client sockets, the BM25 index, the JVM, libraries.
+OTHER_OPEN_FILES = 512
+# Shards a reader keeps open whatever the open-file limit says (each holds about 9 mapped files of a dilbert store).
+MIN_OPEN_SHARDS = 16
+
+
+def shards_kept_open(manifest: Manifest) -> int:
+    """How many shards a reader of the store keeps open: all of them when their mapped files fit the process's
+    open-file limit beside OTHER_OPEN_FILES others (the commands raise the limit to its hard value), else as many
+    as fit, at least MIN_OPEN_SHARDS.
+
+    A fixed 128 made every fetch of a store of more shards (any corpus over 128 MiB at the default sharding)
+    open and map the shards it had just closed: 29 passages cost 88 ms instead of 1.3 ms.
+    """
+    shards = max(1, len(manifest.shards))
+    per_shard = math.ceil(mapped_files(manifest) / shards)
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if per_shard == 0 or soft == resource.RLIM_INFINITY:
+        return shards
+    return max(MIN_OPEN_SHARDS, min(shards, (soft - OTHER_OPEN_FILES) // per_shard))
 
 
 def mapped_files(manifest: Manifest) -> int:

@@ -42,7 +42,7 @@ from dilstore.storage.format import (
 from dilstore.storage.id_index import IdIndex, Superseded, header_matches, id_hashes, read_superseded
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, parse_manifest, read_manifest
-from dilstore.storage.mapped import WatchedFile, check_unchanged, map_array, read_array_file
+from dilstore.storage.mapped import WatchedFile, check_unchanged, map_array, read_array_file, shards_kept_open
 from dilstore.storage.records import StoredPassage
 from dilstore.storage.shard import ShardReader, read_ranges
 
@@ -347,7 +347,7 @@ def open_store(
     *,
     read_path: ReadPath = "auto",
     storage_options: dict[str, Any] | None = None,
-    max_open_shards: int = 128,
+    max_open_shards: int | None = None,
     check_files: bool = False,
 ) -> Store:
     """Open the finalized store at a local path or fsspec URL, read-only.
@@ -359,8 +359,9 @@ def open_store(
     several per passage) and compressed ones through zarr-python; "mmap"
     insists on memory maps; "ranged" reads uncompressed arrays by byte ranges
     wherever the store is; "zarr" always uses zarr-python. max_open_shards
-    bounds the shards kept open (each holds about six file descriptors on the
-    mmap path). check_files: before each lookup on a local store, check that
+    bounds the shards kept open (each holds about nine file descriptors of a
+    dilbert store on the mmap path); None keeps all of them open when their
+    files fit the process's open-file limit (`mapped.shards_kept_open`). check_files: before each lookup on a local store, check that
     the mapped files it reads (or, on the other read paths, the metadata of
     the shards it reads) are as they were found, so a store rebuilt, cut or
     overwritten under a long-running reader is a StoreChangedError, not a
@@ -368,8 +369,9 @@ def open_store(
     may also be set later). Nothing is ever written, beside the store or
     elsewhere.
     """
-    if not isinstance(max_open_shards, int) or isinstance(max_open_shards, bool) or max_open_shards < 1:
-        raise DilstoreError(f"max_open_shards must be a positive integer, got {max_open_shards!r:.40}")
+    wrong = not isinstance(max_open_shards, int) or isinstance(max_open_shards, bool) or max_open_shards < 1
+    if max_open_shards is not None and wrong:
+        raise DilstoreError(f"max_open_shards must be a positive integer or None, got {max_open_shards!r:.40}")
     if expected is not None and not isinstance(expected, Fingerprint):
         raise DilstoreError(f"expected must be a Fingerprint or None, got {type(expected).__name__}")
     location = StoreLocation.parse(path_or_url, storage_options)
@@ -377,7 +379,8 @@ def open_store(
     if expected is not None:
         check_fingerprint(manifest.fingerprint, expected, f"store {location.url}")
     return Store(
-        location, manifest, index, read_path=chosen, max_open_shards=max_open_shards, index_files=index_files,
+        location, manifest, index, read_path=chosen, index_files=index_files,
+        max_open_shards=shards_kept_open(manifest) if max_open_shards is None else max_open_shards,
         check_files=check_files,
     )
 

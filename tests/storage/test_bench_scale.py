@@ -8,6 +8,7 @@ worker processes (the same bytes), its disk check, and its report's labels.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -120,3 +121,16 @@ def test_the_report_labels_measured_and_extrapolated_figures(bench) -> None:
     assert bench.basis(3_000_000, [1_000_000, 3_000_000]) == "fit, at a measured N"
     assert bench.basis(2_000_000, [1_000_000, 3_000_000]) == "fit, interpolated"
     assert bench.basis(10_000_000, [1_000_000, 4_000_000]) == "fit, extrapolated 2.5x past the largest measured N"
+
+
+def test_the_open_shards_benchmark_compares_a_cap_with_the_default(tmp_path: Path, capsys) -> None:
+    """benchmarks/bench_open_shards.py at a tiny size: with a cap below the shard count the fetches reopen shards,
+    with the default none (storage43 M1's figure in BENCHMARKS.md comes from it)."""
+    with benchmark_module("bench_open_shards") as module:
+        module.main(["--shards", "12", "--passages-per-shard", "2", "--old-cap", "4", "--fetches", "20",
+                     "--fetch", "6", "--work-dir", str(tmp_path), "--json-out", str(tmp_path / "r.json")])  # fmt: skip
+    result = json.loads((tmp_path / "r.json").read_text())
+    capped, default = result["rows"]
+    assert (capped["max_open_shards"], capped["shards_kept"]) == (4, 4) and capped["shards_opened"] > 0
+    assert (default["max_open_shards"], default["shards_kept"], default["shards_opened"]) == ("default", 12, 0)
+    assert "default / old cap:" in capsys.readouterr().out
