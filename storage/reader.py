@@ -361,7 +361,8 @@ def open_store(
     wherever the store is; "zarr" always uses zarr-python. max_open_shards
     bounds the shards kept open (each holds about nine file descriptors of a
     dilbert store on the mmap path); None keeps all of them open when their
-    files fit the process's open-file limit (`mapped.shards_kept_open`). check_files: before each lookup on a local store, check that
+    files fit the process's open-file limit (`mapped.shards_kept_open`).
+    check_files: before each lookup on a local store, check that
     the mapped files it reads (or, on the other read paths, the metadata of
     the shards it reads) are as they were found, so a store rebuilt, cut or
     overwritten under a long-running reader is a StoreChangedError, not a
