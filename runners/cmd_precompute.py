@@ -429,8 +429,13 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
     job = dataclasses.replace(job, replace=args.replace)
     plan = prepare_append(store, job, manifest)
     if plan.committed is not None:
-        print(f"dilstore precompute: {job.store} already holds this append ({plan.generation})", file=sys.stderr)
-        return {**plan.committed.get("summary", {}), "store": job.store}, None  # where it is now, if it was moved
+        later = len(manifest.appends) - 1 - manifest.appends.index(plan.committed)
+        after = (f"; {later} later append(s) may have replaced some of its rows, and its inputs are known by path, "
+                 "size and modification time: to apply them again, give them under another name") if later else ""
+        print(f"dilstore precompute: {job.store} already holds this append ({plan.generation}){after}",
+              file=sys.stderr)  # fmt: skip
+        # Where it is now, if it was moved; and that this run did nothing, which the old summary would not say.
+        return {**plan.committed.get("summary", {}), "store": job.store, "already_complete": True}, None
     try:
         refuse_duplicates(store, job)
     except DilstoreError:
@@ -515,7 +520,7 @@ def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | N
             with unmade_if_nothing_stored(store) as attempt:
                 if prepare_store(store, spec, args.overwrite):
                     print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
-                    summary = {**read_summary(store), "store": job.store}  # where it is now, if moved since
+                    summary = {**read_summary(store), "store": job.store, "already_complete": True}  # where it is now
                 elif args.overwrite and needs_replacement(store, spec):
                     check_replaceable(store, [task.path for task in job.inputs])
                     # A replacement refused before its job started (a foreign --codebook) left its folder behind; one

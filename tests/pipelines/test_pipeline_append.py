@@ -244,6 +244,26 @@ def test_an_append_that_dies_before_its_commit_leaves_the_store_and_a_rerun_comp
     assert precompute(models["dilbert"], corpus_b, moved, "--append", "--json") == 0
     captured = capsys.readouterr()
     assert "already holds this append" in captured.err and json.loads(captured.out)["store"] == str(moved)
+    assert json.loads(captured.out)["already_complete"] is True and "later append" not in captured.err
+
+
+def test_a_held_append_with_appends_after_it_says_they_may_have_replaced_its_rows(
+    models: dict[str, Path], union: Path, tmp_path: Path, capsys
+) -> None:
+    """Rolling back to v1 by running its append again did nothing and said only "already holds this append", while
+    v2 stayed served (storage43 M3)."""
+    store = tmp_path / "store"
+    shutil.copytree(union, store)
+    versions = [write_jsonl(tmp_path / f"v{n}.jsonl", [{**DOCUMENTS[0], "text": f"version {n} of the river"}])
+                for n in (1, 2)]  # fmt: skip
+    for version in versions:
+        assert precompute(models["dilbert"], version, store, "--append", "--replace") == 0
+    capsys.readouterr()
+    assert precompute(models["dilbert"], versions[0], store, "--append", "--replace") == 0
+    assert capsys.readouterr().err.endswith(
+        "; 1 later append(s) may have replaced some of its rows, and its inputs are known by path, size and "
+        "modification time: to apply them again, give them under another name\n")
+    assert open_store(store).fetch([f"{DOCUMENTS[0]['id']}#0"])[0].text == "version 2 of the river"
 
 
 def test_a_2bit_append_encodes_with_the_store_codebook_and_refuses_another(

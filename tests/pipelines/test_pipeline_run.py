@@ -263,6 +263,7 @@ def test_a_rerun_of_a_complete_store_changes_nothing(metered_run, corpus, tiny_d
     assert cli.main(precompute_args(corpus, tiny_dir, moved, "--workers", "1", "--no-progress", "--json")) == 0
     captured = capsys.readouterr()
     assert "already complete" in captured.err and json.loads(captured.out)["store"] == str(moved)
+    assert json.loads(captured.out)["already_complete"] is True  # the old summary alone looked like a run (storage43)
     assert "rejected" not in captured.err  # --json's summary says where: rejected_records
     assert cli.main(precompute_args(corpus, tiny_dir, moved, "--workers", "1", "--no-progress")) == 0
     assert f"record(s) rejected: {moved / 'rejected'}/ says why" in capsys.readouterr().err  # where it is now
