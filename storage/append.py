@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -311,14 +312,20 @@ def _appended_manifest(
     )
 
 
+# The name of an append's folder: its build id (pipelines/job.py, `spec_generation`).
+_BUILD_ID = re.compile(r"[0-9a-f]{16}")
+
+
 def remove_leftovers(root: str | Path, manifest: Manifest, keep: Sequence[str] = ()) -> list[str]:
     """Delete what no committed manifest refers to any more; the paths removed, relative to the root.
 
     That is an id index other than the manifest's (the one an append replaced,
     `index/` or an earlier append's), and every `appends/<generation>/` folder
     the manifest does not list, except the generations in `keep` (an append
-    being resumed). Call it only while holding the store's write lock: it would
-    delete the folder of an append running beside it.
+    being resumed). Only a folder named as appends are (a build id) goes: an
+    operator's notes or backup copy under `appends/` were deleted without a
+    word. Call it only while holding the store's write lock: it would delete
+    the folder of an append running beside it.
     """
     root = Path(root)
     committed = {str(record.get("generation")) for record in manifest.appends}
@@ -326,8 +333,8 @@ def remove_leftovers(root: str | Path, manifest: Manifest, keep: Sequence[str] =
     doomed += [f"{append_dir(generation)}/{INDEX_DIR}" for generation in committed]
     appends = root / APPENDS_DIR
     if appends.is_dir():
-        doomed += [append_dir(entry.name) for entry in appends.iterdir()
-                   if entry.name not in committed and entry.name not in keep]  # fmt: skip
+        uncommitted = [entry.name for entry in appends.iterdir() if entry.name not in committed]
+        doomed += [append_dir(name) for name in uncommitted if _BUILD_ID.fullmatch(name) and name not in keep]
         # An id index a killed write left half made (.tmp-index-*), or one replace_dir set aside (.tmp-old-index-*):
         # inside a committed append's folder, verify took it for damage for good.
         doomed += [f"{APPENDS_DIR}/{entry.parent.name}/{entry.name}" for entry in appends.glob(f"*/{TMP_PREFIX}*")]

@@ -22,7 +22,14 @@ from dilstore.runners.cmd_store import format_info
 from dilstore.storage import append as append_module
 from dilstore.storage import reader as reader_module
 from dilstore.storage.append import AppendMismatchError, commit_append, first_free_shard, remove_leftovers
-from dilstore.storage.format import APPENDED_FORMAT_VERSION, INDEX_DIR, MANIFEST_FILE, TMP_PREFIX, append_dir
+from dilstore.storage.format import (
+    APPENDED_FORMAT_VERSION,
+    APPENDS_DIR,
+    INDEX_DIR,
+    MANIFEST_FILE,
+    TMP_PREFIX,
+    append_dir,
+)
 from dilstore.storage.id_index import DuplicatePassageIdError
 from dilstore.storage.info import store_info
 from dilstore.storage.location import StoreLocation
@@ -334,8 +341,13 @@ def test_leftovers_of_killed_appends_and_replaced_indexes_are_removed(tmp_path: 
     report = verify_store(store)
     assert report.ok, report.problems  # uncommitted appends and the replaced index are untracked, not problems
     assert any(path.startswith(f"{INDEX_DIR}/") for path in report.untracked)
+    notes = store / APPENDS_DIR / "my-notes"  # an operator's: the next append deleted it (storage43 L3)
+    notes.mkdir()
+    (notes / "todo.txt").write_text("important")
     removed = remove_leftovers(store, manifest, keep=("f" * 16,))
     assert sorted(removed) == [append_dir("0" * 16), INDEX_DIR]
+    assert (notes / "todo.txt").read_text() == "important"
+    shutil.rmtree(notes)
     assert (store / append_dir("f" * 16)).is_dir() and (store / append_dir(GENERATION)).is_dir()
     assert verify_store(store).ok and len(open_store(store)) == 2
 
