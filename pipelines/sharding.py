@@ -19,7 +19,8 @@ from pathlib import Path
 DEFAULT_INPUT_BYTES_PER_SHARD = 1 << 20
 # Compressed inputs hold several times their size in text.
 COMPRESSED_EXPANSION = 4
-MIN_DEFAULT_SHARDS = 4
+MIN_DEFAULT_SHARDS = 4  # a store's: work for 4 workers
+MIN_DEFAULT_APPEND_SHARDS = 1  # an append's: each shard costs ~100 KB and ~30 files however few passages it holds
 MAX_DEFAULT_SHARDS = 16384
 _COMPRESSED_SUFFIXES = (".gz", ".bz2")
 _PERSON = b"dilstore-shard"
@@ -38,8 +39,8 @@ def shard_of(passage_id: str, num_shards: int) -> int:
     return stable_hash(passage_id) % num_shards
 
 
-def default_shard_count(input_paths: Iterable[str | Path]) -> int:
-    """A shard count from the inputs' size alone: one shard per ~1 MiB of text, 4 to 16384.
+def default_shard_count(input_paths: Iterable[str | Path], minimum: int = MIN_DEFAULT_SHARDS) -> int:
+    """A shard count from the inputs' size alone: one shard per ~1 MiB of text, `minimum` to 16384.
 
     Compressed files (.gz, .bz2) count four times their size. Depending only on
     the inputs keeps the count, and so every shard's contents, the same when a
@@ -50,4 +51,4 @@ def default_shard_count(input_paths: Iterable[str | Path]) -> int:
         size = path.stat().st_size
         total += size * COMPRESSED_EXPANSION if path.suffix.lower() in _COMPRESSED_SUFFIXES else size
     wanted = math.ceil(total / DEFAULT_INPUT_BYTES_PER_SHARD)
-    return min(MAX_DEFAULT_SHARDS, max(MIN_DEFAULT_SHARDS, wanted))
+    return min(MAX_DEFAULT_SHARDS, max(minimum, wanted))

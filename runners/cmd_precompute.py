@@ -282,7 +282,12 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
     from dilstore.pipelines.codebook import check_codebook_fits, needs_codebook
     from dilstore.pipelines.job import PrecomputeJob, run_spec, spec_generation
-    from dilstore.pipelines.sharding import MAX_DEFAULT_SHARDS, default_shard_count
+    from dilstore.pipelines.sharding import (
+        MAX_DEFAULT_SHARDS,
+        MIN_DEFAULT_APPEND_SHARDS,
+        MIN_DEFAULT_SHARDS,
+        default_shard_count,
+    )
     from dilstore.reader.modeling.fingerprint import model_fingerprint
     from dilstore.reader.offline.kinds import max_positions
     from dilstore.reader.batching import BatchPolicy
@@ -318,7 +323,9 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         inputs=inputs,
         store=str(output.resolve()),
         strategy=args.split,
-        num_shards=args.shards or default_shard_count(task.path for task in inputs),
+        num_shards=args.shards or default_shard_count(
+            (task.path for task in inputs), MIN_DEFAULT_APPEND_SHARDS if args.append else MIN_DEFAULT_SHARDS
+        ),
         max_length=args.max_length,
         model=model,
         fingerprint=fingerprint,

@@ -256,10 +256,15 @@ def test_a_held_append_with_appends_after_it_says_they_may_have_replaced_its_row
     shutil.copytree(union, store)
     versions = [write_jsonl(tmp_path / f"v{n}.jsonl", [{**DOCUMENTS[0], "text": f"version {n} of the river"}])
                 for n in (1, 2)]  # fmt: skip
-    for version in versions:
-        assert precompute(models["dilbert"], version, store, "--append", "--replace") == 0
+    assert cli.main(["precompute", "--input", str(versions[0]), "--output", str(store), "--model",
+                     str(models["dilbert"]), "--workers", "1", "--max-length", "48", "--encoding", "fp32",
+                     "--no-progress", "--append", "--replace", "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["shard_count"] == 1  # not 4 of ~100 KB each (storage43 L1)
+    assert precompute(models["dilbert"], versions[1], store, "--append", "--replace") == 0
     capsys.readouterr()
-    assert precompute(models["dilbert"], versions[0], store, "--append", "--replace") == 0
+    assert cli.main(["precompute", "--input", str(versions[0]), "--output", str(store), "--model",
+                     str(models["dilbert"]), "--workers", "1", "--max-length", "48", "--encoding", "fp32",
+                     "--no-progress", "--append", "--replace"]) == 0  # fmt: skip
     assert capsys.readouterr().err.endswith(
         "; 1 later append(s) may have replaced some of its rows, and its inputs are known by path, size and "
         "modification time: to apply them again, give them under another name\n")

@@ -78,6 +78,7 @@ def test_default_shard_count_depends_on_input_size_only(tmp_path: Path) -> None:
     big = tmp_path / "big.jsonl"
     big.write_bytes(b"x" * (40 << 20))
     assert default_shard_count([small]) == MIN_DEFAULT_SHARDS
+    assert default_shard_count([small], minimum=1) == 1  # an append of a few documents: 4 shards of ~100 KB each
     assert default_shard_count([big]) == 40
     assert default_shard_count([big, big]) == 80
     packed = tmp_path / "big.jsonl.gz"
