@@ -8,6 +8,7 @@ temporary goes beside a store, so a read-only mount or bucket serves as well.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Callable
@@ -159,7 +160,13 @@ class StoreLocation:
         return bytes(self.fs.cat_file(self.path(relative)))
 
     def files(self) -> dict[str, int]:
-        """Every file under the root: relative path -> size in bytes, sorted by path (only where `lists_files`)."""
+        """Every file under the root: relative path -> size in bytes, sorted by path (only where `lists_files`).
+
+        A local store's folder links are followed, as its readers follow them: fsspec's listing did not, and a
+        store whose `appends/` was moved to another disk and linked back verified as 655 missing files.
+        """
+        if self.local_root is not None:
+            return _local_files(self.local_root)
         found = self.fs.find(self.root, detail=True, withdirs=False)
         prefix = self.fs._strip_protocol(self.root).rstrip("/") + "/"
         sizes = {}
@@ -210,3 +217,21 @@ class StoreLocation:
     def open_group(self, relative: str) -> zarr.Group:
         """Open the Zarr v3 group at `relative` read-only with zarr-python."""
         return zarr.open_group(store=self.zarr_store, path=relative, mode="r", zarr_format=3)
+
+
+def _local_files(root: Path) -> dict[str, int]:
+    """`StoreLocation.files` of a local store: folder links followed, each real folder listed once (a link loop
+    ends), a file link counted at its target's size; a link to nothing is left out (a listed file is then missing)."""
+    sizes = {}
+    seen: set[str] = set()
+    for folder, folders, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            folders[:] = []
+            continue
+        seen.add(real)
+        for name in names:
+            path = os.path.join(folder, name)
+            with contextlib.suppress(FileNotFoundError):
+                sizes[os.path.relpath(path, root)] = os.stat(path).st_size
+    return dict(sorted(sizes.items()))

@@ -398,3 +398,18 @@ def test_replace_also_retires_the_given_ids_the_append_does_not_bring_again(tmp_
     assert manifest.superseded_passages == 3
     assert manifest.superseded_tokens == sum(len(record.token_ids) for record in old[:3])
     assert verify_store(store).ok, verify_store(store).problems
+
+
+def test_a_store_whose_appends_folder_is_a_link_to_another_disk_verifies(tmp_path: Path) -> None:
+    """Readers follow folder links; verify and info listed files through fsspec, which does not, and reported every
+    file of a linked `appends/` missing, and the link itself untracked (storage43 L2)."""
+    store = build_store(tmp_path / "store", [records(["a"])])
+    write_append(store, [records(["b"], seed=1)])
+    commit_append(store, GENERATION, fingerprint_for())
+    shutil.move(store / APPENDS_DIR, tmp_path / "other-disk")
+    (store / APPENDS_DIR).symlink_to(tmp_path / "other-disk", target_is_directory=True)
+    (tmp_path / "other-disk" / "loop").symlink_to(store, target_is_directory=True)  # a link loop ends the walk
+    report = verify_store(store)
+    assert report.ok and report.problems == [], report.problems
+    assert report.untracked == []  # the loop's folder was listed already
+    assert len(open_store(store)) == 2
