@@ -116,6 +116,8 @@ def run_command(args: argparse.Namespace) -> int:
     collection = collection_dir(store)
     if not store.is_dir():
         raise DilstoreError(f"no store at {store}")
+    if not os.access(store, os.W_OK | os.X_OK):  # found only after the collection was copied and the JVM started
+        raise DilstoreError(f"{store} is not writable by this user: its index is built inside it ({store}/bm25)")
     with write_lock(store):  # a store a precompute is still writing is refused as such, naming the writer
         pass
     if not collection.is_dir():

@@ -7,6 +7,7 @@ there and never forked), as users run them.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -135,6 +136,18 @@ def test_index_refuses_a_folder_that_is_not_a_precomputed_store(tmp_path: Path, 
     assert cli.main(["index", "https://reader:Pw-2@host/store"]) == 2  # a URL, its password not shown (review40c)
     said = capsys.readouterr().err
     assert said.startswith("dilstore index: error: https://reader:***@host/store is a URL, and Lucene"), said
+
+
+def test_index_refuses_a_store_it_cannot_write_before_any_work(tmp_path: Path, capsys, monkeypatch) -> None:
+    """It failed after copying the collection and starting the JVM, naming its scratch copy (storage43 L4). Root
+    writes anywhere, so the permission is what `os.access` answers here."""
+    store = tmp_path / "store"
+    (store / "passages" / "jsonl").mkdir(parents=True)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == store else real(path, mode))
+    assert cli.main(["index", str(store)]) == 2
+    assert capsys.readouterr().err == (f"dilstore index: error: {store} is not writable by this user: its index is "
+                                       f"built inside it ({store}/bm25)\n")  # fmt: skip
 
 
 def test_index_stops_at_once_while_another_index_run_holds_the_store(tmp_path: Path, capsys) -> None:
