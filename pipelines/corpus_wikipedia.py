@@ -20,9 +20,11 @@ from the next line that opens a `<page>`, as dump readers that split at page
 boundaries do (one bad byte in a dump lost every page after it). Pages on the
 damaged line after the damage are lost with it; the dead letter says how many
 pages that line opens. A page whose `</page>` is missing is read when the
-next `<page>` opens inside it (its fields have ended by then), and the pages
-after it are read as they come; the XML error this leaves at the end of the
-dump is one dead letter that names the unclosed page.
+next `<page>` opens right inside it or the dump ends (its fields have ended
+by then), and is a dead letter when the next page opens inside one of its
+fields (it was cut off there); the pages after it are read as they come, and
+the XML error this leaves at the end of the dump is one dead letter that
+names the unclosed page.
 """
 
 from __future__ import annotations
@@ -154,7 +156,8 @@ class _Parse:
     def records(self, source: str, max_bytes: int, plain_text: bool) -> Iterator[Record]:
         """The pages' records, until the end of the XML or damage (then `damage` says where and why)."""
         events = ElementTree.iterparse(self.recent, events=("start", "end"))
-        page_id, depth, page_depth = "", 0, -1
+        page_id, page_depth = "", -1
+        open_elements: list[ElementTree.Element] = []  # the root and the elements below it not ended yet
         open_pages: list[_OpenPage] = []  # more than one when a </page> is missing
         try:
             _, root = next(events)
@@ -162,44 +165,67 @@ class _Parse:
                 yield Rejected(source, 1, f"not a MediaWiki XML export: the root element is <{_local_name(root.tag)}>, "
                                           "not <mediawiki>")  # fmt: skip
                 return
-            depth = 1
+            open_elements.append(root)
             for event, element in events:
                 name = _local_name(element.tag)
                 if event == "start":
-                    depth += 1
                     if name == "page":
                         if open_pages and not open_pages[-1].read:  # the page around this one lacks its </page>
-                            yield self._page(source, open_pages[-1], max_bytes, plain_text)
+                            yield self._unclosed(source, open_pages[-1], open_elements[-1], max_bytes, plain_text)
                         open_pages.append(_OpenPage(element))
-                        page_id, page_depth = "", depth
+                        page_id, page_depth = "", len(open_elements) + 1
+                    open_elements.append(element)
                     continue
-                if name == "id" and depth == page_depth + 1:  # the page's id, not its revision's
+                if name == "id" and len(open_elements) == page_depth + 1:  # the page's id, not its revision's
                     page_id = _text_of(element)
                 elif name == "namespace" and page_depth < 0 and _text_of(element):
                     self.namespaces[_text_of(element).lower()] = element.get("key", "")
-                depth -= 1
+                open_elements.pop()
                 if name == "page":
                     record = self._page(source, open_pages.pop(), max_bytes, plain_text)
                     page_id, page_depth = "", -1
-                    # Drop finished pages so that memory stays flat (one inside an unclosed page is that page's child).
-                    if open_pages:
-                        open_pages[-1].element.remove(element)
-                    else:
+                    # Drop finished pages so that memory stays flat (one inside an unclosed page is a child of it).
+                    if open_elements[-1] is root:
                         root.clear()
+                    else:
+                        open_elements[-1].remove(element)
                     yield record
         except ElementTree.ParseError as error:
             line = error.position[0]  # this parse's line
             reason = str(error).rsplit(": line ", 1)[0]  # expat's own position, counted from this parse's start
             if self.recent.undecodable(line):
                 reason = "a byte that is not UTF-8"
+            if open_pages and not open_pages[-1].read and open_elements[-1] is open_pages[-1].element:
+                # Its fields ended before the damage: when they make a page (a last page without its </page>), it is
+                # read; fields cut short (a dump truncated after the title) stay the damage's dead letter.
+                record = page_record(source, open_pages[-1].element, max_bytes, plain_text, self.namespaces)
+                if not isinstance(record, Rejected):
+                    yield self._read(open_pages[-1], record)
+                    page_id = ""
             unclosed = [page.label for page in open_pages if page.read]
             if unclosed:
-                reason += f" ({', '.join(unclosed)} had no </page>: read when the next <page> opened inside)"
+                reason += f" ({', '.join(unclosed)} had no </page>)"
             self.damage = _Damage(self.first_line + line - 1, page_id, reason, self.recent.pages_on_line(line))
 
     def _page(self, source: str, page: _OpenPage, max_bytes: int, plain_text: bool) -> Record:
-        """The record of a page ended, or of one whose `</page>` is missing when the next page opens inside it."""
-        record = page_record(source, page.element, max_bytes, plain_text, self.namespaces)
+        """The record of a page ended, or of one whose `</page>` is missing but whose fields all ended."""
+        return self._read(page, page_record(source, page.element, max_bytes, plain_text, self.namespaces))
+
+    def _unclosed(
+        self, source: str, page: _OpenPage, parent: ElementTree.Element, max_bytes: int, plain_text: bool
+    ) -> Record:
+        """The record of a page whose `</page>` is missing, as the next page opens inside `parent`: read when that
+        is the page itself (its fields have ended), a dead letter when it is one of its fields (the page was cut
+        off there: its text would be read short)."""
+        if parent is page.element:
+            return self._page(source, page, max_bytes, plain_text)
+        page_id = _text_of(next((child for child in page.element if _local_name(child.tag) == "id"), None))
+        field = _local_name(parent.tag)
+        return self._read(page, Rejected(source, page_id or "a page without id",
+                                         f"cut off inside its <{field}>: the next <page> opens there"))  # fmt: skip
+
+    def _read(self, page: _OpenPage, record: Record) -> Record:
+        """`record`, noted as `page`'s (which is not read again) and as the last page read."""
         page.read, page.label = True, f"page {record.id if isinstance(record, Document) else record.line_or_id}"
         self.last_page = page.label
         return record
