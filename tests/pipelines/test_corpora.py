@@ -996,8 +996,9 @@ def test_a_page_without_its_end_tag_is_read_and_memory_stays_flat(tmp_path: Path
 )
 def test_a_page_cut_short_is_a_dead_letter_and_the_next_pages_are_read(tmp_path: Path, cut: str,
                                                                         read: list[str]) -> None:  # fmt: skip
-    """A page cut inside its <text> or <revision>, the next page opening there, ended the whole run with "list.remove(x):
-    x not in list" (review43 H1); a last page missing only its </page> was lost behind a bare "mismatched tag"."""
+    """A page cut inside its <text> or <revision>, the next page opening there, ended the whole run with
+    "list.remove(x): x not in list" (review43 H1); a last page missing only its </page> was lost behind a bare
+    "mismatched tag"."""
     cut_short = page(1, "One", "Alpha prose here.").replace("</text></revision></page>", cut)
     last = page(3, "Three", "Gamma prose.").replace("</page>", "")  # its fields all end
     dump = write_dump(tmp_path / "cut.xml", cut_short + page(2, "Two", "Beta prose.") + last)
