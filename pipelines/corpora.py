@@ -119,6 +119,9 @@ _FORMAT_OPENINGS = {
 _LINE_FORMATS = ("jsonl", "msmarco")
 # How far into a file the first non-blank line is looked for.
 _SNIFF_BYTES = 1 << 16
+# For `squad`, how far the first line is read on to see whether a whole JSON object ends it and another line
+# follows (JSON Lines named .json): a document-sized first record passes 64 KiB.
+_SQUAD_SNIFF_BYTES = 16 << 20
 # UTF-16's byte-order marks (little- and big-endian), and how many of the first bytes tell UTF-16 without one.
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 _UTF16_SNIFF_BYTES = 32
@@ -162,7 +165,7 @@ def check_format(path: str | Path, format: str) -> None:
             raise DilstoreError(f"--input {path}: not a {suffix[1:]} file; {_named_as(head, Path(path).suffix)}")
     with open_source(path) as stream:
         try:
-            head = stream.read(_SNIFF_BYTES)
+            head = stream.read(_SQUAD_SNIFF_BYTES if format == "squad" else _SNIFF_BYTES)
         except (OSError, EOFError):
             return  # a damaged compressed file: the reader dead-letters it where it breaks
     found = None if suffix in COMPRESSED_MAGIC else compression_of(head)

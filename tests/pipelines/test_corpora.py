@@ -870,6 +870,10 @@ def test_json_lines_and_one_json_document_are_told_apart(tmp_path: Path) -> None
                                             r"not one per line \(that is --format jsonl\), but it begins '\{\"id\""):
         check_format(lines, "squad")
     check_format(lines, "jsonl")
+    long_first = tmp_path / "long.json"  # a document-sized first record passed the first 64 KiB read (review43 M1)
+    long_first.write_text(json.dumps({"id": "a", "text": "Long prose. " * 8000}) + '\n{"id": "b", "text": "x"}\n')
+    with pytest.raises(DilstoreError, match="squad files hold one JSON object, not one per line"):
+        check_format(long_first, "squad")
     pretty = tmp_path / "pretty.json"
     pretty.write_text(json.dumps({"version": "1.1", "data": [{"title": "T", "paragraphs": []}]}, indent=2))
     check_format(pretty, "squad")
