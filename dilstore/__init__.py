@@ -23,9 +23,28 @@ training, evaluation), `dilstore.pipelines` (the Beam precompute job) and
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dilstore.storage.errors import DilstoreError
+
+if TYPE_CHECKING:  # what type checkers see (py.typed); at run time `__getattr__` loads each name on first use
+    from dilstore.api import (
+        build_index,
+        evaluate_qa,
+        evaluate_rank,
+        open_reader,
+        open_reranker,
+        open_store,
+        precompute,
+    )
+    from dilstore.reader.evaluation.open_domain import QAEvaluation
+    from dilstore.reader.evaluation.rank_metrics import RankEvaluation
+    from dilstore.reader.serving.answers import Answer
+    from dilstore.reader.serving.odqa import OpenDomainReader
+    from dilstore.reader.serving.rerank import RerankStats, StoreReranker
+    from dilstore.storage.fingerprint import FingerprintMismatchError
+    from dilstore.storage.format import StoreChangedError, StoreFormatError, StoreReadError
+    from dilstore.storage.reader import MissingPassagesError, Store
 
 # The DilstoreError subclasses the README names, by the module that defines each (loaded on first use too); listed
 # by name in __all__ as well, where static tools see them.
