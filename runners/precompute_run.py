@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -244,8 +245,8 @@ def reach_dask_scheduler(options: PipelineOptions) -> None:
             with Client(address=values.address, scheduler_file=values.scheduler_file, timeout=timeout) as client:
                 # A worker that cannot run the check (no dilstore there) is in another process: its error is
                 # the pipeline's to report.
-                shared = any(answer is True for answer in client.run(_is_this_process, _PROCESS_TOKEN,
-                                                                     on_error="return").values())  # fmt: skip
+                answers = client.run(_is_this_process, _PROCESS_TOKEN, os.getpid(), on_error="return")
+                shared = any(answer is True for answer in answers.values())
             outcome.append(DilstoreError(IN_PROCESS_WORKERS) if shared else None)
         except Exception as error:  # OSError when no one answers; anything from a server that is not a scheduler
             outcome.append(error)
@@ -265,9 +266,10 @@ def reach_dask_scheduler(options: PipelineOptions) -> None:
                             f"{timeout} s; --dask_connection_timeout sets it)")  # fmt: skip
 
 
-def _is_this_process(token: str) -> bool:
-    """Run on each Dask worker: whether it shares this module's memory with the process that asks."""
-    return token == _PROCESS_TOKEN
+def _is_this_process(token: str, pid: int) -> bool:
+    """Run on each Dask worker: whether it is the process that asks (a worker forked from it has its token but
+    not its pid; a worker on another host may have its pid but not its token)."""
+    return token == _PROCESS_TOKEN and os.getpid() == pid
 
 
 def _cause_of(error: BaseException, kind: type[E]) -> E | None:

@@ -169,3 +169,17 @@ def test_the_local_cluster_s_kill_of_a_slow_worker_at_close_is_not_reported(
     nanny.warning("Worker process still alive after 4.0 seconds, killing")  # another cluster's, not dilstore's
     assert [record.getMessage() for record in caplog.records if record.name == "distributed.nanny"] == [
         "Worker exceeded 95% memory budget. Restarting", "Worker process still alive after 4.0 seconds, killing"]
+
+
+def test_a_worker_forked_from_this_process_is_not_taken_for_it() -> None:
+    """A worker forked from the caller (dask's `fork` method) inherits its token and was refused as in-process,
+    though each of its tasks gets its own copy of the step's outputs (review43 L2)."""
+    import multiprocessing
+    import os
+
+    from dilstore.runners.precompute_run import _PROCESS_TOKEN, _is_this_process
+
+    assert _is_this_process(_PROCESS_TOKEN, os.getpid())
+    assert not _is_this_process("another process's token", os.getpid())
+    with multiprocessing.get_context("fork").Pool(1) as forked:
+        assert forked.apply(_is_this_process, (_PROCESS_TOKEN, os.getpid())) is False
