@@ -31,6 +31,7 @@ from dilstore.storage.errors import DilstoreError
 WRITE_ROLE = "dilstore"
 INDEX_ROLE = "dilstore-index"
 PID_WAIT_SECONDS = 0.5  # how long a refused writer waits for the holder to record its pid
+_FOLDER_ATTEMPTS = 5  # makings of a lock file's folders that another writer's cleanup may remove in between
 
 
 def lock_path(folder: Path, role: str = WRITE_ROLE) -> Path:
@@ -85,10 +86,22 @@ def _locked(path: Path, folder: Path, role: str, doing: str) -> int:
 
 
 def _opened(path: Path, folder: Path) -> int:
-    """The lock file at `path` opened for reading and writing, made (with its folders) if missing."""
+    """The lock file at `path` opened for reading and writing, made (with its folders) if missing.
+
+    A writer letting go of a sibling's lock removes the folders it made, when empty, which may be the moment
+    between this process's mkdir and its open: it makes them again.
+    """
+    attempts = 0
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        while True:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # the folder went between the two
+                attempts += 1
+                if attempts == _FOLDER_ATTEMPTS:
+                    raise DilstoreError(f"cannot create the lock file {path}: its folder {path.parent} was removed "
+                                        f"{attempts} times as it was made") from None  # fmt: skip
     except PermissionError as error:
         if path.exists():  # the folder is writable, or the file would not be there: the file itself is not
             raise DilstoreError(f"cannot open the lock file {path} of {folder}: {error.strerror}; it must be "

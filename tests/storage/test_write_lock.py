@@ -210,3 +210,20 @@ def test_a_lock_file_that_cannot_be_opened_is_named_not_its_folder(tmp_path: Pat
                                             "denied; it must be readable and writable by this user$"):  # fmt: skip
         with write_lock(store):
             pass
+
+
+def test_a_lock_folder_removed_between_its_making_and_the_open_is_made_again(tmp_path: Path, monkeypatch) -> None:
+    """A writer letting go removes the folders it made for its lock when empty: a second writer that had just made
+    `runs/` for its own lock failed with FileNotFoundError (review43 L3)."""
+    run = tmp_path / "runs" / "b"
+    real_open, removed = os.open, []
+
+    def open_after_a_cleanup(path, flags, mode=0o777):
+        if not removed:  # the first writer's cleanup, between this writer's mkdir and its open
+            removed.append(Path(path).parent)
+            Path(path).parent.rmdir()
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(write_lock_module.os, "open", open_after_a_cleanup)
+    with write_lock(run) as path:
+        assert path.is_file() and removed == [tmp_path / "runs"]
