@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import socket
-import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
