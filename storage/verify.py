@@ -128,11 +128,16 @@ def verify_store(
         return report
     report.shards, report.passages, report.tokens = len(manifest.shards), manifest.passages, manifest.tokens
     _check_manifest(manifest, report)
-    special = _check_files(location, manifest, report, progress)
+    special, damaged = _check_files(location, manifest, report, progress)
 
     def unreadable(folder: str) -> bool:
         """Whether a file under `folder` is a pipe, socket or device: reading it would block, and verify hang."""
         return any(path.startswith(f"{folder}/") for path in special)
+
+    def reported(folder: str) -> bool:
+        """Whether `folder` or a file under it was reported damaged: its reads would fail on it again, as zarr's
+        own errors (a checksum's bytes, GroupNotFoundError)."""
+        return any(path == folder or path.startswith(f"{folder}/") for path in damaged)
 
     shard_rows: dict[int, tuple[list[str], np.ndarray]] = {}
     store_codebook = None if unreadable(CODEBOOK_DIR) else _store_codebook_names(location)
@@ -140,6 +145,10 @@ def verify_store(
     for entry in manifest.shards:
         if unreadable(entry.directory):
             report.problems.append(f"shard {entry.name}: not read, as a file of it is not a regular file")
+            progress.advance(1)
+            continue
+        if reported(entry.directory):
+            report.problems.append(f"shard {entry.directory}: not read, as a file of it is damaged (above)")
             progress.advance(1)
             continue
         rows = _guarded(
@@ -151,7 +160,8 @@ def verify_store(
         progress.advance(1)
     if not unreadable(manifest.index):
         _guarded(report, "id index", lambda: _check_index(location, manifest, shard_rows, report))
-    shard_paths = [entry.directory for entry in manifest.shards if not unreadable(entry.directory)]
+    shard_paths = [entry.directory for entry in manifest.shards
+                   if not unreadable(entry.directory) and not reported(entry.directory)]  # fmt: skip
     if not unreadable(CODEBOOK_DIR):
         _guarded(report, CODEBOOK_DIR, lambda: report.problems.extend(store_codebook_problems(
             location, shard_paths, manifest.encoding, manifest.generation, manifest.fingerprint)))  # fmt: skip
@@ -222,18 +232,20 @@ def _check_manifest(manifest: Manifest, report: VerifyReport) -> None:
 
 def _check_files(
     location: StoreLocation, manifest: Manifest, report: VerifyReport, progress: VerifyProgress
-) -> set[str]:
+) -> tuple[set[str], set[str]]:
     """Every manifest file is present with its size and SHA-256; unknown files inside the data are problems.
 
     Where the filesystem cannot list (HTTP), only the manifest's files are
     checked: a missing one shows when it is read, a truncated one by its hash.
     Returns the manifest's files that are pipes, sockets or devices on a local
-    store, reported here, which no later check may open.
+    store, reported here, which no later check may open; and the files and
+    shard folders reported missing, cut, changed or unreadable.
     """
     present = store_files(location, manifest)
     missing_shards = [
         shard.directory for shard in manifest.shards if location.lists_files and not location.is_dir(shard.directory)
     ]
+    damaged = set(missing_shards)
     for shard_dir in missing_shards:
         report.problems.append(f"missing shard directory {shard_dir}")
     to_hash = []
@@ -246,7 +258,9 @@ def _check_files(
         problem = _size_problem(location, path, entry.bytes, present)
         if problem is None:
             to_hash.append(path)
-        elif path in present or not any(path.startswith(shard_dir + "/") for shard_dir in missing_shards):
+            continue
+        damaged.add(path)
+        if path in present or not any(path.startswith(shard_dir + "/") for shard_dir in missing_shards):
             report.problems.append(problem)
     progress.phase("checksums", sum(present[path] for path in to_hash), "B")
     hashed = location.sha256_many(to_hash, on_file=lambda path: progress.advance(present[path]))
@@ -260,6 +274,8 @@ def _check_files(
         else:
             report.files_checked += 1
             report.bytes_checked += present[path]
+            continue
+        damaged.add(path)
     # An id index that an append replaced (index/, or an earlier append's appends/G/index/; manifest.index names the
     # new one) is a leftover a kill between the commit and the cleanup leaves, which readers never open and the next
     # append or re-run removes: untracked.
@@ -274,7 +290,7 @@ def _check_files(
             report.problems.append(f"{path}: inside the store's data but not in the manifest")
         else:
             report.untracked.append(path)
-    return special
+    return special, damaged
 
 
 def size_problems(location: StoreLocation, manifest: Manifest) -> list[str]:

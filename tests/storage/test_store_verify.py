@@ -73,6 +73,22 @@ def test_a_truncated_file_is_caught(store, capsys) -> None:
     assert "FAILED" in out and "shards/shard-00001/states/codes/c/0/0" in out and "truncated" in out
 
 
+@pytest.mark.parametrize("damage", ["cut", "deleted shard"])
+def test_a_damaged_shard_is_named_once_not_again_as_zarr_s_read_errors(store, damage: str) -> None:
+    """A cut chunk was reported by its file, then again as "shard shard-00001: cannot be read: ValueError: Stored
+    and computed checksum do not match. Stored: b'...'"; a deleted shard as two GroupNotFoundError lines
+    (storage43 L5)."""
+    if damage == "cut":
+        values = store / "shards/shard-00001/states/codes/c/0/0"
+        values.write_bytes(values.read_bytes()[:-10])
+    else:
+        shutil.rmtree(store / "shards" / "shard-00001")
+    problems = verify_store(store).problems
+    first = "missing shard directory shards/shard-00001" if damage != "cut" else "shards/shard-00001/states/codes/c/0/0"
+    assert len(problems) == 2 and problems[0].startswith(first), problems
+    assert problems[1] == "shard shards/shard-00001: not read, as a file of it is damaged (above)"
+
+
 def test_a_file_replaced_by_a_directory_is_named_as_such(store) -> None:
     values = store / "shards/shard-00001/states/codes/c/0/0"
     values.unlink()
