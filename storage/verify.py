@@ -130,14 +130,13 @@ def verify_store(
     _check_manifest(manifest, report)
     special, damaged = _check_files(location, manifest, report, progress)
 
+    # A folder holding a pipe, socket or device is not read (verify would hang); one whose files were reported
+    # damaged is not read again (its reads would fail as zarr's own errors: a checksum's bytes, GroupNotFoundError).
     def unreadable(folder: str) -> bool:
-        """Whether a file under `folder` is a pipe, socket or device: reading it would block, and verify hang."""
-        return any(path.startswith(f"{folder}/") for path in special)
+        return _within(folder, special)
 
     def reported(folder: str) -> bool:
-        """Whether `folder` or a file under it was reported damaged: its reads would fail on it again, as zarr's
-        own errors (a checksum's bytes, GroupNotFoundError)."""
-        return any(path == folder or path.startswith(f"{folder}/") for path in damaged)
+        return _within(folder, damaged)
 
     shard_rows: dict[int, tuple[list[str], np.ndarray]] = {}
     store_codebook = None if unreadable(CODEBOOK_DIR) else _store_codebook_names(location)
@@ -200,6 +199,11 @@ def _store_codebook_names(location: StoreLocation) -> set[str] | None:
         return None
     except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError, DilstoreError):
         return set()
+
+
+def _within(folder: str, paths: set[str]) -> bool:
+    """Whether `folder` itself or a path under it is one of `paths` (store-relative)."""
+    return any(path == folder or path.startswith(f"{folder}/") for path in paths)
 
 
 def _guarded(report: VerifyReport, what: str, check: Callable[[], Any]) -> Any:
