@@ -30,6 +30,24 @@ class PassageRecord:
 
 
 @dataclass(frozen=True, eq=False)
+class EncodedPassage:
+    """One passage whose states are already encoded: its rows of a shard's per-token state arrays, as stored.
+
+    arrays: each per-token array of the encoding by name (`codes`, `scales`, ...), `(n, ...)` in its stored
+    dtype; the other fields as in PassageRecord. `storage.compact` copies passages between stores this way,
+    so that they decode to exactly the states they did.
+    """
+
+    id: str
+    title: str
+    text: str
+    token_ids: np.ndarray  # (n,) int32
+    char_spans: np.ndarray  # (n, 2) int32
+    arrays: dict[str, np.ndarray]
+    vector: np.ndarray | None = None  # (d,) float32
+
+
+@dataclass(frozen=True, eq=False)
 class StoredPassage:
     """One passage as the reader returns it.
 

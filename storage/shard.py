@@ -46,7 +46,7 @@ from dilstore.storage.format import (
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.mapped import MappedArray, contiguous_layout, map_array, mappable_reason, watch
 from dilstore.storage.ranged import RangedColumn, read_row_ranges
-from dilstore.storage.records import StoredPassage
+from dilstore.storage.records import EncodedPassage, StoredPassage
 
 T = TypeVar("T")
 
@@ -428,6 +428,24 @@ class ShardReader:
             (self.token_ids, token_starts, token_stops),
             (self.char_spans, token_starts, token_stops),
             *((self.per_token[name], token_starts, token_stops) for name in self.per_token),
+        ]
+
+    def encoded(self, rows: Sequence[int]) -> list[EncodedPassage]:
+        """The passages at `rows` with their per-token state arrays as stored, not decoded: what
+        writer.write_encoded_shard copies into another shard (storage.compact)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        texts, token_ids, char_spans, *states = read_ranges(self.requests(rows))
+        return [
+            EncodedPassage(
+                id=self.id_at(row),
+                title=self._string(self.title_bytes, self.title_offsets, row, "title"),
+                text=self._decoded(texts[i], row, "text"),
+                token_ids=token_ids[i],
+                char_spans=char_spans[i],
+                arrays={name: values[i] for name, values in zip(self.per_token, states, strict=True)},
+                vector=None if self.vectors is None else self.vectors[row],
+            )
+            for i, row in enumerate(rows.tolist())
         ]
 
     def passages(self, rows: Sequence[int], parts: list[list[np.ndarray]]) -> list[StoredPassage]:

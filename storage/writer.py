@@ -19,6 +19,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ import zarr
 from dilstore.storage.arrays import encode_strings, write_array
 from dilstore.storage.checksums import record_checksums
 from dilstore.storage.durability import fsync_dir, fsync_tree
-from dilstore.storage.encodings import Encoding, check_codebook, get_encoding
+from dilstore.storage.encodings import EncodedArray, Encoding, check_codebook, get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.format import (
@@ -64,7 +65,7 @@ from dilstore.storage.format import (
     shard_name,
     states_array,
 )
-from dilstore.storage.records import PassageRecord
+from dilstore.storage.records import EncodedPassage, PassageRecord
 from dilstore.storage.shard import ShardAttributes
 
 _INT32 = np.iinfo(np.int32)
@@ -91,7 +92,7 @@ class ShardSummary:
 
 @dataclass(frozen=True)
 class _Columns:
-    """A shard's records, validated and concatenated."""
+    """A shard's passages, validated and concatenated: everything but their states."""
 
     ids: list[str]
     titles: list[str]
@@ -99,9 +100,8 @@ class _Columns:
     token_offsets: np.ndarray  # (n+1,) int64
     token_ids: np.ndarray  # (T,) int32
     char_spans: np.ndarray  # (T, 2) int32
-    states: np.ndarray  # (T, *S) float32
     state_shape: tuple[int, ...]
-    vectors: np.ndarray | None  # (n, d) float32, or None when the records have none
+    vectors: np.ndarray | None  # (n, d) float32, or None when the passages have none
 
 
 def shard_written(store_root: str | Path, shard_index: int) -> bool:
@@ -163,27 +163,100 @@ def write_shard(
     edited manifest fingerprint. Both are left out when None.
     """
     root = Path(store_root)
-    name = shard_name(shard_index)
-    if (root / MANIFEST_FILE).exists():
-        raise DilstoreError(f"{root} is finalized; write shard {name} into a new store, or delete manifest.json first")
+    _refuse_finalized(root, shard_index)
     kind_spec = get_kind(kind)
     encoding_spec = get_encoding(encoding)
     check_compressor(compressor)
-    columns = _collect(records, kind_spec, name)
+    columns, states = _collect(records, kind_spec, shard_name(shard_index))
     if codebook is not None:
         check_codebook(encoding_spec, codebook, columns.state_shape)
+    encoded = encoding_spec.encode(states, codebook)
+    return _publish(root, shard_index, columns, encoded, _ShardSettings(
+        kind_spec, encoding_spec, compressor, codebook, build_attributes(generation, fingerprint), durable))
+
+
+def write_encoded_shard(
+    store_root: str | Path,
+    shard_index: int,
+    passages: Sequence[EncodedPassage],
+    *,
+    kind: str,
+    encoding: str,
+    state_shape: tuple[int, ...],
+    compressor: str | None = None,
+    durable: bool = True,
+    codebook: Mapping[str, np.ndarray] | None = None,
+    generation: str | None = None,
+    fingerprint: Fingerprint | None = None,
+) -> ShardSummary:
+    """Write passages whose states are already encoded as shard `shard_index`, their state arrays unchanged.
+
+    For rows copied out of other shards of this kind and encoding (storage.compact), which then decode to
+    exactly the states they did: an encoding's per-token codes mean the same in any shard only when nothing
+    else they decode with belongs to one shard. So the encoding must keep no shard-wide arrays (fp32, fp16),
+    or `codebook`, the store-wide codebook the caller writes to the new store, must hold them all (2bit/1bit
+    stores with a `codebook/`); int8's per-shard channel scales, or a shard's own codebook, are refused.
+    The other arguments and the checks of ids, tokens and spans are write_shard's.
+    """
+    root = Path(store_root)
+    _refuse_finalized(root, shard_index)
+    kind_spec = get_kind(kind)
+    encoding_spec = get_encoding(encoding)
+    check_compressor(compressor)
+    state_shape = kind_spec.check_state_shape(tuple(state_shape))
+    held = codebook or {}
+    layout = encoding_spec.layout(held)
+    shard_wide = [spec.name for spec in layout if not spec.per_token and spec.name not in held]
+    if shard_wide:
+        raise DilstoreError(
+            f"{encoding} codes decode with arrays of their own shard ({', '.join(shard_wide)}), so they cannot be "
+            f"copied into shard {shard_name(shard_index)} unchanged"
+        )
+    if codebook is not None:
+        check_codebook(encoding_spec, codebook, state_shape)
+    columns, encoded = _collect_encoded(passages, state_shape, [spec for spec in layout if spec.per_token],
+                                        shard_name(shard_index))  # fmt: skip
+    return _publish(root, shard_index, columns, encoded, _ShardSettings(
+        kind_spec, encoding_spec, compressor, codebook, build_attributes(generation, fingerprint), durable))
+
+
+@dataclass(frozen=True)
+class _ShardSettings:
+    """How `_publish` writes a shard: its kind and encoding, compression, the store's codebook (None: the shard
+    keeps its own, or needs none), its build attributes and whether to fsync."""
+
+    kind: Kind
+    encoding: Encoding
+    compressor: str | None
+    codebook: Mapping[str, np.ndarray] | None
+    build: dict[str, str]
+    durable: bool
+
+
+def _refuse_finalized(root: Path, shard_index: int) -> None:
+    """A DilstoreError when the store at `root` is finalized: nothing is written into one."""
+    if (root / MANIFEST_FILE).exists():
+        raise DilstoreError(f"{root} is finalized; write shard {shard_name(shard_index)} into a new store, or delete "
+                            "manifest.json first")  # fmt: skip
+
+
+def _publish(
+    root: Path, shard_index: int, columns: _Columns, encoded: Mapping[str, np.ndarray], settings: _ShardSettings
+) -> ShardSummary:
+    """Write the shard's group under a temporary name, record its checksums, fsync, and rename it into place."""
+    name = shard_name(shard_index)
     shards_dir = root / SHARDS_DIR
     shards_dir.mkdir(parents=True, exist_ok=True)
     temporary = shards_dir / f"{TMP_PREFIX}{name}-{uuid.uuid4().hex}"
+    build = settings.build
+    if settings.codebook is not None and settings.encoding.codebook:
+        build = {**build, "codebook": STORE_CODEBOOK}
     try:
-        build = build_attributes(generation, fingerprint)
-        if codebook is not None and encoding_spec.codebook:
-            build = {**build, "codebook": STORE_CODEBOOK}
-        _write_group(temporary, columns, shard_index, kind_spec, encoding_spec, compressor, codebook, build)
+        _write_group(temporary, columns, encoded, shard_index, dataclasses.replace(settings, build=build))
         record_checksums(temporary)
-        if durable:
+        if settings.durable:
             fsync_tree(temporary)
-        status = _commit(temporary, shards_dir / name, durable)
+        status = _commit(temporary, shards_dir / name, settings.durable)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
     target = shards_dir / name
@@ -200,34 +273,80 @@ def write_shard(
     )
 
 
-def _collect(records: Sequence[PassageRecord], kind: Kind, name: str) -> _Columns:
-    """Validate every record and concatenate them; the first problem raises with the passage id."""
+def _collect(records: Sequence[PassageRecord], kind: Kind, name: str) -> tuple[_Columns, np.ndarray]:
+    """Validate every record and concatenate them, states `(T, *S)` float32 apart; the first problem raises with
+    the passage id."""
     if not records:
         raise DilstoreError(f"shard {name} has no passages; write only non-empty shards")
     state_shape = kind.check_state_shape(np.shape(records[0].states)[1:])
-    seen: set[str] = set()
-    token_ids, char_spans, states = [], [], []
     for record in records:
-        _check_record_shapes(record, state_shape, kind.name)
-        if record.id in seen:
-            raise DilstoreError(f"passage id {record.id!r} occurs twice in shard {name}")
-        seen.add(record.id)
-        token_ids.append(np.asarray(record.token_ids))
-        char_spans.append(np.asarray(record.char_spans))
-        states.append(np.asarray(record.states))
-    lengths = np.array([len(ids) for ids in token_ids], dtype=np.int64)
-    token_offsets = np.zeros(len(records) + 1, dtype=np.int64)
+        _check_passage_fields(record)
+        states = np.asarray(record.states)
+        if states.shape != (len(record.token_ids), *state_shape) or not np.issubdtype(states.dtype, np.floating):
+            raise DilstoreError(
+                f"passage {record.id!r}: states must be float ({len(record.token_ids)}, "
+                f"{', '.join(map(str, state_shape))}) for kind {kind.name!r} like the shard's first passage, got "
+                f"{states.dtype} {states.shape}"
+            )
+    columns = _concatenated(records, state_shape, name)
+    states = np.concatenate([np.asarray(record.states) for record in records]).astype(np.float32, copy=False)
+    bad_token = _first_non_finite_row(states.reshape(len(states), math.prod(state_shape)))  # (T, prod(S))
+    if bad_token is not None:
+        _fail(columns, bad_token, "has NaN or infinite states")
+    return columns, states
+
+
+def _collect_encoded(
+    passages: Sequence[EncodedPassage], state_shape: tuple[int, ...], per_token: Sequence[EncodedArray], name: str
+) -> tuple[_Columns, dict[str, np.ndarray]]:
+    """Validate every encoded passage and concatenate them, each per-token state array `(T, ...)` apart; the first
+    problem raises with the passage id (an array missing, of another shape or dtype, or of values its encoding
+    never writes)."""
+    if not passages:
+        raise DilstoreError(f"shard {name} has no passages; write only non-empty shards")
+    wanted = sorted(spec.name for spec in per_token)
+    for passage in passages:
+        _check_passage_fields(passage)
+        if sorted(passage.arrays) != wanted:
+            raise DilstoreError(f"passage {passage.id!r}: encoded arrays {sorted(passage.arrays)}, this encoding "
+                                f"stores {wanted}")  # fmt: skip
+        for spec in per_token:
+            values = np.asarray(passage.arrays[spec.name])
+            shape = (len(passage.token_ids), *spec.shape(state_shape))
+            if values.shape != shape or values.dtype != np.dtype(spec.dtype):
+                raise DilstoreError(f"passage {passage.id!r}: {spec.name} must be {spec.dtype} {shape}, got "
+                                    f"{values.dtype} {values.shape}")  # fmt: skip
+    columns = _concatenated(passages, state_shape, name)
+    encoded = {spec.name: np.concatenate([np.asarray(passage.arrays[spec.name]) for passage in passages])
+               for spec in per_token}  # fmt: skip
+    for spec in per_token:
+        problem = spec.check(encoded[spec.name])
+        if problem is not None:
+            raise DilstoreError(f"shard {name}: {spec.name} {problem}")
+    return columns, encoded
+
+
+def _concatenated(passages: Sequence[PassageRecord | EncodedPassage], state_shape: tuple[int, ...], name: str
+                  ) -> _Columns:
+    """The passages' ids, texts, tokens, spans and vectors as one shard's columns, once ids, token ids and spans
+    are checked (`_check_values`)."""
+    seen: set[str] = set()
+    for passage in passages:
+        if passage.id in seen:
+            raise DilstoreError(f"passage id {passage.id!r} occurs twice in shard {name}")
+        seen.add(passage.id)
+    lengths = np.array([len(passage.token_ids) for passage in passages], dtype=np.int64)
+    token_offsets = np.zeros(len(passages) + 1, dtype=np.int64)
     np.cumsum(lengths, out=token_offsets[1:])
     columns = _Columns(
-        ids=[record.id for record in records],
-        titles=[record.title for record in records],
-        texts=[record.text for record in records],
+        ids=[passage.id for passage in passages],
+        titles=[passage.title for passage in passages],
+        texts=[passage.text for passage in passages],
         token_offsets=token_offsets,
-        token_ids=np.concatenate(token_ids),
-        char_spans=np.concatenate(char_spans).reshape(-1, 2),
-        states=np.concatenate(states).astype(np.float32, copy=False),
+        token_ids=np.concatenate([np.asarray(passage.token_ids) for passage in passages]),
+        char_spans=np.concatenate([np.asarray(passage.char_spans) for passage in passages]).reshape(-1, 2),
         state_shape=state_shape,
-        vectors=_vectors(records, name),
+        vectors=_vectors(passages, name),
     )
     _check_values(columns)
     return replace(
@@ -237,7 +356,7 @@ def _collect(records: Sequence[PassageRecord], kind: Kind, name: str) -> _Column
     )
 
 
-def _vectors(records: Sequence[PassageRecord], name: str) -> np.ndarray | None:
+def _vectors(records: Sequence[PassageRecord | EncodedPassage], name: str) -> np.ndarray | None:
     """The records' vectors as float32 (n, d): all of one length and finite, or None when no record has one."""
     given = [record.vector is not None for record in records]
     if not any(given):
@@ -258,8 +377,9 @@ def _vectors(records: Sequence[PassageRecord], name: str) -> np.ndarray | None:
     return np.stack(vectors).astype(np.float32)  # (n, d)
 
 
-def _check_record_shapes(record: PassageRecord, state_shape: tuple[int, ...], kind: str) -> None:
-    """Raise DilstoreError naming `record.id` unless its strings, shapes and dtypes are right."""
+def _check_passage_fields(record: PassageRecord | EncodedPassage) -> None:
+    """Raise DilstoreError naming `record.id` unless its strings, token ids and char spans are of the right types
+    and shapes."""
     where = f"passage {record.id!r}"
     if not isinstance(record.id, str) or not record.id:
         raise DilstoreError(f"passage ids must be non-empty strings, got {record.id!r}")
@@ -272,35 +392,26 @@ def _check_record_shapes(record: PassageRecord, state_shape: tuple[int, ...], ki
             raise DilstoreError(f"{where}: {label} is not valid Unicode ({error.reason})") from None
     token_ids = np.asarray(record.token_ids)
     char_spans = np.asarray(record.char_spans)
-    states = np.asarray(record.states)
     n = len(token_ids)
     if token_ids.ndim != 1 or not np.issubdtype(token_ids.dtype, np.integer):
         raise DilstoreError(f"{where}: token_ids must be a 1-D integer array, got {token_ids.dtype} {token_ids.shape}")
     if char_spans.shape != (n, 2) or not np.issubdtype(char_spans.dtype, np.integer):
         raise DilstoreError(f"{where}: char_spans must be integer ({n}, 2), got {char_spans.dtype} {char_spans.shape}")
-    if states.shape != (n, *state_shape) or not np.issubdtype(states.dtype, np.floating):
-        raise DilstoreError(
-            f"{where}: states must be float ({n}, {', '.join(map(str, state_shape))}) for kind {kind!r} "
-            f"like the shard's first passage, got {states.dtype} {states.shape}"
-        )
+
+
+def _fail(columns: _Columns, token: int, problem: str) -> None:
+    """Raise DilstoreError naming the passage that token `token` of the shard belongs to, and its place in it."""
+    row = int(np.searchsorted(columns.token_offsets, token, side="right")) - 1
+    local = token - int(columns.token_offsets[row])
+    raise DilstoreError(f"passage {columns.ids[row]!r}: token {local} {problem}")
 
 
 def _check_values(columns: _Columns) -> None:
-    """Check all tokens at once (int32 ids, finite states, spans inside their text); name the first bad passage."""
-
-    def fail(token: int, problem: str) -> None:
-        row = int(np.searchsorted(columns.token_offsets, token, side="right")) - 1
-        local = token - int(columns.token_offsets[row])
-        raise DilstoreError(f"passage {columns.ids[row]!r}: token {local} {problem}")
-
+    """Check all tokens at once (int32 ids, spans inside their text); name the first bad passage."""
     ids = columns.token_ids
     bad = np.flatnonzero((ids < _INT32.min) | (ids > _INT32.max))
     if bad.size:
-        fail(int(bad[0]), f"has id {int(ids[bad[0]])}, which does not fit int32")
-    flat_states = columns.states.reshape(len(columns.states), math.prod(columns.state_shape))  # (T, prod(S))
-    bad_token = _first_non_finite_row(flat_states)
-    if bad_token is not None:
-        fail(bad_token, "has NaN or infinite states")
+        _fail(columns, int(bad[0]), f"has id {int(ids[bad[0]])}, which does not fit int32")
     text_lengths = np.repeat(
         np.fromiter(map(len, columns.texts), dtype=np.int64, count=len(columns.texts)), np.diff(columns.token_offsets)
     )  # (T,)
@@ -310,8 +421,8 @@ def _check_values(columns: _Columns) -> None:
     bad = np.flatnonzero(~(special | inside))
     if bad.size:
         token = int(bad[0])
-        fail(token, f"has char span {tuple(spans[token].tolist())}, outside its text of {int(text_lengths[token])} "
-                    "characters (special tokens use (-1, -1))")
+        _fail(columns, token, f"has char span {tuple(spans[token].tolist())}, outside its text of "
+                              f"{int(text_lengths[token])} characters (special tokens use (-1, -1))")
 
 
 def _first_non_finite_row(values: np.ndarray) -> int | None:
@@ -327,25 +438,21 @@ def _first_non_finite_row(values: np.ndarray) -> int | None:
 
 
 def _write_group(
-    path: Path,
-    columns: _Columns,
-    shard_index: int,
-    kind: Kind,
-    encoding: Encoding,
-    compressor: str | None,
-    codebook: Mapping[str, np.ndarray] | None,
-    build: dict[str, str],
+    path: Path, columns: _Columns, encoded: Mapping[str, np.ndarray], shard_index: int, settings: _ShardSettings
 ) -> None:
-    """Write one shard's Zarr v3 group at `path`; `build` holds its generation, fingerprint hash and codebook, if any.
+    """Write one shard's Zarr v3 group at `path`; `settings.build` holds its generation, fingerprint hash and
+    codebook, if any.
 
     A shard with centroid ids gets format version CENTROIDS_SHARD_VERSION, one coded against a rotated codebook
     ROTATED_SHARD_VERSION, so that older readers refuse them.
     """
-    encoded = encoding.encode(columns.states, codebook)
-    attributes = _shard_attributes(columns, shard_index, kind, encoding, compressor, build, encoded)
+    arrays = {**(settings.codebook or {}), **encoded}  # what the shard decodes with, for its format version
+    attributes = _shard_attributes(columns, shard_index, settings.kind, settings.encoding, settings.compressor,
+                                   settings.build, arrays)  # fmt: skip
     group = zarr.open_group(str(path), mode="w-", zarr_format=3, attributes={ATTRIBUTES_KEY: attributes})
-    _write_passage_columns(group, columns, compressor)
-    _write_state_arrays(group, encoded, encoding, codebook, compressor, len(columns.state_shape))
+    _write_passage_columns(group, columns, settings.compressor)
+    _write_state_arrays(group, encoded, settings.encoding, settings.codebook, settings.compressor,
+                        len(columns.state_shape))  # fmt: skip
 
 
 def _shard_attributes(
