@@ -1,0 +1,162 @@
+"""Compacting a store (storage/compact.py): the live rows of a store and its appends rewritten into new shards.
+
+The compacted store must serve exactly what the old one served (the same ids, texts, tokens and the very same
+decoded states, since the codes are copied, not encoded again), leave the superseded rows out, pass `verify`,
+and refuse stores whose codes cannot move between shards unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dilstore.storage.append import commit_append, first_free_shard
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, write_codebook
+from dilstore.storage.compact import compact_store
+from dilstore.storage.encodings import train_codebook
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.finalize import finalize
+from dilstore.storage.format import append_dir
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
+from dilstore.storage.reader import open_store
+from dilstore.storage.records import EncodedPassage, PassageRecord
+from dilstore.storage.verify import verify_store
+from dilstore.storage.writer import write_encoded_shard, write_shard
+from tests.fixtures.store_fixtures import fingerprint_for, passage, scratch_dir
+
+APPEND = "a1b2c3d4e5f60718"
+COMPACTED = "0f1e2d3c4b5a6978"
+DIMS = 8
+
+
+def records(ids: list[str], seed: int) -> list[PassageRecord]:
+    """Random passages with these ids, states shaped (n, DIMS)."""
+    return [passage(passage_id, int(np.random.default_rng([seed, i]).integers(1, 12)), (DIMS,),
+                    np.random.default_rng([seed, i])) for i, passage_id in enumerate(ids)]  # fmt: skip
+
+
+def appended_store(root: Path, base: list[list[PassageRecord]], append: list[PassageRecord], *, encoding: str,
+                   replace: bool = False, retire: tuple[str, ...] = ()) -> Path:
+    """A store of `base` (one list per shard) and one committed append of `append`; with a 2bit/1bit encoding a
+    store-wide codebook trained on all the records encodes every shard."""
+    every = [record for shard in [*base, append] for record in shard]
+    codebook = None
+    if encoding in ("2bit", "1bit"):
+        codebook = train_codebook(encoding, np.concatenate([record.states for record in every]))
+        write_codebook(root / CODEBOOK_DIR, encoding, codebook, (DIMS,))
+    for index, shard in enumerate(base):
+        write_shard(root, index, shard, kind="dilbert", encoding=encoding, durable=False, codebook=codebook)
+    finalize(root, fingerprint_for("dilbert", encoding), {"command": "test"})
+    folder = root / append_dir(APPEND)
+    write_shard(folder, first_free_shard(read_manifest(StoreLocation.parse(root))), append, kind="dilbert",
+                encoding=encoding, durable=False, codebook=codebook, generation=APPEND)  # fmt: skip
+    commit_append(root, APPEND, fingerprint_for("dilbert", encoding), replace=replace, retire=retire)
+    return root
+
+
+def served(store_path: Path) -> dict[str, tuple]:
+    """Every passage the store serves: title, text, token ids, char spans and decoded states, exactly."""
+    with open_store(store_path) as store:
+        ids = [store.shard(entry.index).id_at(row) for entry in store.manifest.shards for row in range(entry.passages)]
+        live = [passage_id for passage_id in dict.fromkeys(ids) if passage_id in store]
+        return {p.id: (p.title, p.text, p.token_ids.tolist(), p.char_spans.tolist(), np.asarray(p.states).tobytes())
+                for p in store.fetch(live)}  # fmt: skip
+
+
+def compact(source: Path, target: Path, shards: int):
+    with open_store(source) as store:
+        return compact_store(store, target, lambda passage_id: sum(map(ord, passage_id)) % shards,
+                             generation=COMPACTED)  # fmt: skip
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    in_append=st.lists(st.sampled_from(["base", "append", "both"]), min_size=2, max_size=12),
+    shards=st.integers(1, 4),
+    encoding=st.sampled_from(["fp32", "fp16"]),
+)
+def test_a_compacted_store_serves_exactly_what_the_appended_one_did(in_append: list[str], shards: int,
+                                                                    encoding: str) -> None:
+    ids = [f"p{i}" for i in range(len(in_append))]
+    base_ids = [passage_id for passage_id, where in zip(ids, in_append, strict=True) if where != "append"]
+    append_ids = [passage_id for passage_id, where in zip(ids, in_append, strict=True) if where != "base"] + ["new"]
+    replaced = sum(where == "both" for where in in_append)
+    with scratch_dir() as scratch:
+        base = [records(base_ids[0::2], seed=1), records(base_ids[1::2], seed=2)]
+        source = appended_store(Path(scratch) / "source", [shard for shard in base if shard],
+                                records(append_ids, seed=3), encoding=encoding, replace=True)  # fmt: skip
+        before = served(source)
+        result = compact(source, Path(scratch) / "compacted", shards)
+        assert served(Path(scratch) / "compacted") == before
+        assert result.dropped_rows == replaced
+        manifest = result.manifest
+        assert manifest.passages == len(ids) + 1 and manifest.superseded_passages == 0 and manifest.appends == ()
+        assert len(manifest.shards) <= shards and manifest.generation == COMPACTED
+        assert all(entry.generation is None for entry in manifest.shards)
+        report = verify_store(Path(scratch) / "compacted")
+        assert report.ok, report.problems
+
+
+@pytest.mark.parametrize("encoding", ["2bit", "1bit"])
+def test_low_bit_codes_are_copied_with_the_store_codebook_not_encoded_again(encoding: str, tmp_path: Path) -> None:
+    source = appended_store(tmp_path / "source", [records(["a", "b", "c"], 1), records(["d", "e"], 2)],
+                            records(["b", "f"], 3), encoding=encoding, replace=True)  # fmt: skip
+    before = served(source)
+    compact(source, tmp_path / "compacted", 2)
+    assert served(tmp_path / "compacted") == before  # bit for bit: decoding again the same codes
+    assert codebook_build(tmp_path / "compacted" / CODEBOOK_DIR)["generation"] == COMPACTED
+    report = verify_store(tmp_path / "compacted")
+    assert report.ok, report.problems
+
+
+def test_retired_rows_are_left_out_and_superseded_rows_dropped(tmp_path: Path) -> None:
+    source = appended_store(tmp_path / "source", [records(["a", "b", "c"], 1)], records(["b"], 2),
+                            encoding="fp32", replace=True, retire=("c",))  # fmt: skip
+    result = compact(source, tmp_path / "compacted", 1)
+    assert sorted(served(tmp_path / "compacted")) == ["a", "b"]
+    assert result.dropped_rows == 2 and result.source_appends == 1 and result.source_shards == 2
+    assert result.manifest.creation["compacted_from"]["dropped_rows"] == 2
+
+
+def test_an_int8_store_and_shards_with_codebooks_of_their_own_are_refused(tmp_path: Path) -> None:
+    int8 = appended_store(tmp_path / "int8", [records(["a", "b"], 1)], records(["c"], 2), encoding="int8")
+    with pytest.raises(DilstoreError, match="int8 codes are scaled per shard"):
+        compact(int8, tmp_path / "out8", 1)
+    own = tmp_path / "own"
+    write_shard(own, 0, records(["a", "b"], 1), kind="dilbert", encoding="2bit", durable=False)
+    finalize(own, fingerprint_for("dilbert", "2bit"))
+    with pytest.raises(DilstoreError, match="keep codebooks of their own"):
+        compact(own, tmp_path / "out2", 1)
+    assert not (tmp_path / "out8").exists() and not (tmp_path / "out2").exists()
+
+
+def test_a_target_that_holds_a_store_is_refused(tmp_path: Path) -> None:
+    source = appended_store(tmp_path / "source", [records(["a"], 1)], records(["b"], 2), encoding="fp32")
+    compact(source, tmp_path / "compacted", 1)
+    with pytest.raises(DilstoreError, match="holds a store already"):
+        compact(source, tmp_path / "compacted", 1)
+
+
+def encoded(passage_id: str, arrays: dict[str, np.ndarray]) -> EncodedPassage:
+    n = len(next(iter(arrays.values())))
+    return EncodedPassage(id=passage_id, title="", text="", token_ids=np.zeros(n, dtype=np.int32),
+                          char_spans=np.full((n, 2), -1, dtype=np.int32), arrays=arrays)  # fmt: skip
+
+
+def test_write_encoded_shard_names_the_passage_with_wrong_arrays_and_refuses_per_shard_codes(tmp_path: Path) -> None:
+    write = {"kind": "dilbert", "encoding": "fp16", "state_shape": (DIMS,), "durable": False}
+    with pytest.raises(DilstoreError, match=r"passage 'x': values must be float16 \(2, 8\), got float32"):
+        write_encoded_shard(tmp_path, 0, [encoded("x", {"values": np.zeros((2, DIMS), np.float32)})], **write)
+    with pytest.raises(DilstoreError, match=r"passage 'y': encoded arrays \['codes'\], this encoding stores"):
+        write_encoded_shard(tmp_path, 0, [encoded("y", {"codes": np.zeros((2, DIMS), np.int8)})], **write)
+    with pytest.raises(DilstoreError, match=r"int8 codes decode with arrays of their own shard \(channel_scales\)"):
+        write_encoded_shard(tmp_path, 0, [encoded("z", {"codes": np.zeros((2, DIMS), np.int8),
+                                                        "scales": np.ones(2, np.float32)})],
+                            **{**write, "encoding": "int8"})  # fmt: skip
+    written = write_encoded_shard(tmp_path, 0, [encoded("ok", {"values": np.ones((3, DIMS), np.float16)})], **write)
+    assert written.passages == 1 and written.tokens == 3
