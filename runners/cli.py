@@ -30,6 +30,7 @@ COMMANDS: tuple[str, ...] = (
     "dilstore.runners.cmd_evaluate_rank",
     "dilstore.runners.cmd_rerank",
     "dilstore.runners.cmd_store",
+    "dilstore.runners.cmd_compact",
     "dilstore.runners.cmd_serve",
 )
 

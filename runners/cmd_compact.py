@@ -1,0 +1,205 @@
+"""`dilstore compact`: rewrite a store's live passages into a few shards, superseded rows left out.
+
+Each `precompute --append` adds shards of its own, and `--replace` leaves the rows it supersedes where they
+were, so a store appended to often grows in files and bytes, and in the time it takes to open, fetch from
+and verify. `compact` writes the passages the store serves into new shards, as a fresh build would place
+them, states copied byte for byte (storage/compact.py), and finalizes the result as a new build.
+
+Without --output the new store is built beside STORE (`.STORE.dilstore-building`) under STORE's write lock and
+then swapped in, as `precompute --overwrite` does: a failed or killed compaction leaves STORE as it was.
+Readers that have STORE open are told it was rebuilt on their next lookup (reopen it). With --output DIR,
+STORE is left as it is and the compacted copy is written to DIR. A BM25 index (`STORE/bm25`) that covers the
+store as it is comes along; a stale one does not (run `dilstore index` again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dilstore.runners.arg_types import positive_int
+from dilstore.storage.errors import DilstoreError
+
+if TYPE_CHECKING:
+    from dilstore.storage.compact import Compaction
+    from dilstore.storage.manifest import Manifest
+    from dilstore.storage.reader import Store
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `compact`."""
+    parser = subparsers.add_parser(
+        "compact",
+        help="rewrite a store's live passages into fewer shards (after many appends)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("store", metavar="STORE", help="a store written by `dilstore precompute` (a local folder)")
+    parser.add_argument("--output", metavar="DIR", help="write the compacted store to DIR (absent or empty) and "
+                        "leave STORE as it is (default: replace STORE)")  # fmt: skip
+    parser.add_argument("--shards", type=positive_int, help="shards of the compacted store (default: as many as "
+                        "the store's first build had, more in proportion to the passages appends added)")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (none with --json)")
+    parser.set_defaults(run=run_command)
+
+
+def default_shards(manifest: Manifest, first_build_shards: int | None) -> int:
+    """The first build's shard count, times the live passages over the passages it stored (at least 1)."""
+    first = [entry for entry in manifest.shards if entry.generation is None]
+    shards = first_build_shards or max(len(first), 1)
+    first_passages = sum(entry.passages for entry in first)
+    if first_passages and manifest.passages > first_passages:
+        shards = round(shards * manifest.passages / first_passages)
+    return max(1, shards)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Compact STORE in place or into --output; print what changed; 0 on success."""
+    from dilstore.pipelines.sharding import MAX_DEFAULT_SHARDS
+    from dilstore.runners.cmd_index import local_store
+    from dilstore.storage.durability import remove_path
+    from dilstore.storage.compact import copyable_problem
+    from dilstore.storage.format import MANIFEST_FILE
+    from dilstore.storage.reader import open_store
+    from dilstore.storage.replacement import building_dir, finish_interrupted_swap, swap_in
+    from dilstore.storage.write_lock import write_lock
+
+    store = local_store(args.store)
+    if not (store / MANIFEST_FILE).is_file():
+        raise DilstoreError(f"no finished store at {store} (no {MANIFEST_FILE}); give a folder `dilstore "
+                            "precompute` finished")  # fmt: skip
+    if args.shards is not None and args.shards > MAX_DEFAULT_SHARDS:
+        raise DilstoreError(f"--shards {args.shards} is more than {MAX_DEFAULT_SHARDS}, the most a store is split into")
+    output = None if args.output is None else _output_folder(Path(args.output), store)
+    started = time.time()
+    before = _footprint(store)
+    with write_lock(store):  # no precompute or other compaction writes the store meanwhile
+        finish_interrupted_swap(store)
+        with open_store(store, read_path="mmap") as opened:
+            problem = copyable_problem(opened)
+            if problem is not None:
+                raise DilstoreError(f"cannot compact {store}: {problem}; `dilstore precompute --overwrite` builds it "
+                                    "again with other shards")  # fmt: skip
+            target = output or building_dir(store)
+            remove_path(target)  # a building folder a killed compaction or overwrite left; an empty --output
+            try:
+                result, index = _compact_into(opened, store, target, args.shards,
+                                              show_progress=not (args.no_progress or args.json))  # fmt: skip
+            except BaseException:
+                remove_path(target)  # nothing half-built is left; STORE is as it was
+                raise
+        if output is None:
+            swap_in(store, target)
+    summary = _summary(store, output, result, before, _footprint(output or store), index, time.time() - started)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(_summary_line(summary), file=sys.stderr)
+    return 0
+
+
+def _output_folder(output: Path, store: Path) -> Path:
+    """--output as a folder to write the compacted store into: absent or empty, and neither STORE nor inside it."""
+    if output.resolve() == store.resolve() or store.resolve() in output.resolve().parents:
+        raise DilstoreError(f"--output {output} is STORE or inside it; give a folder elsewhere, or leave --output out "
+                            "to compact STORE in place")  # fmt: skip
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise DilstoreError(f"--output {output} exists and is not an empty folder")
+    return output
+
+
+def _compact_into(opened: Store, store: Path, target: Path, shards: int | None, *, show_progress: bool
+                  ) -> tuple[Compaction, str]:
+    """Write the open `store` compacted into `target` (its spec file first, so that a later precompute knows it),
+    and bring the BM25 index along when it covers the store; the compaction, and what became of the index."""
+    from tqdm import tqdm
+
+    from dilstore.pipelines.job import SPEC_FILE, read_spec, spec_generation, spec_json
+    from dilstore.pipelines.sharding import shard_of
+    from dilstore.storage.atomic_files import atomic_write_text
+    from dilstore.storage.compact import compact_store
+
+    manifest = opened.manifest
+    spec = read_spec(store) or {}
+    count = shards or default_shards(manifest, spec.get("shards"))
+    appends = [record.get("generation") for record in manifest.appends]
+    compacted = {**spec, "shards": count, "compacted": {"generation": manifest.generation, "appends": appends}}
+    target.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(target / SPEC_FILE, spec_json(compacted))
+    bar = tqdm(total=manifest.passages, unit="passage", desc="compact", file=sys.stderr, dynamic_ncols=True,
+               mininterval=0.5, disable=not show_progress)  # fmt: skip
+    with bar:
+        result = compact_store(opened, target, lambda passage_id: shard_of(passage_id, count),
+                               generation=spec_generation(compacted), progress=bar.update)  # fmt: skip
+    return result, _carry_index(store, manifest, target, result.manifest)
+
+
+def _carry_index(store: Path, old: Manifest, target: Path, new: Manifest) -> str:
+    """Copy STORE/bm25 into the compacted store when it records the store as it is (the same live passages), with
+    its record moved on to the new build; "carried", "stale" (it covers another state: not copied) or "none"."""
+    from dilstore.reader.retrieval import INDEX_RECORD, bm25_index_dir, indexed_state
+
+    index = bm25_index_dir(store)
+    try:
+        recorded = json.loads((index / INDEX_RECORD).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "none" if not index.is_dir() else "stale"
+    except (OSError, ValueError):
+        return "stale"
+    if recorded != indexed_state(old) or not any(index.glob("segments_*")):
+        return "stale"
+    copied = bm25_index_dir(target)
+    shutil.copytree(index, copied)
+    (copied / INDEX_RECORD).write_text(json.dumps(indexed_state(new), sort_keys=True) + "\n", encoding="utf-8")
+    return "carried"
+
+
+def _footprint(store: Path) -> dict[str, int]:
+    """Files and bytes under a store folder (its BM25 index left out: compaction does not change it)."""
+    from dilstore.reader.retrieval import BM25_INDEX_DIR
+
+    sizes = [path.stat().st_size for path in store.rglob("*")
+             if path.is_file() and BM25_INDEX_DIR not in path.relative_to(store).parts[:1]]  # fmt: skip
+    return {"files": len(sizes), "bytes": sum(sizes)}
+
+
+def _summary(store: Path, output: Path | None, result: Compaction, before: dict[str, int], after: dict[str, int],
+             index: str, seconds: float) -> dict[str, Any]:
+    """The command's result, as `--json` prints it."""
+    return {
+        "store": str(store),
+        "output": str(output or store),
+        "passages": result.manifest.passages,
+        "tokens": result.manifest.tokens,
+        "shards": len(result.manifest.shards),
+        "shards_before": result.source_shards,
+        "appends_before": result.source_appends,
+        "superseded_rows_dropped": result.dropped_rows,
+        "files_before": before["files"],
+        "files": after["files"],
+        "bytes_before": before["bytes"],
+        "bytes": after["bytes"],
+        "bm25_index": index,
+        "generation": result.manifest.generation,
+        "seconds": round(seconds, 2),
+    }
+
+
+def _summary_line(summary: dict[str, Any]) -> str:
+    """The summary as one line, and what to do about the BM25 index when it did not come along."""
+    index = {"carried": "; its BM25 index came along",
+             "stale": f"; its BM25 index covered an older state and was left out: run `dilstore index "
+                      f"{summary['output']}`",
+             "none": ""}[summary["bm25_index"]]  # fmt: skip
+    return (f"compacted {summary['store']} into {summary['output']}: {summary['passages']:,} passages in "
+            f"{summary['shards']} shards (was {summary['shards_before']} shards, {summary['appends_before']} appends; "
+            f"{summary['superseded_rows_dropped']:,} superseded rows dropped); {summary['files_before']:,} -> "
+            f"{summary['files']:,} files, {summary['bytes_before'] / 1e6:.1f} -> {summary['bytes'] / 1e6:.1f} MB, in "
+            f"{summary['seconds']} s{index}")

@@ -1,0 +1,129 @@
+"""`dilstore compact` on stores `dilstore precompute` built and appended to.
+
+In place, the compacted store replaces STORE under the same name and serves exactly what it served (states
+bit for bit), with one build, no appends, its passage tables and its settings, so later appends and `dilstore
+index` work as on any store. With --output, STORE is left as it was. A BM25 index comes along only when it
+covers the store as it is. Stores whose codes cannot move between shards are refused before anything is
+written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dilstore.pipelines.job import read_spec
+from dilstore.reader.retrieval import INDEX_RECORD, check_index_covers, indexed_state
+from dilstore.runners import cli
+from dilstore.storage.collection import collection_dir
+from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
+from dilstore.storage.replacement import building_dir
+from dilstore.storage.verify import verify_store
+from tests.fixtures.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+DOCUMENTS = wiki_like_documents(10, words=30)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_reader(tmp_path_factory.mktemp("compact-model") / "reader")
+
+
+def precompute(model: Path, corpus: Path, store: Path, *extra: str) -> None:
+    assert cli.main(["precompute", "--input", str(corpus), "--output", str(store), "--model", str(model),
+                     "--workers", "1", "--threads", "1", "--max-length", "48", "--shards", "3",
+                     "--encoding", "fp16", "--no-progress", *extra]) == 0  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def appended(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of six documents, an append of three more, and an append that replaces one with a new text."""
+    folder = tmp_path_factory.mktemp("compact-stores")
+    store = folder / "appended"
+    precompute(model, write_jsonl(folder / "a.jsonl", DOCUMENTS[:6]), store)
+    precompute(model, write_jsonl(folder / "b.jsonl", DOCUMENTS[6:9]), store, "--append")
+    changed = {**DOCUMENTS[2], "text": "the library was built by the river in the early industrial period"}
+    precompute(model, write_jsonl(folder / "r.jsonl", [changed]), store, "--append", "--replace")
+    return store
+
+
+def compact(capsys: pytest.CaptureFixture[str], *arguments: str) -> dict:
+    capsys.readouterr()
+    assert cli.main(["compact", *arguments, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def same_contents(found: dict, expected: dict) -> bool:
+    """The same ids, titles and texts, and equal token ids, spans and states (exactly)."""
+    return sorted(found) == sorted(expected) and all(
+        found[key][:2] == expected[key][:2]
+        and all(np.array_equal(a, b) for a, b in zip(found[key][2:], expected[key][2:], strict=True))
+        for key in expected
+    )
+
+
+def test_in_place_the_store_serves_the_same_passages_from_fewer_files_and_takes_appends(
+        model: Path, appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(appended, store)
+    before = store_contents(store)
+    result = compact(capsys, str(store))
+    assert same_contents(store_contents(store), before)
+    assert result["superseded_rows_dropped"] >= 1 and result["appends_before"] == 2
+    assert result["files"] < result["files_before"] and result["shards"] < result["shards_before"]
+    manifest = read_manifest(StoreLocation.parse(store))
+    assert manifest.appends == () and manifest.superseded_passages == 0
+    assert not (store / APPENDS_DIR).exists() and not building_dir(store).exists()
+    assert read_spec(store)["split"] == "words" and len(read_spec(store)["compacted"]["appends"]) == 2
+    report = verify_store(store)
+    assert report.ok, report.problems
+    parts = collection_dir(store).glob("*.jsonl")
+    assert sum(len(part.read_text(encoding="utf-8").splitlines()) for part in parts) == manifest.passages
+    precompute(model, write_jsonl(tmp_path / "c.jsonl", DOCUMENTS[9:]), store, "--append")
+    new = set(store_contents(store)) - set(before)
+    assert new and all(passage_id.startswith(DOCUMENTS[9]["id"]) for passage_id in new)
+
+
+def test_output_leaves_the_store_as_it_was_and_brings_an_index_only_when_it_covers_the_store(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "source"
+    assert cli.main(["compact", str(appended), "--output", str(source), "--no-progress"]) == 0
+    manifest = read_manifest(StoreLocation.parse(source))
+    index = source / "bm25"
+    index.mkdir()
+    (index / "segments_1").write_bytes(b"lucene")
+    (index / INDEX_RECORD).write_text(json.dumps(indexed_state(manifest)), encoding="utf-8")
+    manifest_bytes = (source / MANIFEST_FILE).read_bytes()
+    result = compact(capsys, str(source), "--output", str(tmp_path / "copy"), "--shards", "1")
+    assert (source / MANIFEST_FILE).read_bytes() == manifest_bytes
+    assert result["bm25_index"] == "carried" and result["shards"] == 1
+    assert same_contents(store_contents(tmp_path / "copy"), store_contents(source))
+    check_index_covers(tmp_path / "copy" / "bm25", read_manifest(StoreLocation.parse(tmp_path / "copy")),
+                       tmp_path / "copy")  # fmt: skip
+    (index / INDEX_RECORD).write_text(json.dumps({**indexed_state(manifest), "appends": 5}), encoding="utf-8")
+    stale = compact(capsys, str(source), "--output", str(tmp_path / "stale"))
+    assert stale["bm25_index"] == "stale" and not (tmp_path / "stale" / "bm25").exists()
+
+
+def test_an_int8_store_and_a_busy_output_are_refused_before_anything_is_written(
+        model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "int8"
+    precompute(model, write_jsonl(tmp_path / "a.jsonl", DOCUMENTS[:2]), store, "--encoding", "int8")
+    capsys.readouterr()
+    assert cli.main(["compact", str(store)]) == 2
+    assert "int8 codes are scaled per shard" in capsys.readouterr().err
+    assert not building_dir(store).exists()
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine", encoding="utf-8")
+    assert cli.main(["compact", str(store), "--output", str(busy)]) == 2
+    assert "exists and is not an empty folder" in capsys.readouterr().err
+    assert (busy / "notes.txt").read_text(encoding="utf-8") == "mine"
