@@ -48,6 +48,7 @@ def _parse_arguments(bench: ModuleType, argv: list[str]) -> Any:
 # How each script parses its command line.
 PARSE: dict[str, Parse] = {
     "bench_codes": _from_sys_argv("main"),
+    "bench_compact": _parse_arguments,
     "bench_codes_heldout": _from_sys_argv("main"),
     "bench_dilbert": _parse_arguments,
     "bench_encode": _main,
@@ -76,6 +77,7 @@ PARSE: dict[str, Parse] = {
 # (script, argv): the first option in argv is the one whose 0 is refused.
 CASES = [
     ("bench_codes", ["--paragraphs", "0"]),
+    ("bench_compact", ["--appends", "0"]),
     ("bench_codes", ["--threads", "0"]),
     ("bench_codes_heldout", ["--train-paragraphs", "0"]),
     ("bench_dilbert", ["--pairs-questions", "0"]),

@@ -134,3 +134,18 @@ def test_the_open_shards_benchmark_compares_a_cap_with_the_default(tmp_path: Pat
     assert (capped["max_open_shards"], capped["shards_kept"]) == (4, 4) and capped["shards_opened"] > 0
     assert (default["max_open_shards"], default["shards_kept"], default["shards_opened"]) == ("default", 12, 0)
     assert "default / old cap:" in capsys.readouterr().out
+
+
+def test_the_compaction_benchmark_measures_an_appended_store_against_its_compaction(tmp_path: Path, capsys) -> None:
+    """benchmarks/bench_compact.py at a tiny size: the compacted store serves every live passage from fewer shards
+    and files, and the report says its states are random (the figure in BENCHMARKS.md comes from it)."""
+    with benchmark_module("bench_compact") as module:
+        module.main(["--passages", "12", "--per-shard", "4", "--appends", "4", "--append-passages", "3",
+                     "--replaced", "1", "--fetches", "5", "--fetch", "4", "--work-dir", str(tmp_path),
+                     "--json-out", str(tmp_path / "r.json")])  # fmt: skip
+    result = json.loads((tmp_path / "r.json").read_text())
+    appended, compacted = result["rows"]["appended"], result["rows"]["compacted"]
+    assert result["passages"] == 12 + 4 * 3 - 4 and result["states"].startswith("random")
+    assert (appended["shards"], compacted["shards"]) == (3 + 4, 5)  # 3 shards for 12 passages, so 5 for 20
+    assert compacted["files"] < appended["files"]
+    assert "compaction:" in capsys.readouterr().out
