@@ -9,6 +9,8 @@ retry keeps it, and when it differs (a non-deterministic upstream) the newer
 one replaces it. Nothing is written into a finalized store. The writer also
 records every file's size and SHA-256 in the shard group's attributes
 (storage/checksums.py), which finalize copies into the manifest.
+`write_encoded_shard` writes rows whose states are already encoded (a
+compaction's copies) the same way, their codes unchanged.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
-import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -252,7 +253,7 @@ def _publish(
     if settings.codebook is not None and settings.encoding.codebook:
         build = {**build, "codebook": STORE_CODEBOOK}
     try:
-        _write_group(temporary, columns, encoded, shard_index, dataclasses.replace(settings, build=build))
+        _write_group(temporary, columns, encoded, shard_index, replace(settings, build=build))
         record_checksums(temporary)
         if settings.durable:
             fsync_tree(temporary)
