@@ -318,10 +318,14 @@ def test_a_2bit_append_to_a_store_without_centroids_keeps_its_scheme(models: dic
 
 
 def start(arguments: list[str], log: Path) -> subprocess.Popen:
-    """`dilstore ARGS` in a new process group, so that SIGKILL reaches every process it started."""
+    """`dilstore ARGS` in a new process group, so that SIGKILL reaches every process it started, with $TMPDIR
+    beside `log`: Beam's `beam-pipeline-temp*` folder, which only a finished `run()` deletes, stays there."""
+    temp = log.with_suffix(".tmp")
+    temp.mkdir(exist_ok=True)
     with log.open("wb") as output:
         return subprocess.Popen([sys.executable, "-m", "dilstore.runners.cli", *arguments], cwd=ROOT, stdout=output,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "TMPDIR": str(temp)})  # fmt: skip
 
 
 def append_markers(store: Path) -> int:

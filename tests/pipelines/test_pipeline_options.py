@@ -8,11 +8,15 @@ portable Runner API (which is what gets submitted to a service).
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -32,6 +36,10 @@ from dilstore.reader.batching import BatchPolicy
 from dilstore.runners.precompute_run import pipeline_failure, run_pipeline
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
+
+if TYPE_CHECKING:
+    from apache_beam import Pipeline as BeamPipeline
+    from apache_beam.options.pipeline_options import PipelineOptions
 
 DATAFLOW_ARGS = ["--project", "p", "--region", "r", "--temp_location", "gs://b/tmp", "--setup_file", "./pyproject.toml"]
 # Beam validates names when a Dataflow pipeline object is made: a real-looking project and bucket.
@@ -92,6 +100,17 @@ def test_dask_gets_the_launchers_cluster_and_one_partition_per_shard() -> None:
     assert (values["address"], values["npartitions"]) == ("tcp://127.0.0.1:8786", 8)
 
 
+@contextlib.contextmanager
+def constructed(built: PrecomputeJob, options: PipelineOptions) -> Iterator[BeamPipeline]:
+    """The pipeline of `built`, never run: Beam deletes the `beam-pipeline-temp*` folder each pipeline makes only in
+    `run()`, so this does, rather than leave one in /tmp per test run."""
+    pipeline = build_pipeline(built, options)
+    try:
+        yield pipeline
+    finally:
+        shutil.rmtree(pipeline.local_tempdir, ignore_errors=True)
+
+
 def test_dataflow_options_are_assembled_and_the_graph_constructs(tmp_path: Path) -> None:
     flags = assemble_beam_flags("DataflowRunner", DATAFLOW_ARGS, LocalDefaults(workers=4))
     options = pipeline_options(flags)
@@ -101,9 +120,9 @@ def test_dataflow_options_are_assembled_and_the_graph_constructs(tmp_path: Path)
     with pytest.raises(DilstoreError, match="Invalid Project ID"):
         build_pipeline(job(tmp_path, "DataflowRunner"), options)
     buildable = pipeline_options(assemble_beam_flags("DataflowRunner", DATAFLOW_BUILD_ARGS, LocalDefaults()))
-    pipeline = build_pipeline(job(tmp_path, "DataflowRunner"), buildable)
-    assert type(pipeline.runner).__name__ == "DataflowRunner"
-    labels = {transform.unique_name for transform in pipeline.to_runner_api().components.transforms.values()}
+    with constructed(job(tmp_path, "DataflowRunner"), buildable) as pipeline:
+        assert type(pipeline.runner).__name__ == "DataflowRunner"
+        labels = {transform.unique_name for transform in pipeline.to_runner_api().components.transforms.values()}
     assert {"Precompute/Read", "Precompute/Route", "Precompute/GroupByShard", "Precompute/WriteGroups",
             "Precompute/Finish"} <= labels
 
@@ -112,9 +131,9 @@ def test_flink_options_are_assembled_and_the_graph_constructs(tmp_path: Path) ->
     options = pipeline_options(assemble_beam_flags("FlinkRunner", FLINK_ARGS, LocalDefaults(workers=4)))
     values = options.get_all_options(drop_default=True)
     assert values == {"runner": "FlinkRunner", "flink_master": "host:8081", "environment_type": "LOOPBACK"}
-    pipeline = build_pipeline(job(tmp_path, "FlinkRunner"), options)
-    assert type(pipeline.runner).__name__ == "FlinkRunner"
-    assert len(pipeline.to_runner_api().components.transforms) > 10
+    with constructed(job(tmp_path, "FlinkRunner"), options) as pipeline:
+        assert type(pipeline.runner).__name__ == "FlinkRunner"
+        assert len(pipeline.to_runner_api().components.transforms) > 10
 
 
 @pytest.mark.parametrize(

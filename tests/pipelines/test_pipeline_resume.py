@@ -54,17 +54,19 @@ def arguments(model: Path, corpus: Path, store: Path, workers: int = 1) -> list[
 
 def start(args: list[str], log: Path, temp: Path | None = None) -> subprocess.Popen:
     """`dilstore ARGS` in a new process group (so that SIGKILL reaches every process it started), with $TMPDIR
-    `temp` if given.
+    `temp` (default: a folder beside `log`), so that what a killed run cannot remove (Beam's `beam-pipeline-temp*`
+    folder, which only a finished `run()` deletes) stays in the test's folder, not in the machine's /tmp.
 
     SIGINT and SIGHUP are reset to their defaults first: a suite started as a background job of a
     non-interactive shell ignores SIGINT (under `nohup`, SIGHUP), an ignored signal stays ignored across exec,
     and the child then takes no handler for it (it stays ignored), so it would finish its run.
     """
-    environment = os.environ if temp is None else {**os.environ, "TMPDIR": str(temp)}
+    temp = temp or log.with_suffix(".tmp")
+    temp.mkdir(exist_ok=True)
     with log.open("wb") as output:
         return subprocess.Popen([sys.executable, "-m", "dilstore.runners.cli", *args], cwd=ROOT, stdout=output,
-                                stderr=subprocess.STDOUT, start_new_session=True, env=environment,
-                                preexec_fn=_default_stop_signals)  # fmt: skip
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "TMPDIR": str(temp)}, preexec_fn=_default_stop_signals)  # fmt: skip
 
 
 def _default_stop_signals() -> None:
