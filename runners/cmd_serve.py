@@ -161,7 +161,7 @@ def serve_on(listeners: list[socket.socket], args: argparse.Namespace, settings:
 
     from dilstore.runners.serve_app import create_app
     from dilstore.runners.serve_protocol import serve_protocol
-    from dilstore.runners.serve_server import StopServer, cancelled_requests_unlogged
+    from dilstore.runners.serve_server import StopServer, cancelled_requests_unlogged, shutdown_timeout_reworded
 
     app = create_app(served, settings)
     config = uvicorn.Config(
@@ -170,7 +170,8 @@ def serve_on(listeners: list[socket.socket], args: argparse.Namespace, settings:
         use_colors=log_colors(os.environ),
     )
     server = StopServer(config)
-    with signals_end_cleanly(), hangup_stops(server), cancelled_requests_unlogged():
+    with signals_end_cleanly(), hangup_stops(server), cancelled_requests_unlogged(), \
+            shutdown_timeout_reworded(args.shutdown_timeout):  # fmt: skip
         server.run(sockets=listeners)
     return 0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Iterator
 from types import FrameType
@@ -34,6 +35,31 @@ class StopServer(uvicorn.Server):
         if self.should_exit:
             self.force_exit = True
         super().handle_exit(sig, frame)
+
+
+# uvicorn/server.py logs this at ERROR when --shutdown-timeout ends the graceful shutdown.
+_SHUTDOWN_TIMEOUT_MESSAGE = "Cancel %s running task(s), timeout graceful shutdown exceeded"
+
+
+@contextlib.contextmanager
+def shutdown_timeout_reworded(seconds: float) -> Iterator[None]:
+    """Inside the block, uvicorn's ERROR for the requests a graceful shutdown cut off at its timeout is a WARNING
+    that names --shutdown-timeout: it is the designed end of a drain (each of them is answered 503), and an
+    operator who alerts on ERROR lines is not paged by every restart a stalled client outlasts."""
+
+    def reword(record: logging.LogRecord) -> bool:
+        if record.msg == _SHUTDOWN_TIMEOUT_MESSAGE:
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+            record.msg = "%s request(s) still unfinished after --shutdown-timeout %g s: answered 503"
+            record.args = (*record.args[:1], seconds)
+        return True
+
+    log = logging.getLogger("uvicorn.error")
+    log.addFilter(reword)
+    try:
+        yield
+    finally:
+        log.removeFilter(reword)
 
 
 @contextlib.contextmanager

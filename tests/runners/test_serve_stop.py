@@ -101,3 +101,21 @@ def test_uvicorn_logs_no_error_for_a_request_a_forced_quit_cancelled(caplog) -> 
         log.error("Exception in ASGI application\n", exc_info=ValueError("a real failure"))
     log.error("Exception in ASGI application\n", exc_info=asyncio.CancelledError())  # the filter is gone
     assert [record.exc_info[0] for record in caplog.records] == [ValueError, asyncio.CancelledError]
+
+
+def test_the_requests_a_shutdown_timeout_cuts_off_are_a_warning_naming_the_option(caplog) -> None:
+    """uvicorn logged them at ERROR, though each is answered 503 as designed (serve44 L1)."""
+    import logging
+
+    from dilstore.runners.serve_server import shutdown_timeout_reworded
+
+    log = logging.getLogger("uvicorn.error")
+    with shutdown_timeout_reworded(2.5):
+        log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", 3)
+        log.error("Exception in ASGI application")
+    log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", 1)  # the filter is gone
+    assert [(record.levelname, record.getMessage()) for record in caplog.records] == [
+        ("WARNING", "3 request(s) still unfinished after --shutdown-timeout 2.5 s: answered 503"),
+        ("ERROR", "Exception in ASGI application"),
+        ("ERROR", "Cancel 1 running task(s), timeout graceful shutdown exceeded"),
+    ]
