@@ -139,7 +139,10 @@ def verify_store(
         return _within(folder, damaged)
 
     shard_rows: dict[int, tuple[list[str], np.ndarray]] = {}
-    store_codebook = None if unreadable(CODEBOOK_DIR) else _store_codebook_names(location)
+    # No shard is checked against what is left of a codebook reported damaged or missing above: each would be blamed
+    # for codes "its codebook has no 'centroids'" to decode (store_codebook_problems names the codebook below).
+    codebook_read = not unreadable(CODEBOOK_DIR) and not reported(CODEBOOK_DIR)
+    store_codebook = _store_codebook_names(location) if codebook_read else None
     progress.phase("shards", len(manifest.shards), "shard")
     for entry in manifest.shards:
         if unreadable(entry.directory):

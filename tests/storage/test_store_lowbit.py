@@ -221,6 +221,24 @@ def test_verify_catches_a_damaged_store_codebook_or_shard_codebook(lowbit_store,
         assert not report.ok and any(relative in problem for problem in report.problems), report.problems
 
 
+@pytest.mark.parametrize("damage", ["metadata", "array", "removed"])
+def test_a_damaged_or_missing_store_codebook_is_named_and_no_shard_is_blamed(lowbit_store, damage: str) -> None:
+    """Each shard was reported as "states/centroid_ids is there, but its codebook has no 'centroids'" beside the
+    codebook's own damage (quant44 M2)."""
+    _, root, _ = lowbit_store
+    if damage == "metadata":
+        (root / CODEBOOK_DIR / "zarr.json").write_text("{not json")
+    elif damage == "array":
+        shutil.rmtree(root / CODEBOOK_DIR / "centroids")
+    else:
+        shutil.rmtree(root / CODEBOOK_DIR)
+    report = verify_store(root)
+    assert not report.ok
+    assert not any("its codebook has no" in problem for problem in report.problems), report.problems
+    assert any(problem.startswith(f"{CODEBOOK_DIR}/") or f"file {CODEBOOK_DIR}/" in problem
+               for problem in report.problems), report.problems  # fmt: skip
+
+
 def test_a_codebook_a_server_fails_to_send_is_one_problem_not_one_per_shard(lowbit_store) -> None:
     """verify took an HTTP 500 on codebook/zarr.json for a store without a codebook and blamed every shard ("its
     codebook has no 'centroids'", "decodes with the store's codebook/, which is missing")."""
