@@ -82,7 +82,7 @@ def run_command(args: argparse.Namespace) -> int:
     before = _footprint(store)
     with write_lock(store):  # no precompute or other compaction writes the store meanwhile
         finish_interrupted_swap(store)
-        with open_store(store, read_path="mmap") as opened:
+        with open_store(store) as opened:  # memory-mapped, or through zarr-python where compressed
             problem = copyable_problem(opened)
             if problem is not None:
                 raise DilstoreError(f"cannot compact {store}: {problem}; `dilstore precompute --overwrite` builds it "

@@ -26,6 +26,7 @@ from dilstore.storage.manifest import read_manifest
 from dilstore.storage.replacement import building_dir
 from dilstore.storage.verify import verify_store
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+from tests.fixtures.store_fixtures import build_store, passage
 
 pytestmark = pytest.mark.slow
 
@@ -127,3 +128,15 @@ def test_an_int8_store_and_a_busy_output_are_refused_before_anything_is_written(
     assert cli.main(["compact", str(store), "--output", str(busy)]) == 2
     assert "exists and is not an empty folder" in capsys.readouterr().err
     assert (busy / "notes.txt").read_text(encoding="utf-8") == "mine"
+
+
+def test_a_compressed_store_compacts_and_stays_compressed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A zstd store was refused: compact opened it memory-mapped, which only uncompressed stores are (quant44 M1)."""
+    store = tmp_path / "zstd"
+    shards = [[passage(f"s{shard}-{row}", 6, (8,), np.random.default_rng([shard, row])) for row in range(3)]
+              for shard in range(3)]  # fmt: skip
+    build_store(store, shards, compressor="zstd")
+    before = store_contents(store)
+    result = compact(capsys, str(store), "--shards", "1")
+    assert result["shards"] == 1 and read_manifest(StoreLocation.parse(store)).compressor == "zstd"
+    assert same_contents(store_contents(store), before)
