@@ -71,10 +71,27 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
     if before_command:
         parser.error(f"unrecognized arguments: {' '.join(before_command)} (a command's options go after it)")
     if unknown and not hasattr(args, "beam_args"):
+        args, unknown = _positionals_between_options(parser, args, words, unknown)
+    if unknown and not hasattr(args, "beam_args"):
         chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if hasattr(args, "beam_args"):
         args.beam_args = list(unknown)
     return args
+
+
+def _positionals_between_options(parser: argparse.ArgumentParser, args: argparse.Namespace, words: list[str],
+                                 unknown: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The command's words parsed again with its positionals gathered from between its options; what is left over.
+
+    argparse fills every positional from the first run of them, so `ask STORE --json QUESTION` left an optional
+    QUESTION empty and the question over, as an unrecognized argument. Only a command without subcommands of its
+    own is parsed so (argparse's intermixed parsing takes none).
+    """
+    command = chosen_parser(parser, args)
+    if args.command not in words or command.prog.split()[1:] != [args.command]:
+        return args, unknown
+    again, unknown = command.parse_known_intermixed_args(words[words.index(args.command) + 1:])
+    return argparse.Namespace(**{**vars(args), **vars(again)}), unknown
 
 
 def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:

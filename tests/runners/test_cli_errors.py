@@ -541,3 +541,24 @@ def test_a_ctrl_c_inside_a_library_call_prints_only_its_one_line(how: str, line:
     )  # fmt: skip
     assert result.returncode == 130, result.stderr
     assert result.stderr == line
+
+
+@pytest.mark.parametrize("argv", [["ask", "st", "--json", "Who?"], ["ask", "--json", "st", "Who?"],
+                                  ["ask", "st", "Who?", "--json"]])  # fmt: skip
+def test_an_option_between_the_store_and_the_question_is_taken(argv: list[str]) -> None:
+    """`ask STORE --json QUESTION` was "unrecognized arguments: QUESTION": argparse fills every positional from their
+    first run (quant44 L2)."""
+    from dilstore.runners.cli import build_parser, parse
+
+    args = parse(build_parser(), argv)
+    assert (args.store, args.question, args.json) == ("st", "Who?", True)
+
+
+def test_words_no_positional_takes_are_still_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from dilstore.runners.cli import build_parser, parse
+
+    for argv in (["ask", "st", "--json", "one", "two"], ["verify", "st", "--json", "extra"]):
+        with pytest.raises(SystemExit) as stopped:
+            parse(build_parser(), argv)
+        assert stopped.value.code == 2
+        assert f"dilstore {argv[0]}: error: unrecognized arguments: {argv[-1]}" in capsys.readouterr().err
