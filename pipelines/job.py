@@ -183,6 +183,15 @@ def _both_values(name: str, old: Any, new: Any) -> str:
     return f": the store's {'none' if old is None else repr(old)}, this run's {'none' if new is None else repr(new)}"
 
 
+def compacted_from(found: dict[str, Any] | None, spec: dict[str, Any]) -> bool:
+    """Whether `found` is the spec `dilstore compact` wrote for a store first built with `spec`: the same but for
+    its shard count and the `compacted` record (a re-run of the first build's command finds that store complete,
+    as it did before the compaction, and is not told to --overwrite it, which would drop its appends)."""
+    if not isinstance(found, dict) or "compacted" not in found:
+        return False
+    return {**found, "shards": None, "compacted": None} == {**spec, "shards": None, "compacted": None}
+
+
 def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
     """Make `store` ready for this run's spec; True when it is already complete with that spec.
 
@@ -198,7 +207,7 @@ def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
         raise DilstoreError(f"--output {store} exists and is not a directory")
     if store.is_dir() and any(store.iterdir()):
         found = read_spec(store)
-        if found == spec:
+        if found == spec or compacted_from(found, spec):
             return (store / MANIFEST_FILE).is_file()
         if found is None and not (store / MANIFEST_FILE).is_file():
             raise DilstoreError(

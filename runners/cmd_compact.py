@@ -5,11 +5,13 @@ were, so a store appended to often grows in files and bytes, and in the time it 
 and verify. `compact` writes the passages the store serves into new shards, as a fresh build would place
 them, states copied byte for byte (storage/compact.py), and finalizes the result as a new build.
 
-Without --output the new store is built beside STORE (`.STORE.dilstore-building`) under STORE's write lock and
-then swapped in, as `precompute --overwrite` does: a failed or killed compaction leaves STORE as it was.
-Readers that have STORE open are told it was rebuilt on their next lookup (reopen it). With --output DIR,
-STORE is left as it is and the compacted copy is written to DIR. A BM25 index (`STORE/bm25`) that covers the
-store as it is comes along; a stale one does not (run `dilstore index` again).
+Without --output the new store is built beside STORE (`.STORE.dilstore-building`, which needs free space for
+the store's live rows) under STORE's write lock and then swapped in, as `precompute --overwrite` does: a failed
+or killed compaction leaves STORE as it was, and the next `compact` or `precompute` of STORE finishes a swap a
+kill cut short. A store that is compact already (no appends, no superseded rows, the shard count asked for) is
+left as it is. Readers that have STORE open are told it was rebuilt on their next lookup (reopen it). With
+--output DIR, STORE is left as it is and the compacted copy is written to DIR. A BM25 index (`STORE/bm25`) that
+covers the store as it is comes along; a stale one does not (run `dilstore index` again).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 from dilstore.runners.arg_types import positive_int
 from dilstore.storage.errors import DilstoreError
 
+# Live tokens a compacted shard holds by default: about what precompute's default shard (1 MiB of input) holds.
+SHARD_TOKENS = 1 << 18
+
 if TYPE_CHECKING:
     from dilstore.storage.compact import Compaction
     from dilstore.storage.manifest import Manifest
-    from dilstore.storage.reader import Store
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,58 +47,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("store", metavar="STORE", help="a store written by `dilstore precompute` (a local folder)")
     parser.add_argument("--output", metavar="DIR", help="write the compacted store to DIR (absent or empty) and "
                         "leave STORE as it is (default: replace STORE)")  # fmt: skip
-    parser.add_argument("--shards", type=positive_int, help="shards of the compacted store (default: as many as "
-                        "the store's first build had, more in proportion to the passages appends added)")  # fmt: skip
+    parser.add_argument("--shards", type=positive_int, help="shards of the compacted store (default: one per "
+                        f"{SHARD_TOKENS:,} tokens the store serves, at most as many as it has now)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (none with --json)")
     parser.set_defaults(run=run_command)
 
 
-def default_shards(manifest: Manifest, first_build_shards: int | None) -> int:
-    """The first build's shard count, times the live passages over the passages it stored (at least 1)."""
-    first = [entry for entry in manifest.shards if entry.generation is None]
-    shards = first_build_shards or max(len(first), 1)
-    first_passages = sum(entry.passages for entry in first)
-    if first_passages and manifest.passages > first_passages:
-        shards = round(shards * manifest.passages / first_passages)
-    return max(1, shards)
+def default_shards(manifest: Manifest) -> int:
+    """One shard per SHARD_TOKENS live tokens, at least 1 and never more shards than the store has now."""
+    wanted = max(1, math.ceil(manifest.tokens / SHARD_TOKENS))
+    return min(wanted, max(1, len(manifest.shards)))
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Compact STORE in place or into --output; print what changed; 0 on success."""
     from dilstore.pipelines.sharding import MAX_DEFAULT_SHARDS
     from dilstore.runners.cmd_index import local_store
-    from dilstore.storage.durability import remove_path
-    from dilstore.storage.compact import copyable_problem
     from dilstore.storage.format import MANIFEST_FILE
-    from dilstore.storage.reader import open_store
-    from dilstore.storage.replacement import building_dir, finish_interrupted_swap, swap_in
+    from dilstore.storage.replacement import finish_interrupted_swap, swap_in
     from dilstore.storage.write_lock import write_lock
 
-    store = local_store(args.store)
-    if not (store / MANIFEST_FILE).is_file():
-        raise DilstoreError(f"no finished store at {store} (no {MANIFEST_FILE}); give a folder `dilstore "
-                            "precompute` finished")  # fmt: skip
+    store = local_store(args.store).resolve()  # a link to the store: the store it names is compacted, the link kept
     if args.shards is not None and args.shards > MAX_DEFAULT_SHARDS:
         raise DilstoreError(f"--shards {args.shards} is more than {MAX_DEFAULT_SHARDS}, the most a store is split into")
-    output = None if args.output is None else _output_folder(Path(args.output), store)
+    output = None if args.output is None else _output_folder(Path(args.output).resolve(), store)
     started = time.time()
-    before = _footprint(store)
     with write_lock(store):  # no precompute or other compaction writes the store meanwhile
-        finish_interrupted_swap(store)
-        with open_store(store) as opened:  # memory-mapped, or through zarr-python where compressed
-            problem = copyable_problem(opened)
-            if problem is not None:
-                raise DilstoreError(f"cannot compact {store}: {problem}; `dilstore precompute --overwrite` builds it "
-                                    "again with other shards")  # fmt: skip
-            target = output or building_dir(store)
-            remove_path(target)  # a building folder a killed compaction or overwrite left; an empty --output
-            try:
-                result, index = _compact_into(opened, store, target, args.shards,
-                                              show_progress=not (args.no_progress or args.json))  # fmt: skip
-            except BaseException:
-                remove_path(target)  # nothing half-built is left; STORE is as it was
-                raise
+        finish_interrupted_swap(store)  # a compaction or overwrite killed between its renames
+        if not (store / MANIFEST_FILE).is_file():
+            raise DilstoreError(f"no finished store at {store} (no {MANIFEST_FILE}); give a folder `dilstore "
+                                "precompute` finished")  # fmt: skip
+        before = _footprint(store)
+        compact = None if output is not None else already_compact(store, args.shards)
+        if compact is not None:
+            if args.json:
+                print(json.dumps({"store": str(store), "already_compact": True, "reason": compact}, indent=1))
+            else:
+                print(f"dilstore compact: {store} is compact already ({compact}); nothing was written", file=sys.stderr)
+            return 0
+        target = output or _building_folder(store)
+        result, index = _compact_into(store, target, args.shards, before["bytes"],
+                                      show_progress=not (args.no_progress or args.json))  # fmt: skip
         if output is None:
             swap_in(store, target)
     summary = _summary(store, output, result, before, _footprint(output or store), index, time.time() - started)
@@ -103,6 +97,43 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         print(_summary_line(summary), file=sys.stderr)
     return 0
+
+
+def already_compact(store: Path, shards: int | None) -> str | None:
+    """Why compacting `store` in place would write the same store again, in words (no appends, no superseded rows,
+    and the shard count asked for, or the default's), or None when it would not."""
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
+
+    manifest = read_manifest(StoreLocation.parse(store))
+    count = shards or default_shards(manifest)
+    if manifest.appends or manifest.superseded_passages or len(manifest.shards) != count:
+        return None
+    return f"{manifest.passages:,} passages in {count} shard{'s' if count != 1 else ''}, no appends, no superseded rows"
+
+
+def _building_folder(store: Path) -> Path:
+    """The folder beside STORE the compacted store is built in, emptied of what a killed compaction left there; one
+    a killed `precompute --overwrite` left (it resumes from it) is not deleted, but named."""
+    from dilstore.pipelines.job import read_spec
+    from dilstore.storage.durability import remove_path
+    from dilstore.storage.replacement import building_dir
+
+    building = building_dir(store)
+    if building.is_dir() and any(building.iterdir()) and "compacted" not in (read_spec(building) or {}):
+        raise DilstoreError(f"{building} holds the new store a stopped `dilstore precompute --overwrite` of {store} "
+                            "was building: run that command again to finish it, or delete the folder, then compact")
+    remove_path(building)
+    return building
+
+
+def _check_room(target: Path, needed: int) -> None:
+    """A DilstoreError when the disk `target` goes on has less free space than the compacted store needs."""
+    free = shutil.disk_usage(next(folder for folder in (target, *target.parents) if folder.is_dir())).free
+    if free < needed:
+        raise DilstoreError(f"compacting needs about {needed / 1e6:,.1f} MB free for the compacted copy at {target} "
+                            f"(the store's live rows), and its disk has {free / 1e6:,.1f} MB: free space, or give "
+                            "--output on another disk")  # fmt: skip
 
 
 def _output_folder(output: Path, store: Path) -> Path:
@@ -115,30 +146,45 @@ def _output_folder(output: Path, store: Path) -> Path:
     return output
 
 
-def _compact_into(opened: Store, store: Path, target: Path, shards: int | None, *, show_progress: bool
+def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: int, *, show_progress: bool
                   ) -> tuple[Compaction, str]:
-    """Write the open `store` compacted into `target` (its spec file first, so that a later precompute knows it),
-    and bring the BM25 index along when it covers the store; the compaction, and what became of the index."""
+    """Write `store` compacted into `target` (its spec file first, so that a later precompute knows it), and
+    bring the BM25 index along when it covers the store; the compaction, and what became of the index. A failure
+    leaves nothing of `target` (an --output folder that was empty is removed too)."""
     from tqdm import tqdm
 
     from dilstore.pipelines.job import SPEC_FILE, read_spec, spec_generation, spec_json
     from dilstore.pipelines.sharding import shard_of
     from dilstore.storage.atomic_files import atomic_write_text
-    from dilstore.storage.compact import compact_store
+    from dilstore.storage.compact import compact_store, copyable_problem
+    from dilstore.storage.durability import remove_path
+    from dilstore.storage.reader import open_store
 
-    manifest = opened.manifest
-    spec = read_spec(store) or {}
-    count = shards or default_shards(manifest, spec.get("shards"))
-    appends = [record.get("generation") for record in manifest.appends]
-    compacted = {**spec, "shards": count, "compacted": {"generation": manifest.generation, "appends": appends}}
-    target.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(target / SPEC_FILE, spec_json(compacted))
-    bar = tqdm(total=manifest.passages, unit="passage", desc="compact", file=sys.stderr, dynamic_ncols=True,
-               mininterval=0.5, disable=not show_progress)  # fmt: skip
-    with bar:
-        result = compact_store(opened, target, lambda passage_id: shard_of(passage_id, count),
-                               generation=spec_generation(compacted), progress=bar.update)  # fmt: skip
-    return result, _carry_index(store, manifest, target, result.manifest)
+    with open_store(store) as opened:  # memory-mapped, or through zarr-python where compressed
+        problem = copyable_problem(opened)
+        if problem is not None:
+            raise DilstoreError(f"cannot compact {store}: {problem}; `dilstore precompute --overwrite` builds it "
+                                "again with other shards")  # fmt: skip
+        manifest = opened.manifest
+        live = manifest.tokens / max(1, manifest.tokens + manifest.superseded_tokens)
+        _check_room(target, int(store_bytes * live))
+        spec = read_spec(store) or {}
+        count = shards or default_shards(manifest)
+        appends = [record.get("generation") for record in manifest.appends]
+        compacted = {**spec, "shards": count, "compacted": {"generation": manifest.generation, "appends": appends}}
+        try:
+            remove_path(target)  # an empty --output
+            target.mkdir(parents=True)
+            atomic_write_text(target / SPEC_FILE, spec_json(compacted))
+            bar = tqdm(total=manifest.passages, unit="passage", desc="compact", file=sys.stderr, dynamic_ncols=True,
+                       mininterval=0.5, disable=not show_progress)  # fmt: skip
+            with bar:
+                result = compact_store(opened, target, lambda passage_id: shard_of(passage_id, count),
+                                       generation=spec_generation(compacted), progress=bar.update)  # fmt: skip
+            return result, _carry_index(store, manifest, target, result.manifest)
+        except BaseException:
+            remove_path(target)  # nothing half-built is left; STORE is as it was
+            raise
 
 
 def _carry_index(store: Path, old: Manifest, target: Path, new: Manifest) -> str:

@@ -372,9 +372,11 @@ def check_foreign_codebook(codebook: Path, job: PrecomputeJob, reader: OfflineMo
 def check_output_location(output: Path, append: bool) -> None:
     """--output's refusals that need no model, made before the write lock, which would create the folder's parents
     for a run refused anyway: a file, a folder inside another store, and for --append a folder that is not there."""
+    from dilstore.storage.replacement import replaced_dir
+
     check_output_folder(output, "--output")
     refuse_store_inside_store(output, "--output")
-    if append and not output.is_dir():
+    if append and not output.is_dir() and not replaced_dir(output).is_dir():  # else a swap to finish, under the lock
         raise DilstoreError(f"no store at {output.resolve()}")
 
 

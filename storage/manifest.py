@@ -222,12 +222,14 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
 
 
 def _interrupted_swap(location: StoreLocation) -> str:
-    """What to say where no store is because a `precompute --overwrite` was killed between swap_in's renames."""
+    """What to say where no store is because a `precompute --overwrite` or `compact` was killed between swap_in's
+    renames."""
     local = location.local_root
     if local is None or not replaced_dir(local).is_dir():
         return ""
-    return (f": a `dilstore precompute --overwrite` was stopped while it put a new store here (the old one is in "
-            f"{replaced_dir(local).name}); the next `dilstore precompute` of this store finishes it")
+    return (f": a `dilstore precompute --overwrite` or `dilstore compact` was stopped while it put a new store here "
+            f"(the old one is in {replaced_dir(local).name}); the next `dilstore precompute` or `dilstore compact` of "
+            "this store finishes it")
 
 
 def read_manifest(location: StoreLocation) -> Manifest:

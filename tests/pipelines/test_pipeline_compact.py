@@ -23,7 +23,7 @@ from dilstore.storage.collection import collection_dir
 from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
-from dilstore.storage.replacement import building_dir
+from dilstore.storage.replacement import building_dir, replaced_dir
 from dilstore.storage.verify import verify_store
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
 from tests.fixtures.store_fixtures import build_store, passage
@@ -119,7 +119,7 @@ def test_an_int8_store_and_a_busy_output_are_refused_before_anything_is_written(
     store = tmp_path / "int8"
     precompute(model, write_jsonl(tmp_path / "a.jsonl", DOCUMENTS[:2]), store, "--encoding", "int8")
     capsys.readouterr()
-    assert cli.main(["compact", str(store)]) == 2
+    assert cli.main(["compact", str(store), "--shards", "2"]) == 2  # one shard now: compact already without it
     assert "int8 codes are scaled per shard" in capsys.readouterr().err
     assert not building_dir(store).exists()
     busy = tmp_path / "busy"
@@ -140,3 +140,83 @@ def test_a_compressed_store_compacts_and_stays_compressed(tmp_path: Path, capsys
     result = compact(capsys, str(store), "--shards", "1")
     assert result["shards"] == 1 and read_manifest(StoreLocation.parse(store)).compressor == "zstd"
     assert same_contents(store_contents(store), before)
+
+
+def test_the_first_build_command_still_finds_the_compacted_store_complete(
+        model: Path, appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was refused as "other settings (compacted, shards)", with a hint to --overwrite that would have dropped
+    every appended passage (compact44 M1)."""
+    store = tmp_path / "store"
+    shutil.copytree(appended, store)
+    compact(capsys, str(store))
+    manifest_bytes = (store / MANIFEST_FILE).read_bytes()
+    precompute(model, appended.parent / "a.jsonl", store)
+    assert "is already complete with these settings" in capsys.readouterr().err
+    assert (store / MANIFEST_FILE).read_bytes() == manifest_bytes
+
+
+def test_a_swap_a_kill_cut_short_is_finished_by_the_next_compact_or_append(
+        model: Path, appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Killed between its two renames, a compaction left no STORE: `compact` and `precompute --append` said there
+    was no store (compact44 M2)."""
+    for command in ("compact", "append"):
+        store = tmp_path / command
+        shutil.copytree(appended, replaced_dir(store))  # the old store, put aside
+        assert cli.main(["compact", str(replaced_dir(store)), "--output", str(building_dir(store)),
+                         "--no-progress"]) == 0  # the new one, complete  # fmt: skip
+        before = store_contents(building_dir(store))
+        if command == "compact":
+            assert cli.main(["compact", str(store), "--no-progress"]) == 0
+        else:
+            precompute(model, write_jsonl(tmp_path / "c.jsonl", DOCUMENTS[9:]), store, "--append")
+        assert not replaced_dir(store).exists() and not building_dir(store).exists()
+        after = store_contents(store)
+        assert set(before) <= set(after) and verify_store(store).ok
+
+
+def test_a_link_to_the_store_stays_a_link_and_a_stopped_overwrites_build_is_kept(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through a link, the link was replaced by a compacted copy and the store left as it was; and a stopped
+    `precompute --overwrite`'s folder, which its re-run resumes from, was deleted (compact44 M3, L2)."""
+    store, link = tmp_path / "store", tmp_path / "link"
+    shutil.copytree(appended, store)
+    link.symlink_to(store)
+    result = compact(capsys, str(link))
+    assert link.is_symlink() and result["store"] == str(store) and result["appends_before"] == 2
+    assert read_manifest(StoreLocation.parse(store)).appends == ()
+    building = building_dir(store)
+    building.mkdir()
+    (building / "precompute.json").write_text(json.dumps({"inputs": [], "shards": 4}), encoding="utf-8")
+    (building / "shards").mkdir()
+    assert cli.main(["compact", str(store), "--shards", "2"]) == 2
+    assert "a stopped `dilstore precompute --overwrite`" in capsys.readouterr().err and (building / "shards").is_dir()
+
+
+def test_a_store_compact_already_is_left_and_a_full_disk_is_said_before_writing(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(appended, store)
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=1000))
+    assert cli.main(["compact", str(store)]) == 2
+    assert "compacting needs about" in capsys.readouterr().err and not building_dir(store).exists()
+    monkeypatch.undo()
+    compact(capsys, str(store))
+    manifest_bytes = (store / MANIFEST_FILE).read_bytes()
+    again = compact(capsys, str(store))
+    assert again["already_compact"] is True and (store / MANIFEST_FILE).read_bytes() == manifest_bytes
+
+
+def test_the_default_shard_count_follows_the_tokens_served_and_never_grows() -> None:
+    """A store of 1 passage in 4 shards, then 200 appended, went to 175 shards (compact44 H1)."""
+    from types import SimpleNamespace
+
+    from dilstore.runners.cmd_compact import SHARD_TOKENS, default_shards
+
+    def manifest(tokens: int, shards: int) -> SimpleNamespace:
+        return SimpleNamespace(tokens=tokens, shards=[object()] * shards)
+
+    assert default_shards(manifest(8_000, 175)) == 1
+    assert default_shards(manifest(10 * SHARD_TOKENS + 1, 30)) == 11
+    assert default_shards(manifest(100 * SHARD_TOKENS, 30)) == 30
+    assert default_shards(manifest(0, 0)) == 1
