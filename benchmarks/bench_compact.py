@@ -4,7 +4,7 @@ Every append adds at least one shard, and `--replace` leaves superseded rows on 
 daily grows in files, bytes and manifest, and in what opening, fetching and verifying it cost (storage43 M2).
 This builds one synthetic store (random states, `bench_scale`'s passages) of `--passages` passages, appends
 `--appends` times `--append-passages` passages, each append replacing `--replaced` passages of the one before,
-compacts it with `storage.compact.compact_store` (precompute's routing, the first build's shard count), and
+compacts it with `storage.compact.compact_store` (precompute's routing, `dilstore compact`'s default shards), and
 measures both stores in one process: files and bytes on disk, manifest size, a warm open, the first fetch of
 every passage, fetches of 29 random passages (one `ask` at top-p 29) and `verify`.
 
@@ -30,6 +30,7 @@ from bench_scale import DIM, build_store, fingerprint, passage_id, shard_records
 
 from dilstore.pipelines.sharding import shard_of
 from dilstore.runners.arg_types import non_negative_int, positive_int
+from dilstore.runners.cmd_compact import default_shards
 from dilstore.storage.append import commit_append, first_free_shard
 from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook
 from dilstore.storage.compact import compact_store
@@ -110,10 +111,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for folder in (source, compacted):
         shutil.rmtree(folder, ignore_errors=True)
     appended_store(source, args)
-    first_shards = -(-args.passages // args.per_shard)
     with open_store(source) as store:
         live = store.manifest.passages
-        shards = max(1, round(first_shards * live / args.passages))
+        shards = default_shards(store.manifest)
         start = time.perf_counter()
         compact_store(store, compacted, lambda passage: shard_of(passage, shards), generation=COMPACTED_GENERATION)
         compact_s = time.perf_counter() - start
