@@ -9,7 +9,7 @@ Without --output the new store is built beside STORE (`.STORE.dilstore-building`
 the store's live rows) under STORE's write lock and then swapped in, as `precompute --overwrite` does: a failed
 or killed compaction leaves STORE as it was, and the next `compact` or `precompute` of STORE finishes a swap a
 kill cut short. A store that is compact already (no appends, no superseded rows, the shard count asked for) is
-left as it is. Readers that have STORE open are told it was rebuilt on their next lookup (reopen it). With
+left as it is. Readers that have STORE open are told it was rebuilt (README: when). With
 --output DIR, STORE is left as it is and the compacted copy is written to DIR. A BM25 index (`STORE/bm25`) that
 covers the store as it is comes along; a stale one does not (run `dilstore index` again).
 """

@@ -222,11 +222,17 @@ class Store:
                 return  # one read at a time: a silent server held a thread per /health until the pool ran out
             self._build_checked, self._build_checking = time.monotonic(), True
         try:
-            now = parse_manifest(self.location.read_bytes(MANIFEST_FILE), self.location.path(MANIFEST_FILE)).generation
-        except Exception:  # noqa: BLE001 - unreachable or unreadable for now: one answer of a server proves nothing
-            return
+            self._refuse_if_rebuilt()
         finally:
             self._build_checking = False
+
+    def _refuse_if_rebuilt(self) -> None:
+        """A StoreChangedError when the store's manifest now names another build than the one opened; nothing when
+        it names this one or cannot be read (unreachable or unreadable for now: one answer proves nothing)."""
+        try:
+            now = parse_manifest(self.location.read_bytes(MANIFEST_FILE), self.location.path(MANIFEST_FILE)).generation
+        except Exception:  # noqa: BLE001 - see the docstring
+            return
         if now != self.manifest.generation:
             raise StoreChangedError(f"the store at {self.url} was rebuilt (build {now!r}, opened as build "
                                     f"{self.manifest.generation!r}): open it again")  # fmt: skip
@@ -273,8 +279,12 @@ class Store:
         if entry is None:  # a caller's bad index, or an id index that names a shard the manifest lacks
             raise StoreFormatError(f"store {self.url} has no shard {index!r:.40}: its manifest lists shards "
                                    f"{listed(sorted(self.manifest.shard_by_index), quoted=False)}")  # fmt: skip
-        reader = ShardReader(self.location, entry.directory, read_path=self._read_path,
-                             store_codebook=self._loaded_codebook)
+        try:
+            reader = ShardReader(self.location, entry.directory, read_path=self._read_path,
+                                 store_codebook=self._loaded_codebook)
+        except StoreFormatError:
+            self._refuse_if_rebuilt()  # a shard of the opened build gone with it (an overwrite, a compaction)
+            raise
         found = reader.attributes
         expected = entry.generation if entry.generation is not None else self.manifest.generation
         if found.generation != expected:

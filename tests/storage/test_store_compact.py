@@ -160,3 +160,19 @@ def test_write_encoded_shard_names_the_passage_with_wrong_arrays_and_refuses_per
                             **{**write, "encoding": "int8"})  # fmt: skip
     written = write_encoded_shard(tmp_path, 0, [encoded("ok", {"values": np.ones((3, DIMS), np.float16)})], **write)
     assert written.passages == 1 and written.tokens == 3
+
+
+def test_a_reader_opened_before_a_compaction_swapped_in_is_told_the_store_was_rebuilt(tmp_path: Path) -> None:
+    """A shard it had not opened yet is gone with the old build: that read said "cannot open shard ...
+    GroupNotFoundError", as if the store were damaged (compact44 L1)."""
+    from dilstore.storage.reader import StoreChangedError
+    from dilstore.storage.replacement import building_dir, swap_in
+
+    source = appended_store(tmp_path / "store", [records(["a", "b"], 1)], records(["c"], 2), encoding="fp32")
+    reader = open_store(source)
+    reader.fetch(["a"])  # shard 0 open; the append's shard 1 not yet
+    compact(source, building_dir(source), 1)
+    swap_in(source, building_dir(source))
+    with pytest.raises(StoreChangedError, match=f"the store at {source} was rebuilt .*: open it again"):
+        reader.fetch(["c"])
+    reader.close()
