@@ -18,6 +18,13 @@ _SETTINGS = ("max_query_length", "pair_batch_tokens", "max_pairs_per_batch")
 _STAGE_LABELS = {"query_layers": "query layers", "store_read": "store read", "judge": "judge"}
 
 
+def run_tag(text: str) -> str:
+    """--tag: one word, as a TREC run's last column must be (refused before any query is reranked)."""
+    if not text or len(text.split()) != 1 or text.strip() != text or text.startswith("\ufeff"):
+        raise argparse.ArgumentTypeError(f"expected one word with no spaces, got {text!r}")
+    return text
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `rerank` subcommand."""
     parser = subparsers.add_parser(
@@ -29,8 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "the judger blocks per (query, document) pair over the stored S1 states or S2 keys and values. "
             "Listformer (listformer): the query's layers 1..k run once, then layers k+1..l over the query and "
             "all its top --depth documents' stored states in one pass. Documents below --depth follow the "
-            "reranked ones in their first-stage order. The run is written atomically with the tag "
-            "'dilstore-earl' or 'dilstore-listformer'."
+            "reranked ones in their first-stage order. The run is written atomically with the tag --tag "
+            "(default 'dilstore-earl' or 'dilstore-listformer')."
         ),
     )
     parser.add_argument(
@@ -42,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="first-stage TREC run: qid Q0 docid rank score tag",
     )  # fmt: skip
     parser.add_argument("--output", type=Path, required=True, help="where to write the reranked TREC run")
+    parser.add_argument("--tag", type=run_tag, help="the run's tag, its last column, one word (default: "
+                        "dilstore-earl or dilstore-listformer, by the store's kind)")  # fmt: skip
     parser.add_argument(
         "--model", type=Path,
         help="the ranker checkpoint that made STORE: an EARL ranker or a Listformer (default: the packaged EARL "
@@ -107,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         reranked, stats = reranker.rerank_run(
             topics, first_stage, depth, skip_missing=args.skip_missing, on_query=lambda _: bar.update()
         )
-    write_run(args.output, reranked, tag=reranker.run_tag)
+    write_run(args.output, reranked, tag=args.tag or reranker.run_tag)
     encoding = reranker.store.fingerprint.encoding  # what the states were read from
     summary = {**stats.to_dict(), "depth": depth, "output": str(args.output), "encoding": encoding}
     if args.json:

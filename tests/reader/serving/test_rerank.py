@@ -388,6 +388,24 @@ def test_cli_writes_a_trec_run_ordered_by_the_model(
         np.testing.assert_allclose([run[qid][d] for d in expected], list(expected.values()), atol=1e-4)
 
 
+def test_cli_tags_the_run_with_tag_and_refuses_a_tag_of_two_words_before_reranking(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Every run was tagged dilstore-earl, whatever the store or model, so pooled runs could not be told apart
+    (rank44 L1)."""
+    arguments = write_inputs(tmp_path, FIRST_STAGE)
+    status, _, err = cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--tag", "earl-s1-d4",
+                         "--depth", 4, "--no-progress", "--threads", 1)  # fmt: skip
+    assert status == 0, err
+    assert {line.split()[5] for line in (tmp_path / "out.trec").read_text().splitlines()} == {"earl-s1-d4"}
+    (tmp_path / "out.trec").unlink()
+    with pytest.raises(SystemExit) as stopped:  # a usage error, before the store or model is opened
+        cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--tag", "two words")
+    assert stopped.value.code == 2
+    assert "argument --tag: expected one word with no spaces, got 'two words'" in capsys.readouterr().err
+    assert not (tmp_path / "out.trec").exists()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_cli_reranks_a_store_at_an_http_url_like_the_local_path(
     kind: str, store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
