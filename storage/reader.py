@@ -15,6 +15,7 @@ between threads; processes open their own (or inherit one across fork).
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -91,6 +92,7 @@ class Store:
         self._closed = False
         self._build_checked = -math.inf  # when `_check_build` last read the manifest at the store's URL
         self._build_checking = False  # whether a `_check_build` is reading it now
+        self._manifest_seen = self._manifest_identity()  # what `_refuse_if_replaced` compares with
 
     @property
     def url(self) -> str:
@@ -169,6 +171,8 @@ class Store:
         """
         passage_ids = as_list(passage_ids, "fetch takes a list of passage ids")
         index = self._live_index()
+        if self._read_path != "mmap":
+            self._refuse_if_replaced()
         self._check_watched_files(passage_ids, index)
         self._open_concurrently(passage_ids, index)
         shards, rows, missing = index.locate(passage_ids, self._id_at)
@@ -180,7 +184,11 @@ class Store:
             )
         touched = [(self.shard(shard), np.flatnonzero(shards == shard)) for shard in np.unique(shards).tolist()]
         requests = [reader.requests(rows[positions]) for reader, positions in touched]
-        parts = iter(read_ranges([request for shard_requests in requests for request in shard_requests]))  # one round
+        try:
+            parts = iter(read_ranges([request for shard_requests in requests for request in shard_requests]))
+        except StoreFormatError:
+            self._refuse_if_rebuilt()  # rebuilt between the check above and the reads: not damage
+            raise
         passages: list[StoredPassage | None] = [None] * len(passage_ids)
         for (reader, positions), shard_requests in zip(touched, requests, strict=True):
             read = reader.passages(rows[positions], [next(parts) for _ in shard_requests])
@@ -225,6 +233,28 @@ class Store:
             self._refuse_if_rebuilt()
         finally:
             self._build_checking = False
+
+    def _manifest_identity(self) -> tuple[int, ...] | None:
+        """The local manifest file's device, inode and modification time (None for a store at a URL, () when the
+        file is gone): what changes when the store is rebuilt or appended to."""
+        root = self.location.local_root
+        if root is None:
+            return None
+        try:
+            status = os.stat(root / MANIFEST_FILE)
+        except OSError:
+            return ()
+        return status.st_dev, status.st_ino, status.st_mtime_ns
+
+    def _refuse_if_replaced(self) -> None:
+        """On a local store read by path (compressed: zarr-python opens a chunk's file when it reads it), a
+        StoreChangedError once the store was rebuilt in place (`precompute --overwrite`, `compact`): the old names
+        would hold another build's bytes, read as damage (a checksum) or, worse, as other passages. One stat of
+        the manifest a lookup; an append replaces the manifest too, and is let through (the same build)."""
+        now = self._manifest_identity()
+        if now != self._manifest_seen:
+            self._refuse_if_rebuilt()
+            self._manifest_seen = now
 
     def _refuse_if_rebuilt(self) -> None:
         """A StoreChangedError when the store's manifest now names another build than the one opened; nothing when

@@ -27,7 +27,7 @@ from dilstore.storage.reader import open_store
 from dilstore.storage.records import EncodedPassage, PassageRecord
 from dilstore.storage.verify import verify_store
 from dilstore.storage.writer import write_encoded_shard, write_shard
-from tests.fixtures.store_fixtures import fingerprint_for, passage, scratch_dir
+from tests.fixtures.store_fixtures import build_store, fingerprint_for, passage, scratch_dir
 
 APPEND = "a1b2c3d4e5f60718"
 COMPACTED = "0f1e2d3c4b5a6978"
@@ -178,3 +178,26 @@ def test_a_reader_opened_before_a_compaction_swapped_in_is_told_the_store_was_re
     with pytest.raises(StoreChangedError, match=f"the store at {source} was rebuilt .*: open it again"):
         reader.fetch(["c"])
     reader.close()
+
+
+@pytest.mark.parametrize("compressor", ["zstd", "blosc"])
+def test_a_compressed_store_read_by_path_is_told_it_was_rebuilt_even_in_a_shard_it_has_open(
+        compressor: str, tmp_path: Path) -> None:
+    """zarr-python opens a chunk's file when it reads it: after a compaction swapped in, an open shard read the new
+    build's files under the old names, "cannot be decoded (checksum) ... damaged, run `dilstore verify`"
+    (review44 M1), or another passage's bytes where the sizes agreed."""
+    from dilstore.storage.reader import StoreChangedError
+    from dilstore.storage.replacement import building_dir, swap_in
+
+    root = tmp_path / "store"
+    shards = [records([f"a{i}" for i in range(6)], 1), records([f"b{i}" for i in range(6)], 2)]
+    build_store(root, shards, compressor=compressor)
+    reader = open_store(root)
+    reader.fetch(["a0", "b0"])  # both shards open
+    compact(root, building_dir(root), 1)
+    swap_in(root, building_dir(root))
+    with pytest.raises(StoreChangedError, match="was rebuilt"):
+        reader.fetch(["a1", "b5"])
+    reader.close()
+    with open_store(root) as reopened:
+        assert [passage.id for passage in reopened.fetch(["a1", "b5"])] == ["a1", "b5"]
