@@ -153,7 +153,7 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
     leaves nothing of `target` (an --output folder that was empty is removed too)."""
     from tqdm import tqdm
 
-    from dilstore.pipelines.job import SPEC_FILE, read_spec, spec_generation, spec_json
+    from dilstore.pipelines.job import SPEC_FILE, SUMMARY_FILE, read_spec, spec_generation, spec_json
     from dilstore.pipelines.sharding import shard_of
     from dilstore.storage.atomic_files import atomic_write_text
     from dilstore.storage.compact import compact_store, copyable_problem
@@ -176,15 +176,37 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
             remove_path(target)  # an empty --output
             target.mkdir(parents=True)
             atomic_write_text(target / SPEC_FILE, spec_json(compacted))
+            if (store / SUMMARY_FILE).is_file():  # the first build's summary, which precompute shows for the store
+                shutil.copy2(store / SUMMARY_FILE, target / SUMMARY_FILE)
             bar = tqdm(total=manifest.passages, unit="passage", desc="compact", file=sys.stderr, dynamic_ncols=True,
                        mininterval=0.5, disable=not show_progress)  # fmt: skip
             with bar:
                 result = compact_store(opened, target, lambda passage_id: shard_of(passage_id, count),
                                        generation=spec_generation(compacted), progress=bar.update)  # fmt: skip
-            return result, _carry_index(store, manifest, target, result.manifest)
+            index = _carry_index(store, manifest, target, result.manifest)
+            _carry_own_files(store, target)
+            return result, index
         except BaseException:
             remove_path(target)  # nothing half-built is left; STORE is as it was
             raise
+
+
+def _carry_own_files(store: Path, target: Path) -> None:
+    """Copy what a user put in STORE beside the store's own files (notes, evaluation results) into the compacted
+    store, after it is finalized: not in its manifest, as they were not in the old one."""
+    from dilstore.reader.retrieval import BM25_INDEX_DIR
+    from dilstore.storage.codebook import CODEBOOK_DIR
+    from dilstore.storage.format import APPENDS_DIR, INDEX_DIR, MANIFEST_FILE, SHARDS_DIR, TMP_PREFIX
+    from dilstore.storage.passage_files import PASSAGES_DIR, REJECTED_DIR
+
+    own = {APPENDS_DIR, INDEX_DIR, SHARDS_DIR, PASSAGES_DIR, REJECTED_DIR, CODEBOOK_DIR, BM25_INDEX_DIR, MANIFEST_FILE}
+    for entry in store.iterdir():
+        if entry.name in own or entry.name.startswith(TMP_PREFIX) or (target / entry.name).exists():
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, target / entry.name, symlinks=True)
+        else:
+            shutil.copy2(entry, target / entry.name, follow_symlinks=False)
 
 
 def _carry_index(store: Path, old: Manifest, target: Path, new: Manifest) -> str:

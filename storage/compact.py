@@ -131,6 +131,7 @@ def compact_store(
                             codebook=codebook, generation=generation, fingerprint=manifest.fingerprint)  # fmt: skip
         if progress is not None:
             progress(len(passages))
+    (target / REJECTED_DIR).mkdir(exist_ok=True)  # in every finished store, if empty
     _copy_rejected(root, manifest, target)
     compacted = {"compacted_from": {"generation": manifest.generation, "creation": manifest.creation,
                                     "appends": list(manifest.appends), "dropped_rows": dropped}}  # fmt: skip

@@ -23,6 +23,7 @@ from dilstore.storage.collection import collection_dir
 from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
+from dilstore.storage.passage_tables import passage_column
 from dilstore.storage.replacement import building_dir, replaced_dir
 from dilstore.storage.verify import verify_store
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
@@ -46,14 +47,37 @@ def precompute(model: Path, corpus: Path, store: Path, *extra: str) -> None:
 
 @pytest.fixture(scope="module")
 def appended(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A store of six documents, an append of three more, and an append that replaces one with a new text."""
+    """A store of six documents, an append of three more, and an append that replaces one with a new text; the
+    first two runs each set a record aside (a dead letter)."""
     folder = tmp_path_factory.mktemp("compact-stores")
     store = folder / "appended"
-    precompute(model, write_jsonl(folder / "a.jsonl", DOCUMENTS[:6]), store)
-    precompute(model, write_jsonl(folder / "b.jsonl", DOCUMENTS[6:9]), store, "--append")
+    precompute(model, with_a_bad_line(write_jsonl(folder / "a.jsonl", DOCUMENTS[:6])), store)
+    precompute(model, with_a_bad_line(write_jsonl(folder / "b.jsonl", DOCUMENTS[6:9])), store, "--append")
     changed = {**DOCUMENTS[2], "text": "the library was built by the river in the early industrial period"}
     precompute(model, write_jsonl(folder / "r.jsonl", [changed]), store, "--append", "--replace")
     return store
+
+
+def with_a_bad_line(corpus: Path) -> Path:
+    with corpus.open("a", encoding="utf-8") as file:
+        file.write("{not json\n")
+    return corpus
+
+
+def dead_letters(store: Path) -> list[str]:
+    """Every dead letter of the store: under `rejected/` (a compacted store's appends' in subfolders there) and
+    under each append's folder, sorted."""
+    parts = [*(store / "rejected").rglob("*.jsonl"), *(store / APPENDS_DIR).glob("*/rejected/*.jsonl")]
+    return sorted(line for part in parts for line in part.read_text(encoding="utf-8").splitlines())
+
+
+def document_ids(store: Path) -> dict[str, str]:
+    """passage id -> doc_id from the passage tables of the store and its appends (a later table's row wins)."""
+    tables = sorted((store / "passages").glob("*.parquet")) + sorted((store / APPENDS_DIR).glob("*/passages/*.parquet"))
+    found: dict[str, str] = {}
+    for table in tables:
+        found.update(zip(passage_column(table, "id"), passage_column(table, "doc_id"), strict=True))
+    return found
 
 
 def compact(capsys: pytest.CaptureFixture[str], *arguments: str) -> dict:
@@ -75,9 +99,15 @@ def test_in_place_the_store_serves_the_same_passages_from_fewer_files_and_takes_
         model: Path, appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = tmp_path / "store"
     shutil.copytree(appended, store)
-    before = store_contents(store)
+    (store / "notes.txt").write_text("mine", encoding="utf-8")  # a user's own file
+    before, letters, documents = store_contents(store), dead_letters(store), document_ids(store)
+    assert len(letters) == 2
     result = compact(capsys, str(store))
     assert same_contents(store_contents(store), before)
+    first_append = read_manifest(StoreLocation.parse(appended)).appends[0]["generation"]
+    assert dead_letters(store) == letters and (store / "rejected" / first_append).is_dir()
+    assert document_ids(store) == {passage_id: documents[passage_id] for passage_id in before}
+    assert (store / "notes.txt").read_text(encoding="utf-8") == "mine" and (store / "run-summary.json").is_file()
     assert result["superseded_rows_dropped"] >= 1 and result["appends_before"] == 2
     assert result["files"] < result["files_before"] and result["shards"] < result["shards_before"]
     manifest = read_manifest(StoreLocation.parse(store))

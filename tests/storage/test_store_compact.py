@@ -7,10 +7,12 @@ and refuse stores whose codes cannot move between shards unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +22,7 @@ from dilstore.storage.compact import compact_store
 from dilstore.storage.encodings import train_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
-from dilstore.storage.format import append_dir
+from dilstore.storage.format import ATTRIBUTES_KEY, append_dir
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
 from dilstore.storage.reader import open_store
@@ -34,10 +36,14 @@ COMPACTED = "0f1e2d3c4b5a6978"
 DIMS = 8
 
 
-def records(ids: list[str], seed: int) -> list[PassageRecord]:
-    """Random passages with these ids, states shaped (n, DIMS)."""
-    return [passage(passage_id, int(np.random.default_rng([seed, i]).integers(1, 12)), (DIMS,),
+def records(ids: list[str], seed: int, vectors: bool = False) -> list[PassageRecord]:
+    """Random passages with these ids, states shaped (n, DIMS), and with `vectors` a random (DIMS,) vector each."""
+    made = [passage(passage_id, int(np.random.default_rng([seed, i]).integers(1, 12)), (DIMS,),
                     np.random.default_rng([seed, i])) for i, passage_id in enumerate(ids)]  # fmt: skip
+    if not vectors:
+        return made
+    return [dataclasses.replace(record, vector=np.random.default_rng([seed, i, 1]).standard_normal(DIMS).astype(
+        np.float32)) for i, record in enumerate(made)]  # fmt: skip
 
 
 def appended_store(root: Path, base: list[list[PassageRecord]], append: list[PassageRecord], *, encoding: str,
@@ -61,12 +67,12 @@ def appended_store(root: Path, base: list[list[PassageRecord]], append: list[Pas
 
 
 def served(store_path: Path) -> dict[str, tuple]:
-    """Every passage the store serves: title, text, token ids, char spans and decoded states, exactly."""
+    """Every passage the store serves: title, text, token ids, char spans, decoded states and vector, exactly."""
     with open_store(store_path) as store:
         ids = [store.shard(entry.index).id_at(row) for entry in store.manifest.shards for row in range(entry.passages)]
         live = [passage_id for passage_id in dict.fromkeys(ids) if passage_id in store]
-        return {p.id: (p.title, p.text, p.token_ids.tolist(), p.char_spans.tolist(), np.asarray(p.states).tobytes())
-                for p in store.fetch(live)}  # fmt: skip
+        return {p.id: (p.title, p.text, p.token_ids.tolist(), p.char_spans.tolist(), np.asarray(p.states).tobytes(),
+                       None if p.vector is None else p.vector.tobytes()) for p in store.fetch(live)}  # fmt: skip
 
 
 def compact(source: Path, target: Path, shards: int):
@@ -111,9 +117,27 @@ def test_low_bit_codes_are_copied_with_the_store_codebook_not_encoded_again(enco
     before = served(source)
     compact(source, tmp_path / "compacted", 2)
     assert served(tmp_path / "compacted") == before  # bit for bit: decoding again the same codes
+    assert shard_versions(tmp_path / "compacted") == shard_versions(source) == {3}  # rotated codes
     assert codebook_build(tmp_path / "compacted" / CODEBOOK_DIR)["generation"] == COMPACTED
     report = verify_store(tmp_path / "compacted")
     assert report.ok, report.problems
+
+
+def shard_versions(root: Path) -> set[int]:
+    """The format versions the store's shards record (ROTATED_SHARD_VERSION for rotated 2bit/1bit codes)."""
+    manifest = read_manifest(StoreLocation.parse(root))
+    return {zarr.open_group(str(root / entry.directory), mode="r").attrs[ATTRIBUTES_KEY]["format_version"]
+            for entry in manifest.shards}  # fmt: skip
+
+
+def test_vectors_come_along_with_their_passages(tmp_path: Path) -> None:
+    """EARL and Listformer stores keep a vector per passage, which rerank reads (review44 M3)."""
+    source = appended_store(tmp_path / "source", [records(["a", "b", "c"], 1, vectors=True)],
+                            records(["b", "d"], 2, vectors=True), encoding="fp16", replace=True)  # fmt: skip
+    before = served(source)
+    assert all(row[-1] is not None for row in before.values())
+    compact(source, tmp_path / "compacted", 2)
+    assert served(tmp_path / "compacted") == before
 
 
 def test_retired_rows_are_left_out_and_superseded_rows_dropped(tmp_path: Path) -> None:
