@@ -63,12 +63,11 @@ def default_shards(manifest: Manifest) -> int:
 def run_command(args: argparse.Namespace) -> int:
     """Compact STORE in place or into --output; print what changed; 0 on success."""
     from dilstore.pipelines.sharding import MAX_DEFAULT_SHARDS
-    from dilstore.runners.cmd_index import local_store
     from dilstore.storage.format import MANIFEST_FILE
     from dilstore.storage.replacement import finish_interrupted_swap, swap_in
     from dilstore.storage.write_lock import write_lock
 
-    store = local_store(args.store).resolve()  # a link to the store: the store it names is compacted, the link kept
+    store = _local_store(args.store, in_place=args.output is None)
     if args.shards is not None and args.shards > MAX_DEFAULT_SHARDS:
         raise DilstoreError(f"--shards {args.shards} is more than {MAX_DEFAULT_SHARDS}, the most a store is split into")
     output = None if args.output is None else _output_folder(Path(args.output).resolve(), store)
@@ -106,6 +105,8 @@ def already_compact(store: Path, shards: int | None) -> str | None:
     from dilstore.storage.manifest import read_manifest
 
     manifest = read_manifest(StoreLocation.parse(store))
+    if not manifest.passages and not manifest.appends:
+        return "no passages"
     count = shards or default_shards(manifest)
     if manifest.appends or manifest.superseded_passages or len(manifest.shards) != count:
         return None
@@ -136,13 +137,35 @@ def _check_room(target: Path, needed: int) -> None:
                             "--output on another disk")  # fmt: skip
 
 
+def _local_store(argument: str, *, in_place: bool) -> Path:
+    """STORE as a local folder, resolved (a link to the store: the store it names is compacted, the link kept); in
+    place, never the current folder or one above it, which the swap would pull from under the shell."""
+    if not argument.strip():
+        raise DilstoreError("the store path is empty")
+    if "://" in argument:
+        from dilstore.storage.location import redacted
+
+        raise DilstoreError(f"{redacted(argument)} is a URL: compact a local copy of the store (it is rewritten "
+                            "through local files)")  # fmt: skip
+    store = Path(argument).resolve()
+    here = Path.cwd().resolve()
+    if in_place and (store == here or store in here.parents):
+        raise DilstoreError(f"{argument} is the current folder or one of its parents, which an in-place compaction "
+                            "would replace under you: run it from elsewhere, or give --output")  # fmt: skip
+    return store
+
+
 def _output_folder(output: Path, store: Path) -> Path:
-    """--output as a folder to write the compacted store into: absent or empty, and neither STORE nor inside it."""
+    """--output as a folder to write the compacted store into: absent or empty, neither STORE nor inside it, nor
+    inside another store."""
+    from dilstore.runners.outputs import refuse_store_inside_store
+
     if output.resolve() == store.resolve() or store.resolve() in output.resolve().parents:
         raise DilstoreError(f"--output {output} is STORE or inside it; give a folder elsewhere, or leave --output out "
                             "to compact STORE in place")  # fmt: skip
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise DilstoreError(f"--output {output} exists and is not an empty folder")
+    refuse_store_inside_store(output, "--output", "the compacted store")
     return output
 
 

@@ -250,3 +250,22 @@ def test_the_default_shard_count_follows_the_tokens_served_and_never_grows() -> 
     assert default_shards(manifest(10 * SHARD_TOKENS + 1, 30)) == 11
     assert default_shards(manifest(100 * SHARD_TOKENS, 30)) == 30
     assert default_shards(manifest(0, 0)) == 1
+
+
+def test_the_current_folder_a_url_and_an_output_inside_a_store_are_refused_and_an_empty_store_is_left(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compact .` swapped the shell's folder away; a URL got `index`'s Lucene hint; an --output inside another
+    store was written there; an empty store was rebuilt on every run, or (2bit) refused with a codebook error
+    (review44 L2-L5)."""
+    store = tmp_path / "store"
+    shutil.copytree(appended, store)
+    monkeypatch.chdir(store)
+    assert cli.main(["compact", "."]) == 2
+    assert "is the current folder or one of its parents" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["compact", "http://example.invalid/store"]) == 2
+    assert "is a URL: compact a local copy of the store" in capsys.readouterr().err
+    assert cli.main(["compact", str(store), "--output", str(appended / "copy")]) == 2
+    assert f"is inside the store {appended}" in capsys.readouterr().err and not (appended / "copy").exists()
+    empty = build_store(tmp_path / "empty", [], encoding="2bit")
+    assert compact(capsys, str(empty))["already_compact"] is True
