@@ -283,7 +283,34 @@ def _decode_buckets(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
     return values.reshape(n, *state_shape[:-1], width * table.shape[1])[..., : state_shape[-1]]  # (n, *S)
 
 
+_PER_TOKEN = ("codes", "scales", "centroid_ids")  # the arrays with a row per token; the rest are the codebook's
+
+
 def decode_residual(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
+    """The states `(n, *S)` float32 of `n` tokens' codes, decoded BLOCK_ROWS tokens at a time into one output.
+
+    A fetch decodes every passage it reads from one shard in one call; decoding a large shard's worth at once
+    made temporaries of every token and ran about twice as slow (benchmarks/bench_compact.py, 2bit: the first
+    fetch of 2,450 passages from one shard 2.0-2.3 s, 1.0-1.1 s in blocks; BENCHMARKS.md).
+    """
+    if "rotation" in arrays and "rotated_runs" not in arrays:
+        arrays = {**arrays, **prepare_rotated(arrays)}  # once, not per block
+    rows = len(arrays["codes"])
+    if rows <= BLOCK_ROWS:
+        return _decode_block(arrays, bits)
+    decoded: np.ndarray | None = None
+    for start in range(0, rows, BLOCK_ROWS):
+        block = {**arrays, **{name: arrays[name][start : start + BLOCK_ROWS] for name in _PER_TOKEN if name in arrays}}
+        values = _decode_block(block, bits)  # (block, *S)
+        if decoded is None:
+            decoded = np.empty((rows, *values.shape[1:]), dtype=values.dtype)  # (n, *S)
+        decoded[start : start + len(values)] = values
+    assert decoded is not None  # rows > BLOCK_ROWS: the loop ran
+    return decoded
+
+
+def _decode_block(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
+    """The states `(n, *S)` of one block of tokens' codes (decode_residual)."""
     mean = arrays["mean"]  # (*S)
     if "rotation" in arrays:
         prepared = arrays if "rotated_runs" in arrays else prepare_rotated(arrays)

@@ -115,3 +115,26 @@ def test_least_squares_scales_values(variants) -> None:
 def test_centroid_count_must_match_the_variant(variants) -> None:
     with pytest.raises(ValueError, match="needs 8 centroids, got 4"):
         variants.with_centroids(_states(50), _states(4), variants.Variant(8, 1, False))
+
+
+@pytest.mark.parametrize("encoding", ["2bit", "1bit"])
+@pytest.mark.parametrize("rotate", [True, False], ids=["rotated", "buckets"])
+def test_a_decode_of_more_tokens_than_a_block_equals_its_pieces_decoded_apart(encoding: str, rotate: bool) -> None:
+    """decode_residual works BLOCK_ROWS tokens at a time (a whole shard's worth at once ran ~3x slower): the
+    blocks must join to exactly what each passage's own decode gives, prepared codebook or not."""
+    from dilstore.storage.encodings import train_codebook
+    from dilstore.storage.residual_codes import BLOCK_ROWS
+
+    spec = get_encoding(encoding)
+    states = np.random.default_rng(3).standard_normal((2 * BLOCK_ROWS + 77, 2, 16)).astype(np.float32)  # (T, 2, 16)
+    codebook = train_codebook(encoding, states[:4000], rotate=rotate)
+    arrays = spec.encode(states, codebook)
+    per_token = {name: values for name, values in arrays.items() if spec.array(name).per_token}
+    shared = {name: values for name, values in arrays.items() if not spec.array(name).per_token}
+    prepared = spec.prepare(shared)
+    whole = spec.decode({**per_token, **prepared})  # (T, 2, 16)
+    cuts = [0, 1, 5000, BLOCK_ROWS, BLOCK_ROWS + 1, len(states)]
+    pieces = [spec.decode({**{name: values[a:b] for name, values in per_token.items()}, **prepared})
+              for a, b in zip(cuts, cuts[1:], strict=False)]  # fmt: skip
+    assert np.array_equal(whole, np.concatenate(pieces))
+    assert np.array_equal(whole, spec.decode({**per_token, **shared}))  # unprepared: prepared once, not per block
