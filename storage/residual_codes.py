@@ -289,9 +289,9 @@ _PER_TOKEN = ("codes", "scales", "centroid_ids")  # the arrays with a row per to
 def decode_residual(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
     """The states `(n, *S)` float32 of `n` tokens' codes, decoded BLOCK_ROWS tokens at a time into one output.
 
-    A fetch decodes every passage it reads from one shard in one call; decoding a large shard's worth at once
-    made temporaries of every token and ran about twice as slow (benchmarks/bench_compact.py, 2bit: the first
-    fetch of 2,450 passages from one shard 2.0-2.3 s, 1.0-1.1 s in blocks; BENCHMARKS.md).
+    A fetch decodes every passage it reads from one shard in one call; a large shard's worth at once made
+    temporaries of every token (hundreds of MB), slower warm and more so when their memory is fresh (BENCHMARKS.md,
+    "A store after 30 small appends": bench_decode_blocks.py and bench_compact.py).
     """
     if "rotation" in arrays and "rotated_runs" not in arrays:
         arrays = {**arrays, **prepare_rotated(arrays)}  # once, not per block

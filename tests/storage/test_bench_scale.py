@@ -146,6 +146,18 @@ def test_the_compaction_benchmark_measures_an_appended_store_against_its_compact
     result = json.loads((tmp_path / "r.json").read_text())
     appended, compacted = result["rows"]["appended"], result["rows"]["compacted"]
     assert result["passages"] == 12 + 4 * 3 - 4 and result["states"].startswith("random")
-    assert (appended["shards"], compacted["shards"]) == (3 + 4, 1)  # `dilstore compact`'s default: few tokens, one shard
+    assert (appended["shards"], compacted["shards"]) == (3 + 4, 1)  # compact's default: few tokens, one shard
     assert compacted["files"] < appended["files"]
     assert "compaction:" in capsys.readouterr().out
+
+
+def test_the_decode_benchmark_times_both_ways_on_the_same_codes(tmp_path: Path, capsys) -> None:
+    """benchmarks/bench_decode_blocks.py at a tiny size (more tokens than one block): both paths agree, and the
+    report says its states are random."""
+    with benchmark_module("bench_decode_blocks") as module:
+        module.main(["--tokens", str(module.BLOCK_ROWS + 10), "--dim", "8", "--repeats", "1",
+                     "--json-out", str(tmp_path / "r.json")])  # fmt: skip
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert [row["encoding"] for row in result["rows"]] == ["2bit", "1bit"] and result["states"].startswith("random")
+    assert all(row["at_once_best_s"] > 0 and row["blocked_best_s"] > 0 for row in result["rows"])
+    assert "first: at once s" in capsys.readouterr().out
