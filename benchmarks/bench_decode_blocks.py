@@ -76,8 +76,8 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{'best: at once s':>16} {'blocked s':>10} {'speedup':>8}")  # fmt: skip
     for row in rows:
         print(f"{row['encoding']:>8} {row['tokens']:>9,} {row['at_once_first_s']:>17.3f} "
-              f"{row['blocked_first_s']:>10.3f} {row['first_speedup']:>7.2f}x {row['at_once_best_s']:>16.3f} {row['blocked_best_s']:>10.3f} "
-              f"{row['best_speedup']:>7.2f}x")  # fmt: skip
+              f"{row['blocked_first_s']:>10.3f} {row['first_speedup']:>7.2f}x {row['at_once_best_s']:>16.3f} "
+              f"{row['blocked_best_s']:>10.3f} {row['best_speedup']:>7.2f}x")  # fmt: skip
     text = json.dumps(result, indent=1)
     print(text)
     if args.json_out:
