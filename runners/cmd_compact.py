@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import shutil
 import sys
 import time
@@ -78,12 +79,12 @@ def run_command(args: argparse.Namespace) -> int:
             raise DilstoreError(f"no finished store at {store} (no {MANIFEST_FILE}); give a folder `dilstore "
                                 "precompute` finished")  # fmt: skip
         before = _footprint(store)
-        compact = None if output is not None else already_compact(store, args.shards)
-        if compact is not None:
+        reason = None if output is not None else already_compact(store, args.shards)
+        if reason is not None:
             if args.json:
-                print(json.dumps({"store": str(store), "already_compact": True, "reason": compact}, indent=1))
+                print(json.dumps({"store": str(store), "already_compact": True, "reason": reason}, indent=1))
             else:
-                print(f"dilstore compact: {store} is compact already ({compact}); nothing was written", file=sys.stderr)
+                print(f"dilstore compact: {store} is compact already ({reason}); nothing was written", file=sys.stderr)
             return 0
         target = output or _building_folder(store)
         result, index = _compact_into(store, target, args.shards, before["bytes"],
@@ -204,8 +205,10 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
             bar = tqdm(total=manifest.passages, unit="passage", desc="compact", file=sys.stderr, dynamic_ncols=True,
                        mininterval=0.5, disable=not show_progress)  # fmt: skip
             with bar:
+                command = shlex.join(["dilstore", "compact", str(store), "--shards", str(count)])
                 result = compact_store(opened, target, lambda passage_id: shard_of(passage_id, count),
-                                       generation=spec_generation(compacted), progress=bar.update)  # fmt: skip
+                                       generation=spec_generation(compacted), creation_info={"command": command},
+                                       progress=bar.update)  # fmt: skip
             index = _carry_index(store, manifest, target, result.manifest)
             _carry_own_files(store, target)
             return result, index

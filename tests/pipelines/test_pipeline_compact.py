@@ -112,6 +112,7 @@ def test_in_place_the_store_serves_the_same_passages_from_fewer_files_and_takes_
     assert result["files"] < result["files_before"] and result["shards"] < result["shards_before"]
     manifest = read_manifest(StoreLocation.parse(store))
     assert manifest.appends == () and manifest.superseded_passages == 0
+    assert manifest.creation["command"] == f"dilstore compact {store} --shards {result['shards']}"
     assert not (store / APPENDS_DIR).exists() and not building_dir(store).exists()
     assert read_spec(store)["split"] == "words" and len(read_spec(store)["compacted"]["appends"]) == 2
     report = verify_store(store)
