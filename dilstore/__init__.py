@@ -9,7 +9,7 @@ The public Python API (see dilstore/api.py and the README's "Python API"):
     print(reader.answer("Which team won Super Bowl 50?").text)
 
 `open_store`, `open_reader`, `open_reranker`, `precompute`, `build_index`,
-`evaluate_qa` and `evaluate_rank` load on first use, so `import dilstore`
+`compact`, `evaluate_qa` and `evaluate_rank` load on first use, so `import dilstore`
 pulls in neither torch nor Beam. Every error they explain is a
 `dilstore.DilstoreError` (the command line prints its message); the kinds a
 program may handle apart are here too (ERRORS), and so are the classes the
@@ -30,6 +30,7 @@ from dilstore.storage.errors import DilstoreError
 if TYPE_CHECKING:  # what type checkers see (py.typed); at run time `__getattr__` loads each name on first use
     from dilstore.api import (
         build_index,
+        compact,
         evaluate_qa,
         evaluate_rank,
         open_reader,
@@ -82,6 +83,7 @@ __all__ = [
     "StoreReadError",
     "StoreReranker",
     "build_index",
+    "compact",
     "evaluate_qa",
     "evaluate_rank",
     "open_reader",

@@ -265,6 +265,25 @@ def build_index(store: PathLike, *, threads: int = 1, no_progress: bool = False)
     return bm25_index_dir(store)
 
 
+def compact(store: PathLike, *, output: PathLike | None = None, shards: int | None = None,
+            no_progress: bool = False) -> dict[str, Any]:
+    """Compact the store as `dilstore compact` does (README "compact"): its live passages rewritten into fewer
+    shards, their states copied exactly; in place, or into `output` leaving `store` as it is. Returns the summary
+    `--json` prints (`passages`, `shards`, `shards_before`, `superseded_rows_dropped`, `files`, `bytes`, ...; a
+    store compact already: `already_compact` True and why). A progress bar goes to stderr unless `no_progress`.
+    """
+    from dilstore.runners.arg_types import option_words
+    from dilstore.runners.cmd_compact import compact_command
+
+    _check("store", store, _PATH, "a store folder")
+    _check("output", output, _OPTIONAL_PATH, "a folder path or None")
+    _check("shards", shards, (int, type(None)), "a positive integer or None")
+    _check("no_progress", no_progress, (bool,), "True or False")
+    options = option_words({"output": output, "shards": shards, "no_progress": no_progress})
+    args = _parsed("compact", lambda parser: parser.parse_args(["compact", *options, "--", str(store)]))
+    return compact_command(args)
+
+
 def evaluate_qa(
     reader: OpenDomainReader, questions: PathLike, *, limit: int | None = None, seed: int = 0
 ) -> QAEvaluation:

@@ -63,6 +63,19 @@ def default_shards(manifest: Manifest) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     """Compact STORE in place or into --output; print what changed; 0 on success."""
+    summary = compact_command(args)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    elif summary.get("already_compact"):
+        print(f"dilstore compact: {summary['store']} is compact already ({summary['reason']}); nothing was written",
+              file=sys.stderr)  # fmt: skip
+    else:
+        print(_summary_line(summary), file=sys.stderr)
+    return 0
+
+
+def compact_command(args: argparse.Namespace) -> dict[str, Any]:
+    """Compact STORE in place or into --output (the command's parsed `args`); the summary `--json` prints."""
     from dilstore.pipelines.sharding import MAX_DEFAULT_SHARDS
     from dilstore.storage.format import MANIFEST_FILE
     from dilstore.storage.replacement import finish_interrupted_swap, swap_in
@@ -81,22 +94,13 @@ def run_command(args: argparse.Namespace) -> int:
         before = _footprint(store)
         reason = None if output is not None else already_compact(store, args.shards)
         if reason is not None:
-            if args.json:
-                print(json.dumps({"store": str(store), "already_compact": True, "reason": reason}, indent=1))
-            else:
-                print(f"dilstore compact: {store} is compact already ({reason}); nothing was written", file=sys.stderr)
-            return 0
+            return {"store": str(store), "already_compact": True, "reason": reason}
         target = output or _building_folder(store)
         result, index = _compact_into(store, target, args.shards, before["bytes"],
                                       show_progress=not (args.no_progress or args.json))  # fmt: skip
         if output is None:
             swap_in(store, target)
-    summary = _summary(store, output, result, before, _footprint(output or store), index, time.time() - started)
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    else:
-        print(_summary_line(summary), file=sys.stderr)
-    return 0
+    return _summary(store, output, result, before, _footprint(output or store), index, time.time() - started)
 
 
 def already_compact(store: Path, shards: int | None) -> str | None:

@@ -50,8 +50,8 @@ def test_import_dilstore_is_light_and_lists_the_api() -> None:
     assert names == str(
         ["Answer", "DilstoreError", "FingerprintMismatchError", "MissingPassagesError", "OpenDomainReader",
          "QAEvaluation", "RankEvaluation", "RerankStats", "Store", "StoreChangedError", "StoreFormatError",
-         "StoreReadError", "StoreReranker", "build_index", "evaluate_qa", "evaluate_rank", "open_reader",
-         "open_reranker", "open_store", "precompute"]
+         "StoreReadError", "StoreReranker", "build_index", "compact", "evaluate_qa", "evaluate_rank",
+         "open_reader", "open_reranker", "open_store", "precompute"]
     )  # fmt: skip
     assert torch_loaded == "False"
 
@@ -135,3 +135,31 @@ def test_type_checkers_see_each_name_from_the_module_that_defines_it() -> None:
     assert set(imported) == set(dilstore.__all__) - {"DilstoreError"}
     for name, module in imported.items():
         assert getattr(importlib.import_module(module), name) is getattr(dilstore, name), name
+
+
+def test_compact_returns_the_commands_summary_and_refuses_bad_options(tmp_path: Path) -> None:
+    """`dilstore.compact` runs the command's code, returns what `--json` prints, and raises DilstoreError for a bad
+    option rather than ending the caller's process."""
+    import dilstore
+    from dilstore.storage.append import commit_append, first_free_shard
+    from dilstore.storage.format import append_dir
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
+    from dilstore.storage.writer import write_shard
+    from tests.fixtures.store_fixtures import build_store, fingerprint_for, random_shards
+
+    shards = random_shards([3, 3, 2], state_shape=(8,), seed=4, max_words=6)
+    store = build_store(tmp_path / "store", shards[:2])
+    folder = store / append_dir("a1b2c3d4e5f60718")
+    write_shard(folder, first_free_shard(read_manifest(StoreLocation.parse(store))), shards[2], kind="dilbert",
+                encoding="fp32", durable=False, generation="a1b2c3d4e5f60718")  # fmt: skip
+    commit_append(store, "a1b2c3d4e5f60718", fingerprint_for())
+    summary = dilstore.compact(store, output=tmp_path / "copy", shards=1, no_progress=True)
+    assert (summary["passages"], summary["shards"], summary["shards_before"]) == (8, 1, 3)
+    assert dilstore.open_store(tmp_path / "copy").manifest.passages == 8
+    assert dilstore.compact(tmp_path / "copy", shards=1)["already_compact"] is True
+    with pytest.raises(dilstore.DilstoreError, match="^dilstore compact: error: argument --shards: expected a "
+                                                     "positive integer, got 0$"):  # fmt: skip
+        dilstore.compact(store, shards=0)
+    with pytest.raises(dilstore.DilstoreError, match="^shards must be a positive integer or None"):
+        dilstore.compact(store, shards="2")
