@@ -252,20 +252,21 @@ class Store:
         would hold another build's bytes, read as damage (a checksum) or, worse, as other passages. One stat of
         the manifest a lookup; an append replaces the manifest too, and is let through (the same build)."""
         now = self._manifest_identity()
-        if now != self._manifest_seen:
-            self._refuse_if_rebuilt()
-            self._manifest_seen = now
+        if now != self._manifest_seen and self._refuse_if_rebuilt():
+            self._manifest_seen = now  # only once read: an unreadable manifest is looked at again next time
 
-    def _refuse_if_rebuilt(self) -> None:
-        """A StoreChangedError when the store's manifest now names another build than the one opened; nothing when
-        it names this one or cannot be read (unreachable or unreadable for now: one answer proves nothing)."""
+    def _refuse_if_rebuilt(self) -> bool:
+        """A StoreChangedError when the store's manifest now names another build than the one opened; True when it
+        names this one, False when it cannot be read (unreachable or unreadable for now: one answer proves
+        nothing)."""
         try:
             now = parse_manifest(self.location.read_bytes(MANIFEST_FILE), self.location.path(MANIFEST_FILE)).generation
         except Exception:  # noqa: BLE001 - see the docstring
-            return
+            return False
         if now != self.manifest.generation:
             raise StoreChangedError(f"the store at {self.url} was rebuilt (build {now!r}, opened as build "
                                     f"{self.manifest.generation!r}): open it again")  # fmt: skip
+        return True
 
     def _check_files(self, root: Path, readers: Sequence[ShardReader]) -> None:
         """The local store still at `root`, where it was opened, and the id index's files and the watched files of

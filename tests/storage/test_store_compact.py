@@ -225,3 +225,36 @@ def test_a_compressed_store_read_by_path_is_told_it_was_rebuilt_even_in_a_shard_
     reader.close()
     with open_store(root) as reopened:
         assert [passage.id for passage in reopened.fetch(["a1", "b5"])] == ["a1", "b5"]
+
+
+def test_a_manifest_that_could_not_be_read_once_is_looked_at_again(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that failed to read the rebuilt store's manifest once took it as seen and went on reading the new
+    build's files under the old names, with no error (review44b L1)."""
+    from dilstore.storage.location import StoreLocation as Location
+    from dilstore.storage.reader import StoreChangedError
+    from dilstore.storage.replacement import building_dir, swap_in
+
+    root = tmp_path / "store"
+    build_store(root, [records([f"a{i}" for i in range(6)], 1), records([f"b{i}" for i in range(6)], 2)],
+                compressor="zstd")  # fmt: skip
+    reader = open_store(root)
+    reader.fetch(["a0", "b0"])
+    compact(root, building_dir(root), 1)
+    swap_in(root, building_dir(root))
+    real = Location.read_bytes
+    failing = iter([True])
+
+    def read_bytes(self: Location, relative: str) -> bytes:
+        if next(failing, False):
+            raise OSError("Too many open files")
+        return real(self, relative)
+
+    monkeypatch.setattr(Location, "read_bytes", read_bytes)
+    try:
+        reader.fetch(["a1"])  # the manifest could not be read: nothing proves a rebuild yet
+    except StoreChangedError:
+        pass  # the read itself failed, and the manifest, read again, named the new build
+    with pytest.raises(StoreChangedError, match="was rebuilt"):
+        reader.fetch(["a2"])
+    reader.close()
