@@ -79,14 +79,15 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
     from dilstore.pipelines.sharding import MAX_DEFAULT_SHARDS
     from dilstore.storage.format import MANIFEST_FILE
     from dilstore.storage.replacement import finish_interrupted_swap, swap_in
-    from dilstore.storage.write_lock import write_lock
+    from dilstore.storage.write_lock import INDEX_ROLE, write_lock
 
     store = _local_store(args.store, in_place=args.output is None)
     if args.shards is not None and args.shards > MAX_DEFAULT_SHARDS:
         raise DilstoreError(f"--shards {args.shards} is more than {MAX_DEFAULT_SHARDS}, the most a store is split into")
     output = None if args.output is None else _output_folder(Path(args.output).resolve(), store)
     started = time.time()
-    with write_lock(store):  # no precompute or other compaction writes the store meanwhile
+    # No precompute, other compaction or `dilstore index` writes the store meanwhile.
+    with write_lock(store), write_lock(store, INDEX_ROLE, doing="indexed"):
         finish_interrupted_swap(store)  # a compaction or overwrite killed between its renames
         if not (store / MANIFEST_FILE).is_file():
             raise DilstoreError(f"no finished store at {store} (no {MANIFEST_FILE}); give a folder `dilstore "
@@ -165,6 +166,9 @@ def _output_folder(output: Path, store: Path) -> Path:
     inside another store."""
     from dilstore.runners.outputs import refuse_store_inside_store
 
+    here = Path.cwd().resolve()
+    if output == here or output in here.parents:
+        raise DilstoreError(f"--output {output} is the current folder or one of its parents; give a folder elsewhere")
     if output.resolve() == store.resolve() or store.resolve() in output.resolve().parents:
         raise DilstoreError(f"--output {output} is STORE or inside it; give a folder elsewhere, or leave --output out "
                             "to compact STORE in place")  # fmt: skip
@@ -223,15 +227,20 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
 
 def _carry_own_files(store: Path, target: Path) -> None:
     """Copy what a user put in STORE beside the store's own files (notes, evaluation results) into the compacted
-    store, after it is finalized: not in its manifest, as they were not in the old one."""
+    store, after it is finalized: not in its manifest, as they were not in the old one. Hidden entries, pipes and
+    sockets are left out."""
     from dilstore.reader.retrieval import BM25_INDEX_DIR
     from dilstore.storage.codebook import CODEBOOK_DIR
-    from dilstore.storage.format import APPENDS_DIR, INDEX_DIR, MANIFEST_FILE, SHARDS_DIR, TMP_PREFIX
+    from dilstore.storage.format import APPENDS_DIR, INDEX_DIR, MANIFEST_FILE, SHARDS_DIR
     from dilstore.storage.passage_files import PASSAGES_DIR, REJECTED_DIR
 
     own = {APPENDS_DIR, INDEX_DIR, SHARDS_DIR, PASSAGES_DIR, REJECTED_DIR, CODEBOOK_DIR, BM25_INDEX_DIR, MANIFEST_FILE}
     for entry in store.iterdir():
-        if entry.name in own or entry.name.startswith(TMP_PREFIX) or (target / entry.name).exists():
+        # Hidden entries are this project's work in progress (an index being built, `.tmp-` writes), and a pipe or
+        # socket is no data to copy.
+        if entry.name in own or entry.name.startswith(".") or (target / entry.name).exists():
+            continue
+        if not (entry.is_file() or entry.is_dir()):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.copytree(entry, target / entry.name, symlinks=True)

@@ -117,7 +117,7 @@ def compact_store(
     routed: dict[int, list[_Row]] = defaultdict(list)
     for row in rows:
         routed[route(row.id)].append(row)
-    codebook = _store_codebook(root, manifest)
+    codebook = _store_codebook(root, manifest) if manifest.state_shape is not None else None  # None: no passages
     if codebook is not None:
         write_codebook(target / CODEBOOK_DIR, manifest.encoding, codebook, manifest.state_shape or (),
                        generation=generation, fingerprint=manifest.fingerprint)  # fmt: skip

@@ -270,3 +270,29 @@ def test_the_current_folder_a_url_and_an_output_inside_a_store_are_refused_and_a
     assert f"is inside the store {appended}" in capsys.readouterr().err and not (appended / "copy").exists()
     empty = build_store(tmp_path / "empty", [], encoding="2bit")
     assert compact(capsys, str(empty))["already_compact"] is True
+
+
+def test_an_index_being_built_holds_compaction_off_and_hidden_work_is_not_carried(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compaction beside a running `dilstore index` carried its half-built `.bm25.building` into the new store,
+    and the index then failed (review44b M1); `--output .` from an empty folder left the shell in a deleted one,
+    and an empty 2bit store could not be compacted into --output (review44b L2, L5)."""
+    from dilstore.storage.write_lock import INDEX_ROLE, write_lock
+
+    store = tmp_path / "store"
+    shutil.copytree(appended, store)
+    with write_lock(store, INDEX_ROLE, doing="indexed"):
+        assert cli.main(["compact", str(store)]) == 2
+    assert "indexed" in capsys.readouterr().err and read_manifest(StoreLocation.parse(store)).appends
+    (store / ".bm25.building").mkdir()
+    (store / ".bm25.building" / "write.lock").write_text("", encoding="utf-8")
+    compact(capsys, str(store))
+    assert not (store / ".bm25.building").exists()
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert cli.main(["compact", str(store), "--output", "."]) == 2
+    assert "is the current folder or one of its parents" in capsys.readouterr().err and here.is_dir()
+    monkeypatch.chdir(tmp_path)
+    empty = build_store(tmp_path / "empty", [], encoding="2bit")
+    assert compact(capsys, str(empty), "--output", str(tmp_path / "empty-copy"))["passages"] == 0
