@@ -22,6 +22,10 @@ def run_tag(text: str) -> str:
     """--tag: one word, as a TREC run's last column must be (refused before any query is reranked)."""
     if not text or len(text.split()) != 1 or text.strip() != text or text.startswith("\ufeff"):
         raise argparse.ArgumentTypeError(f"expected one word with no spaces, got {text!r}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the terminal passed that are not UTF-8 (surrogate escapes)
+        raise argparse.ArgumentTypeError(f"expected UTF-8 text, got {text!r}") from None
     return text
 
 

@@ -403,6 +403,9 @@ def test_cli_tags_the_run_with_tag_and_refuses_a_tag_of_two_words_before_reranki
         cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--tag", "two words")
     assert stopped.value.code == 2
     assert "argument --tag: expected one word with no spaces, got 'two words'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # bytes a terminal passed that are not UTF-8 (review44b L3)
+        cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--tag", "run\udcff")
+    assert "argument --tag: expected UTF-8 text" in capsys.readouterr().err
     assert not (tmp_path / "out.trec").exists()
 
 
