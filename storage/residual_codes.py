@@ -290,7 +290,7 @@ def decode_residual(arrays: Mapping[str, np.ndarray], bits: int) -> np.ndarray:
     """The states `(n, *S)` float32 of `n` tokens' codes, decoded BLOCK_ROWS tokens at a time into one output.
 
     A fetch decodes every passage it reads from one shard in one call; a large shard's worth at once made
-    temporaries of every token (hundreds of MB), slower warm and more so when their memory is fresh (BENCHMARKS.md,
+    temporaries of every token (hundreds of MB), 1.9-3x slower when their memory is fresh, as in a fetch (BENCHMARKS.md,
     "A store after 30 small appends": bench_decode_blocks.py and bench_compact.py).
     """
     if "rotation" in arrays and "rotated_runs" not in arrays:
