@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.arg_types import positive_int
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
 # Live tokens a compacted shard holds by default: about what precompute's default shard (1 MiB of input) holds.
 SHARD_TOKENS = 1 << 18
@@ -85,23 +85,41 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
     if args.shards is not None and args.shards > MAX_DEFAULT_SHARDS:
         raise DilstoreError(f"--shards {args.shards} is more than {MAX_DEFAULT_SHARDS}, the most a store is split into")
     output = None if args.output is None else _output_folder(Path(args.output).resolve(), store)
-    started = time.time()
-    # No precompute, other compaction or `dilstore index` writes the store meanwhile.
-    with write_lock(store), write_lock(store, INDEX_ROLE, doing="indexed"):
-        finish_interrupted_swap(store)  # a compaction or overwrite killed between its renames
-        if not (store / MANIFEST_FILE).is_file():
-            raise DilstoreError(f"no finished store at {store} (no {MANIFEST_FILE}); give a folder `dilstore "
-                                "precompute` finished")  # fmt: skip
-        before = _footprint(store)
-        reason = None if output is not None else already_compact(store, args.shards)
-        if reason is not None:
-            return {"store": str(store), "already_compact": True, "reason": reason}
-        target = output or _building_folder(store)
-        result, index = _compact_into(store, target, args.shards, before["bytes"],
-                                      show_progress=not (args.no_progress or args.json))  # fmt: skip
-        if output is None:
-            swap_in(store, target)
-    return _summary(store, output, result, before, _footprint(output or store), index, time.time() - started)
+    started, done = time.time(), False
+    try:
+        # No precompute, other compaction or `dilstore index` writes the store meanwhile.
+        with write_lock(store), write_lock(store, INDEX_ROLE, doing="indexed"):
+            finish_interrupted_swap(store)  # a compaction or overwrite killed between its renames
+            if not (store / MANIFEST_FILE).is_file():
+                raise DilstoreError(f"no finished store at {store} (no {MANIFEST_FILE}); give a folder `dilstore "
+                                    "precompute` finished")  # fmt: skip
+            before = _footprint(store)
+            reason = None if output is not None else already_compact(store, args.shards)
+            if reason is not None:
+                return {"store": str(store), "already_compact": True, "reason": reason}
+            target = output or _building_folder(store)
+            result, index = _compact_into(store, target, args.shards, before["bytes"],
+                                          show_progress=not (args.no_progress or args.json))  # fmt: skip
+            if output is None:
+                swap_in(store, target)
+            done = True
+        return _summary(store, output, result, before, _footprint(output or store), index, time.time() - started)
+    except KeyboardInterrupt as interrupt:
+        raise _stopped(interrupt, store, output, done) from None
+
+
+def _stopped(interrupt: KeyboardInterrupt, store: Path, output: Path | None, done: bool) -> StoppedBySignal:
+    """The stop an interrupt ends in, saying where the compacted store is: a stop after it was in place said only
+    "interrupted", as if nothing had been done (compact44 L5)."""
+    from dilstore.runners.stop_signals import interrupt_number, interrupt_words
+
+    if done:
+        where = f"{output} holds the compacted store" if output is not None else f"{store} is compacted"
+        return StoppedBySignal(f"{interrupt_words(interrupt)} after the compaction had finished: {where}",
+                               interrupt_number(interrupt))  # fmt: skip
+    kept = (f"{store} is as it was (stopped while the new store was put in place, the next `dilstore compact` of "
+            "it finishes that)") if output is None else f"{store} is as it was, and nothing was left in {output}"
+    return StoppedBySignal(f"{interrupt_words(interrupt)}; {kept}", interrupt_number(interrupt))
 
 
 def already_compact(store: Path, shards: int | None) -> str | None:

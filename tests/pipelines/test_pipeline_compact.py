@@ -296,3 +296,27 @@ def test_an_index_being_built_holds_compaction_off_and_hidden_work_is_not_carrie
     monkeypatch.chdir(tmp_path)
     empty = build_store(tmp_path / "empty", [], encoding="2bit")
     assert compact(capsys, str(empty), "--output", str(tmp_path / "empty-copy"))["passages"] == 0
+
+
+def test_a_stop_says_whether_the_compacted_store_is_in_place(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C after the swap said only "interrupted", as if nothing had been done (compact44 L5); one before it
+    leaves the store as it was and nothing beside it."""
+    from dilstore.runners import cmd_compact
+
+    store = tmp_path / "store"
+    shutil.copytree(appended, store)
+
+    def interrupt(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr("dilstore.storage.compact.finalize", interrupt)
+        assert cli.main(["compact", str(store), "--no-progress"]) == 130
+    assert "interrupted; " in capsys.readouterr().err and read_manifest(StoreLocation.parse(store)).appends
+    assert not building_dir(store).exists()
+    with monkeypatch.context() as patch:
+        patch.setattr(cmd_compact, "_summary", interrupt)
+        assert cli.main(["compact", str(store), "--no-progress"]) == 130
+    assert f"interrupted after the compaction had finished: {store} is compacted" in capsys.readouterr().err
+    assert read_manifest(StoreLocation.parse(store)).appends == ()
