@@ -271,6 +271,7 @@ def compact(store: PathLike, *, output: PathLike | None = None, shards: int | No
     shards, their states copied exactly; in place, or into `output` leaving `store` as it is. Returns the summary
     `--json` prints (`passages`, `shards`, `shards_before`, `superseded_rows_dropped`, `files`, `bytes`, ...; a
     store compact already: `already_compact` True and why). A progress bar goes to stderr unless `no_progress`.
+    Ctrl-C raises KeyboardInterrupt saying whether the compacted store is in place, as `precompute`'s does.
     """
     from dilstore.runners.arg_types import option_words
     from dilstore.runners.cmd_compact import compact_command
@@ -281,7 +282,10 @@ def compact(store: PathLike, *, output: PathLike | None = None, shards: int | No
     _check("no_progress", no_progress, (bool,), "True or False")
     options = option_words({"output": output, "shards": shards, "no_progress": no_progress})
     args = _parsed("compact", lambda parser: parser.parse_args(["compact", *options, "--", str(store)]))
-    return compact_command(args)
+    try:
+        return compact_command(args)
+    except StoppedBySignal as stop:  # the user's stop, not bad input: `except DilstoreError` must not swallow it
+        raise KeyboardInterrupt(str(stop)) from stop
 
 
 def evaluate_qa(

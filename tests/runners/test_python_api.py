@@ -163,3 +163,27 @@ def test_compact_returns_the_commands_summary_and_refuses_bad_options(tmp_path: 
         dilstore.compact(store, shards=0)
     with pytest.raises(dilstore.DilstoreError, match="^shards must be a positive integer or None"):
         dilstore.compact(store, shards="2")
+
+
+def test_a_stop_of_compact_is_a_keyboard_interrupt_saying_what_is_kept(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import dilstore
+    from dilstore.storage.append import commit_append, first_free_shard
+    from dilstore.storage.format import append_dir
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
+    from dilstore.storage.writer import write_shard
+    from tests.fixtures.store_fixtures import build_store, fingerprint_for, random_shards
+
+    shards = random_shards([3, 2], state_shape=(8,), seed=4, max_words=6)
+    store = build_store(tmp_path / "store", shards[:1])
+    write_shard(store / append_dir("a1b2c3d4e5f60718"), first_free_shard(read_manifest(StoreLocation.parse(store))),
+                shards[1], kind="dilbert", encoding="fp32", durable=False, generation="a1b2c3d4e5f60718")  # fmt: skip
+    commit_append(store, "a1b2c3d4e5f60718", fingerprint_for())
+
+    def interrupt(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("dilstore.storage.compact.finalize", interrupt)
+    with pytest.raises(KeyboardInterrupt, match=f"^interrupted; {store} is as it was"):
+        dilstore.compact(store, no_progress=True)
