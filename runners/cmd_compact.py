@@ -6,7 +6,7 @@ and verify. `compact` writes the passages the store serves into new shards, as a
 them, states copied byte for byte (storage/compact.py), and finalizes the result as a new build.
 
 Without --output the new store is built beside STORE (`.STORE.dilstore-building`, which needs free space for
-the store's live rows) under STORE's write lock and then swapped in, as `precompute --overwrite` does: a failed
+the store's live rows) under STORE's write and index locks and then swapped in, as `precompute --overwrite` does: a failed
 or killed compaction leaves STORE as it was, and the next `compact` or `precompute` of STORE finishes a swap a
 kill cut short. A store that is compact already (no appends, no superseded rows, the shard count asked for) is
 left as it is. Readers that have STORE open are told it was rebuilt (README: when). With
