@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     require_topics(topics, first_stage, str(args.topics))
     settings = RerankSettings(**{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None})
     reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)
+    reranker.store.check_files = True  # a store rebuilt under a long run is named, not read from its deleted build
     bar = tqdm(total=len(first_stage), unit="query", desc="rerank", file=sys.stderr, dynamic_ncols=True,
                disable=args.no_progress or args.json)  # fmt: skip
     with bar:

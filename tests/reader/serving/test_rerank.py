@@ -409,6 +409,36 @@ def test_cli_tags_the_run_with_tag_and_refuses_a_tag_of_two_words_before_reranki
     assert not (tmp_path / "out.trec").exists()
 
 
+def test_cli_stops_naming_a_store_rebuilt_under_the_run(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """After its first query the store is replaced, as `precompute --overwrite` or `compact` does: the run went on
+    reading the deleted build from its maps, and wrote its scores, exit 0."""
+    import shutil
+
+    import tqdm
+
+    local = tmp_path / "store"
+    shutil.copytree(store("earl-s1"), local)
+    real, replaced = tqdm.tqdm, []
+
+    class ReplacingBar(real):  # type: ignore[misc, valid-type]
+        def update(self, n: float | None = 1) -> bool | None:
+            if not replaced:  # after the first query
+                shutil.move(local, tmp_path / "old")
+                shutil.copytree(store("earl-s1"), local)
+                replaced.append(True)
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm, "tqdm", ReplacingBar)
+    arguments = write_inputs(tmp_path / "inputs", FIRST_STAGE)
+    status, _, err = cli(capsys, local, *arguments, "--model", model_dir, "--depth", 4, "--no-progress",
+                         "--threads", 1)  # fmt: skip
+    assert status == 2 and "after the store was opened" in err and "open it again" in err, err
+    assert not (tmp_path / "inputs" / "out.trec").exists()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_cli_reranks_a_store_at_an_http_url_like_the_local_path(
     kind: str, store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
