@@ -6,10 +6,10 @@ and verify. `compact` writes the passages the store serves into new shards, as a
 them, states copied byte for byte (storage/compact.py), and finalizes the result as a new build.
 
 Without --output the new store is built beside STORE (`.STORE.dilstore-building`, which needs free space for
-the store's live rows) under STORE's write and index locks and then swapped in, as `precompute --overwrite` does: a failed
-or killed compaction leaves STORE as it was, and the next `compact` or `precompute` of STORE finishes a swap a
-kill cut short. A store that is compact already (no appends, no superseded rows, the shard count asked for) is
-left as it is. Readers that have STORE open are told it was rebuilt (README: when). With
+the store's live rows) under STORE's write and index locks and then swapped in, as `precompute --overwrite`
+does: a failed or killed compaction leaves STORE as it was, and the next `compact` or `precompute` of STORE
+finishes a swap a kill cut short. A store that is compact already (no appends, no superseded rows, the shard
+count asked for) is left as it is. Readers that have STORE open are told it was rebuilt (README: when). With
 --output DIR, STORE is left as it is and the compacted copy is written to DIR. A BM25 index (`STORE/bm25`) that
 covers the store as it is comes along; a stale one does not (run `dilstore index` again).
 """
@@ -164,14 +164,9 @@ def _check_room(target: Path, needed: int) -> None:
 def _local_store(argument: str, *, in_place: bool) -> Path:
     """STORE as a local folder, resolved (a link to the store: the store it names is compacted, the link kept); in
     place, never the current folder or one above it, which the swap would pull from under the shell."""
-    if not argument.strip():
-        raise DilstoreError("the store path is empty")
-    if "://" in argument:
-        from dilstore.storage.location import redacted
+    from dilstore.runners.cmd_index import local_store
 
-        raise DilstoreError(f"{redacted(argument)} is a URL: compact a local copy of the store (it is rewritten "
-                            "through local files)")  # fmt: skip
-    store = Path(argument).resolve()
+    store = local_store(argument, ": compact a local copy of the store (it is rewritten through local files)").resolve()
     here = Path.cwd().resolve()
     if in_place and (store == here or store in here.parents):
         raise DilstoreError(f"{argument} is the current folder or one of its parents, which an in-place compaction "

@@ -56,17 +56,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_command)
 
 
-def local_store(argument: str) -> Path:
-    """STORE as a local folder: the index is built by Lucene on local files and written to STORE/bm25."""
+_LUCENE_IS_LOCAL = (", and Lucene writes only local files: index a local copy of the store, then give its bm25/ "
+                    "folder to ask, evaluate-qa or serve with --index")
+
+
+def local_store(argument: str, url_advice: str = _LUCENE_IS_LOCAL) -> Path:
+    """STORE as a local folder, for a command that writes inside it (the index is built by Lucene on local files
+    and written to STORE/bm25); a URL is refused with `url_advice` after "URL is a URL"."""
     if not argument.strip():
         raise DilstoreError("the store path is empty")
     if "://" in argument:
         from dilstore.storage.location import redacted
 
-        raise DilstoreError(
-            f"{redacted(argument)} is a URL, and Lucene writes only local files: index a local copy of the store, "
-            "then give its bm25/ folder to ask, evaluate-qa or serve with --index"
-        )
+        raise DilstoreError(f"{redacted(argument)} is a URL{url_advice}")
     return Path(argument)
 
 
