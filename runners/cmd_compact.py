@@ -218,8 +218,7 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
         appends = [record.get("generation") for record in manifest.appends]
         compacted = {**spec, "shards": count, "compacted": {"generation": manifest.generation, "appends": appends}}
         try:
-            remove_path(target)  # an empty --output
-            target.mkdir(parents=True)
+            target.mkdir(parents=True, exist_ok=True)  # an --output is absent or empty; a building folder was cleared
             atomic_write_text(target / SPEC_FILE, spec_json(compacted))
             if (store / SUMMARY_FILE).is_file():  # the first build's summary, which precompute shows for the store
                 shutil.copy2(store / SUMMARY_FILE, target / SUMMARY_FILE)
