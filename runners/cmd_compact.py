@@ -17,8 +17,10 @@ covers the store as it is comes along; a stale one does not (run `dilstore index
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import shlex
 import shutil
 import sys
@@ -87,9 +89,12 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
     output = None if args.output is None else _output_folder(Path(args.output).resolve(), store)
     started, done = time.time(), False
     try:
-        # No precompute, other compaction or `dilstore index` writes the store meanwhile.
-        with write_lock(store), write_lock(store, INDEX_ROLE, doing="indexed"):
-            finish_interrupted_swap(store)  # a compaction or overwrite killed between its renames
+        with contextlib.ExitStack() as locks:
+            if output is None or _lockable(store):
+                # No precompute, other compaction or `dilstore index` writes the store meanwhile.
+                locks.enter_context(write_lock(store))
+                locks.enter_context(write_lock(store, INDEX_ROLE, doing="indexed"))
+                finish_interrupted_swap(store)  # a compaction or overwrite killed between its renames
             if not (store / MANIFEST_FILE).is_file():
                 raise DilstoreError(f"no finished store at {store} (no {MANIFEST_FILE}); give a folder `dilstore "
                                     "precompute` finished")  # fmt: skip
@@ -106,6 +111,16 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
         return _summary(store, output, result, before, _footprint(output or store), index, time.time() - started)
     except KeyboardInterrupt as interrupt:
         raise _stopped(interrupt, store, output, done) from None
+
+
+def _lockable(store: Path) -> bool:
+    """Whether STORE's lock files can be made beside it. A store on a read-only mount cannot be locked, and needs no
+    lock to be copied with --output: shards are never rewritten in place (an append adds shards and a new manifest,
+    so the copy is the store as compaction found it), and a store rebuilt under the copy is refused by the reader as
+    for any program that reads it (compact44 L4: it was refused for want of its lock file)."""
+    from dilstore.storage.write_lock import lock_path
+
+    return os.access(lock_path(store).parent, os.W_OK)
 
 
 def _stopped(interrupt: KeyboardInterrupt, store: Path, output: Path | None, done: bool) -> StoppedBySignal:

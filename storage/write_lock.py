@@ -19,6 +19,7 @@ lock, and takes the lock of the file now there instead.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import time
@@ -102,7 +103,9 @@ def _opened(path: Path, folder: Path) -> int:
                 if attempts == _FOLDER_ATTEMPTS:
                     raise DilstoreError(f"cannot create the lock file {path}: its folder {path.parent} was removed "
                                         f"{attempts} times as it was made") from None  # fmt: skip
-    except PermissionError as error:
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):  # a read-only mount says EROFS
+            raise
         if path.exists():  # the folder is writable, or the file would not be there: the file itself is not
             raise DilstoreError(f"cannot open the lock file {path} of {folder}: {error.strerror}; it must be "
                                 "readable and writable by this user") from None  # fmt: skip

@@ -9,7 +9,9 @@ written.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import pytest
 from dilstore.pipelines.job import read_spec
 from dilstore.reader.retrieval import INDEX_RECORD, check_index_covers, indexed_state
 from dilstore.runners import cli
+from dilstore.storage import write_lock as write_lock_module
 from dilstore.storage.collection import collection_dir
 from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE
 from dilstore.storage.location import StoreLocation
@@ -143,6 +146,35 @@ def test_output_leaves_the_store_as_it_was_and_brings_an_index_only_when_it_cove
     (index / INDEX_RECORD).write_text(json.dumps({**indexed_state(manifest), "appends": 5}), encoding="utf-8")
     stale = compact(capsys, str(source), "--output", str(tmp_path / "stale"))
     assert stale["bm25_index"] == "stale" and not (tmp_path / "stale" / "bm25").exists()
+
+
+def test_a_store_on_a_read_only_mount_is_compacted_to_output_without_its_lock(
+        appended: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """compact44 L4: --output only reads STORE, but was refused for want of a lock file beside it. The suite may
+    run as root, whom file modes do not stop, so the mount is stood in for: its folder cannot be written to, and
+    a lock file there cannot be made."""
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    store = mounted / "store"
+    shutil.copytree(appended, store)
+    access, make = os.access, write_lock_module.os.open
+
+    def read_only(path: object, *args: object, **kwargs: object) -> int:
+        if Path(str(path)).parent == mounted and args and args[0] & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return make(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: not (Path(path) == mounted and mode & os.W_OK)
+                        and access(path, mode, **kw))  # fmt: skip
+    monkeypatch.setattr(write_lock_module.os, "open", read_only)
+    before = store_contents(store)
+    result = compact(capsys, str(store), "--output", str(tmp_path / "copy"))
+    assert result["superseded_rows_dropped"] >= 1
+    assert same_contents(store_contents(tmp_path / "copy"), before)
+    assert not list(mounted.glob(".*"))
+    assert cli.main(["compact", str(store)]) == 2
+    assert (f"cannot create the lock file {mounted}/.store.dilstore-lock: Read-only file system; the lock of {store} "
+            f"lives beside it, so its folder {mounted} must be writable") in capsys.readouterr().err
 
 
 def test_an_int8_store_and_a_busy_output_are_refused_before_anything_is_written(
