@@ -34,9 +34,10 @@ from typing import Any
 
 from dilstore.pipelines.codebook import needs_codebook
 from dilstore.pipelines.corpora import Document
-from dilstore.pipelines.job import SPEC_FILE, PrecomputeJob, read_spec, run_spec, spec_generation, spec_json
+from dilstore.pipelines.job import PrecomputeJob, run_spec
 from dilstore.pipelines.passages import split_document
 from dilstore.pipelines.routing import ReadTask, read_task
+from dilstore.pipelines.spec_file import read_spec, spec_generation, spec_json
 from dilstore.storage.append import (
     AppendMismatchError,
     fingerprint_differences,
@@ -46,7 +47,7 @@ from dilstore.storage.append import (
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
 from dilstore.storage.errors import DilstoreError, listed
-from dilstore.storage.format import append_dir
+from dilstore.storage.format import SPEC_FILE, append_dir
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
 from dilstore.storage.reader import open_store

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from dilstore.pipelines.append import retired_passages
-from dilstore.pipelines.job import SUMMARY_FILE, PrecomputeJob
+from dilstore.pipelines.job import PrecomputeJob
 from dilstore.storage.passage_files import REJECTED_DIR
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.shard_sink import read_meta
+from dilstore.pipelines.spec_file import SUMMARY_FILE
 from dilstore.reader.text.files import read_json_object
 from dilstore.storage.append import commit_append
 from dilstore.storage.atomic_files import atomic_write_text

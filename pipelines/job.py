@@ -15,8 +15,6 @@ current folder is ever replaced (`check_replaceable`).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +23,7 @@ from typing import Any
 
 from dilstore.pipelines.routing import ReadTask, RouteSettings
 from dilstore.pipelines.shard_sink import ShardSettings
+from dilstore.pipelines.spec_file import read_spec, spec_json
 from dilstore.reader.batching import BatchPolicy
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
@@ -33,9 +32,6 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
 from dilstore.storage.replacement import building_dir
-
-SUMMARY_FILE = "run-summary.json"
-
 
 @dataclass(frozen=True)
 class PrecomputeJob:
@@ -132,33 +128,6 @@ def _input_entry(path: str, format: str) -> dict[str, Any]:
     """One input as the spec records it: what the file is now, by size and modification time (ns)."""
     status = Path(path).stat()
     return {"path": path, "format": format, "bytes": status.st_size, "mtime_ns": status.st_mtime_ns}
-
-
-def spec_generation(spec: dict[str, Any]) -> str:
-    """The build id of a run: the first 16 hex digits of the SHA-256 of its spec file's text.
-
-    Equal specs give equal ids, so a resumed run writes the same bytes as an
-    uninterrupted one; any other spec (another k, model, input or encoding)
-    gives another id, which every shard and the manifest record, so a reader
-    never mixes shards of two builds.
-    """
-    return hashlib.sha256(spec_json(spec).encode("utf-8")).hexdigest()[:16]
-
-
-def spec_json(spec: dict[str, Any]) -> str:
-    """The spec file's text (sorted keys, so equal specs are equal bytes)."""
-    return json.dumps(spec, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-
-
-def read_spec(store: Path) -> dict[str, Any] | None:
-    """The spec an earlier run wrote into `store`, or None when there is none."""
-    path = store / SPEC_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DilstoreError(f"{path}: cannot read the earlier run's settings: {error}") from error
 
 
 def spec_differences(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:

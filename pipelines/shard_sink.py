@@ -48,7 +48,7 @@ class ShardSettings:
     compressor: None (uncompressed, memory-mappable) or a storage compressor
     name ("zstd", "blosc") applied to every array of the store shard.
     codebook: the store's codebook folder (2bit/1bit), read by every shard writer.
-    generation: the run's build id (pipelines.job.spec_generation), recorded
+    generation: the run's build id (pipelines.spec_file.spec_generation), recorded
     in every shard with the model's fingerprint hash.
     """
 

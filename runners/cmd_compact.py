@@ -155,7 +155,7 @@ def already_compact(store: Path, shards: int | None) -> str | None:
 def _building_folder(store: Path) -> Path:
     """The folder beside STORE the compacted store is built in, emptied of what a killed compaction left there; one
     a killed `precompute --overwrite` left (it resumes from it) is not deleted, but named."""
-    from dilstore.pipelines.job import read_spec
+    from dilstore.pipelines.spec_file import read_spec
     from dilstore.storage.durability import remove_path
     from dilstore.storage.replacement import building_dir
 
@@ -213,11 +213,12 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
     leaves nothing of `target` (an --output folder that was empty is removed too)."""
     from tqdm import tqdm
 
-    from dilstore.pipelines.job import SPEC_FILE, SUMMARY_FILE, read_spec, spec_generation, spec_json
     from dilstore.pipelines.sharding import shard_of
+    from dilstore.pipelines.spec_file import SUMMARY_FILE, read_spec, spec_generation, spec_json
     from dilstore.storage.atomic_files import atomic_write_text
     from dilstore.storage.compact import compact_store, copyable_problem
     from dilstore.storage.durability import remove_path
+    from dilstore.storage.format import SPEC_FILE
     from dilstore.storage.reader import open_store
 
     with open_store(store) as opened:  # memory-mapped, or through zarr-python where compressed

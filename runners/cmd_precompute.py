@@ -281,13 +281,14 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
     from dilstore.pipelines.codebook import check_codebook_fits, needs_codebook
-    from dilstore.pipelines.job import PrecomputeJob, run_spec, spec_generation
+    from dilstore.pipelines.job import PrecomputeJob, run_spec
     from dilstore.pipelines.sharding import (
         MAX_DEFAULT_SHARDS,
         MIN_DEFAULT_APPEND_SHARDS,
         MIN_DEFAULT_SHARDS,
         default_shard_count,
     )
+    from dilstore.pipelines.spec_file import spec_generation
     from dilstore.reader.modeling.fingerprint import model_fingerprint
     from dilstore.reader.offline.kinds import max_positions
     from dilstore.reader.batching import BatchPolicy
@@ -431,7 +432,7 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
     import shutil
 
     from dilstore.pipelines.append import check_store_settings, prepare_append, refuse_duplicates
-    from dilstore.pipelines.job import SPEC_FILE
+    from dilstore.storage.format import SPEC_FILE
 
     store = Path(job.store)
     manifest = check_store_settings(store, job)

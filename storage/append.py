@@ -312,7 +312,7 @@ def _appended_manifest(
     )
 
 
-# The name of an append's folder: its build id (pipelines/job.py, `spec_generation`).
+# The name of an append's folder: its build id (pipelines/spec_file.py, `spec_generation`).
 _BUILD_ID = re.compile(r"[0-9a-f]{16}")
 
 

@@ -29,7 +29,7 @@ SHARD_FORMAT_VERSION = ROTATED_SHARD_VERSION
 
 # Directory layout under the store root.
 MANIFEST_FILE = "manifest.json"
-SPEC_FILE = "precompute.json"  # the settings of the run that builds the store, written first (pipelines/job.py)
+SPEC_FILE = "precompute.json"  # the settings of the run that builds the store, written first (pipelines/spec_file.py)
 ZARR_METADATA_FILE = "zarr.json"  # each Zarr v3 group's and array's metadata
 SHARDS_DIR = "shards"
 INDEX_DIR = "index"

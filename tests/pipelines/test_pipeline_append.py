@@ -24,7 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dilstore.pipelines.job import SUMMARY_FILE, PrecomputeJob
+from dilstore.pipelines.job import PrecomputeJob
+from dilstore.pipelines.spec_file import SUMMARY_FILE
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.serving.rerank import open_reranker
 from dilstore.runners import cli

@@ -13,12 +13,14 @@ import errno
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dilstore.pipelines.job import read_spec
+from dilstore.pipelines.spec_file import read_spec
 from dilstore.reader.retrieval import INDEX_RECORD, check_index_covers, indexed_state
 from dilstore.runners import cli
 from dilstore.storage import write_lock as write_lock_module
@@ -175,6 +177,17 @@ def test_a_store_on_a_read_only_mount_is_compacted_to_output_without_its_lock(
     assert cli.main(["compact", str(store)]) == 2
     assert (f"cannot create the lock file {mounted}/.store.dilstore-lock: Read-only file system; the lock of {store} "
             f"lives beside it, so its folder {mounted} must be writable") in capsys.readouterr().err
+
+
+def test_compaction_runs_no_model_code(appended: Path, tmp_path: Path) -> None:
+    """scale45 L1: the spec helpers came from pipelines/job.py, whose routing imports the model code, so every
+    compaction loaded torch (3-5 s and about 250 MB) to copy bytes. In a process of its own: this one has torch."""
+    script = ("import sys; from dilstore.runners import cli; "
+              f"status = cli.main(['compact', {str(appended)!r}, '--output', {str(tmp_path / 'copy')!r}, '--json']); "
+              "print(status, sorted(name for name in ('torch', 'transformers', 'apache_beam') if name in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "0 []", done.stderr
+    assert (tmp_path / "copy" / MANIFEST_FILE).is_file()
 
 
 def test_an_int8_store_and_a_busy_output_are_refused_before_anything_is_written(

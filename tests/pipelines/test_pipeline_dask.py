@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from distributed import LocalCluster
 
-from dilstore.pipelines.job import SUMMARY_FILE
+from dilstore.pipelines.spec_file import SUMMARY_FILE
 from dilstore.runners import cli
 from dilstore.storage.verify import verify_store
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dilstore.pipelines.job import SUMMARY_FILE
+from dilstore.pipelines.spec_file import SUMMARY_FILE
 from dilstore.runners import cli
 from dilstore.storage.format import MANIFEST_FILE, TMP_PREFIX
 from dilstore.storage.verify import verify_store

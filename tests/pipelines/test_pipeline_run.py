@@ -25,10 +25,11 @@ from apache_beam.metrics.metric import MetricsFilter
 from safetensors.numpy import load_file, save_file
 
 from dilstore.pipelines.corpora import Document, read_corpus
-from dilstore.pipelines.job import SPEC_FILE, SUMMARY_FILE, prepare_store, run_spec, spec_differences, spec_generation
+from dilstore.pipelines.job import prepare_store, run_spec, spec_differences
 from dilstore.pipelines.options import LocalDefaults, assemble_beam_flags, pipeline_options
 from dilstore.pipelines.precompute import NAMESPACE, build_pipeline
 from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, route
+from dilstore.pipelines.spec_file import SUMMARY_FILE, spec_generation
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import encode_tokenized, load_reader
 from dilstore.runners import cli
@@ -37,6 +38,7 @@ from dilstore.runners.quiet import quiet_beam_logging, quiet_dask_logging
 from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
 from dilstore.storage.encodings import train_codebook
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import SPEC_FILE
 from dilstore.storage.reader import open_store
 from dilstore.storage.replacement import building_dir
 from dilstore.storage.verify import verify_store

@@ -12,19 +12,18 @@ import numpy as np
 import pytest
 
 from dilstore.pipelines.job import (
-    SPEC_FILE,
     check_replaceable,
     needs_replacement,
     prepare_store,
     replacement_dir,
-    spec_json,
     unmade_if_nothing_stored,
 )
+from dilstore.pipelines.spec_file import spec_json
 from dilstore.runners import cli
 from dilstore.storage import durability
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.format import StoreFormatError
+from dilstore.storage.format import SPEC_FILE, StoreFormatError
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
 from dilstore.storage.replacement import finish_interrupted_swap, swap_in
