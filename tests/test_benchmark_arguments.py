@@ -49,6 +49,7 @@ def _parse_arguments(bench: ModuleType, argv: list[str]) -> Any:
 PARSE: dict[str, Parse] = {
     "bench_codes": _from_sys_argv("main"),
     "bench_compact": _parse_arguments,
+    "bench_compact_memory": _parse_arguments,
     "bench_decode_blocks": _parse_arguments,
     "bench_codes_heldout": _from_sys_argv("main"),
     "bench_dilbert": _parse_arguments,
@@ -79,6 +80,8 @@ PARSE: dict[str, Parse] = {
 CASES = [
     ("bench_codes", ["--paragraphs", "0"]),
     ("bench_compact", ["--appends", "0"]),
+    ("bench_compact_memory", ["--passages", "1000", "0"]),
+    ("bench_compact_memory", ["--append-passages", "0"]),
     ("bench_decode_blocks", ["--tokens", "0"]),
     ("bench_codes", ["--threads", "0"]),
     ("bench_codes_heldout", ["--train-paragraphs", "0"]),
