@@ -14,7 +14,8 @@ pulls in neither torch nor Beam. Every error they explain is a
 `dilstore.DilstoreError` (the command line prints its message); the kinds a
 program may handle apart are here too (ERRORS), and so are the classes the
 functions return (RESULTS), for type hints: `def show(reader:
-dilstore.OpenDomainReader)`. The package is typed (py.typed). The layers install under this one name:
+dilstore.OpenDomainReader)`; a reranker is `dilstore.StoreReranker[Any]`. The
+package is typed (py.typed). The layers install under this one name:
 `dilstore.storage` (the shard store), `dilstore.reader` (models, serving,
 training, evaluation), `dilstore.pipelines` (the Beam precompute job) and
 `dilstore.runners` (the `dilstore` command).
@@ -40,12 +41,15 @@ if TYPE_CHECKING:  # what type checkers see (py.typed); at run time `__getattr__
     )
     from dilstore.reader.evaluation.open_domain import QAEvaluation
     from dilstore.reader.evaluation.rank_metrics import RankEvaluation
-    from dilstore.reader.serving.answers import Answer
+    from dilstore.reader.serving.answers import Answer, Span
     from dilstore.reader.serving.odqa import OpenDomainReader
     from dilstore.reader.serving.rerank import RerankStats, StoreReranker
     from dilstore.storage.fingerprint import FingerprintMismatchError
     from dilstore.storage.format import StoreChangedError, StoreFormatError, StoreReadError
     from dilstore.storage.reader import MissingPassagesError, Store
+    from dilstore.storage.records import StoredPassage
+
+    __version__: str
 
 # The DilstoreError subclasses the README names, by the module that defines each (loaded on first use too); listed
 # by name in __all__ as well, where static tools see them.
@@ -64,8 +68,10 @@ RESULTS = {
     "QAEvaluation": "dilstore.reader.evaluation.open_domain",
     "RankEvaluation": "dilstore.reader.evaluation.rank_metrics",
     "RerankStats": "dilstore.reader.serving.rerank",
+    "Span": "dilstore.reader.serving.answers",
     "Store": "dilstore.storage.reader",
     "StoreReranker": "dilstore.reader.serving.rerank",
+    "StoredPassage": "dilstore.storage.records",
 }
 
 __all__ = [
@@ -77,11 +83,13 @@ __all__ = [
     "QAEvaluation",
     "RankEvaluation",
     "RerankStats",
+    "Span",
     "Store",
     "StoreChangedError",
     "StoreFormatError",
     "StoreReadError",
     "StoreReranker",
+    "StoredPassage",
     "build_index",
     "compact",
     "evaluate_qa",
@@ -93,23 +101,25 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Load the API module (or an error's or a result's module) on first use of one of its names; `__version__` is
-    the installed package's (`dilstore --version` prints it)."""
-    if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
+if not TYPE_CHECKING:  # a checker that saw it would take every name, a misspelt one too, as Any (api45 M1)
 
-        try:
-            return version("dilstore")
-        except PackageNotFoundError:  # the source tree on sys.path, not installed
-            return "unknown (not installed)"
-    if name in ERRORS or name in RESULTS:
-        return getattr(importlib.import_module(ERRORS.get(name) or RESULTS[name]), name)
-    if name in __all__:  # DilstoreError is bound above, so only the API's functions come here
-        from dilstore import api
+    def __getattr__(name: str) -> Any:
+        """Load the API module (or an error's or a result's module) on first use of one of its names;
+        `__version__` is the installed package's (`dilstore --version` prints it)."""
+        if name == "__version__":
+            from importlib.metadata import PackageNotFoundError, version
 
-        return getattr(api, name)
-    raise AttributeError(f"module 'dilstore' has no attribute {name!r}")
+            try:
+                return version("dilstore")
+            except PackageNotFoundError:  # the source tree on sys.path, not installed
+                return "unknown (not installed)"
+        if name in ERRORS or name in RESULTS:
+            return getattr(importlib.import_module(ERRORS.get(name) or RESULTS[name]), name)
+        if name in __all__:  # DilstoreError is bound above, so only the API's functions come here
+            from dilstore import api
+
+            return getattr(api, name)
+        raise AttributeError(f"module 'dilstore' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

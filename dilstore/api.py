@@ -96,7 +96,8 @@ def open_reader(
                             online_variant=online_variant)  # fmt: skip
 
 
-def open_reranker(store: PathLike, model: PathLike | None = None, *, device: str | None = None) -> StoreReranker:
+def open_reranker(store: PathLike, model: PathLike | None = None, *, device: str | None = None
+                  ) -> StoreReranker[Any]:
     """A reranker over an earl-s1, earl-s2 or listformer store: `reranker.rerank(query, doc_ids)` → {doc_id: score}.
 
     `model` must be the one that made the store; it defaults to the shipped

@@ -20,7 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -131,7 +131,7 @@ class Store:
     def __contains__(self, passage_id: object) -> bool:
         return isinstance(passage_id, str) and not self.missing([passage_id])
 
-    def missing(self, passage_ids: Sequence[str]) -> list[str]:
+    def missing(self, passage_ids: Iterable[str]) -> list[str]:
         """The ids among `passage_ids` the store lacks, in the order given: one lookup for all (`in` takes one)."""
         passage_ids = as_list(passage_ids, "missing takes a list of passage ids")
         index = self._live_index()
@@ -163,11 +163,11 @@ class Store:
             raise DilstoreError(f"store {self.url} is closed; open it again to read from it")
         return index
 
-    def fetch(self, passage_ids: Sequence[str]) -> list[StoredPassage]:
+    def fetch(self, passage_ids: Iterable[str]) -> list[StoredPassage]:
         """The passages with these ids, in the order given (repeats allowed).
 
         Raises MissingPassagesError naming the first few ids that are not in the store, and DilstoreError when
-        `passage_ids` is not a sequence of strings (a bare string would be read as one id per character).
+        `passage_ids` is not an iterable of strings (a bare string would be read as one id per character).
         """
         passage_ids = as_list(passage_ids, "fetch takes a list of passage ids")
         index = self._live_index()

@@ -120,7 +120,7 @@ class PassageSource(Protocol):
     def fetch(self, passage_ids: Sequence[str]) -> list[StoredPassage]: ...
 
 
-def _question_list(questions: Sequence[str]) -> list[str]:
+def _question_list(questions: Iterable[str]) -> list[str]:
     """The questions as a list (any iterable but one string, which would be read as one question per character)."""
     return as_list(questions, "questions must be a list of strings (answer() takes a single one)")
 
@@ -183,7 +183,7 @@ class OpenDomainReader:
         return self.answer_many([question], top_p=top_p, mu=mu)[0]
 
     def answer_many(
-        self, questions: Sequence[str], top_p: int | None = None, mu: float | None = None
+        self, questions: Iterable[str], top_p: int | None = None, mu: float | None = None
     ) -> list[Answer]:
         """Retrieve, read and aggregate several questions in one pass of the model."""
         mu = self.settings.mu if mu is None else mu
@@ -191,7 +191,7 @@ class OpenDomainReader:
         return [aggregate(reading, mu, self.settings.n_best) for reading in self.retrieve_and_read(questions, top_p)]
 
     def retrieve_and_read(
-        self, questions: Sequence[str], top_p: int | Sequence[int] | None = None
+        self, questions: Iterable[str], top_p: int | Sequence[int] | None = None
     ) -> list[Reading]:
         """BM25 top-p for each question (one top_p for all, or one per question), then `read` (questions are checked
         before any search)."""
@@ -210,7 +210,7 @@ class OpenDomainReader:
             hits = [self.searcher.search(question, k) for question, k in zip(questions, top_ps, strict=True)]
         return self._read(questions, tokenized, hits, timings)
 
-    def read(self, questions: Sequence[str], candidates: Sequence[Sequence[Hit | str]]) -> list[Reading]:
+    def read(self, questions: Iterable[str], candidates: Iterable[Iterable[Hit | str]]) -> list[Reading]:
         """Read each question against its own candidates: BM25 hits, or bare passage ids (s_bm25 = 0). A passage
         given twice is read once, with its first hit (each span was found twice), as `rerank` scores an id once."""
         questions = _question_list(questions)
@@ -223,7 +223,7 @@ class OpenDomainReader:
                 for row in candidates]  # fmt: skip
         return self._read(questions, tokenized, hits, Timings())
 
-    def passage_logits(self, question: str, passage_ids: Sequence[str]) -> list[PassageLogits]:
+    def passage_logits(self, question: str, passage_ids: Iterable[str]) -> list[PassageLogits]:
         """Start/end logits of one question over each given stored passage (what decoding sees)."""
         tokenized = self._tokenize_questions([question])
         timings = Timings()

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -241,7 +241,7 @@ class StoreReranker(ABC, Generic[RankerT]):
     def rerank(
         self,
         query: str,
-        doc_ids: Sequence[str],
+        doc_ids: Iterable[str],
         *,
         skip_missing: bool = False,
         stats: RerankStats | None = None,
@@ -354,7 +354,7 @@ class StoreReranker(ABC, Generic[RankerT]):
         )
 
     def rerank_tokenized(
-        self, tokens: TokenizedText, doc_ids: Sequence[str], *, skip_missing: bool = False,
+        self, tokens: TokenizedText, doc_ids: Iterable[str], *, skip_missing: bool = False,
         stats: RerankStats | None = None,
     ) -> dict[str, float]:
         """`rerank` of a query `tokenize_query` has tokenized: a server that checked the query up front, or a run
