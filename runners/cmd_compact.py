@@ -101,7 +101,7 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
             before = _footprint(store)
             reason = None if output is not None else already_compact(store, args.shards)
             if reason is not None:
-                return {"store": str(store), "already_compact": True, "reason": reason}
+                return _unchanged(store, before, reason, time.time() - started)
             target = output or _building_folder(store)
             result, index = _compact_into(store, target, args.shards, before["bytes"],
                                           show_progress=not (args.no_progress or args.json))  # fmt: skip
@@ -305,11 +305,28 @@ def _footprint(store: Path) -> dict[str, int]:
     return {"files": len(sizes), "bytes": sum(sizes)}
 
 
+def _unchanged(store: Path, footprint: dict[str, int], reason: str, seconds: float) -> dict[str, Any]:
+    """The result for a store compact already: the keys of `_summary`, with nothing changed (a program reading
+    `shards` got a KeyError, api45 L7)."""
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
+
+    manifest = read_manifest(StoreLocation.parse(store))
+    return {"store": str(store), "already_compact": True, "reason": reason, "output": str(store),
+            "passages": manifest.passages, "tokens": manifest.tokens, "shards": len(manifest.shards),
+            "shards_before": len(manifest.shards), "appends_before": 0, "superseded_rows_dropped": 0,
+            "files_before": footprint["files"], "files": footprint["files"], "bytes_before": footprint["bytes"],
+            "bytes": footprint["bytes"], "bm25_index": "unchanged", "generation": manifest.generation,
+            "seconds": round(seconds, 2)}  # fmt: skip
+
+
 def _summary(store: Path, output: Path | None, result: Compaction, before: dict[str, int], after: dict[str, int],
              index: str, seconds: float) -> dict[str, Any]:
     """The command's result, as `--json` prints it."""
     return {
         "store": str(store),
+        "already_compact": False,
+        "reason": None,
         "output": str(output or store),
         "passages": result.manifest.passages,
         "tokens": result.manifest.tokens,

@@ -277,10 +277,14 @@ def test_a_store_compact_already_is_left_and_a_full_disk_is_said_before_writing(
     assert cli.main(["compact", str(store)]) == 2
     assert "compacting needs about" in capsys.readouterr().err and not building_dir(store).exists()
     monkeypatch.undo()
-    compact(capsys, str(store))
+    first = compact(capsys, str(store))
     manifest_bytes = (store / MANIFEST_FILE).read_bytes()
     again = compact(capsys, str(store))
     assert again["already_compact"] is True and (store / MANIFEST_FILE).read_bytes() == manifest_bytes
+    assert first["already_compact"] is False and list(again) == list(first)  # one shape either way (api45 L7)
+    assert {key: again[key] for key in ("passages", "tokens", "shards", "files", "bytes", "generation")} == {
+        key: first[key] for key in ("passages", "tokens", "shards", "files", "bytes", "generation")}
+    assert again["superseded_rows_dropped"] == 0 and again["files_before"] == again["files"]
 
 
 def test_the_default_shard_count_follows_the_tokens_served_and_never_grows() -> None:
