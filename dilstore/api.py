@@ -256,13 +256,14 @@ def build_index(store: PathLike, *, threads: int = 1, no_progress: bool = False)
     """
     from dilstore.reader.retrieval import bm25_index_dir
     from dilstore.runners.arg_types import option_words
+    from dilstore.runners.cmd_index import index_store
 
     _check("store", store, _PATH, "a store folder")
     _check("threads", threads, (int,), "a positive integer")
     _check("no_progress", no_progress, (bool,), "True or False")
     argv = ["index", *option_words({"threads": threads, "no_progress": no_progress}), "--", str(store)]
     args = _parsed("index", lambda parser: parser.parse_args(argv))
-    args.run(args)
+    index_store(args)
     return bm25_index_dir(store)
 
 

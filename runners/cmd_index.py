@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dilstore.reader.retrieval import bm25_index_dir
 from dilstore.runners.arg_types import positive_int
@@ -109,7 +109,20 @@ def build_index(
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Build STORE/bm25 from STORE/passages/jsonl (and, in an appended store, every append's parts); 0 on success."""
+    """Build STORE/bm25 and say what was indexed (one line on stderr, or the JSON on stdout); 0 on success."""
+    result = index_store(args)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        source = f"{result['collection']} and the store's appends" if result["appended"] else result["collection"]
+        print(f"BM25 index of {result['passages']:,} passages ({source}) written to {result['index']} in "
+              f"{result['seconds']} s", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def index_store(args: argparse.Namespace) -> dict[str, Any]:
+    """Build STORE/bm25 from STORE/passages/jsonl (and, in an appended store, every append's parts); what was
+    indexed, as `--json` prints it. Prints nothing of its own (`dilstore.build_index` calls it, api45 L5)."""
     from dilstore.storage.collection import collection_dir, is_appended, write_live_collection
     from dilstore.storage.location import StoreLocation
     from dilstore.storage.manifest import read_manifest
@@ -140,7 +153,7 @@ def run_command(args: argparse.Namespace) -> int:
         else:
             files = len(list(collection.glob("*.jsonl")))
             build_index(collection, target, args.threads, manifest, show_progress, reread)
-    result = {
+    return {
         "index": str(target),
         "collection": str(collection),
         "appended": appended,  # the appends' parts were indexed too, from a scratch copy of the live rows
@@ -148,10 +161,3 @@ def run_command(args: argparse.Namespace) -> int:
         "passages": manifest.passages,
         "seconds": round(time.time() - started, 2),
     }
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        source = f"{collection} and the store's appends" if appended else str(collection)
-        print(f"BM25 index of {manifest.passages:,} passages ({source}) written to {target} in {result['seconds']} s",
-              file=sys.stderr)  # fmt: skip
-    return 0

@@ -41,6 +41,7 @@ def test_the_readme_python_api_script_runs(tmp_path: Path) -> None:
     assert lines[1].startswith("{'RR@10': ") and "'queries': 1" in lines[1]
     assert lines[2].startswith("{'questions': 1, 'em': 100.0")
     assert "passage/s]" not in done.stderr  # no_progress=True: neither precompute's bar nor build_index's
+    assert "BM25 index of" not in done.stderr  # the command's summary line is the command's (api45 L5)
 
 
 def test_import_dilstore_is_light_and_lists_the_api() -> None:
