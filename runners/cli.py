@@ -16,7 +16,13 @@ from collections.abc import Sequence
 import dilstore
 from dilstore.runners.open_files import raise_open_file_limit
 from dilstore.runners.quiet import configure as configure_output
-from dilstore.runners.stop_signals import drop_interrupted_work, interrupt_number, interrupt_words, signals_interrupt
+from dilstore.runners.stop_signals import (
+    drop_interrupted_work,
+    interrupt_number,
+    interrupt_words,
+    signals_interrupt,
+    stops_ignored,
+)
 from dilstore.storage.errors import DilstoreError, StoppedBySignal, scrubbed
 
 # Order is the order `dilstore --help` lists them in.
@@ -130,15 +136,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.flush()
         return status
     except StoppedBySignal as stop:
-        print(f"dilstore {args.command}: {stop}", file=sys.stderr)
-        drop_interrupted_work(stop)
+        with stops_ignored():
+            print(f"dilstore {args.command}: {stop}", file=sys.stderr)
+            drop_interrupted_work(stop)
         return 128 + stop.signal_number
     except DilstoreError as error:
         print(f"dilstore {args.command}: error: {scrubbed(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:
-        print(f"dilstore {args.command}: {interrupt_words(interrupt)}", file=sys.stderr)
-        drop_interrupted_work(interrupt)
+        with stops_ignored():
+            print(f"dilstore {args.command}: {interrupt_words(interrupt)}", file=sys.stderr)
+            drop_interrupted_work(interrupt)
         return 128 + interrupt_number(interrupt)
     except BrokenPipeError:
         # The reader of our output went away (`dilstore info STORE | head`): stop quietly, as Unix tools do.

@@ -101,6 +101,22 @@ def drop_interrupted_work(interrupt: BaseException) -> None:
         sys.unraisablehook = unraisable_hook
 
 
+@contextmanager
+def stops_ignored() -> Iterator[None]:
+    """In the block, a stopping signal is ignored: a command saying it stopped and freeing what it left (up to a
+    second or so, with torch's tensors to collect) is not cut short by a second Ctrl-C, which printed a traceback
+    over its one line (longrun45 F2). Only the main thread may set handlers; elsewhere the block changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in STOPPING_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+
+
 def _cancel_zarr_tasks(wait_seconds: float = 1.0) -> None:
     """Cancel the tasks on zarr's event loop (a thread of its own) and wait up to `wait_seconds` for them to end.
 

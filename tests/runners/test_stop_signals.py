@@ -153,6 +153,32 @@ def test_index_stopped_by_a_signal_says_so_in_one_line_and_removes_its_copy_of_t
     assert not (appended_store / "bm25").exists()
 
 
+def test_a_second_signal_while_the_command_stops_does_not_cut_its_cleanup_short(
+    appended_store: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second Ctrl-C while `evaluate-rc` or `rerank` freed what it left (about a second) printed a traceback over
+    the one line (longrun45 F2): the handlers given back by then were the defaults. Here the one given back raises."""
+    freed: list[BaseException] = []
+
+    def stopped(*_: object) -> None:
+        signal.raise_signal(signal.SIGTERM)
+        raise AssertionError("the signal did not stop the command")
+
+    def again(interrupt: BaseException) -> None:
+        signal.raise_signal(signal.SIGTERM)  # the second signal, as the command cleans up
+        freed.append(interrupt)
+
+    def unhandled(number: int, frame: object) -> None:
+        raise AssertionError("the second signal reached the handler given back")
+
+    monkeypatch.setattr(cmd_index, "build_index", stopped)
+    monkeypatch.setattr(cli, "drop_interrupted_work", again)
+    signal.signal(signal.SIGTERM, unhandled)
+    assert cli.main(["index", str(appended_store)]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == "dilstore index: stopped by SIGTERM\n" and len(freed) == 1
+    assert signal.getsignal(signal.SIGTERM) is unhandled
+
+
 @pytest.mark.parametrize("ignored", [True, False], ids=["under-nohup", "from-a-terminal"])
 def test_serve_leaves_an_ignored_hangup_ignored(ignored: bool) -> None:
     """`nohup dilstore serve` stopped when its terminal closed: the server set its SIGHUP handler over the ignore."""
