@@ -30,7 +30,7 @@ import random
 import time
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +170,48 @@ class QAEvaluation:
             "online_variant": self.online_variant,
             "encoding": self.encoding,
         }
+
+    def to_record(self) -> dict[str, Any]:
+        """Everything of this evaluation as JSON values (`from_record` reads it back): a part of a long run kept on
+        disk as it is done (runners/journal.py)."""
+        return {"questions": self.questions, "top_p": self.top_p, "mu": self.mu, "recall": self.recall,
+                "scores": [[mu, em, f1_] for mu, (em, f1_) in self.scores.items()], "refused": self.refused,
+                "seconds": self.seconds, "timings": {stage: getattr(self.timings, stage) for stage in STAGES},
+                "predictions": self.predictions, "online_variant": self.online_variant,
+                "encoding": self.encoding}  # fmt: skip
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> QAEvaluation:
+        """The evaluation `to_record` wrote."""
+        scores = {float(mu): (float(em), float(f1_)) for mu, em, f1_ in record["scores"]}
+        return cls(**{**record, "scores": scores, "timings": Timings(**record["timings"])})
+
+
+def merged_evaluation(parts: Sequence[QAEvaluation]) -> QAEvaluation:
+    """One evaluation of the questions of `parts`, evaluated in turn over disjoint questions with one top-p and μ:
+    scores and R weighted by each part's questions, counts, seconds and stage times summed, predictions in order."""
+    if not parts:
+        raise DilstoreError("there are no evaluated questions to merge")
+    questions = sum(part.questions for part in parts)
+    timings = Timings()
+    for part in parts:
+        _add_timings(timings, part.timings)
+
+    def weighted(value: Callable[[QAEvaluation], float]) -> float:
+        return sum(value(part) * part.questions for part in parts) / questions
+
+    first = parts[0]
+    return replace(
+        first,
+        questions=questions,
+        scores={mu: (weighted(lambda part: part.scores[mu][0]), weighted(lambda part: part.scores[mu][1]))
+                for mu in first.scores},  # fmt: skip
+        recall=weighted(lambda part: part.recall),
+        refused=sum(part.refused for part in parts),
+        seconds=sum(part.seconds for part in parts),
+        timings=timings,
+        predictions={key: value for part in parts for key, value in part.predictions.items()},
+    )
 
 
 class AnswerRecall:

@@ -262,3 +262,63 @@ def test_predictions_are_written_whole_or_not_at_all(tmp_path: Path, monkeypatch
     expected = f"^cannot write predictions to {elsewhere}: .*no such folder: '{elsewhere.parent}'$"
     with pytest.raises(DilstoreError, match=expected):
         write_predictions(elsewhere, SimpleNamespace(predictions={}))
+
+
+def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goes_on_from_them(
+    odqa: OpenDomainReader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stop at 90% of a run of hours kept nothing (longrun45 F1). Parts of 2 questions here; the run stopped in its
+    third part goes on from the two kept, and ends as an unstopped run does."""
+    from dilstore.reader.evaluation import open_domain
+    from dilstore.runners import cli, cmd_evaluate_qa
+
+    questions = tmp_path / "questions.jsonl"
+    asked = [{"question": q.question, "answer": list(q.answers)} for q in QUESTIONS + QUESTIONS[:2] + QUESTIONS[:2]]
+    questions.write_text("".join(json.dumps(line) + "\n" for line in asked), encoding="utf-8")
+    monkeypatch.setattr(cmd_evaluate_qa, "open_odqa_reader", lambda args: odqa)
+    monkeypatch.setattr(cmd_evaluate_qa, "PART_QUESTIONS", 2)
+    real, calls = open_domain.evaluate_questions, []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(len(args[1]))  # type: ignore[arg-type]
+        if len(calls) == stop_at:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(open_domain, "evaluate_questions", counted)  # the command imports it when it runs
+
+    def evaluate(predictions: Path, *extra: str) -> tuple[int, str, str]:
+        status = cli.main(["evaluate-qa", "store", "--questions", str(questions), "--question-batch", "1", "--json",
+                           "--predictions", str(predictions), "--top-p", "2", *extra])  # fmt: skip
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    stop_at = 0
+    status, whole, _ = evaluate(tmp_path / "whole.json")
+    assert status == 0 and calls == [2, 2, 2, 1] and not list(tmp_path.glob(".*partial"))
+    stop_at, calls[:] = 3, []
+    status, _, err = evaluate(tmp_path / "stopped.json")
+    journal = tmp_path / ".stopped.json.dilstore-partial"
+    assert status == 130 and not (tmp_path / "stopped.json").exists()
+    assert err == (f"dilstore evaluate-qa: interrupted; 4 of 7 questions done are kept in {journal}: run the same "
+                   "command again to go on from them\n")  # fmt: skip
+    stop_at, calls[:] = 0, []
+    status, resumed, _ = evaluate(tmp_path / "stopped.json")
+    assert status == 0 and calls == [2, 1] and not journal.exists()
+    assert json.loads(resumed)["resumed_questions"] == 4 and json.loads(whole)["resumed_questions"] == 0
+    for key in ("questions", "em", "f1", "recall", "refused"):
+        assert json.loads(resumed)[key] == pytest.approx(json.loads(whole)[key]), key
+    assert (tmp_path / "stopped.json").read_text(encoding="utf-8") == (tmp_path / "whole.json").read_text("utf-8")
+    stop_at, calls[:] = 2, []
+    assert evaluate(tmp_path / "other.json")[0] == 130
+    lines = journal.with_name(".other.json.dilstore-partial").read_text(encoding="utf-8").splitlines()
+    journal.with_name(".other.json.dilstore-partial").write_text(lines[0] + "\n" + lines[1][:40], encoding="utf-8")
+    stop_at, calls[:] = 0, []
+    assert json.loads(evaluate(tmp_path / "other.json")[1])["resumed_questions"] == 0  # a cut line is not taken
+    assert calls == [2, 2, 2, 1]
+    stop_at, calls[:] = 2, []
+    assert evaluate(tmp_path / "mu.json")[0] == 130
+    stop_at, calls[:] = 0, []
+    status, out, err = evaluate(tmp_path / "mu.json", "--limit", "6")
+    assert status == 0, err
+    assert (json.loads(out)["resumed_questions"], json.loads(out)["questions"]) == (0, 6)  # other settings

@@ -1,0 +1,78 @@
+"""Parts of a long evaluation kept beside its output as each is done, so that a stopped run goes on from them.
+
+`evaluate-qa` over a full question set takes hours on a CPU, and a Ctrl-C at 90% kept nothing (longrun45 F1).
+With an output file, the command now works through its questions in parts and appends each finished part's
+result to `.NAME.dilstore-partial` beside the output (one JSON line, flushed). The first line records the run's
+settings; the same command run again finds them equal and takes the parts already done, and other settings
+start the journal anew. The journal is removed once the output is written.
+
+A line cut short by a kill ends what is read; the journal is then written again without it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+from dilstore.storage.atomic_files import atomic_write_text
+
+JOURNAL_FORMAT = "dilstore-partial/1"
+
+
+def journal_path(output: Path) -> Path:
+    """Where the journal of a command writing `output` lives: a hidden file beside it."""
+    return output.parent / f".{output.name}.dilstore-partial"
+
+
+class Journal:
+    """The finished parts of one run (`parts`: part number -> its record), and where the next ones are added."""
+
+    def __init__(self, output: Path, settings: dict[str, Any]) -> None:
+        self.path = journal_path(output)
+        self._header = {"journal": JOURNAL_FORMAT, "settings": settings}
+        self.parts = self._read()
+        lines = [self._header, *({"part": part, "record": record} for part, record in self.parts.items())]
+        atomic_write_text(self.path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines),
+                          create_parents=False)  # fmt: skip
+        self._stream: TextIO | None = None
+
+    def _read(self) -> dict[int, Any]:
+        """The parts a run of these settings kept here before, in order; none when there is no journal, it is
+        unreadable, or it was written with other settings."""
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+            if not lines or json.loads(lines[0]) != self._header:
+                return {}
+        except (OSError, UnicodeError, ValueError):
+            return {}
+        parts: dict[int, Any] = {}
+        for line in lines[1:]:
+            try:
+                entry = json.loads(line)
+                part, record = entry["part"], entry["record"]
+            except (ValueError, TypeError, KeyError):  # cut short by a kill: what follows is not trusted either
+                break
+            if part != len(parts):
+                break
+            parts[part] = record
+        return parts
+
+    def add(self, part: int, record: Any) -> None:
+        """Keep `record` as part `part`'s result (the next part in order)."""
+        if self._stream is None:
+            self._stream = self.path.open("a", encoding="utf-8")
+        self._stream.write(json.dumps({"part": part, "record": record}, ensure_ascii=False) + "\n")
+        self._stream.flush()
+        self.parts[part] = record
+
+    def close(self) -> None:
+        """Stop adding; what was added stays."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def remove(self) -> None:
+        """Delete the journal: the output it served is written."""
+        self.close()
+        self.path.unlink(missing_ok=True)
