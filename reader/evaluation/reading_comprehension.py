@@ -118,25 +118,32 @@ def predict_answers(
     best: dict[str, tuple[float, str]] = {feature.example_id: (float("-inf"), "") for feature in features}
     order = sorted(range(len(features)), key=lambda index: len(features[index].passage))
     batches = [order[i : i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
-    for indices in tqdm(batches, disable=not progress, unit="batch", desc="reading", dynamic_ncols=True):
-        chunk = [features[index] for index in indices]
-        batch = collate_features(chunk, pad_token_id)
-        start_logits, end_logits = scorer(batch)  # each (b, nq + np)
-        question_width = batch.question_ids.shape[1]
-        start_passage = start_logits[:, question_width:].float().cpu().numpy()  # (b, np)
-        end_passage = end_logits[:, question_width:].float().cpu().numpy()  # (b, np)
-        for row, feature in enumerate(chunk):
-            length = len(feature.passage)
-            spans = best_spans(
-                start_passage[row, :length],
-                end_passage[row, :length],
-                feature.passage.char_spans,
-                n_best=1,
-                max_answer_length=settings.max_answer_length,
-            )
-            if spans and spans[0].score > best[feature.example_id][0]:
-                top = spans[0]
-                best[feature.example_id] = (top.score, feature.context[top.char_start : top.char_end])
+    # The bar counts padded tokens, not batches: batches go shortest first, so a count of batches put the time left
+    # at a third to a half of what it was (longrun45 F3).
+    costs = [len(indices) * (max(len(features[index].question) for index in indices)
+                             + max(len(features[index].passage) for index in indices)) for indices in batches]
+    with tqdm(total=sum(costs), disable=not progress, unit="token", unit_scale=True, desc="reading",
+              dynamic_ncols=True) as bar:  # fmt: skip
+        for indices, cost in zip(batches, costs, strict=True):
+            chunk = [features[index] for index in indices]
+            batch = collate_features(chunk, pad_token_id)
+            start_logits, end_logits = scorer(batch)  # each (b, nq + np)
+            question_width = batch.question_ids.shape[1]
+            start_passage = start_logits[:, question_width:].float().cpu().numpy()  # (b, np)
+            end_passage = end_logits[:, question_width:].float().cpu().numpy()  # (b, np)
+            for row, feature in enumerate(chunk):
+                length = len(feature.passage)
+                spans = best_spans(
+                    start_passage[row, :length],
+                    end_passage[row, :length],
+                    feature.passage.char_spans,
+                    n_best=1,
+                    max_answer_length=settings.max_answer_length,
+                )
+                if spans and spans[0].score > best[feature.example_id][0]:
+                    top = spans[0]
+                    best[feature.example_id] = (top.score, feature.context[top.char_start : top.char_end])
+            bar.update(cost)
     return {question_id: text for question_id, (_, text) in best.items()}
 
 
