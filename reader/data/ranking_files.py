@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dilstore.reader.text.files import numbered_lines
+from dilstore.reader.text.files import json_line, numbered_lines
 from dilstore.reader.text.surrogates import require_unicode
 from dilstore.storage.atomic_files import atomic_write_bytes
 from dilstore.storage.errors import DilstoreError
@@ -141,10 +141,7 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def _parse_line(path: Path, number: int, line: str) -> dict[str, Any]:
     """One JSONL line as a JSON object; a DilstoreError naming file and line otherwise."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise DilstoreError(f"{path}:{number}: not valid JSON ({error.msg}, column {error.colno})") from None
+    record = json_line(line, f"{path}:{number}")
     if not isinstance(record, dict):
         raise DilstoreError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
     return record

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dilstore.reader.text.files import numbered_lines, read_json
+from dilstore.reader.text.files import json_line, numbered_lines, read_json
 from dilstore.reader.text.surrogates import require_unicode
 from dilstore.storage.errors import DilstoreError
 
@@ -100,10 +100,7 @@ def load_open_questions(path: str | Path) -> list[OpenQuestion]:
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DilstoreError(f"{where}: not valid JSON ({error.msg}, column {error.colno})") from None
+        record = json_line(line, where)
         question = _field(record, "question", str, where, "the line")
         if not question.strip():
             raise DilstoreError(f"{where}: the question is empty")

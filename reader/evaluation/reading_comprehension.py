@@ -168,9 +168,7 @@ def evaluate_reader(
     """Answer every example against its own paragraph and score with the official SQuAD v1.1 EM/F1."""
     if not examples:
         raise DilstoreError("no questions to evaluate")
-    missing = [example.id for example in examples if not example.answers]
-    if missing:
-        raise DilstoreError(f"question {missing[0]!r} has no reference answer to score against ({len(missing)} such)")
+    require_answers(examples)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     reader.to(device).eval()
     started = time.perf_counter()
@@ -189,6 +187,15 @@ def evaluate_reader(
         predictions=predictions,
         settings=settings,
     )
+
+
+def require_answers(examples: Sequence[SquadExample], where: str = "") -> None:
+    """A DilstoreError naming the first question without a reference answer (and how many), after `where` (a file
+    and a colon: evaluate-rc named no file, longrun45 F7)."""
+    missing = [example.id for example in examples if not example.answers]
+    if missing:
+        raise DilstoreError(f"{where}question {missing[0]!r} has no reference answer to score against "
+                            f"({len(missing)} such)")  # fmt: skip
 
 
 def score_predictions_file(
@@ -212,7 +219,9 @@ def evaluate_file(
     examples = load_squad(path)
     if not examples:
         raise DilstoreError(f"{path}: no questions to evaluate (every paragraph's qas is empty)")
-    result = evaluate_reader(reader, select_examples(examples, limit, seed), settings, device, progress)
+    chosen = select_examples(examples, limit, seed)
+    require_answers(chosen, f"{path}: ")
+    result = evaluate_reader(reader, chosen, settings, device, progress)
     return replace(result, data_file=str(path), data_sha256=sha256_file(Path(path)))
 
 

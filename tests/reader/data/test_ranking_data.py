@@ -158,7 +158,8 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('{"qid": "q2", "query": "x", "pos": "a", "negs": ["b"]', ":2: not valid JSON"),
+        ('{"qid": "q2", "query": "x", "pos": "a", "negs": ["b"]',
+         ":2: not valid JSON (column 54: Expecting ',' delimiter)"),
         ('["q2"]', ":2: expected a JSON object"),
         ('{"qid": "q2", "query": "x", "pos": "zz", "negs": ["b"]}', ":2: paragraph id 'zz' is not in "),
         ('{"qid": "q2", "query": "x", "pos": "a", "negs": ["zz"]}', ":2: paragraph id 'zz' is not in "),

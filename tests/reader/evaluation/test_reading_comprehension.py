@@ -170,8 +170,10 @@ def test_questions_without_references_are_refused(tiny_base: Path, tmp_path: Pat
     path = tmp_path / "no-answers.json"
     path.write_text(json.dumps(document))
     reader = DilBertReader.from_pretrained(tiny_base, layers=0)
-    with pytest.raises(DilstoreError, match="'q1' has no reference answer"):
+    with pytest.raises(DilstoreError, match="^question 'q1' has no reference answer"):
         evaluate_reader(reader, load_squad(path))
+    with pytest.raises(DilstoreError, match=rf"^{path}: question 'q1' has no reference answer .*\(1 such\)$"):
+        evaluate_file(reader, path)  # the command names the file (longrun45 F7)
 
 
 def test_a_file_without_questions_is_named(tiny_base: Path, tmp_path: Path) -> None:

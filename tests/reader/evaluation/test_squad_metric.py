@@ -220,6 +220,7 @@ def test_load_squad_names_the_file_for_unreadable_input(tmp_path: Path) -> None:
     ("lines", "message"),
     [
         (['{"question": "Who?", "answer": ["me"]}', "{oops"], r"q\.jsonl:2: not valid JSON"),
+        (['{"question": "Who won the'], r"q\.jsonl:1: not valid JSON \(column 14: Unterminated string starting at\)$"),
         (['{"question": "Who?"}'], r"q\.jsonl:1: the line has no 'answer' key"),
         (['{"question": "Who?", "answer": "me"}'], r"q\.jsonl:1: the line: 'answer' must be a list"),
         (['{"question": "Who?", "answer": []}'], r"q\.jsonl:1: \"answer\" must be a non-empty list of strings"),
