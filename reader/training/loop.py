@@ -621,8 +621,9 @@ def _stop_requests() -> Iterator[_StopRequest]:
         request.signal_number = number
         for other, handler in previous.items():
             signal.signal(other, handler)
-        sys.stderr.write(f"{signal.Signals(number).name}: stopping after this step, with a checkpoint (after the "
-                         "last step, with the final model) (again to stop at once)\n")  # fmt: skip
+        # On a line of its own above the bar, which owned the line it was written onto (longrun45 F8).
+        tqdm.write(f"{signal.Signals(number).name}: stopping once the step in progress is done, with a checkpoint "
+                   "(the final model if it is the last step); again to stop at once", file=sys.stderr)  # fmt: skip
 
     for number in previous:
         signal.signal(number, ask)

@@ -67,7 +67,8 @@ def _weights(reader: torch.nn.Module) -> dict[str, torch.Tensor]:
 # SIGHUP (a closed terminal) killed the run without the checkpoint the others get (trainqa36 L7).
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_to_the_same_weights(
-    tiny_base: Path, squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, number: int
+    tiny_base: Path, squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, number: int,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     straight = train_qa(tiny_base, squad_file, tmp_path / "straight", CONFIG, command="a", progress=False)
     assert straight.steps == 4
@@ -75,8 +76,13 @@ def test_a_signal_stops_after_the_step_with_its_checkpoint_and_the_run_resumes_t
     run = tmp_path / "stopped"
     handlers = {other: signal.getsignal(other) for other in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     _signal_in_steps(monkeypatch, number, {2})
+    capsys.readouterr()
     with pytest.raises(StoppedBySignal, match=rf"stopped by {signal.Signals(number).name} after step 2 of 4") as stop:
-        train_qa(tiny_base, squad_file, run, CONFIG, command="a", progress=False)
+        train_qa(tiny_base, squad_file, run, CONFIG, command="a", progress=True)
+    notice = (f"{signal.Signals(number).name}: stopping once the step in progress is done, with a checkpoint (the "
+              "final model if it is the last step); again to stop at once\n")  # fmt: skip
+    err = capsys.readouterr().err
+    assert notice in err and err[: err.index(notice)].endswith(("\r", "\n")), "above the bar, not glued to it"
     assert stop.value.signal_number == number and "--resume" in str(stop.value)
     assert [path.name for path in (run / "checkpoints").iterdir()] == ["step-0000002"]
     assert not (run / "model.safetensors").exists(), "a stopped run is not a finished one"
