@@ -21,6 +21,7 @@ from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import StoppedBySignal
 
 if TYPE_CHECKING:
+    from dilstore.reader.evaluation.open_domain import QAEvaluation
     from dilstore.reader.serving.odqa import OpenDomainReader
 
 # Questions of a part kept as it is done (rounded up to whole question batches): a stop loses at most one part,
@@ -99,13 +100,21 @@ def run(args: argparse.Namespace) -> int:
         raise _stopped(interrupt, journal, sum(evaluation.questions for evaluation in evaluations),
                        len(questions)) from None  # fmt: skip
     evaluation = merged_evaluation(evaluations)
+    # The scores first: a predictions file that could not be written took them along (longrun45 F9); the journal
+    # then stays, and the same command writes the file from it.
+    _report(args, evaluation, resumed, odqa.settings.max_question_length)
     if args.predictions:
         write_predictions(args.predictions, evaluation)
     if journal is not None:
         journal.remove()
+    return 0
+
+
+def _report(args: argparse.Namespace, evaluation: QAEvaluation, resumed: int, max_question_length: int) -> None:
+    """The scores on stdout: one JSON object with --json, else a few lines."""
     if args.json:
-        print(json.dumps({**evaluation.summary(), "resumed_questions": resumed}))
-        return 0
+        print(json.dumps({**evaluation.summary(), "resumed_questions": resumed}), flush=True)
+        return
     print(
         f"store {args.store}  questions {evaluation.questions}  top-p {evaluation.top_p}  "
         f"R {evaluation.recall:.2f}  encoding {evaluation.encoding}  ({evaluation.seconds:.1f} s)"
@@ -116,9 +125,9 @@ def run(args: argparse.Namespace) -> int:
         label = "reader only" if mu == 1.0 else "reader + BM25"
         print(f"  mu {mu:g} ({label}): EM {em:.2f}  F1 {f1:.2f}")
     if evaluation.refused:
-        print(f"  {evaluation.refused} question(s) the reader refused (over its {odqa.settings.max_question_length}-"
-              "token question limit, or no word pieces at all) scored as unanswered")
-    return 0
+        print(f"  {evaluation.refused} question(s) the reader refused (over its {max_question_length}-token "
+              "question limit, or no word pieces at all) scored as unanswered")
+    sys.stdout.flush()
 
 
 def _settings(args: argparse.Namespace, odqa: OpenDomainReader, seed: int, part_questions: int) -> dict[str, Any]:

@@ -77,16 +77,18 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         progress=not (args.json or args.no_progress),
     )
-    if args.predictions:
-        text = json.dumps(result.predictions, ensure_ascii=False, indent=1)
-        atomic_write_text(args.predictions, text, create_parents=False)
+    # The scores first: a predictions file that could not be written (its folder gone, a full disk) took them
+    # along, after minutes of reading (longrun45 F9).
     if args.json:
-        print(json.dumps(result.summary()))
+        print(json.dumps(result.summary()), flush=True)
     else:
         print(
             f"model {model_dir}  k={result.k}  questions {result.questions}  "
-            f"EM {result.em:.2f}  F1 {result.f1:.2f}  ({result.seconds:.1f} s)"
+            f"EM {result.em:.2f}  F1 {result.f1:.2f}  ({result.seconds:.1f} s)", flush=True
         )
+    if args.predictions:
+        text = json.dumps(result.predictions, ensure_ascii=False, indent=1)
+        atomic_write_text(args.predictions, text, create_parents=False)
     return 0
 
 

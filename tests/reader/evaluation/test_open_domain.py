@@ -322,3 +322,10 @@ def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goe
     status, out, err = evaluate(tmp_path / "mu.json", "--limit", "6")
     assert status == 0, err
     assert (json.loads(out)["resumed_questions"], json.loads(out)["questions"]) == (0, 6)  # other settings
+    def unwritable(path: Path, evaluation: object) -> None:
+        raise DilstoreError(f"cannot write predictions to {path}: No space left on device")
+
+    monkeypatch.setattr(open_domain, "write_predictions", unwritable)
+    status, out, err = evaluate(tmp_path / "full.json")  # the scores come first, and the journal stays (longrun45 F9)
+    assert status == 2 and json.loads(out)["questions"] == 7 and "No space left on device" in err
+    assert journal.with_name(".full.json.dilstore-partial").is_file()

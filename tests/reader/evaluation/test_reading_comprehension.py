@@ -9,6 +9,7 @@ of any model's quality.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 from pathlib import Path
@@ -225,6 +226,17 @@ def test_cli_json_prints_the_documented_keys(
     both = ["evaluate-rc", "--data", str(squad_file), "--score", str(predictions), "--model", str(reader_dir)]
     assert main(both) == 2
     assert "--score scores a prediction file and runs no reader: leave out --model" in capsys.readouterr().err
+    # A predictions file that cannot be written no longer takes the scores with it (longrun45 F9).
+    from dilstore.runners import cmd_evaluate_rc
+
+    def full(path: Path, text: str, **_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cmd_evaluate_rc, "atomic_write_text", full)
+        assert main([*text_run, "--no-progress", "--json", "--predictions", str(tmp_path / "p.json")]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out)["questions"] == 2 and f"No space left on device: {tmp_path / 'p.json'}" in err
 
 
 @pytest.mark.shared_data
