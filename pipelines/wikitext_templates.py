@@ -19,7 +19,7 @@ import re
 
 # Templates that show a fixed text.
 _FIXED = {"nbsp": " ", "thinsp": " ", "spaces": " ", "ndash": "–", "mdash": "—", "mdashb": "—", "snd": " – ",
-          "spnd": " – ", "sndash": " – ", "spaced ndash": " – ", "'s": "'s", "'": "'"}  # fmt: skip
+          "spnd": " – ", "sndash": " – ", "spaced ndash": " – ", "'s": "'s", "'": "'", "eqm": "⇌"}  # fmt: skip
 # Templates that show their first positional argument: typography wrappers, a linked name, an abbreviation, a flag
 # with its country's name, a formula's variable, an anchored term, a gauge.
 _FIRST = frozenset({"small", "smaller", "big", "larger", "large", "sc", "smallcaps", "small caps", "abbr", "vr",
@@ -49,17 +49,18 @@ _SCALED_UNIT = re.compile(r"e(3|6|9|12)([^\d].*)")
 _SCALES = {"3": "thousand", "6": "million", "9": "billion", "12": "trillion"}
 _OTHERS = frozenset({"nowrap", "convert", "cvt", "as of", "frac", "sfrac", "circa", "nihongo", "angbr", "e", "val",
                      "oldstyledate", "ill", "ordinal", "us$", "format price", "inflation", "sclass", "sclass-",
-                     "ship", "bibleref", "bibleverse", "music"})  # fmt: skip
+                     "ship", "bibleref", "bibleverse", "music", "us patent", "coord"})  # fmt: skip
+_HEMISPHERES = frozenset({"N", "S", "E", "W"})
 _ORDINAL_SUFFIXES = {1: "st", 2: "nd", 3: "rd"}
 # The named arguments a rendering reads (a quotation's text, a power of ten, a unit, a date's parts and order).
-NAMED_ARGUMENTS = frozenset({"text", "quote", "e", "u", "ul", "df", "lt", "year", "month", "day"})
+NAMED_ARGUMENTS = frozenset({"text", "quote", "e", "u", "ul", "df", "lt", "year", "month", "day", "display"})
 RENDERED_TEMPLATES = frozenset({*_FIXED, *_FIRST, *_JOINED, *_LAST, "lang", *_QUOTES, *_SHIPS, *_DATES, *_OTHERS})
 
 
 def renders(name: str) -> bool:
-    """Whether a template of this name (lower case) is part of the sentence: one in RENDERED_TEMPLATES, or a
-    `lang-xx`."""
-    return name in RENDERED_TEMPLATES or name.startswith("lang-")
+    """Whether a template of this name (lower case) is part of the sentence: one in RENDERED_TEMPLATES, a
+    `lang-xx`, or an `IPA-xx` (a pronunciation in the sentence: dropped, it left "the phoneme and", wiki45 M1)."""
+    return name in RENDERED_TEMPLATES or name.startswith(("lang-", "ipa-"))
 
 
 def rendered_text(name: str, positional: list[str], named: dict[str, str]) -> str:
@@ -75,6 +76,8 @@ def rendered_text(name: str, positional: list[str], named: dict[str, str]) -> st
         return positional[1] if len(positional) > 1 else ""
     if name.startswith("lang-"):  # {{lang-de|Frankreich}}
         return first
+    if name.startswith("ipa-"):  # {{IPA-de|tʃ|}}: "[tʃ]", as a reader of the sentence sees it
+        return f"[{first}]" if first.strip() else ""
     if name in _LAST:
         return positional[-1] if positional else ""
     if name in _QUOTES:
@@ -119,6 +122,8 @@ def _other(name: str, positional: list[str], named: dict[str, str]) -> str:
         return f"{first}{uncertainty}{power}" + (f" {unit}" if unit else "")
     if name == "oldstyledate":  # {{OldStyleDate|2 February|1905|21 January}}: "2 February 1905"
         return " ".join(positional[:2])
+    if name == "coord":
+        return _coordinates(positional, named)
     return _money_or_name(name, positional)
 
 
@@ -144,7 +149,34 @@ def _money_or_name(name: str, positional: list[str]) -> str:
         return " ".join(part for part in positional[:2] if part)
     if name == "music":  # {{music|flat}}: "♭"
         return _MUSIC.get(first.strip().lower(), "")
+    if name == "us patent":  # {{US patent|1781541}}: "U.S. Patent 1,781,541"
+        number = first.strip()
+        return f"U.S. Patent {int(number):,}" if _NUMBER.fullmatch(number) else f"U.S. Patent {number}".strip()
     return ""
+
+
+def _coordinates(positional: list[str], named: dict[str, str]) -> str:
+    """Where a {{coord}} in the sentence points: "13°19′N 169°9′W" ("impact at and the" without it, wiki45 M1), or
+    nothing for one shown only beside the page's title (display=title)."""
+    display = named.get("display", "inline").replace(" ", "").lower()
+    if "inline" not in display and display not in ("", "it", "i"):
+        return ""
+    values = [part.strip() for part in positional if part.strip() and ":" not in part]  # "type:city" are parameters
+    marks = [position for position, part in enumerate(values) if part.upper() in _HEMISPHERES]
+    if len(marks) >= 2 and 1 <= marks[0] < marks[1] - 1:
+        latitude, longitude = values[: marks[0]], values[marks[0] + 1 : marks[1]]
+        return (f"{_degrees(latitude)}{values[marks[0]].upper()} "
+                f"{_degrees(longitude)}{values[marks[1]].upper()}")  # fmt: skip
+    if not marks and len(values) >= 2 and all(_VALUE.fullmatch(value) for value in values[:2]):
+        latitude, longitude = values[:2]  # decimal degrees, south and west negative
+        return (f"{latitude.lstrip('-−')}°{'S' if latitude[0] in '-−' else 'N'} "
+                f"{longitude.lstrip('-−')}°{'W' if longitude[0] in '-−' else 'E'}")  # fmt: skip
+    return ""
+
+
+def _degrees(parts: list[str]) -> str:
+    """Degrees, minutes and seconds as written: "13°19′"."""
+    return "".join(f"{part}{mark}" for part, mark in zip(parts[:3], "°′″", strict=False))
 
 
 def _ordinal(number: str) -> str:

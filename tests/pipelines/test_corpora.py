@@ -731,6 +731,12 @@ def test_transclusion_tags_keep_what_the_page_itself_shows() -> None:
          "{{ship|HMS|Victory|1765}}", "the 3rd, 11th, 22nd and many; an Iowa-class battleship and HMS Victory"),
         ("with {{math|''x'' + 1}} and {{mvar|n}} on the {{RailGauge|1435mm}} line: {{bibleref|Mark|3:25|9}}, "
          "A{{Music|flat}}4, {{vanchor|Step E1}}", "with x + 1 and n on the 1435mm line: Mark 3:25, A♭4, Step E1"),
+        # wiki45 M1: "HA H+ + A−", "the phoneme and", "On 11 November 1930, was awarded", "impact at and the".
+        ("HA {{eqm}} H+; the phoneme {{IPA-de|tʃ|}} and {{IPA-el|}}; {{US patent|1781541}} was awarded",
+         "HA ⇌ H+; the phoneme [tʃ] and ; U.S. Patent 1,781,541 was awarded"),
+        ("impact at {{Coord|30|12|N|74|7|W|name=Apollo 8 S-IC impact}} and {{coord|57|18|22|N|4|27|32|W|"
+         "display=inline,title}}, {{Coord|32.7|-86.7|type:adm2nd}}{{Coord|12|30|S|18|30|E|display=title}}.",
+         "impact at 30°12′N 74°7′W and 57°18′22″N 4°27′32″W, 32.7°N 86.7°W."),
     ],
 )
 def test_templates_that_are_the_prose_are_rendered_as_a_reader_sees_them(wikitext: str, text: str) -> None:
