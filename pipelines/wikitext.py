@@ -71,6 +71,9 @@ _STYLE_QUOTES = re.compile(r"'{2,}")
 _EMPTY_PARENTHESES = re.compile(r"\(\s*\x00[\s,;:\x00]*\)")
 _OPENING_SEPARATORS = re.compile(r"\(\s*\x00[\s,;:\x00]*")
 _CLOSING_SEPARATORS = re.compile(r"[\s,;:]*\x00[\s,;:\x00]*\)")
+# The space before a dropped node that punctuation follows: "Angola {{IPA-pt|...}}, officially" and "blue{{cn}} {{cite
+# web|...}}." were "Angola , officially" and "blue ." (wiki45 L4).
+_SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+\x00+(?=[,;.:!?])")
 _BLANK_LINES = re.compile(r"\n\s*\n")
 # What a dropped node leaves until the style quotes are read: nothing it held shows, but the quote runs on either
 # side stay two runs ("''{{transl|ar|Allah}}''" left "''''", which MediaWiki shows as an apostrophe). XML text,
@@ -161,8 +164,8 @@ def _without_end_matter(nodes: list[Node]) -> list[Node]:
 def _without_dropped(line: str) -> str:
     """The line without the stand-ins of dropped nodes, and without the empty brackets and the separators at a
     bracket's ends that they left."""
-    line = _CLOSING_SEPARATORS.sub(")", _OPENING_SEPARATORS.sub("(", _EMPTY_PARENTHESES.sub("", line)))
-    return line.replace(_DROPPED, "")
+    line = _CLOSING_SEPARATORS.sub(")", _OPENING_SEPARATORS.sub("(", _EMPTY_PARENTHESES.sub(_DROPPED, line)))
+    return _SPACE_BEFORE_PUNCTUATION.sub("", line).replace(_DROPPED, "")
 
 
 def _ended_items(block: str) -> str:

@@ -59,7 +59,7 @@ RENDERED_TEMPLATES = frozenset({*_FIXED, *_FIRST, *_JOINED, *_LAST, "lang", *_QU
 
 def renders(name: str) -> bool:
     """Whether a template of this name (lower case) is part of the sentence: one in RENDERED_TEMPLATES, a
-    `lang-xx`, or an `IPA-xx` (a pronunciation in the sentence: dropped, it left "the phoneme and", wiki45 M1)."""
+    `lang-xx`, or an `IPA-xx` (a sound in the sentence: dropped, it left "the phoneme and", wiki45 M1)."""
     return name in RENDERED_TEMPLATES or name.startswith(("lang-", "ipa-"))
 
 
@@ -76,8 +76,11 @@ def rendered_text(name: str, positional: list[str], named: dict[str, str]) -> st
         return positional[1] if len(positional) > 1 else ""
     if name.startswith("lang-"):  # {{lang-de|Frankreich}}
         return first
-    if name.startswith("ipa-"):  # {{IPA-de|tʃ|}}: "[tʃ]", as a reader of the sentence sees it
-        return f"[{first}]" if first.strip() else ""
+    if name.startswith("ipa-"):
+        # {{IPA-de|tʃ|}} (an empty label: the form inside a sentence) shows "[tʃ]"; with a label, the lead's
+        # "German pronunciation: [...]" beside the title, it goes as the other pronunciations do.
+        inline = len(positional) > 1 and not positional[1].strip()
+        return f"[{first}]" if inline and first.strip() else ""
     if name in _LAST:
         return positional[-1] if positional else ""
     if name in _QUOTES:
