@@ -55,7 +55,8 @@ def measure(encoding: str, tokens: int, dim: int, repeats: int, blocked_first: b
     at_once_first, at_once = timings(lambda: _decode_block(prepared, bits), repeats)
     if not blocked_first:
         blocked_first_s, blocked = timings(lambda: decode_residual(prepared, bits), repeats)
-    assert np.array_equal(_decode_block(prepared, bits), decode_residual(prepared, bits))  # after: not a warm-up
+    # After the timings: not a warm-up. Equal but for BLAS rounding a row's last bit with the rows it is given.
+    assert np.allclose(_decode_block(prepared, bits), decode_residual(prepared, bits), rtol=1e-6, atol=1e-6)
     return {"encoding": encoding, "tokens": tokens, "dim": dim, "block_rows": BLOCK_ROWS,
             "order": "blocked first" if blocked_first else "at once first",
             "at_once_first_s": at_once_first, "blocked_first_s": blocked_first_s, "at_once_best_s": at_once,

@@ -121,7 +121,9 @@ def test_centroid_count_must_match_the_variant(variants) -> None:
 @pytest.mark.parametrize("rotate", [True, False], ids=["rotated", "buckets"])
 def test_a_decode_of_more_tokens_than_a_block_equals_its_pieces_decoded_apart(encoding: str, rotate: bool) -> None:
     """decode_residual works BLOCK_ROWS tokens at a time (a whole shard's worth at once ran ~3x slower): the
-    blocks must join to exactly what each passage's own decode gives, prepared codebook or not."""
+    blocks must join to what each passage's own decode gives, prepared codebook or not. Exactly for bucket codes;
+    rotated codes go through a matrix product, and BLAS may round a row's last bit differently with the number of
+    rows it is given (this VM's AMD EPYC did, 1 element in 2, by at most 7.2e-7; the one before did not)."""
     from dilstore.storage.encodings import train_codebook
     from dilstore.storage.residual_codes import BLOCK_ROWS
 
@@ -136,5 +138,6 @@ def test_a_decode_of_more_tokens_than_a_block_equals_its_pieces_decoded_apart(en
     cuts = [0, 1, 5000, BLOCK_ROWS, BLOCK_ROWS + 1, len(states)]
     pieces = [spec.decode({**{name: values[a:b] for name, values in per_token.items()}, **prepared})
               for a, b in zip(cuts, cuts[1:], strict=False)]  # fmt: skip
-    assert np.array_equal(whole, np.concatenate(pieces))
+    same = np.array_equal if not rotate else lambda a, b: np.allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert same(whole, np.concatenate(pieces))
     assert np.array_equal(whole, spec.decode({**per_token, **shared}))  # unprepared: prepared once, not per block
