@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
+from dilstore.runners.journal import Journal
 from dilstore.runners.quiet import add_verbose_argument
-from dilstore.storage.errors import DilstoreError, listed
+from dilstore.runners.stop_signals import interrupt_number, interrupt_words
+from dilstore.storage.digests import sha256_file
+from dilstore.storage.errors import DilstoreError, StoppedBySignal, listed
+
+if TYPE_CHECKING:
+    from dilstore.reader.serving.rerank import RerankStats, StoreReranker
+
+# Queries a part of the journal holds: a stop loses at most one part's work (runners/journal.py).
+PART_QUERIES = 50
 
 # Options that are RerankSettings fields of the same name.
 _SETTINGS = ("max_query_length", "pair_batch_tokens", "max_pairs_per_batch")
@@ -97,11 +108,12 @@ def run(args: argparse.Namespace) -> int:
     from dilstore.reader.serving.rerank import (
         DEFAULT_DEPTH,
         RerankSettings,
+        RerankStats,
         checked_depth,
         open_reranker,
         require_topics,
     )
-    from dilstore.reader.data.trec import read_run, read_topics, write_run
+    from dilstore.reader.data.trec import Run, read_run, read_topics, write_run
 
     refuse_output_inside_store(args.output, args.store, "--output")
     refuse_output_inside_models(args.output, args.model, "--output")
@@ -115,13 +127,24 @@ def run(args: argparse.Namespace) -> int:
     settings = RerankSettings(**{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None})
     reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)
     reranker.store.check_files = True  # a store rebuilt under a long run is named, not read from its deleted build
-    bar = tqdm(total=len(first_stage), unit="query", desc="rerank", file=sys.stderr, dynamic_ncols=True,
-               disable=args.no_progress or args.json)  # fmt: skip
-    with bar:
-        reranked, stats = reranker.rerank_run(
-            topics, first_stage, depth, skip_missing=args.skip_missing, on_query=lambda _: bar.update()
-        )
-    write_run(args.output, reranked, tag=args.tag or reranker.run_tag)
+    journal = Journal(args.output, _settings(args, reranker, depth))
+    kept: Run = {qid: scores for part in journal.parts.values() for qid, scores in part["run"].items()}
+    done = [qid for part in journal.parts.values() for qid in part["queries"]]
+    earlier = RerankStats.from_dict(journal.parts[len(journal.parts) - 1]["stats"]) if journal.parts else None
+    keeper = _PartKeeper(journal, earlier or RerankStats())
+    bar = tqdm(total=len(first_stage), initial=len(done), unit="query", desc="rerank", file=sys.stderr,
+               dynamic_ncols=True, disable=args.no_progress or args.json)  # fmt: skip
+    try:
+        with bar:
+            reranked, stats = reranker.rerank_run(
+                topics, first_stage, depth, skip_missing=args.skip_missing, done=set(done), stats=keeper.stats,
+                on_query=lambda qid, scores: (keeper.add(qid, scores), bar.update()),
+            )  # fmt: skip
+    except KeyboardInterrupt as interrupt:
+        raise _stopped(interrupt, journal, len(first_stage)) from None
+    whole = {qid: kept.get(qid) or reranked[qid] for qid in first_stage if qid in kept or qid in reranked}
+    write_run(args.output, whole, tag=args.tag or reranker.run_tag)
+    journal.remove()
     encoding = reranker.store.fingerprint.encoding  # what the states were read from
     summary = {**stats.to_dict(), "depth": depth, "output": str(args.output), "encoding": encoding}
     if args.json:
@@ -141,3 +164,45 @@ def run(args: argparse.Namespace) -> int:
     timings = summary["timings"]
     print("timings: " + " | ".join(f"{label} {timings[stage]:.2f} s" for stage, label in _STAGE_LABELS.items()))
     return 0
+
+
+class _PartKeeper:
+    """The queries reranked since the journal's last part, kept as its next part every PART_QUERIES queries, with
+    the run's stats so far (a stop at 90% of a long run kept nothing, longrun45 F1)."""
+
+    def __init__(self, journal: Journal, stats: RerankStats) -> None:
+        self.journal, self.stats = journal, stats
+        self.queries: list[str] = []
+        self.run: dict[str, dict[str, float]] = {}
+
+    def add(self, qid: str, scores: dict[str, float] | None) -> None:
+        """One query reranked (scores None: none of its documents is in the store)."""
+        self.queries.append(qid)
+        if scores is not None:
+            self.run[qid] = scores
+        if len(self.queries) == PART_QUERIES:
+            self.journal.add(len(self.journal.parts), {"queries": self.queries, "run": self.run,
+                                                       "stats": self.stats.to_dict()})  # fmt: skip
+            self.queries, self.run = [], {}
+
+
+def _settings(args: argparse.Namespace, reranker: StoreReranker[Any], depth: int) -> dict[str, Any]:
+    """What decides the reranked run, recorded in the journal: a journal of other settings (other topics or first
+    stage, store build, ranker, depth or option) is not taken for this run's."""
+    manifest = reranker.store.manifest
+    return {"command": "rerank", "topics": str(args.topics.resolve()), "topics_sha256": sha256_file(args.topics),
+            "run": str(args.run_file.resolve()), "run_sha256": sha256_file(args.run_file), "depth": depth,
+            "skip_missing": args.skip_missing, "store": str(args.store), "generation": manifest.generation,
+            "appends": [record.get("generation") for record in manifest.appends], "model": str(args.model),
+            "settings": dataclasses.asdict(reranker.settings), "part_queries": PART_QUERIES}  # fmt: skip
+
+
+def _stopped(interrupt: KeyboardInterrupt, journal: Journal, total: int) -> StoppedBySignal:
+    """The stop, saying how many queries' scores are kept for the same command to go on from."""
+    journal.close()
+    words, number = interrupt_words(interrupt), interrupt_number(interrupt)
+    kept = sum(len(part["queries"]) for part in journal.parts.values())
+    if not kept:
+        return StoppedBySignal(words, number)
+    return StoppedBySignal(f"{words}; {kept:,} of {total:,} queries reranked are kept in {journal.path}: run "
+                           "the same command again to go on from them", number)  # fmt: skip

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -147,6 +147,11 @@ class RerankStats(StageTimer):
             **{name: value for name, value in values.items() if name not in STAGES},
             "timings": {stage: values[stage] for stage in STAGES},
         }
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RerankStats:
+        """The stats `to_dict` gave (an earlier run's, kept on disk)."""
+        return cls(**{name: value for name, value in values.items() if name != "timings"}, **values["timings"])
 
 
 def checked_depth(depth: int) -> int:
@@ -265,17 +270,20 @@ class StoreReranker(ABC, Generic[RankerT]):
         depth: int = DEFAULT_DEPTH,
         *,
         skip_missing: bool = False,
-        on_query: Callable[[str], None] | None = None,
+        on_query: Callable[[str, dict[str, float] | None], None] | None = None,
+        done: Collection[str] = (),
+        stats: RerankStats | None = None,
     ) -> tuple[Run, RerankStats]:
         """Rerank each query's top-`depth` documents; the reranked run (tail kept below) and the stats.
 
         Queries keep the run's order; each must have a topic. Every topic, and
         without `skip_missing` every top-`depth` document, is checked before
-        the first query is scored. `on_query(qid)` is called after each
-        query, for progress reporting. With `skip_missing`,
-        a run none of whose top-`depth` documents is in the store is an error,
+        the first query is scored. `on_query(qid, scores)` is called after each
+        query with its reranked scores (None for a query left with no document), for progress and to keep them.
+        With `skip_missing`, a run none of whose top-`depth` documents is in the store is an error,
         not an empty run, and a query left with no document is not in the run
-        returned but in `stats.emptied_queries`.
+        returned but in `stats.emptied_queries`. `done`: queries an earlier run reranked (their scores kept
+        by the caller), left out, and `stats`, that run's, added to (a stopped `dilstore rerank` goes on).
         """
         depth = checked_depth(depth)
         run = _checked_run(run)
@@ -283,16 +291,23 @@ class StoreReranker(ABC, Generic[RankerT]):
         if on_query is not None and not callable(on_query):
             raise DilstoreError(f"on_query must be a function of the qid or None, got {type(on_query).__name__}")
         _check_skip_missing(skip_missing)
-        stats = RerankStats()
-        rankings = {qid: [docid for docid, _ in rank_documents(first_stage)] for qid, first_stage in run.items()}
+        stats = RerankStats() if stats is None else stats
+        rankings = {qid: [docid for docid, _ in rank_documents(first_stage)] for qid, first_stage in run.items()
+                    if qid not in done}  # fmt: skip
         # Every topic, and without skip_missing every top document, is checked before the first query is scored:
         # a bad one found when its query came up lost the work of the queries before it.
-        queries = {qid: self._run_query(qid, topics[qid], stats) for qid in run}
+        queries = {qid: self._run_query(qid, topics[qid]) for qid in rankings}
         if not skip_missing:
             self._require_stored({qid: ranked[:depth] for qid, ranked in rankings.items()})
         reranked: Run = {}
         for qid, ranked in rankings.items():
-            scores = self.rerank_tokenized(queries[qid], ranked[:depth], skip_missing=skip_missing, stats=stats)
+            tokens, tokenizing = queries[qid]
+            # Its tokenizing counted with the query it served, so that the stats kept after each query are that
+            # query's and those before (a run stopped and gone on from counts each once).
+            stats.query_layers += tokenizing.query_layers
+            stats.seconds += tokenizing.seconds
+            stats.truncated_queries += tokenizing.truncated_queries
+            scores = self.rerank_tokenized(tokens, ranked[:depth], skip_missing=skip_missing, stats=stats)
             floor = min(scores.values(), default=0.0)
             tail = {docid: floor - rank for rank, docid in enumerate(ranked[depth:], start=1)}
             if scores or tail:
@@ -300,7 +315,7 @@ class StoreReranker(ABC, Generic[RankerT]):
             else:
                 stats.emptied_queries.append(qid)
             if on_query is not None:
-                on_query(qid)
+                on_query(qid, reranked.get(qid))
         if stats.skipped and not stats.pairs:
             first = [docid for docid, _ in rank_documents(next(iter(run.values())))][:depth]  # looked up, all missing
             raise MissingPassagesError(
@@ -331,10 +346,11 @@ class StoreReranker(ABC, Generic[RankerT]):
         stats.truncated_queries += int(tokens.truncated)
         return tokens
 
-    def _run_query(self, qid: str, query: str, stats: RerankStats) -> TokenizedText:
-        """A run's query tokenized; an error names its qid."""
+    def _run_query(self, qid: str, query: str) -> tuple[TokenizedText, RerankStats]:
+        """A run's query tokenized, with its time and truncation; an error names its qid."""
+        own = RerankStats()
         try:
-            return self._tokenize_timed(query, stats)
+            return self._tokenize_timed(query, own), own
         except DilstoreError as error:
             raise DilstoreError(f"the topic of query {qid!r:.60}: {error}") from None
 

@@ -388,6 +388,46 @@ def test_cli_writes_a_trec_run_ordered_by_the_model(
         np.testing.assert_allclose([run[qid][d] for d in expected], list(expected.values()), atol=1e-4)
 
 
+def test_a_stopped_rerank_keeps_the_queries_done_and_the_same_command_goes_on_from_them(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A stop at 90% of a long run kept nothing (longrun45 F1). Parts of one query here: the run stopped at its
+    third query goes on from the two kept, and ends with the run and counts an unstopped run gives."""
+    from dilstore.runners import cmd_rerank
+
+    monkeypatch.setattr(cmd_rerank, "PART_QUERIES", 1)
+    real, calls = EarlReranker.rerank_tokenized, []
+
+    def counted(self: EarlReranker, *args: object, **kwargs: object) -> dict[str, float]:
+        calls.append(1)
+        if len(calls) == stop_at:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(EarlReranker, "rerank_tokenized", counted)
+    long_topics = {**QUERIES, "q3": " ".join(["tram"] * 80)}  # truncated: counted once, however often it is run
+    common = ["--model", model_dir, "--depth", 4, "--json", "--threads", 1]
+    stop_at = 0
+    status, whole, err = cli(capsys, store("earl-s1"), *write_inputs(tmp_path / "whole", FIRST_STAGE, long_topics),
+                             *common)  # fmt: skip
+    assert status == 0, err
+    arguments = write_inputs(tmp_path / "stopped", FIRST_STAGE, long_topics)
+    stop_at, calls[:] = 3, []
+    status, _, err = cli(capsys, store("earl-s1"), *arguments, *common)
+    journal = tmp_path / "stopped" / ".out.trec.dilstore-partial"
+    assert status == 130 and not (tmp_path / "stopped" / "out.trec").exists()
+    assert err == (f"dilstore rerank: interrupted; 2 of 3 queries reranked are kept in {journal}: run the same "
+                   "command again to go on from them\n")  # fmt: skip
+    stop_at, calls[:] = 0, []
+    status, resumed, err = cli(capsys, store("earl-s1"), *arguments, *common)
+    assert status == 0 and calls == [1] and not journal.exists(), err
+    assert (tmp_path / "stopped" / "out.trec").read_text() == (tmp_path / "whole" / "out.trec").read_text()
+    counts = ("queries", "pairs", "skipped", "truncated_queries", "emptied_queries")
+    assert {key: json.loads(resumed)[key] for key in counts} == {key: json.loads(whole)[key] for key in counts}
+    assert json.loads(whole)["truncated_queries"] == 1
+
+
 def test_cli_tags_the_run_with_tag_and_refuses_a_tag_of_two_words_before_reranking(
     store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
