@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -79,34 +80,35 @@ def run(args: argparse.Namespace) -> int:
     odqa = open_odqa_reader(args)
     size = args.question_batch * math.ceil(PART_QUESTIONS / args.question_batch)
     parts = [questions[first : first + size] for first in range(0, len(questions), size)]
-    journal = Journal(args.predictions, _settings(args, odqa, seed, size)) if args.predictions else None
-    kept = journal.parts if journal is not None else {}
-    resumed = sum(len(parts[part]) for part in kept)
-    bar = tqdm(total=len(questions), initial=resumed, unit="question", desc="evaluate-qa", file=sys.stderr,
-               dynamic_ncols=True, disable=args.no_progress or args.json)  # fmt: skip
-    evaluations = []
-    try:
-        with bar:
-            for number, part in enumerate(parts):
-                if number in kept:
-                    evaluations.append(QAEvaluation.from_record(kept[number]))
-                    continue
-                evaluations.append(evaluate_questions(
-                    odqa, part, top_p=odqa.settings.top_p, mu=odqa.settings.mu, question_batch=args.question_batch,
-                    on_batch=lambda done, before=bar.n: bar.update(before + done - bar.n)))  # fmt: skip
-                if journal is not None:
-                    journal.add(number, evaluations[-1].to_record())
-    except KeyboardInterrupt as interrupt:
-        raise _stopped(interrupt, journal, sum(evaluation.questions for evaluation in evaluations),
-                       len(questions)) from None  # fmt: skip
-    evaluation = merged_evaluation(evaluations)
-    # The scores first: a predictions file that could not be written took them along (longrun45 F9); the journal
-    # then stays, and the same command writes the file from it.
-    _report(args, evaluation, resumed, odqa.settings.max_question_length)
-    if args.predictions:
-        write_predictions(args.predictions, evaluation)
-    if journal is not None:
-        journal.remove()
+    journaled = Journal(args.predictions, _settings(args, odqa, seed, size)) if args.predictions else None
+    with journaled or contextlib.nullcontext() as journal:
+        kept = journal.parts if journal is not None else {}
+        resumed = sum(len(parts[part]) for part in kept)
+        bar = tqdm(total=len(questions), initial=resumed, unit="question", desc="evaluate-qa", file=sys.stderr,
+                   dynamic_ncols=True, disable=args.no_progress or args.json)  # fmt: skip
+        evaluations = []
+        try:
+            with bar:
+                for number, part in enumerate(parts):
+                    if number in kept:
+                        evaluations.append(QAEvaluation.from_record(kept[number]))
+                        continue
+                    evaluations.append(evaluate_questions(
+                        odqa, part, top_p=odqa.settings.top_p, mu=odqa.settings.mu,
+                        question_batch=args.question_batch,
+                        on_batch=lambda done, before=bar.n: bar.update(before + done - bar.n)))  # fmt: skip
+                    if journal is not None:
+                        journal.add(number, evaluations[-1].to_record())
+        except KeyboardInterrupt as interrupt:
+            raise _stopped(interrupt, journal, sum(evaluation.questions for evaluation in evaluations),
+                           len(questions)) from None  # fmt: skip
+        evaluation = merged_evaluation(evaluations, questions)
+        # The scores first: a predictions file that could not be written took them along (longrun45 F9); the
+        # journal then stays, and the same command writes the file from it.
+        _report(args, evaluation, resumed, odqa.settings.max_question_length)
+        if journal is not None:
+            write_predictions(args.predictions, evaluation)
+            journal.remove()
     return 0
 
 
@@ -136,17 +138,17 @@ def _settings(args: argparse.Namespace, odqa: OpenDomainReader, seed: int, part_
     manifest = odqa.store.manifest
     return {"command": "evaluate-qa", "questions": str(args.questions.resolve()),
             "questions_sha256": sha256_file(args.questions), "limit": args.limit, "seed": seed,
-            "part_questions": part_questions, "store": str(args.store), "generation": manifest.generation,
-            "appends": [record.get("generation") for record in manifest.appends], "index": str(args.index),
-            "model": str(args.model), "settings": dataclasses.asdict(odqa.settings),
+            "part_questions": part_questions, "generation": manifest.generation,
+            "appends": [record.get("generation") for record in manifest.appends],
+            "index": str(Path(args.index).resolve()) if args.index else None,
+            "model": str(Path(args.model).resolve()) if args.model else None,
+            "settings": dataclasses.asdict(odqa.settings),
             "read_with": odqa.read_with}  # fmt: skip
 
 
 def _stopped(interrupt: KeyboardInterrupt, journal: Journal | None, done: int, total: int) -> StoppedBySignal:
     """The stop, saying what was kept (a stop at 90% kept nothing and said nothing of it, longrun45 F1)."""
     words, number = interrupt_words(interrupt), interrupt_number(interrupt)
-    if journal is not None:
-        journal.close()
     if not done:
         return StoppedBySignal(words, number)
     if journal is None:

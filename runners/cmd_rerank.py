@@ -127,24 +127,24 @@ def run(args: argparse.Namespace) -> int:
     settings = RerankSettings(**{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None})
     reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)
     reranker.store.check_files = True  # a store rebuilt under a long run is named, not read from its deleted build
-    journal = Journal(args.output, _settings(args, reranker, depth))
-    kept: Run = {qid: scores for part in journal.parts.values() for qid, scores in part["run"].items()}
-    done = [qid for part in journal.parts.values() for qid in part["queries"]]
-    earlier = RerankStats.from_dict(journal.parts[len(journal.parts) - 1]["stats"]) if journal.parts else None
-    keeper = _PartKeeper(journal, earlier or RerankStats())
-    bar = tqdm(total=len(first_stage), initial=len(done), unit="query", desc="rerank", file=sys.stderr,
-               dynamic_ncols=True, disable=args.no_progress or args.json)  # fmt: skip
-    try:
-        with bar:
-            reranked, stats = reranker.rerank_run(
-                topics, first_stage, depth, skip_missing=args.skip_missing, done=set(done), stats=keeper.stats,
-                on_query=lambda qid, scores: (keeper.add(qid, scores), bar.update()),
-            )  # fmt: skip
-    except KeyboardInterrupt as interrupt:
-        raise _stopped(interrupt, journal, len(first_stage)) from None
-    whole = {qid: kept.get(qid) or reranked[qid] for qid in first_stage if qid in kept or qid in reranked}
-    write_run(args.output, whole, tag=args.tag or reranker.run_tag)
-    journal.remove()
+    with Journal(args.output, _settings(args, reranker, depth)) as journal:
+        kept: Run = {qid: scores for part in journal.parts.values() for qid, scores in part["run"].items()}
+        done = [qid for part in journal.parts.values() for qid in part["queries"]]
+        earlier = RerankStats.from_dict(journal.parts[len(journal.parts) - 1]["stats"]) if journal.parts else None
+        keeper = _PartKeeper(journal, earlier or RerankStats())
+        bar = tqdm(total=len(first_stage), initial=len(done), unit="query", desc="rerank", file=sys.stderr,
+                   dynamic_ncols=True, disable=args.no_progress or args.json)  # fmt: skip
+        try:
+            with bar:
+                reranked, stats = reranker.rerank_run(
+                    topics, first_stage, depth, skip_missing=args.skip_missing, done=set(done), stats=keeper.stats,
+                    on_query=lambda qid, scores: (keeper.add(qid, scores), bar.update()),
+                )  # fmt: skip
+        except KeyboardInterrupt as interrupt:
+            raise _stopped(interrupt, journal, len(first_stage)) from None
+        whole = {qid: kept.get(qid) or reranked[qid] for qid in first_stage if qid in kept or qid in reranked}
+        write_run(args.output, whole, tag=args.tag or reranker.run_tag)
+        journal.remove()
     encoding = reranker.store.fingerprint.encoding  # what the states were read from
     summary = {**stats.to_dict(), "depth": depth, "output": str(args.output), "encoding": encoding}
     if args.json:
@@ -192,14 +192,14 @@ def _settings(args: argparse.Namespace, reranker: StoreReranker[Any], depth: int
     manifest = reranker.store.manifest
     return {"command": "rerank", "topics": str(args.topics.resolve()), "topics_sha256": sha256_file(args.topics),
             "run": str(args.run_file.resolve()), "run_sha256": sha256_file(args.run_file), "depth": depth,
-            "skip_missing": args.skip_missing, "store": str(args.store), "generation": manifest.generation,
-            "appends": [record.get("generation") for record in manifest.appends], "model": str(args.model),
+            "skip_missing": args.skip_missing, "generation": manifest.generation,
+            "appends": [record.get("generation") for record in manifest.appends],
+            "model": str(Path(args.model).resolve()) if args.model else None,
             "settings": dataclasses.asdict(reranker.settings), "part_queries": PART_QUERIES}  # fmt: skip
 
 
 def _stopped(interrupt: KeyboardInterrupt, journal: Journal, total: int) -> StoppedBySignal:
     """The stop, saying how many queries' scores are kept for the same command to go on from."""
-    journal.close()
     words, number = interrupt_words(interrupt), interrupt_number(interrupt)
     kept = sum(len(part["queries"]) for part in journal.parts.values())
     if not kept:

@@ -6,16 +6,22 @@ result to `.NAME.dilstore-partial` beside the output (one JSON line, flushed). T
 settings; the same command run again finds them equal and takes the parts already done, and other settings
 start the journal anew. The journal is removed once the output is written.
 
-A line cut short by a kill ends what is read; the journal is then written again without it.
+A journal is used in a `with` block, which holds the output's write lock (storage/write_lock.py): a second run
+writing the same output is refused, where two runs wrote their parts into one journal and a later run took the
+other's parts for its own (review45 H1). A line cut short by a kill ends what is read; the journal is then
+written again without it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+from types import TracebackType
 from typing import Any, TextIO
 
 from dilstore.storage.atomic_files import atomic_write_text
+from dilstore.storage.write_lock import write_lock
 
 JOURNAL_FORMAT = "dilstore-partial/1"
 
@@ -26,16 +32,34 @@ def journal_path(output: Path) -> Path:
 
 
 class Journal:
-    """The finished parts of one run (`parts`: part number -> its record), and where the next ones are added."""
+    """The finished parts of one run (`parts`: part number -> its record, read as the block starts), and where the
+    next ones are added."""
 
     def __init__(self, output: Path, settings: dict[str, Any]) -> None:
-        self.path = journal_path(output)
+        self.output, self.path = output, journal_path(output)
         self._header = {"journal": JOURNAL_FORMAT, "settings": settings}
-        self.parts = self._read()
-        lines = [self._header, *({"part": part, "record": record} for part, record in self.parts.items())]
-        atomic_write_text(self.path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines),
-                          create_parents=False)  # fmt: skip
+        self.parts: dict[int, Any] = {}
         self._stream: TextIO | None = None
+        self._held = contextlib.ExitStack()
+
+    def __enter__(self) -> Journal:
+        self._held.enter_context(write_lock(self.output, doing="written"))
+        try:
+            self.parts = self._read()
+            lines = [self._header, *({"part": part, "record": record} for part, record in self.parts.items())]
+            atomic_write_text(self.path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines),
+                              create_parents=False)  # fmt: skip
+        except BaseException:
+            self._held.close()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+                 ) -> None:  # fmt: skip
+        try:
+            self.close()
+        finally:
+            self._held.close()
 
     def _read(self) -> dict[int, Any]:
         """The parts a run of these settings kept here before, in order; none when there is no journal, it is
@@ -67,10 +91,13 @@ class Journal:
         self.parts[part] = record
 
     def close(self) -> None:
-        """Stop adding; what was added stays."""
+        """Stop adding; what was added stays, and a journal that holds no part goes (a run that failed before its
+        first part leaves nothing beside its output)."""
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+        if not self.parts:
+            self.path.unlink(missing_ok=True)
 
     def remove(self) -> None:
         """Delete the journal: the output it served is written."""

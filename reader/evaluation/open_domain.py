@@ -187,30 +187,34 @@ class QAEvaluation:
         return cls(**{**record, "scores": scores, "timings": Timings(**record["timings"])})
 
 
-def merged_evaluation(parts: Sequence[QAEvaluation]) -> QAEvaluation:
-    """One evaluation of the questions of `parts`, evaluated in turn over disjoint questions with one top-p and μ:
-    scores and R weighted by each part's questions, counts, seconds and stage times summed, predictions in order."""
+def merged_evaluation(parts: Sequence[QAEvaluation], questions: Sequence[QAQuestion]) -> QAEvaluation:
+    """One evaluation of `questions` from `parts`, which evaluated them in turn (disjoint, in order, with one top-p
+    and μ): EM and F1 scored again from the predictions in question order, as one run sums them (an average of the
+    parts' percentages differed in the last digit, review45 L2; a refused question scores as its empty answer does),
+    R from the parts' counts, and counts, seconds and stage times summed."""
     if not parts:
         raise DilstoreError("there are no evaluated questions to merge")
-    questions = sum(part.questions for part in parts)
+    predictions = {key: value for part in parts for key, value in part.predictions.items()}
+    totals = {mu: _Totals() for mu in parts[0].scores}
+    for question in questions:
+        for mu, total in totals.items():
+            answer = predictions[question.id][str(mu)]
+            total.em += metric_max_over_ground_truths(exact_match, answer, question.answers)
+            total.f1 += metric_max_over_ground_truths(f1, answer, question.answers)
     timings = Timings()
     for part in parts:
         _add_timings(timings, part.timings)
-
-    def weighted(value: Callable[[QAEvaluation], float]) -> float:
-        return sum(value(part) * part.questions for part in parts) / questions
-
-    first = parts[0]
+    recalled = sum(round(part.recall * part.questions / 100) for part in parts)
     return replace(
-        first,
-        questions=questions,
-        scores={mu: (weighted(lambda part: part.scores[mu][0]), weighted(lambda part: part.scores[mu][1]))
-                for mu in first.scores},  # fmt: skip
-        recall=weighted(lambda part: part.recall),
+        parts[0],
+        questions=len(questions),
+        scores={mu: (100.0 * total.em / len(questions), 100.0 * total.f1 / len(questions))
+                for mu, total in totals.items()},  # fmt: skip
+        recall=100.0 * recalled / len(questions),
         refused=sum(part.refused for part in parts),
         seconds=sum(part.seconds for part in parts),
         timings=timings,
-        predictions={key: value for part in parts for key, value in part.predictions.items()},
+        predictions=predictions,
     )
 
 

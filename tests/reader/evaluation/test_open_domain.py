@@ -306,8 +306,8 @@ def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goe
     status, resumed, _ = evaluate(tmp_path / "stopped.json")
     assert status == 0 and calls == [2, 1] and not journal.exists()
     assert json.loads(resumed)["resumed_questions"] == 4 and json.loads(whole)["resumed_questions"] == 0
-    for key in ("questions", "em", "f1", "recall", "refused"):
-        assert json.loads(resumed)[key] == pytest.approx(json.loads(whole)[key]), key
+    for key in ("questions", "em", "f1", "recall", "refused", "by_mu"):  # exactly: scored again in order (review45 L2)
+        assert json.loads(resumed)[key] == json.loads(whole)[key], key
     assert (tmp_path / "stopped.json").read_text(encoding="utf-8") == (tmp_path / "whole.json").read_text("utf-8")
     stop_at, calls[:] = 2, []
     assert evaluate(tmp_path / "other.json")[0] == 130
@@ -322,6 +322,13 @@ def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goe
     status, out, err = evaluate(tmp_path / "mu.json", "--limit", "6")
     assert status == 0, err
     assert (json.loads(out)["resumed_questions"], json.loads(out)["questions"]) == (0, 6)  # other settings
+    from dilstore.storage.write_lock import write_lock
+
+    with write_lock(tmp_path / "busy.json", doing="written"):  # another run writing the same output (review45 H1)
+        status, _, err = evaluate(tmp_path / "busy.json")
+    assert status == 2 and f"{tmp_path / 'busy.json'} is being written by pid" in err
+    assert not list(tmp_path.glob(".busy.json.dilstore-partial"))
+
     def unwritable(path: Path, evaluation: object) -> None:
         raise DilstoreError(f"cannot write predictions to {path}: No space left on device")
 
