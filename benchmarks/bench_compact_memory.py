@@ -9,7 +9,7 @@ process once per `--tree` (PYTHONPATH, e.g. a checkout of an older commit) and s
 RssAnon (its own memory) and RssFile (mapped store files: page cache, which the kernel can take back) from
 /proc every 50 ms.
 
-    git worktree add /tmp/old HEAD~1
+    git worktree add /tmp/old COMMIT      # the commit before the change measured (BENCHMARKS.md names it)
     for l in storage reader pipelines runners; do ln -sfn ../$l /tmp/old/dilstore/$l; done
     .venv/bin/python benchmarks/bench_compact_memory.py --work-dir /tmp/bench-compact-memory \\
         --passages 150000 600000 --tree old=/tmp/old --tree new=.
@@ -192,15 +192,16 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     trees = args.trees
-    shutil.rmtree(args.work_dir, ignore_errors=True)
-    args.work_dir.mkdir(parents=True)
+    args.work_dir.mkdir(parents=True, exist_ok=True)  # only the folders made below are removed (review45 H2)
     rows = []
     for passages in args.passages:
         store = args.work_dir / f"store-{passages}"
+        shutil.rmtree(store, ignore_errors=True)  # a run stopped before it removed its own
         built = build(store, passages, args)
         print(f"built {store}: {built}", file=sys.stderr)
         for label, tree in trees:
             output = args.work_dir / f"compacted-{passages}-{label}"
+            shutil.rmtree(output, ignore_errors=True)
             measured = compact(Path(tree), store, output)
             shutil.rmtree(output)
             rows.append({"tree": label, **built, **{key: value for key, value in measured.items() if key != "result"},

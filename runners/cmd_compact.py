@@ -276,9 +276,9 @@ def _carry_own_files(store: Path, target: Path) -> None:
             shutil.copy2(entry, target / entry.name, follow_symlinks=False)
 
 
-def _carry_index(store: Path, old: Manifest, target: Path, new: Manifest) -> str:
-    """Copy STORE/bm25 into the compacted store when it records the store as it is (the same live passages), with
-    its record moved on to the new build; "carried", "stale" (it covers another state: not copied) or "none"."""
+def _index_state(store: Path, manifest: Manifest) -> str:
+    """Whether STORE/bm25 records the store as `manifest` has it (the same live passages): "carried" (it does, and
+    comes along), "stale" (it covers another state) or "none"."""
     from dilstore.reader.retrieval import INDEX_RECORD, bm25_index_dir, indexed_state
 
     index = bm25_index_dir(store)
@@ -288,8 +288,18 @@ def _carry_index(store: Path, old: Manifest, target: Path, new: Manifest) -> str
         return "none" if not index.is_dir() else "stale"
     except (OSError, ValueError):
         return "stale"
-    if recorded != indexed_state(old) or not any(index.glob("segments_*")):
-        return "stale"
+    return "carried" if recorded == indexed_state(manifest) and any(index.glob("segments_*")) else "stale"
+
+
+def _carry_index(store: Path, old: Manifest, target: Path, new: Manifest) -> str:
+    """Copy STORE/bm25 into the compacted store when it records the store as it is, with its record moved on to the
+    new build; what `_index_state` says of it."""
+    from dilstore.reader.retrieval import INDEX_RECORD, bm25_index_dir, indexed_state
+
+    state = _index_state(store, old)
+    if state != "carried":
+        return state
+    index = bm25_index_dir(store)
     copied = bm25_index_dir(target)
     shutil.copytree(index, copied)
     (copied / INDEX_RECORD).write_text(json.dumps(indexed_state(new), sort_keys=True) + "\n", encoding="utf-8")
@@ -316,7 +326,7 @@ def _unchanged(store: Path, footprint: dict[str, int], reason: str, seconds: flo
             "passages": manifest.passages, "tokens": manifest.tokens, "shards": len(manifest.shards),
             "shards_before": len(manifest.shards), "appends_before": 0, "superseded_rows_dropped": 0,
             "files_before": footprint["files"], "files": footprint["files"], "bytes_before": footprint["bytes"],
-            "bytes": footprint["bytes"], "bm25_index": "unchanged", "generation": manifest.generation,
+            "bytes": footprint["bytes"], "bm25_index": _index_state(store, manifest), "generation": manifest.generation,
             "seconds": round(seconds, 2)}  # fmt: skip
 
 

@@ -54,7 +54,7 @@ class _Row:
 @dataclass(frozen=True)
 class _LiveRows:
     """The live rows of one old shard, grouped by the new shard each goes to, as arrays: one object per row of a
-    whole store took ~0.4 KB a passage, 4 GB at 10M passages (scale45 M1); these take the ids' bytes and ~16 B."""
+    whole store took ~0.4 KB a passage, 4 GB at 10M passages (scale45 M1); these take the ids' bytes and ~24 B."""
 
     shard: int
     targets: np.ndarray  # (live,) int64 new shard of each row, ascending

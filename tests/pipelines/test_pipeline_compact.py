@@ -146,6 +146,7 @@ def test_output_leaves_the_store_as_it_was_and_brings_an_index_only_when_it_cove
     check_index_covers(tmp_path / "copy" / "bm25", read_manifest(StoreLocation.parse(tmp_path / "copy")),
                        tmp_path / "copy")  # fmt: skip
     (index / INDEX_RECORD).write_text(json.dumps({**indexed_state(manifest), "appends": 5}), encoding="utf-8")
+    assert compact(capsys, str(tmp_path / "copy"))["bm25_index"] == "carried"  # compact already, its index covers it
     stale = compact(capsys, str(source), "--output", str(tmp_path / "stale"))
     assert stale["bm25_index"] == "stale" and not (tmp_path / "stale" / "bm25").exists()
 
@@ -285,6 +286,7 @@ def test_a_store_compact_already_is_left_and_a_full_disk_is_said_before_writing(
     assert {key: again[key] for key in ("passages", "tokens", "shards", "files", "bytes", "generation")} == {
         key: first[key] for key in ("passages", "tokens", "shards", "files", "bytes", "generation")}
     assert again["superseded_rows_dropped"] == 0 and again["files_before"] == again["files"]
+    assert again["bm25_index"] == "none"  # the index's state, as a compaction says it (it said "unchanged")
 
 
 def test_the_default_shard_count_follows_the_tokens_served_and_never_grows() -> None:

@@ -426,6 +426,9 @@ def test_a_stopped_rerank_keeps_the_queries_done_and_the_same_command_goes_on_fr
     counts = ("queries", "pairs", "skipped", "truncated_queries", "emptied_queries")
     assert {key: json.loads(resumed)[key] for key in counts} == {key: json.loads(whole)[key] for key in counts}
     assert json.loads(whole)["truncated_queries"] == 1
+    missing = write_inputs(tmp_path / "missing", {"q1": {"tram": 2.0, "not-stored": 1.0}})
+    assert cli(capsys, store("earl-s1"), *missing, *common)[0] == 2  # refused before any query: nothing kept
+    assert not list((tmp_path / "missing").glob(".*"))
 
 
 def test_cli_tags_the_run_with_tag_and_refuses_a_tag_of_two_words_before_reranking(
