@@ -10,7 +10,9 @@
    supersede the stored ones). The commit checks the stored ids again, exactly,
    window ids included (storage.append). With `--replace` a document replaces
    every stored passage of its id, also those its new version no longer has
-   (`retired_passages`, from the passage tables, at the commit).
+   (`retired_passages`, from the passage tables, at the commit), and a
+   Wikipedia page the input skips (now a redirect, a disambiguation page or
+   another namespace: `skipped_documents`) retires the stored passages of its id.
 3. `prepare_append`: the run's build id (generation) comes from its spec, as
    for any run, plus `replace`; the run writes into `STORE/appends/<generation>/`,
    numbering its shards from the store's first free shard. A folder of the same
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dilstore.pipelines.codebook import needs_codebook
-from dilstore.pipelines.corpora import Document
+from dilstore.pipelines.corpora import Document, Skipped
 from dilstore.pipelines.job import PrecomputeJob, run_spec
 from dilstore.pipelines.passages import split_document
 from dilstore.pipelines.routing import ReadTask, read_task
@@ -151,14 +153,31 @@ def refuse_duplicates(store: Path, job: PrecomputeJob) -> None:
                             "and let the new rows win over the stored ones")
 
 
-def retired_passages(store: Path, folder: Path) -> list[str]:
-    """The store's passage ids of every document the append in `folder` stores again (from the passage tables).
+def skipped_documents(inputs: Iterable[ReadTask]) -> set[str]:
+    """The ids of the documents the inputs name but skip: Wikipedia pages that are redirects, disambiguation pages
+    or of another namespace. Their pages are read again here, without converting any wikitext (a small part of
+    the append's own reading).
+
+    A refresh from a newer dump kept the passages of a page that had become a redirect or a disambiguation page
+    (wiki45 M2): the append stored nothing of it, so nothing replaced them.
+    """
+    from dilstore.pipelines.corpus_wikipedia import read_wikipedia
+
+    return {record.document_id for task in inputs if task.format == "wikipedia"
+            for record in read_wikipedia(task.path, plain_text=False)
+            if isinstance(record, Skipped) and record.document_id is not None}  # fmt: skip
+
+
+def retired_passages(store: Path, folder: Path, skipped: Iterable[str] = ()) -> list[str]:
+    """The store's passage ids of every document the append in `folder` stores again (from the passage tables), or
+    whose id is in `skipped` (`skipped_documents`).
 
     A new version of a document may split into fewer passages or windows than
     the stored one; --replace supersedes the stored ones it does not bring
     again too, so no text of the old version stays reachable.
     """
     replaced = {document_id for table in passage_tables(folder) for document_id in passage_column(table, "doc_id")}
+    replaced.update(skipped)
     manifest = read_manifest(StoreLocation.parse(store))
     folders = [store, *(store / append_dir(str(record.get("generation"))) for record in manifest.appends)]
     return [

@@ -356,7 +356,7 @@ def page_record(
     position = page_id or title or "a page without id or title"
     namespace = _text_of(fields.get("ns")) or _namespace_of_title(title, namespaces or {})
     if namespace != ARTICLE_NAMESPACE:
-        return Skipped(source, position, f"namespace {namespace}")
+        return Skipped(source, position, f"namespace {namespace}", page_id or None)
     revision = fields.get("revision")
     text_element = None
     if revision is not None:
@@ -365,9 +365,9 @@ def page_record(
     if text_element is None and "redirect" not in fields:
         return Rejected(source, position, "no <text> element")
     if "redirect" in fields or _REDIRECT.match(wikitext):
-        return Skipped(source, position, "redirect")
+        return Skipped(source, position, "redirect", page_id or None)
     if is_disambiguation(wikitext):  # a list of other pages' titles: its passages only took BM25's top-p slots
-        return Skipped(source, position, "disambiguation")
+        return Skipped(source, position, "disambiguation", page_id or None)
     if not page_id:
         return Rejected(source, position, "missing id")
     raw = make_document(source, page_id, page_id, title, wikitext, max_bytes=sys.maxsize)

@@ -74,12 +74,15 @@ class Rejected:
 class Skipped:
     """A well-formed record left out on purpose (a redirect, a non-article page).
 
-    Not an error and not a dead letter; readers yield it so that it can be counted.
+    Not an error and not a dead letter; readers yield it so that it can be counted. `document_id`: the id of the
+    document the record stands for, when it has one (a Wikipedia page's id): an `--append --replace` retires that
+    document's stored passages, as a page a newer dump made a redirect or a disambiguation page is no article now.
     """
 
     source: str
     line_or_id: int | str
     reason: str
+    document_id: str | None = None
 
 
 Record = Document | Rejected | Skipped

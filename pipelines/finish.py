@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dilstore.pipelines.append import retired_passages
+from dilstore.pipelines.append import retired_passages, skipped_documents
 from dilstore.pipelines.job import PrecomputeJob
 from dilstore.storage.passage_files import REJECTED_DIR
 from dilstore.pipelines.run_stats import RunStats
@@ -97,6 +97,6 @@ def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
     elif stats.passages == 0:
         pass  # an append that stored nothing is not committed: the store stays as it was, and the command says why
     else:
-        retire = retired_passages(Path(job.append_to), store) if job.replace else []
+        retire = retired_passages(Path(job.append_to), store, skipped_documents(job.inputs)) if job.replace else []
         commit_append(job.append_to, job.generation, job.fingerprint, creation, replace=job.replace, retire=retire)
     return summary

@@ -448,8 +448,8 @@ def test_wikipedia_pages_skipped_rejected_and_kept(tmp_path: Path) -> None:
     records = list(read_wikipedia(dump, max_bytes=100))
     assert records == [
         Document("1", "Kept", "Kept is an article.\n\nSecond paragraph.", str(dump)),
-        Skipped(str(dump), "2", "redirect"),
-        Skipped(str(dump), "3", "namespace 1"),
+        Skipped(str(dump), "2", "redirect", "2"),  # the page's id: an --append --replace retires it (wiki45 M2)
+        Skipped(str(dump), "3", "namespace 1", "3"),
         # "empty text", as if it had none (wiki42 L4)
         Rejected(str(dump), "4", "no prose left of its 44 bytes of wikitext (templates, tables and markup only)"),
         Rejected(str(dump), "5", "document too large: text of 249 bytes (limit 100 bytes)"),
@@ -466,7 +466,7 @@ def test_an_old_dump_without_redirect_elements_still_skips_redirects(tmp_path: P
         "</mediawiki>"
     )
     assert list(read_wikipedia(dump)) == [
-        Skipped(str(dump), "2", "redirect"), Document("3", "Alpha", "Alpha is a letter.", str(dump))
+        Skipped(str(dump), "2", "redirect", "2"), Document("3", "Alpha", "Alpha is a letter.", str(dump))
     ]
     article = tmp_path / "article.xml"  # only "#REDIRECT [[...]]" makes a redirect, as in MediaWiki
     article.write_text(f"<mediawiki>\n{page(4, 'Hashtag', '#redirection is a word here.')}</mediawiki>")

@@ -382,6 +382,30 @@ def test_replace_retires_the_passages_a_shorter_new_version_no_longer_has(
     assert verify_store(store).ok
 
 
+def test_replace_from_a_newer_dump_retires_the_pages_it_now_skips(models: dict[str, Path], tmp_path: Path) -> None:
+    """A refresh kept the passages of pages the newer dump made a redirect or a disambiguation page, and exited 0
+    (wiki45 M2): it stored nothing of them, so nothing replaced them. A plain --append leaves them."""
+    from tests.pipelines.test_corpora import page, write_dump
+
+    prose = "is a word of the old dump with enough text to be a passage of its own"
+    old = write_dump(tmp_path / "old.xml", "".join(page(number, title, f"'''{title}''' {prose}.")
+                                                   for number, title in ((1, "Alpha"), (2, "Beta"), (3, "Gamma"))))
+    new = write_dump(tmp_path / "new.xml", page(2, "Beta", "#REDIRECT [[Alpha]]", redirect=True)
+                     + page(3, "Gamma", "'''Gamma''' may mean:\n* [[Gamma ray]]\n{{disambiguation}}")
+                     + page(4, "Delta", f"'''Delta''' {prose}."))
+    kept = tmp_path / "kept"
+    assert precompute(models["dilbert"], old, kept) == 0
+    plain = tmp_path / "plain"
+    shutil.copytree(kept, plain)
+    assert precompute(models["dilbert"], new, plain, "--append") == 0
+    assert {passage_id.split("#")[0] for passage_id in store_contents(plain)} == {"1", "2", "3", "4"}
+    assert precompute(models["dilbert"], new, kept, "--append", "--replace") == 0
+    assert {passage_id.split("#")[0] for passage_id in store_contents(kept)} == {"1", "4"}
+    with open_store(kept) as opened:
+        assert opened.manifest.superseded_passages == 2
+    assert verify_store(kept).ok
+
+
 def test_a_stop_after_finish_put_the_store_or_append_in_place_says_so(
     models: dict[str, Path], tmp_path: Path
 ) -> None:
