@@ -207,6 +207,22 @@ def _silence_java() -> None:
     autoclass("java.lang.System").setErr(null_stream)
 
 
+def _unreadable_line(collection_dir: Path) -> str:
+    """The first line of the JSONL collection that is not a `{"id", "contents"}` object, as "FILE:LINE: why", for an
+    index short of passages: Anserini's own message names no file (its source is "REDACTED", longrun45 F6)."""
+    for part in sorted(collection_dir.glob("*.jsonl")):
+        with part.open("rb") as lines:
+            for number, raw in enumerate(lines, start=1):
+                try:
+                    record = json.loads(raw)
+                except ValueError as error:  # not UTF-8, or not JSON
+                    return f"the first line it could not read is {part}:{number}: {error}"
+                if not (isinstance(record, dict) and isinstance(record.get("id"), str)
+                        and isinstance(record.get("contents"), str)):  # fmt: skip
+                    return f"the first line it could not read is {part}:{number}: not an id and contents"
+    return "a line it could not read: see the log above"
+
+
 def build_bm25_index_in_place(
     collection_dir: Path,
     index_dir: Path,
@@ -233,7 +249,7 @@ def build_bm25_index_in_place(
         raise DilstoreError(f"pyserini wrote no index to {building}; see its log above")
     if store is not None and read != store.passages:
         remove_path(building)
-        why = ("a line it could not read: see the log above; `dilstore verify` checks the store's files"
+        why = (f"{_unreadable_line(collection_dir)}; `dilstore verify` checks the store's files"
                if read < store.passages else "the store grew while it was indexed: run `dilstore index` again")
         raise DilstoreError(f"the BM25 build read {read} of the store's {store.passages} passages from "
                             f"{collection_dir} ({why}); the index was not replaced")  # fmt: skip

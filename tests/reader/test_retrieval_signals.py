@@ -145,6 +145,33 @@ def test_a_build_of_a_folder_still_being_built_in_this_process_is_refused(
         release.set()
 
 
+def test_an_index_short_of_passages_names_the_first_line_it_could_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anserini's trace names no file ("REDACTED"), and the error said "see the log above" (longrun45 F6)."""
+    from types import SimpleNamespace
+
+    collection, index = tmp_path / "collection", tmp_path / "bm25"
+    collection.mkdir()
+    (collection / "part-00000.jsonl").write_text('{"id": "d0", "contents": "tram"}\n' * 2, encoding="utf-8")
+    (collection / "part-00001.jsonl").write_text('{"id": "d2", "contents": "x"}\nX{"id": "d3"}\n', encoding="utf-8")
+
+    def short_build(source: Path, target: Path, **_: object) -> int:
+        target.mkdir(parents=True)
+        (target / "segments_1").write_bytes(b"lucene")
+        return 3
+
+    monkeypatch.setattr(retrieval, "build_bm25_index", short_build)
+    store = SimpleNamespace(passages=4)
+    with pytest.raises(DilstoreError, match=rf"read 3 of the store's 4 passages .*\(the first line it could not read "
+                                            rf"is {collection}/part-00001\.jsonl:2: Expecting value"):  # fmt: skip
+        retrieval.build_bm25_index_in_place(collection, index, store=store)  # type: ignore[arg-type]
+    assert not index.exists()
+    (collection / "part-00001.jsonl").write_text('{"id": "d2", "contents": "x"}\n["d3"]\n', encoding="utf-8")
+    with pytest.raises(DilstoreError, match=r"part-00001\.jsonl:2: not an id and contents"):
+        retrieval.build_bm25_index_in_place(collection, index, store=store)  # type: ignore[arg-type]
+
+
 def test_a_java_call_waited_on_gives_back_its_result_or_its_error() -> None:
     assert retrieval._wait_in_python(lambda: 6 * 7, "answer") == 42
     with pytest.raises(ZeroDivisionError):
