@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from dilstore.runners.journal import Journal
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models
 from dilstore.runners.reading_options import (
@@ -16,8 +20,18 @@ from dilstore.runners.reading_options import (
     reading_settings,
     subset_seed,
 )
+from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.atomic_files import atomic_write_text
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.digests import sha256_file
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
+
+if TYPE_CHECKING:
+    from dilstore.reader.evaluation.reading_comprehension import ReadingSettings
+    from dilstore.reader.modeling.dilbert import DilBertReader
+
+# Questions a part of the journal holds (runners/journal.py): a stop loses at most one part, about a minute of this
+# CPU's work at the shipped reader's speed.
+PART_QUESTIONS = 1000
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,7 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_subset_arguments(parser, "score questions:")
     add_reading_arguments(parser)
     add_runtime_arguments(parser)
-    parser.add_argument("--predictions", type=Path, help="also write {question id: answer} JSON here")
+    parser.add_argument("--predictions", type=Path, help="also write {question id: answer} JSON here; the answers "
+                        "are kept beside it as they are read, and the same command run again after a stop goes on "
+                        "from them")  # fmt: skip
     parser.add_argument("--score", type=Path, metavar="PREDICTIONS",
                         help="score this {question id: answer} JSON file instead of running a reader")  # fmt: skip
     parser.add_argument("--json", action="store_true",
@@ -56,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from dilstore.reader.packaged.shipped import default_checkpoint_dir
     from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
     from dilstore.reader.modeling.dilbert import DilBertReader
-    from dilstore.reader.evaluation.reading_comprehension import evaluate_file
+    from dilstore.reader.evaluation.reading_comprehension import ReadingParts, evaluate_file
     from dilstore.reader.offline.kinds import require_within_positions
 
     if args.predictions:
@@ -68,28 +84,49 @@ def run(args: argparse.Namespace) -> int:
                             "untrained: give a reader that `dilstore train qa` wrote")  # fmt: skip
     reader = DilBertReader.from_pretrained(model_dir)
     require_within_positions(args.max_seq_length, reader, "window", "--max-seq-length")  # not at the first long one
-    result = evaluate_file(
-        reader,
-        args.data,
-        settings=reading_settings(args),
-        limit=args.limit,
-        seed=subset_seed(args),
-        device=args.device,
-        progress=not (args.json or args.no_progress),
-    )
-    # The scores first: a predictions file that could not be written (its folder gone, a full disk) took them
-    # along, after minutes of reading (longrun45 F9).
-    if args.json:
-        print(json.dumps(result.summary()), flush=True)
-    else:
-        print(
-            f"model {model_dir}  k={result.k}  questions {result.questions}  "
-            f"EM {result.em:.2f}  F1 {result.f1:.2f}  ({result.seconds:.1f} s)", flush=True
-        )
-    if args.predictions:
-        text = json.dumps(result.predictions, ensure_ascii=False, indent=1)
-        atomic_write_text(args.predictions, text, create_parents=False)
+    settings = reading_settings(args)
+    journaled = Journal(args.predictions, _settings(args, reader, settings)) if args.predictions else None
+    with journaled or contextlib.nullcontext() as journal:
+        parts = None if journal is None else ReadingParts(PART_QUESTIONS, journal.parts, journal.add)
+        try:
+            result = evaluate_file(reader, args.data, settings=settings, limit=args.limit, seed=subset_seed(args),
+                                   device=args.device, progress=not (args.json or args.no_progress), parts=parts)
+        except KeyboardInterrupt as interrupt:
+            raise _stopped(interrupt, journal) from None
+        # The scores first: a predictions file that could not be written (its folder gone, a full disk) took them
+        # along, after minutes of reading (longrun45 F9).
+        if args.json:
+            print(json.dumps(result.summary()), flush=True)
+        else:
+            print(
+                f"model {model_dir}  k={result.k}  questions {result.questions}  "
+                f"EM {result.em:.2f}  F1 {result.f1:.2f}  ({result.seconds:.1f} s)", flush=True
+            )
+        if journal is not None:
+            text = json.dumps(result.predictions, ensure_ascii=False, indent=1)
+            atomic_write_text(args.predictions, text, create_parents=False)
+            journal.remove()
     return 0
+
+
+def _settings(args: argparse.Namespace, reader: DilBertReader, settings: ReadingSettings) -> dict[str, Any]:
+    """What decides the answers of a part, recorded in the journal: a journal of other settings (another file,
+    subset, reader or reading option) is not taken for this run's."""
+    from dilstore.reader.modeling.fingerprint import weights_sha256
+
+    return {"command": "evaluate-rc", "data": str(args.data.resolve()), "data_sha256": sha256_file(args.data),
+            "limit": args.limit, "seed": subset_seed(args), "part_questions": PART_QUESTIONS, "k": reader.layers,
+            "weights_sha256": weights_sha256(reader), "reading": dataclasses.asdict(settings)}  # fmt: skip
+
+
+def _stopped(interrupt: KeyboardInterrupt, journal: Journal | None) -> StoppedBySignal:
+    """The stop, saying how many questions' answers are kept (a stop at 90% kept nothing, longrun45 F1)."""
+    words, number = interrupt_words(interrupt), interrupt_number(interrupt)
+    kept = 0 if journal is None else sum(len(part["predictions"]) for part in journal.parts.values())
+    if not kept:
+        return StoppedBySignal(words, number)
+    return StoppedBySignal(f"{words}; the answers of {kept:,} questions are kept in {journal.path}: run the same "
+                           "command again to go on from them", number)  # fmt: skip
 
 
 def score(args: argparse.Namespace) -> int:

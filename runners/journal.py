@@ -1,7 +1,7 @@
 """Parts of a long run kept beside its output as each is done, so that a stopped run goes on from them.
 
-`evaluate-qa` over a full question set takes hours on a CPU, as does `rerank` over MS MARCO's dev queries, and a
-Ctrl-C at 90% kept nothing (longrun45 F1). With an output file, the command now works through its questions or
+`evaluate-qa` over a full question set takes hours on a CPU, as does `rerank` over MS MARCO's dev queries
+(`evaluate-rc` over SQuAD dev, minutes), and a Ctrl-C at 90% kept nothing (longrun45 F1). With an output file, the command now works through its questions or
 queries in parts and appends each finished part's result to `.NAME.dilstore-partial` beside the output (one JSON
 line, flushed). The first line records the run's
 settings; the same command run again finds them equal and takes the parts already done, and other settings

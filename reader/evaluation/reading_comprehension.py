@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -102,28 +102,35 @@ def select_examples(examples: Sequence[SquadExample], limit: int | None, seed: i
     return [examples[index] for index in chosen]
 
 
+def batch_plan(features: Sequence[QAFeature], settings: ReadingSettings) -> tuple[list[list[int]], list[int]]:
+    """How `predict_answers` batches `features` (indices, by passage length to keep padding small) and the padded
+    tokens of each batch, which a progress bar counts: batches go shortest first, so a count of batches put the time
+    left at a third to a half of what it was (longrun45 F3)."""
+    order = sorted(range(len(features)), key=lambda index: len(features[index].passage))
+    batches = [order[i : i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
+    costs = [len(indices) * (max(len(features[index].question) for index in indices)
+                             + max(len(features[index].passage) for index in indices)) for indices in batches]
+    return batches, costs
+
+
 def predict_answers(
     features: Sequence[QAFeature],
     scorer: Scorer,
     settings: ReadingSettings,
     pad_token_id: int,
     progress: bool = False,
+    advance: Callable[[int], None] | None = None,
 ) -> dict[str, str]:
     """The best-scoring span over all windows of each question: {question id: answer text}.
 
-    Windows are batched by passage length to keep padding small; the answer
-    does not depend on the batching. A question whose windows hold no valid
-    span answers "".
+    Windows are batched by passage length to keep padding small (`batch_plan`); the answer does not depend on the
+    batching. A question whose windows hold no valid span answers "". `advance`, when given, is told each batch's
+    padded tokens as it is done (a bar of the caller's), and no bar of its own is shown.
     """
     best: dict[str, tuple[float, str]] = {feature.example_id: (float("-inf"), "") for feature in features}
-    order = sorted(range(len(features)), key=lambda index: len(features[index].passage))
-    batches = [order[i : i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
-    # The bar counts padded tokens, not batches: batches go shortest first, so a count of batches put the time left
-    # at a third to a half of what it was (longrun45 F3).
-    costs = [len(indices) * (max(len(features[index].question) for index in indices)
-                             + max(len(features[index].passage) for index in indices)) for indices in batches]
-    with tqdm(total=sum(costs), disable=not progress, unit="token", unit_scale=True, desc="reading",
-              dynamic_ncols=True) as bar:  # fmt: skip
+    batches, costs = batch_plan(features, settings)
+    with tqdm(total=sum(costs), disable=not progress or advance is not None, unit="token", unit_scale=True,
+              desc="reading", dynamic_ncols=True) as bar:  # fmt: skip
         for indices, cost in zip(batches, costs, strict=True):
             chunk = [features[index] for index in indices]
             batch = collate_features(chunk, pad_token_id)
@@ -143,7 +150,7 @@ def predict_answers(
                 if spans and spans[0].score > best[feature.example_id][0]:
                     top = spans[0]
                     best[feature.example_id] = (top.score, feature.context[top.char_start : top.char_end])
-            bar.update(cost)
+            (advance or bar.update)(cost)
     return {question_id: text for question_id, (_, text) in best.items()}
 
 
@@ -164,29 +171,61 @@ def evaluate_reader(
     settings: ReadingSettings = ReadingSettings(),
     device: str | torch.device | None = None,
     progress: bool = False,
+    parts: ReadingParts | None = None,
 ) -> ReadingResult:
-    """Answer every example against its own paragraph and score with the official SQuAD v1.1 EM/F1."""
+    """Answer every example against its own paragraph and score with the official SQuAD v1.1 EM/F1.
+
+    With `parts`, the examples are read `parts.questions` at a time, each part's answers handed to `parts.on_part`
+    as it is done, and the parts in `parts.kept` (an earlier run's) are not read again: a stopped run goes on.
+    """
     if not examples:
         raise DilstoreError("no questions to evaluate")
     require_answers(examples)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     reader.to(device).eval()
     started = time.perf_counter()
-    # Every window of every question, unlabelled: answers are never shown to the reader.
-    features = window_features(reader.tokenizer, examples, settings, labelled=False)
-    predictions = predict_answers(
-        features, reader_scorer(reader, device), settings, pad_id(reader.tokenizer), progress
-    )
+    parts = parts or ReadingParts(questions=len(examples))
+    chunks = [examples[first : first + parts.questions] for first in range(0, len(examples), parts.questions)]
+    # Every window of every question to read, unlabelled: answers are never shown to the reader.
+    features = {number: window_features(reader.tokenizer, chunk, settings, labelled=False)
+                for number, chunk in enumerate(chunks) if number not in parts.kept}  # fmt: skip
+    total = sum(sum(batch_plan(part, settings)[1]) for part in features.values())
+    predictions: dict[str, str] = {}
+    with tqdm(total=total, disable=not progress, unit="token", unit_scale=True, desc="reading",
+              dynamic_ncols=True) as bar:  # fmt: skip
+        for number in range(len(chunks)):
+            if number in parts.kept:
+                predictions.update(parts.kept[number]["predictions"])
+                continue
+            part_started = time.perf_counter()
+            answers = predict_answers(features[number], reader_scorer(reader, device), settings,
+                                      pad_id(reader.tokenizer), advance=bar.update)  # fmt: skip
+            predictions.update(answers)
+            if parts.on_part is not None:
+                parts.on_part(number, {"predictions": answers, "seconds": time.perf_counter() - part_started})
     scores = evaluate_examples(examples, predictions)
     return ReadingResult(
         questions=int(scores["questions"]),
         em=scores["exact_match"],
         f1=scores["f1"],
         k=reader.layers,
-        seconds=time.perf_counter() - started,
+        seconds=time.perf_counter() - started + sum(part["seconds"] for part in parts.kept.values()),
         predictions=predictions,
         settings=settings,
     )
+
+
+@dataclass(frozen=True)
+class ReadingParts:
+    """How `evaluate_reader` reads its examples in parts: `questions` a part; `kept`, part number -> the record an
+    earlier run's `on_part` was given ({"predictions", "seconds"}); `on_part(number, record)` after each part."""
+
+    questions: int
+    kept: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    on_part: Callable[[int, dict[str, Any]], None] | None = None
+
+    def __post_init__(self) -> None:
+        require_at_least_one({"questions": self.questions})
 
 
 def require_answers(examples: Sequence[SquadExample], where: str = "") -> None:
@@ -214,6 +253,7 @@ def evaluate_file(
     seed: int = 0,
     device: str | torch.device | None = None,
     progress: bool = False,
+    parts: ReadingParts | None = None,
 ) -> ReadingResult:
     """`evaluate_reader` over a SQuAD v1.1 file, or a seeded subset of `limit` of its questions."""
     examples = load_squad(path)
@@ -221,7 +261,7 @@ def evaluate_file(
         raise DilstoreError(f"{path}: no questions to evaluate (every paragraph's qas is empty)")
     chosen = select_examples(examples, limit, seed)
     require_answers(chosen, f"{path}: ")
-    result = evaluate_reader(reader, chosen, settings, device, progress)
+    result = evaluate_reader(reader, chosen, settings, device, progress, parts)
     return replace(result, data_file=str(path), data_sha256=sha256_file(Path(path)))
 
 

@@ -272,3 +272,48 @@ def test_real_squad_dev_subset(tiny_base: Path, shared_data: Path, tmp_path: Pat
     assert main(["evaluate-rc", "--model", str(reader_dir), "--data", str(dev), "--limit", "5", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["questions"] == 5 and printed["k"] == 1
+
+
+def test_a_stopped_evaluate_rc_keeps_its_answers_and_the_same_command_goes_on_from_them(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A stop at 90% of a full dev run (10-20 minutes here) kept nothing (longrun45 F1). Parts of 2 questions: the
+    run stopped in its third part goes on from the two kept, and gives the answers and scores an unstopped run does."""
+    from dilstore.reader.evaluation import reading_comprehension
+    from dilstore.runners import cmd_evaluate_rc
+
+    reader_dir = DilBertReader.from_pretrained(tiny_base, layers=1).save_pretrained(tmp_path / "reader")
+    monkeypatch.setattr(cmd_evaluate_rc, "PART_QUESTIONS", 2)
+    real, calls = reading_comprehension.predict_answers, []
+
+    def counted(*args: object, **kwargs: object) -> dict[str, str]:
+        calls.append(1)
+        if len(calls) == stop_at:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(reading_comprehension, "predict_answers", counted)
+
+    def evaluate(predictions: Path) -> tuple[int, str, str]:
+        status = main(["evaluate-rc", "--model", str(reader_dir), "--data", str(squad_file), "--limit", "6", "--json",
+                       "--max-seq-length", "48", "--doc-stride", "16", "--max-question-length", "24",
+                       "--predictions", str(predictions)])  # fmt: skip
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    stop_at = 0
+    status, whole, err = evaluate(tmp_path / "whole.json")
+    assert status == 0 and calls == [1, 1, 1], err
+    stop_at, calls[:] = 3, []
+    status, _, err = evaluate(tmp_path / "stopped.json")
+    journal = tmp_path / ".stopped.json.dilstore-partial"
+    assert status == 130 and not (tmp_path / "stopped.json").exists()
+    assert err == (f"dilstore evaluate-rc: interrupted; the answers of 4 questions are kept in {journal}: run the same "
+                   "command again to go on from them\n")  # fmt: skip
+    stop_at, calls[:] = 0, []
+    status, resumed, err = evaluate(tmp_path / "stopped.json")
+    assert status == 0 and calls == [1] and not journal.exists(), err
+    assert (tmp_path / "stopped.json").read_text() == (tmp_path / "whole.json").read_text()
+    assert {key: json.loads(resumed)[key] for key in ("questions", "em", "f1")} == {
+        key: json.loads(whole)[key] for key in ("questions", "em", "f1")}
