@@ -136,7 +136,9 @@ def _settings(args: argparse.Namespace, odqa: OpenDomainReader, seed: int, part_
     """What decides the results of a part, recorded in the journal: a journal of other settings (another question
     file or subset, store build, reader or option) is not taken for this run's."""
     manifest = odqa.store.manifest
-    return {"command": "evaluate-qa", "questions": str(args.questions.resolve()),
+    # The file by its contents and name (a JSONL question's id is NAME:LINE), not its path: a copy elsewhere is the
+    # same questions (review45b M1).
+    return {"command": "evaluate-qa", "questions": args.questions.name,
             "questions_sha256": sha256_file(args.questions), "limit": args.limit, "seed": seed,
             "part_questions": part_questions, "generation": manifest.generation,
             "appends": [record.get("generation") for record in manifest.appends],

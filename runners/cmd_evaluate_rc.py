@@ -114,7 +114,7 @@ def _settings(args: argparse.Namespace, reader: DilBertReader, settings: Reading
     subset, reader or reading option) is not taken for this run's."""
     from dilstore.reader.modeling.fingerprint import weights_sha256
 
-    return {"command": "evaluate-rc", "data": str(args.data.resolve()), "data_sha256": sha256_file(args.data),
+    return {"command": "evaluate-rc", "data_sha256": sha256_file(args.data),
             "limit": args.limit, "seed": subset_seed(args), "part_questions": PART_QUESTIONS, "k": reader.layers,
             "weights_sha256": weights_sha256(reader), "reading": dataclasses.asdict(settings)}  # fmt: skip
 

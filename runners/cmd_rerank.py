@@ -94,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json", action="store_true",
         help='print {"queries","pairs","skipped","emptied_queries","truncated_queries","seconds","timings","depth",'
-             '"output","encoding"}',
+             '"output","encoding","resumed_queries"}',
     )  # fmt: skip
     add_verbose_argument(parser)
     parser.set_defaults(run=run)
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             with bar:
                 reranked, stats = reranker.rerank_run(
                     topics, first_stage, depth, skip_missing=args.skip_missing, done=set(done), stats=keeper.stats,
-                    on_query=lambda qid, scores: (keeper.add(qid, scores), bar.update()),
+                    on_reranked=lambda qid, scores: (keeper.add(qid, scores), bar.update()),
                 )  # fmt: skip
         except KeyboardInterrupt as interrupt:
             raise _stopped(interrupt, journal, len(first_stage)) from None
@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         write_run(args.output, whole, tag=args.tag or reranker.run_tag)
         journal.remove()
     encoding = reranker.store.fingerprint.encoding  # what the states were read from
-    summary = {**stats.to_dict(), "depth": depth, "output": str(args.output), "encoding": encoding}
+    summary = {**stats.to_dict(), "depth": depth, "output": str(args.output), "encoding": encoding,
+               "resumed_queries": len(done)}  # fmt: skip
     if args.json:
         print(json.dumps(summary))
         return 0
@@ -154,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         f"reranked {stats.queries} queries, {stats.pairs} pairs (depth {depth}, {encoding} store) "
         f"in {stats.seconds:.1f} s -> {args.output}"
     )
+    if done:
+        print(f"{len(done)} of them reranked by a stopped run of the same command, kept in its journal")
     if stats.skipped:
         print(f"{stats.skipped} document(s) not in the store left out")
     if stats.emptied_queries:
@@ -190,8 +193,8 @@ def _settings(args: argparse.Namespace, reranker: StoreReranker[Any], depth: int
     """What decides the reranked run, recorded in the journal: a journal of other settings (other topics or first
     stage, store build, ranker, depth or option) is not taken for this run's."""
     manifest = reranker.store.manifest
-    return {"command": "rerank", "topics": str(args.topics.resolve()), "topics_sha256": sha256_file(args.topics),
-            "run": str(args.run_file.resolve()), "run_sha256": sha256_file(args.run_file), "depth": depth,
+    return {"command": "rerank", "topics_sha256": sha256_file(args.topics), "run_sha256": sha256_file(args.run_file),
+            "depth": depth,
             "skip_missing": args.skip_missing, "generation": manifest.generation,
             "appends": [record.get("generation") for record in manifest.appends],
             "model": str(Path(args.model).resolve()) if args.model else None,

@@ -1,11 +1,12 @@
 """Parts of a long run kept beside its output as each is done, so that a stopped run goes on from them.
 
 `evaluate-qa` over a full question set takes hours on a CPU, as does `rerank` over MS MARCO's dev queries
-(`evaluate-rc` over SQuAD dev, minutes), and a Ctrl-C at 90% kept nothing (longrun45 F1). With an output file, the command now works through its questions or
-queries in parts and appends each finished part's result to `.NAME.dilstore-partial` beside the output (one JSON
-line, flushed). The first line records the run's
-settings; the same command run again finds them equal and takes the parts already done, and other settings
-start the journal anew. The journal is removed once the output is written.
+(`evaluate-rc` over SQuAD dev, minutes), and a Ctrl-C at 90% kept nothing (longrun45 F1). With an output file,
+the command now works through its questions or queries in parts and appends each finished part's result to
+`.NAME.dilstore-partial` beside the output (one JSON line, flushed). The first line records the run's settings;
+the same command run again finds them equal and takes the parts already done. A run of other settings starts
+the journal anew once its first part is done: one stopped before then (a mistyped option) leaves the earlier
+run's parts as they were (they went at once, review45b M1). The journal is removed once the output is written.
 
 A journal is used in a `with` block, which holds the output's write lock (storage/write_lock.py): a second run
 writing the same output is refused, where two runs wrote their parts into one journal and a later run took the
@@ -40,16 +41,17 @@ class Journal:
         self.output, self.path = output, journal_path(output)
         self._header = {"journal": JOURNAL_FORMAT, "settings": settings}
         self.parts: dict[int, Any] = {}
+        self._resumed = False  # whether the file holds this run's header (and the parts read back)
         self._stream: TextIO | None = None
         self._held = contextlib.ExitStack()
 
     def __enter__(self) -> Journal:
         self._held.enter_context(write_lock(self.output, doing="written"))
         try:
-            self.parts = self._read()
-            lines = [self._header, *({"part": part, "record": record} for part, record in self.parts.items())]
-            atomic_write_text(self.path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines),
-                              create_parents=False)  # fmt: skip
+            found = self._read()
+            if found is not None:  # written again without a line a kill cut short
+                self.parts, self._resumed = found, True
+                self._write(self.parts)
         except BaseException:
             self._held.close()
             raise
@@ -62,15 +64,15 @@ class Journal:
         finally:
             self._held.close()
 
-    def _read(self) -> dict[int, Any]:
-        """The parts a run of these settings kept here before, in order; none when there is no journal, it is
+    def _read(self) -> dict[int, Any] | None:
+        """The parts a run of these settings kept here before, in order; None when there is no journal, it is
         unreadable, or it was written with other settings."""
         try:
             lines = self.path.read_text(encoding="utf-8").splitlines()
             if not lines or json.loads(lines[0]) != self._header:
-                return {}
+                return None
         except (OSError, UnicodeError, ValueError):
-            return {}
+            return None
         parts: dict[int, Any] = {}
         for line in lines[1:]:
             try:
@@ -83,21 +85,30 @@ class Journal:
             parts[part] = record
         return parts
 
+    def _write(self, parts: dict[int, Any]) -> None:
+        """The journal file as this run's header and `parts`, in place of what was there."""
+        lines = [self._header, *({"part": part, "record": record} for part, record in parts.items())]
+        atomic_write_text(self.path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines),
+                          create_parents=False)  # fmt: skip
+
     def add(self, part: int, record: Any) -> None:
         """Keep `record` as part `part`'s result (the next part in order)."""
         if self._stream is None:
+            if not self._resumed:  # the first part of a new run: an earlier run's journal goes now, not before
+                self._write({})
+                self._resumed = True
             self._stream = self.path.open("a", encoding="utf-8")
         self._stream.write(json.dumps({"part": part, "record": record}, ensure_ascii=False) + "\n")
         self._stream.flush()
         self.parts[part] = record
 
     def close(self) -> None:
-        """Stop adding; what was added stays, and a journal that holds no part goes (a run that failed before its
-        first part leaves nothing beside its output)."""
+        """Stop adding; what was added stays. A journal of this run's that holds no part goes; an earlier run's of
+        other settings stays, as this run added nothing in its place."""
         if self._stream is not None:
             self._stream.close()
             self._stream = None
-        if not self.parts:
+        if self._resumed and not self.parts:
             self.path.unlink(missing_ok=True)
 
     def remove(self) -> None:

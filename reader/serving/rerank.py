@@ -270,7 +270,8 @@ class StoreReranker(ABC, Generic[RankerT]):
         depth: int = DEFAULT_DEPTH,
         *,
         skip_missing: bool = False,
-        on_query: Callable[[str, dict[str, float] | None], None] | None = None,
+        on_query: Callable[[str], None] | None = None,
+        on_reranked: Callable[[str, dict[str, float] | None], None] | None = None,
         done: Collection[str] = (),
         stats: RerankStats | None = None,
     ) -> tuple[Run, RerankStats]:
@@ -278,8 +279,8 @@ class StoreReranker(ABC, Generic[RankerT]):
 
         Queries keep the run's order; each must have a topic. Every topic, and
         without `skip_missing` every top-`depth` document, is checked before
-        the first query is scored. `on_query(qid, scores)` is called after each
-        query with its reranked scores (None for a query left with no document), for progress and to keep them.
+        the first query is scored. `on_query(qid)` is called after each query, for progress reporting, and
+        `on_reranked(qid, scores)` with its reranked scores (None for a query left with no document), to keep them.
         With `skip_missing`, a run none of whose top-`depth` documents is in the store is an error,
         not an empty run, and a query left with no document is not in the run
         returned but in `stats.emptied_queries`. `done`: queries an earlier run reranked (their scores kept
@@ -288,8 +289,9 @@ class StoreReranker(ABC, Generic[RankerT]):
         depth = checked_depth(depth)
         run = _checked_run(run)
         require_topics(topics, run)
-        if on_query is not None and not callable(on_query):
-            raise DilstoreError(f"on_query must be a function of the qid or None, got {type(on_query).__name__}")
+        for name, callback in (("on_query", on_query), ("on_reranked", on_reranked)):
+            if callback is not None and not callable(callback):
+                raise DilstoreError(f"{name} must be a function or None, got {type(callback).__name__}")
         _check_skip_missing(skip_missing)
         stats = RerankStats() if stats is None else stats
         rankings = {qid: [docid for docid, _ in rank_documents(first_stage)] for qid, first_stage in run.items()
@@ -315,7 +317,9 @@ class StoreReranker(ABC, Generic[RankerT]):
             else:
                 stats.emptied_queries.append(qid)
             if on_query is not None:
-                on_query(qid, reranked.get(qid))
+                on_query(qid)
+            if on_reranked is not None:
+                on_reranked(qid, reranked.get(qid))
         if stats.skipped and not stats.pairs:
             first = [docid for docid, _ in rank_documents(next(iter(run.values())))][:depth]  # looked up, all missing
             raise MissingPassagesError(

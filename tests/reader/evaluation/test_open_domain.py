@@ -302,6 +302,9 @@ def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goe
     assert status == 130 and not (tmp_path / "stopped.json").exists()
     assert err == (f"dilstore evaluate-qa: interrupted; 4 of 7 questions done are kept in {journal}: run the same "
                    "command again to go on from them\n")  # fmt: skip
+    kept = journal.read_bytes()
+    stop_at, calls[:] = 1, []  # a run of other settings, stopped before its first part: the kept parts stay
+    assert evaluate(tmp_path / "stopped.json", "--limit", "5")[0] == 130 and journal.read_bytes() == kept
     stop_at, calls[:] = 0, []
     status, resumed, _ = evaluate(tmp_path / "stopped.json")
     assert status == 0 and calls == [2, 1] and not journal.exists()

@@ -235,7 +235,8 @@ def test_documents_below_depth_follow_in_first_stage_order(store: Callable[..., 
         # A bare TypeError from dict.fromkeys; on_query's only after the first query was scored (rank38 M5).
         (lambda r: r.rerank(QUERIES["q1"], [["tram"]]), "doc_ids must be strings, got list"),
         (lambda r: r.rerank(QUERIES["q1"], [{"a": 1}]), "doc_ids must be strings, got dict"),
-        (lambda r: r.rerank_run(QUERIES, {"q1": {"tram": 1.0}}, on_query=5), "on_query must be a function of the"),
+        (lambda r: r.rerank_run(QUERIES, {"q1": {"tram": 1.0}}, on_query=5), "on_query must be a function or None"),
+        (lambda r: r.rerank_run(QUERIES, {"q1": {"tram": 1.0}}, on_reranked=5), "on_reranked must be a function or"),
         (lambda r: r.rerank_run(QUERIES, {"q1": {"tram": 1.0}}, skip_missing=1), "skip_missing must be True or"),
     ],
 )  # fmt: skip
@@ -422,6 +423,7 @@ def test_a_stopped_rerank_keeps_the_queries_done_and_the_same_command_goes_on_fr
     stop_at, calls[:] = 0, []
     status, resumed, err = cli(capsys, store("earl-s1"), *arguments, *common)
     assert status == 0 and calls == [1] and not journal.exists(), err
+    assert (json.loads(resumed)["resumed_queries"], json.loads(whole)["resumed_queries"]) == (2, 0)
     assert (tmp_path / "stopped" / "out.trec").read_text() == (tmp_path / "whole" / "out.trec").read_text()
     counts = ("queries", "pairs", "skipped", "truncated_queries", "emptied_queries")
     assert {key: json.loads(resumed)[key] for key in counts} == {key: json.loads(whole)[key] for key in counts}
