@@ -27,6 +27,7 @@ from dilstore.storage.finalize import finalize
 from dilstore.storage.format import MANIFEST_FILE
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
+from dilstore.storage.reader import open_store
 
 def missing_shards(store: Path, num_shards: int, first_shard: int = 0, generation: str | None = None) -> list[int]:
     """Shard indices in [first_shard, first_shard + num_shards) without a commit marker `read_meta` trusts."""
@@ -87,7 +88,12 @@ def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
     if absent:
         raise DilstoreError(f"{store}: shards {absent[:10]} are not committed; re-run to complete them")
     (store / REJECTED_DIR).mkdir(exist_ok=True)
+    retire: list[str] = []
+    if job.append_to is not None and job.replace and stats.passages > 0:  # an append that stores nothing is not made
+        retire = retired_passages(Path(job.append_to), store, skipped_documents(job.inputs))
     summary = run_summary(stats, job, time.time())
+    if job.append_to is not None and job.replace:
+        summary["superseded"] = _stored_count(Path(job.append_to), retire)
     atomic_write_text(store / SUMMARY_FILE, json.dumps(summary, indent=1, sort_keys=True) + "\n")
     creation = {**job.creation, "summary": summary}
     if job.append_to is None:
@@ -97,6 +103,13 @@ def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
     elif stats.passages == 0:
         pass  # an append that stored nothing is not committed: the store stays as it was, and the command says why
     else:
-        retire = retired_passages(Path(job.append_to), store, skipped_documents(job.inputs)) if job.replace else []
         commit_append(job.append_to, job.generation, job.fingerprint, creation, replace=job.replace, retire=retire)
     return summary
+
+
+def _stored_count(store: Path, passage_ids: list[str]) -> int:
+    """How many of `passage_ids` the store serves now: the passages an --append --replace supersedes (its
+    documents' earlier passages, and those of pages it now skips), which its summary did not say (review45b L3)."""
+    distinct = list(dict.fromkeys(passage_ids))
+    with open_store(store) as opened:
+        return len(distinct) - len(opened.missing(distinct))

@@ -35,6 +35,8 @@ from dilstore.storage import append as storage_append
 from dilstore.storage.codebook import read_codebook, write_codebook
 from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE
 from dilstore.storage.info import store_info
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
@@ -401,6 +403,8 @@ def test_replace_from_a_newer_dump_retires_the_pages_it_now_skips(models: dict[s
     assert {passage_id.split("#")[0] for passage_id in store_contents(plain)} == {"1", "2", "3", "4"}
     assert precompute(models["dilbert"], new, kept, "--append", "--replace") == 0
     assert {passage_id.split("#")[0] for passage_id in store_contents(kept)} == {"1", "4"}
+    assert read_manifest(StoreLocation.parse(kept)).appends[-1]["summary"]["superseded"] == 2  # said (review45b L3)
+    assert "superseded" not in read_manifest(StoreLocation.parse(plain)).appends[-1]["summary"]
     with open_store(kept) as opened:
         assert opened.manifest.superseded_passages == 2
     assert verify_store(kept).ok
