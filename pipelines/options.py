@@ -134,6 +134,23 @@ def unknown_flags(flags: Sequence[str]) -> list[str]:
     return named
 
 
+def stray_words(flags: Sequence[str]) -> list[str]:
+    """The words among `flags` that are neither a Beam option nor an option's value, as Beam's own parser reads
+    them (a word after an on/off flag is no value of it). Beam drops them without a word: `--input a.jsonl
+    b.jsonl` read a.jsonl alone (review45b, review45c F2). A word after a flag Beam does not know is taken for its
+    value: that flag is refused on its own (`unknown_flags`)."""
+    _, unknown = _beam_parser().parse_known_args(flags)
+    stray, after_unknown_flag = [], False
+    for word in unknown:
+        if word.startswith("-"):
+            after_unknown_flag = "=" not in word
+            continue
+        if not after_unknown_flag:
+            stray.append(word)
+        after_unknown_flag = False
+    return stray
+
+
 def _beam_parser() -> argparse.ArgumentParser:
     """A parser of every registered Beam option class, as PipelineOptions builds one to read its flags: once per
     class name, the first class of a name as Beam takes it (a class defined again, as a notebook cell re-run does,

@@ -416,11 +416,12 @@ def build_store(
 def check_stray_words(beam_args: Sequence[str]) -> None:
     """A DilstoreError for a word among the options handed to Beam that is neither an option nor an option's value:
     `--input a.xml b.xml` read a.xml alone, and Beam ignored b.xml without a word (review45b)."""
-    for position, word in enumerate(beam_args):
-        before = beam_args[position - 1] if position else ""
-        if not word.startswith("-") and not (before.startswith("--") and "=" not in before):
-            raise DilstoreError(f"{word!r} is neither an option nor an option's value: each corpus file takes an "
-                                "--input of its own (--input a.jsonl --input b.jsonl)")  # fmt: skip
+    from dilstore.pipelines.options import stray_words
+
+    stray = stray_words(beam_args)
+    if stray:
+        raise DilstoreError(f"{stray[0]!r} is neither an option nor an option's value: each corpus file takes an "
+                            "--input of its own (--input a.jsonl --input b.jsonl)")  # fmt: skip
 
 
 def check_append_flags(args: argparse.Namespace) -> None:
@@ -498,10 +499,10 @@ def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | No
 
 def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
     started = time.time()
-    check_stray_words(args.beam_args)
     check_append_flags(args)
     if not args.verbose:
         quiet_beam_logging()  # before Beam's import logs its GCP notice
+    check_stray_words(args.beam_args)
     from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.job import (
         check_replaceable,

@@ -185,17 +185,18 @@ def evaluate_reader(
     reader.to(device).eval()
     started = time.perf_counter()
     parts = parts or ReadingParts(questions=len(examples))
+    kept = dict(parts.kept)  # as given: `on_part` may keep each part in the same mapping (a journal's), review45c F1
     chunks = [examples[first : first + parts.questions] for first in range(0, len(examples), parts.questions)]
     # Every window of every question to read, unlabelled: answers are never shown to the reader.
     features = {number: window_features(reader.tokenizer, chunk, settings, labelled=False)
-                for number, chunk in enumerate(chunks) if number not in parts.kept}  # fmt: skip
+                for number, chunk in enumerate(chunks) if number not in kept}  # fmt: skip
     total = sum(sum(batch_plan(part, settings)[1]) for part in features.values())
     predictions: dict[str, str] = {}
     with tqdm(total=total, disable=not progress, unit="token", unit_scale=True, desc="reading",
               dynamic_ncols=True) as bar:  # fmt: skip
         for number in range(len(chunks)):
-            if number in parts.kept:
-                predictions.update(parts.kept[number]["predictions"])
+            if number in kept:
+                predictions.update(kept[number]["predictions"])
                 continue
             part_started = time.perf_counter()
             answers = predict_answers(features[number], reader_scorer(reader, device), settings,
@@ -209,7 +210,7 @@ def evaluate_reader(
         em=scores["exact_match"],
         f1=scores["f1"],
         k=reader.layers,
-        seconds=time.perf_counter() - started + sum(part["seconds"] for part in parts.kept.values()),
+        seconds=time.perf_counter() - started + sum(part["seconds"] for part in kept.values()),
         predictions=predictions,
         settings=settings,
     )

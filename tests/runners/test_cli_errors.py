@@ -32,6 +32,8 @@ def filled(words: list[str], **places: Path) -> list[str]:
         (["precompute", "--input", "{tmp}/a.jsonl", "{tmp}/b.jsonl", "--output", "{tmp}/s", "--temp_location", "t"],
          "dilstore precompute: error: '{tmp}/b.jsonl' is neither an option nor an option's value: each corpus file "
          "takes an --input of its own"),
+        (["precompute", "--save_main_session", "--input", "{tmp}/a.jsonl", "{tmp}/b.jsonl", "--output", "{tmp}/s"],
+         "dilstore precompute: error: '{tmp}/b.jsonl' is neither an option"),  # after an on/off flag (review45c F2)
         (["info", "{tmp}/no-store"], "dilstore info: error: "),
         (["index", "{tmp}/no-store"], "dilstore index: error: "),
         (["index", "https://127.0.0.1:9/store"], "dilstore index: error: https://127.0.0.1:9/store is a URL"),
