@@ -116,39 +116,30 @@ def _register_runner_options(runner: str, flags: Sequence[str]) -> None:
         importlib.import_module("apache_beam.runners.dask.dask_runner")
 
 
-def unknown_flags(flags: Sequence[str]) -> list[str]:
-    """The flags, as given, that no registered Beam option class defines, each with the spelling Beam knows when
-    only its dashes differ (`--temp-location (Beam spells it --temp_location)`).
+def unparsed_words(flags: Sequence[str]) -> tuple[list[str], list[str]]:
+    """What Beam's own parser leaves of `flags`, which Beam only logs and drops: the flags no registered option class
+    defines, and the words that are neither an option nor an option's value.
 
-    Beam itself only logs such flags and drops them, so a misspelt one was lost without a word; and a dashed
-    spelling of a known option was named back with underscores, as if that spelling were the unknown one.
+    Unknown flags are named as given, each with the spelling Beam knows when only its dashes differ (`--temp-location
+    (Beam spells it --temp_location)`): a misspelt one was lost without a word, and a dashed spelling of a known
+    option was named back with underscores, as if that spelling were the unknown one. A stray word is one no
+    unknown flag before it takes as its value (a word after an on/off flag is no value of it): `--input a.jsonl
+    b.jsonl` read a.jsonl alone (review45b, review45c F2).
     """
     parser = _beam_parser()
-    _, unknown = parser.parse_known_args(flags)
-    named = []
-    for word in unknown:
+    leftover = parser.parse_known_args(flags)[1]
+    unknown, stray, after_unknown_flag = [], [], False
+    for word in leftover:
         if word.startswith("-"):
             flag = word.split("=", 1)[0]
             known = "--" + flag.lstrip("-").replace("-", "_")
-            named.append(f"{flag} (Beam spells it {known})" if known in parser._option_string_actions else flag)
-    return named
-
-
-def stray_words(flags: Sequence[str]) -> list[str]:
-    """The words among `flags` that are neither a Beam option nor an option's value, as Beam's own parser reads
-    them (a word after an on/off flag is no value of it). Beam drops them without a word: `--input a.jsonl
-    b.jsonl` read a.jsonl alone (review45b, review45c F2). A word after a flag Beam does not know is taken for its
-    value: that flag is refused on its own (`unknown_flags`)."""
-    _, unknown = _beam_parser().parse_known_args(flags)
-    stray, after_unknown_flag = [], False
-    for word in unknown:
-        if word.startswith("-"):
+            unknown.append(f"{flag} (Beam spells it {known})" if known in parser._option_string_actions else flag)
             after_unknown_flag = "=" not in word
             continue
         if not after_unknown_flag:
             stray.append(word)
         after_unknown_flag = False
-    return stray
+    return unknown, stray
 
 
 def _beam_parser() -> argparse.ArgumentParser:
@@ -169,7 +160,7 @@ def _beam_parser() -> argparse.ArgumentParser:
 
 
 def _parsed(options: PipelineOptions) -> dict[str, object]:
-    """The values of options whose flags `unknown_flags` has read (so that Beam's own parser meets no bad value)."""
+    """The values of options whose flags `unparsed_words` has read (so that Beam's own parser meets no bad value)."""
     return options.get_all_options()
 
 
@@ -232,9 +223,12 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
     runner = flags[flags.index("--runner") + 1] if "--runner" in flags else "DirectRunner"
     _register_runner_options(runner, flags)
     options = PipelineOptions(flags)
-    unknown = unknown_flags(flags)
+    unknown, stray = unparsed_words(flags)
     if unknown:
         raise DilstoreError(f"unknown Beam option(s): {', '.join(unknown)}")
+    if stray:
+        raise DilstoreError(f"{stray[0]!r} is neither an option nor an option's value: each corpus file takes an "
+                            "--input of its own (--input a.jsonl --input b.jsonl)")  # fmt: skip
     values = _parsed(options)
     workers = values.get("direct_num_workers") or 0
     if workers < 0:  # 0 is Beam's "one per core"

@@ -413,17 +413,6 @@ def build_store(
     return run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress, attempt)
 
 
-def check_stray_words(beam_args: Sequence[str]) -> None:
-    """A DilstoreError for a word among the options handed to Beam that is neither an option nor an option's value:
-    `--input a.xml b.xml` read a.xml alone, and Beam ignored b.xml without a word (review45b)."""
-    from dilstore.pipelines.options import stray_words
-
-    stray = stray_words(beam_args)
-    if stray:
-        raise DilstoreError(f"{stray[0]!r} is neither an option nor an option's value: each corpus file takes an "
-                            "--input of its own (--input a.jsonl --input b.jsonl)")  # fmt: skip
-
-
 def check_append_flags(args: argparse.Namespace) -> None:
     """--replace needs --append; --append adds to a store, so it excludes --overwrite."""
     if args.replace and not args.append:
@@ -502,7 +491,6 @@ def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | N
     check_append_flags(args)
     if not args.verbose:
         quiet_beam_logging()  # before Beam's import logs its GCP notice
-    check_stray_words(args.beam_args)
     from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.job import (
         check_replaceable,

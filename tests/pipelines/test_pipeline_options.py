@@ -29,7 +29,7 @@ from dilstore.pipelines.options import (
     ends_with_this_process,
     pipeline_options,
     runs_here,
-    stray_words,
+    unparsed_words,
 )
 from dilstore.pipelines.precompute import build_pipeline
 from dilstore.pipelines.routing import ReadTask
@@ -78,9 +78,9 @@ def test_runner_names_resolve(name: str, runner: str) -> None:
 def test_stray_words_are_those_no_beam_option_takes() -> None:
     """A word after an on/off flag is no value of it (review45c F2); repeated options, `=` forms and the value of a
     flag Beam does not know (refused on its own) are not stray."""
-    assert stray_words(["--experiments", "a", "--experiments", "b", "--temp_location=gs://x", "--max_num_workers",
-                        "3", "--save_main_session", "--nonsense", "v"]) == []  # fmt: skip
-    assert stray_words(["b.jsonl", "--save_main_session", "c.jsonl", "--streaming", "d.jsonl"]) == [
+    assert unparsed_words(["--experiments", "a", "--experiments", "b", "--temp_location=gs://x", "--max_num_workers",
+                           "3", "--save_main_session", "--nonsense", "v"]) == (["--nonsense"], [])  # fmt: skip
+    assert unparsed_words(["b.jsonl", "--save_main_session", "c.jsonl", "--streaming", "d.jsonl"])[1] == [
         "b.jsonl", "c.jsonl", "d.jsonl"]
 
 
