@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             )
         if journal is not None:
             text = json.dumps(result.predictions, ensure_ascii=False, indent=1)
-            atomic_write_text(args.predictions, text, create_parents=False)
+            atomic_write_text(args.predictions, text, named_by_user=True)
             journal.remove()
     return 0
 

@@ -89,7 +89,7 @@ class Journal:
         """The journal file as this run's header and `parts`, in place of what was there."""
         lines = [self._header, *({"part": part, "record": record} for part, record in parts.items())]
         atomic_write_text(self.path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines),
-                          create_parents=False)  # fmt: skip
+                          named_by_user=True)  # fmt: skip
 
     def add(self, part: int, record: Any) -> None:
         """Keep `record` as part `part`'s result (the next part in order)."""

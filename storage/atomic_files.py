@@ -8,6 +8,13 @@ after a crash) never interleave, a killed writer leaves no partial file under
 the final name, and a crash after the rename cannot lose the file. The
 manifest, TREC runs, ranking data files and shard parts are all written here.
 
+A SIGKILL between the temporary's creation and the rename still leaves the
+temporary behind (no handler runs). Its name carries the writer's host and
+process id, so the next write of a file the user named removes the
+leftovers of writers that are gone: a re-run to the same `--output` or
+`--predictions` leaves no hidden file of the killed run beside it (a
+store's own leftovers go at finalize and commit).
+
 The file gets the mode any new file gets under the process's umask (0644
 under the usual 022), not the 0600 of a bare temporary file: a store is read
 by query servers, web servers and other users than the one that wrote it.
@@ -17,7 +24,10 @@ from __future__ import annotations
 
 import errno
 import functools
+import glob
+import hashlib
 import os
+import socket
 import stat
 import tempfile
 from collections.abc import Collection
@@ -29,19 +39,24 @@ from dilstore.storage.format import TMP_PREFIX
 _NEW_FILE_MODE = 0o666  # what open() asks for; the umask takes bits away
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, create_parents: bool = True) -> None:
-    """Write `data` to `path` atomically, creating parent folders as needed unless not `create_parents`.
+def atomic_write_bytes(path: Path, data: bytes, *, named_by_user: bool = False) -> None:
+    """Write `data` to `path` atomically, creating parent folders as needed unless the file is `named_by_user`.
 
-    Without `create_parents` a missing folder is a FileNotFoundError naming it (not the temporary file the write
-    would have made there), for writers whose caller names the file (a TREC run, predictions) and expects its folder.
+    A file named by the user (a TREC run, predictions, a journal beside them) must have its folder: a missing one
+    is a FileNotFoundError naming it (not the temporary file the write would have made there). And what killed
+    writes of that file left beside it is removed first (remove_dead_writers_temporaries), where a store's own
+    files leave that to finalize and commit (remove_stale_writes): listing a folder of thousands of parts at each
+    write would cost more than the write.
     """
-    if create_parents:
+    if not named_by_user:
         path.parent.mkdir(parents=True, exist_ok=True)
     elif not path.parent.is_dir():
         if path.parent.exists():
             raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(path.parent))
         raise FileNotFoundError(errno.ENOENT, "no such folder", str(path.parent))
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp")
+    else:
+        remove_dead_writers_temporaries(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{_temporary_stem(path)}{_writer()}.", suffix=".tmp")
     try:
         os.fchmod(handle, _NEW_FILE_MODE & ~process_umask())
         with os.fdopen(handle, "wb") as stream:
@@ -53,6 +68,51 @@ def atomic_write_bytes(path: Path, data: bytes, *, create_parents: bool = True) 
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def remove_dead_writers_temporaries(path: Path) -> list[Path]:
+    """Delete the temporaries that killed writes of `path` by this host's processes left beside it; those removed.
+
+    Only a writer known to be gone is cleaned up after: one of this host (another host's process ids mean nothing
+    here, on a shared folder) whose process no longer exists. A live writer's temporary, another user's included,
+    stays, and so do temporaries named in the form before the writer was in the name (remove_stale_writes takes
+    those where no writer can be at work).
+    """
+    this_host = f"{_temporary_stem(path)}{_host()}-"
+    removed = []
+    for name in glob.glob(f"{glob.escape(this_host)}*.tmp", root_dir=path.parent):
+        pid = name[len(this_host) :].split(".")[0]  # HOST-PID.XXXXXXXX.tmp
+        if pid.isdigit() and not _process_exists(int(pid)):
+            (path.parent / name).unlink(missing_ok=True)
+            removed.append(path.parent / name)
+    return removed
+
+
+def _temporary_stem(path: Path) -> str:
+    """The start of the names of `path`'s temporaries: the store's temporary prefix and the file's name."""
+    return f"{TMP_PREFIX}{path.name}."
+
+
+def _writer() -> str:
+    """This process as a writer, in its temporaries' names: its host and its process id (`0a1b2c3d-4242`)."""
+    return f"{_host()}-{os.getpid()}"
+
+
+@functools.cache
+def _host() -> str:
+    """A short hash of this host's name: names stay short whatever the host is called."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether a process `pid` exists on this host (another user's included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @functools.cache
@@ -82,9 +142,9 @@ def give_new_file_mode(path: Path) -> None:
         path.chmod(mode)
 
 
-def atomic_write_text(path: Path, text: str, *, create_parents: bool = True) -> None:
+def atomic_write_text(path: Path, text: str, *, named_by_user: bool = False) -> None:
     """Write `text` as UTF-8 to `path` atomically (see atomic_write_bytes)."""
-    atomic_write_bytes(path, text.encode("utf-8"), create_parents=create_parents)
+    atomic_write_bytes(path, text.encode("utf-8"), named_by_user=named_by_user)
 
 
 def remove_stale_writes(folder: Path, skip: Collection[str] = ()) -> list[Path]:

@@ -20,7 +20,11 @@ From a SQuAD v1.1 file (seed 004 trains on query, positive, negatives groups):
    the same text both up and down; the questions this spares are counted;
 5. files: triples and the paragraphs they use (reader/data/ranking_files.py), so a
    training run (on a machine without the SQuAD file or the index) reads
-   only those two.
+   only those two. Each file is written atomically, but the two are not one
+   write: the summary, written last, holds both files' SHA-256, and training
+   refuses a pair the summary beside them does not describe (a re-run into
+   the same folder stopped between its writes left new triples beside old
+   paragraphs, under the old summary).
 
 Retrieval is a parameter (`Retriever`), so the sampling is tested without a JVM.
 """
@@ -39,6 +43,8 @@ from typing import Any
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE, Triple, write_paragraphs, write_triples
 from dilstore.reader.data.squad import parse_squad
 from dilstore.reader.text.files import read_json
+from dilstore.storage.atomic_files import atomic_write_text
+from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError
 
 # (qid, query) pairs and a depth → qid → (paragraph id, score) pairs, best first.
@@ -95,6 +101,8 @@ class RankingDataSummary:
     twin_questions: int
     index: str | None
     seconds: float
+    triples_sha256: str
+    paragraphs_sha256: str
 
 
 def squad_paragraph_id(article_title: str, paragraph_index: int) -> str:
@@ -307,6 +315,38 @@ def build_ranking_data(
         twin_questions=stats.twin_questions,
         index=None if index is None else str(index),
         seconds=round(time.perf_counter() - started, 1),
+        triples_sha256=sha256_file(output / TRIPLES_FILE),
+        paragraphs_sha256=sha256_file(output / PARAGRAPHS_FILE),
     )
-    (output / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=1) + "\n", encoding="utf-8")
+    try:
+        atomic_write_text(output / SUMMARY_FILE, json.dumps(asdict(summary), indent=1) + "\n", named_by_user=True)
+    except OSError as error:
+        raise DilstoreError(f"cannot write {output / SUMMARY_FILE}: {error.strerror or error}") from None
     return summary
+
+
+def require_written_together(triples_file: Path, paragraphs_file: Path) -> None:
+    """A DilstoreError when the summary beside `triples_file` describes other files than the ones given.
+
+    Each of the builder's files the summary lists by digest, and that is given here, must have that digest:
+    otherwise a run into that folder stopped between its writes (or a file was changed since) and the triples
+    may point at paragraphs of another draw. Without a summary, or one written before digests were kept, the
+    files are taken as they are (triples made by other tools).
+    """
+    summary_path = Path(triples_file).parent / SUMMARY_FILE
+    if not summary_path.is_file():
+        return
+    summary = read_json(summary_path)
+    for given, name, key in ((triples_file, TRIPLES_FILE, "triples_sha256"),
+                             (paragraphs_file, PARAGRAPHS_FILE, "paragraphs_sha256")):  # fmt: skip
+        recorded = summary.get(key) if isinstance(summary, dict) else None
+        described = summary_path.parent / name
+        if not isinstance(recorded, str) or Path(given).resolve() != described.resolve():
+            continue
+        if sha256_file(described) != recorded:
+            raise DilstoreError(
+                f"{described} is not the file {summary_path} describes (its SHA-256 differs): a run of "
+                f"`dilstore train ranking-data` into {summary_path.parent} was stopped while it wrote its files, "
+                f"or the file was changed since; run that command again (or remove {summary_path} to train on "
+                "the files as they are)"
+            )

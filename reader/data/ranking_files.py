@@ -125,7 +125,7 @@ def _write_jsonl_gz(path: Path, records: Iterable[dict[str, Any]]) -> int:
             handle.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
             count += 1
     try:
-        atomic_write_bytes(path, buffer.getvalue(), create_parents=False)
+        atomic_write_bytes(path, buffer.getvalue(), named_by_user=True)
     except OSError as error:
         raise DilstoreError(f"cannot write {path}: {error.strerror or error}") from None
     return count

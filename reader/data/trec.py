@@ -167,7 +167,7 @@ def write_run(path: str | Path, run: Run, tag: str = "dilstore") -> None:
                 raise DilstoreError(f"cannot write run to {path}: score {score!r} of {qid!r}/{docid!r} is not finite")
             lines.append(f"{qid} Q0 {docid} {rank} {score!r} {tag}\n")
     try:
-        atomic_write_text(path, "".join(lines), create_parents=False)
+        atomic_write_text(path, "".join(lines), named_by_user=True)
     except OSError as error:
         raise DilstoreError(f"cannot write run to {path}: {error.strerror or error}") from None
 

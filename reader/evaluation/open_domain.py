@@ -376,6 +376,6 @@ def write_predictions(path: Path, evaluation: QAEvaluation) -> None:
     a cut file under the name, an older one emptied)."""
     try:
         text = json.dumps(evaluation.predictions, ensure_ascii=False, indent=1)
-        atomic_write_text(Path(path), text, create_parents=False)
+        atomic_write_text(Path(path), text, named_by_user=True)
     except OSError as error:
         raise DilstoreError(f"cannot write predictions to {path}: {error}") from error

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from dilstore.reader.data.ranking_files import Triple, read_paragraphs, read_triples
+from dilstore.reader.data.ranking_data import require_written_together
 from dilstore.reader.modeling.architectures import require_segment_limit
 from dilstore.reader.modeling.checkpoints import quoted_with_article
 from dilstore.reader.modeling.earl import ENCODER_PREFIXES, POOLINGS, EarlConfig, EarlRanker
@@ -189,6 +190,7 @@ def load_ranking_data(
     ranker: RankerBase, triples_file: Path, paragraphs_file: Path, config: RankingTrainingConfig
 ) -> RankingData:
     """Read and check the files, keep the first `train_limit` triples and `negatives` negatives, tokenize once."""
+    require_written_together(triples_file, paragraphs_file)
     paragraphs = read_paragraphs(paragraphs_file)
     triples = read_triples(triples_file, paragraphs, paragraphs_file, config.negatives)
     if config.train_limit is not None:

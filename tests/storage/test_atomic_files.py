@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import stat
 import subprocess
 import sys
@@ -11,10 +12,12 @@ import numpy as np
 import pytest
 
 from dilstore.storage.atomic_files import (
+    _host,
     atomic_write_bytes,
     atomic_write_text,
     give_new_file_modes,
     process_umask,
+    remove_dead_writers_temporaries,
     remove_stale_writes,
 )
 from tests.fixtures.store_fixtures import build_store, passage
@@ -35,10 +38,10 @@ def test_the_file_holds_the_data_and_no_temporary_is_left(tmp_path: Path) -> Non
 def test_a_missing_folder_is_an_error_when_parents_are_not_created(tmp_path: Path) -> None:
     """The error named the temporary file the write would have made in the folder (review38 L8)."""
     with pytest.raises(FileNotFoundError, match=f"no such folder: '{tmp_path / 'nowhere'}'$"):
-        atomic_write_bytes(tmp_path / "nowhere" / "run.trec", b"x", create_parents=False)
+        atomic_write_bytes(tmp_path / "nowhere" / "run.trec", b"x", named_by_user=True)
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(NotADirectoryError, match=f"not a folder: '{tmp_path / 'a-file'}'$"):
-        atomic_write_bytes(tmp_path / "a-file" / "run.trec", b"x", create_parents=False)
+        atomic_write_bytes(tmp_path / "a-file" / "run.trec", b"x", named_by_user=True)
 
 
 @pytest.mark.parametrize(("umask", "expected"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
@@ -76,6 +79,42 @@ def test_finalize_removes_what_killed_atomic_writes_left_and_nothing_else(tmp_pa
     store = build_store(tmp_path / "store", records)
     assert [path for path in stale if path.exists()] == [] and all(path.is_file() for path in kept)
     assert remove_stale_writes(store) == []
+
+
+def test_a_rewrite_removes_what_a_killed_write_of_the_same_file_left(tmp_path: Path) -> None:
+    """`kill -9` during the final write of `--output run.trec` left `.tmp-run.trec.XXXX.tmp` (the whole new run)
+    beside it for good, and a re-run to the same output left it too (longrun45 F5)."""
+    target = tmp_path / "run.trec"
+    target.write_text("OLD")
+    code = ("import os, signal; from pathlib import Path\n"
+            "os.replace = lambda *args: os.kill(os.getpid(), signal.SIGKILL)\n"
+            "from dilstore.storage.atomic_files import atomic_write_bytes\n"
+            f"atomic_write_bytes(Path({str(target)!r}), b'NEW')")  # fmt: skip
+    killed = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2])
+    assert killed.returncode == -signal.SIGKILL
+    left = [path.name for path in tmp_path.glob(".tmp-run.trec.*.tmp")]
+    assert len(left) == 1 and (tmp_path / left[0]).read_bytes() == b"NEW" and target.read_text() == "OLD"
+    atomic_write_text(target, "RERUN", named_by_user=True)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run.trec"] and target.read_text() == "RERUN"
+
+
+def test_only_temporaries_of_writers_known_to_be_gone_are_removed(tmp_path: Path) -> None:
+    """A live writer's temporary, another host's (its process ids mean nothing here) and another file's stay."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as live:
+        try:
+            names = {"dead": f".tmp-run.trec.{_host()}-{dead_pid}.ab12cd34.tmp",
+                     "live": f".tmp-run.trec.{_host()}-{live.pid}.ef56ab78.tmp",
+                     "other host": f".tmp-run.trec.{'0' * 8 if _host() != '0' * 8 else '1' * 8}-{dead_pid}.x.tmp",
+                     "other file": f".tmp-run.trec2.{_host()}-{dead_pid}.x.tmp",
+                     "old form": ".tmp-run.trec.dn7rz7fk.tmp"}  # fmt: skip
+            for name in names.values():
+                (tmp_path / name).write_text("x")
+            assert remove_dead_writers_temporaries(tmp_path / "run.trec") == [tmp_path / names["dead"]]
+            assert sorted(path.name for path in tmp_path.iterdir()) == sorted(set(names.values()) - {names["dead"]})
+        finally:
+            live.kill()
 
 
 def test_safetensors_files_get_the_umask_s_mode_and_other_files_keep_theirs(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from dilstore.reader.data.ranking_data import (
     SUMMARY_FILE,
     build_ranking_data,
     read_squad_ranking,
+    require_written_together,
     sample_negatives,
     squad_paragraph_id,
 )
@@ -148,6 +149,28 @@ def test_build_writes_deterministic_gzip_files(squad_file: Path, tmp_path: Path)
     assert all(paragraphs[pid] == collection.paragraphs[pid] for pid in paragraphs)
     limited = build_ranking_data(squad_file, tmp_path / "c", negatives=3, depth=5, seed=4, limit=2, retriever=retriever)
     assert limited.questions == 2
+
+
+def test_files_of_two_runs_in_one_folder_are_refused(squad_file: Path, tmp_path: Path) -> None:
+    """A re-run into the folder of an earlier run, stopped between its writes, left its new triples beside the old
+    paragraphs under the old summary (longrun45 F4): training read a mixed set."""
+    retriever = every_paragraph_retriever(list(read_squad_ranking(squad_file).paragraphs))
+    old, new = tmp_path / "old", tmp_path / "new"
+    summary = build_ranking_data(squad_file, old, negatives=2, depth=5, seed=4, limit=6, retriever=retriever)
+    build_ranking_data(squad_file, new, negatives=1, depth=5, seed=9, limit=1, retriever=retriever)
+    triples, paragraphs = old / TRIPLES_FILE, old / PARAGRAPHS_FILE
+    assert json.loads((old / SUMMARY_FILE).read_text())["triples_sha256"] == summary.triples_sha256
+    require_written_together(triples, paragraphs)
+    for name in (TRIPLES_FILE, PARAGRAPHS_FILE):
+        kept = (old / name).read_bytes()
+        (old / name).write_bytes((new / name).read_bytes())  # the stopped re-run's first file
+        with pytest.raises(DilstoreError, match=rf"^{old / name} is not the file {old / SUMMARY_FILE} describes"):
+            require_written_together(triples, paragraphs)
+        (old / name).write_bytes(kept)
+    require_written_together(triples, new / PARAGRAPHS_FILE)  # a --paragraphs from elsewhere is the user's choice
+    (old / TRIPLES_FILE).write_bytes((new / TRIPLES_FILE).read_bytes())
+    (old / SUMMARY_FILE).unlink()
+    require_written_together(triples, paragraphs)  # triples made by other tools: taken as they are
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:

@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from dilstore.reader.data.ranking_data import SUMMARY_FILE
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.modeling.earl import EarlConfig
@@ -27,6 +28,7 @@ from dilstore.reader.training.ranking import (
     train_ranker,
 )
 from dilstore.runners.cli import main
+from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.ranking_fixtures import OVERFIT_TRIPLES, write_overfit_files
 from tests.fixtures.training_runs import cut_after_last_checkpoint
@@ -246,6 +248,12 @@ def test_cli_refuses_bad_input_naming_file_and_line(tiny_base: Path, overfit_fil
 
     assert main(["train", "cross-encoder", "--triples", str(triples), *base[:-2], "5", "--no-progress"]) == 2
     assert ":1: 'q1' has 2 negatives, fewer than the 5 asked for" in capsys.readouterr().err
+
+    shutil.copy2(triples, broken / TRIPLES_FILE)  # the paragraphs of another run of `train ranking-data`
+    (broken / SUMMARY_FILE).write_text(json.dumps({"triples_sha256": sha256_file(triples),
+                                                   "paragraphs_sha256": "0" * 64}))  # fmt: skip
+    assert main(["train", "earl", "--triples", str(broken / TRIPLES_FILE), *base]) == 2
+    assert f"{broken / PARAGRAPHS_FILE} is not the file {broken / SUMMARY_FILE} describes" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("invisible", ["query", "paragraph"])
