@@ -73,7 +73,8 @@ def write_group(job: PrecomputeJob, key: GroupKey, values: Iterable[Any], reader
             report_progress(job.progress_dir, index, done)
 
         stats = write_shard_outputs(job.shard_settings(), job.first_shard + index, pieces, reader, progress)
-        report_progress(job.progress_dir, index, stats.passages)
+        if not stats.shards_resumed:  # the launcher counted a committed shard's passages before the run
+            report_progress(job.progress_dir, index, stats.passages)
         return stats
     if group == REJECTED:
         return write_rejected_part(job.store, job.first_shard + index, values)

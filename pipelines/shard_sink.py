@@ -80,6 +80,12 @@ def read_meta(store: Path, shard: int, generation: str | None = None) -> RunStat
     return stats if not stats.passages or shard_outputs_present(store, shard) else None
 
 
+def committed_passages(settings: ShardSettings, shards: Iterable[int]) -> int:
+    """The passages of `shards` that earlier attempts of this build committed: what a resumed run finds done."""
+    committed = (read_meta(Path(settings.store), shard, settings.generation) for shard in shards)
+    return sum(stats.passages for stats in committed if stats is not None)
+
+
 def shard_outputs_present(store: Path, shard: int) -> bool:
     """Whether the passage tables and the store shard, which a shard with passages writes before its marker, exist."""
     tables = (parquet_path(store, shard), jsonl_path(store, shard))

@@ -47,11 +47,15 @@ class ProgressBar:
 
     Beam metrics are not live on the local runners and workers may be other
     processes, so the bar polls `pipelines.progress` files in a thread; the
-    total appears once routing has planned every stored unit.
+    total appears once routing has planned every stored unit. The passages
+    of shards an earlier attempt committed (`resumed`) start the bar and are
+    named in it, without counting in its rate: a resumed run's time left is
+    that of the passages still to encode.
     """
 
-    def __init__(self, progress_dir: Path | None) -> None:
+    def __init__(self, progress_dir: Path | None, resumed: int = 0) -> None:
         self.progress_dir = progress_dir
+        self.resumed = resumed
         self.enabled = progress_dir is not None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="dilstore-progress", daemon=True)
@@ -71,11 +75,12 @@ class ProgressBar:
 
         from dilstore.pipelines.progress import passages_done, passages_planned
 
-        with tqdm(unit="passage", desc="precompute", dynamic_ncols=True, mininterval=1.0, smoothing=0.1) as bar:
+        with tqdm(unit="passage", desc="precompute", dynamic_ncols=True, mininterval=1.0, smoothing=0.1,
+                  initial=self.resumed, postfix=f"{self.resumed} resumed" if self.resumed else None) as bar:  # fmt: skip
             while True:
                 stopping = self._stop.wait(_PROGRESS_POLL_SECONDS)
                 planned = passages_planned(self.progress_dir)
-                done = passages_done(self.progress_dir)
+                done = self.resumed + passages_done(self.progress_dir)
                 if planned and bar.total != max(planned, done):
                     bar.total = max(planned, done)
                     bar.refresh()
@@ -158,7 +163,7 @@ def run_pipeline(
         pipeline = build_pipeline(job, options)
         shown = progress and runs_here(options) and job.progress_dir
         result = None
-        bar = ProgressBar(Path(job.progress_dir) if shown else None)
+        bar = ProgressBar(Path(job.progress_dir), resumed_passages(job)) if shown else ProgressBar(None)
         with failures_unlogged(), bar:
             try:
                 # The LocalCluster started here for Dask ends with this call, and its workers with it.
@@ -177,6 +182,13 @@ def run_pipeline(
                 if client is not None:
                     client.close()
     return read_summary(Path(job.store))
+
+
+def resumed_passages(job: PrecomputeJob) -> int:
+    """The passages of `job`'s shards that an earlier attempt of its build committed."""
+    from dilstore.pipelines.shard_sink import committed_passages
+
+    return committed_passages(job.shard_settings(), range(job.first_shard, job.first_shard + job.num_shards))
 
 
 def _launch(pipeline: Pipeline, attempt: BuildAttempt | None) -> PipelineResult:

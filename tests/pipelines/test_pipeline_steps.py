@@ -6,6 +6,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,16 +16,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dilstore.pipelines.corpora import Document, Rejected, Skipped
-from dilstore.pipelines.job import spec_differences
+from dilstore.pipelines.job import PrecomputeJob, spec_differences
+from dilstore.pipelines.precompute import write_group
 from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path, rejected_path
 from dilstore.pipelines.progress import passages_done, passages_planned, report_planned, report_progress
 from dilstore.pipelines.routing import COUNTS, REJECTED, SHARD, RouteSettings, pieces_of, route, shard_seeds
 from dilstore.pipelines.run_stats import RunStats, merge_stats
-from dilstore.pipelines.shard_sink import ShardSettings, write_rejected_part, write_shard_outputs
+from dilstore.pipelines.shard_sink import ShardSettings, committed_passages, write_rejected_part, write_shard_outputs
 from dilstore.pipelines.sharding import MIN_DEFAULT_SHARDS, default_shard_count, shard_of, stable_hash
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import encode_tokenized, load_reader
+from dilstore.runners.precompute_run import ProgressBar
 from dilstore.storage.finalize import finalize
 from dilstore.storage.format import SHARDS_DIR, shard_name
 from dilstore.storage.reader import open_store
@@ -168,6 +171,26 @@ def test_the_shard_sink_writes_table_collection_shard_and_marker_then_resumes(tm
     assert resumed == RunStats(**{**stats.to_dict(), "shards_resumed": 1})
 
 
+def test_a_resumed_run_counts_committed_shards_before_it_starts_and_workers_do_not_report_them(
+    tmp_path: Path, tiny
+) -> None:
+    """A resumed run's bar took the passages of shards committed before as encoded now, so its rate ran high and
+    its time left was 2-3x short (wiki45 L1): the launcher counts them up front and workers report only encoding."""
+    store, first, second = tmp_path / "store", tmp_path / "first", tmp_path / "second"
+    job = PrecomputeJob(inputs=(), store=str(store), strategy="words", num_shards=4, max_length=64, model="unused",
+                        fingerprint=model_fingerprint(tiny, "dilbert", "fp16", 64), policy=BatchPolicy(), threads=1,
+                        runner="DirectRunner", started_at=0.0, progress_dir=str(first))  # fmt: skip
+    pieces = shard_units(tiny)
+    assert committed_passages(job.shard_settings(), range(4)) == 0
+    assert write_group(job, (SHARD, 2), pieces, tiny).passages == len(pieces)
+    assert passages_done(first) == len(pieces)
+    assert committed_passages(job.shard_settings(), range(4)) == len(pieces)
+    assert committed_passages(job.shard_settings(), range(2)) == 0
+    resumed = replace(job, progress_dir=str(second))
+    assert write_group(resumed, (SHARD, 2), pieces, NoModel("committed")).shards_resumed == 1
+    assert passages_done(second) == 0
+
+
 def test_a_rewritten_shard_is_byte_identical(tmp_path: Path, tiny) -> None:
     settings = ShardSettings(store=str(tmp_path), kind="dilbert", encoding="int8", policy=BatchPolicy())
     pieces = shard_units(tiny, 4)
@@ -220,6 +243,17 @@ def test_progress_files_add_up(tmp_path: Path) -> None:
     report_planned(str(tmp_path), "bundle-b", 12)
     assert (passages_done(tmp_path), passages_planned(tmp_path)) == (16, 42)
     report_progress(None, 0, 5)  # remote runners: no folder, nothing written
+
+
+def test_the_bar_of_a_resumed_run_starts_at_its_committed_passages_and_names_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report_planned(str(tmp_path), "bundle", 300)
+    report_progress(str(tmp_path), 0, 50)
+    with ProgressBar(tmp_path, resumed=100):
+        pass
+    last = capsys.readouterr().err.split("\r")[-1]
+    assert " 150/300 " in last and "100 resumed" in last, last
 
 
 def test_spec_differences_name_what_changed() -> None:
