@@ -156,7 +156,9 @@ def precompute(**options: Any) -> Path:
     SIGTERM and SIGHUP keep the caller's own handlers (by default they end
     the process; the command line turns them into the same stop). Nothing
     is printed on stdout, which may be the caller's own channel: the
-    command's summary is in STORE/run-summary.json.
+    command's summary is in STORE/run-summary.json. A store already complete
+    with these settings is left as it is, without a word on stderr (the
+    command says so): its run-summary.json is then the earlier build's.
     """
     from dilstore.runners.arg_types import option_words
     from dilstore.runners.cli import parse

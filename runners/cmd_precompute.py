@@ -464,6 +464,8 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
 def run_command(args: argparse.Namespace) -> int:
     """Run `dilstore precompute` and print its summary; 0 on success."""
     summary, empty = precompute_store(args)
+    if summary.get("already_complete"):
+        print(f"dilstore precompute: {summary['store']} is already complete with these settings", file=sys.stderr)
     print_summary(summary, args.json)
     if empty is not None:
         print(f"dilstore precompute: error: {empty}", file=sys.stderr)
@@ -529,7 +531,6 @@ def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | N
                 return append_to_store(job, runner, args)
             with unmade_if_nothing_stored(store) as attempt:
                 if prepare_store(store, spec, args.overwrite):
-                    print(f"dilstore precompute: {job.store} is already complete with these settings", file=sys.stderr)
                     summary = {**read_summary(store), "store": job.store, "already_complete": True}  # where it is now
                 elif args.overwrite and needs_replacement(store, spec):
                     check_replaceable(store, [task.path for task in job.inputs])

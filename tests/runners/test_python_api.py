@@ -124,6 +124,26 @@ def test_a_precompute_that_stores_nothing_raises_why_and_prints_nothing(tmp_path
     assert random.random() == random.Random(7).random(), "Beam drew from the caller's random stream (api42 L1)"
 
 
+def test_a_store_already_complete_is_left_without_a_word_from_python(tmp_path: Path, capsys) -> None:
+    """The command's "already complete" line went to the caller's stderr, which no_progress did not cover (api45
+    L6); the command still says it."""
+    import dilstore
+    from dilstore.runners.cli import main
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a", "title": "A", "text": "Denver won the game."}\n', encoding="utf-8")
+    options = dict(input=str(corpus), output=str(tmp_path / "store"), split="none", workers=1, no_progress=True)
+    store = dilstore.precompute(**options)
+    manifest = (store / "manifest.json").read_bytes()
+    capsys.readouterr()
+    assert dilstore.precompute(**options) == store
+    out, err = capsys.readouterr()  # err may hold transformers' loading bar (README: the Python API)
+    assert out == "" and "already complete" not in err and (store / "manifest.json").read_bytes() == manifest
+    assert main(["precompute", "--input", str(corpus), "--output", str(store), "--split", "none", "--workers", "1",
+                 "--no-progress", "--json"]) == 0  # fmt: skip
+    assert capsys.readouterr().err.endswith(f"dilstore precompute: {store} is already complete with these settings\n")
+
+
 def test_type_checkers_see_each_name_from_the_module_that_defines_it() -> None:
     """Every name came from the module `__getattr__`, so a type checker saw all of the API as Any (review43 L1):
     the TYPE_CHECKING imports name every public name, each from the module `__getattr__` loads it from."""
