@@ -75,8 +75,9 @@ class ProgressBar:
 
         from dilstore.pipelines.progress import passages_done, passages_planned
 
+        resumed = f"{self.resumed} resumed" if self.resumed else None
         with tqdm(unit="passage", desc="precompute", dynamic_ncols=True, mininterval=1.0, smoothing=0.1,
-                  initial=self.resumed, postfix=f"{self.resumed} resumed" if self.resumed else None) as bar:  # fmt: skip
+                  initial=self.resumed, postfix=resumed) as bar:  # fmt: skip
             while True:
                 stopping = self._stop.wait(_PROGRESS_POLL_SECONDS)
                 planned = passages_planned(self.progress_dir)
