@@ -30,6 +30,7 @@ from dilstore.runners.serve_batching import (
     TRIM_EVERY_SECONDS,
     ServeSettings,
 )
+from dilstore.runners.serve_batching import logger as serve_log
 from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
@@ -169,11 +170,26 @@ def serve_on(listeners: list[socket.socket], args: argparse.Namespace, settings:
         timeout_graceful_shutdown=args.shutdown_timeout, http=serve_protocol(args.request_timeout),
         use_colors=log_colors(os.environ),
     )
+    log_as_uvicorn_does()
     server = StopServer(config)
     with signals_end_cleanly(), hangup_stops(server), cancelled_requests_unlogged(), \
             shutdown_timeout_reworded(args.shutdown_timeout):  # fmt: skip
         server.run(sockets=listeners)
     return 0
+
+
+def log_as_uvicorn_does() -> None:
+    """Send the server's own records (the `dilstore.serve` logger of its modules) through uvicorn's handlers, once uvicorn.Config has set
+    them up: a store going out of service reads `ERROR:    store ...`, as uvicorn's own lines are marked.
+
+    Without a handler they went through logging's last resort, bare: a log monitor that watches for ERROR and
+    WARNING missed the server's most important event (serve46 F1).
+    """
+    import logging
+
+    serve_log.handlers[:] = logging.getLogger("uvicorn").handlers
+    serve_log.setLevel(logging.INFO)
+    serve_log.propagate = False
 
 
 def log_colors(environment: Mapping[str, str]) -> bool | None:
