@@ -14,6 +14,7 @@ from dilstore.reader.data.trec import rank_documents
 from dilstore.reader.retrieval import Bm25Searcher, TooManyTermsError
 from dilstore.reader.serving.odqa import OpenDomainReader, aggregate
 from dilstore.reader.serving.rerank import StoreReranker
+from dilstore.reader.text.tokenization import spaced_length
 from dilstore.runners.serve_requests import ASK, RERANK, AskRequest, ClientError, RerankRequest
 from dilstore.storage.errors import DilstoreError, listed, scrubbed
 from dilstore.storage.reader import MissingPassagesError, Store
@@ -111,10 +112,11 @@ class RerankService:
         tokens (as `dilstore rerank` counts in truncated_queries). A query of
         more than _QUERY_CHARS_PER_TOKEN characters a token it reads is refused
         (422): tokenizing 750 KB of text held the store's worker for seconds.
+        Whitespace runs count as one character (spaced_length).
         """
         longest = self.reranker.max_query_length * _QUERY_CHARS_PER_TOKEN
-        if len(request.query) > longest:
-            raise ClientError(422, f"the query is {len(request.query)} characters long; /rerank takes at most "
+        if (length := spaced_length(request.query)) > longest:
+            raise ClientError(422, f"the query is {length} characters long; /rerank takes at most "
                                    f"{longest} (the ranker reads its first {self.reranker.max_query_length} tokens)")
         try:
             query = self.reranker.tokenize_query(request.query)

@@ -175,6 +175,12 @@ def _encode_single(tokenizer: PreTrainedTokenizerBase, text: str, max_length: in
     return result
 
 
+def spaced_length(text: str) -> int:
+    """The length of `text` with its ends stripped and each run of whitespace counted once: what a length limit
+    of a question or query should see (a form that pads a short question with spaces does not make it long)."""
+    return len(" ".join(text.split()))
+
+
 def first_words(text: str, count: int) -> str:
     """The shortest prefix of `text` that holds its first `count` words whole (all of it when it has fewer, or is
     short), words being separated by spaces, tabs or line ends.

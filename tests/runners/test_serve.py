@@ -583,6 +583,8 @@ def test_rerank_says_when_the_ranker_read_only_the_query_s_first_tokens(served, 
     assert response.json()["detail"] == (f"the query is {longest + 1} characters long; /rerank takes at most "
                                          f"{longest} (the ranker reads its first {reranker.max_query_length} tokens)")
     assert client.post("/rerank", json={"query": "中" * longest, "doc_ids": ["tram"]}).status_code == 200
+    padded = client.post("/rerank", json={"query": "tram " + " " * longest, "doc_ids": ["tram"]})  # serve46 F3
+    assert padded.status_code == 200, padded.text
 
 
 def test_health_stores_docs(served) -> None:

@@ -233,6 +233,14 @@ def test_bad_questions_get_clear_errors_and_the_reader_survives(tiny: dict, ques
     assert odqa.answer(QUESTION).text
 
 
+def test_whitespace_padding_does_not_make_a_question_long(tiny: dict) -> None:
+    """A form that padded a nine-word question with 1,300 spaces had it refused as "at most 64 tokens" (serve46 F3)."""
+    odqa = odqa_for(tiny)
+    assert odqa.answer(QUESTION + " " * 1300 + "\n" * 200).text == odqa.answer(QUESTION).text
+    with pytest.raises(DilstoreError, match="characters long"):
+        odqa.answer("x" * 1281 + " " * 10)
+
+
 @pytest.mark.parametrize("question", [b"Who won?", None, 7])
 def test_a_question_that_is_not_a_string_is_named_as_such(tiny: dict, question: object) -> None:
     """It was "the question is empty", which b"Who won?" is not."""
