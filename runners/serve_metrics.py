@@ -71,7 +71,7 @@ class Metrics:
     overloaded, unavailable, store_read, internal), dilstore_request_seconds (latency histogram by
     endpoint), dilstore_queue_seconds (time a request waited for its batch,
     by store), dilstore_batch_requests and dilstore_batch_pairs (batch sizes,
-    by store), dilstore_requests_in_flight and dilstore_queue_depth (gauges).
+    by store; pairs as the batcher counts them, asked for, not found), dilstore_requests_in_flight and dilstore_queue_depth (gauges).
     """
 
     def __init__(self) -> None:
@@ -183,7 +183,9 @@ _FAMILIES = (
     ("request_seconds", "histogram", "Request latency in seconds, from arrival to response, by endpoint."),
     ("queue_seconds", "histogram", "Seconds a request waited in its store's queue before its batch started."),
     ("batch_requests", "histogram", "Requests per batch run by a store's worker."),
-    ("batch_pairs", "histogram", "Question-passage (or query-document) pairs per batch run by a store's worker."),
+    ("batch_pairs", "histogram", "Question-passage (or query-document) pairs asked for per batch run by a store's "
+     "worker: each /ask's top_p, each /rerank's doc_ids or bm25_top_k (the batcher's measure; retrieval may find "
+     "fewer)."),
     ("requests_in_flight", "gauge", "Requests being answered now, by endpoint."),
     ("queue_depth", "gauge", "Requests waiting in a store's queue."),
 )
