@@ -179,8 +179,9 @@ def serve_on(listeners: list[socket.socket], args: argparse.Namespace, settings:
 
 
 def log_as_uvicorn_does() -> None:
-    """Send the server's own records (the `dilstore.serve` logger of its modules) through uvicorn's handlers, once uvicorn.Config has set
-    them up: a store going out of service reads `ERROR:    store ...`, as uvicorn's own lines are marked.
+    """Send the server's own records (its modules' `dilstore.serve` logger) through uvicorn's handlers, once
+    uvicorn.Config has set them up: a store going out of service reads `ERROR:    store ...`, as uvicorn's own
+    lines are marked.
 
     Without a handler they went through logging's last resort, bare: a log monitor that watches for ERROR and
     WARNING missed the server's most important event (serve46 F1).
