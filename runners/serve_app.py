@@ -49,6 +49,7 @@ from starlette.types import Receive
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import CLIENT_GONE, CONTENT_TYPE, Metrics
 from dilstore.runners.serve_requests import ASK, RERANK, AskRequest, ClientError, RerankRequest
+from dilstore.runners.serve_responses import AskAnswer, RerankAnswer, query_responses
 from dilstore.runners.serve_services import ServedStore
 from dilstore.storage.errors import DilstoreError, listed, scrubbed
 from dilstore.storage.format import StoreChangedError, StoreFormatError, StoreReadError
@@ -362,12 +363,13 @@ def add_routes(app: FastAPI, router: StoreRouter) -> None:
     """/ask, /rerank, /health (GET and HEAD), /stores and /metrics."""
 
     # max_body_size counts a chunked body (no Content-Length), which too_large cannot see, as it arrives.
-    @app.post(ASK, summary="Answer a question (the JSON of `dilstore ask --json`)", max_body_size=MAX_BODY_BYTES)
+    @app.post(ASK, summary="Answer a question (the JSON of `dilstore ask --json`)", max_body_size=MAX_BODY_BYTES,
+              responses=query_responses(AskAnswer))
     async def ask(request: AskRequest, connection: Request) -> Response:
         return await router.answer(request, ASK, connection.receive)
 
     @app.post(RERANK, summary="Score documents of an EARL or Listformer store against a query, best first",
-              max_body_size=MAX_BODY_BYTES)
+              max_body_size=MAX_BODY_BYTES, responses=query_responses(RerankAnswer))
     async def rerank(request: RerankRequest, connection: Request) -> Response:
         return await router.answer(request, RERANK, connection.receive)
 

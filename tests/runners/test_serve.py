@@ -37,7 +37,7 @@ from tests.reader.serving.test_rerank import DOCUMENTS, save_ranker, write_earl_
 
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.earl import EarlRanker
-from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
+from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader, aggregate
 from dilstore.reader.serving.rerank import open_reranker
 from dilstore.reader.retrieval import Hit, TooManyTermsError
 from dilstore.runners.cli import main
@@ -46,6 +46,7 @@ from dilstore.runners.cmd_serve import log_colors, parse_store_argument
 from dilstore.runners.serve_app import create_app
 from dilstore.storage.errors import DilstoreError
 from dilstore.runners.serve_requests import RerankRequest
+from dilstore.runners.serve_responses import AskAnswer, ErrorBody, RerankAnswer
 from dilstore.runners.serve_services import AskService, RerankService, ServedStore
 from dilstore.runners.serve_batching import ServeSettings
 from dilstore.storage.reader import open_store
@@ -442,6 +443,7 @@ def test_bad_input_gets_a_4xx_with_a_message(served, endpoint: str, body: Any, s
         response = client.post(endpoint, json=body)
     assert response.status_code == status, response.text
     assert message in json.dumps(response.json()["detail"]), response.text
+    ErrorBody.model_validate(response.json())  # as /openapi.json describes it
     assert client.get("/health").status_code == 200 and client.head("/health").status_code == 200  # HEAD was 405
 
 
@@ -594,6 +596,26 @@ def test_health_stores_docs(served) -> None:
     assert [(s["name"], s["endpoint"]) for s in listed] == [("qa", "/ask"), ("s1", "/rerank"), ("s2", "/rerank")]
     assert client.get("/docs").status_code == 200
     assert {"/ask", "/rerank", "/health", "/stores", "/metrics"} <= set(client.get("/openapi.json").json()["paths"])
+
+
+def test_the_openapi_schema_describes_every_body_the_query_endpoints_send(served) -> None:
+    """/openapi.json described every 422 as a list of validation errors (most carry one string), listed no other
+    error status, and gave the 200 bodies no schema: a generated client failed on them (serve46 F2)."""
+    client, _, odqa = served
+    paths = client.get("/openapi.json").json()["paths"]
+    for path, answer in (("/ask", "AskAnswer"), ("/rerank", "RerankAnswer")):
+        responses = paths[path]["post"]["responses"]
+        assert set(responses) == {"200", "400", "404", "408", "413", "415", "422", "500", "502", "503"}
+        schemas = {status: body["content"]["application/json"]["schema"] for status, body in responses.items()}
+        assert schemas.pop("200") == {"$ref": f"#/components/schemas/{answer}"}
+        assert all(schema == {"$ref": "#/components/schemas/ErrorBody"} for schema in schemas.values()), schemas
+    answered = client.post("/ask", json={"question": QUESTIONS[0], "top_p": 3}).json()
+    assert AskAnswer.model_validate(answered).nbest and answered["answer"]
+    unanswered = {**aggregate(odqa.read([QUESTIONS[0]], [[]])[0], 0.5, 5).to_dict(), **odqa.read_with}
+    assert AskAnswer.model_validate(unanswered).score is None  # no passage gave a span: nulls
+    RerankAnswer.model_validate(client.post("/rerank", json={"query": "trams", "doc_ids": ["tram", "kili"]}).json())
+    found = RerankAnswer.model_validate(client.post("/rerank", json={"query": "Zürich tram", "bm25_top_k": 3}).json())
+    assert found.results and all(result.bm25_score is not None for result in found.results)
 
 
 def parse_prometheus(text: str) -> dict[str, dict[str, Any]]:
