@@ -35,6 +35,7 @@ from dilstore.reader.training.loop import (
     LoopOutcome,
     LoopConfig,
     Throughput,
+    autocast_dtype,
     resume_point,
     run_record,
     run_training_loop,
@@ -102,6 +103,7 @@ def start_run(
     """
     output_dir = Path(output_dir)
     chosen = training_device(device)
+    autocast_dtype(config, chosen)  # a precision the device lacks is refused before the run writes anything
     seed_everything(config.seed)
     if not resume:
         refuse_an_earlier_run(output_dir)

@@ -208,6 +208,18 @@ def test_config_errors_name_the_option(changes: dict, message: str) -> None:
         RankingTrainingConfig(**{"kind": "earl", **changes})
 
 
+def test_a_precision_the_device_lacks_is_refused_before_the_run_writes_anything(
+    tiny_base: Path, overfit_files, tmp_path: Path
+) -> None:
+    """`--precision fp16` on a CPU was refused only after the run folder and run_config.json were made (train46 F2)."""
+    triples, paragraphs = overfit_files
+    config = RankingTrainingConfig(kind="siamese", precision="fp16", **SMALL)
+    with pytest.raises(DilstoreError, match="precision fp16 needs a CUDA device; this run is on cpu"):
+        train_ranker(tiny_base, triples, paragraphs, tmp_path / "run", config, command="t", device="cpu",
+                     progress=False)  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("kind", ["earl", "cross-encoder", "siamese"])
 def test_cli_trains_each_kind_end_to_end(kind: str, tiny_base: Path, overfit_files, tmp_path: Path, capsys) -> None:
     triples, _ = overfit_files
