@@ -81,7 +81,7 @@ def register_ranking_data(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=positive_int, default=1, help="indexing and search threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     again = "run the same command again (it reuses a BM25 index it finished in --work)"
-    parser.set_defaults(run=holding_the_output(run_ranking_data, lambda output: again))
+    parser.set_defaults(run=holding_the_output(run_ranking_data, lambda args, output: again))
 
 
 def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import shlex
 from collections.abc import Callable
@@ -130,37 +129,37 @@ def output_dir(args: argparse.Namespace) -> Path:
     return args.output if args.output is not None else default_runs_dir() / args.run_name.format(**vars(args))
 
 
-def resume_hint(output: Path) -> str:
+def resume_hint(args: argparse.Namespace, output: Path) -> str:
     """Where a stopped training run goes on from: its newest checkpoint, or the start when it saved none, or
-    nowhere when the final model was saved (each was told "--resume goes on", which --resume then refused)."""
+    nowhere when the final model was saved (each was told "--resume goes on", which --resume then refused); a
+    reader whose --dev evaluation the stop cut is told the evaluate-rc command that scores it as that would."""
     from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE, read_metadata
     from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, latest_checkpoint
 
-    if (output / TRAINING_METADATA_FILE).is_file():  # the stop cut the --dev evaluation after the final save
+    if (output / TRAINING_METADATA_FILE).is_file():  # the stop cut what comes after the final save
         metadata = read_metadata(output)
-        scored = (f" (`dilstore evaluate-rc --model {output} --data DEV.json{_window_flags(output)}` scores it)"
-                  if metadata is not None and metadata.kind == "dilbert" else "")  # fmt: skip
+        dev = getattr(args, "dev", None)
+        scored = (f" (`{dev_evaluation(args, output)}` scores it)"
+                  if dev is not None and metadata is not None and metadata.kind == "dilbert" else "")  # fmt: skip
         return f"the trained model is saved in {output}; only what comes after it was cut{scored}"
     if latest_checkpoint(output / CHECKPOINTS_DIR) is None:
         return "no checkpoint was saved yet: run the command again, without --resume"
     return "the run folder keeps what was saved before it (--resume goes on from its newest checkpoint)"
 
 
-def _window_flags(output: Path) -> str:
-    """The run's reading windows as evaluate-rc flags (` --max-seq-length N ...`), from its run_config.json, so that
-    the command scores as the --dev evaluation would; nothing when the record cannot tell."""
-    from dilstore.reader.training.checkpoint_files import RUN_CONFIG_FILE
-
-    try:
-        config = json.loads((output / RUN_CONFIG_FILE).read_text(encoding="utf-8"))["config"]
-        return "".join(f" --{name.replace('_', '-')} {int(config[name])}"
-                       for name in ("max_seq_length", "doc_stride", "max_question_length"))  # fmt: skip
-    except (OSError, ValueError, TypeError, KeyError):
-        return ""
+def dev_evaluation(args: argparse.Namespace, output: Path) -> str:
+    """The `dilstore evaluate-rc` command that scores the reader in `output` as `train qa`'s --dev evaluation does:
+    its dev file, reading windows, answer length and subset (train46 F1: the hint left out --max-answer-length
+    and the subset, and said DEV.json)."""
+    reading = {name: getattr(args, name) for name in
+               ("max_seq_length", "doc_stride", "max_question_length", "max_answer_length")}  # fmt: skip
+    subset = {"limit": args.eval_limit, "seed": args.eval_seed if args.eval_limit is not None else None}
+    words = ["dilstore", "evaluate-rc", "--model", str(output), "--data", str(args.dev)]
+    return shlex.join([*words, *option_words(reading), *option_words(subset)])
 
 
 def holding_the_output(
-    run: Callable[[argparse.Namespace], int], on_stop: Callable[[Path], str] = resume_hint
+    run: Callable[[argparse.Namespace], int], on_stop: Callable[[argparse.Namespace, Path], str] = resume_hint
 ) -> Callable[[argparse.Namespace], int]:
     """`run` with the run folder's write lock held throughout: a second training into it stops at once.
 
@@ -169,7 +168,7 @@ def holding_the_output(
     files showed in the store's `verify` as untracked). Ctrl-C, SIGTERM or SIGHUP outside the training
     loop's steps (which finish their step and checkpoint it), while the data
     loads or the --dev evaluation runs, stops the command with one line that
-    adds `on_stop(output)`: where the run goes on from.
+    adds `on_stop(args, output)`: where the run goes on from.
     """
 
     @functools.wraps(run)
@@ -183,15 +182,16 @@ def holding_the_output(
             with write_lock(output):
                 return run(args)
         except KeyboardInterrupt as stop:
-            raise StoppedBySignal(f"{interrupt_words(stop)}{_hint(on_stop, output)}", interrupt_number(stop)) from None
+            raise StoppedBySignal(f"{interrupt_words(stop)}{_hint(on_stop, args, output)}",
+                                  interrupt_number(stop)) from None  # fmt: skip
 
     return locked
 
 
-def _hint(on_stop: Callable[[Path], str], output: Path) -> str:
-    """`; on_stop(output)`, or nothing when it fails: the stop's own line comes first."""
+def _hint(on_stop: Callable[[argparse.Namespace, Path], str], args: argparse.Namespace, output: Path) -> str:
+    """`; on_stop(args, output)`, or nothing when it fails: the stop's own line comes first."""
     try:
-        return f"; {on_stop(output)}"
+        return f"; {on_stop(args, output)}"
     except Exception:  # noqa: BLE001 (a stop mid-import can leave any module half-made)
         return ""
 

@@ -5,6 +5,7 @@ The tiny random reader keeps each run to a second or two.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -283,7 +284,8 @@ def test_a_run_whose_final_save_was_cut_can_be_run_again(tiny_base: Path, squad_
     output = tmp_path / "run"
     train_qa(tiny_base, squad_file, output, config, command="t", progress=False)
     (output / TRAINING_METADATA_FILE).unlink()  # the save was cut before its record
-    assert resume_hint(output) == "no checkpoint was saved yet: run the command again, without --resume"
+    expected = "no checkpoint was saved yet: run the command again, without --resume"
+    assert resume_hint(argparse.Namespace(), output) == expected
     assert train_qa(tiny_base, squad_file, output, config, command="t", progress=False).steps == 1
     assert (output / TRAINING_METADATA_FILE).is_file()
 
@@ -367,34 +369,41 @@ def test_a_stopped_run_is_told_to_resume_only_when_it_saved_a_checkpoint(tmp_pat
     --resume then said "no complete checkpoint" (rank38 L1)."""
     from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
     from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, STATE_JSON, step_directory
+    from dilstore.runners.cli import build_parser, parse
     from dilstore.runners.training_options import resume_hint
 
+    windows = ["--max-seq-length", "64", "--doc-stride", "24", "--max-question-length", "16",
+               "--max-answer-length", "5"]  # fmt: skip
+    args = parse(build_parser(), ["train", "qa", "--layers", "1", "--train", "t.json", *windows])
     expected = "no checkpoint was saved yet: run the command again, without --resume"
-    assert resume_hint(tmp_path / "never-made") == expected
+    assert resume_hint(args, tmp_path / "never-made") == expected
     half = step_directory(tmp_path / CHECKPOINTS_DIR, 10)
     half.mkdir(parents=True)  # a checkpoint cut short has no state file yet
-    assert resume_hint(tmp_path).startswith("no checkpoint was saved yet")
+    assert resume_hint(args, tmp_path).startswith("no checkpoint was saved yet")
     (half / STATE_JSON).write_text("{}")
-    assert resume_hint(tmp_path).endswith("(--resume goes on from its newest checkpoint)")
+    assert resume_hint(args, tmp_path).endswith("(--resume goes on from its newest checkpoint)")
     (tmp_path / TRAINING_METADATA_FILE).write_text("{}")  # the final save came before the --dev evaluation
-    assert resume_hint(tmp_path) == f"the trained model is saved in {tmp_path}; only what comes after it was cut"
+    saved = f"the trained model is saved in {tmp_path}; only what comes after it was cut"
+    assert resume_hint(args, tmp_path) == saved
     (tmp_path / "dilstore.json").write_text(json.dumps({"format": 1, "kind": "dilbert", "architecture": "bert",
                                                         "layers": 1, "num_layers": 2}))  # fmt: skip
-    assert resume_hint(tmp_path).endswith(f"(`dilstore evaluate-rc --model {tmp_path} --data DEV.json` scores it)")
-    windows = {"max_seq_length": 64, "doc_stride": 24, "max_question_length": 16}  # evaluate-rc's 384 fails a 64
-    (tmp_path / "run_config.json").write_text(json.dumps({"config": windows}))  # position model: the run's windows
-    assert resume_hint(tmp_path).endswith(f"(`dilstore evaluate-rc --model {tmp_path} --data DEV.json "
-                                          "--max-seq-length 64 --doc-stride 24 --max-question-length 16` scores it)")
+    assert resume_hint(args, tmp_path) == saved, "without --dev, no evaluation was cut"
+    # The command scores as --dev did: its file, windows (evaluate-rc's 384 fails a 64-position model), answer length
+    # (train46 F1: left out, the score differed) and subset.
+    args.dev, args.eval_limit, args.eval_seed = Path("my dev.json"), 40, 3
+    assert resume_hint(args, tmp_path) == (f"{saved} (`dilstore evaluate-rc --model {tmp_path} --data 'my dev.json' "
+                                           "--max-seq-length 64 --doc-stride 24 --max-question-length 16 "
+                                           "--max-answer-length 5 --limit 40 --seed 3` scores it)")
 
 
 def test_the_stop_line_of_a_training_command_imports_no_torch(tmp_path: Path) -> None:
     """A Ctrl-C while torch was still being imported (the first seconds of every `train`) made the stop line import
     it again, half-made: two tracebacks and exit 1, or a segfault."""
     code = (
-        "import sys\n"
+        "import argparse, sys\n"
         "from pathlib import Path\n"
         "from dilstore.runners.training_options import resume_hint\n"
-        f"print(resume_hint(Path({str(tmp_path)!r})))\n"
+        f"print(resume_hint(argparse.Namespace(), Path({str(tmp_path)!r})))\n"
         "print([name for name in ('torch', 'transformers') if name in sys.modules])\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
