@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.runners.inputs import require_file
+from dilstore.runners.outputs import check_output_folder
 from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.training_options import (
     add_optimizer_arguments,
@@ -197,6 +198,8 @@ def run_ranking_data(args: argparse.Namespace) -> int:
     from dilstore.runners.cmd_index import stdout_to_stderr
 
     require_file(args.squad, "--squad")
+    if args.work is not None:
+        check_output_folder(args.work, "--work")  # it said "Not a directory: FILE/collection.sha256" (train46 F5)
     with stdout_to_stderr():
         summary = build_ranking_data(
             args.squad,

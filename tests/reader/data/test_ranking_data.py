@@ -225,6 +225,18 @@ def test_bad_files_are_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_work_folder_that_is_a_file_is_named_by_its_flag(squad_file: Path, tmp_path: Path, capsys) -> None:
+    """It said "Not a directory: FILE/collection.sha256" and left an empty output folder (train46 F5)."""
+    from dilstore.runners.cli import main
+
+    output = tmp_path / "data"
+    status = main(["train", "ranking-data", "--squad", str(squad_file), "--output", str(output),
+                   "--work", str(squad_file)])  # fmt: skip
+    assert status == 2
+    assert capsys.readouterr().err == f"dilstore train: error: --work {squad_file}: is a file, not a folder\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+
+
 def test_cli_builds_triples_from_a_real_bm25_index(squad_file: Path, tmp_path: Path) -> None:
     """`train ranking-data` indexes the paragraphs with pyserini, retrieves and samples; a rerun reuses the index."""
     output = tmp_path / "data"
