@@ -34,7 +34,7 @@ def add_optimizer_arguments(
     "training windows" and "windows"); `epochs` and `batch_size` are its defaults.
     """
     parser.add_argument("--epochs", type=int, default=epochs, help=f"passes over the {passes_over} (default {epochs})")
-    parser.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
+    parser.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (at most --epochs passes)")
     parser.add_argument(
         "--batch-size", type=int, default=batch_size, help=f"{batch_of} per micro-batch (default {batch_size})"
     )

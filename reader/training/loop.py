@@ -494,6 +494,9 @@ def run_training_loop(
     logged_loss, logged_step = "-", position.step
     bar = tqdm(total=total_steps, initial=position.step, disable=not progress, unit="step", desc="train",
                dynamic_ncols=True)
+    if config.max_steps is not None and config.max_steps > total_steps:  # train46 F6: it was cut without a word
+        bar.write(f"--max-steps {config.max_steps} is more than the {total_steps} step(s) of {config.epochs} "
+                  "epoch(s): the run ends there; raise --epochs for more", file=sys.stderr)  # fmt: skip
     started = time.perf_counter() - position.train_seconds
     speed = _SpeedWindow(throughput.per_example)
     last_save = time.perf_counter()

@@ -91,6 +91,17 @@ def test_each_log_line_means_the_losses_since_the_line_before(
     assert logged == pytest.approx([sum(result.losses[:4]) / 4, sum(result.losses[4:]) / 2], abs=1e-4)
 
 
+def test_max_steps_beyond_the_epochs_says_where_the_run_ends(
+    tiny_base: Path, overfit_files, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-steps 1000 on 8 triples ran 2 steps without a word (train46 F6)."""
+    triples, paragraphs = overfit_files
+    config = RankingTrainingConfig(kind="siamese", epochs=2, max_steps=5, batch_size=4, **SMALL)
+    assert train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="t", progress=False).steps == 2
+    note = "--max-steps 5 is more than the 2 step(s) of 2 epoch(s): the run ends there; raise --epochs for more"
+    assert note in capsys.readouterr().err.splitlines()
+
+
 def test_metadata_records_kind_command_data_and_budget(tiny_base: Path, overfit_files, tmp_path: Path) -> None:
     triples, paragraphs = overfit_files
     config = RankingTrainingConfig(kind="siamese", epochs=1, max_steps=3, batch_size=1, **SMALL)
