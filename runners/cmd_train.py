@@ -22,6 +22,7 @@ from dilstore.runners.training_options import (
     add_report_arguments,
     add_run_arguments,
     config_fields,
+    duration,
     holding_the_output,
     output_dir,
     run_options,
@@ -212,7 +213,7 @@ def _qa_config(args: argparse.Namespace) -> TrainingConfig:
 
 def _qa_line(summary: dict[str, Any], evaluated: bool) -> str:
     """The one line `train qa` prints without --json."""
-    line = f"k={summary['k']}  steps {summary['train_steps']}  train {summary['train_seconds'] / 60:.1f} min"
+    line = f"k={summary['k']}  steps {summary['train_steps']}  train {duration(summary['train_seconds'])}"
     if evaluated:
-        line += f"  dev EM {summary['em']:.2f}  F1 {summary['f1']:.2f}  eval {summary['seconds'] / 60:.1f} min"
+        line += f"  dev EM {summary['em']:.2f}  F1 {summary['f1']:.2f}  eval {duration(summary['seconds'])}"
     return line

@@ -24,6 +24,7 @@ from dilstore.runners.training_options import (
     add_report_arguments,
     add_run_arguments,
     config_fields,
+    duration,
     holding_the_output,
     output_dir,
     run_options,
@@ -142,7 +143,7 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
 
 
 def run_ranker(args: argparse.Namespace) -> int:
-    """Train one ranker kind; print the steps, time, final loss and output."""
+    """Train one ranker kind; print the steps, time, the last step's loss and the output."""
     from dilstore.reader.modeling.checkpoints import base_model_dir
     from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
     from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
@@ -187,7 +188,7 @@ def run_ranker(args: argparse.Namespace) -> int:
     else:
         print(
             f"{result.kind}: steps {result.steps}  triples {result.triples_seen}  "
-            f"train {result.train_seconds / 60:.1f} min  final loss {result.final_loss:.4f}  → {result.output}"
+            f"train {duration(result.train_seconds)}  last-step loss {result.final_loss:.4f}  → {result.output}"
         )
     return 0
 

@@ -71,7 +71,8 @@ class Metrics:
     overloaded, unavailable, store_read, internal), dilstore_request_seconds (latency histogram by
     endpoint), dilstore_queue_seconds (time a request waited for its batch,
     by store), dilstore_batch_requests and dilstore_batch_pairs (batch sizes,
-    by store; pairs as the batcher counts them, asked for, not found), dilstore_requests_in_flight and dilstore_queue_depth (gauges).
+    by store; pairs as the batcher counts them, asked for, not found),
+    dilstore_requests_in_flight and dilstore_queue_depth (gauges).
     """
 
     def __init__(self) -> None:

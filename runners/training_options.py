@@ -129,6 +129,11 @@ def output_dir(args: argparse.Namespace) -> Path:
     return args.output if args.output is not None else default_runs_dir() / args.run_name.format(**vars(args))
 
 
+def duration(seconds: float) -> str:
+    """Seconds as a summary line shows them: `2.8 s` under a minute (a short run read `0.0 min`), else `12.3 min`."""
+    return f"{seconds:.1f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+
+
 def resume_hint(args: argparse.Namespace, output: Path) -> str:
     """Where a stopped training run goes on from: its newest checkpoint, or the start when it saved none, or
     nowhere when the final model was saved (each was told "--resume goes on", which --resume then refused); a

@@ -357,7 +357,7 @@ def test_cli_prints_one_line_without_json(
     status = main(small_train_qa(tiny_base, squad_file, tmp_path / "run", "--layers", "1", "--dev", str(squad_file),
                                  "--max-steps", "1", "--batch-size", "4", "--eval-limit", "2"))  # fmt: skip
     assert status == 0
-    assert re.fullmatch(r"k=1  steps 1  train \d+\.\d min  dev EM \d+\.\d\d  F1 \d+\.\d\d  eval \d+\.\d min\n",
+    assert re.fullmatch(r"k=1  steps 1  train \d+\.\d s  dev EM \d+\.\d\d  F1 \d+\.\d\d  eval \d+\.\d s\n",
                         capsys.readouterr().out)
 
 

@@ -396,6 +396,14 @@ def test_a_stopped_run_is_told_to_resume_only_when_it_saved_a_checkpoint(tmp_pat
                                            "--max-answer-length 5 --limit 40 --seed 3` scores it)")
 
 
+def test_a_summary_gives_a_short_run_its_seconds() -> None:
+    """A run of 2.8 s printed "train 0.0 min" (train46 F7)."""
+    from dilstore.runners.training_options import duration
+
+    shown = [duration(seconds) for seconds in (2.84, 59.9, 60.0, 738.0)]
+    assert shown == ["2.8 s", "59.9 s", "1.0 min", "12.3 min"]
+
+
 def test_the_stop_line_of_a_training_command_imports_no_torch(tmp_path: Path) -> None:
     """A Ctrl-C while torch was still being imported (the first seconds of every `train`) made the stop line import
     it again, half-made: two tracebacks and exit 1, or a segfault."""
