@@ -98,8 +98,11 @@ def _opened(path: Path, folder: Path) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
                 return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except FileNotFoundError:  # the folder went between the two
+            except FileNotFoundError as error:  # the folder went between the two, or takes no new files
                 attempts += 1
+                if attempts == _FOLDER_ATTEMPTS and path.parent.is_dir():  # /proc says ENOENT (train46 F4)
+                    raise DilstoreError(f"cannot create the lock file {path}: its folder {path.parent} takes no "
+                                        f"new files ({error.strerror})") from None  # fmt: skip
                 if attempts == _FOLDER_ATTEMPTS:
                     raise DilstoreError(f"cannot create the lock file {path}: its folder {path.parent} was removed "
                                         f"{attempts} times as it was made") from None  # fmt: skip

@@ -227,3 +227,13 @@ def test_a_lock_folder_removed_between_its_making_and_the_open_is_made_again(tmp
     monkeypatch.setattr(write_lock_module.os, "open", open_after_a_cleanup)
     with write_lock(run) as path:
         assert path.is_file() and removed == [tmp_path / "runs"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_folder_that_takes_no_new_files_is_named_as_such() -> None:
+    """/proc answers ENOENT to a new file: the error said the folder "was removed 5 times as it was made"
+    (train46 F4)."""
+    with pytest.raises(DilstoreError, match=r"^cannot create the lock file /proc/\.dilstore-out\.dilstore-lock: its "
+                                            r"folder /proc takes no new files \(No such file or directory\)$"):
+        with write_lock(Path("/proc/dilstore-out")):
+            pass
