@@ -82,7 +82,8 @@ def register_ranking_data(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--work", type=Path, help="where the BM25 index is cached (default OUTPUT/work)")
     parser.add_argument("--threads", type=positive_int, default=1, help="indexing and search threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    again = "run the same command again (it reuses a BM25 index it finished in --work)"
+    again = ("run the same command again (it reuses a BM25 index it finished in --work, and removes a half-built one, "
+             "WORK/.bm25.building)")  # fmt: skip
     parser.set_defaults(run=holding_the_output(run_ranking_data, lambda args, output: again))
 
 

@@ -255,7 +255,7 @@ def test_a_stop_outside_the_training_steps_is_one_line_with_where_to_go_on(
         signal.signal(number, previous)
     assert status == 128 + number
     assert capsys.readouterr().err == (f"dilstore train: {words}; run the same command again (it reuses a BM25 index "
-                                       "it finished in --work)\n")
+                                       "it finished in --work, and removes a half-built one, WORK/.bm25.building)\n")
 
 
 def test_a_run_whose_output_is_its_base_model_is_refused_before_the_weights_change(
