@@ -172,7 +172,7 @@ def precompute(**options: Any) -> Path:
     args = _parsed("precompute", lambda parser: parse(parser, ["precompute", *words, *beam]))
     held = random.getstate()  # Beam runs in this process and draws from the caller's `random` stream
     try:
-        _, empty = precompute_store(args)
+        _, empty, _ = precompute_store(args)
     except StoppedBySignal as stop:  # the user's stop, not bad input: `except DilstoreError` must not swallow it
         raise KeyboardInterrupt(str(stop)) from stop
     finally:

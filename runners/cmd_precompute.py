@@ -52,6 +52,8 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
     from dilstore.reader.offline.kinds import OfflineModel
 
 DEFAULT_OUTPUT = "dilstore-store"
+# What precompute_store returns: the summary, why nothing was stored (else None), and a notice (else None).
+Outcome = tuple[dict[str, Any], str | None, str | None]
 # The choices the parser offers, written out so that `dilstore --help` starts without numpy, torch or the wikitext
 # parser; tests/runners/test_cli_errors.py checks each equals its source (OFFLINE_KINDS, ENCODINGS, STRATEGIES,
 # corpora.FORMATS), so a new kind or encoding cannot be refused as an "invalid choice".
@@ -421,12 +423,13 @@ def check_append_flags(args: argparse.Namespace) -> None:
         raise DilstoreError("--append adds to a store and --overwrite replaces it; give one of them")
 
 
-def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
-    """Append the run's passages to the finalized store at `job.store` (pipelines/append.py); the run summary, and
-    why nothing was appended when no passage was stored (`nothing_stored`; the store is then unchanged).
+def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -> Outcome:
+    """Append the run's passages to the finalized store at `job.store` (pipelines/append.py): the run summary,
+    why nothing was appended when no passage was stored (`nothing_stored`; the store is then unchanged), and a
+    notice.
 
     Runs under the store's write lock. A run of an append the store already
-    holds says so and returns that append's summary. An append refused for
+    holds returns that append's summary and a notice that says so. An append refused for
     duplicate ids leaves no folder behind.
     """
     import shutil
@@ -442,10 +445,9 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
         later = len(manifest.appends) - 1 - manifest.appends.index(plan.committed)
         after = (f"; {later} later append(s) may have replaced some of its rows, and its inputs are known by path, "
                  "size and modification time: to apply them again, give them under another name") if later else ""
-        print(f"dilstore precompute: {job.store} already holds this append ({plan.generation}){after}",
-              file=sys.stderr)  # fmt: skip
         # Where it is now, if it was moved; and that this run did nothing, which the old summary would not say.
-        return {**plan.committed.get("summary", {}), "store": job.store, "already_complete": True}, None
+        summary = {**plan.committed.get("summary", {}), "store": job.store, "already_complete": True}
+        return summary, None, f"{job.store} already holds this append ({plan.generation}){after}"
     try:
         refuse_duplicates(store, job)
     except DilstoreError:
@@ -458,14 +460,14 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
                                    first_shard=plan.first_shard, generation=plan.generation)
     summary = run_pipeline(appended, runner, args.beam_args, args.workers, not args.no_progress)
     empty = nothing_stored(summary, str(plan.folder))
-    return summary, None if empty is None else f"{empty}; nothing was appended, {job.store} is unchanged"
+    return summary, None if empty is None else f"{empty}; nothing was appended, {job.store} is unchanged", None
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Run `dilstore precompute` and print its summary; 0 on success."""
-    summary, empty = precompute_store(args)
-    if summary.get("already_complete"):
-        print(f"dilstore precompute: {summary['store']} is already complete with these settings", file=sys.stderr)
+    summary, empty, notice = precompute_store(args)
+    if notice is not None:
+        print(f"dilstore precompute: {notice}", file=sys.stderr)
     print_summary(summary, args.json)
     if empty is not None:
         print(f"dilstore precompute: error: {empty}", file=sys.stderr)
@@ -477,18 +479,20 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
-    """Build, resume or append to the store the parsed arguments name, printing nothing on stdout.
+def precompute_store(args: argparse.Namespace) -> Outcome:
+    """Build, resume or append to the store the parsed arguments name, printing nothing.
 
-    Returns the run's summary and, for a build that stored no passage, why
-    (`nothing_stored`), else None. The command prints both; the Python API
-    raises on the second, and its caller's stdout and logging stay its own.
+    Returns the run's summary; for a build that stored no passage, why
+    (`nothing_stored`), else None; and a notice for a run that found its work
+    done (the store complete with these settings, or holding this append),
+    else None. The command prints all three; the Python API raises on the
+    second, and its caller's stdout, stderr and logging stay its own.
     """
     with logging_restored():
         return _precompute_store(args)
 
 
-def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
+def _precompute_store(args: argparse.Namespace) -> Outcome:
     started = time.time()
     check_append_flags(args)
     if not args.verbose:
@@ -530,8 +534,10 @@ def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | N
             if args.append:
                 return append_to_store(job, runner, args)
             with unmade_if_nothing_stored(store) as attempt:
+                notice = None
                 if prepare_store(store, spec, args.overwrite):
                     summary = {**read_summary(store), "store": job.store, "already_complete": True}  # where it is now
+                    notice = f"{job.store} is already complete with these settings"
                 elif args.overwrite and needs_replacement(store, spec):
                     check_replaceable(store, [task.path for task in job.inputs])
                     # A replacement refused before its job started (a foreign --codebook) left its folder behind; one
@@ -543,7 +549,7 @@ def _precompute_store(args: argparse.Namespace) -> tuple[dict[str, Any], str | N
                     swap_in(store, building)
                 else:
                     summary = build_store(job, runner, args, attempt)
-    return summary, nothing_stored(summary, job.store)
+    return summary, nothing_stored(summary, job.store), notice
 
 
 def nothing_stored(summary: dict[str, Any], store: str) -> str | None:

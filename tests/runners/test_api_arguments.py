@@ -94,7 +94,7 @@ def test_precompute_hands_other_keywords_to_beam_under_beam_s_own_names(tmp_path
     from dilstore.runners import cmd_precompute
 
     seen: list[argparse.Namespace] = []
-    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (seen.append(args), (None, None))[1])
+    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (seen.append(args), (None, None, None))[1])
     dilstore.precompute(input=str(tmp_path / "c.jsonl"), output=str(tmp_path / "s"), temp_location="/tmp/t",
                         experiments=["a", "b"], save_main_session=True, dask_client_address=None)  # fmt: skip
     assert seen[0].beam_args == ["--temp_location=/tmp/t", "--experiments=a", "--experiments=b",
@@ -191,7 +191,7 @@ def test_numpy_integers_are_taken_as_integers(tmp_path: Path, monkeypatch) -> No
     from dilstore.runners import cmd_precompute
 
     seen: list[Any] = []
-    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (seen.append(args), (None, None))[1])
+    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (seen.append(args), (None, None, None))[1])
     dilstore.precompute(input=str(tmp_path / "c.jsonl"), workers=np.int64(2), shards=np.int32(3))
     assert (seen[0].workers, seen[0].shards) == (2, 3)
     monkeypatch.setattr(odqa, "open_reader", lambda *args, **kwargs: seen.append(kwargs["settings"]))

@@ -125,8 +125,8 @@ def test_a_precompute_that_stores_nothing_raises_why_and_prints_nothing(tmp_path
 
 
 def test_a_store_already_complete_is_left_without_a_word_from_python(tmp_path: Path, capsys) -> None:
-    """The command's "already complete" line went to the caller's stderr, which no_progress did not cover (api45
-    L6); the command still says it."""
+    """The command's "already complete" and "already holds this append" lines went to the caller's stderr, which
+    no_progress did not cover (api45 L6); the command still says them."""
     import dilstore
     from dilstore.runners.cli import main
 
@@ -142,6 +142,12 @@ def test_a_store_already_complete_is_left_without_a_word_from_python(tmp_path: P
     assert main(["precompute", "--input", str(corpus), "--output", str(store), "--split", "none", "--workers", "1",
                  "--no-progress", "--json"]) == 0  # fmt: skip
     assert capsys.readouterr().err.endswith(f"dilstore precompute: {store} is already complete with these settings\n")
+    more = tmp_path / "more.jsonl"
+    more.write_text('{"id": "b", "title": "B", "text": "Carolina lost the game."}\n', encoding="utf-8")
+    dilstore.precompute(**{**options, "input": str(more), "append": True})
+    capsys.readouterr()
+    dilstore.precompute(**{**options, "input": str(more), "append": True})
+    assert "already holds this append" not in capsys.readouterr().err
 
 
 def test_type_checkers_see_each_name_from_the_module_that_defines_it() -> None:
