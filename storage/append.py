@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +53,7 @@ from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import (
     APPENDED_FORMAT_VERSION,
     APPENDS_DIR,
+    BUILD_ID,
     INDEX_DIR,
     INDEX_HASHES,
     INDEX_ROWS,
@@ -313,7 +313,6 @@ def _appended_manifest(
 
 
 # The name of an append's folder: its build id (pipelines/spec_file.py, `spec_generation`).
-_BUILD_ID = re.compile(r"[0-9a-f]{16}")
 
 
 def remove_leftovers(root: str | Path, manifest: Manifest, keep: Sequence[str] = ()) -> list[str]:
@@ -334,10 +333,14 @@ def remove_leftovers(root: str | Path, manifest: Manifest, keep: Sequence[str] =
     appends = root / APPENDS_DIR
     if appends.is_dir():
         uncommitted = [entry.name for entry in appends.iterdir() if entry.name not in committed]
-        doomed += [append_dir(name) for name in uncommitted if _BUILD_ID.fullmatch(name) and name not in keep]
+        doomed += [append_dir(name) for name in uncommitted if BUILD_ID.fullmatch(name) and name not in keep]
         # An id index a killed write left half made (.tmp-index-*), or one replace_dir set aside (.tmp-old-index-*):
-        # inside a committed append's folder, verify took it for damage for good.
-        doomed += [f"{APPENDS_DIR}/{entry.parent.name}/{entry.name}" for entry in appends.glob(f"*/{TMP_PREFIX}*")]
+        # inside a committed append's folder, verify took it for damage for good. Only in folders named and made as
+        # appends are: a link under appends/ led the glob to delete what the folder it names held (hostile46 F2).
+        folders = [entry for entry in appends.iterdir()
+                   if BUILD_ID.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink()]  # fmt: skip
+        doomed += [f"{APPENDS_DIR}/{folder.name}/{entry.name}" for folder in folders
+                   for entry in folder.glob(f"{TMP_PREFIX}*")]  # fmt: skip
     removed = []
     for relative in doomed:
         path = root / relative

@@ -165,6 +165,11 @@ def shard_path(index: int) -> str:
     return f"{SHARDS_DIR}/{shard_name(index)}"
 
 
+# A build id (pipelines/spec_file.spec_generation): what names an append's folder, so the only form a manifest's
+# appends may give (a generation of "../../x" made an append delete a folder outside the store, hostile46 F1).
+BUILD_ID = re.compile(r"[0-9a-f]{16}")
+
+
 def append_dir(generation: str) -> str:
     """Folder, relative to the store root, that holds everything one append of build `generation` wrote."""
     return f"{APPENDS_DIR}/{generation}"

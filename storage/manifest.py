@@ -18,6 +18,7 @@ from dilstore.storage.atomic_files import atomic_write_bytes
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import (
     APPENDED_FORMAT_VERSION,
+    BUILD_ID,
     FORMAT_NAME,
     FORMAT_VERSION,
     INDEX_DIR,
@@ -25,6 +26,7 @@ from dilstore.storage.format import (
     SHARDS_DIR,
     SPEC_FILE,
     StoreFormatError,
+    append_dir,
     shard_path,
 )
 from dilstore.storage.location import StoreLocation, is_special_file
@@ -71,7 +73,17 @@ class ShardEntry:
             value = getattr(entry, name)
             if not isinstance(value, str) and not (optional and value is None):
                 raise ValueError(f"shards[{position}].{name} is {value!r:.40}, not a string")
+        if entry.generation is not None and not BUILD_ID.fullmatch(entry.generation):
+            raise ValueError(f"shards[{position}].generation is {entry.generation!r:.40}, not a build id")
+        if entry.path is not None and entry.path != appended_shard_path(entry.generation or "", entry.index):
+            raise ValueError(f"shards[{position}].path is {entry.path!r:.60}, not where an append puts shard "
+                             f"{entry.index}")  # fmt: skip
         return entry
+
+
+def appended_shard_path(generation: str, index: int) -> str:
+    """Where the append of build `generation` puts its shard `index`, relative to the store root."""
+    return f"{append_dir(generation)}/{shard_path(index)}"
 
 
 @dataclass(frozen=True)
@@ -162,6 +174,7 @@ class Manifest:
                 )
             shape = data["state_shape"]
             superseded = data.get("superseded", {})
+            appends = _appends(data.get("appends", ()))
             return cls(
                 kind=str(data["kind"]),
                 encoding=str(data["encoding"]),
@@ -175,15 +188,34 @@ class Manifest:
                 files={path: FileEntry(**entry) for path, entry in data["files"].items()},
                 vector_size=None if data.get("vector_size") is None else int(data["vector_size"]),
                 generation=None if data.get("generation") is None else str(data["generation"]),
-                index=str(data.get("index", INDEX_DIR)),
+                index=_index(data.get("index", INDEX_DIR), appends),
                 superseded_passages=int(superseded.get("passages", 0)),
                 superseded_tokens=int(superseded.get("tokens", 0)),
-                appends=tuple(dict(record) for record in data.get("appends", ())),
+                appends=appends,
                 format=data["format"],
                 format_version=data["format_version"],
             )
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:
             raise StoreFormatError(f"malformed manifest: {type(error).__name__}: {error}") from None
+
+
+def _appends(records: Any) -> tuple[dict[str, Any], ...]:
+    """A manifest's append records, each naming its build by a build id: a generation names folders that are
+    written and deleted (hostile46 F1: "../../victim" made an append delete a folder outside the store)."""
+    appends = tuple(dict(record) for record in records)
+    for position, record in enumerate(appends):
+        generation = record.get("generation")
+        if not isinstance(generation, str) or not BUILD_ID.fullmatch(generation):
+            raise ValueError(f"appends[{position}].generation is {generation!r:.40}, not a build id (16 hex digits)")
+    return appends
+
+
+def _index(index: Any, appends: tuple[dict[str, Any], ...]) -> str:
+    """A manifest's id index folder: `index`, or the one a committed append wrote."""
+    allowed = [INDEX_DIR, *(f"{append_dir(record['generation'])}/{INDEX_DIR}" for record in appends)]
+    if index not in allowed:
+        raise ValueError(f"index is {index!r:.60}, not {INDEX_DIR!r} or a committed append's index")
+    return str(index)
 
 
 def _state_shape(shape: Any) -> tuple[int, ...]:

@@ -10,8 +10,12 @@ be run again.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,6 +32,7 @@ from dilstore.storage.format import (
     INDEX_DIR,
     MANIFEST_FILE,
     TMP_PREFIX,
+    StoreFormatError,
     append_dir,
 )
 from dilstore.storage.id_index import DuplicatePassageIdError
@@ -413,3 +418,56 @@ def test_a_store_whose_appends_folder_is_a_link_to_another_disk_verifies(tmp_pat
     assert report.ok and report.problems == [], report.problems
     assert report.untracked == []  # the loop's folder was listed already
     assert len(open_store(store)) == 2
+
+
+def resigned(store: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Change `store`'s manifest and sign it again, as anyone handing over a store can (its checksum has no
+    secret)."""
+    data = json.loads((store / MANIFEST_FILE).read_text(encoding="utf-8"))
+    data.pop("checksum")
+    change(data)
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    data["checksum"] = hashlib.sha256(canonical).hexdigest()
+    (store / MANIFEST_FILE).write_text(json.dumps(data), encoding="utf-8")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda data: data["appends"][0].update(generation="../../victim"),
+     r"appends\[0\]\.generation is '\.\./\.\./victim', not a build id"),
+    (lambda data: data.update(index="../../victim/index"),
+     r"index is '\.\./\.\./victim/index', not 'index' or a committed append's index"),
+    (lambda data: data["shards"][-1].update(path="../victim/shards/shard-00001"),
+     r"shards\[1\]\.path is '\.\./victim/shards/shard-00001', not where an append puts shard 1"),
+])  # fmt: skip
+def test_a_manifest_naming_folders_outside_the_store_is_refused_before_anything_is_deleted(
+    tmp_path: Path, change: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    """A generation of "../../victim" made the next append delete `victim/index` beside the store, and verify
+    passed the store (hostile46 F1)."""
+    store = build_store(tmp_path / "store", [records(["a"])])
+    write_append(store, [records(["b"], seed=1)])
+    commit_append(store, GENERATION, fingerprint_for())
+    precious = tmp_path / "victim" / INDEX_DIR / "data.txt"
+    precious.parent.mkdir(parents=True)
+    precious.write_text("precious")
+    resigned(store, change)
+    with pytest.raises(StoreFormatError, match=f"malformed manifest: ValueError: {message}"):
+        read_manifest(StoreLocation.parse(store))
+    assert not verify_store(store).ok
+    with pytest.raises(StoreFormatError, match="malformed manifest"):
+        remove_leftovers(store, read_manifest(StoreLocation.parse(store)))
+    assert precious.read_text() == "precious"
+
+
+def test_the_cleanup_does_not_follow_a_link_under_appends(tmp_path: Path) -> None:
+    """A link under appends/ led the cleanup's glob into the folder it names, whose `.tmp-*` entries it deleted
+    (hostile46 F2)."""
+    store = build_store(tmp_path / "store", [records(["a"])])
+    write_append(store, [records(["b"], seed=1)])
+    manifest = commit_append(store, GENERATION, fingerprint_for())
+    outside = tmp_path / "outside"
+    (outside / f"{TMP_PREFIX}precious").mkdir(parents=True)
+    for name in ("linked", "e" * 16):
+        (store / APPENDS_DIR / name).symlink_to(outside, target_is_directory=True)
+    assert remove_leftovers(store, manifest) == [append_dir("e" * 16)]  # the link itself, as an uncommitted append
+    assert (outside / f"{TMP_PREFIX}precious").is_dir() and (store / APPENDS_DIR / "linked").is_symlink()
