@@ -85,6 +85,7 @@ def load_base_encoder(path: str | Path) -> tuple[BertModel, PreTrainedTokenizerB
                 dtype=torch.float32,
                 attn_implementation="sdpa",
                 local_files_only=True,
+                use_safetensors=True,  # a pickle checkpoint (pytorch_model.bin) is never loaded (hostile46 F5)
                 output_loading_info=True,
             )
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)

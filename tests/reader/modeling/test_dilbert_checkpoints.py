@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,22 @@ def test_metadata_round_trips(kind: str, architecture: str, layers: int, extra: 
     metadata = CheckpointMetadata(kind=kind, architecture=architecture, layers=layers, num_layers=layers + extra)
     write_metadata(directory, metadata)
     assert read_metadata(directory) == metadata
+
+
+def pickled(source: Path, destination: Path) -> Path:
+    """`source` with its model.safetensors turned into a pickle pytorch_model.bin, as an untrusted folder may be."""
+    shutil.copytree(source, destination)
+    weights = destination / "model.safetensors"
+    torch.save(load_file(weights), destination / "pytorch_model.bin")
+    weights.unlink()
+    return destination
+
+
+def test_a_pickle_checkpoint_is_never_loaded(saved_bert: Path, base_bert: Path, tmp_path: Path) -> None:
+    """With no model.safetensors, transformers loaded a pytorch_model.bin (a pickle) as the model (hostile46 F5)."""
+    from dilstore.reader.modeling.earl_checkpoints import load_base_encoder
+
+    with pytest.raises(DilstoreError, match=r"^cannot load a model from .*reader: .*model\.safetensors"):
+        DilBertReader.from_pretrained(pickled(saved_bert, tmp_path / "reader"))
+    with pytest.raises(DilstoreError, match=r"^cannot load an encoder from .*base: .*model\.safetensors"):
+        load_base_encoder(pickled(base_bert, tmp_path / "base"))
