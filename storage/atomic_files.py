@@ -22,7 +22,9 @@ by query servers, web servers and other users than the one that wrote it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import functools
 import glob
 import hashlib
@@ -58,12 +60,14 @@ def atomic_write_bytes(path: Path, data: bytes, *, named_by_user: bool = False) 
         remove_dead_writers_temporaries(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{_temporary_stem(path)}{_writer()}.", suffix=".tmp")
     try:
+        with contextlib.suppress(OSError):  # a filesystem without locks: the cleanup, unable to lock, deletes nothing
+            fcntl.flock(handle, fcntl.LOCK_EX)  # held until the rename: a live write's temporary is not taken as dead
         os.fchmod(handle, _NEW_FILE_MODE & ~process_umask())
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
-        os.replace(temporary, path)
+            os.replace(temporary, path)
         fsync_dir(path.parent)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -74,15 +78,17 @@ def remove_dead_writers_temporaries(path: Path) -> list[Path]:
     """Delete the temporaries that killed writes of `path` by this host's processes left beside it; those removed.
 
     Only a writer known to be gone is cleaned up after: one of this host (another host's process ids mean nothing
-    here, on a shared folder) whose process no longer exists. A live writer's temporary, another user's included,
-    stays, and so do temporaries named in the form before the writer was in the name (remove_stale_writes takes
-    those where no writer can be at work).
+    here, on a shared folder) whose process no longer exists here, and whose lock on the temporary is gone (a
+    writer holds it until its rename: a writer in another pid namespace of this host, a container's, has process
+    ids of its own, review46 M1). A live writer's temporary, another user's included, stays, and so do
+    temporaries named in the form before the writer was in the name (remove_stale_writes takes those where no
+    writer can be at work).
     """
     this_host = f"{_temporary_stem(path)}{_host()}-"
     removed = []
     for name in glob.glob(f"{glob.escape(this_host)}*.tmp", root_dir=path.parent):
         pid = name[len(this_host) :].split(".")[0]  # HOST-PID.XXXXXXXX.tmp
-        if pid.isdigit() and not _process_exists(int(pid)):
+        if pid.isdigit() and not _process_exists(int(pid)) and not _locked(path.parent / name):
             (path.parent / name).unlink(missing_ok=True)
             removed.append(path.parent / name)
     return removed
@@ -102,6 +108,21 @@ def _writer() -> str:
 def _host() -> str:
     """A short hash of this host's name: names stay short whatever the host is called."""
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _locked(path: Path) -> bool:
+    """Whether a writer holds its lock on the temporary `path` (one that cannot be opened counts as held)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(descriptor)
+    return False
 
 
 def _process_exists(pid: int) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import signal
 import stat
 import subprocess
@@ -108,10 +109,15 @@ def test_only_temporaries_of_writers_known_to_be_gone_are_removed(tmp_path: Path
                      "live": f".tmp-run.trec.{_host()}-{live.pid}.ef56ab78.tmp",
                      "other host": f".tmp-run.trec.{'0' * 8 if _host() != '0' * 8 else '1' * 8}-{dead_pid}.x.tmp",
                      "other file": f".tmp-run.trec2.{_host()}-{dead_pid}.x.tmp",
-                     "old form": ".tmp-run.trec.dn7rz7fk.tmp"}  # fmt: skip
+                     "old form": ".tmp-run.trec.dn7rz7fk.tmp",
+                     # A writer in another pid namespace (a container): its pid means nothing here, its lock does
+                     # (review46 M1).
+                     "locked": f".tmp-run.trec.{_host()}-{dead_pid}.cd90ef12.tmp"}  # fmt: skip
             for name in names.values():
                 (tmp_path / name).write_text("x")
-            assert remove_dead_writers_temporaries(tmp_path / "run.trec") == [tmp_path / names["dead"]]
+            with (tmp_path / names["locked"]).open("rb") as held:
+                fcntl.flock(held, fcntl.LOCK_EX)
+                assert remove_dead_writers_temporaries(tmp_path / "run.trec") == [tmp_path / names["dead"]]
             assert sorted(path.name for path in tmp_path.iterdir()) == sorted(set(names.values()) - {names["dead"]})
         finally:
             live.kill()
