@@ -32,6 +32,7 @@ import math
 import mmap
 import os
 import resource
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,8 +275,12 @@ def map_array(array: zarr.Array, array_dir: Path) -> MappedArray:
         return MappedArray(_empty(array, layout), None)
     path = array_dir / layout.chunk_key
     try:
-        with path.open("rb") as file:
+        # Opened without blocking, and refused unless a regular file: opening a pipe put in a chunk file's place
+        # for reading waited for a writer forever (hostile46 F3).
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
             status = os.fstat(file.fileno())
+            if not stat.S_ISREG(status.st_mode):
+                raise StoreFormatError(f"{path} is not a regular file (a pipe, socket or device stands for it)")
             _check_size(status.st_size, layout, path)
             mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:

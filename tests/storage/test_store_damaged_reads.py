@@ -8,7 +8,9 @@ points at `dilstore verify`.
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -165,3 +167,31 @@ def test_a_local_file_that_cannot_be_read_is_a_store_error_not_a_read_to_try_aga
         with open_store(store, read_path=read_path) as opened:
             opened.fetch(["s1/p0"])
     assert str(target) in str(raised.value) and "try again" not in str(raised.value)
+
+
+def test_a_pipe_standing_for_a_chunk_file_is_refused_not_waited_on(store: Path) -> None:
+    """Opening a FIFO put where a mapped chunk file was waited for a writer forever: `ask`, `compact` and `fetch`
+    hung (hostile46 F3)."""
+    chunk = next(path for path in sorted((store / shard_path(0)).rglob("c/0")) if path.is_file())
+    chunk.unlink()
+    os.mkfifo(chunk)
+    outcome: list[BaseException | None] = []
+
+    def fetch() -> None:
+        try:
+            with open_store(store, read_path="mmap") as opened:
+                opened.fetch([all_ids_of(opened)[0]])
+            outcome.append(None)
+        except BaseException as error:  # noqa: BLE001 (handed to the test's thread)
+            outcome.append(error)
+
+    worker = threading.Thread(target=fetch, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert outcome, "the read did not return within 60 s: it is blocked opening a pipe"
+    assert isinstance(outcome[0], StoreFormatError), outcome
+    assert str(outcome[0]) == f"{chunk} is not a regular file (a pipe, socket or device stands for it)"
+
+
+def all_ids_of(opened) -> list[str]:
+    return [opened.shard(0).id_at(row) for row in range(len(opened.shard(0)))]
