@@ -14,7 +14,7 @@ from dilstore.reader.data.trec import rank_documents
 from dilstore.reader.retrieval import Bm25Searcher, TooManyTermsError
 from dilstore.reader.serving.odqa import OpenDomainReader, aggregate
 from dilstore.reader.serving.rerank import StoreReranker
-from dilstore.reader.text.tokenization import spaced_length
+from dilstore.reader.text.tokenization import spaced
 from dilstore.runners.serve_requests import ASK, RERANK, AskRequest, ClientError, RerankRequest
 from dilstore.storage.errors import DilstoreError, listed, scrubbed
 from dilstore.storage.reader import MissingPassagesError, Store
@@ -112,14 +112,15 @@ class RerankService:
         tokens (as `dilstore rerank` counts in truncated_queries). A query of
         more than _QUERY_CHARS_PER_TOKEN characters a token it reads is refused
         (422): tokenizing 750 KB of text held the store's worker for seconds.
-        Whitespace runs count as one character (spaced_length).
+        Runs of whitespace count as one character, and are read as one (spaced).
         """
         longest = self.reranker.max_query_length * _QUERY_CHARS_PER_TOKEN
-        if (length := spaced_length(request.query)) > longest:
+        text = spaced(request.query) if len(request.query) > longest else request.query
+        if (length := len(text)) > longest:
             raise ClientError(422, f"the query is {length} characters long; /rerank takes at most "
                                    f"{longest} (the ranker reads its first {self.reranker.max_query_length} tokens)")
         try:
-            query = self.reranker.tokenize_query(request.query)
+            query = self.reranker.tokenize_query(text)
         except DilstoreError as error:  # empty, or no word pieces at all (a zero-width space, a NUL)
             raise ClientError(422, str(error)) from None
         if request.doc_ids is not None:
@@ -134,7 +135,7 @@ class RerankService:
             if self.searcher is None:
                 raise ClientError(400, "this store has no BM25 index (`dilstore index STORE`); give doc_ids")
             try:
-                hits = self.searcher.search(request.query, int(request.bm25_top_k or 0))
+                hits = self.searcher.search(text, int(request.bm25_top_k or 0))
             except TooManyTermsError as error:
                 raise ClientError(422, str(error)) from None
             bm25 = {hit.passage_id: hit.score for hit in hits}

@@ -63,7 +63,7 @@ from dilstore.reader.serving.answers import (
 )
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
 from dilstore.reader.serving.stored_states import pad_stored_states
-from dilstore.reader.text.tokenization import TokenizedText, encode_question, spaced_length
+from dilstore.reader.text.tokenization import TokenizedText, encode_question, spaced
 from dilstore.storage.errors import DilstoreError, as_list, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import Store, open_store
@@ -240,7 +240,9 @@ class OpenDomainReader:
             raise DilstoreError(f"a question must be a string, got {type(question).__name__}")
         if not question.strip():
             raise DilstoreError("the question is empty")
-        if (length := spaced_length(question)) > limit * _CHARS_PER_PIECE_LIMIT:
+        if len(question) > limit * _CHARS_PER_PIECE_LIMIT:
+            question = spaced(question)  # read without its padding (serve46 F3, review46 L3)
+        if (length := len(question)) > limit * _CHARS_PER_PIECE_LIMIT:
             raise DilstoreError(
                 f"the question is {length} characters long; questions may have at most {limit} tokens"
             )
