@@ -56,6 +56,7 @@ from dilstore.reader.data.qa_features import (
     QAFeature,
     window_features,
 )
+from dilstore.reader.data.ranking_data import require_written_together
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
 from dilstore.reader.data.shared_norm import shared_norm_groups
 from dilstore.reader.data.squad import load_squad
@@ -257,6 +258,7 @@ def load_training_data(tokenizer: PreTrainedTokenizerBase, train_file: Path, con
     if config.shared_norm is None:
         return TrainingData(window_features(tokenizer, examples, config), len(examples), pad)
     triples = Path(config.shared_norm)
+    require_written_together(triples, triples.parent / PARAGRAPHS_FILE)  # review46 L1
     groups = shared_norm_groups(
         tokenizer, examples, triples, triples.parent / PARAGRAPHS_FILE, config.shared_norm_negatives, config
     )

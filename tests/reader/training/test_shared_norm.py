@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from dilstore.reader.data.qa_batches import QABatch, collate_features
 from dilstore.reader.data.qa_features import question_features
+from dilstore.reader.data.ranking_data import SUMMARY_FILE
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE, Triple, write_paragraphs, write_triples
 from dilstore.reader.data.shared_norm import shared_norm_groups
 from dilstore.reader.data.squad import load_squad
@@ -151,6 +152,18 @@ def test_a_question_without_a_triple_is_named(squad_file: Path, tmp_path: Path) 
         load_training_data(minilm_tokenizer(), squad_file, config)
     with pytest.raises(DilstoreError, match="shared-norm-negatives must be at least 1"):
         TrainingConfig(layers=1, shared_norm=str(triples), shared_norm_negatives=0)
+
+
+def test_triples_of_another_ranking_data_run_than_their_paragraphs_are_refused(
+    squad_file: Path, tmp_path: Path
+) -> None:
+    """The rankers refused a pair that the ranking_data.json beside it does not describe; --shared-norm read it
+    (review46 L1)."""
+    triples = write_handful_triples(tmp_path)
+    (tmp_path / SUMMARY_FILE).write_text(json.dumps({"triples_sha256": "0" * 64}), encoding="utf-8")
+    config = TrainingConfig(layers=1, shared_norm=str(triples), shared_norm_negatives=NEGATIVES, **SMALL_WINDOWS)
+    with pytest.raises(DilstoreError, match=f"^{triples} is not the file {tmp_path / SUMMARY_FILE} describes"):
+        load_training_data(minilm_tokenizer(), squad_file, config)
 
 
 def test_training_with_shared_norm_ranks_the_answer_paragraph_first(
