@@ -107,6 +107,10 @@ def check_output_file(
 
 
 def check_output_folder(output: Path, flag: str) -> None:
-    """A DilstoreError naming `flag` when the folder `output` is an existing file (mkdir said only "File exists")."""
+    """A DilstoreError naming `flag` when the folder `output` is an existing file (mkdir said only "File exists"),
+    or lies under one (review46 L4: "Not a directory: OUTPUT/collection.sha256")."""
     if output.exists() and not output.is_dir():
         raise DilstoreError(f"{flag} {output}: is a file, not a folder")
+    above = next((parent for parent in output.parents if parent.exists()), None)
+    if above is not None and not above.is_dir():
+        raise DilstoreError(f"{flag} {output}: {above} is a file, not a folder")
