@@ -236,7 +236,8 @@ def test_a_work_folder_that_is_a_file_is_named_by_its_flag(squad_file: Path, tmp
     assert capsys.readouterr().err == f"dilstore train: error: --work {squad_file}: is a file, not a folder\n"
     assert sorted(path.name for path in tmp_path.iterdir()) == []
     under = squad_file / "work"  # review46 L4: a folder under a file
-    assert main(["train", "ranking-data", "--squad", str(squad_file), "--output", str(output), "--work", str(under)]) == 2
+    assert main(["train", "ranking-data", "--squad", str(squad_file), "--output", str(output),
+                 "--work", str(under)]) == 2  # fmt: skip
     assert capsys.readouterr().err == f"dilstore train: error: --work {under}: {squad_file} is a file, not a folder\n"
     assert sorted(path.name for path in tmp_path.iterdir()) == []
 
