@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request, Response
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive
@@ -49,7 +49,13 @@ from starlette.types import Receive
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import CLIENT_GONE, CONTENT_TYPE, Metrics
 from dilstore.runners.serve_requests import ASK, RERANK, AskRequest, ClientError, RerankRequest
-from dilstore.runners.serve_responses import AskAnswer, RerankAnswer, query_responses
+from dilstore.runners.serve_responses import (
+    HEALTH_RESPONSES,
+    METRICS_RESPONSES,
+    AskAnswer,
+    RerankAnswer,
+    query_responses,
+)
 from dilstore.runners.serve_services import ServedStore
 from dilstore.storage.errors import DilstoreError, listed, scrubbed
 from dilstore.storage.format import StoreChangedError, StoreFormatError, StoreReadError
@@ -373,7 +379,8 @@ def add_routes(app: FastAPI, router: StoreRouter) -> None:
     async def rerank(request: RerankRequest, connection: Request) -> Response:
         return await router.answer(request, RERANK, connection.receive)
 
-    @app.get("/health", summary="200 once every store is loaded; 503 naming the stores that became unavailable")
+    @app.get("/health", summary="200 once every store is loaded; 503 naming the stores that became unavailable",
+             responses=HEALTH_RESPONSES)
     async def health() -> JSONResponse:
         # The checks run off the event loop, and /health waits for them at most HEALTH_CHECK_SECONDS: a store at a
         # URL reads its manifest again, and a silent storage server held every request, then every /health.
@@ -387,6 +394,7 @@ def add_routes(app: FastAPI, router: StoreRouter) -> None:
     async def list_stores() -> dict[str, Any]:
         return router.descriptions()
 
-    @app.get("/metrics", summary="Prometheus text exposition")
+    @app.get("/metrics", summary="Prometheus text exposition", response_class=PlainTextResponse,
+             responses=METRICS_RESPONSES)
     async def metrics_text() -> Response:
         return Response(router.metrics.render(), media_type=CONTENT_TYPE)

@@ -89,6 +89,24 @@ class RerankAnswer(_Described):
     encoding: str
 
 
+class Health(_Described):
+    """GET /health: 200 once every store is loaded, 503 once a store became unavailable."""
+
+    status: str = Field(description="ok, or unavailable")
+    stores: list[str]
+    problems: dict[str, str] | None = Field(None, description="with 503: why each unavailable store is")
+
+
+HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": Health, "description": "every store serves"},
+    503: {"model": Health, "description": "a store became unavailable (its files changed under the server)"},
+}
+# GET /metrics sends Prometheus's text format, not JSON.
+METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text exposition"},
+}
+
+
 # The statuses a query endpoint answers besides 200, each with `{"detail": ...}` (README: serve, Errors).
 _ERRORS = {
     400: "a store of the wrong kind, bm25_top_k without an index, or a request that is not HTTP",

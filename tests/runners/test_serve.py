@@ -46,7 +46,7 @@ from dilstore.runners.cmd_serve import log_colors, parse_store_argument
 from dilstore.runners.serve_app import create_app
 from dilstore.storage.errors import DilstoreError
 from dilstore.runners.serve_requests import RerankRequest
-from dilstore.runners.serve_responses import AskAnswer, ErrorBody, RerankAnswer
+from dilstore.runners.serve_responses import AskAnswer, ErrorBody, Health, RerankAnswer
 from dilstore.runners.serve_services import AskService, RerankService, ServedStore
 from dilstore.runners.serve_batching import ServeSettings
 from dilstore.storage.reader import open_store
@@ -305,6 +305,7 @@ def test_a_store_whose_files_went_away_is_unavailable_and_health_says_so(
         health = client.get("/health")
         assert health.status_code == 503
         assert health.json()["status"] == "unavailable" and list(health.json()["problems"]) == ["qa"]
+        Health.model_validate(health.json())  # as /openapi.json describes it
         assert client.head("/health").status_code == 503
         listed = {store["name"]: store for store in client.get("/stores").json()["stores"]}
         assert "problem" in listed["qa"] and "problem" not in listed["s1"]
@@ -616,6 +617,12 @@ def test_the_openapi_schema_describes_every_body_the_query_endpoints_send(served
     RerankAnswer.model_validate(client.post("/rerank", json={"query": "trams", "doc_ids": ["tram", "kili"]}).json())
     found = RerankAnswer.model_validate(client.post("/rerank", json={"query": "Zürich tram", "bm25_top_k": 3}).json())
     assert found.results and all(result.bm25_score is not None for result in found.results)
+    # /metrics sends text, not JSON, and /health may answer 503 (review46 L2).
+    assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+    health = paths["/health"]["get"]["responses"]
+    assert {status: body["content"]["application/json"]["schema"] for status, body in health.items()} == {
+        status: {"$ref": "#/components/schemas/Health"} for status in ("200", "503")}
+    assert Health.model_validate(client.get("/health").json()).status == "ok"
 
 
 def parse_prometheus(text: str) -> dict[str, dict[str, Any]]:
