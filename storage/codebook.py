@@ -49,7 +49,7 @@ from dilstore.storage.format import (
 )
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.writer import build_attributes
-from dilstore.storage.zarr_reads import describe
+from dilstore.storage.zarr_reads import METADATA_ERRORS, describe
 
 __all__ = ["CODEBOOK_DIR", "codebook_build", "codebook_digest", "load_store_codebook", "read_codebook",
            "store_codebook_problems", "write_codebook"]
@@ -120,7 +120,7 @@ def load_store_codebook(location: StoreLocation, encoding: str) -> dict[str, np.
     try:
         group = location.open_group(CODEBOOK_DIR)
         return _codebook_of(group, where, encoding)[0]
-    except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
+    except METADATA_ERRORS as error:
         raise StoreFormatError(
             f"cannot read the store's codebook {where}: {type(error).__name__}: {error}; run `dilstore verify`"
         ) from None
@@ -157,7 +157,7 @@ def store_codebook_problems(
         group = location.open_group(CODEBOOK_DIR)
         arrays, _ = _codebook_of(group, CODEBOOK_DIR, encoding)
         build = _build_of(group)
-    except (StoreFormatError, FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
+    except (StoreFormatError, *METADATA_ERRORS) as error:
         return problems + [f"{CODEBOOK_DIR}: {error}"]
     if build.get("generation") != generation:
         problems.append(f"{CODEBOOK_DIR} belongs to build {build.get('generation')!r}, the store to {generation!r}")
@@ -178,7 +178,7 @@ def store_codebook_problems(
 def _open(path: str | Path) -> zarr.Group:
     try:
         return zarr.open_group(str(path), mode="r")
-    except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
+    except METADATA_ERRORS as error:
         inside = Path(path) / CODEBOOK_DIR
         hint = f"; a store's codebook is its {CODEBOOK_DIR}/ folder: {inside}?" if inside.is_dir() else ""
         raise StoreFormatError(f"cannot open codebook {path}: {type(error).__name__}: {error}{hint}") from None

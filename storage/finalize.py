@@ -45,6 +45,7 @@ from dilstore.storage.id_index import build_index, write_index
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import FileEntry, Manifest, ShardEntry, write_manifest
 from dilstore.storage.shard import ShardAttributes
+from dilstore.storage.zarr_reads import METADATA_ERRORS
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ def read_shard_contents(location: StoreLocation, index: int, relative: str | Non
         id_bytes = np.asarray(group[ID_BYTES][...])
         id_offsets = np.asarray(group[ID_OFFSETS][...])
         token_offsets = np.asarray(group[TOKEN_OFFSETS][...])
-    except (FileNotFoundError, KeyError, ValueError, zarr.errors.NodeTypeValidationError) as error:
+    except METADATA_ERRORS as error:
         raise StoreFormatError(f"cannot read shard {where}: {type(error).__name__}: {error}") from None
     if attributes.shard != index:
         raise StoreFormatError(f"{where} says it is shard {attributes.shard}; was it renamed by hand?")

@@ -46,6 +46,7 @@ from dilstore.storage.manifest import Manifest, parse_manifest, read_manifest
 from dilstore.storage.mapped import WatchedFile, check_unchanged, map_array, read_array_file, shards_kept_open
 from dilstore.storage.records import StoredPassage
 from dilstore.storage.shard import ShardReader, read_ranges
+from dilstore.storage.zarr_reads import METADATA_ERRORS
 
 ReadPath = Literal["auto", "mmap", "ranged", "zarr"]
 _OPEN_THREADS = 8  # remote shards opened at once by one fetch
@@ -471,7 +472,7 @@ def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) 
     where = location.path(manifest.index)
     try:
         group = location.open_group(manifest.index)
-    except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
+    except METADATA_ERRORS as error:
         raise StoreFormatError(f"cannot open the id index {where}: {type(error).__name__}: {error}") from None
     attributes = group.attrs.asdict().get(ATTRIBUTES_KEY, {})
     if not header_matches(attributes, manifest.passages):
@@ -480,7 +481,7 @@ def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) 
     for name in (INDEX_HASHES, INDEX_SHARDS, INDEX_ROWS):
         try:
             array = group[name]
-        except (ValueError, TypeError, KeyError, zarr.errors.NodeTypeValidationError) as error:
+        except (ValueError, TypeError, KeyError, zarr.errors.NodeTypeValidationError, RecursionError) as error:
             raise StoreFormatError(
                 f"cannot open {where}/{name}: {type(error).__name__}: {error}; run `dilstore verify`"
             ) from None

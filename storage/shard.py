@@ -47,6 +47,7 @@ from dilstore.storage.location import StoreLocation
 from dilstore.storage.mapped import MappedArray, contiguous_layout, map_array, mappable_reason, watch
 from dilstore.storage.ranged import RangedColumn, read_row_ranges
 from dilstore.storage.records import EncodedPassage, StoredPassage
+from dilstore.storage.zarr_reads import METADATA_ERRORS
 
 T = TypeVar("T")
 
@@ -244,7 +245,7 @@ def _open_arrays(group: zarr.Group, names: Sequence[str], where: str) -> dict[st
             node = await group._async_group.getitem(name)  # zarr.Group has no public async handle (zarr < 3.2 pinned)
         except KeyError:
             return None
-        except (ValueError, TypeError, zarr.errors.NodeTypeValidationError) as error:
+        except (ValueError, TypeError, zarr.errors.NodeTypeValidationError, RecursionError) as error:
             raise StoreFormatError(
                 f"cannot open {where}/{name}: {type(error).__name__}: {error}; run `dilstore verify`"
             ) from None
@@ -283,7 +284,7 @@ class ShardReader:
         metadata = None if watched is None else watch(watched)
         try:
             group = location.open_group(relative)
-        except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError) as error:
+        except METADATA_ERRORS as error:
             raise StoreFormatError(f"cannot open shard {where}: {type(error).__name__}: {error}") from None
         self.where = where
         self.attributes = ShardAttributes.of(group, where)

@@ -55,7 +55,7 @@ from dilstore.storage.info import store_files
 from dilstore.storage.location import StoreLocation, is_special_file
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest
 from dilstore.storage.shard import ShardAttributes
-from dilstore.storage.zarr_reads import describe
+from dilstore.storage.zarr_reads import METADATA_ERRORS, describe
 
 _CHECK_ROWS = 1 << 18  # rows of a per-token array checked at a time
 
@@ -200,7 +200,7 @@ def _store_codebook_names(location: StoreLocation) -> set[str] | None:
             return set(location.open_group(CODEBOOK_DIR).array_keys())
     except StoreReadError:
         return None
-    except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError, KeyError, DilstoreError):
+    except (*METADATA_ERRORS, DilstoreError):
         return set()
 
 

@@ -68,6 +68,7 @@ from dilstore.storage.format import (
 )
 from dilstore.storage.records import EncodedPassage, PassageRecord
 from dilstore.storage.shard import ShardAttributes
+from dilstore.storage.zarr_reads import METADATA_ERRORS
 
 _INT32 = np.iinfo(np.int32)
 _CHECK_ROWS = 8192  # token rows checked for NaN and infinity at a time
@@ -116,7 +117,7 @@ def shard_generation(store_root: str | Path, shard_index: int) -> str | None:
     path = Path(store_root) / SHARDS_DIR / shard_name(shard_index)
     try:
         return ShardAttributes.of(zarr.open_group(str(path), mode="r"), str(path)).generation
-    except (FileNotFoundError, StoreFormatError, zarr.errors.NodeTypeValidationError, ValueError, KeyError):
+    except (StoreFormatError, *METADATA_ERRORS):
         return None
 
 

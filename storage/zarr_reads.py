@@ -21,6 +21,7 @@ import errno
 import ssl
 from collections.abc import Iterable
 
+import zarr
 from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
@@ -41,6 +42,10 @@ _REFUSED = (401, 403)  # no credentials, or not allowed: no retry mends it
 READ_ATTEMPTS = 3
 RETRY_SECONDS = 0.5
 MAX_RETRY_SECONDS = 2.0
+
+# What opening a zarr group or array of a store raises for metadata that is not what the store needs: missing, of
+# another node type, malformed, or JSON nested too deep for Python's parser (hostile46 F4: a traceback).
+METADATA_ERRORS = (FileNotFoundError, zarr.errors.NodeTypeValidationError, RecursionError, ValueError, KeyError)
 
 
 class RequiredChunksStore(WrapperStore):

@@ -182,7 +182,7 @@ def read_metadata(directory: Path) -> CheckpointMetadata | None:
         return None
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:  # deep nesting: hostile46 F4
         raise DilstoreError(f"{path}: cannot read dilstore metadata: {error}") from error
     return CheckpointMetadata.from_dict(document, path)
 

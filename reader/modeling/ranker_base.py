@@ -263,7 +263,7 @@ def trained_query_length(path: Path) -> int:
         return DEFAULT_MAX_QUERY_LENGTH
     try:
         length = json.loads(record.read_text(encoding="utf-8")).get("config", {}).get("max_query_length")
-    except (ValueError, AttributeError) as error:
+    except (ValueError, AttributeError, RecursionError) as error:  # deep nesting: hostile46 F4
         raise DilstoreError(f"{record}: not a training record ({error})") from error
     if length is None:
         return DEFAULT_MAX_QUERY_LENGTH

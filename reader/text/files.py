@@ -113,6 +113,8 @@ def read_json(path: str | Path) -> Any:
     except json.JSONDecodeError as error:
         where = f"line {error.lineno}, column {error.colno}"
         raise DilstoreError(f"{path}: not valid JSON ({where}: {error.msg})") from None
+    except RecursionError:  # Python's parser recurses once per level (hostile46 F4)
+        raise DilstoreError(f"{path}: its JSON is nested too deep to read") from None
 
 
 def json_line(line: str, where: str) -> Any:

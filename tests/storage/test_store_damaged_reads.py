@@ -195,3 +195,17 @@ def test_a_pipe_standing_for_a_chunk_file_is_refused_not_waited_on(store: Path) 
 
 def all_ids_of(opened) -> list[str]:
     return [opened.shard(0).id_at(row) for row in range(len(opened.shard(0)))]
+
+
+DEEP_JSON = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+
+@pytest.mark.parametrize("relative", [f"{shard_path(0)}/zarr.json", f"{INDEX_DIR}/zarr.json",
+                                      f"{INDEX_DIR}/{INDEX_ROWS}/zarr.json"])  # fmt: skip
+def test_metadata_nested_too_deep_is_a_store_error(store: Path, relative: str) -> None:
+    """JSON nested 100,000 deep in a zarr.json raised RecursionError through every command (hostile46 F4)."""
+    first = all_ids(store)[0]
+    (store / relative).write_text(DEEP_JSON, encoding="utf-8")
+    with pytest.raises(StoreFormatError, match="RecursionError"):
+        with open_store(store, read_path="zarr") as opened:
+            opened.fetch([first])

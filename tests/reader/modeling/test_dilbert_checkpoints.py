@@ -239,3 +239,15 @@ def test_a_pickle_checkpoint_is_never_loaded(saved_bert: Path, base_bert: Path, 
         DilBertReader.from_pretrained(pickled(saved_bert, tmp_path / "reader"))
     with pytest.raises(DilstoreError, match=r"^cannot load an encoder from .*base: .*model\.safetensors"):
         load_base_encoder(pickled(base_bert, tmp_path / "base"))
+
+
+def test_metadata_nested_too_deep_is_named(saved_bert: Path, tmp_path: Path) -> None:
+    """A dilstore.json nested 100,000 deep raised RecursionError through precompute (hostile46 F4)."""
+    from dilstore.reader.text.files import read_json
+
+    copy = Path(shutil.copytree(saved_bert, tmp_path / "deep"))
+    (copy / "dilstore.json").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", encoding="utf-8")
+    with pytest.raises(DilstoreError, match="cannot read dilstore metadata: maximum recursion depth"):
+        DilBertReader.from_pretrained(copy)
+    with pytest.raises(DilstoreError, match=r"dilstore\.json: its JSON is nested too deep to read$"):
+        read_json(copy / "dilstore.json")
