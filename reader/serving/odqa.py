@@ -344,7 +344,14 @@ class OpenDomainReader:
         return results
 
     def _decode(self, passage: StoredPassage, hit: Hit, start: np.ndarray, end: np.ndarray) -> list[Span]:
-        """The passage's n-best spans as Spans with their text sliced from the stored passage."""
+        """The passage's n-best spans as Spans with their text sliced from the stored passage.
+
+        A passage none of whose logits is finite was read from states that are not (a damaged store): a
+        DilstoreError naming it, where its spans were dropped and the question got an empty answer (hostile46 F7).
+        """
+        if start.size and not (np.isfinite(start).any() and np.isfinite(end).any()):
+            raise DilstoreError(f"passage {passage.id!r}: no finite score could be read from its stored states, "
+                                "which hold NaN or infinite values; `dilstore verify` checks the store")  # fmt: skip
         candidates = best_spans(
             start,
             end,

@@ -52,6 +52,7 @@ rankers do; truncated queries are counted, not refused.
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -393,6 +394,11 @@ class StoreReranker(ABC, Generic[RankerT]):
             stats.seconds += time.perf_counter() - started
         stats.queries += int(bool(documents))  # a query none of whose documents is stored was not reranked
         stats.pairs += len(documents)
+        broken = next((document.id for document, score in zip(documents, scores, strict=True)
+                       if not math.isfinite(score)), None)  # fmt: skip
+        if broken is not None:  # hostile46 F7: NaN came back as a score
+            raise DilstoreError(f"document {broken!r}: its score is not finite, as its stored states hold NaN or "
+                                "infinite values; `dilstore verify` checks the store")  # fmt: skip
         return {document.id: score for document, score in zip(documents, scores, strict=True)}
 
     def _fetch(self, doc_ids: list[str], skip_missing: bool, stats: RerankStats) -> list[StoredPassage]:

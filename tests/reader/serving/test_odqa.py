@@ -6,11 +6,14 @@ runs the real Lucene index.
 
 from __future__ import annotations
 
+import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +24,7 @@ from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader, load_st
 from dilstore.reader.text.tokenization import encode_passage, encode_question
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import FingerprintMismatchError
+from dilstore.storage.format import SHARDS_DIR
 from dilstore.storage.reader import MissingPassagesError, open_store
 from dilstore.storage.records import StoredPassage
 from tests.fixtures.odqa_fixtures import MAX_LENGTH, PASSAGES, write_reader_checkpoint, write_store
@@ -231,6 +235,19 @@ def test_bad_questions_get_clear_errors_and_the_reader_survives(tiny: dict, ques
     with pytest.raises(DilstoreError, match="empty|longer than|characters long"):
         odqa.answer(question)
     assert odqa.answer(QUESTION).text
+
+
+def test_states_that_are_not_finite_are_named_not_answered_with_nothing(tiny: dict, tmp_path: Path) -> None:
+    """NaN states gave every passage NaN logits, whose spans were dropped: an empty answer, EM 0, exit 0
+    (hostile46 F7)."""
+    damaged = Path(shutil.copytree(tiny["stores"]["fp32"], tmp_path / "nan"))
+    for values in damaged.glob(f"{SHARDS_DIR}/*/states/values"):
+        array = zarr.open_array(values, mode="r+")
+        array[...] = np.full(array.shape, np.nan, dtype=array.dtype)
+    hits = [Hit(passage_id, 1.0) for passage_id in tiny["ids"]]
+    odqa = OpenDomainReader(tiny["model"], open_store(damaged), StubSearcher(hits), OdqaSettings())
+    with pytest.raises(DilstoreError, match=r"^passage '.*': no finite score could be read from its stored states"):
+        odqa.answer(QUESTION)
 
 
 def test_whitespace_padding_does_not_make_a_question_long(tiny: dict) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import zarr
 from transformers import BertConfig, BertModel
 
 from dilstore.reader.data.trec import rank_documents, read_run, write_run
@@ -190,6 +191,18 @@ def test_rerank_scores_repeated_ids_once_and_counts(store: Callable[..., Path], 
     assert (stats.queries, stats.pairs, stats.skipped) == (1, 2, 0)
     assert stats.seconds >= stats.query_layers + stats.store_read + stats.judge > 0
     assert reranker.rerank(QUERIES["q1"], []) == {}
+
+
+def test_states_that_are_not_finite_are_named_not_scored_nan(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path
+) -> None:
+    """open_reranker(...).rerank returned NaN scores for documents with NaN states (hostile46 F7)."""
+    damaged = Path(shutil.copytree(store("earl-s1"), tmp_path / "nan"))
+    for values in damaged.glob("shards/*/states/values"):
+        array = zarr.open_array(values, mode="r+")
+        array[...] = np.full(array.shape, np.nan, dtype=array.dtype)
+    with pytest.raises(DilstoreError, match=r"^document '.*': its score is not finite"):
+        open_reranker(damaged, model_dir).rerank(QUERIES["q1"], ["kili", "tram"])
 
 
 def test_rerank_run_with_shared_documents(store: Callable[..., Path], model_dir: Path, ranker: EarlRanker) -> None:
