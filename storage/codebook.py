@@ -208,6 +208,10 @@ def _codebook_of(group: zarr.Group, where: str, encoding: str) -> tuple[dict[str
     for name in spec.codebook_layout(present):  # optional arrays (2bit/1bit `centroids`) where the group has them
         if name not in group:
             raise StoreFormatError(f"codebook {where} lacks array {name!r}")
+        declared, expected = tuple(group[name].shape), spec.array(name).shape(state_shape)
+        if declared != expected:  # checked before the read: a shape of [10**9, 384] was read first (hostile46 F8)
+            raise StoreFormatError(f"codebook array {where}/{name} has shape {declared}, but states of shape "
+                                   f"{state_shape} need it to be {expected}")  # fmt: skip
         arrays[name] = _read_array(group[name], f"{where}/{name}")
     check_codebook(spec, arrays, state_shape)
     return arrays, state_shape
@@ -222,7 +226,7 @@ def _read_array(array: zarr.Array, where: str) -> np.ndarray:
             raise StoreFormatError(f"codebook array {where} is missing {array.nchunks - array.nchunks_initialized} of "
                                    f"its {array.nchunks} chunk file(s)")  # fmt: skip
         return np.asarray(array[...], dtype=np.float32)
-    except (ValueError, KeyError, OSError) as error:
+    except (ValueError, KeyError, OSError, MemoryError) as error:
         raise StoreFormatError(f"cannot read codebook array {where}: {type(error).__name__}: {error}") from None
 
 

@@ -276,6 +276,18 @@ def test_codes_whose_codebook_array_is_gone_are_refused_not_decoded(lowbit_store
         open_store(root).fetch([records[0].id])
 
 
+def test_a_codebook_array_declaring_a_huge_shape_is_refused_before_it_is_read(lowbit_store) -> None:
+    """A codebook array declaring shape [10**9, d] was read at that size first: a 1.4 TiB MemoryError traceback
+    (hostile46 F8)."""
+    _, root, records = lowbit_store
+    metadata = root / CODEBOOK_DIR / "mean" / "zarr.json"
+    document = json.loads(metadata.read_text(encoding="utf-8"))
+    document["shape"] = [10**9, *document["shape"][1:]]
+    metadata.write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(StoreFormatError, match=r"codebook array .*mean has shape \(1000000000,.*need it to be"):
+        open_store(root).fetch([records[0].id])
+
+
 def test_a_codebook_for_another_shape_or_encoding_is_refused(tmp_path: Path) -> None:
     codebook = train_codebook("2bit", np.ones((5, DIMS), dtype=np.float32))
     with pytest.raises(StoreFormatError, match=r"has shape \(11,\), but states of shape \(10,\) need it to be \(10,\)"):
