@@ -36,7 +36,8 @@ import importlib.resources
 import importlib.util
 import json
 import os
-from collections.abc import Callable, Collection
+import re
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -245,3 +246,36 @@ def require_checkpoint_dir(directory: Path) -> Path:
     if not (path / "config.json").is_file():
         raise DilstoreError(f"{path} is not a Hugging Face checkpoint: it has no config.json")
     return path
+
+
+# A weight of transformer layer N: `encoder.layer.N.` (BERT, RoBERTa) or `transformer.layer.N.` (DistilBERT).
+_LAYER_WEIGHT = re.compile(r"(?:^|\.)(?:encoder|transformer)\.layer\.(\d+)\.")
+
+
+def require_config_fits_weights(directory: Path, config: Any, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """A DilstoreError when config.json asks for other layers or another vocabulary than the weights (`shapes`,
+    by tensor name) hold: checked before a model is built, which allocates what the config says (hostile46 F6:
+    10**6 layers took 4 GB and 87 s to a MemoryError, a vocabulary of 10**9 asked for 1.5 TB). Models whose
+    layers share weights (ALBERT) are checked by their vocabulary only."""
+    layers = {int(found.group(1)) for name in shapes if (found := _LAYER_WEIGHT.search(name))}
+    if layers and config.num_hidden_layers != max(layers) + 1:
+        raise DilstoreError(f"{directory}/config.json asks for {config.num_hidden_layers} layers, but its weights "
+                            f"hold {max(layers) + 1}")  # fmt: skip
+    embedding = next((shape for name, shape in shapes.items() if name.endswith("embeddings.word_embeddings.weight")),
+                     None)  # fmt: skip
+    width = getattr(config, "embedding_size", None) or config.hidden_size
+    if embedding is not None and tuple(embedding) != (config.vocab_size, width):
+        raise DilstoreError(f"{directory}/config.json asks for word embeddings of {config.vocab_size} x {width}, "
+                            f"but its weights hold {tuple(embedding)}")  # fmt: skip
+
+
+def weight_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor of `directory`'s model.safetensors, from the file's header alone (none without it:
+    the load that follows names the missing file)."""
+    from safetensors import safe_open
+
+    path = Path(directory) / "model.safetensors"
+    if not path.is_file():
+        return {}
+    with safe_open(str(path), framework="pt") as weights:
+        return {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}

@@ -46,6 +46,8 @@ from dilstore.reader.modeling.checkpoints import (
     CheckpointMetadata,
     metadata_of_kind,
     require_checkpoint_dir,
+    require_config_fits_weights,
+    weight_shapes,
     write_metadata,
 )
 from dilstore.storage.errors import DilstoreError, listed
@@ -125,6 +127,7 @@ class DilBertReader(nn.Module):
         try:
             config = AutoConfig.from_pretrained(directory, local_files_only=True)
             architecture_for(config.model_type)
+            require_config_fits_weights(directory, config, weight_shapes(directory))
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(HEAD_INIT_SEED)
                 model, loading = AutoModelForQuestionAnswering.from_pretrained(

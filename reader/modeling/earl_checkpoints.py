@@ -40,7 +40,9 @@ from dilstore.reader.modeling.checkpoints import (
     CheckpointMetadata,
     metadata_of_kind,
     require_checkpoint_dir,
+    require_config_fits_weights,
     trained_metadata,
+    weight_shapes,
     write_metadata,
 )
 from dilstore.reader.modeling.fingerprint import tensors_sha256
@@ -78,6 +80,7 @@ def load_base_encoder(path: str | Path) -> tuple[BertModel, PreTrainedTokenizerB
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
         require_supported(config.model_type)
+        require_config_fits_weights(directory, config, weight_shapes(directory))
         with torch.random.fork_rng(devices=[]):
             encoder, info = BertModel.from_pretrained(
                 directory,
@@ -156,6 +159,7 @@ def load_checkpoint_files(
             f"{directory}: config.json has {config.num_hidden_layers} layers but dilstore.json says "
             f"{metadata.num_layers}"
         )
+    require_config_fits_weights(directory, config, {name: tuple(tensor.shape) for name, tensor in state.items()})
     return config, tokenizer, state
 
 

@@ -251,3 +251,22 @@ def test_metadata_nested_too_deep_is_named(saved_bert: Path, tmp_path: Path) -> 
         DilBertReader.from_pretrained(copy)
     with pytest.raises(DilstoreError, match=r"dilstore\.json: its JSON is nested too deep to read$"):
         read_json(copy / "dilstore.json")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"num_hidden_layers": 10**6}, r"config\.json asks for 1000000 layers, but its weights hold \d+$"),
+    ({"vocab_size": 10**9}, r"config\.json asks for word embeddings of 1000000000 x \d+, but its weights hold"),
+])  # fmt: skip
+def test_a_config_asking_for_more_than_the_weights_hold_is_refused_before_the_build(
+    saved_bert: Path, base_bert: Path, tmp_path: Path, change: dict, message: str
+) -> None:
+    """config.json was trusted: 10**6 layers took 4 GB and 87 s to a MemoryError (hostile46 F6)."""
+    from dilstore.reader.modeling.earl_checkpoints import load_base_encoder
+
+    for name, source, load in (("reader", saved_bert, DilBertReader.from_pretrained),
+                               ("base", base_bert, load_base_encoder)):  # fmt: skip
+        copy = Path(shutil.copytree(source, tmp_path / name))
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(DilstoreError, match=message):
+            load(copy)

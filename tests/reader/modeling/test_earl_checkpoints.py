@@ -8,6 +8,7 @@ all-MiniLM-L6-v2.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -276,3 +277,12 @@ def test_a_copy_of_the_base_named_by_the_environment_stands_in_for_the_package(
         base_model_dir()
     monkeypatch.setenv("DILSTORE_BASE_MODEL", str(other))
     assert base_model_dir() == other
+
+
+def test_a_ranker_config_asking_for_a_vocabulary_its_weights_lack_is_refused(saved_earl: Path, tmp_path: Path) -> None:
+    """A vocabulary of 10**9 in config.json asked torch for 1.5 TB before any check (hostile46 F6)."""
+    copy = Path(shutil.copytree(saved_earl, tmp_path / "earl"))
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "vocab_size": 10**9}))
+    with pytest.raises(DilstoreError, match=r"asks for word embeddings of 1000000000 x \d+, but its weights hold"):
+        EarlRanker.from_pretrained(copy)
