@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -58,14 +59,21 @@ _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, js
 _QA_HEAD_PREFIX = "qa_outputs."
 
 
-def _weights_problem(loading: dict[str, list[str]], trained: bool) -> str | None:
+def _weights_problem(loading: dict[str, Any], trained: bool) -> str | None:
     """What transformers' loading report says is wrong, or None: a weight the model needs that the file lacks (a
-    base encoder may lack only the QA head), or, in a dilstore checkpoint (`trained`), a weight the model does
-    not have. transformers fills a missing weight at random and drops an unknown one with a warning that quiet
-    commands hide: a store built so held wrong states that verified as whole."""
+    base encoder may lack only the QA head), a weight whose shape is not the one config.json gives, or, in a
+    dilstore checkpoint (`trained`), a weight the model does not have. transformers fills a missing weight at
+    random and drops an unknown one with a warning that quiet commands hide: a store built so held wrong states
+    that verified as whole. A shape it reported only as "look at the above report", a report quiet commands hide
+    (hostile46 F10)."""
     missing = [name for name in loading.get("missing_keys", ()) if trained or not name.startswith(_QA_HEAD_PREFIX)]
     unknown = list(loading.get("unexpected_keys", ())) if trained else []
     parts = [f"{label} {listed(sorted(names))}" for label, names in (("missing", missing), ("unknown", unknown)) if names]
+    mismatched = sorted(loading.get("mismatched_keys", ()))
+    if mismatched:
+        name, stored, asked = mismatched[0]
+        parts.append(f"{len(mismatched)} of another shape than config.json gives, e.g. {name!r}: "
+                     f"{tuple(stored)} in the file, {tuple(asked)} by the config")  # fmt: skip
     return "; ".join(parts) or None
 
 
@@ -136,6 +144,7 @@ class DilBertReader(nn.Module):
                     attn_implementation="sdpa",
                     local_files_only=True,
                     use_safetensors=True,  # a pickle checkpoint (pytorch_model.bin) is never loaded (hostile46 F5)
+                    ignore_mismatched_sizes=True,  # reported by name below, not as "look at the above report"
                     output_loading_info=True,
                 )
             tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)

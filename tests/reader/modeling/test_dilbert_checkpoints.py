@@ -270,3 +270,13 @@ def test_a_config_asking_for_more_than_the_weights_hold_is_refused_before_the_bu
         (copy / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(DilstoreError, match=message):
             load(copy)
+
+
+def test_weights_of_another_shape_than_the_config_are_named(saved_bert: Path, tmp_path: Path) -> None:
+    """It said only "For details look at the above report!", a report quiet commands hide (hostile46 F10)."""
+    copy = Path(shutil.copytree(saved_bert, tmp_path / "reader"))
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 1}))
+    with pytest.raises(DilstoreError, match=r"its weights do not fit its config: \d+ of another shape than config\.json "
+                                            r"gives, e\.g\. '.*intermediate\.dense\.bias': \(\d+,\) in the file"):
+        DilBertReader.from_pretrained(copy)
