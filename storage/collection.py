@@ -42,7 +42,7 @@ def is_appended(store: Path) -> bool:
         return bool(opened.manifest.appends)
 
 
-def _part_of(store: Path, entry: ShardEntry) -> Path:
+def jsonl_part(store: Path, entry: ShardEntry) -> Path:
     """The JSONL part of a shard: in the store's folder, or in the folder of the append that wrote it."""
     folder = store if entry.generation is None else store / append_dir(entry.generation)
     return jsonl_path(folder, entry.index)
@@ -58,7 +58,7 @@ def write_live_collection(store: Path, target: Path) -> int:
         entries = opened.manifest.shards
     target.mkdir(parents=True, exist_ok=True)
     for entry in entries:
-        source = _part_of(store, entry)
+        source = jsonl_part(store, entry)
         with source.open(encoding="utf-8", newline="\n") as part:
             lines = part.readlines()  # "\n" ends a line, not U+2028 or U+0085 inside a title (str.splitlines)
         if len(lines) != entry.passages:

@@ -10,6 +10,7 @@ manifest does not know is.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import zarr
 
 from dilstore.storage.arrays import decode_string, offsets_are_valid
 from dilstore.storage.codebook import CODEBOOK_DIR, store_codebook_problems
+from dilstore.storage.collection import jsonl_part
 from dilstore.storage.encodings import Encoding, get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import fingerprint_sha256
@@ -162,6 +164,8 @@ def verify_store(
         progress.advance(1)
     if not unreadable(manifest.index):
         _guarded(report, "id index", lambda: _check_index(location, manifest, shard_rows, report))
+    if location.local_root is not None:
+        _guarded(report, "passages", lambda: _check_collection(location.local_root, manifest, shard_rows, report))
     shard_paths = [entry.directory for entry in manifest.shards
                    if not unreadable(entry.directory) and not reported(entry.directory)]  # fmt: skip
     if not unreadable(CODEBOOK_DIR):
@@ -173,6 +177,37 @@ def verify_store(
         # and files say nothing about either state (an index it removed read as "cannot be read: GroupNotFoundError").
         report.problems = [f"the store changed while it was verified ({change}): run verify again"]
     return report
+
+
+def _check_collection(
+    root: Path, manifest: Manifest, shard_rows: dict[int, tuple[list[str], np.ndarray]], report: VerifyReport
+) -> None:
+    """Each shard's JSONL part (the collection `dilstore index` reads, storage/collection.py) against the shard:
+    line r must name row r's passage. A part naming other passages verified, was indexed, and `ask` failed on it
+    at question time (hostile46 F9). Stores written without passage tables (the writer API) have no parts."""
+    for entry in manifest.shards:
+        part = jsonl_part(root, entry)
+        if entry.index not in shard_rows or not part.is_file():
+            continue
+        ids = shard_rows[entry.index][0]
+        with part.open(encoding="utf-8", newline="\n") as lines:
+            named = [_line_id(line) for line in lines]
+        where = part.relative_to(root).as_posix()
+        wrong = next((row for row, (found, stored) in enumerate(zip(named, ids)) if found != stored), None)
+        if wrong is not None:
+            report.problems.append(f"{where}: line {wrong + 1} names passage {named[wrong]!r:.80}, but row {wrong} "
+                                   f"of shard {entry.name} is {ids[wrong]!r:.80}")  # fmt: skip
+        elif len(named) != len(ids):
+            report.problems.append(f"{where} has {len(named)} lines for the {len(ids)} rows of shard {entry.name}")
+
+
+def _line_id(line: str) -> Any:
+    """The `id` a JSONL line names (None when the line is not a JSON object)."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return record.get("id") if isinstance(record, dict) else None
 
 
 def _change_meanwhile(location: StoreLocation, verified: Manifest) -> str | None:

@@ -371,3 +371,20 @@ def test_a_stop_says_whether_the_compacted_store_is_in_place(
         assert cli.main(["compact", str(store), "--no-progress"]) == 130
     assert f"interrupted after the compaction had finished: {store} is compacted" in capsys.readouterr().err
     assert read_manifest(StoreLocation.parse(store)).appends == ()
+
+
+def test_verify_checks_each_jsonl_part_against_its_shard(appended: Path, tmp_path: Path) -> None:
+    """A part naming another passage than its shard's row verified, was indexed, and `ask` failed on it at question
+    time (hostile46 F9); an appended store's parts are in its appends' folders."""
+    store = Path(shutil.copytree(appended, tmp_path / "store"))
+    assert verify_store(store).ok
+    part = sorted((store / APPENDS_DIR).glob("*/passages/jsonl/*.jsonl"))[0]
+    shard, relative = part.stem.replace("part", "shard"), part.relative_to(store).as_posix()
+    lines = part.read_text(encoding="utf-8").splitlines(keepends=True)
+    first = json.loads(lines[0])
+    part.write_text("".join([json.dumps({**first, "id": "ghost"}) + "\n", *lines[1:]]), encoding="utf-8")
+    problems = verify_store(store).problems
+    assert f"{relative}: line 1 names passage 'ghost', but row 0 of shard {shard} is {first['id']!r}" in problems
+    part.write_text("".join(lines[:-1]), encoding="utf-8")
+    problems = verify_store(store).problems
+    assert f"{relative} has {len(lines) - 1} lines for the {len(lines)} rows of shard {shard}" in problems, problems
