@@ -10,8 +10,9 @@ manifest, TREC runs, ranking data files and shard parts are all written here.
 
 A SIGKILL between the temporary's creation and the rename still leaves the
 temporary behind (no handler runs). Its name carries the writer's host and
-process id, so the next write of a file the user named removes the
-leftovers of writers that are gone: a re-run to the same `--output` or
+process id, and the writer holds a lock on it until the rename, so the
+next write of a file the user named removes the leftovers of writers that
+are gone: a re-run to the same `--output` or
 `--predictions` leaves no hidden file of the killed run beside it (a
 store's own leftovers go at finalize and commit).
 
