@@ -480,13 +480,13 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def precompute_store(args: argparse.Namespace) -> Outcome:
-    """Build, resume or append to the store the parsed arguments name, printing nothing.
+    """Build, resume or append to the store the parsed arguments name, printing nothing but its progress bar.
 
     Returns the run's summary; for a build that stored no passage, why
     (`nothing_stored`), else None; and a notice for a run that found its work
     done (the store complete with these settings, or holding this append),
     else None. The command prints all three; the Python API raises on the
-    second, and its caller's stdout, stderr and logging stay its own.
+    second and prints none, and its caller's stdout and logging stay its own.
     """
     with logging_restored():
         return _precompute_store(args)
