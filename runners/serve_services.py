@@ -112,7 +112,7 @@ class RerankService:
         tokens (as `dilstore rerank` counts in truncated_queries). A query of
         more than _QUERY_CHARS_PER_TOKEN characters a token it reads is refused
         (422): tokenizing 750 KB of text held the store's worker for seconds.
-        Runs of whitespace count as one character, and are read as one (spaced).
+        A query over it for its padding is read without the padding (spaced).
         """
         longest = self.reranker.max_query_length * _QUERY_CHARS_PER_TOKEN
         text = spaced(request.query) if len(request.query) > longest else request.query
