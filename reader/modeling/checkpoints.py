@@ -248,6 +248,9 @@ def require_checkpoint_dir(directory: Path) -> Path:
     return path
 
 
+# The first feed-forward weight of a BERT layer, (intermediate, hidden): `intermediate.dense.weight`, or an EARL
+# judger block's `intermediate.weight`.
+_FEED_FORWARD_IN = ("intermediate.dense.weight", "blocks.0.intermediate.weight")
 # A weight of transformer layer N: `encoder.layer.N.` (BERT, RoBERTa) or `transformer.layer.N.` (DistilBERT).
 _LAYER_WEIGHT = re.compile(r"(?:^|\.)(?:encoder|transformer)\.layer\.(\d+)\.")
 
@@ -267,6 +270,11 @@ def require_config_fits_weights(directory: Path, config: Any, shapes: Mapping[st
     if embedding is not None and tuple(embedding) != (config.vocab_size, width):
         raise DilstoreError(f"{directory}/config.json asks for word embeddings of {config.vocab_size} x {width}, "
                             f"but its weights hold {tuple(embedding)}")  # fmt: skip
+    feed_forward = next((shape for name, shape in shapes.items() if name.endswith(_FEED_FORWARD_IN)), None)
+    asked = (getattr(config, "intermediate_size", None), config.hidden_size)
+    if feed_forward is not None and tuple(feed_forward) != asked:  # an EARL ranker's judger blocks' too
+        raise DilstoreError(f"{directory}/config.json asks for feed-forward layers of {asked[0]} x {asked[1]}, but "
+                            f"its weights hold {tuple(feed_forward)}")  # fmt: skip
 
 
 def weight_shapes(directory: Path) -> dict[str, tuple[int, ...]]:

@@ -41,6 +41,7 @@ from dilstore.reader.modeling.checkpoints import (
     metadata_of_kind,
     require_checkpoint_dir,
     require_config_fits_weights,
+    resolve_base_model,
     trained_metadata,
     weight_shapes,
     write_metadata,
@@ -159,7 +160,10 @@ def load_checkpoint_files(
             f"{directory}: config.json has {config.num_hidden_layers} layers but dilstore.json says "
             f"{metadata.num_layers}"
         )
-    require_config_fits_weights(directory, config, {name: tuple(tensor.shape) for name, tensor in state.items()})
+    shapes = {name: tuple(tensor.shape) for name, tensor in state.items()}
+    if metadata.base_encoder is not None:  # the encoder weights are its base's (review46b 1: they were not checked)
+        shapes |= weight_shapes(resolve_base_model(metadata.base_encoder.model))
+    require_config_fits_weights(directory, config, shapes)
     return config, tokenizer, state
 
 

@@ -256,6 +256,7 @@ def test_metadata_nested_too_deep_is_named(saved_bert: Path, tmp_path: Path) -> 
 @pytest.mark.parametrize(("change", "message"), [
     ({"num_hidden_layers": 10**6}, r"config\.json asks for 1000000 layers, but its weights hold \d+$"),
     ({"vocab_size": 10**9}, r"config\.json asks for word embeddings of 1000000000 x \d+, but its weights hold"),
+    ({"intermediate_size": 10**6}, r"config\.json asks for feed-forward layers of 1000000 x \d+, but its weights"),
 ])  # fmt: skip
 def test_a_config_asking_for_more_than_the_weights_hold_is_refused_before_the_build(
     saved_bert: Path, base_bert: Path, tmp_path: Path, change: dict, message: str
@@ -276,7 +277,9 @@ def test_weights_of_another_shape_than_the_config_are_named(saved_bert: Path, tm
     """It said only "For details look at the above report!", a report quiet commands hide (hostile46 F10)."""
     copy = Path(shutil.copytree(saved_bert, tmp_path / "reader"))
     config = json.loads((copy / "config.json").read_text())
-    (copy / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 1}))
-    with pytest.raises(DilstoreError, match=r"its weights do not fit its config: \d+ of another shape than config\.json "
-                                            r"gives, e\.g\. '.*intermediate\.dense\.bias': \(\d+,\) in the file"):
+    positions = config["max_position_embeddings"]
+    (copy / "config.json").write_text(json.dumps({**config, "max_position_embeddings": positions + 1}))
+    message = (r"its weights do not fit its config: \d+ of another shape than config\.json gives, e\.g\. "
+               rf"'.*position_embeddings\.weight': \({positions}, \d+\) in the file, \({positions + 1}, \d+\) by")
+    with pytest.raises(DilstoreError, match=message):
         DilBertReader.from_pretrained(copy)

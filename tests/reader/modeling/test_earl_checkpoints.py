@@ -21,6 +21,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.earl_checkpoints import PACKAGED_BASE_WEIGHTS_SHA256, WEIGHTS_FILE, load_base_encoder
 from dilstore.storage.errors import DilstoreError
+from tests.fixtures.paths import ROOT
 from tests.fixtures.dilbert_tiny import tiny_model
 from tests.fixtures.earl_tiny import random_pairs, save_base_encoder, tiny_encoder, tiny_ranker, tokenizer
 
@@ -285,4 +286,20 @@ def test_a_ranker_config_asking_for_a_vocabulary_its_weights_lack_is_refused(sav
     config = json.loads((copy / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps({**config, "vocab_size": 10**9}))
     with pytest.raises(DilstoreError, match=r"asks for word embeddings of 1000000000 x \d+, but its weights hold"):
+        EarlRanker.from_pretrained(copy)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"vocab_size": 10**9}, r"asks for word embeddings of 1000000000 x 384, but its weights hold \(30522, 384\)"),
+    ({"intermediate_size": 10**6}, r"feed-forward layers of 1000000 x 384, but its weights hold \(1536, 384\)"),
+])  # fmt: skip
+def test_a_frozen_base_ranker_s_config_is_checked_against_its_base_and_blocks(
+    tmp_path: Path, change: dict, message: str
+) -> None:
+    """The shipped EARL ranker holds only its judger blocks; its encoder is its base's. A vocabulary of 10**9 in its
+    config.json still asked torch for 1.5 TB, as no weight of its own named the embeddings (review46b 1)."""
+    copy = Path(shutil.copytree(ROOT / "reader" / "models" / "earl-minilm-squad", tmp_path / "earl"))
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(DilstoreError, match=message):
         EarlRanker.from_pretrained(copy)
