@@ -24,7 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from dilstore.storage.format import StoreFormatError
 from dilstore.storage.mapped import ContiguousLayout
-from dilstore.storage.zarr_reads import read_failure, retry_delay, worth_retrying
+from dilstore.storage.zarr_reads import read_failure, refuse_special_file, retry_delay, worth_retrying
 
 # Byte ranges of one file closer than this are read as one block. A round trip to object storage costs
 # tens of milliseconds, in which 256 KiB transfer many times over; the cap bounds what a fetch reads
@@ -122,6 +122,8 @@ def _cat_ranges(fs: fsspec.AbstractFileSystem, paths: list[str], starts: list[in
     """`fs.cat_ranges` of the blocks, tried again (READ_ATTEMPTS in all) where a remote read failed in transit; a
     missing file is a StoreFormatError, a failure that stays a StoreReadError (or, local, a StoreFormatError)."""
     local = isinstance(fs, LocalFileSystem)
+    for path in dict.fromkeys(paths) if local else ():
+        refuse_special_file(path, path)
     attempt = 0
     while True:  # ends in a return or a raise: worth_retrying bounds the attempts
         try:

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import stat
 import ssl
 from collections.abc import Iterable
+from pathlib import Path
 
 import zarr
 from zarr.abc.store import ByteRequest, Store
@@ -64,6 +67,9 @@ class RequiredChunksStore(WrapperStore):
     ) -> Buffer | None:
         """zarr's Store.get, a failure in transit tried again (up to READ_ATTEMPTS reads); a missing array file
         (any but a zarr.json, whose absence zarr itself reads) is a StoreFormatError."""
+        root = getattr(self._store, "root", None)  # a LocalStore's folder
+        if self.local and root is not None:
+            refuse_special_file(Path(root) / key, self._path(key))
         for attempt in range(READ_ATTEMPTS):
             try:
                 value = await self._store.get(key, prototype, byte_range)
@@ -86,6 +92,18 @@ class RequiredChunksStore(WrapperStore):
 
     def _path(self, key: str) -> str:
         return f"{self.url.rstrip('/')}/{key}"
+
+
+def refuse_special_file(path: str | Path, shown: str) -> None:
+    """A StoreFormatError naming `shown` when the local `path` is a pipe, socket or device, not a file: opening one
+    for reading waits for a writer for good (hostile46 F3, review46b 2: a compressed store, the ranged and zarr
+    read paths). A path that is missing or cannot be read is left to the read, which says so."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise StoreFormatError(f"{shown} is not a regular file (a pipe, socket or device stands for it)")
 
 
 def worth_retrying(
