@@ -61,7 +61,8 @@ from dilstore.storage.format import (
     SHARDS_DIR,
     TMP_PREFIX,
     append_dir,
-    shard_path,
+    append_index_dir,
+    append_shard_path,
 )
 from dilstore.storage.id_index import (
     DuplicatePassageIdError,
@@ -138,7 +139,7 @@ def commit_append(
     contents = _new_shards(root / folder, base, fingerprint, generation)
     entries = tuple(
         ShardEntry(index=index, name=content.name, passages=content.attributes.passages,
-                   tokens=content.attributes.tokens, generation=generation, path=f"{folder}/{shard_path(index)}")
+                   tokens=content.attributes.tokens, generation=generation, path=append_shard_path(generation, index))
         for index, content in contents.items()
     )  # fmt: skip
     problems = store_codebook_problems(location, [entry.directory for entry in (*base.shards, *entries)],
@@ -146,7 +147,7 @@ def commit_append(
     if problems:
         raise DilstoreError(f"{root}: {'; '.join(problems)}")
     index, superseded, dropped_tokens = merged_index(location, base, contents, replace, retire)
-    index_dir = f"{folder}/{INDEX_DIR}"
+    index_dir = append_index_dir(generation)
     write_index(root, index, directory=index_dir, superseded=superseded)
     record = {"generation": generation, "first_shard": first_free_shard(base), **(creation_info or {})}
     manifest = _appended_manifest(base, entries, contents, index_dir, superseded, dropped_tokens,
@@ -312,9 +313,6 @@ def _appended_manifest(
     )
 
 
-# The name of an append's folder: its build id (pipelines/spec_file.py, `spec_generation`).
-
-
 def remove_leftovers(root: str | Path, manifest: Manifest, keep: Sequence[str] = ()) -> list[str]:
     """Delete what no committed manifest refers to any more; the paths removed, relative to the root.
 
@@ -329,7 +327,7 @@ def remove_leftovers(root: str | Path, manifest: Manifest, keep: Sequence[str] =
     root = Path(root)
     committed = {str(record.get("generation")) for record in manifest.appends}
     doomed = [] if manifest.index == INDEX_DIR else [INDEX_DIR]
-    doomed += [f"{append_dir(generation)}/{INDEX_DIR}" for generation in committed]
+    doomed += [append_index_dir(generation) for generation in committed]
     appends = root / APPENDS_DIR
     if appends.is_dir():
         uncommitted = [entry.name for entry in appends.iterdir() if entry.name not in committed]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from dilstore.storage.errors import DilstoreError
 
@@ -170,9 +171,24 @@ def shard_path(index: int) -> str:
 BUILD_ID = re.compile(r"[0-9a-f]{16}")
 
 
+def is_special_file(path: Path) -> bool:
+    """Whether a local `path` is a pipe, socket or device: neither a file nor a folder, so a read of it would block."""
+    return path.exists() and not path.is_file() and not path.is_dir()
+
+
 def append_dir(generation: str) -> str:
     """Folder, relative to the store root, that holds everything one append of build `generation` wrote."""
     return f"{APPENDS_DIR}/{generation}"
+
+
+def append_shard_path(generation: str, index: int) -> str:
+    """Where the append of build `generation` puts its shard `index`, relative to the store root."""
+    return f"{append_dir(generation)}/{shard_path(index)}"
+
+
+def append_index_dir(generation: str) -> str:
+    """The id index the append of build `generation` writes, relative to the store root."""
+    return f"{append_dir(generation)}/{INDEX_DIR}"
 
 
 def states_array(name: str) -> str:

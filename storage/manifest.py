@@ -26,10 +26,12 @@ from dilstore.storage.format import (
     SHARDS_DIR,
     SPEC_FILE,
     StoreFormatError,
-    append_dir,
+    append_index_dir,
+    append_shard_path,
+    is_special_file,
     shard_path,
 )
-from dilstore.storage.location import StoreLocation, is_special_file
+from dilstore.storage.location import StoreLocation
 from dilstore.storage.replacement import replaced_dir
 from dilstore.storage.write_lock import writer_of
 from dilstore.storage.zarr_reads import read_failure
@@ -75,15 +77,10 @@ class ShardEntry:
                 raise ValueError(f"shards[{position}].{name} is {value!r:.40}, not a string")
         if entry.generation is not None and not BUILD_ID.fullmatch(entry.generation):
             raise ValueError(f"shards[{position}].generation is {entry.generation!r:.40}, not a build id")
-        if entry.path is not None and entry.path != appended_shard_path(entry.generation or "", entry.index):
+        if entry.path is not None and entry.path != append_shard_path(entry.generation or "", entry.index):
             raise ValueError(f"shards[{position}].path is {entry.path!r:.60}, not where an append puts shard "
                              f"{entry.index}")  # fmt: skip
         return entry
-
-
-def appended_shard_path(generation: str, index: int) -> str:
-    """Where the append of build `generation` puts its shard `index`, relative to the store root."""
-    return f"{append_dir(generation)}/{shard_path(index)}"
 
 
 @dataclass(frozen=True)
@@ -221,7 +218,7 @@ def _appends(records: Any) -> tuple[dict[str, Any], ...]:
 
 def _index(index: Any, appends: tuple[dict[str, Any], ...]) -> str:
     """A manifest's id index folder: `index`, or the one a committed append wrote."""
-    allowed = [INDEX_DIR, *(f"{append_dir(record['generation'])}/{INDEX_DIR}" for record in appends)]
+    allowed = [INDEX_DIR, *(append_index_dir(record["generation"]) for record in appends)]
     if index not in allowed:
         raise ValueError(f"index is {index!r:.60}, not {INDEX_DIR!r} or a committed append's index")
     return str(index)

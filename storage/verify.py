@@ -48,13 +48,15 @@ from dilstore.storage.format import (
     VECTORS,
     StoreReadError,
     append_dir,
+    append_index_dir,
+    append_shard_path,
+    is_special_file,
     shard_name,
-    shard_path,
     states_array,
 )
 from dilstore.storage.id_index import Superseded, header_matches, id_hashes, row_keys
 from dilstore.storage.info import store_files
-from dilstore.storage.location import StoreLocation, is_special_file
+from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest
 from dilstore.storage.shard import ShardAttributes
 from dilstore.storage.zarr_reads import METADATA_ERRORS, describe
@@ -265,7 +267,7 @@ def _check_manifest(manifest: Manifest, report: VerifyReport) -> None:
         if shard.name != shard_name(shard.index):
             report.problems.append(f"manifest: shard {shard.index} is named {shard.name!r}")
         if shard.path is not None and (shard.generation not in appended
-                                       or shard.path != f"{append_dir(shard.generation)}/{shard_path(shard.index)}"):
+                                       or shard.path != append_shard_path(shard.generation, shard.index)):
             report.problems.append(f"manifest: shard {shard.index} lives at {shard.path!r}, not in an append's folder")
     fingerprint = manifest.fingerprint
     if (fingerprint.kind, fingerprint.encoding) != (manifest.kind, manifest.encoding):
@@ -321,8 +323,9 @@ def _check_files(
     # An id index that an append replaced (index/, or an earlier append's appends/G/index/; manifest.index names the
     # new one) is a leftover a kill between the commit and the cleanup leaves, which readers never open and the next
     # append or re-run removes: untracked.
-    appended = [append_dir(str(record.get("generation"))) for record in manifest.appends]
-    replaced_indexes = tuple(f"{folder}/" for folder in (INDEX_DIR, *(f"{a}/{INDEX_DIR}" for a in appended))
+    generations = [str(record.get("generation")) for record in manifest.appends]
+    appended = [append_dir(generation) for generation in generations]
+    replaced_indexes = tuple(f"{folder}/" for folder in (INDEX_DIR, *map(append_index_dir, generations))
                              if folder != manifest.index)  # fmt: skip
     data_folders = tuple(f"{folder}/" for folder in (SHARDS_DIR, INDEX_DIR, manifest.index, CODEBOOK_DIR, *appended))
     for path in present:
