@@ -80,11 +80,6 @@ def _redacted_part(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, "***", parts.fragment))
 
 
-def is_special_file(path: Path) -> bool:
-    """Whether a local `path` is a pipe, socket or device: neither a file nor a folder, so a read of it would block."""
-    return path.exists() and not path.is_file() and not path.is_dir()
-
-
 @dataclass(frozen=True)
 class StoreLocation:
     """A store root on some filesystem; paths below are relative to it, '/'-separated.

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
-import stat
 import ssl
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,7 +27,7 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
-from dilstore.storage.format import ZARR_METADATA_FILE, StoreFormatError, StoreReadError
+from dilstore.storage.format import ZARR_METADATA_FILE, StoreFormatError, StoreReadError, is_special_file
 
 # Local failures no retry mends: a directory or a loop of links in a file's place, a file without permission.
 # Others (too many open files, no memory for a map, an I/O error on a network file system) may pass.
@@ -99,10 +97,10 @@ def refuse_special_file(path: str | Path, shown: str) -> None:
     for reading waits for a writer for good (hostile46 F3, review46b 2: a compressed store, the ranged and zarr
     read paths). A path that is missing or cannot be read is left to the read, which says so."""
     try:
-        mode = os.stat(path).st_mode
+        special = is_special_file(Path(path))
     except OSError:
         return
-    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+    if special:
         raise StoreFormatError(f"{shown} is not a regular file (a pipe, socket or device stands for it)")
 
 
