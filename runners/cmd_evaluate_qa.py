@@ -15,7 +15,7 @@ from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.reading_options import add_subset_arguments, apply_threads, subset_seed
-from dilstore.runners.journal import Journal
+from dilstore.runners.journal import Journal, store_build
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.digests import sha256_file
@@ -140,8 +140,7 @@ def _settings(args: argparse.Namespace, odqa: OpenDomainReader, seed: int, part_
     # same questions (review45b M1).
     return {"command": "evaluate-qa", "questions": args.questions.name,
             "questions_sha256": sha256_file(args.questions), "limit": args.limit, "seed": seed,
-            "part_questions": part_questions, "generation": manifest.generation,
-            "appends": [record.get("generation") for record in manifest.appends],
+            "part_questions": part_questions, **store_build(manifest),
             "index": str(Path(args.index).resolve()) if args.index else None,
             "model": str(Path(args.model).resolve()) if args.model else None,
             "settings": dataclasses.asdict(odqa.settings),

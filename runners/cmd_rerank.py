@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
-from dilstore.runners.journal import Journal
+from dilstore.runners.journal import Journal, store_build
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.digests import sha256_file
@@ -195,8 +195,7 @@ def _settings(args: argparse.Namespace, reranker: StoreReranker[Any], depth: int
     manifest = reranker.store.manifest
     return {"command": "rerank", "topics_sha256": sha256_file(args.topics), "run_sha256": sha256_file(args.run_file),
             "depth": depth,
-            "skip_missing": args.skip_missing, "generation": manifest.generation,
-            "appends": [record.get("generation") for record in manifest.appends],
+            "skip_missing": args.skip_missing, **store_build(manifest),
             "model": str(Path(args.model).resolve()) if args.model else None,
             "settings": dataclasses.asdict(reranker.settings), "part_queries": PART_QUERIES}  # fmt: skip
 

@@ -20,12 +20,21 @@ import contextlib
 import json
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.write_lock import write_lock
 
+if TYPE_CHECKING:
+    from dilstore.storage.manifest import Manifest
+
 JOURNAL_FORMAT = "dilstore-partial/1"
+
+
+def store_build(manifest: Manifest) -> dict[str, Any]:
+    """What a journal records of the store a run reads: its build and its appends' (a part read from another
+    state of the store is not this run's)."""
+    return {"generation": manifest.generation, "appends": [record.get("generation") for record in manifest.appends]}
 
 
 def journal_path(output: Path) -> Path:
