@@ -4,7 +4,8 @@ Every store is opened once at start-up, before the server answers (its port is t
 (checked against the store's fingerprint, so a store made by another model
 stops the command with exit 2), its memory maps and, for a `dilbert` store, its
 BM25 index (the JVM starts in this process; uvicorn runs one process and never
-forks). The app, its services and its batching are in runners/serve_app.py,
+forks); once it changes on disk, it is opened again the same way (runners/serve_reopen.py).
+The app, its services and its batching are in runners/serve_app.py,
 serve_services.py and serve_batching.py.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -52,10 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="HTTP query server over mounted stores (/ask, /rerank, /health, /stores, /metrics, /docs)",
         description=(
-            "Open each STORE once (model checked against the store's fingerprint, memory maps, BM25 index) and "
+            "Open each STORE (model checked against the store's fingerprint, memory maps, BM25 index) and "
             "answer over HTTP: POST /ask on dilbert stores (the JSON of `dilstore ask --json`), POST /rerank on "
             "earl-s1/earl-s2 and listformer stores, GET /health, /stores, /metrics (Prometheus) and /docs. "
-            "Concurrent /ask requests share batches of the interaction layers. Ctrl-C, SIGTERM or SIGHUP answers "
+            "Concurrent /ask requests share batches of the interaction layers. A store that changes on disk (an "
+            "append, a compaction, a rebuilt BM25 index) is opened again and served as it is now, without a "
+            "restart. Ctrl-C, SIGTERM or SIGHUP answers "
             "the requests in flight, then exits 0; a second one quits at once (the requests in flight get 503). "
             f"A store worker hands the memory its batches freed back to the OS when idle, and every "
             f"{TRIM_EVERY_SECONDS:g} s when busy."
@@ -154,10 +158,10 @@ def serve_on(listeners: list[socket.socket], args: argparse.Namespace, settings:
         served_index(name, path, info["kind"], indexes.get(name))
         for (name, path), info in zip(named, infos, strict=True)
     ]
-    served = [
-        open_served_store(name, path, model, args.device, index, info)
-        for (name, path), model, index, info in zip(named, models, found, infos, strict=True)
-    ]
+    served = []
+    for (name, path), model, index, info in zip(named, models, found, infos, strict=True):
+        served.append(open_served_store(name, path, model, args.device, indexes.get(name), checked=(index, info)))
+        print(f"dilstore serve: {served[-1].summary()}", file=sys.stderr)
     import uvicorn
 
     from dilstore.runners.serve_app import create_app
@@ -327,43 +331,51 @@ def open_served_store(
     model: Path | None,
     device: str | None,
     index: Path | None = None,
-    info: dict[str, Any] | None = None,
+    *,
+    checked: tuple[Path | None, dict[str, Any]] | None = None,
 ) -> ServedStore:
-    """Open one store with its checked model as an AskService (dilbert) or RerankService (earl-s1/earl-s2/listformer).
+    """Open one store with its checked model as an AskService (dilbert) or RerankService (earl-s1/earl-s2/listformer),
+    with a Reopener that opens it again this way once it changed on disk.
 
-    index: its BM25 index (default STORE/bm25); a rerank store needs none,
-    and gets retrieval only where one exists. info: its `store_info`, when
-    `run` has read it and found and checked `index` with `served_index`;
-    without it, both are done here.
+    index: the BM25 index `--index` gave (default STORE/bm25); a rerank store
+    needs none, and gets retrieval only where one exists. checked: the index
+    `served_index` found and checked, and the store's `store_info`, when `run`
+    has done that with every store's files (`check_store_files`); without it,
+    all three are done here.
     """
     from dilstore.storage.info import store_info
     from dilstore.storage.location import redacted
 
-    if info is None:  # first: a path without a store is named before the model stack loads
+    if checked is None:  # first: a path without a store is named before the model stack loads
         info = store_info(path)
-        index = served_index(name, path, info["kind"], index)
-    from dilstore.reader.retrieval import Bm25Searcher
+        found = served_index(name, path, info["kind"], index)
+        check_store_files([(name, path)])
+    else:
+        found, info = checked
+    from dilstore.reader.retrieval import Bm25Searcher, bm25_index_dir
     from dilstore.reader.serving.odqa import open_reader
     from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
+    from dilstore.runners.serve_reopen import Reopener, files_stamp
     from dilstore.runners.serve_services import AskService, RerankService, ServedStore
 
+    watched = index if index is not None or "://" in path else bm25_index_dir(path)
+    stamp = functools.partial(files_stamp, path, watched)
+    opened = stamp()  # before the store is read: a change while it opens is seen at the next check
     variant = None  # the online layers tuned for the store's encoding, when the reader swapped them in
     if info["kind"] in RERANK_KINDS:
         reranker = open_reranker(path, model, device=device)
-        searcher = Bm25Searcher(index) if index is not None else None
+        searcher = Bm25Searcher(found) if found is not None else None
         service: AskService | RerankService = RerankService(reranker, searcher)
         reranker.store.check_files = True  # a file cut under the server's maps would kill it (storage/mapped.py)
     else:
-        odqa = open_reader(path, model, index_dir=index, device=device)
+        odqa = open_reader(path, model, index_dir=found, device=device)
         service = AskService(odqa)
         odqa.store.check_files = True
         variant = odqa.model.online_variant
-    model_name = str(model) if model is not None else "default"
-    layers = f", online layers {variant}" if variant else ""
-    shown = redacted(path)  # /stores is open to any client: never the storage password
-    print(f"dilstore serve: store {name!r} ({info['kind']}, {info['encoding']}, {info['passages']:,} passages) from "
-          f"{shown}, model {model_name}{layers}", file=sys.stderr)  # fmt: skip
-    return ServedStore(name, service, {"path": shown, "model": model_name, "online_variant": variant, "info": info})
+    description = {"path": redacted(path),  # /stores is open to any client: never the storage password
+                   "model": str(model) if model is not None else "default", "online_variant": variant, "info": info}
+    reopener = Reopener(functools.partial(open_served_store, name, path, model, device, index), stamp, opened)
+    return ServedStore(name, service, description, reopener=reopener)
 
 
 def served_index(name: str, path: str, kind: str, given: Path | None) -> Path | None:

@@ -19,9 +19,12 @@ store, 400 for a store of the wrong kind or a BM25 request to a store without
 an index. A full queue gets 503 with Retry-After. A failure inside the model
 gets 500 for the failing request only. A store whose files changed under the
 server (rebuilt with --overwrite, moved, deleted, damaged: StoreFormatError)
-cannot be served again by this process: it is marked unavailable, its requests
-get 503, and /health answers 503 naming it, so a load balancer takes the
-server out of rotation until it is restarted. A read of a remote store that
+is marked unavailable: its requests get 503, and /health answers 503 naming
+it, so a load balancer takes the server out of rotation. The stores are
+checked every WATCH_SECONDS and at each /health: one whose manifest or BM25
+index changed (an append, a compaction, a rebuild) is opened again as at
+start-up and served from its next batch on (runners/serve_reopen.py), which
+also ends its unavailability. A read of a remote store that
 fails in transit (StoreReadError: a server error, a timeout) gets 502 for
 that request only; the store stays served.
 """
@@ -33,6 +36,7 @@ import contextlib
 import email.message
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -56,7 +60,8 @@ from dilstore.runners.serve_responses import (
     RerankAnswer,
     query_responses,
 )
-from dilstore.runners.serve_services import ServedStore
+from dilstore.runners.serve_reopen import Reopener
+from dilstore.runners.serve_services import ServedStore, Service
 from dilstore.storage.errors import DilstoreError, listed, scrubbed
 from dilstore.storage.format import StoreChangedError, StoreFormatError, StoreReadError
 
@@ -73,6 +78,12 @@ T = TypeVar("T")
 
 
 HEALTH_CHECK_SECONDS = 2.0  # how long /health waits for the stores' checks; what they find later shows next time
+WATCH_SECONDS = 5.0  # how often the stores are checked (and a changed one reopened) with no /health asked
+
+
+def _count(value: object) -> str:
+    """A passage count as /stores gives it, with thousands separators."""
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def _read_failed(name: str, error: Exception) -> ClientError:
@@ -108,10 +119,11 @@ class StoreRouter:
             raise DilstoreError(f"store names must differ, got {self.names}; name them as NAME=DIR")
         self.stores, self.settings, self.metrics = list(stores), settings, metrics
         self.by_name = {store.name: store for store in stores}
+        self._checking = threading.Lock()  # held by the one check_stores running (the watch's or a /health's)
         self.batchers = {
             store.name: Batcher(
                 store.name,
-                store.service.run_batch,
+                store.run_batch,
                 # /rerank runs each request alone: only /ask batches pairs across requests.
                 max_batch_pairs=settings.max_batch_pairs if store.service.endpoint == ASK else 1,
                 max_wait=settings.max_wait,
@@ -132,13 +144,26 @@ class StoreRouter:
         """
         for batcher in self.batchers.values():
             batcher.start()
+        watch = asyncio.ensure_future(self.watch())
         try:
             yield
         except asyncio.CancelledError:
+            watch.cancel()
             self.forced_quit()
             return
+        watch.cancel()
         # uvicorn has already waited for the requests in flight; stop() runs anything still queued.
         await asyncio.gather(*(asyncio.to_thread(batcher.stop) for batcher in self.batchers.values()))
+
+    async def watch(self) -> None:
+        """Check the stores every WATCH_SECONDS, off the event loop: a store changed on disk is found (and
+        reopened) without waiting for a request or a /health."""
+        while True:
+            await asyncio.sleep(WATCH_SECONDS)
+            try:
+                await asyncio.to_thread(self.check_stores)
+            except Exception:  # noqa: BLE001 (the watch goes on: the next check may find the stores readable)
+                logger.exception("checking the stores failed")
 
     def forced_quit(self) -> None:
         """Drop every store's queue, then give the batches in progress FORCED_QUIT_SECONDS to end, all stores at
@@ -159,14 +184,14 @@ class StoreRouter:
         """The store a request names, or the first that answers `endpoint`; a ClientError when there is none."""
         if name is None:
             for store in self.stores:
-                if store.service.endpoint == endpoint:
+                if store.latest.endpoint == endpoint:
                     return store
             raise ClientError(400, f"no store served here answers {endpoint}")
         if name not in self.by_name:
             raise ClientError(404, f"no store named {name!r}; stores: {', '.join(self.names)}")
         store = self.by_name[name]
-        if store.service.endpoint != endpoint:
-            raise ClientError(400, f"store {name!r} answers {store.service.endpoint}, not {endpoint}")
+        if store.latest.endpoint != endpoint:
+            raise ClientError(400, f"store {name!r} answers {store.latest.endpoint}, not {endpoint}")
         return store
 
     async def answer(self, request: AskRequest | RerankRequest, endpoint: str, receive: Receive) -> Response:
@@ -176,21 +201,11 @@ class StoreRouter:
             store = self.choose(request.store, endpoint)
             if store.problem is not None:
                 raise store.unavailable()
-            pairs = store.service.pairs(request)  # type: ignore[arg-type]
+            pairs = store.latest.pairs(request)  # type: ignore[arg-type]
             if pairs > self.settings.max_top_p:
                 raise ClientError(422, f"this server answers at most {self.settings.max_top_p} passages per request, "
                                   f"got {pairs}")  # fmt: skip
-            try:
-                result = await while_connected(self.batchers[store.name].submit(request, pairs), receive)
-            except StoreFormatError as error:  # the files under the open store changed: no later request can work
-                if store.service.store.location.local_root is not None or isinstance(error, StoreChangedError):
-                    store.fail(error)
-                    raise store.unavailable() from None
-                # Over HTTP a 404, a short body or a whole file for a range is one answer of a server (a CDN edge
-                # mid-deploy), no proof that the store changed: it took the store out until a restart.
-                raise _read_failed(store.name, error) from None
-            except StoreReadError as error:  # a remote read failed in transit: this request only, the store stays
-                raise _read_failed(store.name, error) from None
+            result = await self.run(store, request, pairs, receive)
         except ClientError as error:
             return JSONResponse({"detail": scrubbed(str(error))}, status_code=error.status)
         except ClientGone:
@@ -207,16 +222,105 @@ class StoreRouter:
                                 status_code=500)  # fmt: skip
         return JSONResponse(result)
 
+    async def run(self, store: ServedStore, request: AskRequest | RerankRequest, pairs: int, receive: Receive, *,
+                  again: bool = True) -> Any:
+        """The request's result from its store's worker.
+
+        A request that meets the store's files changed under it (StoreFormatError) waits while the store is opened
+        again if its manifest or index changed (a compaction or rebuild swapped in: `reopened`), then runs `again`
+        on the new copy: the clients of a store being compacted get answers, not errors. Otherwise the store is
+        marked unavailable (503). Over HTTP a 404, a short body or a whole file for a range is one answer of a
+        server (a CDN edge mid-deploy), no proof that the store changed: 502 for this request, the store stays.
+        """
+        service = store.latest
+        try:
+            return await while_connected(self.batchers[store.name].submit(request, pairs), receive)
+        except StoreFormatError as error:
+            if service.store.location.local_root is None and not isinstance(error, StoreChangedError):
+                raise _read_failed(store.name, error) from None
+            if again and await self.reopened(store, service):
+                return await self.run(store, request, pairs, receive, again=False)
+            if not store.fail(error, service):
+                raise ClientError(503, f"store {store.name!r} was opened again while this request was read from its "
+                                       "old files; send it again") from None  # fmt: skip
+            raise store.unavailable() from None
+        except StoreReadError as error:  # a remote read failed in transit: this request only, the store stays
+            raise _read_failed(store.name, error) from None
+
+    async def reopened(self, store: ServedStore, service: Service) -> bool:
+        """Whether a copy of `store` other than `service` serves now, after a check of the store (`check_store`,
+        which opens it again when its files changed), off the event loop."""
+        if store.reopener is None:
+            return False
+        await asyncio.to_thread(self.check_store, store)
+        return store.problem is None and store.latest is not service
+
     def check_stores(self) -> None:
-        """Check each available store's files (`Store.check_unchanged`), marking one that changed unavailable, so
-        that a store replaced under an idle server takes /health out of a load balancer's rotation before any
-        request reaches it."""
-        for store in self.stores:
-            if store.problem is None:
-                try:
-                    store.service.store.check_unchanged()
-                except StoreFormatError as error:
-                    store.fail(error)
+        """Check each store (`check_store`); when a check is already running (the watch's, or another /health's),
+        return at once: it finds what this one would."""
+        if not self._checking.acquire(blocking=False):
+            return
+        try:
+            for store in self.stores:
+                self.check_store(store)
+        finally:
+            self._checking.release()
+
+    def check_store(self, store: ServedStore) -> None:
+        """Reopen a store when its Reopener says so (a local store's manifest or index changed on disk; a store at a
+        URL that names another build); then check an available store's files (`Store.check_unchanged`), marking
+        one that changed unavailable, so that a store replaced under an idle server takes /health out of a load
+        balancer's rotation before any request reaches it. A reopen that failed is logged once per change of the
+        files: as a warning while the old copy's files are intact (an append whose BM25 index is not rebuilt yet:
+        it is served as it was), else in the problem."""
+        with store.checking:  # one check of a store at a time: a request's (`reopened`) waits for the watch's
+            self._check_store(store)
+
+    def _check_store(self, store: ServedStore) -> None:
+        """`check_store`, with the store's check lock held."""
+        reopener, failure = store.reopener, None
+        attempted = reopener is not None and reopener.due(store.problem is not None)
+        if attempted:
+            failure = self.reopen(store, reopener)
+        if store.problem is not None:
+            if failure is not None:
+                store.problem = scrubbed(f"it changed on disk, and opening it again failed: {failure}")
+                logger.error("store %r is unavailable: %s", store.name, store.problem)
+            return
+        service = store.latest
+        try:
+            service.store.check_unchanged()
+        except StoreFormatError as error:
+            if reopener is not None and not attempted and reopener.due(True):  # a store at a URL rebuilt on its server
+                failure = self.reopen(store, reopener)
+                if failure is None:
+                    return
+            reopening = f"; opening it again failed: {failure}" if failure is not None else ""
+            store.fail(StoreFormatError(f"{error}{reopening}"), service)
+            return
+        if failure is not None:
+            logger.warning("store %r changed on disk but cannot be opened again: %s; it is served as it was "
+                           "opened", store.name, failure)  # fmt: skip
+
+    def reopen(self, store: ServedStore, reopener: Reopener) -> str | None:
+        """Open `store` again as at start-up and serve the new copy from its next batch on (None), or say why that
+        failed (it is tried again once the store's files change)."""
+        stamp = reopener.stamp()
+        before = store.description.get("info", {}).get("passages")
+        try:
+            fresh = reopener.open()
+        except Exception as error:  # noqa: BLE001 (any failure leaves the store as it is)
+            reopener.gave_up(stamp)
+            return scrubbed(str(error) if isinstance(error, DilstoreError) else f"{type(error).__name__}: {error}")
+        if fresh.service.endpoint != store.latest.endpoint:
+            fresh.service.close()
+            reopener.gave_up(stamp)
+            return (f"it is now a {fresh.description.get('info', {}).get('kind')} store, which answers "
+                    f"{fresh.service.endpoint}, not {store.latest.endpoint}; restart the server to serve it")
+        store.take(fresh)
+        reopener.succeeded(stamp)
+        logger.info("opened again: %s (it held %s passages)", fresh.summary(), _count(before))
+        return None
 
     def health(self) -> JSONResponse:
         """200 naming the stores, or 503 naming those that became unavailable and why (as found so far)."""
@@ -229,7 +333,7 @@ class StoreRouter:
         """/stores: each store's name, endpoint, `dilstore info --json` and model, and its problem if it has one."""
         return {
             "stores": [
-                {"name": store.name, "endpoint": store.service.endpoint, **store.description,
+                {"name": store.name, "endpoint": store.latest.endpoint, **store.description,
                  **({} if store.problem is None else {"problem": store.problem})}
                 for store in self.stores
             ]

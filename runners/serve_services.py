@@ -6,6 +6,7 @@ over an EARL or Listformer store; ServedStore is a mounted store with its servic
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from dilstore.reader.retrieval import Bm25Searcher, TooManyTermsError
 from dilstore.reader.serving.odqa import OpenDomainReader, aggregate
 from dilstore.reader.serving.rerank import StoreReranker
 from dilstore.reader.text.tokenization import spaced
+from dilstore.runners.serve_reopen import Reopener
 from dilstore.runners.serve_requests import ASK, RERANK, AskRequest, ClientError, RerankRequest
 from dilstore.storage.errors import DilstoreError, listed, scrubbed
 from dilstore.storage.reader import MissingPassagesError, Store
@@ -72,6 +74,10 @@ class AskService:
         """The store the answers are read from."""
         return self.odqa.store
 
+    def close(self) -> None:
+        """Close the store and the BM25 searcher: this service answers no more."""
+        self.odqa.close()
+
 
 class RerankService:
     """/rerank over an EARL or Listformer store, one request at a time; `searcher` serves bm25_top_k requests."""
@@ -86,6 +92,12 @@ class RerankService:
     def store(self) -> Store:
         """The store the documents' states are read from."""
         return self.reranker.store
+
+    def close(self) -> None:
+        """Close the store and the BM25 searcher, if any: this service answers no more."""
+        self.reranker.close()
+        if self.searcher is not None:
+            self.searcher.close()
 
     def pairs(self, request: RerankRequest) -> int:
         """Query–document pairs the request judges."""
@@ -157,23 +169,68 @@ Service = AskService | RerankService
 class ServedStore:
     """One mounted store: its name in requests, its service, and what /stores says about it.
 
-    `problem` says why the store became unavailable (None while it serves).
+    `problem` says why the store became unavailable (None while it serves). `reopener` opens it again once it
+    changed on disk (runners/serve_reopen.py; None: it is served as opened until a restart). A reopened store's
+    service waits in `pending` until the store's worker thread starts its next batch (`run_batch`): the service
+    it replaces is closed there, when no batch reads it any more.
     """
 
     name: str
     service: Service
     description: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
+    reopener: Reopener | None = None
+    pending: Service | None = None
+    checking: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the store's check
+    _swap: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def fail(self, error: Exception) -> None:
-        """Mark the store unavailable for good: its files changed under the server (`error` says how). The first
-        problem found is kept and logged; the requests in flight that meet it too are not logged again."""
-        if self.problem is not None:
-            return
-        self.problem = scrubbed(str(error))  # /health, /stores and every 503 show it, to any client
-        logger.error("store %r is unavailable from now on: %s", self.name, self.problem)
+    @property
+    def latest(self) -> Service:
+        """The service the next batch runs: the reopened one still pending, else the one serving."""
+        with self._swap:
+            return self.pending if self.pending is not None else self.service
+
+    def run_batch(self, requests: Sequence[Any]) -> list[dict[str, Any] | Exception]:
+        """The latest service's outcomes for a batch; on the store's worker thread, so a pending service is swapped
+        in (and the one it replaces closed) here, between two batches."""
+        with self._swap:
+            fresh, self.pending = self.pending, None
+            stale, self.service = self.service, fresh if fresh is not None else self.service
+        if fresh is not None:
+            stale.close()
+        return self.service.run_batch(requests)
+
+    def take(self, fresh: ServedStore) -> None:
+        """Serve `fresh` (the same store opened again) from the next batch on; what /stores says and the store's
+        availability are its own from now. A reopened copy still pending is closed: no batch ever read it."""
+        with self._swap:
+            stale, self.pending = self.pending, fresh.service
+        if stale is not None:
+            stale.close()
+        self.description, self.problem = fresh.description, None
+
+    def summary(self) -> str:
+        """What `serve` says about the store it opened: its kind, encoding, size, where it is and its model."""
+        info, described = self.description["info"], self.description
+        layers = f", online layers {described['online_variant']}" if described.get("online_variant") else ""
+        return (f"store {self.name!r} ({info['kind']}, {info['encoding']}, {info['passages']:,} passages) from "
+                f"{described['path']}, model {described['model']}{layers}")
+
+    def fail(self, error: Exception, service: Service | None = None) -> bool:
+        """Mark the store unavailable: its files changed under the server (`error` says how), until it is reopened
+        (for good without a reopener). The first problem found is kept and logged; the requests in flight that
+        meet it too are not logged again. With `service`, the one that met `error`: nothing is marked when a
+        reopened copy replaced it meanwhile (the old copy's files are the ones that changed). True when marked."""
+        if service is not None and service is not self.latest:
+            return False
+        if self.problem is None:
+            self.problem = scrubbed(str(error))  # /health, /stores and every 503 show it, to any client
+            until = "until its files change and it can be opened again" if self.reopener is not None else "from now on"
+            logger.error("store %r is unavailable %s: %s", self.name, until, self.problem)
+        return True
 
     def unavailable(self) -> ClientError:
         """The 503 each request to this store gets once it has a problem."""
-        return ClientError(503, f"store {self.name!r} is unavailable: {self.problem}; restart the server to serve "
-                                "the store as it is on disk now")  # fmt: skip
+        remedy = ("it is opened again once its files change (a new build, its BM25 index rebuilt)"
+                  if self.reopener is not None else "restart the server to serve the store as it is on disk now")
+        return ClientError(503, f"store {self.name!r} is unavailable: {self.problem}; {remedy}")

@@ -803,7 +803,7 @@ def test_a_rerank_store_s_index_is_checked_as_a_dilbert_store_s_is(tiny: dict[st
 
 
 def test_a_dilbert_store_s_online_layers_are_named_at_start_up_and_in_stores(
-    tiny: dict[str, Any], tmp_path: Path, monkeypatch, capsys
+    tiny: dict[str, Any], tmp_path: Path, monkeypatch
 ) -> None:
     """/stores said `model: default` and the start-up line nothing of the online layers swapped in for a 2bit
     store, which answer otherwise than the reader's own (lowbit39 L1)."""
@@ -819,15 +819,14 @@ def test_a_dilbert_store_s_online_layers_are_named_at_start_up_and_in_stores(
     monkeypatch.setattr(odqa_module, "open_reader", reader_with_variant)
     store = cmd_serve.open_served_store("qa", str(tiny["qa"]), tiny["model_dir"], None)
     assert store.description["online_variant"] == "online-2bit.safetensors"
-    assert capsys.readouterr().err.rstrip().endswith(
-        f"model {tiny['model_dir']}, online layers online-2bit.safetensors")
+    assert store.summary().endswith(f"model {tiny['model_dir']}, online layers online-2bit.safetensors")
     with running([store]) as (client, _):
         assert client.get("/stores").json()["stores"][0]["online_variant"] == "online-2bit.safetensors"
         assert client.post("/ask", json={"question": QUESTIONS[0]}).json()["online_variant"] == (
             "online-2bit.safetensors")  # fmt: skip
 
 
-def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any], capsys) -> None:
+def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any]) -> None:
     """A store given as an http:// URL (a real server on 127.0.0.1) is mounted like a local one; a dilbert store
     at a URL needs --index, since Lucene reads only local files."""
     from tests.fixtures.http_store import serve_directory
@@ -843,7 +842,7 @@ def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any], ca
         assert store.description["path"] == url and store.description["info"]["passages"] == len(DOCUMENTS)
         assert store.description["online_variant"] is None  # a ranker has no online layers of its own encoding
         # The start-up line names the store's encoding (lowbit39 L1: nothing but /stores said which it was).
-        assert f"store {name!r} (earl-s2, fp16, {len(DOCUMENTS)} passages) from {url}" in capsys.readouterr().err
+        assert store.summary().startswith(f"store {name!r} (earl-s2, fp16, {len(DOCUMENTS)} passages) from {url},")
         with pytest.raises(DilstoreError, match="give a local copy of the store's bm25/ folder with --index qa=DIR$"):
             open_served_store("qa", f"{files.url}/{tiny['qa'].name}", tiny["model_dir"], None)
         with running([store]) as (client, _):

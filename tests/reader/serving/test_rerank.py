@@ -75,19 +75,24 @@ def save_ranker(directory: Path, seed: int, prior: bool = False) -> Path:
     return EarlRanker.from_encoder(encoder, tokenizer(), EarlConfig(prior=prior)).save_pretrained(directory)
 
 
-def write_earl_store(directory: Path, ranker: EarlRanker, kind: str, encoding: str) -> Path:
-    """DOCUMENTS encoded by `ranker` as S1 or S2, in two shards, finalized with the ranker's fingerprint."""
-    ids, texts = list(DOCUMENTS), list(DOCUMENTS.values())
+def earl_records(ranker: EarlRanker, kind: str, documents: dict[str, str]) -> list[PassageRecord]:
+    """`documents` (id: text) encoded by `ranker` as S1 or S2 records, as precompute stores them."""
+    ids, texts = list(documents), list(documents.values())
     tokens = [encode_document(ranker.tokenizer, text, MAX_LENGTH) for text in texts]
     with torch.inference_mode():
         input_ids, mask = ranker.tokenize_documents(texts, MAX_LENGTH)  # (b, n), (b, n)
         states = ranker.encode_documents(input_ids, mask)  # (b, n, d)
         if kind == "earl-s2":
             states = ranker.document_key_values(states)  # (b, n, M, 2, d)
-    records = [
+    return [
         PassageRecord(docid, "", text, piece.token_ids, piece.char_spans, states[row, : len(piece)].numpy())
         for row, (docid, text, piece) in enumerate(zip(ids, texts, tokens, strict=True))
     ]
+
+
+def write_earl_store(directory: Path, ranker: EarlRanker, kind: str, encoding: str) -> Path:
+    """DOCUMENTS encoded by `ranker` as S1 or S2, in two shards, finalized with the ranker's fingerprint."""
+    records = earl_records(ranker, kind, DOCUMENTS)
     write_shard(directory, 0, records[:3], kind=kind, encoding=encoding, durable=False)
     write_shard(directory, 1, records[3:], kind=kind, encoding=encoding, durable=False)
     finalize(directory, model_fingerprint(ranker, kind, encoding, MAX_LENGTH))

@@ -1,0 +1,92 @@
+"""How `dilstore serve` opens a store again once it changed on disk: an append committed, a compaction, a
+rebuild with `--overwrite`, or its BM25 index rebuilt by `dilstore index`.
+
+A Reopener holds the way the store was opened at start-up (the same checks, model and index choice) and a
+stamp of the files that change when the store or its index does: the manifest's and the index folder's
+entries (name, inode, size, modification time). The server's router (runners/serve_app.py) compares stamps at
+each check; a reopen that failed is tried again only once the stamp moved on, so a store rebuilt by another
+model does not load a model at every check. A store at a URL has no stamp: it is reopened once its manifest names
+another build, at most once every RETRY_SECONDS.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dilstore.storage.format import MANIFEST_FILE
+from dilstore.storage.location import StoreLocation
+
+if TYPE_CHECKING:
+    from dilstore.runners.serve_services import ServedStore
+
+RETRY_SECONDS = 30.0  # how long a store at a URL (no stamp to watch) that became unavailable waits to be reopened
+
+Stamp = Hashable | None
+
+
+@dataclass
+class Reopener:
+    """Opens a served store again (`open`, as at start-up) and says when that is worth trying (`due`).
+
+    opened: the stamp of the copy being served; failed: the stamp when a reopen last failed (None: none failed
+    since the last success); tried_at: when the served copy was opened or a reopen last tried (time.monotonic()).
+    """
+
+    open: Callable[[], ServedStore]
+    stamp: Callable[[], Stamp]
+    opened: Stamp = None
+    failed: Stamp = None
+    tried_at: float = field(default_factory=time.monotonic)
+
+    def due(self, unavailable: bool) -> bool:
+        """Whether to reopen the store now: a local store's files changed since the served copy was opened and
+        since a reopen last failed; a store at a URL that is `unavailable` (its manifest names another build) was
+        last opened or tried RETRY_SECONDS ago. A store whose files did not change is not reopened: a copy that
+        went bad in place (a file cut short) would open and fail again at every check."""
+        now = self.stamp()
+        if now is None:
+            return unavailable and time.monotonic() - self.tried_at >= RETRY_SECONDS
+        return now != self.opened and now != self.failed
+
+    def succeeded(self, stamp: Stamp) -> None:
+        """Record that the copy opened at `stamp` is now served."""
+        self.opened, self.failed, self.tried_at = stamp, None, time.monotonic()
+
+    def gave_up(self, stamp: Stamp) -> None:
+        """Record that a reopen begun at `stamp` failed."""
+        self.failed, self.tried_at = stamp, time.monotonic()
+
+
+def files_stamp(store_path: str, index_dir: Path | None) -> Stamp:
+    """What changes when a local store is appended to, compacted or rebuilt, or its index rebuilt: the manifest's
+    identity and the index folder's entries; None for a store at a URL (nothing local to look at).
+
+    A few stats, cheap enough for every check of a running server.
+    """
+    root = StoreLocation.parse(store_path).local_root
+    if root is None:
+        return None
+    return _identity(root / MANIFEST_FILE), _entries(index_dir) if index_dir is not None else ()
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    """The file's inode, size and modification time; () when it cannot be read."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return ()
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
+
+
+def _entries(folder: Path) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+    """Each entry of the folder with its identity, by name; None when the folder is missing."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return None
+    return tuple((name, _identity(folder / name)) for name in names)

@@ -1,0 +1,216 @@
+"""`dilstore serve` opens a store again once it changed on disk, with no restart: an append is served, a store
+rebuilt or compacted in its place is served as it is now, a store of another model put in its place is
+unavailable (and loads no model at every check) until a store the model made is back, and an append that cannot
+be opened yet leaves the old copy served. The copy a reopened one replaces is closed once no batch reads it.
+
+The stores are tiny EARL stores opened as the command opens them (`open_served_store`), so no JVM starts.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tests.reader.serving.test_rerank import DOCUMENTS, earl_records, write_earl_store
+from tests.runners.test_serve import WAIT, metric, running, tiny  # noqa: F401 (tiny: the module's stores, a fixture)
+
+from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.serving.rerank import open_reranker
+from dilstore.runners import serve_app, serve_reopen
+from dilstore.runners.cmd_serve import open_served_store
+from dilstore.runners.serve_reopen import Reopener
+from dilstore.storage.append import commit_append, first_free_shard
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import append_dir
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
+from dilstore.storage.writer import write_shard
+
+QUERY = "Who rings the harbour bell?"
+IDS = ["kili", "tram", "cafe", "curie"]
+NEW = {"bell": "The harbour master rings the bell at noon every day."}
+GENERATION = "0123456789abcdef"
+
+
+@pytest.fixture
+def quick_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server checks its stores every 50 ms instead of every few seconds."""
+    monkeypatch.setattr(serve_app, "WATCH_SECONDS", 0.05)
+
+
+def wait_for(condition: Callable[[], Any], what: str) -> Any:
+    """`condition()`'s first true value, asked every 50 ms for at most WAIT seconds."""
+    deadline = time.monotonic() + WAIT
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def append_documents(store: Path, ranker_dir: Path, documents: dict[str, str]) -> None:
+    """Commit `documents`, encoded by the ranker as the store's kind, as one append (as `precompute --append`)."""
+    manifest = read_manifest(StoreLocation.parse(store))
+    folder = store / append_dir(GENERATION)
+    folder.mkdir(parents=True)
+    records = earl_records(EarlRanker.from_pretrained(ranker_dir), manifest.kind, documents)
+    write_shard(folder, first_free_shard(manifest), records, kind=manifest.kind, encoding=manifest.encoding,
+                durable=False, generation=GENERATION)  # fmt: skip
+    commit_append(store, GENERATION, manifest.fingerprint)
+
+
+def passages(client: httpx.Client) -> int:
+    return client.get("/stores").json()["stores"][0]["info"]["passages"]
+
+
+def scores(response: httpx.Response) -> dict[str, float]:
+    assert response.status_code == 200, response.text
+    return {result["doc_id"]: result["score"] for result in response.json()["results"]}
+
+
+@pytest.fixture
+def served_copy(tiny: dict[str, Any], tmp_path: Path) -> Iterator[Path]:  # noqa: F811 (the fixture imported above)
+    """A copy of the tiny S2 store, free to change under the server."""
+    yield shutil.copytree(tiny["s2"], tmp_path / "s2")
+
+
+@pytest.mark.usefixtures("quick_watch")
+def test_an_append_is_served_without_a_restart_and_the_old_copy_is_closed(
+    tiny: dict[str, Any], served_copy: Path, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    """An append was never served: the server kept the store as it was opened until a restart."""
+    store = open_served_store("s2", str(served_copy), tiny["ranker_dir"], None)
+    first = store.service
+    with caplog.at_level("INFO", logger="dilstore.serve"), running([store]) as (client, _):
+        before = client.post("/rerank", json={"query": QUERY, "doc_ids": [*IDS, "bell"]})
+        append_documents(served_copy, tiny["ranker_dir"], NEW)
+        wait_for(lambda: passages(client) == len(DOCUMENTS) + 1, "the watch to open the appended store")
+        after = client.post("/rerank", json={"query": QUERY, "doc_ids": [*IDS, "bell"]})
+        health = client.get("/health")
+    assert before.status_code == 422 and "bell" in before.json()["detail"]
+    expected = open_reranker(served_copy, tiny["ranker_dir"]).rerank(QUERY, [*IDS, "bell"])
+    assert scores(after) == pytest.approx(expected, rel=1e-6)
+    assert health.status_code == 200
+    assert store.service is not first
+    with pytest.raises(DilstoreError, match="is closed"):  # swapped out at the next batch, and closed there
+        first.store.fetch(["kili"])
+    opened = [record.getMessage() for record in caplog.records if "opened again" in record.getMessage()]
+    assert opened == [f"opened again: store 's2' (earl-s2, fp16, {len(DOCUMENTS) + 1} passages) from {served_copy}, "
+                      f"model {tiny['ranker_dir']} (it held {len(DOCUMENTS)} passages)"]  # fmt: skip
+
+
+def test_a_store_rebuilt_in_its_place_is_served_as_it_is_now(
+    tiny: dict[str, Any], served_copy: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    """`compact` and `precompute --overwrite` put another store in the folder: it was unavailable until a restart.
+    The first request to meet the new files waits while the store is opened again, and is answered from it: a
+    store's clients see no error while it is compacted."""
+    store = open_served_store("s2", str(served_copy), tiny["ranker_dir"], None)
+    with running([store]) as (client, _):
+        assert client.post("/rerank", json={"query": QUERY, "doc_ids": IDS}).json()["encoding"] == "fp16"
+        served_copy.rename(tmp_path / "old")  # as a compaction swaps a store in: another folder in its place
+        shutil.copytree(tiny["s1"], served_copy)  # the same ranker's S1 store, in fp32
+        answered = client.post("/rerank", json={"query": QUERY, "doc_ids": IDS})  # before any check found it
+        health = client.get("/health")
+        listed = client.get("/stores").json()["stores"][0]
+        text = client.get("/metrics").text
+    assert health.status_code == 200, health.text
+    assert answered.json()["encoding"] == "fp32" and listed["info"]["kind"] == "earl-s1"
+    assert metric(text, "dilstore_errors_total", endpoint="/rerank", kind="unavailable") == 0
+    assert scores(answered) == pytest.approx(open_reranker(tiny["s1"], tiny["ranker_dir"]).rerank(QUERY, IDS), rel=1e-6)
+
+
+def test_a_store_of_another_model_in_its_place_is_unavailable_until_the_right_one_is_back(
+    tiny: dict[str, Any], served_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    """The reopen of a store the served model did not make fails once, names why, and is not tried again at every
+    check (a model load each); a store the model made, put back, is served again."""
+    other = write_earl_store(tmp_path / "other", EarlRanker.from_pretrained(tiny["other_ranker_dir"]), "earl-s2",
+                             "fp16")  # fmt: skip
+    store = open_served_store("s2", str(served_copy), tiny["ranker_dir"], None)
+    with caplog.at_level("INFO", logger="dilstore.serve"), running([store]) as (client, _):
+        served_copy.rename(tmp_path / "old")
+        shutil.copytree(other, served_copy)
+        unhealthy = [client.get("/health") for _ in range(3)]
+        refused = client.post("/rerank", json={"query": QUERY, "doc_ids": IDS})
+        shutil.rmtree(served_copy)
+        shutil.copytree(tiny["s2"], served_copy)
+        healthy = client.get("/health")
+        answered = client.post("/rerank", json={"query": QUERY, "doc_ids": IDS})
+    assert [response.status_code for response in unhealthy] == [503] * 3
+    problem = unhealthy[0].json()["problems"]["s2"]
+    assert "was replaced by another file after" in problem  # the served copy's files: it cannot serve on
+    assert "; opening it again failed: " in problem and "was made by a different model" in problem
+    assert refused.status_code == 503 and refused.json()["detail"] == (
+        f"store 's2' is unavailable: {problem}; it is opened again once its files change (a new build, its BM25 "
+        "index rebuilt)")  # fmt: skip
+    failed = [record for record in caplog.records if "different model" in record.getMessage()]
+    assert len(failed) == 1 and failed[0].levelname == "ERROR", "tried once for that store, not at every check"
+    assert healthy.status_code == 200, healthy.text
+    assert scores(answered) == pytest.approx(open_reranker(tiny["s2"], tiny["ranker_dir"]).rerank(QUERY, IDS), rel=1e-6)
+
+
+def test_an_append_that_cannot_be_opened_yet_leaves_the_old_copy_served(
+    tiny: dict[str, Any], served_copy: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    """A dilbert store appended to before `dilstore index` covers it fails to open (its index is behind): the old
+    copy, whose files the append did not touch, is served meanwhile, with one warning; the index rebuilt (its
+    folder changed), the store is opened again."""
+    store = open_served_store("s2", str(served_copy), tiny["ranker_dir"], None)
+    assert isinstance(store.reopener, Reopener)
+    opens = store.reopener.open
+
+    def index_behind() -> None:
+        raise DilstoreError("the index is behind")
+
+    monkeypatch.setattr(store.reopener, "open", index_behind)
+    with caplog.at_level("INFO", logger="dilstore.serve"), running([store]) as (client, _):
+        append_documents(served_copy, tiny["ranker_dir"], NEW)
+        checks = [client.get("/health") for _ in range(3)]
+        old = client.post("/rerank", json={"query": QUERY, "doc_ids": IDS})
+        monkeypatch.setattr(store.reopener, "open", opens)
+        (served_copy / "bm25").mkdir()  # the watched index folder changed: worth trying again
+        client.get("/health")
+        new = client.post("/rerank", json={"query": QUERY, "doc_ids": [*IDS, "bell"]})
+    assert [response.status_code for response in checks] == [200] * 3
+    assert scores(old).keys() == set(IDS)
+    warned = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert warned == ["store 's2' changed on disk but cannot be opened again: the index is behind; it is served as it "
+                      "was opened"]  # fmt: skip
+    assert scores(new).keys() == {*IDS, "bell"}
+
+
+def test_a_store_at_a_url_is_reopened_at_most_every_retry_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store at a URL has no files to stamp: only one found rebuilt is reopened, RETRY_SECONDS after the last try."""
+    reopener = Reopener(open=lambda: None, stamp=lambda: None)  # type: ignore[arg-type, return-value]
+    assert not reopener.due(unavailable=True), "opened just now"
+    assert not reopener.due(unavailable=False)
+    monkeypatch.setattr(serve_reopen, "RETRY_SECONDS", 0.0)
+    assert reopener.due(unavailable=True) and not reopener.due(unavailable=False)
+    local = Reopener(open=lambda: None, stamp=lambda: ("manifest", 2), opened=("manifest", 1))  # type: ignore
+    assert local.due(unavailable=False)
+    local.gave_up(("manifest", 2))
+    assert not local.due(unavailable=True), "the files did not change since the reopen failed"
+
+
+@pytest.mark.usefixtures("quick_watch")
+def test_a_failed_check_is_logged_and_the_watch_goes_on(
+    tiny: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    """An unexpected error in one check must not end the watch: the stores would go unchecked from then on."""
+    calls: list[int] = []
+
+    def check_stores(self: serve_app.StoreRouter) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("a passing failure")
+
+    monkeypatch.setattr(serve_app.StoreRouter, "check_stores", check_stores)
+    store = open_served_store("s2", str(tiny["s2"]), tiny["ranker_dir"], None)
+    with caplog.at_level("ERROR", logger="dilstore.serve"), running([store]):
+        wait_for(lambda: len(calls) >= 3, "the watch to check again")
+    assert [record.getMessage() for record in caplog.records] == ["checking the stores failed"]
