@@ -15,7 +15,7 @@ from dilstore.reader.data.trec import rank_documents
 from dilstore.reader.retrieval import Bm25Searcher, TooManyTermsError
 from dilstore.reader.serving.odqa import OpenDomainReader, aggregate
 from dilstore.reader.serving.rerank import StoreReranker
-from dilstore.reader.text.tokenization import spaced
+from dilstore.reader.text.tokenization import folded, spaced
 from dilstore.runners.serve_reopen import Reopener
 from dilstore.runners.serve_requests import ASK, RERANK, AskRequest, ClientError, RerankRequest
 from dilstore.storage.errors import DilstoreError, listed, scrubbed
@@ -147,7 +147,7 @@ class RerankService:
             if self.searcher is None:
                 raise ClientError(400, "this store has no BM25 index (`dilstore index STORE`); give doc_ids")
             try:
-                hits = self.searcher.search(text, int(request.bm25_top_k or 0))
+                hits = self.searcher.search(folded(text), int(request.bm25_top_k or 0))
             except TooManyTermsError as error:
                 raise ClientError(422, str(error)) from None
             bm25 = {hit.passage_id: hit.score for hit in hits}

@@ -63,7 +63,7 @@ from dilstore.reader.serving.answers import (
 )
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
 from dilstore.reader.serving.stored_states import pad_stored_states
-from dilstore.reader.text.tokenization import TokenizedText, encode_question, spaced
+from dilstore.reader.text.tokenization import TokenizedText, encode_question, folded, spaced
 from dilstore.storage.errors import DilstoreError, as_list, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import Store, open_store
@@ -207,7 +207,7 @@ class OpenDomainReader:
         if self.searcher is None:
             raise DilstoreError("this reader has no BM25 index; give candidate passages, or open it with an index")
         with timings.measure("retrieval"):
-            hits = [self.searcher.search(question, k) for question, k in zip(questions, top_ps, strict=True)]
+            hits = [self.searcher.search(folded(question), k) for question, k in zip(questions, top_ps, strict=True)]
         return self._read(questions, tokenized, hits, timings)
 
     def read(self, questions: Iterable[str], candidates: Iterable[Iterable[Hit | str]]) -> list[Reading]:
@@ -240,6 +240,7 @@ class OpenDomainReader:
             raise DilstoreError(f"a question must be a string, got {type(question).__name__}")
         if not question.strip():
             raise DilstoreError("the question is empty")
+        question = folded(question)  # full-width letters read as the passages spell them
         if len(question) > limit * _CHARS_PER_PIECE_LIMIT:
             question = spaced(question)  # read without its padding (serve46 F3, review46 L3)
         if (length := len(question)) > limit * _CHARS_PER_PIECE_LIMIT:

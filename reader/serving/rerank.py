@@ -78,7 +78,7 @@ from dilstore.reader.offline.kinds import require_within_positions
 from dilstore.reader.packaged.shipped import default_listformer_dir, default_ranker_dir
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.serving.timing import StageTimer
-from dilstore.reader.text.tokenization import TokenizedText, encode_query
+from dilstore.reader.text.tokenization import TokenizedText, encode_query, folded
 from dilstore.storage.errors import DilstoreError, as_list, listed, positive_int, require_at_least_one
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import MissingPassagesError, Store, open_store
@@ -338,7 +338,7 @@ class StoreReranker(ABC, Generic[RankerT]):
             raise DilstoreError(f"a query must be a string, got {type(query).__name__}")
         if not query.strip():
             raise DilstoreError("the query is empty")
-        return encode_query(self.model.tokenizer, query, self.max_query_length)
+        return encode_query(self.model.tokenizer, folded(query), self.max_query_length)
 
     def _tokenize_timed(self, query: str, stats: RerankStats) -> TokenizedText:
         """`tokenize_query`, its time and truncation counted in stats."""

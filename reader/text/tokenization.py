@@ -175,6 +175,17 @@ def _encode_single(tokenizer: PreTrainedTokenizerBase, text: str, max_length: in
     return result
 
 
+def folded(text: str) -> str:
+    """A question or query with Unicode's compatibility forms folded (NFKC): full-width letters and digits (what a
+    CJK input method types), ligatures, superscripts and the like read as the plain characters passages use.
+
+    BERT's normalizer lowercases and strips accents but does not fold them: a full-width question was all [UNK]
+    pieces and found no BM25 hit. Only questions and queries are folded: a passage keeps its characters, whose
+    offsets are its answers'.
+    """
+    return unicodedata.normalize("NFKC", text)
+
+
 def spaced(text: str) -> str:
     """`text` with its ends stripped of BERT's separators (space, tab, line ends) and each run of them made one
     space: for a text over a length limit, what the limit should see and the tokenizer read (a form that pads a

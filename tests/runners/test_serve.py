@@ -33,6 +33,7 @@ import httpx
 import pytest
 import uvicorn
 from tests.fixtures.odqa_fixtures import write_reader_checkpoint, write_store
+from tests.fixtures.text_forms import full_width
 from tests.reader.serving.test_rerank import DOCUMENTS, save_ranker, write_earl_store
 
 from dilstore.reader.modeling.dilbert import DilBertReader
@@ -557,6 +558,9 @@ def test_rerank_scores_given_ids_and_bm25_hits_like_the_reranker(served, tiny: d
     scores = [r["score"] for r in results]
     assert scores == sorted(scores, reverse=True)
     assert response.json()["query_truncated"] is False
+    # Typed full width (a CJK input method), the query is searched and scored as the plain one.
+    wide = client.post("/rerank", json={"query": full_width("Zürich tram network"), "bm25_top_k": 3})
+    assert wide.json()["results"] == results and wide.json()["query"] == full_width("Zürich tram network")
 
 
 def test_rerank_breaks_ties_by_doc_id_as_rerank_writes_them(tiny: dict[str, Any], monkeypatch) -> None:

@@ -29,6 +29,7 @@ from dilstore.storage.reader import MissingPassagesError, open_store
 from dilstore.storage.records import StoredPassage
 from tests.fixtures.odqa_fixtures import MAX_LENGTH, PASSAGES, write_reader_checkpoint, write_store
 from tests.fixtures.store_fixtures import build_store, random_shards
+from tests.fixtures.text_forms import full_width
 
 QUESTION = "When did the Zürich tram network open?"
 QUESTIONS = [QUESTION, "Who was the lighthouse keeper?", "How high is Kilimanjaro?"]
@@ -248,6 +249,28 @@ def test_states_that_are_not_finite_are_named_not_answered_with_nothing(tiny: di
     odqa = OpenDomainReader(tiny["model"], open_store(damaged), StubSearcher(hits), OdqaSettings())
     with pytest.raises(DilstoreError, match=r"^passage '.*': no finite score could be read from its stored states"):
         odqa.answer(QUESTION)
+
+
+def test_a_question_typed_in_full_width_is_read_and_searched_as_the_plain_one(tiny: dict) -> None:
+    """A question typed with a CJK input method (full-width letters, digits, punctuation and spaces) was all [UNK]
+    word pieces and found no BM25 hit: no answer. It is folded (NFKC) before both; the answer names it as asked."""
+    searched: list[str] = []
+
+    class RecordingSearcher(StubSearcher):
+        def search(self, query: str, k: int) -> list[Hit]:
+            searched.append(query)
+            return super().search(query, k)
+
+    hits = [Hit(passage_id, float(len(tiny["ids"]) - rank)) for rank, passage_id in enumerate(tiny["ids"])]
+    odqa = OpenDomainReader(tiny["model"], open_store(tiny["stores"]["fp32"]), RecordingSearcher(hits), OdqaSettings())
+    wide = full_width(QUESTION)
+    assert wide != QUESTION and "[UNK]" in tiny["model"].tokenizer.tokenize(wide)
+    assert odqa.tokenize_question(wide).token_ids.tolist() == odqa.tokenize_question(QUESTION).token_ids.tolist()
+    answered, plain = odqa.answer(wide), odqa.answer(QUESTION)
+    assert searched == [QUESTION, QUESTION]
+    assert answered.question == wide and answered.text == plain.text
+    assert [(s.passage_id, s.reader_score) for s in answered.nbest] == [
+        (s.passage_id, s.reader_score) for s in plain.nbest]
 
 
 def test_whitespace_padding_does_not_make_a_question_long(tiny: dict) -> None:

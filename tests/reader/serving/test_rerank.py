@@ -40,6 +40,7 @@ from dilstore.storage.writer import write_shard
 from tests.fixtures.earl_tiny import INIT, tokenizer
 from tests.fixtures.paths import ROOT
 from tests.fixtures.store_fixtures import build_store, random_shards
+from tests.fixtures.text_forms import full_width
 
 MAX_LENGTH = 32  # document tokens stored; the harbour log below is truncated to it
 KINDS = ("earl-s1", "earl-s2")
@@ -185,6 +186,14 @@ def test_reduced_precision_scores_are_close_and_keep_the_order(
         difference = max(abs(got[d] - expected[d]) for d in expected)
         assert difference <= TOLERANCE[encoding], f"{encoding} {kind}: {difference}"
         assert [d for d, _ in rank_documents(got)] == [d for d, _ in rank_documents(expected)]
+
+
+def test_a_query_typed_in_full_width_scores_as_the_plain_one(store: Callable[..., Path], model_dir: Path) -> None:
+    """Full-width letters (a CJK input method's) were [UNK] pieces: the scores of another query. Folded (NFKC)."""
+    reranker = open_reranker(store("earl-s2"), model_dir)
+    wide = full_width(QUERIES["q1"])
+    assert "[UNK]" in reranker.model.tokenizer.tokenize(wide)
+    assert reranker.rerank(wide, list(DOCUMENTS)) == reranker.rerank(QUERIES["q1"], list(DOCUMENTS))
 
 
 def test_rerank_scores_repeated_ids_once_and_counts(store: Callable[..., Path], model_dir: Path) -> None:
