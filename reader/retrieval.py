@@ -280,6 +280,7 @@ def require_index_files(index: Path, store_path: str | Path, *, given: bool, loc
     it (a live one holds the store's index lock; only for a store at `local_root`), or build it, or, for a folder
     the user `given` (`--index DIR`), which `dilstore index` never writes, give the folder of one it built."""
     if any(index.glob("segments_*")):
+        refuse_special_index_files(index)
         return
     if given:
         raise DilstoreError(f"no Lucene index at {index}: give the folder of one `dilstore index` built (STORE/bm25, "
@@ -289,6 +290,35 @@ def require_index_files(index: Path, store_path: str | Path, *, given: bool, loc
         raise DilstoreError(f"the index of {store_path} is being built by pid {indexer} (`dilstore index`): wait "
                             "for it")  # fmt: skip
     raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {store_path}`")
+
+
+def refuse_special_index_files(index_dir: Path) -> None:
+    """A DilstoreError naming the first entry of the index folder that is a pipe, socket or device.
+
+    Lucene opens every file of the index when a searcher opens: a pipe put in the folder held that open (and the
+    command, deaf to Ctrl-C and SIGTERM inside the Java call) until a writer came, which none ever did (hostile47
+    F1). The folder is outside the store's manifest, so nothing else checks it.
+    """
+    from dilstore.storage.format import is_special_file
+
+    for entry in sorted(index_dir.iterdir()):
+        if is_special_file(entry):
+            raise DilstoreError(f"the BM25 index {index_dir} holds {entry.name}, which is not a file (a pipe, socket "
+                                "or device): rebuild the index with `dilstore index STORE`")  # fmt: skip
+
+
+def require_all_passages(searcher: Bm25Searcher, store: Manifest, store_path: str | Path) -> None:
+    """A DilstoreError when the opened index holds fewer documents than the store serves passages: a partial index
+    (its record copied from a whole one) left passages out of every search, and answers were silently worse
+    (hostile47 F2). More documents than passages are named per question, when one is retrieved. The searcher is
+    closed before the error."""
+    from dilstore.storage.location import redacted
+
+    if (documents := searcher.documents) < store.passages:
+        searcher.close()
+        raise DilstoreError(f"the BM25 index {searcher.index_dir} holds {documents:,} documents, but the store "
+                            f"{redacted(str(store_path))} serves {store.passages:,} passages: searches would miss "
+                            "the others; rebuild it with `dilstore index`")  # fmt: skip
 
 
 def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path) -> None:
@@ -350,12 +380,25 @@ class Bm25Searcher:
     def __init__(self, index_dir: Path) -> None:
         if not any(index_dir.glob("segments_*")):
             raise DilstoreError(f"no Lucene index at {index_dir}: build it with `dilstore index STORE`")
+        refuse_special_index_files(index_dir)
         start_jvm()
         from jnius import autoclass
 
         self._index_dir = index_dir
+        opened = autoclass("io.anserini.search.SimpleSearcher")
+        with self._lucene_errors():  # in a thread: a file that blocks Lucene's read leaves Ctrl-C working
+            self._searcher = _wait_in_python(lambda: opened(str(index_dir)), "bm25-open")
+
+    @property
+    def index_dir(self) -> Path:
+        """The folder of the Lucene index searched."""
+        return self._index_dir
+
+    @property
+    def documents(self) -> int:
+        """How many documents the index holds."""
         with self._lucene_errors():
-            self._searcher = autoclass("io.anserini.search.SimpleSearcher")(str(index_dir))
+            return int(self._open().get_total_num_docs())
 
     def close(self) -> None:
         """Release the Lucene index (its files stay mapped until then, even once deleted); searching then raises."""

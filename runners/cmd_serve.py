@@ -352,7 +352,7 @@ def open_served_store(
         check_store_files([(name, path)])
     else:
         found, info = checked
-    from dilstore.reader.retrieval import Bm25Searcher, bm25_index_dir
+    from dilstore.reader.retrieval import Bm25Searcher, bm25_index_dir, require_all_passages
     from dilstore.reader.serving.odqa import open_reader
     from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
     from dilstore.runners.serve_reopen import Reopener, files_stamp
@@ -365,6 +365,8 @@ def open_served_store(
     if info["kind"] in RERANK_KINDS:
         reranker = open_reranker(path, model, device=device)
         searcher = Bm25Searcher(found) if found is not None else None
+        if searcher is not None:
+            require_all_passages(searcher, reranker.store.manifest, path)
         service: AskService | RerankService = RerankService(reranker, searcher)
         reranker.store.check_files = True  # a file cut under the server's maps would kill it (storage/mapped.py)
     else:

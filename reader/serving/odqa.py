@@ -49,7 +49,14 @@ from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.online_variants import load_online_variant
 from dilstore.reader.offline.kinds import require_within_positions
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
-from dilstore.reader.retrieval import Bm25Searcher, Hit, bm25_index_dir, check_index_covers, require_index_files
+from dilstore.reader.retrieval import (
+    Bm25Searcher,
+    Hit,
+    bm25_index_dir,
+    check_index_covers,
+    require_all_passages,
+    require_index_files,
+)
 from dilstore.reader.serving.answers import (
     DEFAULT_TOP_P,
     Answer,
@@ -435,6 +442,8 @@ def open_reader(
         check_index_covers(index, store.manifest, store_path)
     model = load_store_model(store, model_dir, online_variant=online_variant)
     searcher = Bm25Searcher(index) if index is not None else None
+    if searcher is not None:
+        require_all_passages(searcher, store.manifest, store_path)
     return OpenDomainReader(model, store, searcher, settings, device)
 
 

@@ -6,6 +6,7 @@ runs the real Lucene index.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -334,6 +335,29 @@ def test_a_store_made_by_another_model_is_refused(tiny: dict) -> None:
     with pytest.raises(FingerprintMismatchError, match="weights_sha256"):
         load_store_model(store, tiny["other_model_dir"])
     assert load_store_model(store, tiny["model_dir"]).layers == 1
+
+
+def test_a_pipe_in_the_index_folder_is_refused_before_the_jvm_starts(
+    tiny: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipe in STORE/bm25 hung `ask`, `evaluate-qa` and `serve` for good, deaf to Ctrl-C and SIGTERM inside the
+    Java call that opened it (hostile47 F1). It is refused before any Java runs: here the JVM may not start, so a
+    lost check fails this test instead of hanging it."""
+    from dilstore.reader import retrieval
+
+    def jvm_started() -> None:
+        raise AssertionError("the JVM started: Lucene would open the pipe and wait for a writer forever")
+
+    monkeypatch.setattr(retrieval, "start_jvm", jvm_started)
+    index = tmp_path / "bm25"
+    index.mkdir()
+    (index / "segments_1").write_bytes(b"")
+    os.mkfifo(index / "_0.si")
+    expected = rf"^the BM25 index {index} holds _0.si, which is not a file \(a pipe, socket or device\)"
+    with pytest.raises(DilstoreError, match=expected):
+        retrieval.Bm25Searcher(index)
+    with pytest.raises(DilstoreError, match=expected):  # before the model loads
+        open_reader(tiny["stores"]["fp32"], tiny["model_dir"], index_dir=index)
 
 
 def test_a_missing_index_is_a_clear_error(tiny: dict, tmp_path) -> None:

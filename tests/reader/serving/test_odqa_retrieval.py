@@ -44,7 +44,8 @@ def indexed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     write_collection(root / "collection" / "passages.jsonl", [*collection_documents(store_dir, ids), GHOST])
     counts: list[int] = []
     build_bm25_index(root / "collection", bm25_index_dir(store_dir), progress=counts.append)
-    return {"store": store_dir, "model": model_dir, "root": root, "progress": counts, "documents": len(ids) + 1}
+    return {"store": store_dir, "model": model_dir, "root": root, "progress": counts, "documents": len(ids) + 1,
+            "ids": ids}
 
 
 def test_the_build_reports_documents_indexed_until_all_are(indexed: dict[str, Any]) -> None:
@@ -158,6 +159,18 @@ def test_a_store_whose_first_index_is_being_built_says_so(indexed: dict[str, Any
     with held_lock(store, INDEX_ROLE), pytest.raises(DilstoreError, match=f"^no Lucene index at {elsewhere}: give the "
                                                                           "folder of one `dilstore index` built"):
         open_reader(store, indexed["model"], index_dir=elsewhere)
+
+
+def test_an_index_of_fewer_documents_than_the_store_is_refused(indexed: dict[str, Any], tmp_path: Path) -> None:
+    """An index of some of the store's passages (with no record, or the record of a whole one copied in) passed
+    every check: the others were never retrieved, and answers were silently worse (hostile47 F2)."""
+    documents = collection_documents(indexed["store"], indexed["ids"])
+    write_collection(tmp_path / "collection" / "passages.jsonl", documents[1:])
+    partial = tmp_path / "partial"
+    build_bm25_index(tmp_path / "collection", partial)
+    with pytest.raises(DilstoreError, match=rf"^the BM25 index {partial} holds {len(documents) - 1} documents, but "
+                                            rf"the store {indexed['store']} serves {len(documents)} passages"):
+        open_reader(indexed["store"], indexed["model"], index_dir=partial)
 
 
 def test_an_index_of_another_store_is_named_as_such(indexed: dict[str, Any], tmp_path: Path) -> None:
