@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from dilstore.pipelines.documents import Document
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.passage_files import PASSAGE_NUMBER_SEPARATOR
 
 DEFAULT_WINDOW = 100
 DEFAULT_STRIDE = 50
@@ -58,7 +59,7 @@ class Passage:
 
 def passage_id(doc_id: str, number: int) -> str:
     """The id of the passage numbered `number` (from 0) in document `doc_id`."""
-    return f"{doc_id}#{number}"
+    return f"{doc_id}{PASSAGE_NUMBER_SEPARATOR}{number}"
 
 
 def window_bounds(

@@ -24,8 +24,9 @@ from dilstore.pipelines.corpora import Document, Record, Rejected, Skipped, read
 from dilstore.pipelines.passages import split_document
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.sharding import shard_of, stable_hash
-from dilstore.reader.offline.encoding import WINDOW_ID_SEPARATOR, TokenizedPassage, tokenize_passage
+from dilstore.reader.offline.encoding import TokenizedPassage, tokenize_passage
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.passage_files import WINDOW_ID_SEPARATOR
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

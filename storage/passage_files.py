@@ -8,6 +8,7 @@ for each shard.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Protocol
 
@@ -15,6 +16,14 @@ PASSAGES_DIR = "passages"
 JSONL_DIR = f"{PASSAGES_DIR}/jsonl"
 META_DIR = f"{PASSAGES_DIR}/meta"
 REJECTED_DIR = "rejected"
+# How a stored id derives from its document's id: `{doc_id}#{n}` for the n-th passage a split keeps
+# (pipelines/passages.py; the document id itself under --split none), then `~{w}` for window w >= 1 of a passage
+# longer than the model's maximum length (reader/offline/encoding.py). Both import these.
+PASSAGE_NUMBER_SEPARATOR = "#"
+WINDOW_ID_SEPARATOR = "~"
+_DERIVED_SUFFIX = re.compile(
+    rf"({re.escape(PASSAGE_NUMBER_SEPARATOR)}(0|[1-9][0-9]*))?({re.escape(WINDOW_ID_SEPARATOR)}[1-9][0-9]*)?"
+)
 
 
 class PassageRow(Protocol):
@@ -32,6 +41,12 @@ class PassageRow(Protocol):
 
     @property
     def text(self) -> str: ...
+
+
+def derives_from(passage_id: str, doc_id: str) -> bool:
+    """Whether a split of document `doc_id` can give the stored id `passage_id` (the rule above): `--replace`
+    supersedes the stored rows by the doc_id of the passage tables, so a false one would retire other passages."""
+    return passage_id.startswith(doc_id) and _DERIVED_SUFFIX.fullmatch(passage_id, len(doc_id)) is not None
 
 
 def part_name(index: int) -> str:

@@ -46,7 +46,7 @@ from dilstore.reader.packaged.shipped import default_checkpoint_dir, default_lis
 from dilstore.reader.text.tokenization import TokenizedText
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
-from dilstore.storage.passage_files import PassageRow
+from dilstore.storage.passage_files import WINDOW_ID_SEPARATOR, PassageRow
 from dilstore.storage.records import PassageRecord
 
 if TYPE_CHECKING:
@@ -57,7 +57,6 @@ if TYPE_CHECKING:
 DEFAULT_CHECKPOINT_REF = "package:default-checkpoint"
 DEFAULT_RANKER_REF = "package:default-ranker"
 DEFAULT_LISTFORMER_REF = "package:default-listformer"
-WINDOW_ID_SEPARATOR = "~"
 
 
 @dataclass(frozen=True)

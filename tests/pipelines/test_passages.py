@@ -10,7 +10,9 @@ from dilstore.pipelines.corpora import read_corpus
 from dilstore.pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
 from dilstore.pipelines.documents import Document
 from dilstore.pipelines.passages import Passage, split_document, split_paragraphs, split_words, window_bounds
+from dilstore.reader.offline.encoding import window_id
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.passage_files import derives_from
 
 WORD = st.text(alphabet="abcdefghijklmnopqrstuvwxyzé0123456789.,'-", min_size=1, max_size=8)
 SPACE = st.sampled_from([" ", "  ", "\t", "\n", " \u00a0 "])
@@ -145,3 +147,17 @@ def test_default_corpus_splits_into_unique_titled_passages() -> None:
         passages = [p for doc in documents for p in split_document(doc, strategy)]
         assert len({p.id for p in passages}) == len(passages) >= len(documents) - 5
         assert all(p.title and p.text for p in passages)
+
+
+@pytest.mark.parametrize("strategy", ["words", "paragraphs", "none"])
+def test_the_stored_id_rule_accepts_what_the_splitters_and_windows_make_and_no_other_document(strategy: str) -> None:
+    """verify, compact and append --replace check a passage table's doc_ids by storage.passage_files.derives_from
+    (hostile47 F8): it must take every id a split and the window rule give, and refuse another document's id."""
+    pieces = split_document(document("one two three\n\nfour five six seven", "Teacher"), strategy, window=3, stride=2,
+                            min_chars=1)  # fmt: skip
+    assert pieces
+    for piece in pieces:
+        assert derives_from(piece.id, piece.doc_id) and derives_from(window_id(piece.id, 12), piece.doc_id)
+        assert not derives_from(piece.id, "Warsaw") and not derives_from(piece.id, "Teach")
+    assert not derives_from("Teacher#01", "Teacher") and not derives_from("Teacher~0", "Teacher")
+    assert not derives_from("Teacher#1#2", "Teacher") and derives_from("Teacher#1#2", "Teacher#1")
