@@ -69,9 +69,10 @@ class TableRow:
 
 
 def passage_id(number: int) -> tuple[str, str]:
-    """Passage `number`'s id and its document's (two passages a document)."""
+    """Passage `number`'s id and its document's (two passages a document), as a split names them: compact checks
+    that each id derives from its doc_id."""
     document = f"doc{number // 2:08d}"
-    return f"{document}-p{number % 2}", document
+    return f"{document}#{number % 2}", document
 
 
 def write_part(folder: Path, shard: int, ids: list[tuple[str, str]], pool: np.ndarray, seed: list[int],

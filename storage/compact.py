@@ -31,10 +31,10 @@ from dilstore.storage.collection import collection_jsonl
 from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
-from dilstore.storage.format import MANIFEST_FILE, SHARDS_DIR, append_dir
+from dilstore.storage.format import MANIFEST_FILE, SHARDS_DIR, StoreFormatError, append_dir
 from dilstore.storage.manifest import Manifest, ShardEntry
 from dilstore.storage.passage_files import PASSAGES_DIR, REJECTED_DIR, jsonl_path, parquet_path
-from dilstore.storage.passage_tables import passage_column, passage_table_bytes
+from dilstore.storage.passage_tables import checked_document_ids, passage_table_bytes, shard_table
 from dilstore.storage.reader import Store
 from dilstore.storage.records import EncodedPassage
 from dilstore.storage.writer import write_encoded_shard
@@ -185,15 +185,16 @@ def _live_rows(store: Store, root: Path, route: Callable[[str], int]) -> tuple[l
 
 
 def _document_ids(root: Path, entry: ShardEntry, ids: list[str]) -> list[str]:
-    """The document id of each row of shard `entry`, from its passage table, which must list the shard's ids."""
-    folder = root if entry.generation is None else root / append_dir(entry.generation)
-    table = parquet_path(folder, entry.index)
+    """The document id of each row of shard `entry`, from its passage table once checked against the shard
+    (passage_tables.checked_document_ids): the new tables carry them on, so a false one would reach the compacted
+    store, and an unreadable table gave pyarrow's traceback (hostile47 F8)."""
+    table = shard_table(root, entry)
     if not table.is_file():
         raise DilstoreError(f"{table} is missing: the passage table of {entry.name}; run `dilstore verify`")
-    if passage_column(table, "id") != ids:
-        raise DilstoreError(f"{table} does not list the passages of {entry.name} in its order; run `dilstore "
-                            "verify`")  # fmt: skip
-    return passage_column(table, "doc_id")
+    try:
+        return checked_document_ids(table, ids)
+    except StoreFormatError as error:
+        raise StoreFormatError(f"{error} (the passage table of {entry.name}); run `dilstore verify`") from error
 
 
 def _store_codebook(root: Path, manifest: Manifest) -> dict[str, np.ndarray] | None:
