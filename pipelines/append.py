@@ -13,6 +13,9 @@
    (`retired_passages`, from the passage tables, at the commit), and a
    Wikipedia page the input skips (now a redirect, a disambiguation page or
    another namespace: `skipped_documents`) retires the stored passages of its id.
+   Before anything is written, `check_stored_tables` refuses a store whose
+   passage tables do not describe their shards, as their doc_ids decide which
+   rows are superseded.
 3. `prepare_append`: the run's build id (generation) comes from its spec, as
    for any run, plus `replace`; the run writes into `STORE/appends/<generation>/`,
    numbering its shards from the store's first free shard. A folder of the same
@@ -49,12 +52,17 @@ from dilstore.storage.append import (
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
 from dilstore.storage.errors import DilstoreError, listed
-from dilstore.storage.format import SPEC_FILE, append_dir
+from dilstore.storage.format import SPEC_FILE, StoreFormatError, append_dir
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
 from dilstore.storage.reader import open_store
-from dilstore.storage.passage_tables import passage_column, passage_tables
-
+from dilstore.storage.passage_tables import (
+    checked_document_ids,
+    has_tables,
+    passage_column,
+    passage_tables,
+    shard_table,
+)
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,24 @@ def refuse_duplicates(store: Path, job: PrecomputeJob) -> None:
     if found:
         raise DilstoreError(f"--append: {'; '.join(found)}; pass --replace to keep the first copy of each document "
                             "and let the new rows win over the stored ones")
+
+
+def check_stored_tables(store: Path) -> None:
+    """Refuse an append with --replace to a store whose passage tables do not describe their shards (one
+    StoreFormatError line naming the first such table): `retired_passages` supersedes every stored row whose doc_id
+    the append stores again, so forged doc_ids superseded unrelated passages, and a table without the column failed
+    only at the end of the run (hostile47 F8)."""
+    with open_store(store) as opened:
+        for entry in opened.manifest.shards:
+            if not has_tables(store, entry):
+                continue
+            reader = opened.shard(entry.index)
+            try:
+                checked_document_ids(shard_table(store, entry), [reader.id_at(row) for row in range(len(reader))])
+            except StoreFormatError as error:
+                raise StoreFormatError(f"cannot replace documents in {store}: {error} (the passage table of "
+                                       f"{entry.name}, whose doc_ids say which stored rows a document replaces); "
+                                       "run `dilstore verify`") from error  # fmt: skip
 
 
 def skipped_documents(inputs: Iterable[ReadTask]) -> set[str]:

@@ -430,16 +430,19 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
 
     Runs under the store's write lock. A run of an append the store already
     holds returns that append's summary and a notice that says so. An append refused for
-    duplicate ids leaves no folder behind.
+    duplicate ids leaves no folder behind; one with --replace to a store whose passage tables do not describe
+    their shards is refused before anything is written.
     """
     import shutil
 
-    from dilstore.pipelines.append import check_store_settings, prepare_append, refuse_duplicates
+    from dilstore.pipelines.append import check_store_settings, check_stored_tables, prepare_append, refuse_duplicates
     from dilstore.storage.format import SPEC_FILE
 
     store = Path(job.store)
     manifest = check_store_settings(store, job)
     job = dataclasses.replace(job, replace=args.replace)
+    if job.replace:
+        check_stored_tables(store)  # before prepare_append, which writes
     plan = prepare_append(store, job, manifest)
     if plan.committed is not None:
         later = len(manifest.appends) - 1 - manifest.appends.index(plan.committed)

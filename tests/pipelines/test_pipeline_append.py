@@ -10,6 +10,7 @@ the BM25 + reader path (`ask`, `evaluate-qa`) is in test_pipeline_append_bm25.py
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import shutil
@@ -20,11 +21,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dilstore.pipelines.job import PrecomputeJob
+from dilstore.pipelines.passages import Passage
 from dilstore.pipelines.spec_file import SUMMARY_FILE
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.serving.rerank import open_reranker
@@ -37,6 +41,7 @@ from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE
 from dilstore.storage.info import store_info
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
+from dilstore.storage.passage_tables import PASSAGE_SCHEMA, passage_column, passage_table_bytes
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
@@ -382,6 +387,40 @@ def test_replace_retires_the_passages_a_shorter_new_version_no_longer_has(
     with open_store(store) as opened:
         assert len(opened) == 4 and opened.manifest.superseded_passages == len(stored)
     assert verify_store(store).ok
+
+
+@pytest.mark.parametrize(("damage", "told"), [
+    ("forged", "rows name a document their passage id does not come from"),
+    ("no_doc_id", "has the columns (id: string not null, title: string not null, text: string not null)"),
+])  # fmt: skip
+def test_replace_refuses_a_store_whose_passage_table_does_not_describe_its_shard_before_writing(
+    models: dict[str, Path], union: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, told: str
+) -> None:
+    """With a table's doc_ids forged to the replaced document's, the replace superseded the unrelated passages too
+    and exited 0; a table without doc_id failed only at the run's end (hostile47 F8). Now: one line, exit 2, the
+    store untouched and no append folder."""
+    store = Path(shutil.copytree(union, tmp_path / "store"))
+    table = store / "passages" / "part-00000.parquet"
+    columns = {name: passage_column(table, name) for name in PASSAGE_SCHEMA.names}
+    assert set(columns["doc_id"]) != {DOCUMENTS[3]["id"]}  # some row of another document
+    if damage == "forged":
+        table.write_bytes(passage_table_bytes([dataclasses.replace(row, doc_id=DOCUMENTS[3]["id"]) for row in (
+            Passage(*values) for values in zip(*columns.values(), strict=True))]))  # fmt: skip
+    else:
+        table.write_bytes(pa_table_bytes({name: values for name, values in columns.items() if name != "doc_id"}))
+    manifest = (store / MANIFEST_FILE).read_bytes()
+    changed = write_jsonl(tmp_path / "changed.jsonl", [{**DOCUMENTS[3], "text": "the tower was rebuilt"}])
+    assert precompute(models["dilbert"], changed, store, "--append", "--replace") == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"cannot replace documents in {store}: {table}: " in error and told in error
+    assert (store / MANIFEST_FILE).read_bytes() == manifest and not (store / APPENDS_DIR).exists()
+
+
+def pa_table_bytes(columns: dict[str, list[str]]) -> bytes:
+    """Parquet of `columns`, each with its type in the passage table's schema."""
+    sink = io.BytesIO()
+    pq.write_table(pa.table(columns, schema=pa.schema([PASSAGE_SCHEMA.field(name) for name in columns])), sink)
+    return sink.getvalue()
 
 
 def test_replace_from_a_newer_dump_retires_the_pages_it_now_skips(models: dict[str, Path], tmp_path: Path) -> None:
