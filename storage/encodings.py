@@ -24,7 +24,7 @@ old stores keep reading.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +47,8 @@ _INT8_LEVELS = 127
 _MIN_EXPONENT, _MAX_EXPONENT = -126, 127
 
 Shape = tuple[int, ...]
+# A shard's stored array by name (e.g. "scales"), read block by block along its leading axis.
+ArrayBlocks = Callable[[str], Iterable[np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,10 @@ class Encoding:
     same codebook is given to every shard of a store, which keeps it once in its
     `codebook/` group. prepare: the per-shard arrays -> the same plus derived
     lookup tables that make decode faster, for a reader to build once per shard
-    (None: decode takes the stored arrays as they are).
+    (None: decode takes the stored arrays as they are). shard_problems: a
+    shard's arrays (each already found valid by its own `check`) -> problems
+    between them that no one array shows, as (array name, problem) pairs (None:
+    no such check).
     """
 
     name: str
@@ -99,6 +104,7 @@ class Encoding:
     train: Callable[[np.ndarray, bool], dict[str, np.ndarray]] | None = None
     codebook: tuple[str, ...] = ()
     prepare: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+    shard_problems: Callable[[ArrayBlocks], list[tuple[str, str]]] | None = None
 
     def array(self, name: str) -> EncodedArray:
         """The spec of array `name` of this encoding."""
@@ -221,6 +227,24 @@ def _decode_int8(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
     return np.multiply(arrays["codes"], step, dtype=np.float32)
 
 
+def _int8_shard_problems(blocks: ArrayBlocks) -> list[tuple[str, str]]:
+    """Per-token scales whose product with the channel scales overflows float32 when decoded (`ask` then found no
+    finite score in a store that verified), and a shard whose per-token scales are all zero, which decodes every
+    state to zeros (no transformer layer gives that): each passed the checks of one array (hostile47 F9)."""
+    largest, tokens = 0.0, 0
+    for block in blocks("scales"):
+        largest = max(largest, float(block.max(initial=0)))
+        tokens += len(block)
+    channel = max((float(block.max(initial=0)) for block in blocks("channel_scales")), default=0.0)
+    problems = []
+    if largest * channel * _INT8_LEVELS > float(np.finfo(np.float32).max):
+        problems.append(("scales", f"holds a scale ({largest:.3g}) that overflows float32 when decoded: times the "
+                                   f"largest channel_scales ({channel:.3g}) and code {_INT8_LEVELS}"))
+    if tokens and largest == 0:
+        problems.append(("scales", "are all zero, so every state of the shard decodes to zeros"))
+    return problems
+
+
 def _residual_encoding(bits: int) -> Encoding:
     levels = 2**bits
     return Encoding(
@@ -292,6 +316,7 @@ ENCODINGS: dict[str, Encoding] = {
             decode=_decode_int8,
             output_dtype="float32",
             zero_copy=False,
+            shard_problems=_int8_shard_problems,
         ),
         _residual_encoding(2),
         _residual_encoding(1),

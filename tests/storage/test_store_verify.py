@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from dilstore.runners.cli import main
+from dilstore.storage import encodings
 from dilstore.storage.format import MANIFEST_FILE, TOKENS_PER_CHUNK
 from dilstore.storage.verify import verify_store
 from tests.fixtures.store_fixtures import build_store, random_shards
@@ -63,6 +65,30 @@ def test_every_single_flipped_byte_is_caught(store) -> None:
         named = MANIFEST_FILE if relative == MANIFEST_FILE else relative
         assert any(named in problem for problem in report.problems), (relative, report.problems)
     assert verify_store(store).ok
+
+
+@pytest.mark.parametrize(("scale", "problem"), [
+    (3e38, "states/scales holds a scale (3e+38) that overflows float32 when decoded: times the largest "
+           "channel_scales"),
+    (0.0, "states/scales are all zero, so every state of the shard decodes to zeros"),
+])  # fmt: skip
+def test_int8_scales_that_decode_to_infinity_or_to_zeros_are_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scale: float, problem: str
+) -> None:
+    """Each array passed its own check (finite, >= 0), so verify said OK, and `ask` then found no finite score in
+    the store, or answered from states that were all zeros (hostile47 F9): the arrays are checked together too."""
+    int8 = encodings.get_encoding("int8")
+
+    def encode(states: np.ndarray, codebook: object = None) -> dict[str, np.ndarray]:
+        arrays = int8.encode(states, None)
+        return {**arrays, "scales": np.full_like(arrays["scales"], scale)}
+
+    monkeypatch.setitem(encodings.ENCODINGS, "int8", dataclasses.replace(int8, encode=encode))
+    store = build_store(tmp_path / "store", random_shards([3, 4], seed=1), encoding="int8")
+    monkeypatch.undo()
+    problems = verify_store(store).problems
+    assert len(problems) == 2, problems
+    assert all(found.startswith(f"shards/shard-0000{shard}: {problem}") for shard, found in enumerate(problems))
 
 
 def test_a_truncated_file_is_caught(store, capsys) -> None:
