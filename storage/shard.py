@@ -302,6 +302,7 @@ class ShardReader:
         arrays = _open_arrays(group, [*whole_names, TEXT_BYTES, TOKEN_IDS, CHAR_SPANS,
                                       *(states_array(name) for name in [*per_token, *orphans])], where)  # fmt: skip
         self._refuse_codes_the_codebook_cannot_decode({name: arrays.pop(states_array(name)) for name in orphans})
+        self._refuse_other_arrays(arrays, per_shard, per_token)
         columns = {name: _column(array, name, location, relative, read_path) for name, array in arrays.items()}
         ranged = [column for column in columns.values() if isinstance(column, RangedColumn)]
         whole = dict(zip(whole_names, read_whole([columns[name] for name in whole_names], ranged), strict=True))
@@ -313,6 +314,7 @@ class ShardReader:
         self.char_spans = columns[CHAR_SPANS]
         self.per_token = {name: columns[states_array(name)] for name in per_token}
         self.per_shard = {name: whole[states_array(name)] for name in per_shard}
+        self._refuse_bad_shard_values()
         if from_store:
             assert store_codebook is not None
             self.per_shard.update(store_codebook())  # already prepared, once per store
@@ -325,6 +327,48 @@ class ShardReader:
         if metadata is not None:
             self.watched_files.append(metadata)
         self._check_offsets({name: column.rows for name, column in columns.items()})
+
+    def _refuse_other_arrays(self, arrays: Mapping[str, zarr.Array | None], per_shard: Sequence[str],
+                             per_token: Sequence[str]) -> None:  # fmt: skip
+        """A StoreFormatError naming the first array whose declared dtype or shape is not the one the shard's
+        attributes and encoding give (metadata only: nothing is read).
+
+        fp16 states declared int16, or int8 codes declared uint8, have the same size, so the size checks let
+        them through and they were read as other values: silently wrong answers (hostile47 F4); an int8 shard's
+        channel scales of another length failed inside the decode with numpy's error (F5).
+        """
+        passages, tokens, state_shape = self.attributes.passages, self.attributes.tokens, self.attributes.state_shape
+        rows = (passages + 1,)
+        expected: dict[str, tuple[str, tuple[int, ...] | None]] = {
+            ID_OFFSETS: ("int64", rows), TITLE_OFFSETS: ("int64", rows), TEXT_OFFSETS: ("int64", rows),
+            TOKEN_OFFSETS: ("int64", rows), TOKEN_IDS: ("int32", (tokens,)), CHAR_SPANS: ("int32", (tokens, 2)),
+            ID_BYTES: ("uint8", None), TITLE_BYTES: ("uint8", None), TEXT_BYTES: ("uint8", None),
+        }  # fmt: skip
+        if self.attributes.vector_size is not None:
+            expected[VECTORS] = ("float32", (passages, self.attributes.vector_size))
+        specs = {spec.name: spec for spec in self.encoding.arrays}
+        for name in per_token:
+            expected[states_array(name)] = (specs[name].dtype, (tokens, *specs[name].shape(state_shape)))
+        for name in per_shard:
+            expected[states_array(name)] = (specs[name].dtype, specs[name].shape(state_shape))
+        for name, (dtype, shape) in expected.items():
+            array = arrays.get(name)
+            if array is None:
+                continue  # named when its column is made
+            if array.dtype != np.dtype(dtype) or (array.shape != shape if shape is not None else array.ndim != 1):
+                wanted = f"{dtype} {shape}" if shape is not None else f"1-D {dtype}"
+                raise StoreFormatError(f"{self.where}/{name} is {array.dtype} {array.shape}, expected {wanted}; run "
+                                       "`dilstore verify`")  # fmt: skip
+
+    def _refuse_bad_shard_values(self) -> None:
+        """A StoreFormatError when a per-shard array read whole holds values its encoding refuses (int8 channel
+        scales of zero decoded every state to zeros: finite, silently wrong answers; hostile47 F5). These arrays
+        are a few hundred values, read anyway."""
+        specs = {spec.name: spec for spec in self.encoding.arrays}
+        for name, values in self.per_shard.items():
+            problem = specs[name].check(np.asarray(values))
+            if problem:
+                raise StoreFormatError(f"{self.where}/{states_array(name)} {problem}; run `dilstore verify`")
 
     def _state_arrays(self, held: set[str], from_store: set[str]) -> tuple[list[str], list[str], list[str]]:
         """The encoding's arrays this shard holds, by name: those per shard (read whole; not the ones its store's

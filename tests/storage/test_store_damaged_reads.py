@@ -8,6 +8,7 @@ points at `dilstore verify`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -210,3 +211,34 @@ def test_metadata_nested_too_deep_is_a_store_error(store: Path, relative: str) -
     with pytest.raises(StoreFormatError, match="RecursionError"):
         with open_store(store, read_path="zarr") as opened:
             opened.fetch([first])
+
+
+@pytest.mark.parametrize("read_path", PATHS)
+def test_states_declared_another_dtype_of_the_same_size_are_refused(store: Path, read_path: str) -> None:
+    """fp16 states declared int16 (a same-size dtype, so every size check passes) were read as integers: silently
+    wrong answers until `verify` ran (hostile47 F4)."""
+    metadata = store / shard_path(0) / "states" / "values" / "zarr.json"
+    declared = json.loads(metadata.read_text())
+    metadata.write_text(json.dumps({**declared, "data_type": "int16"}))
+    with pytest.raises(StoreFormatError, match=r"shard-00000/states/values is int16 \(\d+, 3\), expected float16 "
+                                               r"\(\d+, 3\); run `dilstore verify`"):
+        open_store(store, read_path=read_path).fetch(all_ids(store)[:1])
+
+
+@pytest.mark.parametrize("change", ["zero", "short"])
+def test_int8_channel_scales_that_cannot_decode_are_refused(tmp_path: Path, change: str) -> None:
+    """Zero channel scales decoded every state to zeros (finite: no later check saw them; silently wrong answers),
+    and scales of another length failed inside the decode with numpy's broadcast error (hostile47 F5)."""
+    shards = random_shards([5, 4], state_shape=(3,), seed=11, max_words=10)
+    store = build_store(tmp_path / "int8", shards, encoding="int8")
+    scales = store / shard_path(0) / "states" / "channel_scales"
+    if change == "zero":
+        with zarr.config.set({"array.write_empty_chunks": True}):  # a chunk of zeros is written, not dropped
+            damage(store, f"{shard_path(0)}/states/channel_scales", np.zeros_like)
+        expected = r"states/channel_scales holds zero"
+    else:
+        declared = json.loads((scales / "zarr.json").read_text())
+        (scales / "zarr.json").write_text(json.dumps({**declared, "shape": [2]}))
+        expected = r"states/channel_scales is float32 \(2,\), expected float32 \(3,\)"
+    with pytest.raises(StoreFormatError, match=expected):
+        open_store(store, read_path="zarr").fetch([shards[0][0].id])
