@@ -33,6 +33,7 @@ _READ_BLOCK = 8 << 20
 _HASH_THREADS = 4
 # Filesystems that cannot list a folder: an HTTP server's HTML index page, where there is one, is not a listing.
 _UNLISTABLE = frozenset({"http", "https"})
+_TOTAL_SECONDS = 300.0  # aiohttp's default bound on a whole request
 
 
 def read_timeout() -> float | None:
@@ -61,7 +62,9 @@ def _with_read_timeout(scheme: str, options: dict[str, Any]) -> dict[str, Any]:
         return options
     import aiohttp
 
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+    # A whole request may take aiohttp's default 5 minutes, or ten waits when longer: a server that sends a byte now
+    # and then resets each wait, and held a store's reads (and a server's worker) for good (hostile47 F6).
+    timeout = aiohttp.ClientTimeout(total=max(_TOTAL_SECONDS, 10 * seconds), sock_connect=seconds, sock_read=seconds)
     return {**options, "client_kwargs": {"timeout": timeout}}
 
 
@@ -151,8 +154,21 @@ class StoreLocation:
                 raise
             raise DilstoreError(f"cannot reach store {self.url}: {describe(error)}") from None
 
-    def read_bytes(self, relative: str) -> bytes:
-        return bytes(self.fs.cat_file(self.path(relative)))
+    def read_bytes(self, relative: str, at_most: int | None = None) -> bytes:
+        """The file's bytes; with `at_most`, no more than `at_most + 1` of them (the caller knows then that the
+        file is longer), read as a stream over HTTP so that a body of no declared end is not read whole."""
+        path = self.path(relative)
+        if at_most is None:
+            return bytes(self.fs.cat_file(path))
+        if self.local_root is None and self.lists_files:  # an object store: a ranged read
+            return bytes(self.fs.cat_file(path, start=0, end=at_most + 1))
+        chunks: list[bytes] = []
+        wanted = at_most + 1
+        with self.fs.open(path, "rb", **({} if self.local_root is not None else {"block_size": 0})) as file:
+            while wanted > 0 and (chunk := file.read(wanted)):  # a stream gives what has come so far
+                chunks.append(bytes(chunk))
+                wanted -= len(chunk)
+        return b"".join(chunks)
 
     def files(self) -> dict[str, int]:
         """Every file under the root: relative path -> size in bytes, sorted by path (only where `lists_files`).

@@ -36,6 +36,11 @@ from dilstore.storage.replacement import replaced_dir
 from dilstore.storage.write_lock import writer_of
 from dilstore.storage.zarr_reads import read_failure
 
+# The longest manifest read: one lists each file of each shard (4.4 KB a shard), so precompute's most shards
+# (16,384) make about 71 MB (BENCHMARKS.md, "Scale"); a longer file is no manifest, and reading it whole took
+# twice its size in memory.
+MAX_MANIFEST_BYTES = 256 << 20
+
 
 @dataclass(frozen=True)
 class ShardEntry:
@@ -292,13 +297,16 @@ def read_manifest(location: StoreLocation) -> Manifest:
     if local is not None and is_special_file(local / MANIFEST_FILE):
         raise StoreFormatError(f"{where} is not a regular file (a pipe, socket or device)")  # a read would block
     try:
-        raw = location.read_bytes(MANIFEST_FILE)
+        raw = location.read_bytes(MANIFEST_FILE, at_most=MAX_MANIFEST_BYTES)
     except IsADirectoryError:
         raise StoreFormatError(f"{where} is a directory, not a manifest file") from None
     except FileNotFoundError:
         raise StoreFormatError(f"{where} went missing while it was read") from None
     except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
         raise read_failure(where, error, local=location.local_root is not None) from None
+    if len(raw) > MAX_MANIFEST_BYTES:  # read whole, a 3 GB file took 6.3 GB of memory to say "not JSON" (hostile47 F7)
+        raise StoreFormatError(f"{where} is longer than {MAX_MANIFEST_BYTES:,} bytes, more than any store's manifest: "
+                               "not a dilstore manifest")  # fmt: skip
     return parse_manifest(raw, where)
 
 

@@ -42,7 +42,7 @@ from dilstore.storage.format import (
 )
 from dilstore.storage.id_index import IdIndex, Superseded, header_matches, id_hashes, read_superseded
 from dilstore.storage.location import StoreLocation
-from dilstore.storage.manifest import Manifest, parse_manifest, read_manifest
+from dilstore.storage.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest, read_manifest
 from dilstore.storage.mapped import WatchedFile, check_unchanged, map_array, read_array_file, shards_kept_open
 from dilstore.storage.records import StoredPassage
 from dilstore.storage.shard import ShardReader, read_ranges
@@ -261,7 +261,8 @@ class Store:
         names this one, False when it cannot be read (unreachable or unreadable for now: one answer proves
         nothing)."""
         try:
-            now = parse_manifest(self.location.read_bytes(MANIFEST_FILE), self.location.path(MANIFEST_FILE)).generation
+            raw = self.location.read_bytes(MANIFEST_FILE, at_most=MAX_MANIFEST_BYTES)  # a longer one does not parse
+            now = parse_manifest(raw, self.location.path(MANIFEST_FILE)).generation
         except Exception:  # noqa: BLE001 - see the docstring
             return False
         if now != self.manifest.generation:

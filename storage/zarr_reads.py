@@ -129,6 +129,9 @@ def read_failure(what: str, error: BaseException, *, local: bool = False) -> Sto
     StoreFormatError; so is a `local` file that cannot be read for good (no permission, a directory or a loop of
     links in its place, a null byte in its name), which trying again would not mend; anything else failed in
     transit or for a while (too many open files), a StoreReadError, which may not recur."""
+    if isinstance(error, MemoryError):  # a file far larger than any of a store's: trying again would fail again
+        return StoreFormatError(f"reading {what} needed more memory than this process has: no file of a store is "
+                                "that large; run `dilstore verify`")  # fmt: skip
     if local and (isinstance(error, ValueError) or getattr(error, "errno", None) in _LASTING):
         return StoreFormatError(
             f"cannot read {what}: {describe(error)}; every file of a store must be a readable file "

@@ -900,11 +900,11 @@ def test_health_does_not_wait_for_a_silent_storage_server(
     silent, answer, reads = threading.Event(), threading.Event(), []
     real = StoreLocation.read_bytes
 
-    def read_bytes(location: StoreLocation, relative: str) -> bytes:
+    def read_bytes(location: StoreLocation, relative: str, at_most: int | None = None) -> bytes:
         if relative == "manifest.json" and silent.is_set():
             reads.append(relative)
             answer.wait(timeout=30)  # until the test ends: a server that never answers
-        return real(location, relative)
+        return real(location, relative, at_most)
 
     served = shutil.copytree(tiny["s2"], tmp_path / "site" / "s2")
     with serve_directory(served.parent) as files:

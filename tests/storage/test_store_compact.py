@@ -245,10 +245,10 @@ def test_a_manifest_that_could_not_be_read_once_is_looked_at_again(tmp_path: Pat
     real = Location.read_bytes
     failing = iter([True])
 
-    def read_bytes(self: Location, relative: str) -> bytes:
+    def read_bytes(self: Location, relative: str, at_most: int | None = None) -> bytes:
         if next(failing, False):
             raise OSError("Too many open files")
-        return real(self, relative)
+        return real(self, relative, at_most)
 
     monkeypatch.setattr(Location, "read_bytes", read_bytes)
     try:

@@ -13,7 +13,9 @@ import json
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
@@ -412,8 +414,8 @@ def test_a_store_at_a_url_reads_its_manifest_again_at_most_every_so_often(
 
     reads: list[str] = []
     real = StoreLocation.read_bytes
-    monkeypatch.setattr(StoreLocation, "read_bytes", lambda self, relative: (reads.append(relative),
-                                                                             real(self, relative))[1])  # fmt: skip
+    monkeypatch.setattr(StoreLocation, "read_bytes", lambda self, relative, **limit: (reads.append(relative),
+                                                                                      real(self, relative, **limit))[1])  # fmt: skip
     with serve_directory(served_root) as files, open_store(f"{files.url}/fp16") as store:
         reads.clear()
         store.check_unchanged()
@@ -436,3 +438,67 @@ def test_a_store_behind_a_password_reads_on_both_read_paths(served_root: Path, n
             assert_same_passages(remote.fetch(wanted), open_store(served_root / name).fetch(wanted))
         with pytest.raises(DilstoreError):  # the server does check the password
             open_store(url.replace("S3CRET", "wrong")).fetch(wanted)
+
+
+@contextmanager
+def dripping_server() -> Iterator[str]:
+    """A server on 127.0.0.1 that answers every request with headers at once and then one byte of its 60-byte body
+    every 0.2 s (12 s in all): each byte resets a wait between reads. Its URL; stopped after."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+
+    def drip(connection: socket.socket) -> None:
+        with connection:
+            head = connection.recv(65536).startswith(b"HEAD")
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 60\r\nConnection: close\r\n\r\n")
+            while not head and not stop.wait(0.2):
+                try:
+                    connection.sendall(b" ")
+                except OSError:
+                    return
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=drip, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_a_server_that_drips_its_answer_is_cut_off_by_the_whole_request_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DILSTORE_READ_TIMEOUT bounded only the gap between two reads: a byte every few seconds held a command, or a
+    served store's worker, for good (hostile47 F6). A whole request now has at most ten waits (or 5 minutes)."""
+    from dilstore.storage import location
+
+    monkeypatch.setenv("DILSTORE_READ_TIMEOUT", "0.3")  # ten waits: 3 s; the drip's gap is 0.2 s
+    monkeypatch.setattr(location, "_TOTAL_SECONDS", 0.0)
+    started = time.monotonic()
+    with dripping_server() as url, pytest.raises(DilstoreError, match="Timeout"):
+        open_store(f"{url}/store")
+    assert time.monotonic() - started < 10
+
+
+def test_a_manifest_longer_than_any_store_s_is_refused_unread(
+    served_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 3 GB file in the manifest's place took 6.3 GB of memory to be refused as not JSON, and an endless HTTP body
+    grew until the memory ran out, which read as "try again" (hostile47 F7). At most MAX_MANIFEST_BYTES are read."""
+    from dilstore.storage import manifest
+    from dilstore.storage.zarr_reads import read_failure
+
+    monkeypatch.setattr(manifest, "MAX_MANIFEST_BYTES", 100)  # the stores' manifests are kilobytes
+    with pytest.raises(StoreFormatError, match=r"manifest.json is longer than 100 bytes, more than any store's"):
+        open_store(served_root / "fp16")
+    with serve_directory(served_root) as server, pytest.raises(StoreFormatError, match=r"is longer than 100 bytes"):
+        open_store(f"{server.url}/fp16")  # read as a stream: an endless body is not read whole
+    assert isinstance(read_failure("a file", MemoryError()), StoreFormatError)
