@@ -414,8 +414,11 @@ def test_a_store_at_a_url_reads_its_manifest_again_at_most_every_so_often(
 
     reads: list[str] = []
     real = StoreLocation.read_bytes
-    monkeypatch.setattr(StoreLocation, "read_bytes", lambda self, relative, **limit: (reads.append(relative),
-                                                                                      real(self, relative, **limit))[1])  # fmt: skip
+    def read_bytes(self: StoreLocation, relative: str, at_most: int | None = None) -> bytes:
+        reads.append(relative)
+        return real(self, relative, at_most)
+
+    monkeypatch.setattr(StoreLocation, "read_bytes", read_bytes)
     with serve_directory(served_root) as files, open_store(f"{files.url}/fp16") as store:
         reads.clear()
         store.check_unchanged()
