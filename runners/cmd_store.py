@@ -57,11 +57,35 @@ def run_verify(args: argparse.Namespace) -> int:
 
     with BarProgress("verify", disabled=args.no_progress or args.json) as progress:
         report = verify_store(args.store, progress=progress)
+    index = bm25_problems(args.store)
+    if index is not None:  # its files are checked by Lucene's checksums, no longer "not checked"
+        from dilstore.reader.retrieval import BM25_INDEX_DIR
+
+        report.problems.extend(index)
+        report.untracked = [path for path in report.untracked if not path.startswith(f"{BM25_INDEX_DIR}/")]
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:
         print(format_report(report.to_dict()))
     return 0 if report.ok else 1
+
+
+def bm25_problems(store: str) -> list[str] | None:
+    """The problems of a local store's BM25 index (STORE/bm25, outside the manifest: `reader.retrieval.
+    index_problems`), when it has one and its manifest can be read; None when it was not checked."""
+    from dilstore.reader.retrieval import bm25_index_dir, index_problems
+    from dilstore.storage.format import StoreFormatError
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
+
+    location = StoreLocation.parse(store)
+    if location.local_root is None or not any(bm25_index_dir(store).glob("segments_*")):
+        return None
+    try:
+        manifest = read_manifest(location)
+    except StoreFormatError:  # verify has said why
+        return None
+    return index_problems(bm25_index_dir(store), manifest, store)
 
 
 def _size(size: float) -> str:

@@ -173,6 +173,23 @@ def test_an_index_of_fewer_documents_than_the_store_is_refused(indexed: dict[str
         open_reader(indexed["store"], indexed["model"], index_dir=partial)
 
 
+def test_verify_checks_the_index_with_lucene_s_checksums(indexed: dict[str, Any], tmp_path: Path, capsys) -> None:
+    """A garbled segment file of STORE/bm25 gave some queries other BM25 scores with no error, and `verify` said OK
+    (hostile47 F3): the index is outside the manifest. verify now runs Lucene's checksums over it."""
+    store = shutil.copytree(indexed["store"], tmp_path / "store")
+    assert main(["verify", str(store), "--json"]) == 0
+    assert not [path for path in json.loads(capsys.readouterr().out)["untracked"] if path.startswith("bm25/")]
+    postings = sorted((store / "bm25").glob("*.doc"))[0]
+    garbled = bytearray(postings.read_bytes())
+    garbled[len(garbled) // 2] ^= 0x5A
+    postings.write_bytes(bytes(garbled))
+    assert main(["verify", str(store), "--json"]) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert len(problems) == 1 and problems[0].startswith(f"the BM25 index {store / 'bm25'} is damaged: checksum "
+                                                         "failed"), problems  # fmt: skip
+    assert postings.name in problems[0]
+
+
 def test_an_index_of_another_store_is_named_as_such(indexed: dict[str, Any], tmp_path: Path) -> None:
     """It was refused with the message for an index an append made stale, which advised rebuilding the wrong one."""
     from dilstore.reader.retrieval import INDEX_RECORD
