@@ -286,6 +286,9 @@ class StoreRouter:
             if failure is not None:
                 store.problem = scrubbed(f"it changed on disk, and opening it again failed: {failure}")
                 logger.error("store %r is unavailable: %s", store.name, store.problem)
+            elif not attempted and store.files_changed and self._back_as_opened(store):
+                logger.info("store %r is available again: its files are back as it was opened", store.name)
+                store.problem = None
             return
         service = store.latest
         try:
@@ -296,11 +299,21 @@ class StoreRouter:
                 if failure is None:
                     return
             reopening = f"; opening it again failed: {failure}" if failure is not None else ""
-            store.fail(StoreFormatError(f"{error}{reopening}"), service)
+            store.fail(type(error)(f"{error}{reopening}"), service)
             return
         if failure is not None:
             logger.warning("store %r changed on disk but cannot be opened again: %s; it is served as it was "
                            "opened", store.name, failure)  # fmt: skip
+
+    @staticmethod
+    def _back_as_opened(store: ServedStore) -> bool:
+        """Whether the unavailable store's files are the ones it opened again (a folder moved away and back), which
+        no reopen notices: its stamp is the one it was opened with (review47 F3)."""
+        try:
+            store.latest.store.check_unchanged()
+        except StoreFormatError:
+            return False
+        return True
 
     def reopen(self, store: ServedStore, reopener: Reopener) -> str | None:
         """Open `store` again as at start-up and serve the new copy from its next batch on (None), or say why that
@@ -315,9 +328,10 @@ class StoreRouter:
         if fresh.service.endpoint != store.latest.endpoint:
             fresh.service.close()
             reopener.gave_up(stamp)
-            return (f"it is now a {fresh.description.get('info', {}).get('kind')} store, which answers "
-                    f"{fresh.service.endpoint}, not {store.latest.endpoint}; restart the server to serve it")
+            return (f"the folder now holds a store of kind {fresh.description.get('info', {}).get('kind')}, which "
+                    f"answers {fresh.service.endpoint}, not {store.latest.endpoint} (a restart serves it so)")
         store.take(fresh)
+        self.batchers[store.name].run_soon(store.swap)  # at once when idle: the old copy's files and model go
         reopener.succeeded(stamp)
         logger.info("opened again: %s (it held %s passages)", fresh.summary(), _count(before))
         return None

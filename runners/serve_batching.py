@@ -43,6 +43,7 @@ from typing import Any
 
 from dilstore.runners.serve_metrics import Metrics
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import StoreFormatError
 
 logger = logging.getLogger("dilstore.serve")
 
@@ -116,6 +117,7 @@ class Batcher:
         self._run_batch = run_batch
         self._metrics = metrics
         self._queue: collections.deque[_Job] = collections.deque()
+        self._chores: list[Callable[[], None]] = []  # run on the worker thread before its next batch
         self._condition = threading.Condition()
         self._stopping = False
         self._last_trim = time.monotonic()
@@ -154,6 +156,13 @@ class Batcher:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    def run_soon(self, chore: Callable[[], None]) -> None:
+        """Run `chore` on the worker thread before its next batch, at once when it is idle: work that must not
+        overlap a batch (a reopened store's swap, which closes the copy the batches read)."""
+        with self._condition:
+            self._chores.append(chore)
+            self._condition.notify()
+
     def pending(self) -> int:
         """Requests waiting for a batch (not counting the batch that is running)."""
         with self._condition:
@@ -181,6 +190,7 @@ class Batcher:
 
     def _work(self) -> None:
         while (batch := self._next_batch()) is not None:
+            self._run_chores()
             batch = [job for job in batch if not job.future.cancelled()]  # its client is gone (a shutdown's timeout)
             if not batch:
                 continue
@@ -196,13 +206,24 @@ class Batcher:
                 return_freed_memory()
                 self._last_trim = time.monotonic()
 
-    def _next_batch(self) -> list[_Job] | None:
-        """The next batch (see the module docstring), or None once stopping with nothing queued."""
+    def _run_chores(self) -> None:
+        """Run the chores given so far (`run_soon`); one that fails is logged, and the worker goes on."""
         with self._condition:
-            while not self._queue and not self._stopping:
+            chores, self._chores = self._chores, []
+        for chore in chores:
+            try:
+                chore()
+            except Exception:  # noqa: BLE001 (a chore's failure must not end the store's worker)
+                logger.exception("store %r: a task between batches failed", self.name)
+
+    def _next_batch(self) -> list[_Job] | None:
+        """The next batch (see the module docstring); empty when woken only for chores; None once stopping with
+        nothing queued."""
+        with self._condition:
+            while not self._queue and not self._stopping and not self._chores:
                 self._condition.wait()
             if not self._queue:
-                return None
+                return [] if self._chores else None
             batch = [self._queue.popleft()]
             pairs = batch[0].pairs
             if not self._queue:
@@ -221,6 +242,8 @@ class Batcher:
         """run_batch's outcomes; if the shared run raises, each payload's outcome when run alone."""
         try:
             return list(self._run_batch(payloads))
+        except StoreFormatError as error:  # the store's files, not a request: each alone would meet them again
+            return [error] * len(payloads)
         except Exception as error:  # noqa: BLE001 (any failure of the shared run is retried request by request)
             if len(payloads) == 1:
                 return [error]

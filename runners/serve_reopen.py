@@ -4,9 +4,9 @@ rebuild with `--overwrite`, or its BM25 index rebuilt by `dilstore index`.
 A Reopener holds the way the store was opened at start-up (the same checks, model and index choice) and a
 stamp of the files that change when the store or its index does: the manifest's and the index folder's
 entries (name, inode, size, modification time). The server's router (runners/serve_app.py) compares stamps at
-each check; a reopen that failed is tried again only once the stamp moved on, so a store rebuilt by another
-model does not load a model at every check. A store at a URL has no stamp: it is reopened once its manifest names
-another build, at most once every RETRY_SECONDS.
+each check; a reopen that failed is tried again once the stamp moved on, or after a wait that doubles with each
+failure, so a store rebuilt by another model does not load a model at every check. A store at a URL has no stamp:
+it is reopened once its manifest names another build, at most once every RETRY_SECONDS.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from dilstore.storage.location import StoreLocation
 if TYPE_CHECKING:
     from dilstore.runners.serve_services import ServedStore
 
-RETRY_SECONDS = 30.0  # how long a store at a URL (no stamp to watch) that became unavailable waits to be reopened
+RETRY_SECONDS = 30.0  # the first wait before a failed reopen is tried again with no change seen; it doubles
+MAX_RETRY_DOUBLINGS = 7  # up to 64 times RETRY_SECONDS (about half an hour)
 
 Stamp = Hashable | None
 
@@ -34,32 +35,36 @@ class Reopener:
     """Opens a served store again (`open`, as at start-up) and says when that is worth trying (`due`).
 
     opened: the stamp of the copy being served; failed: the stamp when a reopen last failed (None: none failed
-    since the last success); tried_at: when the served copy was opened or a reopen last tried (time.monotonic()).
+    since the last success); failures: reopens failed in a row; tried_at: when the served copy was opened or a
+    reopen last tried (time.monotonic()).
     """
 
     open: Callable[[], ServedStore]
     stamp: Callable[[], Stamp]
     opened: Stamp = None
     failed: Stamp = None
+    failures: int = 0
     tried_at: float = field(default_factory=time.monotonic)
 
     def due(self, unavailable: bool) -> bool:
-        """Whether to reopen the store now: a local store's files changed since the served copy was opened and
-        since a reopen last failed; a store at a URL that is `unavailable` (its manifest names another build) was
-        last opened or tried RETRY_SECONDS ago. A store whose files did not change is not reopened: a copy that
-        went bad in place (a file cut short) would open and fail again at every check."""
+        """Whether to reopen the store now: a local store's files changed since the served copy was opened, and
+        since a reopen last failed or the wait after it passed; a store at a URL that is `unavailable` (its
+        manifest names another build), once the wait passed. The wait (RETRY_SECONDS, doubling with each failure)
+        lets a store copied into place file by file (a reopen halfway failed, and the manifest, copied first,
+        never changed again) be served, without loading a model at every check for a store of another model."""
         now = self.stamp()
+        waited = time.monotonic() - self.tried_at >= RETRY_SECONDS * 2 ** min(self.failures, MAX_RETRY_DOUBLINGS)
         if now is None:
-            return unavailable and time.monotonic() - self.tried_at >= RETRY_SECONDS
-        return now != self.opened and now != self.failed
+            return unavailable and waited
+        return now != self.opened and (now != self.failed or waited)
 
     def succeeded(self, stamp: Stamp) -> None:
         """Record that the copy opened at `stamp` is now served."""
-        self.opened, self.failed, self.tried_at = stamp, None, time.monotonic()
+        self.opened, self.failed, self.failures, self.tried_at = stamp, None, 0, time.monotonic()
 
     def gave_up(self, stamp: Stamp) -> None:
         """Record that a reopen begun at `stamp` failed."""
-        self.failed, self.tried_at = stamp, time.monotonic()
+        self.failed, self.failures, self.tried_at = stamp, self.failures + 1, time.monotonic()
 
 
 def files_stamp(store_path: str, index_dir: Path | None) -> Stamp:

@@ -5,6 +5,7 @@ over an EARL or Listformer store; ServedStore is a mounted store with its servic
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from dilstore.reader.text.tokenization import folded, spaced
 from dilstore.runners.serve_reopen import Reopener
 from dilstore.runners.serve_requests import ASK, RERANK, AskRequest, ClientError, RerankRequest
 from dilstore.storage.errors import DilstoreError, listed, scrubbed
+from dilstore.storage.format import StoreChangedError
 from dilstore.storage.reader import MissingPassagesError, Store
 
 logger = logging.getLogger("dilstore.serve")
@@ -171,8 +173,8 @@ class ServedStore:
 
     `problem` says why the store became unavailable (None while it serves). `reopener` opens it again once it
     changed on disk (runners/serve_reopen.py; None: it is served as opened until a restart). A reopened store's
-    service waits in `pending` until the store's worker thread starts its next batch (`run_batch`): the service
-    it replaces is closed there, when no batch reads it any more.
+    service waits in `pending` until the store's worker thread swaps it in between two batches (`swap`): the
+    service it replaces is closed there, when no batch reads it any more.
     """
 
     name: str
@@ -180,6 +182,7 @@ class ServedStore:
     description: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
     reopener: Reopener | None = None
+    files_changed: bool = False  # the problem is files changed under the store, which putting them back mends
     pending: Service | None = None
     checking: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the store's check
     _swap: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -191,17 +194,24 @@ class ServedStore:
             return self.pending if self.pending is not None else self.service
 
     def run_batch(self, requests: Sequence[Any]) -> list[dict[str, Any] | Exception]:
-        """The latest service's outcomes for a batch; on the store's worker thread, so a pending service is swapped
-        in (and the one it replaces closed) here, between two batches."""
+        """The serving service's outcomes for a batch, on the store's worker thread."""
+        return self.service.run_batch(requests)
+
+    def swap(self) -> None:
+        """Serve the pending service, if any, and close the one it replaces; on the store's worker thread between
+        two batches (Batcher.run_soon), so no batch reads the closed one. The replaced copy's memory maps (of
+        files a compaction deleted: disk space) and model are let go at once: they sit in reference cycles that
+        only a full collection frees, which an idle server might not run for hours (review47 F1)."""
         with self._swap:
             fresh, self.pending = self.pending, None
             stale, self.service = self.service, fresh if fresh is not None else self.service
         if fresh is not None:
             stale.close()
-        return self.service.run_batch(requests)
+            del stale
+            gc.collect()
 
     def take(self, fresh: ServedStore) -> None:
-        """Serve `fresh` (the same store opened again) from the next batch on; what /stores says and the store's
+        """Serve `fresh` (the same store opened again) once `swap` runs; what /stores says and the store's
         availability are its own from now. A reopened copy still pending is closed: no batch ever read it."""
         with self._swap:
             stale, self.pending = self.pending, fresh.service
@@ -225,6 +235,7 @@ class ServedStore:
             return False
         if self.problem is None:
             self.problem = scrubbed(str(error))  # /health, /stores and every 503 show it, to any client
+            self.files_changed = isinstance(error, StoreChangedError)
             until = "until its files change and it can be opened again" if self.reopener is not None else "from now on"
             logger.error("store %r is unavailable %s: %s", self.name, until, self.problem)
         return True

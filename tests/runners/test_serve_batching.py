@@ -172,3 +172,61 @@ def test_clients_that_leave_are_dropped_through_the_real_app_and_counted_499() -
         release.set()
         server.should_exit = True
         thread.join(30)
+
+
+def test_chores_run_on_an_idle_worker_at_once_and_a_failing_one_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A reopened store's swap waited for the next request: an idle server kept the replaced copy (its deleted
+    files, its model) for as long as no request came (review47 F2). `run_soon` wakes the worker."""
+    ran: list[str] = []
+
+    def failing() -> None:
+        raise RuntimeError("a chore failed")
+
+    batcher = Batcher("store", lambda payloads: list(payloads), max_batch_pairs=1, max_wait=0.0, queue_size=10,
+                      metrics=Metrics())  # fmt: skip
+    batcher.start()
+    try:
+        batcher.run_soon(failing)
+        batcher.run_soon(lambda: ran.append(threading.current_thread().name))
+        deadline = time.monotonic() + 30
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert asyncio.run(batcher.submit(7, 1)) == 7, "the worker goes on after a failed chore"
+    finally:
+        batcher.stop()
+    assert ran == ["dilstore-serve-store"], "on the store's worker thread, with no request sent"
+    assert [record.getMessage() for record in caplog.records] == ["store 'store': a task between batches failed"]
+
+
+def test_a_batch_that_meets_a_changed_store_is_not_run_again_request_by_request(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store's files changed under a batch made every request of it run again alone, against the same files, with
+    a warning per compaction under load (review47 F5): the error is each request's, at once."""
+    from dilstore.storage.format import StoreChangedError
+
+    calls: list[list[int]] = []
+
+    def run_batch(payloads: list[int]) -> list[int]:
+        calls.append(list(payloads))
+        if len(calls) == 1:
+            time.sleep(0.2)  # the other two arrive meanwhile and form the next batch
+            return list(payloads)
+        raise StoreChangedError("the store was rebuilt")
+
+    batcher = Batcher("store", run_batch, max_batch_pairs=4, max_wait=0.05, queue_size=10, metrics=Metrics())
+    batcher.start()
+
+    async def ask() -> list[object]:
+        first = asyncio.ensure_future(batcher.submit(0, 1))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.ensure_future(batcher.submit(number, 1)) for number in (1, 2)]
+        return await asyncio.gather(first, *rest, return_exceptions=True)
+
+    try:
+        outcomes = asyncio.run(ask())
+    finally:
+        batcher.stop()
+    assert outcomes[0] == 0 and all(isinstance(outcome, StoreChangedError) for outcome in outcomes[1:])
+    assert calls == [[0], [1, 2]], "run once, not again request by request"
+    assert not [record for record in caplog.records if "running each alone" in record.getMessage()]

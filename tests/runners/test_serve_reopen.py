@@ -191,10 +191,26 @@ def test_a_store_at_a_url_is_reopened_at_most_every_retry_interval(monkeypatch: 
     assert not reopener.due(unavailable=False)
     monkeypatch.setattr(serve_reopen, "RETRY_SECONDS", 0.0)
     assert reopener.due(unavailable=True) and not reopener.due(unavailable=False)
+
+
+def test_a_failed_reopen_of_unchanged_files_waits_longer_after_each_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store copied into place file by file failed its reopen halfway, and its manifest (copied first) never
+    changed again: it stayed unavailable for good. Unchanged files are tried again after a wait that doubles."""
+    clock = [1000.0]
+    monkeypatch.setattr(serve_reopen.time, "monotonic", lambda: clock[0])
     local = Reopener(open=lambda: None, stamp=lambda: ("manifest", 2), opened=("manifest", 1))  # type: ignore
-    assert local.due(unavailable=False)
+    assert local.due(unavailable=False), "the files changed since the served copy was opened"
+    waits = []
+    for _ in range(10):
+        local.gave_up(("manifest", 2))
+        started = clock[0]
+        while not local.due(unavailable=True):
+            clock[0] += 1.0
+        waits.append(clock[0] - started)
+    assert waits == [serve_reopen.RETRY_SECONDS * 2**doubling for doubling in (1, 2, 3, 4, 5, 6, 7, 7, 7, 7)]
     local.gave_up(("manifest", 2))
-    assert not local.due(unavailable=True), "the files did not change since the reopen failed"
+    monkeypatch.setattr(local, "stamp", lambda: ("manifest", 3))
+    assert local.due(unavailable=True), "files changed again: at once"
 
 
 @pytest.mark.usefixtures("quick_watch")
@@ -214,3 +230,46 @@ def test_a_failed_check_is_logged_and_the_watch_goes_on(
     with caplog.at_level("ERROR", logger="dilstore.serve"), running([store]):
         wait_for(lambda: len(calls) >= 3, "the watch to check again")
     assert [record.getMessage() for record in caplog.records] == ["checking the stores failed"]
+
+
+def deleted_maps(folder: Path) -> list[str]:
+    """This process's memory maps of files under `folder` that were deleted."""
+    return [line for line in Path("/proc/self/maps").read_text().splitlines()
+            if f"{folder}/" in line and line.endswith("(deleted)")]  # fmt: skip
+
+
+@pytest.mark.usefixtures("quick_watch")
+def test_an_idle_server_lets_the_replaced_copy_go_without_a_request(
+    tiny: dict[str, Any], served_copy: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    """After a compaction, an idle server kept the old copy (its maps of the deleted files, its model) until the next
+    request, and even then until a full garbage collection ran (review47 F1, F2)."""
+    store = open_served_store("s2", str(served_copy), tiny["ranker_dir"], None)
+    first = store.service
+    with running([store]) as (client, _):
+        assert client.post("/rerank", json={"query": QUERY, "doc_ids": IDS}).status_code == 200  # maps the shards
+        served_copy.rename(tmp_path / "old")
+        shutil.copytree(tiny["s1"], tmp_path / "new").rename(served_copy)  # whole, as a compaction swaps it in
+        shutil.rmtree(tmp_path / "old")  # as a compaction deletes the old build
+        assert deleted_maps(tmp_path / "old"), "the old copy maps the files just deleted"
+        wait_for(lambda: store.service is not first, "the swap, with no request sent")
+        wait_for(lambda: not deleted_maps(tmp_path / "old"), "the old copy's maps to go")
+        assert client.post("/rerank", json={"query": QUERY, "doc_ids": IDS}).json()["encoding"] == "fp32"
+
+
+def test_a_store_moved_away_and_back_is_available_again(
+    tiny: dict[str, Any], served_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    """A store moved away and back stayed unavailable until a restart, /health still saying its manifest was gone
+    (review47 F3): its files are the ones it opened, which a check now finds."""
+    store = open_served_store("s2", str(served_copy), tiny["ranker_dir"], None)
+    with caplog.at_level("INFO", logger="dilstore.serve"), running([store]) as (client, _):
+        served_copy.rename(tmp_path / "away")
+        gone = client.get("/health")
+        (tmp_path / "away").rename(served_copy)
+        back = client.get("/health")
+        answered = client.post("/rerank", json={"query": QUERY, "doc_ids": IDS})
+    assert gone.status_code == 503 and "manifest.json is gone" in gone.json()["problems"]["s2"]
+    assert back.status_code == 200, back.text
+    assert scores(answered).keys() == set(IDS)
+    assert "store 's2' is available again: its files are back as it was opened" in caplog.messages
