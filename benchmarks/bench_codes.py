@@ -31,7 +31,14 @@ For the first --paragraphs SQuAD v1.1 dev paragraphs this script
 Both quantizers are trained here on the states they encode (in-sample);
 bench_codes_heldout.py trains them on other paragraphs' states instead.
 
-    .venv/bin/python benchmarks/bench_codes.py --work /tmp/bench-codes --paragraphs 60 --threads 1 --output codes.json
+    .venv/bin/python benchmarks/bench_codes.py --work /tmp/bench-codes --paragraphs 60 --threads 1 \\
+        --output /tmp/bench-codes.json
+
+The token sample must hold at least MIN_SAMPLE_TOKENS tokens (k-means with 4096
+centroids; PQ with 256 per sub-quantizer): a run whose paragraphs hold fewer
+stops with a usage error right after the fp32 store, before the other encodings.
+Prints a table and the JSON; --output gets the JSON after every stage
+(`"complete": false` until the last), so a run that fails keeps what it measured.
 """
 
 from __future__ import annotations
@@ -63,6 +70,10 @@ VARIANTS = (Variant(0, 2, True), Variant(0, 1, True),
             *(Variant(centroids, bits, False) for bits in (2, 1) for centroids in (256, 1024, 4096)),
             Variant(1024, 1, True))
 CLI = [sys.executable, "-m", "dilstore"]
+PQ_BITS = 8  # one-byte sub-quantizers: 2**8 centroids each
+MOST_CENTROIDS = max(variant.centroids for variant in VARIANTS)
+# faiss k-means and PQ training refuse fewer training points than centroids: the sample must hold the largest k.
+MIN_SAMPLE_TOKENS = max(2**PQ_BITS, MOST_CENTROIDS)
 
 
 def squad_subset(source: Path, paragraphs: int, target: Path) -> list[dict[str, Any]]:
@@ -97,7 +108,7 @@ def train_pq(sample: np.ndarray, reference: np.ndarray, bytes_per_token: int) ->
     """faiss ProductQuantizer with `bytes_per_token` 8-bit sub-quantizers, trained on `sample`, measured on `reference`."""
     import faiss
 
-    quantizer = faiss.ProductQuantizer(reference.shape[1], bytes_per_token, 8)
+    quantizer = faiss.ProductQuantizer(reference.shape[1], bytes_per_token, PQ_BITS)
     started = time.perf_counter()
     quantizer.train(np.ascontiguousarray(sample))
     trained = time.perf_counter()
@@ -106,15 +117,16 @@ def train_pq(sample: np.ndarray, reference: np.ndarray, bytes_per_token: int) ->
     decoded = quantizer.decode(codes)
     done = time.perf_counter()
     return quantizer, {**errors(reference, decoded), "bytes_per_token": bytes_per_token,
-                       "codebook_bytes": 4 * reference.shape[1] * 256, "train_s": trained - started,
+                       "codebook_bytes": 4 * reference.shape[1] * 2**PQ_BITS, "train_s": trained - started,
                        "encode_s": encoded - trained, "decode_s": done - encoded}
 
 
 def pq_through_reader(
-    sample: np.ndarray, reference: np.ndarray, reader: Any, questions: list[dict[str, Any]], by_doc: Any, ids: list[str]
-) -> dict[str, dict[str, Any]]:
-    """PQ at d/4 and d/8 bytes per token: its error, and F1 of `reader` (the fp32 store's) reading PQ-decoded states."""
-    results = {}
+    sample: np.ndarray, reference: np.ndarray, reader: Any, questions: list[dict[str, Any]], by_doc: Any,
+    ids: list[str], results: dict[str, dict[str, Any]], save: Callable[[], None],
+) -> None:
+    """PQ at d/4 and d/8 bytes per token: its error, and F1 of `reader` (the fp32 store's) reading PQ-decoded states,
+    into `results` by name; `save` after each, so a later failure keeps the rows measured."""
     dims = reference.shape[1]
     for bytes_per_token in (dims // 4, dims // 8):
         quantizer, measured = train_pq(sample, reference, bytes_per_token)
@@ -122,16 +134,17 @@ def pq_through_reader(
                                   lambda arrays, q=quantizer: q.decode(arrays["codes"]), ids)
         measured.update(through_reader(reader, questions, by_doc, ids))
         reader.store = reader.store._store
-        results[f"pq{bytes_per_token}x8"] = measured
-        print(f"pq{bytes_per_token}x8", measured, flush=True)
-    return results
+        results[f"pq{bytes_per_token}x{PQ_BITS}"] = measured
+        save()
+        print(f"pq{bytes_per_token}x{PQ_BITS}: done", file=sys.stderr, flush=True)
 
 
 def variants_through_reader(
-    sample: np.ndarray, reference: np.ndarray, reader: Any, questions: list[dict[str, Any]], by_doc: Any, ids: list[str]
-) -> dict[str, dict[str, Any]]:
-    """Each of VARIANTS trained on `sample`: its error on `reference`, sizes, times, and F1 of `reader` reading it."""
-    results = {}
+    sample: np.ndarray, reference: np.ndarray, reader: Any, questions: list[dict[str, Any]], by_doc: Any,
+    ids: list[str], results: dict[str, dict[str, Any]], save: Callable[[], None],
+) -> None:
+    """Each of VARIANTS trained on `sample`: its error on `reference`, sizes, times, and F1 of `reader` reading it,
+    into `results` by name; `save` after each, so a later failure keeps the rows measured."""
     for variant in VARIANTS:
         started = time.perf_counter()
         codec = residual_variants.train(sample, variant)
@@ -148,8 +161,8 @@ def variants_through_reader(
         measured.update(through_reader(reader, questions, by_doc, ids))
         reader.store = reader.store._store
         results[variant.name] = measured
-        print(variant.name, measured, flush=True)
-    return results
+        save()
+        print(f"{variant.name}: done", file=sys.stderr, flush=True)
 
 
 class CodedStore:
@@ -211,8 +224,11 @@ def errors(reference: np.ndarray, decoded: np.ndarray) -> dict[str, float]:
             "cosine": float(cosine.mean())}
 
 
-def parse_arguments(doc: str, threads: int, extra: Callable[[argparse.ArgumentParser], None]) -> argparse.Namespace:
-    """--work, --paragraphs, --threads, --output and the script's `extra` options; torch and faiss on --threads."""
+def parse_arguments(
+    doc: str, threads: int, extra: Callable[[argparse.ArgumentParser], None]
+) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """--work, --paragraphs, --threads, --output and the script's `extra` options; torch and faiss on --threads.
+    The parser comes back too, for the usage error of a sample too small (require_sample_tokens)."""
     import faiss
     import torch
 
@@ -226,19 +242,56 @@ def parse_arguments(doc: str, threads: int, extra: Callable[[argparse.ArgumentPa
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
-    return args
+    return parser, args
+
+
+def require_sample_tokens(parser: argparse.ArgumentParser, option: str, paragraphs: int, tokens: int) -> None:
+    """A usage error unless `tokens`, the states of `paragraphs` paragraphs (`option`), fill the smallest sample the
+    codecs train on: with fewer, faiss stops with a traceback after every encoding has been computed."""
+    if tokens < MIN_SAMPLE_TOKENS:
+        estimate = -(-paragraphs * MIN_SAMPLE_TOKENS // max(tokens, 1))
+        parser.error(f"{option} {paragraphs}: those paragraphs hold {tokens:,} tokens, and the codecs compared need a "
+                     f"sample of at least {MIN_SAMPLE_TOKENS:,} (k-means with {MOST_CENTROIDS:,} centroids, PQ with "
+                     f"{2**PQ_BITS} per sub-quantizer): give more, about {option} {estimate} at this "
+                     "many tokens per paragraph")
+
+
+def save_json(results: dict[str, Any], output: Path | None) -> None:
+    """Write `results` to `output` (if given) as JSON: after every stage, so that a failure keeps what was measured."""
+    if output:
+        output.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+
+
+def print_table(rows: dict[str, dict[str, Any]]) -> None:
+    """One line per encoding or method: bytes per token (the JSON's `bytes_per_token`: `dilstore info`'s total for
+    the stores, codebook included, the codes alone for PQ and the variants) and the stores' marginal bytes, error
+    against fp32, SQuAD F1 and the decode share of 100 passages; "-" where a row has no such figure."""
+
+    def cell(row: dict[str, Any], key: str, spec: str, scale: float = 1.0) -> str:
+        return format(scale * row[key], spec) if key in row else "-"
+
+    width = max(len("method"), *(len(name) for name in rows))
+    print(f"{'method':<{width}} {'B/token':>8} {'marginal':>8} {'rel. MSE':>9} {'cosine':>7} {'F1':>6} "
+          f"{'fetch 100 ms':>12} {'read 100 ms':>11} {'decode share':>12}")  # fmt: skip
+    for name, row in rows.items():
+        print(f"{name:<{width}} {cell(row, 'bytes_per_token', '.1f'):>8} "
+              f"{cell(row, 'state_bytes_per_token_marginal', '.0f'):>8} {cell(row, 'relative_mse', '.4f'):>9} "
+              f"{cell(row, 'cosine', '.4f'):>7} {cell(row, 'f1', '.2f'):>6} "
+              f"{cell(row, 'fetch_100_s', '.2f', 1000):>12} {cell(row, 'read_100_s', '.1f', 1000):>11} "
+              f"{cell(row, 'decode_share', '.4f'):>12}")  # fmt: skip
 
 
 def main() -> None:
     squad = Path(__file__).resolve().parents[1] / "../shared/data/squad/dev-v1.1.json"
-    args = parse_arguments(__doc__, 2, lambda parser: parser.add_argument("--squad", type=Path, default=squad))
+    parser, args = parse_arguments(__doc__, 2, lambda parser: parser.add_argument("--squad", type=Path, default=squad))
 
     from dilstore.reader.serving.odqa import open_reader
 
     corpus = args.work / "squad-subset.json"
     questions = squad_subset(args.squad, args.paragraphs, corpus)
     results: dict[str, Any] = {"paragraphs": args.paragraphs, "questions": len(questions), "threads": args.threads,
-                               "encodings": {}}
+                               "complete": False, "encodings": {}}
+    save = functools.partial(save_json, results, args.output)
     states: dict[str, np.ndarray] = {}
     readers: dict[str, Any] = {}
     for encoding in ENCODINGS:
@@ -251,6 +304,8 @@ def main() -> None:
         ids = table["id"]
         reader = readers[encoding] = open_reader(store, with_index=False)
         states[encoding] = np.concatenate([p.states for p in reader.store.fetch(ids)]).astype(np.float32)
+        if encoding == "fp32":  # the first: the sample is these states, known before the other encodings run
+            require_sample_tokens(parser, "--paragraphs", args.paragraphs, len(states[encoding]))
         by_doc: dict[str, list[str]] = {}
         for passage_id, doc_id in zip(ids, table["doc_id"], strict=True):
             by_doc.setdefault(doc_id, []).append(passage_id)
@@ -264,18 +319,22 @@ def main() -> None:
             "verify_ok": verified.returncode == 0,
             **through_reader(reader, questions, by_doc, ids),
         }
-        print(encoding, results["encodings"][encoding], flush=True)
+        save()
+        print(f"{encoding}: done", file=sys.stderr, flush=True)
     reference = states["fp32"]
     for encoding in ENCODINGS[1:]:
         results["encodings"][encoding].update(errors(reference, states[encoding]))
     from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, sample_rows
 
     sample = reference[sample_rows(len(reference), CODEBOOK_SAMPLE_TOKENS)]
-    results["pq"] = pq_through_reader(sample, reference, readers["fp32"], questions, by_doc, ids)
-    results["variants"] = variants_through_reader(sample, reference, readers["fp32"], questions, by_doc, ids)
+    save()
+    results["pq"], results["variants"] = {}, {}
+    pq_through_reader(sample, reference, readers["fp32"], questions, by_doc, ids, results["pq"], save)
+    variants_through_reader(sample, reference, readers["fp32"], questions, by_doc, ids, results["variants"], save)
+    results["complete"] = True
+    save()
+    print_table({**results["encodings"], **results["pq"], **results["variants"]})
     print(json.dumps(results, indent=1))
-    if args.output:
-        args.output.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

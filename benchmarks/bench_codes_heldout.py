@@ -21,11 +21,17 @@ other text and evaluated on the first --paragraphs SQuAD dev paragraphs:
    and the decode time of 100 passages against the read.
 
     .venv/bin/python benchmarks/bench_codes_heldout.py --work /tmp/bench-heldout --paragraphs 60 \\
-        --train-paragraphs 240 --threads 1 --output heldout.json
+        --train-paragraphs 240 --threads 1 --output /tmp/bench-heldout.json
+
+The training paragraphs must hold bench_codes.MIN_SAMPLE_TOKENS tokens (4096): fewer
+stop with a usage error right after their fp32 store, before the evaluation stores.
+Prints a table and the JSON; --output gets the JSON after every stage
+(`"complete": false` until the last), so a run that fails keeps what it measured.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -44,6 +50,9 @@ from bench_codes import (  # noqa: E402
     parse_arguments,
     pq_through_reader,
     precompute,
+    print_table,
+    require_sample_tokens,
+    save_json,
     squad_subset,
     through_reader,
     variants_through_reader,
@@ -53,12 +62,13 @@ SQUAD = Path(__file__).resolve().parents[1] / "../shared/data/squad"
 
 
 def store_ids(store: Path) -> tuple[list[str], list[str]]:
+    """The passage ids of a store's passage tables and their doc ids, in store order."""
     table = pa.concat_tables([pq.read_table(part) for part in sorted((store / "passages").glob("*.parquet"))])
     return table.column("id").to_pylist(), table.column("doc_id").to_pylist()
 
 
 def main() -> None:
-    args = parse_arguments(
+    parser, args = parse_arguments(
         __doc__, 1, lambda parser: parser.add_argument("--train-paragraphs", type=positive_int, default=240)
     )
 
@@ -75,10 +85,13 @@ def main() -> None:
     train_ids, _ = store_ids(args.work / "train-fp32")
     train_reader = open_reader(args.work / "train-fp32", with_index=False)
     train_states = np.concatenate([p.states for p in train_reader.store.fetch(train_ids)]).astype(np.float32)
+    require_sample_tokens(parser, "--train-paragraphs", args.train_paragraphs, len(train_states))
     sample = np.ascontiguousarray(train_states[sample_rows(len(train_states), CODEBOOK_SAMPLE_TOKENS)])
     results: dict[str, Any] = {"paragraphs": args.paragraphs, "questions": len(questions),
                                "train_paragraphs": args.train_paragraphs, "train_tokens": len(train_states),
-                               "sample_tokens": len(sample), "threads": args.threads, "methods": {}}
+                               "sample_tokens": len(sample), "threads": args.threads, "complete": False,
+                               "methods": {}}  # fmt: skip
+    save = functools.partial(save_json, results, args.output)
 
     precompute(eval_corpus, args.work / "fp32", "fp32", args.threads)
     ids, doc_ids = store_ids(args.work / "fp32")
@@ -89,6 +102,7 @@ def main() -> None:
     reference = np.concatenate([p.states for p in fp32.store.fetch(ids)]).astype(np.float32)
     results["eval_tokens"] = len(reference)
     results["methods"]["fp32"] = through_reader(fp32, questions, by_doc, ids)
+    save()
 
     for encoding in ("2bit", "1bit"):
         started = time.perf_counter()
@@ -101,13 +115,15 @@ def main() -> None:
         decoded = np.concatenate([p.states for p in reader.store.fetch(ids)]).astype(np.float32)
         results["methods"][encoding] = {"train_s": trained, **errors(reference, decoded),
                                         **through_reader(reader, questions, by_doc, ids)}
-        print(encoding, results["methods"][encoding], flush=True)
+        save()
+        print(f"{encoding}: done", file=sys.stderr, flush=True)
 
-    results["methods"].update(pq_through_reader(sample, reference, fp32, questions, by_doc, ids))
-    results["methods"].update(variants_through_reader(sample, reference, fp32, questions, by_doc, ids))
+    pq_through_reader(sample, reference, fp32, questions, by_doc, ids, results["methods"], save)
+    variants_through_reader(sample, reference, fp32, questions, by_doc, ids, results["methods"], save)
+    results["complete"] = True
+    save()
+    print_table(results["methods"])
     print(json.dumps(results, indent=1))
-    if args.output:
-        args.output.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
