@@ -264,8 +264,11 @@ def _cells(timing: dict[str, Any], key: str, scale: float, form: str) -> str:
 
 
 def render(result: dict[str, Any]) -> str:
-    """Markdown tables of the stores and of the compression samples."""
-    lines = [
+    """Markdown tables of the stores and of the compression samples, after one line per d naming the model of the
+    online column: at d=768 it has random weights (speed only), which the table alone would not say."""
+    lines = [f"online layers d={dim}: {online['model']}" for dim, online in result["online"].items()]
+    lines += [
+        "",
         "| d | encoding | state B/token | store GB | build s | path | warm ms | warm MB/s | cold ms | cold MB/s "
         "| online ms | warm / online | cold / online |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
