@@ -283,13 +283,14 @@ def main() -> None:
     print(f"{'ranker':<32} {'s/query':>8}")
     for name, seconds in speed.items():
         print(f"{name:<32} {seconds:>8.2f}")
-    print()
-    print(f"{'documents':>9} {'tokens':>7} {'peak MiB k=0':>13} {'peak MiB k=' + str(args.delayed_layers):>13} "
-          f"{'blocked scores':>15} {'dense scores':>13}")  # fmt: skip
-    for row in memory:
-        scores = row["attention_scores_per_head"]
-        print(f"{row['documents']:>9} {row['tokens']:>7} {row['listformer_peak_mib']:>13.1f} "
-              f"{row['delayed_peak_mib']:>13.1f} {scores['blocked']:>15,} {scores['dense']:>13,}")  # fmt: skip
+    if memory:  # --no-memory measures none: no table rather than a header over nothing
+        print()
+        print(f"{'documents':>9} {'tokens':>7} {'peak MiB k=0':>13} {'peak MiB k=' + str(args.delayed_layers):>13} "
+              f"{'blocked scores':>15} {'dense scores':>13}")  # fmt: skip
+        for row in memory:
+            scores = row["attention_scores_per_head"]
+            print(f"{row['documents']:>9} {row['tokens']:>7} {row['listformer_peak_mib']:>13.1f} "
+                  f"{row['delayed_peak_mib']:>13.1f} {scores['blocked']:>15,} {scores['dense']:>13,}")  # fmt: skip
     print(json.dumps(result))
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as handle:
