@@ -18,8 +18,8 @@ a ranker made elsewhere (`dilstore rerank` through its store, as the
 Listformer is served) as that checkpoint's DL19 row. Qrels, the BM25 runs and every ranker's
 run are written to --work as TREC files, and each task as
 WORK/task.NAME.json.gz: `--task-file` evaluates such a file where the data,
-the index and Java are absent (a GPU machine). The table goes to stdout and
-everything to --output as JSON.
+the index and Java are absent (a GPU machine). The table and then the JSON go
+to stdout, and the JSON to --output too.
 
     .venv/bin/python benchmarks/rank_quality.py --work /tmp/rank-quality \\
         --model runs/earl-squad --model runs/cross-encoder-squad --model runs/siamese-squad --untrained earl
@@ -221,9 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     except DilstoreError as error:
         print(f"rank_quality: error: {error}", file=sys.stderr)
         return 2
-    args.output.write_text(json.dumps(report, indent=1))
+    text = json.dumps(report, indent=1)
+    args.output.write_text(text)
     print(render(report))
-    print(f"JSON: {args.output}")
+    print(f"JSON (also in {args.output}):")
+    print(text)
     return 0
 
 
