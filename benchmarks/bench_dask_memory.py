@@ -28,7 +28,11 @@ worker hold the whole corpus's states? The script
    that the worker processes after the run are the ones that started.
 
 Prints a table and JSON (also written to --json-out); exits 1 when a run
-failed or the stores differ. Every number is measured on this run; the
+failed, ran past --precompute-timeout, or the stores differ. A precompute that
+runs past --precompute-timeout (a worker paused at its limit waits for memory
+that never frees) is killed with the processes below it, and so is one still
+running when the script stops (an error, Ctrl-C, or SIGTERM, which the script
+turns into SystemExit for that cleanup): none is left orphaned. Every number is measured on this run; the
 model's weights are random, so the run says nothing about quality. The
 corpus text itself stays far below the limit (about 6 bytes of JSONL per
 token against 768 bytes of fp16 states): a JSONL bigger than a worker's
@@ -45,6 +49,7 @@ import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,13 +58,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import psutil
 
 from random_models import write_random_small_reader
 
+from dilstore.runners.arg_types import positive_int
 from dilstore.storage.reader import Store, open_store
 
 HIDDEN = 384
@@ -175,18 +181,49 @@ def dilstore_command(arguments: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "dilstore.runners.cli", *arguments]
 
 
-def run_precompute(arguments: Sequence[str], roles: Callable[[int], dict[int, str]]) -> dict[str, Any]:
+def kill_tree(process: subprocess.Popen[str]) -> None:
+    """Kill `process` (not yet reaped) and every process below it, which would outlive it as orphans (a
+    DirectRunner's workers) and keep its pipes open, and wait for them."""
+    try:
+        below = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    process.kill()
+    for child in below:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(below, timeout=10)
+    process.wait()
+
+
+def run_precompute(
+    arguments: Sequence[str], roles: Callable[[int], dict[int, str]], timeout: float
+) -> dict[str, Any]:
     """Run `dilstore precompute ARGS --json` as a fresh process while sampling RSS; rc, wall time, summary, peaks.
 
-    `roles(launcher_pid)` names the processes to sample while it runs.
+    `roles(launcher_pid)` names the processes to sample while it runs. Past `timeout` seconds the process and those
+    below it are killed and the run says so (`timed_out_s`); on any exception meanwhile (SIGTERM's SystemExit
+    included) they are killed before it propagates.
     """
     started = time.perf_counter()
+    timed_out = None
     process = subprocess.Popen(
         dilstore_command(["precompute", *arguments, "--json", "--no-progress"]),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    with PeakRss(lambda: roles(process.pid)) as sampler:
+    try:
+        with PeakRss(lambda: roles(process.pid)) as sampler:
+            stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(process)
         stdout, stderr = process.communicate()
+        timed_out = timeout
+        runner = arguments[arguments.index("--runner") + 1]
+        print(f"bench_dask_memory: error: dilstore precompute --runner {runner} ran past --precompute-timeout "
+              f"{timeout:g} s; killed it and the processes below it", file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        if process.poll() is None:
+            kill_tree(process)
     wall = time.perf_counter() - started
     try:
         summary = json.loads(stdout) if process.returncode == 0 else {}
@@ -194,6 +231,7 @@ def run_precompute(arguments: Sequence[str], roles: Callable[[int], dict[int, st
         summary = {}
     return {
         "rc": process.returncode,
+        "timed_out_s": timed_out,
         "wall_s": round(wall, 2),
         "summary": summary,
         "processes": sampler.report(),
@@ -292,22 +330,22 @@ def precompute_arguments(inputs: Sequence[Path], model: Path, store: Path, plan:
             "--max-length", str(plan.max_length), "--shards", str(plan.shards), "--threads", "1"]  # fmt: skip
 
 
-def run_direct(arguments: Sequence[str]) -> dict[str, Any]:
-    """The DirectRunner run: 2 worker processes (multi_processing), sampled with the launcher."""
+def run_direct(arguments: Sequence[str], timeout: float) -> dict[str, Any]:
+    """The DirectRunner run: 2 worker processes (multi_processing), sampled with the launcher; at most `timeout` s."""
 
     def roles(launcher: int) -> dict[int, str]:
         return {pid: "launcher" if pid == launcher else "direct worker" for pid in process_tree(launcher)}
 
-    return run_precompute([*arguments, "--runner", "direct", "--workers", str(WORKERS)], roles)
+    return run_precompute([*arguments, "--runner", "direct", "--workers", str(WORKERS)], roles, timeout)
 
 
-def run_dask(arguments: Sequence[str], address: str, worker_pids: Sequence[int]) -> dict[str, Any]:
-    """The Dask run on the cluster at `address`, sampling its workers and the launcher."""
+def run_dask(arguments: Sequence[str], address: str, worker_pids: Sequence[int], timeout: float) -> dict[str, Any]:
+    """The Dask run on the cluster at `address`, sampling its workers and the launcher; at most `timeout` s."""
 
     def roles(launcher: int) -> dict[int, str]:
         return {**{pid: "dask worker" for pid in worker_pids}, **{pid: "launcher" for pid in process_tree(launcher)}}
 
-    return run_precompute([*arguments, "--runner", "dask", "--dask_client_address", address], roles)
+    return run_precompute([*arguments, "--runner", "dask", "--dask_client_address", address], roles, timeout)
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -323,6 +361,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="folder for the model, corpus and both stores, kept afterwards (default: a temporary "
                              "folder, removed)")
     parser.add_argument("--json-out", type=Path, help="also write the JSON result here")
+    parser.add_argument("--precompute-timeout", type=positive_int, default=3600, metavar="SECONDS",
+                        help="kill a precompute run (and fail) past this many seconds (default 3600)")
     args = parser.parse_args(argv)
     if args.state_factor <= 0 or args.words < 1 or args.files < 1:
         parser.error("--state-factor must be > 0, --words and --files >= 1")
@@ -361,7 +401,9 @@ def plan_for(limit: int, state_factor: float, words: int, encoding: str) -> Plan
                 encoding=encoding, state_target=target)  # fmt: skip
 
 
-def run_both(inputs: Sequence[Path], model: Path, work: Path, plan: Plan, limit: int) -> dict[str, Any]:
+def run_both(
+    inputs: Sequence[Path], model: Path, work: Path, plan: Plan, limit: int, timeout: float
+) -> dict[str, Any]:
     """Start the LocalCluster, measure its workers after imports, run Direct and then Dask; runs and cluster facts.
 
     The DirectRunner runs while the cluster's workers sit idle, so both runs
@@ -377,9 +419,9 @@ def run_both(inputs: Sequence[Path], model: Path, work: Path, plan: Plan, limit:
             raise SystemExit(f"bench_dask_memory: the memory limit ({limit / MIB:.0f} MiB) is below a worker's RSS "
                              f"after imports ({max(baseline.values()) / MIB:.0f} MiB); raise --memory-limit")
         started = client.run(os.getpid)
-        direct = run_direct(precompute_arguments(inputs, model, work / "store-direct", plan))
+        direct = run_direct(precompute_arguments(inputs, model, work / "store-direct", plan), timeout)
         arguments = precompute_arguments(inputs, model, work / "store-dask", plan)
-        on_dask = run_dask(arguments, cluster.scheduler_address, list(started.values()))
+        on_dask = run_dask(arguments, cluster.scheduler_address, list(started.values()), timeout)
         ended = client.run(os.getpid)
         limits = [info["memory_limit"] for info in client.scheduler_info()["workers"].values()]
         events = memory_events(client.get_worker_logs()) + memory_events(client.get_worker_logs(nanny=True))
@@ -397,7 +439,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     plan = plan_for(args.limit, args.state_factor, args.words, args.encoding)
     model = write_random_small_reader(work / "model")
     inputs = write_corpus(work / "corpus", plan.documents, plan.words, args.files)
-    result = run_both(inputs, model, work, plan, args.limit)
+    result = run_both(inputs, model, work, plan, args.limit, args.precompute_timeout)
     stores = {"direct": work / "store-direct", "dask": work / "store-dask"}
     done = all(run["rc"] == 0 for run in result["runs"].values())
     return {
@@ -439,6 +481,8 @@ def render(result: dict[str, Any]) -> str:
             f"{name:<8}{run['rc']:>4}{run['wall_s']:>9.1f}{mib(stored['state_bytes']):>12}"
             f"{stored['state_bytes'] / limit:>9.2f}{str(stored['verify_rc']):>8}  {peaks}"
         )
+    lines += [f"{name:<8}killed: ran past --precompute-timeout {run['timed_out_s']:g} s"
+              for name, run in result["runs"].items() if run["timed_out_s"] is not None]  # fmt: skip
     comparison = result["comparison"]
     if comparison is None:
         lines.append("equal     not compared: a run failed")
@@ -464,10 +508,20 @@ def work_folder(folder: Path | None) -> Iterator[Path]:
         yield Path(temporary)
 
 
+def exit_on_sigterm(number: int, _frame: object) -> NoReturn:
+    """SIGTERM as SystemExit (status 128 + 15), so that `finally` blocks run: the precompute child is killed and
+    the cluster closed rather than left running, as SIGTERM's default action (ending at once) left them."""
+    raise SystemExit(128 + number)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(argv)
-    with work_folder(args.work_dir) as work:
-        result = measure(args, work)
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        with work_folder(args.work_dir) as work:
+            result = measure(args, work)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(render(result))
     text = json.dumps(result, indent=1, default=str)
     print(text)
