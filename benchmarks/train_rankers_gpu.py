@@ -316,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("train", help="train and evaluate the four rankers (the GPU machine)")
     run.add_argument("--carry", type=Path, default=Path(".carry/rank"), help="triples, paragraphs and task files")
     run.add_argument("--base", type=Path, default=Path(".carry/base-minilm-fp16"), help="the base encoder copy")
-    run.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "train-rankers-out")))
+    run.add_argument("--out", type=Path, required=True,
+                     help='report.json, train.log, the TREC runs and the fp16 checkpoints (on the GPU machine: "$OUT")')
     run.add_argument("--work", type=Path, default=Path("/tmp/train-rankers-work"), help="checkpoints (not returned)")
     run.add_argument("--runs", nargs="+", choices=RUN_NAMES, default=list(RUN_NAMES))
     run.add_argument("--steps", type=int, default=1500, help="optimizer steps of every run (default 1500)")
