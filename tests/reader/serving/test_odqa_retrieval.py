@@ -162,12 +162,20 @@ def test_a_store_whose_first_index_is_being_built_says_so(indexed: dict[str, Any
 
 
 def test_an_index_of_fewer_documents_than_the_store_is_refused(indexed: dict[str, Any], tmp_path: Path) -> None:
-    """An index of some of the store's passages (with no record, or the record of a whole one copied in) passed
-    every check: the others were never retrieved, and answers were silently worse (hostile47 F2)."""
+    """An index of some of the store's passages with the record of a whole one copied in passed every check: the
+    others were never retrieved, and answers were silently worse (hostile47 F2). One built by hand, with no
+    record, may cover a chosen subset."""
+    from dilstore.reader.retrieval import INDEX_RECORD, indexed_state
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
+
     documents = collection_documents(indexed["store"], indexed["ids"])
     write_collection(tmp_path / "collection" / "passages.jsonl", documents[1:])
     partial = tmp_path / "partial"
     build_bm25_index(tmp_path / "collection", partial)
+    open_reader(indexed["store"], indexed["model"], index_dir=partial).close()  # no record: a subset by choice
+    whole = indexed_state(read_manifest(StoreLocation.parse(indexed["store"])))
+    (partial / INDEX_RECORD).write_text(json.dumps(whole))  # as `dilstore index` records a whole index
     with pytest.raises(DilstoreError, match=rf"^the BM25 index {partial} holds {len(documents) - 1} documents, but "
                                             rf"the store {indexed['store']} serves {len(documents)} passages"):
         open_reader(indexed["store"], indexed["model"], index_dir=partial)
