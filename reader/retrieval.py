@@ -345,7 +345,7 @@ def index_problems(index_dir: Path, store: Manifest, store_path: str | Path) -> 
         reader = autoclass("org.apache.lucene.index.DirectoryReader").open(directory)
         try:
             problems = []
-            recorded = (index_dir / INDEX_RECORD).exists()  # by hand, an index may cover a subset (require_all_passages)
+            recorded = (index_dir / INDEX_RECORD).exists()  # by hand, one may cover a subset (require_all_passages)
             if recorded and (documents := int(reader.numDocs())) < store.passages:
                 problems.append(f"the BM25 index {index_dir} holds {documents:,} documents for the store's "
                                 f"{store.passages:,} passages: searches miss the others")  # fmt: skip
