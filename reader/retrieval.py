@@ -384,17 +384,22 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
     # `dilstore index` writes only local folders: a store at a URL is indexed as a local copy.
     build = f"`dilstore index` of a local copy of {store_path}" if "://" in store_path else (
         f"`dilstore index {store_path}`")  # fmt: skip
+    # An index given with --index elsewhere: `dilstore index` rebuilds STORE/bm25, never that folder (review47 F6).
+    default = None if "://" in store_path else bm25_index_dir(store_path)
+    elsewhere = f" (it writes {default}: give that, or a copy of it, in place of {index_dir})" if (
+        default is not None and index_dir.resolve() != default.resolve()) else ""  # fmt: skip
     if recorded.get("generation") != now["generation"]:
         raise DilstoreError(
             f"the BM25 index at {index_dir} was built for another store (build {recorded.get('generation')!r}); "
             f"the store {store_path} is build {now['generation']!r}: give its own index, which {build} builds"
+            f"{elsewhere}"
         )
     if recorded != now:
         raise DilstoreError(
             f"the BM25 index at {index_dir} covers {recorded.get('passages')} passages of build "
             f"{recorded.get('generation')!r} after {recorded.get('appends')} append(s), but the store {store_path} now "
             f"holds {now['passages']} after {now['appends']}: its answers would miss what changed; rebuild it with "
-            f"{build}"
+            f"{build}{elsewhere}"
         )
 
 

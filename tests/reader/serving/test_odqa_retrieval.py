@@ -211,6 +211,8 @@ def test_an_index_of_another_store_is_named_as_such(indexed: dict[str, Any], tmp
     message = str(raised.value)
     assert f"the BM25 index at {other} was built for another store (build '0123456789abcdef')" in message
     assert f"give its own index, which `dilstore index {indexed['store']}` builds" in message
+    # Given elsewhere, the index is not the one `dilstore index` rebuilds (review47 F6).
+    assert message.endswith(f"(it writes {indexed['store'] / 'bm25'}: give that, or a copy of it, in place of {other})")
     # `dilstore index URL` refuses URLs: a store at one is indexed as a local copy (remote40 L4).
     from dilstore.reader.retrieval import check_index_covers
     from dilstore.storage.location import StoreLocation
