@@ -133,12 +133,21 @@ def _cat_ranges(fs: fsspec.AbstractFileSystem, paths: list[str], starts: list[in
             raise StoreFormatError(f"{missing}: not found (the store lacks a file its metadata names); "
                                    "run `dilstore verify`") from None  # fmt: skip
         except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
-            failure = read_failure(f"byte ranges of {paths[0]}{' and more' if len(set(paths)) > 1 else ''}", error,
-                                   local=local)  # fmt: skip
+            failure = read_failure(_failed_file(error, paths), error, local=local)
             if not worth_retrying(failure, error, local=local, attempt=attempt):
                 raise failure from None
             time.sleep(retry_delay(error, attempt))
             attempt += 1
+
+
+def _failed_file(error: BaseException, paths: Sequence[str]) -> str:
+    """What a failed read of byte ranges of `paths` names: the URL the failing request read, when the error tells
+    it (aiohttp's), else the first file and "and more": naming the first file of the batch sent the reader of a
+    500 on a states chunk to look at an id file (hostile47 F10)."""
+    url = getattr(getattr(error, "request_info", None), "real_url", None) or getattr(error, "url", None)
+    if url is not None:
+        return f"byte ranges of {url}"
+    return f"byte ranges of {paths[0]}{' and more' if len(set(paths)) > 1 else ''}"
 
 
 def coalesce(ranges: Sequence[ByteRange], gap: int) -> tuple[list[ByteRange], list[tuple[int, int]]]:
