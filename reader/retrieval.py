@@ -16,6 +16,7 @@ import contextlib
 import json
 import locale
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -354,7 +355,8 @@ def index_problems(index_dir: Path, store: Manifest, store_path: str | Path) -> 
                 try:
                     leaves.get(leaf).reader().checkIntegrity()
                 except JavaException as error:
-                    problems.append(f"the BM25 index {index_dir} is damaged: {error.innermessage}")
+                    problems.append(f"the BM25 index {index_dir} is damaged: "
+                                    f"{lucene_reason(error.classname, error.innermessage)}")  # fmt: skip
             return problems
         finally:
             reader.close()
@@ -363,7 +365,21 @@ def index_problems(index_dir: Path, store: Manifest, store_path: str | Path) -> 
     try:
         return _wait_in_python(check, "bm25-verify")
     except JavaException as error:
-        return [f"the BM25 index {index_dir} cannot be read ({error.classname}: {error.innermessage})"]
+        return [f"the BM25 index {index_dir} cannot be read ({lucene_reason(error.classname, error.innermessage)})"]
+
+
+_LUCENE_FILE = re.compile(r'path="([^"]+)"')
+_LUCENE_RESOURCE = re.compile(r"\s*\(resource=.*$")
+_LUCENE_OBJECT = re.compile(r"\s*\b\w+@[0-9a-f]+\b|\s*lockFactory=\S+|\b\w+Directory@")
+
+
+def lucene_reason(classname: str | None, message: str | None) -> str:
+    """A Lucene exception in one readable phrase: the file it names, if any, and its message without the Java
+    object dumps (`MMapDirectory@/tmp/... lockFactory=...NativeFSLockFactory@1698ee84`) it carries (hostile47 F10)."""
+    text = message or ""
+    found = _LUCENE_FILE.search(text)
+    text = _LUCENE_OBJECT.sub("", _LUCENE_RESOURCE.sub("", text)).strip() or (classname or "").rsplit(".", 1)[-1]
+    return f"{Path(found.group(1)).name}: {text}" if found else text
 
 
 def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path) -> None:
@@ -478,8 +494,9 @@ class Bm25Searcher:
                 raise TooManyTermsError(message) from None
             if "AlreadyClosedException" in found:
                 raise DilstoreError(f"the BM25 searcher of {self._index_dir} was closed while it searched") from None
+            reason = lucene_reason(error.classname, error.innermessage)
             raise DilstoreError(
-                f"the BM25 index {self._index_dir} cannot be read ({found}); rebuild it with `dilstore index STORE`"
+                f"the BM25 index {self._index_dir} cannot be read ({reason}); rebuild it with `dilstore index STORE`"
             ) from None
 
     def search(self, query: str, k: int) -> list[Hit]:

@@ -360,6 +360,23 @@ def test_a_pipe_in_the_index_folder_is_refused_before_the_jvm_starts(
         open_reader(tiny["stores"]["fp32"], tiny["model_dir"], index_dir=index)
 
 
+@pytest.mark.parametrize(("message", "expected"), [
+    ('checksum failed (hardware problem?) : expected=b860e837 actual=e7f86ba8 (resource=BufferedChecksumIndexInput('
+     'ByteBufferIndexInput(path="/s/bm25/_0_Lucene99_0.doc")))',
+     "_0_Lucene99_0.doc: checksum failed (hardware problem?) : expected=b860e837 actual=e7f86ba8"),
+    ("Problem reading index from MMapDirectory@/s/bm25 lockFactory=org.apache.lucene.store.NativeFSLockFactory@1698ee8 "
+     "(resource=MMapDirectory@/s/bm25 lockFactory=org.apache.lucene.store.NativeFSLockFactory@1698ee8)",
+     "Problem reading index from /s/bm25"),
+    (None, "IndexOutOfBoundsException"),
+])  # fmt: skip
+def test_lucene_errors_read_as_the_file_and_what_is_wrong(message: str | None, expected: str) -> None:
+    """Lucene's messages carried Java object dumps and no file name one could act on (hostile47 F10)."""
+    from dilstore.reader.retrieval import lucene_reason
+
+    assert lucene_reason("org.apache.lucene.index.CorruptIndexException" if message else
+                         "java.lang.IndexOutOfBoundsException", message) == expected  # fmt: skip
+
+
 def test_a_missing_index_is_a_clear_error(tiny: dict, tmp_path) -> None:
     with pytest.raises(DilstoreError, match="dilstore index"):
         open_reader(tiny["stores"]["fp32"], tiny["model_dir"], index_dir=tmp_path / "no-index")
