@@ -43,7 +43,7 @@ from typing import Any
 
 from dilstore.runners.serve_metrics import Metrics
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.format import StoreFormatError
+from dilstore.storage.format import StoreChangedError
 
 logger = logging.getLogger("dilstore.serve")
 
@@ -242,7 +242,7 @@ class Batcher:
         """run_batch's outcomes; if the shared run raises, each payload's outcome when run alone."""
         try:
             return list(self._run_batch(payloads))
-        except StoreFormatError as error:  # the store's files, not a request: each alone would meet them again
+        except StoreChangedError as error:  # the store changed under it: each alone would meet the same change
             return [error] * len(payloads)
         except Exception as error:  # noqa: BLE001 (any failure of the shared run is retried request by request)
             if len(payloads) == 1:

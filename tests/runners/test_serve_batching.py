@@ -230,3 +230,35 @@ def test_a_batch_that_meets_a_changed_store_is_not_run_again_request_by_request(
     assert outcomes[0] == 0 and all(isinstance(outcome, StoreChangedError) for outcome in outcomes[1:])
     assert calls == [[0], [1, 2]], "run once, not again request by request"
     assert not [record for record in caplog.records if "running each alone" in record.getMessage()]
+
+
+def test_a_batch_that_meets_one_damaged_file_answers_the_others_alone() -> None:
+    """A store error of one request (a shard's file missing, a 404 from a web server) is no change of the whole
+    store: the others of its batch are run again alone and answered (review47b M)."""
+    from dilstore.storage.format import StoreFormatError
+
+    batches: list[list[int]] = []
+
+    def run_batch(payloads: list[int]) -> list[int]:
+        batches.append(list(payloads))
+        if payloads == [0]:
+            time.sleep(0.2)  # the next two arrive meanwhile and form one batch
+        if 13 in payloads:
+            raise StoreFormatError("shard-00013/states/values/c/0: not found")
+        return list(payloads)
+
+    batcher = Batcher("store", run_batch, max_batch_pairs=4, max_wait=0.05, queue_size=10, metrics=Metrics())
+    batcher.start()
+
+    async def ask() -> list[object]:
+        first = asyncio.ensure_future(batcher.submit(0, 1))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.ensure_future(batcher.submit(number, 1)) for number in (7, 13)]
+        return await asyncio.gather(first, *rest, return_exceptions=True)
+
+    try:
+        outcomes = asyncio.run(ask())
+    finally:
+        batcher.stop()
+    assert batches[:2] == [[0], [7, 13]], "the two formed one batch"
+    assert outcomes[:2] == [0, 7] and isinstance(outcomes[2], StoreFormatError)
