@@ -171,6 +171,21 @@ def shard_path(index: int) -> str:
 BUILD_ID = re.compile(r"[0-9a-f]{16}")
 
 
+def fixed_arrays(passages: int, tokens: int, vector_size: int | None) -> dict[str, tuple[str, tuple[int, ...] | None]]:
+    """The dtype and shape of each array every shard holds whatever its encoding (None: a 1-D array of any length):
+    its ids, titles, texts, tokens, char spans and passage vectors, as the writer makes them; what a reader expects
+    when a shard opens and what verify checks."""
+    rows = (passages + 1,)
+    arrays: dict[str, tuple[str, tuple[int, ...] | None]] = {
+        ID_BYTES: ("uint8", None), ID_OFFSETS: ("int64", rows), TITLE_BYTES: ("uint8", None),
+        TITLE_OFFSETS: ("int64", rows), TEXT_BYTES: ("uint8", None), TEXT_OFFSETS: ("int64", rows),
+        TOKEN_OFFSETS: ("int64", rows), TOKEN_IDS: ("int32", (tokens,)), CHAR_SPANS: ("int32", (tokens, 2)),
+    }  # fmt: skip
+    if vector_size is not None:
+        arrays[VECTORS] = ("float32", (passages, vector_size))
+    return arrays
+
+
 def is_special_file(path: Path) -> bool:
     """Whether a local `path` is a pipe, socket or device: neither a file nor a folder, so a read of it would block."""
     return path.exists() and not path.is_file() and not path.is_dir()

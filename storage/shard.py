@@ -40,6 +40,7 @@ from dilstore.storage.format import (
     ZARR_METADATA_FILE,
     StoreFormatError,
     check_compressor,
+    fixed_arrays,
     get_kind,
     states_array,
 )
@@ -337,15 +338,8 @@ class ShardReader:
         them through and they were read as other values: silently wrong answers (hostile47 F4); an int8 shard's
         channel scales of another length failed inside the decode with numpy's error (F5).
         """
-        passages, tokens, state_shape = self.attributes.passages, self.attributes.tokens, self.attributes.state_shape
-        rows = (passages + 1,)
-        expected: dict[str, tuple[str, tuple[int, ...] | None]] = {
-            ID_OFFSETS: ("int64", rows), TITLE_OFFSETS: ("int64", rows), TEXT_OFFSETS: ("int64", rows),
-            TOKEN_OFFSETS: ("int64", rows), TOKEN_IDS: ("int32", (tokens,)), CHAR_SPANS: ("int32", (tokens, 2)),
-            ID_BYTES: ("uint8", None), TITLE_BYTES: ("uint8", None), TEXT_BYTES: ("uint8", None),
-        }  # fmt: skip
-        if self.attributes.vector_size is not None:
-            expected[VECTORS] = ("float32", (passages, self.attributes.vector_size))
+        tokens, state_shape = self.attributes.tokens, self.attributes.state_shape
+        expected = fixed_arrays(self.attributes.passages, tokens, self.attributes.vector_size)
         specs = {spec.name: spec for spec in self.encoding.arrays}
         for name in per_token:
             expected[states_array(name)] = (specs[name].dtype, (tokens, *specs[name].shape(state_shape)))

@@ -50,6 +50,7 @@ from dilstore.storage.format import (
     append_dir,
     append_index_dir,
     append_shard_path,
+    fixed_arrays,
     is_special_file,
     shard_name,
     states_array,
@@ -413,6 +414,14 @@ def _array(group: zarr.Group, name: str, dtype: str, shape: tuple[int, ...], whe
     return array
 
 
+def _fixed_array(group: zarr.Group, fixed: dict[str, tuple[str, tuple[int, ...] | None]], name: str, where: str,
+                 report: VerifyReport) -> zarr.Array | None:  # fmt: skip
+    """`_array` of one of the arrays every shard holds, with the dtype and shape `format.fixed_arrays` gives it."""
+    dtype, shape = fixed[name]
+    assert shape is not None, f"{name} has no fixed shape"
+    return _array(group, name, dtype, shape, where, report)
+
+
 def _check_offsets(offsets: np.ndarray, data_length: int, name: str, where: str, report: VerifyReport) -> bool:
     """Offsets start at 0, never decrease and end at the data length."""
     if not offsets_are_valid(offsets, data_length):
@@ -423,7 +432,7 @@ def _check_offsets(offsets: np.ndarray, data_length: int, name: str, where: str,
 
 def _strings(group: zarr.Group, data_name: str, offsets_name: str, passages: int, where: str, report: VerifyReport) -> list[str] | None:
     """Decode a ragged UTF-8 column after checking its arrays and offsets."""
-    offsets_array = _array(group, offsets_name, "int64", (passages + 1,), where, report)
+    offsets_array = _fixed_array(group, fixed_arrays(passages, 0, None), offsets_name, where, report)
     data_array = group.get(data_name)
     if offsets_array is None or not isinstance(data_array, zarr.Array) or data_array.dtype != np.uint8 or data_array.ndim != 1:
         if offsets_array is not None:
@@ -481,9 +490,10 @@ def _check_shard(
     ids = _strings(group, ID_BYTES, ID_OFFSETS, n, where, report)
     titles = _strings(group, TITLE_BYTES, TITLE_OFFSETS, n, where, report)
     texts = _strings(group, TEXT_BYTES, TEXT_OFFSETS, n, where, report)
-    token_offsets_array = _array(group, TOKEN_OFFSETS, "int64", (n + 1,), where, report)
-    token_ids = _array(group, TOKEN_IDS, "int32", (tokens,), where, report)
-    char_spans = _array(group, CHAR_SPANS, "int32", (tokens, 2), where, report)
+    fixed = fixed_arrays(n, tokens, attributes.vector_size)
+    token_offsets_array = _fixed_array(group, fixed, TOKEN_OFFSETS, where, report)
+    token_ids = _fixed_array(group, fixed, TOKEN_IDS, where, report)
+    char_spans = _fixed_array(group, fixed, CHAR_SPANS, where, report)
     lengths = None
     if token_offsets_array is not None:
         token_offsets = np.asarray(token_offsets_array[...])
@@ -503,7 +513,7 @@ def _check_shard(
     held = set(optional) & present
     _check_encoded(group, encoding, state_shape, tokens, where, report, held, skip=in_store)
     if attributes.vector_size is not None:
-        vectors = _array(group, VECTORS, "float32", (n, attributes.vector_size), where, report)
+        vectors = _fixed_array(group, fixed, VECTORS, where, report)
         if vectors is not None and not np.isfinite(np.asarray(vectors[...])).all():
             _problem(report, where, f"{VECTORS} holds NaN or infinite values")
     return None if ids is None or lengths is None else _ShardRead(ids, lengths, titles, texts)
