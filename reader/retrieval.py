@@ -326,7 +326,9 @@ def require_all_passages(searcher: Bm25Searcher, store: Manifest, store_path: st
 def index_problems(index_dir: Path, store: Manifest, store_path: str | Path) -> list[str]:
     """What `dilstore verify` finds wrong with a store's BM25 index, one line each (none when it is sound): a pipe
     or device in its folder, a record of another state of the store, fewer documents than the store serves
-    passages, and every file whose bytes fail Lucene's own checksum (`checkIntegrity`).
+    passages, every file whose bytes fail Lucene's own checksum (`checkIntegrity`), and, for an index that records
+    covering the store, documents other than the store's collection (`collection_digest`: an index of the store's
+    ids with their contents swapped among them answered "Tesla" to a Super Bowl question, hostile47 F2).
 
     The index is outside the store's manifest: a garbled segment file gave some queries other BM25 scores with
     no error, and verify said OK (hostile47 F3). Lucene checks only headers and lengths when it opens an index;
@@ -357,6 +359,10 @@ def index_problems(index_dir: Path, store: Manifest, store_path: str | Path) -> 
                 except JavaException as error:
                     problems.append(f"the BM25 index {index_dir} is damaged: "
                                     f"{lucene_reason(error.classname, error.innermessage)}")  # fmt: skip
+            expected = _collection_digest(Path(store_path)) if recorded and not problems else None
+            if expected is not None and _indexed_digest(reader) != expected:
+                problems.append(f"the BM25 index {index_dir} holds other documents than the store's collection "
+                                "(ids or contents differ): rebuild it with `dilstore index`")  # fmt: skip
             return problems
         finally:
             reader.close()
@@ -366,6 +372,29 @@ def index_problems(index_dir: Path, store: Manifest, store_path: str | Path) -> 
         return _wait_in_python(check, "bm25-verify")
     except JavaException as error:
         return [f"the BM25 index {index_dir} cannot be read ({lucene_reason(error.classname, error.innermessage)})"]
+
+
+def _collection_digest(store: Path) -> tuple[int, int] | None:
+    """`collection_digest` of the store, or None for a store without its collection's JSONL parts (written
+    through the storage API): then nothing is compared."""
+    from dilstore.storage.collection import collection_digest
+
+    try:
+        return collection_digest(store)
+    except (OSError, DilstoreError):
+        return None
+
+
+def _indexed_digest(reader: Any) -> tuple[int, int]:
+    """`collection_digest` of the documents a Lucene DirectoryReader holds, from the raw JSON each stores
+    (`-storeRaw`)."""
+    from dilstore.storage.collection import document_digest
+
+    fields, documents, total = reader.storedFields(), 0, 0
+    for number in range(int(reader.maxDoc())):
+        raw = json.loads(fields.document(number).get("raw"))
+        documents, total = documents + 1, (total + document_digest(raw["id"], raw["contents"])) % 2**256
+    return documents, total
 
 
 _LUCENE_FILE = re.compile(r'path="([^"]+)"')

@@ -11,9 +11,10 @@ lines out, so BM25 never finds text the store no longer serves under that id.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from dilstore.storage.passage_files import JSONL_DIR, PassageRow, jsonl_path
@@ -50,13 +51,40 @@ def jsonl_part(store: Path, entry: ShardEntry) -> Path:
 
 def write_live_collection(store: Path, target: Path) -> int:
     """Write the store's JSONL parts into `target` without the lines of superseded rows; the number of parts."""
+    target.mkdir(parents=True, exist_ok=True)
+    parts = 0
+    for source, kept in _live_parts(store):
+        (target / source.name).write_text("".join(kept), encoding="utf-8")
+        parts += 1
+    return parts
+
+
+def document_digest(passage_id: str, contents: str) -> int:
+    """One collection document's share of `collection_digest`: its SHA-256 as a number."""
+    return int.from_bytes(hashlib.sha256(f"{passage_id}\x00{contents}".encode("utf-8", "surrogatepass")).digest())
+
+
+def collection_digest(store: Path) -> tuple[int, int]:
+    """The live collection `dilstore index` indexes (the lines `write_live_collection` keeps), as its number of
+    documents and the sum of their `document_digest`s modulo 2**256: a fingerprint of the documents whatever their
+    order, which an index's own documents must give (Lucene orders them as its threads read them), in constant
+    memory for any store."""
+    documents, total = 0, 0
+    for _, kept in _live_parts(store):
+        for line in kept:
+            record = json.loads(line)
+            documents, total = documents + 1, (total + document_digest(record["id"], record["contents"])) % 2**256
+    return documents, total
+
+
+def _live_parts(store: Path) -> Iterator[tuple[Path, list[str]]]:
+    """Each of the store's JSONL parts with its lines, less those of superseded rows."""
     with open_store(store) as opened:
         superseded: dict[int, set[int]] = defaultdict(set)
         found = opened.superseded()
         for shard, row in zip(found.shards.tolist(), found.rows.tolist(), strict=True):
             superseded[shard].add(row)
         entries = opened.manifest.shards
-    target.mkdir(parents=True, exist_ok=True)
     for entry in entries:
         source = jsonl_part(store, entry)
         with source.open(encoding="utf-8", newline="\n") as part:
@@ -64,6 +92,4 @@ def write_live_collection(store: Path, target: Path) -> int:
         if len(lines) != entry.passages:
             raise DilstoreError(f"{source} has {len(lines)} lines for the {entry.passages} rows of {entry.name}")
         dropped = superseded.get(entry.index, set())
-        kept = [line for row, line in enumerate(lines) if row not in dropped]
-        (target / source.name).write_text("".join(kept), encoding="utf-8")
-    return len(entries)
+        yield source, [line for row, line in enumerate(lines) if row not in dropped]

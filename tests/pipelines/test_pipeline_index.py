@@ -32,6 +32,13 @@ from dilstore.reader.retrieval import Bm25Searcher
 hits = Bm25Searcher(Path(sys.argv[1])).search(sys.argv[2], k=3)
 print(json.dumps({"hits": [hit.passage_id for hit in hits], "encoders": "pyserini.encode" in sys.modules}))
 """
+# Builds a BM25 index of a JSONL folder (argv[1]) into argv[2], Anserini's log kept off stdout.
+BUILD = """
+import sys
+from pathlib import Path
+from dilstore.reader.retrieval import build_bm25_index
+build_bm25_index(Path(sys.argv[1]), Path(sys.argv[2]))
+"""
 # Opens and searches an index whose files were cut: one line naming the index, not a Java traceback.
 SEARCH_DAMAGED = """
 import sys
@@ -86,6 +93,28 @@ def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
     assert not searched["encoders"]  # searching never imports pyserini's neural encoders (10 s of start-up)
     report = verify_store(store)
     assert report.ok and report.untracked and all(name.startswith("bm25/") for name in report.untracked)
+    verified = dilstore_command(["verify", str(store), "--json"])  # the index too: Lucene's checksums, documents
+    assert verified.returncode == 0 and json.loads(verified.stdout)["untracked"] == [], verified.stdout
+    # The store's ids with their contents swapped, the real record copied in (hostile47 F2): verify finds it.
+    swapped = tmp_path / "swapped"
+    (swapped / "collection").mkdir(parents=True)
+    lines = [json.loads(line) for jsonl in sorted((store / "passages" / "jsonl").glob("*.jsonl"))
+             for line in jsonl.read_text(encoding="utf-8").splitlines()]  # fmt: skip
+    write_jsonl(swapped / "collection" / "part.jsonl", [{"id": line["id"], "contents": other["contents"]}
+                                                         for line, other in zip(lines, lines[1:] + lines[:1])])
+    built = subprocess.run([sys.executable, "-c", BUILD, str(swapped / "collection"), str(swapped / "bm25")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    real = store / "bm25"
+    real.rename(tmp_path / "real-bm25")
+    (swapped / "bm25").rename(real)
+    (real / "dilstore-index.json").write_bytes((tmp_path / "real-bm25" / "dilstore-index.json").read_bytes())
+    verified = dilstore_command(["verify", str(store), "--json"])
+    assert verified.returncode == 1 and json.loads(verified.stdout)["problems"] == [
+        f"the BM25 index {real} holds other documents than the store's collection (ids or contents differ): rebuild "
+        "it with `dilstore index`"], verified.stdout  # fmt: skip
+    real.rename(swapped / "bm25")
+    (tmp_path / "real-bm25").rename(real)
     for path in (store / "bm25").iterdir():  # every file but the commit point cut to a few bytes
         if path.is_file() and not path.name.startswith(("segments", "write.lock", "dilstore")):
             path.write_bytes(path.read_bytes()[:8])
