@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -198,6 +199,24 @@ def test_chores_run_on_an_idle_worker_at_once_and_a_failing_one_is_logged(caplog
     assert [record.getMessage() for record in caplog.records] == ["store 'store': a task between batches failed"]
 
 
+def run_blocked_then_together(run_batch: Callable[[list[int]], list[int]], later: tuple[int, int]) -> list[object]:
+    """Submit 0 (which `run_batch` must hold for 0.2 s), then the two `later` payloads while it runs, so that they
+    form the next batch; every outcome, exceptions included."""
+    batcher = Batcher("store", run_batch, max_batch_pairs=4, max_wait=0.05, queue_size=10, metrics=Metrics())
+    batcher.start()
+
+    async def ask() -> list[object]:
+        first = asyncio.ensure_future(batcher.submit(0, 1))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.ensure_future(batcher.submit(number, 1)) for number in later]
+        return await asyncio.gather(first, *rest, return_exceptions=True)
+
+    try:
+        return asyncio.run(ask())
+    finally:
+        batcher.stop()
+
+
 def test_a_batch_that_meets_a_changed_store_is_not_run_again_request_by_request(
     caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -214,19 +233,7 @@ def test_a_batch_that_meets_a_changed_store_is_not_run_again_request_by_request(
             return list(payloads)
         raise StoreChangedError("the store was rebuilt")
 
-    batcher = Batcher("store", run_batch, max_batch_pairs=4, max_wait=0.05, queue_size=10, metrics=Metrics())
-    batcher.start()
-
-    async def ask() -> list[object]:
-        first = asyncio.ensure_future(batcher.submit(0, 1))
-        await asyncio.sleep(0.05)
-        rest = [asyncio.ensure_future(batcher.submit(number, 1)) for number in (1, 2)]
-        return await asyncio.gather(first, *rest, return_exceptions=True)
-
-    try:
-        outcomes = asyncio.run(ask())
-    finally:
-        batcher.stop()
+    outcomes = run_blocked_then_together(run_batch, (1, 2))
     assert outcomes[0] == 0 and all(isinstance(outcome, StoreChangedError) for outcome in outcomes[1:])
     assert calls == [[0], [1, 2]], "run once, not again request by request"
     assert not [record for record in caplog.records if "running each alone" in record.getMessage()]
@@ -247,18 +254,6 @@ def test_a_batch_that_meets_one_damaged_file_answers_the_others_alone() -> None:
             raise StoreFormatError("shard-00013/states/values/c/0: not found")
         return list(payloads)
 
-    batcher = Batcher("store", run_batch, max_batch_pairs=4, max_wait=0.05, queue_size=10, metrics=Metrics())
-    batcher.start()
-
-    async def ask() -> list[object]:
-        first = asyncio.ensure_future(batcher.submit(0, 1))
-        await asyncio.sleep(0.05)
-        rest = [asyncio.ensure_future(batcher.submit(number, 1)) for number in (7, 13)]
-        return await asyncio.gather(first, *rest, return_exceptions=True)
-
-    try:
-        outcomes = asyncio.run(ask())
-    finally:
-        batcher.stop()
+    outcomes = run_blocked_then_together(run_batch, (7, 13))
     assert batches[:2] == [[0], [7, 13]], "the two formed one batch"
     assert outcomes[:2] == [0, 7] and isinstance(outcomes[2], StoreFormatError)
