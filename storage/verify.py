@@ -168,11 +168,11 @@ def verify_store(
             if location.local_root is not None:
                 _guarded(report, f"passage table of {entry.name}", lambda entry=entry, read=read: _check_table(
                     location.local_root, entry, read, special | damaged, report))  # fmt: skip
+                _guarded(report, f"collection part of {entry.name}", lambda entry=entry, read=read: _check_part(
+                    location.local_root, entry, read, report))  # fmt: skip
         progress.advance(1)
     if not unreadable(manifest.index):
         _guarded(report, "id index", lambda: _check_index(location, manifest, shard_rows, report))
-    if location.local_root is not None:
-        _guarded(report, "passages", lambda: _check_collection(location.local_root, manifest, shard_rows, report))
     shard_paths = [entry.directory for entry in manifest.shards
                    if not unreadable(entry.directory) and not reported(entry.directory)]  # fmt: skip
     if not unreadable(CODEBOOK_DIR):
@@ -186,35 +186,42 @@ def verify_store(
     return report
 
 
-def _check_collection(
-    root: Path, manifest: Manifest, shard_rows: dict[int, tuple[list[str], np.ndarray]], report: VerifyReport
-) -> None:
-    """Each shard's JSONL part (the collection `dilstore index` reads, storage/collection.py) against the shard:
-    line r must name row r's passage. A part naming other passages verified, was indexed, and `ask` failed on it
-    at question time (hostile46 F9). Stores written without passage tables (the writer API) have no parts."""
-    for entry in manifest.shards:
-        part = jsonl_part(root, entry)
-        if entry.index not in shard_rows or not part.is_file():
-            continue
-        ids = shard_rows[entry.index][0]
-        with part.open(encoding="utf-8", newline="\n") as lines:
-            named = [_line_id(line) for line in lines]
-        where = part.relative_to(root).as_posix()
-        wrong = next((row for row, (found, stored) in enumerate(zip(named, ids)) if found != stored), None)
-        if wrong is not None:
-            report.problems.append(f"{where}: line {wrong + 1} names passage {named[wrong]!r:.80}, but row {wrong} "
-                                   f"of shard {entry.name} is {ids[wrong]!r:.80}")  # fmt: skip
-        elif len(named) != len(ids):
-            report.problems.append(f"{where} has {len(named)} lines for the {len(ids)} rows of shard {entry.name}")
+def _check_part(root: Path, entry: ShardEntry, read: _ShardRead, report: VerifyReport) -> None:
+    """The shard's JSONL part (the collection `dilstore index` reads, storage/collection.py) against the shard:
+    line r must name row r's passage and hold its title and text. A part naming other passages verified, was
+    indexed, and `ask` failed on it at question time (hostile46 F9); one with other text was indexed as it was,
+    and `verify` compares the index with the collection, not with the shards. Stores written without passage
+    tables (the writer API) have no parts."""
+    part = jsonl_part(root, entry)
+    if not part.is_file():
+        return
+    with part.open(encoding="utf-8", newline="\n") as lines:
+        records = [_line_record(line) for line in lines]
+    named = [record.get("id") for record in records]
+    where = part.relative_to(root).as_posix()
+    ids = read.ids
+    wrong = next((row for row, (found, stored) in enumerate(zip(named, ids)) if found != stored), None)
+    if wrong is not None:
+        report.problems.append(f"{where}: line {wrong + 1} names passage {named[wrong]!r:.80}, but row {wrong} "
+                               f"of shard {entry.name} is {ids[wrong]!r:.80}")  # fmt: skip
+    elif len(named) != len(ids):
+        report.problems.append(f"{where} has {len(named)} lines for the {len(ids)} rows of shard {entry.name}")
+    elif read.titles is not None and read.texts is not None:
+        stored = (f"{title}\n{text}" for title, text in zip(read.titles, read.texts, strict=True))
+        other = next((row for row, (record, contents) in enumerate(zip(records, stored)) if
+                      record.get("contents") != contents), None)  # fmt: skip
+        if other is not None:
+            report.problems.append(f"{where}: line {other + 1} ({ids[other]!r:.80}) holds other contents than the "
+                                   f"title and text of row {other} of shard {entry.name}")  # fmt: skip
 
 
-def _line_id(line: str) -> Any:
-    """The `id` a JSONL line names (None when the line is not a JSON object)."""
+def _line_record(line: str) -> dict[str, Any]:
+    """The JSON object of a JSONL line (empty when the line is not a JSON object)."""
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):
-        return None
-    return record.get("id") if isinstance(record, dict) else None
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def _check_table(root: Path, entry: ShardEntry, read: _ShardRead, reported: set[str], report: VerifyReport) -> None:

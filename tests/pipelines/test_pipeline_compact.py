@@ -388,3 +388,9 @@ def test_verify_checks_each_jsonl_part_against_its_shard(appended: Path, tmp_pat
     part.write_text("".join(lines[:-1]), encoding="utf-8")
     problems = verify_store(store).problems
     assert f"{relative} has {len(lines) - 1} lines for the {len(lines)} rows of shard {shard}" in problems, problems
+    # Its own id with other text: indexed as it was, and verify compares the index with the collection.
+    part.write_text("".join([json.dumps({**first, "contents": "Tesla\nNikola Tesla"}) + "\n", *lines[1:]]),
+                    encoding="utf-8")  # fmt: skip
+    problems = verify_store(store).problems
+    assert (f"{relative}: line 1 ({first['id']!r}) holds other contents than the title and text of row 0 of shard "
+            f"{shard}") in problems, problems
