@@ -7,7 +7,10 @@ kinds and their per-token shapes, the compressors and the fixed chunking.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,8 +190,16 @@ def fixed_arrays(passages: int, tokens: int, vector_size: int | None) -> dict[st
 
 
 def is_special_file(path: Path) -> bool:
-    """Whether a local `path` is a pipe, socket or device: neither a file nor a folder, so a read of it would block."""
-    return path.exists() and not path.is_file() and not path.is_dir()
+    """Whether a local `path` is a pipe, socket or device: neither a file nor a folder, so a read of it would block.
+    One `stat` (links followed; a path that is not there, as Path.exists sees it, is not special): the compressed
+    read path asks before each chunk."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        if error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EBADF):
+            return False
+        raise
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 def append_dir(generation: str) -> str:

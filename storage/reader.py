@@ -482,7 +482,7 @@ def _open_index(location: StoreLocation, manifest: Manifest, *, use_mmap: bool) 
     for name in (INDEX_HASHES, INDEX_SHARDS, INDEX_ROWS):
         try:
             array = group[name]
-        except (ValueError, TypeError, KeyError, zarr.errors.NodeTypeValidationError, RecursionError) as error:
+        except METADATA_ERRORS as error:
             raise StoreFormatError(
                 f"cannot open {where}/{name}: {type(error).__name__}: {error}; run `dilstore verify`"
             ) from None

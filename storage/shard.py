@@ -246,7 +246,7 @@ def _open_arrays(group: zarr.Group, names: Sequence[str], where: str) -> dict[st
             node = await group._async_group.getitem(name)  # zarr.Group has no public async handle (zarr < 3.2 pinned)
         except KeyError:
             return None
-        except (ValueError, TypeError, zarr.errors.NodeTypeValidationError, RecursionError) as error:
+        except METADATA_ERRORS as error:
             raise StoreFormatError(
                 f"cannot open {where}/{name}: {type(error).__name__}: {error}; run `dilstore verify`"
             ) from None

@@ -45,8 +45,10 @@ RETRY_SECONDS = 0.5
 MAX_RETRY_SECONDS = 2.0
 
 # What opening a zarr group or array of a store raises for metadata that is not what the store needs: missing, of
-# another node type, malformed, or JSON nested too deep for Python's parser (hostile46 F4: a traceback).
-METADATA_ERRORS = (FileNotFoundError, zarr.errors.NodeTypeValidationError, RecursionError, ValueError, KeyError)
+# another node type, malformed (a field of another type), or JSON nested too deep for Python's parser (hostile46
+# F4: a traceback).
+METADATA_ERRORS = (FileNotFoundError, zarr.errors.NodeTypeValidationError, RecursionError, ValueError, TypeError,
+                   KeyError)  # fmt: skip
 
 
 class RequiredChunksStore(WrapperStore):
