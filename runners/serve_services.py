@@ -203,12 +203,12 @@ class ServedStore:
         files a compaction deleted: disk space) and model are let go at once: they sit in reference cycles that
         only a full collection frees, which an idle server might not run for hours (review47 F1)."""
         with self._swap:
-            fresh, self.pending = self.pending, None
-            stale, self.service = self.service, fresh if fresh is not None else self.service
-        if fresh is not None:
-            stale.close()
-            del stale
-            gc.collect()
+            if self.pending is None:
+                return
+            stale, self.service, self.pending = self.service, self.pending, None
+        stale.close()
+        del stale
+        gc.collect()
 
     def take(self, fresh: ServedStore) -> None:
         """Serve `fresh` (the same store opened again) once `swap` runs; what /stores says and the store's
