@@ -38,7 +38,7 @@ from dilstore.storage.errors import DilstoreError
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     import uvicorn
 
-    from dilstore.runners.serve_services import ServedStore
+    from dilstore.runners.serve_services import ServedStore, Service
 
 DILBERT = "dilbert"  # the kind of store /ask reads; every other kind is reranked
 DEFAULT_HOST = "127.0.0.1"
@@ -333,6 +333,7 @@ def open_served_store(
     index: Path | None = None,
     *,
     checked: tuple[Path | None, dict[str, Any]] | None = None,
+    reuse: Service | None = None,
 ) -> ServedStore:
     """Open one store with its checked model as an AskService (dilbert) or RerankService (earl-s1/earl-s2/listformer),
     with a Reopener that opens it again this way once it changed on disk.
@@ -341,7 +342,9 @@ def open_served_store(
     needs none, and gets retrieval only where one exists. checked: the index
     `served_index` found and checked, and the store's `store_info`, when `run`
     has done that with every store's files (`check_store_files`); without it,
-    all three are done here.
+    all three are done here. reuse: the service of the copy served now, when
+    the Reopener opens the store again; its model is kept if the store's
+    fingerprint did not change (an append, a compaction, a rebuilt index).
     """
     from dilstore.storage.info import store_info
     from dilstore.storage.location import redacted
@@ -363,20 +366,25 @@ def open_served_store(
     opened = stamp()  # before the store is read: a change while it opens is seen at the next check
     variant = None  # the online layers tuned for the store's encoding, when the reader swapped them in
     if info["kind"] in RERANK_KINDS:
-        reranker = open_reranker(path, model, device=device)
+        reranker = open_reranker(path, model, device=device,
+                                 reuse=reuse.reranker if isinstance(reuse, RerankService) else None)
         searcher = Bm25Searcher(found) if found is not None else None
         if searcher is not None:
             require_all_passages(searcher, reranker.store.manifest, path)
         service: AskService | RerankService = RerankService(reranker, searcher)
         reranker.store.check_files = True  # a file cut under the server's maps would kill it (storage/mapped.py)
     else:
-        odqa = open_reader(path, model, index_dir=found, device=device)
+        odqa = open_reader(path, model, index_dir=found, device=device,
+                           reuse=reuse.odqa if isinstance(reuse, AskService) else None)
         service = AskService(odqa)
         odqa.store.check_files = True
         variant = odqa.model.online_variant
     description = {"path": redacted(path),  # /stores is open to any client: never the storage password
                    "model": str(model) if model is not None else "default", "online_variant": variant, "info": info}
-    reopener = Reopener(functools.partial(open_served_store, name, path, model, device, index), stamp, opened)
+    def reopen(served: Service) -> ServedStore:
+        return open_served_store(name, path, model, device, index, reuse=served)
+
+    reopener = Reopener(reopen, stamp, opened)
     return ServedStore(name, service, description, reopener=reopener)
 
 

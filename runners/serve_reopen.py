@@ -22,7 +22,7 @@ from dilstore.storage.format import MANIFEST_FILE
 from dilstore.storage.location import StoreLocation
 
 if TYPE_CHECKING:
-    from dilstore.runners.serve_services import ServedStore
+    from dilstore.runners.serve_services import ServedStore, Service
 
 RETRY_SECONDS = 30.0  # the first wait before a failed reopen is tried again with no change seen; it doubles
 MAX_RETRY_DOUBLINGS = 7  # up to 64 times RETRY_SECONDS (about half an hour)
@@ -32,14 +32,15 @@ Stamp = Hashable | None
 
 @dataclass
 class Reopener:
-    """Opens a served store again (`open`, as at start-up) and says when that is worth trying (`due`).
+    """Opens a served store again (`open`, as at start-up, given the service served now, whose model the new copy
+    keeps when the store's fingerprint did not change) and says when that is worth trying (`due`).
 
     opened: the stamp of the copy being served; failed: the stamp when a reopen last failed (None: none failed
     since the last success); failures: reopens failed in a row; tried_at: when the served copy was opened or a
     reopen last tried (time.monotonic()).
     """
 
-    open: Callable[[], ServedStore]
+    open: Callable[[Service], ServedStore]
     stamp: Callable[[], Stamp]
     opened: Stamp = None
     failed: Stamp = None

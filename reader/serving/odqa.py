@@ -424,12 +424,16 @@ def open_reader(
     settings: OdqaSettings | None = None,
     device: str | None = None,
     online_variant: bool = True,
+    reuse: OpenDomainReader | None = None,
 ) -> OpenDomainReader:
     """Open a store, load and check its model, and (with_index) its BM25 index, as one OpenDomainReader.
 
     The index is looked for before the model is loaded, and the fingerprint
     checked before the JVM starts, so a bad request fails fast.
-    `online_variant`: as in `load_store_model`.
+    `online_variant`: as in `load_store_model`. `reuse`: a reader opened the
+    same way (model_dir, online_variant) on an earlier build of this store;
+    its model serves the new one when both builds carry the same fingerprint,
+    so opening a changed store again holds one model in memory, not two.
     """
     store = open_store(store_path)
     require_reader_store(store)  # before the index: an EARL store's user was first sent off to build one
@@ -440,7 +444,10 @@ def open_reader(
         index = Path(index_dir) if index_dir is not None else bm25_index_dir(store_path)
         require_index_files(index, store_path, given=index_dir is not None, local_root=store.location.local_root)
         check_index_covers(index, store.manifest, store_path)
-    model = load_store_model(store, model_dir, online_variant=online_variant)
+    if reuse is not None and reuse.store.fingerprint == store.fingerprint:
+        model = reuse.model  # checked against an equal fingerprint when `reuse` opened
+    else:
+        model = load_store_model(store, model_dir, online_variant=online_variant)
     searcher = Bm25Searcher(index) if index is not None else None
     if searcher is not None:
         require_all_passages(searcher, store.manifest, store_path)

@@ -541,19 +541,26 @@ def open_reranker(
     *,
     settings: RerankSettings | None = None,
     device: str | None = None,
+    reuse: StoreReranker | None = None,
 ) -> StoreReranker:
     """Open a store, load and check its ranker, and return the reranker its kind calls for.
 
     Without `model_dir`, EARL stores use the packaged EARL ranker and
-    Listformer stores the packaged Listformer.
+    Listformer stores the packaged Listformer. `reuse`: a reranker opened
+    with the same model_dir on an earlier build of this store; its ranker
+    serves the new one when both builds carry the same fingerprint, so
+    opening a changed store again holds one model in memory, not two.
     """
     store = open_store(store_path)
     kind = require_rerank_store(store)
+    if reuse is not None and reuse.store.fingerprint == store.fingerprint:
+        model: EarlRanker | ListformerRanker = reuse.model  # checked against an equal fingerprint when it opened
+    else:
+        default = default_listformer_dir() if kind == LISTFORMER else default_ranker_dir()
+        model = load_store_ranker(store, default if model_dir is None else model_dir)
     if kind == LISTFORMER:
-        model = load_store_ranker(store, default_listformer_dir() if model_dir is None else model_dir)
         assert isinstance(model, ListformerRanker)  # load_store_ranker loads by the store's kind
         return ListformerReranker(model, store, settings, device)
-    model = load_store_ranker(store, default_ranker_dir() if model_dir is None else model_dir)
     assert isinstance(model, EarlRanker)  # load_store_ranker loads by the store's kind
     return EarlReranker(model, store, settings, device)
 

@@ -385,6 +385,20 @@ def test_a_missing_index_is_a_clear_error(tiny: dict, tmp_path) -> None:
         odqa.answer(QUESTION)
 
 
+def test_a_reader_opened_again_keeps_the_model_of_an_equal_fingerprint_only(tiny: dict, tmp_path) -> None:
+    """`serve` reopening a changed store loaded its model a second time; with `reuse`, an unchanged fingerprint
+    keeps the loaded model, and another fingerprint (here another encoding) loads the one the store needs."""
+    first = open_reader(tiny["stores"]["fp32"], tiny["model_dir"], with_index=False)
+    again = open_reader(shutil.copytree(tiny["stores"]["fp32"], tmp_path / "copy"), tiny["model_dir"],
+                        with_index=False, reuse=first)  # fmt: skip
+    other = open_reader(tiny["stores"]["int8"], tiny["model_dir"], with_index=False, reuse=first)
+    assert again.model is first.model
+    assert other.model is not first.model
+    ids = tiny["ids"][:2]
+    fresh = open_reader(tiny["stores"]["fp32"], tiny["model_dir"], with_index=False)
+    assert again.read([QUESTION], [ids])[0].spans == fresh.read([QUESTION], [ids])[0].spans
+
+
 def test_a_question_limit_past_the_model_s_positions_is_refused_when_the_reader_opens(tiny: dict) -> None:
     """It was accepted, and the first long question, maybe late in an evaluation, stopped the run."""
     model = DilBertReader.from_pretrained(tiny["model_dir"])
