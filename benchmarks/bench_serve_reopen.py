@@ -7,7 +7,9 @@ On a copy of STORE (a dilbert store with its BM25 index) the script starts the r
 2. rebuilds the index (`dilstore index`), waits for the server's `opened again` line (how long after the index
    finished) and asks QUESTION again: the new passage answers it;
 3. runs one closed-loop client asking QUESTION for `--seconds` while `dilstore compact` rewrites the store, and
-   counts the answers by status and answer, with the slowest request's time.
+   counts the answers by status and answer, with the slowest request's time;
+4. reads how long each reopen took (the server's `opened in` figure) and the server's peak and last resident
+   memory (VmHWM, VmRSS): a reopen that keeps the served model holds one model, not two.
 
 It prints a table and then the JSON of every figure. The reader is the shipped one (trained), so the answers are
 real; the timings depend on the machine.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -80,6 +83,17 @@ def wait_for_line(server: ServeProcess, text: str, count: int) -> float:
     return time.perf_counter() - started
 
 
+def reopen_seconds(server: ServeProcess) -> list[float]:
+    """How long each reopen took, from the server's `opened again: ... opened in S s)` lines."""
+    return [float(found.group(1)) for line in server.log if (found := re.search(r"opened in ([\d.]+) s\)", line))]
+
+
+def memory_mb(pid: int) -> dict[str, float]:
+    """The process's peak (VmHWM) and current (VmRSS) resident memory in MB, from /proc (Linux only)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {name: round(int(fields[name].split()[0]) / 1024, 1) for name in ("VmHWM", "VmRSS")}
+
+
 def compaction_under_load(client: httpx.Client, store: Path, seconds: float) -> dict[str, Any]:
     """Ask QUESTION in a loop for `seconds`, compacting the store after the first second."""
     answers: Counter[str] = Counter()
@@ -118,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             indexed = ask(client)
             during = compaction_under_load(client, store, args.seconds)
             served = client.get("/stores").json()["stores"][0]
+            wait_for_line(server, "opened again: store", 2)  # the compacted store (a request may have waited for it)
+            memory = memory_mb(server.process.pid)
     finally:
         status = server.stop()
     result = {
@@ -128,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "served_after": {"passages": served["info"]["passages"], "shards": served["info"]["shards"],
                          "problem": served.get("problem")},
         "server_exit": status, "opened_again_lines": sum("opened again: store" in line for line in server.log),
+        "reopen_s": reopen_seconds(server), "server_memory_mb": memory,
     }  # fmt: skip
     rows = [
         ("before the append", before),
@@ -138,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         ("slowest request during compaction", f"{during['slowest_request_s']} s"),
         ("served after", f"{served['info']['passages']} passages in {served['info']['shards']} shard(s), "
                          f"problem {served.get('problem')}"),
+        ("each reopen took", ", ".join(f"{seconds:.2f} s" for seconds in result["reopen_s"])),
+        ("server memory at the end", f"peak {memory['VmHWM']:.0f} MB, now {memory['VmRSS']:.0f} MB"),
     ]  # fmt: skip
     width = max(len(step) for step, _ in rows)
     for step, what in rows:
