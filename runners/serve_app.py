@@ -332,7 +332,7 @@ class StoreRouter:
             return (f"the folder now holds a store of kind {fresh.description.get('info', {}).get('kind')}, which "
                     f"answers {fresh.service.endpoint}, not {store.latest.endpoint} (a restart serves it so)")
         store.take(fresh)
-        self.batchers[store.name].run_soon(store.swap)  # at once when idle: the old copy's files and model go
+        self.batchers[store.name].run_soon(store.swap)  # at once when idle: the old copy's files go
         reopener.succeeded(stamp)
         logger.info("opened again: %s (it held %s passages; opened in %.2f s)", fresh.summary(), _count(before),
                     time.monotonic() - started)

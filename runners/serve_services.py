@@ -200,8 +200,9 @@ class ServedStore:
     def swap(self) -> None:
         """Serve the pending service, if any, and close the one it replaces; on the store's worker thread between
         two batches (Batcher.run_soon), so no batch reads the closed one. The replaced copy's memory maps (of
-        files a compaction deleted: disk space) and model are let go at once: they sit in reference cycles that
-        only a full collection frees, which an idle server might not run for hours (review47 F1)."""
+        files a compaction deleted: disk space) and its model, unless the new copy kept it, are let go at once:
+        they sit in reference cycles that only a full collection frees, which an idle server might not run for
+        hours (review47 F1)."""
         with self._swap:
             if self.pending is None:
                 return
