@@ -555,9 +555,10 @@ def open_reranker(
     kind = require_rerank_store(store)
     if reuse is not None and reuse.store.fingerprint == store.fingerprint:
         model: EarlRanker | ListformerRanker = reuse.model  # checked against an equal fingerprint when it opened
-    else:
-        default = default_listformer_dir() if kind == LISTFORMER else default_ranker_dir()
-        model = load_store_ranker(store, default if model_dir is None else model_dir)
+    elif model_dir is not None:
+        model = load_store_ranker(store, model_dir)
+    else:  # the packaged ranker of the store's kind; looked for only here, as it may be missing
+        model = load_store_ranker(store, default_listformer_dir() if kind == LISTFORMER else default_ranker_dir())
     if kind == LISTFORMER:
         assert isinstance(model, ListformerRanker)  # load_store_ranker loads by the store's kind
         return ListformerReranker(model, store, settings, device)
