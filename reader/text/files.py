@@ -60,11 +60,20 @@ def _open_binary(path: Path, what: str) -> io.BufferedReader:
 
 def _decoded(path: Path, number: int, line: bytes) -> str:
     """Line `number` of `path` as text (line 1 without a byte-order mark); a DilstoreError naming file and line when
-    it is not UTF-8."""
+    it is not UTF-8, or when a later line opens with a byte-order mark.
+
+    Files joined together (`cat a.qrels b.qrels`, one saved by a Windows editor) leave a mark at the start of a
+    later line. Read as text it joined the line's first column: a TREC file's qid "\ufeff207786" became a query of
+    its own, scored as unjudged or unretrieved, and the metrics moved without a word (rank48 F1).
+    """
     try:
-        return line.decode("utf-8-sig" if number == 1 else "utf-8")
+        text = line.decode("utf-8-sig" if number == 1 else "utf-8")
     except UnicodeDecodeError as error:
         raise DilstoreError(f"{path}:{number}: not UTF-8 text (byte {error.start + 1} of the line)") from None
+    if text.startswith("\ufeff"):
+        raise DilstoreError(f"{path}:{number}: the line begins with a byte-order mark (U+FEFF), which only a file's "
+                            "first line may hold: were files joined together? Remove it")
+    return text
 
 
 # Compressed formats by their first bytes: (name, magic, the suffix that names them). bzip2's "BZh" is text

@@ -6,6 +6,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import ir_measures
 import numpy as np
@@ -113,6 +114,20 @@ def test_a_byte_order_mark_opening_the_files_changes_nothing(tiny: tuple[Path, P
         path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
     marked = evaluate_run(read_qrels(qrels), read_run(run))
     assert marked.means == plain.means and set(read_qrels(qrels)) == {"q1", "q2", "q3"}
+
+
+@pytest.mark.parametrize("reader", [read_qrels, read_run])
+def test_a_byte_order_mark_opening_a_later_line_is_refused_naming_it(
+    tiny: tuple[Path, Path], reader: Any, tmp_path: Path
+) -> None:
+    """Two files joined, the second with a mark: it joined the first qid of that part, a query of its own, and
+    `evaluate-rank` scored 44 DL19 queries with exit 0 (rank48 F1)."""
+    source = tiny[0] if reader is read_qrels else tiny[1]
+    lines = source.read_bytes().splitlines(keepends=True)
+    joined = tmp_path / "joined.txt"
+    joined.write_bytes(b"".join(lines[:2]) + b"\xef\xbb\xbf" + b"".join(lines[2:]))
+    with pytest.raises(DilstoreError, match=re.escape(f"{joined}:3: the line begins with a byte-order mark (U+FEFF)")):
+        reader(joined)
 
 
 def test_cli_json_and_table(tiny: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
