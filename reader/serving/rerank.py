@@ -174,16 +174,17 @@ def require_topics(topics: Mapping[str, str], run: Run, source: str = "the topic
 
 
 def _checked_run(run: Run) -> Run:
-    """A checked copy of a `{qid: {docid: score}}` run (a file path was read one qid per character), every query
-    with a document to rerank."""
+    """A checked copy of a `{qid: {docid: score}}` run (a file path was read one qid per character), some query
+    with a document to rerank. A query without any (a first stage that found nothing for it) is kept: `rerank_run`
+    leaves it out and names it in `emptied_queries`, as one whose documents are all missing (rank48 F3: one such
+    query refused the whole run)."""
     if not isinstance(run, Mapping):
         raise DilstoreError(f"the run must be a {{qid: {{docid: score}}}} mapping (a TREC run file is read by "
                             f"dilstore.reader.data.trec.read_run), got {type(run).__name__}")  # fmt: skip
     checked = run_from_mapping(run)
-    empty = [qid for qid, documents in checked.items() if not documents]
-    if empty:
-        raise DilstoreError(f"{len(empty)} of the run's {len(checked)} queries have no documents to rerank: "
-                            f"{listed(empty)}")  # fmt: skip
+    if checked and not any(checked.values()):
+        raise DilstoreError(f"none of the run's {len(checked)} queries has documents to rerank: "
+                            f"{listed(list(checked))}")  # fmt: skip
     return checked
 
 
@@ -284,7 +285,8 @@ class StoreReranker(ABC, Generic[RankerT]):
         `on_reranked(qid, scores)` with its reranked scores (None for a query left with no document), to keep them.
         With `skip_missing`, a run none of whose top-`depth` documents is in the store is an error,
         not an empty run, and a query left with no document is not in the run
-        returned but in `stats.emptied_queries`. `done`: queries an earlier run reranked (their scores kept
+        returned but in `stats.emptied_queries`, as is a query the run gives no document (a run of only
+        such queries is an error). `done`: queries an earlier run reranked (their scores kept
         by the caller), left out, and `stats`, that run's, added to (a stopped `dilstore rerank` goes on).
         """
         depth = checked_depth(depth)

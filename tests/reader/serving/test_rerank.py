@@ -292,8 +292,10 @@ def test_missing_ids_are_named_or_skipped_and_counted(store: Callable[..., Path]
     reranked, stats = reranker.rerank_run(QUERIES, one_query_emptied, depth=2, skip_missing=True)
     assert list(reranked) == ["q1"] and stats.emptied_queries == ["q2"] and stats.to_dict()["emptied_queries"] == ["q2"]
     assert stats.queries == 1, "q2 was counted as reranked"
-    with pytest.raises(DilstoreError, match=r"1 of the run's 2 queries have no documents to rerank: 'q2'"):
-        reranker.rerank_run(QUERIES, {"q1": {"tram": 1.0}, "q2": {}})  # was an empty run, returned without a word
+    reranked, stats = reranker.rerank_run(QUERIES, {"q1": {"tram": 1.0}, "q2": {}})  # a first stage found nothing
+    assert list(reranked) == ["q1"] and stats.emptied_queries == ["q2"], "refused the whole run (rank48 F3)"
+    with pytest.raises(DilstoreError, match=r"none of the run's 1 queries has documents to rerank: 'q2'"):
+        reranker.rerank_run(QUERIES, {"q2": {}})  # was an empty run, returned without a word
     every_top_missing = {"q2": one_top_missing["q2"]}  # was an empty-topped run, "written" with exit 0
     with pytest.raises(MissingPassagesError, match="none of the run's top-2 documents is in store .*: nothing was"):
         reranker.rerank_run(QUERIES, every_top_missing, depth=2, skip_missing=True)
