@@ -55,19 +55,23 @@ class Rejected:
     `line_or_id` is the 1-based line for line-based formats and the record's
     id otherwise. A problem with the file as a whole (bad JSON in a SQuAD file,
     broken XML in a dump) names the line where parsing stopped, or says where
-    reading stopped when no line is known (a truncated .bz2).
+    reading stopped when no line is known (a truncated .bz2). `passage`: the
+    id of the one passage of the record left out (a passage with no word
+    piece), None when the dead letter is the whole record. Counts tell the two
+    apart, so that documents + rejected + skipped add up to the records read.
     """
 
     source: str
     line_or_id: int | str
     reason: str
+    passage: str | None = None
 
     def to_json(self) -> str:
-        """One dead-letter line: `{"source", "line_or_id", "reason"}` as JSON."""
-        return json.dumps(
-            {"source": self.source, "line_or_id": self.line_or_id, "reason": self.reason},
-            ensure_ascii=False,
-        )
+        """One dead-letter line: `{"source", "line_or_id", "reason"}` as JSON, and `"passage"` for a passage's."""
+        letter: dict[str, int | str] = {"source": self.source, "line_or_id": self.line_or_id, "reason": self.reason}
+        if self.passage is not None:
+            letter["passage"] = self.passage
+        return json.dumps(letter, ensure_ascii=False)
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,7 @@ class WriteGroupFn(beam.DoFn):
         self.reader: Any = None
         self.counters = {
             name: Metrics.counter(NAMESPACE, name)
-            for name in ("documents", "passages", "tokens", "rejected", "skipped", "long_passages")
+            for name in ("documents", "passages", "tokens", "rejected", "rejected_passages", "skipped", "long_passages")
         }
         self.shards_written = Metrics.counter(NAMESPACE, "shards_written")
         self.shards_resumed = Metrics.counter(NAMESPACE, "shards_resumed")

@@ -85,9 +85,12 @@ def route(
     A document is split into passages and each passage tokenized in the
     kind's convention (long ones into windows, see reader.offline.encoding); each
     window goes to the shard of its
-    own id. A passage with no word piece, and a document whose split yields
-    no passage at all, become dead letters (one per cause, never two for one
-    document), so nothing disappears without a trace. Under the "none" split
+    own id. A passage with no word piece (one dead letter naming the passage),
+    and a document whose split yields no passage at all, become dead letters,
+    so nothing disappears without a trace. A document none of whose passages
+    is stored counts as one rejected record however many of its passages are
+    dead letters (pipe48 F2: 5 records read were counted as 2 documents and 5
+    rejected). Under the "none" split
     a document id of the form `{id}~{w}` is a dead letter too: it could be the
     id of window w of the long document `{id}`, and stored ids must be unique.
     """
@@ -114,7 +117,7 @@ def route(
         try:
             pieces = tokenize_passage(tokenizer, passage, settings.max_length, settings.kind)
         except DilstoreError as error:
-            dead = Rejected(record.source, position, f"passage {passage.id!r}: {error}")  # the line, as README says
+            dead = Rejected(record.source, position, f"passage {passage.id!r}: {error}", passage.id)  # line, as README
             yield (REJECTED, rejected_part(dead, shards)), dead
             rejected += 1
             continue
@@ -123,6 +126,7 @@ def route(
         for piece in pieces:
             yield (SHARD, shard_of(piece.id, shards)), piece
     if stored == 0 and rejected:
+        yield (COUNTS, shard_of(record.id, shards)), RunStats(rejected=1)
         return
     if stored == 0:
         dead = Rejected(record.source, position, f"no passage: the {settings.strategy} split left nothing to store")

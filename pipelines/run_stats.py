@@ -18,7 +18,8 @@ class RunStats:
 
     documents: documents accepted (read, not rejected, split into passages);
     skipped: records left out on purpose (e.g. Wikipedia redirects);
-    rejected: dead-lettered records; passages, tokens: what the store holds;
+    rejected: dead-lettered records; rejected_passages: passages left out as dead letters (no word piece), of
+    documents stored or rejected; passages, tokens: what the store holds;
     long_passages: passages over the model's maximum length, split into windows;
     shards: shards in the store; shards_resumed: of those, found complete on disk
     and not recomputed; bytes: bytes of shard and passage-table files.
@@ -27,6 +28,7 @@ class RunStats:
     documents: int = 0
     skipped: int = 0
     rejected: int = 0
+    rejected_passages: int = 0
     passages: int = 0
     tokens: int = 0
     long_passages: int = 0

@@ -139,7 +139,9 @@ def _rejected_order(record: Rejected) -> tuple[str, bool, int, str, str]:
 
 
 def write_rejected_part(store: str, part: int, records: Iterable[Rejected]) -> RunStats:
-    """Write one dead-letter file (JSONL, one `{"source", "line_or_id", "reason"}` per line); its count."""
+    """Write one dead-letter file (JSONL, one `{"source", "line_or_id", "reason"}` per line); its counts: records
+    rejected whole, and passages left out (a record all of whose passages are left out is counted by `route`)."""
     ordered = sorted(records, key=_rejected_order)
     atomic_write_text(rejected_path(Path(store), part), "".join(f"{record.to_json()}\n" for record in ordered))
-    return RunStats(rejected=len(ordered))
+    passages = sum(record.passage is not None for record in ordered)
+    return RunStats(rejected=len(ordered) - passages, rejected_passages=passages)

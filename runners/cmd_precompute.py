@@ -247,7 +247,7 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary, indent=1, sort_keys=True))
         return
-    order = ("documents", "skipped", "rejected", "passages", "long_passages", "tokens", "superseded", "shards",
+    order = ("documents", "skipped", "rejected", "rejected_passages", "passages", "long_passages", "tokens", "superseded", "shards",
              "shards_resumed", "bytes", "seconds", "passages_per_second", "runner", "store")
     print("precompute summary")
     for key in order:
@@ -475,9 +475,11 @@ def run_command(args: argparse.Namespace) -> int:
     if empty is not None:
         print(f"dilstore precompute: error: {empty}", file=sys.stderr)
         return 1
-    if summary.get("rejected") and "rejected_records" in summary and not args.json:  # --json's summary says it
+    records, passages = summary.get("rejected", 0), summary.get("rejected_passages", 0)
+    if (records or passages) and "rejected_records" in summary and not args.json:  # --json's summary says it
         where = Path(summary["store"]) / summary["rejected_records"]
-        print(f"dilstore precompute: {summary['rejected']} record(s) rejected: {where}/ says why, one JSON line each",
+        left_out = f" and {passages} passage(s) of documents left out" if passages else ""
+        print(f"dilstore precompute: {records} record(s) rejected{left_out}: {where}/ says why, one JSON line each",
               file=sys.stderr)  # fmt: skip
     return 0
 

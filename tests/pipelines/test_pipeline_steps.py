@@ -117,7 +117,33 @@ def test_a_document_that_yields_nothing_to_store_is_a_dead_letter(tiny) -> None:
         routed = list(route(odd, RouteSettings("words", 3, 64, "dilbert"), tiny.tokenizer))
         [dead] = [value for key, value in routed if key[0] == REJECTED]
         assert dead.line_or_id == where and "passage 'odd#0'" in dead.reason and "no word pieces" in dead.reason
-        assert not [key for key, _ in routed if key[0] in (SHARD, COUNTS)]
+        assert dead.passage == "odd#0" and json.loads(dead.to_json())["passage"] == "odd#0"
+        assert not [key for key, _ in routed if key[0] == SHARD]
+        assert [value for key, value in routed if key[0] == COUNTS] == [RunStats(rejected=1)]
+
+
+def test_documents_rejected_and_skipped_add_up_to_the_records_read(tiny, tmp_path: Path) -> None:
+    """Each dead letter of a passage counted as a rejected record: 5 records read were 2 documents and 5 rejected,
+    a document stored was also "rejected", and one rejected twice (pipe48 F2). Now a record is a document, or
+    rejected, or skipped, once; its passages left out are counted apart."""
+    good = "A paragraph long enough to be stored as a passage of its own."
+    blank = "\u200b " * 40  # no word piece
+    records = [
+        Document(id="p1", title="", text=f"{good}\n\n{blank}\n\n{good}", source="c.jsonl", line=1),  # stored, 1 out
+        Document(id="p2", title="", text=f"{blank}\n\n{blank}", source="c.jsonl", line=2),  # both passages out
+        Document(id="p3", title="", text="short", source="c.jsonl", line=3),  # no passage at all
+        Rejected("c.jsonl", 4, "bad JSON"),
+        Skipped("c.jsonl", 5, "header"),
+    ]
+    settings = RouteSettings("paragraphs", 2, 64, "dilbert")
+    routed = [item for record in records for item in route(record, settings, tiny.tokenizer)]
+    letters = [value for key, value in routed if key[0] == REJECTED]
+    counts = merge_stats([value for key, value in routed if key[0] == COUNTS]
+                         + [write_rejected_part(str(tmp_path), 0, letters)])  # fmt: skip
+    assert (counts.documents, counts.rejected, counts.skipped, counts.rejected_passages) == (1, 3, 1, 3)
+    assert counts.documents + counts.rejected + counts.skipped == len(records)
+    written = [json.loads(line) for line in rejected_path(tmp_path, 0).read_text().splitlines()]
+    assert sorted(letter.get("passage", "") for letter in written) == ["", "", "p1#1", "p2#0", "p2#1"]
 
 
 @pytest.mark.parametrize(("doc_id", "refused"), [("a~1", True), ("a~12", True), ("a~0", False), ("a~", False),

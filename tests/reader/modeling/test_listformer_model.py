@@ -110,6 +110,39 @@ def test_no_dense_list_mask_is_built(monkeypatch) -> None:
     assert seen and all(shape[-2] == 1 for shape in seen), "key masks broadcast over the queries: no (N, N) mask"
 
 
+@settings(max_examples=15, deadline=None)
+@given(block_keys=st.integers(1, 120), lists=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_documents_attended_in_blocks_score_as_all_at_once(block_keys, lists, seed) -> None:
+    """The local attention copied every document's keys (its own, the query's, every separator's) for the whole
+    list at once: 3.6 GB at 1,000 documents (rank48 F2). In blocks of LOCAL_BLOCK_KEYS key rows (at least one
+    document) the scores are those of one block, and no local attention sees more rows than a block holds."""
+    from dilstore.reader.modeling import listformer
+
+    ranker = tiny_listformer(1)
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [[int(length) for length in torch.randint(1, 7, (5,), generator=generator)] for _ in range(lists)]
+    batch = padded_lists([random_list(3, lengths, seed=seed + index) for index, lengths in enumerate(shapes)])
+    with torch.no_grad():
+        whole = ranker(*batch)  # (B, D): one block (the default holds far more rows than these lists)
+    local_keys = batch[2].shape[2] + batch[0].shape[1] + 5  # n + nq + D: the keys of one document
+    blocks: list[int] = []  # the documents of each local attention call
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query, key, *args, **kwargs):
+        if key.shape[-2] == local_keys:  # a local call, (B·b, h, n + nq + D, hs); a global one has nq + D·n keys
+            blocks.append(key.shape[0] // lists)
+        return original(query, key, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(listformer, "LOCAL_BLOCK_KEYS", block_keys)
+        patch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+        blocked = ranker(*batch)
+    assert float((blocked - whole).abs().max()) < TOLERANCE
+    step = max(1, block_keys // (lists * local_keys))  # documents a block holds: at least one
+    list_layers = ranker.encoder.config.num_hidden_layers - 1
+    assert blocks == [min(step, 5 - start) for start in range(0, 5, step)] * list_layers
+
+
 # ---------------------------------------------------------------------- order invariance and positions
 
 
