@@ -70,7 +70,7 @@ def bare_loop(corpus: Path, layers: int, max_length: int, policy: BatchPolicy, t
     reader = load_reader(BASE_MODEL_REF, "dilbert", layers)
     started = time.perf_counter()
     pieces = []
-    for record in drop_duplicate_ids(read_corpus(corpus, "jsonl")):
+    for record in drop_duplicate_ids(read_corpus(corpus, "jsonl"), "words"):
         if isinstance(record, Document):
             for passage in split_document(record, "words"):
                 pieces.extend(tokenize_passage(reader.tokenizer, passage, max_length, "dilbert"))

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from dilstore.pipelines.corpora import Document
-from dilstore.pipelines.duplicate_ids import document_order
+from dilstore.pipelines.duplicate_ids import keep_order
 from dilstore.pipelines.job import PrecomputeJob
 from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, read_task, route
 from dilstore.pipelines.sharding import stable_hash
@@ -50,12 +50,14 @@ def needs_codebook(encoding: str) -> bool:
     return bool(get_encoding(encoding).codebook)
 
 
-def sample_documents(inputs: Iterable[ReadTask], limit: int, seed: int = CODEBOOK_SEED) -> list[Document]:
+def sample_documents(
+    inputs: Iterable[ReadTask], limit: int, strategy: str, seed: int = CODEBOOK_SEED
+) -> list[Document]:
     """The `limit` documents whose `stable_hash(seed, id)` is smallest, in that hash order, in one pass.
 
-    Of several documents with one id, the one the store keeps (the first in `document_order`), so that with a
-    duplicate id across --input files the codebook never learns from a document the pipeline rejects. Only the
-    current `limit` ids are held, never every id of the corpus.
+    Of several documents with one id, the one the store keeps (the first in `keep_order` for the run's `strategy`
+    split), so that with a duplicate id across --input files the codebook never learns from a document the
+    pipeline rejects. Only the current `limit` ids are held, never every id of the corpus.
     """
     kept: dict[str, Document] = {}  # the ids of the `limit` smallest keys so far -> the document the store keeps
     largest: list[_Largest] = []  # their keys, the largest on top
@@ -65,7 +67,7 @@ def sample_documents(inputs: Iterable[ReadTask], limit: int, seed: int = CODEBOO
             if not isinstance(record, Document):
                 continue
             if record.id in kept:
-                if document_order(record) < document_order(kept[record.id]):
+                if keep_order(record, strategy) < keep_order(kept[record.id], strategy):
                     kept[record.id] = record
                 continue
             key = _Largest(_sample_key(record.id, seed))
@@ -153,7 +155,7 @@ def codebook_fit(path: Path, job: PrecomputeJob, reader: OfflineModel) -> tuple[
     states equal to a training state dropped: neither codebook is scored on what it was trained on (a corpus of
     repeated text gave the trained one an error of 0).
     """
-    documents = sample_documents(job.inputs, CODEBOOK_SAMPLE_UNITS)
+    documents = sample_documents(job.inputs, CODEBOOK_SAMPLE_UNITS, job.strategy)
     halves = [_all_states(documents[start::2], job.route_settings(), reader, job.policy) for start in (0, 1)]
     if any(half is None for half in halves):
         return None
@@ -203,7 +205,7 @@ def prepare_codebook(job: PrecomputeJob, reader: OfflineModel) -> Path:
     if job.codebook is not None:
         codebook, state_shape = read_codebook(job.codebook, job.encoding)
     else:
-        documents = sample_documents(job.inputs, CODEBOOK_SAMPLE_UNITS)
+        documents = sample_documents(job.inputs, CODEBOOK_SAMPLE_UNITS, job.strategy)
         sample = sample_states(documents, job.route_settings(), reader, job.policy)  # (N, *S)
         rotate = offline_kind(job.kind).rotated_codes
         codebook, state_shape = train_codebook(job.encoding, sample, rotate=rotate), sample.shape[1:]

@@ -3,7 +3,8 @@
 Passage ids are built from document ids, so two documents with one id would
 collide in the store. Which one is kept must not depend on the runner or on
 the order in which workers happen to hand records over: the first in
-`document_order` wins everywhere.
+`keep_order` wins everywhere, the first in `document_order` of those the
+split leaves a passage to store.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dilstore.pipelines.documents import Document, Record, Rejected
+from dilstore.pipelines.passages import split_document
 
 
 def document_order(doc: Document) -> tuple[str, bool, int, str, str]:
@@ -23,19 +25,31 @@ def document_order(doc: Document) -> tuple[str, bool, int, str, str]:
     return (doc.source, doc.line is None, doc.line or 0, doc.title, doc.text)
 
 
-def keep_first(documents: Iterable[Document]) -> list[Document | Rejected]:
-    """Given all documents that share one id (as GroupByKey hands them over),
-    the first in `document_order` followed by one `Rejected` for each other.
+def keep_order(doc: Document, strategy: str) -> tuple[bool, tuple[str, bool, int, str, str]]:
+    """Sort key of the copies of one id: those the `strategy` split leaves a passage to store first, then
+    `document_order`. A first copy that stores nothing (a stub, a text of only short paragraphs) shadowed a
+    storable second one, which was dropped as a duplicate of it (pipe48 F8)."""
+    return not split_document(doc, strategy), document_order(doc)
+
+
+def keep_first(documents: Iterable[Document], strategy: str) -> list[Document | Rejected]:
+    """Given all documents that share one id (as GroupByKey hands them over), the first in `keep_order` followed
+    by one `Rejected` for each other; every copy, when none leaves the `strategy` split a passage to store (each is
+    then dead-lettered for that, by routing, rather than one for it and the others as its duplicates).
     """
-    ordered = sorted(documents, key=document_order)
-    if not ordered:
-        return []
+    documents = list(documents)
+    if len(documents) < 2:
+        return list(documents)
+    ordered = sorted(documents, key=lambda doc: keep_order(doc, strategy))
     kept = ordered[0]
+    if not split_document(kept, strategy):
+        return ordered
     return [kept, *(duplicate_of(kept, doc, "the record first by title, then text") for doc in ordered[1:])]
 
 
-def drop_duplicate_ids(records: Iterable[Record]) -> list[Record]:
-    """The records with each id's documents reduced by `keep_first`, as the pipeline reduces them.
+def drop_duplicate_ids(records: Iterable[Record], strategy: str) -> list[Record]:
+    """The records with each id's documents reduced by `keep_first` (for the `strategy` split), as the pipeline
+    reduces them.
 
     For single-process use (tests, benchmarks): it holds every document in
     memory. Rejected and Skipped records pass through unchanged, first; then
@@ -48,7 +62,7 @@ def drop_duplicate_ids(records: Iterable[Record]) -> list[Record]:
             by_id.setdefault(record.id, []).append(record)
         else:
             passed.append(record)
-    return [*passed, *(record for documents in by_id.values() for record in keep_first(documents))]
+    return [*passed, *(record for documents in by_id.values() for record in keep_first(documents, strategy))]
 
 
 def duplicate_of(kept: Document, duplicate: Document, unlined: str) -> Rejected:

@@ -183,10 +183,10 @@ def finish(element: tuple[str, RunStats], job: PrecomputeJob) -> dict[str, Any]:
     return finish_run(stats, job)
 
 
-def first_of_each_id(element: tuple[str, Iterable[Document]]) -> list[Document | Rejected]:
-    """The first document of an id group and a dead letter for every other."""
+def first_of_each_id(element: tuple[str, Iterable[Document]], strategy: str) -> list[Document | Rejected]:
+    """The document of an id group the store keeps and a dead letter for every other (`keep_first`)."""
     _, documents = element
-    return keep_first(documents)
+    return keep_first(documents, strategy)
 
 
 class Precompute(beam.PTransform):
@@ -208,7 +208,7 @@ class Precompute(beam.PTransform):
             records
             | "KeyById" >> beam.FlatMap(document_key)
             | "GroupById" >> beam.GroupByKey()
-            | "KeepFirst" >> beam.FlatMap(first_of_each_id)
+            | "KeepFirst" >> beam.FlatMap(first_of_each_id, job.strategy)
         )
         others = records | "NotDocuments" >> beam.Filter(is_not_document)
         routed = (unique, others) | "AllRecords" >> beam.Flatten() | "Route" >> beam.ParDo(RouteFn(job, model))

@@ -57,7 +57,7 @@ def reference_sample(inputs: list[list[Document]], limit: int, seed: int) -> lis
     by_id: dict[str, list[Document]] = {}
     for document in (document for task in inputs for document in task):
         by_id.setdefault(document.id, []).append(document)
-    kept = [keep_first(documents)[0] for documents in by_id.values()]
+    kept = [keep_first(documents, "words")[0] for documents in by_id.values()]
     return sorted(kept, key=lambda document: (stable_hash(f"{seed}\0{document.id}"), document.id))[:limit]
 
 
@@ -81,4 +81,4 @@ def test_the_codebook_sample_is_the_smallest_keys_of_the_documents_the_store_kee
     ]  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(codebook, "read_task", iter)
-        assert sample_documents(inputs, limit, seed) == reference_sample(inputs, limit, seed)
+        assert sample_documents(inputs, limit, "words", seed) == reference_sample(inputs, limit, seed)

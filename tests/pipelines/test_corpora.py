@@ -59,7 +59,7 @@ def test_jsonl_bad_records_each_rejected_once_with_line_and_reason(tmp_path: Pat
         out.write(huge_line + b"\n")
         out.write(b'{"id": "after", "title": "After", "text": "Read after the huge one."}\n')
 
-    documents, rejected, skipped = by_kind(drop_duplicate_ids(read_corpus(corpus, "jsonl")))
+    documents, rejected, skipped = by_kind(drop_duplicate_ids(read_corpus(corpus, "jsonl"), "words"))
 
     reasons = {r.line_or_id: r.reason for r in rejected}
     assert len(rejected) == len(reasons) == 8
@@ -212,7 +212,7 @@ def doc(doc_id: str, line: int | None, source: str = "a.jsonl", text: str = "t")
 
 @given(st.permutations([doc("x", 3), doc("x", 1, text="first"), doc("x", 2), doc("x", None, source="b.xml")]))
 def test_keep_first_is_independent_of_arrival_order(documents: list[Document]) -> None:
-    kept, *rejected = keep_first(documents)
+    kept, *rejected = keep_first(documents, "words")
     assert kept == doc("x", 1, text="first")
     assert sorted(r.line_or_id for r in rejected if r.source == "a.jsonl") == [2, 3]
     assert [r for r in rejected if r.source == "b.xml"] == [
@@ -224,18 +224,32 @@ def test_keep_first_is_independent_of_arrival_order(documents: list[Document]) -
 @given(st.permutations([doc("101", None, "dump.xml", "Zebra"), doc("101", None, "dump.xml", "Apple")]))
 def test_a_dead_letter_of_a_file_without_lines_says_which_record_was_kept(documents: list[Document]) -> None:
     """It said "kept an earlier record", though the kept one is the first by title, then text, not by dump order."""
-    kept, rejected = keep_first(documents)
+    kept, rejected = keep_first(documents, "words")
     assert kept.text == "Apple"
     assert rejected == Rejected("dump.xml", "101", "duplicate id '101' (kept the record first by title, then text)")
 
 
+@given(st.permutations([doc("d1", 1, text="stub"), doc("d1", 2, text="A paragraph long enough to store as a passage."),
+                         doc("d1", 3, text="Another version of it, long enough to store too.")]))
+def test_a_copy_that_stores_nothing_does_not_shadow_one_that_does(documents: list[Document]) -> None:
+    """The first copy, a stub the paragraphs split leaves nothing of, was kept and dead-lettered, and the storable
+    second one dropped as its duplicate, "kept line 1" (pipe48 F8): the document was missing from the store."""
+    kept, *rejected = keep_first(documents, "paragraphs")
+    assert kept.line == 2
+    assert sorted((r.line_or_id, r.reason) for r in rejected) == [(1, "duplicate id 'd1' (kept line 2)"),
+                                                                 (3, "duplicate id 'd1' (kept line 2)")]  # fmt: skip
+    stubs = [doc("d2", 2, text="also short"), doc("d2", 1, text="stub")]
+    assert keep_first(stubs, "paragraphs") == sorted(stubs, key=lambda d: d.line), "each its own dead letter, later"
+    assert keep_first(documents, "words")[0].line == 1, "the words split stores the stub: the first line is kept"
+
+
 def test_keep_first_of_nothing_is_nothing() -> None:
-    assert keep_first([]) == []
+    assert keep_first([], "words") == []
 
 
 def test_drop_duplicate_ids_passes_other_records_through() -> None:
     records = [doc("a", 1), Skipped("s", "9", "redirect"), doc("a", 2), Rejected("s", 3, "bad"), doc("b", 4)]
-    assert drop_duplicate_ids(records) == [
+    assert drop_duplicate_ids(records, "words") == [
         Skipped("s", "9", "redirect"),
         Rejected("s", 3, "bad"),
         doc("a", 1),
