@@ -113,16 +113,18 @@ def run(args: argparse.Namespace) -> int:
         open_reranker,
         require_topics,
     )
-    from dilstore.reader.data.trec import Run, read_run, read_topics, write_run
+    from dilstore.reader.data.trec import Run, rank_order_warning, read_ranked_run, read_topics, write_run
 
     refuse_output_inside_store(args.output, args.store, "--output")
     refuse_output_inside_models(args.output, args.model, "--output")
     check_output_file(args.output, "--output", [args.topics, args.run_file])
     depth = checked_depth(DEFAULT_DEPTH if args.depth is None else args.depth)
     topics = read_topics(args.topics)
-    first_stage = read_run(args.run_file)
+    first_stage, disagreeing = read_ranked_run(args.run_file)
     if not first_stage:
         raise DilstoreError(f"{args.run_file}: the run holds no queries")
+    if (warning := rank_order_warning(args.run_file, disagreeing, len(first_stage))) is not None:
+        print(f"dilstore rerank: {warning}", file=sys.stderr)
     require_topics(topics, first_stage, str(args.topics))
     settings = RerankSettings(**{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None})
     reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)

@@ -18,14 +18,14 @@ kept: trec_eval orders documents by score, and so does everything here.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
 from dilstore.reader.text.files import numbered_lines
 from dilstore.storage.atomic_files import atomic_write_text
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, listed
 
 Run = dict[str, dict[str, float]]
 Qrels = dict[str, dict[str, int]]
@@ -59,18 +59,48 @@ def read_topics(path: str | Path) -> dict[str, str]:
 
 def read_run(path: str | Path) -> Run:
     """`{qid: {docid: score}}` from a TREC run; a document may appear only once per query."""
+    return read_ranked_run(path)[0]
+
+
+def read_ranked_run(path: str | Path) -> tuple[Run, list[str]]:
+    """`read_run`'s run, and the qids whose rank column orders their documents otherwise than their scores do.
+
+    Documents are ranked by score (descending, ties by docid descending), as
+    trec_eval ranks them, and the rank column is checked, not used. A tool that
+    writes constant scores and keeps the order in the ranks then has its top
+    documents taken from the wrong end: the caller says so (rank48 F4).
+    """
     path = Path(path)
     run: Run = {}
+    ranks: dict[str, dict[str, int]] = {}
     for number, line in _numbered_lines(path):
         columns = _columns(path, number, line, 6, RUN_COLUMNS)
         qid, docid, rank, score = columns[0], columns[2], columns[3], columns[4]
-        _integer(path, number, "rank", rank)
+        ranked = _integer(path, number, "rank", rank)
         value = _score(path, number, score)
         docs = run.setdefault(qid, {})
         if docid in docs:
             raise DilstoreError(f"{path}:{number}: docid {docid!r} appears twice for qid {qid!r}")
         docs[docid] = value
-    return run
+        ranks.setdefault(qid, {})[docid] = ranked
+    disagreeing = [qid for qid, scores in run.items() if _ranks_disagree(scores, ranks[qid])]
+    return run, disagreeing
+
+
+def _ranks_disagree(scores: dict[str, float], ranks: dict[str, int]) -> bool:
+    """Whether distinct ranks order the documents otherwise than `rank_documents` (repeated ranks order nothing)."""
+    if len(set(ranks.values())) != len(ranks):
+        return False
+    return [docid for docid, _ in rank_documents(scores)] != sorted(ranks, key=ranks.__getitem__)
+
+
+def rank_order_warning(path: str | Path, disagreeing: Sequence[str], queries: int) -> str | None:
+    """The warning for `read_ranked_run`'s disagreeing qids, or None when there are none."""
+    if not disagreeing:
+        return None
+    return (f"warning: in {path}, the rank column orders the documents of {len(disagreeing)} of {queries} "
+            f"queries otherwise than their scores ({listed(list(disagreeing))}); documents are taken by score, "
+            "highest first and ties by docid descending, as trec_eval ranks them")
 
 
 def read_qrels(path: str | Path) -> Qrels:

@@ -19,6 +19,7 @@ from dilstore.reader.data.trec import (
     qrels_from_mapping,
     rank_documents,
     read_qrels,
+    read_ranked_run,
     read_run,
     read_topics,
     run_from_mapping,
@@ -128,6 +129,27 @@ def test_a_byte_order_mark_opening_a_later_line_is_refused_naming_it(
     joined.write_bytes(b"".join(lines[:2]) + b"\xef\xbb\xbf" + b"".join(lines[2:]))
     with pytest.raises(DilstoreError, match=re.escape(f"{joined}:3: the line begins with a byte-order mark (U+FEFF)")):
         reader(joined)
+
+
+def test_a_rank_column_that_orders_otherwise_than_the_scores_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run of constant scores keeps its order in the ranks only; rerank took the top --depth by score, so the
+    highest docids, without a word (rank48 F4). The ranks are checked, and the queries they disagree on named."""
+    run = tmp_path / "const.trec"
+    run.write_text("q1 Q0 a 1 0 t\nq1 Q0 b 2 0 t\nq2 Q0 c 1 2.0 t\nq2 Q0 d 2 1.0 t\n"  # q1 by score: b, a
+                   "q3 Q0 e 0 1.0 t\nq3 Q0 f 0 3.0 t\n", encoding="utf-8")  # q3: repeated ranks order nothing
+    ranked, disagreeing = read_ranked_run(run)
+    assert ranked == read_run(run) and disagreeing == ["q1"]
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 0 a 1\nq2 0 c 1\n", encoding="utf-8")
+    assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json"]) == 0
+    assert capsys.readouterr().err == (
+        f"dilstore evaluate-rank: warning: in {run}, the rank column orders the documents of 1 of 3 queries "
+        "otherwise than their scores ('q1'); documents are taken by score, highest first and ties by docid "
+        "descending, as trec_eval ranks them\n")  # fmt: skip
+    write_run(tmp_path / "out.trec", ranked)
+    assert read_ranked_run(tmp_path / "out.trec")[1] == [], "a run dilstore writes ranks as it scores"
 
 
 def test_cli_json_and_table(tiny: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
