@@ -8,7 +8,9 @@ underscores shown as spaces.
 A SQuAD file is a single JSON value, so it is read whole (the official files
 are 5 and 30 MB); the documents still come out one at a time. A file that is
 not valid UTF-8 or JSON, or not laid out as SQuAD, gives one `Rejected` naming
-the line, and no documents.
+the line (or "whole file" where the JSON decoder names none: nesting too deep,
+an integer too long to convert), and no documents; the run goes on with its
+other inputs.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ def _squad_records(source: str, stream: BinaryIO, max_bytes: int) -> Iterator[Re
         squad = json.loads(text)
     except json.JSONDecodeError as error:
         yield Rejected(source, error.lineno, f"bad JSON: {error.msg} at column {error.colno}")
+        return
+    except (ValueError, RecursionError) as error:  # an integer of over 4,300 digits; nesting deeper than the stack
+        yield Rejected(source, "whole file", f"bad JSON: {error}")
         return
     articles = squad.get("data") if isinstance(squad, dict) else None
     if not isinstance(articles, list):

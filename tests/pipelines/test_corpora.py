@@ -374,6 +374,19 @@ def test_squad_malformed_files_and_paragraphs(tmp_path: Path) -> None:
     ]
 
 
+def test_a_squad_file_too_deep_or_with_a_too_long_integer_is_one_dead_letter(tmp_path: Path) -> None:
+    """json.loads raises RecursionError and a plain ValueError for these, which failed the whole run (pipe48 F1)."""
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"data": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    bigint = tmp_path / "bigint.json"
+    bigint.write_text('{"version": ' + "9" * 5_000 + ', "data": [{"title": "A", "paragraphs": [{"context": "c"}]}]}')
+    for path, reason in ((deep, "maximum recursion depth exceeded"), (bigint, "Exceeds the limit (4300 digits)")):
+        (rejected,) = read_squad(path)
+        assert isinstance(rejected, Rejected)
+        assert (rejected.source, rejected.line_or_id) == (str(path), "whole file")
+        assert rejected.reason.startswith(f"bad JSON: {reason}")
+
+
 # --- MS MARCO and JSONL on the real passages ---
 
 
