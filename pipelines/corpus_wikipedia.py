@@ -9,7 +9,9 @@ outside namespace 0 is skipped as "namespace N" even when it is also a redirect.
 A page without <ns> (very old dumps) takes its namespace from its title's
 prefix, "Talk:" and the like, as the dump's <siteinfo> names them (namespace 0
 without one); those dumps have no <redirect> either, so a page whose text opens
-with "#REDIRECT [[" is one too.
+with "#REDIRECT [[" is one too. Wikitext over Wikipedia's own page-size limit,
+or leaving many templates, links or tables unclosed, is a dead letter before it
+is parsed (`wikitext_problem`): the parser's time on such markup has no bound.
 
 The file is parsed with `xml.etree.ElementTree.iterparse` and every finished
 page is cleared from the tree, so memory holds one page at a time whatever the
@@ -49,6 +51,15 @@ _PAGE_START = re.compile(rb"<page[\s>]")
 _ROOT = b"<mediawiki>"  # what a parse resumed at a <page> starts with, so that the page is inside a root
 _KEPT_BYTES = 1 << 20  # of a parse's last reads, kept to go on past damage (the parser reads 16 KiB at a time)
 _SCAN_BYTES = 1 << 20  # read at a time while looking for the next <page> after damage
+# The largest wikitext converted (UTF-8 bytes): Wikipedia's own page-size limit ($wgMaxArticleSize, 2048 KiB), so
+# no real page is refused. A larger one is a broken export, and its conversion would pin one worker for minutes.
+MAX_WIKITEXT_BYTES = 2048 * 1024
+# The most openers of a paired markup a page may leave unclosed. mwparserfromhell looks for each one's closer to the
+# page's end, and again for the openers nested in it, so its time grows with their number times the page's length:
+# 12,000 unclosed "{{a|b " (72 KB) took 71 s (pipe48 F3); 100 ahead of 2 MB of prose, 3 s. The 211 pages of the
+# shared dump excerpts leave none unclosed.
+MAX_UNCLOSED_MARKUP = 100
+_PAIRED_MARKUP = (("{{", "}}"), ("[[", "]]"), ("{|", "|}"))
 
 
 def read_wikipedia(
@@ -65,8 +76,12 @@ def read_wikipedia(
 
 
 def wikitext_document(doc: Document, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Document | Rejected:
-    """A document whose text is wikitext, as plain prose; rejected when empty or too large after conversion,
-    or when the conversion fails: one page's odd markup is that page's dead letter, not the dump's end."""
+    """A document whose text is wikitext, as plain prose; rejected when its wikitext is not converted
+    (`wikitext_problem`), when empty or too large after conversion, or when the conversion fails: one page's odd
+    markup is that page's dead letter, not the dump's end."""
+    problem = wikitext_problem(doc.text)
+    if problem is not None:
+        return Rejected(doc.source, doc.id, problem)
     try:
         text = wikitext_to_text(doc.text)
     except ParserError as error:
@@ -78,6 +93,22 @@ def wikitext_document(doc: Document, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
         return Rejected(doc.source, doc.id, f"no prose left of its {wikitext_bytes:,} bytes of wikitext (templates, "
                                             "tables and markup only)")  # fmt: skip
     return make_document(doc.source, doc.id, doc.id, doc.title, text, max_bytes)
+
+
+def wikitext_problem(wikitext: str) -> str | None:
+    """Why a page's wikitext is not converted, or None: over MAX_WIKITEXT_BYTES, or leaving more than
+    MAX_UNCLOSED_MARKUP openers of a template, link or table unclosed. Checked before parsing, as the parse is
+    what takes the time."""
+    size = len(wikitext.encode("utf-8", "surrogatepass"))
+    if size > MAX_WIKITEXT_BYTES:
+        return (f"wikitext too large: {size:,} bytes (limit {MAX_WIKITEXT_BYTES:,} bytes, Wikipedia's own "
+                "page-size limit)")  # fmt: skip
+    for opener, closer in _PAIRED_MARKUP:
+        opened, closed = wikitext.count(opener), wikitext.count(closer)
+        if opened - closed > MAX_UNCLOSED_MARKUP:
+            return (f"unbalanced markup: {opened:,} '{opener}' against {closed:,} '{closer}' (more than "
+                    f"{MAX_UNCLOSED_MARKUP} left unclosed make the conversion take minutes), not converted")
+    return None
 
 
 def _local_name(tag: str) -> str:

@@ -549,6 +549,22 @@ def test_a_page_whose_conversion_fails_is_its_own_dead_letter(
     assert [type(record).__name__ for record in records] == ["Rejected", "Document"]
 
 
+def test_wikitext_too_large_or_badly_unbalanced_is_a_dead_letter_before_it_is_parsed(tmp_path: Path) -> None:
+    """12,000 unclosed templates (72 KB) took 71 s to convert, and raw wikitext had no size limit (pipe48 F3)."""
+    huge = "word " * (2048 * 1024 // 5) + "words"  # 3 bytes over Wikipedia's limit
+    within = "[[a]] " * 100 + "{{b " * 100 + "Prose."  # 100 left unclosed: converted
+    pages = page(1, "One", "Prose. " + "{{a|b " * 150) + page(2, "Two", huge) + page(3, "Three", within)
+    dump = write_dump(tmp_path / "dump.xml", pages)
+    records = list(read_wikipedia(dump))
+    assert records[:2] == [
+        Rejected(str(dump), "1", "unbalanced markup: 150 '{{' against 0 '}}' (more than 100 left unclosed make the "
+                                 "conversion take minutes), not converted"),
+        Rejected(str(dump), "2", "wikitext too large: 2,097,155 bytes (limit 2,097,152 bytes, Wikipedia's own "
+                                 "page-size limit)"),
+    ]  # fmt: skip
+    assert isinstance(records[2], Document) and records[2].text.endswith("Prose.")
+
+
 def test_wikipedia_broken_xml_keeps_pages_before_the_error(tmp_path: Path) -> None:
     good = page(1, "One", "First article text.")
     truncated = tmp_path / "truncated.xml"
