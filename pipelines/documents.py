@@ -20,6 +20,10 @@ from dilstore.reader.text.surrogates import lone_surrogate
 DEFAULT_MAX_DOCUMENT_BYTES = 1_000_000
 # The longest document id taken (UTF-8 bytes): ids are keys, not text, and Lucene refuses an id term over 32,766.
 MAX_ID_BYTES = 1024
+# The longest title taken (UTF-8 bytes), as for ids: every passage and window of a document stores its title, so a
+# 2 MB title made a 117 MB store of one record (pipe48 F4). Wikipedia's own limit is 255 bytes; the longest title of
+# the shared SQuAD, MS MARCO and Wikipedia data is 59.
+MAX_TITLE_BYTES = 1024
 # Characters no id may hold: control characters (Unicode category Cc: a tab, a newline, NUL) and line or paragraph
 # separators (Zl, Zp), which end or split a line of a TREC run, a TSV or JSONL file; and the invisible format
 # characters that make an id print as another ("7\u200b" as "7"): the zero-width space, the word joiner, the
@@ -129,7 +133,7 @@ def make_document(
     document), or the record's id otherwise. The id may be a string or an
     integer (MS MARCO pids); it is rejected when missing or blank, of another
     type (a float or a list is named as such, not as missing), or for an
-    `id_problem`. Text that is
+    `id_problem`. A title over MAX_TITLE_BYTES of UTF-8 is rejected. Text that is
     empty or only whitespace is rejected, and so is text over `max_bytes` of UTF-8.
     A field holding a lone surrogate (JSON's "\\ud800") is not Unicode text
     that any later step could write, so it is rejected here too.
@@ -146,6 +150,10 @@ def make_document(
     problem = id_problem(str(doc_id))
     if problem is not None:
         return Rejected(source, position, f"bad id {str(doc_id)[:40]!r}: {problem}")
+    title_size = len(title.encode("utf-8"))
+    if title_size > MAX_TITLE_BYTES:
+        reason = f"title too large: {title_size:,} bytes of UTF-8 (limit {MAX_TITLE_BYTES:,}), beginning {title[:40]!r}"
+        return Rejected(source, position, reason)
     if not text.strip():
         return Rejected(source, position, "empty text")
     size = len(text.encode("utf-8"))

@@ -93,6 +93,20 @@ def test_document_over_the_limit_is_rejected_naming_its_size(tmp_path: Path) -> 
     assert rejected == [Rejected(str(corpus), 1, "document too large: text of 202 bytes (limit 200 bytes)")]
 
 
+def test_a_title_over_1024_bytes_is_rejected_naming_its_size(tmp_path: Path) -> None:
+    """Titles had no limit: a 2 MB title, copied into each of a record's passages, made a 117 MB store (pipe48 F4)."""
+    corpus = tmp_path / "titles.jsonl"
+    lines = [{"id": "at", "title": "é" * 512, "text": "kept"}, {"id": "over", "title": "é" * 512 + "x", "text": "t"}]
+    corpus.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    documents, rejected, _ = by_kind(read_jsonl(corpus))
+    assert [d.id for d in documents] == ["at"]
+    reason = f"title too large: 1,025 bytes of UTF-8 (limit 1,024), beginning {'é' * 40!r}"
+    assert rejected == [Rejected(str(corpus), 2, reason)]
+    dump = write_dump(tmp_path / "dump.xml", page(1, "T" * 1025, "Text.") + page(2, "Two", "Text."))
+    assert [(type(r).__name__, r.reason.split(":")[0] if isinstance(r, Rejected) else r.id)
+            for r in read_wikipedia(dump)] == [("Rejected", "title too large"), ("Document", "2")]  # fmt: skip
+
+
 def test_jsonl_schema_conflicts_are_rejected(tmp_path: Path) -> None:
     corpus = tmp_path / "schemas.jsonl"
     corpus.write_text(
