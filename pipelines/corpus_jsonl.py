@@ -50,12 +50,22 @@ def jsonl_record(source: str, line: Line, max_bytes: int = DEFAULT_MAX_DOCUMENT_
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        return Rejected(source, line.number, f"bad JSON: {error.msg} (column {error.colno})")
+        return _bad_json(source, line.number, text, f"{error.msg} (column {error.colno})")
     except (ValueError, RecursionError) as error:
-        return Rejected(source, line.number, f"bad JSON: {error}")
+        return _bad_json(source, line.number, text, str(error))
     if not isinstance(value, dict):
         return Rejected(source, line.number, f"bad record: a JSON {type(value).__name__}, not an object")
     return _document_from_object(source, line.number, value, max_bytes)
+
+
+def _bad_json(source: str, number: int, text: str, problem: str) -> Rejected:
+    """The dead letter of a line that is not JSON, saying so when the line holds bare carriage returns: lines of CR
+    ends in a file of newlines (a Mac file appended to a Unix one) are read as one line, their records as one
+    "Extra data" dead letter (pipe48 F5). JSON holds no raw CR inside a string, so one in the line is a line end."""
+    returns = text.count("\r")
+    joined = (f"; the line holds {returns:,} bare carriage return(s) (CR): records joined by CR line ends? Convert "
+              "them to newlines" if returns else "")  # fmt: skip
+    return Rejected(source, number, f"bad JSON: {problem}{joined}")
 
 
 def _document_from_object(source: str, number: int, value: dict, max_bytes: int) -> Record:

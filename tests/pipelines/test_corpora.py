@@ -964,6 +964,19 @@ def test_lines_ending_in_a_bare_carriage_return_are_refused(tmp_path: Path, form
     check_format(path, format)
 
 
+def test_records_joined_by_bare_carriage_returns_are_one_dead_letter_that_says_so(tmp_path: Path) -> None:
+    """Lines of bare-CR ends after lines of newlines passed the whole-file check and became one "Extra data" dead
+    letter that did not say why (pipe48 F5)."""
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b'{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\r{"id": "c", "text": "z"}\r\n'
+                     b'{"id": "d", "text": "w"}\n')  # fmt: skip
+    documents, rejected, _ = by_kind(read_jsonl(path))
+    assert [d.id for d in documents] == ["a", "d"]
+    assert rejected == [Rejected(str(path), 2, "bad JSON: Extra data (column 26); the line holds 1 bare carriage "
+                                               "return(s) (CR): records joined by CR line ends? Convert them to "
+                                               "newlines")]  # fmt: skip
+
+
 def test_an_empty_file_fits_any_format(tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"\n\n")
