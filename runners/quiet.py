@@ -10,8 +10,9 @@ Without `--verbose`, a command turns off before any library loads:
   dilstore.reader.retrieval when it starts the JVM);
 - the lines Beam's local worker processes print on their own stderr
   ("apitools not found", "Logging handler created"), which `filtered_stderr`
-  drops while a pipeline runs. dilstore's own stderr (the progress bar, the
-  errors) keeps the terminal directly;
+  drops while a pipeline runs, with the failure reports of Beam's and Dask's
+  worker processes (`WorkerReports`). dilstore's own stderr (the progress bar,
+  the errors) keeps the terminal directly;
 - Beam's and dask.distributed's log records below ERROR and WARNING, and the
   same noise in this process's log (`quiet_beam_logging`, `quiet_dask_logging`,
   which `precompute` calls unless --verbose), for the run only
@@ -198,10 +199,13 @@ def filtered_stderr() -> Iterator[None]:
 
 class WorkerReports:
     """Picks, line by line, what child processes print that a quiet run leaves out: Beam's known noise, and a
-    worker's report of a failure (Beam's ERROR record and the traceback under it, or a bare traceback).
+    worker's report of a failure (Beam's ERROR record and the traceback under it, a bare traceback, or a Dask
+    worker's "Compute Failed" record with the task's key, exception and traceback under it, and its warnings for
+    the tasks the failure cancelled).
 
     The launcher says why the run failed in one line; a full disk with two worker processes printed 525 lines of
-    their tracebacks above it.
+    their tracebacks above it. A Dask worker process logs through the `distributed` logger of its own interpreter,
+    which `quiet_dask_logging` in this one does not reach (pipe48 F6).
     """
 
     def __init__(self) -> None:
@@ -210,17 +214,24 @@ class WorkerReports:
     def dropped(self, line: bytes) -> bool:
         """Whether `line` (without its newline) is left out; a report runs from its first line to the first line
         that belongs to no traceback."""
-        if line.startswith(_REPORT_STARTS):
+        if line.startswith(_REPORT_STARTS) or _DASK_FAILURE.search(line):
             self.in_report = True
-        elif self.in_report and not (not line.strip() or line.startswith(_TRACEBACK_LINES) or _RAISED.match(line)):
+        elif self.in_report and not (not line.strip() or line.startswith(_REPORT_LINES) or _RAISED.match(line)):
             self.in_report = False
-        return self.in_report or _is_noise(line)
+        return self.in_report or _is_noise(line) or _DASK_CANCELLED.search(line) is not None
 
 
 # How a worker's failure report begins, how the lines of a traceback begin, and its closing "SomeError: ..." line.
 _REPORT_STARTS = (b"ERROR:apache_beam", b"Traceback (most recent call last):")
 _TRACEBACK_LINES = (b" ", b"\t", b"During handling of the above exception", b"The above exception was the direct")
 _RAISED = re.compile(rb"[\w.]+(Error|Exception|Interrupt|Exit)\b")
+# A Dask worker's record of a failed task ("2026-11-30 15:48:12,384 - distributed.worker - ERROR - Compute Failed")
+# and the fields it prints under it, the traceback in one line.
+_DASK_FAILURE = re.compile(rb"\bdistributed\.worker - ERROR - Compute Failed$")
+_REPORT_LINES = _TRACEBACK_LINES + (b"Key:", b"State:", b"Task:", b"Exception:", b"Traceback:")
+# The warning a Dask worker logs for each of its tasks the failure cancelled.
+_DASK_CANCELLED = re.compile(rb"\bdistributed\.worker\.state_machine - WARNING - Async instruction for <Task "
+                             rb"cancelled .* ended with CancelledError$")  # fmt: skip
 
 
 def _is_noise(line: bytes) -> bool:

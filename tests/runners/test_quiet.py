@@ -196,3 +196,24 @@ def test_a_worker_s_failure_report_is_left_out_and_the_lines_after_it_are_kept()
     reports = quiet.WorkerReports()
     assert [line for line in printed if not reports.dropped(line)] == [b"a worker's own line",
                                                                         b"  an indented line of its own"]  # fmt: skip
+
+
+def test_a_dask_worker_s_compute_failed_report_is_left_out_and_the_lines_after_it_are_kept() -> None:
+    """On Dask a failed run printed the worker's "Compute Failed" record and its traceback above the run's one line
+    (pipe48 F6)."""
+    printed = [
+        b"2026-11-30 15:48:12,384 - distributed.worker - ERROR - Compute Failed",
+        b"Key:       ('from_sequence-apply_dofn_to_bundle-117201e8e6ade2da', 1)",
+        b"State:     executing",
+        b"Task:  <Task ('from_sequence-apply_dofn_to_bundle-117201e8e6ade2da', 1) _execute_subgraph(...)>",
+        b"Exception: \"RecursionError('maximum recursion depth exceeded while decoding a JSON array')\"",
+        b"Traceback: '  File \"transform_evaluator.py\", line 196, in apply_dofn_to_bundle\\n    do_fn_invoker...'",
+        b"",
+        b"2026-11-30 15:48:12,703 - distributed.worker.state_machine - WARNING - Async instruction for <Task "
+        b"cancelled name=\"execute(('apply_dofn_to_bundle-concat', 0, (7,)))\" coro=<Worker.execute() done, defined "
+        b"at worker_state_machine.py:3606>> ended with CancelledError",
+        b"2026-11-30 15:48:12,703 - distributed.scheduler - WARNING - a line of its own",
+        b"Key: a line that is no report's",
+    ]
+    reports = quiet.WorkerReports()
+    assert [line for line in printed if not reports.dropped(line)] == printed[-2:]
