@@ -24,7 +24,7 @@ random word pieces. Time: the median of --repeats runs after one warm-up, with -
 threads, under torch.inference_mode.
 
 Memory: peak resident memory added by one plain (and one delayed) Listformer forward over lists
-of 10, 25, 50 and 100 documents, each measured in a fresh subprocess: the kernel's peak-RSS mark
+of 10, 25, 50 and 100 documents (--list-lengths), each measured in a fresh subprocess: the kernel's peak-RSS mark
 is reset (/proc/self/clear_refs) after the model and inputs exist, and VmHWM − VmRSS read after
 the forward. Beside it, the attention scores per head and layer that the blocked attention
 computes, D·n·(n + nq + D) + nq·(nq + D·n), against the N² of a dense list of
@@ -50,6 +50,7 @@ from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokeni
 
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.cross_encoder import DOCUMENT_SEGMENT, CrossEncoderRanker
+from dilstore.reader.modeling import listformer
 from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
 from dilstore.runners.arg_types import non_negative_int, positive_int
 
@@ -208,7 +209,8 @@ def measured_memory(documents: int, doc_tokens: int, delayed_layers: int, thread
     """memory_point in a fresh subprocess, so nothing freed by an earlier point hides this one's peak."""
     output = subprocess.run(
         [sys.executable, __file__, "--memory-point", str(documents), "--doc-tokens", str(doc_tokens),
-         "--delayed-layers", str(delayed_layers), "--threads", str(threads)],
+         "--delayed-layers", str(delayed_layers), "--threads", str(threads),
+         "--local-block-keys", str(listformer.LOCAL_BLOCK_KEYS)],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     return json.loads(output.strip().splitlines()[-1])["peak_mib"]
@@ -232,9 +234,15 @@ def main() -> None:
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     parser.add_argument("--rankers", nargs="+", choices=RANKERS, default=list(RANKERS), help="rows to run (all)")
     parser.add_argument("--no-memory", action="store_true", help="skip the list-length memory curve")
+    parser.add_argument("--list-lengths", type=positive_int, nargs="+", default=list(LIST_LENGTHS),
+                        help="documents per list on the memory curve (default 10 25 50 100)")
     parser.add_argument("--json-out", help="also write the results as JSON here")
+    parser.add_argument("--local-block-keys", type=positive_int, default=listformer.LOCAL_BLOCK_KEYS,
+                        help="key rows per block of the local attention (default %(default)s; 1000000000000: the "
+                             "whole list in one block, as before blocks)")  # fmt: skip
     parser.add_argument("--memory-point", type=positive_int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    listformer.LOCAL_BLOCK_KEYS = args.local_block_keys
     if args.memory_point is not None:
         print(json.dumps(memory_point(args.memory_point, args.doc_tokens, args.delayed_layers, args.threads)))
         return
@@ -267,13 +275,14 @@ def main() -> None:
             "delayed_peak_mib": measured_memory(count, args.doc_tokens, args.delayed_layers, args.threads),
             "attention_scores_per_head": attention_scores(count, args.doc_tokens),
         }
-        for count in LIST_LENGTHS
+        for count in args.list_lengths
     ]
     result: dict[str, Any] = {
         "weights": WEIGHTS,
         "device": f"CPU, {args.threads} torch thread(s)",
         "documents": args.documents,
         "doc_tokens": args.doc_tokens,
+        "local_block_keys": args.local_block_keys,
         "query_tokens": QUERY_TOKENS,
         "seconds_per_query": speed,
         "memory": memory,
