@@ -482,15 +482,22 @@ def global_local_layer(
 
     The attention is global_local_attention over the layer's own weights;
     the attention output (dense, dropout, residual, LayerNorm) and the
-    feed-forward are the layer's own modules, applied token by token.
+    feed-forward are the layer's own modules, applied token by token, and to
+    the documents' valid tokens only: a list pads every document to its
+    longest, and the feed-forward over the padding took most of the time and
+    memory of a list of passages of mixed lengths. Padding states come out 0
+    (no attention reads them: they are masked as keys, and their own rows are
+    never used).
     """
     query_context, doc_context = global_local_attention(
         layer.attention.self, query_states, doc_states, layout
     )  # (B, nq, d), (B, D, n, d)
     query_hidden = layer.attention.output(query_context, query_states)  # (B, nq, d)
-    doc_hidden = layer.attention.output(doc_context, doc_states)  # (B, D, n, d)
     query_out = layer.output(layer.intermediate(query_hidden), query_hidden)  # (B, nq, d)
-    doc_out = layer.output(layer.intermediate(doc_hidden), doc_hidden)  # (B, D, n, d)
+    valid = layout.doc_mask.bool()  # (B, D, n)
+    doc_hidden = layer.attention.output(doc_context[valid], doc_states[valid])  # (T, d): the T valid tokens
+    doc_out = doc_states.new_zeros(doc_states.shape)  # (B, D, n, d)
+    doc_out[valid] = layer.output(layer.intermediate(doc_hidden), doc_hidden)  # (T, d) into their places
     return query_out, doc_out
 
 

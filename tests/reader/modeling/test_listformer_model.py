@@ -143,6 +143,23 @@ def test_documents_attended_in_blocks_score_as_all_at_once(block_keys, lists, se
     assert blocks == [min(step, 5 - start) for start in range(0, 5, step)] * list_layers
 
 
+def test_the_feed_forward_runs_over_valid_document_tokens_only() -> None:
+    """Every document was padded to the list's longest and the feed-forward ran over the padding too: most of the
+    time and memory of a list of passages of mixed lengths. The scores stay those of the dense reference."""
+    ranker = tiny_listformer(1)
+    query, documents = random_list(2, [1, 9, 3])
+    rows: list[int] = []
+    layer = ranker.encoder.encoder.layer[1]
+    original = layer.intermediate.forward
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(layer.intermediate, "forward", lambda hidden: rows.append(hidden.shape[-2]) or original(hidden))
+        got = scores_of(ranker, query, documents)
+    want, _ = dense_reference(ranker, query, documents)
+    assert float((got - want).abs().max()) < TOLERANCE
+    query_tokens = len(query)
+    assert sorted(rows) == sorted([query_tokens, (1 + 1) + (9 + 1) + (3 + 1)]), "documents' tokens: words + [SEP]"
+
+
 # ---------------------------------------------------------------------- order invariance and positions
 
 
