@@ -567,16 +567,20 @@ def test_wikitext_too_large_or_badly_unbalanced_is_a_dead_letter_before_it_is_pa
     """12,000 unclosed templates (72 KB) took 71 s to convert, and raw wikitext had no size limit (pipe48 F3)."""
     huge = "word " * (2048 * 1024 // 5) + "words"  # 3 bytes over Wikipedia's limit
     within = "[[a]] " * 100 + "{{b " * 100 + "Prose."  # 100 left unclosed: converted
-    pages = page(1, "One", "Prose. " + "{{a|b " * 150) + page(2, "Two", huge) + page(3, "Three", within)
+    closers_first = "}}" * 150 + "Prose. " + "{{a|b " * 150  # counted against the openers, they hid them (review48)
+    pages = (page(1, "One", "Prose. " + "{{a|b " * 150) + page(2, "Two", huge) + page(3, "Three", within)
+             + page(4, "Four", closers_first))  # fmt: skip
     dump = write_dump(tmp_path / "dump.xml", pages)
     records = list(read_wikipedia(dump))
+    unclosed = ("unbalanced markup: 150 '{{' left unclosed (more than 100 make the conversion take minutes), "
+                "not converted")  # fmt: skip
     assert records[:2] == [
-        Rejected(str(dump), "1", "unbalanced markup: 150 '{{' against 0 '}}' (more than 100 left unclosed make the "
-                                 "conversion take minutes), not converted"),
+        Rejected(str(dump), "1", unclosed),
         Rejected(str(dump), "2", "wikitext too large: 2,097,155 bytes (limit 2,097,152 bytes, Wikipedia's own "
                                  "page-size limit)"),
     ]  # fmt: skip
     assert isinstance(records[2], Document) and records[2].text.endswith("Prose.")
+    assert records[3] == Rejected(str(dump), "4", unclosed)
 
 
 def test_wikipedia_broken_xml_keeps_pages_before_the_error(tmp_path: Path) -> None:
