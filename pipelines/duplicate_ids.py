@@ -9,6 +9,7 @@ split leaves a passage to store.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable
 
 from dilstore.pipelines.documents import Document, Record, Rejected
@@ -26,25 +27,38 @@ def document_order(doc: Document) -> tuple[str, bool, int, str, str]:
 
 
 def keep_order(doc: Document, strategy: str) -> tuple[bool, tuple[str, bool, int, str, str]]:
-    """Sort key of the copies of one id: those the `strategy` split leaves a passage to store first, then
-    `document_order`. A first copy that stores nothing (a stub, a text of only short paragraphs) shadowed a
-    storable second one, which was dropped as a duplicate of it (pipe48 F8)."""
-    return not split_document(doc, strategy), document_order(doc)
+    """Sort key of the copies of one id: those that `stores_a_passage` first, then `document_order`. A first copy
+    that stores nothing (a stub, a text of only short paragraphs, or of zero-width spaces) shadowed a storable
+    second one, which was dropped as a duplicate of it (pipe48 F8, review48 F2)."""
+    return not stores_a_passage(doc, strategy), document_order(doc)
+
+
+def stores_a_passage(doc: Document, strategy: str) -> bool:
+    """Whether the `strategy` split leaves `doc` a passage with a character a word piece can come from: one that
+    is not whitespace, a control or format character (a zero-width space) or a combining mark, all of which the
+    tokenizer drops. Pure, so that it decides before the tokenizer is loaded; routing has the last word."""
+    return any(_has_word_character(passage.text) for passage in split_document(doc, strategy))
+
+
+def _has_word_character(text: str) -> bool:
+    """Whether `text` holds a character other than whitespace, control and format characters, and combining marks."""
+    return any(not character.isspace() and unicodedata.category(character)[0] not in "CM" for character in text)
 
 
 def keep_first(documents: Iterable[Document], strategy: str) -> list[Document | Rejected]:
     """Given all documents that share one id (as GroupByKey hands them over), the first in `keep_order` followed
-    by one `Rejected` for each other; every copy, when none leaves the `strategy` split a passage to store (each is
-    then dead-lettered for that, by routing, rather than one for it and the others as its duplicates).
+    by one `Rejected` for each other; every copy, when none `stores_a_passage` (each is then dead-lettered for
+    that, by routing, rather than one for it and the others as its duplicates).
     """
     documents = list(documents)
     if len(documents) < 2:
         return list(documents)
     ordered = sorted(documents, key=lambda doc: keep_order(doc, strategy))
     kept = ordered[0]
-    if not split_document(kept, strategy):
+    if not stores_a_passage(kept, strategy):
         return ordered
-    return [kept, *(duplicate_of(kept, doc, "the record first by title, then text") for doc in ordered[1:])]
+    unlined = "the record first by title, then text, of those that leave a passage to store"
+    return [kept, *(duplicate_of(kept, doc, unlined) for doc in ordered[1:])]
 
 
 def drop_duplicate_ids(records: Iterable[Record], strategy: str) -> list[Record]:

@@ -240,7 +240,8 @@ def test_a_dead_letter_of_a_file_without_lines_says_which_record_was_kept(docume
     """It said "kept an earlier record", though the kept one is the first by title, then text, not by dump order."""
     kept, rejected = keep_first(documents, "words")
     assert kept.text == "Apple"
-    assert rejected == Rejected("dump.xml", "101", "duplicate id '101' (kept the record first by title, then text)")
+    assert rejected == Rejected("dump.xml", "101", "duplicate id '101' (kept the record first by title, then text, "
+                                                   "of those that leave a passage to store)")  # fmt: skip
 
 
 @given(st.permutations([doc("d1", 1, text="stub"), doc("d1", 2, text="A paragraph long enough to store as a passage."),
@@ -254,6 +255,9 @@ def test_a_copy_that_stores_nothing_does_not_shadow_one_that_does(documents: lis
                                                                  (3, "duplicate id 'd1' (kept line 2)")]  # fmt: skip
     stubs = [doc("d2", 2, text="also short"), doc("d2", 1, text="stub")]
     assert keep_first(stubs, "paragraphs") == sorted(stubs, key=lambda d: d.line), "each its own dead letter, later"
+    blank = doc("d3", 1, text="\u200b " * 30 + "\u0301")  # split into a passage, but no word piece (review48 F2)
+    storable = doc("d3", 2, text="The copy with real words in it, enough for a passage.")
+    assert keep_first([blank, storable], "words")[0] == storable
     assert keep_first(documents, "words")[0].line == 1, "the words split stores the stub: the first line is kept"
 
 
