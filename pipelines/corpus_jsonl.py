@@ -9,6 +9,7 @@ string. Blank lines are not records and are passed over.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -21,6 +22,7 @@ from dilstore.pipelines.source_files import Line, decode_line, open_source, sour
 # line is rejected without being parsed. The allowance covers id and title.
 _ESCAPE_EXPANSION = 6
 _FIELD_ALLOWANCE_BYTES = 1 << 16
+_CR_LINE_END = re.compile(r"\r[ \t]*(?=\{)")  # a bare CR where a record could begin: a line end, read as none
 
 
 def read_jsonl(path: str | Path, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Iterator[Record]:
@@ -61,8 +63,9 @@ def jsonl_record(source: str, line: Line, max_bytes: int = DEFAULT_MAX_DOCUMENT_
 def _bad_json(source: str, number: int, text: str, problem: str) -> Rejected:
     """The dead letter of a line that is not JSON, saying so when the line holds bare carriage returns: lines of CR
     ends in a file of newlines (a Mac file appended to a Unix one) are read as one line, their records as one
-    "Extra data" dead letter (pipe48 F5). JSON holds no raw CR inside a string, so one in the line is a line end."""
-    returns = text.count("\r")
+    "Extra data" dead letter (pipe48 F5). Only a CR followed by the opening of an object is taken for a line end: a
+    CR inside a string (itself bad JSON) is not, and converting it to a newline would split the record."""
+    returns = len(_CR_LINE_END.findall(text))
     joined = (f"; the line holds {returns:,} bare carriage return(s) (CR): records joined by CR line ends? Convert "
               "them to newlines" if returns else "")  # fmt: skip
     return Rejected(source, number, f"bad JSON: {problem}{joined}")

@@ -88,10 +88,12 @@ def read_ranked_run(path: str | Path) -> tuple[Run, list[str]]:
 
 
 def _ranks_disagree(scores: dict[str, float], ranks: dict[str, int]) -> bool:
-    """Whether distinct ranks order the documents otherwise than `rank_documents` (repeated ranks order nothing)."""
-    if len(set(ranks.values())) != len(ranks):
-        return False
-    return [docid for docid, _ in rank_documents(scores)] != sorted(ranks, key=ranks.__getitem__)
+    """Whether the ranks order some two documents otherwise than `rank_documents` does. Documents of one rank are
+    not ordered by it (a run of all ranks 0), so they keep the score order; one repeated rank among distinct ones
+    does not hide the others' disagreement (review48 F4)."""
+    by_score = [docid for docid, _ in rank_documents(scores)]
+    place = {docid: index for index, docid in enumerate(by_score)}
+    return sorted(by_score, key=lambda docid: (ranks[docid], place[docid])) != by_score
 
 
 def rank_order_warning(path: str | Path, disagreeing: Sequence[str], queries: int) -> str | None:

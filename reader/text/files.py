@@ -71,8 +71,9 @@ def _decoded(path: Path, number: int, line: bytes) -> str:
     except UnicodeDecodeError as error:
         raise DilstoreError(f"{path}:{number}: not UTF-8 text (byte {error.start + 1} of the line)") from None
     if text.startswith("\ufeff"):
-        raise DilstoreError(f"{path}:{number}: the line begins with a byte-order mark (U+FEFF), which only a file's "
-                            "first line may hold: were files joined together? Remove it")
+        where = "with two byte-order marks (U+FEFF)" if number == 1 else (
+            "with a byte-order mark (U+FEFF), which only a file's first line may hold")
+        raise DilstoreError(f"{path}:{number}: the line begins {where}: were files joined together? Remove it")
     return text
 
 

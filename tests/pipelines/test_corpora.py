@@ -983,6 +983,10 @@ def test_records_joined_by_bare_carriage_returns_are_one_dead_letter_that_says_s
     assert rejected == [Rejected(str(path), 2, "bad JSON: Extra data (column 26); the line holds 1 bare carriage "
                                                "return(s) (CR): records joined by CR line ends? Convert them to "
                                                "newlines")]  # fmt: skip
+    inside = tmp_path / "inside.jsonl"  # a raw CR inside a string: no line end, converting it would split the record
+    inside.write_bytes(b'{"id": "a", "contents": "line one\rline two"}\n')
+    [dead] = read_jsonl(inside)
+    assert isinstance(dead, Rejected) and "carriage" not in dead.reason, "review48 F6"
 
 
 def test_an_empty_file_fits_any_format(tmp_path: Path) -> None:

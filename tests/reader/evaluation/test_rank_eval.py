@@ -129,6 +129,9 @@ def test_a_byte_order_mark_opening_a_later_line_is_refused_naming_it(
     joined.write_bytes(b"".join(lines[:2]) + b"\xef\xbb\xbf" + b"".join(lines[2:]))
     with pytest.raises(DilstoreError, match=re.escape(f"{joined}:3: the line begins with a byte-order mark (U+FEFF)")):
         reader(joined)
+    joined.write_bytes(b"\xef\xbb\xbf" + b"\xef\xbb\xbf" + source.read_bytes())  # an empty file with a mark in front
+    with pytest.raises(DilstoreError, match=re.escape(f"{joined}:1: the line begins with two byte-order marks")):
+        reader(joined)
 
 
 def test_a_rank_column_that_orders_otherwise_than_the_scores_is_named(
@@ -141,6 +144,9 @@ def test_a_rank_column_that_orders_otherwise_than_the_scores_is_named(
                    "q3 Q0 e 0 1.0 t\nq3 Q0 f 0 3.0 t\n", encoding="utf-8")  # q3: repeated ranks order nothing
     ranked, disagreeing = read_ranked_run(run)
     assert ranked == read_run(run) and disagreeing == ["q1"]
+    repeated = tmp_path / "repeated.trec"  # ranks 1..3 and a second 3: the distinct ones still disagree (review48 F4)
+    repeated.write_text("".join(f"q1 Q0 d{i} {min(i, 3)} 0.0 t\n" for i in range(1, 5)), encoding="utf-8")
+    assert read_ranked_run(repeated)[1] == ["q1"]
     qrels = tmp_path / "qrels.txt"
     qrels.write_text("q1 0 a 1\nq2 0 c 1\n", encoding="utf-8")
     assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json"]) == 0
