@@ -48,9 +48,9 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokenizerBase
 
+from dilstore.reader.modeling import listformer
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.cross_encoder import DOCUMENT_SEGMENT, CrossEncoderRanker
-from dilstore.reader.modeling import listformer
 from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
 from dilstore.runners.arg_types import non_negative_int, positive_int
 

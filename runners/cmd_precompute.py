@@ -247,8 +247,8 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary, indent=1, sort_keys=True))
         return
-    order = ("documents", "skipped", "rejected", "rejected_passages", "passages", "long_passages", "tokens", "superseded", "shards",
-             "shards_resumed", "bytes", "seconds", "passages_per_second", "runner", "store")
+    order = ("documents", "skipped", "rejected", "rejected_passages", "passages", "long_passages", "tokens",
+             "superseded", "shards", "shards_resumed", "bytes", "seconds", "passages_per_second", "runner", "store")
     print("precompute summary")
     for key in order:
         if key in summary:

@@ -381,7 +381,9 @@ def open_served_store(
         variant = odqa.model.online_variant
     description = {"path": redacted(path),  # /stores is open to any client: never the storage password
                    "model": str(model) if model is not None else "default", "online_variant": variant, "info": info}
+
     def reopen(served: Service) -> ServedStore:
+        """The store opened again as now, keeping `served`'s model where the fingerprint did not change."""
         return open_served_store(name, path, model, device, index, reuse=served)
 
     reopener = Reopener(reopen, stamp, opened)
