@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
+from dilstore.runners.inputs import require_file
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.reading_options import add_subset_arguments, apply_threads, subset_seed
@@ -76,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         refuse_output_inside_models(args.predictions, args.model, "--predictions")
         check_output_file(args.predictions, "--predictions", [args.questions])
     seed = subset_seed(args)
+    if args.predictions:
+        require_file(args.questions, "--questions")  # the journal checksums it: a pipe would read empty (qa48 H1)
     questions = select_questions(load_questions(args.questions), args.limit, seed)
     odqa = open_odqa_reader(args)
     size = args.question_batch * math.ceil(PART_QUESTIONS / args.question_batch)

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dilstore.runners.inputs import require_file
 from dilstore.runners.journal import Journal
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models
@@ -75,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     from dilstore.reader.evaluation.reading_comprehension import ReadingParts, evaluate_file
     from dilstore.reader.offline.kinds import require_within_positions
 
+    seed = subset_seed(args)
+    require_file(args.data, "--data")  # read, then checksummed (the summary's data.sha256): a pipe reads empty (qa48 H1)
     if args.predictions:
         refuse_output_inside_models(args.predictions, args.model, "--predictions")
         check_output_file(args.predictions, "--predictions", [args.data])
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     with journaled or contextlib.nullcontext() as journal:
         parts = None if journal is None else ReadingParts(PART_QUESTIONS, journal.parts, journal.add)
         try:
-            result = evaluate_file(reader, args.data, settings=settings, limit=args.limit, seed=subset_seed(args),
+            result = evaluate_file(reader, args.data, settings=settings, limit=args.limit, seed=seed,
                                    device=args.device, progress=not (args.json or args.no_progress), parts=parts)
         except KeyboardInterrupt as interrupt:
             raise _stopped(interrupt, journal) from None

@@ -109,6 +109,8 @@ def load_open_questions(path: str | Path) -> list[OpenQuestion]:
             raise DilstoreError(f'{where}: "answer" must be a non-empty list of strings, got {_short(answers)}')
         for n, answer in enumerate(answers):
             require_unicode(answer, f'{where}: "answer"[{n}]')
+            if not answer.strip():  # it equals the empty answer a refused question gets: EM 100 (qa48 M1)
+                raise DilstoreError(f'{where}: "answer"[{n}] is empty')
         questions.append(OpenQuestion(line=number, question=question, answers=tuple(answers)))
     return questions
 

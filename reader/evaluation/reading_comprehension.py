@@ -256,7 +256,14 @@ def evaluate_file(
     progress: bool = False,
     parts: ReadingParts | None = None,
 ) -> ReadingResult:
-    """`evaluate_reader` over a SQuAD v1.1 file, or a seeded subset of `limit` of its questions."""
+    """`evaluate_reader` over a SQuAD v1.1 file, or a seeded subset of `limit` of its questions.
+
+    The file is read twice, to load it and for its checksum (the result's `data_sha256`), so a pipe, which the
+    second read found empty, is refused (qa48 H1).
+    """
+    if Path(path).exists() and not Path(path).is_file():
+        raise DilstoreError(f"{path}: not a regular file (a pipe can be read only once, and the file is read again "
+                            "for its checksum); save it to a file and give that")
     examples = load_squad(path)
     if not examples:
         raise DilstoreError(f"{path}: no questions to evaluate (every paragraph's qas is empty)")

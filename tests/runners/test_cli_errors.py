@@ -68,7 +68,8 @@ def test_user_errors_are_one_line_and_exit_2(
         (["train", "listformer", "--triples", "{tmp}", "--output", "{tmp}/o"],
          "--triples {tmp}: is a directory; give a file"),
         (["train", "qa", "--layers", "1", "--train", "/dev/null", "--output", "{tmp}/o"],
-         "--train /dev/null: is not a regular file; give a file"),
+         "--train /dev/null: is not a regular file; give a file (a pipe, such as <(zcat FILE), can be read only once, "
+         "and this file is read more than once)"),
         (["train", "qa", "--layers", "1", "--train", "{tmp}/squad.json", "--teacher", "{tmp}/squad.json",
           "--output", "{tmp}/o"], "--teacher {tmp}/squad.json: is a file, not a directory"),
         (["train", "ranking-data", "--squad", "{tmp}/squad.json", "--output", "{tmp}/squad.json"],
@@ -333,6 +334,23 @@ def test_an_output_that_writing_would_replace_is_refused(
     assert capsys.readouterr().err.startswith(f"dilstore rerank: error: {message}")
     assert target.read_text() == "kept\n" and not (tmp_path / "-").exists()
     assert output.is_symlink() if kind == "symlink" else kind == "dash" or stat.S_ISFIFO(output.lstat().st_mode)
+
+
+@pytest.mark.parametrize("command", [["evaluate-rc", "--data", "{fifo}"],
+                                     ["evaluate-qa", "{tmp}/no-store", "--questions", "{fifo}", "--predictions",
+                                      "{tmp}/p.json"]])  # fmt: skip
+def test_a_pipe_given_for_a_file_read_twice_is_refused_before_any_work(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--questions <(zcat ...)` was read to load it and again, empty, for its checksum: a resume took another piped
+    file's answers as its own, and evaluate-rc reported the checksum of zero bytes (qa48 H1)."""
+    fifo = tmp_path / "piped.json"
+    os.mkfifo(fifo)
+    arguments = [part.replace("{fifo}", str(fifo)) for part in filled(command, tmp=tmp_path)]
+    assert main(arguments) == 2
+    flag = "--data" if command[0] == "evaluate-rc" else "--questions"
+    assert capsys.readouterr().err.startswith(f"dilstore {command[0]}: error: {flag} {fifo}: is not a regular file; "
+                                              "give a file (a pipe, such as <(zcat FILE), can be read only once")
 
 
 def test_evaluate_rc_refuses_windows_longer_than_the_model_s_positions_before_reading(

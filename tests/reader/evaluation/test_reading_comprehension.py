@@ -12,6 +12,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
+import re
 import time
 from pathlib import Path
 
@@ -320,3 +322,11 @@ def test_a_stopped_evaluate_rc_keeps_its_answers_and_the_same_command_goes_on_fr
     assert (tmp_path / "stopped.json").read_text() == (tmp_path / "whole.json").read_text()
     assert {key: json.loads(resumed)[key] for key in ("questions", "em", "f1")} == {
         key: json.loads(whole)[key] for key in ("questions", "em", "f1")}
+
+
+def test_a_pipe_is_refused_as_the_file_is_read_again_for_its_checksum(tmp_path: Path) -> None:
+    """The second read of a pipe found nothing: the result's data_sha256 was that of zero bytes (qa48 H1)."""
+    fifo = tmp_path / "piped.json"
+    os.mkfifo(fifo)
+    with pytest.raises(DilstoreError, match=f"^{re.escape(str(fifo))}: not a regular file \\(a pipe can be read only"):
+        evaluate_file(None, fifo)  # type: ignore[arg-type]  # refused before the reader is used

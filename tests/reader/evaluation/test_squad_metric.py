@@ -225,6 +225,7 @@ def test_load_squad_names_the_file_for_unreadable_input(tmp_path: Path) -> None:
         (['{"question": "Who?", "answer": "me"}'], r"q\.jsonl:1: the line: 'answer' must be a list"),
         (['{"question": "Who?", "answer": []}'], r"q\.jsonl:1: \"answer\" must be a non-empty list of strings"),
         (['{"question": "Who?", "answer": [3]}'], r"q\.jsonl:1: \"answer\" must be a non-empty list .*, got \[3\]"),
+        (['{"question": "Who?", "answer": ["me", " "]}'], r'q\.jsonl:1: "answer"\[1\] is empty$'),  # scored EM 100
         (["", '{"question": " ", "answer": ["x"]}'], r"q\.jsonl:2: the question is empty"),
         (['{"question": "Who\\ud800?", "answer": ["x"]}'], r"q\.jsonl:1: the line: 'question' holds a lone surrogate"),
         (['{"question": "Who?", "answer": ["x", "\\udbff"]}'], r'q\.jsonl:1: "answer"\[1\] holds a lone surrogate'),
