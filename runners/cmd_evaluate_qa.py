@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     odqa = open_odqa_reader(args)
     size = args.question_batch * math.ceil(PART_QUESTIONS / args.question_batch)
     parts = [questions[first : first + size] for first in range(0, len(questions), size)]
-    journaled = Journal(args.predictions, _settings(args, odqa, seed, size)) if args.predictions else None
+    journaled = (Journal(args.predictions, _settings(args, odqa, seed, size), check=QAEvaluation.from_record)
+                 if args.predictions else None)  # fmt: skip
     with journaled or contextlib.nullcontext() as journal:
         kept = journal.parts if journal is not None else {}
         resumed = sum(len(parts[part]) for part in kept)

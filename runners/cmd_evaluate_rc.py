@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     reader = DilBertReader.from_pretrained(model_dir)
     require_within_positions(args.max_seq_length, reader, "window", "--max-seq-length")  # not at the first long one
     settings = reading_settings(args)
-    journaled = Journal(args.predictions, _settings(args, reader, settings)) if args.predictions else None
+    journaled = (Journal(args.predictions, _settings(args, reader, settings), check=_checked_part)
+                 if args.predictions else None)  # fmt: skip
     with journaled or contextlib.nullcontext() as journal:
         parts = None if journal is None else ReadingParts(PART_QUESTIONS, journal.parts, journal.add)
         try:
@@ -110,6 +111,14 @@ def run(args: argparse.Namespace) -> int:
             atomic_write_text(args.predictions, text, named_by_user=True)
             journal.remove()
     return 0
+
+
+def _checked_part(record: dict[str, Any]) -> None:
+    """A KeyError, TypeError or ValueError unless `record` is a part `evaluate_reader` kept: {"predictions": {id:
+    answer}, "seconds"}."""
+    if not all(isinstance(key, str) and isinstance(answer, str) for key, answer in record["predictions"].items()):
+        raise TypeError("a prediction that is not a string")
+    float(record["seconds"])
 
 
 def _settings(args: argparse.Namespace, reader: DilBertReader, settings: ReadingSettings) -> dict[str, Any]:

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     settings = RerankSettings(**{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None})
     reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)
     reranker.store.check_files = True  # a store rebuilt under a long run is named, not read from its deleted build
-    with Journal(args.output, _settings(args, reranker, depth)) as journal:
+    with Journal(args.output, _settings(args, reranker, depth), check=_checked_part) as journal:
         kept: Run = {qid: scores for part in journal.parts.values() for qid, scores in part["run"].items()}
         done = [qid for part in journal.parts.values() for qid in part["queries"]]
         earlier = RerankStats.from_dict(journal.parts[len(journal.parts) - 1]["stats"]) if journal.parts else None
@@ -189,6 +189,18 @@ class _PartKeeper:
             self.journal.add(len(self.journal.parts), {"queries": self.queries, "run": self.run,
                                                        "stats": self.stats.to_dict()})  # fmt: skip
             self.queries, self.run = [], {}
+
+
+def _checked_part(record: dict[str, Any]) -> None:
+    """A KeyError, TypeError or ValueError unless `record` is a part `_PartKeeper` kept: {"queries", "run",
+    "stats"}."""
+    from dilstore.reader.serving.rerank import RerankStats
+
+    if not all(isinstance(qid, str) for qid in record["queries"]):
+        raise TypeError("a query id that is not a string")
+    if not all(isinstance(scores, dict) for scores in record["run"].values()):
+        raise TypeError("a query's scores that are not a mapping")
+    RerankStats.from_dict(record["stats"])
 
 
 def _settings(args: argparse.Namespace, reranker: StoreReranker[Any], depth: int) -> dict[str, Any]:

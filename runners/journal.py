@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
@@ -46,8 +47,12 @@ class Journal:
     """The finished parts of one run (`parts`: part number -> its record, read as the block starts), and where the
     next ones are added."""
 
-    def __init__(self, output: Path, settings: dict[str, Any]) -> None:
+    def __init__(self, output: Path, settings: dict[str, Any], check: Callable[[Any], object] | None = None) -> None:
+        """`check(record)` raises KeyError, TypeError or ValueError for a record the caller cannot use (a file
+        edited by hand, or another version's under the same format tag): reading stops there, as at a line a kill
+        cut short, where a KeyError traceback ended the resumed run (qa48 L1)."""
         self.output, self.path = output, journal_path(output)
+        self._check = check
         self._header = {"journal": JOURNAL_FORMAT, "settings": settings}
         self.parts: dict[int, Any] = {}
         self._resumed = False  # whether the file holds this run's header (and the parts read back)
@@ -87,6 +92,8 @@ class Journal:
             try:
                 entry = json.loads(line)
                 part, record = entry["part"], entry["record"]
+                if self._check is not None:
+                    self._check(record)
             except (ValueError, TypeError, KeyError):  # cut short by a kill: what follows is not trusted either
                 break
             if part != len(parts):

@@ -322,6 +322,15 @@ def test_a_stopped_evaluate_rc_keeps_its_answers_and_the_same_command_goes_on_fr
     assert (tmp_path / "stopped.json").read_text() == (tmp_path / "whole.json").read_text()
     assert {key: json.loads(resumed)[key] for key in ("questions", "em", "f1")} == {
         key: json.loads(whole)[key] for key in ("questions", "em", "f1")}
+    stop_at, calls[:] = 3, []
+    evaluate(tmp_path / "edited.json")
+    edited = tmp_path / ".edited.json.dilstore-partial"
+    header, first, second = edited.read_text().splitlines()
+    edited.write_text("\n".join([header, first, json.dumps({"part": 1, "record": {"seconds": 1.0}})]) + "\n")
+    stop_at, calls[:] = 0, []
+    status, _, err = evaluate(tmp_path / "edited.json")  # a KeyError traceback (qa48 L1): the part is read again
+    assert status == 0 and calls == [1, 1], err
+    assert (tmp_path / "edited.json").read_text() == (tmp_path / "whole.json").read_text()
 
 
 def test_a_pipe_is_refused_as_the_file_is_read_again_for_its_checksum(tmp_path: Path) -> None:
