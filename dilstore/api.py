@@ -10,6 +10,7 @@ default to the checkpoints shipped in the package.
 from __future__ import annotations
 
 import argparse
+import numbers
 import random
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -91,7 +92,9 @@ def open_reader(
               "max_pairs_per_batch": max_pairs_per_batch}  # fmt: skip
     for name, value in counts.items():
         _check(name, value, (int, type(None)), "a positive integer or None")
-    chosen = {name: _int(value) for name, value in {**counts, "mu": mu}.items() if value is not None}
+    chosen = {name: _int(value) for name, value in counts.items() if value is not None}
+    if mu is not None:
+        chosen["mu"] = float(mu)  # a numpy float too (qa48 L5)
     return open_odqa_reader(store, model, index_dir=index, settings=OdqaSettings(**chosen), device=device,
                             online_variant=online_variant)  # fmt: skip
 
@@ -360,5 +363,7 @@ def _check(name: str, value: Any, kinds: tuple[type, ...], expected: str) -> Non
     """
     if int in kinds and is_integer(value):
         return
+    if float in kinds and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return  # a numpy float (numpy registers its floats as numbers.Real): the caller takes float(value)
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise DilstoreError(f"{name} must be {expected}, got {type(value).__name__} {value!r:.80}")

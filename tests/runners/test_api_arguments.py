@@ -76,6 +76,8 @@ def test_open_reader_takes_every_reader_option_of_ask(tmp_path: Path, monkeypatc
     assert seen == [odqa.OdqaSettings(**{name: int(value) if name != "mu" else value
                                          for name, value in options.items()})]  # fmt: skip
     assert type(seen[0].max_answer_length) is int
+    dilstore.open_reader(tmp_path, mu=np.float32(0.5))  # refused: "mu must be a number ..., got float32" (qa48 L5)
+    assert seen[-1].mu == 0.5 and type(seen[-1].mu) is float
     with pytest.raises(dilstore.DilstoreError, match="^n_best must be a positive integer or None, got str '3'$"):
         dilstore.open_reader(tmp_path, n_best="3")
     with pytest.raises(dilstore.DilstoreError, match="n_best"):
