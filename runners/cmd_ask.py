@@ -86,10 +86,11 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
     status 2, as a reported error does everywhere else: a script that pipes a
     question file in learns that some were not answered. Blank lines are
     passed over, and a byte-order mark opening the input is not part of the
-    first question.
+    first question. Read from a file or pipe, each error names its input
+    line, so that a script can tell which questions were not answered (qa48 L3).
     """
     prompt = lines.isatty()
-    first, status = True, 0
+    number, status = 0, 0
     while True:
         if prompt:
             err.write("question> ")
@@ -102,13 +103,14 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
             raise
         if not line:
             return status
-        question = line.rstrip("\r\n").removeprefix("\ufeff" if first else "")
-        first = False
+        number += 1
+        where = "" if prompt else f"line {number}: "
+        question = line.rstrip("\r\n").removeprefix("\ufeff" if number == 1 else "")
         if not question.strip():
             continue
         bad = _undecoded_byte(question)
         if bad is not None:
-            print(f"dilstore ask: error: the question is not UTF-8 text (byte at character {bad + 1}); skipped",
+            print(f"dilstore ask: error: {where}the question is not UTF-8 text (byte at character {bad + 1}); skipped",
                   file=err, flush=True)  # fmt: skip
             status = 2
             continue
@@ -119,7 +121,7 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
                   "is now", file=err, flush=True)  # fmt: skip
             return 2
         except DilstoreError as error:
-            print(f"dilstore ask: error: {error}", file=err, flush=True)
+            print(f"dilstore ask: error: {where}{error}", file=err, flush=True)
             status = 2
             continue
         print_answer(answer, as_json, out, odqa.read_with)
