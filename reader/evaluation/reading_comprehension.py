@@ -242,8 +242,19 @@ def score_predictions_file(
     path: str | Path, predictions_path: str | Path, limit: int | None = None, seed: int = 0
 ) -> dict[str, float]:
     """The official SQuAD v1.1 EM/F1 of a prediction file (question id → answer) over the questions of `path`, or
-    the seeded subset of `limit` that `evaluate_file` reads; a question without a prediction scores 0."""
-    return evaluate_examples(select_examples(load_squad(path), limit, seed), load_predictions(predictions_path))
+    the seeded subset of `limit` that `evaluate_file` reads; a question without a prediction scores 0. The data
+    file is checked as `evaluate_file` checks it, its errors naming it (qa48 L2)."""
+    chosen = select_examples(_questions_of(path), limit, seed)
+    require_answers(chosen, f"{path}: ")
+    return evaluate_examples(chosen, load_predictions(predictions_path))
+
+
+def _questions_of(path: str | Path) -> list[SquadExample]:
+    """The questions of the SQuAD file at `path`; a DilstoreError naming it when it holds none."""
+    examples = load_squad(path)
+    if not examples:
+        raise DilstoreError(f"{path}: no questions to evaluate (every paragraph's qas is empty)")
+    return examples
 
 
 def evaluate_file(
@@ -264,10 +275,7 @@ def evaluate_file(
     if Path(path).exists() and not Path(path).is_file():
         raise DilstoreError(f"{path}: not a regular file (a pipe can be read only once, and the file is read again "
                             "for its checksum); save it to a file and give that")
-    examples = load_squad(path)
-    if not examples:
-        raise DilstoreError(f"{path}: no questions to evaluate (every paragraph's qas is empty)")
-    chosen = select_examples(examples, limit, seed)
+    chosen = select_examples(_questions_of(path), limit, seed)
     require_answers(chosen, f"{path}: ")
     result = evaluate_reader(reader, chosen, settings, device, progress, parts)
     return replace(result, data_file=str(path), data_sha256=sha256_file(Path(path)))

@@ -339,3 +339,23 @@ def test_a_pipe_is_refused_as_the_file_is_read_again_for_its_checksum(tmp_path: 
     os.mkfifo(fifo)
     with pytest.raises(DilstoreError, match=f"^{re.escape(str(fifo))}: not a regular file \\(a pipe can be read only"):
         evaluate_file(None, fifo)  # type: ignore[arg-type]  # refused before the reader is used
+
+
+def test_scoring_names_the_data_file_of_a_question_without_answers_or_of_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--score said "question 'q2': a question needs at least one reference answer" and "the dataset holds no
+    questions" without naming the file, where reading named it (qa48 L2)."""
+    predictions = tmp_path / "p.json"
+    predictions.write_text('{"q1": "x"}', encoding="utf-8")
+    context = "Tram lines opened in 1882."
+    qas = [{"id": "q1", "question": "When?", "answers": [{"text": "1882", "answer_start": 21}]},
+           {"id": "q2", "question": "Who?", "answers": []}]  # fmt: skip
+    for name, paragraphs, message in (("answerless.json", [{"context": context, "qas": qas}],
+                                       "question 'q2' has no reference answer to score against (1 such)"),
+                                      ("empty.json", [{"context": context, "qas": []}],
+                                       "no questions to evaluate (every paragraph's qas is empty)")):  # fmt: skip
+        data = tmp_path / name
+        data.write_text(json.dumps({"version": "1.1", "data": [{"title": "T", "paragraphs": paragraphs}]}))
+        assert main(["evaluate-rc", "--data", str(data), "--score", str(predictions)]) == 2
+        assert capsys.readouterr().err == f"dilstore evaluate-rc: error: {data}: {message}\n"
