@@ -50,12 +50,15 @@ class OpenQuestion:
     answers: tuple[str, ...]
 
 
-def load_squad(path: str | Path) -> list[SquadExample]:
-    """Read a SQuAD v1.1 JSON file into one SquadExample per question, in file order."""
-    return parse_squad(read_json(path), str(path))
+UNREAD_START = -1  # an answer's answer_start where the offsets were not read (`offsets=False`)
 
 
-def parse_squad(document: Any, source: str) -> list[SquadExample]:
+def load_squad(path: str | Path, *, offsets: bool = True) -> list[SquadExample]:
+    """Read a SQuAD v1.1 JSON file into one SquadExample per question, in file order (`offsets`: as `parse_squad`)."""
+    return parse_squad(read_json(path), str(path), offsets=offsets)
+
+
+def parse_squad(document: Any, source: str, *, offsets: bool = True) -> list[SquadExample]:
     """Check a parsed SQuAD v1.1 document and turn it into SquadExamples.
 
     Required: `data` (a list of articles), each with `paragraphs`; each
@@ -64,7 +67,10 @@ def parse_squad(document: Any, source: str) -> list[SquadExample]:
     each answer with `text` and an integer `answer_start` such that the
     context holds exactly `text` there. An article's `title` may be missing
     (it becomes ""). Contexts may not be blank. Question ids must be
-    non-empty and unique, because predictions are keyed by id.
+    non-empty and unique, because predictions are keyed by id. Without
+    `offsets`, an answer's `answer_start` is neither required nor checked
+    (UNREAD_START): the official script scores by ids and answer texts alone,
+    and converted SQuAD-style sets often carry offsets that miss (qa48 L4).
     """
     data = _field(document, "data", list, source, "the document")
     examples: list[SquadExample] = []
@@ -78,7 +84,7 @@ def parse_squad(document: Any, source: str) -> list[SquadExample]:
             if not context.strip():
                 raise DilstoreError(f"{source}: {where_p}: the context is empty")
             for q, qa in enumerate(_field(paragraph, "qas", list, source, where_p)):
-                example = _parse_question(qa, title, context, source, f"{where_p}.qas[{q}]")
+                example = _parse_question(qa, title, context, source, f"{where_p}.qas[{q}]", offsets)
                 if example.id in seen:
                     raise DilstoreError(
                         f"{source}: {where_p}.qas[{q}]: question id {example.id!r} already used at {seen[example.id]}"
@@ -128,8 +134,9 @@ def load_predictions(path: str | Path) -> dict[str, str]:
     return predictions
 
 
-def _parse_question(qa: Any, title: str, context: str, source: str, where: str) -> SquadExample:
-    """One `qas` item → SquadExample, checking every answer against the context."""
+def _parse_question(qa: Any, title: str, context: str, source: str, where: str, offsets: bool) -> SquadExample:
+    """One `qas` item → SquadExample, checking every answer against the context (`offsets`) or reading its text
+    alone."""
     question_id = _field(qa, "id", str, source, where)
     if not question_id:
         raise DilstoreError(f"{source}: {where}: the question id is empty")
@@ -141,9 +148,12 @@ def _parse_question(qa: Any, title: str, context: str, source: str, where: str) 
     for n, answer in enumerate(_field(qa, "answers", list, source, where)):
         where_a = f"{where}.answers[{n}]"
         text = _field(answer, "text", str, source, where_a)
-        start = _field(answer, "answer_start", int, source, where_a)
         if not text.strip():
             raise DilstoreError(f"{source}: {where_a}: the answer text is empty")
+        if not offsets:
+            answers.append(SquadAnswer(text=text, answer_start=UNREAD_START))
+            continue
+        start = _field(answer, "answer_start", int, source, where_a)
         if not 0 <= start <= len(context) - len(text):
             raise DilstoreError(
                 f"{source}: {where_a}: answer_start {start} is out of range for an answer of {len(text)} "

@@ -243,15 +243,17 @@ def score_predictions_file(
 ) -> dict[str, float]:
     """The official SQuAD v1.1 EM/F1 of a prediction file (question id → answer) over the questions of `path`, or
     the seeded subset of `limit` that `evaluate_file` reads; a question without a prediction scores 0. The data
-    file is checked as `evaluate_file` checks it, its errors naming it (qa48 L2)."""
-    chosen = select_examples(_questions_of(path), limit, seed)
+    file is checked as `evaluate_file` checks it, its errors naming it (qa48 L2), but for the answers' offsets,
+    which scoring does not read."""
+    chosen = select_examples(_questions_of(path, offsets=False), limit, seed)
     require_answers(chosen, f"{path}: ")
     return evaluate_examples(chosen, load_predictions(predictions_path))
 
 
-def _questions_of(path: str | Path) -> list[SquadExample]:
-    """The questions of the SQuAD file at `path`; a DilstoreError naming it when it holds none."""
-    examples = load_squad(path)
+def _questions_of(path: str | Path, *, offsets: bool = True) -> list[SquadExample]:
+    """The questions of the SQuAD file at `path` (`offsets`: as `load_squad`); a DilstoreError naming it when it
+    holds none."""
+    examples = load_squad(path, offsets=offsets)
     if not examples:
         raise DilstoreError(f"{path}: no questions to evaluate (every paragraph's qas is empty)")
     return examples

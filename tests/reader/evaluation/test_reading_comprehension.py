@@ -359,3 +359,21 @@ def test_scoring_names_the_data_file_of_a_question_without_answers_or_of_none(
         data.write_text(json.dumps({"version": "1.1", "data": [{"title": "T", "paragraphs": paragraphs}]}))
         assert main(["evaluate-rc", "--data", str(data), "--score", str(predictions)]) == 2
         assert capsys.readouterr().err == f"dilstore evaluate-rc: error: {data}: {message}\n"
+
+
+def test_scoring_reads_answer_texts_only_as_the_official_script_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A converted SQuAD-style file with a missing or missed answer_start was refused by --score, which the official
+    script scores from ids and answer texts alone (qa48 L4); reading it still checks the offsets."""
+    qas = [{"id": "q1", "question": "When?", "answers": [{"text": "1882"}]},
+           {"id": "q2", "question": "Which?", "answers": [{"text": "Tram lines", "answer_start": 3}]}]  # fmt: skip
+    data = tmp_path / "converted.json"
+    data.write_text(json.dumps({"data": [{"paragraphs": [{"context": "Tram lines opened in 1882.", "qas": qas}]}]}))
+    predictions = tmp_path / "p.json"
+    predictions.write_text('{"q1": "1882", "q2": "tram lines"}', encoding="utf-8")
+    assert main(["evaluate-rc", "--data", str(data), "--score", str(predictions), "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert (scored["questions"], scored["em"], scored["f1"]) == (2, 100.0, 100.0)
+    with pytest.raises(DilstoreError, match=r"qas\[0\] \(id 'q1'\)\.answers\[0\] has no 'answer_start' key"):
+        load_squad(data)
