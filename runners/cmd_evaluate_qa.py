@@ -17,6 +17,7 @@ from dilstore.runners.outputs import check_output_file, refuse_output_inside_mod
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.reading_options import add_subset_arguments, apply_threads, subset_seed
 from dilstore.runners.journal import Journal, store_build
+from dilstore.storage.write_lock import refuse_if_locked
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.digests import sha256_file
@@ -76,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_output_inside_store(args.predictions, args.store, "--predictions")
         refuse_output_inside_models(args.predictions, args.model, "--predictions")
         check_output_file(args.predictions, "--predictions", [args.questions])
+        refuse_if_locked(args.predictions)  # before the model and the JVM load
     seed = subset_seed(args)
     if args.predictions:
         require_file(args.questions, "--questions")  # the journal checksums it: a pipe would read empty (qa48 H1)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.inputs import require_file
 from dilstore.runners.journal import Journal
+from dilstore.storage.write_lock import refuse_if_locked
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models
 from dilstore.runners.reading_options import (
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.predictions:
         refuse_output_inside_models(args.predictions, args.model, "--predictions")
         check_output_file(args.predictions, "--predictions", [args.data])
+        refuse_if_locked(args.predictions)  # before the model loads
     model_dir = args.model or default_checkpoint_dir()
     if read_metadata(require_checkpoint_dir(model_dir)) is None:
         raise DilstoreError(f"{model_dir} is a base model without dilstore metadata, and its QA head would be "

@@ -78,12 +78,24 @@ def _locked(path: Path, folder: Path, role: str, doing: str) -> int:
             # The holder /proc/locks names; the file may still hold an earlier holder's pid.
             holder = writer_of(folder, role) or _holder_pid(descriptor)
             os.close(descriptor)
-            raise DilstoreError(
-                f"{folder} is being {doing} by pid {holder} (lock {path}); wait for that run or stop it"
-            ) from None
+            raise _taken(folder, holder, path, doing) from None
         if _is_file_at(descriptor, path):
             return descriptor
         os.close(descriptor)  # its holder removed it as it let go, after this process opened it: lock the new one
+
+
+def _taken(folder: Path, holder: str, path: Path, doing: str) -> DilstoreError:
+    """The error of a writer turned away from `folder`, whose lock at `path` `holder` holds."""
+    return DilstoreError(f"{folder} is being {doing} by pid {holder} (lock {path}); wait for that run or stop it")
+
+
+def refuse_if_locked(folder: Path, role: str = WRITE_ROLE, doing: str = "written") -> None:
+    """Raise the error `write_lock` would when another process holds `folder`'s lock, before a run does slow work
+    ahead of taking it (a model and the JVM loaded, then the run turned away: qa48 L6). A check, not the lock:
+    `write_lock` still decides."""
+    holder = writer_of(folder, role)
+    if holder is not None:
+        raise _taken(folder, holder, lock_path(folder, role), doing)
 
 
 def _opened(path: Path, folder: Path) -> int:

@@ -586,3 +586,34 @@ def test_words_no_positional_takes_are_still_refused(capsys: pytest.CaptureFixtu
             parse(build_parser(), argv)
         assert stopped.value.code == 2
         assert f"dilstore {argv[0]}: error: unrecognized arguments: {argv[-1]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["evaluate-rc", "--data", "{tmp}/d.json", "--model", "{tmp}/no-model",
+                                      "--predictions", "{out}"],
+                                     ["evaluate-qa", "{tmp}/no-store", "--questions", "{tmp}/q.jsonl",
+                                      "--predictions", "{out}"],
+                                     ["rerank", "{tmp}/no-store", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec",
+                                      "--output", "{out}"]])  # fmt: skip
+def test_an_output_another_run_writes_is_refused_before_the_model_loads(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second run on the same output was turned away only when its journal took the lock, after its model (and
+    the JVM) had loaded: seconds to minutes (qa48 L6). Here the store and model do not even exist."""
+    for name, text in (("d.json", '{"data": []}'), ("q.jsonl", '{"question": "Q?", "answer": ["a"]}\n'),
+                       ("t.tsv", "q\tquery\n"), ("r.trec", "q Q0 d 1 1.0 t\n")):  # fmt: skip
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    out = tmp_path / "out.json"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from dilstore.storage.write_lock import write_lock\n"
+         "with write_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)", str(out)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        arguments = [part.replace("{out}", str(out)) for part in filled(command, tmp=tmp_path)]
+        assert main(arguments) == 2
+        assert f"{out} is being written by pid {holder.pid} (lock " in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
