@@ -364,6 +364,6 @@ def _check(name: str, value: Any, kinds: tuple[type, ...], expected: str) -> Non
     if int in kinds and is_integer(value):
         return
     if float in kinds and isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return  # a numpy float (numpy registers its floats as numbers.Real): the caller takes float(value)
+        return  # a numpy float too (numpy registers its floats as numbers.Real)
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise DilstoreError(f"{name} must be {expected}, got {type(value).__name__} {value!r:.80}")

@@ -34,29 +34,30 @@ def keep_order(doc: Document, strategy: str) -> tuple[bool, tuple[str, bool, int
 
 
 def stores_a_passage(doc: Document, strategy: str) -> bool:
-    """Whether the `strategy` split leaves `doc` a passage with a character a word piece can come from: one that
-    is not whitespace, a control or format character (a zero-width space) or a combining mark, all of which the
-    tokenizer drops. Pure, so that it decides before the tokenizer is loaded; routing has the last word."""
+    """Whether the `strategy` split leaves `doc` a passage with a character a word piece can come from: one BERT's
+    tokenizer keeps, not whitespace, a control or format character (a zero-width space), the replacement character
+    U+FFFD, or a nonspacing mark (which its accent stripping drops; a spacing mark, a Devanagari vowel sign, stays).
+    Pure, so that it decides before the tokenizer is loaded; it only orders the copies (`keep_order`), and routing
+    has the last word."""
     return any(_has_word_character(passage.text) for passage in split_document(doc, strategy))
 
 
 def _has_word_character(text: str) -> bool:
-    """Whether `text` holds a character other than whitespace, control and format characters, and combining marks."""
-    return any(not character.isspace() and unicodedata.category(character)[0] not in "CM" for character in text)
+    """Whether `text` holds a character the tokenizer keeps (`stores_a_passage`)."""
+    return any(not character.isspace() and character != "\ufffd" and unicodedata.category(character)[0] != "C"
+               and unicodedata.category(character) != "Mn" for character in text)  # fmt: skip
 
 
 def keep_first(documents: Iterable[Document], strategy: str) -> list[Document | Rejected]:
     """Given all documents that share one id (as GroupByKey hands them over), the first in `keep_order` followed
-    by one `Rejected` for each other; every copy, when none `stores_a_passage` (each is then dead-lettered for
-    that, by routing, rather than one for it and the others as its duplicates).
+    by one `Rejected` for each other. Never more than one copy goes on: two of one id would store one passage id
+    twice and fail the run (review48b B2, when the rule judged none storable and every copy went on).
     """
     documents = list(documents)
     if len(documents) < 2:
-        return list(documents)
+        return documents
     ordered = sorted(documents, key=lambda doc: keep_order(doc, strategy))
     kept = ordered[0]
-    if not stores_a_passage(kept, strategy):
-        return ordered
     unlined = "the record first by title, then text, of those that leave a passage to store"
     return [kept, *(duplicate_of(kept, doc, unlined) for doc in ordered[1:])]
 

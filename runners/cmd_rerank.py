@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
+from dilstore.runners.inputs import require_file
 from dilstore.runners.journal import Journal, store_build
 from dilstore.storage.write_lock import refuse_if_locked
 from dilstore.runners.quiet import add_verbose_argument
@@ -120,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     refuse_output_inside_models(args.output, args.model, "--output")
     check_output_file(args.output, "--output", [args.topics, args.run_file])
     refuse_if_locked(args.output)  # before the ranker loads
+    for path, flag in ((args.topics, "--topics"), (args.run_file, "--run")):
+        require_file(path, flag)  # read, then checksummed for the journal: a pipe read empty (review48b B1)
     depth = checked_depth(DEFAULT_DEPTH if args.depth is None else args.depth)
     topics = read_topics(args.topics)
     first_stage, disagreeing = read_ranked_run(args.run_file)

@@ -94,7 +94,8 @@ class Journal:
                 part, record = entry["part"], entry["record"]
                 if self._check is not None:
                     self._check(record)
-            except (ValueError, TypeError, KeyError):  # cut short by a kill: what follows is not trusted either
+            except (ValueError, TypeError, KeyError, AttributeError):  # cut short by a kill, or a record of another
+                # shape (a list where a mapping was kept: review48b B4): what follows is not trusted either
                 break
             if part != len(parts):
                 break

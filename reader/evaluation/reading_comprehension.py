@@ -275,8 +275,8 @@ def evaluate_file(
     second read found empty, is refused (qa48 H1).
     """
     if Path(path).exists() and not Path(path).is_file():
-        raise DilstoreError(f"{path}: not a regular file (a pipe can be read only once, and the file is read again "
-                            "for its checksum); save it to a file and give that")
+        raise DilstoreError(f"{path}: not a regular file (a folder, or a pipe, which can be read only once while the "
+                            "file is read again for its checksum); give a file")
     chosen = select_examples(_questions_of(path), limit, seed)
     require_answers(chosen, f"{path}: ")
     result = evaluate_reader(reader, chosen, settings, device, progress, parts)

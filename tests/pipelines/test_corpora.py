@@ -254,10 +254,13 @@ def test_a_copy_that_stores_nothing_does_not_shadow_one_that_does(documents: lis
     assert sorted((r.line_or_id, r.reason) for r in rejected) == [(1, "duplicate id 'd1' (kept line 2)"),
                                                                  (3, "duplicate id 'd1' (kept line 2)")]  # fmt: skip
     stubs = [doc("d2", 2, text="also short"), doc("d2", 1, text="stub")]
-    assert keep_first(stubs, "paragraphs") == sorted(stubs, key=lambda d: d.line), "each its own dead letter, later"
-    blank = doc("d3", 1, text="\u200b " * 30 + "\u0301")  # split into a passage, but no word piece (review48 F2)
+    kept, rejected = keep_first(stubs, "paragraphs")  # one goes on, whatever: two would store one id twice (B2)
+    assert kept.line == 1 and rejected.line_or_id == 2
     storable = doc("d3", 2, text="The copy with real words in it, enough for a passage.")
-    assert keep_first([blank, storable], "words")[0] == storable
+    for blank in ("\u200b " * 30 + "\u0301", "\ufffd " * 30):  # split into a passage, but no word piece (review48)
+        assert keep_first([doc("d3", 1, text=blank), storable], "words")[0] == storable
+    signs = doc("d4", 2, text="\u093e\u093f " * 20)  # Devanagari vowel signs (Mc): the tokenizer keeps them
+    assert keep_first([signs, doc("d4", 1, text="\u200b " * 30)], "words")[0] == signs
     assert keep_first(documents, "words")[0].line == 1, "the words split stores the stub: the first line is kept"
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from dilstore.runners.cli import main
 from tests.fixtures.paths import ROOT
+from tests.fixtures.pipes import empty_pipe
 
 
 def filled(words: list[str], **places: Path) -> list[str]:
@@ -336,19 +337,24 @@ def test_an_output_that_writing_would_replace_is_refused(
     assert output.is_symlink() if kind == "symlink" else kind == "dash" or stat.S_ISFIFO(output.lstat().st_mode)
 
 
-@pytest.mark.parametrize("command", [["evaluate-rc", "--data", "{fifo}"],
-                                     ["evaluate-qa", "{tmp}/no-store", "--questions", "{fifo}", "--predictions",
-                                      "{tmp}/p.json"]])  # fmt: skip
+@pytest.mark.parametrize(("command", "flag"), [
+    (["evaluate-rc", "--data", "{fifo}"], "--data"),
+    (["evaluate-qa", "{tmp}/no-store", "--questions", "{fifo}", "--predictions", "{tmp}/p.json"], "--questions"),
+    (["rerank", "{tmp}/no-store", "--topics", "{fifo}", "--run", "{tmp}/r.trec", "--output", "{tmp}/o.trec"],
+     "--topics"),
+    (["rerank", "{tmp}/no-store", "--topics", "{tmp}/t.tsv", "--run", "{fifo}", "--output", "{tmp}/o.trec"], "--run"),
+])  # fmt: skip
 def test_a_pipe_given_for_a_file_read_twice_is_refused_before_any_work(
-    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    command: list[str], flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--questions <(zcat ...)` was read to load it and again, empty, for its checksum: a resume took another piped
-    file's answers as its own, and evaluate-rc reported the checksum of zero bytes (qa48 H1)."""
-    fifo = tmp_path / "piped.json"
-    os.mkfifo(fifo)
-    arguments = [part.replace("{fifo}", str(fifo)) for part in filled(command, tmp=tmp_path)]
-    assert main(arguments) == 2
-    flag = "--data" if command[0] == "evaluate-rc" else "--questions"
+    file's answers as its own, and evaluate-rc reported the checksum of zero bytes (qa48 H1); rerank's `--run`
+    alike (review48b B1)."""
+    (tmp_path / "t.tsv").write_text("q\tquery\n", encoding="utf-8")
+    (tmp_path / "r.trec").write_text("q Q0 d 1 1.0 t\n", encoding="utf-8")
+    with empty_pipe(tmp_path / "piped.json") as fifo:
+        arguments = [part.replace("{fifo}", str(fifo)) for part in filled(command, tmp=tmp_path)]
+        assert main(arguments) == 2
     assert capsys.readouterr().err.startswith(f"dilstore {command[0]}: error: {flag} {fifo}: is not a regular file; "
                                               "give a file (a pipe, such as <(zcat FILE), can be read only once")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.text.tokenization import passage_pieces
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
+from tests.fixtures.pipes import empty_pipe
 from tests.fixtures.qa_training_fixtures import HANDFUL
 
 
@@ -335,9 +335,9 @@ def test_a_stopped_evaluate_rc_keeps_its_answers_and_the_same_command_goes_on_fr
 
 def test_a_pipe_is_refused_as_the_file_is_read_again_for_its_checksum(tmp_path: Path) -> None:
     """The second read of a pipe found nothing: the result's data_sha256 was that of zero bytes (qa48 H1)."""
-    fifo = tmp_path / "piped.json"
-    os.mkfifo(fifo)
-    with pytest.raises(DilstoreError, match=f"^{re.escape(str(fifo))}: not a regular file \\(a pipe can be read only"):
+    with empty_pipe(tmp_path / "piped.json") as fifo, pytest.raises(
+        DilstoreError, match=f"^{re.escape(str(fifo))}: not a regular file \\(a folder, or a pipe, which can be read"
+    ):
         evaluate_file(None, fifo)  # type: ignore[arg-type]  # refused before the reader is used
 
 
