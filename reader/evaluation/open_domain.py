@@ -145,6 +145,7 @@ class QAEvaluation:
     predictions: dict[str, dict[str, str]] = field(repr=False)  # question id → {str(μ): answer}
     online_variant: str | None = None  # the packaged online layers the reader used for the store's encoding
     encoding: str = ""  # the store's encoding (fp16, 2bit, ...): what the passage states were read from
+    refused_ids: list[str] = field(default_factory=list, repr=False)  # the refused questions, which score 0
 
     @property
     def em(self) -> float:
@@ -178,7 +179,7 @@ class QAEvaluation:
                 "scores": [[mu, em, f1_] for mu, (em, f1_) in self.scores.items()], "refused": self.refused,
                 "seconds": self.seconds, "timings": {stage: getattr(self.timings, stage) for stage in STAGES},
                 "predictions": self.predictions, "online_variant": self.online_variant,
-                "encoding": self.encoding}  # fmt: skip
+                "encoding": self.encoding, "refused_ids": self.refused_ids}  # fmt: skip
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> QAEvaluation:
@@ -190,13 +191,16 @@ class QAEvaluation:
 def merged_evaluation(parts: Sequence[QAEvaluation], questions: Sequence[QAQuestion]) -> QAEvaluation:
     """One evaluation of `questions` from `parts`, which evaluated them in turn (disjoint, in order, with one top-p
     and μ): EM and F1 scored again from the predictions in question order, as one run sums them (an average of the
-    parts' percentages differed in the last digit, review45 L2; a refused question scores as its empty answer does),
+    parts' percentages differed in the last digit, review45 L2; a refused question scores 0, as in one run),
     R from the parts' counts, and counts, seconds and stage times summed."""
     if not parts:
         raise DilstoreError("there are no evaluated questions to merge")
     predictions = {key: value for part in parts for key, value in part.predictions.items()}
+    refused = {question_id for part in parts for question_id in part.refused_ids}
     totals = {mu: _Totals() for mu in parts[0].scores}
     for question in questions:
+        if question.id in refused:  # 0, as in one run, even for an answer that normalises to "" ("."): review48b B5
+            continue
         for mu, total in totals.items():
             answer = predictions[question.id][str(mu)]
             total.em += metric_max_over_ground_truths(exact_match, answer, question.answers)
@@ -212,6 +216,7 @@ def merged_evaluation(parts: Sequence[QAEvaluation], questions: Sequence[QAQuest
                 for mu, total in totals.items()},  # fmt: skip
         recall=100.0 * recalled / len(questions),
         refused=sum(part.refused for part in parts),
+        refused_ids=[question.id for question in questions if question.id in refused],
         seconds=sum(part.seconds for part in parts),
         timings=timings,
         predictions=predictions,
@@ -329,12 +334,13 @@ class _Run:
     def __init__(self, mus: Sequence[float]) -> None:
         self.mus = list(mus)
         self.totals = {mu: _Totals() for mu in self.mus}
-        self.count = self.recalled = self.refused = 0
+        self.count = self.recalled = 0
+        self.refused: list[str] = []
         self.predictions: dict[str, dict[str, str]] = {}
 
     def refuse(self, question: QAQuestion) -> None:
         self.count += 1
-        self.refused += 1
+        self.refused.append(question.id)
         self.predictions[question.id] = {str(mu): "" for mu in self.mus}
 
     def score(self, question: QAQuestion, reading: Reading, recall: AnswerRecall) -> None:
@@ -357,12 +363,13 @@ class _Run:
             mu=mu,
             scores={value: (100.0 * t.em / self.count, 100.0 * t.f1 / self.count) for value, t in self.totals.items()},
             recall=100.0 * self.recalled / self.count,
-            refused=self.refused,
+            refused=len(self.refused),
             seconds=seconds,
             timings=timings,
             predictions=self.predictions,
             online_variant=online_variant,
             encoding=encoding,
+            refused_ids=list(self.refused),
         )
 
 

@@ -11,11 +11,13 @@ from hypothesis import strategies as st
 from pyserini.eval.evaluate_dpr_retrieval import SimpleTokenizer, has_answers
 
 from dilstore.reader.evaluation.open_domain import (
+    QAEvaluation,
     QAQuestion,
     answer_in_text,
     evaluate_questions,
     evaluate_top_ps,
     load_questions,
+    merged_evaluation,
     recall_tokens,
     select_questions,
     write_predictions,
@@ -138,6 +140,14 @@ def test_a_refused_question_scores_zero_and_is_counted(odqa: OpenDomainReader) -
     assert evaluation.predictions["long"] == evaluation.predictions["zw"] == {"1.0": "", "0.5": ""}
     assert evaluation.recall == pytest.approx(100 / 3)
     assert list(evaluation.predictions) == [question.id for question in questions]  # refused ones came first (odqa43)
+    dotted = [QAQuestion("dot", "\u200b", (".",)), *questions[1:]]  # "." normalises to the refused one's ""
+    alone = evaluate_questions(odqa, dotted, top_p=2, mu=0.5)
+    parts = [QAEvaluation.from_record(json.loads(json.dumps(evaluate_questions(odqa, [question], top_p=2,
+                                                                                mu=0.5).to_record())))
+             for question in dotted]  # as a resumed run reads its kept parts  # fmt: skip
+    merged = merged_evaluation(parts, dotted)
+    assert alone.scores == merged.scores == {1.0: (0.0, 0.0), 0.5: (0.0, 0.0)}, "merged scored '.' EM 100 (B5)"
+    assert merged.refused == 3 and alone.refused_ids == merged.refused_ids == ["dot", "long", "zw"]
 
 
 def test_a_question_file_without_questions_is_named(tmp_path: Path) -> None:
