@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import subprocess
@@ -144,6 +145,19 @@ def test_documents_rejected_and_skipped_add_up_to_the_records_read(tiny, tmp_pat
     assert counts.documents + counts.rejected + counts.skipped == len(records)
     written = [json.loads(line) for line in rejected_path(tmp_path, 0).read_text().splitlines()]
     assert sorted(letter.get("passage", "") for letter in written) == ["", "", "p1#1", "p2#0", "p2#1"]
+
+
+def test_a_run_that_left_passages_out_says_how_many_on_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Passages left out were counted as rejected records (pipe48 F2); the run's stderr line names both counts."""
+    from dilstore.runners import cmd_precompute
+
+    summary = {"documents": 1, "rejected": 1, "rejected_passages": 3, "rejected_records": "rejected", "store": "/s"}
+    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (summary, None, None))
+    assert cmd_precompute.run_command(argparse.Namespace(json=False)) == 0
+    assert capsys.readouterr().err == ("dilstore precompute: 1 record(s) rejected and 3 passage(s) of documents left "
+                                       "out: /s/rejected/ says why, one JSON line each\n")  # fmt: skip
 
 
 @pytest.mark.parametrize(("doc_id", "refused"), [("a~1", True), ("a~12", True), ("a~0", False), ("a~", False),
