@@ -44,8 +44,14 @@ def stores_a_passage(doc: Document, strategy: str) -> bool:
 
 def _has_word_character(text: str) -> bool:
     """Whether `text` holds a character the tokenizer keeps (`stores_a_passage`)."""
-    return any(not character.isspace() and character != "\ufffd" and unicodedata.category(character)[0] != "C"
-               and unicodedata.category(character) != "Mn" for character in text)  # fmt: skip
+    return any(not character.isspace() and character != "\ufffd" and _kept_category(unicodedata.category(character))
+               for character in text)  # fmt: skip
+
+
+def _kept_category(category: str) -> bool:
+    """Whether the tokenizer keeps characters of this Unicode category: not control or format (C*), nor a
+    nonspacing mark (Mn)."""
+    return not category.startswith("C") and category != "Mn"
 
 
 def keep_first(documents: Iterable[Document], strategy: str) -> list[Document | Rejected]:

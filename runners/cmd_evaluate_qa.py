@@ -73,13 +73,12 @@ def run(args: argparse.Namespace) -> int:
         write_predictions,
     )
 
+    seed = subset_seed(args)
     if args.predictions:
         refuse_output_inside_store(args.predictions, args.store, "--predictions")
         refuse_output_inside_models(args.predictions, args.model, "--predictions")
         check_output_file(args.predictions, "--predictions", [args.questions])
         refuse_if_locked(args.predictions)  # before the model and the JVM load
-    seed = subset_seed(args)
-    if args.predictions:
         require_file(args.questions, "--questions")  # the journal checksums it: a pipe would read empty (qa48 H1)
     questions = select_questions(load_questions(args.questions), args.limit, seed)
     odqa = open_odqa_reader(args)
