@@ -107,12 +107,9 @@ if not TYPE_CHECKING:  # a checker that saw it would take every name, a misspelt
         """Load the API module (or an error's or a result's module) on first use of one of its names;
         `__version__` is the installed package's (`dilstore --version` prints it)."""
         if name == "__version__":
-            from importlib.metadata import PackageNotFoundError, version
+            from dilstore.storage.versions import dilstore_version
 
-            try:
-                return version("dilstore")
-            except PackageNotFoundError:  # the source tree on sys.path, not installed
-                return "unknown (not installed)"
+            return dilstore_version()
         if name in ERRORS or name in RESULTS:
             return getattr(importlib.import_module(ERRORS.get(name) or RESULTS[name]), name)
         if name in __all__:  # DilstoreError is bound above, so only the API's functions come here

@@ -13,7 +13,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-import dilstore
 from dilstore.runners.open_files import raise_open_file_limit
 from dilstore.runners.quiet import configure as configure_output
 from dilstore.runners.stop_signals import (
@@ -59,7 +58,9 @@ class _PrintVersion(argparse.Action):
     command's start 15-20 ms)."""
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-        print(f"dilstore {dilstore.__version__}")
+        from dilstore.storage.versions import dilstore_version
+
+        print(f"dilstore {dilstore_version()}")
         parser.exit()
 
 

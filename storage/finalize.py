@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import shutil
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from dilstore.storage.id_index import build_index, write_index
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import FileEntry, Manifest, ShardEntry, write_manifest
 from dilstore.storage.shard import ShardAttributes
+from dilstore.storage.versions import installed_version
 from dilstore.storage.zarr_reads import METADATA_ERRORS
 
 
@@ -280,14 +280,7 @@ def library_versions() -> dict[str, Any]:
     """When and with which library versions the store was finalized."""
     return {
         "finalized_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "dilstore_version": _version("dilstore"),
+        "dilstore_version": installed_version("dilstore"),
         "zarr_version": zarr.__version__,
         "numpy_version": np.__version__,
     }
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None

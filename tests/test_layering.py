@@ -4,7 +4,8 @@ Parsed from the source with `ast`, so a lazy import inside a function counts
 as much as one at the top of a module. The graphs below are ARCHITECTURE.md's
 layers written down:
 
-- layers: runners → pipelines → reader → storage, all under `dilstore.`;
+- layers: the public API (`dilstore/`: `import dilstore`, `dilstore.api`) → runners → pipelines → reader → storage,
+  all under `dilstore.`;
   storage imports no torch or Beam, reader no Beam;
 - the reader by role: text, batching, packaged, quiet_mode and retrieval at the bottom;
   modeling over them; offline and data beside it; serving over modeling and
@@ -27,7 +28,10 @@ import pytest
 
 from tests.fixtures.paths import ROOT
 
-LAYERS = ("storage", "reader", "pipelines", "runners")
+LAYERS = ("storage", "reader", "pipelines", "runners", "api")
+# The public API is the package's own folder: `dilstore/__init__.py` and `dilstore/api.py` (a checkout may link the
+# other layers into it, so only its own files count).
+API_FOLDER = "dilstore"
 # The only libraries storage/ may import besides the standard library (ARCHITECTURE.md: numpy/zarr/pyarrow), so a
 # new one is a decision and not a drift: pyarrow writes the passage tables, scipy trains codebooks, fsspec and
 # aiohttp read stores at URLs.
@@ -37,6 +41,7 @@ FORBIDDEN_THIRD_PARTY = {
     "reader": {"apache_beam"},
     "pipelines": set(),
     "runners": set(),
+    "api": set(),
 }
 # Which reader sub-packages (or top modules) each may import, besides itself.
 READER_GRAPH: dict[str, set[str]] = {
@@ -59,7 +64,8 @@ PIPELINES_MAY_USE = {"offline", "packaged", "text", "batching"}
 def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
     """Absolute module names a Python file under `root` (the dilstore namespace's folder) imports.
 
-    `from a.b import c` gives a.b and a.b.c (c may be a module: `from dilstore import runners`); a relative
+    `from a.b import c` gives a.b and a.b.c (c may be a module: `from dilstore import runners`, which gives only
+    dilstore.runners, so that the package's name alone stands for `import dilstore`, the public API); a relative
     import is resolved against the file's own package (`from ..pipelines import job` in storage/ gives
     dilstore.pipelines and dilstore.pipelines.job).
     """
@@ -72,7 +78,7 @@ def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, *(node.module.split(".") if node.module else [])])
-            names.update({module} if node.module else set())
+            names.update({module} if node.module and module != "dilstore" else set())
             names.update(f"{module}.{alias.name}" for alias in node.names)
     return names
 
@@ -83,8 +89,15 @@ def imported_top_levels(path: Path, root: Path = ROOT) -> set[str]:
 
 
 def imported_layers(path: Path, root: Path = ROOT) -> set[str]:
-    """The dilstore layers (`dilstore.storage` → storage) a file imports."""
-    return {name.split(".")[1] for name in imported_modules(path, root) if name.startswith("dilstore.")}
+    """The dilstore layers (`dilstore.storage` → storage) a file imports; `dilstore` itself, `dilstore.api` and any
+    other name under the package (`from dilstore import precompute`) are the public API, the top layer."""
+    return {layer_of(name) for name in imported_modules(path, root) if name.split(".")[0] == "dilstore"}
+
+
+def layer_of(module: str) -> str:
+    """The layer a `dilstore…` module name belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS[:-1] else "api"
 
 
 def reader_part(module: str) -> str | None:
@@ -94,12 +107,16 @@ def reader_part(module: str) -> str | None:
 
 
 def layer_files(layer: str) -> list[Path]:
+    if layer == "api":
+        return sorted((ROOT / API_FOLDER).glob("*.py"))
     return sorted((ROOT / layer).rglob("*.py"))
 
 
 def test_every_layer_is_a_package() -> None:
     for layer in LAYERS:
-        assert (ROOT / layer / "__init__.py").is_file(), f"{layer}/ is not a package"
+        folder = API_FOLDER if layer == "api" else layer
+        assert (ROOT / folder / "__init__.py").is_file(), f"{folder}/ is not a package"
+    assert {path.name for path in layer_files("api")} >= {"__init__.py", "api.py"}
 
 
 @pytest.mark.parametrize("layer", LAYERS)
@@ -257,3 +274,16 @@ def test_checker_sees_relative_imports_and_layers_imported_by_name(tmp_path: Pat
     module.write_text("from dilstore import runners\nfrom ...pipelines import job\nfrom . import sibling\n")
     assert imported_layers(module, tmp_path) == {"runners", "pipelines", "storage"}
     assert {"dilstore.pipelines.job", "dilstore.storage.codecs.sibling"} <= imported_modules(module, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "line", ["import dilstore\n", "from dilstore.api import precompute\n", "from dilstore import api\n",
+             "from dilstore import DilstoreError\n", "from ... import api\n"],
+)  # fmt: skip
+def test_checker_sees_the_public_api_as_the_top_layer(tmp_path: Path, line: str) -> None:
+    """An import of `dilstore` or `dilstore.api` from a layer was not counted at all (style49 L1): the API imports
+    the runners, so storage → dilstore.api → runners was an upward cycle nothing flagged."""
+    module = tmp_path / "storage" / "codecs" / "m.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(line)
+    assert imported_layers(module, tmp_path) == {"api"}
