@@ -16,7 +16,7 @@ from dilstore.runners.inputs import require_file
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.reading_options import add_subset_arguments, apply_threads, subset_seed
-from dilstore.runners.journal import Journal, store_build
+from dilstore.runners.journal import Journal, stopped_keeping, store_build
 from dilstore.storage.write_lock import refuse_if_locked
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
@@ -153,13 +153,10 @@ def _settings(args: argparse.Namespace, odqa: OpenDomainReader, seed: int, part_
 
 
 def _stopped(interrupt: KeyboardInterrupt, journal: Journal | None, done: int, total: int) -> StoppedBySignal:
-    """The stop, saying what was kept (a stop at 90% kept nothing and said nothing of it, longrun45 F1)."""
-    words, number = interrupt_words(interrupt), interrupt_number(interrupt)
-    if not done:
-        return StoppedBySignal(words, number)
-    if journal is None:
-        return StoppedBySignal(f"{words}; the {done:,} of {total:,} questions done are not kept (with --predictions "
-                               "FILE they are, and the same command goes on from them)", number)  # fmt: skip
-    return StoppedBySignal(f"{words}; {done:,} of {total:,} questions done are kept in {journal.path}: run the same "
-                           "command again to go on from them", number)  # fmt: skip
+    """The stop, saying what was kept, or, without --predictions, that the questions done are not."""
+    if done and journal is None:
+        return StoppedBySignal(f"{interrupt_words(interrupt)}; the {done:,} of {total:,} questions done are not kept "
+                               "(with --predictions FILE they are, and the same command goes on from them)",
+                               interrupt_number(interrupt))  # fmt: skip
+    return stopped_keeping(interrupt, journal, f"{done:,} of {total:,} questions done" if done else None)
 

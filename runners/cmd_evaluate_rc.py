@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.inputs import require_file
-from dilstore.runners.journal import Journal
+from dilstore.runners.journal import Journal, stopped_keeping
 from dilstore.storage.write_lock import refuse_if_locked
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models
@@ -22,7 +22,6 @@ from dilstore.runners.reading_options import (
     reading_settings,
     subset_seed,
 )
-from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
@@ -78,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from dilstore.reader.offline.kinds import require_within_positions
 
     seed = subset_seed(args)
-    require_file(args.data, "--data")  # read, then checksummed (the summary's data.sha256): a pipe reads empty (qa48 H1)
+    require_file(args.data, "--data")  # read, then checksummed (data.sha256): a pipe reads empty (qa48 H1)
     if args.predictions:
         refuse_output_inside_models(args.predictions, args.model, "--predictions")
         check_output_file(args.predictions, "--predictions", [args.data])
@@ -134,13 +133,9 @@ def _settings(args: argparse.Namespace, reader: DilBertReader, settings: Reading
 
 
 def _stopped(interrupt: KeyboardInterrupt, journal: Journal | None) -> StoppedBySignal:
-    """The stop, saying how many questions' answers are kept (a stop at 90% kept nothing, longrun45 F1)."""
-    words, number = interrupt_words(interrupt), interrupt_number(interrupt)
+    """The stop, saying how many questions' answers are kept."""
     kept = 0 if journal is None else sum(len(part["predictions"]) for part in journal.parts.values())
-    if not kept:
-        return StoppedBySignal(words, number)
-    return StoppedBySignal(f"{words}; the answers of {kept:,} questions are kept in {journal.path}: run the same "
-                           "command again to go on from them", number)  # fmt: skip
+    return stopped_keeping(interrupt, journal, f"the answers of {kept:,} questions" if kept else None)
 
 
 def score(args: argparse.Namespace) -> int:

@@ -13,14 +13,14 @@ from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.runners.inputs import require_file
-from dilstore.runners.journal import Journal, store_build
+from dilstore.runners.journal import Journal, stopped_keeping, store_build
 from dilstore.storage.write_lock import refuse_if_locked
 from dilstore.runners.quiet import add_verbose_argument
-from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError, StoppedBySignal, listed
 
 if TYPE_CHECKING:
+    from dilstore.reader.data.trec import Run
     from dilstore.reader.serving.rerank import RerankStats, StoreReranker
 
 # Queries a part of the journal holds: a stop loses at most one part's work (runners/journal.py).
@@ -105,22 +105,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Read topics and run, open the store and its checked ranker, rerank, write the run, print a summary."""
     apply_threads(args.threads)
-    from tqdm import tqdm
+    from dilstore.reader.serving.rerank import RerankSettings, open_reranker
 
-    from dilstore.reader.serving.rerank import (
-        DEFAULT_DEPTH,
-        RerankSettings,
-        RerankStats,
-        checked_depth,
-        open_reranker,
-        require_topics,
-    )
-    from dilstore.reader.data.trec import Run, rank_order_warning, read_ranked_run, read_topics, write_run
+    topics, first_stage, depth = _checked_inputs(args)
+    settings = RerankSettings(**{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None})
+    reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)
+    reranker.store.check_files = True  # a store rebuilt under a long run is named, not read from its deleted build
+    stats, resumed = _rerank_resumably(args, reranker, topics, first_stage, depth)
+    _report(args, reranker, stats, depth, resumed)
+    return 0
+
+
+def _checked_inputs(args: argparse.Namespace) -> tuple[dict[str, str], Run, int]:
+    """The topics, the first-stage run and the depth, once the output, the input files and the depth are checked:
+    before the ranker loads, so a mistake costs no model load."""
+    from dilstore.reader.data.trec import rank_order_warning, read_ranked_run, read_topics
+    from dilstore.reader.serving.rerank import DEFAULT_DEPTH, checked_depth, require_topics
 
     refuse_output_inside_store(args.output, args.store, "--output")
     refuse_output_inside_models(args.output, args.model, "--output")
     check_output_file(args.output, "--output", [args.topics, args.run_file])
-    refuse_if_locked(args.output)  # before the ranker loads
+    refuse_if_locked(args.output)
     for path, flag in ((args.topics, "--topics"), (args.run_file, "--run")):
         require_file(path, flag)  # read, then checksummed for the journal: a pipe read empty (review48b B1)
     depth = checked_depth(DEFAULT_DEPTH if args.depth is None else args.depth)
@@ -131,9 +136,19 @@ def run(args: argparse.Namespace) -> int:
     if (warning := rank_order_warning(args.run_file, disagreeing, len(first_stage))) is not None:
         print(f"dilstore rerank: {warning}", file=sys.stderr)
     require_topics(topics, first_stage, str(args.topics))
-    settings = RerankSettings(**{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None})
-    reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)
-    reranker.store.check_files = True  # a store rebuilt under a long run is named, not read from its deleted build
+    return topics, first_stage, depth
+
+
+def _rerank_resumably(
+    args: argparse.Namespace, reranker: StoreReranker[Any], topics: dict[str, str], first_stage: Run, depth: int
+) -> tuple[RerankStats, int]:
+    """Rerank the queries a stopped run of the same command did not, keeping parts in the journal as they are done;
+    write the whole run to --output. Returns the stats and how many queries the journal already held."""
+    from tqdm import tqdm
+
+    from dilstore.reader.data.trec import write_run
+    from dilstore.reader.serving.rerank import RerankStats
+
     with Journal(args.output, _settings(args, reranker, depth), check=_checked_part) as journal:
         kept: Run = {qid: scores for part in journal.parts.values() for qid, scores in part["run"].items()}
         done = [qid for part in journal.parts.values() for qid in part["queries"]]
@@ -152,18 +167,24 @@ def run(args: argparse.Namespace) -> int:
         whole = {qid: kept.get(qid) or reranked[qid] for qid in first_stage if qid in kept or qid in reranked}
         write_run(args.output, whole, tag=args.tag or reranker.run_tag)
         journal.remove()
+    return stats, len(done)
+
+
+def _report(args: argparse.Namespace, reranker: StoreReranker[Any], stats: RerankStats, depth: int,
+            resumed: int) -> None:  # fmt: skip
+    """The summary on stdout: one JSON object with --json, else a few lines."""
     encoding = reranker.store.fingerprint.encoding  # what the states were read from
     summary = {**stats.to_dict(), "depth": depth, "output": str(args.output), "encoding": encoding,
-               "resumed_queries": len(done)}  # fmt: skip
+               "resumed_queries": resumed}  # fmt: skip
     if args.json:
         print(json.dumps(summary))
-        return 0
+        return
     print(
         f"reranked {stats.queries} queries, {stats.pairs} pairs (depth {depth}, {encoding} store) "
         f"in {stats.seconds:.1f} s -> {args.output}"
     )
-    if done:
-        print(f"{len(done)} of them reranked by a stopped run of the same command, kept in its journal")
+    if resumed:
+        print(f"{resumed} of them reranked by a stopped run of the same command, kept in its journal")
     if stats.skipped:
         print(f"{stats.skipped} document(s) not in the store left out")
     if stats.emptied_queries:
@@ -173,7 +194,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{stats.truncated_queries} query(ies) truncated to {reranker.max_query_length} tokens")
     timings = summary["timings"]
     print("timings: " + " | ".join(f"{label} {timings[stage]:.2f} s" for stage, label in _STAGE_LABELS.items()))
-    return 0
 
 
 class _PartKeeper:
@@ -221,9 +241,5 @@ def _settings(args: argparse.Namespace, reranker: StoreReranker[Any], depth: int
 
 def _stopped(interrupt: KeyboardInterrupt, journal: Journal, total: int) -> StoppedBySignal:
     """The stop, saying how many queries' scores are kept for the same command to go on from."""
-    words, number = interrupt_words(interrupt), interrupt_number(interrupt)
     kept = sum(len(part["queries"]) for part in journal.parts.values())
-    if not kept:
-        return StoppedBySignal(words, number)
-    return StoppedBySignal(f"{words}; {kept:,} of {total:,} queries reranked are kept in {journal.path}: run "
-                           "the same command again to go on from them", number)  # fmt: skip
+    return stopped_keeping(interrupt, journal, f"{kept:,} of {total:,} queries reranked" if kept else None)

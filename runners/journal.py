@@ -23,7 +23,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
+from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.atomic_files import atomic_write_text
+from dilstore.storage.errors import StoppedBySignal
 from dilstore.storage.write_lock import write_lock
 
 if TYPE_CHECKING:
@@ -41,6 +43,17 @@ def store_build(manifest: Manifest) -> dict[str, Any]:
 def journal_path(output: Path) -> Path:
     """Where the journal of a command writing `output` lives: a hidden file beside it."""
     return output.parent / f".{output.name}.dilstore-partial"
+
+
+def stopped_keeping(interrupt: KeyboardInterrupt, journal: Journal | None, kept: str | None) -> StoppedBySignal:
+    """The stop of a run that keeps its parts: the signal's words and, when `kept` names what the journal holds
+    ("the answers of 120 questions"), where it is and that the same command goes on from it (a stop at 90% kept
+    nothing and said nothing of it, longrun45 F1)."""
+    words, number = interrupt_words(interrupt), interrupt_number(interrupt)
+    if journal is None or kept is None:
+        return StoppedBySignal(words, number)
+    return StoppedBySignal(f"{words}; {kept} are kept in {journal.path}: run the same command again to go on from "
+                           "them", number)  # fmt: skip
 
 
 class Journal:
