@@ -313,6 +313,11 @@ def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goe
     assert err == (f"dilstore evaluate-qa: interrupted; 4 of 7 questions done are kept in {journal}: run the same "
                    "command again to go on from them\n")  # fmt: skip
     kept = journal.read_bytes()
+    calls[:] = []  # without --predictions nothing is kept, and the stop says how to keep it
+    assert cli.main(["evaluate-qa", "store", "--questions", str(questions), "--question-batch", "1", "--json",
+                     "--top-p", "2"]) == 130  # fmt: skip
+    assert capsys.readouterr().err == ("dilstore evaluate-qa: interrupted; the 4 of 7 questions done are not kept "
+                                       "(with --predictions FILE they are, and the same command goes on from them)\n")
     stop_at, calls[:] = 1, []  # a run of other settings, stopped before its first part: the kept parts stay
     assert evaluate(tmp_path / "stopped.json", "--limit", "5")[0] == 130 and journal.read_bytes() == kept
     stop_at, calls[:] = 0, []
