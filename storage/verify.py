@@ -311,6 +311,18 @@ def _check_files(
     shard folders reported missing, cut, changed or unreadable.
     """
     present = store_files(location, manifest)
+    special, damaged, to_hash = _check_presence(location, manifest, present, report)
+    damaged |= _check_hashes(location, manifest, present, to_hash, report, progress)
+    _check_untracked(manifest, present, report)
+    return special, damaged
+
+
+def _check_presence(
+    location: StoreLocation, manifest: Manifest, present: dict[str, int], report: VerifyReport
+) -> tuple[set[str], set[str], list[str]]:
+    """Shard folders, special files and sizes: returns the manifest's special files, the files and shard folders
+    missing or cut, and the files of their recorded size, left to hash. A file of a missing shard folder is not
+    named again on its own."""
     missing_shards = [
         shard.directory for shard in manifest.shards if location.lists_files and not location.is_dir(shard.directory)
     ]
@@ -331,6 +343,16 @@ def _check_files(
         damaged.add(path)
         if path in present or not any(path.startswith(shard_dir + "/") for shard_dir in missing_shards):
             report.problems.append(problem)
+    return special, damaged, to_hash
+
+
+def _check_hashes(
+    location: StoreLocation, manifest: Manifest, present: dict[str, int], to_hash: list[str], report: VerifyReport,
+    progress: VerifyProgress,
+) -> set[str]:
+    """Each file's SHA-256 against the manifest's, with progress by bytes: returns the files gone, unreadable or
+    changed since finalize."""
+    damaged = set()
     progress.phase("checksums", sum(present[path] for path in to_hash), "B")
     hashed = location.sha256_many(to_hash, on_file=lambda path: progress.advance(present[path]))
     for path, digest in hashed.items():
@@ -345,6 +367,12 @@ def _check_files(
             report.bytes_checked += present[path]
             continue
         damaged.add(path)
+    return damaged
+
+
+def _check_untracked(manifest: Manifest, present: dict[str, int], report: VerifyReport) -> None:
+    """Files the manifest does not list: a problem inside the store's data folders, else untracked (a user's notes,
+    a leftover of a stopped command)."""
     # An id index that an append replaced (index/, or an earlier append's appends/G/index/; manifest.index names the
     # new one) is a leftover a kill between the commit and the cleanup leaves, which readers never open and the next
     # append or re-run removes: untracked.
@@ -360,7 +388,6 @@ def _check_files(
             report.problems.append(f"{path}: inside the store's data but not in the manifest")
         else:
             report.untracked.append(path)
-    return special, damaged
 
 
 def size_problems(location: StoreLocation, manifest: Manifest) -> list[str]:
