@@ -297,16 +297,7 @@ class ShardReader:
             raise StoreFormatError(f"{where} decodes with its store's codebook/, and none was given")
         held = self._codebook_held(group, store_codebook if from_store else None)
         per_shard, per_token, orphans = self._state_arrays(held, from_store)
-        whole_names = [ID_BYTES, ID_OFFSETS, TITLE_BYTES, TITLE_OFFSETS, TEXT_OFFSETS, TOKEN_OFFSETS,
-                       *(states_array(name) for name in per_shard),
-                       *([VECTORS] if self.attributes.vector_size is not None else [])]  # fmt: skip
-        arrays = _open_arrays(group, [*whole_names, TEXT_BYTES, TOKEN_IDS, CHAR_SPANS,
-                                      *(states_array(name) for name in [*per_token, *orphans])], where)  # fmt: skip
-        self._refuse_codes_the_codebook_cannot_decode({name: arrays.pop(states_array(name)) for name in orphans})
-        self._refuse_other_arrays(arrays, per_shard, per_token)
-        columns = {name: _column(array, name, location, relative, read_path) for name, array in arrays.items()}
-        ranged = [column for column in columns.values() if isinstance(column, RangedColumn)]
-        whole = dict(zip(whole_names, read_whole([columns[name] for name in whole_names], ranged), strict=True))
+        columns, whole = self._open_columns(group, location, relative, read_path, per_shard, per_token, orphans)
         self.id_bytes, self.id_offsets = whole[ID_BYTES], whole[ID_OFFSETS]
         self.title_bytes, self.title_offsets = whole[TITLE_BYTES], whole[TITLE_OFFSETS]
         self.text_offsets, self.token_offsets = whole[TEXT_OFFSETS], whole[TOKEN_OFFSETS]
@@ -328,6 +319,25 @@ class ShardReader:
         if metadata is not None:
             self.watched_files.append(metadata)
         self._check_offsets({name: column.rows for name, column in columns.items()})
+
+    def _open_columns(
+        self, group: zarr.Group, location: StoreLocation, relative: str, read_path: ReadPath,
+        per_shard: Sequence[str], per_token: Sequence[str], orphans: Sequence[str],
+    ) -> tuple[dict[str, Column], dict[str, np.ndarray]]:
+        """Every array of the shard opened as a column once its dtype and shape are checked, and the small ones
+        (ids, titles' and texts' offsets, per-shard states, vectors) read whole, by coalesced ranges on a remote
+        store. `orphans` are codes whose decoding table is missing: refused here with the reason."""
+        whole_names = [ID_BYTES, ID_OFFSETS, TITLE_BYTES, TITLE_OFFSETS, TEXT_OFFSETS, TOKEN_OFFSETS,
+                       *(states_array(name) for name in per_shard),
+                       *([VECTORS] if self.attributes.vector_size is not None else [])]  # fmt: skip
+        streamed = [TEXT_BYTES, TOKEN_IDS, CHAR_SPANS, *(states_array(name) for name in [*per_token, *orphans])]
+        arrays = _open_arrays(group, [*whole_names, *streamed], self.where)
+        self._refuse_codes_the_codebook_cannot_decode({name: arrays.pop(states_array(name)) for name in orphans})
+        self._refuse_other_arrays(arrays, per_shard, per_token)
+        columns = {name: _column(array, name, location, relative, read_path) for name, array in arrays.items()}
+        ranged = [column for column in columns.values() if isinstance(column, RangedColumn)]
+        whole = dict(zip(whole_names, read_whole([columns[name] for name in whole_names], ranged), strict=True))
+        return columns, whole
 
     def _refuse_other_arrays(self, arrays: Mapping[str, zarr.Array | None], per_shard: Sequence[str],
                              per_token: Sequence[str]) -> None:  # fmt: skip
