@@ -37,6 +37,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from dilstore.storage.durability import fsync_dir
+from dilstore.storage.file_errors import naming
 from dilstore.storage.format import TMP_PREFIX
 
 _NEW_FILE_MODE = 0o666  # what open() asks for; the umask takes bits away
@@ -59,17 +60,20 @@ def atomic_write_bytes(path: Path, data: bytes, *, named_by_user: bool = False) 
         raise FileNotFoundError(errno.ENOENT, "no such folder", str(path.parent))
     else:
         remove_dead_writers_temporaries(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{_temporary_stem(path)}{_writer()}.", suffix=".tmp")
+    with naming(path):  # a full disk fails the write or the fsync, which name no file
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{_temporary_stem(path)}{_writer()}.",
+                                             suffix=".tmp")  # fmt: skip
     try:
         with contextlib.suppress(OSError):  # a filesystem without locks: the cleanup, unable to lock, deletes nothing
             fcntl.flock(handle, fcntl.LOCK_EX)  # held until the rename: a live write's temporary is not taken as dead
-        os.fchmod(handle, _NEW_FILE_MODE & ~process_umask())
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-            os.replace(temporary, path)
-        fsync_dir(path.parent)
+        with naming(path):
+            os.fchmod(handle, _NEW_FILE_MODE & ~process_umask())
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(data)
+                stream.flush()
+                os.fsync(stream.fileno())
+                os.replace(temporary, path)
+            fsync_dir(path.parent)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dilstore.storage.passage_files import JSONL_DIR, PassageRow, jsonl_path
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.file_errors import naming
 from dilstore.storage.format import MANIFEST_FILE, append_dir
 from dilstore.storage.manifest import ShardEntry
 from dilstore.storage.reader import open_store
@@ -54,7 +55,8 @@ def write_live_collection(store: Path, target: Path) -> int:
     target.mkdir(parents=True, exist_ok=True)
     parts = 0
     for source, kept in _live_parts(store):
-        (target / source.name).write_text("".join(kept), encoding="utf-8")
+        with naming(target / source.name):  # $TMPDIR's disk, full, was not named (full49 F4)
+            (target / source.name).write_text("".join(kept), encoding="utf-8")
         parts += 1
     return parts
 

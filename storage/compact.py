@@ -30,6 +30,7 @@ from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codeboo
 from dilstore.storage.collection import collection_jsonl
 from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.file_errors import naming
 from dilstore.storage.finalize import finalize
 from dilstore.storage.format import MANIFEST_FILE, SHARDS_DIR, StoreFormatError, append_dir
 from dilstore.storage.manifest import Manifest, ShardEntry
@@ -135,25 +136,26 @@ def compact_store(
     manifest = store.manifest
     sources, dropped, tables = _live_rows(store, root, route)
     codebook = _store_codebook(root, manifest) if manifest.state_shape is not None else None  # None: no passages
-    if codebook is not None:
-        write_codebook(target / CODEBOOK_DIR, manifest.encoding, codebook, manifest.state_shape or (),
-                       generation=generation, fingerprint=manifest.fingerprint)  # fmt: skip
-    for shard in sorted(set().union(*(np.unique(source.targets).tolist() for source in sources))):
-        placed = sorted((row for source in sources for row in source.going_to(shard)),
-                        key=lambda row: row.id)  # as precompute orders a shard  # fmt: skip
-        passages = _read_encoded(store, placed)
-        if tables:
-            _write_tables(target, shard, placed, passages)
-        write_encoded_shard(target, shard, passages, kind=manifest.kind, encoding=manifest.encoding,
-                            state_shape=manifest.state_shape or (), compressor=manifest.compressor,
-                            codebook=codebook, generation=generation, fingerprint=manifest.fingerprint)  # fmt: skip
-        if progress is not None:
-            progress(len(passages))
-    (target / REJECTED_DIR).mkdir(exist_ok=True)  # in every finished store, if empty
-    _copy_rejected(root, manifest, target)
-    compacted = {"compacted_from": {"generation": manifest.generation, "creation": manifest.creation,
-                                    "appends": list(manifest.appends), "dropped_rows": dropped}}  # fmt: skip
-    new = finalize(target, manifest.fingerprint, {**compacted, **(creation_info or {})}, generation=generation)
+    with naming(target):  # zarr's writes name no file: a full disk is the target's (full49 F4)
+        if codebook is not None:
+            write_codebook(target / CODEBOOK_DIR, manifest.encoding, codebook, manifest.state_shape or (),
+                           generation=generation, fingerprint=manifest.fingerprint)  # fmt: skip
+        for shard in sorted(set().union(*(np.unique(source.targets).tolist() for source in sources))):
+            placed = sorted((row for source in sources for row in source.going_to(shard)),
+                            key=lambda row: row.id)  # as precompute orders a shard  # fmt: skip
+            passages = _read_encoded(store, placed)
+            if tables:
+                _write_tables(target, shard, placed, passages)
+            write_encoded_shard(target, shard, passages, kind=manifest.kind, encoding=manifest.encoding,
+                                state_shape=manifest.state_shape or (), compressor=manifest.compressor,
+                                codebook=codebook, generation=generation, fingerprint=manifest.fingerprint)  # fmt: skip
+            if progress is not None:
+                progress(len(passages))
+        (target / REJECTED_DIR).mkdir(exist_ok=True)  # in every finished store, if empty
+        _copy_rejected(root, manifest, target)
+        compacted = {"compacted_from": {"generation": manifest.generation, "creation": manifest.creation,
+                                        "appends": list(manifest.appends), "dropped_rows": dropped}}  # fmt: skip
+        new = finalize(target, manifest.fingerprint, {**compacted, **(creation_info or {})}, generation=generation)
     return Compaction(new, len(manifest.shards), len(manifest.appends), dropped)
 
 

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.file_errors import naming
 
 WRITE_ROLE = "dilstore"
 INDEX_ROLE = "dilstore-index"
@@ -56,8 +57,9 @@ def write_lock(folder: Path, role: str = WRITE_ROLE, doing: str = "written") -> 
     made = [ancestor for ancestor in (path.parent, *path.parent.parents) if not ancestor.exists()]
     descriptor = _locked(path, Path(folder), role, doing)
     try:
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+        with naming(path):  # a full disk fails the pid's write, which names no file
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
         yield path
     finally:
         with contextlib.suppress(OSError):  # removed while held, so that no writer takes a lock on a removed file

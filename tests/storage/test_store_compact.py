@@ -8,6 +8,8 @@ and refuse stores whose codes cannot move between shards unchanged.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 from pathlib import Path
 
 import numpy as np
@@ -258,3 +260,17 @@ def test_a_manifest_that_could_not_be_read_once_is_looked_at_again(tmp_path: Pat
     with pytest.raises(StoreChangedError, match="was rebuilt"):
         reader.fetch(["a2"])
     reader.close()
+
+
+def test_a_full_disk_while_compacting_names_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """zarr's writes name no file: "No space left on device" alone did not say which disk filled (full49 F4)."""
+    from dilstore.storage import compact as compact_module
+
+    def full_disk(*_: object, **__: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    source = appended_store(tmp_path / "source", [records(["a"], 1)], records(["b"], 2), encoding="fp32")
+    monkeypatch.setattr(compact_module, "write_encoded_shard", full_disk)
+    with pytest.raises(OSError) as raised:
+        compact(source, tmp_path / "compacted", 1)
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(tmp_path / "compacted"))

@@ -1,0 +1,64 @@
+"""A full disk's errors name the file: a failed write, fsync or truncate carries no name (full49 F4)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from dilstore.storage import atomic_files, collection
+from dilstore.storage import write_lock as write_lock_module
+from dilstore.storage.atomic_files import atomic_write_bytes
+from dilstore.storage.file_errors import naming
+from dilstore.storage.write_lock import write_lock
+
+
+def full_disk(*_: object, **__: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_an_error_without_a_name_is_raised_again_naming_the_path(tmp_path: Path) -> None:
+    with pytest.raises(OSError) as raised, naming(tmp_path / "out.json"):
+        full_disk()
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(tmp_path / "out.json"))
+    assert str(raised.value) == f"[Errno {errno.ENOSPC}] No space left on device: '{tmp_path / 'out.json'}'"
+    assert isinstance(raised.value.__cause__, OSError)
+
+
+def test_an_error_that_names_its_file_passes_unchanged(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as raised, naming(tmp_path / "other"):
+        (tmp_path / "absent").read_bytes()
+    assert raised.value.filename == str(tmp_path / "absent")
+
+
+@pytest.mark.parametrize("call", ["fchmod", "fsync"])
+def test_an_atomic_write_on_a_full_disk_names_the_file_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    target = tmp_path / "predictions.json"
+    target.write_bytes(b"old")
+    monkeypatch.setattr(atomic_files.os, call, full_disk)  # the first and the last call on the open temporary
+    with pytest.raises(OSError) as raised:
+        atomic_write_bytes(target, b"new", named_by_user=True)
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(target))
+    assert [entry.name for entry in tmp_path.iterdir()] == ["predictions.json"] and target.read_bytes() == b"old"
+
+
+def test_a_lock_that_cannot_record_its_pid_names_the_lock_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(write_lock_module.os, "pwrite", full_disk)
+    with pytest.raises(OSError) as raised, write_lock(tmp_path / "out"):
+        pass
+    assert raised.value.filename == str(write_lock_module.lock_path(tmp_path / "out", write_lock_module.WRITE_ROLE))
+
+
+def test_the_scratch_collection_on_a_full_disk_names_its_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dilstore index` copies the live collection into $TMPDIR: a full $TMPDIR was "No space left on device" alone,
+    while the store's own disk had room."""
+    monkeypatch.setattr(collection, "_live_parts", lambda store: iter([(store / "part-00000.jsonl", ["{}\n"])]))
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "write_text", full_disk)
+        with pytest.raises(OSError) as raised:
+            collection.write_live_collection(tmp_path / "store", tmp_path / "scratch")
+    assert raised.value.filename == str(tmp_path / "scratch" / "part-00000.jsonl")
