@@ -25,8 +25,9 @@ checked every WATCH_SECONDS and at each /health: one whose manifest or BM25
 index changed (an append, a compaction, a rebuild) is opened again as at
 start-up and served from its next batch on (runners/serve_reopen.py), which
 also ends its unavailability. A read of a remote store that
-fails in transit (StoreReadError: a server error, a timeout) gets 502 for
-that request only; the store stays served.
+fails in transit (StoreReadError: a server error, a timeout), or a local
+disk's I/O error on the manifest, gets 502 for that request only; the store
+stays served.
 """
 
 from __future__ import annotations
@@ -293,6 +294,9 @@ class StoreRouter:
         service = store.latest
         try:
             service.store.check_unchanged()
+        except StoreReadError as error:  # the disk failed a look, which may work next time: served as it was
+            logger.warning("checking store %r failed: %s", store.name, scrubbed(str(error)))
+            return
         except StoreFormatError as error:
             if reopener is not None and not attempted and reopener.due(True):  # a store at a URL rebuilt on its server
                 failure = self.reopen(store, reopener)

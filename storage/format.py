@@ -93,7 +93,8 @@ class StoreChangedError(StoreFormatError):
 
 
 class StoreReadError(DilstoreError):
-    """Reading a remote store's file failed in transit (a server error, a cut body, a timeout).
+    """Reading a remote store's file failed in transit (a server error, a cut body, a timeout), or a local store's
+    disk failed a look at its manifest (an I/O error).
 
     Not a StoreFormatError: the store may be whole, and the same read may
     work a moment later, so a long-running reader keeps serving it.

@@ -39,6 +39,7 @@ from dilstore.storage.format import (
     MANIFEST_FILE,
     StoreChangedError,
     StoreFormatError,
+    StoreReadError,
 )
 from dilstore.storage.id_index import IdIndex, Superseded, header_matches, id_hashes, read_superseded
 from dilstore.storage.location import StoreLocation
@@ -275,10 +276,17 @@ class Store:
         `readers` as they were found; else a StoreChangedError.
 
         A store moved or deleted reads on from the files it has mapped, but a shard it has not opened yet cannot be
-        opened: a server answered some requests and failed others, and its /health stayed 200.
+        opened: a server answered some requests and failed others, and its /health stayed 200. A manifest that
+        cannot be looked at (an I/O error) is a StoreReadError: a server's request got a 500 and its /health a
+        plain-text one (full49 F2).
         """
         manifest = root / MANIFEST_FILE
-        if not manifest.exists():
+        try:
+            gone = not manifest.exists()
+        except OSError as error:  # an I/O error of the disk, not a change: the same look may work a moment later
+            raise StoreReadError(f"checking {manifest} failed: {type(error).__name__}: {error.strerror or error}; "
+                                 "try again") from None  # fmt: skip
+        if gone:
             raise StoreChangedError(f"{manifest} is gone: the store was moved or deleted under this reader; open it "
                                     "where it is now")  # fmt: skip
         check_unchanged(self._index_files)

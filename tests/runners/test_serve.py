@@ -14,6 +14,7 @@ passage the store lacks, a failure inside the reading call.
 from __future__ import annotations
 
 import asyncio
+import errno
 import gzip
 import io
 import json
@@ -353,6 +354,35 @@ def test_health_finds_a_store_moved_away_under_the_server(tiny: dict[str, Any], 
         health = client.get("/health")
         assert health.status_code == 503 and "the store was moved or deleted" in health.json()["problems"]["qa"]
         assert client.post("/ask", json={"question": QUESTIONS[0]}).status_code == 503
+
+
+def test_an_io_error_on_the_manifest_is_a_502_health_stays_up_and_the_server_recovers(
+    tiny: dict[str, Any], tmp_path: Path, caplog
+) -> None:
+    """An I/O error looking at the manifest (a failing disk) gave /ask an "internal error" 500 and /health a
+    plain-text 500 with a traceback in the log (full49 F2): it is a failed read, which may work a moment later."""
+    shutil.copytree(tiny["qa"], tmp_path / "qa")
+    odqa = OpenDomainReader(tiny["model"], open_store(tmp_path / "qa"), OverlapSearcher(tiny["texts"]), OdqaSettings())
+    odqa.store.check_files = True  # as `dilstore serve` opens it
+    manifest, real_exists = tmp_path / "qa" / "manifest.json", Path.exists
+
+    def failing(path: Path, *args: Any, **kwargs: Any) -> bool:
+        if path == manifest:
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+        return real_exists(path, *args, **kwargs)
+
+    with running(make_stores(tiny, odqa), max_wait=0.0) as (client, _):
+        assert client.post("/ask", json={"question": QUESTIONS[0]}).status_code == 200
+        with pytest.MonkeyPatch.context() as patched, caplog.at_level("WARNING", logger="dilstore.serve"):
+            patched.setattr(Path, "exists", failing)
+            failed = client.post("/ask", json={"question": QUESTIONS[0]})
+            health = client.get("/health")
+        assert failed.status_code == 502, failed.text
+        assert failed.json()["detail"] == (f"reading store 'qa' failed: checking {manifest} failed: OSError: "
+                                           "Input/output error; try again")  # fmt: skip
+        assert health.status_code == 200 and health.json()["status"] == "ok", health.text
+        assert any(f"checking store 'qa' failed: checking {manifest}" in r.getMessage() for r in caplog.records)
+        assert client.post("/ask", json={"question": QUESTIONS[0]}).status_code == 200
 
 
 def test_a_full_queue_gets_503_with_retry_after_and_the_server_recovers(tiny: dict[str, Any]) -> None:
