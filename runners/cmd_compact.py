@@ -171,9 +171,9 @@ def _check_room(target: Path, needed: int) -> None:
     """A DilstoreError when the disk `target` goes on has less free space than the compacted store needs."""
     free = shutil.disk_usage(next(folder for folder in (target, *target.parents) if folder.is_dir())).free
     if free < needed:
-        raise DilstoreError(f"compacting needs about {needed / 1e6:,.1f} MB free for the compacted copy at {target} "
-                            f"(the store's live rows), and its disk has {free / 1e6:,.1f} MB: free space, or give "
-                            "--output on another disk")  # fmt: skip
+        raise DilstoreError(f"compacting needs about {needed / 1e6:,.2f} MB free for the compacted copy at {target} "
+                            f"(the store's live rows), and its disk has {free / 1e6:,.2f} MB "
+                            f"({(needed - free) / 1e6:,.2f} MB short): free space, or give --output on another disk")
 
 
 def _local_store(argument: str, *, in_place: bool) -> Path:

@@ -309,6 +309,9 @@ def pipeline_failure(error: BaseException, options: PipelineOptions, store: str 
     if f"[Errno {errno.ENOSPC}]" in line:
         return (f"{line}: free space on the disk of {store} (or of $TMPDIR), then run the same command again (the "
                 "shards it finished are kept)")  # fmt: skip
+    if f"[Errno {errno.EIO}]" in line:  # a failing disk, or one that failed once: the commit may have happened
+        return (f"{line}: check the disk of {store}, then run the same command again (it goes on from the shards "
+                "it finished, or says the store is complete)")  # fmt: skip
     return line
 
 

@@ -9,6 +9,8 @@ portable Runner API (which is what gets submitted to a service).
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import shutil
 import subprocess
 import sys
@@ -241,6 +243,11 @@ def test_a_job_server_that_never_answers_is_named_with_the_options_that_bound_th
         "no job server answered at localhost:1 within 10 s (--job_endpoint, --job_server_timeout)"
     )
     assert pipeline_failure(RuntimeError("a\nValueError: bad row\nlater"), options) == "ValueError: bad row"
+    failing_disk = OSError(errno.EIO, os.strerror(errno.EIO))  # an fsync after the commit: the store may be whole
+    assert pipeline_failure(failing_disk, options, "/s") == (
+        "[Errno 5] Input/output error: check the disk of /s, then run the same command again (it goes on from the "
+        "shards it finished, or says the store is complete)"
+    )  # full49 F6
 
 
 @pytest.mark.parametrize(
