@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from dilstore.runners.collector import thaw
 from dilstore.runners.open_files import raise_open_file_limit
 from dilstore.runners.quiet import configure as configure_output
 from dilstore.runners.stop_signals import (
@@ -162,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UnicodeError as error:
         print(f"dilstore {args.command}: error: text that is not valid UTF-8: {error}", file=sys.stderr)
         return 2
+    finally:
+        thaw()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import sys
 import unicodedata
 from typing import TYPE_CHECKING, TextIO
 
+from dilstore.runners.collector import loading_for_good
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.quiet import add_verbose_argument
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         raise DilstoreError("the question is empty")
     if args.question is None and sys.stdin is None:  # started with stdin closed (`<&-`): nothing to read questions from
         raise DilstoreError("no question given and standard input is closed: give a QUESTION or questions on stdin")
-    odqa = open_odqa_reader(args)
+    with loading_for_good():
+        odqa = open_odqa_reader(args)
     if args.question is not None:
         print_answer(odqa.answer(args.question), args.json, sys.stdout, odqa.read_with)
         return 0

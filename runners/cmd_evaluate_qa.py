@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dilstore.runners.collector import loading_for_good
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.inputs import require_file
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         refuse_if_locked(args.predictions)  # before the model and the JVM load
         require_file(args.questions, "--questions")  # the journal checksums it: a pipe would read empty (qa48 H1)
     questions = select_questions(load_questions(args.questions), args.limit, seed)
-    odqa = open_odqa_reader(args)
+    with loading_for_good():
+        odqa = open_odqa_reader(args)
     size = args.question_batch * math.ceil(PART_QUESTIONS / args.question_batch)
     parts = [questions[first : first + size] for first in range(0, len(questions), size)]
     journaled = (Journal(args.predictions, _settings(args, odqa, seed, size), check=QAEvaluation.from_record)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.arg_types import integer_at_least, positive_int
+from dilstore.runners.collector import loading_for_good
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.runners.inputs import require_file
@@ -109,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
     topics, first_stage, depth = _checked_inputs(args)
     settings = RerankSettings(**{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None})
-    reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)
+    with loading_for_good():
+        reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)
     reranker.store.check_files = True  # a store rebuilt under a long run is named, not read from its deleted build
     stats, resumed = _rerank_resumably(args, reranker, topics, first_stage, depth)
     _report(args, reranker, stats, depth, resumed)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.arg_types import positive_int
+from dilstore.runners.collector import loading_for_good
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.runners.serve_batching import (
     DEFAULT_MAX_BATCH_PAIRS,
@@ -38,6 +39,7 @@ from dilstore.storage.errors import DilstoreError
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     import uvicorn
 
+    from dilstore.runners.serve_server import StopServer
     from dilstore.runners.serve_services import ServedStore, Service
 
 DILBERT = "dilbert"  # the kind of store /ask reads; every other kind is reranked
@@ -144,6 +146,18 @@ def run(args: argparse.Namespace) -> int:
 
 def serve_on(listeners: list[socket.socket], args: argparse.Namespace, settings: ServeSettings) -> int:
     """Open the stores and serve them on `listeners` until a stop signal (see `run`)."""
+    with loading_for_good():
+        server = _opened_server(args, settings)
+    from dilstore.runners.serve_server import cancelled_requests_unlogged, shutdown_timeout_reworded
+
+    with signals_end_cleanly(), hangup_stops(server), cancelled_requests_unlogged(), \
+            shutdown_timeout_reworded(args.shutdown_timeout):  # fmt: skip
+        server.run(sockets=listeners)
+    return 0
+
+
+def _opened_server(args: argparse.Namespace, settings: ServeSettings) -> StopServer:
+    """The stores opened, each with its model and index, and the server that will serve them, not started yet."""
     apply_threads(args.threads)
     named = [parse_store_argument(argument) for argument in args.stores]
     names = [name for name, _ in named]
@@ -166,7 +180,7 @@ def serve_on(listeners: list[socket.socket], args: argparse.Namespace, settings:
 
     from dilstore.runners.serve_app import create_app
     from dilstore.runners.serve_protocol import serve_protocol
-    from dilstore.runners.serve_server import StopServer, cancelled_requests_unlogged, shutdown_timeout_reworded
+    from dilstore.runners.serve_server import StopServer
 
     app = create_app(served, settings)
     config = uvicorn.Config(
@@ -175,11 +189,7 @@ def serve_on(listeners: list[socket.socket], args: argparse.Namespace, settings:
         use_colors=log_colors(os.environ),
     )
     log_as_uvicorn_does()
-    server = StopServer(config)
-    with signals_end_cleanly(), hangup_stops(server), cancelled_requests_unlogged(), \
-            shutdown_timeout_reworded(args.shutdown_timeout):  # fmt: skip
-        server.run(sockets=listeners)
-    return 0
+    return StopServer(config)
 
 
 def log_as_uvicorn_does() -> None:
