@@ -49,7 +49,8 @@ from dilstore.storage.format import (
 )
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.writer import build_attributes
-from dilstore.storage.zarr_reads import METADATA_ERRORS, describe
+from dilstore.storage.read_failures import describe
+from dilstore.storage.zarr_reads import METADATA_ERRORS
 
 __all__ = ["CODEBOOK_DIR", "codebook_build", "codebook_digest", "load_store_codebook", "read_codebook",
            "store_codebook_problems", "write_codebook"]

@@ -16,18 +16,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import fsspec
-import zarr
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
-from zarr.abc.store import Store as ZarrStore
-from zarr.storage import FsspecStore, LocalStore
 
 from dilstore.storage.errors import URL_PASSWORD, DilstoreError, remember_secrets
-from dilstore.storage.zarr_reads import READ_TIMEOUT_ENV, RequiredChunksStore, describe
+from dilstore.storage.read_failures import READ_TIMEOUT_ENV, describe
+
+if TYPE_CHECKING:  # zarr is imported when a store's arrays are read: reading a manifest (`info`) needs none of it
+    import zarr
+    from zarr.abc.store import Store as ZarrStore
 
 _READ_BLOCK = 8 << 20
 _HASH_THREADS = 4
@@ -218,6 +219,10 @@ class StoreLocation:
     def zarr_store(self) -> ZarrStore:
         """A read-only zarr-python store at the root (made once per location), on which a missing array file or a
         failed remote read is an error naming the file (storage/zarr_reads.py)."""
+        from zarr.storage import FsspecStore, LocalStore
+
+        from dilstore.storage.zarr_reads import RequiredChunksStore
+
         local = self.local_root
         if local is not None:
             store: ZarrStore = LocalStore(local, read_only=True)
@@ -227,6 +232,8 @@ class StoreLocation:
 
     def open_group(self, relative: str) -> zarr.Group:
         """Open the Zarr v3 group at `relative` read-only with zarr-python."""
+        import zarr
+
         return zarr.open_group(store=self.zarr_store, path=relative, mode="r", zarr_format=3)
 
 

@@ -47,7 +47,7 @@ from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
 from zarr.codecs.bytes import Endian
 
 from dilstore.storage.format import StoreChangedError, StoreFormatError
-from dilstore.storage.zarr_reads import read_failure
+from dilstore.storage.read_failures import read_failure
 
 if TYPE_CHECKING:
     from dilstore.storage.manifest import Manifest

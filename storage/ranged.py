@@ -24,7 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from dilstore.storage.format import StoreFormatError
 from dilstore.storage.mapped import ContiguousLayout
-from dilstore.storage.zarr_reads import read_failure, refuse_special_file, retry_delay, worth_retrying
+from dilstore.storage.read_failures import read_failure, refuse_special_file, retry_delay, worth_retrying
 
 # Byte ranges of one file closer than this are read as one block. A round trip to object storage costs
 # tens of milliseconds, in which 256 KiB transfer many times over; the cap bounds what a fetch reads

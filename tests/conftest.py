@@ -73,7 +73,7 @@ def signal_handlers_left_as_found() -> Iterator[None]:
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Failed remote reads retried as in use, without the real waits (1.5 s a failed read, about 16 s of the suite
     in the files that fail reads on purpose); tests/storage/test_zarr_reads.py proves the waits themselves."""
-    monkeypatch.setattr("dilstore.storage.zarr_reads.RETRY_SECONDS", 0.01)
+    monkeypatch.setattr("dilstore.storage.read_failures.RETRY_SECONDS", 0.01)
 
 
 @pytest.fixture(scope="module")

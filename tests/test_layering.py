@@ -150,6 +150,18 @@ def test_reading_a_store_imports_no_scipy() -> None:
     assert done.stdout.strip() == "False"
 
 
+def test_describing_a_store_imports_no_zarr(tmp_path: Path) -> None:
+    """`dilstore info` reads the manifest only; importing zarr for it was a third of its time (perf49 F4)."""
+    from tests.fixtures.store_fixtures import build_store, random_shards
+
+    store = build_store(tmp_path / "store", random_shards([2, 1]))
+    code = ("import sys; from dilstore.runners import cli; status = cli.main(['info', sys.argv[1], '--json']); "
+            "print(status, 'zarr' in sys.modules)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(store)], capture_output=True, text=True, check=True,
+                          cwd=ROOT)  # fmt: skip
+    assert done.stdout.splitlines()[-1] == "0 False", done.stdout + done.stderr
+
+
 def test_every_reader_part_is_in_the_graph() -> None:
     parts = {path.stem if path.is_file() else path.name for path in (ROOT / "reader").iterdir()}
     parts = {part for part in parts if not part.startswith("__") and part != "models"}

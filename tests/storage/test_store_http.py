@@ -499,7 +499,7 @@ def test_a_manifest_longer_than_any_store_s_is_refused_unread(
     """A 3 GB file in the manifest's place took 6.3 GB of memory to be refused as not JSON, and an endless HTTP body
     grew until the memory ran out, which read as "try again" (hostile47 F7). At most MAX_MANIFEST_BYTES are read."""
     from dilstore.storage import manifest
-    from dilstore.storage.zarr_reads import read_failure
+    from dilstore.storage.read_failures import read_failure
 
     monkeypatch.setattr(manifest, "MAX_MANIFEST_BYTES", 100)  # the stores' manifests are kilobytes
     with pytest.raises(StoreFormatError, match=r"manifest.json is longer than 100 bytes, more than any store's"):

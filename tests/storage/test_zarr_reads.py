@@ -1,4 +1,5 @@
-"""How a failed read of a store file is reported (storage/zarr_reads.py): damage or a failure in transit, by name."""
+"""How a failed read of a store file is reported (storage/read_failures.py, storage/zarr_reads.py): damage or a
+failure in transit, by name."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fsspec.exceptions import FSTimeoutError
 
 from dilstore.storage import ranged
 from dilstore.storage.format import StoreFormatError, StoreReadError
-from dilstore.storage.zarr_reads import MESSAGE_WIDTH, READ_ATTEMPTS, describe, is_transient, read_failure, retry_delay
+from dilstore.storage.read_failures import MESSAGE_WIDTH, READ_ATTEMPTS, describe, is_transient, read_failure, retry_delay
 
 
 class RangeNotSatisfiable(Exception):
