@@ -31,6 +31,7 @@ everything else is here, so both run the same way:
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import platform
@@ -47,6 +48,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
@@ -68,6 +70,7 @@ from dilstore.reader.training.state import (
     verify_checkpoint,
 )
 from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
+from dilstore.storage.durability import remove_path
 from dilstore.storage.errors import DilstoreError, StoppedBySignal, require_at_least_one
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -80,6 +83,8 @@ _MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes", "keep_che
                                    "chunk_windows", "compile", "teacher", "shared_norm"})
 # numpy's seeding (seed_everything) takes seeds from 0 to this; it raised a ValueError on others mid-start.
 MAX_SEED = 2**32 - 1
+# What a save that could not write raises: safetensors' own error is no OSError (its message carries the OS's).
+SAVE_ERRORS = (OSError, SafetensorError)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -544,8 +549,11 @@ def run_training_loop(
         model.eval()
         # Still under the stop handlers: a SIGTERM here ended the process mid-save, leaving a final model without
         # its record, which a re-run took for a base model and --resume for no run at all.
-        save(output_dir, position, outcome.final_loss)
-        give_new_file_modes(output_dir)
+        try:
+            save(output_dir, position, outcome.final_loss)
+            give_new_file_modes(output_dir)
+        except SAVE_ERRORS as error:
+            raise save_failed(f"the model to {output_dir}", error, output_dir) from None
     if stop.signal_number is not None:
         signal.raise_signal(stop.signal_number)  # asked during the last step: it acts now that the model is saved
     return outcome
@@ -659,9 +667,27 @@ def _save_checkpoint(
     checkpoints = Path(output_dir) / CHECKPOINTS_DIR
     final = step_directory(checkpoints, position.step)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)  # a leftover was removed as the loop started
-    partial.mkdir(parents=True)
-    save(partial, position, loss)
-    save_training_state(partial, optimization.optimizer, optimization.scheduler, position)
-    give_new_file_modes(partial)
-    partial.rename(final)
+    try:
+        partial.mkdir(parents=True)
+        save(partial, position, loss)
+        save_training_state(partial, optimization.optimizer, optimization.scheduler, position)
+        give_new_file_modes(partial)
+        partial.rename(final)
+    except SAVE_ERRORS as error:
+        remove_path(partial)  # a model and its optimizer state: it kept full the disk that had just filled up
+        raise save_failed(f"checkpoint {final}", error, output_dir) from None
     prune_checkpoints(checkpoints, config.keep_checkpoints, config.save_every)
+
+
+def save_failed(what: str, error: OSError | SafetensorError, output_dir: Path) -> DilstoreError:
+    """The one-line error of a save of `what` that failed with `error`: the problem and how to go on, from the
+    newest checkpoint when there is one (full49 F1: a traceback and exit 1, from safetensors' error)."""
+    if isinstance(error, OSError):
+        problem = f"{error.strerror or error}{f' ({error.filename})' if error.filename else ''}"
+        full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+    else:  # "Error while serializing: I/O error: No space left on device (os error 28)"
+        problem = str(error).rpartition("I/O error: ")[2]
+        full = f"(os error {errno.ENOSPC})" in problem or f"(os error {errno.EDQUOT})" in problem
+    again = ("run the same command with --resume" if latest_checkpoint(Path(output_dir) / CHECKPOINTS_DIR)
+             else "run the same command again")  # fmt: skip
+    return DilstoreError(f"cannot write {what}: {problem}: {'free space' if full else 'check the disk'}, then {again}")

@@ -290,6 +290,72 @@ def test_a_run_whose_final_save_was_cut_can_be_run_again(tiny_base: Path, squad_
     assert (output / TRAINING_METADATA_FILE).is_file()
 
 
+def _train_qa_arguments(tiny_base: Path, squad_file: Path, output: Path, steps: int) -> list[str]:
+    """`train qa` for `steps` steps of the tiny reader, with a checkpoint after every step."""
+    return ["train", "qa", "--model", str(tiny_base), "--layers", "1", "--train", str(squad_file), "--output",
+            str(output), "--max-steps", str(steps), "--batch-size", "2", "--save-every", "1", "--max-seq-length", "48",
+            "--doc-stride", "16", "--max-question-length", "24", "--no-progress"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("failing_step", "then"), [(1, "again"), (2, "with --resume")])
+def test_a_checkpoint_the_disk_has_no_room_for_is_one_line_and_leaves_no_partial_folder(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], failing_step: int, then: str,
+) -> None:  # fmt: skip
+    """safetensors' error is no OSError: a full disk gave a 28-line traceback, exit 1, and an 89 MB
+    step-N.partial left on the disk that had just filled up (full49 F1). --resume goes on only from a checkpoint."""
+    from safetensors import SafetensorError
+
+    import dilstore.reader.training.loop as loop
+
+    saved = loop.save_training_state
+
+    def full_disk(directory: Path, optimizer: object, scheduler: object, position: loop.LoopPosition) -> None:
+        if position.step == failing_step:
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        saved(directory, optimizer, scheduler, position)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "save_training_state", full_disk)
+    output = tmp_path / "run"
+    assert main(_train_qa_arguments(tiny_base, squad_file, output, steps=3)) == 2
+    checkpoint = step_directory(output / "checkpoints", failing_step)
+    assert capsys.readouterr().err == (
+        f"dilstore train: error: cannot write checkpoint {checkpoint}: No space left on device (os error 28): free "
+        f"space, then run the same command {then}\n"
+    )
+    kept = ["step-0000001"] if failing_step == 2 else []
+    assert sorted(path.name for path in (output / "checkpoints").iterdir()) == kept
+
+
+def test_a_final_model_the_disk_has_no_room_for_is_one_line_saying_to_resume(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """The final save's OSError carries no file name; the checkpoint before it is where --resume goes on (full49 F1)."""
+    import errno
+
+    import dilstore.reader.training.runs as runs
+
+    output = tmp_path / "run"
+    recorded = runs.write_training_record
+
+    def full_disk(directory: Path, *args: object) -> None:
+        if Path(directory) == output:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        recorded(directory, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runs, "write_training_record", full_disk)
+    assert main(_train_qa_arguments(tiny_base, squad_file, output, steps=2)) == 2
+    said = capsys.readouterr().err  # the step's log line, then the error
+    assert said.splitlines()[-1] == (
+        f"dilstore train: error: cannot write the model to {output}: No space left on device: free space, then run "
+        "the same command with --resume"
+    )
+    assert "Traceback" not in said
+    monkeypatch.undo()
+    assert main([*_train_qa_arguments(tiny_base, squad_file, output, steps=2), "--resume"]) == 0
+
+
 def test_resume_refuses_training_data_other_than_the_interrupted_runs(
     tiny_base: Path, squad_file: Path, tmp_path: Path
 ) -> None:
