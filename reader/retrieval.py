@@ -418,7 +418,10 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
         recorded = json.loads((index_dir / INDEX_RECORD).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return
-    except (OSError, ValueError) as error:
+    except OSError as error:  # the disk, not the record: rebuilding would not help (full49 F8)
+        raise DilstoreError(f"{index_dir / INDEX_RECORD} cannot be read ({error}); check the disk, then try again"
+                            ) from None  # fmt: skip
+    except ValueError as error:  # not UTF-8, or not JSON
         raise DilstoreError(f"{index_dir / INDEX_RECORD} cannot be read ({error}); rebuild the index") from None
     if not isinstance(recorded, dict):
         raise DilstoreError(f"{index_dir / INDEX_RECORD} is not a JSON object; rebuild the index")

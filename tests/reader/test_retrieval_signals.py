@@ -214,3 +214,28 @@ def test_a_build_cut_off_by_ctrl_c_silences_java_unless_verbose(
         retrieval._wait_in_python(lambda: release.wait(30), "build", building=tmp_path / "b", while_waiting=ctrl_c)
     release.set()
     assert silenced == ([True] if quiet else [])
+
+
+def test_an_index_record_the_disk_cannot_read_says_to_check_the_disk_not_to_rebuild(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An EIO reading bm25/dilstore-index.json said "rebuild the index", which does not help a failing disk;
+    a record that is not JSON still says to rebuild (full49 F8)."""
+    import errno
+    from types import SimpleNamespace
+
+    record = tmp_path / retrieval.INDEX_RECORD
+    record.write_text("{", encoding="utf-8")
+    store = SimpleNamespace()  # not reached: the record is read first
+    with pytest.raises(DilstoreError, match=r"index\.json cannot be read \(Expecting .*\); rebuild the index$"):
+        retrieval.check_index_covers(tmp_path, store, tmp_path)  # type: ignore[arg-type]
+
+    def failing_disk(self: Path, *args: object, **kwargs: object) -> str:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(Path, "read_text", failing_disk)
+    with pytest.raises(DilstoreError) as raised:
+        retrieval.check_index_covers(tmp_path, store, tmp_path)  # type: ignore[arg-type]
+    assert str(raised.value) == (
+        f"{record} cannot be read ([Errno 5] Input/output error); check the disk, then try again"
+    )
