@@ -17,6 +17,7 @@ import json
 import locale
 import os
 import re
+import shutil
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ T = TypeVar("T")
 INDEX_RECORD = "dilstore-index.json"  # beside Lucene's files: the state of the store the index covers
 BM25_INDEX_DIR = "bm25"  # STORE/bm25: where `dilstore index STORE` puts a store's index
 _JAVA_INT_MAX = 2**31 - 1
+# Less free than this beside a build that wrote no index: its disk filled up (Lucene writes files in 8 KB blocks).
+_FULL_DISK_BYTES = 1 << 20
 
 _JVM_LOCK = threading.Lock()
 _JVM_STARTED = False
@@ -145,6 +148,23 @@ def build_bm25_index(
     return int(counters.indexed.get() + counters.empty.get())
 
 
+def _full_disk_advice(index_dir: Path) -> str:
+    """What to do when the disk of the index being built at `index_dir` filled up, worded as precompute's."""
+    return f"free space on the disk of {index_dir.parent}, then run the same command again"
+
+
+def _no_index_reason(building: Path) -> str:
+    """Why a build that raised nothing wrote no index to `building`, as far as can be told: Anserini logs a failed
+    write (a full disk) and returns as if it had finished (full49 F3)."""
+    try:
+        free = shutil.disk_usage(building.parent).free
+    except OSError:
+        return "; see its log above"
+    if free < _FULL_DISK_BYTES:
+        return f": its disk is full ({free // 1024} KB free); {_full_disk_advice(building)}"
+    return "; see its log above"
+
+
 def _refuse_while_building(index_dir: Path) -> None:
     """A clear error if a build of `index_dir` cut off by Ctrl-C still runs in this process (build_bm25_index)."""
     running = _BUILDS.get(index_dir.resolve())
@@ -245,9 +265,13 @@ def build_bm25_index_in_place(
     building = index_dir.with_name(f".{index_dir.name}.building")
     _refuse_while_building(building)
     remove_path(building)
-    read = build_bm25_index(collection_dir, building, threads=threads, progress=progress)
-    if not any(building.glob("segments_*")):
-        raise DilstoreError(f"pyserini wrote no index to {building}; see its log above")
+    try:
+        read = build_bm25_index(collection_dir, building, threads=threads, progress=progress)
+        if not any(building.glob("segments_*")):
+            raise DilstoreError(f"pyserini wrote no index to {building}{_no_index_reason(building)}")
+    except DilstoreError:
+        remove_path(building)  # what a failed build wrote: it kept the disk full that had just filled (full49 F3)
+        raise
     if store is not None and read != store.passages:
         remove_path(building)
         why = (f"{_unreadable_line(collection_dir)}; `dilstore verify` checks the store's files"

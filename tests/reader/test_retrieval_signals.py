@@ -239,3 +239,49 @@ def test_an_index_record_the_disk_cannot_read_says_to_check_the_disk_not_to_rebu
     assert str(raised.value) == (
         f"{record} cannot be read ([Errno 5] Input/output error); check the disk, then try again"
     )
+
+
+@pytest.mark.parametrize(("free", "why"), [
+    (4096, r": its disk is full \(4 KB free\); free space on the disk of .*, then run the same command again$"),
+    (10 << 30, r"; see its log above$"),
+], ids=["full", "room"])  # fmt: skip
+def test_a_build_that_wrote_no_index_removes_its_folder_and_says_when_the_disk_is_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, free: int, why: str
+) -> None:
+    """Anserini logs a full disk and returns: the error said only "wrote no index", and the half-written
+    .bm25.building was left, keeping the disk full (full49 F3)."""
+    import re
+    import shutil
+    from collections import namedtuple
+
+    collection, index = tmp_path / "collection", tmp_path / "bm25"
+    collection.mkdir()
+
+    def failed_build(source: Path, target: Path, **_: object) -> int:
+        target.mkdir(parents=True)
+        (target / "write.lock").write_bytes(b"")
+        (target / "_0.fdt").write_bytes(b"half a segment")
+        return 2
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(retrieval, "build_bm25_index", failed_build)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(free * 2, free, free))
+    building = re.escape(str(tmp_path / ".bm25.building"))
+    with pytest.raises(DilstoreError, match=rf"^pyserini wrote no index to {building}{why}"):
+        retrieval.build_bm25_index_in_place(collection, index)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["collection"]
+
+
+def test_a_build_stopped_by_a_java_error_removes_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    collection, index = tmp_path / "collection", tmp_path / "bm25"
+    collection.mkdir()
+
+    def failed_build(source: Path, target: Path, **_: object) -> int:
+        target.mkdir(parents=True)
+        (target / "_0.fdt").write_bytes(b"half a segment")
+        raise DilstoreError(f"the BM25 index of {source} could not be built in {target} (java.io.IOException: ...)")
+
+    monkeypatch.setattr(retrieval, "build_bm25_index", failed_build)
+    with pytest.raises(DilstoreError, match="could not be built"):
+        retrieval.build_bm25_index_in_place(collection, index)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["collection"]
