@@ -36,6 +36,7 @@ T = TypeVar("T")
 INDEX_RECORD = "dilstore-index.json"  # beside Lucene's files: the state of the store the index covers
 BM25_INDEX_DIR = "bm25"  # STORE/bm25: where `dilstore index STORE` puts a store's index
 _JAVA_INT_MAX = 2**31 - 1
+_NO_SPACE = "No space left on device"  # Java's IOException message for ENOSPC
 # Less free than this beside a build that wrote no index: its disk filled up (Lucene writes files in 8 KB blocks).
 _FULL_DISK_BYTES = 1 << 20
 
@@ -140,12 +141,24 @@ def build_bm25_index(
             if progress is not None:
                 progress(counters.indexed.get() + counters.empty.get())
 
-        _wait_in_python(indexer.run, f"bm25-build {index_dir.name}", building=index_dir, while_waiting=report)
+        with _java_stderr_dropped():
+            _wait_in_python(indexer.run, f"bm25-build {index_dir.name}", building=index_dir, while_waiting=report)
     except JavaException as error:
+        cause = _java_cause(error.classname, error.innermessage, error.stacktrace)
+        advice = f": {_full_disk_advice(index_dir)}" if _NO_SPACE in cause else ""
         raise DilstoreError(f"the BM25 index of {collection_dir} could not be built in {index_dir} "
-                            f"({error.classname}: {error.innermessage})") from None  # fmt: skip
+                            f"({cause}){advice}") from None  # fmt: skip
     report()
     return int(counters.indexed.get() + counters.empty.get())
+
+
+def _java_cause(classname: str | None, message: str | None, stacktrace: Sequence[str] | None) -> str:
+    """A Java exception as "class: message", or its deepest cause when it has one (pyjnius's `stacktrace` gives each
+    cause on the line after a "Caused by:" line): once a write failed, Lucene throws AlreadyClosedException, which
+    names only the consequence, and the disk being full was in its cause (full49 F5)."""
+    lines = [line.strip() for line in stacktrace or []]
+    causes = [after for before, after in zip(lines, lines[1:]) if before == "Caused by:"]
+    return causes[-1] if causes else f"{classname}: {message}"
 
 
 def _full_disk_advice(index_dir: Path) -> str:
@@ -163,6 +176,31 @@ def _no_index_reason(building: Path) -> str:
     if free < _FULL_DISK_BYTES:
         return f": its disk is full ({free // 1024} KB free); {_full_disk_advice(building)}"
     return "; see its log above"
+
+
+@contextlib.contextmanager
+def _java_stderr_dropped() -> Iterator[None]:
+    """Drop what Java prints on System.err while the block runs, unless --verbose: a write that failed in Anserini's
+    indexing thread printed its 40-line stack trace there (full49 F5), and the error raised names the cause.
+
+    A build cut off by Ctrl-C keeps Java silenced for the rest of the process (`_wait_in_python`).
+    """
+    if not is_quiet():
+        yield
+        return
+    from jnius import autoclass
+
+    system = autoclass("java.lang.System")
+    kept = system.err
+    system.setErr(autoclass("java.io.PrintStream")(autoclass("java.io.OutputStream").nullOutputStream()))
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise  # the abandoned build goes on in its thread: Java stays silent
+    except BaseException:
+        system.setErr(kept)
+        raise
+    system.setErr(kept)
 
 
 def _refuse_while_building(index_dir: Path) -> None:

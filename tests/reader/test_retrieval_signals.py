@@ -9,6 +9,7 @@ for Java to return.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -285,3 +286,60 @@ def test_a_build_stopped_by_a_java_error_removes_its_folder(tmp_path: Path, monk
     with pytest.raises(DilstoreError, match="could not be built"):
         retrieval.build_bm25_index_in_place(collection, index)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["collection"]
+
+
+def test_a_java_error_is_reported_by_its_deepest_cause() -> None:
+    """A full disk during a build ended in Lucene's AlreadyClosedException, "this IndexWriter is closed", and the
+    error named that and not the IOException that caused it (full49 F5)."""
+    trace = [
+        "org.apache.lucene.store.AlreadyClosedException: this IndexWriter is closed",
+        "org.apache.lucene.index.IndexWriter.ensureOpen(IndexWriter.java:914)",
+        "Caused by:",
+        "java.io.IOException: No space left on device",
+        "java.base/sun.nio.ch.UnixFileDispatcherImpl.write0(Native Method)",
+    ]
+    closed = ("org.apache.lucene.store.AlreadyClosedException", "this IndexWriter is closed")
+    assert retrieval._java_cause(*closed, trace) == "java.io.IOException: No space left on device"
+    assert retrieval._java_cause(*closed, trace[:2]) == (
+        "org.apache.lucene.store.AlreadyClosedException: this IndexWriter is closed"
+    )
+
+
+class _FakeSystem:
+    """java.lang.System as _java_stderr_dropped uses it, without a JVM: `err` and `setErr`."""
+
+    err = "stderr"
+
+    @classmethod
+    def setErr(cls, stream: object) -> None:  # noqa: N802 (Java's name)
+        cls.err = stream
+
+
+@pytest.mark.parametrize(("quiet", "raised", "err_after"), [
+    (True, None, "stderr"),
+    (True, DilstoreError, "stderr"),
+    (True, KeyboardInterrupt, "dropped"),  # the abandoned build goes on: Java stays silent
+    (False, None, "stderr"),
+], ids=["quiet", "quiet-error", "quiet-ctrl-c", "verbose"])  # fmt: skip
+def test_a_build_drops_java_s_stderr_while_it_runs_unless_verbose(
+    monkeypatch: pytest.MonkeyPatch, quiet: bool, raised: type[BaseException] | None, err_after: str
+) -> None:
+    """A write that failed in Anserini's indexing thread printed a 40-line stack trace on Java's System.err above the
+    command's one error line (full49 F5); --verbose keeps it."""
+    import types
+
+    classes = {"java.lang.System": _FakeSystem, "java.io.OutputStream": types.SimpleNamespace(
+        nullOutputStream=lambda: "null"), "java.io.PrintStream": lambda stream: "dropped"}  # fmt: skip
+    monkeypatch.setitem(sys.modules, "jnius", types.SimpleNamespace(autoclass=classes.__getitem__))
+    monkeypatch.setattr(_FakeSystem, "err", "stderr")
+    if quiet:
+        monkeypatch.setenv(quiet_mode.QUIET_ENV, "1")
+    else:
+        monkeypatch.delenv(quiet_mode.QUIET_ENV, raising=False)
+    seen: list[object] = []
+    with contextlib.suppress(DilstoreError, KeyboardInterrupt), retrieval._java_stderr_dropped():
+        seen.append(_FakeSystem.err)
+        if raised is not None:
+            raise raised("stop")
+    assert seen == (["dropped"] if quiet else ["stderr"])
+    assert _FakeSystem.err == err_after
