@@ -197,6 +197,9 @@ class Precompute(beam.PTransform):
         self.job = job
 
     def expand(self, pipeline: beam.pvalue.PBegin) -> beam.PCollection:
+        """The job's shape: read every input, keep the first document of each id, route each to its shard (records
+        that are no documents go along to be counted or dead-lettered), write each shard once with its seed (so an
+        empty shard is written too), then sum the counts and finalize the store."""
         job = self.job
         model = RunModel(job)
         records = (

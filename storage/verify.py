@@ -85,6 +85,7 @@ class VerifyReport:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as `verify --json` prints it: its keys are a contract scripts read (README, `verify`)."""
         return {
             "store": self.url,
             "ok": self.ok,

@@ -56,7 +56,9 @@ class FingerprintSource(Protocol):
     tokenizer: PreTrainedTokenizerBase
     layers: int
 
-    def fingerprinted_network(self) -> tuple[PreTrainedConfig, torch.nn.Module]: ...
+    def fingerprinted_network(self) -> tuple[PreTrainedConfig, torch.nn.Module]:
+        """The config and the module whose state dict holds every weight the stored states depend on."""
+        ...
 
 
 def _canonical_sha256(document: Any) -> str:

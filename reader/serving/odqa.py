@@ -124,7 +124,9 @@ class _Pair:
 class PassageSource(Protocol):
     """What the reader needs of a store: the stored passages of some ids, in their order."""
 
-    def fetch(self, passage_ids: Sequence[str]) -> list[StoredPassage]: ...
+    def fetch(self, passage_ids: Sequence[str]) -> list[StoredPassage]:
+        """The stored passages of `passage_ids`, in their order (a Store, or a test's stand-in)."""
+        ...
 
 
 def _question_list(questions: Iterable[str]) -> list[str]:
