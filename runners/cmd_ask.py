@@ -54,14 +54,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Open the store, model and index once, then answer one question or every line of stdin."""
-    apply_threads(args.threads)
     if args.question is not None and (bad := _undecoded_byte(args.question)) is not None:
         raise DilstoreError(f"the question is not UTF-8 text (byte at character {bad + 1})")
     if args.question is not None and not args.question.strip():  # before the model, maps and JVM load (9 s)
         raise DilstoreError("the question is empty")
     if args.question is None and sys.stdin is None:  # started with stdin closed (`<&-`): nothing to read questions from
         raise DilstoreError("no question given and standard input is closed: give a QUESTION or questions on stdin")
-    with loading_for_good():
+    with loading_for_good():  # torch, transformers, the model, the store and the JVM
+        apply_threads(args.threads)
         odqa = open_odqa_reader(args)
     if args.question is not None:
         print_answer(odqa.answer(args.question), args.json, sys.stdout, odqa.read_with)

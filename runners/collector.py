@@ -6,6 +6,12 @@ collection each time the surviving objects grow by a quarter, and each walks
 all of them: six full collections took 0.75-0.97 s of a one-question `ask` of
 6.4 s, and 1.1 s of `serve`'s start (perf49 F1). Once loaded, those objects
 are frozen: later collections scan only what each question allocates.
+
+What loading leaves in reference cycles is frozen with them, not collected:
+one collection over everything took 0.35 s of the one-question `ask`, to free
+about 12,000 objects of some 8 MB (tuples, closures and typing aliases of the
+imports; no tensor), with no fall in the process's resident memory (measured
+2026-11-30 on the shipped reader and the default store).
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ from contextlib import contextmanager
 
 @contextmanager
 def loading_for_good() -> Iterator[None]:
-    """No cyclic collection in the block; then one, freeing what loading left in cycles (freezing would keep it),
-    and what is left frozen. A block inside another (or with the collector off) leaves the collector as it was."""
+    """No cyclic collection in the block; then every object there is frozen. A block inside another (or with the
+    collector off) leaves the collector as it was."""
     if not gc.isenabled():
         yield
         return
@@ -26,7 +32,6 @@ def loading_for_good() -> Iterator[None]:
     try:
         yield
     finally:
-        gc.collect()
         gc.freeze()
         gc.enable()
 
