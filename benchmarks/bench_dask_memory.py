@@ -62,7 +62,6 @@ from typing import Any, NoReturn
 
 import numpy as np
 import psutil
-
 from random_models import write_random_small_reader
 
 from dilstore.runners.arg_types import positive_int

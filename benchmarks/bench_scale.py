@@ -70,11 +70,11 @@ from page_cache import drop_page_cache
 from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.storage.codebook import write_codebook
 from dilstore.storage.encodings import ENCODINGS, get_encoding, train_codebook
-from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import CODEBOOK_DIR, INDEX_DIR, MANIFEST_FILE
 from dilstore.storage.records import PassageRecord
+from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS
 from dilstore.storage.writer import write_shard
 
 DIM = 384

@@ -49,7 +49,6 @@ from dilstore.runners.arg_types import positive_int
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_store
 from dilstore.storage.codebook import CODEBOOK_DIR, write_codebook
 from dilstore.storage.encodings import get_encoding, train_codebook
-from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, sample_rows
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.format import MANIFEST_FILE
@@ -57,6 +56,7 @@ from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import PassageRecord
+from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, sample_rows
 from dilstore.storage.writer import write_shard
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

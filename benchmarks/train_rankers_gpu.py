@@ -63,14 +63,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from dilstore.reader.modeling.checkpoints import BASE_MODEL_ENV
-from dilstore.reader.training.release import package_checkpoint
-from dilstore.reader.evaluation.ranking import RankingTask, load_task, rerank
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE, TRIPLES_FILE
-from dilstore.reader.modeling.ranker_base import RankerBase
-from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
-from dilstore.reader.modeling.rankers import load_ranker, new_ranker
 from dilstore.reader.data.trec import Qrels, Run, rank_documents, write_run
+from dilstore.reader.evaluation.ranking import RankingTask, load_task, rerank
+from dilstore.reader.modeling.checkpoints import BASE_MODEL_ENV
+from dilstore.reader.modeling.ranker_base import RankerBase
+from dilstore.reader.modeling.rankers import load_ranker, new_ranker
+from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
+from dilstore.reader.training.release import package_checkpoint
 from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.storage.errors import DilstoreError
 
@@ -283,11 +283,12 @@ def train(args: argparse.Namespace) -> int:
 
 def prepare(args: argparse.Namespace) -> int:
     """The `prepare` command: the carried ranking folder and the fp16 base model (needs pyserini, shared data)."""
-    from dilstore.reader.modeling.checkpoints import base_model_dir
     from random_models import TOKENIZER_FILES
-    from dilstore.reader.modeling.earl_checkpoints import load_base_encoder
-    from dilstore.reader.evaluation.ranking import load_dl19_task, save_task, squad_dev_task
+
     from dilstore.reader.data.trec import read_qrels
+    from dilstore.reader.evaluation.ranking import load_dl19_task, save_task, squad_dev_task
+    from dilstore.reader.modeling.checkpoints import base_model_dir
+    from dilstore.reader.modeling.earl_checkpoints import load_base_encoder
 
     args.carry.mkdir(parents=True, exist_ok=True)
     for name in (TRIPLES_FILE, PARAGRAPHS_FILE):

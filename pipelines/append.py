@@ -55,7 +55,6 @@ from dilstore.storage.errors import DilstoreError, listed
 from dilstore.storage.format import SPEC_FILE, StoreFormatError, append_dir
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
-from dilstore.storage.reader import open_store
 from dilstore.storage.passage_tables import (
     checked_document_ids,
     has_tables,
@@ -63,6 +62,7 @@ from dilstore.storage.passage_tables import (
     passage_tables,
     shard_table,
 )
+from dilstore.storage.reader import open_store
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ from dilstore.reader.offline.encoding import TokenizedPassage, encode_batch, enc
 from dilstore.reader.offline.kinds import OfflineModel, offline_kind
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook, write_codebook
 from dilstore.storage.encodings import get_encoding, round_trip, train_codebook
-from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SAMPLE_UNITS, CODEBOOK_SEED, sample_rows
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
+from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SAMPLE_UNITS, CODEBOOK_SEED, sample_rows
 from dilstore.storage.writer import build_attributes
 
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from dilstore.pipelines.append import retired_passages, skipped_documents
 from dilstore.pipelines.job import PrecomputeJob
-from dilstore.storage.passage_files import REJECTED_DIR
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.shard_sink import read_meta
 from dilstore.pipelines.spec_file import SUMMARY_FILE
@@ -27,7 +26,9 @@ from dilstore.storage.finalize import finalize
 from dilstore.storage.format import MANIFEST_FILE
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
+from dilstore.storage.passage_files import REJECTED_DIR
 from dilstore.storage.reader import open_store
+
 
 def missing_shards(store: Path, num_shards: int, first_shard: int = 0, generation: str | None = None) -> list[int]:
     """Shard indices in [first_shard, first_shard + num_shards) without a commit marker `read_meta` trusts."""

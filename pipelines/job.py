@@ -33,6 +33,7 @@ from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
 from dilstore.storage.replacement import building_dir
 
+
 @dataclass(frozen=True)
 class PrecomputeJob:
     """Everything a precompute run's workers share.

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dilstore.pipelines.corpora import Rejected
-from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path, rejected_path
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import TokenizedPassage, encode_tokenized
@@ -38,8 +37,10 @@ from dilstore.storage.atomic_files import atomic_write_bytes, atomic_write_text
 from dilstore.storage.codebook import read_codebook
 from dilstore.storage.collection import collection_jsonl
 from dilstore.storage.fingerprint import Fingerprint
+from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path, rejected_path
 from dilstore.storage.passage_tables import passage_table_bytes
 from dilstore.storage.writer import shard_generation, shard_written, write_shard
+
 
 @dataclass(frozen=True)
 class ShardSettings:

@@ -29,7 +29,7 @@ import mwparserfromhell
 from mwparserfromhell.nodes import Argument, Comment, ExternalLink, Heading, Node, Tag, Template, Text, Wikilink
 from mwparserfromhell.wikicode import Wikicode
 
-from dilstore.pipelines.wikitext_templates import NAMED_ARGUMENTS, renders, rendered_text
+from dilstore.pipelines.wikitext_templates import NAMED_ARGUMENTS, rendered_text, renders
 
 # Tags whose content is not running prose. Tables include `{| ... |}` markup,
 # which mwparserfromhell parses as a "table" tag. `<includeonly>` text shows only

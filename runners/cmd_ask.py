@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from dilstore.runners.collector import loading_for_good
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
-from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.quiet import add_verbose_argument
+from dilstore.runners.reading_options import apply_threads
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreChangedError
 

@@ -11,18 +11,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dilstore.runners.collector import loading_for_good
-from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
-from dilstore.runners.inputs import require_file
-from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.arg_types import positive_int
-from dilstore.runners.reading_options import add_subset_arguments, apply_threads, subset_seed
+from dilstore.runners.collector import loading_for_good
+from dilstore.runners.inputs import require_file
 from dilstore.runners.journal import Journal, stopped_keeping, store_build
-from dilstore.storage.write_lock import refuse_if_locked
+from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
+from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.quiet import add_verbose_argument
+from dilstore.runners.reading_options import add_subset_arguments, apply_threads, subset_seed
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import StoppedBySignal
+from dilstore.storage.write_lock import refuse_if_locked
 
 if TYPE_CHECKING:
     from dilstore.reader.evaluation.open_domain import QAEvaluation

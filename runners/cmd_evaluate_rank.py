@@ -49,8 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read both files, evaluate, print the means."""
-    from dilstore.reader.evaluation.rank_metrics import DEFAULT_RECALL_DEPTHS, JUDGED, evaluate_run
     from dilstore.reader.data.trec import rank_order_warning, read_qrels, read_ranked_run
+    from dilstore.reader.evaluation.rank_metrics import DEFAULT_RECALL_DEPTHS, JUDGED, evaluate_run
 
     qrels, (ranked, disagreeing) = read_qrels(args.qrels), read_ranked_run(args.run_file)
     if not any(qrels.values()):

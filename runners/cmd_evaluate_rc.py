@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.inputs import require_file
 from dilstore.runners.journal import Journal, stopped_keeping
-from dilstore.storage.write_lock import refuse_if_locked
-from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models
+from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.reading_options import (
     add_reading_arguments,
     add_runtime_arguments,
@@ -25,6 +24,7 @@ from dilstore.runners.reading_options import (
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.write_lock import refuse_if_locked
 
 if TYPE_CHECKING:
     from dilstore.reader.evaluation.reading_comprehension import ReadingSettings
@@ -70,11 +70,11 @@ def run(args: argparse.Namespace) -> int:
     if args.score is not None:
         return score(args)
     apply_threads(args.threads)
-    from dilstore.reader.packaged.shipped import default_checkpoint_dir
+    from dilstore.reader.evaluation.reading_comprehension import ReadingParts, evaluate_file
     from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
     from dilstore.reader.modeling.dilbert import DilBertReader
-    from dilstore.reader.evaluation.reading_comprehension import ReadingParts, evaluate_file
     from dilstore.reader.offline.kinds import require_within_positions
+    from dilstore.reader.packaged.shipped import default_checkpoint_dir
 
     seed = subset_seed(args)
     require_file(args.data, "--data")  # read, then checksummed (data.sha256): a pipe reads empty (qa48 H1)

@@ -38,12 +38,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dilstore.storage.errors import DilstoreError
 from dilstore.runners.arg_types import option_words, positive_int
 from dilstore.runners.outputs import check_output_folder, refuse_store_inside_store
 from dilstore.runners.precompute_run import run_pipeline
 from dilstore.runners.quiet import add_verbose_argument, logging_restored, quiet_beam_logging, quiet_dask_logging
 from dilstore.runners.scratch import scratch_dir
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import COMPRESSORS
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
@@ -291,10 +291,10 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         default_shard_count,
     )
     from dilstore.pipelines.spec_file import spec_generation
-    from dilstore.reader.modeling.fingerprint import model_fingerprint
-    from dilstore.reader.offline.kinds import max_positions
     from dilstore.reader.batching import BatchPolicy
+    from dilstore.reader.modeling.fingerprint import model_fingerprint
     from dilstore.reader.offline.encoding import load_reader
+    from dilstore.reader.offline.kinds import max_positions
 
     refuse_url("--output", args.output)
     output = Path(args.output)

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.collector import loading_for_good
-from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
-from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.runners.inputs import require_file
 from dilstore.runners.journal import Journal, stopped_keeping, store_build
-from dilstore.storage.write_lock import refuse_if_locked
+from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.quiet import add_verbose_argument
+from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError, StoppedBySignal, listed
+from dilstore.storage.write_lock import refuse_if_locked
 
 if TYPE_CHECKING:
     from dilstore.reader.data.trec import Run

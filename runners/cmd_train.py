@@ -134,8 +134,8 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
 def run_qa(args: argparse.Namespace) -> int:
     """Train, then evaluate on --dev when given; print k, EM, F1 and the train and eval times."""
     apply_threads(args.threads)
-    from dilstore.reader.modeling.checkpoints import base_model_dir
     from dilstore.reader.evaluation.reading_comprehension import evaluate_file, write_evaluation
+    from dilstore.reader.modeling.checkpoints import base_model_dir
     from dilstore.reader.training.qa import train_qa
 
     _check_qa_inputs(args)

@@ -145,8 +145,8 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
 
 def run_ranker(args: argparse.Namespace) -> int:
     """Train one ranker kind; print the steps, time, the last step's loss and the output."""
-    from dilstore.reader.modeling.checkpoints import base_model_dir
     from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
+    from dilstore.reader.modeling.checkpoints import base_model_dir
     from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
 
     apply_threads(args.threads)

@@ -53,6 +53,7 @@ from starlette.types import Receive
 
 from dilstore.runners.serve_batching import Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import CLIENT_GONE, CONTENT_TYPE, Metrics
+from dilstore.runners.serve_reopen import Reopener
 from dilstore.runners.serve_requests import ASK, RERANK, AskRequest, ClientError, RerankRequest
 from dilstore.runners.serve_responses import (
     HEALTH_RESPONSES,
@@ -61,7 +62,6 @@ from dilstore.runners.serve_responses import (
     RerankAnswer,
     query_responses,
 )
-from dilstore.runners.serve_reopen import Reopener
 from dilstore.runners.serve_services import ServedStore, Service
 from dilstore.storage.errors import DilstoreError, listed, scrubbed
 from dilstore.storage.format import StoreChangedError, StoreFormatError, StoreReadError

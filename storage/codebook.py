@@ -48,8 +48,8 @@ from dilstore.storage.format import (
     states_array,
 )
 from dilstore.storage.location import StoreLocation
-from dilstore.storage.writer import build_attributes
 from dilstore.storage.read_failures import describe
+from dilstore.storage.writer import build_attributes
 from dilstore.storage.zarr_reads import METADATA_ERRORS
 
 __all__ = ["CODEBOOK_DIR", "codebook_build", "codebook_digest", "load_store_codebook", "read_codebook",

@@ -17,11 +17,11 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from dilstore.storage.passage_files import JSONL_DIR, PassageRow, jsonl_path
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.file_errors import naming
 from dilstore.storage.format import MANIFEST_FILE, append_dir
 from dilstore.storage.manifest import ShardEntry
+from dilstore.storage.passage_files import JSONL_DIR, PassageRow, jsonl_path
 from dilstore.storage.reader import open_store
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 

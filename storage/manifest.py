@@ -32,9 +32,9 @@ from dilstore.storage.format import (
     shard_path,
 )
 from dilstore.storage.location import StoreLocation
+from dilstore.storage.read_failures import read_failure
 from dilstore.storage.replacement import replaced_dir
 from dilstore.storage.write_lock import writer_of
-from dilstore.storage.read_failures import read_failure
 
 # The longest manifest read: one lists each file of each shard (4.4 KB a shard in BENCHMARKS.md's "Scale", 5.3-6.0
 # KB in stores review47b measured), so precompute's most shards (16,384) make about 100 MB; a longer file is no

@@ -60,8 +60,8 @@ from dilstore.storage.info import store_files
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest
 from dilstore.storage.passage_tables import has_tables, passage_table_problems, shard_table
-from dilstore.storage.shard import ShardAttributes
 from dilstore.storage.read_failures import describe
+from dilstore.storage.shard import ShardAttributes
 from dilstore.storage.zarr_reads import METADATA_ERRORS
 
 _CHECK_ROWS = 1 << 18  # rows of a per-token array checked at a time

@@ -35,7 +35,6 @@ from dilstore.storage.encodings import EncodedArray, Encoding, check_codebook, g
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.format import (
-    StoreFormatError,
     ATTRIBUTES_KEY,
     BYTES_PER_CHUNK,
     CENTROIDS_SHARD_VERSION,
@@ -54,13 +53,14 @@ from dilstore.storage.format import (
     TITLE_BYTES,
     TITLE_OFFSETS,
     TMP_PREFIX,
-    TOKENS_PER_CHUNK,
     TOKEN_IDS,
     TOKEN_OFFSETS,
+    TOKENS_PER_CHUNK,
     VECTORS,
     VECTORS_PER_CHUNK,
     ZARR_METADATA_FILE,
     Kind,
+    StoreFormatError,
     check_compressor,
     get_kind,
     shard_name,

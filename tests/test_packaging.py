@@ -18,7 +18,6 @@ import pytest
 
 from tests.fixtures.paths import ROOT
 
-
 # What a wheel build must not see (or write into): the checkout's environment, caches and build outputs.
 _NOT_SOURCE = (".venv", ".git", "build", "dist", "*.egg-info", ".pytest_cache", ".hypothesis", "__pycache__",
                "dilstore-store")  # fmt: skip

@@ -67,17 +67,16 @@ from dilstore.reader.text.tokenization import DEFAULT_STRIDE
 from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
 from dilstore.reader.training.length_chunks import ChunkForward, default_chunk_windows, forward_in_chunks
 from dilstore.reader.training.loop import (
+    LoopConfig,
     Throughput,
     accumulate_micro_batches,
     autocast_context,
-    LoopConfig,
     optimizer_step_batches,
     require_finite,
 )
 from dilstore.reader.training.runs import RunStart, TrainerRun, finish_run, start_run
 from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError, require_at_least_one
-
 
 
 def _throughput(windows_per_example: int) -> Throughput:

@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dilstore.reader.data.ranking_files import Triple, read_paragraphs, read_triples
 from dilstore.reader.data.ranking_data import require_written_together
+from dilstore.reader.data.ranking_files import Triple, read_paragraphs, read_triples
 from dilstore.reader.modeling.architectures import require_segment_limit
 from dilstore.reader.modeling.checkpoints import quoted_with_article
 from dilstore.reader.modeling.earl import ENCODER_PREFIXES, POOLINGS, EarlConfig, EarlRanker
@@ -55,10 +55,10 @@ from dilstore.reader.modeling.ranking_inputs import (
     RANKER_KINDS,
 )
 from dilstore.reader.training.loop import (
+    LoopConfig,
     Throughput,
     accumulate_micro_batches,
     autocast_context,
-    LoopConfig,
     optimizer_step_batches,
     require_finite,
 )

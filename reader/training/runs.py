@@ -30,10 +30,11 @@ import torch
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.text.files import read_json
+from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, RUN_CONFIG_FILE, latest_checkpoint
 from dilstore.reader.training.loop import (
     Accumulate,
-    LoopOutcome,
     LoopConfig,
+    LoopOutcome,
     Throughput,
     autocast_dtype,
     resume_point,
@@ -45,7 +46,6 @@ from dilstore.reader.training.loop import (
     write_run_config,
     write_training_record,
 )
-from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, RUN_CONFIG_FILE, latest_checkpoint
 from dilstore.reader.training.state import LoopPosition
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError

@@ -18,8 +18,8 @@ from dilstore.pipelines import codebook
 from dilstore.pipelines.codebook import prepare_codebook, sample_documents
 from dilstore.pipelines.documents import Document
 from dilstore.pipelines.duplicate_ids import keep_first
-from dilstore.pipelines.sharding import stable_hash
 from dilstore.pipelines.job import PrecomputeJob
+from dilstore.pipelines.sharding import stable_hash
 from dilstore.reader.batching import BatchPolicy
 from dilstore.storage.codebook import codebook_build, read_codebook, write_codebook
 from dilstore.storage.encodings import train_codebook

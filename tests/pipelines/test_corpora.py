@@ -18,11 +18,11 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from dilstore.pipelines import corpus_wikipedia
 from dilstore.pipelines.corpora import FORMATS, check_format, format_for_path, read_corpus
 from dilstore.pipelines.corpus_jsonl import read_jsonl
 from dilstore.pipelines.corpus_msmarco import read_msmarco
 from dilstore.pipelines.corpus_squad import read_squad
-from dilstore.pipelines import corpus_wikipedia
 from dilstore.pipelines.corpus_wikipedia import read_wikipedia, wikitext_document
 from dilstore.pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
 from dilstore.pipelines.default_corpus.build import ARTICLES, corpus_lines

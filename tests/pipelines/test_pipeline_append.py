@@ -31,6 +31,7 @@ from dilstore.pipelines.job import PrecomputeJob
 from dilstore.pipelines.passages import Passage
 from dilstore.pipelines.spec_file import SUMMARY_FILE
 from dilstore.reader.batching import BatchPolicy
+from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.serving.rerank import open_reranker
 from dilstore.runners import cli
 from dilstore.runners.precompute_run import stopped
@@ -44,7 +45,6 @@ from dilstore.storage.manifest import read_manifest
 from dilstore.storage.passage_tables import PASSAGE_SCHEMA, passage_column, passage_table_bytes
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
-from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from tests.fixtures.earl_tiny import text_encoder, tokenizer
 from tests.fixtures.pipeline_fixtures import ROOT, save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
 

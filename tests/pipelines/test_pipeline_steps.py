@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from dilstore.pipelines.corpora import Document, Rejected, Skipped
 from dilstore.pipelines.job import PrecomputeJob, spec_differences
 from dilstore.pipelines.precompute import write_group
-from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path, rejected_path
 from dilstore.pipelines.progress import passages_done, passages_planned, report_planned, report_progress
 from dilstore.pipelines.routing import COUNTS, REJECTED, SHARD, RouteSettings, pieces_of, route, shard_seeds
 from dilstore.pipelines.run_stats import RunStats, merge_stats
@@ -31,6 +30,7 @@ from dilstore.reader.offline.encoding import encode_tokenized, load_reader
 from dilstore.runners.precompute_run import ProgressBar
 from dilstore.storage.finalize import finalize
 from dilstore.storage.format import SHARDS_DIR, shard_name
+from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path, rejected_path
 from dilstore.storage.reader import open_store
 from tests.fixtures.paths import ROOT
 from tests.fixtures.pipeline_fixtures import TINY_LAYERS, save_tiny_reader

@@ -31,7 +31,6 @@ from tests.fixtures.odqa_fixtures import write_reader_and_store
 from tests.reader.serving.test_rerank import FIRST_STAGE, save_ranker, write_earl_store, write_inputs
 from tests.runners.test_ask import GOOD, OneHitSearcher
 
-
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _PATH_EVENTS = {"os.mkdir", "os.remove", "os.rmdir", "os.chmod", "os.chown", "os.utime", "os.truncate", "os.link",
                 "os.symlink", "shutil.rmtree", "shutil.copyfile", "shutil.move"}  # fmt: skip

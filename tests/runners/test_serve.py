@@ -33,25 +33,25 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from tests.fixtures.odqa_fixtures import write_reader_checkpoint, write_store
-from tests.fixtures.text_forms import full_width
-from tests.reader.serving.test_rerank import DOCUMENTS, save_ranker, write_earl_store
 
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.retrieval import Hit, TooManyTermsError
 from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader, aggregate
 from dilstore.reader.serving.rerank import open_reranker
-from dilstore.reader.retrieval import Hit, TooManyTermsError
 from dilstore.runners.cli import main
 from dilstore.runners.cmd_ask import print_answer
 from dilstore.runners.cmd_serve import log_colors, parse_store_argument
 from dilstore.runners.serve_app import create_app
-from dilstore.storage.errors import DilstoreError
+from dilstore.runners.serve_batching import ServeSettings
 from dilstore.runners.serve_requests import RerankRequest
 from dilstore.runners.serve_responses import AskAnswer, ErrorBody, Health, RerankAnswer
 from dilstore.runners.serve_services import AskService, RerankService, ServedStore
-from dilstore.runners.serve_batching import ServeSettings
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
+from tests.fixtures.odqa_fixtures import write_reader_checkpoint, write_store
+from tests.fixtures.text_forms import full_width
+from tests.reader.serving.test_rerank import DOCUMENTS, save_ranker, write_earl_store
 
 GATE = "Gate question: hold the worker?"
 BROKEN = "Broken question: what does the ghost say?"
@@ -863,10 +863,9 @@ def test_a_dilbert_store_s_online_layers_are_named_at_start_up_and_in_stores(
 def test_stores_served_from_urls_answer_like_local_ones(tiny: dict[str, Any]) -> None:
     """A store given as an http:// URL (a real server on 127.0.0.1) is mounted like a local one; a dilbert store
     at a URL needs --index, since Lucene reads only local files."""
-    from tests.fixtures.http_store import serve_directory
-
     from dilstore.runners.cmd_serve import open_served_store
     from dilstore.storage.errors import DilstoreError
+    from tests.fixtures.http_store import serve_directory
 
     ids = ["kili", "tram", "cafe", "curie"]
     with serve_directory(tiny["s2"].parent) as files:
@@ -891,9 +890,8 @@ def test_a_remote_store_s_missing_file_is_that_request_s_502_not_the_store_s_end
 ) -> None:
     """One 404 from the web server (a CDN edge mid-deploy) marked a store at a URL unavailable until a restart, and
     /health 503 took the whole server out of rotation (remote40 H3)."""
-    from tests.fixtures.http_store import serve_directory
-
     from dilstore.runners.cmd_serve import open_served_store
+    from tests.fixtures.http_store import serve_directory
 
     served = shutil.copytree(tiny["s2"], tmp_path / "site" / "s2")
     body = {"query": "Zürich tram", "doc_ids": ["kili", "tram"]}
@@ -918,12 +916,11 @@ def test_health_does_not_wait_for_a_silent_storage_server(
     the thread pool ran out and every /health hung, local stores' too (review40c H1)."""
     import threading
 
-    from tests.fixtures.http_store import serve_directory
-
     from dilstore.runners import serve_app
     from dilstore.runners.cmd_serve import open_served_store
     from dilstore.storage import reader
     from dilstore.storage.location import StoreLocation
+    from tests.fixtures.http_store import serve_directory
 
     monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)
     monkeypatch.setattr(serve_app, "HEALTH_CHECK_SECONDS", 0.2)
@@ -958,13 +955,11 @@ def test_health_finds_a_remote_store_rebuilt_on_its_server(
     and answers mixing two builds came back with 200 while /health said ok (remote40 H1)."""
     import dataclasses
 
-    from tests.fixtures.http_store import serve_directory
-
     from dilstore.runners.cmd_serve import open_served_store
+    from dilstore.storage import reader
     from dilstore.storage.location import StoreLocation
     from dilstore.storage.manifest import read_manifest, write_manifest
-
-    from dilstore.storage import reader
+    from tests.fixtures.http_store import serve_directory
 
     monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)  # each /health reads the manifest again
     served = shutil.copytree(tiny["s2"], tmp_path / "site" / "s2")
@@ -1006,9 +1001,8 @@ def test_a_remote_store_that_fails_in_transit_gets_502_for_that_request_and_stay
 ) -> None:
     """One HTTP 500 from the store's server made the store unavailable for good and /health 503 for the whole
     server, even after the file server recovered."""
-    from tests.fixtures.http_store import serve_directory
-
     from dilstore.runners.cmd_serve import open_served_store
+    from tests.fixtures.http_store import serve_directory
 
     ids = ["kili", "tram", "cafe", "curie"]
     with serve_directory(tiny["s2"].parent, listings=False) as files:

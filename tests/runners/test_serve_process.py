@@ -18,16 +18,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from dilstore.runners.cli import main
 from tests.fixtures.odqa_fixtures import (
     collection_documents,
     write_collection,
     write_reader_and_store,
     write_reader_checkpoint,
 )
-
-from dilstore.runners.cli import main
-from tests.fixtures.serve_process import ServeProcess
 from tests.fixtures.paths import ROOT
+from tests.fixtures.serve_process import ServeProcess
 
 QUESTIONS = [
     "When did the Zürich tram network open?",

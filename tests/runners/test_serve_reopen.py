@@ -17,8 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.reader.serving.test_rerank import DOCUMENTS, earl_records, write_earl_store
-from tests.runners.test_serve import WAIT, metric, running, tiny  # noqa: F401 (tiny: the module's stores, a fixture)
 
 from dilstore.reader.modeling.earl import EarlRanker
 from dilstore.reader.serving.rerank import open_reranker
@@ -31,6 +29,8 @@ from dilstore.storage.format import append_dir
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
 from dilstore.storage.writer import write_shard
+from tests.reader.serving.test_rerank import DOCUMENTS, earl_records, write_earl_store
+from tests.runners.test_serve import WAIT, metric, running, tiny  # noqa: F401 (tiny: the module's stores, a fixture)
 
 QUERY = "Who rings the harbour bell?"
 IDS = ["kili", "tram", "cafe", "curie"]

@@ -18,7 +18,15 @@ import numpy as np
 import pytest
 import zarr
 
-from dilstore.storage.format import INDEX_DIR, INDEX_ROWS, TEXT_BYTES, TITLE_OFFSETS, TOKEN_OFFSETS, StoreFormatError, shard_path
+from dilstore.storage.format import (
+    INDEX_DIR,
+    INDEX_ROWS,
+    TEXT_BYTES,
+    TITLE_OFFSETS,
+    TOKEN_OFFSETS,
+    StoreFormatError,
+    shard_path,
+)
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
 from tests.fixtures.store_fixtures import build_store, random_shards

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import mmap
+import re
 from pathlib import Path
 
 import fsspec
@@ -20,8 +20,8 @@ from dilstore.storage.fingerprint import Fingerprint, FingerprintMismatchError
 from dilstore.storage.format import MANIFEST_FILE, StoreFormatError
 from dilstore.storage.id_index import DuplicatePassageIdError
 from dilstore.storage.reader import MissingPassagesError, open_store
-from dilstore.storage.verify import verify_store
 from dilstore.storage.records import PassageRecord
+from dilstore.storage.verify import verify_store
 from dilstore.storage.writer import write_shard
 from tests.fixtures.store_fixtures import build_store, fingerprint_for, passage, random_shards, scratch_dir
 

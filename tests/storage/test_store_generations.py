@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from dilstore.pipelines.finish import missing_shards
-from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.shard_sink import read_meta
 from dilstore.storage.codebook import CODEBOOK_DIR, write_codebook
@@ -24,8 +23,9 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import fingerprint_sha256
 from dilstore.storage.format import StoreFormatError
-from dilstore.storage.manifest import read_manifest, write_manifest
 from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest, write_manifest
+from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path
 from dilstore.storage.reader import StoreChangedError, open_store
 from dilstore.storage.shard import ShardAttributes
 from dilstore.storage.verify import verify_store

@@ -10,7 +10,14 @@ from fsspec.exceptions import FSTimeoutError
 
 from dilstore.storage import ranged
 from dilstore.storage.format import StoreFormatError, StoreReadError
-from dilstore.storage.read_failures import MESSAGE_WIDTH, READ_ATTEMPTS, describe, is_transient, read_failure, retry_delay
+from dilstore.storage.read_failures import (
+    MESSAGE_WIDTH,
+    READ_ATTEMPTS,
+    describe,
+    is_transient,
+    read_failure,
+    retry_delay,
+)
 
 
 class RangeNotSatisfiable(Exception):

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyserini.eval.evaluate_dpr_retrieval import SimpleTokenizer, has_answers
 
+from dilstore.reader.evaluation import squad_metric
 from dilstore.reader.evaluation.open_domain import (
     QAEvaluation,
     QAQuestion,
@@ -22,7 +23,6 @@ from dilstore.reader.evaluation.open_domain import (
     select_questions,
     write_predictions,
 )
-from dilstore.reader.evaluation import squad_metric
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.retrieval import Hit

@@ -21,9 +21,9 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.earl_checkpoints import PACKAGED_BASE_WEIGHTS_SHA256, WEIGHTS_FILE, load_base_encoder
 from dilstore.storage.errors import DilstoreError
-from tests.fixtures.paths import ROOT
 from tests.fixtures.dilbert_tiny import tiny_model
 from tests.fixtures.earl_tiny import random_pairs, save_base_encoder, tiny_encoder, tiny_ranker, tokenizer
+from tests.fixtures.paths import ROOT
 
 
 @pytest.fixture(scope="module")

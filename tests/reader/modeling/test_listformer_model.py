@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import BertConfig
 
-from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker, ListLayout, global_local_layer
 from dilstore.reader.modeling.earl import EarlRanker
+from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker, ListLayout, global_local_layer
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.earl_tiny import tiny_config, tokenizer
 from tests.fixtures.listformer_tiny import (

@@ -19,7 +19,12 @@ import torch
 from safetensors import safe_open
 
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.reader.modeling.online_variants import VARIANT_FORMAT, load_online_variant, variant_path, write_online_variant
+from dilstore.reader.modeling.online_variants import (
+    VARIANT_FORMAT,
+    load_online_variant,
+    variant_path,
+    write_online_variant,
+)
 from dilstore.reader.serving import odqa
 from dilstore.reader.serving.odqa import load_store_model
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader

@@ -30,9 +30,9 @@ from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import (
     DEFAULT_RANKER_REF,
+    encode_tokenized,
     load_checked_reader,
     load_reader,
-    encode_tokenized,
     resolve_model_dir,
     tokenize_passage,
     window_id,

@@ -22,13 +22,13 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import MissingPassagesError
 from dilstore.storage.verify import verify_store
 from dilstore.storage.write_lock import INDEX_ROLE
+from tests.fixtures.locks import held_lock
 from tests.fixtures.odqa_fixtures import (
     collection_documents,
     write_collection,
     write_reader_and_store,
     write_reader_checkpoint,
 )
-from tests.fixtures.locks import held_lock
 from tests.fixtures.paths import ROOT
 
 QUESTION = "When did the Zürich tram network open?"

@@ -23,8 +23,8 @@ import zarr
 from transformers import BertConfig, BertModel
 
 from dilstore.reader.data.trec import rank_documents, read_run, write_run
-from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_QUERY_LENGTH
 from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME

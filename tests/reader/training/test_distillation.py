@@ -14,7 +14,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.qa import (
@@ -28,6 +27,7 @@ from dilstore.reader.training.qa import (
 )
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
+from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 
 
 @pytest.fixture(scope="module")

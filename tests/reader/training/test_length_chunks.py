@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 from dilstore.reader.data.qa_batches import collate_features
 from dilstore.reader.data.qa_features import QAFeature
 from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
 from dilstore.reader.training.length_chunks import (
     CPU_CHUNK_WINDOWS,
     default_chunk_windows,
     forward_in_chunks,
     length_chunks,
 )
-from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
 from dilstore.reader.training.qa import (
     Distillation,
     TrainingConfig,

@@ -23,7 +23,9 @@ from transformers import get_linear_schedule_with_warmup
 from dilstore.reader.evaluation.reading_comprehension import ReadingSettings, evaluate_file
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.modeling.online_variants import load_online_variant, write_online_variant
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
+from dilstore.reader.training.checkpoint_files import latest_checkpoint
 from dilstore.reader.training.model_cards import render_model_card
 from dilstore.reader.training.qa import (
     TrainingConfig,
@@ -32,9 +34,7 @@ from dilstore.reader.training.qa import (
     optimizer_step_batches,
     train_qa,
 )
-from dilstore.reader.modeling.online_variants import load_online_variant, write_online_variant
 from dilstore.reader.training.release import load_training_metadata, package_checkpoint, weights_megabytes
-from dilstore.reader.training.checkpoint_files import latest_checkpoint
 from dilstore.reader.training.state import (
     LoopPosition,
     load_training_state,

@@ -29,7 +29,6 @@ from tests.fixtures.earl_tiny import tokenizer as minilm_tokenizer
 from tests.fixtures.qa_training_fixtures import HANDFUL, SMALL_WINDOWS
 from tests.fixtures.training_runs import cut_after_last_checkpoint
 
-
 NEGATIVES = 2
 
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
-from tests.fixtures.ranking_fixtures import OVERFIT_PARAGRAPHS, OVERFIT_TRIPLES, write_overfit_files
 from safetensors.torch import load_file, save_file
 
 from dilstore.reader.evaluation.rank_metrics import evaluate_run
 from dilstore.reader.evaluation.ranking import RankingTask, save_task
 from tests.fixtures.paths import ROOT
+from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
+from tests.fixtures.ranking_fixtures import OVERFIT_PARAGRAPHS, OVERFIT_TRIPLES, write_overfit_files
 
 DRIVER = ROOT / "benchmarks" / "train_rankers_gpu.py"
 # Absent on the GPU machine; `None` in sys.modules makes `import` fail and find_spec say "not installed".

@@ -18,16 +18,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
+
+from dilstore.reader.training.checkpoint_files import STATE_JSON, latest_checkpoint, step_directory
+from dilstore.reader.training.qa import TrainingConfig, train_qa
+from dilstore.reader.training.state import prune_checkpoints
+from dilstore.runners.cli import main
+from dilstore.storage.errors import DilstoreError
 from tests.fixtures.locks import held_lock
 from tests.fixtures.paths import ROOT
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
 from tests.fixtures.training_runs import cut_after_last_checkpoint
-
-from dilstore.reader.training.qa import TrainingConfig, train_qa
-from dilstore.reader.training.checkpoint_files import STATE_JSON, latest_checkpoint, step_directory
-from dilstore.reader.training.state import prune_checkpoints
-from dilstore.runners.cli import main
-from dilstore.storage.errors import DilstoreError
 
 
 def test_checkpoints_are_saved_by_time_without_a_step_interval(
