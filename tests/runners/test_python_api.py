@@ -104,7 +104,14 @@ def test_bad_api_options_raise_dilstore_error_not_system_exit(tmp_path: Path, ca
         dilstore.precompute(workers=0, output=str(tmp_path / "store"))  # fmt: skip
     with pytest.raises(dilstore.DilstoreError, match=r"^the options ask for precompute's usage, which `dilstore "
                                                      r"precompute --help` prints; nothing was run$"):  # fmt: skip
-        dilstore.precompute(help=True, output=str(tmp_path / "store"))
+        dilstore.precompute(beam_options={"help": True}, output=str(tmp_path / "store"))
+    with pytest.raises(dilstore.DilstoreError, match=r"^precompute has no option 'temp_location': its keywords are "
+                                                     r"the flags .*; Beam's options go in beam_options$"):  # fmt: skip
+        dilstore.precompute(temp_location="/tmp/x", output=str(tmp_path / "store"))  # type: ignore[call-arg]
+    with pytest.raises(dilstore.DilstoreError, match=r"^temp_location must be a Beam option value .*, got object"):
+        dilstore.precompute(beam_options={"temp_location": object()}, output=str(tmp_path / "store"))
+    with pytest.raises(dilstore.DilstoreError, match=r"^beam_options must be a mapping .*, got list"):
+        dilstore.precompute(beam_options=["--temp_location=/tmp/x"], output=str(tmp_path / "store"))
     assert capsys.readouterr() == ("", "")
     assert not (tmp_path / "store").exists()
 
