@@ -105,7 +105,8 @@ def precompute(corpus: Path, store: Path, encoding: str, threads: int, *extra: s
 
 
 def train_pq(sample: np.ndarray, reference: np.ndarray, bytes_per_token: int) -> tuple[Any, dict[str, float]]:
-    """faiss ProductQuantizer with `bytes_per_token` 8-bit sub-quantizers, trained on `sample`, measured on `reference`."""
+    """faiss ProductQuantizer with `bytes_per_token` 8-bit sub-quantizers, trained on `sample`, measured on
+    `reference`."""
     import faiss
 
     quantizer = faiss.ProductQuantizer(reference.shape[1], bytes_per_token, PQ_BITS)
@@ -300,7 +301,9 @@ def main() -> None:
         info = json.loads(subprocess.run([*CLI, "info", str(store), "--json"], check=True, capture_output=True,
                                          text=True).stdout)
         verified = subprocess.run([*CLI, "verify", str(store), "--json"], capture_output=True, text=True)
-        table = pa.concat_tables([pq.read_table(part) for part in sorted((store / "passages").glob("*.parquet"))]).to_pydict()
+        table = pa.concat_tables(
+            [pq.read_table(part) for part in sorted((store / "passages").glob("*.parquet"))]
+        ).to_pydict()
         ids = table["id"]
         reader = readers[encoding] = open_reader(store, with_index=False)
         states[encoding] = np.concatenate([p.states for p in reader.store.fetch(ids)]).astype(np.float32)

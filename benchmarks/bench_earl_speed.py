@@ -210,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
 
     print(f"\nSeconds per query, 1 query x {args.candidates} candidates ({SIZES[args.size]})")
-    print("| doc tokens | cross-encoder | EARL S1 | EARL S2 | S1 speedup | S2 speedup | S1 store read | S2 store read |")
+    print(
+        "| doc tokens | cross-encoder | EARL S1 | EARL S2 | S1 speedup | S2 speedup | S1 store read | S2 store read |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         s1, s2 = row["earl-s1"], row["earl-s2"]

@@ -118,7 +118,10 @@ def cross_encoder_pass(
 
     def run() -> torch.Tensor:
         return torch.cat(
-            [ranker(pairs[i : i + batch], segments[i : i + batch], mask[i : i + batch]) for i in range(0, len(pairs), batch)]
+            [
+                ranker(pairs[i : i + batch], segments[i : i + batch], mask[i : i + batch])
+                for i in range(0, len(pairs), batch)
+            ]
         )  # (D,)
 
     return run
@@ -133,7 +136,9 @@ def pairwise_pass(
     are built per batch, so memory stays that of one batch.
     """
     count = docs.shape[0]
-    first, second = (index.flatten() for index in torch.meshgrid(torch.arange(count), torch.arange(count), indexing="ij"))
+    first, second = (
+        index.flatten() for index in torch.meshgrid(torch.arange(count), torch.arange(count), indexing="ij")
+    )
     keep = first != second
     first, second = first[keep], second[keep]  # (D·(D − 1),)
     query_segment = torch.zeros_like(query[0])  # (nq,)
@@ -259,7 +264,9 @@ def main() -> None:
         "delayed-prior": lambda: listformer_pass(
             ListformerRanker(config, tokenizer, ListformerConfig(args.delayed_layers, prior=True)).eval(), query, docs
         ),
-        "cross-encoder": lambda: cross_encoder_pass(CrossEncoderRanker(config, tokenizer).eval(), query, docs, args.batch),
+        "cross-encoder": lambda: cross_encoder_pass(
+            CrossEncoderRanker(config, tokenizer).eval(), query, docs, args.batch
+        ),
         "pairwise": lambda: pairwise_pass(CrossEncoderRanker(config, tokenizer).eval(), query, docs, args.batch),
     }
     speed = {}

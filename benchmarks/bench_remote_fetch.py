@@ -74,11 +74,12 @@ def build_store(root: Path, passages: int, shards: int, dim: int, seed: int) -> 
             text = " ".join(f"w{index:04d}" for index in range(n - 1))  # fixed-width words: token i spans 6i..6i+5
             spans = np.array([[6 * i, 6 * i + 5] for i in range(n - 1)] + [[-1, -1]], dtype=np.int32)
             states = rng.standard_normal((n, dim), dtype=np.float32)
-            records.append(PassageRecord(f"p{row:06d}", f"title {row}", text, rng.integers(1000, 30000, n).astype(np.int32),
-                                         spans, states))  # fmt: skip
+            records.append(PassageRecord(f"p{row:06d}", f"title {row}", text,
+                                         rng.integers(1000, 30000, n).astype(np.int32), spans, states))  # fmt: skip
         write_shard(root, shard, records, kind="dilbert", encoding="fp16", durable=False)
     fingerprint = Fingerprint(architecture="BertModel", config_sha256="c" * 64, weights_sha256="w" * 64,
-                              tokenizer_sha256="t" * 64, kind="dilbert", layers=4, encoding="fp16", max_length=512)  # fmt: skip
+                              tokenizer_sha256="t" * 64, kind="dilbert", layers=4, encoding="fp16",
+                              max_length=512)  # fmt: skip
     finalize(root, fingerprint, {"command": "benchmarks/bench_remote_fetch.py"})
     return root
 
@@ -130,7 +131,9 @@ def main() -> None:
               f"{row['warm_bytes'] / 1e6:.2f} |")  # fmt: skip
     result = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "python": platform.python_version()},
+        "machine": {
+            "platform": platform.platform(), "processor": platform.processor(), "python": platform.python_version()
+        },
         "store": {"passages": args.passages, "shards": args.shards, "dim": args.dim, "encoding": "fp16",
                   "bytes": store_bytes},  # fmt: skip
         "fetch": args.fetch,

@@ -324,7 +324,8 @@ def run_verify(root: Path) -> dict[str, Any]:
     done = subprocess.run([str(dilstore), "verify", str(root), "--json"], capture_output=True, text=True)
     seconds = time.perf_counter() - start
     report = json.loads(done.stdout)
-    return {"ok": report["ok"], "problems": report["problems"][:5], "exit_code": done.returncode, "page_cache_dropped": cold,
+    return {"ok": report["ok"], "problems": report["problems"][:5], "exit_code": done.returncode,
+            "page_cache_dropped": cold,
             "seconds": seconds, "bytes_checked": report["bytes_checked"], "files_checked": report["files_checked"],
             "passages_per_s": report["passages"] / seconds, "MB_per_s": report["bytes_checked"] / seconds / 1e6}
 
@@ -382,7 +383,9 @@ def extrapolate(stores: list[dict[str, Any]], per_shard: int) -> dict[str, Any]:
     }
     verified = [store for store in stores if "verify" in store]
     if verified:
-        fits["verify_s"] = fit([store["passages"] for store in verified], [store["verify"]["seconds"] for store in verified])
+        fits["verify_s"] = fit(
+            [store["passages"] for store in verified], [store["verify"]["seconds"] for store in verified]
+        )
     tokens_per_passage = sum(store["tokens"] for store in stores) / sum(ns)
     bytes_per_token = stores[-1]["disk"]["bytes_per_token_total"]
     rows = {}

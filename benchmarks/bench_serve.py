@@ -208,7 +208,8 @@ def table(report: dict[str, Any]) -> str:
     """The markdown table of both modes, level by level."""
     on, off = report["batching_on"], report["batching_off"]
     lines = [
-        "| clients | on: answers/s | off: answers/s | gain | on: p50 / p95 / p99 (s) | off: p50 / p95 / p99 (s) | 5xx or failed |",
+        "| clients | on: answers/s | off: answers/s | gain | on: p50 / p95 / p99 (s) | off: p50 / p95 / p99 (s) "
+        "| 5xx or failed |",
         "|---:|---:|---:|---:|---|---|---:|",
     ]
 

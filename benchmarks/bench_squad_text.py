@@ -74,7 +74,9 @@ def main() -> None:
     train = load_squad(SHARED / "train-v1.1.json")
     load_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    scores = evaluate(read_json(SHARED / "dev-v1.1.json"), load_predictions(SHARED / "predictions.bert-ensemble.dev-v1.1.json"))
+    scores = evaluate(
+        read_json(SHARED / "dev-v1.1.json"), load_predictions(SHARED / "predictions.bert-ensemble.dev-v1.1.json")
+    )
     metric_seconds = time.perf_counter() - started
     results = {
         "machine": f"{platform.processor() or platform.machine()}, CPU only, shared with other jobs",
@@ -90,9 +92,12 @@ def main() -> None:
     for row in results["features"]:
         print(
             f"| {row['max_seq_length']} | {row['doc_stride']} | {row['windows']} | {row['labelled_windows']} | "
-            f"{row['questions_without_label']} | {100 * row['label_round_trip_exact']:.2f}% | {row['questions_per_s']:.0f} |"
+            f"{row['questions_without_label']} | {100 * row['label_round_trip_exact']:.2f}% | "
+            f"{row['questions_per_s']:.0f} |"
         )
-    print(f"best_spans, 384-token window, n_best 20, max answer 30: {results['decode']['microseconds_per_window']:.0f} µs")
+    print(
+        f"best_spans, 384-token window, n_best 20, max answer 30: {results['decode']['microseconds_per_window']:.0f} µs"
+    )
     print(json.dumps(results, indent=1))
     args.json_out.write_text(json.dumps(results, indent=1), encoding="utf-8")
 

@@ -255,7 +255,9 @@ def compression_sample(
                                         "zarr_warm_median_s": timing["median_s"], **build}
         shutil.rmtree(root)
     for compressor in ("zstd", "blosc"):
-        sample[compressor]["ratio"] = sample["none"]["state_bytes_per_token"] / sample[compressor]["state_bytes_per_token"]
+        sample[compressor]["ratio"] = (
+            sample["none"]["state_bytes_per_token"] / sample[compressor]["state_bytes_per_token"]
+        )
     return sample
 
 
@@ -288,7 +290,8 @@ def render(result: dict[str, Any]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| d | encoding | none B/token | zstd B/token (ratio) | blosc B/token (ratio) | zarr warm ms none / zstd / blosc |",
+        "| d | encoding | none B/token | zstd B/token (ratio) | blosc B/token (ratio) "
+        "| zarr warm ms none / zstd / blosc |",
         "|---|---|---|---|---|---|",
     ]
     for sample in result["compression"]:

@@ -110,7 +110,9 @@ AUTO_MICRO_BATCHES = 8
 AUTO_MARGIN = 1.05
 AUTO_SECONDS = 150
 # A reader checkpoint's files besides its weights that `train qa --model` needs.
-CARRIED_READER_FILES = ("config.json", "dilstore.json", "dilstore_training.json", "tokenizer.json", "tokenizer_config.json")
+CARRIED_READER_FILES = (
+    "config.json", "dilstore.json", "dilstore_training.json", "tokenizer.json", "tokenizer_config.json"
+)
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,9 @@ class Schedule:
         self.events.append(event)
         print(json.dumps(event), flush=True)
 
-    def launch(self, name: str, k: int, model: Path, extra: list[str], evaluate: bool = True) -> subprocess.Popen[bytes]:
+    def launch(
+        self, name: str, k: int, model: Path, extra: list[str], evaluate: bool = True
+    ) -> subprocess.Popen[bytes]:
         """Start `train qa` for run `name` (output WORK/name, log WORK/name.log), evaluating on dev after it."""
         dev = ["--dev", str(self.data / "dev-v1.1.json")] if evaluate else []
         command = [
@@ -634,7 +638,9 @@ def export_again(args: argparse.Namespace) -> int:
 
 def write_results(schedule: Schedule, out: Path) -> None:
     """Every run's record and log, the events and the machine, in OUT/results.tgz."""
-    records = [schedule.record(path.name) for path in sorted(schedule.work.iterdir()) if (path / "run_config.json").is_file()]
+    records = [
+        schedule.record(path.name) for path in sorted(schedule.work.iterdir()) if (path / "run_config.json").is_file()
+    ]
     (schedule.work / "results.json").write_text(
         json.dumps({"machine": machine(), "events": schedule.events, "runs": records}, indent=1), encoding="utf-8"
     )

@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                 write_into(base, packaged, lambda folder, tuned=tuned, encoding=encoding: write_online_variant(
                     tuned, DilBertReader.from_pretrained(base), encoding, folder))  # fmt: skip
             result = scored(args.work / f"step-{training['steps']}.json", [*common, "--model", str(packaged)])
-            rows.append(curve_row(training["steps"], training["features_seen"], training["train_seconds"] / 3600, result))
+            rows.append(
+                curve_row(training["steps"], training["features_seen"], training["train_seconds"] / 3600, result)
+            )
     except DilstoreError as error:
         print(f"online_variant_curve: error: {error}", file=sys.stderr)
         return 2

@@ -109,7 +109,8 @@ def card_section(
         f"- Codebook: {codebook} (a store trains its own on its corpus, so these layers never saw the evaluation "
         "store's codebook).",
         f"- Recipe: step {training['steps']:,} of a {training['total_steps']:,}-step schedule, {config['batch_size']} "
-        f"questions a step, AdamW peak lr {config['learning_rate']:g}, warm-up {config['warmup_ratio']:g}, linear decay, "
+        f"questions a step, AdamW peak lr {config['learning_rate']:g}, warm-up {config['warmup_ratio']:g}, "
+        "linear decay, "
         f"seed {config['seed']}.",
         f"- Command: `{training['command']}`",
         f"- Hardware: {hardware}; {training['train_seconds'] / 3600:.2f} h of training.",

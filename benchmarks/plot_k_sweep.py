@@ -80,7 +80,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         steps = row.get("train_steps", "")
         train_min = f"{row['train_seconds'] / 60:.1f}" if "train_seconds" in row else ""
         lines.append(
-            f"| {row['k']} | {row.get('init', BASE_INIT)} | {float(row['em']):.2f} | {float(row['f1']):.2f} | {delta} | {row['questions']} "
+            f"| {row['k']} | {row.get('init', BASE_INIT)} | {float(row['em']):.2f} | {float(row['f1']):.2f} | {delta} "
+            f"| {row['questions']} "
             f"| {steps} | {train_min} | {float(row['seconds']) / 60:.1f} |"
         )
     return "\n".join(lines) + "\n"

@@ -294,7 +294,9 @@ def prepare(args: argparse.Namespace) -> int:
     for name in (TRIPLES_FILE, PARAGRAPHS_FILE):
         shutil.copy2(args.ranking_data / name, args.carry / name)
     msmarco = args.data / "msmarco"
-    dl19 = load_dl19_task(msmarco / "bm25-top100-with-text.dl19-passage.json", read_qrels(msmarco / "qrels.dl19-passage.txt"))
+    dl19 = load_dl19_task(
+        msmarco / "bm25-top100-with-text.dl19-passage.json", read_qrels(msmarco / "qrels.dl19-passage.txt")
+    )
     save_task(dl19, args.carry / DL19_TASK)
     squad = squad_dev_task(args.data / "squad" / "dev-v1.1.json", args.work, SQUAD_DEV_DEPTH,
                            limit=SQUAD_DEV_QUESTIONS, seed=SQUAD_DEV_SEED, threads=1)  # fmt: skip

@@ -89,7 +89,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="corpus format (default: from the file name: .jsonl, .tsv, .json, .xml, each maybe "
                              "with .gz or .bz2)")
     inputs.add_argument("--split", choices=SPLITS, default="words",
-                        help="passages: 100-word windows with stride 50, paragraphs, or none (each document whole, under its own id: for reranking runs that name documents) (default words)")
+                        help="passages: 100-word windows with stride 50, paragraphs, or none (each document whole, "
+                             "under its own id: for reranking runs that name documents) (default words)")
     model = parser.add_argument_group("model and store")
     model.add_argument("--output", default=DEFAULT_OUTPUT, metavar="STORE",
                        help=f"store directory to write (default ./{DEFAULT_OUTPUT})")

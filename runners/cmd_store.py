@@ -160,7 +160,10 @@ def format_info(info: dict[str, Any]) -> str:
     if "appends" in info:
         rows.append(("appends", f"{info['appends']:,}; {info['superseded']['passages']:,} passages "
                                 f"({info['superseded']['tokens']:,} tokens) superseded by --replace, still on disk"))
-    rows += [("fingerprint" if i == 0 else "", f"{key}: {value}") for i, (key, value) in enumerate(info["fingerprint"].items())]
+    rows += [
+        ("fingerprint" if i == 0 else "", f"{key}: {value}")
+        for i, (key, value) in enumerate(info["fingerprint"].items())
+    ]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 

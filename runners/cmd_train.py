@@ -78,7 +78,10 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
         help="distil from this reader (usually the fine-tuned k=0 one): its start/end distributions and upper layers",
     )
     parser.add_argument(
-        "--distillation-temperature", type=float, default=2.0, help="softmax temperature T of the logit loss (default 2)"
+        "--distillation-temperature",
+        type=float,
+        default=2.0,
+        help="softmax temperature T of the logit loss (default 2)",
     )
     parser.add_argument(
         "--distillation-weight", type=float, default=1.0, help="weight alpha of the logit loss (default 1)"

@@ -164,7 +164,9 @@ def _new_shards(folder: Path, base: Manifest, fingerprint: Fingerprint, generati
     indices = committed_shards(folder)
     first = first_free_shard(base)
     if indices and indices[0] < first:
-        raise DilstoreError(f"{folder}: shard {indices[0]} would collide with the store's; appended shards start at {first}")
+        raise DilstoreError(
+            f"{folder}: shard {indices[0]} would collide with the store's; appended shards start at {first}"
+        )
     contents = {index: read_shard_contents(StoreLocation.parse(folder), index) for index in indices}
     state_shape, vector_size = check_agreement(folder, contents, fingerprint)
     check_build(folder, contents, fingerprint, generation)
@@ -268,7 +270,9 @@ def _sorted_rows(shards: np.ndarray, rows: np.ndarray) -> Superseded:
 def _append_files(root: Path, base: Manifest, folder: str, contents: dict[int, ShardContents]) -> dict[str, Any]:
     """The store's file entries after the append: the old ones but the old index's, and every file of the append."""
     files = {path: entry for path, entry in base.files.items() if not path.startswith(f"{base.index}/")}
-    added = checksum_all(root / folder, StoreLocation.parse(root / folder), [content.name for content in contents.values()])
+    added = checksum_all(
+        root / folder, StoreLocation.parse(root / folder), [content.name for content in contents.values()]
+    )
     files.update({f"{folder}/{path}": entry for path, entry in added.items()})
     return dict(sorted(files.items()))
 

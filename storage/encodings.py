@@ -174,7 +174,8 @@ def _encode_fp32(states: np.ndarray, codebook: Mapping[str, np.ndarray] | None =
 def _encode_fp16(states: np.ndarray, codebook: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     if states.size and float(np.abs(states).max()) > FLOAT16_MAX:
         raise StoreFormatError(
-            f"states reach {float(np.abs(states).max()):.4g}, beyond float16's range ({FLOAT16_MAX:g}); use fp32 or int8"
+            f"states reach {float(np.abs(states).max()):.4g}, beyond float16's range ({FLOAT16_MAX:g}); "
+            "use fp32 or int8"
         )
     return {"values": np.ascontiguousarray(states, dtype=np.float16)}
 

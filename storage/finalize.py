@@ -267,7 +267,10 @@ def checksum_all(root: Path, location: StoreLocation, shard_names: list[str]) ->
     sizes = {
         path: size
         for path, size in location.files().items()
-        if path != MANIFEST_FILE and path not in files and not path.startswith(TMP_PREFIX) and f"/{TMP_PREFIX}" not in path
+        if path != MANIFEST_FILE
+        and path not in files
+        and not path.startswith(TMP_PREFIX)
+        and f"/{TMP_PREFIX}" not in path
     }
     for path, digest in location.sha256_many(list(sizes)).items():
         if isinstance(digest, Exception):

@@ -166,7 +166,9 @@ def header_matches(attributes: dict, passages: int) -> bool:
     return attributes.get("hash") == HASH_NAME and attributes.get("passages") == passages
 
 
-def write_index(root: Path, index: IdIndex, *, directory: str = INDEX_DIR, superseded: Superseded | None = None) -> None:
+def write_index(
+    root: Path, index: IdIndex, *, directory: str = INDEX_DIR, superseded: Superseded | None = None
+) -> None:
     """Write `root/directory` as a Zarr v3 group, replacing any earlier one only once the new one is complete.
 
     superseded: the rows an appended store's index leaves out (STORE_FORMAT.md

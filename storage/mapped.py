@@ -146,7 +146,9 @@ class ContiguousLayout:
         file = np.zeros(self.file_size, dtype=np.uint8)  # (file_size,)
         rows = np.ascontiguousarray(values, dtype=self.dtype).reshape(-1).view(np.uint8)  # (rows * row_bytes,)
         file[: rows.size] = rows
-        file[self.index_offset :] = np.frombuffer(CRC32C(location="end").encode(self.contiguous_index()), dtype=np.uint8)
+        file[self.index_offset :] = np.frombuffer(
+            CRC32C(location="end").encode(self.contiguous_index()), dtype=np.uint8
+        )
         return file
 
     def rows_of(self, raw: bytes | memoryview | mmap.mmap, rows: int, offset: int = 0) -> np.ndarray:

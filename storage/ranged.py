@@ -79,12 +79,17 @@ def read_row_ranges(
             raise StoreFormatError(f"{column.path}: shard index does not describe contiguous chunks")
     rows = iter(raw[len(stored) :])
     return [
-        [column.layout.rows_of(next(rows), stop - start) for start, stop in zip(starts.tolist(), stops.tolist(), strict=True)]
+        [
+            column.layout.rows_of(next(rows), stop - start)
+            for start, stop in zip(starts.tolist(), stops.tolist(), strict=True)
+        ]
         for column, starts, stops in requests
     ]
 
 
-def read_blocks(fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap: int = COALESCE_GAP) -> list[memoryview]:
+def read_blocks(
+    fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap: int = COALESCE_GAP
+) -> list[memoryview]:
     """The bytes of each range of files on `fs`, read as coalesced blocks in one `cat_ranges` call.
 
     A block that comes back with other than the bytes asked for (a truncated

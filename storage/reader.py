@@ -124,7 +124,8 @@ class Store:
 
     @property
     def read_path(self) -> str:
-        """"mmap" (zero-copy memory maps), "ranged" (coalesced byte ranges, storage/ranged.py) or "zarr" (zarr-python)."""
+        """"mmap" (zero-copy memory maps), "ranged" (coalesced byte ranges, storage/ranged.py) or "zarr"
+        (zarr-python)."""
         return self._read_path
 
     def __len__(self) -> int:

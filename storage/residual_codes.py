@@ -106,7 +106,8 @@ def train_residual(states: np.ndarray, bits: int) -> dict[str, np.ndarray]:
 
 
 def _nearest_centroids(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """The id of each vector's nearest centroid (squared L2, ties to the lower id): `(rows, d)`, `(C, d)` -> `(rows,)` intp."""
+    """The id of each vector's nearest centroid (squared L2, ties to the lower id): `(rows, d)`, `(C, d)` ->
+    `(rows,)` intp."""
     norms = np.einsum("cd,cd->c", centroids, centroids)  # (C,)
     ids = np.empty(len(vectors), dtype=np.intp)  # (rows,)
     for start in range(0, len(vectors), BLOCK_ROWS):

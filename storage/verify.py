@@ -434,7 +434,9 @@ def _problem(report: VerifyReport, where: str, message: str) -> None:
     report.problems.append(f"{where}: {message}")
 
 
-def _array(group: zarr.Group, name: str, dtype: str, shape: tuple[int, ...], where: str, report: VerifyReport) -> zarr.Array | None:
+def _array(
+    group: zarr.Group, name: str, dtype: str, shape: tuple[int, ...], where: str, report: VerifyReport
+) -> zarr.Array | None:
     """Array `name` of `group` if it has the expected dtype and shape; else a problem and None."""
     try:
         array = group[name]
@@ -466,11 +468,18 @@ def _check_offsets(offsets: np.ndarray, data_length: int, name: str, where: str,
     return True
 
 
-def _strings(group: zarr.Group, data_name: str, offsets_name: str, passages: int, where: str, report: VerifyReport) -> list[str] | None:
+def _strings(
+    group: zarr.Group, data_name: str, offsets_name: str, passages: int, where: str, report: VerifyReport
+) -> list[str] | None:
     """Decode a ragged UTF-8 column after checking its arrays and offsets."""
     offsets_array = _fixed_array(group, fixed_arrays(passages, 0, None), offsets_name, where, report)
     data_array = group.get(data_name)
-    if offsets_array is None or not isinstance(data_array, zarr.Array) or data_array.dtype != np.uint8 or data_array.ndim != 1:
+    if (
+        offsets_array is None
+        or not isinstance(data_array, zarr.Array)
+        or data_array.dtype != np.uint8
+        or data_array.ndim != 1
+    ):
         if offsets_array is not None:
             _problem(report, where, f"{data_name} is missing or not uint8 bytes")
         return None
@@ -555,7 +564,9 @@ def _check_shard(
     return None if ids is None or lengths is None else _ShardRead(ids, lengths, titles, texts)
 
 
-def _check_spans(spans: np.ndarray, token_offsets: np.ndarray, texts: list[str], where: str, report: VerifyReport) -> None:
+def _check_spans(
+    spans: np.ndarray, token_offsets: np.ndarray, texts: list[str], where: str, report: VerifyReport
+) -> None:
     """Every char span is (-1, -1) or lies inside its passage's text."""
     text_lengths = np.repeat(np.array([len(text) for text in texts], dtype=np.int64), np.diff(token_offsets))  # (T,)
     special = (spans == -1).all(axis=1)
@@ -606,7 +617,10 @@ def _blocks(array: zarr.Array) -> Iterator[np.ndarray]:
 
 
 def _check_index(
-    location: StoreLocation, manifest: Manifest, shard_rows: dict[int, tuple[list[str], np.ndarray]], report: VerifyReport
+    location: StoreLocation,
+    manifest: Manifest,
+    shard_rows: dict[int, tuple[list[str], np.ndarray]],
+    report: VerifyReport,
 ) -> None:
     """The id index is sorted, covers every row once (live in the index or superseded), and each hash is its id's;
     the superseded rows' tokens are the manifest's."""

@@ -78,7 +78,8 @@ def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/fixtures/qa_training_fixtures.py's random 2-layer BERT with the MiniLM tokenizer, a plain encoder directory."""
+    """tests/fixtures/qa_training_fixtures.py's random 2-layer BERT with the MiniLM tokenizer, a plain encoder
+    directory."""
     from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-base"))

@@ -22,7 +22,7 @@ Every layer module is called as `module(hidden_states, attention_mask)` with
 an additive float mask of shape (batch, 1, queries, keys): 0 where attention
 is allowed and the dtype's minimum elsewhere. Both the "eager" and the "sdpa"
 attention implementations of transformers 5 accept that form.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -132,7 +132,8 @@ class CheckpointMetadata:
             raise DilstoreError(f"{source}: expected a JSON object, got {type(document).__name__}")
         if document.get("format") != METADATA_FORMAT:
             raise DilstoreError(
-                f"{source}: unsupported format {document.get('format')!r} (this dilstore reads format {METADATA_FORMAT})"
+                f"{source}: unsupported format {document.get('format')!r} "
+                f"(this dilstore reads format {METADATA_FORMAT})"
             )
         missing = [name for name in ("kind", "architecture", "layers", "num_layers") if name not in document]
         if missing:

@@ -68,7 +68,9 @@ def _weights_problem(loading: dict[str, Any], trained: bool) -> str | None:
     (hostile46 F10)."""
     missing = [name for name in loading.get("missing_keys", ()) if trained or not name.startswith(_QA_HEAD_PREFIX)]
     unknown = list(loading.get("unexpected_keys", ())) if trained else []
-    parts = [f"{label} {listed(sorted(names))}" for label, names in (("missing", missing), ("unknown", unknown)) if names]
+    parts = [
+        f"{label} {listed(sorted(names))}" for label, names in (("missing", missing), ("unknown", unknown)) if names
+    ]
     mismatched = sorted(loading.get("mismatched_keys", ()))
     if mismatched:
         name, stored, asked = mismatched[0]

@@ -471,7 +471,8 @@ class EarlRanker(RankerBase):
 
     @torch.no_grad()
     def _initialise_from(self, encoder: BertModel) -> None:
-        """Copy 1 → document module, copy 2 → query module and judger blocks; seeded score head (zero with the prior)."""
+        """Copy 1 → document module, copy 2 → query module and judger blocks; seeded score head (zero with the
+        prior)."""
         self._initialise_encoders(encoder)
         for index, block in enumerate(self.blocks):
             block.copy_from(encoder.encoder.layer[self.query_layers + index])

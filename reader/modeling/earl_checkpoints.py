@@ -108,7 +108,9 @@ def base_weights_sha256(encoder: nn.Module) -> str:
     trained change shows. Parameters only: buffers differ between
     transformers versions and hold no weights.
     """
-    return tensors_sha256({name: parameter.detach().to(torch.float16) for name, parameter in encoder.named_parameters()})
+    return tensors_sha256(
+        {name: parameter.detach().to(torch.float16) for name, parameter in encoder.named_parameters()}
+    )
 
 
 def base_reference(base: str | Path, weights_sha256: str) -> str:

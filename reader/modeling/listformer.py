@@ -412,7 +412,9 @@ class ListformerRanker(RankerBase):
             states = encode_alone(self.prior_encoder, self.num_layers, input_ids, attention_mask)  # (b, n, d)
         return masked_mean(states.float(), attention_mask)  # (b, d)
 
-    def _prior_scores(self, query_vectors: torch.Tensor | None, doc_vectors: torch.Tensor | None) -> torch.Tensor | None:
+    def _prior_scores(
+        self, query_vectors: torch.Tensor | None, doc_vectors: torch.Tensor | None
+    ) -> torch.Tensor | None:
         """prior_scale · cos(query vector, each document vector) (B, D), or None for a ranker without the prior."""
         if self.prior_scale is None:
             if query_vectors is not None or doc_vectors is not None:

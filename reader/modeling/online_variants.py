@@ -77,7 +77,8 @@ def write_online_variant(trained: DilBertReader, base: DilBertReader, encoding: 
     )
     if changed:
         raise DilstoreError(
-            f"the tuned reader changed offline weights ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}): "
+            f"the tuned reader changed offline weights "
+            f"({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}): "
             "stores precomputed with the checkpoint would not hold its passage states; train it with --freeze-lower"
         )
     tensors = {name: trained_state[name].detach().to("cpu", _STORED_DTYPE).contiguous() for name in sorted(online)}

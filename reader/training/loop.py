@@ -531,7 +531,9 @@ def run_training_loop(
             if log_line:
                 learning_rate = optimization.scheduler.get_last_lr()[0]
                 # stdout holds only the result (--json's summary)
-                bar.write(_log_line(position, total_steps, logged_loss, learning_rate, rate, throughput), file=sys.stderr)
+                bar.write(
+                    _log_line(position, total_steps, logged_loss, learning_rate, rate, throughput), file=sys.stderr
+                )
                 speed.restart()
             stopping = stop.signal_number is not None and position.step < total_steps
             if position.step < total_steps and (stopping or _checkpoint_due(config, position.step, last_save)):

@@ -132,7 +132,9 @@ class RankingTrainingConfig(LoopConfig):
         if self.prior and self.kind not in ("earl", "listformer"):
             raise DilstoreError("prior describes an EARL ranker or a Listformer only")
         if self.freeze_encoder and self.encoder_learning_rate is not None:
-            raise DilstoreError("freeze-encoder and encoder-learning-rate exclude each other: a frozen encoder has none")
+            raise DilstoreError(
+                "freeze-encoder and encoder-learning-rate exclude each other: a frozen encoder has none"
+            )
         if self.encoder_learning_rate is not None:
             require_finite({"encoder-learning-rate": self.encoder_learning_rate})
         if self.encoder_learning_rate is not None and self.encoder_learning_rate <= 0:

@@ -542,13 +542,20 @@ def test_wikipedia_raw_wikitext_then_conversion_equals_direct_reading(tmp_path: 
     first = "'''One''' [[is]] {{here}} here."
     dump = write_dump(
         tmp_path / "dump.xml",
-        page(1, "One", first) + page(2, "Two", "{{only a template}}") + page(3, "Three", "") + page(4, "Four", "x" * 200),
+        page(1, "One", first)
+        + page(2, "Two", "{{only a template}}")
+        + page(3, "Three", "")
+        + page(4, "Four", "x" * 200),
     )
     raw = list(read_wikipedia(dump, plain_text=False))
     assert raw[0] == Document("1", "One", first, str(dump))
     converted = [wikitext_document(r, max_bytes=100) if isinstance(r, Document) else r for r in raw]
     assert converted == list(read_wikipedia(dump, max_bytes=100))
-    assert [r.reason.split(" of ")[0] for r in converted[1:]] == ["no prose left", "empty text", "document too large: text"]
+    assert [r.reason.split(" of ")[0] for r in converted[1:]] == [
+        "no prose left",
+        "empty text",
+        "document too large: text",
+    ]
 
 
 def test_a_page_whose_conversion_fails_is_its_own_dead_letter(
@@ -835,9 +842,9 @@ def test_style_quotes_go_but_the_apostrophes_mediawiki_shows_among_them_stay(wik
         # A dropped node between two italic runs merged them into one run of 4, an apostrophe (wiki40 L1).
         ("the Muslim ''{{unknown template|x}}'', and ''<ref>a</ref>''", "the Muslim, and"),
         # A dropped node before punctuation left the space before it: "Angola , officially" (wiki45 L4).
-        ("'''Angola''' {{IPA-pt|ɐ̃ˈɡɔlɐ|pron}}, officially; ASCII ({{IPAc-en|ˈ|æ}}), abbreviated; blue{{cn}} "
-         "{{cite web|url=x}}. A {{IPA-de|x|lang}} word ; kept", "Angola, officially; ASCII, abbreviated; blue. A word ; "
-         "kept"),
+        ("'''Angola''' {{IPA-pt|ɐ̃ˈɡɔlɐ|pron}}, officially; ASCII ({{IPAc-en|ˈ|æ}}), abbreviated; "
+         "blue{{cn}} {{cite web|url=x}}. A {{IPA-de|x|lang}} word ; kept",
+         "Angola, officially; ASCII, abbreviated; blue. A word ; kept"),
         ("''{{flagicon|FRA}}'' (FRA) ''{{flagicon|UK}}'' (UK)", "(FRA) (UK)"),
         # Separators left by dropped pronunciations at a bracket's ends (wiki40 L2).
         ("Albert Einstein ({{IPAc-en|ˈ|aɪ}}; {{IPA-de|x|lang}}; 14 March 1879 – 1955) was", "Albert Einstein (14 "
@@ -897,11 +904,15 @@ def test_default_corpus_rebuilds_from_squad_dev(shared_data: Path) -> None:
     [
         ('{"id": "a", "text": "x \\ud800 y"}', "invalid text: text holds a lone surrogate U+D800 at character 3"),
         ('{"id": "b\\udfff", "text": "fine"}', "invalid text: id holds a lone surrogate U+DFFF at character 2"),
-        ('{"id": "c", "title": "\\udc00", "contents": "fine"}', "invalid text: title holds a lone surrogate U+DC00 at character 1"),
+        (
+            '{"id": "c", "title": "\\udc00", "contents": "fine"}',
+            "invalid text: title holds a lone surrogate U+DC00 at character 1",
+        ),
     ],
 )
 def test_lone_surrogates_are_rejected_not_raised(tmp_path: Path, line: str, reason: str) -> None:
-    """JSON may escape half a surrogate pair; such a field cannot be written as UTF-8, so the record is a dead letter."""
+    """JSON may escape half a surrogate pair; such a field cannot be written as UTF-8, so the record is a dead
+    letter."""
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(line + '\n{"id": "ok", "text": "kept"}\n', encoding="utf-8")
     documents, rejected, _ = by_kind(read_corpus(corpus, "jsonl"))

@@ -121,7 +121,9 @@ def test_paragraph_example_with_default_minimum() -> None:
 
 def test_split_document_rejects_bad_settings() -> None:
     doc = document("some words here")
-    with pytest.raises(DilstoreError, match="unknown passage strategy 'sentences'; expected one of: words, paragraphs, none"):
+    with pytest.raises(
+        DilstoreError, match="unknown passage strategy 'sentences'; expected one of: words, paragraphs, none"
+    ):
         split_document(doc, "sentences")
     with pytest.raises(DilstoreError, match="1 <= stride <= window; got window 10, stride 11"):
         split_document(doc, "words", window=10, stride=11)

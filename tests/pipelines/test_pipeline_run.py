@@ -581,7 +581,9 @@ def test_a_2bit_run_trains_one_codebook_every_shard_decodes_with_and_another_run
 ) -> None:
     reference, _, _, _ = metered_run
     store, again = tmp_path / "2bit", tmp_path / "2bit-again"
-    assert cli.main(precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress", "--encoding", "2bit")) == 0
+    assert (
+        cli.main(precompute_args(corpus, tiny_dir, store, "--workers", "1", "--no-progress", "--encoding", "2bit")) == 0
+    )
     codebook, _ = read_codebook(store / CODEBOOK_DIR, "2bit")
     assert "rotation" in codebook and "cutoffs" not in codebook  # DilBert stores get rotated codes
     with open_store(store) as opened:

@@ -113,8 +113,8 @@ def test_a_swap_killed_between_its_renames_is_completed_by_the_next_run(tmp_path
     if finished:
         (building / "manifest.json").write_text("{}")
     store.rename(tmp_path / ".store.dilstore-replaced")  # the kill comes here
-    with pytest.raises(StoreFormatError, match=f"^no store at {store}: a `dilstore precompute --overwrite` or `dilstore "
-                       r"compact` was stopped while it put a new store here \(the old one is in "
+    with pytest.raises(StoreFormatError, match=f"^no store at {store}: a `dilstore precompute --overwrite` or "
+                       r"`dilstore compact` was stopped while it put a new store here \(the old one is in "
                        r".store.dilstore-replaced\); the next `dilstore precompute` or `dilstore compact` of this "
                        "store finishes it$"):  # crash38 L5: "no store at" alone
         read_manifest(StoreLocation.parse(str(store)))

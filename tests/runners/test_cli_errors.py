@@ -48,7 +48,10 @@ def filled(words: list[str], **places: Path) -> list[str]:
         (["evaluate-rc", "--data", "{tmp}/none.json"], "dilstore evaluate-rc: error: "),
         (["serve", "{tmp}/no-store", "--port", "0"], "dilstore serve: error: "),
         (["train", "ranking-data", "--squad", "{tmp}/none.json", "--output", "{tmp}/o"], "dilstore train: error: "),
-        (["train", "qa", "--layers", "1", "--train", "{tmp}/none.json", "--output", "{tmp}/o"], "dilstore train: error: "),
+        (
+            ["train", "qa", "--layers", "1", "--train", "{tmp}/none.json", "--output", "{tmp}/o"],
+            "dilstore train: error: ",
+        ),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(

@@ -743,7 +743,10 @@ def test_a_store_damaged_on_disk_or_too_many_files_for_the_limit_is_refused_at_s
     chunk.write_bytes(chunk.read_bytes()[:7])
     assert main(["serve", str(damaged), "--port", "0"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("dilstore serve: error: store 'damaged' is damaged: ") and "7 bytes, the manifest recorded" in err
+    assert (
+        err.startswith("dilstore serve: error: store 'damaged' is damaged: ")
+        and "7 bytes, the manifest recorded" in err
+    )
     assert err.rstrip().endswith(f"`dilstore verify {damaged}` checks it, a new precompute mends it")
     monkeypatch.setattr(open_files, "raise_open_file_limit", lambda: 520)
     assert main(["serve", str(tiny["s1"]), str(tiny["s2"]), "--port", "0"]) == 2

@@ -85,7 +85,8 @@ def test_measure_open_and_report_run_on_a_tiny_store(bench, one_bit: tuple[Path,
     store = {"passages": PASSAGES, "tokens": 160_000, "shards": 2, "open": opened, "disk": disk,
              "build": {"write_s": 1.0, "finalize_s": 1.0}}
     result = {"stores": [store], "extrapolation": bench.extrapolate([store], PER_SHARD), "cost": bench.cost_table(12)}
-    assert result["cost"]["1bit"]["state_bytes_per_token"] == 384 // 8 + 2 + 1  # codes, float16 scale, uint8 centroid id
+    # codes, float16 scale, uint8 centroid id
+    assert result["cost"]["1bit"]["state_bytes_per_token"] == 384 // 8 + 2 + 1
     assert result["cost"]["fp16"]["state_bytes_per_token"] == 768
     rendered = bench.render(result)
     assert rendered.startswith("MEASURED") and "EXTRAPOLATION (NOT MEASURED" in rendered

@@ -3,7 +3,8 @@
 Small random states only: the shapes and bytes the benchmark reports come from
 what the codecs really emit, a centroid codec is exact on states that are its
 centroids, its k-means finds well-separated clusters, the plain variant is the
-store's own encoding with a codebook without centroids (stores from before them), and the least-squares scale only moves the token scale,
+store's own encoding with a codebook without centroids (stores from before them),
+and the least-squares scale only moves the token scale,
 never increasing a token's error.
 """
 

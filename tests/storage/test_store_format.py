@@ -59,7 +59,9 @@ def test_plain_zarr_python_reads_the_store_without_dilstore(fp32_store, shards) 
     assert bytes(text_bytes[text_offsets[row] : text_offsets[row + 1]]).decode() == record.text
     hashes, shard_of, row_of = index["hashes"][...], index["shards"][...], index["rows"][...]
     assert len(hashes) == 12 and (hashes[1:] >= hashes[:-1]).all()  # uint64 order (float64 blurs close hashes)
-    assert sorted(zip(shard_of.tolist(), row_of.tolist())) == [(s, r) for s, n in enumerate([5, 3, 4]) for r in range(n)]
+    assert sorted(zip(shard_of.tolist(), row_of.tolist())) == [
+        (s, r) for s, n in enumerate([5, 3, 4]) for r in range(n)
+    ]
     # Each entry's hash is STORE_FORMAT §6's: BLAKE2b (digest_size 8) of the id's UTF-8 bytes, read little-endian.
     # Writer, reader and verify share one id_hash, so only an independent computation catches a change to it.
     for position, (entry_shard, entry_row) in enumerate(zip(shard_of.tolist(), row_of.tolist())):

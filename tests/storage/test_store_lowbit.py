@@ -5,7 +5,8 @@ gives: codes, scales and centroid ids from the shard, the codebook from the
 store's `codebook/` group, which the shards do not copy) must equal what the
 store returns on both read paths, for rotated codebooks (trained now) and for
 codebooks without rotation or without centroids (stores written before them),
-which still decode by the recipe, verify, and append in their own scheme; a byte flipped in the store's `codebook/` group
+which still decode by the recipe, verify, and append in their own scheme; a byte
+flipped in the store's `codebook/` group
 (centroids included), in the shards' centroid ids, or in a codebook a shard
 keeps of its own is a verify problem; a missing codebook
 group, a codebook of another build or model, or one that a shard's own

@@ -183,7 +183,9 @@ def test_round_trip_every_encoding_and_read_path(encoding, data, compressor, pic
             shard, record = records[passage_id]
             stored = _shard_arrays(plain, shard, encoding)
             shard_states = np.concatenate([other.states for other in shards[shard]])
-            start = sum(len(other.states) for other in shards[shard][: [other.id for other in shards[shard]].index(record.id)])
+            start = sum(
+                len(other.states) for other in shards[shard][: [other.id for other in shards[shard]].index(record.id)]
+            )
             reference = reads["mmap"][position]
             assert (reference.id, reference.title, reference.text) == (record.id, record.title, record.text)
             np.testing.assert_array_equal(reference.token_ids, record.token_ids)

@@ -232,7 +232,10 @@ def test_info_of_a_compressed_store_does_not_split_its_state_bytes(tmp_path: Pat
 
 def test_the_command_runs_as_a_program_and_reports_errors_without_a_traceback(store, tmp_path, capsys) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "dilstore.runners.cli", "info", str(store), "--json"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "dilstore.runners.cli", "info", str(store), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert INFO_KEYS <= set(json.loads(done.stdout))
     assert main(["info", str(tmp_path / "nowhere")]) == 2

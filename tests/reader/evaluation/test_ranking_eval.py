@@ -152,8 +152,8 @@ def test_benchmark_labels_untrained_rankers(tiny_base: Path, dl19_file: Path, tm
     output = tmp_path / "report.json"
     status = rank_quality.main(["--work", str(tmp_path / "work"), "--data", str(data), "--tasks", "dl19",
                                 "--model", str(trained), "--model", str(saved_only), "--untrained", "earl",
-                                "--reference-bi-encoder", "--base-model", str(tiny_base), "--max-doc-length", "32", "--threads", "1",
-                                "--no-progress", "--output", str(output)])  # fmt: skip
+                                "--reference-bi-encoder", "--base-model", str(tiny_base), "--max-doc-length", "32",
+                                "--threads", "1", "--no-progress", "--output", str(output)])  # fmt: skip
     assert status == 0
     report = json.loads(output.read_text())
     labels = {row["model"]: row["trained"] for row in report["results"]}

@@ -60,7 +60,9 @@ def oracle_scorer(batch: QABatch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def oracle_predictions(tokenizer, examples, reading: ReadingSettings) -> dict[str, str]:
-    return predict_answers(window_features(tokenizer, examples, reading), oracle_scorer, reading, tokenizer.pad_token_id)
+    return predict_answers(
+        window_features(tokenizer, examples, reading), oracle_scorer, reading, tokenizer.pad_token_id
+    )
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -67,7 +67,9 @@ def test_save_then_load_gives_the_same_reader(name: str, tokenizer, tmp_path: Pa
 
 
 def test_checkpoint_is_a_plain_hugging_face_directory_plus_dilstore_json(saved_bert: Path) -> None:
-    assert {"config.json", "model.safetensors", "tokenizer.json", METADATA_FILE} <= {p.name for p in saved_bert.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", METADATA_FILE} <= {
+        p.name for p in saved_bert.iterdir()
+    }
     assert json.loads((saved_bert / METADATA_FILE).read_text()) == {
         "architecture": "bert",
         "format": 1,
@@ -106,7 +108,10 @@ def test_fp16_stored_weights_load_as_fp32(saved_bert: Path, tmp_path: Path) -> N
     """A checkpoint stored in fp16 (as the shipped default reader is) is upcast on load."""
     for path in saved_bert.iterdir():
         if path.suffix == ".safetensors":
-            half = {name: tensor.half() if tensor.is_floating_point() else tensor for name, tensor in load_file(path).items()}
+            half = {
+                name: tensor.half() if tensor.is_floating_point() else tensor
+                for name, tensor in load_file(path).items()
+            }
             save_file(half, tmp_path / path.name, metadata={"format": "pt"})
         else:
             (tmp_path / path.name).write_bytes(path.read_bytes())
@@ -174,7 +179,9 @@ def test_weights_that_do_not_fit_the_model_are_refused(saved_bert: Path, tmp_pat
     a store built so verified as whole, with wrong states."""
     directory = copy_checkpoint(saved_bert, tmp_path)
     weights = load_file(directory / "model.safetensors")
-    name = "qa_outputs.bias" if change == "drop-head" else next(key for key in weights if key.endswith("LayerNorm.bias"))
+    name = (
+        "qa_outputs.bias" if change == "drop-head" else next(key for key in weights if key.endswith("LayerNorm.bias"))
+    )
     if change == "add":
         weights["extra.weight"] = weights.pop(name).clone()
         name = "extra.weight"

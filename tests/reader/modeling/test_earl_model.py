@@ -123,7 +123,12 @@ def test_one_query_broadcasts_over_stored_documents_of_any_float_dtype(pooling, 
     seed=st.integers(0, 2**16),
 )
 def test_padding_documents_or_queries_never_changes_scores(
-    lengths: list[tuple[int, int]], query_extra: int, doc_extra: int, variant: tuple[str, bool, bool], seed: int, rankers
+    lengths: list[tuple[int, int]],
+    query_extra: int,
+    doc_extra: int,
+    variant: tuple[str, bool, bool],
+    seed: int,
+    rankers,
 ) -> None:
     """Extra padding columns (holding a real word id, masked out) leave every score as the pair alone gives it."""
     ranker = rankers[variant]

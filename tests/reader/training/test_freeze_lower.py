@@ -47,7 +47,9 @@ def direct_states(reader: DilBertReader, rows: list[list[int]], passages: bool) 
     reader.eval()
     encode = reader.encode_passages if passages else reader.encode_questions
     with torch.no_grad():
-        out = [encode(torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long))[0].to(CACHE_DTYPE) for row in rows]
+        out = [
+            encode(torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long))[0].to(CACHE_DTYPE) for row in rows
+        ]
     reader.train()
     return out
 

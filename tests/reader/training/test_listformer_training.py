@@ -140,7 +140,8 @@ def test_cli_trains_a_prior_listformer_that_names_its_base(tiny_base: Path, over
     for (name, got), want in zip(ranker.prior_encoder.state_dict().items(), base.prior_encoder.state_dict().values()):
         assert torch.equal(got, want), name
     assert not torch.equal(ranker.encoder.encoder.layer[1].output.dense.weight,
-                           base.encoder.encoder.layer[1].output.dense.weight), "the Listformer itself trained"  # fmt: skip
+                           base.encoder.encoder.layer[1].output.dense.weight), \
+        "the Listformer itself trained"  # fmt: skip
 
 
 def test_cli_refuses_a_delayed_split_the_encoder_cannot_take(tiny_base, overfit_files, tmp_path, capsys) -> None:

@@ -1,4 +1,5 @@
-"""The default EARL ranker and Listformer: where they ship, its packaging as fp16 with a model card, and the card's target line.
+"""The default EARL ranker and Listformer: where they ship, its packaging as fp16 with a model card, and the card's
+target line.
 
 A tiny random 2-layer EARL ranker (and Listformer) is trained for two steps on four triples
 (tests/fixtures/ranking_fixtures.py), so the card is rendered from a real
@@ -203,11 +204,14 @@ def test_target_statement(rows: list[dict], expected: str) -> None:
 @pytest.mark.parametrize(
     ("rows", "expected"),
     [
-        ([row("DL19", "ce", "cross-encoder", 0.18), row("DL19", "b", "bm25", 0.5), row("DL19", "l", "listformer", 0.6, "me")],
+        ([row("DL19", "ce", "cross-encoder", 0.18), row("DL19", "b", "bm25", 0.5),
+          row("DL19", "l", "listformer", 0.6, "me")],
          ": met"),
-        ([row("DL19", "ce", "cross-encoder", 0.18), row("DL19", "b", "bm25", 0.5), row("DL19", "l", "listformer", 0.4, "me")],
+        ([row("DL19", "ce", "cross-encoder", 0.18), row("DL19", "b", "bm25", 0.5),
+          row("DL19", "l", "listformer", 0.4, "me")],
          "NOT met"),
-        ([row("DL19", "ce", "cross-encoder", 0.7), row("DL19", "b", "bm25", 0.5), row("DL19", "l", "listformer", 0.6, "me")],
+        ([row("DL19", "ce", "cross-encoder", 0.7), row("DL19", "b", "bm25", 0.5),
+          row("DL19", "l", "listformer", 0.6, "me")],
          "NOT met"),
         ([row("DL19", "ce", "cross-encoder", 0.18), row("DL19", "l", "listformer", 0.6, "me")], "not assessed"),
     ],

@@ -554,7 +554,8 @@ def test_k_sweep_names_the_checkpoint_a_run_was_warm_started_from(plot_k_sweep, 
 )
 def test_model_card_states_whether_targets_were_met(k: int, f1: float, baseline: float | None, expected: str) -> None:
     training = {
-        "layers": k, "num_layers": 6, "train_file": "train.json", "base_model": "minilm", "command": "dilstore train qa",
+        "layers": k, "num_layers": 6, "train_file": "train.json", "base_model": "minilm",
+        "command": "dilstore train qa",
         "steps": 10, "total_steps": 10, "features_seen": 160, "train_features": 1600, "train_questions": 1500,
         "train_seconds": 60.0,
         "config": {"batch_size": 16, "gradient_accumulation": 1, "learning_rate": 1e-4, "warmup_ratio": 0.1,
@@ -583,7 +584,8 @@ def test_model_card_counts_shared_normalisation_groups_and_their_windows(
     windows_per_example: int, seen: str, budget: str
 ) -> None:
     training = {
-        "layers": 4, "num_layers": 6, "train_file": "train.json", "base_model": "minilm", "command": "dilstore train qa",
+        "layers": 4, "num_layers": 6, "train_file": "train.json", "base_model": "minilm",
+        "command": "dilstore train qa",
         "steps": 20, "total_steps": 20, "features_seen": 160, "train_features": 1600, "train_questions": 1600,
         "windows_per_example": windows_per_example, "train_seconds": 60.0,
         "config": {"batch_size": 8, "gradient_accumulation": 1, "learning_rate": 5e-5, "warmup_ratio": 0.06,

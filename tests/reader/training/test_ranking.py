@@ -333,7 +333,8 @@ def test_encoder_learning_rate_gives_the_encoder_copies_their_own_rate(
 ) -> None:
     triples, paragraphs = overfit_files
     config = RankingTrainingConfig(kind="earl", query_layers=1, prior=True, max_steps=2, batch_size=2,
-                                   learning_rate=1e-2, encoder_learning_rate=1e-9, warmup_ratio=0.0, **SMALL)  # fmt: skip
+                                   learning_rate=1e-2, encoder_learning_rate=1e-9, warmup_ratio=0.0,
+                                   **SMALL)  # fmt: skip
     base = new_ranker("earl", tiny_base, EarlConfig(query_layers=1, prior=True))
     result = train_ranker(tiny_base, triples, paragraphs, tmp_path, config, command="lr", progress=False)
     trained, start = parameters(result.ranker), parameters(base)

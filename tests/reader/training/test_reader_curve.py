@@ -81,7 +81,9 @@ def test_a_checkpoint_pruned_while_the_curve_is_scored_is_skipped_with_a_line(
 
 
 @pytest.mark.parametrize(
-    "content", ["not json", json.dumps({"run": "a"}), json.dumps([{"run": "a", "step": 1}])], ids=["text", "object", "keys"]
+    "content",
+    ["not json", json.dumps({"run": "a"}), json.dumps([{"run": "a", "step": 1}])],
+    ids=["text", "object", "keys"],
 )
 def test_scored_rows_that_are_not_curve_rows_are_refused_by_name(tmp_path: Path, capsys, content: str) -> None:
     scored = tmp_path / "rows.json"

@@ -90,7 +90,8 @@ def test_train_runs_all_four_rankers_without_the_modules_the_gpu_machine_lacks(t
 
 
 def test_the_learning_curve_metrics_equal_ir_measures() -> None:
-    """The numpy RR@10 and nDCG@10 of the log agree with reader/evaluation/rank_metrics.py on graded and binary qrels."""
+    """The numpy RR@10 and nDCG@10 of the log agree with reader/evaluation/rank_metrics.py on graded and binary
+    qrels."""
     generator = torch.Generator().manual_seed(0)
     for top in (3, 1):
         qrels = {f"q{q}": {f"d{d}": int(torch.randint(0, top + 1, (1,), generator=generator)) for d in range(0, 30, 3)}
