@@ -34,7 +34,13 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import AutoModelForQuestionAnswering, AutoTokenizer, BertConfig, PreTrainedModel
+from transformers import (
+    AutoModelForQuestionAnswering,
+    AutoTokenizer,
+    BertConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
@@ -67,7 +73,8 @@ class Padded:
 
 
 def load_workload(
-    squad: Path, questions: int, passages: int, question_length: int, passage_length: int, tokenizer
+    squad: Path, questions: int, passages: int, question_length: int, passage_length: int,
+    tokenizer: PreTrainedTokenizerBase,
 ) -> Workload:
     """The first `passages` SQuAD dev paragraphs and the first `questions` dev questions, tokenized and truncated."""
     document = json.loads(squad.read_text(encoding="utf-8"))
@@ -198,7 +205,7 @@ def build_model(size: str) -> PreTrainedModel:
 
 
 def benchmark_size(
-    size: str, workload: Workload, measured: int, batch_size: int, repeats: int, tokenizer
+    size: str, workload: Workload, measured: int, batch_size: int, repeats: int, tokenizer: PreTrainedTokenizerBase
 ) -> dict[str, Any]:
     """Time the full model and DilBert at k = l-2 and l-1 for one model size; each phase's median of `repeats`."""
     model = build_model(size)

@@ -13,12 +13,13 @@ import json
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from dilstore.reader.data.qa_features import answer_text, build_features
-from dilstore.reader.data.squad import load_predictions, load_squad
+from dilstore.reader.data.squad import SquadExample, load_predictions, load_squad
 from dilstore.reader.evaluation.squad_metric import evaluate, normalize_answer
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.serving.decode import best_spans
@@ -27,7 +28,9 @@ from dilstore.reader.text.files import read_json
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad"
 
 
-def bench_features(tokenizer, examples, max_seq_length: int, doc_stride: int) -> dict:
+def bench_features(
+    tokenizer: PreTrainedTokenizerBase, examples: list[SquadExample], max_seq_length: int, doc_stride: int
+) -> dict[str, Any]:
     """Build labelled features for every example; count windows and label round trips."""
     started = time.perf_counter()
     features = list(build_features(tokenizer, examples, max_seq_length=max_seq_length, doc_stride=doc_stride))
@@ -52,7 +55,7 @@ def bench_features(tokenizer, examples, max_seq_length: int, doc_stride: int) ->
     }
 
 
-def bench_decode(windows: int, length: int, n_best: int, max_answer_length: int) -> dict:
+def bench_decode(windows: int, length: int, n_best: int, max_answer_length: int) -> dict[str, Any]:
     """best_spans on random full-length windows."""
     rng = np.random.default_rng(0)
     spans = np.stack([np.arange(length) * 5, np.arange(length) * 5 + 4], axis=1).astype(np.int32)
