@@ -2,6 +2,6 @@
 
 import sys
 
-from dilstore.runners.cli import main
+from dilstore.runners.cli import command
 
-sys.exit(main())
+sys.exit(command())

@@ -38,5 +38,6 @@ def loading_for_good() -> Iterator[None]:
 
 def thaw() -> None:
     """Give what `loading_for_good` froze back to the collector, once a command is done: a program (or a test
-    session) that runs commands in one process would otherwise never collect their objects' cycles."""
+    session) that runs commands in one process would otherwise never collect their objects' cycles. A process
+    that ends with its command does not: the interpreter's collection at exit would scan them all."""
     gc.unfreeze()
