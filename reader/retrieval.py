@@ -13,6 +13,7 @@ neural encoders (torch, scikit-learn, an OpenAI client), 10 s of every
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import locale
 import os
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from dilstore.reader.quiet_mode import is_quiet
 from dilstore.storage.durability import aside_prefix, remove_path, replace_dir
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.read_failures import LASTING_ERRNOS
 from dilstore.storage.write_lock import INDEX_ROLE, writer_of
 
 if TYPE_CHECKING:
@@ -480,9 +482,11 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
         recorded = json.loads((index_dir / INDEX_RECORD).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return
-    except OSError as error:  # the disk, not the record: rebuilding would not help (full49 F8)
-        raise DilstoreError(f"{index_dir / INDEX_RECORD} cannot be read ({error}); check the disk, then try again"
-                            ) from None  # fmt: skip
+    except OSError as error:  # the disk, which may mend, or a record no read will reach (review49 F4)
+        denied = error.errno in (errno.EACCES, errno.EPERM)
+        advice = ("give this user permission to read it, or rebuild the index" if denied
+                  else "rebuild the index" if error.errno in LASTING_ERRNOS else "check the disk, then try again")
+        raise DilstoreError(f"{index_dir / INDEX_RECORD} cannot be read ({error}); {advice}") from None
     except ValueError as error:  # not UTF-8, or not JSON
         raise DilstoreError(f"{index_dir / INDEX_RECORD} cannot be read ({error}); rebuild the index") from None
     if not isinstance(recorded, dict):

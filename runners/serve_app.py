@@ -315,7 +315,7 @@ class StoreRouter:
         no reopen notices: its stamp is the one it was opened with (review47 F3)."""
         try:
             store.latest.store.check_unchanged()
-        except StoreFormatError:
+        except (StoreFormatError, StoreReadError):  # a failed look proves nothing back (review49 F1)
             return False
         return True
 

@@ -18,7 +18,7 @@ from dilstore.storage.format import StoreFormatError, StoreReadError, is_special
 
 # Local failures no retry mends: a directory or a loop of links in a file's place, a file without permission.
 # Others (too many open files, no memory for a map, an I/O error on a network file system) may pass.
-_LASTING = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG})
+LASTING_ERRNOS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG})
 _RANGE_NOT_SATISFIABLE = 416
 MESSAGE_WIDTH = 300  # characters of an error's text a message shows
 READ_TIMEOUT_ENV = "DILSTORE_READ_TIMEOUT"  # seconds a store over HTTP may take to connect and to send each read
@@ -72,7 +72,7 @@ def read_failure(what: str, error: BaseException, *, local: bool = False) -> Sto
     if isinstance(error, MemoryError):  # a file far larger than any of a store's: trying again would fail again
         return StoreFormatError(f"reading {what} needed more memory than this process has: no file of a store is "
                                 "that large; run `dilstore verify`")  # fmt: skip
-    if local and (isinstance(error, ValueError) or getattr(error, "errno", None) in _LASTING):
+    if local and (isinstance(error, ValueError) or getattr(error, "errno", None) in LASTING_ERRNOS):
         return StoreFormatError(
             f"cannot read {what}: {describe(error)}; every file of a store must be a readable file "
             "(`dilstore verify` checks them)"

@@ -45,6 +45,7 @@ from dilstore.storage.id_index import IdIndex, Superseded, header_matches, id_ha
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest, read_manifest
 from dilstore.storage.mapped import WatchedFile, check_unchanged, map_array, read_array_file, shards_kept_open
+from dilstore.storage.read_failures import LASTING_ERRNOS
 from dilstore.storage.records import StoredPassage
 from dilstore.storage.shard import ShardReader, read_ranges
 from dilstore.storage.zarr_reads import METADATA_ERRORS
@@ -278,13 +279,17 @@ class Store:
 
         A store moved or deleted reads on from the files it has mapped, but a shard it has not opened yet cannot be
         opened: a server answered some requests and failed others, and its /health stayed 200. A manifest that
-        cannot be looked at (an I/O error) is a StoreReadError: a server's request got a 500 and its /health a
-        plain-text one (full49 F2).
+        cannot be looked at for a while (an I/O error) is a StoreReadError: a server's request got a 500 and its
+        /health a plain-text one (full49 F2); one that no look will reach (no permission: LASTING_ERRNOS) is a
+        change, as a shard file no longer readable is (review49 F3).
         """
         manifest = root / MANIFEST_FILE
         try:
             gone = not manifest.exists()
-        except OSError as error:  # an I/O error of the disk, not a change: the same look may work a moment later
+        except OSError as error:
+            if error.errno in LASTING_ERRNOS:
+                raise StoreChangedError(f"{manifest} can no longer be read ({error.strerror or error}): the store "
+                                        "was changed under this reader; open it again where it can be read") from None
             raise StoreReadError(f"checking {manifest} failed: {type(error).__name__}: {error.strerror or error}; "
                                  "try again") from None  # fmt: skip
         if gone:

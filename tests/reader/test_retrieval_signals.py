@@ -240,6 +240,11 @@ def test_an_index_record_the_disk_cannot_read_says_to_check_the_disk_not_to_rebu
     assert str(raised.value) == (
         f"{record} cannot be read ([Errno 5] Input/output error); check the disk, then try again"
     )
+    monkeypatch.undo()
+    record.unlink()
+    record.mkdir()  # no read will reach it: trying again would not help (review49 F4)
+    with pytest.raises(DilstoreError, match=r"\[Errno 21\] Is a directory: .*\); rebuild the index$"):
+        retrieval.check_index_covers(tmp_path, store, tmp_path)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("free", "why"), [

@@ -385,6 +385,32 @@ def test_an_io_error_on_the_manifest_is_a_502_health_stays_up_and_the_server_rec
         assert client.post("/ask", json={"question": QUESTIONS[0]}).status_code == 200
 
 
+def test_a_manifest_no_look_will_reach_makes_the_store_unavailable_and_a_failed_look_keeps_it_so(
+    tiny: dict[str, Any], tmp_path: Path
+) -> None:
+    """A manifest the server may not read (no permission) got 502 on every /ask while /health said 200; and a
+    failed look at an unavailable store's manifest escaped /health as a plain-text 500 (review49 F3, F1)."""
+    shutil.copytree(tiny["qa"], tmp_path / "qa")
+    odqa = OpenDomainReader(tiny["model"], open_store(tmp_path / "qa"), OverlapSearcher(tiny["texts"]), OdqaSettings())
+    odqa.store.check_files = True  # as `dilstore serve` opens it
+    manifest, real_exists, failure = tmp_path / "qa" / "manifest.json", Path.exists, [errno.EACCES]
+
+    def failing(path: Path, *args: Any, **kwargs: Any) -> bool:
+        if path == manifest:
+            raise OSError(failure[0], os.strerror(failure[0]), str(path))
+        return real_exists(path, *args, **kwargs)
+
+    with running(make_stores(tiny, odqa), max_wait=0.0) as (client, _), pytest.MonkeyPatch.context() as patched:
+        patched.setattr(Path, "exists", failing)
+        health = client.get("/health")
+        assert health.status_code == 503, health.text
+        assert health.json()["problems"]["qa"].startswith(f"{manifest} can no longer be read (Permission denied)")
+        assert client.post("/ask", json={"question": QUESTIONS[0]}).status_code == 503
+        failure[0] = errno.EIO  # the unavailable store's look fails for a while: still 503, and JSON
+        health = client.get("/health")
+        assert health.status_code == 503 and list(health.json()["problems"]) == ["qa"], health.text
+
+
 def test_a_full_queue_gets_503_with_retry_after_and_the_server_recovers(tiny: dict[str, Any]) -> None:
     odqa = make_odqa(tiny)
     bodies = [{"question": q} for q in QUESTIONS[:4]]
