@@ -23,17 +23,20 @@ from contextlib import contextmanager
 
 @contextmanager
 def loading_for_good() -> Iterator[None]:
-    """No cyclic collection in the block; then every object there is frozen. A block inside another (or with the
-    collector off) leaves the collector as it was."""
+    """No cyclic collection in the block; then, when it finished, every object there is frozen (a load that failed
+    or was stopped keeps nothing for good: its leftovers are collected as the command ends, review49 F5). A block
+    inside another (or with the collector off) leaves the collector as it was."""
     if not gc.isenabled():
         yield
         return
     gc.disable()
     try:
         yield
-    finally:
-        gc.freeze()
+    except BaseException:
         gc.enable()
+        raise
+    gc.freeze()
+    gc.enable()
 
 
 def thaw() -> None:
