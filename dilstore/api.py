@@ -179,6 +179,12 @@ def precompute(*, beam_options: Mapping[str, BeamValue] | None = None, **options
         _check_precompute_option(name, value, own[name])
     for name, value in (beam_options or {}).items():
         _check("a Beam option's name", name, (str,), "a string")
+        if name in own:  # parsed as the flag: set unchecked, over the keyword (review49 F2)
+            raise DilstoreError(f"beam_options holds {name!r}, which is a flag of `dilstore precompute`, not a Beam "
+                                "option: give it as a keyword")  # fmt: skip
+        if name == "help":
+            raise DilstoreError("beam_options holds 'help', which asks for the usage `dilstore precompute --help` "
+                                "prints; nothing was run")  # fmt: skip
         _check_precompute_option(name, value, None)
     words = option_words(dict(options))
     beam = option_words(dict(beam_options or {}), beam=True)

@@ -55,6 +55,9 @@ from tests.fixtures.store_fixtures import build_store, random_shards
         (lambda root: dilstore.precompute(beam_options={"temp_location": {}}),
          "temp_location must be a Beam option value"),
         (lambda root: dilstore.precompute(beam_options={5: "x"}), "a Beam option's name must be a string, got int 5"),
+        (lambda root: dilstore.precompute(output="a", beam_options={"overwrite": True, "output": "b"}),
+         "beam_options holds 'overwrite', which is a flag of `dilstore precompute`, not a Beam option: give it as a "
+         "keyword"),
     ],
 )
 def test_wrong_argument_types_raise_dilstore_error_naming_the_argument(

@@ -102,8 +102,8 @@ def test_bad_api_options_raise_dilstore_error_not_system_exit(tmp_path: Path, ca
     with pytest.raises(dilstore.DilstoreError,
                        match=r"^dilstore precompute: error: argument --workers: expected a positive integer, got 0$"):
         dilstore.precompute(workers=0, output=str(tmp_path / "store"))  # fmt: skip
-    with pytest.raises(dilstore.DilstoreError, match=r"^the options ask for precompute's usage, which `dilstore "
-                                                     r"precompute --help` prints; nothing was run$"):  # fmt: skip
+    with pytest.raises(dilstore.DilstoreError, match=r"^beam_options holds 'help', which asks for the usage "
+                                                     r"`dilstore precompute --help` prints; nothing was run$"):
         dilstore.precompute(beam_options={"help": True}, output=str(tmp_path / "store"))
     with pytest.raises(dilstore.DilstoreError, match=r"^precompute has no option 'temp_location': its keywords are "
                                                      r"the flags .*; Beam's options go in beam_options$"):  # fmt: skip
