@@ -64,11 +64,11 @@ def atomic_write_bytes(path: Path, data: bytes, *, named_by_user: bool = False) 
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{_temporary_stem(path)}{_writer()}.",
                                              suffix=".tmp")  # fmt: skip
     try:
-        with contextlib.suppress(OSError):  # a filesystem without locks: the cleanup, unable to lock, deletes nothing
-            fcntl.flock(handle, fcntl.LOCK_EX)  # held until the rename: a live write's temporary is not taken as dead
         with naming(path):
-            os.fchmod(handle, _NEW_FILE_MODE & ~process_umask())
-            with os.fdopen(handle, "wb") as stream:
+            with os.fdopen(handle, "wb") as stream:  # closes the descriptor whatever fails (review49 F6)
+                with contextlib.suppress(OSError):  # a filesystem without locks: the cleanup deletes nothing then
+                    fcntl.flock(handle, fcntl.LOCK_EX)  # held until the rename: a live write's temporary is not dead
+                os.fchmod(handle, _NEW_FILE_MODE & ~process_umask())
                 stream.write(data)
                 stream.flush()
                 os.fsync(stream.fileno())
