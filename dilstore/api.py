@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
-from dilstore.storage.errors import DilstoreError, StoppedBySignal, is_integer, require_at_least_one
+from dilstore.storage.checks import is_integer, require_at_least_one
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
 if TYPE_CHECKING:  # the heavy layers load on first use, so `import dilstore` stays light
     from dilstore.reader.evaluation.open_domain import QAEvaluation

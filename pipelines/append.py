@@ -51,10 +51,11 @@ from dilstore.storage.append import (
 )
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
-from dilstore.storage.errors import DilstoreError, listed
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import SPEC_FILE, StoreFormatError, append_dir
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
+from dilstore.storage.messages import listed
 from dilstore.storage.passage_tables import (
     checked_document_ids,
     has_tables,

@@ -23,7 +23,10 @@ from dilstore.runners.stop_signals import (
     signals_interrupt,
     stops_ignored,
 )
-from dilstore.storage.errors import DilstoreError, StoppedBySignal, scrubbed
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
+
+# Order is the order `dilstore --help` lists them in.
+from dilstore.storage.secrets import scrubbed
 
 # Order is the order `dilstore --help` lists them in.
 COMMANDS: tuple[str, ...] = (

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from dilstore.runners.arg_types import positive_int
-from dilstore.storage.errors import DilstoreError, listed
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.messages import listed
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -17,7 +17,8 @@ from dilstore.runners.outputs import check_output_file, refuse_output_inside_mod
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.storage.digests import sha256_file
-from dilstore.storage.errors import DilstoreError, StoppedBySignal, listed
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.messages import listed
 from dilstore.storage.write_lock import refuse_if_locked
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ import sys
 import threading
 from typing import Any
 
-from dilstore.storage.errors import listed
+from dilstore.storage.messages import listed
 
 _SHOWN_UNTRACKED = 10
 

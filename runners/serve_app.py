@@ -63,8 +63,10 @@ from dilstore.runners.serve_responses import (
     query_responses,
 )
 from dilstore.runners.serve_services import ServedStore, Service
-from dilstore.storage.errors import DilstoreError, listed, scrubbed
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreChangedError, StoreFormatError, StoreReadError
+from dilstore.storage.messages import listed
+from dilstore.storage.secrets import scrubbed
 
 logger = logging.getLogger("dilstore.serve")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from dilstore.storage.errors import listed
+from dilstore.storage.messages import listed
 
 ASK, RERANK = "/ask", "/rerank"
 

@@ -19,9 +19,11 @@ from dilstore.reader.serving.rerank import StoreReranker
 from dilstore.reader.text.tokenization import folded, spaced
 from dilstore.runners.serve_reopen import Reopener
 from dilstore.runners.serve_requests import ASK, RERANK, AskRequest, ClientError, RerankRequest
-from dilstore.storage.errors import DilstoreError, listed, scrubbed
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreChangedError
+from dilstore.storage.messages import listed
 from dilstore.storage.reader import MissingPassagesError, Store
+from dilstore.storage.secrets import scrubbed
 
 logger = logging.getLogger("dilstore.serve")
 # A /rerank query may be this many characters per token its ranker reads (BERT reads a word of more than 100 as

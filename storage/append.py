@@ -39,7 +39,7 @@ import numpy as np
 from dilstore.storage.atomic_files import remove_stale_writes
 from dilstore.storage.codebook import store_codebook_problems
 from dilstore.storage.durability import remove_path
-from dilstore.storage.errors import DilstoreError, listed
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import (
     ShardContents,
     check_agreement,
@@ -75,6 +75,7 @@ from dilstore.storage.id_index import (
 )
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest, write_manifest
+from dilstore.storage.messages import listed
 
 _HASH_SHOWN = 12  # hex digits of a hash field shown in a mismatch message
 

@@ -23,7 +23,7 @@ import zarr
 
 from dilstore.storage.arrays import write_array
 from dilstore.storage.durability import replace_dir
-from dilstore.storage.errors import DilstoreError, listed
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
     FORMAT_NAME,
@@ -37,6 +37,7 @@ from dilstore.storage.format import (
     SUPERSEDED_SHARDS,
     TMP_PREFIX,
 )
+from dilstore.storage.messages import listed
 
 HASH_NAME = "blake2b-64-le"
 

@@ -23,8 +23,9 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from dilstore.storage.errors import URL_PASSWORD, DilstoreError, remember_secrets
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.read_failures import READ_TIMEOUT_ENV, describe
+from dilstore.storage.secrets import URL_PASSWORD, remember_secrets
 
 if TYPE_CHECKING:  # zarr is imported when a store's arrays are read: reading a manifest (`info`) needs none of it
     import zarr

@@ -27,9 +27,10 @@ from typing import Any, Literal
 import numpy as np
 import zarr
 
+from dilstore.storage.checks import as_list
 from dilstore.storage.codebook import load_store_codebook
 from dilstore.storage.encodings import get_encoding
-from dilstore.storage.errors import DilstoreError, as_list, listed
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, check_fingerprint
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
@@ -45,6 +46,7 @@ from dilstore.storage.id_index import IdIndex, Superseded, header_matches, id_ha
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest, read_manifest
 from dilstore.storage.mapped import WatchedFile, check_unchanged, map_array, read_array_file, shards_kept_open
+from dilstore.storage.messages import listed
 from dilstore.storage.read_failures import LASTING_ERRNOS
 from dilstore.storage.records import StoredPassage
 from dilstore.storage.shard import ShardReader, read_ranges

@@ -25,7 +25,8 @@ from typing import Any
 
 from dilstore.reader.text.files import numbered_lines
 from dilstore.storage.atomic_files import atomic_write_text
-from dilstore.storage.errors import DilstoreError, listed
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.messages import listed
 
 Run = dict[str, dict[str, float]]
 Qrels = dict[str, dict[str, int]]

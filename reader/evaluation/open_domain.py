@@ -41,7 +41,8 @@ from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_
 from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu, checked_top_p
 from dilstore.reader.serving.odqa import OpenDomainReader
 from dilstore.storage.atomic_files import atomic_write_text
-from dilstore.storage.errors import DilstoreError, require_at_least_one
+from dilstore.storage.checks import require_at_least_one
+from dilstore.storage.errors import DilstoreError
 
 DEFAULT_QUESTION_BATCH = 8
 READER_ONLY_MU = 1.0

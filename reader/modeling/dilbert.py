@@ -51,7 +51,10 @@ from dilstore.reader.modeling.checkpoints import (
     weight_shapes,
     write_metadata,
 )
-from dilstore.storage.errors import DilstoreError, listed
+from dilstore.storage.errors import DilstoreError
+
+# Errors that Hugging Face raises for a missing, truncated or inconsistent checkpoint file.
+from dilstore.storage.messages import listed
 
 # Errors that Hugging Face raises for a missing, truncated or inconsistent checkpoint file.
 _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, json.JSONDecodeError)

@@ -15,7 +15,8 @@ import numpy as np
 
 from dilstore.reader.retrieval import Hit
 from dilstore.reader.serving.timing import StageTimer
-from dilstore.storage.errors import DilstoreError, positive_int
+from dilstore.storage.checks import positive_int
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.records import StoredPassage
 
 STAGES = ("retrieval", "store_read", "question_layers", "interaction_layers", "decode")

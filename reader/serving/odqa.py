@@ -71,7 +71,8 @@ from dilstore.reader.serving.answers import (
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.text.tokenization import TokenizedText, encode_question, folded, spaced
-from dilstore.storage.errors import DilstoreError, as_list, require_at_least_one
+from dilstore.storage.checks import as_list, require_at_least_one
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.reader import Store, open_store
 from dilstore.storage.records import StoredPassage

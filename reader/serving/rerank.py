@@ -79,8 +79,10 @@ from dilstore.reader.packaged.shipped import default_listformer_dir, default_ran
 from dilstore.reader.serving.stored_states import pad_stored_states
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_query, folded
-from dilstore.storage.errors import DilstoreError, as_list, listed, positive_int, require_at_least_one
+from dilstore.storage.checks import as_list, positive_int, require_at_least_one
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import check_fingerprint
+from dilstore.storage.messages import listed
 from dilstore.storage.reader import MissingPassagesError, Store, open_store
 from dilstore.storage.records import StoredPassage
 

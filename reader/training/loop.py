@@ -70,8 +70,9 @@ from dilstore.reader.training.state import (
     verify_checkpoint,
 )
 from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
+from dilstore.storage.checks import require_at_least_one
 from dilstore.storage.durability import remove_path
-from dilstore.storage.errors import DilstoreError, StoppedBySignal, require_at_least_one
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Micro-batches per length-sorted group (Hugging Face's LengthGroupedSampler uses 50).

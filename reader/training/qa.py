@@ -75,8 +75,9 @@ from dilstore.reader.training.loop import (
     require_finite,
 )
 from dilstore.reader.training.runs import RunStart, TrainerRun, finish_run, start_run
+from dilstore.storage.checks import require_at_least_one
 from dilstore.storage.encodings import get_encoding
-from dilstore.storage.errors import DilstoreError, require_at_least_one
+from dilstore.storage.errors import DilstoreError
 
 
 def _throughput(windows_per_example: int) -> Throughput:

@@ -70,7 +70,8 @@ from dilstore.reader.training.losses import (
     softmax_cross_entropy_loss,
 )
 from dilstore.reader.training.runs import TrainerRun, finish_run, start_run
-from dilstore.storage.errors import DilstoreError, require_at_least_one
+from dilstore.storage.checks import require_at_least_one
+from dilstore.storage.errors import DilstoreError
 
 LOSSES = ("softmax", "hinge", "approx-ndcg", "listnet")
 LISTWISE_LOSSES = ("approx-ndcg", "listnet")

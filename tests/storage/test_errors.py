@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dilstore.storage.errors import ITEM_WIDTH, SHOWN, DilstoreError, as_list, listed, positive_int
+from dilstore.storage.checks import as_list, positive_int
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.messages import ITEM_WIDTH, SHOWN, listed
 
 
 @given(items=st.lists(st.text(max_size=8), max_size=12), limit=st.integers(1, 7))
@@ -61,7 +63,7 @@ def test_anything_but_a_positive_integer_is_refused_by_name() -> None:
 
 def test_a_store_url_s_password_is_hidden_as_it_appears_in_urls_not_wherever_its_letters_do() -> None:
     """A password of "a" starred every "a" of every message."""
-    from dilstore.storage.errors import remember_secrets, scrubbed
+    from dilstore.storage.secrets import remember_secrets, scrubbed
 
     remember_secrets("simplecache::http://reader:a@host/store")
     remember_secrets("https://host/store?sig=Q9")

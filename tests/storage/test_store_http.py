@@ -392,8 +392,8 @@ def test_an_appended_store_with_replaced_rows_reads_over_http_like_the_local_pat
 def test_secrets_of_store_urls_are_hidden_in_every_part_and_only_http_has_a_query(tmp_path: Path) -> None:
     """A chained URL printed its password, and a '?' or '#' in a local or S3 key was refused as a query
     (review40b M1, M2); any message naming a store file by its full URL is scrubbed (H1)."""
-    from dilstore.storage.errors import scrubbed
     from dilstore.storage.location import StoreLocation, redacted
+    from dilstore.storage.secrets import scrubbed
 
     assert redacted("simplecache::https://u:pw1@h/store") == "simplecache::https://u:***@h/store"
     assert redacted("=http://u:pw1@h/store") == "=http://u:***@h/store"  # a serve argument without a name

@@ -1,0 +1,48 @@
+"""The one "must be at least 1" check, the one check that an argument is a positive integer (a numpy one too),
+and the one check that an argument is a list: each a DilstoreError naming the argument."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.messages import cut
+
+
+def require_at_least_one(values: Mapping[str, int | None], *, dashed: bool = True) -> None:
+    """A DilstoreError naming the first value below 1; None means unset.
+
+    Names are spelt as their command-line flags (`batch_size` → batch-size)
+    unless not `dashed`, for settings objects whose errors name the field.
+    """
+    for name, value in values.items():
+        if value is not None and value < 1:
+            label = name.replace("_", "-") if dashed else name
+            raise DilstoreError(f"{label} must be at least 1, got {value}")
+
+
+def is_integer(value: Any) -> bool:
+    """Whether `value` is an integer, a numpy one too, and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def positive_int(name: str, value: Any) -> int:
+    """`value` as a Python int; a DilstoreError naming `name` unless it is an integer of at least 1.
+
+    A numpy integer (a count read from an array) is taken and turned into an
+    int, which JSON and Java both take; a bool or a float is refused.
+    """
+    if not is_integer(value) or value < 1:
+        raise DilstoreError(f"{name} must be a positive integer, got {cut(repr(value))}")
+    return int(value)
+
+
+def as_list(items: Any, what: str) -> list[Any]:
+    """`items`, any iterable but a string, as a list; else a DilstoreError naming `what` (e.g. "doc_ids must be a
+    list of document ids"): a string would be read one item per character, and None or a number failed deep
+    inside with a TypeError."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise DilstoreError(f"{what}, got {type(items).__name__} {cut(repr(items))}")
+    return list(items)
