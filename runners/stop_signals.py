@@ -36,10 +36,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from dilstore.runners.child_processes import reap_after
+
 STOPPING_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # Set once a stopping signal has arrived, until the command's block ends.
 stopping = threading.Event()
+# Set as the command's block ends: the stop's reaper (runners/child_processes.py) then kills nothing.
+_block_ended = threading.Event()
 # How long a thread's uncaught exception (and, in `quiet.filtered_stderr`, a worker's output) waits for `stopping`
 # before it is shown.
 STOP_GRACE_SECONDS = 0.2
@@ -164,6 +168,7 @@ def signals_interrupt(mute_when_stopping: bool = False) -> Iterator[None]:
             excepthook(arguments)
 
     stopping.clear()
+    _block_ended.clear()
     for number, handler in previous.items():
         if handler is not signal.SIG_IGN and (number != signal.SIGINT or handler is signal.default_int_handler):
             signal.signal(number, stop)
@@ -179,9 +184,12 @@ def signals_interrupt(mute_when_stopping: bool = False) -> Iterator[None]:
         logging.disable(disabled)
         threading.excepthook = excepthook
         stopping.clear()
+        _block_ended.set()
 
 
 def _stopped(mute: bool) -> None:
+    if not stopping.is_set():  # a worker that hangs as it winds down does not hold the command for good
+        reap_after(_block_ended)
     stopping.set()
     if mute:
         logging.disable(logging.CRITICAL)

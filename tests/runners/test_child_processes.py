@@ -1,0 +1,75 @@
+"""A stop that leaves a command's child processes hanging kills them after a grace period (runners/child_processes.py):
+a Beam worker deadlocked as it wound down held a stopped `precompute` for good."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dilstore.runners import stop_signals
+from dilstore.runners.child_processes import descendants, kill_descendants, reap_after
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs /proc")
+
+
+def started_tree() -> subprocess.Popen[bytes]:
+    """A shell whose child sleeps; the shell waits for it, as Beam's `sh -c python -m ...sdk_worker_main` does."""
+    shell = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
+    deadline = time.monotonic() + 10
+    while not descendants(shell.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return shell
+
+
+def test_every_process_below_is_found_and_killed() -> None:
+    shell = started_tree()
+    try:
+        below = descendants(shell.pid)
+        assert len(below) == 1 and Path(f"/proc/{below[0]}/cmdline").read_bytes().startswith(b"sleep")
+        assert kill_descendants(shell.pid) == below
+        shell.wait(timeout=10)  # the shell's `wait` returns once its child is killed, and the shell ends
+        assert not Path(f"/proc/{below[0]}").exists(), "the shell reaped its killed child"
+    finally:
+        shell.kill()
+        shell.wait()
+
+
+@pytest.mark.parametrize("ends_first", [False, True], ids=["hangs", "ends"])
+def test_the_reaper_kills_only_when_the_command_is_still_there(ends_first: bool) -> None:
+    shell = started_tree()
+    try:
+        ended = threading.Event()
+        if ends_first:
+            ended.set()
+        reap_after(ended, seconds=0.2, pid=shell.pid).join(timeout=10)
+        if ends_first:
+            with pytest.raises(subprocess.TimeoutExpired):
+                shell.wait(timeout=0.5)
+            assert descendants(shell.pid), "a command that ended keeps its children"
+        else:
+            shell.wait(timeout=10)
+            assert not descendants(shell.pid)
+    finally:
+        for pid in descendants(shell.pid):
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+        shell.kill()
+        shell.wait()
+
+
+def test_a_stop_starts_a_reaper_that_the_end_of_the_command_calls_off() -> None:
+    """The reaper waits for the command's block; one that ends in time (as every command here does) kills nothing,
+    so a program running commands in its own process keeps its other children."""
+    with pytest.raises(KeyboardInterrupt), stop_signals.signals_interrupt():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    reapers = [thread for thread in threading.enumerate() if thread.name == "dilstore-stop-reaper"]
+    assert reapers, "a stop starts the reaper"
+    for reaper in reapers:
+        reaper.join(timeout=2)
+        assert not reaper.is_alive(), "the end of the block calls it off at once"
