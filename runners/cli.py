@@ -24,8 +24,6 @@ from dilstore.runners.stop_signals import (
     stops_ignored,
 )
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
-
-# Order is the order `dilstore --help` lists them in.
 from dilstore.storage.secrets import scrubbed
 
 # Order is the order `dilstore --help` lists them in.

@@ -38,8 +38,6 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, best_spans
 from dilstore.reader.text.tokenization import DEFAULT_STRIDE
 from dilstore.storage.atomic_files import atomic_write_text
-
-# Scores a padded batch: start and end logits, each (b, nq + np) over [question ; passage].
 from dilstore.storage.checks import require_at_least_one
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError

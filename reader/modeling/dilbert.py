@@ -52,8 +52,6 @@ from dilstore.reader.modeling.checkpoints import (
     write_metadata,
 )
 from dilstore.storage.errors import DilstoreError
-
-# Errors that Hugging Face raises for a missing, truncated or inconsistent checkpoint file.
 from dilstore.storage.messages import listed
 
 # Errors that Hugging Face raises for a missing, truncated or inconsistent checkpoint file.
