@@ -294,7 +294,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     from dilstore.pipelines.spec_file import spec_generation
     from dilstore.reader.batching import BatchPolicy
     from dilstore.reader.modeling.fingerprint import model_fingerprint
-    from dilstore.reader.offline.encoding import load_reader
+    from dilstore.reader.offline.encoding import keep_launched, load_reader
     from dilstore.reader.offline.kinds import max_positions
 
     refuse_url("--output", args.output)
@@ -322,6 +322,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     if codebook is not None:
         check_codebook_fits(codebook, args.encoding, args.kind, reader)
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)
+    keep_launched(reader, fingerprint)  # the run's loads in this process take it (reader/offline/encoding.py)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     job = PrecomputeJob(
         inputs=inputs,
@@ -521,6 +522,7 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
         pipeline_options,
         runs_here,
     )
+    from dilstore.reader.offline.encoding import launched_models
     from dilstore.storage.replacement import finish_interrupted_swap, swap_in
     from dilstore.storage.write_lock import write_lock
 
@@ -532,7 +534,7 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
     here = runs_here(pipeline_options(assemble_beam_flags(runner, args.beam_args, LocalDefaults(workers=args.workers))))
     if not here:
         logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
-    with scratch_dir("dilstore-progress-") as progress_dir:
+    with scratch_dir("dilstore-progress-") as progress_dir, launched_models():
         job = build_job(args, started, runner, str(progress_dir) if here else None)
         store, spec = Path(job.store), run_spec(job)
         with write_lock(store):

@@ -29,7 +29,9 @@ convention, the offline half) comes from `reader.offline.kinds` (`OFFLINE_KINDS`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -99,12 +101,42 @@ def load_reader(model: str, kind: str, layers: int | None) -> OfflineModel:
     return load_offline_model(resolve_model_dir(model), kind, layers)
 
 
+# The model a run's launch loaded and fingerprinted, by that fingerprint, while the run lasts (`launched_models`):
+# in the launcher's own process (one worker, a codebook's sample) the run takes that very object, where it loaded
+# and fingerprinted the model again (perf49 F5: 0.7 s of a 300-passage run). Other processes load their own.
+_LAUNCHED: dict[Fingerprint, OfflineModel] = {}
+_KEEPING = threading.Event()
+
+
+@contextmanager
+def launched_models() -> Iterator[None]:
+    """A run's block: the model its launch fingerprints (`keep_launched`) is the one `load_checked_reader` gives in
+    this process; none outlives the block."""
+    _LAUNCHED.clear()
+    _KEEPING.set()
+    try:
+        yield
+    finally:
+        _KEEPING.clear()
+        _LAUNCHED.clear()
+
+
+def keep_launched(reader: OfflineModel, fingerprint: Fingerprint) -> None:
+    """Keep the model a launch fingerprinted for the run's own loads in this process, inside a `launched_models`
+    block (elsewhere nothing is kept)."""
+    if _KEEPING.is_set():
+        _LAUNCHED[fingerprint] = reader
+
+
 def load_checked_reader(model: str, layers: int, expected: Fingerprint) -> OfflineModel:
-    """`load_reader` for the run's kind, refusing a model whose fingerprint differs from the run's.
+    """`load_reader` for the run's kind, refusing a model whose fingerprint differs from the run's; in the process
+    that launched the run, the model it fingerprinted (`launched`).
 
     Guards a long run against a model that changed on disk, or a worker that
     resolved a different copy, between the launch and this worker's start.
     """
+    if expected in _LAUNCHED:
+        return _LAUNCHED[expected]
     reader = load_reader(model, expected.kind, layers)
     actual = model_fingerprint(reader, expected.kind, expected.encoding, expected.max_length)
     if actual != expected:

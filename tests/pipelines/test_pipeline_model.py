@@ -100,3 +100,25 @@ def test_setup_refuses_a_model_unlike_the_one_the_run_started_with(
     job = job_for(tiny_dir, tmp_path, replace(fingerprint, weights_sha256="0" * 64))
     with pytest.raises(DilstoreError, match="does not match the fingerprint"):
         on_worker(WriteGroupFn(job, RunModel(job))).setup()
+
+
+def test_the_launchers_own_process_takes_the_model_it_fingerprinted(
+    tiny_dir: Path, fingerprint: Fingerprint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-worker run loaded and fingerprinted the model twice in one process: the launch, then the DoFns' setup
+    (perf49 F5: 0.7 s of a 300-passage run). Inside the run's block the launched object is taken; a model of
+    another fingerprint is loaded and checked as before, and nothing is kept after the block."""
+    from dilstore.reader.offline import encoding
+
+    launched = load_reader(str(tiny_dir), "dilbert", TINY_LAYERS)
+    loaded: list[str] = []
+    monkeypatch.setattr(encoding, "load_reader", lambda *args: (loaded.append(args[0]), launched)[1])
+    with encoding.launched_models():
+        encoding.keep_launched(launched, fingerprint)
+        assert load_checked_reader(str(tiny_dir), TINY_LAYERS, fingerprint) is launched and loaded == []
+        with pytest.raises(DilstoreError, match="does not match the fingerprint"):
+            load_checked_reader(str(tiny_dir), TINY_LAYERS, replace(fingerprint, weights_sha256="0" * 64))
+        assert loaded == [str(tiny_dir)]
+    assert load_checked_reader(str(tiny_dir), TINY_LAYERS, fingerprint) is launched and len(loaded) == 2
+    encoding.keep_launched(launched, fingerprint)  # outside a run's block: nothing is kept
+    assert not encoding._LAUNCHED
