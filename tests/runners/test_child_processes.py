@@ -21,16 +21,24 @@ def started_tree() -> subprocess.Popen[bytes]:
     """A shell whose child sleeps; the shell waits for it, as Beam's `sh -c python -m ...sdk_worker_main` does."""
     shell = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
     deadline = time.monotonic() + 10
-    while not descendants(shell.pid) and time.monotonic() < deadline:
+    while not _sleeping(shell.pid) and time.monotonic() < deadline:  # forked, then `sleep` once it has exec'd
         time.sleep(0.01)
     return shell
+
+
+def _sleeping(pid: int) -> bool:
+    below = descendants(pid)
+    try:
+        return len(below) == 1 and Path(f"/proc/{below[0]}/cmdline").read_bytes().startswith(b"sleep")
+    except OSError:
+        return False
 
 
 def test_every_process_below_is_found_and_killed() -> None:
     shell = started_tree()
     try:
+        assert _sleeping(shell.pid)
         below = descendants(shell.pid)
-        assert len(below) == 1 and Path(f"/proc/{below[0]}/cmdline").read_bytes().startswith(b"sleep")
         assert kill_descendants(shell.pid) == below
         shell.wait(timeout=10)  # the shell's `wait` returns once its child is killed, and the shell ends
         assert not Path(f"/proc/{below[0]}").exists(), "the shell reaped its killed child"
