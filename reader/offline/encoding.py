@@ -103,7 +103,8 @@ def load_reader(model: str, kind: str, layers: int | None) -> OfflineModel:
 
 # The model a run's launch loaded and fingerprinted, by that fingerprint, while the run lasts (`launched_models`):
 # in the launcher's own process (one worker, a codebook's sample) the run takes that very object, where it loaded
-# and fingerprinted the model again (perf49 F5: 0.7 s of a 300-passage run). Other processes load their own.
+# and fingerprinted the model again (perf49 F5; a profile put that at 0.7 s, though a 300-passage run's time did not
+# move beyond noise). Other processes load their own.
 _LAUNCHED: dict[Fingerprint, OfflineModel] = {}
 _KEEPING = threading.Event()
 
@@ -130,7 +131,7 @@ def keep_launched(reader: OfflineModel, fingerprint: Fingerprint) -> None:
 
 def load_checked_reader(model: str, layers: int, expected: Fingerprint) -> OfflineModel:
     """`load_reader` for the run's kind, refusing a model whose fingerprint differs from the run's; in the process
-    that launched the run, the model it fingerprinted (`launched`).
+    that launched the run, the model it fingerprinted (`launched_models`).
 
     Guards a long run against a model that changed on disk, or a worker that
     resolved a different copy, between the launch and this worker's start.
