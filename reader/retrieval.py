@@ -171,12 +171,9 @@ def _full_disk_advice(index_dir: Path) -> str:
 def _no_index_reason(building: Path) -> str:
     """Why a build that raised nothing wrote no index to `building`, as far as can be told: Anserini logs a failed
     write (a full disk) and returns as if it had finished (full49 F3)."""
-    try:
-        free = shutil.disk_usage(building.parent).free
-    except OSError:
-        return "; see its log above"
-    if free < _FULL_DISK_BYTES:
-        return f": its disk is full ({free // 1024} KB free); {_full_disk_advice(building)}"
+    with contextlib.suppress(OSError):
+        if (free := shutil.disk_usage(building.parent).free) < _FULL_DISK_BYTES:
+            return f": its disk is full ({free // 1024} KB free); {_full_disk_advice(building)}"
     return "; see its log above"
 
 
