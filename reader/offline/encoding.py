@@ -29,7 +29,6 @@ convention, the offline half) comes from `reader.offline.kinds` (`OFFLINE_KINDS`
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -105,27 +104,25 @@ def load_reader(model: str, kind: str, layers: int | None) -> OfflineModel:
 # in the launcher's own process (one worker, a codebook's sample) the run takes that very object, where it loaded
 # and fingerprinted the model again (perf49 F5; a profile put that at 0.7 s, though a 300-passage run's time did not
 # move beyond noise). Other processes load their own.
-_LAUNCHED: dict[Fingerprint, OfflineModel] = {}
-_KEEPING = threading.Event()
+_LAUNCHED: dict[Fingerprint, OfflineModel] | None = None  # None outside a run's block
 
 
 @contextmanager
 def launched_models() -> Iterator[None]:
     """A run's block: the model its launch fingerprints (`keep_launched`) is the one `load_checked_reader` gives in
     this process; none outlives the block."""
-    _LAUNCHED.clear()
-    _KEEPING.set()
+    global _LAUNCHED
+    _LAUNCHED = {}
     try:
         yield
     finally:
-        _KEEPING.clear()
-        _LAUNCHED.clear()
+        _LAUNCHED = None
 
 
 def keep_launched(reader: OfflineModel, fingerprint: Fingerprint) -> None:
     """Keep the model a launch fingerprinted for the run's own loads in this process, inside a `launched_models`
     block (elsewhere nothing is kept)."""
-    if _KEEPING.is_set():
+    if _LAUNCHED is not None:
         _LAUNCHED[fingerprint] = reader
 
 
@@ -136,7 +133,7 @@ def load_checked_reader(model: str, layers: int, expected: Fingerprint) -> Offli
     Guards a long run against a model that changed on disk, or a worker that
     resolved a different copy, between the launch and this worker's start.
     """
-    if expected in _LAUNCHED:
+    if _LAUNCHED is not None and expected in _LAUNCHED:
         return _LAUNCHED[expected]
     reader = load_reader(model, expected.kind, layers)
     actual = model_fingerprint(reader, expected.kind, expected.encoding, expected.max_length)
