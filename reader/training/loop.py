@@ -496,15 +496,11 @@ def run_training_loop(
     dtype = autocast_dtype(config, device)
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
     total_steps, position = optimization.total_steps, optimization.start
-    losses: list[torch.Tensor] = []  # each step's loss, () on the device: read at log lines, checkpoints, the end
-    logged_loss, logged_step = "-", position.step
-    bar = tqdm(total=total_steps, initial=position.step, disable=not progress, unit="step", desc="train",
-               dynamic_ncols=True)
+    log = _StepLog(position, total_steps, config.log_every, throughput, progress)
     if config.max_steps is not None and config.max_steps > total_steps:  # train46 F6: it was cut without a word
-        bar.write(f"--max-steps {config.max_steps} is more than the {total_steps} step(s) of {config.epochs} "
-                  "epoch(s): the run ends there; raise --epochs for more", file=sys.stderr)  # fmt: skip
+        log.write(f"--max-steps {config.max_steps} is more than the {total_steps} step(s) of {config.epochs} "
+                  "epoch(s): the run ends there; raise --epochs for more")  # fmt: skip
     started = time.perf_counter() - position.train_seconds
-    speed = _SpeedWindow(throughput.per_example)
     last_save = time.perf_counter()
     remove_partial_checkpoints(Path(output_dir) / CHECKPOINTS_DIR)  # what a kill inside an earlier save left
     with _stop_requests() as stop:
@@ -521,21 +517,7 @@ def run_training_loop(
                 features_seen=position.features_seen + seen,
                 train_seconds=time.perf_counter() - started,
             )
-            losses.append(step_loss)
-            rate = speed.add(seen)
-            log_line = position.step % config.log_every == 0 or position.step == total_steps
-            if log_line:  # the mean over the steps since the last line (fewer than log_every before the last)
-                logged_loss = f"{torch.stack(losses[-(position.step - logged_step) :]).mean().item():.4f}"
-                logged_step = position.step
-            bar.set_postfix(loss=logged_loss, **{throughput.bar_name: f"{rate:.1f}"}, refresh=False)
-            bar.update(1)
-            if log_line:
-                learning_rate = optimization.scheduler.get_last_lr()[0]
-                # stdout holds only the result (--json's summary)
-                bar.write(
-                    _log_line(position, total_steps, logged_loss, learning_rate, rate, throughput), file=sys.stderr
-                )
-                speed.restart()
+            log.record(position, step_loss, seen, optimization.scheduler)
             stopping = stop.signal_number is not None and position.step < total_steps
             if position.step < total_steps and (stopping or _checkpoint_due(config, position.step, last_save)):
                 loss_value = step_loss.item()
@@ -543,11 +525,10 @@ def run_training_loop(
                 _save_checkpoint(output_dir, optimization, position, loss_value, save, config)
                 last_save = time.perf_counter()
             if stopping:
-                bar.close()
+                log.close()
                 raise _stopped(output_dir, position, total_steps, stop.signal_number)
-        bar.close()
-        step_losses = torch.stack(losses).tolist() if losses else []
-        outcome = LoopOutcome(position=position, total_steps=total_steps, losses=step_losses)
+        log.close()
+        outcome = LoopOutcome(position=position, total_steps=total_steps, losses=log.step_losses())
         require_finite_weights(model, position.step, outcome.final_loss, output_dir)
         model.eval()
         # Still under the stop handlers: a SIGTERM here ended the process mid-save, leaving a final model without
@@ -560,6 +541,52 @@ def run_training_loop(
     if stop.signal_number is not None:
         signal.raise_signal(stop.signal_number)  # asked during the last step: it acts now that the model is saved
     return outcome
+
+
+class _StepLog:
+    """The loop's report of its steps: a progress bar, and every `log_every` steps (and at the last) a line on stderr
+    with the mean loss since the line before, the learning rate and the speed. stdout holds only the result (--json).
+
+    Each step's loss stays a () tensor on the device until a log line, a checkpoint or the end reads it.
+    """
+
+    def __init__(
+        self, start: LoopPosition, total_steps: int, log_every: int, throughput: Throughput, progress: bool
+    ) -> None:
+        self.total_steps, self.log_every, self.throughput = total_steps, log_every, throughput
+        self.losses: list[torch.Tensor] = []
+        self.logged_loss, self.logged_step = "-", start.step
+        self.speed = _SpeedWindow(throughput.per_example)
+        self.bar = tqdm(total=total_steps, initial=start.step, disable=not progress, unit="step", desc="train",
+                        dynamic_ncols=True)  # fmt: skip
+
+    def write(self, line: str) -> None:
+        """A line on stderr above the bar."""
+        self.bar.write(line, file=sys.stderr)
+
+    def record(
+        self, position: LoopPosition, loss: torch.Tensor, examples: int, scheduler: torch.optim.lr_scheduler.LRScheduler
+    ) -> None:
+        """Count the step that ended at `position` with `loss` over `examples` examples; log it if a line is due."""
+        self.losses.append(loss)
+        rate = self.speed.add(examples)
+        line_due = position.step % self.log_every == 0 or position.step == self.total_steps
+        if line_due:  # the mean over the steps since the last line (fewer than log_every before the last)
+            self.logged_loss = f"{torch.stack(self.losses[-(position.step - self.logged_step) :]).mean().item():.4f}"
+            self.logged_step = position.step
+        self.bar.set_postfix(loss=self.logged_loss, **{self.throughput.bar_name: f"{rate:.1f}"}, refresh=False)
+        self.bar.update(1)
+        if line_due:
+            learning_rate = scheduler.get_last_lr()[0]
+            self.write(_log_line(position, self.total_steps, self.logged_loss, learning_rate, rate, self.throughput))
+            self.speed.restart()
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def step_losses(self) -> list[float]:
+        """Every recorded step's loss, read from the device at once."""
+        return torch.stack(self.losses).tolist() if self.losses else []
 
 
 class _SpeedWindow:
