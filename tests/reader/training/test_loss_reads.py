@@ -46,3 +46,17 @@ def test_a_steps_loss_is_read_only_at_log_lines_checkpoints_and_the_end(
     assert result.steps == 4 and len(result.losses) == 4
     assert all(isinstance(loss, float) and loss > 0 for loss in result.losses)
     assert CountedReads.reads == reads, "log lines + checkpoints (none at the last step) + one read of all at the end"
+
+
+def test_each_log_line_shows_the_mean_loss_of_the_steps_since_the_line_before(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Learning curves are read from these lines (benchmarks/gpu_reader_schedule.py): 5 steps logged every 2 give
+    lines at steps 2, 4 and 5, each the mean of its own steps' losses."""
+    config = TrainingConfig(layers=1, max_steps=5, batch_size=3, log_every=2, save_every=0, save_every_minutes=0,
+                            seed=3, **SMALL_WINDOWS)  # fmt: skip
+    result = train_qa(tiny_base, squad_file, tmp_path, config, command="a", progress=False)
+    lines = [line.split() for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    assert [line[1] for line in lines] == ["2/5", "4/5", "5/5"]
+    means = [sum(result.losses[0:2]) / 2, sum(result.losses[2:4]) / 2, result.losses[4]]
+    assert [float(line[3]) for line in lines] == pytest.approx(means, abs=5e-5)
