@@ -15,10 +15,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from package_size import report_package_size
+
 from dilstore.reader.packaged.shipped import DEFAULT_CHECKPOINT_NAME, packaged_models_dir
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.model_cards import render_model_card
-from dilstore.reader.training.release import load_training_metadata, package_checkpoint, report_package_size
+from dilstore.reader.training.release import load_training_metadata, package_checkpoint
 
 SIZE_LIMIT_MB = 50.0
 

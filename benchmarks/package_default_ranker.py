@@ -19,10 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from package_size import report_package_size
+
 from dilstore.reader.packaged.shipped import DEFAULT_LISTFORMER_NAME, DEFAULT_RANKER_NAME, packaged_models_dir
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.model_cards import render_ranker_card
-from dilstore.reader.training.release import load_training_metadata, package_checkpoint, report_package_size
+from dilstore.reader.training.release import load_training_metadata, package_checkpoint
 from dilstore.storage.errors import DilstoreError
 
 SIZE_LIMIT_MB = 60.0

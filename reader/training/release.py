@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -135,13 +134,3 @@ def weights_megabytes(checkpoint: Path) -> float:
     return sum(
         path.stat().st_size for path in Path(checkpoint).glob("*.safetensors") if path.name != STATE_TENSORS
     ) / 1e6
-
-
-def report_package_size(destination: Path, limit_mb: float) -> int:
-    """Print the packaged weights' size as JSON; exit status 1 (with a line on stderr) when over `limit_mb`."""
-    size = weights_megabytes(destination)
-    print(json.dumps({"destination": str(destination), "weights_mb": round(size, 2), "limit_mb": limit_mb}))
-    if size > limit_mb:
-        print(f"packaged weights are {size:.1f} MB, over the {limit_mb:.0f} MB limit", file=sys.stderr)
-        return 1
-    return 0

@@ -9,9 +9,9 @@ layout with made-up metrics, which only the card's arithmetic reads.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -28,9 +28,9 @@ from dilstore.reader.packaged.shipped import (
 )
 from dilstore.reader.training.model_cards import listformer_target, target_statement
 from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
-from dilstore.reader.training.release import MODEL_CARD_FILE, report_package_size
+from dilstore.reader.training.release import MODEL_CARD_FILE
 from dilstore.storage.errors import DilstoreError
-from tests.fixtures.paths import ROOT
+from tests.fixtures.benchmarks import benchmark_module
 from tests.fixtures.qa_training_fixtures import write_tiny_checkpoint
 from tests.fixtures.ranking_fixtures import write_overfit_files
 
@@ -61,12 +61,10 @@ def write_report(path: Path, rows: list[dict], queries: dict[str, int]) -> Path:
     return path
 
 
-def package_script():
-    script = ROOT / "benchmarks" / "package_default_ranker.py"
-    spec = importlib.util.spec_from_file_location("package_default_ranker", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def package_script() -> ModuleType:
+    """benchmarks/package_default_ranker.py, imported with its neighbour package_size."""
+    with benchmark_module("package_default_ranker") as module:
+        return module
 
 
 def test_missing_default_ranker_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -171,9 +169,10 @@ def test_a_listformer_run_is_packaged_as_the_default_listformer(
 
 
 def test_package_size_report_fails_over_the_limit(earl_run: Path, capsys) -> None:
-    assert report_package_size(earl_run, limit_mb=1000.0) == 0
-    assert json.loads(capsys.readouterr().out)["destination"] == str(earl_run)
-    assert report_package_size(earl_run, limit_mb=1e-6) == 1
+    with benchmark_module("package_size") as script:
+        assert script.report_package_size(earl_run, limit_mb=1000.0) == 0
+        assert json.loads(capsys.readouterr().out)["destination"] == str(earl_run)
+        assert script.report_package_size(earl_run, limit_mb=1e-6) == 1
     assert "over the 0 MB limit" in capsys.readouterr().err
 
 
