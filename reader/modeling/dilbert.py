@@ -264,12 +264,27 @@ class DilBertReader(nn.Module):
         dtype = self.model.dtype
         hidden = torch.cat([question_states.to(dtype), passage_states.to(dtype)], dim=1)  # (b, nq + np, d)
         mask = torch.cat([question_mask, passage_mask.to(question_mask.dtype)], dim=1)  # (b, nq + np)
-        additive = padding_attention_mask(mask, hidden.shape[1], hidden.dtype)  # (b, 1, nq + np, nq + np)
+        return self.upper_states(hidden, mask), mask
+
+    def upper_states(self, hidden: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+        """Layers k+1..l over joined question–passage rows (b, n, d) with their mask (b, n): `hidden`, then the
+        output of each layer.
+
+        A row may hold its question part padded before its passage (interaction_states) or the two side by side
+        with padding only at the end (read_joined): layers k+1..l add no positions and mask out padding, so both
+        read alike.
+        """
+        additive = padding_attention_mask(mask, hidden.shape[1], hidden.dtype)  # (b, 1, n, n)
         states = [hidden]
         for index in range(self.layers, self.num_layers):
-            hidden = self.architecture.run_layer(self.model, index, hidden, additive)  # (b, nq + np, d)
+            hidden = self.architecture.run_layer(self.model, index, hidden, additive)  # (b, n, d)
             states.append(hidden)
-        return states, mask
+        return states
+
+    def read_joined(self, hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The online half over rows the caller joined (`upper_states`), each of the model's dtype: start and end
+        logits, each (b, n), padding at the dtype's minimum."""
+        return self.answer_logits(self.upper_states(hidden, mask)[-1], mask)
 
     def answer_logits(self, hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The QA head over the last layer's states (b, n, d) → start and end logits (b, n), padding at the minimum."""

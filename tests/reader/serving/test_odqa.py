@@ -120,6 +120,37 @@ def test_many_questions_at_once_equal_one_at_a_time(tiny: dict) -> None:
         assert [hit.passage_id for hit in reading.hits] == list(ids)
 
 
+def test_pairs_of_short_and_long_questions_share_batches_no_wider_than_the_token_budget(tiny: dict) -> None:
+    """ask50 F1: the question part and the passage part were padded apart, so a batch mixing a short and a long
+    question ran max(question) + max(passage) wide, past --pair-batch-tokens. Each row now holds its question
+    then its passage side by side, and each question reads as it does alone."""
+    long_question = "In which year, after many long debates in the city council about the cost of the new lines, " \
+        "did the Zürich tram network finally open to the public?"  # fmt: skip
+    questions = ["Kilimanjaro?", long_question]
+    model = tiny["model"]
+    lengths = [len(encode_question(model.tokenizer, question, 64).token_ids) for question in questions]
+    assert lengths[1] > 4 * lengths[0]
+    widths: list[tuple[int, ...]] = []  # (rows, width) of each batch entering the first online layer
+    first_online = model.model.bert.encoder.layer[model.layers]
+    hook = first_online.register_forward_pre_hook(lambda module, args: widths.append(tuple(args[0].shape[:2])))
+    budget = 160
+    odqa = odqa_for(tiny, pair_batch_tokens=budget, max_pairs_per_batch=64)
+    try:
+        together = odqa.read(questions, [tiny["ids"]] * 2)
+    finally:
+        hook.remove()
+    assert any(rows > 1 for rows, _ in widths), "some batch holds pairs of both questions"
+    assert all(rows * width <= budget for rows, width in widths if rows > 1)
+    for question, reading in zip(questions, together, strict=True):
+        alone = odqa.read([question], [tiny["ids"]])[0]
+        assert [(s.passage_id, s.start_token, s.end_token) for s in reading.spans] == [
+            (s.passage_id, s.start_token, s.end_token) for s in alone.spans
+        ]
+        np.testing.assert_allclose(
+            [s.reader_score for s in reading.spans], [s.reader_score for s in alone.spans], atol=1e-4
+        )
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n_best=st.integers(1, 6), max_answer_length=st.integers(1, 8), question=st.sampled_from(QUESTIONS))
 def test_spans_are_valid_and_map_to_stored_text(tiny: dict, n_best: int, max_answer_length: int, question: str) -> None:
