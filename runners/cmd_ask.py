@@ -89,7 +89,11 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
     question file in learns that some were not answered. Blank lines are
     passed over, and a byte-order mark opening the input is not part of the
     first question. Read from a file or pipe, each error names its input
-    line, so that a script can tell which questions were not answered (qa48 L3).
+    line, so that a script can tell which questions were not answered (qa48 L3),
+    and with `as_json` each of those lines gives one JSON object on `out`, its
+    answer or its error, with the line's number (ask50 F2). Input that ends
+    without a newline ends the session after that question: a terminal's
+    Ctrl-D mid-line took two more presses to end it (ask50 F3).
     """
     prompt = lines.isatty()
     number, status = 0, 0
@@ -106,35 +110,51 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
         if not line:
             return status
         number += 1
-        where = "" if prompt else f"line {number}: "
         question = line.rstrip("\r\n").removeprefix("\ufeff" if number == 1 else "")
-        if not question.strip():
-            continue
-        bad = _undecoded_byte(question)
-        if bad is not None:
-            print(f"dilstore ask: error: {where}the question is not UTF-8 text (byte at character {bad + 1}); skipped",
-                  file=err, flush=True)  # fmt: skip
-            status = 2
-            continue
-        try:
-            answer = odqa.answer(question)
-        except StoreChangedError as error:  # no later question can be read either
-            print(f"dilstore ask: error: {error}; the session ends: start `dilstore ask` again to read the store as it "
-                  "is now", file=err, flush=True)  # fmt: skip
-            return 2
-        except DilstoreError as error:
-            print(f"dilstore ask: error: {where}{error}", file=err, flush=True)
-            status = 2
-            continue
-        print_answer(answer, as_json, out, odqa.read_with)
-        out.flush()
+        if question.strip():
+            try:
+                status = max(status, _answer_line(odqa, question, None if prompt else number, out, err, as_json))
+            except StoreChangedError:  # no later question can be read either
+                return 2
+        if not line.endswith("\n"):
+            return status
 
 
-def print_answer(answer: Answer, as_json: bool, out: TextIO, read_with: dict[str, str | None]) -> None:
-    """The answer as one JSON line, or as text: answer, scores, highlighted passage, what it was read from (the
-    store's encoding and online layers, `OpenDomainReader.read_with`), timings."""
+def _answer_line(
+    odqa: OpenDomainReader, question: str, number: int | None, out: TextIO, err: TextIO, as_json: bool
+) -> int:
+    """Answer the question of input line `number` (None at a terminal): 0, or 2 once the error is reported on
+    `err` (and, with `as_json` and a line number, as a JSON object on `out`). A StoreChangedError is reported and
+    raised again: the session ends."""
+    where = "" if number is None else f"line {number}: "
+    try:
+        if (bad := _undecoded_byte(question)) is not None:
+            raise DilstoreError(f"the question is not UTF-8 text (byte at character {bad + 1}); skipped")
+        answer = odqa.answer(question)
+    except DilstoreError as error:
+        ends = isinstance(error, StoreChangedError)
+        message = f"{where}{error}" + ("; the session ends: start `dilstore ask` again to read the store as it is now"
+                                       if ends else "")  # fmt: skip
+        print(f"dilstore ask: error: {message}", file=err, flush=True)
+        if as_json and number is not None:
+            print(json.dumps({"line": number, "error": message.removeprefix(where)}), file=out, flush=True)
+        if ends:
+            raise
+        return 2
+    print_answer(answer, as_json, out, odqa.read_with, line=number)
+    out.flush()
+    return 0
+
+
+def print_answer(
+    answer: Answer, as_json: bool, out: TextIO, read_with: dict[str, str | None], line: int | None = None
+) -> None:
+    """The answer as one JSON line (with its input `line` when given), or as text: answer, scores, highlighted
+    passage, what it was read from (the store's encoding and online layers, `OpenDomainReader.read_with`),
+    timings."""
     if as_json:
-        print(json.dumps({**answer.to_dict(), **read_with}, ensure_ascii=False), file=out)
+        numbered = {} if line is None else {"line": line}
+        print(json.dumps({**numbered, **answer.to_dict(), **read_with}, ensure_ascii=False), file=out)
         return
     print(f"question: {printable(answer.question)}", file=out)
     best = answer.best

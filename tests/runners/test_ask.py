@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -66,15 +67,25 @@ def test_interactive_session_in_a_subprocess(store_and_model: tuple[Path, Path],
                                    text=True, cwd=ROOT)  # fmt: skip
         session.stdin.write("\n".join(SESSION) + "\n")
         session.stdin.flush()
-        answers = [json.loads(session.stdout.readline()) for _ in range(2)]
+        watchdog = threading.Timer(300, session.kill)  # a line never written fails the test instead of hanging it
+        watchdog.start()
+        try:
+            answers = [json.loads(session.stdout.readline() or "null") for _ in range(4)]
+        finally:
+            watchdog.cancel()
+        assert None not in answers, "the session wrote fewer lines than its input's non-blank lines"
         shutil.move(store_dir, tmp_path / "old")  # what --overwrite does: the new build takes the old one's place
         shutil.copytree(store_and_model[0], store_dir)
         out, _ = session.communicate(f"{GOOD}\n", timeout=300)
         stderr.seek(0)
         lines = stderr.read().splitlines()
     assert session.returncode == 2, lines  # it was 0 after two refused questions (docs39 M1); the session goes on
-    # The opening byte-order mark is no part of the question; blank lines are passed over, not errors.
-    assert [answer["question"] for answer in answers] == [GOOD, "How high is Mount Kilimanjaro?"] and out == ""
+    # The opening byte-order mark is no part of the question; blank lines are passed over, not errors. Each other
+    # line gives one object, numbered, an answer or an error (ask50 F2).
+    assert [answer.get("question") for answer in answers] == [GOOD, None, None, "How high is Mount Kilimanjaro?"]
+    assert [answer["line"] for answer in answers] == [1, 4, 5, 6]
+    assert "ghost#0" in answers[2]["error"] and "line" not in answers[2]["error"]
+    assert [json.loads(line) for line in out.splitlines()] == [{"line": 7, "error": json.loads(out)["error"]}]
     errors = [line for line in lines if line.startswith("dilstore ask: error:")]
     assert len(errors) == 3
     assert "longer than 64 tokens" in errors[0] or "characters long" in errors[0]
@@ -166,7 +177,10 @@ def test_a_line_that_is_not_utf8_is_reported_and_the_session_goes_on(store_and_m
     assert err.getvalue().splitlines() == [  # each names its input line, a blank one counted (qa48 L3)
         "dilstore ask: error: line 1: the question is not UTF-8 text (byte at character 6); skipped",
         "dilstore ask: error: line 4: the question '\\u200b' has no word pieces after tokenization"]
-    assert [json.loads(line)["question"] for line in out.getvalue().splitlines()] == [GOOD]
+    assert [json.loads(line) for line in out.getvalue().splitlines()][::2] == [
+        {"line": 1, "error": "the question is not UTF-8 text (byte at character 6); skipped"},
+        {"line": 4, "error": "the question '\\u200b' has no word pieces after tokenization"}]  # fmt: skip
+    assert json.loads(out.getvalue().splitlines()[1])["question"] == GOOD
 
 
 def test_a_store_rebuilt_under_the_session_ends_it(store_and_model: tuple[Path, Path], monkeypatch) -> None:
@@ -182,10 +196,10 @@ def test_a_store_rebuilt_under_the_session_ends_it(store_and_model: tuple[Path, 
     monkeypatch.setattr(odqa, "answer", rebuilt)
     out, err = io.StringIO(), io.StringIO()
     assert interactive(odqa, io.StringIO(f"{GOOD}\n{GOOD}\n"), out, err, as_json=True) == 2
-    assert err.getvalue().splitlines() == ["dilstore ask: error: store S was rebuilt after it was opened; reopen the "
-                                           "store; the session ends: start `dilstore ask` again to read the store as "
-                                           "it is now"]  # fmt: skip
-    assert out.getvalue() == ""
+    assert err.getvalue().splitlines() == ["dilstore ask: error: line 1: store S was rebuilt after it was opened; "
+                                           "reopen the store; the session ends: start `dilstore ask` again to read "
+                                           "the store as it is now"]  # fmt: skip
+    assert json.loads(out.getvalue())["line"] == 1 and len(out.getvalue().splitlines()) == 1
 
 
 def test_a_question_argument_that_is_not_utf8_is_refused_before_the_store_opens(tmp_path: Path, capsys) -> None:
@@ -248,3 +262,21 @@ def test_ask_command_with_a_store_url_in_a_subprocess(store_and_model: tuple[Pat
         answer.pop("timings")
         answers.append(answer)
     assert answers[0] == answers[1]
+
+
+class TerminalAfterCtrlD(io.StringIO):
+    """A terminal where Ctrl-D mid-line gave `text` without its newline: reading again would wait for more keys."""
+
+    def readline(self, size: int | None = -1) -> str:
+        line = super().readline()
+        assert line, "read again after the input had ended mid-line: the user had to press Ctrl-D once more"
+        return line
+
+
+def test_input_that_ends_mid_line_ends_the_session_after_its_question(store_and_model: tuple[Path, Path]) -> None:
+    """ask50 F3: at a terminal, Ctrl-D mid-line answered the question, then waited for a third Ctrl-D."""
+    store_dir, model_dir = store_and_model
+    odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), OneHitSearcher())
+    out = io.StringIO()
+    assert interactive(odqa, TerminalAfterCtrlD(f"\n{GOOD}"), out, io.StringIO(), as_json=True) == 0
+    assert json.loads(out.getvalue())["question"] == GOOD
