@@ -81,10 +81,15 @@ def load_questions(path: str | Path) -> list[QAQuestion]:
 
 def _squad_examples(path: Path) -> list[SquadExample]:
     """`load_squad(path)`; a file that fails as SQuAD JSON but opens with a question object says it looks like
-    JSONL, which goes by the `.jsonl` suffix (it got a bare "not valid JSON (... Extra data)")."""
+    JSONL, which goes by the `.jsonl` suffix (it got a bare "not valid JSON (... Extra data)"). A pipe, read once
+    already, says why it was read as SQuAD JSON (docs50 L3: `<(zcat q.jsonl.gz)` got "the document has no 'data'
+    key")."""
     try:
         return load_squad(path)
     except DilstoreError as error:
+        if not path.is_file():
+            raise DilstoreError(f"{error}; read as SQuAD JSON, as its name does not end in .jsonl: to read DPR-style "
+                                "JSONL from a pipe, save it to a file named .jsonl") from None  # fmt: skip
         if _opens_with_a_question_object(path):
             raise DilstoreError(f"{error}; its first line is one question object, as in DPR-style JSONL: name the "
                                 "file .jsonl to read it as such") from None  # fmt: skip

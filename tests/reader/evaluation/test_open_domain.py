@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,21 @@ def test_jsonl_questions_in_a_json_file_are_named_as_such(tmp_path: Path) -> Non
     path.write_text("{not json")  # no question object: the parser's error alone
     with pytest.raises(DilstoreError, match=r"not valid JSON \(line 1, column 2: [^)]*\)$"):
         load_questions(path)
+
+
+def test_jsonl_questions_through_a_pipe_say_why_they_were_read_as_squad_json(tmp_path: Path) -> None:
+    """`--questions <(zcat q.jsonl.gz)` is /dev/fd/N, read as SQuAD JSON: it got only "the document has no 'data'
+    key" (docs50 L3)."""
+    read, write = os.pipe()
+    with os.fdopen(write, "w") as writer:
+        writer.write(json.dumps({"question": "When did the tram open?", "answer": ["1882"]}) + "\n")
+    try:
+        with pytest.raises(DilstoreError, match=r"no 'data' key; read as SQuAD JSON, as its name does not end in "
+                                                r"\.jsonl: to read DPR-style JSONL from a pipe, save it to a file "
+                                                r"named \.jsonl$"):  # fmt: skip
+            load_questions(f"/dev/fd/{read}")
+    finally:
+        os.close(read)
 
 
 def test_reader_only_evaluation_scores_one_mu(odqa: OpenDomainReader) -> None:
