@@ -179,8 +179,9 @@ def _no_index_reason(building: Path) -> str:
 
 @contextlib.contextmanager
 def _java_stderr_dropped() -> Iterator[None]:
-    """Drop what Java prints on System.err while the block runs, unless --verbose: a write that failed in Anserini's
-    indexing thread printed its 40-line stack trace there (full49 F5), and the error raised names the cause.
+    """Drop what Java prints on System.err, and Anserini's log, while the block runs, unless --verbose: a write that
+    failed in Anserini's indexing thread printed its 40-line stack trace there (full49 F5), and its log ERROR lines
+    stayed (docs50 L4: "No space left on device", an unreadable collection line); the error raised names the cause.
 
     A build cut off by Ctrl-C keeps Java silenced for the rest of the process (`_wait_in_python`).
     """
@@ -192,14 +193,41 @@ def _java_stderr_dropped() -> Iterator[None]:
     system = autoclass("java.lang.System")
     kept = system.err
     system.setErr(autoclass("java.io.PrintStream")(autoclass("java.io.OutputStream").nullOutputStream()))
+    restore_log = _log4j_off()
     try:
         yield
     except KeyboardInterrupt:
         raise  # the abandoned build goes on in its thread: Java stays silent
     except BaseException:
         system.setErr(kept)
+        restore_log()
         raise
     system.setErr(kept)
+    restore_log()
+
+
+def _log4j_off() -> Callable[[], None]:
+    """Turn every log4j logger off; returns what sets each configured logger's level back as it was.
+
+    Anserini's console log is bound to the stream Java had at start-up, so only its levels can quieten it.
+    """
+    from jnius import autoclass, cast
+
+    context = cast("org.apache.logging.log4j.core.LoggerContext",
+                   autoclass("org.apache.logging.log4j.LogManager").getContext(False))  # fmt: skip
+    configs = context.getConfiguration().getLoggers()
+    levels = {str(name): configs.get(name).getLevel() for name in configs.keySet().toArray()}
+    configurator = autoclass("org.apache.logging.log4j.core.config.Configurator")
+    configurator.setAllLevels("", autoclass("org.apache.logging.log4j.Level").OFF)
+
+    def restore() -> None:
+        for name, level in levels.items():
+            if name:
+                configurator.setLevel(name, level)
+            else:
+                configurator.setRootLevel(level)
+
+    return restore
 
 
 def _refuse_while_building(index_dir: Path) -> None:

@@ -82,6 +82,7 @@ def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
     assert (f"of the store's {len(DOCUMENTS)} passages from {store / 'passages' / 'jsonl'} (the first line it could "
             f"not read is {part}:{bad_line}: Expecting value") in short.stderr
     assert "the index was not replaced" in short.stderr and "Traceback" not in short.stderr
+    assert " ERROR [" not in short.stderr, "Anserini's log line of the bad line (docs50 L4)"
     assert sorted(path.name for path in (store / "bm25").iterdir()) == index_files
     assert not (store / ".bm25.building").exists()
     found = subprocess.run([sys.executable, "-c", SEARCH, str(store / "bm25"), "atomic number of oxygen"],

@@ -320,18 +320,21 @@ class _FakeSystem:
         cls.err = stream
 
 
-@pytest.mark.parametrize(("quiet", "raised", "err_after"), [
-    (True, None, "stderr"),
-    (True, DilstoreError, "stderr"),
-    (True, KeyboardInterrupt, "dropped"),  # the abandoned build goes on: Java stays silent
-    (False, None, "stderr"),
+@pytest.mark.parametrize(("quiet", "raised", "err_after", "log_after"), [
+    (True, None, "stderr", "on"),
+    (True, DilstoreError, "stderr", "on"),
+    (True, KeyboardInterrupt, "dropped", "off"),  # the abandoned build goes on: Java stays silent
+    (False, None, "stderr", "on"),
 ], ids=["quiet", "quiet-error", "quiet-ctrl-c", "verbose"])  # fmt: skip
-def test_a_build_drops_java_s_stderr_while_it_runs_unless_verbose(
-    monkeypatch: pytest.MonkeyPatch, quiet: bool, raised: type[BaseException] | None, err_after: str
+def test_a_build_drops_java_s_stderr_and_log_while_it_runs_unless_verbose(
+    monkeypatch: pytest.MonkeyPatch, quiet: bool, raised: type[BaseException] | None, err_after: str, log_after: str
 ) -> None:
     """A write that failed in Anserini's indexing thread printed a 40-line stack trace on Java's System.err above the
-    command's one error line (full49 F5); --verbose keeps it."""
+    command's one error line (full49 F5), and its log's ERROR line stayed (docs50 L4); --verbose keeps both."""
     import types
+
+    log = ["on"]
+    monkeypatch.setattr(retrieval, "_log4j_off", lambda: (log.append("off"), lambda: log.append("on"))[1])
 
     classes = {"java.lang.System": _FakeSystem, "java.io.OutputStream": types.SimpleNamespace(
         nullOutputStream=lambda: "null"), "java.io.PrintStream": lambda stream: "dropped"}  # fmt: skip
@@ -343,8 +346,8 @@ def test_a_build_drops_java_s_stderr_while_it_runs_unless_verbose(
         monkeypatch.delenv(quiet_mode.QUIET_ENV, raising=False)
     seen: list[object] = []
     with contextlib.suppress(DilstoreError, KeyboardInterrupt), retrieval._java_stderr_dropped():
-        seen.append(_FakeSystem.err)
+        seen.append((_FakeSystem.err, log[-1]))
         if raised is not None:
             raise raised("stop")
-    assert seen == (["dropped"] if quiet else ["stderr"])
-    assert _FakeSystem.err == err_after
+    assert seen == ([("dropped", "off")] if quiet else [("stderr", "on")])
+    assert (_FakeSystem.err, log[-1]) == (err_after, log_after)
