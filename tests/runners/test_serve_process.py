@@ -58,6 +58,7 @@ def indexed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [answer.pop("line") for answer in answers] == list(range(1, len(QUESTIONS) + 1))  # stdin's line numbers
     assert [answer["question"] for answer in answers] == QUESTIONS
     return {"store": store, "model": model, "answers": answers, "root": root}
 
