@@ -210,14 +210,27 @@ def in_process_runner(options: PipelineOptions) -> PipelineRunner | None:
     return fn_runner.FnApiRunner(provision_info=provision)
 
 
+# The Dask runner's partitioning flags, by the name Beam parses them to: 0 is Beam's "unset" (its own guess).
+_DASK_PARTITION_FLAGS = {"npartitions": "--dask_npartitions", "partition_size": "--dask_partition_size"}
+
+
+def refuse_negative_partitions(values: dict[str, object]) -> None:
+    """Refuse a negative --dask_npartitions or --dask_partition_size: Beam's Dask bag then had no partitions, every
+    step ran on nothing, and the run exited 0 with nothing stored (dask50 F1). 0 stays Beam's "unset"."""
+    for name, flag in _DASK_PARTITION_FLAGS.items():
+        value = values.get(name)
+        if isinstance(value, int) and value < 0:
+            raise DilstoreError(f"{flag} must be 1 or more (or 0 for Beam's own guess), got {value}")
+
+
 def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
     """Checked PipelineOptions from assembled flags (see `assemble_beam_flags`).
 
     Raises DilstoreError for flags Beam does not know, a Dataflow run without
     project, region or temp location, a Portable run without a job endpoint,
-    and a remote run with no way to ship the dilstore package (`--setup_file`,
-    `--requirements_file`, `--extra_package` or `--sdk_container_image`;
-    LOOPBACK workers excepted).
+    a negative worker or Dask partition count, and a remote run with no way
+    to ship the dilstore package (`--setup_file`, `--requirements_file`,
+    `--extra_package` or `--sdk_container_image`; LOOPBACK workers excepted).
     """
     flags = list(flags)
     runner = flags[flags.index("--runner") + 1] if "--runner" in flags else "DirectRunner"
@@ -233,6 +246,7 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
     workers = values.get("direct_num_workers") or 0
     if workers < 0:  # 0 is Beam's "one per core"
         raise DilstoreError(f"--direct_num_workers must be 0 (one per core) or more, got {workers}")
+    refuse_negative_partitions(values)
     if runner == "DataflowRunner":
         missing = [f"--{name}" for name in _DATAFLOW_REQUIRED if not values.get(name)]
         if missing:

@@ -564,9 +564,15 @@ def nothing_stored(summary: dict[str, Any], store: str) -> str | None:
     """Why a build that stored no passage failed the user (what it read, where the rejected records are), else None.
 
     Every record may be a dead letter (a JSONL file read with --format squad) or the input empty: the store is then
-    finalized but holds nothing, which a script must not take for success.
+    finalized but holds nothing, which a script must not take for success. So must a summary that counts no
+    passages at all (a run that ended without one counted as success, dask50 F1), unless it is that of a store
+    found already complete, which an older dilstore or a hand may have left without its run-summary.json.
     """
-    if summary.get("passages") != 0:
+    if "passages" not in summary:
+        if summary.get("already_complete"):
+            return None
+        return f"the run ended without a summary of what it stored in {store}; nothing is known to be stored"
+    if summary["passages"] != 0:
         return None
     documents, rejected = summary.get("documents", 0), summary.get("rejected", 0)
     skipped = summary.get("skipped", 0)

@@ -141,11 +141,11 @@ def run_pipeline(
     """Run the precompute pipeline for `job` to the end; the run summary.
 
     Local runners get defaults (worker processes, a Dask LocalCluster) and a
-    progress bar; a failed pipeline raises DilstoreError with Beam's message.
+    progress bar; a failed pipeline raises DilstoreError with Beam's message, and so does one that ended without
+    finishing the store (`finished_summary`).
     `attempt` is marked launched once a runner whose workers outlive this
     process has the job (pipelines/job.py: its files must then stay).
     """
-    from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.options import (
         DASK_RUNNER,
         assemble_beam_flags,
@@ -182,7 +182,24 @@ def run_pipeline(
                 client = getattr(result, "client", None)  # the Dask runner's distributed.Client
                 if client is not None:
                     client.close()
-    return read_summary(Path(job.store))
+    return finished_summary(job)
+
+
+def finished_summary(job: PrecomputeJob) -> dict[str, Any]:
+    """The summary the run's Finish wrote; a DilstoreError when the pipeline ended without one.
+
+    A runner can end "successfully" having run no step at all (Dask with a negative --dask_npartitions: a bag of no
+    partitions), leaving the store unfinished; that exited 0 with an empty summary (dask50 F1).
+    """
+    from dilstore.pipelines.finish import read_summary
+    from dilstore.pipelines.spec_file import SUMMARY_FILE
+
+    summary = read_summary(Path(job.store))
+    if not summary:
+        raise DilstoreError(f"the pipeline ended without finishing {job.destination or job.store}: it wrote no "
+                            f"{SUMMARY_FILE} (its runner ran none of its steps; check the Beam options that split "
+                            "the work)")  # fmt: skip
+    return summary
 
 
 def resumed_passages(job: PrecomputeJob) -> int:

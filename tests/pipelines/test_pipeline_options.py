@@ -185,12 +185,21 @@ def test_which_runs_run_here_and_end_with_this_process(runner: str, args: list[s
         ("DirectRunner", ["--direct_num_workers", "abc"],
          "bad Beam option value: argument --direct_num_workers: invalid int value: 'abc'"),
         ("DirectRunner", ["--direct_num_workers=-3"], "--direct_num_workers must be 0 .one per core. or more, got -3"),
+        # A Dask bag of no partitions ran no step, and the run exited 0 with nothing stored (dask50 F1).
+        (DASK_RUNNER, ["--dask_npartitions", "-1"], r"--dask_npartitions must be 1 or more \(or 0 .*\), got -1$"),
+        (DASK_RUNNER, ["--dask_partition_size=-5"], r"--dask_partition_size must be 1 or more \(or 0 .*\), got -5$"),
     ],
 )  # fmt: skip
 def test_options_that_cannot_work_are_refused(runner: str, args: list[str], message: str, capsys) -> None:
     with pytest.raises(DilstoreError, match=message):
         pipeline_options(assemble_beam_flags(runner, args, LocalDefaults()))
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("flag", ["--dask_npartitions", "--dask_partition_size"])
+def test_a_zero_dask_partitioning_flag_is_beam_s_own_guess(flag: str) -> None:
+    options = pipeline_options(assemble_beam_flags(DASK_RUNNER, [flag, "0"], LocalDefaults(dask_partitions=4)))
+    assert options.get_all_options()[flag.removeprefix("--dask_")] == 0
 
 
 def test_bad_values_from_two_threads_leave_stderr_alone(capsys) -> None:
