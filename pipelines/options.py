@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
@@ -210,6 +211,37 @@ def in_process_runner(options: PipelineOptions) -> PipelineRunner | None:
     return fn_runner.FnApiRunner(provision_info=provision)
 
 
+# Local worker processes allowed per CPU: more only wait for a core, and each loads torch and the model (dask50 F2).
+WORKERS_PER_CPU = 4
+
+
+def local_worker_limit() -> int:
+    """The most local worker processes a run may start: WORKERS_PER_CPU for each of this machine's CPUs."""
+    return WORKERS_PER_CPU * (os.cpu_count() or 1)
+
+
+def starts_local_workers(runner: str, beam_args: Sequence[str]) -> bool:
+    """Whether --workers sets how many processes the run starts on this machine: the DirectRunner's and FnApiRunner's
+    (unless --direct_num_workers is given), or a Dask LocalCluster's (when no scheduler is given). Elsewhere, a
+    remote runner's own options size its workers, and --workers is not used."""
+    if runner in IN_PROCESS_RUNNERS:
+        return not has_flag(beam_args, "direct_num_workers")
+    if runner == DASK_RUNNER:
+        return not (has_flag(beam_args, "dask_client_address") or has_flag(beam_args, "dask_scheduler_file"))
+    return False
+
+
+def refuse_too_many_workers(flag: str, workers: int) -> None:
+    """Refuse more local worker processes than `local_worker_limit`: `--workers 100000` forked workers, each loading
+    torch and the model, until the machine ran out of memory (DirectRunner), or hung building a LocalCluster
+    (Dask) (dask50 F2)."""
+    limit = local_worker_limit()
+    if workers > limit:
+        raise DilstoreError(f"{flag} {workers} is more than {limit} ({WORKERS_PER_CPU} per CPU of this machine's "
+                            f"{os.cpu_count() or 1}): each local worker is a process that loads torch and the model, "
+                            "and more only wait for a core while they fill the memory")  # fmt: skip
+
+
 # The Dask runner's partitioning flags, by the name Beam parses them to: 0 is Beam's "unset" (its own guess).
 _DASK_PARTITION_FLAGS = {"npartitions": "--dask_npartitions", "partition_size": "--dask_partition_size"}
 
@@ -228,7 +260,8 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
 
     Raises DilstoreError for flags Beam does not know, a Dataflow run without
     project, region or temp location, a Portable run without a job endpoint,
-    a negative worker or Dask partition count, and a remote run with no way
+    a negative or too large worker count, a negative Dask partition count,
+    and a remote run with no way
     to ship the dilstore package (`--setup_file`, `--requirements_file`,
     `--extra_package` or `--sdk_container_image`; LOOPBACK workers excepted).
     """
@@ -246,6 +279,8 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
     workers = values.get("direct_num_workers") or 0
     if workers < 0:  # 0 is Beam's "one per core"
         raise DilstoreError(f"--direct_num_workers must be 0 (one per core) or more, got {workers}")
+    if runner in IN_PROCESS_RUNNERS:
+        refuse_too_many_workers("--direct_num_workers", workers)
     refuse_negative_partitions(values)
     if runner == "DataflowRunner":
         missing = [f"--{name}" for name in _DATAFLOW_REQUIRED if not values.get(name)]

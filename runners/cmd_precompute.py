@@ -520,13 +520,17 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
         assemble_beam_flags,
         canonical_runner,
         pipeline_options,
+        refuse_too_many_workers,
         runs_here,
+        starts_local_workers,
     )
     from dilstore.reader.offline.encoding import launched_models
     from dilstore.storage.replacement import finish_interrupted_swap, swap_in
     from dilstore.storage.write_lock import write_lock
 
     runner = canonical_runner(args.runner)
+    if starts_local_workers(runner, args.beam_args):  # before anything is created (dask50 F2)
+        refuse_too_many_workers("--workers", args.workers)
     if not args.verbose and runner == DASK_RUNNER:
         quiet_dask_logging()
     # Beam's flags are checked again with the real local defaults when the pipeline starts; checked here as well,

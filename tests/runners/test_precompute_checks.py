@@ -3,11 +3,22 @@ refusals made before anything is created (dask50)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from dilstore.pipelines.options import (
+    DASK_RUNNER,
+    LocalDefaults,
+    assemble_beam_flags,
+    local_worker_limit,
+    pipeline_options,
+    refuse_too_many_workers,
+    starts_local_workers,
+)
+from dilstore.runners import cli
 from dilstore.runners.cmd_precompute import nothing_stored
 from dilstore.runners.precompute_run import finished_summary
 from dilstore.storage.errors import DilstoreError
@@ -28,3 +39,42 @@ def test_a_summary_without_passages_is_a_failure_unless_the_store_was_already_co
     assert nothing_stored({"store": "/s", "already_complete": True}, "/s") is None
     assert nothing_stored({"passages": 2}, "/s") is None
     assert nothing_stored({"passages": 0}, "/s").startswith("no passage was stored")
+
+
+@pytest.mark.parametrize(
+    ("runner", "beam_args", "local"),
+    [
+        ("DirectRunner", [], True),
+        ("FnApiRunner", [], True),
+        ("DirectRunner", ["--direct_num_workers", "2"], False),  # checked as --direct_num_workers
+        (DASK_RUNNER, [], True),  # the LocalCluster dilstore starts
+        (DASK_RUNNER, ["--dask_client_address", "tcp://h:8786"], False),  # a cluster of its own size
+        (DASK_RUNNER, ["--dask_scheduler_file=s.json"], False),
+        ("DataflowRunner", [], False),  # sized by Dataflow's own --num_workers
+        ("FlinkRunner", [], False),
+    ],
+)
+def test_workers_is_bounded_only_where_it_starts_processes_here(runner: str, beam_args: list[str], local) -> None:
+    assert starts_local_workers(runner, beam_args) is local
+
+
+def test_more_local_workers_than_the_bound_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--workers 100000` forked workers until memory ran out, or hung building a LocalCluster (dask50 F2)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert local_worker_limit() == 8
+    refuse_too_many_workers("--workers", 8)
+    with pytest.raises(DilstoreError, match=r"^--workers 9 is more than 8 \(4 per CPU of this machine's 2\): each "):
+        refuse_too_many_workers("--workers", 9)
+    with pytest.raises(DilstoreError, match=r"^--direct_num_workers 100000 is more than 8 "):
+        pipeline_options(assemble_beam_flags("DirectRunner", ["--direct_num_workers", "100000"], LocalDefaults()))
+
+
+def test_too_many_workers_exit_2_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    store = tmp_path / "s"
+    assert cli.main(["precompute", "--output", str(store), "--runner", "dask", "--workers", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dilstore precompute: error: --workers 100000 is more than 8 ") and err.count("\n") == 1
+    assert not store.exists()
