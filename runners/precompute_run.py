@@ -263,9 +263,8 @@ def reach_dask_scheduler(options: PipelineOptions) -> None:
 
     values = options.view_as(DaskOptions)
     where = values.scheduler_file or values.address
-    if values.scheduler_file and not Path(values.scheduler_file).is_file():
-        raise DilstoreError(f"--dask_scheduler_file {values.scheduler_file} does not exist (a scheduler started "
-                            "with `dask scheduler --scheduler-file FILE` writes it)")  # fmt: skip
+    if values.scheduler_file:
+        check_scheduler_file(values.scheduler_file)
     default = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="seconds")
     timeout = values.timeout if isinstance(values.timeout, int) else default
     outcome: list[Exception | None] = []
@@ -294,6 +293,24 @@ def reach_dask_scheduler(options: PipelineOptions) -> None:
     if outcome[0] is not None:
         raise DilstoreError(f"cannot reach a Dask scheduler at {where}: {_last_line(outcome[0])} (the wait is "
                             f"{timeout} s; --dask_connection_timeout sets it)")  # fmt: skip
+
+
+def check_scheduler_file(path: str) -> None:
+    """Refuse a --dask_scheduler_file that does not exist or names no scheduler: an empty file, one that is not JSON
+    or one without a string "address" failed inside dask.distributed as "AssertionError" (dask50 F5)."""
+    import json
+
+    written_by = "a scheduler started with `dask scheduler --scheduler-file FILE` writes it"
+    if not Path(path).is_file():
+        raise DilstoreError(f"--dask_scheduler_file {path} does not exist ({written_by})")
+    try:
+        address = json.loads(Path(path).read_text(encoding="utf-8")).get("address")
+    except (OSError, UnicodeError, ValueError, AttributeError) as error:  # AttributeError: JSON, but no object
+        why = error.strerror if isinstance(error, OSError) else "it is not a JSON object"
+        raise DilstoreError(f"--dask_scheduler_file {path} holds no scheduler address: {why} ({written_by})") from None
+    if not isinstance(address, str) or not address.strip():
+        raise DilstoreError(f'--dask_scheduler_file {path} holds no scheduler address: no string "address" in it '
+                            f"({written_by})")  # fmt: skip
 
 
 def _is_this_process(token: str, pid: int) -> bool:

@@ -20,7 +20,7 @@ from dilstore.pipelines.options import (
 )
 from dilstore.runners import cli
 from dilstore.runners.cmd_precompute import nothing_stored
-from dilstore.runners.precompute_run import finished_summary
+from dilstore.runners.precompute_run import check_scheduler_file, finished_summary
 from dilstore.storage.errors import DilstoreError
 
 
@@ -78,3 +78,27 @@ def test_too_many_workers_exit_2_before_anything_is_written(
     err = capsys.readouterr().err
     assert err.startswith("dilstore precompute: error: --workers 100000 is more than 8 ") and err.count("\n") == 1
     assert not store.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("", "it is not a JSON object"),
+        ("{not json", "it is not a JSON object"),
+        ("[1, 2]", "it is not a JSON object"),
+        ('{"address": 5}', 'no string "address" in it'),
+        ('{"id": "Scheduler-1"}', 'no string "address" in it'),
+    ],
+)
+def test_a_scheduler_file_that_names_no_scheduler_is_refused_with_what_is_wrong(
+    tmp_path: Path, content: str, why: str
+) -> None:
+    """Each was "cannot reach a Dask scheduler at FILE: AssertionError" (dask50 F5)."""
+    path = tmp_path / "scheduler.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DilstoreError, match=f"^--dask_scheduler_file {path} holds no scheduler address: {why} "):
+        check_scheduler_file(str(path))
+    path.write_text('{"address": "tcp://127.0.0.1:8786", "type": "Scheduler"}', encoding="utf-8")
+    check_scheduler_file(str(path))
+    with pytest.raises(DilstoreError, match="does not exist"):
+        check_scheduler_file(str(tmp_path / "absent.json"))
