@@ -12,6 +12,7 @@ and is only used by local runners.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,7 +26,15 @@ def report_progress(progress_dir: str | None, shard: int, passages_done: int) ->
     """Record that `passages_done` passages of `shard` are finished (no-op without a folder)."""
     if progress_dir is None:
         return
-    atomic_write_text(Path(progress_dir) / f"{_PREFIX}{shard:05d}", str(passages_done))
+    _write_count(Path(progress_dir) / f"{_PREFIX}{shard:05d}", passages_done)
+
+
+def _write_count(path: Path, count: int) -> None:
+    """Write `count` to `path` in a folder that still exists, else nothing: the launcher removes the folder as it
+    stops, and an external Dask cluster's tasks, which run on, re-created it without its owner lock, a folder left
+    in $TMPDIR for good (dask50 F6)."""
+    with contextlib.suppress(FileNotFoundError):
+        atomic_write_text(path, str(count), named_by_user=True)
 
 
 def passages_done(progress_dir: str | Path) -> int:
@@ -48,7 +57,7 @@ def report_planned(progress_dir: str | None, bundle: str, units: int) -> None:
     """Record that one routing bundle (named `bundle`, unique) planned `units` stored units."""
     if progress_dir is None or units == 0:
         return
-    atomic_write_text(Path(progress_dir) / f"{_PLANNED_PREFIX}{bundle}", str(units))
+    _write_count(Path(progress_dir) / f"{_PLANNED_PREFIX}{bundle}", units)
 
 
 def passages_planned(progress_dir: str | Path) -> int:

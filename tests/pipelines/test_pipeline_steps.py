@@ -217,6 +217,7 @@ def test_a_resumed_run_counts_committed_shards_before_it_starts_and_workers_do_n
     """A resumed run's bar took the passages of shards committed before as encoded now, so its rate ran high and
     its time left was 2-3x short (wiki45 L1): the launcher counts them up front and workers report only encoding."""
     store, first, second = tmp_path / "store", tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()  # the launcher's progress folders: reports go only into one that exists
     job = PrecomputeJob(inputs=(), store=str(store), strategy="words", num_shards=4, max_length=64, model="unused",
                         fingerprint=model_fingerprint(tiny, "dilbert", "fp16", 64), policy=BatchPolicy(), threads=1,
                         runner="DirectRunner", started_at=0.0, progress_dir=str(first))  # fmt: skip
@@ -283,6 +284,15 @@ def test_progress_files_add_up(tmp_path: Path) -> None:
     report_planned(str(tmp_path), "bundle-b", 12)
     assert (passages_done(tmp_path), passages_planned(tmp_path)) == (16, 42)
     report_progress(None, 0, 5)  # remote runners: no folder, nothing written
+
+
+def test_progress_reports_do_not_bring_back_a_removed_folder(tmp_path: Path) -> None:
+    """An external Dask cluster's tasks run on after the launcher's Ctrl-C removed the progress folder: their
+    reports re-created it without its owner lock, and nothing ever removed it (dask50 F6)."""
+    gone = tmp_path / "dilstore-progress-gone"
+    report_progress(str(gone), 6, 40)
+    report_planned(str(gone), "bundle-a", 30)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_bar_of_a_resumed_run_starts_at_its_committed_passages_and_names_them(
