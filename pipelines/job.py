@@ -72,6 +72,10 @@ class PrecomputeJob:
     first_shard: int = 0
     replace: bool = False
     creation: dict[str, Any] = field(default_factory=dict, compare=False)
+    # The shards (numbered as stored) committed before this run started, which it resumes; None: not looked up, and
+    # every commit marker found counts as resumed. A shard committed by this run's own task before its worker died
+    # is a retry, not a resume (dask50 F7). Set by the launcher (runners/precompute_run.py).
+    resumed_shards: frozenset[int] | None = field(default=None, compare=False)
 
     @property
     def kind(self) -> str:

@@ -72,7 +72,8 @@ def write_group(job: PrecomputeJob, key: GroupKey, values: Iterable[Any], reader
         def progress(done: int) -> None:
             report_progress(job.progress_dir, index, done)
 
-        stats = write_shard_outputs(job.shard_settings(), job.first_shard + index, pieces, reader, progress)
+        shard = job.first_shard + index
+        stats = write_shard_outputs(job.shard_settings(), shard, pieces, reader, progress, job.resumed_shards)
         if not stats.shards_resumed:  # the launcher counted a committed shard's passages before the run
             report_progress(job.progress_dir, index, stats.passages)
         return stats

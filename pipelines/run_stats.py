@@ -21,8 +21,8 @@ class RunStats:
     rejected: dead-lettered records; rejected_passages: passages left out as dead letters (no word piece), of
     documents stored or rejected; passages, tokens: what the store holds;
     long_passages: passages over the model's maximum length, split into windows;
-    shards: shards in the store; shards_resumed: of those, found complete on disk
-    and not recomputed; bytes: bytes of shard and passage-table files.
+    shards: shards in the store; shards_resumed: of those, committed before this
+    run started and not recomputed (dask50 F7: not a retry within it); bytes: bytes of shard and passage-table files.
     """
 
     documents: int = 0

@@ -24,7 +24,7 @@ empty shards). Dead letters go to `rejected/part-r.jsonl` the same way.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +87,11 @@ def committed_passages(settings: ShardSettings, shards: Iterable[int]) -> int:
     return sum(stats.passages for stats in committed if stats is not None)
 
 
+def committed_shards(settings: ShardSettings, shards: Iterable[int]) -> frozenset[int]:
+    """Those of `shards` that earlier attempts of this build committed: the ones a run starting now resumes."""
+    return frozenset(shard for shard in shards if read_meta(Path(settings.store), shard, settings.generation))
+
+
 def shard_outputs_present(store: Path, shard: int) -> bool:
     """Whether the passage tables and the store shard, which a shard with passages writes before its marker, exist."""
     tables = (parquet_path(store, shard), jsonl_path(store, shard))
@@ -99,16 +104,22 @@ def write_shard_outputs(
     pieces: Sequence[TokenizedPassage],
     reader: OfflineModel,
     on_batch: Callable[[int], None] | None = None,
+    committed_before: Container[int] | None = None,
 ) -> RunStats:
     """Encode with `reader` and write one shard group (see the module docstring); its counts.
 
     `pieces` must be sorted by id. A shard whose marker exists is not
-    recomputed: its counts come back with shards_resumed = 1.
+    recomputed: its counts come back with shards_resumed = 1 when the shard is
+    one of `committed_before` (those committed before the run started; None:
+    every marker found), and 0 for a retry of this run's own task, whose
+    first attempt committed it before its worker died: that is no resume
+    (dask50 F7).
     """
     store = Path(settings.store)
     done = read_meta(store, shard, settings.generation)
     if done is not None:
-        return RunStats(**{**done.to_dict(), "shards_resumed": 1})
+        resumed = committed_before is None or shard in committed_before
+        return RunStats(**{**done.to_dict(), "shards_resumed": int(resumed)})
     written = 0  # bytes the shard added to disk: its store folder and its passage tables
     if pieces:
         records = encode_tokenized(reader, settings.kind, pieces, settings.policy, on_batch)

@@ -155,6 +155,7 @@ def run_pipeline(
     )
     from dilstore.pipelines.precompute import build_pipeline
 
+    job = with_resumed_shards(job)
     # The stderr filter is in place before a LocalCluster's workers start: they inherit its pipe, not the terminal.
     runtime = local_runtime(runner, workers, job.num_shards, beam_args)
     with callers_torch_threads(), filtered_stderr(), runtime as defaults:
@@ -200,6 +201,16 @@ def finished_summary(job: PrecomputeJob) -> dict[str, Any]:
                             f"{SUMMARY_FILE} (its runner ran none of its steps; check the Beam options that split "
                             "the work)")  # fmt: skip
     return summary
+
+
+def with_resumed_shards(job: PrecomputeJob) -> PrecomputeJob:
+    """`job` with the shards committed before it starts, so that only those count as resumed (dask50 F7)."""
+    import dataclasses
+
+    from dilstore.pipelines.shard_sink import committed_shards
+
+    shards = range(job.first_shard, job.first_shard + job.num_shards)
+    return dataclasses.replace(job, resumed_shards=committed_shards(job.shard_settings(), shards))
 
 
 def resumed_passages(job: PrecomputeJob) -> int:

@@ -27,7 +27,7 @@ from dilstore.pipelines.sharding import MIN_DEFAULT_SHARDS, default_shard_count,
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import encode_tokenized, load_reader
-from dilstore.runners.precompute_run import ProgressBar
+from dilstore.runners.precompute_run import ProgressBar, with_resumed_shards
 from dilstore.storage.finalize import finalize
 from dilstore.storage.format import SHARDS_DIR, shard_name
 from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path, rejected_path
@@ -230,6 +230,23 @@ def test_a_resumed_run_counts_committed_shards_before_it_starts_and_workers_do_n
     resumed = replace(job, progress_dir=str(second))
     assert write_group(resumed, (SHARD, 2), pieces, NoModel("committed")).shards_resumed == 1
     assert passages_done(second) == 0
+
+
+def test_only_shards_committed_before_the_run_count_as_resumed(tmp_path: Path, tiny) -> None:
+    """A Dask task retried after its worker died found the marker its first attempt wrote, and a single
+    uninterrupted run said `shards_resumed 1` (dask50 F7)."""
+    job = PrecomputeJob(inputs=(), store=str(tmp_path / "store"), strategy="words", num_shards=4, max_length=64,
+                        model="unused", fingerprint=model_fingerprint(tiny, "dilbert", "fp16", 64),
+                        policy=BatchPolicy(), threads=1, runner="DirectRunner", started_at=0.0)  # fmt: skip
+    pieces = shard_units(tiny)
+    this_run = with_resumed_shards(job)
+    assert this_run.resumed_shards == frozenset()
+    first = write_group(this_run, (SHARD, 2), pieces, tiny)
+    retried = write_group(this_run, (SHARD, 2), pieces, NoModel("a committed shard must not be encoded again"))
+    assert retried == first and retried.shards_resumed == 0
+    next_run = with_resumed_shards(job)
+    assert next_run.resumed_shards == frozenset({2})
+    assert write_group(next_run, (SHARD, 2), pieces, NoModel("committed")).shards_resumed == 1
 
 
 def test_a_rewritten_shard_is_byte_identical(tmp_path: Path, tiny) -> None:
