@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from dilstore.reader.batching import BatchPolicy
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
 from dilstore.storage.encodings import get_encoding
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
 from dilstore.storage.replacement import building_dir
@@ -232,21 +233,41 @@ def unmade_if_nothing_stored(store: Path) -> Iterator[BuildAttempt]:
         return
     try:
         yield attempt
+    except StoppedBySignal as stop:
+        if not attempt.launched and _taken_back(store, remove_folder=not existed):
+            raise nothing_kept(stop) from None
+        raise
     except BaseException:
         if not attempt.launched:
-            with contextlib.suppress(OSError):  # a worker writing meanwhile, or no folder at all
-                _take_back(store, remove_folder=not existed)
+            _taken_back(store, remove_folder=not existed)
         raise
 
 
-def _take_back(store: Path, *, remove_folder: bool) -> None:
-    """Remove the spec and codebook a start wrote into `store`, when they are all it holds (and the folder too)."""
-    written = list(store.iterdir())
-    if all(path.name in (SPEC_FILE, CODEBOOK_DIR) for path in written):
+def nothing_kept(stop: StoppedBySignal) -> StoppedBySignal:
+    """The stop of a build whose start was taken back: it kept no shard, so its words say so, not that the same
+    command goes on from the shards it finished (dask50 F8)."""
+    words = (
+        "interrupted"
+        if stop.signal_number == signal.SIGINT
+        else f"stopped by {signal.Signals(stop.signal_number).name}"
+    )
+    return StoppedBySignal(f"{words} before any shard was stored; nothing was kept", stop.signal_number)
+
+
+def _taken_back(store: Path, *, remove_folder: bool) -> bool:
+    """Remove the spec and codebook a start wrote into `store`, when they are all it holds (and the folder too);
+    whether it did. A worker writing meanwhile, or no folder at all, leaves it as it is."""
+    try:
+        written = list(store.iterdir())
+        if not all(path.name in (SPEC_FILE, CODEBOOK_DIR) for path in written):
+            return False
         for path in written:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         if remove_folder:
             store.rmdir()
+    except OSError:
+        return False
+    return True
 
 
 def needs_replacement(store: Path, spec: dict[str, Any]) -> bool:

@@ -157,10 +157,12 @@ def main(argv: Sequence[str] | None = None, *, exits: bool = False) -> int:
         print(f"dilstore {args.command}: error: {scrubbed(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:
+        earlier = earlier_stop(interrupt)
         with stops_ignored():
-            print(f"dilstore {args.command}: {interrupt_words(interrupt)}", file=sys.stderr)
+            words = interrupt_words(interrupt) if earlier is None else str(earlier)
+            print(f"dilstore {args.command}: {words}", file=sys.stderr)
             drop_interrupted_work(interrupt)
-        return 128 + interrupt_number(interrupt)
+        return 128 + (interrupt_number(interrupt) if earlier is None else earlier.signal_number)
     except BrokenPipeError:
         # The reader of our output went away (`dilstore info STORE | head`): stop quietly, as Unix tools do.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -177,6 +179,19 @@ def main(argv: Sequence[str] | None = None, *, exits: bool = False) -> int:
     finally:
         if not exits:
             thaw()
+
+
+def earlier_stop(interrupt: KeyboardInterrupt) -> StoppedBySignal | None:
+    """The stop `interrupt` came during: a second Ctrl-C while the first one's stop unwound (a LocalCluster closing)
+    printed only "interrupted", the first's words about what was kept and how to go on lost (dask50 F8)."""
+    seen: set[int] = set()
+    linked = interrupt.__context__
+    while linked is not None and id(linked) not in seen:
+        if isinstance(linked, StoppedBySignal):
+            return linked
+        seen.add(id(linked))
+        linked = linked.__cause__ or linked.__context__
+    return None
 
 
 if __name__ == "__main__":

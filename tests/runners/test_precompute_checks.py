@@ -4,11 +4,14 @@ refusals made before anything is created (dask50)."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from dilstore.pipelines.job import unmade_if_nothing_stored
 from dilstore.pipelines.options import (
     DASK_RUNNER,
     LocalDefaults,
@@ -18,10 +21,11 @@ from dilstore.pipelines.options import (
     refuse_too_many_workers,
     starts_local_workers,
 )
-from dilstore.runners import cli
+from dilstore.runners import cli, cmd_precompute
 from dilstore.runners.cmd_precompute import nothing_stored
 from dilstore.runners.precompute_run import check_scheduler_file, finished_summary
-from dilstore.storage.errors import DilstoreError
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.format import SPEC_FILE
 
 
 def test_a_pipeline_that_ended_without_a_summary_failed(tmp_path: Path) -> None:
@@ -102,3 +106,45 @@ def test_a_scheduler_file_that_names_no_scheduler_is_refused_with_what_is_wrong(
     check_scheduler_file(str(path))
     with pytest.raises(DilstoreError, match="does not exist"):
         check_scheduler_file(str(tmp_path / "absent.json"))
+
+
+RUN_AGAIN = "interrupted; run the same command again to go on (the shards it finished are kept)"
+
+
+def test_a_stop_whose_start_was_taken_back_says_nothing_was_kept(tmp_path: Path) -> None:
+    """A Ctrl-C before any shard was written said "run the same command again to go on (the shards it finished are
+    kept)" of a folder that the take-back had just removed (dask50 F8)."""
+    store = tmp_path / "s"
+    with pytest.raises(StoppedBySignal) as stop:
+        with unmade_if_nothing_stored(store):
+            store.mkdir()
+            (store / SPEC_FILE).write_text("{}", encoding="utf-8")
+            raise StoppedBySignal(RUN_AGAIN, signal.SIGINT)
+    assert (str(stop.value), stop.value.signal_number) == ("interrupted before any shard was stored; nothing was "
+                                                            "kept", signal.SIGINT)  # fmt: skip
+    assert not store.exists()
+    with pytest.raises(StoppedBySignal, match=r"^stopped by SIGTERM before any shard was stored; nothing was kept$"):
+        with unmade_if_nothing_stored(store):
+            store.mkdir()
+            raise StoppedBySignal("stopped by SIGTERM; run the same command again ...", signal.SIGTERM)
+    with pytest.raises(StoppedBySignal, match=f"^{re.escape(RUN_AGAIN)}$"):  # a shard kept: the hint stays
+        with unmade_if_nothing_stored(store):
+            (store / "shards").mkdir(parents=True)
+            raise StoppedBySignal(RUN_AGAIN, signal.SIGINT)
+    assert (store / "shards").is_dir()
+
+
+def test_a_second_ctrl_c_while_the_first_stop_unwinds_keeps_its_resume_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The second Ctrl-C, raised as a LocalCluster closed after the first, printed only "interrupted" (dask50 F8)."""
+
+    def stopped_twice(args: object) -> None:
+        try:
+            raise StoppedBySignal(RUN_AGAIN, signal.SIGINT)
+        finally:
+            raise KeyboardInterrupt  # the second Ctrl-C, in the unwinding
+
+    monkeypatch.setattr(cmd_precompute, "precompute_store", stopped_twice)
+    assert cli.main(["precompute"]) == 130
+    assert capsys.readouterr().err == f"dilstore precompute: {RUN_AGAIN}\n"
