@@ -150,9 +150,13 @@ def test_sigkill_after_the_first_shard_and_while_one_is_written_then_rerun(setup
     assert not (store / MANIFEST_FILE).exists(), "the run finished before the kill; the corpus is too small"
     kept = committed(store)
     assert 1 <= kept < SHARDS
+    resumed = sum(json.loads(meta.read_text())["passages"] for meta in (store / "passages" / "meta").glob("*.json"))
     assert cli.main(arguments(model, corpus, store)) == 0
     summary = json.loads((store / SUMMARY_FILE).read_text())
     assert summary["shards_resumed"] >= kept
+    # The rate of this invocation's own passages, as its bar shows it (docs50 L1).
+    assert summary["passages_per_second"] == pytest.approx((summary["passages"] - resumed) / summary["seconds"],
+                                                           rel=0.01, abs=0.02)  # fmt: skip
     assert_same_store(store, reference)
 
     # A kill at a seeded "random" moment always landed while Python was importing, before the store had a file,
