@@ -27,9 +27,11 @@ import os
 import re
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from multiprocessing import resource_tracker
+from types import TracebackType
 from typing import Any
 
 from dilstore.reader.quiet_mode import QUIET_ENV, is_quiet
@@ -142,6 +144,23 @@ def quiet_dask_logging() -> None:
 
 @contextmanager
 def filtered_stderr() -> Iterator[None]:
+    """The run block's quiet terminal: what child processes write to descriptor 2 is filtered (`_stderr_piped`), and
+    the uncaught exceptions of Beam's launcher threads (its `run_worker` thread's "Worker subprocess exited with
+    return code 137" when a worker process is killed) stay off it (`_LauncherThreads`; --verbose shows them).
+
+    A worker process killed mid-run (as the OOM killer does) printed 67 lines of those threads' tracebacks above
+    the command's one line (dask50 F3); their exit codes are kept for that line (`worker_exit_codes`).
+    """
+    with _LAUNCHER_THREADS.watched():
+        if not is_quiet():
+            yield
+            return
+        with _stderr_piped():
+            yield
+
+
+@contextmanager
+def _stderr_piped() -> Iterator[None]:
     """While the block runs, drop the worker-noise lines that child processes write to file descriptor 2.
 
     Descriptor 2 becomes a pipe that a thread copies line by line to the
@@ -150,11 +169,8 @@ def filtered_stderr() -> Iterator[None]:
     Python's own `sys.stderr` writes to descriptor 2, it is pointed at the
     real stderr, so this process's writes (a progress bar's carriage returns
     included) pass unbuffered; a `sys.stderr` that writes elsewhere (a
-    caller's capture, a redirect) is left as it is. Does nothing with --verbose.
+    caller's capture, a redirect) is left as it is.
     """
-    if not is_quiet():
-        yield
-        return
     # A process started in the block inherits the pipe; multiprocessing's resource tracker (started with the first
     # process pool, as Dask's LocalCluster makes) lives as long as this process and held it open, so the copier
     # waited its 5 s at every exit. Started first, the tracker keeps the real stderr.
@@ -222,9 +238,13 @@ class WorkerReports:
 
 
 # How a worker's failure report begins, how the lines of a traceback begin, and its closing "SomeError: ..." line.
-_REPORT_STARTS = (b"ERROR:apache_beam", b"Traceback (most recent call last):")
-_TRACEBACK_LINES = (b" ", b"\t", b"During handling of the above exception", b"The above exception was the direct")
-_RAISED = re.compile(rb"[\w.]+(Error|Exception|Interrupt|Exit)\b")
+# A chained traceback's joining line starts a report too: a report may end early, at an exception line `_RAISED`
+# does not know.
+_CHAINED = (b"During handling of the above exception", b"The above exception was the direct")
+_REPORT_STARTS = (b"ERROR:apache_beam", b"Traceback (most recent call last):", *_CHAINED)
+_TRACEBACK_LINES = (b" ", b"\t", *_CHAINED)
+# "SomeError: ..." or an exception's dotted name alone ("_queue.Empty", which a killed worker's partner printed).
+_RAISED = re.compile(rb"[\w.]+(Error|Exception|Interrupt|Exit)\b|\w+(\.\w+)+$")
 # A Dask worker's record of a failed task ("2026-11-30 15:48:12,384 - distributed.worker - ERROR - Compute Failed")
 # and the fields it prints under it, the traceback in one line.
 _DASK_FAILURE = re.compile(rb"\bdistributed\.worker - ERROR - Compute Failed$")
@@ -234,8 +254,83 @@ _DASK_CANCELLED = re.compile(rb"\bdistributed\.worker\.state_machine - WARNING -
                              rb"cancelled .* ended with CancelledError$")  # fmt: skip
 
 
+# What the shell that starts each Beam worker process, and the C++ runtime, print when a worker is killed or aborts
+# (dask50 F3): the command's one line says that a worker died.
+_DEATH_NOTICE = re.compile(rb"(Killed|Aborted|Segmentation fault)( \(core dumped\))?|terminate called .*")
+
+
 def _is_noise(line: bytes) -> bool:
-    return any(noise.encode() in line for noise in _WORKER_NOISE)
+    return any(noise.encode() in line for noise in _WORKER_NOISE) or _DEATH_NOTICE.fullmatch(line.strip()) is not None
+
+
+# The packages whose threads in this process are Beam's launcher (its worker handlers, job service and gRPC servers).
+_LAUNCHER_PACKAGES = ("apache_beam", "grpc")
+_WORKER_EXIT = re.compile(r"Worker subprocess exited with return code (-?\d+)")
+
+
+class _LauncherThreads:
+    """While a run block is active, `threading.excepthook` notes the exit code of each Beam worker process that
+    ended with one, and, in quiet mode, keeps the uncaught exceptions of Beam's launcher threads off the terminal.
+
+    Installed by the first of the blocks going on at once and put back by the last (as `_RunsLogging`), since the
+    hook is the process's. Other threads' exceptions go to the hook that was in place (dilstore's own bugs show).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()  # notified as an exit code is noted
+        self._runs = 0
+        self._previous: Callable[[threading.ExceptHookArgs], Any] = threading.excepthook
+        self._exits: list[int] = []
+
+    @contextmanager
+    def watched(self) -> Iterator[None]:
+        with self._lock:
+            if self._runs == 0:
+                self._previous, self._exits = threading.excepthook, []
+                threading.excepthook = self._hook
+            self._runs += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._runs -= 1
+                if self._runs == 0:
+                    threading.excepthook = self._previous
+
+    def exit_codes(self, wait_seconds: float = 0.0) -> list[int]:
+        """The exit codes of the Beam worker processes that ended with one, in the order their threads said so;
+        with none yet, waits up to `wait_seconds` for one."""
+        with self._lock:
+            self._lock.wait_for(lambda: bool(self._exits), wait_seconds)
+            return list(self._exits)
+
+    def _hook(self, arguments: threading.ExceptHookArgs) -> None:
+        if not _runs_launcher_code(arguments.exc_traceback):
+            self._previous(arguments)
+            return
+        exited = _WORKER_EXIT.search(str(arguments.exc_value))
+        if exited:
+            with self._lock:
+                self._exits.append(int(exited.group(1)))
+                self._lock.notify_all()
+        if not is_quiet():
+            self._previous(arguments)
+
+
+_LAUNCHER_THREADS = _LauncherThreads()
+
+
+def worker_exit_codes(wait_seconds: float = 0.0) -> list[int]:
+    """The exit codes of the Beam worker processes that died during the run block now active (`filtered_stderr`),
+    first first: the launcher's error line names the death that began a failure (dask50 F3). With none yet, waits
+    up to `wait_seconds`: the launcher's main thread may see the lost channel before the worker's thread reports."""
+    return _LAUNCHER_THREADS.exit_codes(wait_seconds)
+
+
+def _runs_launcher_code(trace: TracebackType | None) -> bool:
+    """Whether a traceback passes through Beam's or gRPC's code (a launcher thread's, not one of dilstore's)."""
+    return any(str(frame.f_globals.get("__name__", "")).split(".")[0] in _LAUNCHER_PACKAGES
+               for frame, _ in traceback.walk_tb(trace))  # fmt: skip
 
 
 def _writes_descriptor_2(stream: object) -> bool:

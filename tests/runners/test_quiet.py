@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -217,3 +218,70 @@ def test_a_dask_worker_s_compute_failed_report_is_left_out_and_the_lines_after_i
     ]
     reports = quiet.WorkerReports()
     assert [line for line in printed if not reports.dropped(line)] == printed[-2:]
+
+
+def test_what_a_killed_beam_worker_s_wrapper_and_partner_print_is_left_out() -> None:
+    """A worker SIGKILLed mid-run: its shell printed "Killed", its partner's C++ runtime "terminate called ..." and
+    "Aborted", and the partner's traceback ended at "_queue.Empty", so the chained traceback after it printed
+    (dask50 F3)."""
+    printed = [
+        b"Traceback (most recent call last):",
+        b'  File "queue.py", line 179, in get',
+        b"_queue.Empty",
+        b"",
+        b"During handling of the above exception, another exception occurred:",
+        b"",
+        b"Traceback (most recent call last):",
+        b'  File "sdk_worker.py", line 310, in _execute',
+        b"terminate called without an active exception",
+        b"Aborted",
+        b"Killed",
+        b"Aborted (core dumped)",
+        b"a worker's own line",
+        b"Killed 3 tasks",
+    ]
+    reports = quiet.WorkerReports()
+    assert [line for line in printed if not reports.dropped(line)] == printed[-2:]
+
+
+def launcher_thread(message: str, module: str = "apache_beam.runners.portability.local_job_service") -> None:
+    """Runs a thread that raises RuntimeError(`message`) from a function of `module` (as Beam's `run_worker` thread
+    does when its worker process dies), and waits for it."""
+    namespace: dict[str, object] = {"__name__": module}
+    exec(f"def run():\n    raise RuntimeError({message!r})\n", namespace)  # a frame whose module is `module`
+    thread = threading.Thread(target=namespace["run"], name="run_worker")
+    thread.start()
+    thread.join()
+
+
+@pytest.fixture
+def excepthook(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The exception messages that reach the hook in place before a run block (the terminal's, here a list)."""
+    shown: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda arguments: shown.append(str(arguments.exc_value)))
+    return shown
+
+
+def test_a_beam_launcher_thread_s_exception_is_kept_off_the_terminal_and_its_exit_code_noted(
+    quiet_on, excepthook
+) -> None:
+    """Beam's `run_worker`, `beam_control_read` threads printed their tracebacks through threading.excepthook, past
+    the stderr filter (dask50 F3); other threads' exceptions still show."""
+    with quiet.filtered_stderr():
+        launcher_thread("Worker subprocess exited with return code 137")
+        launcher_thread("", module="grpc._server")
+        launcher_thread("Worker subprocess exited with return code 134")
+        launcher_thread("a bug of dilstore's", module="dilstore.runners.progress")
+        noted = quiet.worker_exit_codes()
+    assert excepthook == ["a bug of dilstore's"]
+    assert noted == [137, 134]
+    launcher_thread("after the block")
+    assert excepthook[-1] == "after the block", "the hook is put back"
+
+
+def test_verbose_shows_a_launcher_thread_s_exception_and_still_notes_its_exit_code(monkeypatch, excepthook) -> None:
+    monkeypatch.delenv(quiet.QUIET_ENV, raising=False)
+    with quiet.filtered_stderr():
+        launcher_thread("Worker subprocess exited with return code 137")
+        noted = quiet.worker_exit_codes()
+    assert (excepthook, noted) == (["Worker subprocess exited with return code 137"], [137])
