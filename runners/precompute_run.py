@@ -345,8 +345,8 @@ def _cause_of(error: BaseException, kind: type[E]) -> E | None:
 def pipeline_failure(error: BaseException, options: PipelineOptions, store: str = "the store") -> str:
     """What failed, in a line: a job server that never answered is named with the option that bounds the wait (it
     was only "FutureTimeoutError", after minutes), a full disk with what to do (a worker's OSError reaches the
-    launcher as text), a worker process that died with its exit code and the rerun that goes on (dask50 F3),
-    anything else is its most telling line."""
+    launcher as text), a worker process that died (Beam's with its exit code, or Dask's KilledWorker) and the rerun
+    that goes on (dask50 F3, F4), anything else is its most telling line."""
     if type(error).__name__ == "FutureTimeoutError":  # grpc's, waiting for the portable job server
         values = options.get_all_options()
         return (f"no job server answered at {values.get('job_endpoint')} within {values.get('job_server_timeout')} s "

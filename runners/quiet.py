@@ -146,7 +146,8 @@ def quiet_dask_logging() -> None:
 def filtered_stderr() -> Iterator[None]:
     """The run block's quiet terminal: what child processes write to descriptor 2 is filtered (`_stderr_piped`), and
     the uncaught exceptions of Beam's launcher threads (its `run_worker` thread's "Worker subprocess exited with
-    return code 137" when a worker process is killed) stay off it (`_LauncherThreads`; --verbose shows them).
+    return code 137" when a worker process is killed) stay off it (`_LauncherThreads`; --verbose shows them), and so
+    do the Dask scheduler's records of the tasks each lost worker took with it (`dask_worker_loss`).
 
     A worker process killed mid-run (as the OOM killer does) printed 67 lines of those threads' tracebacks above
     the command's one line (dask50 F3); their exit codes are kept for that line (`worker_exit_codes`).
@@ -155,8 +156,20 @@ def filtered_stderr() -> Iterator[None]:
         if not is_quiet():
             yield
             return
-        with _stderr_piped():
+        with records_unlogged("distributed.scheduler", dask_worker_loss), _stderr_piped():
             yield
+
+
+# The Dask scheduler's records of a worker's death (it runs in this process for a LocalCluster): the task keys the
+# worker took with it (a 4.7 KB line each), and each task that failed as its workers died, which the command's one
+# line says (dask50 F4). The nanny's one-line "Restarting worker" stays.
+_DASK_WORKER_LOSS = re.compile(r"Removing worker \S+ caused the cluster to lose already computed task"
+                               r"|Task .* marked as failed because \d+ workers died")  # fmt: skip
+
+
+def dask_worker_loss(record: logging.LogRecord) -> bool:
+    """Picks the Dask scheduler's records of what a dead worker lost (`_DASK_WORKER_LOSS`)."""
+    return _DASK_WORKER_LOSS.match(record.getMessage()) is not None
 
 
 @contextmanager

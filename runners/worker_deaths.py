@@ -1,7 +1,8 @@
 """A worker process that died under a run, said in the launcher's one error line with what to do next.
 
 A worker killed mid-run (by the OOM killer, say) ended a DirectRunner run with "the pipeline failed: Channel closed
-prematurely.", which says neither that a worker died nor that a rerun goes on (dask50 F3).
+prematurely.", which says neither that a worker died nor that a rerun goes on (dask50 F3); on Dask, with the text of
+distributed's KilledWorker, which named a task key and a worker address and no next step (dask50 F4).
 """
 
 from __future__ import annotations
@@ -19,10 +20,31 @@ _CHANNEL_CLOSED = "Channel closed prematurely"
 _WORKER_EXIT = re.compile(r"Worker subprocess exited with return code (-?\d+)")
 # How long a lost channel waits for the worker's exit code (the launcher's thread that reports it, `quiet`).
 EXIT_CODE_WAIT_SECONDS = 2.0
+# KilledWorker's text: "Attempted to run task ... on 4 different workers, but all those workers died while running it."
+_DASK_TRIES = re.compile(r"on (\d+) different workers, but all those workers died")
 _SIGNAL_WORDS = {signal.SIGKILL: "killed, e.g. out of memory", signal.SIGABRT: "aborted", signal.SIGSEGV: "crashed"}
 
 
 def worker_death(error: BaseException, exits: Sequence[int] | None = None) -> str | None:
+    """The line for a run that failed because a worker process died (Beam's or Dask's), or None for another
+    failure."""
+    for each in _chain(error):
+        if type(each).__name__ == "KilledWorker":  # by name: the launcher imports no Dask when not on Dask
+            return dask_worker_death(each)
+    return beam_worker_death(error, exits)
+
+
+def dask_worker_death(killed: BaseException) -> str:
+    """The line for Dask's KilledWorker: every worker that ran one task died (distributed's `allowed-failures`, 3 by
+    default, plus one), which is a task that kills its worker, or one over its memory limit (dask50 F4). Dask's own
+    text named only the task's key and its last worker."""
+    tries = _DASK_TRIES.search(str(killed))
+    times = f"{tries.group(1)} times" if tries else "again and again"
+    return (f"a Dask worker process died {times} running one task (killed, or over its memory limit: a LocalCluster "
+            f"worker gets RAM/--workers by default); {RERUN}")  # fmt: skip
+
+
+def beam_worker_death(error: BaseException, exits: Sequence[int] | None = None) -> str | None:
     """The line for a run that failed because a Beam worker process died, or None for another failure.
 
     `exits`: the exit codes of the worker processes that died (default: those the run block noted); the first is

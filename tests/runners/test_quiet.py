@@ -285,3 +285,46 @@ def test_verbose_shows_a_launcher_thread_s_exception_and_still_notes_its_exit_co
         launcher_thread("Worker subprocess exited with return code 137")
         noted = quiet.worker_exit_codes()
     assert (excepthook, noted) == (["Worker subprocess exited with return code 137"], [137])
+
+
+def dask_scheduler_records() -> list[logging.LogRecord]:
+    """What the Dask scheduler logs as its workers die, and a record of its own."""
+    keys = {("shuffle-split-7c379385df8f19ee4df6b8880090b4ca", 1, n, (n,)) for n in range(55)}
+    return [
+        logging.LogRecord("distributed.scheduler", logging.WARNING, __file__, 0,
+                          f"Removing worker 'tcp://127.0.0.1:38349' caused the cluster to lose already computed "
+                          f"task(s), which will be recomputed elsewhere: {keys} (stimulus_id='handle-worker-cleanup')",
+                          None, None),
+        logging.LogRecord("distributed.scheduler", logging.ERROR, __file__, 0,
+                          "Task %s marked as failed because %d workers died while trying to run it",
+                          (("from_sequence-apply_dofn_to_bundle-87e4", 0), 4), None),
+        logging.LogRecord("distributed.scheduler", logging.WARNING, __file__, 0, "a record of its own", None, None),
+    ]  # fmt: skip
+
+
+def dask_scheduler_shows(verbose: bool, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The messages of `dask_scheduler_records` that the scheduler's logger passes to its handlers in a run block."""
+    if verbose:
+        monkeypatch.delenv(quiet.QUIET_ENV, raising=False)
+    else:
+        monkeypatch.setenv(quiet.QUIET_ENV, "1")
+    scheduler = logging.getLogger("distributed.scheduler")
+    shown: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: shown.append(record.getMessage())  # type: ignore[method-assign]
+    monkeypatch.setattr(scheduler, "handlers", [handler])
+    monkeypatch.setattr(scheduler, "propagate", False)
+    with quiet.filtered_stderr():
+        for record in dask_scheduler_records():
+            scheduler.handle(record)
+    return shown
+
+
+def test_the_dask_scheduler_s_records_of_a_lost_worker_s_tasks_are_left_out(monkeypatch) -> None:
+    """Dask's LocalCluster scheduler, in the launcher, logged a 4.7 KB line of task keys for each worker that died
+    and an ERROR for each task its workers died running, above the run's one line (dask50 F4)."""
+    assert dask_scheduler_shows(verbose=False, monkeypatch=monkeypatch) == ["a record of its own"]
+
+
+def test_verbose_shows_the_dask_scheduler_s_records(monkeypatch) -> None:
+    assert len(dask_scheduler_shows(verbose=True, monkeypatch=monkeypatch)) == 3

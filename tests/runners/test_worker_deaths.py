@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from dilstore.runners import worker_deaths
@@ -43,3 +45,28 @@ def test_pipeline_failure_says_a_worker_died(monkeypatch) -> None:
     monkeypatch.setattr(worker_deaths, "EXIT_CODE_WAIT_SECONDS", 0.0)  # no run block: no exit code comes
     line = pipeline_failure(RuntimeError("Channel closed prematurely."), PipelineOptions([]))
     assert line == f"a worker process died; {RERUN}"
+
+
+DASK_DIED = ("a Dask worker process died 4 times running one task (killed, or over its memory limit: a LocalCluster "
+             f"worker gets RAM/--workers by default); {RERUN}")  # fmt: skip
+
+
+def test_dask_s_killed_worker_says_the_workers_died_and_the_rerun() -> None:
+    """On Dask the run ended with KilledWorker's text: a task key, a worker address, no next step (dask50 F4)."""
+    from distributed.scheduler import KilledWorker
+
+    killed = KilledWorker(("from_sequence-apply_dofn_to_bundle-87e4", 0), SimpleNamespace(address="tcp://a:1"), 3)
+    assert worker_death(killed) == DASK_DIED
+    assert pipeline_failure(killed, PipelineOptions([])) == DASK_DIED
+
+
+def test_a_killed_worker_is_known_by_its_type_s_name() -> None:
+    """The launcher imports no Dask to recognise it (a run on another runner has none loaded)."""
+
+    class KilledWorker(Exception):
+        pass
+
+    wrapped = RuntimeError("the job failed")
+    wrapped.__cause__ = KilledWorker("Attempted to run task 'x' on 4 different workers, but all those workers died")
+    assert worker_death(wrapped) == DASK_DIED
+    assert "2 times" in worker_death(KilledWorker("on 2 different workers, but all those workers died"))
