@@ -34,7 +34,7 @@ def _write_count(path: Path, count: int) -> None:
     stops, and an external Dask cluster's tasks, which run on, re-created it without its owner lock, a folder left
     in $TMPDIR for good (dask50 F6)."""
     with contextlib.suppress(FileNotFoundError):
-        atomic_write_text(path, str(count), named_by_user=True)
+        atomic_write_text(path, str(count), make_folder=False)
 
 
 def passages_done(progress_dir: str | Path) -> int:

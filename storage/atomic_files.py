@@ -43,17 +43,20 @@ from dilstore.storage.format import TMP_PREFIX
 _NEW_FILE_MODE = 0o666  # what open() asks for; the umask takes bits away
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, named_by_user: bool = False) -> None:
-    """Write `data` to `path` atomically, creating parent folders as needed unless the file is `named_by_user`.
+def atomic_write_bytes(path: Path, data: bytes, *, named_by_user: bool = False, make_folder: bool = True) -> None:
+    """Write `data` to `path` atomically, creating parent folders as needed unless the file is `named_by_user` or
+    `make_folder` is False.
 
     A file named by the user (a TREC run, predictions, a journal beside them) must have its folder: a missing one
     is a FileNotFoundError naming it (not the temporary file the write would have made there). And what killed
     writes of that file left beside it is removed first (remove_dead_writers_temporaries), where a store's own
     files leave that to finalize and commit (remove_stale_writes): listing a folder of thousands of parts at each
-    write would cost more than the write.
+    write would cost more than the write. Without `make_folder`, a missing folder is a FileNotFoundError too, and
+    nothing is listed: a file in a folder another process may remove (a run's progress reports, dask50 F6).
     """
     if not named_by_user:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if make_folder:
+            path.parent.mkdir(parents=True, exist_ok=True)
     elif not path.parent.is_dir():
         if path.parent.exists():
             raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(path.parent))
@@ -168,9 +171,9 @@ def give_new_file_mode(path: Path) -> None:
         path.chmod(mode)
 
 
-def atomic_write_text(path: Path, text: str, *, named_by_user: bool = False) -> None:
+def atomic_write_text(path: Path, text: str, *, named_by_user: bool = False, make_folder: bool = True) -> None:
     """Write `text` as UTF-8 to `path` atomically (see atomic_write_bytes)."""
-    atomic_write_bytes(path, text.encode("utf-8"), named_by_user=named_by_user)
+    atomic_write_bytes(path, text.encode("utf-8"), named_by_user=named_by_user, make_folder=make_folder)
 
 
 def remove_stale_writes(folder: Path, skip: Collection[str] = ()) -> list[Path]:
