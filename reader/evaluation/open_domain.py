@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import random
+import stat
 import time
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
@@ -87,13 +88,21 @@ def _squad_examples(path: Path) -> list[SquadExample]:
     try:
         return load_squad(path)
     except DilstoreError as error:
-        if not path.is_file():
+        if _is_pipe(path):
             raise DilstoreError(f"{error}; read as SQuAD JSON, as its name does not end in .jsonl: to read DPR-style "
                                 "JSONL from a pipe, save it to a file named .jsonl") from None  # fmt: skip
         if _opens_with_a_question_object(path):
             raise DilstoreError(f"{error}; its first line is one question object, as in DPR-style JSONL: name the "
                                 "file .jsonl to read it as such") from None  # fmt: skip
         raise
+
+
+def _is_pipe(path: Path) -> bool:
+    """Whether `path` is a pipe (`<(zcat FILE)` is /dev/fd/N): not a missing path or a folder (review50 L1)."""
+    try:
+        return stat.S_ISFIFO(path.stat().st_mode)
+    except OSError:
+        return False
 
 
 def _opens_with_a_question_object(path: Path) -> bool:

@@ -189,6 +189,10 @@ def test_jsonl_questions_through_a_pipe_say_why_they_were_read_as_squad_json(tmp
             load_questions(f"/dev/fd/{read}")
     finally:
         os.close(read)
+    for path in (tmp_path / "questons-typo.json", tmp_path):  # not pipes: their own reason alone (review50 L1)
+        with pytest.raises(DilstoreError) as refused:
+            load_questions(path)
+        assert str(refused.value).startswith(f"{path}: ") and "pipe" not in str(refused.value)
 
 
 def test_reader_only_evaluation_scores_one_mu(odqa: OpenDomainReader) -> None:
