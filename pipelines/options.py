@@ -88,6 +88,17 @@ def has_flag(flags: Sequence[str], name: str) -> bool:
     return any(flag == f"--{name}" or flag.startswith(f"--{name}=") for flag in flags)
 
 
+def flag_value(flags: Sequence[str], name: str) -> str | None:
+    """The value of the last `--name VALUE` or `--name=VALUE` among the flags; None without one."""
+    value = None
+    for index, flag in enumerate(flags):
+        if flag == f"--{name}" and index + 1 < len(flags):
+            value = flags[index + 1]
+        elif flag.startswith(f"--{name}="):
+            value = flag.partition("=")[2]
+    return value
+
+
 def assemble_beam_flags(runner: str, beam_args: Sequence[str], defaults: LocalDefaults) -> list[str]:
     """`--runner` plus the user's Beam flags, with local defaults added where the user gave none."""
     flags = ["--runner", runner, *beam_args]
@@ -222,10 +233,12 @@ def local_worker_limit() -> int:
 
 def starts_local_workers(runner: str, beam_args: Sequence[str]) -> bool:
     """Whether --workers sets how many processes the run starts on this machine: the DirectRunner's and FnApiRunner's
-    (unless --direct_num_workers is given), or a Dask LocalCluster's (when no scheduler is given). Elsewhere, a
-    remote runner's own options size its workers, and --workers is not used."""
+    (unless --direct_num_workers is given, or a --direct_running_mode other than multi_processing, which runs
+    threads), or a Dask LocalCluster's (when no scheduler is given). Elsewhere, a remote runner's own options size
+    its workers, and --workers is not used."""
     if runner in IN_PROCESS_RUNNERS:
-        return not has_flag(beam_args, "direct_num_workers")
+        mode = flag_value(beam_args, "direct_running_mode")
+        return not has_flag(beam_args, "direct_num_workers") and mode in (None, "multi_processing")
     if runner == DASK_RUNNER:
         return not (has_flag(beam_args, "dask_client_address") or has_flag(beam_args, "dask_scheduler_file"))
     return False
@@ -279,7 +292,7 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
     workers = values.get("direct_num_workers") or 0
     if workers < 0:  # 0 is Beam's "one per core"
         raise DilstoreError(f"--direct_num_workers must be 0 (one per core) or more, got {workers}")
-    if runner in IN_PROCESS_RUNNERS:
+    if runner in IN_PROCESS_RUNNERS and values.get("direct_running_mode") == "multi_processing":  # threads otherwise
         refuse_too_many_workers("--direct_num_workers", workers)
     refuse_negative_partitions(values)
     if runner == "DataflowRunner":

@@ -51,6 +51,9 @@ def test_a_summary_without_passages_is_a_failure_unless_the_store_was_already_co
         ("DirectRunner", [], True),
         ("FnApiRunner", [], True),
         ("DirectRunner", ["--direct_num_workers", "2"], False),  # checked as --direct_num_workers
+        ("DirectRunner", ["--direct_running_mode", "multi_processing"], True),
+        ("DirectRunner", ["--direct_running_mode=multi_threading"], False),  # threads, no process (review50 L5)
+        ("FnApiRunner", ["--direct_running_mode", "in_memory"], False),
         (DASK_RUNNER, [], True),  # the LocalCluster dilstore starts
         (DASK_RUNNER, ["--dask_client_address", "tcp://h:8786"], False),  # a cluster of its own size
         (DASK_RUNNER, ["--dask_scheduler_file=s.json"], False),
@@ -69,8 +72,12 @@ def test_more_local_workers_than_the_bound_are_refused(monkeypatch: pytest.Monke
     refuse_too_many_workers("--workers", 8)
     with pytest.raises(DilstoreError, match=r"^--workers 9 is more than 8 \(4 per CPU of this machine's 2\): each "):
         refuse_too_many_workers("--workers", 9)
+    processes = ["--direct_running_mode", "multi_processing", "--direct_num_workers", "100000"]
     with pytest.raises(DilstoreError, match=r"^--direct_num_workers 100000 is more than 8 "):
-        pipeline_options(assemble_beam_flags("DirectRunner", ["--direct_num_workers", "100000"], LocalDefaults()))
+        pipeline_options(assemble_beam_flags("DirectRunner", processes, LocalDefaults()))
+    threads = ["--direct_running_mode", "multi_threading", "--direct_num_workers", "12"]  # no process (review50 L5)
+    assert pipeline_options(assemble_beam_flags("DirectRunner", threads, LocalDefaults())).get_all_options()[
+        "direct_num_workers"] == 12  # fmt: skip
 
 
 def test_too_many_workers_exit_2_before_anything_is_written(
