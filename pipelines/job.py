@@ -208,8 +208,13 @@ class BuildAttempt:
     launched: bool = False
 
 
+# How a failed or stopped build says that the shards it committed stay for the same command to go on from. One whose
+# start was taken back (unmade_if_nothing_stored) committed none, and says so instead (dask50 F8, review50 L3).
+SHARDS_KEPT = "(the shards it finished are kept)"
+
+
 @contextlib.contextmanager
-def unmade_if_nothing_stored(store: Path) -> Iterator[BuildAttempt]:
+def unmade_if_nothing_stored(store: Path, replaces: Path | None = None) -> Iterator[BuildAttempt]:
     """Around a build: when one into an absent or empty folder fails before its pipeline wrote anything, and no job
     it launched can still be running, take back what its start wrote.
 
@@ -224,7 +229,9 @@ def unmade_if_nothing_stored(store: Path) -> Iterator[BuildAttempt]:
     read the codebook and write beside the spec, which must still be there.
     A folder this run created is removed; one that was there, empty, stays.
     A take-back that fails leaves the folder as it is, and the build's own
-    error is the one raised.
+    error is the one raised; one that succeeds words a stop, or an error
+    that promised kept shards, as nothing kept (`nothing_kept`), and, for a
+    replacement of the store `replaces`, says that store is as it was.
     """
     attempt = BuildAttempt()
     existed = store.is_dir()
@@ -233,25 +240,28 @@ def unmade_if_nothing_stored(store: Path) -> Iterator[BuildAttempt]:
         return
     try:
         yield attempt
-    except StoppedBySignal as stop:
-        if not attempt.launched and _taken_back(store, remove_folder=not existed):
-            raise nothing_kept(stop) from None
-        raise
+    except DilstoreError as error:
+        if attempt.launched or not _taken_back(store, remove_folder=not existed):
+            raise
+        if not isinstance(error, StoppedBySignal) and SHARDS_KEPT not in str(error):
+            raise  # its words promise nothing kept: the error as it is, of its own type
+        raise nothing_kept(error, replaces) from None
     except BaseException:
         if not attempt.launched:
             _taken_back(store, remove_folder=not existed)
         raise
 
 
-def nothing_kept(stop: StoppedBySignal) -> StoppedBySignal:
-    """The stop of a build whose start was taken back: it kept no shard, so its words say so, not that the same
-    command goes on from the shards it finished (dask50 F8)."""
-    words = (
-        "interrupted"
-        if stop.signal_number == signal.SIGINT
-        else f"stopped by {signal.Signals(stop.signal_number).name}"
-    )
-    return StoppedBySignal(f"{words} before any shard was stored; nothing was kept", stop.signal_number)
+def nothing_kept(error: DilstoreError, replaces: Path | None = None) -> DilstoreError:
+    """The error of a build whose start was taken back: it kept no shard, so its words say so, not that the same
+    command goes on from the shards it finished (dask50 F8, review50 L3); a replacement's, that the store it was to
+    replace is as it was (review50 L2: "nothing was kept" read as the store gone)."""
+    unchanged = f"; {replaces} is as it was" if replaces is not None else ""
+    if isinstance(error, StoppedBySignal):
+        number = error.signal_number
+        words = "interrupted" if number == signal.SIGINT else f"stopped by {signal.Signals(number).name}"
+        return StoppedBySignal(f"{words} before any shard was stored; nothing was kept{unchanged}", number)
+    return DilstoreError(str(error).replace(SHARDS_KEPT, "(none was stored: it starts anew)") + unchanged)
 
 
 def _taken_back(store: Path, *, remove_folder: bool) -> bool:

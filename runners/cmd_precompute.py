@@ -554,7 +554,7 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
                     check_replaceable(store, [task.path for task in job.inputs])
                     # A replacement refused before its job started (a foreign --codebook) left its folder behind; one
                     # of other settings goes first, so that the take-back sees the folder this run starts from.
-                    with unmade_if_nothing_stored(discard_other_replacement(store, spec)) as replacing:
+                    with unmade_if_nothing_stored(discard_other_replacement(store, spec), store) as replacing:
                         building = replacement_dir(store, spec)
                         built = dataclasses.replace(job, store=str(building), destination=job.store)
                         summary = build_store(built, runner, args, replacing)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dilstore.pipelines.job import unmade_if_nothing_stored
+from dilstore.pipelines.job import SHARDS_KEPT, unmade_if_nothing_stored
 from dilstore.pipelines.options import (
     DASK_RUNNER,
     LocalDefaults,
@@ -25,6 +25,7 @@ from dilstore.runners import cli, cmd_precompute
 from dilstore.runners.cmd_precompute import nothing_stored
 from dilstore.runners.precompute_run import check_scheduler_file, finished_summary
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.fingerprint import FingerprintMismatchError
 from dilstore.storage.format import SPEC_FILE
 
 
@@ -139,6 +140,30 @@ def test_a_stop_whose_start_was_taken_back_says_nothing_was_kept(tmp_path: Path)
             (store / "shards").mkdir(parents=True)
             raise StoppedBySignal(RUN_AGAIN, signal.SIGINT)
     assert (store / "shards").is_dir()
+
+
+def test_a_build_taken_back_says_no_shard_was_kept_and_a_replaced_store_is_as_it_was(tmp_path: Path) -> None:
+    """A worker that died before any shard was stored said "(the shards it finished are kept)" of a folder the
+    take-back removed (review50 L3); a stopped --overwrite said "nothing was kept" of a store still whole (L2)."""
+    building, store = tmp_path / ".s.dilstore-building", tmp_path / "s"
+    died = f"the pipeline failed: a worker process died (exit 137); run the same command again to go on {SHARDS_KEPT}"
+    with pytest.raises(DilstoreError) as failed:
+        with unmade_if_nothing_stored(building):
+            building.mkdir()
+            raise DilstoreError(died)
+    assert str(failed.value) == ("the pipeline failed: a worker process died (exit 137); run the same command again "
+                                 "to go on (none was stored: it starts anew)")  # fmt: skip
+    with pytest.raises(StoppedBySignal) as stopped:
+        with unmade_if_nothing_stored(building, replaces=store):
+            building.mkdir()
+            raise StoppedBySignal(RUN_AGAIN, signal.SIGINT)
+    assert str(stopped.value) == f"interrupted before any shard was stored; nothing was kept; {store} is as it was"
+    refused = FingerprintMismatchError("another model's store")  # promises nothing: raised as it is, of its type
+    with pytest.raises(FingerprintMismatchError) as kept:
+        with unmade_if_nothing_stored(building, replaces=store):
+            building.mkdir()
+            raise refused
+    assert kept.value is refused and not building.exists()
 
 
 def test_a_second_ctrl_c_while_the_first_stop_unwinds_keeps_its_resume_hint(
