@@ -262,9 +262,13 @@ _RAISED = re.compile(rb"[\w.]+(Error|Exception|Interrupt|Exit)\b|\w+(\.\w+)+$")
 # and the fields it prints under it, the traceback in one line.
 _DASK_FAILURE = re.compile(rb"\bdistributed\.worker - ERROR - Compute Failed$")
 _REPORT_LINES = _TRACEBACK_LINES + (b"Key:", b"State:", b"Task:", b"Exception:", b"Traceback:")
-# The warning a Dask worker logs for each of its tasks the failure cancelled.
+# The warning a Dask worker logs for each of its tasks the failure cancelled, and the ERROR a worker logs when a peer
+# it was fetching from died (a run that then goes on and succeeds, review50 L4: the nanny's "Restarting worker" says
+# it).
 _DASK_CANCELLED = re.compile(rb"\bdistributed\.worker\.state_machine - WARNING - Async instruction for <Task "
-                             rb"cancelled .* ended with CancelledError$")  # fmt: skip
+                             rb"cancelled .* ended with CancelledError$"
+                             rb"|\bdistributed\.worker - ERROR - Worker stream died during communication: "
+                             rb"\S+$")  # fmt: skip
 
 
 # What the shell that starts each Beam worker process, and the C++ runtime, print when a worker is killed or aborts
