@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from dilstore.runners.quiet import failures_unlogged, filtered_stderr, records_unlogged
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
+from dilstore.runners.worker_deaths import DeadWorkerError, dead_worker_wait_bounded
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
@@ -166,12 +167,15 @@ def run_pipeline(
         shown = progress and runs_here(options) and job.progress_dir
         result = None
         bar = ProgressBar(Path(job.progress_dir), resumed_passages(job)) if shown else ProgressBar(None)
-        with failures_unlogged(), bar:
+        with failures_unlogged(), bar, dead_worker_wait_bounded():  # (hang50) a dead worker is not waited on for ever
             try:
                 # The LocalCluster started here for Dask ends with this call, and its workers with it.
                 outlives_us = not ends_with_this_process(options) and defaults.dask_address is None
                 result = _launch(pipeline, attempt if outlives_us else None)
                 result.wait_until_finish()
+            except DeadWorkerError:
+                if not finished_anyway(job):
+                    raise
             except DilstoreError:
                 raise
             except (Exception, KeyboardInterrupt) as error:  # Beam wraps worker errors in runner-specific types
@@ -184,6 +188,17 @@ def run_pipeline(
                 if client is not None:
                     client.close()
     return finished_summary(job)
+
+
+def finished_anyway(job: PrecomputeJob) -> bool:
+    """Whether the job's Finish had put its result in place when the wait for a dead worker was ended: the run is
+    then done, as one is when a worker dies after the last bundle (hang50: a worker killed as the last shard
+    committed left Beam waiting for it while the other worker finished the store)."""
+    from dilstore.pipelines.finish import finished_where
+
+    with contextlib.suppress(DilstoreError):  # a manifest being replaced: the run failed
+        return finished_where(job) is not None
+    return False
 
 
 def finished_summary(job: PrecomputeJob) -> dict[str, Any]:

@@ -3,15 +3,24 @@
 A worker killed mid-run (by the OOM killer, say) ended a DirectRunner run with "the pipeline failed: Channel closed
 prematurely.", which says neither that a worker died nor that a rerun goes on (dask50 F3); on Dask, with the text of
 distributed's KilledWorker, which named a task key and a worker address and no next step (dask50 F4).
+
+A DirectRunner run whose worker process died as it took the run's last bundles (the last shard's commit, Finish)
+waited for ever on the dead worker: Beam's launcher waits for that worker's answer, which never comes, and only a
+signal ended it (hang50). `dead_worker_wait_bounded` ends such a wait with the same one line.
 """
 
 from __future__ import annotations
 
 import re
 import signal
+import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
 
+from dilstore.runners.child_processes import reap_after
 from dilstore.runners.quiet import worker_exit_codes
+from dilstore.storage.errors import DilstoreError
 
 RERUN = "run the same command again to go on (the shards it finished are kept)"
 # How Beam's launcher says that a worker process went away: its data channel's error in the main thread, and its
@@ -54,7 +63,11 @@ def beam_worker_death(error: BaseException, exits: Sequence[int] | None = None) 
     codes = [int(found.group(1)) for text in messages for found in _WORKER_EXIT.finditer(text)]
     if not codes and not any(_CHANNEL_CLOSED in text for text in messages):
         return None
-    codes = codes or list(worker_exit_codes(EXIT_CODE_WAIT_SECONDS) if exits is None else exits)
+    return died_line(codes or list(worker_exit_codes(EXIT_CODE_WAIT_SECONDS) if exits is None else exits))
+
+
+def died_line(codes: Sequence[int]) -> str:
+    """The line for a Beam worker death, naming the first of `codes` (the exit codes of the workers that died)."""
     how = f" ({exit_words(codes[0])})" if codes else ""
     return f"a worker process died{how}; {RERUN}"
 
@@ -78,3 +91,91 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
         yield current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
+
+
+# How long Beam has, once a worker process has died, to end the run on its own (it fails within seconds when the
+# worker was sending data) before the launcher stops waiting for it (hang50).
+DEAD_WORKER_GRACE_SECONDS = 30.0
+_EXIT_POLL_SECONDS = 1.0
+# The signal that wakes the main thread out of Beam's wait: Python runs signal handlers in the main thread only,
+# and only a signal interrupts its wait on a lock.
+_WAKE_SIGNAL = signal.SIGUSR1
+
+
+class DeadWorkerError(DilstoreError):
+    """Beam's wait for a worker process that had died, ended (`dead_worker_wait_bounded`): the run's one line.
+
+    Beam logs it as the context of its own errors closing the workers; a name that ends in "Error" is what lets the
+    quiet filter know the traceback's last line (`quiet.WorkerReports`)."""
+
+
+class _DeadWorkerWatch:
+    """The watch of one run block: a thread that, once a worker's exit code is noted and `grace_seconds` have
+    passed without the block ending, wakes the main thread with `_WAKE_SIGNAL`, whose handler raises
+    DeadWorkerError there, and kills the processes the block started that are still there REAP_SECONDS later (as
+    a stop does, runners/child_processes.py)."""
+
+    def __init__(self, grace_seconds: float, previous: signal.Handlers | object) -> None:
+        self.grace_seconds = grace_seconds
+        self.previous = previous  # the handler in place before the block: a SIGUSR1 from elsewhere goes to it
+        self.ended = threading.Event()
+        self.sending = threading.Lock()  # the block does not end while the signal is being sent
+        self.codes: list[int] = []  # set as the signal is sent
+
+    def watch(self) -> None:
+        """The watching thread: waits for a death, then for the grace, then ends Beam's wait."""
+        codes = self._first_death()
+        if not codes or self.ended.wait(self.grace_seconds):
+            return
+        with self.sending:
+            if self.ended.is_set():
+                return
+            self.codes = codes
+            signal.pthread_kill(threading.main_thread().ident or 0, _WAKE_SIGNAL)
+        reap_after(self.ended)
+
+    def _first_death(self) -> list[int]:
+        """The exit codes noted once a worker has died; none if the block ends first."""
+        while not self.ended.is_set():
+            codes = worker_exit_codes(_EXIT_POLL_SECONDS)
+            if codes:
+                return codes
+        return []
+
+    def wake(self, number: int, frame: FrameType | None) -> None:
+        """The signal handler (main thread): raise DeadWorkerError for the watch's own signal while the block runs."""
+        if self.codes and not self.ended.is_set():
+            raise DeadWorkerError(f"the pipeline failed: {died_line(self.codes)}")  # run_pipeline's words
+        if callable(self.previous):
+            self.previous(number, frame)
+
+    def end(self) -> None:
+        """The block's end: no signal is sent from here on, and one already sent does nothing."""
+        self.ended.set()
+        with self.sending:
+            pass
+
+
+@contextmanager
+def dead_worker_wait_bounded(grace_seconds: float | None = None) -> Iterator[None]:
+    """In the block (a Beam run, inside the run block that notes the workers' exit codes, `quiet.filtered_stderr`),
+    a worker process that died and a run that has not ended `grace_seconds` later (DEAD_WORKER_GRACE_SECONDS)
+    raise DeadWorkerError in the main thread: its one line names the death and the rerun that goes on.
+
+    (hang50) A worker SIGKILLed as the last shard committed left Beam's launcher waiting for ever for the dead
+    worker's answer to its last bundle. A run that fails or ends on its own within the grace is left to do so.
+    Only the main thread can set a signal handler; elsewhere (a Python caller's thread) the block changes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    watch = _DeadWorkerWatch(DEAD_WORKER_GRACE_SECONDS if grace_seconds is None else grace_seconds,
+                             signal.getsignal(_WAKE_SIGNAL))  # fmt: skip
+    signal.signal(_WAKE_SIGNAL, watch.wake)
+    watcher = threading.Thread(target=watch.watch, name="dilstore-dead-worker-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        watch.end()  # the watcher, up to _EXIT_POLL_SECONDS in a wait, ends on its own
+        signal.signal(_WAKE_SIGNAL, signal.SIG_DFL if watch.previous is None else watch.previous)  # type: ignore[arg-type]

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from dilstore.runners import worker_deaths
+from dilstore.reader.quiet_mode import QUIET_ENV
+from dilstore.runners import precompute_run, quiet, worker_deaths
 from dilstore.runners.precompute_run import pipeline_failure
 from dilstore.runners.worker_deaths import exit_words, worker_death
+from dilstore.storage.errors import DilstoreError
 
 RERUN = "run the same command again to go on (the shards it finished are kept)"
 
@@ -70,3 +77,64 @@ def test_a_killed_worker_is_known_by_its_type_s_name() -> None:
     wrapped.__cause__ = KilledWorker("Attempted to run task 'x' on 4 different workers, but all those workers died")
     assert worker_death(wrapped) == DASK_DIED
     assert "2 times" in worker_death(KilledWorker("on 2 different workers, but all those workers died"))
+
+
+def note_worker_death(code: int) -> None:
+    """What Beam's `run_worker` thread does as its worker process dies: raise, from Beam's code, the exit code that
+    the run block notes (runners/quiet.py)."""
+    namespace: dict[str, object] = {"__name__": "apache_beam.runners.portability.local_job_service"}
+    exec(f"def run():\n    raise RuntimeError('Worker subprocess exited with return code {code}')\n", namespace)
+    thread = threading.Thread(target=namespace["run"], name="run_worker")
+    thread.start()
+    thread.join()
+
+
+class WaitsOnADeadWorker:
+    """A pipeline whose run, as Beam's DirectRunner did when a worker died as the last shard committed, waits for
+    the dead worker (up to `seconds`, then fails the test) after its exit code was noted (hang50)."""
+
+    def __init__(self, seconds: float = 10.0) -> None:
+        self.seconds = seconds
+
+    def run(self) -> WaitsOnADeadWorker:
+        note_worker_death(137)
+        threading.Event().wait(self.seconds)
+        raise AssertionError("the launcher waited on for the dead worker")
+
+
+@pytest.fixture
+def direct_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SimpleNamespace:
+    """run_pipeline's job for a DirectRunner run of WaitsOnADeadWorker, with a grace of 0.2 s."""
+    from dilstore.pipelines import precompute
+
+    monkeypatch.setenv(QUIET_ENV, "1")
+    monkeypatch.setattr(worker_deaths, "DEAD_WORKER_GRACE_SECONDS", 0.2, raising=False)  # none before hang50
+    monkeypatch.setattr(precompute_run, "with_resumed_shards", lambda job: job)
+    monkeypatch.setattr(precompute, "build_pipeline", lambda job, options: WaitsOnADeadWorker())
+    return SimpleNamespace(num_shards=1, progress_dir=None, store=str(tmp_path), destination=None, append_to=None)
+
+
+def test_a_run_left_waiting_on_a_dead_worker_ends_with_the_death_line(direct_run) -> None:
+    """A worker SIGKILLed as the last shard committed left the launcher waiting for it for good (hang50)."""
+    started = time.monotonic()
+    with pytest.raises(DilstoreError) as raised:
+        precompute_run.run_pipeline(direct_run, "DirectRunner", [], workers=2, progress=False)
+    assert str(raised.value) == f"the pipeline failed: a worker process died ({exit_words(137)}); {RERUN}"
+    assert time.monotonic() - started < 5
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL, "the signal's handler is put back"
+
+
+def test_a_store_the_run_finished_before_its_wait_was_ended_is_done(direct_run, tmp_path: Path) -> None:
+    """The other worker may finish the store while Beam waits for the dead one: the run is then done (hang50)."""
+    (tmp_path / "manifest.json").write_text("{}")
+    (tmp_path / "run-summary.json").write_text('{"passages": 3}')
+    assert precompute_run.run_pipeline(direct_run, "DirectRunner", [], workers=2, progress=False) == {"passages": 3}
+
+
+def test_a_run_that_ends_within_the_grace_after_a_death_is_left_to_end(monkeypatch) -> None:
+    monkeypatch.setenv(QUIET_ENV, "1")
+    monkeypatch.setattr(worker_deaths, "DEAD_WORKER_GRACE_SECONDS", 0.5)
+    with quiet.filtered_stderr(), worker_deaths.dead_worker_wait_bounded():
+        note_worker_death(137)
+        time.sleep(0.1)
+    time.sleep(0.6)  # past the grace: nothing is raised once the block has ended
