@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from dilstore.runners.quiet import failures_unlogged, filtered_stderr, records_unlogged
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
-from dilstore.runners.worker_deaths import DeadWorkerError, dead_worker_wait_bounded
+from dilstore.runners.worker_deaths import RERUN, DeadWorkerError, dead_worker_wait_bounded
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
@@ -265,7 +265,7 @@ def stopped(job: PrecomputeJob, interrupt: KeyboardInterrupt) -> StoppedBySignal
         return StoppedBySignal(f"{interrupt_words(interrupt)} after the run had finished: {done}",
                                interrupt_number(interrupt))  # fmt: skip
     return StoppedBySignal(
-        f"{interrupt_words(interrupt)}; run the same command again to go on (the shards it finished are kept)",
+        f"{interrupt_words(interrupt)}; {RERUN}",
         interrupt_number(interrupt),
     )
 
@@ -373,8 +373,7 @@ def pipeline_failure(error: BaseException, options: PipelineOptions, store: str 
         return died
     line = _last_line(error)
     if f"[Errno {errno.ENOSPC}]" in line:
-        return (f"{line}: free space on the disk of {store} (or of $TMPDIR), then run the same command again (the "
-                "shards it finished are kept)")  # fmt: skip
+        return f"{line}: free space on the disk of {store} (or of $TMPDIR), then {RERUN}"
     if f"[Errno {errno.EIO}]" in line:  # a failing disk, or one that failed once: the commit may have happened
         return (f"{line}: check the disk of {store}, then run the same command again (it goes on from the shards "
                 "it finished, or says the store is complete)")  # fmt: skip

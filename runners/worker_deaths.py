@@ -22,6 +22,8 @@ from dilstore.runners.child_processes import reap_after
 from dilstore.runners.quiet import worker_exit_codes
 from dilstore.storage.errors import DilstoreError
 
+# How a failed or stopped precompute says to go on; a build whose start was taken back rewrites its end, the
+# pipeline's SHARDS_KEPT, to say that none was stored (pipelines/job.py `nothing_kept`).
 RERUN = "run the same command again to go on (the shards it finished are kept)"
 # How Beam's launcher says that a worker process went away: its data channel's error in the main thread, and its
 # `run_worker` thread's (which `quiet.worker_exit_codes` also notes).

@@ -215,7 +215,7 @@ def test_a_full_disk_is_one_line_saying_what_to_do_and_the_rerun_finishes(
     assert said.startswith("dilstore precompute: error: the pipeline failed: OSError: [Errno 28] No space left on "
                            "device")  # fmt: skip
     assert said.rstrip().endswith(f"free space on the disk of {store} (or of $TMPDIR), then run the same command "
-                                  "again (the shards it finished are kept)")  # fmt: skip
+                                  "again to go on (the shards it finished are kept)")  # fmt: skip
     monkeypatch.setattr(shard_sink, "write_shard", written)
     assert cli.main(arguments(model, corpus, store)) == 0
     assert_same_store(store, reference)

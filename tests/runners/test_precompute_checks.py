@@ -24,6 +24,7 @@ from dilstore.pipelines.options import (
 from dilstore.runners import cli, cmd_precompute
 from dilstore.runners.cmd_precompute import nothing_stored
 from dilstore.runners.precompute_run import check_scheduler_file, finished_summary
+from dilstore.runners.worker_deaths import RERUN
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.fingerprint import FingerprintMismatchError
 from dilstore.storage.format import SPEC_FILE
@@ -140,6 +141,10 @@ def test_a_stop_whose_start_was_taken_back_says_nothing_was_kept(tmp_path: Path)
             (store / "shards").mkdir(parents=True)
             raise StoppedBySignal(RUN_AGAIN, signal.SIGINT)
     assert (store / "shards").is_dir()
+
+
+def test_the_runners_rerun_advice_ends_as_the_take_back_rewrites_it() -> None:
+    assert RERUN.endswith(SHARDS_KEPT)
 
 
 def test_a_build_taken_back_says_no_shard_was_kept_and_a_replaced_store_is_as_it_was(tmp_path: Path) -> None:
