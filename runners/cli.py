@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import os
 import sys
 from collections.abc import Sequence
 
 from dilstore.runners.collector import thaw
+from dilstore.runners.exception_chain import exception_chain
 from dilstore.runners.open_files import raise_open_file_limit
 from dilstore.runners.quiet import configure as configure_output
 from dilstore.runners.stop_signals import (
@@ -184,14 +186,8 @@ def main(argv: Sequence[str] | None = None, *, exits: bool = False) -> int:
 def earlier_stop(interrupt: KeyboardInterrupt) -> StoppedBySignal | None:
     """The stop `interrupt` came during: a second Ctrl-C while the first one's stop unwound (a LocalCluster closing)
     printed only "interrupted", the first's words about what was kept and how to go on lost (dask50 F8)."""
-    seen: set[int] = set()
-    linked = interrupt.__context__
-    while linked is not None and id(linked) not in seen:
-        if isinstance(linked, StoppedBySignal):
-            return linked
-        seen.add(id(linked))
-        linked = linked.__cause__ or linked.__context__
-    return None
+    earlier = itertools.islice(exception_chain(interrupt), 1, None)  # not `interrupt` itself
+    return next((each for each in earlier if isinstance(each, StoppedBySignal)), None)
 
 
 if __name__ == "__main__":

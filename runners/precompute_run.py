@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dilstore.runners.exception_chain import exception_chain
 from dilstore.runners.quiet import failures_unlogged, filtered_stderr, records_unlogged
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.runners.worker_deaths import RERUN, DeadWorkerError, dead_worker_wait_bounded
@@ -347,14 +348,7 @@ def _is_this_process(token: str, pid: int) -> bool:
 
 def _cause_of(error: BaseException, kind: type[E]) -> E | None:
     """`error` or the first exception it was raised from or during that is a `kind` (Beam wraps a DoFn's errors)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, kind):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
+    return next((each for each in exception_chain(error) if isinstance(each, kind)), None)
 
 
 def pipeline_failure(error: BaseException, options: PipelineOptions, store: str = "the store") -> str:

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from dilstore.runners.child_processes import reap_after
+from dilstore.runners.exception_chain import exception_chain
 from dilstore.runners.quiet import worker_exit_codes
 from dilstore.storage.errors import DilstoreError
 
@@ -39,7 +40,7 @@ _SIGNAL_WORDS = {signal.SIGKILL: "killed, e.g. out of memory", signal.SIGABRT: "
 def worker_death(error: BaseException, exits: Sequence[int] | None = None) -> str | None:
     """The line for a run that failed because a worker process died (Beam's or Dask's), or None for another
     failure."""
-    for each in _chain(error):
+    for each in exception_chain(error):
         if type(each).__name__ == "KilledWorker":  # by name: the launcher imports no Dask when not on Dask
             return dask_worker_death(each)
     return beam_worker_death(error, exits)
@@ -61,7 +62,7 @@ def beam_worker_death(error: BaseException, exits: Sequence[int] | None = None) 
     `exits`: the exit codes of the worker processes that died (default: those the run block noted); the first is
     named, as the deaths after it (a partner aborting) follow from it.
     """
-    messages = [str(each) for each in _chain(error)]
+    messages = [str(each) for each in exception_chain(error)]
     codes = [int(found.group(1)) for text in messages for found in _WORKER_EXIT.finditer(text)]
     if not codes and not any(_CHANNEL_CLOSED in text for text in messages):
         return None
@@ -83,16 +84,6 @@ def exit_words(code: int) -> str:
     except ValueError:
         return f"exit {code}"
     return f"exit {code}: {_SIGNAL_WORDS.get(name, f'ended by {name.name}')}"
-
-
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    """`error` and the exceptions it was raised from or during (Beam wraps a worker's errors)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        yield current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
 
 
 # How long Beam has, once a worker process has died, to end the run on its own (it fails within seconds when the
