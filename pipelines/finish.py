@@ -16,7 +16,7 @@ from typing import Any
 from dilstore.pipelines.append import retired_passages, skipped_documents
 from dilstore.pipelines.job import PrecomputeJob
 from dilstore.pipelines.run_stats import RunStats
-from dilstore.pipelines.shard_sink import committed_passages, read_meta
+from dilstore.pipelines.shard_sink import read_meta
 from dilstore.pipelines.spec_file import SUMMARY_FILE
 from dilstore.reader.text.files import read_json_object
 from dilstore.storage.append import commit_append
@@ -42,7 +42,7 @@ def run_summary(stats: RunStats, job: PrecomputeJob, finished_at: float) -> dict
     written = Path(job.store).relative_to(job.append_to) if job.append_to is not None else Path()
     # This invocation's rate, as its progress bar shows it: a resumed shard's passages were encoded by an earlier
     # one (docs50 L1: 63.41/s against the bar's 29.39/s).
-    resumed = committed_passages(job.shard_settings(), job.resumed_shards or ())
+    resumed = job.resumed_passages()
     return {
         **stats.to_dict(),
         "rejected_records": str(written / REJECTED_DIR),

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dilstore.pipelines.routing import ReadTask, RouteSettings
-from dilstore.pipelines.shard_sink import ShardSettings
+from dilstore.pipelines.shard_sink import ShardSettings, committed_passages
 from dilstore.pipelines.spec_file import read_spec, spec_json
 from dilstore.reader.batching import BatchPolicy
 from dilstore.storage.atomic_files import atomic_write_text
@@ -105,6 +105,11 @@ class PrecomputeJob:
             else None,
             generation=self.generation, fingerprint=self.fingerprint,
         )  # fmt: skip
+
+    def resumed_passages(self) -> int:
+        """The passages of the shards this run resumes (`resumed_shards`), which an earlier invocation encoded: where
+        the progress bar starts, and what the summary's rate leaves out (docs50 L1)."""
+        return committed_passages(self.shard_settings(), self.resumed_shards or ())
 
 
 def run_spec(job: PrecomputeJob) -> dict[str, Any]:

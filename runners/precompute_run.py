@@ -167,15 +167,15 @@ def run_pipeline(
         pipeline = build_pipeline(job, options)
         shown = progress and runs_here(options) and job.progress_dir
         result = None
-        bar = ProgressBar(Path(job.progress_dir), resumed_passages(job)) if shown else ProgressBar(None)
+        bar = ProgressBar(Path(job.progress_dir), job.resumed_passages()) if shown else ProgressBar(None)
         with failures_unlogged(), bar, dead_worker_wait_bounded():  # (hang50) a dead worker is not waited on for ever
             try:
                 # The LocalCluster started here for Dask ends with this call, and its workers with it.
                 outlives_us = not ends_with_this_process(options) and defaults.dask_address is None
                 result = _launch(pipeline, attempt if outlives_us else None)
                 result.wait_until_finish()
-            except DeadWorkerError:
-                if not finished_anyway(job):
+            except DeadWorkerError:  # done if Finish put the result in place meanwhile, as when a worker dies last
+                if finished_by_now(job) is None:
                     raise
             except DilstoreError:
                 raise
@@ -191,15 +191,15 @@ def run_pipeline(
     return finished_summary(job)
 
 
-def finished_anyway(job: PrecomputeJob) -> bool:
-    """Whether the job's Finish had put its result in place when the wait for a dead worker was ended: the run is
-    then done, as one is when a worker dies after the last bundle (hang50: a worker killed as the last shard
-    committed left Beam waiting for it while the other worker finished the store)."""
+def finished_by_now(job: PrecomputeJob) -> str | None:
+    """Where the job's Finish has put its result, in words (`finished_where`); None while it has not, or while a
+    manifest being replaced cannot tell. A run stopped or left waiting on a dead worker (hang50: killed as the last
+    shard committed, while the other worker finished the store) is done if it has."""
     from dilstore.pipelines.finish import finished_where
 
-    with contextlib.suppress(DilstoreError):  # a manifest being replaced: the run failed
-        return finished_where(job) is not None
-    return False
+    with contextlib.suppress(DilstoreError):
+        return finished_where(job)
+    return None
 
 
 def finished_summary(job: PrecomputeJob) -> dict[str, Any]:
@@ -229,13 +229,6 @@ def with_resumed_shards(job: PrecomputeJob) -> PrecomputeJob:
     return dataclasses.replace(job, resumed_shards=committed_shards(job.shard_settings(), shards))
 
 
-def resumed_passages(job: PrecomputeJob) -> int:
-    """The passages of `job`'s shards that an earlier attempt of its build committed."""
-    from dilstore.pipelines.shard_sink import committed_passages
-
-    return committed_passages(job.shard_settings(), range(job.first_shard, job.first_shard + job.num_shards))
-
-
 def _launch(pipeline: Pipeline, attempt: BuildAttempt | None) -> PipelineResult:
     """`pipeline.run()`, with `attempt` (given for a job that runs on without this process) marked launched.
 
@@ -257,11 +250,7 @@ def stopped(job: PrecomputeJob, interrupt: KeyboardInterrupt) -> StoppedBySignal
     """The stop an interrupt of the run ends in. One that came after the job's Finish put its store (or append) in
     place says so: Finish runs on in a Dask worker while the launcher unwinds, so "run the same command again"
     would only answer "already complete"."""
-    from dilstore.pipelines.finish import finished_where
-
-    done = None
-    with contextlib.suppress(DilstoreError):  # a manifest being replaced: the stop is still a stop (130, 143)
-        done = finished_where(job)
+    done = finished_by_now(job)  # None too for a manifest being replaced: the stop is still a stop (130, 143)
     if done is not None:
         return StoppedBySignal(f"{interrupt_words(interrupt)} after the run had finished: {done}",
                                interrupt_number(interrupt))  # fmt: skip
