@@ -74,26 +74,24 @@ class _DropNoise(logging.Filter):
 _RUN_LOGGERS = ("apache_beam", "apache_beam.typehints", "apache_beam.options.pipeline_options", "distributed")
 
 
-class _RunsLogging:
-    """The logging state from before the first of the runs now going on, put back when the last of them ends.
+class _FirstToLast:
+    """Process-wide state that run blocks change: saved (or set) by the first of the blocks going on at once, put
+    back by the last of them.
 
     Each run saving and restoring on its own left Beam's logger at ERROR and the noise filter on the root logger
     for good whenever two runs in two threads did not end in the reverse order they began: the second saved the
     first's quietened state, and put it back at its end.
     """
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, lock: threading.Lock | threading.Condition) -> None:
+        self._lock = lock
         self._runs = 0
-        self._filters: list[Any] = []
-        self._levels: dict[str, int] = {}
 
     @contextmanager
-    def restored(self) -> Iterator[None]:
+    def during(self) -> Iterator[None]:
         with self._lock:
             if self._runs == 0:
-                self._filters = list(logging.getLogger().filters)
-                self._levels = {name: logging.getLogger(name).level for name in _RUN_LOGGERS}
+                self._first()
             self._runs += 1
         try:
             yield
@@ -101,9 +99,33 @@ class _RunsLogging:
             with self._lock:
                 self._runs -= 1
                 if self._runs == 0:
-                    logging.getLogger().filters[:] = self._filters
-                    for name, level in self._levels.items():
-                        logging.getLogger(name).setLevel(level)
+                    self._last()
+
+    def _first(self) -> None:
+        """As the first block begins (under the lock)."""
+        raise NotImplementedError
+
+    def _last(self) -> None:
+        """As the last block ends (under the lock)."""
+        raise NotImplementedError
+
+
+class _RunsLogging(_FirstToLast):
+    """The logging state from before the first of the runs now going on, put back when the last of them ends."""
+
+    def __init__(self) -> None:
+        super().__init__(threading.Lock())
+        self._filters: list[Any] = []
+        self._levels: dict[str, int] = {}
+
+    def _first(self) -> None:
+        self._filters = list(logging.getLogger().filters)
+        self._levels = {name: logging.getLogger(name).level for name in _RUN_LOGGERS}
+
+    def _last(self) -> None:
+        logging.getLogger().filters[:] = self._filters
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 _RUNS_LOGGING = _RunsLogging()
@@ -116,7 +138,7 @@ def logging_restored() -> AbstractContextManager[None]:
     `precompute` quietened Beam and Dask for good: a Python caller that logs through Beam of its own lost its
     INFO and WARNING records, and the root filter dropped its records that began like worker noise.
     """
-    return _RUNS_LOGGING.restored()
+    return _RUNS_LOGGING.during()
 
 
 def quiet_beam_logging() -> None:
@@ -152,7 +174,7 @@ def filtered_stderr() -> Iterator[None]:
     A worker process killed mid-run (as the OOM killer does) printed 67 lines of those threads' tracebacks above
     the command's one line (dask50 F3); their exit codes are kept for that line (`worker_exit_codes`).
     """
-    with _LAUNCHER_THREADS.watched():
+    with _LAUNCHER_THREADS.during():
         if not is_quiet():
             yield
             return
@@ -282,37 +304,29 @@ def _is_noise(line: bytes) -> bool:
 
 # The packages whose threads in this process are Beam's launcher (its worker handlers, job service and gRPC servers).
 _LAUNCHER_PACKAGES = ("apache_beam", "grpc")
-_WORKER_EXIT = re.compile(r"Worker subprocess exited with return code (-?\d+)")
+# How Beam's launcher says a worker process ended (its `run_worker` thread's error; also in the run's own error).
+WORKER_EXIT = re.compile(r"Worker subprocess exited with return code (-?\d+)")
 
 
-class _LauncherThreads:
+class _LauncherThreads(_FirstToLast):
     """While a run block is active, `threading.excepthook` notes the exit code of each Beam worker process that
     ended with one, and, in quiet mode, keeps the uncaught exceptions of Beam's launcher threads off the terminal.
 
-    Installed by the first of the blocks going on at once and put back by the last (as `_RunsLogging`), since the
-    hook is the process's. Other threads' exceptions go to the hook that was in place (dilstore's own bugs show).
+    Installed by the first of the blocks going on at once and put back by the last, since the hook is the
+    process's. Other threads' exceptions go to the hook that was in place (dilstore's own bugs show).
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Condition()  # notified as an exit code is noted
-        self._runs = 0
+        super().__init__(threading.Condition())  # notified as an exit code is noted
         self._previous: Callable[[threading.ExceptHookArgs], Any] = threading.excepthook
         self._exits: list[int] = []
 
-    @contextmanager
-    def watched(self) -> Iterator[None]:
-        with self._lock:
-            if self._runs == 0:
-                self._previous, self._exits = threading.excepthook, []
-                threading.excepthook = self._hook
-            self._runs += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._runs -= 1
-                if self._runs == 0:
-                    threading.excepthook = self._previous
+    def _first(self) -> None:
+        self._previous, self._exits = threading.excepthook, []
+        threading.excepthook = self._hook
+
+    def _last(self) -> None:
+        threading.excepthook = self._previous
 
     def exit_codes(self, wait_seconds: float = 0.0) -> list[int]:
         """The exit codes of the Beam worker processes that ended with one, in the order their threads said so;
@@ -325,7 +339,7 @@ class _LauncherThreads:
         if not _runs_launcher_code(arguments.exc_traceback):
             self._previous(arguments)
             return
-        exited = _WORKER_EXIT.search(str(arguments.exc_value))
+        exited = WORKER_EXIT.search(str(arguments.exc_value))
         if exited:
             with self._lock:
                 self._exits.append(int(exited.group(1)))

@@ -20,16 +20,15 @@ from types import FrameType
 
 from dilstore.runners.child_processes import reap_after
 from dilstore.runners.exception_chain import exception_chain
-from dilstore.runners.quiet import worker_exit_codes
+from dilstore.runners.quiet import WORKER_EXIT, worker_exit_codes
 from dilstore.storage.errors import DilstoreError
 
 # How a failed or stopped precompute says to go on; a build whose start was taken back rewrites its end, the
 # pipeline's SHARDS_KEPT, to say that none was stored (pipelines/job.py `nothing_kept`).
 RERUN = "run the same command again to go on (the shards it finished are kept)"
-# How Beam's launcher says that a worker process went away: its data channel's error in the main thread, and its
-# `run_worker` thread's (which `quiet.worker_exit_codes` also notes).
+# How Beam's launcher says that a worker process went away: its data channel's error in the main thread (its
+# `run_worker` thread's is `quiet.WORKER_EXIT`, which `quiet.worker_exit_codes` also notes).
 _CHANNEL_CLOSED = "Channel closed prematurely"
-_WORKER_EXIT = re.compile(r"Worker subprocess exited with return code (-?\d+)")
 # How long a lost channel waits for the worker's exit code (the launcher's thread that reports it, `quiet`).
 EXIT_CODE_WAIT_SECONDS = 2.0
 # KilledWorker's text: "Attempted to run task ... on 4 different workers, but all those workers died while running it."
@@ -63,7 +62,7 @@ def beam_worker_death(error: BaseException, exits: Sequence[int] | None = None) 
     named, as the deaths after it (a partner aborting) follow from it.
     """
     messages = [str(each) for each in exception_chain(error)]
-    codes = [int(found.group(1)) for text in messages for found in _WORKER_EXIT.finditer(text)]
+    codes = [int(found.group(1)) for text in messages for found in WORKER_EXIT.finditer(text)]
     if not codes and not any(_CHANNEL_CLOSED in text for text in messages):
         return None
     return died_line(codes or list(worker_exit_codes(EXIT_CODE_WAIT_SECONDS) if exits is None else exits))
