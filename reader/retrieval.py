@@ -192,7 +192,7 @@ def _java_stderr_dropped() -> Iterator[None]:
 
     system = autoclass("java.lang.System")
     kept = system.err
-    system.setErr(autoclass("java.io.PrintStream")(autoclass("java.io.OutputStream").nullOutputStream()))
+    system.setErr(_null_print_stream())
     restore_log = _log4j_off()
     try:
         yield
@@ -287,10 +287,15 @@ def _silence_java() -> None:
     """
     from jnius import autoclass
 
-    level = autoclass("org.apache.logging.log4j.Level")
-    autoclass("org.apache.logging.log4j.core.config.Configurator").setAllLevels("", level.OFF)
-    null_stream = autoclass("java.io.PrintStream")(autoclass("java.io.OutputStream").nullOutputStream())
-    autoclass("java.lang.System").setErr(null_stream)
+    _log4j_off()  # for good: nothing puts it back
+    autoclass("java.lang.System").setErr(_null_print_stream())
+
+
+def _null_print_stream() -> Any:
+    """A java.io.PrintStream that drops what is written to it."""
+    from jnius import autoclass
+
+    return autoclass("java.io.PrintStream")(autoclass("java.io.OutputStream").nullOutputStream())
 
 
 def _unreadable_line(collection_dir: Path) -> str:
