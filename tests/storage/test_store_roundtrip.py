@@ -32,6 +32,7 @@ KIND_SHAPES = st.one_of(
     st.tuples(st.just("earl-s2"), st.tuples(st.integers(1, 3), st.just(2), st.integers(1, 6))),
 )
 ELEMENTS = st.floats(-3e4, 3e4, width=32, allow_subnormal=True)
+PAST_FLOAT16 = st.floats(-1e5, 1e5, width=32)  # float16's largest finite value is 65504, either sign
 
 
 @st.composite
@@ -214,9 +215,23 @@ def test_int8_channel_scales_are_powers_of_two_near_the_channel_rms(states) -> N
     assert (channel[~positive] == 1).all()
 
 
-def test_fp16_refuses_values_beyond_its_range() -> None:
+@pytest.mark.parametrize("beyond", [7e4, -7e4], ids=["positive", "negative"])
+def test_fp16_refuses_values_beyond_its_range(beyond) -> None:
     with pytest.raises(StoreFormatError, match="float16"):
-        get_encoding("fp16").encode(np.array([[1.0, 7e4]], dtype=np.float32))
+        get_encoding("fp16").encode(np.array([[1.0, beyond]], dtype=np.float32))
+
+
+@given(states=hnp.arrays(np.float32, st.tuples(st.integers(0, 6), st.integers(1, 6)), elements=PAST_FLOAT16))
+def test_fp16_either_refuses_or_keeps_every_value_finite(states) -> None:
+    """Whatever the sign, a value past float16's largest finite one (65504) is refused, never stored as inf."""
+    beyond = bool(states.size) and float(np.abs(states).max()) > float(np.finfo(np.float16).max)
+    if beyond:
+        with pytest.raises(StoreFormatError, match="float16"):
+            get_encoding("fp16").encode(states)
+    else:
+        values = get_encoding("fp16").encode(states)["values"]
+        assert np.isfinite(values).all()
+        np.testing.assert_array_equal(values, states.astype(np.float16))
 
 
 def test_unknown_encoding_names_the_known_ones() -> None:
