@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import string
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,9 @@ from dilstore.storage.errors import DilstoreError
 
 WORDS = st.sampled_from(["cat", "Dog", "sat", "mat", "1911", "Zürich", "on", "the", "a", "an", "x", "thea"])
 ANSWERS = st.lists(WORDS, max_size=8).map(" ".join)
+NON_ARTICLE_WORDS = st.text(st.sampled_from(string.ascii_lowercase), min_size=1, max_size=8).filter(
+    lambda word: word not in {"a", "an", "the"}
+)
 CONTENT_ANSWERS = st.lists(WORDS.filter(lambda w: w.lower() not in {"the", "a", "an"}), min_size=1, max_size=8).map(
     " ".join
 )
@@ -45,6 +49,9 @@ def test_bert_ensemble_predictions_score_the_published_numbers(shared_data: Path
         ("The Cat!", "cat"),
         ("  an   apple,  a pear ", "apple pear"),
         ("Theatre", "theatre"),  # articles only as whole words
+        ("Santa Clara", "santa clara"),  # ... at the end of a word too
+        ("Megan", "megan"),
+        ("bathe", "bathe"),
         ("the-end", "theend"),  # punctuation goes before articles are looked for
         ("Denver Broncos.", "denver broncos"),
         ("«Zürich»", "«zürich»"),  # only ASCII punctuation is removed, as in the official script
@@ -52,6 +59,18 @@ def test_bert_ensemble_predictions_score_the_published_numbers(shared_data: Path
 )
 def test_normalize_answer(text: str, normalised: str) -> None:
     assert normalize_answer(text) == normalised
+
+
+def test_a_word_that_ends_in_an_article_keeps_it() -> None:
+    """The official article pattern is \\b(a|an|the)\\b: "Santa" and "Sant" are different answers."""
+    assert exact_match("Santa", "Sant") == 0.0
+    assert f1("Megan", "Meg") == 0.0
+    assert exact_match("bathe", "ba") == 0.0
+
+
+@given(words=st.lists(NON_ARTICLE_WORDS, min_size=1, max_size=4))
+def test_lowercase_words_that_are_not_articles_are_left_as_they_are(words: list[str]) -> None:
+    assert normalize_answer(" ".join(words)) == " ".join(words)
 
 
 def test_f1_counts_shared_tokens_with_multiplicity() -> None:
