@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from pyserini.eval.evaluate_dpr_retrieval import SimpleTokenizer, has_answers
 
@@ -27,7 +27,7 @@ from dilstore.reader.evaluation.open_domain import (
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.retrieval import Hit
-from dilstore.reader.serving.answers import aggregate
+from dilstore.reader.serving.answers import Timings, aggregate
 from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
@@ -149,6 +149,23 @@ def test_a_refused_question_scores_zero_and_is_counted(odqa: OpenDomainReader) -
     merged = merged_evaluation(parts, dotted)
     assert alone.scores == merged.scores == {1.0: (0.0, 0.0), 0.5: (0.0, 0.0)}, "merged scored '.' EM 100 (B5)"
     assert merged.refused == 3 and alone.refused_ids == merged.refused_ids == ["dot", "long", "zw"]
+
+
+@given(counts=st.lists(st.integers(1, 300).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n))),
+                       min_size=1, max_size=4))  # fmt: skip
+@example(counts=[(19, 5)])  # int(100 * 5 / 19 * 19 / 100) is 4
+def test_recall_merged_from_kept_parts_is_the_recalled_count_over_all_questions(counts: list[tuple[int, int]]) -> None:
+    """R of parts kept as records (percentages) equals R of one run over their questions: recalled / questions."""
+    questions, parts = [], []
+    for part, (asked, recalled) in enumerate(counts):
+        these = [QAQuestion(f"p{part}q{index}", "Who?", ("x",)) for index in range(asked)]
+        evaluation = QAEvaluation(questions=asked, top_p=1, mu=0.5, scores={0.5: (0.0, 0.0)},
+                                  recall=100.0 * recalled / asked, refused=0, seconds=0.0, timings=Timings(),
+                                  predictions={question.id: {"0.5": ""} for question in these})  # fmt: skip
+        parts.append(QAEvaluation.from_record(json.loads(json.dumps(evaluation.to_record()))))
+        questions += these
+    merged = merged_evaluation(parts, questions)
+    assert merged.recall == 100.0 * sum(recalled for _, recalled in counts) / len(questions)
 
 
 def test_a_question_file_without_questions_is_named(tmp_path: Path) -> None:
