@@ -380,6 +380,37 @@ def test_finalize_checks_the_shard_set_and_cleans_temporaries(shards, tmp_path) 
         write_shard(tmp_path, 1, shards[1], kind="dilbert", encoding="fp32")
 
 
+def _grow(path: Path) -> None:
+    with path.open("ab") as file:
+        file.write(b"\0" * 5)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-1])
+
+
+def _add_beside(path: Path) -> None:
+    (path.parent / "extra").write_bytes(b"x")
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [(_grow, "states/values/c/0/0"), (_truncate, "states/values/c/0/0"), (Path.unlink, "states/values/c/0/0"),
+     (_add_beside, "states/values/c/0/extra")],
+    ids=["grown", "truncated", "removed", "added"],
+)  # fmt: skip
+def test_finalize_refuses_a_shard_whose_files_changed_after_it_was_written(shards, tmp_path, change, named) -> None:
+    """A shard file resized, removed or added after write_shard listed it is refused by name before any manifest is
+    written: the store would otherwise commit a shard that only verify or a read finds damaged."""
+    write_shard(tmp_path, 0, shards[0], kind="dilbert", encoding="fp32", durable=False)
+    shard = tmp_path / "shards" / "shard-00000"
+    change(shard / "states/values/c/0/0")
+    expected = re.escape(f"{shard} changed after it was written (files added, removed or resized: {named})")
+    with pytest.raises(StoreFormatError, match=expected):
+        finalize(tmp_path, fingerprint_for(), {})
+    assert not (tmp_path / MANIFEST_FILE).exists()
+
+
 def with_vectors(records: list[PassageRecord], seed: int, width: int = 5) -> list[PassageRecord]:
     """The records with a random float32 (width,) vector each, as an EARL prior ranker's store holds."""
     rng = np.random.default_rng(seed)
