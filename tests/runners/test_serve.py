@@ -43,7 +43,7 @@ from dilstore.runners.cli import main
 from dilstore.runners.cmd_ask import print_answer
 from dilstore.runners.cmd_serve import log_colors, parse_store_argument
 from dilstore.runners.serve_app import create_app
-from dilstore.runners.serve_batching import ServeSettings
+from dilstore.runners.serve_batching import DEFAULT_MAX_TOP_P, ServeSettings
 from dilstore.runners.serve_requests import RerankRequest
 from dilstore.runners.serve_responses import AskAnswer, ErrorBody, Health, RerankAnswer
 from dilstore.runners.serve_services import AskService, RerankService, ServedStore
@@ -503,6 +503,21 @@ def test_bad_input_gets_a_4xx_with_a_message(served, endpoint: str, body: Any, s
     assert message in json.dumps(response.json()["detail"]), response.text
     ErrorBody.model_validate(response.json())  # as /openapi.json describes it
     assert client.get("/health").status_code == 200 and client.head("/health").status_code == 200  # HEAD was 405
+
+
+@pytest.mark.parametrize(("endpoint", "body"), [
+    ("/ask", {"question": QUESTIONS[0], "top_p": DEFAULT_MAX_TOP_P}),
+    ("/rerank", {"query": "Zürich tram", "doc_ids": ["kili", "tram", "cafe", "curie"] * (DEFAULT_MAX_TOP_P // 4),
+                 "store": "s2"}),
+    ("/rerank", {"query": "Zürich tram", "bm25_top_k": DEFAULT_MAX_TOP_P, "store": "s1"}),
+], ids=["top_p", "doc_ids", "bm25_top_k"])  # fmt: skip
+def test_a_request_at_exactly_the_top_p_limit_is_answered(served, endpoint: str, body: dict) -> None:
+    """--max-top-p is the most a request may ask for, not the first number refused (101 is, above)."""
+    client, _, odqa = served
+    response = client.post(endpoint, json=body)
+    assert response.status_code == 200, response.text
+    if endpoint == "/ask":
+        assert without_timings(response.json()) == without_timings(cli_json(odqa, QUESTIONS[0], DEFAULT_MAX_TOP_P))
 
 
 @pytest.mark.parametrize(("endpoint", "body", "message"), [
