@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -90,13 +91,19 @@ def test_offsets_ending_past_the_data_are_refused(store: Path, read_path: str) -
 
 
 @pytest.mark.parametrize("read_path", PATHS)
-def test_an_index_row_out_of_range_is_one_line_not_an_index_error(store: Path, read_path: str) -> None:
+@pytest.mark.parametrize(("rows", "asked"), [(lambda values: values + 1000, r"row 100\d of 5 passages"),
+                                             (lambda values: np.full_like(values, 5), r"row 5 of 5 passages")],
+                         ids=["far past the end", "one past the end"])  # fmt: skip
+def test_an_index_row_out_of_range_is_one_line_not_an_index_error(store: Path, read_path: str, rows, asked) -> None:
+    """Rows far past a shard's end, and the row just past it (shard 0 holds 5 passages: row 5 is the first out)."""
     ids = all_ids(store)
-    damage(store, f"{INDEX_DIR}/{INDEX_ROWS}", lambda values: values + 1000)
+    damage(store, f"{INDEX_DIR}/{INDEX_ROWS}", rows)
     assert not verify_store(store).ok
     with open_store(store, read_path=read_path) as opened, pytest.raises(StoreFormatError) as raised:
         opened.fetch(ids[:2])
-    assert "id index is damaged" in str(raised.value) and "dilstore verify" in str(raised.value)
+    message = str(raised.value)
+    assert re.search(rf"shard-00000: asked for {asked} \(the id index is damaged\)", message), message
+    assert "dilstore verify" in message and "\n" not in message
 
 
 @pytest.mark.parametrize("read_path", PATHS)
