@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from dilstore.runners import serve_batching
 from dilstore.runners.serve_batching import Batcher
@@ -197,6 +199,52 @@ def test_chores_run_on_an_idle_worker_at_once_and_a_failing_one_is_logged(caplog
         batcher.stop()
     assert ran == ["dilstore-serve-store"], "on the store's worker thread, with no request sent"
     assert [record.getMessage() for record in caplog.records] == ["store 'store': a task between batches failed"]
+
+
+def greedy_batches(pairs: list[int], max_batch_pairs: int) -> list[list[int]]:
+    """The module docstring's rule, by hand: each batch takes the waiting requests in arrival order while their pairs
+    fit in max_batch_pairs (a batch may be exactly full), and a request larger than that runs alone."""
+    batches: list[list[int]] = []
+    total = 0
+    for number, size in enumerate(pairs):
+        if batches and total + size <= max_batch_pairs:
+            batches[-1].append(number)
+            total += size
+        else:
+            batches.append([number])
+            total = size
+    return batches
+
+
+@given(pairs=st.lists(st.integers(1, 6), min_size=1, max_size=8), max_batch_pairs=st.integers(1, 6))
+@example(pairs=[2, 2, 2], max_batch_pairs=4)  # [[0, 1], [2]]: 2 + 2 fill the batch exactly
+@settings(max_examples=40, deadline=None)
+def test_requests_waiting_when_the_worker_starts_form_batches_that_fill_up_to_max_batch_pairs(
+    pairs: list[int], max_batch_pairs: int
+) -> None:
+    """Every request is queued before the worker thread starts, so the batches do not depend on timing."""
+    batches: list[list[int]] = []
+
+    def run_batch(payloads: list[int]) -> list[int]:
+        batches.append(list(payloads))
+        return [payload + 1 for payload in payloads]
+
+    batcher = Batcher("store", run_batch, max_batch_pairs=max_batch_pairs, max_wait=0.0, queue_size=len(pairs),
+                      metrics=Metrics())  # fmt: skip
+
+    async def ask_all_then_start() -> list[int]:
+        asked = [asyncio.ensure_future(batcher.submit(number, size)) for number, size in enumerate(pairs)]
+        while batcher.pending() < len(pairs):
+            await asyncio.sleep(0)
+        batcher.start()
+        return await asyncio.gather(*asked)
+
+    try:
+        answers = asyncio.run(ask_all_then_start())
+    finally:
+        batcher.stop()
+    assert answers == [number + 1 for number in range(len(pairs))]
+    assert batches == greedy_batches(pairs, max_batch_pairs)
 
 
 def run_blocked_then_together(run_batch: Callable[[list[int]], list[int]], later: tuple[int, int]) -> list[object]:
