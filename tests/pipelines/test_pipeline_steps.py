@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dilstore.pipelines.corpora import Document, Rejected, Skipped
@@ -91,6 +91,20 @@ def test_default_shard_count_depends_on_input_size_only(tmp_path: Path) -> None:
     shouted = tmp_path / "BIG.JSONL.GZ"  # read decompressed, so counted so (it was taken as 10 MiB of text)
     shouted.write_bytes(b"x" * (10 << 20))
     assert default_shard_count([shouted]) == 40
+
+
+@given(size=st.integers(0, 40 << 20))
+@example(size=(4 << 20) + 1).via("4 MiB and a byte: 5 shards, not 4")
+@example(size=9 << 19).via("4.5 MiB")
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_default_shard_count_rounds_a_part_mib_up_to_a_shard_of_its_own(tmp_path: Path, size: int) -> None:
+    """One shard per MiB begun, so that no shard holds more than a MiB of text (4.5 MiB make 5 shards, not 4)."""
+    corpus = tmp_path / "corpus.jsonl"
+    with corpus.open("wb") as file:
+        file.truncate(size)  # sparse: only its size counts
+    mib_begun = -(-size // (1 << 20))
+    assert default_shard_count([corpus], minimum=1) == max(1, mib_begun)
+    assert default_shard_count([corpus]) == max(MIN_DEFAULT_SHARDS, mib_begun)
 
 
 def test_routing_sends_each_record_to_its_group(tiny) -> None:
