@@ -132,9 +132,28 @@ def test_a_store_the_run_finished_before_its_wait_was_ended_is_done(direct_run, 
 
 
 def test_a_run_that_ends_within_the_grace_after_a_death_is_left_to_end(monkeypatch) -> None:
+    """The block ends after its watch saw the death and long before the grace: nothing is raised, no signal is
+    sent, and the watch ends with the block, so none can come later. No sleep: the block waits for the watch to
+    have seen the death, and a grace of 60 s is one that no test machine reaches."""
     monkeypatch.setenv(QUIET_ENV, "1")
-    monkeypatch.setattr(worker_deaths, "DEAD_WORKER_GRACE_SECONDS", 0.5)
-    with quiet.filtered_stderr(), worker_deaths.dead_worker_wait_bounded():
+    seen: list[tuple[object, list[int]]] = []  # (the watch, the exit codes it saw)
+    saw_death = threading.Event()
+    first_death = worker_deaths._DeadWorkerWatch._first_death
+
+    def noted(watch: object) -> list[int]:
+        codes = first_death(watch)
+        seen.append((watch, codes))
+        saw_death.set()
+        return codes
+
+    monkeypatch.setattr(worker_deaths._DeadWorkerWatch, "_first_death", noted)
+    with quiet.filtered_stderr(), worker_deaths.dead_worker_wait_bounded(grace_seconds=60.0):
         note_worker_death(137)
-        time.sleep(0.1)
-    time.sleep(0.6)  # past the grace: nothing is raised once the block has ended
+        assert saw_death.wait(30), "the watch did not see the worker's death"
+    watchers = [thread for thread in threading.enumerate() if thread.name == "dilstore-dead-worker-watch"]
+    for thread in watchers:
+        thread.join(5)
+    assert not [thread for thread in watchers if thread.is_alive()], "the watch outlived the block"
+    [(watch, codes)] = seen
+    assert codes == [137] and watch.codes == [], "the death was seen and no signal was sent"  # type: ignore[attr-defined]
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL, "the signal's handler is put back"
