@@ -186,10 +186,10 @@ class Schedule:
         if "--train-limit" not in extra:
             command += self.smoke
         self.note(event="launch", run=name, command=command[2:])
-        log = (self.work / f"{name}.log").open("wb")
         # Unbuffered: a run ended at the deadline otherwise loses its last progress lines with its buffer.
         unbuffered = {**self.env, "PYTHONUNBUFFERED": "1"}
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=unbuffered)
+        with (self.work / f"{name}.log").open("wb") as log:  # the child holds its own descriptor
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=unbuffered)
 
     def evaluate(self, name: str) -> subprocess.Popen[bytes]:
         """Start `evaluate-rc` of run `name`'s model on the dev set; its JSON becomes WORK/name/eval-dev.json."""
@@ -199,10 +199,9 @@ class Schedule:
             *(["--limit", self.smoke[-1]] if self.smoke else []),
         ]  # fmt: skip
         self.note(event="launch", run=f"{name}-eval", command=command[2:])
-        result = (self.work / name / "eval-dev.json").open("wb")
-        return subprocess.Popen(
-            command, stdout=result, stderr=(self.work / f"{name}-eval.log").open("wb"), env=self.env
-        )
+        with (self.work / name / "eval-dev.json").open("wb") as result, \
+                (self.work / f"{name}-eval.log").open("wb") as log:  # fmt: skip
+            return subprocess.Popen(command, stdout=result, stderr=log, env=self.env)
 
     def wait(self, runs: dict[str, subprocess.Popen[bytes]], stop_at: float) -> None:
         """Wait for `runs`; any still going at `stop_at` seconds is ended and noted."""
@@ -573,14 +572,19 @@ def export_finished(schedule: Schedule, name: str, out: Path, cut: bool = False)
 def probe(schedule: Schedule, args: argparse.Namespace, start: Path, recipe: list[str]) -> tuple[float, float]:
     """A short run of the recipe on --probe-limit questions: its steady groups/s and its seconds outside training."""
     limit = args.probe_limit if args.smoke is None else args.smoke
-    short = ["--train-limit", str(limit), "--max-steps", str(args.probe_steps), "--log-every", "25"]
+    # A smoke run's few steps log each one, so that there are two progress lines to take a rate from.
+    log_every = "25" if args.smoke is None else "1"
+    short = ["--train-limit", str(limit), "--max-steps", str(args.probe_steps), "--log-every", log_every]
     launched = schedule.elapsed()
     schedule.wait({"probe": schedule.launch("probe", args.layers, start, [*recipe, *short], evaluate=False)},
                   stop_at=args.deadline * 0.3)  # fmt: skip
     training = schedule.record("probe").get("training")
     rate = steady_rate((schedule.work / "probe.log").read_text(encoding="utf-8", errors="replace"))
-    if training is None or rate is None:
+    if training is None:
         raise SystemExit(f"the probe run failed: see {schedule.work / 'probe.log'}")
+    if rate is None:
+        raise SystemExit(f"the probe run printed too few progress lines to measure a rate: see "
+                         f"{schedule.work / 'probe.log'}")  # fmt: skip
     return rate, schedule.elapsed() - launched - training["train_seconds"]
 
 

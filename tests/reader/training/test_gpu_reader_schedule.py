@@ -307,6 +307,53 @@ def test_extend_sizes_the_run_from_the_probe_and_exports_the_newest_checkpoint_o
     assert json.loads((into / "config.json").read_text(encoding="utf-8")) == {"step": 200}
 
 
+def _probe_of_steps(launched: list[list[str]], steps: int):
+    """A Popen stand-in: the probe is a run of `steps` steps that prints the lines its --log-every asks for; the other
+    runs are _fake_runs's."""
+    others = _fake_runs(launched)
+
+    def popen(command, stdout=None, stderr=None, env=None):
+        if "--output" not in command or Path(command[command.index("--output") + 1]).name != "probe":
+            return others(command, stdout, stderr, env)
+        launched.append([str(part) for part in command])
+        output = Path(command[command.index("--output") + 1])
+        output.mkdir(parents=True)
+        every = int(command[len(command) - 1 - command[::-1].index("--log-every") + 1])  # the last one given wins
+        for step in range(1, steps + 1):
+            if step % every == 0 or step == steps:
+                stdout.write(f"step {step}/{steps} loss 1.0 lr 1e-05 windows/s {100.0 * step:.2f} seen 8 "
+                             "elapsed 1s\n".encode())  # fmt: skip
+        (output / "dilstore_training.json").write_text(json.dumps({"train_seconds": 1.0}), encoding="utf-8")
+        return _FinishedRun()
+
+    return popen
+
+
+@pytest.mark.parametrize("smoke", [None, "8"])
+def test_the_probe_of_a_run_of_a_few_steps_measures_a_rate_only_when_it_logs_each_step(
+    schedule, tmp_path, monkeypatch, smoke
+):
+    """`extend --smoke N` trains N questions for a couple of steps: the probe logs every step so that it has two
+    progress lines to measure (with the full run's --log-every 25 it had one and stopped the smoke test); a full
+    probe that printed too few lines says so, not that the run failed."""
+    launched: list[list[str]] = []
+    monkeypatch.setattr(schedule.subprocess, "Popen", _probe_of_steps(launched, steps=2))
+    monkeypatch.setattr(schedule.time, "sleep", lambda seconds: None)
+    work = tmp_path / "work"
+    argv = ["extend", "--carry", str(_carried_squad(tmp_path)), "--work", str(work), "--out", str(tmp_path / "out"),
+            "--deadline", "500", *(["--smoke", smoke] if smoke else [])]  # fmt: skip
+    if smoke:
+        assert schedule.main(argv) == 0
+        probe = launched[0]
+        assert probe[len(probe) - 1 - probe[::-1].index("--log-every") + 1] == "1"
+        plan = next(event for event in json.loads((work / "results.json").read_text(encoding="utf-8"))["events"]
+                    if event["event"] == "plan")  # fmt: skip
+        assert plan["groups_per_second"] == pytest.approx(200.0 / schedule.GROUP)
+    else:
+        with pytest.raises(SystemExit, match="the probe run printed too few progress lines to measure a rate"):
+            schedule.main(argv)
+
+
 def test_sweep_recipe_checkpoints_the_two_epoch_schedule_for_its_curve(schedule, tmp_path):
     recipe = schedule.sweep_recipe(tmp_path / "triples.jsonl.gz", 32, "1e-4", 87599, 6)
     options = dict(zip(recipe[::2], recipe[1::2], strict=True))
