@@ -133,6 +133,12 @@ def _publish(path: Path, text: str) -> None:
     partial.rename(path)
 
 
+def _start_worker(command: list[str], env: dict[str, str] | None, log_path: Path) -> subprocess.Popen[bytes]:
+    """Start one worker with its output in `log_path`; the child holds its own descriptor of the log."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
 def run_workers(
     args: argparse.Namespace, env: dict[str, str] | None, phases: list[tuple[int, bool]], name: str
 ) -> list[dict[str, Any]]:
@@ -141,10 +147,8 @@ def run_workers(
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as folder:
         sync_dir = Path(folder)
         processes = [
-            subprocess.Popen(
-                worker_command(args.worker_args, index, sync_dir, phases, name), env=env,
-                stdout=(sync_dir / f"worker-{index}.log").open("wb"), stderr=subprocess.STDOUT,
-            )  # fmt: skip
+            _start_worker(worker_command(args.worker_args, index, sync_dir, phases, name), env,
+                          sync_dir / f"worker-{index}.log")  # fmt: skip
             for index in range(count)
         ]
         try:
