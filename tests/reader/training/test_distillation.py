@@ -68,6 +68,22 @@ def test_distillation_loss_is_temperature_scaled_kl(pair, temperature: float) ->
     assert float(distillation_loss((student, student), (student, student), temperature)) == pytest.approx(0, abs=1e-6)
 
 
+def test_distillation_loss_is_kl_of_the_student_from_the_teacher_not_the_reverse() -> None:
+    """Hinton et al.'s direction, T^2 * sum p_teacher (log p_teacher - log p_student), with the same pair on start and
+    end, so that the two directions cannot cancel out in the mean (they give 0.7163 and 0.6856 here)."""
+    student = torch.tensor([[1.0, 2.0, 0.5, -1.0]])
+    teacher = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    temperature = 2.0
+    loss = float(distillation_loss((student, student), (teacher, teacher), temperature))
+    p_teacher = torch.softmax(teacher / temperature, dim=-1)
+    p_student = torch.softmax(student / temperature, dim=-1)
+    teacher_first = float(temperature**2 * (p_teacher * (p_teacher.log() - p_student.log())).sum())
+    student_first = float(temperature**2 * (p_student * (p_student.log() - p_teacher.log())).sum())
+    assert abs(teacher_first - student_first) > 0.03
+    assert loss == pytest.approx(teacher_first, rel=1e-5)
+    assert loss == pytest.approx(0.716273, abs=1e-5)
+
+
 def test_distillation_loss_gives_padding_no_weight() -> None:
     """Positions at the dtype's minimum in both (padding) change nothing."""
     lowest = torch.finfo(torch.float32).min
