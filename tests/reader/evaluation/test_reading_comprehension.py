@@ -335,6 +335,15 @@ def test_a_stopped_evaluate_rc_keeps_its_answers_and_the_same_command_goes_on_fr
     status, _, err = evaluate(tmp_path / "edited.json")  # a KeyError traceback (qa48 L1): the part is read again
     assert status == 0 and calls == [1, 1], err
     assert (tmp_path / "edited.json").read_text() == (tmp_path / "whole.json").read_text()
+    stop_at, calls[:] = 3, []
+    evaluate(tmp_path / "gap.json")
+    gap = tmp_path / ".gap.json.dilstore-partial"
+    header, first, second = gap.read_text().splitlines()
+    gap.write_text("\n".join([header, first, json.dumps({**json.loads(second), "part": 2})]) + "\n")
+    stop_at, calls[:] = 0, []
+    status, _, err = evaluate(tmp_path / "gap.json")  # part 1 missing: part 2 after it is not trusted either
+    assert status == 0 and calls == [1, 1], err
+    assert (tmp_path / "gap.json").read_text() == (tmp_path / "whole.json").read_text()
 
 
 def test_a_pipe_is_refused_as_the_file_is_read_again_for_its_checksum(tmp_path: Path) -> None:
