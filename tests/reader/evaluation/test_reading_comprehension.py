@@ -346,6 +346,47 @@ def test_a_stopped_evaluate_rc_keeps_its_answers_and_the_same_command_goes_on_fr
     assert (tmp_path / "gap.json").read_text() == (tmp_path / "whole.json").read_text()
 
 
+def test_a_stopped_evaluate_rc_does_not_go_on_from_the_answers_of_other_weights_saved_in_the_same_folder(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The same command, the same k, but a reader retrained into the same --model folder: every part is read again,
+    and the answers are the new reader's alone, as a fresh run of it gives."""
+    from dilstore.reader.evaluation import reading_comprehension
+    from dilstore.runners import cmd_evaluate_rc
+
+    reader_dir = DilBertReader.from_pretrained(tiny_base, layers=1).save_pretrained(tmp_path / "reader")
+    monkeypatch.setattr(cmd_evaluate_rc, "PART_QUESTIONS", 2)
+    real, calls = reading_comprehension.predict_answers, []
+
+    def counted(*args: object, **kwargs: object) -> dict[str, str]:
+        calls.append(1)
+        if len(calls) == stop_at:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(reading_comprehension, "predict_answers", counted)
+
+    def evaluate(predictions: Path) -> int:
+        return main(["evaluate-rc", "--model", str(reader_dir), "--data", str(squad_file), "--limit", "6", "--json",
+                     "--max-seq-length", "48", "--doc-stride", "16", "--max-question-length", "24",
+                     "--predictions", str(predictions)])  # fmt: skip
+
+    stop_at = 3
+    assert evaluate(tmp_path / "stopped.json") == 130 and (tmp_path / ".stopped.json.dilstore-partial").exists()
+    retrained = DilBertReader.from_pretrained(reader_dir)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in retrained.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.5)
+    retrained.save_pretrained(reader_dir)
+    stop_at, calls[:] = 0, []
+    assert evaluate(tmp_path / "stopped.json") == 0, capsys.readouterr().err
+    assert calls == [1, 1, 1]
+    assert evaluate(tmp_path / "fresh.json") == 0
+    assert json.loads((tmp_path / "stopped.json").read_text()) == json.loads((tmp_path / "fresh.json").read_text())
+
+
 def test_a_pipe_is_refused_as_the_file_is_read_again_for_its_checksum(tmp_path: Path) -> None:
     """The second read of a pipe found nothing: the result's data_sha256 was that of zero bytes (qa48 H1)."""
     with empty_pipe(tmp_path / "piped.json") as fifo, pytest.raises(
