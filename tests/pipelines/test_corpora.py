@@ -693,6 +693,17 @@ def test_a_page_without_ns_takes_its_namespace_from_its_title(tmp_path: Path) ->
         ("Skipped", "namespace 1"), ("Skipped", "namespace 2"), ("Document", "")]
 
 
+def test_a_page_with_several_revisions_takes_the_text_of_the_last(tmp_path: Path) -> None:
+    """A full-history export (Special:Export with history) writes a page's revisions oldest first: the document is
+    the newest text, the last <revision>."""
+    revisions = ("<revision><id>1</id><text>The old tram line opened in 1880 and ran along the river.</text>"
+                 "</revision><revision><id>2</id><text>The tram line opened in 1882 and ran to the harbour.</text>"
+                 "</revision>")  # fmt: skip
+    dump = write_dump(tmp_path / "history.xml", f"<page><title>Tram</title><ns>0</ns><id>7</id>{revisions}</page>")
+    assert list(read_wikipedia(dump)) == [
+        Document("7", "Tram", "The tram line opened in 1882 and ran to the harbour.", str(dump))]
+
+
 def test_a_page_without_text_says_so(tmp_path: Path) -> None:
     dump = write_dump(tmp_path / "d.xml", "<page><title>No text</title><ns>0</ns><id>7</id><revision><id>70</id>"
                                           "</revision></page><page><title>Empty</title><ns>0</ns><id>8</id>"
