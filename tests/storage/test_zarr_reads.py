@@ -7,6 +7,8 @@ import errno
 
 import pytest
 from fsspec.exceptions import FSTimeoutError
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from dilstore.storage import ranged
 from dilstore.storage.format import StoreFormatError, StoreReadError
@@ -155,3 +157,34 @@ def test_an_error_s_text_is_its_first_line_cut_to_a_readable_width() -> None:
     raw = ValueError("\nBad status line:\n Expected HTTP/ " + "x" * 2000)
     assert describe(raw) == "ValueError: Bad status line:"
     assert len(describe(ValueError("y" * 2000))) == len("ValueError: ") + MESSAGE_WIDTH
+
+
+class BytesFilesystem:
+    """An fsspec-like filesystem of files held in memory, answering cat_ranges as a local one does."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+
+    def cat_ranges(self, paths, starts, stops, on_error="raise"):
+        return [self.files[path][start:stop] for path, start, stop in zip(paths, starts, stops, strict=True)]
+
+
+FILES = {"a": bytes(range(200)), "b": bytes(range(255, 55, -1))}
+byte_ranges = st.lists(
+    st.tuples(st.sampled_from(sorted(FILES)), st.integers(0, 200), st.integers(0, 200)).map(
+        lambda r: (r[0], min(r[1], r[2]), max(r[1], r[2]))
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(byte_ranges, st.integers(0, 64))
+@example([("a", 0, 100), ("a", 10, 50)], 0)  # the second inside the first: one block that must keep the first's end
+@example([("a", 10, 50), ("a", 0, 100), ("a", 20, 30)], 0)
+def test_read_blocks_gives_each_range_its_own_bytes_however_the_ranges_overlap_or_nest(ranges, gap: int) -> None:
+    """Ranges of one file that overlap, touch, nest or lie within `gap` are read as merged blocks; each range still
+    gets exactly data[start:stop], in the order asked."""
+    views = ranged.read_blocks(BytesFilesystem(FILES), ranges, gap=gap)
+    assert [bytes(view) for view in views] == [FILES[path][start:stop] for path, start, stop in ranges]
