@@ -79,6 +79,25 @@ def test_s1_and_s2_give_the_scores_of_forward_batched_and_one_at_a_time(pooling,
             assert abs(float(alone[0] - expected[row])) < TOLERANCE, f"{strategy} row {row} alone differs"
 
 
+@pytest.mark.parametrize(("pooling", "tied", "prior"), VARIANTS, ids=VARIANT_IDS)
+def test_groups_of_different_queries_score_each_document_against_its_own_query(pooling, tied, prior, rankers) -> None:
+    """The training forward over (query, its documents) groups: with two different queries, each pair scores as it
+    does alone. A query's prior vector tiled over the groups ([q0, q1, q0, q1]) where it belongs to each of its own
+    documents ([q0, q0, q1, q1]) gave the other query's cosine to half the pairs."""
+    ranker = rankers[pooling, tied, prior]
+    pairs = random_pairs([(3, 9), (6, 4), (3, 14), (6, 7)], seed=3)
+    queries = [pairs.query_ids[row, : int(pairs.query_mask[row].sum())].numpy() for row in (0, 1)]
+    documents = [pairs.doc_ids[row, : int(pairs.doc_mask[row].sum())].numpy() for row in range(4)]
+    groups = [documents[:2], documents[2:]]
+    with torch.no_grad():
+        grouped = ranker.score_groups(queries, groups)  # (2, 2)
+        alone = torch.tensor([[float(ranker.score_groups([query], [[document]])[0, 0]) for document in group]
+                              for query, group in zip(queries, groups, strict=True)])  # fmt: skip
+    assert grouped.shape == (2, 2)
+    difference = float((grouped - alone).abs().max())
+    assert difference < TOLERANCE, f"max |grouped - alone| = {difference:.2e}"
+
+
 def test_s2_has_one_key_and_value_per_judger_block(rankers) -> None:
     ranker = rankers["cls", False, False]
     pairs = random_pairs(MIXED_LENGTHS)
