@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dilstore.storage import rotated_codes
 from dilstore.storage.encodings import check_codebook, get_encoding, round_trip, train_codebook
 from dilstore.storage.format import StoreFormatError
 from dilstore.storage.rotated_codes import BLOCK, allocation_problem, packed_width
@@ -128,6 +129,38 @@ def test_blocks_come_in_falling_bits_and_another_block_order_decodes_the_same() 
     check_codebook(spec, turned, (44,))
     np.testing.assert_allclose(round_trip("2bit", turned)(states[2000:]), round_trip("2bit", codebook)(states[2000:]),
                                rtol=1e-5, atol=1e-5)
+
+
+def _two_valued_first(rows_log2: int = 16, dims: int = 40) -> np.ndarray:
+    """Normalized residuals whose first 16 components are exactly orthogonal +-s columns (s from 16 down to 2), which
+    1 bit codes exactly, and the rest Gaussian: the two blocks of largest variance get 1 bit, the next ones more, so
+    the allocation does not fall from block to block. `(2**rows_log2, dims)` float32."""
+    rng = np.random.default_rng(0)
+    rows = np.arange(2**rows_log2)
+    states = rng.standard_normal((len(rows), dims)) * np.linspace(1.5, 0.5, dims)  # (N, d)
+    signs = ((rows[:, None] >> np.arange(16)) & 1) * 2.0 - 1.0  # (N, 16)
+    states[:, :16] = signs * 2.0 ** np.linspace(4.0, 1.0, 16)
+    return states.astype(np.float32)
+
+
+def test_blocks_moved_into_falling_bits_take_their_components_quantizers_with_them(monkeypatch) -> None:
+    """Training reorders the blocks (axes, bits) into falling bits: each component's cutoffs and weights must move
+    with its axis. The reference is the same training with the blocks left where they were, which any reader
+    decodes (the order is free): both decode every state the same."""
+    states = _two_valued_first()
+    moved = rotated_codes.train_rotated(states, 2)
+    with monkeypatch.context() as patch:
+        patch.setattr(rotated_codes, "_block_order", lambda allocation: np.arange(len(allocation), dtype=np.intp))
+        unmoved = rotated_codes.train_rotated(states, 2)
+    assert not np.array_equal(rotated_codes._block_order(unmoved["allocation"]), np.arange(40))  # blocks did move
+    assert np.array_equal(np.sort(moved["allocation"]), np.sort(unmoved["allocation"]))
+
+    def decoded(book: dict[str, np.ndarray]) -> np.ndarray:
+        return rotated_codes.decode_rotated(rotated_codes.encode_rotated(states, book, 2),
+                                            rotated_codes.prepare_rotated(book))  # fmt: skip
+
+    np.testing.assert_allclose(decoded(moved), decoded(unmoved), rtol=1e-4, atol=1e-4)
+    assert np.linalg.norm(decoded(moved) - states) < 0.05 * np.linalg.norm(states)
 
 
 def test_a_prepared_codebook_decodes_without_building_its_tables_again(monkeypatch) -> None:
