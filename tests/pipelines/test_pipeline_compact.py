@@ -152,6 +152,23 @@ def test_output_leaves_the_store_as_it_was_and_brings_an_index_only_when_it_cove
     assert stale["bm25_index"] == "stale" and not (tmp_path / "stale" / "bm25").exists()
 
 
+@pytest.mark.parametrize("shards", [2, 3])
+def test_compacting_into_several_shards_keeps_each_passage_table_row_with_its_own_passage(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int) -> None:
+    """With more than one target shard, rows move between shards: each table row's id still names the doc_id and
+    text the source store served under that id (the tables feed the BM25 collection), and verify passes."""
+    copy = tmp_path / "copy"
+    assert compact(capsys, str(appended), "--output", str(copy), "--shards", str(shards))["shards"] == shards
+    served, documents = store_contents(appended), document_ids(appended)
+    rows: dict[str, tuple[str, str]] = {}
+    for table in sorted((copy / "passages").glob("*.parquet")):
+        rows.update(zip(passage_column(table, "id"), zip(passage_column(table, "doc_id"),
+                                                         passage_column(table, "text"), strict=True), strict=True))
+    assert rows == {passage_id: (documents[passage_id], text) for passage_id, (_, text, *_) in served.items()}
+    report = verify_store(copy)
+    assert report.ok, report.problems
+
+
 def test_a_store_on_a_read_only_mount_is_compacted_to_output_without_its_lock(
         appended: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """compact44 L4: --output only reads STORE, but was refused for want of a lock file beside it. The suite may
