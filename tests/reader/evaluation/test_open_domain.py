@@ -391,3 +391,42 @@ def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goe
     status, out, err = evaluate(tmp_path / "full.json")  # the scores come first, and the journal stays (longrun45 F9)
     assert status == 2 and json.loads(out)["questions"] == 7 and "No space left on device" in err
     assert journal.with_name(".full.json.dilstore-partial").is_file()
+
+
+def test_a_stopped_evaluate_qa_does_not_go_on_from_parts_read_before_the_store_changed(
+    odqa: OpenDomainReader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same command after an append to the store (another generation in its appends): the parts kept were read
+    from the store as it was, so every part is read again and none is taken."""
+    import dataclasses
+
+    from dilstore.reader.evaluation import open_domain
+    from dilstore.runners import cli, cmd_evaluate_qa
+
+    questions = tmp_path / "questions.jsonl"
+    asked = [{"question": q.question, "answer": list(q.answers)} for q in QUESTIONS + QUESTIONS[:2] + QUESTIONS[:2]]
+    questions.write_text("".join(json.dumps(line) + "\n" for line in asked), encoding="utf-8")
+    monkeypatch.setattr(cmd_evaluate_qa, "open_odqa_reader", lambda args: odqa)
+    monkeypatch.setattr(cmd_evaluate_qa, "PART_QUESTIONS", 2)
+    real, calls = open_domain.evaluate_questions, []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(len(args[1]))  # type: ignore[arg-type]
+        if len(calls) == stop_at:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(open_domain, "evaluate_questions", counted)
+    run = ["evaluate-qa", "store", "--questions", str(questions), "--question-batch", "1", "--json", "--predictions",
+           str(tmp_path / "stopped.json"), "--top-p", "2"]  # fmt: skip
+    stop_at = 3
+    assert cli.main(run) == 130 and (tmp_path / ".stopped.json.dilstore-partial").exists()
+    manifest = odqa.store.manifest
+    appended = dataclasses.replace(manifest, appends=(*manifest.appends, {"generation": "0123456789abcdef"}))
+    monkeypatch.setattr(odqa.store, "manifest", appended)
+    stop_at, calls[:] = 0, []
+    capsys.readouterr()
+    status = cli.main(run)
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert json.loads(out)["resumed_questions"] == 0 and calls == [2, 2, 2, 1]
