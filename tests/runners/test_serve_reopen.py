@@ -207,11 +207,13 @@ def test_a_failed_reopen_of_unchanged_files_waits_longer_after_each_failure(monk
     local = Reopener(open=lambda: None, stamp=lambda: ("manifest", 2), opened=("manifest", 1))  # type: ignore
     assert local.due(unavailable=False), "the files changed since the served copy was opened"
     waits = []
+    longest = serve_reopen.RETRY_SECONDS * 2**8  # twice the longest wait expected: a retry never due fails, not hangs
     for _ in range(10):
         local.gave_up(("manifest", 2))
         started = clock[0]
         while not local.due(unavailable=True):
             clock[0] += 1.0
+            assert clock[0] - started <= longest, f"failure {len(waits) + 1} was never tried again in {longest:g} s"
         waits.append(clock[0] - started)
     assert waits == [serve_reopen.RETRY_SECONDS * 2**doubling for doubling in (1, 2, 3, 4, 5, 6, 7, 7, 7, 7)]
     local.gave_up(("manifest", 2))
