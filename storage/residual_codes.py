@@ -118,7 +118,8 @@ def _nearest_centroids(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray
 
 
 def _kmeans(sample: np.ndarray, count: int, seed: int = CODEBOOK_SEED) -> np.ndarray:
-    """Seeded k-means (scipy's kmeans2, KMEANS_ITERATIONS rounds) on `(N, d)` float32 -> `(count, d)` float32 centroids.
+    """Seeded k-means (scipy's kmeans2, KMEANS_ITERATIONS rounds, in float64) on `(N, d)` float32 -> `(count, d)`
+    float32 centroids.
 
     It starts from min(count, N) distinct sample rows chosen with `seed`; a
     centroid that is nobody's nearest keeps its place. With fewer sample rows
@@ -136,7 +137,10 @@ def _kmeans(sample: np.ndarray, count: int, seed: int = CODEBOOK_SEED) -> np.nda
     start = np.sort(np.random.default_rng(seed).choice(rows, size=trained, replace=False))  # (k,)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "One of the clusters is empty": it keeps its place
-        centroids, _ = kmeans2(sample, sample[start], iter=KMEANS_ITERATIONS, minit="matrix", missing="warn")
+        # In float64: scipy's kmeans2 on float32 states whose squared distances overflow (|x| near 1e19) crashed
+        # the process (a segmentation fault or a double free, codes51 F5); float64 holds them, at the same speed.
+        data = sample.astype(np.float64)  # (N, d)
+        centroids, _ = kmeans2(data, data[start], iter=KMEANS_ITERATIONS, minit="matrix", missing="warn")
     return np.asarray(centroids, dtype=np.float32)[np.arange(count) % trained]  # (count, d)
 
 
