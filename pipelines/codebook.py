@@ -42,7 +42,7 @@ from dilstore.storage.encodings import get_encoding, round_trip, train_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SAMPLE_UNITS, CODEBOOK_SEED, sample_rows
-from dilstore.storage.writer import build_attributes
+from dilstore.storage.writer import build_attributes, refuse_non_finite
 
 
 def needs_codebook(encoding: str) -> bool:
@@ -109,7 +109,8 @@ def sample_states(
 def _all_states(
     documents: Iterable[Document], settings: RouteSettings, reader: OfflineModel, policy: BatchPolicy
 ) -> np.ndarray | None:
-    """Every token state `(N, *S)` of the documents' stored units, or None when they have none."""
+    """Every token state `(N, *S)` of the documents' stored units, or None when they have none; a passage with a NaN
+    or infinite state is refused as the shard writers refuse it."""
     pieces: list[TokenizedPassage] = [
         value  # type: ignore[misc]  # SHARD keys carry tokenized passages
         for document in documents
@@ -118,7 +119,10 @@ def _all_states(
     ]
     if not pieces:
         return None
-    return np.concatenate([record.states for record in encode_tokenized(reader, settings.kind, pieces, policy)])
+    records = encode_tokenized(reader, settings.kind, pieces, policy)
+    for record in records:  # kmeans2 on a NaN was a scipy traceback naming no passage (codes51 F4)
+        refuse_non_finite(record.id, record.states)
+    return np.concatenate([record.states for record in records])
 
 
 def check_codebook_fits(path: Path, encoding: str, kind: str, reader: OfflineModel) -> None:

@@ -72,6 +72,7 @@ from dilstore.storage.zarr_reads import METADATA_ERRORS
 
 _INT32 = np.iinfo(np.int32)
 _CHECK_ROWS = 8192  # token rows checked for NaN and infinity at a time
+NON_FINITE = "has NaN or infinite states"  # what the refusal of such a token says, after `passage 'ID': token N`
 
 
 @dataclass(frozen=True)
@@ -294,7 +295,7 @@ def _collect(records: Sequence[PassageRecord], kind: Kind, name: str) -> tuple[_
     states = np.concatenate([np.asarray(record.states) for record in records]).astype(np.float32, copy=False)
     bad_token = _first_non_finite_row(states.reshape(len(states), math.prod(state_shape)))  # (T, prod(S))
     if bad_token is not None:
-        _fail(columns, bad_token, "has NaN or infinite states")
+        _fail(columns, bad_token, NON_FINITE)
     return columns, states
 
 
@@ -405,7 +406,20 @@ def _fail(columns: _Columns, token: int, problem: str) -> None:
     """Raise DilstoreError naming the passage that token `token` of the shard belongs to, and its place in it."""
     row = int(np.searchsorted(columns.token_offsets, token, side="right")) - 1
     local = token - int(columns.token_offsets[row])
-    raise DilstoreError(f"passage {columns.ids[row]!r}: token {local} {problem}")
+    raise _token_error(columns.ids[row], local, problem)
+
+
+def _token_error(passage_id: str, token: int, problem: str) -> DilstoreError:
+    return DilstoreError(f"passage {passage_id!r}: token {token} {problem}")
+
+
+def refuse_non_finite(passage_id: str, states: np.ndarray) -> None:
+    """Raise the writer's refusal of a passage whose states `(n, *S)` hold a NaN or infinity (`passage 'ID': token
+    N has NaN or infinite states`), for the 2bit/1bit sampling pass, which sees states before any shard writer."""
+    values = np.asarray(states)
+    bad_token = _first_non_finite_row(values.reshape(len(values), -1))  # (n, prod(S))
+    if bad_token is not None:
+        raise _token_error(passage_id, bad_token, NON_FINITE)
 
 
 def _check_values(columns: _Columns) -> None:
