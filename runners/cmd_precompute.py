@@ -374,6 +374,56 @@ def check_foreign_codebook(codebook: Path, job: PrecomputeJob, reader: OfflineMo
           f"settings; it fits this model's states: {fit}", file=sys.stderr)  # fmt: skip
 
 
+def check_codebook_sample(codebook: Path, job: PrecomputeJob, reader: OfflineModel, refusal: str, remedy: str) -> None:
+    """Refuse a codebook trained on few token states (or on a number it does not record: one written before the
+    count was) that encodes this run's states far worse than a codebook trained on them would (codes51 F1).
+
+    A codebook trained on fewer than SMALL_SAMPLE_TOKENS states codes the passages it saw and few others: one of
+    72 tokens gave appended passages a relative error of 0.955 and F1 9.7 instead of 73.6, which `verify` does not
+    see. One that records a sample of SMALL_SAMPLE_TOKENS or more is not measured (its held-out error is within
+    1.15x of a full sample's, where FOREIGN_CODEBOOK_SLACK allows 1.5x). `refusal` begins the error (what the run
+    cannot do) and `remedy` ends it; a run too small to measure a codebook known to be small is told so.
+    """
+    from dilstore.pipelines.codebook import FOREIGN_CODEBOOK_SLACK, SMALL_SAMPLE_TOKENS, codebook_fit
+    from dilstore.storage.codebook import codebook_sample_tokens
+
+    count = codebook_sample_tokens(codebook)
+    if count is not None and count >= SMALL_SAMPLE_TOKENS:
+        return
+    trained = f"was trained on only {count:,} token states" if count is not None else (
+        "does not record how many token states it was trained on")  # fmt: skip
+    measured = codebook_fit(codebook, job, reader)
+    if measured is None:
+        if count is not None:
+            print(f"dilstore precompute: warning: {codebook} {trained}, and this run's sample is too small to "
+                  "measure how well it codes this run's passages; a codebook trained on few states codes passages "
+                  "it did not see poorly", file=sys.stderr)  # fmt: skip
+        return
+    given, own = measured
+    fit = f"relative error {given:.3f} on a sample of this run's states, against {own:.3f} for one trained on them"
+    if given > FOREIGN_CODEBOOK_SLACK * own:
+        raise DilstoreError(f"{refusal}: {codebook} {trained} and encodes this run's passages far worse: {fit}; "
+                            f"{remedy}")  # fmt: skip
+    if count is not None:
+        print(f"dilstore precompute: note: {codebook} {trained}; it fits this run's states: {fit}", file=sys.stderr)
+
+
+def warn_small_sample(codebook: Path) -> None:
+    """Say once, when a build trained its codebook on fewer than SMALL_SAMPLE_TOKENS token states, what that means
+    for later appends and --codebook runs (check_codebook_sample) and what to do."""
+    from dilstore.pipelines.codebook import SMALL_SAMPLE_TOKENS
+    from dilstore.storage.codebook import codebook_sample_tokens
+
+    count = codebook_sample_tokens(codebook)
+    if count is None or count >= SMALL_SAMPLE_TOKENS:
+        return
+    print(f"dilstore precompute: warning: the codebook was trained on only {count:,} token states (fewer than "
+          f"{SMALL_SAMPLE_TOKENS:,}): it codes these passages well but unseen ones worse, so an --append to this "
+          "store, or a run given this codebook with --codebook, first measures it on its own passages and is refused "
+          "where it fits them poorly; to grow this store by appends, build it from more passages first",
+          file=sys.stderr)  # fmt: skip
+
+
 def check_output_location(output: Path, append: bool) -> None:
     """--output's refusals that need no model, made before the write lock, which would create the folder's parents
     for a run refused anyway: a file, a folder inside another store, and for --append a folder that is not there."""
@@ -411,9 +461,16 @@ def build_store(
     if needs_codebook(job.encoding):
         reader = load_checked_reader(job.model, job.layers, job.fingerprint)
         given = None if job.codebook is None else Path(job.codebook)
-        if given is not None and not codebook_in_place(job) and made_for_another_model(given, job.fingerprint):
-            check_foreign_codebook(given, job, reader)
-        prepare_codebook(job, reader)
+        in_place = codebook_in_place(job)
+        if given is not None and not in_place:
+            if made_for_another_model(given, job.fingerprint):
+                check_foreign_codebook(given, job, reader)
+            else:
+                check_codebook_sample(given, job, reader, f"--codebook {given} does not fit this run",
+                                      "leave --codebook out to train one on this run's passages")  # fmt: skip
+        made = prepare_codebook(job, reader)
+        if given is None and not in_place:  # trained by this run: said once, not again when it resumes
+            warn_small_sample(made)
     return run_pipeline(job, runner, args.beam_args, args.workers, not args.no_progress, attempt)
 
 
@@ -438,7 +495,9 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
     import shutil
 
     from dilstore.pipelines.append import check_store_settings, check_stored_tables, prepare_append, refuse_duplicates
-    from dilstore.storage.format import SPEC_FILE
+    from dilstore.pipelines.codebook import needs_codebook
+    from dilstore.reader.offline.encoding import load_checked_reader
+    from dilstore.storage.format import CODEBOOK_DIR, SPEC_FILE
 
     store = Path(job.store)
     manifest = check_store_settings(store, job)
@@ -455,6 +514,12 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
         return summary, None, f"{job.store} already holds this append ({plan.generation}){after}"
     try:
         refuse_duplicates(store, job)
+        if needs_codebook(job.encoding):
+            reader = load_checked_reader(job.model, job.layers, job.fingerprint)
+            check_codebook_sample(store / CODEBOOK_DIR, job, reader, f"cannot append to {store}",
+                                  "build the store again from its inputs and these together (a codebook samples "
+                                  "up to 512 documents), or store these passages apart, with their own "
+                                  "codebook")  # fmt: skip
     except DilstoreError:
         if [path.name for path in plan.folder.iterdir()] == [SPEC_FILE]:  # made by this run, nothing else in it
             shutil.rmtree(plan.folder)

@@ -16,7 +16,8 @@ codebook of its own (one written without the store's) holds this one
 (`store_codebook_problems`).
 
     codebook/zarr.json   attrs dilstore = {format, format_version, node: "codebook", encoding, state_shape,
-                                           generation, fingerprint_sha256}  (the last two when known)
+                                           generation, fingerprint_sha256, sample_tokens}  (the last three when
+                                           known; sample_tokens: how many token states it was trained on)
     codebook/<name>      float32 arrays named by the encoding (`mean`, `cutoffs`, `weights`, and `centroids`
                          in codebooks trained since centroids were added: storage.encodings)
 """
@@ -52,8 +53,8 @@ from dilstore.storage.read_failures import describe
 from dilstore.storage.writer import build_attributes
 from dilstore.storage.zarr_reads import METADATA_ERRORS
 
-__all__ = ["CODEBOOK_DIR", "codebook_build", "codebook_digest", "load_store_codebook", "read_codebook",
-           "store_codebook_problems", "write_codebook"]
+__all__ = ["CODEBOOK_DIR", "codebook_build", "codebook_digest", "codebook_sample_tokens", "load_store_codebook",
+           "read_codebook", "store_codebook_problems", "write_codebook"]
 
 
 def write_codebook(
@@ -64,11 +65,13 @@ def write_codebook(
     *,
     generation: str | None = None,
     fingerprint: Fingerprint | None = None,
+    sample_tokens: int | None = None,
 ) -> Path:
     """Write `codebook` of `encoding` for states of `state_shape` as a Zarr group at `path` (temporary, then rename).
 
     generation and fingerprint: the build and model the store's shards record
-    (storage.writer.write_shard), left out when None.
+    (storage.writer.write_shard); sample_tokens: how many token states the
+    codebook was trained on (`codebook_sample_tokens`); each left out when None.
     """
     spec = get_encoding(encoding)
     check_codebook(spec, codebook, state_shape)
@@ -82,6 +85,7 @@ def write_codebook(
             "encoding": spec.name,
             "state_shape": list(state_shape),
             **build_attributes(generation, fingerprint),
+            **({} if sample_tokens is None else {"sample_tokens": int(sample_tokens)}),
         }
     }
     try:
@@ -110,6 +114,20 @@ def codebook_build(path: str | Path) -> dict[str, str]:
         return _build_of(_open(path))
     except StoreFormatError:
         return {}
+
+
+def codebook_sample_tokens(path: str | Path) -> int | None:
+    """How many token states the codebook at `path` was trained on, as it records; None when it records none (one
+    written before the count was recorded, or by `train qa`) or is no readable codebook.
+
+    A codebook trained on a few hundred states fits those states and few others (codes51 F1): appends and
+    `--codebook` runs measure such a codebook on their own states (pipelines.codebook.small_sample).
+    """
+    try:
+        count = _attributes(_open(path), str(path)).get("sample_tokens")
+    except StoreFormatError:
+        return None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
 
 
 def load_store_codebook(location: StoreLocation, encoding: str) -> dict[str, np.ndarray]:
