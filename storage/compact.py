@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from dilstore.storage.atomic_files import atomic_write_bytes
-from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_sample_tokens, read_codebook, write_codebook
 from dilstore.storage.collection import collection_jsonl
 from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
@@ -139,7 +139,8 @@ def compact_store(
     with naming(target):  # zarr's writes name no file: a full disk is the target's (full49 F4)
         if codebook is not None:
             write_codebook(target / CODEBOOK_DIR, manifest.encoding, codebook, manifest.state_shape or (),
-                           generation=generation, fingerprint=manifest.fingerprint)  # fmt: skip
+                           generation=generation, fingerprint=manifest.fingerprint,
+                           sample_tokens=codebook_sample_tokens(root / CODEBOOK_DIR))  # fmt: skip
         for shard in sorted(set().union(*(np.unique(source.targets).tolist() for source in sources))):
             placed = sorted((row for source in sources for row in source.going_to(shard)),
                             key=lambda row: row.id)  # as precompute orders a shard  # fmt: skip

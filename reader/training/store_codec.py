@@ -30,7 +30,7 @@ import torch
 
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.frozen_lower import StateTransform, encode_windows
-from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_sample_tokens, read_codebook, write_codebook
 from dilstore.storage.encodings import get_encoding, round_trip, train_codebook
 from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SAMPLE_UNITS, CODEBOOK_SEED, sample_rows
 
@@ -80,9 +80,11 @@ def training_round_trip(
         return round_trip(encoding)
     if codebook is not None:
         arrays, state_shape = read_codebook(codebook, encoding)
+        sample_tokens = codebook_sample_tokens(codebook)
     else:
         sample = passage_state_sample(reader, windows, device)  # (N, d)
         arrays, state_shape = train_codebook(encoding, sample), sample.shape[1:]  # rotated, as DilBert stores are
+        sample_tokens = len(sample)
     target.parent.mkdir(parents=True, exist_ok=True)
-    write_codebook(target, encoding, arrays, tuple(state_shape))
+    write_codebook(target, encoding, arrays, tuple(state_shape), sample_tokens=sample_tokens)
     return round_trip(encoding, arrays)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dilstore.storage.append import commit_append, first_free_shard
-from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, write_codebook
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, codebook_sample_tokens, write_codebook
 from dilstore.storage.compact import compact_store
 from dilstore.storage.encodings import train_codebook
 from dilstore.storage.errors import DilstoreError
@@ -55,8 +55,9 @@ def appended_store(root: Path, base: list[list[PassageRecord]], append: list[Pas
     every = [record for shard in [*base, append] for record in shard]
     codebook = None
     if encoding in ("2bit", "1bit"):
-        codebook = train_codebook(encoding, np.concatenate([record.states for record in every]))
-        write_codebook(root / CODEBOOK_DIR, encoding, codebook, (DIMS,))
+        sample = np.concatenate([record.states for record in every])  # (N, d)
+        codebook = train_codebook(encoding, sample)
+        write_codebook(root / CODEBOOK_DIR, encoding, codebook, (DIMS,), sample_tokens=len(sample))
     for index, shard in enumerate(base):
         write_shard(root, index, shard, kind="dilbert", encoding=encoding, durable=False, codebook=codebook)
     root.mkdir(parents=True, exist_ok=True)  # a first build of no passage has no shard folder to make it
@@ -141,6 +142,9 @@ def test_low_bit_codes_are_copied_with_the_store_codebook_not_encoded_again(enco
         np.testing.assert_allclose(decoded, expected, rtol=0, atol=1e-5)
     assert shard_versions(tmp_path / "compacted") == shard_versions(source) == {3}  # rotated codes
     assert codebook_build(tmp_path / "compacted" / CODEBOOK_DIR)["generation"] == COMPACTED
+    # The same codebook: it tells later appends the sample it was trained on, as the source's did (codes51 F1).
+    counted = codebook_sample_tokens(source / CODEBOOK_DIR)
+    assert counted is not None and codebook_sample_tokens(tmp_path / "compacted" / CODEBOOK_DIR) == counted
     report = verify_store(tmp_path / "compacted")
     assert report.ok, report.problems
 

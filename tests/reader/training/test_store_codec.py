@@ -25,7 +25,7 @@ from dilstore.reader.training.frozen_lower import CACHE_DTYPE, LowerStateCache
 from dilstore.reader.training.qa import TrainingConfig, load_training_data, train_qa
 from dilstore.reader.training.store_codec import passage_state_sample, training_round_trip
 from dilstore.runners.cli import main
-from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_sample_tokens, read_codebook, write_codebook
 from dilstore.storage.encodings import round_trip, train_codebook
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.qa_training_fixtures import SMALL_WINDOWS
@@ -82,7 +82,9 @@ def test_a_run_saves_its_codebook_and_a_resumed_run_reads_it_back(
     through = training_round_trip(reader, windows(features), "2bit", None, tmp_path, CPU, resume=False)
     saved, shape = read_codebook(tmp_path / CODEBOOK_DIR, "2bit")
     assert shape == (reader.hidden_size,)
-    trained = train_codebook("2bit", passage_state_sample(reader, windows(features), CPU))
+    sample = passage_state_sample(reader, windows(features), CPU)  # (N, d)
+    trained = train_codebook("2bit", sample)
+    assert codebook_sample_tokens(tmp_path / CODEBOOK_DIR) == len(sample)  # what a store given it reads (codes51 F1)
     for name, values in trained.items():
         np.testing.assert_array_equal(saved[name], values)
     np.testing.assert_array_equal(through(states), round_trip("2bit", saved)(states))
@@ -97,6 +99,7 @@ def test_a_run_saves_its_codebook_and_a_resumed_run_reads_it_back(
     write_codebook(tmp_path / "given", "2bit", given, shape)
     fresh = training_round_trip(reader, windows(features), "2bit", tmp_path / "given", tmp_path, CPU, resume=False)
     np.testing.assert_array_equal(read_codebook(tmp_path / CODEBOOK_DIR, "2bit")[0]["mean"], given["mean"])
+    assert codebook_sample_tokens(tmp_path / CODEBOOK_DIR) is None  # the given one records none
     np.testing.assert_array_equal(fresh(states), round_trip("2bit", given)(states))
     with pytest.raises(DilstoreError, match="1bit"):
         training_round_trip(reader, windows(features), "1bit", None, tmp_path, CPU, resume=True)  # a 2bit codebook
