@@ -167,6 +167,27 @@ def _finite_sorted(values: np.ndarray) -> str | None:
     return None if (np.diff(values, axis=0) >= 0).all() else "holds bucket cutoffs out of order"
 
 
+# How far a codebook's `rotation` may be from orthonormal rows, |R Rᵀ − I| per entry: trained axes (eigenvectors
+# computed in float64, stored as float32) are within ~1e-6 at d = 384, and a damaged one (rows zeroed, scaled or
+# repeated) is off by order 1.
+ROTATION_TOLERANCE = 1e-3
+
+
+def _orthonormal_rows(rotation: np.ndarray) -> str | None:
+    """Of `rotation` `(rows, *S)` (all d rows, or a block of them): a problem unless each vector position's rows
+    are finite unit vectors orthogonal to each other (row j is component j's axis)."""
+    if not np.isfinite(rotation).all():
+        return "holds NaN or infinite values"
+    dims = rotation.shape[-1]
+    axes = np.moveaxis(rotation.reshape(len(rotation), -1, dims), 1, 0).astype(np.float64)  # (G, rows, d)
+    gram = axes @ axes.transpose(0, 2, 1)  # (G, rows, rows)
+    off = float(np.abs(gram - np.eye(len(rotation))).max(initial=0.0))
+    if off > ROTATION_TOLERANCE:
+        return (f"does not hold orthonormal rows (unit axes at right angles): |R Rᵀ − I| reaches {off:.3g}, over "
+                f"{ROTATION_TOLERANCE:g}")
+    return None
+
+
 def _encode_fp32(states: np.ndarray, codebook: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     return {"values": np.ascontiguousarray(states, dtype=np.float32)}
 
@@ -264,7 +285,8 @@ def _residual_encoding(bits: int) -> Encoding:
                          requires="centroids"),
             EncodedArray("centroids", "float32", False, lambda shape: (CENTROIDS, *shape), _finite,
                          requires="centroids"),
-            EncodedArray("rotation", "float32", False, lambda shape: (shape[-1], *shape), _finite, requires="rotation"),
+            EncodedArray("rotation", "float32", False, lambda shape: (shape[-1], *shape), _orthonormal_rows,
+                         requires="rotation"),
             EncodedArray("allocation", "float32", False, _same_shape, lambda values: allocation_problem(values, bits),
                          requires="rotation"),
             EncodedArray("component_cutoffs", "float32", False, lambda shape: (2**MAX_BITS - 1, *shape),

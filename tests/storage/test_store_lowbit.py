@@ -474,3 +474,38 @@ def test_a_codebook_with_a_chunk_missing_or_cut_is_refused_naming_the_array(tmp_
     chunk.unlink()
     with pytest.raises(StoreFormatError, match=rf"^codebook array {book}/mean is missing 1 of its 1 chunk file"):
         read_codebook(book, "2bit")
+
+
+@pytest.mark.parametrize("damage", ["zeroed", "scaled", "a row repeated"])
+def test_a_rotation_without_orthonormal_rows_is_refused_and_verify_names_it(lowbit_store, damage: str) -> None:
+    """A codebook whose rotation was zeroed (every value finite) read as valid: a --codebook run encoded with it
+    (F1 25.0 instead of 73.6) and its store passed verify (codes51 F2). STORE_FORMAT §4: unit rows, at right
+    angles, per vector position."""
+    encoding, root, _ = lowbit_store
+    codebook = read_codebook(root / CODEBOOK_DIR, encoding)[0]
+    rotation = codebook["rotation"].copy()  # (d, d)
+    if damage == "zeroed":
+        rotation[:] = 0
+    elif damage == "scaled":
+        rotation *= 1.01
+    else:
+        rotation[1] = rotation[0]
+    refused = "codebook array 'rotation' does not hold orthonormal rows"
+    with pytest.raises(StoreFormatError, match=refused):
+        check_codebook(get_encoding(encoding), {**codebook, "rotation": rotation}, (DIMS,))
+    with zarr.config.set({"array.write_empty_chunks": True}):  # else an all-zero chunk is dropped, not written
+        zarr.open_array(str(root / CODEBOOK_DIR / "rotation"), mode="r+")[...] = rotation
+    with pytest.raises(StoreFormatError, match=refused):
+        read_codebook(root / CODEBOOK_DIR, encoding)
+    problems = verify_store(root).problems
+    assert f"{CODEBOOK_DIR}: {refused}" in "\n".join(problems), problems
+
+
+def test_a_trained_rotation_of_many_positions_passes_the_orthonormal_check() -> None:
+    """The check holds per vector position (a rotation `(d, *S)`), also for a block of its rows (verify reads a
+    shard's own arrays a block of rows at a time)."""
+    spec = get_encoding("2bit")
+    rotation = train_codebook("2bit", np.random.default_rng(3).standard_normal((300, 2, 16)))["rotation"]  # (16,2,16)
+    assert spec.array("rotation").check(rotation) is None and spec.array("rotation").check(rotation[5:9]) is None
+    rotation[:, 1] *= 2  # the second position's axes are no longer unit vectors
+    assert "does not hold orthonormal rows" in spec.array("rotation").check(rotation)
