@@ -3,7 +3,8 @@
 1. `check_store_settings`: the run must make what the store holds (the model
    fingerprint: model, kind, k, encoding, max length; the compression; the
    split), and a 2bit/1bit run uses the store's own `codebook/` (a `--codebook`
-   that differs is refused); one line names what differs.
+   that differs is refused); one line names what differs. A `codebook/` whose
+   files no longer match the manifest's SHA-256s is refused too, naming them.
 2. `refuse_duplicates`: an input document id given twice, or a passage id the
    store already holds, is refused before any model runs, unless `--replace`
    (then the first document of an id is kept, as in any run, and the new rows
@@ -50,7 +51,7 @@ from dilstore.storage.append import (
     remove_leftovers,
 )
 from dilstore.storage.atomic_files import atomic_write_text
-from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
+from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook, refuse_changed_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import SPEC_FILE, StoreFormatError, append_dir
 from dilstore.storage.location import StoreLocation
@@ -92,6 +93,8 @@ def check_store_settings(store: Path, job: PrecomputeJob) -> Manifest:
     if differing:
         raise AppendMismatchError(f"cannot append to {store}: the store was made with other settings "
                                   f"({'; '.join(differing)})")
+    if needs_codebook(job.encoding):  # the new shards are encoded with it: not with one edited after finalize
+        refuse_changed_codebook(store / CODEBOOK_DIR, f"cannot append to {store}")
     return manifest
 
 

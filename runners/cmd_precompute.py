@@ -296,6 +296,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     from dilstore.reader.modeling.fingerprint import model_fingerprint
     from dilstore.reader.offline.encoding import keep_launched, load_reader
     from dilstore.reader.offline.kinds import max_positions
+    from dilstore.storage.codebook import refuse_changed_codebook
 
     refuse_url("--output", args.output)
     output = Path(args.output)
@@ -305,6 +306,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         refuse_url("--codebook", args.codebook)
         if not needs_codebook(args.encoding):
             raise DilstoreError(f"--codebook is for the 2bit and 1bit encodings, not {args.encoding}")
+        refuse_changed_codebook(codebook, f"--codebook {codebook}")  # a store's codebook/, edited after finalize
     inputs = resolve_inputs(args.input, args.format)
     model, layers = resolve_model(args.model, args.layers, args.kind)
     reader = load_reader(model, args.kind, layers)

@@ -35,6 +35,7 @@ import numpy as np
 import zarr
 
 from dilstore.storage.arrays import write_array
+from dilstore.storage.digests import sha256_file
 from dilstore.storage.durability import replace_dir
 from dilstore.storage.encodings import check_codebook, get_encoding
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
@@ -43,18 +44,20 @@ from dilstore.storage.format import (
     CODEBOOK_DIR,
     FORMAT_NAME,
     FORMAT_VERSION,
+    MANIFEST_FILE,
     STORE_CODEBOOK,
     TMP_PREFIX,
     StoreFormatError,
     states_array,
 )
 from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
 from dilstore.storage.read_failures import describe
 from dilstore.storage.writer import build_attributes
 from dilstore.storage.zarr_reads import METADATA_ERRORS
 
 __all__ = ["CODEBOOK_DIR", "codebook_build", "codebook_digest", "codebook_sample_tokens", "load_store_codebook",
-           "read_codebook", "store_codebook_problems", "write_codebook"]
+           "read_codebook", "refuse_changed_codebook", "store_codebook_problems", "write_codebook"]
 
 
 def write_codebook(
@@ -101,8 +104,14 @@ def write_codebook(
 
 
 def read_codebook(path: str | Path, encoding: str) -> tuple[dict[str, np.ndarray], tuple[int, ...]]:
-    """The codebook arrays at `path` and the state shape they are for; StoreFormatError unless it is `encoding`'s."""
-    return _codebook_of(_open(path), str(path), encoding)
+    """The codebook arrays at `path` and the state shape they are for; StoreFormatError unless it is `encoding`'s
+    (naming `path`: a `--codebook` with a damaged rotation was refused naming only the array)."""
+    try:
+        return _codebook_of(_open(path), str(path), encoding)
+    except StoreFormatError as error:
+        if str(path) in str(error):
+            raise
+        raise StoreFormatError(f"codebook {path}: {error}") from None
 
 
 def codebook_build(path: str | Path) -> dict[str, str]:
@@ -192,6 +201,42 @@ def store_codebook_problems(
             if not np.array_equal(copy, values):
                 problems.append(f"{shard}: its codebook copy {states_array(name)} differs from {CODEBOOK_DIR}/{name}")
     return problems
+
+
+def codebook_changes(path: str | Path) -> tuple[Path | None, list[str]]:
+    """Where `path` is a finalized store's `codebook/` folder (the folder beside it holds a manifest): that store,
+    and what differs from the file sizes and SHA-256s its manifest recorded (one line per file);
+    (None, []) for a codebook of no finalized store.
+
+    read_codebook checks only shapes and values: a chunk edited after finalize (a mean moved, a rotation zeroed)
+    still reads, and encoded every new shard of an append or of a `--codebook` run with it (codes51 F2, F3).
+    """
+    folder = Path(path).resolve()
+    store = folder.parent
+    if folder.name != CODEBOOK_DIR or not (store / MANIFEST_FILE).is_file():
+        return None, []
+    recorded = {name: entry for name, entry in read_manifest(StoreLocation.parse(store)).files.items()
+                if name.startswith(f"{CODEBOOK_DIR}/")}  # fmt: skip
+    present = {file.relative_to(store).as_posix(): file for file in folder.rglob("*") if not file.is_dir()}
+    changes = [f"{name} is not in it" for name in sorted(set(present) - set(recorded))]
+    for name, entry in sorted(recorded.items()):
+        file = present.get(name)
+        if file is None:
+            changes.append(f"{name} is missing")
+        elif not file.is_file() or file.stat().st_size != entry.bytes or sha256_file(file) != entry.sha256:
+            changes.append(f"{name} changed after finalize: its SHA-256 differs")
+    return store, changes
+
+
+def refuse_changed_codebook(path: str | Path, refused: str) -> None:
+    """A StoreFormatError starting with `refused` when `path` is a finalized store's `codebook/` whose files differ
+    from its manifest (codebook_changes), naming them and pointing at `dilstore verify`."""
+    store, changes = codebook_changes(path)
+    if changes:
+        more = f"; and {len(changes) - 3} more" if len(changes) > 3 else ""
+        raise StoreFormatError(f"{refused}: the codebook does not match {store}/{MANIFEST_FILE} "
+                               f"({'; '.join(changes[:3])}{more}), so it would encode new passages with damaged "
+                               f"codes; run `dilstore verify {store}`")  # fmt: skip
 
 
 def _open(path: str | Path) -> zarr.Group:

@@ -19,14 +19,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dilstore.pipelines.append import check_store_settings
 from dilstore.pipelines.job import PrecomputeJob
 from dilstore.pipelines.passages import Passage
 from dilstore.pipelines.spec_file import SUMMARY_FILE
@@ -37,8 +40,9 @@ from dilstore.runners import cli
 from dilstore.runners.precompute_run import stopped
 from dilstore.runners.stop_signals import Terminated
 from dilstore.storage import append as storage_append
-from dilstore.storage.codebook import read_codebook, write_codebook
-from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE
+from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
+from dilstore.storage.encodings import train_codebook
+from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE, StoreFormatError
 from dilstore.storage.info import store_info
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
@@ -47,6 +51,7 @@ from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
 from tests.fixtures.earl_tiny import text_encoder, tokenizer
 from tests.fixtures.pipeline_fixtures import ROOT, save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+from tests.fixtures.store_fixtures import build_store, random_shards
 
 pytestmark = pytest.mark.slow
 
@@ -305,6 +310,28 @@ def test_a_2bit_append_encodes_with_the_store_codebook_and_refuses_another(
                       "--codebook", str(own / "codebook"), "--max-length", "40") == 2  # both named at once
     error = capsys.readouterr().err
     assert "max_length: store 48, this run 40" in error and "is not the store's codebook/" in error, error
+
+
+def test_an_append_refuses_a_store_codebook_that_changed_after_finalize(tmp_path: Path) -> None:
+    """The new shards were encoded with a codebook/ whose mean had been edited (exit 0; verify named the file only
+    afterwards, and restoring the codebook then broke the new rows): refused before anything is written, naming the
+    file (codes51 F3)."""
+    shards = random_shards([30, 30], state_shape=(8,), seed=4)
+    book = train_codebook("2bit", np.concatenate([record.states for shard in shards for record in shard]))
+    store = build_store(tmp_path / "store", shards, encoding="2bit", codebook=book)
+    manifest = read_manifest(StoreLocation.parse(store))
+    job = SimpleNamespace(fingerprint=manifest.fingerprint, compressor=None, strategy="words", encoding="2bit",
+                          codebook=None)  # what check_store_settings reads of the run
+    assert check_store_settings(store, job) == manifest  # type: ignore[arg-type]
+    mean = zarr.open_array(str(store / CODEBOOK_DIR / "mean"), mode="r+")
+    mean[0] = 10.0  # still a valid codebook: only the manifest can tell
+    listed = set(os.listdir(store))
+    with pytest.raises(StoreFormatError, match=rf"^cannot append to {store}: the codebook does not match "
+                                               rf"{store}/manifest.json \(codebook/mean/c/0 changed after finalize: "
+                                               rf"its SHA-256 differs\), .*; run `dilstore verify "
+                                               rf"{store}`$"):  # fmt: skip
+        check_store_settings(store, job)  # type: ignore[arg-type]
+    assert set(os.listdir(store)) == listed  # nothing written
 
 
 def test_a_2bit_append_to_a_store_without_centroids_keeps_its_scheme(models: dict[str, Path], tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import zarr
 from apache_beam.metrics.metric import MetricsFilter
 from safetensors.numpy import load_file, save_file
 
@@ -51,6 +52,7 @@ from tests.fixtures.pipeline_fixtures import (
     wiki_like_documents,
     write_jsonl,
 )
+from tests.fixtures.store_fixtures import build_store, random_shards
 
 MAX_LENGTH = 48
 SHARDS = 3
@@ -360,6 +362,21 @@ def test_user_errors_exit_2_with_a_message(tiny_dir: Path, tmp_path: Path, capsy
     err = refused_precompute(tiny_dir, tmp_path, capsys, "--max-length", str(MAX_LENGTH), *extra)
     assert err.startswith("dilstore precompute: error:") and message in err
     assert not (tmp_path / "s").exists()  # an unknown Beam option left s/precompute.json behind
+
+
+def test_a_store_codebook_changed_after_finalize_is_refused_as_codebook(tiny_dir: Path, tmp_path: Path,
+                                                                         capsys) -> None:
+    """`--codebook STORE/codebook` was read as it was, however it had changed since STORE's finalize (codes51 F2):
+    its files are checked against STORE's manifest, before any model is loaded."""
+    shards = random_shards([20], state_shape=(32,), seed=5)
+    book = train_codebook("2bit", np.concatenate([record.states for record in shards[0]]))
+    base = build_store(tmp_path / "base", shards, encoding="2bit", codebook=book)
+    zarr.open_array(str(base / CODEBOOK_DIR / "mean"), mode="r+")[0] = 10.0  # finite, a valid codebook still
+    err = refused_precompute(tiny_dir, tmp_path, capsys, "--max-length", str(MAX_LENGTH), "--encoding", "2bit",
+                             "--codebook", str(base / CODEBOOK_DIR))
+    assert err.startswith(f"dilstore precompute: error: --codebook {base / CODEBOOK_DIR}: the codebook does not match "
+                          f"{base}/manifest.json (codebook/mean/c/0 changed after finalize: its SHA-256 differs)"), err
+    assert f"run `dilstore verify {base}`" in err and not (tmp_path / "s").exists()
 
 
 def test_an_unknown_format_is_a_usage_error(capsys) -> None:

@@ -32,7 +32,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook, write_codebook
+from dilstore.storage.codebook import (
+    CODEBOOK_DIR,
+    codebook_build,
+    codebook_changes,
+    read_codebook,
+    refuse_changed_codebook,
+    write_codebook,
+)
 from dilstore.storage.encodings import check_codebook, get_encoding, round_trip, train_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
@@ -495,7 +502,7 @@ def test_a_rotation_without_orthonormal_rows_is_refused_and_verify_names_it(lowb
         check_codebook(get_encoding(encoding), {**codebook, "rotation": rotation}, (DIMS,))
     with zarr.config.set({"array.write_empty_chunks": True}):  # else an all-zero chunk is dropped, not written
         zarr.open_array(str(root / CODEBOOK_DIR / "rotation"), mode="r+")[...] = rotation
-    with pytest.raises(StoreFormatError, match=refused):
+    with pytest.raises(StoreFormatError, match=rf"^codebook {root / CODEBOOK_DIR}: {refused}"):  # names the path
         read_codebook(root / CODEBOOK_DIR, encoding)
     problems = verify_store(root).problems
     assert f"{CODEBOOK_DIR}: {refused}" in "\n".join(problems), problems
@@ -509,3 +516,22 @@ def test_a_trained_rotation_of_many_positions_passes_the_orthonormal_check() -> 
     assert spec.array("rotation").check(rotation) is None and spec.array("rotation").check(rotation[5:9]) is None
     rotation[:, 1] *= 2  # the second position's axes are no longer unit vectors
     assert "does not hold orthonormal rows" in spec.array("rotation").check(rotation)
+
+
+def test_a_store_codebook_is_compared_with_its_manifest(lowbit_store, tmp_path_factory) -> None:
+    """What codebook_changes tells of a store's codebook/ against the manifest's sizes and SHA-256s (codes51 F2,
+    F3): nothing for an intact one or for a codebook of no store; a file changed, gone or added."""
+    encoding, root, _ = lowbit_store
+    assert codebook_changes(root / CODEBOOK_DIR) == (root, [])
+    loose = write_codebook(tmp_path_factory.mktemp("loose") / CODEBOOK_DIR, encoding, _codebook(encoding), (DIMS,))
+    assert codebook_changes(loose) == (None, [])  # no manifest beside it
+    (root / CODEBOOK_DIR / "mean" / "c" / "0").unlink()
+    (root / CODEBOOK_DIR / "extra.json").write_text("{}")
+    zarr.open_array(str(root / CODEBOOK_DIR / "centroids"), mode="r+")[0, 0] = 7.0
+    assert codebook_changes(root / CODEBOOK_DIR) == (root, [
+        f"{CODEBOOK_DIR}/extra.json is not in it", f"{CODEBOOK_DIR}/centroids/c/0/0 changed after finalize: its "
+        "SHA-256 differs", f"{CODEBOOK_DIR}/mean/c/0 is missing"])  # fmt: skip
+    with pytest.raises(StoreFormatError, match=rf"^refused: the codebook does not match {root}/manifest.json \("
+                                               rf"{CODEBOOK_DIR}/extra.json is not in it; .*; run `dilstore verify "
+                                               rf"{root}`$"):  # fmt: skip
+        refuse_changed_codebook(root / CODEBOOK_DIR, "refused")
