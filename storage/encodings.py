@@ -91,7 +91,8 @@ class Encoding:
     (None: decode takes the stored arrays as they are). shard_problems: a
     shard's arrays (each already found valid by its own `check`) -> problems
     between them that no one array shows, as (array name, problem) pairs (None:
-    no such check).
+    no such check). max_abs: the largest magnitude of a state it can store
+    (None: every finite float32), which the writer checks token by token.
     """
 
     name: str
@@ -105,6 +106,7 @@ class Encoding:
     codebook: tuple[str, ...] = ()
     prepare: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None = None
     shard_problems: Callable[[ArrayBlocks], list[tuple[str, str]]] | None = None
+    max_abs: float | None = None  # the largest |value| it stores (fp16: 65504); None: any finite float32
 
     def array(self, name: str) -> EncodedArray:
         """The spec of array `name` of this encoding."""
@@ -192,12 +194,15 @@ def _encode_fp32(states: np.ndarray, codebook: Mapping[str, np.ndarray] | None =
     return {"values": np.ascontiguousarray(states, dtype=np.float32)}
 
 
+def beyond_range(encoding: Encoding, peak: float) -> str:
+    """Why states reaching |x| = `peak` (over `encoding.max_abs`) cannot be stored as `encoding`, and what can."""
+    return (f"reach {peak:.4g}, beyond {encoding.arrays[0].dtype}'s range ({encoding.max_abs:g}); use fp32 or int8, "
+            "which hold them (2bit and 1bit too, within their error)")
+
+
 def _encode_fp16(states: np.ndarray, codebook: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     if states.size and float(np.abs(states).max()) > FLOAT16_MAX:
-        raise StoreFormatError(
-            f"states reach {float(np.abs(states).max()):.4g}, beyond float16's range ({FLOAT16_MAX:g}); "
-            "use fp32 or int8"
-        )
+        raise StoreFormatError(f"states {beyond_range(ENCODINGS['fp16'], float(np.abs(states).max()))}")
     return {"values": np.ascontiguousarray(states, dtype=np.float16)}
 
 
@@ -309,6 +314,7 @@ def _float_encoding(
     dtype: str,
     description: str,
     encode: Callable[[np.ndarray, Mapping[str, np.ndarray] | None], dict[str, np.ndarray]],
+    max_abs: float | None = None,
 ) -> Encoding:
     """fp32 or fp16: the states themselves as one `dtype` array, returned as stored (zero-copy from a memory map)."""
     return Encoding(
@@ -319,6 +325,7 @@ def _float_encoding(
         decode=_decode_values,
         output_dtype=dtype,
         zero_copy=True,
+        max_abs=max_abs,
     )
 
 
@@ -326,7 +333,7 @@ ENCODINGS: dict[str, Encoding] = {
     encoding.name: encoding
     for encoding in (
         _float_encoding("fp32", "float32", "float32 values, exact", _encode_fp32),
-        _float_encoding("fp16", "float16", "float16 values", _encode_fp16),
+        _float_encoding("fp16", "float16", "float16 values", _encode_fp16, max_abs=FLOAT16_MAX),
         Encoding(
             name="int8",
             description="symmetric int8, one scale per token vector, power-of-two channel scales per shard",

@@ -31,7 +31,7 @@ import zarr
 from dilstore.storage.arrays import encode_strings, write_array
 from dilstore.storage.checksums import record_checksums
 from dilstore.storage.durability import fsync_dir, fsync_tree
-from dilstore.storage.encodings import EncodedArray, Encoding, check_codebook, get_encoding
+from dilstore.storage.encodings import EncodedArray, Encoding, beyond_range, check_codebook, get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.format import (
@@ -171,9 +171,12 @@ def write_shard(
     encoding_spec = get_encoding(encoding)
     check_compressor(compressor)
     columns, states = _collect(records, kind_spec, shard_name(shard_index))
+    if encoding_spec.max_abs is not None:
+        _refuse_beyond_range(columns, states, encoding_spec)
     if codebook is not None:
         check_codebook(encoding_spec, codebook, columns.state_shape)
     encoded = encoding_spec.encode(states, codebook)
+    _refuse_shard_problems(columns, encoding_spec, encoded, shard_name(shard_index))
     return _publish(root, shard_index, columns, encoded, _ShardSettings(
         kind_spec, encoding_spec, compressor, codebook, build_attributes(generation, fingerprint), durable))
 
@@ -297,6 +300,36 @@ def _collect(records: Sequence[PassageRecord], kind: Kind, name: str) -> tuple[_
     if bad_token is not None:
         _fail(columns, bad_token, NON_FINITE)
     return columns, states
+
+
+def _refuse_beyond_range(columns: _Columns, states: np.ndarray, encoding: Encoding) -> None:
+    """Name the first token whose states exceed what `encoding` stores (`max_abs`: fp16's 65504), as the NaN check
+    does: the encoder's own refusal named no passage (codes51 F7)."""
+    assert encoding.max_abs is not None
+    flat = states.reshape(len(states), math.prod(columns.state_shape))  # (T, prod(S))
+    for start in range(0, len(flat), _CHECK_ROWS):
+        peaks = np.abs(flat[start : start + _CHECK_ROWS]).max(axis=1)  # (rows,)
+        beyond = np.flatnonzero(peaks > encoding.max_abs)
+        if beyond.size:
+            _fail(columns, start + int(beyond[0]), f"has states that {beyond_range(encoding, float(peaks[beyond[0]]))}")
+
+
+def _refuse_shard_problems(columns: _Columns, encoding: Encoding, encoded: Mapping[str, np.ndarray], name: str) -> None:
+    """Refuse what verify would report of the encoded arrays together (Encoding.shard_problems; int8: a scale that
+    decodes to inf, or every scale zero): write_shard wrote such a shard and only verify told (codes51 F6). Where
+    the problem is a per-token array's largest value, the passage of the token that holds it is named."""
+    if encoding.shard_problems is None:
+        return
+    problems = encoding.shard_problems(lambda array: [encoded[array]])
+    if not problems:
+        return
+    array, problem = problems[0]
+    values = encoded[array]
+    if encoding.array(array).per_token and values.size and float(values.max()) > 0:
+        token = int(np.argmax(values.reshape(len(values), values[0].size).max(axis=1)))
+        _fail(columns, token, f"has states that {encoding.name} cannot store: {states_array(array)} {problem}; "
+                              "use fp32")  # fmt: skip
+    raise DilstoreError(f"shard {name}: {encoding.name} {states_array(array)} {problem}")
 
 
 def _collect_encoded(

@@ -21,9 +21,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from dilstore.storage.encodings import ENCODINGS, get_encoding
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreFormatError, shard_path
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import PassageRecord
+from dilstore.storage.writer import write_shard
 from tests.fixtures.store_fixtures import build_store, scratch_dir
 
 KIND_SHAPES = st.one_of(
@@ -219,6 +221,44 @@ def test_int8_channel_scales_are_powers_of_two_near_the_channel_rms(states) -> N
 def test_fp16_refuses_values_beyond_its_range(beyond) -> None:
     with pytest.raises(StoreFormatError, match="float16"):
         get_encoding("fp16").encode(np.array([[1.0, beyond]], dtype=np.float32))
+
+
+def _passages(*states: np.ndarray) -> list[PassageRecord]:
+    """One passage per states array `(n, d)`, ids 'p0', 'p1', ..."""
+    return [PassageRecord(id=f"p{index}", title="", text="", token_ids=np.arange(len(values), dtype=np.int32),
+                          char_spans=np.full((len(values), 2), -1, dtype=np.int32), states=values)
+            for index, values in enumerate(states)]  # fmt: skip
+
+
+@pytest.mark.parametrize("beyond", [7e4, -7e4], ids=["positive", "negative"])
+def test_the_writer_names_the_passage_and_token_beyond_fp16s_range(tmp_path: Path, beyond: float) -> None:
+    """The fp16 refusal named no passage, unlike the NaN check (codes51 F7)."""
+    states = np.ones((4, 8), dtype=np.float32)
+    states[2, 5] = beyond
+    with pytest.raises(DilstoreError, match=r"^passage 'p1': token 2 has states that reach 7e\+04, beyond "
+                                               r"float16's range \(65504\); use fp32 or int8"):  # fmt: skip
+        write_shard(tmp_path, 0, _passages(np.ones((3, 8), np.float32), states), kind="dilbert", encoding="fp16",
+                    durable=False)
+    assert not (tmp_path / shard_path(0)).exists()
+
+
+def test_the_writer_refuses_int8_states_that_would_decode_to_infinity(tmp_path: Path) -> None:
+    """write_shard wrote finite states near float32's largest value that decoded to inf; only verify told (codes51
+    F6). Such values fit fp32, and int8 keeps values up to ~3.3e38 in a channel of its own (they stay finite)."""
+    states = np.ones((4, 8), dtype=np.float32)
+    states[3, 1] = np.finfo(np.float32).max
+    with pytest.raises(DilstoreError, match=r"^passage 'p1': token 3 has states that int8 cannot store: "
+                                               r"states/scales holds a scale .* that overflows float32 when decoded"):
+        write_shard(tmp_path, 0, _passages(np.ones((2, 8), np.float32), states), kind="dilbert", encoding="int8",
+                    durable=False)
+    assert not (tmp_path / shard_path(0)).exists()
+    with pytest.raises(DilstoreError, match=r"^shard shard-00000: int8 states/scales are all zero"):
+        write_shard(tmp_path, 0, _passages(np.zeros((2, 8), np.float32)), kind="dilbert", encoding="int8",
+                    durable=False)
+    column = np.ones((4, 8), dtype=np.float32)
+    column[:, 1] = 3.3e38
+    write_shard(tmp_path, 0, _passages(column), kind="dilbert", encoding="int8", durable=False)
+    assert np.isfinite(get_encoding("int8").decode(get_encoding("int8").encode(column))).all()
 
 
 @given(states=hnp.arrays(np.float32, st.tuples(st.integers(0, 6), st.integers(1, 6)), elements=PAST_FLOAT16))
