@@ -10,11 +10,12 @@ old stores keep reading.
 - fp32: `values (T, *S) float32`, exact.
 - fp16: `values (T, *S) float16`.
 - int8: symmetric int8 with one scale per token vector, on values first divided
-  by a per-shard power-of-two channel scale (the channel's RMS rounded to a power
-  of two). BERT-like states have a few outlier dimensions that would otherwise
-  set every token's scale; the channel scale evens them out (all-MiniLM-L6-v2
-  states of SQuAD paragraphs, layers 1-5: 1.28-1.68% relative error with plain
-  per-token int8, 0.87-0.96% with channel scales; tests/storage/test_store_int8_minilm.py).
+  by a per-shard power-of-two channel scale (the channel's RMS, of values clipped
+  at its 99.9th percentile of |x|, rounded to a power of two). BERT-like states
+  have a few outlier dimensions that would otherwise set every token's scale; the
+  channel scale evens them out (all-MiniLM-L6-v2 states of SQuAD paragraphs,
+  layers 1-5: 1.28-1.68% relative error with plain per-token int8, 0.87-0.96%
+  with channel scales; tests/storage/test_store_int8_minilm.py).
   Powers of two keep the channel step exact. Arrays: `codes (T, *S) int8`,
   `scales (T, *S[:-1]) float32` and `channel_scales (*S) float32`.
 - 2bit / 1bit: residual codes against a codebook trained on a sample of the
@@ -24,6 +25,7 @@ old stores keep reading.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -210,8 +212,33 @@ def _decode_values(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
     return arrays["values"]
 
 
+# The channel statistic is the RMS of the channel's values clipped at the |x| below which this share of the
+# shard's tokens lie: a plain RMS let one outlier token set it for the whole shard, and zero that channel in every
+# other token (codes51 F9). In shards of at most 1,000 tokens the clip is the largest |x|: the plain RMS.
+CHANNEL_QUANTILE = 0.999
+_CHANNEL_COLUMNS = 64  # channels sorted at a time: a (T, 64) float32 copy
+
+
+def channel_clips(states: np.ndarray) -> np.ndarray:
+    """Per channel, the 99.9th percentile of |x| over the tokens: the order statistic of rank ceil(0.999 T)
+    (1-based; the largest |x| where T <= 1000), so that fewer than one token in 1,000 lies above it.
+
+    states: `(T, *S)` float32 -> `(*S)` float32 (0 for T = 0). Exact: a selection, no arithmetic.
+    """
+    flat = states.reshape(len(states), math.prod(states.shape[1:]))  # (T, F)
+    clips = np.zeros(flat.shape[1], dtype=np.float32)  # (F,)
+    if len(flat):
+        rank = math.ceil(CHANNEL_QUANTILE * len(flat)) - 1
+        for start in range(0, flat.shape[1], _CHANNEL_COLUMNS):
+            block = np.abs(flat[:, start : start + _CHANNEL_COLUMNS])  # (T, columns)
+            clips[start : start + block.shape[1]] = np.partition(block, rank, axis=0)[rank]
+    return clips.reshape(states.shape[1:])
+
+
 def channel_scales(states: np.ndarray) -> np.ndarray:
-    """Per-channel RMS over all tokens, rounded to the nearest power of two (1 where the RMS is 0).
+    """Per-channel RMS over all tokens of the values clipped to ±`channel_clips` (the 99.9th percentile of |x|;
+    stores written before codes51 F9 used the plain RMS, which the same formula decodes), rounded to the nearest
+    power of two (1 where it is 0).
 
     Powers of two are kept within float32's normal range (2**-126 .. 2**127).
 
@@ -219,12 +246,13 @@ def channel_scales(states: np.ndarray) -> np.ndarray:
     row block in a fixed order, and the rounding uses the exact binary exponent,
     so a retried writer gets the same bits.
     """
+    clips = channel_clips(states).astype(np.float64)  # (*S)
     squares = np.zeros(states.shape[1:], dtype=np.float64)  # (*S)
     buffer = np.empty((min(len(states), BLOCK_ROWS), *states.shape[1:]), dtype=np.float64)  # (rows, *S)
     for start in range(0, len(states), BLOCK_ROWS):
         block = states[start : start + BLOCK_ROWS]  # (rows, *S)
-        squared = np.square(block, out=buffer[: len(block)], dtype=np.float64)  # (rows, *S)
-        squares += squared.sum(axis=0)
+        clipped = np.minimum(np.abs(block, out=buffer[: len(block)], dtype=np.float64), clips, out=buffer[: len(block)])
+        squares += np.square(clipped, out=clipped).sum(axis=0)
     rms = np.sqrt(squares / max(len(states), 1))  # (*S)
     mantissa, exponent = np.frexp(rms)  # rms = mantissa * 2**exponent, mantissa in [0.5, 1)
     exponent = np.where(mantissa >= np.sqrt(0.5), exponent, exponent - 1)

@@ -205,6 +205,7 @@ def test_round_trip_every_encoding_and_read_path(encoding, data, compressor, pic
 
 @given(states=hnp.arrays(np.float32, st.tuples(st.integers(0, 40), st.integers(1, 16)), elements=ELEMENTS))
 def test_int8_channel_scales_are_powers_of_two_near_the_channel_rms(states) -> None:
+    """In a shard of at most 1,000 tokens the clip (the 99.9th percentile of |x|) is the largest |x|: the plain RMS."""
     channel = get_encoding("int8").encode(states)["channel_scales"]
     mantissa, _ = np.frexp(channel)
     assert (mantissa == 0.5).all(), "every channel scale is a power of two"
@@ -215,6 +216,19 @@ def test_int8_channel_scales_are_powers_of_two_near_the_channel_rms(states) -> N
     assert ((ratio >= 2**-0.5 * (1 - 1e-9)) & (ratio <= 2**0.5 * (1 + 1e-9))).all()
     assert (channel[positive & ~normal] == np.float32(2.0**-126)).all(), "tiny channels stay normal floats"
     assert (channel[~positive] == 1).all()
+
+
+def test_one_outlier_token_leaves_its_int8_channel_to_the_rest_of_the_shard() -> None:
+    """One token's 1e6 set its channel's RMS scale for a whole shard, and every other token decoded that channel to
+    0 (codes51 F9): the RMS is now of values clipped at the channel's 99.9th percentile of |x|. Only the outlier
+    token loses precision (its own per-token scale), as without channel scales."""
+    states = np.random.default_rng(0).standard_normal((2000, 16)).astype(np.float32)
+    states[5, 3] = 1e6
+    int8 = get_encoding("int8")
+    decoded = int8.decode(int8.encode(states))
+    others = np.delete(np.arange(len(states)), 5)
+    assert np.abs(decoded[others] - states[others]).max() < 0.05  # 2.4 in channel 3 when it was zeroed
+    assert abs(decoded[5, 3] - 1e6) < 1e6 / 127
 
 
 @pytest.mark.parametrize("beyond", [7e4, -7e4], ids=["positive", "negative"])
