@@ -63,7 +63,7 @@ CENTROIDS = 256
 KMEANS_ITERATIONS = 20
 # Sample token vectors per distinct centroid a codebook trains: with one centroid per sample token (what a sample of
 # at most 256 tokens got before), every residual is 0, the residual codes learn nothing, and unseen states were
-# coded with a relative error of 0.93 (codes51 F1); with 16 per centroid the codes generalise (STORE_FORMAT §4).
+# coded with a relative error of 0.93 (codes51 F1); with 32 per centroid, 0.56 (BENCHMARKS.md, STORE_FORMAT §4).
 TOKENS_PER_CENTROID = 32
 
 
