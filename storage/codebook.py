@@ -127,10 +127,10 @@ def codebook_build(path: str | Path) -> dict[str, str]:
 
 def codebook_sample_tokens(path: str | Path) -> int | None:
     """How many token states the codebook at `path` was trained on, as it records; None when it records none (one
-    written before the count was recorded, or by `train qa`) or is no readable codebook.
+    written before the count was recorded) or is no readable codebook.
 
     A codebook trained on a few hundred states fits those states and few others (codes51 F1): appends and
-    `--codebook` runs measure such a codebook on their own states (pipelines.codebook.small_sample).
+    `--codebook` runs measure such a codebook on their own states (runners/cmd_precompute.py `check_codebook_sample`).
     """
     try:
         count = _attributes(_open(path), str(path)).get("sample_tokens")
