@@ -35,7 +35,7 @@ from dilstore.storage.format import (
     StoreFormatError,
     append_dir,
 )
-from dilstore.storage.id_index import DuplicatePassageIdError
+from dilstore.storage.id_index import DuplicatePassageIdError, row_keys
 from dilstore.storage.info import store_info
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import manifest_json, read_manifest
@@ -173,6 +173,21 @@ def test_info_counts_superseded_states_on_their_own_not_as_fixed_bytes(tmp_path:
     tokens = replaced["superseded"]["tokens"]
     assert f"appends      1; 1 passages ({tokens} tokens) superseded by --replace" in table, table
     assert f" + {replaced['state_bytes']['superseded']} B superseded + " in table, table
+
+
+@settings(max_examples=50, deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)), min_size=1, max_size=30,
+                      unique=True))
+def test_row_keys_are_distinct_for_distinct_rows_and_sort_by_shard_then_row(pairs: list[tuple[int, int]]) -> None:
+    """An append drops old index entries by their (shard, row) key: two rows that share a key would be superseded
+    together (row 65536 of shard 0 with row 0 of shard 1 under a 16-bit shift). The keys must be one per pair,
+    ordered as the pairs are, for rows up to 2**32 - 1 (the index's uint32)."""
+    shards = np.array([shard for shard, _ in pairs], dtype=np.uint32)
+    rows = np.array([row for _, row in pairs], dtype=np.uint32)
+    keys = row_keys(shards, rows).tolist()
+    assert len(set(keys)) == len(pairs)
+    assert [pairs[i] for i in np.argsort(keys, kind="stable")] == sorted(pairs)
+    assert row_keys(np.array([0, 1], dtype=np.uint32), np.array([65536, 0], dtype=np.uint32)).tolist() == [65536, 2**32]
 
 
 def test_verify_still_checks_the_superseded_rows_files(tmp_path: Path) -> None:
