@@ -175,6 +175,33 @@ def test_info_counts_superseded_states_on_their_own_not_as_fixed_bytes(tmp_path:
     assert f" + {replaced['state_bytes']['superseded']} B superseded + " in table, table
 
 
+def test_info_counts_an_appends_files_in_the_part_their_path_has_at_the_root(tmp_path: Path) -> None:
+    """`info` counts a file under `appends/<generation>/` in the part of the same path at the store's root: the
+    appended shard's states, tokens and passages are not "other". The reference sorts every file by its path."""
+    store = build_store(tmp_path / "store", [records(["a", "b", "c"])])
+    write_append(store, [records(["x", "d"], seed=7)])
+    commit_append(store, GENERATION, fingerprint_for())
+    expected = dict.fromkeys(("states", "tokens", "passages", "index", "metadata", "other"), 0)
+    appended = 0
+    for file in (path for path in store.rglob("*") if path.is_file()):
+        parts = file.relative_to(store).parts
+        appended += parts[0] == APPENDS_DIR and "states" in parts
+        inside = parts[2:] if parts[0] == APPENDS_DIR else parts
+        if inside[-1] in ("zarr.json", MANIFEST_FILE):
+            part = "metadata"
+        elif inside[0] == INDEX_DIR:
+            part = "index"
+        elif inside[0] == "shards" and inside[2] in ("states", "tokens", "passages"):
+            part = inside[2]
+        else:
+            part = "other"
+        expected[part] += file.stat().st_size
+    info = store_info(store)
+    assert appended > 0
+    assert info["bytes_by_part"] == expected
+    assert info["bytes_per_token"]["dilbert"] == round(expected["states"] / info["tokens"], 3)
+
+
 @settings(max_examples=50, deadline=None)
 @given(pairs=st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)), min_size=1, max_size=30,
                       unique=True))
