@@ -107,6 +107,19 @@ def test_paragraphs_are_split_on_blank_lines_and_short_ones_dropped(
     assert split_paragraphs(document(text), min_chars) == passages
 
 
+@given(st.lists(st.lists(WORD, min_size=1, max_size=6), min_size=1, max_size=4), st.data())
+def test_whitespace_inside_a_paragraph_is_collapsed_to_single_spaces(
+    lines: list[list[str]], data: st.DataObject
+) -> None:
+    """Runs of spaces, tabs and no-break spaces inside a paragraph, and its line breaks, become one space each (the
+    module docstring): the paragraph's text is its words joined by single spaces."""
+    inline = st.sampled_from([" ", "  ", "\t", " \u00a0 ", "\u3000"])
+    written = [data.draw(inline) + "".join(word + data.draw(inline) for word in line) for line in lines]
+    (passage,) = split_paragraphs(document("\n".join(written)), 0)
+    assert passage.text == " ".join(word for line in lines for word in line)
+    assert split_paragraphs(document("Tab\tand  two\n  spaces here"), 0)[0].text == "Tab and two spaces here"
+
+
 def test_paragraph_example_with_default_minimum() -> None:
     text = (
         "Short.\n\nA paragraph that is long enough\nto keep, on two lines.\n   \n"
