@@ -156,6 +156,19 @@ def test_unlabelled_features_and_examples_without_answers() -> None:
     assert not any(f.has_answer for f in build_features(tokenizer, [answered], **small, labelled=False))
 
 
+def test_an_example_of_several_answers_is_labelled_with_its_first() -> None:
+    """SQuAD dev questions list several answers; training labels the first (run_squad's rule, the docstring's), so
+    every labelled window gives back the first answer's text, never a later one's."""
+    tokenizer = minilm_tokenizer()
+    first, later = numbers_answer(3, 2), numbers_answer(60, 1)
+    example = SquadExample("T", NUMBERS, "several", QUESTION, (first, later))
+    features = list(build_features(tokenizer, [example], max_seq_length=32, doc_stride=8, max_question_length=16))
+    labelled = [feature for feature in features if feature.has_answer]
+    assert labelled
+    for feature in labelled:
+        assert answer_text(feature.context, feature.passage, feature.start_position, feature.end_position) == "103 104"
+
+
 def test_an_answer_of_dropped_characters_has_no_tokens() -> None:
     pieces = passage_pieces(minilm_tokenizer(), "abc \x00\x00 def")
     assert answer_token_range(pieces, 4, 6) is None
