@@ -212,6 +212,22 @@ def test_aggregation_is_the_seeds_formula(scores: list[tuple[float, float]], mu:
     assert document["score"] == pytest.approx(mu * document["reader_score"] + (1 - mu) * document["bm25_score"])
 
 
+@given(
+    scores=st.lists(st.tuples(st.sampled_from([-1.0, 0.0, 2.5]), st.sampled_from([0.0, 4.0])), min_size=1, max_size=12),
+    mu=st.sampled_from([0.0, 0.5, 1.0]),
+    n_best=st.integers(1, 12),
+)
+def test_spans_of_equal_score_keep_their_reading_order(
+    scores: list[tuple[float, float]], mu: float, n_best: int
+) -> None:
+    """Ties under μ go to the earlier span of the reading (retrieval order, then reader order: the docstring), so the
+    n-best is the reading's spans stably sorted by score, whatever the ties."""
+    reading = make_reading(scores)
+    expected = sorted(reading.spans, key=lambda span: -span.score(mu))[:n_best]  # sorted() is stable
+    assert [span.passage_id for span in aggregate(reading, mu, n_best).nbest] == [span.passage_id for span in expected]
+    assert aggregate(make_reading([(1.0, 0.0), (1.0, 0.0)]), 1.0, 1).best.passage_id == "p0"
+
+
 def test_mu_one_leaves_bm25_out_and_fusion_can_change_the_answer() -> None:
     reading = make_reading([(5.0, 0.0), (4.0, 30.0)])
     assert aggregate(reading, 1.0, 5).best.passage_id == "p0"
