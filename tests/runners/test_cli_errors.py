@@ -279,6 +279,8 @@ def test_a_predictions_path_that_cannot_be_written_is_refused_before_the_evaluat
         ("{tmp}", "--output {tmp} is a directory; give a file path"),
         ("{tmp}/nodir/o.trec", "--output {tmp}/nodir/o.trec: the folder {tmp}/nodir does not exist"),
         ("{tmp}/r.trec", "--output {tmp}/r.trec is the input file {tmp}/r.trec; write it elsewhere"),
+        # Another spelling of the input's path is the input all the same.
+        ("{tmp}/sub/../r.trec", "--output {tmp}/sub/../r.trec is the input file {tmp}/r.trec; write it elsewhere"),
     ],
 )
 def test_a_rerank_output_that_cannot_be_written_is_refused_before_the_store_opens(
@@ -286,6 +288,7 @@ def test_a_rerank_output_that_cannot_be_written_is_refused_before_the_store_open
 ) -> None:
     """`--output .` was "Device or resource busy" after the whole rerank; `--output RUN` overwrote the input run."""
     (tmp_path / "r.trec").write_text("q Q0 d 1 1.0 t\n")
+    (tmp_path / "sub").mkdir()
     (tmp_path / "t.tsv").write_text("q\tquery\n")
     args = ["rerank", str(tmp_path / "no-store"), "--topics", str(tmp_path / "t.tsv"),
             "--run", str(tmp_path / "r.trec"), "--output", output.replace("{tmp}", str(tmp_path))]  # fmt: skip
