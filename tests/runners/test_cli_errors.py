@@ -201,6 +201,24 @@ def test_an_output_inside_the_store_read_is_refused_before_anything_is_written(
     assert sorted(path.name for path in store.iterdir()) == ["manifest.json"]
 
 
+@pytest.mark.parametrize("command", ["rerank", "evaluate-qa"])
+def test_an_output_inside_the_store_given_by_relative_paths_is_refused(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run from the store's parent folder, `STORE/manifest.json` is inside STORE just as its absolute path is."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "manifest.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    flag = "--output" if command == "rerank" else "--predictions"
+    source = ["--topics", "t.tsv", "--run", "r.trec"] if command == "rerank" else ["--questions", "q.jsonl"]
+    status = main([command, "store", *source, flag, "store/manifest.json"])
+    err = capsys.readouterr().err
+    assert status == 2
+    refusal = f"{flag} store/manifest.json is inside the store store; write it elsewhere"
+    assert err == f"dilstore {command}: error: {refusal}\n"
+    assert (tmp_path / "store" / "manifest.json").read_text() == "{}"
+
+
 @pytest.mark.parametrize(
     ("arguments", "flag"),
     [
