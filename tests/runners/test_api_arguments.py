@@ -83,6 +83,9 @@ def test_open_reader_takes_every_reader_option_of_ask(tmp_path: Path, monkeypatc
     assert type(seen[0].max_answer_length) is int
     dilstore.open_reader(tmp_path, mu=np.float32(0.5))  # refused: "mu must be a number ..., got float32" (qa48 L5)
     assert seen[-1].mu == 0.5 and type(seen[-1].mu) is float
+    for bm25_only in (0, 0.0):  # μ = 0 is BM25 alone (`ask --mu 0`), a value like any other, not "no mu given"
+        dilstore.open_reader(tmp_path, mu=bm25_only)
+        assert seen[-1].mu == 0.0 and seen[-1].mu != odqa.OdqaSettings().mu
     with pytest.raises(dilstore.DilstoreError, match="^n_best must be a positive integer or None, got str '3'$"):
         dilstore.open_reader(tmp_path, n_best="3")
     with pytest.raises(dilstore.DilstoreError, match="n_best"):
