@@ -320,6 +320,26 @@ def test_byte_level_bpe_spans_hold_each_tokens_bytes(text: str) -> None:
         assert bytes(byte_of[symbol] for symbol in token).strip(b" ") in text[start:end].encode("utf-8")
 
 
+@given(text=st.text(alphabet="aecoé日😀\u0301\u0308", min_size=1, max_size=20))
+@PROPERTY
+def test_byte_level_bpe_spans_are_the_characters_of_each_tokens_bytes(text: str) -> None:
+    """Without spaces, a byte-level token's span is exactly the characters its bytes come from: a combining mark
+    that starts a token of its own stays that token's, and the token before it does not reach over it
+    (`_cover_following_marks` extends a span only over marks that start no token)."""
+    tokenizer = tiny_bpe_tokenizer()
+    pieces = passage_pieces(tokenizer, text)
+    byte_of = {symbol: byte for byte, symbol in bytes_to_unicode().items()}
+    char_at = [index for index, char in enumerate(text) for _ in char.encode("utf-8")]  # the character of each byte
+    expected, position = [], 0
+    for token in tokenizer.convert_ids_to_tokens(pieces.token_ids.tolist()):
+        size = len(bytes(byte_of[symbol] for symbol in token))
+        expected.append([char_at[position], char_at[position + size - 1] + 1])
+        position += size
+    assert position == len(text.encode("utf-8"))
+    assert pieces.char_spans.tolist() == expected
+    assert passage_pieces(tokenizer, "cafe\u0301").char_spans.tolist() == [[0, 1], [1, 3], [3, 4], [4, 5], [4, 5]]
+
+
 def _same_tokens(left: TokenizedText, right: TokenizedText) -> bool:
     return (
         np.array_equal(left.token_ids, right.token_ids)
