@@ -116,6 +116,8 @@ DAMAGE = {
                   "row 0 is passage 'xTeacher#0', but row 0 of its shard is 'Teacher#0'"),
     "fewer_rows": (lambda c: {name: values[:-1] for name, values in c.items()},
                    "has 3 rows for the 4 rows of its shard"),
+    "more_rows": (lambda c: {name: [*values, values[-1]] for name, values in c.items()},
+                  "has 5 rows for the 4 rows of its shard"),
     "no_doc_id": (lambda c: {name: values for name, values in c.items() if name != "doc_id"},
                   "has the columns (id: string, title: string, text: string), not a passage table's (id: string not "
                   "null, doc_id: string not null, title: string not null, text: string not null)"),
