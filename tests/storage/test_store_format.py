@@ -387,6 +387,8 @@ def test_finalize_checks_the_shard_set_and_cleans_temporaries(shards, tmp_path) 
     stale.mkdir()
     with pytest.raises(DilstoreError, match=r"missing \[1\]"):
         finalize(tmp_path, fingerprint_for(), {}, expected_shards=3)
+    with pytest.raises(DilstoreError, match=r"expected shards 0\.\.1; missing \[1\], unexpected \[2\]$"):
+        finalize(tmp_path, fingerprint_for(), {}, expected_shards=2)  # as many shards as expected, not the ones
     with pytest.raises(DilstoreError, match="kind 'dilbert' encoding 'fp32', but the fingerprint says"):
         finalize(tmp_path, fingerprint_for(encoding="int8"), {})
     with pytest.raises(DilstoreError, match="longer than the fingerprint's max_length 3"):
