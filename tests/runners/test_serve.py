@@ -698,6 +698,15 @@ def test_the_openapi_schema_describes_every_body_the_query_endpoints_send(served
     assert {status: body["content"]["application/json"]["schema"] for status, body in health.items()} == {
         status: {"$ref": "#/components/schemas/Health"} for status in ("200", "503")}
     assert Health.model_validate(client.get("/health").json()).status == "ok"
+    # Every body's schema forbids other fields, so that a client learns each field, and the validations above
+    # fail when the handlers send a field the schemas lack (the module's promise).
+    components = client.get("/openapi.json").json()["components"]["schemas"]
+    for name in ("AskAnswer", "AskSpan", "AskPassage", "RerankAnswer", "RerankResult", "Health", "ErrorBody",
+                 "ValidationProblem"):
+        assert components[name]["additionalProperties"] is False, name
+    assert AskAnswer.model_validate(answered).model_dump().keys() == answered.keys()
+    with pytest.raises(ValueError, match="added_field"):
+        AskAnswer.model_validate({**answered, "added_field": 1})
 
 
 def parse_prometheus(text: str) -> dict[str, dict[str, Any]]:
