@@ -235,6 +235,18 @@ def test_mu_one_leaves_bm25_out_and_fusion_can_change_the_answer() -> None:
     assert aggregate(reading, 0.5, 5).best.score(0.5) == pytest.approx(17.0)
 
 
+def test_mu_zero_given_to_answer_ranks_by_bm25_alone(tiny: dict) -> None:
+    """μ = 0 (BM25 alone) passed to `answer` or `answer_many` is used, not taken for "no μ" and replaced by the
+    settings' μ: the answer says μ 0, scores each span by its passage's BM25 score, and ranks as aggregate does."""
+    odqa = odqa_for(tiny, top_p=3, mu=0.5)
+    reading = odqa.retrieve_and_read([QUESTION])[0]
+    for answer in (odqa.answer(QUESTION, mu=0.0), odqa.answer_many([QUESTION], mu=0)[0]):
+        assert answer.mu == 0.0
+        assert all(span.score(answer.mu) == span.bm25_score for span in answer.nbest)
+        assert answer.nbest == aggregate(reading, 0.0, odqa.settings.n_best).nbest
+        assert answer.to_dict()["score"] == answer.best.bm25_score
+
+
 def test_answer_json_has_the_issue_keys(tiny: dict) -> None:
     document = odqa_for(tiny, top_p=3).answer(QUESTION).to_dict()
     for key in ("question", "answer", "score", "passage_id", "reader_score", "bm25_score", "nbest", "timings"):
