@@ -416,6 +416,28 @@ def test_replace_retires_the_passages_a_shorter_new_version_no_longer_has(
     assert verify_store(store).ok
 
 
+def test_replace_retires_the_passages_an_earlier_append_stored_of_the_document(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The old version's passages may lie in an earlier append's tables, not the store's own: a shorter new version
+    retires those too, so no text of the old one stays reachable."""
+    long = {"id": "long", "title": "Long", "text": " ".join(["harbour"] * 40 + ["ropes"] * 40 + ["gulls"] * 170)}
+    store = tmp_path / "store"
+    assert precompute(models["dilbert"], write_jsonl(tmp_path / "a.jsonl", DOCUMENTS[:3]), store) == 0
+    assert precompute(models["dilbert"], write_jsonl(tmp_path / "b.jsonl", [long]), store, "--append") == 0
+    stored = [passage_id for passage_id in store_contents(store) if passage_id.startswith("long#")]
+    assert len(stored) > 1
+    short = {**long, "text": "the harbour was closed"}
+    assert precompute(models["dilbert"], write_jsonl(tmp_path / "c.jsonl", [short]), store,
+                      "--append", "--replace") == 0
+    contents = store_contents(store)
+    assert [passage_id for passage_id in contents if passage_id.startswith("long#")] == ["long#0"]
+    assert contents["long#0"][1] == "the harbour was closed"
+    with open_store(store) as opened:
+        assert len(opened) == 4 and opened.manifest.superseded_passages == len(stored)
+    assert verify_store(store).ok
+
+
 @pytest.mark.parametrize(("damage", "told"), [
     ("forged", "rows name a document their passage id does not come from"),
     ("no_doc_id", "has the columns (id: string not null, title: string not null, text: string not null)"),
