@@ -228,6 +228,14 @@ def test_spans_of_equal_score_keep_their_reading_order(
     assert aggregate(make_reading([(1.0, 0.0), (1.0, 0.0)]), 1.0, 1).best.passage_id == "p0"
 
 
+def test_each_nbest_span_of_the_json_carries_its_own_passages_title() -> None:
+    """`nbest[i].title` is the title of that span's passage, not the best span's (the spans come from 3 passages)."""
+    document = aggregate(make_reading([(1.0, 0.0), (3.0, 0.0), (2.0, 0.0)]), 1.0, 3).to_dict()
+    assert [(span["passage_id"], span["title"]) for span in document["nbest"]] == [
+        ("p1", "Title p1"), ("p2", "Title p2"), ("p0", "Title p0")]
+    assert document["title"] == "Title p1"
+
+
 def test_mu_one_leaves_bm25_out_and_fusion_can_change_the_answer() -> None:
     reading = make_reading([(5.0, 0.0), (4.0, 30.0)])
     assert aggregate(reading, 1.0, 5).best.passage_id == "p0"
