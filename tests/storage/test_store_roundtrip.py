@@ -165,11 +165,22 @@ def _check_decoded(encoding: str, original: np.ndarray, decoded: np.ndarray, sto
         assert (np.abs(decoded - original) <= _residual_bound(original, stored, shard_states, base, shard_base)).all()
 
 
+def _all_zero(shard: list[PassageRecord]) -> bool:
+    """Whether a shard has tokens and every state of them is 0 (an int8 shard whose scales are then all zero)."""
+    return any(len(record.states) for record in shard) and not any(record.states.any() for record in shard)
+
+
 @pytest.mark.parametrize("encoding", sorted(ENCODINGS))
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=ragged_store(), compressor=st.sampled_from(["zstd", "blosc"]), picks=st.randoms(use_true_random=False))
 def test_round_trip_every_encoding_and_read_path(encoding, data, compressor, picks) -> None:
     kind, state_shape, shards = data
+    if encoding == "int8" and any(_all_zero(shard) for shard in shards):
+        # Refused, as verify reports such a shard (35f9878): all-zero per-token scales are how a zeroed `scales`
+        # array shows (hostile47 F9), and no model's layers give a shard of only zeros (review51 R2).
+        with scratch_dir() as scratch, pytest.raises(DilstoreError, match=r"int8 states/scales are all zero"):
+            build_store(Path(scratch) / "plain", shards, kind=kind, encoding=encoding)
+        return
     records = {record.id: (index, record) for index, shard in enumerate(shards) for record in shard}
     wanted = [picks.choice(list(records)) for _ in range(2 * len(records))]  # any order, with repeats
     with scratch_dir() as scratch:
