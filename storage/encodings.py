@@ -216,6 +216,11 @@ def _decode_values(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
 # shard's tokens lie: a plain RMS let one outlier token set it for the whole shard, and zero that channel in every
 # other token (codes51 F9). In shards of at most 1,000 tokens the clip is the largest |x|: the plain RMS.
 CHANNEL_QUANTILE = 0.999
+# The clipped RMS leaves the outlier token beyond the clip; a channel scale is at least 2**-64 times its channel's
+# largest |x| (as a power of two), so no value normalizes past 2**64 and its token's scale stays finite: a channel of
+# 1e-30 values with one 1e10 got an inf scale and was refused, where the plain RMS stored it (review51 R3). Real
+# states have a largest |x| within ~1e3 of the clipped RMS, so this changes no channel scale of theirs.
+_CHANNEL_PEAK_EXPONENT = 64
 _CHANNEL_COLUMNS = 64  # channels sorted at a time: a (T, 64) float32 copy
 
 
@@ -238,7 +243,8 @@ def channel_clips(states: np.ndarray) -> np.ndarray:
 def channel_scales(states: np.ndarray) -> np.ndarray:
     """Per-channel RMS over all tokens of the values clipped to ±`channel_clips` (the 99.9th percentile of |x|;
     stores written before codes51 F9 used the plain RMS, which the same formula decodes), rounded to the nearest
-    power of two (1 where it is 0).
+    power of two (1 where it is 0), and raised where needed to the power of two at or above 2**-64 times the
+    channel's largest |x| (_CHANNEL_PEAK_EXPONENT: the outlier's per-token scale stays finite).
 
     Powers of two are kept within float32's normal range (2**-126 .. 2**127).
 
@@ -248,14 +254,19 @@ def channel_scales(states: np.ndarray) -> np.ndarray:
     """
     clips = channel_clips(states).astype(np.float64)  # (*S)
     squares = np.zeros(states.shape[1:], dtype=np.float64)  # (*S)
+    peaks = np.zeros(states.shape[1:], dtype=np.float64)  # (*S): the largest |x|
     buffer = np.empty((min(len(states), BLOCK_ROWS), *states.shape[1:]), dtype=np.float64)  # (rows, *S)
     for start in range(0, len(states), BLOCK_ROWS):
         block = states[start : start + BLOCK_ROWS]  # (rows, *S)
-        clipped = np.minimum(np.abs(block, out=buffer[: len(block)], dtype=np.float64), clips, out=buffer[: len(block)])
+        magnitudes = np.abs(block, out=buffer[: len(block)], dtype=np.float64)  # (rows, *S)
+        np.maximum(peaks, magnitudes.max(axis=0), out=peaks)
+        clipped = np.minimum(magnitudes, clips, out=magnitudes)
         squares += np.square(clipped, out=clipped).sum(axis=0)
     rms = np.sqrt(squares / max(len(states), 1))  # (*S)
     mantissa, exponent = np.frexp(rms)  # rms = mantissa * 2**exponent, mantissa in [0.5, 1)
     exponent = np.where(mantissa >= np.sqrt(0.5), exponent, exponent - 1)
+    _, floor = np.frexp(peaks)  # peaks < 2**floor: the scale 2**(floor - 64) leaves |x / C| below 2**64
+    exponent = np.where(peaks > 0, np.maximum(exponent, floor - _CHANNEL_PEAK_EXPONENT), exponent)
     exponent = np.clip(exponent, _MIN_EXPONENT, _MAX_EXPONENT)  # stay a normal float32
     return np.where(rms > 0, np.ldexp(1.0, exponent), 1.0).astype(np.float32)
 

@@ -242,6 +242,25 @@ def test_one_outlier_token_leaves_its_int8_channel_to_the_rest_of_the_shard() ->
     assert abs(decoded[5, 3] - 1e6) < 1e6 / 127
 
 
+@pytest.mark.parametrize(("small", "big"), [(1e-30, 1e10), (1e-20, 1e20)])
+def test_an_outlier_in_a_channel_of_tiny_values_keeps_a_finite_int8_scale(tmp_path: Path, small, big) -> None:
+    """The clipped RMS set such a channel's scale from its tiny values, the outlier normalized past float32 and its
+    token's scale was inf, so write_shard refused states the plain RMS had stored (review51 R3): the channel scale
+    is now at least 2**-64 times the channel's largest |x|."""
+    states = np.random.default_rng(0).standard_normal((2000, 8)).astype(np.float32)
+    states[:, 3] *= np.float32(small)
+    states[5, 3] = big
+    int8 = get_encoding("int8")
+    encoded = int8.encode(states)
+    assert np.isfinite(encoded["scales"]).all() and encoded["channel_scales"][3] >= big * 2.0**-65
+    decoded = int8.decode(encoded)
+    assert abs(decoded[5, 3] - big) <= big / 127
+    others = np.delete(np.arange(len(states)), 5)
+    plain = [0, 1, 2, 4, 5, 6, 7]
+    assert np.abs(decoded[others][:, plain] - states[others][:, plain]).max() < 0.05  # only the outlier token loses
+    write_shard(tmp_path, 0, _passages(states), kind="dilbert", encoding="int8", durable=False)
+
+
 @pytest.mark.parametrize("beyond", [7e4, -7e4], ids=["positive", "negative"])
 def test_fp16_refuses_values_beyond_its_range(beyond) -> None:
     with pytest.raises(StoreFormatError, match="float16"):
