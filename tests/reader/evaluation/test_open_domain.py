@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import example, given
@@ -291,7 +292,6 @@ def test_predictions_are_written_whole_or_not_at_all(tmp_path: Path, monkeypatch
     """They were written in place: a kill mid-write left a cut file under the name, an older one emptied first
     (crash38 M3). A write that fails before its end leaves the older file as it was, and no temporary."""
     import os
-    from types import SimpleNamespace
 
     path = tmp_path / "predictions.json"
     write_predictions(path, SimpleNamespace(predictions={"q1": {"0.5": "Paris"}}))
@@ -311,28 +311,41 @@ def test_predictions_are_written_whole_or_not_at_all(tmp_path: Path, monkeypatch
         write_predictions(elsewhere, SimpleNamespace(predictions={}))
 
 
-def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goes_on_from_them(
-    odqa: OpenDomainReader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A stop at 90% of a run of hours kept nothing (longrun45 F1). Parts of 2 questions here; the run stopped in its
-    third part goes on from the two kept, and ends as an unstopped run does."""
+def stoppable_evaluate_qa(odqa: OpenDomainReader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """evaluate-qa, reading with `odqa`, of 7 questions (QUESTIONS, then its first two twice) in parts of 2:
+    `.questions` is their file, `.calls` gets the question count of each evaluate_questions call, and the call
+    numbered `.stop_at` (0: none) is stopped with a KeyboardInterrupt."""
     from dilstore.reader.evaluation import open_domain
-    from dilstore.runners import cli, cmd_evaluate_qa
+    from dilstore.runners import cmd_evaluate_qa
 
     questions = tmp_path / "questions.jsonl"
     asked = [{"question": q.question, "answer": list(q.answers)} for q in QUESTIONS + QUESTIONS[:2] + QUESTIONS[:2]]
     questions.write_text("".join(json.dumps(line) + "\n" for line in asked), encoding="utf-8")
     monkeypatch.setattr(cmd_evaluate_qa, "open_odqa_reader", lambda args: odqa)
     monkeypatch.setattr(cmd_evaluate_qa, "PART_QUESTIONS", 2)
-    real, calls = open_domain.evaluate_questions, []
+    run = SimpleNamespace(questions=questions, calls=[], stop_at=0)
+    real = open_domain.evaluate_questions
 
     def counted(*args: object, **kwargs: object) -> object:
-        calls.append(len(args[1]))  # type: ignore[arg-type]
-        if len(calls) == stop_at:
+        run.calls.append(len(args[1]))  # type: ignore[arg-type]
+        if len(run.calls) == run.stop_at:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
     monkeypatch.setattr(open_domain, "evaluate_questions", counted)  # the command imports it when it runs
+    return run
+
+
+def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goes_on_from_them(
+    odqa: OpenDomainReader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stop at 90% of a run of hours kept nothing (longrun45 F1). Parts of 2 questions here; the run stopped in its
+    third part goes on from the two kept, and ends as an unstopped run does."""
+    from dilstore.reader.evaluation import open_domain
+    from dilstore.runners import cli
+
+    run = stoppable_evaluate_qa(odqa, tmp_path, monkeypatch)
+    questions, calls = run.questions, run.calls
 
     def evaluate(predictions: Path, *extra: str) -> tuple[int, str, str]:
         status = cli.main(["evaluate-qa", "store", "--questions", str(questions), "--question-batch", "1", "--json",
@@ -340,10 +353,10 @@ def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goe
         out, err = capsys.readouterr()
         return status, out, err
 
-    stop_at = 0
+    run.stop_at = 0
     status, whole, _ = evaluate(tmp_path / "whole.json")
     assert status == 0 and calls == [2, 2, 2, 1] and not list(tmp_path.glob(".*partial"))
-    stop_at, calls[:] = 3, []
+    run.stop_at, calls[:] = 3, []
     status, _, err = evaluate(tmp_path / "stopped.json")
     journal = tmp_path / ".stopped.json.dilstore-partial"
     assert status == 130 and not (tmp_path / "stopped.json").exists()
@@ -355,25 +368,25 @@ def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goe
                      "--top-p", "2"]) == 130  # fmt: skip
     assert capsys.readouterr().err == ("dilstore evaluate-qa: interrupted; the 4 of 7 questions done are not kept "
                                        "(with --predictions FILE they are, and the same command goes on from them)\n")
-    stop_at, calls[:] = 1, []  # a run of other settings, stopped before its first part: the kept parts stay
+    run.stop_at, calls[:] = 1, []  # a run of other settings, stopped before its first part: the kept parts stay
     assert evaluate(tmp_path / "stopped.json", "--limit", "5")[0] == 130 and journal.read_bytes() == kept
-    stop_at, calls[:] = 0, []
+    run.stop_at, calls[:] = 0, []
     status, resumed, _ = evaluate(tmp_path / "stopped.json")
     assert status == 0 and calls == [2, 1] and not journal.exists()
     assert json.loads(resumed)["resumed_questions"] == 4 and json.loads(whole)["resumed_questions"] == 0
     for key in ("questions", "em", "f1", "recall", "refused", "by_mu"):  # exactly: scored again in order (review45 L2)
         assert json.loads(resumed)[key] == json.loads(whole)[key], key
     assert (tmp_path / "stopped.json").read_text(encoding="utf-8") == (tmp_path / "whole.json").read_text("utf-8")
-    stop_at, calls[:] = 2, []
+    run.stop_at, calls[:] = 2, []
     assert evaluate(tmp_path / "other.json")[0] == 130
     lines = journal.with_name(".other.json.dilstore-partial").read_text(encoding="utf-8").splitlines()
     journal.with_name(".other.json.dilstore-partial").write_text(lines[0] + "\n" + lines[1][:40], encoding="utf-8")
-    stop_at, calls[:] = 0, []
+    run.stop_at, calls[:] = 0, []
     assert json.loads(evaluate(tmp_path / "other.json")[1])["resumed_questions"] == 0  # a cut line is not taken
     assert calls == [2, 2, 2, 1]
-    stop_at, calls[:] = 2, []
+    run.stop_at, calls[:] = 2, []
     assert evaluate(tmp_path / "mu.json")[0] == 130
-    stop_at, calls[:] = 0, []
+    run.stop_at, calls[:] = 0, []
     status, out, err = evaluate(tmp_path / "mu.json", "--limit", "6")
     assert status == 0, err
     assert (json.loads(out)["resumed_questions"], json.loads(out)["questions"]) == (0, 6)  # other settings
@@ -400,33 +413,20 @@ def test_a_stopped_evaluate_qa_does_not_go_on_from_parts_read_before_the_store_c
     from the store as it was, so every part is read again and none is taken."""
     import dataclasses
 
-    from dilstore.reader.evaluation import open_domain
-    from dilstore.runners import cli, cmd_evaluate_qa
+    from dilstore.runners import cli
 
-    questions = tmp_path / "questions.jsonl"
-    asked = [{"question": q.question, "answer": list(q.answers)} for q in QUESTIONS + QUESTIONS[:2] + QUESTIONS[:2]]
-    questions.write_text("".join(json.dumps(line) + "\n" for line in asked), encoding="utf-8")
-    monkeypatch.setattr(cmd_evaluate_qa, "open_odqa_reader", lambda args: odqa)
-    monkeypatch.setattr(cmd_evaluate_qa, "PART_QUESTIONS", 2)
-    real, calls = open_domain.evaluate_questions, []
-
-    def counted(*args: object, **kwargs: object) -> object:
-        calls.append(len(args[1]))  # type: ignore[arg-type]
-        if len(calls) == stop_at:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(open_domain, "evaluate_questions", counted)
-    run = ["evaluate-qa", "store", "--questions", str(questions), "--question-batch", "1", "--json", "--predictions",
-           str(tmp_path / "stopped.json"), "--top-p", "2"]  # fmt: skip
-    stop_at = 3
-    assert cli.main(run) == 130 and (tmp_path / ".stopped.json.dilstore-partial").exists()
+    run = stoppable_evaluate_qa(odqa, tmp_path, monkeypatch)
+    questions, calls = run.questions, run.calls
+    command = ["evaluate-qa", "store", "--questions", str(questions), "--question-batch", "1", "--json",
+               "--predictions", str(tmp_path / "stopped.json"), "--top-p", "2"]  # fmt: skip
+    run.stop_at = 3
+    assert cli.main(command) == 130 and (tmp_path / ".stopped.json.dilstore-partial").exists()
     manifest = odqa.store.manifest
     appended = dataclasses.replace(manifest, appends=(*manifest.appends, {"generation": "0123456789abcdef"}))
     monkeypatch.setattr(odqa.store, "manifest", appended)
-    stop_at, calls[:] = 0, []
+    run.stop_at, calls[:] = 0, []
     capsys.readouterr()
-    status = cli.main(run)
+    status = cli.main(command)
     out, err = capsys.readouterr()
     assert status == 0, err
     assert json.loads(out)["resumed_questions"] == 0 and calls == [2, 2, 2, 1]
