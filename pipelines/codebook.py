@@ -19,8 +19,10 @@ run reuses the one already in the store. The folder is the one being built:
 the store itself, or with --overwrite the replacement beside it. The codebook
 records the run's build and model like every shard, and how many token states
 it was trained on (storage.codebook): one trained on fewer than
-`SMALL_SAMPLE_TOKENS` fits those passages better than new ones, so an append
-or a `--codebook` run measures it on its own states (`codebook_fit`) first.
+`MIN_REUSE_TOKENS` is refused by an append or a `--codebook` run
+(`too_few_to_reuse`), and one trained on fewer than `SMALL_SAMPLE_TOKENS` fits
+those passages better than new ones, so such a run measures it on its own
+states (`codebook_fit`) first.
 """
 
 from __future__ import annotations
@@ -44,13 +46,20 @@ from dilstore.storage.codebook import (
     CODEBOOK_DIR,
     codebook_build,
     codebook_sample_tokens,
+    distinct_centroids,
     read_codebook,
     write_codebook,
 )
 from dilstore.storage.encodings import get_encoding, round_trip, train_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
-from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SAMPLE_UNITS, CODEBOOK_SEED, sample_rows
+from dilstore.storage.residual_codes import (
+    CENTROIDS,
+    CODEBOOK_SAMPLE_TOKENS,
+    CODEBOOK_SAMPLE_UNITS,
+    CODEBOOK_SEED,
+    sample_rows,
+)
 from dilstore.storage.writer import build_attributes, refuse_non_finite
 
 
@@ -157,6 +166,12 @@ def check_codebook_fits(path: Path, encoding: str, kind: str, reader: OfflineMod
 # --append or a --codebook run measures it on its own states first (codebook_fit); from 2,000 on, within 1.15x of a
 # full sample's, appends skip that measurement.
 SMALL_SAMPLE_TOKENS = 2000
+# A codebook trained on fewer token states than this is not reused by an --append or a --codebook run, without
+# measuring it: its 2bit held-out relative error is 0.31 at 256 tokens (1.8x, past FOREIGN_CODEBOOK_SLACK) and 0.24
+# at 512 (1.4x) against 0.17 for a full sample (BENCHMARKS.md "codebooks trained on few states"), and a run too small
+# to measure it (codebook_fit: FIT_MIN_TOKENS per half) would otherwise take it with a warning at best: a 72-token
+# store's 12-paragraph append was coded at 0.964 with exit 0 (review51 R1).
+MIN_REUSE_TOKENS = 512
 # How much worse than a codebook trained on a run's own sample a --codebook made for another model may encode it
 # (relative error): a frozen-lower reader's states are its base's, which its base's codebook fits as well as a new
 # one; another model's states got 0.954 against 0.313 (BENCHMARKS.md), near what all-zero states give (1.0).
@@ -164,6 +179,28 @@ FOREIGN_CODEBOOK_SLACK = 1.5
 # The fewest token states each half of the fit's sample needs for a verdict: on a few passages a codebook trained
 # on half of them is no yardstick (its held-out error was 0.63 on 5 MS MARCO passages).
 FIT_MIN_TOKENS = 1000
+
+
+def too_few_to_reuse(path: Path, encoding: str) -> str | None:
+    """Why the codebook at `path` was trained on too few token states to code an append's or a --codebook run's
+    passages (MIN_REUSE_TOKENS), in words that follow its path; None when it was not, or cannot tell.
+
+    The count is the one it records (`sample_tokens`); a codebook that records none was written before the count
+    was, when k-means trained one centroid per sample token up to CENTROIDS, so fewer distinct centroid rows than
+    CENTROIDS at a vector position are its sample (storage.codebook `distinct_centroids`). One without centroids,
+    or with all CENTROIDS distinct, is measured as before (`codebook_fit`).
+    """
+    why = (f"fewer than the {MIN_REUSE_TOKENS:,} a codebook needs to code passages it did not see (2bit relative "
+           "error about 0.31 at 256 and 0.24 at 512 token states, against 0.17 for a full sample)")  # fmt: skip
+    count = codebook_sample_tokens(path)
+    if count is not None:
+        return f"was trained on only {count:,} token states, {why}" if count < MIN_REUSE_TOKENS else None
+    distinct = distinct_centroids(path, encoding)
+    if distinct is None or distinct >= CENTROIDS:
+        return None
+    return (f"does not record how many token states it was trained on, and has only {distinct:,} distinct centroids "
+            f"of {CENTROIDS}: written before the count was, when a codebook trained one centroid per sample token, "
+            f"it was trained on {distinct:,} token states, {why}")
 
 
 def codebook_fit(path: Path, job: PrecomputeJob, reader: OfflineModel) -> tuple[float, float] | None:

@@ -382,13 +382,17 @@ def check_codebook_sample(codebook: Path, job: PrecomputeJob, reader: OfflineMod
 
     A codebook trained on fewer than SMALL_SAMPLE_TOKENS states codes the passages it saw and few others: one of
     72 tokens gave appended passages a relative error of 0.955 and F1 9.7 instead of 73.6, which `verify` does not
-    see. One that records a sample of SMALL_SAMPLE_TOKENS or more is not measured (its held-out error is within
-    1.15x of a full sample's, where FOREIGN_CODEBOOK_SLACK allows 1.5x). `refusal` begins the error (what the run
-    cannot do) and `remedy` ends it; a run too small to measure a codebook known to be small is told so.
+    see. One trained on fewer than MIN_REUSE_TOKENS (as it records, or as its distinct centroids show for one
+    written before the count was) is refused without measuring (`refuse_few_states`): a run too small to measure
+    it took it (review51 R1). One that records a sample of SMALL_SAMPLE_TOKENS or more is not measured (its
+    held-out error is within 1.15x of a full sample's, where FOREIGN_CODEBOOK_SLACK allows 1.5x). `refusal` begins
+    the error (what the run cannot do) and `remedy` ends it; a run too small to measure a codebook known to be
+    small is told so.
     """
     from dilstore.pipelines.codebook import FOREIGN_CODEBOOK_SLACK, SMALL_SAMPLE_TOKENS, codebook_fit
     from dilstore.storage.codebook import codebook_sample_tokens
 
+    refuse_few_states(codebook, job, refusal, remedy)
     count = codebook_sample_tokens(codebook)
     if count is not None and count >= SMALL_SAMPLE_TOKENS:
         return
@@ -410,20 +414,41 @@ def check_codebook_sample(codebook: Path, job: PrecomputeJob, reader: OfflineMod
         print(f"dilstore precompute: note: {codebook} {trained}; it fits this run's states: {fit}", file=sys.stderr)
 
 
+def refuse_few_states(codebook: Path, job: PrecomputeJob, refusal: str, remedy: str) -> None:
+    """Refuse, without measuring it, a codebook trained on fewer than MIN_REUSE_TOKENS token states
+    (pipelines.codebook `too_few_to_reuse`): `refusal` begins the error and `remedy` ends it (review51 R1)."""
+    from dilstore.pipelines.codebook import too_few_to_reuse
+
+    why = too_few_to_reuse(codebook, job.encoding)
+    if why is not None:
+        raise DilstoreError(f"{refusal}: {codebook} {why}; {remedy}")
+
+
 def warn_small_sample(codebook: Path) -> None:
-    """Say once, when a build trained its codebook on fewer than SMALL_SAMPLE_TOKENS token states, what that means
-    for later appends and --codebook runs (check_codebook_sample) and what to do."""
-    from dilstore.pipelines.codebook import SMALL_SAMPLE_TOKENS
+    """Say once, when a build trained its codebook on fewer than SMALL_SAMPLE_TOKENS token states, what an --append
+    to the store or a --codebook run given it will do (refuse_few_states, check_codebook_sample) and what to do."""
+    from dilstore.pipelines.codebook import (
+        FIT_MIN_TOKENS,
+        FOREIGN_CODEBOOK_SLACK,
+        MIN_REUSE_TOKENS,
+        SMALL_SAMPLE_TOKENS,
+    )
     from dilstore.storage.codebook import codebook_sample_tokens
 
     count = codebook_sample_tokens(codebook)
     if count is None or count >= SMALL_SAMPLE_TOKENS:
         return
-    print(f"dilstore precompute: warning: the codebook was trained on only {count:,} token states (fewer than "
-          f"{SMALL_SAMPLE_TOKENS:,}): it codes these passages well but unseen ones worse, so an --append to this "
-          "store, or a run given this codebook with --codebook, first measures it on its own passages and is refused "
-          "where it fits them poorly; to grow this store by appends, build it from more passages first",
-          file=sys.stderr)  # fmt: skip
+    reuse = "an --append to this store, or a run given this codebook with --codebook,"
+    if count < MIN_REUSE_TOKENS:
+        then = (f"fewer than {MIN_REUSE_TOKENS:,}): it codes these passages but unseen ones poorly, so {reuse} "
+                "will be refused")
+    else:
+        then = (f"fewer than {SMALL_SAMPLE_TOKENS:,}): it codes these passages well but unseen ones worse, so {reuse} "
+                f"first measures it on a sample of that run's states and is refused where it codes them more than "
+                f"{FOREIGN_CODEBOOK_SLACK}x worse than a codebook trained on them; a run whose sample has fewer than "
+                f"about {2 * FIT_MIN_TOKENS:,} token states cannot be measured and is only warned")
+    print(f"dilstore precompute: warning: the codebook was trained on only {count:,} token states ({then}; to grow "
+          "this store by appends, build it from more passages first", file=sys.stderr)  # fmt: skip
 
 
 def check_output_location(output: Path, append: bool) -> None:
@@ -466,6 +491,8 @@ def build_store(
         in_place = codebook_in_place(job)
         if given is not None and not in_place:
             if made_for_another_model(given, job.fingerprint):
+                refuse_few_states(given, job, f"--codebook {given} does not fit this run",
+                                  "leave --codebook out to train one on this run's passages")  # fmt: skip
                 check_foreign_codebook(given, job, reader)
             else:
                 check_codebook_sample(given, job, reader, f"--codebook {given} does not fit this run",

@@ -56,7 +56,8 @@ from dilstore.storage.read_failures import describe
 from dilstore.storage.writer import build_attributes
 from dilstore.storage.zarr_reads import METADATA_ERRORS
 
-__all__ = ["CODEBOOK_DIR", "codebook_build", "codebook_digest", "codebook_sample_tokens", "load_store_codebook",
+__all__ = ["CODEBOOK_DIR", "codebook_build", "codebook_digest", "codebook_sample_tokens", "distinct_centroids",
+           "load_store_codebook",
            "read_codebook", "refuse_changed_codebook", "store_codebook_problems", "write_codebook"]
 
 
@@ -137,6 +138,21 @@ def codebook_sample_tokens(path: str | Path) -> int | None:
     except StoreFormatError:
         return None
     return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
+
+
+def distinct_centroids(path: str | Path, encoding: str) -> int | None:
+    """The fewest distinct rows the `centroids` table of the codebook at `path` holds at any token vector position;
+    None when it has no centroids (codebooks written before centroids were added).
+
+    Codebooks written before `sample_tokens` was recorded trained one centroid per sample token up to the table's
+    CENTROIDS rows, so for them a count under CENTROIDS is the size of their sample (codes51 F1, review51 R1); codebooks
+    trained since repeat one of every TOKENS_PER_CENTROID sample tokens' centroids, and record their sample.
+    """
+    centroids = read_codebook(path, encoding)[0].get("centroids")  # (C, *S)
+    if centroids is None:
+        return None
+    tables = centroids.reshape(len(centroids), -1, centroids.shape[-1])  # (C, G, d)
+    return min(len(np.unique(tables[:, group], axis=0)) for group in range(tables.shape[1]))
 
 
 def load_store_codebook(location: StoreLocation, encoding: str) -> dict[str, np.ndarray]:

@@ -14,13 +14,16 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
 from dilstore.pipelines import codebook as codebook_module
 from dilstore.runners import cli
 from dilstore.storage import codebook as codebooks
+from dilstore.storage import residual_codes
 from dilstore.storage.codebook import CODEBOOK_DIR, read_codebook, write_codebook
+from dilstore.storage.encodings import train_codebook
 from dilstore.storage.verify import verify_store
 from tests.fixtures.pipeline_fixtures import save_tiny_reader, wiki_like_documents, write_jsonl
 
@@ -43,30 +46,102 @@ def precompute(inputs: Path, model: Path, output: Path, *extra: str) -> int:
                      "--encoding", "2bit", *extra])  # fmt: skip
 
 
-def test_a_codebook_of_a_few_passages_is_told_at_build_and_refused_for_appends_and_reuse_it_fits_poorly(
-    tiny_dir: Path, tmp_path: Path, capsys
+def test_a_codebook_of_a_few_passages_is_told_at_build_and_refused_for_appends_and_reuse_without_measuring(
+    tiny_dir: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A codebook trained on fewer than MIN_REUSE_TOKENS states is refused by appends and --codebook runs of any size:
+    one too small to measure it took it (a 72-token store's 12-paragraph append: relative error 0.964, exit 0,
+    nothing said; review51 R1)."""
     small = write_jsonl(tmp_path / "small.jsonl", documents(1, "small", seed=0))
+    few = write_jsonl(tmp_path / "few.jsonl", documents(3, "few", seed=2))
     more = write_jsonl(tmp_path / "more.jsonl", documents(100, "more", seed=1))
     store = tmp_path / "store"
     assert precompute(small, tiny_dir, store) == 0
     said = capsys.readouterr().err
     assert said.count("the codebook was trained on only") == 1, said
     count = codebooks.codebook_sample_tokens(store / CODEBOOK_DIR)
-    assert count is not None and 0 < count < codebook_module.SMALL_SAMPLE_TOKENS
-    assert f"the codebook was trained on only {count:,} token states" in said
-    assert "--append" in said and "--codebook" in said
+    assert count is not None and 0 < count < codebook_module.MIN_REUSE_TOKENS
+    assert f"the codebook was trained on only {count:,} token states (fewer than 512)" in said
+    assert "a run given this codebook with --codebook, will be refused" in said and "measures" not in said
     manifest = (store / "manifest.json").read_bytes()
-    assert precompute(more, tiny_dir, store, "--append") == 2
-    refused = capsys.readouterr().err
-    assert f"cannot append to {store}" in refused and f"was trained on only {count:,} token states" in refused
-    assert re.search(r"relative error (\d\.\d{3}) on a sample of this run's states, against (\d\.\d{3})", refused)
-    assert (store / "manifest.json").read_bytes() == manifest and not (store / "appends").exists()
+    monkeypatch.setattr(codebook_module, "codebook_fit", lambda *args: pytest.fail("measured"))
+    for inputs in (few, more):  # too small to measure, and large enough
+        assert precompute(inputs, tiny_dir, store, "--append") == 2
+        refused = capsys.readouterr().err
+        assert f"cannot append to {store}: {store / CODEBOOK_DIR} was trained on only {count:,} token states, " \
+               "fewer than the 512 a codebook needs to code passages it did not see" in refused, refused
+        assert "build the store again from its inputs and these together" in refused
+        assert (store / "manifest.json").read_bytes() == manifest and not (store / "appends").exists()
+        assert precompute(inputs, tiny_dir, tmp_path / "reuse", "--codebook", str(store / CODEBOOK_DIR)) == 2
+        refused = capsys.readouterr().err
+        assert "does not fit this run" in refused and f"only {count:,} token states" in refused
+        assert "leave --codebook out" in refused and not (tmp_path / "reuse").exists()
     assert verify_store(store).ok
-    assert precompute(more, tiny_dir, tmp_path / "reuse", "--codebook", str(store / CODEBOOK_DIR)) == 2
+
+
+def test_a_store_built_before_the_count_with_few_distinct_centroids_is_refused_a_small_append(
+    tiny_dir: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Codebooks written before `sample_tokens` trained one centroid per sample token up to 256, so fewer distinct
+    centroids are their sample: such a store's small append was coded at 0.964 with nothing said (review51 R1)."""
+    small = write_jsonl(tmp_path / "small.jsonl", documents(1, "small", seed=0))
+    few = write_jsonl(tmp_path / "few.jsonl", documents(3, "few", seed=2))
+    store = tmp_path / "old"
+    with monkeypatch.context() as patch:  # build it as before: one centroid per token, no count recorded
+        patch.setattr(residual_codes, "TOKENS_PER_CENTROID", 1)
+        patch.setattr(codebook_module, "write_codebook",
+                      lambda *args, sample_tokens=None, **named: write_codebook(*args, **named))  # fmt: skip
+        assert precompute(small, tiny_dir, store) == 0
+    assert codebooks.codebook_sample_tokens(store / CODEBOOK_DIR) is None
+    distinct = codebooks.distinct_centroids(store / CODEBOOK_DIR, "2bit")
+    assert distinct is not None and 1 < distinct < 256
+    capsys.readouterr()
+    assert precompute(few, tiny_dir, store, "--append") == 2
     refused = capsys.readouterr().err
-    assert "does not fit this run" in refused and "leave --codebook out" in refused
-    assert not (tmp_path / "reuse").exists()
+    assert f"cannot append to {store}: {store / CODEBOOK_DIR} does not record how many token states it was trained " \
+           f"on, and has only {distinct:,} distinct centroids of 256" in refused, refused
+    assert not (store / "appends").exists() and verify_store(store).ok
+
+
+def test_a_codebook_of_512_states_or_more_is_not_refused_for_its_size(
+    tiny_dir: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From MIN_REUSE_TOKENS to SMALL_SAMPLE_TOKENS a codebook is measured where the run is large enough, and a run
+    too small to measure it is warned, as the build says."""
+    some = write_jsonl(tmp_path / "some.jsonl", documents(10, "some", seed=0))
+    small = write_jsonl(tmp_path / "small.jsonl", documents(1, "small", seed=3))
+    store = tmp_path / "store"
+    assert precompute(some, tiny_dir, store) == 0
+    said = capsys.readouterr().err
+    count = codebooks.codebook_sample_tokens(store / CODEBOOK_DIR)
+    assert count is not None and codebook_module.MIN_REUSE_TOKENS <= count < codebook_module.SMALL_SAMPLE_TOKENS
+    assert codebook_module.too_few_to_reuse(store / CODEBOOK_DIR, "2bit") is None
+    assert f"trained on only {count:,} token states (fewer than 2,000)" in said and "will be refused" not in said
+    assert "is refused where it codes them more than 1.5x worse" in said and "is only warned" in said, said
+    measured = []
+    monkeypatch.setattr(codebook_module, "codebook_fit", lambda *args: measured.append(args) or None)
+    assert precompute(small, tiny_dir, store, "--append") == 0
+    assert "is too small to measure how well it codes this run's passages" in capsys.readouterr().err
+    assert len(measured) == 1 and verify_store(store).ok
+
+
+def test_too_few_to_reuse_reads_the_count_or_an_old_codebooks_distinct_centroids(tmp_path: Path) -> None:
+    states = np.random.default_rng(0).standard_normal((600, 8)).astype(np.float32)
+    book = train_codebook("2bit", states)  # 600 // 32 = 18 distinct centroids, the rest repeating them
+    for count, refused in ((511, True), (512, False)):
+        write_codebook(tmp_path / str(count), "2bit", book, (8,), sample_tokens=count)
+        assert (codebook_module.too_few_to_reuse(tmp_path / str(count), "2bit") is not None) == refused, count
+    assert "only 511 token states" in codebook_module.too_few_to_reuse(tmp_path / "511", "2bit")
+    for tokens in (100, 255, 256):  # as trained before the count was recorded: one centroid per sample token
+        write_codebook(tmp_path / f"old{tokens}", "2bit", {**book, "centroids": states[np.arange(256) % tokens]}, (8,))
+        assert codebooks.distinct_centroids(tmp_path / f"old{tokens}", "2bit") == tokens
+        why = codebook_module.too_few_to_reuse(tmp_path / f"old{tokens}", "2bit")
+        assert (why is None) == (tokens == 256), tokens
+    assert "has only 100 distinct centroids of 256" in codebook_module.too_few_to_reuse(tmp_path / "old100", "2bit")
+    without = {name: values for name, values in book.items() if name != "centroids"}
+    write_codebook(tmp_path / "without", "2bit", without, (8,))
+    assert codebooks.distinct_centroids(tmp_path / "without", "2bit") is None
+    assert codebook_module.too_few_to_reuse(tmp_path / "without", "2bit") is None
 
 
 def test_a_codebook_of_a_full_sample_is_not_measured_again_and_a_copy_keeps_its_count(
@@ -88,7 +163,10 @@ def test_a_codebook_of_a_full_sample_is_not_measured_again_and_a_copy_keeps_its_
     assert codebooks.codebook_sample_tokens(tmp_path / "reuse" / CODEBOOK_DIR) == count
     unrecorded = tmp_path / "unrecorded"  # as written before the count was recorded
     arrays, shape = read_codebook(store / CODEBOOK_DIR, "2bit")
-    write_codebook(unrecorded, "2bit", arrays, shape)
+    # All 256 centroids distinct, as a codebook written before the count was holds for a sample of 256 or more (one
+    # with fewer is refused unmeasured: the test above); a new one repeats its trained rows.
+    spread = np.arange(len(arrays["centroids"]), dtype=np.float32).reshape(-1, *[1] * len(shape)) * 1e-3
+    write_codebook(unrecorded, "2bit", {**arrays, "centroids": arrays["centroids"] + spread}, shape)
     measured = []
     monkeypatch.setattr(codebook_module, "codebook_fit", lambda *args: measured.append(args) or None)
     assert precompute(small, tiny_dir, tmp_path / "reuse-unrecorded", "--codebook", str(unrecorded)) == 0

@@ -29,6 +29,7 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dilstore.pipelines import codebook as codebook_module
 from dilstore.pipelines.append import check_store_settings
 from dilstore.pipelines.job import PrecomputeJob
 from dilstore.pipelines.passages import Passage
@@ -285,8 +286,11 @@ def test_a_held_append_with_appends_after_it_says_they_may_have_replaced_its_row
 
 
 def test_a_2bit_append_encodes_with_the_store_codebook_and_refuses_another(
-    models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # This is about the codes an append takes from the store's codebook, not its sample: a codebook of this corpus's
+    # ~200 token states is refused for appends and --codebook runs (test_codebook_sample.py, review51 R1).
+    monkeypatch.setattr(codebook_module, "MIN_REUSE_TOKENS", 0)
     corpus_a, corpus_b = split_corpus(tmp_path, [i % 2 == 1 for i in range(len(DOCUMENTS))])
     union_corpus = write_jsonl(tmp_path / "all.jsonl", DOCUMENTS)
     store, union = tmp_path / "store", tmp_path / "union"
