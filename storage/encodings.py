@@ -172,8 +172,8 @@ def _finite_sorted(values: np.ndarray) -> str | None:
 
 
 # How far a codebook's `rotation` may be from orthonormal rows, |R Rᵀ − I| per entry: trained axes (eigenvectors
-# computed in float64, stored as float32) were within 2e-8 at d = 384 (codes51's stores), and a damaged one (rows zeroed, scaled or
-# repeated) is off by order 1.
+# computed in float64, stored as float32) were within 2e-8 at d = 384 (codes51's stores), and a damaged one (rows
+# zeroed, scaled or repeated) is off by order 1.
 ROTATION_TOLERANCE = 1e-3
 
 
