@@ -208,6 +208,8 @@ def test_a_2bit_replacement_builds_its_codebook_inside_the_replacement(
     assert built_in == [(".store.dilstore-building", True)]
     trained, _ = read_codebook(store / CODEBOOK_DIR, "2bit")
     monkeypatch.setattr(cmd_precompute, "run_pipeline", real_run)
+    # The three documents' codebook is far under the 512 states a --codebook run takes; this test is of the swap.
+    monkeypatch.setattr("dilstore.pipelines.codebook.MIN_REUSE_TOKENS", 0)
     again = [*args, "--encoding", "2bit", "--split", "paragraphs", "--codebook", str(store / CODEBOOK_DIR)]
     assert cli.main([*again, "--overwrite"]) == 0
     reused, _ = read_codebook(store / CODEBOOK_DIR, "2bit")
