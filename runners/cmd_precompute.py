@@ -547,8 +547,8 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
             reader = load_checked_reader(job.model, job.layers, job.fingerprint)
             check_codebook_sample(store / CODEBOOK_DIR, job, reader, f"cannot append to {store}",
                                   "build the store again from its inputs and these together (a codebook samples "
-                                  "up to 512 documents), or store these passages apart, with their own "
-                                  "codebook")  # fmt: skip
+                                  "up to 512 documents), or store these passages in a store of their own "
+                                  "(a new --output, with its own codebook), searched beside this one")  # fmt: skip
     except DilstoreError:
         if [path.name for path in plan.folder.iterdir()] == [SPEC_FILE]:  # made by this run, nothing else in it
             shutil.rmtree(plan.folder)

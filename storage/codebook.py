@@ -252,7 +252,8 @@ def refuse_changed_codebook(path: str | Path, refused: str) -> None:
         more = f"; and {len(changes) - 3} more" if len(changes) > 3 else ""
         raise StoreFormatError(f"{refused}: the codebook does not match {store}/{MANIFEST_FILE} "
                                f"({'; '.join(changes[:3])}{more}), so it would encode new passages with damaged "
-                               f"codes; run `dilstore verify {store}`")  # fmt: skip
+                               f"codes; `dilstore verify {store}` lists what changed: put codebook/ back from a copy "
+                               "of the store, or build the store again with --overwrite")  # fmt: skip
 
 
 def _open(path: str | Path) -> zarr.Group:

@@ -332,8 +332,9 @@ def test_an_append_refuses_a_store_codebook_that_changed_after_finalize(tmp_path
     listed = set(os.listdir(store))
     with pytest.raises(StoreFormatError, match=rf"^cannot append to {store}: the codebook does not match "
                                                rf"{store}/manifest.json \(codebook/mean/c/0 changed after finalize: "
-                                               rf"its SHA-256 differs\), .*; run `dilstore verify "
-                                               rf"{store}`$"):  # fmt: skip
+                                               rf"its SHA-256 differs\), .*; `dilstore verify {store}` lists "
+                                               r"what changed: put codebook/ back from a copy of the store, or build "
+                                               r"the store again with --overwrite$"):  # fmt: skip
         check_store_settings(store, job)  # type: ignore[arg-type]
     assert set(os.listdir(store)) == listed  # nothing written
 

@@ -532,6 +532,7 @@ def test_a_store_codebook_is_compared_with_its_manifest(lowbit_store, tmp_path_f
         f"{CODEBOOK_DIR}/extra.json is not in it", f"{CODEBOOK_DIR}/centroids/c/0/0 changed after finalize: its "
         "SHA-256 differs", f"{CODEBOOK_DIR}/mean/c/0 is missing"])  # fmt: skip
     with pytest.raises(StoreFormatError, match=rf"^refused: the codebook does not match {root}/manifest.json \("
-                                               rf"{CODEBOOK_DIR}/extra.json is not in it; .*; run `dilstore verify "
-                                               rf"{root}`$"):  # fmt: skip
+                                               rf"{CODEBOOK_DIR}/extra.json is not in it; .*; `dilstore verify "
+                                               rf"{root}` lists what changed: put codebook/ back from a copy of the "
+                                               r"store, or build the store again with --overwrite$"):  # fmt: skip
         refuse_changed_codebook(root / CODEBOOK_DIR, "refused")
