@@ -5,6 +5,7 @@ request of a client that left."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from dilstore.runners import serve_batching
 from dilstore.runners.serve_batching import Batcher
-from dilstore.runners.serve_metrics import Metrics
+from dilstore.runners.serve_metrics import LATENCY_BUCKETS, Metrics
 
 
 @pytest.mark.parametrize(
@@ -305,3 +306,25 @@ def test_a_batch_that_meets_one_damaged_file_answers_the_others_alone() -> None:
     outcomes = run_blocked_then_together(run_batch, (7, 13))
     assert batches[:2] == [[0], [7, 13]], "the two formed one batch"
     assert outcomes[:2] == [0, 7] and isinstance(outcomes[2], StoreFormatError)
+
+
+def _samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of `name` in a /metrics text, by their labels."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) + 1 :].rsplit("} ", 1)
+            found[tuple(re.findall(r'(\w+)="([^"]*)"', labels))] = float(value)
+    return found
+
+
+@given(values=st.lists(st.sampled_from([0.0, *LATENCY_BUCKETS, 0.007, 3.0, 45.0]), min_size=1, max_size=12))
+@example(values=[0.005, 0.01])  # each exactly a bound: counted in that bucket (Prometheus' le is "at most")
+@settings(max_examples=40, deadline=None)
+def test_a_latency_on_a_bucket_bound_counts_in_that_bucket(values: list[float]) -> None:
+    metrics = Metrics()
+    for value in values:
+        metrics.count_request("/ask", 200, value)
+    buckets = _samples(metrics.render(), "dilstore_request_seconds_bucket")
+    for bound in LATENCY_BUCKETS:
+        assert buckets[(("endpoint", "/ask"), ("le", f"{bound:g}"))] == sum(value <= bound for value in values)
