@@ -328,3 +328,17 @@ def test_a_latency_on_a_bucket_bound_counts_in_that_bucket(values: list[float]) 
     buckets = _samples(metrics.render(), "dilstore_request_seconds_bucket")
     for bound in LATENCY_BUCKETS:
         assert buckets[(("endpoint", "/ask"), ("le", f"{bound:g}"))] == sum(value <= bound for value in values)
+
+
+@given(batches=st.lists(st.integers(1, 5000), min_size=1, max_size=8))
+@example(batches=[2048, 1])  # one batch above the largest bound (1024)
+@settings(max_examples=40, deadline=None)
+def test_the_inf_bucket_counts_every_batch_above_the_largest_bound_too(batches: list[int]) -> None:
+    metrics = Metrics()
+    for pairs in batches:
+        metrics.observe_batch("qa", 1, pairs, [])
+    text = metrics.render()
+    assert _samples(text, "dilstore_batch_pairs_bucket")[(("store", "qa"), ("le", "+Inf"))] == len(batches)
+    assert _samples(text, "dilstore_batch_pairs_bucket")[(("store", "qa"), ("le", "1024"))] == sum(
+        pairs <= 1024 for pairs in batches)  # fmt: skip
+    assert _samples(text, "dilstore_batch_pairs_count")[(("store", "qa"),)] == len(batches)
