@@ -342,3 +342,17 @@ def test_the_inf_bucket_counts_every_batch_above_the_largest_bound_too(batches: 
     assert _samples(text, "dilstore_batch_pairs_bucket")[(("store", "qa"), ("le", "1024"))] == sum(
         pairs <= 1024 for pairs in batches)  # fmt: skip
     assert _samples(text, "dilstore_batch_pairs_count")[(("store", "qa"),)] == len(batches)
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_later", "kind"),
+    [(200, False, None), (400, False, "bad_request"), (404, False, "bad_request"), (422, False, "bad_request"),
+     (499, False, "client_gone"), (500, False, "internal"), (502, False, "store_read"),
+     (503, True, "overloaded"), (503, False, "unavailable")],
+)
+def test_each_error_status_counts_as_its_kind(status: int, retry_later: bool, kind: str | None) -> None:
+    """A 400 (a body FastAPI could not read as JSON) is a bad request as a 422 is, not a success."""
+    metrics = Metrics()
+    metrics.count_request("/ask", status, 0.01, retry_later=retry_later)
+    errors = _samples(metrics.render(), "dilstore_errors_total")
+    assert errors == ({} if kind is None else {(("endpoint", "/ask"), ("kind", kind)): 1.0})
