@@ -7,6 +7,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -120,6 +121,19 @@ def test_routing_sends_each_record_to_its_group(tiny) -> None:
     assert all(key == (SHARD, shard_of(value.id, 5)) for key, value in units)
     [(key, stats)] = [(key, value) for key, value in routed if key[0] == COUNTS]
     assert key == (COUNTS, shard_of("d1", 5)) and stats == RunStats(documents=1, long_passages=4)
+
+
+@pytest.mark.parametrize("paragraph_words", [(12,), (12, 150), (150, 12, 150), (40, 40)])
+def test_only_passages_cut_into_several_windows_count_as_long(tiny, paragraph_words: tuple[int, ...]) -> None:
+    """long_passages counts the passages that became more than one window, not every passage stored."""
+    text = "\n\n".join(" ".join(WORDS[i % len(WORDS)] for i in range(n)) for n in paragraph_words)
+    doc = Document(id="d", title="T d", text=text, source="corpus.jsonl", line=1)
+    routed = list(route(doc, RouteSettings("paragraphs", 3, 64, "dilbert"), tiny.tokenizer))
+    windows = Counter(value.source_id for key, value in routed if key[0] == SHARD)
+    assert len(windows) == len(paragraph_words)
+    [stats] = [value for key, value in routed if key[0] == COUNTS]
+    assert stats == RunStats(documents=1, long_passages=sum(count > 1 for count in windows.values()))
+    assert stats.long_passages == sum(n == 150 for n in paragraph_words)
 
 
 def test_a_document_that_yields_nothing_to_store_is_a_dead_letter(tiny) -> None:
