@@ -406,6 +406,19 @@ def test_secrets_of_store_urls_are_hidden_in_every_part_and_only_http_has_a_quer
         "cannot open http://u:***@127.0.0.1:1/store/shards/x")
 
 
+@pytest.mark.parametrize("chain", ["simplecache::", "filecache::", "blockcache::simplecache::"])
+def test_the_query_of_an_http_url_is_hidden_behind_a_cache_prefix_too(chain: str) -> None:
+    """A signed URL's query (a token) in the http(s) part of a chained URL is hidden as in a plain one, in
+    `redacted` and in the refusal of a query string that names the store."""
+    from dilstore.storage.location import StoreLocation, redacted
+
+    assert redacted(f"{chain}https://h/store?sig=S3CRET") == f"{chain}https://h/store?***"
+    assert redacted(f"{chain}s3://bucket/run?1") == f"{chain}s3://bucket/run?1"
+    with pytest.raises(DilstoreError) as raised:
+        StoreLocation.parse(f"{chain}https://127.0.0.1:1/store?sig=S3CRET")
+    assert f"({chain}https://127.0.0.1:1/store?***)" in str(raised.value) and "S3CRET" not in str(raised.value)
+
+
 def test_a_store_at_a_url_reads_its_manifest_again_at_most_every_so_often(
     served_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
