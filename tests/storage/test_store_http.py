@@ -272,6 +272,23 @@ def test_a_silent_server_times_out_after_the_wait_the_environment_sets(
     assert main(["info", str(served_root / "fp16")]) == 0  # read for stores over http(s) only (review40c)
 
 
+@pytest.mark.parametrize(("value", "seconds"), [("0", None), ("0.0", None), ("-1", None), ("inf", None),
+                                                ("nan", None), ("1e-3", 0.001), (" 2 ", 2.0), ("", None)])
+def test_the_read_timeout_is_a_number_of_seconds_above_zero(
+    monkeypatch: pytest.MonkeyPatch, value: str, seconds: float | None
+) -> None:
+    """0 is refused as a negative wait is: aiohttp takes a connect or read timeout of 0 as none, which would leave
+    only the whole request's five minutes that the variable is there to shorten."""
+    from dilstore.storage.location import read_timeout
+
+    monkeypatch.setenv("DILSTORE_READ_TIMEOUT", value)
+    if seconds is None and value.strip():
+        with pytest.raises(DilstoreError, match="must be a number of seconds above 0"):
+            read_timeout()
+    else:
+        assert read_timeout() == seconds
+
+
 def _closed_port() -> int:
     """A port on 127.0.0.1 that nothing listens on (just bound and released)."""
     with socket.socket() as probe:
