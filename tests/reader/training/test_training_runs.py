@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
@@ -63,6 +63,8 @@ def _complete_checkpoints(folder: Path, steps: set[int]) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(steps=st.sets(st.integers(1, 60), min_size=1, max_size=25), keep=st.integers(1, 6), every=st.integers(0, 7))
+@example(steps={10, 20, 30}, keep=5, every=0)  # fewer checkpoints than --keep-checkpoints: none is deleted
+@example(steps={4, 7, 8}, keep=3, every=4)  # fewer on the grid than kept, one off it: only the older off-grid one goes
 def test_pruning_keeps_the_newest_on_the_grid_and_the_newest_of_all(
     steps: set[int], keep: int, every: int, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
