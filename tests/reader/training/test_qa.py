@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 from transformers import get_linear_schedule_with_warmup
@@ -26,6 +26,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.online_variants import load_online_variant, write_online_variant
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.training.checkpoint_files import latest_checkpoint
+from dilstore.reader.training.loop import total_optimizer_steps
 from dilstore.reader.training.model_cards import render_model_card
 from dilstore.reader.training.qa import (
     TrainingConfig,
@@ -282,6 +283,25 @@ def test_every_window_is_seen_once_per_epoch(
         assert sorted(seen[epoch * num_features : (epoch + 1) * num_features]) == list(range(num_features))
     assert all(1 <= len(step) <= accumulation for step in steps)
     assert all(1 <= len(micro) <= batch_size for step in steps for micro in step)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_features=st.integers(1, 200),
+    batch_size=st.integers(1, 9),
+    accumulation=st.integers(1, 4),
+    epochs=st.integers(1, 3),
+    max_steps=st.none() | st.integers(1, 100),
+)
+@example(num_features=5, batch_size=2, accumulation=2, epochs=1, max_steps=None)  # 3 micro-batches: 2 steps
+def test_the_run_s_step_count_is_the_steps_its_batches_make(
+    num_features: int, batch_size: int, accumulation: int, epochs: int, max_steps: int | None
+) -> None:
+    """The schedule's length (and each log line's "step n/total") counts an epoch's last, shorter step too."""
+    config = TrainingConfig(layers=0, epochs=epochs, batch_size=batch_size, gradient_accumulation=accumulation,
+                            max_steps=max_steps)  # fmt: skip
+    made = len(list(optimizer_step_batches(num_features, config)))
+    assert total_optimizer_steps(num_features, config) == (made if max_steps is None else min(made, max_steps))
 
 
 def test_length_grouping_cuts_padding() -> None:
