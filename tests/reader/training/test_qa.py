@@ -26,7 +26,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.online_variants import load_online_variant, write_online_variant
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.training.checkpoint_files import latest_checkpoint
-from dilstore.reader.training.loop import total_optimizer_steps
+from dilstore.reader.training.loop import start_optimization, total_optimizer_steps
 from dilstore.reader.training.model_cards import render_model_card
 from dilstore.reader.training.qa import (
     TrainingConfig,
@@ -302,6 +302,26 @@ def test_the_run_s_step_count_is_the_steps_its_batches_make(
                             max_steps=max_steps)  # fmt: skip
     made = len(list(optimizer_step_batches(num_features, config)))
     assert total_optimizer_steps(num_features, config) == (made if max_steps is None else min(made, max_steps))
+
+
+@pytest.mark.parametrize(
+    ("steps", "ratio", "first_rates"),
+    [(15, 0.05, [0.0, 1.0, 13 / 14]),  # 0.75 steps: one warm-up step, not none
+     (15, 0.1, [0.0, 0.5, 1.0]),  # 1.5 steps: two
+     (40, 0.1, [0.0, 0.25, 0.5, 0.75, 1.0]),
+     (10, 0.0, [1.0, 0.9, 0.8])],
+)
+def test_the_warm_up_lasts_its_share_of_the_steps_rounded(steps: int, ratio: float, first_rates: list[float]) -> None:
+    """The learning rate of each of the first steps, as a share of the peak: a short run's warm-up share of under
+    one step still warms up for one."""
+    config = TrainingConfig(layers=0, epochs=1, batch_size=1, warmup_ratio=ratio, learning_rate=1e-3)
+    optimization = start_optimization(torch.nn.Linear(2, 2), steps, config, None)
+    rates = []
+    for _ in first_rates:
+        rates.append(optimization.scheduler.get_last_lr()[0] / 1e-3)
+        optimization.optimizer.step()
+        optimization.scheduler.step()
+    assert rates == pytest.approx(first_rates)
 
 
 def test_length_grouping_cuts_padding() -> None:
