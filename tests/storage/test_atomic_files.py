@@ -82,6 +82,19 @@ def test_finalize_removes_what_killed_atomic_writes_left_and_nothing_else(tmp_pa
     assert remove_stale_writes(store) == []
 
 
+def test_stale_writes_in_the_subfolders_named_to_skip_are_left_alone(tmp_path: Path) -> None:
+    """finalize and commit_append pass shards/ and index/ as `skip`: what lies below them stays, and only the
+    temporaries of the other subfolders, and of the folder itself, go."""
+    names = ["shards/shard-00000/.tmp-zarr.json.a1.tmp", "index/.tmp-segments_1.b2.tmp",
+             "passages/jsonl/.tmp-part-00000.jsonl.c3.tmp", ".tmp-manifest.json.d4.tmp"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x", encoding="utf-8")
+    removed = remove_stale_writes(tmp_path, skip=("shards", "index"))
+    assert sorted(removed) == sorted([tmp_path / names[2], tmp_path / names[3]])
+    assert [name for name in names if (tmp_path / name).exists()] == names[:2]
+
+
 def test_a_rewrite_removes_what_a_killed_write_of_the_same_file_left(tmp_path: Path) -> None:
     """`kill -9` during the final write of `--output run.trec` left `.tmp-run.trec.XXXX.tmp` (the whole new run)
     beside it for good, and a re-run to the same output left it too (longrun45 F5)."""
