@@ -6,6 +6,7 @@ runs the real Lucene index.
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import time
@@ -315,6 +316,19 @@ def test_states_that_are_not_finite_are_named_not_answered_with_nothing(tiny: di
         array[...] = np.full(array.shape, np.nan, dtype=array.dtype)
     hits = [Hit(passage_id, 1.0) for passage_id in tiny["ids"]]
     odqa = OpenDomainReader(tiny["model"], open_store(damaged), StubSearcher(hits), OdqaSettings())
+    with pytest.raises(DilstoreError, match=r"^passage '.*': no finite score could be read from its stored states"):
+        odqa.answer(QUESTION)
+
+
+@pytest.mark.parametrize("head", [0, 1], ids=["start", "end"])
+def test_logits_of_which_either_head_has_none_finite_are_named_not_answered_with_nothing(tiny: dict, head: int) -> None:
+    """Finite start logits with no finite end logit (or the reverse) leave no span to score: an error naming the
+    passage, as when both are NaN, not an empty answer."""
+    model = copy.deepcopy(tiny["model"])
+    with torch.no_grad():
+        model.model.qa_outputs.bias[head] = float("nan")
+    hits = [Hit(passage_id, 1.0) for passage_id in tiny["ids"]]
+    odqa = OpenDomainReader(model, open_store(tiny["stores"]["fp32"]), StubSearcher(hits), OdqaSettings())
     with pytest.raises(DilstoreError, match=r"^passage '.*': no finite score could be read from its stored states"):
         odqa.answer(QUESTION)
 
