@@ -281,3 +281,22 @@ def test_a_store_moved_away_and_back_is_available_again(
     assert back.status_code == 200, back.text
     assert scores(answered).keys() == set(IDS)
     assert "store 's2' is available again: its files are back as it was opened" in caplog.messages
+
+
+def test_an_index_rebuilt_under_the_same_file_names_changes_the_stamp(tmp_path: Path) -> None:
+    """A BM25 index built again into its folder may hold the same names (segments_1, _0.cfs): each file's own
+    identity, not the names alone, tells the server to reopen, and an untouched store keeps its stamp."""
+    from dilstore.storage.durability import replace_dir
+
+    store, index = tmp_path / "store", tmp_path / "store-bm25"
+    store.mkdir()
+    (store / "manifest.json").write_text("{}", encoding="utf-8")
+    for folder, content in ((index, "old"), (tmp_path / "rebuilt", "new index")):
+        folder.mkdir()
+        for name in ("segments_1", "_0.cfs"):
+            (folder / name).write_text(content, encoding="utf-8")
+    before = serve_reopen.files_stamp(str(store), index)
+    assert serve_reopen.files_stamp(str(store), index) == before
+    replace_dir(tmp_path / "rebuilt", index)
+    assert sorted(path.name for path in index.iterdir()) == ["_0.cfs", "segments_1"]
+    assert serve_reopen.files_stamp(str(store), index) != before
