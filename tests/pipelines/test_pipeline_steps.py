@@ -29,6 +29,7 @@ from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import encode_tokenized, load_reader
 from dilstore.runners.precompute_run import ProgressBar, with_resumed_shards
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.format import SHARDS_DIR, shard_name
 from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path, rejected_path
@@ -209,6 +210,15 @@ def test_shard_groups_sort_by_id_and_drop_the_seed(tiny) -> None:
              if key[0] == SHARD]
     assert [piece.id for piece in pieces_of([None, *units])] == ["a#0", "b#0"]
     assert shard_seeds(2) == [((SHARD, 0), None), ((SHARD, 1), None)]
+
+
+def test_a_shard_group_holding_one_id_twice_is_refused_naming_it(tiny) -> None:
+    """Two units of one id in a shard would be two rows under one id: refused before the shard is written."""
+    settings = RouteSettings(strategy="words", num_shards=1, max_length=64, kind="dilbert")
+    units = [value for doc in ("b", "a") for key, value in route(document(doc, 30), settings, tiny.tokenizer)
+             if key[0] == SHARD]  # fmt: skip
+    with pytest.raises(DilstoreError, match=r"^passage id 'b#0' occurs twice in one shard$"):
+        pieces_of([None, *units, None, units[0]])
 
 
 def shard_units(tiny, count: int = 6):
