@@ -356,3 +356,21 @@ def test_each_error_status_counts_as_its_kind(status: int, retry_later: bool, ki
     metrics.count_request("/ask", status, 0.01, retry_later=retry_later)
     errors = _samples(metrics.render(), "dilstore_errors_total")
     assert errors == ({} if kind is None else {(("endpoint", "/ask"), ("kind", kind)): 1.0})
+
+
+@given(store=st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12))
+@example(store='a\\b"c\nd')  # a backslash, a quote and a newline
+@settings(max_examples=60, deadline=None)
+def test_a_store_name_reads_back_from_its_escaped_label_value(store: str) -> None:
+    """Each store label is escaped as the text format asks (backslash, quote, newline), so that a parser reads the
+    name back as given: an unescaped backslash before 'n' or '"' read as another character."""
+    metrics = Metrics()
+    metrics.observe_batch(store, 1, 1, [0.0])
+    metrics.watch_queue(store, lambda: 3)
+    lines = [line for line in metrics.render().split("\n") if line.startswith(("dilstore_queue_depth{",
+                                                                                  "dilstore_batch_pairs_count{"))]
+    assert len(lines) == 2
+    for line in lines:
+        value = re.fullmatch(r'\w+\{store="((?:[^"\\]|\\.)*)"\} \d+', line, re.DOTALL)
+        assert value is not None, line
+        assert re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m.group(1), m.group(1)), value.group(1)) == store
