@@ -187,6 +187,10 @@ def _qa(document: dict, index: int) -> dict:
         ),
         (lambda d: _qa(d, 1)["answers"][0].update(answer_start=-1), r"answer_start -1 is out of range"),
         (lambda d: _qa(d, 1)["answers"][0].update(answer_start=3), r"'q2'\).*reads 'rid ', not the answer text '1911'"),
+        (  # the same words a character off: its offsets would label the space before them
+            lambda d: _qa(d, 1)["answers"][0].update(text="1911 ", answer_start=21),
+            r"'q2'\).*reads ' 1911', not the answer text '1911 '",
+        ),
         (lambda d: _qa(d, 1)["answers"][0].update(answer_start="22"), r"'answer_start' must be an integer, got \"22\""),
         (lambda d: _qa(d, 1)["answers"][0].update(answer_start=True), r"'answer_start' must be an integer, got true"),
         (
