@@ -175,6 +175,23 @@ def test_retired_rows_are_left_out_and_superseded_rows_dropped(tmp_path: Path) -
     assert result.manifest.creation["compacted_from"]["dropped_rows"] == 2
 
 
+def test_more_live_rows_than_the_manifest_s_passages_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An id index whose list of superseded rows lost some (here: all) would bring a retired passage back to life
+    in the compacted store: refused before any shard is written."""
+    from dilstore.storage.id_index import Superseded
+    from dilstore.storage.reader import Store
+
+    source = appended_store(tmp_path / "source", [records(["a", "b", "c"], 1)], records(["d"], 2),
+                            encoding="fp32", replace=True, retire=("c",))  # fmt: skip
+    none = Superseded(np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.uint32))
+    monkeypatch.setattr(Store, "superseded", lambda self: none)
+    with pytest.raises(DilstoreError, match=r"4 live rows found for the manifest's 3 passages; run `dilstore verify`"):
+        compact(source, tmp_path / "compacted", 1)
+    assert list((tmp_path / "compacted").iterdir()) == []
+
+
 def test_an_int8_store_and_shards_with_codebooks_of_their_own_are_refused(tmp_path: Path) -> None:
     int8 = appended_store(tmp_path / "int8", [records(["a", "b"], 1)], records(["c"], 2), encoding="int8")
     with pytest.raises(DilstoreError, match="int8 codes are scaled per shard"):
