@@ -237,3 +237,13 @@ def test_a_folder_that_takes_no_new_files_is_named_as_such() -> None:
                                             r"folder /proc takes no new files \(No such file or directory\)$"):
         with write_lock(Path("/proc/dilstore-out")):
             pass
+
+
+def test_a_lock_file_a_killed_writer_left_holds_only_the_new_holder_s_pid(tmp_path: Path) -> None:
+    """A writer killed with SIGKILL leaves its lock file; the next holder's shorter pid written over a longer one
+    would leave the old one's tail after it, which a refused writer on a system without /proc/locks reads with it."""
+    store = tmp_path / "store"
+    path = lock_path(store)
+    path.write_text("987654321012\n")  # longer than any pid
+    with write_lock(store):
+        assert path.read_text() == f"{os.getpid()}\n"
