@@ -523,6 +523,30 @@ def test_a_server_that_drips_its_answer_is_cut_off_by_the_whole_request_bound(mo
     assert time.monotonic() - started < 10
 
 
+def test_an_object_store_s_manifest_longer_than_the_limit_is_refused_as_too_long(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object store's manifest is read by a ranged read of one byte more than the limit: a longer one is refused
+    as too long, not as the broken JSON of its first bytes, and one of the limit's length is read whole."""
+    import fsspec
+
+    from dilstore.storage import manifest
+    from dilstore.storage.location import StoreLocation
+
+    monkeypatch.setattr(manifest, "MAX_MANIFEST_BYTES", 100)
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/long-manifest-store/manifest.json", b"{" + b" " * 150 + b"}")
+    memory.pipe("/limit-manifest-store/manifest.json", b"{" + b" " * 98 + b"}")
+    try:
+        with pytest.raises(StoreFormatError, match=r"manifest.json is longer than 100 bytes, more than any store's"):
+            manifest.read_manifest(StoreLocation.parse("memory://long-manifest-store"))
+        with pytest.raises(StoreFormatError) as raised:  # 100 bytes: read whole, and refused for what they say
+            manifest.read_manifest(StoreLocation.parse("memory://limit-manifest-store"))
+        assert "longer than" not in str(raised.value)
+    finally:
+        memory.rm(["/long-manifest-store", "/limit-manifest-store"], recursive=True)
+
+
 def test_a_manifest_longer_than_any_store_s_is_refused_unread(
     served_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
