@@ -374,3 +374,17 @@ def test_a_store_name_reads_back_from_its_escaped_label_value(store: str) -> Non
         value = re.fullmatch(r'\w+\{store="((?:[^"\\]|\\.)*)"\} \d+', line, re.DOTALL)
         assert value is not None, line
         assert re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m.group(1), m.group(1)), value.group(1)) == store
+
+
+@given(arrivals=st.lists(st.booleans(), max_size=12))
+@example(arrivals=[True, True, True, False, False])  # three arrived, two answered: one in flight
+@settings(max_examples=40, deadline=None)
+def test_requests_in_flight_are_those_arrived_and_not_yet_answered(arrivals: list[bool]) -> None:
+    """Each request adds one as it arrives and takes one away once answered (never more than arrived)."""
+    metrics, now = Metrics(), 0
+    for arrived in arrivals:
+        change = 1 if arrived or now == 0 else -1
+        metrics.in_flight("/ask", change)
+        now += change
+    lines = [line for line in metrics.render().split("\n") if line.startswith("dilstore_requests_in_flight{")]
+    assert lines == ([f'dilstore_requests_in_flight{{endpoint="/ask"}} {now}'] if arrivals else [])
