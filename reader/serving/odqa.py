@@ -69,7 +69,7 @@ from dilstore.reader.serving.answers import (
     checked_top_p,
 )
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
-from dilstore.reader.serving.stored_states import pad_stored_states
+from dilstore.reader.serving.stored_states import non_finite_cause, pad_stored_states
 from dilstore.reader.text.tokenization import TokenizedText, encode_question, folded, spaced
 from dilstore.storage.checks import as_list, require_at_least_one
 from dilstore.storage.errors import DilstoreError
@@ -380,8 +380,7 @@ class OpenDomainReader:
         DilstoreError naming it, where its spans were dropped and the question got an empty answer (hostile46 F7).
         """
         if start.size and not (np.isfinite(start).any() and np.isfinite(end).any()):
-            raise DilstoreError(f"passage {passage.id!r}: no finite score could be read from its stored states, "
-                                "which hold NaN or infinite values; `dilstore verify` checks the store")  # fmt: skip
+            raise DilstoreError(f"passage {passage.id!r}: its score is not finite, {non_finite_cause(passage)}")
         candidates = best_spans(
             start,
             end,

@@ -76,7 +76,7 @@ from dilstore.reader.modeling.listformer import KIND as LISTFORMER
 from dilstore.reader.modeling.listformer import ListformerRanker
 from dilstore.reader.offline.kinds import require_within_positions
 from dilstore.reader.packaged.shipped import default_listformer_dir, default_ranker_dir
-from dilstore.reader.serving.stored_states import pad_stored_states
+from dilstore.reader.serving.stored_states import non_finite_cause, pad_stored_states
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_query, folded
 from dilstore.storage.checks import as_list, positive_int, require_at_least_one
@@ -398,11 +398,10 @@ class StoreReranker(ABC, Generic[RankerT]):
             stats.seconds += time.perf_counter() - started
         stats.queries += int(bool(documents))  # a query none of whose documents is stored was not reranked
         stats.pairs += len(documents)
-        broken = next((document.id for document, score in zip(documents, scores, strict=True)
+        broken = next((document for document, score in zip(documents, scores, strict=True)
                        if not math.isfinite(score)), None)  # fmt: skip
         if broken is not None:  # hostile46 F7: NaN came back as a score
-            raise DilstoreError(f"document {broken!r}: its score is not finite, as its stored states hold NaN or "
-                                "infinite values; `dilstore verify` checks the store")  # fmt: skip
+            raise DilstoreError(f"document {broken.id!r}: its score is not finite, {non_finite_cause(broken)}")
         return {document.id: score for document, score in zip(documents, scores, strict=True)}
 
     def _fetch(self, doc_ids: list[str], skip_missing: bool, stats: RerankStats) -> list[StoredPassage]:

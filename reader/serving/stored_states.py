@@ -29,3 +29,13 @@ def pad_stored_states(
         states[row, :n] = passage.states
         mask[row, :n] = 1
     return torch.from_numpy(states).to(device, dtype), mask.to(device)
+
+
+def non_finite_cause(passage: StoredPassage) -> str:
+    """Why a score read from `passage` is not finite, in words that follow "its score is not finite": its stored
+    states hold NaN or infinity (a damaged store), or they are finite and the reader's own weights are not (the
+    message blamed the store for a model with NaN weights, mut51d)."""
+    if np.isfinite(passage.states).all():
+        return ("though its stored states are finite: the model's weights hold NaN or infinite values; load the "
+                "model again from its files (`dilstore verify` checks the store)")
+    return "as its stored states hold NaN or infinite values; `dilstore verify` checks the store"

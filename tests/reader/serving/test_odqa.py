@@ -316,20 +316,23 @@ def test_states_that_are_not_finite_are_named_not_answered_with_nothing(tiny: di
         array[...] = np.full(array.shape, np.nan, dtype=array.dtype)
     hits = [Hit(passage_id, 1.0) for passage_id in tiny["ids"]]
     odqa = OpenDomainReader(tiny["model"], open_store(damaged), StubSearcher(hits), OdqaSettings())
-    with pytest.raises(DilstoreError, match=r"^passage '.*': no finite score could be read from its stored states"):
+    with pytest.raises(DilstoreError, match=r"^passage '.*': its score is not finite, as its stored states hold NaN "
+                                            r"or infinite values; `dilstore verify` checks the store$"):  # fmt: skip
         odqa.answer(QUESTION)
 
 
 @pytest.mark.parametrize("head", [0, 1], ids=["start", "end"])
 def test_logits_of_which_either_head_has_none_finite_are_named_not_answered_with_nothing(tiny: dict, head: int) -> None:
     """Finite start logits with no finite end logit (or the reverse) leave no span to score: an error naming the
-    passage, as when both are NaN, not an empty answer."""
+    passage, as when both are NaN, not an empty answer; the stored states are finite, so it names the model's
+    weights, not the store (mut51d)."""
     model = copy.deepcopy(tiny["model"])
     with torch.no_grad():
         model.model.qa_outputs.bias[head] = float("nan")
     hits = [Hit(passage_id, 1.0) for passage_id in tiny["ids"]]
     odqa = OpenDomainReader(model, open_store(tiny["stores"]["fp32"]), StubSearcher(hits), OdqaSettings())
-    with pytest.raises(DilstoreError, match=r"^passage '.*': no finite score could be read from its stored states"):
+    with pytest.raises(DilstoreError, match=r"^passage '.*': its score is not finite, though its stored states are "
+                                            r"finite: the model's weights hold NaN or infinite values"):  # fmt: skip
         odqa.answer(QUESTION)
 
 

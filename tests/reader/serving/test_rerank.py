@@ -215,7 +215,7 @@ def test_states_that_are_not_finite_are_named_not_scored_nan(
     for values in damaged.glob("shards/*/states/values"):
         array = zarr.open_array(values, mode="r+")
         array[...] = np.full(array.shape, np.nan, dtype=array.dtype)
-    with pytest.raises(DilstoreError, match=r"^document '.*': its score is not finite"):
+    with pytest.raises(DilstoreError, match=r"^document '.*': its score is not finite, as its stored states hold NaN"):
         open_reranker(damaged, model_dir).rerank(QUERIES["q1"], ["kili", "tram"])
 
 
