@@ -171,11 +171,14 @@ def write_shard(
     encoding_spec = get_encoding(encoding)
     check_compressor(compressor)
     columns, states = _collect(records, kind_spec, shard_name(shard_index))
-    if encoding_spec.max_abs is not None:
-        _refuse_beyond_range(columns, states, encoding_spec)
     if codebook is not None:
         check_codebook(encoding_spec, codebook, columns.state_shape)
-    encoded = encoding_spec.encode(states, codebook)
+    try:
+        encoded = encoding_spec.encode(states, codebook)
+    except StoreFormatError:  # the encoder checks its range in one pass; the token is looked for only on refusal
+        if encoding_spec.max_abs is not None:
+            _refuse_beyond_range(columns, states, encoding_spec)
+        raise
     _refuse_shard_problems(columns, encoding_spec, encoded, shard_name(shard_index))
     return _publish(root, shard_index, columns, encoded, _ShardSettings(
         kind_spec, encoding_spec, compressor, codebook, build_attributes(generation, fingerprint), durable))
@@ -304,7 +307,7 @@ def _collect(records: Sequence[PassageRecord], kind: Kind, name: str) -> tuple[_
 
 def _refuse_beyond_range(columns: _Columns, states: np.ndarray, encoding: Encoding) -> None:
     """Name the first token whose states exceed what `encoding` stores (`max_abs`: fp16's 65504), as the NaN check
-    does: the encoder's own refusal named no passage (codes51 F7)."""
+    does: the encoder's own refusal, which write_shard's caller would get otherwise, names no passage (codes51 F7)."""
     assert encoding.max_abs is not None
     flat = states.reshape(len(states), math.prod(columns.state_shape))  # (T, prod(S))
     for start in range(0, len(flat), _CHECK_ROWS):
