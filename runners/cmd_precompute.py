@@ -357,18 +357,15 @@ def check_foreign_codebook(codebook: Path, job: PrecomputeJob, reader: OfflineMo
     as fp16, so nothing later would show it. Called where the codebook is copied into the store, so a re-run of a
     complete store or a resumed one does not measure it again.
     """
-    from dilstore.pipelines.codebook import FOREIGN_CODEBOOK_SLACK, codebook_fit
-
-    measured = codebook_fit(codebook, job, reader)
+    measured = _fit_on_this_run(codebook, job, reader)
     if measured is None:
         print(f"dilstore precompute: warning: --codebook {codebook} was made for a store of another model or other "
               "settings, and this run's sample is too small to measure how well it fits; its codes fit this "
               "model's states only if they are that model's (a reader trained with frozen lower layers)",
               file=sys.stderr)  # fmt: skip
         return
-    given, own = measured
-    fit = f"relative error {given:.3f} on a sample of this run's states, against {own:.3f} for one trained on them"
-    if given > FOREIGN_CODEBOOK_SLACK * own:
+    fit, too_poor = measured
+    if too_poor:
         raise DilstoreError(f"--codebook {codebook} was made for a store of another model or other settings and "
                             f"encodes this model's states far worse: {fit}; leave --codebook out to train "
                             "one")  # fmt: skip
@@ -389,7 +386,7 @@ def check_codebook_sample(codebook: Path, job: PrecomputeJob, reader: OfflineMod
     the error (what the run cannot do) and `remedy` ends it; a run too small to measure a codebook known to be
     small is told so.
     """
-    from dilstore.pipelines.codebook import FOREIGN_CODEBOOK_SLACK, SMALL_SAMPLE_TOKENS, codebook_fit
+    from dilstore.pipelines.codebook import SMALL_SAMPLE_TOKENS
     from dilstore.storage.codebook import codebook_sample_tokens
 
     refuse_few_states(codebook, job, refusal, remedy)
@@ -398,20 +395,32 @@ def check_codebook_sample(codebook: Path, job: PrecomputeJob, reader: OfflineMod
         return
     trained = f"was trained on only {count:,} token states" if count is not None else (
         "does not record how many token states it was trained on")  # fmt: skip
-    measured = codebook_fit(codebook, job, reader)
+    measured = _fit_on_this_run(codebook, job, reader)
     if measured is None:
         if count is not None:
             print(f"dilstore precompute: warning: {codebook} {trained}, and this run's sample is too small to "
                   "measure how well it codes this run's passages; a codebook trained on few states codes passages "
                   "it did not see poorly", file=sys.stderr)  # fmt: skip
         return
-    given, own = measured
-    fit = f"relative error {given:.3f} on a sample of this run's states, against {own:.3f} for one trained on them"
-    if given > FOREIGN_CODEBOOK_SLACK * own:
+    fit, too_poor = measured
+    if too_poor:
         raise DilstoreError(f"{refusal}: {codebook} {trained} and encodes this run's passages far worse: {fit}; "
                             f"{remedy}")  # fmt: skip
     if count is not None:
         print(f"dilstore precompute: note: {codebook} {trained}; it fits this run's states: {fit}", file=sys.stderr)
+
+
+def _fit_on_this_run(codebook: Path, job: PrecomputeJob, reader: OfflineModel) -> tuple[str, bool] | None:
+    """How the codebook at `codebook` codes held-out states of this run against one trained on the rest (in words),
+    and whether that is past FOREIGN_CODEBOOK_SLACK; None when the run's sample is too small (codebook_fit)."""
+    from dilstore.pipelines.codebook import FOREIGN_CODEBOOK_SLACK, codebook_fit
+
+    measured = codebook_fit(codebook, job, reader)
+    if measured is None:
+        return None
+    given, own = measured
+    fit = f"relative error {given:.3f} on a sample of this run's states, against {own:.3f} for one trained on them"
+    return fit, given > FOREIGN_CODEBOOK_SLACK * own
 
 
 def refuse_few_states(codebook: Path, job: PrecomputeJob, refusal: str, remedy: str) -> None:
