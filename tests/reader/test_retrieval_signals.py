@@ -310,6 +310,24 @@ def test_a_java_error_is_reported_by_its_deepest_cause() -> None:
     )
 
 
+def test_a_chain_of_java_causes_is_reported_by_its_last_one() -> None:
+    """Lucene wraps a failed write more than once (an IllegalStateException around AlreadyClosedException around the
+    IOException): the deepest cause, the one printed last, is what went wrong; the ones between name consequences."""
+    trace = [
+        "java.lang.IllegalStateException: the indexing thread failed",
+        "io.anserini.index.IndexCollection.run(IndexCollection.java:512)",
+        "Caused by:",
+        "org.apache.lucene.store.AlreadyClosedException: this IndexWriter is closed",
+        "org.apache.lucene.index.IndexWriter.ensureOpen(IndexWriter.java:914)",
+        "Caused by:",
+        "java.io.IOException: No space left on device",
+        "java.base/sun.nio.ch.UnixFileDispatcherImpl.write0(Native Method)",
+    ]
+    found = retrieval._java_cause("java.lang.IllegalStateException", "the indexing thread failed", trace)
+    assert found == "java.io.IOException: No space left on device"
+    assert retrieval._NO_SPACE in found  # what build_bm25_index looks for to give the full-disk advice
+
+
 class _FakeSystem:
     """java.lang.System as _java_stderr_dropped uses it, without a JVM: `err` and `setErr`."""
 
