@@ -173,6 +173,33 @@ def test_an_index_short_of_passages_names_the_first_line_it_could_not_read(
         retrieval.build_bm25_index_in_place(collection, index, store=store)  # type: ignore[arg-type]
 
 
+def test_an_index_of_more_documents_than_the_store_holds_does_not_replace_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build that read more documents than the manifest's passages indexed a store that grew meanwhile: its record
+    would name the older state, so the index is not put in place, and the index there stays as it was."""
+    from types import SimpleNamespace
+
+    collection, index = tmp_path / "collection", tmp_path / "bm25"
+    collection.mkdir()
+    (collection / "part-00000.jsonl").write_text('{"id": "d0", "contents": "tram"}\n' * 5, encoding="utf-8")
+    index.mkdir()
+    (index / "segments_1").write_bytes(b"the old index")
+
+    def longer_build(source: Path, target: Path, **_: object) -> int:
+        target.mkdir(parents=True)
+        (target / "segments_1").write_bytes(b"the new index")
+        return 5
+
+    monkeypatch.setattr(retrieval, "build_bm25_index", longer_build)
+    store = SimpleNamespace(passages=4, generation="g1", superseded_passages=0, appends=[])
+    with pytest.raises(DilstoreError, match=r"read 5 of the store's 4 passages .*\(the store grew while it was "
+                                            r"indexed: run `dilstore index` again\); the index was not replaced"):
+        retrieval.build_bm25_index_in_place(collection, index, store=store)  # type: ignore[arg-type]
+    assert (index / "segments_1").read_bytes() == b"the old index"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bm25", "collection"]
+
+
 def test_a_java_call_waited_on_gives_back_its_result_or_its_error() -> None:
     assert retrieval._wait_in_python(lambda: 6 * 7, "answer") == 42
     with pytest.raises(ZeroDivisionError):
