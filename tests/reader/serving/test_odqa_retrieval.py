@@ -118,6 +118,14 @@ def test_a_batch_search_on_java_threads_finds_what_one_search_at_a_time_finds(in
     assert [searcher.search(question, 3) for question in asked] == [batch["q1"], batch["q2"]]
 
 
+def test_a_batch_search_with_a_qid_given_twice_is_refused(indexed: dict[str, Any]) -> None:
+    """The hits come back keyed by qid: two queries under one qid would give one query's hits for both."""
+    searcher = Bm25Searcher(bm25_index_dir(indexed["store"]))
+    for queries, qids in (([QUESTION, "Who polishes mallets?"], ["q", "q"]), ([QUESTION], ["q1", "q2"])):
+        with pytest.raises(DilstoreError, match="^batch_search needs one distinct qid per query$"):
+            searcher.batch_search(queries, qids, 3)
+
+
 def test_lucene_errors_say_whose_they_are(indexed: dict[str, Any]) -> None:
     """Every Java exception of a search said the index "cannot be read; rebuild it": a query of more terms than
     Lucene searches at once, a batch holding one (Anserini's "queryCount = 1 is not equal to completedTaskCount =
