@@ -274,6 +274,22 @@ def test_an_index_record_the_disk_cannot_read_says_to_check_the_disk_not_to_rebu
         retrieval.check_index_covers(tmp_path, store, tmp_path)  # type: ignore[arg-type]
 
 
+def test_an_index_of_a_copy_that_took_another_append_is_stale_for_this_store(tmp_path: Path) -> None:
+    """Two copies of one build each took one append: one added a passage, the other added two and retired one. They
+    hold as many passages after as many appends, and their indexes differ (the retired passage and the added ones):
+    the record's superseded count tells them apart."""
+    import json
+    from types import SimpleNamespace
+
+    one_added = SimpleNamespace(generation="g1", passages=11, superseded_passages=0, appends=({"generation": "a1"},))
+    one_replaced = SimpleNamespace(generation="g1", passages=11, superseded_passages=1, appends=({"generation": "a2"},))
+    (tmp_path / retrieval.INDEX_RECORD).write_text(json.dumps(retrieval.indexed_state(one_added)), encoding="utf-8")
+    retrieval.check_index_covers(tmp_path, one_added, tmp_path / "store")  # type: ignore[arg-type]
+    with pytest.raises(DilstoreError, match=r"covers 11 passages of build 'g1' after 1 append\(s\), but the store .* "
+                                            r"now holds 11 after 1: its answers would miss what changed"):
+        retrieval.check_index_covers(tmp_path, one_replaced, tmp_path / "store")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("free", "why"), [
     (4096, r": its disk is full \(4 KB free\); free space on the disk of .*, then run the same command again$"),
     (10 << 30, r"; see its log above$"),
