@@ -116,6 +116,17 @@ def test_a_few_passages_of_spread_lengths_are_not_padded_to_the_longest() -> Non
         BatchPolicy(max_length_spread=0.5)
 
 
+@pytest.mark.parametrize(("length", "batch_tokens"), [(8, 32), (8, 8 * 64), (100, 300), (1, 7)])
+def test_a_batch_that_fills_the_token_budget_exactly_is_one_batch(length: int, batch_tokens: int) -> None:
+    """The budget is at most `batch_tokens` padded tokens: passages of one length fill it to the last token."""
+    per_batch = batch_tokens // length  # passages of `length` tokens that `batch_tokens` holds
+    lengths = [length] * (3 * per_batch)
+    policy = BatchPolicy(batch_tokens=batch_tokens, max_batch_size=per_batch)
+    batches = length_batches(lengths, policy)
+    assert [len(batch) for batch in batches] == [per_batch] * 3
+    assert all(len(batch) * length <= batch_tokens for batch in batches)
+
+
 def test_batched_encoding_equals_one_passage_at_a_time(tiny) -> None:
     texts = [TEXT[: 20 + 37 * number] for number in range(7)]
     pieces = [
