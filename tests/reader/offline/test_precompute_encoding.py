@@ -127,6 +127,13 @@ def test_a_batch_that_fills_the_token_budget_exactly_is_one_batch(length: int, b
     assert all(len(batch) * length <= batch_tokens for batch in batches)
 
 
+def test_a_length_spread_that_is_not_a_number_is_refused() -> None:
+    """No length compares as within NaN times the shortest: every passage would be a batch of its own."""
+    for spread in (float("nan"), -float("inf")):
+        with pytest.raises(DilstoreError, match=f"max_length_spread must be at least 1, got {spread}"):
+            BatchPolicy(max_length_spread=spread)
+
+
 def test_batched_encoding_equals_one_passage_at_a_time(tiny) -> None:
     texts = [TEXT[: 20 + 37 * number] for number in range(7)]
     pieces = [
