@@ -204,6 +204,15 @@ def test_bad_triples_name_file_and_line(line: str, message: str, tmp_path: Path)
     assert message in str(caught.value)
 
 
+def test_a_paragraph_of_only_whitespace_is_refused_as_empty(tmp_path: Path) -> None:
+    """A paragraph of spaces and line breaks is no text to rank: a negative that reads as nothing."""
+    for blank in (" ", "\n\t ", "\u3000"):
+        path = write_lines(tmp_path / "p.jsonl.gz", ['{"id": "a", "contents": "A."}',
+                                                      json.dumps({"id": "b", "contents": blank})])  # fmt: skip
+        with pytest.raises(DilstoreError, match=rf"^{path}:2: paragraph 'b' has empty contents$"):
+            read_paragraphs(path)
+
+
 def test_bad_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(DilstoreError, match="no such file"):
         read_paragraphs(tmp_path / "missing.jsonl.gz")
