@@ -213,6 +213,16 @@ def test_a_paragraph_of_only_whitespace_is_refused_as_empty(tmp_path: Path) -> N
             read_paragraphs(path)
 
 
+def test_the_first_negatives_of_a_longer_list_are_kept(tmp_path: Path) -> None:
+    """The builder writes negatives in sampled order, so the first N are a uniform draw of N; training reads those."""
+    paragraphs = {pid: f"Paragraph {pid}." for pid in "abcdef"}
+    path = write_lines(tmp_path / TRIPLES_FILE, [json.dumps(Triple("q1", "y", "a", tuple("fedcb")).to_dict())])
+    for negatives in range(1, 6):
+        kept = read_triples(path, paragraphs, tmp_path / PARAGRAPHS_FILE, negatives=negatives)[0].negatives
+        assert kept == tuple("fedcb")[:negatives]
+    assert read_triples(path, paragraphs, tmp_path / PARAGRAPHS_FILE)[0].negatives == tuple("fedcb")
+
+
 def test_bad_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(DilstoreError, match="no such file"):
         read_paragraphs(tmp_path / "missing.jsonl.gz")
