@@ -223,6 +223,19 @@ def test_the_first_negatives_of_a_longer_list_are_kept(tmp_path: Path) -> None:
     assert read_triples(path, paragraphs, tmp_path / PARAGRAPHS_FILE)[0].negatives == tuple("fedcb")
 
 
+@pytest.mark.parametrize("space", ["\u00a0", "\u3000", "\u2028", "\x85"])
+def test_a_line_of_unicode_space_is_a_bad_line_not_a_blank_one(space: str, tmp_path: Path) -> None:
+    """Only the ASCII whitespace bytes.strip() removes makes a line blank; JSON reads no other space, so a line of
+    another space is named like any line that is not JSON, not skipped."""
+    good = json.dumps(Triple("q1", "y", "a", ("b",)).to_dict())
+    path = write_lines(tmp_path / TRIPLES_FILE, [good, space, "", good])
+    with pytest.raises(DilstoreError, match=rf"^{path}:2: not valid JSON"):
+        read_triples(path, {"a": "A", "b": "B"}, tmp_path / PARAGRAPHS_FILE)
+    paragraphs = write_lines(tmp_path / PARAGRAPHS_FILE, ['{"id": "a", "contents": "A."}', space])
+    with pytest.raises(DilstoreError, match=rf"^{paragraphs}:2: not valid JSON"):
+        read_paragraphs(paragraphs)
+
+
 def test_bad_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(DilstoreError, match="no such file"):
         read_paragraphs(tmp_path / "missing.jsonl.gz")
