@@ -149,6 +149,21 @@ def test_k0_and_shared_layer_weights_are_refused(tiny_base: Path) -> None:
         freeze_lower_layers(albert)
 
 
+def test_layers_shared_only_with_the_layer_just_above_k_are_refused() -> None:
+    """ALBERT with 4 layers in 2 groups runs layers 1-2 with group 0 and layers 3-4 with group 1: at k=1, layer 2
+    (the first online one) shares layer 1's weights, and freezing them would freeze it too; at k=2 nothing is shared."""
+    tokenizer = AutoTokenizer.from_pretrained(base_model_dir())
+    grouped = DilBertReader(tiny_model("albert-grouped"), tokenizer, layers=1)
+    with pytest.raises(DilstoreError, match="shares weights between layers 1..1 and the layers above"):
+        freeze_lower_layers(grouped)
+    assert all(parameter.requires_grad for parameter in grouped.model.parameters()), "nothing frozen when refused"
+    apart = DilBertReader(tiny_model("albert-grouped"), tokenizer, layers=2)
+    freeze_lower_layers(apart)
+    group_0, group_1 = apart.model.base_model.encoder.albert_layer_groups
+    assert not any(parameter.requires_grad for parameter in group_0.parameters())
+    assert all(parameter.requires_grad for parameter in group_1.parameters())
+
+
 def test_cli_refuses_freeze_lower_at_k0(squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = write_tiny_checkpoint(tmp_path / "base")
     status = main(["train", "qa", "--model", str(model), "--layers", "0", "--freeze-lower", "--train", str(squad_file),
