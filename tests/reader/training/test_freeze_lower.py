@@ -78,6 +78,19 @@ def test_cached_states_are_the_encoders_fp16_eval_states_padded_like_the_batch(
     assert dropout_reader.training, "the cache restores train mode"
 
 
+def test_a_reader_in_eval_mode_stays_in_eval_mode_after_the_cache_encodes(
+    tiny_base: Path, features: list[QAFeature]
+) -> None:
+    """The cache encodes in eval mode and puts back the mode it found: a reader in eval mode (the codebook's sample
+    is encoded before training starts) must not come back with its dropout on."""
+    reader = DilBertReader.from_pretrained(tiny_base, layers=1).eval()
+    LowerStateCache(reader).states(features[:2], load_batch(features[:2], reader))
+    assert not reader.training and not any(module.training for module in reader.modules())
+    reader.train()
+    LowerStateCache(reader).states(features[:2], load_batch(features[:2], reader))
+    assert reader.training
+
+
 def load_batch(chosen: list[QAFeature], reader: DilBertReader):
     from dilstore.reader.data.qa_batches import collate_features
 
