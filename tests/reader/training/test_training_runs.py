@@ -385,6 +385,28 @@ def test_resume_refuses_training_data_other_than_the_interrupted_runs(
     assert train_qa(tiny_base, copy, output, config, command="t", resume=True, progress=False).steps == 2
 
 
+def test_a_recorded_input_that_has_no_digest_now_is_not_compared(tmp_path: Path) -> None:
+    """Only inputs with a digest on both sides are compared: a base model given now as a folder without
+    model.safetensors (input_digests leaves such folders out) is not a changed input; a changed file still is."""
+    from dilstore.reader.training.runs import INPUT_DIGESTS, input_digests, refuse_other_inputs
+    from dilstore.storage.digests import sha256_file
+
+    data, weights = tmp_path / "train.json", tmp_path / "base" / "model.safetensors"
+    data.write_text("{}", encoding="utf-8")
+    weights.parent.mkdir()
+    weights.write_bytes(b"weights")
+    record = tmp_path / "run_config.json"
+    recorded = {"train_file": sha256_file(data), "base_model": sha256_file(weights)}
+    record.write_text(json.dumps({INPUT_DIGESTS: recorded}), encoding="utf-8")
+    weights.unlink()  # the base model now: a folder input_digests has no digest for
+    now = input_digests({"train_file": str(data), "base_model": str(weights.parent)})
+    assert now == {"train_file": sha256_file(data)}
+    refuse_other_inputs(record, now)
+    data.write_text('{"data": []}', encoding="utf-8")
+    with pytest.raises(DilstoreError, match=r"^--resume: not the data the interrupted run read: train_file \(its "):
+        refuse_other_inputs(record, input_digests({"train_file": str(data), "base_model": str(weights.parent)}))
+
+
 def test_a_resume_without_run_config_checks_the_checkpoint_s_own_record(
     tiny_base: Path, squad_file: Path, tmp_path: Path
 ) -> None:
