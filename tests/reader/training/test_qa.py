@@ -609,6 +609,17 @@ def test_model_card_states_whether_targets_were_met(k: int, f1: float, baseline:
         render_model_card(training, {**evaluation, "k": k + 1}, hardware="CPU", baseline_f1=baseline)
 
 
+def test_the_weights_size_of_a_checkpoint_leaves_out_its_training_state(tmp_path: Path) -> None:
+    """A periodic checkpoint holds the optimizer's state beside the weights; the package size limit is on weights."""
+    from dilstore.reader.training.checkpoint_files import STATE_TENSORS
+
+    (tmp_path / "model.safetensors").write_bytes(b"w" * 1_500_000)
+    (tmp_path / "online-2bit.safetensors").write_bytes(b"v" * 250_000)
+    (tmp_path / STATE_TENSORS).write_bytes(b"s" * 3_000_000)
+    (tmp_path / "config.json").write_bytes(b"c" * 1000)
+    assert weights_megabytes(tmp_path) == 1.75
+
+
 @pytest.mark.parametrize(
     ("windows_per_example", "seen", "budget"),
     [
