@@ -609,6 +609,31 @@ def test_model_card_states_whether_targets_were_met(k: int, f1: float, baseline:
         render_model_card(training, {**evaluation, "k": k + 1}, hardware="CPU", baseline_f1=baseline)
 
 
+@pytest.mark.parametrize(
+    ("f1", "baseline", "features_seen", "expected"),
+    [
+        (73.0, 76.0, 3200, ["target within 3 F1 of k=0 (76.00): met (gap 3.00)", "full: 2.00 epochs"]),
+        (72.5, 76.0, 3199, ["target within 3 F1 of k=0 (76.00): NOT met (gap 3.50)", "REDUCED: 2.00 epochs"]),
+        (75.0, None, 3201, ["k=0 target F1 >= 75: met (F1 75.00)", "full: 2.00 epochs"]),
+    ],
+)
+def test_a_model_card_s_targets_include_their_bounds(
+    f1: float, baseline: float | None, features_seen: int, expected: list[str]
+) -> None:
+    """Within 3 F1 includes a gap of 3, F1 >= 75 includes 75, and the seed's 2 epochs are a full budget."""
+    training = {
+        "layers": 0 if baseline is None else 4, "num_layers": 6, "train_file": "train.json", "base_model": "minilm",
+        "command": "dilstore train qa", "steps": 10, "total_steps": 10, "features_seen": features_seen,
+        "train_features": 1600, "train_questions": 1500, "train_seconds": 60.0,
+        "config": {"batch_size": 16, "gradient_accumulation": 1, "learning_rate": 1e-4, "warmup_ratio": 0.1,
+                   "max_seq_length": 256, "doc_stride": 128, "seed": 42},
+    }  # fmt: skip
+    evaluation = {"questions": 1000, "em": f1 - 10, "f1": f1, "seconds": 30.0}
+    card = render_model_card(training, evaluation, hardware="CPU", baseline_f1=baseline)
+    for line in expected:
+        assert line in card
+
+
 def test_the_weights_size_of_a_checkpoint_leaves_out_its_training_state(tmp_path: Path) -> None:
     """A periodic checkpoint holds the optimizer's state beside the weights; the package size limit is on weights."""
     from dilstore.reader.training.checkpoint_files import STATE_TENSORS
