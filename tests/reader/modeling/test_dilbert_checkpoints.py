@@ -229,6 +229,17 @@ def test_metadata_round_trips(kind: str, architecture: str, layers: int, extra: 
     assert read_metadata(directory) == metadata
 
 
+@pytest.mark.parametrize(
+    ("name", "value"), [("layers", True), ("layers", False), ("num_layers", True), ("layers", 1.0)]
+)
+def test_a_layer_count_that_is_not_an_integer_is_refused(name: str, value: object, tmp_path: Path) -> None:
+    """JSON's true is a Python int too: `"layers": true` read as k = 1, a reader split where no run trained it."""
+    document = {"format": 1, "kind": "dilbert", "architecture": "bert", "layers": 1, "num_layers": 3, name: value}
+    (tmp_path / "dilstore.json").write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(DilstoreError, match=rf"dilstore\.json: {name} must be an integer, got {value!r}$"):
+        read_metadata(tmp_path)
+
+
 def pickled(source: Path, destination: Path) -> Path:
     """`source` with its model.safetensors turned into a pickle pytorch_model.bin, as an untrusted folder may be."""
     shutil.copytree(source, destination)
