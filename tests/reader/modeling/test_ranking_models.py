@@ -161,6 +161,26 @@ def test_loading_refuses_what_is_not_a_ranker(tiny_base: Path, tmp_path: Path) -
         new_ranker("colbert", tiny_base)
 
 
+@pytest.mark.parametrize(
+    ("length", "expected"), [(3, 3), (4, 4), (2, None), (0, None), (True, None), (None, "default")]
+)
+def test_the_trained_query_length_is_read_back_and_holds_cls_a_word_and_sep(
+    length: object, expected: object, tmp_path: Path
+) -> None:
+    """`[CLS] q [SEP]` needs 3 tokens; a record of fewer would cut every query to nothing but its markers."""
+    from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+    from dilstore.reader.modeling.ranker_base import trained_query_length
+    from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_QUERY_LENGTH
+
+    config = {} if length is None else {"max_query_length": length}
+    (tmp_path / TRAINING_METADATA_FILE).write_text(json.dumps({"config": config}), encoding="utf-8")
+    if expected is None:
+        with pytest.raises(DilstoreError, match=r"config\.max_query_length must be an integer of at least 3, got "):
+            trained_query_length(tmp_path)
+    else:
+        assert trained_query_length(tmp_path) == (DEFAULT_MAX_QUERY_LENGTH if expected == "default" else expected)
+
+
 def test_groups_must_be_even(tiny_base: Path) -> None:
     model = SiameseRanker.from_base(tiny_base)
     query, document = model.tokenize_query("q words", 8), model.tokenize_document("d words", 8)
