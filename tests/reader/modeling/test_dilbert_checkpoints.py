@@ -210,6 +210,28 @@ def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
         DilBertReader.from_pretrained(tmp_path, layers=1)
 
 
+@pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
+def test_a_segment_of_the_model_s_segment_positions_fits_and_one_more_token_does_not(name: str) -> None:
+    """Each segment's positions start at the architecture's first (RoBERTa: pad_token_id + 1): the limit checked
+    before a run must be the tokens the model then encodes, or a long run stops at its first long passage."""
+    from dilstore.reader.modeling.architectures import architecture_for, require_segment_limit, segment_positions
+
+    model = tiny_model(name)
+    architecture = architecture_for(model.config.model_type)
+    positions = segment_positions(model.config)
+
+    def encode(length: int) -> torch.Tensor:
+        ids = torch.full((1, length), 5, dtype=torch.long)
+        return architecture.encode_segment(model, ids, torch.ones_like(ids), architecture.passage_segment, 1)
+
+    assert encode(positions).shape[:2] == (1, positions)
+    require_segment_limit(model.config, positions, "passage", "--max-length")
+    with pytest.raises(DilstoreError, match="longer than this model's"):
+        encode(positions + 1)
+    with pytest.raises(DilstoreError, match=rf"the passage limit {positions + 1} \(--max-length\) is more than"):
+        require_segment_limit(model.config, positions + 1, "passage", "--max-length")
+
+
 def test_base_model_dir_is_the_packaged_minilm() -> None:
     config = json.loads((base_model_dir() / "config.json").read_text())
     assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"]) == ("bert", 6, 384)
