@@ -280,6 +280,24 @@ def test_a_copy_of_the_base_named_by_the_environment_stands_in_for_the_package(
     assert base_model_dir() == other
 
 
+def test_a_ranker_frozen_at_the_package_reference_names_it_whichever_copy_stands_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Frozen at `package:base-model` while DILSTORE_BASE_MODEL names another copy, the ranker names the reference,
+    which each machine resolves, not a folder of that name in the working directory; it loads back through it."""
+    copy = save_base_encoder(tmp_path / "copy", tiny_encoder(seed=2))
+    monkeypatch.setenv("DILSTORE_BASE_MODEL", str(copy))
+    monkeypatch.chdir(tmp_path)
+    ranker = EarlRanker.from_base(copy, EarlConfig(query_layers=1, tied=True))
+    reference = ranker.freeze_encoder(BASE_MODEL_REF)
+    assert reference.model == BASE_MODEL_REF and reference.weights_sha256 != PACKAGED_BASE_WEIGHTS_SHA256
+    saved = ranker.save_pretrained(tmp_path / "ranker")
+    assert json.loads((saved / METADATA_FILE).read_text())["base_encoder"]["model"] == BASE_MODEL_REF
+    loaded = EarlRanker.from_pretrained(saved)
+    assert torch.equal(loaded.document_encoder.embeddings.word_embeddings.weight,
+                       ranker.document_encoder.embeddings.word_embeddings.weight)  # fmt: skip
+
+
 def test_a_ranker_config_asking_for_a_vocabulary_its_weights_lack_is_refused(saved_earl: Path, tmp_path: Path) -> None:
     """A vocabulary of 10**9 in config.json asked torch for 1.5 TB before any check (hostile46 F6)."""
     copy = Path(shutil.copytree(saved_earl, tmp_path / "earl"))
