@@ -161,6 +161,18 @@ def test_loading_refuses_what_is_not_a_ranker(tiny_base: Path, tmp_path: Path) -
         new_ranker("colbert", tiny_base)
 
 
+def test_a_siamese_checkpoint_of_another_pooling_is_refused(tiny_base: Path, tmp_path: Path) -> None:
+    """The Siamese ranker mean-pools; a checkpoint that says it pools by [CLS] would load and score otherwise."""
+    SiameseRanker.from_base(tiny_base).save_pretrained(tmp_path)
+    metadata = json.loads((tmp_path / METADATA_FILE).read_text())
+    assert metadata["pooling"] == "mean"
+    (tmp_path / METADATA_FILE).write_text(json.dumps({**metadata, "pooling": "cls"}), encoding="utf-8")
+    with pytest.raises(DilstoreError, match=r"a siamese checkpoint must say pooling 'mean', got 'cls'$"):
+        SiameseRanker.from_pretrained(tmp_path)
+    with pytest.raises(DilstoreError, match=r"a siamese checkpoint must say pooling 'mean', got 'cls'$"):
+        load_ranker(tmp_path)
+
+
 @pytest.mark.parametrize(
     ("length", "expected"), [(3, 3), (4, 4), (2, None), (0, None), (True, None), (None, "default")]
 )
