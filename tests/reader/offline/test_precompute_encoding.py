@@ -54,6 +54,18 @@ def test_a_short_passage_is_one_unit_ending_in_sep(tiny) -> None:
     assert tuple(piece.tokens.char_spans[-1]) == (-1, -1)
 
 
+@pytest.mark.parametrize("text", ["  The tram opened in 1882.\n", "\u200bThe tram opened in 1882.", "Opened.  \t"])
+def test_a_passage_of_one_unit_keeps_its_whole_text_with_what_no_token_covers(tiny, text: str) -> None:
+    """Only a long passage's windows hold slices of its text; a passage that fits one unit is stored as it is,
+    the spaces and zero-width characters no word piece covers included."""
+    [piece] = tokenize_passage(tiny.tokenizer, passage(text=text), max_length=384, kind="dilbert")
+    assert (piece.id, piece.text) == ("normans#0", text)
+    spans = piece.tokens.char_spans[piece.tokens.is_text]
+    words = [text[start:end] for start, end in spans]
+    pieces_text = tiny.tokenizer.convert_ids_to_tokens(piece.tokens.token_ids[piece.tokens.is_text].tolist())
+    assert [word.lower() for word in words] == [token.removeprefix("##") for token in pieces_text]
+
+
 @pytest.mark.parametrize("max_length", [8, 17, 40])
 def test_long_passages_become_windows_whose_spans_point_into_their_own_text(tiny, max_length: int) -> None:
     pieces = tokenize_passage(tiny.tokenizer, passage(), max_length=max_length, kind="dilbert")
