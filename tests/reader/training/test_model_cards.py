@@ -192,6 +192,9 @@ def test_package_refuses_a_run_of_another_kind(earl_run: Path, tmp_path: Path, c
     [
         ([row("DL19", "ce", "cross-encoder", 0.70), row("DL19", "e", "earl", 0.68, "me")], "NOT met"),
         ([row("DL19", "ce", "cross-encoder", 0.70), row("DL19", "e", "earl", 0.72, "me")], "met (cross"),
+        # A gap of exactly the target is within it (0.02 - 0.01 is 0.01 in floats too).
+        ([row("DL19", "ce", "cross-encoder", 0.02), row("DL19", "e", "earl", 0.01, "me")], ": met (cross"),
+        ([row("DL19", "ce", "cross-encoder", 0.02), row("DL19", "e", "earl", 0.0, "me")], "NOT met"),
         ([row("DL19", "ce", "cross-encoder", 0.7, trained=False), row("DL19", "e", "earl", 0.7, "me")], "not assessed"),
         ([row("SQuAD dev", "ce", "cross-encoder", 0.70), row("DL19", "e", "earl", 0.7, "me")], "not assessed"),
     ],
