@@ -215,6 +215,13 @@ def test_target_statement(rows: list[dict], expected: str) -> None:
         ([row("DL19", "ce", "cross-encoder", 0.7), row("DL19", "b", "bm25", 0.5),
           row("DL19", "l", "listformer", 0.6, "me")],
          "NOT met"),
+        # At least the cross-encoder's: an equal score meets it; above BM25's: an equal one does not.
+        ([row("DL19", "ce", "cross-encoder", 0.6), row("DL19", "b", "bm25", 0.5),
+          row("DL19", "l", "listformer", 0.6, "me")],
+         ": met"),
+        ([row("DL19", "ce", "cross-encoder", 0.4), row("DL19", "b", "bm25", 0.6),
+          row("DL19", "l", "listformer", 0.6, "me")],
+         "NOT met"),
         ([row("DL19", "ce", "cross-encoder", 0.18), row("DL19", "l", "listformer", 0.6, "me")], "not assessed"),
     ],
 )  # fmt: skip
