@@ -12,13 +12,15 @@ import fsspec
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dilstore.storage.id_index
 import dilstore.storage.writer
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import Fingerprint, FingerprintMismatchError
-from dilstore.storage.format import MANIFEST_FILE, StoreFormatError
+from dilstore.storage.format import KINDS, MANIFEST_FILE, StoreFormatError, get_kind
 from dilstore.storage.id_index import DuplicatePassageIdError
 from dilstore.storage.reader import MissingPassagesError, open_store
 from dilstore.storage.records import PassageRecord
@@ -533,3 +535,27 @@ def test_open_store_refuses_arguments_of_the_wrong_kind_and_a_closed_store_refus
     store.close()
     with pytest.raises(DilstoreError, match="is closed"):
         store.superseded()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(KINDS)), st.data())
+def test_a_per_token_state_shape_with_a_size_under_one_is_refused(kind, data) -> None:
+    """A state shape of zero width per token holds no states: refused by its kind, not written (it died in the
+    encoder with a ZeroDivisionError), and not read from a shard's attributes (storage/shard.py)."""
+    rank = KINDS[kind].rank
+    shape = data.draw(st.lists(st.integers(1, 6), min_size=rank, max_size=rank))
+    if kind == "earl-s2":
+        shape[1] = 2
+    assert get_kind(kind).check_state_shape(shape) == tuple(shape)
+    shape[data.draw(st.integers(0, rank - 1))] = data.draw(st.integers(-3, 0))
+    with pytest.raises(StoreFormatError, match=f"kind {kind!r} stores per-token states of rank {rank}"):
+        get_kind(kind).check_state_shape(shape)
+
+
+def test_the_writer_refuses_states_of_zero_width(tmp_path) -> None:
+    rng = np.random.default_rng(4)
+    empty = PassageRecord(**{**vars(passage("p", 2, (4,), rng)), "states": np.zeros((3, 0), dtype=np.float32)})
+    with pytest.raises(StoreFormatError, match=r"got per-token shape \(0,\)"):
+        write_shard(tmp_path, 0, [empty], kind="dilbert", encoding="fp32", durable=False)
+    assert not (tmp_path / "shards").exists() or not any((tmp_path / "shards").iterdir())
+
