@@ -6,6 +6,7 @@ import hashlib
 import json
 import mmap
 import re
+import shutil
 from pathlib import Path
 
 import fsspec
@@ -559,3 +560,14 @@ def test_the_writer_refuses_states_of_zero_width(tmp_path) -> None:
         write_shard(tmp_path, 0, [empty], kind="dilbert", encoding="fp32", durable=False)
     assert not (tmp_path / "shards").exists() or not any((tmp_path / "shards").iterdir())
 
+
+@pytest.mark.parametrize("stranger", ["shard-00001.bak", "shard-00001-old", "shard-000012x"])
+def test_finalize_refuses_a_folder_named_like_a_shard_with_more_after_the_number(stranger, shards, tmp_path) -> None:
+    """Only `shard-` and five or more digits name a shard: a copy kept beside one (`shard-00001.bak`) is a stranger,
+    refused, not read as a second shard 1 and left out of the manifest's checks."""
+    for index in (0, 1):
+        write_shard(tmp_path, index, shards[index], kind="dilbert", encoding="fp32", durable=False)
+    shutil.copytree(tmp_path / "shards" / "shard-00001", tmp_path / "shards" / stranger)
+    with pytest.raises(DilstoreError, match=f"unexpected entry .*{re.escape(stranger)} in .*only shard-NNNNN"):
+        finalize(tmp_path, fingerprint_for(), {})
+    assert not (tmp_path / MANIFEST_FILE).exists()
