@@ -24,7 +24,7 @@ from dilstore.storage.fingerprint import Fingerprint, FingerprintMismatchError
 from dilstore.storage.format import KINDS, MANIFEST_FILE, StoreFormatError, get_kind
 from dilstore.storage.id_index import DuplicatePassageIdError
 from dilstore.storage.reader import MissingPassagesError, open_store
-from dilstore.storage.records import PassageRecord
+from dilstore.storage.records import PassageRecord, StoredPassage
 from dilstore.storage.verify import verify_store
 from dilstore.storage.writer import write_shard
 from tests.fixtures.store_fixtures import build_store, fingerprint_for, passage, random_shards, scratch_dir
@@ -571,3 +571,26 @@ def test_finalize_refuses_a_folder_named_like_a_shard_with_more_after_the_number
     with pytest.raises(DilstoreError, match=f"unexpected entry .*{re.escape(stranger)} in .*only shard-NNNNN"):
         finalize(tmp_path, fingerprint_for(), {})
     assert not (tmp_path / MANIFEST_FILE).exists()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(["ab", "c", "déf", "gh"]), min_size=1, max_size=6), st.integers(-2, 8),
+       st.integers(-2, 8))
+def test_an_answer_span_is_the_text_of_its_tokens_or_refused_as_outside_the_passage(words, start, end) -> None:
+    """Tokens `start..end` (inclusive) of a passage of word tokens and a closing special token: the text from the
+    first's start to the last's end, or a DilstoreError for a span that is not inside the passage (one past its last
+    token was an IndexError)."""
+    text = " ".join(words)
+    starts = [sum(len(word) + 1 for word in words[:i]) for i in range(len(words))]
+    spans = [[begin, begin + len(word)] for begin, word in zip(starts, words, strict=True)] + [[-1, -1]]
+    n = len(spans)
+    stored = StoredPassage("p", "t", text, np.arange(n, dtype=np.int32), np.array(spans, dtype=np.int32),
+                           np.zeros((n, 1), dtype=np.float32))
+    if not 0 <= start <= end < n:
+        with pytest.raises(DilstoreError, match=rf"token span \({start}, {end}\) is outside passage 'p' of {n} tokens"):
+            stored.answer_text(start, end)
+    elif end == n - 1:
+        with pytest.raises(DilstoreError, match="special token"):
+            stored.answer_text(start, end)
+    else:
+        assert stored.answer_text(start, end) == " ".join(words[start : end + 1])
