@@ -594,3 +594,13 @@ def test_an_answer_span_is_the_text_of_its_tokens_or_refused_as_outside_the_pass
             stored.answer_text(start, end)
     else:
         assert stored.answer_text(start, end) == " ".join(words[start : end + 1])
+
+
+@pytest.mark.parametrize("field", ["layers", "max_length"])
+@pytest.mark.parametrize("value", [True, False, "4", 4.0, None])
+def test_a_fingerprint_s_integer_fields_take_integers_only_not_booleans(field, value) -> None:
+    """JSON `true` is a Python bool, an int subclass equal to 1: taken as `layers`, it matched a model of one layer."""
+    fields = {**fingerprint_for().to_dict(), field: value}
+    with pytest.raises(DilstoreError, match=f"fingerprint field {field!r} must be int, got {re.escape(repr(value))}"):
+        Fingerprint.from_dict(fields)
+    assert Fingerprint.from_dict({**fields, field: 1}).to_dict()[field] == 1
