@@ -604,3 +604,15 @@ def test_a_fingerprint_s_integer_fields_take_integers_only_not_booleans(field, v
     with pytest.raises(DilstoreError, match=f"fingerprint field {field!r} must be int, got {re.escape(repr(value))}"):
         Fingerprint.from_dict(fields)
     assert Fingerprint.from_dict({**fields, field: 1}).to_dict()[field] == 1
+
+
+@pytest.mark.parametrize("extra", [{"pooling": "mean"}, {"Layers": 4}])
+def test_a_fingerprint_with_a_key_it_does_not_know_is_malformed(extra) -> None:
+    """A key no field has (a newer dilstore's, or a misspelt one) is refused, not dropped: two fingerprints that
+    differ there would otherwise compare equal."""
+    fields, key = fingerprint_for().to_dict(), next(iter(extra))
+    with pytest.raises(DilstoreError, match=rf"malformed fingerprint: missing keys \[\], unknown keys \[{key!r}\]"):
+        Fingerprint.from_dict({**fields, **extra})
+    missing = {name: value for name, value in fields.items() if name != "kind"}
+    with pytest.raises(DilstoreError, match=r"missing keys \['kind'\], unknown keys \[\]"):
+        Fingerprint.from_dict(missing)
