@@ -15,10 +15,14 @@ from pathlib import Path
 import pytest
 
 from dilstore.runners import cli
+from dilstore.storage.collection import collection_jsonl, write_live_collection
+from dilstore.storage.errors import DilstoreError
+from dilstore.storage.passage_files import jsonl_path
 from dilstore.storage.verify import verify_store
 from dilstore.storage.write_lock import INDEX_ROLE
 from tests.fixtures.locks import held_lock
 from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, save_tiny_reader, store_contents, write_jsonl
+from tests.fixtures.store_fixtures import build_store, random_shards
 
 DOCUMENTS = [
     {"id": "rhine", "title": "Rhine", "text": "The Rhine flows from the Swiss Alps to the North Sea through Germany."},
@@ -216,3 +220,25 @@ def test_what_index_imports_leaves_out_the_model_stack() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("change", ["one more line", "one line less"])
+def test_a_collection_part_whose_lines_are_not_its_shard_s_rows_is_refused(change, tmp_path: Path) -> None:
+    """Line r of a shard's JSONL part is row r of the shard: a part of another length (a line added by hand, or
+    cut off) is refused naming it, not indexed, so BM25 never finds a document the store does not serve."""
+    shards = random_shards([3, 2], state_shape=(4,), seed=2)
+    store = build_store(tmp_path / "store", shards)
+    for index, rows in enumerate(shards):
+        jsonl_path(store, index).parent.mkdir(parents=True, exist_ok=True)
+        jsonl_path(store, index).write_text(collection_jsonl(rows), encoding="utf-8")
+    assert write_live_collection(store, tmp_path / "whole") == 2
+    written = [json.loads(line)["id"] for index in (0, 1) for line in
+               (tmp_path / "whole" / jsonl_path(store, index).name).read_text(encoding="utf-8").splitlines()]
+    assert written == [row.id for rows in shards for row in rows]
+    part = jsonl_path(store, 0)
+    lines = part.read_text(encoding="utf-8").splitlines(keepends=True)
+    stranger = json.dumps({"id": "stranger", "contents": "not in the store"}) + "\n"
+    part.write_text("".join([*lines, stranger] if change == "one more line" else lines[:-1]), encoding="utf-8")
+    count = len(lines) + (1 if change == "one more line" else -1)
+    with pytest.raises(DilstoreError, match=rf"{part.name} has {count} lines for the 3 rows of shard-00000"):
+        write_live_collection(store, tmp_path / "again")
