@@ -68,6 +68,20 @@ def test_a_codebook_records_the_states_it_was_trained_on_and_one_without_the_cou
     assert codebooks.codebook_sample_tokens(tmp_path / "no-such-codebook") is None
 
 
+
+def test_a_recorded_sample_count_is_read_back_when_it_is_a_count_and_ignored_otherwise(tmp_path: Path) -> None:
+    """Zero states is a count (of a codebook that learnt nothing, which an append must refuse); a negative, boolean,
+    fractional or text value is no count, read as a codebook that records none."""
+    book = train_codebook("2bit", low_rank_states(300, seed=4))
+    for recorded, read in ((0, 0), (1, 1), (300, 300), (-1, None), (True, None), (2.5, None), ("300", None)):
+        folder = tmp_path / str(recorded)
+        write_codebook(folder, "2bit", book, (DIMS,), sample_tokens=300)
+        group = zarr.open_group(str(folder), mode="r+")
+        group.attrs.update({"dilstore": {**group.attrs.asdict()["dilstore"], "sample_tokens": recorded}})
+        assert codebooks.codebook_sample_tokens(folder) == read and type(codebooks.codebook_sample_tokens(folder)) is (
+            type(read)), recorded
+
+
 TRAIN_HUGE = """
 import numpy as np
 from dilstore.storage.encodings import round_trip, train_codebook
