@@ -144,6 +144,23 @@ def test_too_few_to_reuse_reads_the_count_or_an_old_codebooks_distinct_centroids
     assert codebook_module.too_few_to_reuse(tmp_path / "without", "2bit") is None
 
 
+def test_an_old_codebook_s_sample_is_its_fewest_distinct_centroids_at_any_position(tmp_path: Path) -> None:
+    """An earl-s2 codebook holds one centroid table per (block, key/value) position; written before the count was
+    recorded, the position trained on the fewest states tells the sample, however many the others hold."""
+    states = np.random.default_rng(3).standard_normal((600, 2, 2, 8)).astype(np.float32)  # (n, blocks, 2, d)
+    book = train_codebook("2bit", states)
+    rows = np.arange(residual_codes.CENTROIDS)
+    for counts in ((256, 40, 256, 200), (256, 256, 256, 256), (7, 256, 100, 256)):
+        centroids = book["centroids"].copy()  # (C, blocks, 2, d)
+        for position, count in enumerate(counts):
+            block, half = divmod(position, 2)
+            centroids[:, block, half] = states[rows % count, block, half]
+        folder = tmp_path / "-".join(map(str, counts))
+        write_codebook(folder, "2bit", {**book, "centroids": centroids}, (2, 2, 8))
+        assert codebooks.distinct_centroids(folder, "2bit") == min(counts), counts
+        assert (codebook_module.too_few_to_reuse(folder, "2bit") is None) == (min(counts) == 256), counts
+
+
 def test_a_codebook_of_a_full_sample_is_not_measured_again_and_a_copy_keeps_its_count(
     tiny_dir: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
