@@ -345,6 +345,8 @@ def test_memory_mapping_a_compressed_store_is_refused(shards, tmp_path) -> None:
         ({"char_spans": np.array([[0, 99], [-1, -1]], dtype=np.int32)}, "outside its text"),
         ({"states": np.array([[np.nan] * 4, [0.0] * 4], dtype=np.float32)}, "NaN"),
         ({"states": np.zeros((2, 5), dtype=np.float32)}, "like the shard's first passage"),
+        ({"states": np.ones((2, 4), dtype=np.int32)}, r"states must be float \(2, 4\) .* got int32 \(2, 4\)"),
+        ({"states": np.ones((2, 4), dtype=bool)}, r"states must be float \(2, 4\) .* got bool \(2, 4\)"),
         ({"token_ids": np.array([1.5, 2.0])}, "integer"),
         ({"id": "bad \ud800"}, "not valid Unicode"),
         ({"id": ""}, "non-empty"),
