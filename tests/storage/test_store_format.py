@@ -618,3 +618,16 @@ def test_a_fingerprint_with_a_key_it_does_not_know_is_malformed(extra) -> None:
     missing = {name: value for name, value in fields.items() if name != "kind"}
     with pytest.raises(DilstoreError, match=r"missing keys \['kind'\], unknown keys \[\]"):
         Fingerprint.from_dict(missing)
+
+
+@pytest.mark.parametrize("widths", [(5, 6), (6, 5), (5, 5, 4)])
+def test_passage_vectors_of_another_width_than_the_shard_s_first_are_refused_naming_the_passage(widths, shards,
+                                                                                                  tmp_path) -> None:
+    """Vectors of one shard are one (n, d) array: one of another d is named (it was numpy's "all input arrays must
+    have the same shape", naming no passage)."""
+    records = [PassageRecord(**{**vars(record), "vector": np.ones(width, dtype=np.float32)})
+               for record, width in zip(shards[0], widths, strict=False)]
+    odd = records[next(row for row, width in enumerate(widths) if width != widths[0])]
+    with pytest.raises(DilstoreError, match=rf"passage {odd.id!r}: vector must be a float \(d,\) like the shard's "
+                                            rf"first, got float32 \({len(odd.vector)},\)"):
+        write_shard(tmp_path, 0, records, kind="dilbert", encoding="fp32", durable=False)
