@@ -631,3 +631,21 @@ def test_passage_vectors_of_another_width_than_the_shard_s_first_are_refused_nam
     with pytest.raises(DilstoreError, match=rf"passage {odd.id!r}: vector must be a float \(d,\) like the shard's "
                                             rf"first, got float32 \({len(odd.vector)},\)"):
         write_shard(tmp_path, 0, records, kind="dilbert", encoding="fp32", durable=False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=4), st.data())
+def test_a_non_finite_state_is_blamed_on_the_passage_and_token_that_hold_it(words, data) -> None:
+    """Every position, the first and last token of a passage included: the first token of a passage was blamed on
+    the passage before it (token n of a passage of n tokens), and that of the shard's first on its last."""
+    rng = np.random.default_rng(len(words))
+    records = [passage(f"p{row}", count, (3,), rng) for row, count in enumerate(words)]  # count + 1 tokens each
+    row = data.draw(st.integers(0, len(records) - 1))
+    token = data.draw(st.integers(0, words[row]))
+    states = np.array(records[row].states)
+    states[token, data.draw(st.integers(0, 2))] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    records[row] = PassageRecord(**{**vars(records[row]), "states": states})
+    with scratch_dir() as folder, pytest.raises(
+        DilstoreError, match=f"^passage 'p{row}': token {token} has NaN or infinite states$"
+    ):
+        write_shard(folder, 0, records, kind="dilbert", encoding="fp32", durable=False)
