@@ -73,6 +73,34 @@ def test_an_open_reader_refuses_a_shard_of_a_rebuilt_store(tmp_path: Path, read_
         assert [p.id for p in reopened.fetch(ids[1])] == ids[1]
 
 
+def test_a_memory_mapped_reader_refuses_a_shard_of_another_build_that_matches_its_manifest_entry(
+    tmp_path: Path,
+) -> None:
+    """A rebuild of the same passages (same ids, token counts, kind and encoding) with other states, read by a
+    reader opened before it without `check_files`: the shard it opens lazily names another build, and is refused
+    rather than served as the opened build's."""
+    root = tmp_path / "s"
+    shards = random_shards([3, 3], state_shape=(4,), seed=5, max_words=8)
+    fingerprint = fingerprint_for("dilbert", "fp32")
+
+    def write(generation: str, scale: float) -> None:
+        for index, records in enumerate(shards):
+            scaled = [dataclasses.replace(record, states=record.states * scale) for record in records]
+            write_shard(root, index, scaled, kind="dilbert", encoding="fp32", durable=False, generation=generation,
+                        fingerprint=fingerprint)  # fmt: skip
+        finalize(root, fingerprint, {"command": "test"}, generation=generation)
+
+    write("gen-a", 1.0)
+    with open_store(root, read_path="mmap") as store:
+        assert store.fetch([shards[0][0].id])[0].id == shards[0][0].id
+        shutil.rmtree(root)
+        write("gen-b", 2.0)
+        with pytest.raises(StoreChangedError, match=r"shard-00001 belongs to build 'gen-b', the store was opened at "
+                                                    r"build 'gen-a'"):
+            store.fetch([shards[1][0].id])
+    with open_store(root) as reopened:
+        assert (reopened.fetch([shards[1][0].id])[0].states == shards[1][0].states * 2.0).all()
+
 def test_finalize_refuses_a_shard_of_another_build(tmp_path: Path) -> None:
     root = tmp_path / "s"
     shards = random_shards([2, 2], state_shape=(4,), seed=1)
