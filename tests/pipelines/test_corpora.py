@@ -1087,6 +1087,16 @@ def test_every_rendered_template_reads_any_arguments_without_failing(name: str, 
     assert text.startswith("A") and text.endswith("b.")
 
 
+@pytest.mark.parametrize(
+    ("number", "shown"),
+    [("1", "1st"), ("2", "2nd"), ("3", "3rd"), ("4", "4th"), ("11", "11th"), ("12", "12th"), ("13", "13th"),
+     ("21", "21st"), ("22", "22nd"), ("23", "23rd"), ("101", "101st"), ("111", "111th"), ("112", "112th"),
+     ("113", "113th"), ("1013", "1013th"), ("0", "0th")],
+)
+def test_an_ordinal_has_the_suffix_english_gives_it(number: str, shown: str) -> None:
+    assert wikitext_to_text(f"the {{{{ordinal|{number}}}}} day") == f"the {shown} day"
+
+
 def test_a_page_without_its_end_tag_is_read_and_memory_stays_flat(tmp_path: Path) -> None:
     """A missing </page> made every later page a child of that one: the dump's rest stayed in memory, and the page
     itself was lost behind a nameless "mismatched tag" at the end (review42 M2)."""
