@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import calendar
 import gzip
 import io
 import itertools
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dilstore.pipelines import corpus_wikipedia
@@ -1095,6 +1096,24 @@ def test_every_rendered_template_reads_any_arguments_without_failing(name: str, 
 )
 def test_an_ordinal_has_the_suffix_english_gives_it(number: str, shown: str) -> None:
     assert wikitext_to_text(f"the {{{{ordinal|{number}}}}} day") == f"the {shown} day"
+
+
+@pytest.mark.parametrize("month", range(15))
+@settings(max_examples=20)
+@given(st.integers(1, 2100), st.integers(1, 31), st.sampled_from(["", "|df=y", "|df=yes", "|df=no", "|DF=Yes",
+                                                                  "|df=n"]))
+def test_a_date_template_shows_its_month_by_name_in_the_order_df_asks_for(month, year, day, df) -> None:
+    """Every month 1 to 12 by its English name (December was not one), day first with df=y or df=yes (any case); a
+    month that is none leaves the year alone. Month-only dates show month and year."""
+    wikitext = f"Born {{{{birth date|{year}|{month}|{day}{df}}}}}. Died {{{{death date|{year}|{month}}}}}."
+    text = wikitext_to_text(wikitext)
+    if not 1 <= month <= 12:
+        assert text == f"Born {year}. Died {year}."
+        return
+    name = calendar.month_name[month]
+    day_first = df.lower() in ("|df=y", "|df=yes")  # argument names are read in lower case
+    born = f"{day} {name} {year}" if day_first else f"{name} {day}, {year}"
+    assert text == f"Born {born}. Died {name} {year}."
 
 
 def test_a_page_without_its_end_tag_is_read_and_memory_stays_flat(tmp_path: Path) -> None:
