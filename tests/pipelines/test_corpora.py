@@ -94,6 +94,20 @@ def test_document_over_the_limit_is_rejected_naming_its_size(tmp_path: Path) -> 
     assert rejected == [Rejected(str(corpus), 1, "document too large: text of 202 bytes (limit 200 bytes)")]
 
 
+@pytest.mark.parametrize("format", sorted(FORMATS))
+def test_a_document_size_limit_under_one_byte_is_refused_and_one_byte_reads_a_one_byte_text(format, tmp_path: Path
+                                                                                            ) -> None:
+    """A limit of 0 bytes would make every document of the file a dead letter "too large"; it is refused at once."""
+    corpus = tmp_path / "one.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "text": "x"}) + "\n" + json.dumps({"id": "b", "text": "xy"}) + "\n")
+    for limit in (0, -5):
+        with pytest.raises(DilstoreError, match=f"the maximum document size must be at least 1 byte, not {limit}"):
+            read_corpus(corpus, format, max_bytes=limit)
+    if format == "jsonl":
+        documents, rejected, _ = by_kind(read_corpus(corpus, format, max_bytes=1))
+        assert [document.id for document in documents] == ["a"] and [letter.line_or_id for letter in rejected] == [2]
+
+
 def test_a_title_over_1024_bytes_is_rejected_naming_its_size(tmp_path: Path) -> None:
     """Titles had no limit: a 2 MB title, copied into each of a record's passages, made a 117 MB store (pipe48 F4)."""
     corpus = tmp_path / "titles.jsonl"
