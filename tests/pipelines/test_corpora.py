@@ -1112,6 +1112,18 @@ def test_an_ordinal_has_the_suffix_english_gives_it(number: str, shown: str) -> 
     assert wikitext_to_text(f"the {{{{ordinal|{number}}}}} day") == f"the {shown} day"
 
 
+@pytest.mark.parametrize(
+    ("coordinates", "shown"),
+    [("57|N|4|W", "57°N 4°W"), ("57|18|22|N|4|27|32|W", "57°18′22″N 4°27′32″W"), ("57|N|W", ""), ("57|18|N|W", ""),
+     ("N|4|W", ""), ("57|18|N|S|W", ""), ("57|N", "")],
+)
+def test_a_coordinate_is_shown_only_with_degrees_on_both_sides_of_its_hemisphere_letters(coordinates, shown) -> None:
+    """A latitude and a longitude each need their degrees: `{{coord|57|N|W}}` lacks the longitude, and showed "57°N
+    W" as if W were a value."""
+    assert wikitext_to_text(f"Found at {{{{coord|{coordinates}}}}} today.") == " ".join(
+        ["Found at", *([shown] if shown else []), "today."])
+
+
 @pytest.mark.parametrize("month", range(15))
 @settings(max_examples=20)
 @given(st.integers(1, 2100), st.integers(1, 31), st.sampled_from(["", "|df=y", "|df=yes", "|df=no", "|DF=Yes",
