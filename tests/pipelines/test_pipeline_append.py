@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 from dilstore.pipelines import codebook as codebook_module
 from dilstore.pipelines.append import check_store_settings
+from dilstore.pipelines.finish import _stored_count
 from dilstore.pipelines.job import PrecomputeJob
 from dilstore.pipelines.passages import Passage
 from dilstore.pipelines.spec_file import SUMMARY_FILE
@@ -516,3 +517,14 @@ def test_a_stop_after_finish_put_the_store_or_append_in_place_says_so(
         stop = stopped(job, Terminated(signal.SIGTERM))
         assert str(stop).startswith(words), (case, str(stop))
         assert stop.signal_number == signal.SIGTERM
+
+
+def test_the_superseded_count_of_a_replace_counts_each_stored_passage_once(tmp_path: Path) -> None:
+    """A document replaced by a second --append --replace has its passage ids in the store's table and in the first
+    append's (`retired_passages` lists both): the summary said 2 passages superseded where the replace took out 1."""
+    shards = random_shards([3, 2], state_shape=(4,), seed=11)
+    store = build_store(tmp_path / "store", shards)
+    stored = {record.id for records in shards for record in records}
+    for retired in (["s0/p0", "s0/p0"], ["s0/p0", "s1/p1", "s0/p0", "s1/p1", "s1/p1"], ["gone#0", "gone#0", "s0/p2"],
+                    [], ["gone#0"]):
+        assert _stored_count(store, retired) == len(set(retired) & stored), retired
