@@ -108,6 +108,22 @@ def test_a_document_size_limit_under_one_byte_is_refused_and_one_byte_reads_a_on
         assert [document.id for document in documents] == ["a"] and [letter.line_or_id for letter in rejected] == [2]
 
 
+@pytest.mark.parametrize("limit", [200_000, 1_000_000])
+def test_a_document_within_the_limit_is_read_however_long_its_json_escapes_make_its_line(limit, tmp_path: Path
+                                                                                         ) -> None:
+    """`"\\u00e9"` is 6 bytes of the line for 2 of the text: a document at the limit written with ASCII escapes (as
+    json.dumps writes by default) is read, not refused as a record too large; one byte more of text is refused."""
+    corpus = tmp_path / "escaped.jsonl"
+    at_limit = json.dumps({"id": "at", "text": "é" * (limit // 2)})
+    over = json.dumps({"id": "over", "text": "é" * (limit // 2) + "x"})
+    corpus.write_text(f"{at_limit}\n{over}\n", encoding="ascii")
+    assert len(at_limit) > 3 * limit
+    documents, rejected, _ = by_kind(read_jsonl(corpus, max_bytes=limit))
+    assert [(document.id, len(document.text.encode())) for document in documents] == [("at", limit)]
+    assert rejected == [Rejected(str(corpus), 2, f"document too large: text of {limit + 1:,} bytes (limit {limit:,} "
+                                                 "bytes)")]
+
+
 def test_a_title_over_1024_bytes_is_rejected_naming_its_size(tmp_path: Path) -> None:
     """Titles had no limit: a 2 MB title, copied into each of a record's passages, made a 117 MB store (pipe48 F4)."""
     corpus = tmp_path / "titles.jsonl"
