@@ -649,3 +649,14 @@ def test_a_non_finite_state_is_blamed_on_the_passage_and_token_that_hold_it(word
         DilstoreError, match=f"^passage 'p{row}': token {token} has NaN or infinite states$"
     ):
         write_shard(folder, 0, records, kind="dilbert", encoding="fp32", durable=False)
+
+
+@pytest.mark.parametrize("limit", [0, -1, True, 1.0, "2"])
+def test_max_open_shards_is_a_positive_integer(limit, fp32_store, shards) -> None:
+    """0 was taken: every shard a fetch opened was dropped at once, and opened again by the next fetch."""
+    with pytest.raises(DilstoreError, match=f"max_open_shards must be a positive integer or None, got "
+                                            f"{re.escape(repr(limit))}"):
+        open_store(fp32_store, max_open_shards=limit)
+    with open_store(fp32_store, max_open_shards=1) as store:
+        assert [stored.id for stored in store.fetch(["s0/p0", "s2/p1"])] == ["s0/p0", "s2/p1"]
+        assert len(store._shards) == 1  # the most recently used shard stays open
