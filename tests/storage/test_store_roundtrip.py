@@ -286,6 +286,22 @@ def test_the_writer_names_the_passage_and_token_beyond_fp16s_range(tmp_path: Pat
     assert not (tmp_path / shard_path(0)).exists()
 
 
+@pytest.mark.parametrize("largest", [1.0, -1.0], ids=["positive", "negative"])
+def test_a_token_at_fp16_s_largest_value_is_stored_and_not_blamed_for_one_beyond_it(tmp_path: Path,
+                                                                                      largest: float) -> None:
+    """float16's largest finite value fits: an earlier token holding it was named as "beyond float16's range
+    (65504)" in place of the token that is."""
+    edge = largest * float(np.finfo(np.float16).max)
+    first, second = np.ones((3, 8), dtype=np.float32), np.ones((4, 8), dtype=np.float32)
+    first[1, 4] = edge
+    second[3, 0] = 2 * edge
+    with pytest.raises(DilstoreError, match=r"^passage 'p1': token 3 has states that reach 1\.31e\+05, beyond "):
+        write_shard(tmp_path, 0, _passages(first, second), kind="dilbert", encoding="fp16", durable=False)
+    second[3, 0] = edge
+    write_shard(tmp_path, 0, _passages(first, second), kind="dilbert", encoding="fp16", durable=False)
+    assert float(np.abs(get_encoding("fp16").encode(first)["values"]).max()) == abs(edge)
+
+
 def test_the_writer_refuses_int8_states_that_would_decode_to_infinity(tmp_path: Path) -> None:
     """write_shard wrote finite states near float32's largest value that decoded to inf; only verify told (codes51
     F6). Such values fit fp32, and int8 keeps values up to ~3.3e38 in a channel of its own (they stay finite)."""
