@@ -1052,6 +1052,16 @@ def test_an_empty_file_fits_any_format(tmp_path: Path) -> None:
         check_format(empty, format)
 
 
+@pytest.mark.parametrize("name", ["empty.jsonl.gz", "empty.tsv.bz2", "empty.xml.GZ"])
+def test_an_empty_file_named_as_compressed_fits_any_format(tmp_path: Path, name: str) -> None:
+    """Zero bytes hold no compression's magic, and no record either: not refused as a plain file named as
+    compressed (what the first bytes of a non-empty file tell)."""
+    empty = tmp_path / name
+    empty.write_bytes(b"")
+    for format in FORMATS:
+        check_format(empty, format)
+
+
 @pytest.mark.parametrize("name", ["corpus.jsonl.gz", "corpus.jsonl.GZ", "corpus.jsonl.bz2"])
 def test_a_plain_file_named_as_compressed_is_refused_up_front(tmp_path: Path, name: str) -> None:
     """Its one record became a dead letter ("truncated or corrupt file: Not a gzipped file") and the run exit 1."""
