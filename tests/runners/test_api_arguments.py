@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 
 import dilstore
 from dilstore.reader.serving.odqa import OpenDomainReader
-from dilstore.runners.arg_types import option_words
+from dilstore.runners.arg_types import (
+    MAX_SEED,
+    integer_at_least,
+    non_negative_int,
+    numpy_seed,
+    option_words,
+    positive_int,
+    torch_device,
+)
 from tests.fixtures.store_fixtures import build_store, random_shards
 
 
@@ -211,3 +219,36 @@ def test_numpy_integers_are_taken_as_integers(tmp_path: Path, monkeypatch) -> No
     assert seen[1].top_p == 3 and type(seen[1].top_p) is int
     with pytest.raises(dilstore.DilstoreError, match="top_p must be a positive integer or None, got float64"):
         dilstore.open_reader("STORE", top_p=np.float64(3))
+
+
+@pytest.mark.parametrize(
+    ("parse", "low", "high"),
+    [(positive_int, 1, None), (non_negative_int, 0, None), (integer_at_least(3), 3, None), (numpy_seed, 0, MAX_SEED)],
+)
+@given(offset=st.integers(-3, 3))
+def test_an_integer_option_takes_its_bounds_and_refuses_what_lies_past_them(parse, low: int, high, offset: int) -> None:
+    """Each bound is a value the option takes (`--seed 4294967295` is numpy's largest seed); one past it is a usage
+    error."""
+    for value in [low + offset] + ([] if high is None else [high + offset]):
+        inside = low <= value and (high is None or value <= high)
+        if inside:
+            assert parse(str(value)) == value
+        else:
+            with pytest.raises(argparse.ArgumentTypeError, match=f"got {value}$"):
+                parse(str(value))
+
+
+@given(seed=st.integers(-2, 3) | st.integers(2**32 - 3, 2**32 + 2))
+def test_a_seed_option_takes_exactly_the_seeds_numpy_takes(seed: int) -> None:
+    try:
+        np.random.RandomState(seed)
+        numpy_takes = True
+    except ValueError:
+        numpy_takes = False
+    try:
+        numpy_seed(str(seed))
+        taken = True
+    except argparse.ArgumentTypeError:
+        taken = False
+    assert taken == numpy_takes
+
