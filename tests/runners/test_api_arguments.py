@@ -252,3 +252,20 @@ def test_a_seed_option_takes_exactly_the_seeds_numpy_takes(seed: int) -> None:
         taken = False
     assert taken == numpy_takes
 
+
+@pytest.mark.parametrize(
+    ("count", "device", "taken"),
+    [(1, "cuda", True), (1, "cuda:0", True), (1, "cuda:1", False), (2, "cuda:1", True), (2, "cuda:2", False),
+     (0, "cuda", False)],
+)  # fmt: skip
+def test_a_cuda_device_is_taken_only_when_the_machine_has_it(monkeypatch, count: int, device: str, taken: bool) -> None:
+    """A machine with one GPU has cuda:0 only: cuda:1 is a usage error now, not torch's error at the first tensor."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    if taken:
+        assert torch_device(device) == device
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match=f"this machine has {count} CUDA device"):
+            torch_device(device)
