@@ -486,6 +486,30 @@ def test_a_stopped_run_is_told_to_resume_only_when_it_saved_a_checkpoint(tmp_pat
                                            "--max-answer-length 5 --limit 40 --seed 3` scores it)")
 
 
+
+@pytest.mark.parametrize(
+    ("subset", "limit", "seed"),
+    [([], None, 0), (["--eval-seed", "7"], None, 0), (["--eval-limit", "5"], 5, 0),
+     (["--eval-limit", "5", "--eval-seed", "7"], 5, 7)],
+)  # fmt: skip
+def test_the_hinted_evaluation_is_a_command_evaluate_rc_runs_on_the_dev_subset(
+    subset: list[str], limit: int | None, seed: int, tmp_path: Path
+) -> None:
+    """--eval-seed (default 0) picks only the --eval-limit subset: without --eval-limit the hint must leave --seed
+    out, which evaluate-rc refuses without --limit ("--seed picks the --limit subset")."""
+    import shlex
+
+    from dilstore.runners.cli import build_parser, parse
+    from dilstore.runners.reading_options import subset_seed
+    from dilstore.runners.training_options import dev_evaluation
+
+    args = parse(build_parser(), ["train", "qa", "--layers", "1", "--train", "t.json", "--dev", "d.json", *subset])
+    words = shlex.split(dev_evaluation(args, tmp_path))
+    assert words[:2] == ["dilstore", "evaluate-rc"]
+    evaluated = parse(build_parser(), words[1:])
+    assert (evaluated.model, evaluated.data, evaluated.limit) == (tmp_path, Path("d.json"), limit)
+    assert subset_seed(evaluated) == seed
+
 def test_a_summary_gives_a_short_run_its_seconds() -> None:
     """A run of 2.8 s printed "train 0.0 min" (train46 F7)."""
     from dilstore.runners.training_options import duration
