@@ -119,3 +119,32 @@ def test_the_requests_a_shutdown_timeout_cuts_off_are_a_warning_naming_the_optio
         ("ERROR", "Exception in ASGI application"),
         ("ERROR", "Cancel 1 running task(s), timeout graceful shutdown exceeded"),
     ]
+
+
+def test_a_handler_that_takes_only_errors_gets_no_line_for_the_requests_a_shutdown_timeout_cut_off() -> None:
+    """A handler set to ERROR (an alerting one) goes by the record's level number, not its name: the reworded record
+    is a WARNING by both, and a real error still reaches it."""
+    import logging
+
+    from dilstore.runners.serve_server import shutdown_timeout_reworded
+
+    class Kept(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.ERROR)
+            self.records: list[logging.LogRecord] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.records.append(record)
+
+    alerting = Kept()
+    log = logging.getLogger("uvicorn.error")
+    log.addHandler(alerting)
+    try:
+        with shutdown_timeout_reworded(2.5):
+            log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", 3)
+            log.error("Exception in ASGI application")
+    finally:
+        log.removeHandler(alerting)
+    assert [(record.levelno, record.getMessage()) for record in alerting.records] == [
+        (logging.ERROR, "Exception in ASGI application")
+    ]
