@@ -70,6 +70,16 @@ def test_a_last_line_without_its_newline_is_kept(quiet_on, capfd) -> None:
     assert capfd.readouterr().err == KEPT
 
 
+
+def test_a_noise_line_that_ends_the_output_without_its_newline_is_dropped_too(quiet_on, capfd) -> None:
+    """The last line is filtered as every other: a worker's noise, or its death notice, that ends without a newline
+    stays off the terminal."""
+    for last in (NOISE, "Killed"):
+        with quiet.filtered_stderr():
+            subprocess.run([sys.executable, "-c", f"import sys; sys.stderr.write({KEPT + chr(10) + last!r})"],
+                           check=True)  # fmt: skip
+        assert capfd.readouterr().err == KEPT + "\n"
+
 def test_what_child_processes_print_once_a_stop_has_come_is_dropped(quiet_on, capfd) -> None:
     """Ctrl-C reached Beam's workers too, and their tracebacks printed above the command's one line."""
     try:
