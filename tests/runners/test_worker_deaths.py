@@ -157,3 +157,21 @@ def test_a_run_that_ends_within_the_grace_after_a_death_is_left_to_end(monkeypat
     [(watch, codes)] = seen
     assert codes == [137] and watch.codes == [], "the death was seen and no signal was sent"  # type: ignore[attr-defined]
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL, "the signal's handler is put back"
+
+
+def test_a_handler_of_the_wake_signal_set_before_the_block_gets_its_signals_and_is_put_back() -> None:
+    """A caller's own SIGUSR1 handler receives a SIGUSR1 sent while no worker died, and is the handler again after
+    the block, not the default (which ends the process)."""
+    received: list[int] = []
+
+    def callers_handler(number: int, frame: object) -> None:
+        received.append(number)
+
+    before = signal.signal(signal.SIGUSR1, callers_handler)
+    try:
+        with worker_deaths.dead_worker_wait_bounded(grace_seconds=60.0):
+            signal.raise_signal(signal.SIGUSR1)
+        assert received == [signal.SIGUSR1]
+        assert signal.getsignal(signal.SIGUSR1) is callers_handler
+    finally:
+        signal.signal(signal.SIGUSR1, before)
