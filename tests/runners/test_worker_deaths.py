@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -175,3 +176,14 @@ def test_a_handler_of_the_wake_signal_set_before_the_block_gets_its_signals_and_
         assert signal.getsignal(signal.SIGUSR1) is callers_handler
     finally:
         signal.signal(signal.SIGUSR1, before)
+
+
+def test_a_wake_signal_that_arrives_after_the_block_ended_raises_nothing() -> None:
+    """The watch had sent its signal (its codes are set) as the block ended: the block has ended, and its handler,
+    which may run late, raises no DeadWorkerError into whatever the main thread does next."""
+    watch = worker_deaths._DeadWorkerWatch(0.0, signal.SIG_DFL)
+    watch.codes = [137]
+    with pytest.raises(worker_deaths.DeadWorkerError, match=re.escape(exit_words(137))):
+        watch.wake(signal.SIGUSR1, None)
+    watch.end()
+    assert watch.wake(signal.SIGUSR1, None) is None
