@@ -452,10 +452,11 @@ def test_verify_reports_a_missing_store_as_a_problem_with_exit_1(tmp_path: Path,
     assert "no store at" in captured.out and "Traceback" not in captured.err
 
 
+@pytest.mark.parametrize("blank", ["", "  "])
 @pytest.mark.parametrize("command", ["info", "verify", "index", "ask"])
-def test_an_empty_store_path_is_named_as_such(command: str, capsys) -> None:
+def test_an_empty_store_path_is_named_as_such(command: str, blank: str, capsys) -> None:
     """'' read as the current folder, and the message named a blank store: "the store at  was never finalized"."""
-    assert main([command, ""] + (["Who?"] if command == "ask" else [])) == 2
+    assert main([command, blank] + (["Who?"] if command == "ask" else [])) == 2
     assert capsys.readouterr().err == f"dilstore {command}: error: the store path is empty\n"
 
 
