@@ -300,3 +300,27 @@ def test_an_index_rebuilt_under_the_same_file_names_changes_the_stamp(tmp_path: 
     replace_dir(tmp_path / "rebuilt", index)
     assert sorted(path.name for path in index.iterdir()) == ["_0.cfs", "segments_1"]
     assert serve_reopen.files_stamp(str(store), index) != before
+
+
+class ClosingService:
+    """Stands in for a store's service: counts its closings."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_a_reopened_copy_still_pending_is_closed_when_a_newer_one_takes_its_place() -> None:
+    """No batch ever read the copy a newer reopening replaced before the swap: it is closed then (its maps and
+    searcher let go), the serving copy at the swap, and the newest is served and left open."""
+    from dilstore.runners.serve_services import ServedStore
+
+    first, second, third = ClosingService(), ClosingService(), ClosingService()
+    store = ServedStore("s", first)  # type: ignore[arg-type]
+    store.take(ServedStore("s", second))  # type: ignore[arg-type]
+    store.take(ServedStore("s", third))  # type: ignore[arg-type]
+    assert [first.closed, second.closed, third.closed] == [0, 1, 0] and store.latest is third
+    store.swap()
+    assert [first.closed, second.closed, third.closed] == [1, 1, 0] and store.service is third
