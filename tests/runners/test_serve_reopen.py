@@ -324,3 +324,19 @@ def test_a_reopened_copy_still_pending_is_closed_when_a_newer_one_takes_its_plac
     assert [first.closed, second.closed, third.closed] == [0, 1, 0] and store.latest is third
     store.swap()
     assert [first.closed, second.closed, third.closed] == [1, 1, 0] and store.service is third
+
+
+def test_an_error_met_by_a_copy_a_reopened_one_replaced_marks_nothing() -> None:
+    """A batch on the old copy meets its changed files after the reopened copy was taken, before or after the swap:
+    the store stays available; the same error met by the copy now served marks it."""
+    from dilstore.runners.serve_services import ServedStore
+
+    old, new = ClosingService(), ClosingService()
+    store = ServedStore("s", old)  # type: ignore[arg-type]
+    store.take(ServedStore("s", new))  # type: ignore[arg-type]
+    assert store.fail(DilstoreError("the old copy's shard went away"), old) is False  # type: ignore[arg-type]
+    store.swap()
+    assert store.fail(DilstoreError("the old copy's shard went away"), old) is False  # type: ignore[arg-type]
+    assert store.problem is None
+    assert store.fail(DilstoreError("the new copy's shard went away"), new) is True  # type: ignore[arg-type]
+    assert store.problem == "the new copy's shard went away"
