@@ -855,6 +855,13 @@ def test_model_options_must_match_the_stores(tiny: dict[str, Any], capsys) -> No
     assert "no store is named 'nothing'" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("argument", ["runs/k=3/store", "/data/a=b", "./x=y", "s3://bucket/run=2/store"])
+def test_a_store_path_holding_an_equals_sign_is_a_path_not_a_name(argument: str) -> None:
+    """`NAME=STORE` names a store only when NAME is no path (holds no "/"): a folder such as runs/k=3/store is served
+    whole, under its last component, not as the store "3/store" named "runs/k"."""
+    assert parse_store_argument(argument) == (Path(argument.split("://")[-1]).name, argument)
+
 def test_every_store_and_model_path_is_checked_before_the_first_model_loads(
     tiny: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
