@@ -862,6 +862,16 @@ def test_a_store_path_holding_an_equals_sign_is_a_path_not_a_name(argument: str)
     whole, under its last component, not as the store "3/store" named "runs/k"."""
     assert parse_store_argument(argument) == (Path(argument.split("://")[-1]).name, argument)
 
+
+@pytest.mark.parametrize("option", ["s1=", "s1", "=dir"])
+def test_an_index_option_without_its_name_or_folder_is_refused(option: str) -> None:
+    """`--index s1=` named the current folder (Path("") is "."), which was then searched as s1's BM25 index."""
+    from dilstore.runners.cmd_serve import per_store_indexes
+
+    with pytest.raises(DilstoreError, match="--index takes NAME=DIR|no store is named ''"):
+        per_store_indexes([option], ["s1"])
+    assert per_store_indexes(["s1=dir"], ["s1"]) == {"s1": Path("dir")}
+
 def test_every_store_and_model_path_is_checked_before_the_first_model_loads(
     tiny: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
