@@ -280,3 +280,18 @@ def test_input_that_ends_mid_line_ends_the_session_after_its_question(store_and_
     out = io.StringIO()
     assert interactive(odqa, TerminalAfterCtrlD(f"\n{GOOD}"), out, io.StringIO(), as_json=True) == 0
     assert json.loads(out.getvalue())["question"] == GOOD
+
+
+@pytest.mark.parametrize("questions", [["\u200b", GOOD], [GOOD, "\u200b", GOOD, GOOD], [GOOD, "\u200b"]])
+def test_a_refused_question_makes_the_session_s_status_2_whatever_is_answered_after_it(
+    store_and_model: tuple[Path, Path], questions: list[str]
+) -> None:
+    """A script that pipes in a question file learns that one was not answered, wherever it stood in the file."""
+    store_dir, model_dir = store_and_model
+    odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), OneHitSearcher())
+    out, err = io.StringIO(), io.StringIO()
+    assert interactive(odqa, io.StringIO("".join(f"{question}\n" for question in questions)), out, err,
+                       as_json=True) == 2  # fmt: skip
+    assert len(err.getvalue().splitlines()) == questions.count("\u200b")
+    answered = [json.loads(line).get("question") for line in out.getvalue().splitlines()]
+    assert answered.count(GOOD) == questions.count(GOOD)
