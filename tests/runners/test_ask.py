@@ -295,3 +295,23 @@ def test_a_refused_question_makes_the_session_s_status_2_whatever_is_answered_af
     assert len(err.getvalue().splitlines()) == questions.count("\u200b")
     answered = [json.loads(line).get("question") for line in out.getvalue().splitlines()]
     assert answered.count(GOOD) == questions.count(GOOD)
+
+
+class Terminal(io.StringIO):
+    """Questions typed at a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_at_a_terminal_a_refused_question_is_told_on_stderr_only_even_with_json(
+    store_and_model: tuple[Path, Path],
+) -> None:
+    """Typed questions have no line numbers: the error goes to stderr beside the prompt, and stdout carries only the
+    answers' JSON, one object per answered question."""
+    store_dir, model_dir = store_and_model
+    odqa = OpenDomainReader(DilBertReader.from_pretrained(model_dir), open_store(store_dir), OneHitSearcher())
+    out, err = io.StringIO(), io.StringIO()
+    assert interactive(odqa, Terminal(f"\u200b\n{GOOD}\n"), out, err, as_json=True) == 2
+    assert [json.loads(line)["question"] for line in out.getvalue().splitlines()] == [GOOD]
+    assert "dilstore ask: error: the question '\\u200b' has no word pieces after tokenization" in err.getvalue()
