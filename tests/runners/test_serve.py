@@ -872,6 +872,18 @@ def test_an_index_option_without_its_name_or_folder_is_refused(option: str) -> N
         per_store_indexes([option], ["s1"])
     assert per_store_indexes(["s1=dir"], ["s1"]) == {"s1": Path("dir")}
 
+
+@pytest.mark.parametrize("below", [1, 2, 9])
+def test_a_max_top_p_any_amount_below_ask_s_default_is_refused_for_a_dilbert_store_only(below: int) -> None:
+    """Every /ask that leaves top_p out reads DEFAULT_TOP_P passages: a --max-top-p one below it refused them all."""
+    from dilstore.reader.serving.answers import DEFAULT_TOP_P
+    from dilstore.runners.cmd_serve import check_default_top_p
+
+    with pytest.raises(DilstoreError, match=f"--max-top-p {DEFAULT_TOP_P - below} is below"):
+        check_default_top_p(DEFAULT_TOP_P - below, ["earl-s1", "dilbert"])
+    check_default_top_p(DEFAULT_TOP_P - below, ["earl-s1", "listformer"])
+    check_default_top_p(DEFAULT_TOP_P, ["dilbert"])
+
 def test_every_store_and_model_path_is_checked_before_the_first_model_loads(
     tiny: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
