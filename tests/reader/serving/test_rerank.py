@@ -462,6 +462,37 @@ def test_a_stopped_rerank_keeps_the_queries_done_and_the_same_command_goes_on_fr
     assert not list((tmp_path / "missing").glob(".*"))
 
 
+
+def test_a_rerank_of_another_depth_takes_nothing_from_a_stopped_run_s_journal(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The queries a --depth 2 run kept before its stop were reranked over 2 documents: run again with --depth 4,
+    every query is reranked over 4, and the run equals one never stopped."""
+    from dilstore.runners import cmd_rerank
+
+    monkeypatch.setattr(cmd_rerank, "PART_QUERIES", 1)
+    real, calls = EarlReranker.rerank_tokenized, []
+
+    def stopped_at_the_third(self: EarlReranker, *args: object, **kwargs: object) -> dict[str, float]:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    common = ["--model", model_dir, "--json", "--threads", 1]
+    status, whole, err = cli(capsys, store("earl-s1"), *write_inputs(tmp_path / "whole", FIRST_STAGE), "--depth", 4,
+                             *common)  # fmt: skip
+    assert status == 0, err
+    arguments = write_inputs(tmp_path / "stopped", FIRST_STAGE)
+    monkeypatch.setattr(EarlReranker, "rerank_tokenized", stopped_at_the_third)
+    assert cli(capsys, store("earl-s1"), *arguments, "--depth", 2, *common)[0] == 130
+    monkeypatch.setattr(EarlReranker, "rerank_tokenized", real)
+    status, deeper, err = cli(capsys, store("earl-s1"), *arguments, "--depth", 4, *common)
+    assert status == 0, err
+    assert (tmp_path / "stopped" / "out.trec").read_text() == (tmp_path / "whole" / "out.trec").read_text()
+    assert json.loads(deeper)["resumed_queries"] == 0
+
 def test_cli_tags_the_run_with_tag_and_refuses_a_tag_of_two_words_before_reranking(
     store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
