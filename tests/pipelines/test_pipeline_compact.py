@@ -152,6 +152,20 @@ def test_output_leaves_the_store_as_it_was_and_brings_an_index_only_when_it_cove
     assert stale["bm25_index"] == "stale" and not (tmp_path / "stale" / "bm25").exists()
 
 
+
+def test_an_index_folder_whose_record_matches_but_that_holds_no_index_is_not_carried(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """STORE/bm25 with its record and no Lucene segments (an index cut short, or emptied) is no index to copy: the
+    compacted store gets none, and `dilstore index` builds one, rather than a bm25/ folder that ask and serve refuse."""
+    store = tmp_path / "store"
+    build_store(store, [[passage(f"p{row}", 6, (8,), np.random.default_rng(row)) for row in range(2)]])
+    (store / "bm25").mkdir()
+    record = json.dumps(indexed_state(read_manifest(StoreLocation.parse(store))))
+    (store / "bm25" / INDEX_RECORD).write_text(record, encoding="utf-8")
+    result = compact(capsys, str(store), "--output", str(tmp_path / "copy"), "--shards", "1")
+    assert result["bm25_index"] == "stale" and not (tmp_path / "copy" / "bm25").exists()
+
 @pytest.mark.parametrize("shards", [2, 3])
 def test_compacting_into_several_shards_keeps_each_passage_table_row_with_its_own_passage(
         appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int) -> None:
