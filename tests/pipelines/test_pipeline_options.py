@@ -259,6 +259,20 @@ def test_a_job_server_that_never_answers_is_named_with_the_options_that_bound_th
     )  # full49 F6
 
 
+@pytest.mark.parametrize("after", ["[while running 'Commit: shard-00001 (ErrorCount 0)']", "log: see ErrorHandler"])
+def test_a_worker_s_error_line_is_told_even_when_a_later_line_mentions_an_error_after_its_colon(after: str) -> None:
+    """The telling line is the one whose exception name holds "Error" (before its colon): a later line that names
+    one only in its text is not taken for it, and a full disk still gets its advice."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from dilstore.runners.worker_deaths import RERUN
+
+    full = "OSError: [Errno 28] No space left on device: '/s/shards/shard-00001'"
+    line = pipeline_failure(RuntimeError(f"Traceback (most recent call last):\n{full}\n{after}"), PipelineOptions([]),
+                            "/s")  # fmt: skip
+    assert line == f"{full}: free space on the disk of /s (or of $TMPDIR), then {RERUN}"
+
+
 @pytest.mark.parametrize(
     ("runner", "args", "launched"),
     [
