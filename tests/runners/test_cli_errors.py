@@ -660,3 +660,22 @@ def test_info_and_verify_show_a_size_in_the_largest_unit_it_fills(size: int, sho
     from dilstore.runners.cmd_store import _size
 
     assert _size(size) == shown
+
+
+def test_an_eval_limit_without_dev_is_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--eval-limit picks the dev questions evaluated after training: without --dev it picks nothing, and the hours of
+    training would end with no evaluation at all."""
+    import dilstore.reader.training.qa as qa
+
+    def trains(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run trained")
+
+    monkeypatch.setattr(qa, "train_qa", trains)
+    (tmp_path / "train.json").write_text("{}")
+    argv = ["train", "qa", "--layers", "1", "--train", str(tmp_path / "train.json"), "--output", str(tmp_path / "o"),
+            "--eval-limit", "5"]  # fmt: skip
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ("dilstore train: error: --eval-limit picks the dev questions evaluated after "
+                                       "training; give --dev too\n")  # fmt: skip
