@@ -510,6 +510,16 @@ def test_the_hinted_evaluation_is_a_command_evaluate_rc_runs_on_the_dev_subset(
     assert (evaluated.model, evaluated.data, evaluated.limit) == (tmp_path, Path("d.json"), limit)
     assert subset_seed(evaluated) == seed
 
+
+@pytest.mark.parametrize(("flag", "grouped"), [([], True), (["--no-group-by-length"], False)])
+def test_no_group_by_length_reaches_the_training_config(flag: list[str], grouped: bool) -> None:
+    """`train qa --no-group-by-length` trains on windows in plain shuffled order: the config the run gets says so."""
+    from dilstore.runners.cli import build_parser, parse
+    from dilstore.runners.cmd_train import _qa_config
+
+    args = parse(build_parser(), ["train", "qa", "--layers", "1", "--train", "t.json", *flag])
+    assert _qa_config(args).group_by_length is grouped
+
 def test_a_summary_gives_a_short_run_its_seconds() -> None:
     """A run of 2.8 s printed "train 0.0 min" (train46 F7)."""
     from dilstore.runners.training_options import duration
