@@ -206,3 +206,20 @@ def test_nan_states_in_the_sampling_pass_are_refused_naming_the_passage(tiny_dir
     error = capsys.readouterr().err
     assert re.search(r"error: passage 'bad': token \d+ has NaN or infinite states", error), error
     assert "Traceback" not in error
+
+
+@pytest.mark.parametrize("offset", [-1, 0, 1])
+def test_a_build_s_small_sample_warning_says_refused_only_below_the_reuse_minimum(
+    offset: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The warning a build gives a codebook trained on few states says what an --append will do: refused for fewer
+    than MIN_REUSE_TOKENS (as `too_few_to_reuse` refuses), measured from MIN_REUSE_TOKENS on."""
+    from dilstore.runners.cmd_precompute import warn_small_sample
+
+    count = codebook_module.MIN_REUSE_TOKENS + offset
+    monkeypatch.setattr(codebooks, "codebook_sample_tokens", lambda path: count)
+    warn_small_sample(tmp_path)
+    err = capsys.readouterr().err
+    assert f"trained on only {count:,} token states" in err
+    assert ("will be refused" in err) == (count < codebook_module.MIN_REUSE_TOKENS)
+    assert ("first measures it" in err) == (count >= codebook_module.MIN_REUSE_TOKENS)
