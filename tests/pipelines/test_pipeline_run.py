@@ -47,6 +47,7 @@ from dilstore.storage.writer import shard_generation
 from tests.fixtures.pipeline_fixtures import (
     ROOT,
     TINY_LAYERS,
+    TINY_MAX_POSITIONS,
     save_tiny_reader,
     store_contents,
     wiki_like_documents,
@@ -363,6 +364,19 @@ def test_user_errors_exit_2_with_a_message(tiny_dir: Path, tmp_path: Path, capsy
     assert err.startswith("dilstore precompute: error:") and message in err
     assert not (tmp_path / "s").exists()  # an unknown Beam option left s/precompute.json behind
 
+
+
+def test_a_max_length_of_exactly_the_model_s_positions_is_taken_and_one_more_is_refused(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A BERT of N position embeddings reads segments of N tokens: --max-length N is the longest that fits."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2))
+    words = ["precompute", "--input", str(corpus), "--output", str(tmp_path / "s"), "--model", str(tiny_dir)]
+    args = cli.build_parser().parse_args([*words, "--max-length", str(TINY_MAX_POSITIONS)])
+    assert build_job(args, time.time(), "DirectRunner", None).max_length == TINY_MAX_POSITIONS
+    args = cli.build_parser().parse_args([*words, "--max-length", str(TINY_MAX_POSITIONS + 1)])
+    with pytest.raises(DilstoreError, match=f"exceeds the model's {TINY_MAX_POSITIONS} positions"):
+        build_job(args, time.time(), "DirectRunner", None)
 
 def test_a_store_codebook_changed_after_finalize_is_refused_as_codebook(tiny_dir: Path, tmp_path: Path,
                                                                          capsys) -> None:
