@@ -247,3 +247,72 @@ def test_a_request_that_does_not_arrive_whole_in_time_loses_its_connection(index
     assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), refused
     assert json.loads(body) == {"detail": "Invalid HTTP request received."}
     assert refused_head.startswith(b"HTTP/1.1 400") and refused_head.endswith(b"\r\n\r\n"), refused_head
+
+
+class RecordingTransport:
+    """The transport of one client connection to a ServeProtocol, without a socket: what was written, and whether
+    the server closed it."""
+
+    def __init__(self) -> None:
+        self.written, self.closed = b"", False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"peername": ("127.0.0.1", 5555), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("second", "owing"),
+    [(b"GET /b HTTP/1.1\r\nHo", True), (b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nabc", True),
+     (b"", False)],
+)  # fmt: skip
+def test_a_pipelined_request_cut_short_behind_an_answered_one_is_held_to_the_deadline(
+    second: bytes, owing: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request that came in the same packet as the one before it, cut in its headers or its body, gets no data
+    that would start its timer: the deadline starts as the answer before it completes, and at its end the
+    connection closes with the warning (uvicorn's 5 s keep-alive is set long here, as it may be). With nothing
+    owed, the idle kept-alive connection is uvicorn's to time out."""
+    import asyncio
+
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from dilstore.runners.serve_protocol import serve_protocol
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    loop = asyncio.new_event_loop()
+    try:
+        state = ServerState()
+        protocol = serve_protocol(1.5)(uvicorn.Config(app, timeout_keep_alive=600, log_config=None), state, {}, loop)
+        transport = RecordingTransport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n" + second)
+        loop.run_until_complete(asyncio.gather(*state.tasks))
+        assert transport.written.startswith(b"HTTP/1.1 200 OK") and transport.written.endswith(b"ok")
+        assert (protocol.deadline is not None) == owing and not transport.closed
+        if owing:
+            protocol.deadline.cancel()
+            protocol._expire()  # the deadline's end, without the wait
+            assert transport.closed
+            assert "its request did not arrive whole within 1.5 s (--request-timeout)" in caplog.text
+        protocol.connection_lost(None)
+    finally:
+        loop.close()
