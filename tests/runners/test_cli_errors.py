@@ -679,3 +679,21 @@ def test_an_eval_limit_without_dev_is_refused_before_training(
     assert main(argv) == 2
     assert capsys.readouterr().err == ("dilstore train: error: --eval-limit picks the dev questions evaluated after "
                                        "training; give --dev too\n")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--replace"], "--replace only applies to --append"),
+     (["--replace", "--overwrite"], "--replace only applies to --append"),
+     (["--append", "--overwrite"], "--append adds to a store and --overwrite replaces it; give one of them")],
+)  # fmt: skip
+def test_precompute_refuses_append_flags_that_do_not_go_together_before_anything_is_written(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--replace` without `--append` was a build that ignored it: the retired passages the user meant to replace
+    stayed where they were."""
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('{"id": "a", "text": "text"}\n')
+    assert main(["precompute", "--input", str(corpus), "--output", str(tmp_path / "store"), *flags]) == 2
+    assert capsys.readouterr().err == f"dilstore precompute: error: {message}\n"
+    assert not (tmp_path / "store").exists()
