@@ -493,6 +493,36 @@ def test_a_rerank_of_another_depth_takes_nothing_from_a_stopped_run_s_journal(
     assert (tmp_path / "stopped" / "out.trec").read_text() == (tmp_path / "whole" / "out.trec").read_text()
     assert json.loads(deeper)["resumed_queries"] == 0
 
+
+def test_a_stopped_rerank_that_kept_a_query_with_no_stored_document_goes_on_to_the_run_an_unstopped_one_writes(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """q1's documents are none of them stored (--skip-missing leaves it out of the run): its part records it done with
+    no scores, and the run that goes on leaves it out too, as the unstopped run does."""
+    from dilstore.runners import cmd_rerank
+
+    monkeypatch.setattr(cmd_rerank, "PART_QUERIES", 1)
+    real, calls = EarlReranker.rerank_tokenized, []
+
+    def stopped_at_q3(self: EarlReranker, *args: object, **kwargs: object) -> dict[str, float]:
+        calls.append(1)  # each query is scored, q1 too (with none of its documents found)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    first_stage = {"q1": {"not-stored": 2.0, "gone": 1.0}, "q2": FIRST_STAGE["q2"], "q3": FIRST_STAGE["q3"]}
+    common = ["--model", model_dir, "--depth", 4, "--skip-missing", "--json", "--threads", 1]
+    status, whole, err = cli(capsys, store("earl-s1"), *write_inputs(tmp_path / "whole", first_stage), *common)
+    assert status == 0 and json.loads(whole)["emptied_queries"] == ["q1"], err
+    arguments = write_inputs(tmp_path / "stopped", first_stage)
+    monkeypatch.setattr(EarlReranker, "rerank_tokenized", stopped_at_q3)
+    assert cli(capsys, store("earl-s1"), *arguments, *common)[0] == 130
+    monkeypatch.setattr(EarlReranker, "rerank_tokenized", real)
+    status, resumed, err = cli(capsys, store("earl-s1"), *arguments, *common)
+    assert status == 0 and json.loads(resumed)["resumed_queries"] == 2, err
+    assert (tmp_path / "stopped" / "out.trec").read_text() == (tmp_path / "whole" / "out.trec").read_text()
+
 def test_cli_tags_the_run_with_tag_and_refuses_a_tag_of_two_words_before_reranking(
     store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
