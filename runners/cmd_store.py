@@ -89,12 +89,12 @@ def bm25_problems(store: str) -> list[str] | None:
 
 
 def _size(size: float) -> str:
-    """`size` bytes in B, KiB, MiB or GiB."""
+    """`size` bytes in B, KiB, MiB or GiB: the largest unit of which the figure shown is at least 1.0."""
     if size < 1024:
         return f"{int(size)} B"
     for unit in ("KiB", "MiB"):
         size /= 1024
-        if size < 1024:
+        if round(size, 1) < 1024:  # 1,048,575 bytes are 1023.999 KiB, shown as 1.0 MiB, not "1024.0 KiB"
             return f"{size:.1f} {unit}"
     return f"{size / 1024:.1f} GiB"
 

@@ -653,10 +653,12 @@ def test_an_output_another_run_writes_is_refused_before_the_model_loads(
 @pytest.mark.parametrize(
     ("size", "shown"),
     [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"),
-     (1024**2, "1.0 MiB"), (1024**3, "1.0 GiB"), (5 * 1024**4, "5120.0 GiB")],
+     (1024**2, "1.0 MiB"), (1024**3, "1.0 GiB"), (5 * 1024**4, "5120.0 GiB"),
+     (1024**2 - 1, "1.0 MiB"), (1024**2 - 51, "1.0 MiB"), (1024**2 - 52, "1023.9 KiB"), (1024**3 - 1, "1.0 GiB")],
 )  # fmt: skip
 def test_info_and_verify_show_a_size_in_the_largest_unit_it_fills(size: int, shown: str) -> None:
-    """1024 bytes are 1.0 KiB, as 1024 KiB are 1.0 MiB; below 1024 of a unit, the unit below."""
+    """1024 bytes are 1.0 KiB, as 1024 KiB are 1.0 MiB; below 1024 of a unit, the unit below, unless the shown
+    figure rounds up to 1024 of it (1,048,575 bytes read "1024.0 KiB")."""
     from dilstore.runners.cmd_store import _size
 
     assert _size(size) == shown
