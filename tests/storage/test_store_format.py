@@ -361,6 +361,21 @@ def test_the_writer_rejects_bad_records_naming_them(change, message, tmp_path) -
     assert not (tmp_path / "shards" / "shard-00000").exists()
 
 
+def test_token_ids_at_int32_s_bounds_are_stored_and_one_beyond_is_refused_naming_the_passage(tmp_path) -> None:
+    """Token ids are stored as int32: both ends of its range read back as given, and an id one past either end is
+    refused, naming its passage, rather than wrapped around to another word piece."""
+    rng = np.random.default_rng(8)
+    low, high = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
+    edges = PassageRecord(**{**vars(passage("edges", 1, (4,), rng)), "token_ids": np.array([low, high], np.int64)})
+    with open_store(build_store(tmp_path / "store", [[edges]])) as store:
+        assert store.fetch(["edges"])[0].token_ids.tolist() == [low, high]
+    for beyond in (low - 1, high + 1):
+        bad = PassageRecord(**{**vars(edges), "id": "beyond", "token_ids": np.array([5, beyond], np.int64)})
+        with pytest.raises(DilstoreError, match=rf"passage 'beyond'.* has id {beyond}, which does not fit int32"):
+            write_shard(tmp_path / "refused", 0, [edges, bad], kind="dilbert", encoding="fp32", durable=False)
+        assert not (tmp_path / "refused" / "shards" / "shard-00000").exists()
+
+
 def test_the_writer_names_a_non_finite_state_past_its_first_block_of_tokens(tmp_path) -> None:
     rng = np.random.default_rng(7)
     first, long = passage("first", 99, (4,), rng), passage("long", 9999, (4,), rng)  # 100 + 10,000 tokens
