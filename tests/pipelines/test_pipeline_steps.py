@@ -331,6 +331,15 @@ def test_counts_merge_in_any_grouping(parts: list[RunStats], cut: int) -> None:
     assert whole.passages == sum(part.passages for part in parts)
 
 
+def test_a_commit_marker_s_counts_of_another_version_are_read_by_name_and_the_rest_left_out() -> None:
+    """A shard's commit marker written by a dilstore that counted more (or fewer) things still resumes: the counts
+    this version knows are read, missing ones are 0, and an unknown one is left out rather than failing the run."""
+    known = {"passages": 3, "tokens": 41, "shards": 1}
+    marker = json.loads(json.dumps({**known, "a_later_count": 7, "another": "5"}))
+    assert RunStats.from_dict(marker) == RunStats(**known)
+    assert RunStats.from_dict({"passages": "3"}) == RunStats(passages=3)
+
+
 def test_progress_files_add_up(tmp_path: Path) -> None:
     report_progress(str(tmp_path), 0, 5)
     report_progress(str(tmp_path), 1, 7)
