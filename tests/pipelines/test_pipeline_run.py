@@ -23,6 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 import zarr
 from apache_beam.metrics.metric import MetricsFilter
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
 from dilstore.pipelines.corpora import Document, read_corpus
@@ -30,7 +32,7 @@ from dilstore.pipelines.job import prepare_store, run_spec, spec_differences
 from dilstore.pipelines.options import LocalDefaults, assemble_beam_flags, pipeline_options
 from dilstore.pipelines.precompute import NAMESPACE, build_pipeline
 from dilstore.pipelines.routing import SHARD, ReadTask, RouteSettings, route
-from dilstore.pipelines.spec_file import SUMMARY_FILE, spec_generation
+from dilstore.pipelines.spec_file import SUMMARY_FILE, read_spec, spec_generation, spec_json
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.offline.encoding import encode_tokenized, load_reader
 from dilstore.runners import cli
@@ -567,6 +569,28 @@ def test_the_store_records_the_generation_of_its_spec(metered_run) -> None:
     manifest = json.loads((store / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["generation"] == spec_generation(spec)
     assert {shard_generation(store, entry["index"]) for entry in manifest["shards"]} == {manifest["generation"]}
+
+
+@settings(max_examples=30)
+@given(items=st.dictionaries(st.text(min_size=1, max_size=6), st.integers() | st.text(max_size=6), min_size=2,
+                             max_size=6), seed=st.randoms(use_true_random=False))
+def test_a_spec_s_generation_does_not_depend_on_the_order_of_its_keys(items: dict, seed) -> None:
+    """The build id is the hash of the spec's content: a spec read back from its file (or put together in another
+    order) names the same build, so a resumed run or a compaction of it is not taken for another build."""
+    keys = list(items)
+    seed.shuffle(keys)
+    shuffled = {key: items[key] for key in keys}
+    assert spec_generation(shuffled) == spec_generation(items)
+    assert spec_json(shuffled) == spec_json(items)
+    assert list(json.loads(spec_json(shuffled))) == sorted(items)
+
+
+def test_a_spec_file_that_is_not_utf8_is_named_as_unreadable(tmp_path: Path) -> None:
+    (tmp_path / SPEC_FILE).write_bytes(b'{"k": "\xff\xfe"}\n')
+    with pytest.raises(DilstoreError, match=r"precompute\.json: cannot read the earlier run's settings: 'utf-8' codec"):
+        read_spec(tmp_path)
+    (tmp_path / SPEC_FILE).write_text('{"k": 8}\n', encoding="utf-8")
+    assert read_spec(tmp_path) == {"k": 8}
 
 
 def test_a_codebook_of_another_model_is_measured_and_refused_where_it_fits_far_worse(
