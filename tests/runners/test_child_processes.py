@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -45,6 +46,56 @@ def test_every_process_below_is_found_and_killed() -> None:
     finally:
         shell.kill()
         shell.wait()
+
+
+# Each level starts the next and waits for it; the innermost prints its own pid and its child's once that child has
+# exec'd (Popen returns only then), so the tree is whole when the line is read: no polling.
+INNER = "import os, subprocess, sys; p = subprocess.Popen(['sleep', '60']); print(os.getpid(), p.pid, flush=True); " \
+        "sys.exit(0 if p.wait() == -9 else 1)"
+OUTER = f"import subprocess, sys; sys.exit(subprocess.Popen([sys.executable, '-c', {INNER!r}]).wait())"
+
+
+def started_three_levels() -> tuple[subprocess.Popen[str], int, int]:
+    """A process, its child and its grandchild `sleep`: (the process, the child's pid, the grandchild's pid)."""
+    outer = subprocess.Popen([sys.executable, "-c", OUTER], stdout=subprocess.PIPE, text=True)
+    child, grandchild = (int(pid) for pid in outer.stdout.readline().split())
+    return outer, child, grandchild
+
+
+def end_three_levels(outer: subprocess.Popen[str], grandchild: int) -> None:
+    """Kill what is left of the three levels, the grandchild by its pid while it is still that `sleep`."""
+    if _sleeping_pid(grandchild):
+        subprocess.run(["kill", "-9", str(grandchild)], check=False)
+    outer.kill()
+    outer.wait()
+    outer.stdout.close()
+
+
+def _sleeping_pid(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep")
+    except OSError:
+        return False
+
+
+def test_processes_below_children_are_found_too() -> None:
+    outer, child, grandchild = started_three_levels()
+    try:
+        assert descendants(outer.pid) == [child, grandchild]
+        assert descendants(child) == [grandchild]
+        assert kill_descendants(outer.pid) == [child, grandchild]
+    finally:
+        end_three_levels(outer, grandchild)
+
+
+def test_the_reaper_kills_only_below_the_process_it_is_given() -> None:
+    """Given another process, the reaper kills what runs below it, not the processes of the caller."""
+    outer, child, grandchild = started_three_levels()
+    try:
+        reap_after(threading.Event(), seconds=0, pid=child).join(timeout=10)
+        assert outer.wait(timeout=10) == 0, "the grandchild was killed, and neither the child nor its parent"
+    finally:
+        end_three_levels(outer, grandchild)
 
 
 @pytest.mark.parametrize("ends_first", [False, True], ids=["hangs", "ends"])
