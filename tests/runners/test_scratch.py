@@ -84,3 +84,16 @@ def test_a_folder_whose_lock_is_held_is_kept(tmp_path: Path) -> None:
     finally:
         os.close(descriptor)
     assert remove_abandoned("dilstore-test-") == [held]
+
+
+def test_a_folder_whose_lock_file_is_a_link_is_left_alone(tmp_path: Path) -> None:
+    """Only a lock file the folder holds itself marks it as dilstore's: a link (to a file no one locks) is not
+    followed, and the folder is kept."""
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    folder = tmp_path / "dilstore-test-linked"
+    folder.mkdir()
+    (folder / OWNER_LOCK).symlink_to(target)
+    (folder / "part.jsonl").write_text("{}")
+    assert remove_abandoned("dilstore-test-") == []
+    assert (folder / "part.jsonl").is_file()
