@@ -193,6 +193,17 @@ def test_the_trained_query_length_is_read_back_and_holds_cls_a_word_and_sep(
         assert trained_query_length(tmp_path) == (DEFAULT_MAX_QUERY_LENGTH if expected == "default" else expected)
 
 
+def test_a_query_with_no_documents_to_score_is_refused(tiny_base: Path) -> None:
+    from dilstore.reader.modeling.ranking_inputs import group_size
+
+    model = SiameseRanker.from_base(tiny_base)
+    query = model.tokenize_query("q words", 8)
+    with pytest.raises(DilstoreError, match=r"same number \(at least 1\) of documents, got \[0\]"):
+        group_size([query, query], [[], []])
+    with pytest.raises(DilstoreError, match=r"same number \(at least 1\) of documents, got \[0\]"):
+        model.score_groups([query], [[]])
+
+
 def test_groups_must_be_even(tiny_base: Path) -> None:
     model = SiameseRanker.from_base(tiny_base)
     query, document = model.tokenize_query("q words", 8), model.tokenize_document("d words", 8)
