@@ -69,3 +69,13 @@ def test_a_store_url_s_password_is_hidden_as_it_appears_in_urls_not_wherever_its
     remember_secrets("https://host/store?sig=Q9")
     assert scrubbed("a banana: http://reader:a@host/store/f, https://host/store?sig=Q9/manifest.json") == (
         "a banana: http://reader:***@host/store/f, https://host/store?***/manifest.json")
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_the_query_of_a_plain_http_url_is_hidden_as_the_https_one_is(scheme: str, monkeypatch) -> None:
+    from dilstore.storage import secrets
+
+    monkeypatch.setattr(secrets, "_SECRETS", {})
+    secrets.remember_secrets(f"simplecache::{scheme}://host/store?sig=H7tk")
+    assert secrets.scrubbed(f"{scheme}://host/store?sig=H7tk/manifest.json: 403") == (
+        f"{scheme}://host/store?***/manifest.json: 403")
