@@ -79,3 +79,14 @@ def test_the_query_of_a_plain_http_url_is_hidden_as_the_https_one_is(scheme: str
     secrets.remember_secrets(f"simplecache::{scheme}://host/store?sig=H7tk")
     assert secrets.scrubbed(f"{scheme}://host/store?sig=H7tk/manifest.json: 403") == (
         f"{scheme}://host/store?***/manifest.json: 403")
+
+
+def test_a_query_that_another_one_starts_is_hidden_whole(monkeypatch) -> None:
+    """The longer secret goes first: the shorter one replaced first left the rest of the longer one shown."""
+    from dilstore.storage import secrets
+
+    monkeypatch.setattr(secrets, "_SECRETS", {})
+    secrets.remember_secrets("https://host/a?sig=K1")
+    secrets.remember_secrets("https://host/b?sig=K1&key=Z9")
+    assert secrets.scrubbed("https://host/b?sig=K1&key=Z9/f and https://host/a?sig=K1/f") == (
+        "https://host/b?***/f and https://host/a?***/f")
