@@ -196,6 +196,8 @@ def edit_manifest(root: Path, change) -> None:
         (lambda data: data["shards"][0].update(path=5), r"shards\[0\]\.path is 5, not a string"),
         (lambda data: data.update(state_shape="16"), "state_shape is '16', not a list of positive sizes"),
         (lambda data: data.update(state_shape=[-16]), r"state_shape is \[-16\], not a list of positive sizes"),
+        (lambda data: data.update(state_shape=[0]), r"state_shape is \[0\], not a list of positive sizes"),
+        (lambda data: data["shards"][1].update(tokens=-3), r"shards\[1\]\.tokens is -3, not a count"),
         # A count of 4,000 digits was printed whole by `info` (hostile46 F10).
         (lambda data: data.update(passages=10**4000), r"passages is 1000000000000000000000000000000000000000, not a"),
         (lambda data: data.update(tokens=-1), r"tokens is -1, not a count"),
