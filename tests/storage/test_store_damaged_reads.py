@@ -257,3 +257,14 @@ def test_int8_channel_scales_that_cannot_decode_are_refused(tmp_path: Path, chan
         expected = r"states/channel_scales is float32 \(2,\), expected float32 \(3,\)"
     with pytest.raises(StoreFormatError, match=expected):
         open_store(store, read_path="zarr").fetch([shards[0][0].id])
+
+
+def test_a_shard_that_names_no_format_version_is_refused(store: Path) -> None:
+    """A shard's attributes without a format version are not taken as the current version's."""
+    ids = all_ids(store)
+    attributes = store / shard_path(0) / "zarr.json"
+    metadata = json.loads(attributes.read_text())
+    del metadata["attributes"]["dilstore"]["format_version"]
+    attributes.write_text(json.dumps(metadata))
+    with open_store(store) as opened, pytest.raises(StoreFormatError, match="shard-00000 has format version None"):
+        opened.fetch([ids[0]])
