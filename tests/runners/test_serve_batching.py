@@ -266,6 +266,34 @@ def run_blocked_then_together(run_batch: Callable[[list[int]], list[int]], later
         batcher.stop()
 
 
+@given(pairs=st.lists(st.integers(0, 2), min_size=1, max_size=6))
+@settings(max_examples=20, deadline=None)
+def test_with_max_batch_pairs_1_every_request_runs_alone_even_one_of_no_pairs(pairs: list[int]) -> None:
+    """`max_batch_pairs=1` turns batching off (the module docstring): a request that counts no pairs still takes
+    a batch's place, so requests of none do not pile into one batch."""
+    batches: list[list[int]] = []
+
+    def run_batch(payloads: list[int]) -> list[int]:
+        batches.append(list(payloads))
+        return list(payloads)
+
+    batcher = Batcher("store", run_batch, max_batch_pairs=1, max_wait=0.0, queue_size=len(pairs), metrics=Metrics())
+
+    async def ask_all_then_start() -> list[int]:
+        asked = [asyncio.ensure_future(batcher.submit(number, size)) for number, size in enumerate(pairs)]
+        while batcher.pending() < len(pairs):
+            await asyncio.sleep(0)
+        batcher.start()
+        return await asyncio.gather(*asked)
+
+    try:
+        answers = asyncio.run(ask_all_then_start())
+    finally:
+        batcher.stop()
+    assert answers == list(range(len(pairs)))
+    assert batches == [[number] for number in range(len(pairs))]
+
+
 def test_a_batch_that_meets_a_changed_store_is_not_run_again_request_by_request(
     caplog: pytest.LogCaptureFixture
 ) -> None:
