@@ -1114,3 +1114,18 @@ def test_no_color_turns_the_server_s_log_colours_off() -> None:
     (handler,) = logging.getLogger("uvicorn").handlers
     record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, "Started server process", None, None)
     assert handler.formatter.format(record) == "INFO:     Started server process"
+
+
+def test_a_body_of_exactly_the_cap_is_read_and_one_byte_more_is_not(served) -> None:
+    """The server reads at most MAX_BODY_BYTES: a body of that many bytes is read (its question is then too long),
+    one of a byte more gets the 413, whether its length is declared or it comes in chunks."""
+    from dilstore.runners.serve_app import MAX_BODY_BYTES
+
+    client, _, _ = served
+    start, end = b'{"question": "', b'"}'
+    headers = {"content-type": "application/json"}
+    for extra, status in ((0, 422), (1, 413)):
+        body = start + b"x" * (MAX_BODY_BYTES + extra - len(start) - len(end)) + end
+        assert len(body) == MAX_BODY_BYTES + extra
+        assert client.post("/ask", content=body, headers=headers).status_code == status
+        assert client.post("/ask", content=iter([body[:65536], body[65536:]]), headers=headers).status_code == status
