@@ -1129,3 +1129,11 @@ def test_a_body_of_exactly_the_cap_is_read_and_one_byte_more_is_not(served) -> N
         assert len(body) == MAX_BODY_BYTES + extra
         assert client.post("/ask", content=body, headers=headers).status_code == status
         assert client.post("/ask", content=iter([body[:65536], body[65536:]]), headers=headers).status_code == status
+
+
+def test_an_app_of_two_stores_of_one_name_is_refused(served) -> None:
+    """Two stores under one name would leave one of them unreachable: create_app refuses them, as the command does."""
+    _, _, odqa = served
+    stores = [ServedStore("qa", AskService(odqa), {}), ServedStore("qa", AskService(odqa), {})]
+    with pytest.raises(DilstoreError, match=r"store names must differ, got \['qa', 'qa'\]"):
+        create_app(stores, ServeSettings())
