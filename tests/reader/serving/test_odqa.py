@@ -516,3 +516,11 @@ def test_every_stage_a_read_passes_through_is_timed_within_the_call(tiny: dict) 
     assert set(stages) == {"retrieval", "store_read", "question_layers", "interaction_layers", "decode"}
     assert all(seconds > 0 for seconds in stages.values()), stages
     assert timings["total"] <= wall
+
+
+@pytest.mark.parametrize("length", [0, 1, 2])
+def test_a_question_limit_with_no_room_for_a_word_piece_is_refused(length: int) -> None:
+    """[CLS] q [SEP] needs three tokens: a limit under that would read every question as no question at all."""
+    with pytest.raises(DilstoreError, match=f"max_question_length must be at least 3, got {length}"):
+        OdqaSettings(max_question_length=length)
+    assert OdqaSettings(max_question_length=3).max_question_length == 3
