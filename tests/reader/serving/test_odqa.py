@@ -524,3 +524,14 @@ def test_a_question_limit_with_no_room_for_a_word_piece_is_refused(length: int) 
     with pytest.raises(DilstoreError, match=f"max_question_length must be at least 3, got {length}"):
         OdqaSettings(max_question_length=length)
     assert OdqaSettings(max_question_length=3).max_question_length == 3
+
+
+def test_a_question_of_exactly_the_character_bound_goes_on_to_the_tokenizer(tiny: dict) -> None:
+    """The cheap pre-check refuses only what is over limit × 20 characters: a question of exactly that many is read
+    (one word over the tokenizer's word length is one unknown piece), and one character more is refused."""
+    odqa = odqa_for(tiny)
+    bound = odqa.settings.max_question_length * 20
+    read = odqa.tokenize_question("x" * bound)
+    assert read.token_ids.tolist() == odqa.tokenize_question("y" * 200).token_ids.tolist()
+    with pytest.raises(DilstoreError, match=f"the question is {bound + 1} characters long"):
+        odqa.tokenize_question("x" * (bound + 1))
