@@ -365,6 +365,14 @@ def test_config_rejects_bad_values(changes: dict, message: str) -> None:
         TrainingConfig(**{"layers": 0, **changes})
 
 
+@pytest.mark.parametrize("seed", [0, 2**32 - 1])
+def test_the_seed_bounds_the_message_names_are_taken_and_one_past_is_refused(seed: int) -> None:
+    """A seed is "from 0 to 4294967295" (what numpy's and torch's seeding take): both ends are seeds."""
+    assert TrainingConfig(layers=0, seed=seed).seed == seed
+    with pytest.raises(DilstoreError, match="seed must be from 0 to 4294967295, got 4294967296"):
+        TrainingConfig(layers=0, seed=2**32)
+
+
 def small_train_qa(model: Path, train: Path, output: Path, *extra: str) -> list[str]:
     """`dilstore train qa` arguments for the tiny reader: short windows, no progress bar, then `extra`."""
     return ["train", "qa", "--model", str(model), "--train", str(train), "--output", str(output),
