@@ -26,7 +26,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.online_variants import load_online_variant, write_online_variant
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.training.checkpoint_files import latest_checkpoint
-from dilstore.reader.training.loop import start_optimization, total_optimizer_steps
+from dilstore.reader.training.loop import build_optimizer, start_optimization, total_optimizer_steps
 from dilstore.reader.training.model_cards import render_model_card
 from dilstore.reader.training.qa import (
     TrainingConfig,
@@ -371,6 +371,14 @@ def test_the_seed_bounds_the_message_names_are_taken_and_one_past_is_refused(see
     assert TrainingConfig(layers=0, seed=seed).seed == seed
     with pytest.raises(DilstoreError, match="seed must be from 0 to 4294967295, got 4294967296"):
         TrainingConfig(layers=0, seed=2**32)
+
+
+def test_weight_decay_falls_on_matrices_only_not_on_biases_or_norms() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2, bias=False))
+    optimizer = build_optimizer(model, TrainingConfig(layers=0, weight_decay=0.25))
+    decay = {id(parameter): group["weight_decay"] for group in optimizer.param_groups for parameter in group["params"]}
+    assert {name: decay[id(parameter)] for name, parameter in model.named_parameters()} == {
+        "0.weight": 0.25, "0.bias": 0.0, "1.weight": 0.0, "1.bias": 0.0, "2.weight": 0.25}
 
 
 def small_train_qa(model: Path, train: Path, output: Path, *extra: str) -> list[str]:
