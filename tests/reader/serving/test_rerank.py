@@ -751,3 +751,11 @@ def test_queries_are_cut_at_the_length_the_ranker_was_trained_with(
     record.write_text(json.dumps({"config": {"max_query_length": "long"}}), encoding="utf-8")
     with pytest.raises(DilstoreError, match=r"dilstore_training.json: config.max_query_length must be an integer"):
         EarlRanker.from_pretrained(trained)
+
+
+@pytest.mark.parametrize("length", [1, 2])
+def test_a_query_limit_with_no_room_for_a_word_piece_is_refused(length: int) -> None:
+    """[CLS] q [SEP] needs three tokens: a limit under that would score every query as no query at all."""
+    with pytest.raises(DilstoreError, match=f"max_query_length must be at least 3, got {length}"):
+        RerankSettings(max_query_length=length)
+    assert RerankSettings(max_query_length=3).max_query_length == 3
