@@ -381,6 +381,13 @@ def test_weight_decay_falls_on_matrices_only_not_on_biases_or_norms() -> None:
         "0.weight": 0.25, "0.bias": 0.0, "1.weight": 0.0, "1.bias": 0.0, "2.weight": 0.25}
 
 
+def test_a_doc_stride_as_long_as_the_window_is_refused_and_one_shorter_taken() -> None:
+    """The stride must be "smaller than max-seq-length", as the message says: equal is refused, one less taken."""
+    with pytest.raises(DilstoreError, match=r"doc-stride \(48\) must be smaller than max-seq-length \(48\)"):
+        TrainingConfig(layers=0, max_seq_length=48, doc_stride=48, max_question_length=24)
+    assert TrainingConfig(layers=0, max_seq_length=48, doc_stride=47, max_question_length=24).doc_stride == 47
+
+
 def small_train_qa(model: Path, train: Path, output: Path, *extra: str) -> list[str]:
     """`dilstore train qa` arguments for the tiny reader: short windows, no progress bar, then `extra`."""
     return ["train", "qa", "--model", str(model), "--train", str(train), "--output", str(output),
