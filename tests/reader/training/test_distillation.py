@@ -165,6 +165,16 @@ def test_a_teacher_with_more_layers_apart_is_refused(teacher_dir: Path, squad_fi
         train_qa(teacher_dir, squad_file, tmp_path / "out", config, command="test", progress=False)
 
 
+def test_a_teacher_with_as_many_layers_apart_as_the_student_is_taken(teacher_dir: Path, tmp_path: Path) -> None:
+    """k no larger than the student's: a teacher of the same k is the student's own online part, and is taken."""
+    from dilstore.reader.training.qa import load_teacher
+
+    teacher_k1 = tmp_path / "k1"
+    DilBertReader.from_pretrained(teacher_dir, layers=1).save_pretrained(teacher_k1)
+    student = DilBertReader.from_pretrained(teacher_dir, layers=1)
+    assert load_teacher(teacher_k1, student, torch.device("cpu")).layers == 1
+
+
 def test_a_base_model_as_teacher_is_refused_for_its_untrained_head(
     tiny_base: Path, squad_file: Path, tmp_path: Path
 ) -> None:
