@@ -746,7 +746,8 @@ def test_a_page_without_text_says_so(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("wikitext", "text"),
     [("Start.<!-- never closed\n\nHidden prose.", "Start."), ("A <!-- c <!-- d --> B <!-- e", "A B"),
-     ("A <!-- c --> B <!-- d --> C", "A B C")],
+     ("A <!-- c --> B <!-- d --> C", "A B C"),
+     ("A <!--> B", "A")],  # the "-->" that closes a comment comes after its "<!--", not inside it
 )
 def test_a_comment_never_closed_hides_the_rest_of_the_page(wikitext: str, text: str) -> None:
     """As MediaWiki shows it: the parser kept "<!-- never closed" and what follows as prose (wiki42 L5)."""
