@@ -608,6 +608,17 @@ def test_a_page_whose_conversion_fails_is_its_own_dead_letter(
     assert [type(record).__name__ for record in records] == ["Rejected", "Document"]
 
 
+def test_wikitext_of_exactly_the_byte_limit_is_converted_and_one_byte_more_is_not() -> None:
+    """The limit counts UTF-8 bytes, as Wikipedia's does: 2 MiB of two-byte letters are within it, a byte more is
+    over it."""
+    limit = corpus_wikipedia.MAX_WIKITEXT_BYTES
+    within = "\u00e9" * (limit // 2)
+    assert len(within.encode("utf-8")) == limit
+    assert corpus_wikipedia.wikitext_problem(within) is None
+    assert corpus_wikipedia.wikitext_problem(within + "a") == (
+        f"wikitext too large: {limit + 1:,} bytes (limit {limit:,} bytes, Wikipedia's own page-size limit)")
+
+
 def test_wikitext_too_large_or_badly_unbalanced_is_a_dead_letter_before_it_is_parsed(tmp_path: Path) -> None:
     """12,000 unclosed templates (72 KB) took 71 s to convert, and raw wikitext had no size limit (pipe48 F3)."""
     huge = "word " * (2048 * 1024 // 5) + "words"  # 3 bytes over Wikipedia's limit
