@@ -20,6 +20,7 @@ from dilstore.runners.cli import main
 from dilstore.storage import encodings
 from dilstore.storage.format import MANIFEST_FILE, TOKENS_PER_CHUNK
 from dilstore.storage.verify import verify_store
+from dilstore.storage.writer import write_shard
 from tests.fixtures.store_fixtures import build_store, random_shards
 from tests.storage.test_store_append import resigned
 
@@ -314,3 +315,40 @@ def test_an_index_entry_one_row_past_its_shard_is_named_as_outside_it(store) -> 
 
     resigned(store, change)
     assert verify_store(store).problems == ["index: 1 entries point outside their shard"]
+
+
+def test_superseded_rows_listed_twice_are_named_as_such(tmp_path: Path) -> None:
+    """An appended store's index whose superseded rows repeat one row (signed again, as anyone can) is named for
+    that, not only for the counts that then fail to add up."""
+    from dilstore.storage.append import commit_append
+    from dilstore.storage.format import append_dir
+    from dilstore.storage.id_index import IdIndex, Superseded, write_index
+    from tests.fixtures.store_fixtures import fingerprint_for
+
+    shards = random_shards([3, 2], state_shape=(5,), seed=5, max_words=12)
+    store = build_store(tmp_path / "store", [shards[0]])
+    generation = "a" * 16
+    (store / append_dir(generation)).mkdir(parents=True)
+    replacing = [dataclasses.replace(shards[1][0], id=shards[0][1].id), shards[1][1]]
+    write_shard(store / append_dir(generation), 1, sorted(replacing, key=lambda record: record.id),
+                kind="dilbert", encoding="fp32", durable=False, generation=generation)
+    manifest = commit_append(store, generation, fingerprint_for("dilbert", "fp32"), replace=True)
+    assert manifest.superseded_passages == 1 and verify_store(store).ok
+    group = zarr.open_group(store / manifest.index, mode="r")
+    index = IdIndex(*(np.asarray(group[name][...]) for name in ("hashes", "shards", "rows")))
+    once = (np.asarray(group["superseded_shards"][...]), np.asarray(group["superseded_rows"][...]))
+    write_index(store, index, directory=manifest.index,
+                superseded=Superseded(*(np.repeat(values, 2) for values in once)))
+
+    def change(data: dict) -> None:
+        data["superseded"]["passages"] = 2
+        folder = f"{manifest.index}/"
+        data["files"] = {path: entry for path, entry in data["files"].items() if not path.startswith(folder)}
+        for path in (store / manifest.index).rglob("*"):
+            if path.is_file():
+                content = path.read_bytes()
+                data["files"][path.relative_to(store).as_posix()] = {
+                    "bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+
+    resigned(store, change)
+    assert f"{manifest.index}: superseded rows are not sorted by (shard, row) or repeat" in verify_store(store).problems
