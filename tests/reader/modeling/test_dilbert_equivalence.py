@@ -143,6 +143,21 @@ def test_offline_and_online_halves_compose_like_forward(tokenizer) -> None:
     assert torch.allclose(end, full_end, atol=TOLERANCE, rtol=0)
 
 
+@pytest.mark.parametrize("passages", [1, 2, 3])
+def test_one_question_is_broadcast_over_any_number_of_passages(tokenizer, passages: int) -> None:
+    """A question batch of 1 is read against each of the b passages, as the same question given b times is."""
+    reader = DilBertReader(tiny_model("bert"), tokenizer, layers=1)
+    batch = random_batch([(4, 6), (4, 11), (4, 3)][:passages], seed=8)
+    with torch.no_grad():
+        question_states = reader.encode_questions(batch.question_ids[:1], batch.question_mask[:1])  # (1, nq, d)
+        passage_states = reader.encode_passages(batch.passage_ids, batch.passage_mask)  # (b, np, d)
+        start, end = reader.interact(question_states, batch.question_mask[:1], passage_states, batch.passage_mask)
+        repeated = reader.interact(question_states.expand(passages, -1, -1),
+                                   batch.question_mask[:1].expand(passages, -1), passage_states, batch.passage_mask)
+    assert start.shape == (passages, batch.question_ids.shape[1] + batch.passage_ids.shape[1])
+    assert torch.equal(start, repeated[0]) and torch.equal(end, repeated[1])
+
+
 @pytest.mark.parametrize("k", [-1, 4, 2.0])
 def test_k_outside_0_to_l_is_refused(k, tokenizer) -> None:
     with pytest.raises(DilstoreError, match=r"must be an integer in 0\.\.3"):
