@@ -535,3 +535,12 @@ def test_a_question_of_exactly_the_character_bound_goes_on_to_the_tokenizer(tiny
     assert read.token_ids.tolist() == odqa.tokenize_question("y" * 200).token_ids.tolist()
     with pytest.raises(DilstoreError, match=f"the question is {bound + 1} characters long"):
         odqa.tokenize_question("x" * (bound + 1))
+
+
+@pytest.mark.parametrize("top_p", [[2], [2, 2, 2]])
+def test_a_top_p_list_of_another_length_than_the_questions_is_refused(tiny: dict, top_p: list[int]) -> None:
+    """One top_p per question: a list one short (or one long) is named, not zipped into fewer readings."""
+    odqa = odqa_for(tiny)
+    with pytest.raises(DilstoreError, match=f"got 2 questions but {len(top_p)} top_p values"):
+        odqa.retrieve_and_read([QUESTION, QUESTION], top_p)
+    assert len(odqa.retrieve_and_read([QUESTION, QUESTION], [2, 1])) == 2
