@@ -15,8 +15,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dilstore.runners import serve_batching
-from dilstore.runners.serve_batching import Batcher
+from dilstore.runners.serve_batching import MAX_WAIT_LIMIT_MS, Batcher, ServeSettings
 from dilstore.runners.serve_metrics import LATENCY_BUCKETS, Metrics
+from dilstore.storage.errors import DilstoreError
 
 
 @pytest.mark.parametrize(
@@ -416,3 +417,11 @@ def test_requests_in_flight_are_those_arrived_and_not_yet_answered(arrivals: lis
         now += change
     lines = [line for line in metrics.render().split("\n") if line.startswith("dilstore_requests_in_flight{")]
     assert lines == ([f'dilstore_requests_in_flight{{endpoint="/ask"}} {now}'] if arrivals else [])
+
+
+@pytest.mark.parametrize("milliseconds", [0.0, MAX_WAIT_LIMIT_MS])
+def test_a_max_wait_at_either_end_of_its_range_is_taken(milliseconds: float) -> None:
+    """"from 0 to 60000" ms, both ends included; a millisecond past the end is refused."""
+    assert ServeSettings(max_wait=milliseconds / 1000).max_wait * 1000 == milliseconds
+    with pytest.raises(DilstoreError, match=f"max-wait-ms must be from 0 to {MAX_WAIT_LIMIT_MS:g}, got 60001"):
+        ServeSettings(max_wait=(MAX_WAIT_LIMIT_MS + 1) / 1000)
