@@ -21,6 +21,7 @@ import zarr
 from zarr.core.sync import sync
 
 from dilstore.storage.arrays import offsets_are_valid
+from dilstore.storage.checks import is_integer
 from dilstore.storage.encodings import Encoding, get_encoding
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
@@ -77,9 +78,11 @@ class ShardAttributes:
         data = group.attrs.asdict().get(ATTRIBUTES_KEY)
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME or data.get("node") != "shard":
             raise StoreFormatError(f"{where} is not a dilstore shard (no '{ATTRIBUTES_KEY}' shard attributes)")
-        if data.get("format_version", SHARD_FORMAT_VERSION + 1) > SHARD_FORMAT_VERSION:
-            raise StoreFormatError(
-                f"{where} has format version {data.get('format_version')}, newer than {SHARD_FORMAT_VERSION}")
+        version = data.get("format_version")
+        if not is_integer(version):  # "2" or null raised a TypeError from the comparison; 2.5 and true were read
+            raise StoreFormatError(f"{where} has format version {version!r:.40}, not an integer; run `dilstore verify`")
+        if version > SHARD_FORMAT_VERSION:
+            raise StoreFormatError(f"{where} has format version {version}, newer than {SHARD_FORMAT_VERSION}")
         try:
             attributes = cls(
                 shard=int(data["shard"]),

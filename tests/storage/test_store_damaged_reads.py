@@ -268,3 +268,18 @@ def test_a_shard_that_names_no_format_version_is_refused(store: Path) -> None:
     attributes.write_text(json.dumps(metadata))
     with open_store(store) as opened, pytest.raises(StoreFormatError, match="shard-00000 has format version None"):
         opened.fetch([ids[0]])
+
+
+@pytest.mark.parametrize("version", ["2", 2.5, True, [1]])
+def test_a_shard_whose_format_version_is_not_an_integer_is_refused_in_one_line(store: Path, version) -> None:
+    """A version "2" or [1] raised a TypeError from the comparison with the reader's version, and 2.5 or true was
+    read as a version: each is a StoreFormatError naming the shard."""
+    ids = all_ids(store)
+    attributes = store / shard_path(0) / "zarr.json"
+    metadata = json.loads(attributes.read_text())
+    metadata["attributes"]["dilstore"]["format_version"] = version
+    attributes.write_text(json.dumps(metadata))
+    with open_store(store) as opened, pytest.raises(StoreFormatError) as raised:
+        opened.fetch([ids[0]])
+    assert str(raised.value).endswith(f"shard-00000 has format version {version!r}, not an integer; run `dilstore "
+                                      "verify`")
