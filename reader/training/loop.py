@@ -700,7 +700,8 @@ def _save_checkpoint(
     try:
         partial.mkdir(parents=True)
         save(partial, position, loss)
-        save_training_state(partial, optimization.optimizer, optimization.scheduler, position)
+        curve_point = bool(config.save_every) and position.step % config.save_every == 0
+        save_training_state(partial, optimization.optimizer, optimization.scheduler, position, curve_point=curve_point)
         give_new_file_modes(partial)
         partial.rename(final)
     except SAVE_ERRORS as error:

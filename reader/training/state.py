@@ -28,6 +28,8 @@ from dilstore.storage.errors import DilstoreError
 PARTIAL_SUFFIX = ".partial"  # a checkpoint being written, renamed to its step's name once complete
 _RNG_KEY = "rng.torch"
 _CHECKSUMS_KEY = "sha256"
+# training_state.json's mark of a checkpoint at a multiple of its run's --save-every: a learning curve's point.
+_CURVE_POINT_KEY = "curve_point"
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,14 @@ def save_training_state(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     position: LoopPosition,
+    *,
+    curve_point: bool = False,
 ) -> None:
-    """Write optimizer, scheduler, RNG and loop position into `directory` (which must exist)."""
+    """Write optimizer, scheduler, RNG and loop position into `directory` (which must exist).
+
+    `curve_point` marks a checkpoint taken at a multiple of --save-every, so that pruning keeps it as one after a
+    resume changed --save-every (prune_checkpoints).
+    """
     state = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {_RNG_KEY: torch.get_rng_state()}
     for index, per_param in state["state"].items():
@@ -56,6 +64,7 @@ def save_training_state(
         "param_groups": state["param_groups"],
         "scheduler": scheduler.state_dict(),
         "position": asdict(position),
+        _CURVE_POINT_KEY: curve_point,
         _CHECKSUMS_KEY: _checksums(Path(directory)),
     }
     (Path(directory) / STATE_JSON).write_text(json.dumps(document, indent=1), encoding="utf-8")
@@ -163,10 +172,11 @@ def prune_checkpoints(checkpoints: Path, keep: int, every: int = 0) -> None:
     """Delete all but the `keep` newest complete periodic checkpoints.
 
     With `every` > 0, only checkpoints at multiples of `every` steps count
-    towards `keep` (they are a learning curve's points); one taken off that
-    grid (by time, to bound what a kill loses) is deleted as soon as a newer
-    checkpoint exists, so a long run's time checkpoints never push its curve
-    points out.
+    towards `keep` (they are a learning curve's points), and so do those
+    marked as at a multiple of the --save-every of the run's part before a
+    resume that changed it; one taken off that grid (by time, to bound what
+    a kill loses) is deleted as soon as a newer checkpoint exists, so a long
+    run's time checkpoints never push its curve points out.
     """
     complete = sorted(
         (int(match.group(1)), path)
@@ -176,8 +186,19 @@ def prune_checkpoints(checkpoints: Path, keep: int, every: int = 0) -> None:
     if every <= 0:
         doomed = complete[: max(0, len(complete) - keep)]
     else:
-        on_grid = [entry for entry in complete if entry[0] % every == 0]
-        off_grid = [entry for entry in complete[:-1] if entry[0] % every != 0]
+        grid = {step for step, path in complete if step % every == 0 or _marked_curve_point(path)}
+        on_grid = [entry for entry in complete if entry[0] in grid]
+        off_grid = [entry for entry in complete[:-1] if entry[0] not in grid]
         doomed = on_grid[: max(0, len(on_grid) - keep)] + off_grid
     for _, path in doomed:
         shutil.rmtree(path)
+
+
+def _marked_curve_point(checkpoint: Path) -> bool:
+    """Whether the checkpoint's training_state.json marks it as at a multiple of its run's --save-every; False for
+    one saved before checkpoints were marked, or whose file cannot be read (its step's multiple decides then)."""
+    try:
+        document = json.loads((Path(checkpoint) / STATE_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(document, dict) and document.get(_CURVE_POINT_KEY) is True

@@ -100,6 +100,21 @@ def test_resume_may_change_how_often_it_saves_and_logs(
     assert resumed.steps == 2
 
 
+def test_a_resume_with_another_save_every_keeps_the_checkpoints_of_the_grid_before(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """Checkpoints at the multiples of the interrupted run's --save-every are a learning curve's points too: a resume
+    with another --save-every pruned them as time checkpoints, though --keep-checkpoints 10 asked to keep them
+    (train52 F1)."""
+    config = TrainingConfig(layers=1, max_steps=8, batch_size=2, save_every=2, save_every_minutes=0,
+                            keep_checkpoints=10, **SMALL_WINDOWS)  # fmt: skip
+    train_qa(tiny_base, squad_file, tmp_path, config, command="t", progress=False)
+    cut_after_last_checkpoint(tmp_path)  # killed after step-6: checkpoints 2, 4 and 6
+    train_qa(tiny_base, squad_file, tmp_path, replace(config, save_every=7), command="t", resume=True, progress=False)
+    steps = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
+    assert steps == ["step-0000002", "step-0000004", "step-0000006", "step-0000007"]
+
+
 def test_negative_minutes_are_refused() -> None:
     with pytest.raises(DilstoreError, match="save-every-minutes must be 0"):
         TrainingConfig(layers=1, save_every_minutes=-1)
@@ -312,10 +327,12 @@ def test_a_checkpoint_the_disk_has_no_room_for_is_one_line_and_leaves_no_partial
 
     saved = loop.save_training_state
 
-    def full_disk(directory: Path, optimizer: object, scheduler: object, position: loop.LoopPosition) -> None:
+    def full_disk(
+        directory: Path, optimizer: object, scheduler: object, position: loop.LoopPosition, **marks: bool
+    ) -> None:
         if position.step == failing_step:
             raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
-        saved(directory, optimizer, scheduler, position)  # type: ignore[arg-type]
+        saved(directory, optimizer, scheduler, position, **marks)  # type: ignore[arg-type]
 
     monkeypatch.setattr(loop, "save_training_state", full_disk)
     output = tmp_path / "run"
