@@ -19,7 +19,7 @@ from package_size import report_package_size
 
 from dilstore.reader.packaged.shipped import DEFAULT_CHECKPOINT_NAME, packaged_models_dir
 from dilstore.reader.text.files import read_json
-from dilstore.reader.training.model_cards import render_model_card
+from dilstore.reader.training.model_cards import card_hardware, render_model_card
 from dilstore.reader.training.release import load_training_metadata, package_checkpoint
 
 SIZE_LIMIT_MB = 50.0
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-eval", type=Path, help="the k=0 run's dev evaluation JSON")
     parser.add_argument("--sweep-table", type=Path, help="Markdown k-sweep table to include")
     parser.add_argument("--eval-seed", type=int, help="seed of the dev subset when --limit was used")
-    parser.add_argument("--hardware", default="CPU, 2 cores shared with other jobs, 1 torch thread")
+    parser.add_argument("--hardware", help="the card's hardware line (default: what the run's record names)")
     parser.add_argument("--notes", default="", help="extra Markdown for the card's Notes section")
     parser.add_argument("--destination", type=Path, default=packaged_models_dir() / DEFAULT_CHECKPOINT_NAME)
     args = parser.parse_args(argv)
@@ -41,10 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.eval_seed is not None:
         evaluation.update(limit=evaluation["questions"], seed=args.eval_seed)
     baseline = None if args.baseline_eval is None else float(read_json(args.baseline_eval)["f1"])
+    training = load_training_metadata(args.checkpoint)
     card = render_model_card(
-        load_training_metadata(args.checkpoint),
+        training,
         evaluation,
-        hardware=args.hardware,
+        hardware=card_hardware(training, args.hardware),
         baseline_f1=baseline,
         sweep_table=args.sweep_table.read_text(encoding="utf-8") if args.sweep_table else "",
         notes=args.notes,

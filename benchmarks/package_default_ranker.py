@@ -23,7 +23,7 @@ from package_size import report_package_size
 
 from dilstore.reader.packaged.shipped import DEFAULT_LISTFORMER_NAME, DEFAULT_RANKER_NAME, packaged_models_dir
 from dilstore.reader.text.files import read_json
-from dilstore.reader.training.model_cards import render_ranker_card
+from dilstore.reader.training.model_cards import card_hardware, render_ranker_card
 from dilstore.reader.training.release import load_training_metadata, package_checkpoint
 from dilstore.storage.errors import DilstoreError
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, required=True, help="the EARL or Listformer run's output directory")
     parser.add_argument("--quality", type=Path, action="append", required=True,
                         help="a rank_quality.py report that scored --checkpoint (repeat)")  # fmt: skip
-    parser.add_argument("--hardware", default="CPU only (2-vCPU shared development VM), 2 torch threads, no GPU")
+    parser.add_argument("--hardware", help="the card's hardware line (default: what the run's record names)")
     parser.add_argument("--notes", default="", help="extra Markdown for the card's Notes section")
     parser.add_argument("--destination", type=Path, help="default: the shipped folder of the run's kind")
     args = parser.parse_args(argv)
@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         name = PACKAGES[training["kind"]]
         card = render_ranker_card(
-            training, quality_rows(args.quality), checkpoint=str(args.checkpoint), hardware=args.hardware,
-            notes=args.notes,
+            training, quality_rows(args.quality), checkpoint=str(args.checkpoint),
+            hardware=card_hardware(training, args.hardware), notes=args.notes,
         )  # fmt: skip
         destination = package_checkpoint(args.checkpoint, args.destination or packaged_models_dir() / name, card)
     except DilstoreError as error:

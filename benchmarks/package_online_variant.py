@@ -34,6 +34,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.online_variants import write_online_variant
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.text.files import read_json
+from dilstore.reader.training.model_cards import card_hardware
 from dilstore.reader.training.release import load_training_metadata
 from dilstore.storage.atomic_files import process_umask
 from dilstore.storage.errors import DilstoreError
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval", type=Path, help="mini_opensquad.py JSON: the ENC store, with the variant")
     parser.add_argument("--baseline", type=Path, help="mini_opensquad.py JSON: the ENC store, --no-online-variant")
     parser.add_argument("--reference", type=Path, help="mini_opensquad.py JSON: an fp16 store")
-    parser.add_argument("--hardware", default="CPU, 2 cores, 2 torch threads")
+    parser.add_argument("--hardware", help="the card's hardware line (default: what the run's record names)")
     parser.add_argument("--notes", default="", help="extra Markdown for the card section")
     args = parser.parse_args(argv)
     try:
@@ -197,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.eval is not None:
                 card = folder / CARD
                 text = card.read_text(encoding="utf-8") if card.is_file() else ""
-                section = card_section(encoding, training, evaluations, args.hardware, args.notes)
+                section = card_section(encoding, training, evaluations, card_hardware(training, args.hardware),
+                                       args.notes)  # fmt: skip
                 card.write_text(with_section(text, encoding, section), encoding="utf-8")
             return written
 

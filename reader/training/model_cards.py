@@ -15,9 +15,21 @@ from dilstore.reader.evaluation.rank_metrics import METRICS
 from dilstore.reader.packaged.shipped import DEFAULT_CHECKPOINT_NAME, DEFAULT_LISTFORMER_NAME, DEFAULT_RANKER_NAME
 from dilstore.storage.errors import DilstoreError
 
+# The card's hardware line for a record without one (a periodic checkpoint's, rebuilt from run_config.json).
+UNRECORDED_HARDWARE = "not recorded in the run's training record"
 # The issue's target: EARL within this much nDCG@10 of the same-size cross-encoder.
 TARGET_NDCG_GAP = 0.01
 TARGET_TASK = "DL19"
+
+
+def card_hardware(training: Mapping[str, Any], given: str | None) -> str:
+    """What the card says the run trained on: `given` (a packager's --hardware, for what the record cannot say, such
+    as a shared machine), else the hardware the run's dilstore_training.json recorded. A fixed default described
+    one machine for every run, a GPU's too."""
+    if given:
+        return given
+    recorded = training.get("hardware")
+    return recorded if isinstance(recorded, str) and recorded else UNRECORDED_HARDWARE
 
 
 def render_ranker_card(

@@ -168,6 +168,21 @@ def test_a_listformer_run_is_packaged_as_the_default_listformer(
     ).keys(), "the prior's frozen base is named, not shipped"  # fmt: skip
 
 
+@pytest.mark.parametrize("given", [[], ["--hardware", "one NVIDIA H200"]])
+def test_the_card_names_the_hardware_the_run_recorded_unless_told_otherwise(
+    given: list[str], earl_run: Path, tmp_path: Path, capsys
+) -> None:
+    """The card said "CPU only (2-vCPU shared development VM), 2 torch threads, no GPU" for any run, a GPU's too,
+    whatever its dilstore_training.json measured (train52 F2)."""
+    recorded = json.loads((earl_run / TRAINING_METADATA_FILE).read_text())["hardware"]
+    report = write_report(tmp_path / "r.json", [row("DL19", "earl", "earl", 0.6, str(earl_run))], {"DL19": 43})
+    destination = tmp_path / "packaged"
+    assert package_script().main(["--checkpoint", str(earl_run), "--quality", str(report),
+                                  "--destination", str(destination), *given]) == 0  # fmt: skip
+    card = (destination / MODEL_CARD_FILE).read_text()
+    assert f"- Hardware: {given[1] if given else recorded}." in card
+
+
 def test_package_size_report_fails_over_the_limit(earl_run: Path, capsys) -> None:
     with benchmark_module("package_size") as script:
         assert script.report_package_size(earl_run, limit_mb=1000.0) == 0

@@ -482,6 +482,18 @@ def test_a_training_question_without_answers_is_refused_by_id(
     assert not (tmp_path / "run" / "model.safetensors").exists()
 
 
+def test_the_reader_card_names_the_hardware_the_run_recorded(overfit_run, tmp_path: Path, capsys) -> None:
+    """Without --hardware the card said "CPU, 2 cores shared with other jobs, 1 torch thread" for any run, whatever
+    its dilstore_training.json measured (train52 F2)."""
+    recorded = json.loads((overfit_run.output / TRAINING_METADATA_FILE).read_text())["hardware"]
+    evaluation = tmp_path / "eval.json"
+    evaluation.write_text(json.dumps({"questions": 6, "em": 100.0, "f1": 100.0, "k": 1, "seconds": 1.0}))
+    with benchmark_module("package_default_checkpoint") as script:
+        assert script.main(["--checkpoint", str(overfit_run.output), "--eval", str(evaluation),
+                            "--destination", str(tmp_path / "packaged")]) == 0  # fmt: skip
+    assert f"- Hardware: {recorded}." in (tmp_path / "packaged" / "MODEL_CARD.md").read_text()
+
+
 def test_packaged_checkpoint_is_fp16_and_answers_like_the_original(
     overfit_run, squad_file: Path, tmp_path: Path
 ) -> None:
