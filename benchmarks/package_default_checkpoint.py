@@ -21,6 +21,7 @@ from dilstore.reader.packaged.shipped import DEFAULT_CHECKPOINT_NAME, packaged_m
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.model_cards import card_hardware, render_model_card
 from dilstore.reader.training.release import load_training_metadata, package_checkpoint
+from dilstore.storage.errors import DilstoreError
 
 SIZE_LIMIT_MB = 50.0
 
@@ -37,6 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--destination", type=Path, default=packaged_models_dir() / DEFAULT_CHECKPOINT_NAME)
     args = parser.parse_args(argv)
 
+    try:
+        destination = package(args)
+    except DilstoreError as error:
+        print(f"package_default_checkpoint: error: {error}", file=sys.stderr)
+        return 2
+    return report_package_size(destination, SIZE_LIMIT_MB)
+
+
+def package(args: argparse.Namespace) -> Path:
+    """Render the card from the run's record and its evaluation, then package the checkpoint with it; a
+    DilstoreError (a checkpoint without a record, an evaluation of another model) before anything is written."""
     evaluation = read_json(args.eval)
     if args.eval_seed is not None:
         evaluation.update(limit=evaluation["questions"], seed=args.eval_seed)
@@ -50,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep_table=args.sweep_table.read_text(encoding="utf-8") if args.sweep_table else "",
         notes=args.notes,
     )
-    destination = package_checkpoint(args.checkpoint, args.destination, card)
-    return report_package_size(destination, SIZE_LIMIT_MB)
+    return package_checkpoint(args.checkpoint, args.destination, card)
 
 
 if __name__ == "__main__":

@@ -207,6 +207,7 @@ def render_model_card(
     if "k" in evaluation and int(evaluation["k"]) != k:  # another run's scores on this checkpoint
         raise DilstoreError(f"the evaluation is of a k={evaluation['k']} reader, the checkpoint has k={k}: give the "
                             "evaluation of this checkpoint")  # fmt: skip
+    require_this_run(training, evaluation)
     f1, em = float(evaluation["f1"]), float(evaluation["em"])
     if baseline_f1 is None and k == 0:
         target = f"k=0 target F1 >= 75: {'met' if f1 >= 75 else 'NOT met'} (F1 {f1:.2f})"
@@ -256,6 +257,23 @@ def render_model_card(
         lines += ["", "## Notes", "", notes.rstrip()]
     lines += ["", "Weights stored as fp16 safetensors.", ""]
     return "\n".join(lines)
+
+
+def require_this_run(training: Mapping[str, Any], evaluation: Mapping[str, Any]) -> None:
+    """A DilstoreError when `evaluation` is a `train qa --dev` evaluation (eval-dev.json, which records the run's
+    output, steps and last loss) of another model than the one `training` records: another run's of the same k,
+    or the final model's given for one of the run's periodic checkpoints. Scores without that record (evaluate-rc
+    --json) cannot be told apart and pass."""
+    if "train_steps" not in evaluation or "steps" not in training:
+        return
+    ours = (training["steps"], training.get("final_loss"))
+    theirs = (evaluation["train_steps"], evaluation.get("final_loss", training.get("final_loss")))
+    if repr(ours) != repr(theirs):  # by their JSON values' spelling: a NaN last loss (fp16) equals itself
+        raise DilstoreError(
+            f"the evaluation is of {evaluation.get('output', 'a run')} after {theirs[0]} steps (last loss "
+            f"{theirs[1]}), the checkpoint's record has {ours[0]} steps (last loss {ours[1]}): give the evaluation "
+            "of this checkpoint (dilstore evaluate-rc --model CHECKPOINT --json)"
+        )
 
 
 def _measured_on(evaluation: Mapping[str, Any]) -> str:

@@ -494,6 +494,30 @@ def test_the_reader_card_names_the_hardware_the_run_recorded(overfit_run, tmp_pa
     assert f"- Hardware: {recorded}." in (tmp_path / "packaged" / "MODEL_CARD.md").read_text()
 
 
+def test_the_reader_card_refuses_the_dev_evaluation_of_another_run(overfit_run, tmp_path: Path, capsys) -> None:
+    """A `train qa --dev` evaluation records the run's steps and last loss: another run's eval-dev.json of the same
+    k (or the final model's, given for a periodic checkpoint) put its EM/F1 on this checkpoint's card, and the
+    packager's errors were tracebacks (train52 F3)."""
+    record = json.loads((overfit_run.output / TRAINING_METADATA_FILE).read_text())
+    evaluation = {"questions": 6, "em": 100.0, "f1": 100.0, "k": 1, "seconds": 1.0, "output": "/runs/other",
+                  "train_steps": record["steps"], "final_loss": record["final_loss"]}  # fmt: skip
+    assert "EM 100.00" in render_model_card(record, evaluation, hardware="CPU", baseline_f1=None)
+    unscaled = {**json.loads(json.dumps({**record, "final_loss": float("nan")}))}  # an fp16 last step's loss
+    assert "EM 100.00" in render_model_card(unscaled, {**evaluation, "final_loss": json.loads("NaN")},
+                                            hardware="CPU", baseline_f1=None)  # fmt: skip
+    other = {**evaluation, "train_steps": record["steps"] + 3, "final_loss": 0.25}
+    with pytest.raises(DilstoreError, match=f"the evaluation is of /runs/other after {record['steps'] + 3} steps"):
+        render_model_card(record, other, hardware="CPU", baseline_f1=None)
+    path = tmp_path / "eval-dev.json"
+    path.write_text(json.dumps(other))
+    with benchmark_module("package_default_checkpoint") as script:
+        status = script.main(["--checkpoint", str(overfit_run.output), "--eval", str(path),
+                              "--destination", str(tmp_path / "packaged")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("package_default_checkpoint: error: the evaluation is of /runs/other")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "packaged").exists()
+
+
 def test_packaged_checkpoint_is_fp16_and_answers_like_the_original(
     overfit_run, squad_file: Path, tmp_path: Path
 ) -> None:
