@@ -21,8 +21,9 @@ from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.write_lock import write_lock
 
-# Options that describe how the command was launched, not what it computes.
-_NOT_IN_COMMAND = {"command", "train_command", "run", "run_name"}
+# Options that describe how the command was launched, not what it computes; --resume too: the recorded command (a
+# model card's) is the one that trains the run from its start, which --resume would refuse for want of a checkpoint.
+_NOT_IN_COMMAND = {"command", "train_command", "run", "run_name", "resume"}
 
 
 def add_optimizer_arguments(

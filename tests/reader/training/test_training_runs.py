@@ -115,6 +115,27 @@ def test_a_resume_with_another_save_every_keeps_the_checkpoints_of_the_grid_befo
     assert steps == ["step-0000002", "step-0000004", "step-0000006", "step-0000007"]
 
 
+def test_the_recorded_command_of_a_resumed_run_is_the_one_that_trains_it_from_the_start(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The record and the model card gave a resumed run's command with --resume, which, run as the card gives it,
+    is refused for want of a checkpoint (train52 F4)."""
+    run = tmp_path / "run"
+    arguments = [
+        "train", "qa", "--model", str(tiny_base), "--layers", "1", "--train", str(squad_file), "--output", str(run),
+        "--max-steps", "2", "--batch-size", "2", "--save-every", "1", "--max-seq-length", "48", "--doc-stride", "16",
+        "--max-question-length", "24", "--no-progress", "--json",
+    ]  # fmt: skip
+    assert main(arguments) == 0
+    first = json.loads((run / "dilstore_training.json").read_text())["command"]
+    cut_after_last_checkpoint(run)
+    assert main([*arguments, "--resume"]) == 0
+    capsys.readouterr()
+    for record in ("dilstore_training.json", "run_config.json"):
+        assert json.loads((run / record).read_text())["command"] == first, record
+    assert "--resume" not in first
+
+
 def test_negative_minutes_are_refused() -> None:
     with pytest.raises(DilstoreError, match="save-every-minutes must be 0"):
         TrainingConfig(layers=1, save_every_minutes=-1)
