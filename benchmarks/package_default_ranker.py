@@ -46,6 +46,22 @@ def quality_rows(reports: list[Path]) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
+def rows_of_checkpoint(rows: list[dict[str, Any]], checkpoint: Path) -> list[dict[str, Any]]:
+    """`rows` with the path of each that names `checkpoint` (relative or absolute, as rank_quality.py was given it)
+    spelled as `checkpoint` is, so that the card marks them and states the target; a DilstoreError when none does:
+    a card without its own model's scores said that no cross-encoder was given."""
+    target = checkpoint.resolve()
+    matched = [{**row, "path": str(checkpoint)} if row.get("path") and Path(row["path"]).resolve() == target else row
+               for row in rows]  # fmt: skip
+    if not any(row.get("path") == str(checkpoint) for row in matched):
+        scored = sorted({str(row["path"]) for row in rows if row.get("path")})
+        raise DilstoreError(
+            f"no row of the --quality reports scored {checkpoint} (they scored: "
+            f"{', '.join(scored) or 'no checkpoint'}); give a rank_quality.py report of it"
+        )
+    return matched
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="the EARL or Listformer run's output directory")
@@ -63,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         name = PACKAGES[training["kind"]]
         card = render_ranker_card(
-            training, quality_rows(args.quality), checkpoint=str(args.checkpoint),
+            training, rows_of_checkpoint(quality_rows(args.quality), args.checkpoint), checkpoint=str(args.checkpoint),
             hardware=card_hardware(training, args.hardware), notes=args.notes,
         )  # fmt: skip
         destination = package_checkpoint(args.checkpoint, args.destination or packaged_models_dir() / name, card)

@@ -183,6 +183,32 @@ def test_the_card_names_the_hardware_the_run_recorded_unless_told_otherwise(
     assert f"- Hardware: {given[1] if given else recorded}." in card
 
 
+def test_the_card_finds_the_checkpoint_s_rows_however_its_path_is_spelled(
+    earl_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """rank_quality.py records the path it was given; a --checkpoint spelled otherwise (relative here, absolute
+    there) matched no row, and the card then said "no trained cross-encoder on DL19 was given" beside the
+    cross-encoder's row, hiding a target NOT met (train52 F5). A checkpoint no report scored is refused."""
+    report = write_report(tmp_path / "r.json", [
+        row("DL19", "cross-encoder ce", "cross-encoder", 0.90, "runs/ce"),
+        row("DL19", "earl run", "earl", 0.40, str(earl_run)),
+    ], {"DL19": 43})  # fmt: skip
+    monkeypatch.chdir(earl_run.parent)
+    assert package_script().main(["--checkpoint", earl_run.name, "--quality", str(report),
+                                  "--destination", str(tmp_path / "packaged")]) == 0  # fmt: skip
+    card = (tmp_path / "packaged" / MODEL_CARD_FILE).read_text()
+    assert "| DL19 | **earl run** |" in card
+    assert "cross-encoder on DL19: NOT met (cross-encoder 0.9000, this ranker 0.4000, gap +0.5000)" in card
+    other = write_report(tmp_path / "other.json", [row("DL19", "earl elsewhere", "earl", 0.4, "runs/other")],
+                         {"DL19": 43})  # fmt: skip
+    capsys.readouterr()
+    assert package_script().main(["--checkpoint", earl_run.name, "--quality", str(other),
+                                  "--destination", str(tmp_path / "refused")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith(f"package_default_ranker: error: no row of the --quality reports scored {earl_run.name}")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "refused").exists()
+
+
 def test_package_size_report_fails_over_the_limit(earl_run: Path, capsys) -> None:
     with benchmark_module("package_size") as script:
         assert script.report_package_size(earl_run, limit_mb=1000.0) == 0
