@@ -120,10 +120,8 @@ def _listformer_parts(
         *(["The score adds 20 x the frozen base's cosine of mean-pooled query and document, whose",
            "document side the store keeps per passage."] if prior else []),  # fmt: skip
     ]
-    loss = (
-        f"- {config['loss']} loss (T = {config['temperature']}) over lists of 1 positive and "
-        f"{config['negatives']} negatives"
-    )
+    temperature = f" (T = {config['temperature']})" if config["loss"] == "approx-ndcg" else ""  # ListNet has none
+    loss = f"- {config['loss']} loss{temperature} over lists of 1 positive and {config['negatives']} negatives"
     return intro, loss, listformer_target(results, checkpoint)
 
 

@@ -26,7 +26,7 @@ from dilstore.reader.packaged.shipped import (
     default_ranker_dir,
     packaged_models_dir,
 )
-from dilstore.reader.training.model_cards import listformer_target, target_statement
+from dilstore.reader.training.model_cards import listformer_target, render_ranker_card, target_statement
 from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
 from dilstore.reader.training.release import MODEL_CARD_FILE
 from dilstore.storage.errors import DilstoreError
@@ -207,6 +207,22 @@ def test_the_card_finds_the_checkpoint_s_rows_however_its_path_is_spelled(
     err = capsys.readouterr().err
     assert err.startswith(f"package_default_ranker: error: no row of the --quality reports scored {earl_run.name}")
     assert len(err.splitlines()) == 1 and not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize(("loss", "said"), [("approx-ndcg", "approx-ndcg loss (T = 0.5) over"),
+                                           ("listnet", "listnet loss over")])  # fmt: skip
+def test_a_listformer_card_gives_a_temperature_only_to_the_loss_that_has_one(loss: str, said: str) -> None:
+    """ListNet has no temperature; its card said "listnet loss (T = 1.0)" (train52 F6)."""
+    config = {"loss": loss, "temperature": 0.5 if loss == "approx-ndcg" else 1.0, "negatives": 3, "delayed_layers": 1,
+              "prior": False, "batch_size": 8, "gradient_accumulation": 1, "learning_rate": 3e-5, "warmup_ratio": 0.1,
+              "max_query_length": 32, "max_doc_length": 128, "seed": 42}  # fmt: skip
+    training = {"kind": "listformer", "config": config, "triples": "t.jsonl.gz", "base_model": "b", "command": "c",
+                "steps": 2, "total_steps": 2, "triples_seen": 16, "train_triples": 16, "pairs_seen": 64,
+                "train_seconds": 6.0, "final_loss": -0.5}  # fmt: skip
+    results = [{**row("DL19", "lf", "listformer", 0.5, "me"), "queries": 43}]
+    card = render_ranker_card(training, results, checkpoint="me", hardware="CPU")
+    assert f"- {said} lists of 1 positive and 3 negatives" in card
+    assert "T = " not in card or loss == "approx-ndcg"
 
 
 def test_package_size_report_fails_over_the_limit(earl_run: Path, capsys) -> None:
