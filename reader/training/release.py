@@ -49,9 +49,12 @@ def package_checkpoint(source: Path, destination: Path, model_card: str) -> Path
     run's output directory or one of its periodic checkpoints. Online layers
     for an encoding (`online-ENC.safetensors`, fp16 already) are copied as
     they are, and afterwards every one in `destination` that was not trained
-    from the weights as packaged is removed (`drop_stale_variants`).
+    from the weights as packaged is removed (`drop_stale_variants`). A
+    `destination` that is `source` itself is refused (a DilstoreError).
     """
     source, destination = Path(source), Path(destination)
+    if destination.resolve() == source.resolve():  # its fp16 weights would replace the run's own
+        raise DilstoreError(f"--destination {destination} is the checkpoint itself; package it into another folder")
     training = load_training_metadata(source)
     weight_files = [path for path in source.glob("*.safetensors") if path.name not in _NOT_SHIPPED]
     if not weight_files:

@@ -225,6 +225,17 @@ def test_a_listformer_card_gives_a_temperature_only_to_the_loss_that_has_one(los
     assert "T = " not in card or loss == "approx-ndcg"
 
 
+def test_packaging_into_the_run_itself_is_refused_in_one_line(earl_run: Path, tmp_path: Path, capsys) -> None:
+    """--destination equal to --checkpoint ended in shutil's SameFileError traceback, exit 1 (train52 F7)."""
+    report = write_report(tmp_path / "r.json", [row("DL19", "earl", "earl", 0.6, str(earl_run))], {"DL19": 43})
+    before = (earl_run / "model.safetensors").read_bytes()
+    assert package_script().main(["--checkpoint", str(earl_run), "--quality", str(report),
+                                  "--destination", str(earl_run / ".." / earl_run.name)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith("package_default_ranker: error: --destination ") and "is the checkpoint itself" in err
+    assert len(err.splitlines()) == 1 and (earl_run / "model.safetensors").read_bytes() == before
+
+
 def test_package_size_report_fails_over_the_limit(earl_run: Path, capsys) -> None:
     with benchmark_module("package_size") as script:
         assert script.report_package_size(earl_run, limit_mb=1000.0) == 0
