@@ -2,7 +2,8 @@
 
 A periodic checkpoint is a model directory (the model core's save_pretrained)
 plus two files written here: `training_state.safetensors` (AdamW moments and
-step counters, and the torch RNG state so dropout continues where it left off)
+step counters, and the torch RNG state, with each CUDA device's on a GPU, so
+dropout continues where it left off)
 and `training_state.json` (optimizer hyperparameters per group, the learning
 rate scheduler's state, the loop position, and the SHA-256 of every other file
 of the checkpoint, checked before a resume). Restoring both gives the same
@@ -27,6 +28,7 @@ from dilstore.storage.errors import DilstoreError
 
 PARTIAL_SUFFIX = ".partial"  # a checkpoint being written, renamed to its step's name once complete
 _RNG_KEY = "rng.torch"
+_CUDA_RNG_PREFIX = "rng.cuda."  # then the device index: dropout on a GPU draws from that device's own generator
 _CHECKSUMS_KEY = "sha256"
 # training_state.json's mark of a checkpoint at a multiple of its run's --save-every: a learning curve's point.
 _CURVE_POINT_KEY = "curve_point"
@@ -55,7 +57,7 @@ def save_training_state(
     resume changed --save-every (prune_checkpoints).
     """
     state = optimizer.state_dict()
-    tensors: dict[str, torch.Tensor] = {_RNG_KEY: torch.get_rng_state()}
+    tensors = _rng_states()
     for index, per_param in state["state"].items():
         for name, value in per_param.items():
             tensors[f"optimizer.{index}.{name}"] = value.detach().cpu().contiguous()
@@ -135,7 +137,7 @@ def _restore_training_state(
     tensors = load_file(directory / STATE_TENSORS)
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
-        if key == _RNG_KEY:
+        if key == _RNG_KEY or key.startswith(_CUDA_RNG_PREFIX):
             continue
         _, index, name = key.split(".", 2)
         per_param.setdefault(int(index), {})[name] = value
@@ -147,8 +149,28 @@ def _restore_training_state(
         )
     optimizer.load_state_dict({"state": per_param, "param_groups": groups})
     scheduler.load_state_dict(document["scheduler"])
-    torch.set_rng_state(tensors[_RNG_KEY])
+    _restore_rng_states(tensors)
     return LoopPosition(**document["position"])
+
+
+def _rng_states() -> dict[str, torch.Tensor]:
+    """The torch RNG state, and each CUDA device's while CUDA is in use: a run resumed on a GPU drew other dropout
+    masks than one never stopped when only the CPU generator was saved (train52)."""
+    states = {_RNG_KEY: torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        devices = torch.cuda.get_rng_state_all()  # one state per device
+        states.update({f"{_CUDA_RNG_PREFIX}{index}": state for index, state in enumerate(devices)})
+    return states
+
+
+def _restore_rng_states(tensors: dict[str, torch.Tensor]) -> None:
+    """Put back what _rng_states saved. CUDA states are put back where the machine has as many devices; a run
+    resumed on a CPU, or on fewer GPUs, draws afresh there, as a change of device changes its arithmetic anyway."""
+    torch.set_rng_state(tensors[_RNG_KEY])
+    cuda = sorted((int(key.removeprefix(_CUDA_RNG_PREFIX)), value) for key, value in tensors.items()
+                  if key.startswith(_CUDA_RNG_PREFIX))  # fmt: skip
+    if cuda and torch.cuda.is_available() and torch.cuda.device_count() >= len(cuda):
+        torch.cuda.set_rng_state_all([state for _, state in cuda])
 
 
 def _restore_group(group: dict[str, Any]) -> dict[str, Any]:

@@ -233,6 +233,57 @@ def test_training_state_round_trips_through_safetensors(tmp_path: Path) -> None:
     assert {path.name for path in tmp_path.iterdir()} == {"training_state.safetensors", "training_state.json"}
 
 
+class _FakeCuda:
+    """torch.cuda's RNG calls on a machine of `devices` GPUs, each generator's state a distinct byte tensor."""
+
+    def __init__(self, devices: int, states: list[torch.Tensor]) -> None:
+        self.devices, self.states, self.restored = devices, states, None
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: self.devices > 0)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: self.devices > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: self.devices)
+        monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: list(self.states))
+        monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: setattr(self, "restored", list(states)))
+
+
+@pytest.mark.parametrize(("devices_at_resume", "restored"), [(2, True), (3, True), (1, False), (0, False)])
+def test_each_gpu_s_generator_is_saved_and_put_back_where_the_resuming_machine_has_the_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, devices_at_resume: int, restored: bool
+) -> None:
+    """Dropout on a GPU draws from that device's generator: a run resumed on a GPU went on with other masks than one
+    never stopped when only the CPU generator was saved (train52). A machine with fewer GPUs, or none, draws afresh."""
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 2, 10)
+    generators = [torch.arange(16, dtype=torch.uint8) + 50 * device for device in range(2)]
+    _FakeCuda(2, generators).install(monkeypatch)
+    save_training_state(tmp_path, optimizer, scheduler, LoopPosition(step=3, features_seen=15, train_seconds=1.5))
+    cpu_draw = torch.rand(3)
+    resuming = _FakeCuda(devices_at_resume, [])
+    resuming.install(monkeypatch)
+    load_training_state(tmp_path, optimizer, scheduler)
+    assert torch.equal(torch.rand(3), cpu_draw)
+    if restored:
+        assert resuming.restored is not None and all(map(torch.equal, resuming.restored, generators))
+        assert len(resuming.restored) == 2
+    else:
+        assert resuming.restored is None
+
+
+def test_a_run_on_a_cpu_saves_no_gpu_generator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without CUDA in use, the checkpoint holds the CPU generator's state and the optimizer's tensors only."""
+    from safetensors.torch import load_file
+
+    _FakeCuda(0, []).install(monkeypatch)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    save_training_state(tmp_path, optimizer, get_linear_schedule_with_warmup(optimizer, 2, 10),
+                        LoopPosition(step=0, features_seen=0, train_seconds=0.0))  # fmt: skip
+    assert [key for key in load_file(tmp_path / "training_state.safetensors") if key.startswith("rng.")] == [
+        "rng.torch"]
+
+
 @pytest.mark.parametrize(
     ("damage", "error"),
     [
