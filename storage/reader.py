@@ -97,6 +97,7 @@ class Store:
         self._closed = False
         self._build_checked = -math.inf  # when `_check_build` last read the manifest at the store's URL
         self._build_checking = False  # whether a `_check_build` is reading it now
+        self._build_changed: str | None = None  # another build, as the last manifest read at the URL found
         self._manifest_seen = self._manifest_identity()  # what `_refuse_if_replaced` compares with
 
     @property
@@ -230,15 +231,26 @@ class Store:
 
     def _check_build(self) -> None:
         """A StoreChangedError when the manifest at the store's URL names another build than the one opened; one
-        GET at most every BUILD_CHECK_SECONDS, however often a server's health is asked."""
+        GET at most every BUILD_CHECK_SECONDS, however often a server's health is asked. Until a read finds the
+        opened build again, the last one's finding stands: a check that read nothing (or could not) passed, and a
+        server took that for the files back as opened and served the new build's bytes at the old offsets
+        (remote52 F1)."""
         with self._lock:
             if self._build_checking or time.monotonic() - self._build_checked < BUILD_CHECK_SECONDS:
-                return  # one read at a time: a silent server held a thread per /health until the pool ran out
+                self._refuse_if_found_rebuilt()  # one read at a time: a silent server held a thread per /health
+                return
             self._build_checked, self._build_checking = time.monotonic(), True
         try:
             self._refuse_if_rebuilt()
         finally:
             self._build_checking = False
+        self._refuse_if_found_rebuilt()  # the manifest cannot be read now: the last finding stands
+
+    def _refuse_if_found_rebuilt(self) -> None:
+        """The StoreChangedError of the last manifest read that found another build (`_refuse_if_rebuilt`: the
+        store checks' or a fetch's), if any, until one finds the opened build again."""
+        if self._build_changed is not None:
+            raise StoreChangedError(self._build_changed)
 
     def _manifest_identity(self) -> tuple[int, ...] | None:
         """The local manifest file's device, inode and modification time (None for a store at a URL, () when the
@@ -264,15 +276,17 @@ class Store:
     def _refuse_if_rebuilt(self) -> bool:
         """A StoreChangedError when the store's manifest now names another build than the one opened; True when it
         names this one, False when it cannot be read (unreachable or unreadable for now: one answer proves
-        nothing)."""
+        nothing). What a read found is kept for `_check_build` between its reads."""
         try:
             raw = self.location.read_bytes(MANIFEST_FILE, at_most=MAX_MANIFEST_BYTES)  # a longer one does not parse
             now = parse_manifest(raw, self.location.path(MANIFEST_FILE)).generation
         except Exception:  # noqa: BLE001 - see the docstring
             return False
         if now != self.manifest.generation:
-            raise StoreChangedError(f"the store at {self.url} was rebuilt (build {now!r}, opened as build "
-                                    f"{self.manifest.generation!r}): open it again")  # fmt: skip
+            self._build_changed = (f"the store at {self.url} was rebuilt (build {now!r}, opened as build "
+                                   f"{self.manifest.generation!r}): open it again")  # fmt: skip
+            raise StoreChangedError(self._build_changed)
+        self._build_changed = None
         return True
 
     def _check_files(self, root: Path, readers: Sequence[ShardReader]) -> None:

@@ -1055,6 +1055,35 @@ def test_health_finds_a_remote_store_rebuilt_on_its_server(
             assert health.status_code == 503 and "was rebuilt (build 'another-build'" in health.json()["problems"]["s2"]
 
 
+def test_a_remote_store_found_rebuilt_stays_unavailable_between_manifest_reads(
+    tiny: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a check found a store at a URL rebuilt, the next check (a /health within BUILD_CHECK_SECONDS, which
+    reads no manifest) passed, and made it "available again: its files are back": /health said 200 and requests
+    read the new build's files at the old offsets (another model's states: answers with 200) until the next
+    manifest read, nine seconds in every ten (remote52 F1)."""
+    import dataclasses
+
+    from dilstore.runners.cmd_serve import open_served_store
+    from dilstore.storage import reader
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest, write_manifest
+    from tests.fixtures.http_store import serve_directory
+
+    served = shutil.copytree(tiny["s2"], tmp_path / "site" / "s2")
+    body = {"query": "Zürich tram", "doc_ids": ["kili", "tram"]}
+    with serve_directory(served.parent) as files:
+        store = open_served_store("s2", f"{files.url}/s2", tiny["ranker_dir"], None)
+        with running([store]) as (client, _):
+            monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)
+            manifest = read_manifest(StoreLocation.parse(served))
+            write_manifest(served, dataclasses.replace(manifest, generation="another-build"))  # as a rebuild leaves it
+            assert client.get("/health").status_code == 503
+            monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 3600.0)  # no manifest read until the test ends
+            assert [client.get("/health").status_code for _ in range(3)] == [503] * 3
+            assert client.post("/rerank", json=body).status_code == 503
+
+
 def test_a_store_file_cut_under_the_server_makes_that_store_unavailable_not_a_dead_server(
     tiny: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -461,6 +461,34 @@ def test_a_store_at_a_url_reads_its_manifest_again_at_most_every_so_often(
         assert reads == ["manifest.json"] * 2
 
 
+def test_a_store_at_a_url_found_rebuilt_stays_so_until_its_manifest_is_read_again(
+    served_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check within BUILD_CHECK_SECONDS of one that found another build passed, reading nothing: a server took
+    that as the files back as opened and served the other build's bytes (remote52 F1). It fails as the last read
+    did; a manifest read again that names the opened build again (the old one put back) passes."""
+    import dataclasses
+
+    from dilstore.storage import reader
+    from dilstore.storage.format import StoreChangedError
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest, write_manifest
+
+    site = shutil.copytree(served_root / "fp16", tmp_path / "site" / "fp16")
+    manifest = read_manifest(StoreLocation.parse(site))
+    with serve_directory(site.parent) as files, open_store(f"{files.url}/fp16") as store:
+        monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)
+        write_manifest(site, dataclasses.replace(manifest, generation="another-build"))
+        with pytest.raises(StoreChangedError, match="another-build"):
+            store.check_unchanged()
+        monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 3600.0)
+        with pytest.raises(StoreChangedError, match="another-build"):
+            store.check_unchanged()  # no read: the last one's finding
+        monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)
+        write_manifest(site, manifest)  # the opened build is back
+        store.check_unchanged()
+
+
 @pytest.mark.parametrize("name", ["fp16", "zstd"])
 def test_a_store_behind_a_password_reads_on_both_read_paths(served_root: Path, name: str) -> None:
     """The password was hidden from the location's URL, and zarr-python's store (every shard's metadata, a compressed
