@@ -11,6 +11,7 @@ info`) needs these messages, and importing zarr cost it a third of its time
 from __future__ import annotations
 
 import errno
+import math
 import ssl
 from pathlib import Path
 
@@ -55,11 +56,14 @@ def worth_retrying(
 
 def retry_delay(error: BaseException, attempt: int) -> float:
     """Seconds to wait before trying a failed remote read again: the server's Retry-After where it gave one, else
-    RETRY_SECONDS doubled per attempt; never over MAX_RETRY_SECONDS."""
+    RETRY_SECONDS doubled per attempt; never over MAX_RETRY_SECONDS. A `nan` is no wait: it passed both bounds,
+    and time.sleep raised ValueError (a traceback, a 500 from `serve`) where asyncio.sleep waited on (remote52 F2)."""
     headers = getattr(error, "headers", None) or {}
     try:
         asked = float(headers.get("Retry-After", 0))
     except (TypeError, ValueError):  # an HTTP date: the doubling wait stands
+        asked = 0.0
+    if math.isnan(asked):
         asked = 0.0
     return min(max(asked, RETRY_SECONDS * 2**attempt), MAX_RETRY_SECONDS)
 

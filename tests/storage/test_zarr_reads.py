@@ -101,6 +101,14 @@ def test_a_remote_read_that_fails_in_transit_is_tried_again_then_reported(monkey
     assert retry_delay(SlowDown("600"), 0) == 2.0 and retry_delay(SlowDown("Wed, 21 Oct 2026"), 1) == 1.0
 
 
+def test_a_retry_after_that_is_no_finite_number_waits_the_doubling_wait() -> None:
+    """`Retry-After: nan` was read as NaN: time.sleep raised ValueError, a traceback from `ask` (exit 1) and a 500
+    from `serve` where a 502 was due, and zarr's asyncio.sleep waited on and on (remote52 F2)."""
+    assert [retry_delay(SlowDown(value), 1) for value in ("nan", "NaN", "-nan", "inf", "-inf", "1e999")] == [
+        1.0, 1.0, 1.0, 2.0, 1.0, 2.0]  # fmt: skip
+    assert retry_delay(SlowDown("-5"), 0) == 0.5
+
+
 def test_a_chunk_read_through_zarr_that_fails_in_transit_is_tried_again(monkeypatch) -> None:
     import asyncio
 
