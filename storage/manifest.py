@@ -278,9 +278,8 @@ def _interrupted_swap(location: StoreLocation) -> str:
 def read_manifest(location: StoreLocation) -> Manifest:
     """The manifest of the store at `location`, or a clear error when it is missing or damaged."""
     where = location.path(MANIFEST_FILE)
-    if not location.exists(MANIFEST_FILE):
+    if not location.exists(MANIFEST_FILE) and not _there_after_all(location, where):
         folder = location.is_dir()  # first: a host that cannot be reached is named as such
-        _refuse_an_unreadable_manifest(location, where)
         if not folder:
             raise StoreFormatError(f"no store at {location.url}{_interrupted_swap(location)}")
         if not any(location.exists(begun) for begun in (SPEC_FILE, SHARDS_DIR)):  # no run began here: not a store
@@ -310,15 +309,20 @@ def read_manifest(location: StoreLocation) -> Manifest:
     return parse_manifest(raw, where)
 
 
-def _refuse_an_unreadable_manifest(location: StoreLocation, where: str) -> None:
-    """A StoreReadError when the manifest exists but cannot be read (an HTTP 500, which fsspec's `exists` reports as
-    absent), so a failing server is not taken for a wrong URL or an unfinalized store; nothing when it is absent."""
+def _there_after_all(location: StoreLocation, where: str) -> bool:
+    """Whether the manifest `exists` called absent can be read after all (a server's hiccup: fsspec's `exists`
+    reads a 429, 500 or 503 as absent, and one of them made a store `no store at URL`, remote52 F3); False when
+    it is absent, a StoreReadError when it still cannot be read (an HTTP 500 again), so a failing server is not
+    taken for a wrong URL or an unfinalized store. (A read of at most a byte opens a stream over HTTP, which
+    fsspec opens with `info`: a 503 read as absent again.)"""
     try:
         location.read_bytes(MANIFEST_FILE)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return
+        return False
     except Exception as error:  # noqa: BLE001 - each fsspec backend raises its own kind (aiohttp, botocore, ...)
+        location.is_dir()  # a host that cannot be reached is named as such (`cannot reach store URL`)
         raise read_failure(where, error, local=location.local_root is not None) from None
+    return True
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:

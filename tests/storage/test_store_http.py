@@ -461,6 +461,28 @@ def test_a_store_at_a_url_reads_its_manifest_again_at_most_every_so_often(
         assert reads == ["manifest.json"] * 2
 
 
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_a_manifest_a_server_failed_once_is_read_not_taken_for_no_store(
+    served_root: Path, monkeypatch: pytest.MonkeyPatch, status: int
+) -> None:
+    """fsspec's `exists` reads any error status as absent; the manifest read next to tell a failing server from no
+    store then worked, and the store was reported as `no store at URL` (exit 2) after one 503 (remote52 F3)."""
+    from dilstore.storage.location import StoreLocation
+
+    real = StoreLocation.exists
+    with serve_directory(served_root) as files:
+        def exists(location: StoreLocation, relative: str = "") -> bool:
+            try:
+                return real(location, relative)
+            finally:
+                files.faults.clear()  # one hiccup: the server answers the next request
+
+        monkeypatch.setattr(StoreLocation, "exists", exists)
+        files.faults["manifest.json"] = status
+        with open_store(f"{files.url}/fp16") as store:
+            assert_same_passages(store.fetch(IDS[:3]), open_store(served_root / "fp16").fetch(IDS[:3]))
+
+
 def test_a_store_at_a_url_found_rebuilt_stays_so_until_its_manifest_is_read_again(
     served_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
