@@ -43,7 +43,7 @@ from typing import Any
 
 from dilstore.runners.serve_metrics import Metrics
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.format import StoreChangedError
+from dilstore.storage.format import StoreChangedError, StoreReadError
 
 logger = logging.getLogger("dilstore.serve")
 
@@ -239,11 +239,14 @@ class Batcher:
                 self._condition.wait(remaining)
 
     def _outcomes(self, payloads: list[Any]) -> list[Any]:
-        """run_batch's outcomes; if the shared run raises, each payload's outcome when run alone."""
+        """run_batch's outcomes; if the shared run raises, each payload's outcome when run alone, unless no payload
+        alone would fare otherwise: the store changed, or a read failed in transit (already tried again)."""
         try:
             return list(self._run_batch(payloads))
         except StoreChangedError as error:  # the store changed under it: each alone would meet the same change
             return [error] * len(payloads)
+        except StoreReadError as error:  # failed in transit, READ_ATTEMPTS reads with their waits: each alone waited
+            return [error] * len(payloads)  # them again, 8 clients of a stalled server 149 s (remote52 F4); try again
         except Exception as error:  # noqa: BLE001 (any failure of the shared run is retried request by request)
             if len(payloads) == 1:
                 return [error]
