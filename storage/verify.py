@@ -61,6 +61,7 @@ from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest
 from dilstore.storage.passage_tables import has_tables, passage_table_problems, shard_table
 from dilstore.storage.read_failures import describe
+from dilstore.storage.secrets import scrubbed
 from dilstore.storage.shard import ShardAttributes
 from dilstore.storage.zarr_reads import METADATA_ERRORS
 
@@ -89,7 +90,7 @@ class VerifyReport:
         return {
             "store": self.url,
             "ok": self.ok,
-            "problems": self.problems,
+            "problems": [scrubbed(problem) for problem in self.problems],  # whichever check worded it
             "untracked": self.untracked,
             "files_checked": self.files_checked,
             "bytes_checked": self.bytes_checked,
@@ -274,11 +275,12 @@ def _within(folder: str, paths: set[str]) -> bool:
 
 
 def _guarded(report: VerifyReport, what: str, check: Callable[[], Any]) -> Any:
-    """Run one check; damage can surface as any exception inside zarr or numpy, so every one becomes a problem."""
+    """Run one check; damage can surface as any exception inside zarr or numpy, so every one becomes a problem,
+    with the store URL's password hidden: zarr-python's errors quote its store's repr, URL and all (remote52 F5)."""
     try:
         return check()
     except Exception as error:  # noqa: BLE001 - a damaged file must give a report line, not a traceback
-        report.problems.append(f"{what}: cannot be read: {type(error).__name__}: {error}")
+        report.problems.append(scrubbed(f"{what}: cannot be read: {type(error).__name__}: {error}"))
         return None
 
 

@@ -511,6 +511,22 @@ def test_a_store_at_a_url_found_rebuilt_stays_so_until_its_manifest_is_read_agai
         store.check_unchanged()
 
 
+def test_verify_of_a_store_behind_a_password_hides_it_in_each_problem(
+    served_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A part zarr-python could not read (its id index answered 404) was a problem quoting zarr's error, whose
+    repr of its store held the URL with its password: `verify` printed it, text and --json (remote52 F5)."""
+    with serve_directory(served_root, credentials="reader:S3CRET") as files:
+        url = files.url.replace("http://", "http://reader:S3CRET@") + "/fp16"
+        files.faults["/fp16/index/"] = 404
+        assert main(["verify", "--no-progress", url]) == 1
+        assert main(["verify", "--json", url]) == 1
+        report = verify_store(url)
+    printed = capsys.readouterr()
+    assert "id index: cannot be read" in printed.out and "reader:***@" in printed.out
+    assert "S3CRET" not in printed.out + printed.err and not [line for line in report.problems if "S3CRET" in line]
+
+
 @pytest.mark.parametrize("name", ["fp16", "zstd"])
 def test_a_store_behind_a_password_reads_on_both_read_paths(served_root: Path, name: str) -> None:
     """The password was hidden from the location's URL, and zarr-python's store (every shard's metadata, a compressed
