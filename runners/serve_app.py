@@ -155,8 +155,12 @@ class StoreRouter:
             self.forced_quit()
             return
         watch.cancel()
-        # uvicorn has already waited for the requests in flight; stop() runs anything still queued.
-        await asyncio.gather(*(asyncio.to_thread(batcher.stop) for batcher in self.batchers.values()))
+        # uvicorn has already waited for the requests in flight, and cancelled those past --shutdown-timeout: a
+        # worker still in a batch FORCED_QUIT_SECONDS later is stuck (a URL store's stalled read held SIGTERM, and a
+        # second one, for 5 minutes a read: remote52 F6), and is left as a forced quit leaves it.
+        ended = await asyncio.gather(*(asyncio.to_thread(batcher.stop, FORCED_QUIT_SECONDS)
+                                       for batcher in self.batchers.values()))  # fmt: skip
+        self.quit_without([name for name, done in zip(self.batchers, ended, strict=True) if not done])
 
     async def watch(self) -> None:
         """Check the stores every WATCH_SECONDS, off the event loop: a store changed on disk is found (and
@@ -175,8 +179,13 @@ class StoreRouter:
         queued = sum(batcher.abandon() for batcher in self.batchers.values())
         logger.warning("forced to quit: the requests in flight and %d queued were not answered", queued)
         deadline = time.monotonic() + FORCED_QUIT_SECONDS
-        stuck = [name for name, batcher in self.batchers.items()
-                 if not batcher.join(max(0.0, deadline - time.monotonic()))]  # fmt: skip
+        self.quit_without([name for name, batcher in self.batchers.items()
+                           if not batcher.join(max(0.0, deadline - time.monotonic()))])  # fmt: skip
+
+    @staticmethod
+    def quit_without(stuck: list[str]) -> None:
+        """End the process (status 0) without the workers of the stores `stuck` in a batch, if any: the
+        interpreter's exit would wait for them, or abort (SIGABRT) inside torch."""
         if stuck:
             logger.warning("store(s) %s still in a batch after %d s: quitting without waiting for it", listed(stuck),
                            FORCED_QUIT_SECONDS)  # fmt: skip

@@ -128,13 +128,15 @@ class Batcher:
         """Start the worker thread."""
         self._thread.start()
 
-    def stop(self) -> None:
-        """Run what is still queued, then end the worker thread (the server's drain on shutdown)."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """Run what is still queued, then end the worker thread (the server's drain on shutdown); whether it ended
+        within `timeout` seconds (None: however long it takes)."""
         with self._condition:
             self._stopping = True
             self._condition.notify()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def abandon(self) -> int:
         """Drop what is queued and let the worker thread end once its batch in progress ends (a forced quit); how

@@ -148,3 +148,47 @@ def test_a_handler_that_takes_only_errors_gets_no_line_for_the_requests_a_shutdo
     assert [(record.levelno, record.getMessage()) for record in alerting.records] == [
         (logging.ERROR, "Exception in ASGI application")
     ]
+
+
+def test_a_graceful_stop_leaves_a_worker_stuck_in_its_batch(monkeypatch) -> None:
+    """A store worker in a read of a stalled storage server held SIGTERM's graceful stop, and a second signal too:
+    the lifespan's shutdown joined it with no bound, and the server exited 300 s later, after fsspec's wait
+    (remote52 F6). It is left after FORCED_QUIT_SECONDS, as a forced quit leaves it: the process ends, status 0."""
+    import time
+
+    import pytest
+
+    from dilstore.runners import serve_app
+
+    running, release = threading.Event(), threading.Event()
+
+    def run_batch(payloads: list[int]) -> list[int]:
+        running.set()
+        release.wait(30)  # a read that stalls
+        return payloads
+
+    class Quit(Exception):
+        """What os._exit does, here: the test goes on."""
+
+    def exit_process(status: int) -> None:
+        raise Quit(status)
+
+    monkeypatch.setattr(serve_app, "FORCED_QUIT_SECONDS", 0.2)
+    monkeypatch.setattr(serve_app.os, "_exit", exit_process)
+    router = object.__new__(serve_app.StoreRouter)
+    router.stores, router._checking = [], threading.Lock()
+    router.batchers = {"s": Batcher("s", run_batch, max_batch_pairs=1, max_wait=0.0, queue_size=10, metrics=Metrics())}
+
+    async def serve_then_stop() -> None:
+        async with router.lifespan(None):  # type: ignore[arg-type]
+            request = asyncio.ensure_future(router.batchers["s"].submit(1, 1))
+            await asyncio.to_thread(running.wait, 30)
+            request.cancel()  # as uvicorn cancels a request unfinished after --shutdown-timeout
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(Quit) as quit_:
+            asyncio.run(serve_then_stop())
+    finally:
+        release.set()
+    assert quit_.value.args == (0,) and time.monotonic() - started < 10
