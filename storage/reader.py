@@ -221,9 +221,14 @@ class Store:
         watched files of the open shards these ids point to must be as they were found (storage/mapped.py: a file
         cut short under a map kills the process; a shard rebuilt under its offsets gives another build's data).
         A stat per file: about twice the time of a warm fetch (BENCHMARKS.md), so it is for long-running readers
-        (`serve` turns it on), not one-off commands."""
+        (`serve` turns it on), not one-off commands. For a store at a URL, its manifest is read again instead, at
+        most every BUILD_CHECK_SECONDS: an `ask` session went on answering from another build's states at the old
+        offsets, and exited 0 (remote52 F7)."""
         root = self.location.local_root
-        if not self.check_files or root is None:
+        if not self.check_files:
+            return
+        if root is None:
+            self._check_build()
             return
         with self._lock:
             readers = [self._shards[shard] for shard in _pointed_shards(passage_ids, index) if shard in self._shards]

@@ -511,6 +511,45 @@ def test_a_store_at_a_url_found_rebuilt_stays_so_until_its_manifest_is_read_agai
         store.check_unchanged()
 
 
+def test_a_long_running_reader_of_a_store_at_a_url_finds_it_rebuilt_on_a_lookup(
+    served_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ask` from stdin (check_files on) read a store at a URL rebuilt under it at the old build's offsets and exited
+    0 (remote52 F7): a lookup reads the manifest again, at most every BUILD_CHECK_SECONDS, and names the rebuild. A
+    one-off reader (check_files off) sends no request for it."""
+    import dataclasses
+
+    from dilstore.storage import reader
+    from dilstore.storage.format import StoreChangedError
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest, write_manifest
+
+    site = shutil.copytree(served_root / "fp16", tmp_path / "site" / "fp16")
+    manifest = read_manifest(StoreLocation.parse(site))
+    reads: list[str] = []
+    real = StoreLocation.read_bytes
+
+    def read_bytes(self: StoreLocation, relative: str, at_most: int | None = None) -> bytes:
+        reads.append(relative)
+        return real(self, relative, at_most)
+
+    monkeypatch.setattr(StoreLocation, "read_bytes", read_bytes)
+    with serve_directory(site.parent) as files, open_store(f"{files.url}/fp16") as store:
+        expected = store.fetch(IDS[:2])
+        reads.clear()
+        store.fetch(IDS[:2])
+        assert "manifest.json" not in reads  # check_files off
+        store.check_files = True
+        monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 3600.0)
+        assert_same_passages(store.fetch(IDS[:2]), expected)
+        assert_same_passages(store.fetch(IDS[:2]), expected)
+        assert reads.count("manifest.json") == 1  # one read, then none within BUILD_CHECK_SECONDS
+        write_manifest(site, dataclasses.replace(manifest, generation="another-build"))
+        monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)
+        with pytest.raises(StoreChangedError, match="another-build"):
+            store.fetch(IDS[:2])
+
+
 def test_verify_of_a_store_behind_a_password_hides_it_in_each_problem(
     served_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
