@@ -34,6 +34,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import os
 import platform
 import random
 import signal
@@ -301,11 +302,26 @@ def accumulate_micro_batches(
     return torch.stack(losses).sum()  # (): on the loss's device, read only when needed (module docstring)
 
 
-def hardware_description(device: torch.device) -> str:
-    """A short line for the metadata: the accelerator, or the CPU with torch's thread count."""
+def hardware_description(device: torch.device, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """A short line for the metadata (and the model card that quotes it): the accelerator, or the CPU's model with
+    its logical CPUs and torch's thread count."""
     if device.type == "cuda":
         return f"CUDA {torch.cuda.get_device_name(device)}"
-    return f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s)"
+    return f"CPU {cpu_model(cpuinfo)} ({os.cpu_count()} logical CPUs), {torch.get_num_threads()} torch thread(s)"
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name as Linux gives it in `cpuinfo`; where there is none, what `platform` knows, often only
+    the architecture ("x86_64" said nothing of the machine a card's run was trained on, train52)."""
+    try:
+        lines = cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            return value.strip()
+    return platform.processor() or platform.machine()
 
 
 def write_training_record(

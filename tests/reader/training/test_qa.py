@@ -533,6 +533,24 @@ def test_a_training_question_without_answers_is_refused_by_id(
     assert not (tmp_path / "run" / "model.safetensors").exists()
 
 
+def test_a_cpu_run_records_the_cpu_s_model_where_linux_names_it(tmp_path: Path) -> None:
+    """"CPU x86_64" said nothing of the machine; the model name of /proc/cpuinfo does, and without one the
+    architecture platform gives is still said."""
+    import platform
+
+    from dilstore.reader.training.loop import cpu_model, hardware_description
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n\nprocessor\t: 1\n"
+                       "model name\t: AMD EPYC 7B13\n", encoding="utf-8")  # fmt: skip
+    assert cpu_model(cpuinfo) == "AMD EPYC 7B13"
+    line = hardware_description(torch.device("cpu"), cpuinfo)
+    assert line.startswith("CPU AMD EPYC 7B13 (") and line.endswith(f"{torch.get_num_threads()} torch thread(s)")
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: \n", encoding="utf-8")
+    assert cpu_model(cpuinfo) == (platform.processor() or platform.machine())
+    assert cpu_model(tmp_path / "absent") == (platform.processor() or platform.machine())
+
+
 def test_the_reader_card_names_the_hardware_the_run_recorded(overfit_run, tmp_path: Path, capsys) -> None:
     """Without --hardware the card said "CPU, 2 cores shared with other jobs, 1 torch thread" for any run, whatever
     its dilstore_training.json measured (train52 F2)."""
