@@ -436,21 +436,29 @@ def test_the_query_of_an_http_url_is_hidden_behind_a_cache_prefix_too(chain: str
     assert f"({chain}https://127.0.0.1:1/store?***)" in str(raised.value) and "S3CRET" not in str(raised.value)
 
 
+def recorded_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The relative paths every StoreLocation.read_bytes is asked for from now on, in order (it still reads them)."""
+    from dilstore.storage.location import StoreLocation
+
+    reads: list[str] = []
+    real = StoreLocation.read_bytes
+
+    def read_bytes(self: StoreLocation, relative: str, at_most: int | None = None) -> bytes:
+        reads.append(relative)
+        return real(self, relative, at_most)
+
+    monkeypatch.setattr(StoreLocation, "read_bytes", read_bytes)
+    return reads
+
+
 def test_a_store_at_a_url_reads_its_manifest_again_at_most_every_so_often(
     served_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """/health reads a remote store's manifest again (review40b H2: a probe every second sent two requests a store,
     on the event loop): one GET, at most every BUILD_CHECK_SECONDS."""
     from dilstore.storage import reader
-    from dilstore.storage.location import StoreLocation
 
-    reads: list[str] = []
-    real = StoreLocation.read_bytes
-    def read_bytes(self: StoreLocation, relative: str, at_most: int | None = None) -> bytes:
-        reads.append(relative)
-        return real(self, relative, at_most)
-
-    monkeypatch.setattr(StoreLocation, "read_bytes", read_bytes)
+    reads = recorded_reads(monkeypatch)
     with serve_directory(served_root) as files, open_store(f"{files.url}/fp16") as store:
         reads.clear()
         store.check_unchanged()
@@ -526,14 +534,7 @@ def test_a_long_running_reader_of_a_store_at_a_url_finds_it_rebuilt_on_a_lookup(
 
     site = shutil.copytree(served_root / "fp16", tmp_path / "site" / "fp16")
     manifest = read_manifest(StoreLocation.parse(site))
-    reads: list[str] = []
-    real = StoreLocation.read_bytes
-
-    def read_bytes(self: StoreLocation, relative: str, at_most: int | None = None) -> bytes:
-        reads.append(relative)
-        return real(self, relative, at_most)
-
-    monkeypatch.setattr(StoreLocation, "read_bytes", read_bytes)
+    reads = recorded_reads(monkeypatch)
     with serve_directory(site.parent) as files, open_store(f"{files.url}/fp16") as store:
         expected = store.fetch(IDS[:2])
         reads.clear()

@@ -286,21 +286,12 @@ def test_bad_lists_are_refused_with_clear_errors() -> None:
         empty[0, 1] = 0
         with pytest.raises(DilstoreError, match="at least one token"):
             ranker.score_lists(query_states, query_mask, doc_states, empty)
+        with pytest.raises(DilstoreError, match="every query and every document needs at least one token"):
+            ranker.score_lists(query_states, torch.zeros_like(query_mask), doc_states, doc_mask)  # a query of none
         with pytest.raises(DilstoreError, match="lists, documents, tokens"):
             ranker(query_ids, query_mask, doc_ids[0], doc_mask[0])
         with pytest.raises(DilstoreError, match="do not fit"):
             ranker.score_lists(query_states.expand(2, -1, -1), query_mask, doc_states, doc_mask)
-
-
-def test_a_query_of_no_tokens_is_refused_as_a_document_of_none_is() -> None:
-    ranker = tiny_listformer(1)
-    query, documents = random_list(2, [3, 2])
-    query_ids, query_mask, doc_ids, doc_mask = padded_lists([(query, documents)])
-    with torch.no_grad():
-        query_states = ranker.encode_queries(query_ids, query_mask)
-        doc_states = ranker.encode_documents(doc_ids[0], doc_mask[0])[None]
-        with pytest.raises(DilstoreError, match="every query and every document needs at least one token"):
-            ranker.score_lists(query_states, torch.zeros_like(query_mask), doc_states, doc_mask)
 
 
 # ---------------------------------------------------------------------- checkpoints
