@@ -242,16 +242,16 @@ class Batcher:
 
     def _outcomes(self, payloads: list[Any]) -> list[Any]:
         """run_batch's outcomes; if the shared run raises, each payload's outcome when run alone, unless no payload
-        alone would fare otherwise: the store changed, or a read failed in transit (already tried again)."""
+        alone would fare otherwise: the store changed, or a read failed in transit (already tried again). A read
+        refused for good (a 403 on one shard's file, a local disk's I/O error) was tried once and may be one file's:
+        the payloads that do not read it are answered alone (review52 F1)."""
         try:
             return list(self._run_batch(payloads))
         except StoreChangedError as error:  # the store changed under it: each alone would meet the same change
             return [error] * len(payloads)
-        except StoreReadError as error:  # failed in transit, READ_ATTEMPTS reads with their waits: each alone waited
-            return [error] * len(payloads)  # them again, 8 clients of a stalled server 149 s (remote52 F4); try again
         except Exception as error:  # noqa: BLE001 (any failure of the shared run is retried request by request)
-            if len(payloads) == 1:
-                return [error]
+            if len(payloads) == 1 or _failed_in_transit(error):
+                return [error] * len(payloads)
             logger.warning("a batch of %d requests failed (%s: %s); running each alone", len(payloads),
                            type(error).__name__, error)  # fmt: skip
         outcomes: list[Any] = []
@@ -261,6 +261,12 @@ class Batcher:
             except Exception as error:  # noqa: BLE001 (the failure belongs to this payload alone)
                 outcomes.append(error)
         return outcomes
+
+
+def _failed_in_transit(error: Exception) -> bool:
+    """Whether `error` is a remote read that failed in transit, READ_ATTEMPTS reads with their waits: each payload
+    alone waited them again, 8 clients of a stalled server 149 s (remote52 F4); each is told at once to try again."""
+    return isinstance(error, StoreReadError) and error.in_transit
 
 
 def return_freed_memory() -> None:

@@ -98,7 +98,12 @@ class StoreReadError(DilstoreError):
 
     Not a StoreFormatError: the store may be whole, and the same read may
     work a moment later, so a long-running reader keeps serving it.
+    `in_transit` is True for a remote read that was tried READ_ATTEMPTS times
+    (a timeout, a 5xx); a refusal (401, 403), an untrusted certificate or a
+    local disk's error was not tried again, and may be one file's alone.
     """
+
+    in_transit: bool = False
 
 
 @dataclass(frozen=True)

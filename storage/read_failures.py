@@ -95,7 +95,9 @@ def read_failure(what: str, error: BaseException, *, local: bool = False) -> Sto
     if _untrusted_certificate(error):
         return StoreReadError(f"reading {what} failed: {describe(error)}: the server's certificate is not trusted "
                               "(SSL_CERT_FILE names a certificate bundle to trust)")  # fmt: skip
-    return StoreReadError(f"reading {what} failed: {describe(error)}; try again")
+    failure = StoreReadError(f"reading {what} failed: {describe(error)}; try again")
+    failure.in_transit = not local and is_transient(error)  # tried READ_ATTEMPTS times (worth_retrying)
+    return failure
 
 
 def _first_line(text: str) -> str:

@@ -305,11 +305,13 @@ def test_a_batch_that_meets_a_changed_store_or_a_failed_remote_read_is_not_run_a
 ) -> None:
     """Each request of such a batch ran again alone, against the same files or the same server: the error is each
     request's, at once."""
-    from dilstore.storage.format import StoreChangedError, StoreReadError
+    from fsspec.exceptions import FSTimeoutError
 
-    raised = {"changed": StoreChangedError("the store was rebuilt"),
-              "read": StoreReadError("reading https://h/s/shards/shard-00000/states/c/0 failed: FSTimeoutError; "
-                                     "try again")}[error]  # fmt: skip
+    from dilstore.storage.format import StoreChangedError
+    from dilstore.storage.read_failures import read_failure
+
+    raised = {"changed": StoreChangedError("the store was rebuilt"),  # the reader's error after its READ_ATTEMPTS:
+              "read": read_failure("https://h/s/shards/shard-00000/states/c/0", FSTimeoutError())}[error]  # fmt: skip
     calls: list[list[int]] = []
 
     def run_batch(payloads: list[int]) -> list[int]:
@@ -433,3 +435,29 @@ def test_a_max_wait_at_either_end_of_its_range_is_taken(milliseconds: float) -> 
     assert ServeSettings(max_wait=milliseconds / 1000).max_wait * 1000 == milliseconds
     with pytest.raises(DilstoreError, match=f"max-wait-ms must be from 0 to {MAX_WAIT_LIMIT_MS:g}, got 60001"):
         ServeSettings(max_wait=(MAX_WAIT_LIMIT_MS + 1) / 1000)
+
+
+def test_a_batch_whose_url_store_refuses_one_shard_answers_the_others_alone(tmp_path, quick_retries) -> None:
+    """A read refused for good (an HTTP 403 on one shard's file of a store at a URL; a local disk's I/O error) is no
+    failure in transit: nothing tried it again, and requests of the batch that do not read that file are answered
+    when run alone, as a damaged file's are (review52 F1: remote52 F4 gave every request of the batch the error)."""
+    from dilstore.storage.format import StoreReadError
+    from dilstore.storage.reader import open_store
+    from tests.fixtures.http_store import serve_directory
+    from tests.fixtures.store_fixtures import build_store, random_shards
+
+    build_store(tmp_path / "store", random_shards([4, 4]))
+    ids = {0: "s0/p0", 1: "s0/p1", 2: "s1/p1"}  # the third request reads shard 1, whose states are refused
+    with serve_directory(tmp_path) as server:
+        store = open_store(f"{server.url}/store")
+        server.faults["store/shards/shard-00001/states/values/c/0/0"] = 403
+
+        def run_batch(payloads: list[int]) -> list[int]:
+            if payloads == [0]:
+                time.sleep(0.2)  # the other two arrive meanwhile and form the next batch
+            store.fetch([ids[payload] for payload in payloads])
+            return list(payloads)
+
+        outcomes = run_blocked_then_together(run_batch, (1, 2))
+    assert outcomes[:2] == [0, 1], outcomes
+    assert isinstance(outcomes[2], StoreReadError) and "refuses" in str(outcomes[2])
