@@ -22,6 +22,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.training.checkpoint_files import STATE_JSON, STATE_TENSORS, STEP_DIR
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError
@@ -208,7 +209,7 @@ def prune_checkpoints(checkpoints: Path, keep: int, every: int = 0) -> None:
     if every <= 0:
         doomed = complete[: max(0, len(complete) - keep)]
     else:
-        grid = {step for step, path in complete if step % every == 0 or _marked_curve_point(path)}
+        grid = {step for step, path in complete if step % every == 0 or _marked_curve_point(path, step)}
         on_grid = [entry for entry in complete if entry[0] in grid]
         off_grid = [entry for entry in complete[:-1] if entry[0] not in grid]
         doomed = on_grid[: max(0, len(on_grid) - keep)] + off_grid
@@ -216,11 +217,23 @@ def prune_checkpoints(checkpoints: Path, keep: int, every: int = 0) -> None:
         shutil.rmtree(path)
 
 
-def _marked_curve_point(checkpoint: Path) -> bool:
-    """Whether the checkpoint's training_state.json marks it as at a multiple of its run's --save-every; False for
-    one saved before checkpoints were marked, or whose file cannot be read (its step's multiple decides then)."""
+def _marked_curve_point(checkpoint: Path, step: int) -> bool:
+    """Whether the checkpoint's training_state.json marks it as at a multiple of its run's --save-every. One saved
+    before checkpoints were marked (no mark) is one where the --save-every its dilstore_training.json records divides
+    its step: without that, a resume that changed --save-every deleted them all (review52 F2). False when neither
+    file can be read (its step's multiple decides then)."""
+    document = _json_object(Path(checkpoint) / STATE_JSON)
+    if _CURVE_POINT_KEY in document:
+        return document[_CURVE_POINT_KEY] is True
+    config = _json_object(Path(checkpoint) / TRAINING_METADATA_FILE).get("config")
+    every = config.get("save_every") if isinstance(config, dict) else None
+    return type(every) is int and every > 0 and step % every == 0
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; empty when it cannot be read or holds no object."""
     try:
-        document = json.loads((Path(checkpoint) / STATE_JSON).read_text(encoding="utf-8"))
+        document = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(document, dict) and document.get(_CURVE_POINT_KEY) is True
+        return {}
+    return document if isinstance(document, dict) else {}

@@ -136,6 +136,25 @@ def test_the_recorded_command_of_a_resumed_run_is_the_one_that_trains_it_from_th
     assert "--resume" not in first
 
 
+def test_a_resume_with_another_save_every_keeps_the_grid_of_checkpoints_saved_before_they_were_marked(
+    tiny_base: Path, squad_file: Path, tmp_path: Path
+) -> None:
+    """A checkpoint saved before training_state.json marked the curve points (no "curve_point" key) is one of them
+    where its own dilstore_training.json's --save-every divides its step: a resume with another --save-every deleted
+    all three of an interrupted run's checkpoints, though --keep-checkpoints 10 asked to keep them (review52 F2)."""
+    config = TrainingConfig(layers=1, max_steps=8, batch_size=2, save_every=2, save_every_minutes=0,
+                            keep_checkpoints=10, **SMALL_WINDOWS)  # fmt: skip
+    train_qa(tiny_base, squad_file, tmp_path, config, command="t", progress=False)
+    cut_after_last_checkpoint(tmp_path)  # killed after step-6: checkpoints 2, 4 and 6
+    for state in (tmp_path / "checkpoints").glob(f"*/{STATE_JSON}"):  # as the version before the mark wrote them
+        document = json.loads(state.read_text(encoding="utf-8"))
+        del document["curve_point"]
+        state.write_text(json.dumps(document), encoding="utf-8")
+    train_qa(tiny_base, squad_file, tmp_path, replace(config, save_every=7), command="t", resume=True, progress=False)
+    steps = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
+    assert steps == ["step-0000002", "step-0000004", "step-0000006", "step-0000007"]
+
+
 def test_negative_minutes_are_refused() -> None:
     with pytest.raises(DilstoreError, match="save-every-minutes must be 0"):
         TrainingConfig(layers=1, save_every_minutes=-1)
