@@ -304,10 +304,20 @@ def accumulate_micro_batches(
 
 def hardware_description(device: torch.device, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """A short line for the metadata (and the model card that quotes it): the accelerator, or the CPU's model with
-    its logical CPUs and torch's thread count."""
+    the logical CPUs the run may use (of the machine's, where fewer) and torch's thread count."""
     if device.type == "cuda":
         return f"CUDA {torch.cuda.get_device_name(device)}"
-    return f"CPU {cpu_model(cpuinfo)} ({os.cpu_count()} logical CPUs), {torch.get_num_threads()} torch thread(s)"
+    return f"CPU {cpu_model(cpuinfo)} ({usable_cpus()}), {torch.get_num_threads()} torch thread(s)"
+
+
+def usable_cpus() -> str:
+    """The logical CPUs this process may run on, and the machine's count where that is more: a run held to some of
+    them (taskset, a container's cpuset) was described as on all of them (review52 F3)."""
+    machine = os.cpu_count()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else machine
+    if machine is None or usable is None or usable >= machine:
+        return f"{usable or machine} logical CPUs"
+    return f"{usable} logical CPU(s) of {machine}"
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:

@@ -551,6 +551,18 @@ def test_a_cpu_run_records_the_cpu_s_model_where_linux_names_it(tmp_path: Path) 
     assert cpu_model(tmp_path / "absent") == (platform.processor() or platform.machine())
 
 
+def test_a_cpu_run_records_the_logical_cpus_it_may_run_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run held to 1 of the machine's CPUs (taskset, a container's cpuset) was recorded, and its card described,
+    as on all of them: "(2 logical CPUs)" under `taskset -c 0` (review52 F3). The count is of those it may use."""
+    from dilstore.reader.training import loop
+
+    monkeypatch.setattr(loop.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(loop.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert "(1 logical CPU(s) of 64)" in loop.hardware_description(torch.device("cpu"))
+    monkeypatch.setattr(loop.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert "(64 logical CPUs)" in loop.hardware_description(torch.device("cpu"))
+
+
 def test_the_reader_card_names_the_hardware_the_run_recorded(overfit_run, tmp_path: Path, capsys) -> None:
     """Without --hardware the card said "CPU, 2 cores shared with other jobs, 1 torch thread" for any run, whatever
     its dilstore_training.json measured (train52 F2)."""
