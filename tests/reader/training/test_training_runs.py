@@ -81,6 +81,32 @@ def test_pruning_keeps_the_newest_on_the_grid_and_the_newest_of_all(
     assert latest_checkpoint(folder) == step_directory(folder, max(steps))
 
 
+@pytest.mark.parametrize(
+    ("state", "marked"),
+    [
+        (b'{"curve_point": true}', True),
+        (b"{}", False),
+        (b'{"curve_point": false}', False),
+        (b'{"curve_point": 1}', False),
+        (b'{"curve_point": "true"}', False),
+        (b'["curve_point"]', False),
+        (b'{"curve_point": tr', False),
+        (b"\xff\xfe not text", False),
+        (b"", False),
+    ],
+)
+def test_only_a_readable_true_mark_makes_a_checkpoint_off_the_grid_a_curve_point(
+    state: bytes, marked: bool, tmp_path: Path
+) -> None:
+    """A checkpoint off the --save-every grid stays only when its training_state.json marks it (`true`); one whose
+    file is damaged, or holds another value, is a time checkpoint, deleted once a newer one exists."""
+    _complete_checkpoints(tmp_path, {3, 4, 8})
+    (step_directory(tmp_path, 3) / STATE_JSON).write_bytes(state)
+    prune_checkpoints(tmp_path, keep=5, every=4)
+    kept = sorted(int(path.name.removeprefix("step-")) for path in tmp_path.iterdir())
+    assert kept == ([3, 4, 8] if marked else [4, 8])
+
+
 def test_no_time_checkpoint_when_disabled(tiny_base: Path, squad_file: Path, tmp_path: Path) -> None:
     config = TrainingConfig(layers=1, max_steps=3, batch_size=2, save_every=0, save_every_minutes=0, **SMALL_WINDOWS)
     train_qa(tiny_base, squad_file, tmp_path, config, command="t", progress=False)
