@@ -210,9 +210,12 @@ def test_the_card_finds_the_checkpoint_s_rows_however_its_path_is_spelled(
 
 
 @pytest.mark.parametrize(("loss", "said"), [("approx-ndcg", "approx-ndcg loss (T = 0.5) over"),
-                                           ("listnet", "listnet loss over")])  # fmt: skip
+                                           ("listnet", "listnet loss over"), ("softmax", "softmax loss over"),
+                                           ("hinge", "hinge loss over")])  # fmt: skip
 def test_a_listformer_card_gives_a_temperature_only_to_the_loss_that_has_one(loss: str, said: str) -> None:
-    """ListNet has no temperature; its card said "listnet loss (T = 1.0)" (train52 F6)."""
+    """ListNet has no temperature; its card said "listnet loss (T = 1.0)" (train52 F6). Nor have the softmax and
+    hinge losses, which a Listformer trained through the Python API (RankingTrainingConfig) may use."""
+    RankingTrainingConfig(kind="listformer", loss=loss, delayed_layers=1)  # a run the API accepts
     config = {"loss": loss, "temperature": 0.5 if loss == "approx-ndcg" else 1.0, "negatives": 3, "delayed_layers": 1,
               "prior": False, "batch_size": 8, "gradient_accumulation": 1, "learning_rate": 3e-5, "warmup_ratio": 0.1,
               "max_query_length": 32, "max_doc_length": 128, "seed": 42}  # fmt: skip
