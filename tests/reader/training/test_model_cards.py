@@ -15,6 +15,8 @@ from types import ModuleType
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from safetensors import safe_open
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
@@ -26,7 +28,14 @@ from dilstore.reader.packaged.shipped import (
     default_ranker_dir,
     packaged_models_dir,
 )
-from dilstore.reader.training.model_cards import listformer_target, render_ranker_card, target_statement
+from dilstore.reader.training.model_cards import (
+    UNRECORDED_HARDWARE,
+    card_hardware,
+    listformer_target,
+    render_ranker_card,
+    require_this_run,
+    target_statement,
+)
 from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
 from dilstore.reader.training.release import MODEL_CARD_FILE
 from dilstore.storage.errors import DilstoreError
@@ -298,3 +307,45 @@ def test_target_statement(rows: list[dict], expected: str) -> None:
 )  # fmt: skip
 def test_listformer_target(rows: list[dict], expected: str) -> None:
     assert expected in listformer_target(rows, "me")
+
+
+@settings(max_examples=60, deadline=None)
+@given(recorded=st.one_of(st.none(), st.text(max_size=8), st.integers(), st.booleans()), present=st.booleans(),
+       given_line=st.one_of(st.none(), st.text(max_size=8)))  # fmt: skip
+@example(recorded="", present=True, given_line=None)  # an empty recorded line is not a hardware
+def test_the_card_s_hardware_is_the_given_line_else_a_recorded_text_else_not_recorded(
+    recorded, present: bool, given_line
+) -> None:
+    """--hardware wins when it says something; else the record's hardware when it is a text that says something; an
+    empty or missing one (or one of another type) is "not recorded", never an empty "- Hardware: ." line."""
+    training = {"hardware": recorded} if present else {}
+    if given_line:
+        expected = given_line
+    elif present and isinstance(recorded, str) and len(recorded) > 0:
+        expected = recorded
+    else:
+        expected = UNRECORDED_HARDWARE
+    assert card_hardware(training, given_line) == expected
+
+
+@pytest.mark.parametrize(
+    ("training", "evaluation", "refused"),
+    [
+        ({"steps": 5, "final_loss": 0.5}, {"train_steps": 5, "final_loss": 0.5}, False),
+        ({"steps": 5, "final_loss": 0.5}, {"train_steps": 6, "final_loss": 0.5}, True),
+        ({"steps": 5, "final_loss": 0.5}, {"train_steps": 5, "final_loss": 0.25}, True),
+        ({"steps": 5, "final_loss": 0.5}, {"train_steps": 5}, False),  # an evaluation that recorded no last loss
+        ({"final_loss": 0.5}, {"train_steps": 5, "final_loss": 0.5}, False),  # a record without its steps
+        ({"steps": 5, "final_loss": 0.5}, {"em": 1.0, "f1": 1.0}, False),  # evaluate-rc --json: no run recorded
+    ],
+)
+def test_an_evaluation_is_refused_only_when_its_recorded_steps_or_loss_tell_another_run(
+    training: dict, evaluation: dict, refused: bool
+) -> None:
+    """What either side did not record cannot tell the runs apart, so it passes; a differing step count or last loss
+    is another run's evaluation."""
+    if refused:
+        with pytest.raises(DilstoreError, match="give the evaluation of this checkpoint"):
+            require_this_run(training, evaluation)
+    else:
+        require_this_run(training, evaluation)
