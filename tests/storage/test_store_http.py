@@ -519,6 +519,33 @@ def test_a_store_at_a_url_found_rebuilt_stays_so_until_its_manifest_is_read_agai
         store.check_unchanged()
 
 
+def test_a_store_at_a_url_found_rebuilt_stays_so_while_its_manifest_cannot_be_read(
+    served_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check due to read the manifest again that cannot read it (gone while the store is rebuilt again, a
+    server's hiccup) proves nothing: the last read's finding, another build, stands, not the opened build."""
+    import dataclasses
+
+    from dilstore.storage import reader
+    from dilstore.storage.format import StoreChangedError
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest, write_manifest
+
+    site = shutil.copytree(served_root / "fp16", tmp_path / "site" / "fp16")
+    manifest = read_manifest(StoreLocation.parse(site))
+    with serve_directory(site.parent) as files, open_store(f"{files.url}/fp16") as store:
+        monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)
+        write_manifest(site, dataclasses.replace(manifest, generation="another-build"))
+        with pytest.raises(StoreChangedError, match="another-build"):
+            store.check_unchanged()
+        files.faults["manifest.json"] = 404
+        with pytest.raises(StoreChangedError, match="another-build"):
+            store.check_unchanged()  # read again, and nothing read
+        files.faults.clear()
+        write_manifest(site, manifest)  # the opened build is back
+        store.check_unchanged()
+
+
 def test_a_long_running_reader_of_a_store_at_a_url_finds_it_rebuilt_on_a_lookup(
     served_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
