@@ -22,6 +22,7 @@ import zarr
 from dilstore.storage.format import (
     INDEX_DIR,
     INDEX_ROWS,
+    SHARD_FORMAT_VERSION,
     TEXT_BYTES,
     TITLE_OFFSETS,
     TOKEN_OFFSETS,
@@ -268,6 +269,22 @@ def test_a_shard_that_names_no_format_version_is_refused(store: Path) -> None:
     attributes.write_text(json.dumps(metadata))
     with open_store(store) as opened, pytest.raises(StoreFormatError, match="shard-00000 has format version None"):
         opened.fetch([ids[0]])
+
+
+@pytest.mark.parametrize("newer", [1, 2, 100])
+def test_a_shard_of_any_newer_format_version_is_refused_naming_it(store: Path, newer: int) -> None:
+    """A shard written by a later dilstore (its format version above the reader's) is refused, the next version
+    too, not read as if its layout were the current one."""
+    ids = all_ids(store)
+    attributes = store / shard_path(0) / "zarr.json"
+    metadata = json.loads(attributes.read_text())
+    assert metadata["attributes"]["dilstore"]["format_version"] <= SHARD_FORMAT_VERSION  # the store as written reads
+    version = SHARD_FORMAT_VERSION + newer
+    metadata["attributes"]["dilstore"]["format_version"] = version
+    attributes.write_text(json.dumps(metadata))
+    with open_store(store) as opened, pytest.raises(StoreFormatError) as raised:
+        opened.fetch([ids[0]])
+    assert str(raised.value).endswith(f"shard-00000 has format version {version}, newer than {SHARD_FORMAT_VERSION}")
 
 
 @pytest.mark.parametrize("version", ["2", 2.5, True, [1]])
