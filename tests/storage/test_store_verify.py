@@ -19,7 +19,8 @@ import zarr
 from dilstore.runners.cli import main
 from dilstore.storage import encodings
 from dilstore.storage.format import MANIFEST_FILE, TOKENS_PER_CHUNK
-from dilstore.storage.verify import verify_store
+from dilstore.storage.secrets import remember_secrets
+from dilstore.storage.verify import VerifyReport, verify_store
 from dilstore.storage.writer import write_shard
 from tests.fixtures.store_fixtures import build_store, random_shards
 from tests.storage.test_store_append import resigned
@@ -352,3 +353,15 @@ def test_superseded_rows_listed_twice_are_named_as_such(tmp_path: Path) -> None:
 
     resigned(store, change)
     assert f"{manifest.index}: superseded rows are not sorted by (shard, row) or repeat" in verify_store(store).problems
+
+
+def test_the_json_report_hides_a_store_password_in_a_problem_whichever_check_worded_it() -> None:
+    """`verify --json` prints VerifyReport.to_dict: a problem that quotes the store's URL with its password (as an
+    error of a library can) is printed with the password hidden; the report's own
+    list keeps what the check wrote."""
+    url = "http://reader:S3CRET@127.0.0.1:9/store"
+    remember_secrets(url)
+    report = VerifyReport("http://reader:***@127.0.0.1:9/store", problems=[f"shards/shard-00000: {url}/c/0 failed"])
+    problems = report.to_dict()["problems"]
+    assert problems == ["shards/shard-00000: http://reader:***@127.0.0.1:9/store/c/0 failed"]
+    assert report.problems == [f"shards/shard-00000: {url}/c/0 failed"]
