@@ -402,6 +402,18 @@ def test_the_writer_rejects_empty_shards_duplicates_and_wrong_kinds(tmp_path) ->
         write_shard(tmp_path, 0, [record], kind="colbert", encoding="fp32")
 
 
+def test_finalize_takes_passages_as_long_as_the_fingerprint_s_max_length_and_not_one_token_longer(
+    shards, tmp_path
+) -> None:
+    """A shard's longest passage may have max_length tokens; one of max_length + 1 is refused."""
+    write_shard(tmp_path, 0, shards[0], kind="dilbert", encoding="fp32", durable=False)
+    longest = max(len(record.token_ids) for record in shards[0])
+    with pytest.raises(DilstoreError, match=f"a passage of {longest} tokens, longer than the fingerprint's max_length "
+                                            f"{longest - 1}$"):  # fmt: skip
+        finalize(tmp_path, fingerprint_for(max_length=longest - 1), {})
+    assert [shard.index for shard in finalize(tmp_path, fingerprint_for(max_length=longest), {}).shards] == [0]
+
+
 def test_finalize_checks_the_shard_set_and_cleans_temporaries(shards, tmp_path) -> None:
     for index in (0, 2):
         write_shard(tmp_path, index, shards[index], kind="dilbert", encoding="fp32", durable=False)
