@@ -21,7 +21,15 @@ import dilstore.storage.writer
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import Fingerprint, FingerprintMismatchError
-from dilstore.storage.format import KINDS, MANIFEST_FILE, StoreFormatError, get_kind
+from dilstore.storage.format import (
+    ID_OFFSETS,
+    KINDS,
+    MANIFEST_FILE,
+    TOKEN_OFFSETS,
+    StoreFormatError,
+    get_kind,
+    shard_path,
+)
 from dilstore.storage.id_index import DuplicatePassageIdError
 from dilstore.storage.reader import MissingPassagesError, open_store
 from dilstore.storage.records import PassageRecord, StoredPassage
@@ -412,6 +420,19 @@ def test_finalize_takes_passages_as_long_as_the_fingerprint_s_max_length_and_not
                                             f"{longest - 1}$"):  # fmt: skip
         finalize(tmp_path, fingerprint_for(max_length=longest - 1), {})
     assert [shard.index for shard in finalize(tmp_path, fingerprint_for(max_length=longest), {}).shards] == [0]
+
+
+@pytest.mark.parametrize("offsets", [ID_OFFSETS, TOKEN_OFFSETS])
+def test_finalize_refuses_a_shard_whose_offsets_are_one_short_of_its_passages(shards, tmp_path, offsets: str) -> None:
+    """Either offsets array one entry short (a damaged write) is refused before finalize counts the shard's passages
+    and their tokens from it."""
+    write_shard(tmp_path, 0, shards[0], kind="dilbert", encoding="fp32", durable=False)
+    group = zarr.open_group(str(tmp_path / shard_path(0)), mode="r+")
+    kept = np.asarray(group[offsets][...])[:-1]
+    group.create_array(offsets, shape=kept.shape, dtype=kept.dtype, overwrite=True)[...] = kept
+    with pytest.raises(StoreFormatError, match=f"offsets do not match its {len(shards[0])} passages"):
+        finalize(tmp_path, fingerprint_for(), {})
+    assert not (tmp_path / MANIFEST_FILE).exists()
 
 
 def test_finalize_checks_the_shard_set_and_cleans_temporaries(shards, tmp_path) -> None:
