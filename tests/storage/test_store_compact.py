@@ -211,6 +211,18 @@ def test_a_target_that_holds_a_store_is_refused(tmp_path: Path) -> None:
         compact(source, tmp_path / "compacted", 1)
 
 
+def test_a_target_that_holds_an_unfinished_store_s_shards_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    """A folder with shards/ but no manifest (a store whose build was stopped before finalize) is a store too: its
+    shards are not written over, nor finalized into the compacted store."""
+    source = appended_store(tmp_path / "source", [records(["a"], 1)], records(["b"], 2), encoding="fp32")
+    target = tmp_path / "unfinished"
+    write_shard(target, 0, records(["x", "y"], 3), kind="dilbert", encoding="fp32", durable=False)
+    before = {path: path.read_bytes() for path in target.rglob("*") if path.is_file()}
+    with pytest.raises(DilstoreError, match="holds a store already"):
+        compact(source, target, 1)
+    assert {path: path.read_bytes() for path in target.rglob("*") if path.is_file()} == before
+
+
 def encoded(passage_id: str, arrays: dict[str, np.ndarray]) -> EncodedPassage:
     n = len(next(iter(arrays.values())))
     return EncodedPassage(id=passage_id, title="", text="", token_ids=np.zeros(n, dtype=np.int32),
