@@ -26,6 +26,7 @@ from dilstore.runners.cmd_store import format_info
 from dilstore.storage import append as append_module
 from dilstore.storage import reader as reader_module
 from dilstore.storage.append import AppendMismatchError, commit_append, first_free_shard, remove_leftovers
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import (
     APPENDED_FORMAT_VERSION,
     APPENDS_DIR,
@@ -113,6 +114,25 @@ def test_an_append_writes_only_new_files_and_moves_the_index(tmp_path: Path) -> 
     assert manifest.shards[2].directory == f"{append_dir(GENERATION)}/shards/shard-00002"
     assert manifest.appends[0]["command"] == "test append" and manifest.appends[0]["passages"] == 2
     assert verify_store(store).ok
+
+
+@pytest.mark.parametrize("back", [1, 2])
+def test_an_appended_shard_numbered_as_one_of_the_store_s_is_refused_and_the_store_is_untouched(
+    tmp_path: Path, back: int
+) -> None:
+    """Appended shards start at the first free index: one numbered as the store's last shard (or an earlier one)
+    would stand for it in the manifest."""
+    store = build_store(tmp_path / "store", [records(["a", "b"]), records(["c"], seed=1)])
+    manifest_bytes = (store / MANIFEST_FILE).read_bytes()
+    first = first_free_shard(read_manifest(StoreLocation.parse(store)))
+    (store / append_dir(GENERATION)).mkdir(parents=True)
+    write_shard(store / append_dir(GENERATION), first - back, records(["d"], seed=2), kind="dilbert",
+                encoding="fp32", durable=False, generation=GENERATION)  # fmt: skip
+    with pytest.raises(DilstoreError, match=f"shard {first - back} would collide with the store's; appended shards "
+                                            f"start at {first}"):  # fmt: skip
+        commit_append(store, GENERATION, fingerprint_for())
+    assert (store / MANIFEST_FILE).read_bytes() == manifest_bytes
+    assert sorted(contents(store)) == ["a", "b", "c"]
 
 
 def test_a_duplicate_id_is_refused_naming_it_and_the_store_is_untouched(tmp_path: Path) -> None:
