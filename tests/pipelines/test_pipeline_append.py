@@ -340,6 +340,27 @@ def test_an_append_refuses_a_store_codebook_that_changed_after_finalize(tmp_path
     assert set(os.listdir(store)) == listed  # nothing written
 
 
+@pytest.mark.parametrize("compressor", [None, "zstd"])
+def test_the_compression_of_a_store_is_held_against_an_append_only_when_the_store_has_shards(
+    tmp_path: Path, compressor
+) -> None:
+    """A store of no passages has no shards, so no compression: an append of either compression is taken; a store
+    with shards refuses an append of the other compression, naming both."""
+    other = None if compressor else "zstd"
+    empty = build_store(tmp_path / "empty", [], compressor=compressor)
+    manifest = read_manifest(StoreLocation.parse(empty))
+    for job_compressor in (compressor, other):
+        job = SimpleNamespace(fingerprint=manifest.fingerprint, compressor=job_compressor, strategy="words",
+                              encoding="fp32", codebook=None)  # fmt: skip
+        assert check_store_settings(empty, job) == manifest  # type: ignore[arg-type]
+    store = build_store(tmp_path / "store", random_shards([3], state_shape=(8,), seed=5), compressor=compressor)
+    job = SimpleNamespace(fingerprint=read_manifest(StoreLocation.parse(store)).fingerprint, compressor=other,
+                          strategy="words", encoding="fp32", codebook=None)  # fmt: skip
+    with pytest.raises(storage_append.AppendMismatchError,
+                       match=f"compression: store {compressor or 'none'}, this run {other or 'none'}"):  # fmt: skip
+        check_store_settings(store, job)  # type: ignore[arg-type]
+
+
 def test_a_2bit_append_to_a_store_without_centroids_keeps_its_scheme(models: dict[str, Path], tmp_path: Path) -> None:
     """A store whose codebook has no centroids (as stores written before them have) appends without them too."""
     corpus_a, corpus_b = split_corpus(tmp_path, [i % 2 == 1 for i in range(len(DOCUMENTS))])
