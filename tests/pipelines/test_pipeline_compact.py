@@ -357,6 +357,25 @@ def test_the_current_folder_a_url_and_an_output_inside_a_store_are_refused_and_a
     assert compact(capsys, str(empty))["already_compact"] is True
 
 
+def test_a_store_whose_append_retired_every_passage_is_not_already_compact(tmp_path: Path) -> None:
+    """No live passage, but an append whose superseded rows still take room: compacting drops them, so the store is
+    not "already compact" as a store that never had a passage is."""
+    from dilstore.runners.cmd_compact import already_compact
+    from dilstore.storage.append import commit_append
+    from dilstore.storage.format import append_dir
+    from tests.fixtures.store_fixtures import fingerprint_for
+
+    generation = "0123456789abcdef"
+    rng = np.random.default_rng(7)
+    store = build_store(tmp_path / "store", [[passage("a", 3, (4,), rng), passage("b", 2, (4,), rng)]])
+    (store / append_dir(generation)).mkdir(parents=True)
+    commit_append(store, generation, fingerprint_for(), replace=True, retire=("a", "b"))
+    manifest = read_manifest(StoreLocation.parse(store))
+    assert (manifest.passages, len(manifest.appends), manifest.superseded_passages) == (0, 1, 2)
+    assert already_compact(store, None) is None
+    assert already_compact(build_store(tmp_path / "never", []), None) == "no passages"
+
+
 def test_an_index_being_built_holds_compaction_off_and_hidden_work_is_not_carried(
         appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A compaction beside a running `dilstore index` carried its half-built `.bm25.building` into the new store,
