@@ -357,6 +357,19 @@ def test_the_current_folder_a_url_and_an_output_inside_a_store_are_refused_and_a
     assert compact(capsys, str(empty))["already_compact"] is True
 
 
+def test_an_in_place_compaction_from_inside_the_store_is_refused_and_leaves_it(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from a folder inside the store (its shards/), the swap would pull the shell's folder away as `compact .`
+    would: refused the same way, the store left as it was."""
+    store = tmp_path / "store"
+    shutil.copytree(appended, store)
+    manifest_bytes = (store / MANIFEST_FILE).read_bytes()
+    monkeypatch.chdir(store / "shards")
+    assert cli.main(["compact", str(store)]) == 2
+    assert "is the current folder or one of its parents" in capsys.readouterr().err
+    assert (store / MANIFEST_FILE).read_bytes() == manifest_bytes and Path.cwd() == (store / "shards").resolve()
+
+
 def test_a_store_whose_append_retired_every_passage_is_not_already_compact(tmp_path: Path) -> None:
     """No live passage, but an append whose superseded rows still take room: compacting drops them, so the store is
     not "already compact" as a store that never had a passage is."""
