@@ -361,6 +361,29 @@ def test_the_compression_of_a_store_is_held_against_an_append_only_when_the_stor
         check_store_settings(store, job)  # type: ignore[arg-type]
 
 
+def test_a_rerun_of_a_committed_append_is_planned_at_the_shards_it_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest's record of a committed append says where its shards start; the first free shard is past them
+    by then, and a plan from there would look for the append's shards where none are."""
+    from dilstore.pipelines import append as pipeline_append
+    from dilstore.storage.format import append_dir
+    from dilstore.storage.writer import write_shard
+    from tests.fixtures.store_fixtures import fingerprint_for
+
+    generation = "fedcba9876543210"
+    shards = random_shards([3, 2, 2], state_shape=(8,), seed=6)
+    store = build_store(tmp_path / "store", shards[:2])
+    write_shard(store / append_dir(generation), 2, shards[2], kind="dilbert", encoding="fp32", durable=False,
+                generation=generation)  # fmt: skip
+    manifest = storage_append.commit_append(store, generation, fingerprint_for())
+    assert storage_append.first_free_shard(manifest) == 3
+    monkeypatch.setattr(pipeline_append, "append_spec", lambda job: {"append": {"replace": False}})
+    monkeypatch.setattr(pipeline_append, "spec_generation", lambda spec: generation)  # this run is that append
+    plan = pipeline_append.prepare_append(store, None, manifest)  # type: ignore[arg-type]
+    assert (plan.generation, plan.first_shard) == (generation, 2) and plan.committed is not None
+
+
 def test_a_2bit_append_to_a_store_without_centroids_keeps_its_scheme(models: dict[str, Path], tmp_path: Path) -> None:
     """A store whose codebook has no centroids (as stores written before them have) appends without them too."""
     corpus_a, corpus_b = split_corpus(tmp_path, [i % 2 == 1 for i in range(len(DOCUMENTS))])
