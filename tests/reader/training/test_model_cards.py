@@ -337,6 +337,7 @@ def test_the_card_s_hardware_is_the_given_line_else_a_recorded_text_else_not_rec
         ({"steps": 5, "final_loss": 0.5}, {"train_steps": 5}, False),  # an evaluation that recorded no last loss
         ({"final_loss": 0.5}, {"train_steps": 5, "final_loss": 0.5}, False),  # a record without its steps
         ({"steps": 5, "final_loss": 0.5}, {"em": 1.0, "f1": 1.0}, False),  # evaluate-rc --json: no run recorded
+        ({"steps": 5, "final_loss": float("nan")}, {"train_steps": 5, "final_loss": float("nan")}, False),  # fp16
     ],
 )
 def test_an_evaluation_is_refused_only_when_its_recorded_steps_or_loss_tell_another_run(
