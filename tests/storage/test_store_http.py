@@ -496,7 +496,8 @@ def test_a_store_at_a_url_found_rebuilt_stays_so_until_its_manifest_is_read_agai
 ) -> None:
     """A check within BUILD_CHECK_SECONDS of one that found another build passed, reading nothing: a server took
     that as the files back as opened and served the other build's bytes (remote52 F1). It fails as the last read
-    did; a manifest read again that names the opened build again (the old one put back) passes."""
+    did, also when a read due cannot read the manifest (gone while the store is rebuilt again, a server's hiccup:
+    that proves nothing); a manifest read again that names the opened build again (the old one put back) passes."""
     import dataclasses
 
     from dilstore.storage import reader
@@ -515,29 +516,6 @@ def test_a_store_at_a_url_found_rebuilt_stays_so_until_its_manifest_is_read_agai
         with pytest.raises(StoreChangedError, match="another-build"):
             store.check_unchanged()  # no read: the last one's finding
         monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)
-        write_manifest(site, manifest)  # the opened build is back
-        store.check_unchanged()
-
-
-def test_a_store_at_a_url_found_rebuilt_stays_so_while_its_manifest_cannot_be_read(
-    served_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A check due to read the manifest again that cannot read it (gone while the store is rebuilt again, a
-    server's hiccup) proves nothing: the last read's finding, another build, stands, not the opened build."""
-    import dataclasses
-
-    from dilstore.storage import reader
-    from dilstore.storage.format import StoreChangedError
-    from dilstore.storage.location import StoreLocation
-    from dilstore.storage.manifest import read_manifest, write_manifest
-
-    site = shutil.copytree(served_root / "fp16", tmp_path / "site" / "fp16")
-    manifest = read_manifest(StoreLocation.parse(site))
-    with serve_directory(site.parent) as files, open_store(f"{files.url}/fp16") as store:
-        monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)
-        write_manifest(site, dataclasses.replace(manifest, generation="another-build"))
-        with pytest.raises(StoreChangedError, match="another-build"):
-            store.check_unchanged()
         files.faults["manifest.json"] = 404
         with pytest.raises(StoreChangedError, match="another-build"):
             store.check_unchanged()  # read again, and nothing read
