@@ -366,6 +366,10 @@ def resume_point(output_dir: Path, config: LoopConfig) -> Path:
     saved_file = run_record(output_dir, found)
     if saved_file.is_file():
         saved = read_run_settings(saved_file)
+        if (theirs := _trainer_of(saved)) != (ours := _trainer_of(asdict(config))):
+            raise DilstoreError(f"--resume: {output_dir} holds a `dilstore train {theirs}` run ({saved_file}), not a "
+                                f"`train {ours}` one: resume it with its own command, or give this run another "
+                                "--output")  # fmt: skip
         defaults = {
             item.name: item.metadata["before"](saved) if "before" in item.metadata else item.default
             for item in fields(config)
@@ -381,6 +385,13 @@ def resume_point(output_dir: Path, config: LoopConfig) -> Path:
                                 f"{'; '.join(differing)}")  # fmt: skip
     verify_checkpoint(found)
     return found
+
+
+def _trainer_of(settings: Mapping[str, Any]) -> str:
+    """The `dilstore train` command whose run recorded `settings`: a ranker's kind, else `qa` (a reader's run records
+    no kind). A resume into another trainer's run listed every setting the two configs differ in (train52)."""
+    kind = settings.get("kind")
+    return kind if isinstance(kind, str) else "qa"
 
 
 # Settings whose command-line flag is not their name with dashes.

@@ -234,6 +234,28 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_the_run_is_kept(
         train_qa(tiny_base, squad_file, tmp_path, other, command="t", resume=True, progress=False)
 
 
+@pytest.mark.parametrize("trainers", [("qa", "earl"), ("earl", "qa"), ("listformer", "earl")])
+def test_a_resume_into_another_trainer_s_run_says_whose_run_it_is(trainers: tuple[str, str], tmp_path: Path) -> None:
+    """`train qa --resume` into a cross-encoder's run folder listed every setting the two configs differ in (--epochs,
+    --layers, --max-steps ...), as if the run were the same kind with other flags (train52)."""
+    from dataclasses import asdict
+
+    from dilstore.reader.training.loop import resume_point
+    from dilstore.reader.training.ranking import RankingTrainingConfig
+
+    def config(trainer: str) -> TrainingConfig | RankingTrainingConfig:
+        return TrainingConfig(layers=1) if trainer == "qa" else RankingTrainingConfig(kind=trainer)
+
+    recorded, resumed = trainers
+    _complete_checkpoints(tmp_path / "checkpoints", {4})
+    (tmp_path / "run_config.json").write_text(json.dumps({"config": asdict(config(recorded))}), encoding="utf-8")
+    with pytest.raises(DilstoreError, match=rf"^--resume: {re.escape(str(tmp_path))} holds a `dilstore train "
+                                            rf"{recorded}` run \(.*run_config\.json\), not a `train {resumed}` one: "
+                                            "resume it with its own command, or give this run another --output$"):
+        resume_point(tmp_path, config(resumed))
+    assert resume_point(tmp_path, config(recorded)) == step_directory(tmp_path / "checkpoints", 4)
+
+
 @pytest.mark.parametrize("content", ['{"config": {"layers"', '{"command": "c"}', "[]"])
 def test_resume_with_a_damaged_run_config_names_the_file(
     tiny_base: Path, squad_file: Path, tmp_path: Path, content: str
