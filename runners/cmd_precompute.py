@@ -499,13 +499,13 @@ def build_store(
         given = None if job.codebook is None else Path(job.codebook)
         in_place = codebook_in_place(job)
         if given is not None and not in_place:
+            refusal = f"--codebook {given} does not fit this run"
+            remedy = "leave --codebook out to train one on this run's passages"
             if made_for_another_model(given, job.fingerprint):
-                refuse_few_states(given, job, f"--codebook {given} does not fit this run",
-                                  "leave --codebook out to train one on this run's passages")  # fmt: skip
+                refuse_few_states(given, job, refusal, remedy)
                 check_foreign_codebook(given, job, reader)
             else:
-                check_codebook_sample(given, job, reader, f"--codebook {given} does not fit this run",
-                                      "leave --codebook out to train one on this run's passages")  # fmt: skip
+                check_codebook_sample(given, job, reader, refusal, remedy)
         made = prepare_codebook(job, reader)
         if given is None and not in_place:  # trained by this run: said once, not again when it resumes
             warn_small_sample(made)
