@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.text.files import read_json_object
 from dilstore.reader.training.checkpoint_files import STATE_JSON, STATE_TENSORS, STEP_DIR
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError
@@ -231,9 +232,8 @@ def _marked_curve_point(checkpoint: Path, step: int) -> bool:
 
 
 def _json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`; empty when it cannot be read or holds no object."""
+    """The JSON object in `path`; empty when it cannot be read or holds no object (pruning goes on regardless)."""
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json_object(path)
+    except DilstoreError:
         return {}
-    return document if isinstance(document, dict) else {}
