@@ -315,8 +315,10 @@ def usable_cpus() -> str:
     them (taskset, a container's cpuset) was described as on all of them (review52 F3)."""
     machine = os.cpu_count()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else machine
-    if machine is None or usable is None or usable >= machine:
-        return f"{usable or machine} logical CPUs"
+    if usable is None:
+        return "logical CPUs not known"
+    if machine is None or usable >= machine:
+        return f"{usable} logical CPUs"
     return f"{usable} logical CPU(s) of {machine}"
 
 

@@ -563,6 +563,17 @@ def test_a_cpu_run_records_the_logical_cpus_it_may_run_on(monkeypatch: pytest.Mo
     assert "(64 logical CPUs)" in loop.hardware_description(torch.device("cpu"))
 
 
+def test_a_cpu_run_on_a_system_that_cannot_count_its_cpus_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the system gives neither the CPUs a process may use nor the machine's count, the line said
+    "(None logical CPUs)"; it now says the count is not known."""
+    from dilstore.reader.training import loop
+
+    monkeypatch.setattr(loop.os, "cpu_count", lambda: None)
+    monkeypatch.delattr(loop.os, "sched_getaffinity", raising=False)
+    line = loop.hardware_description(torch.device("cpu"))
+    assert "None" not in line and "(logical CPUs not known)" in line
+
+
 def test_the_reader_card_names_the_hardware_the_run_recorded(overfit_run, tmp_path: Path, capsys) -> None:
     """Without --hardware the card said "CPU, 2 cores shared with other jobs, 1 torch thread" for any run, whatever
     its dilstore_training.json measured (train52 F2)."""
