@@ -154,13 +154,19 @@ def already_compact(store: Path, shards: int | None) -> str | None:
 
 def _building_folder(store: Path) -> Path:
     """The folder beside STORE the compacted store is built in, emptied of what a killed compaction left there; one
-    a killed `precompute --overwrite` left (it resumes from it) is not deleted, but named."""
+    a killed `precompute --overwrite` left (it resumes from it) is not deleted, but named.
+
+    Only a folder with a run's spec is a build to resume: a compaction stopped twice (a second Ctrl-C while it
+    deleted its half-built store) left shards without the spec, which `precompute --overwrite` deletes too, and every
+    later compaction was refused as if that folder were an overwrite's, with a remedy no command could follow
+    (scale53 F1)."""
     from dilstore.pipelines.spec_file import read_spec
     from dilstore.storage.durability import remove_path
     from dilstore.storage.replacement import building_dir
 
     building = building_dir(store)
-    if building.is_dir() and any(building.iterdir()) and "compacted" not in (read_spec(building) or {}):
+    spec = read_spec(building) if building.is_dir() else None
+    if spec is not None and "compacted" not in spec:
         raise DilstoreError(f"{building} holds the new store a stopped `dilstore precompute --overwrite` of {store} "
                             "was building: run that command again to finish it, or delete the folder, then compact")
     remove_path(building)

@@ -301,6 +301,37 @@ def test_a_link_to_the_store_stays_a_link_and_a_stopped_overwrites_build_is_kept
     assert "a stopped `dilstore precompute --overwrite`" in capsys.readouterr().err and (building / "shards").is_dir()
 
 
+def test_a_compaction_stopped_twice_leaves_no_folder_that_blocks_the_next(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second Ctrl-C while a stopped compaction deleted its half-built store left shards without the spec; every
+    later `compact` was refused as a stopped `precompute --overwrite`'s folder to run again (scale53 F1)."""
+    from dilstore.storage import durability
+
+    store = tmp_path / "store"
+    shutil.copytree(appended, store)
+    before = store_contents(store)
+
+    def interrupt(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    removal = durability.remove_path
+
+    def interrupted_removal(path: Path) -> None:  # rmtree got as far as the spec file when the second Ctrl-C came
+        if not (path / "precompute.json").is_file():
+            return removal(path)
+        (path / "precompute.json").unlink()
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr("dilstore.storage.compact.finalize", interrupt)
+        patch.setattr(durability, "remove_path", interrupted_removal)
+        assert cli.main(["compact", str(store), "--no-progress"]) == 130
+    assert (building_dir(store) / "shards").is_dir() and not read_spec(building_dir(store))
+    capsys.readouterr()
+    assert compact(capsys, str(store))["appends_before"] == 2
+    assert not building_dir(store).exists() and same_contents(store_contents(store), before)
+
+
 def test_a_store_compact_already_is_left_and_a_full_disk_is_said_before_writing(
         appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "store"
