@@ -132,9 +132,24 @@ def _stopped(interrupt: KeyboardInterrupt, store: Path, output: Path | None, don
         where = f"{output} holds the compacted store" if output is not None else f"{store} is compacted"
         return StoppedBySignal(f"{interrupt_words(interrupt)} after the compaction had finished: {where}",
                                interrupt_number(interrupt))  # fmt: skip
-    kept = (f"{store} is as it was (stopped while the new store was put in place, the next `dilstore compact` of "
-            "it finishes that)") if output is None else f"{store} is as it was, and nothing was left in {output}"
+    kept = _in_place_stop(store) if output is None else f"{store} is as it was, and nothing was left in {output}"
     return StoppedBySignal(f"{interrupt_words(interrupt)}; {kept}", interrupt_number(interrupt))
+
+
+def _in_place_stop(store: Path) -> str:
+    """Where an in-place compaction stopped before it had finished leaves STORE, in words. Every stop said "as it
+    was (stopped while the new store was put in place, ...)": one while the new store was being written left no
+    swap to finish, and one while the old copy was being deleted had put the compacted store in place (scale53 F2)."""
+    from dilstore.storage.replacement import building_dir, replaced_dir
+
+    old = replaced_dir(store)
+    if not old.is_dir():
+        return f"{store} is as it was"
+    if store.is_dir() and not building_dir(store).exists():
+        return (f"{store} is compacted; the old store's copy left at {old} is deleted by the next `dilstore compact` "
+                "or `precompute` of it")
+    return (f"{store} is as it was (stopped while the new store was put in place, the next `dilstore compact` of it "
+            "finishes that)")
 
 
 def already_compact(store: Path, shards: int | None) -> str | None:

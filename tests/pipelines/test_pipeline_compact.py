@@ -470,6 +470,39 @@ def test_a_stop_says_whether_the_compacted_store_is_in_place(
     assert read_manifest(StoreLocation.parse(store)).appends == ()
 
 
+def test_a_stop_while_writing_or_while_deleting_the_old_copy_says_where_the_store_is(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every in-place stop said the store was as it was, stopped while the new one was put in place: a stop while
+    writing had no swap to finish, and one while the old copy was deleted had the compacted store in place
+    (scale53 F2)."""
+    from dilstore.storage import durability
+
+    store = tmp_path / "store"
+    shutil.copytree(appended, store)
+
+    def interrupt(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr("dilstore.storage.compact.finalize", interrupt)
+        assert cli.main(["compact", str(store), "--no-progress"]) == 130
+    assert capsys.readouterr().err.strip().endswith(f"interrupted; {store} is as it was")
+    removal = durability.remove_path
+
+    def interrupted_removal(path: Path) -> None:  # Ctrl-C while the old store's copy is deleted
+        if path == replaced_dir(store) and path.is_dir():
+            raise KeyboardInterrupt
+        removal(path)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(durability, "remove_path", interrupted_removal)
+        assert cli.main(["compact", str(store), "--no-progress"]) == 130
+    said = capsys.readouterr().err
+    assert f"interrupted; {store} is compacted; the old store's copy left at {replaced_dir(store)}" in said, said
+    assert read_manifest(StoreLocation.parse(store)).appends == () and replaced_dir(store).is_dir()
+    assert compact(capsys, str(store))["already_compact"] is True and not replaced_dir(store).exists()
+
+
 def test_verify_checks_each_jsonl_part_against_its_shard(appended: Path, tmp_path: Path) -> None:
     """A part naming another passage than its shard's row verified, was indexed, and `ask` failed on it at question
     time (hostile46 F9); an appended store's parts are in its appends' folders."""
