@@ -340,11 +340,16 @@ def _cause_of(error: BaseException, kind: type[E]) -> E | None:
     return next((each for each in exception_chain(error) if isinstance(each, kind)), None)
 
 
+# A folder or mount made read-only part way (scale53 F3): said only "PermissionError: [Errno 1] ...", not that the
+# store was as it was and the same command goes on from the shards it finished.
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 def pipeline_failure(error: BaseException, options: PipelineOptions, store: str = "the store") -> str:
     """What failed, in a line: a job server that never answered is named with the option that bounds the wait (it
-    was only "FutureTimeoutError", after minutes), a full disk with what to do (a worker's OSError reaches the
-    launcher as text), a worker process that died (Beam's with its exit code, or Dask's KilledWorker) and the rerun
-    that goes on (dask50 F3, F4), anything else is its most telling line."""
+    was only "FutureTimeoutError", after minutes), a full disk or a path that cannot be written any more with what to
+    do (a worker's OSError reaches the launcher as text), a worker process that died (Beam's with its exit code, or
+    Dask's KilledWorker) and the rerun that goes on (dask50 F3, F4), anything else is its most telling line."""
     if type(error).__name__ == "FutureTimeoutError":  # grpc's, waiting for the portable job server
         values = options.get_all_options()
         return (f"no job server answered at {values.get('job_endpoint')} within {values.get('job_server_timeout')} s "
@@ -357,6 +362,8 @@ def pipeline_failure(error: BaseException, options: PipelineOptions, store: str 
     line = _last_line(error)
     if f"[Errno {errno.ENOSPC}]" in line:
         return f"{line}: free space on the disk of {store} (or of $TMPDIR), then {RERUN}"
+    if any(f"[Errno {number}]" in line for number in _UNWRITABLE):  # before the commit: the store as it was
+        return f"{line}: give this run access to that path again (a read-only mount or folder, its mode), then {RERUN}"
     if f"[Errno {errno.EIO}]" in line:  # a failing disk, or one that failed once: the commit may have happened
         return (f"{line}: check the disk of {store}, then run the same command again (it goes on from the shards "
                 "it finished, or says the store is complete)")  # fmt: skip

@@ -273,6 +273,21 @@ def test_a_worker_s_error_line_is_told_even_when_a_later_line_mentions_an_error_
     assert line == f"{full}: free space on the disk of /s (or of $TMPDIR), then {RERUN}"
 
 
+@pytest.mark.parametrize("number", [errno.EPERM, errno.EACCES, errno.EROFS])
+def test_a_folder_made_read_only_part_way_is_told_with_the_rerun_that_goes_on(number: int) -> None:
+    """An append whose folder was made read-only part way said only "PermissionError: [Errno 1] Operation not
+    permitted: ..." (scale53 F3): the store is as it was, and the same command goes on once it can write."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from dilstore.runners.worker_deaths import RERUN
+
+    denied = f"PermissionError: [Errno {number}] {os.strerror(number)}: '/s/appends/0123456789abcdef/passages'"
+    line = pipeline_failure(RuntimeError(f"Traceback (most recent call last):\n{denied}\n[while running 'Finish']"),
+                            PipelineOptions([]), "/s")  # fmt: skip
+    said = "give this run access to that path again (a read-only mount or folder, its mode)"
+    assert line == f"{denied}: {said}, then {RERUN}"
+
+
 @pytest.mark.parametrize(
     ("runner", "args", "launched"),
     [
