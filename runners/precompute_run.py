@@ -11,6 +11,7 @@ import errno
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -164,6 +165,8 @@ def run_pipeline(
         options = pipeline_options(assemble_beam_flags(runner, beam_args, defaults))
         if runner == DASK_RUNNER and defaults.dask_address is None:
             reach_dask_scheduler(options)
+        if runner == "PortableRunner":
+            reach_job_server(options)
         pipeline = build_pipeline(job, options)
         shown = progress and runs_here(options) and job.progress_dir
         result = None
@@ -309,6 +312,44 @@ def reach_dask_scheduler(options: PipelineOptions) -> None:
     if outcome[0] is not None:
         raise DilstoreError(f"cannot reach a Dask scheduler at {where}: {_last_line(outcome[0])} (the wait is "
                             f"{timeout} s; --dask_connection_timeout sets it)")  # fmt: skip
+
+
+def reach_job_server(options: PipelineOptions) -> None:
+    """Connect to the job server a PortableRunner's --job_endpoint names, then let go; a DilstoreError naming it when
+    the connection fails (refused, an unknown host, an address gRPC cannot parse).
+
+    Beam waits for the endpoint's channel to be ready for --job_server_timeout (300 s by default), through every
+    refused connection: `--job_endpoint localhost:1` ran for five minutes, and Ctrl-C meanwhile kept the run's spec
+    (multi53 F1). gRPC's first failed attempt is known at once; an endpoint that accepts and stays silent is left to
+    Beam's own wait. `embed` starts its job server in this process: nothing to reach.
+    """
+    import grpc
+
+    values = options.get_all_options()
+    endpoint = values.get("job_endpoint")
+    if not endpoint or endpoint == "embed":
+        return
+    failed = threading.Event()
+    ready = threading.Event()
+
+    def watch(state: grpc.ChannelConnectivity) -> None:
+        if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            failed.set()
+        elif state is grpc.ChannelConnectivity.READY:
+            ready.set()
+
+    channel = grpc.insecure_channel(endpoint)
+    try:
+        channel.subscribe(watch, try_to_connect=True)
+        deadline = time.monotonic() + (values.get("job_server_timeout") or 0)
+        while not (failed.is_set() or ready.is_set()) and time.monotonic() < deadline:
+            failed.wait(0.05)
+    finally:
+        channel.unsubscribe(watch)
+        channel.close()
+    if failed.is_set() and not ready.is_set():
+        raise DilstoreError(f"cannot reach a job server at {endpoint} (--job_endpoint): no connection could be made; "
+                            "start the job server first, or check its HOST:PORT")  # fmt: skip
 
 
 def check_scheduler_file(path: str) -> None:

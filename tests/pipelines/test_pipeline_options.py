@@ -378,3 +378,56 @@ def test_an_options_class_defined_twice_still_parses(tmp_path: Path) -> None:
     finally:
         classes.clear()
         gc.collect()  # the two classes leave PipelineOptions' subclasses, so later tests parse without them
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port no one listens on: bound for the test, so that no other process takes it, but never listening."""
+    import socket
+
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        yield bound.getsockname()[1]
+
+
+def test_a_job_endpoint_no_one_listens_on_is_refused_at_once_and_nothing_is_launched(
+    tmp_path: Path, closed_port: int
+) -> None:
+    """`--runner portable --job_endpoint localhost:1` waited Beam's --job_server_timeout (300 s by default) for a
+    connection refused at once, and Ctrl-C meanwhile kept the run's spec, so the next run with other settings was
+    refused (multi53 F1)."""
+    from dilstore.pipelines.job import BuildAttempt
+
+    attempt = BuildAttempt()
+    endpoint = f"127.0.0.1:{closed_port}"
+    args = ["--job_endpoint", endpoint, "--environment_type", "LOOPBACK", "--job_server_timeout", "6"]
+    started = time.monotonic()
+    with pytest.raises(DilstoreError) as refused:
+        run_pipeline(job(tmp_path, "PortableRunner"), "PortableRunner", args, 1, False, attempt)
+    assert time.monotonic() - started < 4, "refused at once, not after --job_server_timeout"
+    assert str(refused.value).startswith(f"cannot reach a job server at {endpoint} (--job_endpoint): ")
+    assert not attempt.launched
+
+
+def test_a_job_endpoint_that_answers_grpc_passes_the_check(closed_port: int) -> None:
+    """The check refuses only endpoints that cannot be reached: a gRPC server there (a job server) passes."""
+    from concurrent import futures
+
+    import grpc
+
+    from dilstore.runners.precompute_run import reach_job_server
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        reach_job_server(pipeline_options(assemble_beam_flags(
+            "PortableRunner", ["--job_endpoint", f"127.0.0.1:{port}", "--environment_type", "LOOPBACK"],
+            LocalDefaults())))  # fmt: skip
+    finally:
+        server.stop(None)
+    unreached = pipeline_options(assemble_beam_flags(
+        "PortableRunner", ["--job_endpoint", f"127.0.0.1:{closed_port}", "--environment_type", "LOOPBACK"],
+        LocalDefaults()))  # fmt: skip
+    with pytest.raises(DilstoreError, match=r"cannot reach a job server at 127\.0\.0\.1:\d+ \(--job_endpoint\)"):
+        reach_job_server(unreached)
