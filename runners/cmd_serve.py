@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
 
     from dilstore.runners.serve_server import StopServer
     from dilstore.runners.serve_services import ServedStore, Service
+    from dilstore.storage.reader import Store
 
 DILBERT = "dilbert"  # the kind of store /ask reads; every other kind is reranked
 DEFAULT_HOST = "127.0.0.1"
@@ -389,6 +390,7 @@ def open_served_store(
         service = AskService(odqa)
         odqa.store.check_files = True
         variant = odqa.model.online_variant
+    check_reads(name, service.store)
     description = {"path": redacted(path),  # /stores is open to any client: never the storage password
                    "model": str(model) if model is not None else "default", "online_variant": variant, "info": info}
 
@@ -398,6 +400,24 @@ def open_served_store(
 
     reopener = Reopener(reopen, stamp, opened)
     return ServedStore(name, service, description, reopener=reopener)
+
+
+def check_reads(name: str, store: Store) -> None:
+    """A DilstoreError when a store at a URL cannot be read as requests read it: one passage is fetched.
+
+    Opening a store reads whole files (the manifest, the id index); requests read byte ranges. A web server that
+    answers a range with the whole file (`python -m http.server`) started a server whose /health said 200 while every
+    request to that store got 502 (multi53 F2). A local store is memory-mapped and its files checked already.
+    """
+    if store.location.local_root is not None:
+        return
+    first = next((entry for entry in store.manifest.shards if entry.passages), None)
+    if first is None:
+        return
+    try:
+        store.fetch([store.shard(first.index).id_at(0)])
+    except DilstoreError as error:
+        raise DilstoreError(f"store {name!r} cannot be read: {error}") from None
 
 
 def served_index(name: str, path: str, kind: str, given: Path | None) -> Path | None:

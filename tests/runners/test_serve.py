@@ -1166,3 +1166,31 @@ def test_an_app_of_two_stores_of_one_name_is_refused(served) -> None:
     stores = [ServedStore("qa", AskService(odqa), {}), ServedStore("qa", AskService(odqa), {})]
     with pytest.raises(DilstoreError, match=r"store names must differ, got \['qa', 'qa'\]"):
         create_app(stores, ServeSettings())
+
+
+def test_a_store_at_a_url_whose_server_sends_whole_files_is_refused_at_start(tiny: dict[str, Any]) -> None:
+    """Python's http.server answers a byte range with the whole file: a store served from one started a server whose
+    /health said 200 while every request to that store got 502, however many times it was asked (multi53 F2)."""
+    import threading
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from dilstore.runners.cmd_serve import open_served_store
+    from dilstore.storage.errors import DilstoreError
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+            """Silent."""
+
+    files = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(tiny["s2"].parent)))
+    thread = threading.Thread(target=files.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{files.server_address[1]}/{tiny['s2'].name}"
+        with pytest.raises(DilstoreError, match=r"^store 's2' cannot be read: .*the server does not answer byte "
+                                                r"ranges"):  # fmt: skip
+            open_served_store("s2", url, tiny["ranker_dir"], None)
+    finally:
+        files.shutdown()
+        files.server_close()
+        thread.join()
