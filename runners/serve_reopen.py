@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from dilstore.runners.serve_services import ServedStore, Service
 
 RETRY_SECONDS = 30.0  # the first wait before a failed reopen is tried again with no change seen; it doubles
-MAX_RETRY_DOUBLINGS = 7  # up to 64 times RETRY_SECONDS (about half an hour)
+MAX_RETRY_DOUBLINGS = 6  # up to 64 times RETRY_SECONDS (32 minutes)
 
 Stamp = Hashable | None
 
@@ -54,7 +54,7 @@ class Reopener:
         lets a store copied into place file by file (a reopen halfway failed, and the manifest, copied first,
         never changed again) be served, without loading a model at every check for a store of another model."""
         now = self.stamp()
-        waited = time.monotonic() - self.tried_at >= RETRY_SECONDS * 2 ** min(self.failures, MAX_RETRY_DOUBLINGS)
+        waited = time.monotonic() - self.tried_at >= retry_wait(self.failures)
         if now is None:
             return unavailable and waited
         return now != self.opened and (now != self.failed or waited)
@@ -66,6 +66,14 @@ class Reopener:
     def gave_up(self, stamp: Stamp) -> None:
         """Record that a reopen begun at `stamp` failed."""
         self.failed, self.failures, self.tried_at = stamp, self.failures + 1, time.monotonic()
+
+
+def retry_wait(failures: int) -> float:
+    """Seconds to wait, with nothing changed, before a store is opened again after `failures` failed reopens in a row
+    (0: since the served copy was opened, for a store at a URL): RETRY_SECONDS, then twice as long after each failure
+    past the first, up to 2**MAX_RETRY_DOUBLINGS times (30 s, 1, 2, 4 ... 32 minutes, as README.md says; the first
+    retry came after a minute and the last after 64, multi53 F3)."""
+    return RETRY_SECONDS * 2 ** min(max(failures - 1, 0), MAX_RETRY_DOUBLINGS)
 
 
 def files_stamp(store_path: str, index_dir: Path | None) -> Stamp:
