@@ -268,13 +268,21 @@ def refuse_negative_partitions(values: dict[str, object]) -> None:
             raise DilstoreError(f"{flag} must be 1 or more (or 0 for Beam's own guess), got {value}")
 
 
+def refuse_negative_connection_timeout(values: dict[str, object]) -> None:
+    """Refuse a negative --dask_connection_timeout (Beam parses it to `timeout`): dask.distributed failed on it inside
+    the run as "could not convert string to float: '1-1'", naming no option (multi53 F4)."""
+    timeout = values.get("timeout")
+    if isinstance(timeout, int) and timeout < 0:
+        raise DilstoreError(f"--dask_connection_timeout must be 0 or more seconds, got {timeout}")
+
+
 def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
     """Checked PipelineOptions from assembled flags (see `assemble_beam_flags`).
 
     Raises DilstoreError for flags Beam does not know, a Dataflow run without
     project, region or temp location, a Portable run without a job endpoint,
-    a negative or too large worker count, a negative Dask partition count,
-    and a remote run with no way
+    a negative or too large worker count, a negative Dask partition count or
+    connection timeout, and a remote run with no way
     to ship the dilstore package (`--setup_file`, `--requirements_file`,
     `--extra_package` or `--sdk_container_image`; LOOPBACK workers excepted).
     """
@@ -295,6 +303,7 @@ def pipeline_options(flags: Sequence[str]) -> PipelineOptions:
     if runner in IN_PROCESS_RUNNERS and values.get("direct_running_mode") == "multi_processing":  # threads otherwise
         refuse_too_many_workers("--direct_num_workers", workers)
     refuse_negative_partitions(values)
+    refuse_negative_connection_timeout(values)
     if runner == "DataflowRunner":
         missing = [f"--{name}" for name in _DATAFLOW_REQUIRED if not values.get(name)]
         if missing:

@@ -188,6 +188,9 @@ def test_which_runs_run_here_and_end_with_this_process(runner: str, args: list[s
         # A Dask bag of no partitions ran no step, and the run exited 0 with nothing stored (dask50 F1).
         (DASK_RUNNER, ["--dask_npartitions", "-1"], r"--dask_npartitions must be 1 or more \(or 0 .*\), got -1$"),
         (DASK_RUNNER, ["--dask_partition_size=-5"], r"--dask_partition_size must be 1 or more \(or 0 .*\), got -5$"),
+        # It failed inside the run as "could not convert string to float: '1-1'", naming no option (multi53 F4).
+        (DASK_RUNNER, ["--dask_connection_timeout", "-1"], r"^--dask_connection_timeout must be 0 or more seconds, "
+                                                             r"got -1$"),
     ],
 )  # fmt: skip
 def test_options_that_cannot_work_are_refused(runner: str, args: list[str], message: str, capsys) -> None:
