@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.collector import loading_for_good
+from dilstore.runners.odqa_options import local_index_folder
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.runners.serve_batching import (
     DEFAULT_MAX_BATCH_PAIRS,
@@ -321,7 +322,7 @@ def per_store_indexes(indexes: Sequence[str], names: Sequence[str]) -> dict[str,
             raise DilstoreError(f"--index takes NAME=DIR, got {option!r}")
         if name not in names:
             raise DilstoreError(f"--index {option}: no store is named {name!r} (stores: {', '.join(names)})")
-        chosen[name] = Path(directory)
+        chosen[name] = local_index_folder(directory, f"--index {name}=")
     return chosen
 
 

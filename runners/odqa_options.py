@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.reading_options import add_runtime_arguments
+from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     from dilstore.reader.serving.odqa import OpenDomainReader
@@ -43,7 +44,7 @@ def add_odqa_arguments(parser: argparse.ArgumentParser) -> None:
         "encoding (online-ENC.safetensors)",
     )  # fmt: skip
     parser.add_argument(
-        "--index", type=Path,
+        "--index",
         help="Lucene BM25 index, a local folder (default: STORE/bm25, from `dilstore index`; a STORE given as a "
              "URL needs it)",
     )  # fmt: skip
@@ -82,8 +83,26 @@ def open_odqa_reader(args: argparse.Namespace) -> OpenDomainReader:
     chosen = {name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None}
     settings = OdqaSettings(**chosen)
     reader = open_reader(
-        args.store, args.model, index_dir=args.index, settings=settings, device=args.device,
+        args.store, args.model, index_dir=local_index(args.index), settings=settings, device=args.device,
         online_variant=not args.no_online_variant,
     )  # fmt: skip
     reader.store.check_files = True
     return reader
+
+
+
+def local_index(given: str | None) -> Path | None:
+    """The folder `--index` gave (None without one), which must be local (`local_index_folder`)."""
+    return None if given is None else local_index_folder(given, "--index ")
+
+
+def local_index_folder(given: str, named_as: str) -> Path:
+    """`given` as a local folder of a BM25 index; a DilstoreError for a URL (Lucene reads only local files) that
+    names it as `named_as` + the URL: as a Path, a URL lost a slash of its `//`, and the error was "no Lucene index
+    at http:/host/..." (multi53 F5)."""
+    if "://" in given:
+        from dilstore.storage.location import redacted
+
+        raise DilstoreError(f"{named_as}{redacted(given)} is a URL, and Lucene reads only local files: give a local "
+                            "copy of the store's bm25/ folder")  # fmt: skip
+    return Path(given)

@@ -40,6 +40,12 @@ def filled(words: list[str], **places: Path) -> list[str]:
         (["index", "https://127.0.0.1:9/store"], "dilstore index: error: https://127.0.0.1:9/store is a URL"),
         (["info", "s3-nowhere://bucket/store"], "dilstore info: error: cannot open store s3-nowhere://bucket/store"),
         (["serve", "http://127.0.0.1:9/store", "--port", "0"], "dilstore serve: error: cannot reach store"),
+        # Path folded the URL's `//`: "no Lucene index at http:/127.0.0.1:9/store/bm25" (multi53 F5).
+        (["ask", "{tmp}/no-store", "a question", "--index", "http://u:pw@127.0.0.1:9/store/bm25"],
+         "dilstore ask: error: --index http://u:***@127.0.0.1:9/store/bm25 is a URL, and Lucene reads only local "
+         "files: give a local copy of the store's bm25/ folder"),
+        (["serve", "qa={tmp}/no-store", "--index", "qa=https://h/bm25", "--port", "0"],
+         "dilstore serve: error: --index qa=https://h/bm25 is a URL, and Lucene reads only local files"),
         (["rerank", "{tmp}/no-store", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec", "--output", "{tmp}/o.trec"],
          "dilstore rerank: error: "),
         (["evaluate-rank", "--qrels", "{tmp}/q.txt", "--run", "{tmp}/r.trec"], "dilstore evaluate-rank: error: "),
@@ -699,3 +705,15 @@ def test_precompute_refuses_append_flags_that_do_not_go_together_before_anything
     assert main(["precompute", "--input", str(corpus), "--output", str(tmp_path / "store"), *flags]) == 2
     assert capsys.readouterr().err == f"dilstore precompute: error: {message}\n"
     assert not (tmp_path / "store").exists()
+
+
+def test_an_index_given_as_a_url_is_named_as_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """evaluate-qa reads its questions first; then --index as a URL is one line saying why (multi53 F5)."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"question": "Who?", "answer": ["me"]}\n', encoding="utf-8")
+    status = main(["evaluate-qa", str(tmp_path / "no-store"), "--questions", str(questions),
+                   "--index", "s3://bucket/bm25"])  # fmt: skip
+    assert status == 2
+    assert capsys.readouterr().err.strip() == ("dilstore evaluate-qa: error: --index s3://bucket/bm25 is a URL, and "
+                                               "Lucene reads only local files: give a local copy of the store's bm25/ "
+                                               "folder")  # fmt: skip
