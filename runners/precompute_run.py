@@ -165,7 +165,7 @@ def run_pipeline(
         options = pipeline_options(assemble_beam_flags(runner, beam_args, defaults))
         if runner == DASK_RUNNER and defaults.dask_address is None:
             reach_dask_scheduler(options)
-        if runner == "PortableRunner":
+        if runner in ("PortableRunner", "FlinkRunner"):  # Beam's FlinkRunner is a PortableRunner, --job_endpoint too
             reach_job_server(options)
         pipeline = build_pipeline(job, options)
         shown = progress and runs_here(options) and job.progress_dir
@@ -315,13 +315,15 @@ def reach_dask_scheduler(options: PipelineOptions) -> None:
 
 
 def reach_job_server(options: PipelineOptions) -> None:
-    """Connect to the job server a PortableRunner's --job_endpoint names, then let go; a DilstoreError naming it when
-    the connection fails (refused, an unknown host, an address gRPC cannot parse).
+    """Connect to the job server a PortableRunner's (or FlinkRunner's) --job_endpoint names, then let go; a
+    DilstoreError naming it when the connection fails (refused, an unknown host, an address gRPC cannot parse, or
+    a listener that never completes gRPC's handshake).
 
     Beam waits for the endpoint's channel to be ready for --job_server_timeout (300 s by default), through every
-    refused connection: `--job_endpoint localhost:1` ran for five minutes, and Ctrl-C meanwhile kept the run's spec
-    (multi53 F1). gRPC's first failed attempt is known at once; an endpoint that accepts and stays silent is left to
-    Beam's own wait. `embed` starts its job server in this process: nothing to reach.
+    failed attempt: `--job_endpoint localhost:1` ran for five minutes, and Ctrl-C meanwhile kept the run's spec
+    (multi53 F1). gRPC's first failed attempt ends the wait: at once for a refused connection, after gRPC's own
+    handshake timeout (about 20 s) for a silent listener. `embed` starts its job server in this process: nothing to
+    reach.
     """
     import grpc
 
@@ -348,8 +350,9 @@ def reach_job_server(options: PipelineOptions) -> None:
         channel.unsubscribe(watch)
         channel.close()
     if failed.is_set() and not ready.is_set():
-        raise DilstoreError(f"cannot reach a job server at {endpoint} (--job_endpoint): no connection could be made; "
-                            "start the job server first, or check its HOST:PORT")  # fmt: skip
+        raise DilstoreError(f"cannot reach a job server at {endpoint} (--job_endpoint): no gRPC connection could be "
+                            "made (nothing listening, an unknown host, or no job server there); start the job server "
+                            "first, or check its HOST:PORT")  # fmt: skip
 
 
 def check_scheduler_file(path: str) -> None:

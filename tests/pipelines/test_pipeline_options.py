@@ -393,12 +393,13 @@ def closed_port() -> Iterator[int]:
         yield bound.getsockname()[1]
 
 
+@pytest.mark.parametrize("runner", ["PortableRunner", "FlinkRunner"])
 def test_a_job_endpoint_no_one_listens_on_is_refused_at_once_and_nothing_is_launched(
-    tmp_path: Path, closed_port: int
+    tmp_path: Path, closed_port: int, runner: str
 ) -> None:
     """`--runner portable --job_endpoint localhost:1` waited Beam's --job_server_timeout (300 s by default) for a
     connection refused at once, and Ctrl-C meanwhile kept the run's spec, so the next run with other settings was
-    refused (multi53 F1)."""
+    refused (multi53 F1); a FlinkRunner given a --job_endpoint waited the same way."""
     from dilstore.pipelines.job import BuildAttempt
 
     attempt = BuildAttempt()
@@ -406,7 +407,7 @@ def test_a_job_endpoint_no_one_listens_on_is_refused_at_once_and_nothing_is_laun
     args = ["--job_endpoint", endpoint, "--environment_type", "LOOPBACK", "--job_server_timeout", "6"]
     started = time.monotonic()
     with pytest.raises(DilstoreError) as refused:
-        run_pipeline(job(tmp_path, "PortableRunner"), "PortableRunner", args, 1, False, attempt)
+        run_pipeline(job(tmp_path, runner), runner, args, 1, False, attempt)
     assert time.monotonic() - started < 4, "refused at once, not after --job_server_timeout"
     assert str(refused.value).startswith(f"cannot reach a job server at {endpoint} (--job_endpoint): ")
     assert not attempt.launched
