@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.collector import loading_for_good
 from dilstore.runners.inputs import require_file
-from dilstore.runners.journal import Journal, stopped_keeping, store_build
+from dilstore.runners.journal import Journal, failed_keeping, stopped_keeping, store_build
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.quiet import add_verbose_argument
@@ -22,6 +22,7 @@ from dilstore.runners.reading_options import add_subset_arguments, apply_threads
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import StoppedBySignal
+from dilstore.storage.format import StoreReadError
 from dilstore.storage.write_lock import refuse_if_locked
 
 if TYPE_CHECKING:
@@ -109,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt as interrupt:
             raise _stopped(interrupt, journal, sum(evaluation.questions for evaluation in evaluations),
                            len(questions)) from None  # fmt: skip
+        except StoreReadError as error:
+            done = sum(evaluation.questions for evaluation in evaluations)
+            raise failed_keeping(error, journal, f"{done:,} of {len(questions):,} questions done" if done else None
+                                 ) from None  # fmt: skip
         evaluation = merged_evaluation(evaluations, questions)
         # The scores first: a predictions file that could not be written took them along (longrun45 F9); the
         # journal then stays, and the same command writes the file from it.

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.collector import loading_for_good
 from dilstore.runners.inputs import require_file
-from dilstore.runners.journal import Journal, stopped_keeping, store_build
+from dilstore.runners.journal import Journal, failed_keeping, stopped_keeping, store_build
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.format import StoreReadError
 from dilstore.storage.messages import listed
 from dilstore.storage.write_lock import refuse_if_locked
 
@@ -167,6 +168,10 @@ def _rerank_resumably(
                 )  # fmt: skip
         except KeyboardInterrupt as interrupt:
             raise _stopped(interrupt, journal, len(first_stage)) from None
+        except StoreReadError as error:
+            kept = sum(len(part["queries"]) for part in journal.parts.values())
+            raise failed_keeping(error, journal, f"{kept:,} of {len(first_stage):,} queries reranked" if kept else None
+                                 ) from None  # fmt: skip
         whole = {qid: kept.get(qid) or reranked[qid] for qid in first_stage if qid in kept or qid in reranked}
         write_run(args.output, whole, tag=args.tag or reranker.run_tag)
         journal.remove()

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.atomic_files import atomic_write_text
-from dilstore.storage.errors import StoppedBySignal
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.format import StoreReadError
 from dilstore.storage.write_lock import write_lock
 
 if TYPE_CHECKING:
@@ -54,6 +55,16 @@ def stopped_keeping(interrupt: KeyboardInterrupt, journal: Journal | None, kept:
         return StoppedBySignal(words, number)
     return StoppedBySignal(f"{words}; {kept} are kept in {journal.path}: run the same command again to go on from "
                            "them", number)  # fmt: skip
+
+
+def failed_keeping(error: StoreReadError, journal: Journal | None, kept: str | None) -> DilstoreError:
+    """The error a run that keeps its parts ends in when a read of its store fails in transit (a server that went
+    away): the read's words and, when `kept` names what the journal holds, where it is and that the same command goes
+    on from it, as a stop by a signal says (`stopped_keeping`). It said only "try again", not that the parts done were
+    kept (multi53 F6)."""
+    if journal is None or kept is None:
+        return error
+    return StoreReadError(f"{error}; {kept} are kept in {journal.path}: run the same command again to go on from them")
 
 
 class Journal:

@@ -430,3 +430,32 @@ def test_a_stopped_evaluate_qa_does_not_go_on_from_parts_read_before_the_store_c
     out, err = capsys.readouterr()
     assert status == 0, err
     assert json.loads(out)["resumed_questions"] == 0 and calls == [2, 2, 2, 1]
+
+
+def test_an_evaluate_qa_ended_by_a_failed_read_says_which_questions_it_kept(
+    odqa: OpenDomainReader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store at a URL whose server went away mid-run ended it with "...; try again", not a word of the questions
+    kept for the same command to go on from, as a stop by a signal says (multi53 F6)."""
+    from dilstore.reader.evaluation import open_domain
+    from dilstore.runners import cli
+    from dilstore.storage.format import StoreReadError
+
+    run = stoppable_evaluate_qa(odqa, tmp_path, monkeypatch)
+    counted = open_domain.evaluate_questions
+
+    def failing(*args: object, **kwargs: object) -> object:
+        if len(run.calls) == 2:
+            raise StoreReadError("reading http://h/s/shards/x failed: reset; try again")
+        return counted(*args, **kwargs)
+
+    monkeypatch.setattr(open_domain, "evaluate_questions", failing)
+    predictions = tmp_path / "p.json"
+    status = cli.main(["evaluate-qa", "store", "--questions", str(run.questions), "--question-batch", "1", "--json",
+                       "--predictions", str(predictions), "--top-p", "2"])  # fmt: skip
+    journal = tmp_path / ".p.json.dilstore-partial"
+    assert status == 2 and journal.exists()
+    assert capsys.readouterr().err == (
+        "dilstore evaluate-qa: error: reading http://h/s/shards/x failed: reset; try again; 4 of 7 questions done "
+        f"are kept in {journal}: run the same command again to go on from them\n"
+    )

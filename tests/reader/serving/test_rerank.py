@@ -759,3 +759,30 @@ def test_a_query_limit_with_no_room_for_a_word_piece_is_refused(length: int) -> 
     with pytest.raises(DilstoreError, match=f"max_query_length must be at least 3, got {length}"):
         RerankSettings(max_query_length=length)
     assert RerankSettings(max_query_length=3).max_query_length == 3
+
+
+def test_a_rerank_ended_by_a_failed_read_says_which_queries_it_kept(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A store at a URL whose server went away mid-run ended it with "...; try again", not a word of the queries
+    kept for the same command to go on from, as a stop by a signal says (multi53 F6)."""
+    from dilstore.runners import cmd_rerank
+    from dilstore.storage.format import StoreReadError
+
+    monkeypatch.setattr(cmd_rerank, "PART_QUERIES", 1)
+    real, calls = EarlReranker.rerank_tokenized, []
+
+    def failing(self: EarlReranker, *args: object, **kwargs: object) -> dict[str, float]:
+        calls.append(1)
+        if len(calls) == 3:
+            raise StoreReadError("reading http://h/s/shards/x failed: reset; try again")
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(EarlReranker, "rerank_tokenized", failing)
+    arguments = write_inputs(tmp_path / "run", FIRST_STAGE, {**QUERIES, "q3": "tram"})
+    status, _, err = cli(capsys, store("earl-s1"), *arguments, "--model", model_dir, "--depth", 4, "--json")
+    journal = tmp_path / "run" / ".out.trec.dilstore-partial"
+    assert status == 2 and journal.exists()
+    assert err == (f"dilstore rerank: error: reading http://h/s/shards/x failed: reset; try again; 2 of 3 queries "
+                   f"reranked are kept in {journal}: run the same command again to go on from them\n")  # fmt: skip
