@@ -177,7 +177,9 @@ def render(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True, help="folder for the store, index and collection")
-    parser.add_argument("--store", type=Path, help="an existing store with STORE/bm25 (skips steps 1 and 2)")
+    parser.add_argument(
+        "--store", type=Path, help="an existing store with STORE/bm25 (skips steps 1 and 2; read, never written)"
+    )
     parser.add_argument("--model", type=Path, help="reader checkpoint (default: the shipped default checkpoint)")
     parser.add_argument("--no-online-variant", action="store_true",
                         help="read a 2bit/1bit store with the checkpoint's own online layers, not its tuned ones")
@@ -250,6 +252,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     elif not args.store:
         refuse_other_settings(store, args)
     if not any(bm25_index_dir(store).glob("segments_*")):
+        if args.store:
+            raise DilstoreError(f"--store {store} has no BM25 index at {bm25_index_dir(store)}: build it with "
+                                f"`dilstore index {store}`, or leave out --store to build a store and index in --work")
         build_index(store, stored_ids(store), args.work)
     build_seconds = time.perf_counter() - started
     odqa = open_reader(store, model_dir, settings=OdqaSettings(top_p=max(args.top_p), mu=args.mu),

@@ -341,6 +341,27 @@ def test_mini_opensquad_benchmark_runs_end_to_end_on_a_tiny_corpus(
     assert not (tmp_path / "other.json").exists()
 
 
+def test_mini_opensquad_reads_a_given_store_and_refuses_one_without_its_bm25_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench53 F1: --store STORE ("skips steps 1 and 2") built a BM25 index into STORE, a store it only reads, and
+    refused a store of another model only after that."""
+    spec = importlib.util.spec_from_file_location("mini_opensquad", ROOT / "benchmarks" / "mini_opensquad.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model_dir, store_dir, _ = write_reader_and_store(tmp_path)
+    before = sorted(store_dir.rglob("*"))
+    output = tmp_path / "result.json"
+    argv = ["--work", str(tmp_path / "work"), "--store", str(store_dir), "--model", str(model_dir), "--limit", "2",
+            "--threads", "1", "--output", str(output)]  # fmt: skip
+    assert module.main(argv) == 2
+    assert f"has no BM25 index at {store_dir / 'bm25'}: build it with `dilstore index {store_dir}`" in (
+        capsys.readouterr().err
+    )
+    assert sorted(store_dir.rglob("*")) == before, "nothing written into the store given"
+    assert not output.exists()
+
+
 def test_answer_recall_benchmark_counts_r_by_both_definitions(
     indexed: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
