@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ from dilstore.reader.serving.rerank import EarlReranker, RerankSettings, RerankS
 from dilstore.reader.text.files import read_json
 from dilstore.reader.text.tokenization import encode_document, encode_question
 from dilstore.runners.arg_types import positive_int
+from dilstore.runners.outputs import check_output_file
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import PassageRecord
@@ -127,6 +130,16 @@ def build_store(
     finalize(directory, model_fingerprint(ranker, kind, encoding, MAX_POSITIONS))
 
 
+def store_folder(args: argparse.Namespace, kind: str, length: int) -> Path:
+    """The store of one kind and length in --work, named by every setting its contents depend on.
+
+    A store already there is reused, so a name without --candidates and --unique gave a rerun with more candidates
+    a store short of ids (a traceback after the stores were built) and one with another --unique the EARL side
+    reading other documents than the cross-encoder (bench53 F2).
+    """
+    return args.work / f"{args.size}-{kind}-{length}-{args.encoding}-{args.candidates}c-{args.unique}u"
+
+
 def time_earl(reranker: EarlReranker, query: str, ids: list[str], repeats: int) -> dict[str, float]:
     """Median seconds of `rerank(query, ids)` over `repeats` runs after a warm-up, with its stage times."""
     reranker.rerank(query, ids)
@@ -181,15 +194,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=SIZES, default="minilm", help="model dimensions (default minilm)")
     parser.add_argument("--json-out", type=Path, default=Path("/tmp/bench-earl-speed.json"))
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    try:
+        check_output_file(args.json_out, "--json-out", [])  # before the run, whose result it would lose
+        result = run(args)
+    except DilstoreError as error:
+        print(f"bench_earl_speed: error: {error}", file=sys.stderr)
+        return 2
+    args.json_out.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    print(json.dumps(result))
+    return 0
 
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the stores that are missing, time both sides per length, print the rows and table; the result."""
+    torch.set_num_threads(args.threads)
+    text, question = dev_text_and_question(args.data)  # a missing --data stops the run before the models load
     if args.size == "minilm":
         base = base_model_dir()
     else:
         base = write_random_bert_base(args.work / "bert-base-random", BertModel)
     earl = EarlRanker.from_base(base).eval()  # N = l - 2, M = 2
     cross = CrossEncoderRanker.from_base(base).eval()
-    text, question = dev_text_and_question(args.data)
     query_ids = encode_question(earl.tokenizer, question, QUERY_TOKENS).token_ids
     settings = RerankSettings(max_query_length=QUERY_TOKENS)
     ids = [f"cand-{index:05d}" for index in range(args.candidates)]
@@ -199,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         records = documents(earl, text, length, args.unique)
         row: dict[str, Any] = {"length": length, "query_tokens": len(query_ids), "candidates": args.candidates}
         for kind in ("earl-s1", "earl-s2"):
-            store_dir = args.work / f"{args.size}-{kind}-{length}-{args.encoding}"
+            store_dir = store_folder(args, kind, length)
             build_store(store_dir, earl, records, kind, args.candidates, args.encoding)
             reranker = EarlReranker(earl, open_store(store_dir), settings)
             row[kind] = time_earl(reranker, question, ids, args.repeats)
@@ -221,12 +246,9 @@ def main(argv: list[str] | None = None) -> int:
             f"| ×{row['speedup_earl-s1']:.1f} | ×{row['speedup_earl-s2']:.1f} "
             f"| {s1['store_read']:.3f} | {s2['store_read']:.3f} |"
         )
-    result = {"size": args.size, "weights": SIZES[args.size], "query_layers": earl.query_layers,
-              "judger_blocks": earl.judger_blocks, "threads": args.threads, "encoding": args.encoding,
-              "unique": args.unique, "rows": rows}  # fmt: skip
-    args.json_out.write_text(json.dumps(result, indent=1), encoding="utf-8")
-    print(json.dumps(result))
-    return 0
+    return {"size": args.size, "weights": SIZES[args.size], "query_layers": earl.query_layers,
+            "judger_blocks": earl.judger_blocks, "threads": args.threads, "encoding": args.encoding,
+            "unique": args.unique, "rows": rows}  # fmt: skip
 
 
 if __name__ == "__main__":
