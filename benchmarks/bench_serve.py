@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test fixtures' ServeProcess, as `python benchmarks/bench_serve.py` runs it
 
 from dilstore.runners.arg_types import positive_int  # noqa: E402
+from dilstore.storage.errors import DilstoreError  # noqa: E402
 from tests.fixtures.serve_process import ServeProcess  # noqa: E402
 
 DEFAULT_QUESTIONS = ROOT.parent / "shared" / "data" / "opensquad" / "questions.dev-v1.1.jsonl"
@@ -61,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, required=True, help="a dilbert store with its BM25 index")
     parser.add_argument("--model", type=Path, help="the store's model (default: the shipped reader)")
-    parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="DPR-style JSONL questions")
+    parser.add_argument("--questions", type=Path,
+                        help="DPR-style JSONL questions (default: the shared OpenSQuAD dev questions, where present)")
     parser.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument(
         "--requests", type=positive_int, default=64, help="answers per level (at least the concurrency)"
@@ -80,12 +82,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_questions(path: Path) -> list[str]:
-    """Distinct questions of a DPR-style JSONL file, or four fixed ones about the default corpus."""
+def load_questions(path: Path | None) -> tuple[list[str], str]:
+    """The distinct questions of --questions and where they came from; without --questions, those of the shared
+    OpenSQuAD dev file, or four fixed ones about the default corpus where it is absent (said on stderr and in the
+    report).
+
+    A --questions that is no file gave the four fixed ones too, silently: every level cycled 4 questions, and the
+    CLI answered 4 whatever --cli-questions asked (bench53 F3).
+    """
+    if path is None and not DEFAULT_QUESTIONS.is_file():
+        print(f"bench_serve: no {DEFAULT_QUESTIONS}: asking {len(FALLBACK_QUESTIONS)} built-in questions about the "
+              "default corpus", file=sys.stderr)  # fmt: skip
+        return FALLBACK_QUESTIONS, f"{len(FALLBACK_QUESTIONS)} built-in questions about the default corpus"
+    path = path or DEFAULT_QUESTIONS
     if not path.is_file():
-        return FALLBACK_QUESTIONS
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return list(dict.fromkeys(json.loads(line)["question"] for line in lines if line.strip()))
+        raise DilstoreError(f"--questions {path}: no such file")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        questions = list(dict.fromkeys(json.loads(line)["question"] for line in lines if line.strip()))
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+        raise DilstoreError(f"--questions {path}: not DPR-style JSONL with a \"question\" per line ({error})") from None
+    if not questions:
+        raise DilstoreError(f"--questions {path} holds no questions")
+    return questions, str(path)
 
 
 def start_server(args: argparse.Namespace, *extra: str) -> ServeProcess:
@@ -226,10 +245,15 @@ def table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    questions = load_questions(args.questions)
+    try:
+        questions, source = load_questions(args.questions)
+    except DilstoreError as error:
+        print(f"bench_serve: error: {error}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     report: dict[str, Any] = {
         "store": str(args.store),
+        "questions": {"source": source, "distinct": len(questions)},
         "top_p": args.top_p,
         "threads": args.threads,
         "requests_per_level": args.requests,
