@@ -44,6 +44,7 @@ PASSAGE = {"id": "quorvale-0", "title": "Quorvale", "text": (
     "joins the sea at Port Amber after forty miles. The town hall of Quorvale was built in 1743 by the mason Edwin "
     "Harrow.")}  # fmt: skip
 WAIT = 120.0
+SCRATCH = frozenset({"store", "new.jsonl"})  # what a run leaves in --work, which the next run empties
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,7 +55,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.seconds > 1:
         parser.error(f"--seconds must be more than 1 (the compaction starts after one), got {args.seconds:g}")
+    problem = work_problem(args.store, args.work)
+    if problem:
+        parser.error(problem)
     return args
+
+
+def work_problem(store: Path, work: Path) -> str | None:
+    """Why --work may not be emptied for a run on a copy of --store, or None.
+
+    The run empties --work first: a --work that held the store (or the store's own folder) deleted it and then
+    failed to copy it, and a folder of other files lost them (bench53 F4). So --store must be a store outside
+    --work, and --work absent, empty, or holding only what an earlier run left there.
+    """
+    if not (store / "manifest.json").is_file():
+        return f"--store {store}: no store there (no manifest.json)"
+    if store.resolve().is_relative_to(work.resolve()) or work.resolve().is_relative_to(store.resolve()):
+        return f"--work {work} holds --store {store} (or lies inside it), and --work is emptied first; give another"
+    if work.exists() and not work.is_dir():
+        return f"--work {work} is not a folder"
+    others = sorted(entry.name for entry in work.iterdir() if entry.name not in SCRATCH) if work.is_dir() else []
+    if others:
+        return (f"--work {work} holds {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}, which no earlier "
+                "run left there, and --work is emptied first; give a new or empty folder")  # fmt: skip
+    return None
 
 
 def dilstore(*args: str) -> float:
