@@ -73,3 +73,23 @@ def test_micro_batches_0_counts_the_padding_of_the_order_grouped_by_the_measure_
     data = load_training_data(reader.tokenizer, squad_file, config)
     order = [micro for step in optimizer_step_batches(data.examples, config, data.lengths(measure)) for micro in step]
     assert report["rows"][0]["real_token_share"] == pytest.approx(bench.real_share(data, order, 0), abs=1e-4)
+
+
+def test_windows_per_second_counts_the_windows_of_the_micro_batches_timed(
+    bench, tiny_base: Path, squad_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench53 F5: the rate was --batch-size x group size over the mean seconds, also when the order's last
+    micro-batch, timed with the others, was short: 3 plain windows in micro-batches of 2 and 1 counted as 4."""
+    timed: list[int] = []
+
+    def one_second_each(reader, data, micro_batches, *args) -> float:
+        timed[:] = [sum(len(data.windows(index)) for index in groups) for groups in micro_batches]
+        return 1.0
+
+    monkeypatch.setattr(bench, "seconds_per_micro_batch", one_second_each)
+    argv = ["--model", str(tiny_base), "--train", str(squad_file), "--layers", "1", "--questions", "3",
+            "--batch-size", "2", "--micro-batches", "5", "--chunks", "0", "--threads", "1"]  # fmt: skip
+    assert bench.main(argv) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"][0]
+    assert timed == [2, 1], "three windows, in two micro-batches"
+    assert row["windows_per_second"] == 1.5
