@@ -20,6 +20,7 @@ from typing import Any
 import matplotlib
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.text.files import read_json_object
 from dilstore.reader.training.release import load_training_metadata
 from dilstore.runners.outputs import PLOT_SUFFIXES, check_output_file
 from dilstore.storage.errors import DilstoreError
@@ -29,6 +30,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 
 EVAL_FILE = "eval-dev.json"
 BASE_INIT = "base"
+EVALUATION = "an evaluation (eval-dev.json, or `dilstore evaluate-rc --json` saved to a file)"
 
 
 def load_rows(paths: list[Path], pairs: list[tuple[Path, Path]]) -> list[dict[str, Any]]:
@@ -36,7 +38,7 @@ def load_rows(paths: list[Path], pairs: list[tuple[Path, Path]]) -> list[dict[st
     rows = []
     for path in paths:
         file = path / EVAL_FILE if path.is_dir() else path
-        row = json.loads(file.read_text(encoding="utf-8"))
+        row = read_json_object(file, EVALUATION)
         row["source"] = str(file)
         if path.is_dir():
             training = load_training_metadata(path)
@@ -45,7 +47,7 @@ def load_rows(paths: list[Path], pairs: list[tuple[Path, Path]]) -> list[dict[st
         rows.append(row)
     for file, checkpoint in pairs:
         training = load_training_metadata(checkpoint)
-        row = json.loads(file.read_text(encoding="utf-8"))
+        row = read_json_object(file, EVALUATION)
         row.update(source=str(file), checkpoint=str(checkpoint), init=initialisation(training), **budget(training))
         rows.append(row)
     return sorted(rows, key=lambda row: (row.get("init", BASE_INIT) != BASE_INIT, int(row["k"])))
@@ -128,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         check_output_file(args.png, "--png", inputs, suffixes=PLOT_SUFFIXES)
         if args.markdown:
             check_output_file(args.markdown, "--markdown", inputs)
+        rows = load_rows(args.runs, [tuple(pair) for pair in args.pair])  # a missing run: a line, not a traceback
     except DilstoreError as error:
         print(f"plot_k_sweep: error: {error}", file=sys.stderr)
         return 2
-    rows = load_rows(args.runs, [tuple(pair) for pair in args.pair])
     table = markdown_table(rows)
     print(table)
     if args.markdown:
