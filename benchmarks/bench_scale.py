@@ -7,8 +7,8 @@ or cached in the interpreter:
 
 - `open_store` time and resident memory (VmRSS) right after it, against the same process before
   it (imports done); then after 100 id lookups and after a fetch;
-- id lookups: 100 random ids one by one (`id in store`), first touch and again;
-- fetch of 100 random passages (decoded float32 states): "cold" after dropping the page cache
+- id lookups: --lookups (100) random ids one by one (`id in store`), first touch and again;
+- fetch of --fetch (100) random passages (decoded float32 states): "cold" after dropping the page cache
   (`/proc/sys/vm/drop_caches`, root only; otherwise reported unavailable) in a fresh process,
   and warm (the same ids again);
 - `dilstore verify --json` as a subprocess: passages/s and MB/s of the files it hashed;
@@ -68,8 +68,10 @@ import numpy as np
 from page_cache import drop_page_cache
 
 from dilstore.runners.arg_types import numpy_seed, positive_int
+from dilstore.runners.outputs import check_output_file
 from dilstore.storage.codebook import write_codebook
 from dilstore.storage.encodings import ENCODINGS, get_encoding, train_codebook
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import CODEBOOK_DIR, INDEX_DIR, MANIFEST_FILE
@@ -422,7 +424,8 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         "MEASURED (each row one store, built and measured in this run):", "",
         "| N passages | shards | tokens | build s (write + finalize) | write passages/s (jobs) | write CPU ms/passage "
-        "| open ms | RSS +open MB | RSS +lookups MB | lookup µs first / again | fetch 100 ms cold / warm | verify s "
+        f"| open ms | RSS +open MB | RSS +lookups MB | lookup µs first / again | {fetch_label(result['stores'])} ms "
+        "cold / warm | verify s "
         "| verify passages/s | verify MB/s | index MB | manifest KB | B/token total | KB/passage total |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -471,6 +474,13 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def fetch_label(stores: Sequence[Mapping[str, Any]]) -> str:
+    """`fetch N`: the passages each store's timed fetch read (--fetch), which the header said was 100 whatever
+    --fetch asked (bench53 F7)."""
+    counts = sorted({store["open"].get("fetch_passages", 100) for store in stores})
+    return "fetch " + " / ".join(f"{count:,}" for count in counts)
+
+
 def cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -503,7 +513,29 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.measure_open is None and args.report_only is None:
+        problem = run_problem(args)
+        if problem:
+            parser.error(problem)
     return args
+
+
+def run_problem(args: argparse.Namespace) -> str | None:
+    """What would fail only after a store was built and measured (hours at the largest N), or None.
+
+    Each store's lookups and fetch draw distinct ids, so more than its passages failed in the measuring child
+    (a CalledProcessError traceback), and an --output that cannot be written failed when the first store's result
+    was saved (a FileNotFoundError traceback) (bench53 F7).
+    """
+    smallest = min(args.passages)
+    if max(args.lookups, args.fetch) > smallest:
+        return (f"--lookups {args.lookups} and --fetch {args.fetch} draw distinct ids of each store: give at most "
+                f"the smallest --passages ({smallest:,})")  # fmt: skip
+    try:
+        check_output_file(args.output, "--output", [])
+    except DilstoreError as error:
+        return str(error)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -162,3 +162,32 @@ def test_the_decode_benchmark_times_both_ways_on_the_same_codes(tmp_path: Path, 
     assert [row["encoding"] for row in result["rows"]] == ["2bit", "1bit"] and result["states"].startswith("random")
     assert all(row["at_once_best_s"] > 0 and row["blocked_best_s"] > 0 for row in result["rows"])
     assert "first: at once s" in capsys.readouterr().out
+
+
+def test_the_fetch_column_names_the_passages_fetched(bench, one_bit: tuple[Path, dict]) -> None:
+    """bench53 F7: the header said "fetch 100" whatever --fetch asked."""
+    root, _ = one_bit
+    opened = bench.measure_open(root, PASSAGES, lookups=20, fetch=10, seed=0, drop_cache=False)
+    store = {"passages": PASSAGES, "tokens": 160_000, "shards": 2, "open": opened, "disk": bench.disk_sizes(root),
+             "build": {"write_s": 1.0, "finalize_s": 1.0}}  # fmt: skip
+    rendered = bench.render({"stores": [store], "extrapolation": None, "cost": bench.cost_table(12)})
+    assert "| fetch 10 ms cold / warm |" in rendered and "fetch 100" not in rendered
+
+
+@pytest.mark.parametrize("case", ["more lookups than passages", "output in a missing folder"])
+def test_what_would_fail_after_the_build_is_a_usage_error_before_it(bench, tmp_path: Path, capsys, case) -> None:
+    """bench53 F7: both failed as tracebacks once the first store was built and measured."""
+    work, output = tmp_path / "work", tmp_path / "result.json"
+    argv = ["--passages", "50", "--passages-per-shard", "50", "--pool-tokens", "512", "--min-free-gb", "0",
+            "--work-dir", str(work)]  # fmt: skip
+    if case == "more lookups than passages":
+        argv += ["--lookups", "60", "--fetch", "10", "--output", str(output)]
+        message = "draw distinct ids of each store: give at most the smallest --passages (50)"
+    else:
+        output = tmp_path / "missing" / "result.json"
+        argv += ["--lookups", "10", "--fetch", "10", "--output", str(output)]
+        message = f"--output {output}: the folder {output.parent} does not exist"
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+    assert not work.exists() and not output.exists()
