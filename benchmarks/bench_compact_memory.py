@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from dilstore.pipelines.sharding import shard_of
-from dilstore.runners.arg_types import non_negative_int, positive_int
+from dilstore.runners.arg_types import absolute_path, non_negative_int, positive_int
 from dilstore.storage.append import commit_append, first_free_shard
 from dilstore.storage.atomic_files import atomic_write_bytes
 from dilstore.storage.collection import collection_jsonl
@@ -172,7 +172,7 @@ def growth_per_passage(rows: list[dict[str, Any]]) -> dict[str, float]:
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; --tree as (label, folder) pairs in `trees`."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work-dir", type=Path, required=True)
+    parser.add_argument("--work-dir", type=absolute_path, required=True)  # `compact` runs in each tree (bench53 F8)
     parser.add_argument("--passages", type=positive_int, nargs="+", default=[150_000, 600_000],
                         help="base passages of each store")  # fmt: skip
     parser.add_argument("--appends", type=non_negative_int, default=20)

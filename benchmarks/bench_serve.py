@@ -44,7 +44,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test fixtures' ServeProcess, as `python benchmarks/bench_serve.py` runs it
 
-from dilstore.runners.arg_types import positive_int  # noqa: E402
+from dilstore.runners.arg_types import absolute_path, positive_int  # noqa: E402
 from dilstore.storage.errors import DilstoreError  # noqa: E402
 from tests.fixtures.serve_process import ServeProcess  # noqa: E402
 
@@ -60,8 +60,9 @@ START_TIMEOUT = 600.0
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", type=Path, required=True, help="a dilbert store with its BM25 index")
-    parser.add_argument("--model", type=Path, help="the store's model (default: the shipped reader)")
+    # Absolute: the server and the CLI run in the repository's folder (bench53 F8).
+    parser.add_argument("--store", type=absolute_path, required=True, help="a dilbert store with its BM25 index")
+    parser.add_argument("--model", type=absolute_path, help="the store's model (default: the shipped reader)")
     parser.add_argument("--questions", type=Path,
                         help="DPR-style JSONL questions (default: the shared OpenSQuAD dev questions, where present)")
     parser.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 4, 16, 64])

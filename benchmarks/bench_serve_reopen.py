@@ -36,6 +36,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test fixtures' ServeProcess, as `python benchmarks/bench_serve_reopen.py` runs it
 
+from dilstore.runners.arg_types import absolute_path  # noqa: E402
 from tests.fixtures.serve_process import ServeProcess  # noqa: E402
 
 QUESTION = "Who built the town hall of Quorvale?"
@@ -50,7 +51,9 @@ SCRATCH = frozenset({"store", "new.jsonl"})  # what a run leaves in --work, whic
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, default=ROOT / "dilstore-store", help="dilbert store with STORE/bm25")
-    parser.add_argument("--work", type=Path, required=True, help="scratch folder (emptied first) for the copy")
+    # Absolute: the dilstore commands on the copy run in the repository's folder (bench53 F8).
+    parser.add_argument("--work", type=absolute_path, required=True,
+                        help="scratch folder (emptied first) for the copy")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the client asks during the compaction")
     args = parser.parse_args(argv)
     if not args.seconds > 1:

@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import absolute_path, positive_int
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PASSAGES = ROOT.parent / "shared" / "data" / "msmarco" / "passages.dl19-dl20-pool.jsonl"
@@ -41,7 +41,9 @@ START_TIMEOUT = 300.0
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trees", type=Path, nargs="+", required=True, help="source trees, the first the baseline")
-    parser.add_argument("--store", type=Path, required=True, help="a dilbert store with its BM25 index (read only)")
+    # Absolute: every command runs in its tree's folder (bench53 F8).
+    parser.add_argument("--store", type=absolute_path, required=True,
+                        help="a dilbert store with its BM25 index (read only)")  # fmt: skip
     parser.add_argument("--question", default="When did the Zurich tram network open?")
     parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="JSONL questions for /ask")
     parser.add_argument("--requests", type=positive_int, default=20, help="warm /ask requests per server")

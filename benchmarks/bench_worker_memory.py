@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import absolute_path, positive_int
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "river city war company disease law name size history cause effect date price people team season".split()
@@ -64,19 +64,23 @@ def run_setting(store: str, model: str | None, batches: int, every: int, trim: b
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store", required=True, help="a dilbert store (with STORE/bm25)")
-    parser.add_argument("--model", help="the reader's model folder (default: the store's shipped default)")
+    # Absolute: each setting's child runs in the repository's folder (bench53 F8).
+    parser.add_argument("--store", type=absolute_path, required=True, help="a dilbert store (with STORE/bm25)")
+    parser.add_argument("--model", type=absolute_path,
+                        help="the reader's model folder (default: the store's shipped default)")  # fmt: skip
     parser.add_argument("--batches", type=positive_int, default=80)
     parser.add_argument("--every", type=positive_int, default=10)
     parser.add_argument("--setting", choices=("trim", "keep"), help=argparse.SUPPRESS)  # one child's run
     args = parser.parse_args(argv)
     if args.setting is not None:
-        print(json.dumps(run_setting(args.store, args.model, args.batches, args.every, args.setting == "trim")))
+        model = None if args.model is None else str(args.model)
+        print(json.dumps(run_setting(str(args.store), model, args.batches, args.every, args.setting == "trim")))
         return 0
     results = {}
     for setting in ("keep", "trim"):
-        command = [sys.executable, __file__, "--store", args.store, "--batches", str(args.batches),
-                   "--every", str(args.every), "--setting", setting, *(["--model", args.model] if args.model else [])]
+        command = [sys.executable, __file__, "--store", str(args.store), "--batches", str(args.batches),
+                   "--every", str(args.every), "--setting", setting,
+                   *(["--model", str(args.model)] if args.model else [])]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
         results[setting] = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"{'batches':>8} {'RSS kept MiB':>13} {'RSS trimmed MiB':>16} {'s kept':>7} {'s trimmed':>10}")

@@ -47,6 +47,15 @@ def _integer_in(text: str, low: int, high: int | None, expected: str) -> int:
     return value
 
 
+def absolute_path(text: str) -> Path:
+    """argparse type: a path made absolute against the folder the command was started in.
+
+    For scripts that run their children in another folder (the repository, a source tree): a relative path handed
+    on as given named something else there.
+    """
+    return Path(text).absolute()
+
+
 def torch_device(text: str) -> str:
     """argparse type: a torch device this machine has ("cpu", "cuda", "cuda:N", "mps"), as given.
 
