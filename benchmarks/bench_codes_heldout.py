@@ -67,14 +67,29 @@ def store_ids(store: Path) -> tuple[list[str], list[str]]:
     return table.column("id").to_pylist(), table.column("doc_id").to_pylist()
 
 
+def write_heldout_codebook(folder: Path, encoding: str, sample: np.ndarray) -> tuple[Path, float]:
+    """The `encoding` codebook trained on the held-out `sample` (T, d), written to `folder` with its sample size;
+    the folder and the training seconds.
+
+    Without the count, `precompute --codebook` took the codebook for one written before counts were recorded and,
+    when k-means left fewer than 256 distinct centroids, refused it as trained on that few states: the run stopped
+    in a CalledProcessError traceback after the train and fp32 stores were built (bench53 F9).
+    """
+    from dilstore.storage.codebook import write_codebook
+    from dilstore.storage.encodings import train_codebook
+
+    started = time.perf_counter()
+    codebook = train_codebook(encoding, sample)
+    trained = time.perf_counter() - started
+    return write_codebook(folder, encoding, codebook, sample.shape[1:], sample_tokens=len(sample)), trained
+
+
 def main() -> None:
     parser, args = parse_arguments(
         __doc__, 1, lambda parser: parser.add_argument("--train-paragraphs", type=positive_int, default=240)
     )
 
     from dilstore.reader.serving.odqa import open_reader
-    from dilstore.storage.codebook import write_codebook
-    from dilstore.storage.encodings import train_codebook
     from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, sample_rows
 
     train_corpus, eval_corpus = args.work / "train-subset.json", args.work / "eval-subset.json"
@@ -105,10 +120,7 @@ def main() -> None:
     save()
 
     for encoding in ("2bit", "1bit"):
-        started = time.perf_counter()
-        codebook = train_codebook(encoding, sample)
-        trained = time.perf_counter() - started
-        folder = write_codebook(args.work / f"codebook-{encoding}", encoding, codebook, sample.shape[1:])
+        folder, trained = write_heldout_codebook(args.work / f"codebook-{encoding}", encoding, sample)
         store = args.work / encoding
         precompute(eval_corpus, store, encoding, args.threads, "--codebook", str(folder))
         reader = open_reader(store, with_index=False)
