@@ -45,8 +45,6 @@ from dilstore.storage.records import PassageRecord  # noqa: E402
 from dilstore.storage.writer import write_shard  # noqa: E402
 from tests.fixtures.http_store import HttpServer, serve_directory  # noqa: E402
 
-STORE_NAME = "store"
-
 
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -84,6 +82,15 @@ def build_store(root: Path, passages: int, shards: int, dim: int, seed: int) -> 
     return root
 
 
+def store_name(args: argparse.Namespace) -> str:
+    """The store's folder in --work, named by every setting it is built from.
+
+    A store already there is kept, and under the one name "store" a run with other --passages, --shards, --dim or
+    --seed measured the store of an earlier run while its header named the settings asked (bench53 F10).
+    """
+    return f"store-{args.passages}p-{args.shards}s-d{args.dim}-seed{args.seed}"
+
+
 def measure(open_one: Callable[[], Store], id_sets: list[tuple[list[str], list[str]]],
             server: HttpServer | None) -> dict[str, Any]:  # fmt: skip
     """Medians over the repetitions of cold (open + first fetch) and warm (another fetch) seconds, requests, bytes."""
@@ -106,7 +113,8 @@ def measure(open_one: Callable[[], Store], id_sets: list[tuple[list[str], list[s
 
 def main() -> None:
     args = parse_arguments()
-    root = build_store(args.work / STORE_NAME, args.passages, args.shards, args.dim, args.seed)
+    name = store_name(args)
+    root = build_store(args.work / name, args.passages, args.shards, args.dim, args.seed)
     rng = np.random.default_rng(args.seed + 1)
     ids = [f"p{row:06d}" for row in range(args.passages)]
     id_sets = [(list(rng.choice(ids, args.fetch, replace=False)), list(rng.choice(ids, args.fetch, replace=False)))
@@ -115,7 +123,7 @@ def main() -> None:
     rows = [{"path": "local mmap", "latency_ms": None, **measure(lambda: open_store(root), id_sets, None)}]
     for latency in args.latency_ms:
         with serve_directory(args.work, latency=latency / 1000) as server:
-            url = f"{server.url}/{STORE_NAME}"
+            url = f"{server.url}/{name}"
             for read_path in ("ranged", "zarr"):
                 opened = measure(lambda read_path=read_path: open_store(url, read_path=read_path), id_sets, server)
                 rows.append({"path": f"http {read_path}", "latency_ms": latency, **opened})
