@@ -35,6 +35,10 @@ from dilstore.runners.arg_types import positive_int  # noqa: E402
 from dilstore.runners.outputs import PLOT_SUFFIXES, check_output_file  # noqa: E402
 from dilstore.storage.errors import DilstoreError  # noqa: E402
 
+# mini_opensquad.py's own --work, inside DIR: it refuses an --output inside its --work, so with --work DIR itself
+# every call, step 0 first, failed (bench53 F11). With --store it keeps nothing there.
+MINI_OPENSQUAD_WORK = "mini-opensquad"
+
 
 def scored(result_file: Path, arguments: list[str]) -> dict[str, Any]:
     """mini_opensquad.py's result for `arguments`, run once and kept in `result_file`."""
@@ -91,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--png", type=Path)
     args = parser.parse_args(argv)
     base = args.base or default_checkpoint_dir()
-    common = ["--work", str(args.work), "--store", str(args.store), "--limit", str(args.limit), "--seed",
-              str(args.seed), "--top-p", str(args.top_p), "--threads", str(args.threads)]  # fmt: skip
+    common = ["--work", str(args.work / MINI_OPENSQUAD_WORK), "--store", str(args.store), "--limit", str(args.limit),
+              "--seed", str(args.seed), "--top-p", str(args.top_p), "--threads", str(args.threads)]  # fmt: skip
     try:
         if args.png:  # before the evaluations, whose plot it would lose
             check_output_file(args.png, "--png", [], args.work, suffixes=PLOT_SUFFIXES)

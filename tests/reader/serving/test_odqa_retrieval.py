@@ -22,6 +22,7 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import MissingPassagesError
 from dilstore.storage.verify import verify_store
 from dilstore.storage.write_lock import INDEX_ROLE
+from tests.fixtures.benchmarks import benchmark_module
 from tests.fixtures.locks import held_lock
 from tests.fixtures.odqa_fixtures import (
     collection_documents,
@@ -360,6 +361,25 @@ def test_mini_opensquad_reads_a_given_store_and_refuses_one_without_its_bm25_ind
     )
     assert sorted(store_dir.rglob("*")) == before, "nothing written into the store given"
     assert not output.exists()
+
+
+@pytest.mark.shared_data
+def test_online_variant_curve_scores_step_0_through_the_real_mini_opensquad(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench53 F11: the curve gave mini_opensquad.py --work DIR and --output DIR/step-N.json, an output inside its
+    --work, which it refuses: every call failed at step 0. (The curve's own test replaces mini_opensquad.)"""
+    model_dir, store_dir, ids = write_reader_and_store(tmp_path)
+    write_collection(tmp_path / "collection" / "passages.jsonl", collection_documents(store_dir, ids))
+    build_bm25_index(tmp_path / "collection", bm25_index_dir(store_dir))
+    (tmp_path / "run").mkdir()  # a run with no checkpoint yet: the curve is step 0 alone
+    argv = [str(tmp_path / "run"), "--store", str(store_dir), "--work", str(tmp_path / "work"), "--base",
+            str(model_dir), "--limit", "2", "--top-p", "3", "--threads", "1"]  # fmt: skip
+    with benchmark_module("online_variant_curve") as module:
+        assert module.main(argv) == 0, capsys.readouterr().err
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(row["step"], row["top_p"]) for row in rows] == [(0, 3)]
+    assert json.loads((tmp_path / "work" / "step-0.json").read_text())["questions"] == 2
 
 
 def test_answer_recall_benchmark_counts_r_by_both_definitions(
