@@ -30,6 +30,7 @@ from reader_curve import checkpoints  # noqa: E402
 from dilstore.reader.modeling.dilbert import DilBertReader  # noqa: E402
 from dilstore.reader.modeling.online_variants import write_online_variant  # noqa: E402
 from dilstore.reader.packaged.shipped import default_checkpoint_dir  # noqa: E402
+from dilstore.reader.text.files import read_json_object  # noqa: E402
 from dilstore.reader.training.release import load_training_metadata  # noqa: E402
 from dilstore.runners.arg_types import positive_int  # noqa: E402
 from dilstore.runners.outputs import PLOT_SUFFIXES, check_output_file  # noqa: E402
@@ -38,6 +39,30 @@ from dilstore.storage.errors import DilstoreError  # noqa: E402
 # mini_opensquad.py's own --work, inside DIR: it refuses an --output inside its --work, so with --work DIR itself
 # every call, step 0 first, failed (bench53 F11). With --store it keeps nothing there.
 MINI_OPENSQUAD_WORK = "mini-opensquad"
+SETTINGS_FILE = "curve-settings.json"
+
+
+def check_settings(work: Path, settings: dict[str, Any]) -> None:
+    """Record the curve's settings in DIR on its first call; a DilstoreError on a later call with other ones.
+
+    DIR/step-N (a packaged checkpoint) and DIR/step-N.json (its scores) are reused by step number alone: a call
+    with another RUN, --store, --base, --limit, --seed or --top-p printed the earlier call's scores as its own,
+    and scored another run's packaged checkpoints as this run's (bench53 F12). A DIR from before the settings were
+    recorded cannot be checked: its settings are taken to be these, and said so.
+    """
+    path = work / SETTINGS_FILE
+    if path.is_file():
+        recorded = read_json_object(path)
+        differ = [f"{key} {recorded.get(key)} (asked: {value})" for key, value in settings.items()
+                  if recorded.get(key) != value]  # fmt: skip
+        if differ:
+            raise DilstoreError(f"--work {work} holds a curve of {', '.join(differ)}: give another --work, or the "
+                                "same settings")  # fmt: skip
+        return
+    if any(work.glob("step-*")):
+        print(f"online_variant_curve: {work} holds steps scored before settings were recorded: taking them as "
+              "scored with these", file=sys.stderr)  # fmt: skip
+    path.write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
 
 
 def scored(result_file: Path, arguments: list[str]) -> dict[str, Any]:
@@ -101,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.png:  # before the evaluations, whose plot it would lose
             check_output_file(args.png, "--png", [], args.work, suffixes=PLOT_SUFFIXES)
         args.work.mkdir(parents=True, exist_ok=True)
+        check_settings(args.work, {"run": str(args.run.resolve()), "store": str(args.store.resolve()),
+                                   "base": str(Path(base).resolve()), "limit": args.limit, "seed": args.seed,
+                                   "top_p": args.top_p})  # fmt: skip
         start = scored(args.work / "step-0.json", [*common, "--model", str(base), "--no-online-variant"])
         rows = [curve_row(0, 0, 0.0, start)]
         for checkpoint in checkpoints(args.run):

@@ -56,3 +56,32 @@ def test_every_checkpoint_is_packaged_scored_once_and_becomes_a_row(
         assert_holds_the_online_layers_of(tmp_path / "work" / "step-2", "2bit", tmp_path / "run", base)
         assert script.main(arguments) == 0
         assert len(calls) == 3, "a second call scores nothing again"
+
+
+def test_a_call_with_other_settings_or_another_run_is_refused_not_answered_from_the_earlier_scores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench53 F12: DIR/step-N.json and DIR/step-N were reused by step number alone, so `--limit 5` after a
+    `--limit 300` call printed the 300-question scores, and another run's curve scored the first run's models."""
+    calls: list[list[str]] = []
+
+    def fake_mini_opensquad(arguments: list[str]) -> int:
+        calls.append(arguments)
+        result = {"encoding": "2bit", "model": {"online_variant": None},
+                  "rows": [{"top_p": 29, "f1_with_bm25": 50.0, "f1_without_bm25": 47.0, "recall": 95.0}]}
+        Path(arguments[arguments.index("--output") + 1]).write_text(json.dumps(result))
+        return 0
+
+    for run in ("run", "other-run"):
+        (tmp_path / run).mkdir()
+    arguments = [str(tmp_path / "run"), "--store", "STORE", "--work", str(tmp_path / "work"), "--base", "BASE"]
+    with benchmark_module("online_variant_curve") as script:
+        script.mini_opensquad.main = fake_mini_opensquad
+        assert script.main(arguments) == 0
+        capsys.readouterr()
+        assert script.main([*arguments, "--limit", "5"]) == 2
+        assert "holds a curve of limit 300 (asked: 5): give another --work" in capsys.readouterr().err
+        assert script.main([str(tmp_path / "other-run"), *arguments[1:]]) == 2
+        assert f"run {tmp_path / 'run'} (asked: {tmp_path / 'other-run'})" in capsys.readouterr().err
+        assert script.main(arguments) == 0, "the same settings again: the kept scores"
+    assert len(calls) == 1
