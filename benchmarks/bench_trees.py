@@ -137,9 +137,25 @@ def one_round(tree: Path, args: argparse.Namespace, questions: list[str], corpus
     }
 
 
+def served_questions(path: Path, requests: int) -> list[str]:
+    """The first `requests` questions of `path`, one /ask each; a SystemExit naming the file when it holds fewer.
+
+    Only the first 200 lines were read, so `--requests 500` timed 200 requests while the report said 500, and a
+    file of 20 questions gave 20 whatever --requests asked (bench53 F13).
+    """
+    try:
+        questions = [json.loads(line)["question"] for line in path.read_text("utf-8").splitlines()[:requests]]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"bench_trees: error: --questions {path}: not JSONL with a \"question\" per line ({error})")
+    if len(questions) < requests:
+        raise SystemExit(f"bench_trees: error: --questions {path} holds {len(questions)} questions; --requests asks "
+                         f"for {requests}")  # fmt: skip
+    return questions
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    questions = [json.loads(line)["question"] for line in args.questions.read_text("utf-8").splitlines()[:200]]
+    questions = served_questions(args.questions, args.requests)
     with tempfile.TemporaryDirectory(prefix="bench-trees-corpus-") as folder:
         corpus = Path(folder) / "passages.jsonl"
         lines = args.passages.read_text(encoding="utf-8").splitlines()[: args.precompute_passages]
