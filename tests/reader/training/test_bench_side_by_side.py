@@ -86,8 +86,11 @@ def test_compile_with_mps_runs_as_compile_where_mps_cannot_start(
                  "windows_per_second": float(count), "warm_up_seconds": 1.0} for count, waits in phases]  # fmt: skip
 
     monkeypatch.setattr(bench, "run_workers", run_workers)
-    argv = ["--model", "m", "--train", "t", "--shared-norm", "s", "--phases", "1", "1s", "3", "--sets", "plain",
-            "compile+mps", "mps"]  # fmt: skip
+    (tmp_path / "m").mkdir()
+    for name in ("t", "s"):
+        (tmp_path / name).write_text("{}", encoding="utf-8")
+    argv = ["--model", str(tmp_path / "m"), "--train", str(tmp_path / "t"), "--shared-norm", str(tmp_path / "s"),
+            "--phases", "1", "1s", "3", "--sets", "plain", "compile+mps", "mps"]  # fmt: skip
     assert bench.main(argv) == 0
     assert ran == [("plain", [(1, False), (1, True), (3, False)]), ("compile", [(1, False), (3, False)])]
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
@@ -97,12 +100,31 @@ def test_compile_with_mps_runs_as_compile_where_mps_cannot_start(
 def test_a_worker_that_cannot_start_is_named_with_its_error(
     bench, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["--model", str(tmp_path / "missing"), "--train", str(squad_file), "--shared-norm", str(tmp_path),
+    (tmp_path / "not-a-model").mkdir()  # there, but no checkpoint: the worker fails as it loads it
+    argv = ["--model", str(tmp_path / "not-a-model"), "--train", str(squad_file), "--shared-norm", str(squad_file),
             "--phases", "1", "--device", "cpu", "--startup-timeout", "120"]  # fmt: skip
     assert bench.main(argv) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
     assert len(rows) == 1 and rows[0]["set"] == "plain" and rows[0]["failed"].startswith("worker 0 exited")
-    assert "missing" in rows[0]["failed"]
+    assert "not-a-model" in rows[0]["failed"]
+
+
+@pytest.mark.parametrize("missing", ["--model", "--train", "--shared-norm"])
+def test_a_missing_input_is_a_usage_error_before_any_worker_starts(
+    bench, squad_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    missing: str,
+) -> None:
+    """bench53 F14: a missing --model failed in every worker; the run printed a "failed" row ending in a
+    traceback's last lines and exited 0."""
+    monkeypatch.setattr(bench, "run_workers", lambda *args: pytest.fail("a worker was started"))
+    (tmp_path / "model").mkdir()
+    given = {"--model": str(tmp_path / "model"), "--train": str(squad_file), "--shared-norm": str(squad_file),
+             missing: str(tmp_path / "absent")}  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        bench.main([word for flag, path in given.items() for word in (flag, path)])
+    assert stopped.value.code == 2
+    kind = "folder" if missing == "--model" else "file"
+    assert f"error: {missing} {tmp_path / 'absent'}: no such {kind}" in capsys.readouterr().err
 
 
 def _fake_control(tmp_path: Path, servers: str = "4242", start_exit: int = 0) -> tuple[Path, Path]:
