@@ -53,6 +53,7 @@ from dilstore.reader.training.qa import (
     load_training_data,
 )
 from dilstore.runners.arg_types import non_negative_int, positive_int
+from dilstore.storage.errors import DilstoreError
 
 
 def computed_tokens(windows: Sequence[QAFeature], chunk: int) -> int:
@@ -113,7 +114,7 @@ def _wait_for(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="a reader (or base model) folder")
     parser.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 training JSON")
@@ -174,6 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"questions": args.questions, "layers": args.layers, "threads": args.threads,
                       "device": str(device), "group_length": args.group_length, "rows": rows}))  # fmt: skip
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """run(), with a DilstoreError (a missing --model, --train or --shared-norm, windows longer than the model's
+    positions) as one line and exit status 2, not a traceback (bench53 F15)."""
+    try:
+        return run(argv)
+    except DilstoreError as error:
+        print(f"bench_length_chunks: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -68,7 +69,7 @@ def replayed_scorer(record: list[list[Logits]], member: int) -> Callable[[QABatc
     return lambda batch: next(calls)[member]
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("members", nargs="+", type=Path, help="reader folders whose logits are averaged")
     parser.add_argument("--also", nargs="*", type=Path, default=[], help="reader folders scored alone beside them")
@@ -103,6 +104,16 @@ def main(argv: list[str] | None = None) -> int:
                       "scores": {name: {"em": score["exact_match"], "f1": score["f1"]}
                                  for name, score in scores.items()}}))  # fmt: skip
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """run(), with a DilstoreError (a missing reader or --data, readers of other vocabularies, windows longer than a
+    reader's positions) as one line and exit status 2, not a traceback (bench53 F15)."""
+    try:
+        return run(argv)
+    except DilstoreError as error:
+        print(f"ensemble_readers: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

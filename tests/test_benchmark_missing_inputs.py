@@ -33,3 +33,20 @@ def test_wiki_passages_names_a_missing_dump(tmp_path: Path, capsys: pytest.Captu
     with benchmark_module("wiki_passages") as bench:
         assert bench.main([str(missing)]) == 2
     assert capsys.readouterr() == ("", f"wiki_passages: error: corpus file not found: {missing}\n")
+
+
+def test_bench_length_chunks_and_ensemble_readers_name_what_they_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench53 F15: a missing model or data, or windows longer than the model's positions, were DilstoreError
+    tracebacks."""
+    from tests.fixtures.pipeline_fixtures import save_tiny_reader
+
+    missing = tmp_path / "no-model"
+    with benchmark_module("bench_length_chunks") as bench:
+        assert bench.main(["--model", str(missing), "--train", str(tmp_path / "train.json")]) == 2
+    assert capsys.readouterr().err.endswith(f"bench_length_chunks: error: model directory not found: {missing}\n")
+    reader = save_tiny_reader(tmp_path / "reader")
+    with benchmark_module("ensemble_readers") as bench:
+        assert bench.main([str(reader), "--data", str(tmp_path / "dev.json")]) == 2
+    assert capsys.readouterr().err.endswith(f"ensemble_readers: error: {tmp_path / 'dev.json'}: no such file\n")
