@@ -45,6 +45,7 @@ from transformers import (
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.runners.arg_types import positive_int
+from dilstore.runners.outputs import check_output_option
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SQUAD = ROOT.parent / "shared" / "data" / "squad" / "dev-v1.1.json"
@@ -323,6 +324,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--squad", type=Path, default=DEFAULT_SQUAD, help="SQuAD v1.1 dev JSON")
     parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON result here")
     arguments = parser.parse_args(argv)
+    check_output_option(parser, arguments.json_out, "--json-out")
     arguments.pairs_questions = arguments.pairs_questions or arguments.questions
     sizes = arguments.sizes.split(",")
     if unknown := [size for size in sizes if size not in SIZES]:

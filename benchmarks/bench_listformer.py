@@ -53,6 +53,7 @@ from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.cross_encoder import DOCUMENT_SEGMENT, CrossEncoderRanker
 from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
 from dilstore.runners.arg_types import non_negative_int, positive_int
+from dilstore.runners.outputs import check_output_option
 
 QUERY_TOKENS = 16
 LIST_LENGTHS = (10, 25, 50, 100)
@@ -247,6 +248,7 @@ def main() -> None:
                              "whole list in one block, as before blocks)")  # fmt: skip
     parser.add_argument("--memory-point", type=positive_int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    check_output_option(parser, args.json_out, "--json-out")
     listformer.LOCAL_BLOCK_KEYS = args.local_block_keys
     if args.memory_point is not None:
         print(json.dumps(memory_point(args.memory_point, args.doc_tokens, args.delayed_layers, args.threads)))

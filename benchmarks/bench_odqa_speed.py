@@ -60,6 +60,7 @@ from dilstore.reader.offline.encoding import encode_tokenized, tokenize_passage
 from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
 from dilstore.reader.text.tokenization import encode_question
 from dilstore.runners.arg_types import positive_int
+from dilstore.runners.outputs import check_output_option
 from dilstore.storage.finalize import finalize
 from dilstore.storage.reader import open_store
 from dilstore.storage.writer import write_shard
@@ -284,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="the shared data folder")
     parser.add_argument("--output", type=Path, default=Path("/tmp/bench-odqa-speed.json"))
     args = parser.parse_args(argv)
+    check_output_option(parser, args.output, "--output")
     torch.set_num_threads(args.threads)
     inputs = load_inputs(args.data, args.q, args.p)
     results = []

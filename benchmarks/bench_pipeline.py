@@ -49,6 +49,7 @@ from dilstore.reader.offline.encoding import (
 )
 from dilstore.runners import cli
 from dilstore.runners.arg_types import non_negative_int, positive_int
+from dilstore.runners.outputs import check_output_option
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSAGES = ROOT.parent / "shared" / "data" / "msmarco" / "passages.dl19-dl20-pool.jsonl"
@@ -124,6 +125,7 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=positive_int, default=8192)
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
+    check_output_option(parser, args.json_out, "--json-out")
     cpus = os.cpu_count() or 1
     policy = BatchPolicy(batch_tokens=args.batch_tokens)
     results: dict[str, object] = {

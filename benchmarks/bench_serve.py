@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test fixtures' ServeProcess, as `python benchmarks/bench_serve.py` runs it
 
 from dilstore.runners.arg_types import absolute_path, positive_int  # noqa: E402
+from dilstore.runners.outputs import check_output_option  # noqa: E402
 from dilstore.storage.errors import DilstoreError  # noqa: E402
 from tests.fixtures.serve_process import ServeProcess  # noqa: E402
 
@@ -80,7 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--overload-requests", type=positive_int, default=128)
     parser.add_argument("--cli-questions", type=positive_int, default=8)
     parser.add_argument("--json-out", type=Path, help="also write the JSON report here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_output_option(parser, args.json_out, "--json-out")
+    return args
 
 
 def load_questions(path: Path | None) -> tuple[list[str], str]:

@@ -48,6 +48,7 @@ from transformers import AutoModelForQuestionAnswering, BertConfig
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.runners.arg_types import positive_int
+from dilstore.runners.outputs import check_output_option
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.info import store_info
@@ -329,7 +330,9 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/dilstore-bench-store"))
     parser.add_argument("--threads", type=positive_int, help="torch threads for the online layers (default: torch's)")
     parser.add_argument("--json-out", type=Path, default=Path("/tmp/bench-store.json"))
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_output_option(parser, args.json_out, "--json-out")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,6 +3,7 @@ not there."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Sequence
@@ -104,6 +105,17 @@ def check_output_file(
     for given in inputs:
         if given.exists() and output.resolve() == given.resolve():
             raise DilstoreError(f"{flag} {output} is the input file {given}; write it elsewhere")
+
+
+def check_output_option(parser: argparse.ArgumentParser, output: str | Path | None, flag: str) -> None:
+    """check_output_file for a script that writes its result at the end: a usage error (exit 2) before the run, not
+    a traceback after it (bench53 F16). Nothing to check where the option was not given."""
+    if output is None:
+        return
+    try:
+        check_output_file(Path(output), flag, [])
+    except DilstoreError as error:
+        parser.error(str(error))
 
 
 def check_output_folder(output: Path, flag: str) -> None:

@@ -6,6 +6,7 @@ is not there) ended in FileNotFoundError / DilstoreError tracebacks.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,35 @@ def test_bench_length_chunks_and_ensemble_readers_name_what_they_cannot_read(
     with benchmark_module("ensemble_readers") as bench:
         assert bench.main([str(reader), "--data", str(tmp_path / "dev.json")]) == 2
     assert capsys.readouterr().err.endswith(f"ensemble_readers: error: {tmp_path / 'dev.json'}: no such file\n")
+
+
+# (script, how it parses, its output option, tiny settings): main() or the parse function each script has.
+OUTPUT_CASES = [
+    ("bench_listformer", "argv", "--json-out", ["--documents", "2", "--doc-tokens", "8", "--repeats", "1",
+                                                "--no-memory", "--rankers", "listformer"]),
+    ("bench_serve", "parse_args", "--json-out", ["--store", "STORE"]),
+    ("bench_odqa_speed", "main", "--output", ["--q", "1", "--p", "1", "--measure-questions", "1", "--sizes", "minilm",
+                                              "--encodings", "fp16", "--threads", "1"]),
+    ("bench_dilbert", "parse_arguments", "--json-out", []),
+    ("bench_store", "parse_arguments", "--json-out", []),
+    ("bench_pipeline", "argv", "--json-out", ["--limit", "2", "--layers", "1"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("script", "entry", "flag", "tiny"), OUTPUT_CASES, ids=[case[0] for case in OUTPUT_CASES])
+def test_an_output_in_a_missing_folder_is_a_usage_error_before_the_run(
+    script: str, entry: str, flag: str, tiny: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench53 F16: these wrote --json-out/--output after the whole run (minutes to an hour at the sizes of
+    BENCHMARKS.md), so a path in a missing folder was a FileNotFoundError traceback at the end."""
+    output = tmp_path / "missing" / "result.json"
+    argv = [*tiny, flag, str(output)]
+    with benchmark_module(script) as bench, pytest.raises(SystemExit) as stopped:
+        if entry == "argv":
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(sys, "argv", [f"{script}.py", *argv])
+                bench.main()
+        else:
+            getattr(bench, entry)(argv)
+    assert stopped.value.code == 2
+    assert f"error: {flag} {output}: the folder {output.parent} does not exist" in capsys.readouterr().err
