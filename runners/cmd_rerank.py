@@ -169,9 +169,7 @@ def _rerank_resumably(
         except KeyboardInterrupt as interrupt:
             raise _stopped(interrupt, journal, len(first_stage)) from None
         except StoreReadError as error:
-            kept = sum(len(part["queries"]) for part in journal.parts.values())
-            raise failed_keeping(error, journal, f"{kept:,} of {len(first_stage):,} queries reranked" if kept else None
-                                 ) from None  # fmt: skip
+            raise failed_keeping(error, journal, _kept_words(journal, len(first_stage))) from None
         whole = {qid: kept.get(qid) or reranked[qid] for qid in first_stage if qid in kept or qid in reranked}
         write_run(args.output, whole, tag=args.tag or reranker.run_tag)
         journal.remove()
@@ -249,5 +247,10 @@ def _settings(args: argparse.Namespace, reranker: StoreReranker[Any], depth: int
 
 def _stopped(interrupt: KeyboardInterrupt, journal: Journal, total: int) -> StoppedBySignal:
     """The stop, saying how many queries' scores are kept for the same command to go on from."""
+    return stopped_keeping(interrupt, journal, _kept_words(journal, total))
+
+
+def _kept_words(journal: Journal, total: int) -> str | None:
+    """How many of `total` queries the journal's parts hold, in words; None when it holds none."""
     kept = sum(len(part["queries"]) for part in journal.parts.values())
-    return stopped_keeping(interrupt, journal, f"{kept:,} of {total:,} queries reranked" if kept else None)
+    return f"{kept:,} of {total:,} queries reranked" if kept else None

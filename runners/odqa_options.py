@@ -90,7 +90,6 @@ def open_odqa_reader(args: argparse.Namespace) -> OpenDomainReader:
     return reader
 
 
-
 def local_index(given: str | None) -> Path | None:
     """The folder `--index` gave (None without one), which must be local (`local_index_folder`)."""
     return None if given is None else local_index_folder(given, "--index ")
