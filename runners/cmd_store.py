@@ -8,7 +8,7 @@ import sys
 import threading
 from typing import Any
 
-from dilstore.storage.messages import listed
+from dilstore.storage.messages import counted, listed
 
 _SHOWN_UNTRACKED = 10
 
@@ -172,8 +172,9 @@ def format_report(report: dict[str, Any]) -> str:
     """The human-readable verify report."""
     lines = [
         f"store    {report['store']}",
-        f"checked  {report['files_checked']:,} files ({_size(report['bytes_checked'])}), {report['shards']:,} shards, "
-        f"{report['passages']:,} passages, {report['tokens']:,} tokens",
+        f"checked  {counted(report['files_checked'], 'file')} ({_size(report['bytes_checked'])}), "
+        f"{counted(report['shards'], 'shard')}, {counted(report['passages'], 'passage')}, "
+        f"{counted(report['tokens'], 'token')}",
     ]
     untracked = report["untracked"]
     if untracked:

@@ -1,4 +1,4 @@
-"""How a message names a few of many items, each cut to a readable width."""
+"""How a message names a few of many items, each cut to a readable width, and counts them."""
 
 from __future__ import annotations
 
@@ -13,6 +13,11 @@ def listed(items: Sequence[str], *, quoted: bool = True, limit: int = SHOWN, sep
     there are more: an error names a few of a long list and counts the rest."""
     shown = separator.join(cut(repr(item) if quoted else str(item)) for item in items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def counted(number: int, noun: str) -> str:
+    """`number` with thousands separators and `noun`, plural ("s") unless it is one: "1 shard", "1,024 shards"."""
+    return f"{number:,} {noun}" + ("" if number == 1 else "s")
 
 
 def cut(text: str) -> str:

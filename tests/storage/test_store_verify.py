@@ -22,7 +22,7 @@ from dilstore.storage.format import MANIFEST_FILE, TOKENS_PER_CHUNK
 from dilstore.storage.secrets import remember_secrets
 from dilstore.storage.verify import VerifyReport, verify_store
 from dilstore.storage.writer import write_shard
-from tests.fixtures.store_fixtures import build_store, random_shards
+from tests.fixtures.store_fixtures import build_store, passage, random_shards
 from tests.storage.test_store_append import resigned
 
 INFO_KEYS = {"passages", "tokens", "shards", "bytes_on_disk", "bytes_per_token", "encoding", "fingerprint"}
@@ -52,6 +52,14 @@ def test_a_sound_store_verifies_and_later_files_are_listed_not_failed(store, cap
     report = verify_store(store)
     assert report.ok and report.untracked == ["notes/README.txt"]
     assert report.files_checked == len(json.loads((store / MANIFEST_FILE).read_text())["files"])
+
+
+def test_the_report_counts_one_shard_and_one_passage_in_the_singular(tmp_path: Path, capsys) -> None:
+    """A one-passage store (an append's shard, say) was "1 shards, 1 passages" (docs54 L)."""
+    one = build_store(tmp_path / "one", [[passage("p0", 3, (5,), np.random.default_rng(0))]], encoding="int8")
+    assert main(["verify", str(one)]) == 0
+    checked = capsys.readouterr().out.splitlines()[1]
+    assert checked.startswith("checked  ") and checked.endswith(", 1 shard, 1 passage, 4 tokens"), checked
 
 
 def test_every_single_flipped_byte_is_caught(store) -> None:
