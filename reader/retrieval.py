@@ -372,8 +372,9 @@ def indexed_state(store: Manifest) -> dict[str, Any]:
 
 def require_index_files(index: Path, store_path: str | Path, *, given: bool, local_root: Path | None) -> None:
     """A DilstoreError unless `index` holds a Lucene index, saying what to do: wait for the `dilstore index` building
-    it (a live one holds the store's index lock; only for a store at `local_root`), or build it, or, for a folder
-    the user `given` (`--index DIR`), which `dilstore index` never writes, give the folder of one it built."""
+    it (a live one holds the store's index lock; only for a store at `local_root`), or build it (once a `dilstore
+    compact`, which holds the index lock and the write lock, is done), or, for a folder the user `given` (`--index
+    DIR`), which `dilstore index` never writes, give the folder of one it built."""
     if any(index.glob("segments_*")):
         refuse_special_index_files(index)
         return
@@ -381,6 +382,12 @@ def require_index_files(index: Path, store_path: str | Path, *, given: bool, loc
         raise DilstoreError(f"no Lucene index at {index}: give the folder of one `dilstore index` built (STORE/bm25, "
                             "or a copy of it)")  # fmt: skip
     indexer = None if local_root is None else writer_of(local_root, INDEX_ROLE)
+    if indexer is not None and local_root is not None and writer_of(local_root) == indexer:
+        # Both locks: a `dilstore compact`, which brings an index along only when one covers the store; none is
+        # there, so none will come. "being built ... wait for it" sent a server's clients waiting for good (conc54 F1).
+        raise DilstoreError(f"no Lucene index at {index}: the store is being compacted by pid {indexer} (`dilstore "
+                            f"compact`), which brings no index along where none covers the store; build it with "
+                            f"`dilstore index {store_path}` once that is done")  # fmt: skip
     if indexer is not None:
         raise DilstoreError(f"the index of {store_path} is being built by pid {indexer} (`dilstore index`): wait "
                             "for it")  # fmt: skip

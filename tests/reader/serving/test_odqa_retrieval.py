@@ -170,6 +170,21 @@ def test_a_store_whose_first_index_is_being_built_says_so(indexed: dict[str, Any
         open_reader(store, indexed["model"], index_dir=elsewhere)
 
 
+def test_a_store_without_an_index_under_a_compaction_says_to_build_one(indexed: dict[str, Any], tmp_path: Path) -> None:
+    """(conc54 F1) A compaction holds the store's index lock beside its write lock, and brings no index along where
+    none covers the store: `serve`, `ask` and `evaluate-qa` said "being built by pid N (`dilstore index`): wait for
+    it" of it, and a server that met the compacted store before the compaction let go of its locks kept saying so
+    after it had ended, while no index would ever come."""
+    from dilstore.storage.write_lock import WRITE_ROLE
+
+    store = shutil.copytree(indexed["store"], tmp_path / "store", ignore=shutil.ignore_patterns("bm25"))
+    with held_lock(store, WRITE_ROLE, INDEX_ROLE) as compaction, pytest.raises(DilstoreError) as refused:
+        open_reader(store, indexed["model"])
+    assert str(refused.value) == (f"no Lucene index at {store / 'bm25'}: the store is being compacted by pid "
+                                  f"{compaction} (`dilstore compact`), which brings no index along where none covers "
+                                  f"the store; build it with `dilstore index {store}` once that is done")
+
+
 def test_an_index_of_fewer_documents_than_the_store_is_refused(indexed: dict[str, Any], tmp_path: Path) -> None:
     """An index of some of the store's passages with the record of a whole one copied in passed every check: the
     others were never retrieved, and answers were silently worse (hostile47 F2). One built by hand, with no
