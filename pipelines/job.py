@@ -32,6 +32,8 @@ from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
 from dilstore.storage.replacement import building_dir
 
 
@@ -188,7 +190,8 @@ def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
     if store.is_dir() and any(store.iterdir()):
         found = read_spec(store)
         if found == spec or compacted_from(found, spec):
-            return (store / MANIFEST_FILE).is_file()
+            # --overwrite of a store that took appends since builds it again from these inputs alone (conc54 F2)
+            return (store / MANIFEST_FILE).is_file() and not (overwrite and changed_since_built(store, found))
         if found is None and not (store / MANIFEST_FILE).is_file():
             raise DilstoreError(
                 f"--output {store} is not empty and was not made by `dilstore precompute`; choose another folder"
@@ -286,8 +289,25 @@ def _taken_back(store: Path, *, remove_folder: bool) -> bool:
 
 
 def needs_replacement(store: Path, spec: dict[str, Any]) -> bool:
-    """True when `store` holds a dilstore store of another spec: what --overwrite replaces."""
-    return store.is_dir() and any(store.iterdir()) and read_spec(store) != spec
+    """True when `store` holds a dilstore store of another spec, or a finalized one of this spec that appends or a
+    compaction changed since it was built (`changed_since_built`): what --overwrite replaces."""
+    if not (store.is_dir() and any(store.iterdir())):
+        return False
+    found = read_spec(store)
+    return found != spec or ((store / MANIFEST_FILE).is_file() and changed_since_built(store, found))
+
+
+def changed_since_built(store: Path, found: dict[str, Any] | None) -> bool:
+    """Whether the finalized `store`, whose spec is `found`, is no longer what its build made: its manifest lists
+    appends, or `dilstore compact` rewrote it (its spec records that). `--overwrite` of such a store with its first
+    build's inputs said "already complete with these settings" and kept every appended passage, where README offers
+    it as the way to build a store again without them (conc54 F2)."""
+    if isinstance(found, dict) and "compacted" in found:
+        return True
+    try:
+        return bool(read_manifest(StoreLocation.parse(store)).appends)
+    except DilstoreError:  # a manifest that does not read is no proof of appends: the store is taken as before
+        return False
 
 
 def check_replaceable(store: Path, inputs: list[str]) -> None:

@@ -609,6 +609,7 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
         quiet_beam_logging()  # before Beam's import logs its GCP notice
     from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.job import (
+        changed_since_built,
         check_replaceable,
         discard_other_replacement,
         needs_replacement,
@@ -627,6 +628,7 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
         runs_here,
         starts_local_workers,
     )
+    from dilstore.pipelines.spec_file import read_spec
     from dilstore.reader.offline.encoding import launched_models
     from dilstore.storage.replacement import finish_interrupted_swap, swap_in
     from dilstore.storage.write_lock import write_lock
@@ -653,6 +655,10 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
                 if prepare_store(store, spec, args.overwrite):
                     summary = {**read_summary(store), "store": job.store, "already_complete": True}  # where it is now
                     notice = f"{job.store} is already complete with these settings"
+                    if changed_since_built(store, read_spec(store)):
+                        notice += (" and has changed since (appends, or a compaction): the summary is its first "
+                                   "build's, `dilstore info` counts what it holds, and --overwrite builds it again "
+                                   "from these inputs alone")  # fmt: skip
                 elif args.overwrite and needs_replacement(store, spec):
                     check_replaceable(store, [task.path for task in job.inputs])
                     # A replacement refused before its job started (a foreign --codebook) left its folder behind; one

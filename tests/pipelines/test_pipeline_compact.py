@@ -264,6 +264,34 @@ def test_the_first_build_command_still_finds_the_compacted_store_complete(
     assert (store / MANIFEST_FILE).read_bytes() == manifest_bytes
 
 
+def test_overwrite_with_the_first_build_s_inputs_builds_an_appended_or_compacted_store_again(
+        model: Path, appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(conc54 F2) `precompute --overwrite` of an appended store (or one compacted since) with its first build's
+    inputs said "already complete with these settings", printed the first build's summary and kept every appended
+    and replacing passage, where README offers --overwrite as the way to build a store again without them. The
+    same command without --overwrite still finds it complete, and now says the store changed since."""
+    fresh = tmp_path / "fresh"
+    precompute(model, appended.parent / "a.jsonl", fresh)
+    expected = store_contents(fresh)
+    for compacted in (False, True):
+        store = tmp_path / f"store-{compacted}"
+        shutil.copytree(appended, store)
+        if compacted:
+            compact(capsys, str(store))
+        manifest_bytes = (store / MANIFEST_FILE).read_bytes()
+        capsys.readouterr()
+        precompute(model, appended.parent / "a.jsonl", store)
+        assert "has changed since (appends, or a compaction)" in capsys.readouterr().err
+        assert (store / MANIFEST_FILE).read_bytes() == manifest_bytes
+        precompute(model, appended.parent / "a.jsonl", store, "--overwrite")
+        assert "already complete" not in capsys.readouterr().err
+        assert read_manifest(StoreLocation.parse(store)).appends == () and "compacted" not in read_spec(store)
+        assert same_contents(store_contents(store), expected) and not building_dir(store).exists()
+        precompute(model, appended.parent / "a.jsonl", store, "--overwrite")  # now what these inputs build
+        err = capsys.readouterr().err
+        assert "is already complete with these settings\n" in err and "changed since" not in err
+
+
 def test_a_swap_a_kill_cut_short_is_finished_by_the_next_compact_or_append(
         model: Path, appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Killed between its two renames, a compaction left no STORE: `compact` and `precompute --append` said there
