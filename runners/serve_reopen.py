@@ -5,8 +5,9 @@ A Reopener holds the way the store was opened at start-up (the same checks, mode
 stamp of the files that change when the store or its index does: the manifest's and the index folder's
 entries (name, inode, size, modification time). The server's router (runners/serve_app.py) compares stamps at
 each check; a reopen that failed is tried again once the stamp moved on, or after a wait that doubles with each
-failure, so a store rebuilt by another model does not load a model at every check. A store at a URL has no stamp:
-it is reopened once its manifest names another build, at most once every RETRY_SECONDS.
+failure, so a store rebuilt by another model does not load a model at every check. A store at a URL is stamped by
+its local index folder alone: it is reopened when that changes, or once its manifest names another build, after
+RETRY_SECONDS (doubling with each failure as above).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from dilstore.storage.format import MANIFEST_FILE
 from dilstore.storage.location import StoreLocation
@@ -28,6 +29,13 @@ RETRY_SECONDS = 30.0  # the first wait before a failed reopen is tried again wit
 MAX_RETRY_DOUBLINGS = 6  # up to 64 times RETRY_SECONDS (32 minutes)
 
 Stamp = Hashable | None
+
+
+class RemoteStamp(NamedTuple):
+    """The stamp of a store at a URL: its local BM25 index folder's entries (None: no such folder; (): no index
+    given). Its own files are on a server, and only a read of its manifest says it was rebuilt."""
+
+    index: tuple[tuple[str, tuple[int, ...]], ...] | None
 
 
 @dataclass
@@ -49,15 +57,22 @@ class Reopener:
 
     def due(self, unavailable: bool) -> bool:
         """Whether to reopen the store now: a local store's files changed since the served copy was opened, and
-        since a reopen last failed or the wait after it passed; a store at a URL that is `unavailable` (its
-        manifest names another build), once the wait passed. The wait (RETRY_SECONDS, doubling with each failure)
-        lets a store copied into place file by file (a reopen halfway failed, and the manifest, copied first,
-        never changed again) be served, without loading a model at every check for a store of another model."""
+        since a reopen last failed or the wait after it passed; a store at a URL whose local index folder changed
+        so, or that is `unavailable` (its manifest names another build), once the wait passed. The wait
+        (RETRY_SECONDS, doubling with each failure) lets a store copied into place file by file (a reopen halfway
+        failed, and the manifest, copied first, never changed again) be served, without loading a model at every
+        check for a store of another model."""
         now = self.stamp()
         waited = time.monotonic() - self.tried_at >= retry_wait(self.failures)
         if now is None:
             return unavailable and waited
-        return now != self.opened and (now != self.failed or waited)
+        changed = now != self.opened and (now != self.failed or waited)
+        if isinstance(now, RemoteStamp):
+            # Its --index folder is local and stamped: an index put there for a rebuilt store (or an append) is
+            # opened at the next check. It was not looked at, and a store whose reopens had failed for want of it
+            # waited up to 32 minutes after it was there (conc54 F3).
+            return changed or (unavailable and waited)
+        return changed
 
     def succeeded(self, stamp: Stamp) -> None:
         """Record that the copy opened at `stamp` is now served."""
@@ -78,13 +93,13 @@ def retry_wait(failures: int) -> float:
 
 def files_stamp(store_path: str, index_dir: Path | None) -> Stamp:
     """What changes when a local store is appended to, compacted or rebuilt, or its index rebuilt: the manifest's
-    identity and the index folder's entries; None for a store at a URL (nothing local to look at).
+    identity and the index folder's entries; for a store at a URL, its local index folder's alone (a RemoteStamp).
 
     A few stats, cheap enough for every check of a running server.
     """
     root = StoreLocation.parse(store_path).local_root
     if root is None:
-        return None
+        return RemoteStamp(_entries(index_dir) if index_dir is not None else ())
     return _identity(root / MANIFEST_FILE), _entries(index_dir) if index_dir is not None else ()
 
 

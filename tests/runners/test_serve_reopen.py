@@ -8,6 +8,7 @@ The stores are tiny EARL stores opened as the command opens them (`open_served_s
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import time
@@ -197,6 +198,41 @@ def test_a_store_at_a_url_is_reopened_at_most_every_retry_interval(monkeypatch: 
     assert not reopener.due(unavailable=False)
     monkeypatch.setattr(serve_reopen, "RETRY_SECONDS", 0.0)
     assert reopener.due(unavailable=True) and not reopener.due(unavailable=False)
+
+
+def test_a_store_at_a_url_is_reopened_once_its_local_index_changes(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """(conc54 F3) A store at a URL had no stamp at all, its local `--index` folder included: after the store was
+    rebuilt on its server, every reopen failed on the old build's index, and once the right index was put in the
+    folder the server waited for the next doubled retry (up to 32 minutes), 503 all along; an index rebuilt for an
+    append to the store on its server was never looked at."""
+    clock = [1000.0]
+    monkeypatch.setattr(serve_reopen.time, "monotonic", lambda: clock[0])
+    index = tmp_path / "bm25"
+    index.mkdir()
+    (index / "segments_1").write_bytes(b"old build")
+    stamp = functools.partial(serve_reopen.files_stamp, "http://127.0.0.1:9/store", index)
+    reopener = Reopener(open=lambda served: None, stamp=stamp, opened=stamp(),  # type: ignore[arg-type, return-value]
+                        tried_at=clock[0])
+    clock[0] += serve_reopen.RETRY_SECONDS
+    assert not reopener.due(unavailable=False) and reopener.due(unavailable=True), "found rebuilt on its server"
+    for _ in range(4):  # each reopen failed on the old build's index
+        reopener.gave_up(stamp())
+    clock[0] += serve_reopen.RETRY_SECONDS
+    assert not reopener.due(unavailable=True), "nothing changed here: the doubled wait holds"
+    shutil.rmtree(index)
+    index.mkdir()
+    (index / "segments_2").write_bytes(b"the rebuilt store's index")
+    assert reopener.due(unavailable=True), "the index for the rebuilt store is in place: opened at the next check"
+    reopener.succeeded(stamp())
+    assert not reopener.due(unavailable=False)
+    (index / "segments_3").write_bytes(b"rebuilt for an append on the server")
+    assert reopener.due(unavailable=False)
+    earl = functools.partial(serve_reopen.files_stamp, "http://127.0.0.1:9/earl", None)  # no index: a rerank store
+    unindexed = Reopener(open=lambda served: None, stamp=earl, opened=earl(), tried_at=clock[0])  # type: ignore
+    assert not unindexed.due(unavailable=True), "opened just now"
+    clock[0] += serve_reopen.RETRY_SECONDS
+    assert unindexed.due(unavailable=True) and not unindexed.due(unavailable=False)
 
 
 def test_a_failed_reopen_of_unchanged_files_waits_longer_after_each_failure(monkeypatch: pytest.MonkeyPatch) -> None:
