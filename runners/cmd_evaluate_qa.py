@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.collector import loading_for_good
 from dilstore.runners.inputs import require_file
-from dilstore.runners.journal import Journal, failed_keeping, stopped_keeping, store_build
+from dilstore.runners.journal import (
+    COMPACTED,
+    Journal,
+    compacted_builds,
+    compacted_under,
+    failed_keeping,
+    stopped_keeping,
+    store_build,
+)
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.quiet import add_verbose_argument
@@ -22,7 +30,7 @@ from dilstore.runners.reading_options import add_subset_arguments, apply_threads
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import StoppedBySignal
-from dilstore.storage.format import StoreReadError
+from dilstore.storage.format import StoreChangedError, StoreReadError
 from dilstore.storage.write_lock import refuse_if_locked
 
 if TYPE_CHECKING:
@@ -87,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
         odqa = open_odqa_reader(args)
     size = args.question_batch * math.ceil(PART_QUESTIONS / args.question_batch)
     parts = [questions[first : first + size] for first in range(0, len(questions), size)]
-    journaled = (Journal(args.predictions, _settings(args, odqa, seed, size), check=QAEvaluation.from_record)
+    settings = _settings(args, odqa, seed, size)
+    compacted = [{**settings, **build} for build in compacted_builds(args.store, odqa.store.manifest)]
+    journaled = (Journal(args.predictions, settings, check=QAEvaluation.from_record, also=compacted)
                  if args.predictions else None)  # fmt: skip
     with journaled or contextlib.nullcontext() as journal:
         kept = journal.parts if journal is not None else {}
@@ -113,6 +123,12 @@ def run(args: argparse.Namespace) -> int:
         except StoreReadError as error:
             done = sum(evaluation.questions for evaluation in evaluations)
             raise failed_keeping(error, journal, f"{done:,} of {len(questions):,} questions done" if done else None
+                                 ) from None  # fmt: skip
+        except StoreChangedError as error:  # a compacted store serves what the journal's parts read (conc54 F4)
+            done = sum(evaluation.questions for evaluation in evaluations)
+            if not (done and compacted_under(args.store, odqa.store.manifest)):
+                raise
+            raise failed_keeping(error, journal, f"{done:,} of {len(questions):,} questions done", COMPACTED
                                  ) from None  # fmt: skip
         evaluation = merged_evaluation(evaluations, questions)
         # The scores first: a predictions file that could not be written took them along (longrun45 F9); the

@@ -12,13 +12,21 @@ from typing import TYPE_CHECKING, Any
 from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.collector import loading_for_good
 from dilstore.runners.inputs import require_file
-from dilstore.runners.journal import Journal, failed_keeping, stopped_keeping, store_build
+from dilstore.runners.journal import (
+    COMPACTED,
+    Journal,
+    compacted_builds,
+    compacted_under,
+    failed_keeping,
+    stopped_keeping,
+    store_build,
+)
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
-from dilstore.storage.format import StoreReadError
+from dilstore.storage.format import StoreChangedError, StoreReadError
 from dilstore.storage.messages import listed
 from dilstore.storage.write_lock import refuse_if_locked
 
@@ -153,7 +161,9 @@ def _rerank_resumably(
     from dilstore.reader.data.trec import write_run
     from dilstore.reader.serving.rerank import RerankStats
 
-    with Journal(args.output, _settings(args, reranker, depth), check=_checked_part) as journal:
+    settings = _settings(args, reranker, depth)
+    compacted = [{**settings, **build} for build in compacted_builds(args.store, reranker.store.manifest)]
+    with Journal(args.output, settings, check=_checked_part, also=compacted) as journal:
         kept: Run = {qid: scores for part in journal.parts.values() for qid, scores in part["run"].items()}
         done = [qid for part in journal.parts.values() for qid in part["queries"]]
         earlier = RerankStats.from_dict(journal.parts[len(journal.parts) - 1]["stats"]) if journal.parts else None
@@ -170,6 +180,11 @@ def _rerank_resumably(
             raise _stopped(interrupt, journal, len(first_stage)) from None
         except StoreReadError as error:
             raise failed_keeping(error, journal, _kept_words(journal, len(first_stage))) from None
+        except StoreChangedError as error:  # a compacted store serves what the journal's parts read (conc54 F4)
+            kept_words = _kept_words(journal, len(first_stage))
+            if not (kept_words and compacted_under(args.store, reranker.store.manifest)):
+                raise
+            raise failed_keeping(error, journal, kept_words, COMPACTED) from None
         whole = {qid: kept.get(qid) or reranked[qid] for qid in first_stage if qid in kept or qid in reranked}
         write_run(args.output, whole, tag=args.tag or reranker.run_tag)
         journal.remove()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
-from dilstore.storage.format import StoreReadError
 from dilstore.storage.write_lock import write_lock
 
 if TYPE_CHECKING:
@@ -39,6 +38,39 @@ def store_build(manifest: Manifest) -> dict[str, Any]:
     """What a journal records of the store a run reads: its build and its appends' (a part read from another
     state of the store is not this run's)."""
     return {"generation": manifest.generation, "appends": [record.get("generation") for record in manifest.appends]}
+
+
+def compacted_builds(store: str | Path, manifest: Manifest) -> list[dict[str, Any]]:
+    """The build the store at `store` (its manifest now: `manifest`) was compacted from, as `store_build` gives it,
+    when its spec records one and no append came since: `dilstore compact` copies the states, so the compacted
+    store serves what that build did, and a journal kept while reading it is this run's too. A compaction under a
+    run ended it ("open it again"), and the same command then started every question or query anew (conc54 F4)."""
+    from dilstore.storage.format import SPEC_FILE
+    from dilstore.storage.location import StoreLocation
+
+    root = StoreLocation.parse(str(store)).local_root
+    if root is None or manifest.appends:
+        return []
+    try:
+        record = json.loads((root / SPEC_FILE).read_text(encoding="utf-8")).get("compacted")
+    except (OSError, ValueError, AttributeError):  # no spec, or not one dilstore wrote
+        return []
+    if not isinstance(record, dict) or record.get("generation") in (None, manifest.generation):
+        return []
+    return [{"generation": record.get("generation"), "appends": record.get("appends")}]
+
+
+def compacted_under(store: str | Path, read: Manifest) -> bool:
+    """Whether the store at `store` is now a compaction of the build `read` (the manifest a run opened), which
+    serves what that build did (`compacted_builds`); False when its manifest cannot be read now."""
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
+
+    try:
+        now = read_manifest(StoreLocation.parse(str(store)))
+    except DilstoreError:
+        return False
+    return store_build(read) in compacted_builds(store, now)
 
 
 def journal_path(output: Path) -> Path:
@@ -57,27 +89,36 @@ def stopped_keeping(interrupt: KeyboardInterrupt, journal: Journal | None, kept:
                            "them", number)  # fmt: skip
 
 
-def failed_keeping(error: StoreReadError, journal: Journal | None, kept: str | None) -> DilstoreError:
+def failed_keeping(error: DilstoreError, journal: Journal | None, kept: str | None, why: str = "") -> DilstoreError:
     """The error a run that keeps its parts ends in when a read of its store fails in transit (a server that went
-    away): the read's words and, when `kept` names what the journal holds, where it is and that the same command goes
-    on from it, as a stop by a signal says (`stopped_keeping`). It said only "try again", not that the parts done were
-    kept (multi53 F6)."""
+    away), or meets the store compacted under it: the error's words, `why` the parts stay good, and, when `kept`
+    names what the journal holds, where it is and that the same command goes on from it, as a stop by a signal says
+    (`stopped_keeping`). It said only "try again" (multi53 F6), or "open it again" (conc54 F4), not that the parts
+    done were kept."""
     if journal is None or kept is None:
         return error
-    return StoreReadError(f"{error}; {kept} are kept in {journal.path}: run the same command again to go on from them")
+    return type(error)(f"{error}; {why}{kept} are kept in {journal.path}: run the same command again to go on from "
+                       "them")  # fmt: skip
+
+
+COMPACTED = "the store was compacted, which serves the same passages: "  # `failed_keeping`'s why for a compaction
 
 
 class Journal:
     """The finished parts of one run (`parts`: part number -> its record, read as the block starts), and where the
     next ones are added."""
 
-    def __init__(self, output: Path, settings: dict[str, Any], check: Callable[[Any], object] | None = None) -> None:
+    def __init__(self, output: Path, settings: dict[str, Any], check: Callable[[Any], object] | None = None,
+                 also: Sequence[dict[str, Any]] = ()) -> None:  # fmt: skip
         """`check(record)` raises KeyError, TypeError or ValueError for a record the caller cannot use (a file
         edited by hand, or another version's under the same format tag): reading stops there, as at a line a kill
-        cut short, where a KeyError traceback ended the resumed run (qa48 L1)."""
+        cut short, where a KeyError traceback ended the resumed run (qa48 L1). `also`: earlier settings whose parts
+        are this run's too (those of the build a store was compacted from); a journal of them is taken, and written
+        again under `settings`."""
         self.output, self.path = output, journal_path(output)
         self._check = check
         self._header = {"journal": JOURNAL_FORMAT, "settings": settings}
+        self._accepted = [self._header, *({"journal": JOURNAL_FORMAT, "settings": earlier} for earlier in also)]
         self.parts: dict[int, Any] = {}
         self._resumed = False  # whether the file holds this run's header (and the parts read back)
         self._stream: TextIO | None = None
@@ -107,7 +148,7 @@ class Journal:
         unreadable, or it was written with other settings."""
         try:
             lines = self.path.read_text(encoding="utf-8").splitlines()
-            if not lines or json.loads(lines[0]) != self._header:
+            if not lines or json.loads(lines[0]) not in self._accepted:
                 return None
         except (OSError, UnicodeError, ValueError):
             return None

@@ -459,3 +459,44 @@ def test_an_evaluate_qa_ended_by_a_failed_read_says_which_questions_it_kept(
         "dilstore evaluate-qa: error: reading http://h/s/shards/x failed: reset; try again; 4 of 7 questions done "
         f"are kept in {journal}: run the same command again to go on from them\n"
     )
+
+
+def test_an_evaluate_qa_ended_by_a_compaction_goes_on_from_its_parts_over_the_compacted_store(
+    odqa: OpenDomainReader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(conc54 F4) `dilstore compact` under a running evaluate-qa --predictions ended it with "open it again", not a
+    word of the questions kept, and the same command then read every question anew: the journal named the old
+    build, though the compacted store serves the same states. It now says what is kept and goes on from it."""
+    import shutil
+
+    import dilstore
+    from dilstore.reader.evaluation import open_domain
+    from dilstore.runners import cli, cmd_evaluate_qa
+
+    local = shutil.copytree(odqa.store.url, tmp_path / "store")
+    # A build of its own: the store was written by hand, with none.
+    assert not dilstore.compact(local, shards=2, no_progress=True)["already_compact"]
+    reader = OpenDomainReader(odqa.model, open_store(local), odqa.searcher, OdqaSettings())
+    reader.store.check_files = True  # as the command opens it
+    run = stoppable_evaluate_qa(reader, tmp_path, monkeypatch)
+    counted = open_domain.evaluate_questions
+
+    def compacted_in_the_third(*args: object, **kwargs: object) -> object:
+        if len(run.calls) == 2:
+            assert not dilstore.compact(local, shards=1, no_progress=True)["already_compact"]
+        return counted(*args, **kwargs)
+
+    monkeypatch.setattr(open_domain, "evaluate_questions", compacted_in_the_third)
+    command = ["evaluate-qa", str(local), "--questions", str(run.questions), "--question-batch", "1", "--json",
+               "--predictions", str(tmp_path / "p.json"), "--top-p", "2"]  # fmt: skip
+    capsys.readouterr()
+    assert cli.main(command) == 2
+    journal = tmp_path / ".p.json.dilstore-partial"
+    assert capsys.readouterr().err.endswith(
+        f"; the store was compacted, which serves the same passages: 4 of 7 questions done are kept in {journal}: run "
+        "the same command again to go on from them\n")  # fmt: skip
+    compacted = OpenDomainReader(odqa.model, open_store(local), odqa.searcher, OdqaSettings())
+    monkeypatch.setattr(cmd_evaluate_qa, "open_odqa_reader", lambda args: compacted)
+    run.calls[:] = []
+    assert cli.main(command) == 0
+    assert json.loads(capsys.readouterr().out)["resumed_questions"] == 4 and run.calls == [2, 1]

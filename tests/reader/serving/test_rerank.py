@@ -574,6 +574,46 @@ def test_cli_stops_naming_a_store_rebuilt_under_the_run(
     assert not (tmp_path / "inputs" / "out.trec").exists()
 
 
+def test_a_rerank_ended_by_a_compaction_goes_on_from_its_journal_over_the_compacted_store(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """(conc54 F4) `dilstore compact` under a running rerank ended it with "open it again", not a word of the queries
+    kept, and the same command then reranked every query anew: the journal named the old build, though the compacted
+    store serves the same states. It now says what is kept, and goes on from it to the run an unstopped one writes."""
+    import shutil
+
+    import dilstore
+    from dilstore.runners import cmd_rerank
+
+    monkeypatch.setattr(cmd_rerank, "PART_QUERIES", 1)
+    local = shutil.copytree(store("earl-s1"), tmp_path / "store")
+    dilstore.compact(local, shards=1, no_progress=True)  # a build of its own (written by hand, the store has none)
+    common = ["--model", model_dir, "--depth", 4, "--json", "--threads", 1]
+    status, whole, err = cli(capsys, local, *write_inputs(tmp_path / "whole", FIRST_STAGE), *common)
+    assert status == 0, err
+    real, calls = EarlReranker.rerank_tokenized, []
+
+    def compacted_at_the_third(self: EarlReranker, *args: object, **kwargs: object) -> dict[str, float]:
+        calls.append(1)
+        if len(calls) == 3:
+            assert not dilstore.compact(local, shards=2, no_progress=True)["already_compact"]
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(EarlReranker, "rerank_tokenized", compacted_at_the_third)
+    arguments = write_inputs(tmp_path / "stopped", FIRST_STAGE)
+    status, _, err = cli(capsys, local, *arguments, *common)
+    journal = tmp_path / "stopped" / ".out.trec.dilstore-partial"
+    assert status == 2 and journal.exists(), err
+    assert err.endswith(f"; the store was compacted, which serves the same passages: 2 of 3 queries reranked are kept "
+                        f"in {journal}: run the same command again to go on from them\n")  # fmt: skip
+    calls[:] = []
+    status, resumed, err = cli(capsys, local, *arguments, *common)
+    assert status == 0 and calls == [1] and not journal.exists(), err
+    assert json.loads(resumed)["resumed_queries"] == 2
+    assert (tmp_path / "stopped" / "out.trec").read_text() == (tmp_path / "whole" / "out.trec").read_text()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_cli_reranks_a_store_at_an_http_url_like_the_local_path(
     kind: str, store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
