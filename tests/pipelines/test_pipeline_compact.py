@@ -26,6 +26,7 @@ from dilstore.reader.retrieval import INDEX_RECORD, check_index_covers, indexed_
 from dilstore.runners import cli
 from dilstore.storage import write_lock as write_lock_module
 from dilstore.storage.collection import collection_dir
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
@@ -151,6 +152,37 @@ def test_output_leaves_the_store_as_it_was_and_brings_an_index_only_when_it_cove
     stale = compact(capsys, str(source), "--output", str(tmp_path / "stale"))
     assert stale["bm25_index"] == "stale" and not (tmp_path / "stale" / "bm25").exists()
 
+
+
+def test_an_index_given_elsewhere_of_the_build_a_store_was_compacted_from_covers_it(
+        model: Path, appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(conc54 F5) Compaction moves STORE/bm25's record on to the new build, but an index given elsewhere (`--index
+    DIR`, as every store at a URL needs) kept the appended store's record: serve, ask and evaluate-qa refused it as
+    "built for another store", and a served store compacted on its web server stayed unavailable until an index was
+    copied, though its live passages are the same. One appended to since is still refused, and so is another
+    build's."""
+    from tests.fixtures.http_store import serve_directory
+
+    store = tmp_path / "store"
+    shutil.copytree(appended, store)
+    index = tmp_path / "elsewhere"
+    index.mkdir()
+    (index / INDEX_RECORD).write_text(json.dumps(indexed_state(read_manifest(StoreLocation.parse(store)))),
+                                      encoding="utf-8")  # fmt: skip
+    compact(capsys, str(store))
+    compacted = read_manifest(StoreLocation.parse(store))
+    check_index_covers(index, compacted, store)
+    with serve_directory(tmp_path) as server:
+        check_index_covers(index, compacted, f"{server.url}/store")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / INDEX_RECORD).write_text(json.dumps({**indexed_state(compacted), "generation": "0123456789abcdef"}),
+                                      encoding="utf-8")  # fmt: skip
+    with pytest.raises(DilstoreError, match="was built for another store"):
+        check_index_covers(other, compacted, store)
+    precompute(model, write_jsonl(tmp_path / "c.jsonl", DOCUMENTS[9:]), store, "--append")
+    with pytest.raises(DilstoreError, match=f"^the BM25 index at {index} was built for another store"):
+        check_index_covers(index, read_manifest(StoreLocation.parse(store)), store)
 
 
 def test_an_index_folder_whose_record_matches_but_that_holds_no_index_is_not_carried(
