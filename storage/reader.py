@@ -205,8 +205,9 @@ class Store:
 
     def check_unchanged(self) -> None:
         """A StoreChangedError when this local store was moved or deleted, or a file it has mapped or opened (its id
-        index, every open shard) changed since it was found; or when a store at a URL is now another build (its
-        manifest read again: a manifest that cannot be read now says nothing). A stat per file, or one request, for
+        index, every open shard) changed since it was found, or its manifest changed and names another build; or
+        when a store at a URL is now another build (its manifest read again: a manifest that cannot be read now says
+        nothing). A stat per file, or one request, for
         a server's health check: a store replaced under an idle server was found out only by the next request."""
         root = self.location.local_root
         if root is None:
@@ -215,6 +216,10 @@ class Store:
         with self._lock:
             readers = list(self._shards.values())
         self._check_files(root, readers)
+        # Another build in the folder: the files this reader mapped may all be deleted (an append deletes the id
+        # index it replaces, a compaction the rest), which `_check_files` takes for unchanged, and a server said
+        # /health 200 and "its files are back" while its requests to a shard not opened yet got 503 (conc54 F6).
+        self._refuse_if_replaced()
 
     def _check_watched_files(self, passage_ids: Sequence[str], index: IdIndex) -> None:
         """With `check_files`, on a local store, before a lookup reads them: the id index's mapped files and the

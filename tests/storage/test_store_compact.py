@@ -259,6 +259,29 @@ def test_a_reader_opened_before_a_compaction_swapped_in_is_told_the_store_was_re
     reader.close()
 
 
+def test_a_check_finds_a_store_rebuilt_though_every_file_the_reader_had_mapped_was_deleted(tmp_path: Path) -> None:
+    """(conc54 F6) A server's copy of an appended store maps its id index under the append's folder; a later append
+    deletes that folder and a compaction replaces the rest. Every file it had mapped was then gone, which a check
+    takes for unchanged (the maps hold them whole), so `dilstore serve` said /health 200, "available again: its
+    files are back as it was opened", while each request to a shard it had not opened got 503, and back."""
+    from dilstore.storage.reader import StoreChangedError
+    from dilstore.storage.replacement import building_dir, swap_in
+
+    source = appended_store(tmp_path / "store", [records(["a", "b"], 1)], records(["c"], 2), encoding="fp32")
+    reader = open_store(source, check_files=True)
+    assert reader.manifest.index.startswith("appends/")
+    later = "b1c2d3e4f5061728"
+    write_shard(source / append_dir(later), first_free_shard(read_manifest(StoreLocation.parse(source))),
+                records(["d"], 3), kind="dilbert", encoding="fp32", durable=False, generation=later)  # fmt: skip
+    commit_append(source, later, fingerprint_for("dilbert", "fp32"))
+    reader.check_unchanged()  # an append: the same build, read as it was opened
+    compact(source, building_dir(source), 1)
+    swap_in(source, building_dir(source))
+    with pytest.raises(StoreChangedError, match=f"the store at {source} was rebuilt .*: open it again"):
+        reader.check_unchanged()
+    reader.close()
+
+
 @pytest.mark.parametrize("compressor", ["zstd", "blosc"])
 def test_a_compressed_store_read_by_path_is_told_it_was_rebuilt_even_in_a_shard_it_has_open(
         compressor: str, tmp_path: Path) -> None:
