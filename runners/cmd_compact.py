@@ -79,6 +79,7 @@ def run_command(args: argparse.Namespace) -> int:
 def compact_command(args: argparse.Namespace) -> dict[str, Any]:
     """Compact STORE in place or into --output (the command's parsed `args`); the summary `--json` prints."""
     from dilstore.pipelines.sharding import MAX_DEFAULT_SHARDS
+    from dilstore.storage.durability import remove_path
     from dilstore.storage.format import MANIFEST_FILE
     from dilstore.storage.replacement import finish_interrupted_swap, swap_in
     from dilstore.storage.write_lock import INDEX_ROLE, write_lock
@@ -95,6 +96,10 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
                 locks.enter_context(write_lock(store))
                 locks.enter_context(write_lock(store, INDEX_ROLE, doing="indexed"))
                 finish_interrupted_swap(store)  # a compaction or overwrite killed between its renames
+            if output is not None:
+                locks.enter_context(write_lock(output))  # no other compaction writes (or clears) --output meanwhile
+                if stopped_compaction(output):
+                    remove_path(output)  # what a compaction into it that was killed left: it starts over
             if not (store / MANIFEST_FILE).is_file():
                 raise DilstoreError(f"no finished store at {store} (no {MANIFEST_FILE}); give a folder `dilstore "
                                     "precompute` finished")  # fmt: skip
@@ -210,9 +215,23 @@ def _local_store(argument: str, *, in_place: bool) -> Path:
     return store
 
 
+def stopped_compaction(folder: Path) -> bool:
+    """Whether `folder` holds what a `compact --output` into it left when it was killed: the compacted spec it writes
+    first, and no manifest. The same command was refused ("exists and is not an empty folder"), and `info` called it
+    a precompute to run again (conc54 F7)."""
+    from dilstore.pipelines.spec_file import read_spec
+    from dilstore.storage.format import MANIFEST_FILE
+
+    try:
+        spec = read_spec(folder)
+    except DilstoreError:  # a spec that does not read is no compaction's to clear
+        return False
+    return isinstance(spec, dict) and "compacted" in spec and not os.path.lexists(folder / MANIFEST_FILE)
+
+
 def _output_folder(output: Path, store: Path) -> Path:
-    """--output as a folder to write the compacted store into: absent or empty, neither STORE nor inside it, nor
-    inside another store."""
+    """--output as a folder to write the compacted store into: absent, empty or what a stopped compaction left there
+    (`stopped_compaction`, cleared once its lock is held), neither STORE nor inside it, nor inside another store."""
     from dilstore.runners.outputs import refuse_store_inside_store
 
     here = Path.cwd().resolve()
@@ -221,7 +240,7 @@ def _output_folder(output: Path, store: Path) -> Path:
     if output.resolve() == store.resolve() or store.resolve() in output.resolve().parents:
         raise DilstoreError(f"--output {output} is STORE or inside it; give a folder elsewhere, or leave --output out "
                             "to compact STORE in place")  # fmt: skip
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+    if output.exists() and (not output.is_dir() or (any(output.iterdir()) and not stopped_compaction(output))):
         raise DilstoreError(f"--output {output} exists and is not an empty folder")
     refuse_store_inside_store(output, "--output", "the compacted store")
     return output

@@ -275,6 +275,15 @@ def _interrupted_swap(location: StoreLocation) -> str:
             "this store finishes it")
 
 
+def _compacted_spec(location: StoreLocation) -> bool:
+    """Whether the store folder at `location` holds the spec `dilstore compact` writes (a `compacted` record)."""
+    try:
+        spec = json.loads(location.read_bytes(SPEC_FILE, at_most=1 << 20))
+    except Exception:  # noqa: BLE001 - no spec, or one that does not read: not known to be a compaction's
+        return False
+    return isinstance(spec, dict) and "compacted" in spec
+
+
 def read_manifest(location: StoreLocation) -> Manifest:
     """The manifest of the store at `location`, or a clear error when it is missing or damaged."""
     where = location.path(MANIFEST_FILE)
@@ -287,7 +296,11 @@ def read_manifest(location: StoreLocation) -> Manifest:
         writer = None if location.local_root is None else writer_of(location.local_root)
         if writer is not None:  # a store still being written is not one that was never finalized
             raise StoreFormatError(f"the store at {location.url} is being written by pid {writer} (a `dilstore "
-                                   "precompute` not finished yet): wait for it")  # fmt: skip
+                                   "precompute` or `dilstore compact` not finished yet): wait for it")  # fmt: skip
+        if _compacted_spec(location):  # not a precompute, whose command goes on: a compaction starts over (conc54 F7)
+            raise StoreFormatError(f"{where} is missing: the store at {location.url} was never finalized (a `dilstore "
+                                   "compact --output` into it stopped before its end: the same command again starts "
+                                   "it over)")  # fmt: skip
         raise StoreFormatError(
             f"{where} is missing: the store at {location.url} was never finalized (a `dilstore precompute` killed "
             "before its end: the same command again goes on from the shards it finished), or its manifest was deleted"

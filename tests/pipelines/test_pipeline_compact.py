@@ -185,6 +185,27 @@ def test_an_index_given_elsewhere_of_the_build_a_store_was_compacted_from_covers
         check_index_covers(index, read_manifest(StoreLocation.parse(store)), store)
 
 
+def test_an_output_a_killed_compaction_left_is_named_as_such_and_the_same_command_starts_it_over(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(conc54 F7) A `compact --output DIR` killed before its end (kill -9, the OOM killer) left its spec and part of
+    the store in DIR: the same command was refused ("exists and is not an empty folder"), and `info` said a
+    `dilstore precompute` had been killed and that the same command would go on. A folder of anything else is
+    still refused."""
+    output = tmp_path / "copy"
+    compact(capsys, str(appended), "--output", str(output))
+    expected = store_contents(output)
+    (output / MANIFEST_FILE).unlink()  # what a kill before the compacted store was finalized leaves, spec first
+    assert cli.main(["info", str(output)]) == 2
+    assert "a `dilstore compact --output` into it stopped before its end" in capsys.readouterr().err
+    assert compact(capsys, str(appended), "--output", str(output))["passages"] == len(expected)
+    assert same_contents(store_contents(output), expected) and verify_store(output).ok
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine", encoding="utf-8")
+    assert cli.main(["compact", str(appended), "--output", str(busy)]) == 2
+    assert "exists and is not an empty folder" in capsys.readouterr().err and (busy / "notes.txt").exists()
+
+
 def test_an_index_folder_whose_record_matches_but_that_holds_no_index_is_not_carried(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

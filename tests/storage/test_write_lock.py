@@ -83,8 +83,8 @@ def test_a_store_being_written_is_named_so_not_never_finalized(tmp_path: Path) -
     assert writer_of(store) is None
     with held_lock(store) as holder:
         assert writer_of(store) == str(holder)
-        with pytest.raises(StoreFormatError, match=rf"is being written by pid {holder} \(a `dilstore precompute` "
-                                                   r"not finished yet\): wait for it$"):  # fmt: skip
+        with pytest.raises(StoreFormatError, match=rf"is being written by pid {holder} \(a `dilstore precompute` or "
+                                                   r"`dilstore compact` not finished yet\): wait for it$"):  # fmt: skip
             read_manifest(StoreLocation.parse(store))
     with pytest.raises(StoreFormatError, match="was never finalized"):
         read_manifest(StoreLocation.parse(store))
