@@ -34,6 +34,8 @@ from dilstore.storage.format import StoreChangedError, StoreReadError
 from dilstore.storage.write_lock import refuse_if_locked
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from dilstore.reader.evaluation.open_domain import QAEvaluation
     from dilstore.reader.serving.odqa import OpenDomainReader
 
@@ -121,15 +123,12 @@ def run(args: argparse.Namespace) -> int:
             raise _stopped(interrupt, journal, sum(evaluation.questions for evaluation in evaluations),
                            len(questions)) from None  # fmt: skip
         except StoreReadError as error:
-            done = sum(evaluation.questions for evaluation in evaluations)
-            raise failed_keeping(error, journal, f"{done:,} of {len(questions):,} questions done" if done else None
-                                 ) from None  # fmt: skip
+            raise failed_keeping(error, journal, _done_words(evaluations, len(questions))) from None
         except StoreChangedError as error:  # a compacted store serves what the journal's parts read (conc54 F4)
-            done = sum(evaluation.questions for evaluation in evaluations)
+            done = _done_words(evaluations, len(questions))
             if not (done and compacted_under(args.store, odqa.store.manifest)):
                 raise
-            raise failed_keeping(error, journal, f"{done:,} of {len(questions):,} questions done", COMPACTED
-                                 ) from None  # fmt: skip
+            raise failed_keeping(error, journal, done, COMPACTED) from None
         evaluation = merged_evaluation(evaluations, questions)
         # The scores first: a predictions file that could not be written took them along (longrun45 F9); the
         # journal then stays, and the same command writes the file from it.
@@ -182,4 +181,10 @@ def _stopped(interrupt: KeyboardInterrupt, journal: Journal | None, done: int, t
                                "(with --predictions FILE they are, and the same command goes on from them)",
                                interrupt_number(interrupt))  # fmt: skip
     return stopped_keeping(interrupt, journal, f"{done:,} of {total:,} questions done" if done else None)
+
+
+def _done_words(evaluations: Sequence[QAEvaluation], total: int) -> str | None:
+    """How many of `total` questions the finished parts `evaluations` hold, in words; None when they hold none."""
+    done = sum(evaluation.questions for evaluation in evaluations)
+    return f"{done:,} of {total:,} questions done" if done else None
 
