@@ -6,7 +6,11 @@ its folder over HTTP on 127.0.0.1 (tests/fixtures/http_store.py: Python's http.s
 ranges, counting every request), and fetches --fetch random ids through:
 
 - `local mmap`: the local path (memory maps; no requests);
-- `http ranged`: the store's URL, coalesced byte ranges (storage/ranged.py, the default for URLs);
+- `http ranged`: the store's URL, coalesced byte ranges (storage/ranged.py, the default for URLs),
+  each answer's ETag, Last-Modified and size checked against the file the shard opened (stale54 F1);
+- `http ranged unchecked`: the same reads through fsspec's own `cat_ranges`, no answer checked (the
+  byte-range path before stale54 F1), measured in the same run, in turns with `http ranged`
+  (which goes first alternates per repetition), for the cost of the check;
 - `http zarr`: the same URL through zarr-python (`read_path="zarr"`, what URLs used before).
 
 Per repetition (--repeats, each with new seeded ids), "cold" is `open_store` plus the first
@@ -27,7 +31,8 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -91,24 +96,61 @@ def store_name(args: argparse.Namespace) -> str:
     return f"store-{args.passages}p-{args.shards}s-d{args.dim}-seed{args.seed}"
 
 
+@contextmanager
+def answers_unchecked() -> Iterator[None]:
+    """The byte-range path as it read before stale54 F1: fsspec's `cat_ranges`, no answer's file version kept."""
+    from dilstore.storage import ranged
+
+    checked = ranged._http_cat_ranges
+    ranged._http_cat_ranges = lambda fs, paths, starts, stops: (fs.cat_ranges(paths, starts, stops, on_error="raise"),
+                                                                [])  # fmt: skip
+    try:
+        yield
+    finally:
+        ranged._http_cat_ranges = checked
+
+
 def measure(open_one: Callable[[], Store], id_sets: list[tuple[list[str], list[str]]],
             server: HttpServer | None) -> dict[str, Any]:  # fmt: skip
     """Medians over the repetitions of cold (open + first fetch) and warm (another fetch) seconds, requests, bytes."""
-    samples: dict[str, list[float]] = {key: [] for key in ("cold_s", "cold_requests", "cold_bytes",
-                                                           "warm_s", "warm_requests", "warm_bytes")}  # fmt: skip
+    samples: dict[str, list[float]] = {}
     for cold_ids, warm_ids in id_sets:
-        for phase, ids in (("cold", cold_ids), ("warm", warm_ids)):
-            if server is not None:
-                server.counter.reset()
-            started = time.perf_counter()
-            if phase == "cold":
-                store = open_one()
-            passages = store.fetch(ids)
-            np.concatenate([passage.states for passage in passages])  # copy: every state byte is really read
-            samples[f"{phase}_s"].append(time.perf_counter() - started)
-            samples[f"{phase}_requests"].append(server.requests if server is not None else 0)
-            samples[f"{phase}_bytes"].append(server.counter.bytes_sent if server is not None else 0)
+        for key, value in measure_once(open_one, cold_ids, warm_ids, server).items():
+            samples.setdefault(key, []).append(value)
     return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def measure_once(open_one: Callable[[], Store], cold_ids: list[str], warm_ids: list[str],
+                 server: HttpServer | None) -> dict[str, float]:  # fmt: skip
+    """One repetition of `measure`: its cold and warm seconds, requests and bytes."""
+    sample: dict[str, float] = {}
+    for phase, ids in (("cold", cold_ids), ("warm", warm_ids)):
+        if server is not None:
+            server.counter.reset()
+        started = time.perf_counter()
+        if phase == "cold":
+            store = open_one()
+        passages = store.fetch(ids)
+        np.concatenate([passage.states for passage in passages])  # copy: every state byte is really read
+        sample[f"{phase}_s"] = time.perf_counter() - started
+        sample[f"{phase}_requests"] = server.requests if server is not None else 0
+        sample[f"{phase}_bytes"] = server.counter.bytes_sent if server is not None else 0
+    return sample
+
+
+def measure_checked_and_unchecked(url: str, id_sets: list[tuple[list[str], list[str]]],
+                                  server: HttpServer) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """`measure` of the byte-range path with its answers unchecked and checked, the two taking turns within each
+    repetition (which goes first alternates), so that the machine's load weighs on both alike."""
+    samples: tuple[dict[str, list[float]], dict[str, list[float]]] = ({}, {})
+    for repetition, (cold_ids, warm_ids) in enumerate(id_sets):
+        for checked in (False, True) if repetition % 2 == 0 else (True, False):
+            with nullcontext() if checked else answers_unchecked():
+                sample = measure_once(lambda: open_store(url, read_path="ranged"), cold_ids, warm_ids, server)
+            for key, value in sample.items():
+                samples[checked].setdefault(key, []).append(value)
+    unchecked, checked_ = ({key: statistics.median(values) for key, values in side.items()} for side in samples)
+    return unchecked, checked_
 
 
 def main() -> None:
@@ -124,9 +166,10 @@ def main() -> None:
     for latency in args.latency_ms:
         with serve_directory(args.work, latency=latency / 1000) as server:
             url = f"{server.url}/{name}"
-            for read_path in ("ranged", "zarr"):
-                opened = measure(lambda read_path=read_path: open_store(url, read_path=read_path), id_sets, server)
-                rows.append({"path": f"http {read_path}", "latency_ms": latency, **opened})
+            unchecked, checked = measure_checked_and_unchecked(url, id_sets, server)
+            zarr_path = measure(lambda: open_store(url, read_path="zarr"), id_sets, server)
+            for label, opened in (("ranged unchecked", unchecked), ("ranged", checked), ("zarr", zarr_path)):
+                rows.append({"path": f"http {label}", "latency_ms": latency, **opened})
                 print(rows[-1], file=sys.stderr, flush=True)
     print(f"\nstore: {args.passages} passages, {args.shards} shards, d={args.dim} fp16, {store_bytes / 1e6:.1f} MB; "
           f"fetch {args.fetch} random ids; medians of {args.repeats}\n")  # fmt: skip

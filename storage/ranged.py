@@ -11,18 +11,31 @@ that overlap or lie within COALESCE_GAP bytes of each other, and asks the
 filesystem for all merged blocks at once (`cat_ranges`, concurrent on async
 filesystems such as HTTP and S3). Only the requested bytes, plus the small
 gaps merged over, are transferred; nothing is cached beyond the fetch.
+
+Over HTTP(S) each answer is also checked against the file the reader opened
+(`FileVersion`): a store rebuilt in place at its URL was read with the old
+build's offsets into the new files, other passages' bytes with nothing said,
+until the next manifest check up to 10 s later (stale54 F1). The ETag (or,
+without one, the Last-Modified) and the total size in Content-Range of every
+206 are compared with the first answer's for the same file, which the shard
+read when it opened, and the size with the one its layout gives: a change is
+a StoreChangedError at the read itself, without another request.
 """
 
 from __future__ import annotations
 
+import re
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import fsspec
 import numpy as np
+from fsspec.implementations.http import HTTPFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from dilstore.storage.format import StoreFormatError
+from dilstore.storage.format import StoreChangedError, StoreFormatError
 from dilstore.storage.mapped import ContiguousLayout
 from dilstore.storage.read_failures import read_failure, refuse_special_file, retry_delay, worth_retrying
 
@@ -32,6 +45,31 @@ from dilstore.storage.read_failures import read_failure, refuse_special_file, re
 COALESCE_GAP = 256 << 10
 
 ByteRange = tuple[str, int, int]  # (file path, first byte, byte after the last)
+_CONTENT_RANGE = re.compile(r"bytes\s+\d+-\d+/(\d+)\s*$")
+_PARTIAL_CONTENT = 206
+
+
+@dataclass(frozen=True)
+class FileVersion:
+    """Which version of a file an HTTP answer read, as far as it says: its ETag and Last-Modified headers and the
+    file's total size (a 206's Content-Range), each None when the answer did not send it."""
+
+    etag: str | None = None
+    modified: str | None = None
+    size: int | None = None
+
+    def change_from(self, opened: FileVersion) -> str | None:
+        """How this answer's file differs from the `opened` one, or None when nothing both answers sent differs.
+        The ETag decides where both have one (RFC 9110's weak comparison: a proxy that marks it weak,
+        `W/"..."`, changes no byte); else the Last-Modified where both have one; and the size."""
+        if self.etag is not None and opened.etag is not None:
+            if self.etag.removeprefix("W/") != opened.etag.removeprefix("W/"):
+                return f"ETag {opened.etag} when opened, now {self.etag}"
+        elif self.modified is not None and opened.modified is not None and self.modified != opened.modified:
+            return f"Last-Modified {opened.modified} when opened, now {self.modified}"
+        if self.size is not None and opened.size is not None and self.size != opened.size:
+            return f"{opened.size} bytes when opened, now {self.size}"
+        return None
 
 
 class RangedColumn:
@@ -41,6 +79,24 @@ class RangedColumn:
         self.fs = fs
         self.path = path
         self.layout = layout
+        self.opened: FileVersion | None = None  # what the first answer said of the file (`confirm`)
+        self._lock = threading.Lock()
+
+    def confirm(self, seen: FileVersion) -> None:
+        """Check an answer's `seen` version of the file against the first one's (kept when this is the first): a
+        StoreChangedError when they differ, the file replaced since the shard opened (stale54 F1: another build's
+        bytes read at the old offsets); a StoreFormatError when its size is not the one its layout gives."""
+        with self._lock:
+            if self.opened is None:
+                self.opened = seen
+            opened = self.opened
+        change = seen.change_from(opened)
+        if change is not None:
+            raise StoreChangedError(f"{self.path} was replaced after this reader opened it ({change}): the store "
+                                    "was rebuilt or its files copied over at its URL; open it again")  # fmt: skip
+        if seen.size is not None and seen.size != self.layout.file_size:
+            raise StoreFormatError(f"{self.path} is {seen.size} bytes, its metadata says {self.layout.file_size}; "
+                                   "run `dilstore verify`")  # fmt: skip
 
     @property
     def rows(self) -> int:
@@ -73,7 +129,9 @@ def read_row_ranges(
         for column, starts, stops in requests
         for start, stop in zip(starts.tolist(), stops.tolist(), strict=True)
     ]
-    raw = read_blocks(fs, [*(column.index_range() for column in stored), *ranges])
+    columns = {column.path: column for column in [*stored, *(column for column, _, _ in requests)]}
+    raw = read_blocks(fs, [*(column.index_range() for column in stored), *ranges],
+                      on_answer=lambda path, seen: columns[path].confirm(seen))  # fmt: skip
     for column, index in zip(stored, raw, strict=False):
         if not column.layout.index_is_contiguous(np.frombuffer(index, dtype="<u8")):
             raise StoreFormatError(f"{column.path}: shard index does not describe contiguous chunks")
@@ -88,9 +146,15 @@ def read_row_ranges(
 
 
 def read_blocks(
-    fs: fsspec.AbstractFileSystem, ranges: Sequence[ByteRange], gap: int = COALESCE_GAP
+    fs: fsspec.AbstractFileSystem,
+    ranges: Sequence[ByteRange],
+    gap: int = COALESCE_GAP,
+    on_answer: Callable[[str, FileVersion], None] | None = None,
 ) -> list[memoryview]:
     """The bytes of each range of files on `fs`, read as coalesced blocks in one `cat_ranges` call.
+
+    on_answer: called with each block's file and the version of it the answer read, before the bytes are used;
+    over HTTP(S) only (`_cat_ranges`), where each answer says it; other filesystems' reads give no versions.
 
     A block that comes back with other than the bytes asked for (a truncated
     file, or a server that ignores byte ranges and sends the whole file) and a
@@ -103,7 +167,9 @@ def read_blocks(
     fetched: dict[int, bytes] = {}
     if wanted:
         paths = [blocks[i][0] for i in wanted]
-        data = _cat_ranges(fs, paths, [blocks[i][1] for i in wanted], [blocks[i][2] for i in wanted])
+        data, versions = _cat_ranges(fs, paths, [blocks[i][1] for i in wanted], [blocks[i][2] for i in wanted])
+        for path, seen in zip(paths, versions, strict=False) if on_answer is not None else ():
+            on_answer(path, seen)
         fetched = dict(zip(wanted, data, strict=True))
     for index, data in fetched.items():
         path, start, stop = blocks[index]
@@ -123,16 +189,22 @@ def read_blocks(
     ]
 
 
-def _cat_ranges(fs: fsspec.AbstractFileSystem, paths: list[str], starts: list[int], stops: list[int]) -> list[bytes]:
+def _cat_ranges(
+    fs: fsspec.AbstractFileSystem, paths: list[str], starts: list[int], stops: list[int]
+) -> tuple[list[bytes], list[FileVersion]]:
     """`fs.cat_ranges` of the blocks, tried again (READ_ATTEMPTS in all) where a remote read failed in transit; a
-    missing file is a StoreFormatError, a failure that stays a StoreReadError (or, local, a StoreFormatError)."""
+    missing file is a StoreFormatError, a failure that stays a StoreReadError (or, local, a StoreFormatError).
+    Over HTTP(S) the same requests are sent by `_http_cat_ranges`, which also gives what each answer said of its
+    file; elsewhere the versions are empty."""
     local = isinstance(fs, LocalFileSystem)
     for path in dict.fromkeys(paths) if local else ():
         refuse_special_file(path, path)
     attempt = 0
     while True:  # ends in a return or a raise: worth_retrying bounds the attempts
         try:
-            return fs.cat_ranges(paths, starts, stops, on_error="raise")
+            if isinstance(fs, HTTPFileSystem):
+                return _http_cat_ranges(fs, paths, starts, stops)
+            return fs.cat_ranges(paths, starts, stops, on_error="raise"), []
         except FileNotFoundError as error:
             missing = error.args[0] if error.args else paths[0]
             raise StoreFormatError(f"{missing}: not found (the store lacks a file its metadata names); "
@@ -143,6 +215,40 @@ def _cat_ranges(fs: fsspec.AbstractFileSystem, paths: list[str], starts: list[in
                 raise failure from None
             time.sleep(retry_delay(error, attempt))
             attempt += 1
+
+
+def _http_cat_ranges(
+    fs: HTTPFileSystem, paths: list[str], starts: list[int], stops: list[int]
+) -> tuple[list[bytes], list[FileVersion]]:
+    """What `fs.cat_ranges(..., on_error="raise")` reads over HTTP(S), the same GETs with the same options, at once
+    in fsspec's batches, plus each answer's `FileVersion`: fsspec's `_cat_file` keeps only the body. A 404 is a
+    FileNotFoundError and any other failing status aiohttp's ClientResponseError, as there."""
+    from fsspec.asyn import _run_coros_in_chunks, sync
+
+    async def one(path: str, start: int, stop: int) -> tuple[bytes, FileVersion]:
+        options = dict(fs.kwargs)
+        headers = {**(options.pop("headers", None) or {}), "Range": f"bytes={start}-{stop - 1}"}
+        session = await fs.set_session()
+        async with session.get(fs.encode_url(path), headers=headers, **options) as answer:
+            body = await answer.read()
+            if answer.status == 404:
+                raise FileNotFoundError(path)
+            answer.raise_for_status()
+            size = None
+            if answer.status == _PARTIAL_CONTENT:
+                total = _CONTENT_RANGE.match(answer.headers.get("Content-Range", ""))
+                size = None if total is None else int(total.group(1))
+            return body, FileVersion(answer.headers.get("ETag"), answer.headers.get("Last-Modified"), size)
+
+    async def all_of_them() -> list[tuple[bytes, FileVersion] | BaseException]:
+        reads = [one(path, start, stop) for path, start, stop in zip(paths, starts, stops, strict=True)]
+        return await _run_coros_in_chunks(reads, batch_size=fs.batch_size, nofiles=True, return_exceptions=True)
+
+    answers = sync(fs.loop, all_of_them)
+    failed = next((answer for answer in answers if isinstance(answer, BaseException)), None)
+    if failed is not None:
+        raise failed
+    return [answer[0] for answer in answers], [answer[1] for answer in answers]  # type: ignore[index]
 
 
 def _failed_file(error: BaseException, paths: Sequence[str]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import socket
 import threading
@@ -554,6 +555,96 @@ def test_a_long_running_reader_of_a_store_at_a_url_finds_it_rebuilt_on_a_lookup(
         monkeypatch.setattr(reader, "BUILD_CHECK_SECONDS", 0.0)
         with pytest.raises(StoreChangedError, match="another-build"):
             store.fetch(IDS[:2])
+
+
+def _served_shards(seed: int = 0) -> list[list[StoredPassage]]:
+    """The passages of `served_root`'s stores (another `seed`: passages of other lengths)."""
+    shards = random_shards([300] * SHARDS, state_shape=(16,), seed=seed, max_words=60)
+    return [[replace(record, vector=np.full(16, index, dtype=np.float32)) for index, record in enumerate(shard)]
+            for shard in shards]  # fmt: skip
+
+
+def _copy_over(build: Path, site: Path, *, manifest: bool, later: float = 0.0) -> None:
+    """Copy every file of `build` over the same name under `site`, as `cp -r` onto a web server's folder does (the
+    manifest too, or not yet: a copy still under way), each dated `later` seconds after its old copy."""
+    for source in sorted(build.rglob("*")):
+        target = site / source.relative_to(build)
+        if source.is_dir() or (source.name == "manifest.json" and not manifest):
+            continue
+        before = target.stat().st_mtime if target.exists() else time.time()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        os.utime(target, (before + later, before + later))
+
+
+@pytest.mark.parametrize("validators", [("ETag", "Last-Modified"), ("ETag",), ("Last-Modified",)],
+                         ids=["etag-and-date", "etag", "date"])  # fmt: skip
+@pytest.mark.parametrize("manifest", [True, False], ids=["manifest-copied", "manifest-not-yet"])
+def test_a_store_rebuilt_at_its_url_with_files_of_the_same_sizes_is_found_at_the_next_read(
+    served_root: Path, tmp_path: Path, validators: tuple[str, ...], manifest: bool
+) -> None:
+    """A store rebuilt in place and copied over its files at the same URL was read, by a Store opened before, with
+    the old build's offsets into the new files until the next manifest check (up to BUILD_CHECK_SECONDS later, or
+    never for a one-off reader): other passages' texts and states, with nothing said (stale54 F1). Each answer's
+    ETag (or Last-Modified) is now compared with the one the shard read when it opened: the next fetch raises
+    StoreChangedError, with no request more, whether or not the new manifest is there yet; a Store opened again
+    reads the new build. Here every file of the new build has its old size (each shard's rows in reverse order),
+    so no size tells. A Last-Modified has whole seconds: the copies are dated 2 s after the old ones."""
+    from dilstore.storage.format import StoreChangedError
+
+    site = shutil.copytree(served_root / "fp16", tmp_path / "site" / "fp16")
+    build = build_store(tmp_path / "rebuilt", [shard[::-1] for shard in _served_shards()], encoding="fp16")
+    arrays = [path.relative_to(build) for path in build.rglob("c/*") if path.is_file()]
+    assert arrays and all((site / path).stat().st_size == (build / path).stat().st_size for path in arrays)
+    assert any((site / path).read_bytes() != (build / path).read_bytes() for path in arrays)
+    wanted = IDS[::25]  # both shards
+    with serve_directory(site.parent, validators=validators) as files:
+        store = open_store(f"{files.url}/fp16")
+        before = store.fetch(wanted)
+        files.counter.reset()
+        store.fetch(wanted)
+        requests = files.requests
+        _copy_over(build, site, manifest=manifest, later=2.0)
+        files.counter.reset()
+        with pytest.raises(StoreChangedError, match="open it again"):
+            store.fetch(wanted)
+        assert files.requests <= requests + 2  # the same reads; once found, the manifest (HEAD, GET) to name it
+        if manifest:  # the new build, whole, opened again: the same passages, read from their new rows
+            with open_store(f"{files.url}/fp16") as again:
+                assert_same_passages(again.fetch(wanted), before)
+
+
+def test_a_server_without_validators_reads_and_finds_a_file_of_another_size_replaced(
+    served_root: Path, tmp_path: Path
+) -> None:
+    """A server that sends neither ETag nor Last-Modified reads as before; a file replaced by one of another size
+    is still found at the next read, by the size in each answer's Content-Range (stale54 F1). One of the same size
+    is found only by the manifest check (README: `ask`)."""
+    from dilstore.storage.format import StoreChangedError
+
+    site = shutil.copytree(served_root / "fp16", tmp_path / "site" / "fp16")
+    build = build_store(tmp_path / "rebuilt", _served_shards(seed=1), encoding="fp16")
+    with serve_directory(site.parent, validators=()) as files:
+        store = open_store(f"{files.url}/fp16")
+        with open_store(served_root / "fp16") as local:
+            assert_same_passages(store.fetch(IDS), local.fetch(IDS))
+        _copy_over(build, site, manifest=False)
+        with pytest.raises(StoreChangedError, match="bytes when opened, now"):
+            store.fetch(IDS)
+
+
+def test_what_tells_a_file_replaced_is_its_etag_else_its_date_and_its_size() -> None:
+    """(stale54 F1) The ETag decides where both answers have one (a proxy's `W/` changes no byte, and a date that
+    differs beside the same ETag is no change); without it the Last-Modified; the size in either case; a header
+    one answer lacks says nothing."""
+    from dilstore.storage.ranged import FileVersion
+
+    opened = FileVersion('"a"', "Mon, 30 Nov 2026 10:00:00 GMT", 100)
+    assert FileVersion('W/"a"', "Tue, 01 Dec 2026 10:00:00 GMT", 100).change_from(opened) is None
+    assert "ETag" in (FileVersion('"b"', opened.modified, 100).change_from(opened) or "")
+    assert "Last-Modified" in (FileVersion(None, "Tue, 01 Dec 2026 10:00:00 GMT", 100).change_from(opened) or "")
+    assert "bytes when opened" in (FileVersion('"a"', opened.modified, 101).change_from(opened) or "")
+    assert FileVersion().change_from(opened) is None
 
 
 def test_verify_of_a_store_behind_a_password_hides_it_in_each_problem(
