@@ -29,15 +29,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import fsspec
 import numpy as np
-from fsspec.implementations.http import HTTPFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from dilstore.storage.format import StoreChangedError, StoreFormatError
 from dilstore.storage.mapped import ContiguousLayout
 from dilstore.storage.read_failures import read_failure, refuse_special_file, retry_delay, worth_retrying
+
+if TYPE_CHECKING:  # fsspec's HTTP module imports aiohttp (0.2 s), which a local store never needs
+    from fsspec.implementations.http import HTTPFileSystem
 
 # Byte ranges of one file closer than this are read as one block. A round trip to object storage costs
 # tens of milliseconds, in which 256 KiB transfer many times over; the cap bounds what a fetch reads
@@ -202,7 +205,7 @@ def _cat_ranges(
     attempt = 0
     while True:  # ends in a return or a raise: worth_retrying bounds the attempts
         try:
-            if isinstance(fs, HTTPFileSystem):
+            if _is_http(fs):
                 return _http_cat_ranges(fs, paths, starts, stops)
             return fs.cat_ranges(paths, starts, stops, on_error="raise"), []
         except FileNotFoundError as error:
@@ -215,6 +218,13 @@ def _cat_ranges(
                 raise failure from None
             time.sleep(retry_delay(error, attempt))
             attempt += 1
+
+
+def _is_http(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether `fs` is fsspec's HTTP(S) filesystem, told by its protocols so that a local store's reads do not
+    import aiohttp."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
+    return "http" in protocols or "https" in protocols
 
 
 def _http_cat_ranges(
