@@ -9,6 +9,8 @@ secrets in messages in storage/secrets.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DilstoreError(Exception):
     """A problem with the user's input or files, explained in the message."""
@@ -24,3 +26,7 @@ class StoppedBySignal(DilstoreError):
     def __init__(self, message: str, signal_number: int) -> None:
         super().__init__(message)
         self.signal_number = signal_number
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with its signal number: a worker process's stop is rebuilt whole in the parent (api54 F1)."""
+        return type(self), (*self.args, self.signal_number), vars(self)

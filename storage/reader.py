@@ -65,6 +65,11 @@ class MissingPassagesError(DilstoreError):
         super().__init__(message)
         self.missing = missing
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with `missing`: unpickled as `cls(*args)`, it raised TypeError, so a process pool whose worker
+        met a missing id failed every future ("BrokenProcessPool"), and `multiprocessing.Pool.map` hung (api54 F1)."""
+        return type(self), (*self.args, self.missing), vars(self)
+
 
 _EMPTY = np.zeros(0, dtype=np.uint64)
 _CLOSED_INDEX = IdIndex(_EMPTY, _EMPTY.astype(np.uint32), _EMPTY.astype(np.uint32))  # what a closed store holds

@@ -90,3 +90,35 @@ def test_a_query_that_another_one_starts_is_hidden_whole(monkeypatch) -> None:
     secrets.remember_secrets("https://host/b?sig=K1&key=Z9")
     assert secrets.scrubbed("https://host/b?sig=K1&key=Z9/f and https://host/a?sig=K1/f") == (
         "https://host/b?***/f and https://host/a?***/f")
+
+
+def _every_error_kind() -> list[type[DilstoreError]]:
+    """DilstoreError and every subclass the storage layer defines (the kinds `dilstore` names among them)."""
+    import dilstore.storage.append
+    import dilstore.storage.fingerprint
+    import dilstore.storage.format
+    import dilstore.storage.id_index
+    import dilstore.storage.reader  # noqa: F401 - each import defines its error kinds
+
+    found, todo = [], [DilstoreError]
+    while todo:
+        kind = todo.pop()
+        found.append(kind)
+        todo += kind.__subclasses__()
+    return found
+
+
+@pytest.mark.parametrize("kind", _every_error_kind(), ids=lambda kind: kind.__name__)
+def test_every_error_kind_crosses_a_process_boundary_whole(kind: type[DilstoreError]) -> None:
+    """A worker process's MissingPassagesError (and StoppedBySignal) could not be unpickled (its `missing` was not
+    passed back to `__init__`): a ProcessPoolExecutor whose worker's `store.fetch` met a missing id failed every
+    future, the good ones too, with "BrokenProcessPool: A process in the process pool was terminated abruptly", and
+    `multiprocessing.Pool.map` waited for good, its result thread dead (api54 F1)."""
+    import pickle
+
+    extra = {"MissingPassagesError": (["a", "b"],), "StoppedBySignal": (15,)}.get(kind.__name__, ())
+    error = kind("what went wrong", *extra)
+    error.add_note("a note")
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is kind and str(back) == "what went wrong" and back.args == error.args
+    assert vars(back) == vars(error) and back.__notes__ == ["a note"]
