@@ -298,6 +298,7 @@ class StoreReranker(ABC, Generic[RankerT]):
             if callback is not None and not callable(callback):
                 raise DilstoreError(f"{name} must be a function or None, got {type(callback).__name__}")
         _check_skip_missing(skip_missing)
+        done = _checked_done(done)
         stats = RerankStats() if stats is None else stats
         rankings = {qid: [docid for docid, _ in rank_documents(first_stage)] for qid, first_stage in run.items()
                     if qid not in done}  # fmt: skip
@@ -444,6 +445,16 @@ class StoreReranker(ABC, Generic[RankerT]):
 def _check_skip_missing(skip_missing: object) -> None:
     if not isinstance(skip_missing, bool):
         raise DilstoreError(f"skip_missing must be True or False, got {type(skip_missing).__name__}")
+
+
+def _checked_done(done: object) -> set[str]:
+    """`rerank_run`'s `done` as a set of qids: a string was searched for qids as substrings (`done="q1q2"` left q1
+    and q2 out, not a word said), and an int qid matched none, so its query was scored again (api54 F2)."""
+    qids = as_list(done, "done must be the qids an earlier run reranked (a list or set)")
+    wrong = next((qid for qid in qids if not isinstance(qid, str)), None)
+    if wrong is not None:
+        raise DilstoreError(f"done must hold qids, strings, got {type(wrong).__name__} {wrong!r:.60}")
+    return set(qids)
 
 
 def split_hint(store: Store, doc_ids: Sequence[str]) -> str:

@@ -245,6 +245,19 @@ def test_documents_below_depth_follow_in_first_stage_order(store: Callable[..., 
     assert reranker.rerank_run(QUERIES, FIRST_STAGE, depth=np.int64(2))[0] == reranked  # a numpy count (api39 L1)
 
 
+def test_done_is_a_collection_of_qids_never_a_string(store: Callable[..., Path], model_dir: Path) -> None:
+    """`done="q1q2"` was searched for qids as substrings: q1 and q2 were left out as reranked before, and the run came
+    back with q3 alone, not a word said; `done=[1]` matched no qid, so each was scored again (api54 F2)."""
+    with open_reranker(store("earl-s1"), model_dir) as reranker:
+        for refused, named in (("q1q2", "str 'q1q2'"), (b"q1", "bytes b'q1'"), (5, "int 5")):
+            with pytest.raises(DilstoreError, match=f"^done must be the qids an earlier run reranked .*, got {named}$"):
+                reranker.rerank_run(QUERIES, FIRST_STAGE, done=refused)
+        with pytest.raises(DilstoreError, match="^done must hold qids, strings, got int 1$"):
+            reranker.rerank_run(QUERIES, FIRST_STAGE, done=[1])
+        reranked, _ = reranker.rerank_run(QUERIES, FIRST_STAGE, done=(qid for qid in ["q1", "q2"]))
+        assert list(reranked) == ["q3"]
+
+
 # ---------------------------------------------------------------------- refusals in the library
 
 
