@@ -13,6 +13,7 @@ import argparse
 import numbers
 import random
 import typing
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
@@ -163,13 +164,15 @@ def precompute(*, beam_options: Mapping[str, BeamValue] | None = None, **options
     SIGTERM and SIGHUP keep the caller's own handlers (by default they end
     the process; the command line turns them into the same stop). Nothing
     is printed on stdout, which may be the caller's own channel: the
-    command's summary is in STORE/run-summary.json. A store already complete
+    command's summary is in STORE/run-summary.json. A run that rejected records (or left passages out) warns
+    (UserWarning) with the line the command prints on stderr, naming how many and where the dead letters say
+    why. A store already complete
     with these settings is left as it is, without a word on stderr (the
     command says so): its run-summary.json is then the earlier build's.
     """
     from dilstore.runners.arg_types import option_words
     from dilstore.runners.cli import parse
-    from dilstore.runners.cmd_precompute import DEFAULT_OUTPUT, precompute_store
+    from dilstore.runners.cmd_precompute import DEFAULT_OUTPUT, precompute_store, rejected_line
 
     own = typing.get_type_hints(PrecomputeOptions)
     _check("beam_options", beam_options, (Mapping, type(None)), "a mapping of Beam option names to values, or None")
@@ -192,13 +195,16 @@ def precompute(*, beam_options: Mapping[str, BeamValue] | None = None, **options
     args = _parsed("precompute", lambda parser: parse(parser, ["precompute", *words, *beam]))
     held = random.getstate()  # Beam runs in this process and draws from the caller's `random` stream
     try:
-        _, empty, _ = precompute_store(args)
+        summary, empty, _ = precompute_store(args)
     except StoppedBySignal as stop:  # the user's stop, not bad input: `except DilstoreError` must not swallow it
         raise KeyboardInterrupt(str(stop)) from stop
     finally:
         random.setstate(held)
     if empty is not None:
         raise DilstoreError(empty)
+    rejected = rejected_line(summary)
+    if rejected is not None:  # the command's line; unsaid, a program learnt of it from run-summary.json (api54 F3)
+        warnings.warn(rejected, UserWarning, stacklevel=2)
     return Path(args.output if args.output is not None else DEFAULT_OUTPUT)
 
 

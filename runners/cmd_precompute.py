@@ -580,13 +580,21 @@ def run_command(args: argparse.Namespace) -> int:
     if empty is not None:
         print(f"dilstore precompute: error: {empty}", file=sys.stderr)
         return 1
-    records, passages = summary.get("rejected", 0), summary.get("rejected_passages", 0)
-    if (records or passages) and "rejected_records" in summary and not args.json:  # --json's summary says it
-        where = Path(summary["store"]) / summary["rejected_records"]
-        left_out = f" and {passages} passage(s) of documents left out" if passages else ""
-        print(f"dilstore precompute: {records} record(s) rejected{left_out}: {where}/ says why, one JSON line each",
-              file=sys.stderr)  # fmt: skip
+    rejected = rejected_line(summary)
+    if rejected is not None and not args.json:  # --json's summary says it
+        print(rejected, file=sys.stderr)
     return 0
+
+
+def rejected_line(summary: dict[str, Any]) -> str | None:
+    """The line that says how many records a run rejected (and passages it left out) and where its dead letters
+    say why; None when it left nothing out. The command prints it, the Python API warns with it (api54 F3)."""
+    records, passages = summary.get("rejected", 0), summary.get("rejected_passages", 0)
+    if not (records or passages) or "rejected_records" not in summary:
+        return None
+    where = Path(summary["store"]) / summary["rejected_records"]
+    left_out = f" and {passages} passage(s) of documents left out" if passages else ""
+    return f"dilstore precompute: {records} record(s) rejected{left_out}: {where}/ says why, one JSON line each"
 
 
 def precompute_store(args: argparse.Namespace) -> Outcome:

@@ -113,7 +113,7 @@ def test_precompute_hands_beam_options_to_beam_under_beam_s_own_names(tmp_path: 
     from dilstore.runners import cmd_precompute
 
     seen: list[argparse.Namespace] = []
-    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (seen.append(args), (None, None, None))[1])
+    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (seen.append(args), ({}, None, None))[1])
     dilstore.precompute(input=str(tmp_path / "c.jsonl"), output=str(tmp_path / "s"),
                         beam_options={"temp_location": "/tmp/t", "experiments": ["a", "b"],
                                       "save_main_session": True, "dask_client_address": None})  # fmt: skip
@@ -211,7 +211,7 @@ def test_numpy_integers_are_taken_as_integers(tmp_path: Path, monkeypatch) -> No
     from dilstore.runners import cmd_precompute
 
     seen: list[Any] = []
-    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (seen.append(args), (None, None, None))[1])
+    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (seen.append(args), ({}, None, None))[1])
     dilstore.precompute(input=str(tmp_path / "c.jsonl"), workers=np.int64(2), shards=np.int32(3))
     assert (seen[0].workers, seen[0].shards) == (2, 3)
     monkeypatch.setattr(odqa, "open_reader", lambda *args, **kwargs: seen.append(kwargs["settings"]))
@@ -269,3 +269,26 @@ def test_a_cuda_device_is_taken_only_when_the_machine_has_it(monkeypatch, count:
     else:
         with pytest.raises(argparse.ArgumentTypeError, match=f"this machine has {count} CUDA device"):
             torch_device(device)
+
+
+def test_a_precompute_that_rejected_records_warns_as_the_command_says_it(tmp_path: Path, monkeypatch) -> None:
+    """The command says "3 record(s) rejected ...: STORE/rejected/ says why" on stderr; `dilstore.precompute`
+    returned the store's path and nothing else, so a program learnt of the records left out only by reading
+    run-summary.json (api54 F3). A clean run warns of nothing."""
+    import warnings
+
+    from dilstore.runners import cmd_precompute
+
+    store = tmp_path / "s"
+    where = {"store": str(store), "rejected_records": "rejected"}
+    summaries = [{**where, "rejected": 3, "rejected_passages": 2}, {**where, "rejected": 0, "rejected_passages": 0}]
+    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (summaries.pop(0), None, None))
+    with pytest.warns(UserWarning) as warned:
+        assert dilstore.precompute(input=str(tmp_path / "c.jsonl"), output=str(store)) == store
+    assert [str(warning.message) for warning in warned] == [
+        f"dilstore precompute: 3 record(s) rejected and 2 passage(s) of documents left out: {store / 'rejected'}/ "
+        "says why, one JSON line each"
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dilstore.precompute(input=str(tmp_path / "c.jsonl"), output=str(store))
