@@ -93,10 +93,15 @@ class StoreLocation:
     """
 
     url: str
-    fs: fsspec.AbstractFileSystem
+    made_fs: fsspec.AbstractFileSystem  # as `parse` made it; `fs` is the one for this process
     root: str
     storage_options: dict[str, Any]
     address: str = field(repr=False)
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The store's filesystem, made anew in a child process forked after it was made (`in_this_process`)."""
+        return in_this_process(self.made_fs)
 
     @classmethod
     def parse(cls, path_or_url: str | Path, storage_options: dict[str, Any] | None = None) -> StoreLocation:
@@ -117,7 +122,7 @@ class StoreLocation:
             raise DilstoreError(f"cannot open store {url}: {error}") from None
         except OSError as error:  # a filesystem that connects when made (ftp://, sftp://): the host refused
             raise DilstoreError(f"cannot reach store {url}: {describe(error)}") from None
-        return cls(url=url, fs=fs, root=root.rstrip("/") or "/", storage_options=options, address=given)
+        return cls(url=url, made_fs=fs, root=root.rstrip("/") or "/", storage_options=options, address=given)
 
     @property
     def local_root(self) -> Path | None:
@@ -236,6 +241,17 @@ class StoreLocation:
         import zarr
 
         return zarr.open_group(store=self.zarr_store, path=relative, mode="r", zarr_format=3)
+
+
+def in_this_process(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    """`fs`, or, in a child process forked after an async filesystem (http, s3, gcs) was made, that filesystem made
+    anew with its options: fsspec binds one to the process and event loop that made it, so a store at a URL opened
+    before a fork refused every read in the child ("RuntimeError: This class is not fork-safe; try again"), though
+    the Store says it may be inherited across fork (api54 F5). fsspec keeps one instance per options and process."""
+    made_in = vars(fs).get("_pid")  # set by AsyncFileSystem.__init__ only
+    if made_in is None or made_in == os.getpid():
+        return fs
+    return type(fs)(**fs.storage_options)
 
 
 def _local_files(root: Path) -> dict[str, int]:

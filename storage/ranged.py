@@ -36,6 +36,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from dilstore.storage.format import StoreChangedError, StoreFormatError
+from dilstore.storage.location import in_this_process
 from dilstore.storage.mapped import ContiguousLayout
 from dilstore.storage.read_failures import read_failure, refuse_special_file, retry_delay, worth_retrying
 
@@ -199,6 +200,7 @@ def _cat_ranges(
     missing file is a StoreFormatError, a failure that stays a StoreReadError (or, local, a StoreFormatError).
     Over HTTP(S) the same requests are sent by `_http_cat_ranges`, which also gives what each answer said of its
     file; elsewhere the versions are empty."""
+    fs = in_this_process(fs)  # a column opened before a fork reads in the child too (api54 F5)
     local = isinstance(fs, LocalFileSystem)
     for path in dict.fromkeys(paths) if local else ():
         refuse_special_file(path, path)

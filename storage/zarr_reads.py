@@ -54,6 +54,7 @@ class RequiredChunksStore(WrapperStore):
         root = getattr(self._store, "root", None)  # a LocalStore's folder
         if self.local and root is not None:
             refuse_special_file(Path(root) / key, self._path(key))
+        self._refresh_after_fork()
         for attempt in range(READ_ATTEMPTS):
             try:
                 value = await self._store.get(key, prototype, byte_range)
@@ -73,6 +74,18 @@ class RequiredChunksStore(WrapperStore):
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
     ) -> list[Buffer | None]:
         return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
+
+    def _refresh_after_fork(self) -> None:
+        """In a child process forked after this store's async filesystem was made, the store on that filesystem made
+        anew (`in_this_process`): the old one's session belongs to the parent's event loop, and every read failed
+        ("Timeout context manager should be used inside a task; try again") (api54 F5)."""
+        from zarr.storage import FsspecStore
+
+        from dilstore.storage.location import in_this_process
+
+        inner = self._store
+        if isinstance(inner, FsspecStore) and (fs := in_this_process(inner.fs)) is not inner.fs:
+            self._store = FsspecStore(fs, read_only=True, path=inner.path)
 
     def _path(self, key: str) -> str:
         return f"{self.url.rstrip('/')}/{key}"

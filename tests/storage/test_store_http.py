@@ -763,3 +763,34 @@ def test_a_manifest_longer_than_any_store_s_is_refused_unread(
     with serve_directory(served_root) as server, pytest.raises(StoreFormatError, match=r"is longer than 100 bytes"):
         open_store(f"{server.url}/fp16")  # read as a stream: an endless body is not read whole
     assert isinstance(read_failure("a file", MemoryError()), StoreFormatError)
+
+
+@pytest.mark.parametrize("name", ["fp16", "zstd"])
+def test_a_store_at_a_url_inherited_across_fork_reads_in_the_child(served_root: Path, name: str) -> None:
+    """The Store's docstring says a process may inherit one across fork; one at a URL, opened and read before the
+    fork, refused every read in the child: a StoreReadError "RuntimeError: This class is not fork-safe; try again"
+    (fsspec's async filesystems are bound to the process that made them), and trying again never helped
+    (api54 F5). The child reads what the parent reads."""
+    import os
+    import pickle
+
+    wanted = [passage_id for passage_id in IDS if passage_id.startswith("s0/")][:20]
+    with serve_directory(served_root, listings=False) as server:
+        store = open_store(f"{server.url}/{name}")
+        expected = [(passage.id, passage.text, passage.states.tolist()) for passage in store.fetch(wanted[:3])]
+        expected = [(passage.id, passage.text, passage.states.tolist()) for passage in store.fetch(wanted)]
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child: one answer down the pipe, then out without pytest's teardown
+            try:
+                got: object = [(passage.id, passage.text, passage.states.tolist()) for passage in store.fetch(wanted)]
+            except Exception as error:  # noqa: BLE001 - the parent shows it
+                got = f"{type(error).__name__}: {error}"
+            with os.fdopen(write, "wb") as out:
+                pickle.dump(got, out)
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as answer:
+            got = pickle.load(answer)  # noqa: S301 - the test's own child wrote it
+        os.waitpid(child, 0)
+    assert got == expected
