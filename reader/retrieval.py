@@ -119,13 +119,15 @@ def build_bm25_index(
     """
     if not collection_dir.is_dir() or not any(collection_dir.glob("*.jsonl")):
         raise DilstoreError(f"no passage JSONL to index in {collection_dir}")
+    given = {"-input": java_path(collection_dir, "the passages to index"),
+             "-index": java_path(index_dir, "the BM25 index folder")}  # fmt: skip
     _refuse_while_building(index_dir)
     start_jvm()
     arguments = [
         "-collection", "JsonCollection",
         "-generator", "DefaultLuceneDocumentGenerator",
-        "-input", str(collection_dir),
-        "-index", str(index_dir),
+        "-input", given["-input"],
+        "-index", given["-index"],
         "-threads", str(threads),
         "-storePositions", "-storeDocvectors", "-storeRaw",
         *(["-quiet"] if is_quiet() else []),
@@ -444,8 +446,8 @@ def index_problems(index_dir: Path, store: Manifest, store_path: str | Path) -> 
     from jnius import JavaException, autoclass
 
     def check() -> list[str]:
-        directory = autoclass("org.apache.lucene.store.FSDirectory").open(autoclass("java.io.File")(str(index_dir))
-                                                                           .toPath())  # fmt: skip
+        folder = autoclass("java.io.File")(java_path(index_dir, "the BM25 index folder")).toPath()
+        directory = autoclass("org.apache.lucene.store.FSDirectory").open(folder)
         reader = autoclass("org.apache.lucene.index.DirectoryReader").open(directory)
         try:
             problems = []
@@ -597,6 +599,19 @@ class Hit:
     score: float
 
 
+def java_path(path: Path, what: str) -> str:
+    """`path` as the string handed to Java; a DilstoreError naming it (as `what`) when its name is not UTF-8 (bytes
+    Python decoded with surrogate escapes), which no Java string holds: the Java bridge raised a bare
+    UnicodeEncodeError, "'utf-16' codec can't encode character '\\udcff'" (api54 F6)."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DilstoreError(f"{what} {text!r} has a path that is not UTF-8 text, which Lucene (Java) cannot open: "
+                            "give its folder a UTF-8 name") from None  # fmt: skip
+    return text
+
+
 class TooManyTermsError(DilstoreError):
     """A query with more distinct terms than Lucene searches at once (its maxClauseCount, 1024): the query's
     fault, not the index's, so a server answers it as the client's error."""
@@ -609,13 +624,14 @@ class Bm25Searcher:
         if not any(index_dir.glob("segments_*")):
             raise DilstoreError(f"no Lucene index at {index_dir}: build it with `dilstore index STORE`")
         refuse_special_index_files(index_dir)
+        path = java_path(index_dir, "the BM25 index folder")
         start_jvm()
         from jnius import autoclass
 
         self._index_dir = index_dir
         opened = autoclass("io.anserini.search.SimpleSearcher")
         with self._lucene_errors():  # in a thread: a file that blocks Lucene's read leaves Ctrl-C working
-            self._searcher = _wait_in_python(lambda: opened(str(index_dir)), "bm25-open")
+            self._searcher = _wait_in_python(lambda: opened(path), "bm25-open")
 
     @property
     def index_dir(self) -> Path:

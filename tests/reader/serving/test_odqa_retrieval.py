@@ -431,3 +431,24 @@ def test_a_build_java_cannot_write_is_one_error_naming_the_folder(indexed: dict[
     with pytest.raises(DilstoreError, match=rf"could not be built in {blocker / 'bm25'} \(java\.") as raised:
         build_bm25_index(indexed["root"] / "collection", blocker / "bm25")
     assert str(raised.value).startswith(f"the BM25 index of {indexed['root'] / 'collection'} ")
+
+
+def test_a_folder_whose_name_is_not_utf8_is_named_not_a_unicode_traceback(
+    indexed: dict[str, Any], tmp_path: Path
+) -> None:
+    """A store in a folder whose name is not UTF-8 (Python reads such a name with surrogate escapes) opened and read,
+    but `dilstore.build_index` and `open_reader` (its BM25 searcher) raised a bare UnicodeEncodeError from the Java
+    bridge, "'utf-16' codec can't encode character '\\udcff'", and `dilstore index` said only "text that is not
+    valid UTF-8" (api54 F6). Each names the folder, before the JVM is asked."""
+    import os
+
+    odd = tmp_path / os.fsdecode(b"store-\xff")
+    shutil.copytree(indexed["root"] / "collection", odd / "collection")
+    shutil.copytree(bm25_index_dir(indexed["store"]), odd / "bm25")
+    odd_path = "has a path that is not UTF-8 text, which Lucene"
+    with pytest.raises(DilstoreError, match=rf"^the BM25 index folder .*store-\\udcff/bm25' {odd_path}"):
+        Bm25Searcher(odd / "bm25")
+    with pytest.raises(DilstoreError, match=rf"^the passages to index .*store-\\udcff/collection' {odd_path}"):
+        build_bm25_index(odd / "collection", tmp_path / "new-bm25")
+    with pytest.raises(DilstoreError, match=rf"^the BM25 index folder .*store-\\udcff/new-bm25' {odd_path}"):
+        build_bm25_index(indexed["root"] / "collection", odd / "new-bm25")
