@@ -204,10 +204,10 @@ def _cat_ranges(
     local = isinstance(fs, LocalFileSystem)
     for path in dict.fromkeys(paths) if local else ():
         refuse_special_file(path, path)
-    attempt = 0
+    attempt, http = 0, _is_http(fs)
     while True:  # ends in a return or a raise: worth_retrying bounds the attempts
         try:
-            if _is_http(fs):
+            if http:
                 return _http_cat_ranges(fs, paths, starts, stops)
             return fs.cat_ranges(paths, starts, stops, on_error="raise"), []
         except FileNotFoundError as error:
@@ -225,7 +225,8 @@ def _cat_ranges(
 def _is_http(fs: fsspec.AbstractFileSystem) -> bool:
     """Whether `fs` is fsspec's HTTP(S) filesystem, told by its protocols so that a local store's reads do not
     import aiohttp."""
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
+    protocol = getattr(fs, "protocol", ())  # a filesystem-like object need not say one
+    protocols = (protocol,) if isinstance(protocol, str) else protocol
     return "http" in protocols or "https" in protocols
 
 
