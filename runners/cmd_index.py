@@ -129,7 +129,8 @@ def index_store(args: argparse.Namespace) -> dict[str, Any]:
 
     store = local_store(args.store)
     collection = collection_dir(store)
-    if not store.is_dir():
+    if not store.is_dir():  # read_manifest names a stopped swap that left no store here, as `info` does (conc54 L)
+        read_manifest(StoreLocation.parse(store))
         raise DilstoreError(f"no store at {store}")
     if not os.access(store, os.W_OK | os.X_OK):  # found only after the collection was copied and the JVM started
         raise DilstoreError(f"{store} is not writable by this user: its index is built inside it ({store}/bm25)")
