@@ -522,17 +522,13 @@ def compacted_state(store: Manifest, store_path: str | Path) -> dict[str, Any] |
     ask and evaluate-qa refused it as "built for another store", and a served store compacted on its web server
     stayed unavailable until one was copied (conc54 F5). None where there is no such record, or the spec cannot be
     read."""
-    from dilstore.storage.format import SPEC_FILE
     from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import compacted_record
 
     if store.appends or store.superseded_passages:
         return None
-    try:
-        spec = json.loads(StoreLocation.parse(str(store_path)).read_bytes(SPEC_FILE, at_most=1 << 20))
-        record = spec["compacted"]
-        appends, generation = record["appends"], record["generation"]
-    except Exception:  # noqa: BLE001 - no spec (a store written by hand), one not JSON, or a server that fails
-        return None
+    record = compacted_record(StoreLocation.parse(str(store_path))) or {}
+    appends, generation = record.get("appends"), record.get("generation")
     if not isinstance(appends, list) or not isinstance(generation, str) or generation == store.generation:
         return None
     return {"generation": generation, "passages": store.passages, "appends": len(appends)}

@@ -218,15 +218,12 @@ def _local_store(argument: str, *, in_place: bool) -> Path:
 def stopped_compaction(folder: Path) -> bool:
     """Whether `folder` holds what a `compact --output` into it left when it was killed: the compacted spec it writes
     first, and no manifest. The same command was refused ("exists and is not an empty folder"), and `info` called it
-    a precompute to run again (conc54 F7)."""
-    from dilstore.pipelines.spec_file import read_spec
+    a precompute to run again (conc54 F7). A spec that does not read is no compaction's to clear."""
     from dilstore.storage.format import MANIFEST_FILE
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import compacted_record
 
-    try:
-        spec = read_spec(folder)
-    except DilstoreError:  # a spec that does not read is no compaction's to clear
-        return False
-    return isinstance(spec, dict) and "compacted" in spec and not os.path.lexists(folder / MANIFEST_FILE)
+    return compacted_record(StoreLocation.parse(folder)) is not None and not os.path.lexists(folder / MANIFEST_FILE)
 
 
 def _output_folder(output: Path, store: Path) -> Path:

@@ -45,17 +45,14 @@ def compacted_builds(store: str | Path, manifest: Manifest) -> list[dict[str, An
     when its spec records one and no append came since: `dilstore compact` copies the states, so the compacted
     store serves what that build did, and a journal kept while reading it is this run's too. A compaction under a
     run ended it ("open it again"), and the same command then started every question or query anew (conc54 F4)."""
-    from dilstore.storage.format import SPEC_FILE
     from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import compacted_record
 
-    root = StoreLocation.parse(str(store)).local_root
-    if root is None or manifest.appends:
+    location = StoreLocation.parse(str(store))
+    if location.local_root is None or manifest.appends:
         return []
-    try:
-        record = json.loads((root / SPEC_FILE).read_text(encoding="utf-8")).get("compacted")
-    except (OSError, ValueError, AttributeError):  # no spec, or not one dilstore wrote
-        return []
-    if not isinstance(record, dict) or record.get("generation") in (None, manifest.generation):
+    record = compacted_record(location)
+    if record is None or record.get("generation") in (None, manifest.generation):
         return []
     return [{"generation": record.get("generation"), "appends": record.get("appends")}]
 

@@ -275,13 +275,16 @@ def _interrupted_swap(location: StoreLocation) -> str:
             "this store finishes it")
 
 
-def _compacted_spec(location: StoreLocation) -> bool:
-    """Whether the store folder at `location` holds the spec `dilstore compact` writes (a `compacted` record)."""
+def compacted_record(location: StoreLocation) -> dict[str, Any] | None:
+    """The `compacted` record of the spec in the store folder at `location` (`dilstore compact` writes it: the
+    generation and appends of the build it compacted), or None: no spec, one that does not read, or no such record.
+    The one reader of it for the manifest's words, index coverage, journals and a stopped `compact --output`."""
     try:
         spec = json.loads(location.read_bytes(SPEC_FILE, at_most=1 << 20))
-    except Exception:  # noqa: BLE001 - no spec, or one that does not read: not known to be a compaction's
-        return False
-    return isinstance(spec, dict) and "compacted" in spec
+    except Exception:  # noqa: BLE001 - no spec, or one that does not read (any filesystem's error): no record
+        return None
+    record = spec.get("compacted") if isinstance(spec, dict) else None
+    return record if isinstance(record, dict) else None
 
 
 def read_manifest(location: StoreLocation) -> Manifest:
@@ -297,7 +300,7 @@ def read_manifest(location: StoreLocation) -> Manifest:
         if writer is not None:  # a store still being written is not one that was never finalized
             raise StoreFormatError(f"the store at {location.url} is being written by pid {writer} (a `dilstore "
                                    "precompute` or `dilstore compact` not finished yet): wait for it")  # fmt: skip
-        if _compacted_spec(location):  # not a precompute, whose command goes on: a compaction starts over (conc54 F7)
+        if compacted_record(location) is not None:  # a compaction starts over (conc54 F7)
             raise StoreFormatError(f"{where} is missing: the store at {location.url} was never finalized (a `dilstore "
                                    "compact --output` into it stopped before its end: the same command again starts "
                                    "it over)")  # fmt: skip
