@@ -23,9 +23,10 @@ from pathlib import Path
 import zarr
 from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
-from zarr.storage import WrapperStore
+from zarr.storage import FsspecStore, WrapperStore
 
 from dilstore.storage.format import ZARR_METADATA_FILE, StoreFormatError, StoreReadError
+from dilstore.storage.location import in_this_process
 from dilstore.storage.read_failures import READ_ATTEMPTS, read_failure, refuse_special_file, retry_delay, worth_retrying
 
 # What opening a zarr group or array of a store raises for metadata that is not what the store needs: missing, of
@@ -78,11 +79,8 @@ class RequiredChunksStore(WrapperStore):
     def _refresh_after_fork(self) -> None:
         """In a child process forked after this store's async filesystem was made, the store on that filesystem made
         anew (`in_this_process`): the old one's session belongs to the parent's event loop, and every read failed
-        ("Timeout context manager should be used inside a task; try again") (api54 F5)."""
-        from zarr.storage import FsspecStore
-
-        from dilstore.storage.location import in_this_process
-
+        ("Timeout context manager should be used inside a task; try again") (api54 F5). Called at every chunk read: a
+        pid check."""
         inner = self._store
         if isinstance(inner, FsspecStore) and (fs := in_this_process(inner.fs)) is not inner.fs:
             self._store = FsspecStore(fs, read_only=True, path=inner.path)
