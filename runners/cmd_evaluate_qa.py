@@ -15,10 +15,8 @@ from dilstore.runners.arg_types import positive_int
 from dilstore.runners.collector import loading_for_good
 from dilstore.runners.inputs import require_file
 from dilstore.runners.journal import (
-    COMPACTED,
     Journal,
     compacted_builds,
-    compacted_under,
     failed_keeping,
     stopped_keeping,
     store_build,
@@ -122,13 +120,9 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt as interrupt:
             raise _stopped(interrupt, journal, sum(evaluation.questions for evaluation in evaluations),
                            len(questions)) from None  # fmt: skip
-        except StoreReadError as error:
-            raise failed_keeping(error, journal, _done_words(evaluations, len(questions))) from None
-        except StoreChangedError as error:  # a compacted store serves what the journal's parts read (conc54 F4)
+        except (StoreReadError, StoreChangedError) as error:  # a compacted store serves what the parts read (conc54 F4)
             done = _done_words(evaluations, len(questions))
-            if not (done and compacted_under(args.store, odqa.store.manifest)):
-                raise
-            raise failed_keeping(error, journal, done, COMPACTED) from None
+            raise failed_keeping(error, journal, done, args.store, odqa.store.manifest) from None
         evaluation = merged_evaluation(evaluations, questions)
         # The scores first: a predictions file that could not be written took them along (longrun45 F9); the
         # journal then stays, and the same command writes the file from it.

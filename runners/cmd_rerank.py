@@ -13,10 +13,8 @@ from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.collector import loading_for_good
 from dilstore.runners.inputs import require_file
 from dilstore.runners.journal import (
-    COMPACTED,
     Journal,
     compacted_builds,
-    compacted_under,
     failed_keeping,
     stopped_keeping,
     store_build,
@@ -178,13 +176,9 @@ def _rerank_resumably(
                 )  # fmt: skip
         except KeyboardInterrupt as interrupt:
             raise _stopped(interrupt, journal, len(first_stage)) from None
-        except StoreReadError as error:
-            raise failed_keeping(error, journal, _kept_words(journal, len(first_stage))) from None
-        except StoreChangedError as error:  # a compacted store serves what the journal's parts read (conc54 F4)
+        except (StoreReadError, StoreChangedError) as error:  # a compacted store serves what the parts read (conc54 F4)
             kept_words = _kept_words(journal, len(first_stage))
-            if not (kept_words and compacted_under(args.store, reranker.store.manifest)):
-                raise
-            raise failed_keeping(error, journal, kept_words, COMPACTED) from None
+            raise failed_keeping(error, journal, kept_words, args.store, reranker.store.manifest) from None
         whole = {qid: kept.get(qid) or reranked[qid] for qid in first_stage if qid in kept or qid in reranked}
         write_run(args.output, whole, tag=args.tag or reranker.run_tag)
         journal.remove()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.format import StoreChangedError, StoreReadError
 from dilstore.storage.write_lock import write_lock
 
 if TYPE_CHECKING:
@@ -86,19 +87,23 @@ def stopped_keeping(interrupt: KeyboardInterrupt, journal: Journal | None, kept:
                            "them", number)  # fmt: skip
 
 
-def failed_keeping(error: DilstoreError, journal: Journal | None, kept: str | None, why: str = "") -> DilstoreError:
+def failed_keeping(error: StoreReadError | StoreChangedError, journal: Journal | None, kept: str | None,
+                   store: str | Path, opened: Manifest) -> DilstoreError:  # fmt: skip
     """The error a run that keeps its parts ends in when a read of its store fails in transit (a server that went
-    away), or meets the store compacted under it: the error's words, `why` the parts stay good, and, when `kept`
-    names what the journal holds, where it is and that the same command goes on from it, as a stop by a signal says
-    (`stopped_keeping`). It said only "try again" (multi53 F6), or "open it again" (conc54 F4), not that the parts
-    done were kept."""
+    away), or finds the store changed: the error's words and, when `kept` names what the journal holds, where it is
+    and that the same command goes on from it, as a stop by a signal says (`stopped_keeping`). A change counts only
+    when the store at `store` is now a compaction of the build `opened` (`compacted_under`), which serves the same
+    passages; any other is the error as it was. It said only "try again" (multi53 F6), or "open it again" (conc54
+    F4), not that the parts done were kept."""
     if journal is None or kept is None:
         return error
+    why = ""
+    if isinstance(error, StoreChangedError):
+        if not compacted_under(store, opened):
+            return error
+        why = "the store was compacted, which serves the same passages: "
     return type(error)(f"{error}; {why}{kept} are kept in {journal.path}: run the same command again to go on from "
                        "them")  # fmt: skip
-
-
-COMPACTED = "the store was compacted, which serves the same passages: "  # `failed_keeping`'s why for a compaction
 
 
 class Journal:
