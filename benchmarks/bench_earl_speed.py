@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 from random_models import write_random_bert_base
+from script_errors import one_line_errors
 from transformers import BertModel
 
 from dilstore.reader.batching import pad_id, pad_token_ids
@@ -54,7 +54,6 @@ from dilstore.reader.text.files import read_json
 from dilstore.reader.text.tokenization import encode_document, encode_question
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.outputs import check_output_file
-from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import PassageRecord
@@ -179,6 +178,7 @@ def time_cross(
     return statistics.median(times)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True, help="folder for the S1 and S2 stores")
@@ -194,12 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=SIZES, default="minilm", help="model dimensions (default minilm)")
     parser.add_argument("--json-out", type=Path, default=Path("/tmp/bench-earl-speed.json"))
     args = parser.parse_args(argv)
-    try:
-        check_output_file(args.json_out, "--json-out", [])  # before the run, whose result it would lose
-        result = run(args)
-    except DilstoreError as error:
-        print(f"bench_earl_speed: error: {error}", file=sys.stderr)
-        return 2
+    check_output_file(args.json_out, "--json-out", [])  # before the run, whose result it would lose
+    result = run(args)
     args.json_out.write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(json.dumps(result))
     return 0

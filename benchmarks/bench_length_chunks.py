@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from script_errors import one_line_errors
 
 from dilstore.reader.data.qa_features import QAFeature
 from dilstore.reader.modeling.dilbert import DilBertReader
@@ -53,7 +54,6 @@ from dilstore.reader.training.qa import (
     load_training_data,
 )
 from dilstore.runners.arg_types import non_negative_int, positive_int
-from dilstore.storage.errors import DilstoreError
 
 
 def computed_tokens(windows: Sequence[QAFeature], chunk: int) -> int:
@@ -177,14 +177,11 @@ def run(argv: list[str] | None = None) -> int:
     return 0
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     """run(), with a DilstoreError (a missing --model, --train or --shared-norm, windows longer than the model's
     positions) as one line and exit status 2, not a traceback (bench53 F15)."""
-    try:
-        return run(argv)
-    except DilstoreError as error:
-        print(f"bench_length_chunks: error: {error}", file=sys.stderr)
-        return 2
+    return run(argv)
 
 
 if __name__ == "__main__":

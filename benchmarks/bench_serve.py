@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from script_errors import one_line_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test fixtures' ServeProcess, as `python benchmarks/bench_serve.py` runs it
@@ -247,13 +248,10 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        questions, source = load_questions(args.questions)
-    except DilstoreError as error:
-        print(f"bench_serve: error: {error}", file=sys.stderr)
-        return 2
+    questions, source = load_questions(args.questions)
     started = time.perf_counter()
     report: dict[str, Any] = {
         "store": str(args.store),

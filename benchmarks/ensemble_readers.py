@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from script_errors import one_line_errors
 
 from dilstore.reader.batching import pad_id
 from dilstore.reader.data.qa_batches import QABatch
@@ -106,14 +106,11 @@ def run(argv: list[str] | None = None) -> int:
     return 0
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     """run(), with a DilstoreError (a missing reader or --data, readers of other vocabularies, windows longer than a
     reader's positions) as one line and exit status 2, not a traceback (bench53 F15)."""
-    try:
-        return run(argv)
-    except DilstoreError as error:
-        print(f"ensemble_readers: error: {error}", file=sys.stderr)
-        return 2
+    return run(argv)
 
 
 if __name__ == "__main__":

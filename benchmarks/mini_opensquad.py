@@ -59,6 +59,9 @@ from dilstore.storage.records import PassageRecord
 from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, sample_rows
 from dilstore.storage.writer import write_shard
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its neighbours, when loaded by path
+from script_errors import one_line_errors  # noqa: E402
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 SEED_TOP_PS = (29, 100)
 
@@ -174,6 +177,7 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True, help="folder for the store, index and collection")
@@ -205,14 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=Path("/tmp/bench-mini-opensquad.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    try:
-        check_output_file(args.output, "--output", [], args.work)  # before the evaluation, whose result it would lose
-        if args.store is not None:
-            refuse_output_inside_store(args.output, str(args.store), "--output")
-        result = run(args)
-    except DilstoreError as error:
-        print(f"mini_opensquad: error: {error}", file=sys.stderr)
-        return 2
+    check_output_file(args.output, "--output", [], args.work)  # before the evaluation, whose result it would lose
+    if args.store is not None:
+        refuse_output_inside_store(args.output, str(args.store), "--output")
+    result = run(args)
     args.output.write_text(json.dumps(result, indent=1))
     print(render(result))
     print(json.dumps(result))

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mini_opensquad  # noqa: E402
 from package_online_variant import write_into  # noqa: E402
 from reader_curve import checkpoints  # noqa: E402
+from script_errors import one_line_errors
 
 from dilstore.reader.modeling.dilbert import DilBertReader  # noqa: E402
 from dilstore.reader.modeling.online_variants import write_online_variant  # noqa: E402
@@ -107,6 +108,7 @@ def plot(rows: list[dict[str, Any]], png: Path, encoding: str) -> None:
     figure.savefig(png, dpi=120)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path)
@@ -122,29 +124,25 @@ def main(argv: list[str] | None = None) -> int:
     base = args.base or default_checkpoint_dir()
     common = ["--work", str(args.work / MINI_OPENSQUAD_WORK), "--store", str(args.store), "--limit", str(args.limit),
               "--seed", str(args.seed), "--top-p", str(args.top_p), "--threads", str(args.threads)]  # fmt: skip
-    try:
-        if args.png:  # before the evaluations, whose plot it would lose
-            check_output_file(args.png, "--png", [], args.work, suffixes=PLOT_SUFFIXES)
-        args.work.mkdir(parents=True, exist_ok=True)
-        check_settings(args.work, {"run": str(args.run.resolve()), "store": str(args.store.resolve()),
-                                   "base": str(Path(base).resolve()), "limit": args.limit, "seed": args.seed,
-                                   "top_p": args.top_p})  # fmt: skip
-        start = scored(args.work / "step-0.json", [*common, "--model", str(base), "--no-online-variant"])
-        rows = [curve_row(0, 0, 0.0, start)]
-        for checkpoint in checkpoints(args.run):
-            training = load_training_metadata(checkpoint)
-            packaged = args.work / f"step-{training['steps']}"
-            if not packaged.is_dir():
-                tuned, encoding = DilBertReader.from_pretrained(checkpoint), training["config"]["store_encoding"]
-                write_into(base, packaged, lambda folder, tuned=tuned, encoding=encoding: write_online_variant(
-                    tuned, DilBertReader.from_pretrained(base), encoding, folder))  # fmt: skip
-            result = scored(args.work / f"step-{training['steps']}.json", [*common, "--model", str(packaged)])
-            rows.append(
-                curve_row(training["steps"], training["features_seen"], training["train_seconds"] / 3600, result)
-            )
-    except DilstoreError as error:
-        print(f"online_variant_curve: error: {error}", file=sys.stderr)
-        return 2
+    if args.png:  # before the evaluations, whose plot it would lose
+        check_output_file(args.png, "--png", [], args.work, suffixes=PLOT_SUFFIXES)
+    args.work.mkdir(parents=True, exist_ok=True)
+    check_settings(args.work, {"run": str(args.run.resolve()), "store": str(args.store.resolve()),
+                               "base": str(Path(base).resolve()), "limit": args.limit, "seed": args.seed,
+                               "top_p": args.top_p})  # fmt: skip
+    start = scored(args.work / "step-0.json", [*common, "--model", str(base), "--no-online-variant"])
+    rows = [curve_row(0, 0, 0.0, start)]
+    for checkpoint in checkpoints(args.run):
+        training = load_training_metadata(checkpoint)
+        packaged = args.work / f"step-{training['steps']}"
+        if not packaged.is_dir():
+            tuned, encoding = DilBertReader.from_pretrained(checkpoint), training["config"]["store_encoding"]
+            write_into(base, packaged, lambda folder, tuned=tuned, encoding=encoding: write_online_variant(
+                tuned, DilBertReader.from_pretrained(base), encoding, folder))  # fmt: skip
+        result = scored(args.work / f"step-{training['steps']}.json", [*common, "--model", str(packaged)])
+        rows.append(
+            curve_row(training["steps"], training["features_seen"], training["train_seconds"] / 3600, result)
+        )
     print("| step | questions seen | train h | F1 fused | F1 alone | R |")
     print("|---:|---:|---:|---:|---:|---:|")
     for row in rows:

@@ -16,16 +16,17 @@ import sys
 from pathlib import Path
 
 from package_size import report_package_size
+from script_errors import one_line_errors
 
 from dilstore.reader.packaged.shipped import DEFAULT_CHECKPOINT_NAME, packaged_models_dir
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.model_cards import card_hardware, render_model_card
 from dilstore.reader.training.release import load_training_metadata, package_checkpoint
-from dilstore.storage.errors import DilstoreError
 
 SIZE_LIMIT_MB = 50.0
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="run output dir or checkpoints/step-N")
@@ -38,11 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--destination", type=Path, default=packaged_models_dir() / DEFAULT_CHECKPOINT_NAME)
     args = parser.parse_args(argv)
 
-    try:
-        destination = package(args)
-    except DilstoreError as error:
-        print(f"package_default_checkpoint: error: {error}", file=sys.stderr)
-        return 2
+    destination = package(args)
     return report_package_size(destination, SIZE_LIMIT_MB)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from package_size import report_package_size
+from script_errors import one_line_errors
 
 from dilstore.reader.packaged.shipped import DEFAULT_LISTFORMER_NAME, DEFAULT_RANKER_NAME, packaged_models_dir
 from dilstore.reader.text.files import read_json
@@ -62,6 +63,7 @@ def rows_of_checkpoint(rows: list[dict[str, Any]], checkpoint: Path) -> list[dic
     return matched
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="the EARL or Listformer run's output directory")
@@ -71,21 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notes", default="", help="extra Markdown for the card's Notes section")
     parser.add_argument("--destination", type=Path, help="default: the shipped folder of the run's kind")
     args = parser.parse_args(argv)
-    try:
-        training = load_training_metadata(args.checkpoint)
-        if training.get("kind") not in PACKAGES:
-            raise DilstoreError(
-                f"{args.checkpoint} holds a {training.get('kind')!r} run, not an EARL ranker or a Listformer"
-            )
-        name = PACKAGES[training["kind"]]
-        card = render_ranker_card(
-            training, rows_of_checkpoint(quality_rows(args.quality), args.checkpoint), checkpoint=str(args.checkpoint),
-            hardware=card_hardware(training, args.hardware), notes=args.notes,
-        )  # fmt: skip
-        destination = package_checkpoint(args.checkpoint, args.destination or packaged_models_dir() / name, card)
-    except DilstoreError as error:
-        print(f"package_default_ranker: error: {error}", file=sys.stderr)
-        return 2
+    training = load_training_metadata(args.checkpoint)
+    if training.get("kind") not in PACKAGES:
+        raise DilstoreError(
+            f"{args.checkpoint} holds a {training.get('kind')!r} run, not an EARL ranker or a Listformer"
+        )
+    name = PACKAGES[training["kind"]]
+    card = render_ranker_card(
+        training, rows_of_checkpoint(quality_rows(args.quality), args.checkpoint), checkpoint=str(args.checkpoint),
+        hardware=card_hardware(training, args.hardware), notes=args.notes,
+    )  # fmt: skip
+    destination = package_checkpoint(args.checkpoint, args.destination or packaged_models_dir() / name, card)
     return report_package_size(destination, SIZE_LIMIT_MB)
 
 

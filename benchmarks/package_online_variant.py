@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from script_errors import one_line_errors
+
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.online_variants import write_online_variant
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
@@ -170,6 +172,7 @@ def with_section(card: str, encoding: str, section: str) -> str:
     return card.rstrip("\n") + "\n\n" + section
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="run output dir or checkpoints/step-N")
@@ -181,32 +184,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hardware", help="the card's hardware line (default: what the run's record names)")
     parser.add_argument("--notes", default="", help="extra Markdown for the card section")
     args = parser.parse_args(argv)
-    try:
-        base_dir = args.base or default_checkpoint_dir()
-        training = load_training_metadata(args.checkpoint)
-        encoding = training["config"].get("store_encoding")
-        if not encoding:
-            raise DilstoreError(f"{args.checkpoint} was not trained with --store-encoding")
-        evaluations = read_evaluations(args, encoding)  # before anything is written: a typo left --into half-made
+    base_dir = args.base or default_checkpoint_dir()
+    training = load_training_metadata(args.checkpoint)
+    encoding = training["config"].get("store_encoding")
+    if not encoding:
+        raise DilstoreError(f"{args.checkpoint} was not trained with --store-encoding")
+    evaluations = read_evaluations(args, encoding)  # before anything is written: a typo left --into half-made
 
-        def write(folder: Path) -> Path:
-            """The variant and, with --eval, the card's section for it, written into `folder`."""
-            written = write_online_variant(
-                DilBertReader.from_pretrained(args.checkpoint), DilBertReader.from_pretrained(base_dir), encoding,
-                folder,
-            )
-            if args.eval is not None:
-                card = folder / CARD
-                text = card.read_text(encoding="utf-8") if card.is_file() else ""
-                section = card_section(encoding, training, evaluations, card_hardware(training, args.hardware),
-                                       args.notes)  # fmt: skip
-                card.write_text(with_section(text, encoding, section), encoding="utf-8")
-            return written
+    def write(folder: Path) -> Path:
+        """The variant and, with --eval, the card's section for it, written into `folder`."""
+        written = write_online_variant(
+            DilBertReader.from_pretrained(args.checkpoint), DilBertReader.from_pretrained(base_dir), encoding,
+            folder,
+        )
+        if args.eval is not None:
+            card = folder / CARD
+            text = card.read_text(encoding="utf-8") if card.is_file() else ""
+            section = card_section(encoding, training, evaluations, card_hardware(training, args.hardware),
+                                   args.notes)  # fmt: skip
+            card.write_text(with_section(text, encoding, section), encoding="utf-8")
+        return written
 
-        path = write_into(base_dir, args.into or base_dir, write)
-    except DilstoreError as error:
-        print(f"package_online_variant: error: {error}", file=sys.stderr)
-        return 2
+    path = write_into(base_dir, args.into or base_dir, write)
     print(json.dumps({"variant": str(path), "megabytes": round(path.stat().st_size / 1e6, 2), "encoding": encoding}))
     return 0
 

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+from script_errors import one_line_errors
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.text.files import read_json_object
 from dilstore.reader.training.release import load_training_metadata
 from dilstore.runners.outputs import PLOT_SUFFIXES, check_output_file
-from dilstore.storage.errors import DilstoreError
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
@@ -111,6 +111,7 @@ def plot(rows: list[dict[str, Any]], png: Path, title: str) -> None:
     plt.close(figure)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", type=Path, help="run directories or eval JSON files")
@@ -126,14 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give at least one run directory, eval JSON or --pair")
     given = [*args.runs, *(path for pair in args.pair for path in pair)]
     inputs = [path for run in given for path in (run, run / "eval-dev.json", run / TRAINING_METADATA_FILE)]
-    try:  # `--markdown RUN/eval-dev.json` replaced the evaluation with the table
-        check_output_file(args.png, "--png", inputs, suffixes=PLOT_SUFFIXES)
-        if args.markdown:
-            check_output_file(args.markdown, "--markdown", inputs)
-        rows = load_rows(args.runs, [tuple(pair) for pair in args.pair])  # a missing run: a line, not a traceback
-    except DilstoreError as error:
-        print(f"plot_k_sweep: error: {error}", file=sys.stderr)
-        return 2
+    # Before any work: `--markdown RUN/eval-dev.json` replaced the evaluation with the table.
+    check_output_file(args.png, "--png", inputs, suffixes=PLOT_SUFFIXES)
+    if args.markdown:
+        check_output_file(args.markdown, "--markdown", inputs)
+    rows = load_rows(args.runs, [tuple(pair) for pair in args.pair])  # a missing run: a line, not a traceback
     table = markdown_table(rows)
     print(table)
     if args.markdown:

@@ -56,6 +56,9 @@ from dilstore.runners.arg_types import positive_int
 from dilstore.runners.outputs import check_output_file
 from dilstore.storage.errors import DilstoreError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its neighbours, when loaded by path
+from script_errors import one_line_errors  # noqa: E402
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TASKS = ("dl19", "squad-dev")
 
@@ -180,6 +183,7 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join([*lines, f"({counts}; device {report['device']})"])
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True, help="folder for the SQuAD dev index, qrels and runs")
@@ -215,12 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.base_model = args.base_model or (base_model_dir() if args.untrained or args.reference_bi_encoder else None)
-    try:
-        check_output_file(args.output, "--output", args.task_file, args.work)  # a task file was replaced by the report
-        report = evaluate(args)
-    except DilstoreError as error:
-        print(f"rank_quality: error: {error}", file=sys.stderr)
-        return 2
+    check_output_file(args.output, "--output", args.task_file, args.work)  # a task file was replaced by the report
+    report = evaluate(args)
     text = json.dumps(report, indent=1)
     args.output.write_text(text)
     print(render(report))

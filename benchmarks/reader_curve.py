@@ -36,6 +36,9 @@ from dilstore.runners.arg_types import positive_int
 from dilstore.runners.outputs import PLOT_SUFFIXES, check_output_file
 from dilstore.storage.errors import DilstoreError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its neighbours, when loaded by path
+from script_errors import one_line_errors  # noqa: E402
+
 WEIGHTS = "model.safetensors"
 ROW_KEYS = frozenset({"run", "k", "step", "windows_seen", "train_hours", "em", "f1"})
 
@@ -137,6 +140,7 @@ def scored_rows(files: list[Path]) -> list[dict[str, Any]]:
     return rows
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", type=Path, metavar="RUN", help="`dilstore train qa` output directories")
@@ -151,17 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.runs) == bool(args.scored) or (args.runs and (args.dev is None or args.cache is None)):
         parser.error("give RUN... with --dev and --cache, or --scored FILE...")
-    try:
-        if args.png:  # before the evaluations, whose plot it would lose
-            inputs = [*(args.scored or []), *([args.cache] if args.cache else [])]
-            check_output_file(args.png, "--png", inputs, suffixes=PLOT_SUFFIXES)
-        rows = scored_rows(args.scored) if args.scored else evaluated_rows(args)
-    except DilstoreError as error:
-        print(f"reader_curve: error: {error}", file=sys.stderr)
-        return 2
+    if args.png:  # before the evaluations, whose plot it would lose
+        inputs = [*(args.scored or []), *([args.cache] if args.cache else [])]
+        check_output_file(args.png, "--png", inputs, suffixes=PLOT_SUFFIXES)
+    rows = scored_rows(args.scored) if args.scored else evaluated_rows(args)
     if not rows:
-        print("reader_curve: error: no checkpoint with weights in the runs given", file=sys.stderr)
-        return 2
+        raise DilstoreError("no checkpoint with weights in the runs given")
     print(f"{'run':<22} {'k':>2} {'step':>6} {'windows':>8} {'hours':>6} {'EM':>6} {'F1':>6}")
     for row in rows:
         print(f"{row['run']:<22} {row['k']!s:>2} {row['step']:>6} {row['windows_seen']:>8} {row['train_hours']:>6.2f} "

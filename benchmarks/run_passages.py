@@ -21,6 +21,9 @@ from dilstore.reader.data.trec import read_run
 from dilstore.runners.outputs import check_output_file
 from dilstore.storage.errors import DilstoreError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its neighbours, when loaded by path
+from script_errors import one_line_errors  # noqa: E402
+
 
 def run_passages(run_file: Path, corpus: Path, output: Path) -> int:
     """Write the run's passages from `corpus` (read as precompute reads it) to `output`; returns how many."""
@@ -43,18 +46,15 @@ def run_passages(run_file: Path, corpus: Path, output: Path) -> int:
     return len(wanted)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, required=True, help="TREC run: qid Q0 docid rank score tag")
     parser.add_argument("--corpus", type=Path, required=True, help='JSONL corpus of {"id", "contents"}')
     parser.add_argument("--output", type=Path, required=True, help="JSONL file to write")
     args = parser.parse_args(argv)
-    try:
-        check_output_file(args.output, "--output", [args.run, args.corpus])  # --output CORPUS cut the corpus
-        count = run_passages(args.run, args.corpus, args.output)
-    except DilstoreError as error:
-        print(f"run_passages: error: {error}", file=sys.stderr)
-        return 2
+    check_output_file(args.output, "--output", [args.run, args.corpus])  # --output CORPUS cut the corpus
+    count = run_passages(args.run, args.corpus, args.output)
     print(json.dumps({"passages": count, "output": str(args.output)}))
     return 0
 

@@ -74,6 +74,9 @@ from dilstore.reader.training.release import package_checkpoint
 from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.storage.errors import DilstoreError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its neighbours, when loaded by path
+from script_errors import one_line_errors  # noqa: E402
+
 DL19_TASK, SQUAD_TASK = "task.dl19.json.gz", "task.squad-dev.json.gz"
 RUN_NAMES = ("earl-prior-frozen", "earl-prior-encoder-lr", "cross-encoder", "siamese")
 SQUAD_DEV_QUESTIONS, SQUAD_DEV_DEPTH, SQUAD_DEV_SEED = 500, 20, 0
@@ -313,6 +316,7 @@ def prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -355,11 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "train" and (args.steps < 1 or args.curve_points < 1):
         parser.error("--steps and --curve-points must be at least 1")
-    try:
-        return args.run(args)
-    except DilstoreError as error:
-        print(f"train_rankers_gpu: error: {error}", file=sys.stderr)
-        return 2
+    return args.run(args)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from script_errors import one_line_errors
+
 from dilstore.pipelines.corpus_wikipedia import read_wikipedia
 from dilstore.pipelines.documents import Document, Rejected, Skipped
 from dilstore.pipelines.passages import split_document
-from dilstore.storage.errors import DilstoreError
 
 MARKUP = ("{{", "}}", "[[", "]]", "''", "<ref", "{|", "|-", "thumb|", "Category:")
 _STRAY_APOSTROPHE = re.compile(r"(?:^|(?<=\s))'(?=[\s,.;:)]|$)")  # alone between spaces: no quotation mark is
@@ -67,15 +68,13 @@ def passage_stats(dump: Path) -> dict[str, Any]:
     }
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dumps", nargs="+", type=Path, help="pages-articles XML dumps (.xml, .xml.bz2)")
     args = parser.parse_args(argv)
-    try:  # a missing or unreadable dump: one line, not a traceback
-        results = [passage_stats(dump) for dump in args.dumps]
-    except DilstoreError as error:
-        print(f"wiki_passages: error: {error}", file=sys.stderr)
-        return 2
+    # a missing or unreadable dump: one line (one_line_errors), not a traceback
+    results = [passage_stats(dump) for dump in args.dumps]
     rows = ("passages", "word_windows", "with_markup", "stray_apostrophes", "separator_after_bracket",
             "ending_in_colon")  # fmt: skip
     print("| count | " + " | ".join(result["dump"].rsplit("/", 1)[-1] for result in results) + " |")
