@@ -16,7 +16,7 @@ from dilstore.runners.collector import loading_for_good
 from dilstore.runners.inputs import require_file
 from dilstore.runners.journal import (
     Journal,
-    compacted_builds,
+    compacted_settings,
     failed_keeping,
     stopped_keeping,
     store_build,
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     size = args.question_batch * math.ceil(PART_QUESTIONS / args.question_batch)
     parts = [questions[first : first + size] for first in range(0, len(questions), size)]
     settings = _settings(args, odqa, seed, size)
-    compacted = [{**settings, **build} for build in compacted_builds(args.store, odqa.store.manifest)]
+    compacted = compacted_settings(settings, args.store, odqa.store.manifest)
     journaled = (Journal(args.predictions, settings, check=QAEvaluation.from_record, also=compacted)
                  if args.predictions else None)  # fmt: skip
     with journaled or contextlib.nullcontext() as journal:

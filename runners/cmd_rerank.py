@@ -14,7 +14,7 @@ from dilstore.runners.collector import loading_for_good
 from dilstore.runners.inputs import require_file
 from dilstore.runners.journal import (
     Journal,
-    compacted_builds,
+    compacted_settings,
     failed_keeping,
     stopped_keeping,
     store_build,
@@ -160,7 +160,7 @@ def _rerank_resumably(
     from dilstore.reader.serving.rerank import RerankStats
 
     settings = _settings(args, reranker, depth)
-    compacted = [{**settings, **build} for build in compacted_builds(args.store, reranker.store.manifest)]
+    compacted = compacted_settings(settings, args.store, reranker.store.manifest)
     with Journal(args.output, settings, check=_checked_part, also=compacted) as journal:
         kept: Run = {qid: scores for part in journal.parts.values() for qid, scores in part["run"].items()}
         done = [qid for part in journal.parts.values() for qid in part["queries"]]

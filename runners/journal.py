@@ -58,6 +58,13 @@ def compacted_builds(store: str | Path, manifest: Manifest) -> list[dict[str, An
     return [{"generation": record.get("generation"), "appends": record.get("appends")}]
 
 
+def compacted_settings(settings: dict[str, Any], store: str | Path, manifest: Manifest) -> list[dict[str, Any]]:
+    """A journal's `settings` as a run over the build the store at `store` was compacted from recorded them (that
+    build in place of this one's, `compacted_builds`): the `also` a Journal accepts, so a run a compaction ended
+    goes on from its parts over the compacted store. One definition for evaluate-qa and rerank (dup55 D2)."""
+    return [{**settings, **build} for build in compacted_builds(store, manifest)]
+
+
 def compacted_under(store: str | Path, read: Manifest) -> bool:
     """Whether the store at `store` is now a compaction of the build `read` (the manifest a run opened), which
     serves what that build did (`compacted_builds`); False when its manifest cannot be read now."""
