@@ -26,7 +26,6 @@ counts as answered with "" and not recalled, and is counted in `refused`.
 from __future__ import annotations
 
 import json
-import random
 import stat
 import time
 import unicodedata
@@ -39,10 +38,10 @@ from pyserini.eval.evaluate_dpr_retrieval import SimpleTokenizer
 
 from dilstore.reader.data.squad import SquadExample, load_open_questions, load_squad
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
+from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu, checked_top_p
 from dilstore.reader.serving.odqa import OpenDomainReader
 from dilstore.storage.atomic_files import atomic_write_text
-from dilstore.storage.checks import require_at_least_one
 from dilstore.storage.errors import DilstoreError
 
 DEFAULT_QUESTION_BATCH = 8
@@ -115,13 +114,8 @@ def _opens_with_a_question_object(path: Path) -> bool:
     return isinstance(first, dict) and "question" in first
 
 
-def select_questions(questions: Sequence[QAQuestion], limit: int | None, seed: int) -> list[QAQuestion]:
-    """All questions, or a seeded random subset of `limit` of them kept in file order."""
-    require_at_least_one({"limit": limit}, dashed=False)
-    if limit is None or limit >= len(questions):
-        return list(questions)
-    chosen = sorted(random.Random(seed).sample(range(len(questions)), limit))
-    return [questions[index] for index in chosen]
+# All questions, or a seeded random subset of `limit` of them kept in file order (subsets.py).
+select_questions = seeded_subset
 
 
 def answer_in_text(answer_tokens: str, text_tokens: str) -> bool:

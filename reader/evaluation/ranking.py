@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from tqdm.auto import tqdm
 
 from dilstore.reader.data.ranking_data import Retriever, bm25_retriever, ensure_bm25_index, read_squad_ranking
 from dilstore.reader.data.trec import Qrels, Run, write_run
+from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.modeling.listformer import KIND as LISTFORMER
 from dilstore.reader.modeling.ranker_base import RankerBase
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH
@@ -100,10 +100,7 @@ def squad_dev_task(
     The index covers every paragraph and is cached in `work`.
     """
     collection = read_squad_ranking(squad_dev)
-    questions = collection.questions
-    if limit is not None and limit < len(questions):
-        chosen = set(random.Random(seed).sample(range(len(questions)), limit))
-        questions = [question for index, question in enumerate(questions) if index in chosen]
+    questions = seeded_subset(collection.questions, limit, seed)
     if retriever is None:
         retriever = bm25_retriever(ensure_bm25_index(collection.paragraphs, work, threads), threads, log)
     retrieved = retriever([(question.qid, question.query) for question in questions], depth)

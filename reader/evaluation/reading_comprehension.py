@@ -13,7 +13,6 @@ reports with.
 from __future__ import annotations
 
 import json
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -33,6 +32,7 @@ from dilstore.reader.data.qa_features import (
 )
 from dilstore.reader.data.squad import SquadExample, load_predictions, load_squad
 from dilstore.reader.evaluation.squad_metric import evaluate_examples
+from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.modeling.checkpoints import EVALUATION_FILE
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, best_spans
@@ -90,17 +90,8 @@ class ReadingResult:
         }
 
 
-def select_examples(examples: Sequence[SquadExample], limit: int | None, seed: int) -> list[SquadExample]:
-    """All examples, or a seeded random sample of `limit` of them kept in file order.
-
-    A random sample rather than the first N: SQuAD files are ordered by
-    article, so the first N questions would cover only one or two topics.
-    """
-    require_at_least_one({"limit": limit}, dashed=False)
-    if limit is None or limit >= len(examples):
-        return list(examples)
-    chosen = sorted(random.Random(seed).sample(range(len(examples)), limit))
-    return [examples[index] for index in chosen]
+# All examples, or a seeded random sample of `limit` of them kept in file order (subsets.py).
+select_examples = seeded_subset
 
 
 def batch_plan(features: Sequence[QAFeature], settings: ReadingSettings) -> tuple[list[list[int]], list[int]]:
