@@ -67,6 +67,7 @@ from typing import Any
 import numpy as np
 from page_cache import drop_page_cache
 
+from dilstore.reader.training.hardware import cpu_model  # torch-free
 from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.runners.outputs import check_output_file
 from dilstore.storage.codebook import write_codebook
@@ -479,13 +480,6 @@ def fetch_label(stores: Sequence[Mapping[str, Any]]) -> str:
     --fetch asked (bench53 F7)."""
     counts = sorted({store["open"].get("fetch_passages", 100) for store in stores})
     return "fetch " + " / ".join(f"{count:,}" for count in counts)
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -35,7 +35,6 @@ import errno
 import json
 import math
 import os
-import platform
 import random
 import signal
 import sys
@@ -61,6 +60,7 @@ from dilstore.reader.training.checkpoint_files import (
     latest_checkpoint,
     step_directory,
 )
+from dilstore.reader.training.hardware import cpu_model
 from dilstore.reader.training.state import (
     PARTIAL_SUFFIX,
     LoopPosition,
@@ -320,20 +320,6 @@ def usable_cpus() -> str:
     if machine is None or usable >= machine:
         return f"{usable} logical CPUs"
     return f"{usable} logical CPU(s) of {machine}"
-
-
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name as Linux gives it in `cpuinfo`; where there is none, what `platform` knows, often only
-    the architecture ("x86_64" said nothing of the machine a card's run was trained on, train52)."""
-    try:
-        lines = cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and value.strip():
-            return value.strip()
-    return platform.processor() or platform.machine()
 
 
 def write_training_record(
