@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dilstore.reader.evaluation.open_domain import AnswerRecall, answer_in_text, load_questions, select_questions
+from dilstore.reader.evaluation.open_domain import AnswerRecall, answer_in_text, load_questions
 from dilstore.reader.evaluation.squad_metric import normalize_answer
+from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.retrieval import Bm25Searcher, bm25_index_dir
 from dilstore.runners.arg_types import numpy_seed, positive_int
 from dilstore.runners.outputs import check_output_file
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Search, read the passages, and count R at every p both ways."""
     started = time.perf_counter()
-    questions = select_questions(load_questions(args.questions), args.limit, args.seed)
+    questions = seeded_subset(load_questions(args.questions), args.limit, args.seed)
     index = args.index if args.index is not None else bm25_index_dir(args.store)
     hits = Bm25Searcher(index).batch_search(
         [question.question for question in questions], [question.id for question in questions], max(args.top_p),

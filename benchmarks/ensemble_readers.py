@@ -32,9 +32,9 @@ from dilstore.reader.evaluation.reading_comprehension import (
     ReadingSettings,
     predict_answers,
     reader_scorer,
-    select_examples,
 )
 from dilstore.reader.evaluation.squad_metric import evaluate_examples
+from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.runners.arg_types import positive_int
 from dilstore.storage.errors import DilstoreError
@@ -83,7 +83,7 @@ def run(argv: list[str] | None = None) -> int:
     readers = [DilBertReader.from_pretrained(path).float().eval() for path in paths]
     if any(reader.tokenizer.get_vocab() != readers[0].tokenizer.get_vocab() for reader in readers[1:]):
         raise DilstoreError("the readers have different vocabularies, so they cannot read the same windows")
-    examples = select_examples(load_squad(args.data), args.limit, args.seed)
+    examples = seeded_subset(load_squad(args.data), args.limit, args.seed)
     settings = ReadingSettings()
     features = window_features(readers[0].tokenizer, examples, settings, labelled=False)
     pad = pad_id(readers[0].tokenizer)

@@ -36,7 +36,8 @@ from tqdm import tqdm
 
 from dilstore.pipelines.corpus_squad import paragraph_id
 from dilstore.pipelines.passages import Passage
-from dilstore.reader.evaluation.open_domain import evaluate_top_ps, load_questions, select_questions
+from dilstore.reader.evaluation.open_domain import evaluate_top_ps, load_questions
+from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import encode_tokenized, tokenize_passage
@@ -259,7 +260,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     build_seconds = time.perf_counter() - started
     odqa = open_reader(store, model_dir, settings=OdqaSettings(top_p=max(args.top_p), mu=args.mu),
                        online_variant=not args.no_online_variant)
-    questions = select_questions(
+    questions = seeded_subset(
         load_questions(args.data / "opensquad" / "questions.dev-v1.1.jsonl"), args.limit, args.seed
     )
     # The full question set reads for over an hour on a 2-core CPU: show the rate and the time left.

@@ -328,7 +328,8 @@ def evaluate_qa(
     `.summary()` give the scores. `limit` questions are drawn with `seed` when
     given, as `dilstore evaluate-qa` does.
     """
-    from dilstore.reader.evaluation.open_domain import evaluate_questions, load_questions, select_questions
+    from dilstore.reader.evaluation.open_domain import evaluate_questions, load_questions
+    from dilstore.reader.evaluation.subsets import seeded_subset
     from dilstore.reader.serving.odqa import OpenDomainReader
 
     _check("reader", reader, (OpenDomainReader,), "a reader from open_reader")
@@ -336,7 +337,7 @@ def evaluate_qa(
     _check("limit", limit, (int, type(None)), "a positive integer or None")
     require_at_least_one({"limit": limit}, dashed=False)  # before the questions load
     _check("seed", seed, (int,), "an integer")
-    chosen = select_questions(load_questions(questions), _int(limit), int(seed))
+    chosen = seeded_subset(load_questions(questions), _int(limit), int(seed))
     return evaluate_questions(reader, chosen, top_p=reader.settings.top_p, mu=reader.settings.mu)
 
 

@@ -79,9 +79,9 @@ def run(args: argparse.Namespace) -> int:
         evaluate_questions,
         load_questions,
         merged_evaluation,
-        select_questions,
         write_predictions,
     )
+    from dilstore.reader.evaluation.subsets import seeded_subset
 
     seed = subset_seed(args)
     if args.predictions:
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.predictions, "--predictions", [args.questions])
         refuse_if_locked(args.predictions)  # before the model and the JVM load
         require_file(args.questions, "--questions")  # the journal checksums it: a pipe would read empty (qa48 H1)
-    questions = select_questions(load_questions(args.questions), args.limit, seed)
+    questions = seeded_subset(load_questions(args.questions), args.limit, seed)
     with loading_for_good():
         odqa = open_odqa_reader(args)
     size = args.question_batch * math.ceil(PART_QUESTIONS / args.question_batch)

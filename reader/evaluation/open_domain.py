@@ -38,7 +38,6 @@ from pyserini.eval.evaluate_dpr_retrieval import SimpleTokenizer
 
 from dilstore.reader.data.squad import SquadExample, load_open_questions, load_squad
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
-from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu, checked_top_p
 from dilstore.reader.serving.odqa import OpenDomainReader
 from dilstore.storage.atomic_files import atomic_write_text
@@ -112,10 +111,6 @@ def _opens_with_a_question_object(path: Path) -> bool:
     except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return False
     return isinstance(first, dict) and "question" in first
-
-
-# All questions, or a seeded random subset of `limit` of them kept in file order (subsets.py).
-select_questions = seeded_subset
 
 
 def answer_in_text(answer_tokens: str, text_tokens: str) -> bool:

@@ -90,10 +90,6 @@ class ReadingResult:
         }
 
 
-# All examples, or a seeded random sample of `limit` of them kept in file order (subsets.py).
-select_examples = seeded_subset
-
-
 def batch_plan(features: Sequence[QAFeature], settings: ReadingSettings) -> tuple[list[list[int]], list[int]]:
     """How `predict_answers` batches `features` (indices, by passage length to keep padding small) and the padded
     tokens of each batch, which a progress bar counts: batches go shortest first, so a count of batches put the time
@@ -237,7 +233,7 @@ def score_predictions_file(
     the seeded subset of `limit` that `evaluate_file` reads; a question without a prediction scores 0. The data
     file is checked as `evaluate_file` checks it, its errors naming it (qa48 L2), but for the answers' offsets,
     which scoring does not read."""
-    chosen = select_examples(_questions_of(path, offsets=False), limit, seed)
+    chosen = seeded_subset(_questions_of(path, offsets=False), limit, seed)
     require_answers(chosen, f"{path}: ")
     return evaluate_examples(chosen, load_predictions(predictions_path))
 
@@ -269,7 +265,7 @@ def evaluate_file(
     if Path(path).exists() and not Path(path).is_file():
         raise DilstoreError(f"{path}: not a regular file (a folder, or a pipe, which can be read only once while the "
                             "file is read again for its checksum); give a file")
-    chosen = select_examples(_questions_of(path), limit, seed)
+    chosen = seeded_subset(_questions_of(path), limit, seed)
     require_answers(chosen, f"{path}: ")
     result = evaluate_reader(reader, chosen, settings, device, progress, parts)
     return replace(result, data_file=str(path), data_sha256=sha256_file(Path(path)))

@@ -22,7 +22,6 @@ from dilstore.reader.evaluation.open_domain import (
     load_questions,
     merged_evaluation,
     recall_tokens,
-    select_questions,
     write_predictions,
 )
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
@@ -276,16 +275,6 @@ def test_bad_question_files_name_the_line(tmp_path) -> None:
         load_questions(jsonl)
     with pytest.raises(DilstoreError, match="no such file"):
         load_questions(tmp_path / "absent.json")
-
-
-def test_limit_takes_a_seeded_subset_in_file_order() -> None:
-    questions = [QAQuestion(str(i), f"q{i}", ("a",)) for i in range(50)]
-    chosen = select_questions(questions, 10, seed=3)
-    assert len(chosen) == 10 and chosen == select_questions(questions, 10, seed=3)
-    assert [int(q.id) for q in chosen] == sorted(int(q.id) for q in chosen)
-    assert select_questions(questions, 100, seed=0) == questions
-    with pytest.raises(DilstoreError, match="^limit must be at least 1, got 0$"):
-        select_questions(questions, 0, seed=0)
 
 
 def test_predictions_are_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

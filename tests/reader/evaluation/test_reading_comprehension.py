@@ -30,7 +30,6 @@ from dilstore.reader.evaluation.reading_comprehension import (
     evaluate_reader,
     predict_answers,
     reader_scorer,
-    select_examples,
 )
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
@@ -154,19 +153,6 @@ def _example(context: str, question: str, answer: str):
         title="t", context=context, id="x", question=question,
         answers=(SquadAnswer(text=answer, answer_start=context.index(answer)),),
     )  # fmt: skip
-
-
-def test_limit_is_a_seeded_subset_in_file_order(squad_file: Path) -> None:
-    examples = load_squad(squad_file)
-    subset = select_examples(examples, 3, seed=5)
-    assert len(subset) == 3 and subset == select_examples(examples, 3, seed=5)
-    positions = [examples.index(example) for example in subset]
-    assert positions == sorted(positions)
-    assert select_examples(examples, 100, seed=5) == examples
-    assert {e.id for s in range(20) for e in select_examples(examples, 3, seed=s)} == {e.id for e in examples}
-    for refused in (0, -100):  # named as the argument, not as the command's --limit (style38 M7)
-        with pytest.raises(DilstoreError, match=f"^limit must be at least 1, got {refused}$"):
-            select_examples(examples, refused, seed=0)
 
 
 def test_questions_without_references_are_refused(tiny_base: Path, tmp_path: Path) -> None:
