@@ -48,7 +48,29 @@ def run_info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2, ensure_ascii=False))
     else:
         print(format_info(info))
+    leftover = stopped_compaction_note(args.store)
+    if leftover is not None:
+        print(f"dilstore info: {leftover}", file=sys.stderr)
     return 0
+
+
+def stopped_compaction_note(store: str) -> str | None:
+    """What an in-place `dilstore compact` killed before its swap left beside a local store, and the commands that
+    delete it, in words; None when nothing is left or a compaction is running. `info` said nothing of a folder that
+    holds a copy of the store's live rows (left55 F1)."""
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.replacement import stopped_compaction_beside
+    from dilstore.storage.write_lock import writer_of
+
+    root = StoreLocation.parse(store).local_root
+    if root is None or writer_of(root) is not None:  # a compaction running now is building in it
+        return None
+    stopped = stopped_compaction_beside(root)
+    if stopped is None:
+        return None
+    size = sum(path.stat().st_size for path in stopped.rglob("*") if path.is_file())
+    return (f"{stopped} ({_size(size)}) is what a `dilstore compact` of {store} stopped before its end left; the "
+            f"store is as it was, and the next `dilstore compact` or `dilstore precompute` of it deletes the folder")
 
 
 def run_verify(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dilstore.storage.durability import fsync_dir, replace_dir
 from dilstore.storage.format import MANIFEST_FILE
+from dilstore.storage.location import StoreLocation
 
 
 def swap_in(store: Path, built: Path) -> None:
@@ -26,17 +27,32 @@ def finish_interrupted_swap(store: Path) -> None:
     Killed between the two renames, it left no store at `store`, the old one aside and the finished new one in
     its building folder: the new one goes into place (the old one back, if the new one is not finished). Killed
     before the last delete, it left the old store aside. Either way the old store is then deleted, so a re-run
-    neither builds from scratch beside both nor keeps the old store's full copy for good.
+    neither builds from scratch beside both nor keeps the old store's full copy for good. What a compaction killed
+    before its swap left in the building folder is deleted too (`stopped_compaction_beside`).
     """
     old = replaced_dir(store)
-    if not old.is_dir():
-        return
-    if not os.path.lexists(store):
+    if old.is_dir() and not os.path.lexists(store):
         building = building_dir(store)
         os.rename(building if (building / MANIFEST_FILE).is_file() else old, store)
         fsync_dir(store.parent)
     if old.is_dir():
         shutil.rmtree(old)
+    stopped = stopped_compaction_beside(store)
+    if stopped is not None:  # a compaction killed before its swap: the store is as it was (left55 F1)
+        shutil.rmtree(stopped)
+
+
+def stopped_compaction_beside(store: Path) -> Path | None:
+    """The building folder beside `store` when it holds what an in-place `dilstore compact` killed before its swap
+    left (its spec records the compaction), else None. Under the store's write lock it is no one's work: only the
+    next `compact` deleted it, and a `precompute` (rerun or append) of the store left it, with `info` silent about
+    the copy of the store's live rows it holds (left55 F1)."""
+    from dilstore.storage.manifest import compacted_record  # manifest imports this module
+
+    building = building_dir(Path(os.path.realpath(store)))  # `compact` names it after the store a link leads to
+    if not building.is_dir() or compacted_record(StoreLocation.parse(building)) is None:
+        return None
+    return building
 
 
 def building_dir(store: Path) -> Path:

@@ -364,6 +364,33 @@ def test_a_swap_a_kill_cut_short_is_finished_by_the_next_compact_or_append(
         assert set(before) <= set(after) and verify_store(store).ok
 
 
+def test_what_a_killed_in_place_compaction_left_is_named_by_info_and_deleted_by_the_next_precompute(
+        model: Path, appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(left55 F1) A `compact` killed (-9) while it built the compacted store beside STORE left
+    `.STORE.dilstore-building`, a copy of the store's live rows: `info` said nothing of it, and a `precompute` of
+    the store (the first build's command again, or an append) left it for good; only a `compact` deleted it."""
+    for command in ("rerun", "append"):
+        store = tmp_path / command
+        shutil.copytree(appended, store)
+        building = building_dir(store)
+        assert cli.main(["compact", str(store), "--output", str(building), "--no-progress"]) == 0
+        (building / MANIFEST_FILE).unlink()  # killed before it was finalized
+        capsys.readouterr()
+        assert cli.main(["info", str(store)]) == 0
+        said = capsys.readouterr().err
+        assert f"{building} (" in said and "the next `dilstore compact` or `dilstore precompute` of it" in said, said
+        before = store_contents(store)
+        if command == "rerun":
+            precompute(model, appended.parent / "a.jsonl", store)
+            assert same_contents(store_contents(store), before)
+        else:
+            precompute(model, write_jsonl(tmp_path / "c.jsonl", DOCUMENTS[9:]), store, "--append")
+            assert set(before) < set(store_contents(store))
+        assert not building.exists()
+        capsys.readouterr()
+        assert cli.main(["info", str(store)]) == 0 and capsys.readouterr().err == ""
+
+
 def test_a_link_to_the_store_stays_a_link_and_a_stopped_overwrites_build_is_kept(
         appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Through a link, the link was replaced by a compacted copy and the store left as it was; and a stopped
