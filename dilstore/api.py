@@ -300,7 +300,8 @@ def compact(store: PathLike, *, output: PathLike | None = None, shards: int | No
     """Compact the store as `dilstore compact` does (README "compact"): its live passages rewritten into fewer
     shards, their states copied exactly; in place, or into `output` leaving `store` as it is. Returns the summary
     `--json` prints (`already_compact`, `passages`, `shards`, `shards_before`, `superseded_rows_dropped`, `files`,
-    `bytes`, ...; the same keys for a store compact already, with `already_compact` True and why in `reason`). A
+    `bytes`, ..., and `finished`: what it finished of a stopped compaction's work first, in words; the same keys for
+    a store compact already, with `already_compact` True and why in `reason`). A
     progress bar goes to stderr unless `no_progress`. Ctrl-C raises KeyboardInterrupt saying whether the compacted
     store is in place, as `precompute`'s does.
     """

@@ -69,11 +69,18 @@ def run_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=1))
     elif summary.get("already_compact"):
-        print(f"dilstore compact: {summary['store']} is compact already ({summary['reason']}); nothing was written",
-              file=sys.stderr)  # fmt: skip
+        written = "nothing else was changed" if summary["finished"] else "nothing was written"
+        print(f"dilstore compact: {_finished_words(summary)}{summary['store']} is compact already "
+              f"({summary['reason']}); {written}", file=sys.stderr)  # fmt: skip
     else:
-        print(_summary_line(summary), file=sys.stderr)
+        print(f"{_finished_words(summary)}{_summary_line(summary)}", file=sys.stderr)
     return 0
+
+
+def _finished_words(summary: dict[str, Any]) -> str:
+    """What the command finished of a stopped run's work before it compacted, as the start of its line ("" for
+    nothing)."""
+    return "".join(f"{done}; " for done in summary["finished"])
 
 
 def compact_command(args: argparse.Namespace) -> dict[str, Any]:
@@ -88,14 +95,14 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
     if args.shards is not None and args.shards > MAX_DEFAULT_SHARDS:
         raise DilstoreError(f"--shards {args.shards} is more than {MAX_DEFAULT_SHARDS}, the most a store is split into")
     output = None if args.output is None else _output_folder(Path(args.output).resolve(), store)
-    started, done = time.time(), False
+    started, done, finished = time.time(), False, []
     try:
         with contextlib.ExitStack() as locks:
             if output is None or _lockable(store):
                 # No precompute, other compaction or `dilstore index` writes the store meanwhile.
                 locks.enter_context(write_lock(store))
                 locks.enter_context(write_lock(store, INDEX_ROLE, doing="indexed"))
-                finish_interrupted_swap(store)  # a compaction or overwrite killed between its renames
+                finished = finish_interrupted_swap(store)  # a compaction or overwrite killed between its renames
             if output is not None:
                 locks.enter_context(write_lock(output))  # no other compaction writes (or clears) --output meanwhile
                 if stopped_compaction(output):
@@ -106,14 +113,15 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
             before = _footprint(store)
             reason = None if output is not None else already_compact(store, args.shards)
             if reason is not None:
-                return _unchanged(store, before, reason, time.time() - started)
+                return {**_unchanged(store, before, reason, time.time() - started), "finished": finished}
             target = output or _building_folder(store)
             result, index = _compact_into(store, target, args.shards, before["bytes"],
                                           show_progress=not (args.no_progress or args.json))  # fmt: skip
             if output is None:
                 swap_in(store, target)
             done = True
-        return _summary(store, output, result, before, _footprint(output or store), index, time.time() - started)
+        summary = _summary(store, output, result, before, _footprint(output or store), index, time.time() - started)
+        return {**summary, "finished": finished}
     except KeyboardInterrupt as interrupt:
         raise _stopped(interrupt, store, output, done) from None
 

@@ -21,7 +21,7 @@ def swap_in(store: Path, built: Path) -> None:
     replace_dir(built, store, aside=replaced_dir(store))
 
 
-def finish_interrupted_swap(store: Path) -> None:
+def finish_interrupted_swap(store: Path) -> list[str]:
     """Complete what a run killed inside `swap_in` left beside `store`; call it holding the store's write lock.
 
     Killed between the two renames, it left no store at `store`, the old one aside and the finished new one in
@@ -29,17 +29,27 @@ def finish_interrupted_swap(store: Path) -> None:
     before the last delete, it left the old store aside. Either way the old store is then deleted, so a re-run
     neither builds from scratch beside both nor keeps the old store's full copy for good. What a compaction killed
     before its swap left in the building folder is deleted too (`stopped_compaction_beside`).
+
+    Returns what it did, in words (empty when nothing was left): a `compact` that only finished a stopped one's
+    work said "nothing was written" (left55 F2).
     """
+    done = []
     old = replaced_dir(store)
     if old.is_dir() and not os.path.lexists(store):
         building = building_dir(store)
-        os.rename(building if (building / MANIFEST_FILE).is_file() else old, store)
+        finished = (building / MANIFEST_FILE).is_file()
+        os.rename(building if finished else old, store)
         fsync_dir(store.parent)
+        done.append(f"put the new store a stopped run had built at {building} in place" if finished else
+                    f"put the store a stopped run had set aside at {old} back in place")  # fmt: skip
     if old.is_dir():
         shutil.rmtree(old)
+        done.append(f"deleted the old store's copy a stopped run left at {old}")
     stopped = stopped_compaction_beside(store)
     if stopped is not None:  # a compaction killed before its swap: the store is as it was (left55 F1)
         shutil.rmtree(stopped)
+        done.append(f"deleted what a compaction stopped before its swap left at {stopped}")
+    return done
 
 
 def stopped_compaction_beside(store: Path) -> Path | None:

@@ -603,6 +603,33 @@ def test_a_stop_while_deleting_the_old_copy_says_the_store_is_compacted(
     assert compact(capsys, str(store))["already_compact"] is True and not replaced_dir(store).exists()
 
 
+def test_a_compact_that_finished_a_stopped_one_s_work_says_what_it_did(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(left55 F2) Run again after a compaction killed while it deleted the old store's copy, `compact` deleted that
+    copy (the store's full size) and said "... is compact already (...); nothing was written"; `--json` had no word
+    of it either. One that finishes a swap or clears a half-built store before compacting says so too."""
+    store = tmp_path / "store"
+    shutil.copytree(appended, store)
+    compact(capsys, str(store))
+    shutil.copytree(appended, replaced_dir(store))  # the old store's copy, its delete cut short
+    assert cli.main(["compact", str(store), "--no-progress"]) == 0
+    said = capsys.readouterr().err
+    assert f"deleted the old store's copy a stopped run left at {replaced_dir(store)}; {store} is compact" in said
+    assert "nothing else was changed" in said and not replaced_dir(store).exists(), said
+    assert compact(capsys, str(store))["finished"] == []
+    assert cli.main(["compact", str(store), "--no-progress"]) == 0
+    assert capsys.readouterr().err.endswith("; nothing was written\n")
+    shutil.rmtree(store)
+    shutil.copytree(appended, replaced_dir(store))  # killed between the renames, the new store not finished
+    building = building_dir(store)
+    assert cli.main(["compact", str(replaced_dir(store)), "--output", str(building), "--no-progress"]) == 0
+    (building / MANIFEST_FILE).unlink()
+    result = compact(capsys, str(store))
+    assert result["finished"] == [f"put the store a stopped run had set aside at {replaced_dir(store)} back in place",
+                                  f"deleted what a compaction stopped before its swap left at {building}"]
+    assert result["appends_before"] == 2 and not building.exists() and not replaced_dir(store).exists()
+
+
 def test_verify_checks_each_jsonl_part_against_its_shard(appended: Path, tmp_path: Path) -> None:
     """A part naming another passage than its shard's row verified, was indexed, and `ask` failed on it at question
     time (hostile46 F9); an appended store's parts are in its appends' folders."""
