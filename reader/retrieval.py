@@ -29,7 +29,7 @@ from dilstore.reader.quiet_mode import is_quiet
 from dilstore.storage.durability import aside_prefix, remove_path, replace_dir
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.read_failures import LASTING_ERRNOS
-from dilstore.storage.write_lock import INDEX_ROLE, writer_of
+from dilstore.storage.write_lock import INDEX_ROLE, compactor_of, writer_of
 
 if TYPE_CHECKING:
     from dilstore.storage.manifest import Manifest
@@ -384,7 +384,7 @@ def require_index_files(index: Path, store_path: str | Path, *, given: bool, loc
         raise DilstoreError(f"no Lucene index at {index}: give the folder of one `dilstore index` built (STORE/bm25, "
                             "or a copy of it)")  # fmt: skip
     indexer = None if local_root is None else writer_of(local_root, INDEX_ROLE)
-    if indexer is not None and local_root is not None and writer_of(local_root) == indexer:
+    if indexer is not None and local_root is not None and compactor_of(local_root) == indexer:
         # Both locks: a `dilstore compact`, which brings an index along only when one covers the store; none is
         # there, so none will come. "being built ... wait for it" sent a server's clients waiting for good (conc54 F1).
         raise DilstoreError(f"no Lucene index at {index}: the store is being compacted by pid {indexer} (`dilstore "

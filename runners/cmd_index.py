@@ -33,7 +33,7 @@ from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.scratch import scratch_dir
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import MANIFEST_FILE
-from dilstore.storage.write_lock import INDEX_ROLE, write_lock
+from dilstore.storage.write_lock import INDEX_ROLE, WRITE_ROLE, compactor_of, write_lock
 
 if TYPE_CHECKING:
     from dilstore.storage.manifest import Manifest
@@ -120,6 +120,24 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _store_lock(store: Path, role: str = WRITE_ROLE, doing: str = "written") -> Iterator[Path]:
+    """`write_lock(store, role, doing)`, whose refusal names a `dilstore compact` holding it as a compaction: an
+    index that passed the write lock's probe as a compaction took both locks was refused as if another `dilstore
+    index` (the compaction's pid) were building the index (left55 F3)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            held = stack.enter_context(write_lock(store, role, doing))
+        except DilstoreError:
+            compactor = compactor_of(store)
+            if compactor is None:
+                raise
+            raise DilstoreError(f"{store} is being compacted by pid {compactor} (`dilstore compact`): wait for it, "
+                                f"then run `dilstore index {store}` again unless the compaction says its BM25 index "
+                                "came along") from None  # fmt: skip
+        yield held
+
+
 def index_store(args: argparse.Namespace) -> dict[str, Any]:
     """Build STORE/bm25 from STORE/passages/jsonl (and, in an appended store, every append's parts); what was
     indexed, as `--json` prints it. Prints nothing of its own (`dilstore.build_index` calls it, api45 L5)."""
@@ -134,7 +152,7 @@ def index_store(args: argparse.Namespace) -> dict[str, Any]:
         raise DilstoreError(f"no store at {store}")
     if not os.access(store, os.W_OK | os.X_OK):  # found only after the collection was copied and the JVM started
         raise DilstoreError(f"{store} is not writable by this user: its index is built inside it ({store}/bm25)")
-    with write_lock(store):  # a store a precompute is still writing is refused as such, naming the writer
+    with _store_lock(store):  # a store a precompute is still writing is refused as such, naming the writer
         pass
     if not collection.is_dir():
         if (store / MANIFEST_FILE).is_file() and read_manifest(StoreLocation.parse(store)).passages == 0:
@@ -143,7 +161,7 @@ def index_store(args: argparse.Namespace) -> dict[str, Any]:
     target = bm25_index_dir(store)
     show_progress = not (args.no_progress or args.json)
     started = time.time()
-    with write_lock(store, INDEX_ROLE, doing="indexed"):
+    with _store_lock(store, INDEX_ROLE, doing="indexed"):
         manifest = read_manifest(StoreLocation.parse(store))
         reread = functools.partial(read_manifest, StoreLocation.parse(store))  # the store's write lock is not held
         appended = is_appended(store)

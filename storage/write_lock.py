@@ -172,6 +172,13 @@ def writer_of(folder: Path, role: str = WRITE_ROLE) -> str | None:
     return None
 
 
+def compactor_of(store: Path) -> str | None:
+    """The pid of a `dilstore compact` of `store` in another process (it holds both the store's write lock and its
+    index lock), or None."""
+    writer = writer_of(store)
+    return writer if writer is not None and writer_of(store, INDEX_ROLE) == writer else None
+
+
 def _check_ancestors(folder: Path) -> None:
     """A DilstoreError when the nearest existing folder above `folder` is a file (mkdir said only "File exists")."""
     for ancestor in folder.absolute().parents:

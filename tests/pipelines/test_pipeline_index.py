@@ -6,10 +6,12 @@ there and never forked), as users run them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from dilstore.storage.collection import collection_jsonl, write_live_collection
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.passage_files import jsonl_path
 from dilstore.storage.verify import verify_store
-from dilstore.storage.write_lock import INDEX_ROLE
+from dilstore.storage.write_lock import INDEX_ROLE, WRITE_ROLE
 from tests.fixtures.locks import held_lock
 from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, save_tiny_reader, store_contents, write_jsonl
 from tests.fixtures.store_fixtures import build_store, random_shards
@@ -199,6 +201,38 @@ def test_index_stops_at_once_while_another_index_run_holds_the_store(tmp_path: P
         status = cli.main(["index", str(store)])
     assert status == 2
     assert f"{store} is being indexed by pid {holder}" in capsys.readouterr().err
+    assert sorted(path.name for path in store.iterdir()) == ["passages"]
+
+
+def test_index_racing_a_compaction_names_the_compaction(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """(left55 F3) An index that passed the store's write lock just before a `dilstore compact` took both locks was
+    refused as "being indexed by pid N", N the compaction's, as if another index build were running; one that met
+    the compaction at the write lock was told a run "written" it. Both now name the compaction."""
+    from dilstore.runners import cmd_index
+
+    store = tmp_path / "store"
+    (store / "passages" / "jsonl").mkdir(parents=True)
+    taken = contextlib.ExitStack()
+    real = cmd_index.write_lock
+
+    @contextlib.contextmanager
+    def compaction_after_the_probe(folder: Path, role: str = WRITE_ROLE, doing: str = "written") -> Iterator[Path]:
+        with real(folder, role, doing) as held:
+            yield held
+        if role == WRITE_ROLE:  # the probe of the write lock let go: the compaction takes both locks
+            compaction.append(taken.enter_context(held_lock(store, WRITE_ROLE, INDEX_ROLE)))
+
+    compaction: list[int] = []
+    with taken:
+        monkeypatch.setattr(cmd_index, "write_lock", compaction_after_the_probe)
+        assert cli.main(["index", str(store)]) == 2
+        monkeypatch.undo()
+        said = capsys.readouterr().err
+        assert f"{store} is being compacted by pid {compaction[0]} (`dilstore compact`)" in said, said
+        assert cli.main(["index", str(store)]) == 2
+        said = capsys.readouterr().err
+        assert f"{store} is being compacted by pid {compaction[0]} (`dilstore compact`)" in said, said
     assert sorted(path.name for path in store.iterdir()) == ["passages"]
 
 
