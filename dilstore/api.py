@@ -102,19 +102,36 @@ def open_reader(
                             online_variant=online_variant)  # fmt: skip
 
 
-def open_reranker(store: PathLike, model: PathLike | None = None, *, device: str | None = None
-                  ) -> StoreReranker[Any]:
+def open_reranker(
+    store: PathLike,
+    model: PathLike | None = None,
+    *,
+    device: str | None = None,
+    max_query_length: int | None = None,
+    pair_batch_tokens: int | None = None,
+    max_pairs_per_batch: int | None = None,
+) -> StoreReranker[Any]:
     """A reranker over an earl-s1, earl-s2 or listformer store: `reranker.rerank(query, doc_ids)` → {doc_id: score}.
 
     `model` must be the one that made the store; it defaults to the shipped
     EARL ranker for EARL stores and to the shipped Listformer for Listformer stores.
+    `max_query_length`, `pair_batch_tokens` and `max_pairs_per_batch` are `rerank`'s flags of those names (None:
+    the command's default), checked as it checks them; a Listformer checks but does not use the batch limits.
     """
+    from dilstore.reader.serving.rerank import RerankSettings
     from dilstore.reader.serving.rerank import open_reranker as open_store_reranker
 
     _check("store", store, _PATH, "a store path or URL")
     _check("model", model, _OPTIONAL_PATH, "a model folder or None")
     _check_device(device)
-    return open_store_reranker(store, model, device=device)
+    limits = {"max_query_length": max_query_length, "pair_batch_tokens": pair_batch_tokens,
+              "max_pairs_per_batch": max_pairs_per_batch}  # fmt: skip
+    for name, value in limits.items():
+        least = "an integer of at least 3" if name == "max_query_length" else "a positive integer"
+        _check(name, value, (int, type(None)), f"{least} or None")
+    # The settings refuse a value out of range, as the command's flags do, before the store and the ranker load.
+    settings = RerankSettings(**{name: _int(value) for name, value in limits.items() if value is not None})
+    return open_store_reranker(store, model, settings=settings, device=device)
 
 
 class PrecomputeOptions(TypedDict, total=False):

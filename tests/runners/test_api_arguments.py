@@ -100,6 +100,52 @@ def test_open_reader_takes_every_reader_option_of_ask(tmp_path: Path, monkeypatc
         dilstore.open_reader(tmp_path, n_best=0)
 
 
+def test_open_reranker_takes_rerank_s_query_and_batch_options_checked_as_the_command_checks_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(left55 F4) `max_query_length=16` was a TypeError: `rerank`'s --max-query-length, --pair-batch-tokens and
+    --max-pairs-per-batch had no keyword (a program had to build RerankSettings from the serving layer)."""
+    from dilstore.reader.serving import rerank
+
+    seen = []
+    monkeypatch.setattr(rerank, "open_reranker", lambda *args, settings, **kwargs: seen.append(settings))
+    dilstore.open_reranker(tmp_path, max_query_length=np.int64(16), pair_batch_tokens=4096, max_pairs_per_batch=8)
+    assert seen == [rerank.RerankSettings(max_query_length=16, pair_batch_tokens=4096, max_pairs_per_batch=8)]
+    assert type(seen[0].max_query_length) is int
+    dilstore.open_reranker(tmp_path)
+    assert seen[-1] == rerank.RerankSettings()
+    for keyword, value, message in [("max_query_length", 2, "max_query_length must be at least 3, got 2"),
+                                    ("pair_batch_tokens", 0, "pair_batch_tokens must be at least 1, got 0"),
+                                    ("max_pairs_per_batch", -1, "max_pairs_per_batch must be at least 1, got -1"),
+                                    ("max_query_length", "16", "max_query_length must be an integer of at least 3 "
+                                                               "or None, got str '16'"),
+                                    ("max_pairs_per_batch", 8.0, "max_pairs_per_batch must be a positive integer or "
+                                                                 "None, got float 8.0")]:  # fmt: skip
+        with pytest.raises(dilstore.DilstoreError) as raised:
+            dilstore.open_reranker(tmp_path, **{keyword: value})
+        assert str(raised.value) == message
+    assert len(seen) == 2
+
+
+@given(value=st.integers(-3, 6))
+def test_open_reranker_takes_exactly_the_query_lengths_and_batch_limits_rerank_takes(value: int) -> None:
+    """(left55 F4) The keywords' bounds are the flags' (`integer_at_least(3)`, `positive_int`)."""
+    from dilstore.reader.serving.rerank import RerankSettings
+
+    for keyword, parse in (("max_query_length", integer_at_least(3)), ("pair_batch_tokens", positive_int),
+                           ("max_pairs_per_batch", positive_int)):  # fmt: skip
+        try:
+            parse(str(value))
+            taken = True
+        except argparse.ArgumentTypeError:
+            taken = False
+        try:
+            RerankSettings(**{keyword: value})
+            settled = True
+        except dilstore.DilstoreError:
+            settled = False
+        assert settled == taken, keyword
+
+
 def test_a_long_wrong_value_is_cut_in_the_message(tmp_path: Path) -> None:
     with pytest.raises(dilstore.DilstoreError) as raised:
         dilstore.open_reader(tmp_path, mu="μ" * 1000)
