@@ -228,8 +228,12 @@ class OpenDomainReader:
         candidates = [as_list(row, what) for row in as_list(candidates, what)]
         if len(questions) != len(candidates):
             raise DilstoreError(f"got {len(questions)} questions but {len(candidates)} candidate lists")
+        wrong = next((item for row in candidates for item in row if not isinstance(item, Hit | str)), None)
+        if wrong is not None:  # str() read 421 as the id "421" where `rerank` and `fetch` refuse it (left55 F5)
+            raise DilstoreError(f"candidates must hold passage ids (strings) or hits, got {type(wrong).__name__} "
+                                f"{wrong!r:.60}")  # fmt: skip
         tokenized = self._tokenize_questions(questions)
-        hits = [_first_of_each(item if isinstance(item, Hit) else Hit(str(item), 0.0) for item in row)
+        hits = [_first_of_each(item if isinstance(item, Hit) else Hit(item, 0.0) for item in row)
                 for row in candidates]  # fmt: skip
         return self._read(questions, tokenized, hits, Timings())
 

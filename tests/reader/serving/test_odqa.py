@@ -299,6 +299,29 @@ def test_bare_passage_ids_get_a_zero_bm25_score(tiny: dict) -> None:
     assert {span.bm25_score for span in reading.spans} == {0.0}
 
 
+class NamedLikeAPassage:
+    """Not an id, but its str() is one."""
+
+    def __init__(self, passage_id: str) -> None:
+        self.passage_id = passage_id
+
+    def __str__(self) -> str:
+        return self.passage_id
+
+
+def test_a_candidate_that_is_not_a_string_or_a_hit_is_refused_by_name(tiny: dict) -> None:
+    """(left55 F5) `read(questions, [[421]])` looked up str(421), "421", and any object whose str() was an id was
+    read as that passage, where `rerank` and `store.fetch` refuse ids that are not strings."""
+    odqa = odqa_for(tiny)
+    for wrong, shown in [(421, "int 421"), (NamedLikeAPassage(tiny["ids"][0]), "NamedLikeAPassage <"),
+                         (b"tram#0", "bytes b'tram#0'")]:  # fmt: skip
+        with pytest.raises(DilstoreError) as raised:
+            odqa.read([QUESTION], [[tiny["ids"][1], wrong]])
+        assert type(raised.value) is DilstoreError, raised.value  # not a missing id
+        assert str(raised.value).startswith(f"candidates must hold passage ids (strings) or hits, got {shown}")
+    assert odqa.read([QUESTION], [[np.str_(tiny["ids"][0])]])[0].spans  # a str subclass is a string
+
+
 def test_a_passage_given_twice_is_read_once(tiny: dict) -> None:
     """Each of its spans was found twice, so the n-best listed every answer twice (readme37 L3)."""
     odqa = odqa_for(tiny)
