@@ -181,9 +181,9 @@ def precompute(*, beam_options: Mapping[str, BeamValue] | None = None, **options
     SIGTERM and SIGHUP keep the caller's own handlers (by default they end
     the process; the command line turns them into the same stop). Nothing
     is printed on stdout, which may be the caller's own channel: the
-    command's summary is in STORE/run-summary.json. A run that rejected records (or left passages out) warns
-    (UserWarning) with the line the command prints on stderr, naming how many and where the dead letters say
-    why. A store already complete
+    command's summary is in STORE/run-summary.json (`json=True`, which asks for it on stdout, is refused).
+    A run that rejected records (or left passages out) warns (UserWarning) with the line the command prints on
+    stderr, naming how many and where the dead letters say why. A store already complete
     with these settings is left as it is, without a word on stderr (the
     command says so): its run-summary.json is then the earlier build's.
     """
@@ -198,6 +198,9 @@ def precompute(*, beam_options: Mapping[str, BeamValue] | None = None, **options
             raise DilstoreError(f"precompute has no option {name!r}: its keywords are the flags of `dilstore "
                                 "precompute` (PrecomputeOptions); Beam's options go in beam_options")  # fmt: skip
         _check_precompute_option(name, value, own[name])
+    if options.get("json"):  # taken, it did nothing: the function prints no summary (left55 F7)
+        raise DilstoreError("json=True asks for the summary `dilstore precompute --json` prints on stdout, which "
+                            "precompute() never prints: read STORE/run-summary.json instead, and leave json out")
     for name, value in (beam_options or {}).items():
         _check("a Beam option's name", name, (str,), "a string")
         if name in own:  # parsed as the flag: set unchecked, over the keyword (review49 F2)

@@ -63,6 +63,10 @@ from tests.fixtures.store_fixtures import build_store, random_shards
         (lambda root: dilstore.precompute(beam_options={"temp_location": {}}),
          "temp_location must be a Beam option value"),
         (lambda root: dilstore.precompute(beam_options={5: "x"}), "a Beam option's name must be a string, got int 5"),
+        # Taken, it did nothing: the function prints no summary (left55 F7).
+        (lambda root: dilstore.precompute(input="c.jsonl", json=True),
+         "json=True asks for the summary `dilstore precompute --json` prints on stdout, which precompute() never "
+         "prints: read STORE/run-summary.json instead"),
         (lambda root: dilstore.precompute(output="a", beam_options={"overwrite": True, "output": "b"}),
          "beam_options holds 'overwrite', which is a flag of `dilstore precompute`, not a Beam option: give it as a "
          "keyword"),
