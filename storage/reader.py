@@ -138,6 +138,8 @@ class Store:
         return self._read_path
 
     def __len__(self) -> int:
+        """The passages the store serves; a DilstoreError once it is closed."""
+        self._live_index()  # a closed store answered, as if still open (left55 F8)
         return self.manifest.passages
 
     def __contains__(self, passage_id: object) -> bool:
@@ -214,6 +216,7 @@ class Store:
         when a store at a URL is now another build (its manifest read again: a manifest that cannot be read now says
         nothing). A stat per file, or one request, for
         a server's health check: a store replaced under an idle server was found out only by the next request."""
+        self._live_index()  # a closed store (no shard open) passed, as if its files were all unchanged (left55 F8)
         root = self.location.local_root
         if root is None:
             self._check_build()
@@ -391,8 +394,9 @@ class Store:
 
         Shards hold no copy of the codebook, so every shard decodes with these
         arrays, and the tables the encoding derives from them are built once per
-        store rather than once per opened shard.
+        store rather than once per opened shard. A DilstoreError once the store is closed.
         """
+        self._live_index()  # a closed store loaded its codebook again (left55 F8)
         if not get_encoding(self.manifest.encoding).codebook:  # it read as a damaged store's missing codebook
             raise DilstoreError(f"store {self.url} is {self.manifest.encoding}, an encoding without a codebook")
         return self._loaded_codebook()

@@ -30,6 +30,21 @@ def test_a_closed_store_refuses_every_lookup_and_returned_arrays_stay_valid(stor
     assert np.array_equal(fetched[0].states, states)  # what was returned before still reads
 
 
+@pytest.mark.parametrize("read_path", ["mmap", "zarr"])
+def test_a_closed_store_says_it_is_closed_to_len_checks_and_its_codebook(store_path: Path, read_path: str) -> None:
+    """(left55 F8) Closed, `check_unchanged()` passed (no shard open: nothing to compare), `codebook()` loaded the
+    codebook again (here: said the store's encoding has none) and `len()` answered, as if the store were open."""
+    store = open_store(store_path, read_path=read_path)
+    store.fetch(["a"])
+    store.check_unchanged()
+    assert len(store) == 2
+    store.close()
+    for lookup in (store.check_unchanged, store.codebook, lambda: len(store)):
+        with pytest.raises(DilstoreError, match=r"^store .* is closed; open it again to read from it$"):
+            lookup()
+    assert store.url and store.manifest.passages == 2  # what it is stays known, for messages
+
+
 def test_with_closes_the_store_and_a_new_open_reads_again(store_path: Path) -> None:
     with open_store(store_path) as store:
         assert [p.id for p in store.fetch(["b", "a"])] == ["b", "a"]
