@@ -176,15 +176,17 @@ def require_topics(topics: Mapping[str, str], run: Run, source: str = "the topic
 
 
 def _checked_run(run: Run) -> Run:
-    """A checked copy of a `{qid: {docid: score}}` run (a file path was read one qid per character), some query
-    with a document to rerank. A query without any (a first stage that found nothing for it) is kept: `rerank_run`
-    leaves it out and names it in `emptied_queries`, as one whose documents are all missing (rank48 F3: one such
-    query refused the whole run)."""
+    """A checked copy of a `{qid: {docid: score}}` run (a file path was read one qid per character) of one query or
+    more, some query with a document to rerank. A query without any (a first stage that found nothing for it) is
+    kept: `rerank_run` leaves it out and names it in `emptied_queries`, as one whose documents are all missing
+    (rank48 F3: one such query refused the whole run)."""
     if not isinstance(run, Mapping):
         raise DilstoreError(f"the run must be a {{qid: {{docid: score}}}} mapping (a TREC run file is read by "
                             f"dilstore.reader.data.trec.read_run), got {type(run).__name__}")  # fmt: skip
     checked = run_from_mapping(run)
-    if checked and not any(checked.values()):
+    if not checked:  # returned an empty run without a word, where `rerank` refuses a run file of no query (left55 F9)
+        raise DilstoreError("the run holds no queries: there is nothing to rerank")
+    if not any(checked.values()):
         raise DilstoreError(f"none of the run's {len(checked)} queries has documents to rerank: "
                             f"{listed(list(checked))}")  # fmt: skip
     return checked
@@ -281,7 +283,7 @@ class StoreReranker(ABC, Generic[RankerT]):
     ) -> tuple[Run, RerankStats]:
         """Rerank each query's top-`depth` documents; the reranked run (tail kept below) and the stats.
 
-        Queries keep the run's order; each must have a topic. Every topic, and
+        Queries keep the run's order (a run of none is an error); each must have a topic. Every topic, and
         without `skip_missing` every top-`depth` document, is checked before
         the first query is scored. `on_query(qid)` is called after each query, for progress reporting, and
         `on_reranked(qid, scores)` with its reranked scores (None for a query left with no document), to keep them.

@@ -278,6 +278,8 @@ def test_done_is_a_collection_of_qids_never_a_string(store: Callable[..., Path],
         (lambda r: r.rerank_run(QUERIES, {"q1": {"tram": 1.0}}, on_query=5), "on_query must be a function or None"),
         (lambda r: r.rerank_run(QUERIES, {"q1": {"tram": 1.0}}, on_reranked=5), "on_reranked must be a function or"),
         (lambda r: r.rerank_run(QUERIES, {"q1": {"tram": 1.0}}, skip_missing=1), "skip_missing must be True or"),
+        # An empty run came back without a word, where `rerank` refuses a run file of no query (left55 F9).
+        (lambda r: r.rerank_run(QUERIES, {}), "^the run holds no queries: there is nothing to rerank$"),
     ],
 )  # fmt: skip
 def test_arguments_of_the_wrong_type_are_refused_by_name(
