@@ -107,18 +107,23 @@ class Store:
 
     @property
     def url(self) -> str:
+        """Where the store is: its local folder or its URL, a password in it shown as `***`."""
         return self.location.url
 
     @property
     def fingerprint(self) -> Fingerprint:
+        """The fingerprint of the model that made the store (architecture, config, weights, tokenizer, split, k,
+        encoding), which a reader's model must match."""
         return self.manifest.fingerprint
 
     @property
     def kind(self) -> str:
+        """What the store holds per token: "dilbert", "earl-s1", "earl-s2" or "listformer"."""
         return self.manifest.kind
 
     @property
     def encoding(self) -> str:
+        """How its states are encoded: "fp32", "fp16", "int8", "2bit" or "1bit"."""
         return self.manifest.encoding
 
     @property

@@ -153,10 +153,12 @@ class QAEvaluation:
 
     @property
     def em(self) -> float:
+        """Exact match under the run's μ, in percent of all questions (a refused one scores 0)."""
         return self.scores[self.mu][0]
 
     @property
     def f1(self) -> float:
+        """Token F1 under the run's μ, in percent, averaged over all questions (a refused one scores 0)."""
         return self.scores[self.mu][1]
 
     def summary(self) -> dict[str, Any]:

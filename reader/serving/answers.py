@@ -80,6 +80,8 @@ class Span:
         return mu * self.reader_score + (1.0 - mu) * self.bm25_score
 
     def to_dict(self, mu: float) -> dict[str, Any]:
+        """The span as one entry of `ask --json`'s `nbest`: its text, its final score under `mu`, the passage it is
+        in, the reader's and BM25's scores, and its [char_start, char_end) code-point range in the passage text."""
         return {
             "text": self.text,
             "score": self.score(mu),
@@ -134,6 +136,8 @@ class Answer:
 
     @property
     def best(self) -> Span | None:
+        """The span of the highest final score under the answer's μ (the first of `nbest`), or None when no passage
+        gave a valid span."""
         return self.nbest[0] if self.nbest else None
 
     @property
