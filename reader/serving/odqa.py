@@ -33,6 +33,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from transformers import AutoConfig
 
 from dilstore.reader.batching import (
     DEFAULT_MAX_PAIRS_PER_BATCH,
@@ -43,6 +44,7 @@ from dilstore.reader.batching import (
     pad_token_ids,
 )
 from dilstore.reader.data.qa_features import DEFAULT_MAX_QUESTION_LENGTH
+from dilstore.reader.modeling.architectures import require_segment_limit
 from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import model_fingerprint
@@ -421,7 +423,7 @@ def load_store_model(
     """
     fingerprint = store.fingerprint
     require_reader_store(store)
-    directory = Path(model_dir) if model_dir is not None else default_checkpoint_dir()
+    directory = reader_dir(model_dir)
     layers = None if read_metadata(require_checkpoint_dir(directory)) is not None else fingerprint.layers
     model = DilBertReader.from_pretrained(directory, layers=layers)
     expected = model_fingerprint(model, DilBertReader.kind, fingerprint.encoding, fingerprint.max_length)
@@ -429,6 +431,24 @@ def load_store_model(
     if online_variant:
         load_online_variant(model, directory, fingerprint.encoding, expected.weights_sha256)
     return model
+
+
+def reader_dir(model_dir: str | Path | None) -> Path:
+    """The reader checkpoint's folder: `model_dir`, by default the shipped checkpoint's."""
+    return Path(model_dir) if model_dir is not None else default_checkpoint_dir()
+
+
+def require_question_fits(model_dir: str | Path | None, limit: int) -> None:
+    """A DilstoreError when questions of `limit` tokens do not fit the positions of the reader at `model_dir`, read
+    from its config before the model loads. `open_reader(max_question_length=100000)` was refused only once the model
+    and the JVM had loaded, about 15 s (left55 F11). A folder whose config does not read is left to the model's
+    loading, which says what is wrong with it."""
+    directory = require_checkpoint_dir(reader_dir(model_dir))
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError):
+        return
+    require_segment_limit(config, limit, "question", "--max-question-length")
 
 
 def require_reader_store(store: Store) -> None:
@@ -472,6 +492,7 @@ def open_reader(
     if reuse is not None and reuse.store.fingerprint == store.fingerprint:
         model = reuse.model  # checked against an equal fingerprint when `reuse` opened
     else:
+        require_question_fits(model_dir, (settings or OdqaSettings()).max_question_length)
         model = load_store_model(store, model_dir, online_variant=online_variant)
     searcher = Bm25Searcher(index) if index is not None else None
     if searcher is not None:

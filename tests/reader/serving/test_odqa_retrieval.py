@@ -156,6 +156,27 @@ def test_a_top_p_beyond_javas_int_returns_every_hit(indexed: dict[str, Any]) -> 
     assert odqa.answer(QUESTION).nbest
 
 
+def test_a_question_limit_past_the_model_s_positions_is_refused_before_the_model_and_the_jvm_load(
+        indexed: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """(left55 F11) `open_reader(max_question_length=100000)` (and `ask --max-question-length 100000`) was refused
+    only once the model had loaded and the JVM had started, about 15 s."""
+    import dilstore
+    from dilstore.reader.serving import odqa
+
+    def loaded(*_: object, **__: object) -> None:
+        raise AssertionError("loaded before the limit was checked")
+
+    monkeypatch.setattr(odqa, "load_store_model", loaded)
+    monkeypatch.setattr(odqa, "Bm25Searcher", loaded)
+    for limit in (100_000, 10**9):
+        with pytest.raises(DilstoreError, match=rf"^the question limit {limit} \(--max-question-length\) is more "
+                                                r"than this model's \d+ positions$"):  # fmt: skip
+            dilstore.open_reader(indexed["store"], indexed["model"], max_question_length=limit)
+    monkeypatch.undo()
+    with dilstore.open_reader(indexed["store"], indexed["model"], max_question_length=20) as reader:
+        assert reader.answer(QUESTION).nbest
+
+
 def test_a_store_whose_first_index_is_being_built_says_so(indexed: dict[str, Any], tmp_path: Path) -> None:
     """While a first `dilstore index` ran, `ask` and `serve` said "build it with `dilstore index`" (conc39 M2)."""
     store = shutil.copytree(indexed["store"], tmp_path / "store", ignore=shutil.ignore_patterns("bm25"))
