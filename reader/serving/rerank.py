@@ -121,7 +121,8 @@ class RerankSettings:
 
 @dataclass
 class RerankStats(StageTimer):
-    """What reranking did, summed over the `rerank` calls that shared it.
+    """What reranking did, summed over the `rerank` calls that shared it (from several threads too: each call adds
+    under a lock, `StageTimer.add`).
 
     queries: queries reranked; pairs: (query, document) pairs judged;
     skipped: documents left out because the store lacks them (skip_missing);
@@ -314,9 +315,8 @@ class StoreReranker(ABC, Generic[RankerT]):
             tokens, tokenizing = queries[qid]
             # Its tokenizing counted with the query it served, so that the stats kept after each query are that
             # query's and those before (a run stopped and gone on from counts each once).
-            stats.query_layers += tokenizing.query_layers
-            stats.seconds += tokenizing.seconds
-            stats.truncated_queries += tokenizing.truncated_queries
+            stats.add(query_layers=tokenizing.query_layers, seconds=tokenizing.seconds,
+                      truncated_queries=tokenizing.truncated_queries)
             scores = self.rerank_tokenized(tokens, ranked[:depth], skip_missing=skip_missing, stats=stats)
             floor = min(scores.values(), default=0.0)
             tail = {docid: floor - rank for rank, docid in enumerate(ranked[depth:], start=1)}
@@ -354,8 +354,8 @@ class StoreReranker(ABC, Generic[RankerT]):
             with stats.measure("query_layers"):
                 tokens = self.tokenize_query(query)
         finally:
-            stats.seconds += time.perf_counter() - started
-        stats.truncated_queries += int(tokens.truncated)
+            stats.add(seconds=time.perf_counter() - started)
+        stats.add(truncated_queries=int(tokens.truncated))
         return tokens
 
     def _run_query(self, qid: str, query: str) -> tuple[TokenizedText, RerankStats]:
@@ -398,9 +398,9 @@ class StoreReranker(ABC, Generic[RankerT]):
             documents = self._fetch(list(dict.fromkeys(doc_ids)), skip_missing, stats)
             scores = self._score(tokens, documents, stats) if documents else []
         finally:
-            stats.seconds += time.perf_counter() - started
-        stats.queries += int(bool(documents))  # a query none of whose documents is stored was not reranked
-        stats.pairs += len(documents)
+            stats.add(seconds=time.perf_counter() - started)
+        # A query none of whose documents is stored was not reranked.
+        stats.add(queries=int(bool(documents)), pairs=len(documents))
         broken = next((document for document, score in zip(documents, scores, strict=True)
                        if not math.isfinite(score)), None)  # fmt: skip
         if broken is not None:  # hostile46 F7: NaN came back as a score
@@ -421,7 +421,7 @@ class StoreReranker(ABC, Generic[RankerT]):
                         error.missing,
                     ) from None
                 missing = set(error.missing)
-                stats.skipped += len(missing)
+                stats.add(skipped=len(missing))
                 present = [docid for docid in doc_ids if docid not in missing]
                 return self.store.fetch(present) if present else []
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -287,6 +290,43 @@ def test_arguments_of_the_wrong_type_are_refused_by_name(
 ) -> None:
     with open_reranker(store("earl-s1"), model_dir) as reranker, pytest.raises(DilstoreError, match=message):
         call(reranker)
+
+
+class CountingStore:
+    """What `rerank` needs of a store, at no cost: every id but "ghost" is stored."""
+
+    url = "counting"
+
+    def fetch(self, ids: list[str]) -> list[SimpleNamespace]:
+        if "ghost" in ids:
+            raise MissingPassagesError("ghost is not stored", ["ghost"])
+        return [SimpleNamespace(id=docid) for docid in ids]
+
+
+def test_a_stats_object_shared_by_threads_counts_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(left55 F12) `rerank` calls on a thread pool that shared one RerankStats added with `+=`: another thread's
+    addition fell between a read and its write, and `queries` came out about a tenth short (8 threads of 5,000 calls,
+    the interpreter switching threads as often as it can)."""
+    reranker = object.__new__(EarlReranker)  # the counting, without a model: the stages are stubbed
+    reranker.store = CountingStore()
+    monkeypatch.setattr(reranker, "_score", lambda tokens, documents, stats: [1.0] * len(documents), raising=False)
+    stats, threads, calls = RerankStats(), 8, 5000
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    def work() -> None:
+        for _ in range(calls):
+            reranker.rerank_tokenized(None, ["a", "ghost", "b"], skip_missing=True, stats=stats)
+
+    try:
+        pool = [threading.Thread(target=work) for _ in range(threads)]
+        for thread in pool:
+            thread.start()
+        for thread in pool:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switching)
+    assert (stats.queries, stats.pairs, stats.skipped) == (threads * calls, 2 * threads * calls, threads * calls)
 
 
 def test_missing_ids_are_named_or_skipped_and_counted(store: Callable[..., Path], model_dir: Path) -> None:
