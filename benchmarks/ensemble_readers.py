@@ -36,7 +36,7 @@ from dilstore.reader.evaluation.reading_comprehension import (
 from dilstore.reader.evaluation.squad_metric import evaluate_examples
 from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import positive_int, sample_seed
 from dilstore.storage.errors import DilstoreError
 
 Logits = tuple[torch.Tensor, torch.Tensor]  # start and end, each (batch, question + passage tokens)
@@ -75,7 +75,7 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--also", nargs="*", type=Path, default=[], help="reader folders scored alone beside them")
     parser.add_argument("--data", type=Path, required=True, help="SQuAD v1.1 JSON")
     parser.add_argument("--limit", type=positive_int, default=2000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=sample_seed, default=0)
     parser.add_argument("--threads", type=positive_int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -46,7 +46,7 @@ from dilstore.reader.packaged.shipped import default_checkpoint_dir
 from dilstore.reader.retrieval import build_bm25_index
 from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
 from dilstore.reader.text.files import read_json
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import positive_int, sample_seed
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_store
 from dilstore.storage.codebook import CODEBOOK_DIR, write_codebook
 from dilstore.storage.encodings import get_encoding, train_codebook
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--limit", type=positive_int, help="a seeded random subset of N questions (default: all 10,570)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset (default 0)")
+    parser.add_argument("--seed", type=sample_seed, default=0, help="seed of the --limit subset (default 0)")
     parser.add_argument(
         "--top-p", type=positive_int, nargs="+", default=list(SEED_TOP_PS), help="p values (default 29 100)"
     )

@@ -33,7 +33,7 @@ from dilstore.reader.modeling.online_variants import write_online_variant  # noq
 from dilstore.reader.packaged.shipped import default_checkpoint_dir  # noqa: E402
 from dilstore.reader.text.files import read_json_object  # noqa: E402
 from dilstore.reader.training.release import load_training_metadata  # noqa: E402
-from dilstore.runners.arg_types import positive_int  # noqa: E402
+from dilstore.runners.arg_types import positive_int, sample_seed  # noqa: E402
 from dilstore.runners.outputs import PLOT_SUFFIXES, check_output_file  # noqa: E402
 from dilstore.storage.errors import DilstoreError  # noqa: E402
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, required=True, help="folder for the packaged checkpoints and results")
     parser.add_argument("--base", type=Path, help="the checkpoint the run started from (default: the shipped reader)")
     parser.add_argument("--limit", type=positive_int, default=300)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=sample_seed, default=0)
     parser.add_argument("--top-p", type=positive_int, default=29)
     parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--png", type=Path)

@@ -52,7 +52,7 @@ from dilstore.reader.modeling.ranker_base import RankerBase
 from dilstore.reader.modeling.rankers import checkpoint_kind, load_ranker, new_ranker
 from dilstore.reader.modeling.ranking_inputs import RANKER_KINDS
 from dilstore.reader.modeling.siamese import CosineBiEncoder
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import positive_int, sample_seed
 from dilstore.runners.outputs import check_output_file
 from dilstore.storage.errors import DilstoreError
 
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--squad-limit", type=positive_int, default=500, help="SQuAD dev questions, seeded subset (500)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --squad-limit subset (default 0)")
+    parser.add_argument("--seed", type=sample_seed, default=0, help="seed of the --squad-limit subset (default 0)")
     parser.add_argument("--max-query-length", type=positive_int, default=32)
     parser.add_argument("--max-doc-length", type=positive_int, default=256)
     parser.add_argument(

@@ -32,7 +32,7 @@ from dilstore.reader.evaluation.reading_comprehension import evaluate_file
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.release import load_training_metadata
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import positive_int, sample_seed
 from dilstore.runners.outputs import PLOT_SUFFIXES, check_output_file
 from dilstore.storage.errors import DilstoreError
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scored", nargs="+", type=Path, metavar="FILE", help="JSON rows of an earlier call")
     parser.add_argument("--dev", type=Path, help="SQuAD v1.1 dev JSON (needed with RUN)")
     parser.add_argument("--limit", type=positive_int, default=500, help="seeded subset of dev questions (default 500)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the subset (default 0)")
+    parser.add_argument("--seed", type=sample_seed, default=0, help="seed of the subset (default 0)")
     parser.add_argument("--cache", type=Path, help="JSON file of scores already computed (needed with RUN)")
     parser.add_argument("--png", type=Path, help="write the plot here")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")

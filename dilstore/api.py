@@ -350,14 +350,15 @@ def evaluate_qa(
     given, as `dilstore evaluate-qa` does.
     """
     from dilstore.reader.evaluation.open_domain import evaluate_questions, load_questions
-    from dilstore.reader.evaluation.subsets import seeded_subset
+    from dilstore.reader.evaluation.subsets import require_subset_seed, seeded_subset
     from dilstore.reader.serving.odqa import OpenDomainReader
 
     _check("reader", reader, (OpenDomainReader,), "a reader from open_reader")
     _check("questions", questions, _PATH, "a question file")
     _check("limit", limit, (int, type(None)), "a positive integer or None")
     require_at_least_one({"limit": limit}, dashed=False)  # before the questions load
-    _check("seed", seed, (int,), "an integer")
+    _check("seed", seed, (int,), "an integer of at least 0")
+    require_subset_seed(int(seed))  # before the questions load
     chosen = seeded_subset(load_questions(questions), _int(limit), int(seed))
     return evaluate_questions(reader, chosen, top_p=reader.settings.top_p, mu=reader.settings.mu)
 

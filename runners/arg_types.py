@@ -36,6 +36,16 @@ def numpy_seed(text: str) -> int:
     return _integer_in(text, 0, MAX_SEED, f"a seed from 0 to {MAX_SEED}")
 
 
+def sample_seed(text: str) -> int:
+    """argparse type: the seed of a seeded random subset (--limit's, --eval-limit's), any integer of at least 0.
+
+    Python's `random.Random` seeds with the absolute value, so `--seed -1` drew the same subset as `--seed 1`
+    (left55b F1); a negative seed is refused rather than let two seeds name one subset. No upper bound, unlike
+    `numpy_seed`: `random.Random` draws a subset of its own for every seed of at least 0.
+    """
+    return _integer_in(text, 0, None, "a seed of at least 0")
+
+
 def _integer_in(text: str, low: int, high: int | None, expected: str) -> int:
     """`text` as an integer from `low` to `high` (no bound when None); an ArgumentTypeError saying `expected`."""
     try:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import positive_int, sample_seed
 from dilstore.runners.cmd_train_ranking import register_rankers, register_ranking_data
 from dilstore.runners.inputs import require_directory, require_file
 from dilstore.runners.reading_options import add_reading_arguments, apply_threads, reading_settings
@@ -128,7 +128,9 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--eval-limit", type=positive_int, help="evaluate on a seeded random subset of N dev questions"
     )
-    parser.add_argument("--eval-seed", type=int, default=0, help="seed of the --eval-limit subset (default 0)")
+    parser.add_argument(
+        "--eval-seed", type=sample_seed, default=0, help="seed of the --eval-limit subset, at least 0 (default 0)"
+    )
     add_reading_arguments(parser)
     add_report_arguments(parser)
     parser.set_defaults(run=holding_the_output(run_qa))

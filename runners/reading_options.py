@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from dilstore.runners.arg_types import positive_int, torch_device
+from dilstore.runners.arg_types import positive_int, sample_seed, torch_device
 from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
@@ -28,7 +28,7 @@ def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
 def add_subset_arguments(parser: argparse.ArgumentParser, scored: str) -> None:
     """--limit and --seed: a seeded random subset of the `scored` items (questions)."""
     parser.add_argument("--limit", type=positive_int, help=f"{scored} a seeded random subset of N (default: all)")
-    parser.add_argument("--seed", type=int, help="seed of the --limit subset (default 0)")
+    parser.add_argument("--seed", type=sample_seed, help="seed of the --limit subset, at least 0 (default 0)")
 
 
 def subset_seed(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from dilstore.runners.arg_types import (
     numpy_seed,
     option_words,
     positive_int,
+    sample_seed,
     torch_device,
 )
 from tests.fixtures.store_fixtures import build_store, random_shards
@@ -52,6 +53,9 @@ from tests.fixtures.store_fixtures import build_store, random_shards
         # It said "--limit must be at least 1", the command's flag (readme37 L1).
         (lambda root: dilstore.evaluate_qa(object.__new__(OpenDomainReader), root, limit=0),
          "limit must be at least 1, got 0"),
+        # random.Random takes -1 as 1: the subset of seed 1, without a word (left55b F1); refused before the file loads.
+        (lambda root: dilstore.evaluate_qa(object.__new__(OpenDomainReader), root, limit=2, seed=-1),
+         "seed must be at least 0, got -1: Python's random seeds with its absolute value"),
         # Read as one flag per item or character: ./98 got a store, input=[] the embedded corpus (readme37 M1, M2).
         (lambda root: dilstore.precompute(output=b"ab"), "output must be a path, got bytes b'ab'"),
         (lambda root: dilstore.precompute(output=["a", "b"]), "output must be a path, got list"),
@@ -273,7 +277,8 @@ def test_numpy_integers_are_taken_as_integers(tmp_path: Path, monkeypatch) -> No
 
 @pytest.mark.parametrize(
     ("parse", "low", "high"),
-    [(positive_int, 1, None), (non_negative_int, 0, None), (integer_at_least(3), 3, None), (numpy_seed, 0, MAX_SEED)],
+    [(positive_int, 1, None), (non_negative_int, 0, None), (integer_at_least(3), 3, None), (numpy_seed, 0, MAX_SEED),
+     (sample_seed, 0, None)],
 )
 @given(offset=st.integers(-3, 3))
 def test_an_integer_option_takes_its_bounds_and_refuses_what_lies_past_them(parse, low: int, high, offset: int) -> None:

@@ -143,6 +143,31 @@ def test_a_seed_without_a_limit_is_refused(command: list[str], tmp_path: Path, c
 
 
 @pytest.mark.parametrize(
+    ("command", "option"),
+    [(["evaluate-qa", "{tmp}/no-store", "--questions", "{tmp}/q.jsonl", "--limit", "2"], "--seed"),
+     (["evaluate-rc", "--data", "{tmp}/none.json", "--limit", "2"], "--seed"),
+     (["evaluate-rc", "--data", "{tmp}/none.json", "--score", "{tmp}/p.json", "--limit", "2"], "--seed"),
+     (["train", "qa", "--layers", "1", "--train", "{tmp}/t.json", "--dev", "{tmp}/d.json", "--eval-limit", "2"],
+      "--eval-seed")],
+)  # fmt: skip
+def test_a_negative_subset_seed_is_a_usage_error_naming_the_option(
+    command: list[str], option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(left55b F1) Python's random.Random seeds with the absolute value, so `--seed -1` scored the very subset of
+    `--seed 1` without a word; a large seed, which draws a subset of its own, is still taken."""
+    with pytest.raises(SystemExit) as exited:
+        main(filled(command, tmp=tmp_path) + [option, "-1"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.strip().splitlines()[-1].endswith(
+        f"argument {option}: expected a seed of at least 0, got -1"
+    )
+    from dilstore.runners.cli import build_parser, parse
+
+    args = parse(build_parser(), filled(command, tmp=tmp_path) + [option, str(2**40)])
+    assert getattr(args, option[2:].replace("-", "_")) == 2**40
+
+
+@pytest.mark.parametrize(
     "option", ["--epochs", "--batch-size", "--gradient-accumulation-steps", "--log-every", "--keep-checkpoints",
                "--max-steps"],
 )  # fmt: skip

@@ -35,3 +35,11 @@ def test_a_limit_below_one_is_named_as_the_argument(refused: int) -> None:
     """Named as the argument, not as a command's --limit (style38 M7)."""
     with pytest.raises(DilstoreError, match=f"^limit must be at least 1, got {refused}$"):
         seeded_subset(["a", "b"], refused, seed=0)
+
+
+@given(seed=st.integers(1, 2**40))
+def test_a_negative_seed_is_refused_not_taken_as_its_absolute_value(seed: int) -> None:
+    """(left55b F1) random.Random(-S) draws as random.Random(S): seed -1 picked the subset of seed 1, so two seeds
+    silently named one subset."""
+    with pytest.raises(DilstoreError, match=f"^seed must be at least 0, got {-seed}: .* same subset as {seed}$"):
+        seeded_subset(list(range(50)), 3, -seed)
