@@ -58,6 +58,8 @@ from dilstore.storage.residual_codes import (
     CODEBOOK_SAMPLE_TOKENS,
     CODEBOOK_SAMPLE_UNITS,
     CODEBOOK_SEED,
+    MIN_REUSE_TOKENS,
+    SMALL_SAMPLE_TOKENS,  # noqa: F401 (read here by runners.cmd_precompute)
     sample_rows,
 )
 from dilstore.storage.writer import build_attributes, refuse_non_finite
@@ -160,18 +162,9 @@ def check_codebook_fits(path: Path, encoding: str, kind: str, reader: OfflineMod
                             f"({kind})")  # fmt: skip
 
 
-# A codebook trained on fewer token states than this codes unseen states measurably worse than one trained on a full
-# sample: 2bit held-out relative error on SQuAD dev states 0.56 at 72 tokens, 0.31 at 256, 0.21 at 1,000, 0.19 at
-# 2,000, 0.17 at 20,000 (0.93 at 72 before TOKENS_PER_CENTROID; codes51 F1). A build that trains one says so, and an
-# --append or a --codebook run measures it on its own states first (codebook_fit); from 2,000 on, within 1.15x of a
-# full sample's, appends skip that measurement.
-SMALL_SAMPLE_TOKENS = 2000
-# A codebook trained on fewer token states than this is not reused by an --append or a --codebook run, without
-# measuring it: its 2bit held-out relative error is 0.31 at 256 tokens (1.8x, past FOREIGN_CODEBOOK_SLACK) and 0.24
-# at 512 (1.4x) against 0.17 for a full sample (BENCHMARKS.md "codebooks trained on few states"), and a run too small
-# to measure it (codebook_fit: FIT_MIN_TOKENS per half) would otherwise take it with a warning at best: a 72-token
-# store's 12-paragraph append was coded at 0.964 with exit 0 (review51 R1).
-MIN_REUSE_TOKENS = 512
+# SMALL_SAMPLE_TOKENS and MIN_REUSE_TOKENS (storage.residual_codes): the sample sizes below which a codebook is
+# measured, or refused, before an --append or a --codebook run reuses it.
+
 # How much worse than a codebook trained on a run's own sample a --codebook made for another model may encode it
 # (relative error): a frozen-lower reader's states are its base's, which its base's codebook fits as well as a new
 # one; another model's states got 0.954 against 0.313 (BENCHMARKS.md), near what all-zero states give (1.0).

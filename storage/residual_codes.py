@@ -65,6 +65,18 @@ KMEANS_ITERATIONS = 20
 # at most 256 tokens got before), every residual is 0, the residual codes learn nothing, and unseen states were
 # coded with a relative error of 0.93 (codes51 F1); with 32 per centroid, 0.56 (BENCHMARKS.md, STORE_FORMAT §4).
 TOKENS_PER_CENTROID = 32
+# A codebook trained on fewer token states than this codes unseen states measurably worse than one trained on a full
+# sample: 2bit held-out relative error on SQuAD dev states 0.56 at 72 tokens, 0.31 at 256, 0.21 at 1,000, 0.19 at
+# 2,000, 0.17 at 20,000 (0.93 at 72 before TOKENS_PER_CENTROID; codes51 F1). A build that trains one says so, and an
+# --append or a --codebook run measures it on its own states first (pipelines.codebook.codebook_fit); from 2,000 on,
+# within 1.15x of a full sample's, appends skip that measurement. `train qa --store-encoding` warns below it too.
+SMALL_SAMPLE_TOKENS = 2000
+# A codebook trained on fewer token states than this is not reused by an --append or a --codebook run, without
+# measuring it: its 2bit held-out relative error is 0.31 at 256 tokens (1.8x, past FOREIGN_CODEBOOK_SLACK) and 0.24
+# at 512 (1.4x) against 0.17 for a full sample (BENCHMARKS.md "codebooks trained on few states"), and a run too small
+# to measure it (pipelines.codebook: FIT_MIN_TOKENS per half) would otherwise take it with a warning at best: a
+# 72-token store's 12-paragraph append was coded at 0.964 with exit 0 (review51 R1).
+MIN_REUSE_TOKENS = 512
 
 
 def sample_rows(rows: int, limit: int, seed: int = CODEBOOK_SEED) -> np.ndarray:

@@ -22,6 +22,7 @@ run reads it back, so every step of a run sees the same codes.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,7 +33,14 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.training.frozen_lower import StateTransform, encode_windows
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_sample_tokens, read_codebook, write_codebook
 from dilstore.storage.encodings import get_encoding, round_trip, train_codebook
-from dilstore.storage.residual_codes import CODEBOOK_SAMPLE_TOKENS, CODEBOOK_SAMPLE_UNITS, CODEBOOK_SEED, sample_rows
+from dilstore.storage.residual_codes import (
+    CODEBOOK_SAMPLE_TOKENS,
+    CODEBOOK_SAMPLE_UNITS,
+    CODEBOOK_SEED,
+    MIN_REUSE_TOKENS,
+    SMALL_SAMPLE_TOKENS,
+    sample_rows,
+)
 
 _ENCODE_BATCH = 32
 
@@ -85,6 +93,28 @@ def training_round_trip(
         sample = passage_state_sample(reader, windows, device)  # (N, d)
         arrays, state_shape = train_codebook(encoding, sample), sample.shape[1:]  # rotated, as DilBert stores are
         sample_tokens = len(sample)
+        warn_small_sample(encoding, sample_tokens)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_codebook(target, encoding, arrays, tuple(state_shape), sample_tokens=sample_tokens)
     return round_trip(encoding, arrays)
+
+
+def warn_small_sample(encoding: str, sample_tokens: int) -> None:
+    """Say on stderr, before training starts, that the codebook a run trained is one of fewer than
+    SMALL_SAMPLE_TOKENS token states, what that does and what is needed.
+
+    (left55b F2) `train qa --freeze-lower --store-encoding 2bit` on a small training set saved a codebook of a few
+    hundred states without a word, where `precompute` warns: such a codebook codes the training windows' own states
+    better than a store's unseen ones, so the upper layers learn to read less error than a store built with it
+    gives, and below MIN_REUSE_TOKENS `precompute --codebook OUTPUT/codebook` refuses it only after the training.
+    """
+    if sample_tokens >= SMALL_SAMPLE_TOKENS:
+        return
+    refused = (f"; with fewer than {MIN_REUSE_TOKENS:,}, `dilstore precompute --codebook OUTPUT/{CODEBOOK_DIR}` will "
+               "refuse it" if sample_tokens < MIN_REUSE_TOKENS else "")  # fmt: skip
+    print(f"dilstore train qa: warning: the {encoding} codebook was trained on only {sample_tokens:,} token states "
+          f"of the training windows, fewer than the {SMALL_SAMPLE_TOKENS:,} a codebook needs to code unseen passages "
+          f"as well as a full sample does: it codes these windows' states better than a store's, so the upper layers "
+          f"train on less error than a store gives them{refused}. Train on more passages (a sample takes up to "
+          f"{CODEBOOK_SAMPLE_TOKENS:,} token states of {CODEBOOK_SAMPLE_UNITS} windows), or give a store's codebook "
+          "with --codebook", file=sys.stderr)  # fmt: skip

@@ -106,6 +106,27 @@ def test_a_run_saves_its_codebook_and_a_resumed_run_reads_it_back(
         training_round_trip(reader, windows(features), "1bit", None, tmp_path, CPU, resume=True)  # a 2bit codebook
 
 
+def test_a_codebook_trained_on_few_states_is_warned_of_before_training(
+    reader: DilBertReader, features: list[QAFeature], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """(left55b F2) A codebook of a few hundred training states was saved without a word, unlike `precompute`'s:
+    the upper layers trained on less error than a store gives, and `precompute --codebook` refused it only later."""
+    count = len(passage_state_sample(reader, windows(features), CPU))
+    training_round_trip(reader, windows(features), "2bit", None, tmp_path / "a", CPU, resume=False)
+    err = capsys.readouterr().err
+    assert f"warning: the 2bit codebook was trained on only {count:,} token states" in err
+    assert "fewer than the 2,000 a codebook needs" in err and "--codebook OUTPUT/codebook` will refuse it" in err
+    monkeypatch.setattr(store_codec, "MIN_REUSE_TOKENS", count)  # enough to reuse, too few to skip the measurement
+    training_round_trip(reader, windows(features), "2bit", None, tmp_path / "b", CPU, resume=False)
+    err = capsys.readouterr().err
+    assert f"only {count:,} token states" in err and "will refuse it" not in err
+    monkeypatch.setattr(store_codec, "SMALL_SAMPLE_TOKENS", count)
+    training_round_trip(reader, windows(features), "2bit", None, tmp_path / "c", CPU, resume=False)
+    training_round_trip(reader, windows(features), "2bit", None, tmp_path / "a", CPU, resume=True)  # read back
+    assert capsys.readouterr().err == ""
+
+
 def test_a_tiny_run_keeps_the_lower_layers_and_records_its_encoding(
     tiny_base: Path, squad_file: Path, tmp_path: Path
 ) -> None:
