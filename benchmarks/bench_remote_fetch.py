@@ -11,7 +11,10 @@ ranges, counting every request), and fetches --fetch random ids through:
 - `http ranged unchecked`: the same reads through fsspec's own `cat_ranges`, no answer checked (the
   byte-range path before stale54 F1), measured in the same run, in turns with `http ranged`
   (which goes first alternates per repetition), for the cost of the check;
-- `http zarr`: the same URL through zarr-python (`read_path="zarr"`, what URLs used before).
+- `http zarr`: the same URL through zarr-python (`read_path="zarr"`, what URLs used before, and the path of
+  every compressed store), each array file's answer checked as `http ranged`'s (left55b F3);
+- `http zarr unchecked`: the same reads through zarr-python's FsspecStore alone (the zarr path before
+  left55b F3), in turns with `http zarr` as `http ranged unchecked` with `http ranged`.
 
 Per repetition (--repeats, each with new seeded ids), "cold" is `open_store` plus the first
 fetch (manifest, id index and every touched shard opened), "warm" a second fetch of other ids
@@ -110,6 +113,23 @@ def answers_unchecked() -> Iterator[None]:
         ranged._http_cat_ranges = checked
 
 
+@contextmanager
+def zarr_answers_unchecked() -> Iterator[None]:
+    """The zarr-python path as it read before left55b F3: FsspecStore's own `get`, no answer's file version kept."""
+    from dilstore.storage.zarr_reads import RequiredChunksStore
+
+    checked = RequiredChunksStore._read
+
+    async def unchecked(self: RequiredChunksStore, key: str, prototype: Any, byte_range: Any) -> Any:
+        return await self._store.get(key, prototype, byte_range)
+
+    RequiredChunksStore._read = unchecked  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        RequiredChunksStore._read = checked  # type: ignore[method-assign]
+
+
 def measure(open_one: Callable[[], Store], id_sets: list[tuple[list[str], list[str]]],
             server: HttpServer | None) -> dict[str, Any]:  # fmt: skip
     """Medians over the repetitions of cold (open + first fetch) and warm (another fetch) seconds, requests, bytes."""
@@ -138,15 +158,16 @@ def measure_once(open_one: Callable[[], Store], cold_ids: list[str], warm_ids: l
     return sample
 
 
-def measure_checked_and_unchecked(url: str, id_sets: list[tuple[list[str], list[str]]],
-                                  server: HttpServer) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
-    """`measure` of the byte-range path with its answers unchecked and checked, the two taking turns within each
-    repetition (which goes first alternates), so that the machine's load weighs on both alike."""
+def measure_checked_and_unchecked(url: str, id_sets: list[tuple[list[str], list[str]]], server: HttpServer,
+                                  read_path: str = "ranged") -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """`measure` of `read_path` (ranged or zarr) with its answers unchecked and checked, the two taking turns within
+    each repetition (which goes first alternates), so that the machine's load weighs on both alike."""
+    unchecked_reads = answers_unchecked if read_path == "ranged" else zarr_answers_unchecked
     samples: tuple[dict[str, list[float]], dict[str, list[float]]] = ({}, {})
     for repetition, (cold_ids, warm_ids) in enumerate(id_sets):
         for checked in (False, True) if repetition % 2 == 0 else (True, False):
-            with nullcontext() if checked else answers_unchecked():
-                sample = measure_once(lambda: open_store(url, read_path="ranged"), cold_ids, warm_ids, server)
+            with nullcontext() if checked else unchecked_reads():
+                sample = measure_once(lambda: open_store(url, read_path=read_path), cold_ids, warm_ids, server)
             for key, value in sample.items():
                 samples[checked].setdefault(key, []).append(value)
     unchecked, checked_ = ({key: statistics.median(values) for key, values in side.items()} for side in samples)
@@ -167,8 +188,9 @@ def main() -> None:
         with serve_directory(args.work, latency=latency / 1000) as server:
             url = f"{server.url}/{name}"
             unchecked, checked = measure_checked_and_unchecked(url, id_sets, server)
-            zarr_path = measure(lambda: open_store(url, read_path="zarr"), id_sets, server)
-            for label, opened in (("ranged unchecked", unchecked), ("ranged", checked), ("zarr", zarr_path)):
+            zarr_unchecked, zarr_path = measure_checked_and_unchecked(url, id_sets, server, read_path="zarr")
+            for label, opened in (("ranged unchecked", unchecked), ("ranged", checked),
+                                  ("zarr unchecked", zarr_unchecked), ("zarr", zarr_path)):  # fmt: skip
                 rows.append({"path": f"http {label}", "latency_ms": latency, **opened})
                 print(rows[-1], file=sys.stderr, flush=True)
     print(f"\nstore: {args.passages} passages, {args.shards} shards, d={args.dim} fp16, {store_bytes / 1e6:.1f} MB; "

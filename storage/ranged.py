@@ -76,6 +76,17 @@ class FileVersion:
         return None
 
 
+def refuse_replaced(path: str, opened: FileVersion, seen: FileVersion) -> None:
+    """A StoreChangedError when an answer's `seen` version of the file at `path` is not the `opened` one (the first
+    answer's for it): the store was rebuilt or copied over at its URL, and the bytes were another build's at the
+    old build's offsets (stale54 F1). The one check of both read paths: byte ranges here, and zarr-python's reads
+    of compressed arrays (storage/zarr_reads.py, left55b F3)."""
+    change = seen.change_from(opened)
+    if change is not None:
+        raise StoreChangedError(f"{path} was replaced after this reader opened it ({change}): the store was rebuilt "
+                                "or its files copied over at its URL; open it again")  # fmt: skip
+
+
 class RangedColumn:
     """An uncompressed array file on an fsspec filesystem, read as row ranges without zarr-python."""
 
@@ -94,10 +105,7 @@ class RangedColumn:
             if self.opened is None:
                 self.opened = seen
             opened = self.opened
-        change = seen.change_from(opened)
-        if change is not None:
-            raise StoreChangedError(f"{self.path} was replaced after this reader opened it ({change}): the store "
-                                    "was rebuilt or its files copied over at its URL; open it again")  # fmt: skip
+        refuse_replaced(self.path, opened, seen)
         if seen.size is not None and seen.size != self.layout.file_size:
             raise StoreFormatError(f"{self.path} is {seen.size} bytes, its metadata says {self.layout.file_size}; "
                                    "run `dilstore verify`")  # fmt: skip
@@ -204,7 +212,7 @@ def _cat_ranges(
     local = isinstance(fs, LocalFileSystem)
     for path in dict.fromkeys(paths) if local else ():
         refuse_special_file(path, path)
-    attempt, http = 0, _is_http(fs)
+    attempt, http = 0, is_http(fs)
     while True:  # ends in a return or a raise: worth_retrying bounds the attempts
         try:
             if http:
@@ -222,7 +230,7 @@ def _cat_ranges(
             attempt += 1
 
 
-def _is_http(fs: fsspec.AbstractFileSystem) -> bool:
+def is_http(fs: fsspec.AbstractFileSystem) -> bool:
     """Whether `fs` is fsspec's HTTP(S) filesystem, told by its protocols so that a local store's reads do not
     import aiohttp."""
     protocol = getattr(fs, "protocol", ())  # a filesystem-like object need not say one
@@ -233,28 +241,14 @@ def _is_http(fs: fsspec.AbstractFileSystem) -> bool:
 def _http_cat_ranges(
     fs: HTTPFileSystem, paths: list[str], starts: list[int], stops: list[int]
 ) -> tuple[list[bytes], list[FileVersion]]:
-    """What `fs.cat_ranges(..., on_error="raise")` reads over HTTP(S), the same GETs with the same options, at once
-    in fsspec's batches, plus each answer's `FileVersion`: fsspec's `_cat_file` keeps only the body. A 404 is a
-    FileNotFoundError and any other failing status aiohttp's ClientResponseError, as there."""
+    """What `fs.cat_ranges(..., on_error="raise")` reads over HTTP(S), the same GETs with the same options
+    (`http_read`), at once in fsspec's batches, plus each answer's `FileVersion`: fsspec's `_cat_file` keeps only
+    the body."""
     from fsspec.asyn import _run_coros_in_chunks, sync
 
-    async def one(path: str, start: int, stop: int) -> tuple[bytes, FileVersion]:
-        options = dict(fs.kwargs)
-        headers = {**(options.pop("headers", None) or {}), "Range": f"bytes={start}-{stop - 1}"}
-        session = await fs.set_session()
-        async with session.get(fs.encode_url(path), headers=headers, **options) as answer:
-            body = await answer.read()
-            if answer.status == 404:
-                raise FileNotFoundError(path)
-            answer.raise_for_status()
-            size = None
-            if answer.status == _PARTIAL_CONTENT:
-                total = _CONTENT_RANGE.match(answer.headers.get("Content-Range", ""))
-                size = None if total is None else int(total.group(1))
-            return body, FileVersion(answer.headers.get("ETag"), answer.headers.get("Last-Modified"), size)
-
     async def all_of_them() -> list[tuple[bytes, FileVersion] | BaseException]:
-        reads = [one(path, start, stop) for path, start, stop in zip(paths, starts, stops, strict=True)]
+        reads = [http_read(fs, path, f"bytes={start}-{stop - 1}")
+                 for path, start, stop in zip(paths, starts, stops, strict=True)]  # fmt: skip
         return await _run_coros_in_chunks(reads, batch_size=fs.batch_size, nofiles=True, return_exceptions=True)
 
     answers = sync(fs.loop, all_of_them)
@@ -262,6 +256,26 @@ def _http_cat_ranges(
     if failed is not None:
         raise failed
     return [answer[0] for answer in answers], [answer[1] for answer in answers]  # type: ignore[index]
+
+
+async def http_read(fs: HTTPFileSystem, path: str, byte_range: str | None) -> tuple[bytes, FileVersion]:
+    """One GET of `path` as fsspec's HTTP `_cat_file` sends it (fs.kwargs: headers, auth), with `Range: byte_range`
+    when given, and what the answer says of the file (`FileVersion`), which `_cat_file` drops. The size is a 206's
+    Content-Range total, or the body's length when the whole file was asked for. A 404 is a FileNotFoundError and
+    any other failing status aiohttp's ClientResponseError, as there."""
+    options = dict(fs.kwargs)
+    headers = {**(options.pop("headers", None) or {}), **({} if byte_range is None else {"Range": byte_range})}
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(path), headers=headers, **options) as answer:
+        body = await answer.read()
+        if answer.status == 404:
+            raise FileNotFoundError(path)
+        answer.raise_for_status()
+        size = len(body) if byte_range is None else None
+        if answer.status == _PARTIAL_CONTENT:
+            total = _CONTENT_RANGE.match(answer.headers.get("Content-Range", ""))
+            size = None if total is None else int(total.group(1))
+        return body, FileVersion(answer.headers.get("ETag"), answer.headers.get("Last-Modified"), size)
 
 
 def _failed_file(error: BaseException, paths: Sequence[str]) -> str:

@@ -36,3 +36,15 @@ def test_a_rerun_with_other_settings_measures_a_store_of_those_settings(
     assert len(stores) == 2 and second["store"]["bytes"] > first["store"]["bytes"]
     with open_store(next(store for store in stores if "15p" in store.name)) as store:
         assert (store.manifest.passages, len(store.manifest.shards), store.manifest.state_shape) == (15, 3, (32,))
+
+
+def test_the_zarr_path_is_measured_checked_and_unchecked_with_the_same_requests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(left55b F3) The zarr-python path (every compressed store's) checks each answer's file version now; the script
+    measures it beside FsspecStore's own reads, which must send the same requests and bytes."""
+    with benchmark_module("bench_remote_fetch") as bench:
+        rows = {row["path"]: row for row in _run(bench, tmp_path, 20, 2, 8, capsys)["rows"]}
+    assert {"http zarr", "http zarr unchecked", "http ranged", "http ranged unchecked"} <= set(rows)
+    for key in ("cold_requests", "cold_bytes", "warm_requests", "warm_bytes"):
+        assert rows["http zarr"][key] == rows["http zarr unchecked"][key] > 0, key
