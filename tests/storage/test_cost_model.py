@@ -136,6 +136,23 @@ def test_report_on_the_committed_inputs(cost, inputs) -> None:
     assert "ESTIMATE" in text and "(fitted)" in text
 
 
+def test_readme_example_is_what_the_model_computes(cost, inputs) -> None:
+    """README's cost-model example (a Wikipedia DilBert store in fp16 and 1bit, its CPU hours) is the committed inputs'
+    result, rounded as README rounds it (repro55 F4).
+
+    README said 0.28 TB in 1bit: 50 state bytes a token, before the rotated codes' 51 made it 0.285 TB.
+    """
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    said = re.search(r"a Wikipedia DilBert store takes ([\d.]+) TB in fp16 and ([\d.]+) TB in 1bit, and about (\d+) "
+                     r"CPU-hours here", readme)
+    assert said, "README's cost-model example has moved or been reworded: update this test with it"
+    wiki = {row["encoding"]: row for row in cost.cost_model(inputs)["rows"]
+            if row["corpus"] == "English Wikipedia" and row["kind"] == "dilbert"}
+    assert said.group(1) == f"{wiki['fp16']['storage_bytes']['total'] / 1e12:.2f}"
+    assert said.group(2) == f"{wiki['1bit']['storage_bytes']['total'] / 1e12:.2f}"
+    assert said.group(3) == f"{wiki['fp16']['cpu_hours']:.0f}"
+
+
 def test_a_missing_inputs_file_is_one_line_and_exit_2(cost, tmp_path, capsys) -> None:
     assert cost.main(["--inputs", str(tmp_path / "none.json")]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
