@@ -27,7 +27,7 @@ from dilstore.reader.evaluation.open_domain import AnswerRecall, answer_in_text,
 from dilstore.reader.evaluation.squad_metric import normalize_answer
 from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.retrieval import Bm25Searcher, bm25_index_dir
-from dilstore.runners.arg_types import numpy_seed, positive_int
+from dilstore.runners.arg_types import positive_int, sample_seed
 from dilstore.runners.outputs import check_output_file
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=Path, required=True, help="DPR-style JSONL or SQuAD v1.1 JSON")
     parser.add_argument("--top-p", type=positive_int, nargs="+", default=[29, 100], help="p values (default 29 100)")
     parser.add_argument("--limit", type=positive_int, help="a seeded subset of this many questions (default: all)")
-    parser.add_argument("--seed", type=numpy_seed, help="seed of --limit's subset (default 0)")
+    parser.add_argument("--seed", type=sample_seed, help="seed of --limit's subset (default 0)")
     parser.add_argument("--threads", type=positive_int, default=2, help="Lucene search threads (default 2)")
     parser.add_argument("--output", type=Path, help="also write the JSON result here")
     args = parser.parse_args(argv)

@@ -47,6 +47,7 @@ def _parse_arguments(bench: ModuleType, argv: list[str]) -> Any:
 
 # How each script parses its command line.
 PARSE: dict[str, Parse] = {
+    "answer_recall": _main,
     "bench_codes": _from_sys_argv("main"),
     "bench_compact": _parse_arguments,
     "bench_compact_memory": _parse_arguments,
@@ -172,7 +173,8 @@ NEGATIVE_CASES = [
     ("train_rankers_gpu", ["train", "--seed", "-1"], "expected a seed from 0 to 4294967295, got -1"),
     # Subset seeds (left55b F1): random.Random takes -1 as 1.
     *[(script, ["--seed", "-1"], "expected a seed of at least 0, got -1")
-      for script in ["ensemble_readers", "mini_opensquad", "online_variant_curve", "rank_quality", "reader_curve"]],
+      for script in ["answer_recall", "ensemble_readers", "mini_opensquad", "online_variant_curve", "rank_quality",
+                     "reader_curve"]],
 ]
 
 
