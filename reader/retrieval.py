@@ -534,6 +534,17 @@ def compacted_state(store: Manifest, store_path: str | Path) -> dict[str, Any] |
     return {"generation": generation, "passages": store.passages, "appends": len(appends)}
 
 
+def _compacted_from(store_path: str | Path) -> str | None:
+    """The build the store at `store_path` was compacted from (its spec's record), or None: an index of that build,
+    the store appended to since, was "built for another store", though it is an earlier build of this one (conc54
+    L)."""
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import compacted_record
+
+    generation = (compacted_record(StoreLocation.parse(str(store_path))) or {}).get("generation")
+    return generation if isinstance(generation, str) else None
+
+
 def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path) -> None:
     """A DilstoreError when the index at `index_dir` records another state of the store than `store` (it was built
     before an append, or for another store); an index without a record (built before records, or by hand) passes."""
@@ -564,6 +575,12 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
     default = None if "://" in store_path else bm25_index_dir(store_path)
     elsewhere = f" (it writes {default}: give that, or a copy of it, in place of {index_dir})" if (
         default is not None and index_dir.resolve() != default.resolve()) else ""  # fmt: skip
+    if recorded.get("generation") != now["generation"] and recorded.get("generation") == _compacted_from(store_path):
+        raise DilstoreError(
+            f"the BM25 index at {index_dir} is of build {recorded.get('generation')!r}, which the store {store_path} "
+            f"was compacted from; it holds {now['passages']} passages after {now['appends']} append(s) since: its "
+            f"answers would miss what changed; rebuild it with {build}{elsewhere}"
+        )
     if recorded.get("generation") != now["generation"]:
         raise DilstoreError(
             f"the BM25 index at {index_dir} was built for another store (build {recorded.get('generation')!r}); "

@@ -160,7 +160,7 @@ def test_an_index_given_elsewhere_of_the_build_a_store_was_compacted_from_covers
     DIR`, as every store at a URL needs) kept the appended store's record: serve, ask and evaluate-qa refused it as
     "built for another store", and a served store compacted on its web server stayed unavailable until an index was
     copied, though its live passages are the same. One appended to since is still refused, and so is another
-    build's."""
+    build's; the first as the build the store was compacted from, not as "another store" (conc54 L)."""
     from tests.fixtures.http_store import serve_directory
 
     store = tmp_path / "store"
@@ -181,8 +181,11 @@ def test_an_index_given_elsewhere_of_the_build_a_store_was_compacted_from_covers
     with pytest.raises(DilstoreError, match="was built for another store"):
         check_index_covers(other, compacted, store)
     precompute(model, write_jsonl(tmp_path / "c.jsonl", DOCUMENTS[9:]), store, "--append")
-    with pytest.raises(DilstoreError, match=f"^the BM25 index at {index} was built for another store"):
-        check_index_covers(index, read_manifest(StoreLocation.parse(store)), store)
+    appended_since = read_manifest(StoreLocation.parse(store))
+    with pytest.raises(DilstoreError, match=f"^the BM25 index at {index} is of build '[0-9a-f]+', which the store "
+                                            f"{store} was compacted from; it holds {appended_since.passages} passages "
+                                            r"after 1 append\(s\) since: .* rebuild it with `dilstore index"):
+        check_index_covers(index, appended_since, store)
 
 
 def test_an_output_a_killed_compaction_left_is_named_as_such_and_the_same_command_starts_it_over(
