@@ -394,6 +394,29 @@ def test_what_a_killed_in_place_compaction_left_is_named_by_info_and_deleted_by_
         assert cli.main(["info", str(store)]) == 0 and capsys.readouterr().err == ""
 
 
+def test_info_names_a_killed_compaction_s_folder_through_a_link_and_not_while_one_runs(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(mut55) `info LINK` names what a killed in-place compaction left beside the store the link leads to, where
+    `compact` builds it, not beside the link; and while a compaction runs (it holds the store's locks) its building
+    folder is its work, of which `info` says nothing."""
+    from dilstore.storage.write_lock import INDEX_ROLE, WRITE_ROLE
+    from tests.fixtures.locks import held_lock
+
+    store, link = tmp_path / "store", tmp_path / "link"
+    shutil.copytree(appended, store)
+    link.symlink_to(store)
+    building = building_dir(store)
+    assert cli.main(["compact", str(store), "--output", str(building), "--no-progress"]) == 0
+    (building / MANIFEST_FILE).unlink()  # killed before it was finalized
+    capsys.readouterr()
+    assert cli.main(["info", str(link)]) == 0
+    said = capsys.readouterr().err
+    assert said.startswith(f"dilstore info: {building} (") and f"a `dilstore compact` of {link} stopped" in said, said
+    with held_lock(store, WRITE_ROLE, INDEX_ROLE):
+        assert cli.main(["info", str(store)]) == 0
+        assert capsys.readouterr().err == ""
+
+
 def test_a_link_to_the_store_stays_a_link_and_a_stopped_overwrites_build_is_kept(
         appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Through a link, the link was replaced by a compacted copy and the store left as it was; and a stopped
