@@ -647,6 +647,41 @@ def test_a_compressed_store_rebuilt_at_its_url_is_found_at_the_next_read(
             assert_same_passages(again.fetch(wanted), before)
 
 
+def test_every_byte_request_zarr_sends_reads_through_the_check_as_fsspec_store_reads_it(tmp_path: Path) -> None:
+    """(mut55) The checked store (storage/zarr_reads.py) sends zarr-python's GETs itself: a whole file, a range, an
+    empty range (no request), an offset and a suffix each read the bytes FsspecStore reads, with the headers given
+    in storage_options (here a password); and without validators a file read whole and replaced by one of another
+    size is found, its size taken from the body when no Content-Range says it."""
+    import base64
+
+    from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+    from zarr.storage import FsspecStore
+
+    from dilstore.storage.format import StoreChangedError
+    from dilstore.storage.zarr_reads import RequiredChunksStore
+
+    data = bytes(range(100))
+    (tmp_path / "a" / "c").mkdir(parents=True)
+    (tmp_path / "a" / "c" / "0").write_bytes(data)
+    prototype = default_buffer_prototype()
+    secret = {"Authorization": "Basic " + base64.b64encode(b"reader:S3CRET").decode()}
+    requests = [(None, data), (RangeByteRequest(10, 20), data[10:20]), (RangeByteRequest(7, 7), b""),
+                (OffsetByteRequest(90), data[90:]), (SuffixByteRequest(5), data[-5:])]  # fmt: skip
+    with serve_directory(tmp_path, credentials="reader:S3CRET", validators=()) as files:
+        inner = FsspecStore.from_url(f"{files.url}/a", storage_options={"headers": secret}, read_only=True)
+        checked = RequiredChunksStore(inner, f"{files.url}/a", local=False)
+        for request, expected in requests:
+            plain = sync(inner.get("c/0", prototype, request))
+            assert plain is not None and plain.to_bytes() == expected, request
+            read = sync(checked.get("c/0", prototype, request))
+            assert read is not None and read.to_bytes() == expected, request
+        (tmp_path / "a" / "c" / "0").write_bytes(data + b"more")
+        with pytest.raises(StoreChangedError, match="100 bytes when opened, now 104"):
+            sync(checked.get("c/0", prototype, None))
+
+
 def test_a_server_without_validators_reads_and_finds_a_file_of_another_size_replaced(
     served_root: Path, tmp_path: Path
 ) -> None:
