@@ -15,6 +15,7 @@ import json
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -208,6 +209,25 @@ def test_rerank_scores_repeated_ids_once_and_counts(store: Callable[..., Path], 
     assert (stats.queries, stats.pairs, stats.skipped) == (1, 2, 0)
     assert stats.seconds >= stats.query_layers + stats.store_read + stats.judge > 0
     assert reranker.rerank(QUERIES["q1"], []) == {}
+
+
+def test_a_run_s_seconds_count_its_queries_tokenizing(
+    store: Callable[..., Path], model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(mut55) `rerank_run` tokenizes every query before the first is scored, and adds each query's tokenizing to
+    the stats with that query: its time under query_layers and under seconds alike, so that the wall clock still
+    covers the stages (tokenizing made slow here, 50 ms a query, so that leaving it out of seconds shows)."""
+    reranker = open_reranker(store("earl-s2"), model_dir)
+    tokenize = reranker.tokenize_query
+
+    def slow(query: str) -> object:
+        time.sleep(0.05)
+        return tokenize(query)
+
+    monkeypatch.setattr(reranker, "tokenize_query", slow)
+    _, stats = reranker.rerank_run(QUERIES, FIRST_STAGE, depth=2)
+    assert stats.queries == len(QUERIES) and stats.query_layers >= 0.05 * len(QUERIES)
+    assert stats.seconds >= stats.query_layers + stats.store_read + stats.judge
 
 
 def test_states_that_are_not_finite_are_named_not_scored_nan(
