@@ -325,6 +325,33 @@ def stoppable_evaluate_qa(odqa: OpenDomainReader, tmp_path: Path, monkeypatch: p
     return run
 
 
+def test_evaluate_qa_s_seed_picks_the_subset_of_that_seed(
+    odqa: OpenDomainReader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(mut55) `evaluate-qa --limit N --seed S` reads the seeded subset of seed S (`seeded_subset`), the one
+    `dilstore.evaluate_qa(limit=N, seed=S)` reads: a seed lost on the way drew seed 0's subset for every seed."""
+    from dilstore.reader.evaluation import open_domain
+    from dilstore.reader.evaluation.subsets import seeded_subset
+    from dilstore.runners import cli
+
+    run = stoppable_evaluate_qa(odqa, tmp_path, monkeypatch)
+    counted, read = open_domain.evaluate_questions, []
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        read.extend(question.id for question in args[1])  # type: ignore[attr-defined]
+        return counted(*args, **kwargs)
+
+    monkeypatch.setattr(open_domain, "evaluate_questions", recorded)
+    every = load_questions(run.questions)
+    for seed in (0, 3):
+        read.clear()
+        assert cli.main(["evaluate-qa", "store", "--questions", str(run.questions), "--limit", "3", "--seed",
+                         str(seed), "--json", "--top-p", "2"]) == 0  # fmt: skip
+        assert json.loads(capsys.readouterr().out)["questions"] == 3
+        assert read == [question.id for question in seeded_subset(every, 3, seed)], seed
+    assert seeded_subset(every, 3, 0) != seeded_subset(every, 3, 3)  # the seeds name other subsets
+
+
 def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goes_on_from_them(
     odqa: OpenDomainReader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
