@@ -14,6 +14,30 @@ import pytest
 from tests.fixtures.benchmarks import benchmark_module
 
 
+def test_only_a_dilstore_error_becomes_a_one_line_error_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """(mut55) `one_line_errors` (benchmarks/script_errors.py) prints a DilstoreError, the user's to fix, as
+    `SCRIPT: error: MESSAGE` and returns 2; any other exception is a bug and keeps its traceback, not a line that
+    would send the user looking for a mistake of theirs."""
+    from dilstore.storage.errors import DilstoreError
+
+    with benchmark_module("script_errors") as script_errors:
+
+        @script_errors.one_line_errors
+        def main(argv: list[str]) -> int:
+            if argv == ["user"]:
+                raise DilstoreError("no such file: x.json")
+            if argv == ["bug"]:
+                raise KeyError("oops")
+            return 0
+
+        assert main([]) == 0 and main.__name__ == "main"
+        assert main(["user"]) == 2
+        assert capsys.readouterr().err == "test_benchmark_missing_inputs: error: no such file: x.json\n"
+        with pytest.raises(KeyError, match="oops"):
+            main(["bug"])
+        assert capsys.readouterr().err == ""
+
+
 def test_plot_k_sweep_names_a_missing_or_unreadable_evaluation(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
