@@ -43,8 +43,15 @@ def test_the_zarr_path_is_measured_checked_and_unchecked_with_the_same_requests(
 ) -> None:
     """(left55b F3) The zarr-python path (every compressed store's) checks each answer's file version now; the script
     measures it beside FsspecStore's own reads, which must send the same requests and bytes."""
-    with benchmark_module("bench_remote_fetch") as bench:
+    from dilstore.storage.zarr_reads import RequiredChunksStore
+
+    checked, entered = RequiredChunksStore._read, []
+    with benchmark_module("bench_remote_fetch") as bench, pytest.MonkeyPatch.context() as patch:
+        for name in ("answers_unchecked", "zarr_answers_unchecked"):  # (mut55) each path's own unchecked reads
+            patch.setattr(bench, name, lambda real=getattr(bench, name), name=name: (entered.append(name), real())[1])
         rows = {row["path"]: row for row in _run(bench, tmp_path, 20, 2, 8, capsys)["rows"]}
+    assert sorted(entered) == ["answers_unchecked", "zarr_answers_unchecked"]
+    assert RequiredChunksStore._read is checked  # the checked reads are back after the unchecked turn (mut55)
     assert {"http zarr", "http zarr unchecked", "http ranged", "http ranged unchecked"} <= set(rows)
     for key in ("cold_requests", "cold_bytes", "warm_requests", "warm_bytes"):
         assert rows["http zarr"][key] == rows["http zarr unchecked"][key] > 0, key
