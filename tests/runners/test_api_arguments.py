@@ -71,6 +71,8 @@ from tests.fixtures.store_fixtures import build_store, random_shards
         (lambda root: dilstore.precompute(input="c.jsonl", json=True),
          "json=True asks for the summary `dilstore precompute --json` prints on stdout, which precompute() never "
          "prints: read STORE/run-summary.json instead"),
+        # (mut55) json=False, the default said out loud, is taken: the call goes on to its (missing) input.
+        (lambda root: dilstore.precompute(input="c.jsonl", json=False), "input file not found: c.jsonl"),
         (lambda root: dilstore.precompute(output="a", beam_options={"overwrite": True, "output": "b"}),
          "beam_options holds 'overwrite', which is a flag of `dilstore precompute`, not a Beam option: give it as a "
          "keyword"),
