@@ -551,6 +551,22 @@ def test_a_cpu_run_records_the_cpu_s_model_where_linux_names_it(tmp_path: Path) 
     assert cpu_model(tmp_path / "absent") == (platform.processor() or platform.machine())
 
 
+def test_without_a_model_name_the_cpu_is_named_by_platform_s_processor_else_its_architecture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(mut55) Where /proc/cpuinfo names no model (macOS, some ARM boards), `platform.processor()` says more than the
+    architecture when it says anything ("arm" where Linux reports ""); the architecture is the last word."""
+    import platform
+
+    from dilstore.reader.training.hardware import cpu_model
+
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")
+    monkeypatch.setattr(platform, "processor", lambda: "arm")
+    assert cpu_model(tmp_path / "absent") == "arm"
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    assert cpu_model(tmp_path / "absent") == "arm64"
+
+
 def test_a_cpu_run_records_the_logical_cpus_it_may_run_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """A run held to 1 of the machine's CPUs (taskset, a container's cpuset) was recorded, and its card described,
     as on all of them: "(2 logical CPUs)" under `taskset -c 0` (review52 F3). The count is of those it may use."""
