@@ -20,12 +20,10 @@ the dtype's minimum so that no decoder picks them.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -51,11 +49,10 @@ from dilstore.reader.modeling.checkpoints import (
     weight_shapes,
     write_metadata,
 )
+from dilstore.reader.modeling.load_errors import LOAD_ERRORS, load_failure
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.messages import listed
 
-# Errors that Hugging Face raises for a missing, truncated or inconsistent checkpoint file.
-_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, json.JSONDecodeError)
 # The head a base encoder lacks: initialised from HEAD_INIT_SEED instead.
 _QA_HEAD_PREFIX = "qa_outputs."
 
@@ -151,8 +148,8 @@ class DilBertReader(nn.Module):
                     output_loading_info=True,
                 )
             tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-        except _LOAD_ERRORS as error:
-            raise DilstoreError(f"cannot load a model from {directory}: {error}") from error
+        except LOAD_ERRORS as error:
+            raise DilstoreError(load_failure("a model", directory, error)) from error
         problem = _weights_problem(loading, trained=metadata is not None)
         if problem:
             raise DilstoreError(f"cannot load a model from {directory}: its weights do not fit its config: {problem}")

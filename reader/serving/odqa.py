@@ -48,6 +48,7 @@ from dilstore.reader.modeling.architectures import require_segment_limit
 from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import model_fingerprint
+from dilstore.reader.modeling.load_errors import LOAD_ERRORS
 from dilstore.reader.modeling.online_variants import load_online_variant
 from dilstore.reader.offline.kinds import require_within_positions
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
@@ -446,7 +447,7 @@ def require_question_fits(model_dir: str | Path | None, limit: int) -> None:
     directory = require_checkpoint_dir(reader_dir(model_dir))
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
-    except (OSError, ValueError):
+    except LOAD_ERRORS:
         return
     require_segment_limit(config, limit, "question", "--max-question-length")
 

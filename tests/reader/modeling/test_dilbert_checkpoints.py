@@ -148,6 +148,9 @@ def test_directory_without_config_is_named(tmp_path: Path) -> None:
     ("file_name", "damage", "message"),
     [
         ("config.json", b"{not json", "cannot load a model from"),
+        # A value of the wrong type: huggingface_hub's StrictDataclassFieldValidationError was a traceback (mut55).
+        ("config.json", b'{"model_type": "bert", "hidden_size": "x"}',
+         "cannot load a model from .*'hidden_size': TypeError: Field 'hidden_size' expected int"),
         ("model.safetensors", b"\x00\x01truncated", "cannot load a model from"),
         (METADATA_FILE, b"[1, 2", "cannot read dilstore metadata"),
         (METADATA_FILE, b'{"format": 99}', "unsupported format 99"),

@@ -160,6 +160,9 @@ EARL_METADATA = {"format": 1, "kind": "earl", "architecture": "bert", "layers": 
     ("file_name", "damage", "message"),
     [
         (WEIGHTS_FILE, b"\x00\x01truncated", "cannot load a model from"),
+        # A value of the wrong type: huggingface_hub's StrictDataclassFieldValidationError was a traceback (mut55).
+        ("config.json", b'{"model_type": "bert", "hidden_size": "x"}',
+         "cannot load a model from .*'hidden_size': TypeError: Field 'hidden_size' expected int"),
         (METADATA_FILE, json.dumps(EARL_METADATA).encode(), "needs judger_blocks, pooling and tied"),
         (
             METADATA_FILE,

@@ -177,16 +177,18 @@ def test_a_question_limit_past_the_model_s_positions_is_refused_before_the_model
         assert reader.answer(QUESTION).nbest
 
 
-def test_a_model_whose_config_names_an_unknown_architecture_is_named_by_the_loading_not_the_limit_check(
-        indexed: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("change", [{"model_type": "nonsense"}, {"hidden_size": "x"}], ids=["architecture", "type"])
+def test_a_model_whose_config_transformers_cannot_read_is_named_by_the_loading_not_the_limit_check(
+        indexed: dict[str, Any], tmp_path: Path, change: dict[str, str]) -> None:
     """(mut55) The question limit is checked from the model's config before it loads; a config transformers cannot
-    read (here an unknown model_type, a ValueError there) is left to the loading, which names the folder, not a
-    bare ValueError from the early check."""
+    read (an unknown model_type, a ValueError there; a value of the wrong type, huggingface_hub's
+    StrictDataclassFieldValidationError) is left to the loading, which names the folder, not a bare error from the
+    early check."""
     import dilstore
 
     model = shutil.copytree(indexed["model"], tmp_path / "model")
     config = json.loads((model / "config.json").read_text(encoding="utf-8"))
-    (model / "config.json").write_text(json.dumps({**config, "model_type": "nonsense"}), encoding="utf-8")
+    (model / "config.json").write_text(json.dumps({**config, **change}), encoding="utf-8")
     with pytest.raises(DilstoreError, match=f"^cannot load a model from {model}: "):
         dilstore.open_reader(indexed["store"], model)
 
