@@ -367,6 +367,16 @@ def test_a_swap_a_kill_cut_short_is_finished_by_the_next_compact_or_append(
         assert set(before) <= set(after) and verify_store(store).ok
 
 
+def left_by_a_killed_compaction(appended: Path, store: Path) -> Path:
+    """A copy of `appended` at `store`, beside it what an in-place `compact` killed (-9) before its end leaves: its
+    building folder, unfinalized (no manifest); that folder."""
+    shutil.copytree(appended, store)
+    building = building_dir(store)
+    assert cli.main(["compact", str(store), "--output", str(building), "--no-progress"]) == 0
+    (building / MANIFEST_FILE).unlink()  # killed before it was finalized
+    return building
+
+
 def test_what_a_killed_in_place_compaction_left_is_named_by_info_and_deleted_by_the_next_precompute(
         model: Path, appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """(left55 F1) A `compact` killed (-9) while it built the compacted store beside STORE left
@@ -374,10 +384,7 @@ def test_what_a_killed_in_place_compaction_left_is_named_by_info_and_deleted_by_
     the store (the first build's command again, or an append) left it for good; only a `compact` deleted it."""
     for command in ("rerun", "append"):
         store = tmp_path / command
-        shutil.copytree(appended, store)
-        building = building_dir(store)
-        assert cli.main(["compact", str(store), "--output", str(building), "--no-progress"]) == 0
-        (building / MANIFEST_FILE).unlink()  # killed before it was finalized
+        building = left_by_a_killed_compaction(appended, store)
         capsys.readouterr()
         assert cli.main(["info", str(store)]) == 0
         said = capsys.readouterr().err
@@ -403,11 +410,8 @@ def test_info_names_a_killed_compaction_s_folder_through_a_link_and_not_while_on
     from tests.fixtures.locks import held_lock
 
     store, link = tmp_path / "store", tmp_path / "link"
-    shutil.copytree(appended, store)
+    building = left_by_a_killed_compaction(appended, store)
     link.symlink_to(store)
-    building = building_dir(store)
-    assert cli.main(["compact", str(store), "--output", str(building), "--no-progress"]) == 0
-    (building / MANIFEST_FILE).unlink()  # killed before it was finalized
     capsys.readouterr()
     assert cli.main(["info", str(link)]) == 0
     said = capsys.readouterr().err
