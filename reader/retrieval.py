@@ -514,35 +514,19 @@ def lucene_reason(classname: str | None, message: str | None) -> str:
     return f"{Path(found.group(1)).name}: {text}" if found else text
 
 
-def compacted_state(store: Manifest, store_path: str | Path) -> dict[str, Any] | None:
+def compacted_state(store: Manifest, record: dict[str, Any]) -> dict[str, Any] | None:
     """The `indexed_state` of the build the store (its manifest `store`) was compacted from, but for its superseded
-    rows (compaction drops them), when its spec records one and no append came since: `dilstore compact` serves
-    that build's live passages under its own build, so an index of that build covers it. Compaction moves
-    STORE/bm25's record on, but not an index given elsewhere (`--index DIR`, as every store at a URL needs): serve,
-    ask and evaluate-qa refused it as "built for another store", and a served store compacted on its web server
-    stayed unavailable until one was copied (conc54 F5). None where there is no such record, or the spec cannot be
-    read."""
-    from dilstore.storage.location import StoreLocation
-    from dilstore.storage.manifest import compacted_record
-
+    rows (compaction drops them), when its spec's compaction `record` names one and no append came since: `dilstore
+    compact` serves that build's live passages under its own build, so an index of that build covers it.
+    Compaction moves STORE/bm25's record on, but not an index given elsewhere (`--index DIR`, as every store at a
+    URL needs): serve, ask and evaluate-qa refused it as "built for another store", and a served store compacted on
+    its web server stayed unavailable until one was copied (conc54 F5). None where there is no such build."""
     if store.appends or store.superseded_passages:
         return None
-    record = compacted_record(StoreLocation.parse(str(store_path))) or {}
     appends, generation = record.get("appends"), record.get("generation")
     if not isinstance(appends, list) or not isinstance(generation, str) or generation == store.generation:
         return None
     return {"generation": generation, "passages": store.passages, "appends": len(appends)}
-
-
-def _compacted_from(store_path: str | Path) -> str | None:
-    """The build the store at `store_path` was compacted from (its spec's record), or None: an index of that build,
-    the store appended to since, was "built for another store", though it is an earlier build of this one (conc54
-    L)."""
-    from dilstore.storage.location import StoreLocation
-    from dilstore.storage.manifest import compacted_record
-
-    generation = (compacted_record(StoreLocation.parse(str(store_path))) or {}).get("generation")
-    return generation if isinstance(generation, str) else None
 
 
 def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path) -> None:
@@ -561,11 +545,16 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
         raise DilstoreError(f"{index_dir / INDEX_RECORD} cannot be read ({error}); rebuild the index") from None
     if not isinstance(recorded, dict):
         raise DilstoreError(f"{index_dir / INDEX_RECORD} is not a JSON object; rebuild the index")
-    from dilstore.storage.location import redacted
+    from dilstore.storage.location import StoreLocation, redacted
+    from dilstore.storage.manifest import compacted_record
 
     now = indexed_state(store)
-    if recorded != now and (compacted := compacted_state(store, store_path)) is not None and (
-            {key: recorded.get(key) for key in compacted} == compacted):  # fmt: skip
+    if recorded == now:
+        return
+    # The spec's compaction record (no spec, or none: {}), read once for both uses below.
+    compaction = compacted_record(StoreLocation.parse(str(store_path))) or {}
+    compacted = compacted_state(store, compaction)
+    if compacted is not None and {key: recorded.get(key) for key in compacted} == compacted:
         return  # the store compacted since: the same live passages under a new build (conc54 F5)
     store_path = redacted(str(store_path))
     # `dilstore index` writes only local folders: a store at a URL is indexed as a local copy.
@@ -575,7 +564,9 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
     default = None if "://" in store_path else bm25_index_dir(store_path)
     elsewhere = f" (it writes {default}: give that, or a copy of it, in place of {index_dir})" if (
         default is not None and index_dir.resolve() != default.resolve()) else ""  # fmt: skip
-    if recorded.get("generation") != now["generation"] and recorded.get("generation") == _compacted_from(store_path):
+    # An index of the build the store was compacted from, appended to since, is no other store's (conc54 L).
+    earlier = compaction.get("generation")
+    if isinstance(earlier, str) and recorded.get("generation") == earlier != now["generation"]:
         raise DilstoreError(
             f"the BM25 index at {index_dir} is of build {recorded.get('generation')!r}, which the store {store_path} "
             f"was compacted from; it holds {now['passages']} passages after {now['appends']} append(s) since: its "
@@ -587,13 +578,12 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
             f"the store {store_path} is build {now['generation']!r}: give its own index, which {build} builds"
             f"{elsewhere}"
         )
-    if recorded != now:
-        raise DilstoreError(
-            f"the BM25 index at {index_dir} covers {recorded.get('passages')} passages of build "
-            f"{recorded.get('generation')!r} after {recorded.get('appends')} append(s), but the store {store_path} now "
-            f"holds {now['passages']} after {now['appends']}: its answers would miss what changed; rebuild it with "
-            f"{build}{elsewhere}"
-        )
+    raise DilstoreError(
+        f"the BM25 index at {index_dir} covers {recorded.get('passages')} passages of build "
+        f"{recorded.get('generation')!r} after {recorded.get('appends')} append(s), but the store {store_path} now "
+        f"holds {now['passages']} after {now['appends']}: its answers would miss what changed; rebuild it with "
+        f"{build}{elsewhere}"
+    )
 
 
 def _java_int(k: int) -> int:

@@ -186,6 +186,10 @@ def test_an_index_given_elsewhere_of_the_build_a_store_was_compacted_from_covers
                                             f"{store} was compacted from; it holds {appended_since.passages} passages "
                                             r"after 1 append\(s\) since: .* rebuild it with `dilstore index"):
         check_index_covers(index, appended_since, store)
+    # A record naming no build, of a store never compacted (no record of a build it was compacted from either).
+    (other / INDEX_RECORD).write_text(json.dumps({"passages": 1, "appends": 0}), encoding="utf-8")
+    with pytest.raises(DilstoreError, match=r"was built for another store \(build None\)"):
+        check_index_covers(other, read_manifest(StoreLocation.parse(appended)), appended)
 
 
 def test_an_output_a_killed_compaction_left_is_named_as_such_and_the_same_command_starts_it_over(
