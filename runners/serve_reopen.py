@@ -64,8 +64,6 @@ class Reopener:
         check for a store of another model."""
         now = self.stamp()
         waited = time.monotonic() - self.tried_at >= retry_wait(self.failures)
-        if now is None:
-            return unavailable and waited
         changed = now != self.opened and (now != self.failed or waited)
         if isinstance(now, RemoteStamp):
             # Its --index folder is local and stamped: an index put there for a rebuilt store (or an append) is

@@ -192,8 +192,10 @@ def test_an_append_that_cannot_be_opened_yet_leaves_the_old_copy_served(
 
 
 def test_a_store_at_a_url_is_reopened_at_most_every_retry_interval(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A store at a URL has no files to stamp: only one found rebuilt is reopened, RETRY_SECONDS after the last try."""
-    reopener = Reopener(open=lambda: None, stamp=lambda: None)  # type: ignore[arg-type, return-value]
+    """A store at a URL has no files to stamp (nor, serving no BM25, an index folder): only one found rebuilt is
+    reopened, RETRY_SECONDS after the last try."""
+    stamp = functools.partial(serve_reopen.files_stamp, "http://127.0.0.1:9/store", None)
+    reopener = Reopener(open=lambda: None, stamp=stamp, opened=stamp())  # type: ignore[arg-type, return-value]
     assert not reopener.due(unavailable=True), "opened just now"
     assert not reopener.due(unavailable=False)
     monkeypatch.setattr(serve_reopen, "RETRY_SECONDS", 0.0)
