@@ -96,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
     size = args.question_batch * math.ceil(PART_QUESTIONS / args.question_batch)
     parts = [questions[first : first + size] for first in range(0, len(questions), size)]
     settings = _settings(args, odqa, seed, size)
-    compacted = compacted_settings(settings, args.store, odqa.store.manifest)
-    journaled = (Journal(args.predictions, settings, check=QAEvaluation.from_record, also=compacted)
+    # The store's spec (a compaction's record) is read only for a run that keeps a journal.
+    journaled = (Journal(args.predictions, settings, check=QAEvaluation.from_record,
+                         also=compacted_settings(settings, args.store, odqa.store.manifest))
                  if args.predictions else None)  # fmt: skip
     with journaled or contextlib.nullcontext() as journal:
         kept = journal.parts if journal is not None else {}
