@@ -9,7 +9,7 @@ The public Python API (see dilstore/api.py and the README's "Python API"):
     print(reader.answer("Which team won Super Bowl 50?").text)
 
 `open_store`, `open_reader`, `open_reranker`, `precompute`, `build_index`,
-`compact`, `evaluate_qa` and `evaluate_rank` load on first use, so `import dilstore`
+`compact`, `verify`, `evaluate_qa` and `evaluate_rank` load on first use, so `import dilstore`
 pulls in neither torch nor Beam. Every error they explain is a
 `dilstore.DilstoreError` (the command line prints its message); the kinds a
 program may handle apart are here too (ERRORS), and so are the classes the
@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # what type checkers see (py.typed); at run time `__getattr__
         open_reranker,
         open_store,
         precompute,
+        verify,
     )
     from dilstore.reader.evaluation.open_domain import QAEvaluation
     from dilstore.reader.evaluation.rank_metrics import RankEvaluation
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # what type checkers see (py.typed); at run time `__getattr__
     from dilstore.storage.format import StoreChangedError, StoreFormatError, StoreReadError
     from dilstore.storage.reader import MissingPassagesError, Store
     from dilstore.storage.records import StoredPassage
+    from dilstore.storage.verify import VerifyReport
 
     __version__: str
 
@@ -72,6 +74,7 @@ RESULTS = {
     "Store": "dilstore.storage.reader",
     "StoreReranker": "dilstore.reader.serving.rerank",
     "StoredPassage": "dilstore.storage.records",
+    "VerifyReport": "dilstore.storage.verify",
 }
 
 __all__ = [
@@ -90,6 +93,7 @@ __all__ = [
     "StoreReadError",
     "StoreReranker",
     "StoredPassage",
+    "VerifyReport",
     "build_index",
     "compact",
     "evaluate_qa",
@@ -98,6 +102,7 @@ __all__ = [
     "open_reranker",
     "open_store",
     "precompute",
+    "verify",
 ]
 
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the heavy layers load on first use, so `import dilstore` st
     from dilstore.reader.serving.odqa import OpenDomainReader
     from dilstore.reader.serving.rerank import StoreReranker
     from dilstore.storage.reader import Store
+    from dilstore.storage.verify import VerifyReport
 
 PathLike = str | Path
 BeamValue = str | Path | int | float | bool | list[str | Path | int | float | bool]
@@ -338,6 +339,27 @@ def compact(store: PathLike, *, output: PathLike | None = None, shards: int | No
         return compact_command(args)
     except StoppedBySignal as stop:  # the user's stop, not bad input: `except DilstoreError` must not swallow it
         raise KeyboardInterrupt(str(stop)) from stop
+
+
+def verify(store: PathLike, *, storage_options: dict[str, Any] | None = None,
+           no_progress: bool = False) -> VerifyReport:
+    """Check the store as `dilstore verify` does (README "verify"): every file against the manifest's SHA-256, the
+    arrays, offsets, strings, spans, encodings and id index, and a local store's BM25 index (STORE/bm25), which an
+    append makes stale until `build_index` rebuilds it. Returns the report the command prints: `report.ok`,
+    `report.problems` (one line each), `report.to_dict()` (what `--json` prints); damage is a problem in it, not
+    an exception. `storage_options` go to a URL's fsspec filesystem, as in `open_store`. A progress bar goes to
+    stderr unless `no_progress`.
+
+    `dilstore.storage.verify.verify_store`, the only verify a program found before, checks the store only: after
+    an append it said a store was sound whose index was stale (left56 F1).
+    """
+    from dilstore.runners.cmd_store import BarProgress, verify_with_index
+
+    _check("store", store, _PATH, "a store folder or URL")
+    _check("storage_options", storage_options, (dict, type(None)), "a dict of fsspec options or None")
+    _check("no_progress", no_progress, (bool,), "True or False")
+    with BarProgress("verify", disabled=no_progress) as progress:
+        return verify_with_index(str(store), storage_options, progress=progress)
 
 
 def evaluate_qa(

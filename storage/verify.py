@@ -125,6 +125,10 @@ def verify_store(
 ) -> VerifyReport:
     """Check the store at a local path or fsspec URL and return the report (never raises for damage).
 
+    The store only: not its BM25 index (STORE/bm25, outside the manifest), which an append makes stale; it is listed
+    in `untracked`, unchecked. `dilstore verify` and `dilstore.verify` check both, through
+    `runners.cmd_store.verify_with_index` (left56 F1): this layer reads no index, as it imports no reader.
+
     progress: told of each phase and step (the checksums read every byte, which takes hours at terabytes).
     """
     progress = progress or _Silent()

@@ -51,8 +51,8 @@ def test_import_dilstore_is_light_and_lists_the_api() -> None:
     assert names == str(
         ["Answer", "DilstoreError", "FingerprintMismatchError", "MissingPassagesError", "OpenDomainReader",
          "QAEvaluation", "RankEvaluation", "RerankStats", "Span", "Store", "StoreChangedError", "StoreFormatError",
-         "StoreReadError", "StoreReranker", "StoredPassage", "build_index", "compact", "evaluate_qa", "evaluate_rank",
-         "open_reader", "open_reranker", "open_store", "precompute"]
+         "StoreReadError", "StoreReranker", "StoredPassage", "VerifyReport", "build_index", "compact", "evaluate_qa",
+         "evaluate_rank", "open_reader", "open_reranker", "open_store", "precompute", "verify"]
     )  # fmt: skip
     assert torch_loaded == "False"
 
@@ -72,7 +72,7 @@ def test_the_classes_the_api_returns_are_named_by_dilstore() -> None:
             hint = typing.get_type_hints(function, localns=results)["return"]
             returned.add(typing.get_origin(hint) or hint)  # StoreReranker[Any]: the class
     assert {dilstore.Store, dilstore.OpenDomainReader, dilstore.StoreReranker, dilstore.QAEvaluation,
-            dilstore.RankEvaluation} <= returned  # fmt: skip
+            dilstore.RankEvaluation, dilstore.VerifyReport} <= returned  # fmt: skip
     assert typing.get_type_hints(dilstore.OpenDomainReader.answer)["return"] is dilstore.Answer
     assert typing.get_type_hints(dilstore.StoreReranker.rerank)["stats"] == dilstore.RerankStats | None
 
@@ -243,3 +243,40 @@ def test_a_stop_of_compact_is_a_keyboard_interrupt_saying_what_is_kept(tmp_path:
     monkeypatch.setattr("dilstore.storage.compact.finalize", interrupt)
     with pytest.raises(KeyboardInterrupt, match=f"^interrupted; {store} is as it was"):
         dilstore.compact(store, no_progress=True)
+
+
+def test_verify_is_the_command_s_check_the_bm25_index_included(tmp_path: Path, capsys) -> None:
+    """`dilstore.verify` did not exist, and `verify_store`, the storage function a program found, checks the store
+    only: after an append it said a store was sound whose BM25 index was stale, which `dilstore verify` calls a
+    problem (left56 F1). The command and the function now build the report with one function."""
+    import json
+
+    import dilstore
+    from dilstore.reader.retrieval import INDEX_RECORD, indexed_state
+    from dilstore.runners.cli import main
+    from dilstore.storage.append import commit_append, first_free_shard
+    from dilstore.storage.format import append_dir
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
+    from dilstore.storage.verify import verify_store
+    from dilstore.storage.writer import write_shard
+    from tests.fixtures.store_fixtures import build_store, fingerprint_for, random_shards
+
+    shards = random_shards([3, 2], state_shape=(8,), seed=5, max_words=6)
+    store = build_store(tmp_path / "store", shards[:1])
+    (store / "bm25").mkdir()
+    (store / "bm25" / "segments_1").write_bytes(b"")  # an index `dilstore index` built before the append
+    (store / "bm25" / INDEX_RECORD).write_text(json.dumps(indexed_state(read_manifest(StoreLocation.parse(store)))))
+    write_shard(store / append_dir("a1b2c3d4e5f60718"), first_free_shard(read_manifest(StoreLocation.parse(store))),
+                shards[1], kind="dilbert", encoding="fp32", durable=False, generation="a1b2c3d4e5f60718")  # fmt: skip
+    commit_append(store, "a1b2c3d4e5f60718", fingerprint_for())
+    assert verify_store(store).ok, "the storage layer's check, of the store only (its docstring says so)"
+    report = dilstore.verify(store, no_progress=True)
+    assert isinstance(report, dilstore.VerifyReport) and not report.ok
+    assert len(report.problems) == 1 and f"rebuild it with `dilstore index {store}`" in report.problems[0]
+    assert report.untracked == [], "the index's files are checked, not listed as unchecked"
+    assert capsys.readouterr() == ("", "")
+    assert main(["verify", str(store), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out) == report.to_dict()
+    with pytest.raises(dilstore.DilstoreError, match="^no_progress must be True or False, got str 'yes'$"):
+        dilstore.verify(store, no_progress="yes")  # type: ignore[arg-type]
