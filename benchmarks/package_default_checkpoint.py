@@ -22,6 +22,7 @@ from dilstore.reader.packaged.shipped import DEFAULT_CHECKPOINT_NAME, packaged_m
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.model_cards import card_hardware, render_model_card
 from dilstore.reader.training.release import load_training_metadata, package_checkpoint
+from dilstore.runners.arg_types import sample_seed
 
 SIZE_LIMIT_MB = 50.0
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval", type=Path, required=True, help="the checkpoint's dev evaluation JSON")
     parser.add_argument("--baseline-eval", type=Path, help="the k=0 run's dev evaluation JSON")
     parser.add_argument("--sweep-table", type=Path, help="Markdown k-sweep table to include")
-    parser.add_argument("--eval-seed", type=int, help="seed of the dev subset when --limit was used")
+    parser.add_argument("--eval-seed", type=sample_seed, help="seed of the dev subset when --limit was used")
     parser.add_argument("--hardware", help="the card's hardware line (default: what the run's record names)")
     parser.add_argument("--notes", default="", help="extra Markdown for the card's Notes section")
     parser.add_argument("--destination", type=Path, default=packaged_models_dir() / DEFAULT_CHECKPOINT_NAME)

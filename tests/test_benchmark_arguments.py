@@ -75,6 +75,7 @@ PARSE: dict[str, Parse] = {
     "gpu_reader_schedule": _main,
     "mini_opensquad": _main,
     "online_variant_curve": _main,
+    "package_default_checkpoint": _main,
     "rank_quality": _main,
     "reader_gap": _main,
     "reader_curve": _main,
@@ -175,6 +176,8 @@ NEGATIVE_CASES = [
     *[(script, ["--seed", "-1"], "expected a seed of at least 0, got -1")
       for script in ["answer_recall", "ensemble_readers", "mini_opensquad", "online_variant_curve", "rank_quality",
                      "reader_curve"]],
+    # The card's record of the subset's seed: -1 named the subset seed 1 drew (left56 F2).
+    ("package_default_checkpoint", ["--eval-seed", "-1"], "expected a seed of at least 0, got -1"),
 ]
 
 
