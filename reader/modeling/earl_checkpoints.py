@@ -26,6 +26,9 @@ failure is a DilstoreError that names the directory.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -64,6 +67,46 @@ def require_supported(model_type: str) -> None:
         )
 
 
+# The weights of the pooler a base checkpoint may hold, which the encoder is built without (add_pooling_layer=False).
+_POOLER_PREFIX = "pooler."
+_LOAD_REPORT_LOGGER = "transformers.modeling_utils"  # where transformers logs its "LOAD REPORT" of a load
+
+
+@contextmanager
+def _load_report_held(directory: Path) -> Iterator[list[logging.LogRecord]]:
+    """transformers' "LOAD REPORT" of a load of `directory` in the block, held back (not shown) in the list yielded,
+    for the caller to pass on or drop.
+
+    A base checkpoint's pooler, which the encoder leaves out on purpose, was reported as UNEXPECTED weights at every
+    base load where transformers was not quietened (a benchmark, a Python program): a table of noise (left56 F3).
+    """
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "LOAD REPORT" in message and f"from: {directory}" in message:
+            held.append(record)
+            return False
+        return True
+
+    log = logging.getLogger(_LOAD_REPORT_LOGGER)
+    log.addFilter(hold)
+    try:
+        yield held
+    except BaseException:  # a load that failed after its report ("look at the above report"): it is shown
+        log.removeFilter(hold)
+        _pass_on(held)
+        raise
+    finally:
+        log.removeFilter(hold)
+
+
+def _pass_on(records: list[logging.LogRecord]) -> None:
+    """Log `records`, held back by `_load_report_held`, as they were logged."""
+    for record in records:
+        logging.getLogger(record.name).handle(record)
+
+
 def load_base_encoder(path: str | Path) -> tuple[BertModel, PreTrainedTokenizerBase]:
     """The fp32 BertModel (no pooler) and fast tokenizer of a plain encoder directory; nothing is downloaded.
 
@@ -79,7 +122,7 @@ def load_base_encoder(path: str | Path) -> tuple[BertModel, PreTrainedTokenizerB
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
         require_supported(config.model_type)
         require_config_fits_weights(directory, config, weight_shapes(directory))
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), _load_report_held(directory) as held:
             encoder, info = BertModel.from_pretrained(
                 directory,
                 add_pooling_layer=False,
@@ -89,6 +132,9 @@ def load_base_encoder(path: str | Path) -> tuple[BertModel, PreTrainedTokenizerB
                 use_safetensors=True,  # a pickle checkpoint (pytorch_model.bin) is never loaded (hostile46 F5)
                 output_loading_info=True,
             )
+        if info["missing_keys"] or info["mismatched_keys"] or any(
+                not name.startswith(_POOLER_PREFIX) for name in info["unexpected_keys"]):  # fmt: skip
+            _pass_on(held)  # it names something besides the pooler left out on purpose: shown as it was
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except LOAD_ERRORS as error:
         raise DilstoreError(load_failure("an encoder", directory, error)) from error

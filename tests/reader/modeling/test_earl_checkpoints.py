@@ -8,13 +8,15 @@ all-MiniLM-L6-v2.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import RobertaConfig
+from transformers import BertModel, RobertaConfig
 
 from dilstore.reader.modeling.checkpoints import BASE_MODEL_REF, METADATA_FILE, BaseEncoderReference, base_model_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
@@ -128,6 +130,38 @@ def test_packaged_minilm_loads_with_n4_and_m2() -> None:
         key_values = ranker.document_key_values(doc_states)  # (2, n, 2, 2, 384)
         judged = ranker.judge(query_states, query[1], documents[1], doc_key_values=key_values)
     assert judged.shape == (2,) and bool(judged.isfinite().all())
+
+
+@pytest.fixture
+def transformers_warnings_shown() -> Iterator[None]:
+    """transformers at its default verbosity (WARNING), as in a benchmark script or a Python program; an earlier
+    command in this process may have quietened it."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
+    yield
+    hf_logging.set_verbosity(before)
+
+
+def test_a_base_s_pooler_left_out_by_design_gives_no_load_report(
+    transformers_warnings_shown: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every base encoder load (`EarlRanker.from_base`, the cross-encoder's, `rank_quality --reference-bi-encoder`'s,
+    bench_earl_speed's) printed transformers' "BertModel LOAD REPORT" table of the pooler weights it leaves out on
+    purpose (add_pooling_layer=False) where transformers was not quietened (left56 F3). A weight the encoder has no
+    place for other than the pooler is still reported."""
+    torch.manual_seed(0)
+    with_pooler = save_base_encoder(tmp_path / "pooler", BertModel(tiny_encoder().config, add_pooling_layer=True))
+    assert any(name.startswith("pooler.") for name in load_file(with_pooler / WEIGHTS_FILE))
+    with caplog.at_level(logging.WARNING, logger="transformers"):
+        load_base_encoder(with_pooler)
+    assert "LOAD REPORT" not in caplog.text
+    extra = copy_checkpoint(with_pooler, tmp_path)
+    save_file({**load_file(with_pooler / WEIGHTS_FILE), "cls.predictions.bias": torch.zeros(3)}, extra / WEIGHTS_FILE)
+    with caplog.at_level(logging.WARNING, logger="transformers"):
+        load_base_encoder(extra)
+    assert "LOAD REPORT" in caplog.text and "cls.predictions.bias" in caplog.text
 
 
 def test_a_base_encoder_missing_weights_is_refused(base_bert: Path, tmp_path: Path) -> None:
