@@ -89,6 +89,8 @@ def training_round_trip(
     if codebook is not None:
         arrays, state_shape = read_codebook(codebook, encoding)
         sample_tokens = codebook_sample_tokens(codebook)
+        if sample_tokens is not None:  # one written before the count was recorded: nothing to say
+            warn_small_given(codebook, encoding, sample_tokens)
     else:
         sample = passage_state_sample(reader, windows, device)  # (N, d)
         arrays, state_shape = train_codebook(encoding, sample), sample.shape[1:]  # rotated, as DilBert stores are
@@ -118,3 +120,23 @@ def warn_small_sample(encoding: str, sample_tokens: int) -> None:
           f"train on less error than a store gives them{refused}. Train on more passages (a sample takes up to "
           f"{CODEBOOK_SAMPLE_TOKENS:,} token states of {CODEBOOK_SAMPLE_UNITS} windows), or give a store's codebook "
           "with --codebook", file=sys.stderr)  # fmt: skip
+
+
+def warn_small_given(codebook: Path, encoding: str, sample_tokens: int) -> None:
+    """Say on stderr, before training starts, that the codebook given with --codebook records a sample of fewer than
+    SMALL_SAMPLE_TOKENS token states, what that does and what to do.
+
+    (left56 F4) `warn_small_sample` spoke only of a codebook the run trained: a store's small codebook given with
+    `--codebook` was taken without a word, though it codes the training windows, which it never saw, worse than a
+    full sample's would, and below MIN_REUSE_TOKENS `precompute --codebook OUTPUT/codebook` refuses its copy only
+    after the training.
+    """
+    if sample_tokens >= SMALL_SAMPLE_TOKENS:
+        return
+    refused = (f"; with fewer than {MIN_REUSE_TOKENS:,}, `dilstore precompute --codebook` refuses it (and its copy "
+               f"OUTPUT/{CODEBOOK_DIR})" if sample_tokens < MIN_REUSE_TOKENS else "")  # fmt: skip
+    print(f"dilstore train qa: warning: --codebook {codebook} ({encoding}) was trained on only {sample_tokens:,} token "
+          f"states, fewer than the {SMALL_SAMPLE_TOKENS:,} a codebook needs to code unseen passages as well as a full "
+          f"sample does: it codes these training windows, which it did not see, worse than a full sample's "
+          f"would{refused}. Give the codebook of a store built from more passages, or leave --codebook out to train "
+          "one on the training windows", file=sys.stderr)  # fmt: skip

@@ -127,6 +127,26 @@ def test_a_codebook_trained_on_few_states_is_warned_of_before_training(
     assert capsys.readouterr().err == ""
 
 
+def test_a_given_codebook_of_few_states_is_warned_of_before_training(
+    reader: DilBertReader, features: list[QAFeature], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(left56 F4) `--codebook DIR` of a small store's codebook, which records the few states it was trained on, was
+    taken without a word, where a codebook the run trains on as few is warned of."""
+    sample = passage_state_sample(reader, windows(features), CPU)  # (N, d)
+    arrays = train_codebook("2bit", sample)
+    for count in (300, store_codec.MIN_REUSE_TOKENS, store_codec.SMALL_SAMPLE_TOKENS):
+        given = tmp_path / f"given-{count}"
+        write_codebook(given, "2bit", arrays, sample.shape[1:], sample_tokens=count)
+        training_round_trip(reader, windows(features), "2bit", given, tmp_path / f"run-{count}", CPU, resume=False)
+        err = capsys.readouterr().err
+        if count == store_codec.SMALL_SAMPLE_TOKENS:
+            assert err == ""
+            continue
+        assert f"warning: --codebook {given} (2bit) was trained on only {count:,} token states" in err
+        assert ("`dilstore precompute --codebook` refuses it" in err) == (count < store_codec.MIN_REUSE_TOKENS)
+        assert codebook_sample_tokens(tmp_path / f"run-{count}" / CODEBOOK_DIR) == count  # the copy records it
+
+
 def test_a_tiny_run_keeps_the_lower_layers_and_records_its_encoding(
     tiny_base: Path, squad_file: Path, tmp_path: Path
 ) -> None:
