@@ -25,6 +25,7 @@ from dilstore.runners.stop_signals import (
     signals_interrupt,
     stops_ignored,
 )
+from dilstore.runners.terminal import escape_what_stdout_cannot_write
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.secrets import scrubbed
 
@@ -144,6 +145,7 @@ def main(argv: Sequence[str] | None = None, *, exits: bool = False) -> int:
         return 2
     verbose = getattr(args, "verbose", False)
     configure_output(verbose=verbose)
+    escape_what_stdout_cannot_write()  # a Latin-1 or ASCII terminal is shown escapes, not a failure halfway
     raise_open_file_limit()  # a store keeps one descriptor per mapped file open (runners/open_files.py)
     try:
         with signals_interrupt(mute_when_stopping=not verbose):

@@ -12,6 +12,7 @@ from dilstore.runners.collector import loading_for_good
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.reading_options import apply_threads
+from dilstore.runners.terminal import json_text
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreChangedError
 
@@ -154,7 +155,7 @@ def print_answer(
     timings."""
     if as_json:
         numbered = {} if line is None else {"line": line}
-        print(json.dumps({**numbered, **answer.to_dict(), **read_with}, ensure_ascii=False), file=out)
+        print(json_text({**numbered, **answer.to_dict(), **read_with}, out), file=out)
         return
     print(f"question: {printable(answer.question)}", file=out)
     best = answer.best

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from dilstore.runners.terminal import json_text
 from dilstore.storage.messages import counted, listed
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def run_info(args: argparse.Namespace) -> int:
 
     info = store_info(args.store)
     if args.json:
-        print(json.dumps(info, indent=2, ensure_ascii=False))
+        print(json_text(info, sys.stdout, indent=2))
     else:
         print(format_info(info))
     leftover = stopped_compaction_note(args.store)
@@ -82,7 +82,7 @@ def run_verify(args: argparse.Namespace) -> int:
     with BarProgress("verify", disabled=args.no_progress or args.json) as progress:
         report = verify_with_index(args.store, progress=progress)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
+        print(json_text(report.to_dict(), sys.stdout, indent=2))
     else:
         print(format_report(report.to_dict()))
     return 0 if report.ok else 1

@@ -1,0 +1,85 @@
+"""Standard output whose encoding lacks characters (a Latin-1 or ASCII locale): commands print all they have to say,
+other scripts as escapes, and their JSON reads back as the same JSON (unicode56 F1)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dilstore.reader.serving.answers import Answer, Span, Timings
+from dilstore.runners.cmd_ask import print_answer
+from dilstore.runners.terminal import json_text, writes_any_text
+from dilstore.storage.records import StoredPassage
+from tests.fixtures.paths import ROOT
+from tests.fixtures.store_fixtures import build_store, random_shards
+
+
+def dilstore(arguments: list[str], encoding: str) -> subprocess.CompletedProcess[bytes]:
+    """`python -m dilstore ARGUMENTS` with stdout and stderr in `encoding` (as in a locale of that encoding)."""
+    env = {**os.environ, "PYTHONIOENCODING": encoding}
+    return subprocess.run([sys.executable, "-m", "dilstore", *arguments], capture_output=True, cwd=ROOT, env=env,
+                          timeout=120)  # fmt: skip
+
+
+def test_evaluate_rank_prints_its_whole_table_in_an_ascii_locale(tmp_path: Path) -> None:
+    """Before, the table stopped after Judged@10 and the command ended with exit 2 and "error: text that is not
+    valid UTF-8: 'ascii' codec can't encode character '\\xe8'": the unjudged qid 'Genève' could not be shown."""
+    (tmp_path / "qrels.txt").write_text("Zürich 0 d1 1\n", encoding="utf-8")
+    (tmp_path / "run.trec").write_text("Zürich Q0 d1 1 2.0 t\nGenève Q0 d1 1 2.0 t\n", encoding="utf-8")
+    done = dilstore(["evaluate-rank", "--qrels", str(tmp_path / "qrels.txt"), "--run", str(tmp_path / "run.trec")],
+                    "ascii")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert b"ignored: 'Gen\\xe8ve'" in done.stdout
+    assert done.stderr == b""
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_info_json_of_a_store_in_a_folder_of_other_scripts_reads_back_in_any_locale(
+    tmp_path: Path, encoding: str
+) -> None:
+    """Before, `info --json` printed nothing but "error: text that is not valid UTF-8": the folder's name was in
+    its JSON as it is, which the locale's encoding could not write."""
+    store = build_store(tmp_path / "Zürich 東京 😀", random_shards([2]))
+    done = dilstore(["info", "--json", str(store)], encoding)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.decode("ascii"))["store"] == str(store)
+
+
+def answer_in_other_scripts() -> Answer:
+    """An answer whose passage, title and span hold a combining mark, CJK, right-to-left text and an emoji."""
+    text = "Zu\u0308rich 東京都 שלום 😀 end"
+    passage = StoredPassage(id="p 東京", title="Émoji 😀", text=text, token_ids=np.zeros(1, np.int32),
+                            char_spans=np.zeros((1, 2), np.int32), states=np.zeros((0, 4), np.float32))  # fmt: skip
+    start, end = text.index("東"), text.index(" end")
+    span = Span(passage_id=passage.id, text=text[start:end], start_token=0, end_token=0, char_start=start,
+                char_end=end, reader_score=1.0, bm25_score=2.0)  # fmt: skip
+    return Answer(question="Wo? 😀", mu=0.5, nbest=(span,), timings=Timings(), passages={passage.id: passage})
+
+
+def test_ask_json_on_a_stream_of_another_encoding_is_json_of_the_same_answer() -> None:
+    """`ask --json` wrote the characters as they are, whatever the stream: the command line then wrote an emoji
+    as the Python escape \\U0001f600, which is no JSON (before, the stream failed on it outright)."""
+    answer = answer_in_other_scripts()
+    read_with = {"encoding": "fp16", "online_variant": None}
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="latin-1", errors="backslashreplace", write_through=True)
+    print_answer(answer, True, out, read_with, line=3)
+    printed = json.loads(raw.getvalue().decode("latin-1"))
+    assert printed == {"line": 3, **json.loads(json.dumps(answer.to_dict())), **read_with}
+    span = printed["nbest"][0]
+    assert printed["passages"][span["passage_id"]]["text"][span["char_start"] : span["char_end"]] == "東京都 שלום 😀"
+
+
+def test_json_keeps_other_scripts_as_they_are_where_the_stream_writes_them() -> None:
+    """On a UTF-8 stream (or one of no encoding) `ask --json`, `info --json` and `verify --json` stay readable."""
+    utf8 = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    assert writes_any_text(utf8) and writes_any_text(io.StringIO())
+    assert not writes_any_text(io.TextIOWrapper(io.BytesIO(), encoding="latin-1"))
+    assert json_text({"t": "東京 😀"}, utf8) == '{"t": "東京 😀"}'
