@@ -5,7 +5,8 @@ STORE/passages/jsonl (`{"id", "contents"}`, contents = title, newline, text)
 into STORE/bm25, so BM25 hits carry exactly the store's passage ids. For a
 store that passages were appended to (`precompute --append`), the index is
 rebuilt over every part, the store's and each append's, leaving out the rows
-an append with --replace superseded (storage/collection.py). The JVM
+an append with --replace superseded (storage/collection.py); a collection whose text Unicode's compatibility
+folding (NFKC, as questions are read) changes is indexed from a folded copy (`searched_form`). The JVM
 runs in this process, which never forks after starting it; its log, the
 progress bar and the closing line go to stderr, so that stdout carries only
 `--json`'s result, and nothing from the Python API's `build_index`. The index
@@ -141,7 +142,7 @@ def _store_lock(store: Path, role: str = WRITE_ROLE, doing: str = "written") -> 
 def index_store(args: argparse.Namespace) -> dict[str, Any]:
     """Build STORE/bm25 from STORE/passages/jsonl (and, in an appended store, every append's parts); what was
     indexed, as `--json` prints it. Prints nothing of its own (`dilstore.build_index` calls it, api45 L5)."""
-    from dilstore.storage.collection import collection_dir, is_appended, write_live_collection
+    from dilstore.storage.collection import collection_dir, folds_anything, is_appended, write_live_collection
     from dilstore.storage.location import StoreLocation
     from dilstore.storage.manifest import read_manifest
 
@@ -165,9 +166,10 @@ def index_store(args: argparse.Namespace) -> dict[str, Any]:
         manifest = read_manifest(StoreLocation.parse(store))
         reread = functools.partial(read_manifest, StoreLocation.parse(store))  # the store's write lock is not held
         appended = is_appended(store)
-        if appended:
+        folded = appended or folds_anything(collection)  # an appended store is copied anyway: folded as it is
+        if folded:
             with scratch_dir("dilstore-collection-") as live:
-                files = write_live_collection(store, live)
+                files = write_live_collection(store, live, searched=True)
                 build_index(live, target, args.threads, manifest, show_progress, reread)
         else:
             files = len(list(collection.glob("*.jsonl")))
@@ -176,6 +178,7 @@ def index_store(args: argparse.Namespace) -> dict[str, Any]:
         "index": str(target),
         "collection": str(collection),
         "appended": appended,  # the appends' parts were indexed too, from a scratch copy of the live rows
+        "folded": folded,  # indexed from a scratch copy with compatibility forms folded (collection.searched_form)
         "files": files,
         "passages": manifest.passages,
         "seconds": round(time.time() - started, 2),

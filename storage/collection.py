@@ -7,12 +7,17 @@ indexed from `STORE/passages/jsonl` as it is. An appended store has parts in
 and rows that an append with --replace superseded are still in their old parts;
 `write_live_collection` gathers every part into one folder and leaves those
 lines out, so BM25 never finds text the store no longer serves under that id.
+
+The parts hold each passage's title and text as stored, but BM25 indexes them as questions are searched: with
+Unicode's compatibility forms folded (`searched_form`, NFKC, as reader.text.tokenization.folded reads questions and
+queries). A store whose collection holds text that folding changes is indexed from a folded copy.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -50,20 +55,63 @@ def jsonl_part(store: Path, entry: ShardEntry) -> Path:
     return jsonl_path(folder, entry.index)
 
 
-def write_live_collection(store: Path, target: Path) -> int:
-    """Write the store's JSONL parts into `target` without the lines of superseded rows; the number of parts."""
+def searched_form(text: str) -> str:
+    """A document's contents as BM25 indexes them: Unicode's compatibility forms folded (NFKC), as questions and
+    queries are searched (reader.text.tokenization.folded; tests hold the two to one rule).
+
+    Lucene's analyzer lowercases but folds nothing else, so an index of the text as stored missed every question
+    word that a passage wrote in a decomposed form (`Zu\u0308rich`, text from macOS, Korean jamo), with a ligature
+    (`ﬁnance`, text from PDFs) or in full width (`１９９８`, CJK text): the question is folded, the passage was not,
+    and BM25 found nothing by those words (unicode56 F2).
+    """
+    return text if text.isascii() else unicodedata.normalize("NFKC", text)
+
+
+def folds_anything(collection: Path) -> bool:
+    """Whether `searched_form` changes the contents of some line of the JSONL parts in the folder `collection` (a
+    line that is no collection document is left to the index build, which names it)."""
+    for part in sorted(collection.glob("*.jsonl")):
+        with part.open(encoding="utf-8", errors="replace", newline="\n") as lines:
+            if any(_searched_line(line) is not line for line in lines):
+                return True
+    return False
+
+
+def write_live_collection(store: Path, target: Path, *, searched: bool = False) -> int:
+    """Write the store's JSONL parts into `target` without the lines of superseded rows; the number of parts.
+    With `searched`, each document's contents are written in their `searched_form`, for a BM25 index to read."""
     target.mkdir(parents=True, exist_ok=True)
     parts = 0
     for source, kept in _live_parts(store):
+        lines = [_searched_line(line) for line in kept] if searched else kept
         with naming(target / source.name):  # $TMPDIR's disk, full, was not named (full49 F4)
-            (target / source.name).write_text("".join(kept), encoding="utf-8")
+            (target / source.name).write_text("".join(lines), encoding="utf-8")
         parts += 1
     return parts
 
 
+def _searched_line(line: str) -> str:
+    """A collection line with its contents in their `searched_form`: the line itself when folding changes nothing
+    (the id is the store's and stays as it is)."""
+    if line.isascii() or unicodedata.is_normalized("NFKC", line):
+        return line
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return line
+    if not isinstance(record, dict) or not isinstance(record.get("contents"), str):
+        return line
+    contents = searched_form(record["contents"])
+    if contents == record["contents"]:
+        return line
+    return json.dumps({**record, "contents": contents}, ensure_ascii=False) + "\n"
+
+
 def document_digest(passage_id: str, contents: str) -> int:
-    """One collection document's share of `collection_digest`: its SHA-256 as a number."""
-    return int.from_bytes(hashlib.sha256(f"{passage_id}\x00{contents}".encode("utf-8", "surrogatepass")).digest())
+    """One collection document's share of `collection_digest`: its SHA-256 as a number, of the contents in their
+    `searched_form`, so that an index of the folded copy and one built before the folding both match the store."""
+    text = f"{passage_id}\x00{searched_form(contents)}"
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
 
 
 def collection_digest(store: Path) -> tuple[int, int]:

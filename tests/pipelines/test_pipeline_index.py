@@ -9,17 +9,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dilstore.runners import cli
 from dilstore.storage.collection import collection_jsonl, write_live_collection
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.passage_files import jsonl_path
+from dilstore.storage.records import PassageRecord
 from dilstore.storage.verify import verify_store
 from dilstore.storage.write_lock import INDEX_ROLE, WRITE_ROLE
 from tests.fixtures.locks import held_lock
@@ -280,3 +283,79 @@ def test_a_collection_part_whose_lines_are_not_its_shard_s_rows_is_refused(chang
     count = len(lines) + (1 if change == "one more line" else -1)
     with pytest.raises(DilstoreError, match=rf"{part.name} has {count} lines for the 3 rows of shard-00000"):
         write_live_collection(store, tmp_path / "again")
+
+
+def sentence_record(passage_id: str, title: str, text: str) -> PassageRecord:
+    """A stored passage of `text`, one token per space-separated word (its span) and a trailing [SEP]."""
+    starts = [match.start() for match in re.finditer(r"\S+", text)]
+    ends = [match.end() for match in re.finditer(r"\S+", text)]
+    spans = np.array([*zip(starts, ends), (-1, -1)], dtype=np.int32)  # (words + 1, 2)
+    return PassageRecord(id=passage_id, title=title, text=text, token_ids=np.arange(1, len(spans) + 1, dtype=np.int32),
+                         char_spans=spans, states=np.ones((len(spans), 4), np.float32))  # fmt: skip
+
+
+# Searches an index (argv[1]) for each query of argv[2:], in one process: {query: [passage ids]}.
+SEARCH_EACH = """
+import json, sys
+from pathlib import Path
+from dilstore.reader.retrieval import Bm25Searcher
+searcher = Bm25Searcher(Path(sys.argv[1]))
+print(json.dumps({query: [hit.passage_id for hit in searcher.search(query, k=3)] for query in sys.argv[2:]}))
+"""
+
+# What `dilstore verify` finds wrong with the BM25 index of the store argv[1] (its documents against the collection).
+INDEX_PROBLEMS = """
+import sys
+from pathlib import Path
+from dilstore.reader.retrieval import index_problems
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
+store = Path(sys.argv[1])
+print(index_problems(store / "bm25", read_manifest(StoreLocation.parse(store)), store))
+"""
+
+
+@pytest.mark.slow
+def test_passages_in_decomposed_ligature_or_full_width_forms_are_found_by_the_words_questions_give(
+    tmp_path: Path,
+) -> None:
+    """(unicode56 F2) Questions are searched with their compatibility forms folded (NFKC); the index held the
+    passages' text as stored, so a passage that wrote `Zu\\u0308rich` (decomposed, as text from macOS), `ﬁnance` (a
+    PDF's ligature) or `１９９８` (full width, as CJK text) was never found by those words: BM25 gave no hit. The
+    index now reads the folded text; the store's ids, texts and collection stay as they were, and verify finds the
+    index to be the store's collection (its digest folds both sides)."""
+    records = [
+        sentence_record("Zu\u0308rich#p0", "Zu\u0308rich", "The tram network of Zu\u0308rich opened in 1882."),
+        sentence_record("minister", "Ministers", "The ﬁnance minister resigned after a long scandal."),
+        sentence_record("census", "Census", "The census of １９９８ counted every household."),
+        sentence_record("rhine", "Rhine", "The Rhine flows from the Swiss Alps to the North Sea."),
+    ]
+    store = build_store(tmp_path / "store", [records[:2], records[2:]], encoding="fp16")
+    for index, rows in enumerate([records[:2], records[2:]]):
+        jsonl_path(store, index).parent.mkdir(parents=True, exist_ok=True)
+        jsonl_path(store, index).write_text(collection_jsonl(rows), encoding="utf-8")
+    collection = {path: path.read_bytes() for path in (store / "passages" / "jsonl").glob("*.jsonl")}
+    indexed = dilstore_command(["index", str(store), "--json"])
+    assert indexed.returncode == 0, indexed.stderr
+    assert json.loads(indexed.stdout)["folded"] is True
+    queries = ["Zürich", "finance", "1998", "rhine"]
+    searched = subprocess.run([sys.executable, "-c", SEARCH_EACH, str(store / "bm25"), *queries], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert searched.returncode == 0, searched.stderr
+    assert json.loads(searched.stdout) == {"Zürich": ["Zu\u0308rich#p0"], "finance": ["minister"],
+                                           "1998": ["census"], "rhine": ["rhine"]}  # fmt: skip
+    assert {path: path.read_bytes() for path in (store / "passages" / "jsonl").glob("*.jsonl")} == collection
+    checked = subprocess.run([sys.executable, "-c", INDEX_PROBLEMS, str(store)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+    assert (checked.returncode, checked.stdout) == (0, "[]\n"), checked.stderr
+
+
+def test_the_index_folds_text_as_questions_are_folded() -> None:
+    """(unicode56 F2) What BM25 indexes of a passage and what it searches for a question meet only when both are
+    folded by one rule."""
+    from dilstore.reader.text.tokenization import folded
+    from dilstore.storage.collection import searched_form
+
+    texts = ["Zu\u0308rich", "ﬁnance ﬂow", "１９９８ Ｗｈｏ", "km² ½ …", "\u1112\u1161\u11ab", "plain", "İstanbul ß"]
+    for text in texts:
+        assert searched_form(text) == folded(text)
