@@ -61,6 +61,14 @@ def test_normalize_answer(text: str, normalised: str) -> None:
     assert normalize_answer(text) == normalised
 
 
+def test_an_answer_spelled_decomposed_matches_its_composed_reference() -> None:
+    """(unicode56 F3) A reader's answer is the passage's own characters: from a corpus that writes `Zu\u0308rich`
+    (u and a combining diaeresis) the right answer scored EM 0 and F1 0 against a question file's `Zürich`."""
+    assert exact_match("Zu\u0308rich", "Zürich") == 1.0
+    assert f1("the Zu\u0308rich tram", "Zürich tram") == 1.0
+    assert exact_match("Zurich", "Zürich") == 0.0  # a missing accent is another answer, as in the official script
+
+
 def test_a_word_that_ends_in_an_article_keeps_it() -> None:
     """The official article pattern is \\b(a|an|the)\\b: "Santa" and "Sant" are different answers."""
     assert exact_match("Santa", "Sant") == 0.0
