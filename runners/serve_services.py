@@ -21,7 +21,7 @@ from dilstore.runners.serve_reopen import Reopener
 from dilstore.runners.serve_requests import ASK, RERANK, AskRequest, ClientError, RerankRequest
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreChangedError
-from dilstore.storage.messages import listed
+from dilstore.storage.messages import listed, other_form_hint
 from dilstore.storage.reader import MissingPassagesError, Store
 from dilstore.storage.secrets import scrubbed
 
@@ -146,7 +146,8 @@ class RerankService:
                 scores = self.reranker.rerank_tokenized(query, ids)
             except MissingPassagesError as error:  # the library's message suggests skip_missing, which /rerank lacks
                 raise ClientError(422, f"{len(error.missing)} of {len(set(ids))} doc_ids are not in this store: "
-                                       f"{listed(error.missing)}") from None  # fmt: skip
+                                       f"{listed(error.missing)}"
+                                       f"{other_form_hint(self.reranker.store, error.missing)}") from None  # fmt: skip
         else:
             if self.searcher is None:
                 raise ClientError(400, "this store has no BM25 index (`dilstore index STORE`); give doc_ids")

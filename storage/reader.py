@@ -46,7 +46,7 @@ from dilstore.storage.id_index import IdIndex, Superseded, header_matches, id_ha
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest, read_manifest
 from dilstore.storage.mapped import WatchedFile, check_unchanged, map_array, read_array_file, shards_kept_open
-from dilstore.storage.messages import listed
+from dilstore.storage.messages import listed, other_form_hint
 from dilstore.storage.read_failures import LASTING_ERRNOS
 from dilstore.storage.records import StoredPassage
 from dilstore.storage.shard import ShardReader, read_ranges
@@ -198,7 +198,7 @@ class Store:
         if missing:
             raise MissingPassagesError(
                 f"{len(missing)} of {len(passage_ids)} requested passage ids are not in store {self.url}: "
-                f"{listed(missing)}",
+                f"{listed(missing)}{other_form_hint(self, missing)}",
                 missing,
             )
         touched = [(self.shard(shard), np.flatnonzero(shards == shard)) for shard in np.unique(shards).tolist()]

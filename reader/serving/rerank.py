@@ -82,7 +82,7 @@ from dilstore.reader.text.tokenization import TokenizedText, encode_query, folde
 from dilstore.storage.checks import as_list, positive_int, require_at_least_one
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import check_fingerprint
-from dilstore.storage.messages import listed
+from dilstore.storage.messages import listed, other_form_hint
 from dilstore.storage.reader import MissingPassagesError, Store, open_store
 from dilstore.storage.records import StoredPassage
 
@@ -170,7 +170,8 @@ def require_topics(topics: Mapping[str, str], run: Run, source: str = "the topic
         raise DilstoreError(f"the topics must be a {{qid: query text}} mapping, got {type(topics).__name__}")
     missing = [qid for qid in run if qid not in topics]
     if missing:
-        raise DilstoreError(f"{len(missing)} query(ies) of the run have no topic in {source}: {listed(missing)}")
+        raise DilstoreError(f"{len(missing)} query(ies) of the run have no topic in {source}: {listed(missing)}"
+                            f"{other_form_hint(topics, missing)}")  # fmt: skip
     for qid in run:
         if not isinstance(topics[qid], str):
             raise DilstoreError(f"the topic of query {qid!r:.60} must be its text, got {type(topics[qid]).__name__}")
@@ -332,7 +333,7 @@ class StoreReranker(ABC, Generic[RankerT]):
             first = [docid for docid, _ in rank_documents(next(iter(run.values())))][:depth]  # looked up, all missing
             raise MissingPassagesError(
                 f"none of the run's top-{depth} documents is in store {self.store.url}"
-                f"{split_hint(self.store, first)}: nothing was reranked", first
+                f"{split_hint(self.store, first)}{other_form_hint(self.store, first)}: nothing was reranked", first
             )
         return reranked, stats
 
@@ -376,8 +377,8 @@ class StoreReranker(ABC, Generic[RankerT]):
         elsewhere = f"; {more} more in {len(others)} other query(ies)" if others else ""
         raise MissingPassagesError(
             f"query {qid!r}: {len(first)} of {len(tops[qid])} documents to rerank are not in store {self.store.url}: "
-            f"{listed(first)}{split_hint(self.store, first)}{elsewhere}; leave them out with skip_missing "
-            "(--skip-missing)",
+            f"{listed(first)}{split_hint(self.store, first)}{other_form_hint(self.store, first)}{elsewhere}; leave "
+            "them out with skip_missing (--skip-missing)",
             [docid for docids in missing.values() for docid in docids],
         )
 
@@ -416,8 +417,9 @@ class StoreReranker(ABC, Generic[RankerT]):
                 if not skip_missing:
                     raise MissingPassagesError(
                         f"{len(error.missing)} of {len(doc_ids)} documents to rerank are not in store "
-                        f"{self.store.url}: {listed(error.missing)}{split_hint(self.store, error.missing)}; leave "
-                        "them out with skip_missing (--skip-missing)",
+                        f"{self.store.url}: {listed(error.missing)}{split_hint(self.store, error.missing)}"
+                        f"{other_form_hint(self.store, error.missing)}; leave them out with skip_missing "
+                        "(--skip-missing)",
                         error.missing,
                     ) from None
                 missing = set(error.missing)

@@ -7,6 +7,7 @@ import json
 import mmap
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import fsspec
@@ -287,6 +288,26 @@ def test_an_id_holding_a_lone_surrogate_is_missing_not_an_encoding_error(fp32_st
     assert store.missing([]) == []
     with pytest.raises(DilstoreError, match="missing takes a list of passage ids"):
         store.missing("s0/p0")
+
+
+def test_an_id_held_in_another_unicode_form_is_named_with_the_form_the_store_holds(tmp_path: Path) -> None:
+    """(unicode56 F4) 'Zürich#p0' spelled with a combining diaeresis (as macOS writes file names) and with one 'ü'
+    print alike: fetch said the id was not in the store, naming what looked like the store's own id. Ids are still
+    matched as written; the message shows both, with escapes."""
+    rng = np.random.default_rng(0)
+    decomposed = "Zu\u0308rich#p0"
+    store = open_store(build_store(tmp_path / "store", [[replace(passage(decomposed, 3, (8,), rng), title="Zürich"),
+                                                         passage("plain", 3, (8,), rng)]]))  # fmt: skip
+    assert "Zürich#p0" not in store and [stored.id for stored in store.fetch([decomposed])] == [decomposed]
+    with pytest.raises(MissingPassagesError) as caught:
+        store.fetch(["plain", "Zürich#p0"])
+    assert caught.value.missing == ["Zürich#p0"]
+    assert str(caught.value).endswith(": 'Zürich#p0' ('Z\\xfcrich#p0' is not in it, but 'Zu\\u0308rich#p0' is: the "
+                                      "same text in another Unicode form (NFD); ids are matched code point by code "
+                                      "point)")
+    with pytest.raises(MissingPassagesError) as caught:
+        store.fetch(["Genève"])
+    assert "Unicode form" not in str(caught.value)
 
 
 @pytest.mark.parametrize(

@@ -32,12 +32,20 @@ from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_QUERY_LENGTH
 from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME
-from dilstore.reader.serving.rerank import EarlReranker, RerankSettings, RerankStats, open_reranker, split_hint
+from dilstore.reader.serving.rerank import (
+    EarlReranker,
+    RerankSettings,
+    RerankStats,
+    open_reranker,
+    require_topics,
+    split_hint,
+)
 from dilstore.reader.text.tokenization import encode_document
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import FingerprintMismatchError
+from dilstore.storage.messages import other_form_hint
 from dilstore.storage.reader import MissingPassagesError, open_store
 from dilstore.storage.records import PassageRecord
 from dilstore.storage.writer import write_shard
@@ -407,6 +415,18 @@ def test_ids_a_split_store_holds_as_passages_are_named_with_the_split() -> None:
     passages = {"tram#0", "tram#1", "kili"}
     assert "holds 'tram#0': it was built with a --split that cuts" in split_hint(passages, ["ghost", "tram"])
     assert split_hint(passages, ["ghost", "kili"]) == ""
+
+
+def test_docids_a_store_holds_in_another_unicode_form_are_named_with_its_form() -> None:
+    """(unicode56 F4) A run's docid 'Zürich' (one 'ü') and a store's 'Zu\u0308rich' print alike; rerank's error
+    named the docid as not in the store with no word of why. Full-width digits (NFKC) too."""
+    held = {"Zu\u0308rich", "12"}
+    assert "'Zu\\u0308rich' is: the same text in another Unicode form (NFD)" in other_form_hint(held, ["x", "Zürich"])
+    assert "'12' is: the same text in another Unicode form (NFKC)" in other_form_hint(held, ["\uff11\uff12"])
+    assert other_form_hint(held, ["ghost", "Genève"]) == ""
+    with pytest.raises(DilstoreError, match=r"1 query\(ies\) of the run have no topic in the topics: 'Zürich' "
+                       r"\('Z\\xfcrich' is not in it, but 'Zu\\u0308rich' is"):
+        require_topics({"Zu\u0308rich": "tram"}, {"Zürich": {"d": 1.0}})
 
 
 def test_strings_where_lists_belong_and_non_string_queries_are_named(
