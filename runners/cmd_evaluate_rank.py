@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read both files, evaluate, print the means."""
-    from dilstore.reader.data.trec import rank_order_warning, read_qrels, read_ranked_run
+    from dilstore.reader.data.trec import rank_order_warning, read_qrels, read_ranked_run, unicode_form_warning
     from dilstore.reader.evaluation.rank_metrics import DEFAULT_RECALL_DEPTHS, JUDGED, evaluate_run
 
     qrels, (ranked, disagreeing) = read_qrels(args.qrels), read_ranked_run(args.run_file)
@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if not ranked:
         raise DilstoreError(f"{args.run_file}: the run holds no lines")
     if (warning := rank_order_warning(args.run_file, disagreeing, len(ranked))) is not None:
+        print(f"dilstore evaluate-rank: {warning}", file=sys.stderr)
+    if (warning := unicode_form_warning(qrels, ranked)) is not None:
         print(f"dilstore evaluate-rank: {warning}", file=sys.stderr)
     evaluation = evaluate_run(qrels, ranked, args.relevance_level, args.recall_depths or DEFAULT_RECALL_DEPTHS)
     if not any(grade >= evaluation.relevance_level for judged in qrels.values() for grade in judged.values()):

@@ -18,6 +18,7 @@ kept: trec_eval orders documents by score, and so does everything here.
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from numbers import Integral, Real
 from pathlib import Path
@@ -104,6 +105,35 @@ def rank_order_warning(path: str | Path, disagreeing: Sequence[str], queries: in
     return (f"warning: in {path}, the rank column orders the documents of {len(disagreeing)} of {queries} "
             f"queries otherwise than their scores ({listed(list(disagreeing))}); documents are taken by score, "
             "highest first and ties by docid descending, as trec_eval ranks them")
+
+
+def unicode_form_warning(qrels: Qrels, run: Run) -> str | None:
+    """A warning naming the run's qids and docids that are the qrels' only in another Unicode form (NFC), or None.
+
+    Ids are matched code point by code point, as trec_eval matches them, and the two forms of `Zürich` (one `ü`,
+    or `u` and a combining diaeresis, as macOS writes file names) print alike: such a query was scored as unjudged
+    and such a document as not relevant, and the metrics fell without a word (unicode56 F5).
+    """
+    judged_qids = {_composed(qid): qid for qid in qrels}
+    qids = [(qid, judged_qids[_composed(qid)]) for qid in run if qid not in qrels and _composed(qid) in judged_qids]
+    docids = []
+    for qid, documents in run.items():
+        judged = qrels.get(qid) or qrels.get(judged_qids.get(_composed(qid), qid)) or {}
+        forms = {_composed(docid): docid for docid in judged}
+        docids += [(docid, forms[_composed(docid)]) for docid in documents
+                   if docid not in judged and _composed(docid) in forms]  # fmt: skip
+    if not qids and not docids:
+        return None
+    run_id, judged_id = (qids or docids)[0]
+    return (f"warning: {len(qids)} qid(s) and {len(docids)} docid(s) of the run are the qrels' only in another "
+            f"Unicode form (the run's {ascii(run_id):.80}, the qrels' {ascii(judged_id):.80}); ids are matched code "
+            "point by code point, as trec_eval matches them, so those queries count as unjudged and those documents "
+            "as not relevant: write both files in one form (NFC)")
+
+
+def _composed(text: str) -> str:
+    """`text` in Unicode's composed form (NFC); an ASCII id as it is, without a look at its characters."""
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
 
 
 def read_qrels(path: str | Path) -> Qrels:

@@ -40,6 +40,7 @@ import numpy as np
 
 from dilstore.reader.data.trec import Qrels, Run, int32_grade, rank_documents
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.messages import other_form_hint
 
 METRICS: tuple[str, ...] = ("RR@10", "nDCG@10", "R@100")  # what evaluate_run computes by default
 JUDGED = "Judged@10"
@@ -98,7 +99,8 @@ def evaluate_run(
         raise DilstoreError("the qrels judge no documents")
     judged_in_run = [qid for qid in run if qid in qrels]
     if not judged_in_run:
-        raise DilstoreError(f"none of the run's {len(run)} queries has judgements in the qrels")
+        raise DilstoreError(f"none of the run's {len(run)} queries has judgements in the qrels"
+                            f"{other_form_hint(qrels, list(run))}")  # fmt: skip
     if level is None:
         level = relevance_level(qrels)
     elif (grade := int32_grade(level)) is None or grade < 1:  # pytrec_eval takes int32 grades only

@@ -23,6 +23,7 @@ from dilstore.reader.data.trec import (
     read_run,
     read_topics,
     run_from_mapping,
+    unicode_form_warning,
     write_run,
 )
 from dilstore.reader.evaluation.rank_metrics import evaluate_run, relevance_level
@@ -156,6 +157,26 @@ def test_a_rank_column_that_orders_otherwise_than_the_scores_is_named(
         "descending, as trec_eval ranks them\n")  # fmt: skip
     write_run(tmp_path / "out.trec", ranked)
     assert read_ranked_run(tmp_path / "out.trec")[1] == [], "a run dilstore writes ranks as it scores"
+
+
+def test_ids_the_qrels_write_in_another_unicode_form_are_named(tmp_path: Path, capsys) -> None:
+    """(unicode56 F5) A run's 'Zürich' (one 'ü') and the qrels' 'Zu\u0308rich' print alike, and ids are matched
+    code point by code point: the query was scored as unjudged, a document as not relevant, without a word."""
+    qrels, run = tmp_path / "qrels.txt", tmp_path / "run.trec"
+    qrels.write_text("Zu\u0308rich 0 d1 1\nq2 0 d\u00e9 1\n", encoding="utf-8")
+    run.write_text("Zürich Q0 d1 1 2.0 t\nq2 Q0 de\u0301 1 2.0 t\nq2 Q0 x 2 1.0 t\n", encoding="utf-8")
+    assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run), "--json"]) == 0
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["nDCG@10"] == 0.0  # still matched as written, as trec_eval matches them
+    assert printed.err.startswith("dilstore evaluate-rank: warning: 1 qid(s) and 1 docid(s) of the run are the qrels' "
+                              "only in another Unicode form (the run's 'Z\\xfcrich', the qrels' 'Zu\\u0308rich')")
+    assert unicode_form_warning({"q": {"d": 1}}, {"q": {"d": 1.0, "Genève": 0.5}}) is None
+    qrels.write_text("Zu\u0308rich 0 d1 1\n", encoding="utf-8")
+    run.write_text("Zürich Q0 d1 1 2.0 t\n", encoding="utf-8")
+    assert main(["evaluate-rank", "--qrels", str(qrels), "--run", str(run)]) == 2
+    assert capsys.readouterr().err.endswith("error: none of the run's 1 queries has judgements in the qrels "
+                                            "('Z\\xfcrich' is not in it, but 'Zu\\u0308rich' is: the same text in "
+                                            "another Unicode form (NFD); ids are matched code point by code point)\n")
 
 
 def test_cli_json_and_table(tiny: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
