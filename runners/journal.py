@@ -179,8 +179,7 @@ class Journal:
     def _write(self, parts: dict[int, Any]) -> None:
         """The journal file as this run's header and `parts`, in place of what was there."""
         lines = [self._header, *({"part": part, "record": record} for part, record in parts.items())]
-        atomic_write_text(self.path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines),
-                          named_by_user=True)  # fmt: skip
+        atomic_write_text(self.path, "".join(_line(line) for line in lines), named_by_user=True)
 
     def add(self, part: int, record: Any) -> None:
         """Keep `record` as part `part`'s result (the next part in order)."""
@@ -189,7 +188,7 @@ class Journal:
                 self._write({})
                 self._resumed = True
             self._stream = self.path.open("a", encoding="utf-8")
-        self._stream.write(json.dumps({"part": part, "record": record}, ensure_ascii=False) + "\n")
+        self._stream.write(_line({"part": part, "record": record}))
         self._stream.flush()
         self.parts[part] = record
 
@@ -206,3 +205,10 @@ class Journal:
         """Delete the journal: the output it served is written."""
         self.close()
         self.path.unlink(missing_ok=True)
+
+
+def _line(value: Any) -> str:
+    """One journal line: JSON with every character past ASCII escaped. A path or file name that is not UTF-8 (bytes
+    Python decoded to lone surrogates) in the settings could not be written as UTF-8: the journal's first part
+    ended the run with "text that is not valid UTF-8" (unicode56 F6); escaped, it reads back as it was."""
+    return json.dumps(value) + "\n"

@@ -325,6 +325,29 @@ def stoppable_evaluate_qa(odqa: OpenDomainReader, tmp_path: Path, monkeypatch: p
     return run
 
 
+def test_a_question_file_whose_name_is_not_utf8_is_evaluated_and_its_predictions_written(
+    odqa: OpenDomainReader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(unicode56 F6) The file's name (bytes Python decodes to lone surrogates) was in the journal's settings and in
+    each JSONL question's id: the journal's first part, then the predictions file, written as UTF-8, failed with
+    "text that is not valid UTF-8", naming neither, after the part's questions had been read. The ids now show the
+    name's bytes as escapes; a stop keeps its parts and the same command goes on from them."""
+    from dilstore.runners import cli
+
+    run = stoppable_evaluate_qa(odqa, tmp_path, monkeypatch)
+    questions = run.questions.rename(tmp_path / os.fsdecode(b"q\xff.jsonl"))
+    command = ["evaluate-qa", "store", "--questions", str(questions), "--question-batch", "1", "--json",
+               "--predictions", str(tmp_path / "p.json"), "--top-p", "2"]  # fmt: skip
+    run.stop_at = 3
+    assert cli.main(command) == 130, capsys.readouterr().err
+    assert "4 of 7 questions done are kept" in capsys.readouterr().err
+    run.stop_at, run.calls[:] = 0, []
+    assert cli.main(command) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["resumed_questions"] == 4 and run.calls == [2, 1]
+    predictions = json.loads((tmp_path / "p.json").read_text(encoding="utf-8"))
+    assert list(predictions)[:2] == ["q\\xff.jsonl:1", "q\\xff.jsonl:2"]
+
+
 def test_evaluate_qa_s_seed_picks_the_subset_of_that_seed(
     odqa: OpenDomainReader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
