@@ -45,6 +45,7 @@ from dilstore.runners.quiet import add_verbose_argument, logging_restored, quiet
 from dilstore.runners.scratch import scratch_dir
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import COMPRESSORS
+from dilstore.storage.messages import path_text
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     from dilstore.pipelines.job import BuildAttempt, PrecomputeJob
@@ -165,6 +166,7 @@ def resolve_inputs(paths: Sequence[str | Path] | None, format: str | None) -> tu
         if not str(given).strip():  # Path("") is ".", which was refused as "a directory"
             raise DilstoreError("--input is empty; give a corpus file")
         path = Path(given)
+        refuse_undecodable("--input", path)
         if path.is_dir():
             raise DilstoreError(f"--input {path} is a directory; give the corpus files in it, one --input each")
         if not path.exists():
@@ -202,6 +204,21 @@ def refuse_url(flag: str, path: str | Path) -> None:
             f"{flag} {path}: URLs are not supported by `dilstore precompute` yet; use a local path or "
             "a mounted filesystem (e.g. gcsfuse) visible to every worker (download an https file first)"
         )
+
+
+def refuse_undecodable(flag: str, path: str | Path) -> None:
+    """Refuse a path whose name, or a folder's above it, is not UTF-8 (bytes Python decodes to lone surrogates).
+
+    The store records its inputs, model and folder in UTF-8 files (precompute.json, run-summary.json, the dead
+    letters): an input so named was "text that is not valid UTF-8" naming no file, and an --output so named ran the
+    whole encoding and failed as the store was finished, every rerun again (unicode56 F7).
+    """
+    for text in (str(path), str(Path(path).absolute())):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DilstoreError(f"{flag} {path_text(path)}: its path is not UTF-8 text, which the store's records (its "
+                                "settings, summary and dead letters) hold: give it a UTF-8 name") from None  # fmt: skip
 
 
 def resolve_model(model: str | None, layers: int | None, kind: str) -> tuple[str, int | None]:
@@ -300,10 +317,14 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
 
     refuse_url("--output", args.output)
     output = Path(args.output)
+    refuse_undecodable("--output", output)
+    if args.model is not None and not str(args.model).startswith("package:"):
+        refuse_undecodable("--model", args.model)
     check_output_location(output, args.append)
     codebook = None if args.codebook is None else Path(args.codebook)
     if codebook is not None:
         refuse_url("--codebook", args.codebook)
+        refuse_undecodable("--codebook", codebook)
         if not needs_codebook(args.encoding):
             raise DilstoreError(f"--codebook is for the 2bit and 1bit encodings, not {args.encoding}")
         refuse_changed_codebook(codebook, f"--codebook {codebook}")  # a store's codebook/, edited after finalize

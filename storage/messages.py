@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Container, Sequence
+from os import PathLike
 
 SHOWN = 5  # items a message names before "and N more"
 ITEM_WIDTH = 80  # characters a message shows of one item
@@ -25,6 +26,12 @@ def counted(number: int, noun: str) -> str:
 def cut(text: str) -> str:
     """`text` cut to ITEM_WIDTH characters: a message names an item, it does not echo a 500 KB one back."""
     return text if len(text) <= ITEM_WIDTH else text[: ITEM_WIDTH - 1] + "…"
+
+
+def path_text(path: str | PathLike[str]) -> str:
+    """A path or file name as text that any UTF-8 file or stream takes: the bytes of a name that is not UTF-8 (which
+    Python decodes to lone surrogates, U+DC80..U+DCFF) as escapes, `q\\xff.jsonl`; any other name as it is."""
+    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def other_form_hint(held: Container[str], missing: Sequence[str]) -> str:

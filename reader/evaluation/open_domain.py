@@ -42,6 +42,7 @@ from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate,
 from dilstore.reader.serving.odqa import OpenDomainReader
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.messages import path_text
 
 DEFAULT_QUESTION_BATCH = 8
 READER_ONLY_MU = 1.0
@@ -56,20 +57,12 @@ class QAQuestion:
     answers: tuple[str, ...]
 
 
-def unicode_name(name: str) -> str:
-    """A file name as text: the bytes of a name that is not UTF-8 (decoded by Python to lone surrogates) as escapes
-    (`q\\xff.jsonl`). Question ids were the name as it was, and the journal and the predictions file, written as
-    UTF-8, failed on them once the first part of the questions had been read: "text that is not valid UTF-8",
-    naming neither file (unicode56 F6)."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
 def load_questions(path: str | Path) -> list[QAQuestion]:
     """Questions from DPR-style JSONL (`.jsonl`, any case) or SQuAD v1.1 JSON (anything else that parses as one
     document); a DilstoreError naming the file when it holds none."""
     path = Path(path)
     if path.suffix.lower() == ".jsonl":
-        name = unicode_name(path.name)
+        name = path_text(path.name)  # as it was, the journal and the predictions file failed on it (unicode56 F6)
         questions = [
             QAQuestion(id=f"{name}:{item.line}", question=item.question, answers=item.answers)
             for item in load_open_questions(path)

@@ -476,6 +476,31 @@ def test_an_unreadable_input_is_refused_before_anything_is_written(
     assert not (tmp_path / "store").exists()
 
 
+@pytest.mark.parametrize("flag", ["--input", "--output", "--model", "--codebook"])
+def test_a_precompute_path_that_is_not_utf8_is_refused_before_anything_is_written(
+    flag: str, tmp_path: Path, capsys
+) -> None:
+    """(unicode56 F7) The store records its inputs, model and folder in UTF-8 files: an --input so named was "text
+    that is not valid UTF-8" naming no file, and an --output so named ran the whole encoding and failed as the store
+    was finished ('utf-8 [while running 'Precompute/Finish']' codec can't encode), at every rerun again."""
+    named = tmp_path / os.fsdecode(b"caf\xe9")  # Latin-1 bytes, as a file copied from an old system is named
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a", "text": "text"}\n', encoding="utf-8")
+    paths = {"--input": corpus, "--output": tmp_path / "store", "--model": None, "--codebook": None}
+    if flag == "--input":
+        named.write_bytes(corpus.read_bytes())
+    elif flag in ("--model", "--codebook"):
+        named.mkdir()
+    paths[flag] = named
+    given = [word for option, path in paths.items() if path is not None for word in (option, str(path))]
+    encoding = ["--encoding", "2bit"] if flag == "--codebook" else []
+    assert main(["precompute", *given, *encoding, "--no-progress"]) == 2
+    assert capsys.readouterr().err == (f"dilstore precompute: error: {flag} {tmp_path}/caf\\xe9: its path is not "
+                                       "UTF-8 text, which the store's records (its settings, summary and dead letters) "
+                                       "hold: give it a UTF-8 name\n")  # fmt: skip
+    assert not (tmp_path / "store").exists() and not list(tmp_path.glob("*store*"))
+
+
 def test_verify_reports_a_missing_store_as_a_problem_with_exit_1(tmp_path: Path, capsys) -> None:
     """verify's own promise: 1 when the store has a problem (here: there is none), with no traceback."""
     assert main(["verify", str(tmp_path / "no-store")]) == 1
