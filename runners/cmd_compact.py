@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.arg_types import positive_int
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.messages import path_text
 
 # Live tokens a compacted shard holds by default: about what precompute's default shard (1 MiB of input) holds.
 SHARD_TOKENS = 1 << 18
@@ -286,7 +287,7 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
             bar = tqdm(total=manifest.passages, unit="passage", desc="compact", file=sys.stderr, dynamic_ncols=True,
                        mininterval=0.5, disable=not show_progress)  # fmt: skip
             with bar:
-                command = shlex.join(["dilstore", "compact", str(store), "--shards", str(count)])
+                command = shlex.join(["dilstore", "compact", path_text(store), "--shards", str(count)])
                 result = compact_store(opened, target, lambda passage_id: shard_of(passage_id, count),
                                        generation=spec_generation(compacted), creation_info={"command": command},
                                        progress=bar.update)  # fmt: skip

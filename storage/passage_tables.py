@@ -70,7 +70,8 @@ def passage_column(table: Path, name: str) -> list[str]:
     """One column (id, doc_id, title or text) of a passage table, in row order; StoreFormatError naming the file
     when it cannot be read (cut short, not Parquet, no such column), not pyarrow's traceback."""
     try:
-        return pq.read_table(table, columns=[name]).column(name).to_pylist()
+        with table.open("rb") as handle:  # pyarrow takes no path that is not UTF-8 (unicode56 F8)
+            return pq.read_table(handle, columns=[name]).column(name).to_pylist()
     except (pa.ArrowException, OSError) as error:
         raise StoreFormatError(f"{table}: {_unreadable(error)}") from error
 
@@ -105,7 +106,8 @@ def _read(table: Path) -> pa.Table | str:
     if not table.is_file():
         return "missing, though its folder holds the passage tables of its run"
     try:
-        return pq.read_table(table)
+        with table.open("rb") as handle:  # a path: pyarrow encodes it as UTF-8, which a name of other bytes is not
+            return pq.read_table(handle)
     except (pa.ArrowException, OSError) as error:
         return _unreadable(error)
 

@@ -131,6 +131,23 @@ def test_in_place_the_store_serves_the_same_passages_from_fewer_files_and_takes_
     assert new and all(passage_id.startswith(DOCUMENTS[9]["id"]) for passage_id in new)
 
 
+def test_a_store_in_a_folder_whose_name_is_not_utf8_is_compacted_in_place(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(unicode56 F8) pyarrow took the passage tables' paths as UTF-8 and the manifest recorded the command with the
+    store's path as it was: compacting a store in a folder named in Latin-1 bytes ended with "text that is not valid
+    UTF-8" and the store as it was. The tables are read through open files and the command records the name's
+    bytes as escapes."""
+    store = tmp_path / os.fsdecode(b"caf\xe9")
+    shutil.copytree(appended, store)
+    before = store_contents(store)
+    result = compact(capsys, str(store))
+    assert same_contents(store_contents(store), before) and result["shards"] < result["shards_before"]
+    manifest = read_manifest(StoreLocation.parse(store))
+    assert manifest.creation["command"] == f"dilstore compact '{tmp_path}/caf\\xe9' --shards {result['shards']}"
+    report = verify_store(store)
+    assert report.ok, report.problems
+
+
 def test_output_leaves_the_store_as_it_was_and_brings_an_index_only_when_it_covers_the_store(
         appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "source"
