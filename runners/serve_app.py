@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.message
+import json
 import logging
 import os
 import threading
@@ -46,7 +47,8 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request, Response
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse as FastAPIJSONResponse
+from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive
@@ -94,6 +96,17 @@ def _read_failed(name: str, error: Exception) -> ClientError:
     message = scrubbed(f"reading store {name!r} failed: {error}")
     logger.warning("%s", message)
     return ClientError(502, message)
+
+
+class JSONResponse(FastAPIJSONResponse):
+    """FastAPI's JSON response, whose strings may hold the lone surrogates (U+DC80..U+DCFF) that Python decodes a
+    path's bytes that are not UTF-8 to: written as JSON's escapes (`\\udcff`). A store in such a folder was served,
+    but its name and path made /health, /stores and every error that names it a 500, and a load balancer took the
+    server out of rotation (unicode56 F9)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                          separators=(",", ":")).encode("utf-8", "backslashreplace")  # fmt: skip
 
 
 def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: Metrics | None = None) -> FastAPI:
@@ -525,9 +538,10 @@ def add_routes(app: FastAPI, router: StoreRouter) -> None:
 
     app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)  # for probes that use HEAD
 
-    @app.get("/stores", summary="Each store's `dilstore info --json`, its endpoint and model")
-    async def list_stores() -> dict[str, Any]:
-        return router.descriptions()
+    @app.get("/stores", summary="Each store's `dilstore info --json`, its endpoint and model",
+             response_class=JSONResponse)
+    async def list_stores() -> JSONResponse:
+        return JSONResponse(router.descriptions())
 
     @app.get("/metrics", summary="Prometheus text exposition", response_class=PlainTextResponse,
              responses=METRICS_RESPONSES)

@@ -27,8 +27,11 @@ Labels = tuple[tuple[str, str], ...]
 
 
 def _escape(value: str) -> str:
-    """A label value escaped as the exposition format asks (backslash, quote, newline)."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    """A label value escaped as the exposition format asks (backslash, quote, newline), after a store name's lone
+    surrogates (the bytes of a folder name that is not UTF-8) are written as Python escapes (`\\udcff`): the
+    exposition is UTF-8, and /metrics was a 500 for good once such a store was served (unicode56 F9)."""
+    text = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _format_labels(labels: Labels) -> str:

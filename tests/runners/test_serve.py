@@ -239,6 +239,28 @@ def metric(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+def test_a_store_whose_folder_name_is_not_utf8_is_served_and_health_stores_and_metrics_answer(
+    tiny: dict[str, Any],
+) -> None:
+    """(unicode56 F9) A store in a folder named in Latin-1 bytes is named by them (lone surrogates, as Python decodes
+    them): /health and /stores were 500s for good, so a load balancer took the server out of rotation, and /metrics
+    too, while /rerank answered. Its name and path now come as JSON's escapes, which a client can send back."""
+    name = os.fsdecode(b"caf\xe9")
+    store = ServedStore(name, RerankService(open_reranker(tiny["s1"], tiny["ranker_dir"])),
+                        {"path": f"/stores/{name}", "info": {"store": f"/stores/{name}"}})  # fmt: skip
+    with running([store]) as (client, _):
+        health = client.get("/health")
+        assert (health.status_code, health.json()) == (200, {"status": "ok", "stores": [name]})
+        assert health.content == b'{"status":"ok","stores":["caf\\udce9"]}'
+        listed_stores = client.get("/stores")
+        assert listed_stores.status_code == 200 and listed_stores.json()["stores"][0]["path"] == f"/stores/{name}"
+        body = json.dumps({"query": "tram", "doc_ids": ["tram"], "store": name})  # the name as "caf\\udce9"
+        reranked = client.post("/rerank", content=body, headers={"content-type": "application/json"})
+        assert reranked.status_code == 200, reranked.text
+        metrics = client.get("/metrics")
+        assert metrics.status_code == 200 and 'dilstore_queue_depth{store="caf\\\\udce9"} 0' in metrics.text
+
+
 def test_concurrent_requests_are_batched_and_equal_unbatched_answers(tiny: dict[str, Any]) -> None:
     odqa = make_odqa(tiny)
     bodies = [{"question": q, "top_p": top_p, "mu": mu} for q, top_p, mu in
