@@ -32,13 +32,24 @@ def writes_any_text(stream: TextIO) -> bool:
 
 
 def escape_what_stdout_cannot_write() -> None:
-    """Have stdout write a character its encoding lacks as a Python escape (`\\xe9`, `\\u6771`), not fail on it."""
+    """Have stdout write a character its encoding lacks as a Python escape (`\\xe9`, `\\u6771`), not fail on it;
+    and a UTF-8 stdout that fails on the lone surrogates a path's bytes that are not UTF-8 decode to (Python's
+    default in a UTF-8 locale other than C.UTF-8) write those bytes as they were, as `ls` does. A file name in
+    Latin-1 bytes in `evaluate-rank`'s or `info`'s table ended the command with "text that is not valid UTF-8"
+    halfway through its output (unicode56 F10)."""
     stream = sys.stdout
-    if stream is not None and not writes_any_text(stream) and hasattr(stream, "reconfigure"):
+    if stream is None or not hasattr(stream, "reconfigure"):
+        return
+    if not writes_any_text(stream):
         stream.reconfigure(errors="backslashreplace")
+    elif stream.errors == "strict":
+        utf8 = codecs.lookup(stream.encoding).name == "utf-8"
+        stream.reconfigure(errors="surrogateescape" if utf8 else "backslashreplace")
 
 
 def json_text(value: Any, stream: TextIO, **options: Any) -> str:
     """`json.dumps(value, **options)` for `stream`: characters as they are where it writes any text, JSON's escapes
-    (`\\u00e9`, a surrogate pair for an emoji) where its encoding lacks some: a Python escape is no JSON."""
-    return json.dumps(value, ensure_ascii=not writes_any_text(stream), **options)
+    (`\\u00e9`, a surrogate pair for an emoji) where its encoding lacks some: a Python escape is no JSON. A lone
+    surrogate (a path's byte that is not UTF-8) is always JSON's escape (`\\udcff`), never a raw byte in the JSON."""
+    text = json.dumps(value, ensure_ascii=not writes_any_text(stream), **options)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -83,3 +83,20 @@ def test_json_keeps_other_scripts_as_they_are_where_the_stream_writes_them() -> 
     assert writes_any_text(utf8) and writes_any_text(io.StringIO())
     assert not writes_any_text(io.TextIOWrapper(io.BytesIO(), encoding="latin-1"))
     assert json_text({"t": "東京 😀"}, utf8) == '{"t": "東京 😀"}'
+
+
+def test_a_path_whose_name_is_not_utf8_is_printed_as_its_bytes_in_a_utf8_locale(tmp_path: Path) -> None:
+    """(unicode56 F10) In a UTF-8 locale Python's stdout fails on the lone surrogates a name in Latin-1 bytes
+    decodes to: `evaluate-rank` printed nothing but "error: text that is not valid UTF-8" for a qrels file so named,
+    and `info --json` of a store in such a folder likewise. The table now holds the name's own bytes, as `ls`
+    prints them, and the JSON the name as JSON's escapes, which decode to the same path."""
+    qrels = tmp_path / os.fsdecode(b"qrels-\xe9.txt")
+    qrels.write_text("q1 0 d1 1\n", encoding="utf-8")
+    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 2.0 t\n", encoding="utf-8")
+    done = dilstore(["evaluate-rank", "--qrels", str(qrels), "--run", str(tmp_path / "run.trec")], "utf-8")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(b"qrels      " + os.fsencode(qrels) + b"\n")
+    store = build_store(tmp_path / os.fsdecode(b"caf\xe9"), random_shards([2]))
+    done = dilstore(["info", "--json", str(store)], "utf-8")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["store"] == str(store) and b"caf\\udce9" in done.stdout
