@@ -14,7 +14,7 @@ Steps, each skipped when its output already exists in --work:
    with the model's fingerprint. Or pass --store for a store already built
    with `dilstore precompute` + `dilstore index`.
 2. index: STORE/bm25, pyserini Lucene BM25 over `title\\ntext` of every stored
-   passage, exactly what `dilstore index` indexes.
+   passage, folded (NFKC) as `dilstore index` folds it.
 3. evaluation: one BM25 top-max(p) retrieval and reading per question; each p
    scored from its prefix (reader/evaluation/open_domain.py), under μ = 1 and μ = --mu.
 
@@ -49,6 +49,7 @@ from dilstore.reader.text.files import read_json
 from dilstore.runners.arg_types import positive_int, sample_seed
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_store
 from dilstore.storage.codebook import CODEBOOK_DIR, write_codebook
+from dilstore.storage.collection import searched_form
 from dilstore.storage.encodings import get_encoding, train_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
@@ -129,7 +130,8 @@ def build_store(store: Path, reader: DilBertReader, passages: list[Passage], arg
 
 
 def build_index(store: Path, passage_ids: list[str], work: Path) -> None:
-    """STORE/bm25 over `title\\ntext` of every stored passage (what `dilstore index` indexes)."""
+    """STORE/bm25 over `title\\ntext` of every stored passage, folded as `dilstore index` folds it (`searched_form`:
+    the NFKC form questions are searched in; unicode56 F2)."""
     collection = work / "collection"
     collection.mkdir(parents=True, exist_ok=True)
     opened = open_store(store)
@@ -137,7 +139,8 @@ def build_index(store: Path, passage_ids: list[str], work: Path) -> None:
         for first in range(0, len(passage_ids), 4096):
             for passage in opened.fetch(passage_ids[first : first + 4096]):
                 contents = f"{passage.title}\n{passage.text}" if passage.title else passage.text
-                out.write(json.dumps({"id": passage.id, "contents": contents}, ensure_ascii=False) + "\n")
+                record = {"id": passage.id, "contents": searched_form(contents)}
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
     build_bm25_index(collection, bm25_index_dir(store), threads=1)
 
 

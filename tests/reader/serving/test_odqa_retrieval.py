@@ -10,6 +10,7 @@ import importlib.util
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -413,6 +414,25 @@ def test_mini_opensquad_reads_a_given_store_and_refuses_one_without_its_bm25_ind
     )
     assert sorted(store_dir.rglob("*")) == before, "nothing written into the store given"
     assert not output.exists()
+
+
+def test_mini_opensquad_indexes_the_folded_text_dilstore_index_indexes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mini_opensquad builds its store's index itself, as "exactly what `dilstore index` indexes"; once `dilstore
+    index` folded the collection (NFKC, unicode56 F2), the benchmark still indexed the text as stored, so its R was
+    of another retrieval than a store the commands built."""
+    passages = [SimpleNamespace(id="p1", title="Zu\u0308rich", text="ﬁnance in １９９８"),
+                SimpleNamespace(id="p2", title="", text="plain text")]  # fmt: skip
+    built: list[Path] = []
+    with benchmark_module("mini_opensquad") as module:
+        monkeypatch.setattr(module, "open_store", lambda store: SimpleNamespace(fetch=lambda ids: passages))
+        monkeypatch.setattr(module, "build_bm25_index", lambda collection, index, threads: built.append(collection))
+        module.build_index(tmp_path / "store", ["p1", "p2"], tmp_path / "work")
+    assert built == [tmp_path / "work" / "collection"]
+    lines = (built[0] / "passages.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == [{"id": "p1", "contents": "Zürich\nfinance in 1998"},
+                                                    {"id": "p2", "contents": "plain text"}]  # fmt: skip
 
 
 @pytest.mark.shared_data
