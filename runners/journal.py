@@ -17,6 +17,7 @@ written again without it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -182,15 +183,40 @@ class Journal:
         atomic_write_text(self.path, "".join(_line(line) for line in lines), named_by_user=True)
 
     def add(self, part: int, record: Any) -> None:
-        """Keep `record` as part `part`'s result (the next part in order)."""
-        if self._stream is None:
-            if not self._resumed:  # the first part of a new run: an earlier run's journal goes now, not before
-                self._write({})
-                self._resumed = True
-            self._stream = self.path.open("a", encoding="utf-8")
-        self._stream.write(_line({"part": part, "record": record}))
-        self._stream.flush()
+        """Keep `record` as part `part`'s result (the next part in order).
+
+        A write that fails (a full disk) is a DilstoreError naming the journal and what it keeps (`_not_kept`): it
+        was "No space left on device" alone, naming no file and not saying that the parts done were kept (disk56
+        F1). What was written of the line is cut short, which the next run's read ends at."""
+        line = _line({"part": part, "record": record})
+        try:
+            if self._stream is None:
+                if not self._resumed:  # the first part of a new run: an earlier run's journal goes now, not before
+                    self._write({})
+                    self._resumed = True
+                self._stream = self.path.open("a", encoding="utf-8")
+            self._stream.write(line)
+            self._stream.flush()
+        except OSError as error:
+            raise self._not_kept(part, error) from None
         self.parts[part] = record
+
+    def _not_kept(self, part: int, error: OSError) -> DilstoreError:
+        """The error of a part that could not be added: the stream is dropped first, as its close would write what
+        it holds of the line again and fail the same way, and the journal's own parts say what the same command
+        goes on from."""
+        if self._stream is not None:
+            with contextlib.suppress(OSError):
+                self._stream.close()
+            self._stream = None
+        full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+        kept = len(self.parts)
+        what = (f"the {kept} part{'s' if kept != 1 else ''} done before it {'are' if kept != 1 else 'is'} kept there"
+                if kept else "nothing was kept yet")
+        on = f" to go on from {'them' if kept != 1 else 'it'}" if kept else ""
+        return DilstoreError(f"cannot keep part {part + 1} of the run in {self.path}: {error.strerror or error}; "
+                             f"{what}: {'free space on its disk' if full else 'check its disk'}, then run the same "
+                             f"command again{on}")  # fmt: skip
 
     def close(self) -> None:
         """Stop adding; what was added stays. A journal of this run's that holds no part goes; an earlier run's of
