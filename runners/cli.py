@@ -8,6 +8,7 @@ inside `run`, so `dilstore --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import itertools
 import os
@@ -174,6 +175,10 @@ def main(argv: Sequence[str] | None = None, *, exits: bool = False) -> int:
         return 141
     except OSError as error:
         # An unwritable output, a full disk, an unreadable file: one line naming the file, as promised.
+        if error.filename is None and output_lost():
+            print(f"dilstore {args.command}: error: cannot write the output (standard output): "
+                  f"{error.strerror or error}", file=sys.stderr)  # fmt: skip
+            return 2
         where = f": {error.filename}" if error.filename else ""
         print(f"dilstore {args.command}: error: {scrubbed(f'{error.strerror or error}{where}')}", file=sys.stderr)
         return 2
@@ -183,6 +188,28 @@ def main(argv: Sequence[str] | None = None, *, exits: bool = False) -> int:
     finally:
         if not exits:
             thaw()
+
+
+def output_lost() -> bool:
+    """Whether the standard output cannot be written (its file's disk is full, say), found by flushing it once
+    more: the bytes a failed write left in its buffer fail again, where an output that works takes them. It is
+    then pointed at the null device, so that the interpreter's last flush has nowhere to fail.
+
+    `dilstore info STORE > FILE` on a full disk said "error: No space left on device", naming nothing, then "Exception
+    ignored in: <_io.TextIOWrapper name='<stdout>' ...>" and the OSError again, and exited 120, not 2 (disk56 F2).
+    An unbuffered output (python -u) keeps nothing to flush, and its error is reported as any other.
+    """
+    try:
+        sys.stdout.flush()
+    except OSError:
+        pass
+    else:
+        return False
+    with contextlib.suppress(OSError, ValueError):  # a stdout that is no file (a test's capture) has no descriptor
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return True
 
 
 def earlier_stop(interrupt: KeyboardInterrupt) -> StoppedBySignal | None:

@@ -273,6 +273,19 @@ def test_info_into_a_closed_pipe_stops_quietly(store) -> None:
     assert "Traceback" not in finished.stderr and "BrokenPipeError" not in finished.stderr
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux), whose writes fail with ENOSPC")
+def test_an_output_on_a_full_disk_is_one_line_naming_the_standard_output(store) -> None:
+    """`dilstore info STORE > FILE` on a full disk said "No space left on device", naming nothing, then Python's
+    "Exception ignored in: <_io.TextIOWrapper name='<stdout>'...>" and the error again at exit, and exited 120
+    (disk56 F2). The output is buffered, as it is unless PYTHONUNBUFFERED is set."""
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    with open("/dev/full", "w") as full:
+        finished = subprocess.run([sys.executable, "-m", "dilstore.runners.cli", "info", str(store)], stdout=full,
+                                  stderr=subprocess.PIPE, text=True, timeout=120, env=environment)  # fmt: skip
+    assert (finished.returncode, finished.stderr) == (2, "dilstore info: error: cannot write the output (standard "
+                                                         "output): No space left on device\n")
+
+
 def test_a_token_of_no_characters_inside_its_text_verifies(tmp_path: Path) -> None:
     """A span may be empty (start = end) where it lies inside the text: such a store is sound, and verify says so."""
     shards = random_shards([2], state_shape=(5,), seed=3, max_words=12)
