@@ -202,12 +202,13 @@ def _building_folder(store: Path) -> Path:
     return building
 
 
-def _check_room(target: Path, needed: int) -> None:
-    """A DilstoreError when the disk `target` goes on has less free space than the compacted store needs."""
+def _check_room(target: Path, needed: int, what: str = "the store's live rows") -> None:
+    """A DilstoreError when the disk `target` goes on has less free space than the compacted store needs (`what`
+    it holds, in words)."""
     free = shutil.disk_usage(next(folder for folder in (target, *target.parents) if folder.is_dir())).free
     if free < needed:
         raise DilstoreError(f"compacting needs about {needed / 1e6:,.2f} MB free for the compacted copy at {target} "
-                            f"(the store's live rows), and its disk has {free / 1e6:,.2f} MB "
+                            f"({what}), and its disk has {free / 1e6:,.2f} MB "
                             f"({(needed - free) / 1e6:,.2f} MB short): free space, or give --output on another disk")
 
 
@@ -264,8 +265,10 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
     from dilstore.storage.atomic_files import atomic_write_text
     from dilstore.storage.compact import compact_store, copyable_problem
     from dilstore.storage.durability import remove_path
+    from dilstore.storage.file_errors import NO_ROOM, copy_file
     from dilstore.storage.format import SPEC_FILE
     from dilstore.storage.reader import open_store
+    from dilstore.storage.replacement import building_dir
 
     with open_store(store) as opened:  # memory-mapped, or through zarr-python where compressed
         problem = copyable_problem(opened)
@@ -274,7 +277,9 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
                                 "again with other shards")  # fmt: skip
         manifest = opened.manifest
         live = manifest.tokens / max(1, manifest.tokens + manifest.superseded_tokens)
-        _check_room(target, int(store_bytes * live))
+        index_bytes = _carried_index_bytes(store, manifest)
+        _check_room(target, int(store_bytes * live) + index_bytes,
+                    "the store's live rows and its BM25 index" if index_bytes else "the store's live rows")
         spec = read_spec(store) or {}
         count = shards or default_shards(manifest)
         appends = [record.get("generation") for record in manifest.appends]
@@ -283,7 +288,7 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
             target.mkdir(parents=True, exist_ok=True)  # an --output is absent or empty; a building folder was cleared
             atomic_write_text(target / SPEC_FILE, spec_json(compacted))
             if (store / SUMMARY_FILE).is_file():  # the first build's summary, which precompute shows for the store
-                shutil.copy2(store / SUMMARY_FILE, target / SUMMARY_FILE)
+                copy_file(store / SUMMARY_FILE, target / SUMMARY_FILE)
             bar = tqdm(total=manifest.passages, unit="passage", desc="compact", file=sys.stderr, dynamic_ncols=True,
                        mininterval=0.5, disable=not show_progress)  # fmt: skip
             with bar:
@@ -294,6 +299,15 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
             index = _carry_index(store, manifest, target, result.manifest)
             _carry_own_files(store, target)
             return result, index
+        except OSError as error:
+            remove_path(target)
+            if error.errno not in NO_ROOM:
+                raise
+            # "No space left on device" and where, with what became of STORE (disk56 F3)
+            where = f" ({error.filename})" if error.filename not in (None, str(target)) else ""
+            other = "give --output on another disk" if target == building_dir(store) else "give another --output"
+            raise DilstoreError(f"cannot write the compacted store at {target}: {error.strerror}{where}; {store} is "
+                                f"as it was: free space on that disk, or {other}") from None
         except BaseException:
             remove_path(target)  # nothing half-built is left; STORE is as it was
             raise
@@ -309,6 +323,8 @@ def _carry_own_files(store: Path, target: Path) -> None:
     from dilstore.storage.passage_files import PASSAGES_DIR, REJECTED_DIR
 
     own = {APPENDS_DIR, INDEX_DIR, SHARDS_DIR, PASSAGES_DIR, REJECTED_DIR, CODEBOOK_DIR, BM25_INDEX_DIR, MANIFEST_FILE}
+    from dilstore.storage.file_errors import copy_file, copy_tree
+
     for entry in store.iterdir():
         # Hidden entries are this project's work in progress (an index being built, `.tmp-` writes), and a pipe or
         # socket is no data to copy.
@@ -317,9 +333,9 @@ def _carry_own_files(store: Path, target: Path) -> None:
         if not (entry.is_file() or entry.is_dir()):
             continue
         if entry.is_dir() and not entry.is_symlink():
-            shutil.copytree(entry, target / entry.name, symlinks=True)
+            copy_tree(entry, target / entry.name, symlinks=True)
         else:
-            shutil.copy2(entry, target / entry.name, follow_symlinks=False)
+            copy_file(entry, target / entry.name, follow_symlinks=False)
 
 
 def _index_state(store: Path, manifest: Manifest) -> str:
@@ -341,15 +357,27 @@ def _carry_index(store: Path, old: Manifest, target: Path, new: Manifest) -> str
     """Copy STORE/bm25 into the compacted store when it records the store as it is, with its record moved on to the
     new build; what `_index_state` says of it."""
     from dilstore.reader.retrieval import INDEX_RECORD, bm25_index_dir, indexed_state
+    from dilstore.storage.file_errors import copy_tree
 
     state = _index_state(store, old)
     if state != "carried":
         return state
     index = bm25_index_dir(store)
     copied = bm25_index_dir(target)
-    shutil.copytree(index, copied)
+    copy_tree(index, copied)
     (copied / INDEX_RECORD).write_text(json.dumps(indexed_state(new), sort_keys=True) + "\n", encoding="utf-8")
     return "carried"
+
+
+def _carried_index_bytes(store: Path, manifest: Manifest) -> int:
+    """The bytes of STORE/bm25 when it comes along into the compacted store (`_index_state`), else 0: the room
+    check counted the store's live rows alone, and a compaction it let through ran out of room copying the index
+    (disk56 F3)."""
+    from dilstore.reader.retrieval import bm25_index_dir
+
+    if _index_state(store, manifest) != "carried":
+        return 0
+    return sum(path.stat().st_size for path in bm25_index_dir(store).rglob("*") if path.is_file())
 
 
 def _footprint(store: Path) -> dict[str, int]:

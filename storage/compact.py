@@ -15,7 +15,6 @@ codebooks are refused before anything is written.
 
 from __future__ import annotations
 
-import shutil
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from dilstore.storage.codebook import CODEBOOK_DIR, codebook_sample_tokens, read
 from dilstore.storage.collection import collection_jsonl
 from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.file_errors import naming
+from dilstore.storage.file_errors import copy_tree, naming
 from dilstore.storage.finalize import finalize
 from dilstore.storage.format import MANIFEST_FILE, SHARDS_DIR, StoreFormatError, append_dir
 from dilstore.storage.manifest import Manifest, ShardEntry
@@ -235,4 +234,4 @@ def _copy_rejected(root: Path, manifest: Manifest, target: Path) -> None:
                  target / REJECTED_DIR / str(record.get("generation"))) for record in manifest.appends]  # fmt: skip
     for source, destination in sources:
         if source.is_dir() and any(source.iterdir()):
-            shutil.copytree(source, destination, dirs_exist_ok=True)
+            copy_tree(source, destination, dirs_exist_ok=True)

@@ -7,9 +7,13 @@ which disk to free (the store's, an output's, or $TMPDIR's; full49 F4).
 
 from __future__ import annotations
 
+import errno
+import re
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from os import PathLike
+from pathlib import Path
 
 
 @contextmanager
@@ -22,3 +26,54 @@ def naming(path: str | PathLike[str]) -> Iterator[None]:
         if error.filename is not None or error.errno is None:
             raise
         raise OSError(error.errno, error.strerror, str(path)) from error
+
+
+# The errors of a file that cannot be written for want of room: a full disk, a quota, a file size limit.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class _CopyFailed(Exception):
+    """A file copy's OSError carried out of shutil.copytree, which collects every OSError into one shutil.Error."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def copy_file(source: Path, destination: Path, *, follow_symlinks: bool = True) -> None:
+    """shutil.copy2, where a failure for want of room names `destination`, the file it could not write.
+
+    shutil's copy on a full disk names the source, the file it read ("No space left on device: STORE/run-summary.json"),
+    which sent the user to the store that was being copied (disk56 F3)."""
+    try:
+        shutil.copy2(source, destination, follow_symlinks=follow_symlinks)
+    except OSError as error:
+        if error.errno in NO_ROOM:
+            raise OSError(error.errno, error.strerror, str(destination)) from error
+        raise
+
+
+def copy_tree(source: Path, destination: Path, *, symlinks: bool = False, dirs_exist_ok: bool = False) -> None:
+    """shutil.copytree that stops at the first file it cannot copy, with that file's OSError (`copy_file`).
+
+    shutil.copytree goes on past a failed file and raises one shutil.Error listing every file that failed, each with
+    its error as text: a BM25 index copied to a full disk by `dilstore compact` ended in a 1,000-character line of
+    tuples (disk56 F3). A folder it cannot make is raised as the OSError its text names, naming that folder."""
+
+    def copy(file_source: str, file_destination: str, *, follow_symlinks: bool = True) -> str:
+        try:
+            copy_file(Path(file_source), Path(file_destination), follow_symlinks=follow_symlinks)
+        except OSError as error:
+            raise _CopyFailed(error) from None
+        return file_destination
+
+    try:
+        shutil.copytree(source, destination, symlinks=symlinks, copy_function=copy, dirs_exist_ok=dirs_exist_ok)
+    except _CopyFailed as failed:
+        raise failed.error from None
+    except shutil.Error as error:  # a folder that could not be made, or given its times and mode
+        _, failed_destination, why = error.args[0][0]
+        found = re.match(r"\[Errno (\d+)\] ([^:]+)", why)
+        if found is None:
+            raise OSError(None, why, failed_destination) from None
+        raise OSError(int(found[1]), found[2], failed_destination) from None

@@ -65,3 +65,45 @@ def test_the_scratch_collection_on_a_full_disk_names_its_part(tmp_path: Path, mo
         with pytest.raises(OSError) as raised:
             collection.write_live_collection(tmp_path / "store", tmp_path / "scratch")
     assert raised.value.filename == str(tmp_path / "scratch" / "part-00000.jsonl")
+
+
+def test_a_tree_copied_to_a_full_disk_stops_at_the_first_file_naming_where_it_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """shutil.copytree went on past a failed file and raised one shutil.Error of every file's error as text (a
+    1,000-character line of tuples from `dilstore compact`), and shutil's copy names the file it read, not the
+    one it could not write (disk56 F3). A folder that cannot be made is named as itself."""
+    from dilstore.storage import file_errors
+    from dilstore.storage.file_errors import copy_file, copy_tree
+
+    source = tmp_path / "index"
+    (source / "sub").mkdir(parents=True)
+    for name in ("a", "b", "sub/c"):
+        (source / name).write_text(name)
+    tried = []
+
+    def full_copy(from_path: object, to_path: object, **_: object) -> None:
+        tried.append(to_path)  # sendfile's error names both files, the source first
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(from_path), None, str(to_path))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(file_errors.shutil, "copy2", full_copy)
+        with pytest.raises(OSError) as raised:
+            copy_tree(source, tmp_path / "copy")
+        assert type(raised.value) is OSError and len(tried) == 1
+        assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(tried[0]))
+        with pytest.raises(OSError) as raised:
+            copy_file(source / "a", tmp_path / "a-copy")
+        assert raised.value.filename == str(tmp_path / "a-copy")
+    real_makedirs = os.makedirs
+
+    def no_room_for_a_folder(name: object, *args: object, **kwargs: object) -> None:
+        if str(name).endswith("sub"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(name))
+        real_makedirs(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "makedirs", no_room_for_a_folder)
+    with pytest.raises(OSError) as raised:
+        copy_tree(source, tmp_path / "again")
+    assert (raised.value.errno, raised.value.strerror, raised.value.filename) == (
+        errno.ENOSPC, "No space left on device", str(tmp_path / "again" / "sub"))

@@ -350,3 +350,49 @@ def test_a_full_disk_while_compacting_names_the_target(tmp_path: Path, monkeypat
     with pytest.raises(OSError) as raised:
         compact(source, tmp_path / "compacted", 1)
     assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(tmp_path / "compacted"))
+
+
+def test_a_compaction_that_runs_out_of_room_copying_the_bm25_index_says_so_and_leaves_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The room check counted the store's live rows, not the BM25 index that comes along; a compaction it let
+    through failed copying the index, and `dilstore compact` printed shutil.Error's list of (source, destination,
+    error) tuples, one for every index file, as its error line (disk56 F3). Now the check counts the index, and a
+    disk that fills anyway is one line naming the file, the store left as it was."""
+    import json
+    import shutil
+
+    from dilstore.reader.retrieval import INDEX_RECORD, bm25_index_dir, indexed_state
+    from dilstore.runners import cli, cmd_compact
+    from dilstore.storage import file_errors
+    from dilstore.storage.format import MANIFEST_FILE
+    from dilstore.storage.replacement import building_dir
+
+    store = appended_store(tmp_path / "store", [records(["a", "b"], 1)], records(["c"], 2), encoding="fp32")
+    index = bm25_index_dir(store)
+    index.mkdir()
+    (index / "segments_1").write_bytes(b"lucene" * 20_000)  # 120 kB
+    (index / INDEX_RECORD).write_text(json.dumps(indexed_state(read_manifest(StoreLocation.parse(store)))))
+    rows = cmd_compact._footprint(store)["bytes"]
+    manifest = (store / MANIFEST_FILE).read_bytes()
+    free = shutil.disk_usage(tmp_path)._replace(free=rows + 60_000)
+    with monkeypatch.context() as patch:
+        patch.setattr(cmd_compact.shutil, "disk_usage", lambda _: free)
+        assert cli.main(["compact", str(store), "--no-progress"]) == 2
+    assert "(the store's live rows and its BM25 index), and its disk has" in capsys.readouterr().err
+
+    real_copy = shutil.copy2
+
+    def full(source: object, destination: object, **options: object) -> None:
+        if str(destination).endswith("segments_1"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(source), None, str(destination))
+        real_copy(source, destination, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(file_errors.shutil, "copy2", full)
+    assert cli.main(["compact", str(store), "--no-progress"]) == 2
+    building = building_dir(store)
+    assert capsys.readouterr().err == (
+        f"dilstore compact: error: cannot write the compacted store at {building}: No space left on device "
+        f"({building / 'bm25' / 'segments_1'}); {store} is as it was: free space on that disk, or give --output on "
+        "another disk\n")  # fmt: skip
+    assert (store / MANIFEST_FILE).read_bytes() == manifest and not building.exists() and verify_store(store).ok
