@@ -72,7 +72,7 @@ from dilstore.reader.training.state import (
 )
 from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
 from dilstore.storage.checks import require_at_least_one
-from dilstore.storage.durability import remove_path
+from dilstore.storage.durability import fsync_dir, fsync_tree, remove_path
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -561,6 +561,7 @@ def run_training_loop(
         try:
             save(output_dir, position, outcome.final_loss)
             give_new_file_modes(output_dir)
+            fsync_tree(output_dir)  # an error only the write-back meets (EIO, an NFS quota) fails the save (disk56 F4)
         except SAVE_ERRORS as error:
             raise save_failed(f"the model to {output_dir}", error, output_dir) from None
     if stop.signal_number is not None:
@@ -728,7 +729,11 @@ def _save_checkpoint(
         curve_point = bool(config.save_every) and position.step % config.save_every == 0
         save_training_state(partial, optimization.optimizer, optimization.scheduler, position, curve_point=curve_point)
         give_new_file_modes(partial)
+        # On the disk before it is published: a write-back that fails (EIO, an NFS quota met at close) is met here,
+        # where the checkpoint was renamed into place as complete and the older ones pruned after it (disk56 F4).
+        fsync_tree(partial)
         partial.rename(final)
+        fsync_dir(checkpoints)
     except SAVE_ERRORS as error:
         remove_path(partial)  # a model and its optimizer state: it kept full the disk that had just filled up
         raise save_failed(f"checkpoint {final}", error, output_dir) from None

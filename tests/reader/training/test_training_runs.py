@@ -434,6 +434,34 @@ def test_a_checkpoint_the_disk_has_no_room_for_is_one_line_and_leaves_no_partial
     assert sorted(path.name for path in (output / "checkpoints").iterdir()) == kept
 
 
+def test_a_checkpoint_whose_write_back_fails_is_not_published_and_the_older_one_is_kept(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A checkpoint's files were renamed into place unflushed: an error only the write-back meets (EIO, a quota a
+    network filesystem reports at close or fsync) went unseen, the checkpoint was published as complete and the
+    older ones pruned after it (disk56 F4). Now it is flushed before the rename, and a failed flush is the save's
+    one-line error naming the file; the checkpoint before it stays for --resume."""
+    import errno
+    import os
+
+    from dilstore.storage import durability
+
+    def failing_write_back(descriptor: int) -> None:
+        if os.readlink(f"/proc/self/fd/{descriptor}").endswith("step-0000002.partial/model.safetensors"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(durability.os, "fsync", failing_write_back)
+    output = tmp_path / "run"
+    assert main([*_train_qa_arguments(tiny_base, squad_file, output, steps=3), "--keep-checkpoints", "1"]) == 2
+    said = capsys.readouterr().err.splitlines()[-1]
+    checkpoint = step_directory(output / "checkpoints", 2)
+    assert said == (f"dilstore train: error: cannot write checkpoint {checkpoint}: Input/output error "
+                    f"({checkpoint}.partial/model.safetensors): check the disk, then run the same command with "
+                    "--resume")
+    assert sorted(path.name for path in (output / "checkpoints").iterdir()) == ["step-0000001"]
+
+
 def test_a_final_model_the_disk_has_no_room_for_is_one_line_saying_to_resume(
     tiny_base: Path, squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
