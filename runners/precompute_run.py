@@ -406,6 +406,11 @@ def pipeline_failure(error: BaseException, options: PipelineOptions, store: str 
     line = _last_line(error)
     if f"[Errno {errno.ENOSPC}]" in line:
         return f"{line}: free space on the disk of {store} (or of $TMPDIR), then {RERUN}"
+    if f"[Errno {errno.EDQUOT}]" in line:  # a quota is full, not the disk: said nothing of what to do (disk56 F5)
+        return f"{line}: free space under your quota on the disk of {store} (or of $TMPDIR), then {RERUN}"
+    if f"[Errno {errno.EFBIG}]" in line:  # a file past `ulimit -f`, or past what the filesystem holds (disk56 F5)
+        return (f"{line}: a file grew past the size this process may write (`ulimit -f`) or its filesystem holds: "
+                f"raise the limit, then {RERUN}")  # fmt: skip
     if any(f"[Errno {number}]" in line for number in _UNWRITABLE):  # before the commit: the store as it was
         return f"{line}: give this run access to that path again (a read-only mount or folder, its mode), then {RERUN}"
     if f"[Errno {errno.EIO}]" in line:  # a failing disk, or one that failed once: the commit may have happened

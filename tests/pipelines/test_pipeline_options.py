@@ -276,6 +276,25 @@ def test_a_worker_s_error_line_is_told_even_when_a_later_line_mentions_an_error_
     assert line == f"{full}: free space on the disk of /s (or of $TMPDIR), then {RERUN}"
 
 
+@pytest.mark.parametrize(("number", "said"), [
+    (errno.EDQUOT, "free space under your quota on the disk of /s (or of $TMPDIR)"),
+    (errno.EFBIG, "a file grew past the size this process may write (`ulimit -f`) or its filesystem holds: raise the "
+                  "limit"),
+])  # fmt: skip
+def test_a_full_quota_or_a_file_size_limit_is_told_with_what_to_do_and_the_rerun_that_goes_on(
+    number: int, said: str
+) -> None:
+    """A full quota ("Disk quota exceeded") or a file size limit met ("File too large", `ulimit -f`) ended precompute
+    in the bare error line, where a full disk is told to free space and that the same command goes on (disk56 F5)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from dilstore.runners.worker_deaths import RERUN
+
+    error = f"OSError: [Errno {number}] {os.strerror(number)} [while running 'Precompute/WriteGroups']"
+    line = pipeline_failure(RuntimeError(f"Traceback (most recent call last):\n{error}"), PipelineOptions([]), "/s")
+    assert line == f"{error}: {said}, then {RERUN}"
+
+
 @pytest.mark.parametrize("number", [errno.EPERM, errno.EACCES, errno.EROFS])
 def test_a_folder_made_read_only_part_way_is_told_with_the_rerun_that_goes_on(number: int) -> None:
     """An append whose folder was made read-only part way said only "PermissionError: [Errno 1] Operation not
