@@ -46,6 +46,7 @@ from dilstore.reader.text.files import read_json
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.file_errors import naming
 
 # (qid, query) pairs and a depth → qid → (paragraph id, score) pairs, best first.
 Retriever = Callable[[Sequence[tuple[str, str]], int], dict[str, list[tuple[str, float]]]]
@@ -204,10 +205,12 @@ def used_paragraphs(triples: Sequence[Triple], paragraphs: Mapping[str, str]) ->
 
 
 def write_collection(paragraphs: Mapping[str, str], directory: Path) -> Path:
-    """The paragraphs as a pyserini JsonCollection file (`{"id", "contents"}` JSONL) in `directory`."""
+    """The paragraphs as a pyserini JsonCollection file (`{"id", "contents"}` JSONL) in `directory`. A write that
+    fails (a full disk) names the file: `train ranking-data` said "error: No space left on device" alone (disk56
+    F6). A file cut short is written again by the next run, whose index digest it does not match."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / COLLECTION_FILE
-    with path.open("w", encoding="utf-8") as handle:
+    with naming(path), path.open("w", encoding="utf-8") as handle:
         for pid, text in paragraphs.items():
             handle.write(json.dumps({"id": pid, "contents": text}, ensure_ascii=False) + "\n")
     return path
@@ -237,7 +240,7 @@ def ensure_bm25_index(paragraphs: Mapping[str, str], work: Path, threads: int = 
     marker.unlink(missing_ok=True)
     collection = write_collection(paragraphs, work / "collection")
     build_bm25_index_in_place(collection.parent, index, threads=threads)
-    marker.write_text(digest + "\n", encoding="utf-8")
+    atomic_write_text(marker, digest + "\n")
     return index
 
 

@@ -296,3 +296,28 @@ def test_cli_builds_triples_from_a_real_bm25_index(squad_file: Path, tmp_path: P
     assert rerun.returncode == 0, rerun.stderr
     assert json.loads(rerun.stdout.strip().splitlines()[-1])["seed"] == 4
     assert {path.name: path.stat().st_mtime_ns for path in (output / "work" / "bm25").glob("segments_*")} == segments
+
+
+def test_a_collection_a_full_disk_cuts_short_names_its_file(tmp_path: Path) -> None:
+    """`train ranking-data`'s collection for its BM25 index, written on a full disk, ended the command in "error: No
+    space left on device" alone, naming no file (disk56 F6). A file size limit (RLIMIT_FSIZE, SIGXFSZ ignored) in a
+    child process makes the write fail as a full disk does."""
+    import subprocess
+    import sys
+
+    from tests.fixtures.paths import ROOT
+
+    child = """
+import resource, signal, sys
+from pathlib import Path
+from dilstore.reader.data.ranking_data import write_collection
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (300, resource.RLIM_INFINITY))
+try:
+    write_collection({f"p{number}": "words " * 20 for number in range(10)}, Path(sys.argv[1]))
+except OSError as error:
+    print(error.errno, error.filename)
+"""
+    done = subprocess.run([sys.executable, "-c", child, str(tmp_path / "collection")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.stdout.split() == ["27", str(tmp_path / "collection" / "paragraphs.jsonl")], done.stderr
