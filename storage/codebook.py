@@ -38,6 +38,7 @@ from dilstore.storage.arrays import write_array
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.durability import replace_dir
 from dilstore.storage.encodings import check_codebook, get_encoding
+from dilstore.storage.file_errors import naming
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
@@ -93,12 +94,13 @@ def write_codebook(
         }
     }
     try:
-        group = zarr.open_group(str(temporary), mode="w-", zarr_format=3, attributes=attributes)
-        for name in spec.codebook_layout(codebook):
-            values = np.ascontiguousarray(codebook[name], dtype=np.float32)
-            write_array(group, name, values, rows_per_chunk=values.shape[0], compressor=None,
-                        dimension_names=[f"axis_{axis}" for axis in range(values.ndim)])
-        replace_dir(temporary, target)
+        with naming(target):  # zarr's writes name no file: a full disk said "No space left on device" alone (disk56 F7)
+            group = zarr.open_group(str(temporary), mode="w-", zarr_format=3, attributes=attributes)
+            for name in spec.codebook_layout(codebook):
+                values = np.ascontiguousarray(codebook[name], dtype=np.float32)
+                write_array(group, name, values, rows_per_chunk=values.shape[0], compressor=None,
+                            dimension_names=[f"axis_{axis}" for axis in range(values.ndim)])
+            replace_dir(temporary, target)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
     return target

@@ -107,3 +107,21 @@ def test_a_tree_copied_to_a_full_disk_stops_at_the_first_file_naming_where_it_wa
         copy_tree(source, tmp_path / "again")
     assert (raised.value.errno, raised.value.strerror, raised.value.filename) == (
         errno.ENOSPC, "No space left on device", str(tmp_path / "again" / "sub"))
+
+
+def test_a_codebook_written_on_a_full_disk_names_its_folder_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 2bit/1bit `precompute` (or `train qa --store-encoding 2bit`) whose codebook met a full disk ended in
+    "error: No space left on device" alone: zarr's writes name no file (disk56 F7)."""
+    import numpy as np
+
+    from dilstore.storage import codebook as codebook_module
+    from dilstore.storage.encodings import train_codebook
+
+    codebook = train_codebook("2bit", np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32))
+    monkeypatch.setattr(codebook_module, "write_array", full_disk)
+    with pytest.raises(OSError) as raised:
+        codebook_module.write_codebook(tmp_path / "codebook", "2bit", codebook, (8,))
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(tmp_path / "codebook"))
+    assert list(tmp_path.iterdir()) == []
