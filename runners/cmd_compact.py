@@ -264,7 +264,7 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
     from dilstore.pipelines.spec_file import SUMMARY_FILE, read_spec, spec_generation, spec_json
     from dilstore.storage.atomic_files import atomic_write_text
     from dilstore.storage.compact import compact_store, copyable_problem
-    from dilstore.storage.durability import remove_path
+    from dilstore.storage.durability import fsync_tree, remove_path
     from dilstore.storage.file_errors import NO_ROOM, copy_file
     from dilstore.storage.format import SPEC_FILE
     from dilstore.storage.reader import open_store
@@ -298,6 +298,9 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
                                        progress=bar.update)  # fmt: skip
             index = _carry_index(store, manifest, target, result.manifest)
             _carry_own_files(store, target)
+            # The copies reach the disk before the command says it is done: into --output nothing else flushed them,
+            # and a write-back error (EIO) went unseen (disk56 F8). Files already flushed cost no write here.
+            fsync_tree(target)
             return result, index
         except OSError as error:
             remove_path(target)

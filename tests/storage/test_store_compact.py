@@ -396,3 +396,32 @@ def test_a_compaction_that_runs_out_of_room_copying_the_bm25_index_says_so_and_l
         f"({building / 'bm25' / 'segments_1'}); {store} is as it was: free space on that disk, or give --output on "
         "another disk\n")  # fmt: skip
     assert (store / MANIFEST_FILE).read_bytes() == manifest and not building.exists() and verify_store(store).ok
+
+
+def test_a_compaction_into_output_flushes_the_index_it_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`compact --output` copied the BM25 index (and the user's own files) and never flushed them: an I/O error of
+    their write-back went unseen, and the command said the compaction was done (disk56 F8). In place, the swap
+    flushed them already."""
+    import json
+
+    from dilstore.reader.retrieval import INDEX_RECORD, bm25_index_dir, indexed_state
+    from dilstore.runners import cli
+    from dilstore.storage import durability
+
+    store = appended_store(tmp_path / "store", [records(["a", "b"], 1)], records(["c"], 2), encoding="fp32")
+    index = bm25_index_dir(store)
+    index.mkdir()
+    (index / "segments_1").write_bytes(b"lucene")
+    (index / INDEX_RECORD).write_text(json.dumps(indexed_state(read_manifest(StoreLocation.parse(store)))))
+    output = tmp_path / "copy"
+
+    def failing_write_back(descriptor: int) -> None:
+        if os.readlink(f"/proc/self/fd/{descriptor}") == str(output / "bm25" / "segments_1"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(durability.os, "fsync", failing_write_back)
+    assert cli.main(["compact", str(store), "--output", str(output), "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"dilstore compact: error: Input/output error: {output / 'bm25' / 'segments_1'}\n"
+    assert not output.exists() and verify_store(store).ok
