@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from dilstore.reader.quiet_mode import is_quiet
 from dilstore.storage.durability import aside_prefix, remove_path, replace_dir
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.file_errors import naming
 from dilstore.storage.read_failures import LASTING_ERRNOS
 from dilstore.storage.write_lock import INDEX_ROLE, compactor_of, writer_of
 
@@ -168,6 +169,21 @@ def _java_cause(classname: str | None, message: str | None, stacktrace: Sequence
 def _full_disk_advice(index_dir: Path) -> str:
     """What to do when the disk of the index being built at `index_dir` filled up, worded as precompute's."""
     return f"free space on the disk of {index_dir.parent}, then run the same command again"
+
+
+def _publish_failed(error: OSError, building: Path, index_dir: Path) -> DilstoreError:
+    """The error of an index Lucene built in `building` whose record or move to `index_dir` then failed, with what
+    was built removed (it kept full the disk that had just filled up, as a failed build's did before full49 F3): the
+    record's write on a full disk said "error: No space left on device" alone and left the building folder (disk56
+    F9). An error after the move (flushing the folder) leaves the new index in place."""
+    moved = not building.exists()
+    remove_path(building)
+    where = f" ({error.filename})" if error.filename else ""
+    kept = "" if moved else f"; {index_dir} is as it was"
+    advice = (_full_disk_advice(index_dir) if error.errno in (errno.ENOSPC, errno.EDQUOT)
+              else "check the disk, then run the same command again")  # fmt: skip
+    return DilstoreError(f"cannot write the BM25 index at {index_dir}: {error.strerror or error}{where}{kept}: "
+                         f"{advice}")  # fmt: skip
 
 
 def _no_index_reason(building: Path) -> str:
@@ -354,9 +370,14 @@ def build_bm25_index_in_place(
         remove_path(building)  # the store changed while it was indexed: this index describes neither version
         raise DilstoreError("the store was rebuilt or appended to while it was indexed (a `dilstore precompute` ran "
                             "meanwhile): run `dilstore index` again; the index was not replaced")  # fmt: skip
-    if store is not None:
-        (building / INDEX_RECORD).write_text(json.dumps(indexed_state(store), sort_keys=True) + "\n", encoding="utf-8")
-    replace_dir(building, index_dir)  # the old index stays whole until the new one is in its place
+    try:
+        if store is not None:
+            with naming(building / INDEX_RECORD):
+                (building / INDEX_RECORD).write_text(json.dumps(indexed_state(store), sort_keys=True) + "\n",
+                                                     encoding="utf-8")  # fmt: skip
+        replace_dir(building, index_dir)  # the old index stays whole until the new one is in its place
+    except OSError as error:
+        raise _publish_failed(error, building, index_dir) from None
     for stale in index_dir.parent.glob(f"{aside_prefix(index_dir.name)}*"):
         remove_path(stale)  # an old index a build killed between its renames left aside, whole
     return index_dir

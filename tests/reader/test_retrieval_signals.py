@@ -10,6 +10,7 @@ for Java to return.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -334,6 +335,44 @@ def test_a_build_stopped_by_a_java_error_removes_its_folder(tmp_path: Path, monk
     with pytest.raises(DilstoreError, match="could not be built"):
         retrieval.build_bm25_index_in_place(collection, index)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["collection"]
+
+
+def test_an_index_whose_record_a_full_disk_refuses_is_removed_and_the_old_one_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lucene's files fitted and the index's record did not: `dilstore index` said "error: No space left on device"
+    alone (a write's error names no file) and left the whole .bm25.building on the disk that had just filled up
+    (disk56 F9). Now the folder goes, the old index stays, and the error names the file and what to do."""
+    from types import SimpleNamespace
+
+    collection, index = tmp_path / "collection", tmp_path / "bm25"
+    collection.mkdir()
+    index.mkdir()
+    (index / "segments_1").write_bytes(b"the old index")
+
+    def built(source: Path, target: Path, **_: object) -> int:
+        target.mkdir(parents=True)
+        (target / "segments_2").write_bytes(b"a whole new index")
+        return 3
+
+    real_write = Path.write_text
+
+    def full(path: Path, *args: object, **kwargs: object) -> int:
+        if path.name == retrieval.INDEX_RECORD:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(retrieval, "build_bm25_index", built)
+    monkeypatch.setattr(Path, "write_text", full)
+    store = SimpleNamespace(generation="0123456789abcdef", passages=3, superseded_passages=0, appends=())
+    with pytest.raises(DilstoreError) as raised:
+        retrieval.build_bm25_index_in_place(collection, index, store=store)  # type: ignore[arg-type]
+    assert str(raised.value) == (
+        f"cannot write the BM25 index at {index}: No space left on device ({tmp_path / '.bm25.building'}/"
+        f"{retrieval.INDEX_RECORD}); {index} is as it was: free space on the disk of {tmp_path}, then run the same "
+        "command again")  # fmt: skip
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bm25", "collection"]
+    assert [path.name for path in index.iterdir()] == ["segments_1"]
 
 
 def test_a_java_error_is_reported_by_its_deepest_cause() -> None:
