@@ -19,6 +19,7 @@ from dilstore.runners.collector import thaw
 from dilstore.runners.exception_chain import exception_chain
 from dilstore.runners.open_files import raise_open_file_limit
 from dilstore.runners.quiet import configure as configure_output
+from dilstore.runners.quiet import diagnostics_kept_going
 from dilstore.runners.stop_signals import (
     drop_interrupted_work,
     interrupt_number,
@@ -148,6 +149,13 @@ def main(argv: Sequence[str] | None = None, *, exits: bool = False) -> int:
     configure_output(verbose=verbose)
     escape_what_stdout_cannot_write()  # a Latin-1 or ASCII terminal is shown escapes, not a failure halfway
     raise_open_file_limit()  # a store keeps one descriptor per mapped file open (runners/open_files.py)
+    with diagnostics_kept_going():  # a stderr that cannot be written ends no command (disk56 F10)
+        return _run(args, exits=exits)
+
+
+def _run(args: argparse.Namespace, *, exits: bool) -> int:
+    """Run the parsed command `args` (`main`'s promise)."""
+    verbose = getattr(args, "verbose", False)
     try:
         with signals_interrupt(mute_when_stopping=not verbose):
             status = int(args.run(args) or 0)

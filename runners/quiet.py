@@ -22,6 +22,7 @@ Without `--verbose`, a command turns off before any library loads:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -217,7 +218,8 @@ def _stderr_piped() -> Iterator[None]:
     os.close(write_end)
     saved = sys.stderr
     if _writes_descriptor_2(saved):
-        sys.stderr = os.fdopen(os.dup(real), "w", buffering=1, encoding=saved.encoding, errors=saved.errors)
+        sys.stderr = DiagnosticStream(os.fdopen(os.dup(real), "w", buffering=1, encoding=saved.encoding,
+                                                errors=saved.errors))  # fmt: skip
 
     target = os.dup(real)  # the copier's own descriptor: `real` may close before the thread first runs
 
@@ -230,9 +232,12 @@ def _stderr_piped() -> Iterator[None]:
                     pending = b""  # what the stop made the workers print
                     continue
                 *lines, pending = (pending + chunk).split(b"\n")
-                out.write(b"".join(line + b"\n" for line in lines if not reports.dropped(line)))
+                with contextlib.suppress(OSError):  # a full disk under stderr: the pipe stays open and drained, where
+                    # the copier died and the next worker to write to stderr died of the broken pipe (disk56 F10)
+                    out.write(b"".join(line + b"\n" for line in lines if not reports.dropped(line)))
             if pending and not stopping.is_set() and not reports.dropped(pending):
-                out.write(pending)
+                with contextlib.suppress(OSError):
+                    out.write(pending)
 
     copier = threading.Thread(target=copy, name="dilstore-stderr-filter", daemon=True)
     copier.start()
@@ -362,6 +367,59 @@ def _runs_launcher_code(trace: TracebackType | None) -> bool:
     """Whether a traceback passes through Beam's or gRPC's code (a launcher thread's, not one of dilstore's)."""
     return any(str(frame.f_globals.get("__name__", "")).split(".")[0] in _LAUNCHER_PACKAGES
                for frame, _ in traceback.walk_tb(trace))  # fmt: skip
+
+
+class DiagnosticStream:
+    """A command's stderr whose writes that fail (a log file on a full disk) are dropped, not raised: what goes to
+    stderr (progress bars, notes, the error line) is for the user to read, and one that cannot be written is no reason
+    to end the work. `dilstore verify STORE 2> LOG` with LOG's disk full ended at the progress bar's first write (exit
+    1, nothing on stdout), and `precompute` failed after the store was finalized, with no summary (disk56 F10).
+    `lost` says whether anything was dropped. Every other attribute is the stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.lost = stream, False
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError:
+            self.lost = True
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError:
+            self.lost = True
+
+    def close(self) -> None:
+        try:
+            self.stream.close()  # closed whether or not its last flush could be written
+        except OSError:
+            self.lost = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def diagnostics_kept_going() -> Iterator[DiagnosticStream]:
+    """While the block runs, `sys.stderr` drops what it cannot write (`DiagnosticStream`). After a loss its descriptor
+    is pointed at the null device, where the rest of its buffer goes: the interpreter's last flush of it failed, and
+    the process exited 120 however the command ended."""
+    saved = sys.stderr
+    stream = DiagnosticStream(saved)
+    sys.stderr = stream  # type: ignore[assignment]
+    try:
+        yield stream
+    finally:
+        sys.stderr = saved
+        if stream.lost:
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # a capture object has no descriptor
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, saved.fileno())
+                os.close(devnull)
+                saved.flush()
 
 
 def _writes_descriptor_2(stream: object) -> bool:

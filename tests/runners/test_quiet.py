@@ -150,6 +150,46 @@ def test_a_long_lived_process_started_in_the_block_does_not_hold_its_end_open() 
     assert float(result.stdout) < 4.0, result.stdout  # the copier's timeout is 5 s; a loaded CI box needs margin
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux), whose writes fail with ENOSPC")
+def test_a_stderr_on_a_full_disk_ends_no_filtered_block_and_its_pipe_is_still_drained() -> None:
+    """With stderr on a full disk, this process's first write to it in the block raised, and the copier thread died
+    at its first write and closed the pipe: a child process writing to stderr next died of the broken pipe (exit
+    120), and `precompute 2> LOG` failed after its store was finalized, with no summary (disk56 F10). A child writes
+    1 MB to descriptor 2 here, far past what a pipe holds."""
+    code = (
+        "import os, subprocess, sys\n"
+        f"os.environ[{quiet.QUIET_ENV!r}] = '1'\n"
+        "CHILD = sys.argv[1]\n"
+        "from dilstore.runners.quiet import filtered_stderr\n"
+        "with filtered_stderr():\n"
+        "    print('a note', file=sys.stderr)\n"
+        "    subprocess.run([sys.executable, '-c', CHILD], check=True, timeout=60)\n"
+        "print('done')\n"
+    )
+    child = "import os\nfor _ in range(1024):\n    os.write(2, b'x' * 1023 + b'\\n')\n"
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-c", code, child], stdout=subprocess.PIPE, stderr=full, text=True,
+                                timeout=120, env=environment)  # fmt: skip
+    assert (result.returncode, result.stdout) == (0, "done\n")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux), whose writes fail with ENOSPC")
+def test_a_command_whose_stderr_is_on_a_full_disk_does_its_work(tmp_path: Path) -> None:
+    """`dilstore verify STORE 2> LOG` with LOG's disk full ended at its progress bar's first write: exit 1 and nothing
+    on stdout (disk56 F10). What stderr cannot take is dropped; the work, its output and its exit status stand."""
+    import numpy as np
+
+    from tests.fixtures.store_fixtures import build_store, passage
+
+    store = build_store(tmp_path / "store", [[passage("p0", 3, (5,), np.random.default_rng(0))]], encoding="fp16")
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "dilstore.runners.cli", "verify", str(store)],
+                                stdout=subprocess.PIPE, stderr=full, text=True, timeout=120, env=environment)
+    assert result.returncode == 0 and result.stdout.endswith("OK\n"), result.stdout
+
+
 def test_precompute_with_verbose_shows_the_workers_library_noise(tmp_path: Path, capfd, monkeypatch) -> None:
     """The CLI end to end with two Beam worker processes, which log on their own stderr: --verbose shows their
     logging lines, so the quiet run's empty stderr (tests/pipelines/test_pipeline_run.py, the same two workers
