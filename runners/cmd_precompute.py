@@ -659,6 +659,8 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
     )
     from dilstore.pipelines.spec_file import read_spec
     from dilstore.reader.offline.encoding import launched_models
+    from dilstore.storage.atomic_files import remove_dead_writers_temporaries
+    from dilstore.storage.format import SPEC_FILE
     from dilstore.storage.replacement import finish_interrupted_swap, swap_in
     from dilstore.storage.write_lock import write_lock
 
@@ -679,6 +681,9 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
             finish_interrupted_swap(store)
             if args.append:
                 return append_to_store(job, runner, args)
+            # A run killed while it wrote its spec left the spec's temporary, and the folder was then refused as "not
+            # made by `dilstore precompute`" to every run of the same command (state56 F1).
+            remove_dead_writers_temporaries(store / SPEC_FILE)
             with unmade_if_nothing_stored(store) as attempt:
                 notice = None
                 if prepare_store(store, spec, args.overwrite):

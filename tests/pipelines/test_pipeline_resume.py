@@ -188,6 +188,29 @@ def test_a_rerun_rewrites_a_committed_shard_whose_folder_is_gone(setup, tmp_path
     assert_same_store(store, reference)
 
 
+def killed_while_writing(path: Path) -> None:
+    """What a SIGKILL of a process leaves while it writes `path` atomically, between its temporary's write and the
+    rename: the temporary (`.tmp-NAME.HOST-PID.XXXX.tmp`) of a process that is gone."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    killed = subprocess.run([sys.executable, "-c", "import os, sys\nfrom pathlib import Path\n"
+                             "from dilstore.storage.atomic_files import atomic_write_text\n"
+                             "os.replace = lambda *_: os._exit(9)\natomic_write_text(Path(sys.argv[1]), '{}')",
+                             str(path)], cwd=ROOT, check=False)  # fmt: skip
+    assert killed.returncode == 9 and not path.exists()
+
+
+def test_a_run_killed_while_it_wrote_its_spec_is_resumed_by_the_same_command(setup, tmp_path: Path) -> None:
+    """(state56 F1) A kill while `precompute` wrote its spec (`precompute.json`) into a new store's folder left the
+    spec's temporary there, and every re-run of the same command refused the folder: "is not empty and was not made
+    by `dilstore precompute`; choose another folder"."""
+    model, corpus, reference = setup
+    store = tmp_path / "store"
+    killed_while_writing(store / "precompute.json")
+    assert [path.name.startswith(f"{TMP_PREFIX}precompute.json.") for path in store.iterdir()] == [True]
+    assert cli.main(arguments(model, corpus, store)) == 0
+    assert_same_store(store, reference)
+
+
 def test_a_full_disk_is_one_line_saying_what_to_do_and_the_rerun_finishes(
     setup, tmp_path: Path, capsys, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
