@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from dilstore.storage.atomic_files import remove_stale_writes
+from dilstore.storage.atomic_files import remove_dead_writers_temporaries, remove_stale_writes
 from dilstore.storage.codebook import store_codebook_problems
 from dilstore.storage.durability import remove_path
 from dilstore.storage.errors import DilstoreError
@@ -58,6 +58,7 @@ from dilstore.storage.format import (
     INDEX_HASHES,
     INDEX_ROWS,
     INDEX_SHARDS,
+    MANIFEST_FILE,
     SHARDS_DIR,
     TMP_PREFIX,
     append_dir,
@@ -155,6 +156,9 @@ def commit_append(
                                   _append_files(root, base, folder, contents), record)
     write_manifest(root, manifest)
     remove_leftovers(root, manifest)
+    # A commit killed while it wrote the manifest left its temporary at the root, where finalize removes one but no
+    # later commit looked, and verify listed it as untracked for good (state56 F2).
+    remove_dead_writers_temporaries(root / MANIFEST_FILE)
     return manifest
 
 

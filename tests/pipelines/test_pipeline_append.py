@@ -52,7 +52,14 @@ from dilstore.storage.passage_tables import PASSAGE_SCHEMA, passage_column, pass
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
 from tests.fixtures.earl_tiny import text_encoder, tokenizer
-from tests.fixtures.pipeline_fixtures import ROOT, save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+from tests.fixtures.pipeline_fixtures import (
+    ROOT,
+    killed_while_writing,
+    save_tiny_reader,
+    store_contents,
+    wiki_like_documents,
+    write_jsonl,
+)
 from tests.fixtures.store_fixtures import build_store, random_shards
 
 pytestmark = pytest.mark.slow
@@ -445,6 +452,22 @@ def test_sigkill_during_an_append_then_rerun(models: dict[str, Path], tmp_path: 
         path.name for path in (reference / APPENDS_DIR).iterdir()
     ]
     assert not (store / "index").exists()
+
+
+def test_an_append_killed_while_it_wrote_the_manifest_leaves_no_file_once_run_again(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    """(state56 F2) An append killed while it wrote the new manifest (its commit point) left the manifest's temporary
+    at the store's root; the same command run again committed the append but kept that file, which `verify` then
+    listed as untracked for good (finalize removes it; an append's commit did not look at the root)."""
+    store = tmp_path / "store"
+    assert precompute(models["dilbert"], write_jsonl(tmp_path / "a.jsonl", DOCUMENTS[:6]), store) == 0
+    killed_while_writing(store / MANIFEST_FILE)
+    assert len(list(store.glob(".tmp-manifest.json.*"))) == 1 and verify_store(store).untracked
+    assert precompute(models["dilbert"], write_jsonl(tmp_path / "b.jsonl", DOCUMENTS[6:]), store, "--append") == 0
+    report = verify_store(store)
+    assert report.ok and report.untracked == [], (report.problems, report.untracked)
+    assert store_info(store)["passages"] == len(DOCUMENTS)
 
 
 @pytest.mark.parametrize("first_stored_by", ["the build", "an earlier append"])

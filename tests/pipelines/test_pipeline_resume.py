@@ -28,7 +28,14 @@ from dilstore.pipelines.spec_file import SUMMARY_FILE
 from dilstore.runners import cli
 from dilstore.storage.format import MANIFEST_FILE, TMP_PREFIX
 from dilstore.storage.verify import verify_store
-from tests.fixtures.pipeline_fixtures import ROOT, save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+from tests.fixtures.pipeline_fixtures import (
+    ROOT,
+    killed_while_writing,
+    save_tiny_reader,
+    store_contents,
+    wiki_like_documents,
+    write_jsonl,
+)
 
 SHARDS = 12
 
@@ -186,17 +193,6 @@ def test_a_rerun_rewrites_a_committed_shard_whose_folder_is_gone(setup, tmp_path
     shutil.rmtree(store / "shards" / f"shard-{shard:05d}")
     assert cli.main([*arguments(model, corpus, store), "--json"]) == 0
     assert_same_store(store, reference)
-
-
-def killed_while_writing(path: Path) -> None:
-    """What a SIGKILL of a process leaves while it writes `path` atomically, between its temporary's write and the
-    rename: the temporary (`.tmp-NAME.HOST-PID.XXXX.tmp`) of a process that is gone."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    killed = subprocess.run([sys.executable, "-c", "import os, sys\nfrom pathlib import Path\n"
-                             "from dilstore.storage.atomic_files import atomic_write_text\n"
-                             "os.replace = lambda *_: os._exit(9)\natomic_write_text(Path(sys.argv[1]), '{}')",
-                             str(path)], cwd=ROOT, check=False)  # fmt: skip
-    assert killed.returncode == 9 and not path.exists()
 
 
 def test_a_run_killed_while_it_wrote_its_spec_is_resumed_by_the_same_command(setup, tmp_path: Path) -> None:
