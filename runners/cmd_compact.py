@@ -240,6 +240,8 @@ def _output_folder(output: Path, store: Path) -> Path:
     """--output as a folder to write the compacted store into: absent, empty or what a stopped compaction left there
     (`stopped_compaction`, cleared once its lock is held), neither STORE nor inside it, nor inside another store."""
     from dilstore.runners.outputs import refuse_store_inside_store
+    from dilstore.storage.atomic_files import remove_dead_writers_temporaries
+    from dilstore.storage.format import SPEC_FILE
 
     here = Path.cwd().resolve()
     if output == here or output in here.parents:
@@ -247,6 +249,8 @@ def _output_folder(output: Path, store: Path) -> Path:
     if output.resolve() == store.resolve() or store.resolve() in output.resolve().parents:
         raise DilstoreError(f"--output {output} is STORE or inside it; give a folder elsewhere, or leave --output out "
                             "to compact STORE in place")  # fmt: skip
+    if output.is_dir():  # a compaction killed while it wrote its spec, the first file, left only its temporary
+        remove_dead_writers_temporaries(output / SPEC_FILE)  # (state56 F3)
     if output.exists() and (not output.is_dir() or (any(output.iterdir()) and not stopped_compaction(output))):
         raise DilstoreError(f"--output {output} exists and is not an empty folder")
     refuse_store_inside_store(output, "--output", "the compacted store")

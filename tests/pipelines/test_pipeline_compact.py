@@ -33,7 +33,13 @@ from dilstore.storage.manifest import read_manifest
 from dilstore.storage.passage_tables import passage_column
 from dilstore.storage.replacement import building_dir, replaced_dir
 from dilstore.storage.verify import verify_store
-from tests.fixtures.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+from tests.fixtures.pipeline_fixtures import (
+    killed_while_writing,
+    save_tiny_reader,
+    store_contents,
+    wiki_like_documents,
+    write_jsonl,
+)
 from tests.fixtures.store_fixtures import build_store, passage
 
 pytestmark = pytest.mark.slow
@@ -228,6 +234,20 @@ def test_an_output_a_killed_compaction_left_is_named_as_such_and_the_same_comman
     (busy / "notes.txt").write_text("mine", encoding="utf-8")
     assert cli.main(["compact", str(appended), "--output", str(busy)]) == 2
     assert "exists and is not an empty folder" in capsys.readouterr().err and (busy / "notes.txt").exists()
+
+
+def test_an_output_a_compaction_killed_while_it_wrote_its_spec_left_is_cleared_by_the_same_command(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(state56 F3) A `compact --output DIR` killed while it wrote its spec, the first file it writes into DIR, left
+    that spec's temporary: the same command was refused with "exists and is not an empty folder", of a folder that
+    `ls` shows empty."""
+    output = tmp_path / "copy"
+    killed_while_writing(output / "precompute.json")
+    assert [path.name.startswith(".tmp-precompute.json.") for path in output.iterdir()] == [True]
+    assert compact(capsys, str(appended), "--output", str(output))["passages"] == len(store_contents(appended))
+    assert same_contents(store_contents(output), store_contents(appended))
+    report = verify_store(output)
+    assert report.ok and report.untracked == [], (report.problems, report.untracked)
 
 
 def test_an_index_folder_whose_record_matches_but_that_holds_no_index_is_not_carried(
