@@ -15,7 +15,7 @@ import pytest
 
 from dilstore.reader.serving.answers import Answer, Span, Timings
 from dilstore.runners.cmd_ask import print_answer
-from dilstore.runners.terminal import json_text, writes_any_text
+from dilstore.runners.terminal import escape_what_stdout_cannot_write, json_text, writes_any_text
 from dilstore.storage.records import StoredPassage
 from tests.fixtures.paths import ROOT
 from tests.fixtures.store_fixtures import build_store, random_shards
@@ -100,3 +100,60 @@ def test_a_path_whose_name_is_not_utf8_is_printed_as_its_bytes_in_a_utf8_locale(
     done = dilstore(["info", "--json", str(store)], "utf-8")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["store"] == str(store) and b"caf\\udce9" in done.stdout
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "UTF8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32",
+                                      "utf-32-le", "utf-32-be", "gb18030"])  # fmt: skip
+def test_every_encoding_that_writes_all_of_unicode_is_taken_as_one(encoding: str) -> None:
+    """(mut56 M2, M4) Each codec of `_WHOLE_UNICODE` writes every character: a GB18030 (mainland Chinese) or UTF-16
+    stream keeps JSON's characters as they are. Taken out of the set, such a terminal was shown escapes of text it
+    could show, and no test said so. Latin-1 (codec name iso8859-1) is not one (mut56 M3b)."""
+    stream = io.TextIOWrapper(io.BytesIO(), encoding=encoding)
+    assert writes_any_text(stream)
+    assert json_text({"t": "東京 😀"}, stream) == '{"t": "東京 😀"}'
+    for narrow in ("latin-1", "iso8859-1", "cp1252", "ascii", "euc-jp"):
+        assert not writes_any_text(io.TextIOWrapper(io.BytesIO(), encoding=narrow)), narrow
+
+
+def test_a_stream_naming_an_encoding_python_does_not_know_is_written_as_it_is() -> None:
+    """(mut56 M6) A stream object (a wrapper, a test double) may name an encoding that `codecs` cannot look up: its
+    characters are kept, not escaped for a codec nobody knows to lack them."""
+
+    class Named(io.StringIO):
+        encoding = "no-such-codec"  # type: ignore[assignment]
+
+    assert writes_any_text(Named())
+
+
+@pytest.mark.parametrize(
+    ("encoding", "errors", "after"),
+    [
+        ("utf-8", "strict", "surrogateescape"),  # a path's bytes written as they are, as `ls` writes them
+        ("gb18030", "strict", "backslashreplace"),  # whole Unicode, but a lone surrogate's byte is no GB18030
+        ("utf-16", "strict", "backslashreplace"),  # a lone byte would shift every character after it
+        ("latin-1", "strict", "backslashreplace"),
+        ("ascii", "replace", "backslashreplace"),
+        ("utf-8", "replace", "replace"),  # chosen by the user (PYTHONIOENCODING=utf-8:replace): kept
+        ("utf-8", "surrogateescape", "surrogateescape"),
+    ],
+)
+def test_stdout_is_given_the_error_handler_its_encoding_needs(
+    encoding: str, errors: str, after: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(mut56 M11) Only a strict UTF-8 stdout writes a lone surrogate as its byte: a strict GB18030 or UTF-16 one,
+    which writes all of Unicode, gets escapes, as a byte out of its encoding would make the rest unreadable."""
+    stream = io.TextIOWrapper(io.BytesIO(), encoding=encoding, errors=errors)
+    monkeypatch.setattr(sys, "stdout", stream)
+    escape_what_stdout_cannot_write()
+    assert stream.errors == after
+
+
+@pytest.mark.parametrize("stdout", [None, io.StringIO()], ids=["none", "StringIO"])
+def test_a_stdout_that_is_none_or_cannot_be_reconfigured_is_left_as_it_is(
+    stdout: io.StringIO | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(mut56 M12) `pythonw` and some embedders run with no stdout (None), and a program may have put an
+    `io.StringIO` there: the command line leaves them be rather than fail before the command runs."""
+    monkeypatch.setattr(sys, "stdout", stdout)
+    escape_what_stdout_cannot_write()
+    assert sys.stdout is stdout
