@@ -447,3 +447,17 @@ def test_bm25_dl19_passage_reproduces_the_published_ndcg(
     assert deeper["R@5"] == round(library[recalls[0]], 4) and deeper["R@20"] == round(library[recalls[1]], 4)
     assert deeper["R@5"] < deeper["R@20"] < summary["R@100"]
     assert set(read_topics(msmarco / "topics.dl19-passage.tsv")) == set(read_run(run))
+
+
+def test_each_kind_of_id_in_another_unicode_form_is_warned_of_alone_or_together() -> None:
+    """(mut56 M32, M33, M28) The warning counts docids of a query the run also writes in another form (their
+    judgements are the qrels' query's), speaks when only qids or only docids differ, and is about canonical forms
+    only: ids that differ in compatibility (full width) are other ids, which writing both files in NFC, the advice
+    it gives, would not make equal."""
+    both = unicode_form_warning({"Zu\u0308rich": {"d\u00e9": 1}}, {"Zürich": {"de\u0301": 1.0}})
+    assert both is not None and both.startswith("warning: 1 qid(s) and 1 docid(s) of the run")
+    docids = unicode_form_warning({"q": {"d\u00e9": 1}}, {"q": {"x": 2.0, "de\u0301": 1.0}})
+    assert docids is not None and "0 qid(s) and 1 docid(s)" in docids and "the run's 'de\\u0301'" in docids
+    qids = unicode_form_warning({"Zu\u0308rich": {"d": 1}}, {"Zürich": {"d": 1.0}})
+    assert qids is not None and "1 qid(s) and 0 docid(s)" in qids
+    assert unicode_form_warning({"q": {"d1": 1}}, {"q": {"\uff44\uff11": 1.0}}) is None
