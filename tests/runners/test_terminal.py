@@ -157,3 +157,16 @@ def test_a_stdout_that_is_none_or_cannot_be_reconfigured_is_left_as_it_is(
     monkeypatch.setattr(sys, "stdout", stdout)
     escape_what_stdout_cannot_write()
     assert sys.stdout is stdout
+
+
+@pytest.mark.parametrize(("folder", "encoding"), [("Zürich 東京 😀", "latin-1"), (os.fsdecode(b"caf\xe9"), "utf-8")])
+def test_verify_json_of_a_store_in_a_folder_of_other_scripts_reads_back(
+    tmp_path: Path, folder: str, encoding: str
+) -> None:
+    """(mut56 M18) `verify --json` names the store as `info --json` does, and goes through the same `json_text`: a
+    JSON dump of its own printed nothing but "error: text that is not valid UTF-8" for a store in such a folder, in a
+    Latin-1 locale or (a name in Latin-1 bytes) a UTF-8 one, and no test noticed."""
+    store = build_store(tmp_path / folder, random_shards([2]))
+    done = dilstore(["verify", "--json", str(store)], encoding)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.decode("ascii"))["store"] == str(store)
