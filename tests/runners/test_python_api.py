@@ -280,3 +280,30 @@ def test_verify_is_the_command_s_check_the_bm25_index_included(tmp_path: Path, c
     assert json.loads(capsys.readouterr().out) == report.to_dict()
     with pytest.raises(dilstore.DilstoreError, match="^no_progress must be True or False, got str 'yes'$"):
         dilstore.verify(store, no_progress="yes")  # type: ignore[arg-type]
+
+
+def test_verify_hands_its_storage_options_and_progress_to_the_store_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """(mut56 M22, M25, M23) `dilstore.verify(url, storage_options=...)` is for a store behind fsspec (credentials,
+    an endpoint): the options reach `verify_store`, or a store that needs them could not be read at all; and its
+    progress bar is on stderr unless `no_progress`. Neither was held by a test."""
+    import dilstore
+    from dilstore.storage import verify as storage_verify
+
+    seen: list[tuple[str, object]] = []
+
+    def checked(store: str, storage_options: object = None, progress: object = None) -> None:
+        seen.append((store, storage_options))
+        progress.phase("files", 1, "file")  # type: ignore[attr-defined]
+        progress.advance(1)  # type: ignore[attr-defined]
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(storage_verify, "verify_store", checked)
+    options = {"anon": True, "endpoint_url": "http://127.0.0.1:9"}
+    with pytest.raises(RuntimeError, match="stop here"):
+        dilstore.verify("s3://bucket/store", storage_options=options, no_progress=True)
+    assert seen == [("s3://bucket/store", options)] and capsys.readouterr().err == ""
+    with pytest.raises(RuntimeError, match="stop here"):
+        dilstore.verify(tmp_path / "store")
+    assert seen[-1] == (str(tmp_path / "store"), None) and "verify" in capsys.readouterr().err
