@@ -122,3 +122,17 @@ def test_every_error_kind_crosses_a_process_boundary_whole(kind: type[DilstoreEr
     back = pickle.loads(pickle.dumps(error))
     assert type(back) is kind and str(back) == "what went wrong" and back.args == error.args
     assert vars(back) == vars(error) and back.__notes__ == ["a note"]
+
+
+def test_an_id_missing_in_any_of_the_four_forms_is_named_with_the_form_held() -> None:
+    """(mut56 M40, M41) `other_form_hint` looks each missing id up in all four normalization forms: a decomposed id
+    (`Zu\\u0308rich`, a macOS file name) whose store holds it composed is found by NFC, a full-width id whose store
+    holds it decomposed by NFKD. Only NFD and NFKC were held by tests; without the other two such a near miss was
+    a bare "not in store" again."""
+    from dilstore.storage.messages import other_form_hint
+
+    assert "'Z\\xfcrich' is: the same text in another Unicode form (NFC)" in other_form_hint({"Zürich"},
+                                                                                          ["Zu\u0308rich"])
+    assert "'1e\\u0301' is: the same text in another Unicode form (NFKD)" in other_form_hint({"1e\u0301"},
+                                                                                           ["\uff11\u00e9"])
+
