@@ -136,3 +136,13 @@ def test_an_id_missing_in_any_of_the_four_forms_is_named_with_the_form_held() ->
     assert "'1e\\u0301' is: the same text in another Unicode form (NFKD)" in other_form_hint({"1e\u0301"},
                                                                                            ["\uff11\u00e9"])
 
+
+def test_a_near_miss_behind_many_missing_ascii_ids_is_still_named() -> None:
+    """(mut56 F1) `other_form_hint` looked at the first FORM_PROBES missing ids, ASCII ones included, and skipped the
+    ASCII ones there: a run whose first 20 missing docids were ASCII got a bare "not in store" for a 21st that the
+    store holds in another form. It now looks at the first FORM_PROBES ids that are not ASCII, as it was meant to."""
+    from dilstore.storage.messages import FORM_PROBES, other_form_hint
+
+    missing = [f"ghost{number}" for number in range(FORM_PROBES)] + ["Zu\u0308rich"]
+    assert "'Z\\xfcrich' is: the same text in another Unicode form (NFC)" in other_form_hint({"Zürich"}, missing)
+    assert other_form_hint({"Zürich"}, ["G\u00e9n\u00e8ve"] * FORM_PROBES + ["Zu\u0308rich"]) == ""
