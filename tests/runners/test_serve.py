@@ -499,6 +499,9 @@ BAD_RERANKS = [
     ("no ids", {"query": "trams", "doc_ids": []}, 422, "at least 1 item"),
     ("unknown id", {"query": "trams", "doc_ids": ["tram", "ghost", "tram"]}, 422,
      "1 of 2 doc_ids are not in this store: 'ghost'\""),  # not the library's skip_missing hint, which /rerank lacks
+    # (mut56 M81) an id the store holds in another Unicode form is named with its form, as the library names it
+    ("an id in another form", {"query": "trams", "doc_ids": ["\uff54\uff52\uff41\uff4d"]}, 422,
+     "but 'tram' is: the same text in another Unicode form (NFKC)"),
     ("too many ids", {"query": "trams", "doc_ids": ["tram"] * 101}, 422, "at most 100"),
     ("k zero", {"query": "trams", "bm25_top_k": 0}, 422, "greater than or equal to 1"),
     ("k without an index", {"query": "trams", "bm25_top_k": 2, "store": "s2"}, 400, "no BM25 index"),

@@ -429,6 +429,23 @@ def test_docids_a_store_holds_in_another_unicode_form_are_named_with_its_form() 
         require_topics({"Zu\u0308rich": "tram"}, {"Zürich": {"d": 1.0}})
 
 
+
+def test_each_missing_document_error_of_a_reranker_names_an_id_held_in_another_form(
+    store: Callable[..., Path], model_dir: Path
+) -> None:
+    """(mut56 M78, M79, M80) The three errors of a reranker that name documents missing from the store (one
+    query's, one query of a run, every top document of a run) each name the store's id in another Unicode form:
+    `ｔｒａｍ` (full width) is the store's `tram` once folded (NFKC). Only `require_topics`' error was held."""
+    reranker = open_reranker(store("earl-s1"), model_dir)
+    wide = "\uff54\uff52\uff41\uff4d"
+    hint = r"but 'tram' is: the same text in another Unicode form \(NFKC\)"
+    with pytest.raises(MissingPassagesError, match=rf"1 of 2 documents to rerank .*{hint}.*; leave them out"):
+        reranker.rerank(QUERIES["q1"], ["kili", wide])
+    with pytest.raises(MissingPassagesError, match=rf"^query 'q2': 1 of 1 documents .*{hint}.*; leave them out"):
+        reranker.rerank_run(QUERIES, {"q1": {"tram": 1.0}, "q2": {wide: 2.0}})
+    with pytest.raises(MissingPassagesError, match=rf"none of the run's top-2 documents .*{hint}.*\): nothing was"):
+        reranker.rerank_run(QUERIES, {"q2": {wide: 2.0, "ghost": 1.0}}, depth=2, skip_missing=True)
+
 def test_strings_where_lists_belong_and_non_string_queries_are_named(
     store: Callable[..., Path], model_dir: Path
 ) -> None:
