@@ -164,6 +164,48 @@ def test_a_base_s_pooler_left_out_by_design_gives_no_load_report(
     assert "LOAD REPORT" in caplog.text and "cls.predictions.bias" in caplog.text
 
 
+def test_a_load_that_fails_after_its_report_shows_the_report_and_no_filter_stays(
+    transformers_warnings_shown: None, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(mut56 M74, M75) transformers raises "look at the above report" after some reports: that report is shown,
+    not held back with the failure; and the filter that holds reports back is gone after every load, failed or not,
+    or each later load of the process (any folder's report held, or the filters piling up) would be changed by it."""
+    from dilstore.reader.modeling import earl_checkpoints
+
+    log = logging.getLogger(earl_checkpoints._LOAD_REPORT_LOGGER)
+    before = list(log.filters)
+    directory = save_base_encoder(tmp_path / "base", tiny_encoder())
+    load_base_encoder(directory)
+    assert log.filters == before
+
+    def fails_after_its_report(path: Path, *args: object, **kwargs: object) -> None:
+        log.warning(f"BertModel LOAD REPORT from: {path}\nkey | status\nencoder.x | MISMATCH")
+        raise RuntimeError("For details look at the above report!")
+
+    monkeypatch.setattr(BertModel, "from_pretrained", fails_after_its_report)
+    with caplog.at_level(logging.WARNING, logger="transformers"), pytest.raises(DilstoreError, match="above report"):
+        load_base_encoder(directory)
+    assert "LOAD REPORT" in caplog.text and "encoder.x | MISMATCH" in caplog.text
+    assert log.filters == before
+
+
+def test_only_the_report_of_the_folder_being_loaded_is_held(
+    transformers_warnings_shown: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """(mut56 M73) A report is held back only when it is of the folder `load_base_encoder` loads: another load
+    logging meanwhile (a thread of a program loading a reader) keeps its report, which may name real trouble."""
+    from dilstore.reader.modeling.earl_checkpoints import _LOAD_REPORT_LOGGER, _load_report_held
+
+    log = logging.getLogger(_LOAD_REPORT_LOGGER)
+    with caplog.at_level(logging.WARNING, logger="transformers"):
+        with _load_report_held(tmp_path / "base") as held:
+            log.warning(f"BertModel LOAD REPORT from: {tmp_path / 'other'}\nMISSING qa_outputs.weight")
+            log.warning(f"BertModel LOAD REPORT from: {tmp_path / 'base'}\nUNEXPECTED pooler.dense.weight")
+    assert [record.getMessage().splitlines()[1] for record in held] == ["UNEXPECTED pooler.dense.weight"]
+    assert "MISSING qa_outputs.weight" in caplog.text and "pooler.dense.weight" not in caplog.text
+
+
 def test_a_base_encoder_missing_weights_is_refused(base_bert: Path, tmp_path: Path) -> None:
     directory = copy_checkpoint(base_bert, tmp_path)
     state = load_file(base_bert / WEIGHTS_FILE)
