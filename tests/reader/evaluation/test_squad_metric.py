@@ -287,3 +287,12 @@ def test_load_predictions_checks_the_mapping(tmp_path: Path) -> None:
     path.write_text('["Solberg"]', encoding="utf-8")
     with pytest.raises(DilstoreError, match="must hold a JSON object"):
         load_predictions(path)
+
+
+def test_compatibility_forms_stay_other_answers_as_in_the_official_script() -> None:
+    """(mut56 M49) The added step composes (NFC), it does not fold (NFKC): `km²` against `km2`, a ligature or full-width
+    digits are scored as the official script scores them, so that no published number moves. A fold there went
+    unnoticed by every test, the official dev set's included."""
+    assert exact_match("km²", "km2") == 0.0
+    assert exact_match("\ufb01nance", "finance") == 0.0
+    assert f1("\uff11\uff19\uff19\uff18 census", "1998 census") == 0.5
