@@ -359,3 +359,18 @@ def test_the_index_folds_text_as_questions_are_folded() -> None:
     texts = ["Zu\u0308rich", "ﬁnance ﬂow", "１９９８ Ｗｈｏ", "km² ½ …", "\u1112\u1161\u11ab", "plain", "İstanbul ß"]
     for text in texts:
         assert searched_form(text) == folded(text)
+
+
+def test_the_fold_scan_leaves_lines_it_cannot_read_to_the_index_build(tmp_path: Path) -> None:
+    """(mut56 M98, M99, M60) `dilstore index` scans the collection for text folding changes before the build,
+    which names the first line it cannot read by file and line. The scan must not fail first on such a line: bytes
+    that are not UTF-8 were a UnicodeDecodeError naming no file, and a JSON line that is no object an AttributeError,
+    had it read them strictly; neither was held by a test. A collection folding leaves as it is is indexed in place,
+    not copied."""
+    from dilstore.storage.collection import folds_anything
+
+    part = tmp_path / "part-00000.jsonl"
+    part.write_bytes(b'{"id": "a", "contents": "caf\xe9"}\n["\xef\xac\x81nance"]\n{"id": "b", "contents": "ok"}\n')
+    assert folds_anything(tmp_path) is False
+    part.write_bytes(part.read_bytes() + '{"id": "c", "contents": "ﬁnance"}\n'.encode())
+    assert folds_anything(tmp_path) is True
