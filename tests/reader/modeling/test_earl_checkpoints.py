@@ -190,6 +190,20 @@ def test_a_load_that_fails_after_its_report_shows_the_report_and_no_filter_stays
     assert log.filters == before
 
 
+def test_a_base_missing_a_weight_is_refused_with_its_load_report_shown(
+    transformers_warnings_shown: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """(mut56 M71) A base checkpoint that lacks an encoder weight, beside the pooler the encoder leaves out: the load
+    is refused naming the weight, and transformers' report of it is shown, not held back as the pooler's noise."""
+    with_pooler = save_base_encoder(tmp_path / "pooler", BertModel(tiny_encoder().config, add_pooling_layer=True))
+    weights = load_file(with_pooler / WEIGHTS_FILE)
+    del weights["encoder.layer.0.output.dense.bias"]
+    save_file(weights, with_pooler / WEIGHTS_FILE)
+    with caplog.at_level(logging.WARNING, logger="transformers"), pytest.raises(
+            DilstoreError, match="lacks encoder weights: encoder.layer.0.output.dense.bias"):  # fmt: skip
+        load_base_encoder(with_pooler)
+    assert "LOAD REPORT" in caplog.text and "encoder.layer.0.output.dense.bias" in caplog.text
+
 def test_only_the_report_of_the_folder_being_loaded_is_held(
     transformers_warnings_shown: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
