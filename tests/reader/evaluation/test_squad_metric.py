@@ -296,3 +296,9 @@ def test_compatibility_forms_stay_other_answers_as_in_the_official_script() -> N
     assert exact_match("km²", "km2") == 0.0
     assert exact_match("\ufb01nance", "finance") == 0.0
     assert f1("\uff11\uff19\uff19\uff18 census", "1998 census") == 0.5
+
+
+def test_case_is_lowered_as_the_official_script_lowers_it_not_case_folded() -> None:
+    """(mut56 M96) The official script lowercases (`str.lower`); a case fold (`str.casefold`) would also make `ß`
+    and `ss` one answer, and move scores that published numbers depend on."""
+    assert exact_match("Straße", "Strasse") == 0.0 and exact_match("STRASSE", "strasse") == 1.0
