@@ -252,9 +252,47 @@ def _output_folder(output: Path, store: Path) -> Path:
     if output.is_dir():  # a compaction killed while it wrote its spec, the first file, left only its temporary
         remove_dead_writers_temporaries(output / SPEC_FILE)  # (state56 F3)
     if output.exists() and (not output.is_dir() or (any(output.iterdir()) and not stopped_compaction(output))):
-        raise DilstoreError(f"--output {output} exists and is not an empty folder")
+        held = _compacted_copy_words(output, store)
+        raise DilstoreError(f"--output {output} exists and is not an empty folder{held}")
     refuse_store_inside_store(output, "--output", "the compacted store")
     return output
+
+
+def _compacted_copy_words(output: Path, store: Path) -> str:
+    """What a finished store in --output is, when a `compact` wrote it ("" when not): STORE compacted as it is now,
+    and what it lacks of what the command copies along after its commit point (the BM25 index, the user's files),
+    or a compaction of another build. A `compact --output` killed after the copy was finalized but before it had
+    copied the index along (or with part of it copied) was refused by the same command as "not an empty folder",
+    which said neither what DIR held nor what to do (left56b F1). The copy is not redone or finished here: DIR may
+    have been used since."""
+    from dilstore.storage.format import MANIFEST_FILE
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import compacted_record, read_manifest
+
+    record = compacted_record(StoreLocation.parse(output)) if output.is_dir() else None
+    if record is None or not (output / MANIFEST_FILE).is_file():
+        return ""
+    try:
+        source, copy = (read_manifest(StoreLocation.parse(folder)) for folder in (store, output))
+    except (DilstoreError, OSError):
+        return ""
+    if record.get("generation") != source.generation or record.get("appends") != [
+            append.get("generation") for append in source.appends]:  # fmt: skip
+        return (f": it holds a compacted store, of another build than {store} as it is now (appended to since, or "
+                "another store); delete it to compact again, or give another --output")
+    missing, remedies = [], []
+    if _index_state(store, source) == "carried" and _index_state(output, copy) != "carried":
+        missing.append("its BM25 index")
+        remedies.append(f"run `dilstore index {path_text(output)}`")
+    own = [entry.name for entry in _own_entries(store) if not os.path.lexists(output / entry.name)]
+    if own:
+        missing.append(f"your files in it ({', '.join(sorted(own))})")
+        remedies.append(f"copy them into {output}")
+    if not missing:
+        return f": it holds {store} compacted already; use it, or delete it to compact again"
+    return (f": it holds {store} compacted, without {' or '.join(missing)} (a `dilstore compact --output` stopped "
+            f"before it had copied them along): {', and '.join(remedies)}; or delete {output} and run the command "
+            "again")
 
 
 def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: int, *, show_progress: bool
@@ -324,25 +362,28 @@ def _carry_own_files(store: Path, target: Path) -> None:
     """Copy what a user put in STORE beside the store's own files (notes, evaluation results) into the compacted
     store, after it is finalized: not in its manifest, as they were not in the old one. Hidden entries, pipes and
     sockets are left out."""
+    from dilstore.storage.file_errors import copy_file, copy_tree
+
+    for entry in _own_entries(store):
+        if (target / entry.name).exists():
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            copy_tree(entry, target / entry.name, symlinks=True)
+        else:
+            copy_file(entry, target / entry.name, follow_symlinks=False)
+
+
+def _own_entries(store: Path) -> list[Path]:
+    """What a user put in STORE beside the store's own files: files and folders, hidden entries left out (this
+    project's work in progress: an index being built, `.tmp-` writes), and pipes and sockets (no data to copy)."""
     from dilstore.reader.retrieval import BM25_INDEX_DIR
     from dilstore.storage.codebook import CODEBOOK_DIR
     from dilstore.storage.format import APPENDS_DIR, INDEX_DIR, MANIFEST_FILE, SHARDS_DIR
     from dilstore.storage.passage_files import PASSAGES_DIR, REJECTED_DIR
 
     own = {APPENDS_DIR, INDEX_DIR, SHARDS_DIR, PASSAGES_DIR, REJECTED_DIR, CODEBOOK_DIR, BM25_INDEX_DIR, MANIFEST_FILE}
-    from dilstore.storage.file_errors import copy_file, copy_tree
-
-    for entry in store.iterdir():
-        # Hidden entries are this project's work in progress (an index being built, `.tmp-` writes), and a pipe or
-        # socket is no data to copy.
-        if entry.name in own or entry.name.startswith(".") or (target / entry.name).exists():
-            continue
-        if not (entry.is_file() or entry.is_dir()):
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            copy_tree(entry, target / entry.name, symlinks=True)
-        else:
-            copy_file(entry, target / entry.name, follow_symlinks=False)
+    return [entry for entry in store.iterdir()
+            if entry.name not in own and not entry.name.startswith(".") and (entry.is_file() or entry.is_dir())]
 
 
 def _index_state(store: Path, manifest: Manifest) -> str:

@@ -250,6 +250,43 @@ def test_an_output_a_compaction_killed_while_it_wrote_its_spec_left_is_cleared_b
     assert report.ok and report.untracked == [], (report.problems, report.untracked)
 
 
+def test_an_output_a_compaction_killed_after_its_copy_left_is_named_with_what_it_lacks_and_what_to_do(
+        appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(left56b F1) A `compact --output DIR` killed after the copy was finalized but before it had copied STORE's
+    BM25 index (or all of it) and the user's files along: the same command said only "exists and is not an empty
+    folder", neither that DIR holds STORE compacted nor what to do. It is still refused (DIR may have been used
+    since), and says what DIR lacks and how to finish it."""
+    store = tmp_path / "store"
+    shutil.copytree(appended, store)
+    (store / "bm25").mkdir()
+    (store / "bm25" / "segments_1").write_bytes(b"lucene")
+    (store / "bm25" / INDEX_RECORD).write_text(json.dumps(indexed_state(read_manifest(StoreLocation.parse(store)))),
+                                               encoding="utf-8")  # fmt: skip
+    (store / "notes.txt").write_text("mine", encoding="utf-8")
+    output = tmp_path / "copy"
+    assert compact(capsys, str(store), "--output", str(output))["bm25_index"] == "carried"
+    assert cli.main(["compact", str(store), "--output", str(output)]) == 2
+    said = capsys.readouterr().err
+    assert f"exists and is not an empty folder: it holds {store} compacted already; use it" in said, said
+    (output / "notes.txt").unlink()
+    (output / "bm25" / INDEX_RECORD).write_bytes((store / "bm25" / INDEX_RECORD).read_bytes())  # part of a copy
+    assert cli.main(["compact", str(store), "--output", str(output)]) == 2
+    said = capsys.readouterr().err
+    assert (f"exists and is not an empty folder: it holds {store} compacted, without its BM25 index or your files "
+            f"in it (notes.txt) (a `dilstore compact --output` stopped before it had copied them along): run "
+            f"`dilstore index {output}`, and copy them into {output}; or delete {output} and run the command again"
+            ) in said, said  # fmt: skip
+    shutil.rmtree(output / "bm25")
+    (output / "notes.txt").write_text("mine", encoding="utf-8")
+    assert cli.main(["compact", str(store), "--output", str(output)]) == 2
+    said = capsys.readouterr().err
+    assert "compacted, without its BM25 index (a `dilstore compact --output` stopped before" in said, said
+    other = tmp_path / "other"
+    compact(capsys, str(output), "--output", str(other), "--shards", "1")
+    assert cli.main(["compact", str(store), "--output", str(other)]) == 2
+    assert f"it holds a compacted store, of another build than {store} as it is now" in capsys.readouterr().err
+
+
 def test_an_index_folder_whose_record_matches_but_that_holds_no_index_is_not_carried(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
