@@ -501,6 +501,25 @@ def test_a_precompute_path_that_is_not_utf8_is_refused_before_anything_is_writte
     assert not (tmp_path / "store").exists() and not list(tmp_path.glob("*store*"))
 
 
+def test_a_relative_precompute_output_under_a_folder_whose_name_is_not_utf8_is_refused(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(left56b F2) `--output out` is UTF-8 as given, but the store records its folder as an absolute path: run from a
+    folder whose name is not UTF-8, the run would encode everything and fail as the store was finished (unicode56
+    F7). The check of the absolute form refuses it first; no test ran precompute from such a folder (mut56 M88)."""
+    here = tmp_path / os.fsdecode(b"d\xff")
+    here.mkdir()
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a", "text": "text"}\n', encoding="utf-8")
+    monkeypatch.chdir(here)
+    assert main(["precompute", "--input", str(corpus), "--output", "out", "--model", str(tmp_path / "no-model"),
+                 "--no-progress"]) == 2  # fmt: skip
+    assert capsys.readouterr().err == ("dilstore precompute: error: --output out: its path is not UTF-8 text, which "
+                                       "the store's records (its settings, summary and dead letters) hold: give it a "
+                                       "UTF-8 name\n")  # fmt: skip
+    assert list(here.iterdir()) == []
+
+
 def test_verify_reports_a_missing_store_as_a_problem_with_exit_1(tmp_path: Path, capsys) -> None:
     """verify's own promise: 1 when the store has a problem (here: there is none), with no traceback."""
     assert main(["verify", str(tmp_path / "no-store")]) == 1
