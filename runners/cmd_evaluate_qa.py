@@ -27,7 +27,7 @@ from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.reading_options import add_subset_arguments, apply_threads, subset_seed
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.digests import sha256_file
-from dilstore.storage.errors import StoppedBySignal
+from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.format import StoreChangedError, StoreReadError
 from dilstore.storage.write_lock import refuse_if_locked
 
@@ -129,7 +129,11 @@ def run(args: argparse.Namespace) -> int:
         # journal then stays, and the same command writes the file from it.
         _report(args, evaluation, resumed, odqa.settings.max_question_length)
         if journal is not None:
-            write_predictions(args.predictions, evaluation)
+            try:
+                write_predictions(args.predictions, evaluation)
+            except DilstoreError as error:  # the answers stay in the journal, and the same command writes the file
+                kept = f"the answers of all {evaluation.questions:,} questions"
+                raise journal.output_not_written(error, kept) from None
             journal.remove()
     return 0
 

@@ -109,7 +109,10 @@ def run(args: argparse.Namespace) -> int:
             )
         if journal is not None:
             text = json.dumps(result.predictions, ensure_ascii=False, indent=1)
-            atomic_write_text(args.predictions, text, named_by_user=True)
+            try:
+                atomic_write_text(args.predictions, text, named_by_user=True)
+            except OSError as error:  # the answers stay in the journal, and the same command writes the file
+                raise journal.output_not_written(error, f"the answers of all {result.questions:,} questions") from None
             journal.remove()
     return 0
 

@@ -180,7 +180,11 @@ def _rerank_resumably(
             kept_words = _kept_words(journal, len(first_stage))
             raise failed_keeping(error, journal, kept_words, args.store, reranker.store.manifest) from None
         whole = {qid: kept.get(qid) or reranked[qid] for qid in first_stage if qid in kept or qid in reranked}
-        write_run(args.output, whole, tag=args.tag or reranker.run_tag)
+        keeper.keep_rest()
+        try:
+            write_run(args.output, whole, tag=args.tag or reranker.run_tag)
+        except DilstoreError as error:  # the reranked queries stay in the journal, and the same command writes the run
+            raise journal.output_not_written(error, f"all {len(whole):,} queries reranked") from None
         journal.remove()
     return stats, len(done)
 
@@ -226,6 +230,12 @@ class _PartKeeper:
         if scores is not None:
             self.run[qid] = scores
         if len(self.queries) == PART_QUERIES:
+            self.keep_rest()
+
+    def keep_rest(self) -> None:
+        """Keep the queries reranked since the journal's last part as its next part (a shorter one at the run's end:
+        a run file that could not be written then lost them, left56b F3)."""
+        if self.queries:
             self.journal.add(len(self.journal.parts), {"queries": self.queries, "run": self.run,
                                                        "stats": self.stats.to_dict()})  # fmt: skip
             self.queries, self.run = [], {}

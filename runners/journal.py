@@ -218,6 +218,17 @@ class Journal:
                              f"{what}: {'free space on its disk' if full else 'check its disk'}, then run the same "
                              f"command again{on}")  # fmt: skip
 
+    def output_not_written(self, error: Exception, kept: str) -> Exception:
+        """The error of a run whose output file could not be written (a full disk, its folder gone) once every part
+        was done: the error's words, that `kept` (say "the answers of all 7 questions") stay in the journal, and that
+        the same command run again writes the file from them at once. It named the file alone, as if the run's work
+        were lost (disk56 L, left56b F3). Any other error (not a write's: a score that is not finite) is `error`."""
+        if not isinstance(error, OSError) and not isinstance(error.__context__, OSError):
+            return error
+        words = f"cannot write {self.output}: {error.strerror or error}" if isinstance(error, OSError) else str(error)
+        return DilstoreError(f"{words}; {kept} are kept in {self.path}: run the same command again once {self.output} "
+                             "can be written, and it writes the file from them at once")  # fmt: skip
+
     def close(self) -> None:
         """Stop adding; what was added stays. A journal of this run's that holds no part goes; an earlier run's of
         other settings stays, as this run added nothing in its place."""

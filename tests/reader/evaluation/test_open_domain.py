@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -436,13 +437,23 @@ def test_a_stopped_evaluate_qa_keeps_its_finished_parts_and_the_same_command_goe
     assert status == 2 and f"{tmp_path / 'busy.json'} is being written by pid" in err
     assert not list(tmp_path.glob(".busy.json.dilstore-partial"))
 
-    def unwritable(path: Path, evaluation: object) -> None:
-        raise DilstoreError(f"cannot write predictions to {path}: No space left on device")
+    def unwritable(path: Path, text: str, **_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(open_domain, "write_predictions", unwritable)
-    status, out, err = evaluate(tmp_path / "full.json")  # the scores come first, and the journal stays (longrun45 F9)
-    assert status == 2 and json.loads(out)["questions"] == 7 and "No space left on device" in err
-    assert journal.with_name(".full.json.dilstore-partial").is_file()
+    full = tmp_path / "full.json"
+    with monkeypatch.context() as patch:
+        patch.setattr(open_domain, "atomic_write_text", unwritable)
+        status, out, err = evaluate(full)  # the scores come first, and the journal stays (longrun45 F9)
+    assert status == 2 and json.loads(out)["questions"] == 7
+    kept = journal.with_name(".full.json.dilstore-partial")
+    # (left56b F3) The line named the file alone, not that the answers were kept and the same command writes it.
+    assert err == (f"dilstore evaluate-qa: error: cannot write predictions to {full}: [Errno 28] No space left on "
+                   f"device: '{full}'; the answers of all 7 questions are kept in {kept}: run the same command again "
+                   f"once {full} can be written, and it writes the file from them at once\n")  # fmt: skip
+    calls[:] = []
+    status, out, err = evaluate(full)
+    assert status == 0 and json.loads(out)["resumed_questions"] == 7 and calls == [], err
+    assert full.read_text(encoding="utf-8") == (tmp_path / "whole.json").read_text("utf-8") and not kept.exists()
 
 
 def test_a_stopped_evaluate_qa_does_not_go_on_from_parts_read_before_the_store_changed(

@@ -10,6 +10,7 @@ vocabulary, so real text goes through it.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import shutil
@@ -724,6 +725,42 @@ def test_a_rerank_ended_by_a_compaction_goes_on_from_its_journal_over_the_compac
     assert status == 0 and calls == [1] and not journal.exists(), err
     assert json.loads(resumed)["resumed_queries"] == 2
     assert (tmp_path / "stopped" / "out.trec").read_text() == (tmp_path / "whole" / "out.trec").read_text()
+
+
+def test_a_run_file_that_cannot_be_written_says_the_queries_are_kept_and_the_same_command_writes_it(
+    store: Callable[..., Path], model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """(left56b F3) A full disk at the run file, after every query was reranked, said `cannot write run to FILE: No
+    space left on device`: not that the reranked queries were kept in the journal, nor that the same command writes
+    the file from them at once, as it does."""
+    from dilstore.reader.data import trec
+
+    common = ["--model", model_dir, "--depth", 4, "--json"]
+    assert cli(capsys, store("earl-s1"), *write_inputs(tmp_path / "whole", FIRST_STAGE), *common)[0] == 0
+    arguments = write_inputs(tmp_path / "run", FIRST_STAGE)
+    output, journal = tmp_path / "run" / "out.trec", tmp_path / "run" / ".out.trec.dilstore-partial"
+
+    def full(path: Path, text: str, **_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(trec, "atomic_write_text", full)
+        status, _, err = cli(capsys, store("earl-s1"), *arguments, *common)
+    assert status == 2 and journal.exists(), err
+    assert err == (f"dilstore rerank: error: cannot write run to {output}: No space left on device; all 3 queries "
+                   f"reranked are kept in {journal}: run the same command again once {output} can be written, and it "
+                   "writes the file from them at once\n")  # fmt: skip
+    real, calls = EarlReranker.rerank_tokenized, []
+
+    def counted(*args: object, **kwargs: object) -> dict[str, float]:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(EarlReranker, "rerank_tokenized", counted)
+    status, out, err = cli(capsys, store("earl-s1"), *arguments, *common)
+    assert status == 0 and json.loads(out)["resumed_queries"] == 3 and calls == [] and not journal.exists(), err
+    assert output.read_text() == (tmp_path / "whole" / "out.trec").read_text()
 
 
 @pytest.mark.parametrize("kind", KINDS)
