@@ -140,7 +140,10 @@ class Journal:
             found = self._read()
             if found is not None:  # written again without a line a kill cut short
                 self.parts, self._resumed = found, True
-                self._write(self.parts)
+                try:
+                    self._write(self.parts)
+                except OSError as error:
+                    raise self._not_rewritten(error) from None
         except BaseException:
             self._held.close()
             raise
@@ -209,14 +212,22 @@ class Journal:
             with contextlib.suppress(OSError):
                 self._stream.close()
             self._stream = None
-        full = error.errno in (errno.ENOSPC, errno.EDQUOT)
         kept = len(self.parts)
         what = (f"the {kept} part{'s' if kept != 1 else ''} done before it {'are' if kept != 1 else 'is'} kept there"
                 if kept else "nothing was kept yet")
         on = f" to go on from {'them' if kept != 1 else 'it'}" if kept else ""
         return DilstoreError(f"cannot keep part {part + 1} of the run in {self.path}: {error.strerror or error}; "
-                             f"{what}: {'free space on its disk' if full else 'check its disk'}, then run the same "
-                             f"command again{on}")  # fmt: skip
+                             f"{what}: {_advice(error)}, then run the same command again{on}")  # fmt: skip
+
+    def _not_rewritten(self, error: OSError) -> DilstoreError:
+        """The error of a journal that could not be written again as a resumed run starts (without a line a stop cut
+        short): it was the bare `No space left on device: DIR/.X.dilstore-partial`, not saying that the journal,
+        written atomically, is as it was, nor what to do (disk56 L, left56b F4)."""
+        kept = len(self.parts)
+        what = f"the {kept} part{'s' if kept != 1 else ''} kept there {'are' if kept != 1 else 'is'}"
+        return DilstoreError(f"cannot write the journal {self.path} again to go on from it: {error.strerror or error}; "
+                             f"{what} as {'they' if kept != 1 else 'it'} were: {_advice(error)}, then run the same "
+                             "command again to go on from them")  # fmt: skip
 
     def output_not_written(self, error: Exception, kept: str) -> Exception:
         """The error of a run whose output file could not be written (a full disk, its folder gone) once every part
@@ -242,6 +253,18 @@ class Journal:
         """Delete the journal: the output it served is written."""
         self.close()
         self.path.unlink(missing_ok=True)
+
+
+def _advice(error: OSError) -> str:
+    """What to do about a journal write that failed with `error`, in words: a full disk or quota, a file size limit
+    (EFBIG said "check its disk", where precompute says to raise the limit: disk56 L, left56b F4), or anything
+    else."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on its disk"
+    if error.errno == errno.EFBIG:
+        return ("the file grew past the size this process may write (`ulimit -f`) or its filesystem holds: raise the "
+                "limit")
+    return "check its disk"
 
 
 def _line(value: Any) -> str:

@@ -745,10 +745,18 @@ def save_failed(what: str, error: OSError | SafetensorError, output_dir: Path) -
     newest checkpoint when there is one (full49 F1: a traceback and exit 1, from safetensors' error)."""
     if isinstance(error, OSError):
         problem = f"{error.strerror or error}{f' ({error.filename})' if error.filename else ''}"
-        full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+        number = error.errno
     else:  # "Error while serializing: I/O error: No space left on device (os error 28)"
         problem = str(error).rpartition("I/O error: ")[2]
-        full = f"(os error {errno.ENOSPC})" in problem or f"(os error {errno.EDQUOT})" in problem
+        number = next((code for code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) if f"(os error {code})" in problem),
+                      None)  # fmt: skip
     again = ("run the same command with --resume" if latest_checkpoint(Path(output_dir) / CHECKPOINTS_DIR)
              else "run the same command again")  # fmt: skip
-    return DilstoreError(f"cannot write {what}: {problem}: {'free space' if full else 'check the disk'}, then {again}")
+    if number in (errno.ENOSPC, errno.EDQUOT):
+        advice = "free space"
+    elif number == errno.EFBIG:  # said "check the disk", where precompute says to raise the limit (left56b F4)
+        advice = ("a file grew past the size this process may write (`ulimit -f`) or its filesystem holds: raise the "
+                  "limit")
+    else:
+        advice = "check the disk"
+    return DilstoreError(f"cannot write {what}: {problem}: {advice}, then {again}")

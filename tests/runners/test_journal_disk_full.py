@@ -52,8 +52,9 @@ def test_a_part_the_journal_cannot_keep_is_one_error_naming_it_and_the_parts_it_
     journal = journal_path(output)
     assert result["done"] == [0, 1] and result["type"] == "DilstoreError"
     assert result["error"] == (f"cannot keep part 3 of the run in {journal}: File too large; the 2 parts done before "
-                               "it are kept there: check its disk, then run the same command again to go on from "
-                               "them")  # fmt: skip
+                               "it are kept there: the file grew past the size this process may write (`ulimit -f`) "
+                               "or its filesystem holds: raise the limit, then run the same command again to go on "
+                               "from them")  # fmt: skip (left56b F4: it said "check its disk")
     assert 0 < len(journal.read_bytes()) <= 600 and not journal.read_text().endswith("\n")  # a line cut short
     with Journal(output, {"run": 1}) as again:
         assert sorted(again.parts) == [0, 1]
@@ -83,3 +84,33 @@ def test_a_journal_a_full_disk_stops_before_its_first_part_says_to_free_space(
     assert str(raised.value) == (f"cannot keep part 1 of the run in {journal_path(output)}: No space left on device; "
                                  "nothing was kept yet: free space on its disk, then run the same command again")
     assert json.loads(journal_path(output).read_text())["settings"] == {"run": 0}
+
+
+def test_a_journal_a_resumed_run_cannot_write_again_says_what_it_keeps_and_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(left56b F4) A resumed run writes its journal again (without a line a stop cut short) as it starts: on a disk
+    still full that was the bare `No space left on device: DIR/.X.dilstore-partial`, without the words of a part
+    that could not be kept (what is kept, free space, run again). The journal is as it was."""
+    from dilstore.runners import journal as journal_module
+    from dilstore.runners.journal import Journal, journal_path
+
+    output = tmp_path / "predictions.json"
+    with Journal(output, {"run": 1}) as journal:
+        journal.add(0, {"answers": "x"})
+        journal.add(1, {"answers": "y"})
+    kept = journal_path(output).read_bytes()
+
+    def full(path: Path, *_: object, **__: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(journal_module, "atomic_write_text", full)
+    with pytest.raises(DilstoreError) as raised, Journal(output, {"run": 1}):
+        pass
+    assert str(raised.value) == (f"cannot write the journal {journal_path(output)} again to go on from it: No space "
+                                 "left on device; the 2 parts kept there are as they were: free space on its disk, "
+                                 "then run the same command again to go on from them")  # fmt: skip
+    assert journal_path(output).read_bytes() == kept
+    monkeypatch.undo()
+    with Journal(output, {"run": 1}) as again:
+        assert sorted(again.parts) == [0, 1]

@@ -402,6 +402,28 @@ def _train_qa_arguments(tiny_base: Path, squad_file: Path, output: Path, steps: 
             "--doc-stride", "16", "--max-question-length", "24", "--no-progress"]  # fmt: skip
 
 
+def test_a_save_past_the_file_size_limit_says_to_raise_it(tmp_path: Path) -> None:
+    """(left56b F4) A checkpoint or model save past `ulimit -f` (EFBIG, from Python or from safetensors) said "check
+    the disk", where precompute says to raise the limit; a full disk still says to free space."""
+    import errno
+    import os
+
+    from safetensors import SafetensorError
+
+    from dilstore.reader.training.loop import save_failed
+
+    limit = ("a file grew past the size this process may write (`ulimit -f`) or its filesystem holds: raise the "
+             "limit, then run the same command again")  # fmt: skip
+    too_large = OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(tmp_path / "model.safetensors"))
+    assert str(save_failed("the model", too_large, tmp_path)) == (
+        f"cannot write the model: File too large ({tmp_path / 'model.safetensors'}): {limit}")
+    serialized = SafetensorError("Error while serializing: I/O error: File too large (os error 27)")
+    assert str(save_failed("the model", serialized, tmp_path)) == (
+        f"cannot write the model: File too large (os error 27): {limit}")
+    full = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert str(save_failed("the model", full, tmp_path)).endswith(": free space, then run the same command again")
+
+
 @pytest.mark.parametrize(("failing_step", "then"), [(1, "again"), (2, "with --resume")])
 def test_a_checkpoint_the_disk_has_no_room_for_is_one_line_and_leaves_no_partial_folder(
     tiny_base: Path, squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
