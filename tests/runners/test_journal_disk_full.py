@@ -63,11 +63,13 @@ def test_a_part_the_journal_cannot_keep_is_one_error_naming_it_and_the_parts_it_
     assert [json.loads(line).get("part") for line in lines] == [None, 0, 1, 2]  # the cut line is gone
 
 
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
 def test_a_journal_a_full_disk_stops_before_its_first_part_says_to_free_space(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
     """The header of a new run's journal, written as its first part is kept, on a full disk: nothing is kept yet,
-    and the advice is to free space (an earlier run's journal of other settings stays as it was)."""
+    and the advice is to free space (an earlier run's journal of other settings stays as it was). A full quota
+    (EDQUOT) is told to free space too, not to "check its disk" (mut56b M4)."""
     from dilstore.runners import journal as journal_module
     from dilstore.runners.journal import Journal, journal_path
 
@@ -76,12 +78,12 @@ def test_a_journal_a_full_disk_stops_before_its_first_part_says_to_free_space(
                                     + "\n")  # fmt: skip
 
     def full(path: Path, *_: object, **__: object) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        raise OSError(code, os.strerror(code), str(path))
 
     monkeypatch.setattr(journal_module, "atomic_write_text", full)
     with pytest.raises(DilstoreError) as raised, Journal(output, {"run": 1}) as journal:
         journal.add(0, {"queries": []})
-    assert str(raised.value) == (f"cannot keep part 1 of the run in {journal_path(output)}: No space left on device; "
+    assert str(raised.value) == (f"cannot keep part 1 of the run in {journal_path(output)}: {os.strerror(code)}; "
                                  "nothing was kept yet: free space on its disk, then run the same command again")
     assert json.loads(journal_path(output).read_text())["settings"] == {"run": 0}
 
@@ -114,3 +116,19 @@ def test_a_journal_a_resumed_run_cannot_write_again_says_what_it_keeps_and_what_
     monkeypatch.undo()
     with Journal(output, {"run": 1}) as again:
         assert sorted(again.parts) == [0, 1]
+
+
+def test_one_part_kept_before_a_full_disk_is_named_as_one(tmp_path: Path) -> None:
+    """One part done before the journal could not keep the next: "the 1 part done before it is kept there ... to go
+    on from it", not the plural's "are" and "them" (mut56b M7)."""
+    from dilstore.runners.journal import journal_path
+
+    output = tmp_path / "predictions.json"
+    child = subprocess.run([sys.executable, "-c", _CHILD, str(output), "400"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert child.returncode == 0 and child.stderr == "", child.stderr
+    result = json.loads(child.stdout)
+    assert result["done"] == [0] and result["error"] == (
+        f"cannot keep part 2 of the run in {journal_path(output)}: File too large; the 1 part done before it is kept "
+        "there: the file grew past the size this process may write (`ulimit -f`) or its filesystem holds: raise the "
+        "limit, then run the same command again to go on from it")  # fmt: skip
