@@ -190,6 +190,45 @@ def test_a_command_whose_stderr_is_on_a_full_disk_does_its_work(tmp_path: Path) 
     assert result.returncode == 0 and result.stdout.endswith("OK\n"), result.stdout
 
 
+class _FullDisk:
+    """A stream on a full disk: every write, flush and close fails, as /dev/full's do."""
+
+    encoding = "utf-8"
+
+    def write(self, text: str) -> int:
+        raise OSError(28, "No space left on device")
+
+    def flush(self) -> None:
+        raise OSError(28, "No space left on device")
+
+    def close(self) -> None:
+        raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("call", ["write", "flush", "close"])
+def test_a_diagnostic_stream_drops_what_fails_and_notes_the_loss(call: str) -> None:
+    """Each of `DiagnosticStream`'s write, flush and close drops its stream's OSError and notes it in `lost`. A flush
+    that fails where no write did (a progress bar's line without its newline, held in the buffer) must be noted too:
+    unnoted, stderr is not pointed at the null device, and the exit-time flush of that buffer makes the status 120
+    (mut56b M13)."""
+    stream = quiet.DiagnosticStream(_FullDisk())
+    assert not stream.lost and stream.encoding == "utf-8"  # what it does not drop is the stream's
+    result = stream.write("\r 10%") if call == "write" else getattr(stream, call)()
+    assert stream.lost and result == (5 if call == "write" else None)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux), whose writes fail with ENOSPC")
+def test_a_command_whose_error_line_is_lost_on_a_full_disk_keeps_its_exit_status(tmp_path: Path) -> None:
+    """A command that writes only its error line to a stderr on a full disk exits with its own status (2), not the
+    interpreter's 120 for a failed last flush: the write that failed is noted, and stderr is pointed at the null
+    device (mut56b M11)."""
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "dilstore.runners.cli", "info", str(tmp_path / "absent")],
+                                stdout=subprocess.PIPE, stderr=full, text=True, timeout=120, env=environment)
+    assert (result.returncode, result.stdout) == (2, "")
+
+
 def test_precompute_with_verbose_shows_the_workers_library_noise(tmp_path: Path, capfd, monkeypatch) -> None:
     """The CLI end to end with two Beam worker processes, which log on their own stderr: --verbose shows their
     logging lines, so the quiet run's empty stderr (tests/pipelines/test_pipeline_run.py, the same two workers
