@@ -425,3 +425,68 @@ def test_a_compaction_into_output_flushes_the_index_it_copied(
     assert cli.main(["compact", str(store), "--output", str(output), "--no-progress"]) == 2
     assert capsys.readouterr().err == f"dilstore compact: error: Input/output error: {output / 'bm25' / 'segments_1'}\n"
     assert not output.exists() and verify_store(store).ok
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG])
+def test_a_compaction_short_of_room_for_its_shards_says_so_once_for_each_kind_of_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], code: int
+) -> None:
+    """A full disk, a full quota and a file size limit met while writing the shards are each one line saying that
+    STORE is as it was (the same words for all three, mut56b M29), and the error that names the building folder
+    itself does not name it twice, "at B: No space left on device (B)" (mut56b M31)."""
+    from dilstore.runners import cli
+    from dilstore.storage import compact as compact_module
+    from dilstore.storage.format import MANIFEST_FILE
+    from dilstore.storage.replacement import building_dir
+
+    def no_room(*_: object, **__: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    store = appended_store(tmp_path / "store", [records(["a", "b"], 1)], records(["c"], 2), encoding="fp32")
+    manifest = (store / MANIFEST_FILE).read_bytes()
+    monkeypatch.setattr(compact_module, "write_encoded_shard", no_room)
+    assert cli.main(["compact", str(store), "--no-progress"]) == 2
+    building = building_dir(store)
+    assert capsys.readouterr().err == (
+        f"dilstore compact: error: cannot write the compacted store at {building}: {os.strerror(code)}; {store} is "
+        "as it was: free space on that disk, or give --output on another disk\n")  # fmt: skip
+    assert (store / MANIFEST_FILE).read_bytes() == manifest and not building.exists()
+
+
+@pytest.mark.parametrize("failing", ["run-summary.json", "notes/scores.txt", "rejected/bad.jsonl"])
+def test_a_file_compact_copies_that_a_full_disk_refuses_is_named_where_it_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], failing: str
+) -> None:
+    """The first build's run-summary.json, a folder of the user's own and the store's dead letters are copied with
+    `copy_file`/`copy_tree`: a full disk is named by the file it could not write. shutil's own copy named the source,
+    the store's file (mut56b M42), and shutil.copytree raised a list of every failed file as text (mut56b M41, M43)."""
+    import shutil
+
+    from dilstore.pipelines.spec_file import SUMMARY_FILE
+    from dilstore.runners import cli
+    from dilstore.storage.format import MANIFEST_FILE
+    from dilstore.storage.passage_files import REJECTED_DIR
+    from dilstore.storage.replacement import building_dir
+
+    store = appended_store(tmp_path / "store", [records(["a", "b"], 1)], records(["c"], 2), encoding="fp32")
+    (store / SUMMARY_FILE).write_text("{}\n")
+    (store / "notes").mkdir()
+    (store / "notes" / "scores.txt").write_text("0.5\n")
+    (store / REJECTED_DIR).mkdir(exist_ok=True)
+    (store / REJECTED_DIR / "bad.jsonl").write_text("{}\n")
+    manifest = (store / MANIFEST_FILE).read_bytes()
+    building = building_dir(store)
+    real_copyfile = shutil.copyfile
+
+    def full(source: object, destination: object, **options: object) -> object:
+        if str(destination) == str(building / failing):  # sendfile's error names both files, the source first
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(source), None, str(destination))
+        return real_copyfile(source, destination, **options)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(shutil, "copyfile", full)
+    assert cli.main(["compact", str(store), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        f"dilstore compact: error: cannot write the compacted store at {building}: No space left on device "
+        f"({building / failing}); {store} is as it was: free space on that disk, or give --output on another "
+        "disk\n")  # fmt: skip
+    assert (store / MANIFEST_FILE).read_bytes() == manifest and not building.exists()
