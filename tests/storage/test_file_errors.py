@@ -125,3 +125,29 @@ def test_a_codebook_written_on_a_full_disk_names_its_folder_and_leaves_nothing(
         codebook_module.write_codebook(tmp_path / "codebook", "2bit", codebook, (8,))
     assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(tmp_path / "codebook"))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG])
+def test_a_copy_short_of_room_names_the_destination_for_every_kind_of_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """A full quota or a file size limit is named by the file that could not be written, as a full disk is: the
+    source, the store's own file, is not where room is missing (mut56b M36). Another error passes as it came."""
+    from dilstore.storage import file_errors
+    from dilstore.storage.file_errors import copy_file
+
+    def no_room(source: object, destination: object, **_: object) -> None:
+        raise OSError(code, os.strerror(code), str(source), None, str(destination))
+
+    monkeypatch.setattr(file_errors.shutil, "copy2", no_room)
+    with pytest.raises(OSError) as raised:
+        copy_file(tmp_path / "a", tmp_path / "b")
+    assert (raised.value.errno, raised.value.filename) == (code, str(tmp_path / "b"))
+
+    def unreadable(source: object, destination: object, **_: object) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(source))
+
+    monkeypatch.setattr(file_errors.shutil, "copy2", unreadable)
+    with pytest.raises(OSError) as raised:
+        copy_file(tmp_path / "a", tmp_path / "b")
+    assert (raised.value.errno, raised.value.filename) == (errno.EIO, str(tmp_path / "a"))
