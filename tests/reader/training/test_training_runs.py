@@ -484,6 +484,35 @@ def test_a_checkpoint_whose_write_back_fails_is_not_published_and_the_older_one_
     assert sorted(path.name for path in (output / "checkpoints").iterdir()) == ["step-0000001"]
 
 
+@pytest.mark.parametrize("failing", ["checkpoints", "model.safetensors"])
+def test_a_failed_flush_of_the_checkpoints_folder_or_of_the_final_model_fails_the_run_naming_it(
+    tiny_base: Path, squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], failing: str,
+) -> None:  # fmt: skip
+    """The checkpoints folder is flushed after a checkpoint is renamed into it (mut56b M48), and the final model after
+    its save (mut56b M49): a write-back error of either is the run's one-line error naming what failed (the folder
+    named by `fsync_dir`: mut56b M51), not a run that says it is done."""
+    import errno
+    import os
+
+    from dilstore.storage import durability
+
+    output = tmp_path / "run"
+    real_fsync = os.fsync
+
+    def failing_write_back(descriptor: int) -> None:
+        if os.readlink(f"/proc/self/fd/{descriptor}") == str(output / failing):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(durability.os, "fsync", failing_write_back)
+    assert main(_train_qa_arguments(tiny_base, squad_file, output, steps=2)) == 2
+    said = capsys.readouterr().err.splitlines()[-1]
+    what = "checkpoint " if failing == "checkpoints" else f"the model to {output}:"  # the first flush of it fails
+    assert said.startswith(f"dilstore train: error: cannot write {what}"), said
+    assert f"Input/output error ({output / failing})" in said
+
+
 def test_a_final_model_the_disk_has_no_room_for_is_one_line_saying_to_resume(
     tiny_base: Path, squad_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
