@@ -375,6 +375,45 @@ def test_an_index_whose_record_a_full_disk_refuses_is_removed_and_the_old_one_ke
     assert [path.name for path in index.iterdir()] == ["segments_1"]
 
 
+@pytest.mark.parametrize("code", [errno.EDQUOT, errno.EIO])
+def test_an_index_record_refused_by_a_quota_is_told_to_free_space_and_an_io_error_to_check_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """A full quota (EDQUOT) is advised as a full disk is, to free space (mut56b M57); an I/O error is told to check
+    the disk. Either way the building folder goes and the old index stays."""
+    from types import SimpleNamespace
+
+    collection, index = tmp_path / "collection", tmp_path / "bm25"
+    collection.mkdir()
+    index.mkdir()
+    (index / "segments_1").write_bytes(b"the old index")
+
+    def built(source: Path, target: Path, **_: object) -> int:
+        target.mkdir(parents=True)
+        (target / "segments_2").write_bytes(b"a whole new index")
+        return 3
+
+    real_write = Path.write_text
+
+    def refused(path: Path, *args: object, **kwargs: object) -> int:
+        if path.name == retrieval.INDEX_RECORD:
+            raise OSError(code, os.strerror(code))
+        return real_write(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(retrieval, "build_bm25_index", built)
+    monkeypatch.setattr(Path, "write_text", refused)
+    store = SimpleNamespace(generation="0123456789abcdef", passages=3, superseded_passages=0, appends=())
+    with pytest.raises(DilstoreError) as raised:
+        retrieval.build_bm25_index_in_place(collection, index, store=store)  # type: ignore[arg-type]
+    advice = (f"free space on the disk of {tmp_path}, then run the same command again" if code == errno.EDQUOT
+              else "check the disk, then run the same command again")  # fmt: skip
+    assert str(raised.value) == (
+        f"cannot write the BM25 index at {index}: {os.strerror(code)} ({tmp_path / '.bm25.building'}/"
+        f"{retrieval.INDEX_RECORD}); {index} is as it was: {advice}")  # fmt: skip
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bm25", "collection"]
+    assert [path.name for path in index.iterdir()] == ["segments_1"]
+
+
 def test_a_java_error_is_reported_by_its_deepest_cause() -> None:
     """A full disk during a build ended in Lucene's AlreadyClosedException, "this IndexWriter is closed", and the
     error named that and not the IOException that caused it (full49 F5)."""
