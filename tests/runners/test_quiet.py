@@ -229,6 +229,38 @@ def test_a_command_whose_error_line_is_lost_on_a_full_disk_keeps_its_exit_status
     assert (result.returncode, result.stdout) == (2, "")
 
 
+def test_the_stderr_a_command_ran_with_is_put_back_after_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """`diagnostics_kept_going` puts its `DiagnosticStream` in place for the block only: a caller of `cli.main` in
+    the same process (a test, a script) was left with a wrapped stderr, one more layer for every call (mut56b M17)."""
+    saved = sys.stderr
+    with quiet.diagnostics_kept_going() as stream:
+        assert sys.stderr is stream and stream.stream is saved
+    assert sys.stderr is saved
+    with pytest.raises(RuntimeError), quiet.diagnostics_kept_going():
+        raise RuntimeError("the command failed")
+    assert sys.stderr is saved
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux), whose writes fail with ENOSPC")
+def test_the_stderr_filter_outlives_a_last_line_it_cannot_write() -> None:
+    """The copier's write of a last line without its newline drops a full disk's error too, as its other writes do:
+    it raised in the copier thread (mut56b M21)."""
+    code = (
+        "import os, subprocess, sys, threading\n"
+        f"os.environ[{quiet.QUIET_ENV!r}] = '1'\n"
+        "threading.excepthook = lambda failure: print('the copier died:', failure.exc_type.__name__)\n"
+        "from dilstore.runners.quiet import filtered_stderr\n"
+        "with filtered_stderr():\n"
+        "    subprocess.run([sys.executable, '-c', 'import os; os.write(2, b\"no newline\")'], check=True)\n"
+        "print('done')\n"
+    )
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=full, text=True,
+                                timeout=120, env=environment)  # fmt: skip
+    assert (result.returncode, result.stdout) == (0, "done\n")
+
+
 def test_precompute_with_verbose_shows_the_workers_library_noise(tmp_path: Path, capfd, monkeypatch) -> None:
     """The CLI end to end with two Beam worker processes, which log on their own stderr: --verbose shows their
     logging lines, so the quiet run's empty stderr (tests/pipelines/test_pipeline_run.py, the same two workers
