@@ -786,3 +786,41 @@ def test_an_index_given_as_a_url_is_named_as_one(tmp_path: Path, capsys: pytest.
     assert capsys.readouterr().err.strip() == ("dilstore evaluate-qa: error: --index s3://bucket/bm25 is a URL, and "
                                                "Lucene reads only local files: give a local copy of the store's bm25/ "
                                                "folder")  # fmt: skip
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux), whose writes fail with ENOSPC")
+@pytest.mark.parametrize("stdout_full", [False, True])
+def test_only_an_error_that_names_no_file_is_put_on_a_standard_output_that_fails(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], stdout_full: bool
+) -> None:
+    """An OSError that names its file is that file's, whether or not stdout fails as well (mut56b M23); one that names
+    no file is put on stdout only when a flush of stdout fails again, not when stdout takes it (mut56b M25)."""
+    import contextlib
+    import errno
+
+    from dilstore.runners import cli
+
+    if stdout_full:
+        full = open("/dev/full", "w")  # noqa: SIM115 -- closed in the finally below
+        monkeypatch.setattr(sys, "stdout", full)
+
+    def command(named: bool) -> argparse.Namespace:
+        def run(_: argparse.Namespace) -> int:
+            print("a line of the output", file=sys.stdout)
+            if named:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "/gone/manifest.json")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        return argparse.Namespace(command="info", run=run, verbose=False)
+
+    try:
+        assert cli._run(command(named=True), exits=True) == 2
+        assert capsys.readouterr().err == "dilstore info: error: No such file or directory: /gone/manifest.json\n"
+        if not stdout_full:
+            assert cli._run(command(named=False), exits=True) == 2
+            assert capsys.readouterr().err == "dilstore info: error: No space left on device\n"
+    finally:
+        if stdout_full:
+            monkeypatch.undo()
+            with contextlib.suppress(OSError):  # the line printed is still in its buffer
+                full.close()
