@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -412,6 +413,38 @@ def test_an_index_record_refused_by_a_quota_is_told_to_free_space_and_an_io_erro
         f"{retrieval.INDEX_RECORD}); {index} is as it was: {advice}")  # fmt: skip
     assert sorted(path.name for path in tmp_path.iterdir()) == ["bm25", "collection"]
     assert [path.name for path in index.iterdir()] == ["segments_1"]
+
+
+def test_an_index_whose_folder_flush_fails_after_its_move_does_not_say_the_old_one_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error after the new index was moved into place (the flush of its parent folder) leaves the new index there:
+    the line names the error but does not say "STORE/bm25 is as it was", which it no longer is (mut56b M61)."""
+    from types import SimpleNamespace
+
+    collection, index = tmp_path / "collection", tmp_path / "bm25"
+    collection.mkdir()
+    index.mkdir()
+    (index / "segments_1").write_bytes(b"the old index")
+
+    def built(source: Path, target: Path, **_: object) -> int:
+        target.mkdir(parents=True)
+        (target / "segments_2").write_bytes(b"a whole new index")
+        return 3
+
+    def moved_then_failed(finished: Path, target: Path) -> None:
+        shutil.rmtree(target)
+        finished.rename(target)
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(target.parent))
+
+    monkeypatch.setattr(retrieval, "build_bm25_index", built)
+    monkeypatch.setattr(retrieval, "replace_dir", moved_then_failed)
+    store = SimpleNamespace(generation="0123456789abcdef", passages=3, superseded_passages=0, appends=())
+    with pytest.raises(DilstoreError) as raised:
+        retrieval.build_bm25_index_in_place(collection, index, store=store)  # type: ignore[arg-type]
+    assert str(raised.value) == (f"cannot write the BM25 index at {index}: Input/output error ({tmp_path}): check "
+                                 "the disk, then run the same command again")  # fmt: skip
+    assert sorted(path.name for path in index.iterdir()) == [retrieval.INDEX_RECORD, "segments_2"]
 
 
 def test_a_java_error_is_reported_by_its_deepest_cause() -> None:
