@@ -403,11 +403,18 @@ class DiagnosticStream:
 
 
 @contextmanager
-def diagnostics_kept_going() -> Iterator[DiagnosticStream]:
+def diagnostics_kept_going() -> Iterator[DiagnosticStream | None]:
     """While the block runs, `sys.stderr` drops what it cannot write (`DiagnosticStream`). After a loss its descriptor
     is pointed at the null device, where the rest of its buffer goes: the interpreter's last flush of it failed, and
-    the process exited 120 however the command ended."""
+    the process exited 120 however the command ended.
+
+    A closed stderr (`2>&-`), which Python makes `sys.stderr = None`, is left as it is (None): wrapped, every write
+    to it was an AttributeError, and `dilstore info MISSING 2>&-` exited 1 with no word, where print() writes to
+    stdout when its file is None and the error line was shown there, exit 2 (read56 F1)."""
     saved = sys.stderr
+    if saved is None:
+        yield None
+        return
     stream = DiagnosticStream(saved)
     sys.stderr = stream  # type: ignore[assignment]
     try:
