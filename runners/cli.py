@@ -8,7 +8,6 @@ inside `run`, so `dilstore --help` stays fast.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import itertools
 import os
@@ -19,7 +18,7 @@ from dilstore.runners.collector import thaw
 from dilstore.runners.exception_chain import exception_chain
 from dilstore.runners.open_files import raise_open_file_limit
 from dilstore.runners.quiet import configure as configure_output
-from dilstore.runners.quiet import diagnostics_kept_going
+from dilstore.runners.quiet import diagnostics_kept_going, to_null_device
 from dilstore.runners.stop_signals import (
     drop_interrupted_work,
     interrupt_number,
@@ -213,10 +212,7 @@ def output_lost() -> bool:
         pass
     else:
         return False
-    with contextlib.suppress(OSError, ValueError):  # a stdout that is no file (a test's capture) has no descriptor
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+    to_null_device(sys.stdout)  # a stdout that is no file (a test's capture) has no descriptor, and stays as it is
     return True
 
 

@@ -421,12 +421,32 @@ def diagnostics_kept_going() -> Iterator[DiagnosticStream | None]:
         yield stream
     finally:
         sys.stderr = saved
-        if stream.lost:
-            with contextlib.suppress(OSError, ValueError, AttributeError):  # a capture object has no descriptor
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, saved.fileno())
-                os.close(devnull)
+        if stream.lost and to_null_device(saved):
+            with contextlib.suppress(OSError, ValueError):
                 saved.flush()
+
+
+def to_null_device(stream: Any) -> bool:
+    """Point the descriptor `stream` writes to at the null device, so that what its buffer holds of writes that failed
+    goes nowhere at its last flush; whether it had a descriptor (a test's capture object has none).
+
+    The null device was opened before the stream's descriptor was asked for, and a stream without one left that
+    descriptor open: one leaked per in-process `main()` whose output or stderr could not be written (read56 F2)."""
+    try:
+        descriptor = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return False
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        os.dup2(devnull, descriptor)
+    except OSError:
+        return False
+    finally:
+        os.close(devnull)
+    return True
 
 
 def _writes_descriptor_2(stream: object) -> bool:
