@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import math
 import os
@@ -307,7 +308,7 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
     from dilstore.storage.atomic_files import atomic_write_text
     from dilstore.storage.compact import compact_store, copyable_problem
     from dilstore.storage.durability import fsync_tree, remove_path
-    from dilstore.storage.file_errors import NO_ROOM, copy_file
+    from dilstore.storage.file_errors import FILE_SIZE_ADVICE, NO_ROOM, copy_file
     from dilstore.storage.format import SPEC_FILE
     from dilstore.storage.reader import open_store
     from dilstore.storage.replacement import building_dir
@@ -351,8 +352,10 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
             # "No space left on device" and where, with what became of STORE (disk56 F3)
             where = f" ({error.filename})" if error.filename not in (None, str(target)) else ""
             other = "give --output on another disk" if target == building_dir(store) else "give another --output"
+            # A file size limit (EFBIG) is no full disk: it was told to free space, which changes nothing (read56 F3).
+            advice = FILE_SIZE_ADVICE if error.errno == errno.EFBIG else f"free space on that disk, or {other}"
             raise DilstoreError(f"cannot write the compacted store at {target}: {error.strerror}{where}; {store} is "
-                                f"as it was: free space on that disk, or {other}") from None
+                                f"as it was: {advice}") from None
         except BaseException:
             remove_path(target)  # nothing half-built is left; STORE is as it was
             raise

@@ -30,6 +30,9 @@ def naming(path: str | PathLike[str]) -> Iterator[None]:
 
 # The errors of a file that cannot be written for want of room: a full disk, a quota, a file size limit.
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# What to do about EFBIG, where freeing space does nothing (journal, training saves, precompute, compact).
+FILE_SIZE_ADVICE = ("a file grew past the size this process may write (`ulimit -f`) or its filesystem holds: raise "
+                    "the limit")
 
 
 class _CopyFailed(Exception):
