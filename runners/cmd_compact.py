@@ -284,7 +284,8 @@ def _compacted_copy_words(output: Path, store: Path) -> str:
     missing, remedies = [], []
     if _index_state(store, source) == "carried" and _index_state(output, copy) != "carried":
         missing.append("its BM25 index")
-        remedies.append(f"run `dilstore index {path_text(output)}`")
+        # quoted for a shell, as the copy's own command is: a DIR with a space was named bare (read56 F4)
+        remedies.append(f"run `{shlex.join(['dilstore', 'index', path_text(output)])}`")
     own = [entry.name for entry in _own_entries(store) if not os.path.lexists(output / entry.name)]
     if own:
         missing.append(f"your files in it ({', '.join(sorted(own))})")
