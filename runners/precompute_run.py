@@ -22,6 +22,7 @@ from dilstore.runners.quiet import failures_unlogged, filtered_stderr, records_u
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.runners.worker_deaths import RERUN, DeadWorkerError, dead_worker_wait_bounded
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.file_errors import FILE_SIZE_ADVICE
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -409,8 +410,7 @@ def pipeline_failure(error: BaseException, options: PipelineOptions, store: str 
     if f"[Errno {errno.EDQUOT}]" in line:  # a quota is full, not the disk: said nothing of what to do (disk56 F5)
         return f"{line}: free space under your quota on the disk of {store} (or of $TMPDIR), then {RERUN}"
     if f"[Errno {errno.EFBIG}]" in line:  # a file past `ulimit -f`, or past what the filesystem holds (disk56 F5)
-        return (f"{line}: a file grew past the size this process may write (`ulimit -f`) or its filesystem holds: "
-                f"raise the limit, then {RERUN}")  # fmt: skip
+        return f"{line}: {FILE_SIZE_ADVICE}, then {RERUN}"
     if any(f"[Errno {number}]" in line for number in _UNWRITABLE):  # before the commit: the store as it was
         return f"{line}: give this run access to that path again (a read-only mount or folder, its mode), then {RERUN}"
     if f"[Errno {errno.EIO}]" in line:  # a failing disk, or one that failed once: the commit may have happened

@@ -74,6 +74,7 @@ from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
 from dilstore.storage.checks import require_at_least_one
 from dilstore.storage.durability import fsync_dir, fsync_tree, remove_path
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.file_errors import FILE_SIZE_ADVICE
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Micro-batches per length-sorted group (Hugging Face's LengthGroupedSampler uses 50).
@@ -755,8 +756,7 @@ def save_failed(what: str, error: OSError | SafetensorError, output_dir: Path) -
     if number in (errno.ENOSPC, errno.EDQUOT):
         advice = "free space"
     elif number == errno.EFBIG:  # said "check the disk", where precompute says to raise the limit (left56b F4)
-        advice = ("a file grew past the size this process may write (`ulimit -f`) or its filesystem holds: raise the "
-                  "limit")
+        advice = FILE_SIZE_ADVICE
     else:
         advice = "check the disk"
     return DilstoreError(f"cannot write {what}: {problem}: {advice}, then {again}")
