@@ -8,11 +8,13 @@ inside `run`, so `dilstore --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import itertools
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from dilstore.runners.collector import thaw
 from dilstore.runners.exception_chain import exception_chain
@@ -148,8 +150,51 @@ def main(argv: Sequence[str] | None = None, *, exits: bool = False) -> int:
     configure_output(verbose=verbose)
     escape_what_stdout_cannot_write()  # a Latin-1 or ASCII terminal is shown escapes, not a failure halfway
     raise_open_file_limit()  # a store keeps one descriptor per mapped file open (runners/open_files.py)
-    with diagnostics_kept_going():  # a stderr that cannot be written ends no command (disk56 F10)
+    with diagnostics_kept_going(), _output_marked():  # a stderr that cannot be written ends no command (disk56 F10)
         return _run(args, exits=exits)
+
+
+class _StandardOutput:
+    """`sys.stdout` while a command runs, whose write and flush errors say that they are its own: an OSError raised
+    through it has `standard_output` set. Every other attribute is the stream's.
+
+    `output_lost` finds a buffered output's failure by flushing again; an unbuffered one (PYTHONUNBUFFERED=1, as
+    container images set it) kept nothing to flush, and `dilstore info STORE > FILE` on a full disk said "error: No
+    space left on device", naming nothing (read56 F5)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as error:
+            error.standard_output = True  # type: ignore[attr-defined]
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as error:
+            error.standard_output = True  # type: ignore[attr-defined]
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def _output_marked() -> Iterator[None]:
+    """While the block runs, `sys.stdout` is a `_StandardOutput` (left as it is when closed: None)."""
+    saved = sys.stdout
+    if saved is None:
+        yield
+        return
+    sys.stdout = _StandardOutput(saved)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout = saved
 
 
 def _run(args: argparse.Namespace, *, exits: bool) -> int:
@@ -182,7 +227,7 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
         return 141
     except OSError as error:
         # An unwritable output, a full disk, an unreadable file: one line naming the file, as promised.
-        if error.filename is None and output_lost():
+        if error.filename is None and (output_lost() or getattr(error, "standard_output", False)):
             print(f"dilstore {args.command}: error: cannot write the output (standard output): "
                   f"{error.strerror or error}", file=sys.stderr)  # fmt: skip
             return 2

@@ -54,3 +54,21 @@ def test_a_lost_output_or_stderr_without_a_descriptor_leaks_no_descriptor(monkey
         print("a note", file=sys.stderr)
     monkeypatch.undo()
     assert _open_descriptors() == before
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux), whose writes fail with ENOSPC")
+def test_an_unbuffered_output_on_a_full_disk_is_named_as_the_standard_output(tmp_path: Path) -> None:
+    """With PYTHONUNBUFFERED=1 (as container images set it) the output keeps nothing that a second flush could fail
+    on, and `dilstore info STORE > FILE` on a full disk said "error: No space left on device", naming nothing
+    (read56 F5); buffered, it said which output it was (disk56 F2)."""
+    import numpy as np
+
+    from tests.fixtures.store_fixtures import build_store, passage
+
+    store = build_store(tmp_path / "store", [[passage("p0", 3, (5,), np.random.default_rng(0))]], encoding="fp16")
+    with open("/dev/full", "w") as full:
+        finished = subprocess.run([sys.executable, "-m", "dilstore.runners.cli", "info", str(store)], stdout=full,
+                                  stderr=subprocess.PIPE, text=True, timeout=120,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    assert (finished.returncode, finished.stderr) == (2, "dilstore info: error: cannot write the output (standard "
+                                                         "output): No space left on device\n")
