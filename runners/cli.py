@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import importlib
 import itertools
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -222,8 +221,7 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
         return 128 + (interrupt_number(interrupt) if earlier is None else earlier.signal_number)
     except BrokenPipeError:
         # The reader of our output went away (`dilstore info STORE | head`): stop quietly, as Unix tools do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        to_null_device(sys.stdout)  # the interpreter's last flush goes nowhere, where it failed again
         return 141
     except OSError as error:
         # An unwritable output, a full disk, an unreadable file: one line naming the file, as promised.
@@ -249,7 +247,8 @@ def output_lost() -> bool:
 
     `dilstore info STORE > FILE` on a full disk said "error: No space left on device", naming nothing, then "Exception
     ignored in: <_io.TextIOWrapper name='<stdout>' ...>" and the OSError again, and exited 120, not 2 (disk56 F2).
-    An unbuffered output (python -u) keeps nothing to flush, and its error is reported as any other.
+    An unbuffered output (python -u, PYTHONUNBUFFERED) keeps nothing to flush: its errors are known by the mark
+    `_StandardOutput` puts on them.
     """
     try:
         sys.stdout.flush()
