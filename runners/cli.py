@@ -202,7 +202,8 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
     try:
         with signals_interrupt(mute_when_stopping=not verbose):
             status = int(args.run(args) or 0)
-            sys.stdout.flush()
+            if sys.stdout is not None:  # closed (`>&-`): what was printed went nowhere, as asked
+                sys.stdout.flush()
         return status
     except StoppedBySignal as stop:
         with stops_ignored():
@@ -250,6 +251,8 @@ def output_lost() -> bool:
     An unbuffered output (python -u, PYTHONUNBUFFERED) keeps nothing to flush: its errors are known by the mark
     `_StandardOutput` puts on them.
     """
+    if sys.stdout is None:  # closed (`>&-`): nothing to lose
+        return False
     try:
         sys.stdout.flush()
     except OSError:

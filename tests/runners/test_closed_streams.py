@@ -72,3 +72,21 @@ def test_an_unbuffered_output_on_a_full_disk_is_named_as_the_standard_output(tmp
                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     assert (finished.returncode, finished.stderr) == (2, "dilstore info: error: cannot write the output (standard "
                                                          "output): No space left on device\n")
+
+
+def test_a_command_run_with_stdout_closed_ends_without_a_traceback(tmp_path: Path) -> None:
+    """`dilstore info STORE >&-`: Python makes a closed stdout `sys.stdout = None`, print() to it writes nothing, and
+    the command's last flush of its output (`sys.stdout.flush()`) ended in an AttributeError traceback, exit 1
+    (read56 L, seen at 9236285 too). The output goes nowhere, as the user asked, and the command's status stands."""
+    import numpy as np
+
+    from tests.fixtures.store_fixtures import build_store, passage
+
+    store = build_store(tmp_path / "store", [[passage("p0", 3, (5,), np.random.default_rng(0))]], encoding="fp16")
+    code = ("import os, sys\nos.close(1)\nsys.stdout = None\nfrom dilstore.runners.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))")  # fmt: skip
+    for command in (["info", str(store)], ["info", str(tmp_path / "missing")]):
+        result = subprocess.run([sys.executable, "-c", code, *command], stderr=subprocess.PIPE, timeout=120,
+                                text=True)  # fmt: skip
+        assert "Traceback" not in result.stderr, result.stderr
+        assert result.returncode == (0 if command[1] == str(store) else 2), result.stderr
