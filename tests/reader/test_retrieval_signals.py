@@ -20,6 +20,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -152,8 +153,6 @@ def test_an_index_short_of_passages_names_the_first_line_it_could_not_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Anserini's trace names no file ("REDACTED"), and the error said "see the log above" (longrun45 F6)."""
-    from types import SimpleNamespace
-
     collection, index = tmp_path / "collection", tmp_path / "bm25"
     collection.mkdir()
     (collection / "part-00000.jsonl").write_text('{"id": "d0", "contents": "tram"}\n' * 2, encoding="utf-8")
@@ -180,8 +179,6 @@ def test_an_index_of_more_documents_than_the_store_holds_does_not_replace_the_ol
 ) -> None:
     """A build that read more documents than the manifest's passages indexed a store that grew meanwhile: its record
     would name the older state, so the index is not put in place, and the index there stays as it was."""
-    from types import SimpleNamespace
-
     collection, index = tmp_path / "collection", tmp_path / "bm25"
     collection.mkdir()
     (collection / "part-00000.jsonl").write_text('{"id": "d0", "contents": "tram"}\n' * 5, encoding="utf-8")
@@ -252,8 +249,6 @@ def test_an_index_record_the_disk_cannot_read_says_to_check_the_disk_not_to_rebu
     """An EIO reading bm25/dilstore-index.json said "rebuild the index", which does not help a failing disk;
     a record that is not JSON still says to rebuild (full49 F8)."""
     import errno
-    from types import SimpleNamespace
-
     record = tmp_path / retrieval.INDEX_RECORD
     record.write_text("{", encoding="utf-8")
     store = SimpleNamespace()  # not reached: the record is read first
@@ -281,8 +276,6 @@ def test_an_index_of_a_copy_that_took_another_append_is_stale_for_this_store(tmp
     hold as many passages after as many appends, and their indexes differ (the retired passage and the added ones):
     the record's superseded count tells them apart."""
     import json
-    from types import SimpleNamespace
-
     one_added = SimpleNamespace(generation="g1", passages=11, superseded_passages=0, appends=({"generation": "a1"},))
     one_replaced = SimpleNamespace(generation="g1", passages=11, superseded_passages=1, appends=({"generation": "a2"},))
     (tmp_path / retrieval.INDEX_RECORD).write_text(json.dumps(retrieval.indexed_state(one_added)), encoding="utf-8")
@@ -338,62 +331,34 @@ def test_a_build_stopped_by_a_java_error_removes_its_folder(tmp_path: Path, monk
     assert sorted(path.name for path in tmp_path.iterdir()) == ["collection"]
 
 
-def test_an_index_whose_record_a_full_disk_refuses_is_removed_and_the_old_one_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+_INDEXED_STORE = SimpleNamespace(generation="0123456789abcdef", passages=3, superseded_passages=0, appends=())
+
+
+def _old_index_and_a_new_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """(collection, index): an old index in `index`, and a build that Lucene finishes at once (a new segment)."""
+    collection, index = tmp_path / "collection", tmp_path / "bm25"
+    collection.mkdir()
+    index.mkdir()
+    (index / "segments_1").write_bytes(b"the old index")
+
+    def built(source: Path, target: Path, **_: object) -> int:
+        target.mkdir(parents=True)
+        (target / "segments_2").write_bytes(b"a whole new index")
+        return 3
+
+    monkeypatch.setattr(retrieval, "build_bm25_index", built)
+    return collection, index
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EIO])
+def test_an_index_whose_record_cannot_be_written_is_removed_and_the_old_one_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
     """Lucene's files fitted and the index's record did not: `dilstore index` said "error: No space left on device"
     alone (a write's error names no file) and left the whole .bm25.building on the disk that had just filled up
-    (disk56 F9). Now the folder goes, the old index stays, and the error names the file and what to do."""
-    from types import SimpleNamespace
-
-    collection, index = tmp_path / "collection", tmp_path / "bm25"
-    collection.mkdir()
-    index.mkdir()
-    (index / "segments_1").write_bytes(b"the old index")
-
-    def built(source: Path, target: Path, **_: object) -> int:
-        target.mkdir(parents=True)
-        (target / "segments_2").write_bytes(b"a whole new index")
-        return 3
-
-    real_write = Path.write_text
-
-    def full(path: Path, *args: object, **kwargs: object) -> int:
-        if path.name == retrieval.INDEX_RECORD:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_write(path, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(retrieval, "build_bm25_index", built)
-    monkeypatch.setattr(Path, "write_text", full)
-    store = SimpleNamespace(generation="0123456789abcdef", passages=3, superseded_passages=0, appends=())
-    with pytest.raises(DilstoreError) as raised:
-        retrieval.build_bm25_index_in_place(collection, index, store=store)  # type: ignore[arg-type]
-    assert str(raised.value) == (
-        f"cannot write the BM25 index at {index}: No space left on device ({tmp_path / '.bm25.building'}/"
-        f"{retrieval.INDEX_RECORD}); {index} is as it was: free space on the disk of {tmp_path}, then run the same "
-        "command again")  # fmt: skip
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["bm25", "collection"]
-    assert [path.name for path in index.iterdir()] == ["segments_1"]
-
-
-@pytest.mark.parametrize("code", [errno.EDQUOT, errno.EIO])
-def test_an_index_record_refused_by_a_quota_is_told_to_free_space_and_an_io_error_to_check_the_disk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
-) -> None:
-    """A full quota (EDQUOT) is advised as a full disk is, to free space (mut56b M57); an I/O error is told to check
-    the disk. Either way the building folder goes and the old index stays."""
-    from types import SimpleNamespace
-
-    collection, index = tmp_path / "collection", tmp_path / "bm25"
-    collection.mkdir()
-    index.mkdir()
-    (index / "segments_1").write_bytes(b"the old index")
-
-    def built(source: Path, target: Path, **_: object) -> int:
-        target.mkdir(parents=True)
-        (target / "segments_2").write_bytes(b"a whole new index")
-        return 3
-
+    (disk56 F9). Now the folder goes, the old index stays, and the error names the file and what to do: free space
+    for a full disk or quota (mut56b M57), check the disk for an I/O error."""
+    collection, index = _old_index_and_a_new_build(tmp_path, monkeypatch)
     real_write = Path.write_text
 
     def refused(path: Path, *args: object, **kwargs: object) -> int:
@@ -401,12 +366,10 @@ def test_an_index_record_refused_by_a_quota_is_told_to_free_space_and_an_io_erro
             raise OSError(code, os.strerror(code))
         return real_write(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(retrieval, "build_bm25_index", built)
     monkeypatch.setattr(Path, "write_text", refused)
-    store = SimpleNamespace(generation="0123456789abcdef", passages=3, superseded_passages=0, appends=())
     with pytest.raises(DilstoreError) as raised:
-        retrieval.build_bm25_index_in_place(collection, index, store=store)  # type: ignore[arg-type]
-    advice = (f"free space on the disk of {tmp_path}, then run the same command again" if code == errno.EDQUOT
+        retrieval.build_bm25_index_in_place(collection, index, store=_INDEXED_STORE)  # type: ignore[arg-type]
+    advice = (f"free space on the disk of {tmp_path}, then run the same command again" if code != errno.EIO
               else "check the disk, then run the same command again")  # fmt: skip
     assert str(raised.value) == (
         f"cannot write the BM25 index at {index}: {os.strerror(code)} ({tmp_path / '.bm25.building'}/"
@@ -420,28 +383,16 @@ def test_an_index_whose_folder_flush_fails_after_its_move_does_not_say_the_old_o
 ) -> None:
     """An error after the new index was moved into place (the flush of its parent folder) leaves the new index there:
     the line names the error but does not say "STORE/bm25 is as it was", which it no longer is (mut56b M61)."""
-    from types import SimpleNamespace
-
-    collection, index = tmp_path / "collection", tmp_path / "bm25"
-    collection.mkdir()
-    index.mkdir()
-    (index / "segments_1").write_bytes(b"the old index")
-
-    def built(source: Path, target: Path, **_: object) -> int:
-        target.mkdir(parents=True)
-        (target / "segments_2").write_bytes(b"a whole new index")
-        return 3
+    collection, index = _old_index_and_a_new_build(tmp_path, monkeypatch)
 
     def moved_then_failed(finished: Path, target: Path) -> None:
         shutil.rmtree(target)
         finished.rename(target)
         raise OSError(errno.EIO, os.strerror(errno.EIO), str(target.parent))
 
-    monkeypatch.setattr(retrieval, "build_bm25_index", built)
     monkeypatch.setattr(retrieval, "replace_dir", moved_then_failed)
-    store = SimpleNamespace(generation="0123456789abcdef", passages=3, superseded_passages=0, appends=())
     with pytest.raises(DilstoreError) as raised:
-        retrieval.build_bm25_index_in_place(collection, index, store=store)  # type: ignore[arg-type]
+        retrieval.build_bm25_index_in_place(collection, index, store=_INDEXED_STORE)  # type: ignore[arg-type]
     assert str(raised.value) == (f"cannot write the BM25 index at {index}: Input/output error ({tmp_path}): check "
                                  "the disk, then run the same command again")  # fmt: skip
     assert sorted(path.name for path in index.iterdir()) == [retrieval.INDEX_RECORD, "segments_2"]
