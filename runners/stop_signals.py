@@ -92,6 +92,7 @@ def drop_interrupted_work(interrupt: BaseException) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _cancel_zarr_tasks()
+            _forget_unstarted_zarr_thread()
             while chain:
                 error = chain.pop()
                 if id(error) in seen:
@@ -139,6 +140,24 @@ def _cancel_zarr_tasks(wait_seconds: float = 1.0) -> None:
 
     with contextlib.suppress(Exception):  # a loop closing meanwhile, or tasks that outlast the wait
         asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(wait_seconds)
+
+
+def _forget_unstarted_zarr_thread() -> None:
+    """Close and forget the event loop of zarr's whose IO thread an interrupt kept from starting.
+
+    zarr makes its loop's thread, then starts it (`zarr.core.sync._get_loop`); a Ctrl-C that lands between the two
+    leaves a thread that never ran, and zarr's exit handler joined it: "Exception ignored in atexit callback ...
+    RuntimeError: cannot join thread before it is started", a traceback under the command's one line (seen in the
+    test suite, s56). zarr makes a new loop at its next use, as in a forked child. Only when zarr is loaded.
+    """
+    sync = sys.modules.get("zarr.core.sync")
+    thread = sync.iothread[0] if sync is not None else None
+    if thread is None or thread.ident is not None:  # none, or started (running or ended)
+        return
+    loop = sync.loop[0]
+    sync.loop[0] = sync.iothread[0] = None
+    if loop is not None:
+        loop.close()
 
 
 @contextmanager
