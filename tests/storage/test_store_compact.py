@@ -432,10 +432,12 @@ def test_a_compaction_short_of_room_for_its_shards_says_so_once_for_each_kind_of
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], code: int
 ) -> None:
     """A full disk, a full quota and a file size limit met while writing the shards are each one line saying that
-    STORE is as it was (the same words for all three, mut56b M29), and the error that names the building folder
-    itself does not name it twice, "at B: No space left on device (B)" (mut56b M31)."""
+    STORE is as it was (mut56b M29), with what to do: free space for a disk or quota, raise the limit for a file size
+    limit (read56 F3); and the error that names the building folder itself does not name it twice, "at B: No space
+    left on device (B)" (mut56b M31)."""
     from dilstore.runners import cli
     from dilstore.storage import compact as compact_module
+    from dilstore.storage.file_errors import FILE_SIZE_ADVICE
     from dilstore.storage.format import MANIFEST_FILE
     from dilstore.storage.replacement import building_dir
 
@@ -447,9 +449,10 @@ def test_a_compaction_short_of_room_for_its_shards_says_so_once_for_each_kind_of
     monkeypatch.setattr(compact_module, "write_encoded_shard", no_room)
     assert cli.main(["compact", str(store), "--no-progress"]) == 2
     building = building_dir(store)
+    advice = FILE_SIZE_ADVICE if code == errno.EFBIG else "free space on that disk, or give --output on another disk"
     assert capsys.readouterr().err == (
         f"dilstore compact: error: cannot write the compacted store at {building}: {os.strerror(code)}; {store} is "
-        "as it was: free space on that disk, or give --output on another disk\n")  # fmt: skip
+        f"as it was: {advice}\n")  # fmt: skip
     assert (store / MANIFEST_FILE).read_bytes() == manifest and not building.exists()
 
 
