@@ -321,7 +321,8 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
                                 "again with other shards")  # fmt: skip
         manifest = opened.manifest
         live = manifest.tokens / max(1, manifest.tokens + manifest.superseded_tokens)
-        index_bytes = _carried_index_bytes(store, manifest)
+        index_state = _index_state(store, manifest)  # read once: the room check and the carry go by the same state
+        index_bytes = _carried_index_bytes(store, index_state)
         _check_room(target, int(store_bytes * live) + index_bytes,
                     "the store's live rows and its BM25 index" if index_bytes else "the store's live rows")
         spec = read_spec(store) or {}
@@ -340,7 +341,7 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
                 result = compact_store(opened, target, lambda passage_id: shard_of(passage_id, count),
                                        generation=spec_generation(compacted), creation_info={"command": command},
                                        progress=bar.update)  # fmt: skip
-            index = _carry_index(store, manifest, target, result.manifest)
+            index = _carry_index(store, index_state, target, result.manifest)
             _carry_own_files(store, target)
             # The copies reach the disk before the command says it is done: into --output nothing else flushed them,
             # and a write-back error (EIO) went unseen (disk56 F8). Files already flushed cost no write here.
@@ -405,13 +406,12 @@ def _index_state(store: Path, manifest: Manifest) -> str:
     return "carried" if recorded == indexed_state(manifest) and any(index.glob("segments_*")) else "stale"
 
 
-def _carry_index(store: Path, old: Manifest, target: Path, new: Manifest) -> str:
-    """Copy STORE/bm25 into the compacted store when it records the store as it is, with its record moved on to the
-    new build; what `_index_state` says of it."""
+def _carry_index(store: Path, state: str, target: Path, new: Manifest) -> str:
+    """Copy STORE/bm25 into the compacted store when it records the store as it is (`state`, what `_index_state`
+    says of it, is "carried"), with its record moved on to the new build; `state`."""
     from dilstore.reader.retrieval import INDEX_RECORD, bm25_index_dir, indexed_state
     from dilstore.storage.file_errors import copy_tree
 
-    state = _index_state(store, old)
     if state != "carried":
         return state
     index = bm25_index_dir(store)
@@ -421,13 +421,13 @@ def _carry_index(store: Path, old: Manifest, target: Path, new: Manifest) -> str
     return "carried"
 
 
-def _carried_index_bytes(store: Path, manifest: Manifest) -> int:
-    """The bytes of STORE/bm25 when it comes along into the compacted store (`_index_state`), else 0: the room
-    check counted the store's live rows alone, and a compaction it let through ran out of room copying the index
-    (disk56 F3)."""
+def _carried_index_bytes(store: Path, state: str) -> int:
+    """The bytes of STORE/bm25 when it comes along into the compacted store (its `_index_state` is "carried"), else
+    0: the room check counted the store's live rows alone, and a compaction it let through ran out of room copying
+    the index (disk56 F3)."""
     from dilstore.reader.retrieval import bm25_index_dir
 
-    if _index_state(store, manifest) != "carried":
+    if state != "carried":
         return 0
     return sum(path.stat().st_size for path in bm25_index_dir(store).rglob("*") if path.is_file())
 
