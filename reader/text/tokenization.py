@@ -180,8 +180,9 @@ def folded(text: str) -> str:
     CJK input method types), ligatures, superscripts and the like read as the plain characters passages use.
 
     BERT's normalizer lowercases and strips accents but does not fold them: a full-width question was all [UNK]
-    pieces and found no BM25 hit. Only questions and queries are folded: a passage keeps its characters, whose
-    offsets are its answers'.
+    pieces and found no BM25 hit. The reader folds only questions and queries: a passage keeps its characters, whose
+    offsets are its answers'. BM25 indexes passages by the same rule (storage.collection.searched_form, which storage
+    defines for itself, as it imports no reader; a test holds the two to one rule).
     """
     return unicodedata.normalize("NFKC", text)
 
