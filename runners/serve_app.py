@@ -67,7 +67,7 @@ from dilstore.runners.serve_responses import (
 from dilstore.runners.serve_services import ServedStore, Service
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreChangedError, StoreFormatError, StoreReadError
-from dilstore.storage.messages import listed
+from dilstore.storage.messages import listed, other_form_hint
 from dilstore.storage.secrets import scrubbed
 
 logger = logging.getLogger("dilstore.serve")
@@ -213,7 +213,10 @@ class StoreRouter:
                     return store
             raise ClientError(400, f"no store served here answers {endpoint}")
         if name not in self.by_name:
-            raise ClientError(404, f"no store named {name!r}; stores: {', '.join(self.names)}")
+            # A name typed in another Unicode form than the folder's (macOS writes names decomposed) printed alike
+            # in the list (left57 F2), as fetch and rerank name an id in another form.
+            hint = other_form_hint(self.by_name, [name], where="among them", what="store names")
+            raise ClientError(404, f"no store named {name!r}; stores: {', '.join(self.names)}{hint}")
         store = self.by_name[name]
         if store.latest.endpoint != endpoint:
             raise ClientError(400, f"store {name!r} answers {store.latest.endpoint}, not {endpoint}")

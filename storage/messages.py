@@ -35,9 +35,10 @@ def path_text(path: str | PathLike[str]) -> str:
     return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def other_form_hint(held: Container[str], missing: Sequence[str]) -> str:
+def other_form_hint(held: Container[str], missing: Sequence[str], *, where: str = "in it", what: str = "ids") -> str:
     """" (... the store holds ...)" when `held` (a store) has one of the first few `missing` ids that are not ASCII in
-    another Unicode normalization form, shown with escapes (`ascii`); else "".
+    another Unicode normalization form, shown with escapes (`ascii`); else "". `where` and `what` word the hint for
+    other names than a store's ids (serve's store names: "among them", "store names").
 
     Ids are matched code point by code point, and the two forms of `Zürich#p0` (one `ü`, or `u` and a combining
     diaeresis, as macOS writes file names) print alike: "not in store: 'Zürich#p0'" named an id that `info`, a run
@@ -49,6 +50,6 @@ def other_form_hint(held: Container[str], missing: Sequence[str]) -> str:
         for form in ("NFC", "NFD", "NFKC", "NFKD"):
             other = unicodedata.normalize(form, passage_id)
             if other != passage_id and other in held:
-                return (f" ({cut(ascii(passage_id))} is not in it, but {cut(ascii(other))} is: the same text in "
-                        f"another Unicode form ({form}); ids are matched code point by code point)")
+                return (f" ({cut(ascii(passage_id))} is not {where}, but {cut(ascii(other))} is: the same text in "
+                        f"another Unicode form ({form}); {what} are matched code point by code point)")
     return ""

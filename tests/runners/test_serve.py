@@ -530,6 +530,24 @@ def test_bad_input_gets_a_4xx_with_a_message(served, endpoint: str, body: Any, s
     assert client.get("/health").status_code == 200 and client.head("/health").status_code == 200  # HEAD was 405
 
 
+def test_a_store_name_in_another_unicode_form_is_named_with_its_form_in_the_404() -> None:
+    """(left57 F2) A store served from a macOS folder is named decomposed (`Zu\u0308rich`); a request that named it
+    composed got "no store named 'Zürich'; stores: Zürich", two names that print alike. The 404 now names the form
+    the server holds, as fetch and rerank do for an id (unicode56 F4); a name in no form gets no hint."""
+    from dilstore.runners.serve_app import StoreRouter
+    from dilstore.runners.serve_requests import ClientError
+
+    router = object.__new__(StoreRouter)
+    router.names, router.by_name = ["Zu\u0308rich", "qa"], {"Zu\u0308rich": None, "qa": None}
+    with pytest.raises(ClientError) as refused:
+        router.choose("Zürich", "/ask")
+    assert refused.value.status == 404
+    assert str(refused.value).endswith("('Z\\xfcrich' is not among them, but 'Zu\\u0308rich' is: the same text in "
+                                       "another Unicode form (NFD); store names are matched code point by code point)")
+    with pytest.raises(ClientError, match=r"stores: Zu\u0308rich, qa$"):
+        router.choose("Genève", "/ask")
+
+
 @pytest.mark.parametrize(("endpoint", "body"), [
     ("/ask", {"question": QUESTIONS[0], "top_p": DEFAULT_MAX_TOP_P}),
     ("/rerank", {"query": "Zürich tram", "doc_ids": ["kili", "tram", "cafe", "curie"] * (DEFAULT_MAX_TOP_P // 4),
