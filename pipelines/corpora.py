@@ -30,7 +30,7 @@ from dilstore.pipelines.corpus_squad import read_squad
 from dilstore.pipelines.corpus_wikipedia import read_wikipedia
 from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped
 from dilstore.pipelines.source_files import UTF8_BOM, open_source
-from dilstore.reader.text.files import COMPRESSIONS, HEAD_BYTES, compression_of
+from dilstore.reader.text.files import COMPRESSIONS, HEAD_BYTES, compression_of, looks_like_utf16, utf16_refusal
 from dilstore.storage.errors import DilstoreError
 
 __all__ = [
@@ -122,9 +122,6 @@ _SNIFF_BYTES = 1 << 16
 # For `squad`, how far the first line is read on to see whether a whole JSON object ends it and another line
 # follows (JSON Lines named .json): a document-sized first record passes 64 KiB.
 _SQUAD_SNIFF_BYTES = 16 << 20
-# UTF-16's byte-order marks (little- and big-endian), and how many of the first bytes tell UTF-16 without one.
-_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
-_UTF16_SNIFF_BYTES = 32
 # The first bytes of every file of the compressions `open_source` reads, by suffix (lower case).
 COMPRESSED_MAGIC = {suffix: magic for _, magic, suffix in COMPRESSIONS if suffix in (".gz", ".bz2")}
 
@@ -138,14 +135,6 @@ def _named_as(head: bytes, suffix: str) -> str:
     if actual not in COMPRESSED_MAGIC:
         return f"it is {name}-compressed, which dilstore does not read: decompress it"
     return f"it is a {actual[1:]} file: name it with {actual} in place of {suffix}"
-
-
-def _looks_like_utf16(head: bytes) -> bool:
-    """Whether a file beginning `head` is UTF-16 text: a byte-order mark, or ASCII with a NUL byte beside every
-    character (little- or big-endian). Read as UTF-8, its first line was quoted back as `'\\x00{\\x00"\\x00i...'`."""
-    start = head[:_UTF16_SNIFF_BYTES]
-    halves = (start[1::2], start[0::2])
-    return head.startswith(_UTF16_BOMS) or (len(start) >= 4 and any(half.count(0) == len(half) for half in halves))
 
 
 def check_format(path: str | Path, format: str) -> None:
@@ -173,9 +162,8 @@ def check_format(path: str | Path, format: str) -> None:
         name, actual = found
         how = f"name it with {actual} at the end" if actual in COMPRESSED_MAGIC else f"dilstore does not read {name}"
         raise DilstoreError(f"--input {path}: it is {name}-compressed but has a plain name; {how}")
-    if _looks_like_utf16(head):
-        raise DilstoreError(f"--input {path}: it looks like UTF-16 text; corpus files are UTF-8: convert it (e.g. "
-                            "`iconv -f UTF-16 -t UTF-8`)")  # fmt: skip
+    if looks_like_utf16(head):
+        raise utf16_refusal(f"--input {path}", "corpus files are UTF-8")
     if format in _LINE_FORMATS and b"\r" in head and b"\n" not in head:  # read as one line: one merged record
         raise DilstoreError(f"--input {path}: its lines end in a bare carriage return (CR), which {format} files do "
                             "not use; convert them to newlines (e.g. `tr '\\r' '\\n'`)")  # fmt: skip

@@ -66,6 +66,8 @@ def _decoded(path: Path, number: int, line: bytes) -> str:
     later line. Read as text it joined the line's first column: a TREC file's qid "\ufeff207786" became a query of
     its own, scored as unjudged or unretrieved, and the metrics moved without a word (rank48 F1).
     """
+    if number == 1 and looks_like_utf16(line):
+        raise utf16_refusal(str(path))
     try:
         text = line.decode("utf-8-sig" if number == 1 else "utf-8")
     except UnicodeDecodeError as error:
@@ -75,6 +77,26 @@ def _decoded(path: Path, number: int, line: bytes) -> str:
             "with a byte-order mark (U+FEFF), which only a file's first line may hold")
         raise DilstoreError(f"{path}:{number}: the line begins {where}: were files joined together? Remove it")
     return text
+
+
+# UTF-16's byte-order marks (little- and big-endian), and how many of the first bytes tell UTF-16 without one.
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+_UTF16_SNIFF_BYTES = 32
+
+
+def looks_like_utf16(head: bytes) -> bool:
+    """Whether a file beginning `head` is UTF-16 text: a byte-order mark, or ASCII with a NUL byte beside every
+    character (little- or big-endian). Read as UTF-8, its first line was quoted back as `'\\x00{\\x00"\\x00i...'`."""
+    start = head[:_UTF16_SNIFF_BYTES]
+    halves = (start[1::2], start[0::2])
+    return head.startswith(_UTF16_BOMS) or (len(start) >= 4 and any(half.count(0) == len(half) for half in halves))
+
+
+def utf16_refusal(where: str, files: str = "dilstore reads its input files as UTF-8") -> DilstoreError:
+    """The error for a file that `looks_like_utf16` (Windows "Unicode", PowerShell's `>`), named by `where`; one
+    wording for every input (left57 F3). Outside precompute one said "not UTF-8 text (byte 1 of the line)", and
+    one without a byte-order mark was read on: a qrels file's "grade '\\x001\\x00' is not an integer"."""
+    return DilstoreError(f"{where}: it looks like UTF-16 text; {files}: convert it (e.g. `iconv -f UTF-16 -t UTF-8`)")
 
 
 # Compressed formats by their first bytes: (name, magic, the suffix that names them). bzip2's "BZh" is text
@@ -114,6 +136,8 @@ def read_json(path: str | Path) -> Any:
     try:
         with _open_binary(path, "a JSON file") as handle:
             data = handle.read()
+        if looks_like_utf16(data):
+            raise utf16_refusal(str(path))
         return json.loads(data.decode("utf-8-sig"))
     except OSError as error:
         raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None

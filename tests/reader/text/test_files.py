@@ -42,3 +42,23 @@ def test_text_that_begins_like_bzip2_is_read_as_text(tmp_path: Path) -> None:
     path = tmp_path / "topics.tsv"
     path.write_text("BZh1\twhat is bzip2?\n", encoding="utf-8")
     assert list(numbered_lines(path)) == [(1, "BZh1\twhat is bzip2?\n")]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_a_utf16_file_is_named_as_utf16_whatever_reads_it(tmp_path: Path, encoding: str) -> None:
+    """(left57 F3) Question, qrels, run and topics files saved as UTF-16 (Windows "Unicode", PowerShell's `>`) got
+    precompute's "looks like UTF-16, convert it" only as a corpus: evaluate-rank and the others said "not UTF-8 text
+    (byte 1 of the line)", and one without a byte-order mark was read on ("grade '\\x001\\x00' is not an integer").
+    Every file read by line or as JSON now gets the corpus's words; UTF-8 text holding NULs is still read."""
+    message = re.escape("it looks like UTF-16 text; dilstore reads its input files as UTF-8: convert it (e.g. "
+                        "`iconv -f UTF-16 -t UTF-8`)")
+    qrels = tmp_path / "test.qrels"
+    qrels.write_bytes("1 0 d1 1\n2 0 d2 1\n".encode(encoding))
+    with pytest.raises(DilstoreError, match=f"^{re.escape(str(qrels))}: {message}$"):
+        list(numbered_lines(qrels))
+    squad = tmp_path / "dev.json"
+    squad.write_bytes('{"version": "1.1", "data": []}'.encode(encoding))
+    with pytest.raises(DilstoreError, match=f"^{re.escape(str(squad))}: {message}$"):
+        read_json(squad)
+    qrels.write_bytes(b"1\x00 0 d1 1\n")  # a NUL byte in UTF-8 text is no sign of UTF-16
+    assert list(numbered_lines(qrels)) == [(1, "1\x00 0 d1 1\n")]
