@@ -8,6 +8,7 @@ question id, or a line number), never a KeyError or a traceback.
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,15 +158,44 @@ def _parse_question(qa: Any, title: str, context: str, source: str, where: str, 
         if not 0 <= start <= len(context) - len(text):
             raise DilstoreError(
                 f"{source}: {where_a}: answer_start {start} is out of range for an answer of {len(text)} "
-                f"characters in a context of {len(context)}"
+                f"characters in a context of {len(context)}{_forms_hint(context, text, start)}"
             )
         if context[start : start + len(text)] != text:
             raise DilstoreError(
                 f"{source}: {where_a}: the context at answer_start {start} reads "
                 f"{context[start : start + len(text)]!r}, not the answer text {text!r}"
+                f"{_forms_hint(context, text, start)}"
             )
         answers.append(SquadAnswer(text=text, answer_start=start))
     return SquadExample(title=title, context=context, id=question_id, question=question, answers=tuple(answers))
+
+
+def _forms_hint(context: str, text: str, start: int) -> str:
+    """"; the context is in Unicode form NFD and the answer text in NFC ..." when the answer is in the context only
+    once both are composed (NFC): the two are written in no common form, or the context is not composed and composed
+    it holds the answer at `start`; else "".
+
+    A context written decomposed (`Zu\u0308rich`, as macOS tools write text) and its answers composed was refused as
+    "the context at answer_start 0 reads 'Züric', not the answer text 'Zürich'", which named two texts that print
+    alike and not the cause (left57 F4).
+    """
+    composed, answer = unicodedata.normalize("NFC", context), unicodedata.normalize("NFC", text)
+    apart = not _forms(context) & _forms(text) and answer in composed
+    if not (apart or (composed != context and composed[start : start + len(answer)] == answer)):
+        return ""
+    return (f"; the context is in Unicode form {_named(context)} and the answer text in {_named(text)}, which print "
+            "alike: write both in one form (NFC, say), with answer_start counted in it")
+
+
+def _forms(text: str) -> set[str]:
+    """The Unicode normalization forms `text` is written in, of NFC and NFD (both for ASCII, neither for a mix)."""
+    return {form for form in ("NFC", "NFD") if unicodedata.is_normalized(form, text)}
+
+
+def _named(text: str) -> str:
+    """The form `text` is written in, in words: NFC first (ASCII is both)."""
+    forms = _forms(text)
+    return "NFC" if "NFC" in forms else "NFD" if forms else "neither NFC nor NFD"
 
 
 _MISSING = object()

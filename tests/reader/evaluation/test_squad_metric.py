@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import string
 from pathlib import Path
 
@@ -229,6 +230,28 @@ def _qa(document: dict, index: int) -> dict:
 def test_parse_squad_names_the_offending_item(edit, message: str) -> None:
     with pytest.raises(DilstoreError, match=message):
         parse_squad(_broken(edit), "file.json")
+
+
+@pytest.mark.parametrize(("context", "answer", "start", "forms"), [
+    ("Zu\u0308rich won in 1911.", "Zürich", 0, "NFD and the answer text in NFC"),  # reads 'Zu\u0308ric'
+    ("Zürich won in 1911.", "Zu\u0308rich", 0, "NFC and the answer text in NFD"),  # out of range: 7 of 19 characters
+    ("Zu\u0308rich won in 1911.", "1911", 14, "NFD and the answer text in NFC"),  # counted in the composed context
+])
+def test_a_context_and_answer_in_other_unicode_forms_are_refused_naming_the_forms(
+    context: str, answer: str, start: int, forms: str
+) -> None:
+    """(left57 F4) A context written decomposed (macOS tools) and its answers composed, or answer_start counted in
+    the composed context, was refused as "the context at answer_start 0 reads 'Züric', not the answer text 'Zürich'":
+    two texts that print alike, the cause unnamed. The refusal now names both forms; a plain miss gets no hint."""
+    document = _document([("q1", "Where?", [])], context=context)
+    _qa(document, 0)["answers"] = [{"text": answer, "answer_start": start}]
+    with pytest.raises(DilstoreError, match=re.escape(f"; the context is in Unicode form {forms}, which print alike: "
+                                                      "write both in one form (NFC, say), with answer_start counted "
+                                                      "in it")):  # fmt: skip
+        parse_squad(document, "file.json")
+    _qa(document, 0)["answers"] = [{"text": "1912", "answer_start": start}]
+    with pytest.raises(DilstoreError, match=r"not the answer text '1912'$"):
+        parse_squad(document, "file.json")
 
 
 def test_load_squad_names_the_file_for_unreadable_input(tmp_path: Path) -> None:
