@@ -67,9 +67,22 @@ def run(args: argparse.Namespace) -> int:
     if args.question is not None:
         print_answer(odqa.answer(args.question), args.json, sys.stdout, odqa.read_with)
         return 0
-    # Bytes that are not UTF-8 become lone surrogates instead of ending the session with a decode error.
-    sys.stdin.reconfigure(errors="surrogateescape")
-    return interactive(odqa, sys.stdin, sys.stdout, sys.stderr, as_json=args.json)
+    return interactive(odqa, question_input(sys.stdin), sys.stdout, sys.stderr, as_json=args.json)
+
+
+def question_input(stdin: TextIO) -> TextIO:
+    """`stdin` set up for reading questions: from a file or pipe as UTF-8, as every other file dilstore reads; at a
+    terminal in the locale's encoding, which is what the terminal sends. Either way a byte the encoding cannot read
+    becomes a lone surrogate (`_undecoded_byte` reports it) instead of ending the session with a decode error.
+
+    A question file piped in under a Latin-1 locale was read in Latin-1: `Zürich` became `ZÃ¼rich`, answered
+    without a word; under an ASCII locale it was refused as "not UTF-8 text", which it was (left57 F5).
+    """
+    if stdin.isatty():
+        stdin.reconfigure(errors="surrogateescape")
+    else:
+        stdin.reconfigure(encoding="utf-8", errors="surrogateescape")
+    return stdin
 
 
 def _undecoded_byte(text: str) -> int | None:

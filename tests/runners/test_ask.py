@@ -183,6 +183,25 @@ def test_a_line_that_is_not_utf8_is_reported_and_the_session_goes_on(store_and_m
     assert json.loads(out.getvalue().splitlines()[1])["question"] == GOOD
 
 
+class TerminalBytes(io.TextIOWrapper):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("at_a_terminal", [False, True], ids=["piped", "terminal"])
+def test_piped_questions_are_read_as_utf8_whatever_the_locale(at_a_terminal: bool) -> None:
+    """(left57 F5) stdin was read in the locale's encoding: under a Latin-1 locale a piped UTF-8 question file read
+    `Zürich` as `ZÃ¼rich` and was answered without a word. Piped or from a file, questions are UTF-8 as every other
+    input file is; typed at a terminal they are in the locale's encoding, which the terminal sends. A byte the
+    encoding cannot read is still a lone surrogate for the session to report, not a decode error that ends it."""
+    from dilstore.runners.cmd_ask import question_input
+
+    kind = TerminalBytes if at_a_terminal else io.TextIOWrapper
+    stdin = kind(io.BytesIO("Zürich?\n".encode() + b"Tram \xff?\n"), encoding="latin-1")
+    lines = question_input(stdin).readlines()
+    assert lines == (["ZÃ¼rich?\n", "Tram ÿ?\n"] if at_a_terminal else ["Zürich?\n", "Tram \udcff?\n"])
+
+
 def test_a_store_rebuilt_under_the_session_ends_it(store_and_model: tuple[Path, Path], monkeypatch) -> None:
     """After an --overwrite under a stdin session, some questions were answered from the old store and others failed
     with "reopen the store", to the end of the input (conc39 L4): the session ends at the first such error."""
