@@ -71,8 +71,12 @@ def stopped_compaction_note(store: str) -> str | None:
     stopped = stopped_compaction_beside(root)
     if stopped is None:
         return None
+    from dilstore.storage.format import SPEC_FILE
+
     size = sum(path.stat().st_size for path in stopped.rglob("*") if path.is_file())
-    return (f"{stopped} ({_size(size)}) is what a `dilstore compact` of {store} stopped before its end left; the "
+    # Without a spec it may also be a `precompute --overwrite` stopped before it wrote one (left57 F1).
+    who = "`dilstore compact`" if (stopped / SPEC_FILE).exists() else "`dilstore compact` or `precompute --overwrite`"
+    return (f"{stopped} ({_size(size)}) is what a {who} of {store} stopped before its end left; the "
             f"store is as it was, and the next `dilstore compact` or `dilstore precompute` of it deletes the folder")
 
 

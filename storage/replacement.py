@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from dilstore.storage.durability import fsync_dir, replace_dir
-from dilstore.storage.format import MANIFEST_FILE
+from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
 from dilstore.storage.location import StoreLocation
 
 
@@ -54,13 +54,21 @@ def finish_interrupted_swap(store: Path) -> list[str]:
 
 def stopped_compaction_beside(store: Path) -> Path | None:
     """The building folder beside `store` when it holds what an in-place `dilstore compact` killed before its swap
-    left (its spec records the compaction), else None. Under the store's write lock it is no one's work: only the
-    next `compact` deleted it, and a `precompute` (rerun or append) of the store left it, with `info` silent about
-    the copy of the store's live rows it holds (left55 F1)."""
+    left (its spec records the compaction), or when it holds no spec at all, else None. Under the store's write lock
+    it is no one's work: only the next `compact` deleted it, and a `precompute` (rerun or append) of the store left
+    it, with `info` silent about the copy of the store's live rows it holds (left55 F1).
+
+    A folder without a spec is a compaction's or `precompute --overwrite`'s stopped before it wrote one, or a
+    compaction's whose deletion a second Ctrl-C stopped (shards of a half-built copy, its spec already deleted): an
+    append or rerun left that too, `info` silent about it, until the next `compact` or `--overwrite` (left57 F1). An
+    overwrite's folder with its spec is kept: its rerun resumes from it.
+    """
     from dilstore.storage.manifest import compacted_record  # manifest imports this module
 
     building = building_dir(Path(os.path.realpath(store)))  # `compact` names it after the store a link leads to
-    if not building.is_dir() or compacted_record(StoreLocation.parse(building)) is None:
+    if not building.is_dir():
+        return None
+    if os.path.lexists(building / SPEC_FILE) and compacted_record(StoreLocation.parse(building)) is None:
         return None
     return building
 

@@ -18,7 +18,7 @@ from dilstore.pipelines.job import (
     replacement_dir,
     unmade_if_nothing_stored,
 )
-from dilstore.pipelines.spec_file import spec_json
+from dilstore.pipelines.spec_file import read_spec, spec_json
 from dilstore.runners import cli
 from dilstore.storage import durability
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_build, read_codebook
@@ -133,6 +133,34 @@ def test_a_swap_killed_before_its_delete_loses_the_old_copy_on_the_next_run(tmp_
     assert json.loads((store / SPEC_FILE).read_text()) == OTHER
     finish_interrupted_swap(store)  # nothing to finish: nothing changes
     assert sorted(path.name for path in tmp_path.iterdir()) == ["store"]
+
+
+@pytest.mark.parametrize("left", ["nothing", "the spec's temporary", "shards without a spec"])
+def test_a_building_folder_without_a_spec_is_named_by_info_and_deleted_by_the_next_precompute(
+        tmp_path: Path, left: str) -> None:
+    """(left57 F1) What a `compact` stopped before it wrote its spec (killed), or stopped twice while it deleted its
+    half-built copy (a second Ctrl-C: shards, the spec already gone), left `.STORE.dilstore-building` that `info`
+    said nothing of and a `precompute` (rerun or append) of the store kept, until the next `compact`. Both now treat
+    it as a stopped compaction's; a stopped overwrite's folder with its spec is still kept for its rerun."""
+    from dilstore.runners.cmd_store import stopped_compaction_note
+
+    store = fake_store(tmp_path / "store", SPEC)
+    building = tmp_path / ".store.dilstore-building"
+    building.mkdir()
+    if left == "the spec's temporary":
+        (building / f".tmp-{SPEC_FILE}.host-1.x.tmp").write_text("{")
+    if left == "shards without a spec":
+        (building / "shards" / "shard-00000").mkdir(parents=True)
+        (building / "shards" / "shard-00000" / "states").write_bytes(bytes(1000))
+    note = stopped_compaction_note(str(store))
+    assert note is not None and note.startswith(f"{building} (") and "a `dilstore compact` or `precompute " \
+        f"--overwrite` of {store} stopped before its end left" in note, note
+    finish_interrupted_swap(store)  # as precompute (a rerun, an append) does under the store's lock
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["store"]
+    replacement_dir(store, OTHER)  # a stopped overwrite's, which its rerun resumes
+    assert stopped_compaction_note(str(store)) is None
+    finish_interrupted_swap(store)
+    assert read_spec(building) == OTHER
 
 
 def test_a_killed_replacement_is_resumed_and_a_stale_one_removed(tmp_path: Path) -> None:
