@@ -21,6 +21,7 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.retrieval import Hit
 from dilstore.reader.serving.odqa import OdqaSettings, OpenDomainReader
 from dilstore.runners.cmd_ask import highlight, interactive, print_answer, printable
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreChangedError
 from dilstore.storage.reader import open_store
 from tests.fixtures.odqa_fixtures import collection_documents, write_collection, write_reader_and_store
@@ -200,6 +201,21 @@ def test_piped_questions_are_read_as_utf8_whatever_the_locale(at_a_terminal: boo
     stdin = kind(io.BytesIO("Zürich?\n".encode() + b"Tram \xff?\n"), encoding="latin-1")
     lines = question_input(stdin).readlines()
     assert lines == (["ZÃ¼rich?\n", "Tram ÿ?\n"] if at_a_terminal else ["Zürich?\n", "Tram \udcff?\n"])
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_utf16_questions_piped_in_are_refused_as_utf16(encoding: str) -> None:
+    """(left57 F8) A UTF-16 question file piped in was "line 1: the question is not UTF-8 text (byte at character
+    1)", then questions with a NUL between their letters, answered with nothing found: it is refused at its first
+    line as the question files of the other commands are, before anything is answered."""
+    from dilstore.runners.cmd_ask import question_input
+
+    stdin = question_input(io.TextIOWrapper(io.BytesIO("Who?\nWhen?\n".encode(encoding)), encoding="latin-1"))
+    out = io.StringIO()
+    with pytest.raises(DilstoreError, match=r"^standard input: it looks like UTF-16 text; questions from a file or "
+                                            r"pipe are read as UTF-8: convert it \(e\.g\. `iconv -f UTF-16"):
+        interactive(None, stdin, out, io.StringIO(), as_json=True)  # type: ignore[arg-type]  # no question is read
+    assert out.getvalue() == ""
 
 
 def test_a_store_rebuilt_under_the_session_ends_it(store_and_model: tuple[Path, Path], monkeypatch) -> None:
