@@ -306,6 +306,7 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
 
     from dilstore.pipelines.sharding import shard_of
     from dilstore.pipelines.spec_file import SUMMARY_FILE, read_spec, spec_generation, spec_json
+    from dilstore.reader.progress_lines import bar_options
     from dilstore.storage.atomic_files import atomic_write_text
     from dilstore.storage.compact import compact_store, copyable_problem
     from dilstore.storage.durability import fsync_tree, remove_path
@@ -334,8 +335,8 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
             atomic_write_text(target / SPEC_FILE, spec_json(compacted))
             if (store / SUMMARY_FILE).is_file():  # the first build's summary, which precompute shows for the store
                 copy_file(store / SUMMARY_FILE, target / SUMMARY_FILE)
-            bar = tqdm(total=manifest.passages, unit="passage", desc="compact", file=sys.stderr, dynamic_ncols=True,
-                       mininterval=0.5, disable=not show_progress)  # fmt: skip
+            bar = tqdm(total=manifest.passages, unit="passage", desc="compact",
+                       disable=not show_progress, **bar_options(mininterval=0.5))  # fmt: skip
             with bar:
                 command = shlex.join(["dilstore", "compact", path_text(store), "--shards", str(count)])
                 result = compact_store(opened, target, lambda passage_id: shard_of(passage_id, count),

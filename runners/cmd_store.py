@@ -160,9 +160,11 @@ class BarProgress:
         """Close the last phase's bar and open this one's."""
         from tqdm import tqdm
 
+        from dilstore.reader.progress_lines import bar_options
+
         self._close()
         self.bar = tqdm(total=total, unit=unit, unit_scale=unit == "B", desc=f"{self.command} {name}",
-                        file=sys.stderr, dynamic_ncols=True, disable=self.disabled)  # fmt: skip
+                        disable=self.disabled, **bar_options())  # fmt: skip
 
     def advance(self, amount: int) -> None:
         """Move the current bar on by `amount`."""

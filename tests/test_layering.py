@@ -49,13 +49,14 @@ READER_GRAPH: dict[str, set[str]] = {
     "batching": set(),
     "packaged": set(),
     "quiet_mode": set(),
+    "progress_lines": set(),
     "retrieval": {"quiet_mode"},
     "modeling": {"text", "batching"},
     "data": {"text", "batching", "retrieval"},
     "offline": {"modeling", "packaged", "text", "batching"},
     "serving": {"modeling", "offline", "packaged", "data", "retrieval", "text", "batching"},
-    "training": {"modeling", "packaged", "data", "evaluation", "text", "batching"},
-    "evaluation": {"serving", "modeling", "packaged", "data", "retrieval", "text", "batching"},
+    "training": {"modeling", "packaged", "data", "evaluation", "text", "batching", "progress_lines"},
+    "evaluation": {"serving", "modeling", "packaged", "data", "retrieval", "text", "batching", "progress_lines"},
 }
 # What pipelines may use of the reader: the offline half and what it stands on.
 PIPELINES_MAY_USE = {"offline", "packaged", "text", "batching"}

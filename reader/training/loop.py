@@ -53,6 +53,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
+from dilstore.reader.progress_lines import bar_options
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.checkpoint_files import (
     CHECKPOINTS_DIR,
@@ -585,7 +586,7 @@ class _StepLog:
         self.logged_loss, self.logged_step = "-", start.step
         self.speed = _SpeedWindow(throughput.per_example)
         self.bar = tqdm(total=total_steps, initial=start.step, disable=not progress, unit="step", desc="train",
-                        dynamic_ncols=True)  # fmt: skip
+                        **bar_options())  # fmt: skip
 
     def write(self, line: str) -> None:
         """A line on stderr above the bar."""

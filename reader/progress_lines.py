@@ -1,0 +1,54 @@
+"""The options of every dilstore progress bar (tqdm): a live bar on a terminal, a line now and then in a log.
+
+On a stderr that is no terminal (CI, `> log 2>&1`, a systemd journal) tqdm still redrew its bar with a carriage
+return up to ten times a second: an hour of `evaluate-qa` or a day of `precompute` left one line of megabytes of
+frames in the log, which `less`, `grep` and CI viewers show as one garbled line or thousands of lines (obs57 F1).
+There each bar writes one plain line per LOG_INTERVAL_SECONDS instead, and its last state when it ends.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+# In a log: at most one progress line per bar this often, besides its first and last.
+LOG_INTERVAL_SECONDS = 30.0
+
+
+class _Lines:
+    """A stream for tqdm that writes each frame of a bar as one line, without tqdm's carriage returns and padding."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        frame = text.replace("\r", "").rstrip(" ")
+        if frame.strip():
+            self.stream.write(frame if frame.endswith("\n") else frame + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Whether `stream` is a terminal (a closed or odd stream is not)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def bar_options(stream: TextIO | None = None, mininterval: float = 0.1) -> dict[str, Any]:
+    """tqdm's `file`, `mininterval` (and `maxinterval`) and `dynamic_ncols` for a bar on `stream` (stderr by
+    default): redrawn at most every `mininterval` seconds on a terminal, one line every LOG_INTERVAL_SECONDS
+    elsewhere."""
+    stream = sys.stderr if stream is None else stream
+    if is_terminal(stream):
+        return {"file": stream, "mininterval": mininterval, "dynamic_ncols": True}
+    # maxinterval too: tqdm's monitor thread otherwise redraws a bar left alone for 10 s (its default).
+    interval = max(mininterval, LOG_INTERVAL_SECONDS)
+    return {"file": _Lines(stream), "mininterval": interval, "maxinterval": interval, "dynamic_ncols": False}

@@ -1,0 +1,50 @@
+"""Progress bars in a log (obs57 F1): plain lines now and then, not a carriage-return frame every tenth of a second."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+from tqdm import tqdm
+
+from dilstore.reader.progress_lines import LOG_INTERVAL_SECONDS, bar_options
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_bar_in_a_log_writes_a_few_plain_lines_and_its_end() -> None:
+    """(obs57 F1) With stderr redirected to a file, each bar wrote a carriage-return frame up to ten times a second:
+    thousands of frames on one line of the log. Now its first and last state are lines, without a carriage return."""
+    log = io.StringIO()
+    with tqdm(total=5000, unit="passage", desc="precompute", **bar_options(log)) as bar:
+        for _ in range(5000):
+            bar.update()
+    text = log.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert 1 <= len(lines) <= 3, lines
+    assert "5000/5000" in lines[-1] and lines[-1] == lines[-1].rstrip()
+    options = bar_options(log)
+    assert options["mininterval"] == options["maxinterval"] == LOG_INTERVAL_SECONDS
+
+
+def test_a_bar_on_a_terminal_is_redrawn_live() -> None:
+    terminal = Terminal()
+    assert bar_options(terminal, mininterval=0.5) == {"file": terminal, "mininterval": 0.5, "dynamic_ncols": True}
+
+
+def test_every_progress_bar_takes_its_options_from_bar_options() -> None:
+    """(obs57 F1) A bar made without them floods a log again."""
+    sources = [*ROOT.glob("runners/*.py"), *ROOT.glob("reader/**/*.py"), *ROOT.glob("pipelines/**/*.py")]
+    calls = [(path, match) for path in sources for match in re.finditer(r"\btqdm\((.*?)\)[ :]", path.read_text(),
+                                                                      re.S)]  # fmt: skip
+    assert len(calls) >= 9
+    missing = [f"{path.relative_to(ROOT)}: tqdm({call.group(1)[:40]}" for path, call in calls
+               if "bar_options(" not in call.group(1)]  # fmt: skip
+    assert not missing, missing
