@@ -118,7 +118,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "connection still owing part of it is closed, so that stalled clients cannot use up the server's "
              f"connections (default {DEFAULT_REQUEST_TIMEOUT})",
     )  # fmt: skip
-    parser.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
+    parser.add_argument("--access-log", action="store_true",
+                        help="log one line per request: client, method, path (no query string), status, seconds, "
+                             "store")
     add_runtime_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -135,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         max_wait=args.max_wait_ms / 1000,
         queue_size=args.queue_size,
         max_top_p=args.max_top_p,
+        access_log=args.access_log,
     )
     if not 0 <= args.port <= 65535:
         raise DilstoreError(f"--port must be between 0 and 65535, got {args.port}")
@@ -186,7 +189,7 @@ def _opened_server(args: argparse.Namespace, settings: ServeSettings) -> StopSer
 
     app = create_app(served, settings)
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, access_log=args.access_log, log_level="info", lifespan="on",
+        app, host=args.host, port=args.port, access_log=False, log_level="info", lifespan="on",
         timeout_graceful_shutdown=args.shutdown_timeout, http=serve_protocol(args.request_timeout),
         use_colors=log_colors(os.environ),
     )

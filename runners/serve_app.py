@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import email.message
 import json
 import logging
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -71,6 +73,9 @@ from dilstore.storage.messages import listed, other_form_hint
 from dilstore.storage.secrets import scrubbed
 
 logger = logging.getLogger("dilstore.serve")
+# The store a request was sent to, for its access-log line: set by the router, read by the middleware that made the
+# dict (the route runs in a task of its own, which shares the dict, not the variable's value).
+_REQUEST_STORE: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("request_store", default=None)
 
 # How long a forced quit waits for the stores' batches in progress.
 FORCED_QUIT_SECONDS = 10
@@ -119,7 +124,7 @@ def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: 
     )
     app.state.metrics = router.metrics
     app.state.batchers = router.batchers
-    add_request_handling(app, router.metrics)
+    add_request_handling(app, router.metrics, access_log=settings.access_log)
     add_routes(app, router)
     return app
 
@@ -227,6 +232,8 @@ class StoreRouter:
         a request whose client left while it waited is dropped (CLIENT_GONE), queued or not."""
         try:
             store = self.choose(request.store, endpoint)
+            if (noted := _REQUEST_STORE.get()) is not None:
+                noted["store"] = store.name
             if store.problem is not None:
                 raise store.unavailable()
             pairs = store.latest.pairs(request)  # type: ignore[arg-type]
@@ -387,9 +394,9 @@ class StoreRouter:
         }  # fmt: skip
 
 
-def add_request_handling(app: FastAPI, metrics: Metrics) -> None:
-    """Count every request in `metrics`, refuse oversized bodies by their declared length, and answer bodies that
-    cannot be decoded or validated with a 422 that says why."""
+def add_request_handling(app: FastAPI, metrics: Metrics, *, access_log: bool = False) -> None:
+    """Count every request in `metrics`, log it with `access_log` (access_line), refuse oversized bodies by their
+    declared length, and answer bodies that cannot be decoded or validated with a 422 that says why."""
 
     @app.middleware("http")
     async def measure(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -397,6 +404,8 @@ def add_request_handling(app: FastAPI, metrics: Metrics) -> None:
         started = time.perf_counter()
         metrics.in_flight(endpoint, 1)
         status, retry_later = 500, False
+        noted: dict[str, str] = {}
+        _REQUEST_STORE.set(noted)
         try:
             try:
                 response = too_large(request) or encoded(request) or await call_next(request)
@@ -405,8 +414,11 @@ def add_request_handling(app: FastAPI, metrics: Metrics) -> None:
             status, retry_later = response.status_code, "retry-after" in response.headers
             return response
         finally:
+            seconds = time.perf_counter() - started
             metrics.in_flight(endpoint, -1)
-            metrics.count_request(endpoint, status, time.perf_counter() - started, retry_later=retry_later)
+            metrics.count_request(endpoint, status, seconds, retry_later=retry_later)
+            if access_log:
+                logger.info("%s", access_line(request, status, seconds, noted.get("store")))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Response:
@@ -436,6 +448,21 @@ def add_request_handling(app: FastAPI, metrics: Metrics) -> None:
         # FastAPI's own handler echoes each bad input back, and fails with a 500 on a NaN or infinity.
         details = [{"type": e["type"], "loc": list(e["loc"]), "msg": _message(e)} for e in error.errors()]
         return JSONResponse({"detail": details}, status_code=422)
+
+
+def access_line(request: Request, status: int, seconds: float, store: str | None) -> str:
+    """A request's access-log line: client, method, path, HTTP version, status, seconds and the store it was sent to.
+
+    uvicorn's own line (obs57 F2) had no duration and no store, so a slow or failing store could not be told from
+    the log, and it held the query string, where a client's proxy token or key would be written to the log; the
+    server reads no query string. The path is quoted as uvicorn does, so a percent-encoded newline cannot forge a
+    line.
+    """
+    client = f"{request.client.host}:{request.client.port}" if request.client else "-"
+    path = urllib.parse.quote(request.url.path)
+    version = request.scope.get("http_version", "1.1")
+    line = f'{client} - "{request.method} {path} HTTP/{version}" {status} {seconds:.3f}s'
+    return line if store is None else f"{line} store={json.dumps(store, ensure_ascii=True)}"
 
 
 def _message(error: dict[str, Any]) -> str:

@@ -69,12 +69,14 @@ class ServeSettings:
     max_wait: seconds a batch under load waits for more requests.
     queue_size: requests that may wait per store before 503.
     max_top_p: the largest top_p, bm25_top_k or number of doc_ids one request may ask for.
+    access_log: log one line per request (`--access-log`).
     """
 
     max_batch_pairs: int = DEFAULT_MAX_BATCH_PAIRS
     max_wait: float = DEFAULT_MAX_WAIT_MS / 1000
     queue_size: int = DEFAULT_QUEUE_SIZE
     max_top_p: int = DEFAULT_MAX_TOP_P
+    access_log: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch_pairs", "queue_size", "max_top_p"):

@@ -18,6 +18,7 @@ import errno
 import gzip
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -152,7 +153,7 @@ def running(stores: list[ServedStore], **settings: Any) -> Iterator[tuple[httpx.
 def served(tiny: dict[str, Any]) -> Iterator[tuple[httpx.Client, Any, OpenDomainReader]]:
     """One server for the tests that do not need their own limits."""
     odqa = make_odqa(tiny)
-    with running(make_stores(tiny, odqa), max_wait=0.0) as (client, app):
+    with running(make_stores(tiny, odqa), max_wait=0.0, access_log=True) as (client, app):
         yield client, app, odqa
 
 
@@ -363,6 +364,39 @@ def test_a_store_s_first_problem_is_kept_and_logged_once(tiny: dict[str, Any], c
         store.fail(OSError("second"))
     assert store.problem == "first"
     assert [record.getMessage() for record in caplog.records] == ["store 'qa' is unavailable from now on: first"]
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_access_log_lines_name_status_seconds_and_store_but_no_query_string(served) -> None:
+    """(obs57 F2) --access-log was uvicorn's line: no duration and no store, so a slow or failing store could not
+    be told from the log, and a client's `?token=...` written into it. Now one line per request says all but that."""
+    handler, log = Lines(), logging.getLogger("dilstore.serve")
+    log.addHandler(handler)
+    level, log.level = log.level, logging.INFO
+    client = served[0]
+    try:
+        assert client.post("/ask?token=SECRET", json={"question": QUESTIONS[0], "top_p": 2}).status_code == 200
+        assert client.post("/ask", json={"question": "x", "store": "nope"}).status_code == 404
+        assert client.post("/rerank", json={"query": "tram", "doc_ids": ["tram"], "store": "s2"}).status_code == 200
+        assert client.get("/a%0AERROR: \"forged\"").status_code == 404
+    finally:
+        log.removeHandler(handler)
+        log.level = level
+    pattern = re.compile(r'^127\.0\.0\.1:\d+ - "(\w+) (\S+) HTTP/1\.1" (\d{3}) (\d+\.\d{3})s(?: store=(.*))?$')
+    parsed = [pattern.match(line) for line in handler.lines]
+    assert all(parsed) and len(parsed) == 4, handler.lines
+    assert [(m[1], m[2], m[3], m[5]) for m in parsed] == [  # type: ignore[index]
+        ("POST", "/ask", "200", '"qa"'), ("POST", "/ask", "404", None), ("POST", "/rerank", "200", '"s2"'),
+        ("GET", "/aERROR%3A%20%22forged%22", "404", None)]  # fmt: skip
+    assert not any("SECRET" in line for line in handler.lines)
 
 
 def test_health_finds_a_store_moved_away_under_the_server(tiny: dict[str, Any], tmp_path: Path) -> None:
