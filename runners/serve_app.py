@@ -416,7 +416,7 @@ def add_request_handling(app: FastAPI, metrics: Metrics, *, access_log: bool = F
         finally:
             seconds = time.perf_counter() - started
             metrics.in_flight(endpoint, -1)
-            metrics.count_request(endpoint, status, seconds, retry_later=retry_later)
+            metrics.count_request(endpoint, status, seconds, retry_later=retry_later, store=noted.get("store"))
             if access_log:
                 logger.info("%s", access_line(request, status, seconds, noted.get("store")))
 

@@ -70,6 +70,8 @@ class Metrics:
     """The server's metric families; `render()` gives the /metrics body.
 
     Families: dilstore_requests_total (counter by endpoint and status code),
+    dilstore_store_requests_total (counter of /ask and /rerank requests by the store they were sent to and status
+    code),
     dilstore_errors_total (counter by endpoint and kind: bad_request, client_gone,
     overloaded, unavailable, store_read, internal), dilstore_request_seconds (latency histogram by
     endpoint), dilstore_queue_seconds (time a request waited for its batch,
@@ -80,7 +82,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counters: dict[str, dict[Labels, float]] = {"requests_total": {}, "errors_total": {}}
+        self._counters: dict[str, dict[Labels, float]] = {"requests_total": {}, "store_requests_total": {},
+                                                          "errors_total": {}}  # fmt: skip
         self._histograms: dict[str, dict[Labels, _Histogram]] = {
             "request_seconds": {},
             "queue_seconds": {},
@@ -98,14 +101,18 @@ class Metrics:
 
     # ------------------------------------------------------------------ updates
 
-    def count_request(self, endpoint: str, status: int, seconds: float, *, retry_later: bool = False) -> None:
+    def count_request(self, endpoint: str, status: int, seconds: float, *, retry_later: bool = False,
+                      store: str | None = None) -> None:
         """One finished request: its status and latency; 4xx and 5xx also count as errors.
 
         `retry_later`: the response asked the client to retry (Retry-After), which
-        tells a 503 of a full queue from one of an unavailable store.
+        tells a 503 of a full queue from one of an unavailable store. `store`: the store a query request was sent
+        to, None when it named none served here (or was refused before).
         """
         with self._lock:
             self._add("requests_total", (("endpoint", endpoint), ("code", str(status))), 1)
+            if store is not None:
+                self._add("store_requests_total", (("store", store), ("code", str(status))), 1)
             self._observe("request_seconds", (("endpoint", endpoint),), seconds)
             kind = _error_kind(status, retry_later)
             if kind is not None:
@@ -183,6 +190,8 @@ class Metrics:
 
 _FAMILIES = (
     ("requests_total", "counter", "Requests answered, by endpoint and HTTP status code."),
+    ("store_requests_total", "counter", "Query requests (/ask, /rerank) answered, by the store they were sent to "
+     "and HTTP status code."),
     ("errors_total", "counter", "Requests answered with a 4xx or 5xx, by endpoint and kind."),
     ("request_seconds", "histogram", "Request latency in seconds, from arrival to response, by endpoint."),
     ("queue_seconds", "histogram", "Seconds a request waited in its store's queue before its batch started."),

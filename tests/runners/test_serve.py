@@ -830,6 +830,26 @@ def parse_prometheus(text: str) -> dict[str, dict[str, Any]]:
     return families
 
 
+def test_metrics_count_query_requests_by_store_and_code(served) -> None:
+    """(obs57 F3) /metrics counted requests by endpoint only: with two /rerank stores, an operator could not tell
+    which one answered the 503s or 422s. dilstore_store_requests_total counts them by store and code."""
+    client = served[0]
+
+    def counts() -> dict[tuple[str, str], float]:
+        family = parse_prometheus(client.get("/metrics").text)["dilstore_store_requests_total"]
+        assert family["type"] == "counter"
+        return {(labels["store"], labels["code"]): value for _, labels, value in family["samples"]}
+
+    before = counts()
+    assert client.post("/ask", json={"question": QUESTIONS[1], "top_p": 1}).status_code == 200
+    assert client.post("/ask", json={"question": QUESTIONS[1], "top_p": DEFAULT_MAX_TOP_P + 1}).status_code == 422
+    assert client.post("/rerank", json={"query": "tram", "doc_ids": ["tram"], "store": "s2"}).status_code == 200
+    assert client.post("/ask", json={"question": "x", "store": "nope"}).status_code == 404  # no store: not counted
+    after = counts()
+    changed = {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
+    assert changed == {("qa", "200"): 1, ("qa", "422"): 1, ("s2", "200"): 1}
+
+
 def test_metrics_parse_as_prometheus_text(served) -> None:
     client, _, _ = served
     client.post("/ask", json={"question": QUESTIONS[1]})
