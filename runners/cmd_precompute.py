@@ -260,14 +260,18 @@ def resolve_model(model: str | None, layers: int | None, kind: str) -> tuple[str
     return DEFAULT_CHECKPOINT_REF, layers if layers is not None else (metadata.layers if metadata else None)
 
 
-def print_summary(summary: dict[str, Any], as_json: bool) -> None:
-    """The end-of-run summary on stdout: JSON, or one aligned line per count."""
+def print_summary(summary: dict[str, Any], as_json: bool, append: bool = False) -> None:
+    """The end-of-run summary on stdout: JSON, or one aligned line per count.
+
+    An append's counts are its own (its passages, its new shards); its table said so nowhere, and "passages 28,
+    shards 1, store wiki-store" read as what the store now holds (obs57 F4). Its title says so now.
+    """
     if as_json:
         print(json.dumps(summary, indent=1, sort_keys=True))
         return
     order = ("documents", "skipped", "rejected", "rejected_passages", "passages", "long_passages", "tokens",
              "superseded", "shards", "shards_resumed", "bytes", "seconds", "passages_per_second", "runner", "store")
-    print("precompute summary")
+    print("precompute summary" + (" of this append (`dilstore info STORE` counts the whole store)" if append else ""))
     for key in order:
         if key in summary:
             print(f"  {key:<20} {summary[key]}")
@@ -597,7 +601,7 @@ def run_command(args: argparse.Namespace) -> int:
     summary, empty, notice = precompute_store(args)
     if notice is not None:
         print(f"dilstore precompute: {notice}", file=sys.stderr)
-    print_summary(summary, args.json)
+    print_summary(summary, args.json, append=args.append)
     if empty is not None:
         print(f"dilstore precompute: error: {empty}", file=sys.stderr)
         return 1

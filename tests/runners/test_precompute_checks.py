@@ -47,6 +47,22 @@ def test_a_summary_without_passages_is_a_failure_unless_the_store_was_already_co
     assert nothing_stored({"passages": 0}, "/s").startswith("no passage was stored")
 
 
+@pytest.mark.parametrize("append", [False, True])
+def test_an_append_s_summary_table_says_its_counts_are_the_append_s(
+    append: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(obs57 F4) After `--append` of 20 documents to a store of 428 passages, the table read "passages 28, shards 1,
+    store wiki-store", as if that were the store now."""
+    summary = {"documents": 20, "passages": 28, "shards": 1, "rejected": 0, "store": "/s"}
+    monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (summary, None, None))
+    assert cmd_precompute.run_command(SimpleNamespace(json=False, append=append)) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    if append:
+        assert first == "precompute summary of this append (`dilstore info STORE` counts the whole store)"
+    else:
+        assert first == "precompute summary"
+
+
 @pytest.mark.parametrize(
     ("runner", "beam_args", "local"),
     [
