@@ -130,6 +130,17 @@ def test_a_text_cut_after_its_first_words_tokenizes_as_the_whole(
         assert cut.char_spans.tolist() == whole.char_spans.tolist()
 
 
+def test_first_words_without_word_pieces_leave_the_whole_text_to_decide() -> None:
+    """A cut whose words give no word piece (zero-width spaces, which BERT deletes) is not what the tokens come
+    from: the whole text is, here truncated to its first words that have pieces (mut57a: held only by chance draws
+    of the property test above)."""
+    tokenizer = minilm_tokenizer()
+    text = "\u200b " * 8 + "word " * 8
+    with mock.patch.object(tokenization, "_CHARS_PER_WORD", 0):
+        cut = encode_document(tokenizer, text, 4)
+    assert cut.truncated and cut.token_ids.tolist() == tokenizer(text, truncation=True, max_length=4)["input_ids"]
+
+
 @pytest.mark.parametrize(
     "text",
     ["news\x0bpaper rail\x0bway the city a pho\x0btograph" + " and more words" * 60, "ab\x0b" * 60, "a\x0cb " * 60],
@@ -188,6 +199,9 @@ def test_tokenized_text_checks_its_shapes() -> None:
     assert text.token_ids.dtype == np.int32 and text.char_range(0, 1) == (0, 4)
     with pytest.raises(DilstoreError, match="special token"):
         text.char_range(1, 2)
+    for start, end in ((0, 3), (2, 1), (-1, 0)):  # past the end, reversed, before the start (mut57a)
+        with pytest.raises(DilstoreError, match="not inside a text of 3 tokens"):
+            text.char_range(start, end)
 
 
 @given(num_pieces=st.integers(1, 400), window=st.integers(1, 60), stride=st.integers(1, 80))
