@@ -122,6 +122,27 @@ def test_many_questions_at_once_equal_one_at_a_time(tiny: dict) -> None:
         assert [hit.passage_id for hit in reading.hits] == list(ids)
 
 
+
+def test_each_pair_reads_its_own_questions_states(tiny: dict) -> None:
+    """The tiny reader's logits hardly depend on the question (its online attention output and QA head are small:
+    scores move about 1e-4 between two questions), so the test above, at atol 1e-4, passed with every pair of a
+    batch given the first question's states (mut57a). Here a copy of the model has both scaled up, so the question
+    moves the logits, and several questions read at once must still each read as alone."""
+    model = copy.deepcopy(tiny["model"])
+    with torch.no_grad():
+        model.model.bert.encoder.layer[model.layers].attention.output.dense.weight.mul_(50)
+        model.model.qa_outputs.weight.mul_(100)  # logits of a few units, not of a few hundredths
+    odqa = OpenDomainReader(model, open_store(tiny["stores"]["fp32"]), settings=OdqaSettings(pair_batch_tokens=128))
+    alone = [odqa.read([question], [tiny["ids"]])[0] for question in QUESTIONS]
+    scores = [np.array([s.reader_score for s in reading.spans]) for reading in alone]
+    assert np.abs(scores[0] - scores[1]).max() > 0.1, "the questions must give other scores for this to check"
+    for reading, one in zip(odqa.read(QUESTIONS, [tiny["ids"]] * len(QUESTIONS)), alone, strict=True):
+        assert [(s.passage_id, s.start_token, s.end_token) for s in reading.spans] == [
+            (s.passage_id, s.start_token, s.end_token) for s in one.spans
+        ]
+        np.testing.assert_allclose([s.reader_score for s in reading.spans], [s.reader_score for s in one.spans],
+                                   atol=1e-4)  # fmt: skip
+
 def test_pairs_of_short_and_long_questions_share_batches_no_wider_than_the_token_budget(tiny: dict) -> None:
     """ask50 F1: the question part and the passage part were padded apart, so a batch mixing a short and a long
     question ran max(question) + max(passage) wide, past --pair-batch-tokens. Each row now holds its question
@@ -332,6 +353,21 @@ def test_a_passage_given_twice_is_read_once(tiny: dict) -> None:
     assert [span.text for span in twice.spans] == [span.text for span in once.spans]
     assert {span.bm25_score for span in twice.spans if span.passage_id == second} == {3.0}, "the first hit counts"
 
+
+
+def test_questions_sharing_passages_fetch_each_passage_once(tiny: dict) -> None:
+    """A reading call fetches every distinct passage once, however many questions share it: fetching each (question,
+    passage) pair's read the same states from the store again with the same answers (mut57a)."""
+    store, asked = open_store(tiny["stores"]["fp32"]), []
+
+    class Counting:
+        def fetch(self, passage_ids: list[str]) -> list[StoredPassage]:
+            asked.extend(passage_ids)
+            return store.fetch(passage_ids)
+
+    odqa = OpenDomainReader(tiny["model"], Counting())
+    odqa.read(QUESTIONS, [tiny["ids"], tiny["ids"][:2], list(reversed(tiny["ids"]))])
+    assert asked == tiny["ids"]
 
 def test_a_question_without_candidates_has_no_answer(tiny: dict) -> None:
     odqa = odqa_for(tiny)
