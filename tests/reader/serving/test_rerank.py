@@ -187,6 +187,25 @@ def test_fp32_store_scores_equal_the_unsplit_ranker(
         np.testing.assert_allclose([got[d] for d in expected], list(expected.values()), rtol=0, atol=1e-4)
 
 
+
+def test_judging_batches_stay_within_the_pair_token_budget(
+    store: Callable[..., Path], model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A judging batch's padded size is its pairs times (query + longest document) tokens, as RerankSettings says;
+    batches counted by their documents alone went past pair_batch_tokens with scores unchanged (mut57a)."""
+    reranker = open_reranker(store("earl-s1"), model_dir, settings=SMALL_BATCHES)
+    judge, shapes = reranker.model.judge, []
+
+    def recording(query_states: torch.Tensor, query_mask: torch.Tensor, doc_mask: torch.Tensor,
+                  **states: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        shapes.append((doc_mask.shape[0], query_mask.shape[1] + doc_mask.shape[1]))  # (pairs, query + document)
+        return judge(query_states, query_mask, doc_mask, **states)
+
+    monkeypatch.setattr(reranker.model, "judge", recording)
+    reranker.rerank(QUERIES["q1"], list(DOCUMENTS))
+    assert any(pairs > 1 for pairs, _ in shapes), "some batch holds several pairs"
+    assert all(pairs * width <= SMALL_BATCHES.pair_batch_tokens for pairs, width in shapes if pairs > 1), shapes
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("encoding", ["fp16", "int8"])
 def test_reduced_precision_scores_are_close_and_keep_the_order(
@@ -275,6 +294,14 @@ def test_documents_below_depth_follow_in_first_stage_order(store: Callable[..., 
         assert {d: reranked[qid][d] for d in order[:2]} == head
         assert max(reranked[qid][d] for d in order[2:]) < min(head.values())
     assert reranker.rerank_run(QUERIES, FIRST_STAGE, depth=np.int64(2))[0] == reranked  # a numpy count (api39 L1)
+    # The tiny ranker's two scores of a query lie within 1 of each other, so a tail counted down from the highest
+    # score, not the lowest, still ended below both (mut57a): scores 4 apart put it between them.
+    reranker._score = lambda tokens, documents, stats: [4.0 * index for index in range(len(documents))]
+    spread, _ = reranker.rerank_run(QUERIES, FIRST_STAGE, depth=2)
+    for qid, first_stage in FIRST_STAGE.items():
+        first_order = [d for d, _ in rank_documents(first_stage)]
+        assert [d for d, _ in rank_documents(spread[qid])] == first_order[1::-1] + first_order[2:]
+        assert [spread[qid][d] for d in first_order[2:4]] == [-1.0, -2.0]
 
 
 def test_done_is_a_collection_of_qids_never_a_string(store: Callable[..., Path], model_dir: Path) -> None:
