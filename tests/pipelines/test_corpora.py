@@ -187,6 +187,20 @@ def test_a_tsv_header_line_is_skipped_not_stored(tmp_path: Path, header: str) ->
     assert [(d.id, d.text) for d in documents] == [("7", "seven"), ("id", "text")] and not rejected  # line 3 is data
 
 
+def test_a_tsv_reads_only_its_first_line_as_a_header_passes_blank_lines_over_and_fits_a_text_of_the_limit(
+    tmp_path: Path,
+) -> None:
+    """What no test pinned (mut57b): a header with spaces around its names is one too; only line 1 can be a header
+    (a passage "pid" on line 2 was skipped when lines 1-2 were); lines of only whitespace are passed over, not dead
+    letters "no tab"; a text of exactly `max_bytes` is read although its line is longer by the id and the tab."""
+    tsv = tmp_path / "collection.tsv"
+    tsv.write_text(" pid \t text \nid\ttext\n\n \t \n8\t" + "x" * 5 + "\n9\t" + "y" * 6 + "\n")
+    documents, rejected, skipped = by_kind(read_msmarco(tsv, max_bytes=5))
+    assert [(s.line_or_id, s.reason) for s in skipped] == [(1, "a header line (pid, text)")]
+    assert [(d.line, d.id, d.text) for d in documents] == [(2, "id", "text"), (5, "8", "xxxxx")]
+    assert [(r.line_or_id, r.reason) for r in rejected] == [(6, "document too large: text of 6 bytes (limit 5 bytes)")]
+
+
 def test_ids_no_run_or_file_can_name_are_dead_letters_and_inner_spaces_are_kept(tmp_path: Path) -> None:
     """" 7 " was stored as another document than "7", the BOM of a second file joined to the first became part of
     an id, and a 40,000-byte id broke `dilstore index` (Lucene takes terms of at most 32,766 bytes)."""
