@@ -11,6 +11,7 @@ codebook trains one (centroids included) on its own states.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from dilstore.storage.encodings import ENCODINGS, get_encoding
+from dilstore.storage.encodings import ENCODINGS, channel_clips, get_encoding
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreFormatError, shard_path
 from dilstore.storage.reader import open_store
@@ -227,6 +228,44 @@ def test_int8_channel_scales_are_powers_of_two_near_the_channel_rms(states) -> N
     assert ((ratio >= 2**-0.5 * (1 - 1e-9)) & (ratio <= 2**0.5 * (1 + 1e-9))).all()
     assert (channel[positive & ~normal] == np.float32(2.0**-126)).all(), "tiny channels stay normal floats"
     assert (channel[~positive] == 1).all()
+
+
+@pytest.mark.parametrize("tokens", [999, 1000, 2001])
+def test_int8_channel_clips_are_numpy_s_99_9th_percentile_of_magnitudes(tokens: int) -> None:
+    """The clip is the order statistic of rank ceil(0.999 T), numpy's "inverted_cdf" quantile (mut57b: a quantile of
+    0.99, or the rank rounded down, passed every test, whose shards of <= 40 tokens clip at the largest |x|)."""
+    states = np.random.default_rng(tokens).standard_normal((tokens, 2, 70)).astype(np.float32)
+    expected = np.quantile(np.abs(states), 0.999, axis=0, method="inverted_cdf")  # (2, 70)
+    np.testing.assert_array_equal(channel_clips(states), expected)
+
+
+def test_int8_codes_use_the_full_range_and_decode_as_codes_times_scales() -> None:
+    """Each token's largest |value| (after its channel scale) codes as ±127 and every code rounds to the nearest
+    step (mut57b: a step of absmax/128, or truncated codes, stayed within the round-trip tolerance of the stored
+    scale); decoding is codes × token scale × channel scale, checked against numpy on the stored arrays."""
+    rng = np.random.default_rng(0)
+    states = (rng.standard_normal((50, 2, 16)) * rng.uniform(0.1, 10, (1, 1, 16))).astype(np.float32)
+    states[7, 1] = 0.0  # a token vector of zeros: scale 0, codes 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no 0/0 made its codes (NaN, cast to int8 as the platform pleases)
+        encoded = get_encoding("int8").encode(states)
+    codes, scales, channel = encoded["codes"], encoded["scales"], encoded["channel_scales"]
+    normalized = states / channel  # (T, 2, 16), exact: powers of two
+    np.testing.assert_array_equal(scales, np.abs(normalized).max(axis=-1) / np.float32(127))
+    nonzero = scales > 0
+    assert (np.abs(codes.astype(np.int16)).max(axis=-1)[nonzero] == 127).all() and not codes[7, 1].any()
+    expected = np.rint(normalized[nonzero] / scales[nonzero][:, None])  # (tokens, 16)
+    np.testing.assert_array_equal(codes[nonzero], expected)
+    decoded = get_encoding("int8").decode(encoded)
+    np.testing.assert_array_equal(decoded, codes * (scales[..., None] * channel))
+
+
+def test_an_int8_shard_of_passages_without_tokens_is_written(tmp_path: Path) -> None:
+    """No token, no scale: the "all scales zero" refusal is for shards with tokens (mut57b: dropping that condition
+    refused such a shard, and no test outside the slow round trip wrote one)."""
+    empty = np.zeros((0, 8), dtype=np.float32)
+    write_shard(tmp_path, 0, _passages(empty, empty), kind="dilbert", encoding="int8", durable=False)
+    assert zarr.open_group(tmp_path / shard_path(0), mode="r").attrs["dilstore"]["tokens"] == 0
 
 
 def test_one_outlier_token_leaves_its_int8_channel_to_the_rest_of_the_shard() -> None:
