@@ -184,6 +184,29 @@ def test_round_trip_gives_back_what_the_store_returns(lowbit_store) -> None:
         round_trip(encoding)
 
 
+@pytest.mark.parametrize("bits", [1, 2])
+def test_bucket_codes_pack_high_bits_first_and_decode_to_their_bucket_s_weight(bits: int) -> None:
+    """A hand-made codebook of per-dimension buckets (the scheme of stores written before rotation) whose values
+    each lie inside a known bucket: the codes are the buckets, packed first value and high bit first (STORE_FORMAT.md
+    §4), and decode to the bucket's weight times the token's float16 scale, plus the mean (mut57b: packing the bits
+    of a bucket low bit first passed every test, as the hand decoder above reads codes the encoder wrote)."""
+    levels = 2**bits
+    values = np.array([-1.5, -0.5, 0.5, 1.5] if bits == 2 else [-1.0, 1.0], dtype=np.float32)  # one per bucket
+    buckets = np.array([[(token + dim) % levels for dim in range(DIMS)] for token in range(6)])  # (T, d)
+    mean = np.linspace(-2, 2, DIMS, dtype=np.float32)  # (d,)
+    states = values[buckets] + mean  # (T, d)
+    codebook = {"mean": mean,
+                "cutoffs": np.repeat(np.array([-1.0, 0.0, 1.0] if bits == 2 else [0.0], np.float32)[:, None], DIMS, 1),
+                "weights": np.repeat((np.arange(levels, dtype=np.float32) - 7)[:, None], DIMS, 1)}  # fmt: skip
+    encoded = get_encoding(f"{bits}bit").encode(states, codebook)
+    bit_rows = (buckets[..., None] >> np.arange(bits - 1, -1, -1)) & 1  # (T, d, bits), high bit first
+    np.testing.assert_array_equal(encoded["codes"], np.packbits(bit_rows.reshape(len(states), -1), axis=1))
+    scales = np.sqrt(np.mean(np.square(values[buckets], dtype=np.float64), axis=1)).astype(np.float16)  # (T,)
+    np.testing.assert_array_equal(encoded["scales"], scales)
+    expected = (buckets - 7).astype(np.float32) * scales.astype(np.float32)[:, None] + mean  # (T, d)
+    np.testing.assert_array_equal(get_encoding(f"{bits}bit").decode(encoded), expected)
+
+
 def test_round_trip_of_a_float_encoding_is_its_rounding() -> None:
     states = np.random.default_rng(3).standard_normal((7, DIMS)).astype(np.float32)  # (T, d)
     np.testing.assert_array_equal(round_trip("fp16")(states), states.astype(np.float16).astype(np.float32))
