@@ -178,3 +178,21 @@ def test_a_prepared_codebook_decodes_without_building_its_tables_again(monkeypat
 
     monkeypatch.setattr(residual_codes, "prepare_rotated", rebuilt)
     np.testing.assert_array_equal(spec.decode(arrays), expected)
+
+
+def test_a_value_on_a_cutoff_is_in_the_bucket_below_it() -> None:
+    """STORE_FORMAT.md §4: a value's bucket is the number of cutoffs it is greater than (mut57b: counting cutoffs
+    equal to it too passed every test, whose values never fell on a cutoff)."""
+    cutoffs = np.array([[-1.0], [0.0], [1.0]], dtype=np.float32)  # (K-1, d)
+    values = np.array([[-1.0], [-0.5], [0.0], [1.0], [1.5]], dtype=np.float32)  # (rows, d)
+    assert rotated_codes.bucket_of(values, cutoffs)[:, 0].tolist() == [0, 1, 1, 2, 3]
+
+
+def test_an_allocation_of_one_byte_over_the_budget_is_refused_and_one_at_it_is_not() -> None:
+    """d = 20 at 2bit codes in 5 bytes; blocks of 8, 8 and 4 components at 4, 2 and 0 bits need 6 (mut57b: only
+    allocations far over the budget were tried, and a limit one byte higher passed every test)."""
+    def blocks(*bits: int) -> np.ndarray:
+        return np.repeat(np.array(bits, dtype=np.float32), [8, 8, 4])  # (20,)
+
+    assert allocation_problem(blocks(4, 1, 0), 2) is None and allocation_problem(blocks(2, 2, 2), 2) is None
+    assert allocation_problem(blocks(4, 2, 0), 2) == "needs 6 bytes per token vector, more than the 5 of 2bit"
