@@ -27,7 +27,7 @@ from dilstore.storage.format import StoreFormatError, shard_path
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import PassageRecord
 from dilstore.storage.writer import write_shard
-from tests.fixtures.store_fixtures import build_store, scratch_dir
+from tests.fixtures.store_fixtures import build_store, passage, scratch_dir
 
 KIND_SHAPES = st.one_of(
     st.tuples(st.just("dilbert"), st.integers(1, 24).map(lambda d: (d,))),
@@ -266,6 +266,18 @@ def test_an_int8_shard_of_passages_without_tokens_is_written(tmp_path: Path) -> 
     empty = np.zeros((0, 8), dtype=np.float32)
     write_shard(tmp_path, 0, _passages(empty, empty), kind="dilbert", encoding="int8", durable=False)
     assert zarr.open_group(tmp_path / shard_path(0), mode="r").attrs["dilstore"]["tokens"] == 0
+
+
+def test_passages_of_one_shard_fetched_together_get_their_own_int8_states(tmp_path: Path) -> None:
+    """A fetch decodes all the rows it reads of a shard in one call and splits the result by token counts: each
+    passage gets what it gets fetched alone, in any order (mut57b: splitting at the wrong counts, which hands
+    passages their neighbours' rows, passed every test but the slow round trip)."""
+    shards = [[passage(f"p{row}", words, (6,), np.random.default_rng(row)) for row, words in enumerate([2, 7, 0, 4])]]
+    store = open_store(build_store(tmp_path / "store", shards, encoding="int8"))
+    wanted = ["p3", "p1", "p0", "p2", "p1"]
+    alone = {passage_id: store.fetch([passage_id])[0].states for passage_id in wanted}
+    for fetched in store.fetch(wanted):
+        np.testing.assert_array_equal(fetched.states, alone[fetched.id], err_msg=fetched.id)
 
 
 def test_one_outlier_token_leaves_its_int8_channel_to_the_rest_of_the_shard() -> None:
