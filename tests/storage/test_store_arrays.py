@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zarr
 
-from dilstore.storage.arrays import compressor_codecs, write_array
+from dilstore.storage.arrays import compressor_codecs, offsets_are_valid, write_array
 from dilstore.storage.mapped import map_array
 
 RNG = np.random.default_rng(11)
@@ -46,3 +46,19 @@ def test_write_array_writes_what_zarr_python_writes(tmp_path: Path, compressor: 
     ours_files, theirs_files = _files(tmp_path / "ours"), _files(tmp_path / "theirs")
     assert sorted(ours_files) == sorted(theirs_files) and len(ours_files) > len(CASES)
     assert [name for name in ours_files if ours_files[name] != theirs_files[name]] == []
+
+
+@pytest.mark.parametrize(("offsets", "valid"), [
+    ([0, 3, 3, 10], True),
+    ([0], True),  # no passages (data length 0)
+    ([1, 3, 3, 10], False),  # not from 0: the first passage would lose its first row
+    ([0, 4, 3, 10], False),  # falls by one
+    ([0, 3, 3, 9], False),  # ends short of the data
+    ([0, 3, 3, 11], False),  # ends past it
+    ([], False),
+])  # fmt: skip
+def test_offsets_are_valid_only_from_0_never_falling_to_the_data_length(offsets: list[int], valid: bool) -> None:
+    """Readers and verify refuse ragged offsets by this one rule (mut57b: offsets from 1, falling by one, or ending
+    short of the data passed every test, whose damage was two entries swapped or an end stretched by 7)."""
+    data_length = 10 if len(offsets) > 1 else 0
+    assert bool(offsets_are_valid(np.array(offsets, dtype=np.int64), data_length)) is valid
