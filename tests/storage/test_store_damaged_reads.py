@@ -91,6 +91,16 @@ def test_offsets_ending_past_the_data_are_refused(store: Path, read_path: str) -
         opened.fetch([ids[-1]])
 
 
+def test_an_id_index_array_shorter_than_the_store_is_refused_when_it_opens(store: Path) -> None:
+    """An index whose rows array lost its last entry (its header still right) is refused by name when the store opens
+    (mut57b: without the length check the store opened, and lookups read past the array)."""
+    group = zarr.open_group(store / INDEX_DIR, mode="r+")
+    rows = np.asarray(group[INDEX_ROWS][...])
+    group.create_array(INDEX_ROWS, data=rows[:-1], overwrite=True)
+    with pytest.raises(StoreFormatError, match=rf"{INDEX_DIR}/{INDEX_ROWS} is not an array of {len(rows)} entries"):
+        open_store(store)
+
+
 @pytest.mark.parametrize("read_path", PATHS)
 @pytest.mark.parametrize(("rows", "asked"), [(lambda values: values + 1000, r"row 100\d of 5 passages"),
                                              (lambda values: np.full_like(values, 5), r"row 5 of 5 passages")],
