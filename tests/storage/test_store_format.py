@@ -392,6 +392,23 @@ def test_the_writer_rejects_bad_records_naming_them(change, message, tmp_path) -
     assert not (tmp_path / "shards" / "shard-00000").exists()
 
 
+@pytest.mark.parametrize(("span", "refused"), [("one past the end", True), ("start after end", True),
+                                               ("empty at the end", False)])  # fmt: skip
+def test_the_writer_takes_char_spans_inside_the_text_only(span: str, refused: bool, tmp_path) -> None:
+    """A span may end at the text's end but not one character past it, nor end before it starts (mut57b: a span one
+    past the end was written, with the check off by one, and no test saw it)."""
+    record = passage("p", 3, (4,), np.random.default_rng(5))
+    end = len(record.text)
+    spans = record.char_spans.copy()
+    spans[0] = {"one past the end": (end - 1, end + 1), "start after end": (2, 1), "empty at the end": (end, end)}[span]
+    records = [replace(record, char_spans=spans)]
+    if refused:
+        with pytest.raises(DilstoreError, match=r"^passage 'p': token 0 has char span .* outside its text"):
+            write_shard(tmp_path, 0, records, kind="dilbert", encoding="fp32", durable=False)
+    else:
+        write_shard(tmp_path, 0, records, kind="dilbert", encoding="fp32", durable=False)
+
+
 def test_token_ids_at_int32_s_bounds_are_stored_and_one_beyond_is_refused_naming_the_passage(tmp_path) -> None:
     """Token ids are stored as int32: both ends of its range read back as given, and an id one past either end is
     refused, naming its passage, rather than wrapped around to another word piece."""
