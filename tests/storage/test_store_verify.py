@@ -407,23 +407,55 @@ def test_an_index_out_of_order_or_pointing_at_other_rows_is_named(store, damage,
 def test_a_char_span_that_ends_before_it_starts_is_named(store) -> None:
     """A span (2, 1) lies inside its text by both ends but is no span (mut57b: the start <= end part of the check
     could be dropped and verify passed the store, signed again as anyone can)."""
-    relative = "shards/shard-00000/tokens/char_spans"
-    spans = zarr.open_array(store / relative, mode="r+")
-    values = np.asarray(spans[...])
-    token = int(np.flatnonzero(values[:, 0] >= 0)[0])
-    values[token] = (2, 1)
-    spans[...] = values
+    spans = np.asarray(zarr.open_array(store / "shards/shard-00000/tokens/char_spans", mode="r")[...])
+    token = int(np.flatnonzero(spans[:, 0] >= 0)[0])
+    _array_signed_again(store, "shards/shard-00000/tokens/char_spans", lambda values: values.__setitem__(token, (2, 1)))
+    assert verify_store(store).problems == [
+        f"shards/shard-00000: 1 char spans lie outside their passage text (first at token {token})"]
 
-    def change(data: dict) -> None:
+
+def _array_signed_again(store: Path, relative: str, change) -> None:
+    """Rewrite the array at `relative` with `change(values)` applied in place, and sign the manifest again."""
+    array = zarr.open_array(store / relative, mode="r+")
+    values = np.asarray(array[...]).copy()
+    change(values)
+    array[...] = values
+
+    def files(data: dict) -> None:
         for path in (store / relative).rglob("*"):
             if path.is_file():
                 content = path.read_bytes()
                 data["files"][path.relative_to(store).as_posix()] = {
                     "bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
 
+    resigned(store, files)
+
+
+def test_a_shard_of_another_build_is_named(store) -> None:
+    """A shard whose attributes name another build than the manifest (its zarr.json signed again) is named (mut57b:
+    readers refuse it, but verify's own check had no test and could be dropped)."""
+    group = zarr.open_group(store / "shards/shard-00001", mode="r+")
+    attributes = group.attrs.asdict()["dilstore"]
+    built = attributes.get("generation")
+    group.attrs["dilstore"] = {**attributes, "generation": "b" * 16}
+
+    def change(data: dict) -> None:
+        content = (store / "shards/shard-00001/zarr.json").read_bytes()
+        data["files"]["shards/shard-00001/zarr.json"] = {
+            "bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+
     resigned(store, change)
     assert verify_store(store).problems == [
-        f"shards/shard-00000: 1 char spans lie outside their passage text (first at token {token})"]
+        f"shards/shard-00001: belongs to build {'b' * 16!r}, the manifest to {built!r}"]
+
+
+def test_a_passage_vector_of_nan_is_named(tmp_path: Path) -> None:
+    """mut57b: verify's check of passage vectors had no test; it could be dropped and verify passed the store."""
+    shards = random_shards([2], state_shape=(5,), seed=6, max_words=12)
+    shards[0] = [dataclasses.replace(record, vector=np.ones(3, np.float32)) for record in shards[0]]
+    store = build_store(tmp_path / "store", shards)
+    _array_signed_again(store, "shards/shard-00000/passages/vectors", lambda values: values.__setitem__((1, 2), np.nan))
+    assert verify_store(store).problems == ["shards/shard-00000: passages/vectors holds NaN or infinite values"]
 
 
 @pytest.mark.parametrize(("total", "problem"), [
@@ -436,12 +468,10 @@ def test_manifest_totals_that_are_not_the_shards_sum_are_named(store, total: str
     assert problem in verify_store(store).problems
 
 
-def test_superseded_rows_listed_twice_are_named_as_such(tmp_path: Path) -> None:
-    """An appended store's index whose superseded rows repeat one row (signed again, as anyone can) is named for
-    that, not only for the counts that then fail to add up."""
+def _appended_with_one_row_replaced(tmp_path: Path):
+    """A sound store of one shard and an append (with replace) whose shard supersedes one of its rows."""
     from dilstore.storage.append import commit_append
     from dilstore.storage.format import append_dir
-    from dilstore.storage.id_index import IdIndex, Superseded, write_index
     from tests.fixtures.store_fixtures import fingerprint_for
 
     shards = random_shards([3, 2], state_shape=(5,), seed=5, max_words=12)
@@ -453,6 +483,30 @@ def test_superseded_rows_listed_twice_are_named_as_such(tmp_path: Path) -> None:
                 kind="dilbert", encoding="fp32", durable=False, generation=generation)
     manifest = commit_append(store, generation, fingerprint_for("dilbert", "fp32"), replace=True)
     assert manifest.superseded_passages == 1 and verify_store(store).ok
+    return store, manifest
+
+
+def test_superseded_tokens_other_than_the_superseded_rows_hold_are_named(tmp_path: Path) -> None:
+    """A manifest whose superseded token count is one off (its token total too, so that the totals add up) is named
+    (mut57b: the check had no test; it could be dropped and verify passed the store)."""
+    store, manifest = _appended_with_one_row_replaced(tmp_path)
+    held = manifest.superseded_tokens
+
+    def change(data: dict) -> None:
+        data["superseded"]["tokens"] += 1
+        data["tokens"] -= 1
+
+    resigned(store, change)
+    assert verify_store(store).problems == [
+        f"{manifest.index}: superseded rows hold {held} tokens, the manifest says {held + 1}"]
+
+
+def test_superseded_rows_listed_twice_are_named_as_such(tmp_path: Path) -> None:
+    """An appended store's index whose superseded rows repeat one row (signed again, as anyone can) is named for
+    that, not only for the counts that then fail to add up."""
+    from dilstore.storage.id_index import IdIndex, Superseded, write_index
+
+    store, manifest = _appended_with_one_row_replaced(tmp_path)
     group = zarr.open_group(store / manifest.index, mode="r")
     index = IdIndex(*(np.asarray(group[name][...]) for name in ("hashes", "shards", "rows")))
     once = (np.asarray(group["superseded_shards"][...]), np.asarray(group["superseded_rows"][...]))
