@@ -768,6 +768,14 @@ def test_a_page_without_text_says_so(tmp_path: Path) -> None:
                                           Rejected(str(dump), "8", "empty text")]  # fmt: skip
 
 
+def test_a_page_without_id_is_a_dead_letter_named_by_its_title(tmp_path: Path) -> None:
+    """mut57b: without page_record's own check the dead letter still said "missing id", but named no page (an empty
+    position) where it names the title; no test had a page without an id."""
+    dump = write_dump(tmp_path / "d.xml", "<page><title>No id</title><ns>0</ns><revision><text>Prose enough here."
+                                          "</text></revision></page>")  # fmt: skip
+    assert list(read_wikipedia(dump)) == [Rejected(str(dump), "No id", "missing id")]
+
+
 @pytest.mark.parametrize(
     ("wikitext", "text"),
     [("Start.<!-- never closed\n\nHidden prose.", "Start."), ("A <!-- c <!-- d --> B <!-- e", "A B"),
