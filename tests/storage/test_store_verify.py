@@ -449,6 +449,19 @@ def test_a_shard_of_another_build_is_named(store) -> None:
         f"shards/shard-00001: belongs to build {'b' * 16!r}, the manifest to {built!r}"]
 
 
+def test_int8_codes_of_minus_128_are_named_once_for_the_array(store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8 codes stop at -127 (symmetric): -128 is damage, named once however many blocks hold it (mut57b: neither
+    the code check nor the one problem per array had a test; blocks are 2**18 rows, here 4)."""
+    from dilstore.storage import verify
+
+    def below(values: np.ndarray) -> None:
+        values[:9, 0] = -128  # rows 0..8: three blocks of 4
+
+    _array_signed_again(store, "shards/shard-00000/states/codes", below)
+    monkeypatch.setattr(verify, "_CHECK_ROWS", 4)
+    assert verify_store(store).problems == ["shards/shard-00000: states/codes holds codes below -127 (rows 0..3)"]
+
+
 def test_a_passage_vector_of_nan_is_named(tmp_path: Path) -> None:
     """mut57b: verify's check of passage vectors had no test; it could be dropped and verify passed the store."""
     shards = random_shards([2], state_shape=(5,), seed=6, max_words=12)
