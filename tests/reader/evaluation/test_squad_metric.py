@@ -254,6 +254,20 @@ def test_a_context_and_answer_in_other_unicode_forms_are_refused_naming_the_form
         parse_squad(document, "file.json")
 
 
+def test_a_plain_miss_in_a_context_of_mixed_unicode_forms_gets_no_forms_hint() -> None:
+    """(read57 F1) A context written in neither form (one letter composed, one decomposed) and an ASCII answer at a
+    wrong answer_start was refused as written "in Unicode form neither NFC nor NFD and the answer text in NFC, which
+    print alike": the answer is in the context as it is written, at another place; the cause was the offset."""
+    context = "Caf\u00e9 Zu\u0308rich won in 1911."
+    document = _document([("q1", "Where?", [])], context=context)
+    _qa(document, 0)["answers"] = [{"text": "1911", "answer_start": 3}]
+    with pytest.raises(DilstoreError, match=r"not the answer text '1911'$"):
+        parse_squad(document, "file.json")
+    _qa(document, 0)["answers"] = [{"text": "Z\u00fcrich", "answer_start": 5}]  # in the context only once composed
+    with pytest.raises(DilstoreError, match="in Unicode form neither NFC nor NFD and the answer text in NFC"):
+        parse_squad(document, "file.json")
+
+
 def test_load_squad_names_the_file_for_unreadable_input(tmp_path: Path) -> None:
     not_json = tmp_path / "not.json"
     not_json.write_text('{"data": [\n  oops\n]}', encoding="utf-8")
