@@ -42,12 +42,29 @@ def is_terminal(stream: TextIO) -> bool:
         return False
 
 
+def redrawn_in_place(stream: TextIO) -> bool:
+    """Whether a bar on `stream` is redrawn where it stands: a terminal, or a Jupyter kernel's output (ipykernel's
+    OutStream, which says it is no terminal, and whose notebook draws a carriage return in place), also behind the
+    wrappers that keep its writes (runners.quiet.DiagnosticStream, `_Lines`: their `stream`).
+
+    A notebook calling `dilstore.precompute`, `verify` or an evaluation got one line per 30 s, a bar that looked
+    stuck, where it had been redrawn live (read57 F2); tqdm.auto's notebook widget too was redrawn only as often.
+    """
+    for _ in range(4):  # a wrapper of a wrapper at most, with room
+        if is_terminal(stream) or type(stream).__module__.partition(".")[0] == "ipykernel":
+            return True
+        stream = getattr(stream, "__dict__", {}).get("stream")
+        if stream is None:
+            return False
+    return False
+
+
 def bar_options(stream: TextIO | None = None, mininterval: float = 0.1) -> dict[str, Any]:
     """tqdm's `file`, `mininterval` (and `maxinterval`) and `dynamic_ncols` for a bar on `stream` (stderr by
-    default): redrawn at most every `mininterval` seconds on a terminal, one line every LOG_INTERVAL_SECONDS
-    elsewhere."""
+    default): redrawn at most every `mininterval` seconds on a terminal or in a notebook (`redrawn_in_place`), one
+    line every LOG_INTERVAL_SECONDS elsewhere."""
     stream = sys.stderr if stream is None else stream
-    if is_terminal(stream):
+    if redrawn_in_place(stream):
         return {"file": stream, "mininterval": mininterval, "dynamic_ncols": True}
     # maxinterval too: tqdm's monitor thread otherwise redraws a bar left alone for 10 s (its default).
     interval = max(mininterval, LOG_INTERVAL_SECONDS)

@@ -39,6 +39,34 @@ def test_a_bar_on_a_terminal_is_redrawn_live() -> None:
     assert bar_options(terminal, mininterval=0.5) == {"file": terminal, "mininterval": 0.5, "dynamic_ncols": True}
 
 
+class _KernelStream(io.StringIO):
+    """As ipykernel.iostream.OutStream, a Jupyter kernel's stderr: no terminal, drawn by the notebook."""
+
+
+_KernelStream.__module__ = "ipykernel.iostream"
+
+
+class _Wrapper:
+    """As runners.quiet.DiagnosticStream: the stream it keeps writing to is its `stream`."""
+
+    def __init__(self, stream: io.StringIO) -> None:
+        self.stream = stream
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+
+def test_a_bar_in_a_notebook_is_redrawn_live() -> None:
+    """(read57 F2) A Jupyter kernel's stderr says it is no terminal: a notebook's `dilstore.verify` or evaluation
+    wrote one line per 30 s, a bar that looked stuck, where it had been redrawn live; as a command's stderr is
+    wrapped, so it may be."""
+    kernel = _KernelStream()
+    assert bar_options(kernel, mininterval=0.5) == {"file": kernel, "mininterval": 0.5, "dynamic_ncols": True}
+    wrapped = _Wrapper(kernel)
+    assert bar_options(wrapped)["file"] is wrapped  # type: ignore[arg-type]
+    assert bar_options(_Wrapper(io.StringIO()))["mininterval"] == LOG_INTERVAL_SECONDS  # type: ignore[arg-type]
+
+
 def test_every_progress_bar_takes_its_options_from_bar_options() -> None:
     """(obs57 F1) A bar made without them floods a log again."""
     sources = [*ROOT.glob("runners/*.py"), *ROOT.glob("reader/**/*.py"), *ROOT.glob("pipelines/**/*.py")]
