@@ -16,19 +16,26 @@ LOG_INTERVAL_SECONDS = 30.0
 
 
 class _Lines:
-    """A stream for tqdm that writes each frame of a bar as one line, without tqdm's carriage returns and padding."""
+    """A stream for tqdm that writes each frame of a bar as one line, without tqdm's carriage returns and padding.
 
-    def __init__(self, stream: TextIO) -> None:
+    On a closed stderr (`2>&-`, which Python makes `sys.stderr = None`) it writes nothing: tqdm wrote to None, and
+    every command whose main thread draws its bar (verify, index, compact, evaluate-qa, rerank, train; precompute's
+    polling thread died alone) ended at its first frame, exit 1 with no word, where the others say what went wrong
+    on stdout (read57 F3).
+    """
+
+    def __init__(self, stream: TextIO | None) -> None:
         self.stream = stream
 
     def write(self, text: str) -> int:
         frame = text.replace("\r", "").rstrip(" ")
-        if frame.strip():
+        if frame.strip() and self.stream is not None:
             self.stream.write(frame if frame.endswith("\n") else frame + "\n")
         return len(text)
 
     def flush(self) -> None:
-        self.stream.flush()
+        if self.stream is not None:
+            self.stream.flush()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
@@ -62,9 +69,9 @@ def redrawn_in_place(stream: TextIO) -> bool:
 def bar_options(stream: TextIO | None = None, mininterval: float = 0.1) -> dict[str, Any]:
     """tqdm's `file`, `mininterval` (and `maxinterval`) and `dynamic_ncols` for a bar on `stream` (stderr by
     default): redrawn at most every `mininterval` seconds on a terminal or in a notebook (`redrawn_in_place`), one
-    line every LOG_INTERVAL_SECONDS elsewhere."""
+    line every LOG_INTERVAL_SECONDS elsewhere, nowhere on a closed stderr (None)."""
     stream = sys.stderr if stream is None else stream
-    if redrawn_in_place(stream):
+    if stream is not None and redrawn_in_place(stream):
         return {"file": stream, "mininterval": mininterval, "dynamic_ncols": True}
     # maxinterval too: tqdm's monitor thread otherwise redraws a bar left alone for 10 s (its default).
     interval = max(mininterval, LOG_INTERVAL_SECONDS)

@@ -76,3 +76,15 @@ def test_every_progress_bar_takes_its_options_from_bar_options() -> None:
     missing = [f"{path.relative_to(ROOT)}: tqdm({call.group(1)[:40]}" for path, call in calls
                if "bar_options(" not in call.group(1)]  # fmt: skip
     assert not missing, missing
+
+
+def test_a_bar_on_a_closed_stderr_writes_nothing_and_ends_nothing(monkeypatch) -> None:
+    """(read57 F3) With stderr closed (`2>&-`: `sys.stderr = None`) tqdm wrote to None, and `dilstore verify STORE
+    2>&-` (every command whose bar is drawn by its main thread) ended at the bar's first frame, exit 1 without a
+    word."""
+    import sys
+
+    monkeypatch.setattr(sys, "stderr", None)
+    with tqdm(total=3, unit="passage", desc="verify", **bar_options()) as bar:
+        bar.update(3)
+    assert bar.n == 3
