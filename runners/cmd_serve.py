@@ -204,12 +204,23 @@ def log_as_uvicorn_does() -> None:
 
     Without a handler they went through logging's last resort, bare: a log monitor that watches for ERROR and
     WARNING missed the server's most important event (serve46 F1).
+
+    `--access-log`'s lines (`dilstore.serve.access`) go to stdout, in uvicorn's format, as uvicorn's own access log
+    wrote them: since obs57 F2 they went to stderr, and `serve --access-log > access.log` found its file empty,
+    the lines mixed into the error log (read57 F4).
     """
     import logging
 
-    serve_log.handlers[:] = logging.getLogger("uvicorn").handlers
+    uvicorn_handlers = logging.getLogger("uvicorn").handlers
+    serve_log.handlers[:] = uvicorn_handlers
     serve_log.setLevel(logging.INFO)
     serve_log.propagate = False
+    access: logging.Handler = logging.NullHandler() if sys.stdout is None else logging.StreamHandler(sys.stdout)
+    access.setFormatter(next((handler.formatter for handler in uvicorn_handlers if handler.formatter), None))
+    access_log = logging.getLogger(f"{serve_log.name}.access")
+    access_log.handlers[:] = [access]
+    access_log.setLevel(logging.INFO)
+    access_log.propagate = False
 
 
 def log_colors(environment: Mapping[str, str]) -> bool | None:

@@ -73,6 +73,8 @@ from dilstore.storage.messages import listed, other_form_hint
 from dilstore.storage.secrets import scrubbed
 
 logger = logging.getLogger("dilstore.serve")
+# --access-log's lines: on stdout, as uvicorn's own access log wrote them (cmd_serve.log_as_uvicorn_does).
+access_logger = logging.getLogger("dilstore.serve.access")
 # The store a request was sent to, for its access-log line: set by the router, read by the middleware that made the
 # dict (the route runs in a task of its own, which shares the dict, not the variable's value).
 _REQUEST_STORE: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("request_store", default=None)
@@ -418,7 +420,7 @@ def add_request_handling(app: FastAPI, metrics: Metrics, *, access_log: bool = F
             metrics.in_flight(endpoint, -1)
             metrics.count_request(endpoint, status, seconds, retry_later=retry_later, store=noted.get("store"))
             if access_log:
-                logger.info("%s", access_line(request, status, seconds, noted.get("store")))
+                access_logger.info("%s", access_line(request, status, seconds, noted.get("store")))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Response:

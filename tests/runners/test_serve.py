@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -378,7 +379,7 @@ class Lines(logging.Handler):
 def test_access_log_lines_name_status_seconds_and_store_but_no_query_string(served) -> None:
     """(obs57 F2) --access-log was uvicorn's line: no duration and no store, so a slow or failing store could not
     be told from the log, and a client's `?token=...` written into it. Now one line per request says all but that."""
-    handler, log = Lines(), logging.getLogger("dilstore.serve")
+    handler, log = Lines(), logging.getLogger("dilstore.serve.access")
     log.addHandler(handler)
     level, log.level = log.level, logging.INFO
     client = served[0]
@@ -397,6 +398,32 @@ def test_access_log_lines_name_status_seconds_and_store_but_no_query_string(serv
         ("POST", "/ask", "200", '"qa"'), ("POST", "/ask", "404", None), ("POST", "/rerank", "200", '"s2"'),
         ("GET", "/aERROR%3A%20%22forged%22", "404", None)]  # fmt: skip
     assert not any("SECRET" in line for line in handler.lines)
+
+
+def test_access_log_lines_go_to_stdout_as_uvicorn_s_did(monkeypatch) -> None:
+    """(read57 F4) uvicorn wrote its access log on stdout, the server's other lines on stderr; the access lines of
+    obs57 F2 went to stderr, and `dilstore serve --access-log > access.log` found its file empty."""
+    import uvicorn.logging
+
+    from dilstore.runners.cmd_serve import log_as_uvicorn_does
+    from dilstore.runners.serve_app import access_logger
+
+    out, err = io.StringIO(), io.StringIO()
+    errors = logging.StreamHandler(err)
+    errors.setFormatter(uvicorn.logging.DefaultFormatter("%(levelprefix)s %(message)s", use_colors=False))
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "dilstore.serve", "dilstore.serve.access")]
+    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
+    monkeypatch.setattr(sys, "stdout", out)
+    try:
+        loggers[0].handlers[:] = [errors]
+        log_as_uvicorn_does()
+        access_logger.info("%s", '127.0.0.1:50070 - "POST /ask HTTP/1.1" 200 0.012s store="qa"')
+        loggers[1].error("store 'qa' is unavailable from now on: gone")
+    finally:
+        for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
+    assert out.getvalue() == 'INFO:     127.0.0.1:50070 - "POST /ask HTTP/1.1" 200 0.012s store="qa"\n'
+    assert err.getvalue() == "ERROR:    store 'qa' is unavailable from now on: gone\n"
 
 
 def test_health_finds_a_store_moved_away_under_the_server(tiny: dict[str, Any], tmp_path: Path) -> None:
