@@ -393,12 +393,29 @@ def indexed_state(store: Manifest) -> dict[str, Any]:
     }
 
 
+def holds_lucene_index(folder: Path) -> bool:
+    """Whether `folder` holds a Lucene index (a `segments_N` file); False when there is no such folder.
+
+    A DilstoreError when it is there but this user cannot list it (another account's index, `chmod 000`): a glob
+    of it finds nothing and says nothing, so such an index was "no Lucene index at STORE/bm25: build it with
+    `dilstore index`", `verify` passed over it, and `serve` served a rerank store without its index (perm57 F2).
+    """
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except PermissionError as error:
+        raise DilstoreError(f"cannot read the BM25 index folder {folder}: {error.strerror}; the folder and its files "
+                            "must be readable by this user (a rebuild is not needed)") from None  # fmt: skip
+    return any(name.startswith("segments_") for name in names)
+
+
 def require_index_files(index: Path, store_path: str | Path, *, given: bool, local_root: Path | None) -> None:
     """A DilstoreError unless `index` holds a Lucene index, saying what to do: wait for the `dilstore index` building
     it (a live one holds the store's index lock; only for a store at `local_root`), or build it (once a `dilstore
     compact`, which holds the index lock and the write lock, is done), or, for a folder the user `given` (`--index
     DIR`), which `dilstore index` never writes, give the folder of one it built."""
-    if any(index.glob("segments_*")):
+    if holds_lucene_index(index):
         refuse_special_index_files(index)
         return
     if given:
@@ -645,7 +662,7 @@ class Bm25Searcher:
     """Anserini's SimpleSearcher (what pyserini's LuceneSearcher wraps) with BM25 defaults (k1=0.9, b=0.4)."""
 
     def __init__(self, index_dir: Path) -> None:
-        if not any(index_dir.glob("segments_*")):
+        if not holds_lucene_index(index_dir):
             raise DilstoreError(f"no Lucene index at {index_dir}: build it with `dilstore index STORE`")
         refuse_special_index_files(index_dir)
         path = java_path(index_dir, "the BM25 index folder")

@@ -441,7 +441,7 @@ def served_index(name: str, path: str, kind: str, given: Path | None) -> Path | 
     A dilbert store needs one (/ask retrieves); a rerank store searches it for bm25_top_k only, so without one
     (none given, none at STORE/bm25, or a store at a URL) it gets None and requests must give doc_ids.
     """
-    from dilstore.reader.retrieval import bm25_index_dir, check_index_covers, require_index_files
+    from dilstore.reader.retrieval import bm25_index_dir, check_index_covers, holds_lucene_index, require_index_files
     from dilstore.storage.location import StoreLocation, redacted
     from dilstore.storage.manifest import read_manifest
 
@@ -449,7 +449,7 @@ def served_index(name: str, path: str, kind: str, given: Path | None) -> Path | 
         index: Path | None = given
     elif StoreLocation.parse(path).local_root is not None:
         default = bm25_index_dir(path)
-        index = default if kind == DILBERT or any(default.glob("segments_*")) else None
+        index = default if kind == DILBERT or holds_lucene_index(default) else None
     elif kind == DILBERT:
         raise DilstoreError(f"store {redacted(path)} is not on the local filesystem, and its BM25 index must be "
                             "(Lucene reads only local files): give a local copy of the store's bm25/ folder with "

@@ -116,14 +116,20 @@ def verify_with_index(
 def bm25_problems(store: str) -> list[str] | None:
     """The problems of a local store's BM25 index (STORE/bm25, outside the manifest: `reader.retrieval.
     index_problems`), when it has one and its manifest can be read; None when it was not checked."""
-    from dilstore.reader.retrieval import bm25_index_dir, index_problems
+    from dilstore.reader.retrieval import bm25_index_dir, holds_lucene_index, index_problems
+    from dilstore.storage.errors import DilstoreError
     from dilstore.storage.format import StoreFormatError
     from dilstore.storage.location import StoreLocation
     from dilstore.storage.manifest import read_manifest
 
     location = StoreLocation.parse(store)
-    if location.local_root is None or not any(bm25_index_dir(store).glob("segments_*")):
+    if location.local_root is None:
         return None
+    try:
+        if not holds_lucene_index(bm25_index_dir(store)):
+            return None
+    except DilstoreError as error:  # an index this user cannot list was passed over, and verify said OK (perm57 F2)
+        return [str(error)]
     try:
         manifest = read_manifest(location)
     except StoreFormatError:  # verify has said why

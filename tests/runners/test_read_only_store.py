@@ -140,3 +140,34 @@ def test_the_watch_sees_a_lock_file_beside_a_store(stores: dict[str, Path]) -> N
         with no_writes_under(stores["folder"]):
             lock.open("w").close()
     lock.unlink(missing_ok=True)
+
+
+def test_a_bm25_folder_this_user_cannot_list_is_named_not_called_missing(tmp_path: Path, monkeypatch) -> None:
+    """(perm57 F2) A BM25 index folder another account made unreadable (`chmod 000`) globbed as empty: `ask` said "no
+    Lucene index at STORE/bm25: build it with `dilstore index`" of an index that was there, `verify` passed over it
+    and said OK, and `serve` served a rerank store without its index. Root lists any folder, so the refusal is what
+    os.listdir raises here."""
+    from dilstore.reader.retrieval import Bm25Searcher, require_index_files
+    from dilstore.runners.cmd_serve import served_index
+    from dilstore.runners.cmd_store import bm25_problems
+    from dilstore.storage.errors import DilstoreError
+
+    index = tmp_path / "store" / "bm25"
+    index.mkdir(parents=True)
+    (index / "segments_1").write_bytes(b"")
+    real = os.listdir
+
+    def listdir(path: Any = ".") -> list[str]:
+        if Path(path) == index:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    said = f"cannot read the BM25 index folder {index}: Permission denied; the folder and its files must be readable"
+    with pytest.raises(DilstoreError, match=said):
+        require_index_files(index, index.parent, given=False, local_root=index.parent)
+    with pytest.raises(DilstoreError, match=said):
+        Bm25Searcher(index)
+    with pytest.raises(DilstoreError, match=said):
+        served_index("earl", str(index.parent), "earl-s1", None)
+    assert [problem.startswith(said) for problem in bm25_problems(str(index.parent)) or []] == [True]
