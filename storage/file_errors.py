@@ -7,9 +7,12 @@ which disk to free (the store's, an output's, or $TMPDIR's; full49 F4).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import re
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from os import PathLike
@@ -44,16 +47,49 @@ class _CopyFailed(Exception):
 
 
 def copy_file(source: Path, destination: Path, *, follow_symlinks: bool = True) -> None:
-    """shutil.copy2, where a failure for want of room names `destination`, the file it could not write.
+    """shutil.copy2, where a failure for want of room names `destination`, the file it could not write, and the copy
+    gets the mode of a new file (`_give_copy_mode`).
 
     shutil's copy on a full disk names the source, the file it read ("No space left on device: STORE/run-summary.json"),
     which sent the user to the store that was being copied (disk56 F3)."""
     try:
         shutil.copy2(source, destination, follow_symlinks=follow_symlinks)
+        if follow_symlinks or not os.path.islink(destination):
+            _give_copy_mode(Path(destination))
     except OSError as error:
         if error.errno in NO_ROOM:
             raise OSError(error.errno, error.strerror, str(destination)) from error
         raise
+
+
+def _give_copy_mode(path: Path) -> None:
+    """Give the copied file `path` the mode open() gives a new file under the umask, its execute bits kept.
+
+    shutil.copy2 copies the source's mode: a `dilstore compact --output` of a store made read-only (`chmod -R a-w`,
+    another account's files) made a read-only BM25 index folder, failed writing its record into it with "Permission
+    denied: OUT/bm25/dilstore-index.json", and left the folder behind, which its cleanup could not delete either, nor
+    the next `precompute --overwrite` ("Permission denied: write.lock"; perm57 F3). The store's own files get the
+    umask's mode (storage/atomic_files.py); its copies now do too.
+    """
+    from dilstore.storage.atomic_files import process_umask  # atomic_files imports this module
+
+    executable = stat.S_IMODE(path.stat().st_mode) & 0o111
+    path.chmod((0o666 | executable) & ~process_umask())
+
+
+def _give_folder_modes(destination: Path) -> None:
+    """Give `destination` and the folders below it, as copytree made them, the mode mkdir gives a new folder under the
+    umask: copytree gives each folder its source's mode once its files are in, a read-only one's too (perm57 F3)."""
+    from dilstore.storage.atomic_files import process_umask  # atomic_files imports this module
+
+    if not destination.is_dir() or destination.is_symlink():
+        return
+    mode = 0o777 & ~process_umask()
+    destination.chmod(mode)
+    for folder, children, _ in os.walk(destination):  # links to folders are listed, not followed: they stay
+        for child in children:
+            if not os.path.islink(os.path.join(folder, child)):
+                os.chmod(os.path.join(folder, child), mode)
 
 
 def copy_tree(source: Path, destination: Path, *, symlinks: bool = False, dirs_exist_ok: bool = False) -> None:
@@ -80,3 +116,6 @@ def copy_tree(source: Path, destination: Path, *, symlinks: bool = False, dirs_e
         if found is None:
             raise OSError(None, why, failed_destination) from None
         raise OSError(int(found[1]), found[2], failed_destination) from None
+    finally:  # a failed copy's folders too: its cleanup must be able to delete what is in them
+        with contextlib.suppress(OSError):
+            _give_folder_modes(Path(destination))

@@ -146,3 +146,36 @@ def test_safetensors_files_get_the_umask_s_mode_and_other_files_keep_theirs(tmp_
     give_new_file_modes(tmp_path)
     assert stat.S_IMODE(weights.stat().st_mode) == 0o666 & ~process_umask()
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
+
+
+def test_a_copied_read_only_tree_gets_the_modes_of_new_files_and_folders(tmp_path: Path) -> None:
+    """(perm57 F3) shutil's copies kept the source's modes: `dilstore compact --output` of a store made read-only (its
+    BM25 index 0555/0444, another account's or `chmod -R a-w`) made a read-only index folder, failed writing its
+    record into it ("Permission denied: OUT/bm25/dilstore-index.json") and left the folder, which no cleanup could
+    delete. A copy now gets what a new file or folder gets under the umask; a file's execute bits stay."""
+    from dilstore.storage.file_errors import copy_file, copy_tree
+
+    plain_file, plain_folder = tmp_path / "plain", tmp_path / "plain-folder"
+    plain_file.write_bytes(b"")
+    plain_folder.mkdir()
+    source = tmp_path / "bm25"
+    (source / "sub").mkdir(parents=True)
+    for path, content in ((source / "segments_1", b"s"), (source / "sub" / "part", b"p"), (source / "run.sh", b"x")):
+        path.write_bytes(content)
+        path.chmod(0o555 if path.name == "run.sh" else 0o444)
+    (source / "link").symlink_to("segments_1")
+    for folder in (source / "sub", source):
+        folder.chmod(0o555)
+    try:
+        copy_tree(source, tmp_path / "copy", symlinks=True)
+        copy_file(source / "segments_1", tmp_path / "one")
+    finally:
+        for folder in (source, source / "sub"):
+            folder.chmod(0o755)
+    copy = tmp_path / "copy"
+    assert {str(path.relative_to(copy)): mode(path) for path in [copy, *copy.rglob("*")] if not path.is_symlink()} == {
+        ".": mode(plain_folder), "sub": mode(plain_folder), "segments_1": mode(plain_file),
+        "sub/part": mode(plain_file), "run.sh": mode(plain_file) | (0o555 & ~process_umask() & 0o111),
+    }  # fmt: skip
+    assert (copy / "link").is_symlink() and mode(tmp_path / "one") == mode(plain_file)
+    (copy / "sub" / "new").write_bytes(b"")  # the copy's owner writes into it (denied before, unless root)
