@@ -34,7 +34,7 @@ from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
-from dilstore.storage.replacement import building_dir
+from dilstore.storage.replacement import building_dir, refuse_undeletable
 
 
 @dataclass(frozen=True)
@@ -311,7 +311,8 @@ def changed_since_built(store: Path, found: dict[str, Any] | None) -> bool:
 
 
 def check_replaceable(store: Path, inputs: list[str]) -> None:
-    """--overwrite never replaces the current folder, a parent of it, or a folder that holds an input."""
+    """--overwrite never replaces the current folder, a parent of it, a folder that holds an input, or one this user
+    could not delete."""
     target = store.resolve()
     here = Path.cwd().resolve()
     if target == here or target in here.parents:
@@ -320,6 +321,7 @@ def check_replaceable(store: Path, inputs: list[str]) -> None:
         source = Path(given).resolve()
         if target in source.parents:
             raise DilstoreError(f"--output {store} holds the input {given}; it is never replaced")
+    refuse_undeletable(store, "--overwrite deletes the store it replaces")  # before the build, not after (perm57 F4)
 
 
 def discard_other_replacement(store: Path, spec: dict[str, Any]) -> Path:

@@ -90,7 +90,7 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
     from dilstore.pipelines.sharding import MAX_DEFAULT_SHARDS
     from dilstore.storage.durability import remove_path
     from dilstore.storage.format import MANIFEST_FILE
-    from dilstore.storage.replacement import finish_interrupted_swap, swap_in
+    from dilstore.storage.replacement import finish_interrupted_swap, refuse_undeletable, swap_in
     from dilstore.storage.write_lock import INDEX_ROLE, write_lock
 
     store = _local_store(args.store, in_place=args.output is None)
@@ -116,6 +116,9 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
             reason = None if output is not None else already_compact(store, args.shards)
             if reason is not None:
                 return {**_unchanged(store, before, reason, time.time() - started), "finished": finished}
+            if output is None:  # before any work: the swap's deletion of the old store failed silently (perm57 F4)
+                refuse_undeletable(store, "an in-place compaction deletes the store it replaces; --output writes the "
+                                   "compacted store elsewhere")  # fmt: skip
             target = output or _building_folder(store)
             result, index = _compact_into(store, target, args.shards, before["bytes"],
                                           show_progress=not (args.no_progress or args.json))  # fmt: skip

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from dilstore.storage.durability import fsync_dir, replace_dir
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
 from dilstore.storage.location import StoreLocation
 
@@ -43,13 +45,50 @@ def finish_interrupted_swap(store: Path) -> list[str]:
         done.append(f"put the new store a stopped run had built at {building} in place" if finished else
                     f"put the store a stopped run had set aside at {old} back in place")  # fmt: skip
     if old.is_dir():
-        shutil.rmtree(old)
+        _remove_tree(old, "the old store's copy a stopped run left")
         done.append(f"deleted the old store's copy a stopped run left at {old}")
     stopped = stopped_compaction_beside(store)
     if stopped is not None:  # a compaction killed before its swap: the store is as it was (left55 F1)
-        shutil.rmtree(stopped)
+        _remove_tree(stopped, "what a compaction stopped before its swap left")
         done.append(f"deleted what a compaction stopped before its swap left at {stopped}")
     return done
+
+
+def _remove_tree(folder: Path, what: str) -> None:
+    """Delete `folder` (`what` it is, in words); a DilstoreError naming it and the file it failed at.
+
+    shutil.rmtree's errors name the entry alone, relative to its folder: a copy this user could not delete stopped
+    every later run of the store with "Permission denied: precompute.json" (perm57 F4)."""
+    def failed(path: str, error: BaseException) -> None:
+        strerror = getattr(error, "strerror", None) or error
+        raise DilstoreError(f"cannot delete {what} at {folder}: {strerror} (at {path}); delete it (as its owner, or "
+                            "after `chmod -R u+w` on it), then run the command again") from None  # fmt: skip
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(folder, onexc=lambda _, path, error: failed(path, error))
+    else:  # onerror: deprecated from 3.12 on
+        shutil.rmtree(folder, onerror=lambda _, path, info: failed(path, info[1]))
+
+
+def refuse_undeletable(folder: Path, why: str) -> None:
+    """A DilstoreError when this user could not delete the tree at `folder`, which `why` says is replaced: a folder
+    in it (itself included) that it cannot list, or whose entries it cannot remove (no write permission: another
+    account's store, `chmod -R a-w`). Nothing when `folder` is missing.
+
+    A replacement renames the old tree aside (its parent's permission is enough), puts the new one in place and then
+    deletes the old one, whose deletion failed silently: `precompute --overwrite` or an in-place `compact` of a store
+    another user built ended with success, the old store's whole copy left hidden beside the new one, and every
+    later write of the store failed with "Permission denied: precompute.json" (perm57 F4). Checked up front, before
+    any work.
+    """
+    access = {"effective_ids": True} if os.access in os.supports_effective_ids else {}
+    for current, _, _ in os.walk(folder):  # folders only need checking: deleting a file needs its folder's permission
+        if not os.access(current, os.R_OK | os.W_OK | os.X_OK, **access):
+            where = "it" if Path(current) == folder else f"its folder {current}"
+            raise DilstoreError(f"{folder} cannot be replaced by this user: {where} is not writable by it, so the old "
+                                f"files could not be deleted ({why}); run this as the user that owns them, give their "
+                                f"folders write permission (`chmod -R u+w {folder}`, or g+w for a group), or write to "
+                                "another folder")  # fmt: skip
 
 
 def stopped_compaction_beside(store: Path) -> Path | None:

@@ -69,6 +69,36 @@ def test_a_folder_holding_an_input_is_never_replaced(tmp_path: Path) -> None:
     check_replaceable(store, [str(tmp_path / "elsewhere.jsonl")])
 
 
+def test_a_store_this_user_could_not_delete_is_refused_before_the_build(tmp_path: Path, monkeypatch) -> None:
+    """(perm57 F4) `precompute --overwrite` of a store another user built (or `chmod -R a-w`) in a folder this user may
+    write renamed it aside, swapped the new one in, and its deletion failed silently: success, the old store's whole
+    copy hidden beside the new one, and every later write of the store "Permission denied: precompute.json". Root
+    deletes anything, so the refusal is what os.access answers here."""
+    store = fake_store(tmp_path / "store", SPEC)
+    locked = store / "shards" / "shard-00000"
+    locked.mkdir(parents=True)
+    check_replaceable(store, [])
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **given: Path(path) != locked and real(path, mode, **given))
+    with pytest.raises(DilstoreError, match=f"^{store} cannot be replaced by this user: its folder {locked} is not "
+                                            "writable by it, so the old files could not be deleted"):  # fmt: skip
+        check_replaceable(store, [])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root deletes any file")
+def test_an_old_copy_this_user_cannot_delete_is_named_by_its_whole_path(tmp_path: Path) -> None:
+    """(perm57 F4) shutil.rmtree names the entry it failed at alone: "Permission denied: precompute.json"."""
+    store = fake_store(tmp_path / "store", SPEC)
+    old = fake_store(tmp_path / ".store.dilstore-replaced", SPEC)
+    old.chmod(0o555)
+    try:
+        with pytest.raises(DilstoreError, match=f"cannot delete the old store's copy a stopped run left at {old}: "
+                                                f"Permission denied \\(at {old}/"):  # fmt: skip
+            finish_interrupted_swap(store)
+    finally:
+        old.chmod(0o755)
+
+
 def test_overwrite_leaves_the_old_store_in_place_until_the_new_one_is_swapped_in(tmp_path: Path) -> None:
     store = fake_store(tmp_path / "store", SPEC)
     assert prepare_store(store, OTHER, overwrite=True) is False
