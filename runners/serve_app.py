@@ -93,6 +93,16 @@ HEALTH_CHECK_SECONDS = 2.0  # how long /health waits for the stores' checks; wha
 WATCH_SECONDS = 5.0  # how often the stores are checked (and a changed one reopened) with no /health asked
 
 
+def _readable(path: str) -> bool:
+    """Whether this process can open the file at `path` for reading now (a store's file whose permission had refused
+    it: an unavailable store stayed so after a `chmod` mended it, until a restart; perm57 F1)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+    except OSError:
+        return False
+    return True
+
+
 def _count(value: object) -> str:
     """A passage count as /stores gives it, with thousands separators."""
     return f"{value:,}" if isinstance(value, int) else str(value)
@@ -326,6 +336,10 @@ class StoreRouter:
             elif not attempted and store.files_changed and self._back_as_opened(store):
                 logger.info("store %r is available again: its files are back as it was opened", store.name)
                 store.problem = None
+            elif not attempted and store.unreadable is not None and _readable(store.unreadable) and \
+                    self._back_as_opened(store):  # fmt: skip
+                logger.info("store %r is available again: %s can be read now", store.name, store.unreadable)
+                store.problem, store.unreadable = None, None
             return
         service = store.latest
         try:

@@ -186,6 +186,7 @@ class ServedStore:
     problem: str | None = None
     reopener: Reopener | None = None
     files_changed: bool = False  # the problem is files changed under the store, which putting them back mends
+    unreadable: str | None = None  # the problem is this file's permission, which making it readable mends
     pending: Service | None = None
     checking: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the store's check
     _swap: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -221,7 +222,7 @@ class ServedStore:
             stale, self.pending = self.pending, fresh.service
         if stale is not None:
             stale.close()
-        self.description, self.problem = fresh.description, None
+        self.description, self.problem, self.unreadable = fresh.description, None, None
 
     def summary(self) -> str:
         """What `serve` says about the store it opened: its kind, encoding, size, where it is and its model."""
@@ -240,7 +241,10 @@ class ServedStore:
         if self.problem is None:
             self.problem = scrubbed(str(error))  # /health, /stores and every 503 show it, to any client
             self.files_changed = isinstance(error, StoreChangedError)
+            self.unreadable = getattr(error, "unreadable", None)
             until = "until its files change and it can be opened again" if self.reopener is not None else "from now on"
+            if self.unreadable is not None:
+                until = f"until {self.unreadable} can be read by this user, or {until.removeprefix('until ')}"
             logger.error("store %r is unavailable %s: %s", self.name, until, self.problem)
         return True
 
@@ -248,4 +252,6 @@ class ServedStore:
         """The 503 each request to this store gets once it has a problem."""
         remedy = ("it is opened again once its files change (a new build, its BM25 index rebuilt)"
                   if self.reopener is not None else "restart the server to serve the store as it is on disk now")
+        if self.unreadable is not None:
+            remedy = f"it is served again once {self.unreadable} can be read by the server's user, or {remedy}"
         return ClientError(503, f"store {self.name!r} is unavailable: {self.problem}; {remedy}")

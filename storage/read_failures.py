@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import ssl
 from pathlib import Path
 
@@ -72,15 +73,19 @@ def read_failure(what: str, error: BaseException, *, local: bool = False) -> Sto
     """The error for a failed read of `what`: the file cut short (HTTP 416, a range past its end) is damage, a
     StoreFormatError; so is a `local` file that cannot be read for good (no permission, a directory or a loop of
     links in its place, a null byte in its name), which trying again would not mend; anything else failed in
-    transit or for a while (too many open files), a StoreReadError, which may not recur."""
+    transit or for a while (too many open files), a StoreReadError, which may not recur. A file refused for want of
+    permission is named in the error's `unreadable`, which `serve` looks at again (perm57 F1)."""
     if isinstance(error, MemoryError):  # a file far larger than any of a store's: trying again would fail again
         return StoreFormatError(f"reading {what} needed more memory than this process has: no file of a store is "
                                 "that large; run `dilstore verify`")  # fmt: skip
     if local and (isinstance(error, ValueError) or getattr(error, "errno", None) in LASTING_ERRNOS):
-        return StoreFormatError(
+        lasting = StoreFormatError(
             f"cannot read {what}: {describe(error)}; every file of a store must be a readable file "
             "(`dilstore verify` checks them)"
         )
+        denied = getattr(error, "errno", None) in (errno.EACCES, errno.EPERM) and getattr(error, "filename", None)
+        lasting.unreadable = os.fsdecode(error.filename) if denied else None  # type: ignore[attr-defined]
+        return lasting
     if getattr(error, "status", None) == _RANGE_NOT_SATISFIABLE:
         return StoreFormatError(
             f"reading {what} failed: {describe(error)}: the file is shorter than its metadata says; "

@@ -380,3 +380,34 @@ def test_an_error_met_by_a_copy_a_reopened_one_replaced_marks_nothing() -> None:
     assert store.problem is None
     assert store.fail(DilstoreError("the new copy's shard went away"), new) is True  # type: ignore[arg-type]
     assert store.problem == "the new copy's shard went away"
+
+
+@pytest.mark.usefixtures("quick_watch")
+def test_a_store_file_made_readable_again_is_served_without_a_restart(
+    tiny: dict[str, Any], served_copy: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    """(perm57 F1) A store file the server's user could not read (`chmod 000`, another account's file) made the store
+    unavailable, and a `chmod` that mended it changed nothing until a restart: only a change of the manifest or the
+    index reopened it, which a permission is not. The file is now looked at again. Root reads any file, so the
+    refusal is what os.open raises here."""
+    import os
+
+    store = open_served_store("s2", str(served_copy), tiny["ranker_dir"], None)
+    denied = {str(path) for path in (served_copy / "shards").rglob("*") if path.is_file() and "states" in path.parts}
+    real = os.open
+
+    def opened(path: Any, flags: int, *args: Any, **options: Any) -> int:
+        if os.fspath(path) in denied:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path, flags, *args, **options)
+
+    with caplog.at_level("INFO", logger="dilstore.serve"), running([store]) as (client, _):
+        monkeypatch.setattr(os, "open", opened)
+        refused = client.post("/rerank", json={"query": QUERY, "doc_ids": IDS})
+        assert refused.status_code == 503 and "Permission denied" in refused.text, refused.text
+        assert "is served again once" in refused.json()["detail"] and client.get("/health").status_code == 503
+        monkeypatch.setattr(os, "open", real)  # as a `chmod 644` mends it
+        wait_for(lambda: client.get("/health").status_code == 200, "the store to be served again")
+        assert scores(client.post("/rerank", json={"query": QUERY, "doc_ids": IDS})).keys() == set(IDS)
+    assert any(message.startswith("store 's2' is available again: ") and message.endswith("can be read now")
+               for message in caplog.messages), caplog.messages  # fmt: skip
