@@ -34,6 +34,10 @@ WRITE_ROLE = "dilstore"
 INDEX_ROLE = "dilstore-index"
 PID_WAIT_SECONDS = 0.5  # how long a refused writer waits for the holder to record its pid
 _FOLDER_ATTEMPTS = 5  # makings of a lock file's folders that another writer's cleanup may remove in between
+# What open() asks for, as for any new file: the umask decides. It was 0644, which no umask widens: a lock file a
+# killed run left (a writer removes its own as it lets go) refused the store's other writers in its group under
+# umask 002 (perm57 F5).
+_LOCK_FILE_MODE = 0o666
 
 
 def lock_path(folder: Path, role: str = WRITE_ROLE) -> Path:
@@ -111,7 +115,7 @@ def _opened(path: Path, folder: Path) -> int:
         while True:
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                return os.open(path, os.O_RDWR | os.O_CREAT, _LOCK_FILE_MODE)
             except FileNotFoundError as error:  # the folder went between the two, or takes no new files
                 attempts += 1
                 if attempts == _FOLDER_ATTEMPTS and path.parent.is_dir():  # /proc says ENOENT (train46 F4)
@@ -124,8 +128,10 @@ def _opened(path: Path, folder: Path) -> int:
         if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):  # a read-only mount says EROFS
             raise
         if path.exists():  # the folder is writable, or the file would not be there: the file itself is not
+            left = ("; no process holds it (a run killed at once, kill -9 or the out-of-memory killer, leaves it): "
+                    "delete it" if _held_by(path) is None else "")
             raise DilstoreError(f"cannot open the lock file {path} of {folder}: {error.strerror}; it must be "
-                                "readable and writable by this user") from None  # fmt: skip
+                                f"readable and writable by this user{left}") from None  # fmt: skip
         raise DilstoreError(f"cannot create the lock file {path}: {error.strerror}; the lock of {folder} lives "
                             f"beside it, so its folder {path.parent} must be writable") from None  # fmt: skip
 
@@ -151,6 +157,22 @@ def _holder_pid(descriptor: int) -> str:
     return holder
 
 
+def _held_by(path: Path) -> str | None:
+    """The pid of a process that holds an flock on the file at `path` (this one included), or None: none does, or this
+    system does not say (Linux's /proc/locks names flock holders)."""
+    try:
+        status = path.stat()
+        table = Path("/proc/locks").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    device = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+    for line in table.splitlines():  # "1: FLOCK  ADVISORY  WRITE 28626 fe:00:2146315 0 EOF"
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == device and fields[4].isdigit():
+            return fields[4]
+    return None
+
+
 def writer_of(folder: Path, role: str = WRITE_ROLE) -> str | None:
     """The pid of another process that holds `folder`'s lock for `role`, or None: none holds it, this process does
     (an `--append` reading the manifest of the store it locked is no writer to wait for), or this system does not
@@ -159,17 +181,8 @@ def writer_of(folder: Path, role: str = WRITE_ROLE) -> str | None:
     Read, not probed by taking the lock: a reader that took it, however briefly, could turn away a writer starting
     at that moment.
     """
-    try:
-        status = lock_path(folder, role).stat()
-        table = Path("/proc/locks").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return None
-    device = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
-    for line in table.splitlines():  # "1: FLOCK  ADVISORY  WRITE 28626 fe:00:2146315 0 EOF"
-        fields = line.split()
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == device and fields[4].isdigit():
-            return None if int(fields[4]) == os.getpid() else fields[4]
-    return None
+    holder = _held_by(lock_path(folder, role))
+    return None if holder is None or int(holder) == os.getpid() else holder
 
 
 def compactor_of(store: Path) -> str | None:

@@ -207,8 +207,41 @@ def test_a_lock_file_that_cannot_be_opened_is_named_not_its_folder(tmp_path: Pat
 
     monkeypatch.setattr(module.os, "open", refused)
     with pytest.raises(DilstoreError, match=rf"^cannot open the lock file {lock_path(store)} of {store}: Permission "
-                                            "denied; it must be readable and writable by this user$"):  # fmt: skip
+                                            "denied; it must be readable and writable by this user; no process "
+                                            r"holds it \(a run killed at once, kill -9 or the out-of-memory killer, "
+                                            r"leaves it\): delete it$"):  # fmt: skip
         with write_lock(store):
+            pass
+
+
+@pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="needs Linux's /proc/locks")
+def test_a_lock_file_gets_the_umask_s_mode_and_one_held_is_not_called_left(tmp_path: Path, monkeypatch) -> None:
+    """(perm57 F5) The lock file was made 0644 whatever the umask: one a killed run left (a writer removes its own as
+    it lets go) refused every other writer of the store's group under umask 002, saying only that it must be
+    writable. It gets what the umask gives any new file, and a refusal says whether a process still holds it."""
+    import fcntl
+
+    from dilstore.storage import write_lock as module
+
+    store = tmp_path / "store"
+    saved = os.umask(0o002)
+    try:
+        with write_lock(store) as path:
+            assert path.stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(saved)
+    path.write_text("")
+    real = os.open
+
+    def refused(target: object, *args: object) -> int:
+        if Path(str(target)) == path:
+            raise PermissionError(13, "Permission denied")
+        return real(target, *args)  # type: ignore[arg-type]
+
+    with path.open("rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # a live writer's, as another process would hold it
+        monkeypatch.setattr(module.os, "open", refused)
+        with pytest.raises(DilstoreError, match="must be readable and writable by this user$"), write_lock(store):
             pass
 
 
