@@ -364,6 +364,30 @@ def test_a_rerank_output_in_a_folder_that_cannot_be_written_is_refused_before_th
                                        f"{read_only} cannot be written to\n")
 
 
+def test_an_output_another_user_owns_in_a_sticky_folder_is_refused_before_the_store_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(perm57 F6) In a folder with the sticky bit (/tmp, a team's scratch), only a file's owner may replace it: an
+    `evaluate-qa --predictions` or `rerank --output` naming a teammate's file ran to its end, then failed with
+    "Operation not permitted: DIR/.tmp-NAME... -> NAME" and "run the same command again once NAME can be written",
+    which it never could. Root replaces any file, so this user is stood in for by its uid."""
+    (tmp_path / "r.trec").write_text("q Q0 d 1 1.0 t\n")
+    (tmp_path / "t.tsv").write_text("q\tquery\n")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "o.trec").write_text("a teammate's run\n")
+    shared.chmod(0o1777)
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(shared).st_uid + 4242)
+    args = ["rerank", str(tmp_path / "no-store"), "--topics", str(tmp_path / "t.tsv"),
+            "--run", str(tmp_path / "r.trec"), "--output", str(shared / "o.trec")]  # fmt: skip
+    assert main(args) == 2
+    assert capsys.readouterr().err == (f"dilstore rerank: error: --output {shared / 'o.trec'} belongs to another user, "
+                                       f"and its folder {shared} has the sticky bit (as /tmp has), where only a file's "
+                                       "owner may replace it; give another path, or have its owner remove it\n")
+    shared.chmod(0o777)
+    assert main([*args[:-1], str(shared / "o.trec")]) == 2 and "no-store" in capsys.readouterr().err  # not sticky
+
+
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "dash"])
 def test_an_output_that_writing_would_replace_is_refused(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
