@@ -321,7 +321,8 @@ def check_replaceable(store: Path, inputs: list[str]) -> None:
         source = Path(given).resolve()
         if target in source.parents:
             raise DilstoreError(f"--output {store} holds the input {given}; it is never replaced")
-    refuse_undeletable(store, "--overwrite deletes the store it replaces")  # before the build, not after (perm57 F4)
+    # Before the build, not after it (perm57 F4).
+    refuse_undeletable(store, "--overwrite deletes the store it replaces; another --output builds the new one there")
 
 
 def discard_other_replacement(store: Path, spec: dict[str, Any]) -> Path:

@@ -34,6 +34,7 @@ from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.scratch import scratch_dir
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import MANIFEST_FILE
+from dilstore.storage.replacement import refuse_undeletable
 from dilstore.storage.write_lock import INDEX_ROLE, WRITE_ROLE, compactor_of, write_lock
 
 if TYPE_CHECKING:
@@ -154,6 +155,9 @@ def index_store(args: argparse.Namespace) -> dict[str, Any]:
         raise DilstoreError(f"no store at {store}")
     if not os.access(store, os.W_OK | os.X_OK):  # found only after the collection was copied and the JVM started
         raise DilstoreError(f"{store} is not writable by this user: its index is built inside it ({store}/bm25)")
+    # An index this user could not delete (another account's) was renamed aside and left in the store for good, with
+    # success said (perm57 F7).
+    refuse_undeletable(bm25_index_dir(store), "a rebuilt index replaces the old one, which is deleted")
     with _store_lock(store):  # a store a precompute is still writing is refused as such, naming the writer
         pass
     if not collection.is_dir():

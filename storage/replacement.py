@@ -86,9 +86,8 @@ def refuse_undeletable(folder: Path, why: str) -> None:
         if not os.access(current, os.R_OK | os.W_OK | os.X_OK, **access):
             where = "it" if Path(current) == folder else f"its folder {current}"
             raise DilstoreError(f"{folder} cannot be replaced by this user: {where} is not writable by it, so the old "
-                                f"files could not be deleted ({why}); run this as the user that owns them, give their "
-                                f"folders write permission (`chmod -R u+w {folder}`, or g+w for a group), or write to "
-                                "another folder")  # fmt: skip
+                                f"files could not be deleted ({why}); run this as the user that owns them, or give "
+                                f"their folders write permission (`chmod -R u+w {folder}`, or g+w for a group)")
 
 
 def stopped_compaction_beside(store: Path) -> Path | None:

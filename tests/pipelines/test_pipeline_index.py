@@ -195,6 +195,22 @@ def test_index_refuses_a_store_it_cannot_write_before_any_work(tmp_path: Path, c
                                        f"built inside it ({store}/bm25)\n")  # fmt: skip
 
 
+def test_index_refuses_an_old_index_it_could_not_delete_before_any_work(tmp_path: Path, capsys, monkeypatch) -> None:
+    """(perm57 F7) An old STORE/bm25 another user built in a store this user may write was renamed aside, the new one
+    put in place, and its deletion failed silently: `.tmp-old-bm25-*` stayed in the store for good (verify lists
+    it), with success said. Root deletes anything, so the permission is what `os.access` answers here."""
+    store = tmp_path / "store"
+    (store / "passages" / "jsonl").mkdir(parents=True)
+    (store / "bm25").mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **given: Path(path) != store / "bm25" and real(path, mode))
+    assert cli.main(["index", str(store)]) == 2
+    assert capsys.readouterr().err.startswith(f"dilstore index: error: {store / 'bm25'} cannot be replaced by this "
+                                              "user: it is not writable by it, so the old files could not be deleted "
+                                              "(a rebuilt index replaces the old one, which is deleted); ")  # fmt: skip
+    assert sorted(path.name for path in store.iterdir()) == ["bm25", "passages"]
+
+
 def test_index_stops_at_once_while_another_index_run_holds_the_store(tmp_path: Path, capsys) -> None:
     """Two runs deleted each other's half-built index: one failed with a Java traceback, or the first found its
     folder gone."""
