@@ -81,13 +81,20 @@ def refuse_undeletable(folder: Path, why: str) -> None:
     later write of the store failed with "Permission denied: precompute.json" (perm57 F4). Checked up front, before
     any work.
     """
+    def refuse(current: str) -> None:
+        where = "it" if Path(current) == folder else f"its folder {current}"
+        raise DilstoreError(f"{folder} cannot be replaced by this user: {where} is not writable by it, so the old "
+                            f"files could not be deleted ({why}); run this as the user that owns them, or give "
+                            f"their folders write permission (`chmod -R u+w {folder}`, or g+w for a group)")
+
+    def unlisted(error: OSError) -> None:  # os.walk passes over a folder it cannot list: it is refused here
+        if not isinstance(error, (FileNotFoundError, NotADirectoryError)) and error.filename is not None:
+            refuse(os.fsdecode(error.filename))
+
     access = {"effective_ids": True} if os.access in os.supports_effective_ids else {}
-    for current, _, _ in os.walk(folder):  # folders only need checking: deleting a file needs its folder's permission
+    for current, _, _ in os.walk(folder, onerror=unlisted):  # folders alone: deleting a file takes its folder's rights
         if not os.access(current, os.R_OK | os.W_OK | os.X_OK, **access):
-            where = "it" if Path(current) == folder else f"its folder {current}"
-            raise DilstoreError(f"{folder} cannot be replaced by this user: {where} is not writable by it, so the old "
-                                f"files could not be deleted ({why}); run this as the user that owns them, or give "
-                                f"their folders write permission (`chmod -R u+w {folder}`, or g+w for a group)")
+            refuse(current)
 
 
 def stopped_compaction_beside(store: Path) -> Path | None:

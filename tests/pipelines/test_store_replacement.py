@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -82,6 +83,17 @@ def test_a_store_this_user_could_not_delete_is_refused_before_the_build(tmp_path
     monkeypatch.setattr(os, "access", lambda path, mode, **given: Path(path) != locked and real(path, mode, **given))
     with pytest.raises(DilstoreError, match=f"^{store} cannot be replaced by this user: its folder {locked} is not "
                                             "writable by it, so the old files could not be deleted"):  # fmt: skip
+        check_replaceable(store, [])
+    monkeypatch.setattr(os, "access", real)
+    listed = os.scandir
+
+    def scandir(path: Any) -> Any:  # a folder this user cannot list (mode 0311): os.walk passes over it unasked
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return listed(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(DilstoreError, match=f"its folder {locked} is not writable by it"):
         check_replaceable(store, [])
 
 
