@@ -83,6 +83,8 @@ def refuse_undeletable(folder: Path, why: str) -> None:
     """
     def refuse(current: str) -> None:
         where = "it" if Path(current) == folder else f"its folder {current}"
+        if _read_only_mount(current):
+            raise DilstoreError(f"{folder} cannot be replaced: {where} is on a read-only filesystem ({why})")
         raise DilstoreError(f"{folder} cannot be replaced by this user: {where} is not writable by it, so the old "
                             f"files could not be deleted ({why}); run this as the user that owns them, or give "
                             f"their folders write permission (`chmod -R u+w {folder}`, or g+w for a group)")
@@ -95,6 +97,14 @@ def refuse_undeletable(folder: Path, why: str) -> None:
     for current, _, _ in os.walk(folder, onerror=unlisted):  # folders alone: deleting a file takes its folder's rights
         if not os.access(current, os.R_OK | os.W_OK | os.X_OK, **access):
             refuse(current)
+
+
+def _read_only_mount(path: str) -> bool:
+    """Whether `path` lies on a filesystem mounted read-only, where no permission would let a write through."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def stopped_compaction_beside(store: Path) -> Path | None:

@@ -95,6 +95,10 @@ def test_a_store_this_user_could_not_delete_is_refused_before_the_build(tmp_path
     monkeypatch.setattr(os, "scandir", scandir)
     with pytest.raises(DilstoreError, match=f"its folder {locked} is not writable by it"):
         check_replaceable(store, [])
+    monkeypatch.setattr(os, "statvfs", lambda path: os.statvfs_result((0,) * 8 + (os.ST_RDONLY, 255)))
+    with pytest.raises(DilstoreError, match=f"^{store} cannot be replaced: its folder {locked} is on a read-only "
+                                            r"filesystem \(--overwrite deletes the store it replaces; "):  # fmt: skip
+        check_replaceable(store, [])  # not told to `chmod`, which a read-only mount refuses too
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root deletes any file")
