@@ -184,7 +184,7 @@ def test_a_run_that_left_passages_out_says_how_many_on_stderr(
 
     summary = {"documents": 1, "rejected": 1, "rejected_passages": 3, "rejected_records": "rejected", "store": "/s"}
     monkeypatch.setattr(cmd_precompute, "precompute_store", lambda args: (summary, None, None))
-    assert cmd_precompute.run_command(argparse.Namespace(json=False)) == 0
+    assert cmd_precompute.run_command(argparse.Namespace(json=False, append=False)) == 0
     assert capsys.readouterr().err == ("dilstore precompute: 1 record(s) rejected and 3 passage(s) of documents left "
                                        "out: /s/rejected/ says why, one JSON line each\n")  # fmt: skip
 
