@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from dilstore.reader.serving.odqa import open_reader
 from dilstore.runners import cli
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.verify import verify_store
-from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, dilstore_commands, save_tiny_reader, write_jsonl
+from tests.fixtures.pipeline_fixtures import commands_in_one_process, save_tiny_reader, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -55,39 +54,44 @@ def precompute(model: Path, corpus: Path, store: Path, *extra: str) -> None:
                      "--encoding", "fp32", "--no-progress", *extra]) == 0
 
 
-def index(store: Path) -> dict:
-    indexed = dilstore_command(["index", str(store), "--json"])
-    assert indexed.returncode == 0, indexed.stderr
-    return json.loads(indexed.stdout)
+def index(store: Path) -> list[str]:
+    """`dilstore index STORE --json`, as one command of `commands_in_one_process`."""
+    return ["dilstore", "index", str(store), "--json"]
 
 
-def search(*searches: tuple[Path, str]) -> list[dict[str, float]]:
-    """The BM25 hits of each (store, query), {passage id: score}, from one process."""
-    pairs = [(str(store / "bm25"), query) for store, query in searches]
-    found = subprocess.run([sys.executable, "-c", SEARCH, json.dumps(pairs)], cwd=ROOT, capture_output=True,
-                           text=True, timeout=300)  # fmt: skip
+def search(folder: Path, *searches: tuple[Path, str]) -> list[str]:
+    """The command, for `commands_in_one_process`, that prints the BM25 hits of each (store, query) as JSON, one
+    {passage id: score} each (read them with `hits`). It runs in the process of the commands before it: one JVM."""
+    script = folder / "search.py"
+    script.write_text(SEARCH, encoding="utf-8")
+    return [str(script), json.dumps([(str(store / "bm25"), query) for store, query in searches])]
+
+
+def hits(found: subprocess.CompletedProcess) -> list[dict[str, float]]:
     assert found.returncode == 0, found.stderr
     return json.loads(found.stdout.strip().splitlines()[-1])
 
 
-def index_and_read(stores: list[Path], model: Path, questions: Path) -> list[tuple[dict, dict, dict, dict]]:
+def index_and_read(
+    stores: list[Path], model: Path, questions: Path, then: list[str]
+) -> tuple[list[tuple[dict, dict, dict, dict]], subprocess.CompletedProcess]:
     """For each store: (index --json, evaluate-qa --json without its timing, its predictions, ask --json without
-    timings).
+    timings); and what the command `then` did after them.
 
     The commands run in one process, one after another, as a user runs them (one torch import and one JVM for
-    all the stores: a process per store took 10-13 s each).
+    all the stores and `then`: a process per store took 10-13 s each, and one more for `then` about 4 s).
     """
     common = ["--model", str(model), "--top-p", "3", "--threads", "1"]
     commands = []
     for store in stores:
         predictions = store.with_name(store.name + "-predictions.json")
         commands += [
-            ["index", str(store), "--json"],
-            ["evaluate-qa", str(store), "--questions", str(questions), "--json", "--predictions", str(predictions),
-             *common],
-            ["ask", str(store), QUESTIONS[1]["question"], "--json", *common],
+            index(store),
+            ["dilstore", "evaluate-qa", str(store), "--questions", str(questions), "--json", "--predictions",
+             str(predictions), *common],
+            ["dilstore", "ask", str(store), QUESTIONS[1]["question"], "--json", *common],
         ]
-    done = dilstore_commands(*commands)
+    *done, after = commands_in_one_process(*commands, then)
     results = []
     for position, store in enumerate(stores):
         indexed, evaluated, asked = done[3 * position : 3 * position + 3]
@@ -99,7 +103,7 @@ def index_and_read(stores: list[Path], model: Path, questions: Path) -> list[tup
             document.pop("timings", None)
         predictions = store.with_name(store.name + "-predictions.json")
         results.append((json.loads(indexed.stdout), summary, json.loads(predictions.read_text()), answer))
-    return results
+    return results, after
 
 
 def test_ask_and_evaluate_qa_over_a_then_b_equal_the_one_run_store(tmp_path: Path) -> None:
@@ -108,14 +112,15 @@ def test_ask_and_evaluate_qa_over_a_then_b_equal_the_one_run_store(tmp_path: Pat
     precompute(model, write_jsonl(tmp_path / "all.jsonl", DOCUMENTS), tmp_path / "union")
     precompute(model, write_jsonl(tmp_path / "a.jsonl", DOCUMENTS[::2]), tmp_path / "store")
     precompute(model, write_jsonl(tmp_path / "b.jsonl", DOCUMENTS[1::2]), tmp_path / "store", "--append")
-    (indexed_whole, *whole), (indexed, *appended) = index_and_read([tmp_path / "union", tmp_path / "store"], model,
-                                                                   questions)  # fmt: skip
+    query = "atomic number of oxygen"
+    read, searched = index_and_read([tmp_path / "union", tmp_path / "store"], model, questions,
+                                    search(tmp_path, (tmp_path / "store", query), (tmp_path / "union", query)))
+    (indexed_whole, *whole), (indexed, *appended) = read
     assert (indexed_whole["files"], indexed_whole["appended"]) == (2, False)
     assert (indexed["files"], indexed["appended"]) == (4, True)  # two parts of A, two of B
     assert indexed["passages"] == indexed_whole["passages"] == len(DOCUMENTS)  # A alone was named (odqa43 L4)
-    query = "atomic number of oxygen"
-    hits, hits_whole = search((tmp_path / "store", query), (tmp_path / "union", query))
-    assert hits == hits_whole and "oxygen#0" in hits
+    found, found_whole = hits(searched)
+    assert found == found_whole and "oxygen#0" in found
     assert appended[0] == whole[0]  # EM, F1, R
     assert appended[1] == whole[1]  # every answer
     assert appended[2] == whole[2]  # answer, scores, n-best
@@ -126,15 +131,18 @@ def test_bm25_no_longer_finds_the_text_of_a_replaced_row(tmp_path: Path) -> None
     model = save_tiny_reader(tmp_path / "tiny")
     store = tmp_path / "store"
     precompute(model, write_jsonl(tmp_path / "a.jsonl", DOCUMENTS), store)
-    index(store)
+    (indexed,) = commands_in_one_process(index(store))
+    assert indexed.returncode == 0 and json.loads(indexed.stdout)["passages"] == len(DOCUMENTS), indexed.stderr
     # U+2028 is no line end in JSON Lines (nor for Anserini), though str.splitlines() takes it for one.
     changed = {"id": "oxygen", "title": "Zeppelin\u2028LZ 1", "text": "A zeppelin hangar stood at Friedrichshafen."}
     precompute(model, write_jsonl(tmp_path / "b.jsonl", [changed]), store, "--append", "--replace")
     stale = re.escape(f"the BM25 index at {store / 'bm25'} covers ") + r"\d+ passages .* after 0 append\(s\), but"
     with pytest.raises(DilstoreError, match=stale + r" the store .* after 1: .* rebuild it with `dilstore index"):
         open_reader(store, model)  # the index predates the append: its hits would miss the new row
-    index(store)
-    old_text, new_text = search((store, "chemical element symbol atomic number"), (store, "zeppelin hangar"))
+    old_query, new_query = (store, "chemical element symbol atomic number"), (store, "zeppelin hangar")
+    indexed, searched = commands_in_one_process(index(store), search(tmp_path, old_query, new_query))  # one JVM
+    assert indexed.returncode == 0 and json.loads(indexed.stdout)["passages"] == len(DOCUMENTS), indexed.stderr
+    old_text, new_text = hits(searched)
     assert "oxygen#0" not in old_text
     assert list(new_text) == ["oxygen#0"]
     assert verify_store(store).ok
