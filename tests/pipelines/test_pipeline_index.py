@@ -26,7 +26,14 @@ from dilstore.storage.records import PassageRecord
 from dilstore.storage.verify import verify_store
 from dilstore.storage.write_lock import INDEX_ROLE, WRITE_ROLE
 from tests.fixtures.locks import held_lock
-from tests.fixtures.pipeline_fixtures import ROOT, dilstore_command, save_tiny_reader, store_contents, write_jsonl
+from tests.fixtures.pipeline_fixtures import (
+    ROOT,
+    commands_in_one_process,
+    dilstore_command,
+    save_tiny_reader,
+    store_contents,
+    write_jsonl,
+)
 from tests.fixtures.store_fixtures import build_store, random_shards
 
 DOCUMENTS = [
@@ -59,6 +66,13 @@ try:
 except DilstoreError as error:
     print("DilstoreError", error)
 """
+
+
+def script(folder: Path, name: str, code: str) -> str:
+    """`code` written as FOLDER/NAME.py, a script for `commands_in_one_process`."""
+    path = folder / f"{name}.py"
+    path.write_text(code, encoding="utf-8")
+    return str(path)
 
 
 @pytest.mark.slow
@@ -94,17 +108,8 @@ def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
     assert " ERROR [" not in short.stderr, "Anserini's log line of the bad line (docs50 L4)"
     assert sorted(path.name for path in (store / "bm25").iterdir()) == index_files
     assert not (store / ".bm25.building").exists()
-    found = subprocess.run([sys.executable, "-c", SEARCH, str(store / "bm25"), "atomic number of oxygen"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert found.returncode == 0, found.stderr
-    searched = json.loads(found.stdout.strip().splitlines()[-1])
-    hits = searched["hits"]
-    assert hits[0] == "oxygen#0" and set(hits) <= set(store_contents(store))
-    assert not searched["encoders"]  # searching never imports pyserini's neural encoders (10 s of start-up)
     report = verify_store(store)
     assert report.ok and report.untracked and all(name.startswith("bm25/") for name in report.untracked)
-    verified = dilstore_command(["verify", str(store), "--json"])  # the index too: Lucene's checksums, documents
-    assert verified.returncode == 0 and json.loads(verified.stdout)["untracked"] == [], verified.stdout
     # The store's ids with their contents swapped, the real record copied in (hostile47 F2): verify finds it.
     swapped = tmp_path / "swapped"
     (swapped / "collection").mkdir(parents=True)
@@ -112,8 +117,18 @@ def test_index_builds_bm25_over_the_store_passages(tmp_path: Path) -> None:
              for line in jsonl.read_text(encoding="utf-8").splitlines()]  # fmt: skip
     write_jsonl(swapped / "collection" / "part.jsonl", [{"id": line["id"], "contents": other["contents"]}
                                                          for line, other in zip(lines, lines[1:] + lines[:1])])
-    built = subprocess.run([sys.executable, "-c", BUILD, str(swapped / "collection"), str(swapped / "bm25")],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    # A search, the index verified, and the swapped index built: three steps in one process, one JVM start.
+    found, verified, built = commands_in_one_process(
+        [script(tmp_path, "search", SEARCH), str(store / "bm25"), "atomic number of oxygen"],
+        ["dilstore", "verify", str(store), "--json"],  # the index too: Lucene's checksums, documents
+        [script(tmp_path, "build", BUILD), str(swapped / "collection"), str(swapped / "bm25")],
+    )
+    assert found.returncode == 0, found.stderr
+    searched = json.loads(found.stdout.strip().splitlines()[-1])
+    hits = searched["hits"]
+    assert hits[0] == "oxygen#0" and set(hits) <= set(store_contents(store))
+    assert not searched["encoders"]  # searching never imports pyserini's neural encoders (10 s of start-up)
+    assert verified.returncode == 0 and json.loads(verified.stdout)["untracked"] == [], verified.stdout
     assert built.returncode == 0, built.stderr
     real = store / "bm25"
     real.rename(tmp_path / "real-bm25")
@@ -351,18 +366,19 @@ def test_passages_in_decomposed_ligature_or_full_width_forms_are_found_by_the_wo
         jsonl_path(store, index).parent.mkdir(parents=True, exist_ok=True)
         jsonl_path(store, index).write_text(collection_jsonl(rows), encoding="utf-8")
     collection = {path: path.read_bytes() for path in (store / "passages" / "jsonl").glob("*.jsonl")}
-    indexed = dilstore_command(["index", str(store), "--json"])
+    queries = ["Zürich", "finance", "1998", "rhine"]
+    # Index, searches and verify's look at the index in one process, one JVM start.
+    indexed, searched, checked = commands_in_one_process(
+        ["dilstore", "index", str(store), "--json"],
+        [script(tmp_path, "search_each", SEARCH_EACH), str(store / "bm25"), *queries],
+        [script(tmp_path, "index_problems", INDEX_PROBLEMS), str(store)],
+    )
     assert indexed.returncode == 0, indexed.stderr
     assert json.loads(indexed.stdout)["folded"] is True
-    queries = ["Zürich", "finance", "1998", "rhine"]
-    searched = subprocess.run([sys.executable, "-c", SEARCH_EACH, str(store / "bm25"), *queries], cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
     assert searched.returncode == 0, searched.stderr
     assert json.loads(searched.stdout) == {"Zürich": ["Zu\u0308rich#p0"], "finance": ["minister"],
                                            "1998": ["census"], "rhine": ["rhine"]}  # fmt: skip
     assert {path: path.read_bytes() for path in (store / "passages" / "jsonl").glob("*.jsonl")} == collection
-    checked = subprocess.run([sys.executable, "-c", INDEX_PROBLEMS, str(store)], cwd=ROOT, capture_output=True,
-                             text=True, timeout=300)  # fmt: skip
     assert (checked.returncode, checked.stdout) == (0, "[]\n"), checked.stderr
 
 
