@@ -9,6 +9,7 @@ worker processes (the same bytes), its disk check, and its report's labels.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,9 @@ from tests.fixtures.benchmarks import benchmark_module
 # blocks of residual_codes.BLOCK_ROWS (8,192) tokens. 2,000 passages of 1,000 a shard took four times as long and
 # proved nothing more.
 PASSAGES, PER_SHARD, SEED = 500, 250, 3
+# The state pool the open-shards and compaction benchmarks draw their few passages' states from, for their default
+# of 2**18 tokens: 400 MB of normals, some 1.5 s to draw, for 24 passages.
+SMALL_POOL = 4096
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +131,13 @@ def test_the_report_labels_measured_and_extrapolated_figures(bench) -> None:
     assert bench.basis(10_000_000, [1_000_000, 4_000_000]) == "fit, extrapolated 2.5x past the largest measured N"
 
 
-def test_the_open_shards_benchmark_compares_a_cap_with_the_default(tmp_path: Path, capsys) -> None:
+def test_the_open_shards_benchmark_compares_a_cap_with_the_default(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """benchmarks/bench_open_shards.py at a tiny size: with a cap below the shard count the fetches reopen shards,
     with the default none (storage43 M1's figure in BENCHMARKS.md comes from it)."""
     with benchmark_module("bench_open_shards") as module:
+        monkeypatch.setattr(module, "build_store", partial(module.build_store, pool_tokens=SMALL_POOL))
         module.main(["--shards", "12", "--passages-per-shard", "2", "--old-cap", "4", "--fetches", "20",
                      "--fetch", "6", "--work-dir", str(tmp_path), "--json-out", str(tmp_path / "r.json")])  # fmt: skip
     result = json.loads((tmp_path / "r.json").read_text())
@@ -140,10 +147,15 @@ def test_the_open_shards_benchmark_compares_a_cap_with_the_default(tmp_path: Pat
     assert "default / old cap:" in capsys.readouterr().out
 
 
-def test_the_compaction_benchmark_measures_an_appended_store_against_its_compaction(tmp_path: Path, capsys) -> None:
+def test_the_compaction_benchmark_measures_an_appended_store_against_its_compaction(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """benchmarks/bench_compact.py at a tiny size: the compacted store serves every live passage from fewer shards
     and files, and the report says its states are random (the figure in BENCHMARKS.md comes from it)."""
     with benchmark_module("bench_compact") as module:
+        pool = module.state_pool  # the base store's passages and the appended ones draw from one pool, as they do
+        monkeypatch.setattr(module, "build_store", partial(module.build_store, pool_tokens=SMALL_POOL))
+        monkeypatch.setattr(module, "state_pool", lambda tokens, seed: pool(SMALL_POOL, seed))
         module.main(["--passages", "12", "--per-shard", "4", "--appends", "4", "--append-passages", "3",
                      "--replaced", "1", "--fetches", "5", "--fetch", "4", "--work-dir", str(tmp_path),
                      "--json-out", str(tmp_path / "r.json")])  # fmt: skip
