@@ -168,14 +168,18 @@ def test_triples_of_another_ranking_data_run_than_their_paragraphs_are_refused(
 def test_training_with_shared_norm_ranks_the_answer_paragraph_first(
     tiny_base: Path, squad_file: Path, tmp_path: Path
 ) -> None:
-    """After training, each question's best span score is in its own paragraph, not in a negative one."""
+    """After training, each question's best span score is in its own paragraph, not in a negative one.
+
+    60 epochs end at a loss ratio of 0.006 and the answer paragraph ahead by 6.8 to 21 (120 took twice as long for
+    margins of 12.8 to 19); trained without shared norm, either count leaves some question's best span in a negative
+    paragraph, so the check still tells them apart."""
     triples = write_handful_triples(tmp_path / "triples")
-    config = TrainingConfig(layers=1, epochs=120, batch_size=6, learning_rate=1e-2, warmup_ratio=0.05, seed=3,
+    config = TrainingConfig(layers=1, epochs=60, batch_size=6, learning_rate=1e-2, warmup_ratio=0.05, seed=3,
                             log_every=1000, shared_norm=str(triples), shared_norm_negatives=NEGATIVES,
                             **SMALL_WINDOWS)  # fmt: skip
     result = train_qa(tiny_base, squad_file, tmp_path / "run", config, command="test", progress=False)
     assert sum(result.losses[-5:]) < 0.2 * sum(result.losses[:5])
-    assert result.train_features == 6 and result.features_seen == 6 * 120
+    assert result.train_features == 6 and result.features_seen == 6 * 60
     data = load_training_data(result.reader.tokenizer, squad_file, config)
     reader = DilBertReader.from_pretrained(tmp_path / "run")
     for index in range(data.examples):
