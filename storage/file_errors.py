@@ -48,7 +48,7 @@ class _CopyFailed(Exception):
 
 def copy_file(source: Path, destination: Path, *, follow_symlinks: bool = True) -> None:
     """shutil.copy2, where a failure for want of room names `destination`, the file it could not write, and the copy
-    gets the mode of a new file (`_give_copy_mode`).
+    is writable by its owner within the umask (`_give_copy_mode`).
 
     shutil's copy on a full disk names the source, the file it read ("No space left on device: STORE/run-summary.json"),
     which sent the user to the store that was being copied (disk56 F3)."""
@@ -63,33 +63,39 @@ def copy_file(source: Path, destination: Path, *, follow_symlinks: bool = True) 
 
 
 def _give_copy_mode(path: Path) -> None:
-    """Give the copied file `path` the mode open() gives a new file under the umask, its execute bits kept.
+    """Give the copied file `path` its source's mode (which shutil.copy2 gave it) with the owner's write bit added, and
+    no bit the umask takes away.
 
     shutil.copy2 copies the source's mode: a `dilstore compact --output` of a store made read-only (`chmod -R a-w`,
     another account's files) made a read-only BM25 index folder, failed writing its record into it with "Permission
     denied: OUT/bm25/dilstore-index.json", and left the folder behind, which its cleanup could not delete either, nor
-    the next `precompute --overwrite` ("Permission denied: write.lock"; perm57 F3). The store's own files get the
-    umask's mode (storage/atomic_files.py); its copies now do too.
+    the next `precompute --overwrite` ("Permission denied: write.lock"; perm57 F3). A 0444 source copies as 0644
+    under umask 022, as a new file would; a file its owner kept private (0600) stays so, not widened to the umask's.
     """
+    path.chmod(_owned_within_umask(stat.S_IMODE(path.stat().st_mode), stat.S_IWUSR))
+
+
+def _owned_within_umask(mode: int, owner: int) -> int:
+    """`mode` with the owner's `owner` bits added, less the bits this process's umask takes from new files."""
     from dilstore.storage.atomic_files import process_umask  # atomic_files imports this module
 
-    executable = stat.S_IMODE(path.stat().st_mode) & 0o111
-    path.chmod((0o666 | executable) & ~process_umask())
+    return (mode | owner) & ~process_umask()
 
 
 def _give_folder_modes(destination: Path) -> None:
-    """Give `destination` and the folders below it, as copytree made them, the mode mkdir gives a new folder under the
-    umask: copytree gives each folder its source's mode once its files are in, a read-only one's too (perm57 F3)."""
-    from dilstore.storage.atomic_files import process_umask  # atomic_files imports this module
-
+    """Give `destination` and the folders below it, as copytree made them (with their sources' modes, a read-only
+    one's too, once their files are in: perm57 F3), the owner's read, write and search bits, less the umask's."""
     if not destination.is_dir() or destination.is_symlink():
         return
-    mode = 0o777 & ~process_umask()
-    destination.chmod(mode)
+    _give_folder_mode(str(destination))
     for folder, children, _ in os.walk(destination):  # links to folders are listed, not followed: they stay
         for child in children:
             if not os.path.islink(os.path.join(folder, child)):
-                os.chmod(os.path.join(folder, child), mode)
+                _give_folder_mode(os.path.join(folder, child))
+
+
+def _give_folder_mode(folder: str) -> None:
+    os.chmod(folder, _owned_within_umask(stat.S_IMODE(os.stat(folder).st_mode), stat.S_IRWXU))
 
 
 def copy_tree(source: Path, destination: Path, *, symlinks: bool = False, dirs_exist_ok: bool = False) -> None:

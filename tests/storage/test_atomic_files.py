@@ -179,3 +179,24 @@ def test_a_copied_read_only_tree_gets_the_modes_of_new_files_and_folders(tmp_pat
     }  # fmt: skip
     assert (copy / "link").is_symlink() and mode(tmp_path / "one") == mode(plain_file)
     (copy / "sub" / "new").write_bytes(b"")  # the copy's owner writes into it (denied before, unless root)
+
+
+def test_a_copy_of_a_private_file_or_folder_stays_private(tmp_path: Path) -> None:
+    """The copies perm57 F3 made writable took the umask's whole mode: a 0600 file (a token, a private note kept in a
+    store's folder) came out of `compact --output` as 0644, readable by every user under umask 022. The source's
+    bits are kept, only the owner's write (and a folder's search) bit added."""
+    from dilstore.storage.file_errors import copy_file, copy_tree
+
+    source = tmp_path / "private"
+    source.mkdir()
+    (source / "token").write_bytes(b"secret")
+    (source / "token").chmod(0o600)
+    (source / "notes").write_bytes(b"n")
+    (source / "notes").chmod(0o400)
+    source.chmod(0o700)
+    copy_tree(source, tmp_path / "copy")
+    copy_file(source / "token", tmp_path / "token")
+    owner_only = 0o700 & ~process_umask()
+    assert mode(tmp_path / "copy") == owner_only and mode(tmp_path / "token") == 0o600 & ~process_umask()
+    assert {path.name: mode(path) for path in (tmp_path / "copy").iterdir()} == {
+        "token": 0o600 & ~process_umask(), "notes": 0o600 & ~process_umask()}
