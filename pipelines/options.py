@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
@@ -22,6 +21,7 @@ from typing import NoReturn
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
 from apache_beam.runners.runner import PipelineRunner
 
+from dilstore.storage.cpus import usable_cpu_count
 from dilstore.storage.errors import DilstoreError
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -227,8 +227,9 @@ WORKERS_PER_CPU = 4
 
 
 def local_worker_limit() -> int:
-    """The most local worker processes a run may start: WORKERS_PER_CPU for each of this machine's CPUs."""
-    return WORKERS_PER_CPU * (os.cpu_count() or 1)
+    """The most local worker processes a run may start: WORKERS_PER_CPU for each CPU this process may use (the host's
+    count let a container held to 2 CPUs of 64 start 256 workers, env57 F1)."""
+    return WORKERS_PER_CPU * usable_cpu_count()
 
 
 def starts_local_workers(runner: str, beam_args: Sequence[str]) -> bool:
@@ -250,9 +251,11 @@ def refuse_too_many_workers(flag: str, workers: int) -> None:
     (Dask) (dask50 F2)."""
     limit = local_worker_limit()
     if workers > limit:
-        raise DilstoreError(f"{flag} {workers} is more than {limit} ({WORKERS_PER_CPU} per CPU of this machine's "
-                            f"{os.cpu_count() or 1}): each local worker is a process that loads torch and the model, "
-                            "and more only wait for a core while they fill the memory")  # fmt: skip
+        raise DilstoreError(
+            f"{flag} {workers} is more than {limit} ({WORKERS_PER_CPU} per CPU of the {usable_cpu_count()} this "
+            "process may use): each local worker is a process that loads torch and the model, and more only wait for "
+            "a core while they fill the memory"
+        )
 
 
 # The Dask runner's partitioning flags, by the name Beam parses them to: 0 is Beam's "unset" (its own guess).

@@ -43,6 +43,7 @@ from dilstore.runners.outputs import check_output_folder, refuse_store_inside_st
 from dilstore.runners.precompute_run import run_pipeline
 from dilstore.runners.quiet import add_verbose_argument, logging_restored, quiet_beam_logging, quiet_dask_logging
 from dilstore.runners.scratch import scratch_dir
+from dilstore.storage.cpus import usable_cpu_count
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import COMPRESSORS
 from dilstore.storage.messages import path_text
@@ -135,17 +136,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--runner", default="direct", metavar="NAME",
                      help="direct (default), dask, dataflow, flink, portable, fnapi, or one of these by "
                           "Beam's name (DirectRunner, ...)")
-    run.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, metavar="N",
+    run.add_argument("--workers", type=positive_int, default=usable_cpu_count(), metavar="N",
                      help="local worker processes: DirectRunner or FnApiRunner multi-processing, Dask LocalCluster "
-                          "(default: the number of CPUs)")
+                          "(default: the number of CPUs this process may use, as its affinity and cgroup CPU quota "
+                          "allow)")
     run.add_argument("--threads", type=positive_int, metavar="N",
-                     help="torch threads per worker (default: CPUs / workers, at least 1)")
+                     help="torch threads per worker (default: those CPUs / workers, at least 1, and at most "
+                          "$OMP_NUM_THREADS where set)")
     run.add_argument("--batch-tokens", type=positive_int, default=8192, metavar="N",
                      help="padded tokens per encoder batch (default 8192)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--json", action="store_true", help="print the end-of-run summary as JSON")
     add_verbose_argument(run)
     parser.set_defaults(run=run_command)
+
+
+def default_threads(workers: int) -> int:
+    """Torch threads per worker without --threads: the CPUs this process may use shared among `workers`, at least 1,
+    and no more than OMP_NUM_THREADS where that is a number. They were the host's CPUs (os.cpu_count) shared, and a
+    run in a container held to 2 CPUs of 64 took 64 threads with --workers 1; OMP_NUM_THREADS, which torch follows
+    elsewhere, was overridden (env57 F1)."""
+    threads = max(1, usable_cpu_count() // workers)
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # "4,2": nested levels; the outer one
+    return min(threads, int(first)) if first.isdigit() and int(first) > 0 else threads
 
 
 def resolve_inputs(paths: Sequence[str | Path] | None, format: str | None) -> tuple[ReadTask, ...]:
@@ -350,7 +363,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         check_codebook_fits(codebook, args.encoding, args.kind, reader)
     fingerprint = model_fingerprint(reader, args.kind, args.encoding, args.max_length)
     keep_launched(reader, fingerprint)  # the run's loads in this process take it (reader/offline/encoding.py)
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    threads = args.threads or default_threads(args.workers)
     job = PrecomputeJob(
         inputs=inputs,
         store=str(output.resolve()),

@@ -408,7 +408,7 @@ def test_help_shows_compression_and_no_machine_specific_worker_count(capsys) -> 
     text = " ".join(capsys.readouterr().out.split())
     assert exited.value.code == 0
     assert "--compression {none,zstd,blosc}" in text and "(default none)" in text
-    assert "(default: the number of CPUs)" in text
+    assert "(default: the number of CPUs this process may use, as its affinity and cgroup CPU quota allow)" in text
 
 
 def test_dask_logging_stays_at_warning_after_distributed_is_imported() -> None:

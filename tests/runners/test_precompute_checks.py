@@ -25,6 +25,7 @@ from dilstore.runners import cli, cmd_precompute
 from dilstore.runners.cmd_precompute import nothing_stored
 from dilstore.runners.precompute_run import check_scheduler_file, finished_summary
 from dilstore.runners.worker_deaths import RERUN
+from dilstore.storage import cpus
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.fingerprint import FingerprintMismatchError
 from dilstore.storage.format import SPEC_FILE
@@ -83,12 +84,36 @@ def test_workers_is_bounded_only_where_it_starts_processes_here(runner: str, bea
     assert starts_local_workers(runner, beam_args) is local
 
 
-def test_more_local_workers_than_the_bound_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def two_of_64_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container held to 2 CPUs (its cpuset) of a 64-core host, with no cgroup CPU quota."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(cpus, "cgroup_cpu_quota", lambda *where: None)
+
+
+@pytest.mark.usefixtures("two_of_64_cpus")
+def test_workers_and_threads_follow_the_cpus_the_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a container held to 2 CPUs of a 64-core host, `precompute` started 64 worker processes, each loading torch
+    and the model, allowed up to 256, and gave --workers 1 64 torch threads; OMP_NUM_THREADS was overridden (env57 F1).
+    """
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cli.build_parser().parse_args(["precompute"]).workers == 2
+    assert (cmd_precompute.default_threads(1), cmd_precompute.default_threads(2), local_worker_limit()) == (2, 1, 8)
+    monkeypatch.setattr(cpus, "cgroup_cpu_quota", lambda *where: 1)  # `docker run --cpus 0.5`: one CPU's worth
+    assert (cli.build_parser().parse_args(["precompute"]).workers, cmd_precompute.default_threads(1)) == (1, 1)
+    monkeypatch.setattr(cpus, "cgroup_cpu_quota", lambda *where: None)
+    for value, threads in (("1", 1), ("1,1", 1), ("8", 2), ("", 2), ("none", 2)):
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        assert cmd_precompute.default_threads(1) == threads, value
+
+
+@pytest.mark.usefixtures("two_of_64_cpus")
+def test_more_local_workers_than_the_bound_are_refused() -> None:
     """`--workers 100000` forked workers until memory ran out, or hung building a LocalCluster (dask50 F2)."""
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert local_worker_limit() == 8
     refuse_too_many_workers("--workers", 8)
-    with pytest.raises(DilstoreError, match=r"^--workers 9 is more than 8 \(4 per CPU of this machine's 2\): each "):
+    with pytest.raises(DilstoreError, match=r"^--workers 9 is more than 8 \(4 per CPU of the 2 this process may use\)"):
         refuse_too_many_workers("--workers", 9)
     processes = ["--direct_running_mode", "multi_processing", "--direct_num_workers", "100000"]
     with pytest.raises(DilstoreError, match=r"^--direct_num_workers 100000 is more than 8 "):
@@ -98,10 +123,8 @@ def test_more_local_workers_than_the_bound_are_refused(monkeypatch: pytest.Monke
         "direct_num_workers"] == 12  # fmt: skip
 
 
-def test_too_many_workers_exit_2_before_anything_is_written(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+@pytest.mark.usefixtures("two_of_64_cpus")
+def test_too_many_workers_exit_2_before_anything_is_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = tmp_path / "s"
     assert cli.main(["precompute", "--output", str(store), "--runner", "dask", "--workers", "100000"]) == 2
     err = capsys.readouterr().err
