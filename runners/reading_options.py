@@ -42,15 +42,29 @@ def subset_seed(args: argparse.Namespace) -> int:
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """Where and how wide to run."""
     parser.add_argument("--device", type=torch_device, help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int,
+                        help="torch CPU threads (default: torch's choice, at most the CPUs this process may use)")
 
 
 def apply_threads(threads: int | None) -> None:
-    """Set torch's intra-op thread count when one was asked for."""
-    if threads is not None:
-        import torch
+    """Set torch's intra-op thread count: `threads` when one was asked for, else torch's own choice, held to the CPUs
+    this process may use. Torch's choice follows the affinity but not a cgroup CPU quota: under `docker run --cpus 2`
+    or a Kubernetes limit of 2 CPUs on a 64-core host, ask, serve, evaluate-*, rerank and train ran 32 threads,
+    throttled by the quota (env57 F2). OMP_NUM_THREADS or MKL_NUM_THREADS, where set, stay torch's choice."""
+    import os
 
+    import torch
+
+    if threads is not None:
         torch.set_num_threads(threads)
+        return
+    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
+        return
+    from dilstore.storage.cpus import usable_cpu_count
+
+    usable = usable_cpu_count()
+    if torch.get_num_threads() > usable:
+        torch.set_num_threads(usable)
 
 
 def reading_settings(args: argparse.Namespace) -> ReadingSettings:

@@ -848,3 +848,31 @@ def test_only_an_error_that_names_no_file_is_put_on_a_standard_output_that_fails
             monkeypatch.undo()
             with contextlib.suppress(OSError):  # the line printed is still in its buffer
                 full.close()
+
+
+@pytest.mark.parametrize(("environment", "threads"), [({}, 1), ({"OMP_NUM_THREADS": "3"}, 3)])
+def test_torch_threads_are_held_to_a_cgroup_quota(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], threads: int
+) -> None:
+    """Torch's thread count follows the affinity but not a cgroup CPU quota: under `docker run --cpus 1` on a 64-core
+    host, ask, serve, evaluate-*, rerank and train ran 32 threads throttled by the quota (env57 F2). A thread count
+    the environment asks for stays torch's."""
+    import torch
+
+    from dilstore.runners.reading_options import apply_threads
+    from dilstore.storage import cpus
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(cpus, "usable_cpu_count", lambda: 1)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    try:
+        torch.set_num_threads(3)  # torch's choice on a bigger machine, or from OMP_NUM_THREADS
+        apply_threads(None)
+        assert torch.get_num_threads() == threads
+        apply_threads(2)  # --threads 2 is taken as asked
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
