@@ -102,6 +102,9 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+RUNS_ENV = "DILSTORE_RUNS"  # where runs go without --output (default_runs_dir)
+
+
 def add_output_argument(parser: argparse.ArgumentParser, run_name: str, shown_as: str) -> None:
     """--output: the run folder, by default RUNS/`run_name` outside the work tree (see default_runs_dir).
 
@@ -121,8 +124,13 @@ def default_runs_dir() -> Path:
 
     Long runs outlive a checkout and its cleaning, and checkpoints never land in a repository.
     """
-    configured = os.environ.get("DILSTORE_RUNS")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "dilstore" / "runs"
+    configured = os.environ.get(RUNS_ENV)
+    try:
+        return Path(configured).expanduser() if configured else Path.home() / ".cache" / "dilstore" / "runs"
+    except RuntimeError:  # ~USER of no user; no HOME and no user entry (a container's uid): a traceback (env57 F3)
+        why = (f"{RUNS_ENV}={configured}: {configured.split('/')[0]} is no user's home folder" if configured else
+               "there is no home folder for the default run folder ($HOME is unset and this user has none)")
+        raise DilstoreError(f"{why}; give --output DIR, or set {RUNS_ENV} to a folder") from None
 
 
 def output_dir(args: argparse.Namespace) -> Path:
@@ -180,18 +188,36 @@ def holding_the_output(
     @functools.wraps(run)
     def locked(args: argparse.Namespace) -> int:
         output = output_dir(args)
-        check_output_folder(output, "--output")
-        if is_store(output):
-            raise DilstoreError(f"--output {output} is a store; put the run folder elsewhere")
-        refuse_store_inside_store(output, "--output", "the run folder")
+        started = False
         try:
+            flag = "--output" if args.output is not None else "run folder"
+            check_output_folder(output, flag)
+            if is_store(output):
+                raise DilstoreError(f"{flag} {output} is a store; put the run folder elsewhere")
+            refuse_store_inside_store(output, flag, "the run folder")
             with write_lock(output):
+                started = True
                 return run(args)
         except KeyboardInterrupt as stop:
             raise StoppedBySignal(f"{interrupt_words(stop)}{_hint(on_stop, args, output)}",
                                   interrupt_number(stop)) from None  # fmt: skip
+        except (DilstoreError, OSError) as error:
+            if started or args.output is not None:
+                raise
+            raise default_folder_error(error) from None
 
     return locked
+
+
+def default_folder_error(error: DilstoreError | OSError) -> DilstoreError:
+    """`error`, met in making the default run folder (no --output) or taking its lock, with where that folder comes
+    from and how to choose another: under a read-only or missing HOME (a container, a batch job), `train` said only
+    that ~/.cache/dilstore/runs must be writable, a folder the user never named, and with DILSTORE_RUNS set to a file
+    it blamed an `--output` that was not given (env57 F3)."""
+    source = f"${RUNS_ENV}" if os.environ.get(RUNS_ENV) else f"~/.cache/dilstore/runs (${RUNS_ENV} is unset)"
+    words = str(error) if isinstance(error, DilstoreError) else f"{error.strerror or error}: {error.filename}"
+    return DilstoreError(f"{words} (the default run folder, in {source}: give --output DIR, or set {RUNS_ENV} to a "
+                         "writable folder)")  # fmt: skip
 
 
 def _hint(on_stop: Callable[[argparse.Namespace, Path], str], args: argparse.Namespace, output: Path) -> str:

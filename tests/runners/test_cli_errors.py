@@ -876,3 +876,35 @@ def test_torch_threads_are_held_to_a_cgroup_quota(
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("where", ["home is a file", "runs is a file", "no home", "runs of no user"])
+def test_a_default_run_folder_that_cannot_be_made_names_its_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Without --output, under a HOME it cannot write (a container's read-only or missing HOME), `train` said only
+    that ~/.cache/dilstore/runs must be writable, a folder never named; with DILSTORE_RUNS a file, it blamed an
+    --output not given; with no home folder at all (HOME unset, a uid without a user entry) or DILSTORE_RUNS=~nobody2/x,
+    a RuntimeError traceback (env57 F3)."""
+    import pwd
+
+    afile = tmp_path / "afile"
+    afile.write_text("", encoding="utf-8")
+    monkeypatch.delenv("DILSTORE_RUNS", raising=False)
+    if where == "home is a file":
+        monkeypatch.setenv("HOME", str(afile))  # as a read-only HOME, for root too
+        why = f"run folder {afile}/.cache/dilstore/runs/qa-k1: {afile} is a file, not a folder"
+    elif where == "runs is a file":
+        monkeypatch.setenv("DILSTORE_RUNS", str(afile))
+        why = f"run folder {afile}/qa-k1: {afile} is a file, not a folder"
+    elif where == "no home":
+        monkeypatch.delenv("HOME")
+        monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+        why = "there is no home folder for the default run folder"
+    else:
+        monkeypatch.setenv("DILSTORE_RUNS", "~dilstore-no-such-user/x")
+        why = "DILSTORE_RUNS=~dilstore-no-such-user/x: ~dilstore-no-such-user is no user's home folder"
+    assert main(["train", "qa", "--layers", "1", "--train", str(afile)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dilstore train: error: ") and why in err and err.count("\n") == 1, err
+    assert "give --output DIR, or set DILSTORE_RUNS to a" in err and "--output /" not in err
