@@ -13,6 +13,7 @@ the kernel releases with the process, across process namespaces too.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -20,12 +21,19 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from dilstore.storage.errors import DilstoreError
+
 OWNER_LOCK = ".dilstore-owner-lock"
 
 
 @contextlib.contextmanager
 def scratch_dir(prefix: str) -> Iterator[Path]:
-    """A new folder `$TMPDIR/PREFIX*`, held and removed when the block ends; abandoned ones of `prefix` go first."""
+    """A new folder `$TMPDIR/PREFIX*`, held and removed when the block ends; abandoned ones of `prefix` go first.
+
+    A TMPDIR that is no writable folder is refused, naming it; the block's writes into the folder that find its disk
+    full say that it is $TMPDIR's (see check_temporary_folder, full_temporary_folder).
+    """
+    check_temporary_folder()
     remove_abandoned(prefix)
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     # Locked under another name, then renamed: a folder is never seen with an unlocked OWNER_LOCK while its owner runs.
@@ -35,9 +43,37 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         unnamed.rename(folder / OWNER_LOCK)
         yield folder
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT) and Path(error.filename or "/").is_relative_to(folder):
+            raise full_temporary_folder(error, folder) from None
+        raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         os.close(descriptor)
+
+
+def check_temporary_folder() -> None:
+    """A DilstoreError naming TMPDIR where it is set to no folder, or to one this user cannot write: Python's tempfile
+    then passed it over for /tmp without a word, and a run told to keep its scratch on a big volume (a batch job's
+    scratch disk that failed to mount, a container's emptyDir) filled the small root file system instead (env57 F4).
+    """
+    configured = os.environ.get("TMPDIR")
+    if not configured:
+        return
+    folder = Path(configured)
+    if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise DilstoreError(f"TMPDIR={configured} {what}: set TMPDIR to a writable folder (or unset it for /tmp)")
+    if not os.access(folder, os.W_OK | os.X_OK):  # EROFS too, for root
+        raise DilstoreError(f"TMPDIR={configured} is not writable (read-only, or not this user's): set TMPDIR to a "
+                            "writable folder (or unset it for /tmp)")  # fmt: skip
+
+
+def full_temporary_folder(error: OSError, folder: Path) -> DilstoreError:
+    """`error`, a full disk met writing into the scratch folder `folder`, saying that it is $TMPDIR's: `index` said
+    only "No space left on device: /tmp/dilstore-collection-x1/part-00000.jsonl" (env57 F4)."""
+    return DilstoreError(f"{error.strerror}: {error.filename} (the temporary folder {folder.parent}, $TMPDIR): set "
+                         "TMPDIR to a folder with room")  # fmt: skip
 
 
 def remove_abandoned(prefix: str) -> list[Path]:

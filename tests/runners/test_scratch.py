@@ -6,8 +6,10 @@ store a copy of its passage text in $TMPDIR, and nothing removed them (crash36 8
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from dilstore.runners import scratch
 from dilstore.runners.scratch import OWNER_LOCK, remove_abandoned, scratch_dir
+from dilstore.storage.errors import DilstoreError
 from tests.fixtures.paths import ROOT
 
 HOLD = """
@@ -97,3 +101,33 @@ def test_a_folder_whose_lock_file_is_a_link_is_left_alone(tmp_path: Path) -> Non
     (folder / "part.jsonl").write_text("{}")
     assert remove_abandoned("dilstore-test-") == []
     assert (folder / "part.jsonl").is_file()
+
+
+@pytest.mark.parametrize("where", ["missing", "a file", "read-only"])
+def test_a_tmpdir_that_is_no_writable_folder_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Python's tempfile passed over such a TMPDIR for /tmp without a word: a run told to keep its scratch on a big
+    volume filled the small root file system instead (env57 F4)."""
+    configured = tmp_path / "scratch"
+    if where == "a file":
+        configured.write_text("", encoding="utf-8")
+    elif where == "read-only":  # os.access says so on a read-only mount, for root too; chmod does not stop root
+        configured.mkdir()
+        monkeypatch.setattr(scratch.os, "access", lambda path, mode: Path(path) != configured)
+    monkeypatch.setenv("TMPDIR", str(configured))
+    why = {"missing": "does not exist", "a file": "is a file, not a folder", "read-only": "is not writable"}[where]
+    with pytest.raises(DilstoreError, match=f"^TMPDIR={re.escape(str(configured))} {why}"), scratch_dir("dilstore-t-"):
+        pass
+    assert not list(tmp_path.glob("dilstore-t-*"))
+
+
+def test_a_full_tmpdir_says_it_is_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`index` on a full $TMPDIR said only "No space left on device: /tmp/dilstore-collection-x1/part-00000.jsonl"
+    (env57 F4). A full disk elsewhere (the store's) stays as it was."""
+    monkeypatch.delenv("TMPDIR", raising=False)
+    with pytest.raises(DilstoreError, match=r"\(the temporary folder .*, \$TMPDIR\): set TMPDIR to a folder with room"):
+        with scratch_dir("dilstore-t-") as folder:
+            raise OSError(errno.ENOSPC, "No space left on device", str(folder / "part-00000.jsonl"))
+    with pytest.raises(OSError, match="No space left on device"), scratch_dir("dilstore-t-"):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "store" / "bm25"))
