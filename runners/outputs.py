@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -116,14 +115,9 @@ def _owned_by_another_in_sticky_folder(output: Path) -> bool:
     """Whether `output` is there, another user's, in a folder with the sticky bit that this user does not own: the
     rename that writes the file is refused there (EPERM). An evaluation of hours failed at its end with "Operation not
     permitted: DIR/.tmp-NAME... -> NAME", and "run the same command again once NAME can be written" (perm57 F6)."""
-    user = os.geteuid()
-    if user == 0:  # root replaces any file
-        return False
-    try:
-        folder, present = output.parent.stat(), output.lstat()
-    except OSError:
-        return False
-    return bool(folder.st_mode & stat.S_ISVTX) and present.st_uid != user and folder.st_uid != user
+    from dilstore.storage.replacement import sticky_keeps
+
+    return sticky_keeps(output)
 
 
 def check_output_option(parser: argparse.ArgumentParser, output: str | Path | None, flag: str) -> None:

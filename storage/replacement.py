@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -79,7 +80,9 @@ def refuse_undeletable(folder: Path, why: str) -> None:
     deletes the old one, whose deletion failed silently: `precompute --overwrite` or an in-place `compact` of a store
     another user built ended with success, the old store's whole copy left hidden beside the new one, and every
     later write of the store failed with "Permission denied: precompute.json" (perm57 F4). Checked up front, before
-    any work.
+    any work. The tree is refused too where it is another user's in a sticky folder (/tmp, a team's scratch folder
+    of mode 1777 or 3775): its folders writable by the group passed, and the build ran to its end, where renaming the
+    old tree aside failed with "Operation not permitted" (read57b F1).
     """
     def refuse(current: str) -> None:
         where = "it" if Path(current) == folder else f"its folder {current}"
@@ -93,10 +96,27 @@ def refuse_undeletable(folder: Path, why: str) -> None:
         if not isinstance(error, (FileNotFoundError, NotADirectoryError)) and error.filename is not None:
             refuse(os.fsdecode(error.filename))
 
+    if sticky_keeps(folder):  # the rename aside fails (EPERM) after the whole build (read57b F1)
+        raise DilstoreError(f"{folder} cannot be replaced by this user: it belongs to another user, and its folder "
+                            f"{folder.parent} has the sticky bit (as /tmp has), where only its owner may rename or "
+                            f"delete it ({why}); run this as its owner")  # fmt: skip
     access = {"effective_ids": True} if os.access in os.supports_effective_ids else {}
     for current, _, _ in os.walk(folder, onerror=unlisted):  # folders alone: deleting a file takes its folder's rights
         if not os.access(current, os.R_OK | os.W_OK | os.X_OK, **access):
             refuse(current)
+
+
+def sticky_keeps(path: Path) -> bool:
+    """Whether `path` is there, another user's, in a folder with the sticky bit that this user does not own (/tmp, a
+    team's scratch folder): only the owner of the entry or of its folder (or root) may rename or delete it there."""
+    user = os.geteuid()
+    if user == 0:  # root renames and deletes anything
+        return False
+    try:
+        folder, present = path.parent.stat(), path.lstat()
+    except OSError:
+        return False
+    return bool(folder.st_mode & stat.S_ISVTX) and present.st_uid != user and folder.st_uid != user
 
 
 def _read_only_mount(path: str) -> bool:

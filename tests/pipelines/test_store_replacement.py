@@ -339,3 +339,22 @@ def test_a_run_that_fails_before_storing_anything_leaves_no_settings_behind(
     assert "holds a run with other settings (differs in: split: the store's 'paragraphs', this run's 'words')" in \
            capsys.readouterr().err  # fmt: skip
     assert cli.main([*args, "--output", str(made_by_user)]) == 0 and verify_store(made_by_user).ok
+
+
+def test_another_users_store_in_a_sticky_folder_is_refused_before_the_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(read57b F1) A store another user built in a sticky folder (/tmp, a team's scratch of mode 1777 or 3775), with
+    folders its group may write, passed the check of perm57 F4: `precompute --overwrite` or an in-place `compact` ran
+    to its end, and renaming the old store aside failed there with "Operation not permitted". Root renames anything,
+    so this user is another uid here."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    store = fake_store(shared / "store", SPEC)
+    shared.chmod(0o1777)
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(shared).st_uid + 4242)
+    with pytest.raises(DilstoreError, match=f"^{store} cannot be replaced by this user: it belongs to another user, "
+                                            f"and its folder {shared} has the sticky bit"):  # fmt: skip
+        check_replaceable(store, [])
+    shared.chmod(0o777)
+    check_replaceable(store, [])  # not sticky: a folder its group may write is enough
