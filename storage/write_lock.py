@@ -128,8 +128,12 @@ def _opened(path: Path, folder: Path) -> int:
         if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):  # a read-only mount says EROFS
             raise
         if path.exists():  # the folder is writable, or the file would not be there: the file itself is not
-            left = ("; no process holds it (a run killed at once, kill -9 or the out-of-memory killer, leaves it): "
-                    "delete it" if _held_by(path) is None else "")
+            # /proc/locks leaves out the holders in other pid namespaces (another container sharing the folder) and
+            # knows none on other machines: "no process holds it: delete it" sent the user to delete a live writer's
+            # lock, letting a second writer in (read57b F2).
+            left = ("; no process this system shows holds it: unless a run of it goes on in another container or "
+                    "on another machine, a run killed at once (kill -9 or the out-of-memory killer) left it: delete it"
+                    if _held_by(path) is None else "")  # fmt: skip
             raise DilstoreError(f"cannot open the lock file {path} of {folder}: {error.strerror}; it must be "
                                 f"readable and writable by this user{left}") from None  # fmt: skip
         raise DilstoreError(f"cannot create the lock file {path}: {error.strerror}; the lock of {folder} lives "

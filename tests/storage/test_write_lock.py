@@ -207,11 +207,32 @@ def test_a_lock_file_that_cannot_be_opened_is_named_not_its_folder(tmp_path: Pat
 
     monkeypatch.setattr(module.os, "open", refused)
     with pytest.raises(DilstoreError, match=rf"^cannot open the lock file {lock_path(store)} of {store}: Permission "
-                                            "denied; it must be readable and writable by this user; no process "
-                                            r"holds it \(a run killed at once, kill -9 or the out-of-memory killer, "
-                                            r"leaves it\): delete it$"):  # fmt: skip
+                                            "denied; it must be readable and writable by this user; no process this "
+                                            "system shows holds it: unless a run of it goes on in another container "
+                                            r"or on another machine, a run killed at once \(kill -9 or the "
+                                            r"out-of-memory killer\) left it: delete it$"):  # fmt: skip
         with write_lock(store):
             pass
+
+
+def test_a_lock_no_process_here_is_seen_holding_is_not_called_free(tmp_path: Path, monkeypatch) -> None:
+    """(read57b F2) /proc/locks leaves out the holders in other pid namespaces (another container or pod sharing the
+    volume) and knows none on other machines, yet a lock file this user could not open was "no process holds it
+    ...: delete it": deleting a live writer's lock let a second writer into the store."""
+    from dilstore.storage import write_lock as module
+
+    store = tmp_path / "store"
+    lock_path(store).write_text("")
+    monkeypatch.setattr(module, "_held_by", lambda path: None)  # held in another container: not in /proc/locks
+
+    def refused(*args: object) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(module.os, "open", refused)
+    with pytest.raises(DilstoreError) as refusal, write_lock(store):
+        pass
+    assert "no process holds it" not in str(refusal.value)
+    assert "unless a run of it goes on in another container or on another machine" in str(refusal.value)
 
 
 @pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="needs Linux's /proc/locks")
