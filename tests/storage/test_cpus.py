@@ -23,6 +23,14 @@ from dilstore.storage import cpus
                                           "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 4),  # root is the container's
         ("1:cpu:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1, no quota
         ("0::/\n", {"cpu.max": "garbage"}, None),
+        # (mut57c) the least of a cgroup's and its parent's; "QUOTA" alone is per 100 ms; the alias a v1 cpu
+        # controller is mounted under; a quota or period of 0 is none; a cpuset line is no cpu controller's.
+        ("0::/a/b\n", {"a/b/cpu.max": "100000 100000", "a/cpu.max": "400000 100000"}, 1),
+        ("0::/\n", {"cpu.max": "200000\n"}, 2),
+        ("4:cpu,cpuacct:/\n", {"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2),
+        ("1:cpu:/\n", {"cpu/cpu.cfs_quota_us": "0\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ("1:cpu:/\n", {"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "0\n"}, None),
+        ("3:cpuset:/a\n", {"cpu/a/cpu.cfs_quota_us": "100000\n", "cpu/a/cpu.cfs_period_us": "100000\n"}, None),
         ("not a cgroup line\n", {}, None),
     ],
 )
@@ -35,6 +43,16 @@ def test_a_cgroup_quota_is_read(tmp_path: Path, proc: str, files: dict[str, str]
     (tmp_path / "proc").write_text(proc, encoding="utf-8")
     assert cpus.cgroup_cpu_quota(tmp_path, tmp_path / "proc") == quota
     assert cpus.cgroup_cpu_quota(tmp_path, tmp_path / "missing") is None
+
+
+def test_a_cgroup_path_above_the_namespace_root_is_not_read_outside_the_mount(tmp_path: Path) -> None:
+    """(mut57c) In a cgroup namespace, /proc/self/cgroup names a cgroup outside it as "/../NAME": its ".." parts are
+    dropped, so no `cpu.max` beside the mount is taken for this process's quota."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "cpu.max").write_text("100000 100000", encoding="ascii")
+    (tmp_path / "mount").mkdir()
+    (tmp_path / "proc").write_text("0::/../x\n", encoding="utf-8")
+    assert cpus.cgroup_cpu_quota(tmp_path / "mount", tmp_path / "proc") is None
 
 
 def test_the_usable_cpus_are_the_affinity_and_the_quota_where_less(monkeypatch: pytest.MonkeyPatch) -> None:
