@@ -84,6 +84,15 @@ def test_a_store_this_user_could_not_delete_is_refused_before_the_build(tmp_path
     with pytest.raises(DilstoreError, match=f"^{store} cannot be replaced by this user: its folder {locked} is not "
                                             "writable by it, so the old files could not be deleted"):  # fmt: skip
         check_replaceable(store, [])
+    # (mut57c) A folder it may list and search but not write to (0555) is refused as well, and the store itself is
+    # named as "it"; only the write bit was ever checked through a refusal of every bit.
+    monkeypatch.setattr(os, "access", lambda path, mode, **given: not (Path(path) == locked and mode & os.W_OK)
+                        and real(path, mode, **given))  # fmt: skip
+    with pytest.raises(DilstoreError, match=f"its folder {locked} is not writable by it"):
+        check_replaceable(store, [])
+    monkeypatch.setattr(os, "access", lambda path, mode, **given: Path(path) != store and real(path, mode, **given))
+    with pytest.raises(DilstoreError, match=f"^{store} cannot be replaced by this user: it is not writable by it"):
+        check_replaceable(store, [])
     monkeypatch.setattr(os, "access", real)
     listed = os.scandir
 
@@ -92,6 +101,13 @@ def test_a_store_this_user_could_not_delete_is_refused_before_the_build(tmp_path
             raise PermissionError(13, "Permission denied", str(path))
         return listed(path)
 
+    def vanished(path: Any) -> Any:  # a folder deleted while it is walked is no refusal (mut57c)
+        if Path(path) == locked:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return listed(path)
+
+    monkeypatch.setattr(os, "scandir", vanished)
+    check_replaceable(store, [])
     monkeypatch.setattr(os, "scandir", scandir)
     with pytest.raises(DilstoreError, match=f"its folder {locked} is not writable by it"):
         check_replaceable(store, [])
@@ -113,6 +129,28 @@ def test_an_old_copy_this_user_cannot_delete_is_named_by_its_whole_path(tmp_path
             finish_interrupted_swap(store)
     finally:
         old.chmod(0o755)
+
+
+@pytest.mark.parametrize("left", ["the old store's copy", "a stopped compaction's copy"])
+def test_a_left_copy_that_cannot_be_deleted_is_named_as_root_too(tmp_path: Path, monkeypatch, left: str) -> None:
+    """(mut57c) The test above is skipped as root, and a stopped compaction's copy had none: a deletion that fails is
+    an error naming the copy and the entry it failed at, not passed over, which left the copy hidden beside the
+    store. Root deletes anything, so the refusal is what os.rmdir raises here."""
+    store = fake_store(tmp_path / "store", SPEC)
+    copy = tmp_path / (".store.dilstore-replaced" if left == "the old store's copy" else ".store.dilstore-building")
+    (copy / "shards").mkdir(parents=True)  # a building folder without a spec: a stopped compaction's
+    real = os.rmdir
+
+    def refused(path: Any, *args: Any, **given: Any) -> None:
+        if Path(os.fsdecode(path)) == copy:
+            raise PermissionError(13, "Permission denied", os.fsdecode(path))
+        real(path, *args, **given)
+
+    monkeypatch.setattr(os, "rmdir", refused)
+    what = ("the old store's copy a stopped run left" if left == "the old store's copy" else
+            "what a compaction stopped before its swap left")  # fmt: skip
+    with pytest.raises(DilstoreError, match=f"^cannot delete {what} at {copy}: Permission denied \\(at {copy}\\); "):
+        finish_interrupted_swap(store)
 
 
 def test_overwrite_leaves_the_old_store_in_place_until_the_new_one_is_swapped_in(tmp_path: Path) -> None:
