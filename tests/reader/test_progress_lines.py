@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dilstore.reader.progress_lines import LOG_INTERVAL_SECONDS, bar_options
+from dilstore.reader.progress_lines import LOG_INTERVAL_SECONDS, bar_options, is_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,13 +30,18 @@ def test_a_bar_in_a_log_writes_a_few_plain_lines_and_its_end() -> None:
     lines = text.splitlines()
     assert 1 <= len(lines) <= 3, lines
     assert "5000/5000" in lines[-1] and lines[-1] == lines[-1].rstrip()
+    assert all(line.count("precompute:") == 1 for line in lines), lines  # one frame a line (mut57c)
     options = bar_options(log)
     assert options["mininterval"] == options["maxinterval"] == LOG_INTERVAL_SECONDS
+    assert options["dynamic_ncols"] is False  # a log has no width to follow (mut57c)
 
 
 def test_a_bar_on_a_terminal_is_redrawn_live() -> None:
     terminal = Terminal()
     assert bar_options(terminal, mininterval=0.5) == {"file": terminal, "mininterval": 0.5, "dynamic_ncols": True}
+    closed = io.StringIO()
+    closed.close()
+    assert not is_terminal(closed)  # a closed stream's isatty raises ValueError: no terminal (mut57c)
 
 
 class _KernelStream(io.StringIO):
