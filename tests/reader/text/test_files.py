@@ -62,3 +62,7 @@ def test_a_utf16_file_is_named_as_utf16_whatever_reads_it(tmp_path: Path, encodi
         read_json(squad)
     qrels.write_bytes(b"1\x00 0 d1 1\n")  # a NUL byte in UTF-8 text is no sign of UTF-16
     assert list(numbered_lines(qrels)) == [(1, "1\x00 0 d1 1\n")]
+    # (mut57c) A blank first line is too short to tell UTF-16 by, and only the first line is looked at: a later one
+    # of NUL-spaced letters is UTF-8 text as it stands.
+    qrels.write_bytes(b"\n1 0 d1 1\na\x00b\x00c\x00d\x00\n")
+    assert list(numbered_lines(qrels)) == [(1, "\n"), (2, "1 0 d1 1\n"), (3, "a\x00b\x00c\x00d\x00\n")]
