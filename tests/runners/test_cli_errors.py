@@ -388,6 +388,41 @@ def test_an_output_another_user_owns_in_a_sticky_folder_is_refused_before_the_st
     assert main([*args[:-1], str(shared / "o.trec")]) == 2 and "no-store" in capsys.readouterr().err  # not sticky
 
 
+@pytest.mark.parametrize(("user", "folder_mode", "folder_owner", "file_owner", "refused"), [
+    (5, 0o1777, 0, 6, True),  # /tmp: another user's file
+    (5, 0o1777, 0, 5, False),  # this user's own file in /tmp
+    (5, 0o1777, 5, 6, False),  # a sticky folder of this user's: its owner may replace any file in it
+    (5, 0o0777, 0, 6, False),  # no sticky bit
+    (0, 0o1777, 6, 6, False),  # root replaces any file
+])
+def test_only_another_user_s_file_in_a_sticky_folder_it_does_not_own_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user: int, folder_mode: int, folder_owner: int, file_owner: int,
+    refused: bool,
+) -> None:
+    """(mut57c) The test above holds every file and folder by one owner: refusing this user's own file in /tmp, or
+    any file in a sticky folder of its own, or any output for root, went unseen. Owners other than this process's
+    are what stat says here (only root could chown)."""
+    from dilstore.runners.outputs import _owned_by_another_in_sticky_folder
+
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    output = folder / "o.trec"
+    output.write_text("")
+    owners = {folder: (stat.S_IFDIR | folder_mode, folder_owner), output: (stat.S_IFREG | 0o644, file_owner)}
+    real = Path.stat
+
+    def faked(path: Path, *, follow_symlinks: bool = True) -> os.stat_result:
+        if path in owners:
+            mode, uid = owners[path]
+            return os.stat_result((mode, 0, 0, 1, uid, 0, 0, 0, 0, 0))
+        return real(path, follow_symlinks=follow_symlinks)
+
+    monkeypatch.setattr(Path, "stat", faked)
+    monkeypatch.setattr(os, "geteuid", lambda: user)
+    assert _owned_by_another_in_sticky_folder(output) is refused
+    assert not _owned_by_another_in_sticky_folder(folder / "new.trec")  # nothing there to replace
+
+
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "dash"])
 def test_an_output_that_writing_would_replace_is_refused(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -850,7 +885,8 @@ def test_only_an_error_that_names_no_file_is_put_on_a_standard_output_that_fails
                 full.close()
 
 
-@pytest.mark.parametrize(("environment", "threads"), [({}, 1), ({"OMP_NUM_THREADS": "3"}, 3)])
+@pytest.mark.parametrize(("environment", "threads"), [({}, 1), ({"OMP_NUM_THREADS": "3"}, 3),
+                                                      ({"MKL_NUM_THREADS": "3"}, 3)])
 def test_torch_threads_are_held_to_a_cgroup_quota(
     monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], threads: int
 ) -> None:
@@ -871,6 +907,9 @@ def test_torch_threads_are_held_to_a_cgroup_quota(
     try:
         torch.set_num_threads(3)  # torch's choice on a bigger machine, or from OMP_NUM_THREADS
         apply_threads(None)
+        assert torch.get_num_threads() == threads
+        monkeypatch.setattr(cpus, "usable_cpu_count", lambda: 8)
+        apply_threads(None)  # held down to the CPUs, never raised to them (mut57c)
         assert torch.get_num_threads() == threads
         apply_threads(2)  # --threads 2 is taken as asked
         assert torch.get_num_threads() == 2
@@ -908,3 +947,41 @@ def test_a_default_run_folder_that_cannot_be_made_names_its_source(
     err = capsys.readouterr().err
     assert err.startswith("dilstore train: error: ") and why in err and err.count("\n") == 1, err
     assert "give --output DIR, or set DILSTORE_RUNS to a" in err and "--output /" not in err
+    source = {"home is a file": "in ~/.cache/dilstore/runs ($DILSTORE_RUNS is unset)",
+              "runs is a file": "in $DILSTORE_RUNS"}.get(where, "")  # (mut57c) where the folder came from
+    assert source in err, err
+    assert main(["train", "qa", "--layers", "1", "--train", str(afile), "--output", str(afile)]) == 2
+    err = capsys.readouterr().err  # a given --output is named as given, no default folder blamed (mut57c)
+    assert f"--output {afile}" in err and "default run folder" not in err, err
+
+
+def test_only_the_default_run_folder_s_own_errors_name_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(mut57c) Its lock that cannot be taken is the default folder's error, told with where the folder comes from;
+    an error of the run itself, once the lock is held, is the run's, told as it is."""
+    from dilstore.runners import training_options
+    from dilstore.storage.errors import DilstoreError
+
+    monkeypatch.setenv("DILSTORE_RUNS", str(tmp_path / "runs"))
+    args = argparse.Namespace(output=None, run_name="qa")
+
+    def failing(args: argparse.Namespace) -> int:
+        raise DilstoreError("the run's own error")
+
+    with pytest.raises(DilstoreError, match="^the run's own error$"):
+        training_options.holding_the_output(failing)(args)
+
+    def refused(folder: Path) -> None:
+        raise DilstoreError(f"{folder} is being written by process 7")
+
+    monkeypatch.setattr(training_options, "write_lock", refused)
+    with pytest.raises(DilstoreError, match=r"is being written by process 7 \(the default run folder, in "
+                                            r"\$DILSTORE_RUNS: give --output DIR"):  # fmt: skip
+        training_options.holding_the_output(failing)(args)
+
+    def denied(folder: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(folder))
+
+    monkeypatch.setattr(training_options, "write_lock", denied)
+    with pytest.raises(DilstoreError, match=f"^Permission denied: {re.escape(str(tmp_path / 'runs' / 'qa'))} "
+                                            r"\(the default run folder"):  # fmt: skip
+        training_options.holding_the_output(failing)(args)
