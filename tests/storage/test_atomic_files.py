@@ -200,3 +200,54 @@ def test_a_copy_of_a_private_file_or_folder_stays_private(tmp_path: Path) -> Non
     assert mode(tmp_path / "copy") == owner_only and mode(tmp_path / "token") == 0o600 & ~process_umask()
     assert {path.name: mode(path) for path in (tmp_path / "copy").iterdir()} == {
         "token": 0o600 & ~process_umask(), "notes": 0o600 & ~process_umask()}
+
+
+def test_a_copy_leaves_what_its_links_lead_to_and_a_failed_one_is_writable(tmp_path: Path, monkeypatch) -> None:
+    """(mut57c) The copies' modes are given to the copies alone: a link copied as a link (a file's, or a folder's in a
+    tree) left the mode of what it leads to, which may be the source's own; they are held within the umask, so 0444
+    under umask 027 is 0640; a folder gets its owner's read and search bits too; and a copy that failed half-way
+    has writable folders, so that its cleanup can delete them."""
+    import shutil
+
+    from dilstore.storage import atomic_files
+    from dilstore.storage.file_errors import _give_folder_modes, copy_file, copy_tree
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "target").write_bytes(b"t")
+    (outside / "target").chmod(0o444)
+    source = tmp_path / "source"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub" / "part").write_bytes(b"p")
+    (source / "file-link").symlink_to(outside / "target")
+    (source / "folder-link").symlink_to(outside)
+    outside.chmod(0o555)
+    with monkeypatch.context() as patch:  # umask 027, as process_umask (read once) gives it
+        patch.setattr(atomic_files, "process_umask", lambda: 0o027)
+        copy_tree(source, tmp_path / "copy", symlinks=True)
+        copy_file(source / "file-link", tmp_path / "link", follow_symlinks=False)
+        copy_file(outside / "target", tmp_path / "one")
+    assert (mode(outside), mode(outside / "target"), mode(tmp_path / "one")) == (0o555, 0o444, 0o640)
+    outside.chmod(0o755)
+    unlisted = tmp_path / "unlisted"
+    unlisted.mkdir()
+    unlisted.chmod(0o050)  # a group's folder its owner may not list: the copy's owner may
+    _give_folder_modes(unlisted)
+    assert mode(unlisted) == 0o750 & ~process_umask()
+    for folder in (source / "sub", source):
+        folder.chmod(0o555)
+    real = shutil.copystat
+
+    def failed(src: str, dst: str, **given: object) -> None:  # the top folder's mode, given last, is refused
+        if Path(dst) == tmp_path / "failed":
+            raise PermissionError(1, "Operation not permitted", dst)
+        real(src, dst, **given)
+
+    monkeypatch.setattr(shutil, "copystat", failed)
+    try:
+        with pytest.raises(OSError, match="Operation not permitted"):
+            copy_tree(source, tmp_path / "failed", symlinks=True)
+    finally:
+        for folder in (source, source / "sub"):
+            folder.chmod(0o755)
+    assert mode(tmp_path / "failed" / "sub") & 0o700 == 0o700
