@@ -236,6 +236,7 @@ def test_parse_squad_names_the_offending_item(edit, message: str) -> None:
     ("Zu\u0308rich won in 1911.", "Zürich", 0, "NFD and the answer text in NFC"),  # reads 'Zu\u0308ric'
     ("Zürich won in 1911.", "Zu\u0308rich", 0, "NFC and the answer text in NFD"),  # out of range: 7 of 19 characters
     ("Zu\u0308rich won in 1911.", "1911", 14, "NFD and the answer text in NFC"),  # counted in the composed context
+    ("Zürich", "Zu\u0308rich", 0, "NFC and the answer text in NFD"),  # out of range: 7 characters in 6 (mut57c)
 ])
 def test_a_context_and_answer_in_other_unicode_forms_are_refused_naming_the_forms(
     context: str, answer: str, start: int, forms: str
@@ -251,6 +252,9 @@ def test_a_context_and_answer_in_other_unicode_forms_are_refused_naming_the_form
         parse_squad(document, "file.json")
     _qa(document, 0)["answers"] = [{"text": "1912", "answer_start": start}]
     with pytest.raises(DilstoreError, match=r"not the answer text '1912'$"):
+        parse_squad(document, "file.json")
+    _qa(document, 0)["answers"] = [{"text": "Genève", "answer_start": 0}]  # in no form in the context (mut57c)
+    with pytest.raises(DilstoreError, match=r"not the answer text 'Genève'$"):
         parse_squad(document, "file.json")
 
 
