@@ -114,7 +114,8 @@ def test_a_tmpdir_that_is_no_writable_folder_is_refused_by_name(
         configured.write_text("", encoding="utf-8")
     elif where == "read-only":  # os.access says so on a read-only mount, for root too; chmod does not stop root
         configured.mkdir()
-        monkeypatch.setattr(scratch.os, "access", lambda path, mode: Path(path) != configured)
+        monkeypatch.setattr(scratch.os, "access", lambda path, mode: not (Path(path) == configured and
+                                                                          mode & os.W_OK))  # (mut57c) write alone
     monkeypatch.setenv("TMPDIR", str(configured))
     why = {"missing": "does not exist", "a file": "is a file, not a folder", "read-only": "is not writable"}[where]
     with pytest.raises(DilstoreError, match=f"^TMPDIR={re.escape(str(configured))} {why}"), scratch_dir("dilstore-t-"):
@@ -126,8 +127,11 @@ def test_a_full_tmpdir_says_it_is_tmpdir(tmp_path: Path, monkeypatch: pytest.Mon
     """`index` on a full $TMPDIR said only "No space left on device: /tmp/dilstore-collection-x1/part-00000.jsonl"
     (env57 F4). A full disk elsewhere (the store's) stays as it was."""
     monkeypatch.delenv("TMPDIR", raising=False)
-    with pytest.raises(DilstoreError, match=r"\(the temporary folder .*, \$TMPDIR\): set TMPDIR to a folder with room"):
-        with scratch_dir("dilstore-t-") as folder:
-            raise OSError(errno.ENOSPC, "No space left on device", str(folder / "part-00000.jsonl"))
+    room = r"\(the temporary folder .*, \$TMPDIR\): set TMPDIR to a folder with room"
+    with pytest.raises(DilstoreError, match=room) as full, scratch_dir("dilstore-t-") as folder:
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "part-00000.jsonl"))
+    assert f"(the temporary folder {folder.parent}, $TMPDIR)" in str(full.value)  # TMPDIR, not the scratch (mut57c)
+    with pytest.raises(OSError, match="^\\[Errno 28\\] No space left on device$"), scratch_dir("dilstore-t-"):
+        raise OSError(errno.ENOSPC, "No space left on device")  # names no file: not told to be TMPDIR's (mut57c)
     with pytest.raises(OSError, match="No space left on device"), scratch_dir("dilstore-t-"):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "store" / "bm25"))
