@@ -216,6 +216,9 @@ def test_utf16_questions_piped_in_are_refused_as_utf16(encoding: str) -> None:
                                             r"pipe are read as UTF-8: convert it \(e\.g\. `iconv -f UTF-16"):
         interactive(None, stdin, out, io.StringIO(), as_json=True)  # type: ignore[arg-type]  # no question is read
     assert out.getvalue() == ""
+    from dilstore.runners.cmd_ask import _refuse_utf16
+
+    _refuse_utf16("\ud800a\x00b\x00")  # a lone surrogate no stream gives, from a library caller: looked past (mut57c)
 
 
 def test_a_store_rebuilt_under_the_session_ends_it(store_and_model: tuple[Path, Path], monkeypatch) -> None:
