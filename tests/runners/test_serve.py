@@ -400,6 +400,30 @@ def test_access_log_lines_name_status_seconds_and_store_but_no_query_string(serv
     assert not any("SECRET" in line for line in handler.lines)
 
 
+def test_requests_are_logged_with_access_log_only(monkeypatch, caplog) -> None:
+    """(mut57c) --access-log reaches the app's settings, and an app without it logs no request: a server run without
+    the flag wrote every request's line all the same, or one run with it wrote none, and no test said so."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from dilstore.runners import cmd_serve
+    from dilstore.runners.cli import main
+    from dilstore.runners.serve_app import add_request_handling
+    from dilstore.runners.serve_metrics import Metrics
+
+    for logged in (False, True):
+        app = FastAPI()
+        add_request_handling(app, Metrics(), access_log=logged)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dilstore.serve.access"):
+            assert TestClient(app).get("/nothing").status_code == 404
+        assert [record.name for record in caplog.records] == ["dilstore.serve.access"] * logged
+    given: list[bool] = []
+    monkeypatch.setattr(cmd_serve, "serve_on", lambda listeners, args, settings: given.append(settings.access_log) or 0)
+    assert main(["serve", "store", "--port", "0", "--access-log"]) == 0 and main(["serve", "store", "--port", "0"]) == 0
+    assert given == [True, False]
+
+
 def test_access_log_lines_go_to_stdout_as_uvicorn_s_did(monkeypatch) -> None:
     """(read57 F4) uvicorn wrote its access log on stdout, the server's other lines on stderr; the access lines of
     obs57 F2 went to stderr, and `dilstore serve --access-log > access.log` found its file empty."""
