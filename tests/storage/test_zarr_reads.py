@@ -196,3 +196,17 @@ def test_read_blocks_gives_each_range_its_own_bytes_however_the_ranges_overlap_o
     gets exactly data[start:stop], in the order asked."""
     views = ranged.read_blocks(BytesFilesystem(FILES), ranges, gap=gap)
     assert [bytes(view) for view in views] == [FILES[path][start:stop] for path, start, stop in ranges]
+
+
+@pytest.mark.parametrize(("error", "unreadable"), [
+    (PermissionError(errno.EACCES, "Permission denied", "/s/shards/a"), "/s/shards/a"),
+    (PermissionError(errno.EPERM, "Operation not permitted", "/s/shards/a"), "/s/shards/a"),
+    (IsADirectoryError(errno.EISDIR, "Is a directory", "/s/shards/a"), None),  # a folder opens: no permission to mend
+    (OSError(errno.ELOOP, "Too many levels of symbolic links", "/s/shards/a"), None),
+])
+def test_only_a_file_refused_for_permission_is_named_unreadable(error: OSError, unreadable: str | None) -> None:
+    """(mut57c) `serve` looks again at the file a lasting failure names as `unreadable` (perm57 F1), and serves the
+    store again once it opens: a directory in a file's place opens too, so it must not be named; a file refused with
+    EPERM (an immutable file, a mount's policy) must be."""
+    failure = read_failure("shard a", error, local=True)
+    assert isinstance(failure, StoreFormatError) and getattr(failure, "unreadable", None) == unreadable
