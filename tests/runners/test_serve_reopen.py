@@ -411,3 +411,5 @@ def test_a_store_file_made_readable_again_is_served_without_a_restart(
         assert scores(client.post("/rerank", json={"query": QUERY, "doc_ids": IDS})).keys() == set(IDS)
     assert any(message.startswith("store 's2' is available again: ") and message.endswith("can be read now")
                for message in caplog.messages), caplog.messages  # fmt: skip
+    assert any(message.startswith("store 's2' is unavailable until ") and " can be read by this user, or its files "
+               "change" in message for message in caplog.messages), caplog.messages  # the log says so (mut57c)
