@@ -23,9 +23,15 @@ _V1_CPU_MOUNTS = ("cpu,cpuacct", "cpuacct,cpu", "cpu")
 def usable_cpu_count(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int:
     """The CPUs this process may use: its affinity's count, or fewer where a cgroup CPU quota allows less (rounded
     up: a quota of 1.5 CPUs is 2); at least 1."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = runnable_cpu_count() or 1
     quota = cgroup_cpu_quota(cgroup_root, proc_cgroup)
     return max(1, cpus if quota is None else min(cpus, quota))
+
+
+def runnable_cpu_count() -> int | None:
+    """The logical CPUs this process may run on (its affinity: `taskset`, a cpuset), or the machine's count where the
+    system does not say which; None where neither is known."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def cgroup_cpu_quota(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int | None:

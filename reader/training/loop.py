@@ -73,6 +73,7 @@ from dilstore.reader.training.state import (
 )
 from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
 from dilstore.storage.checks import require_at_least_one
+from dilstore.storage.cpus import runnable_cpu_count
 from dilstore.storage.durability import fsync_dir, fsync_tree, remove_path
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.file_errors import FILE_SIZE_ADVICE
@@ -316,7 +317,7 @@ def usable_cpus() -> str:
     """The logical CPUs this process may run on, and the machine's count where that is more: a run held to some of
     them (taskset, a container's cpuset) was described as on all of them (review52 F3)."""
     machine = os.cpu_count()
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else machine
+    usable = runnable_cpu_count()
     if usable is None:
         return "logical CPUs not known"
     if machine is None or usable >= machine:
