@@ -102,22 +102,17 @@ def check_output_file(
         raise DilstoreError(f"{flag} {output}: the folder {output.parent} does not exist")
     if not os.access(output.parent, os.W_OK | os.X_OK):  # a read-only mount, or another user's folder
         raise DilstoreError(f"{flag} {output}: the folder {output.parent} cannot be written to")
-    if _owned_by_another_in_sticky_folder(output):
+    from dilstore.storage.replacement import sticky_keeps
+
+    # The rename that writes the file is refused there (EPERM): an evaluation of hours failed at its end with
+    # "Operation not permitted: DIR/.tmp-NAME... -> NAME" (perm57 F6).
+    if sticky_keeps(output):
         raise DilstoreError(f"{flag} {output} belongs to another user, and its folder {output.parent} has the sticky "
                             "bit (as /tmp has), where only a file's owner may replace it; give another path, or have "
                             "its owner remove it")  # fmt: skip
     for given in inputs:
         if given.exists() and output.resolve() == given.resolve():
             raise DilstoreError(f"{flag} {output} is the input file {given}; write it elsewhere")
-
-
-def _owned_by_another_in_sticky_folder(output: Path) -> bool:
-    """Whether `output` is there, another user's, in a folder with the sticky bit that this user does not own: the
-    rename that writes the file is refused there (EPERM). An evaluation of hours failed at its end with "Operation not
-    permitted: DIR/.tmp-NAME... -> NAME", and "run the same command again once NAME can be written" (perm57 F6)."""
-    from dilstore.storage.replacement import sticky_keeps
-
-    return sticky_keeps(output)
 
 
 def check_output_option(parser: argparse.ArgumentParser, output: str | Path | None, flag: str) -> None:

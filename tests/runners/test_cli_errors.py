@@ -402,7 +402,7 @@ def test_only_another_user_s_file_in_a_sticky_folder_it_does_not_own_is_refused(
     """(mut57c) The test above holds every file and folder by one owner: refusing this user's own file in /tmp, or
     any file in a sticky folder of its own, or any output for root, went unseen. Owners other than this process's
     are what stat says here (only root could chown)."""
-    from dilstore.runners.outputs import _owned_by_another_in_sticky_folder
+    from dilstore.storage.replacement import sticky_keeps
 
     folder = tmp_path / "shared"
     folder.mkdir()
@@ -419,8 +419,8 @@ def test_only_another_user_s_file_in_a_sticky_folder_it_does_not_own_is_refused(
 
     monkeypatch.setattr(Path, "stat", faked)
     monkeypatch.setattr(os, "geteuid", lambda: user)
-    assert _owned_by_another_in_sticky_folder(output) is refused
-    assert not _owned_by_another_in_sticky_folder(folder / "new.trec")  # nothing there to replace
+    assert sticky_keeps(output) is refused
+    assert not sticky_keeps(folder / "new.trec")  # nothing there to replace
 
 
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "dash"])
