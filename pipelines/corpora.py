@@ -30,7 +30,7 @@ from dilstore.pipelines.corpus_squad import read_squad
 from dilstore.pipelines.corpus_wikipedia import read_wikipedia
 from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped
 from dilstore.pipelines.source_files import UTF8_BOM, open_source
-from dilstore.reader.text.files import COMPRESSIONS, HEAD_BYTES, compression_of, looks_like_utf16, utf16_refusal
+from dilstore.reader.text.files import COMPRESSIONS, HEAD_BYTES, compression_of, wide_encoding, wide_text_refusal
 from dilstore.storage.errors import DilstoreError
 
 __all__ = [
@@ -162,8 +162,8 @@ def check_format(path: str | Path, format: str) -> None:
         name, actual = found
         how = f"name it with {actual} at the end" if actual in COMPRESSED_MAGIC else f"dilstore does not read {name}"
         raise DilstoreError(f"--input {path}: it is {name}-compressed but has a plain name; {how}")
-    if looks_like_utf16(head):
-        raise utf16_refusal(f"--input {path}", "corpus files are UTF-8")
+    if (encoding := wide_encoding(head)) is not None:
+        raise wide_text_refusal(f"--input {path}", encoding, "corpus files are UTF-8")
     if format in _LINE_FORMATS and b"\r" in head and b"\n" not in head:  # read as one line: one merged record
         raise DilstoreError(f"--input {path}: its lines end in a bare carriage return (CR), which {format} files do "
                             "not use; convert them to newlines (e.g. `tr '\\r' '\\n'`)")  # fmt: skip

@@ -138,17 +138,17 @@ def interactive(odqa: OpenDomainReader, lines: TextIO, out: TextIO, err: TextIO,
 
 def _refuse_utf16(first: str) -> None:
     """A DilstoreError when the first line of questions from a file or pipe (read as UTF-8, bad bytes as lone
-    surrogates) is UTF-16 text, as for every input file (reader.text.files.utf16_refusal). A UTF-16 question file
+    surrogates) is UTF-16 text, as for every input file (reader.text.files.wide_text_refusal). A UTF-16 question file
     piped in was one "not UTF-8 text" line, then questions of NULs between the letters, answered with nothing found
     (left57 F8)."""
-    from dilstore.reader.text.files import looks_like_utf16, utf16_refusal
+    from dilstore.reader.text.files import wide_encoding, wide_text_refusal
 
     try:
         head = first.encode("utf-8", "surrogateescape")  # the bytes read, where `first` came from a stream
     except UnicodeEncodeError:  # a lone surrogate no decoder gives: not read from bytes
         return
-    if looks_like_utf16(head):
-        raise utf16_refusal("standard input", "questions from a file or pipe are read as UTF-8")
+    if (encoding := wide_encoding(head)) is not None:
+        raise wide_text_refusal("standard input", encoding, "questions from a file or pipe are read as UTF-8")
 
 
 def _answer_line(

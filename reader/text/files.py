@@ -66,8 +66,8 @@ def _decoded(path: Path, number: int, line: bytes) -> str:
     later line. Read as text it joined the line's first column: a TREC file's qid "\ufeff207786" became a query of
     its own, scored as unjudged or unretrieved, and the metrics moved without a word (rank48 F1).
     """
-    if number == 1 and looks_like_utf16(line):
-        raise utf16_refusal(str(path))
+    if number == 1 and (encoding := wide_encoding(line)) is not None:
+        raise wide_text_refusal(str(path), encoding)
     try:
         text = line.decode("utf-8-sig" if number == 1 else "utf-8")
     except UnicodeDecodeError as error:
@@ -79,24 +79,49 @@ def _decoded(path: Path, number: int, line: bytes) -> str:
     return text
 
 
-# UTF-16's byte-order marks (little- and big-endian), and how many of the first bytes tell UTF-16 without one.
-_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
-_UTF16_SNIFF_BYTES = 32
+# The byte-order marks of UTF-32 and UTF-16 (UTF-32's first: UTF-32LE's opens with UTF-16LE's), with the name
+# `iconv -f` knows the text by, and how many of the first bytes tell such text without one.
+_WIDE_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+# Without a mark, ASCII text: (name, bytes per character, where in it the character's byte is). UTF-32 is looked
+# at first, as its NULs also fit UTF-16's pattern.
+_WIDE_LAYOUTS = (("UTF-32LE", 4, 0), ("UTF-32BE", 4, 3), ("UTF-16LE", 2, 0), ("UTF-16BE", 2, 1))
+_WIDE_SNIFF_BYTES = 32
 
 
-def looks_like_utf16(head: bytes) -> bool:
-    """Whether a file beginning `head` is UTF-16 text: a byte-order mark, or ASCII with a NUL byte beside every
-    character (little- or big-endian). Read as UTF-8, its first line was quoted back as `'\\x00{\\x00"\\x00i...'`."""
-    start = head[:_UTF16_SNIFF_BYTES]
-    halves = (start[1::2], start[0::2])
-    return head.startswith(_UTF16_BOMS) or (len(start) >= 4 and any(half.count(0) == len(half) for half in halves))
+def wide_encoding(head: bytes) -> str | None:
+    """The encoding of a file beginning `head` when it is UTF-16 or UTF-32 text, as `iconv -f` names it: "UTF-16"
+    or "UTF-32" with a byte-order mark; "UTF-16LE", "UTF-16BE", "UTF-32LE" or "UTF-32BE" for ASCII with NUL bytes
+    beside every character; else None. Read as UTF-8, its first line was quoted back as `'\\x00{\\x00"\\x00i...'`.
+
+    A UTF-32 file was called UTF-16 (its mark and NULs fit UTF-16's too), and the hint's `iconv -f UTF-16` made of
+    it UTF-8 text with a NUL after every character, refused again as UTF-16; without a mark, `iconv -f UTF-16`
+    reads big-endian text as little-endian (glibc) or the other way round (macOS's libiconv) (left58 F1).
+    """
+    for mark, name in _WIDE_BOMS:
+        if head.startswith(mark):
+            return name
+    start = head[:_WIDE_SNIFF_BYTES]
+    if len(start) < 4:
+        return None
+    for name, width, text_at in _WIDE_LAYOUTS:
+        if not any(byte for index, byte in enumerate(start) if index % width != text_at):
+            return name
+    return None
 
 
-def utf16_refusal(where: str, files: str = "dilstore reads its input files as UTF-8") -> DilstoreError:
-    """The error for a file that `looks_like_utf16` (Windows "Unicode", PowerShell's `>`), named by `where`; one
-    wording for every input (left57 F3). Outside precompute one said "not UTF-8 text (byte 1 of the line)", and
-    one without a byte-order mark was read on: a qrels file's "grade '\\x001\\x00' is not an integer"."""
-    return DilstoreError(f"{where}: it looks like UTF-16 text; {files}: convert it (e.g. `iconv -f UTF-16 -t UTF-8`)")
+def wide_text_refusal(
+    where: str, encoding: str, files: str = "dilstore reads its input files as UTF-8"
+) -> DilstoreError:
+    """The error for a file whose `wide_encoding` is `encoding` (Windows "Unicode", PowerShell's `>`), named by
+    `where`; one wording for every input (left57 F3). Outside precompute one said "not UTF-8 text (byte 1 of the
+    line)", and one without a byte-order mark was read on: a qrels file's "grade '\\x001\\x00' is not an integer"."""
+    return DilstoreError(f"{where}: it looks like {encoding[:6]} text; {files}: convert it (e.g. `iconv -f {encoding} "
+                         "-t UTF-8`)")  # fmt: skip
 
 
 # Compressed formats by their first bytes: (name, magic, the suffix that names them). bzip2's "BZh" is text
@@ -136,8 +161,8 @@ def read_json(path: str | Path) -> Any:
     try:
         with _open_binary(path, "a JSON file") as handle:
             data = handle.read()
-        if looks_like_utf16(data):
-            raise utf16_refusal(str(path))
+        if (encoding := wide_encoding(data)) is not None:
+            raise wide_text_refusal(str(path), encoding)
         return json.loads(data.decode("utf-8-sig"))
     except OSError as error:
         raise DilstoreError(f"{path}: cannot be read ({error.strerror or error})") from None

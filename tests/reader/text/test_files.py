@@ -44,14 +44,19 @@ def test_text_that_begins_like_bzip2_is_read_as_text(tmp_path: Path) -> None:
     assert list(numbered_lines(path)) == [(1, "BZh1\twhat is bzip2?\n")]
 
 
-@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
-def test_a_utf16_file_is_named_as_utf16_whatever_reads_it(tmp_path: Path, encoding: str) -> None:
+@pytest.mark.parametrize(("encoding", "named"), [("utf-16", "UTF-16"), ("utf-16-le", "UTF-16LE"),
+                                               ("utf-16-be", "UTF-16BE"), ("utf-32", "UTF-32"),
+                                               ("utf-32-le", "UTF-32LE"), ("utf-32-be", "UTF-32BE")])  # fmt: skip
+def test_a_utf16_file_is_named_as_utf16_whatever_reads_it(tmp_path: Path, encoding: str, named: str) -> None:
     """(left57 F3) Question, qrels, run and topics files saved as UTF-16 (Windows "Unicode", PowerShell's `>`) got
     precompute's "looks like UTF-16, convert it" only as a corpus: evaluate-rank and the others said "not UTF-8 text
     (byte 1 of the line)", and one without a byte-order mark was read on ("grade '\\x001\\x00' is not an integer").
-    Every file read by line or as JSON now gets the corpus's words; UTF-8 text holding NULs is still read."""
-    message = re.escape("it looks like UTF-16 text; dilstore reads its input files as UTF-8: convert it (e.g. "
-                        "`iconv -f UTF-16 -t UTF-8`)")
+    Every file read by line or as JSON now gets the corpus's words; UTF-8 text holding NULs is still read.
+
+    (left58 F1) A UTF-32 file was called UTF-16, and the hint's `iconv -f UTF-16` gave a file refused as UTF-16
+    again; the hint now names what `iconv -f` reads it as, with the byte order where no byte-order mark says it."""
+    message = re.escape(f"it looks like {named[:6]} text; dilstore reads its input files as UTF-8: convert it (e.g. "
+                        f"`iconv -f {named} -t UTF-8`)")
     qrels = tmp_path / "test.qrels"
     qrels.write_bytes("1 0 d1 1\n2 0 d2 1\n".encode(encoding))
     with pytest.raises(DilstoreError, match=f"^{re.escape(str(qrels))}: {message}$"):
