@@ -99,12 +99,25 @@ def flag_value(flags: Sequence[str], name: str) -> str | None:
     return value
 
 
+def _is_zero(value: str | None) -> bool:
+    """Whether a flag's `value` is the integer 0 ("0", "00", "+0"); a value Beam refuses is left to its parser."""
+    try:
+        return value is not None and int(value) == 0
+    except ValueError:
+        return False
+
+
 def assemble_beam_flags(runner: str, beam_args: Sequence[str], defaults: LocalDefaults) -> list[str]:
     """`--runner` plus the user's Beam flags, with local defaults added where the user gave none."""
     flags = ["--runner", runner, *beam_args]
     if runner in ("DirectRunner", "FnApiRunner"):  # both run --direct_num_workers workers (--workers was ignored)
         if not has_flag(beam_args, "direct_num_workers"):
             flags += ["--direct_num_workers", str(defaults.workers)]
+        elif _is_zero(flag_value(beam_args, "direct_num_workers")):
+            # Beam's "one per core" is the host's count (multiprocessing.cpu_count): in a container held to 2 CPUs of
+            # 64, 64 worker processes, each loading torch and the model; the CPUs this process may use, as --workers
+            # counts them (env57 F1), unlike Beam's (left58 F2). The last value of a flag is the one Beam reads.
+            flags += ["--direct_num_workers", str(usable_cpu_count())]
         if not has_flag(beam_args, "direct_running_mode"):
             mode = "multi_processing" if defaults.workers > 1 else "in_memory"
             flags += ["--direct_running_mode", mode]

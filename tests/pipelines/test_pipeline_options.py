@@ -106,6 +106,18 @@ def test_the_direct_runner_defaults_to_multi_processing_with_n_workers(runner: s
     assert (chosen["direct_num_workers"], chosen["direct_running_mode"]) == (5, "multi_threading")
 
 
+@pytest.mark.parametrize("zero", [["--direct_num_workers", "0"], ["--direct_num_workers=0"]])
+def test_direct_num_workers_0_is_one_per_usable_cpu(monkeypatch: pytest.MonkeyPatch, zero: list[str]) -> None:
+    """(left58 F2) `--direct_num_workers 0`, Beam's "one per core", started the host's count of worker processes
+    (multiprocessing.cpu_count), each loading torch and the model: 64 in a container held to 2 CPUs of a 64-core host,
+    where --workers (env57 F1) counts 2. It is now the CPUs this process may use, as --workers counts them."""
+    import dilstore.pipelines.options as options
+
+    monkeypatch.setattr(options, "usable_cpu_count", lambda: 2)
+    values = pipeline_options(assemble_beam_flags("DirectRunner", zero, LocalDefaults(workers=2))).get_all_options()
+    assert (values["direct_num_workers"], values["direct_running_mode"]) == (2, "multi_processing")
+
+
 def test_dask_gets_the_launchers_cluster_and_one_partition_per_shard() -> None:
     defaults = LocalDefaults(workers=2, dask_address="tcp://127.0.0.1:8786", dask_partitions=8)
     values = pipeline_options(assemble_beam_flags(DASK_RUNNER, [], defaults)).get_all_options()
