@@ -31,7 +31,6 @@ storage.append.commit_append).
 
 from __future__ import annotations
 
-import shutil
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ from dilstore.storage.append import (
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook, refuse_changed_codebook
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.file_errors import remove_tree
 from dilstore.storage.format import SPEC_FILE, StoreFormatError, append_dir
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
@@ -126,7 +126,7 @@ def prepare_append(store: Path, job: PrecomputeJob, manifest: Manifest) -> Appen
         return AppendPlan(generation, folder, int(committed.get("first_shard", first)), committed)
     folder_spec = {**spec, "first_shard": first}
     if folder.is_dir() and read_spec(folder) != folder_spec:
-        shutil.rmtree(folder)
+        remove_tree(folder, "the append of other settings a stopped run left")
     folder.mkdir(parents=True, exist_ok=True)
     if read_spec(folder) is None:
         atomic_write_text(folder / SPEC_FILE, spec_json(folder_spec))

@@ -30,6 +30,7 @@ from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook
 from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.file_errors import remove_tree
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
 from dilstore.storage.location import StoreLocation
@@ -330,7 +331,7 @@ def discard_other_replacement(store: Path, spec: dict[str, Any]) -> Path:
     project's own leftover); one of this spec is kept, for the run to resume."""
     building = building_dir(store)
     if building.is_dir() and read_spec(building) != spec:
-        shutil.rmtree(building)
+        remove_tree(building, "the replacement of other settings a stopped run was building")
     return building
 
 

@@ -13,10 +13,13 @@ import os
 import re
 import shutil
 import stat
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from os import PathLike
 from pathlib import Path
+
+from dilstore.storage.errors import DilstoreError
 
 
 @contextmanager
@@ -125,3 +128,24 @@ def copy_tree(source: Path, destination: Path, *, symlinks: bool = False, dirs_e
     finally:  # a failed copy's folders too: its cleanup must be able to delete what is in them
         with contextlib.suppress(OSError):
             _give_folder_modes(Path(destination))
+
+
+def remove_tree(folder: Path, what: str, then: str = "run the command again") -> None:
+    """Delete `folder` (`what` it is, in words); a DilstoreError naming it and the file it failed at, and saying to
+    delete it, then to `then`.
+
+    shutil.rmtree's errors name the entry alone, relative to its folder: a copy this user could not delete stopped
+    every later run of the store with "Permission denied: precompute.json" (perm57 F4); `precompute --overwrite`
+    beside a replacement of other settings it could not delete (another account's), `--append` after a stopped
+    append of other settings and `train` deleting an unfinished or old checkpoint said "Operation not permitted:
+    zarr.json", no folder named (left58 F3)."""
+
+    def failed(path: str, error: BaseException) -> None:
+        strerror = getattr(error, "strerror", None) or error
+        raise DilstoreError(f"cannot delete {what} at {folder}: {strerror} (at {path}); delete it (as its owner, or "
+                            f"after `chmod -R u+w` on it), then {then}") from None  # fmt: skip
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(folder, onexc=lambda _, path, error: failed(path, error))
+    else:  # onerror: deprecated from 3.12 on
+        shutil.rmtree(folder, onerror=lambda _, path, info: failed(path, info[1]))

@@ -7,13 +7,12 @@ The replacement is built in `building_dir(store)`; `swap_in` puts it in place on
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import sys
 from pathlib import Path
 
 from dilstore.storage.durability import fsync_dir, replace_dir
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.file_errors import remove_tree
 from dilstore.storage.format import MANIFEST_FILE, SPEC_FILE
 from dilstore.storage.location import StoreLocation
 
@@ -46,29 +45,13 @@ def finish_interrupted_swap(store: Path) -> list[str]:
         done.append(f"put the new store a stopped run had built at {building} in place" if finished else
                     f"put the store a stopped run had set aside at {old} back in place")  # fmt: skip
     if old.is_dir():
-        _remove_tree(old, "the old store's copy a stopped run left")
+        remove_tree(old, "the old store's copy a stopped run left")
         done.append(f"deleted the old store's copy a stopped run left at {old}")
     stopped = stopped_compaction_beside(store)
     if stopped is not None:  # a compaction killed before its swap: the store is as it was (left55 F1)
-        _remove_tree(stopped, "what a compaction stopped before its swap left")
+        remove_tree(stopped, "what a compaction stopped before its swap left")
         done.append(f"deleted what a compaction stopped before its swap left at {stopped}")
     return done
-
-
-def _remove_tree(folder: Path, what: str) -> None:
-    """Delete `folder` (`what` it is, in words); a DilstoreError naming it and the file it failed at.
-
-    shutil.rmtree's errors name the entry alone, relative to its folder: a copy this user could not delete stopped
-    every later run of the store with "Permission denied: precompute.json" (perm57 F4)."""
-    def failed(path: str, error: BaseException) -> None:
-        strerror = getattr(error, "strerror", None) or error
-        raise DilstoreError(f"cannot delete {what} at {folder}: {strerror} (at {path}); delete it (as its owner, or "
-                            "after `chmod -R u+w` on it), then run the command again") from None  # fmt: skip
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(folder, onexc=lambda _, path, error: failed(path, error))
-    else:  # onerror: deprecated from 3.12 on
-        shutil.rmtree(folder, onerror=lambda _, path, info: failed(path, info[1]))
 
 
 def refuse_undeletable(folder: Path, why: str) -> None:

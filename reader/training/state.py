@@ -13,7 +13,6 @@ weights as a run that was never interrupted.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from dilstore.reader.text.files import read_json_object
 from dilstore.reader.training.checkpoint_files import STATE_JSON, STATE_TENSORS, STEP_DIR
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.file_errors import remove_tree
 
 PARTIAL_SUFFIX = ".partial"  # a checkpoint being written, renamed to its step's name once complete
 _RNG_KEY = "rng.torch"
@@ -189,7 +189,7 @@ def remove_partial_checkpoints(checkpoints: Path) -> None:
     if Path(checkpoints).is_dir():
         for path in Path(checkpoints).iterdir():
             if path.name.endswith(PARTIAL_SUFFIX) and STEP_DIR.match(path.name.removesuffix(PARTIAL_SUFFIX)):
-                shutil.rmtree(path)
+                remove_tree(path, "the unfinished checkpoint a stopped run left")
 
 
 def prune_checkpoints(checkpoints: Path, keep: int, every: int = 0) -> None:
@@ -215,7 +215,7 @@ def prune_checkpoints(checkpoints: Path, keep: int, every: int = 0) -> None:
         off_grid = [entry for entry in complete[:-1] if entry[0] not in grid]
         doomed = on_grid[: max(0, len(on_grid) - keep)] + off_grid
     for _, path in doomed:
-        shutil.rmtree(path)
+        remove_tree(path, "an old checkpoint", then="go on with `--resume`")
 
 
 def _marked_curve_point(checkpoint: Path, step: int) -> bool:

@@ -14,6 +14,7 @@ import pytest
 
 from dilstore.pipelines.job import (
     check_replaceable,
+    discard_other_replacement,
     needs_replacement,
     prepare_store,
     replacement_dir,
@@ -151,6 +152,30 @@ def test_a_left_copy_that_cannot_be_deleted_is_named_as_root_too(tmp_path: Path,
             "what a compaction stopped before its swap left")  # fmt: skip
     with pytest.raises(DilstoreError, match=f"^cannot delete {what} at {copy}: Permission denied \\(at {copy}\\); "):
         finish_interrupted_swap(store)
+
+
+def test_a_replacement_of_other_settings_that_cannot_be_deleted_is_named(tmp_path: Path, monkeypatch) -> None:
+    """(left58 F3) `precompute --overwrite` beside a stopped replacement of other settings that this user could not
+    delete (another account's) said "Operation not permitted: zarr.json", shutil.rmtree's bare entry name: neither
+    the folder nor what it was named. Root deletes anything, so the refusal is what os.unlink raises here."""
+    store = fake_store(tmp_path / "store", SPEC)
+    building = tmp_path / ".store.dilstore-building"
+    (building / "shards" / "shard-00000").mkdir(parents=True)
+    (building / SPEC_FILE).write_text(spec_json(SPEC))
+    (building / "shards" / "shard-00000" / "zarr.json").write_text("{}")
+    real = os.unlink
+
+    def refused(path: Any, *args: Any, **given: Any) -> None:
+        if os.fsdecode(path) == "zarr.json":  # rmtree names the entry within its folder's descriptor
+            raise PermissionError(1, "Operation not permitted", os.fsdecode(path))
+        real(path, *args, **given)
+
+    monkeypatch.setattr(os, "unlink", refused)
+    zarr_json = building / "shards" / "shard-00000" / "zarr.json"
+    with pytest.raises(DilstoreError, match=f"^cannot delete the replacement of other settings a stopped run was "
+                                            f"building at {building}: Operation not permitted \\(at {zarr_json}\\); "
+                                            "delete it .*, then run the command again$"):  # fmt: skip
+        discard_other_replacement(store, OTHER)
 
 
 def test_overwrite_leaves_the_old_store_in_place_until_the_new_one_is_swapped_in(tmp_path: Path) -> None:

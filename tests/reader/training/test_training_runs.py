@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from dilstore.reader.training.checkpoint_files import STATE_JSON, latest_checkpoint, step_directory
 from dilstore.reader.training.qa import TrainingConfig, train_qa
-from dilstore.reader.training.state import prune_checkpoints
+from dilstore.reader.training.state import prune_checkpoints, remove_partial_checkpoints
 from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.locks import held_lock
@@ -79,6 +79,38 @@ def test_pruning_keeps_the_newest_on_the_grid_and_the_newest_of_all(
         on_grid = sorted(step for step in steps if step % every == 0)
         assert kept == set(on_grid[-keep:]) | {max(steps)}
     assert latest_checkpoint(folder) == step_directory(folder, max(steps))
+
+
+@pytest.mark.parametrize("left", ["an old checkpoint", "an unfinished checkpoint"])
+def test_a_checkpoint_that_cannot_be_deleted_is_named(
+    left: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(left58 F3) A checkpoint this user could not delete (another account's run resumed, `chmod`) stopped `train`
+    with "Operation not permitted: model.safetensors", shutil.rmtree's bare entry name, no folder named."""
+    import os
+
+    _complete_checkpoints(tmp_path, {2, 4})
+    doomed = step_directory(tmp_path, 2)
+    if left == "an unfinished checkpoint":
+        doomed = doomed.rename(doomed.with_name(doomed.name + ".partial"))
+    (doomed / "model.safetensors").write_bytes(b"")
+    real = os.unlink
+
+    def refused(path: object, *args: object, **given: object) -> None:
+        if os.fsdecode(path) == "model.safetensors":  # type: ignore[arg-type]  # rmtree names the entry alone
+            raise PermissionError(1, "Operation not permitted", "model.safetensors")
+        real(path, *args, **given)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", refused)
+    what, then = (("an old checkpoint", "go on with `--resume`") if left == "an old checkpoint" else
+                  ("the unfinished checkpoint a stopped run left", "run the command again"))  # fmt: skip
+    entry = re.escape(str(doomed / "model.safetensors"))
+    message = f"^cannot delete {what} at {re.escape(str(doomed))}: Operation not permitted \\(at {entry}\\); .*, then "
+    with pytest.raises(DilstoreError, match=message + f"{re.escape(then)}$"):
+        if left == "an old checkpoint":
+            prune_checkpoints(tmp_path, keep=1)
+        else:
+            remove_partial_checkpoints(tmp_path)
 
 
 @pytest.mark.parametrize(
