@@ -49,9 +49,20 @@ def finish_interrupted_swap(store: Path) -> list[str]:
         done.append(f"deleted the old store's copy a stopped run left at {old}")
     stopped = stopped_compaction_beside(store)
     if stopped is not None:  # a compaction killed before its swap: the store is as it was (left55 F1)
-        remove_tree(stopped, "what a compaction stopped before its swap left")
-        done.append(f"deleted what a compaction stopped before its swap left at {stopped}")
+        what = stopped_work(stopped)
+        remove_tree(stopped, what)
+        done.append(f"deleted {what} at {stopped}")
     return done
+
+
+def stopped_work(stopped: Path) -> str:
+    """What the building folder `stopped` (`stopped_compaction_beside`) holds, in words: a compaction's, when its spec
+    says so; one without a spec may be a `precompute --overwrite`'s too, killed before it wrote its spec or whose
+    deletion stopped part-way (left57 F1), and was called a compaction's: after `precompute --overwrite` alone, its
+    next run or `compact` said "what a compaction stopped before its swap left" (left58 F4), as `info` did not."""
+    if os.path.lexists(stopped / SPEC_FILE):
+        return "what a compaction stopped before its swap left"
+    return "what a stopped `dilstore compact` or `precompute --overwrite` left"
 
 
 def refuse_undeletable(folder: Path, why: str) -> None:

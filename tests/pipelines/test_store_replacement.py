@@ -136,10 +136,14 @@ def test_an_old_copy_this_user_cannot_delete_is_named_by_its_whole_path(tmp_path
 def test_a_left_copy_that_cannot_be_deleted_is_named_as_root_too(tmp_path: Path, monkeypatch, left: str) -> None:
     """(mut57c) The test above is skipped as root, and a stopped compaction's copy had none: a deletion that fails is
     an error naming the copy and the entry it failed at, not passed over, which left the copy hidden beside the
-    store. Root deletes anything, so the refusal is what os.rmdir raises here."""
+    store. Root deletes anything, so the refusal is what os.rmdir raises here.
+
+    (left58 F4) A building folder without a spec was "what a compaction stopped before its swap left", where only
+    `precompute --overwrite` may have run (one killed before its spec, or whose deletion stopped part-way): it is
+    named as either command's, as `info` names it."""
     store = fake_store(tmp_path / "store", SPEC)
     copy = tmp_path / (".store.dilstore-replaced" if left == "the old store's copy" else ".store.dilstore-building")
-    (copy / "shards").mkdir(parents=True)  # a building folder without a spec: a stopped compaction's
+    (copy / "shards").mkdir(parents=True)  # a building folder without a spec: a stopped compaction's or overwrite's
     real = os.rmdir
 
     def refused(path: Any, *args: Any, **given: Any) -> None:
@@ -149,7 +153,7 @@ def test_a_left_copy_that_cannot_be_deleted_is_named_as_root_too(tmp_path: Path,
 
     monkeypatch.setattr(os, "rmdir", refused)
     what = ("the old store's copy a stopped run left" if left == "the old store's copy" else
-            "what a compaction stopped before its swap left")  # fmt: skip
+            "what a stopped `dilstore compact` or `precompute --overwrite` left")  # fmt: skip
     with pytest.raises(DilstoreError, match=f"^cannot delete {what} at {copy}: Permission denied \\(at {copy}\\); "):
         finish_interrupted_swap(store)
 
