@@ -73,7 +73,7 @@ from dilstore.reader.training.state import (
 )
 from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
 from dilstore.storage.checks import require_at_least_one
-from dilstore.storage.cpus import runnable_cpu_count
+from dilstore.storage.cpus import cgroup_cpu_quota, runnable_cpu_count
 from dilstore.storage.durability import fsync_dir, fsync_tree, remove_path
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.file_errors import FILE_SIZE_ADVICE
@@ -315,14 +315,17 @@ def hardware_description(device: torch.device, cpuinfo: Path = Path("/proc/cpuin
 
 def usable_cpus() -> str:
     """The logical CPUs this process may run on, and the machine's count where that is more: a run held to some of
-    them (taskset, a container's cpuset) was described as on all of them (review52 F3)."""
+    them (taskset, a container's cpuset) was described as on all of them (review52 F3). A cgroup CPU quota below
+    them is named too: a run in a container held to 2 CPUs' time of a 64-core host (`docker run --cpus 2`, a
+    Kubernetes CPU limit) was recorded, and its card described, as on "64 logical CPUs" (left58 F5)."""
     machine = os.cpu_count()
     usable = runnable_cpu_count()
     if usable is None:
         return "logical CPUs not known"
-    if machine is None or usable >= machine:
-        return f"{usable} logical CPUs"
-    return f"{usable} logical CPU(s) of {machine}"
+    of = "" if machine is None or usable >= machine else f" of {machine}"
+    counted = f"{usable} logical CPU(s){of}" if of else f"{usable} logical CPUs"
+    quota = cgroup_cpu_quota()
+    return counted if quota is None or quota >= usable else f"{counted}, held to {quota} by a cgroup CPU quota"
 
 
 def write_training_record(

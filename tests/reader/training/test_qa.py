@@ -572,11 +572,28 @@ def test_a_cpu_run_records_the_logical_cpus_it_may_run_on(monkeypatch: pytest.Mo
     as on all of them: "(2 logical CPUs)" under `taskset -c 0` (review52 F3). The count is of those it may use."""
     from dilstore.reader.training import loop
 
+    monkeypatch.setattr(loop, "cgroup_cpu_quota", lambda: None)  # whatever the machine running the test has
     monkeypatch.setattr(loop.os, "cpu_count", lambda: 64)
     monkeypatch.setattr(loop.os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert "(1 logical CPU(s) of 64)" in loop.hardware_description(torch.device("cpu"))
     monkeypatch.setattr(loop.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert "(64 logical CPUs)" in loop.hardware_description(torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("quota", "said"), [(2, "(64 logical CPUs, held to 2 by a cgroup CPU quota)"),
+                                             (64, "(64 logical CPUs)"), (128, "(64 logical CPUs)")])  # fmt: skip
+def test_a_cpu_run_records_a_cgroup_cpu_quota_below_its_cpus(
+    monkeypatch: pytest.MonkeyPatch, quota: int, said: str
+) -> None:
+    """(left58 F5) A run in a container held to 2 CPUs' time of a 64-core host (`docker run --cpus 2`) was recorded,
+    and its model card described, as on "64 logical CPUs": the quota, which its torch threads follow (env57 F2), went
+    unnamed. A quota at or above the CPUs it may run on changes nothing."""
+    from dilstore.reader.training import loop
+
+    monkeypatch.setattr(loop, "cgroup_cpu_quota", lambda: quota)
+    monkeypatch.setattr(loop.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(loop.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert said in loop.hardware_description(torch.device("cpu"))
 
 
 def test_a_cpu_run_on_a_system_that_cannot_count_its_cpus_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
