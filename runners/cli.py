@@ -13,7 +13,7 @@ import importlib
 import itertools
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from dilstore.runners.collector import thaw
 from dilstore.runners.exception_chain import exception_chain
@@ -197,7 +197,19 @@ def _output_marked() -> Iterator[None]:
 
 
 def _run(args: argparse.Namespace, *, exits: bool) -> int:
-    """Run the parsed command `args` (`main`'s promise)."""
+    """Run the parsed command `args` (`main`'s promise).
+
+    Its last line (an error, a stop) goes to stderr, or, where stderr was closed as the command started (`2>&-`:
+    `sys.stderr` None), to stdout, where print() writes when its file is None (read56 F1). transformers' import
+    replaces a None stderr with the null device, so `ask`, `precompute`, `train`, the evaluations, `rerank` and
+    `serve` exited 2 with no word where `info` said what went wrong (left58 F6); the line no longer follows it.
+    """
+    stderr_closed = sys.stderr is None
+
+    def last_lines() -> TextIO | None:
+        """Where the command's last line goes: None (print()'s stdout) where stderr was closed, else stderr."""
+        return None if stderr_closed else sys.stderr
+
     verbose = getattr(args, "verbose", False)
     try:
         with signals_interrupt(mute_when_stopping=not verbose):
@@ -207,17 +219,17 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
         return status
     except StoppedBySignal as stop:
         with stops_ignored():
-            print(f"dilstore {args.command}: {stop}", file=sys.stderr)
+            print(f"dilstore {args.command}: {stop}", file=last_lines())
             drop_interrupted_work(stop)
         return 128 + stop.signal_number
     except DilstoreError as error:
-        print(f"dilstore {args.command}: error: {scrubbed(str(error))}", file=sys.stderr)
+        print(f"dilstore {args.command}: error: {scrubbed(str(error))}", file=last_lines())
         return 2
     except KeyboardInterrupt as interrupt:
         earlier = earlier_stop(interrupt)
         with stops_ignored():
             words = interrupt_words(interrupt) if earlier is None else str(earlier)
-            print(f"dilstore {args.command}: {words}", file=sys.stderr)
+            print(f"dilstore {args.command}: {words}", file=last_lines())
             drop_interrupted_work(interrupt)
         return 128 + (interrupt_number(interrupt) if earlier is None else earlier.signal_number)
     except BrokenPipeError:
@@ -228,13 +240,13 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
         # An unwritable output, a full disk, an unreadable file: one line naming the file, as promised.
         if error.filename is None and (output_lost() or getattr(error, "standard_output", False)):
             print(f"dilstore {args.command}: error: cannot write the output (standard output): "
-                  f"{error.strerror or error}", file=sys.stderr)  # fmt: skip
+                  f"{error.strerror or error}", file=last_lines())  # fmt: skip
             return 2
         where = f": {error.filename}" if error.filename else ""
-        print(f"dilstore {args.command}: error: {scrubbed(f'{error.strerror or error}{where}')}", file=sys.stderr)
+        print(f"dilstore {args.command}: error: {scrubbed(f'{error.strerror or error}{where}')}", file=last_lines())
         return 2
     except UnicodeError as error:
-        print(f"dilstore {args.command}: error: text that is not valid UTF-8: {error}", file=sys.stderr)
+        print(f"dilstore {args.command}: error: text that is not valid UTF-8: {error}", file=last_lines())
         return 2
     finally:
         if not exits:

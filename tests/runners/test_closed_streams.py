@@ -24,6 +24,27 @@ def test_a_command_run_with_stderr_closed_still_says_what_went_wrong(tmp_path: P
     assert "dilstore info: error:" in result.stdout and "missing" in result.stdout
 
 
+def test_an_error_line_with_stderr_closed_is_shown_after_an_import_replaced_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(left58 F6) transformers' first import replaces a None stderr with the null device, so `dilstore ask STORE Q
+    2>&-` (and precompute, train, the evaluations, rerank, serve: every command that loads a model) exited 2 with
+    no word where `info` showed its error line on stdout (read56 F1). The line goes where stderr was as the command
+    started."""
+    import argparse
+
+    from dilstore.runners import cli
+    from dilstore.storage.errors import DilstoreError
+
+    def command(args: argparse.Namespace) -> int:
+        sys.stderr = io.StringIO()  # as transformers.utils.logging does with a None stderr: open(os.devnull, "w")
+        raise DilstoreError("no Lucene index at s/bm25")
+
+    monkeypatch.setattr(sys, "stderr", None)
+    assert cli._run(argparse.Namespace(command="ask", run=command), exits=False) == 2
+    assert capsys.readouterr().out == "dilstore ask: error: no Lucene index at s/bm25\n"
+
+
 class _FullStream(io.StringIO):
     """A stream on a full disk that is no file: a test's capture object whose writes fail."""
 
