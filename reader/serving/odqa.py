@@ -185,9 +185,14 @@ class OpenDomainReader:
         """What the answers are read from: the store's encoding (fp16, 2bit, ...) and the packaged online layers
         swapped in for it (None: the model's own), as `ask --json`, serve's /ask and `evaluate-qa --json` name them.
 
-        A 2bit store read with or without its online layers gives other answers, so each answer names both.
+        A 2bit store read with or without its online layers gives other answers, so each answer names both. A
+        stand-in store without a fingerprint (a PassageSource has only `fetch`) reads as encoding "", as a
+        QAEvaluation names an unknown one: `evaluate_qa` over one raised AttributeError once every question was read
+        (types58 F1).
         """
-        return {"encoding": self.store.fingerprint.encoding, "online_variant": self.model.online_variant}
+        fingerprint = getattr(self.store, "fingerprint", None)
+        encoding = fingerprint.encoding if fingerprint is not None else ""
+        return {"encoding": encoding, "online_variant": self.model.online_variant}
 
     # ------------------------------------------------------------------ public API
 

@@ -20,6 +20,7 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dilstore.reader.evaluation.open_domain import QAQuestion, evaluate_questions
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.retrieval import Hit
 from dilstore.reader.serving.answers import Reading, Span, Timings, aggregate
@@ -368,6 +369,22 @@ def test_questions_sharing_passages_fetch_each_passage_once(tiny: dict) -> None:
     odqa = OpenDomainReader(tiny["model"], Counting())
     odqa.read(QUESTIONS, [tiny["ids"], tiny["ids"][:2], list(reversed(tiny["ids"]))])
     assert asked == tiny["ids"]
+
+
+def test_a_stand_in_store_without_a_fingerprint_is_evaluated_with_an_unknown_encoding(tiny: dict) -> None:
+    """A store given as a PassageSource needs only `fetch`; evaluating a reader over one raised AttributeError (no
+    `fingerprint`) from `read_with` after every question was read, the scores lost (types58 F1)."""
+    store = open_store(tiny["stores"]["fp32"])
+
+    class StandIn:
+        def fetch(self, passage_ids: list[str]) -> list[StoredPassage]:
+            return store.fetch(passage_ids)
+
+    hits = [Hit(passage_id, 1.0) for passage_id in tiny["ids"]]
+    odqa = OpenDomainReader(tiny["model"], StandIn(), StubSearcher(hits), OdqaSettings(top_p=2))
+    assert odqa.read_with == {"encoding": "", "online_variant": None}
+    evaluation = evaluate_questions(odqa, [QAQuestion("q1", QUESTION, ("1897",))], top_p=2, mu=0.5)
+    assert evaluation.questions == 1 and evaluation.encoding == ""
 
 def test_a_question_without_candidates_has_no_answer(tiny: dict) -> None:
     odqa = odqa_for(tiny)
