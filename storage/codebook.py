@@ -291,11 +291,14 @@ def _codebook_of(group: zarr.Group, where: str, encoding: str) -> tuple[dict[str
     for name in spec.codebook_layout(present):  # optional arrays (2bit/1bit `centroids`) where the group has them
         if name not in group:
             raise StoreFormatError(f"codebook {where} lacks array {name!r}")
-        declared, expected = tuple(group[name].shape), spec.array(name).shape(state_shape)
+        array = group[name]
+        if not isinstance(array, zarr.Array):  # a group in its place raised AttributeError ('shape') (types58 F3)
+            raise StoreFormatError(f"codebook {where}/{name} is not an array")
+        declared, expected = tuple(array.shape), spec.array(name).shape(state_shape)
         if declared != expected:  # checked before the read: a shape of [10**9, 384] was read first (hostile46 F8)
             raise StoreFormatError(f"codebook array {where}/{name} has shape {declared}, but states of shape "
                                    f"{state_shape} need it to be {expected}")  # fmt: skip
-        arrays[name] = _read_array(group[name], f"{where}/{name}")
+        arrays[name] = _read_array(array, f"{where}/{name}")
     check_codebook(spec, arrays, state_shape)
     return arrays, state_shape
 

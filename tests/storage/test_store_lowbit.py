@@ -319,6 +319,18 @@ def test_a_codebook_array_declaring_a_huge_shape_is_refused_before_it_is_read(lo
         open_store(root).fetch([records[0].id])
 
 
+def test_a_codebook_group_in_place_of_an_array_is_refused_naming_it(lowbit_store) -> None:
+    """A group where the codebook's `mean` array belongs: a fetch raised AttributeError ('Group' object has no
+    attribute 'shape'), a traceback from `ask` or `serve`, and verify named the AttributeError (types58 F3)."""
+    _, root, records = lowbit_store
+    mean = root / CODEBOOK_DIR / "mean"
+    shutil.rmtree(mean)
+    mean.mkdir()
+    (mean / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    with pytest.raises(StoreFormatError, match=r"^codebook .*codebook/mean is not an array$"):
+        open_store(root).fetch([records[0].id])
+
+
 def test_a_codebook_for_another_shape_or_encoding_is_refused(tmp_path: Path) -> None:
     codebook = train_codebook("2bit", np.ones((5, DIMS), dtype=np.float32))
     with pytest.raises(StoreFormatError, match=r"has shape \(11,\), but states of shape \(10,\) need it to be \(10,\)"):
