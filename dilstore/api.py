@@ -363,7 +363,7 @@ def verify(store: PathLike, *, storage_options: dict[str, Any] | None = None,
 
 
 def evaluate_qa(
-    reader: OpenDomainReader, questions: PathLike, *, limit: int | None = None, seed: int = 0
+    reader: OpenDomainReader[Any], questions: PathLike, *, limit: int | None = None, seed: int = 0
 ) -> QAEvaluation:
     """EM, F1 and R of an open reader (`open_reader`) over a question file (DPR JSONL or SQuAD JSON).
 

@@ -39,7 +39,7 @@ from pyserini.eval.evaluate_dpr_retrieval import SimpleTokenizer
 from dilstore.reader.data.squad import SquadExample, load_open_questions, load_squad
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
 from dilstore.reader.serving.answers import STAGES, Reading, Timings, aggregate, check_mu, checked_top_p
-from dilstore.reader.serving.odqa import OpenDomainReader
+from dilstore.reader.serving.odqa import OpenDomainReader, PassageSource
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.messages import path_text
@@ -250,7 +250,7 @@ class AnswerRecall:
 
 
 def evaluate_questions(
-    odqa: OpenDomainReader,
+    odqa: OpenDomainReader[PassageSource],
     questions: Sequence[QAQuestion],
     *,
     top_p: int,
@@ -265,7 +265,7 @@ def evaluate_questions(
 
 
 def evaluate_top_ps(
-    odqa: OpenDomainReader,
+    odqa: OpenDomainReader[PassageSource],
     questions: Sequence[QAQuestion],
     *,
     top_ps: Sequence[int],

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, Self
 
 import numpy as np
 import torch
@@ -133,24 +133,38 @@ class PassageSource(Protocol):
         ...
 
 
+# The store a reader holds, for type checkers: a Store unless the reader was built over a stand-in, so that
+# `reader.store.check_files = True` (README) type-checks on a reader from open_reader (types58 F2). Covariant: a reader
+# of a Store is one of a PassageSource. The default needs typing_extensions, which only a type checker imports.
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    StoreT = TypeVar("StoreT", bound=PassageSource, default=Store, covariant=True)
+else:
+    from typing import TypeVar
+
+    StoreT = TypeVar("StoreT", bound=PassageSource, covariant=True)
+
+
 def _question_list(questions: Iterable[str]) -> list[str]:
     """The questions as a list (any iterable but one string, which would be read as one question per character)."""
     return as_list(questions, "questions must be a list of strings (answer() takes a single one)")
 
 
-class OpenDomainReader:
+class OpenDomainReader(Generic[StoreT]):
     """Answers questions from a store with a DilBert reader; one instance serves many requests.
 
     `model` must be the reader whose fingerprint the store carries
     (`open_reader` builds one with that check); `store` is any PassageSource
-    (an opened Store, or a stand-in); `searcher` (`search(query, k) ->
+    (an opened Store, or a stand-in), kept as `reader.store`: a bare
+    `OpenDomainReader` hint is a reader of a Store; `searcher` (`search(query, k) ->
     list[Hit]`) is needed only for questions without given candidates.
     """
 
     def __init__(
         self,
         model: DilBertReader,
-        store: PassageSource,
+        store: StoreT,
         searcher: Bm25Searcher | None = None,
         settings: OdqaSettings | None = None,
         device: str | torch.device | None = None,
@@ -164,7 +178,7 @@ class OpenDomainReader:
         self.model.to(self.device)
         self._pad_id = pad_id(model.tokenizer)
 
-    def __enter__(self) -> OpenDomainReader:
+    def __enter__(self) -> Self:  # a reader of its own store, not of a Store (types58 F2)
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -77,6 +77,23 @@ def test_the_classes_the_api_returns_are_named_by_dilstore() -> None:
     assert typing.get_type_hints(dilstore.StoreReranker.rerank)["stats"] == dilstore.RerankStats | None
 
 
+def test_a_reader_s_store_is_typed_as_the_store_it_was_given() -> None:
+    """`reader.store.check_files = True`, as the README tells a long-running program, failed type checking: the
+    reader's `store` was a PassageSource, which has only `fetch` (types58 F2). A reader is generic in its store (a
+    Store for type checkers unless given a stand-in), and evaluate_qa takes a reader of any store."""
+    import dilstore
+    from dilstore import api
+    from dilstore.reader.serving import odqa
+
+    (store,) = dilstore.OpenDomainReader.__parameters__
+    assert store is odqa.StoreT and store.__bound__ is odqa.PassageSource and store.__covariant__
+    assert typing.get_type_hints(dilstore.OpenDomainReader.__init__)["store"] is store
+    assert typing.get_type_hints(dilstore.OpenDomainReader.__enter__)["return"] is typing.Self
+    assert "default=Store" in Path(odqa.__file__).read_text(encoding="utf-8")  # what a type checker reads
+    results = {name: getattr(dilstore, name) for name in dilstore.RESULTS}
+    assert typing.get_type_hints(api.evaluate_qa, localns=results)["reader"] == dilstore.OpenDomainReader[typing.Any]
+
+
 def test_the_errors_the_readme_names_are_the_ones_raised() -> None:
     """A program could not catch StoreChangedError or MissingPassagesError by the names the README gives (readme37
     L2)."""
