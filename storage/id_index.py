@@ -162,9 +162,11 @@ def row_keys(shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return shards.astype(np.uint64) << np.uint64(32) | rows.astype(np.uint64)
 
 
-def header_matches(attributes: dict, passages: int) -> bool:
-    """Whether an index group's dilstore attributes are write_index's for a store of `passages` passages."""
-    return attributes.get("hash") == HASH_NAME and attributes.get("passages") == passages
+def header_matches(attributes: object, passages: int) -> bool:
+    """Whether an index group's dilstore attributes are write_index's for a store of `passages` passages; attributes
+    that are no JSON object (a list, a number) are not: opening such a store raised AttributeError (types58 F4)."""
+    return (isinstance(attributes, dict) and attributes.get("hash") == HASH_NAME
+            and attributes.get("passages") == passages)  # fmt: skip
 
 
 def write_index(

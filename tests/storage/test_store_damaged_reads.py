@@ -101,6 +101,19 @@ def test_an_id_index_array_shorter_than_the_store_is_refused_when_it_opens(store
         open_store(store)
 
 
+@pytest.mark.parametrize("attributes", [[1, 2], 5])
+def test_id_index_attributes_that_are_no_object_are_refused_when_it_opens(store: Path, attributes) -> None:
+    """An id index whose dilstore attributes were a list or a number: opening the store raised AttributeError ('list'
+    object has no attribute 'get'), and verify named that AttributeError (types58 F4)."""
+    metadata = store / INDEX_DIR / "zarr.json"
+    document = json.loads(metadata.read_text(encoding="utf-8"))
+    document["attributes"]["dilstore"] = attributes
+    metadata.write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(StoreFormatError, match=rf"{INDEX_DIR} does not match the manifest .*run `dilstore verify`$"):
+        open_store(store)
+    assert f"attributes {attributes} do not match the manifest" in str(verify_store(store).problems)
+
+
 @pytest.mark.parametrize("read_path", PATHS)
 @pytest.mark.parametrize(("rows", "asked"), [(lambda values: values + 1000, r"row 100\d of 5 passages"),
                                              (lambda values: np.full_like(values, 5), r"row 5 of 5 passages")],
