@@ -36,6 +36,7 @@ from dilstore.storage.format import (
     SUPERSEDED_ROWS,
     SUPERSEDED_SHARDS,
     TMP_PREFIX,
+    StoreFormatError,
 )
 from dilstore.storage.messages import listed
 
@@ -205,10 +206,17 @@ def write_index(
 
 
 def read_superseded(group: zarr.Group) -> Superseded:
-    """The superseded rows an index group lists; none for the index of a store never appended to."""
+    """The superseded rows an index group lists; none for the index of a store never appended to.
+
+    The two arrays must both be there, as arrays of one length: one missing (or a group in its place) raised
+    KeyError (or TypeError) from `dilstore compact` and `index`, a traceback; rows of another length were a
+    ValueError from zip (types58 F5). A StoreFormatError names the index instead.
+    """
     if SUPERSEDED_SHARDS not in group:
         return Superseded.empty()
-    return Superseded(
-        np.asarray(group[SUPERSEDED_SHARDS][...], dtype=np.uint32),
-        np.asarray(group[SUPERSEDED_ROWS][...], dtype=np.uint32),
-    )
+    shards, rows = (group.get(name) for name in (SUPERSEDED_SHARDS, SUPERSEDED_ROWS))
+    if not (isinstance(shards, zarr.Array) and isinstance(rows, zarr.Array) and shards.shape == rows.shape
+            and shards.ndim == 1):  # fmt: skip
+        raise StoreFormatError(f"the id index's {SUPERSEDED_SHARDS} and {SUPERSEDED_ROWS} are not two arrays of one "
+                               "length; run `dilstore verify`")  # fmt: skip
+    return Superseded(np.asarray(shards[...], dtype=np.uint32), np.asarray(rows[...], dtype=np.uint32))
