@@ -30,7 +30,11 @@ if TYPE_CHECKING:  # the heavy layers load on first use, so `import dilstore` st
     from dilstore.storage.verify import VerifyReport
 
 PathLike = str | Path
-BeamValue = str | Path | int | float | bool | list[str | Path | int | float | bool]
+# Lists as a program builds them: `files = ["a.jsonl", "b.jsonl"]` is a list[str], `sorted(folder.glob("*.jsonl"))` a
+# list[Path], neither a list[str | Path] (list is invariant), so `input=files` failed type checking (types58 F6).
+PathList = list[str] | list[Path] | list[PathLike] | tuple[PathLike, ...]
+BeamItem = str | Path | int | float | bool
+BeamValue = BeamItem | list[str] | list[Path] | list[int] | list[float] | list[BeamItem] | tuple[BeamItem, ...]
 _PATH = (str, Path)
 _OPTIONAL_PATH = (str, Path, type(None))
 
@@ -139,7 +143,7 @@ class PrecomputeOptions(TypedDict, total=False):
     """`precompute`'s keywords: the flags of `dilstore precompute` by their Python names (see its --help for what
     each does and its default; a test keeps the two lists equal)."""
 
-    input: PathLike | list[PathLike] | tuple[PathLike, ...]
+    input: PathLike | PathList
     format: str
     split: str
     output: PathLike

@@ -214,6 +214,19 @@ def test_precompute_options_name_every_flag_of_the_command() -> None:
     assert set(typing.get_type_hints(PrecomputeOptions)) == flags
 
 
+def test_precompute_takes_a_list_of_str_or_of_path_as_a_type_checker_reads_its_hints() -> None:
+    """`files = ["a.jsonl", "b.jsonl"]; precompute(input=files)` failed type checking: `input` was typed
+    `list[str | Path]`, which a list[str] (or `sorted(folder.glob(...))`, a list[Path]) is not, list being invariant;
+    so did a list[str] Beam option value such as `{"experiments": ["use_runner_v2"]}` (types58 F6)."""
+    import typing
+
+    from dilstore.api import BeamValue, PrecomputeOptions
+
+    inputs = typing.get_args(typing.get_type_hints(PrecomputeOptions)["input"])
+    assert {list[str], list[Path], tuple[str | Path, ...]} <= set(inputs)
+    assert {list[str], list[int], tuple[str | Path | int | float | bool, ...]} <= set(typing.get_args(BeamValue))
+
+
 # A value of exactly "--" is argparse's own (Python 3.11 drops it from an option's values, even after "=").
 WORDS = st.text(alphabet="-ab.1 ", min_size=1, max_size=8).filter(lambda word: word != "--")
 
