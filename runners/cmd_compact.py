@@ -97,7 +97,7 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
     if args.shards is not None and args.shards > MAX_DEFAULT_SHARDS:
         raise DilstoreError(f"--shards {args.shards} is more than {MAX_DEFAULT_SHARDS}, the most a store is split into")
     output = None if args.output is None else _output_folder(Path(args.output).resolve(), store)
-    started, done, finished = time.time(), False, []
+    started, done, finished = time.monotonic(), False, []  # a duration: no wall-clock step in it (time58 F1)
     try:
         with contextlib.ExitStack() as locks:
             if output is None or _lockable(store):
@@ -115,7 +115,7 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
             before = _footprint(store)
             reason = None if output is not None else already_compact(store, args.shards)
             if reason is not None:
-                return {**_unchanged(store, before, reason, time.time() - started), "finished": finished}
+                return {**_unchanged(store, before, reason, time.monotonic() - started), "finished": finished}
             if output is None:  # before any work: the swap's deletion of the old store failed silently (perm57 F4)
                 refuse_undeletable(store, "an in-place compaction deletes the store it replaces; --output writes the "
                                    "compacted store elsewhere")  # fmt: skip
@@ -125,7 +125,8 @@ def compact_command(args: argparse.Namespace) -> dict[str, Any]:
             if output is None:
                 swap_in(store, target)
             done = True
-        summary = _summary(store, output, result, before, _footprint(output or store), index, time.time() - started)
+        seconds = time.monotonic() - started
+        summary = _summary(store, output, result, before, _footprint(output or store), index, seconds)
         return {**summary, "finished": finished}
     except KeyboardInterrupt as interrupt:
         raise _stopped(interrupt, store, output, done) from None
