@@ -9,7 +9,6 @@ so they are covered by the manifest.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +35,20 @@ def missing_shards(store: Path, num_shards: int, first_shard: int = 0, generatio
     return [shard for shard in shards if read_meta(store, shard, generation) is None]
 
 
-def run_summary(stats: RunStats, job: PrecomputeJob, finished_at: float) -> dict[str, Any]:
-    """The end-of-run summary: the counts, wall seconds since launch, runner, store and settings, and where the
-    dead letters are, relative to the store (`rejected_records`: rejected/, or an append's own under appends/)."""
+def run_summary(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
+    """The end-of-run summary: the counts, seconds since launch (`job.seconds_since_start`), runner, store and
+    settings, and where the dead letters are, relative to the store (`rejected_records`: rejected/, or an append's
+    own under appends/). The rate is None where no time is known to have passed (a worker's clock behind the
+    launcher's), not the passages over 1e-9 s (time58 F2)."""
     written = Path(job.store).relative_to(job.append_to) if job.append_to is not None else Path()
     # This invocation's rate, as its progress bar shows it: a resumed shard's passages were encoded by an earlier
     # one (docs50 L1: 63.41/s against the bar's 29.39/s).
-    resumed = job.resumed_passages()
+    resumed, seconds = job.resumed_passages(), job.seconds_since_start()
     return {
         **stats.to_dict(),
         "rejected_records": str(written / REJECTED_DIR),
-        "seconds": round(finished_at - job.started_at, 3),
-        "passages_per_second": round((stats.passages - resumed) / max(finished_at - job.started_at, 1e-9), 2),
+        "seconds": round(seconds, 3),
+        "passages_per_second": round((stats.passages - resumed) / seconds, 2) if seconds > 0 else None,
         "runner": job.runner,
         "store": job.destination or job.store,
         "shard_count": job.num_shards,
@@ -95,7 +96,7 @@ def finish_run(stats: RunStats, job: PrecomputeJob) -> dict[str, Any]:
     retire: list[str] = []
     if job.append_to is not None and job.replace and stats.passages > 0:  # an append that stores nothing is not made
         retire = retired_passages(Path(job.append_to), store, skipped_documents(job.inputs))
-    summary = run_summary(stats, job, time.time())
+    summary = run_summary(stats, job)
     if job.append_to is not None and job.replace:
         summary["superseded"] = _stored_count(Path(job.append_to), retire)
     atomic_write_text(store / SUMMARY_FILE, json.dumps(summary, indent=1, sort_keys=True) + "\n")

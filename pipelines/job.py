@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
+import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +46,9 @@ class PrecomputeJob:
 
     store: absolute local path of the output store. model: a path or a
     packaged-model reference (reader/offline/encoding.py). started_at: launch time
-    (epoch seconds) for the summary's `seconds`. progress_dir: folder for
+    (epoch seconds) for the summary's `seconds`, and started_monotonic and
+    started_on the launcher's monotonic clock then and its machine
+    (`seconds_since_start`). progress_dir: folder for
     live progress files (local runners), or None. compressor: None
     (uncompressed, memory-mappable) or a storage compressor name ("zstd",
     "blosc"). codebook: a codebook folder given with `--codebook` for a
@@ -80,6 +84,24 @@ class PrecomputeJob:
     # every commit marker found counts as resumed. A shard committed by this run's own task before its worker died
     # is a retry, not a resume (dask50 F7). Set by the launcher (runners/precompute_run.py).
     resumed_shards: frozenset[int] | None = field(default=None, compare=False)
+    # The launcher's time.monotonic() at launch and its machine (`this_machine`), set by runners/cmd_precompute.py.
+    started_monotonic: float | None = field(default=None, compare=False)
+    started_on: str | None = field(default=None, compare=False)
+
+    def seconds_since_start(self) -> float:
+        """Seconds since the run was launched: by the monotonic clock where the launcher's machine is this one, else
+        by the wall clock, never below 0.
+
+        The summary's `seconds` was `time.time() - started_at` alone: a wall
+        clock stepped back during a run (an NTP correction, a VM resumed) made
+        it negative, and its rate the passages over 1e-9 s (time58 F2). The
+        monotonic clock does not step, and is one per machine (per kernel:
+        containers share it); a worker on another machine (Dataflow) has only
+        the wall clock to go by, where a clock behind the launcher's gives 0.
+        """
+        if self.started_monotonic is not None and self.started_on == this_machine():
+            return max(time.monotonic() - self.started_monotonic, 0.0)
+        return max(time.time() - self.started_at, 0.0)
 
     @property
     def kind(self) -> str:
@@ -113,6 +135,15 @@ class PrecomputeJob:
         """The passages of the shards this run resumes (`resumed_shards`), which an earlier invocation encoded: where
         the progress bar starts, and what the summary's rate leaves out (docs50 L1)."""
         return committed_passages(self.shard_settings(), self.resumed_shards or ())
+
+
+def this_machine() -> str:
+    """What names this machine's monotonic clock: the Linux boot id (one per kernel boot, shared by its containers),
+    else the host name."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return socket.gethostname()
 
 
 def run_spec(job: PrecomputeJob) -> dict[str, Any]:

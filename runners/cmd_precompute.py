@@ -315,10 +315,11 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
     )
 
 
-def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None) -> PrecomputeJob:
+def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None,
+              started_monotonic: float | None = None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
     from dilstore.pipelines.codebook import check_codebook_fits, needs_codebook
-    from dilstore.pipelines.job import PrecomputeJob, run_spec
+    from dilstore.pipelines.job import PrecomputeJob, run_spec, this_machine
     from dilstore.pipelines.sharding import (
         MAX_DEFAULT_SHARDS,
         MIN_DEFAULT_APPEND_SHARDS,
@@ -380,6 +381,8 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         codebook=None if codebook is None else str(codebook.resolve()),
         runner=runner,
         started_at=started,
+        started_monotonic=started_monotonic,
+        started_on=None if started_monotonic is None else this_machine(),
         progress_dir=progress_dir,
         creation={"command": canonical_command(args), "runner": runner},
     )
@@ -649,7 +652,7 @@ def precompute_store(args: argparse.Namespace) -> Outcome:
 
 
 def _precompute_store(args: argparse.Namespace) -> Outcome:
-    started = time.time()
+    started, started_monotonic = time.time(), time.monotonic()  # the summary's seconds, by either (time58 F2)
     check_append_flags(args)
     if not args.verbose:
         quiet_beam_logging()  # before Beam's import logs its GCP notice
@@ -692,7 +695,7 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
     if not here:
         logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
     with scratch_dir("dilstore-progress-") as progress_dir, launched_models():
-        job = build_job(args, started, runner, str(progress_dir) if here else None)
+        job = build_job(args, started, runner, str(progress_dir) if here else None, started_monotonic)
         store, spec = Path(job.store), run_spec(job)
         with write_lock(store):
             finish_interrupted_swap(store)
