@@ -15,6 +15,8 @@ current folder is ever replaced (`check_replaceable`).
 from __future__ import annotations
 
 import contextlib
+import datetime
+import shlex
 import shutil
 import signal
 import socket
@@ -190,6 +192,38 @@ def spec_differences(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]
     return differences
 
 
+def retimed_inputs(found: dict[str, Any], wanted: dict[str, Any]) -> str:
+    """For the inputs the spec `found` recorded with this run's path, format and size but another modification time
+    (a copy without -p, a download, a checkout: maybe the same bytes), a sentence that names each, with both times in
+    UTC, and the `touch` that gives it back the recorded time, so that the run resumes; "" when there is none.
+
+    A store's spec records each input's size and modification time (`_input_entry`). An input copied or downloaded
+    again, byte for byte, was "differs in: inputs", and the way out offered, --overwrite, started the whole build
+    over, a stopped one's committed shards not used (time58 F3).
+    """
+    old, new = found.get("inputs"), wanted.get("inputs")
+    if not (isinstance(old, list) and isinstance(new, list)) or len(old) != len(new):
+        return ""
+    retimed = [(before, now) for before, now in zip(old, new, strict=True)
+               if isinstance(before, dict) and isinstance(now, dict) and isinstance(before.get("mtime_ns"), int)
+               and {**before, "mtime_ns": None} == {**now, "mtime_ns": None} and before != now]  # fmt: skip
+    if not retimed:
+        return ""
+    named = "; ".join(f"{before['path']} (recorded {_utc(before['mtime_ns'])}, now {_utc(now['mtime_ns'])})"
+                      for before, now in retimed)  # fmt: skip
+    touches = " && ".join(f"touch -d @{before['mtime_ns'] // 10**9}.{before['mtime_ns'] % 10**9:09d} "
+                          f"{shlex.quote(str(before['path']))}" for before, _ in retimed)  # fmt: skip
+    return (f". Of the inputs, only the modification time differs, the size is the recorded one: {named}; if the "
+            f"contents are the same (a copy, a download, a checkout), `{touches}` gives the recorded time back and "
+            "this command goes on with the store")
+
+
+def _utc(nanoseconds: int) -> str:
+    """A modification time in nanoseconds since the epoch as UTC ISO 8601, to the second (`2026-12-01T18:45:12Z`)."""
+    moment = datetime.datetime.fromtimestamp(nanoseconds // 10**9, datetime.UTC)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
 def _both_values(name: str, old: Any, new: Any) -> str:
     """`: the store's OLD, this run's NEW` for a setting a user chose; nothing for inputs, hashes and digests."""
     if name in ("inputs", "codebook") or name.endswith("_sha256") or isinstance(old, list) or isinstance(new, list):
@@ -233,7 +267,7 @@ def prepare_store(store: Path, spec: dict[str, Any], overwrite: bool) -> bool:
             differing = "; ".join(spec_differences(found or {}, spec))
             raise DilstoreError(
                 f"--output {store} holds a run with other settings (differs in: {differing}); "
-                "choose another folder or pass --overwrite"
+                f"choose another folder or pass --overwrite{retimed_inputs(found or {}, spec)}"
             )
         return False
     atomic_write_text(store / SPEC_FILE, spec_json(spec))

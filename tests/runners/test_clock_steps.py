@@ -9,18 +9,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import os
+import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from dilstore.pipelines import job as job_module
 from dilstore.pipelines.finish import run_summary
-from dilstore.pipelines.job import PrecomputeJob
+from dilstore.pipelines.job import PrecomputeJob, prepare_store, run_spec
+from dilstore.pipelines.routing import ReadTask
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.reader.batching import BatchPolicy
 from dilstore.runners import cmd_compact, cmd_index
 from dilstore.storage.collection import collection_dir
+from dilstore.storage.errors import DilstoreError
 from tests.fixtures.store_fixtures import build_store, fingerprint_for, random_shards
 
 
@@ -61,3 +66,27 @@ def test_a_precompute_summary_s_seconds_and_rate_stay_true_when_the_wall_clock_s
     assert 10 <= summary["seconds"] < 70 and 40 < summary["passages_per_second"] <= 300, summary
     elsewhere = run_summary(RunStats(passages=3000), dataclasses.replace(job, started_on="another machine"))
     assert elsewhere["seconds"] == 0 and elsewhere["passages_per_second"] is None, elsewhere
+
+
+def test_a_store_whose_input_was_copied_again_byte_for_byte_says_how_to_go_on_with_it(tmp_path: Path) -> None:
+    """(time58 F3) A store's spec records each input's modification time: an input copied or downloaded again, the
+    same bytes, was refused as "differs in: inputs; choose another folder or pass --overwrite", and --overwrite
+    started the whole build over. The refusal now names the input, both times in UTC, and the `touch` that gives
+    the recorded time back, after which the same command goes on with the store."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a", "title": "A", "text": "one two three"}\n', encoding="utf-8")
+    job = SimpleNamespace(inputs=[ReadTask(str(corpus), "jsonl")], strategy="words", num_shards=2,
+                          fingerprint=SimpleNamespace(to_dict=lambda: {}), compressor=None, codebook=None)  # fmt: skip
+    store = tmp_path / "store"
+    assert prepare_store(store, run_spec(job), overwrite=False) is False
+    recorded = corpus.stat().st_mtime_ns
+    shutil.copyfile(corpus, tmp_path / "copy")  # copied back a day later, as cp without -p does
+    os.replace(tmp_path / "copy", corpus)
+    os.utime(corpus, ns=(recorded + 86_400 * 10**9,) * 2)
+    with pytest.raises(DilstoreError, match="differs in: inputs") as refused:
+        prepare_store(store, run_spec(job), overwrite=False)
+    said = str(refused.value)
+    assert f"`touch -d @{recorded // 10**9}.{recorded % 10**9:09d} {corpus}`" in said, said
+    assert f"{corpus} (recorded 20" in said and "Z, now 20" in said, said
+    os.utime(corpus, ns=(recorded, recorded))  # what that touch does
+    assert prepare_store(store, run_spec(job), overwrite=False) is False  # the same run: it goes on
