@@ -39,7 +39,7 @@ from typing import Any
 
 from dilstore.pipelines.codebook import needs_codebook
 from dilstore.pipelines.corpora import Document, Skipped
-from dilstore.pipelines.job import PrecomputeJob, run_spec
+from dilstore.pipelines.job import PrecomputeJob, retimed_inputs, run_spec
 from dilstore.pipelines.passages import split_document
 from dilstore.pipelines.routing import ReadTask, read_task
 from dilstore.pipelines.spec_file import read_spec, spec_generation, spec_json
@@ -53,7 +53,7 @@ from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook, refuse_changed_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.file_errors import remove_tree
-from dilstore.storage.format import SPEC_FILE, StoreFormatError, append_dir
+from dilstore.storage.format import APPENDS_DIR, BUILD_ID, SPEC_FILE, StoreFormatError, append_dir
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, read_manifest
 from dilstore.storage.messages import listed
@@ -120,17 +120,54 @@ def prepare_append(store: Path, job: PrecomputeJob, manifest: Manifest) -> Appen
     generation = spec_generation(spec)
     folder = store / append_dir(generation)
     committed = next((record for record in manifest.appends if record.get("generation") == generation), None)
-    remove_leftovers(store, manifest, keep=() if committed else (generation,))
     first = first_free_shard(manifest)
+    folder_spec = {**spec, "first_shard": first}
+    if committed is None:
+        refuse_to_delete_a_retimed_append(store, manifest, generation, folder_spec)
+    remove_leftovers(store, manifest, keep=() if committed else (generation,))
     if committed is not None:
         return AppendPlan(generation, folder, int(committed.get("first_shard", first)), committed)
-    folder_spec = {**spec, "first_shard": first}
     if folder.is_dir() and read_spec(folder) != folder_spec:
         remove_tree(folder, "the append of other settings a stopped run left")
     folder.mkdir(parents=True, exist_ok=True)
     if read_spec(folder) is None:
         atomic_write_text(folder / SPEC_FILE, spec_json(folder_spec))
     return AppendPlan(generation, folder, first, None)
+
+
+def refuse_to_delete_a_retimed_append(store: Path, manifest: Manifest, generation: str,
+                                      folder_spec: dict[str, Any]) -> None:
+    """A DilstoreError, before `remove_leftovers` deletes it, for an uncommitted append folder holding work (more
+    than its spec) whose spec is this run's but for its inputs' modification times (`job.retimed_inputs`).
+
+    Such a folder is likely this append, stopped, its input since copied or downloaded again byte for byte: it
+    was deleted without a word as another killed append's leftovers, and its committed shards encoded again
+    (time58 F4). An input edited in place to the same size looks the same: the message says to delete the folder
+    then.
+    """
+    appends, listed_generations = store / APPENDS_DIR, {str(record.get("generation")) for record in manifest.appends}
+    if not appends.is_dir():
+        return
+    for folder in sorted(appends.iterdir()):
+        if (folder.name == generation or folder.name in listed_generations or not BUILD_ID.fullmatch(folder.name)
+                or folder.is_symlink() or not folder.is_dir()):  # fmt: skip
+            continue
+        found = read_spec(folder)
+        hint = retimed_inputs(found, folder_spec) if isinstance(found, dict) else ""
+        if not hint or _timeless(found) != _timeless(folder_spec):
+            continue
+        if any(entry.name != SPEC_FILE for entry in folder.iterdir()):
+            raise DilstoreError(f"cannot append to {store}: {folder} holds what a stopped append of these settings "
+                                f"and inputs wrote, made when the inputs had other modification times{hint}; "
+                                "if they were edited, delete that folder and run this command again")  # fmt: skip
+
+
+def _timeless(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` without its inputs' modification times."""
+    inputs = spec.get("inputs")
+    if not isinstance(inputs, list):
+        return spec
+    return {**spec, "inputs": [{**entry, "mtime_ns": None} if isinstance(entry, dict) else entry for entry in inputs]}
 
 
 def input_passage_ids(inputs: Iterable[ReadTask], strategy: str) -> Iterator[tuple[str, list[str]]]:

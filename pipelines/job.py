@@ -215,7 +215,7 @@ def retimed_inputs(found: dict[str, Any], wanted: dict[str, Any]) -> str:
                           f"{shlex.quote(str(before['path']))}" for before, _ in retimed)  # fmt: skip
     return (f". Of the inputs, only the modification time differs, the size is the recorded one: {named}; if the "
             f"contents are the same (a copy, a download, a checkout), `{touches}` gives the recorded time back and "
-            "this command goes on with the store")
+            "this command goes on from what the earlier run did")
 
 
 def _utc(nanoseconds: int) -> str:

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from dilstore.pipelines import job as job_module
+from dilstore.pipelines.append import prepare_append
 from dilstore.pipelines.finish import run_summary
 from dilstore.pipelines.job import PrecomputeJob, prepare_store, run_spec
 from dilstore.pipelines.routing import ReadTask
@@ -26,6 +27,8 @@ from dilstore.reader.batching import BatchPolicy
 from dilstore.runners import cmd_compact, cmd_index
 from dilstore.storage.collection import collection_dir
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.location import StoreLocation
+from dilstore.storage.manifest import read_manifest
 from tests.fixtures.store_fixtures import build_store, fingerprint_for, random_shards
 
 
@@ -90,3 +93,30 @@ def test_a_store_whose_input_was_copied_again_byte_for_byte_says_how_to_go_on_wi
     assert f"{corpus} (recorded 20" in said and "Z, now 20" in said, said
     os.utime(corpus, ns=(recorded, recorded))  # what that touch does
     assert prepare_store(store, run_spec(job), overwrite=False) is False  # the same run: it goes on
+
+
+def test_a_stopped_append_whose_input_was_copied_again_is_kept_and_named_not_deleted(tmp_path: Path) -> None:
+    """(time58 F4) An append is known by its inputs' paths, sizes and modification times: the same command run
+    after its input was copied again (the same bytes, a new time) took the stopped append's folder, shards and all,
+    for another killed append's leftovers and deleted it without a word, and encoded everything again. Now it is
+    refused with the folder kept, naming the input, both times and the `touch` after which the command goes on."""
+    store = build_store(tmp_path / "store", random_shards([2]))
+    corpus = tmp_path / "more.jsonl"
+    corpus.write_text('{"id": "b", "title": "B", "text": "four five six"}\n', encoding="utf-8")
+    job = SimpleNamespace(inputs=[ReadTask(str(corpus), "jsonl")], strategy="words", num_shards=1,
+                          fingerprint=SimpleNamespace(to_dict=lambda: {}), compressor=None, codebook=None,
+                          replace=False)  # fmt: skip
+    stopped = prepare_append(store, job, read_manifest(StoreLocation.parse(store)))
+    (stopped.folder / "shards").mkdir()
+    (stopped.folder / "shards" / "committed-work").write_text("a shard the stopped run committed")
+    recorded = corpus.stat().st_mtime_ns
+    shutil.copyfile(corpus, tmp_path / "copy")
+    os.replace(tmp_path / "copy", corpus)
+    os.utime(corpus, ns=(recorded + 3600 * 10**9,) * 2)
+    with pytest.raises(DilstoreError, match=f"{stopped.folder}.* stopped append") as refused:
+        prepare_append(store, job, read_manifest(StoreLocation.parse(store)))
+    assert f"`touch -d @{recorded // 10**9}.{recorded % 10**9:09d} {corpus}`" in str(refused.value)
+    assert (stopped.folder / "shards" / "committed-work").is_file()
+    os.utime(corpus, ns=(recorded, recorded))
+    resumed = prepare_append(store, job, read_manifest(StoreLocation.parse(store)))
+    assert resumed.folder == stopped.folder and (stopped.folder / "shards" / "committed-work").is_file()
