@@ -8,11 +8,49 @@ There each bar writes one plain line per LOG_INTERVAL_SECONDS instead, and its l
 
 from __future__ import annotations
 
+import functools
 import sys
-from typing import Any, TextIO
+import time
+from collections.abc import Callable
+from typing import Any, TextIO, TypeVar
+
+Bar = TypeVar("Bar")
 
 # In a log: at most one progress line per bar this often, besides its first and last.
 LOG_INTERVAL_SECONDS = 30.0
+# The wall clock when this module was imported, less the monotonic clock then: steady_time's origin.
+_STEADY_ORIGIN = time.time() - time.monotonic()
+
+
+def steady_time() -> float:
+    """Seconds since the epoch that never step: the wall clock read once, at import, and the monotonic clock since.
+
+    tqdm times its bars with time.time(): after a wall clock stepped back an
+    hour (an NTP step, a date set by hand) a bar stood still and a log got no
+    progress line for that hour, as if the run hung, and a clock set forward
+    put that much into its elapsed time and rate (time58 F5). Epoch-like
+    values, not the monotonic clock's own, so that tqdm's monitor thread,
+    which reads time.time(), still compares like with like.
+    """
+    return _STEADY_ORIGIN + time.monotonic()
+
+
+class _SteadyClock:
+    """A tqdm class mixin: the bar is timed by `steady_time`, whatever tqdm's __init__ sets."""
+
+    @property
+    def _time(self) -> Callable[[], float]:
+        return steady_time
+
+    @_time.setter
+    def _time(self, _clock: Callable[[], float]) -> None:
+        """tqdm's __init__ sets time.time here: kept out."""
+
+
+@functools.cache
+def steady_bar(bar_class: type[Bar]) -> type[Bar]:
+    """`bar_class` (tqdm's, or tqdm.auto's) timed by `steady_time`: every dilstore progress bar is made with it."""
+    return type(bar_class.__name__, (_SteadyClock, bar_class), {"__module__": __name__})
 
 
 class _Lines:

@@ -310,7 +310,7 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
 
     from dilstore.pipelines.sharding import shard_of
     from dilstore.pipelines.spec_file import SUMMARY_FILE, read_spec, spec_generation, spec_json
-    from dilstore.reader.progress_lines import bar_options
+    from dilstore.reader.progress_lines import bar_options, steady_bar
     from dilstore.storage.atomic_files import atomic_write_text
     from dilstore.storage.compact import compact_store, copyable_problem
     from dilstore.storage.durability import fsync_tree, remove_path
@@ -339,7 +339,7 @@ def _compact_into(store: Path, target: Path, shards: int | None, store_bytes: in
             atomic_write_text(target / SPEC_FILE, spec_json(compacted))
             if (store / SUMMARY_FILE).is_file():  # the first build's summary, which precompute shows for the store
                 copy_file(store / SUMMARY_FILE, target / SUMMARY_FILE)
-            bar = tqdm(total=manifest.passages, unit="passage", desc="compact",
+            bar = steady_bar(tqdm)(total=manifest.passages, unit="passage", desc="compact",
                        disable=not show_progress, **bar_options(mininterval=0.5))  # fmt: skip
             with bar:
                 command = shlex.join(["dilstore", "compact", path_text(store), "--shards", str(count)])

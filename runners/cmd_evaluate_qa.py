@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         write_predictions,
     )
     from dilstore.reader.evaluation.subsets import seeded_subset
-    from dilstore.reader.progress_lines import bar_options
+    from dilstore.reader.progress_lines import bar_options, steady_bar
 
     seed = subset_seed(args)
     if args.predictions:
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     with journaled or contextlib.nullcontext() as journal:
         kept = journal.parts if journal is not None else {}
         resumed = sum(len(parts[part]) for part in kept)
-        bar = tqdm(total=len(questions), initial=resumed, unit="question", desc="evaluate-qa",
+        bar = steady_bar(tqdm)(total=len(questions), initial=resumed, unit="question", desc="evaluate-qa",
                    disable=args.no_progress or args.json, **bar_options())  # fmt: skip
         evaluations = []
         try:

@@ -101,10 +101,10 @@ def build_index(
     in place (a precompute may rebuild or append to the store meanwhile)."""
     from tqdm import tqdm
 
-    from dilstore.reader.progress_lines import bar_options
+    from dilstore.reader.progress_lines import bar_options, steady_bar
     from dilstore.reader.retrieval import build_bm25_index_in_place
 
-    bar = tqdm(total=store.passages, unit="passage", desc="index",
+    bar = steady_bar(tqdm)(total=store.passages, unit="passage", desc="index",
                disable=not show_progress, **bar_options(mininterval=0.5))  # fmt: skip
     with bar, stdout_to_stderr():
         build_bm25_index_in_place(collection, target, threads=threads, store=store, reread=reread,

@@ -157,7 +157,7 @@ def _rerank_resumably(
     from tqdm import tqdm
 
     from dilstore.reader.data.trec import write_run
-    from dilstore.reader.progress_lines import bar_options
+    from dilstore.reader.progress_lines import bar_options, steady_bar
     from dilstore.reader.serving.rerank import RerankStats
 
     settings = _settings(args, reranker, depth)
@@ -167,7 +167,7 @@ def _rerank_resumably(
         done = [qid for part in journal.parts.values() for qid in part["queries"]]
         earlier = RerankStats.from_dict(journal.parts[len(journal.parts) - 1]["stats"]) if journal.parts else None
         keeper = _PartKeeper(journal, earlier or RerankStats())
-        bar = tqdm(total=len(first_stage), initial=len(done), unit="query", desc="rerank",
+        bar = steady_bar(tqdm)(total=len(first_stage), initial=len(done), unit="query", desc="rerank",
                    disable=args.no_progress or args.json, **bar_options())  # fmt: skip
         try:
             with bar:

@@ -166,10 +166,10 @@ class BarProgress:
         """Close the last phase's bar and open this one's."""
         from tqdm import tqdm
 
-        from dilstore.reader.progress_lines import bar_options
+        from dilstore.reader.progress_lines import bar_options, steady_bar
 
         self._close()
-        self.bar = tqdm(total=total, unit=unit, unit_scale=unit == "B", desc=f"{self.command} {name}",
+        self.bar = steady_bar(tqdm)(total=total, unit=unit, unit_scale=unit == "B", desc=f"{self.command} {name}",
                         disable=self.disabled, **bar_options())  # fmt: skip
 
     def advance(self, amount: int) -> None:

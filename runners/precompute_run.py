@@ -78,10 +78,10 @@ class ProgressBar:
         from tqdm import tqdm
 
         from dilstore.pipelines.progress import passages_done, passages_planned
-        from dilstore.reader.progress_lines import bar_options
+        from dilstore.reader.progress_lines import bar_options, steady_bar
 
         resumed = f"{self.resumed} resumed" if self.resumed else None
-        with tqdm(unit="passage", desc="precompute", smoothing=0.1, initial=self.resumed, postfix=resumed,
+        with steady_bar(tqdm)(unit="passage", desc="precompute", smoothing=0.1, initial=self.resumed, postfix=resumed,
                   **bar_options(mininterval=1.0)) as bar:  # fmt: skip
             while True:
                 stopping = self._stop.wait(_PROGRESS_POLL_SECONDS)

@@ -36,7 +36,7 @@ from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.modeling.listformer import KIND as LISTFORMER
 from dilstore.reader.modeling.ranker_base import RankerBase
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH
-from dilstore.reader.progress_lines import bar_options
+from dilstore.reader.progress_lines import bar_options, steady_bar
 from dilstore.reader.text.files import read_json
 from dilstore.storage.errors import DilstoreError
 
@@ -137,7 +137,8 @@ def rerank(
     ranker.eval()
     doc_tokens: dict[str, np.ndarray] = {}
     run: Run = {}
-    for qid, candidates in tqdm(task.bm25.items(), disable=not progress, unit="query", desc=task.name, **bar_options()):
+    queries = steady_bar(tqdm)(task.bm25.items(), disable=not progress, unit="query", desc=task.name, **bar_options())
+    for qid, candidates in queries:
         docids = list(candidates)
         if not docids:
             run[qid] = {}

@@ -35,7 +35,7 @@ from dilstore.reader.evaluation.squad_metric import evaluate_examples
 from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.modeling.checkpoints import EVALUATION_FILE
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.reader.progress_lines import bar_options
+from dilstore.reader.progress_lines import bar_options, steady_bar
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, best_spans
 from dilstore.reader.text.tokenization import DEFAULT_STRIDE
 from dilstore.storage.atomic_files import atomic_write_text
@@ -118,7 +118,7 @@ def predict_answers(
     """
     best: dict[str, tuple[float, str]] = {feature.example_id: (float("-inf"), "") for feature in features}
     batches, costs = batch_plan(features, settings)
-    with tqdm(total=sum(costs), disable=not progress or advance is not None, unit="token", unit_scale=True,
+    with steady_bar(tqdm)(total=sum(costs), disable=not progress or advance is not None, unit="token", unit_scale=True,
               desc="reading", **bar_options()) as bar:  # fmt: skip
         for indices, cost in zip(batches, costs, strict=True):
             chunk = [features[index] for index in indices]
@@ -181,7 +181,7 @@ def evaluate_reader(
                 for number, chunk in enumerate(chunks) if number not in kept}  # fmt: skip
     total = sum(sum(batch_plan(part, settings)[1]) for part in features.values())
     predictions: dict[str, str] = {}
-    with tqdm(total=total, disable=not progress, unit="token", unit_scale=True, desc="reading",
+    with steady_bar(tqdm)(total=total, disable=not progress, unit="token", unit_scale=True, desc="reading",
               **bar_options()) as bar:  # fmt: skip
         for number in range(len(chunks)):
             if number in kept:

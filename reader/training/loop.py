@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
-from dilstore.reader.progress_lines import bar_options
+from dilstore.reader.progress_lines import bar_options, steady_bar
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.checkpoint_files import (
     CHECKPOINTS_DIR,
@@ -589,8 +589,8 @@ class _StepLog:
         self.losses: list[torch.Tensor] = []
         self.logged_loss, self.logged_step = "-", start.step
         self.speed = _SpeedWindow(throughput.per_example)
-        self.bar = tqdm(total=total_steps, initial=start.step, disable=not progress, unit="step", desc="train",
-                        **bar_options())  # fmt: skip
+        self.bar = steady_bar(tqdm)(total=total_steps, initial=start.step, disable=not progress, unit="step",
+                                    desc="train", **bar_options())  # fmt: skip
 
     def write(self, line: str) -> None:
         """A line on stderr above the bar."""

@@ -120,3 +120,30 @@ def test_a_stopped_append_whose_input_was_copied_again_is_kept_and_named_not_del
     os.utime(corpus, ns=(recorded, recorded))
     resumed = prepare_append(store, job, read_manifest(StoreLocation.parse(store)))
     assert resumed.folder == stopped.folder and (stopped.folder / "shards" / "committed-work").is_file()
+
+
+def test_a_progress_line_in_a_log_keeps_coming_when_the_wall_clock_steps_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(time58 F5) tqdm times a bar with time.time(): after a wall clock stepped back an hour, `verify`, `precompute`,
+    `train` and the evaluations wrote no progress line (in a log, one is due every 30 s) for that hour, and a
+    terminal's bar stood still, as if the run hung. Bars run on a clock that never steps."""
+    import io
+
+    import tqdm
+    import tqdm.std
+
+    from dilstore.runners.cmd_store import BarProgress
+
+    elapsed = [0.0]  # the true seconds since the bar opened
+    wall, steady = time.time(), time.monotonic()
+    monkeypatch.setattr(tqdm.std, "time", lambda: wall + elapsed[0] - (3600 if elapsed[0] > 60 else 0))
+    monkeypatch.setattr(time, "monotonic", lambda: steady + elapsed[0])
+    monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)  # no monitor thread reading the clocks meanwhile
+    log = io.StringIO()
+    monkeypatch.setattr("sys.stderr", log)
+    with BarProgress("verify", disabled=False) as progress:
+        progress.phase("hashes", 100_000, "B")
+        for _ in range(600):  # ten minutes, the wall clock set back an hour after the first
+            elapsed[0] += 1
+            progress.advance(10)
+        written = log.getvalue().splitlines()
+    assert len(written) >= 15, written  # one line per 30 s: 19 in 10 minutes, not 2
