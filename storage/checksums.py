@@ -15,8 +15,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import zarr
-
+from dilstore.storage.arrays import local_group
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.format import ATTRIBUTES_KEY, ZARR_METADATA_FILE, StoreFormatError
 from dilstore.storage.manifest import FileEntry
@@ -41,7 +40,7 @@ def record_checksums(directory: Path) -> None:
         name: {"bytes": (directory / name).stat().st_size, "sha256": digest}
         for name, digest in zip(files, digests, strict=True)
     }
-    group = zarr.open_group(str(directory), mode="r+", zarr_format=3)
+    group = local_group(directory, mode="r+", zarr_format=3)
     group.update_attributes({ATTRIBUTES_KEY: {**group.attrs[ATTRIBUTES_KEY], "files": listing}})
 
 

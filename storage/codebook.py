@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from dilstore.storage.arrays import write_array
+from dilstore.storage.arrays import local_group, write_array
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.durability import replace_dir
 from dilstore.storage.encodings import check_codebook, get_encoding
@@ -95,7 +95,7 @@ def write_codebook(
     }
     try:
         with naming(target):  # zarr's writes name no file: a full disk said "No space left on device" alone (disk56 F7)
-            group = zarr.open_group(str(temporary), mode="w-", zarr_format=3, attributes=attributes)
+            group = local_group(temporary, mode="w-", zarr_format=3, attributes=attributes)
             for name in spec.codebook_layout(codebook):
                 values = np.ascontiguousarray(codebook[name], dtype=np.float32)
                 write_array(group, name, values, rows_per_chunk=values.shape[0], compressor=None,
@@ -260,7 +260,7 @@ def refuse_changed_codebook(path: str | Path, refused: str) -> None:
 
 def _open(path: str | Path) -> zarr.Group:
     try:
-        return zarr.open_group(str(path), mode="r")
+        return local_group(path, mode="r")
     except METADATA_ERRORS as error:
         inside = Path(path) / CODEBOOK_DIR
         hint = f"; a store's codebook is its {CODEBOOK_DIR}/ folder: {inside}?" if inside.is_dir() else ""

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from dilstore.storage.arrays import write_array
+from dilstore.storage.arrays import local_group, write_array
 from dilstore.storage.durability import replace_dir
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import (
@@ -196,7 +196,7 @@ def write_index(
         arrays += [(SUPERSEDED_SHARDS, superseded.shards), (SUPERSEDED_ROWS, superseded.rows)]
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        group = zarr.open_group(str(temporary), mode="w-", zarr_format=3, attributes=attributes)
+        group = local_group(temporary, mode="w-", zarr_format=3, attributes=attributes)
         for name, data in arrays:
             write_array(group, name, data, rows_per_chunk=OFFSETS_PER_CHUNK, compressor=None,
                         dimension_names=["entry"])

@@ -70,6 +70,18 @@ def _with_read_timeout(scheme: str, options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "client_kwargs": {"timeout": timeout}}
 
 
+def is_url(path_or_url: str) -> bool:
+    """Whether fsspec should open `path_or_url` as a URL: `scheme://...`, or a chain whose first part is a protocol
+    (`simplecache::https://...`). Anything else is a local path, taken as written, as the writers take it: fsspec
+    read `run::2` as a chain (the folder `run:`), `data:v1` as a data URL and `~/st` as $HOME's `st`, so `info`,
+    `verify`, `ask` and `serve` said "no store", or read another store, at a folder `precompute` had just filled
+    (port58 F1)."""
+    if "://" in path_or_url:
+        return True
+    first, chained, _ = path_or_url.partition("::")
+    return bool(chained) and first in fsspec.available_protocols()
+
+
 def redacted(url: str) -> str:
     """`url` with the password of its user part (and, over http(s), its query string) hidden, in each part of a
     chained fsspec URL (`simplecache::https://...`): `serve` has no authentication, and its /stores, /health and
@@ -116,6 +128,9 @@ class StoreLocation:
             raise DilstoreError(f"store URLs with a query string or fragment are not supported ({url}): the store's "
                                 "file paths are appended to the URL; give the store's folder URL")  # fmt: skip
         options = _with_read_timeout(parts.scheme, dict(storage_options or {}))
+        if not is_url(given):  # the folder the writers made of it (Path): fsspec reads more into a local path
+            local = Path(given).absolute().as_posix()
+            return cls(url=url, made_fs=LocalFileSystem(), root=local, storage_options=options, address=local)
         try:
             fs, root = url_to_fs(given, **options)
         except (ImportError, ValueError) as error:  # an unknown protocol, or its fsspec package is not installed

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from dilstore.storage.arrays import encode_strings, write_array
+from dilstore.storage.arrays import encode_strings, local_group, write_array
 from dilstore.storage.checksums import record_checksums
 from dilstore.storage.durability import fsync_dir, fsync_tree
 from dilstore.storage.encodings import EncodedArray, Encoding, beyond_range, check_codebook, get_encoding
@@ -117,7 +117,7 @@ def shard_generation(store_root: str | Path, shard_index: int) -> str | None:
     """The build recorded in shard `shard_index`'s attributes; None when it has none or is absent or unreadable."""
     path = Path(store_root) / SHARDS_DIR / shard_name(shard_index)
     try:
-        return ShardAttributes.of(zarr.open_group(str(path), mode="r"), str(path)).generation
+        return ShardAttributes.of(local_group(path, mode="r"), str(path)).generation
     except (StoreFormatError, *METADATA_ERRORS):
         return None
 
@@ -501,7 +501,7 @@ def _write_group(
     arrays = {**(settings.codebook or {}), **encoded}  # what the shard decodes with, for its format version
     attributes = _shard_attributes(columns, shard_index, settings.kind, settings.encoding, settings.compressor,
                                    settings.build, arrays)  # fmt: skip
-    group = zarr.open_group(str(path), mode="w-", zarr_format=3, attributes={ATTRIBUTES_KEY: attributes})
+    group = local_group(path, mode="w-", zarr_format=3, attributes={ATTRIBUTES_KEY: attributes})
     _write_passage_columns(group, columns, settings.compressor)
     _write_state_arrays(group, encoded, settings.encoding, settings.codebook, settings.compressor,
                         len(columns.state_shape))  # fmt: skip
