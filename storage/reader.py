@@ -9,7 +9,7 @@ read-only views of the page cache; remote uncompressed stores (any fsspec URL:
 https://, s3://, ...) are read by coalesced byte ranges, one concurrent round
 per fetch (storage/ranged.py); compressed stores go through zarr-python. All
 give the same values, and none writes anything. A Store is safe to share
-between threads; processes open their own (or inherit one across fork).
+between threads; processes open their own, inherit one across fork, or get one pickled (opened again there).
 """
 
 from __future__ import annotations
@@ -156,6 +156,14 @@ class Store:
         index = self._live_index()
         self._check_watched_files(passage_ids, index)
         return index.locate(passage_ids, self._id_at)[2]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as where it is and how it was opened, and opened again where it is unpickled (`_reopened`): a
+        process pool's spawn or forkserver workers (macOS's start method; Linux's default from Python 3.14) given a
+        Store failed with "TypeError: cannot pickle '_thread.lock' object", though one inherited across fork reads
+        (port58 F2). A store rebuilt or appended to in between is a StoreChangedError there, not another build."""
+        options = (self._read_path, self._max_open_shards, self.check_files)
+        return _reopened, (self.location.address, self.location.storage_options, *options, self.manifest)
 
     def __enter__(self) -> Store:
         return self
@@ -481,6 +489,21 @@ def open_store(
         max_open_shards=shards_kept_open(manifest) if max_open_shards is None else max_open_shards,
         check_files=check_files,
     )
+
+
+def _reopened(
+    address: str, storage_options: dict[str, Any], read_path: ReadPath, max_open_shards: int, check_files: bool,
+    manifest: Manifest,
+) -> Store:
+    """A pickled Store opened again (`Store.__reduce__`); a StoreChangedError when its manifest is not the one the
+    pickled store was opened with."""
+    store = open_store(address, read_path=read_path, storage_options=storage_options,
+                       max_open_shards=max_open_shards, check_files=check_files)  # fmt: skip
+    if store.manifest != manifest:
+        store.close()
+        raise StoreChangedError(f"the store at {store.url} was rebuilt or appended to since this copy of it was "
+                                "pickled: open it again")  # fmt: skip
+    return store
 
 
 def _open_commit(

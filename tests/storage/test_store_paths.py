@@ -1,11 +1,15 @@
-"""Store folders whose names URL parsers read more into: written and read at the folder the name says."""
+"""Stores on another setup: folders whose names URL parsers read more into, written and read at the folder the name
+says; stores handed to processes that are started, not forked."""
 
 from __future__ import annotations
 
+import pickle
+import shutil
 from pathlib import Path
 
 import pytest
 
+from dilstore.storage.format import StoreChangedError
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
 from tests.fixtures.store_fixtures import build_store, random_shards
@@ -26,3 +30,20 @@ def test_a_store_named_like_a_url_is_written_and_read_at_that_folder(tmp_path: P
         assert len(store) == 3
         assert store.fetch([shards[1][0].id])[0].text == shards[1][0].text
     assert verify_store(name).ok
+
+
+def test_a_store_pickled_for_a_spawned_process_is_opened_again_there(tmp_path: Path) -> None:
+    """(port58 F2) A process pool's spawn or forkserver workers (macOS; Linux's default from Python 3.14) get their
+    arguments pickled: a Store failed with "cannot pickle '_thread.lock' object". It is opened again where it is
+    unpickled, as it was opened, and a store rebuilt in between is refused, not read as the other build."""
+    shards = random_shards([2, 1])
+    root = build_store(tmp_path / "store", shards)
+    with open_store(root, read_path="zarr", max_open_shards=1) as store:
+        pickled = pickle.dumps(store)
+        with pickle.loads(pickled) as copy:
+            assert (copy.url, copy.read_path, len(copy)) == (store.url, "zarr", 3)
+            assert copy.fetch([shards[1][0].id])[0].text == shards[1][0].text
+        shutil.rmtree(root)
+        build_store(root, random_shards([1], seed=3))
+        with pytest.raises(StoreChangedError, match="rebuilt or appended to since .* pickled"):
+            pickle.loads(pickled)
