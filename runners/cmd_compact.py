@@ -244,7 +244,7 @@ def stopped_compaction(folder: Path) -> bool:
 def _output_folder(output: Path, store: Path) -> Path:
     """--output as a folder to write the compacted store into: absent, empty or what a stopped compaction left there
     (`stopped_compaction`, cleared once its lock is held), neither STORE nor inside it, nor inside another store."""
-    from dilstore.runners.outputs import refuse_store_inside_store
+    from dilstore.runners.outputs import check_store_path_length, refuse_store_inside_store
     from dilstore.storage.atomic_files import remove_dead_writers_temporaries
     from dilstore.storage.format import SPEC_FILE
 
@@ -260,6 +260,7 @@ def _output_folder(output: Path, store: Path) -> Path:
         held = _compacted_copy_words(output, store)
         raise DilstoreError(f"--output {output} exists and is not an empty folder{held}")
     refuse_store_inside_store(output, "--output", "the compacted store")
+    check_store_path_length(output, "--output")
     return output
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.arg_types import option_words, positive_int
-from dilstore.runners.outputs import check_output_folder, refuse_store_inside_store
+from dilstore.runners.outputs import check_output_folder, check_store_path_length, refuse_store_inside_store
 from dilstore.runners.precompute_run import run_pipeline
 from dilstore.runners.quiet import add_verbose_argument, logging_restored, quiet_beam_logging, quiet_dask_logging
 from dilstore.runners.scratch import scratch_dir
@@ -507,6 +507,7 @@ def check_output_location(output: Path, append: bool) -> None:
     from dilstore.storage.replacement import replaced_dir
 
     check_output_folder(output, "--output")
+    check_store_path_length(output, "--output")
     refuse_store_inside_store(output, "--output")
     if append and not output.is_dir() and not replaced_dir(output).is_dir():  # else a swap to finish, under the lock
         raise DilstoreError(f"no store at {output.resolve()}")

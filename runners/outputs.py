@@ -14,6 +14,44 @@ from dilstore.reader.packaged.shipped import packaged_models_dir
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import FORMAT_NAME, MANIFEST_FILE, SPEC_FILE
 
+# Room a store's folder needs in a file system's limits (port58 F3): the files beside it take its name with up to 21
+# bytes more (`.NAME.dilstore-index-lock`; `.NAME.dilstore-building`, where --overwrite and compact build), and the
+# longest path inside it, an append's shard being written (`appends/G/shards/.tmp-shard-NNNNN-UUID/passages/titles/
+# offsets/zarr.json`), takes 115 bytes: 160 leaves room for more shards and deeper arrays.
+BESIDE_STORE_BYTES = 21
+INSIDE_STORE_BYTES = 160
+
+
+def check_store_path_length(output: Path, flag: str) -> None:
+    """A DilstoreError naming `flag` when the store folder `output` leaves too little room for the files in and
+    beside it within the file system's NAME_MAX and PATH_MAX: a path that fitted only the folder ran the whole
+    encoding and failed at its first shard's write with "File name too long" and a 4,000-byte path, and a 240-byte
+    name was "File name too long: .NAME.dilstore-lock", a file the user never named (port58 F3)."""
+    resolved = output.resolve()
+    above = next((folder for folder in (resolved, *resolved.parents) if folder.exists()), Path(resolved.anchor))
+    name_max = _path_limit(above, "PC_NAME_MAX", 255)
+    path_max = _path_limit(above, "PC_PATH_MAX", 4096)
+    name = len(os.fsencode(resolved.name))
+    if name + BESIDE_STORE_BYTES > name_max:
+        raise DilstoreError(f"{flag} {output}: its name is {name} bytes long, and this file system allows a store's "
+                            f"name at most {name_max - BESIDE_STORE_BYTES} (its lock file beside it takes the name "
+                            f"with {BESIDE_STORE_BYTES} bytes more, within the {name_max} of a file name); give a "
+                            "shorter name")  # fmt: skip
+    length = len(os.fsencode(str(resolved)))
+    if length + BESIDE_STORE_BYTES + INSIDE_STORE_BYTES >= path_max:
+        room = path_max - 1 - BESIDE_STORE_BYTES - INSIDE_STORE_BYTES
+        raise DilstoreError(f"{flag} {output}: its full path is {length} bytes long, and the files a store holds need "
+                            f"it at most {room} (their paths below it must fit the {path_max} bytes of a path here); "
+                            "give a shorter path")  # fmt: skip
+
+
+def _path_limit(folder: Path, name: str, default: int) -> int:
+    """os.pathconf's `name` for `folder`, or `default` where the system does not say."""
+    try:
+        return os.pathconf(folder, name)
+    except (OSError, ValueError):
+        return default
+
 
 def refuse_output_inside_store(output: Path, store: str, flag: str) -> None:
     """A DilstoreError when `output` lies inside the local store `store` (a URL store cannot be written to here).

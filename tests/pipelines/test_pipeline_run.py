@@ -535,6 +535,19 @@ def test_an_output_that_cannot_be_a_store_is_refused_before_the_lock(
     assert list((tmp_path / "outer").iterdir()) == [tmp_path / "outer" / "manifest.json"]
 
 
+@pytest.mark.parametrize("output", ["n" * 240, "/".join(["d" * 200] * 20)], ids=["long name", "deep path"])
+def test_a_store_path_too_long_for_the_files_of_a_store_is_refused_before_any_work(
+    tiny_dir: Path, tmp_path: Path, capsys, output: str
+) -> None:
+    """(port58 F3) A path that fitted only the folder ran the whole encoding and failed at its first shard's write
+    ("File name too long" and a 4,000-byte path); a 240-byte name failed on ".NAME.dilstore-lock", a file the user
+    never named. Both are refused by name before any folder is made."""
+    err = refused_precompute(tiny_dir, tmp_path, capsys, "--output", output)
+    assert err.startswith(f"dilstore precompute: error: --output {output}: its ") and "give a shorter" in err
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["c.jsonl"]
+
+
 def test_only_a_dilstore_store_above_the_output_refuses_it(tmp_path: Path) -> None:
     """Any manifest.json above --output refused it, a web app's too; a store being built (its spec) counts."""
     from dilstore.runners.outputs import refuse_store_inside_store
