@@ -22,6 +22,25 @@ BESIDE_STORE_BYTES = 21
 INSIDE_STORE_BYTES = 160
 
 
+# The bytes the files written beside an output file add to its name (port58 F4): the journal of a long run,
+# `.NAME.dilstore-partial` (19), written through a temporary, `.tmp-JOURNAL.HOST-PID.XXXXXXXX.tmp` (35 more).
+BESIDE_FILE_BYTES = 54
+
+
+def check_file_name_length(output: Path, flag: str) -> None:
+    """A DilstoreError naming `flag` when the name of the output file `output` leaves too little room, within the
+    file system's NAME_MAX, for the files written beside it: a `--predictions` or `--output` named in 202 to 255
+    bytes (a legal name) ended evaluate-qa, evaluate-rc and rerank after their first part's work with "cannot keep
+    part 1 of the run in .NAME.dilstore-partial: File name too long; ... check its disk" (port58 F4)."""
+    name = len(os.fsencode(output.name))
+    most = _path_limit(output.parent, "PC_NAME_MAX", 255) - BESIDE_FILE_BYTES
+    if name > most:
+        raise DilstoreError(f"{flag} {output}: its name is {name} bytes long, and this file system allows at most "
+                            f"{most} here (the files written beside it as it is made, `.NAME.dilstore-partial` and "
+                            f"its temporary, take the name with {BESIDE_FILE_BYTES} bytes more, within the "
+                            f"{most + BESIDE_FILE_BYTES} of a file name); give a shorter name")  # fmt: skip
+
+
 def check_store_path_length(output: Path, flag: str) -> None:
     """A DilstoreError naming `flag` when the store folder `output` leaves too little room for the files in and
     beside it within the file system's NAME_MAX and PATH_MAX: a path that fitted only the folder ran the whole
@@ -140,6 +159,7 @@ def check_output_file(
         raise DilstoreError(f"{flag} {output}: the folder {output.parent} does not exist")
     if not os.access(output.parent, os.W_OK | os.X_OK):  # a read-only mount, or another user's folder
         raise DilstoreError(f"{flag} {output}: the folder {output.parent} cannot be written to")
+    check_file_name_length(output, flag)
     from dilstore.storage.replacement import sticky_keeps
 
     # The rename that writes the file is refused there (EPERM): an evaluation of hours failed at its end with

@@ -322,6 +322,27 @@ def test_a_predictions_path_that_cannot_be_written_is_refused_before_the_evaluat
     assert data.read_text() == "{}"
 
 
+@pytest.mark.parametrize("command", ["evaluate-qa", "rerank"])
+def test_an_output_file_name_too_long_for_the_files_beside_it_is_refused_before_any_work(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(port58 F4) A name of 202 to 255 bytes (a legal one) ended the run after its first part's work: its journal's
+    temporary, `.tmp-.NAME.dilstore-partial.HOST-PID.XXXXXXXX.tmp`, was "File name too long", and the error said to
+    check the disk. One of 201 bytes passes this check (and meets the missing store)."""
+    (tmp_path / "t.tsv").write_text("q\tquery\n")
+    (tmp_path / "r.trec").write_text("q Q0 d 1 1.0 t\n")
+    store, flag = str(tmp_path / "no-store"), "--output" if command == "rerank" else "--predictions"
+    inputs = ["--topics", str(tmp_path / "t.tsv"), "--run", str(tmp_path / "r.trec")] if command == "rerank" else [
+        "--questions", str(tmp_path / "t.tsv")]  # fmt: skip
+    for length, refused in ((202, True), (201, False)):
+        output = tmp_path / ("o" * length)
+        assert main([command, store, *inputs, flag, str(output)]) == 2
+        err = capsys.readouterr().err
+        words = f"{flag} {output}: its name is {length} bytes long, and this file system allows at most 201 here"
+        assert (words in err) is refused and len(err.splitlines()) == 1
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["r.trec", "t.tsv"]
+
+
 @pytest.mark.parametrize(
     ("output", "message"),
     [
