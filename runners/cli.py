@@ -8,9 +8,12 @@ inside `run`, so `dilstore --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
+import errno
 import importlib
 import itertools
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
@@ -30,6 +33,8 @@ from dilstore.runners.stop_signals import (
 from dilstore.runners.terminal import escape_what_stdout_cannot_write
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.secrets import scrubbed
+
+_SYMLINK_LOOP = "Symlink loop from "  # pathlib's words (Python 3.11, 3.12) for a loop of symbolic links
 
 # Order is the order `dilstore --help` lists them in.
 COMMANDS: tuple[str, ...] = (
@@ -248,9 +253,28 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
     except UnicodeError as error:
         print(f"dilstore {args.command}: error: text that is not valid UTF-8: {error}", file=last_lines())
         return 2
+    except RuntimeError as error:
+        if (loop := symlink_loop(error)) is None:
+            raise
+        print(f"dilstore {args.command}: error: {scrubbed(f'{os.strerror(errno.ELOOP)}: {loop}')}", file=sys.stderr)
+        return 2
     finally:
         if not exits:
             thaw()
+
+
+def symlink_loop(error: RuntimeError) -> str | None:
+    """The path of Python 3.11's and 3.12's `Path.resolve()` error for a loop of symbolic links, or None for any other
+    RuntimeError: an --output, --predictions or STORE that was such a loop ended precompute, compact, evaluate-qa
+    and the other commands that resolve their paths with a traceback; from Python 3.13 it is an OSError (ELOOP),
+    one line naming the path, which this gives too (port58 F5)."""
+    text = str(error)
+    if not text.startswith(_SYMLINK_LOOP):
+        return None
+    try:
+        return str(ast.literal_eval(text.removeprefix(_SYMLINK_LOOP)))
+    except (ValueError, SyntaxError):
+        return text.removeprefix(_SYMLINK_LOOP)
 
 
 def output_lost() -> bool:

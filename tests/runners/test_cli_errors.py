@@ -322,6 +322,22 @@ def test_a_predictions_path_that_cannot_be_written_is_refused_before_the_evaluat
     assert data.read_text() == "{}"
 
 
+@pytest.mark.parametrize("command", [["precompute", "--input", "{tmp}/c.jsonl", "--output", "{loop}"],
+                                     ["evaluate-qa", "{tmp}/no-store", "--questions", "{tmp}/c.jsonl",
+                                      "--predictions", "{loop}"]], ids=["precompute", "evaluate-qa"])  # fmt: skip
+def test_a_loop_of_symbolic_links_given_as_a_path_is_one_line(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(port58 F5) Python 3.11's and 3.12's Path.resolve() raises RuntimeError("Symlink loop from ...") for a link
+    loop, and the commands ended with its traceback; it is the one line Python 3.13's OSError (ELOOP) gives."""
+    (tmp_path / "c.jsonl").write_text('{"id": "d", "title": "t", "text": "words"}\n')
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    args = [part.replace("{tmp}", str(tmp_path)).replace("{loop}", str(loop)) for part in command]
+    assert main(args) == 2
+    assert capsys.readouterr().err == f"dilstore {command[0]}: error: Too many levels of symbolic links: {loop}\n"
+
+
 @pytest.mark.parametrize("command", ["evaluate-qa", "rerank"])
 def test_an_output_file_name_too_long_for_the_files_beside_it_is_refused_before_any_work(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
