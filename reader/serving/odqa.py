@@ -178,6 +178,14 @@ class OpenDomainReader(Generic[StoreT]):
         self.model.to(self.device)
         self._pad_id = pad_id(model.tokenizer)
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Refused with what to do: handed to a spawn or forkserver process (a pool's arguments; macOS, and Linux's
+        default from Python 3.14), a reader failed with "Can't pickle <function <lambda>>: attribute lookup <lambda>
+        on dilstore.reader.modeling.architectures failed", naming nothing of the reader (port58 F6). Its BM25
+        searcher lives in this process's JVM, which no other process can be given."""
+        raise TypeError("an OpenDomainReader cannot be handed to another process (pickled): open one in each process "
+                        "that answers, with dilstore.open_reader(store, ...) (a Store may be handed over)")
+
     def __enter__(self) -> Self:  # a reader of its own store, not of a Store (types58 F2)
         return self
 

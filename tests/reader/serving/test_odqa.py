@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import pickle
 import shutil
 import time
 from pathlib import Path
@@ -79,6 +80,13 @@ def direct_passage_logits(model: DilBertReader, question: str, token_ids: np.nda
     with torch.inference_mode():
         start, end = model(q_ids, torch.ones_like(q_ids), p_ids, torch.ones_like(p_ids))  # each (1, nq + np)
     return start[0, len(q) :].numpy(), end[0, len(q) :].numpy()
+
+
+def test_a_reader_handed_to_another_process_says_to_open_one_there(tiny: dict) -> None:
+    """(port58 F6) Pickled for a spawn or forkserver process (a pool's arguments; macOS, Linux's default from Python
+    3.14), a reader failed with "Can't pickle <function <lambda>>" naming nothing of the reader."""
+    with pytest.raises(TypeError, match=r"OpenDomainReader cannot be handed to another process .*open_reader"):
+        pickle.dumps(odqa_for(tiny))
 
 
 def test_fp32_store_logits_match_the_model_core_on_the_text(tiny: dict) -> None:
