@@ -317,10 +317,13 @@ def check_default_top_p(max_top_p: int, kinds: Sequence[str]) -> None:
 def parse_store_argument(argument: str) -> tuple[str, str]:
     """`NAME=STORE` or `STORE` (named by the last component of its path) as (name, store path or URL).
 
-    The store stays a string: a URL such as http://host/store is no local path.
+    The store stays a string: a URL such as http://host/store is no local path. A folder here whose name holds "="
+    (`k=3`) is that folder when the STORE of a NAME=STORE reading (`3`) is not there: it was "no store at 3"
+    (port58 F7).
     """
     name, separator, store = argument.partition("=")
-    if separator and name and "/" not in name:
+    whole_folder = os.path.isdir(argument) and not os.path.exists(store)
+    if separator and name and "/" not in name and not whole_folder:
         return name, store
     if "://" in argument:
         return argument.rstrip("/").rsplit("/", 1)[-1], argument

@@ -1011,6 +1011,16 @@ def test_a_store_path_holding_an_equals_sign_is_a_path_not_a_name(argument: str)
     assert parse_store_argument(argument) == (Path(argument.split("://")[-1]).name, argument)
 
 
+def test_a_folder_here_named_with_an_equals_sign_is_served_as_that_folder(tmp_path: Path, monkeypatch) -> None:
+    """(port58 F7) `serve k=3` of the folder k=3 here said "no store at 3"; where a folder 3 is there too, the
+    argument stays NAME=STORE, as documented."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k=3").mkdir()
+    assert parse_store_argument("k=3") == ("k=3", "k=3")
+    (tmp_path / "3").mkdir()
+    assert parse_store_argument("k=3") == ("k", "3")
+
+
 @pytest.mark.parametrize("option", ["s1=", "s1", "=dir"])
 def test_an_index_option_without_its_name_or_folder_is_refused(option: str) -> None:
     """`--index s1=` named the current folder (Path("") is "."), which was then searched as s1's BM25 index."""
