@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PASSAGES = ROOT.parent / "shared" / "data" / "msmarco" / "passages.dl19-dl20-pool.jsonl"
 DEFAULT_QUESTIONS = ROOT.parent / "shared" / "data" / "opensquad" / "questions.dev-v1.1.jsonl"
 START_TIMEOUT = 300.0
+# Requests to the server this script starts go to it, never through a proxy that HTTP_PROXY names (port58 F8).
+_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -97,7 +99,7 @@ def serve_once(tree: Path, args: argparse.Namespace, questions: list[str]) -> di
             request = urllib.request.Request(f"http://127.0.0.1:{port}/ask", data=body,
                                              headers={"Content-Type": "application/json"})  # fmt: skip
             sent = time.perf_counter()
-            with urllib.request.urlopen(request, timeout=120) as response:
+            with _LOCAL.open(request, timeout=120) as response:
                 response.read()
             latencies.append(time.perf_counter() - sent)
     finally:
@@ -112,7 +114,7 @@ def _wait_ready(port: int, server: subprocess.Popen[bytes], started: float) -> f
         if server.poll() is not None:
             raise SystemExit(f"the server exited with {server.returncode} before answering /health")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+            with _LOCAL.open(f"http://127.0.0.1:{port}/health", timeout=5) as response:
                 if response.status == 200:
                     return time.perf_counter() - started
         except OSError:

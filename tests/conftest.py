@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.paths import SHARED_DATA
+from tests.fixtures.serve_process import no_proxy_for_this_machine
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
     commands, Beam and Dask workers that tests start; a test that wants more threads asks for them.
     """
     os.environ["OMP_NUM_THREADS"] = "1"
+    no_proxy_for_this_machine()  # the tests' requests to their own servers never go through an HTTP_PROXY
     # Flushing a test's temporary files to the disk proves nothing (no test loses power) and took up to a fifth of a
     # store-building test's time: every call is still made, in order (tests/storage/test_durability.py records
     # them), and returns at once. Processes a test starts still flush.

@@ -7,12 +7,15 @@ refused before its index is opened).
 
 from __future__ import annotations
 
+import http.server
 import json
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import httpx
 import pytest
 
 from dilstore.runners.cli import main
+from tests.fixtures.benchmarks import benchmark_module
 from tests.fixtures.odqa_fixtures import (
     collection_documents,
     write_collection,
@@ -316,3 +320,26 @@ def test_a_pipelined_request_cut_short_behind_an_answered_one_is_held_to_the_dea
         protocol.connection_lost(None)
     finally:
         loop.close()
+
+
+def test_requests_to_this_machine_s_servers_never_go_through_an_http_proxy(monkeypatch) -> None:
+    """(port58 F8) With HTTP_PROXY set (a company proxy), httpx and urllib sent the tests' and the benchmarks'
+    requests to their own 127.0.0.1 server through it: the proxy's 403, or a wait, for every /ask."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # a port nothing listens on: a request sent to this "proxy" is refused
+    proxy = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, proxy)
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        assert httpx.get(url, timeout=10).status_code == 200  # the serve tests', bench_serve's and its reopen's client
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.status == 200
+        with benchmark_module("bench_trees") as bench_trees, bench_trees._LOCAL.open(url, timeout=10) as response:
+            assert response.status == 200  # bench_trees' own opener, which needs no NO_PROXY
+    finally:
+        server.shutdown()
+        server.server_close()
+        closed.close()
