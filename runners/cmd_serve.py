@@ -327,7 +327,9 @@ def parse_store_argument(argument: str) -> tuple[str, str]:
         return name, store
     if "://" in argument:
         return argument.rstrip("/").rsplit("/", 1)[-1], argument
-    return Path(argument).resolve().name, argument
+    # As given, not resolved: a store served through a link (`current` -> `store-v7`, a deployment's switch) was named
+    # by the link's target, so requests for "current" were for an unknown store (port58 F9).
+    return Path(os.path.abspath(argument)).name, argument
 
 
 def per_store_indexes(indexes: Sequence[str], names: Sequence[str]) -> dict[str, Path]:

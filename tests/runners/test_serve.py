@@ -1021,6 +1021,17 @@ def test_a_folder_here_named_with_an_equals_sign_is_served_as_that_folder(tmp_pa
     assert parse_store_argument("k=3") == ("k", "3")
 
 
+def test_a_store_served_through_a_link_is_named_by_the_link(tmp_path: Path, monkeypatch) -> None:
+    """(port58 F9) `serve /srv/current`, a link to the build being served, named the store by the link's target
+    (`store-v7`), so requests for "current" were for an unknown store, and the name moved with each switch."""
+    (tmp_path / "store-v7").mkdir()
+    (tmp_path / "current").symlink_to("store-v7")
+    assert parse_store_argument(str(tmp_path / "current")) == ("current", str(tmp_path / "current"))
+    monkeypatch.chdir(tmp_path / "store-v7")
+    assert parse_store_argument(".") == ("store-v7", ".")
+    assert parse_store_argument("../current/") == ("current", "../current/")
+
+
 @pytest.mark.parametrize("option", ["s1=", "s1", "=dir"])
 def test_an_index_option_without_its_name_or_folder_is_refused(option: str) -> None:
     """`--index s1=` named the current folder (Path("") is "."), which was then searched as s1's BM25 index."""
