@@ -256,7 +256,7 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
     except RuntimeError as error:
         if (loop := symlink_loop(error)) is None:
             raise
-        print(f"dilstore {args.command}: error: {scrubbed(f'{os.strerror(errno.ELOOP)}: {loop}')}", file=sys.stderr)
+        print(f"dilstore {args.command}: error: {scrubbed(f'{os.strerror(errno.ELOOP)}: {loop}')}", file=last_lines())
         return 2
     finally:
         if not exits:
