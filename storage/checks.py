@@ -3,12 +3,13 @@ and the one check that an argument is a list: each a DilstoreError naming the ar
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.messages import cut
+from dilstore.storage.messages import shown
 
 
 def require_at_least_one(values: Mapping[str, int | None], *, dashed: bool = True) -> None:
@@ -35,8 +36,21 @@ def positive_int(name: str, value: Any) -> int:
     int, which JSON and Java both take; a bool or a float is refused.
     """
     if not is_integer(value) or value < 1:
-        raise DilstoreError(f"{name} must be a positive integer, got {cut(repr(value))}")
+        raise DilstoreError(f"{name} must be a positive integer, got {shown(value)}")
     return int(value)
+
+
+def finite_float(value: Any) -> float | None:
+    """`value` as a float when it is a real number (a numpy one too, not a bool) that a float holds as a finite
+    number; else None. An int or a Fraction past float's range is None: float() raised OverflowError on it, a
+    traceback where the caller refuses the value by name (num58 F1)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        converted = float(value)
+    except OverflowError:
+        return None
+    return converted if math.isfinite(converted) else None
 
 
 def as_list(items: Any, what: str) -> list[Any]:
@@ -44,5 +58,5 @@ def as_list(items: Any, what: str) -> list[Any]:
     list of document ids"): a string would be read one item per character, and None or a number failed deep
     inside with a TypeError."""
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
-        raise DilstoreError(f"{what}, got {type(items).__name__} {cut(repr(items))}")
+        raise DilstoreError(f"{what}, got {type(items).__name__} {shown(items)}")
     return list(items)

@@ -29,6 +29,16 @@ def cut(text: str) -> str:
     return text if len(text) <= ITEM_WIDTH else text[: ITEM_WIDTH - 1] + "…"
 
 
+def shown(value: object) -> str:
+    """`repr(value)` cut as `cut` does; a number too long for Python to write out (an int past
+    `sys.get_int_max_str_digits()`, 4300 digits, or a Fraction of one) is named by its type: repr raised ValueError
+    inside the message that was to name it (num58 F1)."""
+    try:
+        return cut(repr(value))
+    except ValueError:
+        return f"{type(value).__name__} value too long to write out"
+
+
 def path_text(path: str | PathLike[str]) -> str:
     """A path or file name as text that any UTF-8 file or stream takes: the bytes of a name that is not UTF-8 (which
     Python decodes to lone surrogates, U+DC80..U+DCFF) as escapes, `q\\xff.jsonl`; any other name as it is."""

@@ -20,14 +20,15 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from numbers import Integral, Real
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
 from dilstore.reader.text.files import numbered_lines
 from dilstore.storage.atomic_files import atomic_write_text
+from dilstore.storage.checks import finite_float
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.messages import listed
+from dilstore.storage.messages import listed, shown
 
 Run = dict[str, dict[str, float]]
 Qrels = dict[str, dict[str, int]]
@@ -182,15 +183,15 @@ def _from_mapping(
             converted = convert(value) if isinstance(docid, str) else None
             if converted is None:
                 raise DilstoreError(f"the {what} must give each string docid {expected}; "
-                                    f"found {qid!r:.60}/{docid!r:.60}: {value!r:.60}")  # fmt: skip
+                                    f"found {qid!r:.60}/{docid!r:.60}: {shown(value):.60}")  # fmt: skip
             checked[qid][docid] = converted
     return checked
 
 
 def _finite_score(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        return None
-    return float(value)
+    """`value` as a float score, or None when it is not a number a float holds finitely (an int past float's range
+    was an OverflowError traceback, num58 F1)."""
+    return finite_float(value)
 
 
 def int32_grade(value: Any) -> int | None:

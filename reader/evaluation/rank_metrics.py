@@ -40,7 +40,7 @@ import numpy as np
 
 from dilstore.reader.data.trec import Qrels, Run, int32_grade, rank_documents
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.messages import other_form_hint
+from dilstore.storage.messages import other_form_hint, shown
 
 METRICS: tuple[str, ...] = ("RR@10", "nDCG@10", "R@100")  # what evaluate_run computes by default
 JUDGED = "Judged@10"
@@ -105,7 +105,7 @@ def evaluate_run(
         level = relevance_level(qrels)
     elif (grade := int32_grade(level)) is None or grade < 1:  # pytrec_eval takes int32 grades only
         raise DilstoreError(f"the relevance level must be a grade of at least 1 and at most {2**31 - 1}, got "
-                            f"{level!r}")  # fmt: skip
+                            f"{shown(level)}")  # fmt: skip
     else:
         level = grade
     depths = _recall_depths(recall_depths)
@@ -138,13 +138,13 @@ def _recall_depths(depths: Iterable[int]) -> list[int]:
     """The distinct recall depths in increasing order; a DilstoreError unless they are a non-empty iterable (a
     generator too, not a string) of integers (numpy's too) from 1 to 2**31 - 1 (pytrec_eval takes int32 cutoffs)."""
     if isinstance(depths, str | bytes) or not isinstance(depths, Iterable):
-        raise DilstoreError(f"the recall depths must be a non-empty list of integers, got {depths!r}")
+        raise DilstoreError(f"the recall depths must be a non-empty list of integers, got {shown(depths)}")
     given = list(depths)
     if not given:
         raise DilstoreError("the recall depths must be a non-empty list of integers, got none")
     for depth in given:
         if isinstance(depth, bool | np.bool_) or not isinstance(depth, numbers.Integral) or not 1 <= depth < 2**31:
-            raise DilstoreError(f"a recall depth must be an integer from 1 to {2**31 - 1}, got {depth!r}")
+            raise DilstoreError(f"a recall depth must be an integer from 1 to {2**31 - 1}, got {shown(depth)}")
     return sorted({int(depth) for depth in given})
 
 

@@ -34,6 +34,7 @@ from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.messages import shown
 
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 # A new head (a QA head on a base model, a ranker's score head) is initialised from this seed, so loading is
@@ -124,7 +125,7 @@ def require_segment_limit(config: PreTrainedConfig, limit: int, text: str, flag:
     segment positions; found late, it stopped a long run at the first long input, without naming `flag`."""
     positions = segment_positions(config)
     if limit > positions:
-        raise DilstoreError(f"the {text} limit {limit} ({flag}) is more than this model's {positions} positions")
+        raise DilstoreError(f"the {text} limit {shown(limit)} ({flag}) is more than this model's {positions} positions")
 
 
 def require_positions(config: PreTrainedConfig, length: int, first: int = 0) -> None:

@@ -8,15 +8,15 @@ Open-domain evaluation scores Readings under several μ without reading twice.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from numbers import Real
 from typing import Any
 
 import numpy as np
 
 from dilstore.reader.retrieval import Hit
 from dilstore.reader.serving.timing import StageTimer
-from dilstore.storage.checks import positive_int
+from dilstore.storage.checks import finite_float, positive_int
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.messages import shown
 from dilstore.storage.records import StoredPassage
 
 STAGES = ("retrieval", "store_read", "question_layers", "interaction_layers", "decode")
@@ -29,9 +29,11 @@ def checked_top_p(top_p: int) -> int:
 
 
 def check_mu(mu: float) -> None:
-    """Raise DilstoreError unless μ is a number with 0 ≤ μ ≤ 1."""
-    if isinstance(mu, bool) or not isinstance(mu, Real) or not 0.0 <= float(mu) <= 1.0:
-        raise DilstoreError(f"mu must be between 0 and 1, got {mu!r}")
+    """Raise DilstoreError unless μ is a number with 0 ≤ μ ≤ 1 (an int past float's range was an OverflowError
+    traceback, num58 F1)."""
+    value = finite_float(mu)
+    if value is None or not 0.0 <= value <= 1.0:
+        raise DilstoreError(f"mu must be between 0 and 1, got {shown(mu)}")
 
 
 @dataclass

@@ -102,9 +102,12 @@ def test_a_relevance_level_given_scores_a_subset_as_its_whole_file(tiny: tuple[P
     given_level = evaluate_run({"q2": qrels["q2"]}, run, level=2)
     assert given_level.per_query["q2"] == whole.per_query["q2"] and given_level.relevance_level == 2
     assert evaluate_run(qrels, run, level=1).means["RR@10"] == pytest.approx((1 / 2 + 1) / 3)  # d4 at 2; e1 at 1
-    for bad in (0, True, 1.5, 2**40):  # 2**40 was a bare TypeError from pytrec_eval (api39 L2)
+    # 2**40 was a bare TypeError from pytrec_eval (api39 L2); 10**5000 a ValueError writing the message (num58 F1)
+    for bad in (0, True, 1.5, 2**40, 10**5000):
         with pytest.raises(DilstoreError, match="relevance level must be a grade of at least 1 and at most 2147483647"):
             evaluate_run(qrels, run, level=bad)
+    with pytest.raises(DilstoreError, match="a recall depth must be an integer from 1 to 2147483647, got int value"):
+        evaluate_run(qrels, run, recall_depths=[10**5000])
     assert evaluate_run(qrels, run, level=np.int64(2)).means == evaluate_run(qrels, run, level=2).means  # numpy too
 
 
@@ -292,10 +295,13 @@ def test_mappings_read_like_the_files_they_stand_for(tiny: tuple[Path, Path]) ->
         ({"q": {"d": 1}}, {"q": {"d": "9"}}, "the run must give each string docid a finite score; found 'q'/'d': '9'"),
         ({"q": {"d": 1}}, {"q": {"d": float("nan")}}, "found 'q'/'d': nan"),
         ({"q": {"d": 1}}, {"q": {2: 1.0}}, "found 'q'/2: 1.0"),
+        ({"q": {"d": 1}}, {"q": {"d": 10**400}}, "a finite score; found 'q'/'d': 1000000000"),
+        ({"q": {"d": 10**5000}}, {"q": {"d": 1.0}}, "grade; found 'q'/'d': int value too long to write out"),
     ],
 )
 def test_bad_mappings_name_the_entry(qrels: object, run: object, message: str) -> None:
-    """pytrec_eval scored a string or NaN score and an overflowing grade without a word (RR@10 1.0, nDCG 0.0)."""
+    """pytrec_eval scored a string or NaN score and an overflowing grade without a word (RR@10 1.0, nDCG 0.0); a
+    score past float's range raised OverflowError, and a grade too long to write out ValueError (num58 F1)."""
     import dilstore
 
     with pytest.raises(DilstoreError) as raised:

@@ -594,6 +594,9 @@ def test_a_question_limit_past_the_model_s_positions_is_refused_when_the_reader_
     settings = OdqaSettings(max_question_length=positions + 1)
     with pytest.raises(DilstoreError, match=f"question limit {positions + 1} .--max-question-length. is more than"):
         OpenDomainReader(model, open_store(tiny["stores"]["fp32"]), None, settings)
+    settings = OdqaSettings(max_question_length=10**5000)  # a ValueError writing the message (num58 F1)
+    with pytest.raises(DilstoreError, match="question limit int value too long to write out .--max-question-length."):
+        OpenDomainReader(model, open_store(tiny["stores"]["fp32"]), None, settings)
 
 
 def test_a_store_of_another_kind_is_named_before_its_missing_index(tmp_path) -> None:
@@ -603,9 +606,12 @@ def test_a_store_of_another_kind_is_named_before_its_missing_index(tmp_path) -> 
         open_reader(earl)
 
 
-@pytest.mark.parametrize("options", [{"mu": 1.5}, {"mu": -0.1}, {"top_p": 0}, {"n_best": 0}])
+@pytest.mark.parametrize("options", [{"mu": 1.5}, {"mu": -0.1}, {"top_p": 0}, {"n_best": 0}, {"mu": 10**400},
+                                     {"top_p": -(10**5000)}])
 def test_bad_settings_are_refused(options: dict) -> None:
-    with pytest.raises(DilstoreError):
+    """A mu past float's range raised OverflowError, and a top_p too long to write out ValueError, where each is
+    refused by name (num58 F1)."""
+    with pytest.raises(DilstoreError, match=f"{next(iter(options))} must be"):
         OdqaSettings(**options)
 
 
