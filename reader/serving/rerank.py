@@ -402,9 +402,10 @@ class StoreReranker(ABC, Generic[RankerT]):
             stats.add(seconds=time.perf_counter() - started)
         # A query none of whose documents is stored was not reranked.
         stats.add(queries=int(bool(documents)), pairs=len(documents))
-        broken = next((document for document, score in zip(documents, scores, strict=True)
-                       if not math.isfinite(score)), None)  # fmt: skip
-        if broken is not None:  # hostile46 F7: NaN came back as a score
+        unscored = next((document for document, score in zip(documents, scores, strict=True)
+                         if not math.isfinite(score)), None)  # fmt: skip
+        if unscored is not None:  # hostile46 F7: NaN came back as a score
+            broken = _damaged(documents) or unscored
             raise DilstoreError(f"document {broken.id!r}: its score is not finite, {non_finite_cause(broken)}")
         return {document.id: score for document, score in zip(documents, scores, strict=True)}
 
@@ -444,6 +445,14 @@ class StoreReranker(ABC, Generic[RankerT]):
     @abstractmethod
     def _score(self, tokens: TokenizedText, documents: Sequence[StoredPassage], stats: RerankStats) -> list[float]:
         """Scores of the (non-empty) documents against the tokenized query, in their order."""
+
+
+def _damaged(documents: Sequence[StoredPassage]) -> StoredPassage | None:
+    """The first of the documents scored together whose stored states are not finite, or None: the one to name when
+    a score comes back NaN. The Listformer reads a query's list in one pass, so one document's NaN reaches every
+    score through the global tokens: the list's first document was named, its states finite, and the model's weights
+    blamed for the store's damage (num58 F2)."""
+    return next((document for document in documents if not np.isfinite(document.states).all()), None)
 
 
 def _check_skip_missing(skip_missing: object) -> None:

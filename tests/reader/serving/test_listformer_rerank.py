@@ -21,10 +21,13 @@ from dilstore.reader.data.trec import read_run, write_run
 from dilstore.reader.modeling.listformer import ListformerConfig, ListformerRanker
 from dilstore.reader.packaged.shipped import DEFAULT_LISTFORMER_NAME
 from dilstore.reader.serving.rerank import ListformerReranker, open_reranker
+from dilstore.reader.text.tokenization import TokenizedText
 from dilstore.runners import cli
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import FingerprintMismatchError
+from dilstore.storage.records import StoredPassage
 from tests.fixtures.earl_tiny import save_base_encoder, text_encoder, tokenizer
+from tests.fixtures.listformer_tiny import random_list, tiny_listformer
 from tests.fixtures.pipeline_fixtures import wiki_like_documents, write_jsonl
 
 MAX_LENGTH = 40  # the tiny config embeds 64 positions
@@ -126,6 +129,29 @@ def test_a_shorter_list_is_another_list(stores, listformer_dir: Path, documents:
     got = open_reranker(stores["fp32"], listformer_dir).rerank(QUERY, docids)
     want = unsplit_scores(listformer_dir, documents, docids)
     assert max(abs(got[docid] - want[docid]) for docid in docids) < TOLERANCE["fp32"]
+
+
+def test_a_list_holding_one_document_of_nan_states_names_that_document_and_the_store() -> None:
+    """One document's NaN reaches every score of its list through the global tokens: the list's first document was
+    named, with finite states, and the model's weights blamed for the store's damage (num58 F2). Random weights."""
+    ranker = tiny_listformer(1)
+    query, documents = random_list(3, [4, 5, 6])
+    with torch.no_grad():
+        states = [ranker.encode_documents(ids[None], torch.ones_like(ids)[None])[0].numpy() for ids in documents]
+    states[2][1] = np.nan  # (n, d): one token of the last document
+
+    class StandIn:
+        kind, vector_size, url = "listformer", None, "stand-in"
+
+        def fetch(self, ids: list[str]) -> list[StoredPassage]:
+            return [StoredPassage(docid, "", "", documents[int(docid[1:])].numpy().astype(np.int32),
+                                  np.full((len(documents[int(docid[1:])]), 2), -1, np.int32), states[int(docid[1:])])
+                    for docid in ids]  # fmt: skip
+
+    reranker = ListformerReranker(ranker, StandIn())  # type: ignore[arg-type]
+    tokens = TokenizedText(query.numpy().astype(np.int32), np.full((len(query), 2), -1, np.int32))
+    with pytest.raises(DilstoreError, match=r"^document 'd2': its score is not finite, as its stored states hold NaN"):
+        reranker.rerank_tokenized(tokens, ["d0", "d1", "d2"])
 
 
 @pytest.fixture
