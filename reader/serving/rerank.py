@@ -76,7 +76,7 @@ from dilstore.reader.modeling.listformer import KIND as LISTFORMER
 from dilstore.reader.modeling.listformer import ListformerRanker
 from dilstore.reader.offline.kinds import require_within_positions
 from dilstore.reader.packaged.shipped import default_listformer_dir, default_ranker_dir
-from dilstore.reader.serving.stored_states import non_finite_cause, pad_stored_states
+from dilstore.reader.serving.stored_states import non_finite_cause, pad_stored_states, stored_finite
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_query, folded
 from dilstore.storage.checks import as_list, positive_int, require_at_least_one
@@ -405,8 +405,9 @@ class StoreReranker(ABC, Generic[RankerT]):
         unscored = next((document for document, score in zip(documents, scores, strict=True)
                          if not math.isfinite(score)), None)  # fmt: skip
         if unscored is not None:  # hostile46 F7: NaN came back as a score
-            broken = _damaged(documents) or unscored
-            raise DilstoreError(f"document {broken.id!r}: its score is not finite, {non_finite_cause(broken)}")
+            prior = bool(self.model.prior)  # a prior ranker reads each document's stored vector too
+            broken = _damaged(documents, prior) or unscored
+            raise DilstoreError(f"document {broken.id!r}: its score is not finite, {non_finite_cause(broken, prior)}")
         return {document.id: score for document, score in zip(documents, scores, strict=True)}
 
     def _fetch(self, doc_ids: list[str], skip_missing: bool, stats: RerankStats) -> list[StoredPassage]:
@@ -447,12 +448,12 @@ class StoreReranker(ABC, Generic[RankerT]):
         """Scores of the (non-empty) documents against the tokenized query, in their order."""
 
 
-def _damaged(documents: Sequence[StoredPassage]) -> StoredPassage | None:
-    """The first of the documents scored together whose stored states are not finite, or None: the one to name when
-    a score comes back NaN. The Listformer reads a query's list in one pass, so one document's NaN reaches every
-    score through the global tokens: the list's first document was named, its states finite, and the model's weights
-    blamed for the store's damage (num58 F2)."""
-    return next((document for document in documents if not np.isfinite(document.states).all()), None)
+def _damaged(documents: Sequence[StoredPassage], vector: bool) -> StoredPassage | None:
+    """The first of the documents scored together whose stored states (with `vector`, or passage vector) are not
+    finite, or None: the one to name when a score comes back NaN. The Listformer reads a query's list in one pass,
+    so one document's NaN reaches every score through the global tokens: the list's first document was named, its
+    states finite, and the model's weights blamed for the store's damage (num58 F2)."""
+    return next((document for document in documents if not stored_finite(document, vector)), None)
 
 
 def _check_skip_missing(skip_missing: object) -> None:

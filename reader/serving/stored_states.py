@@ -31,11 +31,22 @@ def pad_stored_states(
     return torch.from_numpy(states).to(device, dtype), mask.to(device)
 
 
-def non_finite_cause(passage: StoredPassage) -> str:
+def stored_finite(passage: StoredPassage, vector: bool = False) -> bool:
+    """Whether `passage`'s stored states, and with `vector` its passage vector (what a prior ranker reads too), are
+    finite."""
+    if not np.isfinite(passage.states).all():
+        return False
+    return not vector or passage.vector is None or bool(np.isfinite(passage.vector).all())
+
+
+def non_finite_cause(passage: StoredPassage, vector: bool = False) -> str:
     """Why a score read from `passage` is not finite, in words that follow "its score is not finite": its stored
-    states hold NaN or infinity (a damaged store), or they are finite and the reader's own weights are not (the
-    message blamed the store for a model with NaN weights, mut51d)."""
-    if np.isfinite(passage.states).all():
-        return ("though its stored states are finite: the model's weights hold NaN or infinite values; load the "
-                "model again from its files (`dilstore verify` checks the store)")
-    return "as its stored states hold NaN or infinite values; `dilstore verify` checks the store"
+    states hold NaN or infinity (a damaged store), or with `vector` (a prior ranker reads it) its stored passage
+    vector does, or they are finite and the reader's own weights are not (the message blamed the store for a model
+    with NaN weights, mut51d; and the model's weights for a NaN passage vector, num58 F3)."""
+    if not np.isfinite(passage.states).all():
+        return "as its stored states hold NaN or infinite values; `dilstore verify` checks the store"
+    if not stored_finite(passage, vector):
+        return "as its stored passage vector holds NaN or infinite values; `dilstore verify` checks the store"
+    return ("though its stored states are finite: the model's weights hold NaN or infinite values; load the "
+            "model again from its files (`dilstore verify` checks the store)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -131,27 +132,54 @@ def test_a_shorter_list_is_another_list(stores, listformer_dir: Path, documents:
     assert max(abs(got[docid] - want[docid]) for docid in docids) < TOLERANCE["fp32"]
 
 
-def test_a_list_holding_one_document_of_nan_states_names_that_document_and_the_store() -> None:
-    """One document's NaN reaches every score of its list through the global tokens: the list's first document was
-    named, with finite states, and the model's weights blamed for the store's damage (num58 F2). Random weights."""
-    ranker = tiny_listformer(1)
+class StandInStore:
+    """A listformer store's passages `d0`, `d1`, ... (token ids, states and vectors as given), and nothing else."""
+
+    kind, url = "listformer", "stand-in"
+
+    def __init__(self, documents: list[torch.Tensor], states: list[np.ndarray], vectors: np.ndarray | None) -> None:
+        self.documents, self.states, self.vectors = documents, states, vectors
+        self.vector_size = None if vectors is None else vectors.shape[1]
+
+    def fetch(self, ids: list[str]) -> list[StoredPassage]:
+        return [StoredPassage(docid, "", "", self.documents[i].numpy().astype(np.int32),
+                              np.full((len(self.documents[i]), 2), -1, np.int32), self.states[i],
+                              None if self.vectors is None else self.vectors[i])
+                for docid, i in ((docid, int(docid[1:])) for docid in ids)]  # fmt: skip
+
+
+def scored_with_a_stand_in(prior: bool, damage: Callable[[list[np.ndarray], np.ndarray], None]) -> None:
+    """Rerank d0, d1, d2 of a tiny random Listformer's stand-in store after `damage(states, vectors)`."""
+    ranker = tiny_listformer(1, prior=prior)
     query, documents = random_list(3, [4, 5, 6])
     with torch.no_grad():
         states = [ranker.encode_documents(ids[None], torch.ones_like(ids)[None])[0].numpy() for ids in documents]
-    states[2][1] = np.nan  # (n, d): one token of the last document
-
-    class StandIn:
-        kind, vector_size, url = "listformer", None, "stand-in"
-
-        def fetch(self, ids: list[str]) -> list[StoredPassage]:
-            return [StoredPassage(docid, "", "", documents[int(docid[1:])].numpy().astype(np.int32),
-                                  np.full((len(documents[int(docid[1:])]), 2), -1, np.int32), states[int(docid[1:])])
-                    for docid in ids]  # fmt: skip
-
-    reranker = ListformerReranker(ranker, StandIn())  # type: ignore[arg-type]
+    vectors = np.ones((len(documents), ranker.hidden_size), dtype=np.float32)  # (D, d)
+    damage(states, vectors)
+    reranker = ListformerReranker(ranker, StandInStore(documents, states, vectors if prior else None))  # type: ignore
     tokens = TokenizedText(query.numpy().astype(np.int32), np.full((len(query), 2), -1, np.int32))
+    reranker.rerank_tokenized(tokens, ["d0", "d1", "d2"])
+
+
+def test_a_list_holding_one_document_of_nan_states_names_that_document_and_the_store() -> None:
+    """One document's NaN reaches every score of its list through the global tokens: the list's first document was
+    named, with finite states, and the model's weights blamed for the store's damage (num58 F2). Random weights."""
+
+    def damage(states: list[np.ndarray], vectors: np.ndarray) -> None:
+        states[2][1] = np.nan  # (n, d): one token of the last document
+
     with pytest.raises(DilstoreError, match=r"^document 'd2': its score is not finite, as its stored states hold NaN"):
-        reranker.rerank_tokenized(tokens, ["d0", "d1", "d2"])
+        scored_with_a_stand_in(False, damage)
+
+
+def test_a_nan_passage_vector_a_prior_ranker_reads_is_named_not_the_model_s_weights() -> None:
+    """The states were finite, so the model's weights were blamed for a damaged stored vector (num58 F3)."""
+
+    def damage(states: list[np.ndarray], vectors: np.ndarray) -> None:
+        vectors[1, 0] = np.nan
+
+    with pytest.raises(DilstoreError, match=r"^document 'd1': .* as its stored passage vector holds NaN"):
+        scored_with_a_stand_in(True, damage)
 
 
 @pytest.fixture
