@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -177,6 +179,20 @@ def test_each_load_is_a_fresh_model_checked_against_the_run_fingerprint(tiny_dir
     other = replace(fingerprint, weights_sha256="0" * 64)
     with pytest.raises(DilstoreError, match="does not match the fingerprint"):
         load_checked_reader(str(tiny_dir), TINY_LAYERS, other)
+
+
+def test_a_checkpoint_holding_a_nan_weight_is_refused_naming_it_not_a_passage(tiny_dir: Path, tmp_path: Path) -> None:
+    """A damaged checkpoint made every state NaN, and precompute stopped at its first shard blaming a passage
+    ("passage 'p3': token 0 has NaN or infinite states"), not the model (num58 F4). Random weights."""
+    from safetensors.torch import load_file, save_file
+
+    damaged = Path(shutil.copytree(tiny_dir, tmp_path / "damaged"))
+    weights = load_file(damaged / "model.safetensors")
+    name = next(name for name in weights if name.endswith("layer.0.attention.self.query.weight"))
+    weights[name][0, 0] = float("nan")
+    save_file(weights, str(damaged / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(DilstoreError, match=f"its weight {re.escape(name)} holds NaN or infinite values"):
+        load_reader(str(damaged), "dilbert", TINY_LAYERS)
 
 
 def test_loading_leaves_hugging_face_logging_as_it_was(tiny_dir: Path) -> None:
