@@ -399,12 +399,31 @@ def evaluate_rank(
 
     relevance_level: the lowest grade RR and R count as relevant (`evaluate-rank --relevance-level`).
     recall_at: the k of each R@k (`evaluate-rank --recall-at`), any iterable of integers.
+
+    Warns (UserWarning) of what the command warns of on stderr: a run file whose rank column orders some query's
+    documents otherwise than their scores (a run of constant scores keeping its order in the ranks is scored by
+    docid), and ids the qrels hold only in another Unicode form. It said nothing of either (num58 F5).
     """
-    from dilstore.reader.data.trec import qrels_from_mapping, read_qrels, read_run, run_from_mapping
+    from dilstore.reader.data.trec import (
+        qrels_from_mapping,
+        rank_order_warning,
+        read_qrels,
+        read_ranked_run,
+        run_from_mapping,
+        unicode_form_warning,
+    )
     from dilstore.reader.evaluation.rank_metrics import evaluate_run
 
     judged = read_qrels(qrels) if isinstance(qrels, str | Path) else qrels_from_mapping(qrels)
-    ranked = read_run(run) if isinstance(run, str | Path) else run_from_mapping(run)
+    order = None
+    if isinstance(run, str | Path):
+        ranked, disagreeing = read_ranked_run(run)
+        order = rank_order_warning(run, disagreeing, len(ranked))
+    else:
+        ranked = run_from_mapping(run)
+    for warning in (order, unicode_form_warning(judged, ranked)):
+        if warning is not None:
+            warnings.warn(warning.removeprefix("warning: "), UserWarning, stacklevel=2)
     return evaluate_run(judged, ranked, relevance_level, recall_at)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,24 @@ def test_a_rank_column_that_orders_otherwise_than_the_scores_is_named(
         "descending, as trec_eval ranks them\n")  # fmt: skip
     write_run(tmp_path / "out.trec", ranked)
     assert read_ranked_run(tmp_path / "out.trec")[1] == [], "a run dilstore writes ranks as it scores"
+
+
+def test_the_python_api_warns_of_what_evaluate_rank_warns_of(tmp_path: Path) -> None:
+    """dilstore.evaluate_rank scored a run of constant scores that keeps its order in the ranks by docid, and ids in
+    another Unicode form as unjudged, and said nothing where the command warns of both on stderr (num58 F5)."""
+    import dilstore
+
+    qrels, run = tmp_path / "qrels.txt", tmp_path / "const.trec"
+    qrels.write_text("q1 0 a 1\nZu\u0308rich 0 d1 1\n", encoding="utf-8")
+    run.write_text("q1 Q0 a 1 0 t\nq1 Q0 b 2 0 t\nZürich Q0 d1 1 2.0 t\n", encoding="utf-8")
+    with pytest.warns(UserWarning) as caught:
+        dilstore.evaluate_rank(str(qrels), run)
+    assert [str(warning.message).split(",")[0] for warning in caught] == [
+        f"in {run}", "1 qid(s) and 0 docid(s) of the run are the qrels' only in another Unicode form (the run's "
+        "'Z\\xfcrich'"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dilstore.evaluate_rank({"q1": {"a": 1}}, {"q1": {"a": 0.0, "b": 0.0}})  # a mapping has no ranks to check
 
 
 def test_ids_the_qrels_write_in_another_unicode_form_are_named(tmp_path: Path, capsys) -> None:
