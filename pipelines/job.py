@@ -199,11 +199,16 @@ def retimed_inputs(found: dict[str, Any], wanted: dict[str, Any]) -> str:
 
     A store's spec records each input's size and modification time (`_input_entry`). An input copied or downloaded
     again, byte for byte, was "differs in: inputs", and the way out offered, --overwrite, started the whole build
-    over, a stopped one's committed shards not used (time58 F3).
+    over, a stopped one's committed shards not used (time58 F3). Only where the modification times are all that
+    differs (or all besides a compaction's): with other settings changed too, the touch was offered as the way on
+    and the command refused again after it (read58 F2).
     """
     old, new = found.get("inputs"), wanted.get("inputs")
     if not (isinstance(old, list) and isinstance(new, list)) or len(old) != len(new):
         return ""
+    timeless_found, timeless_wanted = timeless(found), timeless(wanted)
+    if timeless_found != timeless_wanted and not compacted_from(timeless_found, timeless_wanted):
+        return ""  # other settings differ too: the touch would not let the command go on (read58 F2)
     retimed = [(before, now) for before, now in zip(old, new, strict=True)
                if isinstance(before, dict) and isinstance(now, dict) and isinstance(before.get("mtime_ns"), int)
                and {**before, "mtime_ns": None} == {**now, "mtime_ns": None} and before != now]  # fmt: skip
@@ -216,6 +221,14 @@ def retimed_inputs(found: dict[str, Any], wanted: dict[str, Any]) -> str:
     return (f". Of the inputs, only the modification time differs, the size is the recorded one: {named}; if the "
             f"contents are the same (a copy, a download, a checkout), `{touches}` gives the recorded time back and "
             "this command goes on from what the earlier run did")
+
+
+def timeless(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` without its inputs' modification times."""
+    inputs = spec.get("inputs")
+    if not isinstance(inputs, list):
+        return spec
+    return {**spec, "inputs": [{**entry, "mtime_ns": None} if isinstance(entry, dict) else entry for entry in inputs]}
 
 
 def _utc(nanoseconds: int) -> str:

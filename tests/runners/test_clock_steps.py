@@ -147,3 +147,21 @@ def test_a_progress_line_in_a_log_keeps_coming_when_the_wall_clock_steps_back(mo
             progress.advance(10)
         written = log.getvalue().splitlines()
     assert len(written) >= 15, written  # one line per 30 s: 19 in 10 minutes, not 2
+
+
+def test_a_retimed_input_of_a_run_with_other_settings_too_is_not_offered_a_touch_that_cannot_help(
+        tmp_path: Path) -> None:
+    """(read58 F2) time58 F3's hint followed any refusal whose spec had a retimed input: a store of 2 shards asked
+    for 3, its input copied again meanwhile, was told that `touch -d @...` "gives the recorded time back and this
+    command goes on", and after that touch was refused again for its shard count. The touch is offered only where
+    the modification times are all that differ."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a", "title": "A", "text": "one two three"}\n', encoding="utf-8")
+    job = SimpleNamespace(inputs=[ReadTask(str(corpus), "jsonl")], strategy="words", num_shards=2,
+                          fingerprint=SimpleNamespace(to_dict=lambda: {}), compressor=None, codebook=None)  # fmt: skip
+    store = tmp_path / "store"
+    assert prepare_store(store, run_spec(job), overwrite=False) is False
+    os.utime(corpus, ns=(corpus.stat().st_mtime_ns + 86_400 * 10**9,) * 2)
+    with pytest.raises(DilstoreError, match="differs in: inputs; shards") as refused:
+        prepare_store(store, run_spec(SimpleNamespace(**{**vars(job), "num_shards": 3})), overwrite=False)
+    assert "touch" not in str(refused.value), refused.value
