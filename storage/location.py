@@ -75,8 +75,12 @@ def is_url(path_or_url: str) -> bool:
     (`simplecache::https://...`). Anything else is a local path, taken as written, as the writers take it: fsspec
     read `run::2` as a chain (the folder `run:`), `data:v1` as a data URL and `~/st` as $HOME's `st`, so `info`,
     `verify`, `ask` and `serve` said "no store", or read another store, at a folder `precompute` had just filled
-    (port58 F1)."""
+    (port58 F1). `file:/abs/store` (a known protocol before ':/', RFC 8089's one-slash form) is a URL too, as
+    precompute's refusal of URLs takes it: it had become the folder `file:` here (read58 F1)."""
     if "://" in path_or_url:
+        return True
+    scheme, colon, rest = path_or_url.partition(":")
+    if colon and rest.startswith("/") and scheme.lower() in fsspec.available_protocols():
         return True
     first, chained, _ = path_or_url.partition("::")
     return bool(chained) and first in fsspec.available_protocols()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dilstore.storage.format import StoreChangedError
+from dilstore.storage.location import is_url
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
 from tests.fixtures.store_fixtures import build_store, random_shards
@@ -47,3 +48,16 @@ def test_a_store_pickled_for_a_spawned_process_is_opened_again_there(tmp_path: P
         build_store(root, random_shards([1], seed=3))
         with pytest.raises(StoreChangedError, match="rebuilt or appended to since .* pickled"):
             pickle.loads(pickled)
+
+
+def test_a_file_url_with_one_slash_is_still_the_folder_it_names(tmp_path: Path, monkeypatch) -> None:
+    """(read58 F1) port58 F1 took only `scheme://...` for a URL: `file:/abs/store` (RFC 8089's form, what
+    str(Path("file:///abs/store")) and Hadoop's tools give), read until then as /abs/store, became the folder
+    `file:` here, "no store at file:/abs/store", though precompute refuses it as a URL. A known fsspec protocol
+    before ':/' is a URL again; a folder name with a colon elsewhere (`data:v1`, `C:/x`) stays a folder."""
+    monkeypatch.chdir(tmp_path)
+    build_store(tmp_path / "st", random_shards([2]))
+    assert is_url(f"file:{tmp_path}/st") and is_url(f"local:{tmp_path}/st")
+    assert not is_url("C:/st") and not is_url("data:v1") and not is_url("run::2")
+    with open_store(f"file:{tmp_path}/st") as store:
+        assert len(store) == 2 and store.location.local_root == tmp_path / "st"
