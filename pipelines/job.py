@@ -216,8 +216,8 @@ def retimed_inputs(found: dict[str, Any], wanted: dict[str, Any]) -> str:
         return ""
     named = "; ".join(f"{before['path']} (recorded {_utc(before['mtime_ns'])}, now {_utc(now['mtime_ns'])})"
                       for before, now in retimed)  # fmt: skip
-    touches = " && ".join(f"touch -d @{before['mtime_ns'] // 10**9}.{before['mtime_ns'] % 10**9:09d} "
-                          f"{shlex.quote(str(before['path']))}" for before, _ in retimed)  # fmt: skip
+    touches = " && ".join(f"touch -d {_touch_time(before['mtime_ns'])} {shlex.quote(str(before['path']))}"
+                          for before, _ in retimed)  # fmt: skip
     return (f". Of the inputs, only the modification time differs, the size is the recorded one: {named}; if the "
             f"contents are the same (a copy, a download, a checkout), `{touches}` gives the recorded time back and "
             "this command goes on from what the earlier run did")
@@ -229,6 +229,15 @@ def timeless(spec: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(inputs, list):
         return spec
     return {**spec, "inputs": [{**entry, "mtime_ns": None} if isinstance(entry, dict) else entry for entry in inputs]}
+
+
+def _touch_time(nanoseconds: int) -> str:
+    """A modification time in nanoseconds since the epoch as `touch -d` takes it on Linux (GNU) and macOS (BSD) alike,
+    ISO 8601 in UTC to the nanosecond (`2026-12-01T18:45:12.123456789Z`). The `@SECONDS.NANOS` offered before is
+    GNU's alone, an illegal time to macOS's touch, and was a second off before 1970 (`@-2.5` for -1.5 s) (read58 F3)."""
+    seconds, fraction = divmod(nanoseconds, 10**9)  # floored: -1.5 s is -2 s and 0.5 s, as the calendar counts it
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return f"{moment.isoformat(timespec='seconds').removesuffix('+00:00')}.{fraction:09d}Z"
 
 
 def _utc(nanoseconds: int) -> str:

@@ -89,7 +89,7 @@ def test_a_store_whose_input_was_copied_again_byte_for_byte_says_how_to_go_on_wi
     with pytest.raises(DilstoreError, match="differs in: inputs") as refused:
         prepare_store(store, run_spec(job), overwrite=False)
     said = str(refused.value)
-    assert f"`touch -d @{recorded // 10**9}.{recorded % 10**9:09d} {corpus}`" in said, said
+    assert f"`touch -d {job_module._touch_time(recorded)} {corpus}`" in said, said
     assert f"{corpus} (recorded 20" in said and "Z, now 20" in said, said
     os.utime(corpus, ns=(recorded, recorded))  # what that touch does
     assert prepare_store(store, run_spec(job), overwrite=False) is False  # the same run: it goes on
@@ -115,7 +115,7 @@ def test_a_stopped_append_whose_input_was_copied_again_is_kept_and_named_not_del
     os.utime(corpus, ns=(recorded + 3600 * 10**9,) * 2)
     with pytest.raises(DilstoreError, match=f"{stopped.folder}.* stopped append") as refused:
         prepare_append(store, job, read_manifest(StoreLocation.parse(store)))
-    assert f"`touch -d @{recorded // 10**9}.{recorded % 10**9:09d} {corpus}`" in str(refused.value)
+    assert f"`touch -d {job_module._touch_time(recorded)} {corpus}`" in str(refused.value)
     assert (stopped.folder / "shards" / "committed-work").is_file()
     os.utime(corpus, ns=(recorded, recorded))
     resumed = prepare_append(store, job, read_manifest(StoreLocation.parse(store)))
@@ -152,7 +152,7 @@ def test_a_progress_line_in_a_log_keeps_coming_when_the_wall_clock_steps_back(mo
 def test_a_retimed_input_of_a_run_with_other_settings_too_is_not_offered_a_touch_that_cannot_help(
         tmp_path: Path) -> None:
     """(read58 F2) time58 F3's hint followed any refusal whose spec had a retimed input: a store of 2 shards asked
-    for 3, its input copied again meanwhile, was told that `touch -d @...` "gives the recorded time back and this
+    for 3, its input copied again meanwhile, was told that `touch -d ...` "gives the recorded time back and this
     command goes on", and after that touch was refused again for its shard count. The touch is offered only where
     the modification times are all that differ."""
     corpus = tmp_path / "corpus.jsonl"
@@ -165,3 +165,16 @@ def test_a_retimed_input_of_a_run_with_other_settings_too_is_not_offered_a_touch
     with pytest.raises(DilstoreError, match="differs in: inputs; shards") as refused:
         prepare_store(store, run_spec(SimpleNamespace(**{**vars(job), "num_shards": 3})), overwrite=False)
     assert "touch" not in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize(("recorded", "written"), [
+    (1_796_150_712_123_456_789, "2026-12-01T18:45:12.123456789Z"),
+    (-1_500_000_000, "1969-12-31T23:59:58.500000000Z"),  # before 1970: '@-2.500000000' was a second off
+])
+def test_the_touch_offered_for_a_retimed_input_is_one_macos_runs_too(recorded: int, written: str) -> None:
+    """(read58 F3) time58 F3 and F4 offered `touch -d @SECONDS.NANOS FILE`: GNU's form alone, which macOS's touch
+    (its -d takes YYYY-MM-DDThh:mm:SS[.frac][tz] only) refuses as an illegal time, and whose seconds were written
+    a second off for a time before 1970. Both touches take the ISO 8601 time in UTC."""
+    entry = {"path": "a b.jsonl", "format": "jsonl", "bytes": 3}
+    found, wanted = {"inputs": [{**entry, "mtime_ns": recorded}]}, {"inputs": [{**entry, "mtime_ns": 5}]}
+    assert f"`touch -d {written} 'a b.jsonl'`" in job_module.retimed_inputs(found, wanted)
