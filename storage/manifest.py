@@ -32,6 +32,7 @@ from dilstore.storage.format import (
     shard_path,
 )
 from dilstore.storage.location import StoreLocation
+from dilstore.storage.messages import path_text
 from dilstore.storage.read_failures import read_failure
 from dilstore.storage.replacement import replaced_dir
 from dilstore.storage.write_lock import writer_of
@@ -275,6 +276,21 @@ def _interrupted_swap(location: StoreLocation) -> str:
             "this store finishes it")
 
 
+def _home_meant(location: StoreLocation) -> str:
+    """What to say where a local store path begins with `~` and no store is there, but one is in the home it names.
+
+    A store path is taken as written (port58 F1), `~` too, as the writers take it: a program's `open_store("~/st")`,
+    which no shell expands, read $HOME/st until then, and then said only "no store at ~/st" (read58 F4)."""
+    given = location.url
+    if location.local_root is None or not given.startswith("~"):
+        return ""
+    home = Path(given).expanduser()
+    if str(home) == given or not (home / MANIFEST_FILE).is_file():
+        return ""
+    return (f": a store path is taken as written, and its '~' is a folder of that name in {path_text(Path.cwd())}, "
+            f"not a home folder; the store there is {path_text(home)}")
+
+
 def compacted_record(location: StoreLocation) -> dict[str, Any] | None:
     """The `compacted` record of the spec in the store folder at `location` (`dilstore compact` writes it: the
     generation and appends of the build it compacted), or None: no spec, one that does not read, or no such record.
@@ -293,7 +309,7 @@ def read_manifest(location: StoreLocation) -> Manifest:
     if not location.exists(MANIFEST_FILE) and not _there_after_all(location, where):
         folder = location.is_dir()  # first: a host that cannot be reached is named as such
         if not folder:
-            raise StoreFormatError(f"no store at {location.url}{_interrupted_swap(location)}")
+            raise StoreFormatError(f"no store at {location.url}{_interrupted_swap(location) or _home_meant(location)}")
         if not any(location.exists(begun) for begun in (SPEC_FILE, SHARDS_DIR)):  # no run began here: not a store
             raise StoreFormatError(f"no store at {location.url}: a folder with no dilstore manifest")
         writer = None if location.local_root is None else writer_of(location.local_root)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dilstore.storage.format import StoreChangedError
+from dilstore.storage.format import StoreChangedError, StoreFormatError
 from dilstore.storage.location import is_url
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
@@ -61,3 +61,15 @@ def test_a_file_url_with_one_slash_is_still_the_folder_it_names(tmp_path: Path, 
     assert not is_url("C:/st") and not is_url("data:v1") and not is_url("run::2")
     with open_store(f"file:{tmp_path}/st") as store:
         assert len(store) == 2 and store.location.local_root == tmp_path / "st"
+
+
+def test_a_store_path_of_an_unexpanded_home_names_the_home_s_store(tmp_path: Path, monkeypatch) -> None:
+    """(read58 F4) Since port58 F1 a store path is taken as written, `~` too: a program's `open_store("~/st")` (no
+    shell expands it there), which read $HOME/st until then, said only "no store at ~/st", of a store the user could
+    see at ~/st. Where the home's store is there, the refusal says that `~` is no home here and names it."""
+    monkeypatch.chdir(tmp_path)
+    home = tmp_path / "home"
+    build_store(home / "st", random_shards([1]))
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(StoreFormatError, match=f"no store at ~/st: .*'~'.* {home / 'st'}"):
+        open_store("~/st")
