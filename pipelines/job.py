@@ -214,7 +214,7 @@ def retimed_inputs(found: dict[str, Any], wanted: dict[str, Any]) -> str:
                and {**before, "mtime_ns": None} == {**now, "mtime_ns": None} and before != now]  # fmt: skip
     if not retimed:
         return ""
-    named = "; ".join(f"{before['path']} (recorded {_utc(before['mtime_ns'])}, now {_utc(now['mtime_ns'])})"
+    named = "; ".join(f"{before['path']} ({_both_times(before['mtime_ns'], now['mtime_ns'])})"
                       for before, now in retimed)  # fmt: skip
     touches = " && ".join(f"touch -d {_touch_time(before['mtime_ns'])} {shlex.quote(str(before['path']))}"
                           for before, _ in retimed)  # fmt: skip
@@ -229,6 +229,14 @@ def timeless(spec: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(inputs, list):
         return spec
     return {**spec, "inputs": [{**entry, "mtime_ns": None} if isinstance(entry, dict) else entry for entry in inputs]}
+
+
+def _both_times(recorded: int, now: int) -> str:
+    """`recorded T1, now T2` in UTC, to the second, or to the nanosecond where the two share their second: a copy that
+    kept the second but not its fraction (tar, zip, a file system of whole seconds) read "recorded 18:45:12Z, now
+    18:45:12Z", two equal times for the one thing said to differ (read58 F5)."""
+    written = _utc if _utc(recorded) != _utc(now) else _touch_time
+    return f"recorded {written(recorded)}, now {written(now)}"
 
 
 def _touch_time(nanoseconds: int) -> str:

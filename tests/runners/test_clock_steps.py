@@ -178,3 +178,15 @@ def test_the_touch_offered_for_a_retimed_input_is_one_macos_runs_too(recorded: i
     entry = {"path": "a b.jsonl", "format": "jsonl", "bytes": 3}
     found, wanted = {"inputs": [{**entry, "mtime_ns": recorded}]}, {"inputs": [{**entry, "mtime_ns": 5}]}
     assert f"`touch -d {written} 'a b.jsonl'`" in job_module.retimed_inputs(found, wanted)
+
+
+def test_a_retimed_input_whose_times_differ_within_a_second_is_named_with_two_times_that_differ() -> None:
+    """(read58 F5) The refusal wrote both modification times to the second: an input whose copy kept the second but
+    not its fraction (tar, zip, a file system of whole seconds) was "recorded 2026-12-01T18:45:12Z, now
+    2026-12-01T18:45:12Z", two equal times for the one thing said to differ. Such times are written to the ns."""
+    entry = {"path": "a.jsonl", "format": "jsonl", "bytes": 3}
+    recorded = 1_796_150_712_123_456_789
+    found = {"inputs": [{**entry, "mtime_ns": recorded}]}
+    wanted = {"inputs": [{**entry, "mtime_ns": recorded - recorded % 10**9}]}
+    said = job_module.retimed_inputs(found, wanted)
+    assert "(recorded 2026-12-01T18:45:12.123456789Z, now 2026-12-01T18:45:12.000000000Z)" in said, said
