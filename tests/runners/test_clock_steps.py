@@ -71,15 +71,21 @@ def test_a_precompute_summary_s_seconds_and_rate_stay_true_when_the_wall_clock_s
     assert elsewhere["seconds"] == 0 and elsewhere["passages_per_second"] is None, elsewhere
 
 
+def _one_input_job(tmp_path: Path) -> tuple[Path, SimpleNamespace]:
+    """A one-document corpus and the settings of a 2-shard precompute of it, as run_spec reads them."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a", "title": "A", "text": "one two three"}\n', encoding="utf-8")
+    job = SimpleNamespace(inputs=[ReadTask(str(corpus), "jsonl")], strategy="words", num_shards=2,
+                          fingerprint=SimpleNamespace(to_dict=lambda: {}), compressor=None, codebook=None)  # fmt: skip
+    return corpus, job
+
+
 def test_a_store_whose_input_was_copied_again_byte_for_byte_says_how_to_go_on_with_it(tmp_path: Path) -> None:
     """(time58 F3) A store's spec records each input's modification time: an input copied or downloaded again, the
     same bytes, was refused as "differs in: inputs; choose another folder or pass --overwrite", and --overwrite
     started the whole build over. The refusal now names the input, both times in UTC, and the `touch` that gives
     the recorded time back, after which the same command goes on with the store."""
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text('{"id": "a", "title": "A", "text": "one two three"}\n', encoding="utf-8")
-    job = SimpleNamespace(inputs=[ReadTask(str(corpus), "jsonl")], strategy="words", num_shards=2,
-                          fingerprint=SimpleNamespace(to_dict=lambda: {}), compressor=None, codebook=None)  # fmt: skip
+    corpus, job = _one_input_job(tmp_path)
     store = tmp_path / "store"
     assert prepare_store(store, run_spec(job), overwrite=False) is False
     recorded = corpus.stat().st_mtime_ns
@@ -155,10 +161,7 @@ def test_a_retimed_input_of_a_run_with_other_settings_too_is_not_offered_a_touch
     for 3, its input copied again meanwhile, was told that `touch -d ...` "gives the recorded time back and this
     command goes on", and after that touch was refused again for its shard count. The touch is offered only where
     the modification times are all that differ."""
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text('{"id": "a", "title": "A", "text": "one two three"}\n', encoding="utf-8")
-    job = SimpleNamespace(inputs=[ReadTask(str(corpus), "jsonl")], strategy="words", num_shards=2,
-                          fingerprint=SimpleNamespace(to_dict=lambda: {}), compressor=None, codebook=None)  # fmt: skip
+    corpus, job = _one_input_job(tmp_path)
     store = tmp_path / "store"
     assert prepare_store(store, run_spec(job), overwrite=False) is False
     os.utime(corpus, ns=(corpus.stat().st_mtime_ns + 86_400 * 10**9,) * 2)
