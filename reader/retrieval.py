@@ -501,9 +501,8 @@ def index_problems(index_dir: Path, store: Manifest, store_path: str | Path) -> 
                     problems.append(f"the BM25 index {index_dir} is damaged: "
                                     f"{lucene_reason(error.classname, error.innermessage)}")  # fmt: skip
             expected = _collection_digest(Path(store_path)) if recorded and not problems else None
-            if expected is not None and _indexed_digest(reader) != expected:
-                problems.append(f"the BM25 index {index_dir} holds other documents than the store's collection "
-                                "(ids or contents differ): rebuild it with `dilstore index`")  # fmt: skip
+            if expected is not None:
+                problems += indexed_documents_problems(index_dir, reader, expected)
             return problems
         finally:
             reader.close()
@@ -526,16 +525,33 @@ def _collection_digest(store: Path) -> tuple[int, int] | None:
         return None
 
 
-def _indexed_digest(reader: Any) -> tuple[int, int]:
-    """`collection_digest` of the documents a Lucene DirectoryReader holds, from the raw JSON each stores
-    (`-storeRaw`)."""
-    from dilstore.storage.collection import document_digest
+def indexed_documents_problems(index_dir: Path, reader: Any, expected: tuple[int, int]) -> list[str]:
+    """What `dilstore verify` finds wrong with the documents of the BM25 index at `index_dir` (`reader`, a Lucene
+    DirectoryReader or anything with its `maxDoc` and `storedFields`), whose record says it covers a store whose
+    live collection gives `collection_digest` `expected`: other documents than the collection's, or documents whose
+    contents are not in their `searched_form`.
 
-    fields, documents, total = reader.storedFields(), 0, 0
+    Since 2026-12-01 questions are searched folded (NFKC) and `dilstore index` indexes passages folded. An index an
+    older dilstore built holds them as stored; its digest matches the collection (`document_digest` folds both
+    sides), so verify said OK, while a question's folded words (`km2` for `km²`, `1998` for `１９９８`, `fi` for `ﬁ`)
+    no longer found the passages that write them the other way (upgrade58 F1)."""
+    from dilstore.storage.collection import document_digest, searched_form
+
+    fields, documents, total, unfolded, example = reader.storedFields(), 0, 0, 0, ""
     for number in range(int(reader.maxDoc())):
         raw = json.loads(fields.document(number).get("raw"))
         documents, total = documents + 1, (total + document_digest(raw["id"], raw["contents"])) % 2**256
-    return documents, total
+        if searched_form(raw["contents"]) != raw["contents"]:
+            unfolded, example = unfolded + 1, example or raw["id"]
+    if (documents, total) != expected:
+        return [f"the BM25 index {index_dir} holds other documents than the store's collection "
+                "(ids or contents differ): rebuild it with `dilstore index`"]  # fmt: skip
+    if unfolded:
+        return [f"the BM25 index {index_dir} was built by a dilstore older than 2026-12-01, which indexed passages "
+                "unfolded, while questions are searched with Unicode's compatibility forms folded (NFKC): searches "
+                f"miss {unfolded:,} of its {documents:,} documents (e.g. {example!r}) by the words folding changes; "
+                "rebuild it with `dilstore index`"]  # fmt: skip
+    return []
 
 
 _LUCENE_FILE = re.compile(r'path="([^"]+)"')

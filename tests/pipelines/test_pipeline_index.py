@@ -393,6 +393,37 @@ def test_the_index_folds_text_as_questions_are_folded() -> None:
         assert searched_form(text) == folded(text)
 
 
+def test_verify_names_an_index_an_older_dilstore_built_unfolded(tmp_path: Path) -> None:
+    """(upgrade58 F1) An index built before dilstore folded passages (2026-12-01) holds `１９９８` and `6½ km²` as
+    stored, while questions are now searched folded (`1998`, `61⁄2 km2`): searches miss those passages. Its digest
+    matches the store's collection (`document_digest` folds both sides), so verify said OK and nothing told the user
+    to rebuild it. The Lucene reader is stood in for by the two calls verify makes (`maxDoc`, `storedFields()`)."""
+    from dilstore.reader.retrieval import indexed_documents_problems
+    from dilstore.storage.collection import document_digest, searched_form
+
+    documents = [("census#0", "Census\nThe census of １９９８ counted 6½ km²."), ("rhine#0", "Rhine\nThe Rhine.")]
+
+    class Fields:
+        def __init__(self, stored: list[tuple[str, str]]) -> None:
+            self.stored = stored
+
+        def document(self, number: int) -> dict[str, str]:
+            passage_id, contents = self.stored[number]
+            return {"raw": json.dumps({"id": passage_id, "contents": contents})}
+
+    def lucene(stored: list[tuple[str, str]]) -> object:
+        return type("Reader", (), {"maxDoc": lambda self: len(stored), "storedFields": lambda self: Fields(stored)})()
+
+    expected = (2, sum(document_digest(passage_id, contents) for passage_id, contents in documents) % 2**256)
+    (problem,) = indexed_documents_problems(tmp_path / "bm25", lucene(documents), expected)
+    assert "older than 2026-12-01" in problem and "1 of its 2 documents (e.g. 'census#0')" in problem
+    assert problem.endswith("rebuild it with `dilstore index`")
+    folded = [(passage_id, searched_form(contents)) for passage_id, contents in documents]  # as `index` builds now
+    assert indexed_documents_problems(tmp_path / "bm25", lucene(folded), expected) == []
+    (other,) = indexed_documents_problems(tmp_path / "bm25", lucene(folded[:1]), expected)
+    assert "holds other documents than the store's collection" in other
+
+
 def test_the_fold_scan_leaves_lines_it_cannot_read_to_the_index_build(tmp_path: Path) -> None:
     """(mut56 M98, M99, M60) `dilstore index` scans the collection for text folding changes before the build,
     which names the first line it cannot read by file and line. The scan must not fail first on such a line: bytes
