@@ -75,8 +75,8 @@ def fingerprint_sha256(fingerprint: Fingerprint) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def check_fingerprint(found: Fingerprint, expected: Fingerprint, where: str) -> None:
-    """Raise FingerprintMismatchError showing both fingerprints unless they are equal."""
+def check_fingerprint(found: Fingerprint, expected: Fingerprint, where: str, advice: str = "") -> None:
+    """Raise FingerprintMismatchError showing both fingerprints unless they are equal, `advice` (what to do) last."""
     differing = found.differences(expected)
     if not differing:
         return
@@ -88,5 +88,5 @@ def check_fingerprint(found: Fingerprint, expected: Fingerprint, where: str) -> 
     ]
     raise FingerprintMismatchError(
         f"{where} was made by a different model or settings than expected "
-        f"(differs in: {', '.join(differing)}):\n" + "\n".join(lines)
+        f"(differs in: {', '.join(differing)}):\n" + "\n".join(lines) + (f"\n{advice}" if advice else "")
     )

@@ -16,7 +16,9 @@ gain, so this module points at that folder instead.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from dilstore.storage.errors import DilstoreError
 
@@ -56,3 +58,17 @@ def _shipped(name: str, what: str, train: str, package_script: str) -> Path:
             f"or train one with `dilstore {train}` and package it with benchmarks/{package_script}"
         )
     return path
+
+
+def shipped_model_advice(creation: Mapping[str, Any], default_model: bool) -> str:
+    """What to do when a store made with the model its dilstore shipped (its `creation` command names no `--model`)
+    is opened with the model this dilstore ships (`default_model`: no --model given) and the two differ: the shipped
+    checkpoints were retrained between versions, so a store built before an upgrade met a fingerprint table that
+    blamed a "different model" and said nothing of what to do (upgrade58 F2). "" in every other case."""
+    command = creation.get("command")
+    if not default_model or not isinstance(command, str) or "--model" in command.split():
+        return ""
+    built = creation.get("finalized_at")
+    when = f" ({built})" if isinstance(built, str) else ""
+    return (f"The store was built{when} with the model its dilstore shipped, and this dilstore ships another: build "
+            f"the store again with this one (`{command} --overwrite`), or give --model the checkpoint that made it")

@@ -51,7 +51,7 @@ from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.load_errors import LOAD_ERRORS
 from dilstore.reader.modeling.online_variants import load_online_variant
 from dilstore.reader.offline.kinds import require_within_positions
-from dilstore.reader.packaged.shipped import default_checkpoint_dir
+from dilstore.reader.packaged.shipped import default_checkpoint_dir, shipped_model_advice
 from dilstore.reader.retrieval import (
     Bm25Searcher,
     Hit,
@@ -455,7 +455,8 @@ def load_store_model(
     layers = None if read_metadata(require_checkpoint_dir(directory)) is not None else fingerprint.layers
     model = DilBertReader.from_pretrained(directory, layers=layers)
     expected = model_fingerprint(model, DilBertReader.kind, fingerprint.encoding, fingerprint.max_length)
-    check_fingerprint(fingerprint, expected, f"store {store.url} (model {directory})")
+    advice = shipped_model_advice(store.manifest.creation, model_dir is None)
+    check_fingerprint(fingerprint, expected, f"store {store.url} (model {directory})", advice)
     if online_variant:
         load_online_variant(model, directory, fingerprint.encoding, expected.weights_sha256)
     return model

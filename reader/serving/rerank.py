@@ -75,7 +75,7 @@ from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.listformer import KIND as LISTFORMER
 from dilstore.reader.modeling.listformer import ListformerRanker
 from dilstore.reader.offline.kinds import require_within_positions
-from dilstore.reader.packaged.shipped import default_listformer_dir, default_ranker_dir
+from dilstore.reader.packaged.shipped import default_listformer_dir, default_ranker_dir, shipped_model_advice
 from dilstore.reader.serving.stored_states import non_finite_cause, pad_stored_states, stored_finite
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_query, folded
@@ -547,7 +547,7 @@ class ListformerReranker(StoreReranker[ListformerRanker]):
         return scores[0].float().cpu().tolist()
 
 
-def load_store_ranker(store: Store, model_dir: str | Path) -> EarlRanker | ListformerRanker:
+def load_store_ranker(store: Store, model_dir: str | Path, *, shipped: bool = False) -> EarlRanker | ListformerRanker:
     """The ranker at `model_dir` for the store's kind, checked against its fingerprint (kind, encoding, max length).
 
     A store no reranker reads is refused before the model is loaded; a
@@ -559,7 +559,8 @@ def load_store_ranker(store: Store, model_dir: str | Path) -> EarlRanker | Listf
     model = ListformerRanker.from_pretrained(model_dir) if kind == LISTFORMER else EarlRanker.from_pretrained(model_dir)
     found = store.fingerprint
     expected = model_fingerprint(model, kind, found.encoding, found.max_length)
-    check_fingerprint(found, expected, f"store {store.url} (model {model_dir})")
+    advice = shipped_model_advice(store.manifest.creation, shipped)  # shipped: the packaged ranker, no --model given
+    check_fingerprint(found, expected, f"store {store.url} (model {model_dir})", advice)
     return model
 
 
@@ -586,7 +587,8 @@ def open_reranker(
     elif model_dir is not None:
         model = load_store_ranker(store, model_dir)
     else:  # the packaged ranker of the store's kind; looked for only here, as it may be missing
-        model = load_store_ranker(store, default_listformer_dir() if kind == LISTFORMER else default_ranker_dir())
+        model = load_store_ranker(store, default_listformer_dir() if kind == LISTFORMER else default_ranker_dir(),
+                                  shipped=True)
     if kind == LISTFORMER:
         assert isinstance(model, ListformerRanker)  # load_store_ranker loads by the store's kind
         return ListformerReranker(model, store, settings, device)

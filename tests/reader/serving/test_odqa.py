@@ -525,6 +525,32 @@ def test_a_store_made_by_another_model_is_refused(tiny: dict) -> None:
     assert load_store_model(store, tiny["model_dir"]).layers == 1
 
 
+def test_a_store_the_previously_shipped_reader_made_says_to_build_it_again(
+    tiny: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(upgrade58 F2) The shipped reader was retrained between versions (its weights changed on 2026-11-26 and 27),
+    so a store a user built with an older dilstore's default reader met, after the upgrade, only a fingerprint table
+    of "a different model" in `ask`, `serve` and `evaluate-qa`, with nothing of why or what to do. A store whose
+    command gave no --model, read with no --model, now says to build it again (its command with --overwrite) or to
+    give --model the checkpoint that made it; with a --model given, the table is as it was."""
+    from dilstore.reader.serving import odqa
+
+    store = open_store(tiny["stores"]["fp32"])
+    command = "dilstore precompute --input corpus.jsonl --output store"
+    store.manifest = dataclasses.replace(store.manifest, creation={**store.manifest.creation, "command": command,
+                                                                   "finalized_at": "2026-11-25T10:00:00+00:00"})
+    monkeypatch.setattr(odqa, "default_checkpoint_dir", lambda: tiny["other_model_dir"])  # this version's shipped
+    with pytest.raises(FingerprintMismatchError, match="weights_sha256") as refused:
+        load_store_model(store)
+    assert str(refused.value).splitlines()[-1] == (
+        "The store was built (2026-11-25T10:00:00+00:00) with the model its dilstore shipped, and this dilstore ships "
+        f"another: build the store again with this one (`{command} --overwrite`), or give --model the checkpoint "
+        "that made it")  # fmt: skip
+    with pytest.raises(FingerprintMismatchError) as refused:
+        load_store_model(store, tiny["other_model_dir"])  # a model the user chose: no advice about shipped ones
+    assert "build the store again" not in str(refused.value)
+
+
 def test_a_pipe_in_the_index_folder_is_refused_before_the_jvm_starts(
     tiny: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
