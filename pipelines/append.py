@@ -91,11 +91,22 @@ def check_store_settings(store: Path, job: PrecomputeJob) -> Manifest:
     if needs_codebook(job.encoding) and job.encoding == manifest.fingerprint.encoding:  # else not the same codebook
         differing += _codebook_differences(store, job)
     if differing:
+        advice = _shipped_model_advice(manifest, job) if model else ""
         raise AppendMismatchError(f"cannot append to {store}: the store was made with other settings "
-                                  f"({'; '.join(differing)})")
+                                  f"({'; '.join(differing)}){'. ' + advice if advice else ''}")
     if needs_codebook(job.encoding):  # the new shards are encoded with it: not with one edited after finalize
         refuse_changed_codebook(store / CODEBOOK_DIR, f"cannot append to {store}")
     return manifest
+
+
+def _shipped_model_advice(manifest: Manifest, job: PrecomputeJob) -> str:
+    """What to do when the store and this run both took the model their dilstore shipped (neither command names
+    --model) and the two differ: the shipped checkpoints are retrained between versions, and an append after an
+    upgrade was refused naming only the weights' hashes (upgrade58 F3)."""
+    from dilstore.reader.packaged.shipped import shipped_model_advice
+
+    command = job.creation.get("command")
+    return shipped_model_advice(manifest.creation, isinstance(command, str) and "--model" not in command.split())
 
 
 def _codebook_differences(store: Path, job: PrecomputeJob) -> list[str]:

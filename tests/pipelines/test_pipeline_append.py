@@ -47,7 +47,7 @@ from dilstore.storage.encodings import train_codebook
 from dilstore.storage.format import APPENDS_DIR, MANIFEST_FILE, StoreFormatError
 from dilstore.storage.info import store_info
 from dilstore.storage.location import StoreLocation
-from dilstore.storage.manifest import read_manifest
+from dilstore.storage.manifest import read_manifest, write_manifest
 from dilstore.storage.passage_tables import PASSAGE_SCHEMA, passage_column, passage_table_bytes
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
@@ -345,6 +345,26 @@ def test_an_append_refuses_a_store_codebook_that_changed_after_finalize(tmp_path
                                                r"the store again with --overwrite$"):  # fmt: skip
         check_store_settings(store, job)  # type: ignore[arg-type]
     assert set(os.listdir(store)) == listed  # nothing written
+
+
+def test_an_append_after_an_upgrade_of_the_shipped_model_says_what_to_do(tmp_path: Path) -> None:
+    """(upgrade58 F3) A store built with the model an older dilstore shipped, appended to without --model after an
+    upgrade that shipped retrained weights, was refused with "made with other settings (weights_sha256: store d8a4…,
+    this run 5c24…)" alone. It now says to build the store again (its command with --overwrite) or to give --model
+    the checkpoint that made it; a run that names its --model keeps the plain refusal."""
+    store = build_store(tmp_path / "store", random_shards([3], state_shape=(8,), seed=6))
+    manifest = read_manifest(StoreLocation.parse(store))
+    command = "dilstore precompute --input a.jsonl --output store --kind dilbert"
+    write_manifest(store, dataclasses.replace(manifest, creation={**manifest.creation, "command": command}))
+    retrained = dataclasses.replace(manifest.fingerprint, weights_sha256="f" * 64)
+    for run, advised in [("dilstore precompute --input b.jsonl --output store --append", True),
+                         ("dilstore precompute --input b.jsonl --output store --append --model mine", False)]:
+        job = SimpleNamespace(fingerprint=retrained, compressor=None, strategy="words", encoding="fp32", codebook=None,
+                              creation={"command": run})  # fmt: skip
+        with pytest.raises(storage_append.AppendMismatchError, match=r"weights_sha256: store ") as refused:
+            check_store_settings(store, job)  # type: ignore[arg-type]
+        assert str(refused.value).endswith(f"ships another: build the store again with this one (`{command} "
+                                           "--overwrite`), or give --model the checkpoint that made it") is advised
 
 
 @pytest.mark.parametrize("compressor", [None, "zstd"])
