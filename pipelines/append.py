@@ -103,10 +103,10 @@ def _shipped_model_advice(manifest: Manifest, job: PrecomputeJob) -> str:
     """What to do when the store and this run both took the model their dilstore shipped (neither command names
     --model) and the two differ: the shipped checkpoints are retrained between versions, and an append after an
     upgrade was refused naming only the weights' hashes (upgrade58 F3)."""
-    from dilstore.reader.packaged.shipped import shipped_model_advice
+    from dilstore.reader.packaged.shipped import names_model, shipped_model_advice
 
     command = job.creation.get("command")
-    return shipped_model_advice(manifest.creation, isinstance(command, str) and "--model" not in command.split())
+    return shipped_model_advice(manifest.creation, isinstance(command, str) and not names_model(command))
 
 
 def _codebook_differences(store: Path, job: PrecomputeJob) -> list[str]:

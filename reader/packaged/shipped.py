@@ -16,6 +16,7 @@ gain, so this module points at that folder instead.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -60,13 +61,23 @@ def _shipped(name: str, what: str, train: str, package_script: str) -> Path:
     return path
 
 
+def names_model(command: str) -> bool:
+    """Whether a recorded `dilstore` command line gives --model, as `--model PATH` or `--model=PATH`: the second form
+    was taken for the shipped model, and the advice to build the store again followed a model the user chose."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # a hand-edited record: its words as they stand
+        words = command.split()
+    return any(word == "--model" or word.startswith("--model=") for word in words)
+
+
 def shipped_model_advice(creation: Mapping[str, Any], default_model: bool) -> str:
     """What to do when a store made with the model its dilstore shipped (its `creation` command names no `--model`)
     is opened with the model this dilstore ships (`default_model`: no --model given) and the two differ: the shipped
     checkpoints were retrained between versions, so a store built before an upgrade met a fingerprint table that
     blamed a "different model" and said nothing of what to do (upgrade58 F2). "" in every other case."""
     command = creation.get("command")
-    if not default_model or not isinstance(command, str) or "--model" in command.split():
+    if not default_model or not isinstance(command, str) or names_model(command):
         return ""
     built = creation.get("finalized_at")
     when = f" ({built})" if isinstance(built, str) else ""

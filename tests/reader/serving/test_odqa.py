@@ -551,6 +551,21 @@ def test_a_store_the_previously_shipped_reader_made_says_to_build_it_again(
     assert "build the store again" not in str(refused.value)
 
 
+@pytest.mark.parametrize(("command", "advised"), [
+    ("dilstore precompute --input c.jsonl --output s", True),
+    ("dilstore precompute --input c.jsonl --model ck --output s", False),
+    ("dilstore precompute --input c.jsonl --model=-ck --output s", False),  # how a value opening with '-' is recorded
+    ("dilstore precompute --input 'c d.jsonl --output s", True),  # a record shlex cannot split
+])
+def test_the_advice_about_shipped_models_follows_only_commands_without_a_model(command: str, advised: bool) -> None:
+    """upgrade58 F2's advice ("build the store again ... or give --model") is for a store its dilstore's shipped
+    model made; a recorded `--model=PATH` was taken for no --model, and a user's own model was called the shipped
+    one."""
+    from dilstore.reader.packaged.shipped import shipped_model_advice
+
+    assert bool(shipped_model_advice({"command": command}, default_model=True)) is advised
+
+
 def test_a_pipe_in_the_index_folder_is_refused_before_the_jvm_starts(
     tiny: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
