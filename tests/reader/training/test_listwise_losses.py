@@ -65,6 +65,16 @@ def test_labels_stay_with_their_documents() -> None:
         assert float(loss(scores, labels[:, order])) != pytest.approx(float(loss(scores, labels)), abs=1e-3)
 
 
+def test_a_batch_s_loss_is_the_mean_of_its_lists_losses() -> None:
+    """Both listwise losses average over the lists of a batch (mut58: a sum over lists went unnoticed, every other
+    test took a single list or compared two batches of one size)."""
+    scores = torch.tensor([[0.3, -1.2, 2.0, 0.7], [1.0, 0.0, -0.5, 0.2], [0.1, 0.9, -0.4, 0.0]])
+    labels = torch.tensor([[1.0, 0.0, 2.0, 0.0], [0.0, 1.0, 0.0, 0.0], [3.0, 0.0, 1.0, 1.0]])
+    for loss in (lambda s, y: approx_ndcg_loss(s, y, 0.5), listnet_loss):
+        alone = [float(loss(scores[row : row + 1], labels[row : row + 1])) for row in range(3)]
+        assert float(loss(scores, labels)) == pytest.approx(sum(alone) / 3, abs=1e-6)
+
+
 def test_listnet_is_the_softmax_cross_entropy_for_one_positive() -> None:
     scores = torch.tensor([[0.5, 1.5, -0.3], [2.0, 0.1, 0.4]])
     labels = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
@@ -87,8 +97,22 @@ def test_approx_ndcg_has_gradients_that_raise_the_relevant_document() -> None:
     ],
 )
 def test_bad_inputs_are_refused(scores, labels, message) -> None:
-    with pytest.raises(DilstoreError, match=message):
-        approx_ndcg_loss(scores, labels)
+    for loss in (approx_ndcg_loss, listnet_loss):  # ListNet's refusals were untested (mut58): 0/0 gave a NaN loss
+        with pytest.raises(DilstoreError, match=message):
+            loss(scores, labels)
     for temperature in (0.0, float("inf")):
         with pytest.raises(DilstoreError, match="positive finite"):
             approx_ndcg_loss(torch.zeros(1, 2), torch.ones(1, 2), temperature=temperature)
+
+
+def test_labels_of_any_dtype_give_the_loss_of_float_labels_in_the_scores_dtype() -> None:
+    """Boolean, integer and float64 labels are taken as the scores' dtype (mut58: without that cast, boolean labels
+    failed in ideal_dcg's arange and float64 labels turned a float32 loss into float64, untested)."""
+    scores = torch.tensor([[0.3, -1.2, 2.0, 0.7]])
+    labels = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
+    for loss in (lambda s, y: approx_ndcg_loss(s, y, 0.5), listnet_loss):
+        want = float(loss(scores, labels))
+        for dtype in (torch.bool, torch.long, torch.float64):
+            got = loss(scores, labels.to(dtype))
+            assert got.dtype == torch.float32
+            assert float(got) == pytest.approx(want, abs=1e-6)
