@@ -175,6 +175,14 @@ def test_an_answer_of_dropped_characters_has_no_tokens() -> None:
     assert answer_token_range(pieces, 2, 9) == (0, 1)
 
 
+def test_a_bare_whitespace_token_s_empty_span_never_starts_an_answer() -> None:
+    """RoBERTa's "Ġ" before a double space has the empty span (8, 8): an answer from the first of the two spaces
+    starts at "Ġs", not at the empty token inside its characters (mut58: the empty-span filter was untested)."""
+    pieces = passage_pieces(tiny_bpe_tokenizer(), "the cat  sat on the mat")
+    assert tuple(pieces.char_spans[4]) == (8, 8)  # the bare "Ġ"
+    assert answer_token_range(pieces, 7, 12) == (5, 7)
+
+
 def test_bad_settings_and_bad_questions_are_user_errors() -> None:
     tokenizer = minilm_tokenizer()
     example = SquadExample("T", NUMBERS, "q-empty", "   ", ())
@@ -184,6 +192,17 @@ def test_bad_settings_and_bad_questions_are_user_errors() -> None:
         list(build_features(tokenizer, [example], max_seq_length=64, max_question_length=64))
     with pytest.raises(DilstoreError, match="must be at least 1"):
         list(build_features(tokenizer, [example], doc_stride=0))
+
+
+def test_max_seq_length_must_leave_a_question_of_max_length_one_piece_and_its_sep() -> None:
+    """At max-question-length + 1 a question of full length left windows of no word piece (mut58: the bound was
+    tested only at max-question-length itself); at + 2 each window is one piece and [SEP]."""
+    tokenizer = minilm_tokenizer()
+    long_question = SquadExample("T", "100 101 102", "q-long", NUMBERS, ())  # a question of over 64 pieces
+    with pytest.raises(DilstoreError, match="max-seq-length .* must exceed max-question-length"):
+        list(build_features(tokenizer, [long_question], max_seq_length=65, max_question_length=64))
+    features = list(build_features(tokenizer, [long_question], max_seq_length=66, max_question_length=64))
+    assert [(len(feature.question), len(feature.passage)) for feature in features] == [(64, 2)] * 3
 
 
 @pytest.fixture(scope="module")
