@@ -8,6 +8,7 @@ child process, so that a SIGBUS fails the test instead of killing the test worke
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from dilstore.storage.format import StoreChangedError
+from dilstore.storage.mapped import WatchedFile, check_unchanged
 from tests.fixtures.paths import ROOT
 from tests.fixtures.store_fixtures import build_store, random_shards
 
@@ -88,3 +91,32 @@ def test_a_mapped_file_changed_under_an_open_store_is_a_store_error(
     change = {"cut": "cut or grown from", "written": "written to in place"}[damage]
     assert done.stdout.startswith(f"StoreChangedError {copy / relative} was {change}"), done.stdout
     assert "after the store was opened" in done.stdout and "open it again" in done.stdout
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ("replaced", "replaced by another file"),  # another file of the same size and time: only its inode tells
+    ("grown", "cut or grown from 8 to 9 bytes"),  # grown, its time set back: only its size tells
+    ("rewritten", "written to in place"),  # same size, same inode: only its time tells
+])  # fmt: skip
+def test_each_of_inode_size_and_time_alone_tells_a_changed_file(tmp_path: Path, change: str, words: str) -> None:
+    """A watched file is found changed by any one of its inode, size or modification time (mut58: without the
+    inode check, a file replaced by one of the same size and time, as `cp -p` or `rsync -t` leave it, was read
+    on; the child-process cases above change the time too, so they did not notice)."""
+    path = tmp_path / "file"
+    path.write_bytes(b"12345678")
+    status = path.stat()
+    watched = WatchedFile.of(path, status)
+    if change == "replaced":
+        (tmp_path / "other").write_bytes(b"87654321")
+        (tmp_path / "other").replace(path)
+    elif change == "grown":
+        with path.open("ab") as file:
+            file.write(b"9")
+    else:
+        with path.open("r+b") as file:
+            file.write(b"x")
+    later = status.st_mtime_ns + 10**9 if change == "rewritten" else status.st_mtime_ns
+    os.utime(path, ns=(status.st_atime_ns, later))
+    assert watched.change() == words
+    with pytest.raises(StoreChangedError, match=f"{path} was {words} after the store was opened"):
+        check_unchanged([watched])
