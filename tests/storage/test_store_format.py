@@ -748,3 +748,23 @@ def test_max_open_shards_is_a_positive_integer(limit, fp32_store, shards) -> Non
     with open_store(fp32_store, max_open_shards=1) as store:
         assert [stored.id for stored in store.fetch(["s0/p0", "s2/p1"])] == ["s0/p0", "s2/p1"]
         assert len(store._shards) == 1  # the most recently used shard stays open
+
+
+@pytest.mark.parametrize(("compressor", "kept"), [(None, 20), ("zstd", 40)])
+def test_shards_kept_open_round_mapped_files_per_shard_up_and_count_none_for_a_compressed_store(
+    monkeypatch, compressor: str | None, kept: int
+) -> None:
+    """401 chunk files over 40 shards are 11 a shard, not 10: at 220 descriptors to spare, 20 shards fit, not 22,
+    which would pass the open-file limit; a compressed store maps no file, so all its shards stay open (mut58:
+    both the rounding and the compressed case were untested)."""
+    import resource
+    from types import SimpleNamespace
+
+    from dilstore.storage import mapped
+
+    files = {f"shards/shard-{number % 40:05d}/states/values/c/{number}": None for number in range(401)}
+    files["shards/shard-00000/zarr.json"] = None  # no chunk file: not mapped
+    manifest = SimpleNamespace(shards=[None] * 40, files=files, compressor=compressor)
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (mapped.OTHER_OPEN_FILES + 220, resource.RLIM_INFINITY))
+    assert mapped.mapped_files(manifest) == (401 if compressor is None else 0)
+    assert mapped.shards_kept_open(manifest) == kept
