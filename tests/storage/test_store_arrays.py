@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from zarr.codecs import BytesCodec
 
 from dilstore.storage.arrays import compressor_codecs, offsets_are_valid, write_array
 from dilstore.storage.format import StoreFormatError
@@ -70,6 +71,8 @@ def test_offsets_are_valid_only_from_0_never_falling_to_the_data_length(offsets:
     ({"chunks": (4, 1), "shards": (16, 3)}, "inner chunks split an axis other than the first"),
     ({"chunks": (4, 3), "shards": {"shape": (16, 3), "index_location": "start"}},
      "shard index is not at the end of the shard"),
+    ({"chunks": (4, 3), "shards": (16, 3), "serializer": BytesCodec(endian="big")},
+     "inner chunks are compressed or not little-endian bytes"),  # mapped, its values read byte-swapped
 ])  # fmt: skip
 def test_an_array_of_another_layout_is_not_memory_mapped(tmp_path: Path, layout: dict, reason: str) -> None:
     """Arrays zarr-python wrote in layouts the mapped path cannot read row by row are refused by name (mut58: with
