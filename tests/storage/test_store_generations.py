@@ -111,6 +111,26 @@ def test_finalize_refuses_a_shard_of_another_build(tmp_path: Path) -> None:
                 fingerprint=fingerprint)  # fmt: skip
     with pytest.raises(DilstoreError, match="shard-00001 belongs to build 'theirs', not this run's 'mine'"):
         finalize(root, fingerprint, generation="mine")
+    # A finalize without a generation takes none of them either (mut58: shards of any build passed untested).
+    with pytest.raises(DilstoreError, match="shard-00000 belongs to build 'mine', not this run's None"):
+        finalize(root, fingerprint)
+
+
+def test_finalize_refuses_a_shard_made_by_another_model_or_renamed_by_hand(tmp_path: Path) -> None:
+    """A shard that records another model's fingerprint hash, of the same kind and encoding, is refused, and so is
+    a shard folder renamed to another index (mut58: neither refusal was tested; without them a store mixed two
+    models' states, or served a shard's rows under another shard's name)."""
+    root = tmp_path / "s"
+    shards = random_shards([2, 2], state_shape=(4,), seed=1)
+    fingerprint = fingerprint_for("dilbert", "fp16")
+    other = dataclasses.replace(fingerprint, weights_sha256="e" * 64)
+    write_shard(root, 0, shards[0], kind="dilbert", encoding="fp16", durable=False, fingerprint=fingerprint)
+    write_shard(root, 1, shards[1], kind="dilbert", encoding="fp16", durable=False, fingerprint=other)
+    with pytest.raises(DilstoreError, match="shard-00001 was made by another model than the fingerprint's"):
+        finalize(root, fingerprint)
+    (root / "shards" / "shard-00001").rename(root / "shards" / "shard-00002")
+    with pytest.raises(StoreFormatError, match="shard-00002 says it is shard 1; was it renamed by hand"):
+        finalize(root, fingerprint)
 
 
 def test_verify_tells_an_edited_fingerprint_even_with_a_recomputed_checksum(tmp_path: Path) -> None:
