@@ -92,13 +92,15 @@ def test_manifest_lists_shards_checksums_fingerprint_and_files_of_other_layers(s
     for index, records in enumerate(shards):
         write_shard(root, index, records, kind="dilbert", encoding="fp16", durable=False)
     (root / "passages.parquet").write_bytes(b"written by the pipeline before finalize")
+    (root / "bm25").mkdir()
+    (root / "bm25" / ".tmp-segment-1").write_bytes(b"another layer's temporary: never listed (mut58)")
     manifest = finalize(root, fingerprint_for(encoding="fp16"), {"command": "dilstore precompute"})
     data = json.loads((root / MANIFEST_FILE).read_text())
     assert [shard["name"] for shard in data["shards"]] == ["shard-00000", "shard-00001", "shard-00002"]
     assert (data["passages"], data["tokens"]) == (12, sum(len(r.token_ids) for s in shards for r in s))
     assert data["fingerprint"] == fingerprint_for(encoding="fp16").to_dict()
     assert data["creation"]["command"] == "dilstore precompute" and "finalized_at" in data["creation"]
-    on_disk = {path for path in _files(root) if path != MANIFEST_FILE}
+    on_disk = {path for path in _files(root) if path != MANIFEST_FILE and "/.tmp-" not in path}
     assert set(data["files"]) == on_disk and "passages.parquet" in on_disk
     assert manifest.files["passages.parquet"].bytes == len(b"written by the pipeline before finalize")
 
