@@ -666,6 +666,15 @@ def test_finalize_refuses_a_folder_named_like_a_shard_with_more_after_the_number
     assert not (tmp_path / MANIFEST_FILE).exists()
 
 
+def test_finalize_refuses_a_file_named_like_a_shard(shards, tmp_path) -> None:
+    """A file `shards/shard-00001` is a stranger too, not a shard (mut58: untested; taken for one, it failed later
+    as a shard zarr cannot read)."""
+    write_shard(tmp_path, 0, shards[0], kind="dilbert", encoding="fp32", durable=False)
+    (tmp_path / "shards" / "shard-00001").write_bytes(b"not a folder")
+    with pytest.raises(DilstoreError, match="unexpected entry .*shard-00001 in .*only shard-NNNNN directories"):
+        finalize(tmp_path, fingerprint_for(), {})
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.sampled_from(["ab", "c", "déf", "gh"]), min_size=1, max_size=6), st.integers(-2, 8),
        st.integers(-2, 8))
