@@ -94,7 +94,11 @@ def test_manifest_lists_shards_checksums_fingerprint_and_files_of_other_layers(s
     (root / "passages.parquet").write_bytes(b"written by the pipeline before finalize")
     (root / "bm25").mkdir()
     (root / "bm25" / ".tmp-segment-1").write_bytes(b"another layer's temporary: never listed (mut58)")
+    (root / "passages").mkdir()
+    killed_write = root / "passages" / ".tmp-part-00000.parquet.k1ll.tmp"  # a part write killed midway: removed
+    killed_write.write_bytes(b"half a part file")
     manifest = finalize(root, fingerprint_for(encoding="fp16"), {"command": "dilstore precompute"})
+    assert not killed_write.exists()
     data = json.loads((root / MANIFEST_FILE).read_text())
     assert [shard["name"] for shard in data["shards"]] == ["shard-00000", "shard-00001", "shard-00002"]
     assert (data["passages"], data["tokens"]) == (12, sum(len(r.token_ids) for s in shards for r in s))
