@@ -23,6 +23,7 @@ from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.fingerprint import Fingerprint, FingerprintMismatchError
 from dilstore.storage.format import (
+    APPENDED_FORMAT_VERSION,
     ID_OFFSETS,
     KINDS,
     MANIFEST_FILE,
@@ -227,6 +228,23 @@ def test_a_manifest_whose_shard_or_shape_fields_have_other_types_is_refused(tmp_
         open_store(root)
     report = verify_store(root)
     assert not report.ok
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda data: data["shards"][0].update(generation="0123456789abcdef-x"),
+     r"malformed manifest: ValueError: shards\[0\]\.generation is '0123456789abcdef-x', not a build id"),
+    (lambda data: data.update(format_version=APPENDED_FORMAT_VERSION + 1),
+     f"store format version {APPENDED_FORMAT_VERSION + 1} is newer than this dilstore reads"),
+])  # fmt: skip
+def test_a_shard_build_id_with_more_after_it_and_a_format_one_version_newer_are_refused(
+    tmp_path, change, message
+) -> None:
+    """A shard's generation is 16 hex digits and nothing after them, and a manifest one format version newer than
+    this dilstore reads is refused (mut58: a prefix match, and a bound one version off, went unnoticed)."""
+    root = build_store(tmp_path / "store", random_shards([2, 2], state_shape=(4,), seed=1), encoding="fp16")
+    edit_manifest(root, change)
+    with pytest.raises(StoreFormatError, match=message):
+        open_store(root)
 
 
 def test_a_manifest_that_is_a_directory_is_a_store_problem(tmp_path) -> None:
