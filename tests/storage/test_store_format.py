@@ -247,6 +247,20 @@ def test_a_shard_build_id_with_more_after_it_and_a_format_one_version_newer_are_
         open_store(root)
 
 
+def test_a_manifest_edited_without_its_checksum_or_without_one_is_refused(tmp_path) -> None:
+    """The manifest carries the SHA-256 of its own canonical JSON: a count edited by hand, or a checksum taken out,
+    is refused (mut58: with the self-check gone, no test noticed a manifest whose counts were edited)."""
+    root = build_store(tmp_path / "store", random_shards([2, 2], state_shape=(4,), seed=1), encoding="fp16")
+    data = json.loads((root / MANIFEST_FILE).read_text())
+    (root / MANIFEST_FILE).write_text(json.dumps({**data, "passages": data["passages"] + 1}))
+    with pytest.raises(StoreFormatError, match="manifest.json is damaged: its content does not match its own checksum"):
+        open_store(root)
+    del data["checksum"]
+    (root / MANIFEST_FILE).write_text(json.dumps(data))
+    with pytest.raises(StoreFormatError, match="manifest.json has no checksum; not a dilstore manifest"):
+        open_store(root)
+
+
 def test_a_manifest_that_is_a_directory_is_a_store_problem(tmp_path) -> None:
     """verify reports it as a problem (exit 1), like any other damage, rather than an OS error (exit 2)."""
     finalize(tmp_path, fingerprint_for(), {})
