@@ -102,6 +102,9 @@ def test_manifest_lists_shards_checksums_fingerprint_and_files_of_other_layers(s
     assert not killed_write.exists()
     data = json.loads((root / MANIFEST_FILE).read_text())
     assert [shard["name"] for shard in data["shards"]] == ["shard-00000", "shard-00001", "shard-00002"]
+    # Only an appended store's manifest has the append keys (mut58: both were untested), so others keep their bytes.
+    assert all(set(shard) == {"index", "name", "passages", "tokens"} for shard in data["shards"])
+    assert not {"index", "superseded", "appends"} & set(data)
     assert (data["passages"], data["tokens"]) == (12, sum(len(r.token_ids) for s in shards for r in s))
     assert data["fingerprint"] == fingerprint_for(encoding="fp16").to_dict()
     assert data["creation"]["command"] == "dilstore precompute" and "finalized_at" in data["creation"]
