@@ -8,11 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, BertConfig
 
 from dilstore.reader.modeling.checkpoints import base_model_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.reader.modeling.fingerprint import config_sha256, model_fingerprint, tokenizer_sha256, weights_sha256
+from dilstore.reader.modeling.fingerprint import (
+    config_sha256,
+    model_fingerprint,
+    tensors_sha256,
+    tokenizer_sha256,
+    weights_sha256,
+)
 from dilstore.storage.fingerprint import Fingerprint
 from tests.fixtures.dilbert_tiny import tiny_model
 
@@ -57,6 +63,33 @@ def test_weights_hash_sees_a_single_changed_value(reader: DilBertReader) -> None
     with torch.no_grad():
         reader.model.bert.encoder.layer[1].output.dense.bias[3] += 1e-6
     assert weights_sha256(reader.model) != before
+
+
+def test_weights_hash_sees_names_shapes_and_dtypes_not_only_bytes() -> None:
+    """The same bytes under another name, in another shape or as another dtype hash apart (mut58: with each
+    tensor's header left out of the hash, no test noticed)."""
+    values = torch.arange(6, dtype=torch.float32)
+    hashes = {
+        tensors_sha256({"a": values}),
+        tensors_sha256({"b": values}),
+        tensors_sha256({"a": values.reshape(2, 3)}),
+        tensors_sha256({"a": values.view(torch.int32)}),
+    }
+    assert len(hashes) == 4
+
+
+def test_config_hash_sees_every_integer_setting() -> None:
+    """Each integer setting of a BERT config (layers, heads, sizes, vocabulary, ...) changes the hash (mut58: a
+    setting taken for provenance, num_hidden_layers say, went unnoticed)."""
+    config = BertConfig()
+    before = config_sha256(config)
+    settings = {key: value for key, value in config.to_dict().items()
+                if isinstance(value, int) and not isinstance(value, bool)}  # fmt: skip
+    assert {"num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size"} <= set(settings)
+    for key, value in settings.items():
+        changed = copy.deepcopy(config)
+        setattr(changed, key, value + 1)
+        assert config_sha256(changed) != before, key
 
 
 def test_config_hash_sees_an_architectural_change_but_not_provenance(reader: DilBertReader) -> None:
