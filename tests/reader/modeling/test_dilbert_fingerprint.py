@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -76,6 +78,10 @@ def test_weights_hash_sees_names_shapes_and_dtypes_not_only_bytes() -> None:
         tensors_sha256({"a": values.view(torch.int32)}),
     }
     assert len(hashes) == 4
+    # Every tensor counts, in name order whatever the dict's order (a hash of all but the last went unnoticed).
+    both = tensors_sha256({"a": values, "b": values * 2})
+    assert tensors_sha256({"b": values * 2, "a": values}) == both
+    assert tensors_sha256({"a": values, "b": values * 3}) != both
 
 
 def test_config_hash_sees_every_integer_setting() -> None:
@@ -110,6 +116,25 @@ def test_tokenizer_hash_ignores_call_settings_but_sees_the_vocabulary(tokenizer)
     extended = copy.deepcopy(tokenizer)
     extended.add_tokens(["dilstoreword"])
     assert tokenizer_sha256(extended) != before
+
+
+def test_tokenizer_hash_sees_every_part_of_the_pipeline_but_the_call_settings() -> None:
+    """Each part of a tokenizer.json pipeline (normalizer, pre-tokenizer, model, ...) changes the hash, the call-time
+    truncation and padding do not (mut58: a normalizer taken for a call setting, a cased tokenizer hashing as the
+    uncased one, went unnoticed). A stand-in tokenizer, so that no 30,000-word vocabulary is hashed."""
+    pipeline = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+                "normalizer": {"type": "BertNormalizer", "lowercase": True},
+                "pre_tokenizer": {"type": "BertPreTokenizer"}, "post_processor": None, "decoder": None,
+                "model": {"type": "WordPiece", "vocab": {"a": 0}}}  # fmt: skip
+
+    def digest(document: dict) -> str:
+        text = json.dumps(document)
+        return tokenizer_sha256(SimpleNamespace(backend_tokenizer=SimpleNamespace(to_str=lambda: text)))
+
+    before = digest(pipeline)
+    assert digest({**pipeline, "truncation": {"max_length": 8}, "padding": {"length": 8}}) == before
+    for key in ("version", "added_tokens", "normalizer", "pre_tokenizer", "post_processor", "decoder", "model"):
+        assert digest({**pipeline, key: {"type": "Other"}}) != before, key
 
 
 def test_split_and_store_settings_are_part_of_the_fingerprint(reader: DilBertReader, tokenizer) -> None:
