@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from numcodecs.checksum32 import CRC32C
 from zarr.codecs import BytesCodec
 
 from dilstore.storage.arrays import compressor_codecs, offsets_are_valid, write_array
 from dilstore.storage.format import StoreFormatError
-from dilstore.storage.mapped import map_array
+from dilstore.storage.mapped import contiguous_layout, map_array
 
 RNG = np.random.default_rng(11)
 CASES = {  # name: (data, rows per chunk)
@@ -82,4 +83,31 @@ def test_an_array_of_another_layout_is_not_memory_mapped(tmp_path: Path, layout:
     array = group.create_array("a", data=data, compressors=None, fill_value=0, **layout)
     np.testing.assert_array_equal(array[...], data)
     with pytest.raises(StoreFormatError, match=reason):
+        map_array(array, tmp_path / "g" / "a")
+
+
+@pytest.mark.parametrize("damage", ["grown", "chunks swapped in the index"])
+def test_a_file_grown_or_whose_index_lists_its_chunks_out_of_place_is_not_memory_mapped(
+    tmp_path: Path, damage: str
+) -> None:
+    """A file longer than its metadata implies, or whose shard index (CRC32C recomputed) puts chunk 0 after chunk 1,
+    is refused: zarr-python reads the second right, a map would give the rows of one chunk for the other's (mut58:
+    neither check was tested on the mapped path)."""
+    data = np.arange(512, dtype=np.int32)
+    group = zarr.open_group(str(tmp_path / "g"), mode="w-", zarr_format=3)
+    array = write_array(group, "a", data, rows_per_chunk=256, compressor=None, dimension_names=["row"])
+    layout = contiguous_layout(array, "a")
+    path = tmp_path / "g" / "a" / layout.chunk_key
+    raw = bytearray(path.read_bytes())
+    if damage == "grown":
+        raw += b"\0"
+        message = f"has {layout.file_size + 1} bytes, its metadata implies {layout.file_size}"
+    else:
+        index = np.frombuffer(bytes(raw[layout.index_offset : layout.index_stop]), dtype="<u8").reshape(2, 2)
+        raw[layout.index_offset :] = bytes(CRC32C(location="end").encode(index[::-1].copy()))
+        message = "shard index does not describe contiguous chunks"
+    path.write_bytes(bytes(raw))
+    if damage != "grown":
+        np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "g" / "a"), mode="r")[:256], data[256:])
+    with pytest.raises(StoreFormatError, match=message):
         map_array(array, tmp_path / "g" / "a")
