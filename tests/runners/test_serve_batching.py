@@ -15,7 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dilstore.runners import serve_batching
-from dilstore.runners.serve_batching import MAX_WAIT_LIMIT_MS, Batcher, ServeSettings
+from dilstore.runners.serve_batching import MAX_WAIT_LIMIT_MS, Batcher, Overloaded, ServeSettings
 from dilstore.runners.serve_metrics import LATENCY_BUCKETS, Metrics
 from dilstore.storage.errors import DilstoreError
 
@@ -461,3 +461,30 @@ def test_a_batch_whose_url_store_refuses_one_shard_answers_the_others_alone(tmp_
         outcomes = run_blocked_then_together(run_batch, (1, 2))
     assert outcomes[:2] == [0, 1], outcomes
     assert isinstance(outcomes[2], StoreReadError) and "refuses" in str(outcomes[2])
+
+
+def test_the_queue_takes_queue_size_requests_and_refuses_the_next() -> None:
+    """`queue_size` requests may wait; the next is Overloaded, the app's 503 (mut58: one over the limit was taken
+    and no test noticed)."""
+    batcher = Batcher("store", lambda payloads: list(payloads), max_batch_pairs=1, max_wait=0.0, queue_size=2,
+                      metrics=Metrics())  # fmt: skip
+
+    async def fill_then_one_more() -> None:
+        waiting = [asyncio.ensure_future(batcher.submit(number, 1)) for number in range(2)]
+        while batcher.pending() < 2:
+            await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="store 'store' has 2 requests queued, its limit"):
+            await asyncio.wait_for(batcher.submit(2, 1), timeout=5)  # taken, it would wait: no worker runs
+        for request in waiting:
+            request.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+
+    asyncio.run(fill_then_one_more())
+    assert batcher.pending() == 0
+
+
+@pytest.mark.parametrize("name", ["max_batch_pairs", "queue_size", "max_top_p"])
+def test_serve_limits_of_zero_are_refused(name: str) -> None:
+    """No batch, queue or top_p of 0 (mut58: only the bounds' other side was tested)."""
+    with pytest.raises(DilstoreError, match=f"{name.replace('_', '-')} must be at least 1, got 0"):
+        ServeSettings(**{name: 0})
