@@ -488,3 +488,33 @@ def test_serve_limits_of_zero_are_refused(name: str) -> None:
     """No batch, queue or top_p of 0 (mut58: only the bounds' other side was tested)."""
     with pytest.raises(DilstoreError, match=f"{name.replace('_', '-')} must be at least 1, got 0"):
         ServeSettings(**{name: 0})
+
+
+def test_a_lone_request_that_fails_is_run_once_and_abandon_drops_what_waits() -> None:
+    """A batch of one request that fails is that request's failure: not run again alone (mut58: the second run went
+    unnoticed). A forced quit's `abandon` drops the requests still queued and says how many (mut58: untested)."""
+    calls: list[list[int]] = []
+
+    def run_batch(payloads: list[int]) -> list[int]:
+        calls.append(list(payloads))
+        raise ValueError("a bad question")
+
+    batcher = Batcher("store", run_batch, max_batch_pairs=4, max_wait=0.0, queue_size=10, metrics=Metrics())
+    with pytest.raises(ValueError, match="a bad question"):
+        answers_queued_before_start(batcher, [1])
+    assert calls == [[0]]
+
+    idle = Batcher("store", run_batch, max_batch_pairs=1, max_wait=0.0, queue_size=10, metrics=Metrics())
+
+    async def queue_two_then_abandon() -> int:
+        waiting = [asyncio.ensure_future(idle.submit(number, 1)) for number in range(2)]
+        while idle.pending() < 2:
+            await asyncio.sleep(0)
+        dropped = idle.abandon()
+        assert idle.pending() == 0  # before its clients leave: the worker would run none of them
+        for request in waiting:
+            request.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        return dropped
+
+    assert asyncio.run(queue_two_then_abandon()) == 2
