@@ -518,3 +518,13 @@ def test_a_lone_request_that_fails_is_run_once_and_abandon_drops_what_waits() ->
         return dropped
 
     assert asyncio.run(queue_two_then_abandon()) == 2
+
+
+def test_a_batch_the_next_request_does_not_fit_starts_without_waiting_for_more() -> None:
+    """A waiting request too large to join ends the batch at once: waiting `max_wait` for one that might fit only
+    delayed both (mut58: a batch that waited out its max_wait here went unnoticed)."""
+    batcher = Batcher("store", lambda payloads: list(payloads), max_batch_pairs=2, max_wait=5.0, queue_size=10,
+                      metrics=Metrics())  # fmt: skip
+    started = time.perf_counter()
+    assert answers_queued_before_start(batcher, [1, 2]) == [0, 1]
+    assert time.perf_counter() - started < 2.5, "waited for more though the next request could not join"
