@@ -492,7 +492,8 @@ def test_serve_limits_of_zero_are_refused(name: str) -> None:
 
 def test_a_lone_request_that_fails_is_run_once_and_abandon_drops_what_waits() -> None:
     """A batch of one request that fails is that request's failure: not run again alone (mut58: the second run went
-    unnoticed). A forced quit's `abandon` drops the requests still queued and says how many (mut58: untested)."""
+    unnoticed). A forced quit's `abandon` drops the requests still queued and says how many, and refuses later ones
+    (mut58: untested)."""
     calls: list[list[int]] = []
 
     def run_batch(payloads: list[int]) -> list[int]:
@@ -518,6 +519,12 @@ def test_a_lone_request_that_fails_is_run_once_and_abandon_drops_what_waits() ->
         return dropped
 
     assert asyncio.run(queue_two_then_abandon()) == 2
+
+    async def one_more() -> None:  # the store is shutting down: refused, not queued for a worker that has ended
+        await asyncio.wait_for(idle.submit(9, 1), timeout=5)
+
+    with pytest.raises(Overloaded, match="store 'store' is shutting down"):
+        asyncio.run(one_more())
 
 
 def test_a_batch_the_next_request_does_not_fit_starts_without_waiting_for_more() -> None:
