@@ -535,3 +535,29 @@ def test_a_batch_the_next_request_does_not_fit_starts_without_waiting_for_more()
     started = time.perf_counter()
     assert answers_queued_before_start(batcher, [1, 2]) == [0, 1]
     assert time.perf_counter() - started < 2.5, "waited for more though the next request could not join"
+
+
+def test_a_batch_under_load_waits_up_to_max_wait_for_a_request_that_fills_it() -> None:
+    """Two requests waiting when the worker starts form a batch that waits, up to max_wait, for more: one arriving
+    0.2 s later joins it (mut58: a batch that never waited went unnoticed)."""
+    calls: list[list[int]] = []
+
+    def run_batch(payloads: list[int]) -> list[int]:
+        calls.append(list(payloads))
+        return list(payloads)
+
+    batcher = Batcher("store", run_batch, max_batch_pairs=4, max_wait=5.0, queue_size=10, metrics=Metrics())
+
+    async def two_then_one_later() -> list[int]:
+        first = [asyncio.ensure_future(batcher.submit(number, 1)) for number in range(2)]
+        while batcher.pending() < 2:
+            await asyncio.sleep(0)
+        batcher.start()
+        await asyncio.sleep(0.2)
+        return await asyncio.gather(*first, batcher.submit(2, 2))
+
+    try:
+        assert asyncio.run(two_then_one_later()) == [0, 1, 2]
+    finally:
+        batcher.stop()
+    assert calls == [[0, 1, 2]]
