@@ -61,6 +61,26 @@ def test_a_signal_raises_terminated_and_the_handlers_before_are_back(number: int
     assert signal.getsignal(number) is signal.SIG_DFL
 
 
+def test_ctrl_c_raises_a_plain_keyboard_interrupt_and_a_handler_of_its_own_keeps_sigint() -> None:
+    """Ctrl-C is KeyboardInterrupt itself, which a command words "interrupted"; a SIGINT handler other than Python's
+    own, in place before the block, keeps the signal (mut58: both were untested)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as stop, signals_interrupt():
+            signal.raise_signal(signal.SIGINT)
+        assert type(stop.value) is KeyboardInterrupt
+        received: list[int] = []
+        signal.signal(signal.SIGINT, lambda number, _frame: received.append(number))
+        try:
+            with signals_interrupt():
+                signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pytest.fail("the block took SIGINT from the handler in place before it")
+        assert received == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_after_a_stop_threads_exceptions_and_log_records_are_dropped(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
