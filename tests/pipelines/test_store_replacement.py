@@ -393,6 +393,13 @@ def test_a_run_that_fails_before_storing_anything_leaves_no_settings_behind(
     with pytest.raises(KeyboardInterrupt):  # not the take-back's FileNotFoundError for a folder never made
         with unmade_if_nothing_stored(tmp_path / "never-made"):
             raise KeyboardInterrupt
+    launched = tmp_path / "launched"  # a launched job that fails here (a DilstoreError) keeps its start too (mut58)
+    with pytest.raises(DilstoreError, match="the launcher lost its job"), unmade_if_nothing_stored(launched) as attempt:
+        launched.mkdir()
+        (launched / SPEC_FILE).write_text("{}")
+        attempt.launched = True
+        raise DilstoreError("the launcher lost its job (the shards it finished are kept)")
+    assert [path.name for path in launched.iterdir()] == [SPEC_FILE]
     monkeypatch.setattr(cmd_precompute, "run_pipeline", never_starts)
     assert cli.main([*args, "--output", str(store)]) == 2
     assert cli.main([*args, "--output", str(made_by_user), "--encoding", "2bit"]) == 2  # its codebook goes too
