@@ -28,6 +28,16 @@ def test_a_lost_channel_names_the_first_worker_death_and_the_rerun() -> None:
     )
 
 
+def test_a_lost_channel_under_another_error_counts_and_the_noted_exit_codes_are_read(monkeypatch) -> None:
+    """The lost channel may be the cause of the error the run raised, and without `exits` the exit codes the run
+    block noted are named (mut58: neither was tested; a death under another error read as another failure, and a
+    death's exit code was left out)."""
+    wrapped = RuntimeError("the pipeline failed")
+    wrapped.__cause__ = RuntimeError("Channel closed prematurely.")
+    monkeypatch.setattr(worker_deaths, "worker_exit_codes", lambda wait: [137])
+    assert worker_death(wrapped) == f"a worker process died (exit 137: killed, e.g. out of memory); {RERUN}"
+
+
 def test_a_worker_s_exit_in_the_error_itself_is_named_and_an_unknown_exit_is_left_out() -> None:
     wrapped = RuntimeError("bundle failed")
     wrapped.__cause__ = RuntimeError("Worker subprocess exited with return code 134")
