@@ -432,3 +432,23 @@ def test_another_users_store_in_a_sticky_folder_is_refused_before_the_build(
         check_replaceable(store, [])
     shared.chmod(0o777)
     check_replaceable(store, [])  # not sticky: a folder its group may write is enough
+
+
+def test_overwrite_rebuilds_a_compacted_store_of_the_same_spec_and_replaces_one_without_a_spec(tmp_path: Path) -> None:
+    """A finalized store that `dilstore compact` rewrote is "already complete" for the same command, but --overwrite
+    builds it again (conc54 F2); a finalized store without a spec (made through the Python API) is a store --overwrite
+    replaces, not a stranger (mut58: neither path of prepare_store was tested)."""
+    spec = {"split": "words", "compacted": {"generation": "0123456789abcdef"}}
+    compacted = tmp_path / "compacted"
+    compacted.mkdir()
+    (compacted / SPEC_FILE).write_text(spec_json(spec))
+    (compacted / "manifest.json").write_text("{}")
+    assert prepare_store(compacted, spec, overwrite=False) is True
+    assert prepare_store(compacted, spec, overwrite=True) is False
+    assert needs_replacement(compacted, spec)
+    api_made = tmp_path / "api-made"
+    api_made.mkdir()
+    (api_made / "manifest.json").write_text("{}")
+    assert prepare_store(api_made, {"split": "words"}, overwrite=True) is False
+    with pytest.raises(DilstoreError, match="holds a run with other settings"):
+        prepare_store(api_made, {"split": "words"}, overwrite=False)
