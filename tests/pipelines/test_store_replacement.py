@@ -14,6 +14,7 @@ import pytest
 
 from dilstore.pipelines.job import (
     check_replaceable,
+    compacted_from,
     discard_other_replacement,
     needs_replacement,
     prepare_store,
@@ -452,3 +453,12 @@ def test_overwrite_rebuilds_a_compacted_store_of_the_same_spec_and_replaces_one_
     assert prepare_store(api_made, {"split": "words"}, overwrite=True) is False
     with pytest.raises(DilstoreError, match="holds a run with other settings"):
         prepare_store(api_made, {"split": "words"}, overwrite=False)
+
+
+def test_a_compaction_of_this_spec_is_recognised_whatever_its_shard_count() -> None:
+    """`dilstore compact` writes its own shard count into the spec it keeps: the same settings with another count are
+    this spec's compaction; another setting, or no `compacted` record, is not (mut58: the shard count was untested)."""
+    spec = {"split": "words", "shards": 2}
+    assert compacted_from({"split": "words", "shards": 5, "compacted": {"generation": "0123456789abcdef"}}, spec)
+    assert not compacted_from({"split": "paragraphs", "shards": 5, "compacted": {}}, spec)
+    assert not compacted_from({"split": "words", "shards": 5}, spec)
