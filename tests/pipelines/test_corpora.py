@@ -905,6 +905,8 @@ def test_templates_that_are_the_prose_are_rendered_as_a_reader_sees_them(wikitex
         ("'''''both''''' and ''''''six''''''", "both and 'six'"),
         ("it's ''Le l'''amour and '''x'''", "it's Le l'amour and x"),
         ("'''x ''y zz''' w '''v", "'x y zz w v"),  # a bold run at the line's start counts as after a longer word
+        # Odd italic runs but even bold ones: no bold run is an apostrophe (mut58: the bold count was untested).
+        ("The '''bold''' word and an ''unclosed italic.", "The bold word and an unclosed italic."),
     ],
 )
 def test_style_quotes_go_but_the_apostrophes_mediawiki_shows_among_them_stay(wikitext: str, text: str) -> None:
