@@ -933,6 +933,9 @@ def test_style_quotes_go_but_the_apostrophes_mediawiki_shows_among_them_stay(wik
         ("every 10<sup>18</sup> atoms, 1.25 × 10<sup>−9</sup> s, 7 km<sup>2</sup>, in 2010<sup>3</sup>, 1<sup>st</sup>",
          "every 10^18 atoms, 1.25 × 10^−9 s, 7 km2, in 20103, 1st"),
         ("Chapter 10 a<sup>1</sup>, the 10th<sup>2</sup>, 1×10<sup>2</sup>", "Chapter 10 a1, the 10th2, 1×10^2"),
+        # Only an integer exponent; a line break is a space; numbered arguments in number order (mut58: untested).
+        ("a 10<sup>n</sup> b, line one<br>line two, a {{convert|2=km|1=7}} walk",
+         "a 10n b, line one line two, a 7 km walk"),
         # Punctuation in brackets is cleared only where a dropped node left it: "for (;;)" is text (wiki40b L3).
         ("a <code>for (;;)</code> loop, ( ; ) and (a, b)", "a for (;;) loop, ( ; ) and (a, b)"),
         # A list item emptied by a dropped template split its list (wiki40b L6).
