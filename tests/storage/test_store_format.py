@@ -819,3 +819,23 @@ def test_shards_kept_open_round_mapped_files_per_shard_up_and_count_none_for_a_c
     monkeypatch.setattr(resource, "getrlimit", lambda _: (mapped.OTHER_OPEN_FILES + 220, resource.RLIM_INFINITY))
     assert mapped.mapped_files(manifest) == (401 if compressor is None else 0)
     assert mapped.shards_kept_open(manifest) == kept
+
+
+@pytest.mark.parametrize(("path", "part"), [
+    ("manifest.json", "metadata"),
+    ("shards/shard-00000/states/values/zarr.json", "metadata"),
+    ("shards/shard-00000/states/values/c/0/0", "states"),
+    ("codebook/centroids/c/0", "states"),  # what 2bit/1bit states decode with
+    ("shards/shard-00000/tokens/ids/c/0", "tokens"),
+    ("shards/shard-00000/passages/texts/bytes/c/0", "passages"),
+    ("index/hashes/c/0", "index"),
+    ("appends/0123456789abcdef/shards/shard-00003/states/values/c/0/0", "states"),  # an append's counts as the root's
+    ("appends/0123456789abcdef/index/rows/c/0", "index"),
+    ("passages/part-00000.parquet", "other"),
+])  # fmt: skip
+def test_info_puts_each_file_in_its_part(path: str, part: str) -> None:
+    """`info`'s size breakdown: metadata first, the codebook with the states, an append's files as the root's (mut58:
+    the breakdown was only checked through whole stores, where a zarr.json counted as states went unnoticed)."""
+    from dilstore.storage.info import part_of
+
+    assert part_of(path) == part
