@@ -180,6 +180,12 @@ def test_an_empty_store_opens_and_answers(tmp_path) -> None:
     assert len(store) == 0 and store.fetch([]) == [] and "anything" not in store
     with pytest.raises(MissingPassagesError, match="'anything'"):
         store.fetch(["anything"])
+    (tmp_path / "passages.parquet").write_bytes(b"another layer's file")
+    from dilstore.storage.info import store_info
+
+    info = store_info(tmp_path)  # no tokens: no bytes per token; every file counted, the other layers' too (mut58)
+    assert info["bytes_per_token"] == {"dilbert": None} and set(info["bytes_per_token_by_part"].values()) == {None}
+    assert info["bytes_on_disk"] == sum(info["bytes_by_part"].values()) and info["bytes_by_part"]["other"] == 20
 
 
 @pytest.mark.parametrize(
