@@ -91,7 +91,10 @@ def check_store_settings(store: Path, job: PrecomputeJob) -> Manifest:
     if needs_codebook(job.encoding) and job.encoding == manifest.fingerprint.encoding:  # else not the same codebook
         differing += _codebook_differences(store, job)
     if differing:
-        advice = _shipped_model_advice(manifest, job) if model else ""
+        # The shipped model's weights alone: a run of another --encoding or --max-length was told that this dilstore
+        # ships another model (read58b F2).
+        retrained = "weights_sha256" in manifest.fingerprint.differences(job.fingerprint)
+        advice = _shipped_model_advice(manifest, job) if retrained else ""
         raise AppendMismatchError(f"cannot append to {store}: the store was made with other settings "
                                   f"({'; '.join(differing)}){'. ' + advice if advice else ''}")
     if needs_codebook(job.encoding):  # the new shards are encoded with it: not with one edited after finalize

@@ -367,6 +367,23 @@ def test_an_append_after_an_upgrade_of_the_shipped_model_says_what_to_do(tmp_pat
                                            "--overwrite`), or give --model the checkpoint that made it") is advised
 
 
+def test_an_append_of_other_settings_with_the_same_shipped_model_is_not_told_the_model_changed(tmp_path: Path) -> None:
+    """(read58b F2) An append without --model onto a store built without --model, whose fingerprint differs only in
+    its encoding or max length, was told "this dilstore ships another" model and to build the store again: the
+    advice followed any difference of the model fingerprint, not only of the shipped weights."""
+    store = build_store(tmp_path / "store", random_shards([3], state_shape=(8,), seed=6))
+    manifest = read_manifest(StoreLocation.parse(store))
+    command = "dilstore precompute --input a.jsonl --output store --kind dilbert"
+    write_manifest(store, dataclasses.replace(manifest, creation={**manifest.creation, "command": command}))
+    for change in [{"encoding": "int8"}, {"max_length": 128}]:
+        job = SimpleNamespace(fingerprint=dataclasses.replace(manifest.fingerprint, **change), compressor=None,
+                              strategy="words", encoding="fp32", codebook=None,
+                              creation={"command": "dilstore precompute --input b.jsonl --output store --append"})
+        with pytest.raises(storage_append.AppendMismatchError, match=f"{next(iter(change))}: store ") as refused:
+            check_store_settings(store, job)  # type: ignore[arg-type]
+        assert "ships another" not in str(refused.value)
+
+
 @pytest.mark.parametrize("compressor", [None, "zstd"])
 def test_the_compression_of_a_store_is_held_against_an_append_only_when_the_store_has_shards(
     tmp_path: Path, compressor
