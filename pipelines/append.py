@@ -109,7 +109,8 @@ def _shipped_model_advice(manifest: Manifest, job: PrecomputeJob) -> str:
     from dilstore.reader.packaged.shipped import names_model, shipped_model_advice
 
     command = job.creation.get("command")
-    return shipped_model_advice(manifest.creation, isinstance(command, str) and not names_model(command))
+    return shipped_model_advice(manifest.creation, isinstance(command, str) and not names_model(command),
+                                manifest.appends)
 
 
 def _codebook_differences(store: Path, job: PrecomputeJob) -> list[str]:

@@ -17,7 +17,7 @@ gain, so this module points at that folder instead.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,22 +64,43 @@ def _shipped(name: str, what: str, train: str, package_script: str) -> Path:
 def names_model(command: str) -> bool:
     """Whether a recorded `dilstore` command line gives --model, as `--model PATH` or `--model=PATH`: the second form
     was taken for the shipped model, and the advice to build the store again followed a model the user chose."""
+    return any(word == "--model" or word.startswith("--model=") for word in _words(command))
+
+
+def _words(command: str) -> list[str]:
+    """A recorded command's words, as the shell splits them."""
     try:
-        words = shlex.split(command)
+        return shlex.split(command)
     except ValueError:  # a hand-edited record: its words as they stand
-        words = command.split()
-    return any(word == "--model" or word.startswith("--model=") for word in words)
+        return command.split()
 
 
-def shipped_model_advice(creation: Mapping[str, Any], default_model: bool) -> str:
+def shipped_model_advice(
+    creation: Mapping[str, Any], default_model: bool, appends: Sequence[Mapping[str, Any]] = ()
+) -> str:
     """What to do when a store made with the model its dilstore shipped (its `creation` command names no `--model`)
     is opened with the model this dilstore ships (`default_model`: no --model given) and the two differ: the shipped
     checkpoints were retrained between versions, so a store built before an upgrade met a fingerprint table that
-    blamed a "different model" and said nothing of what to do (upgrade58 F2). "" in every other case."""
-    command = creation.get("command")
-    if not default_model or not isinstance(command, str) or names_model(command):
+    blamed a "different model" and said nothing of what to do (upgrade58 F2). "" in every other case.
+
+    `appends`: the manifest's records of the appends since. The command to build the store again is its precompute's,
+    found below any compaction's record, followed by its appends' commands. Before, a compacted store was told to run
+    `dilstore compact STORE --shards N --overwrite` (an option compact has not, and a compaction copies the states
+    it has) whatever model its precompute named, and an appended store its first command alone, which dropped every
+    appended passage; a command holding --overwrite got it twice (read58b F1)."""
+    if not default_model:
         return ""
+    commands = [record.get("command") for record in appends]
+    while isinstance(creation.get("compacted_from"), Mapping):  # a compaction records the store it was made from
+        before = creation["compacted_from"]
+        commands = [record.get("command") for record in before.get("appends") or []] + commands
+        creation = before.get("creation") if isinstance(before.get("creation"), Mapping) else {}
+    command = creation.get("command")
+    if not isinstance(command, str) or names_model(command) or not all(isinstance(each, str) for each in commands):
+        return ""
+    rebuild = command if "--overwrite" in _words(command) else f"{command} --overwrite"
+    then = f", then append as before: {'; '.join(f'`{each}`' for each in commands)}" if commands else ""
     built = creation.get("finalized_at")
     when = f" ({built})" if isinstance(built, str) else ""
     return (f"The store was built{when} with the model its dilstore shipped, and this dilstore ships another: build "
-            f"the store again with this one (`{command} --overwrite`), or give --model the checkpoint that made it")
+            f"the store again with this one (`{rebuild}`{then}), or give --model the checkpoint that made it")

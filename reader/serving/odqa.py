@@ -455,7 +455,7 @@ def load_store_model(
     layers = None if read_metadata(require_checkpoint_dir(directory)) is not None else fingerprint.layers
     model = DilBertReader.from_pretrained(directory, layers=layers)
     expected = model_fingerprint(model, DilBertReader.kind, fingerprint.encoding, fingerprint.max_length)
-    advice = shipped_model_advice(store.manifest.creation, model_dir is None)
+    advice = shipped_model_advice(store.manifest.creation, model_dir is None, store.manifest.appends)
     check_fingerprint(fingerprint, expected, f"store {store.url} (model {directory})", advice)
     if online_variant:
         load_online_variant(model, directory, fingerprint.encoding, expected.weights_sha256)

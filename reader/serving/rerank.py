@@ -559,7 +559,8 @@ def load_store_ranker(store: Store, model_dir: str | Path, *, shipped: bool = Fa
     model = ListformerRanker.from_pretrained(model_dir) if kind == LISTFORMER else EarlRanker.from_pretrained(model_dir)
     found = store.fingerprint
     expected = model_fingerprint(model, kind, found.encoding, found.max_length)
-    advice = shipped_model_advice(store.manifest.creation, shipped)  # shipped: the packaged ranker, no --model given
+    # shipped: the packaged ranker, no --model given
+    advice = shipped_model_advice(store.manifest.creation, shipped, store.manifest.appends)
     check_fingerprint(found, expected, f"store {store.url} (model {model_dir})", advice)
     return model
 

@@ -566,6 +566,25 @@ def test_the_advice_about_shipped_models_follows_only_commands_without_a_model(c
     assert bool(shipped_model_advice({"command": command}, default_model=True)) is advised
 
 
+def test_the_advice_about_shipped_models_names_the_commands_that_build_an_appended_or_compacted_store() -> None:
+    """(read58b F1) A compacted store was told to run its compaction's command with --overwrite (`dilstore compact
+    STORE --shards N --overwrite`: compact has no --overwrite, and a compaction copies the states it has), even when
+    its precompute named --model; an appended store its first precompute alone, which dropped every appended
+    passage; a recorded --overwrite was given twice. The advice now names the precompute under the compaction's
+    record, with --overwrite once, and the appends' commands after it."""
+    from dilstore.reader.packaged.shipped import shipped_model_advice
+
+    first = "dilstore precompute --input a.jsonl --output s --overwrite"
+    append = "dilstore precompute --input b.jsonl --output s --append"
+    later = "dilstore precompute --input c.jsonl --output s --append"
+    compacted = {"command": "dilstore compact s --shards 4",
+                 "compacted_from": {"creation": {"command": first}, "appends": [{"command": append}]}}
+    advice = shipped_model_advice(compacted, default_model=True, appends=[{"command": later}])
+    assert f"build the store again with this one (`{first}`, then append as before: `{append}`; `{later}`)" in advice
+    chosen = {**compacted, "compacted_from": {"creation": {"command": f"{first} --model ck"}, "appends": []}}
+    assert shipped_model_advice(chosen, default_model=True) == ""
+
+
 def test_a_pipe_in_the_index_folder_is_refused_before_the_jvm_starts(
     tiny: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
