@@ -52,11 +52,14 @@ def bm25_index_dir(store_path: str | Path) -> Path:
     """Where `dilstore index STORE` puts the store's Lucene index: STORE/bm25, for a store on the local filesystem.
 
     Lucene reads only local files, so a store at a URL (http://, s3://, ...)
-    has no default index: a DilstoreError asks for a local one (`--index`).
+    has no default index: a DilstoreError asks for a local one (`--index`). A `file:` URL names a local folder;
+    its one-slash form (`file:/abs/st`) was taken as a relative path, so `serve`, `ask` and `verify` looked for
+    ./file:/abs/st/bm25 and said "no Lucene index" of a store that had one (left58b F1).
     """
-    if "://" not in str(store_path):
+    from dilstore.storage.location import StoreLocation, is_url, redacted
+
+    if not is_url(str(store_path)):
         return Path(store_path) / BM25_INDEX_DIR
-    from dilstore.storage.location import StoreLocation, redacted
 
     local = StoreLocation.parse(store_path).local_root
     if local is None:

@@ -378,7 +378,7 @@ def open_served_store(
     fingerprint did not change (an append, a compaction, a rebuilt index).
     """
     from dilstore.storage.info import store_info
-    from dilstore.storage.location import redacted
+    from dilstore.storage.location import StoreLocation, redacted
 
     if checked is None:  # first: a path without a store is named before the model stack loads
         info = store_info(path)
@@ -392,7 +392,7 @@ def open_served_store(
     from dilstore.runners.serve_reopen import Reopener, files_stamp
     from dilstore.runners.serve_services import AskService, RerankService, ServedStore
 
-    watched = index if index is not None or "://" in path else bm25_index_dir(path)
+    watched = index if index is not None or StoreLocation.parse(path).local_root is None else bm25_index_dir(path)
     stamp = functools.partial(files_stamp, path, watched)
     opened = stamp()  # before the store is read: a change while it opens is seen at the next check
     variant = None  # the online layers tuned for the store's encoding, when the reader swapped them in

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreChangedError, StoreFormatError
 from dilstore.storage.location import is_url
 from dilstore.storage.reader import open_store
@@ -73,3 +74,19 @@ def test_a_store_path_of_an_unexpanded_home_names_the_home_s_store(tmp_path: Pat
     monkeypatch.setenv("HOME", str(home))
     with pytest.raises(StoreFormatError, match=f"no store at ~/st: .*'~'.* {home / 'st'}"):
         open_store("~/st")
+
+
+def test_a_file_url_with_one_slash_is_served_with_the_store_s_own_index(tmp_path: Path, monkeypatch) -> None:
+    """(left58b F1) `serve file:/abs/st` (and `ask`, `verify`) took the BM25 index folder from the argument as a
+    Path: ./file:/abs/st/bm25, relative to the current folder. A store indexed at /abs/st/bm25 was refused with
+    "no Lucene index at file:/abs/st/bm25". Each spelling of the store now finds the same bm25/ folder inside it."""
+    from dilstore.reader.retrieval import bm25_index_dir
+    from dilstore.runners.cmd_serve import served_index
+
+    monkeypatch.chdir(tmp_path)
+    build_store(tmp_path / "st", random_shards([2]))
+    index = tmp_path / "st" / "bm25"
+    for spelling in (f"file:{tmp_path}/st", f"file://{tmp_path}/st", str(tmp_path / "st")):
+        assert bm25_index_dir(spelling) == index
+    with pytest.raises(DilstoreError, match=f"^no Lucene index at {index}: build it with"):
+        served_index("st", f"file:{tmp_path}/st", "dilbert", None)
