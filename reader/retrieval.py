@@ -29,6 +29,7 @@ from dilstore.reader.quiet_mode import is_quiet
 from dilstore.storage.durability import aside_prefix, remove_path, replace_dir
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.file_errors import naming
+from dilstore.storage.messages import command_text
 from dilstore.storage.read_failures import LASTING_ERRNOS
 from dilstore.storage.write_lock import INDEX_ROLE, compactor_of, writer_of
 
@@ -430,11 +431,11 @@ def require_index_files(index: Path, store_path: str | Path, *, given: bool, loc
         # there, so none will come. "being built ... wait for it" sent a server's clients waiting for good (conc54 F1).
         raise DilstoreError(f"no Lucene index at {index}: the store is being compacted by pid {indexer} (`dilstore "
                             f"compact`), which brings no index along where none covers the store; build it with "
-                            f"`dilstore index {store_path}` once that is done")  # fmt: skip
+                            f"`{command_text('dilstore', 'index', store_path)}` once that is done")  # fmt: skip
     if indexer is not None:
         raise DilstoreError(f"the index of {store_path} is being built by pid {indexer} (`dilstore index`): wait "
                             "for it")  # fmt: skip
-    raise DilstoreError(f"no Lucene index at {index}: build it with `dilstore index {store_path}`")
+    raise DilstoreError(f"no Lucene index at {index}: build it with `{command_text('dilstore', 'index', store_path)}`")
 
 
 def refuse_special_index_files(index_dir: Path) -> None:
@@ -616,7 +617,7 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
     store_path = redacted(str(store_path))
     # `dilstore index` writes only local folders: a store at a URL is indexed as a local copy.
     build = f"`dilstore index` of a local copy of {store_path}" if "://" in store_path else (
-        f"`dilstore index {store_path}`")  # fmt: skip
+        f"`{command_text('dilstore', 'index', store_path)}`")  # fmt: skip
     # An index given with --index elsewhere: `dilstore index` rebuilds STORE/bm25, never that folder (review47 F6).
     default = None if "://" in store_path else bm25_index_dir(store_path)
     elsewhere = f" (it writes {default}: give that, or a copy of it, in place of {index_dir})" if (

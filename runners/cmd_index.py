@@ -34,6 +34,7 @@ from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.scratch import scratch_dir
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import MANIFEST_FILE
+from dilstore.storage.messages import command_text
 from dilstore.storage.replacement import refuse_undeletable
 from dilstore.storage.write_lock import INDEX_ROLE, WRITE_ROLE, compactor_of, write_lock
 
@@ -135,9 +136,10 @@ def _store_lock(store: Path, role: str = WRITE_ROLE, doing: str = "written") -> 
             compactor = compactor_of(store)
             if compactor is None:
                 raise
+            rerun = command_text("dilstore", "index", store)
             raise DilstoreError(f"{store} is being compacted by pid {compactor} (`dilstore compact`): wait for it, "
-                                f"then run `dilstore index {store}` again unless the compaction says its BM25 index "
-                                "came along") from None  # fmt: skip
+                                f"then run `{rerun}` again unless the compaction says its BM25 index came "
+                                "along") from None  # fmt: skip
         yield held
 
 

@@ -53,6 +53,7 @@ from dilstore.storage.format import (
 )
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
+from dilstore.storage.messages import command_text
 from dilstore.storage.read_failures import describe
 from dilstore.storage.writer import build_attributes
 from dilstore.storage.zarr_reads import METADATA_ERRORS
@@ -252,9 +253,10 @@ def refuse_changed_codebook(path: str | Path, refused: str) -> None:
     store, changes = codebook_changes(path)
     if changes:
         more = f"; and {len(changes) - 3} more" if len(changes) > 3 else ""
+        verify = command_text("dilstore", "verify", store)
         raise StoreFormatError(f"{refused}: the codebook does not match {store}/{MANIFEST_FILE} "
                                f"({'; '.join(changes[:3])}{more}), so it would encode new passages with damaged "
-                               f"codes; `dilstore verify {store}` lists what changed: put codebook/ back from a copy "
+                               f"codes; `{verify}` lists what changed: put codebook/ back from a copy "
                                "of the store, or build the store again with --overwrite")  # fmt: skip
 
 

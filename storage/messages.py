@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import shlex
 import unicodedata
 from collections.abc import Container, Sequence
 from os import PathLike
@@ -43,6 +44,12 @@ def path_text(path: str | PathLike[str]) -> str:
     """A path or file name as text that any UTF-8 file or stream takes: the bytes of a name that is not UTF-8 (which
     Python decodes to lone surrogates, U+DC80..U+DCFF) as escapes, `q\\xff.jsonl`; any other name as it is."""
     return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def command_text(*words: str | PathLike[str]) -> str:
+    """A command as a shell takes it pasted back: `dilstore index '/data/my store'`. Hints printed store paths
+    unquoted, so a path with a space or a quote ran another command (left58b F2)."""
+    return shlex.join(path_text(word) for word in words)
 
 
 def other_form_hint(held: Container[str], missing: Sequence[str], *, where: str = "in it", what: str = "ids") -> str:

@@ -90,3 +90,18 @@ def test_a_file_url_with_one_slash_is_served_with_the_store_s_own_index(tmp_path
         assert bm25_index_dir(spelling) == index
     with pytest.raises(DilstoreError, match=f"^no Lucene index at {index}: build it with"):
         served_index("st", f"file:{tmp_path}/st", "dilbert", None)
+
+
+def test_a_rerun_hint_quotes_a_store_path_with_a_space(tmp_path: Path) -> None:
+    """(left58b F2) The hints `dilstore index STORE` (ask, serve, index under a compaction) and `dilstore verify
+    STORE` (a changed codebook) printed the path as it is: pasted back, `/data/my store` ran `dilstore index
+    /data/my` with a stray argument. They are quoted as a shell takes them, as precompute's and compact's are."""
+    from dilstore.reader.retrieval import require_index_files
+
+    store = tmp_path / "my store"
+    build_store(store, random_shards([1]))
+    with pytest.raises(DilstoreError, match=r"build it with `dilstore index '[^`]*/my store'`$"):
+        require_index_files(store / "bm25", store, given=False, local_root=store)
+    from dilstore.storage.messages import command_text
+
+    assert command_text("dilstore", "verify", "it's") == """dilstore verify 'it'"'"'s'"""
