@@ -188,11 +188,14 @@ def resolve_inputs(paths: Sequence[str | Path] | None, format: str | None) -> tu
         if not path.is_file():  # a FIFO or a device such as /dev/null
             raise DilstoreError(f"--input {path} is not a regular file; give a corpus file")
         resolved = str(path.resolve())
-        if resolved in spellings:
-            first = spellings[resolved]
+        # The file itself, not its path: a hard link of a file given before was read twice (left58b F3).
+        status = path.stat()
+        identity = (status.st_dev, status.st_ino)
+        if identity in spellings:
+            first = spellings[identity]
             also = "" if first == str(given) else f" (as {first} before it: the same file)"
             raise DilstoreError(f"--input {given} is given twice{also}")
-        spellings[resolved] = str(given)
+        spellings[identity] = str(given)
         if not os.access(path, os.R_OK):
             raise DilstoreError(f"--input {path}: permission denied (the file is not readable)")
         task = ReadTask(resolved, format or format_for_path(path))

@@ -1022,3 +1022,18 @@ def test_only_the_default_run_folder_s_own_errors_name_it(tmp_path: Path, monkey
     with pytest.raises(DilstoreError, match=f"^Permission denied: {re.escape(str(tmp_path / 'runs' / 'qa'))} "
                                             r"\(the default run folder"):  # fmt: skip
         training_options.holding_the_output(failing)(args)
+
+
+def test_a_hard_link_of_an_input_given_before_is_the_same_input(tmp_path: Path) -> None:
+    """(left58b F3) `precompute` found an --input given twice by its resolved path only: a hard link of a file given
+    before (or `A.jsonl` and `a.jsonl` on a case-insensitive disk) was read twice, every document of it once more.
+    It is refused as the same file, as `docs.jsonl` and `./docs.jsonl` are."""
+    from dilstore.runners.cmd_precompute import resolve_inputs
+    from dilstore.storage.errors import DilstoreError
+
+    (tmp_path / "c.jsonl").write_text('{"id": "d", "title": "t", "text": "words"}\n')
+    os.link(tmp_path / "c.jsonl", tmp_path / "linked.jsonl")
+    first, linked = str(tmp_path / "c.jsonl"), str(tmp_path / "linked.jsonl")
+    with pytest.raises(DilstoreError, match=f"^--input {linked} is given twice \\(as {first} before it: the same "):
+        resolve_inputs([first, linked], None)
+    assert len(resolve_inputs([first], None)) == 1
