@@ -167,7 +167,7 @@ def _opened_server(args: argparse.Namespace, settings: ServeSettings) -> StopSer
     named = [parse_store_argument(argument) for argument in args.stores]
     names = [name for name, _ in named]
     if len(set(names)) != len(names):
-        raise DilstoreError(f"store names must differ, got {names}; name them as NAME=DIR")
+        raise DilstoreError(f"store names must differ, got {names}; name them as NAME=STORE")
     models = per_store_models(args.model, len(named))
     indexes = per_store_indexes(args.index, names)
     infos = check_stores_and_models(named, models)
@@ -333,10 +333,15 @@ def parse_store_argument(argument: str) -> tuple[str, str]:
 
 
 def per_store_indexes(indexes: Sequence[str], names: Sequence[str]) -> dict[str, Path]:
-    """`--index NAME=DIR` options as {store name: index folder}; a NAME that names no store is an error."""
+    """`--index NAME=DIR` options as {store name: index folder}; a NAME that names no store is an error.
+
+    NAME is what stands before the first "=" that ends a served store's name: a store served as the folder `k=3`
+    (named `k=3`) could not be given an index, `--index k=3=DIR` naming the store "k" (left58b F4).
+    """
     chosen = {}
     for option in indexes:
-        name, separator, directory = option.partition("=")
+        ends = [end for end, character in enumerate(option) if character == "=" and option[:end] in names]
+        name, separator, directory = (option[: ends[0]], "=", option[ends[0] + 1 :]) if ends else option.partition("=")
         if not separator or not directory:
             raise DilstoreError(f"--index takes NAME=DIR, got {option!r}")
         if name not in names:

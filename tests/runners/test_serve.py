@@ -1363,3 +1363,15 @@ def test_a_store_at_a_url_whose_server_sends_whole_files_is_refused_at_start(tin
         files.shutdown()
         files.server_close()
         thread.join()
+
+
+def test_a_store_named_with_an_equals_sign_is_given_its_index() -> None:
+    """(left58b F4) A store served as the folder `k=3` (named `k=3`) could not be given an index: `--index k=3=DIR`
+    split at its first "=", "no store is named 'k'". NAME is the part before the first "=" that ends a store's name;
+    an index folder holding "=" stays whole."""
+    from dilstore.runners.cmd_serve import per_store_indexes
+
+    assert per_store_indexes(["k=3=idx"], ["k=3", "s1"]) == {"k=3": Path("idx")}
+    assert per_store_indexes(["s1=runs/k=3/bm25"], ["k=3", "s1"]) == {"s1": Path("runs/k=3/bm25")}
+    with pytest.raises(DilstoreError, match=r"^--index k=3=idx: no store is named 'k' \(stores: s1\)"):
+        per_store_indexes(["k=3=idx"], ["s1"])
