@@ -10,11 +10,14 @@ default to the checkpoints shipped in the package.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import numbers
+import os
 import random
 import typing
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
@@ -220,7 +223,8 @@ def precompute(*, beam_options: Mapping[str, BeamValue] | None = None, **options
     args = _parsed("precompute", lambda parser: parse(parser, ["precompute", *words, *beam]))
     held = random.getstate()  # Beam runs in this process and draws from the caller's `random` stream
     try:
-        summary, empty, _ = precompute_store(args)
+        with _loops_as_os_errors():
+            summary, empty, _ = precompute_store(args)
     except StoppedBySignal as stop:  # the user's stop, not bad input: `except DilstoreError` must not swallow it
         raise KeyboardInterrupt(str(stop)) from stop
     finally:
@@ -302,6 +306,21 @@ def _raising(parser: argparse.ArgumentParser, command: str) -> None:
     parser.print_help = parser.print_usage = parser.exit = usage  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _loops_as_os_errors() -> Iterator[None]:
+    """Python 3.11's and 3.12's `Path.resolve()` error for a loop of symbolic links as the OSError (ELOOP) naming the
+    path that Python 3.13 raises: `precompute(output=LOOP)` and `compact(LOOP)` raised pathlib's RuntimeError, which
+    a program's `except OSError` missed, where the command line says one line (left58b F5)."""
+    try:
+        yield
+    except RuntimeError as error:
+        from dilstore.runners.cli import symlink_loop
+
+        if (loop := symlink_loop(error)) is None:
+            raise
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), loop) from None
+
+
 def build_index(store: PathLike, *, threads: int = 1, no_progress: bool = False) -> Path:
     """Build STORE/bm25, the Lucene BM25 index over the store's passages (as `dilstore index`); returns its path.
 
@@ -340,7 +359,8 @@ def compact(store: PathLike, *, output: PathLike | None = None, shards: int | No
     options = option_words({"output": output, "shards": shards, "no_progress": no_progress})
     args = _parsed("compact", lambda parser: parser.parse_args(["compact", *options, "--", str(store)]))
     try:
-        return compact_command(args)
+        with _loops_as_os_errors():
+            return compact_command(args)
     except StoppedBySignal as stop:  # the user's stop, not bad input: `except DilstoreError` must not swallow it
         raise KeyboardInterrupt(str(stop)) from stop
 

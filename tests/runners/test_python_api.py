@@ -324,3 +324,21 @@ def test_verify_hands_its_storage_options_and_progress_to_the_store_check(
     with pytest.raises(RuntimeError, match="stop here"):
         dilstore.verify(tmp_path / "store")
     assert seen[-1] == (str(tmp_path / "store"), None) and "verify" in capsys.readouterr().err
+
+
+def test_a_loop_of_symbolic_links_given_to_the_api_is_an_os_error(tmp_path: Path) -> None:
+    """(left58b F5) `dilstore.precompute(output=LOOP)` and `dilstore.compact(LOOP)` raised Python 3.11's and 3.12's
+    RuntimeError("Symlink loop from ..."), which a program's `except OSError` missed, where the command line says
+    one line. It is the OSError (ELOOP) naming the path that Python 3.13 raises."""
+    import errno
+
+    import dilstore
+
+    (tmp_path / "c.jsonl").write_text('{"id": "d", "title": "t", "text": "words"}\n')
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for call in (lambda: dilstore.precompute(input=[str(tmp_path / "c.jsonl")], output=str(loop)),
+                 lambda: dilstore.compact(loop)):  # fmt: skip
+        with pytest.raises(OSError) as raised:
+            call()
+        assert raised.value.errno == errno.ELOOP and raised.value.filename == str(loop)
