@@ -431,11 +431,20 @@ def require_index_files(index: Path, store_path: str | Path, *, given: bool, loc
         # there, so none will come. "being built ... wait for it" sent a server's clients waiting for good (conc54 F1).
         raise DilstoreError(f"no Lucene index at {index}: the store is being compacted by pid {indexer} (`dilstore "
                             f"compact`), which brings no index along where none covers the store; build it with "
-                            f"`{command_text('dilstore', 'index', store_path)}` once that is done")  # fmt: skip
+                            f"`{index_command(store_path, local_root)}` once that is done")  # fmt: skip
     if indexer is not None:
         raise DilstoreError(f"the index of {store_path} is being built by pid {indexer} (`dilstore index`): wait "
                             "for it")  # fmt: skip
-    raise DilstoreError(f"no Lucene index at {index}: build it with `{command_text('dilstore', 'index', store_path)}`")
+    raise DilstoreError(f"no Lucene index at {index}: build it with `{index_command(store_path, local_root)}`")
+
+
+def index_command(store_path: str | Path, local_root: Path | None) -> str:
+    """`dilstore index STORE` as it takes the store: its folder for a store given as a `file:` URL, which the command
+    refuses as a URL; the hint named the URL, and pasted back it said "no store at file:/abs/st" (left58b F6)."""
+    from dilstore.storage.location import is_url
+
+    return command_text("dilstore", "index", local_root if local_root is not None and is_url(str(store_path)) else
+                        store_path)
 
 
 def refuse_special_index_files(index_dir: Path) -> None:
@@ -610,16 +619,17 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
     if recorded == now:
         return
     # The spec's compaction record (no spec, or none: {}), read once for both uses below.
-    compaction = compacted_record(StoreLocation.parse(str(store_path))) or {}
+    location = StoreLocation.parse(str(store_path))
+    compaction = compacted_record(location) or {}
     compacted = compacted_state(store, compaction)
     if compacted is not None and {key: recorded.get(key) for key in compacted} == compacted:
         return  # the store compacted since: the same live passages under a new build (conc54 F5)
     store_path = redacted(str(store_path))
     # `dilstore index` writes only local folders: a store at a URL is indexed as a local copy.
-    build = f"`dilstore index` of a local copy of {store_path}" if "://" in store_path else (
-        f"`{command_text('dilstore', 'index', store_path)}`")  # fmt: skip
+    build = f"`dilstore index` of a local copy of {store_path}" if location.local_root is None else (
+        f"`{index_command(store_path, location.local_root)}`")  # fmt: skip
     # An index given with --index elsewhere: `dilstore index` rebuilds STORE/bm25, never that folder (review47 F6).
-    default = None if "://" in store_path else bm25_index_dir(store_path)
+    default = None if location.local_root is None else bm25_index_dir(store_path)
     elsewhere = f" (it writes {default}: give that, or a copy of it, in place of {index_dir})" if (
         default is not None and index_dir.resolve() != default.resolve()) else ""  # fmt: skip
     # An index of the build the store was compacted from, appended to since, is no other store's (conc54 L).

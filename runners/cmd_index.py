@@ -34,7 +34,7 @@ from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.scratch import scratch_dir
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import MANIFEST_FILE
-from dilstore.storage.messages import command_text
+from dilstore.storage.messages import command_text, path_text
 from dilstore.storage.replacement import refuse_undeletable
 from dilstore.storage.write_lock import INDEX_ROLE, WRITE_ROLE, compactor_of, write_lock
 
@@ -65,12 +65,17 @@ _LUCENE_IS_LOCAL = (", and Lucene writes only local files: index a local copy of
 
 def local_store(argument: str, url_advice: str = _LUCENE_IS_LOCAL) -> Path:
     """STORE as a local folder, for a command that writes inside it (the index is built by Lucene on local files
-    and written to STORE/bm25); a URL is refused with `url_advice` after "URL is a URL"."""
+    and written to STORE/bm25); a URL is refused with `url_advice` after "URL is a URL", a `file:` URL with the
+    folder to give. `file:/abs/st` (one slash) was taken as the folder ./file:/abs/st, "no store at file:/abs/st",
+    and `file:///abs/st`, a local folder, was told to be copied to a local one (left58b F6)."""
     if not argument.strip():
         raise DilstoreError("the store path is empty")
-    if "://" in argument:
-        from dilstore.storage.location import redacted
+    from dilstore.storage.location import StoreLocation, is_url, redacted
 
+    if is_url(argument):
+        if "::" not in argument and argument.partition(":")[0].lower() in ("file", "local"):  # a local folder
+            local = StoreLocation.parse(argument).local_root
+            raise DilstoreError(f"{redacted(argument)} is a URL: give the store's folder, {path_text(local)}")
         raise DilstoreError(f"{redacted(argument)} is a URL{url_advice}")
     return Path(argument)
 

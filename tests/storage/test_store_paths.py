@@ -105,3 +105,22 @@ def test_a_rerun_hint_quotes_a_store_path_with_a_space(tmp_path: Path) -> None:
     from dilstore.storage.messages import command_text
 
     assert command_text("dilstore", "verify", "it's") == """dilstore verify 'it'"'"'s'"""
+
+
+@pytest.mark.parametrize("slashes", ["", "//"])
+def test_a_store_given_as_a_file_url_is_sent_to_index_its_folder(tmp_path: Path, slashes: str) -> None:
+    """(left58b F6) `serve file:/abs/st` without an index said "build it with `dilstore index file:/abs/st`", and
+    that said "no store at file:/abs/st" (the folder ./file:/abs/st); `dilstore index file:///abs/st` was told to
+    index "a local copy" of a local store. The hint names the folder, and index and compact refuse a `file:` URL
+    naming it."""
+    from dilstore.runners.cmd_index import local_store
+    from dilstore.runners.cmd_serve import served_index
+
+    build_store(tmp_path / "st", random_shards([1]))
+    url = f"file:{slashes}{tmp_path}/st"
+    with pytest.raises(DilstoreError, match=f"build it with `dilstore index {tmp_path / 'st'}`$"):
+        served_index("st", url, "dilbert", None)
+    with pytest.raises(DilstoreError, match=f"^{url} is a URL: give the store's folder, {tmp_path / 'st'}$"):
+        local_store(url)
+    with pytest.raises(DilstoreError, match="^s3://b/st is a URL, and Lucene writes only local files"):
+        local_store("s3://b/st")
