@@ -154,7 +154,7 @@ def read_qrels(path: str | Path) -> Qrels:
 
 def run_from_mapping(run: Mapping[str, Mapping[str, float]]) -> Run:
     """A checked copy of a run given as `{qid: {docid: score}}`: scores must be finite numbers, as in a file."""
-    return _from_mapping("run", run, "a finite score", _finite_score)
+    return _from_mapping("run", run, "a finite score", finite_float)
 
 
 def qrels_from_mapping(qrels: Mapping[str, Mapping[str, int]]) -> Qrels:
@@ -186,12 +186,6 @@ def _from_mapping(
                                     f"found {qid!r:.60}/{docid!r:.60}: {shown(value):.60}")  # fmt: skip
             checked[qid][docid] = converted
     return checked
-
-
-def _finite_score(value: Any) -> float | None:
-    """`value` as a float score, or None when it is not a number a float holds finitely (an int past float's range
-    was an OverflowError traceback, num58 F1)."""
-    return finite_float(value)
 
 
 def int32_grade(value: Any) -> int | None:
