@@ -216,7 +216,7 @@ def retimed_inputs(found: dict[str, Any], wanted: dict[str, Any]) -> str:
         return ""
     named = "; ".join(f"{before['path']} ({_both_times(before['mtime_ns'], now['mtime_ns'])})"
                       for before, now in retimed)  # fmt: skip
-    touches = " && ".join(f"touch -d {_touch_time(before['mtime_ns'])} {shlex.quote(str(before['path']))}"
+    touches = " && ".join(f"touch -d {_utc(before['mtime_ns'], to_nanosecond=True)} {shlex.quote(str(before['path']))}"
                           for before, _ in retimed)  # fmt: skip
     return (f". Of the inputs, only the modification time differs, the size is the recorded one: {named}; if the "
             f"contents are the same (a copy, a download, a checkout), `{touches}` gives the recorded time back and "
@@ -235,23 +235,18 @@ def _both_times(recorded: int, now: int) -> str:
     """`recorded T1, now T2` in UTC, to the second, or to the nanosecond where the two share their second: a copy that
     kept the second but not its fraction (tar, zip, a file system of whole seconds) read "recorded 18:45:12Z, now
     18:45:12Z", two equal times for the one thing said to differ (read58 F5)."""
-    written = _utc if _utc(recorded) != _utc(now) else _touch_time
-    return f"recorded {written(recorded)}, now {written(now)}"
+    precise = _utc(recorded) == _utc(now)
+    return f"recorded {_utc(recorded, to_nanosecond=precise)}, now {_utc(now, to_nanosecond=precise)}"
 
 
-def _touch_time(nanoseconds: int) -> str:
-    """A modification time in nanoseconds since the epoch as `touch -d` takes it on Linux (GNU) and macOS (BSD) alike,
-    ISO 8601 in UTC to the nanosecond (`2026-12-01T18:45:12.123456789Z`). The `@SECONDS.NANOS` offered before is
-    GNU's alone, an illegal time to macOS's touch, and was a second off before 1970 (`@-2.5` for -1.5 s) (read58 F3)."""
+def _utc(nanoseconds: int, *, to_nanosecond: bool = False) -> str:
+    """A modification time in nanoseconds since the epoch as UTC ISO 8601, to the second (`2026-12-01T18:45:12Z`) or
+    to the nanosecond (`2026-12-01T18:45:12.123456789Z`), which `touch -d` takes on Linux (GNU) and macOS (BSD)
+    alike. The `@SECONDS.NANOS` offered before is GNU's alone, an illegal time to macOS's touch, and was a second
+    off before 1970 (`@-2.5` for -1.5 s) (read58 F3)."""
     seconds, fraction = divmod(nanoseconds, 10**9)  # floored: -1.5 s is -2 s and 0.5 s, as the calendar counts it
-    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
-    return f"{moment.isoformat(timespec='seconds').removesuffix('+00:00')}.{fraction:09d}Z"
-
-
-def _utc(nanoseconds: int) -> str:
-    """A modification time in nanoseconds since the epoch as UTC ISO 8601, to the second (`2026-12-01T18:45:12Z`)."""
-    moment = datetime.datetime.fromtimestamp(nanoseconds // 10**9, datetime.UTC)
-    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat(timespec="seconds")
+    return f"{moment.removesuffix('+00:00')}{f'.{fraction:09d}' if to_nanosecond else ''}Z"
 
 
 def _both_values(name: str, old: Any, new: Any) -> str:

@@ -95,7 +95,7 @@ def test_a_store_whose_input_was_copied_again_byte_for_byte_says_how_to_go_on_wi
     with pytest.raises(DilstoreError, match="differs in: inputs") as refused:
         prepare_store(store, run_spec(job), overwrite=False)
     said = str(refused.value)
-    assert f"`touch -d {job_module._touch_time(recorded)} {corpus}`" in said, said
+    assert f"`touch -d {job_module._utc(recorded, to_nanosecond=True)} {corpus}`" in said, said
     assert f"{corpus} (recorded 20" in said and "Z, now 20" in said, said
     os.utime(corpus, ns=(recorded, recorded))  # what that touch does
     assert prepare_store(store, run_spec(job), overwrite=False) is False  # the same run: it goes on
@@ -121,7 +121,7 @@ def test_a_stopped_append_whose_input_was_copied_again_is_kept_and_named_not_del
     os.utime(corpus, ns=(recorded + 3600 * 10**9,) * 2)
     with pytest.raises(DilstoreError, match=f"{stopped.folder}.* stopped append") as refused:
         prepare_append(store, job, read_manifest(StoreLocation.parse(store)))
-    assert f"`touch -d {job_module._touch_time(recorded)} {corpus}`" in str(refused.value)
+    assert f"`touch -d {job_module._utc(recorded, to_nanosecond=True)} {corpus}`" in str(refused.value)
     assert (stopped.folder / "shards" / "committed-work").is_file()
     os.utime(corpus, ns=(recorded, recorded))
     resumed = prepare_append(store, job, read_manifest(StoreLocation.parse(store)))
