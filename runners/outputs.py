@@ -77,11 +77,16 @@ def refuse_output_inside_store(output: Path, store: str, flag: str) -> None:
 
     A file written there would replace or add to the store's own files (`--output STORE/manifest.json` destroyed the
     store), and `dilstore verify` would then report the store as damaged. A folder without a manifest is no store:
-    the command names that itself, rather than blaming `flag`.
+    the command names that itself, rather than blaming `flag`. A store given as a `file:` URL is its local folder, as
+    its readers take it: `file:/abs/st` was looked for at ./file:/abs/st and `file:///abs/st` passed as remote, so
+    an output inside either was written into the store (url59 F1).
     """
-    if "://" in store:
+    from dilstore.storage.location import StoreLocation
+
+    local = StoreLocation.parse(store).local_root
+    if local is None:
         return
-    root = Path(store).resolve()
+    root = local.resolve()
     if (root / MANIFEST_FILE).is_file() and output.resolve().is_relative_to(root):
         raise DilstoreError(f"{flag} {output} is inside the store {store}; write it elsewhere")
 

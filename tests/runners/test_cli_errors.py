@@ -250,6 +250,23 @@ def test_an_output_inside_the_store_given_by_relative_paths_is_refused(
     assert (tmp_path / "store" / "manifest.json").read_text() == "{}"
 
 
+@pytest.mark.parametrize("slashes", ["", "//"])
+def test_an_output_inside_a_store_given_as_a_file_url_is_refused(
+    slashes: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(url59 F1) The store read as `file:/abs/st` or `file:///abs/st` (its readers open the folder /abs/st) was not
+    checked: the first was looked for at ./file:/abs/st, the second passed as remote, and `--predictions
+    /abs/st/p.json` went into the store, which verify then calls damaged."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "manifest.json").write_text("{}")
+    url = f"file:{slashes}{store}"
+    status = main(["evaluate-qa", url, "--questions", f"{tmp_path}/q.jsonl", "--predictions", f"{store}/p.json"])
+    assert status == 2
+    assert capsys.readouterr().err.endswith(f"error: --predictions {store}/p.json is inside the store {url}; write "
+                                            "it elsewhere\n")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("arguments", "flag"),
     [
