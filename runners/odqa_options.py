@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from dilstore.runners.arg_types import integer_at_least, positive_int
 from dilstore.runners.reading_options import add_runtime_arguments
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.messages import path_text
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     from dilstore.reader.serving.odqa import OpenDomainReader
@@ -98,10 +99,15 @@ def local_index(given: str | None) -> Path | None:
 def local_index_folder(given: str, named_as: str) -> Path:
     """`given` as a local folder of a BM25 index; a DilstoreError for a URL (Lucene reads only local files) that
     names it as `named_as` + the URL: as a Path, a URL lost a slash of its `//`, and the error was "no Lucene index
-    at http:/host/..." (multi53 F5)."""
-    if "://" in given:
-        from dilstore.storage.location import redacted
+    at http:/host/..." (multi53 F5). A `file:` URL is refused naming its folder: `file:/abs/bm25` was taken as
+    ./file:/abs/bm25 ("no Lucene index at file:/abs/bm25"), and `file:///abs/bm25` was told to be copied to a
+    local folder, though it is one (url59 F2)."""
+    from dilstore.storage.location import file_url_folder, is_url, redacted
 
-        raise DilstoreError(f"{named_as}{redacted(given)} is a URL, and Lucene reads only local files: give a local "
-                            "copy of the store's bm25/ folder")  # fmt: skip
-    return Path(given)
+    if not is_url(given):
+        return Path(given)
+    folder = file_url_folder(given)
+    if folder is not None:
+        raise DilstoreError(f"{named_as}{redacted(given)} is a URL: give its folder, {path_text(folder)}")
+    raise DilstoreError(f"{named_as}{redacted(given)} is a URL, and Lucene reads only local files: give a local "
+                        "copy of the store's bm25/ folder")  # fmt: skip

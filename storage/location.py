@@ -86,6 +86,20 @@ def is_url(path_or_url: str) -> bool:
     return bool(chained) and first in fsspec.available_protocols()
 
 
+def file_url_folder(path_or_url: str) -> Path | None:
+    """The local folder a `file:` URL names (`file:/abs/st`, `file:///abs/st`, `local:…`: a plain URL of a protocol
+    fsspec reads with its LocalFileSystem, no `::` chain), at the root StoreLocation.parse gives it; None for a local
+    path or any other URL. Where a folder must be given, the refusal of such a URL can name the folder to give
+    (left58b F6, url59 F2); no other filesystem is made, so an ftp:// or sftp:// host is not reached to say no."""
+    if not is_url(path_or_url) or "::" in path_or_url:
+        return None
+    try:
+        protocol = fsspec.get_filesystem_class(path_or_url.partition(":")[0])
+    except (ImportError, ValueError):  # an unknown protocol, or its package is not installed
+        return None
+    return StoreLocation.parse(path_or_url).local_root if issubclass(protocol, LocalFileSystem) else None
+
+
 def redacted(url: str) -> str:
     """`url` with the password of its user part (and, over http(s), its query string) hidden, in each part of a
     chained fsspec URL (`simplecache::https://...`): `serve` has no authentication, and its /stores, /health and

@@ -46,6 +46,11 @@ def filled(words: list[str], **places: Path) -> list[str]:
          "files: give a local copy of the store's bm25/ folder"),
         (["serve", "qa={tmp}/no-store", "--index", "qa=https://h/bm25", "--port", "0"],
          "dilstore serve: error: --index qa=https://h/bm25 is a URL, and Lucene reads only local files"),
+        # A file: URL was ./file:/… ("no Lucene index at file:/…") or, with //, to be copied to a local one (url59 F2).
+        (["ask", "{tmp}/no-store", "a question", "--index", "file:{tmp}/bm25"],
+         "dilstore ask: error: --index file:{tmp}/bm25 is a URL: give its folder, {tmp}/bm25"),
+        (["serve", "qa={tmp}/no-store", "--index", "qa=file://{tmp}/bm25", "--port", "0"],
+         "dilstore serve: error: --index qa=file://{tmp}/bm25 is a URL: give its folder, {tmp}/bm25"),
         (["rerank", "{tmp}/no-store", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec", "--output", "{tmp}/o.trec"],
          "dilstore rerank: error: "),
         (["evaluate-rank", "--qrels", "{tmp}/q.txt", "--run", "{tmp}/r.trec"], "dilstore evaluate-rank: error: "),
