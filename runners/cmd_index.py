@@ -70,11 +70,11 @@ def local_store(argument: str, url_advice: str = _LUCENE_IS_LOCAL) -> Path:
     and `file:///abs/st`, a local folder, was told to be copied to a local one (left58b F6)."""
     if not argument.strip():
         raise DilstoreError("the store path is empty")
-    from dilstore.storage.location import StoreLocation, is_url, redacted
+    from dilstore.storage.location import file_url_folder, is_url, redacted
 
     if is_url(argument):
-        if "::" not in argument and argument.partition(":")[0].lower() in ("file", "local"):  # a local folder
-            local = StoreLocation.parse(argument).local_root
+        local = file_url_folder(argument)
+        if local is not None:
             raise DilstoreError(f"{redacted(argument)} is a URL: give the store's folder, {path_text(local)}")
         raise DilstoreError(f"{redacted(argument)} is a URL{url_advice}")
     return Path(argument)
