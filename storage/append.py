@@ -212,7 +212,7 @@ def read_index(location: StoreLocation, manifest: Manifest) -> tuple[IdIndex, Su
     """The store's id index and superseded rows, loaded into memory."""
     group = location.open_group(manifest.index)
     arrays = (np.asarray(group[name][...]) for name in (INDEX_HASHES, INDEX_SHARDS, INDEX_ROWS))
-    return IdIndex(*arrays), read_superseded(group)
+    return IdIndex(*arrays), read_superseded(group, location.path(manifest.index))
 
 
 def merged_index(

@@ -205,18 +205,20 @@ def write_index(
         shutil.rmtree(temporary, ignore_errors=True)
 
 
-def read_superseded(group: zarr.Group) -> Superseded:
-    """The superseded rows an index group lists; none for the index of a store never appended to.
+def read_superseded(group: zarr.Group, where: str) -> Superseded:
+    """The superseded rows the index group at `where` (its full path) lists; none for the index of a store never
+    appended to.
 
     The two arrays must both be there, as arrays of one length: one missing (or a group in its place) raised
     KeyError (or TypeError) from `dilstore compact` and `index`, a traceback; rows of another length were a
-    ValueError from zip (types58 F5). A StoreFormatError names the index instead.
+    ValueError from zip (types58 F5). A StoreFormatError names the index instead, at its path: it named no store,
+    where a program reading several could not tell which to verify (url59 F3).
     """
     if SUPERSEDED_SHARDS not in group:
         return Superseded.empty()
     shards, rows = (group.get(name) for name in (SUPERSEDED_SHARDS, SUPERSEDED_ROWS))
     if not (isinstance(shards, zarr.Array) and isinstance(rows, zarr.Array) and shards.shape == rows.shape
             and shards.ndim == 1):  # fmt: skip
-        raise StoreFormatError(f"the id index's {SUPERSEDED_SHARDS} and {SUPERSEDED_ROWS} are not two arrays of one "
-                               "length; run `dilstore verify`")  # fmt: skip
+        raise StoreFormatError(f"the id index {where}: its {SUPERSEDED_SHARDS} and {SUPERSEDED_ROWS} are not two "
+                               "arrays of one length; run `dilstore verify`")  # fmt: skip
     return Superseded(np.asarray(shards[...], dtype=np.uint32), np.asarray(rows[...], dtype=np.uint32))

@@ -431,7 +431,8 @@ class Store:
         shard's rows by position (the BM25 collection) must leave them out.
         """
         self._live_index()  # a closed store refuses work, as its docstring says
-        return read_superseded(self.location.open_group(self.manifest.index))
+        index = self.manifest.index
+        return read_superseded(self.location.open_group(index), self.location.path(index))
 
     def _id_at(self, shard: int, row: int) -> str:
         return self.shard(shard).id_at(row)

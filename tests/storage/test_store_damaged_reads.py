@@ -119,14 +119,15 @@ def test_id_index_attributes_that_are_no_object_are_refused_when_it_opens(store:
 @pytest.mark.parametrize("rows", [None, 2], ids=["rows missing", "rows of another length"])
 def test_superseded_arrays_that_do_not_pair_up_are_refused_naming_the_index(store: Path, rows) -> None:
     """An id index with superseded_shards but no superseded_rows (or rows of another length): `dilstore compact` and
-    `index` ended in a KeyError (ValueError) traceback where the superseded rows were read (types58 F5)."""
+    `index` ended in a KeyError (ValueError) traceback where the superseded rows were read (types58 F5). The line
+    names the index by its path, so the store to verify is known (url59 F3: it named no store)."""
     group = zarr.open_group(store / INDEX_DIR, mode="r+")
     group.create_array(SUPERSEDED_SHARDS, data=np.ones(1, dtype=np.uint32))
     if rows is not None:
         group.create_array(SUPERSEDED_ROWS, data=np.ones(rows, dtype=np.uint32))
-    with open_store(store) as opened, pytest.raises(StoreFormatError, match=r"^the id index's superseded_shards and "
-                                                    r"superseded_rows are not two arrays of one length; run `dilstore "
-                                                    r"verify`$"):  # fmt: skip
+    refusal = (rf"^the id index {re.escape(str(store))}/{INDEX_DIR}: its superseded_shards and superseded_rows are "
+               r"not two arrays of one length; run `dilstore verify`$")  # fmt: skip
+    with open_store(store) as opened, pytest.raises(StoreFormatError, match=refusal):
         opened.superseded()
 
 
