@@ -48,6 +48,7 @@ from dilstore.storage.format import (
     MANIFEST_FILE,
     STORE_CODEBOOK,
     TMP_PREFIX,
+    ZARR_METADATA_FILE,
     StoreFormatError,
     states_array,
 )
@@ -261,11 +262,19 @@ def refuse_changed_codebook(path: str | Path, refused: str) -> None:
 
 
 def _open(path: str | Path) -> zarr.Group:
+    """The codebook group at `path`, read-only; a StoreFormatError naming `path` when none opens there.
+
+    A folder (or file) with no group said zarr's "No group found in store LocalStore('file:///…') at path ''", the
+    path again as a URL of zarr's (url59 F4): it says what is missing, as the path was given.
+    """
     try:
         return local_group(path, mode="r")
     except METADATA_ERRORS as error:
         inside = Path(path) / CODEBOOK_DIR
         hint = f"; a store's codebook is its {CODEBOOK_DIR}/ folder: {inside}?" if inside.is_dir() else ""
+        if isinstance(error, zarr.errors.GroupNotFoundError):
+            raise StoreFormatError(f"cannot open codebook {path}: no Zarr group is there (no {ZARR_METADATA_FILE} of "
+                                   f"one){hint}") from None  # fmt: skip
         raise StoreFormatError(f"cannot open codebook {path}: {type(error).__name__}: {error}{hint}") from None
 
 

@@ -493,10 +493,12 @@ def test_verify_opens_the_store_codebook_once_for_all_shards(lowbit_store, monke
 
 
 def test_a_store_given_for_its_codebook_is_pointed_to_its_codebook_folder(tmp_path: Path) -> None:
-    """`--codebook STORE` said only zarr's "GroupNotFoundError: No group found" (lowbit39 L3)."""
+    """`--codebook STORE` said only zarr's "GroupNotFoundError: No group found" (lowbit39 L3), and named the folder
+    again as zarr's `LocalStore('file:///…')` (url59 F4): it says no group is there, naming the path once."""
     states = np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32)
     write_codebook(tmp_path / "store" / CODEBOOK_DIR, "2bit", train_codebook("2bit", states), (8,))
-    with pytest.raises(StoreFormatError, match=rf"; a store's codebook is its codebook/ folder: "
+    with pytest.raises(StoreFormatError, match=rf"^cannot open codebook {tmp_path / 'store'}: no Zarr group is there "
+                                               rf"\(no zarr.json of one\); a store's codebook is its codebook/ folder: "
                                                rf"{tmp_path / 'store' / CODEBOOK_DIR}\?$"):  # fmt: skip
         read_codebook(tmp_path / "store", "2bit")
     with pytest.raises(StoreFormatError, match=r"cannot open codebook .*\w$"):  # no hint where none fits
