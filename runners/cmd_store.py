@@ -125,15 +125,15 @@ def bm25_problems(store: str) -> list[str] | None:
     location = StoreLocation.parse(store)
     if location.local_root is None:
         return None
+    try:  # first: where no store reads (a loop of links, a name too long), `verify` named STORE/bm25 (url59 F5)
+        manifest = read_manifest(location)
+    except StoreFormatError:  # verify has said why
+        return None
     try:
         if not holds_lucene_index(bm25_index_dir(store)):
             return None
     except DilstoreError as error:  # an index this user cannot list was passed over, and verify said OK (perm57 F2)
         return [str(error)]
-    try:
-        manifest = read_manifest(location)
-    except StoreFormatError:  # verify has said why
-        return None
     return index_problems(bm25_index_dir(store), manifest, store)
 
 

@@ -8,8 +8,10 @@ JSON, so a flipped byte in the manifest itself is caught too.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,7 +308,10 @@ def compacted_record(location: StoreLocation) -> dict[str, Any] | None:
 def read_manifest(location: StoreLocation) -> Manifest:
     """The manifest of the store at `location`, or a clear error when it is missing or damaged."""
     where = location.path(MANIFEST_FILE)
-    if not location.exists(MANIFEST_FILE) and not _there_after_all(location, where):
+    missing = not location.exists(MANIFEST_FILE)
+    if missing and (refused := _unreachable_folder(location)):
+        raise StoreFormatError(f"no store at {location.url}: {refused}")
+    if missing and not _there_after_all(location, where):
         folder = location.is_dir()  # first: a host that cannot be reached is named as such
         if not folder:
             raise StoreFormatError(f"no store at {location.url}{_interrupted_swap(location) or _home_meant(location)}")
@@ -339,6 +344,47 @@ def read_manifest(location: StoreLocation) -> Manifest:
         raise StoreFormatError(f"{where} is longer than {MAX_MANIFEST_BYTES:,} bytes, more than any store's manifest: "
                                "not a dilstore manifest")  # fmt: skip
     return parse_manifest(raw, where)
+
+
+def _unreachable_folder(location: StoreLocation) -> str:
+    """Why the local store folder at `location` cannot be reached, in words, where its path is the cause: a loop of
+    symbolic links, or a name or path longer than this filesystem takes; "" otherwise.
+
+    `info`, `ask` and `serve` said "cannot read PATH/manifest.json: File name too long …; every file of a store
+    must be a readable file (`dilstore verify` checks them)", blaming a file of a store that is not there, and
+    `verify` named a `bm25` the user never gave (url59 F5)."""
+    local = location.local_root
+    if local is None:
+        return ""
+    try:
+        os.stat(local)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "its path runs into a loop of symbolic links"
+        if error.errno == errno.ENAMETOOLONG:
+            return _too_long(local)
+    return ""
+
+
+def _too_long(path: Path) -> str:
+    """Which of `path`'s names is longer than its filesystem's NAME_MAX bytes, or that the whole is over PATH_MAX."""
+    above = next((folder for folder in path.parents if os.path.isdir(folder)), Path("/"))
+    name_max = _limit(above, "PC_NAME_MAX", 255)
+    for name in path.parts:
+        size = len(os.fsencode(name))
+        if size > name_max:
+            return (f"its name {path_text(name[:40])}… is {size} bytes long, and a file name here may have at most "
+                    f"{name_max}")  # fmt: skip
+    size = len(os.fsencode(path))
+    return f"its path is {size} bytes long, and a path here may have at most {_limit(above, 'PC_PATH_MAX', 4096) - 1}"
+
+
+def _limit(folder: Path, name: str, default: int) -> int:
+    """os.pathconf's `name` for `folder`, or `default` where the system does not say."""
+    try:
+        return os.pathconf(folder, name)
+    except (OSError, ValueError):
+        return default
 
 
 def _there_after_all(location: StoreLocation, where: str) -> bool:

@@ -3,7 +3,9 @@ says; stores handed to processes that are started, not forked."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -124,3 +126,24 @@ def test_a_store_given_as_a_file_url_is_sent_to_index_its_folder(tmp_path: Path,
         local_store(url)
     with pytest.raises(DilstoreError, match="^s3://b/st is a URL, and Lucene writes only local files"):
         local_store("s3://b/st")
+
+
+@pytest.mark.parametrize("cause", ["loop", "long name"])
+def test_a_store_path_that_cannot_be_reached_says_why_not_which_file(tmp_path: Path, cause: str) -> None:
+    """(url59 F5) A store path in a loop of symbolic links, or with a name over NAME_MAX, was "cannot read
+    PATH/manifest.json: File name too long …; every file of a store must be a readable file" in `info`, `ask` and
+    `serve`, and `verify` stopped on a `PATH/bm25` the user never gave. Each says there is no store, and why."""
+    from dilstore.runners.cmd_store import verify_with_index
+
+    if cause == "loop":
+        path = tmp_path / "loop"
+        path.symlink_to("loop")
+        why = "its path runs into a loop of symbolic links"
+    else:
+        path = tmp_path / ("x" * 300) / "st"
+        why = f"its name {'x' * 40}… is 300 bytes long, and a file name here may have at most "
+        why += str(os.pathconf(tmp_path, "PC_NAME_MAX"))
+    refusal = f"no store at {path}: {why}"
+    with pytest.raises(StoreFormatError, match=f"^{re.escape(refusal)}$"):
+        open_store(path)
+    assert verify_with_index(str(path)).problems == [refusal]
