@@ -12,6 +12,7 @@ from typing import Any
 
 from dilstore.reader.packaged.shipped import packaged_models_dir
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.file_errors import path_limit
 from dilstore.storage.format import FORMAT_NAME, MANIFEST_FILE, SPEC_FILE
 
 # Room a store's folder needs in a file system's limits (port58 F3): the files beside it take its name with up to 21
@@ -33,7 +34,7 @@ def check_file_name_length(output: Path, flag: str) -> None:
     bytes (a legal name) ended evaluate-qa, evaluate-rc and rerank after their first part's work with "cannot keep
     part 1 of the run in .NAME.dilstore-partial: File name too long; ... check its disk" (port58 F4)."""
     name = len(os.fsencode(output.name))
-    most = _path_limit(output.parent, "PC_NAME_MAX", 255) - BESIDE_FILE_BYTES
+    most = path_limit(output.parent, "PC_NAME_MAX", 255) - BESIDE_FILE_BYTES
     if name > most:
         raise DilstoreError(f"{flag} {output}: its name is {name} bytes long, and this file system allows at most "
                             f"{most} here (the files written beside it as it is made, `.NAME.dilstore-partial` and "
@@ -48,8 +49,8 @@ def check_store_path_length(output: Path, flag: str) -> None:
     name was "File name too long: .NAME.dilstore-lock", a file the user never named (port58 F3)."""
     resolved = output.resolve()
     above = next((folder for folder in (resolved, *resolved.parents) if folder.exists()), Path(resolved.anchor))
-    name_max = _path_limit(above, "PC_NAME_MAX", 255)
-    path_max = _path_limit(above, "PC_PATH_MAX", 4096)
+    name_max = path_limit(above, "PC_NAME_MAX", 255)
+    path_max = path_limit(above, "PC_PATH_MAX", 4096)
     name = len(os.fsencode(resolved.name))
     if name + BESIDE_STORE_BYTES > name_max:
         raise DilstoreError(f"{flag} {output}: its name is {name} bytes long, and this file system allows a store's "
@@ -62,14 +63,6 @@ def check_store_path_length(output: Path, flag: str) -> None:
         raise DilstoreError(f"{flag} {output}: its full path is {length} bytes long, and the files a store holds need "
                             f"it at most {room} (their paths below it must fit the {path_max} bytes of a path here); "
                             "give a shorter path")  # fmt: skip
-
-
-def _path_limit(folder: Path, name: str, default: int) -> int:
-    """os.pathconf's `name` for `folder`, or `default` where the system does not say."""
-    try:
-        return os.pathconf(folder, name)
-    except (OSError, ValueError):
-        return default
 
 
 def refuse_output_inside_store(output: Path, store: str, flag: str) -> None:

@@ -130,6 +130,15 @@ def copy_tree(source: Path, destination: Path, *, symlinks: bool = False, dirs_e
             _give_folder_modes(Path(destination))
 
 
+def path_limit(folder: Path, name: str, default: int) -> int:
+    """os.pathconf's `name` (PC_NAME_MAX, PC_PATH_MAX) for the file system of `folder`, or `default` where the system
+    does not say: the limits a path is measured against before any work, so that a name too long is refused by name."""
+    try:
+        return os.pathconf(folder, name)
+    except (OSError, ValueError):
+        return default
+
+
 def remove_tree(folder: Path, what: str, then: str = "run the command again") -> None:
     """Delete `folder` (`what` it is, in words); a DilstoreError naming it and the file it failed at, and saying to
     delete it, then to `then`.

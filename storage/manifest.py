@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dilstore.storage.atomic_files import atomic_write_bytes
+from dilstore.storage.file_errors import path_limit
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import (
     APPENDED_FORMAT_VERSION,
@@ -369,22 +370,14 @@ def _unreachable_folder(location: StoreLocation) -> str:
 def _too_long(path: Path) -> str:
     """Which of `path`'s names is longer than its filesystem's NAME_MAX bytes, or that the whole is over PATH_MAX."""
     above = next((folder for folder in path.parents if os.path.isdir(folder)), Path("/"))
-    name_max = _limit(above, "PC_NAME_MAX", 255)
+    name_max = path_limit(above, "PC_NAME_MAX", 255)
     for name in path.parts:
         size = len(os.fsencode(name))
         if size > name_max:
             return (f"its name {path_text(name[:40])}… is {size} bytes long, and a file name here may have at most "
                     f"{name_max}")  # fmt: skip
-    size = len(os.fsencode(path))
-    return f"its path is {size} bytes long, and a path here may have at most {_limit(above, 'PC_PATH_MAX', 4096) - 1}"
-
-
-def _limit(folder: Path, name: str, default: int) -> int:
-    """os.pathconf's `name` for `folder`, or `default` where the system does not say."""
-    try:
-        return os.pathconf(folder, name)
-    except (OSError, ValueError):
-        return default
+    most = path_limit(above, "PC_PATH_MAX", 4096) - 1
+    return f"its path is {len(os.fsencode(path))} bytes long, and a path here may have at most {most}"
 
 
 def _there_after_all(location: StoreLocation, where: str) -> bool:
