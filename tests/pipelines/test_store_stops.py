@@ -26,7 +26,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,9 +64,20 @@ FILLER = [f"filler {number}" for number in range(24)]  # documents that give a c
 def stopped_in_a_child(command: Callable[[], object], point: int, how: str) -> bool:
     """Run `command` in a forked child, stopped at its `point`-th file operation: `kill` ends the child before it
     (no handler runs, as SIGKILL), `kill-after` just after it, `ctrl-c` sends it SIGINT there; whether the stop came
-    (a command of fewer operations ends first)."""
+    (a command of fewer operations ends first). The child's temporary files go to a folder of its own, removed once
+    it ends: Beam's `beam-pipeline-temp*` of a pipeline killed mid-run was left in /tmp on every run of this test."""
+    private = tempfile.mkdtemp(prefix="store-stops-")
+    try:
+        return _stopped_child_exited(command, point, how, private)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _stopped_child_exited(command: Callable[[], object], point: int, how: str, private: str) -> bool:
+    """stopped_in_a_child's fork and wait, the child's temporary folder `private`."""
     child = os.fork()
     if child == 0:
+        tempfile.tempdir = private
         try:
             count = 0
             real = {name: getattr(os, name) for name in OPERATIONS}
