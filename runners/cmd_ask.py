@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, TextIO
 from dilstore.runners.collector import loading_for_good
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.quiet import add_verbose_argument
-from dilstore.runners.reading_options import apply_threads
 from dilstore.runners.terminal import json_text
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreChangedError
@@ -62,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
     if args.question is None and sys.stdin is None:  # started with stdin closed (`<&-`): nothing to read questions from
         raise DilstoreError("no question given and standard input is closed: give a QUESTION or questions on stdin")
     with loading_for_good():  # torch, transformers, the model, the store and the JVM
-        apply_threads(args.threads)
         odqa = open_odqa_reader(args)
     if args.question is not None:
         print_answer(odqa.answer(args.question), args.json, sys.stdout, odqa.read_with)

@@ -24,7 +24,7 @@ from dilstore.runners.journal import (
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.quiet import add_verbose_argument
-from dilstore.runners.reading_options import add_subset_arguments, apply_threads, subset_seed
+from dilstore.runners.reading_options import add_subset_arguments, subset_seed
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
@@ -71,7 +71,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load questions, open the reader, evaluate, print EM/F1 for mu = 1 and --mu, and R."""
-    apply_threads(args.threads)
     from tqdm import tqdm
 
     from dilstore.reader.evaluation.open_domain import (

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dilstore.runners.arg_types import integer_at_least, positive_int
-from dilstore.runners.reading_options import add_runtime_arguments
+from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.messages import path_text
 
@@ -74,21 +74,34 @@ def add_odqa_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def open_odqa_reader(args: argparse.Namespace) -> OpenDomainReader:
-    """The OpenDomainReader the options describe (store, checked model, BM25 index).
+    """The OpenDomainReader the options describe (store, checked model, BM25 index), with torch's threads set.
 
     Its store checks its files before each lookup, as `serve`'s do: a store rebuilt under an `ask` session or a
     long `evaluate-qa` is an error at the next question, not answers read from the deleted build's maps.
     """
+    index = local_index(args.index)
+    require_store(args.store)
+    apply_threads(args.threads)  # imports torch: after the store is found
     from dilstore.reader.serving.odqa import OdqaSettings, open_reader
 
     chosen = {name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None}
     settings = OdqaSettings(**chosen)
     reader = open_reader(
-        args.store, args.model, index_dir=local_index(args.index), settings=settings, device=args.device,
+        args.store, args.model, index_dir=index, settings=settings, device=args.device,
         online_variant=not args.no_online_variant,
     )  # fmt: skip
     reader.store.check_files = True
     return reader
+
+
+def require_store(given: str) -> None:
+    """A DilstoreError naming `given` unless a finalized store's manifest is there, raised before torch,
+    transformers and the reader load: `ask` and `evaluate-qa` on a mistyped store path said "no store at" after some
+    6 s of those imports; the manifest alone takes a moment (ci59 F1). `serve` checks its stores so too."""
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
+
+    read_manifest(StoreLocation.parse(given))
 
 
 def local_index(given: str | None) -> Path | None:

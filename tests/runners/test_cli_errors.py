@@ -659,6 +659,17 @@ def test_usage_errors_exit_2_in_a_real_process() -> None:
     assert done.returncode == 2 and "usage:" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_ask_names_a_missing_store_before_torch_loads(tmp_path: Path) -> None:
+    """(ci59 F1) `ask` on a mistyped store path set torch's threads and imported the reader (torch, transformers)
+    before its store was opened: "no store at" came after some 6 s. The manifest is now read first."""
+    code = ("import sys\nfrom dilstore.runners.cli import main\nstatus = main(sys.argv[1:])\n"
+            "print(status, [name for name in ('torch', 'transformers') if name in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code, "ask", str(tmp_path / "missing"), "Who?"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    assert done.stdout == "2 []\n", done.stderr
+    assert done.stderr == f"dilstore ask: error: no store at {tmp_path / 'missing'}\n"
+
+
 def test_the_precompute_choices_are_those_of_the_modules_that_define_them() -> None:
     """The parser's copies keep `dilstore --help` light; a kind, encoding, split or format added at its source and
     not here would be refused as an invalid choice."""
