@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from dilstore.pipelines.corpus_jsonl import read_jsonl
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_MAX_DOCUMENT_BYTES",
     "FORMATS",
     "Document",
+    "ReadTask",
     "Record",
     "Rejected",
     "Skipped",
@@ -46,6 +48,17 @@ __all__ = [
 ]
 
 Reader = Callable[..., Iterator[Record]]
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """One input file to read: its path (absolute, as workers see it) and corpus format.
+
+    Here rather than beside the pipeline steps (pipelines/routing.py, which imports torch and transformers), so that
+    `precompute` checks its inputs before those load (ci59 F2)."""
+
+    path: str
+    format: str
 
 FORMATS: dict[str, Reader] = {
     "jsonl": read_jsonl,

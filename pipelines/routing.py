@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dilstore.pipelines.corpora import Document, Record, Rejected, Skipped, read_corpus
+from dilstore.pipelines.corpora import Document, ReadTask, Record, Rejected, Skipped, read_corpus
 from dilstore.pipelines.passages import split_document
 from dilstore.pipelines.run_stats import RunStats
 from dilstore.pipelines.sharding import shard_of, stable_hash
@@ -33,14 +33,6 @@ if TYPE_CHECKING:
 
 SHARD, REJECTED, COUNTS = "shard", "rejected", "counts"
 GroupKey = tuple[str, int]
-
-
-@dataclass(frozen=True)
-class ReadTask:
-    """One input file to read: its path (absolute, as workers see it) and corpus format."""
-
-    path: str
-    format: str
 
 
 def read_task(task: ReadTask) -> Iterator[Record]:

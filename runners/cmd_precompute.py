@@ -49,8 +49,8 @@ from dilstore.storage.format import COMPRESSORS
 from dilstore.storage.messages import path_text
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
+    from dilstore.pipelines.corpora import ReadTask
     from dilstore.pipelines.job import BuildAttempt, PrecomputeJob
-    from dilstore.pipelines.routing import ReadTask
     from dilstore.reader.offline.kinds import OfflineModel
 
 DEFAULT_OUTPUT = "dilstore-store"
@@ -167,9 +167,8 @@ def resolve_inputs(paths: Sequence[str | Path] | None, format: str | None) -> tu
     Each input is checked up front, before anything is written: a URL, a
     missing file, a directory and an unreadable file are errors naming it.
     """
-    from dilstore.pipelines.corpora import check_format, format_for_path
+    from dilstore.pipelines.corpora import ReadTask, check_format, format_for_path
     from dilstore.pipelines.default_corpus import DEFAULT_CORPUS_FORMAT, default_corpus_path
-    from dilstore.pipelines.routing import ReadTask
 
     if not paths:
         return (ReadTask(str(default_corpus_path()), format or DEFAULT_CORPUS_FORMAT),)
@@ -319,8 +318,9 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
 
 
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None,
-              started_monotonic: float | None = None) -> PrecomputeJob:
-    """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint)."""
+              started_monotonic: float | None = None, inputs: tuple[ReadTask, ...] | None = None) -> PrecomputeJob:
+    """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint). `inputs`: what
+    `resolve_inputs` gave for them where the caller checked them already, else they are resolved here."""
     from dilstore.pipelines.codebook import check_codebook_fits, needs_codebook
     from dilstore.pipelines.job import PrecomputeJob, run_spec, this_machine
     from dilstore.pipelines.sharding import (
@@ -349,7 +349,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
         if not needs_codebook(args.encoding):
             raise DilstoreError(f"--codebook is for the 2bit and 1bit encodings, not {args.encoding}")
         refuse_changed_codebook(codebook, f"--codebook {codebook}")  # a store's codebook/, edited after finalize
-    inputs = resolve_inputs(args.input, args.format)
+    inputs = resolve_inputs(args.input, args.format) if inputs is None else inputs
     model, layers = resolve_model(args.model, args.layers, args.kind)
     reader = load_reader(model, args.kind, layers)
     note_untrained_ranker(model, reader)
@@ -658,6 +658,8 @@ def precompute_store(args: argparse.Namespace) -> Outcome:
 def _precompute_store(args: argparse.Namespace) -> Outcome:
     started, started_monotonic = time.time(), time.monotonic()  # the summary's seconds, by either (time58 F2)
     check_append_flags(args)
+    # Before Beam, torch and transformers load: a mistyped --input was named after some 8 s of imports (ci59 F2).
+    inputs = resolve_inputs(args.input, args.format)
     if not args.verbose:
         quiet_beam_logging()  # before Beam's import logs its GCP notice
     from dilstore.pipelines.finish import read_summary
@@ -699,7 +701,7 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
     if not here:
         logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
     with scratch_dir("dilstore-progress-") as progress_dir, launched_models():
-        job = build_job(args, started, runner, str(progress_dir) if here else None, started_monotonic)
+        job = build_job(args, started, runner, str(progress_dir) if here else None, started_monotonic, inputs)
         store, spec = Path(job.store), run_spec(job)
         with write_lock(store):
             finish_interrupted_swap(store)

@@ -68,6 +68,7 @@ def filled(words: list[str], **places: Path) -> list[str]:
 def test_user_errors_are_one_line_and_exit_2(
     arguments: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "a corpus file"}\n')  # inputs are checked first (ci59 F2)
     status = main(filled(arguments, tmp=tmp_path))
     err = capsys.readouterr().err
     assert status == 2, err
@@ -659,15 +660,22 @@ def test_usage_errors_exit_2_in_a_real_process() -> None:
     assert done.returncode == 2 and "usage:" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_ask_names_a_missing_store_before_torch_loads(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["ask", "{tmp}/missing", "Who?"], "dilstore ask: error: no store at {tmp}/missing"),
+    (["precompute", "--input", "{tmp}/missing.jsonl", "--output", "{tmp}/store"],
+     "dilstore precompute: error: input file not found: {tmp}/missing.jsonl"),
+], ids=["ask", "precompute"])  # fmt: skip
+def test_a_mistyped_path_is_named_before_torch_and_beam_load(tmp_path: Path, arguments: list[str],
+                                                             message: str) -> None:  # fmt: skip
     """(ci59 F1) `ask` on a mistyped store path set torch's threads and imported the reader (torch, transformers)
-    before its store was opened: "no store at" came after some 6 s. The manifest is now read first."""
+    before its store was opened: "no store at" came after some 6 s. (ci59 F2) `precompute` imported Beam, torch and
+    transformers before it looked for its --input: "input file not found" came after some 8 s."""
     code = ("import sys\nfrom dilstore.runners.cli import main\nstatus = main(sys.argv[1:])\n"
-            "print(status, [name for name in ('torch', 'transformers') if name in sys.modules])")
-    done = subprocess.run([sys.executable, "-c", code, "ask", str(tmp_path / "missing"), "Who?"], capture_output=True,
-                          text=True, cwd=ROOT, timeout=60)  # fmt: skip
+            "print(status, [name for name in ('torch', 'transformers', 'apache_beam') if name in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code, *(word.format(tmp=tmp_path) for word in arguments)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
     assert done.stdout == "2 []\n", done.stderr
-    assert done.stderr == f"dilstore ask: error: no store at {tmp_path / 'missing'}\n"
+    assert done.stderr == message.format(tmp=tmp_path) + "\n"
 
 
 def test_the_precompute_choices_are_those_of_the_modules_that_define_them() -> None:
