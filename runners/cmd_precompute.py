@@ -662,17 +662,6 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
     inputs = resolve_inputs(args.input, args.format)
     if not args.verbose:
         quiet_beam_logging()  # before Beam's import logs its GCP notice
-    from dilstore.pipelines.finish import read_summary
-    from dilstore.pipelines.job import (
-        changed_since_built,
-        check_replaceable,
-        discard_other_replacement,
-        needs_replacement,
-        prepare_store,
-        replacement_dir,
-        run_spec,
-        unmade_if_nothing_stored,
-    )
     from dilstore.pipelines.options import (
         DASK_RUNNER,
         LocalDefaults,
@@ -683,12 +672,6 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
         runs_here,
         starts_local_workers,
     )
-    from dilstore.pipelines.spec_file import read_spec
-    from dilstore.reader.offline.encoding import launched_models
-    from dilstore.storage.atomic_files import remove_dead_writers_temporaries
-    from dilstore.storage.format import SPEC_FILE
-    from dilstore.storage.replacement import finish_interrupted_swap, swap_in
-    from dilstore.storage.write_lock import write_lock
 
     runner = canonical_runner(args.runner)
     if starts_local_workers(runner, args.beam_args):  # before anything is created (dask50 F2)
@@ -700,6 +683,25 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
     here = runs_here(pipeline_options(assemble_beam_flags(runner, args.beam_args, LocalDefaults(workers=args.workers))))
     if not here:
         logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
+    # Torch and transformers (5-6 s) only now: a Beam option Beam refuses was named after them (ci59 F3).
+    from dilstore.pipelines.finish import read_summary
+    from dilstore.pipelines.job import (
+        changed_since_built,
+        check_replaceable,
+        discard_other_replacement,
+        needs_replacement,
+        prepare_store,
+        replacement_dir,
+        run_spec,
+        unmade_if_nothing_stored,
+    )
+    from dilstore.pipelines.spec_file import read_spec
+    from dilstore.reader.offline.encoding import launched_models
+    from dilstore.storage.atomic_files import remove_dead_writers_temporaries
+    from dilstore.storage.format import SPEC_FILE
+    from dilstore.storage.replacement import finish_interrupted_swap, swap_in
+    from dilstore.storage.write_lock import write_lock
+
     with scratch_dir("dilstore-progress-") as progress_dir, launched_models():
         job = build_job(args, started, runner, str(progress_dir) if here else None, started_monotonic, inputs)
         store, spec = Path(job.store), run_spec(job)

@@ -660,22 +660,27 @@ def test_usage_errors_exit_2_in_a_real_process() -> None:
     assert done.returncode == 2 and "usage:" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize(("arguments", "message"), [
-    (["ask", "{tmp}/missing", "Who?"], "dilstore ask: error: no store at {tmp}/missing"),
+@pytest.mark.parametrize(("arguments", "message", "loaded"), [
+    (["ask", "{tmp}/missing", "Who?"], "dilstore ask: error: no store at {tmp}/missing", []),
     (["precompute", "--input", "{tmp}/missing.jsonl", "--output", "{tmp}/store"],
-     "dilstore precompute: error: input file not found: {tmp}/missing.jsonl"),
-], ids=["ask", "precompute"])  # fmt: skip
-def test_a_mistyped_path_is_named_before_torch_and_beam_load(tmp_path: Path, arguments: list[str],
-                                                             message: str) -> None:  # fmt: skip
+     "dilstore precompute: error: input file not found: {tmp}/missing.jsonl", []),
+    (["precompute", "--input", "{tmp}/a.jsonl", "--output", "{tmp}/store", "--bogus_option", "1"],
+     "dilstore precompute: error: unknown Beam option(s): --bogus_option", ["apache_beam"]),
+], ids=["ask", "precompute-input", "precompute-beam-option"])  # fmt: skip
+def test_a_mistyped_argument_is_named_before_torch_loads(tmp_path: Path, arguments: list[str], message: str,
+                                                         loaded: list[str]) -> None:  # fmt: skip
     """(ci59 F1) `ask` on a mistyped store path set torch's threads and imported the reader (torch, transformers)
     before its store was opened: "no store at" came after some 6 s. (ci59 F2) `precompute` imported Beam, torch and
-    transformers before it looked for its --input: "input file not found" came after some 8 s."""
+    transformers before it looked for its --input: "input file not found" came after some 8 s. (ci59 F3) A Beam
+    option Beam refuses needs Beam alone, and was named after torch and transformers had loaded too (9 s, not 2.5)."""
+    (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "a corpus file"}\n')
     code = ("import sys\nfrom dilstore.runners.cli import main\nstatus = main(sys.argv[1:])\n"
             "print(status, [name for name in ('torch', 'transformers', 'apache_beam') if name in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code, *(word.format(tmp=tmp_path) for word in arguments)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
-    assert done.stdout == "2 []\n", done.stderr
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    assert done.stdout == f"2 {loaded}\n", done.stderr
     assert done.stderr == message.format(tmp=tmp_path) + "\n"
+    assert not (tmp_path / "store").exists()
 
 
 def test_the_precompute_choices_are_those_of_the_modules_that_define_them() -> None:
