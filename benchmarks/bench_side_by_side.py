@@ -62,6 +62,11 @@ def parse_phase(text: str) -> tuple[int, bool]:
 
 def worker(args: argparse.Namespace) -> int:
     """One training process: load, warm up, say ready, then train in each phase that includes it."""
+    from dilstore.reader.modeling.checkpoints import require_checkpoint_dir
+
+    # A folder that holds no checkpoint fails the worker before torch and the training stack load, not some 6 s
+    # after (ci59 F5).
+    require_checkpoint_dir(args.model)
     import torch
 
     from dilstore.reader.modeling.dilbert import DilBertReader
