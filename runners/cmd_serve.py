@@ -163,7 +163,6 @@ def serve_on(listeners: list[socket.socket], args: argparse.Namespace, settings:
 
 def _opened_server(args: argparse.Namespace, settings: ServeSettings) -> StopServer:
     """The stores opened, each with its model and index, and the server that will serve them, not started yet."""
-    apply_threads(args.threads)
     named = [parse_store_argument(argument) for argument in args.stores]
     names = [name for name, _ in named]
     if len(set(names)) != len(names):
@@ -177,6 +176,7 @@ def _opened_server(args: argparse.Namespace, settings: ServeSettings) -> StopSer
         served_index(name, path, info["kind"], indexes.get(name))
         for (name, path), info in zip(named, infos, strict=True)
     ]
+    apply_threads(args.threads)  # imports torch (2 s): after the checks, which a mistyped store failed after (ci59 F6)
     served = []
     for (name, path), model, index, info in zip(named, models, found, infos, strict=True):
         served.append(open_served_store(name, path, model, args.device, indexes.get(name), checked=(index, info)))
