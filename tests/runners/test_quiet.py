@@ -93,6 +93,18 @@ def test_what_child_processes_print_once_a_stop_has_come_is_dropped(quiet_on, ca
     assert shown + capfd.readouterr().err == KEPT + "\n"
 
 
+def test_what_child_processes_write_is_drained_as_fast_as_they_write_it(quiet_on, capfd) -> None:
+    """(ci59 F7) The copier waited out each chunk's grace before it read the next: child processes' stderr went
+    through at 64 KiB per 0.2 s, and a child that wrote 4 MB waited some 13 s on the full pipe."""
+    code = "import os\nfor _ in range(4096):\n    os.write(2, b'x' * 1023 + b'\\n')\n"
+    with quiet.filtered_stderr():
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+        took = time.monotonic() - started
+    assert capfd.readouterr().err == ("x" * 1023 + "\n") * 4096
+    assert took < 5, f"4 MB took {took:.1f} s to go through the filter"
+
+
 def wait_for_stderr(capfd: pytest.CaptureFixture[str], text: str, seconds: float = 30.0) -> str:
     """What reached stderr up to `text` (read as it comes, so that a busy machine cannot make a timing fail)."""
     shown, deadline = "", time.monotonic() + seconds
