@@ -225,3 +225,37 @@ def test_a_build_s_small_sample_warning_says_refused_only_below_the_reuse_minimu
     assert f"trained on only {count:,} token states" in err
     assert ("will be refused" in err) == (count < codebook_module.MIN_REUSE_TOKENS)
     assert ("first measures it" in err) == (count >= codebook_module.MIN_REUSE_TOKENS)
+
+
+def _fit_with_states(monkeypatch: pytest.MonkeyPatch, path: Path, states: dict[str, np.ndarray]):
+    """`codebook_fit` of the 2bit codebook at `path` on a sample whose documents (in sample order) have `states`."""
+    from types import SimpleNamespace
+
+    def all_states(documents, settings, reader, policy):
+        return np.concatenate([states[name] for name in documents]) if documents else None  # (N, d)
+
+    monkeypatch.setattr(codebook_module, "sample_documents", lambda inputs, limit, strategy: list(states))
+    monkeypatch.setattr(codebook_module, "_all_states", all_states)
+    job = SimpleNamespace(inputs=[], strategy="none", policy=None, encoding="2bit", kind="dilbert",
+                          route_settings=lambda: None)  # fmt: skip
+    return codebook_module.codebook_fit(path, job, reader=None)
+
+
+@pytest.mark.parametrize("case", ["distinct", "repeated", "held-out-few"])
+def test_codebook_fit_trains_on_every_other_document_and_scores_only_unseen_states(
+    case: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """codebook_fit trains on the sample's even documents and scores on the odd ones, states seen in training left
+    out, and needs FIT_MIN_TOKENS in each half (mut59 M1-M3: scoring on the training half itself, keeping repeated
+    states, or asking the larger half alone for enough states went unseen: the function was only ever replaced)."""
+    rng = np.random.default_rng(0)
+    enough = codebook_module.FIT_MIN_TOKENS + 50
+    train = rng.normal(size=(enough, 8)).astype(np.float32)  # (N, d)
+    given = write_codebook(tmp_path / "given", "2bit", train_codebook("2bit", rng.normal(3, 1, (enough, 8))), (8,))
+    held_out = {"distinct": rng.normal(size=(enough, 8)), "repeated": train,
+                "held-out-few": rng.normal(size=(40, 8))}[case].astype(np.float32)  # fmt: skip
+    fit = _fit_with_states(monkeypatch, given, {"a": train, "b": held_out})
+    if case == "distinct":
+        assert fit is not None and fit[0] > 2 * fit[1] > 0, fit  # a codebook of other states fits these far worse
+    else:
+        assert fit is None
