@@ -290,6 +290,36 @@ def test_the_read_timeout_is_a_number_of_seconds_above_zero(
         assert read_timeout() == seconds
 
 
+def test_the_read_timeout_leaves_client_options_the_caller_gave_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DILSTORE_READ_TIMEOUT sets the wait of an http(s) store only where --storage-options give no client options:
+    theirs are kept, not replaced (mut59 M4: the check could go and no test noticed)."""
+    from dilstore.storage.location import StoreLocation
+
+    monkeypatch.setenv("DILSTORE_READ_TIMEOUT", "30")
+    given = {"client_kwargs": {"trust_env": True}}
+    assert StoreLocation.parse("http://127.0.0.1:1/store", given).storage_options == given
+    timed = StoreLocation.parse("http://127.0.0.1:1/store").storage_options["client_kwargs"]["timeout"]
+    assert (timed.sock_read, timed.sock_connect, timed.total) == (30.0, 30.0, 300.0)
+
+
+@pytest.mark.parametrize("path", ["", "  ", "\t"])
+def test_a_blank_store_path_is_refused_as_empty(path: str) -> None:
+    """A path of spaces read as a folder of that name (mut59 M5)."""
+    from dilstore.storage.location import StoreLocation
+
+    with pytest.raises(DilstoreError, match="^the store path is empty$"):
+        StoreLocation.parse(path)
+
+
+def test_a_store_url_with_a_trailing_slash_reads_like_the_one_without(served_root: Path) -> None:
+    """The root of `http://host/store/` is `http://host/store`: its files are not asked for at `store//...`
+    (mut59 M6)."""
+    with serve_directory(served_root, listings=False) as server:
+        store = open_store(f"{server.url}/fp16/")
+        assert store.location.root == f"{server.url}/fp16"
+        assert_same_passages(store.fetch(IDS[:3]), open_store(served_root / "fp16").fetch(IDS[:3]))
+
+
 def _closed_port() -> int:
     """A port on 127.0.0.1 that nothing listens on (just bound and released)."""
     with socket.socket() as probe:
