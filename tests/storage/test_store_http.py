@@ -30,6 +30,7 @@ from dilstore.runners.cli import main
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreFormatError, StoreReadError
 from dilstore.storage.info import store_info
+from dilstore.storage.location import StoreLocation
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import StoredPassage
 from dilstore.storage.verify import verify_store
@@ -293,8 +294,6 @@ def test_the_read_timeout_is_a_number_of_seconds_above_zero(
 def test_the_read_timeout_leaves_client_options_the_caller_gave_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """DILSTORE_READ_TIMEOUT sets the wait of an http(s) store only where --storage-options give no client options:
     theirs are kept, not replaced (mut59 M4: the check could go and no test noticed)."""
-    from dilstore.storage.location import StoreLocation
-
     monkeypatch.setenv("DILSTORE_READ_TIMEOUT", "30")
     given = {"client_kwargs": {"trust_env": True}}
     assert StoreLocation.parse("http://127.0.0.1:1/store", given).storage_options == given
@@ -305,8 +304,6 @@ def test_the_read_timeout_leaves_client_options_the_caller_gave_alone(monkeypatc
 @pytest.mark.parametrize("path", ["", "  ", "\t"])
 def test_a_blank_store_path_is_refused_as_empty(path: str) -> None:
     """A path of spaces read as a folder of that name (mut59 M5)."""
-    from dilstore.storage.location import StoreLocation
-
     with pytest.raises(DilstoreError, match="^the store path is empty$"):
         StoreLocation.parse(path)
 
@@ -381,6 +378,26 @@ def test_a_url_with_a_query_string_is_refused_without_echoing_it(capsys) -> None
     assert main(["info", "https://127.0.0.1:1/store?sig=SECRET"]) == 2
     err = capsys.readouterr().err
     assert "query string or fragment are not supported (https://127.0.0.1:1/store?***)" in err and "SECRET" not in err
+
+
+def test_a_url_with_a_fragment_is_refused_as_one_with_a_query_string() -> None:
+    """Each file's path went after the fragment, which a client never sends: every file read as the store's folder
+    (mut59 M7: the fragment's half of the check could go and no test noticed)."""
+    with pytest.raises(DilstoreError, match=r"query string or fragment are not supported \(http://127.0.0.1:1/st#v2\)"):
+        StoreLocation.parse("http://127.0.0.1:1/st#v2")
+
+
+def test_only_a_remote_store_s_unexpected_errors_are_taken_for_a_store_out_of_reach(tmp_path: Path) -> None:
+    """An error that is no OSError is a remote backend's refusal (aiohttp's 403) but a bug on the local filesystem,
+    which raises OSError for what it cannot reach: it goes up as it is, not as "cannot reach store" (mut59 M8)."""
+
+    def broken(path: str) -> bool:
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):
+        StoreLocation.parse(tmp_path)._reach(broken, "")
+    with pytest.raises(DilstoreError, match="^cannot reach store memory://st: ValueError: a bug"):
+        StoreLocation.parse("memory://st")._reach(broken, "")
 
 
 @pytest.mark.parametrize("name", ["fp16", "zstd"])
