@@ -537,3 +537,13 @@ def test_the_json_report_hides_a_store_password_in_a_problem_whichever_check_wor
     problems = report.to_dict()["problems"]
     assert problems == ["shards/shard-00000: http://reader:***@127.0.0.1:9/store/c/0 failed"]
     assert report.problems == [f"shards/shard-00000: {url}/c/0 failed"]
+
+
+def test_a_link_to_nothing_in_a_local_store_is_left_out_of_its_files(tmp_path: Path) -> None:
+    """A link whose target is gone is no file of the store (verify then names a listed one missing), not a
+    FileNotFoundError out of the listing (mut59 M9: the listing's guard could go and no test noticed)."""
+    from dilstore.storage.location import StoreLocation
+
+    (tmp_path / "kept").write_bytes(b"12345")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    assert StoreLocation.parse(tmp_path).files() == {"kept": 5}
