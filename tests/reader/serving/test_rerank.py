@@ -10,6 +10,7 @@ vocabulary, so real text goes through it.
 
 from __future__ import annotations
 
+import argparse
 import errno
 import importlib.util
 import json
@@ -1002,3 +1003,34 @@ def test_a_rerank_ended_by_a_failed_read_says_which_queries_it_kept(
     assert status == 2 and journal.exists()
     assert err == (f"dilstore rerank: error: reading http://h/s/shards/x failed: reset; try again; 2 of 3 queries "
                    f"reranked are kept in {journal}: run the same command again to go on from them\n")  # fmt: skip
+
+
+def test_the_part_keeper_keeps_a_part_of_every_part_queries_and_no_scores_for_an_emptied_query(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A part holds exactly PART_QUERIES queries, the last one shorter at keep_rest, and a query with none of its
+    documents in the store is kept done without scores (mut59 M10: the tests set PART_QUERIES to 1, where a part of
+    one query more passed as well)."""
+    from dilstore.reader.serving.rerank import RerankStats
+    from dilstore.runners import cmd_rerank
+
+    monkeypatch.setattr(cmd_rerank, "PART_QUERIES", 3)
+    parts: dict[int, dict] = {}
+    keeper = cmd_rerank._PartKeeper(SimpleNamespace(parts=parts, add=parts.__setitem__), RerankStats())
+    for number in range(4):
+        keeper.add(f"q{number}", None if number == 1 else {"d": float(number)})
+    assert [part["queries"] for part in parts.values()] == [["q0", "q1", "q2"]]
+    assert parts[0]["run"] == {"q0": {"d": 0.0}, "q2": {"d": 2.0}}
+    keeper.keep_rest()
+    keeper.keep_rest()  # nothing new: no empty part
+    assert [part["queries"] for part in parts.values()] == [["q0", "q1", "q2"], ["q3"]]
+
+
+@pytest.mark.parametrize("tag", [" tag", "tag\n", "\ufefftag"])
+def test_a_tag_with_a_space_or_a_byte_order_mark_around_its_one_word_is_refused(tag: str) -> None:
+    """A TREC run's last column is one word: space around it made a line of two separators (mut59 M11: only the
+    one-word check was tested)."""
+    from dilstore.runners import cmd_rerank
+
+    with pytest.raises(argparse.ArgumentTypeError, match="one word with no spaces"):
+        cmd_rerank.run_tag(tag)
