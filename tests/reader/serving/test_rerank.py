@@ -1034,3 +1034,30 @@ def test_a_tag_with_a_space_or_a_byte_order_mark_around_its_one_word_is_refused(
 
     with pytest.raises(argparse.ArgumentTypeError, match="one word with no spaces"):
         cmd_rerank.run_tag(tag)
+
+
+def test_a_run_that_holds_no_queries_is_refused_before_the_store_opens(tmp_path: Path, capsys) -> None:
+    """An empty first-stage run would open the store and load the ranker to write an empty run, exit 0 (mut59 M12:
+    no test gave one)."""
+    topics, run = tmp_path / "topics.tsv", tmp_path / "empty.trec"
+    topics.write_text("q1\tsome query\n", encoding="utf-8")
+    run.write_text("", encoding="utf-8")
+    status, _, err = cli(capsys, tmp_path / "no-store", "--topics", topics, "--run", run, "--output", tmp_path / "o")
+    assert (status, err) == (2, f"dilstore rerank: error: {run}: the run holds no queries\n")
+
+
+def test_a_journal_of_a_run_with_skip_missing_is_not_taken_for_one_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--skip-missing decides what the run holds: a stopped run's parts that left documents out were taken by a
+    run that should have stopped at them (mut59 M13: the setting could leave the journal's record unseen)."""
+    from dilstore.reader.serving.rerank import RerankSettings
+    from dilstore.runners import cmd_rerank
+
+    monkeypatch.setattr(cmd_rerank, "store_build", lambda manifest: {"build": "b"})
+    (tmp_path / "t").write_text("q\tx\n", encoding="utf-8")
+    reranker = SimpleNamespace(store=SimpleNamespace(manifest=None), settings=RerankSettings())
+    recorded = [cmd_rerank._settings(SimpleNamespace(topics=tmp_path / "t", run_file=tmp_path / "t", model=None,
+                                                     skip_missing=skip), reranker, 10)
+                for skip in (False, True)]  # fmt: skip
+    assert (recorded[0]["skip_missing"], recorded[1]["skip_missing"]) == (False, True)
