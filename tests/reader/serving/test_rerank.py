@@ -1061,3 +1061,15 @@ def test_a_journal_of_a_run_with_skip_missing_is_not_taken_for_one_without(
                                                      skip_missing=skip), reranker, 10)
                 for skip in (False, True)]  # fmt: skip
     assert (recorded[0]["skip_missing"], recorded[1]["skip_missing"]) == (False, True)
+
+
+@pytest.mark.parametrize(("queries", "run"), [(["q"], {"q": 5}), ([7], {}), (["q"], {"q": ["d", 1.0]})])
+def test_a_journal_part_with_scores_not_a_mapping_or_a_query_id_not_a_string_is_refused(queries, run) -> None:
+    """A part edited into another shape ends the journal's reading there, as a line a kill cut short does: it is not
+    taken for reranked queries that break the run's writing (mut59 M14: the check of its scores could go unseen)."""
+    from dilstore.reader.serving.rerank import RerankStats
+    from dilstore.runners import cmd_rerank
+
+    cmd_rerank._checked_part({"queries": ["q"], "run": {"q": {"d": 1.0}}, "stats": RerankStats().to_dict()})
+    with pytest.raises(TypeError):
+        cmd_rerank._checked_part({"queries": queries, "run": run, "stats": RerankStats().to_dict()})
