@@ -414,3 +414,18 @@ def test_a_frozen_base_ranker_s_config_is_checked_against_its_base_and_blocks(
     (copy / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(DilstoreError, match=message):
         EarlRanker.from_pretrained(copy)
+
+
+def test_a_frozen_ranker_whose_query_module_alone_moved_is_not_saved_without_its_encoder(
+    base_bert: Path, tmp_path: Path
+) -> None:
+    """Loading takes the untied query module back from the base's first N layers: one that moved from them (its
+    document module unchanged) is refused, not saved to come back as the base (mut59 M15: only the document
+    module's move was tested)."""
+    ranker = EarlRanker.from_base(base_bert, EarlConfig(tied=False))
+    ranker.freeze_encoder(base_bert)
+    with torch.no_grad():
+        ranker.query_encoder.embeddings.word_embeddings.weight.add_(1.0)
+    with pytest.raises(DilstoreError, match="no longer equals its frozen base"):
+        ranker.save_pretrained(tmp_path / "moved")
+    assert not (tmp_path / "moved").exists()
