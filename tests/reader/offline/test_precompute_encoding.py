@@ -229,3 +229,12 @@ def test_batch_limits_under_one_are_refused(limits: dict[str, int]) -> None:
     max_batch_size check could go unnoticed; no test asked for either refusal)."""
     with pytest.raises(DilstoreError, match="batch limits must be positive"):
         BatchPolicy(**limits)
+
+
+@pytest.mark.parametrize("threads", [0, -1])
+def test_fewer_than_one_thread_is_refused_by_name(threads: int) -> None:
+    """torch's own refusal of 0 threads is a RuntimeError naming no option (mut59 M18: the check could go unseen)."""
+    from dilstore.reader.offline.encoding import set_threads
+
+    with pytest.raises(DilstoreError, match=f"threads must be at least 1, got {threads}"):
+        set_threads(threads)
