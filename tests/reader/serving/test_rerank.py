@@ -1073,3 +1073,19 @@ def test_a_journal_part_with_scores_not_a_mapping_or_a_query_id_not_a_string_is_
     cmd_rerank._checked_part({"queries": ["q"], "run": {"q": {"d": 1.0}}, "stats": RerankStats().to_dict()})
     with pytest.raises(TypeError):
         cmd_rerank._checked_part({"queries": queries, "run": run, "stats": RerankStats().to_dict()})
+
+
+def test_the_summary_counts_the_documents_left_out_and_the_queries_cut(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --json the summary names the documents --skip-missing left out and the truncated queries (mut59 M17:
+    its lines could go and no test noticed)."""
+    from dilstore.reader.serving.rerank import RerankStats
+    from dilstore.runners import cmd_rerank
+
+    reranker = SimpleNamespace(store=SimpleNamespace(fingerprint=SimpleNamespace(encoding="fp16")), max_query_length=9)
+    stats = RerankStats(queries=3, pairs=7, skipped=2, emptied_queries=["q3"], truncated_queries=1)
+    cmd_rerank._report(SimpleNamespace(json=False, output=Path("out.trec")), reranker, stats, 4, 0)
+    out = capsys.readouterr().out
+    assert out.startswith("reranked 3 queries, 7 pairs (depth 4, fp16 store)"), out
+    assert "2 document(s) not in the store left out\n" in out
+    assert "1 query(ies) had none of their documents in the store and are not in the output run: 'q3'" in out
+    assert "1 query(ies) truncated to 9 tokens\n" in out and "reranked by a stopped run" not in out
