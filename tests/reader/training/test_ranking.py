@@ -25,6 +25,7 @@ from dilstore.reader.training.ranking import (
     RankingTrainingConfig,
     accumulate_ranking_gradients,
     load_ranking_data,
+    ranking_loss,
     train_ranker,
 )
 from dilstore.runners.cli import main
@@ -345,3 +346,21 @@ def test_encoder_learning_rate_gives_the_encoder_copies_their_own_rate(
         elif name.startswith("blocks.") and name.endswith(".output.weight") or name == "score.weight":
             assert change > 1e-4, name
     assert load_file(tmp_path / "model.safetensors").keys() == result.ranker.state_dict().keys(), "full checkpoint"
+
+
+@pytest.mark.parametrize("loss", ["softmax", "hinge", "approx-ndcg", "listnet"])
+def test_each_loss_name_trains_with_that_loss_positive_first(loss: str) -> None:
+    """--loss listnet trained with ApproxNDCG and no test noticed (mut59 M16): each name gives its loss of the group's
+    scores, the positive in column 0."""
+    from dilstore.reader.training import losses
+
+    scores = torch.tensor([[0.5, 2.0, -1.0], [1.5, 0.0, 0.3]])  # (b, 1 + n)
+    labels = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    expected = {"softmax": losses.softmax_cross_entropy_loss(scores),
+                "hinge": losses.pairwise_hinge_loss(scores, losses.DEFAULT_MARGIN),
+                "approx-ndcg": losses.approx_ndcg_loss(scores, labels, 1.0),
+                "listnet": losses.listnet_loss(scores, labels)}  # fmt: skip
+    got = ranking_loss(scores, RankingTrainingConfig(kind="earl", loss=loss))
+    assert float(got) == pytest.approx(float(expected[loss]))
+    # ListNet of one positive is the softmax cross-entropy; the other losses differ on these scores
+    assert len({round(float(value), 6) for value in expected.values()}) == 3
