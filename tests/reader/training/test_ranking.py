@@ -11,6 +11,7 @@ import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -364,3 +365,23 @@ def test_each_loss_name_trains_with_that_loss_positive_first(loss: str) -> None:
     assert float(got) == pytest.approx(float(expected[loss]))
     # ListNet of one positive is the softmax cross-entropy; the other losses differ on these scores
     assert len({round(float(value), 6) for value in expected.values()}) == 3
+
+
+def test_train_limit_keeps_that_many_triples_and_tokenizes_only_their_paragraphs(tmp_path: Path) -> None:
+    """--train-limit N trains on the first N triples, each query and used paragraph tokenized once (mut59 M19: one
+    triple fewer went unseen)."""
+    import numpy as np
+
+    triples, paragraphs = write_overfit_files(tmp_path)
+    seen: list[str] = []
+
+    def tokenize(text: str, max_length: int) -> np.ndarray:
+        seen.append(text)
+        return np.arange(3)
+
+    ranker = SimpleNamespace(tokenize_query=tokenize, tokenize_document=tokenize)
+    config = RankingTrainingConfig(kind="earl", negatives=1, train_limit=2)
+    data = load_ranking_data(ranker, triples, paragraphs, config)
+    assert len(data.triples) == len(data.query_tokens) == 2
+    used = {pid for triple in data.triples for pid in (triple.positive, *triple.negatives)}
+    assert set(data.doc_tokens) == used and len(seen) == 2 + len(used)
