@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -171,6 +172,43 @@ def test_replace_makes_the_old_row_unreachable_everywhere(tmp_path: Path) -> Non
     report = verify_store(store)
     assert report.ok, report.problems
     assert report.passages == 4
+
+
+def test_plain_zarr_reads_an_appended_store_by_the_steps_of_store_format_md(tmp_path: Path) -> None:
+    """An appended int8 store with a replaced id, read with json, hashlib, zarr and numpy only, as STORE_FORMAT.md
+    says (§4 int8, §6, §7, §13): the manifest names the index in use and each appended shard's folder, the index
+    reaches the live rows and lists the superseded one apart, and the hand decode equals dilstore's read (interop59:
+    the plain-zarr tests read only fresh fp32 and 2bit/1bit stores, so nothing held those sections to the code)."""
+    store = build_store(tmp_path / "store", [records(["a", "b", "c"])], encoding="int8")
+    write_append(store, [records(["b", "d"], seed=7)], encoding="int8")
+    commit_append(store, GENERATION, fingerprint_for(encoding="int8"), replace=True)
+    manifest = json.loads((store / MANIFEST_FILE).read_text(encoding="utf-8"))
+    signed = {key: value for key, value in manifest.items() if key != "checksum"}
+    canonical = json.dumps(signed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    assert hashlib.sha256(canonical).hexdigest() == manifest["checksum"]
+    folders = {entry["index"]: store / entry.get("path", f"shards/{entry['name']}") for entry in manifest["shards"]}
+    index = zarr.open_group(store / manifest["index"], mode="r")
+    hashes = index["hashes"][...]
+    live = list(zip(index["shards"][...].tolist(), index["rows"][...].tolist(), strict=True))
+    superseded = list(zip(index["superseded_shards"][...].tolist(), index["superseded_rows"][...].tolist(),
+                          strict=True))
+    assert superseded == [(0, 1)] and len(live) == manifest["passages"] == 4 and (hashes[1:] >= hashes[:-1]).all()
+    found = {}
+    with open_store(store) as opened:
+        for (shard, row), hashed in zip(live, hashes.tolist(), strict=True):
+            group = zarr.open_group(folders[shard], mode="r")
+            ids, id_offsets = group["passages/ids/bytes"][...], group["passages/ids/offsets"][...]
+            passage_id = bytes(ids[id_offsets[row] : id_offsets[row + 1]]).decode("utf-8")
+            digest = hashlib.blake2b(passage_id.encode("utf-8"), digest_size=8).digest()
+            assert int.from_bytes(digest, "little") == hashed
+            start, stop = group["tokens/offsets"][row : row + 2]
+            codes = group["states/codes"][start:stop].astype(np.float32)  # (n, d)
+            scales = group["states/scales"][start:stop]  # (n,)
+            decoded = codes * (scales[:, None] * group["states/channel_scales"][...])  # (n, d): q · (s · C)
+            stored = opened.fetch([passage_id])[0]
+            np.testing.assert_array_equal(decoded, stored.states)
+            found[passage_id] = shard
+    assert found == {"a": 0, "c": 0, "b": 1, "d": 1}  # b from the append, its first row superseded
 
 
 def test_info_counts_superseded_states_on_their_own_not_as_fixed_bytes(tmp_path: Path) -> None:
