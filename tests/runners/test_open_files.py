@@ -32,3 +32,22 @@ def test_a_soft_limit_at_the_hard_one_stays() -> None:
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (low, low)),
     )  # fmt: skip
     assert int(done.stdout) == low
+
+
+def test_an_unlimited_hard_limit_the_system_caps_gets_the_highest_soft_limit_it_accepts(monkeypatch) -> None:
+    """macOS reports an unlimited hard limit and refuses a soft limit over kern.maxfilesperproc (EINVAL, a
+    ValueError in Python): the single attempt at 2**20 failed and the default 256 stayed, so `serve` refused every
+    store its files did not fit (limits59 F1)."""
+    from dilstore.runners import open_files
+
+    limits = {"soft": 256}
+
+    def setrlimit(which: int, values: tuple[int, int]) -> None:
+        if values[0] > 10240:
+            raise ValueError("current limit exceeds maximum limit")
+        limits["soft"] = values[0]
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (limits["soft"], resource.RLIM_INFINITY))
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    assert open_files.raise_open_file_limit() == limits["soft"] == 10240
+    assert open_files.raise_open_file_limit() == 10240  # already as high as it goes: left as it is
