@@ -474,3 +474,38 @@ def test_a_build_drops_java_s_stderr_and_log_while_it_runs_unless_verbose(
             raise raised("stop")
     assert seen == ([("dropped", "off")] if quiet else [("stderr", "on")])
     assert (_FakeSystem.err, log[-1]) == (err_after, log_after)
+
+
+@pytest.mark.parametrize(
+    ("limit_mib", "mapped_mib", "expected"),
+    [
+        (None, 1500, ["-Xmx4g"]),  # no address-space limit: the usual heap
+        (10_000, 1500, ["-Xmx4g"]),  # room for the default heap and reservations
+        # a quarter of the 1,400 MiB left, and smaller fixed reservations
+        (3000, 1600, ["-Xmx350m", "-XX:CompressedClassSpaceSize=128m", "-XX:ReservedCodeCacheSize=64m"]),
+        (2441, 1533, None),  # 908 MiB left: refused in one line
+    ],
+)
+def test_the_jvm_fits_its_heap_to_the_address_space_limit_or_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, limit_mib: int | None, mapped_mib: int, expected: list[str] | None
+) -> None:
+    """Under `ulimit -v` below about 7 GiB the JVM could not reserve its 4 GiB heap and 1 GiB class space: it printed
+    "Could not reserve enough space for 4194304 KB object heap" and ended the process with exit 1, no dilstore line
+    (limits59 F2)."""
+    import resource
+
+    mib = 1 << 20
+    limits = {resource.RLIMIT_AS: (resource.RLIM_INFINITY if limit_mib is None else limit_mib * mib,) * 2}
+    real = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit", lambda which: limits.get(which) or real(which))
+    monkeypatch.setattr(retrieval, "mapped_bytes", lambda: mapped_mib * mib)
+    if expected is not None:
+        assert retrieval.jvm_memory_options("4g") == expected
+        return
+    with pytest.raises(DilstoreError, match=r"address-space limit \(ulimit -v\) is 2,441 MiB, of which 908 MiB are "
+                                            r"left, and the JVM needs about 1,200 MiB; raise the limit"):  # fmt: skip
+        retrieval.jvm_memory_options("4g")
+
+
+def test_the_mapped_bytes_are_this_process_s_address_space() -> None:
+    assert retrieval.mapped_bytes() > 0 if Path("/proc/self/status").is_file() else retrieval.mapped_bytes() == 0
