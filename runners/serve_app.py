@@ -33,7 +33,6 @@ stays served.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import email.message
 import json
@@ -75,6 +74,11 @@ from dilstore.storage.secrets import scrubbed
 logger = logging.getLogger("dilstore.serve")
 # --access-log's lines: on stdout, as uvicorn's own access log wrote them (cmd_serve.log_as_uvicorn_does).
 access_logger = logging.getLogger("dilstore.serve.access")
+# What the log and a 503 say when the system refuses this process another thread (Python's RuntimeError "can't start
+# new thread"): each /health was a 500 with an ASGI traceback in the log, and the watch logged one every 5 s
+# (limits59 F3).
+NO_THREAD = ("no thread could be started: the limit on this user's processes and threads (ulimit -u) or the "
+             "container's pids limit is reached")  # fmt: skip
 # The store a request was sent to, for its access-log line: set by the router, read by the middleware that made the
 # dict (the route runs in a task of its own, which shares the dict, not the variable's value).
 _REQUEST_STORE: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("request_store", default=None)
@@ -199,8 +203,11 @@ class StoreRouter:
             await asyncio.sleep(WATCH_SECONDS)
             try:
                 await asyncio.to_thread(self.check_stores)
-            except Exception:  # noqa: BLE001 (the watch goes on: the next check may find the stores readable)
-                logger.exception("checking the stores failed")
+            except Exception as error:  # noqa: BLE001 (the watch goes on: the next check may find the stores readable)
+                if thread_refused(error):
+                    logger.warning("the stores are checked again in %g s: %s", WATCH_SECONDS, NO_THREAD)
+                else:
+                    logger.exception("checking the stores failed")
 
     def forced_quit(self) -> None:
         """Drop every store's queue, then give the batches in progress FORCED_QUIT_SECONDS to end, all stores at
@@ -264,6 +271,10 @@ class StoreRouter:
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
         except Exception as error:  # noqa: BLE001 (a model failure is this request's 500, the server goes on)
+            if thread_refused(error):  # a passing shortage of the whole process, not this request's failure
+                logger.warning("%s: 503: %s", endpoint, NO_THREAD)
+                return JSONResponse({"detail": f"{NO_THREAD}; retry later"}, status_code=503,
+                                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)})  # fmt: skip
             logger.exception("%s failed", endpoint)
             return JSONResponse({"detail": scrubbed(f"internal error: {type(error).__name__}: {error}")},
                                 status_code=500)  # fmt: skip
@@ -408,6 +419,12 @@ class StoreRouter:
                 for store in self.stores
             ]
         }  # fmt: skip
+
+
+def thread_refused(error: BaseException) -> bool:
+    """Whether `error` is Python's refusal to start a thread, which the system denied (RLIMIT_NPROC, a pids cgroup,
+    no memory for its stack): a shortage of the whole process that may pass, not a failure of one request."""
+    return isinstance(error, RuntimeError) and str(error) == "can't start new thread"
 
 
 def add_request_handling(app: FastAPI, metrics: Metrics, *, access_log: bool = False) -> None:
@@ -578,8 +595,14 @@ def add_routes(app: FastAPI, router: StoreRouter) -> None:
     async def health() -> JSONResponse:
         # The checks run off the event loop, and /health waits for them at most HEALTH_CHECK_SECONDS: a store at a
         # URL reads its manifest again, and a silent storage server held every request, then every /health.
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(asyncio.shield(asyncio.to_thread(router.check_stores)), HEALTH_CHECK_SECONDS)
+        except TimeoutError:
+            pass
+        except RuntimeError as error:  # answered from the stores' last checks: the watch checks them again
+            if not thread_refused(error):
+                raise
+            logger.warning("/health answers from the stores' last checks: %s", NO_THREAD)
         return router.health()
 
     app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)  # for probes that use HEAD

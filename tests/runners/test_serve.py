@@ -1375,3 +1375,33 @@ def test_a_store_named_with_an_equals_sign_is_given_its_index() -> None:
     assert per_store_indexes(["s1=runs/k=3/bm25"], ["k=3", "s1"]) == {"s1": Path("runs/k=3/bm25")}
     with pytest.raises(DilstoreError, match=r"^--index k=3=idx: no store is named 'k' \(stores: s1\)"):
         per_store_indexes(["k=3=idx"], ["s1"])
+
+
+def test_a_thread_the_system_refuses_is_a_503_or_health_from_the_last_checks_not_a_500_with_a_traceback(
+    served, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under a limit on processes and threads (ulimit -u, a pids cgroup) each /health that could not start its
+    checking thread was a 500 with an 80-line ASGI traceback in the log (61 of 200 concurrent requests at
+    `prlimit --nproc=36`), and a request that could not was a 500 "internal error" (limits59 F3)."""
+    from dilstore.runners import serve_app
+
+    client, _, _ = served
+
+    async def refused(*args: Any, **kwargs: Any) -> None:
+        for work in args:
+            if asyncio.iscoroutine(work):
+                work.close()
+        raise RuntimeError("can't start new thread")
+
+    with caplog.at_level("WARNING", logger="dilstore.serve"):
+        monkeypatch.setattr(asyncio, "to_thread", refused)
+        health = client.get("/health")
+        monkeypatch.undo()
+        monkeypatch.setattr(serve_app, "while_connected", refused)
+        asked = client.post("/ask", json={"question": "Which river?", "top_p": 2})
+    assert (health.status_code, health.json()["status"]) == (200, "ok")
+    assert asked.status_code == 503 and asked.headers["retry-after"] == "1"
+    assert asked.json()["detail"].startswith("no thread could be started: the limit on this user's processes")
+    messages = [record.getMessage() for record in caplog.records if record.getMessage().startswith("/")]
+    assert [message.split(":")[0] for message in messages] == ["/health answers from the stores' last checks", "/ask"]
+    assert not any(record.exc_info for record in caplog.records)
