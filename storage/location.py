@@ -205,7 +205,10 @@ class StoreLocation:
         chunks: list[bytes] = []
         wanted = at_most + 1
         with self.fs.open(path, "rb", **({} if self.local_root is not None else {"block_size": 0})) as file:
-            while wanted > 0 and (chunk := file.read(wanted)):  # a stream gives what has come so far
+            # A stream gives what has come so far. At most _READ_BLOCK a read: a file's read(n) first allocates
+            # n bytes, so each look at a 20 KB manifest took 256 MiB of address space, and under `ulimit -v`
+            # `verify` called a sound store's manifest too large for memory, FAILED (limits59 F4).
+            while wanted > 0 and (chunk := file.read(min(wanted, _READ_BLOCK))):
                 chunks.append(bytes(chunk))
                 wanted -= len(chunk)
         return b"".join(chunks)

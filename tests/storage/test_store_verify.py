@@ -547,3 +547,23 @@ def test_a_link_to_nothing_in_a_local_store_is_left_out_of_its_files(tmp_path: P
     (tmp_path / "kept").write_bytes(b"12345")
     (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
     assert StoreLocation.parse(tmp_path).files() == {"kept": 5}
+
+
+def test_reading_a_manifest_takes_memory_for_its_bytes_not_for_the_most_it_may_hold(pristine) -> None:
+    """A read of a 20 KB manifest asked the file for MAX_MANIFEST_BYTES + 1 at once, and a file's read(n) allocates
+    n bytes first: 256 MiB of address space each time, so under `ulimit -v 500000` `verify` reported a sound
+    store FAILED, its manifest "needed more memory than this process has" (limits59 F4)."""
+    import tracemalloc
+
+    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.manifest import read_manifest
+
+    location = StoreLocation.parse(str(pristine))
+    tracemalloc.start()
+    try:
+        manifest = read_manifest(location)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert manifest.passages > 0
+    assert peak < 16 << 20
