@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import resource
 import ssl
 from pathlib import Path
 
@@ -103,6 +104,37 @@ def read_failure(what: str, error: BaseException, *, local: bool = False) -> Sto
     failure = StoreReadError(f"reading {what} failed: {describe(error)}; try again")
     failure.in_transit = not local and is_transient(error)  # tried READ_ATTEMPTS times (worth_retrying)
     return failure
+
+
+def process_shortage(error: BaseException) -> str | None:
+    """What this process ran short of, where `error` or an error it was raised from says so, as words to end a
+    sentence; None where it does not. Open files, threads and (ENOMEM) kernel memory for a map are the process's
+    or the machine's limits, never a file's fault; a MemoryError is one only under an address-space limit (ulimit
+    -v), as without one it is what a forged size asking for terabytes gives, which is damage. `verify` called a sound
+    store FAILED, every file "cannot be read: MemoryError", under `ulimit -v 600000` (limits59 F5)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        code = getattr(current, "errno", None)
+        if code in (errno.EMFILE, errno.ENFILE):
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            return f"this process holds as many open files as it may ({_limit(soft)}; ulimit -n)"
+        address_space = resource.getrlimit(resource.RLIMIT_AS)[0]
+        limited = address_space != resource.RLIM_INFINITY
+        under = f" under its address-space limit (ulimit -v) of {address_space >> 20:,} MiB" if limited else ""
+        if isinstance(current, RuntimeError) and str(current) == "can't start new thread":
+            stack = f"no room for its stack{under}, or " if limited else ""
+            return f"no thread could be started ({stack}the limit on processes and threads: ulimit -u)"
+        if code == errno.ENOMEM or (isinstance(current, MemoryError) and limited):
+            return f"this process ran out of memory{under}"
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _limit(value: int) -> str:
+    """A resource limit in words: its number, or "unlimited"."""
+    return "unlimited" if value == resource.RLIM_INFINITY else f"{value:,}"
 
 
 def _first_line(text: str) -> str:

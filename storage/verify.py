@@ -60,7 +60,7 @@ from dilstore.storage.info import store_files
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest
 from dilstore.storage.passage_tables import has_tables, passage_table_problems, shard_table
-from dilstore.storage.read_failures import describe
+from dilstore.storage.read_failures import describe, process_shortage
 from dilstore.storage.secrets import scrubbed
 from dilstore.storage.shard import ShardAttributes
 from dilstore.storage.zarr_reads import METADATA_ERRORS
@@ -123,7 +123,8 @@ class _Silent:
 def verify_store(
     path_or_url: str | Path, storage_options: dict[str, Any] | None = None, progress: VerifyProgress | None = None
 ) -> VerifyReport:
-    """Check the store at a local path or fsspec URL and return the report (never raises for damage).
+    """Check the store at a local path or fsspec URL and return the report (never raises for damage; a DilstoreError
+    when this process ran short of memory, open files or threads, which says nothing of the store).
 
     The store only: not its BM25 index (STORE/bm25, outside the manifest), which an append makes stale; it is listed
     in `untracked`, unchecked. `dilstore verify` and `dilstore.verify` check both, through
@@ -133,10 +134,25 @@ def verify_store(
     """
     progress = progress or _Silent()
     location = StoreLocation.parse(path_or_url, storage_options)
+    try:
+        return _verified(location, progress)
+    except Exception as error:
+        shortage = process_shortage(error)
+        if shortage is None:
+            raise
+        raise DilstoreError(f"verify of {location.url} stopped before it could judge the store: {shortage}; raise "
+                            "the limit and run it again") from None  # fmt: skip
+
+
+def _verified(location: StoreLocation, progress: VerifyProgress) -> VerifyReport:
+    """`verify_store`'s report; a read that failed because this process ran short (memory under a limit, open
+    files, threads: read_failures.process_shortage) is raised, as it says nothing of the store."""
     report = VerifyReport(url=location.url)
     try:
         manifest = read_manifest(location)
     except DilstoreError as error:
+        if process_shortage(error) is not None:
+            raise
         report.problems.append(str(error))
         return report
     report.shards, report.passages, report.tokens = len(manifest.shards), manifest.passages, manifest.tokens
@@ -284,6 +300,8 @@ def _guarded(report: VerifyReport, what: str, check: Callable[[], Any]) -> Any:
     try:
         return check()
     except Exception as error:  # noqa: BLE001 - a damaged file must give a report line, not a traceback
+        if process_shortage(error) is not None:
+            raise
         report.problems.append(scrubbed(f"{what}: cannot be read: {type(error).__name__}: {error}"))
         return None
 
@@ -364,6 +382,8 @@ def _check_hashes(
     progress.phase("checksums", sum(present[path] for path in to_hash), "B")
     hashed = location.sha256_many(to_hash, on_file=lambda path: progress.advance(present[path]))
     for path, digest in hashed.items():
+        if isinstance(digest, Exception) and process_shortage(digest) is not None:
+            raise digest
         if isinstance(digest, FileNotFoundError):
             report.problems.append(f"missing file {path}")
         elif isinstance(digest, Exception):

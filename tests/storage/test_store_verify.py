@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ import zarr
 
 from dilstore.runners.cli import main
 from dilstore.storage import encodings
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import MANIFEST_FILE, TOKENS_PER_CHUNK
 from dilstore.storage.secrets import remember_secrets
 from dilstore.storage.verify import VerifyReport, verify_store
@@ -567,3 +569,40 @@ def test_reading_a_manifest_takes_memory_for_its_bytes_not_for_the_most_it_may_h
         tracemalloc.stop()
     assert manifest.passages > 0
     assert peak < 16 << 20
+
+
+@pytest.mark.parametrize(
+    ("error", "address_space", "stops"),
+    [
+        (MemoryError(), 600 << 20, "this process ran out of memory under its address-space limit (ulimit -v) of 600"),
+        (OSError(errno.EMFILE, "Too many open files"), None, "this process holds as many open files as it may"),
+        (OSError(errno.ENOMEM, "Cannot allocate memory"), None, "this process ran out of memory; raise the limit"),
+        (RuntimeError("can't start new thread"), None, "no thread could be started"),
+        (MemoryError(), None, None),  # no limit: a forged size asking for terabytes, damage as before
+    ],
+)
+def test_a_verify_the_process_cannot_finish_stops_in_one_line_not_a_sound_store_failed(
+    pristine, monkeypatch, error: BaseException, address_space: int | None, stops: str | None
+) -> None:
+    """Under `ulimit -v 600000` verify reported a sound store FAILED with 123 problems, every file "cannot be read:
+    MemoryError"; too many open files or no thread to start would read the same (limits59 F5)."""
+    import resource
+
+    from dilstore.storage.location import StoreLocation
+
+    real_getrlimit = resource.getrlimit
+    limit = resource.RLIM_INFINITY if address_space is None else address_space
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit) if which == resource.RLIMIT_AS
+                        else real_getrlimit(which))  # fmt: skip
+
+    def failing(location: StoreLocation, relative: str) -> str:
+        raise error
+
+    monkeypatch.setattr(StoreLocation, "sha256", failing)
+    if stops is None:
+        problems = verify_store(pristine).problems
+        assert problems and problems[0].endswith(": cannot be read: MemoryError")
+        return
+    with pytest.raises(DilstoreError, match=r"^verify of .* stopped before it could judge the store: ") as raised:
+        verify_store(pristine)
+    assert stops in str(raised.value) and str(raised.value).endswith("; raise the limit and run it again")
