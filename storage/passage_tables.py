@@ -19,9 +19,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dilstore.storage.format import StoreFormatError, append_dir
+from dilstore.storage.format import StoreFormatError, StoreReadError, append_dir
 from dilstore.storage.manifest import ShardEntry
 from dilstore.storage.passage_files import PASSAGES_DIR, PassageRow, derives_from, parquet_path
+from dilstore.storage.read_failures import process_shortage
 
 PASSAGE_SCHEMA = pa.schema(
     [
@@ -73,6 +74,7 @@ def passage_column(table: Path, name: str) -> list[str]:
         with table.open("rb") as handle:  # pyarrow takes no path that is not UTF-8 (unicode56 F8)
             return pq.read_table(handle, columns=[name]).column(name).to_pylist()
     except (pa.ArrowException, OSError) as error:
+        _refuse_shortage(table, error)
         raise StoreFormatError(f"{table}: {_unreadable(error)}") from error
 
 
@@ -109,7 +111,17 @@ def _read(table: Path) -> pa.Table | str:
         with table.open("rb") as handle:  # a path: pyarrow encodes it as UTF-8, which a name of other bytes is not
             return pq.read_table(handle)
     except (pa.ArrowException, OSError) as error:
+        _refuse_shortage(table, error)
         return _unreadable(error)
+
+
+def _refuse_shortage(table: Path, error: BaseException) -> None:
+    """A StoreReadError when reading `table` failed because this process ran short (open files, memory under a
+    limit: read_failures.process_shortage), which says nothing of the table: `compact` called it "cannot be read as
+    a Parquet passage table" and said to run `dilstore verify`, which would have reported the same (limits59 F6)."""
+    shortage = process_shortage(error)
+    if shortage is not None:
+        raise StoreReadError(f"reading {table} failed: {shortage}; raise the limit and run it again") from error
 
 
 def _unreadable(error: Exception) -> str:

@@ -8,6 +8,7 @@ precompute writes them, before finalize, so the manifest covers them; each damag
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import re
@@ -23,8 +24,9 @@ import pytest
 
 from dilstore.runners.cli import main
 from dilstore.storage.compact import compact_store
+from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
-from dilstore.storage.format import StoreFormatError
+from dilstore.storage.format import StoreFormatError, StoreReadError
 from dilstore.storage.passage_files import parquet_path
 from dilstore.storage.passage_tables import PASSAGE_SCHEMA, passage_column, passage_table_bytes
 from dilstore.storage.reader import open_store
@@ -171,3 +173,20 @@ def test_passage_column_names_the_file_it_cannot_read(store: Path) -> None:
     (store / TABLE).write_bytes(b"not parquet")
     with pytest.raises(StoreFormatError, match=f"^{re.escape(str(store / TABLE))}: cannot be read as a Parquet"):
         passage_column(store / TABLE, "doc_id")
+
+
+def test_a_table_read_short_of_open_files_is_no_damage(pristine: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of open files (`prlimit --nofile=24`), `compact` said the table "cannot be read as a Parquet passage
+    table" and to run `dilstore verify`, and verify listed the same as damage (limits59 F6)."""
+    def short(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(pq, "read_table", short)
+    shortage = rf"^reading {re.escape(str(pristine / TABLE))} failed: this process holds as many open files as it may"
+    with open_store(pristine) as opened, pytest.raises(StoreReadError, match=shortage):
+        compact_store(opened, tmp_path / "out", lambda passage_id: 0, generation="0" * 16)
+    with pytest.raises(StoreReadError, match=shortage):
+        passage_column(pristine / TABLE, "doc_id")
+    with pytest.raises(DilstoreError, match="stopped before it could judge the store: this process holds as many"):
+        verify_store(pristine)
