@@ -76,6 +76,11 @@ def read_failure(what: str, error: BaseException, *, local: bool = False) -> Sto
     links in its place, a null byte in its name), which trying again would not mend; anything else failed in
     transit or for a while (too many open files), a StoreReadError, which may not recur. A file refused for want of
     permission is named in the error's `unreadable`, which `serve` looks at again (perm57 F1)."""
+    shortage = process_shortage(error)
+    if shortage is not None and getattr(error, "errno", None) not in (errno.EMFILE, errno.ENFILE):
+        # Memory under an address-space limit, or for a map: the process's, which may pass; it was damage (a
+        # StoreFormatError: `serve` took a sound store out of service) or "try again" (limits59 F7).
+        return StoreReadError(f"reading {what} failed: {shortage}")
     if isinstance(error, MemoryError):  # a file far larger than any of a store's: trying again would fail again
         return StoreFormatError(f"reading {what} needed more memory than this process has: no file of a store is "
                                 "that large; run `dilstore verify`")  # fmt: skip

@@ -210,3 +210,22 @@ def test_only_a_file_refused_for_permission_is_named_unreadable(error: OSError, 
     EPERM (an immutable file, a mount's policy) must be."""
     failure = read_failure("shard a", error, local=True)
     assert isinstance(failure, StoreFormatError) and getattr(failure, "unreadable", None) == unreadable
+
+
+def test_a_read_short_of_memory_under_an_address_space_limit_or_for_a_map_is_a_read_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under `ulimit -v` a MemoryError reading a store's file said "no file of a store is that large; run `dilstore
+    verify`", damage, on which `serve` takes the store out of service; a map refused for want of memory (ENOMEM) was
+    a 502 saying "Cannot allocate memory; try again" (limits59 F7)."""
+    import resource
+
+    real = resource.getrlimit
+    limit = 3000 << 20
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit) if which == resource.RLIMIT_AS
+                        else real(which))  # fmt: skip
+    for error in (MemoryError(), OSError(errno.ENOMEM, "Cannot allocate memory")):
+        failure = read_failure("/s/shards/shard-00000/states/values/c/0/0", error, local=True)
+        assert isinstance(failure, StoreReadError), error
+        assert str(failure) == ("reading /s/shards/shard-00000/states/values/c/0/0 failed: this process ran out of "
+                                "memory under its address-space limit (ulimit -v) of 3,000 MiB")  # fmt: skip
