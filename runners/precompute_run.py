@@ -10,6 +10,7 @@ import contextlib
 import errno
 import logging
 import os
+import resource
 import threading
 import time
 import uuid
@@ -409,13 +410,16 @@ def _cause_of(error: BaseException, kind: type[E]) -> E | None:
 # A folder or mount made read-only part way (scale53 F3): said only "PermissionError: [Errno 1] ...", not that the
 # store was as it was and the same command goes on from the shards it finished.
 _UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+# How a worker's failed allocation reads: Python's MemoryError, torch's CPU allocator's refusal, a map's ENOMEM.
+_OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", f"[Errno {errno.ENOMEM}]")
 
 
 def pipeline_failure(error: BaseException, options: PipelineOptions, store: str = "the store") -> str:
     """What failed, in a line: a job server that never answered is named with the option that bounds the wait (it
-    was only "FutureTimeoutError", after minutes), a full disk or a path that cannot be written any more with what to
-    do (a worker's OSError reaches the launcher as text), a worker process that died (Beam's with its exit code, or
-    Dask's KilledWorker) and the rerun that goes on (dask50 F3, F4), anything else is its most telling line."""
+    was only "FutureTimeoutError", after minutes), a full disk, memory that ran out or a path that cannot be written
+    any more with what to do (a worker's OSError reaches the launcher as text), a worker process that died (Beam's
+    with its exit code, or Dask's KilledWorker) and the rerun that goes on (dask50 F3, F4), anything else is its most
+    telling line."""
     if type(error).__name__ == "FutureTimeoutError":  # grpc's, waiting for the portable job server
         values = options.get_all_options()
         return (f"no job server answered at {values.get('job_endpoint')} within {values.get('job_server_timeout')} s "
@@ -434,10 +438,22 @@ def pipeline_failure(error: BaseException, options: PipelineOptions, store: str 
         return f"{line}: {FILE_SIZE_ADVICE}, then {RERUN}"
     if any(f"[Errno {number}]" in line for number in _UNWRITABLE):  # before the commit: the store as it was
         return f"{line}: give this run access to that path again (a read-only mount or folder, its mode), then {RERUN}"
+    if any(mark in line for mark in _OUT_OF_MEMORY):
+        return f"{line}: {memory_advice()}, then {RERUN}"
     if f"[Errno {errno.EIO}]" in line:  # a failing disk, or one that failed once: the commit may have happened
         return (f"{line}: check the disk of {store}, then run the same command again (it goes on from the shards "
                 "it finished, or says the store is complete)")  # fmt: skip
     return line
+
+
+def memory_advice() -> str:
+    """What to do once the run ran out of memory, in words. Under `ulimit -v` it ended in torch's "[enforce fail at
+    alloc_cpu.cpp:127] ... DefaultCPUAllocator: can't allocate memory" alone, naming neither the limit nor the
+    options that bound what a worker holds at once (limits59 F8)."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    limited = limit != resource.RLIM_INFINITY
+    under = f" under its address-space limit (ulimit -v) of {limit >> 20:,} MiB" if limited else ""
+    return f"the run ran out of memory{under}: lower --batch-tokens or --workers, or give it more memory"
 
 
 def _last_line(error: BaseException) -> str:

@@ -466,3 +466,31 @@ def test_a_job_endpoint_that_answers_grpc_passes_the_check(closed_port: int) -> 
         LocalDefaults()))  # fmt: skip
     with pytest.raises(DilstoreError, match=r"cannot reach a job server at 127\.0\.0\.1:\d+ \(--job_endpoint\)"):
         reach_job_server(unreached)
+
+
+@pytest.mark.parametrize(("address_space", "under"), [
+    (None, ""),
+    (3000 << 20, " under its address-space limit (ulimit -v) of 3,000 MiB"),
+])  # fmt: skip
+def test_a_run_out_of_memory_names_the_limit_and_the_options_that_bound_what_a_worker_holds(
+    monkeypatch: pytest.MonkeyPatch, address_space: int | None, under: str
+) -> None:
+    """Under `ulimit -v 3000000` a run with a large --batch-tokens ended in torch's allocator line alone, naming
+    neither the limit nor what to lower (limits59 F8)."""
+    import resource
+
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from dilstore.runners.worker_deaths import RERUN
+
+    real = resource.getrlimit
+    limit = resource.RLIM_INFINITY if address_space is None else address_space
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit) if which == resource.RLIMIT_AS
+                        else real(which))  # fmt: skip
+    torch_line = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                  "tried to allocate 4732416 bytes. Error code 12 (Cannot allocate memory) [while running "
+                  "'Precompute/WriteGroups']")  # fmt: skip
+    for error in (RuntimeError(torch_line), MemoryError()):
+        line = pipeline_failure(error, PipelineOptions([]), "/s")
+        assert line.endswith(f": the run ran out of memory{under}: lower --batch-tokens or --workers, or give it "
+                             f"more memory, then {RERUN}"), line  # fmt: skip
