@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from dilstore.runners.collector import thaw
 from dilstore.runners.exception_chain import exception_chain
 from dilstore.runners.open_files import raise_open_file_limit
+from dilstore.runners.out_of_memory import is_out_of_memory, out_of_memory_line
 from dilstore.runners.quiet import configure as configure_output
 from dilstore.runners.quiet import diagnostics_kept_going, to_null_device
 from dilstore.runners.stop_signals import (
@@ -253,8 +254,11 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
     except UnicodeError as error:
         print(f"dilstore {args.command}: error: text that is not valid UTF-8: {error}", file=last_lines())
         return 2
-    except RuntimeError as error:
-        if (loop := symlink_loop(error)) is None:
+    except (MemoryError, RuntimeError) as error:  # an allocation refused (torch's is a RuntimeError), a symlink loop
+        if is_out_of_memory(error):
+            print(f"dilstore {args.command}: error: {out_of_memory_line(args)}", file=last_lines())
+            return 2
+        if not isinstance(error, RuntimeError) or (loop := symlink_loop(error)) is None:
             raise
         print(f"dilstore {args.command}: error: {scrubbed(f'{os.strerror(errno.ELOOP)}: {loop}')}", file=last_lines())
         return 2

@@ -10,7 +10,6 @@ import contextlib
 import errno
 import logging
 import os
-import resource
 import threading
 import time
 import uuid
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dilstore.runners.exception_chain import exception_chain
+from dilstore.runners.out_of_memory import address_space_words
 from dilstore.runners.quiet import failures_unlogged, filtered_stderr, records_unlogged
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.runners.worker_deaths import RERUN, DeadWorkerError, dead_worker_wait_bounded
@@ -450,10 +450,8 @@ def memory_advice() -> str:
     """What to do once the run ran out of memory, in words. Under `ulimit -v` it ended in torch's "[enforce fail at
     alloc_cpu.cpp:127] ... DefaultCPUAllocator: can't allocate memory" alone, naming neither the limit nor the
     options that bound what a worker holds at once (limits59 F8)."""
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    limited = limit != resource.RLIM_INFINITY
-    under = f" under its address-space limit (ulimit -v) of {limit >> 20:,} MiB" if limited else ""
-    return f"the run ran out of memory{under}: lower --batch-tokens or --workers, or give it more memory"
+    lower = "lower --batch-tokens or --workers, or give it more memory"
+    return f"the run ran out of memory{address_space_words()}: {lower}"
 
 
 def _last_line(error: BaseException) -> str:

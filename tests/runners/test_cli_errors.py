@@ -1085,3 +1085,36 @@ def test_a_hard_link_of_an_input_given_before_is_the_same_input(tmp_path: Path) 
     with pytest.raises(DilstoreError, match=f"^--input {linked} is given twice \\(as {first} before it: the same "):
         resolve_inputs([first, linked], None)
     assert len(resolve_inputs([first], None)) == 1
+
+
+@pytest.mark.parametrize("address_space", [None, 3000 << 20])
+def test_a_command_out_of_memory_is_one_line_naming_the_limit_and_its_batch_options(
+    address_space: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under `ulimit -v 3000000` `evaluate-qa` ended in a 60-line traceback of torch's "[enforce fail at
+    alloc_cpu.cpp:127] ... DefaultCPUAllocator: can't allocate memory", exit 1 (limits59 F9)."""
+    import resource
+
+    from dilstore.runners import cmd_evaluate_qa, cmd_store
+
+    real = resource.getrlimit
+    limit = resource.RLIM_INFINITY if address_space is None else address_space
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit) if which == resource.RLIMIT_AS
+                        else real(which))  # fmt: skip
+
+    def torch_refuses(args: argparse.Namespace) -> int:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 47185920 bytes. Error code 12 (Cannot allocate memory)")
+
+    def python_refuses(args: argparse.Namespace) -> int:
+        raise MemoryError
+
+    monkeypatch.setattr(cmd_evaluate_qa, "run", torch_refuses)
+    monkeypatch.setattr(cmd_store, "run_info", python_refuses)
+    under = "" if address_space is None else " under its address-space limit (ulimit -v) of 3,000 MiB"
+    assert main(["evaluate-qa", str(tmp_path / "store"), "--questions", str(tmp_path / "q.jsonl")]) == 2
+    assert capsys.readouterr().err == (f"dilstore evaluate-qa: error: ran out of memory{under}: lower "
+                                       "--max-pairs-per-batch, --pair-batch-tokens or --question-batch (what it reads "
+                                       "at once), or give it more memory\n")  # fmt: skip
+    assert main(["info", str(tmp_path / "store")]) == 2
+    assert capsys.readouterr().err == f"dilstore info: error: ran out of memory{under}: give it more memory\n"

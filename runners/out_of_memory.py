@@ -1,0 +1,37 @@
+"""What a command says when it ran out of memory: the address-space limit where one is set (`ulimit -v`), and the
+options that bound what the command holds at once.
+
+torch's CPU allocator reports a failed allocation as a RuntimeError ("[enforce fail at alloc_cpu.cpp:127] ...
+DefaultCPUAllocator: can't allocate memory"), not a MemoryError, so `evaluate-qa` under `ulimit -v 3000000` ended in
+a 60-line traceback naming neither (limits59 F9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+
+# How torch words a failed allocation (CPU allocator; CUDA's OutOfMemoryError is a RuntimeError too).
+_TORCH_OUT_OF_MEMORY = ("can't allocate memory", "CUDA out of memory")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocation that failed: Python's MemoryError or torch's allocator's RuntimeError."""
+    if isinstance(error, MemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(words in str(error) for words in _TORCH_OUT_OF_MEMORY)
+
+
+def address_space_words() -> str:
+    """The words ` under its address-space limit (ulimit -v) of N MiB` where the process has one, else nothing."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    limited = limit != resource.RLIM_INFINITY
+    return f" under its address-space limit (ulimit -v) of {limit >> 20:,} MiB" if limited else ""
+
+
+def out_of_memory_line(args: argparse.Namespace) -> str:
+    """The error line of a command `args` that ran out of memory: the limit, and its batch options to lower."""
+    options = [f"--{name.replace('_', '-')}" for name in sorted(vars(args)) if "batch" in name]
+    lower = f"lower {', '.join(options[:-1])} or {options[-1]}" if len(options) > 1 else f"lower {''.join(options)}"
+    advice = f"{lower} (what it reads at once), or give it more memory" if options else "give it more memory"
+    return f"ran out of memory{address_space_words()}: {advice}"
