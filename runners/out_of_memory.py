@@ -9,7 +9,8 @@ a 60-line traceback naming neither (limits59 F9).
 from __future__ import annotations
 
 import argparse
-import resource
+
+from dilstore.storage.read_failures import address_space_words
 
 # How torch words a failed allocation (CPU allocator; CUDA's OutOfMemoryError is a RuntimeError too).
 _TORCH_OUT_OF_MEMORY = ("can't allocate memory", "CUDA out of memory")
@@ -20,13 +21,6 @@ def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, MemoryError):
         return True
     return isinstance(error, RuntimeError) and any(words in str(error) for words in _TORCH_OUT_OF_MEMORY)
-
-
-def address_space_words() -> str:
-    """The words ` under its address-space limit (ulimit -v) of N MiB` where the process has one, else nothing."""
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    limited = limit != resource.RLIM_INFINITY
-    return f" under its address-space limit (ulimit -v) of {limit >> 20:,} MiB" if limited else ""
 
 
 def out_of_memory_line(args: argparse.Namespace) -> str:

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dilstore.runners.exception_chain import exception_chain
-from dilstore.runners.out_of_memory import address_space_words
 from dilstore.runners.quiet import failures_unlogged, filtered_stderr, records_unlogged
 from dilstore.runners.stop_signals import interrupt_number, interrupt_words
 from dilstore.runners.worker_deaths import RERUN, DeadWorkerError, dead_worker_wait_bounded
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.file_errors import FILE_SIZE_ADVICE
+from dilstore.storage.read_failures import address_space_words
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     from apache_beam.options.pipeline_options import PipelineOptions

@@ -69,6 +69,7 @@ from dilstore.runners.serve_services import ServedStore, Service
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreChangedError, StoreFormatError, StoreReadError
 from dilstore.storage.messages import listed, other_form_hint
+from dilstore.storage.read_failures import thread_refused
 from dilstore.storage.secrets import scrubbed
 
 logger = logging.getLogger("dilstore.serve")
@@ -419,12 +420,6 @@ class StoreRouter:
                 for store in self.stores
             ]
         }  # fmt: skip
-
-
-def thread_refused(error: BaseException) -> bool:
-    """Whether `error` is Python's refusal to start a thread, which the system denied (RLIMIT_NPROC, a pids cgroup,
-    no memory for its stack): a shortage of the whole process that may pass, not a failure of one request."""
-    return isinstance(error, RuntimeError) and str(error) == "can't start new thread"
 
 
 def add_request_handling(app: FastAPI, metrics: Metrics, *, access_log: bool = False) -> None:

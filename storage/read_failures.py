@@ -125,16 +125,27 @@ def process_shortage(error: BaseException) -> str | None:
         if code in (errno.EMFILE, errno.ENFILE):
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
             return f"this process holds as many open files as it may ({_limit(soft)}; ulimit -n)"
-        address_space = resource.getrlimit(resource.RLIMIT_AS)[0]
-        limited = address_space != resource.RLIM_INFINITY
-        under = f" under its address-space limit (ulimit -v) of {address_space >> 20:,} MiB" if limited else ""
-        if isinstance(current, RuntimeError) and str(current) == "can't start new thread":
-            stack = f"no room for its stack{under}, or " if limited else ""
+        under = address_space_words()
+        if thread_refused(current):
+            stack = f"no room for its stack{under}, or " if under else ""
             return f"no thread could be started ({stack}the limit on processes and threads: ulimit -u)"
-        if code == errno.ENOMEM or (isinstance(current, MemoryError) and limited):
+        if code == errno.ENOMEM or (isinstance(current, MemoryError) and under):
             return f"this process ran out of memory{under}"
         current = current.__cause__ or current.__context__
     return None
+
+
+def thread_refused(error: BaseException) -> bool:
+    """Whether `error` is Python's refusal to start a thread, which the system denied (RLIMIT_NPROC, a pids cgroup,
+    no room for its stack): a shortage of the whole process that may pass."""
+    return isinstance(error, RuntimeError) and str(error) == "can't start new thread"
+
+
+def address_space_words() -> str:
+    """The words ` under its address-space limit (ulimit -v) of N MiB` where the process has one, else nothing."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    limited = limit != resource.RLIM_INFINITY
+    return f" under its address-space limit (ulimit -v) of {limit >> 20:,} MiB" if limited else ""
 
 
 def _limit(value: int) -> str:
