@@ -36,7 +36,8 @@ from tqdm import tqdm
 
 from dilstore.pipelines.corpus_squad import paragraph_id
 from dilstore.pipelines.passages import Passage
-from dilstore.reader.evaluation.open_domain import evaluate_top_ps, load_questions
+from dilstore.reader.evaluation.open_domain import evaluate_top_ps
+from dilstore.reader.evaluation.questions import load_questions
 from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.fingerprint import model_fingerprint

@@ -395,7 +395,8 @@ def evaluate_qa(
     `.summary()` give the scores. `limit` questions are drawn with `seed` when
     given, as `dilstore evaluate-qa` does.
     """
-    from dilstore.reader.evaluation.open_domain import evaluate_questions, load_questions
+    from dilstore.reader.evaluation.open_domain import evaluate_questions
+    from dilstore.reader.evaluation.questions import load_questions
     from dilstore.reader.evaluation.subsets import require_subset_seed, seeded_subset
     from dilstore.reader.serving.odqa import OpenDomainReader
 

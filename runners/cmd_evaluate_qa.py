@@ -73,13 +73,7 @@ def run(args: argparse.Namespace) -> int:
     """Load questions, open the reader, evaluate, print EM/F1 for mu = 1 and --mu, and R."""
     from tqdm import tqdm
 
-    from dilstore.reader.evaluation.open_domain import (
-        QAEvaluation,
-        evaluate_questions,
-        load_questions,
-        merged_evaluation,
-        write_predictions,
-    )
+    from dilstore.reader.evaluation.questions import load_questions
     from dilstore.reader.evaluation.subsets import seeded_subset
     from dilstore.reader.progress_lines import bar_options, steady_bar
 
@@ -92,7 +86,14 @@ def run(args: argparse.Namespace) -> int:
         require_file(args.questions, "--questions")  # the journal checksums it: a pipe would read empty (qa48 H1)
     questions = seeded_subset(load_questions(args.questions), args.limit, seed)
     with loading_for_good():
-        odqa = open_odqa_reader(args)
+        odqa = open_odqa_reader(args)  # the store is checked before torch and the reader load (fast59 F1)
+    from dilstore.reader.evaluation.open_domain import (
+        QAEvaluation,
+        evaluate_questions,
+        merged_evaluation,
+        write_predictions,
+    )
+
     size = args.question_batch * math.ceil(PART_QUESTIONS / args.question_batch)
     parts = [questions[first : first + size] for first in range(0, len(questions), size)]
     settings = _settings(args, odqa, seed, size)

@@ -667,15 +667,23 @@ def test_usage_errors_exit_2_in_a_real_process() -> None:
     (["precompute", "--input", "{tmp}/a.jsonl", "--output", "{tmp}/store", "--bogus_option", "1"],
      "dilstore precompute: error: unknown Beam option(s): --bogus_option", ["apache_beam"]),
     (["serve", "{tmp}/missing", "--port", "0"], "dilstore serve: error: no store at {tmp}/missing", []),
-], ids=["ask", "precompute-input", "precompute-beam-option", "serve"])  # fmt: skip
+    (["evaluate-qa", "{tmp}/missing", "--questions", "{tmp}/q.jsonl"],
+     "dilstore evaluate-qa: error: no store at {tmp}/missing", []),
+    (["evaluate-qa", "{tmp}/missing", "--questions", "{tmp}/a.jsonl"],
+     "dilstore evaluate-qa: error: {tmp}/a.jsonl:1: the line has no 'question' key", []),
+], ids=["ask", "precompute-input", "precompute-beam-option", "serve", "evaluate-qa-store",
+        "evaluate-qa-questions"])  # fmt: skip
 def test_a_mistyped_argument_is_named_before_torch_loads(tmp_path: Path, arguments: list[str], message: str,
                                                          loaded: list[str]) -> None:  # fmt: skip
     """(ci59 F1) `ask` on a mistyped store path set torch's threads and imported the reader (torch, transformers)
     before its store was opened: "no store at" came after some 6 s. (ci59 F2) `precompute` imported Beam, torch and
     transformers before it looked for its --input: "input file not found" came after some 8 s. (ci59 F3) A Beam
     option Beam refuses needs Beam alone, and was named after torch and transformers had loaded too (9 s, not 2.5).
-    (ci59 F6) `serve` set torch's threads, importing it, before it checked its stores (2-5 s)."""
+    (ci59 F6) `serve` set torch's threads, importing it, before it checked its stores (2-5 s). (fast59 F1)
+    `evaluate-qa` read its questions with a function of the module that imports the serving stack, and imported it
+    before the store was checked: a question file without questions, or a mistyped store, was named after 5-6 s."""
     (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "a corpus file"}\n')
+    (tmp_path / "q.jsonl").write_text('{"question": "Who?", "answer": ["a"]}\n')
     code = ("import sys\nfrom dilstore.runners.cli import main\nstatus = main(sys.argv[1:])\n"
             "print(status, [name for name in ('torch', 'transformers', 'apache_beam') if name in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code, *(word.format(tmp=tmp_path) for word in arguments)],

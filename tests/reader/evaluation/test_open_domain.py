@@ -20,11 +20,11 @@ from dilstore.reader.evaluation.open_domain import (
     answer_in_text,
     evaluate_questions,
     evaluate_top_ps,
-    load_questions,
     merged_evaluation,
     recall_tokens,
     write_predictions,
 )
+from dilstore.reader.evaluation.questions import load_questions
 from dilstore.reader.evaluation.squad_metric import exact_match, f1, metric_max_over_ground_truths
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.retrieval import Hit
