@@ -19,6 +19,7 @@ from dilstore.runners.journal import (
     stopped_keeping,
     store_build,
 )
+from dilstore.runners.odqa_options import require_store
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
@@ -113,10 +114,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read topics and run, open the store and its checked ranker, rerank, write the run, print a summary."""
-    apply_threads(args.threads)
+    topics, first_stage, depth = _checked_inputs(args)
+    require_store(args.store)
+    apply_threads(args.threads)  # imports torch (2 s): after the inputs and the store are checked (fast59 F2)
     from dilstore.reader.serving.rerank import RerankSettings, open_reranker
 
-    topics, first_stage, depth = _checked_inputs(args)
     settings = RerankSettings(**{name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None})
     with loading_for_good():
         reranker = open_reranker(args.store, args.model, settings=settings, device=args.device)
@@ -130,7 +132,7 @@ def _checked_inputs(args: argparse.Namespace) -> tuple[dict[str, str], Run, int]
     """The topics, the first-stage run and the depth, once the output, the input files and the depth are checked:
     before the ranker loads, so a mistake costs no model load."""
     from dilstore.reader.data.trec import rank_order_warning, read_ranked_run, read_topics
-    from dilstore.reader.serving.rerank import DEFAULT_DEPTH, checked_depth, require_topics
+    from dilstore.reader.serving.rerank_inputs import DEFAULT_DEPTH, checked_depth, require_topics
 
     refuse_output_inside_store(args.output, args.store, "--output")
     refuse_output_inside_models(args.output, args.model, "--output")

@@ -76,10 +76,11 @@ from dilstore.reader.modeling.listformer import KIND as LISTFORMER
 from dilstore.reader.modeling.listformer import ListformerRanker
 from dilstore.reader.offline.kinds import require_within_positions
 from dilstore.reader.packaged.shipped import default_listformer_dir, default_ranker_dir, shipped_model_advice
+from dilstore.reader.serving.rerank_inputs import DEFAULT_DEPTH, checked_depth, require_topics
 from dilstore.reader.serving.stored_states import non_finite_cause, pad_stored_states, stored_finite
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_query, folded
-from dilstore.storage.checks import as_list, positive_int, require_at_least_one
+from dilstore.storage.checks import as_list, require_at_least_one
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import check_fingerprint
 from dilstore.storage.messages import listed, other_form_hint
@@ -91,7 +92,6 @@ EARL_KINDS = (EARL_S1, EARL_S2)
 RERANK_KINDS = (EARL_S1, EARL_S2, LISTFORMER)
 RUN_TAG = "dilstore-earl"
 LISTFORMER_RUN_TAG = "dilstore-listformer"
-DEFAULT_DEPTH = 100
 SPLIT_HINT_PROBES = 5  # missing ids probed for the ID#0 a split store holds instead
 STAGES = ("query_layers", "store_read", "judge")
 # The ranker a StoreReranker subclass scores with.
@@ -156,25 +156,6 @@ class RerankStats(StageTimer):
     def from_dict(cls, values: Mapping[str, Any]) -> RerankStats:
         """The stats `to_dict` gave (an earlier run's, kept on disk)."""
         return cls(**{name: value for name, value in values.items() if name != "timings"}, **values["timings"])
-
-
-def checked_depth(depth: int) -> int:
-    """depth as an int; a DilstoreError unless it is a positive integer (a numpy one is taken)."""
-    return positive_int("depth", depth)
-
-
-def require_topics(topics: Mapping[str, str], run: Run, source: str = "the topics") -> None:
-    """Raise DilstoreError naming the run's queries that have no topic in `topics` (read from `source`), or the
-    first whose topic is not a string (`topics` a string was searched for qids as substrings)."""
-    if not isinstance(topics, Mapping):
-        raise DilstoreError(f"the topics must be a {{qid: query text}} mapping, got {type(topics).__name__}")
-    missing = [qid for qid in run if qid not in topics]
-    if missing:
-        raise DilstoreError(f"{len(missing)} query(ies) of the run have no topic in {source}: {listed(missing)}"
-                            f"{other_form_hint(topics, missing)}")  # fmt: skip
-    for qid in run:
-        if not isinstance(topics[qid], str):
-            raise DilstoreError(f"the topic of query {qid!r:.60} must be its text, got {type(topics[qid]).__name__}")
 
 
 def _checked_run(run: Run) -> Run:

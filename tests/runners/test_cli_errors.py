@@ -671,8 +671,12 @@ def test_usage_errors_exit_2_in_a_real_process() -> None:
      "dilstore evaluate-qa: error: no store at {tmp}/missing", []),
     (["evaluate-qa", "{tmp}/missing", "--questions", "{tmp}/a.jsonl"],
      "dilstore evaluate-qa: error: {tmp}/a.jsonl:1: the line has no 'question' key", []),
+    (["rerank", "{tmp}/missing", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec", "--output", "{tmp}/o.trec"],
+     "dilstore rerank: error: no store at {tmp}/missing", []),
+    (["rerank", "{tmp}/missing", "--topics", "{tmp}/a.jsonl", "--run", "{tmp}/r.trec", "--output", "{tmp}/o.trec"],
+     "dilstore rerank: error: {tmp}/a.jsonl:1: expected 2 tab-separated columns (qid, query), found 1", []),
 ], ids=["ask", "precompute-input", "precompute-beam-option", "serve", "evaluate-qa-store",
-        "evaluate-qa-questions"])  # fmt: skip
+        "evaluate-qa-questions", "rerank-store", "rerank-topics"])  # fmt: skip
 def test_a_mistyped_argument_is_named_before_torch_loads(tmp_path: Path, arguments: list[str], message: str,
                                                          loaded: list[str]) -> None:  # fmt: skip
     """(ci59 F1) `ask` on a mistyped store path set torch's threads and imported the reader (torch, transformers)
@@ -681,9 +685,13 @@ def test_a_mistyped_argument_is_named_before_torch_loads(tmp_path: Path, argumen
     option Beam refuses needs Beam alone, and was named after torch and transformers had loaded too (9 s, not 2.5).
     (ci59 F6) `serve` set torch's threads, importing it, before it checked its stores (2-5 s). (fast59 F1)
     `evaluate-qa` read its questions with a function of the module that imports the serving stack, and imported it
-    before the store was checked: a question file without questions, or a mistyped store, was named after 5-6 s."""
+    before the store was checked: a question file without questions, or a mistyped store, was named after 5-6 s.
+    (fast59 F2) `rerank` set torch's threads first and checked its topics with a function of the module that imports
+    the rankers: a topics file of the wrong format, or a mistyped store, was named after 6-8 s."""
     (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "a corpus file"}\n')
     (tmp_path / "q.jsonl").write_text('{"question": "Who?", "answer": ["a"]}\n')
+    (tmp_path / "t.tsv").write_text("1\tfirst query\n")
+    (tmp_path / "r.trec").write_text("1 Q0 d1 1 2.0 bm25\n")
     code = ("import sys\nfrom dilstore.runners.cli import main\nstatus = main(sys.argv[1:])\n"
             "print(status, [name for name in ('torch', 'transformers', 'apache_beam') if name in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code, *(word.format(tmp=tmp_path) for word in arguments)],
