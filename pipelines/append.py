@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dilstore.pipelines.codebook import needs_codebook
 from dilstore.pipelines.corpora import Document, Skipped
 from dilstore.pipelines.job import PrecomputeJob, retimed_inputs, run_spec
 from dilstore.pipelines.passages import split_document
@@ -51,6 +50,7 @@ from dilstore.storage.append import (
 )
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.codebook import CODEBOOK_DIR, codebook_digest, read_codebook, refuse_changed_codebook
+from dilstore.storage.encodings import needs_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.file_errors import remove_tree
 from dilstore.storage.format import APPENDS_DIR, BUILD_ID, SPEC_FILE, StoreFormatError, append_dir

@@ -50,7 +50,7 @@ from dilstore.storage.codebook import (
     read_codebook,
     write_codebook,
 )
-from dilstore.storage.encodings import get_encoding, round_trip, train_codebook
+from dilstore.storage.encodings import round_trip, train_codebook
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint, fingerprint_sha256
 from dilstore.storage.residual_codes import (
@@ -63,11 +63,6 @@ from dilstore.storage.residual_codes import (
     sample_rows,
 )
 from dilstore.storage.writer import build_attributes, refuse_non_finite
-
-
-def needs_codebook(encoding: str) -> bool:
-    """Whether stores of `encoding` carry a codebook."""
-    return bool(get_encoding(encoding).codebook)
 
 
 def sample_documents(

@@ -321,7 +321,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
               started_monotonic: float | None = None, inputs: tuple[ReadTask, ...] | None = None) -> PrecomputeJob:
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint). `inputs`: what
     `resolve_inputs` gave for them where the caller checked them already, else they are resolved here."""
-    from dilstore.pipelines.codebook import check_codebook_fits, needs_codebook
+    from dilstore.pipelines.codebook import check_codebook_fits
     from dilstore.pipelines.job import PrecomputeJob, run_spec, this_machine
     from dilstore.pipelines.sharding import (
         MAX_DEFAULT_SHARDS,
@@ -334,21 +334,8 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     from dilstore.reader.modeling.fingerprint import model_fingerprint
     from dilstore.reader.offline.encoding import keep_launched, load_reader
     from dilstore.reader.offline.kinds import max_positions
-    from dilstore.storage.codebook import refuse_changed_codebook
 
-    refuse_url("--output", args.output)
-    output = Path(args.output)
-    refuse_undecodable("--output", output)
-    if args.model is not None and not str(args.model).startswith("package:"):
-        refuse_undecodable("--model", args.model)
-    check_output_location(output, args.append)
-    codebook = None if args.codebook is None else Path(args.codebook)
-    if codebook is not None:
-        refuse_url("--codebook", args.codebook)
-        refuse_undecodable("--codebook", codebook)
-        if not needs_codebook(args.encoding):
-            raise DilstoreError(f"--codebook is for the 2bit and 1bit encodings, not {args.encoding}")
-        refuse_changed_codebook(codebook, f"--codebook {codebook}")  # a store's codebook/, edited after finalize
+    output, codebook = check_output_and_codebook(args)
     inputs = resolve_inputs(args.input, args.format) if inputs is None else inputs
     model, layers = resolve_model(args.model, args.layers, args.kind)
     reader = load_reader(model, args.kind, layers)
@@ -504,6 +491,36 @@ def warn_small_sample(codebook: Path) -> None:
           "this store by appends, build it from more passages first", file=sys.stderr)  # fmt: skip
 
 
+def check_output_and_codebook(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """(--output, --codebook or None), once the checks of both that need no model are passed: no URL, UTF-8 names,
+    the output's location (`check_output_location`), and a codebook only for the 2bit/1bit encodings, not edited
+    since its store was finalized, and one of this encoding that reads (its fit to the model's states is checked
+    once the model is loaded: `check_codebook_fits`).
+
+    `precompute` calls it before Beam, torch and transformers load: --append to a mistyped store or a mistyped
+    --codebook was named after 10-25 s of imports and the model's load (fast59 F3). `build_job` calls it too, for
+    a caller that calls `build_job` alone; the checks read only the file system, so the second call costs nothing.
+    """
+    from dilstore.storage.codebook import read_codebook, refuse_changed_codebook
+    from dilstore.storage.encodings import needs_codebook
+
+    refuse_url("--output", args.output)
+    output = Path(args.output)
+    refuse_undecodable("--output", output)
+    if args.model is not None and not str(args.model).startswith("package:"):
+        refuse_undecodable("--model", args.model)
+    check_output_location(output, args.append)
+    codebook = None if args.codebook is None else Path(args.codebook)
+    if codebook is not None:
+        refuse_url("--codebook", args.codebook)
+        refuse_undecodable("--codebook", codebook)
+        if not needs_codebook(args.encoding):
+            raise DilstoreError(f"--codebook is for the 2bit and 1bit encodings, not {args.encoding}")
+        refuse_changed_codebook(codebook, f"--codebook {codebook}")  # a store's codebook/, edited after finalize
+        read_codebook(codebook, args.encoding)
+    return output, codebook
+
+
 def check_output_location(output: Path, append: bool) -> None:
     """--output's refusals that need no model, made before the write lock, which would create the folder's parents
     for a run refused anyway: a file, a folder inside another store, and for --append a folder that is not there."""
@@ -536,8 +553,9 @@ def build_store(
     so an --overwrite replacement gets its own, inside the folder it is built in;
     the model for its sample is loaded and checked against the run's fingerprint here.
     """
-    from dilstore.pipelines.codebook import codebook_in_place, made_for_another_model, needs_codebook, prepare_codebook
+    from dilstore.pipelines.codebook import codebook_in_place, made_for_another_model, prepare_codebook
     from dilstore.reader.offline.encoding import load_checked_reader
+    from dilstore.storage.encodings import needs_codebook
 
     if needs_codebook(job.encoding):
         reader = load_checked_reader(job.model, job.layers, job.fingerprint)
@@ -578,8 +596,8 @@ def append_to_store(job: PrecomputeJob, runner: str, args: argparse.Namespace) -
     import shutil
 
     from dilstore.pipelines.append import check_store_settings, check_stored_tables, prepare_append, refuse_duplicates
-    from dilstore.pipelines.codebook import needs_codebook
     from dilstore.reader.offline.encoding import load_checked_reader
+    from dilstore.storage.encodings import needs_codebook
     from dilstore.storage.format import CODEBOOK_DIR, SPEC_FILE
 
     store = Path(job.store)
@@ -658,8 +676,10 @@ def precompute_store(args: argparse.Namespace) -> Outcome:
 def _precompute_store(args: argparse.Namespace) -> Outcome:
     started, started_monotonic = time.time(), time.monotonic()  # the summary's seconds, by either (time58 F2)
     check_append_flags(args)
-    # Before Beam, torch and transformers load: a mistyped --input was named after some 8 s of imports (ci59 F2).
+    # Before Beam, torch and transformers load: a mistyped --input was named after some 8 s of imports (ci59 F2),
+    # a mistyped --codebook or --append store after 10-25 s (fast59 F3).
     inputs = resolve_inputs(args.input, args.format)
+    check_output_and_codebook(args)
     if not args.verbose:
         quiet_beam_logging()  # before Beam's import logs its GCP notice
     from dilstore.pipelines.options import (

@@ -466,3 +466,9 @@ def get_encoding(name: str) -> Encoding:
         raise StoreFormatError(
             f"unknown encoding {name!r}; this dilstore version knows: {', '.join(ENCODINGS)}"
         ) from None
+
+
+def needs_codebook(encoding: str) -> bool:
+    """Whether stores of `encoding` carry a codebook (here, not in pipelines/codebook.py, which imports torch:
+    `precompute` checks its --codebook before the model loads, fast59 F3)."""
+    return bool(get_encoding(encoding).codebook)

@@ -675,8 +675,15 @@ def test_usage_errors_exit_2_in_a_real_process() -> None:
      "dilstore rerank: error: no store at {tmp}/missing", []),
     (["rerank", "{tmp}/missing", "--topics", "{tmp}/a.jsonl", "--run", "{tmp}/r.trec", "--output", "{tmp}/o.trec"],
      "dilstore rerank: error: {tmp}/a.jsonl:1: expected 2 tab-separated columns (qid, query), found 1", []),
+    (["precompute", "--input", "{tmp}/a.jsonl", "--output", "{tmp}/store", "--append"],
+     "dilstore precompute: error: no store at {tmp}/store", []),
+    (["precompute", "--input", "{tmp}/a.jsonl", "--output", "{tmp}/store", "--encoding", "2bit", "--codebook",
+      "{tmp}/missing"],
+     "dilstore precompute: error: cannot open codebook {tmp}/missing: FileNotFoundError: {tmp}/missing does not exist",
+     []),
 ], ids=["ask", "precompute-input", "precompute-beam-option", "serve", "evaluate-qa-store",
-        "evaluate-qa-questions", "rerank-store", "rerank-topics"])  # fmt: skip
+        "evaluate-qa-questions", "rerank-store", "rerank-topics", "precompute-append",
+        "precompute-codebook"])  # fmt: skip
 def test_a_mistyped_argument_is_named_before_torch_loads(tmp_path: Path, arguments: list[str], message: str,
                                                          loaded: list[str]) -> None:  # fmt: skip
     """(ci59 F1) `ask` on a mistyped store path set torch's threads and imported the reader (torch, transformers)
@@ -687,7 +694,9 @@ def test_a_mistyped_argument_is_named_before_torch_loads(tmp_path: Path, argumen
     `evaluate-qa` read its questions with a function of the module that imports the serving stack, and imported it
     before the store was checked: a question file without questions, or a mistyped store, was named after 5-6 s.
     (fast59 F2) `rerank` set torch's threads first and checked its topics with a function of the module that imports
-    the rankers: a topics file of the wrong format, or a mistyped store, was named after 6-8 s."""
+    the rankers: a topics file of the wrong format, or a mistyped store, was named after 6-8 s. (fast59 F3)
+    `precompute --append` to a mistyped store, or a mistyped --codebook, was named after Beam, torch and
+    transformers had loaded, and the codebook after the model too: 10-25 s."""
     (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "a corpus file"}\n')
     (tmp_path / "q.jsonl").write_text('{"question": "Who?", "answer": ["a"]}\n')
     (tmp_path / "t.tsv").write_text("1\tfirst query\n")
