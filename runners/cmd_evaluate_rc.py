@@ -69,11 +69,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the reader and data, evaluate, print the scores (or, with --score, score a prediction file)."""
     if args.score is not None:
         return score(args)
-    apply_threads(args.threads)
-    from dilstore.reader.evaluation.reading_comprehension import ReadingParts, evaluate_file
     from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
-    from dilstore.reader.modeling.dilbert import DilBertReader
-    from dilstore.reader.offline.kinds import require_within_positions
     from dilstore.reader.packaged.shipped import default_checkpoint_dir
 
     seed = subset_seed(args)
@@ -86,6 +82,13 @@ def run(args: argparse.Namespace) -> int:
     if read_metadata(require_checkpoint_dir(model_dir)) is None:
         raise DilstoreError(f"{model_dir} is a base model without dilstore metadata, and its QA head would be "
                             "untrained: give a reader that `dilstore train qa` wrote")  # fmt: skip
+    # Torch and the reader (5-10 s) only now: a mistyped --data, --predictions folder or --model was named after
+    # them (fast59 F4).
+    apply_threads(args.threads)
+    from dilstore.reader.evaluation.reading_comprehension import ReadingParts, evaluate_file
+    from dilstore.reader.modeling.dilbert import DilBertReader
+    from dilstore.reader.offline.kinds import require_within_positions
+
     reader = DilBertReader.from_pretrained(model_dir)
     require_within_positions(args.max_seq_length, reader, "window", "--max-seq-length")  # not at the first long one
     settings = reading_settings(args)
