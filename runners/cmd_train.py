@@ -138,12 +138,12 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
 
 def run_qa(args: argparse.Namespace) -> int:
     """Train, then evaluate on --dev when given; print k, EM, F1 and the train and eval times."""
+    _check_qa_inputs(args)  # before torch and the trainer load (5-10 s), which a missing --train waited for (fast59 F5)
     apply_threads(args.threads)
     from dilstore.reader.evaluation.reading_comprehension import evaluate_file, write_evaluation
     from dilstore.reader.modeling.checkpoints import base_model_dir
     from dilstore.reader.training.qa import train_qa
 
-    _check_qa_inputs(args)
     config = _qa_config(args)
     result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args))
     summary = {

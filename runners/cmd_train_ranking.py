@@ -146,10 +146,7 @@ def _add_ranker_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
 def run_ranker(args: argparse.Namespace) -> int:
     """Train one ranker kind; print the steps, time, the last step's loss and the output."""
     from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
-    from dilstore.reader.modeling.checkpoints import base_model_dir
-    from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
 
-    apply_threads(args.threads)
     paragraphs = args.paragraphs or args.triples.parent / PARAGRAPHS_FILE
     for flag, path in (("--triples", args.triples), ("--paragraphs", paragraphs)):
         require_file(path, flag)
@@ -157,6 +154,11 @@ def run_ranker(args: argparse.Namespace) -> int:
     for name, loss in (("margin", "hinge"), ("temperature", "approx-ndcg")):
         if name in given and args.loss != loss:
             raise DilstoreError(f"--{name} is the {loss} loss's; with --loss {args.loss} it would be ignored")
+    # Torch and the trainer (5-10 s) only now: a mistyped --triples was named after them (fast59 F5).
+    apply_threads(args.threads)
+    from dilstore.reader.modeling.checkpoints import base_model_dir
+    from dilstore.reader.training.ranking import RankingTrainingConfig, train_ranker
+
     config = RankingTrainingConfig(
         kind=args.train_command,
         negatives=args.negatives,
