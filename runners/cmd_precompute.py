@@ -521,6 +521,17 @@ def check_output_and_codebook(args: argparse.Namespace) -> tuple[Path, Path | No
     return output, codebook
 
 
+def check_model_folder(model: str | None) -> None:
+    """A DilstoreError naming --model's folder (a path, or the one a `package:` reference names) unless it holds a
+    checkpoint: the check the model's load makes first (`load_offline_model`), made before Beam, torch and
+    transformers load, which a mistyped --model waited some 10 s for (fast59 F6)."""
+    from dilstore.reader.modeling.checkpoints import require_checkpoint_dir
+    from dilstore.reader.offline.model_refs import resolve_model_dir
+
+    if model is not None:
+        require_checkpoint_dir(resolve_model_dir(model))
+
+
 def check_output_location(output: Path, append: bool) -> None:
     """--output's refusals that need no model, made before the write lock, which would create the folder's parents
     for a run refused anyway: a file, a folder inside another store, and for --append a folder that is not there."""
@@ -677,9 +688,10 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
     started, started_monotonic = time.time(), time.monotonic()  # the summary's seconds, by either (time58 F2)
     check_append_flags(args)
     # Before Beam, torch and transformers load: a mistyped --input was named after some 8 s of imports (ci59 F2),
-    # a mistyped --codebook or --append store after 10-25 s (fast59 F3).
+    # a mistyped --codebook or --append store after 10-25 s (fast59 F3), a mistyped --model after 10 s (fast59 F6).
     inputs = resolve_inputs(args.input, args.format)
     check_output_and_codebook(args)
+    check_model_folder(args.model)
     if not args.verbose:
         quiet_beam_logging()  # before Beam's import logs its GCP notice
     from dilstore.pipelines.options import (

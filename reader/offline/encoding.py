@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,10 +39,12 @@ import torch
 
 from dilstore.reader.batching import BatchPolicy, length_batches, pad_id, pad_token_ids
 from dilstore.reader.modeling.checkpoints import BASE_MODEL_REF as BASE_MODEL_REF  # re-exported: model references
-from dilstore.reader.modeling.checkpoints import resolve_base_model
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.kinds import OfflineModel, load_offline_model, offline_kind
-from dilstore.reader.packaged.shipped import default_checkpoint_dir, default_listformer_dir, default_ranker_dir
+from dilstore.reader.offline.model_refs import DEFAULT_CHECKPOINT_REF as DEFAULT_CHECKPOINT_REF  # re-exported
+from dilstore.reader.offline.model_refs import DEFAULT_LISTFORMER_REF as DEFAULT_LISTFORMER_REF  # re-exported
+from dilstore.reader.offline.model_refs import DEFAULT_RANKER_REF as DEFAULT_RANKER_REF  # re-exported
+from dilstore.reader.offline.model_refs import resolve_model_dir
 from dilstore.reader.text.tokenization import TokenizedText
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
@@ -52,13 +53,6 @@ from dilstore.storage.records import PassageRecord
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-# Symbolic model references (with reader.modeling.checkpoints.BASE_MODEL_REF), resolved on each worker to the
-# installed package's copy, so a remote worker finds the packaged models wherever its site-packages is.
-DEFAULT_CHECKPOINT_REF = "package:default-checkpoint"
-DEFAULT_RANKER_REF = "package:default-ranker"
-DEFAULT_LISTFORMER_REF = "package:default-listformer"
-
 
 @dataclass(frozen=True)
 class TokenizedPassage:
@@ -77,17 +71,6 @@ class TokenizedPassage:
     @property
     def length(self) -> int:
         return int(self.tokens.token_ids.shape[0])
-
-
-def resolve_model_dir(model: str) -> Path:
-    """A model directory from a path or a packaged-model reference (see DEFAULT_CHECKPOINT_REF)."""
-    if model == DEFAULT_CHECKPOINT_REF:
-        return default_checkpoint_dir()
-    if model == DEFAULT_RANKER_REF:
-        return default_ranker_dir()
-    if model == DEFAULT_LISTFORMER_REF:
-        return default_listformer_dir()
-    return resolve_base_model(model)
 
 
 def load_reader(model: str, kind: str, layers: int | None) -> OfflineModel:
