@@ -146,7 +146,7 @@ def _stopped(interrupt: KeyboardInterrupt, journal: Journal | None) -> StoppedBy
 
 def score(args: argparse.Namespace) -> int:
     """`--score PREDICTIONS`: the official EM/F1 of a prediction file over --data (or its --limit subset)."""
-    from dilstore.reader.evaluation.reading_comprehension import score_predictions_file
+    from dilstore.reader.evaluation.squad_scoring import score_predictions_file
 
     given = [flag for flag, value in (("--model", args.model), ("--predictions", args.predictions)) if value]
     if given:

@@ -30,8 +30,9 @@ from dilstore.reader.data.qa_features import (
     QAFeature,
     window_features,
 )
-from dilstore.reader.data.squad import SquadExample, load_predictions, load_squad
+from dilstore.reader.data.squad import SquadExample
 from dilstore.reader.evaluation.squad_metric import evaluate_examples
+from dilstore.reader.evaluation.squad_scoring import questions_of, require_answers
 from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.modeling.checkpoints import EVALUATION_FILE
 from dilstore.reader.modeling.dilbert import DilBertReader
@@ -218,36 +219,6 @@ class ReadingParts:
         require_at_least_one({"questions": self.questions})
 
 
-def require_answers(examples: Sequence[SquadExample], where: str = "") -> None:
-    """A DilstoreError naming the first question without a reference answer (and how many), after `where` (a file
-    and a colon: evaluate-rc named no file, longrun45 F7)."""
-    missing = [example.id for example in examples if not example.answers]
-    if missing:
-        raise DilstoreError(f"{where}question {missing[0]!r} has no reference answer to score against "
-                            f"({len(missing)} such)")  # fmt: skip
-
-
-def score_predictions_file(
-    path: str | Path, predictions_path: str | Path, limit: int | None = None, seed: int = 0
-) -> dict[str, float]:
-    """The official SQuAD v1.1 EM/F1 of a prediction file (question id → answer) over the questions of `path`, or
-    the seeded subset of `limit` that `evaluate_file` reads; a question without a prediction scores 0. The data
-    file is checked as `evaluate_file` checks it, its errors naming it (qa48 L2), but for the answers' offsets,
-    which scoring does not read."""
-    chosen = seeded_subset(_questions_of(path, offsets=False), limit, seed)
-    require_answers(chosen, f"{path}: ")
-    return evaluate_examples(chosen, load_predictions(predictions_path))
-
-
-def _questions_of(path: str | Path, *, offsets: bool = True) -> list[SquadExample]:
-    """The questions of the SQuAD file at `path` (`offsets`: as `load_squad`); a DilstoreError naming it when it
-    holds none."""
-    examples = load_squad(path, offsets=offsets)
-    if not examples:
-        raise DilstoreError(f"{path}: no questions to evaluate (every paragraph's qas is empty)")
-    return examples
-
-
 def evaluate_file(
     reader: DilBertReader,
     path: Path,
@@ -266,7 +237,7 @@ def evaluate_file(
     if Path(path).exists() and not Path(path).is_file():
         raise DilstoreError(f"{path}: not a regular file (a folder, or a pipe, which can be read only once while the "
                             "file is read again for its checksum); give a file")
-    chosen = seeded_subset(_questions_of(path), limit, seed)
+    chosen = seeded_subset(questions_of(path), limit, seed)
     require_answers(chosen, f"{path}: ")
     result = evaluate_reader(reader, chosen, settings, device, progress, parts)
     return replace(result, data_file=str(path), data_sha256=sha256_file(Path(path)))

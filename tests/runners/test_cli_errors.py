@@ -691,10 +691,12 @@ def test_usage_errors_exit_2_in_a_real_process() -> None:
      "dilstore train: error: --triples {tmp}/missing.jsonl: no such file", []),
     (["precompute", "--input", "{tmp}/a.jsonl", "--output", "{tmp}/store", "--model", "{tmp}/missing"],
      "dilstore precompute: error: model directory not found: {tmp}/missing", []),
+    (["evaluate-rc", "--data", "{tmp}/q.jsonl", "--score", "{tmp}/missing.json"],
+     "dilstore evaluate-rc: error: {tmp}/q.jsonl: the document has no 'data' key", []),
 ], ids=["ask", "precompute-input", "precompute-beam-option", "serve", "evaluate-qa-store",
         "evaluate-qa-questions", "rerank-store", "rerank-topics", "precompute-append",
         "precompute-codebook", "evaluate-rc-data", "evaluate-rc-model", "train-qa", "train-earl",
-        "precompute-model"])  # fmt: skip
+        "precompute-model", "evaluate-rc-score"])  # fmt: skip
 def test_a_mistyped_argument_is_named_before_torch_loads(tmp_path: Path, arguments: list[str], message: str,
                                                          loaded: list[str]) -> None:  # fmt: skip
     """(ci59 F1) `ask` on a mistyped store path set torch's threads and imported the reader (torch, transformers)
@@ -710,7 +712,8 @@ def test_a_mistyped_argument_is_named_before_torch_loads(tmp_path: Path, argumen
     transformers had loaded, and the codebook after the model too: 10-25 s. (fast59 F4) `evaluate-rc` set torch's
     threads and imported the reader before it looked for its --data, --predictions folder and --model (10-12 s).
     (fast59 F5) `train qa` and the ranker trainings did so before they looked for their input files (6-12 s).
-    (fast59 F6) `precompute` looked for its --model folder when it loaded the model, after Beam and torch (10 s)."""
+    (fast59 F6) `precompute` looked for its --model folder when it loaded the model, after Beam and torch (10 s).
+    (fast59 F7) `evaluate-rc --score`, which runs no reader, imported it to read its files (9-10 s)."""
     (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "a corpus file"}\n')
     (tmp_path / "q.jsonl").write_text('{"question": "Who?", "answer": ["a"]}\n')
     (tmp_path / "t.tsv").write_text("1\tfirst query\n")
