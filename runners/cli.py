@@ -33,6 +33,7 @@ from dilstore.runners.stop_signals import (
 )
 from dilstore.runners.terminal import escape_what_stdout_cannot_write
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
+from dilstore.storage.read_failures import process_shortage, thread_refused
 from dilstore.storage.secrets import scrubbed
 
 _SYMLINK_LOOP = "Symlink loop from "  # pathlib's words (Python 3.11, 3.12) for a loop of symbolic links
@@ -257,6 +258,9 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
     except (MemoryError, RuntimeError) as error:  # an allocation refused (torch's is a RuntimeError), a symlink loop
         if is_out_of_memory(error):
             print(f"dilstore {args.command}: error: {out_of_memory_line(args)}", file=last_lines())
+            return 2
+        if thread_refused(error):  # no room for a thread's stack under ulimit -v, or ulimit -u (journey59 F1)
+            print(f"dilstore {args.command}: error: {process_shortage(error)}", file=last_lines())
             return 2
         if not isinstance(error, RuntimeError) or (loop := symlink_loop(error)) is None:
             raise

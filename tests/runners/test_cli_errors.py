@@ -1160,3 +1160,29 @@ def test_a_command_out_of_memory_is_one_line_naming_the_limit_and_its_batch_opti
                                        "at once), or give it more memory\n")  # fmt: skip
     assert main(["info", str(tmp_path / "store")]) == 2
     assert capsys.readouterr().err == f"dilstore info: error: ran out of memory{under}: give it more memory\n"
+
+
+@pytest.mark.parametrize("address_space", [None, 1800 << 20])
+def test_a_command_that_cannot_start_a_thread_is_one_line_naming_the_limits(
+    address_space: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under `ulimit -v 1800000` `dilstore index` ended in a traceback of threading's "RuntimeError: can't start new
+    thread" (the thread that waits on Lucene's build had no room for its stack), exit 1 (journey59 F1)."""
+    import resource
+
+    from dilstore.runners import cmd_index
+
+    real = resource.getrlimit
+    limit = resource.RLIM_INFINITY if address_space is None else address_space
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit) if which == resource.RLIMIT_AS
+                        else real(which))  # fmt: skip
+
+    def no_thread(args: argparse.Namespace) -> int:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(cmd_index, "run_command", no_thread)
+    under = "under its address-space limit (ulimit -v) of 1,800 MiB"
+    stack = "" if address_space is None else f"no room for its stack {under}, or "
+    assert main(["index", str(tmp_path / "store")]) == 2
+    assert capsys.readouterr().err == (f"dilstore index: error: no thread could be started ({stack}the limit on "
+                                       "processes and threads: ulimit -u)\n")  # fmt: skip
