@@ -230,6 +230,9 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
             drop_interrupted_work(stop)
         return 128 + stop.signal_number
     except DilstoreError as error:
+        if isinstance(error.__cause__, RuntimeError) and is_out_of_memory(error.__cause__):  # (journey59 F2)
+            print(f"dilstore {args.command}: error: {out_of_memory_line(args)}", file=last_lines())
+            return 2
         print(f"dilstore {args.command}: error: {scrubbed(str(error))}", file=last_lines())
         return 2
     except KeyboardInterrupt as interrupt:

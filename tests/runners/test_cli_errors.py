@@ -1162,6 +1162,37 @@ def test_a_command_out_of_memory_is_one_line_naming_the_limit_and_its_batch_opti
     assert capsys.readouterr().err == f"dilstore info: error: ran out of memory{under}: give it more memory\n"
 
 
+def test_a_model_that_cannot_be_loaded_for_memory_is_the_out_of_memory_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under `ulimit -v 2500000` `precompute` said "cannot load a model from .../dilbert-minilm-squad: [enforce fail at
+    alloc_cpu.cpp:127] ... can't allocate memory", naming neither the limit nor the options to lower: the model
+    loaders wrap torch's allocation error as a checkpoint they cannot load (journey59 F2)."""
+    import resource
+
+    from dilstore.runners import cmd_store
+    from dilstore.storage.errors import DilstoreError
+
+    real = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (2500 << 20, 2500 << 20) if which == resource.RLIMIT_AS
+                        else real(which))  # fmt: skip
+
+    def loader_refuses(args: argparse.Namespace) -> int:
+        allocation = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 589824 bytes.")
+        raise DilstoreError(f"cannot load a model from m: {allocation}") from allocation
+
+    def checkpoint_broken(args: argparse.Namespace) -> int:
+        raise DilstoreError("cannot load a model from m: bad header") from RuntimeError("bad header")
+
+    monkeypatch.setattr(cmd_store, "run_info", loader_refuses)
+    assert main(["info", "store"]) == 2
+    assert capsys.readouterr().err == ("dilstore info: error: ran out of memory under its address-space limit "
+                                       "(ulimit -v) of 2,500 MiB: give it more memory\n")  # fmt: skip
+    monkeypatch.setattr(cmd_store, "run_info", checkpoint_broken)
+    assert main(["info", "store"]) == 2
+    assert capsys.readouterr().err == "dilstore info: error: cannot load a model from m: bad header\n"
+
+
 @pytest.mark.parametrize("address_space", [None, 1800 << 20])
 def test_a_command_that_cannot_start_a_thread_is_one_line_naming_the_limits(
     address_space: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
