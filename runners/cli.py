@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from dilstore.runners.collector import thaw
 from dilstore.runners.exception_chain import exception_chain
 from dilstore.runners.open_files import raise_open_file_limit
-from dilstore.runners.out_of_memory import is_out_of_memory, out_of_memory_line
+from dilstore.runners.out_of_memory import is_out_of_memory, library_not_mapped_line, out_of_memory_line
 from dilstore.runners.quiet import configure as configure_output
 from dilstore.runners.quiet import diagnostics_kept_going, to_null_device
 from dilstore.runners.stop_signals import (
@@ -257,6 +257,11 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
         return 2
     except UnicodeError as error:
         print(f"dilstore {args.command}: error: text that is not valid UTF-8: {error}", file=last_lines())
+        return 2
+    except ImportError as error:  # a library that could not be mapped under ulimit -v
+        if (line := library_not_mapped_line(error)) is None:
+            raise
+        print(f"dilstore {args.command}: error: {scrubbed(line)}", file=last_lines())
         return 2
     except (MemoryError, RuntimeError) as error:  # an allocation refused (torch's is a RuntimeError), a symlink loop
         if is_out_of_memory(error):

@@ -14,6 +14,8 @@ from dilstore.storage.read_failures import address_space_words
 
 # How torch words a failed allocation (CPU allocator; CUDA's OutOfMemoryError is a RuntimeError too).
 _TORCH_OUT_OF_MEMORY = ("can't allocate memory", "CUDA out of memory")
+# How the dynamic loader words a shared library it could not map (ENOMEM), as an ImportError's message.
+_LIBRARY_NOT_MAPPED = ": failed to map segment from shared object"
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -29,3 +31,14 @@ def out_of_memory_line(args: argparse.Namespace) -> str:
     lower = f"lower {', '.join(options[:-1])} or {options[-1]}" if len(options) > 1 else f"lower {''.join(options)}"
     advice = f"{lower} (what it reads at once), or give it more memory" if options else "give it more memory"
     return f"ran out of memory{address_space_words()}: {advice}"
+
+
+def library_not_mapped_line(error: ImportError) -> str | None:
+    """The error line of a command whose import of a compiled library could not map it (no address space left), or
+    None for any other ImportError. Under `ulimit -v 1800000` `precompute` ended in a traceback of "ImportError:
+    libtorch_cpu.so: failed to map segment from shared object", exit 1 (journey59 F3)."""
+    text = str(error)
+    if not text.endswith(_LIBRARY_NOT_MAPPED):
+        return None
+    library = text.removesuffix(_LIBRARY_NOT_MAPPED)
+    return f"ran out of memory{address_space_words()} while loading the library {library}: give it more memory"

@@ -1193,6 +1193,35 @@ def test_a_model_that_cannot_be_loaded_for_memory_is_the_out_of_memory_line(
     assert capsys.readouterr().err == "dilstore info: error: cannot load a model from m: bad header\n"
 
 
+def test_a_library_that_cannot_be_mapped_is_the_out_of_memory_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under `ulimit -v 1800000` `precompute` ended in a traceback of "ImportError: libtorch_cpu.so: failed to map
+    segment from shared object", exit 1: the dynamic loader had no address space for torch (journey59 F3)."""
+    import resource
+
+    from dilstore.runners import cmd_store
+
+    real = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1800 << 20, 1800 << 20) if which == resource.RLIMIT_AS
+                        else real(which))  # fmt: skip
+
+    def not_mapped(args: argparse.Namespace) -> int:
+        raise ImportError("libtorch_cpu.so: failed to map segment from shared object")
+
+    def not_installed(args: argparse.Namespace) -> int:
+        raise ImportError("No module named 'torch'")
+
+    monkeypatch.setattr(cmd_store, "run_info", not_mapped)
+    assert main(["info", "store"]) == 2
+    assert capsys.readouterr().err == ("dilstore info: error: ran out of memory under its address-space limit "
+                                       "(ulimit -v) of 1,800 MiB while loading the library libtorch_cpu.so: give it "
+                                       "more memory\n")  # fmt: skip
+    monkeypatch.setattr(cmd_store, "run_info", not_installed)
+    with pytest.raises(ImportError, match="No module named"):
+        main(["info", "store"])
+
+
 @pytest.mark.parametrize("address_space", [None, 1800 << 20])
 def test_a_command_that_cannot_start_a_thread_is_one_line_naming_the_limits(
     address_space: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
