@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,36 @@ def test_what_child_processes_write_is_drained_as_fast_as_they_write_it(quiet_on
         took = time.monotonic() - started
     assert capfd.readouterr().err == ("x" * 1023 + "\n") * 4096
     assert took < 5, f"4 MB took {took:.1f} s to go through the filter"
+
+
+def test_a_child_that_floods_stderr_waits_on_a_stalled_terminal_not_the_commands_memory(quiet_on) -> None:
+    """(read59 F1) The pipe's reader queued what it read without bound: under a terminal that took nothing (Ctrl-S,
+    a paused pager) or a copier slower than the child, a child's stderr piled up in the command's memory, 147 MB
+    for a 128 MB flood, where the full pipe had made the child wait. A child that writes 64 MB from a thread now
+    gets only the backlog's 4 MiB (and the pipes') through in 0.3 s."""
+    code = ("import os, sys, threading, time\nwritten = 0\ndef flood():\n    global written\n"
+            "    for _ in range(1024):\n        written += os.write(2, b'x' * 65535 + b'\\n')\n"
+            "threading.Thread(target=flood, daemon=True).start()\ntime.sleep(0.3)\n"
+            "print(written, flush=True)\nos._exit(0)\n")  # fmt: skip
+    resource_tracker.ensure_running()  # as the filter starts it: first, so that it does not hold the stalled pipe
+    stalled_read, stalled_write = os.pipe()  # the terminal: nothing reads it until the child has said how far it got
+    saved = os.dup(2)
+    os.dup2(stalled_write, 2)
+    os.close(stalled_write)
+    drained = threading.Thread(target=lambda: all(iter(lambda: os.read(stalled_read, 1 << 20), b"")))
+    try:
+        with quiet.filtered_stderr():
+            try:
+                written = int(subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.PIPE,
+                                             timeout=60).stdout)  # fmt: skip
+            finally:
+                drained.start()  # the terminal takes its output again, so the block can end
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        drained.join(timeout=30)
+        os.close(stalled_read)
+    assert 0 < written <= 16 << 20, f"{written:,} bytes of a child's stderr were taken while the terminal took none"
 
 
 def wait_for_stderr(capfd: pytest.CaptureFixture[str], text: str, seconds: float = 30.0) -> str:
