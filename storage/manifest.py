@@ -359,6 +359,8 @@ def _unreachable_folder(location: StoreLocation) -> str:
         return ""
     try:
         os.stat(local)
+    except ValueError:  # a null byte in the path: the manifest's read names it (a bare ValueError, read59 F2)
+        return ""
     except OSError as error:
         if error.errno == errno.ELOOP:
             return "its path runs into a loop of symbolic links"

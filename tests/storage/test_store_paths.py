@@ -147,3 +147,15 @@ def test_a_store_path_that_cannot_be_reached_says_why_not_which_file(tmp_path: P
     with pytest.raises(StoreFormatError, match=f"^{re.escape(refusal)}$"):
         open_store(path)
     assert verify_with_index(str(path)).problems == [refusal]
+
+
+def test_a_store_path_with_a_null_byte_is_a_store_error(tmp_path: Path) -> None:
+    """(read59 F2) url59 F5's check of the store's folder stat()ed a path with a null byte, and `open_store` (and
+    `verify_with_index`) raised a bare ValueError, where the manifest's read had named the path as a store error."""
+    from dilstore.runners.cmd_store import verify_with_index
+
+    path = f"{tmp_path}/st\0x"
+    refusal = f"cannot read {path}/manifest.json: ValueError: embedded null byte; every file of a store must be"
+    with pytest.raises(StoreFormatError, match=f"^{re.escape(refusal)}"):
+        open_store(path)
+    assert [problem[:len(refusal)] for problem in verify_with_index(path).problems] == [refusal]
