@@ -370,7 +370,8 @@ def _unreachable_folder(location: StoreLocation) -> str:
 
 
 def _too_long(path: Path) -> str:
-    """Which of `path`'s names is longer than its filesystem's NAME_MAX bytes, or that the whole is over PATH_MAX."""
+    """Which of `path`'s names is longer than its filesystem's NAME_MAX bytes, that the whole is over PATH_MAX, or,
+    where neither is, that a symbolic link on it leads to a name or path too long."""
     above = next((folder for folder in path.parents if os.path.isdir(folder)), Path("/"))
     name_max = path_limit(above, "PC_NAME_MAX", 255)
     for name in path.parts:
@@ -379,7 +380,12 @@ def _too_long(path: Path) -> str:
             return (f"its name {path_text(name[:40])}… is {size} bytes long, and a file name here may have at most "
                     f"{name_max}")  # fmt: skip
     most = path_limit(above, "PC_PATH_MAX", 4096) - 1
-    return f"its path is {len(os.fsencode(path))} bytes long, and a path here may have at most {most}"
+    size = len(os.fsencode(path))
+    if size > most:
+        return f"its path is {size} bytes long, and a path here may have at most {most}"
+    # A link to an over-long name: "its path is 20 bytes long, and a path here may have at most 4095" (read59 F3).
+    return (f"a symbolic link on its path leads to a name or path longer than this filesystem takes (a name of at "
+            f"most {name_max} bytes, a path of {most})")
 
 
 def _there_after_all(location: StoreLocation, where: str) -> bool:

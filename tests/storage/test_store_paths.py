@@ -128,21 +128,28 @@ def test_a_store_given_as_a_file_url_is_sent_to_index_its_folder(tmp_path: Path,
         local_store("s3://b/st")
 
 
-@pytest.mark.parametrize("cause", ["loop", "long name"])
+@pytest.mark.parametrize("cause", ["loop", "long name", "link to a long name"])
 def test_a_store_path_that_cannot_be_reached_says_why_not_which_file(tmp_path: Path, cause: str) -> None:
     """(url59 F5) A store path in a loop of symbolic links, or with a name over NAME_MAX, was "cannot read
     PATH/manifest.json: File name too long …; every file of a store must be a readable file" in `info`, `ask` and
-    `serve`, and `verify` stopped on a `PATH/bm25` the user never gave. Each says there is no store, and why."""
+    `serve`, and `verify` stopped on a `PATH/bm25` the user never gave. Each says there is no store, and why. (read59
+    F3) Through a link to a name over NAME_MAX, it said "its path is 20 bytes long, and a path here may have at most
+    4095"."""
     from dilstore.runners.cmd_store import verify_with_index
 
+    name_max, path_max = os.pathconf(tmp_path, "PC_NAME_MAX"), os.pathconf(tmp_path, "PC_PATH_MAX") - 1
     if cause == "loop":
         path = tmp_path / "loop"
         path.symlink_to("loop")
         why = "its path runs into a loop of symbolic links"
-    else:
+    elif cause == "long name":
         path = tmp_path / ("x" * 300) / "st"
-        why = f"its name {'x' * 40}… is 300 bytes long, and a file name here may have at most "
-        why += str(os.pathconf(tmp_path, "PC_NAME_MAX"))
+        why = f"its name {'x' * 40}… is 300 bytes long, and a file name here may have at most {name_max}"
+    else:
+        (tmp_path / "link").symlink_to("x" * 300)
+        path = tmp_path / "link" / "st"
+        why = (f"a symbolic link on its path leads to a name or path longer than this filesystem takes (a name of at "
+               f"most {name_max} bytes, a path of {path_max})")
     refusal = f"no store at {path}: {why}"
     with pytest.raises(StoreFormatError, match=f"^{re.escape(refusal)}$"):
         open_store(path)
