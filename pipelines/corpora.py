@@ -60,6 +60,7 @@ class ReadTask:
     path: str
     format: str
 
+
 FORMATS: dict[str, Reader] = {
     "jsonl": read_jsonl,
     "msmarco": read_msmarco,
