@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dilstore.reader.evaluation.open_domain import AnswerRecall, answer_in_text, load_questions
+from dilstore.reader.evaluation.open_domain import AnswerRecall, answer_in_text
+from dilstore.reader.evaluation.questions import load_questions
 from dilstore.reader.evaluation.squad_metric import normalize_answer
 from dilstore.reader.evaluation.subsets import seeded_subset
 from dilstore.reader.retrieval import Bm25Searcher, bm25_index_dir
