@@ -21,7 +21,12 @@ from typing import Any, TextIO
 from dilstore.runners.collector import thaw
 from dilstore.runners.exception_chain import exception_chain
 from dilstore.runners.open_files import raise_open_file_limit
-from dilstore.runners.out_of_memory import is_out_of_memory, library_not_mapped_line, out_of_memory_line
+from dilstore.runners.out_of_memory import (
+    is_out_of_memory,
+    library_not_mapped_line,
+    out_of_memory_line,
+    wraps_out_of_memory,
+)
 from dilstore.runners.quiet import configure as configure_output
 from dilstore.runners.quiet import diagnostics_kept_going, to_null_device
 from dilstore.runners.stop_signals import (
@@ -230,7 +235,7 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
             drop_interrupted_work(stop)
         return 128 + stop.signal_number
     except DilstoreError as error:
-        if isinstance(error.__cause__, RuntimeError) and is_out_of_memory(error.__cause__):  # (journey59 F2)
+        if wraps_out_of_memory(error):  # a model's load that ran out of memory (journey59 F2)
             print(f"dilstore {args.command}: error: {out_of_memory_line(args)}", file=last_lines())
             return 2
         print(f"dilstore {args.command}: error: {scrubbed(str(error))}", file=last_lines())

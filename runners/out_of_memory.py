@@ -16,6 +16,9 @@ from dilstore.storage.read_failures import address_space_words
 _TORCH_OUT_OF_MEMORY = ("can't allocate memory", "CUDA out of memory")
 # How the dynamic loader words a shared library it could not map (ENOMEM), as an ImportError's message.
 _LIBRARY_NOT_MAPPED = ": failed to map segment from shared object"
+# How an error that already says what to do about memory words it (`out_of_memory_line`, precompute's
+# `memory_advice`).
+_RAN_OUT = "ran out of memory"
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -23,6 +26,15 @@ def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, MemoryError):
         return True
     return isinstance(error, RuntimeError) and any(words in str(error) for words in _TORCH_OUT_OF_MEMORY)
+
+
+def wraps_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` (a DilstoreError) only wraps torch's failed allocation, so the command's out-of-memory line says
+    more than it: a model loader's "cannot load a model from DIR: [enforce fail ...]" (journey59 F2). Not where its
+    own words already say the run ran out of memory: precompute's pipeline failure names --workers too and that the
+    same command goes on from the finished shards, which the command's line took the place of (read59b F2)."""
+    cause = error.__cause__
+    return isinstance(cause, RuntimeError) and is_out_of_memory(cause) and _RAN_OUT not in str(error)
 
 
 def out_of_memory_line(args: argparse.Namespace) -> str:

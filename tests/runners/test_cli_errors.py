@@ -1222,6 +1222,29 @@ def test_a_library_that_cannot_be_mapped_is_the_out_of_memory_line(
         main(["info", "store"])
 
 
+def test_a_precompute_run_out_of_memory_keeps_its_own_line_with_workers_and_the_rerun(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pipeline whose worker ran out of memory fails with a DilstoreError that already says so (limits59 F8: lower
+    --batch-tokens or --workers, then run the same command again to go on) and is caused by torch's allocation
+    RuntimeError; journey59 F2's line for a model's load took its place, dropping --workers and that the run goes on
+    from its finished shards (read59b F2)."""
+    from dilstore.runners import cmd_precompute
+    from dilstore.runners.precompute_run import memory_advice
+    from dilstore.runners.worker_deaths import RERUN
+    from dilstore.storage.errors import DilstoreError
+
+    torch_line = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 4732416 bytes."
+    failure = f"the pipeline failed: {torch_line}: {memory_advice()}, then {RERUN}"
+
+    def pipeline_fails(args: argparse.Namespace) -> int:
+        raise DilstoreError(failure) from RuntimeError(torch_line)
+
+    monkeypatch.setattr(cmd_precompute, "run_command", pipeline_fails)
+    assert main(["precompute", "--input", "in.jsonl", "--output", "out"]) == 2
+    assert capsys.readouterr().err == f"dilstore precompute: error: {failure}\n"
+
+
 @pytest.mark.parametrize("address_space", [None, 1800 << 20])
 def test_a_command_that_cannot_start_a_thread_is_one_line_naming_the_limits(
     address_space: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
