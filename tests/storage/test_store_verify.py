@@ -606,3 +606,29 @@ def test_a_verify_the_process_cannot_finish_stops_in_one_line_not_a_sound_store_
     with pytest.raises(DilstoreError, match=r"^verify of .* stopped before it could judge the store: ") as raised:
         verify_store(pristine)
     assert stops in str(raised.value) and str(raised.value).endswith("; raise the limit and run it again")
+
+
+@pytest.mark.parametrize("error", [OSError(errno.EMFILE, "Too many open files"),
+                                   RuntimeError("can't start new thread")])  # fmt: skip
+def test_a_verify_short_of_files_or_threads_in_its_codebook_check_stops_not_a_sound_store_failed(
+    pristine, monkeypatch, error: BaseException
+) -> None:
+    """The codebook check (store_codebook_problems) made a problem line of every failed read of a shard's
+    attributes or codebook copy, a shortage of the process included: a sound store was FAILED ("shard-00000: cannot
+    read its attributes: OSError: [Errno 24] Too many open files"), where limits59 F5 stops verify in one line
+    naming the limit for the same shortage anywhere else (read59b F3)."""
+    from dilstore.storage import verify
+    from dilstore.storage.location import StoreLocation
+
+    real = verify.store_codebook_problems
+
+    def short_meanwhile(location: StoreLocation, *rest: object) -> list[str]:
+        def refused(self: StoreLocation, relative: str = "") -> object:
+            raise error
+
+        monkeypatch.setattr(StoreLocation, "open_group", refused)  # the shards were read: the shortage comes now
+        return real(location, *rest)
+
+    monkeypatch.setattr(verify, "store_codebook_problems", short_meanwhile)
+    with pytest.raises(DilstoreError, match=r"^verify of .* stopped before it could judge the store: "):
+        verify_store(pristine)
