@@ -632,3 +632,22 @@ def test_a_verify_short_of_files_or_threads_in_its_codebook_check_stops_not_a_so
     monkeypatch.setattr(verify, "store_codebook_problems", short_meanwhile)
     with pytest.raises(DilstoreError, match=r"^verify of .* stopped before it could judge the store: "):
         verify_store(pristine)
+
+
+def test_a_verify_short_of_open_files_listing_a_folder_stops_not_a_sound_store_with_missing_files(
+    pristine, monkeypatch
+) -> None:
+    """The store's files were listed with os.walk, which skips a folder it cannot open: short of open files
+    (EMFILE), verify called a sound store FAILED, each file of that folder "missing file ...", where limits59 F5
+    stops it in one line naming the limit (read59b F4)."""
+    real = os.scandir
+
+    def short_of_files(path: object = ".") -> object:
+        if os.fspath(path).endswith("shard-00001"):
+            raise OSError(errno.EMFILE, "Too many open files", os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", short_of_files)
+    with pytest.raises(DilstoreError, match=r"^verify of .* stopped before it could judge the store: this process "
+                                            r"holds as many open files as it may"):  # fmt: skip
+        verify_store(pristine)
