@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -115,7 +116,9 @@ def verify_with_index(
 
 def bm25_problems(store: str) -> list[str] | None:
     """The problems of a local store's BM25 index (STORE/bm25, outside the manifest: `reader.retrieval.
-    index_problems`), when it has one and its manifest can be read; None when it was not checked."""
+    index_problems`), when it has one and its manifest can be read; None when it was not checked. An index folder
+    that cannot be listed is named even where the manifest cannot be read (perm57 F2), unless the store's folder
+    itself cannot be reached: then `verify` named a STORE/bm25 the user never gave (url59 F5)."""
     from dilstore.reader.retrieval import bm25_index_dir, holds_lucene_index, index_problems
     from dilstore.storage.errors import DilstoreError
     from dilstore.storage.format import StoreFormatError
@@ -125,16 +128,18 @@ def bm25_problems(store: str) -> list[str] | None:
     location = StoreLocation.parse(store)
     if location.local_root is None:
         return None
-    try:  # first: where no store reads (a loop of links, a name too long), `verify` named STORE/bm25 (url59 F5)
+    try:
         manifest = read_manifest(location)
     except StoreFormatError:  # verify has said why
-        return None
+        manifest = None
+        if not os.path.isdir(location.local_root):  # a loop of links, a name too long: no folder to look in
+            return None
     try:
         if not holds_lucene_index(bm25_index_dir(store)):
             return None
     except DilstoreError as error:  # an index this user cannot list was passed over, and verify said OK (perm57 F2)
         return [str(error)]
-    return index_problems(bm25_index_dir(store), manifest, store)
+    return None if manifest is None else index_problems(bm25_index_dir(store), manifest, store)
 
 
 def _size(size: float) -> str:
