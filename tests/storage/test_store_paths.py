@@ -166,3 +166,37 @@ def test_a_store_path_with_a_null_byte_is_a_store_error(tmp_path: Path) -> None:
     with pytest.raises(StoreFormatError, match=f"^{re.escape(refusal)}"):
         open_store(path)
     assert [problem[:len(refusal)] for problem in verify_with_index(path).problems] == [refusal]
+
+
+def test_only_a_plain_url_of_the_local_filesystem_names_a_folder(tmp_path: Path, monkeypatch) -> None:
+    """(mut59b M1) file_url_folder's refusals went untested: a `::` chain through a `file:` URL could be named a
+    folder, an ftp:// URL could have its filesystem made (its host reached to say no), and an unknown protocol could
+    end in fsspec's ValueError, and no test noticed."""
+    from dilstore.storage import location
+
+    assert location.file_url_folder(f"file://{tmp_path}/st") == location.file_url_folder(f"local:{tmp_path}/st")
+    assert location.file_url_folder(f"file://{tmp_path}/st") == tmp_path / "st"
+
+    def made(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a filesystem was made")
+
+    monkeypatch.setattr(location.StoreLocation, "parse", made)
+    for url in (f"file://{tmp_path}/st::simplecache", "ftp://127.0.0.1:9/st", "nosuch://host/st", "st"):
+        assert location.file_url_folder(url) is None, url
+
+
+def test_a_store_path_over_path_max_is_measured_on_the_filesystem_it_would_be_on(tmp_path: Path, monkeypatch) -> None:
+    """(mut59b M2) Only a name over NAME_MAX was tried: the whole path over PATH_MAX (which counts the final null
+    byte) could be said to fit one byte more, and the limits could be read from any folder (`/`), not from the
+    folder the path would be made in, and no test noticed."""
+    from dilstore.storage import manifest
+
+    def path_limit(folder: Path, name: str, default: int) -> int:
+        return {"PC_NAME_MAX": 255, "PC_PATH_MAX": 4096}[name] if folder == tmp_path else 8
+
+    monkeypatch.setattr(manifest, "path_limit", path_limit)
+    path = tmp_path.joinpath(*["y" * 200] * 21, "st")
+    size = len(os.fsencode(path))
+    refusal = f"no store at {path}: its path is {size} bytes long, and a path here may have at most 4095"
+    with pytest.raises(StoreFormatError, match=f"^{re.escape(refusal)}$"):
+        open_store(path)
