@@ -229,3 +229,32 @@ def test_a_read_short_of_memory_under_an_address_space_limit_or_for_a_map_is_a_r
         assert isinstance(failure, StoreReadError), error
         assert str(failure) == ("reading /s/shards/shard-00000/states/values/c/0/0 failed: this process ran out of "
                                 "memory under its address-space limit (ulimit -v) of 3,000 MiB")  # fmt: skip
+
+
+def test_a_shortage_is_found_in_an_error_s_causes_and_context_and_nowhere_else(monkeypatch) -> None:
+    """(mut59b M3) process_shortage's walk and words went untested where its callers' tests do not reach: an error
+    raised while handling too many open files (its __context__) could be damage, ENFILE (the system's table full)
+    could be missed, a cause chain that loops could hang the read, any RuntimeError naming a thread could read as
+    "no thread could be started", and macOS's unlimited address space (RLIM_INFINITY there is 2**63 - 1, not -1)
+    could be named as a limit of 8 EiB, and no test noticed."""
+    import resource
+    import threading
+
+    from dilstore.storage.read_failures import address_space_words, process_shortage, thread_refused
+
+    handling = ValueError("zarr gave up")
+    handling.__context__ = OSError(errno.EMFILE, "Too many open files")  # raised while handling it
+    assert process_shortage(handling).startswith("this process holds as many open files as it may")
+    assert process_shortage(OSError(errno.ENFILE, "Too many open files in system")).startswith("this process holds")
+    looped, other = ValueError("a"), KeyError("b")
+    looped.__cause__, other.__context__ = other, looped
+    found: list[str | None] = []
+    walk = threading.Thread(target=lambda: found.append(process_shortage(looped)), daemon=True)
+    walk.start()
+    walk.join(5)
+    assert found == [None]
+    assert thread_refused(RuntimeError("can't start new thread"))
+    assert not thread_refused(RuntimeError("threads can only be started once"))
+    monkeypatch.setattr(resource, "RLIM_INFINITY", 2**63 - 1)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (2**63 - 1, 2**63 - 1))
+    assert address_space_words() == ""
