@@ -485,6 +485,10 @@ def test_a_build_drops_java_s_stderr_and_log_while_it_runs_unless_verbose(
         (3000, 1400, ["-Xmx400m", "-XX:CompressedClassSpaceSize=128m", "-XX:ReservedCodeCacheSize=64m"]),
         (2441, 1533, None),  # 908 MiB left: refused in one line
         (2734, 1364, None),  # 1,370 MiB left: `ask`'s JVM aborted the process (journey59 F4)
+        # (mut59b M4) the bounds themselves: 7 GiB left is room for the default heap, 1,500 MiB the least started
+        (8192, 1024, ["-Xmx4g"]),
+        (3000, 1500, ["-Xmx375m", "-XX:CompressedClassSpaceSize=128m", "-XX:ReservedCodeCacheSize=64m"]),
+        (1000, 1200, None),  # more mapped than the limit (lowered below what is in use): 0 MiB left, not -200
     ],
 )
 def test_the_jvm_fits_its_heap_to_the_address_space_limit_or_is_refused_naming_it(
@@ -505,11 +509,39 @@ def test_the_jvm_fits_its_heap_to_the_address_space_limit_or_is_refused_naming_i
         assert retrieval.jvm_memory_options("4g") == expected
         return
     assert limit_mib is not None
-    left = limit_mib - mapped_mib
+    left = max(limit_mib - mapped_mib, 0)
     words = f"address-space limit \\(ulimit -v\\) is {limit_mib:,} MiB, of which {left:,} MiB are left"
     with pytest.raises(DilstoreError, match=f"{words}, and the JVM needs about 1,500 MiB; raise the limit"):
         retrieval.jvm_memory_options("4g")
 
 
 def test_the_mapped_bytes_are_this_process_s_address_space() -> None:
-    assert retrieval.mapped_bytes() > 0 if Path("/proc/self/status").is_file() else retrieval.mapped_bytes() == 0
+    """(mut59b M4) Bytes, not /proc's kB: the size in pages of /proc/self/statm, read just after, is close to it."""
+    mapped = retrieval.mapped_bytes()
+    statm = Path("/proc/self/statm")
+    if not statm.is_file():
+        assert mapped == 0
+        return
+    pages = int(statm.read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    assert 0.5 * pages < mapped < 2 * pages
+
+
+def test_the_jvm_starts_with_the_memory_options_the_address_space_limit_leaves_room_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(mut59b M5) jvm_memory_options was tested alone: start_jvm could start the JVM with `-Xmx4g` still, which
+    under `ulimit -v` ends the process (limits59 F2), and no test noticed. No JVM starts here: jnius_config and
+    jnius are stand-ins that record the options."""
+    import types
+
+    options: list[str] = []
+    config = types.SimpleNamespace(vm_running=False, add_classpath=lambda *paths: None,
+                                   add_options=lambda *given: options.extend(given))  # fmt: skip
+    monkeypatch.setitem(sys.modules, "jnius_config", config)
+    monkeypatch.setitem(sys.modules, "jnius", types.SimpleNamespace())
+    monkeypatch.setattr(retrieval, "_JVM_STARTED", False)
+    monkeypatch.setattr(retrieval, "jvm_memory_options", lambda max_heap: [f"-Xmx{max_heap}-fitted"])
+    monkeypatch.setenv("JAVA_HOME", "unset")
+    monkeypatch.delenv(quiet_mode.QUIET_ENV, raising=False)
+    retrieval.start_jvm("4g")
+    assert options == ["-Xmx4g-fitted", "-Xrs"]
