@@ -1405,3 +1405,50 @@ def test_a_thread_the_system_refuses_is_a_503_or_health_from_the_last_checks_not
     messages = [record.getMessage() for record in caplog.records if record.getMessage().startswith("/")]
     assert [message.split(":")[0] for message in messages] == ["/health answers from the stores' last checks", "/ask"]
     assert not any(record.exc_info for record in caplog.records)
+
+
+def test_only_a_refused_thread_lets_health_answer_from_the_last_checks(
+    served, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """(mut59b M6) Only a refused thread was tried: /health could answer any failed check from the last ones,
+    logging that no thread could be started, and no test noticed. Another failure stays a 500."""
+    client, _, _ = served
+
+    async def failed(*args: Any, **kwargs: Any) -> None:
+        for work in args:
+            if asyncio.iscoroutine(work):
+                work.close()
+        raise RuntimeError("dictionary changed size during iteration")
+
+    with caplog.at_level("WARNING", logger="dilstore.serve"):
+        monkeypatch.setattr(asyncio, "to_thread", failed)
+        health = client.get("/health")
+        monkeypatch.undo()
+    assert health.status_code == 500
+    assert not any("no thread could be started" in record.getMessage() for record in caplog.records)
+
+
+def test_the_watch_warns_of_a_refused_thread_and_logs_any_other_failure_with_its_traceback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """(mut59b M7) The watch's warning for a refused thread (limits59 F3) was never run: it could log a traceback
+    every WATCH_SECONDS again, or hide another failure's, and no test noticed."""
+    import types
+
+    from dilstore.runners import serve_app
+
+    class Stop(BaseException):
+        """Ends the watch's loop."""
+
+    failures = iter([RuntimeError("can't start new thread"), KeyError("stores"), Stop()])
+
+    def check_stores() -> None:
+        raise next(failures)
+
+    monkeypatch.setattr(serve_app, "WATCH_SECONDS", 0.0)
+    with caplog.at_level("WARNING", logger="dilstore.serve"), pytest.raises(Stop):
+        asyncio.run(serve_app.StoreRouter.watch(types.SimpleNamespace(check_stores=check_stores)))  # type: ignore[arg-type]
+    logged = [(record.levelname, record.getMessage(), record.exc_info is not None) for record in caplog.records
+              if record.name == "dilstore.serve"]  # fmt: skip
+    assert logged == [("WARNING", f"the stores are checked again in 0 s: {serve_app.NO_THREAD}", False),
+                      ("ERROR", "checking the stores failed", True)]  # fmt: skip
