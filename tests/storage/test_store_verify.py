@@ -571,6 +571,31 @@ def test_reading_a_manifest_takes_memory_for_its_bytes_not_for_the_most_it_may_h
     assert peak < 16 << 20
 
 
+def test_a_manifest_read_short_of_open_files_stops_verify_not_fails_the_store(pristine, monkeypatch) -> None:
+    """(mut59b M12) Only a later file's read was made short of open files or memory in limits59 F5's test: the
+    manifest's own could be reported as the store's problem (FAILED) again, and no test noticed."""
+    from dilstore.storage import verify
+    from dilstore.storage.format import StoreReadError
+
+    def short(location: object) -> None:
+        raise StoreReadError("reading manifest.json failed") from OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(verify, "read_manifest", short)
+    with pytest.raises(DilstoreError, match="stopped before it could judge the store: this process holds as many"):
+        verify_store(pristine)
+
+
+def test_a_bounded_read_of_a_local_file_gives_at_most_one_byte_more_than_asked(tmp_path: Path) -> None:
+    """(mut59b M9) Reading in blocks of at most _READ_BLOCK (limits59 F4) could read a whole block past the bound,
+    which the caller measures a file as too long by, and no test noticed."""
+    from dilstore.storage.location import StoreLocation
+
+    (tmp_path / "f").write_bytes(bytes(range(100)))
+    location = StoreLocation.parse(str(tmp_path))
+    assert location.read_bytes("f", at_most=10) == bytes(range(11))
+    assert location.read_bytes("f", at_most=500) == bytes(range(100))
+
+
 @pytest.mark.parametrize(
     ("error", "address_space", "stops"),
     [
