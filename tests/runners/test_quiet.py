@@ -94,6 +94,20 @@ def test_what_child_processes_print_once_a_stop_has_come_is_dropped(quiet_on, ca
     assert shown + capfd.readouterr().err == KEPT + "\n"
 
 
+def test_what_arrives_just_before_a_stop_is_dropped_too(quiet_on, capfd) -> None:
+    """(mut59b M10) A stop reaches the workers as it reaches this process, so their tracebacks may come first: a
+    chunk is held for its grace, and only the test of a stop set before the workers wrote was there; the copier
+    could show each chunk at once, and no test noticed."""
+    try:
+        with quiet.filtered_stderr():
+            os.write(2, KEPT.encode() + b"\n")  # as a worker's (its last words), on the same pipe
+            time.sleep(STOP_GRACE_SECONDS / 10)
+            stopping.set()
+    finally:
+        stopping.clear()
+    assert capfd.readouterr().err == ""
+
+
 def test_what_child_processes_write_is_drained_as_fast_as_they_write_it(quiet_on, capfd) -> None:
     """(ci59 F7) The copier waited out each chunk's grace before it read the next: child processes' stderr went
     through at 64 KiB per 0.2 s, and a child that wrote 4 MB waited some 13 s on the full pipe."""
