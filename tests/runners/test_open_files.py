@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import resource
 import subprocess
 import sys
@@ -51,3 +52,20 @@ def test_an_unlimited_hard_limit_the_system_caps_gets_the_highest_soft_limit_it_
     monkeypatch.setattr(resource, "setrlimit", setrlimit)
     assert open_files.raise_open_file_limit() == limits["soft"] == 10240
     assert open_files.raise_open_file_limit() == 10240  # already as high as it goes: left as it is
+
+
+def test_a_soft_limit_the_system_refuses_with_an_os_error_is_searched_below_too(monkeypatch) -> None:
+    """(mut59b M11) Only a ValueError (EINVAL, EPERM) refusal was tried: a platform whose setrlimit fails with
+    another errno, an OSError, could end the command in a traceback before its work, and no test noticed."""
+    from dilstore.runners import open_files
+
+    limits = {"soft": 256}
+
+    def setrlimit(which: int, values: tuple[int, int]) -> None:
+        if values[0] > 4096:
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+        limits["soft"] = values[0]
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (limits["soft"], 100_000))
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    assert open_files.raise_open_file_limit() == limits["soft"] == 4096
