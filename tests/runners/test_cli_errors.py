@@ -1245,6 +1245,44 @@ def test_a_precompute_run_out_of_memory_keeps_its_own_line_with_workers_and_the_
     assert capsys.readouterr().err == f"dilstore precompute: error: {failure}\n"
 
 
+def test_evaluate_rc_sets_the_threads_it_is_given_once_its_inputs_are_checked(tmp_path: Path, monkeypatch) -> None:
+    """(mut59b M14) fast59 F4 moved the threads' setting below the input checks; it could have gone altogether,
+    leaving torch's own count on a machine shared on purpose with --threads, and no test noticed."""
+    from dilstore.runners import cmd_evaluate_rc
+
+    class Set(Exception):
+        """Stops the command where its threads are set, before the reader loads."""
+
+    def apply_threads(threads: int | None) -> None:
+        raise Set(threads)
+
+    monkeypatch.setattr(cmd_evaluate_rc, "apply_threads", apply_threads)
+    (tmp_path / "d.json").write_text("{}")
+    with pytest.raises(Set, match="^2$"):
+        main(["evaluate-rc", "--data", str(tmp_path / "d.json"), "--threads", "2"])
+
+
+def test_precompute_checks_a_packaged_model_reference_before_the_model_loads() -> None:
+    """(mut59b M15) fast59 F6's early check of --model was tried with a folder only: a `package:` reference could
+    be left to the model's load, after Beam and torch, and no test noticed."""
+    from dilstore.runners.cmd_precompute import check_model_folder
+    from dilstore.storage.errors import DilstoreError
+
+    with pytest.raises(DilstoreError, match="no-such-model"):
+        check_model_folder("package:no-such-model")
+    check_model_folder(None)
+
+
+@pytest.mark.parametrize("text", ["No module named 'torch'", "cannot import name 'bitmap' from 'PIL'",
+                                  "lib.so: failed to map segment from shared object; and more"])
+def test_only_a_library_the_loader_could_not_map_is_taken_for_memory_run_short(text: str) -> None:
+    """(mut59b M13) Only a missing module was tried: any ImportError naming a map, or one whose text goes on after
+    the loader's words, could be called running out of memory, and no test noticed."""
+    from dilstore.runners.out_of_memory import library_not_mapped_line
+
+    assert library_not_mapped_line(ImportError(text)) is None
+
+
 @pytest.mark.parametrize("address_space", [None, 1800 << 20])
 def test_a_command_that_cannot_start_a_thread_is_one_line_naming_the_limits(
     address_space: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
