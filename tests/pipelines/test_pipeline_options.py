@@ -39,6 +39,7 @@ from dilstore.reader.batching import BatchPolicy
 from dilstore.runners.precompute_run import pipeline_failure, run_pipeline
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
+from tests.fixtures.limits import address_space_limit
 
 if TYPE_CHECKING:
     from apache_beam import Pipeline as BeamPipeline
@@ -477,16 +478,12 @@ def test_a_run_out_of_memory_names_the_limit_and_the_options_that_bound_what_a_w
 ) -> None:
     """Under `ulimit -v 3000000` a run with a large --batch-tokens ended in torch's allocator line alone, naming
     neither the limit nor what to lower (limits59 F8)."""
-    import resource
 
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from dilstore.runners.worker_deaths import RERUN
 
-    real = resource.getrlimit
-    limit = resource.RLIM_INFINITY if address_space is None else address_space
-    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit) if which == resource.RLIMIT_AS
-                        else real(which))  # fmt: skip
+    address_space_limit(monkeypatch, address_space)
     torch_line = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
                   "tried to allocate 4732416 bytes. Error code 12 (Cannot allocate memory) [while running "
                   "'Precompute/WriteGroups']")  # fmt: skip

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dilstore.runners.cli import main
+from tests.fixtures.limits import address_space_limit
 from tests.fixtures.paths import ROOT
 from tests.fixtures.pipes import empty_pipe
 
@@ -1135,14 +1136,10 @@ def test_a_command_out_of_memory_is_one_line_naming_the_limit_and_its_batch_opti
 ) -> None:
     """Under `ulimit -v 3000000` `evaluate-qa` ended in a 60-line traceback of torch's "[enforce fail at
     alloc_cpu.cpp:127] ... DefaultCPUAllocator: can't allocate memory", exit 1 (limits59 F9)."""
-    import resource
 
     from dilstore.runners import cmd_evaluate_qa, cmd_store
 
-    real = resource.getrlimit
-    limit = resource.RLIM_INFINITY if address_space is None else address_space
-    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit) if which == resource.RLIMIT_AS
-                        else real(which))  # fmt: skip
+    address_space_limit(monkeypatch, address_space)
 
     def torch_refuses(args: argparse.Namespace) -> int:
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
@@ -1168,14 +1165,11 @@ def test_a_model_that_cannot_be_loaded_for_memory_is_the_out_of_memory_line(
     """Under `ulimit -v 2500000` `precompute` said "cannot load a model from .../dilbert-minilm-squad: [enforce fail at
     alloc_cpu.cpp:127] ... can't allocate memory", naming neither the limit nor the options to lower: the model
     loaders wrap torch's allocation error as a checkpoint they cannot load (journey59 F2)."""
-    import resource
 
     from dilstore.runners import cmd_store
     from dilstore.storage.errors import DilstoreError
 
-    real = resource.getrlimit
-    monkeypatch.setattr(resource, "getrlimit", lambda which: (2500 << 20, 2500 << 20) if which == resource.RLIMIT_AS
-                        else real(which))  # fmt: skip
+    address_space_limit(monkeypatch, 2500 << 20)
 
     def loader_refuses(args: argparse.Namespace) -> int:
         allocation = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 589824 bytes.")
@@ -1198,13 +1192,10 @@ def test_a_library_that_cannot_be_mapped_is_the_out_of_memory_line(
 ) -> None:
     """Under `ulimit -v 1800000` `precompute` ended in a traceback of "ImportError: libtorch_cpu.so: failed to map
     segment from shared object", exit 1: the dynamic loader had no address space for torch (journey59 F3)."""
-    import resource
 
     from dilstore.runners import cmd_store
 
-    real = resource.getrlimit
-    monkeypatch.setattr(resource, "getrlimit", lambda which: (1800 << 20, 1800 << 20) if which == resource.RLIMIT_AS
-                        else real(which))  # fmt: skip
+    address_space_limit(monkeypatch, 1800 << 20)
 
     def not_mapped(args: argparse.Namespace) -> int:
         raise ImportError("libtorch_cpu.so: failed to map segment from shared object")
@@ -1289,14 +1280,10 @@ def test_a_command_that_cannot_start_a_thread_is_one_line_naming_the_limits(
 ) -> None:
     """Under `ulimit -v 1800000` `dilstore index` ended in a traceback of threading's "RuntimeError: can't start new
     thread" (the thread that waits on Lucene's build had no room for its stack), exit 1 (journey59 F1)."""
-    import resource
 
     from dilstore.runners import cmd_index
 
-    real = resource.getrlimit
-    limit = resource.RLIM_INFINITY if address_space is None else address_space
-    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit) if which == resource.RLIMIT_AS
-                        else real(which))  # fmt: skip
+    address_space_limit(monkeypatch, address_space)
 
     def no_thread(args: argparse.Namespace) -> int:
         raise RuntimeError("can't start new thread")

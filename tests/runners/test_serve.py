@@ -27,7 +27,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -1377,6 +1377,19 @@ def test_a_store_named_with_an_equals_sign_is_given_its_index() -> None:
         per_store_indexes(["k=3=idx"], ["s1"])
 
 
+def failing_off_the_loop(message: str) -> Callable[..., Awaitable[None]]:
+    """A stand-in for `asyncio.to_thread` (or serve_app.while_connected) that raises RuntimeError(`message`), as
+    starting its thread failed, closing the coroutines it was given so that none is left never awaited."""
+
+    async def failing(*args: Any, **kwargs: Any) -> None:
+        for work in args:
+            if asyncio.iscoroutine(work):
+                work.close()
+        raise RuntimeError(message)
+
+    return failing
+
+
 def test_a_thread_the_system_refuses_is_a_503_or_health_from_the_last_checks_not_a_500_with_a_traceback(
     served, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1386,13 +1399,7 @@ def test_a_thread_the_system_refuses_is_a_503_or_health_from_the_last_checks_not
     from dilstore.runners import serve_app
 
     client, _, _ = served
-
-    async def refused(*args: Any, **kwargs: Any) -> None:
-        for work in args:
-            if asyncio.iscoroutine(work):
-                work.close()
-        raise RuntimeError("can't start new thread")
-
+    refused = failing_off_the_loop("can't start new thread")
     with caplog.at_level("WARNING", logger="dilstore.serve"):
         monkeypatch.setattr(asyncio, "to_thread", refused)
         health = client.get("/health")
@@ -1413,13 +1420,7 @@ def test_only_a_refused_thread_lets_health_answer_from_the_last_checks(
     """(mut59b M6) Only a refused thread was tried: /health could answer any failed check from the last ones,
     logging that no thread could be started, and no test noticed. Another failure stays a 500."""
     client, _, _ = served
-
-    async def failed(*args: Any, **kwargs: Any) -> None:
-        for work in args:
-            if asyncio.iscoroutine(work):
-                work.close()
-        raise RuntimeError("dictionary changed size during iteration")
-
+    failed = failing_off_the_loop("dictionary changed size during iteration")
     with caplog.at_level("WARNING", logger="dilstore.serve"):
         monkeypatch.setattr(asyncio, "to_thread", failed)
         health = client.get("/health")

@@ -24,6 +24,7 @@ from dilstore.storage.format import MANIFEST_FILE, TOKENS_PER_CHUNK
 from dilstore.storage.secrets import remember_secrets
 from dilstore.storage.verify import VerifyReport, verify_store
 from dilstore.storage.writer import write_shard
+from tests.fixtures.limits import address_space_limit
 from tests.fixtures.store_fixtures import build_store, passage, random_shards
 from tests.storage.test_store_append import resigned
 
@@ -611,14 +612,10 @@ def test_a_verify_the_process_cannot_finish_stops_in_one_line_not_a_sound_store_
 ) -> None:
     """Under `ulimit -v 600000` verify reported a sound store FAILED with 123 problems, every file "cannot be read:
     MemoryError"; too many open files or no thread to start would read the same (limits59 F5)."""
-    import resource
 
     from dilstore.storage.location import StoreLocation
 
-    real_getrlimit = resource.getrlimit
-    limit = resource.RLIM_INFINITY if address_space is None else address_space
-    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit) if which == resource.RLIMIT_AS
-                        else real_getrlimit(which))  # fmt: skip
+    address_space_limit(monkeypatch, address_space)
 
     def failing(location: StoreLocation, relative: str) -> str:
         raise error

@@ -20,6 +20,7 @@ from dilstore.storage.read_failures import (
     read_failure,
     retry_delay,
 )
+from tests.fixtures.limits import address_space_limit
 
 
 class RangeNotSatisfiable(Exception):
@@ -218,12 +219,8 @@ def test_a_read_short_of_memory_under_an_address_space_limit_or_for_a_map_is_a_r
     """Under `ulimit -v` a MemoryError reading a store's file said "no file of a store is that large; run `dilstore
     verify`", damage, on which `serve` takes the store out of service; a map refused for want of memory (ENOMEM) was
     a 502 saying "Cannot allocate memory; try again" (limits59 F7)."""
-    import resource
 
-    real = resource.getrlimit
-    limit = 3000 << 20
-    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit) if which == resource.RLIMIT_AS
-                        else real(which))  # fmt: skip
+    address_space_limit(monkeypatch, 3000 << 20)
     for error in (MemoryError(), OSError(errno.ENOMEM, "Cannot allocate memory")):
         failure = read_failure("/s/shards/shard-00000/states/values/c/0/0", error, local=True)
         assert isinstance(failure, StoreReadError), error
