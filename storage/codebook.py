@@ -55,7 +55,7 @@ from dilstore.storage.format import (
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import read_manifest
 from dilstore.storage.messages import command_text
-from dilstore.storage.read_failures import describe, process_shortage
+from dilstore.storage.read_failures import describe, raise_if_shortage
 from dilstore.storage.writer import build_attributes
 from dilstore.storage.zarr_reads import METADATA_ERRORS
 
@@ -191,7 +191,7 @@ def store_codebook_problems(
         try:
             data = location.open_group(shard).attrs.asdict().get(ATTRIBUTES_KEY, {})
         except Exception as error:  # noqa: BLE001 - a damaged shard gives a problem line, not a traceback
-            _raise_if_shortage(error)
+            raise_if_shortage(error)
             problems.append(f"{shard}: cannot read its attributes: {type(error).__name__}: {error}")
             continue
         (users if isinstance(data, dict) and data.get("codebook") == STORE_CODEBOOK else copies).append(shard)
@@ -201,7 +201,7 @@ def store_codebook_problems(
         if not location.is_dir(CODEBOOK_DIR):  # a folder without its zarr.json is a damaged group, told below
             return problems + [f"{shard} decodes with the store's {CODEBOOK_DIR}/, which is missing" for shard in users]
     except Exception as error:  # noqa: BLE001 - a server's failure (an HTTP 500) is one problem, blamed on no shard
-        _raise_if_shortage(error)
+        raise_if_shortage(error)
         return problems + [f"{CODEBOOK_DIR}: cannot be read: {describe(error)}"]
     try:
         group = location.open_group(CODEBOOK_DIR)
@@ -218,21 +218,12 @@ def store_codebook_problems(
             try:
                 copy = np.asarray(location.open_group(shard)[states_array(name)][...])
             except Exception as error:  # noqa: BLE001 - a damaged shard gives a problem line, not a traceback
-                _raise_if_shortage(error)
+                raise_if_shortage(error)
                 problems.append(f"{shard}: cannot read its codebook copy {states_array(name)}: {error}")
                 continue
             if not np.array_equal(copy, values):
                 problems.append(f"{shard}: its codebook copy {states_array(name)} differs from {CODEBOOK_DIR}/{name}")
     return problems
-
-
-def _raise_if_shortage(error: Exception) -> None:
-    """Raise `error` again where this process ran short (open files, threads, memory under a limit:
-    read_failures.process_shortage), which says nothing of the store: `store_codebook_problems` made a problem line
-    of it, and `verify` called a sound store FAILED ("cannot read its attributes: ... Too many open files") where a
-    shortage anywhere else stops it in one line naming the limit (read59b F3)."""
-    if process_shortage(error) is not None:
-        raise error
 
 
 def codebook_changes(path: str | Path) -> tuple[Path | None, list[str]]:

@@ -24,7 +24,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from dilstore.storage.errors import DilstoreError
-from dilstore.storage.read_failures import READ_TIMEOUT_ENV, describe, process_shortage
+from dilstore.storage.read_failures import READ_TIMEOUT_ENV, describe, raise_if_shortage
 from dilstore.storage.secrets import URL_PASSWORD, remember_secrets
 
 if TYPE_CHECKING:  # zarr is imported when a store's arrays are read: reading a manifest (`info`) needs none of it
@@ -292,10 +292,12 @@ def in_this_process(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
 
 def _local_files(root: Path) -> dict[str, int]:
     """`StoreLocation.files` of a local store: folder links followed, each real folder listed once (a link loop
-    ends), a file link counted at its target's size; a link to nothing is left out (a listed file is then missing)."""
+    ends), a file link counted at its target's size; a link to nothing is left out (a listed file is then missing).
+    A folder this process cannot open for want of open files or memory stops the listing: os.walk skipped it, and
+    `verify` called a sound store's files "missing" (read59b F4); one refused for good is left to the reads."""
     sizes = {}
     seen: set[str] = set()
-    for folder, folders, names in os.walk(root, followlinks=True, onerror=_raise_shortage):
+    for folder, folders, names in os.walk(root, followlinks=True, onerror=raise_if_shortage):
         real = os.path.realpath(folder)
         if real in seen:
             folders[:] = []
@@ -306,11 +308,3 @@ def _local_files(root: Path) -> dict[str, int]:
             with contextlib.suppress(FileNotFoundError):
                 sizes[os.path.relpath(path, root)] = os.stat(path).st_size
     return dict(sorted(sizes.items()))
-
-
-def _raise_shortage(error: OSError) -> None:
-    """os.walk's `onerror` for `_local_files`: a folder this process could not open for want of open files or memory
-    (read_failures.process_shortage) stops the listing. os.walk skipped it, and `verify` called a sound store FAILED
-    with each of its files a "missing file" (read59b F4); a folder refused for good is left to the reads, as before."""
-    if process_shortage(error) is not None:
-        raise error

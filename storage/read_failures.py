@@ -135,6 +135,15 @@ def process_shortage(error: BaseException) -> str | None:
     return None
 
 
+def raise_if_shortage(error: BaseException) -> None:
+    """Raise `error` again where it is this process's shortage (`process_shortage`): a check that makes a problem line
+    of any failed read, or a listing that passes over a folder it cannot open, would call a sound store damaged
+    (verify's FAILED with every file "cannot be read", limits59 F5; a codebook's attributes, read59b F3; files
+    "missing", read59b F4)."""
+    if process_shortage(error) is not None:
+        raise error
+
+
 def thread_refused(error: BaseException) -> bool:
     """Whether `error` is Python's refusal to start a thread, which the system denied (RLIMIT_NPROC, a pids cgroup,
     no room for its stack): a shortage of the whole process that may pass."""

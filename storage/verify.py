@@ -60,7 +60,7 @@ from dilstore.storage.info import store_files
 from dilstore.storage.location import StoreLocation
 from dilstore.storage.manifest import Manifest, ShardEntry, read_manifest
 from dilstore.storage.passage_tables import has_tables, passage_table_problems, shard_table
-from dilstore.storage.read_failures import describe, process_shortage
+from dilstore.storage.read_failures import describe, process_shortage, raise_if_shortage
 from dilstore.storage.secrets import scrubbed
 from dilstore.storage.shard import ShardAttributes
 from dilstore.storage.zarr_reads import METADATA_ERRORS
@@ -151,8 +151,7 @@ def _verified(location: StoreLocation, progress: VerifyProgress) -> VerifyReport
     try:
         manifest = read_manifest(location)
     except DilstoreError as error:
-        if process_shortage(error) is not None:
-            raise
+        raise_if_shortage(error)
         report.problems.append(str(error))
         return report
     report.shards, report.passages, report.tokens = len(manifest.shards), manifest.passages, manifest.tokens
@@ -300,8 +299,7 @@ def _guarded(report: VerifyReport, what: str, check: Callable[[], Any]) -> Any:
     try:
         return check()
     except Exception as error:  # noqa: BLE001 - a damaged file must give a report line, not a traceback
-        if process_shortage(error) is not None:
-            raise
+        raise_if_shortage(error)
         report.problems.append(scrubbed(f"{what}: cannot be read: {type(error).__name__}: {error}"))
         return None
 
@@ -382,8 +380,8 @@ def _check_hashes(
     progress.phase("checksums", sum(present[path] for path in to_hash), "B")
     hashed = location.sha256_many(to_hash, on_file=lambda path: progress.advance(present[path]))
     for path, digest in hashed.items():
-        if isinstance(digest, Exception) and process_shortage(digest) is not None:
-            raise digest
+        if isinstance(digest, Exception):
+            raise_if_shortage(digest)
         if isinstance(digest, FileNotFoundError):
             report.problems.append(f"missing file {path}")
         elif isinstance(digest, Exception):
