@@ -123,27 +123,20 @@ def start_jvm(max_heap: str = "4g") -> None:
 def jvm_memory_options(max_heap: str) -> list[str]:
     """The JVM's memory options: `-Xmx{max_heap}` where the process's address-space limit (ulimit -v) leaves room
     for it, a heap of a quarter of what the limit leaves and smaller fixed reservations where it leaves less, and a
-    DilstoreError naming the limit where even that would not start (the JVM ends the process, past any handler)."""
-    left = address_space_left()
+    DilstoreError naming the limit where even that would not start (the JVM ends the process, past any handler).
+    Without such a limit (the usual case; a memory cgroup bounds what is used, not what is reserved) the JVM keeps
+    its default."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    left = None if limit == resource.RLIM_INFINITY else limit - mapped_bytes()  # bytes it may still map
     if left is None or left >= _JVM_FULL_ROOM_MIB * _MIB:
         return [f"-Xmx{max_heap}"]
     if left < _JVM_LEAST_ROOM_MIB * _MIB:
-        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
         raise DilstoreError(
             f"Lucene's JVM (BM25 search) cannot start: this process's address-space limit (ulimit -v) is "
             f"{limit // _MIB:,} MiB, of which {max(left, 0) // _MIB:,} MiB are left, and the JVM needs about "
             f"{_JVM_LEAST_ROOM_MIB:,} MiB; raise the limit (ulimit -v, or the batch job's virtual-memory request)"
         )
     return [f"-Xmx{left // 4 // _MIB}m", *_JVM_SMALL_RESERVATIONS]
-
-
-def address_space_left() -> int | None:
-    """Bytes of address space this process may still map under its RLIMIT_AS, or None without such a limit (the
-    usual case; a memory cgroup bounds what is used, not what is reserved, and leaves reservations alone)."""
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if limit == resource.RLIM_INFINITY:
-        return None
-    return limit - mapped_bytes()
 
 
 def mapped_bytes() -> int:
