@@ -25,12 +25,12 @@ import argparse
 import contextlib
 import logging
 import os
+import queue
 import re
 import sys
 import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from multiprocessing import resource_tracker
@@ -43,10 +43,11 @@ from dilstore.runners.stop_signals import STOP_GRACE_SECONDS, stopping
 # Lines that Beam's worker processes print and a user has no use for.
 _WORKER_NOISE = ("apitools not found", "Logging handler created", "bigquery client libraries are not available")
 _PIPE_CHUNK = 65536
-# What the pipe gave and the copier has not taken yet, at most, in bytes; a chunk counts _CHUNK_BYTES more, for its
-# own memory and so that many small ones are bounded too. 4 MiB a grace passes 20 MiB/s of large writes.
-_BACKLOG_BYTES = 4 << 20
-_CHUNK_BYTES = 256
+# The chunks the pipe gave and the copier has not taken yet, at most: 4 MiB of full reads, 20 MiB/s a grace. The
+# reader then waits, and the full pipe makes the child wait, as it did before the reader was a thread of its own.
+# Unbounded, a child's flood piled up in this process while the terminal took it slowly or not at all (paused with
+# Ctrl-S, a pager): a 128 MB flood held 147 MB (read59 F1). Smaller reads come only while the reader keeps up.
+_BACKLOG_CHUNKS = 64
 
 
 def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
@@ -228,7 +229,7 @@ def _stderr_piped() -> Iterator[None]:
                                                 errors=saved.errors))  # fmt: skip
 
     target = os.dup(real)  # the copier's own descriptor: `real` may close before the thread first runs
-    arrived = Backlog()
+    arrived: queue.Queue[tuple[float, bytes] | None] = queue.Queue(maxsize=_BACKLOG_CHUNKS)
 
     def copy() -> None:
         pending = b""  # a line's start whose end has not arrived yet
@@ -264,50 +265,17 @@ def _stderr_piped() -> Iterator[None]:
             sys.stderr = saved
 
 
-def _read_into(read_end: int, arrived: Backlog) -> None:
+def _read_into(read_end: int, arrived: queue.Queue[tuple[float, bytes] | None]) -> None:
     """Put each chunk the pipe gives, with when it came, into `arrived`, then None at its end.
 
     Reading is a thread of its own so that the pipe is drained as fast as it is written: the copier waited out each
     chunk's grace before it read the next, so the child processes' stderr went at 64 KiB per 0.2 s, and a worker
-    that wrote more blocked on the full pipe (a 1 MB write took 3.2 s, ci59 F7). `arrived` is bounded (`Backlog`)."""
+    that wrote more blocked on the full pipe (a 1 MB write took 3.2 s, ci59 F7). `arrived` holds
+    at most _BACKLOG_CHUNKS."""
     with os.fdopen(read_end, "rb", buffering=0) as pipe:
         while chunk := pipe.read(_PIPE_CHUNK):
             arrived.put((time.monotonic(), chunk))
     arrived.put(None)
-
-
-class Backlog:
-    """The chunks the pipe gave and the copier has not taken yet, in order, each with when it came; `put` waits while
-    they hold _BACKLOG_BYTES or more. Unbounded (a SimpleQueue), a child's flood piled up in this process while the
-    terminal took it slowly or not at all (paused with Ctrl-S, a pager): a 128 MB flood held 147 MB, where the full
-    pipe had made the child wait (read59 F1)."""
-
-    def __init__(self) -> None:
-        self._chunks: deque[tuple[float, bytes] | None] = deque()
-        self._held = 0  # bytes, _CHUNK_BYTES a chunk included
-        self._changed = threading.Condition()
-
-    def put(self, item: tuple[float, bytes] | None) -> None:
-        """Add `item` (None: the pipe's end) once the chunks held are below the bound."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._held < _BACKLOG_BYTES)
-            self._chunks.append(item)
-            self._held += _size(item)
-            self._changed.notify_all()
-
-    def get(self) -> tuple[float, bytes] | None:
-        """The oldest item, once there is one."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._chunks)
-            item = self._chunks.popleft()
-            self._held -= _size(item)
-            self._changed.notify_all()
-            return item
-
-
-def _size(item: tuple[float, bytes] | None) -> int:
-    """What a Backlog item counts against its bound."""
-    return 0 if item is None else len(item[1]) + _CHUNK_BYTES
 
 
 class WorkerReports:
