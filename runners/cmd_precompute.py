@@ -243,9 +243,8 @@ def resolve_model(model: str | None, layers: int | None, kind: str) -> tuple[str
     the EARL kinds from the packaged EARL ranker (whose N is fixed) and
     listformer from the packaged Listformer (whose k is fixed).
     """
-    from dilstore.reader.modeling.checkpoints import read_metadata
-    from dilstore.reader.offline.encoding import (
-        BASE_MODEL_REF,
+    from dilstore.reader.modeling.checkpoints import BASE_MODEL_REF, read_metadata
+    from dilstore.reader.offline.model_refs import (
         DEFAULT_CHECKPOINT_REF,
         DEFAULT_LISTFORMER_REF,
         DEFAULT_RANKER_REF,

@@ -41,9 +41,6 @@ from dilstore.reader.batching import BatchPolicy, length_batches, pad_id, pad_to
 from dilstore.reader.modeling.checkpoints import BASE_MODEL_REF as BASE_MODEL_REF  # re-exported: model references
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.kinds import OfflineModel, load_offline_model, offline_kind
-from dilstore.reader.offline.model_refs import DEFAULT_CHECKPOINT_REF as DEFAULT_CHECKPOINT_REF  # re-exported
-from dilstore.reader.offline.model_refs import DEFAULT_LISTFORMER_REF as DEFAULT_LISTFORMER_REF  # re-exported
-from dilstore.reader.offline.model_refs import DEFAULT_RANKER_REF as DEFAULT_RANKER_REF  # re-exported
 from dilstore.reader.offline.model_refs import resolve_model_dir
 from dilstore.reader.text.tokenization import TokenizedText
 from dilstore.storage.errors import DilstoreError

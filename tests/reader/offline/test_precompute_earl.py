@@ -29,7 +29,6 @@ from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.modeling.earl import EarlConfig, EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import (
-    DEFAULT_RANKER_REF,
     encode_tokenized,
     load_checked_reader,
     load_reader,
@@ -38,6 +37,7 @@ from dilstore.reader.offline.encoding import (
     window_id,
 )
 from dilstore.reader.offline.kinds import load_offline_model, max_positions
+from dilstore.reader.offline.model_refs import DEFAULT_RANKER_REF
 from dilstore.reader.packaged.shipped import DEFAULT_RANKER_NAME
 from dilstore.reader.serving.rerank import open_reranker
 from dilstore.reader.text.tokenization import encode_document, passage_pieces, window_starts
