@@ -15,8 +15,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -53,7 +51,7 @@ from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
 from tests.fixtures.earl_tiny import text_encoder, tokenizer
 from tests.fixtures.pipeline_fixtures import (
-    ROOT,
+    killable_command,
     killed_while_writing,
     save_tiny_reader,
     store_contents,
@@ -446,17 +444,6 @@ def test_a_2bit_append_to_a_store_without_centroids_keeps_its_scheme(models: dic
     assert verify_store(store).ok
 
 
-def start(arguments: list[str], log: Path) -> subprocess.Popen:
-    """`dilstore ARGS` in a new process group, so that SIGKILL reaches every process it started, with $TMPDIR
-    beside `log`: Beam's `beam-pipeline-temp*` folder, which only a finished `run()` deletes, stays there."""
-    temp = log.with_suffix(".tmp")
-    temp.mkdir(exist_ok=True)
-    with log.open("wb") as output:
-        return subprocess.Popen([sys.executable, "-m", "dilstore.runners.cli", *arguments], cwd=ROOT, stdout=output,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "TMPDIR": str(temp)})  # fmt: skip
-
-
 def append_markers(store: Path) -> int:
     return len(list((store / APPENDS_DIR).glob("*/passages/meta/part-*.json")))
 
@@ -474,7 +461,7 @@ def test_sigkill_during_an_append_then_rerun(models: dict[str, Path], tmp_path: 
                  "--workers", "1", "--threads", "1", "--max-length", "48", "--shards", "8", "--encoding", "fp32",
                  "--no-progress", "--append"]
     started = time.monotonic()
-    process = start(arguments, tmp_path / "killed.log")
+    process = killable_command(arguments, tmp_path / "killed.log", tmp_path / "killed.tmp")  # no 6-10 s of imports
     while append_markers(store) == 0 and process.poll() is None and time.monotonic() - started < 240:
         time.sleep(0.005)
     if process.poll() is None:

@@ -2,7 +2,11 @@
 
 `dilstore precompute` runs in its own process group and is SIGKILLed (the
 whole group, as a crash would) once right after its first shard commits and
-once while its first shard is being written, before any commits. Re-running the same command must give
+once while its first shard is being written, before any commits. Those runs
+are children forked from this process (`killable_command`, unless it has
+started the JVM): a SIGKILL runs no handler, so they leave what a killed
+`python -m dilstore` leaves, without its 6-10 s of imports. The signal tests,
+about what the process itself does, start `python -m dilstore.runners.cli`. Re-running the same command must give
 a store with exactly the passages, token ids and states of a clean run, that
 `verify` accepts, and the first re-run must reuse the shards that were
 already committed.
@@ -30,6 +34,8 @@ from dilstore.storage.format import MANIFEST_FILE, TMP_PREFIX
 from dilstore.storage.verify import verify_store
 from tests.fixtures.pipeline_fixtures import (
     ROOT,
+    ForkedCommand,
+    killable_command,
     killed_while_writing,
     save_tiny_reader,
     store_contents,
@@ -81,7 +87,7 @@ def _default_stop_signals() -> None:
         signal.signal(number, signal.SIG_DFL)
 
 
-def kill_group(process: subprocess.Popen) -> None:
+def kill_group(process: subprocess.Popen | ForkedCommand) -> None:
     with_group = process.poll() is None
     if with_group:
         os.killpg(process.pid, signal.SIGKILL)
@@ -150,7 +156,7 @@ def test_sigkill_after_the_first_shard_and_while_one_is_written_then_rerun(setup
     model, corpus, reference = setup
     store = tmp_path / "killed-after-first-shard"
     started = time.monotonic()
-    process = start(arguments(model, corpus, store), tmp_path / "first.log")
+    process = killable_command(arguments(model, corpus, store), tmp_path / "first.log", tmp_path / "first.tmp")
     while committed(store) == 0 and process.poll() is None and time.monotonic() - started < 240:
         time.sleep(0.005)
     kill_group(process)
@@ -171,7 +177,7 @@ def test_sigkill_after_the_first_shard_and_while_one_is_written_then_rerun(setup
     # before that shard commits; a fast machine may commit one in between, which the re-run must handle too).
     store = tmp_path / "killed-while-writing"
     started = time.monotonic()
-    process = start(arguments(model, corpus, store), tmp_path / "writing.log")
+    process = killable_command(arguments(model, corpus, store), tmp_path / "writing.log", tmp_path / "writing.tmp")
     while not writing(store) and process.poll() is None and time.monotonic() - started < 240:
         time.sleep(0.005)
     kill_group(process)
