@@ -44,8 +44,8 @@ from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.encoding import encode_tokenized, tokenize_passage
 from dilstore.reader.offline.kinds import offline_kind
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
-from dilstore.reader.retrieval import build_bm25_index
-from dilstore.reader.serving.odqa import OdqaSettings, bm25_index_dir, open_reader
+from dilstore.reader.retrieval import bm25_index_dir, build_bm25_index
+from dilstore.reader.serving.odqa import OdqaSettings, open_reader
 from dilstore.reader.text.files import read_json
 from dilstore.runners.arg_types import positive_int, sample_seed
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_store

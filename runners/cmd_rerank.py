@@ -19,7 +19,6 @@ from dilstore.runners.journal import (
     stopped_keeping,
     store_build,
 )
-from dilstore.runners.odqa_options import require_store
 from dilstore.runners.outputs import check_output_file, refuse_output_inside_models, refuse_output_inside_store
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
@@ -114,8 +113,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read topics and run, open the store and its checked ranker, rerank, write the run, print a summary."""
+    from dilstore.reader.serving.store_checks import check_rerank_inputs
+
     topics, first_stage, depth = _checked_inputs(args)
-    require_store(args.store)
+    check_rerank_inputs(args.store, args.model)
     apply_threads(args.threads)  # imports torch (2 s): after the inputs and the store are checked (fast59 F2)
     from dilstore.reader.serving.rerank import RerankSettings, open_reranker
 

@@ -36,6 +36,7 @@ from dilstore.runners.serve_batching import (
 )
 from dilstore.runners.serve_batching import logger as serve_log
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import DILBERT  # the kind of store /ask reads; every other kind is reranked
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
     import uvicorn
@@ -44,7 +45,6 @@ if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stay
     from dilstore.runners.serve_services import ServedStore, Service
     from dilstore.storage.reader import Store
 
-DILBERT = "dilbert"  # the kind of store /ask reads; every other kind is reranked
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_SHUTDOWN_TIMEOUT = 30
@@ -393,7 +393,8 @@ def open_served_store(
         found, info = checked
     from dilstore.reader.retrieval import Bm25Searcher, bm25_index_dir, require_all_passages
     from dilstore.reader.serving.odqa import open_reader
-    from dilstore.reader.serving.rerank import RERANK_KINDS, open_reranker
+    from dilstore.reader.serving.rerank import open_reranker
+    from dilstore.reader.serving.store_checks import RERANK_KINDS
     from dilstore.runners.serve_reopen import Reopener, files_stamp
     from dilstore.runners.serve_services import AskService, RerankService, ServedStore
 

@@ -79,9 +79,11 @@ def open_odqa_reader(args: argparse.Namespace) -> OpenDomainReader:
     Its store checks its files before each lookup, as `serve`'s do: a store rebuilt under an `ask` session or a
     long `evaluate-qa` is an error at the next question, not answers read from the deleted build's maps.
     """
+    from dilstore.reader.serving.store_checks import check_reader_inputs
+
     index = local_index(args.index)
-    require_store(args.store)
-    apply_threads(args.threads)  # imports torch: after the store is found
+    check_reader_inputs(args.store, args.model, index)
+    apply_threads(args.threads)  # imports torch: after the store, its index and the model folder are found
     from dilstore.reader.serving.odqa import OdqaSettings, open_reader
 
     chosen = {name: getattr(args, name) for name in _SETTINGS if getattr(args, name) is not None}
@@ -92,16 +94,6 @@ def open_odqa_reader(args: argparse.Namespace) -> OpenDomainReader:
     )  # fmt: skip
     reader.store.check_files = True
     return reader
-
-
-def require_store(given: str) -> None:
-    """A DilstoreError naming `given` unless a finalized store's manifest is there, raised before torch,
-    transformers and the reader load: `ask` and `evaluate-qa` on a mistyped store path said "no store at" after some
-    6 s of those imports; the manifest alone takes a moment (ci59 F1). `serve` checks its stores so too."""
-    from dilstore.storage.location import StoreLocation
-    from dilstore.storage.manifest import read_manifest
-
-    read_manifest(StoreLocation.parse(given))
 
 
 def local_index(given: str | None) -> Path | None:

@@ -131,13 +131,15 @@ class Kind:
         return shape
 
 
+# The kinds' names, for the readers that check a store's kind (DilBertReader.kind, the rerankers).
+DILBERT, EARL_S1, EARL_S2, LISTFORMER = "dilbert", "earl-s1", "earl-s2", "listformer"
 KINDS: dict[str, Kind] = {
     kind.name: kind
     for kind in (
-        Kind("dilbert", "DilBert passage states after layer k, (T, d)", 1),
-        Kind("earl-s1", "EARL S1 document-module output states, (T, d)", 1),
-        Kind("earl-s2", "EARL S2 judger-block key/value projections, (T, blocks, 2, d)", 3),
-        Kind("listformer", "Listformer document states after its delayed layers k, (T, d)", 1),
+        Kind(DILBERT, "DilBert passage states after layer k, (T, d)", 1),
+        Kind(EARL_S1, "EARL S1 document-module output states, (T, d)", 1),
+        Kind(EARL_S2, "EARL S2 judger-block key/value projections, (T, blocks, 2, d)", 3),
+        Kind(LISTFORMER, "Listformer document states after its delayed layers k, (T, d)", 1),
     )
 }
 

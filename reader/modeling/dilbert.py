@@ -51,6 +51,7 @@ from dilstore.reader.modeling.checkpoints import (
 )
 from dilstore.reader.modeling.load_errors import LOAD_ERRORS, load_failure
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import DILBERT
 from dilstore.storage.messages import listed
 
 # The head a base encoder lacks: initialised from HEAD_INIT_SEED instead.
@@ -88,7 +89,7 @@ class DilBertReader(nn.Module):
     `tokenizer`.
     """
 
-    kind = "dilbert"
+    kind = DILBERT
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, layers: int) -> None:
         super().__init__()

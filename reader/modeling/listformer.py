@@ -103,8 +103,9 @@ from dilstore.reader.modeling.ranker_checkpoints import RankerCheckpoint
 from dilstore.reader.modeling.ranking_inputs import group_size, module_device
 from dilstore.reader.text.tokenization import first_passage_window
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.format import LISTFORMER
 
-KIND = "listformer"
+KIND = LISTFORMER
 QUERY_SEGMENT = 0
 DOCUMENT_SEGMENT = 1
 PRIOR_PREFIX = "prior_encoder."

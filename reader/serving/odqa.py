@@ -51,15 +51,8 @@ from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.load_errors import LOAD_ERRORS
 from dilstore.reader.modeling.online_variants import load_online_variant
 from dilstore.reader.offline.kinds import require_within_positions
-from dilstore.reader.packaged.shipped import default_checkpoint_dir, shipped_model_advice
-from dilstore.reader.retrieval import (
-    Bm25Searcher,
-    Hit,
-    bm25_index_dir,
-    check_index_covers,
-    require_all_passages,
-    require_index_files,
-)
+from dilstore.reader.packaged.shipped import shipped_model_advice
+from dilstore.reader.retrieval import Bm25Searcher, Hit, require_all_passages
 from dilstore.reader.serving.answers import (
     DEFAULT_TOP_P,
     Answer,
@@ -72,6 +65,7 @@ from dilstore.reader.serving.answers import (
     checked_top_p,
 )
 from dilstore.reader.serving.decode import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_N_BEST, best_spans
+from dilstore.reader.serving.store_checks import checked_reader_index, reader_dir, require_reader_kind
 from dilstore.reader.serving.stored_states import non_finite_cause, pad_stored_states
 from dilstore.reader.text.tokenization import TokenizedText, encode_question, folded, spaced
 from dilstore.storage.checks import as_list, require_at_least_one
@@ -450,7 +444,7 @@ def load_store_model(
     where it has them (reader/modeling/online_variants.py).
     """
     fingerprint = store.fingerprint
-    require_reader_store(store)
+    require_reader_kind(fingerprint.kind, store.url)
     directory = reader_dir(model_dir)
     layers = None if read_metadata(require_checkpoint_dir(directory)) is not None else fingerprint.layers
     model = DilBertReader.from_pretrained(directory, layers=layers)
@@ -460,11 +454,6 @@ def load_store_model(
     if online_variant:
         load_online_variant(model, directory, fingerprint.encoding, expected.weights_sha256)
     return model
-
-
-def reader_dir(model_dir: str | Path | None) -> Path:
-    """The reader checkpoint's folder: `model_dir`, by default the shipped checkpoint's."""
-    return Path(model_dir) if model_dir is not None else default_checkpoint_dir()
 
 
 def require_question_fits(model_dir: str | Path | None, limit: int) -> None:
@@ -478,15 +467,6 @@ def require_question_fits(model_dir: str | Path | None, limit: int) -> None:
     except LOAD_ERRORS:
         return
     require_segment_limit(config, limit, "question", "--max-question-length")
-
-
-def require_reader_store(store: Store) -> None:
-    """A DilstoreError unless `store` holds DilBert states, the only kind the QA reader reads."""
-    if store.fingerprint.kind != DilBertReader.kind:
-        raise DilstoreError(
-            f"store {store.url} holds {store.fingerprint.kind!r} states; the QA reader needs a {DilBertReader.kind!r} "
-            "store"
-        )
 
 
 def open_reader(
@@ -510,14 +490,11 @@ def open_reader(
     so opening a changed store again holds one model in memory, not two.
     """
     store = open_store(store_path)
-    require_reader_store(store)  # before the index: an EARL store's user was first sent off to build one
+    # The kind before the index: an EARL store's user was first sent off to build one.
+    require_reader_kind(store.fingerprint.kind, store.url)
     index = None
     if with_index:
-        if store.manifest.passages == 0:
-            raise DilstoreError(f"store {store_path} holds no passages (its precompute stored none): nothing to search")
-        index = Path(index_dir) if index_dir is not None else bm25_index_dir(store_path)
-        require_index_files(index, store_path, given=index_dir is not None, local_root=store.location.local_root)
-        check_index_covers(index, store.manifest, store_path)
+        index = checked_reader_index(store.manifest, store_path, index_dir, store.location.local_root)
     if reuse is not None and reuse.store.fingerprint == store.fingerprint:
         model = reuse.model  # checked against an equal fingerprint when `reuse` opened
     else:

@@ -72,11 +72,18 @@ from dilstore.reader.batching import (
 from dilstore.reader.data.trec import Run, rank_documents, run_from_mapping
 from dilstore.reader.modeling.earl import EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
-from dilstore.reader.modeling.listformer import KIND as LISTFORMER
 from dilstore.reader.modeling.listformer import ListformerRanker
 from dilstore.reader.offline.kinds import require_within_positions
 from dilstore.reader.packaged.shipped import default_listformer_dir, default_ranker_dir, shipped_model_advice
 from dilstore.reader.serving.rerank_inputs import DEFAULT_DEPTH, checked_depth, require_topics
+from dilstore.reader.serving.store_checks import (
+    EARL_KINDS,
+    EARL_S1,
+    EARL_S2,
+    LISTFORMER,
+    require_kind,
+    require_rerank_kind,
+)
 from dilstore.reader.serving.stored_states import non_finite_cause, pad_stored_states, stored_finite
 from dilstore.reader.serving.timing import StageTimer
 from dilstore.reader.text.tokenization import TokenizedText, encode_query, folded
@@ -87,9 +94,6 @@ from dilstore.storage.messages import listed, other_form_hint
 from dilstore.storage.reader import MissingPassagesError, Store, open_store
 from dilstore.storage.records import StoredPassage
 
-EARL_S1, EARL_S2 = "earl-s1", "earl-s2"
-EARL_KINDS = (EARL_S1, EARL_S2)
-RERANK_KINDS = (EARL_S1, EARL_S2, LISTFORMER)
 RUN_TAG = "dilstore-earl"
 LISTFORMER_RUN_TAG = "dilstore-listformer"
 SPLIT_HINT_PROBES = 5  # missing ids probed for the ID#0 a split store holds instead
@@ -175,20 +179,11 @@ def _checked_run(run: Run) -> Run:
     return checked
 
 
-def require_rerank_store(store: Store) -> str:
-    """The store's kind, one a reranker reads (RERANK_KINDS); any other kind raises DilstoreError."""
-    return _require_kind(
-        store,
-        RERANK_KINDS,
-        f"reranking needs an {EARL_S1!r} or {EARL_S2!r} store (`dilstore precompute --kind earl-s1|earl-s2`) "
-        f"or a {LISTFORMER!r} one (`--kind listformer`)",
-    )
-
-
 def require_earl_store(store: Store) -> str:
     """The store's kind, "earl-s1" or "earl-s2"; any other kind raises DilstoreError."""
-    return _require_kind(
-        store,
+    return require_kind(
+        store.kind,
+        store.url,
         EARL_KINDS,
         f"the EARL reranker needs an {EARL_S1!r} or {EARL_S2!r} store (`dilstore precompute --kind earl-s1|earl-s2`)",
     )
@@ -503,8 +498,9 @@ class ListformerReranker(StoreReranker[ListformerRanker]):
 
     def _check_store(self, model: ListformerRanker, store: Store) -> None:
         """A "listformer" store, with passage vectors when the ranker has the bi-encoder prior."""
-        _require_kind(
-            store,
+        require_kind(
+            store.kind,
+            store.url,
             (LISTFORMER,),
             f"the Listformer reranker needs a {LISTFORMER!r} store (`dilstore precompute --kind listformer`)",
         )
@@ -536,7 +532,7 @@ def load_store_ranker(store: Store, model_dir: str | Path, *, shipped: bool = Fa
     model that did not make the store raises FingerprintMismatchError
     showing both fingerprints.
     """
-    kind = require_rerank_store(store)
+    kind = require_rerank_kind(store.kind, store.url)
     model = ListformerRanker.from_pretrained(model_dir) if kind == LISTFORMER else EarlRanker.from_pretrained(model_dir)
     found = store.fingerprint
     expected = model_fingerprint(model, kind, found.encoding, found.max_length)
@@ -563,7 +559,7 @@ def open_reranker(
     opening a changed store again holds one model in memory, not two.
     """
     store = open_store(store_path)
-    kind = require_rerank_store(store)
+    kind = require_rerank_kind(store.kind, store.url)
     if reuse is not None and reuse.store.fingerprint == store.fingerprint:
         model: EarlRanker | ListformerRanker = reuse.model  # checked against an equal fingerprint when it opened
     elif model_dir is not None:
@@ -585,12 +581,5 @@ def _require_prior_vectors(prior: bool, store: Store) -> None:
             f"store {store.url} has no passage vectors, which this ranker's bi-encoder prior needs; "
             "precompute the store again with this ranker"
         )
-
-
-def _require_kind(store: Store, kinds: Sequence[str], needed: str) -> str:
-    """The store's kind if it is one of `kinds`; any other kind raises DilstoreError saying what is `needed`."""
-    if store.kind not in kinds:
-        raise DilstoreError(f"store {store.url} holds {store.kind!r} states; {needed}")
-    return store.kind
 
 

@@ -694,10 +694,18 @@ def test_usage_errors_exit_2_in_a_real_process() -> None:
      "dilstore precompute: error: model directory not found: {tmp}/missing", []),
     (["evaluate-rc", "--data", "{tmp}/q.jsonl", "--score", "{tmp}/missing.json"],
      "dilstore evaluate-rc: error: {tmp}/q.jsonl: the document has no 'data' key", []),
+    (["ask", "{tmp}/built", "Who?", "--index", "{tmp}/missing"],
+     "dilstore ask: error: no Lucene index at {tmp}/missing: give the folder of one `dilstore index` built "
+     "(STORE/bm25, or a copy of it)", []),
+    (["evaluate-qa", "{tmp}/built", "--questions", "{tmp}/q.jsonl", "--model", "{tmp}/missing"],
+     "dilstore evaluate-qa: error: model directory not found: {tmp}/missing", []),
+    (["rerank", "{tmp}/built", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec", "--output", "{tmp}/o.trec"],
+     "dilstore rerank: error: store {tmp}/built holds 'dilbert' states; reranking needs an 'earl-s1' or 'earl-s2' "
+     "store (`dilstore precompute --kind earl-s1|earl-s2`) or a 'listformer' one (`--kind listformer`)", []),
 ], ids=["ask", "precompute-input", "precompute-beam-option", "serve", "evaluate-qa-store",
         "evaluate-qa-questions", "rerank-store", "rerank-topics", "precompute-append",
         "precompute-codebook", "evaluate-rc-data", "evaluate-rc-model", "train-qa", "train-earl",
-        "precompute-model", "evaluate-rc-score"])  # fmt: skip
+        "precompute-model", "evaluate-rc-score", "ask-index", "evaluate-qa-model", "rerank-kind"])  # fmt: skip
 def test_a_mistyped_argument_is_named_before_torch_loads(tmp_path: Path, arguments: list[str], message: str,
                                                          loaded: list[str]) -> None:  # fmt: skip
     """(ci59 F1) `ask` on a mistyped store path set torch's threads and imported the reader (torch, transformers)
@@ -714,7 +722,15 @@ def test_a_mistyped_argument_is_named_before_torch_loads(tmp_path: Path, argumen
     threads and imported the reader before it looked for its --data, --predictions folder and --model (10-12 s).
     (fast59 F5) `train qa` and the ranker trainings did so before they looked for their input files (6-12 s).
     (fast59 F6) `precompute` looked for its --model folder when it loaded the model, after Beam and torch (10 s).
-    (fast59 F7) `evaluate-rc --score`, which runs no reader, imported it to read its files (9-10 s)."""
+    (fast59 F7) `evaluate-rc --score`, which runs no reader, imported it to read its files (9-10 s). (left60 F1)
+    `ask` and `evaluate-qa` looked for their --index and --model folders, and `rerank` at its store's kind, inside
+    the functions that open the reader, after torch and transformers: 5-9 s. `{tmp}/built` is a dilbert store with
+    a bm25/ folder Lucene's file check takes."""
+    if any("{tmp}/built" in word for word in arguments):
+        from tests.fixtures.store_fixtures import build_store, random_shards
+
+        (build_store(tmp_path / "built", random_shards([2])) / "bm25").mkdir()
+        (tmp_path / "built" / "bm25" / "segments_1").touch()
     (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "a corpus file"}\n')
     (tmp_path / "q.jsonl").write_text('{"question": "Who?", "answer": ["a"]}\n')
     (tmp_path / "t.tsv").write_text("1\tfirst query\n")

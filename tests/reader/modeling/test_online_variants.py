@@ -25,9 +25,8 @@ from dilstore.reader.modeling.online_variants import (
     variant_path,
     write_online_variant,
 )
-from dilstore.reader.serving import odqa
+from dilstore.reader.serving import odqa, store_checks
 from dilstore.reader.serving.odqa import load_store_model
-from dilstore.runners import odqa_options
 from dilstore.runners.odqa_options import add_odqa_arguments, open_odqa_reader
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.reader import open_store
@@ -120,8 +119,8 @@ def test_the_command_line_switch_reaches_open_reader(monkeypatch: pytest.MonkeyP
     seen = []
     opened = SimpleNamespace(store=SimpleNamespace(check_files=False))  # the command checks the store's files
     monkeypatch.setattr(odqa, "open_reader", lambda *args, **kwargs: seen.append(kwargs["online_variant"]) or opened)
-    checked = []  # the store's manifest is read before torch loads (ci59 F1): there is none at STORE here
-    monkeypatch.setattr(odqa_options, "require_store", checked.append)
+    checked = []  # the store, index and model are checked before torch loads (ci59 F1): there is none at STORE here
+    monkeypatch.setattr(store_checks, "check_reader_inputs", lambda store, model, index: checked.append(store))
     parser = argparse.ArgumentParser()
     add_odqa_arguments(parser)
     open_odqa_reader(parser.parse_args(["STORE"]))

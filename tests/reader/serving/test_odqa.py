@@ -533,13 +533,13 @@ def test_a_store_the_previously_shipped_reader_made_says_to_build_it_again(
     of "a different model" in `ask`, `serve` and `evaluate-qa`, with nothing of why or what to do. A store whose
     command gave no --model, read with no --model, now says to build it again (its command with --overwrite) or to
     give --model the checkpoint that made it; with a --model given, the table is as it was."""
-    from dilstore.reader.serving import odqa
+    from dilstore.reader.serving import store_checks
 
     store = open_store(tiny["stores"]["fp32"])
     command = "dilstore precompute --input corpus.jsonl --output store"
     store.manifest = dataclasses.replace(store.manifest, creation={**store.manifest.creation, "command": command,
                                                                    "finalized_at": "2026-11-25T10:00:00+00:00"})
-    monkeypatch.setattr(odqa, "default_checkpoint_dir", lambda: tiny["other_model_dir"])  # this version's shipped
+    monkeypatch.setattr(store_checks, "default_checkpoint_dir", lambda: tiny["other_model_dir"])  # this version's
     with pytest.raises(FingerprintMismatchError, match="weights_sha256") as refused:
         load_store_model(store)
     assert str(refused.value).splitlines()[-1] == (
