@@ -72,11 +72,12 @@ def refuse_output_inside_store(output: Path, store: str, flag: str) -> None:
     store), and `dilstore verify` would then report the store as damaged. A folder without a manifest is no store:
     the command names that itself, rather than blaming `flag`. A store given as a `file:` URL is its local folder, as
     its readers take it: `file:/abs/st` was looked for at ./file:/abs/st and `file:///abs/st` passed as remote, so
-    an output inside either was written into the store (url59 F1).
+    an output inside either was written into the store (url59 F1). So is a chain whose last link is that folder
+    (`simplecache::file:///abs/st`), which passed as remote (left60 F2).
     """
-    from dilstore.storage.location import StoreLocation
+    from dilstore.storage.location import local_folder
 
-    local = StoreLocation.parse(store).local_root
+    local = local_folder(store)
     if local is None:
         return
     root = local.resolve()

@@ -100,6 +100,17 @@ def file_url_folder(path_or_url: str) -> Path | None:
     return StoreLocation.parse(path_or_url).local_root if issubclass(protocol, LocalFileSystem) else None
 
 
+def local_folder(path_or_url: str) -> Path | None:
+    """The local folder whose files the store at `path_or_url` is: its local root, or, for a `::` chain whose last
+    link is on the local filesystem (`simplecache::file:///abs/st`, `filecache::/abs/st`: a cache over a local
+    folder), that link's folder; None for a store elsewhere. A file written into that folder is written into the
+    store, however it is read: an output inside a store given as such a chain was not refused (left60 F2)."""
+    if "::" not in path_or_url or not is_url(path_or_url):
+        return StoreLocation.parse(path_or_url).local_root
+    last = path_or_url.rpartition("::")[2]
+    return file_url_folder(last) if is_url(last) else Path(last).absolute()
+
+
 def redacted(url: str) -> str:
     """`url` with the password of its user part (and, over http(s), its query string) hidden, in each part of a
     chained fsspec URL (`simplecache::https://...`): `serve` has no authentication, and its /stores, /health and
@@ -155,6 +166,12 @@ class StoreLocation:
             raise DilstoreError(f"cannot open store {url}: {error}") from None
         except OSError as error:  # a filesystem that connects when made (ftp://, sftp://): the host refused
             raise DilstoreError(f"cannot reach store {url}: {describe(error)}") from None
+        if "::" in given and isinstance(fs, LocalFileSystem):
+            # The local filesystem takes no other under it: `local::file:///abs/st` opened the current folder, and
+            # read the store there, if there was one, as this one (left60 F2).
+            first, _, rest = given.partition("::")
+            raise DilstoreError(f"cannot open store {url}: {first}:: is the local filesystem, which reads no other "
+                                f"filesystem under it; give {redacted(rest)} itself")  # fmt: skip
         return cls(url=url, made_fs=fs, root=root.rstrip("/") or "/", storage_options=options, address=given)
 
     @property

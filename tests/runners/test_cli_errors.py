@@ -40,6 +40,10 @@ def filled(words: list[str], **places: Path) -> list[str]:
         (["index", "{tmp}/no-store"], "dilstore index: error: "),
         (["index", "https://127.0.0.1:9/store"], "dilstore index: error: https://127.0.0.1:9/store is a URL"),
         (["info", "s3-nowhere://bucket/store"], "dilstore info: error: cannot open store s3-nowhere://bucket/store"),
+        # The local filesystem takes nothing under it: this opened the current folder, a store there too (left60 F2).
+        (["info", "local::file://{tmp}/no-store"],
+         "dilstore info: error: cannot open store local::file://{tmp}/no-store: local:: is the local filesystem, "
+         "which reads no other filesystem under it; give file://{tmp}/no-store itself"),
         (["serve", "http://127.0.0.1:9/store", "--port", "0"], "dilstore serve: error: cannot reach store"),
         # Path folded the URL's `//`: "no Lucene index at http:/127.0.0.1:9/store/bm25" (multi53 F5).
         (["ask", "{tmp}/no-store", "a question", "--index", "http://u:pw@127.0.0.1:9/store/bm25"],
@@ -257,17 +261,18 @@ def test_an_output_inside_the_store_given_by_relative_paths_is_refused(
     assert (tmp_path / "store" / "manifest.json").read_text() == "{}"
 
 
-@pytest.mark.parametrize("slashes", ["", "//"])
+@pytest.mark.parametrize("prefix", ["file:", "file://", "simplecache::file://", "filecache::"])
 def test_an_output_inside_a_store_given_as_a_file_url_is_refused(
-    slashes: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """(url59 F1) The store read as `file:/abs/st` or `file:///abs/st` (its readers open the folder /abs/st) was not
     checked: the first was looked for at ./file:/abs/st, the second passed as remote, and `--predictions
-    /abs/st/p.json` went into the store, which verify then calls damaged."""
+    /abs/st/p.json` went into the store, which verify then calls damaged. (left60 F2) So did a cache over that
+    folder, `simplecache::file:///abs/st` or `filecache::/abs/st`."""
     store = tmp_path / "store"
     store.mkdir()
     (store / "manifest.json").write_text("{}")
-    url = f"file:{slashes}{store}"
+    url = f"{prefix}{store}"
     status = main(["evaluate-qa", url, "--questions", f"{tmp_path}/q.jsonl", "--predictions", f"{store}/p.json"])
     assert status == 2
     assert capsys.readouterr().err.endswith(f"error: --predictions {store}/p.json is inside the store {url}; write "
