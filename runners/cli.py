@@ -24,6 +24,7 @@ from dilstore.runners.open_files import raise_open_file_limit
 from dilstore.runners.out_of_memory import (
     is_out_of_memory,
     library_not_mapped_line,
+    model_load_line,
     out_of_memory_line,
     wraps_out_of_memory,
 )
@@ -236,7 +237,7 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
         return 128 + stop.signal_number
     except DilstoreError as error:
         if wraps_out_of_memory(error):  # a model's load that ran out of memory (journey59 F2)
-            print(f"dilstore {args.command}: error: {out_of_memory_line(args)}", file=last_lines())
+            print(f"dilstore {args.command}: error: {model_load_line()}", file=last_lines())
             return 2
         print(f"dilstore {args.command}: error: {scrubbed(str(error))}", file=last_lines())
         return 2

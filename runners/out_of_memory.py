@@ -29,10 +29,11 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def wraps_out_of_memory(error: BaseException) -> bool:
-    """Whether `error` (a DilstoreError) only wraps torch's failed allocation, so the command's out-of-memory line says
-    more than it: a model loader's "cannot load a model from DIR: [enforce fail ...]" (journey59 F2). Not where its
-    own words already say the run ran out of memory: precompute's pipeline failure names --workers too and that the
-    same command goes on from the finished shards, which the command's line took the place of (read59b F2)."""
+    """Whether `error` (a DilstoreError) only wraps torch's failed allocation, so `model_load_line` says more than
+    it: a model loader's "cannot load a model from DIR: [enforce fail ...]" (journey59 F2); the loaders and the
+    rankers' weight checks are the DilstoreErrors that wrap torch's RuntimeError. Not where its own words already say
+    the run ran out of memory: precompute's pipeline failure names --workers too and that the same command goes on
+    from the finished shards, which the command's line took the place of (read59b F2)."""
     cause = error.__cause__
     return isinstance(cause, RuntimeError) and is_out_of_memory(cause) and _RAN_OUT not in str(error)
 
@@ -43,6 +44,13 @@ def out_of_memory_line(args: argparse.Namespace) -> str:
     lower = f"lower {', '.join(options[:-1])} or {options[-1]}" if len(options) > 1 else f"lower {''.join(options)}"
     advice = f"{lower} (what it reads at once), or give it more memory" if options else "give it more memory"
     return f"ran out of memory{address_space_words()}: {advice}"
+
+
+def model_load_line() -> str:
+    """The error line of a command whose model's load ran out of memory (`wraps_out_of_memory`). It was
+    `out_of_memory_line`'s, which told `precompute`, `ask` and the others to lower their batch options: those bound
+    what a command holds once its model is loaded, and no option shrinks a model (read59b, left60 F3)."""
+    return f"ran out of memory{address_space_words()} while loading a model: give it more memory"
 
 
 def library_not_mapped_line(error: ImportError) -> str | None:

@@ -1185,9 +1185,10 @@ def test_a_model_that_cannot_be_loaded_for_memory_is_the_out_of_memory_line(
 ) -> None:
     """Under `ulimit -v 2500000` `precompute` said "cannot load a model from .../dilbert-minilm-squad: [enforce fail at
     alloc_cpu.cpp:127] ... can't allocate memory", naming neither the limit nor the options to lower: the model
-    loaders wrap torch's allocation error as a checkpoint they cannot load (journey59 F2)."""
+    loaders wrap torch's allocation error as a checkpoint they cannot load (journey59 F2). (left60 F3) The line then
+    told `ask` and `precompute` to lower their batch options, which do not shrink a model's load."""
 
-    from dilstore.runners import cmd_store
+    from dilstore.runners import cmd_ask
     from dilstore.storage.errors import DilstoreError
 
     address_space_limit(monkeypatch, 2500 << 20)
@@ -1199,13 +1200,13 @@ def test_a_model_that_cannot_be_loaded_for_memory_is_the_out_of_memory_line(
     def checkpoint_broken(args: argparse.Namespace) -> int:
         raise DilstoreError("cannot load a model from m: bad header") from RuntimeError("bad header")
 
-    monkeypatch.setattr(cmd_store, "run_info", loader_refuses)
-    assert main(["info", "store"]) == 2
-    assert capsys.readouterr().err == ("dilstore info: error: ran out of memory under its address-space limit "
-                                       "(ulimit -v) of 2,500 MiB: give it more memory\n")  # fmt: skip
-    monkeypatch.setattr(cmd_store, "run_info", checkpoint_broken)
-    assert main(["info", "store"]) == 2
-    assert capsys.readouterr().err == "dilstore info: error: cannot load a model from m: bad header\n"
+    monkeypatch.setattr(cmd_ask, "run", loader_refuses)
+    assert main(["ask", "store", "Who?"]) == 2
+    assert capsys.readouterr().err == ("dilstore ask: error: ran out of memory under its address-space limit (ulimit "
+                                       "-v) of 2,500 MiB while loading a model: give it more memory\n")  # fmt: skip
+    monkeypatch.setattr(cmd_ask, "run", checkpoint_broken)
+    assert main(["ask", "store", "Who?"]) == 2
+    assert capsys.readouterr().err == "dilstore ask: error: cannot load a model from m: bad header\n"
 
 
 def test_a_library_that_cannot_be_mapped_is_the_out_of_memory_line(
