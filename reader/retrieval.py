@@ -123,20 +123,34 @@ def start_jvm(max_heap: str = "4g") -> None:
 def jvm_memory_options(max_heap: str) -> list[str]:
     """The JVM's memory options: `-Xmx{max_heap}` where the process's address-space limit (ulimit -v) leaves room
     for it, a heap of a quarter of what the limit leaves and smaller fixed reservations where it leaves less, and a
-    DilstoreError naming the limit where even that would not start (the JVM ends the process, past any handler).
-    Without such a limit (the usual case; a memory cgroup bounds what is used, not what is reserved) the JVM keeps
-    its default."""
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    left = None if limit == resource.RLIM_INFINITY else limit - mapped_bytes()  # bytes it may still map
+    DilstoreError naming the limit where even that would not start (`require_jvm_room`). Without such a limit (the
+    usual case; a memory cgroup bounds what is used, not what is reserved) the JVM keeps its default."""
+    left = require_jvm_room()
     if left is None or left >= _JVM_FULL_ROOM_MIB * _MIB:
         return [f"-Xmx{max_heap}"]
+    return [f"-Xmx{left // 4 // _MIB}m", *_JVM_SMALL_RESERVATIONS]
+
+
+def require_jvm_room() -> int | None:
+    """The bytes the process's address-space limit (ulimit -v) lets it still map (None without a limit), where
+    Lucene's JVM has room to start in them; a DilstoreError naming the limit where it has not (the JVM would end the
+    process, past any handler).
+
+    `ask` and `evaluate-qa` check it before torch and the model load, which only take more room: under `ulimit -v
+    1500000` the model's load left libgomp too little for a thread's stack, and libgomp ended the process itself
+    (exit 1, "Thread creation failed"), where the JVM's refusal would have come next (left60 F4).
+    """
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    left = limit - mapped_bytes()
     if left < _JVM_LEAST_ROOM_MIB * _MIB:
         raise DilstoreError(
             f"Lucene's JVM (BM25 search) cannot start: this process's address-space limit (ulimit -v) is "
             f"{limit // _MIB:,} MiB, of which {max(left, 0) // _MIB:,} MiB are left, and the JVM needs about "
             f"{_JVM_LEAST_ROOM_MIB:,} MiB; raise the limit (ulimit -v, or the batch job's virtual-memory request)"
         )
-    return [f"-Xmx{left // 4 // _MIB}m", *_JVM_SMALL_RESERVATIONS]
+    return left
 
 
 def mapped_bytes() -> int:

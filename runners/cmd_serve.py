@@ -176,6 +176,10 @@ def _opened_server(args: argparse.Namespace, settings: ServeSettings) -> StopSer
         served_index(name, path, info["kind"], indexes.get(name))
         for (name, path), info in zip(named, infos, strict=True)
     ]
+    if any(index is not None for index in found):  # before torch and the models, which only take room (left60 F4)
+        from dilstore.reader.retrieval import require_jvm_room
+
+        require_jvm_room()
     apply_threads(args.threads)  # imports torch (2 s): after the checks, which a mistyped store failed after (ci59 F6)
     served = []
     for (name, path), model, index, info in zip(named, models, found, infos, strict=True):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from dilstore.reader.modeling.checkpoints import require_checkpoint_dir
 from dilstore.reader.packaged.shipped import default_checkpoint_dir
-from dilstore.reader.retrieval import bm25_index_dir, check_index_covers, require_index_files
+from dilstore.reader.retrieval import bm25_index_dir, check_index_covers, require_index_files, require_jvm_room
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import DILBERT, EARL_S1, EARL_S2, LISTFORMER
 
@@ -69,7 +69,9 @@ def checked_reader_index(
 def check_reader_inputs(store_path: str, model_dir: Path | None, index_dir: Path | None) -> None:
     """What `open_reader` checks before it loads a model, in its order, from the store's manifest: the store is
     there (ci59 F1: "no store at" came after 6 s of imports), it holds DilBert states, its index is there and covers
-    it, the model folder is there. A missing --index or --model was named after 5-8 s of torch (left60 F1)."""
+    it, the model folder is there. A missing --index or --model was named after 5-8 s of torch (left60 F1). Then
+    that the address-space limit leaves the index's JVM room to start, which torch and the model only take from
+    (left60 F4: libgomp ended the process first)."""
     from dilstore.storage.location import StoreLocation
     from dilstore.storage.manifest import read_manifest
 
@@ -78,6 +80,7 @@ def check_reader_inputs(store_path: str, model_dir: Path | None, index_dir: Path
     require_reader_kind(manifest.fingerprint.kind, location.url)
     checked_reader_index(manifest, store_path, index_dir, location.local_root)
     require_checkpoint_dir(reader_dir(model_dir))
+    require_jvm_room()
 
 
 def check_rerank_inputs(store_path: str, model_dir: Path | None) -> None:

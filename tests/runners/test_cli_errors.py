@@ -1209,6 +1209,35 @@ def test_a_model_that_cannot_be_loaded_for_memory_is_the_out_of_memory_line(
     assert capsys.readouterr().err == "dilstore ask: error: cannot load a model from m: bad header\n"
 
 
+@pytest.mark.parametrize("command", [["ask", "{store}", "Who?"], ["serve", "{store}", "--port", "0"]])
+def test_an_address_space_limit_too_low_for_the_jvm_is_named_before_torch_loads(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(left60 F4) Under `ulimit -v 1500000` `evaluate-qa` loaded torch and its model, and libgomp, short of room for
+    a thread's stack, ended the process itself (exit 1, "Thread creation failed"), before the JVM's refusal of the
+    limit could come. The JVM's room is checked before torch (`apply_threads`) now: the model only takes from it."""
+    from dilstore.reader import retrieval
+    from dilstore.runners import cmd_serve, odqa_options
+    from tests.fixtures.store_fixtures import build_store, random_shards
+
+    store = build_store(tmp_path / "store", random_shards([2]))
+    (store / "bm25").mkdir()
+    (store / "bm25" / "segments_1").touch()  # a folder Lucene's file check takes
+    address_space_limit(monkeypatch, 1464 << 20)
+    monkeypatch.setattr(retrieval, "mapped_bytes", lambda: 110 << 20)
+
+    def torch_loads(threads: int | None) -> None:
+        raise AssertionError("torch was set up before the JVM's room was checked")
+
+    for module in (odqa_options, cmd_serve):
+        monkeypatch.setattr(module, "apply_threads", torch_loads)
+    assert main(filled(command, store=store)) == 2
+    assert capsys.readouterr().err == (f"dilstore {command[0]}: error: Lucene's JVM (BM25 search) cannot start: this "
+                                       "process's address-space limit (ulimit -v) is 1,464 MiB, of which 1,354 MiB are "
+                                       "left, and the JVM needs about 1,500 MiB; raise the limit (ulimit -v, or the "
+                                       "batch job's virtual-memory request)\n")  # fmt: skip
+
+
 def test_a_library_that_cannot_be_mapped_is_the_out_of_memory_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
