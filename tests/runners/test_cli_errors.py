@@ -1287,10 +1287,25 @@ def test_a_precompute_run_out_of_memory_keeps_its_own_line_with_workers_and_the_
     assert capsys.readouterr().err == f"dilstore precompute: error: {failure}\n"
 
 
-def test_evaluate_rc_sets_the_threads_it_is_given_once_its_inputs_are_checked(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize(("module", "arguments"), [
+    ("cmd_evaluate_rc", ["evaluate-rc", "--data", "{tmp}/d.json"]),
+    ("odqa_options", ["ask", "{tmp}/dilbert", "Who?"]),
+    ("odqa_options", ["evaluate-qa", "{tmp}/dilbert", "--questions", "{tmp}/q.jsonl"]),
+    ("cmd_rerank", ["rerank", "{tmp}/earl-s1", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec", "--output",
+                    "{tmp}/o.trec"]),
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--output", "{tmp}/run"]),
+    ("cmd_train_ranking", ["train", "earl", "--triples", "{tmp}/t.jsonl", "--output", "{tmp}/run"]),
+], ids=["evaluate-rc", "ask", "evaluate-qa", "rerank", "train-qa", "train-earl"])  # fmt: skip
+def test_a_command_sets_the_threads_it_is_given_once_its_inputs_are_checked(
+    module: str, arguments: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """(mut59b M14) fast59 F4 moved the threads' setting below the input checks; it could have gone altogether,
-    leaving torch's own count on a machine shared on purpose with --threads, and no test noticed."""
-    from dilstore.runners import cmd_evaluate_rc
+    leaving torch's own count on a machine shared on purpose with --threads, and no test noticed. (left60 F5) So
+    could ask's, evaluate-qa's, rerank's and the trainings', which fast59 and ci59 moved too."""
+    import importlib
+
+    from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
+    from tests.fixtures.store_fixtures import build_store, random_shards
 
     class Set(Exception):
         """Stops the command where its threads are set, before the reader loads."""
@@ -1298,10 +1313,16 @@ def test_evaluate_rc_sets_the_threads_it_is_given_once_its_inputs_are_checked(tm
     def apply_threads(threads: int | None) -> None:
         raise Set(threads)
 
-    monkeypatch.setattr(cmd_evaluate_rc, "apply_threads", apply_threads)
-    (tmp_path / "d.json").write_text("{}")
+    monkeypatch.setattr(importlib.import_module(f"dilstore.runners.{module}"), "apply_threads", apply_threads)
+    for name, text in (("d.json", "{}"), ("q.jsonl", '{"question": "Who?", "answer": ["a"]}\n'), ("t.tsv", "1\tq\n"),
+                       ("r.trec", "1 Q0 d1 1 2.0 bm25\n"), ("t.jsonl", ""), (PARAGRAPHS_FILE, "")):  # fmt: skip
+        (tmp_path / name).write_text(text)
+    kind = next((kind for kind in ("dilbert", "earl-s1") if f"{{tmp}}/{kind}" in arguments), None)
+    if kind is not None:
+        (build_store(tmp_path / kind, random_shards([2]), kind=kind) / "bm25").mkdir()
+        (tmp_path / kind / "bm25" / "segments_1").touch()  # a folder Lucene's file check takes
     with pytest.raises(Set, match="^2$"):
-        main(["evaluate-rc", "--data", str(tmp_path / "d.json"), "--threads", "2"])
+        main([*filled(arguments, tmp=tmp_path), "--threads", "2"])
 
 
 def test_precompute_checks_a_packaged_model_reference_before_the_model_loads() -> None:
