@@ -317,9 +317,11 @@ def note_untrained_ranker(model: str, reader: OfflineModel) -> None:
 
 
 def build_job(args: argparse.Namespace, started: float, runner: str, progress_dir: str | None,
-              started_monotonic: float | None = None, inputs: tuple[ReadTask, ...] | None = None) -> PrecomputeJob:
+              started_monotonic: float | None = None, inputs: tuple[ReadTask, ...] | None = None,
+              checked: tuple[Path, Path | None] | None = None) -> PrecomputeJob:  # fmt: skip
     """The PrecomputeJob for parsed arguments (loads the model once here, for its fingerprint). `inputs`: what
-    `resolve_inputs` gave for them where the caller checked them already, else they are resolved here."""
+    `resolve_inputs` gave for them where the caller checked them already, else they are resolved here; `checked`:
+    what `check_output_and_codebook` gave for them so, else they are checked here."""
     from dilstore.pipelines.codebook import check_codebook_fits
     from dilstore.pipelines.job import PrecomputeJob, run_spec, this_machine
     from dilstore.pipelines.sharding import (
@@ -334,7 +336,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     from dilstore.reader.offline.encoding import keep_launched, load_reader
     from dilstore.reader.offline.kinds import max_positions
 
-    output, codebook = check_output_and_codebook(args)
+    output, codebook = check_output_and_codebook(args) if checked is None else checked
     inputs = resolve_inputs(args.input, args.format) if inputs is None else inputs
     model, layers = resolve_model(args.model, args.layers, args.kind)
     reader = load_reader(model, args.kind, layers)
@@ -497,8 +499,9 @@ def check_output_and_codebook(args: argparse.Namespace) -> tuple[Path, Path | No
     once the model is loaded: `check_codebook_fits`).
 
     `precompute` calls it before Beam, torch and transformers load: --append to a mistyped store or a mistyped
-    --codebook was named after 10-25 s of imports and the model's load (fast59 F3). `build_job` calls it too, for
-    a caller that calls `build_job` alone; the checks read only the file system, so the second call costs nothing.
+    --codebook was named after 10-25 s of imports and the model's load (fast59 F3). `build_job` calls it for a
+    caller that calls `build_job` alone; `precompute` hands it what this gave (it called it twice, and read the
+    codebook once more: left60 F6).
     """
     from dilstore.storage.codebook import read_codebook, refuse_changed_codebook
     from dilstore.storage.encodings import needs_codebook
@@ -689,7 +692,7 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
     # Before Beam, torch and transformers load: a mistyped --input was named after some 8 s of imports (ci59 F2),
     # a mistyped --codebook or --append store after 10-25 s (fast59 F3), a mistyped --model after 10 s (fast59 F6).
     inputs = resolve_inputs(args.input, args.format)
-    check_output_and_codebook(args)
+    checked = check_output_and_codebook(args)
     check_model_folder(args.model)
     if not args.verbose:
         quiet_beam_logging()  # before Beam's import logs its GCP notice
@@ -734,7 +737,8 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
     from dilstore.storage.write_lock import write_lock
 
     with scratch_dir("dilstore-progress-") as progress_dir, launched_models():
-        job = build_job(args, started, runner, str(progress_dir) if here else None, started_monotonic, inputs)
+        job = build_job(args, started, runner, str(progress_dir) if here else None, started_monotonic, inputs,
+                        checked)  # fmt: skip
         store, spec = Path(job.store), run_spec(job)
         with write_lock(store):
             finish_interrupted_swap(store)

@@ -396,6 +396,28 @@ def test_a_store_codebook_changed_after_finalize_is_refused_as_codebook(tiny_dir
     assert not (tmp_path / "s").exists()
 
 
+def test_a_precompute_checks_its_output_and_codebook_once(
+    corpus, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(left60 F6) `precompute` checked --output and --codebook before Beam (fast59 F3), and `build_job` checked
+    them again, reading the codebook a second time, though nothing between the two touches either."""
+    from dilstore.runners import cmd_precompute
+
+    class Stop(Exception):
+        """Stops the run where its model would load."""
+
+    def resolve_model(*args: object) -> None:
+        raise Stop
+
+    checks = []
+    check = cmd_precompute.check_output_and_codebook
+    monkeypatch.setattr(cmd_precompute, "check_output_and_codebook", lambda args: checks.append(1) or check(args))
+    monkeypatch.setattr(cmd_precompute, "resolve_model", resolve_model)
+    with pytest.raises(Stop):
+        cli.main(precompute_args(corpus, tiny_dir, tmp_path / "store", "--no-progress"))
+    assert checks == [1]
+
+
 def test_an_unknown_format_is_a_usage_error(capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         cli.main(["precompute", "--format", "csv"])
