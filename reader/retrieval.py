@@ -486,20 +486,20 @@ def require_index_files(index: Path, store_path: str | Path, *, given: bool, loc
         # there, so none will come. "being built ... wait for it" sent a server's clients waiting for good (conc54 F1).
         raise DilstoreError(f"no Lucene index at {index}: the store is being compacted by pid {indexer} (`dilstore "
                             f"compact`), which brings no index along where none covers the store; build it with "
-                            f"`{index_command(store_path, local_root)}` once that is done")  # fmt: skip
+                            f"`{index_command(store_path)}` once that is done")  # fmt: skip
     if indexer is not None:
         raise DilstoreError(f"the index of {store_path} is being built by pid {indexer} (`dilstore index`): wait "
                             "for it")  # fmt: skip
-    raise DilstoreError(f"no Lucene index at {index}: build it with `{index_command(store_path, local_root)}`")
+    raise DilstoreError(f"no Lucene index at {index}: build it with `{index_command(store_path)}`")
 
 
-def index_command(store_path: str | Path, local_root: Path | None) -> str:
+def index_command(store_path: str | Path) -> str:
     """`dilstore index STORE` as it takes the store: its folder for a store given as a `file:` URL, which the command
-    refuses as a URL; the hint named the URL, and pasted back it said "no store at file:/abs/st" (left58b F6)."""
-    from dilstore.storage.location import is_url
+    refuses as a URL; the hint named the URL, and pasted back it said "no store at file:/abs/st" (left58b F6). The
+    folder is `file_url_folder`'s, which the refusal names too: this reached it by a second route (left60 F6)."""
+    from dilstore.storage.location import file_url_folder
 
-    return command_text("dilstore", "index", local_root if local_root is not None and is_url(str(store_path)) else
-                        store_path)
+    return command_text("dilstore", "index", file_url_folder(str(store_path)) or store_path)
 
 
 def refuse_special_index_files(index_dir: Path) -> None:
@@ -682,7 +682,7 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
     store_path = redacted(str(store_path))
     # `dilstore index` writes only local folders: a store at a URL is indexed as a local copy.
     build = f"`dilstore index` of a local copy of {store_path}" if location.local_root is None else (
-        f"`{index_command(store_path, location.local_root)}`")  # fmt: skip
+        f"`{index_command(store_path)}`")  # fmt: skip
     # An index given with --index elsewhere: `dilstore index` rebuilds STORE/bm25, never that folder (review47 F6).
     default = None if location.local_root is None else bm25_index_dir(store_path)
     elsewhere = f" (it writes {default}: give that, or a copy of it, in place of {index_dir})" if (
