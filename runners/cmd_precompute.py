@@ -335,10 +335,12 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     from dilstore.reader.modeling.fingerprint import model_fingerprint
     from dilstore.reader.offline.encoding import keep_launched, load_reader
     from dilstore.reader.offline.kinds import max_positions
+    from dilstore.reader.threads import start_thread_pool
 
     output, codebook = check_output_and_codebook(args) if checked is None else checked
     inputs = resolve_inputs(args.input, args.format) if inputs is None else inputs
     model, layers = resolve_model(args.model, args.layers, args.kind)
+    start_thread_pool()  # torch's own count here: before the load, which may leave no room for their stacks
     reader = load_reader(model, args.kind, layers)
     note_untrained_ranker(model, reader)
     positions = max_positions(reader)

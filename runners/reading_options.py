@@ -50,21 +50,23 @@ def apply_threads(threads: int | None) -> None:
     """Set torch's intra-op thread count: `threads` when one was asked for, else torch's own choice, held to the CPUs
     this process may use. Torch's choice follows the affinity but not a cgroup CPU quota: under `docker run --cpus 2`
     or a Kubernetes limit of 2 CPUs on a 64-core host, ask, serve, evaluate-*, rerank and train ran 32 threads,
-    throttled by the quota (env57 F2). OMP_NUM_THREADS or MKL_NUM_THREADS, where set, stay torch's choice."""
+    throttled by the quota (env57 F2). OMP_NUM_THREADS or MKL_NUM_THREADS, where set, stay torch's choice. The
+    threads are started here (`start_thread_pool`)."""
     import os
 
     import torch
 
+    from dilstore.reader.threads import start_thread_pool
+
     if threads is not None:
         torch.set_num_threads(threads)
-        return
-    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
-        return
-    from dilstore.storage.cpus import usable_cpu_count
+    elif not (os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")):
+        from dilstore.storage.cpus import usable_cpu_count
 
-    usable = usable_cpu_count()
-    if torch.get_num_threads() > usable:
-        torch.set_num_threads(usable)
+        usable = usable_cpu_count()
+        if torch.get_num_threads() > usable:
+            torch.set_num_threads(usable)
+    start_thread_pool()  # before the model's load, which may leave no room for their stacks (left60 F7)
 
 
 def reading_settings(args: argparse.Namespace) -> ReadingSettings:

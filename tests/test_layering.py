@@ -7,7 +7,7 @@ layers written down:
 - layers: the public API (`dilstore/`: `import dilstore`, `dilstore.api`) → runners → pipelines → reader → storage,
   all under `dilstore.`;
   storage imports no torch or Beam, reader no Beam;
-- the reader by role: text, batching, packaged, quiet_mode and retrieval at the bottom;
+- the reader by role: text, batching, packaged, quiet_mode, threads and retrieval at the bottom;
   modeling over them; offline and data beside it; serving over modeling and
   offline; training and evaluation on top. Serving never imports training,
   and nothing imports serving but evaluation and the runners;
@@ -50,10 +50,11 @@ READER_GRAPH: dict[str, set[str]] = {
     "packaged": set(),
     "quiet_mode": set(),
     "progress_lines": set(),
+    "threads": set(),
     "retrieval": {"quiet_mode"},
     "modeling": {"text", "batching"},
     "data": {"text", "batching", "retrieval"},
-    "offline": {"modeling", "packaged", "text", "batching"},
+    "offline": {"modeling", "packaged", "text", "batching", "threads"},
     "serving": {"modeling", "offline", "packaged", "data", "retrieval", "text", "batching"},
     "training": {"modeling", "packaged", "data", "evaluation", "text", "batching", "progress_lines"},
     "evaluation": {"serving", "modeling", "packaged", "data", "retrieval", "text", "batching", "progress_lines"},

@@ -43,6 +43,7 @@ from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.offline.kinds import OfflineModel, load_offline_model, offline_kind
 from dilstore.reader.offline.model_refs import resolve_model_dir
 from dilstore.reader.text.tokenization import TokenizedText
+from dilstore.reader.threads import start_thread_pool
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.passage_files import WINDOW_ID_SEPARATOR, PassageRow
@@ -126,10 +127,12 @@ def load_checked_reader(model: str, layers: int, expected: Fingerprint) -> Offli
 
 
 def set_threads(threads: int) -> None:
-    """Use `threads` intra-op threads for torch in this process."""
+    """Use `threads` intra-op threads for torch in this process, started now (`start_thread_pool`), before the
+    worker's model loads."""
     if threads < 1:
         raise DilstoreError(f"threads must be at least 1, got {threads}")
     torch.set_num_threads(threads)
+    start_thread_pool()
 
 
 def window_id(passage_id: str, window: int) -> str:

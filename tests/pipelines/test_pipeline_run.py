@@ -418,6 +418,32 @@ def test_a_precompute_checks_its_output_and_codebook_once(
     assert checks == [1]
 
 
+def test_the_launcher_starts_torch_s_threads_before_it_loads_the_model(
+    corpus, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(left60 F7) The launcher loads the model for its fingerprint with torch's own thread count, and libgomp
+    started those threads inside the load: under `ulimit -v 2480000` it had no room for their stacks and ended the
+    process with exit 1. They are started before the load now, while there is room."""
+    from dilstore.reader import threads
+    from dilstore.reader.offline import encoding
+
+    class Stop(Exception):
+        """Stops the run where its model would load."""
+
+    steps = []
+
+    def load_reader(*args: object) -> None:
+        steps.append("load")
+        raise Stop
+
+    monkeypatch.setattr(threads, "start_thread_pool", lambda: steps.append("threads"))
+    monkeypatch.setattr(encoding, "load_reader", load_reader)
+    args = cli.build_parser().parse_args(precompute_args(corpus, tiny_dir, tmp_path / "store"))
+    with pytest.raises(Stop):
+        build_job(args, time.time(), "DirectRunner", None)
+    assert steps == ["threads", "load"]
+
+
 def test_an_unknown_format_is_a_usage_error(capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         cli.main(["precompute", "--format", "csv"])

@@ -1066,6 +1066,39 @@ def test_torch_threads_are_held_to_a_cgroup_quota(
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("setter", ["dilstore.runners.reading_options:apply_threads",
+                                    "dilstore.reader.offline.encoding:set_threads"])
+def test_torch_s_threads_are_started_when_their_count_is_set(setter: str) -> None:
+    """(left60 F7) libgomp started torch's threads at the first parallel operation, inside the model's load: under
+    `ulimit -v 2480000` `precompute` (and `evaluate-qa` at 1500000) left it no room for a thread's stack, and libgomp
+    ended the process with exit 1 ("Thread creation failed") after a line blaming the checkpoint. The commands' and
+    precompute workers' thread setters start them at once. Run on a thread of its own: libgomp keeps one set of
+    threads per thread that runs parallel operations, and this test process's main thread may have its own."""
+    import importlib
+    import threading
+
+    import torch
+
+    module, name = setter.split(":")
+    set_threads = getattr(importlib.import_module(module), name)
+    before = torch.get_num_threads()
+    started: list[int] = []
+
+    def count_started() -> None:
+        torch.set_num_threads(2)  # what setting a count starts by itself (torch's other pool) is no part of the count
+        running = set(os.listdir("/proc/self/task"))  # by id: a thread that ended just before may still be listed
+        set_threads(2)
+        started.append(len(set(os.listdir("/proc/self/task")) - running))
+
+    try:
+        worker = threading.Thread(target=count_started)
+        worker.start()
+        worker.join()
+    finally:
+        torch.set_num_threads(before)
+    assert started and started[0] >= 1, started
+
+
 @pytest.mark.parametrize("where", ["home is a file", "runs is a file", "no home", "runs of no user"])
 def test_a_default_run_folder_that_cannot_be_made_names_its_source(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, where: str
