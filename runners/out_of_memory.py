@@ -9,11 +9,15 @@ a 60-line traceback naming neither (limits59 F9).
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 
 from dilstore.storage.read_failures import address_space_words
 
-# How torch words a failed allocation (CPU allocator; CUDA's OutOfMemoryError is a RuntimeError too).
-_TORCH_OUT_OF_MEMORY = ("can't allocate memory", "CUDA out of memory")
+# How torch words a failed allocation (CPU allocator; CUDA's OutOfMemoryError is a RuntimeError too), and a map of a
+# file it was refused for want of room (a checkpoint's weights: "unable to mmap N bytes from file <…>: Cannot
+# allocate memory (12)", which named no limit: left60 F8).
+_TORCH_OUT_OF_MEMORY = ("can't allocate memory", "CUDA out of memory", f"{os.strerror(errno.ENOMEM)} ({errno.ENOMEM})")
 # How the dynamic loader words a shared library it could not map (ENOMEM), as an ImportError's message.
 _LIBRARY_NOT_MAPPED = ": failed to map segment from shared object"
 # How an error that already says what to do about memory words it (`out_of_memory_line`, precompute's

@@ -1219,7 +1219,8 @@ def test_a_model_that_cannot_be_loaded_for_memory_is_the_out_of_memory_line(
     """Under `ulimit -v 2500000` `precompute` said "cannot load a model from .../dilbert-minilm-squad: [enforce fail at
     alloc_cpu.cpp:127] ... can't allocate memory", naming neither the limit nor the options to lower: the model
     loaders wrap torch's allocation error as a checkpoint they cannot load (journey59 F2). (left60 F3) The line then
-    told `ask` and `precompute` to lower their batch options, which do not shrink a model's load."""
+    told `ask` and `precompute` to lower their batch options, which do not shrink a model's load. (left60 F8) A
+    weights file torch could not map for want of room was its own line, naming no limit."""
 
     from dilstore.runners import cmd_ask
     from dilstore.storage.errors import DilstoreError
@@ -1233,10 +1234,17 @@ def test_a_model_that_cannot_be_loaded_for_memory_is_the_out_of_memory_line(
     def checkpoint_broken(args: argparse.Namespace) -> int:
         raise DilstoreError("cannot load a model from m: bad header") from RuntimeError("bad header")
 
-    monkeypatch.setattr(cmd_ask, "run", loader_refuses)
-    assert main(["ask", "store", "Who?"]) == 2
-    assert capsys.readouterr().err == ("dilstore ask: error: ran out of memory under its address-space limit (ulimit "
-                                       "-v) of 2,500 MiB while loading a model: give it more memory\n")  # fmt: skip
+    def map_refused(args: argparse.Namespace) -> int:  # (left60 F8) torch's map of the weights file, refused
+        refused = RuntimeError("unable to mmap 45144116 bytes from file <m/model.safetensors>: Cannot allocate "
+                               "memory (12)")  # fmt: skip
+        raise DilstoreError(f"cannot load a model from m: {refused}") from refused
+
+    for refuses in (loader_refuses, map_refused):
+        monkeypatch.setattr(cmd_ask, "run", refuses)
+        assert main(["ask", "store", "Who?"]) == 2
+        assert capsys.readouterr().err == ("dilstore ask: error: ran out of memory under its address-space limit "
+                                           "(ulimit -v) of 2,500 MiB while loading a model: give it more "
+                                           "memory\n")  # fmt: skip
     monkeypatch.setattr(cmd_ask, "run", checkpoint_broken)
     assert main(["ask", "store", "Who?"]) == 2
     assert capsys.readouterr().err == "dilstore ask: error: cannot load a model from m: bad header\n"
