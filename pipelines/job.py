@@ -50,8 +50,9 @@ class PrecomputeJob:
     packaged-model reference (reader/offline/encoding.py). started_at: launch time
     (epoch seconds) for the summary's `seconds`, and started_monotonic and
     started_on the launcher's monotonic clock then and its machine
-    (`seconds_since_start`). progress_dir: folder for
-    live progress files (local runners), or None. compressor: None
+    (`seconds_since_start`). progress_dir: the launching command's
+    scratch folder, for live progress files (local runners) and Beam's own
+    temporary folder, or None. compressor: None
     (uncompressed, memory-mappable) or a storage compressor name ("zstd",
     "blosc"). codebook: a codebook folder given with `--codebook` for a
     2bit/1bit run, or None to train one on a sample (pipelines/codebook.py).

@@ -21,6 +21,8 @@ worker process, checked against the run's fingerprint when it is loaded.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -239,5 +241,22 @@ def build_pipeline(job: PrecomputeJob, options: PipelineOptions) -> beam.Pipelin
         head, *problems = [line.strip() for line in str(error).splitlines() if line.strip()] or [repr(error)]
         said = f"{head.rstrip(': ')}: {'; '.join(problem.rstrip('.') for problem in problems)}" if problems else head
         raise DilstoreError(f"invalid Beam options: {said}") from error
+    if job.progress_dir is not None:
+        beam_folder_into(pipeline, job.progress_dir)
     _ = pipeline | "Precompute" >> Precompute(job)
     return pipeline
+
+
+def beam_folder_into(pipeline: beam.Pipeline, scratch: str) -> None:
+    """Put the empty folder Beam's Pipeline makes in $TMPDIR (`beam-pipeline-temp*`) into the command's scratch
+    folder `scratch` (runners/scratch.py), as `pipeline.local_tempdir`, which run() removes as it ends (leak60 F1).
+
+    Beam removes its folder only as run() ends, so each precompute killed mid-run (SIGKILL, the out-of-memory
+    killer) left one in $TMPDIR that nothing removed; in the scratch folder, the next precompute removes it with the
+    rest. One Beam has written into (none does) stays where it is.
+    """
+    try:
+        os.rmdir(pipeline.local_tempdir)
+    except OSError:
+        return
+    pipeline.local_tempdir = tempfile.mkdtemp(prefix="beam-pipeline-temp", dir=scratch)

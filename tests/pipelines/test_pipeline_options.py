@@ -9,11 +9,13 @@ portable Runner API (which is what gets submitted to a service).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -150,6 +152,23 @@ def test_dataflow_options_are_assembled_and_the_graph_constructs(tmp_path: Path)
         labels = {transform.unique_name for transform in pipeline.to_runner_api().components.transforms.values()}
     assert {"Precompute/Read", "Precompute/Route", "Precompute/GroupByShard", "Precompute/WriteGroups",
             "Precompute/Finish"} <= labels
+
+
+def test_beam_s_folder_of_a_local_run_is_made_in_the_command_s_scratch_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(leak60 F1) Beam's Pipeline made `$TMPDIR/beam-pipeline-temp*` when built and removed it only as run()
+    ended: each `precompute` killed mid-run (SIGKILL, the out-of-memory killer) left one in $TMPDIR that no later run
+    removed. It is now made in the run's scratch folder (`progress_dir`), which the next precompute removes."""
+    temporary, scratch = tmp_path / "tmp", tmp_path / "scratch"
+    temporary.mkdir()
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # $TMPDIR, as tempfile reads it
+    local = pipeline_options(assemble_beam_flags("DirectRunner", [], LocalDefaults(workers=2)))
+    with constructed(dataclasses.replace(job(tmp_path, "DirectRunner"), progress_dir=str(scratch)), local) as pipeline:
+        assert list(temporary.iterdir()) == []
+        assert Path(pipeline.local_tempdir).parent == scratch
+        assert Path(pipeline.local_tempdir).name.startswith("beam-pipeline-temp")
 
 
 def test_flink_options_are_assembled_and_the_graph_constructs(tmp_path: Path) -> None:
