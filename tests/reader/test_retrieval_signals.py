@@ -72,6 +72,47 @@ def test_python_keeps_its_sigint_and_sigterm_handlers_once_the_jvm_runs() -> Non
     assert out.strip() == f"caught [{int(signal.SIGINT)}, {int(signal.SIGTERM)}]"
 
 
+def test_a_fatal_signal_once_the_jvm_runs_ends_the_process_as_without_it(tmp_path: Path) -> None:
+    """(leak60 F4) Once the JVM ran, a SIGBUS (a read of a store file cut short under its memory map) was the JVM's
+    crash: "A fatal error has been detected by the Java Runtime Environment" on stdout, a 130 KB hs_err_pidPID.log
+    left in the current folder, exit by SIGABRT. faulthandler now takes the signals the JVM does not own, so the
+    process dies of the SIGBUS with the Python stack on stderr, and leaves nothing behind. The signal is sent to the
+    thread, which the JVM's handler takes as it takes a fault."""
+    script = ("import signal, threading; from dilstore.reader.retrieval import start_jvm; start_jvm(); "
+              "signal.pthread_kill(threading.get_ident(), signal.SIGBUS)")  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": ""})  # fmt: skip
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == -signal.SIGBUS, err[-2000:]
+    assert list(tmp_path.iterdir()) == []
+    assert out == ""
+    assert err.startswith("Fatal Python error: Bus error")
+
+
+@pytest.mark.parametrize(("running", "enabled"), [(False, [True]), (True, [])])
+def test_faulthandler_is_put_before_a_jvm_this_process_starts_and_never_under_a_running_one(
+    monkeypatch: pytest.MonkeyPatch, running: bool, enabled: list[bool]
+) -> None:
+    """(leak60 F4) Put in place once the JVM runs, faulthandler would take the SIGSEGVs the JVM raises and handles
+    itself, and end the process at its first implicit null check. Stand-ins record what start_jvm does."""
+    import types
+
+    calls: list[bool] = []
+    monkeypatch.setattr(retrieval, "faulthandler", types.SimpleNamespace(
+        is_enabled=lambda: False, enable=lambda file: calls.append(file is sys.__stderr__)))  # fmt: skip
+    config = types.SimpleNamespace(vm_running=running, add_classpath=lambda *paths: None,
+                                   add_options=lambda *given: None)  # fmt: skip
+    monkeypatch.setitem(sys.modules, "jnius_config", config)
+    monkeypatch.setitem(sys.modules, "jnius", types.SimpleNamespace())
+    monkeypatch.setattr(retrieval, "_JVM_STARTED", False)
+    monkeypatch.setattr(retrieval, "jvm_memory_options", lambda max_heap: [])
+    monkeypatch.setenv("JAVA_HOME", "unset")
+    monkeypatch.delenv(quiet_mode.QUIET_ENV, raising=False)
+    retrieval.start_jvm("4g")
+    assert calls == enabled
+
+
 def test_the_jvm_leaves_the_process_locale_as_it_was() -> None:
     """Starting the JVM set the C locale from the environment: under de_DE, C's strtod("0.5") read 0.0 in the
     caller's libraries (api42 M2). C.UTF-8 stands in for a locale of the environment, which Python leaves unset
