@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import fsspec
 from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.local import LocalFileSystem, make_path_posix
 
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.read_failures import READ_TIMEOUT_ENV, describe, raise_if_shortage
@@ -104,11 +104,13 @@ def local_folder(path_or_url: str) -> Path | None:
     """The local folder whose files the store at `path_or_url` is: its local root, or, for a `::` chain whose last
     link is on the local filesystem (`simplecache::file:///abs/st`, `filecache::/abs/st`: a cache over a local
     folder), that link's folder; None for a store elsewhere. A file written into that folder is written into the
-    store, however it is read: an output inside a store given as such a chain was not refused (left60 F2)."""
+    store, however it is read: an output inside a store given as such a chain was not refused (left60 F2). A bare
+    last link is the folder fsspec reads (`make_path_posix`): `simplecache::~/st` is the home folder's st, which the
+    check took for a folder named ~ here, so an output inside the store was written there (read60 F1)."""
     if "::" not in path_or_url or not is_url(path_or_url):
         return StoreLocation.parse(path_or_url).local_root
     last = path_or_url.rpartition("::")[2]
-    return file_url_folder(last) if is_url(last) else Path(last).absolute()
+    return file_url_folder(last) if is_url(last) else Path(make_path_posix(last))
 
 
 def redacted(url: str) -> str:

@@ -279,6 +279,24 @@ def test_an_output_inside_a_store_given_as_a_file_url_is_refused(
                                             "it elsewhere\n")  # fmt: skip
 
 
+@pytest.mark.parametrize("prefix", ["simplecache::", "filecache::"])
+def test_an_output_inside_a_store_given_as_a_cache_over_a_home_folder_is_refused(
+    prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(read60 F1) fsspec reads `simplecache::~/st` at the home folder's st, but the output check took the chain's
+    last link as written, a folder named ~ in the current folder: `--predictions ~/st/p.json` (the shell expands that
+    one) was written into the store, which verify then calls damaged."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "manifest.json").write_text("{}")
+    url = f"{prefix}~/store"
+    status = main(["evaluate-qa", url, "--questions", f"{tmp_path}/q.jsonl", "--predictions", f"{store}/p.json"])
+    assert status == 2
+    assert capsys.readouterr().err.endswith(f"error: --predictions {store}/p.json is inside the store {url}; write "
+                                            "it elsewhere\n")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("arguments", "flag"),
     [
