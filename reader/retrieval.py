@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import faulthandler
 import json
 import locale
 import os
 import re
 import resource
 import shutil
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -114,7 +112,6 @@ def start_jvm(max_heap: str = "4g") -> None:
             if is_quiet():
                 # Java 22+ notices about native access and sun.misc.Unsafe, which Lucene uses as intended.
                 jnius_config.add_options("--enable-native-access=ALL-UNNAMED", "--sun-misc-unsafe-memory-access=allow")
-            dump_fatal_signals_before_the_jvm()  # never once it runs: it would take the JVM's own SIGSEGVs
         held = locale.setlocale(locale.LC_ALL)
         import jnius  # noqa: F401  (importing jnius starts the JVM)
 
@@ -127,23 +124,6 @@ def start_jvm(max_heap: str = "4g") -> None:
             level = jnius.autoclass("java.util.logging.Level")
             jnius.autoclass("java.util.logging.Logger").getLogger("").setLevel(level.SEVERE)
         _JVM_STARTED = True
-
-
-def dump_fatal_signals_before_the_jvm() -> None:
-    """Have Python's faulthandler take the fatal signals (SIGBUS, SIGSEGV, ...) before the JVM starts, so that the
-    JVM hands it those that are not Java's own (a chained handler), unless it is on already (leak60 F4).
-
-    The JVM took every such signal as its own crash: a read of a store file cut short under its memory map (the
-    SIGBUS README warns of) in `ask`, `serve` or `evaluate-qa` printed "A fatal error has been detected by the Java
-    Runtime Environment" on stdout, left a 130 KB hs_err_pidPID.log in the current folder, one a crash, and ended
-    with SIGABRT (134). Now the process dies of the signal, as it does without the JVM (SIGBUS: 135), after
-    faulthandler's "Fatal Python error: Bus error" and the Python stack on stderr, which name the read.
-    """
-    stderr = sys.__stderr__
-    if faulthandler.is_enabled() or stderr is None:
-        return
-    with contextlib.suppress(OSError, ValueError):  # a stderr with no file descriptor (a GUI's): the JVM's way
-        faulthandler.enable(file=stderr)
 
 
 def jvm_memory_options(max_heap: str) -> list[str]:

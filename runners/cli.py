@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from dilstore.runners.collector import thaw
 from dilstore.runners.exception_chain import exception_chain
+from dilstore.runners.fatal_signals import dump_fatal_signals
 from dilstore.runners.open_files import raise_open_file_limit
 from dilstore.runners.out_of_memory import (
     is_out_of_memory,
@@ -134,7 +135,9 @@ def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def command() -> int:
-    """The `dilstore` script and `python -m dilstore`: `main`, in a process that ends when the command does."""
+    """The `dilstore` script and `python -m dilstore`: `main`, in a process that ends when the command does, with
+    faulthandler on (`dump_fatal_signals`: before any JVM starts)."""
+    dump_fatal_signals()
     return main(exits=True)
 
 

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import pytest
 
 from dilstore.reader import quiet_mode, retrieval
+from dilstore.runners import cli, fatal_signals
 from dilstore.storage.errors import DilstoreError
 from tests.fixtures.paths import ROOT
 
@@ -77,8 +78,10 @@ def test_a_fatal_signal_once_the_jvm_runs_ends_the_process_as_without_it(tmp_pat
     crash: "A fatal error has been detected by the Java Runtime Environment" on stdout, a 130 KB hs_err_pidPID.log
     left in the current folder, exit by SIGABRT. faulthandler now takes the signals the JVM does not own, so the
     process dies of the SIGBUS with the Python stack on stderr, and leaves nothing behind. The signal is sent to the
-    thread, which the JVM's handler takes as it takes a fault."""
-    script = ("import signal, threading; from dilstore.reader.retrieval import start_jvm; start_jvm(); "
+    thread, which the JVM's handler takes as it takes a fault. The `dilstore` command's `dump_fatal_signals` is
+    what turns faulthandler on."""
+    script = ("import signal, threading; from dilstore.runners.fatal_signals import dump_fatal_signals; "
+              "dump_fatal_signals(); from dilstore.reader.retrieval import start_jvm; start_jvm(); "
               "signal.pthread_kill(threading.get_ident(), signal.SIGBUS)")  # fmt: skip
     child = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True,
@@ -90,18 +93,28 @@ def test_a_fatal_signal_once_the_jvm_runs_ends_the_process_as_without_it(tmp_pat
     assert err.startswith("Fatal Python error: Bus error")
 
 
-@pytest.mark.parametrize(("running", "enabled"), [(False, [True]), (True, [])])
-def test_faulthandler_is_put_before_a_jvm_this_process_starts_and_never_under_a_running_one(
-    monkeypatch: pytest.MonkeyPatch, running: bool, enabled: list[bool]
-) -> None:
-    """(leak60 F4) Put in place once the JVM runs, faulthandler would take the SIGSEGVs the JVM raises and handles
-    itself, and end the process at its first implicit null check. Stand-ins record what start_jvm does."""
+def test_the_command_turns_faulthandler_on_before_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(leak60 F4) The `dilstore` process has faulthandler on (on its stderr) before anything runs, so before any
+    JVM starts: put in place once the JVM runs, it would take the SIGSEGVs the JVM raises and handles itself."""
+    calls: list[str] = []
+    monkeypatch.setattr(fatal_signals, "faulthandler", SimpleNamespace(
+        is_enabled=lambda: False, enable=lambda file: calls.append(f"enable on stderr: {file is sys.__stderr__}")))
+    monkeypatch.setattr(cli, "main", lambda exits: calls.append(f"main, exits: {exits}") or 0)
+    assert cli.command() == 0
+    assert calls == ["enable on stderr: True", "main, exits: True"]
+
+
+def test_start_jvm_leaves_faulthandler_to_its_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(read60) start_jvm turned faulthandler on in any program that started the JVM through dilstore; a program's
+    own `faulthandler.disable()` then put the default handlers back over the JVM's, and the JVM's routine SIGSEGVs
+    ended it (exit 139). Only the `dilstore` command turns it on. Stand-ins record what start_jvm does."""
+    import faulthandler
     import types
 
-    calls: list[bool] = []
-    monkeypatch.setattr(retrieval, "faulthandler", types.SimpleNamespace(
-        is_enabled=lambda: False, enable=lambda file: calls.append(file is sys.__stderr__)))  # fmt: skip
-    config = types.SimpleNamespace(vm_running=running, add_classpath=lambda *paths: None,
+    calls: list[str] = []
+    monkeypatch.setattr(faulthandler, "is_enabled", lambda: False)  # as in a program that has not turned it on
+    monkeypatch.setattr(faulthandler, "enable", lambda *args, **kwargs: calls.append("enable"))
+    config = types.SimpleNamespace(vm_running=False, add_classpath=lambda *paths: None,
                                    add_options=lambda *given: None)  # fmt: skip
     monkeypatch.setitem(sys.modules, "jnius_config", config)
     monkeypatch.setitem(sys.modules, "jnius", types.SimpleNamespace())
@@ -110,7 +123,7 @@ def test_faulthandler_is_put_before_a_jvm_this_process_starts_and_never_under_a_
     monkeypatch.setenv("JAVA_HOME", "unset")
     monkeypatch.delenv(quiet_mode.QUIET_ENV, raising=False)
     retrieval.start_jvm("4g")
-    assert calls == enabled
+    assert calls == []
 
 
 def test_the_jvm_leaves_the_process_locale_as_it_was() -> None:
