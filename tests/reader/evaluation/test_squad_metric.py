@@ -311,6 +311,15 @@ def test_load_open_questions_names_file_and_line(tmp_path: Path, lines: list[str
         load_open_questions(path)
 
 
+def test_a_question_line_nested_too_deep_is_named_not_a_recursion_error(tmp_path: Path) -> None:
+    """(fuzz60 F1) A JSONL line nested 100 000 levels deep ended `evaluate-qa --questions` (and the ranking
+    training files' reader) with a RecursionError traceback; it is now one line naming file and line."""
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question": "Who?", "answer": ["me"]}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(DilstoreError, match=r"q\.jsonl:2: its JSON is nested too deep to read$"):
+        load_open_questions(path)
+
+
 def test_load_open_questions_skips_blank_lines_and_reports_bad_bytes(tmp_path: Path) -> None:
     path = tmp_path / "q.jsonl"
     path.write_bytes(b'{"question": "Who?", "answer": ["me"]}\n\n{"question": "Why?", "answer": ["because"]}\n')
