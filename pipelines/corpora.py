@@ -30,7 +30,7 @@ from dilstore.pipelines.corpus_msmarco import read_msmarco
 from dilstore.pipelines.corpus_squad import read_squad
 from dilstore.pipelines.corpus_wikipedia import read_wikipedia
 from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped
-from dilstore.pipelines.source_files import UTF8_BOM, open_source
+from dilstore.pipelines.source_files import DAMAGED_STREAM_ERRORS, UTF8_BOM, open_source
 from dilstore.reader.text.files import COMPRESSIONS, HEAD_BYTES, compression_of, wide_encoding, wide_text_refusal
 from dilstore.storage.errors import DilstoreError
 
@@ -169,7 +169,7 @@ def check_format(path: str | Path, format: str) -> None:
     with open_source(path) as stream:
         try:
             head = stream.read(_SQUAD_SNIFF_BYTES if format == "squad" else _SNIFF_BYTES)
-        except (OSError, EOFError):
+        except DAMAGED_STREAM_ERRORS:
             return  # a damaged compressed file: the reader dead-letters it where it breaks
     found = None if suffix in COMPRESSED_MAGIC else compression_of(head)
     if found is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Record, Rejected, make_document
-from dilstore.pipelines.source_files import UTF8_BOM, open_source
+from dilstore.pipelines.source_files import DAMAGED_STREAM_ERRORS, UTF8_BOM, open_source
 
 
 def read_squad(path: str | Path, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Iterator[Record]:
@@ -41,7 +41,7 @@ def _squad_records(source: str, stream: BinaryIO, max_bytes: int) -> Iterator[Re
     try:
         with stream:
             raw = stream.read()
-    except (EOFError, OSError) as error:
+    except DAMAGED_STREAM_ERRORS as error:
         yield Rejected(source, "whole file", f"truncated or corrupt file: {error}")
         return
     raw = raw.removeprefix(UTF8_BOM)  # JSONL, TSV and XML take one; json.loads refused the whole file for it

@@ -42,7 +42,7 @@ from typing import BinaryIO, Protocol
 from mwparserfromhell.parser import ParserError
 
 from dilstore.pipelines.documents import DEFAULT_MAX_DOCUMENT_BYTES, Document, Record, Rejected, Skipped, make_document
-from dilstore.pipelines.source_files import ReadUpToDamage, open_source
+from dilstore.pipelines.source_files import DAMAGED_STREAM_ERRORS, ReadUpToDamage, open_source
 from dilstore.pipelines.wikitext import is_disambiguation, wikitext_to_text
 
 ARTICLE_NAMESPACE = "0"
@@ -141,14 +141,14 @@ def _wikipedia_records(source: str, stream: BinaryIO, max_bytes: int, plain_text
                     return
                 try:
                     following = parse.following()
-                except (EOFError, OSError):
+                except DAMAGED_STREAM_ERRORS:
                     yield parse.damage.record(source, None)
                     raise
                 yield parse.damage.record(source, None if following is None else following.first_line)
                 if following is None:
                     return
                 parse = following
-        except (EOFError, OSError) as error:
+        except DAMAGED_STREAM_ERRORS as error:
             yield Rejected(source, f"after {last_page}", f"truncated or corrupt file: {error}")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,10 @@ from dilstore.storage.errors import DilstoreError
 
 # The byte-order mark some editors put first in a UTF-8 file; every reader drops it.
 UTF8_BOM = b"\xef\xbb\xbf"
+# What reading a truncated or corrupt compressed file raises: gzip's EOFError and BadGzipFile (an OSError), bzip2's
+# OSError, and zlib.error, neither of those, for a damaged deflate stream ("invalid distance too far back"): a .gz with
+# such damage ended `precompute` with a traceback, or a worker's read with an exception (fuzz60 F2).
+DAMAGED_STREAM_ERRORS = (EOFError, OSError, zlib.error)
 _CHUNK_BYTES = 1 << 20
 
 
@@ -68,7 +73,7 @@ class ReadUpToDamage:
                     break
                 parts.append(part)
                 got += len(part)
-        except (EOFError, OSError) as error:
+        except DAMAGED_STREAM_ERRORS as error:
             if not parts:
                 raise
             self._error = error
@@ -131,7 +136,7 @@ def source_lines(source: str, stream: BinaryIO, max_bytes: int) -> Iterator[Line
             for line in bounded_lines(stream, max_bytes):
                 last = line.number
                 yield line
-        except (EOFError, OSError) as error:
+        except DAMAGED_STREAM_ERRORS as error:
             yield Rejected(source, f"after line {last}", f"truncated or corrupt file: {error}")
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,7 +196,7 @@ def load_task(path: Path) -> RankingTask:
             document = json.loads(handle.read().decode("utf-8"))
     except FileNotFoundError:
         raise DilstoreError(f"{path}: no such file") from None
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise DilstoreError(f"{path}: not a ranking task file written by save_task ({error})") from None
     fields = ("name", "queries", "bm25", "qrels", "texts")
     if not isinstance(document, dict) or any(name not in document for name in fields):

@@ -33,6 +33,7 @@ from dilstore.pipelines.source_files import bounded_lines
 from dilstore.pipelines.wikitext import wikitext_to_text
 from dilstore.pipelines.wikitext_templates import RENDERED_TEMPLATES
 from dilstore.storage.errors import DilstoreError
+from tests.fixtures.damaged_files import damaged_deflate
 from tests.fixtures.paths import ROOT
 
 DATA = ROOT / "tests" / "data"
@@ -254,6 +255,30 @@ def test_truncated_gzip_keeps_the_lines_before_the_cut(tmp_path: Path) -> None:
     squad = tmp_path / "cut.json.gz"
     squad.write_bytes(packed[:100])
     assert [r.reason.split(":")[0] for r in read_squad(squad)] == ["truncated or corrupt file"]
+
+
+_DAMAGED_CORPORA = {
+    "jsonl": "".join(json.dumps({"id": str(n), "text": f"document {n} " * 9}) + "\n" for n in range(40)),
+    "msmarco": "".join(f"{n}\tpassage {n} " + "word " * 9 + "\n" for n in range(40)),
+    "squad": json.dumps({"data": [{"title": "T", "paragraphs": [{"context": "word " * 40, "qas": []}] * 9}]}),
+    "wikipedia": "<mediawiki>" + "".join(f"<page><title>P{n}</title><ns>0</ns><id>{n}</id><revision><text>Text {n} "
+                                         f"{'word ' * 9}</text></revision></page>" for n in range(40)) + "</mediawiki>",
+}
+
+
+@pytest.mark.parametrize(("format", "suffix"), [("jsonl", ".jsonl"), ("msmarco", ".tsv"), ("squad", ".json"),
+                                                ("wikipedia", ".xml")])  # fmt: skip
+def test_a_gzip_file_with_a_damaged_deflate_stream_is_a_dead_letter_not_a_zlib_error(
+    format: str, suffix: str, tmp_path: Path
+) -> None:
+    """(fuzz60 F2) zlib.error, which a damaged deflate stream raises ("invalid distance too far back"), is neither an
+    OSError nor an EOFError: `precompute --input corpus.jsonl.gz` ended in its format check with a traceback, and a
+    reader past the checked start raised it from the worker. Both now take it as damage, as a cut file."""
+    path = tmp_path / f"damaged{suffix}.gz"
+    path.write_bytes(damaged_deflate(_DAMAGED_CORPORA[format].encode()))
+    check_format(path, format)  # the damage is the reader's to report, record by record
+    records = list(read_corpus(path, format))
+    assert isinstance(records[-1], Rejected) and "truncated or corrupt file: Error -3" in records[-1].reason
 
 
 def test_rejected_to_json_is_the_dead_letter_line() -> None:

@@ -6,6 +6,7 @@ Tiny random rankers; the SQuAD dev task is built with an injected retriever
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from dilstore.reader.modeling.earl import EarlConfig
 from dilstore.reader.modeling.listformer import ListformerConfig
 from dilstore.reader.modeling.rankers import new_ranker
 from dilstore.storage.errors import DilstoreError
+from tests.fixtures.damaged_files import damaged_deflate
 from tests.fixtures.paths import ROOT
 from tests.fixtures.ranking_fixtures import write_squad_articles
 
@@ -117,6 +119,15 @@ def test_a_saved_task_loads_back_with_only_its_candidates_texts(dl19_file: Path,
     assert (loaded.name, loaded.queries, loaded.bm25, loaded.qrels) == (task.name, task.queries, task.bm25, task.qrels)
     (tmp_path / "bad.json.gz").write_bytes(b"not gzip")
     with pytest.raises(DilstoreError, match="bad.json.gz: not a ranking task file"):
+        load_task(tmp_path / "bad.json.gz")
+
+
+def test_a_task_file_with_a_damaged_deflate_stream_is_named(dl19_file: Path, tmp_path: Path) -> None:
+    """(fuzz60 F2) A saved task whose deflate stream was damaged raised zlib.error, which is no OSError, past the
+    "not a ranking task file" line every other damage gets."""
+    packed = save_task(load_dl19_task(dl19_file, QRELS, depth=1), tmp_path / "task.json.gz").read_bytes()
+    (tmp_path / "bad.json.gz").write_bytes(damaged_deflate(gzip.decompress(packed)))
+    with pytest.raises(DilstoreError, match=r"bad\.json\.gz: not a ranking task file written by save_task \(Error -3"):
         load_task(tmp_path / "bad.json.gz")
 
 
