@@ -41,5 +41,5 @@ def read_spec(store: Path) -> dict[str, Any] | None:
         return None
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, ValueError, RecursionError) as error:  # not UTF-8 or JSON, a long integer (fuzz60 F3), too deep
         raise DilstoreError(f"{path}: cannot read the earlier run's settings: {error}") from error

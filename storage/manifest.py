@@ -258,6 +258,8 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise StoreFormatError(f"{where} is not valid JSON: {error}") from None
+    except ValueError as error:  # a number of over 4,300 digits: `info` and `verify` showed a traceback (fuzz60 F3)
+        raise StoreFormatError(f"{where} is not a dilstore manifest: {str(error).split(';')[0]}") from None
     except RecursionError:
         raise StoreFormatError(f"{where} is not a dilstore manifest: JSON nested too deep to read") from None
     if not isinstance(data, dict) or "checksum" not in data:

@@ -184,7 +184,7 @@ def read_metadata(directory: Path) -> CheckpointMetadata | None:
         return None
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:  # deep nesting: hostile46 F4
+    except (OSError, ValueError, RecursionError) as error:  # deep nesting: hostile46 F4; a long integer: fuzz60 F3
         raise DilstoreError(f"{path}: cannot read dilstore metadata: {error}") from error
     return CheckpointMetadata.from_dict(document, path)
 

@@ -156,7 +156,9 @@ def _refuse_compressed(path: Path, head: bytes) -> None:
 
 def read_json(path: str | Path) -> Any:
     """Parse a UTF-8 JSON file (a byte-order mark opening it is dropped); every failure is a DilstoreError naming the
-    file."""
+    file. A number of over 4,300 digits is a ValueError of Python's int(), no JSONDecodeError: it ended `evaluate-qa
+    --questions`, `evaluate-rc` and the other readers of SQuAD, prediction and model files with a traceback (fuzz60
+    F3)."""
     path = Path(path)
     try:
         with _open_binary(path, "a JSON file") as handle:
@@ -172,8 +174,16 @@ def read_json(path: str | Path) -> Any:
     except json.JSONDecodeError as error:
         where = f"line {error.lineno}, column {error.colno}"
         raise DilstoreError(f"{path}: not valid JSON ({where}: {error.msg})") from None
+    except ValueError as error:  # an integer of over 4,300 digits, which int() refuses (fuzz60 F3)
+        raise DilstoreError(f"{path}: not JSON this reads ({_first_clause(error)})") from None
     except RecursionError:  # Python's parser recurses once per level (hostile46 F4)
         raise DilstoreError(f"{path}: its JSON is nested too deep to read") from None
+
+
+def _first_clause(error: ValueError) -> str:
+    """The error's message up to its first semicolon: Python's refusal of a long integer goes on to advise
+    `sys.set_int_max_str_digits()`, which no user of the command can call."""
+    return str(error).split(";")[0]
 
 
 def json_line(line: str, where: str) -> Any:
@@ -185,6 +195,8 @@ def json_line(line: str, where: str) -> Any:
         return json.loads(line.rstrip("\r\n"))
     except json.JSONDecodeError as error:
         raise DilstoreError(f"{where}: not valid JSON (column {error.colno}: {error.msg})") from None
+    except ValueError as error:  # an integer of over 4,300 digits (fuzz60 F3)
+        raise DilstoreError(f"{where}: not JSON this reads ({_first_clause(error)})") from None
     except RecursionError:  # Python's parser recurses once per level, as in `read_json`
         raise DilstoreError(f"{where}: its JSON is nested too deep to read") from None
 

@@ -657,6 +657,14 @@ def test_a_spec_file_that_is_not_utf8_is_named_as_unreadable(tmp_path: Path) -> 
     assert read_spec(tmp_path) == {"k": 8}
 
 
+def test_a_spec_file_with_a_number_too_long_for_python_is_named(tmp_path: Path) -> None:
+    """(fuzz60 F3) A number of over 4,300 digits in precompute.json raised Python's ValueError, which the reader
+    did not take for a damaged file."""
+    (tmp_path / SPEC_FILE).write_text('{"k": ' + "8" * 5000 + "}\n", encoding="utf-8")
+    with pytest.raises(DilstoreError, match=r"precompute\.json: cannot read the earlier run's settings: Exceeds"):
+        read_spec(tmp_path)
+
+
 def test_a_codebook_of_another_model_is_measured_and_refused_where_it_fits_far_worse(
     tiny_dir: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:

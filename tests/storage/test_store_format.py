@@ -287,6 +287,16 @@ def test_a_manifest_nested_too_deep_for_json_is_refused(tmp_path) -> None:
         open_store(tmp_path)
 
 
+def test_a_manifest_with_a_number_too_long_for_python_is_refused(tmp_path) -> None:
+    """(fuzz60 F3) A number of over 4,300 digits in manifest.json is a ValueError of Python's int(), no
+    JSONDecodeError: `dilstore info` and `dilstore verify` of such a store showed a traceback."""
+    finalize(tmp_path, fingerprint_for(), {})
+    (tmp_path / MANIFEST_FILE).write_text('{"checksum": ' + "7" * 5000 + "}")
+    with pytest.raises(StoreFormatError, match=r"not a dilstore manifest: Exceeds the limit \(4300 digits\)"):
+        open_store(tmp_path)
+    assert "not a dilstore manifest: Exceeds the limit" in verify_store(tmp_path).problems[0]
+
+
 def test_fetch_returns_request_order_with_repeats_and_answer_text(fp32_store, shards) -> None:
     store = open_store(fp32_store)
     record = next(record for shard in shards for record in shard if len(record.token_ids) >= 3)

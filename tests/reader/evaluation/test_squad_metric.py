@@ -320,6 +320,19 @@ def test_a_question_line_nested_too_deep_is_named_not_a_recursion_error(tmp_path
         load_open_questions(path)
 
 
+def test_a_number_too_long_for_python_is_named_not_a_value_error(tmp_path: Path) -> None:
+    """(fuzz60 F3) JSON allows a number of any length; Python's int() refuses one of over 4,300 digits with a
+    ValueError, no JSONDecodeError, and a SQuAD file or a question line holding one ended `evaluate-qa` with a
+    traceback."""
+    squad, questions = tmp_path / "dev.json", tmp_path / "q.jsonl"
+    squad.write_text('{"data": [], "version": ' + "1" * 5000 + "}")
+    questions.write_text('{"question": "Who?", "answer": ["me"], "n": ' + "9" * 5000 + "}\n")
+    with pytest.raises(DilstoreError, match=r"dev\.json: not JSON this reads \(Exceeds the limit .*5000 digits\)$"):
+        load_squad(squad)
+    with pytest.raises(DilstoreError, match=r"q\.jsonl:1: not JSON this reads \(Exceeds the limit \(4300 digits\)"):
+        load_open_questions(questions)
+
+
 def test_load_open_questions_skips_blank_lines_and_reports_bad_bytes(tmp_path: Path) -> None:
     path = tmp_path / "q.jsonl"
     path.write_bytes(b'{"question": "Who?", "answer": ["me"]}\n\n{"question": "Why?", "answer": ["because"]}\n')

@@ -296,6 +296,15 @@ def test_metadata_nested_too_deep_is_named(saved_bert: Path, tmp_path: Path) -> 
         read_json(copy / "dilstore.json")
 
 
+def test_metadata_with_a_number_too_long_for_python_is_named(tmp_path: Path) -> None:
+    """(fuzz60 F3) A number of over 4,300 digits in dilstore.json raised Python's ValueError through a model's load."""
+    from dilstore.reader.modeling.checkpoints import read_metadata
+
+    (tmp_path / "dilstore.json").write_text('{"kind": ' + "5" * 5000 + "}", encoding="utf-8")
+    with pytest.raises(DilstoreError, match=r"dilstore\.json: cannot read dilstore metadata: Exceeds the limit"):
+        read_metadata(tmp_path)
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"num_hidden_layers": 10**6}, r"config\.json asks for 1000000 layers, but its weights hold \d+$"),
     ({"vocab_size": 10**9}, r"config\.json asks for word embeddings of 1000000000 x \d+, but its weights hold"),
