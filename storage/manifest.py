@@ -265,7 +265,12 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
     if not isinstance(data, dict) or "checksum" not in data:
         raise StoreFormatError(f"{where} has no checksum; not a dilstore manifest")
     recorded = data.pop("checksum")
-    if hashlib.sha256(_canonical(data)).hexdigest() != recorded:
+    try:
+        canonical = _canonical(data)
+    except UnicodeEncodeError as error:  # JSON's "\ud800": `info`, `verify` said "text that is not valid UTF-8" alone
+        raise StoreFormatError(f"{where} is damaged: a string in it holds a lone surrogate "
+                               f"U+{ord(error.object[error.start]):04X}, which is not Unicode text") from None
+    if hashlib.sha256(canonical).hexdigest() != recorded:
         raise StoreFormatError(f"{where} is damaged: its content does not match its own checksum")
     return Manifest.from_dict(data)
 

@@ -297,6 +297,19 @@ def test_a_manifest_with_a_number_too_long_for_python_is_refused(tmp_path) -> No
     assert "not a dilstore manifest: Exceeds the limit" in verify_store(tmp_path).problems[0]
 
 
+def test_a_manifest_holding_a_lone_surrogate_is_named_as_damaged(tmp_path) -> None:
+    """(fuzz60 F4) A manifest.json string escaping half a surrogate pair ("\\ud800") failed the checksum's UTF-8
+    encoding: `dilstore info` and `verify` said only "text that is not valid UTF-8: 'utf-8' codec can't encode ...",
+    naming no file, where `verify` lists the store's problems."""
+    finalize(tmp_path, fingerprint_for(), {})
+    path = tmp_path / MANIFEST_FILE
+    path.write_text(path.read_text().replace('"creation": {', '"creation": {"note": "\\ud800", ', 1))
+    expected = f"{path} is damaged: a string in it holds a lone surrogate U+D800, which is not Unicode text"
+    with pytest.raises(StoreFormatError, match=re.escape(expected)):
+        open_store(tmp_path)
+    assert verify_store(tmp_path).problems == [expected]
+
+
 def test_fetch_returns_request_order_with_repeats_and_answer_text(fp32_store, shards) -> None:
     store = open_store(fp32_store)
     record = next(record for shard in shards for record in shard if len(record.token_ids) >= 3)
