@@ -158,12 +158,13 @@ class Journal:
 
     def _read(self) -> dict[int, Any] | None:
         """The parts a run of these settings kept here before, in order; None when there is no journal, it is
-        unreadable, or it was written with other settings."""
+        unreadable, or it was written with other settings. A line nested too deep for Python's parser (RecursionError)
+        is unreadable too: the resumed run ended with that traceback (fuzz60 F5)."""
         try:
             lines = self.path.read_text(encoding="utf-8").splitlines()
             if not lines or json.loads(lines[0]) not in self._accepted:
                 return None
-        except (OSError, UnicodeError, ValueError):
+        except (OSError, UnicodeError, ValueError, RecursionError):
             return None
         parts: dict[int, Any] = {}
         for line in lines[1:]:
@@ -172,8 +173,8 @@ class Journal:
                 part, record = entry["part"], entry["record"]
                 if self._check is not None:
                     self._check(record)
-            except (ValueError, TypeError, KeyError, AttributeError):  # cut short by a kill, or a record of another
-                # shape (a list where a mapping was kept: review48b B4): what follows is not trusted either
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):  # cut short by a kill, or a
+                # record of another shape (a list where a mapping was kept: review48b B4): what follows is not trusted
                 break
             if part != len(parts):
                 break
