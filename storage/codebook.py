@@ -299,7 +299,7 @@ def _codebook_of(group: zarr.Group, where: str, encoding: str) -> tuple[dict[str
     data = _attributes(group, where)
     if data.get("encoding") != spec.name:
         raise StoreFormatError(f"{where} is a codebook for {data.get('encoding')!r}, not {spec.name!r}")
-    state_shape = tuple(int(size) for size in data.get("state_shape", ()))
+    state_shape = _recorded_shape(data.get("state_shape", []), where)
     present = [name for name in spec.codebook if name in group]
     arrays = {}
     for name in spec.codebook_layout(present):  # optional arrays (2bit/1bit `centroids`) where the group has them
@@ -315,6 +315,17 @@ def _codebook_of(group: zarr.Group, where: str, encoding: str) -> tuple[dict[str
         arrays[name] = _read_array(array, f"{where}/{name}")
     check_codebook(spec, arrays, state_shape)
     return arrays, state_shape
+
+
+def _recorded_shape(shape: Any, where: str) -> tuple[int, ...]:
+    """The state shape a codebook's attributes record: a list of positive sizes, else a StoreFormatError naming it.
+
+    Read with int() per item, a shape of 5, [null] or [1e400] was a TypeError, ValueError or OverflowError
+    traceback from `precompute --codebook` (fuzz60 F6), and "16" was read as (1, 6)."""
+    if not isinstance(shape, list) or not all(isinstance(size, int) and not isinstance(size, bool) and size > 0
+                                              for size in shape):  # fmt: skip
+        raise StoreFormatError(f"codebook {where} records state_shape {shape!r:.40}, not a list of positive sizes")
+    return tuple(shape)
 
 
 def _read_array(array: zarr.Array, where: str) -> np.ndarray:

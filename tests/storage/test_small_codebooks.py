@@ -14,12 +14,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 
 from dilstore.storage import codebook as codebooks
 from dilstore.storage import residual_codes
 from dilstore.storage.codebook import read_codebook, write_codebook
 from dilstore.storage.encodings import round_trip, train_codebook
+from dilstore.storage.format import StoreFormatError
 
 DIMS = 32
 
@@ -80,6 +82,18 @@ def test_a_recorded_sample_count_is_read_back_when_it_is_a_count_and_ignored_oth
         group.attrs.update({"dilstore": {**group.attrs.asdict()["dilstore"], "sample_tokens": recorded}})
         assert codebooks.codebook_sample_tokens(folder) == read and type(codebooks.codebook_sample_tokens(folder)) is (
             type(read)), recorded
+
+
+def test_a_recorded_state_shape_that_is_no_list_of_sizes_is_named(tmp_path: Path) -> None:
+    """(fuzz60 F6) Each size was read with int(): a state_shape of 5, [null], ["x"] or a number past int's range ended
+    `precompute --codebook` with a TypeError, ValueError or OverflowError traceback, and "32" was read as (3, 2)."""
+    book = train_codebook("2bit", low_rank_states(300, seed=5))
+    write_codebook(tmp_path / "book", "2bit", book, (DIMS,))
+    group = zarr.open_group(str(tmp_path / "book"), mode="r+")
+    for recorded in (5, [None], ["x"], [1e300], "32", [True], [0]):
+        group.attrs.update({"dilstore": {**group.attrs.asdict()["dilstore"], "state_shape": recorded}})
+        with pytest.raises(StoreFormatError, match=r"^codebook .*book records state_shape .*, not a list of positive "):
+            read_codebook(tmp_path / "book", "2bit")
 
 
 TRAIN_HUGE = """
