@@ -110,13 +110,18 @@ def write_codebook(
 
 def read_codebook(path: str | Path, encoding: str) -> tuple[dict[str, np.ndarray], tuple[int, ...]]:
     """The codebook arrays at `path` and the state shape they are for; StoreFormatError unless it is `encoding`'s
-    (naming `path`: a `--codebook` with a damaged rotation was refused naming only the array)."""
+    (naming `path`: a `--codebook` with a damaged rotation was refused naming only the array). An array's zarr.json
+    is read as the array is first looked at, past `_open`: one of a malformed field (codecs "x", data_type 5) was
+    zarr's TypeError or ValueError traceback from `precompute --codebook` (fuzz60 F7)."""
     try:
         return _codebook_of(_open(path), str(path), encoding)
     except StoreFormatError as error:
         if str(path) in str(error):
             raise
         raise StoreFormatError(f"codebook {path}: {error}") from None
+    except METADATA_ERRORS as error:
+        raise StoreFormatError(f"codebook {path}: an array's metadata does not read ({type(error).__name__}: "
+                               f"{error})") from None
 
 
 def codebook_build(path: str | Path) -> dict[str, str]:

@@ -42,9 +42,10 @@ from dilstore.storage.read_failures import READ_ATTEMPTS, read_failure, refuse_s
 
 # What opening a zarr group or array of a store raises for metadata that is not what the store needs: missing, of
 # another node type, malformed (a field of another type), or JSON nested too deep for Python's parser (hostile46
-# F4: a traceback).
+# F4: a traceback). A zarr.json holding a JSON value that is no object (`5`) is zarr's AttributeError ("'int' object
+# has no attribute 'pop'"): a shard's or the id index's ended `ask`, `rerank` and `serve` with a traceback (fuzz60 F7).
 METADATA_ERRORS = (FileNotFoundError, zarr.errors.NodeTypeValidationError, RecursionError, ValueError, TypeError,
-                   KeyError)  # fmt: skip
+                   KeyError, AttributeError)  # fmt: skip
 
 
 class RequiredChunksStore(WrapperStore):

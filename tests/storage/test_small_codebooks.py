@@ -9,6 +9,7 @@ many states it was trained on.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,24 @@ def test_a_recorded_state_shape_that_is_no_list_of_sizes_is_named(tmp_path: Path
         group.attrs.update({"dilstore": {**group.attrs.asdict()["dilstore"], "state_shape": recorded}})
         with pytest.raises(StoreFormatError, match=r"^codebook .*book records state_shape .*, not a list of positive "):
             read_codebook(tmp_path / "book", "2bit")
+
+
+@pytest.mark.parametrize(("relative", "content", "message"), [
+    ("zarr.json", "5", r"cannot open codebook .*book: AttributeError: 'int' object has no attribute"),
+    ("mean/zarr.json", None, r"codebook .*book: an array's metadata does not read \(TypeError: Expected dict"),
+])
+def test_codebook_metadata_that_does_not_read_is_named(tmp_path: Path, relative: str, content: str | None,
+                                                       message: str) -> None:  # fmt: skip
+    """(fuzz60 F7) An array's zarr.json is read as `read_codebook` first looks at the array, past the group's opening:
+    one with a malformed field (codecs "x") was zarr's TypeError traceback from `precompute --codebook`, and a group
+    zarr.json holding a number (`5`) zarr's AttributeError."""
+    write_codebook(tmp_path / "book", "2bit", train_codebook("2bit", low_rank_states(300, seed=6)), (DIMS,))
+    metadata = tmp_path / "book" / relative
+    if content is None:
+        content = json.dumps({**json.loads(metadata.read_text(encoding="utf-8")), "codecs": "x"})
+    metadata.write_text(content, encoding="utf-8")
+    with pytest.raises(StoreFormatError, match=message):
+        read_codebook(tmp_path / "book", "2bit")
 
 
 TRAIN_HUGE = """

@@ -116,6 +116,21 @@ def test_id_index_attributes_that_are_no_object_are_refused_when_it_opens(store:
     assert f"attributes {attributes} do not match the manifest" in str(verify_store(store).problems)
 
 
+@pytest.mark.parametrize(("relative", "named"), [
+    (f"{shard_path(0)}/zarr.json", "shard"),
+    (f"{INDEX_DIR}/zarr.json", "the id index"),
+])
+def test_a_group_metadata_file_holding_no_object_is_refused_naming_the_group(store: Path, relative: str,
+                                                                            named: str) -> None:  # fmt: skip
+    """(fuzz60 F7) A shard's or the id index's zarr.json that holds a JSON number (`5`) made zarr raise AttributeError
+    ("'int' object has no attribute 'pop'"), which `open_store` let through: `ask`, `rerank` and `serve` showed a
+    traceback. It is one StoreFormatError naming the group, as other damaged metadata."""
+    ids = all_ids(store)
+    (store / relative).write_text("5", encoding="utf-8")
+    with pytest.raises(StoreFormatError, match=rf"cannot open {named} .*: AttributeError: 'int' object has no "):
+        open_store(store).fetch(ids)
+
+
 @pytest.mark.parametrize("rows", [None, 2], ids=["rows missing", "rows of another length"])
 def test_superseded_arrays_that_do_not_pair_up_are_refused_naming_the_index(store: Path, rows) -> None:
     """An id index with superseded_shards but no superseded_rows (or rows of another length): `dilstore compact` and
