@@ -39,7 +39,9 @@ from dilstore.reader.modeling.ranker_base import RankerBase
 from dilstore.reader.modeling.ranking_inputs import DEFAULT_MAX_DOC_LENGTH, DEFAULT_MAX_QUERY_LENGTH
 from dilstore.reader.progress_lines import bar_options, steady_bar
 from dilstore.reader.text.files import read_json
+from dilstore.storage.checks import finite_float
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.messages import shown
 
 DEFAULT_DEPTH = 100
 
@@ -208,11 +210,22 @@ def load_task(path: Path) -> RankingTask:
 
 
 def _hit_rank(where: str) -> Callable[[object], int]:
-    """The sort key of a DL19 hit (its rank), checking the hit's fields on the way."""
+    """The sort key of a DL19 hit (its rank), checking the hit's fields on the way: an integer rank, a finite
+    score, a string content. A score "abc" or a rank "x" was a ValueError traceback, and a score "nan" was taken,
+    a NaN in the BM25 run whose metrics it fed (fuzz60 F8)."""
 
     def rank(hit: object) -> int:
         if not isinstance(hit, dict) or not all(key in hit for key in ("qid", "docid", "content", "rank", "score")):
             raise DilstoreError(f"{where}: every hit needs qid, docid, content, rank and score")
-        return int(hit["rank"])
+        wrong = [name for name, right in (("rank", isinstance(hit["rank"], int) and not isinstance(hit["rank"], bool)),
+                                          ("score", finite_float(hit["score"]) is not None),
+                                          ("content", isinstance(hit["content"], str))) if not right]  # fmt: skip
+        if wrong:
+            raise DilstoreError(f"{where}: a hit's {wrong[0]} is {shown(hit[wrong[0]]):.60}, not "
+                                f"{_HIT_FIELD_KINDS[wrong[0]]}")  # fmt: skip
+        return hit["rank"]
 
     return rank
+
+
+_HIT_FIELD_KINDS = {"rank": "an integer", "score": "a finite number", "content": "a string"}

@@ -138,6 +138,20 @@ def test_a_malformed_dl19_file_is_named(tmp_path: Path) -> None:
         load_dl19_task(path, QRELS)
 
 
+@pytest.mark.parametrize(("field", "value", "kind"), [
+    ("score", "abc", "a finite number"), ("score", "nan", "a finite number"), ("score", None, "a finite number"),
+    ("rank", "x", "an integer"), ("rank", True, "an integer"), ("content", 5, "a string"),
+])
+def test_a_dl19_hit_field_of_another_type_is_named(tmp_path: Path, field: str, value, kind: str) -> None:
+    """(fuzz60 F8) A hit's score "abc" or rank "x" was a ValueError traceback from the ranking benchmarks, and a
+    score "nan" went into the BM25 run as NaN."""
+    hit = {"qid": 1, "docid": "d", "content": "text", "rank": 1, "score": 2.5, field: value}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps([{"query": "q", "hits": [hit]}]))
+    with pytest.raises(DilstoreError, match=rf"bad\.json: item 0: a hit's {field} is .*, not {kind}$"):
+        load_dl19_task(path, QRELS)
+
+
 @pytest.mark.shared_data
 def test_the_real_dl19_candidates_parse(shared_data: Path) -> None:
     msmarco = shared_data / "msmarco"
