@@ -294,7 +294,10 @@ def _home_meant(location: StoreLocation) -> str:
     given = location.url
     if location.local_root is None or not given.startswith("~"):
         return ""
-    home = Path(given).expanduser()
+    try:
+        home = Path(given).expanduser()
+    except RuntimeError:  # `~nosuchuser/st`, which a shell leaves as typed: a traceback (fuzz60 F9)
+        return ""
     if str(home) == given or not (home / MANIFEST_FILE).is_file():
         return ""
     return (f": a store path is taken as written, and its '~' is a folder of that name in {path_text(Path.cwd())}, "

@@ -78,6 +78,14 @@ def test_a_store_path_of_an_unexpanded_home_names_the_home_s_store(tmp_path: Pat
         open_store("~/st")
 
 
+def test_a_store_path_of_a_user_without_a_home_is_no_store_not_a_runtime_error(tmp_path: Path, monkeypatch) -> None:
+    """(fuzz60 F9) `dilstore info ~nosuchuser/st`, which a shell leaves as typed: the hint's look for the home that
+    `~` names raised Python's RuntimeError ("Could not determine home directory."), a traceback."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreFormatError, match="^no store at ~dilstore-no-such-user/st$"):
+        open_store("~dilstore-no-such-user/st")
+
+
 def test_a_file_url_with_one_slash_is_served_with_the_store_s_own_index(tmp_path: Path, monkeypatch) -> None:
     """(left58b F1) `serve file:/abs/st` (and `ask`, `verify`) took the BM25 index folder from the argument as a
     Path: ./file:/abs/st/bm25, relative to the current folder. A store indexed at /abs/st/bm25 was refused with
