@@ -86,6 +86,14 @@ def test_a_store_path_of_a_user_without_a_home_is_no_store_not_a_runtime_error(t
         open_store("~dilstore-no-such-user/st")
 
 
+@pytest.mark.parametrize("given", ["memory://[st", "file://[x/st", "//[st", "simplecache::file://[x"])
+def test_a_store_url_python_cannot_split_is_named(given: str) -> None:
+    """(fuzz60 F10) A '[' after '//' opens an IPv6 host: Python's URL parser raised ValueError ("Invalid IPv6 URL")
+    through every command given such a store."""
+    with pytest.raises(DilstoreError, match=rf"^cannot open store {re.escape(given)}: Invalid IPv6 URL"):
+        open_store(given)
+
+
 def test_a_file_url_with_one_slash_is_served_with_the_store_s_own_index(tmp_path: Path, monkeypatch) -> None:
     """(left58b F1) `serve file:/abs/st` (and `ask`, `verify`) took the BM25 index folder from the argument as a
     Path: ./file:/abs/st/bm25, relative to the current folder. A store indexed at /abs/st/bm25 was refused with
