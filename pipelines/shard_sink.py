@@ -70,14 +70,19 @@ def read_meta(store: Path, shard: int, generation: str | None = None) -> RunStat
     store shard belongs to another build (a second writer with other
     settings, before the write lock), or when it counts passages but a file
     written before it is gone (a shard folder deleted by hand or by a partial
-    copy: trusting it finalized a store that silently lacked the shard).
+    copy: trusting it finalized a store that silently lacked the shard). Nor is one that does not read as counts (a
+    disk's damage: NUL bytes, a cut line), which ended a resumed `precompute` with a JSONDecodeError, TypeError or
+    AttributeError traceback (fuzz60 F11).
     """
     path = meta_path(store, shard)
     if not path.is_file():
         return None
     if shard_generation(store, shard) not in (None, generation):
         return None
-    stats = RunStats.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    try:
+        stats = RunStats.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, TypeError, AttributeError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
     return stats if not stats.passages or shard_outputs_present(store, shard) else None
 
 

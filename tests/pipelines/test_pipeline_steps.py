@@ -23,7 +23,13 @@ from dilstore.pipelines.precompute import write_group
 from dilstore.pipelines.progress import passages_done, passages_planned, report_planned, report_progress
 from dilstore.pipelines.routing import COUNTS, REJECTED, SHARD, RouteSettings, pieces_of, route, shard_seeds
 from dilstore.pipelines.run_stats import RunStats, merge_stats
-from dilstore.pipelines.shard_sink import ShardSettings, committed_passages, write_rejected_part, write_shard_outputs
+from dilstore.pipelines.shard_sink import (
+    ShardSettings,
+    committed_passages,
+    committed_shards,
+    write_rejected_part,
+    write_shard_outputs,
+)
 from dilstore.pipelines.sharding import MIN_DEFAULT_SHARDS, default_shard_count, shard_of, stable_hash
 from dilstore.reader.batching import BatchPolicy
 from dilstore.reader.modeling.fingerprint import model_fingerprint
@@ -338,6 +344,17 @@ def test_a_commit_marker_s_counts_of_another_version_are_read_by_name_and_the_re
     marker = json.loads(json.dumps({**known, "a_later_count": 7, "another": "5"}))
     assert RunStats.from_dict(marker) == RunStats(**known)
     assert RunStats.from_dict({"passages": "3"}) == RunStats(passages=3)
+
+
+@pytest.mark.parametrize("marker", ["\x00" * 16, '{"passages": 3', "[3]", '{"passages": null}', '{"passages": "x"}'])
+def test_a_commit_marker_that_does_not_read_is_not_trusted(tmp_path: Path, marker: str) -> None:
+    """(fuzz60 F11) A shard's commit marker damaged on disk (NUL bytes, a cut line, another JSON shape) ended a
+    resumed `precompute` with a JSONDecodeError, AttributeError or TypeError traceback; like a marker of another
+    build, it is not trusted, and the shard is written again."""
+    settings = ShardSettings(store=str(tmp_path), kind="dilbert", encoding="fp16", policy=BatchPolicy())
+    write_shard_outputs(settings, 0, [], NoModel("nothing to encode"))
+    meta_path(tmp_path, 0).write_text(marker, encoding="utf-8")
+    assert committed_passages(settings, [0]) == 0 and committed_shards(settings, [0]) == frozenset()
 
 
 def test_progress_files_add_up(tmp_path: Path) -> None:
