@@ -35,11 +35,17 @@ def spec_json(spec: dict[str, Any]) -> str:
 
 
 def read_spec(store: Path) -> dict[str, Any] | None:
-    """The spec an earlier run wrote into `store`, or None when there is none."""
+    """The spec an earlier run wrote into `store`, or None when there is none. One that holds no JSON object (`[1]`)
+    was taken as it was, and `dilstore compact` ended with "TypeError: 'list' object is not a mapping" (fuzz60 F12).
+    """
     path = store / SPEC_FILE
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        spec = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as error:  # not UTF-8 or JSON, a long integer (fuzz60 F3), too deep
         raise DilstoreError(f"{path}: cannot read the earlier run's settings: {error}") from error
+    if not isinstance(spec, dict):
+        raise DilstoreError(f"{path}: cannot read the earlier run's settings: a JSON {type(spec).__name__}, not an "
+                            "object")  # fmt: skip
+    return spec

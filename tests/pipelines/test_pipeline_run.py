@@ -665,6 +665,14 @@ def test_a_spec_file_with_a_number_too_long_for_python_is_named(tmp_path: Path) 
         read_spec(tmp_path)
 
 
+def test_a_spec_file_that_holds_no_object_is_named(tmp_path: Path) -> None:
+    """(fuzz60 F12) A precompute.json holding a JSON list was returned as it was: `dilstore compact` ended with
+    "TypeError: 'list' object is not a mapping", an append with an AttributeError."""
+    (tmp_path / SPEC_FILE).write_text("[1]\n", encoding="utf-8")
+    with pytest.raises(DilstoreError, match=r"precompute\.json: cannot read the earlier run's settings: a JSON list, "):
+        read_spec(tmp_path)
+
+
 def test_a_codebook_of_another_model_is_measured_and_refused_where_it_fits_far_worse(
     tiny_dir: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
