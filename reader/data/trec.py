@@ -179,7 +179,11 @@ def _from_mapping(
             raise DilstoreError(f"the {what} must map string qids to {{docid: value}} mappings; "
                                 f"found {qid!r:.60}: {type(documents).__name__}")  # fmt: skip
         checked[qid] = {}
+        if "\0" in qid:
+            raise DilstoreError(f"the {what}'s qid {qid!r:.60} {_NUL_ID}")
         for docid, value in documents.items():
+            if isinstance(docid, str) and "\0" in docid:
+                raise DilstoreError(f"the {what}'s docid {qid!r:.60}/{docid!r:.60} {_NUL_ID}")
             converted = convert(value) if isinstance(docid, str) else None
             if converted is None:
                 raise DilstoreError(f"the {what} must give each string docid {expected}; "
@@ -239,13 +243,21 @@ def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 
 def _columns(path: Path, number: int, line: str, expected: int, names: str) -> list[str]:
-    """The whitespace-separated columns of a line, which must number `expected`."""
+    """The whitespace-separated columns of a line, which must number `expected`, none holding a NUL (`_nul_id`)."""
     columns = line.split()
     if len(columns) != expected:
         raise DilstoreError(
             f"{path}:{number}: expected {expected} whitespace-separated columns ({names}), found {len(columns)}"
         )
+    if (column := next((column for column in columns if "\0" in column), None)) is not None:
+        raise DilstoreError(f"{path}:{number}: {column!r:.60} {_NUL_ID}")
     return columns
+
+
+# pytrec_eval (trec_eval's C code) reads ids as C strings, which end at a NUL: "d1" and "d1\0x" were one document to
+# it ("duplicate docs d1"), and a run ranking a relevant d1 first scored nDCG@10 0; qids "1" and "1\0x" failed its
+# assertion and aborted `evaluate-rank` (SIGABRT, exit 134) (fuzz60 F13).
+_NUL_ID = "holds a NUL character (U+0000), which trec_eval's ids cannot hold"
 
 
 def _integer(path: Path, number: int, name: str, text: str) -> int:

@@ -328,6 +328,34 @@ def test_bad_mappings_name_the_entry(qrels: object, run: object, message: str) -
     assert message in str(raised.value)
 
 
+@pytest.mark.parametrize(("qrels", "run", "refused"), [
+    ("1 0 d1 1\n1\0x 0 d2 1\n", "1 Q0 d1 1 2.0 t\n", "qrels.txt:2: '1\\x00x'"),
+    ("1 0 d1 1\n1 0 d1\0x 1\n", "1 Q0 d1 1 2.0 t\n", "qrels.txt:2: 'd1\\x00x'"),
+    ("1 0 d1 1\n", "1 Q0 d1 1 2.0 t\n1 Q0 d1\0x 2 1.0 t\n", "run.trec:2: 'd1\\x00x'"),
+])
+def test_an_id_holding_a_nul_is_refused_naming_file_and_line(tmp_path: Path, capsys, qrels: str, run: str,
+                                                             refused: str) -> None:  # fmt: skip
+    """(fuzz60 F13) pytrec_eval reads ids as C strings, cut at a NUL: qids "1" and "1\\0x" aborted `evaluate-rank` on
+    its assertion (SIGABRT, exit 134, no line of dilstore's), and docids "d1" and "d1\\0x" were one document to it, so
+    a run ranking a relevant d1 first scored nDCG@10 0.0000 and R@100 0.0000, a wrong result without an error."""
+    (tmp_path / "qrels.txt").write_text(qrels, encoding="utf-8")
+    (tmp_path / "run.trec").write_text(run, encoding="utf-8")
+    status = main(["evaluate-rank", "--qrels", str(tmp_path / "qrels.txt"), "--run", str(tmp_path / "run.trec")])
+    assert status == 2
+    assert capsys.readouterr().err.endswith(f"{refused} holds a NUL character (U+0000), which trec_eval's ids cannot "
+                                            "hold\n")  # fmt: skip
+
+
+@pytest.mark.parametrize(("qrels", "run"), [({"1": {"d": 1}, "1\0x": {"d": 1}}, {"1": {"d": 1.0}}),
+                                            ({"1": {"d": 1}}, {"1": {"d": 1.0, "d\0x": 0.5}})])  # fmt: skip
+def test_a_mapping_id_holding_a_nul_is_refused(qrels: dict, run: dict) -> None:
+    """(fuzz60 F13) The Python API's mappings reach pytrec_eval too: the same abort and the same wrong nDCG."""
+    import dilstore
+
+    with pytest.raises(DilstoreError, match=r"holds a NUL character \(U\+0000\), which trec_eval's ids cannot hold$"):
+        dilstore.evaluate_rank(qrels, run)
+
+
 IDS = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp")), min_size=1, max_size=6).filter(
     lambda text: not text.startswith("\ufeff"))  # refused: a reader drops it (test_write_run_..._unwritable_runs)
 SCORES = st.one_of(st.sampled_from([0.0, 1.0, -2.5]), st.floats(allow_nan=False, allow_infinity=False))
