@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dilstore.reader.text.files import numbered_lines
+from dilstore.reader.text.surrogates import lone_surrogate
 from dilstore.storage.atomic_files import atomic_write_text
 from dilstore.storage.checks import finite_float
 from dilstore.storage.errors import DilstoreError
@@ -179,17 +180,26 @@ def _from_mapping(
             raise DilstoreError(f"the {what} must map string qids to {{docid: value}} mappings; "
                                 f"found {qid!r:.60}: {type(documents).__name__}")  # fmt: skip
         checked[qid] = {}
-        if "\0" in qid:
-            raise DilstoreError(f"the {what}'s qid {qid!r:.60} {_NUL_ID}")
+        _check_mapped_id(what, "qid", qid, qid)
         for docid, value in documents.items():
-            if isinstance(docid, str) and "\0" in docid:
-                raise DilstoreError(f"the {what}'s docid {qid!r:.60}/{docid!r:.60} {_NUL_ID}")
+            if isinstance(docid, str):
+                _check_mapped_id(what, "docid", docid, f"{qid!r:.60}/{docid!r:.60}")
             converted = convert(value) if isinstance(docid, str) else None
             if converted is None:
                 raise DilstoreError(f"the {what} must give each string docid {expected}; "
                                     f"found {qid!r:.60}/{docid!r:.60}: {shown(value):.60}")  # fmt: skip
             checked[qid][docid] = converted
     return checked
+
+
+def _check_mapped_id(what: str, kind: str, text: str, named: str) -> None:
+    """A DilstoreError for a mapping's id that pytrec_eval cannot take: one holding a NUL (`_NUL_ID`), or a lone
+    surrogate (no UTF-8 to give it), which crashed the calling process with a segmentation fault (fuzz60 F14)."""
+    if "\0" in text:
+        raise DilstoreError(f"the {what}'s {kind} {named if kind == 'docid' else repr(text)[:60]} {_NUL_ID}")
+    if (problem := lone_surrogate(text)) is not None:
+        raise DilstoreError(f"the {what}'s {kind} {named if kind == 'docid' else repr(text)[:60]} holds {problem}, "
+                            "which is not Unicode text")  # fmt: skip
 
 
 def int32_grade(value: Any) -> int | None:

@@ -356,6 +356,17 @@ def test_a_mapping_id_holding_a_nul_is_refused(qrels: dict, run: dict) -> None:
         dilstore.evaluate_rank(qrels, run)
 
 
+@pytest.mark.parametrize(("qrels", "run"), [({"1": {"d\ud800": 1}}, {"1": {"d\ud800": 1.0}}),
+                                            ({"\udc00": {"d": 1}}, {"\udc00": {"d": 1.0}})])  # fmt: skip
+def test_a_mapping_id_holding_a_lone_surrogate_is_refused(qrels: dict, run: dict) -> None:
+    """(fuzz60 F14) pytrec_eval asks for each id's UTF-8 and does not check that there is one: a lone surrogate in
+    an id given to `dilstore.evaluate_rank` crashed the calling process with a segmentation fault."""
+    import dilstore
+
+    with pytest.raises(DilstoreError, match=r"holds a lone surrogate U\+D[8C]00 at character \d, which is not Unicode"):
+        dilstore.evaluate_rank(qrels, run)
+
+
 IDS = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp")), min_size=1, max_size=6).filter(
     lambda text: not text.startswith("\ufeff"))  # refused: a reader drops it (test_write_run_..._unwritable_runs)
 SCORES = st.one_of(st.sampled_from([0.0, 1.0, -2.5]), st.floats(allow_nan=False, allow_infinity=False))
