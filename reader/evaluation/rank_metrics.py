@@ -112,16 +112,21 @@ def evaluate_run(
     metrics = ("RR@10", "nDCG@10", *(f"R@{depth}" for depth in depths))
     # pytrec_eval's recip_rank has no cutoff (it would score a first hit at rank 19 as 1/19), so RR@k comes
     # from ir_measures' port of the official MS MARCO script; nDCG@k and R@k come from pytrec_eval.
+    # trec_eval scores a negative grade (TREC's -2 for junk) as not relevant, gain 0; but one of -2 or less damages
+    # pytrec_eval's memory, and its next evaluator in the process crashed with a segmentation fault (a second
+    # `dilstore.evaluate_rank` call, fuzz60 F15). It gets such grades as the 0 they score; Judged@10 keeps them.
+    clamped = {qid: {docid: max(grade, 0) for docid, grade in grades.items()} for qid, grades in qrels.items()}
     measures_by_provider = (
-        (ir_measures.msmarco, {RR(rel=level) @ 10: "RR@10"}),
-        (ir_measures.pytrec_eval, {nDCG @ 10: "nDCG@10", **{R(rel=level) @ depth: f"R@{depth}" for depth in depths}}),
-        (ir_measures.judged, {Judged @ 10: JUDGED}),
+        (ir_measures.msmarco, {RR(rel=level) @ 10: "RR@10"}, qrels),
+        (ir_measures.pytrec_eval, {nDCG @ 10: "nDCG@10", **{R(rel=level) @ depth: f"R@{depth}" for depth in depths}},
+         clamped),
+        (ir_measures.judged, {Judged @ 10: JUDGED}, qrels),
     )
     # An empty ranking scores 0 on everything (the zeros below), and ir_measures' Judged divides by its length.
     ranked = {qid: _strict_scores(run[qid]) for qid in judged_in_run if run[qid]}
     per_query = {qid: dict.fromkeys((*metrics, JUDGED), 0.0) for qid in qrels}
-    for provider, measures in measures_by_provider:
-        for metric in provider.iter_calc(list(measures), qrels, ranked):
+    for provider, measures, judgements in measures_by_provider:
+        for metric in provider.iter_calc(list(measures), judgements, ranked):
             per_query[metric.query_id][measures[metric.measure]] = float(metric.value)
     means = {name: sum(values[name] for values in per_query.values()) / len(per_query) for name in (*metrics, JUDGED)}
     return RankEvaluation(

@@ -367,6 +367,19 @@ def test_a_mapping_id_holding_a_lone_surrogate_is_refused(qrels: dict, run: dict
         dilstore.evaluate_rank(qrels, run)
 
 
+def test_negative_grades_score_as_not_relevant_and_a_second_evaluation_survives_them() -> None:
+    """(fuzz60 F15) A grade of -2 or less (TREC's junk) damaged pytrec_eval's memory: the next evaluation of the
+    process (a second `dilstore.evaluate_rank` call) crashed with a segmentation fault. Such a grade scores as 0 (gain
+    0, not relevant), as trec_eval scores it, and is still judged."""
+    import dilstore
+
+    dilstore.evaluate_rank({"a": {"d": 1}}, {"a": {"d": 1.0}})
+    run = {"q": {"e": 2.0, "f": 1.0}, "r": {"g": 1.0}}
+    junk = dilstore.evaluate_rank({"q": {"e": -2, "f": 1}, "r": {"g": -100}}, run)
+    zero = dilstore.evaluate_rank({"q": {"e": 0, "f": 1}, "r": {"g": 0}}, run)
+    assert junk.means == zero.means and junk.means["Judged@10"] == 1.0 and junk.means["nDCG@10"] > 0
+
+
 IDS = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp")), min_size=1, max_size=6).filter(
     lambda text: not text.startswith("\ufeff"))  # refused: a reader drops it (test_write_run_..._unwritable_runs)
 SCORES = st.one_of(st.sampled_from([0.0, 1.0, -2.5]), st.floats(allow_nan=False, allow_infinity=False))
