@@ -37,6 +37,10 @@ Qrels = dict[str, dict[str, int]]
 RUN_COLUMNS = "qid Q0 docid rank score tag"
 QRELS_COLUMNS = "qid 0 docid grade"
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+# The largest grade read. trec_eval (under pytrec_eval) keeps a count for every grade up to a query's largest: a grade
+# of 2**24 took 2.4 s and 157 MB for 100 queries, one of 2**30 was a segmentation fault under `ulimit -v 8000000`, and
+# 2**31 - 1 overflowed, scoring a relevant first document nDCG@10 0 (fuzz60 F16). Real qrels grade 0-4.
+MAX_GRADE = 2**20
 
 
 def read_topics(path: str | Path) -> dict[str, str]:
@@ -146,6 +150,8 @@ def read_qrels(path: str | Path) -> Qrels:
         columns = _columns(path, number, line, 4, QRELS_COLUMNS)
         qid, docid = columns[0], columns[2]
         grade = _integer(path, number, "grade", columns[3])
+        if grade > MAX_GRADE:
+            raise DilstoreError(f"{path}:{number}: grade {grade} is above {MAX_GRADE:,}, the largest this scores")
         judged = qrels.setdefault(qid, {})
         if docid in judged:
             raise DilstoreError(f"{path}:{number}: docid {docid!r} is judged twice for qid {qid!r}")
@@ -159,8 +165,9 @@ def run_from_mapping(run: Mapping[str, Mapping[str, float]]) -> Run:
 
 
 def qrels_from_mapping(qrels: Mapping[str, Mapping[str, int]]) -> Qrels:
-    """A checked copy of qrels given as `{qid: {docid: grade}}`: grades must be 32-bit integers, as in a file."""
-    return _from_mapping("qrels", qrels, "a 32-bit integer grade", int32_grade)
+    """A checked copy of qrels given as `{qid: {docid: grade}}`: grades must be 32-bit integers of at most MAX_GRADE,
+    as in a file."""
+    return _from_mapping("qrels", qrels, f"a 32-bit integer grade of at most {MAX_GRADE:,}", _grade)
 
 
 def _from_mapping(
@@ -208,6 +215,12 @@ def int32_grade(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, Integral) or not _INT32_MIN <= value <= _INT32_MAX:
         return None
     return int(value)
+
+
+def _grade(value: Any) -> int | None:
+    """`value` as a qrels grade: a 32-bit integer (`int32_grade`) of at most MAX_GRADE; else None."""
+    grade = int32_grade(value)
+    return None if grade is None or grade > MAX_GRADE else grade
 
 
 def rank_documents(scores: dict[str, float]) -> list[tuple[str, float]]:
