@@ -104,6 +104,28 @@ def test_the_command_turns_faulthandler_on_before_it_runs(monkeypatch: pytest.Mo
     assert calls == ["enable on stderr: True", "main, exits: True"]
 
 
+@pytest.mark.parametrize("stderr", ["none", "closed"])
+def test_a_process_without_a_usable_stderr_starts_without_faulthandler(
+    stderr: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """(mut60 M1) `dump_fatal_signals` in a process started without a stderr (sys.__stderr__ None, as under pythonw
+    or a service manager) or with its stderr closed leaves faulthandler off, as the JVM's way was, and the command
+    runs: faulthandler.enable(file=None) falls back to sys.stderr and raises RuntimeError where that is None too, and
+    a closed file raises ValueError; either, let through, was a traceback before any `dilstore` command ran. No test
+    made the process start so: the checks for None and the suppressed ValueError could go unseen."""
+    import faulthandler
+
+    monkeypatch.setattr(faulthandler, "is_enabled", lambda: False)  # pytest's own faulthandler is on
+    if stderr == "none":
+        monkeypatch.setattr(sys, "__stderr__", None)
+        monkeypatch.setattr(sys, "stderr", None)
+    else:
+        closed = (tmp_path / "stderr").open("w")
+        closed.close()
+        monkeypatch.setattr(sys, "__stderr__", closed)
+    fatal_signals.dump_fatal_signals()  # returns: neither RuntimeError nor ValueError escapes
+
+
 def test_start_jvm_leaves_faulthandler_to_its_caller(monkeypatch: pytest.MonkeyPatch) -> None:
     """(read60) start_jvm turned faulthandler on in any program that started the JVM through dilstore; a program's
     own `faulthandler.disable()` then put the default handlers back over the JVM's, and the JVM's routine SIGSEGVs
