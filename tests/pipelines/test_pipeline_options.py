@@ -35,7 +35,7 @@ from dilstore.pipelines.options import (
     runs_here,
     unparsed_words,
 )
-from dilstore.pipelines.precompute import build_pipeline
+from dilstore.pipelines.precompute import beam_folder_into, build_pipeline
 from dilstore.pipelines.routing import ReadTask
 from dilstore.reader.batching import BatchPolicy
 from dilstore.runners.precompute_run import pipeline_failure, run_pipeline
@@ -169,6 +169,24 @@ def test_beam_s_folder_of_a_local_run_is_made_in_the_command_s_scratch_folder(
         assert list(temporary.iterdir()) == []
         assert Path(pipeline.local_tempdir).parent == scratch
         assert Path(pipeline.local_tempdir).name.startswith("beam-pipeline-temp")
+
+
+def test_a_beam_folder_beam_has_written_into_stays_beam_s_to_remove(tmp_path: Path) -> None:
+    """(mut60 M2) `beam_folder_into` moves Beam's `beam-pipeline-temp*` folder into the scratch folder only while it
+    is empty. One with a file in it stays the pipeline's `local_tempdir`, which run() removes as it ends: a new
+    folder in its place would leave it, and what it holds, in $TMPDIR for good. Only the empty case was tested. A
+    stand-in pipeline holds the folder (no Beam pipeline is built)."""
+    from types import SimpleNamespace
+
+    scratch, written = tmp_path / "scratch", tmp_path / "beam-pipeline-temp-written"
+    scratch.mkdir()
+    written.mkdir()
+    (written / "part").write_text("x")
+    pipeline = SimpleNamespace(local_tempdir=str(written))
+    beam_folder_into(pipeline, str(scratch))  # type: ignore[arg-type]
+    assert pipeline.local_tempdir == str(written)
+    assert (written / "part").read_text() == "x"
+    assert list(scratch.iterdir()) == []
 
 
 def test_flink_options_are_assembled_and_the_graph_constructs(tmp_path: Path) -> None:
