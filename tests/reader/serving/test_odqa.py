@@ -660,10 +660,16 @@ def test_a_question_limit_past_the_model_s_positions_is_refused_when_the_reader_
 
 
 def test_a_store_of_another_kind_is_named_before_its_missing_index(tmp_path) -> None:
-    """`ask` on an EARL store said to build its BM25 index first, and only then that it is the wrong kind."""
+    """`ask` on an EARL store said to build its BM25 index first, and only then that it is the wrong kind. (mut60
+    M3) So do the checks `ask` and `evaluate-qa` run before torch loads (`check_reader_inputs`): without their kind
+    check the command sent the user to `dilstore index` an EARL store, and no test noticed."""
+    from dilstore.reader.serving.store_checks import check_reader_inputs
+
     earl = build_store(tmp_path / "earl", random_shards([2]), kind="earl-s1")
     with pytest.raises(DilstoreError, match="holds 'earl-s1' states; the QA reader needs a 'dilbert' store$"):
         open_reader(earl)
+    with pytest.raises(DilstoreError, match="holds 'earl-s1' states; the QA reader needs a 'dilbert' store$"):
+        check_reader_inputs(str(earl), None, None)
 
 
 @pytest.mark.parametrize("options", [{"mu": 1.5}, {"mu": -0.1}, {"top_p": 0}, {"n_best": 0}, {"mu": 10**400},
