@@ -184,6 +184,24 @@ def test_a_store_path_with_a_null_byte_is_a_store_error(tmp_path: Path) -> None:
     assert [problem[:len(refusal)] for problem in verify_with_index(path).problems] == [refusal]
 
 
+def test_a_chain_under_the_local_filesystem_is_refused_with_its_urls_redacted() -> None:
+    """(mut60 M4) `local::URL` is refused (left60 F2), naming the URL to give in its place: redacted, as the store's
+    own URL is. The command's line is scrubbed again, so only a library caller (open_store, serve's reopen) would
+    have seen the password, and no test gave one."""
+    from dilstore.storage.location import StoreLocation
+
+    with pytest.raises(DilstoreError) as raised:
+        StoreLocation.parse("local::https://u:pw@127.0.0.1:9/store")
+    assert str(raised.value) == (
+        "cannot open store local::https://u:***@127.0.0.1:9/store: local:: is the local filesystem, which reads no "
+        "other filesystem under it; give https://u:***@127.0.0.1:9/store itself")
+    with pytest.raises(DilstoreError) as raised:  # the first link is the one named, the rest given back whole
+        StoreLocation.parse("local::simplecache::https://u:pw@127.0.0.1:9/store")
+    assert str(raised.value).endswith(
+        ": local:: is the local filesystem, which reads no other filesystem under it; give "
+        "simplecache::https://u:***@127.0.0.1:9/store itself")
+
+
 def test_only_a_plain_url_of_the_local_filesystem_names_a_folder(tmp_path: Path, monkeypatch) -> None:
     """(mut59b M1) file_url_folder's refusals went untested: a `::` chain through a `file:` URL could be named a
     folder, an ftp:// URL could have its filesystem made (its host reached to say no), and an unknown protocol could
