@@ -216,11 +216,17 @@ def test_a_model_whose_config_transformers_cannot_read_is_named_by_the_loading_n
 
 
 def test_a_store_whose_first_index_is_being_built_says_so(indexed: dict[str, Any], tmp_path: Path) -> None:
-    """While a first `dilstore index` ran, `ask` and `serve` said "build it with `dilstore index`" (conc39 M2)."""
+    """While a first `dilstore index` ran, `ask` and `serve` said "build it with `dilstore index`" (conc39 M2). (mut60
+    M5) So do the checks `ask` and `evaluate-qa` run before torch loads: handed no store folder, they said so again,
+    and no test noticed."""
+    from dilstore.reader.serving.store_checks import check_reader_inputs
+
     store = shutil.copytree(indexed["store"], tmp_path / "store", ignore=shutil.ignore_patterns("bm25"))
     building = rf"^the index of {store} is being built by pid "
     with held_lock(store, INDEX_ROLE) as holder, pytest.raises(DilstoreError, match=f"{building}{holder} "):
         open_reader(store, indexed["model"])
+    with held_lock(store, INDEX_ROLE) as holder, pytest.raises(DilstoreError, match=f"{building}{holder} "):
+        check_reader_inputs(str(store), indexed["model"], None)
     with pytest.raises(DilstoreError, match="no Lucene index at .*: build it with `dilstore index"):
         open_reader(store, indexed["model"])
     elsewhere = tmp_path / "elsewhere"  # `dilstore index` never writes it: no wait or build fills it (review40 L1)
