@@ -514,6 +514,20 @@ def test_a_dilbert_store_is_refused(tmp_path: Path, ranker: EarlRanker) -> None:
         EarlReranker(ranker, open_store(dilbert))
 
 
+@pytest.mark.parametrize("kind", ["earl-s1", "listformer"])
+def test_rerank_s_early_checks_take_each_ranked_kind_and_name_a_missing_model(tmp_path: Path, kind: str) -> None:
+    """(mut60 M6) What `rerank` checks before torch loads (`check_rerank_inputs`) takes a store of each kind a
+    ranker reads, and names a --model folder that is not there. Without the folder's check, a mistyped --model was
+    named after torch and the rankers' imports (left60 F1), and no test noticed; a kind dropped from RERANK_KINDS
+    was seen only by the tests that load a ranker."""
+    from dilstore.reader.serving.store_checks import check_rerank_inputs
+
+    stored = build_store(tmp_path / kind, random_shards([2]), kind=kind)
+    check_rerank_inputs(str(stored), None)
+    with pytest.raises(DilstoreError, match=f"^model directory not found: {tmp_path / 'missing'}"):
+        check_rerank_inputs(str(stored), tmp_path / "missing")
+
+
 def test_bad_requests_are_refused(store: Callable[..., Path], model_dir: Path) -> None:
     reranker = open_reranker(store("earl-s1"), model_dir)
     with pytest.raises(DilstoreError, match="the query is empty"):
