@@ -184,6 +184,21 @@ def test_a_store_path_with_a_null_byte_is_a_store_error(tmp_path: Path) -> None:
     assert [problem[:len(refusal)] for problem in verify_with_index(path).problems] == [refusal]
 
 
+@pytest.mark.parametrize(("given", "folder"), [("{tmp}/a::b", "a::b"),
+                                               ("simplecache::filecache::file://{tmp}/st", "st"),
+                                               ("blockcache::simplecache::{tmp}/st", "st")])  # fmt: skip
+def test_the_local_folder_of_a_chain_is_its_last_link_s_and_of_a_path_with_colons_the_path(
+    given: str, folder: str, tmp_path: Path
+) -> None:
+    """(mut60 M7) `local_folder`, which refuses an output written into a store (left60 F2), takes a chain's last
+    link, however many come before it, and a plain path holding `::` as the path: only two-link chains were
+    tested, so the first link after `::`, or `b` in the current folder for the folder `a::b`, could be taken and an
+    output inside such a store let through."""
+    from dilstore.storage.location import local_folder
+
+    assert local_folder(given.format(tmp=tmp_path)) == tmp_path / folder
+
+
 def test_a_chain_under_the_local_filesystem_is_refused_with_its_urls_redacted() -> None:
     """(mut60 M4) `local::URL` is refused (left60 F2), naming the URL to give in its place: redacted, as the store's
     own URL is. The command's line is scrubbed again, so only a library caller (open_store, serve's reopen) would
