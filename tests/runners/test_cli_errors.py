@@ -1297,6 +1297,30 @@ def test_an_address_space_limit_too_low_for_the_jvm_is_named_before_torch_loads(
                                        "batch job's virtual-memory request)\n")  # fmt: skip
 
 
+def test_serve_without_an_index_to_search_starts_under_a_limit_too_low_for_the_jvm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(mut60 M8) `serve` checks the JVM's room only where a store it serves has an index to search: a server of
+    EARL stores alone starts no JVM, and was not refused under a limit that leaves it none. No test served a store
+    without an index so: the check could run for every server. A stand-in for torch's setup ends the command just
+    after the check would have refused it."""
+    from dilstore.reader import retrieval
+    from dilstore.runners import cmd_serve
+    from dilstore.storage.errors import DilstoreError
+    from tests.fixtures.store_fixtures import build_store, random_shards
+
+    store = build_store(tmp_path / "earl", random_shards([2]), kind="earl-s1")
+    address_space_limit(monkeypatch, 1464 << 20)
+    monkeypatch.setattr(retrieval, "mapped_bytes", lambda: 110 << 20)
+
+    def torch_loads(threads: int | None) -> None:
+        raise DilstoreError("past the JVM's check")
+
+    monkeypatch.setattr(cmd_serve, "apply_threads", torch_loads)
+    assert main(["serve", str(store), "--port", "0"]) == 2
+    assert capsys.readouterr().err == "dilstore serve: error: past the JVM's check\n"
+
+
 def test_a_library_that_cannot_be_mapped_is_the_out_of_memory_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
