@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -122,8 +123,17 @@ def _refuse_unsplittable(given: str) -> None:
             urlsplit(part)
     except ValueError as error:
         shown = URL_PASSWORD.sub(r"://\1:***@", given)
+        if _IPV6_WITH_DOUBLE_COLON.search(given):
+            raise DilstoreError(f"cannot open store {shown}: its IPv6 host holds '::', which separates the URLs of an "
+                                "fsspec chain (simplecache::https://...); write the address without it "
+                                "([0:0:0:0:0:0:0:1] for [::1]) or give a host name") from None  # fmt: skip
         raise DilstoreError(f"cannot open store {shown}: {error} (a '[' after '//' opens an IPv6 host "
                             "address)") from None
+
+
+# An IPv6 host written with '::' (http://[::1]:8000/st): fsspec, and the split above, cut the URL there as a chain's
+# separator, and the refusal said "Invalid IPv6 URL" of a valid address (read60b F1).
+_IPV6_WITH_DOUBLE_COLON = re.compile(r"//[^/\[]*\[[^\]/]*::[^\]/]*\]")
 
 
 def redacted(url: str) -> str:

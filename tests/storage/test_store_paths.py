@@ -13,7 +13,7 @@ import pytest
 
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import StoreChangedError, StoreFormatError
-from dilstore.storage.location import is_url
+from dilstore.storage.location import StoreLocation, is_url
 from dilstore.storage.reader import open_store
 from dilstore.storage.verify import verify_store
 from tests.fixtures.store_fixtures import build_store, random_shards
@@ -92,6 +92,24 @@ def test_a_store_url_python_cannot_split_is_named(given: str) -> None:
     through every command given such a store."""
     with pytest.raises(DilstoreError, match=rf"^cannot open store {re.escape(given)}: Invalid IPv6 URL"):
         open_store(given)
+
+
+@pytest.mark.parametrize(
+    "given", ["http://[::1]:8000/st", "https://u:pw@[2001:db8::1]/st", "simplecache::http://[::1]/st"]
+)
+def test_an_ipv6_host_holding_a_double_colon_is_named_as_fsspec_s_chain_separator(given: str) -> None:
+    """(read60b F1) '::' separates the URLs of an fsspec chain, so fsspec and the store's parser cut a valid
+    `http://[::1]:8000/st` there; the refusal (fuzz60 F10) said "Invalid IPv6 URL (a '[' after '//' opens an IPv6
+    host address)", which the address is, not why it fails nor how to write it."""
+    with pytest.raises(DilstoreError, match=r"IPv6 host holds '::', which separates .* fsspec chain") as raised:
+        open_store(given)
+    assert "pw" not in str(raised.value)
+
+
+def test_an_ipv6_host_written_without_a_double_colon_opens_as_a_remote_store() -> None:
+    """(read60b F1) The spelling the refusal above gives is taken: a remote store with no local folder."""
+    location = StoreLocation.parse("http://[0:0:0:0:0:0:0:1]:8000/st")
+    assert (location.url, location.local_root) == ("http://[0:0:0:0:0:0:0:1]:8000/st", None)
 
 
 def test_a_file_url_with_one_slash_is_served_with_the_store_s_own_index(tmp_path: Path, monkeypatch) -> None:
