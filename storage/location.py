@@ -127,6 +127,9 @@ def _refuse_unsplittable(given: str) -> None:
             raise DilstoreError(f"cannot open store {shown}: its IPv6 host holds '::', which separates the URLs of an "
                                 "fsspec chain (simplecache::https://...); write the address without it "
                                 "([0:0:0:0:0:0:0:1] for [::1]) or give a host name") from None  # fmt: skip
+        if _BRACKET_IN_USER_PART.search(given):
+            raise DilstoreError(f"cannot open store {shown}: a '[' or ']' in a URL's user name or password is written "
+                                "%5B or %5D (Python's URL parser takes it for an IPv6 host's)") from None  # fmt: skip
         raise DilstoreError(f"cannot open store {shown}: {error} (a '[' after '//' opens an IPv6 host "
                             "address)") from None
 
@@ -134,6 +137,9 @@ def _refuse_unsplittable(given: str) -> None:
 # An IPv6 host written with '::' (http://[::1]:8000/st): fsspec, and the split above, cut the URL there as a chain's
 # separator, and the refusal said "Invalid IPv6 URL" of a valid address (read60b F1).
 _IPV6_WITH_DOUBLE_COLON = re.compile(r"//[^/\[]*\[[^\]/]*::[^\]/]*\]")
+# A '[' or ']' in a URL's user part (https://user:p[ss@host/st): Python's parser refused it as an IPv6 host, and so did
+# the refusal's words (read60b F2).
+_BRACKET_IN_USER_PART = re.compile(r"//[^/@]*[\[\]][^/@]*@")
 
 
 def redacted(url: str) -> str:

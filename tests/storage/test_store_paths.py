@@ -112,6 +112,19 @@ def test_an_ipv6_host_written_without_a_double_colon_opens_as_a_remote_store() -
     assert (location.url, location.local_root) == ("http://[0:0:0:0:0:0:0:1]:8000/st", None)
 
 
+@pytest.mark.parametrize(
+    "given", ["https://user:p[ss@host/st", "https://user:p]ss@host/st", "simplecache::s3://k[y:ss@b/st"]
+)
+def test_a_bracket_in_a_url_s_user_part_is_named_with_its_percent_escape(given: str) -> None:
+    """(read60b F2) Python's URL parser takes any '[' or ']' before the host, a password's too, for an IPv6 host's:
+    the refusal (fuzz60 F10) spoke of an IPv6 host the URL does not have. It says to write %5B or %5D there (which
+    the password then means), and shows no password."""
+    with pytest.raises(DilstoreError, match=r"a '\[' or '\]' in a URL's user name or password is written %5B or %5D"
+                       ) as raised:  # fmt: skip
+        open_store(given)
+    assert "ss@" not in str(raised.value)
+
+
 def test_a_file_url_with_one_slash_is_served_with_the_store_s_own_index(tmp_path: Path, monkeypatch) -> None:
     """(left58b F1) `serve file:/abs/st` (and `ask`, `verify`) took the BM25 index folder from the argument as a
     Path: ./file:/abs/st/bm25, relative to the current folder. A store indexed at /abs/st/bm25 was refused with
