@@ -35,7 +35,7 @@ from dilstore.storage.format import (
     shard_path,
 )
 from dilstore.storage.location import StoreLocation
-from dilstore.storage.messages import path_text
+from dilstore.storage.messages import first_clause, path_text
 from dilstore.storage.read_failures import read_failure
 from dilstore.storage.replacement import replaced_dir
 from dilstore.storage.write_lock import writer_of
@@ -259,7 +259,7 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise StoreFormatError(f"{where} is not valid JSON: {error}") from None
     except ValueError as error:  # a number of over 4,300 digits: `info` and `verify` showed a traceback (fuzz60 F3)
-        raise StoreFormatError(f"{where} is not a dilstore manifest: {str(error).split(';')[0]}") from None
+        raise StoreFormatError(f"{where} is not a dilstore manifest: {first_clause(error)}") from None
     except RecursionError:
         raise StoreFormatError(f"{where} is not a dilstore manifest: JSON nested too deep to read") from None
     if not isinstance(data, dict) or "checksum" not in data:

@@ -25,6 +25,12 @@ def counted(number: int, noun: str) -> str:
     return f"{number:,} {noun}" + ("" if number == 1 else "s")
 
 
+def first_clause(error: Exception) -> str:
+    """The error's message up to its first semicolon: Python's refusal of a JSON integer of over 4,300 digits goes on
+    to advise `sys.set_int_max_str_digits()`, which no user of a command can call (fuzz60 F3)."""
+    return str(error).split(";")[0]
+
+
 def cut(text: str) -> str:
     """`text` cut to ITEM_WIDTH characters: a message names an item, it does not echo a 500 KB one back."""
     return text if len(text) <= ITEM_WIDTH else text[: ITEM_WIDTH - 1] + "…"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dilstore.storage.errors import DilstoreError
+from dilstore.storage.messages import first_clause
 
 
 def numbered_lines(path: Path, what: str = "file", *, gzipped: bool = False) -> Iterator[tuple[int, str]]:
@@ -175,15 +176,9 @@ def read_json(path: str | Path) -> Any:
         where = f"line {error.lineno}, column {error.colno}"
         raise DilstoreError(f"{path}: not valid JSON ({where}: {error.msg})") from None
     except ValueError as error:  # an integer of over 4,300 digits, which int() refuses (fuzz60 F3)
-        raise DilstoreError(f"{path}: not JSON this reads ({_first_clause(error)})") from None
+        raise DilstoreError(f"{path}: not JSON this reads ({first_clause(error)})") from None
     except RecursionError:  # Python's parser recurses once per level (hostile46 F4)
         raise DilstoreError(f"{path}: its JSON is nested too deep to read") from None
-
-
-def _first_clause(error: ValueError) -> str:
-    """The error's message up to its first semicolon: Python's refusal of a long integer goes on to advise
-    `sys.set_int_max_str_digits()`, which no user of the command can call."""
-    return str(error).split(";")[0]
 
 
 def json_line(line: str, where: str) -> Any:
@@ -196,7 +191,7 @@ def json_line(line: str, where: str) -> Any:
     except json.JSONDecodeError as error:
         raise DilstoreError(f"{where}: not valid JSON (column {error.colno}: {error.msg})") from None
     except ValueError as error:  # an integer of over 4,300 digits (fuzz60 F3)
-        raise DilstoreError(f"{where}: not JSON this reads ({_first_clause(error)})") from None
+        raise DilstoreError(f"{where}: not JSON this reads ({first_clause(error)})") from None
     except RecursionError:  # Python's parser recurses once per level, as in `read_json`
         raise DilstoreError(f"{where}: its JSON is nested too deep to read") from None
 
