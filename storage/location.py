@@ -26,7 +26,7 @@ from fsspec.implementations.local import LocalFileSystem, make_path_posix
 
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.read_failures import READ_TIMEOUT_ENV, describe, raise_if_shortage
-from dilstore.storage.secrets import URL_PASSWORD, remember_secrets
+from dilstore.storage.secrets import password_hidden, remember_secrets
 
 if TYPE_CHECKING:  # zarr is imported when a store's arrays are read: reading a manifest (`info`) needs none of it
     import zarr
@@ -122,7 +122,7 @@ def _refuse_unsplittable(given: str) -> None:
         for part in given.split("::"):
             urlsplit(part)
     except ValueError as error:
-        shown = URL_PASSWORD.sub(r"://\1:***@", given)
+        shown = password_hidden(given)
         if _IPV6_WITH_DOUBLE_COLON.search(given):
             raise DilstoreError(f"cannot open store {shown}: its IPv6 host holds '::', which separates the URLs of an "
                                 "fsspec chain (simplecache::https://...); write the address without it "
@@ -150,7 +150,7 @@ def redacted(url: str) -> str:
 
 
 def _redacted_part(url: str) -> str:
-    url = URL_PASSWORD.sub(r"://\1:***@", url)  # by pattern: "=http://u:pw@h" (a serve argument) has no scheme
+    url = password_hidden(url)
     parts = urlsplit(url)
     if parts.scheme not in _UNLISTABLE or not parts.query:  # elsewhere a '?' is part of a key or a file name
         return url

@@ -15,6 +15,12 @@ _SECRETS: dict[str, str] = {}
 URL_PASSWORD = re.compile(r"://([^/@:\s]*):([^/@\s]*)@")  # a URL's user part that holds a password: user, password
 
 
+def password_hidden(url: str) -> str:
+    """`url` with the password of each user part shown as `***`, found by pattern: it needs no URL parser, so it
+    serves a URL that Python's parser refuses, and a serve argument ("=http://u:pw@h") with no scheme."""
+    return URL_PASSWORD.sub(r"://\1:***@", url)
+
+
 def remember_secrets(url: str) -> None:
     """Note the password-bearing user part (and the http(s) query string) of each part of a store URL, for
     `scrubbed`. As they appear in URLs ("user:pw@", "?q"), never the bare password: one of "a" would have
