@@ -1390,6 +1390,15 @@ def failing_off_the_loop(message: str) -> Callable[..., Awaitable[None]]:
     return failing
 
 
+def health_with_threads_failing(client: Any, monkeypatch: pytest.MonkeyPatch, message: str) -> httpx.Response:
+    """/health's answer while every `asyncio.to_thread` fails with RuntimeError(`message`); the stand-in is undone
+    after it (with every other patch of `monkeypatch`)."""
+    monkeypatch.setattr(asyncio, "to_thread", failing_off_the_loop(message))
+    health = client.get("/health")
+    monkeypatch.undo()
+    return health
+
+
 def test_a_thread_the_system_refuses_is_a_503_or_health_from_the_last_checks_not_a_500_with_a_traceback(
     served, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1399,12 +1408,9 @@ def test_a_thread_the_system_refuses_is_a_503_or_health_from_the_last_checks_not
     from dilstore.runners import serve_app
 
     client, _, _ = served
-    refused = failing_off_the_loop("can't start new thread")
     with caplog.at_level("WARNING", logger="dilstore.serve"):
-        monkeypatch.setattr(asyncio, "to_thread", refused)
-        health = client.get("/health")
-        monkeypatch.undo()
-        monkeypatch.setattr(serve_app, "while_connected", refused)
+        health = health_with_threads_failing(client, monkeypatch, "can't start new thread")
+        monkeypatch.setattr(serve_app, "while_connected", failing_off_the_loop("can't start new thread"))
         asked = client.post("/ask", json={"question": "Which river?", "top_p": 2})
     assert (health.status_code, health.json()["status"]) == (200, "ok")
     assert asked.status_code == 503 and asked.headers["retry-after"] == "1"
@@ -1420,11 +1426,8 @@ def test_only_a_refused_thread_lets_health_answer_from_the_last_checks(
     """(mut59b M6) Only a refused thread was tried: /health could answer any failed check from the last ones,
     logging that no thread could be started, and no test noticed. Another failure stays a 500."""
     client, _, _ = served
-    failed = failing_off_the_loop("dictionary changed size during iteration")
     with caplog.at_level("WARNING", logger="dilstore.serve"):
-        monkeypatch.setattr(asyncio, "to_thread", failed)
-        health = client.get("/health")
-        monkeypatch.undo()
+        health = health_with_threads_failing(client, monkeypatch, "dictionary changed size during iteration")
     assert health.status_code == 500
     assert not any("no thread could be started" in record.getMessage() for record in caplog.records)
 
