@@ -20,10 +20,12 @@ def dump_fatal_signals() -> None:
 
     The command does it, not `start_jvm`: a library must not turn on process-wide state its caller may turn off, and
     a `faulthandler.disable()` once the JVM runs puts the default handlers back over the JVM's, whose own routine
-    SIGSEGVs then end the process (read60).
+    SIGSEGVs then end the process (read60). Nor where a JVM runs already (jnius imported: a program that searched,
+    then runs the command's entry point): faulthandler would take the JVM's own SIGSEGVs, and an index build in that
+    process died of one with faulthandler's dump (the suite's `commands_in_one_process`).
     """
     stderr = sys.__stderr__
-    if faulthandler.is_enabled() or stderr is None:
+    if faulthandler.is_enabled() or stderr is None or "jnius" in sys.modules:
         return
     with contextlib.suppress(OSError, ValueError):  # a stderr with no file descriptor: the JVM's way, as before
         faulthandler.enable(file=stderr)

@@ -126,6 +126,17 @@ def test_a_process_without_a_usable_stderr_starts_without_faulthandler(
     fatal_signals.dump_fatal_signals()  # returns: neither RuntimeError nor ValueError escapes
 
 
+def test_the_command_leaves_faulthandler_off_under_a_jvm_that_runs_already(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Turned on once the JVM ran (a program that searched, then ran `dilstore verify` through the command's entry
+    point), faulthandler took the JVM's own SIGSEGVs: the next index build in that process died with its dump."""
+    calls: list[str] = []
+    monkeypatch.setattr(fatal_signals, "faulthandler", SimpleNamespace(
+        is_enabled=lambda: False, enable=lambda file: calls.append("enable")))  # fmt: skip
+    monkeypatch.setitem(sys.modules, "jnius", SimpleNamespace())  # importing jnius starts the JVM
+    fatal_signals.dump_fatal_signals()
+    assert calls == []
+
+
 def test_start_jvm_leaves_faulthandler_to_its_caller(monkeypatch: pytest.MonkeyPatch) -> None:
     """(read60) start_jvm turned faulthandler on in any program that started the JVM through dilstore; a program's
     own `faulthandler.disable()` then put the default handlers back over the JVM's, and the JVM's routine SIGSEGVs
