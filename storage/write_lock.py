@@ -95,13 +95,13 @@ def _taken(folder: Path, holder: str, path: Path, doing: str) -> DilstoreError:
     return DilstoreError(f"{folder} is being {doing} by pid {holder} (lock {path}); wait for that run or stop it")
 
 
-def refuse_if_locked(folder: Path, role: str = WRITE_ROLE, doing: str = "written") -> None:
-    """Raise the error `write_lock` would when another process holds `folder`'s lock, before a run does slow work
+def refuse_if_locked(folder: Path) -> None:
+    """Raise the error `write_lock(folder)` would when another process holds that lock, before a run does slow work
     ahead of taking it (a model and the JVM loaded, then the run turned away: qa48 L6). A check, not the lock:
-    `write_lock` still decides."""
-    holder = writer_of(folder, role)
+    `write_lock` still decides. Only output files are checked so, under the default role."""
+    holder = writer_of(folder)
     if holder is not None:
-        raise _taken(folder, holder, lock_path(folder, role), doing)
+        raise _taken(folder, holder, lock_path(folder), "written")
 
 
 def _opened(path: Path, folder: Path) -> int:
