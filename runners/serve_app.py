@@ -131,9 +131,9 @@ class JSONResponse(FastAPIJSONResponse):
                           separators=(",", ":")).encode("utf-8", "backslashreplace")  # fmt: skip
 
 
-def create_app(stores: Sequence[ServedStore], settings: ServeSettings, metrics: Metrics | None = None) -> FastAPI:
+def create_app(stores: Sequence[ServedStore], settings: ServeSettings) -> FastAPI:
     """The app over already opened stores; its lifespan starts and drains one Batcher per store."""
-    router = StoreRouter(stores, settings, metrics or Metrics())
+    router = StoreRouter(stores, settings, Metrics())
     app = FastAPI(
         title="dilstore query server",
         description="Open-domain QA (/ask) and EARL reranking (/rerank) over precomputed shard stores.",
