@@ -20,11 +20,11 @@ PROC_CGROUP = Path("/proc/self/cgroup")
 _V1_CPU_MOUNTS = ("cpu,cpuacct", "cpuacct,cpu", "cpu")
 
 
-def usable_cpu_count(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int:
+def usable_cpu_count() -> int:
     """The CPUs this process may use: its affinity's count, or fewer where a cgroup CPU quota allows less (rounded
     up: a quota of 1.5 CPUs is 2); at least 1."""
     cpus = runnable_cpu_count() or 1
-    quota = cgroup_cpu_quota(cgroup_root, proc_cgroup)
+    quota = cgroup_cpu_quota()
     return max(1, cpus if quota is None else min(cpus, quota))
 
 
