@@ -151,10 +151,10 @@ class ContiguousLayout:
         )
         return file
 
-    def rows_of(self, raw: bytes | memoryview | mmap.mmap, rows: int, offset: int = 0) -> np.ndarray:
-        """A read-only (rows, *row_shape) view of `rows` rows of `raw` starting at byte `offset`."""
+    def rows_of(self, raw: bytes | memoryview | mmap.mmap, rows: int) -> np.ndarray:
+        """A read-only (rows, *row_shape) view of the first `rows` rows of `raw` (a whole file, or a read of rows)."""
         count = rows * math.prod(self.row_shape)
-        return np.frombuffer(raw, dtype=self.dtype, count=count, offset=offset).reshape(rows, *self.row_shape)
+        return np.frombuffer(raw, dtype=self.dtype, count=count).reshape(rows, *self.row_shape)
 
 
 def contiguous_layout(array: zarr.Array, where: str | Path) -> ContiguousLayout:
