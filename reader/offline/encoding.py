@@ -54,13 +54,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TokenizedPassage:
-    """One stored unit: a passage, or one window of a long passage, with its tokens.
-
-    `source_id` is the passage it came from (equal to `id` unless it is a window).
-    """
+    """One stored unit: a passage, or one window of a long passage (`window_id`), with its tokens."""
 
     id: str
-    source_id: str
     doc_id: str
     title: str
     text: str
@@ -160,12 +156,12 @@ def tokenize_passage(
     """
     windows = offline_kind(kind).windows(tokenizer, passage.text, max_length)
     if len(windows) == 1:
-        return [TokenizedPassage(passage.id, passage.id, passage.doc_id, passage.title, passage.text, windows[0])]
+        return [TokenizedPassage(passage.id, passage.doc_id, passage.title, passage.text, windows[0])]
     pieces = []
     for number, window in enumerate(windows):
         text, tokens = _window_text(passage.text, window)
         pieces.append(
-            TokenizedPassage(window_id(passage.id, number), passage.id, passage.doc_id, passage.title, text, tokens)
+            TokenizedPassage(window_id(passage.id, number), passage.doc_id, passage.title, text, tokens)
         )
     return pieces
 

@@ -38,7 +38,7 @@ from dilstore.runners.precompute_run import ProgressBar, with_resumed_shards
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.finalize import finalize
 from dilstore.storage.format import SHARDS_DIR, shard_name
-from dilstore.storage.passage_files import jsonl_path, meta_path, parquet_path, rejected_path
+from dilstore.storage.passage_files import WINDOW_ID_SEPARATOR, jsonl_path, meta_path, parquet_path, rejected_path
 from dilstore.storage.reader import open_store
 from tests.fixtures.paths import ROOT
 from tests.fixtures.pipeline_fixtures import TINY_LAYERS, save_tiny_reader
@@ -124,7 +124,7 @@ def test_routing_sends_each_record_to_its_group(tiny) -> None:
 
     routed = list(route(document("d1", 230), settings, tiny.tokenizer))
     units = [(key, value) for key, value in routed if key[0] == SHARD]
-    assert [value.source_id for _, value in units] == ["d1#0", "d1#0", "d1#1", "d1#1", "d1#2", "d1#2", "d1#3", "d1#3"]
+    assert [value.id for _, value in units] == ["d1#0", "d1#0~1", "d1#1", "d1#1~1", "d1#2", "d1#2~1", "d1#3", "d1#3~1"]
     assert all(key == (SHARD, shard_of(value.id, 5)) for key, value in units)
     [(key, stats)] = [(key, value) for key, value in routed if key[0] == COUNTS]
     assert key == (COUNTS, shard_of("d1", 5)) and stats == RunStats(documents=1, long_passages=4)
@@ -136,7 +136,7 @@ def test_only_passages_cut_into_several_windows_count_as_long(tiny, paragraph_wo
     text = "\n\n".join(" ".join(WORDS[i % len(WORDS)] for i in range(n)) for n in paragraph_words)
     doc = Document(id="d", title="T d", text=text, source="corpus.jsonl", line=1)
     routed = list(route(doc, RouteSettings("paragraphs", 3, 64, "dilbert"), tiny.tokenizer))
-    windows = Counter(value.source_id for key, value in routed if key[0] == SHARD)
+    windows = Counter(value.id.partition(WINDOW_ID_SEPARATOR)[0] for key, value in routed if key[0] == SHARD)
     assert len(windows) == len(paragraph_words)
     [stats] = [value for key, value in routed if key[0] == COUNTS]
     assert stats == RunStats(documents=1, long_passages=sum(count > 1 for count in windows.values()))

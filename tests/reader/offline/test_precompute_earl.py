@@ -116,7 +116,7 @@ def offline_states(ranker: EarlRanker, kind: str, token_ids: np.ndarray) -> np.n
 
 def test_a_short_document_is_one_unit_with_the_rankers_own_tokens(ranker: EarlRanker) -> None:
     [piece] = tokenize_passage(ranker.tokenizer, passage(), max_length=MAX_LENGTH * 2, kind="earl-s1")
-    assert (piece.id, piece.source_id, piece.text) == ("normans#0", "normans#0", TEXT)
+    assert (piece.id, piece.text) == ("normans#0", TEXT)
     ids, mask = ranker.tokenize_documents([TEXT], MAX_LENGTH * 2)  # (1, n)
     assert piece.tokens.token_ids.tolist() == ids[0].tolist() and bool(mask.all())
     assert piece.tokens.token_ids[0] == ranker.tokenizer.cls_token_id
@@ -135,7 +135,7 @@ def test_a_long_document_becomes_cls_sep_windows_that_lose_nothing(ranker: EarlR
     covered = np.zeros(len(everything), dtype=bool)
     for piece, start in zip(pieces, starts, strict=True):
         ids, spans = piece.tokens.token_ids, piece.tokens.char_spans
-        assert piece.length <= max_length and piece.source_id == "normans#0"
+        assert piece.length <= max_length
         assert ids[0] == vocab.cls_token_id and ids[-1] == vocab.sep_token_id
         assert not np.isin(ids[1:-1], vocab.all_special_ids).any(), "one [CLS] and one [SEP] per window"
         stop = start + len(ids) - 2

@@ -51,7 +51,7 @@ def passage(text: str = TEXT, number: int = 0) -> Passage:
 
 def test_a_short_passage_is_one_unit_ending_in_sep(tiny) -> None:
     [piece] = tokenize_passage(tiny.tokenizer, passage(), max_length=384, kind="dilbert")
-    assert (piece.id, piece.source_id, piece.doc_id, piece.text) == ("normans#0", "normans#0", "normans", TEXT)
+    assert (piece.id, piece.doc_id, piece.text) == ("normans#0", "normans", TEXT)
     assert piece.tokens.token_ids[-1] == tiny.tokenizer.sep_token_id
     assert tuple(piece.tokens.char_spans[-1]) == (-1, -1)
 
@@ -76,7 +76,7 @@ def test_long_passages_become_windows_whose_spans_point_into_their_own_text(tiny
     assert pieces[0].id == "normans#0" and pieces[1].id == "normans#0~1"
     assert TEXT.startswith(pieces[0].text) and TEXT.endswith(pieces[-1].text)
     for piece in pieces:
-        assert piece.length <= max_length and piece.source_id == "normans#0"
+        assert piece.length <= max_length and piece.doc_id == "normans"
         assert piece.text in TEXT
         spans = piece.tokens.char_spans[piece.tokens.is_text]
         assert spans.min() == 0 and spans.max() == len(piece.text)
