@@ -82,7 +82,7 @@ class Encoding:
 
     encode: float32 `(T, *S)` and the codebook (None without one) -> its
     arrays by name. decode: one passage's per-token arrays (sliced to its n
-    tokens) plus the shard arrays -> states `(n, *S)` of `output_dtype`.
+    tokens) plus the shard arrays -> states `(n, *S)` (STORE_FORMAT.md §4 gives each one's dtype).
     zero_copy: decode returns the stored array itself, so memory-mapped reads
     stay views. train: a sample of states `(N, *S)` -> the codebook (the
     per-shard arrays named in `codebook`), for encodings that need one (the
@@ -102,7 +102,6 @@ class Encoding:
     arrays: tuple[EncodedArray, ...]
     encode: Callable[[np.ndarray, Mapping[str, np.ndarray] | None], dict[str, np.ndarray]]
     decode: Callable[[Mapping[str, np.ndarray]], np.ndarray]
-    output_dtype: str
     zero_copy: bool
     train: Callable[[np.ndarray, bool], dict[str, np.ndarray]] | None = None
     codebook: tuple[str, ...] = ()
@@ -340,7 +339,6 @@ def _residual_encoding(bits: int) -> Encoding:
         ),
         encode=lambda states, codebook=None: encode_residual(states, codebook, bits),
         decode=lambda arrays: decode_residual(arrays, bits),
-        output_dtype="float32",
         zero_copy=False,
         train=lambda sample, rotate: train_centroid_residual(sample, bits, rotate),
         prepare=lambda arrays: prepare_residual(arrays, bits),
@@ -362,7 +360,6 @@ def _float_encoding(
         arrays=(EncodedArray("values", dtype, True, _same_shape, _finite),),
         encode=encode,
         decode=_decode_values,
-        output_dtype=dtype,
         zero_copy=True,
         max_abs=max_abs,
     )
@@ -383,7 +380,6 @@ ENCODINGS: dict[str, Encoding] = {
             ),
             encode=_encode_int8,
             decode=_decode_int8,
-            output_dtype="float32",
             zero_copy=False,
             shard_problems=_int8_shard_problems,
         ),
