@@ -820,7 +820,7 @@ def test_a_non_finite_state_is_blamed_on_the_passage_and_token_that_hold_it(word
 
 
 @pytest.mark.parametrize("limit", [0, -1, True, 1.0, "2"])
-def test_max_open_shards_is_a_positive_integer(limit, fp32_store, shards) -> None:
+def test_max_open_shards_is_a_positive_integer(limit, fp32_store) -> None:
     """0 was taken: every shard a fetch opened was dropped at once, and opened again by the next fetch."""
     with pytest.raises(DilstoreError, match=f"max_open_shards must be a positive integer or None, got "
                                             f"{re.escape(repr(limit))}"):

@@ -327,7 +327,7 @@ def test_a_frozen_encoder_is_saved_as_a_reference_to_its_base(base_bert: Path, t
     assert set(load_file(again / WEIGHTS_FILE)) == set(stored), "a loaded frozen ranker saves small again"
 
 
-def test_a_changed_base_or_encoder_is_refused(base_bert: Path, tmp_path: Path) -> None:
+def test_a_changed_base_or_encoder_is_refused(tmp_path: Path) -> None:
     base = save_base_encoder(tmp_path / "base", tiny_encoder(seed=3))
     ranker = EarlRanker.from_base(base, EarlConfig(prior=True))
     ranker.freeze_encoder(base)

@@ -203,7 +203,7 @@ def test_without_a_model_the_packaged_listformer_reranks(
     )
 
 
-def test_a_listformer_store_needs_its_own_listformer(stores, listformer_dir: Path, tmp_path: Path) -> None:
+def test_a_listformer_store_needs_its_own_listformer(stores, tmp_path: Path) -> None:
     with pytest.raises(FingerprintMismatchError):
         open_reranker(stores["fp16"], save_listformer(tmp_path / "other", seed=5))
     earl_like = save_base_encoder(tmp_path / "base", text_encoder())

@@ -256,7 +256,7 @@ def test_package_size_report_fails_over_the_limit(earl_run: Path, capsys) -> Non
     assert "over the 0 MB limit" in capsys.readouterr().err
 
 
-def test_package_refuses_a_run_of_another_kind(earl_run: Path, tmp_path: Path, capsys) -> None:
+def test_package_refuses_a_run_of_another_kind(tmp_path: Path, capsys) -> None:
     run = tmp_path / "ce"
     run.mkdir()
     (run / TRAINING_METADATA_FILE).write_text(json.dumps({"kind": "cross-encoder"}))

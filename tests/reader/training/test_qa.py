@@ -78,7 +78,7 @@ def test_tiny_model_overfits_a_handful_of_questions(overfit_run, squad_file: Pat
     assert result.k == 1
 
 
-def test_saved_checkpoint_gives_identical_logits(overfit_run, squad_file: Path) -> None:
+def test_saved_checkpoint_gives_identical_logits(overfit_run) -> None:
     """save_pretrained then from_pretrained reproduces the in-memory trained reader bit for bit."""
     reloaded = DilBertReader.from_pretrained(overfit_run.output).eval()
     trained = overfit_run.reader.eval()
