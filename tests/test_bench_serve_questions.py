@@ -6,11 +6,14 @@ fixed questions in turn, silently: the report named neither the file nor the cou
 
 from __future__ import annotations
 
+import argparse
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from dilstore.storage.errors import DilstoreError
 from tests.fixtures.benchmarks import benchmark_module
 
 
@@ -34,3 +37,28 @@ def test_the_questions_asked_and_where_they_came_from(tmp_path: Path, monkeypatc
         monkeypatch.setattr(bench, "DEFAULT_QUESTIONS", tmp_path / "absent.jsonl")
         fixed, source = bench.load_questions(None)
         assert fixed == bench.FALLBACK_QUESTIONS and source == "4 built-in questions about the default corpus"
+
+
+def test_the_cli_phase_counts_a_refused_question_and_times_the_answered_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """json61 F1: `ask --json` prints `{"line", "error"}` on stdout for a question it refuses (ask50 F2), which has no
+    timings, so a refused question ended the load test with a KeyError traceback and no report; every question
+    refused is one line, not statistics' error of an empty list."""
+    error = "the question is 300 characters long; questions may have at most 64 tokens"
+    lines = [json.dumps({"line": 1, "question": "a", "timings": {"total": 0.5}}),
+             json.dumps({"line": 2, "error": error}),
+             json.dumps({"line": 3, "question": "c", "timings": {"total": 1.5}})]  # fmt: skip
+
+    def ask(stdout: list[str]) -> subprocess.CompletedProcess:
+        stderr = "".join(f"dilstore ask: error: {json.loads(line)['error']}\n" for line in stdout if "error" in line)
+        return subprocess.CompletedProcess([], 2 if stderr else 0, "".join(f"{line}\n" for line in stdout), stderr)
+
+    args = argparse.Namespace(store=tmp_path, cli_questions=3, top_p=5, threads=1, model=None)
+    with benchmark_module("bench_serve") as bench:
+        monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: ask(lines))
+        report = bench.run_cli(args, ["a", "b", "c"])
+        assert (report["questions"], report["refused"], report["median_question_seconds"]) == (2, 1, 1.0)
+        monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: ask(lines[1:2]))
+        with pytest.raises(DilstoreError, match="refused all 3 questions: dilstore ask: error: the question is 300"):
+            bench.run_cli(args, ["a", "b", "c"])
