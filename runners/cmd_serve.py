@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import logging
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from dilstore.runners.arg_types import positive_int
 from dilstore.runners.collector import loading_for_good
 from dilstore.runners.odqa_options import local_index_folder
+from dilstore.runners.quiet import to_null_device
 from dilstore.runners.reading_options import add_runtime_arguments, apply_threads
 from dilstore.runners.serve_batching import (
     DEFAULT_MAX_BATCH_PAIRS,
@@ -213,18 +215,46 @@ def log_as_uvicorn_does() -> None:
     wrote them: since obs57 F2 they went to stderr, and `serve --access-log > access.log` found its file empty,
     the lines mixed into the error log (read57 F4).
     """
-    import logging
-
     uvicorn_handlers = logging.getLogger("uvicorn").handlers
     serve_log.handlers[:] = uvicorn_handlers
     serve_log.setLevel(logging.INFO)
     serve_log.propagate = False
-    access: logging.Handler = logging.NullHandler() if sys.stdout is None else logging.StreamHandler(sys.stdout)
+    access: logging.Handler = logging.NullHandler() if sys.stdout is None else AccessLines(sys.stdout)
     access.setFormatter(next((handler.formatter for handler in uvicorn_handlers if handler.formatter), None))
     access_log = logging.getLogger(f"{serve_log.name}.access")
     access_log.handlers[:] = [access]
     access_log.setLevel(logging.INFO)
     access_log.propagate = False
+
+
+class AccessLines(logging.StreamHandler):
+    """`--access-log`'s handler: one line per request on `stream` (stdout), until it cannot be written.
+
+    An output that fails (a pipe whose reader went away, `serve --access-log | head`; a full disk under
+    `> access.log`) is said once in the server's log, pointed at the null device so that what its buffer holds goes
+    nowhere, and its lines are dropped from then on; the server goes on. logging's own handling printed a
+    "--- Logging error ---" block of some 50 lines, a traceback, on stderr for every request after it (json61 F2).
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.lost = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write the record's line, unless the output was lost."""
+        if not self.lost:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        """A write or flush that failed: the output is lost for good when it is the operating system's error."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        self.lost = True
+        to_null_device(self.stream)
+        serve_log.warning("--access-log: standard output cannot be written (%s); access lines are dropped from now on",
+                          error.strerror or error)  # fmt: skip
 
 
 def log_colors(environment: Mapping[str, str]) -> bool | None:

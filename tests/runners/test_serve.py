@@ -450,6 +450,34 @@ def test_access_log_lines_go_to_stdout_as_uvicorn_s_did(monkeypatch) -> None:
     assert err.getvalue() == "ERROR:    store 'qa' is unavailable from now on: gone\n"
 
 
+def test_an_access_log_output_that_cannot_be_written_is_one_warning_and_the_server_goes_on(monkeypatch, capsys) -> None:
+    """json61 F2: `serve --access-log | head -1`, or `> access.log` on a full disk: once stdout failed, logging printed
+    a "--- Logging error ---" block with a traceback on stderr for every request after it. Now one warning says so
+    in the server's log and the access lines are dropped."""
+    from dilstore.runners.cmd_serve import log_as_uvicorn_does
+    from dilstore.runners.serve_app import access_logger
+
+    class Closed(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    errors = logging.StreamHandler(err := io.StringIO())
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "dilstore.serve", "dilstore.serve.access")]
+    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
+    monkeypatch.setattr(sys, "stdout", Closed())
+    try:
+        loggers[0].handlers[:] = [errors]
+        log_as_uvicorn_does()
+        for _ in range(3):
+            access_logger.info("%s", '127.0.0.1:50070 - "GET /health HTTP/1.1" 200 0.001s')
+    finally:
+        for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
+    assert err.getvalue() == ("--access-log: standard output cannot be written (Broken pipe); access lines are "
+                              "dropped from now on\n")  # fmt: skip
+    assert "Logging error" not in capsys.readouterr().err
+
+
 def test_health_finds_a_store_moved_away_under_the_server(tiny: dict[str, Any], tmp_path: Path) -> None:
     """A store moved or deleted was served from its maps until a request needed a shard not opened yet, which got
     503, and /health stayed 200 until then (crash40 M4)."""
