@@ -59,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--score", type=Path, metavar="PREDICTIONS",
                         help="score this {question id: answer} JSON file instead of running a reader")  # fmt: skip
     parser.add_argument("--json", action="store_true",
-                        help='print {"questions","em","f1","k","seconds","reading","data"} (no progress bar)')
+                        help='print {"questions","em","f1","k","seconds","reading","data"} (no progress bar); with '
+                             '--score {"questions","em","f1","unanswered"}')
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (none with --json)")
     add_verbose_argument(parser)
     parser.set_defaults(run=run)
