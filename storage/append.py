@@ -337,17 +337,7 @@ def remove_leftovers(root: str | Path, manifest: Manifest, keep: Sequence[str] =
     committed = {str(record.get("generation")) for record in manifest.appends}
     doomed = [] if manifest.index == INDEX_DIR else [INDEX_DIR]
     doomed += [append_index_dir(generation) for generation in committed]
-    appends = root / APPENDS_DIR
-    if appends.is_dir():
-        uncommitted = [entry.name for entry in appends.iterdir() if entry.name not in committed]
-        doomed += [append_dir(name) for name in uncommitted if BUILD_ID.fullmatch(name) and name not in keep]
-        # An id index a killed write left half made (.tmp-index-*), or one replace_dir set aside (.tmp-old-index-*):
-        # inside a committed append's folder, verify took it for damage for good. Only in folders named and made as
-        # appends are: a link under appends/ led the glob to delete what the folder it names held (hostile46 F2).
-        folders = [entry for entry in appends.iterdir()
-                   if BUILD_ID.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink()]  # fmt: skip
-        doomed += [f"{APPENDS_DIR}/{folder.name}/{entry.name}" for folder in folders
-                   for entry in folder.glob(f"{TMP_PREFIX}*")]  # fmt: skip
+    doomed += _appends_leftovers(root / APPENDS_DIR, committed, keep)
     removed = []
     for relative in doomed:
         path = root / relative
@@ -355,3 +345,20 @@ def remove_leftovers(root: str | Path, manifest: Manifest, keep: Sequence[str] =
             remove_path(path)
             removed.append(relative)
     return removed
+
+
+def _appends_leftovers(appends: Path, committed: Collection[str], keep: Sequence[str]) -> list[str]:
+    """What no commit refers to under the store's `appends/` folder (store-relative paths, in the order they go):
+    the folders of appends not committed (named as appends are, and not in `keep`), then the temporaries a killed
+    write left inside an append's folder. Nothing when there is no such folder."""
+    if not appends.is_dir():
+        return []
+    uncommitted = [entry.name for entry in appends.iterdir() if entry.name not in committed]
+    leftovers = [append_dir(name) for name in uncommitted if BUILD_ID.fullmatch(name) and name not in keep]
+    # An id index a killed write left half made (.tmp-index-*), or one replace_dir set aside (.tmp-old-index-*):
+    # inside a committed append's folder, verify took it for damage for good. Only in folders named and made as
+    # appends are: a link under appends/ led the glob to delete what the folder it names held (hostile46 F2).
+    folders = [entry for entry in appends.iterdir()
+               if BUILD_ID.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink()]  # fmt: skip
+    return leftovers + [f"{APPENDS_DIR}/{folder.name}/{entry.name}" for folder in folders
+                        for entry in folder.glob(f"{TMP_PREFIX}*")]  # fmt: skip
