@@ -536,10 +536,34 @@ def _check_shard(
     """Check one shard's attributes, arrays, offsets, strings, spans and encoded values; return what it read of
     its rows (None when its ids or token offsets cannot be read). `store_codebook` names the arrays in the store's
     codebook/ (_store_codebook_names)."""
-    relative = entry.directory
-    where = relative
-    group = location.open_group(relative)
+    where = entry.directory
+    group = location.open_group(where)
     attributes = ShardAttributes.of(group, where)
+    if not _attributes_agree(attributes, manifest, entry, where, report):
+        return None
+    n, tokens, state_shape = entry.passages, entry.tokens, attributes.state_shape
+    ids = _strings(group, ID_BYTES, ID_OFFSETS, n, where, report)
+    titles = _strings(group, TITLE_BYTES, TITLE_OFFSETS, n, where, report)
+    texts = _strings(group, TEXT_BYTES, TEXT_OFFSETS, n, where, report)
+    fixed = fixed_arrays(n, tokens, attributes.vector_size)
+    lengths = _token_lengths(group, fixed, tokens, texts, where, report)
+    encoding = get_encoding(attributes.encoding)
+    in_store = set(encoding.codebook) if attributes.codebook_in_store else set()  # checked in codebook/ instead
+    held = _optional_codebook_held(group, encoding, attributes, store_codebook)
+    _check_encoded(group, encoding, state_shape, tokens, where, report, held, skip=in_store)
+    if attributes.vector_size is not None:
+        vectors = _fixed_array(group, fixed, VECTORS, where, report)
+        if vectors is not None and not np.isfinite(np.asarray(vectors[...])).all():
+            _problem(report, where, f"{VECTORS} holds NaN or infinite values")
+    return None if ids is None or lengths is None else _ShardRead(ids, lengths, titles, texts)
+
+
+def _attributes_agree(
+    attributes: ShardAttributes, manifest: Manifest, entry: ShardEntry, where: str, report: VerifyReport
+) -> bool:
+    """Whether the shard's attributes say what the manifest says of it (its number, kind, encoding, compressor,
+    state shape, counts and vector size), which the rest of its checks read by; its build and model are checked
+    too, and reported, but do not stop them."""
     expected = (entry.index, manifest.kind, manifest.encoding, manifest.compressor, manifest.state_shape,
                 entry.passages, entry.tokens, manifest.vector_size)
     found = (attributes.shard, attributes.kind, attributes.encoding, attributes.compressor, attributes.state_shape,
@@ -547,7 +571,7 @@ def _check_shard(
     if found != expected:
         _problem(report, where, f"attributes {found} differ from the manifest's {expected} "
                                 "(shard, kind, encoding, compressor, state shape, passages, tokens, vector size)")
-        return None
+        return False
     generation = entry.generation if entry.generation is not None else manifest.generation
     if attributes.generation != generation:
         _problem(report, where, f"belongs to build {attributes.generation!r}, the manifest to {generation!r}")
@@ -555,11 +579,15 @@ def _check_shard(
         manifest.fingerprint
     ):
         _problem(report, where, "was made by another model than the manifest's fingerprint says (edited fingerprint?)")
-    n, tokens, state_shape = entry.passages, entry.tokens, attributes.state_shape
-    ids = _strings(group, ID_BYTES, ID_OFFSETS, n, where, report)
-    titles = _strings(group, TITLE_BYTES, TITLE_OFFSETS, n, where, report)
-    texts = _strings(group, TEXT_BYTES, TEXT_OFFSETS, n, where, report)
-    fixed = fixed_arrays(n, tokens, attributes.vector_size)
+    return True
+
+
+def _token_lengths(
+    group: zarr.Group, fixed: dict[str, tuple[str, tuple[int, ...] | None]], tokens: int, texts: list[str] | None,
+    where: str, report: VerifyReport,
+) -> np.ndarray | None:
+    """The tokens of each row `(n,)`, once the token offsets, ids and char spans are checked (the spans against
+    `texts`, where they were read); None when the offsets cannot be read or are not valid."""
     token_offsets_array = _fixed_array(group, fixed, TOKEN_OFFSETS, where, report)
     token_ids = _fixed_array(group, fixed, TOKEN_IDS, where, report)
     char_spans = _fixed_array(group, fixed, CHAR_SPANS, where, report)
@@ -572,20 +600,20 @@ def _check_shard(
             _check_spans(np.asarray(char_spans[...]), token_offsets, texts, where, report)
     if token_ids is not None:
         np.asarray(token_ids[...])  # reading decodes every chunk: damage surfaces here
-    encoding = get_encoding(attributes.encoding)
-    in_store = set(encoding.codebook) if attributes.codebook_in_store else set()  # checked in codebook/ instead
+    return lengths
+
+
+def _optional_codebook_held(
+    group: zarr.Group, encoding: Encoding, attributes: ShardAttributes, store_codebook: set[str] | None
+) -> set[str]:
+    """The encoding's optional codebook arrays the shard's codebook holds: in the shard, or in the store's codebook/
+    for a shard that decodes with it (all of them when codebook/ could not be read: not this shard's problem)."""
     optional = encoding.optional_codebook()
     if not attributes.codebook_in_store:
-        present = {n for n in optional if states_array(n) in group}
+        present = {name for name in optional if states_array(name) in group}
     else:
-        present = set(optional) if store_codebook is None else store_codebook  # unread: not this shard's problem
-    held = set(optional) & present
-    _check_encoded(group, encoding, state_shape, tokens, where, report, held, skip=in_store)
-    if attributes.vector_size is not None:
-        vectors = _fixed_array(group, fixed, VECTORS, where, report)
-        if vectors is not None and not np.isfinite(np.asarray(vectors[...])).all():
-            _problem(report, where, f"{VECTORS} holds NaN or infinite values")
-    return None if ids is None or lengths is None else _ShardRead(ids, lengths, titles, texts)
+        present = set(optional) if store_codebook is None else store_codebook
+    return set(optional) & present
 
 
 def _check_spans(
