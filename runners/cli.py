@@ -239,10 +239,9 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
             drop_interrupted_work(stop)
         return 128 + stop.signal_number
     except DilstoreError as error:
-        if wraps_out_of_memory(error):  # a model's load that ran out of memory (journey59 F2)
-            print(f"dilstore {args.command}: error: {model_load_line()}", file=last_lines())
-            return 2
-        print(f"dilstore {args.command}: error: {scrubbed(str(error))}", file=last_lines())
+        # a model's load that ran out of memory (journey59 F2)
+        words = model_load_line() if wraps_out_of_memory(error) else scrubbed(str(error))
+        print(f"dilstore {args.command}: error: {words}", file=last_lines())
         return 2
     except KeyboardInterrupt as interrupt:
         earlier = earlier_stop(interrupt)
@@ -256,13 +255,7 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
         to_null_device(sys.stdout)  # the interpreter's last flush goes nowhere, where it failed again
         return 141
     except OSError as error:
-        # An unwritable output, a full disk, an unreadable file: one line naming the file, as promised.
-        if error.filename is None and (output_lost() or getattr(error, "standard_output", False)):
-            print(f"dilstore {args.command}: error: cannot write the output (standard output): "
-                  f"{error.strerror or error}", file=last_lines())  # fmt: skip
-            return 2
-        where = f": {error.filename}" if error.filename else ""
-        print(f"dilstore {args.command}: error: {scrubbed(f'{error.strerror or error}{where}')}", file=last_lines())
+        print(f"dilstore {args.command}: error: {_os_error_words(error)}", file=last_lines())
         return 2
     except UnicodeError as error:
         print(f"dilstore {args.command}: error: text that is not valid UTF-8: {error}", file=last_lines())
@@ -273,19 +266,36 @@ def _run(args: argparse.Namespace, *, exits: bool) -> int:
         print(f"dilstore {args.command}: error: {scrubbed(line)}", file=last_lines())
         return 2
     except (MemoryError, RuntimeError) as error:  # an allocation refused (torch's is a RuntimeError), a symlink loop
-        if is_out_of_memory(error):
-            print(f"dilstore {args.command}: error: {out_of_memory_line(args)}", file=last_lines())
-            return 2
-        if thread_refused(error):  # no room for a thread's stack under ulimit -v, or ulimit -u (journey59 F1)
-            print(f"dilstore {args.command}: error: {process_shortage(error)}", file=last_lines())
-            return 2
-        if not isinstance(error, RuntimeError) or (loop := symlink_loop(error)) is None:
+        if (words := _shortage_or_loop_words(args, error)) is None:
             raise
-        print(f"dilstore {args.command}: error: {scrubbed(f'{os.strerror(errno.ELOOP)}: {loop}')}", file=last_lines())
+        print(f"dilstore {args.command}: error: {words}", file=last_lines())
         return 2
     finally:
         if not exits:
             thaw()
+
+
+def _os_error_words(error: OSError) -> str:
+    """What an OSError that ended a command says after "error: ": an unwritable output, a full disk, an unreadable
+    file, in one line naming the file (the password of a URL in it hidden), as promised; an output that cannot be
+    written is named as the standard output where the error names no file (`output_lost`)."""
+    if error.filename is None and (output_lost() or getattr(error, "standard_output", False)):
+        return f"cannot write the output (standard output): {error.strerror or error}"
+    where = f": {error.filename}" if error.filename else ""
+    return scrubbed(f"{error.strerror or error}{where}")
+
+
+def _shortage_or_loop_words(args: argparse.Namespace, error: MemoryError | RuntimeError) -> str | None:
+    """What a MemoryError or RuntimeError that ended a command says after "error: ": an allocation refused (torch's
+    is a RuntimeError), a thread refused its stack (ulimit -v) or a process (ulimit -u) (journey59 F1), or a loop of
+    symbolic links; None for any other, which is a bug to show in full."""
+    if is_out_of_memory(error):
+        return out_of_memory_line(args)
+    if thread_refused(error):
+        return process_shortage(error)
+    if isinstance(error, RuntimeError) and (loop := symlink_loop(error)) is not None:
+        return scrubbed(f"{os.strerror(errno.ELOOP)}: {loop}")
+    return None
 
 
 def symlink_loop(error: RuntimeError) -> str | None:
