@@ -690,6 +690,36 @@ def precompute_store(args: argparse.Namespace) -> Outcome:
 
 def _precompute_store(args: argparse.Namespace) -> Outcome:
     started, started_monotonic = time.time(), time.monotonic()  # the summary's seconds, by either (time58 F2)
+    inputs, checked, runner, here = _checked_before_torch(args)
+    # Torch and transformers (5-6 s) only now: a Beam option Beam refuses was named after them (ci59 F3).
+    from dilstore.pipelines.job import run_spec
+    from dilstore.reader.offline.encoding import launched_models
+    from dilstore.storage.atomic_files import remove_dead_writers_temporaries
+    from dilstore.storage.format import SPEC_FILE
+    from dilstore.storage.replacement import finish_interrupted_swap
+    from dilstore.storage.write_lock import write_lock
+
+    with scratch_dir("dilstore-progress-") as progress_dir, launched_models():
+        job = build_job(args, started, runner, str(progress_dir) if here else None, started_monotonic, inputs,
+                        checked)  # fmt: skip
+        store, spec = Path(job.store), run_spec(job)
+        with write_lock(store):
+            finish_interrupted_swap(store)
+            if args.append:
+                return append_to_store(job, runner, args)
+            # A run killed while it wrote its spec left the spec's temporary, and the folder was then refused as "not
+            # made by `dilstore precompute`" to every run of the same command (state56 F1).
+            remove_dead_writers_temporaries(store / SPEC_FILE)
+            summary, notice = _build_or_find(job, spec, runner, args)
+    return summary, nothing_stored(summary, job.store), notice
+
+
+def _checked_before_torch(
+    args: argparse.Namespace,
+) -> tuple[tuple[ReadTask, ...], tuple[Path, Path | None], str, bool]:
+    """What can be checked of the run before torch and transformers load, checked, with Beam's and Dask's logging
+    set for it: the inputs (`resolve_inputs`), the output and codebook (`check_output_and_codebook`), the Beam
+    runner, and whether its workers run on this machine (`runs_here`)."""
     check_append_flags(args)
     # Before Beam, torch and transformers load: a mistyped --input was named after some 8 s of imports (ci59 F2),
     # a mistyped --codebook or --append store after 10-25 s (fast59 F3), a mistyped --model after 10 s (fast59 F6).
@@ -719,7 +749,14 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
     here = runs_here(pipeline_options(assemble_beam_flags(runner, args.beam_args, LocalDefaults(workers=args.workers))))
     if not here:
         logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
-    # Torch and transformers (5-6 s) only now: a Beam option Beam refuses was named after them (ci59 F3).
+    return inputs, checked, runner, here
+
+
+def _build_or_find(job: PrecomputeJob, spec: dict[str, Any], runner: str, args: argparse.Namespace
+                   ) -> tuple[dict[str, Any], str | None]:  # fmt: skip
+    """Build the store at `job.store` (under its write lock), or build its replacement beside it and swap it in
+    (--overwrite of a store of other settings), or find it complete with these settings already; the run summary,
+    and a notice for the last."""
     from dilstore.pipelines.finish import read_summary
     from dilstore.pipelines.job import (
         changed_since_built,
@@ -728,48 +765,32 @@ def _precompute_store(args: argparse.Namespace) -> Outcome:
         needs_replacement,
         prepare_store,
         replacement_dir,
-        run_spec,
         unmade_if_nothing_stored,
     )
     from dilstore.pipelines.spec_file import read_spec
-    from dilstore.reader.offline.encoding import launched_models
-    from dilstore.storage.atomic_files import remove_dead_writers_temporaries
-    from dilstore.storage.format import SPEC_FILE
-    from dilstore.storage.replacement import finish_interrupted_swap, swap_in
-    from dilstore.storage.write_lock import write_lock
+    from dilstore.storage.replacement import swap_in
 
-    with scratch_dir("dilstore-progress-") as progress_dir, launched_models():
-        job = build_job(args, started, runner, str(progress_dir) if here else None, started_monotonic, inputs,
-                        checked)  # fmt: skip
-        store, spec = Path(job.store), run_spec(job)
-        with write_lock(store):
-            finish_interrupted_swap(store)
-            if args.append:
-                return append_to_store(job, runner, args)
-            # A run killed while it wrote its spec left the spec's temporary, and the folder was then refused as "not
-            # made by `dilstore precompute`" to every run of the same command (state56 F1).
-            remove_dead_writers_temporaries(store / SPEC_FILE)
-            with unmade_if_nothing_stored(store) as attempt:
-                notice = None
-                if prepare_store(store, spec, args.overwrite):
-                    summary = {**read_summary(store), "store": job.store, "already_complete": True}  # where it is now
-                    notice = f"{job.store} is already complete with these settings"
-                    if changed_since_built(store, read_spec(store)):
-                        notice += (" and has changed since (appends, or a compaction): the summary is its first "
-                                   "build's, `dilstore info` counts what it holds, and --overwrite builds it again "
-                                   "from these inputs alone")  # fmt: skip
-                elif args.overwrite and needs_replacement(store, spec):
-                    check_replaceable(store, [task.path for task in job.inputs])
-                    # A replacement refused before its job started (a foreign --codebook) left its folder behind; one
-                    # of other settings goes first, so that the take-back sees the folder this run starts from.
-                    with unmade_if_nothing_stored(discard_other_replacement(store, spec), store) as replacing:
-                        building = replacement_dir(store, spec)
-                        built = dataclasses.replace(job, store=str(building), destination=job.store)
-                        summary = build_store(built, runner, args, replacing)
-                    swap_in(store, building)
-                else:
-                    summary = build_store(job, runner, args, attempt)
-    return summary, nothing_stored(summary, job.store), notice
+    store = Path(job.store)
+    with unmade_if_nothing_stored(store) as attempt:
+        if prepare_store(store, spec, args.overwrite):
+            summary = {**read_summary(store), "store": job.store, "already_complete": True}  # where it is now
+            notice = f"{job.store} is already complete with these settings"
+            if changed_since_built(store, read_spec(store)):
+                notice += (" and has changed since (appends, or a compaction): the summary is its first "
+                           "build's, `dilstore info` counts what it holds, and --overwrite builds it again "
+                           "from these inputs alone")  # fmt: skip
+            return summary, notice
+        if args.overwrite and needs_replacement(store, spec):
+            check_replaceable(store, [task.path for task in job.inputs])
+            # A replacement refused before its job started (a foreign --codebook) left its folder behind; one
+            # of other settings goes first, so that the take-back sees the folder this run starts from.
+            with unmade_if_nothing_stored(discard_other_replacement(store, spec), store) as replacing:
+                building = replacement_dir(store, spec)
+                built = dataclasses.replace(job, store=str(building), destination=job.store)
+                summary = build_store(built, runner, args, replacing)
+            swap_in(store, building)
+            return summary, None
+        return build_store(job, runner, args, attempt), None
 
 
 def nothing_stored(summary: dict[str, Any], store: str) -> str | None:
