@@ -101,9 +101,11 @@ def format_for_path(path: str | Path) -> str:
 
 
 def _is_json_object(line: bytes) -> bool:
+    """Whether `line` is a whole JSON object: False for one that does not parse, however it fails (a line nested
+    deeper than the stack was a RecursionError traceback from `check_format`, complex61 F5)."""
     try:
         return isinstance(json.loads(line), dict)
-    except ValueError:  # not JSON, or not UTF-8
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, an integer of over 4,300 digits; nesting too deep
         return False
 
 

@@ -1076,6 +1076,17 @@ def test_json_lines_and_one_json_document_are_told_apart(tmp_path: Path) -> None
         check_format(pretty, "jsonl")
 
 
+def test_a_first_line_nested_deeper_than_the_stack_is_no_json_object_to_the_format_check(tmp_path: Path) -> None:
+    """A .json corpus whose first line held JSON nested 100,000 deep, with an object opening the next line, ended
+    `dilstore precompute` in a RecursionError traceback from the format check, before any work (complex61 F5): to
+    the check it is no JSON object, as any first line that does not parse, and the reader dead-letters the file."""
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"data": ' + "[" * 100_000 + "]" * 100_000 + '}\n{"id": "b", "text": "x"}\n')
+    check_format(deep, "squad")
+    [rejected] = read_squad(deep)
+    assert isinstance(rejected, Rejected) and rejected.reason.startswith("bad JSON: maximum recursion depth")
+
+
 @pytest.mark.parametrize(
     ("format", "content"),
     [("msmarco", b"1\tfirst record text\r2\tsecond record text\r"),
