@@ -391,6 +391,9 @@ def check_scheduler_file(path: str) -> None:
     except (OSError, UnicodeError, ValueError, AttributeError) as error:  # AttributeError: JSON, but no object
         why = error.strerror if isinstance(error, OSError) else "it is not a JSON object"
         raise DilstoreError(f"--dask_scheduler_file {path} holds no scheduler address: {why} ({written_by})") from None
+    except RecursionError:  # Python's parser recurses once per level: a traceback (complex61 F6)
+        raise DilstoreError(f"--dask_scheduler_file {path} holds no scheduler address: its JSON is nested too deep "
+                            f"to read ({written_by})") from None  # fmt: skip
     if not isinstance(address, str) or not address.strip():
         raise DilstoreError(f'--dask_scheduler_file {path} holds no scheduler address: no string "address" in it '
                             f"({written_by})")  # fmt: skip

@@ -156,6 +156,16 @@ def test_a_scheduler_file_that_names_no_scheduler_is_refused_with_what_is_wrong(
         check_scheduler_file(str(tmp_path / "absent.json"))
 
 
+def test_a_scheduler_file_nested_deeper_than_the_stack_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A --dask_scheduler_file holding JSON nested 100,000 deep ended `precompute` in a RecursionError traceback
+    before any work (complex61 F6)."""
+    path = tmp_path / "scheduler.json"
+    path.write_text('{"address": ' + "[" * 100_000 + "]" * 100_000 + "}", encoding="utf-8")
+    with pytest.raises(DilstoreError, match=f"^--dask_scheduler_file {path} holds no scheduler address: its JSON is "
+                                            "nested too deep to read "):  # fmt: skip
+        check_scheduler_file(str(path))
+
+
 RUN_AGAIN = "interrupted; run the same command again to go on (the shards it finished are kept)"
 
 
