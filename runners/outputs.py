@@ -114,12 +114,13 @@ def is_store(folder: Path) -> bool:
 
 
 def _json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`, or {} when there is none (no regular file, unreadable, not JSON, not an object)."""
+    """The JSON object in `path`, or {} when there is none (no regular file, unreadable, not JSON, not an object, or
+    nested deeper than Python's parser goes: a RecursionError traceback, complex61 F7)."""
     if not path.is_file():  # a FIFO of that name would block the read
         return {}
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 

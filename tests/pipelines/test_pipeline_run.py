@@ -612,6 +612,19 @@ def test_only_a_dilstore_store_above_the_output_refuses_it(tmp_path: Path) -> No
         refuse_store_inside_store(tmp_path / "building" / "sub", "--output")
 
 
+def test_a_manifest_above_the_output_nested_deeper_than_the_stack_is_no_store(tmp_path: Path) -> None:
+    """Another tool's manifest.json (or a precompute.json) above --output holding JSON nested 100,000 deep ended
+    precompute, compact --output and train in a RecursionError traceback (complex61 F7): it is no store's, as a
+    file that is not JSON is not."""
+    from dilstore.runners.outputs import refuse_store_inside_store
+
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "app").mkdir()
+    for name in ("manifest.json", "precompute.json"):
+        (tmp_path / "app" / name).write_text(f'{{"format": {deep}}}')
+    refuse_store_inside_store(tmp_path / "app" / "stores" / "wiki", "--output")
+
+
 def test_an_input_edited_in_place_is_a_new_spec(tmp_path: Path) -> None:
     """Same size, new content: the spec differs by the modification time, so the store is not called complete."""
     corpus = write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(2))
