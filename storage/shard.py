@@ -97,7 +97,7 @@ class ShardAttributes:
                 fingerprint_sha256=_optional_text(data, "fingerprint_sha256"),
                 codebook=_optional_text(data, "codebook"),
             )
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, OverflowError) as error:  # Overflow: a count of 1e999, complex61 F8
             raise StoreFormatError(f"{where} has malformed attributes: {type(error).__name__}: {error}") from None
         get_kind(attributes.kind).check_state_shape(attributes.state_shape)
         if attributes.codebook not in (None, STORE_CODEBOOK):

@@ -9,6 +9,7 @@ points at `dilstore verify`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -355,3 +356,18 @@ def test_a_shard_whose_format_version_is_not_an_integer_is_refused_in_one_line(s
         opened.fetch([ids[0]])
     assert str(raised.value).endswith(f"shard-00000 has format version {version!r}, not an integer; run `dilstore "
                                       "verify`")
+
+
+@pytest.mark.parametrize(("field", "value"), [("passages", math.inf), ("state_shape", [math.inf])])
+def test_a_shard_attribute_too_large_for_an_integer_is_refused_in_one_line(store: Path, field: str, value) -> None:
+    """A shard's count or size of 1e999 (JSON's number for infinity) was an OverflowError traceback from `compact` and
+    from every reader that opened the shard (complex61 F8): a StoreFormatError naming the shard, as for a count that
+    is not a number."""
+    ids = all_ids(store)
+    attributes = store / shard_path(0) / "zarr.json"
+    metadata = json.loads(attributes.read_text())
+    metadata["attributes"]["dilstore"][field] = value
+    attributes.write_text(json.dumps(metadata))
+    with open_store(store) as opened, pytest.raises(StoreFormatError, match=r"shard-00000 has malformed attributes: "
+                                                    r"OverflowError: cannot convert float infinity to integer$"):
+        opened.fetch([ids[0]])
