@@ -10,6 +10,9 @@ from typing import Any
 
 # The largest seed numpy's legacy and Generator seeding accept.
 MAX_SEED = 2**32 - 1
+# The most torch threads a command may ask for per CPU this process may use (as pipelines.options.WORKERS_PER_CPU
+# bounds --workers: more only wait for a core).
+THREADS_PER_CPU = 4
 
 
 def positive_int(text: str) -> int:
@@ -29,6 +32,24 @@ def integer_at_least(low: int) -> Callable[[str], int]:
         return _integer_in(text, low, None, f"an integer of at least {low}")
 
     return parse
+
+
+def thread_count(text: str) -> int:
+    """argparse type: torch's CPU threads, a positive integer of at most THREADS_PER_CPU per CPU this process may use.
+
+    torch takes no count of 2**31 or more: `evaluate-rc --threads 99999999999999999999` (ask, rerank, serve, train
+    too) ended in a ValueError traceback from torch.set_num_threads, and `precompute --threads` in "the pipeline
+    failed: ValueError: Overflow when unpacking long long" after its model load, naming no option (complex61 F9); a
+    count short of that started as many OpenMP threads, which only wait for a core. The bound is --workers' own.
+    """
+    from dilstore.storage.cpus import usable_cpu_count
+
+    value = positive_int(text)
+    cpus = usable_cpu_count()
+    if value > (most := THREADS_PER_CPU * cpus):
+        raise argparse.ArgumentTypeError(f"expected at most {most} threads ({THREADS_PER_CPU} per CPU of the {cpus} "
+                                         f"this process may use), got {value}")  # fmt: skip
+    return value
 
 
 def numpy_seed(text: str) -> int:

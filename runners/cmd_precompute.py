@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dilstore.runners.arg_types import option_words, positive_int
+from dilstore.runners.arg_types import option_words, positive_int, thread_count
 from dilstore.runners.outputs import check_output_folder, check_store_path_length, refuse_store_inside_store
 from dilstore.runners.precompute_run import run_pipeline
 from dilstore.runners.quiet import add_verbose_argument, logging_restored, quiet_beam_logging, quiet_dask_logging
@@ -140,7 +140,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="local worker processes: DirectRunner or FnApiRunner multi-processing, Dask LocalCluster "
                           "(default: the number of CPUs this process may use, as its affinity and cgroup CPU quota "
                           "allow)")
-    run.add_argument("--threads", type=positive_int, metavar="N",
+    run.add_argument("--threads", type=thread_count, metavar="N",
                      help="torch threads per worker (default: those CPUs / workers, at least 1, and at most "
                           "$OMP_NUM_THREADS where set)")
     run.add_argument("--batch-tokens", type=positive_int, default=8192, metavar="N",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from dilstore.runners.arg_types import positive_int, sample_seed, torch_device
+from dilstore.runners.arg_types import positive_int, sample_seed, thread_count, torch_device
 from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `dilstore --help` stays fast
@@ -42,7 +42,7 @@ def subset_seed(args: argparse.Namespace) -> int:
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """Where and how wide to run."""
     parser.add_argument("--device", type=torch_device, help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--threads", type=positive_int,
+    parser.add_argument("--threads", type=thread_count,
                         help="torch CPU threads (default: torch's choice, at most the CPUs this process may use)")
 
 

@@ -144,6 +144,26 @@ def test_bad_threads_and_devices_are_usage_errors_before_the_command_runs(
     assert exited.value.code == 2 and message in err.strip().splitlines()[-1] and "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", [*_RUNTIME, ["precompute", "--input", "{tmp}/none.jsonl"]])
+def test_more_threads_than_the_cpus_can_use_are_a_usage_error(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--threads 18446744073709551616` ended ask, evaluate-*, rerank, serve and train in a ValueError traceback from
+    torch.set_num_threads, and precompute in "the pipeline failed: ValueError: Overflow when unpacking long long"
+    after its model load, naming no option (complex61 F9). Refused as --workers is, past 4 per usable CPU."""
+    from dilstore.storage.cpus import usable_cpu_count
+
+    most = 4 * usable_cpu_count()
+    for threads in (2**64, most + 1):
+        with pytest.raises(SystemExit) as exited:
+            main(filled(command, tmp=tmp_path) + ["--threads", str(threads)])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and "Traceback" not in err
+        assert err.strip().splitlines()[-1].endswith(f"argument --threads: expected at most {most} threads (4 per CPU "
+                                                     f"of the {usable_cpu_count()} this process may use), got "
+                                                     f"{threads}")  # fmt: skip
+
+
 @pytest.mark.parametrize("command", [["evaluate-qa", "{tmp}/no-store", "--questions", "{tmp}/q.jsonl"],
                                      ["evaluate-rc", "--data", "{tmp}/none.json"]])  # fmt: skip
 def test_a_seed_without_a_limit_is_refused(command: list[str], tmp_path: Path, capsys) -> None:
