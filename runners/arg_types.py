@@ -35,12 +35,14 @@ def integer_at_least(low: int) -> Callable[[str], int]:
 
 
 def thread_count(text: str) -> int:
-    """argparse type: torch's CPU threads, a positive integer of at most THREADS_PER_CPU per CPU this process may use.
+    """argparse type: torch's CPU threads, or BM25's Java threads (`index`, `train ranking-data`), a positive integer
+    of at most THREADS_PER_CPU per CPU this process may use.
 
     torch takes no count of 2**31 or more: `evaluate-rc --threads 99999999999999999999` (ask, rerank, serve, train
     too) ended in a ValueError traceback from torch.set_num_threads, and `precompute --threads` in "the pipeline
     failed: ValueError: Overflow when unpacking long long" after its model load, naming no option (complex61 F9); a
     count short of that started as many OpenMP threads, which only wait for a core. The bound is --workers' own.
+    `index --threads 100000` failed as "java.lang.IllegalArgumentException: None", naming no option (complex61 F10).
     """
     from dilstore.storage.cpus import usable_cpu_count
 

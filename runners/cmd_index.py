@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dilstore.reader.retrieval import bm25_index_dir
-from dilstore.runners.arg_types import positive_int
+from dilstore.runners.arg_types import thread_count
 from dilstore.runners.quiet import add_verbose_argument
 from dilstore.runners.scratch import scratch_dir
 from dilstore.storage.errors import DilstoreError
@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("store", metavar="STORE", help="a store written by `dilstore precompute` (a local folder)")
-    parser.add_argument("--threads", type=positive_int, default=1, help="indexing threads (default 1)")
+    parser.add_argument("--threads", type=thread_count, default=1, help="indexing threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (none with --json)")
     add_verbose_argument(parser)

@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from dilstore.runners.arg_types import numpy_seed, positive_int
+from dilstore.runners.arg_types import numpy_seed, positive_int, thread_count
 from dilstore.runners.inputs import require_file
 from dilstore.runners.outputs import check_output_folder
 from dilstore.runners.reading_options import apply_threads
@@ -80,7 +80,7 @@ def register_ranking_data(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=numpy_seed, default=13, help="seed of the negative sampling (default 13)")
     parser.add_argument("--limit", type=int, help="only the first N questions (the index still covers all)")
     parser.add_argument("--work", type=Path, help="where the BM25 index is cached (default OUTPUT/work)")
-    parser.add_argument("--threads", type=positive_int, default=1, help="indexing and search threads (default 1)")
+    parser.add_argument("--threads", type=thread_count, default=1, help="indexing and search threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     again = ("run the same command again (it reuses a BM25 index it finished in --work, and removes a half-built one, "
              "WORK/.bm25.building)")  # fmt: skip

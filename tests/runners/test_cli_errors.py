@@ -164,6 +164,25 @@ def test_more_threads_than_the_cpus_can_use_are_a_usage_error(
                                                      f"{threads}")  # fmt: skip
 
 
+@pytest.mark.parametrize("command", [["index", "{tmp}/no-store"],
+                                     ["train", "ranking-data", "--squad", "{tmp}/none.json", "--output", "{tmp}/o"]])
+def test_more_bm25_threads_than_the_cpus_can_use_are_a_usage_error(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`index --threads 100000` failed after the store's checks as "the BM25 index ... could not be built
+    (java.lang.IllegalArgumentException: None)", and 2147483648 as an args4j line about "-threads", neither naming
+    the option (complex61 F10). Refused as torch's --threads is, past 4 per usable CPU."""
+    from dilstore.storage.cpus import usable_cpu_count
+
+    most = 4 * usable_cpu_count()
+    with pytest.raises(SystemExit) as exited:
+        main(filled(command, tmp=tmp_path) + ["--threads", str(most + 1)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.strip().splitlines()[-1].endswith(
+        f"argument --threads: expected at most {most} threads (4 per CPU of the {usable_cpu_count()} this process may "
+        f"use), got {most + 1}")  # fmt: skip
+
+
 @pytest.mark.parametrize("command", [["evaluate-qa", "{tmp}/no-store", "--questions", "{tmp}/q.jsonl"],
                                      ["evaluate-rc", "--data", "{tmp}/none.json"]])  # fmt: skip
 def test_a_seed_without_a_limit_is_refused(command: list[str], tmp_path: Path, capsys) -> None:
