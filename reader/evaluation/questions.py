@@ -75,10 +75,11 @@ def _is_pipe(path: Path) -> bool:
 
 
 def _opens_with_a_question_object(path: Path) -> bool:
-    """Whether the first line of `path` is a JSON object with a "question"."""
+    """Whether the first line of `path` is a JSON object with a "question" (a line nested past the stack is not one:
+    its RecursionError ended `evaluate-qa` in a traceback, complex61)."""
     try:
         with path.open("rb") as handle:
             first = json.loads(handle.readline(1 << 20).decode("utf-8-sig"))
-    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return False
     return isinstance(first, dict) and "question" in first

@@ -194,6 +194,16 @@ def test_jsonl_questions_in_a_json_file_are_named_as_such(tmp_path: Path) -> Non
         load_questions(path)
 
 
+def test_a_question_file_nested_past_the_stack_is_named_not_a_traceback(tmp_path: Path) -> None:
+    """A .json question file nested ~100,000 deep is refused in load_squad's one line; the look at its first line
+    for a DPR question object then met the same RecursionError and ended `evaluate-qa` in a traceback (complex61,
+    handed over)."""
+    path = tmp_path / "questions.json"
+    path.write_text('{"question": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(DilstoreError, match=r"nested too deep to read"):
+        load_questions(path)
+
+
 def test_jsonl_questions_through_a_pipe_say_why_they_were_read_as_squad_json(tmp_path: Path) -> None:
     """`--questions <(zcat q.jsonl.gz)` is /dev/fd/N, read as SQuAD JSON: it got only "the document has no 'data'
     key" (docs50 L3)."""
