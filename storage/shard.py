@@ -82,7 +82,10 @@ class ShardAttributes:
         if not is_integer(version):  # "2" or null raised a TypeError from the comparison; 2.5 and true were read
             raise StoreFormatError(f"{where} has format version {version!r:.40}, not an integer; run `dilstore verify`")
         if version > SHARD_FORMAT_VERSION:
-            raise StoreFormatError(f"{where} has format version {version}, newer than {SHARD_FORMAT_VERSION}")
+            raise StoreFormatError(
+                f"{where} has format version {version}, newer than this dilstore reads ({SHARD_FORMAT_VERSION}); "
+                "upgrade dilstore"
+            )
         try:
             attributes = cls(
                 shard=int(data["shard"]),

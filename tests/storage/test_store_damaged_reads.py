@@ -330,7 +330,9 @@ def test_a_shard_that_names_no_format_version_is_refused(store: Path) -> None:
 @pytest.mark.parametrize("newer", [1, 2, 100])
 def test_a_shard_of_any_newer_format_version_is_refused_naming_it(store: Path, newer: int) -> None:
     """A shard written by a later dilstore (its format version above the reader's) is refused, the next version
-    too, not read as if its layout were the current one."""
+    too, not read as if its layout were the current one; the message says to upgrade dilstore, as STORE_FORMAT.md
+    §12 and the manifest's refusal do (spec61 F1: "has format version 4, newer than 3" left the reader to guess
+    whether the store or the dilstore was at fault)."""
     ids = all_ids(store)
     attributes = store / shard_path(0) / "zarr.json"
     metadata = json.loads(attributes.read_text())
@@ -340,7 +342,10 @@ def test_a_shard_of_any_newer_format_version_is_refused_naming_it(store: Path, n
     attributes.write_text(json.dumps(metadata))
     with open_store(store) as opened, pytest.raises(StoreFormatError) as raised:
         opened.fetch([ids[0]])
-    assert str(raised.value).endswith(f"shard-00000 has format version {version}, newer than {SHARD_FORMAT_VERSION}")
+    assert str(raised.value).endswith(
+        f"shard-00000 has format version {version}, newer than this dilstore reads ({SHARD_FORMAT_VERSION}); "
+        "upgrade dilstore"
+    )
 
 
 @pytest.mark.parametrize("version", ["2", 2.5, True, [1]])

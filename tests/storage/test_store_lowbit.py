@@ -462,7 +462,7 @@ def test_a_shard_newer_than_rotated_codes_is_refused(lowbit_store) -> None:
     metadata = json.loads(attributes.read_text())
     metadata["attributes"]["dilstore"]["format_version"] = 4
     attributes.write_text(json.dumps(metadata))
-    with pytest.raises(StoreFormatError, match="has format version 4, newer than 3"):
+    with pytest.raises(StoreFormatError, match=r"format version 4, newer than this dilstore reads \(3\); upgrade"):
         open_store(root).fetch([records[0].id])
 
 
