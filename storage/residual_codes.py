@@ -39,6 +39,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from dilstore.storage.format import StoreFormatError
 from dilstore.storage.rotated_codes import (
     ROTATED_CODEBOOK,
     bucket_of,
@@ -90,6 +91,31 @@ def _token_scales(residuals: np.ndarray) -> np.ndarray:
     """Per-token-vector RMS of `(rows, *S)` residuals, rounded to float16: `(rows, *S[:-1])` float16."""
     rms = np.sqrt(np.mean(np.square(residuals, dtype=np.float64), axis=-1))  # (rows, *S[:-1])
     return np.minimum(rms, FLOAT16_MAX).astype(np.float16)
+
+
+class ScaleBeyondRange(StoreFormatError):
+    """Token `row` of the states being encoded has a residual whose RMS float16, the dtype of its scale, cannot
+    hold: clipped to 65504, the scale decoded the token about ten times too small (spec61 F2)."""
+
+    def __init__(self, row: int, rms: float) -> None:
+        self.row = row
+        self.problem = (f"has a residual of RMS {rms:.4g} against the codebook, beyond the range of its float16 "
+                        f"scale ({FLOAT16_MAX:g}); use fp32 or int8, which hold it")
+        super().__init__(f"token {row} of the states encoded {self.problem}")  # write_shard names its passage
+
+
+def _refuse_clipped_scales(residuals: np.ndarray, mean: np.ndarray, scales: np.ndarray, start: int) -> None:
+    """Raise ScaleBeyondRange for the first token of `residuals` `(rows, *S)` (less their centroids; `start`: the
+    first one's row) whose RMS `_token_scales` clipped to FLOAT16_MAX. Only tokens whose `scales` `(rows, *S[:-1])`
+    reached it are looked at again, so the encoder's pass stays one."""
+    reached = np.flatnonzero(scales.reshape(len(scales), -1).max(axis=1, initial=0) >= FLOAT16_MAX)  # (k,)
+    if not reached.size:
+        return
+    values = np.subtract(residuals[reached], mean, dtype=np.float32)  # (k, *S)
+    rms = np.sqrt(np.mean(np.square(values, dtype=np.float64), axis=-1)).reshape(len(reached), -1).max(axis=1)  # (k,)
+    beyond = np.flatnonzero(rms > FLOAT16_MAX)
+    if beyond.size:
+        raise ScaleBeyondRange(start + int(reached[beyond[0]]), float(rms[beyond[0]]))
 
 
 def _normalized_residuals(states: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -260,6 +286,7 @@ def encode_residual(
             ids[rows] = _assign_centroids(block, centroids)
             block = block - _gather_centroids(ids[rows], centroids)  # (rows, *S)
         normalized, scales[rows] = _normalized_residuals(block, mean)  # (rows, *S)
+        _refuse_clipped_scales(block, mean, scales[rows], start)
         if rotated:
             codes[rows] = encode_rotated(normalized, codebook, bits)
         else:

@@ -67,6 +67,7 @@ from dilstore.storage.format import (
     states_array,
 )
 from dilstore.storage.records import EncodedPassage, PassageRecord
+from dilstore.storage.residual_codes import ScaleBeyondRange
 from dilstore.storage.shard import ShardAttributes
 from dilstore.storage.zarr_reads import METADATA_ERRORS
 
@@ -175,9 +176,11 @@ def write_shard(
         check_codebook(encoding_spec, codebook, columns.state_shape)
     try:
         encoded = encoding_spec.encode(states, codebook)
-    except StoreFormatError:  # the encoder checks its range in one pass; the token is looked for only on refusal
+    except StoreFormatError as error:  # the encoder checks its range in one pass; the token is looked for on refusal
         if encoding_spec.max_abs is not None:
             _refuse_beyond_range(columns, states, encoding_spec)
+        if isinstance(error, ScaleBeyondRange):  # 2bit/1bit: the encoder knows the token, the shard its passage
+            _fail(columns, error.row, error.problem)
         raise
     _refuse_shard_problems(columns, encoding_spec, encoded, shard_name(shard_index))
     return _publish(root, shard_index, columns, encoded, _ShardSettings(

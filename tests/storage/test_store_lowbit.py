@@ -456,6 +456,26 @@ def test_centroids_shrink_the_error_and_a_codebook_without_them_encodes_as_befor
         check_codebook(spec, {**old, "extra": old["mean"]}, (32,))
 
 
+@pytest.mark.parametrize("scheme", ["rotated", "plain"])
+def test_a_token_whose_residual_is_beyond_a_float16_scale_is_refused_naming_it(tmp_path: Path, scheme: str) -> None:
+    """A token vector whose residual against the codebook has an RMS past 65504 cannot keep its float16 scale, so
+    write_shard refuses it naming its passage and token, as fp16 refuses such values (spec61 F2: the scale was
+    clipped to 65504 and the shard stored; the token then decoded about 10 times too small, with a relative error
+    of 0.93, and verify passed the store). A token of RMS below the limit is stored as before."""
+    codebook = _codebook("2bit", scheme)
+    records = _records(3)
+    moderate = records[1].states.copy()
+    moderate[0] *= 1e4  # (n, d): an RMS of about 5e4
+    stored = [*records[:1], PassageRecord(**{**records[1].__dict__, "states": moderate}), *records[2:]]
+    write_shard(tmp_path / "a", 0, stored, kind="dilbert", encoding="2bit", codebook=codebook, durable=False)
+    huge = records[1].states.copy()
+    huge[0] *= 1e6  # an RMS of about 5e6
+    refused = [*records[:1], PassageRecord(**{**records[1].__dict__, "states": huge}), *records[2:]]
+    with pytest.raises(DilstoreError, match=r"^passage 'p3-1': token 0 has a residual of RMS 5\.\d+e\+06 .*65504"):
+        write_shard(tmp_path / "b", 0, refused, kind="dilbert", encoding="2bit", codebook=codebook, durable=False)
+    assert not (tmp_path / "b" / shard_path(0)).exists()
+
+
 def test_a_shard_newer_than_rotated_codes_is_refused(lowbit_store) -> None:
     _, root, records = lowbit_store
     attributes = root / shard_path(0) / "zarr.json"
