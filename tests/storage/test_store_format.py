@@ -861,6 +861,9 @@ def test_shards_kept_open_round_mapped_files_per_shard_up_and_count_none_for_a_c
     ("appends/0123456789abcdef/shards/shard-00003/states/values/c/0/0", "states"),  # an append's counts as the root's
     ("appends/0123456789abcdef/index/rows/c/0", "index"),
     ("passages/part-00000.parquet", "other"),
+    ("shards/shard-00000/passages/vectors/c/0/0", "passages"),  # as STORE_FORMAT.md §11 names them (spec61 F5)
+    ("passages/jsonl/part-00000.jsonl", "other"),
+    ("rejected/part-00000.jsonl", "other"),
 ])  # fmt: skip
 def test_info_puts_each_file_in_its_part(path: str, part: str) -> None:
     """`info`'s size breakdown: metadata first, the codebook with the states, an append's files as the root's (mut58:
