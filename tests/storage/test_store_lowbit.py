@@ -166,6 +166,13 @@ def test_zarr_python_reads_codes_and_codebook_and_decodes_like_the_store(lowbit_
         for row, passage_id in enumerate(ids):
             np.testing.assert_allclose(decoded[offsets[row] : offsets[row + 1]], stored[passage_id], rtol=1e-6,
                                        atol=1e-5)  # a float32 product with the axes
+        # §4's scale recipe from the written states, the centroid ids and the mean (spec61 F3)
+        states = np.concatenate([r.states for r in records if r.id.startswith(f"p{shard}-")])  # (T, d)
+        if centroids:
+            states = states - np.asarray(codebook["centroids"][...])[np.asarray(group["states/centroid_ids"][...])]
+        residuals = np.subtract(states, np.asarray(codebook["mean"][...]), dtype=np.float32)  # (T, d)
+        scales = np.sqrt(np.mean(np.square(residuals, dtype=np.float64), axis=-1)).astype(np.float16)  # (T,)
+        np.testing.assert_array_equal(np.asarray(group["states/scales"][...]), scales)
 
 
 def test_round_trip_gives_back_what_the_store_returns(lowbit_store) -> None:
