@@ -334,7 +334,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     from dilstore.reader.batching import BatchPolicy
     from dilstore.reader.modeling.fingerprint import model_fingerprint
     from dilstore.reader.offline.encoding import keep_launched, load_reader
-    from dilstore.reader.offline.kinds import max_positions
+    from dilstore.reader.offline.kinds import max_positions, positions_note
     from dilstore.reader.threads import start_thread_pool
 
     output, codebook = check_output_and_codebook(args) if checked is None else checked
@@ -350,7 +350,9 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
             f"word pieces; use at least {MIN_MAX_LENGTH}"
         )
     if args.max_length > positions:
-        raise DilstoreError(f"--max-length {args.max_length} exceeds the model's {positions} positions")
+        raise DilstoreError(
+            f"--max-length {args.max_length} exceeds the model's {positions} positions{positions_note(reader)}"
+        )
     if args.shards is not None and args.shards > MAX_DEFAULT_SHARDS:  # each shard costs files even when empty
         raise DilstoreError(f"--shards {args.shards} is more than {MAX_DEFAULT_SHARDS}, the most a store is split into")
     if codebook is not None:

@@ -208,9 +208,22 @@ def _cannot_make(kind: str, found: str) -> str:
 
 
 def max_positions(model: OfflineModel) -> int:
-    """The most tokens one segment of `model` may hold (architectures.segment_positions)."""
+    """The most tokens one stored passage of `model` may hold: a segment's (architectures.segment_positions), less
+    one for a Listformer with the prior, whose prior encoder reads each `d [SEP]` behind a [CLS] (spec61 F7: a
+    --max-length of all the positions passed, and the run stopped at the first passage that long)."""
     config, _ = model.fingerprinted_network()
-    return segment_positions(config)
+    return segment_positions(config) - (1 if _reads_behind_cls(model) else 0)
+
+
+def positions_note(model: OfflineModel) -> str:
+    """What max_positions left out of the segment positions, for the refusal of a longer --max-length; "" if none."""
+    return " (one less than its segment: the prior reads each passage behind the [CLS])" if _reads_behind_cls(model) \
+        else ""
+
+
+def _reads_behind_cls(model: OfflineModel) -> bool:
+    """Whether `model` is a Listformer with the prior, whose document_vectors put a [CLS] before `d [SEP]`."""
+    return isinstance(model, ListformerRanker) and model.prior
 
 
 def require_within_positions(limit: int, model: OfflineModel, text: str, flag: str) -> None:

@@ -217,6 +217,20 @@ def test_a_roberta_segment_has_two_positions_fewer() -> None:
     assert max_positions(DilBertReader(tiny_model("bert"), minilm_tokenizer(), layers=1)) == 64
 
 
+def test_a_listformer_with_the_prior_stores_one_token_fewer_than_its_positions() -> None:
+    """A prior Listformer's encoder reads each stored `d [SEP]` behind a [CLS] (document_vectors), so a passage holds
+    one token fewer than the positions (spec61 F7: `precompute --kind listformer --max-length 64` with a 64-position
+    model passed the up-front check, then stopped mid-run at the first long passage: "a text of 65 tokens is
+    longer than this model's 64 positions")."""
+    from tests.fixtures.listformer_tiny import tiny_listformer
+
+    positions = max_positions(tiny_listformer(delayed_layers=1))  # the tiny encoder's segment positions
+    assert max_positions(tiny_listformer(delayed_layers=1, prior=True)) == positions - 1
+    from dilstore.reader.offline.kinds import positions_note
+    assert "the [CLS]" in positions_note(tiny_listformer(delayed_layers=1, prior=True))
+    assert positions_note(tiny_listformer(delayed_layers=1)) == ""
+
+
 def test_a_model_of_the_wrong_kind_is_refused_before_loading(earl_dir: Path, dilbert_dir: Path) -> None:
     with pytest.raises(DilstoreError, match=r"holds a 'dilbert' checkpoint, which makes dilbert stores; earl-s1"):
         load_offline_model(dilbert_dir, "earl-s1", None)
