@@ -41,6 +41,8 @@ from dilstore.storage.format import (
     StoreChangedError,
     StoreFormatError,
     StoreReadError,
+    check_compressor,
+    get_kind,
 )
 from dilstore.storage.id_index import IdIndex, Superseded, header_matches, id_hashes, read_superseded
 from dilstore.storage.location import StoreLocation
@@ -483,6 +485,7 @@ def open_store(
         raise DilstoreError(f"expected must be a Fingerprint or None, got {type(expected).__name__}")
     location = StoreLocation.parse(path_or_url, storage_options)
     manifest, chosen, (index, index_files) = _open_commit(location, read_path)
+    _refuse_unknown_names(manifest, location)
     if expected is not None:
         check_fingerprint(manifest.fingerprint, expected, f"store {location.url}")
     return Store(
@@ -490,6 +493,18 @@ def open_store(
         max_open_shards=shards_kept_open(manifest) if max_open_shards is None else max_open_shards,
         check_files=check_files,
     )
+
+
+def _refuse_unknown_names(manifest: Manifest, location: StoreLocation) -> None:
+    """A StoreFormatError naming the store and the known names when its kind, encoding or compressor is a name this
+    dilstore does not know (one a later version brought, STORE_FORMAT.md §12): the store was opened and answered
+    `len()` and its encoding, and only its first fetch, a server's first request, was refused (spec61 F8)."""
+    try:
+        get_kind(manifest.kind)
+        get_encoding(manifest.encoding)
+        check_compressor(manifest.compressor)
+    except StoreFormatError as error:
+        raise StoreFormatError(f"store {location.url}: {error}") from None
 
 
 def _reopened(

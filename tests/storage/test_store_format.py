@@ -239,6 +239,21 @@ def test_a_manifest_whose_shard_or_shape_fields_have_other_types_is_refused(tmp_
     assert not report.ok
 
 
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("encoding", "3bit", r"unknown encoding '3bit'; this dilstore version knows: fp32, fp16"),
+    ("kind", "colbert", r"unknown representation kind 'colbert'; known: dilbert"),
+    ("compressor", "lz4", r"unknown compressor 'lz4'; known: zstd, blosc"),
+])  # fmt: skip
+def test_a_store_of_a_name_this_dilstore_does_not_know_is_refused_when_opened(tmp_path, field, value, message) -> None:
+    """STORE_FORMAT.md §4, §12: a store of a kind, encoding or compressor name that a later dilstore brought is refused
+    naming the known ones (spec61 F8: open_store returned it, answering len() and its encoding, and only the first
+    fetch, a server's first request, raised)."""
+    root = build_store(tmp_path / "store", random_shards([2, 2], state_shape=(4,), seed=1), encoding="fp16")
+    edit_manifest(root, lambda data: data.update({field: value}))
+    with pytest.raises(StoreFormatError, match=message):
+        open_store(root)
+
+
 @pytest.mark.parametrize(("change", "message"), [
     (lambda data: data["shards"][0].update(generation="0123456789abcdef-x"),
      r"malformed manifest: ValueError: shards\[0\]\.generation is '0123456789abcdef-x', not a build id"),
