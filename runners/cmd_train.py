@@ -25,6 +25,7 @@ from dilstore.runners.training_options import (
     duration,
     holding_the_output,
     output_dir,
+    require_start_model,
     run_options,
 )
 from dilstore.storage.errors import DilstoreError
@@ -176,6 +177,7 @@ def _check_qa_inputs(args: argparse.Namespace) -> None:
     """A DilstoreError for a missing input file or folder, --eval-limit without --dev, or a malformed --dev: found
     before training, not after the hours it would take."""
     require_file(args.train, "--train")
+    require_start_model(args.model, args.resume)
     if args.eval_limit is not None and args.dev is None:
         raise DilstoreError("--eval-limit picks the dev questions evaluated after training; give --dev too")
     for flag, path in (("--dev", args.dev), ("--shared-norm", args.shared_norm)):

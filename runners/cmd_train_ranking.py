@@ -27,6 +27,7 @@ from dilstore.runners.training_options import (
     duration,
     holding_the_output,
     output_dir,
+    require_start_model,
     run_options,
 )
 from dilstore.storage.errors import DilstoreError
@@ -150,6 +151,7 @@ def run_ranker(args: argparse.Namespace) -> int:
     paragraphs = args.paragraphs or args.triples.parent / PARAGRAPHS_FILE
     for flag, path in (("--triples", args.triples), ("--paragraphs", paragraphs)):
         require_file(path, flag)
+    require_start_model(args.base_model, args.resume)
     given = {name: value for name in ("margin", "temperature") if (value := getattr(args, name, None)) is not None}
     for name, loss in (("margin", "hinge"), ("temperature", "approx-ndcg")):
         if name in given and args.loss != loss:

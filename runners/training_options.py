@@ -102,6 +102,16 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def require_start_model(model: Path | None, resume: bool) -> None:
+    """A DilstoreError naming the model folder a new run starts from (--model, --base-model) unless it is a checkpoint
+    folder: named before torch and transformers load, where `train qa --model MISSING` waited 5-6 s for them (left61
+    F1). A resumed run starts from its own checkpoint and reads no such folder, so `resume` checks nothing."""
+    if model is not None and not resume:
+        from dilstore.reader.modeling.checkpoints import require_checkpoint_dir
+
+        require_checkpoint_dir(model)
+
+
 RUNS_ENV = "DILSTORE_RUNS"  # where runs go without --output (default_runs_dir)
 
 

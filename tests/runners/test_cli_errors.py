@@ -1450,6 +1450,46 @@ def test_a_command_sets_the_threads_it_is_given_once_its_inputs_are_checked(
         main([*filled(arguments, tmp=tmp_path), "--threads", "2"])
 
 
+@pytest.mark.parametrize(("module", "arguments", "message"), [
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--model", "{tmp}/missing"],
+     "model directory not found: {tmp}/missing"),
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--model", "{tmp}/missing", "--resume"],
+     None),
+    ("cmd_train_ranking", ["train", "earl", "--triples", "{tmp}/t.jsonl", "--base-model", "{tmp}/d.json"],
+     "{tmp}/d.json is a file, not a model folder"),
+    ("cmd_train_ranking", ["train", "earl", "--triples", "{tmp}/t.jsonl", "--base-model", "{tmp}/d.json", "--resume"],
+     None),
+], ids=["train-qa-model", "train-qa-resume", "train-earl-base-model", "train-earl-resume"])  # fmt: skip
+def test_a_training_s_inputs_are_refused_before_torch_loads(
+    module: str, arguments: list[str], message: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """(left61 F1) `train qa --model` and `train earl --base-model` naming no model folder were refused by the
+    model's load, after torch and transformers: 5-6 s. A resumed run reads its own checkpoint, not that folder,
+    and goes on to the threads' setting (here: `Set`), where torch loads."""
+    import importlib
+
+    from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
+
+    class Set(Exception):
+        """Stops the command where its threads are set, before torch loads."""
+
+    def apply_threads(threads: int | None) -> None:
+        raise Set(threads)
+
+    monkeypatch.setattr(importlib.import_module(f"dilstore.runners.{module}"), "apply_threads", apply_threads)
+    (tmp_path / "d.json").write_text('{"data": []}')
+    for name in ("t.jsonl", PARAGRAPHS_FILE):
+        (tmp_path / name).write_text("")
+    words = [*filled(arguments, tmp=tmp_path), "--output", str(tmp_path / "run")]
+    if message is None:
+        with pytest.raises(Set):
+            main(words)
+        return
+    assert main(words) == 2
+    assert capsys.readouterr().err == f"dilstore train: error: {message.format(tmp=tmp_path)}\n"
+
+
 def test_precompute_checks_a_packaged_model_reference_before_the_model_loads() -> None:
     """(mut59b M15) fast59 F6's early check of --model was tried with a folder only: a `package:` reference could
     be left to the model's load, after Beam and torch, and no test noticed."""
