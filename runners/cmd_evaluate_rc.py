@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the reader and data, evaluate, print the scores (or, with --score, score a prediction file)."""
     if args.score is not None:
         return score(args)
+    from dilstore.reader.evaluation.squad_scoring import chosen_questions
     from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
     from dilstore.reader.packaged.shipped import default_checkpoint_dir
 
@@ -83,10 +84,11 @@ def run(args: argparse.Namespace) -> int:
     if read_metadata(require_checkpoint_dir(model_dir)) is None:
         raise DilstoreError(f"{model_dir} is a base model without dilstore metadata, and its QA head would be "
                             "untrained: give a reader that `dilstore train qa` wrote")  # fmt: skip
+    chosen = chosen_questions(args.data, args.limit, seed)  # a malformed --data too (left61 F2)
     # Torch and the reader (5-10 s) only now: a mistyped --data, --predictions folder or --model was named after
     # them (fast59 F4).
     apply_threads(args.threads)
-    from dilstore.reader.evaluation.reading_comprehension import ReadingParts, evaluate_file
+    from dilstore.reader.evaluation.reading_comprehension import ReadingParts, evaluate_chosen
     from dilstore.reader.modeling.dilbert import DilBertReader
     from dilstore.reader.offline.kinds import require_within_positions
 
@@ -98,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
     with journaled or contextlib.nullcontext() as journal:
         parts = None if journal is None else ReadingParts(PART_QUESTIONS, journal.parts, journal.add)
         try:
-            result = evaluate_file(reader, args.data, settings=settings, limit=args.limit, seed=seed,
-                                   device=args.device, progress=not (args.json or args.no_progress), parts=parts)
+            result = evaluate_chosen(reader, args.data, chosen, settings=settings, device=args.device,
+                                     progress=not (args.json or args.no_progress), parts=parts)
         except KeyboardInterrupt as interrupt:
             raise _stopped(interrupt, journal) from None
         # The scores first: a predictions file that could not be written (its folder gone, a full disk) took them

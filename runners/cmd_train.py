@@ -31,6 +31,7 @@ from dilstore.runners.training_options import (
 from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:
+    from dilstore.reader.data.squad import SquadExample
     from dilstore.reader.training.qa import TrainingConfig
 
 
@@ -139,14 +140,16 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
 
 def run_qa(args: argparse.Namespace) -> int:
     """Train, then evaluate on --dev when given; print k, EM, F1 and the train and eval times."""
-    _check_qa_inputs(args)  # before torch and the trainer load (5-10 s), which a missing --train waited for (fast59 F5)
+    # Before torch and the trainer load (5-10 s), which a missing --train waited for (fast59 F5).
+    examples = _checked_qa_inputs(args)
     apply_threads(args.threads)
     from dilstore.reader.evaluation.reading_comprehension import evaluate_file, write_evaluation
     from dilstore.reader.modeling.checkpoints import base_model_dir
     from dilstore.reader.training.qa import train_qa
 
     config = _qa_config(args)
-    result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args))
+    result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args),
+                      examples=examples)  # fmt: skip
     summary = {
         "k": result.layers,
         "train_steps": result.steps,
@@ -173,9 +176,10 @@ def run_qa(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_qa_inputs(args: argparse.Namespace) -> None:
-    """A DilstoreError for a missing input file or folder, --eval-limit without --dev, or a malformed --dev: found
-    before training, not after the hours it would take."""
+def _checked_qa_inputs(args: argparse.Namespace) -> list[SquadExample]:
+    """The training questions of --train, read once, here; a DilstoreError for a missing input file or folder,
+    --eval-limit without --dev, or a malformed --train or --dev (or a --dev question without an answer, left61 F2):
+    found before torch loads and before training, not after the hours it would take."""
     require_file(args.train, "--train")
     require_start_model(args.model, args.resume)
     if args.eval_limit is not None and args.dev is None:
@@ -186,10 +190,12 @@ def _check_qa_inputs(args: argparse.Namespace) -> None:
     for flag, path in (("--teacher", args.teacher), ("--codebook", args.codebook)):
         if path is not None:
             require_directory(path, flag)
-    if args.dev is not None:
-        from dilstore.reader.data.squad import load_squad
+    from dilstore.reader.data.squad import training_questions
+    from dilstore.reader.evaluation.squad_scoring import chosen_questions
 
-        load_squad(args.dev)  # a malformed dev file is refused now, not after the training it would evaluate
+    if args.dev is not None:  # a malformed dev file is refused now, not after the training it would evaluate
+        chosen_questions(args.dev, args.eval_limit, args.eval_seed)
+    return training_questions(args.train, args.train_limit)
 
 
 def _qa_config(args: argparse.Namespace) -> TrainingConfig:

@@ -15,6 +15,7 @@ from typing import Any
 
 from dilstore.reader.text.files import json_line, numbered_lines, read_json
 from dilstore.reader.text.surrogates import require_unicode
+from dilstore.storage.checks import require_at_least_one
 from dilstore.storage.errors import DilstoreError
 
 
@@ -57,6 +58,21 @@ UNREAD_START = -1  # an answer's answer_start where the offsets were not read (`
 def load_squad(path: str | Path, *, offsets: bool = True) -> list[SquadExample]:
     """Read a SQuAD v1.1 JSON file into one SquadExample per question, in file order (`offsets`: as `parse_squad`)."""
     return parse_squad(read_json(path), str(path), offsets=offsets)
+
+
+def training_questions(path: str | Path, limit: int | None = None) -> list[SquadExample]:
+    """The questions `train qa` trains on: those of the SQuAD file at `path` (the first `limit` when set), each with
+    an answer. Apart from the training module, which imports torch: a malformed --train file was named after torch,
+    transformers and the model had loaded (left61 F2)."""
+    require_at_least_one({"train_limit": limit})
+    examples = load_squad(path)[:limit]
+    if not examples:
+        raise DilstoreError(f"{path}: no training questions")
+    unanswered = [example.id for example in examples if not example.answers]
+    if unanswered:  # its windows would all be labelled [CLS], teaching the reader that the answer is absent
+        raise DilstoreError(f"{path}: question {unanswered[0]!r} has no answer to train on "
+                            f"({len(unanswered)} such); train qa takes SQuAD v1.1 questions with answers")  # fmt: skip
+    return examples
 
 
 def parse_squad(document: Any, source: str, *, offsets: bool = True) -> list[SquadExample]:

@@ -32,8 +32,7 @@ from dilstore.reader.data.qa_features import (
 )
 from dilstore.reader.data.squad import SquadExample
 from dilstore.reader.evaluation.squad_metric import evaluate_examples
-from dilstore.reader.evaluation.squad_scoring import questions_of, require_answers
-from dilstore.reader.evaluation.subsets import seeded_subset
+from dilstore.reader.evaluation.squad_scoring import chosen_questions, require_answers
 from dilstore.reader.modeling.checkpoints import EVALUATION_FILE
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.progress_lines import bar_options, steady_bar
@@ -237,8 +236,20 @@ def evaluate_file(
     if Path(path).exists() and not Path(path).is_file():
         raise DilstoreError(f"{path}: not a regular file (a folder, or a pipe, which can be read only once while the "
                             "file is read again for its checksum); give a file")
-    chosen = seeded_subset(questions_of(path), limit, seed)
-    require_answers(chosen, f"{path}: ")
+    return evaluate_chosen(reader, path, chosen_questions(path, limit, seed), settings, device, progress, parts)
+
+
+def evaluate_chosen(
+    reader: DilBertReader,
+    path: Path,
+    chosen: Sequence[SquadExample],
+    settings: ReadingSettings = ReadingSettings(),
+    device: str | torch.device | None = None,
+    progress: bool = False,
+    parts: ReadingParts | None = None,
+) -> ReadingResult:
+    """`evaluate_reader` over `chosen`, the questions `chosen_questions` took from the SQuAD file at `path`, with
+    that file and its checksum recorded: `evaluate-rc` reads them before torch loads (left61 F2)."""
     result = evaluate_reader(reader, chosen, settings, device, progress, parts)
     return replace(result, data_file=str(path), data_sha256=sha256_file(Path(path)))
 

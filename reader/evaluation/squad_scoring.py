@@ -32,9 +32,18 @@ def score_predictions_file(
     the seeded subset of `limit` that `evaluate_file` reads; a question without a prediction scores 0. The data
     file is checked as `evaluate_file` checks it, its errors naming it (qa48 L2), but for the answers' offsets,
     which scoring does not read."""
-    chosen = seeded_subset(questions_of(path, offsets=False), limit, seed)
+    return evaluate_examples(chosen_questions(path, limit, seed, offsets=False), load_predictions(predictions_path))
+
+
+def chosen_questions(path: str | Path, limit: int | None = None, seed: int = 0, *, offsets: bool = True
+                     ) -> list[SquadExample]:  # fmt: skip
+    """The questions of the SQuAD file at `path` that are scored: all, or the seeded subset of `limit` of them
+    (`offsets`: as `load_squad`); a DilstoreError naming the file when one of them has no reference answer.
+    Here, apart from the reader: `evaluate-rc` read its --data, and `train qa` checked its --dev answers, only after
+    torch and the model had loaded, and `train qa` after the whole training (left61 F2)."""
+    chosen = seeded_subset(questions_of(path, offsets=offsets), limit, seed)
     require_answers(chosen, f"{path}: ")
-    return evaluate_examples(chosen, load_predictions(predictions_path))
+    return chosen
 
 
 def questions_of(path: str | Path, *, offsets: bool = True) -> list[SquadExample]:

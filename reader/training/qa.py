@@ -59,7 +59,7 @@ from dilstore.reader.data.qa_features import (
 from dilstore.reader.data.ranking_data import require_written_together
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
 from dilstore.reader.data.shared_norm import shared_norm_groups
-from dilstore.reader.data.squad import load_squad
+from dilstore.reader.data.squad import SquadExample, training_questions
 from dilstore.reader.modeling.architectures import require_segment_limit
 from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
 from dilstore.reader.modeling.dilbert import DilBertReader
@@ -243,17 +243,19 @@ class TrainingData:
         return collate_features([feature for i in indices for feature in self.windows(i)], self.pad_token_id)
 
 
-def load_training_data(tokenizer: PreTrainedTokenizerBase, train_file: Path, config: TrainingConfig) -> TrainingData:
-    """SQuAD training questions (the first `train_limit` when set) as labelled windows or shared-norm groups."""
-    examples = load_squad(train_file)
-    if config.train_limit is not None:
-        examples = examples[: config.train_limit]
-    if not examples:
-        raise DilstoreError(f"{train_file}: no training questions")
-    unanswered = [example.id for example in examples if not example.answers]
-    if unanswered:  # its windows would all be labelled [CLS], teaching the reader that the answer is absent
-        raise DilstoreError(f"{train_file}: question {unanswered[0]!r} has no answer to train on "
-                            f"({len(unanswered)} such); train qa takes SQuAD v1.1 questions with answers")  # fmt: skip
+def load_training_data(
+    tokenizer: PreTrainedTokenizerBase,
+    train_file: Path,
+    config: TrainingConfig,
+    examples: Sequence[SquadExample] | None = None,
+) -> TrainingData:
+    """SQuAD training questions (the first `train_limit` when set) as labelled windows or shared-norm groups.
+
+    `examples`: those questions as `training_questions` already read them from `train_file` (`train qa` reads them
+    before torch loads), so that a large file is not read twice.
+    """
+    if examples is None:
+        examples = training_questions(train_file, config.train_limit)
     pad = pad_id(tokenizer)
     if config.shared_norm is None:
         return TrainingData(window_features(tokenizer, examples, config), len(examples), pad)
@@ -409,15 +411,17 @@ def train_qa(
     resume: bool = False,
     device: str | torch.device | None = None,
     progress: bool = True,
+    examples: Sequence[SquadExample] | None = None,
 ) -> TrainingResult:
     """Fine-tune the reader at `model_dir` (a base model or a reader) with k=config.layers; save to `output_dir`.
 
-    With `resume`, the run continues from its newest checkpoint (runs.start_run).
+    With `resume`, the run continues from its newest checkpoint (runs.start_run). `examples`: the questions of
+    `train_file` as `training_questions` read them, when the caller already did (load_training_data).
     """
     start = start_run(output_dir, config, resume=resume, device=device)
     reader = DilBertReader.from_pretrained(start.resume_from or model_dir, layers=config.layers)
     require_segment_limit(reader.model.config, config.max_seq_length, "window", "--max-seq-length")
-    data = load_training_data(reader.tokenizer, Path(train_file), config)
+    data = load_training_data(reader.tokenizer, Path(train_file), config, examples)
     lower_cache = _frozen_lower_layers(reader, data, config, start) if config.freeze_lower else None
     distillation = None
     if config.teacher is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import socket
@@ -17,6 +18,12 @@ from dilstore.runners.cli import main
 from tests.fixtures.limits import address_space_limit
 from tests.fixtures.paths import ROOT
 from tests.fixtures.pipes import empty_pipe
+
+
+def squad_text(answers: list[dict[str, object]]) -> str:
+    """A SQuAD v1.1 file's text: one question, id 'q', with `answers`, on the context "Paris is." (10 characters)."""
+    question = {"id": "q", "question": "Where?", "answers": answers}
+    return json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "Paris is. ", "qas": [question]}]}]})
 
 
 def filled(words: list[str], **places: Path) -> list[str]:
@@ -225,7 +232,7 @@ def test_training_loop_settings_below_1_are_named_by_their_option(
     option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--gradient-accumulation-steps 0` was refused as "gradient-accumulation", an option no command has."""
-    (tmp_path / "squad.json").write_text("{}", encoding="utf-8")
+    (tmp_path / "squad.json").write_text(squad_text([{"text": "Paris", "answer_start": 0}]), encoding="utf-8")
     arguments = ["train", "qa", "--layers", "1", "--train", str(tmp_path / "squad.json"), "--output", str(tmp_path)]
     assert main([*arguments, option, "0"]) == 2
     assert capsys.readouterr().err == f"dilstore train: error: {option[2:]} must be at least 1, got 0\n"
@@ -601,7 +608,7 @@ def test_evaluate_rc_refuses_windows_longer_than_the_model_s_positions_before_re
 ) -> None:
     """Accepted, it failed at the first long window, after the work before it."""
     data = tmp_path / "data.json"
-    data.write_text("{}")
+    data.write_text(squad_text([{"text": "Paris", "answer_start": 0}]))
     assert main(["evaluate-rc", "--data", str(data), "--max-seq-length", "100000"]) == 2
     assert capsys.readouterr().err == ("dilstore evaluate-rc: error: the window limit 100000 (--max-seq-length) is "
                                        "more than this model's 512 positions\n")
@@ -1439,7 +1446,8 @@ def test_a_command_sets_the_threads_it_is_given_once_its_inputs_are_checked(
         raise Set(threads)
 
     monkeypatch.setattr(importlib.import_module(f"dilstore.runners.{module}"), "apply_threads", apply_threads)
-    for name, text in (("d.json", "{}"), ("q.jsonl", '{"question": "Who?", "answer": ["a"]}\n'), ("t.tsv", "1\tq\n"),
+    for name, text in (("d.json", squad_text([{"text": "Paris", "answer_start": 0}])),
+                       ("q.jsonl", '{"question": "Who?", "answer": ["a"]}\n'), ("t.tsv", "1\tq\n"),
                        ("r.trec", "1 Q0 d1 1 2.0 bm25\n"), ("t.jsonl", ""), (PARAGRAPHS_FILE, "")):  # fmt: skip
         (tmp_path / name).write_text(text)
     kind = next((kind for kind in ("dilbert", "earl-s1") if f"{{tmp}}/{kind}" in arguments), None)
@@ -1452,21 +1460,35 @@ def test_a_command_sets_the_threads_it_is_given_once_its_inputs_are_checked(
 
 @pytest.mark.parametrize(("module", "arguments", "message"), [
     ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--model", "{tmp}/missing"],
-     "model directory not found: {tmp}/missing"),
+     "train: error: model directory not found: {tmp}/missing"),
     ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--model", "{tmp}/missing", "--resume"],
      None),
     ("cmd_train_ranking", ["train", "earl", "--triples", "{tmp}/t.jsonl", "--base-model", "{tmp}/d.json"],
-     "{tmp}/d.json is a file, not a model folder"),
+     "train: error: {tmp}/d.json is a file, not a model folder"),
     ("cmd_train_ranking", ["train", "earl", "--triples", "{tmp}/t.jsonl", "--base-model", "{tmp}/d.json", "--resume"],
      None),
-], ids=["train-qa-model", "train-qa-resume", "train-earl-base-model", "train-earl-resume"])  # fmt: skip
-def test_a_training_s_inputs_are_refused_before_torch_loads(
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/bad.json"],
+     "train: error: {tmp}/bad.json: data[0].paragraphs[0].qas[0] (id 'q').answers[0]: answer_start 9 is out of range "
+     "for an answer of 5 characters in a context of 10"),
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/unanswered.json"],
+     "train: error: {tmp}/unanswered.json: question 'q' has no answer to train on (1 such); train qa takes SQuAD "
+     "v1.1 questions with answers"),
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--dev", "{tmp}/unanswered.json"],
+     "train: error: {tmp}/unanswered.json: question 'q' has no reference answer to score against (1 such)"),
+    ("cmd_evaluate_rc", ["evaluate-rc", "--data", "{tmp}/bad.json"],
+     "evaluate-rc: error: {tmp}/bad.json: data[0].paragraphs[0].qas[0] (id 'q').answers[0]: answer_start 9 is out "
+     "of range for an answer of 5 characters in a context of 10"),
+], ids=["train-qa-model", "train-qa-resume", "train-earl-base-model", "train-earl-resume", "train-qa-malformed",
+        "train-qa-unanswered", "train-qa-dev-unanswered", "evaluate-rc-malformed"])  # fmt: skip
+def test_a_training_s_or_reading_s_inputs_are_refused_before_torch_loads(
     module: str, arguments: list[str], message: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """(left61 F1) `train qa --model` and `train earl --base-model` naming no model folder were refused by the
     model's load, after torch and transformers: 5-6 s. A resumed run reads its own checkpoint, not that folder,
-    and goes on to the threads' setting (here: `Set`), where torch loads."""
+    and goes on to the threads' setting (here: `Set`), where torch loads. (left61 F2) A malformed SQuAD file, or
+    one with a question without an answer, given to `train qa --train` or `evaluate-rc --data` was named after the
+    model had loaded (5-6 s); a --dev question without an answer was named after the whole training."""
     import importlib
 
     from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
@@ -1478,16 +1500,19 @@ def test_a_training_s_inputs_are_refused_before_torch_loads(
         raise Set(threads)
 
     monkeypatch.setattr(importlib.import_module(f"dilstore.runners.{module}"), "apply_threads", apply_threads)
-    (tmp_path / "d.json").write_text('{"data": []}')
+    for name, answers in (("d.json", [{"text": "Paris", "answer_start": 0}]), ("unanswered.json", []),
+                          ("bad.json", [{"text": "Paris", "answer_start": 9}])):  # fmt: skip
+        (tmp_path / name).write_text(squad_text(answers))
     for name in ("t.jsonl", PARAGRAPHS_FILE):
         (tmp_path / name).write_text("")
-    words = [*filled(arguments, tmp=tmp_path), "--output", str(tmp_path / "run")]
+    words = [*filled(arguments, tmp=tmp_path), *(["--output", str(tmp_path / "run")] if module != "cmd_evaluate_rc"
+                                                   else [])]  # fmt: skip
     if message is None:
         with pytest.raises(Set):
             main(words)
         return
     assert main(words) == 2
-    assert capsys.readouterr().err == f"dilstore train: error: {message.format(tmp=tmp_path)}\n"
+    assert capsys.readouterr().err == f"dilstore {message.format(tmp=tmp_path)}\n"
 
 
 def test_precompute_checks_a_packaged_model_reference_before_the_model_loads() -> None:
