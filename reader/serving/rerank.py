@@ -74,13 +74,14 @@ from dilstore.reader.modeling.earl import EarlRanker
 from dilstore.reader.modeling.fingerprint import model_fingerprint
 from dilstore.reader.modeling.listformer import ListformerRanker
 from dilstore.reader.offline.kinds import require_within_positions
-from dilstore.reader.packaged.shipped import default_listformer_dir, default_ranker_dir, shipped_model_advice
+from dilstore.reader.packaged.shipped import shipped_model_advice
 from dilstore.reader.serving.rerank_inputs import DEFAULT_DEPTH, checked_depth, require_topics
 from dilstore.reader.serving.store_checks import (
     EARL_KINDS,
     EARL_S1,
     EARL_S2,
     LISTFORMER,
+    ranker_dir,
     require_kind,
     require_rerank_kind,
 )
@@ -564,9 +565,8 @@ def open_reranker(
         model: EarlRanker | ListformerRanker = reuse.model  # checked against an equal fingerprint when it opened
     elif model_dir is not None:
         model = load_store_ranker(store, model_dir)
-    else:  # the packaged ranker of the store's kind; looked for only here, as it may be missing
-        model = load_store_ranker(store, default_listformer_dir() if kind == LISTFORMER else default_ranker_dir(),
-                                  shipped=True)
+    else:  # the packaged ranker of the store's kind
+        model = load_store_ranker(store, ranker_dir(kind, None), shipped=True)
     if kind == LISTFORMER:
         assert isinstance(model, ListformerRanker)  # load_store_ranker loads by the store's kind
         return ListformerReranker(model, store, settings, device)

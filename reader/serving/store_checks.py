@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dilstore.reader.modeling.checkpoints import require_checkpoint_dir
-from dilstore.reader.packaged.shipped import default_checkpoint_dir
+from dilstore.reader.packaged.shipped import default_checkpoint_dir, default_listformer_dir, default_ranker_dir
 from dilstore.reader.retrieval import bm25_index_dir, check_index_covers, require_index_files, require_jvm_room
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.format import DILBERT, EARL_S1, EARL_S2, LISTFORMER
@@ -53,6 +53,14 @@ def reader_dir(model_dir: str | Path | None) -> Path:
     return Path(model_dir) if model_dir is not None else default_checkpoint_dir()
 
 
+def ranker_dir(kind: str, model_dir: str | Path | None) -> Path:
+    """The folder of the ranker that reranks a store of `kind`: `model_dir`, by default the shipped ranker of that
+    kind (the Listformer for a Listformer store, else EARL)."""
+    if model_dir is not None:
+        return Path(model_dir)
+    return default_listformer_dir() if kind == LISTFORMER else default_ranker_dir()
+
+
 def checked_reader_index(
     manifest: Manifest, store_path: str | Path, index_dir: str | Path | None, local_root: Path | None
 ) -> Path:
@@ -85,13 +93,12 @@ def check_reader_inputs(store_path: str, model_dir: Path | None, index_dir: Path
 
 def check_rerank_inputs(store_path: str, model_dir: Path | None) -> None:
     """What `open_reranker` checks before it loads a ranker, from the store's manifest: the store is there, a
-    reranker reads its kind, a --model folder given is there. A store of the wrong kind was named after 7-9 s of
-    torch and the rankers' imports (left60 F1). Without `model_dir` the packaged ranker of the store's kind is looked
-    for when it loads, as before."""
+    reranker reads its kind, the ranker's folder (--model, else the packaged ranker of the store's kind) is there. A
+    store of the wrong kind was named after 7-9 s of torch and the rankers' imports (left60 F1), and a missing
+    packaged ranker after 7.5 s (left61 F3)."""
     from dilstore.storage.location import StoreLocation
     from dilstore.storage.manifest import read_manifest
 
     location = StoreLocation.parse(store_path)
-    require_rerank_kind(read_manifest(location).kind, location.url)
-    if model_dir is not None:
-        require_checkpoint_dir(Path(model_dir))
+    kind = require_rerank_kind(read_manifest(location).kind, location.url)
+    require_checkpoint_dir(ranker_dir(kind, model_dir))

@@ -1515,6 +1515,33 @@ def test_a_training_s_or_reading_s_inputs_are_refused_before_torch_loads(
     assert capsys.readouterr().err == f"dilstore {message.format(tmp=tmp_path)}\n"
 
 
+@pytest.mark.parametrize(("kind", "missing"), [
+    ("earl-s1", "EARL ranker checkpoint is missing: {models}/earl-minilm-squad"),
+    ("listformer", "Listformer checkpoint is missing: {models}/listformer-minilm-squad"),
+], ids=["earl", "listformer"])  # fmt: skip
+def test_rerank_names_a_missing_packaged_ranker_before_torch_loads(
+    kind: str, missing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(left61 F3) `rerank` without --model looked for the packaged ranker of its store's kind only when it loaded
+    it, after torch and the rankers' imports: its absence (an install without the weights) was named after 7.5 s."""
+    from dilstore.reader.packaged import shipped
+    from dilstore.runners import cmd_rerank
+    from tests.fixtures.store_fixtures import build_store, random_shards
+
+    def apply_threads(threads: int | None) -> None:
+        raise AssertionError("torch's threads set before the packaged ranker was looked for")
+
+    monkeypatch.setattr(cmd_rerank, "apply_threads", apply_threads)
+    monkeypatch.setattr(shipped, "packaged_models_dir", lambda: tmp_path / "models")
+    build_store(tmp_path / "store", random_shards([2]), kind=kind)
+    (tmp_path / "t.tsv").write_text("1\tfirst query\n")
+    (tmp_path / "r.trec").write_text("1 Q0 d1 1 2.0 bm25\n")
+    assert main(filled(["rerank", "{tmp}/store", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec", "--output",
+                        "{tmp}/o.trec"], tmp=tmp_path)) == 2  # fmt: skip
+    assert capsys.readouterr().err.startswith(f"dilstore rerank: error: the default "
+                                              f"{missing.format(models=tmp_path / 'models')} has no config.json; ")
+
+
 def test_precompute_checks_a_packaged_model_reference_before_the_model_loads() -> None:
     """(mut59b M15) fast59 F6's early check of --model was tried with a folder only: a `package:` reference could
     be left to the model's load, after Beam and torch, and no test noticed."""
