@@ -32,7 +32,7 @@ from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:
     from dilstore.reader.data.squad import SquadExample
-    from dilstore.reader.training.qa import TrainingConfig
+    from dilstore.reader.training.qa import TrainingConfig, TrainingResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -150,14 +150,7 @@ def run_qa(args: argparse.Namespace) -> int:
     config = _qa_config(args)
     result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args),
                       examples=examples)  # fmt: skip
-    summary = {
-        "k": result.layers,
-        "train_steps": result.steps,
-        "features_seen": result.features_seen,
-        "train_seconds": round(result.train_seconds, 1),
-        "final_loss": result.final_loss,
-        "output": str(result.output),
-    }
+    summary = qa_summary(result)
     if args.dev is not None:
         from dilstore.reader.modeling.dilbert import DilBertReader
 
@@ -174,6 +167,21 @@ def run_qa(args: argparse.Namespace) -> int:
         write_evaluation(result.output, evaluation, limit=args.eval_limit, seed=args.eval_seed, training=summary)
     print(json.dumps(summary) if args.json else _qa_line(summary, args.dev is not None))
     return 0
+
+
+def qa_summary(result: TrainingResult) -> dict[str, Any]:
+    """What `train qa --json` prints of the run (and eval-dev.json records): a last loss that is not finite is null,
+    where json.dumps wrote NaN, which is no JSON (left61 F4)."""
+    from dilstore.storage.checks import finite_float
+
+    return {
+        "k": result.layers,
+        "train_steps": result.steps,
+        "features_seen": result.features_seen,
+        "train_seconds": round(result.train_seconds, 1),
+        "final_loss": finite_float(result.final_loss),
+        "output": str(result.output),
+    }
 
 
 def _checked_qa_inputs(args: argparse.Namespace) -> list[SquadExample]:

@@ -13,6 +13,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dilstore.runners.arg_types import numpy_seed, positive_int, thread_count
 from dilstore.runners.inputs import require_file
@@ -31,6 +32,9 @@ from dilstore.runners.training_options import (
     run_options,
 )
 from dilstore.storage.errors import DilstoreError
+
+if TYPE_CHECKING:
+    from dilstore.reader.training.ranking import RankingTrainingResult
 
 RANKER_HELP = {
     "earl": "EARL: query module + judger blocks over an offline document module (seed 004)",
@@ -180,22 +184,29 @@ def run_ranker(args: argparse.Namespace) -> int:
     result = train_ranker(
         args.base_model or base_model_dir(), args.triples, paragraphs, output_dir(args), config, **run_options(args)
     )
-    summary = {
-        "kind": result.kind,
-        "train_steps": result.steps,
-        "triples_seen": result.triples_seen,
-        "train_seconds": round(result.train_seconds, 1),
-        "final_loss": result.final_loss,
-        "output": str(result.output),
-    }
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(ranker_summary(result)))
     else:
         print(
             f"{result.kind}: steps {result.steps}  triples {result.triples_seen}  "
             f"train {duration(result.train_seconds)}  last-step loss {result.final_loss:.4f}  → {result.output}"
         )
     return 0
+
+
+def ranker_summary(result: RankingTrainingResult) -> dict[str, Any]:
+    """What `train earl|cross-encoder|siamese|listformer --json` prints of the run: a last loss that is not finite
+    is null, where json.dumps wrote NaN, which is no JSON (left61 F4)."""
+    from dilstore.storage.checks import finite_float
+
+    return {
+        "kind": result.kind,
+        "train_steps": result.steps,
+        "triples_seen": result.triples_seen,
+        "train_seconds": round(result.train_seconds, 1),
+        "final_loss": finite_float(result.final_loss),
+        "output": str(result.output),
+    }
 
 
 def run_ranking_data(args: argparse.Namespace) -> int:

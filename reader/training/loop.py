@@ -72,7 +72,7 @@ from dilstore.reader.training.state import (
     verify_checkpoint,
 )
 from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
-from dilstore.storage.checks import require_at_least_one
+from dilstore.storage.checks import finite_float, require_at_least_one
 from dilstore.storage.cpus import cgroup_cpu_quota, runnable_cpu_count
 from dilstore.storage.durability import fsync_dir, fsync_tree, remove_path
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
@@ -331,11 +331,14 @@ def usable_cpus() -> str:
 def write_training_record(
     directory: Path, document: dict[str, Any], position: LoopPosition, final_loss: float, device: torch.device
 ) -> None:
-    """Write dilstore_training.json: the trainer's `document`, then the time trained, last loss, hardware and torch."""
+    """Write dilstore_training.json: the trainer's `document`, then the time trained, last loss, hardware and torch.
+
+    A last loss that is not finite (a step fp16's gradient scaler skipped, or a call that ran no step) is written as
+    null: json.dumps wrote NaN, which is no JSON and which other languages' parsers refuse (left61 F4)."""
     record = {
         **document,
         "train_seconds": round(position.train_seconds, 1),
-        "final_loss": final_loss,
+        "final_loss": finite_float(final_loss),
         "hardware": hardware_description(device),
         "torch": torch.__version__,
     }

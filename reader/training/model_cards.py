@@ -13,6 +13,7 @@ from typing import Any
 
 from dilstore.reader.evaluation.rank_metrics import METRICS
 from dilstore.reader.packaged.shipped import DEFAULT_CHECKPOINT_NAME, DEFAULT_LISTFORMER_NAME, DEFAULT_RANKER_NAME
+from dilstore.storage.checks import finite_float
 from dilstore.storage.errors import DilstoreError
 
 # The card's hardware line for a record without one (a periodic checkpoint's, rebuilt from run_config.json).
@@ -74,7 +75,7 @@ def render_ranker_card(
         f" document length {config['max_doc_length']}, seed {config['seed']}.",
         f"- Hardware: {hardware}.",
         f"- Training wall time: {training['train_seconds'] / 60:.1f} min; "
-        f"loss of the last step {training['final_loss']:.4f}.",
+        f"loss of the last step {_loss_words(training['final_loss'])}.",
         "",
         "## Results",
         "",
@@ -257,6 +258,13 @@ def render_model_card(
     return "\n".join(lines)
 
 
+def _loss_words(loss: float | None) -> str:
+    """A recorded last loss as a card writes it: null (left61 F4: a loss that was not finite, once written NaN)
+    says so."""
+    value = finite_float(loss)
+    return "not finite" if value is None else f"{value:.4f}"
+
+
 def require_this_run(training: Mapping[str, Any], evaluation: Mapping[str, Any]) -> None:
     """A DilstoreError when `evaluation` is a `train qa --dev` evaluation (eval-dev.json, which records the run's
     output, steps and last loss) of another model than the one `training` records: another run's of the same k,
@@ -264,9 +272,9 @@ def require_this_run(training: Mapping[str, Any], evaluation: Mapping[str, Any])
     --json) cannot be told apart and pass."""
     if "train_steps" not in evaluation or "steps" not in training:
         return
-    ours = (training["steps"], training.get("final_loss"))
-    theirs = (evaluation["train_steps"], evaluation.get("final_loss", training.get("final_loss")))
-    if repr(ours) != repr(theirs):  # by their JSON values' spelling: a NaN last loss (fp16) equals itself
+    ours = (training["steps"], finite_float(training.get("final_loss")))
+    theirs = (evaluation["train_steps"], finite_float(evaluation.get("final_loss", training.get("final_loss"))))
+    if ours != theirs:  # a last loss that was not finite (fp16) is None: NaN, as older records wrote it, or null
         raise DilstoreError(
             f"the evaluation is of {evaluation.get('output', 'a run')} after {theirs[0]} steps (last loss "
             f"{theirs[1]}), the checkpoint's record has {ours[0]} steps (last loss {ours[1]}): give the evaluation "

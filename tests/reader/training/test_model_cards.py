@@ -237,6 +237,38 @@ def test_a_listformer_card_gives_a_temperature_only_to_the_loss_that_has_one(los
     assert "T = " not in card or loss == "approx-ndcg"
 
 
+def test_a_last_loss_that_is_not_finite_is_null_in_the_training_record_the_json_and_the_card(
+    tmp_path: Path,
+) -> None:
+    """(left61 F4) A last step fp16's gradient scaler skipped (or a call that ran no step) has a NaN loss, which
+    json.dumps wrote as NaN into dilstore_training.json and `train ... --json`: no JSON, refused by other languages'
+    parsers. It is null now, and the card that reads the record says it was not finite."""
+    from types import SimpleNamespace
+
+    from dilstore.reader.training.loop import write_training_record
+    from dilstore.reader.training.state import LoopPosition
+    from dilstore.runners.cmd_train import qa_summary
+    from dilstore.runners.cmd_train_ranking import ranker_summary
+
+    write_training_record(tmp_path, {}, LoopPosition(step=1, features_seen=2, train_seconds=1.0), float("nan"),
+                          torch.device("cpu"))  # fmt: skip
+    result = SimpleNamespace(layers=1, kind="earl", steps=1, features_seen=2, triples_seen=2, train_seconds=1.0,
+                             final_loss=float("inf"), output=tmp_path)  # fmt: skip
+    record = json.loads((tmp_path / TRAINING_METADATA_FILE).read_text(encoding="utf-8"))
+    for document in (record, qa_summary(result), ranker_summary(result)):  # type: ignore[arg-type]
+        assert document["final_loss"] is None
+        json.dumps(document, allow_nan=False)
+    config = {"loss": "softmax", "temperature": 1.0, "negatives": 3, "delayed_layers": 1, "prior": False,
+              "batch_size": 8, "gradient_accumulation": 1, "learning_rate": 3e-5, "warmup_ratio": 0.1,
+              "max_query_length": 32, "max_doc_length": 128, "seed": 42}  # fmt: skip
+    training = {"kind": "listformer", "config": config, "triples": "t.jsonl.gz", "base_model": "b", "command": "c",
+                "steps": 2, "total_steps": 2, "triples_seen": 16, "train_triples": 16, "pairs_seen": 64,
+                "train_seconds": 6.0, "final_loss": None}  # fmt: skip
+    results = [{**row("DL19", "lf", "listformer", 0.5, "me"), "queries": 43}]
+    card = render_ranker_card(training, results, checkpoint="me", hardware="CPU")
+    assert "loss of the last step not finite." in card
+
+
 def test_packaging_into_the_run_itself_is_refused_in_one_line(earl_run: Path, tmp_path: Path, capsys) -> None:
     """--destination equal to --checkpoint ended in shutil's SameFileError traceback, exit 1 (train52 F7)."""
     report = write_report(tmp_path / "r.json", [row("DL19", "earl", "earl", 0.6, str(earl_run))], {"DL19": 43})
@@ -338,6 +370,8 @@ def test_the_card_s_hardware_is_the_given_line_else_a_recorded_text_else_not_rec
         ({"final_loss": 0.5}, {"train_steps": 5, "final_loss": 0.5}, False),  # a record without its steps
         ({"steps": 5, "final_loss": 0.5}, {"em": 1.0, "f1": 1.0}, False),  # evaluate-rc --json: no run recorded
         ({"steps": 5, "final_loss": float("nan")}, {"train_steps": 5, "final_loss": float("nan")}, False),  # fp16
+        ({"steps": 5, "final_loss": float("nan")}, {"train_steps": 5, "final_loss": None}, False),  # left61 F4
+        ({"steps": 5, "final_loss": None}, {"train_steps": 5, "final_loss": 0.5}, True),
     ],
 )
 def test_an_evaluation_is_refused_only_when_its_recorded_steps_or_loss_tell_another_run(
