@@ -69,14 +69,23 @@ def bm25_index_dir(store_path: str | Path) -> Path:
     Lucene reads only local files, so a store at a URL (http://, s3://, ...)
     has no default index: a DilstoreError asks for a local one (`--index`). A `file:` URL names a local folder;
     its one-slash form (`file:/abs/st`) was taken as a relative path, so `serve`, `ask` and `verify` looked for
-    ./file:/abs/st/bm25 and said "no Lucene index" of a store that had one (left58b F1).
+    ./file:/abs/st/bm25 and said "no Lucene index" of a store that had one (left58b F1). A `::` chain over a local
+    folder (`simplecache::file:///abs/st`) is read like a store at a URL, through its cache (left60 F2), so it has
+    no default either; its refusal names that folder's index, where it said the store was not on the local
+    filesystem and asked for a copy of what is already there (left61 F5).
     """
-    from dilstore.storage.location import StoreLocation, is_url, redacted
+    from dilstore.storage.location import StoreLocation, is_url, local_folder, redacted
 
     if not is_url(str(store_path)):
         return Path(store_path) / BM25_INDEX_DIR
 
     local = StoreLocation.parse(store_path).local_root
+    folder = None if local is not None else local_folder(str(store_path))
+    if folder is not None:
+        raise DilstoreError(
+            f"store {redacted(str(store_path))} is read through an fsspec chain, and its BM25 index is not looked for "
+            f"in the folder under it: give that folder's (--index {folder / BM25_INDEX_DIR}; index= in Python)"
+        )
     if local is None:
         raise DilstoreError(
             f"store {redacted(str(store_path))} is not on the local filesystem, and its BM25 index must be (Lucene "
@@ -502,10 +511,13 @@ def require_index_files(index: Path, store_path: str | Path, *, given: bool, loc
 def index_command(store_path: str | Path) -> str:
     """`dilstore index STORE` as it takes the store: its folder for a store given as a `file:` URL, which the command
     refuses as a URL; the hint named the URL, and pasted back it said "no store at file:/abs/st" (left58b F6). The
-    folder is `file_url_folder`'s, which the refusal names too: this reached it by a second route (left60 F6)."""
-    from dilstore.storage.location import file_url_folder
+    folder is `file_url_folder`'s, which the refusal names too: this reached it by a second route (left60 F6). A `::`
+    chain over a local folder is that folder (left61 F5)."""
+    from dilstore.storage.location import file_url_folder, local_folder
 
-    return command_text("dilstore", "index", file_url_folder(str(store_path)) or store_path)
+    given = str(store_path)
+    return command_text("dilstore", "index", (local_folder(given) if "::" in given else file_url_folder(given))
+                        or store_path)  # fmt: skip
 
 
 def refuse_special_index_files(index_dir: Path) -> None:
@@ -673,7 +685,7 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
         raise DilstoreError(f"{index_dir / INDEX_RECORD} cannot be read ({error}); rebuild the index") from None
     if not isinstance(recorded, dict):
         raise DilstoreError(f"{index_dir / INDEX_RECORD} is not a JSON object; rebuild the index")
-    from dilstore.storage.location import StoreLocation, redacted
+    from dilstore.storage.location import StoreLocation, local_folder, redacted
     from dilstore.storage.manifest import compacted_record
 
     now = indexed_state(store)
@@ -686,11 +698,12 @@ def check_index_covers(index_dir: Path, store: Manifest, store_path: str | Path)
     if compacted is not None and {key: recorded.get(key) for key in compacted} == compacted:
         return  # the store compacted since: the same live passages under a new build (conc54 F5)
     store_path = redacted(str(store_path))
-    # `dilstore index` writes only local folders: a store at a URL is indexed as a local copy.
-    build = f"`dilstore index` of a local copy of {store_path}" if location.local_root is None else (
-        f"`{index_command(store_path)}`")  # fmt: skip
+    # `dilstore index` writes only local folders: a store at a URL is indexed as a local copy, and a `::` chain over
+    # a local folder as that folder (left61 F5: "a local copy" of it).
+    folder = local_folder(str(store_path))
+    build = f"`dilstore index` of a local copy of {store_path}" if folder is None else f"`{index_command(store_path)}`"
     # An index given with --index elsewhere: `dilstore index` rebuilds STORE/bm25, never that folder (review47 F6).
-    default = None if location.local_root is None else bm25_index_dir(store_path)
+    default = None if folder is None else folder / BM25_INDEX_DIR
     elsewhere = f" (it writes {default}: give that, or a copy of it, in place of {index_dir})" if (
         default is not None and index_dir.resolve() != default.resolve()) else ""  # fmt: skip
     # An index of the build the store was compacted from, appended to since, is no other store's (conc54 L).

@@ -141,6 +141,30 @@ def test_a_file_url_with_one_slash_is_served_with_the_store_s_own_index(tmp_path
         served_index("st", f"file:{tmp_path}/st", "dilbert", None)
 
 
+@pytest.mark.parametrize("chain", ["simplecache::file://{folder}", "filecache::{folder}"])
+def test_a_cache_chain_over_a_local_folder_is_sent_to_that_folder_s_index(tmp_path: Path, chain: str) -> None:
+    """(left61 F5) `ask simplecache::file:///abs/st` said the store "is not on the local filesystem" and asked for "a
+    local copy of the store's bm25/ folder", which is /abs/st/bm25 already; an index of another build given to it
+    was to be rebuilt by "`dilstore index` of a local copy of" the chain, where `dilstore index /abs/st` does it.
+    Both now name the folder under the chain."""
+    from dilstore.reader.retrieval import INDEX_RECORD, bm25_index_dir, check_index_covers
+    from dilstore.storage.manifest import read_manifest
+
+    folder = tmp_path / "st"
+    build_store(folder, random_shards([1]))
+    store = chain.format(folder=folder)
+    with pytest.raises(DilstoreError, match=rf"^store {re.escape(store)} is read through an fsspec chain, and its BM25 "
+                       rf"index is not looked for in the folder under it: give that folder's \(--index "
+                       rf"{re.escape(str(folder / 'bm25'))}; index= in Python\)$"):  # fmt: skip
+        bm25_index_dir(store)
+    other = tmp_path / "other-bm25"
+    other.mkdir()
+    (other / INDEX_RECORD).write_text('{"generation": "another"}')
+    with pytest.raises(DilstoreError, match=rf"which `dilstore index {re.escape(str(folder))}` builds \(it writes "
+                       rf"{re.escape(str(folder / 'bm25'))}: give that"):  # fmt: skip
+        check_index_covers(other, read_manifest(StoreLocation.parse(str(folder))), store)
+
+
 def test_a_rerun_hint_quotes_a_store_path_with_a_space(tmp_path: Path) -> None:
     """(left58b F2) The hints `dilstore index STORE` (ask, serve, index under a compaction) and `dilstore verify
     STORE` (a changed codebook) printed the path as it is: pasted back, `/data/my store` ran `dilstore index
