@@ -5,7 +5,7 @@ store's whole passage text into one. Ctrl-C, SIGTERM and SIGHUP remove them
 (`stop_signals`), but SIGKILL (or the out-of-memory killer) cannot be caught,
 and each such kill left a folder that nothing removed: for `index`, a copy
 of the corpus. So each folder holds a lock for as long as its command runs,
-and the next command that makes one of the same kind removes those whose lock
+and the next command that makes one, of any kind, removes those whose lock
 is free: their command has ended, however it ended. The lock is `flock`, which
 the kernel releases with the process, across process namespaces too.
 """
@@ -24,17 +24,22 @@ from pathlib import Path
 from dilstore.storage.errors import DilstoreError
 
 OWNER_LOCK = ".dilstore-owner-lock"
+# What every scratch folder's name starts with: the sweep of abandoned ones takes every kind (left61 F6).
+SCRATCH_PREFIX = "dilstore-"
 
 
 @contextlib.contextmanager
 def scratch_dir(prefix: str) -> Iterator[Path]:
-    """A new folder `$TMPDIR/PREFIX*`, held and removed when the block ends; abandoned ones of `prefix` go first.
+    """A new folder `$TMPDIR/PREFIX*`, held and removed when the block ends; abandoned ones of every kind go first.
+
+    `prefix` starts with SCRATCH_PREFIX. Abandoned folders were swept by kind only, so the copy of a store's passage
+    text a killed `index` left (the corpus' size) stayed until the next `index`; a `precompute` left it (left61 F6).
 
     A TMPDIR that is no writable folder is refused, naming it; the block's writes into the folder that find its disk
     full say that it is $TMPDIR's (see check_temporary_folder, full_temporary_folder).
     """
     check_temporary_folder()
-    remove_abandoned(prefix)
+    remove_abandoned(SCRATCH_PREFIX)
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     # Locked under another name, then renamed: a folder is never seen with an unlocked OWNER_LOCK while its owner runs.
     unnamed = folder / f"{OWNER_LOCK}.new"

@@ -66,6 +66,17 @@ def test_the_folder_is_removed_when_its_block_ends_by_an_error(tmp_path: Path) -
     assert not folder.exists() and not list(tmp_path.iterdir())
 
 
+def test_a_new_scratch_folder_sweeps_abandoned_ones_of_every_kind(tmp_path: Path) -> None:
+    """(left61 F6) The sweep was by kind: the copy of an appended store's passage text a SIGKILLed `index` left in
+    $TMPDIR stayed there through every `precompute`, until the next `index`."""
+    collection = tmp_path / "dilstore-collection-killed"
+    collection.mkdir()
+    (collection / OWNER_LOCK).write_text("")
+    (collection / "part-00000.jsonl").write_text("{}")
+    with scratch_dir("dilstore-progress-"):
+        assert not collection.exists()
+
+
 def test_folders_without_an_owner_lock_or_of_another_kind_are_left(tmp_path: Path) -> None:
     unowned = tmp_path / "dilstore-test-old"
     unowned.mkdir()
