@@ -18,6 +18,7 @@ from dilstore.runners.reading_options import (
     add_runtime_arguments,
     add_subset_arguments,
     apply_threads,
+    check_window_options,
     reading_settings,
     subset_seed,
 )
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from dilstore.reader.packaged.shipped import default_checkpoint_dir
 
     seed = subset_seed(args)
+    check_window_options(args)
     require_file(args.data, "--data")  # read, then checksummed (data.sha256): a pipe reads empty (qa48 H1)
     if args.predictions:
         refuse_output_inside_models(args.predictions, args.model, "--predictions")

@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any
 from dilstore.runners.arg_types import positive_int, sample_seed
 from dilstore.runners.cmd_train_ranking import register_rankers, register_ranking_data
 from dilstore.runners.inputs import require_directory, require_file
-from dilstore.runners.reading_options import add_reading_arguments, apply_threads, reading_settings
+from dilstore.runners.reading_options import (
+    add_reading_arguments,
+    apply_threads,
+    check_window_options,
+    reading_settings,
+)
 from dilstore.runners.training_options import (
     add_optimizer_arguments,
     add_output_argument,
@@ -187,9 +192,16 @@ def qa_summary(result: TrainingResult) -> dict[str, Any]:
 def _checked_qa_inputs(args: argparse.Namespace) -> list[SquadExample]:
     """The training questions of --train, read once, here; a DilstoreError for a missing input file or folder,
     --eval-limit without --dev, or a malformed --train or --dev (or a --dev question without an answer, left61 F2):
-    found before torch loads and before training, not after the hours it would take."""
+    found before torch loads and before training, not after the hours it would take; so are window options that
+    leave a window no room (left61 F7)."""
+    from dilstore.reader.data.qa_features import require_stride_within_window
+    from dilstore.reader.data.squad import training_questions
+    from dilstore.reader.evaluation.squad_scoring import chosen_questions
+
     require_file(args.train, "--train")
     require_start_model(args.model, args.resume)
+    check_window_options(args)
+    require_stride_within_window(args.doc_stride, args.max_seq_length)
     if args.eval_limit is not None and args.dev is None:
         raise DilstoreError("--eval-limit picks the dev questions evaluated after training; give --dev too")
     for flag, path in (("--dev", args.dev), ("--shared-norm", args.shared_norm)):
@@ -198,9 +210,6 @@ def _checked_qa_inputs(args: argparse.Namespace) -> list[SquadExample]:
     for flag, path in (("--teacher", args.teacher), ("--codebook", args.codebook)):
         if path is not None:
             require_directory(path, flag)
-    from dilstore.reader.data.squad import training_questions
-    from dilstore.reader.evaluation.squad_scoring import chosen_questions
-
     if args.dev is not None:  # a malformed dev file is refused now, not after the training it would evaluate
         chosen_questions(args.dev, args.eval_limit, args.eval_seed)
     return training_questions(args.train, args.train_limit)

@@ -25,6 +25,15 @@ def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(option, type=positive_int, default=default, help=f"{what} (default {default})")
 
 
+def check_window_options(args: argparse.Namespace) -> None:
+    """A DilstoreError for --max-seq-length, --doc-stride and --max-question-length that leave a window no passage
+    word piece, found before torch loads: `evaluate-rc --max-seq-length 64` was refused at its first window, once
+    torch and the model had loaded, 5-8 s (left61 F7)."""
+    from dilstore.reader.data.qa_features import check_window_lengths
+
+    check_window_lengths(args.max_seq_length, args.doc_stride, args.max_question_length)
+
+
 def add_subset_arguments(parser: argparse.ArgumentParser, scored: str) -> None:
     """--limit and --seed: a seeded random subset of the `scored` items (questions)."""
     parser.add_argument("--limit", type=positive_int, help=f"{scored} a seeded random subset of N (default: all)")

@@ -105,7 +105,7 @@ def question_features(
     `encode_question` when it is read against many paragraphs; they are
     computed here otherwise.
     """
-    _check_lengths(max_seq_length, doc_stride, max_question_length)
+    check_window_lengths(max_seq_length, doc_stride, max_question_length)
     if encoded_question is None:
         encoded_question = encode_question(tokenizer, question, max_question_length)
     if pieces is None:
@@ -149,7 +149,7 @@ def build_features(
     unlabelled. A paragraph is tokenized once for all its consecutive
     questions. Errors name the question id.
     """
-    _check_lengths(max_seq_length, doc_stride, max_question_length)
+    check_window_lengths(max_seq_length, doc_stride, max_question_length)
     context, pieces = None, None
     for example in examples:
         try:
@@ -199,8 +199,10 @@ def window_features(
     )
 
 
-def _check_lengths(max_seq_length: int, doc_stride: int, max_question_length: int) -> None:
-    """Question plus a window of at least one word piece and its [SEP] must fit in max_seq_length."""
+def check_window_lengths(max_seq_length: int, doc_stride: int, max_question_length: int) -> None:
+    """Question plus a window of at least one word piece and its [SEP] must fit in max_seq_length. `evaluate-rc` and
+    `train qa` check their options with it before torch loads: they were refused at the first window, after the
+    model's load, 5-8 s (left61 F7)."""
     if max_question_length < 1 or doc_stride < 1:
         raise DilstoreError(
             f"max-question-length and doc-stride must be at least 1, got {max_question_length} and {doc_stride}"
@@ -210,3 +212,10 @@ def _check_lengths(max_seq_length: int, doc_stride: int, max_question_length: in
             f"max-seq-length ({max_seq_length}) must exceed max-question-length ({max_question_length}) by at least 2, "
             "to leave room for a passage word piece and its [SEP]"
         )
+
+
+def require_stride_within_window(doc_stride: int, max_seq_length: int) -> None:
+    """A DilstoreError when the stride from one training window's start to the next is not below the window's
+    length (TrainingConfig; `train qa` checks its options with it before torch loads, left61 F7)."""
+    if doc_stride >= max_seq_length:
+        raise DilstoreError(f"doc-stride ({doc_stride}) must be smaller than max-seq-length ({max_seq_length})")

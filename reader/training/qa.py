@@ -54,6 +54,7 @@ from dilstore.reader.data.qa_features import (
     DEFAULT_MAX_QUESTION_LENGTH,
     DEFAULT_MAX_SEQ_LENGTH,
     QAFeature,
+    require_stride_within_window,
     window_features,
 )
 from dilstore.reader.data.ranking_data import require_written_together
@@ -187,10 +188,7 @@ class TrainingConfig(LoopConfig):
                 f"T={self.distillation_temperature}, alpha={self.distillation_weight}, "
                 f"beta={self.representation_weight}"
             )
-        if self.doc_stride >= self.max_seq_length:
-            raise DilstoreError(
-                f"doc-stride ({self.doc_stride}) must be smaller than max-seq-length ({self.max_seq_length})"
-            )
+        require_stride_within_window(self.doc_stride, self.max_seq_length)
         self._refuse_settings_without_their_option()  # last: a bad value is named as such first
 
 

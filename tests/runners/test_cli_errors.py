@@ -1478,8 +1478,18 @@ def test_a_command_sets_the_threads_it_is_given_once_its_inputs_are_checked(
     ("cmd_evaluate_rc", ["evaluate-rc", "--data", "{tmp}/bad.json"],
      "evaluate-rc: error: {tmp}/bad.json: data[0].paragraphs[0].qas[0] (id 'q').answers[0]: answer_start 9 is out "
      "of range for an answer of 5 characters in a context of 10"),
+    ("cmd_evaluate_rc", ["evaluate-rc", "--data", "{tmp}/d.json", "--max-seq-length", "64"],
+     "evaluate-rc: error: max-seq-length (64) must exceed max-question-length (64) by at least 2, to leave room for "
+     "a passage word piece and its [SEP]"),
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--max-seq-length", "64"],
+     "train: error: max-seq-length (64) must exceed max-question-length (64) by at least 2, to leave room for a "
+     "passage word piece and its [SEP]"),
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--max-seq-length", "96",
+                   "--max-question-length", "24"],
+     "train: error: doc-stride (128) must be smaller than max-seq-length (96)"),
 ], ids=["train-qa-model", "train-qa-resume", "train-earl-base-model", "train-earl-resume", "train-qa-malformed",
-        "train-qa-unanswered", "train-qa-dev-unanswered", "evaluate-rc-malformed"])  # fmt: skip
+        "train-qa-unanswered", "train-qa-dev-unanswered", "evaluate-rc-malformed", "evaluate-rc-window",
+        "train-qa-window", "train-qa-stride"])  # fmt: skip
 def test_a_training_s_or_reading_s_inputs_are_refused_before_torch_loads(
     module: str, arguments: list[str], message: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -1488,7 +1498,9 @@ def test_a_training_s_or_reading_s_inputs_are_refused_before_torch_loads(
     model's load, after torch and transformers: 5-6 s. A resumed run reads its own checkpoint, not that folder,
     and goes on to the threads' setting (here: `Set`), where torch loads. (left61 F2) A malformed SQuAD file, or
     one with a question without an answer, given to `train qa --train` or `evaluate-rc --data` was named after the
-    model had loaded (5-6 s); a --dev question without an answer was named after the whole training."""
+    model had loaded (5-6 s); a --dev question without an answer was named after the whole training. (left61 F7)
+    Window options that leave a window no passage word piece, or a training stride not below the window, were
+    named at the first window or in the training's settings, once torch (and the model) had loaded: 5-8 s."""
     import importlib
 
     from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
