@@ -210,9 +210,27 @@ def _checked_qa_inputs(args: argparse.Namespace) -> list[SquadExample]:
     for flag, path in (("--teacher", args.teacher), ("--codebook", args.codebook)):
         if path is not None:
             require_directory(path, flag)
+    _check_teacher_and_codebook(args)
     if args.dev is not None:  # a malformed dev file is refused now, not after the training it would evaluate
         chosen_questions(args.dev, args.eval_limit, args.eval_seed)
     return training_questions(args.train, args.train_limit)
+
+
+def _check_teacher_and_codebook(args: argparse.Namespace) -> None:
+    """A DilstoreError for a --teacher that is no trained reader, or a --codebook that is no codebook of
+    --store-encoding, before torch and the model load: both were named after them, 5.5-6 s (left61 F8). A resumed run
+    reads the codebook its first part saved, not --codebook, so a resume does not read it here. Zarr is imported only
+    for a codebook: a training machine may lack it (tests/reader/training/test_training_machine.py)."""
+    from dilstore.reader.modeling.checkpoints import require_trained_reader
+    from dilstore.storage.encodings import ENCODINGS, needs_codebook
+
+    if args.teacher is not None:
+        require_trained_reader(args.teacher, f"--teacher {args.teacher}")
+    encoding = args.store_encoding
+    if args.codebook is not None and not args.resume and encoding in ENCODINGS and needs_codebook(encoding):
+        from dilstore.storage.codebook import read_codebook
+
+        read_codebook(args.codebook, encoding)
 
 
 def _qa_config(args: argparse.Namespace) -> TrainingConfig:

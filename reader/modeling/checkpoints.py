@@ -233,6 +233,19 @@ def write_metadata(directory: Path, metadata: CheckpointMetadata) -> Path:
     return path
 
 
+def require_trained_reader(directory: Path, named: str) -> Path:
+    """`directory` when it holds a checkpoint `dilstore train qa` wrote (one with dilstore metadata); a DilstoreError
+    naming it as `named` (e.g. "--teacher DIR") otherwise: a base model's QA head is untrained. Here, needing no
+    model, so that `train qa` refuses such a --teacher before torch loads, where it waited 5-6 s (left61 F8); a
+    checkpoint of another kind (a ranker) is refused as DilBertReader's load refuses it."""
+    from dilstore.storage.format import DILBERT
+
+    if metadata_of_kind(require_checkpoint_dir(directory), (DILBERT,), f", not a {DILBERT!r} reader") is None:
+        raise DilstoreError(f"{named} is a base model without dilstore metadata, and its QA head is untrained: give a "
+                            "reader that `dilstore train qa` wrote")  # fmt: skip
+    return directory
+
+
 def require_checkpoint_dir(directory: Path) -> Path:
     """`directory` as a Path when it holds a config.json; a DilstoreError naming it otherwise.
 

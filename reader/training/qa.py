@@ -62,7 +62,7 @@ from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
 from dilstore.reader.data.shared_norm import shared_norm_groups
 from dilstore.reader.data.squad import SquadExample, training_questions
 from dilstore.reader.modeling.architectures import require_segment_limit
-from dilstore.reader.modeling.checkpoints import read_metadata, require_checkpoint_dir
+from dilstore.reader.modeling.checkpoints import require_trained_reader
 from dilstore.reader.modeling.dilbert import DilBertReader
 from dilstore.reader.text.tokenization import DEFAULT_STRIDE
 from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
@@ -379,9 +379,7 @@ def load_teacher(path: Path, student: DilBertReader, device: torch.device) -> Di
             f"--teacher: the student has k={student.layers} of {student.num_layers} layers, none online, and "
             "distillation matches the online layers' states; give --layers below the model's layer count"
         )
-    if read_metadata(require_checkpoint_dir(path)) is None:
-        raise DilstoreError(f"--teacher {path} is a base model without dilstore metadata, and its QA head is "
-                            "untrained: give a reader that `dilstore train qa` wrote")  # fmt: skip
+    require_trained_reader(path, f"--teacher {path}")
     teacher = DilBertReader.from_pretrained(path)
     if teacher.num_layers != student.num_layers or teacher.hidden_size != student.hidden_size:
         raise DilstoreError(

@@ -1487,9 +1487,18 @@ def test_a_command_sets_the_threads_it_is_given_once_its_inputs_are_checked(
     ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--max-seq-length", "96",
                    "--max-question-length", "24"],
      "train: error: doc-stride (128) must be smaller than max-seq-length (96)"),
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--teacher", "{tmp}/base"],
+     "train: error: --teacher {tmp}/base is a base model without dilstore metadata, and its QA head is untrained: "
+     "give a reader that `dilstore train qa` wrote"),
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--freeze-lower", "--store-encoding",
+                   "2bit", "--codebook", "{tmp}/cb"],
+     "train: error: cannot open codebook {tmp}/cb: no Zarr group is there (no zarr.json of one)"),
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--freeze-lower", "--store-encoding",
+                   "2bit", "--codebook", "{tmp}/cb", "--resume"], None),
 ], ids=["train-qa-model", "train-qa-resume", "train-earl-base-model", "train-earl-resume", "train-qa-malformed",
         "train-qa-unanswered", "train-qa-dev-unanswered", "evaluate-rc-malformed", "evaluate-rc-window",
-        "train-qa-window", "train-qa-stride"])  # fmt: skip
+        "train-qa-window", "train-qa-stride", "train-qa-teacher", "train-qa-codebook",
+        "train-qa-codebook-resume"])  # fmt: skip
 def test_a_training_s_or_reading_s_inputs_are_refused_before_torch_loads(
     module: str, arguments: list[str], message: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -1500,7 +1509,9 @@ def test_a_training_s_or_reading_s_inputs_are_refused_before_torch_loads(
     one with a question without an answer, given to `train qa --train` or `evaluate-rc --data` was named after the
     model had loaded (5-6 s); a --dev question without an answer was named after the whole training. (left61 F7)
     Window options that leave a window no passage word piece, or a training stride not below the window, were
-    named at the first window or in the training's settings, once torch (and the model) had loaded: 5-8 s."""
+    named at the first window or in the training's settings, once torch (and the model) had loaded: 5-8 s. (left61
+    F8) A --teacher that is a base model, or a --codebook that is none, waited for torch and the model too (5.5-9 s);
+    a resumed run reads the codebook its first part saved, not --codebook."""
     import importlib
 
     from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
@@ -1517,6 +1528,9 @@ def test_a_training_s_or_reading_s_inputs_are_refused_before_torch_loads(
         (tmp_path / name).write_text(squad_text(answers))
     for name in ("t.jsonl", PARAGRAPHS_FILE):
         (tmp_path / name).write_text("")
+    (tmp_path / "cb").mkdir()
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "config.json").write_text("{}")
     words = [*filled(arguments, tmp=tmp_path), *(["--output", str(tmp_path / "run")] if module != "cmd_evaluate_rc"
                                                    else [])]  # fmt: skip
     if message is None:
