@@ -195,6 +195,7 @@ def _checked_qa_inputs(args: argparse.Namespace) -> list[SquadExample]:
     found before torch loads and before training, not after the hours it would take; so are window options that
     leave a window no room (left61 F7)."""
     from dilstore.reader.data.qa_features import require_stride_within_window
+    from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
     from dilstore.reader.data.squad import training_questions
     from dilstore.reader.evaluation.squad_scoring import chosen_questions
 
@@ -207,6 +208,8 @@ def _checked_qa_inputs(args: argparse.Namespace) -> list[SquadExample]:
     for flag, path in (("--dev", args.dev), ("--shared-norm", args.shared_norm)):
         if path is not None:
             require_file(path, flag)
+    if args.shared_norm is not None:  # read beside the triples; a missing one was named after the model (left61 F9)
+        require_file(args.shared_norm.parent / PARAGRAPHS_FILE, "--shared-norm's paragraph file")
     for flag, path in (("--teacher", args.teacher), ("--codebook", args.codebook)):
         if path is not None:
             require_directory(path, flag)

@@ -1495,10 +1495,12 @@ def test_a_command_sets_the_threads_it_is_given_once_its_inputs_are_checked(
      "train: error: cannot open codebook {tmp}/cb: no Zarr group is there (no zarr.json of one)"),
     ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--freeze-lower", "--store-encoding",
                    "2bit", "--codebook", "{tmp}/cb", "--resume"], None),
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--shared-norm", "{tmp}/cb/t.jsonl"],
+     "train: error: --shared-norm's paragraph file {tmp}/cb/paragraphs.jsonl.gz: no such file"),
 ], ids=["train-qa-model", "train-qa-resume", "train-earl-base-model", "train-earl-resume", "train-qa-malformed",
         "train-qa-unanswered", "train-qa-dev-unanswered", "evaluate-rc-malformed", "evaluate-rc-window",
         "train-qa-window", "train-qa-stride", "train-qa-teacher", "train-qa-codebook",
-        "train-qa-codebook-resume"])  # fmt: skip
+        "train-qa-codebook-resume", "train-qa-shared-norm"])  # fmt: skip
 def test_a_training_s_or_reading_s_inputs_are_refused_before_torch_loads(
     module: str, arguments: list[str], message: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -1511,7 +1513,8 @@ def test_a_training_s_or_reading_s_inputs_are_refused_before_torch_loads(
     Window options that leave a window no passage word piece, or a training stride not below the window, were
     named at the first window or in the training's settings, once torch (and the model) had loaded: 5-8 s. (left61
     F8) A --teacher that is a base model, or a --codebook that is none, waited for torch and the model too (5.5-9 s);
-    a resumed run reads the codebook its first part saved, not --codebook."""
+    a resumed run reads the codebook its first part saved, not --codebook. (left61 F9) A --shared-norm without the
+    paragraph file beside it was named after the model's load (6 s)."""
     import importlib
 
     from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
@@ -1529,6 +1532,7 @@ def test_a_training_s_or_reading_s_inputs_are_refused_before_torch_loads(
     for name in ("t.jsonl", PARAGRAPHS_FILE):
         (tmp_path / name).write_text("")
     (tmp_path / "cb").mkdir()
+    (tmp_path / "cb" / "t.jsonl").write_text("")
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "config.json").write_text("{}")
     words = [*filled(arguments, tmp=tmp_path), *(["--output", str(tmp_path / "run")] if module != "cmd_evaluate_rc"
