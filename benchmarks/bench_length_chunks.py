@@ -44,10 +44,10 @@ from script_errors import one_line_errors
 
 from dilstore.reader.data.qa_features import QAFeature
 from dilstore.reader.modeling.dilbert import DilBertReader
+from dilstore.reader.training.configs import GROUP_LENGTHS
 from dilstore.reader.training.length_chunks import length_chunks
 from dilstore.reader.training.loop import autocast_dtype, optimizer_step_batches
 from dilstore.reader.training.qa import (
-    GROUP_LENGTHS,
     TrainingConfig,
     TrainingData,
     accumulate_gradients,

@@ -37,7 +37,8 @@ from dilstore.storage.errors import DilstoreError
 
 if TYPE_CHECKING:
     from dilstore.reader.data.squad import SquadExample
-    from dilstore.reader.training.qa import TrainingConfig, TrainingResult
+    from dilstore.reader.training.configs import TrainingConfig
+    from dilstore.reader.training.qa import TrainingResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -145,14 +146,15 @@ def register_qa(kinds: argparse._SubParsersAction) -> None:
 
 def run_qa(args: argparse.Namespace) -> int:
     """Train, then evaluate on --dev when given; print k, EM, F1 and the train and eval times."""
-    # Before torch and the trainer load (5-10 s), which a missing --train waited for (fast59 F5).
+    # Before torch and the trainer load (5-10 s), which a missing --train (fast59 F5) and a setting out of range
+    # (left61 F10) waited for.
+    config = _qa_config(args)
     examples = _checked_qa_inputs(args)
     apply_threads(args.threads)
     from dilstore.reader.evaluation.reading_comprehension import evaluate_file, write_evaluation
     from dilstore.reader.modeling.checkpoints import base_model_dir
     from dilstore.reader.training.qa import train_qa
 
-    config = _qa_config(args)
     result = train_qa(args.model or base_model_dir(), args.train, output_dir(args), config, **run_options(args),
                       examples=examples)  # fmt: skip
     summary = qa_summary(result)
@@ -192,17 +194,13 @@ def qa_summary(result: TrainingResult) -> dict[str, Any]:
 def _checked_qa_inputs(args: argparse.Namespace) -> list[SquadExample]:
     """The training questions of --train, read once, here; a DilstoreError for a missing input file or folder,
     --eval-limit without --dev, or a malformed --train or --dev (or a --dev question without an answer, left61 F2):
-    found before torch loads and before training, not after the hours it would take; so are window options that
-    leave a window no room (left61 F7)."""
-    from dilstore.reader.data.qa_features import require_stride_within_window
+    found before torch loads and before training, not after the hours it would take."""
     from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
     from dilstore.reader.data.squad import training_questions
     from dilstore.reader.evaluation.squad_scoring import chosen_questions
 
     require_file(args.train, "--train")
     require_start_model(args.model, args.resume)
-    check_window_options(args)
-    require_stride_within_window(args.doc_stride, args.max_seq_length)
     if args.eval_limit is not None and args.dev is None:
         raise DilstoreError("--eval-limit picks the dev questions evaluated after training; give --dev too")
     for flag, path in (("--dev", args.dev), ("--shared-norm", args.shared_norm)):
@@ -237,8 +235,11 @@ def _check_teacher_and_codebook(args: argparse.Namespace) -> None:
 
 
 def _qa_config(args: argparse.Namespace) -> TrainingConfig:
-    """The run's settings from the command line."""
-    from dilstore.reader.training.qa import TrainingConfig
+    """The run's settings from the command line, checked: window options that leave a window no room (left61 F7),
+    then what TrainingConfig refuses."""
+    from dilstore.reader.training.configs import TrainingConfig
+
+    check_window_options(args)
 
     return TrainingConfig(
         layers=args.layers,

@@ -61,6 +61,7 @@ from dilstore.reader.training.checkpoint_files import (
     latest_checkpoint,
     step_directory,
 )
+from dilstore.reader.training.configs import LoopConfig
 from dilstore.reader.training.hardware import cpu_model
 from dilstore.reader.training.state import (
     PARTIAL_SUFFIX,
@@ -72,13 +73,12 @@ from dilstore.reader.training.state import (
     verify_checkpoint,
 )
 from dilstore.storage.atomic_files import atomic_write_text, give_new_file_modes
-from dilstore.storage.checks import finite_float, require_at_least_one
+from dilstore.storage.checks import finite_float
 from dilstore.storage.cpus import cgroup_cpu_quota, runnable_cpu_count
 from dilstore.storage.durability import fsync_dir, fsync_tree, remove_path
 from dilstore.storage.errors import DilstoreError, StoppedBySignal
 from dilstore.storage.file_errors import FILE_SIZE_ADVICE
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Micro-batches per length-sorted group (Hugging Face's LengthGroupedSampler uses 50).
 LENGTH_GROUP = 50
 # Settings a resumed run may change: how often it saves and logs, how many checkpoints it keeps, how it chunks and
@@ -86,85 +86,8 @@ LENGTH_GROUP = 50
 # by SHA-256 (INPUT_DIGESTS) like the base's and --train's.
 _MAY_CHANGE_ON_RESUME = frozenset({"save_every", "save_every_minutes", "keep_checkpoints", "log_every",
                                    "chunk_windows", "compile", "teacher", "shared_norm"})
-# numpy's seeding (seed_everything) takes seeds from 0 to this; it raised a ValueError on others mid-start.
-MAX_SEED = 2**32 - 1
 # What a save that could not write raises: safetensors' own error is no OSError (its message carries the OS's).
 SAVE_ERRORS = (OSError, SafetensorError)
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoopConfig:
-    """The settings the shared optimizer, schedule, batching, precision, logging and checkpointing read.
-
-    `train qa`'s TrainingConfig and the rankers' RankingTrainingConfig add
-    their own settings and defaults for `epochs` and `batch_size`, so one
-    loop serves `train qa` and `train earl|cross-encoder|siamese|listformer`.
-    """
-
-    epochs: int
-    max_steps: int | None = None
-    batch_size: int
-    gradient_accumulation: int = 1
-    learning_rate: float = 3e-5
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    seed: int = 42
-    save_every: int = 0
-    save_every_minutes: float = 10.0
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    precision: str = "auto"
-    train_limit: int | None = None
-
-    def __post_init__(self) -> None:
-        """A DilstoreError naming the option when a setting the shared loop reads is out of range."""
-        require_at_least_one(
-            {
-                "epochs": self.epochs,
-                "batch_size": self.batch_size,
-                "gradient_accumulation_steps": self.gradient_accumulation,  # its flag's name
-                "log_every": self.log_every,
-                "keep_checkpoints": self.keep_checkpoints,
-                "max_steps": self.max_steps,
-            }
-        )
-        require_finite(
-            {
-                "learning-rate": self.learning_rate,
-                "weight-decay": self.weight_decay,
-                "max-grad-norm": self.max_grad_norm,
-            }
-        )
-        if not 0 <= self.warmup_ratio < 1:
-            raise DilstoreError(f"warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.learning_rate <= 0:
-            raise DilstoreError(f"learning-rate must be positive, got {self.learning_rate}")
-        if self.weight_decay < 0:
-            raise DilstoreError(f"weight-decay must be at least 0, got {self.weight_decay}")
-        if self.max_grad_norm <= 0:
-            raise DilstoreError(f"max-grad-norm must be positive, got {self.max_grad_norm}")
-        if self.save_every < 0:
-            raise DilstoreError(f"save-every must be 0 (only at the end) or positive, got {self.save_every}")
-        if not self.save_every_minutes >= 0:
-            raise DilstoreError(
-                f"save-every-minutes must be 0 (not by time) or positive, got {self.save_every_minutes}"
-            )
-        if self.precision not in PRECISIONS:
-            raise DilstoreError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise DilstoreError(f"seed must be from 0 to {MAX_SEED}, got {self.seed}")
-
-
-def require_finite(settings: Mapping[str, float]) -> None:
-    """A DilstoreError naming the first setting that is NaN or infinite.
-
-    Range checks alone let NaN through (every comparison with it is false), and a NaN or infinite rate trains
-    every weight to NaN without an error.
-    """
-    for name, value in settings.items():
-        if not math.isfinite(value):
-            raise DilstoreError(f"{name} must be a finite number, got {value}")
 
 
 def seed_everything(seed: int) -> None:

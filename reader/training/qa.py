@@ -40,23 +40,16 @@ trained k is exactly the k that `precompute` and `ask` use.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from dilstore.reader.batching import pad_id
 from dilstore.reader.data.qa_batches import QABatch, collate_features
-from dilstore.reader.data.qa_features import (
-    DEFAULT_MAX_QUESTION_LENGTH,
-    DEFAULT_MAX_SEQ_LENGTH,
-    QAFeature,
-    require_stride_within_window,
-    window_features,
-)
+from dilstore.reader.data.qa_features import QAFeature, window_features
 from dilstore.reader.data.ranking_data import require_written_together
 from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
 from dilstore.reader.data.shared_norm import shared_norm_groups
@@ -64,20 +57,16 @@ from dilstore.reader.data.squad import SquadExample, training_questions
 from dilstore.reader.modeling.architectures import require_segment_limit
 from dilstore.reader.modeling.checkpoints import require_trained_reader
 from dilstore.reader.modeling.dilbert import DilBertReader
-from dilstore.reader.text.tokenization import DEFAULT_STRIDE
+from dilstore.reader.training.configs import TrainingConfig
 from dilstore.reader.training.frozen_lower import LowerStateCache, freeze_lower_layers
 from dilstore.reader.training.length_chunks import ChunkForward, default_chunk_windows, forward_in_chunks
 from dilstore.reader.training.loop import (
-    LoopConfig,
     Throughput,
     accumulate_micro_batches,
     autocast_context,
     optimizer_step_batches,
-    require_finite,
 )
 from dilstore.reader.training.runs import RunStart, TrainerRun, finish_run, start_run
-from dilstore.storage.checks import require_at_least_one
-from dilstore.storage.encodings import get_encoding
 from dilstore.storage.errors import DilstoreError
 
 
@@ -86,110 +75,6 @@ def _throughput(windows_per_example: int) -> Throughput:
     return Throughput(
         per_example=windows_per_example, bar_name="win_per_s", log_name="windows/s", log_digits=2, seen_name="seen"
     )
-
-
-# How a shared-normalisation group's length is measured when micro-batches are grouped by length. A micro-batch
-# pads every window to its longest question and passage, so "longest" (its longest window) groups alike what the
-# padding depends on: at 32 groups a micro-batch over SQuAD-train, real tokens are 0.672 of those computed against
-# 0.529 with "sum" (over its windows; BENCHMARKS.md).
-GROUP_LENGTHS = ("longest", "sum")
-# Settings that act only with another: option -> its settings (TrainingConfig fields).
-_ACTING_ONLY_WITH = {
-    "teacher": ("distillation_temperature", "distillation_weight", "representation_weight"),
-    "shared_norm": ("shared_norm_negatives", "group_length"),
-}
-
-
-def _group_length_before(saved: dict[str, Any]) -> str:
-    """The group_length of a run recorded before the setting existed: shared-normalisation runs grouped by the sum
-    over a group's windows; plain runs' one-window examples measure the same either way, so they read as the default.
-    """
-    return "sum" if saved.get("shared_norm") is not None else "longest"
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainingConfig(LoopConfig):
-    """Everything that decides what a run computes (the seed's run_squad defaults where it has one)."""
-
-    layers: int
-    epochs: int = 2
-    batch_size: int = 12
-    max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
-    doc_stride: int = DEFAULT_STRIDE
-    max_question_length: int = DEFAULT_MAX_QUESTION_LENGTH
-    group_by_length: bool = True
-    # How a shared-normalisation group's length is measured for length grouping (GROUP_LENGTHS); resume_point reads
-    # a run_config.json without it as _group_length_before says.
-    group_length: str = field(default="longest", metadata={"before": _group_length_before})
-    teacher: str | None = None
-    distillation_temperature: float = 2.0
-    distillation_weight: float = 1.0
-    representation_weight: float = 1.0
-    shared_norm: str | None = None
-    shared_norm_negatives: int = 3
-    freeze_lower: bool = False
-    store_encoding: str | None = None
-    codebook: str | None = None
-    chunk_windows: int | None = None  # None: length_chunks.default_chunk_windows of the run's device
-    compile: bool = False  # DilBertReader.compile_layers before training: how a step is computed, not what
-
-    def _refuse_settings_without_their_option(self) -> None:
-        """A DilstoreError naming the settings changed from their defaults that only act with an option not given
-        (distillation's without --teacher, shared normalisation's without --shared-norm): they were ignored."""
-        defaults = {item.name: item.default for item in fields(self)}
-        for option, settings in _ACTING_ONLY_WITH.items():
-            if getattr(self, option) is None:
-                changed = [name for name in settings if getattr(self, name) != defaults[name]]
-                if changed:
-                    names = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
-                    verb = "acts" if len(changed) == 1 else "act"
-                    raise DilstoreError(f"{names} {verb} only with --{option.replace('_', '-')}, which is not given")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.group_length not in GROUP_LENGTHS:
-            raise DilstoreError(f"group-length must be one of {', '.join(GROUP_LENGTHS)}, got {self.group_length!r}")
-        if self.chunk_windows is not None and self.chunk_windows < 0:
-            raise DilstoreError(
-                f"chunk-windows must be 0 (one pass per micro-batch) or positive, got {self.chunk_windows}"
-            )
-        if self.store_encoding is not None:
-            get_encoding(self.store_encoding)
-            if not self.freeze_lower:
-                raise DilstoreError(
-                    "store-encoding trains on states as a store returns them, which needs --freeze-lower: "
-                    "the lower layers must stay as they are so that the stored passage states do not change"
-                )
-        if self.codebook is not None and self.store_encoding is None:
-            raise DilstoreError("codebook is the one a --store-encoding round trip uses; give --store-encoding too")
-        if self.codebook is not None and not get_encoding(self.store_encoding).codebook:
-            raise DilstoreError(f"codebook is for the 2bit and 1bit encodings, not {self.store_encoding}: "
-                                "its round trip reads none")  # fmt: skip
-        if self.shared_norm is not None and self.shared_norm_negatives < 1:
-            raise DilstoreError(
-                f"shared-norm-negatives must be at least 1 (paragraphs beside the answer's), got "
-                f"{self.shared_norm_negatives}"
-            )
-        require_at_least_one(
-            {
-                "max_seq_length": self.max_seq_length,
-                "doc_stride": self.doc_stride,
-                "max_question_length": self.max_question_length,
-                "train_limit": self.train_limit,
-            }
-        )
-        if self.layers < 0:
-            raise DilstoreError(f"layers (k) must be at least 0, got {self.layers}")
-        require_finite({"distillation temperature": self.distillation_temperature,
-                        "alpha": self.distillation_weight, "beta": self.representation_weight})  # fmt: skip
-        if self.distillation_temperature <= 0 or self.distillation_weight < 0 or self.representation_weight < 0:
-            raise DilstoreError(
-                "distillation temperature must be positive and its weights at least 0, got "
-                f"T={self.distillation_temperature}, alpha={self.distillation_weight}, "
-                f"beta={self.representation_weight}"
-            )
-        require_stride_within_window(self.doc_stride, self.max_seq_length)
-        self._refuse_settings_without_their_option()  # last: a bad value is named as such first
 
 
 @dataclass(frozen=True)

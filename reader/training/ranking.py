@@ -54,13 +54,12 @@ from dilstore.reader.modeling.ranking_inputs import (
     DEFAULT_MAX_QUERY_LENGTH,
     RANKER_KINDS,
 )
+from dilstore.reader.training.configs import LoopConfig, require_finite
 from dilstore.reader.training.loop import (
-    LoopConfig,
     Throughput,
     accumulate_micro_batches,
     autocast_context,
     optimizer_step_batches,
-    require_finite,
 )
 from dilstore.reader.training.losses import (
     DEFAULT_MARGIN,

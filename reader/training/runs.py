@@ -31,9 +31,9 @@ import torch
 from dilstore.reader.modeling.checkpoints import TRAINING_METADATA_FILE
 from dilstore.reader.text.files import read_json
 from dilstore.reader.training.checkpoint_files import CHECKPOINTS_DIR, RUN_CONFIG_FILE, latest_checkpoint
+from dilstore.reader.training.configs import LoopConfig
 from dilstore.reader.training.loop import (
     Accumulate,
-    LoopConfig,
     LoopOutcome,
     Throughput,
     autocast_dtype,

@@ -1497,10 +1497,14 @@ def test_a_command_sets_the_threads_it_is_given_once_its_inputs_are_checked(
                    "2bit", "--codebook", "{tmp}/cb", "--resume"], None),
     ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--shared-norm", "{tmp}/cb/t.jsonl"],
      "train: error: --shared-norm's paragraph file {tmp}/cb/paragraphs.jsonl.gz: no such file"),
+    ("cmd_train", ["train", "qa", "--layers", "-1", "--train", "{tmp}/d.json"],
+     "train: error: layers (k) must be at least 0, got -1"),
+    ("cmd_train", ["train", "qa", "--layers", "1", "--train", "{tmp}/d.json", "--learning-rate", "-1"],
+     "train: error: learning-rate must be positive, got -1.0"),
 ], ids=["train-qa-model", "train-qa-resume", "train-earl-base-model", "train-earl-resume", "train-qa-malformed",
         "train-qa-unanswered", "train-qa-dev-unanswered", "evaluate-rc-malformed", "evaluate-rc-window",
         "train-qa-window", "train-qa-stride", "train-qa-teacher", "train-qa-codebook",
-        "train-qa-codebook-resume", "train-qa-shared-norm"])  # fmt: skip
+        "train-qa-codebook-resume", "train-qa-shared-norm", "train-qa-layers", "train-qa-learning-rate"])  # fmt: skip
 def test_a_training_s_or_reading_s_inputs_are_refused_before_torch_loads(
     module: str, arguments: list[str], message: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -1514,7 +1518,8 @@ def test_a_training_s_or_reading_s_inputs_are_refused_before_torch_loads(
     named at the first window or in the training's settings, once torch (and the model) had loaded: 5-8 s. (left61
     F8) A --teacher that is a base model, or a --codebook that is none, waited for torch and the model too (5.5-9 s);
     a resumed run reads the codebook its first part saved, not --codebook. (left61 F9) A --shared-norm without the
-    paragraph file beside it was named after the model's load (6 s)."""
+    paragraph file beside it was named after the model's load (6 s). (left61 F10) A training setting out of range
+    (`--layers -1`, `--learning-rate -1`) was refused by TrainingConfig, whose module imports torch: 5-7 s."""
     import importlib
 
     from dilstore.reader.data.ranking_files import PARAGRAPHS_FILE
