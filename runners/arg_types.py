@@ -13,6 +13,8 @@ MAX_SEED = 2**32 - 1
 # The most torch threads a command may ask for per CPU this process may use (as pipelines.options.WORKERS_PER_CPU
 # bounds --workers: more only wait for a core).
 THREADS_PER_CPU = 4
+# The most threads torch.set_num_threads takes (a C int).
+MAX_TORCH_THREADS = 2**31 - 1
 
 
 def positive_int(text: str) -> int:
@@ -44,14 +46,34 @@ def thread_count(text: str) -> int:
     count short of that started as many OpenMP threads, which only wait for a core. The bound is --workers' own.
     `index --threads 100000` failed as "java.lang.IllegalArgumentException: None", naming no option (complex61 F10).
     """
+    value = positive_int(text)
+    beyond = threads_beyond_cpus(value)
+    if beyond is not None:
+        raise argparse.ArgumentTypeError(beyond)
+    return value
+
+
+def worker_thread_count(text: str) -> int:
+    """argparse type: `precompute --threads`, torch's threads in each worker, a positive integer torch takes (below
+    2**31). Its workers may run on other machines (Dataflow, Flink, a Dask cluster), whose CPUs this process cannot
+    count: precompute bounds the count per CPU (`threads_beyond_cpus`) only for workers that run here. Bounded here
+    by this machine's CPUs, `precompute --runner dataflow --threads 16` was refused on a 2-CPU launcher (read61 F1).
+    """
+    return _integer_in(text, 1, MAX_TORCH_THREADS, f"a positive integer of at most {MAX_TORCH_THREADS} (torch's most)")
+
+
+def threads_beyond_cpus(value: int) -> str | None:
+    """Why `value` threads are more than THREADS_PER_CPU per CPU this process may use, in words; None if they are
+    not."""
     from dilstore.storage.cpus import usable_cpu_count
 
-    value = positive_int(text)
     cpus = usable_cpu_count()
     if value > (most := THREADS_PER_CPU * cpus):
-        raise argparse.ArgumentTypeError(f"expected at most {most} threads ({THREADS_PER_CPU} per CPU of the {cpus} "
-                                         f"this process may use), got {value}")  # fmt: skip
-    return value
+        return (
+            f"expected at most {most} threads ({THREADS_PER_CPU} per CPU of the {cpus} this process may use), "
+            f"got {value}"
+        )
+    return None
 
 
 def numpy_seed(text: str) -> int:

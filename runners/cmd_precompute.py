@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dilstore.runners.arg_types import option_words, positive_int, thread_count
+from dilstore.runners.arg_types import option_words, positive_int, threads_beyond_cpus, worker_thread_count
 from dilstore.runners.outputs import check_output_folder, check_store_path_length, refuse_store_inside_store
 from dilstore.runners.precompute_run import run_pipeline
 from dilstore.runners.quiet import add_verbose_argument, logging_restored, quiet_beam_logging, quiet_dask_logging
@@ -140,9 +140,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="local worker processes: DirectRunner or FnApiRunner multi-processing, Dask LocalCluster "
                           "(default: the number of CPUs this process may use, as its affinity and cgroup CPU quota "
                           "allow)")
-    run.add_argument("--threads", type=thread_count, metavar="N",
+    run.add_argument("--threads", type=worker_thread_count, metavar="N",
                      help="torch threads per worker (default: those CPUs / workers, at least 1, and at most "
-                          "$OMP_NUM_THREADS where set)")
+                          "$OMP_NUM_THREADS where set; at most 4 per CPU where the workers run on this machine)")
     run.add_argument("--batch-tokens", type=positive_int, default=8192, metavar="N",
                      help="padded tokens per encoder batch (default 8192)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -751,7 +751,19 @@ def _checked_before_torch(
     here = runs_here(pipeline_options(assemble_beam_flags(runner, args.beam_args, LocalDefaults(workers=args.workers))))
     if not here:
         logging.getLogger("apache_beam").setLevel(logging.INFO)  # remote runners log the job's URL
+    elif runner != DASK_RUNNER or starts_local_workers(runner, args.beam_args):  # not a Dask cluster's, maybe remote
+        _refuse_threads_beyond_cpus(args.threads)
     return inputs, checked, runner, here
+
+
+def _refuse_threads_beyond_cpus(threads: int | None) -> None:
+    """A DilstoreError for a --threads past 4 per CPU this process may use, for workers that run on this machine,
+    where more only wait for a core (complex61 F9). Not at parsing, where the runner is not known yet: a remote
+    runner's workers have CPUs of their own, and `--runner dataflow --threads 16` was refused on a 2-CPU launcher
+    (read61 F1)."""
+    beyond = None if threads is None else threads_beyond_cpus(threads)
+    if beyond is not None:
+        raise DilstoreError(f"--threads: {beyond}: the workers run on this machine, where more only wait for a core")
 
 
 def _build_or_find(job: PrecomputeJob, spec: dict[str, Any], runner: str, args: argparse.Namespace

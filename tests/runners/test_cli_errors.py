@@ -151,7 +151,7 @@ def test_bad_threads_and_devices_are_usage_errors_before_the_command_runs(
     assert exited.value.code == 2 and message in err.strip().splitlines()[-1] and "Traceback" not in err
 
 
-@pytest.mark.parametrize("command", [*_RUNTIME, ["precompute", "--input", "{tmp}/none.jsonl"]])
+@pytest.mark.parametrize("command", _RUNTIME)  # precompute's: test_precompute_checks (read61 F1)
 def test_more_threads_than_the_cpus_can_use_are_a_usage_error(
     command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -132,6 +132,27 @@ def test_too_many_workers_exit_2_before_anything_is_written(tmp_path: Path, caps
     assert not store.exists()
 
 
+@pytest.mark.usefixtures("two_of_64_cpus")
+@pytest.mark.parametrize(("runner", "refused"), [("direct", True), ("dask", True), ("dataflow", False)])
+def test_threads_past_4_per_cpu_are_refused_only_for_workers_that_run_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], runner: str, refused: bool
+) -> None:
+    """(read61 F1) `precompute --threads` sets torch's threads in each worker; a remote runner's workers have CPUs of
+    their own, but the bound per CPU of this machine was applied when the option was parsed: `--runner dataflow
+    --threads 16` was a usage error on a 2-CPU launcher. Local workers are still held to 4 per CPU (complex61 F9),
+    and every runner to what torch takes."""
+    store = tmp_path / "s"
+    assert cli.main(["precompute", "--output", str(store), "--runner", runner, "--threads", "9"]) == 2
+    err = capsys.readouterr().err
+    beyond = "--threads: expected at most 8 threads (4 per CPU of the 2 this process may use), got 9"
+    assert (beyond in err) == refused and err.count("\n") == 1, err
+    assert not store.exists()
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["precompute", "--output", str(store), "--runner", runner, "--threads", str(2**31)])
+    assert exited.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        f"argument --threads: expected a positive integer of at most {2**31 - 1} (torch's most), got {2**31}")
+
+
 @pytest.mark.parametrize(
     ("content", "why"),
     [
