@@ -334,7 +334,6 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     from dilstore.reader.batching import BatchPolicy
     from dilstore.reader.modeling.fingerprint import model_fingerprint
     from dilstore.reader.offline.encoding import keep_launched, load_reader
-    from dilstore.reader.offline.kinds import max_positions, positions_note
     from dilstore.reader.threads import start_thread_pool
 
     output, codebook = check_output_and_codebook(args) if checked is None else checked
@@ -343,16 +342,7 @@ def build_job(args: argparse.Namespace, started: float, runner: str, progress_di
     start_thread_pool()  # torch's own count here: before the load, which may leave no room for their stacks
     reader = load_reader(model, args.kind, layers)
     note_untrained_ranker(model, reader)
-    positions = max_positions(reader)
-    if args.max_length < MIN_MAX_LENGTH:
-        raise DilstoreError(
-            f"--max-length {args.max_length} is too short: a stored unit needs its special tokens and room for "
-            f"word pieces; use at least {MIN_MAX_LENGTH}"
-        )
-    if args.max_length > positions:
-        raise DilstoreError(
-            f"--max-length {args.max_length} exceeds the model's {positions} positions{positions_note(reader)}"
-        )
+    check_max_length(args.max_length, reader, args.append)
     if args.shards is not None and args.shards > MAX_DEFAULT_SHARDS:  # each shard costs files even when empty
         raise DilstoreError(f"--shards {args.shards} is more than {MAX_DEFAULT_SHARDS}, the most a store is split into")
     if codebook is not None:
@@ -688,6 +678,27 @@ def precompute_store(args: argparse.Namespace) -> Outcome:
     """
     with logging_restored():
         return _precompute_store(args)
+
+
+def check_max_length(max_length: int, reader: OfflineModel, append: bool) -> None:
+    """A DilstoreError for a --max-length too short for a stored unit, or longer than a passage of `reader` may be
+    (`max_positions`). An `append` takes the store's own --max-length: a prior Listformer's store built with all of
+    its segment's positions, before spec61 F7 held a passage to one fewer, took no append at all ("exceeds the
+    model's 511 positions", a store of short passages that has none that long), so an append is held only to the
+    segment (`segment_limit`), as its store was; a passage of all of them stops it, as it would have stopped the
+    store's build (read61 F2)."""
+    from dilstore.reader.offline.kinds import max_positions, positions_note, segment_limit
+
+    if max_length < MIN_MAX_LENGTH:
+        raise DilstoreError(
+            f"--max-length {max_length} is too short: a stored unit needs its special tokens and room for "
+            f"word pieces; use at least {MIN_MAX_LENGTH}"
+        )
+    positions = max_positions(reader)
+    if max_length > positions and not (append and max_length <= segment_limit(reader)):
+        raise DilstoreError(
+            f"--max-length {max_length} exceeds the model's {positions} positions{positions_note(reader)}"
+        )
 
 
 def _precompute_store(args: argparse.Namespace) -> Outcome:

@@ -211,8 +211,14 @@ def max_positions(model: OfflineModel) -> int:
     """The most tokens one stored passage of `model` may hold: a segment's (architectures.segment_positions), less
     one for a Listformer with the prior, whose prior encoder reads each `d [SEP]` behind a [CLS] (spec61 F7: a
     --max-length of all the positions passed, and the run stopped at the first passage that long)."""
+    return segment_limit(model) - (1 if _reads_behind_cls(model) else 0)
+
+
+def segment_limit(model: OfflineModel) -> int:
+    """The most tokens one segment of `model` may hold (architectures.segment_positions): what `precompute` allowed a
+    stored passage before spec61 F7, and still allows an append to a store built so (read61 F2)."""
     config, _ = model.fingerprinted_network()
-    return segment_positions(config) - (1 if _reads_behind_cls(model) else 0)
+    return segment_positions(config)
 
 
 def positions_note(model: OfflineModel) -> str:

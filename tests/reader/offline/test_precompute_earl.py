@@ -231,6 +231,23 @@ def test_a_listformer_with_the_prior_stores_one_token_fewer_than_its_positions()
     assert positions_note(tiny_listformer(delayed_layers=1)) == ""
 
 
+def test_an_append_to_a_prior_listformer_store_of_all_the_segment_s_positions_is_taken() -> None:
+    """(read61 F2) A prior Listformer's store built with --max-length of all its segment's positions, before spec61 F7
+    (one of short passages: MS MARCO's under the packaged Listformer's 512), took no append at all, "--max-length 64
+    exceeds the model's 63 positions": an append must give the store's own --max-length. An append is held to the
+    segment, as its store was; a new store still to one fewer."""
+    from dilstore.runners.cmd_precompute import check_max_length
+    from tests.fixtures.listformer_tiny import tiny_listformer
+
+    prior = tiny_listformer(delayed_layers=1, prior=True)
+    segment = max_positions(prior) + 1
+    check_max_length(segment, prior, append=True)
+    with pytest.raises(DilstoreError, match=f"^--max-length {segment} exceeds the model's {segment - 1} positions"):
+        check_max_length(segment, prior, append=False)
+    with pytest.raises(DilstoreError, match=f"^--max-length {segment + 1} exceeds the model's {segment - 1} "):
+        check_max_length(segment + 1, prior, append=True)
+
+
 def test_a_model_of_the_wrong_kind_is_refused_before_loading(earl_dir: Path, dilbert_dir: Path) -> None:
     with pytest.raises(DilstoreError, match=r"holds a 'dilbert' checkpoint, which makes dilbert stores; earl-s1"):
         load_offline_model(dilbert_dir, "earl-s1", None)
