@@ -478,6 +478,47 @@ def test_an_access_log_output_that_cannot_be_written_is_one_warning_and_the_serv
     assert "Logging error" not in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux), whose writes fail with ENOSPC")
+@pytest.mark.parametrize("output", ["closed pipe", "full disk"])
+def test_an_access_log_output_that_fails_is_put_on_the_null_device_whatever_its_os_error(
+    output: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(mut61 M1) json61 F2's handler was seen only for a broken pipe on a stream without a descriptor: a full disk's
+    ENOSPC could go back to logging's traceback block for every request, and the lines left in stdout's buffer could
+    fail again at the server's last flush, once it had stopped cleanly. A record that cannot be formatted is a bug
+    for logging to show, not an output lost for good."""
+    from dilstore.runners.cmd_serve import log_as_uvicorn_does
+    from dilstore.runners.serve_app import access_logger
+
+    if output == "closed pipe":
+        reader, writer = os.pipe()
+        os.close(reader)
+        stream = open(writer, "w")  # noqa: SIM115 -- closed below, as the interpreter's last flush would
+        words = "Broken pipe"
+    else:
+        stream, words = open("/dev/full", "w"), "No space left on device"  # noqa: SIM115 -- closed below
+    errors = logging.StreamHandler(err := io.StringIO())
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "dilstore.serve", "dilstore.serve.access")]
+    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
+    monkeypatch.setattr(sys, "stdout", stream)
+    try:
+        loggers[0].handlers[:] = [errors]
+        log_as_uvicorn_does()
+        access_logger.info("%d", "not a number")
+        assert err.getvalue() == "" and "--- Logging error ---" in capsys.readouterr().err
+        for _ in range(3):
+            access_logger.info("%s", '127.0.0.1:50070 - "GET /health HTTP/1.1" 200 0.001s')
+    finally:
+        for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
+        monkeypatch.undo()
+    assert err.getvalue() == f"--access-log: standard output cannot be written ({words}); access lines are dropped " \
+                             "from now on\n"  # fmt: skip
+    assert os.fstat(stream.fileno()).st_rdev == os.stat(os.devnull).st_rdev
+    stream.close()  # what its buffer held goes to the null device
+    assert "Logging error" not in capsys.readouterr().err
+
+
 def test_health_finds_a_store_moved_away_under_the_server(tiny: dict[str, Any], tmp_path: Path) -> None:
     """A store moved or deleted was served from its maps until a request needed a shard not opened yet, which got
     503, and /health stayed 200 until then (crash40 M4)."""
