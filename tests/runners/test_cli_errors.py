@@ -190,6 +190,21 @@ def test_more_bm25_threads_than_the_cpus_can_use_are_a_usage_error(
         f"use), got {most + 1}")  # fmt: skip
 
 
+@pytest.mark.parametrize("cpus", [1, 3])
+def test_four_threads_per_usable_cpu_are_taken_and_one_more_is_refused(cpus: int, monkeypatch) -> None:
+    """(mut61 M2) --threads' bound was seen only past it, and only at this machine's count: a bound that refused the
+    4 per CPU its error promises, or one counted from os.cpu_count() (past a cgroup quota), went unseen."""
+    from dilstore.runners.arg_types import thread_count
+    from dilstore.storage import cpus as cpu_counts
+
+    monkeypatch.setattr(cpu_counts, "usable_cpu_count", lambda: cpus)
+    assert thread_count(str(4 * cpus)) == 4 * cpus
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        thread_count(str(4 * cpus + 1))
+    assert str(refused.value) == (f"expected at most {4 * cpus} threads (4 per CPU of the {cpus} this process may "
+                                  f"use), got {4 * cpus + 1}")  # fmt: skip
+
+
 @pytest.mark.parametrize("command", [["evaluate-qa", "{tmp}/no-store", "--questions", "{tmp}/q.jsonl"],
                                      ["evaluate-rc", "--data", "{tmp}/none.json"]])  # fmt: skip
 def test_a_seed_without_a_limit_is_refused(command: list[str], tmp_path: Path, capsys) -> None:
