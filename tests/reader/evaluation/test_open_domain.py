@@ -194,6 +194,16 @@ def test_jsonl_questions_in_a_json_file_are_named_as_such(tmp_path: Path) -> Non
         load_questions(path)
 
 
+def test_a_json_file_that_opens_with_an_object_of_no_question_gets_no_jsonl_hint(tmp_path: Path) -> None:
+    """(mut61 M3) The DPR hint was seen only for an object with a "question": a one-line SQuAD document without its
+    "data" could be told to rename itself .jsonl, as if it held question lines."""
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps({"version": "1.1", "dataset": []}) + "\n")
+    with pytest.raises(DilstoreError) as refused:
+        load_questions(path)
+    assert "'data'" in str(refused.value) and "DPR-style" not in str(refused.value)
+
+
 def test_a_question_file_nested_past_the_stack_is_named_not_a_traceback(tmp_path: Path) -> None:
     """A .json question file nested ~100,000 deep is refused in load_squad's one line; the look at its first line
     for a DPR question object then met the same RecursionError and ended `evaluate-qa` in a traceback (complex61,
