@@ -62,3 +62,15 @@ def test_the_cli_phase_counts_a_refused_question_and_times_the_answered_ones(
         monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: ask(lines[1:2]))
         with pytest.raises(DilstoreError, match="refused all 3 questions: dilstore ask: error: the question is 300"):
             bench.run_cli(args, ["a", "b", "c"])
+
+
+def test_a_cli_phase_of_only_refusals_counts_the_questions_it_asked(tmp_path: Path, monkeypatch) -> None:
+    """(mut61 M4) --cli-questions asks the first N of the questions; the line for all of them refused was seen only
+    when N was all of them, and could count the questions it never asked."""
+    refusal = "dilstore ask: error: the question is 300 characters long\n"
+    done = subprocess.CompletedProcess([], 2, json.dumps({"line": 1, "error": "long"}) + "\n", refusal * 2)
+    args = argparse.Namespace(store=tmp_path, cli_questions=2, top_p=5, threads=1, model=None)
+    with benchmark_module("bench_serve") as bench:
+        monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: done)
+        with pytest.raises(DilstoreError, match="^`dilstore ask --json` refused all 2 questions: "):
+            bench.run_cli(args, ["a", "b", "c", "d"])
