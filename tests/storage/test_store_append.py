@@ -571,3 +571,14 @@ def test_the_cleanup_does_not_follow_a_link_under_appends(tmp_path: Path) -> Non
         (store / APPENDS_DIR / name).symlink_to(outside, target_is_directory=True)
     assert remove_leftovers(store, manifest) == [append_dir("e" * 16)]  # the link itself, as an uncommitted append
     assert (outside / f"{TMP_PREFIX}precious").is_dir() and (store / APPENDS_DIR / "linked").is_symlink()
+
+
+def test_a_store_without_appends_has_none_to_clean_and_a_folder_of_another_name_is_left_alone(tmp_path: Path) -> None:
+    """(mut61 M5) The cleanup was seen only for stores that had appends/: a store's first append asks it before the
+    folder exists (it would have stopped on "No such file or directory"). Inside appends/, only folders named as
+    appends are searched for temporaries: a `.tmp-*` in a folder of another name is not dilstore's to delete."""
+    store = build_store(tmp_path / "store", [records(["a"])])
+    manifest = read_manifest(StoreLocation.parse(store))
+    assert not (store / APPENDS_DIR).exists() and remove_leftovers(store, manifest) == []
+    (store / APPENDS_DIR / "notes" / f"{TMP_PREFIX}draft").mkdir(parents=True)
+    assert remove_leftovers(store, manifest) == [] and (store / APPENDS_DIR / "notes" / f"{TMP_PREFIX}draft").is_dir()
