@@ -439,6 +439,59 @@ def test_a_shard_of_another_build_is_named(store) -> None:
         f"shards/shard-00001: belongs to build {'b' * 16!r}, the manifest to {built!r}"]
 
 
+def _attributes_signed_again(store: Path, shard: str, changes: dict) -> None:
+    """Change the dilstore attributes of the shard folder `shard` and sign the manifest again."""
+    group = zarr.open_group(store / shard, mode="r+")
+    group.attrs["dilstore"] = {**group.attrs.asdict()["dilstore"], **changes}
+
+    def change(data: dict) -> None:
+        content = (store / shard / "zarr.json").read_bytes()
+        data["files"][f"{shard}/zarr.json"] = {"bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+
+    resigned(store, change)
+
+
+@pytest.mark.parametrize("changes", [{"shard": 7}, {"encoding": "fp16"}], ids=["number", "encoding"])
+def test_a_shard_whose_attributes_differ_from_the_manifest_is_named_once_and_read_no_further(
+    store, changes: dict
+) -> None:
+    """(mut61 M6) A shard's number was compared by no test, and that a mismatch stops the shard's checks (they read
+    its arrays by its attributes) by none either: a copy of another shard passed, or one line became many."""
+    _attributes_signed_again(store, "shards/shard-00001", changes)
+    problems = verify_store(store).problems
+    assert len(problems) == 1 and problems[0].startswith("shards/shard-00001: attributes (")
+    assert "differ from the manifest's (1, 'dilbert', 'int8', " in problems[0]
+
+
+def test_a_shard_of_another_model_has_its_other_checks_too(store) -> None:
+    """(mut61 M6) A shard made by another model than the manifest's is named, and its other checks still run: a
+    damaged char span in it went unnamed where that mismatch stopped them."""
+    _attributes_signed_again(store, "shards/shard-00000", {"fingerprint_sha256": "0" * 64})
+    spans = np.asarray(zarr.open_array(store / "shards/shard-00000/tokens/char_spans", mode="r")[...])
+    token = int(np.flatnonzero(spans[:, 0] >= 0)[0])
+    _array_signed_again(store, "shards/shard-00000/tokens/char_spans", lambda values: values.__setitem__(token, (2, 1)))
+    assert verify_store(store).problems == [
+        "shards/shard-00000: was made by another model than the manifest's fingerprint says (edited fingerprint?)",
+        f"shards/shard-00000: 1 char spans lie outside their passage text (first at token {token})"]
+
+
+def test_a_token_id_chunk_that_cannot_be_decoded_is_named_though_its_checksum_was_signed_again(store) -> None:
+    """(mut61 M7) verify decodes every chunk of the token ids, which nothing else it does reads: no test had a chunk
+    only that decoding fails on, and a store whose token ids cannot be read could verify as sound."""
+    relative = "shards/shard-00000/tokens/ids/c/0"
+    chunk = store / relative
+    chunk.write_bytes(chunk.read_bytes()[:-4] + b"\0\0\0\0")  # its crc32c, zeroed
+
+    def change(data: dict) -> None:
+        content = chunk.read_bytes()
+        data["files"][relative] = {"bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+
+    resigned(store, change)
+    problems = verify_store(store).problems
+    assert len(problems) == 1 and problems[0].startswith("shard shard-00000: cannot be read: ValueError: Stored and "
+                                                         "computed checksum do not match")  # fmt: skip
+
+
 def test_int8_codes_of_minus_128_are_named_once_for_the_array(store, monkeypatch: pytest.MonkeyPatch) -> None:
     """int8 codes stop at -127 (symmetric): -128 is damage, named once however many blocks hold it (mut57b: neither
     the code check nor the one problem per array had a test; blocks are 2**18 rows, here 4)."""
