@@ -667,6 +667,33 @@ def test_an_os_error_inside_a_command_is_one_line(monkeypatch: pytest.MonkeyPatc
     assert capsys.readouterr().err == "dilstore info: error: Permission denied: /stores/locked\n"
 
 
+def test_a_command_s_error_hides_a_store_password_and_a_bug_s_runtime_error_is_shown_in_full(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(mut61 M8) The last line of an OSError and of a DilstoreError hides the password of a store URL it names, an
+    OSError of no errno is its own words (not "None"), and a RuntimeError that is no shortage or link loop is a bug
+    raised in full, not "error: None": no test held any of them."""
+    import dilstore.runners.cmd_store as cmd_store
+    from dilstore.storage.errors import DilstoreError
+    from dilstore.storage.secrets import remember_secrets
+
+    url = "https://reader:hunter2@stores.example/store"
+    remember_secrets(url)
+    errors = iter([PermissionError(13, "Permission denied", f"{url}/manifest.json"), OSError("the server hung up"),
+                   DilstoreError(f"{url}: not a store"), RuntimeError("a bug")])  # fmt: skip
+
+    def fail(args: argparse.Namespace) -> int:
+        raise next(errors)
+
+    monkeypatch.setattr(cmd_store, "run_info", fail)
+    hidden = "https://reader:***@stores.example/store"
+    for line in (f"Permission denied: {hidden}/manifest.json", "the server hung up", f"{hidden}: not a store"):
+        assert main(["info", "/stores/locked"]) == 2
+        assert capsys.readouterr().err == f"dilstore info: error: {line}\n"
+    with pytest.raises(RuntimeError, match="^a bug$"):
+        main(["info", "/stores/locked"])
+
+
 def test_an_unreadable_input_is_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
