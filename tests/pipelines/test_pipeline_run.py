@@ -479,6 +479,26 @@ def test_a_quiet_remote_run_keeps_beam_s_job_lines_but_not_its_type_hint_chatter
         beam.setLevel(level)
 
 
+@pytest.mark.parametrize(("flags", "remote"), [([], False),
+                                               (["--runner", "DataflowRunner", "--project", "p", "--region", "r",
+                                                 "--temp_location", "gs://b/t", "--sdk_container_image", "i"], True)])
+def test_only_a_run_whose_workers_run_elsewhere_raises_beam_to_info(
+    tmp_path: Path, flags: list[str], remote: bool
+) -> None:
+    """(mut61 M9) The checks before torch raise apache_beam to INFO for a remote run's job URL: the test above does
+    it by hand, and a local run raised to INFO (its lines on stderr), or a remote one left quiet, went unseen."""
+    from dilstore.runners import cmd_precompute
+    from dilstore.runners.quiet import logging_restored
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", wiki_like_documents(1))
+    command = ["precompute", "--input", str(corpus), "--output", str(tmp_path / "s"), *flags]
+    args = cli.parse(cli.build_parser(), command)
+    with logging_restored():  # as precompute_store's, around these checks
+        assert cmd_precompute._checked_before_torch(args)[3] is not remote
+        assert logging.getLogger("apache_beam").level == (logging.INFO if remote else logging.ERROR)  # quiet's
+    assert not (tmp_path / "s").exists()
+
+
 @pytest.mark.parametrize(("flags", "quieted"), [([], ["beam", "dask"]), (["--verbose"], [])])
 def test_only_a_quiet_precompute_lowers_the_libraries_logging(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], quieted: list[str]
