@@ -52,7 +52,8 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """Where and how wide to run."""
     parser.add_argument("--device", type=torch_device, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=thread_count,
-                        help="torch CPU threads (default: torch's choice, at most the CPUs this process may use)")
+                        help="torch CPU threads, at most 4 per CPU this process may use (default: torch's choice, at "
+                             "most those CPUs)")
 
 
 def apply_threads(threads: int | None) -> None:
