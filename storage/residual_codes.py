@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -95,13 +96,25 @@ def _token_scales(residuals: np.ndarray) -> np.ndarray:
 
 class ScaleBeyondRange(StoreFormatError):
     """Token `row` of the states being encoded has a residual whose RMS float16, the dtype of its scale, cannot
-    hold: clipped to 65504, the scale decoded the token about ten times too small (spec61 F2)."""
+    hold: clipped to 65504, the scale decoded the token about ten times too small (spec61 F2). `problem` is what
+    is wrong with that token, for write_shard to name its passage; `scale_beyond_range` builds one."""
 
-    def __init__(self, row: int, rms: float) -> None:
+    def __init__(self, message: str, row: int, problem: str) -> None:
+        super().__init__(message)
         self.row = row
-        self.problem = (f"has a residual of RMS {rms:.4g} against the codebook, beyond the range of its float16 "
-                        f"scale ({FLOAT16_MAX:g}); use fp32 or int8, which hold it")
-        super().__init__(f"token {row} of the states encoded {self.problem}")  # write_shard names its passage
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with its row and problem, as every DilstoreError crosses a process boundary whole (api54 F1): a
+        Beam or process-pool worker's refusal could not be unpickled, its arguments not those of `__init__`."""
+        return type(self), (*self.args, self.row, self.problem), vars(self)
+
+
+def scale_beyond_range(row: int, rms: float) -> ScaleBeyondRange:
+    """The ScaleBeyondRange of token `row`, whose residual has RMS `rms` (write_shard names its passage)."""
+    problem = (f"has a residual of RMS {rms:.4g} against the codebook, beyond the range of its float16 scale "
+               f"({FLOAT16_MAX:g}); use fp32 or int8, which hold it")  # fmt: skip
+    return ScaleBeyondRange(f"token {row} of the states encoded {problem}", row, problem)
 
 
 def _refuse_clipped_scales(residuals: np.ndarray, mean: np.ndarray, scales: np.ndarray, start: int) -> None:
@@ -115,7 +128,7 @@ def _refuse_clipped_scales(residuals: np.ndarray, mean: np.ndarray, scales: np.n
     rms = np.sqrt(np.mean(np.square(values, dtype=np.float64), axis=-1)).reshape(len(reached), -1).max(axis=1)  # (k,)
     beyond = np.flatnonzero(rms > FLOAT16_MAX)
     if beyond.size:
-        raise ScaleBeyondRange(start + int(reached[beyond[0]]), float(rms[beyond[0]]))
+        raise scale_beyond_range(start + int(reached[beyond[0]]), float(rms[beyond[0]]))
 
 
 def _normalized_residuals(states: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -116,7 +116,8 @@ def test_every_error_kind_crosses_a_process_boundary_whole(kind: type[DilstoreEr
     `multiprocessing.Pool.map` waited for good, its result thread dead (api54 F1)."""
     import pickle
 
-    extra = {"MissingPassagesError": (["a", "b"],), "StoppedBySignal": (15,)}.get(kind.__name__, ())
+    extra = {"MissingPassagesError": (["a", "b"],), "StoppedBySignal": (15,),
+             "ScaleBeyondRange": (3, "has a residual beyond its scale")}.get(kind.__name__, ())  # fmt: skip
     error = kind("what went wrong", *extra)
     error.add_note("a note")
     back = pickle.loads(pickle.dumps(error))
