@@ -29,6 +29,14 @@ def is_integer(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def is_size_list(value: Any) -> bool:
+    """Whether `value` is a recorded state shape: a JSON list of positive integers, not bools. The one check that the
+    manifest, shard and codebook readers share: read with int() per item, the string "32" was the shape (3, 2)
+    (fuzz60 F6, tail61 F1)."""
+    return isinstance(value, list) and all(isinstance(size, int) and not isinstance(size, bool) and size > 0
+                                           for size in value)  # fmt: skip
+
+
 def positive_int(name: str, value: Any) -> int:
     """`value` as a Python int; a DilstoreError naming `name` unless it is an integer of at least 1.
 

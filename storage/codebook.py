@@ -35,6 +35,7 @@ import numpy as np
 import zarr
 
 from dilstore.storage.arrays import local_group, write_array
+from dilstore.storage.checks import is_size_list
 from dilstore.storage.digests import sha256_file
 from dilstore.storage.durability import replace_dir
 from dilstore.storage.encodings import check_codebook, get_encoding
@@ -327,8 +328,7 @@ def _recorded_shape(shape: Any, where: str) -> tuple[int, ...]:
 
     Read with int() per item, a shape of 5, [null] or [1e400] was a TypeError, ValueError or OverflowError
     traceback from `precompute --codebook` (fuzz60 F6), and "16" was read as (1, 6)."""
-    if not isinstance(shape, list) or not all(isinstance(size, int) and not isinstance(size, bool) and size > 0
-                                              for size in shape):  # fmt: skip
+    if not is_size_list(shape):
         raise StoreFormatError(f"codebook {where} records state_shape {shape!r:.40}, not a list of positive sizes")
     return tuple(shape)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dilstore.storage.atomic_files import atomic_write_bytes
+from dilstore.storage.checks import is_size_list
 from dilstore.storage.file_errors import path_limit
 from dilstore.storage.fingerprint import Fingerprint
 from dilstore.storage.format import (
@@ -235,8 +236,7 @@ def _index(index: Any, appends: tuple[dict[str, Any], ...]) -> str:
 
 def _state_shape(shape: Any) -> tuple[int, ...]:
     """A manifest's state_shape: a list of positive sizes ("16" read as (1, 6), and -16 was taken as it is)."""
-    if not isinstance(shape, list) or not all(isinstance(size, int) and not isinstance(size, bool) and size > 0
-                                              for size in shape):  # fmt: skip
+    if not is_size_list(shape):
         raise ValueError(f"state_shape is {shape!r:.40}, not a list of positive sizes")
     return tuple(shape)
 

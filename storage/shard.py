@@ -21,7 +21,7 @@ import zarr
 from zarr.core.sync import sync
 
 from dilstore.storage.arrays import offsets_are_valid
-from dilstore.storage.checks import is_integer
+from dilstore.storage.checks import is_integer, is_size_list
 from dilstore.storage.encodings import Encoding, get_encoding
 from dilstore.storage.format import (
     ATTRIBUTES_KEY,
@@ -92,7 +92,7 @@ class ShardAttributes:
                 kind=get_kind(data["kind"]).name,
                 encoding=get_encoding(data["encoding"]).name,
                 compressor=check_compressor(data["compressor"]),
-                state_shape=tuple(int(size) for size in data["state_shape"]),
+                state_shape=_state_shape(data["state_shape"]),
                 passages=int(data["passages"]),
                 tokens=int(data["tokens"]),
                 vector_size=None if data.get("vector_size") is None else int(data["vector_size"]),
@@ -117,6 +117,15 @@ class ShardAttributes:
     def codebook_in_store(self) -> bool:
         """Whether the shard decodes with the store's `codebook/` group instead of arrays of its own."""
         return self.codebook == STORE_CODEBOOK
+
+
+def _state_shape(shape: Any) -> tuple[int, ...]:
+    """A shard's recorded per-token state shape: a list of positive sizes (tail61 F1: read with int() per item, the
+    string "32" was the shape (3, 2) and "8" a dilbert shard of width 8, where the manifest and codebook readers
+    refuse both)."""
+    if not is_size_list(shape):
+        raise ValueError(f"state_shape is {shape!r:.40}, not a list of positive sizes")
+    return tuple(shape)
 
 
 def _optional_text(data: dict[str, Any], key: str) -> str | None:

@@ -363,7 +363,7 @@ def test_a_shard_whose_format_version_is_not_an_integer_is_refused_in_one_line(s
                                       "verify`")
 
 
-@pytest.mark.parametrize(("field", "value"), [("passages", math.inf), ("state_shape", [math.inf])])
+@pytest.mark.parametrize(("field", "value"), [("passages", math.inf)])
 def test_a_shard_attribute_too_large_for_an_integer_is_refused_in_one_line(store: Path, field: str, value) -> None:
     """A shard's count or size of 1e999 (JSON's number for infinity) was an OverflowError traceback from `compact` and
     from every reader that opened the shard (complex61 F8): a StoreFormatError naming the shard, as for a count that
@@ -375,4 +375,20 @@ def test_a_shard_attribute_too_large_for_an_integer_is_refused_in_one_line(store
     attributes.write_text(json.dumps(metadata))
     with open_store(store) as opened, pytest.raises(StoreFormatError, match=r"shard-00000 has malformed attributes: "
                                                     r"OverflowError: cannot convert float infinity to integer$"):
+        opened.fetch([ids[0]])
+
+
+@pytest.mark.parametrize("recorded", ["as text", [math.inf], [True], ["8"], 8])
+def test_a_shard_state_shape_that_is_no_list_of_sizes_is_refused_in_one_line(store: Path, recorded) -> None:
+    """(tail61 F1) A shard's state_shape was read with int() per item: the text "32" was the shape (3, 2), the text
+    of the true width ("3" for this store's width of 3) was read as that width, and 1e999 was an OverflowError
+    (complex61 F8). Each is now refused by name, as the manifest and codebook readers refuse it."""
+    ids = all_ids(store)
+    attributes = store / shard_path(0) / "zarr.json"
+    metadata = json.loads(attributes.read_text())
+    width = metadata["attributes"]["dilstore"]["state_shape"]
+    metadata["attributes"]["dilstore"]["state_shape"] = "".join(map(str, width)) if recorded == "as text" else recorded
+    attributes.write_text(json.dumps(metadata))
+    with open_store(store) as opened, pytest.raises(StoreFormatError, match=r"shard-00000 has malformed attributes: "
+                                                    r"ValueError: state_shape is .*, not a list of positive sizes$"):
         opened.fetch([ids[0]])
