@@ -173,17 +173,41 @@ def _in_place_stop(store: Path) -> str:
 
 def already_compact(store: Path, shards: int | None) -> str | None:
     """Why compacting `store` in place would write the same store again, in words (no appends, no superseded rows,
-    and the shard count asked for, or the default's), or None when it would not."""
+    and the shard count asked for, or the default's, or the fewer shards its passages fill of that count), or None
+    when it would not."""
     from dilstore.storage.location import StoreLocation
     from dilstore.storage.manifest import read_manifest
 
     manifest = read_manifest(StoreLocation.parse(store))
     if not manifest.passages and not manifest.appends:
         return "no passages"
-    count = shards or default_shards(manifest)
-    if manifest.appends or manifest.superseded_passages or len(manifest.shards) != count:
+    count, held = shards or default_shards(manifest), len(manifest.shards)
+    if manifest.appends or manifest.superseded_passages:
         return None
-    return f"{manifest.passages:,} passages in {count} shard{'s' if count != 1 else ''}, no appends, no superseded rows"
+    if held != count and not (held < count and _routed_to(store, manifest, count)):
+        return None
+    filled = "" if held == count else f" (all that its passages fill of {count})"
+    return (f"{manifest.passages:,} passages in {held} shard{'s' if held != 1 else ''}{filled}, no appends, no "
+            "superseded rows")
+
+
+def _routed_to(store: Path, manifest: Manifest, count: int) -> bool:
+    """Whether every passage of `store` is in the shard a compaction to `count` shards routes it to, in id order, as
+    that compaction writes it. A store whose passages fill fewer than `count` shards was compacted again by every
+    `compact --shards COUNT`, as its shard count never reached COUNT (tail61 F2). A store laid out otherwise fails
+    at its first misrouted id."""
+    from dilstore.pipelines.sharding import shard_of
+    from dilstore.storage.reader import open_store
+
+    if any(entry.index >= count for entry in manifest.shards):
+        return False
+    with open_store(store) as opened:
+        for entry in manifest.shards:
+            reader = opened.shard(entry.index)
+            ids = [reader.id_at(row) for row in range(len(reader))]
+            if ids != sorted(ids) or any(shard_of(passage_id, count) != entry.index for passage_id in ids):
+                return False
+    return True
 
 
 def _building_folder(store: Path) -> Path:

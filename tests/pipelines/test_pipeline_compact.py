@@ -636,6 +636,25 @@ def test_a_store_whose_append_retired_every_passage_is_not_already_compact(tmp_p
     assert already_compact(build_store(tmp_path / "never", []), None) == "no passages"
 
 
+def test_a_compaction_to_more_shards_than_the_passages_fill_is_not_done_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(tail61 F2) Eight passages routed to eight shards fill six: `compact --shards 8` wrote six, and the same
+    command then compacted the store again on every run, as six is not eight. It is now left as it is."""
+    from dilstore.pipelines.sharding import shard_of
+
+    rng = np.random.default_rng(3)
+    store = build_store(tmp_path / "store", [[passage(f"p{number}", 2, (4,), rng) for number in range(8)]])
+    routes = {shard_of(f"p{number}", 8) for number in range(8)}
+    first = compact(capsys, str(store), "--shards", "8")
+    assert first["already_compact"] is False and first["shards"] == len(routes) < 8, first
+    manifest_bytes = (store / MANIFEST_FILE).read_bytes()
+    again = compact(capsys, str(store), "--shards", "8")
+    assert again["already_compact"] is True and (store / MANIFEST_FILE).read_bytes() == manifest_bytes, again
+    assert again["reason"] == f"8 passages in {len(routes)} shards (all that its passages fill of 8), no appends, no " \
+        "superseded rows"
+    assert compact(capsys, str(store), "--shards", "7")["already_compact"] is False  # routed for 8, not for 7
+
+
 def test_an_index_being_built_holds_compaction_off_and_hidden_work_is_not_carried(
         appended: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A compaction beside a running `dilstore index` carried its half-built `.bm25.building` into the new store,
