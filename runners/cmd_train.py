@@ -32,6 +32,7 @@ from dilstore.runners.training_options import (
     output_dir,
     require_start_model,
     run_options,
+    shows_progress,
 )
 from dilstore.storage.errors import DilstoreError
 
@@ -168,7 +169,7 @@ def run_qa(args: argparse.Namespace) -> int:
             limit=args.eval_limit,
             seed=args.eval_seed,
             device=args.device,
-            progress=not args.no_progress,
+            progress=shows_progress(args),
         )
         summary.update(evaluation.summary())
         write_evaluation(result.output, evaluation, limit=args.eval_limit, seed=args.eval_seed, training=summary)

@@ -79,7 +79,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     """--device to --json, the last options of every training command: where it runs and how it reports."""
     add_runtime_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
-    parser.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    parser.add_argument("--json", action="store_true", help="print the run summary as JSON (no progress bar)")
 
 
 def config_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -244,8 +244,15 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
         "command": canonical_command(args),
         "resume": args.resume,
         "device": args.device,
-        "progress": not args.no_progress,
+        "progress": shows_progress(args),
     }
+
+
+def shows_progress(args: argparse.Namespace) -> bool:
+    """Whether a training command draws progress bars on stderr: not with --no-progress, nor with --json, as for
+    every other command (tail61 F3: `train ... --json` drew them, where index, compact, verify and evaluate-* did
+    not)."""
+    return not (args.no_progress or args.json)
 
 
 def canonical_command(args: argparse.Namespace) -> str:

@@ -1072,6 +1072,20 @@ def test_an_eval_limit_without_dev_is_refused_before_training(
                                        "training; give --dev too\n")  # fmt: skip
 
 
+@pytest.mark.parametrize("trainer", [["qa", "--layers", "1", "--train", "t.json"], ["earl", "--triples", "t.jsonl"],
+                                     ["listformer", "--triples", "t.jsonl"]])  # fmt: skip
+@pytest.mark.parametrize(("flags", "progress"), [([], True), (["--json"], False), (["--no-progress"], False)])
+def test_a_training_run_with_json_draws_no_progress_bars(trainer: list[str], flags: list[str], progress: bool) -> None:
+    """(tail61 F3) `train ... --json` drew its progress bars on stderr, where every other command's --json turns
+    them off: the trainers (and `train qa --dev`'s evaluation, by the same shows_progress) now take --json as
+    --no-progress."""
+    from dilstore.runners.cli import build_parser, parse
+    from dilstore.runners.training_options import run_options
+
+    args = parse(build_parser(), ["train", *trainer, *flags])
+    assert run_options(args)["progress"] is progress
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [(["--replace"], "--replace only applies to --append"),
