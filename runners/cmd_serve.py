@@ -234,22 +234,44 @@ class AccessLines(logging.StreamHandler):
     `> access.log`) is said once in the server's log, pointed at the null device so that what its buffer holds goes
     nowhere, and its lines are dropped from then on; the server goes on. logging's own handling printed a
     "--- Logging error ---" block of some 50 lines, a traceback, on stderr for every request after it (json61 F2).
+    An output full for a moment (EAGAIN) loses only the lines it cannot take (tail61b F2).
     """
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self.lost = False
+        self.skipped = False  # a line was dropped for an output that was momentarily full (`handleError`)
+        # A refused write or flush may leave the start of a line in the stream's buffers: which part of what they
+        # held was taken, the errors do not say reliably (a text stream's `characters_written` counts a whole chunk).
+        self.cut = False
 
     def emit(self, record: logging.LogRecord) -> None:
-        """Write the record's line, unless the output was lost."""
-        if not self.lost:
-            super().emit(record)
+        """Write the record's line, unless the output was lost; after a refused write, on a line of its own, not glued
+        to the line cut short (at worst after an empty line)."""
+        if self.lost:
+            return
+        try:
+            line = self.format(record) + self.terminator
+            self.stream.write("\n" + line if self.cut else line)
+            self.flush()
+            self.cut = False
+        except Exception as error:  # noqa: BLE001 (logging's own handler shows all but the output's errors)
+            self.cut = self.cut or isinstance(error, BlockingIOError)
+            self.handleError(record)
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
-        """A write or flush that failed: the output is lost for good when it is the operating system's error."""
+        """A write or flush that failed: the output is lost for good when it is the operating system's error, but for
+        one that is momentarily full (EAGAIN on a stdout another process set non-blocking; EINTR): that line is
+        dropped, said once, and the next ones are written. All were given up for it before (tail61b F2)."""
         error = sys.exc_info()[1]
         if not isinstance(error, OSError):
             super().handleError(record)
+            return
+        if isinstance(error, (BlockingIOError, InterruptedError)):
+            if not self.skipped:
+                self.skipped = True
+                serve_log.warning("--access-log: standard output is full for now (%s); the access lines it cannot "
+                                  "take at once are dropped", error.strerror or error)  # fmt: skip
             return
         self.lost = True
         to_null_device(self.stream)

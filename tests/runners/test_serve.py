@@ -478,6 +478,42 @@ def test_an_access_log_output_that_cannot_be_written_is_one_warning_and_the_serv
     assert "Logging error" not in capsys.readouterr().err
 
 
+def test_an_access_log_output_full_for_a_moment_drops_those_lines_only(monkeypatch) -> None:
+    """(tail61b F2) a stdout another process set non-blocking answers EAGAIN (BlockingIOError) while its reader lags:
+    the output was given up for good, pointed at the null device with every later line dropped. Now the lines it
+    cannot take are dropped, said once, and the next ones are written, the first on a line of its own after the start
+    of a line the output took part of."""
+    from dilstore.runners.cmd_serve import log_as_uvicorn_does
+    from dilstore.runners.serve_app import access_logger
+
+    class Lagging(io.StringIO):
+        refusals = 2
+
+        def write(self, text: str) -> int:
+            if self.refusals:
+                self.refusals -= 1
+                super().write(text[:9] if self.refusals else "")  # the first refusal takes part of its line
+                raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+            return super().write(text)
+
+    errors = logging.StreamHandler(err := io.StringIO())
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "dilstore.serve", "dilstore.serve.access")]
+    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
+    monkeypatch.setattr(sys, "stdout", out := Lagging())
+    try:
+        loggers[0].handlers[:] = [errors]
+        log_as_uvicorn_does()
+        for number in range(4):
+            access_logger.info("%s", f'127.0.0.1:5007{number} - "GET /health HTTP/1.1" 200 0.001s')
+    finally:
+        for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
+    assert out.getvalue().splitlines() == ["127.0.0.1", *(f'127.0.0.1:5007{number} - "GET /health HTTP/1.1" 200 0.001s'
+                                                          for number in (2, 3))]  # fmt: skip
+    assert err.getvalue() == ("--access-log: standard output is full for now (Resource temporarily unavailable); the "
+                              "access lines it cannot take at once are dropped\n")  # fmt: skip
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux), whose writes fail with ENOSPC")
 @pytest.mark.parametrize("output", ["closed pipe", "full disk"])
 def test_an_access_log_output_that_fails_is_put_on_the_null_device_whatever_its_os_error(
