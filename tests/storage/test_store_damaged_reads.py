@@ -327,6 +327,27 @@ def test_a_shard_that_names_no_format_version_is_refused(store: Path) -> None:
         opened.fetch([ids[0]])
 
 
+@pytest.mark.parametrize(("change", "found"), [
+    (lambda data: data.update(format="other-store"), "its 'dilstore' attributes name format 'other-store', not "
+                                                     "'dilstore-store'"),
+    (lambda data: data.update(node="store"), "its 'dilstore' attributes name node 'store', not 'shard'"),
+    (lambda data: data.clear(), "its 'dilstore' attributes name format None, not 'dilstore-store'"),
+])  # fmt: skip
+def test_a_shard_whose_attributes_name_another_format_or_node_is_refused_naming_what_it_found(
+    store: Path, change, found: str
+) -> None:
+    """(tail61b F3) a shard whose `dilstore` attributes were there, but named another format or node, was refused as
+    having "no 'dilstore' shard attributes", which sent its reader looking for attributes that exist."""
+    ids = all_ids(store)
+    attributes = store / shard_path(0) / "zarr.json"
+    metadata = json.loads(attributes.read_text())
+    change(metadata["attributes"]["dilstore"])
+    attributes.write_text(json.dumps(metadata))
+    with open_store(store) as opened, pytest.raises(StoreFormatError) as raised:
+        opened.fetch([ids[0]])
+    assert str(raised.value).endswith(f"shard-00000 is not a dilstore shard ({found})")
+
+
 @pytest.mark.parametrize("newer", [1, 2, 100])
 def test_a_shard_of_any_newer_format_version_is_refused_naming_it(store: Path, newer: int) -> None:
     """A shard written by a later dilstore (its format version above the reader's) is refused, the next version
