@@ -189,6 +189,7 @@ def test_permuting_documents_permutes_scores_and_changes_nothing_else(query_word
     query_b, docs_b, mask_b, scores_b = states["permuted"]
     assert float((scores_b - scores_a[list(order)]).abs().max()) < TOLERANCE
     assert float((query_b - query_a).abs().max()) < TOLERANCE
+    assert torch.equal(mask_b, mask_a[list(order)])  # (tail61b F4) unpacked and never compared before
     for position, j in enumerate(order):
         valid = mask_a[j].bool()
         assert float((docs_b[position][valid] - docs_a[j][valid]).abs().max()) < TOLERANCE
