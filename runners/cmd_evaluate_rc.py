@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
                  if args.predictions else None)  # fmt: skip
     with journaled or contextlib.nullcontext() as journal:
         parts = None if journal is None else ReadingParts(PART_QUESTIONS, journal.parts, journal.add)
+        resumed = _kept_answers(journal)  # before this run adds its parts
         try:
             result = evaluate_chosen(reader, args.data, chosen, settings=settings, device=args.device,
                                      progress=not (args.json or args.no_progress), parts=parts)
@@ -108,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
             raise _stopped(interrupt, journal) from None
         # The scores first: a predictions file that could not be written (its folder gone, a full disk) took them
         # along, after minutes of reading (longrun45 F9).
-        if args.json:
-            print(json.dumps(result.summary()), flush=True)
+        if args.json:  # resumed_questions as evaluate-qa's: it was missing (tail61b F5)
+            print(json.dumps({**result.summary(), "resumed_questions": resumed}), flush=True)
         else:
             print(
                 f"model {model_dir}  k={result.k}  questions {result.questions}  "
@@ -143,9 +144,14 @@ def _settings(args: argparse.Namespace, reader: DilBertReader, settings: Reading
             "weights_sha256": weights_sha256(reader), "reading": dataclasses.asdict(settings)}  # fmt: skip
 
 
+def _kept_answers(journal: Journal | None) -> int:
+    """How many questions' answers the journal holds: those a run goes on from, or a stopped one kept."""
+    return 0 if journal is None else sum(len(part["predictions"]) for part in journal.parts.values())
+
+
 def _stopped(interrupt: KeyboardInterrupt, journal: Journal | None) -> StoppedBySignal:
     """The stop, saying how many questions' answers are kept."""
-    kept = 0 if journal is None else sum(len(part["predictions"]) for part in journal.parts.values())
+    kept = _kept_answers(journal)
     return stopped_keeping(interrupt, journal, f"the answers of {kept:,} questions" if kept else None)
 
 

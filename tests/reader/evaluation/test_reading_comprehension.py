@@ -190,7 +190,7 @@ def test_cli_json_prints_the_documented_keys(
     )  # fmt: skip
     assert status == 0
     printed = json.loads(capsys.readouterr().out)
-    assert set(printed) == {"questions", "em", "f1", "k", "seconds", "reading", "data"}
+    assert set(printed) == {"questions", "em", "f1", "k", "seconds", "reading", "data", "resumed_questions"}
     assert printed["questions"] == 4 and printed["k"] == 1
     # What was measured, which the JSON did not say: evaluate-rc reads at 384 by default, train qa --dev at its own
     # windows (train41 M2).
@@ -318,14 +318,16 @@ def test_a_stopped_evaluate_rc_keeps_its_answers_and_the_same_command_goes_on_fr
     assert (tmp_path / "stopped.json").read_text() == (tmp_path / "whole.json").read_text()
     assert {key: json.loads(resumed)[key] for key in ("questions", "em", "f1", "seconds")} == {
         key: json.loads(whole)[key] for key in ("questions", "em", "f1", "seconds")}  # 0.8 s kept + 0.4 s read
+    # (tail61b F5) --json said nothing of the questions taken from the journal, as evaluate-qa's and rerank's do
+    assert (json.loads(resumed)["resumed_questions"], json.loads(whole)["resumed_questions"]) == (4, 0)
     stop_at, calls[:] = 3, []
     evaluate(tmp_path / "edited.json")
     edited = tmp_path / ".edited.json.dilstore-partial"
     header, first, second = edited.read_text().splitlines()
     edited.write_text("\n".join([header, first, json.dumps({"part": 1, "record": {"seconds": 1.0}})]) + "\n")
     stop_at, calls[:] = 0, []
-    status, _, err = evaluate(tmp_path / "edited.json")  # a KeyError traceback (qa48 L1): the part is read again
-    assert status == 0 and calls == [1, 1], err
+    status, out, err = evaluate(tmp_path / "edited.json")  # a KeyError traceback (qa48 L1): the part is read again
+    assert status == 0 and calls == [1, 1] and json.loads(out)["resumed_questions"] == 2, err
     assert (tmp_path / "edited.json").read_text() == (tmp_path / "whole.json").read_text()
     stop_at, calls[:] = 3, []
     evaluate(tmp_path / "gap.json")
@@ -333,8 +335,8 @@ def test_a_stopped_evaluate_rc_keeps_its_answers_and_the_same_command_goes_on_fr
     header, first, second = gap.read_text().splitlines()
     gap.write_text("\n".join([header, first, json.dumps({**json.loads(second), "part": 2})]) + "\n")
     stop_at, calls[:] = 0, []
-    status, _, err = evaluate(tmp_path / "gap.json")  # part 1 missing: part 2 after it is not trusted either
-    assert status == 0 and calls == [1, 1], err
+    status, out, err = evaluate(tmp_path / "gap.json")  # part 1 missing: part 2 after it is not trusted either
+    assert status == 0 and calls == [1, 1] and json.loads(out)["resumed_questions"] == 2, err
     assert (tmp_path / "gap.json").read_text() == (tmp_path / "whole.json").read_text()
 
 
