@@ -203,8 +203,7 @@ def _routed_to(store: Path, manifest: Manifest, count: int) -> bool:
         return False
     with open_store(store) as opened:
         for entry in manifest.shards:
-            reader = opened.shard(entry.index)
-            ids = [reader.id_at(row) for row in range(len(reader))]
+            ids = opened.shard(entry.index).ids()
             if ids != sorted(ids) or any(shard_of(passage_id, count) != entry.index for passage_id in ids):
                 return False
     return True

@@ -171,8 +171,7 @@ def _live_rows(store: Store, root: Path, route: Callable[[str], int]) -> tuple[l
     tables = (root / PASSAGES_DIR).is_dir()
     sources = []
     for entry in manifest.shards:
-        reader = store.shard(entry.index)
-        ids = [reader.id_at(row) for row in range(len(reader))]
+        ids = store.shard(entry.index).ids()
         doc_ids = _document_ids(root, entry, ids) if tables else ids
         live = np.setdiff1d(np.arange(len(ids)), superseded.get(entry.index, []))  # (live,) ascending
         targets = np.array([route(ids[row]) for row in live.tolist()], dtype=np.int64)

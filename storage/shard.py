@@ -474,6 +474,10 @@ class ShardReader:
             )
         return self._string(self.id_bytes, self.id_offsets, row, "id")
 
+    def ids(self) -> list[str]:
+        """Every passage id of the shard, in row order (compaction's routing and the check that a store is compact)."""
+        return [self.id_at(row) for row in range(len(self))]
+
     def _string(self, data: np.ndarray, offsets: np.ndarray, row: int, what: str) -> str:
         """String `row` of a ragged UTF-8 column (`what` names it in errors)."""
         return self._decoded(data[int(offsets[row]) : int(offsets[row + 1])], row, what)
