@@ -54,16 +54,19 @@ from dilstore.storage.zarr_reads import METADATA_ERRORS
 T = TypeVar("T")
 
 
-def _not_shard_attributes(data: Any) -> str:
+def _not_shard_attributes(data: Any) -> str | None:
     """What a group's `dilstore` attributes hold instead of a shard's: their absence, or the format or node value
-    found. Attributes that were there but named another format or node were reported as absent (tail61b F3)."""
+    found; None when they are a shard's. Attributes that were there but named another format or node were reported
+    as absent (tail61b F3)."""
     if data is None:
         return f"no '{ATTRIBUTES_KEY}' shard attributes"
     if not isinstance(data, dict):
         return f"its '{ATTRIBUTES_KEY}' attributes are a {type(data).__name__}, not an object"
     if data.get("format") != FORMAT_NAME:
         return f"its '{ATTRIBUTES_KEY}' attributes name format {data.get('format')!r:.40}, not {FORMAT_NAME!r}"
-    return f"its '{ATTRIBUTES_KEY}' attributes name node {data.get('node')!r:.40}, not 'shard'"
+    if data.get("node") != "shard":
+        return f"its '{ATTRIBUTES_KEY}' attributes name node {data.get('node')!r:.40}, not 'shard'"
+    return None
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,8 @@ class ShardAttributes:
     def of(cls, group: zarr.Group, where: str) -> ShardAttributes:
         """Parse and check a shard group's attributes; anything off is a StoreFormatError naming `where`."""
         data = group.attrs.asdict().get(ATTRIBUTES_KEY)
-        if not isinstance(data, dict) or data.get("format") != FORMAT_NAME or data.get("node") != "shard":
-            raise StoreFormatError(f"{where} is not a dilstore shard ({_not_shard_attributes(data)})")
+        if (problem := _not_shard_attributes(data)) is not None:
+            raise StoreFormatError(f"{where} is not a dilstore shard ({problem})")
         version = data.get("format_version")
         if not is_integer(version):  # "2" or null raised a TypeError from the comparison; 2.5 and true were read
             raise StoreFormatError(f"{where} has format version {version!r:.40}, not an integer; run `dilstore verify`")
