@@ -30,6 +30,19 @@ def _no_fsync(descriptor: int) -> None:
     os.fstat(descriptor)  # a bad descriptor still raises, as os.fsync's would
 
 
+def bytecode_cached() -> None:
+    """Let this process and every process it starts write the bytecode of what they import (__pycache__ is ignored).
+
+    With PYTHONDONTWRITEBYTECODE set, as in this machine's environment, no process keeps what it compiles: each of
+    the ~150 Python processes the suite starts compiled dilstore's modules again (about a tenth of the CPU time of
+    the test files that start commands), and a second run rewrote every test module's assertions again (14 s of each
+    worker's collection). Whether a module is read from source or from its cached bytecode changes nothing a test
+    checks.
+    """
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Torch on one thread in every test process and in every process a test starts.
 
@@ -39,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     commands, Beam and Dask workers that tests start; a test that wants more threads asks for them.
     """
     os.environ["OMP_NUM_THREADS"] = "1"
+    bytecode_cached()
     no_proxy_for_this_machine()  # the tests' requests to their own servers never go through an HTTP_PROXY
     # Flushing a test's temporary files to the disk proves nothing (no test loses power) and took up to a fifth of a
     # store-building test's time: every call is still made, in order (tests/storage/test_durability.py records
