@@ -772,7 +772,7 @@ def test_usage_errors_exit_2_in_a_real_process() -> None:
     assert done.returncode == 2 and "usage:" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize(("arguments", "message", "loaded"), [
+MISTYPED = [
     (["ask", "{tmp}/missing", "Who?"], "dilstore ask: error: no store at {tmp}/missing", []),
     (["precompute", "--input", "{tmp}/missing.jsonl", "--output", "{tmp}/store"],
      "dilstore precompute: error: input file not found: {tmp}/missing.jsonl", []),
@@ -813,11 +813,72 @@ def test_usage_errors_exit_2_in_a_real_process() -> None:
     (["rerank", "{tmp}/built", "--topics", "{tmp}/t.tsv", "--run", "{tmp}/r.trec", "--output", "{tmp}/o.trec"],
      "dilstore rerank: error: store {tmp}/built holds 'dilbert' states; reranking needs an 'earl-s1' or 'earl-s2' "
      "store (`dilstore precompute --kind earl-s1|earl-s2`) or a 'listformer' one (`--kind listformer`)", []),
-], ids=["ask", "precompute-input", "precompute-beam-option", "serve", "evaluate-qa-store",
-        "evaluate-qa-questions", "rerank-store", "rerank-topics", "precompute-append",
-        "precompute-codebook", "evaluate-rc-data", "evaluate-rc-model", "train-qa", "train-earl",
-        "precompute-model", "evaluate-rc-score", "ask-index", "evaluate-qa-model", "rerank-kind"])  # fmt: skip
-def test_a_mistyped_argument_is_named_before_torch_loads(tmp_path: Path, arguments: list[str], message: str,
+]  # fmt: skip
+MISTYPED_IDS = ["ask", "precompute-input", "precompute-beam-option", "serve", "evaluate-qa-store",
+                "evaluate-qa-questions", "rerank-store", "rerank-topics", "precompute-append",
+                "precompute-codebook", "evaluate-rc-data", "evaluate-rc-model", "train-qa", "train-earl",
+                "precompute-model", "evaluate-rc-score", "ask-index", "evaluate-qa-model", "rerank-kind"]  # fmt: skip
+# Runs the commands of argv[2] (JSON: [folder, words]) in turn, in one fresh process, each with its stdout and
+# stderr in files of its folder; writes each one's status and which of torch, transformers and Beam were loaded
+# once it had run to the file argv[1].
+_MISTYPED_CHILD = """
+import json, os, sys, traceback
+from dilstore.runners.cli import main
+results = []
+for folder, words in json.loads(sys.argv[2]):
+    for number, name in ((1, "out"), (2, "err")):
+        getattr(sys, "std" + name).flush()
+        written = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(written, number)
+        os.close(written)
+    try:
+        status = main(words)
+    except BaseException:
+        traceback.print_exc()
+        status = None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    results.append([status, [name for name in ("torch", "transformers", "apache_beam") if name in sys.modules]])
+with open(sys.argv[1], "w", encoding="utf-8") as file:
+    json.dump(results, file)
+"""
+
+
+@pytest.fixture(scope="module")
+def mistyped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int, list[str], str, str]]:
+    """Each MISTYPED command run in one fresh process, in its own folder: by id, (folder, exit status, the heavy
+    packages loaded once it had run, stdout, stderr). Those that need no Beam run first: sys.modules only grows,
+    so each of them found torch, transformers and Beam unloaded before it ran, as a process of its own would, and a
+    command that imported one is seen by its own check (and, a false alarm, by those after it)."""
+    root = tmp_path_factory.mktemp("mistyped")
+    runs = []
+    cases = sorted(zip(MISTYPED_IDS, MISTYPED, strict=True), key=lambda case: bool(case[1][2]))  # Beam's last
+    for name, (arguments, _, _) in cases:
+        folder = root / name
+        folder.mkdir()
+        if any("{tmp}/built" in word for word in arguments):
+            from tests.fixtures.store_fixtures import build_store, random_shards
+
+            (build_store(folder / "built", random_shards([2])) / "bm25").mkdir()
+            (folder / "built" / "bm25" / "segments_1").touch()
+        (folder / "a.jsonl").write_text('{"id": "a", "text": "a corpus file"}\n')
+        (folder / "q.jsonl").write_text('{"question": "Who?", "answer": ["a"]}\n')
+        (folder / "t.tsv").write_text("1\tfirst query\n")
+        (folder / "r.trec").write_text("1 Q0 d1 1 2.0 bm25\n")
+        runs.append((name, folder, [word.format(tmp=folder) for word in arguments]))
+    results = root / "results.json"
+    done = subprocess.run([sys.executable, "-c", _MISTYPED_CHILD, str(results),
+                           json.dumps([[str(folder), words] for _, folder, words in runs])],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    statuses = json.loads(results.read_text(encoding="utf-8"))
+    return {name: (folder, status, loaded, (folder / "out").read_text(), (folder / "err").read_text())
+            for (name, folder, _), (status, loaded) in zip(runs, statuses, strict=True)}  # fmt: skip
+
+
+@pytest.mark.parametrize(("message", "loaded"), [(message, loaded) for _, message, loaded in MISTYPED],
+                         ids=MISTYPED_IDS)  # fmt: skip
+def test_a_mistyped_argument_is_named_before_torch_loads(mistyped, request: pytest.FixtureRequest, message: str,
                                                          loaded: list[str]) -> None:  # fmt: skip
     """(ci59 F1) `ask` on a mistyped store path set torch's threads and imported the reader (torch, transformers)
     before its store was opened: "no store at" came after some 6 s. (ci59 F2) `precompute` imported Beam, torch and
@@ -836,23 +897,12 @@ def test_a_mistyped_argument_is_named_before_torch_loads(tmp_path: Path, argumen
     (fast59 F7) `evaluate-rc --score`, which runs no reader, imported it to read its files (9-10 s). (left60 F1)
     `ask` and `evaluate-qa` looked for their --index and --model folders, and `rerank` at its store's kind, inside
     the functions that open the reader, after torch and transformers: 5-9 s. `{tmp}/built` is a dilbert store with
-    a bm25/ folder Lucene's file check takes."""
-    if any("{tmp}/built" in word for word in arguments):
-        from tests.fixtures.store_fixtures import build_store, random_shards
-
-        (build_store(tmp_path / "built", random_shards([2])) / "bm25").mkdir()
-        (tmp_path / "built" / "bm25" / "segments_1").touch()
-    (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "a corpus file"}\n')
-    (tmp_path / "q.jsonl").write_text('{"question": "Who?", "answer": ["a"]}\n')
-    (tmp_path / "t.tsv").write_text("1\tfirst query\n")
-    (tmp_path / "r.trec").write_text("1 Q0 d1 1 2.0 bm25\n")
-    code = ("import sys\nfrom dilstore.runners.cli import main\nstatus = main(sys.argv[1:])\n"
-            "print(status, [name for name in ('torch', 'transformers', 'apache_beam') if name in sys.modules])")
-    done = subprocess.run([sys.executable, "-c", code, *(word.format(tmp=tmp_path) for word in arguments)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
-    assert done.stdout == f"2 {loaded}\n", done.stderr
-    assert done.stderr == message.format(tmp=tmp_path) + "\n"
-    assert not (tmp_path / "store").exists()
+    a bm25/ folder Lucene's file check takes. The commands run one after another in one fresh process (the
+    `mistyped` fixture): one interpreter's start, not 19."""
+    folder, status, found, out, err = mistyped[request.node.callspec.id]
+    assert (status, found, out) == (2, loaded, ""), err
+    assert err == message.format(tmp=folder) + "\n"
+    assert not (folder / "store").exists()
 
 
 def test_the_precompute_choices_are_those_of_the_modules_that_define_them() -> None:
