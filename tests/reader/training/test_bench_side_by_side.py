@@ -42,7 +42,7 @@ def test_workers_train_each_phase_side_by_side_and_a_missing_mps_is_a_row(
     monkeypatch.setattr(mps, "control_binary", lambda: None)
     triples = write_handful_triples(tmp_path / "ranking", negatives=3)
     argv = ["--model", str(tiny_base), "--train", str(squad_file), "--shared-norm", str(triples), "--layers", "1",
-            "--questions", "6", "--batch-size", "1", "--phases", "1", "1s", "2", "--seconds", "1", "--device", "cpu",
+            "--questions", "6", "--batch-size", "1", "--phases", "1", "1s", "2", "--seconds", "0.25", "--device", "cpu",
             "--threads", "1", "--sets", "plain", "mps"]  # fmt: skip
     assert bench.main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
