@@ -1,9 +1,11 @@
 """Stores read over real HTTP (a server on 127.0.0.1): the same passages, info and verify as the local path,
 a 100-passage fetch in a handful of requests, and one-line errors for URLs that hold no store.
 
-Every test runs against a server with HTML folder listings (Python's
-http.server) and one without (like object stores and CDNs), see
-tests/fixtures/http_store.py.
+Tests whose reads can ask for a folder (info, verify, a URL that holds no store) run against a server with HTML
+folder listings (Python's http.server) and one without (like object stores and CDNs), see
+tests/fixtures/http_store.py. Opening a store and fetching from it never ask for a folder (the fetch test checks
+that), so the fetch tests run against the server without listings only: both servers answer every request they
+send alike.
 """
 
 from __future__ import annotations
@@ -65,6 +67,18 @@ def server(request: pytest.FixtureRequest, served_root: Path) -> Iterator[HttpSe
         yield running
 
 
+@pytest.fixture
+def fetch_server(served_root: Path) -> Iterator[HttpServer]:
+    """A server without listings, for tests that only open stores and fetch: they ask for no folder."""
+    with serve_directory(served_root, listings=False) as running:
+        yield running
+
+
+def folders_asked_for(server: HttpServer, root: Path) -> list[str]:
+    """The paths of the requests `server` answered that named a folder under `root` (or ended in '/')."""
+    return [path for path in server.counter.paths if path.endswith("/") or (root / path.lstrip("/")).is_dir()]
+
+
 def assert_same_passages(got: list[StoredPassage], expected: list[StoredPassage]) -> None:
     assert len(got) == len(expected)
     for one, other in zip(got, expected, strict=True):
@@ -78,24 +92,28 @@ def assert_same_passages(got: list[StoredPassage], expected: list[StoredPassage]
 
 
 @pytest.mark.parametrize(("name", "read_path"), [("fp16", "ranged"), ("int8", "ranged"), ("zstd", "zarr")])
-def test_a_fetch_over_http_equals_the_local_path(served_root: Path, server: HttpServer, name: str,
+def test_a_fetch_over_http_equals_the_local_path(served_root: Path, fetch_server: HttpServer, name: str,
                                                   read_path: str) -> None:  # fmt: skip
+    """The same passages as the local path; no request names a folder, so a server's listings change nothing."""
+    server = fetch_server
     wanted = [passage_id for passage_id in IDS if passage_id.startswith("s0/")] if name == "zstd" else IDS
     wanted = wanted + wanted[:7][::-1]  # repeats, in another order
     store = open_store(f"{server.url}/{name}")
     assert store.read_path == read_path
     assert_same_passages(store.fetch(wanted), open_store(served_root / name).fetch(wanted))
     assert "s0/p1" in store and "ghost" not in store
+    assert server.requests > 0 and folders_asked_for(server, served_root) == []
 
 
 @pytest.mark.parametrize("read_path", ["ranged", "zarr"])
 def test_a_cold_fetch_opens_its_shards_at_once(served_root: Path, read_path: str) -> None:
     """Opening a remote shard takes round trips; one shard after another, a fetch that touches many adds them up.
-    Nothing checked that the shards' metadata is read for all of them at once (tests39 M3)."""
+    Nothing checked that the shards' metadata is read for all of them at once (tests39 M3). One passage of each
+    shard makes the fetch touch both: which shards it touches, not how many passages, decides what opens at once."""
     with serve_directory(served_root, listings=False, latency=0.05) as server:
         store = open_store(f"{server.url}/fp16", read_path=read_path)
         server.counter.reset()
-        store.fetch(IDS)
+        store.fetch([IDS[0], IDS[-1]])  # s0/p0, s1/p294
     metadata = [(path.split("/")[3], start, end) for path, start, end in server.counter.spans
                 if path.startswith("/fp16/shards/") and path.endswith("/zarr.json")]  # fmt: skip
     assert {shard for shard, _, _ in metadata} == {"shard-00000", "shard-00001"}
@@ -105,8 +123,9 @@ def test_a_cold_fetch_opens_its_shards_at_once(served_root: Path, read_path: str
 
 
 @pytest.mark.parametrize("encoding", ["fp16", "int8"])
-def test_a_100_passage_fetch_costs_a_few_requests(server: HttpServer, encoding: str) -> None:
+def test_a_100_passage_fetch_costs_a_few_requests(fetch_server: HttpServer, encoding: str) -> None:
     """One block per per-token array and shard once the shards are open; opening costs a fixed few more."""
+    server = fetch_server
     server.counter.reset()
     store = open_store(f"{server.url}/{encoding}")
     opened = server.requests
@@ -358,7 +377,7 @@ def test_a_server_that_refuses_every_request_is_one_line_naming_the_store_withou
     """A 403 (or 401, 502) for the manifest was a traceback from aiohttp, exit 1; a password in the URL was printed
     by every message, and by serve's /stores and error bodies (remote40 H2, M1)."""
     with ThreadingHTTPServer(("127.0.0.1", 0), _Refusing) as refusing:
-        threading.Thread(target=refusing.serve_forever, daemon=True).start()
+        threading.Thread(target=refusing.serve_forever, args=(0.05,), daemon=True).start()
         try:
             url = f"http://alice:s3cr3t@127.0.0.1:{refusing.server_address[1]}/store"
             assert main(["info", url]) == 2
@@ -410,7 +429,7 @@ def test_a_server_that_ignores_byte_ranges_is_a_clear_error(served_root: Path, n
             """Silent."""
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(WholeFiles, directory=str(served_root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)  # polls: shutdown waits one
     thread.start()
     try:
         with pytest.raises(DilstoreError, match="server does not answer byte ranges") as raised:
@@ -422,7 +441,9 @@ def test_a_server_that_ignores_byte_ranges_is_a_clear_error(served_root: Path, n
         thread.join()
 
 
-def test_threads_share_one_store_over_http_while_shards_are_evicted(served_root: Path, server: HttpServer) -> None:
+def test_threads_share_one_store_over_http_while_shards_are_evicted(served_root: Path,
+                                                                     fetch_server: HttpServer) -> None:  # fmt: skip
+    server = fetch_server
     expected = {passage.id: passage for passage in open_store(served_root / "int8").fetch(IDS)}
     store = open_store(f"{server.url}/int8", max_open_shards=1)  # threads keep reopening shards
     batches = [IDS[start::8] for start in range(8)] * 2
