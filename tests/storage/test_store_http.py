@@ -10,6 +10,7 @@ send alike.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
@@ -918,6 +919,7 @@ def test_a_store_at_a_url_inherited_across_fork_reads_in_the_child(served_root: 
         read, write = os.pipe()
         child = os.fork()
         if child == 0:  # the child: one answer down the pipe, then out without pytest's teardown
+            gc.disable()  # a collection would touch, and so copy, every object of the test process's heap
             try:
                 got: object = [(passage.id, passage.text, passage.states.tolist()) for passage in store.fetch(wanted)]
             except Exception as error:  # noqa: BLE001 - the parent shows it
