@@ -20,6 +20,7 @@ beside a codebook without centroids.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import warnings
@@ -77,10 +78,17 @@ SHARD_VERSIONS = {"rotated": 3, "centroids": 2, "plain": 1}
 
 def _codebook(encoding: str, scheme: str = "rotated") -> dict[str, np.ndarray]:
     """A codebook of `scheme` trained on other tokens than the stores' (about 1800 of them, so no stored token is
-    a centroid)."""
+    a centroid); copies of arrays trained once per module."""
+    trained = _trained_codebook(encoding, rotate=scheme == "rotated")
+    return {name: values.copy() for name, values in trained.items() if scheme != "plain" or name != "centroids"}
+
+
+@functools.cache
+def _trained_codebook(encoding: str, *, rotate: bool) -> dict[str, np.ndarray]:
+    """`train_codebook` on the same sample for every store of the module: the training takes longer than the store
+    (a "plain" codebook is the unrotated one without its centroids, as it was trained before)."""
     sample = np.concatenate([record.states for record in _records(99, passages=400)])  # (N, d)
-    codebook = train_codebook(encoding, sample, rotate=scheme == "rotated")
-    return {name: values for name, values in codebook.items() if scheme != "plain" or name != "centroids"}
+    return train_codebook(encoding, sample, rotate=rotate)
 
 
 def _hand_components(codes: np.ndarray, codebook: zarr.Group, bits: int) -> np.ndarray:
@@ -132,10 +140,21 @@ def _build(root: Path, encoding: str, codebook: dict[str, np.ndarray]) -> list[P
     return [record for shard in shards for record in shard]
 
 
-@pytest.fixture(params=["2bit", "1bit"])
-def lowbit_store(request, tmp_path: Path) -> tuple[str, Path, list[PassageRecord]]:
-    """A two-shard store of one encoding with one trained codebook (with centroids), also kept at STORE/codebook."""
-    return request.param, tmp_path, _build(tmp_path, request.param, _codebook(request.param))
+@pytest.fixture(scope="module", params=["2bit", "1bit"])
+def lowbit_template(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """The store `lowbit_store` copies, built once per encoding: its encoding and folder (never changed)."""
+    root = tmp_path_factory.mktemp(f"lowbit-{request.param}")
+    _build(root, request.param, _codebook(request.param))
+    return request.param, root
+
+
+@pytest.fixture
+def lowbit_store(lowbit_template: tuple[str, Path], tmp_path: Path) -> tuple[str, Path, list[PassageRecord]]:
+    """A two-shard store of one encoding with one trained codebook (with centroids), also kept at STORE/codebook:
+    a copy of the module's, in the test's own folder (tests damage it); its records."""
+    encoding, template = lowbit_template
+    shutil.copytree(template, tmp_path, dirs_exist_ok=True)
+    return encoding, tmp_path, [*_records(0), *_records(1)]
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
