@@ -2,16 +2,21 @@
 error naming the file, never a SIGBUS.
 
 A map shows the file as it is now. A file cut short under it made the next read a SIGBUS, which killed the
-process (`serve`, with every store it served); bytes written in place were read as states. Each case runs in a
-child process, so that a SIGBUS fails the test instead of killing the test worker.
+process (`serve`, with every store it served); bytes written in place were read as states. The cases run in a
+child process, so that a SIGBUS fails the test instead of killing the test worker: one child runs them one after
+another, each on its own copy of the store, as `serve` reads many stores in one process; a case that kills it
+fails, and the next case starts a new one.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,39 +26,81 @@ from dilstore.storage.mapped import WatchedFile, check_unchanged
 from tests.fixtures.paths import ROOT
 from tests.fixtures.store_fixtures import build_store, random_shards
 
-# Opens the store, fetches every passage (mapping both shards and the id index), damages FILE as DAMAGE says,
-# then fetches again and prints the error's type and message.
+# For each line [STORE, FILE, DAMAGE, *IDS] on its standard input: opens the store, fetches every passage (mapping
+# both shards and the id index), damages FILE as DAMAGE says, then fetches again and writes one JSON line: the
+# error's type and message, or whether the passages read as before.
 CHILD = textwrap.dedent("""
-    import os, shutil, sys, time
+    import json, os, shutil, sys, time
     from pathlib import Path
     from dilstore.storage.reader import open_store
-    root, relative, damage = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-    ids = sys.argv[4:]
-    store = open_store(root, read_path="mmap", check_files=True)
-    before = store.fetch(ids)
-    target = root / relative
-    time.sleep(0.05)  # past the file system's timestamp granularity
-    if damage == "cut":
-        os.truncate(target, 100)
-    elif damage == "written":
-        with open(target, "r+b") as file:
-            file.write(b"\\x7b" * 64)
-    elif damage == "deleted":
-        target.unlink()
-    elif damage == "store moved":
-        root.rename(root.with_name("moved"))
-    elif damage == "store deleted":
-        shutil.rmtree(root)
-    else:
-        target.rename(root / "aside")
-        (root / "aside").rename(target)  # the same file back: nothing changed
-    try:
-        after = store.fetch(ids)
-    except Exception as error:
-        print(type(error).__name__, error)
-    else:
-        print("read", all((a.states == b.states).all() for a, b in zip(after, before)))
+
+    def case(root, relative, damage, ids):
+        store = open_store(root, read_path="mmap", check_files=True)
+        before = store.fetch(ids)
+        target = root / relative
+        time.sleep(0.05)  # past the file system's timestamp granularity
+        if damage == "cut":
+            os.truncate(target, 100)
+        elif damage == "written":
+            with open(target, "r+b") as file:
+                file.write(b"\x7b" * 64)
+        elif damage == "deleted":
+            target.unlink()
+        elif damage == "store moved":
+            root.rename(root.with_name("moved"))
+        elif damage == "store deleted":
+            shutil.rmtree(root)
+        else:
+            target.rename(root / "aside")
+            (root / "aside").rename(target)  # the same file back: nothing changed
+        try:
+            after = store.fetch(ids)
+        except Exception as error:
+            return f"{type(error).__name__} {error}"
+        return f"read {all((a.states == b.states).all() for a, b in zip(after, before))}"
+
+    for line in sys.stdin:
+        root, relative, damage, *ids = json.loads(line)
+        print(json.dumps(case(Path(root), relative, damage, ids)), flush=True)
 """)
+WAIT_SECONDS = 120  # for one case's answer
+
+
+class CaseReader:
+    """The child that runs CHILD's cases; started at the first case and again after a case it died in."""
+
+    def __init__(self, stderr_path: Path) -> None:
+        self.stderr_path = stderr_path
+        self.process: subprocess.Popen[str] | None = None
+
+    def run(self, root: Path, relative: str, damage: str, ids: list[str]) -> str:
+        """The child's answer to one case; fails the test, with the child's stderr, when it died or said nothing."""
+        if self.process is None or self.process.poll() is not None:
+            with self.stderr_path.open("w") as stderr:
+                self.process = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT)  # fmt: skip
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps([str(root), relative, damage, *ids]) + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], WAIT_SECONDS)
+        line = self.process.stdout.readline() if ready else ""
+        if line:
+            return json.loads(line)
+        self.process.kill()
+        status = self.process.wait()
+        self.process = None
+        pytest.fail(f"the reader died (status {status}): {self.stderr_path.read_text()[-2000:]}")
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.communicate(timeout=WAIT_SECONDS)  # its input ends: it exits
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaseReader]:
+    child = CaseReader(tmp_path_factory.mktemp("reader") / "stderr")
+    yield child
+    child.close()
 
 
 @pytest.fixture(scope="module")
@@ -73,24 +120,22 @@ STATES = "shards/shard-00001/states/values/c/0/0"
      (".", "store moved"), (".", "store deleted")],
 )  # fmt: skip
 def test_a_mapped_file_changed_under_an_open_store_is_a_store_error(
-    store: tuple[Path, list[str]], tmp_path: Path, relative: str, damage: str
+    store: tuple[Path, list[str]], reader: CaseReader, tmp_path: Path, relative: str, damage: str
 ) -> None:
     root, ids = store
     copy = tmp_path / "store"
     subprocess.run(["cp", "-a", str(root), str(copy)], check=True)
-    done = subprocess.run([sys.executable, "-c", CHILD, str(copy), relative, damage, *ids],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
-    assert done.returncode == 0, f"the reader died (status {done.returncode}): {done.stderr[-2000:]}"
+    said = reader.run(copy, relative, damage, ids)
     if damage in ("untouched", "deleted"):  # a deleted file stays whole in its map: read as it was (appends)
-        assert done.stdout.strip() == "read True"
+        assert said == "read True"
         return
     if damage.startswith("store"):  # its maps read on, but a shard not opened yet could not be (crash40 M4)
-        assert done.stdout.strip() == (f"StoreChangedError {copy / 'manifest.json'} is gone: the store was moved or "
-                                       "deleted under this reader; open it where it is now")  # fmt: skip
+        assert said == (f"StoreChangedError {copy / 'manifest.json'} is gone: the store was moved or deleted under "
+                        "this reader; open it where it is now")  # fmt: skip
         return
     change = {"cut": "cut or grown from", "written": "written to in place"}[damage]
-    assert done.stdout.startswith(f"StoreChangedError {copy / relative} was {change}"), done.stdout
-    assert "after the store was opened" in done.stdout and "open it again" in done.stdout
+    assert said.startswith(f"StoreChangedError {copy / relative} was {change}"), said
+    assert "after the store was opened" in said and "open it again" in said
 
 
 @pytest.mark.parametrize(("change", "words"), [
