@@ -71,8 +71,15 @@ def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
     import is resolved against the file's own package (`from ..pipelines import job` in storage/ gives
     dilstore.pipelines and dilstore.pipelines.job).
     """
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    package = ["dilstore", *path.relative_to(root).parent.parts]
+    return set(_modules_imported_by(path.read_text(encoding="utf-8"), str(path), path.relative_to(root).parent.parts))
+
+
+@functools.cache
+def _modules_imported_by(text: str, filename: str, folders: tuple[str, ...]) -> frozenset[str]:
+    """`imported_modules` of a file's text in the package of `folders` under dilstore: parsed once per text (the
+    tests ask again for the same files, layer by layer and part by part)."""
+    tree = ast.parse(text, filename=filename)
+    package = ["dilstore", *folders]
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -82,7 +89,7 @@ def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
             module = ".".join([*base, *(node.module.split(".") if node.module else [])])
             names.update({module} if node.module and module != "dilstore" else set())
             names.update(f"{module}.{alias.name}" for alias in node.names)
-    return names
+    return frozenset(names)
 
 
 def imported_top_levels(path: Path, root: Path = ROOT) -> set[str]:
