@@ -50,6 +50,13 @@ def fp32_store(shards, tmp_path_factory) -> Path:
     return build_store(tmp_path_factory.mktemp("fp32") / "store", shards)
 
 
+@pytest.fixture(scope="module")
+def small_fp16_store(tmp_path_factory) -> Path:
+    """Two fp16 shards of two passages, built once: the tests that edit a store's manifest each edit a copy."""
+    shards = random_shards([2, 2], state_shape=(4,), seed=1)
+    return build_store(tmp_path_factory.mktemp("small-fp16") / "store", shards, encoding="fp16")
+
+
 def _files(root: Path) -> dict[str, bytes]:
     return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
 
@@ -228,10 +235,11 @@ def edit_manifest(root: Path, change) -> None:
         (lambda data: data.update(tokens=-1), r"tokens is -1, not a count"),
     ],
 )
-def test_a_manifest_whose_shard_or_shape_fields_have_other_types_is_refused(tmp_path, change, message) -> None:
+def test_a_manifest_whose_shard_or_shape_fields_have_other_types_is_refused(small_fp16_store, tmp_path, change,
+                                                                           message) -> None:  # fmt: skip
     """A shard index "0" made `verify` fail with a TypeError traceback and a path 5 a TypeError from fetch; a shape
     "16" read as (1, 6) and -16 was taken as it is."""
-    root = build_store(tmp_path / "store", random_shards([2, 2], state_shape=(4,), seed=1), encoding="fp16")
+    root = Path(shutil.copytree(small_fp16_store, tmp_path / "store"))
     edit_manifest(root, change)
     with pytest.raises(StoreFormatError, match="malformed manifest: ValueError: " + message):
         open_store(root)
@@ -244,11 +252,12 @@ def test_a_manifest_whose_shard_or_shape_fields_have_other_types_is_refused(tmp_
     ("kind", "colbert", r"unknown representation kind 'colbert'; known: dilbert"),
     ("compressor", "lz4", r"unknown compressor 'lz4'; known: zstd, blosc"),
 ])  # fmt: skip
-def test_a_store_of_a_name_this_dilstore_does_not_know_is_refused_when_opened(tmp_path, field, value, message) -> None:
+def test_a_store_of_a_name_this_dilstore_does_not_know_is_refused_when_opened(small_fp16_store, tmp_path, field,
+                                                                             value, message) -> None:  # fmt: skip
     """STORE_FORMAT.md §4, §12: a store of a kind, encoding or compressor name that a later dilstore brought is refused
     naming the known ones (spec61 F8: open_store returned it, answering len() and its encoding, and only the first
     fetch, a server's first request, raised)."""
-    root = build_store(tmp_path / "store", random_shards([2, 2], state_shape=(4,), seed=1), encoding="fp16")
+    root = Path(shutil.copytree(small_fp16_store, tmp_path / "store"))
     edit_manifest(root, lambda data: data.update({field: value}))
     with pytest.raises(StoreFormatError, match=message):
         open_store(root)
@@ -261,20 +270,20 @@ def test_a_store_of_a_name_this_dilstore_does_not_know_is_refused_when_opened(tm
      f"store format version {APPENDED_FORMAT_VERSION + 1} is newer than this dilstore reads"),
 ])  # fmt: skip
 def test_a_shard_build_id_with_more_after_it_and_a_format_one_version_newer_are_refused(
-    tmp_path, change, message
+    small_fp16_store, tmp_path, change, message
 ) -> None:
     """A shard's generation is 16 hex digits and nothing after them, and a manifest one format version newer than
     this dilstore reads is refused (mut58: a prefix match, and a bound one version off, went unnoticed)."""
-    root = build_store(tmp_path / "store", random_shards([2, 2], state_shape=(4,), seed=1), encoding="fp16")
+    root = Path(shutil.copytree(small_fp16_store, tmp_path / "store"))
     edit_manifest(root, change)
     with pytest.raises(StoreFormatError, match=message):
         open_store(root)
 
 
-def test_a_manifest_edited_without_its_checksum_or_without_one_is_refused(tmp_path) -> None:
+def test_a_manifest_edited_without_its_checksum_or_without_one_is_refused(small_fp16_store, tmp_path) -> None:
     """The manifest carries the SHA-256 of its own canonical JSON: a count edited by hand, or a checksum taken out,
     is refused (mut58: with the self-check gone, no test noticed a manifest whose counts were edited)."""
-    root = build_store(tmp_path / "store", random_shards([2, 2], state_shape=(4,), seed=1), encoding="fp16")
+    root = Path(shutil.copytree(small_fp16_store, tmp_path / "store"))
     data = json.loads((root / MANIFEST_FILE).read_text())
     (root / MANIFEST_FILE).write_text(json.dumps({**data, "passages": data["passages"] + 1}))
     with pytest.raises(StoreFormatError, match="manifest.json is damaged: its content does not match its own checksum"):
