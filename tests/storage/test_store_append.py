@@ -56,6 +56,27 @@ def records(ids: list[str], seed: int = 0) -> list[PassageRecord]:
                     np.random.default_rng([seed, i])) for i, passage_id in enumerate(ids)]
 
 
+class StoreCopies:
+    """Stores of `records(ids)` in one shard, each built once per module: `copy` puts a copy of one where a test
+    wants it (tests append to, damage and commit into their copies)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.built: dict[tuple[str, ...], Path] = {}
+
+    def copy(self, ids: list[str], target: Path) -> Path:
+        """A copy at `target` of the fp32 store of `records(ids)` (one shard, finalized)."""
+        key = tuple(ids)
+        if key not in self.built:
+            self.built[key] = build_store(self.folder / f"store-{len(self.built)}", [records(ids)])
+        return Path(shutil.copytree(self.built[key], target))
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> StoreCopies:
+    return StoreCopies(tmp_path_factory.mktemp("append-templates"))
+
+
 def write_append(root: Path, shards: list[list[PassageRecord]], generation: str = GENERATION,
                  encoding: str = "fp32") -> None:
     """Write `shards` into the store's append folder for `generation`, numbered from its first free shard."""
@@ -136,8 +157,8 @@ def test_an_appended_shard_numbered_as_one_of_the_store_s_is_refused_and_the_sto
     assert sorted(contents(store)) == ["a", "b", "c"]
 
 
-def test_a_duplicate_id_is_refused_naming_it_and_the_store_is_untouched(tmp_path: Path) -> None:
-    store = build_store(tmp_path / "store", [records(["a", "b", "c"])])
+def test_a_duplicate_id_is_refused_naming_it_and_the_store_is_untouched(stores: StoreCopies, tmp_path: Path) -> None:
+    store = stores.copy(["a", "b", "c"], tmp_path / "store")
     manifest_bytes = (store / MANIFEST_FILE).read_bytes()
     write_append(store, [records(["x", "b", "c"], seed=1)])
     with pytest.raises(DuplicatePassageIdError, match=r"2 passage ids of the append are already in store .*'b', 'c'"):
@@ -147,8 +168,8 @@ def test_a_duplicate_id_is_refused_naming_it_and_the_store_is_untouched(tmp_path
     assert "x" not in open_store(store)
 
 
-def test_a_duplicate_id_within_the_append_is_refused_even_with_replace(tmp_path: Path) -> None:
-    store = build_store(tmp_path / "store", [records(["a"])])
+def test_a_duplicate_id_within_the_append_is_refused_even_with_replace(stores: StoreCopies, tmp_path: Path) -> None:
+    store = stores.copy(["a"], tmp_path / "store")
     write_append(store, [records(["x"], seed=1), records(["x"], seed=2)])
     with pytest.raises(DuplicatePassageIdError, match="'x'"):
         commit_append(store, GENERATION, fingerprint_for(), replace=True)
@@ -233,10 +254,12 @@ def test_info_counts_superseded_states_on_their_own_not_as_fixed_bytes(tmp_path:
     assert f" + {replaced['state_bytes']['superseded']} B superseded + " in table, table
 
 
-def test_info_counts_an_appends_files_in_the_part_their_path_has_at_the_root(tmp_path: Path) -> None:
+def test_info_counts_an_appends_files_in_the_part_their_path_has_at_the_root(
+    stores: StoreCopies, tmp_path: Path
+) -> None:
     """`info` counts a file under `appends/<generation>/` in the part of the same path at the store's root: the
     appended shard's states, tokens and passages are not "other". The reference sorts every file by its path."""
-    store = build_store(tmp_path / "store", [records(["a", "b", "c"])])
+    store = stores.copy(["a", "b", "c"], tmp_path / "store")
     write_append(store, [records(["x", "d"], seed=7)])
     commit_append(store, GENERATION, fingerprint_for())
     expected = dict.fromkeys(("states", "tokens", "passages", "index", "metadata", "other"), 0)
@@ -275,8 +298,8 @@ def test_row_keys_are_distinct_for_distinct_rows_and_sort_by_shard_then_row(pair
     assert row_keys(np.array([0, 1], dtype=np.uint32), np.array([65536, 0], dtype=np.uint32)).tolist() == [65536, 2**32]
 
 
-def test_verify_still_checks_the_superseded_rows_files(tmp_path: Path) -> None:
-    store = build_store(tmp_path / "store", [records(["a", "b"])])
+def test_verify_still_checks_the_superseded_rows_files(stores: StoreCopies, tmp_path: Path) -> None:
+    store = stores.copy(["a", "b"], tmp_path / "store")
     write_append(store, [records(["b"], seed=3)])
     commit_append(store, GENERATION, fingerprint_for(), replace=True)
     states = store / "shards" / "shard-00000" / "states" / "values" / "c" / "0" / "0"  # (T, d): c/0/0
@@ -286,8 +309,8 @@ def test_verify_still_checks_the_superseded_rows_files(tmp_path: Path) -> None:
     assert any("SHA-256 differs" in problem for problem in verify_store(store).problems)
 
 
-def test_a_second_append_replaces_rows_of_the_first(tmp_path: Path) -> None:
-    store = build_store(tmp_path / "store", [records(["a", "b"])])
+def test_a_second_append_replaces_rows_of_the_first(stores: StoreCopies, tmp_path: Path) -> None:
+    store = stores.copy(["a", "b"], tmp_path / "store")
     write_append(store, [records(["b", "c"], seed=1)], generation="1" * 16)
     commit_append(store, "1" * 16, fingerprint_for(), replace=True)
     latest = records(["c", "a"], seed=2)
@@ -306,17 +329,17 @@ def test_a_second_append_replaces_rows_of_the_first(tmp_path: Path) -> None:
     ("dilbert", "fp32", 256, "max_length: store 512, this run 256"),
 ])
 def test_other_settings_are_refused_in_one_line_naming_them(
-    tmp_path: Path, kind: str, encoding: str, max_length: int, named: str
+    stores: StoreCopies, tmp_path: Path, kind: str, encoding: str, max_length: int, named: str
 ) -> None:
-    store = build_store(tmp_path / "store", [records(["a"])])
+    store = stores.copy(["a"], tmp_path / "store")
     write_append(store, [records(["b"], seed=1)])
     with pytest.raises(AppendMismatchError) as raised:
         commit_append(store, GENERATION, fingerprint_for(kind, encoding, max_length))
     assert named in str(raised.value) and "\n" not in str(raised.value)
 
 
-def test_another_model_is_refused_naming_its_weights(tmp_path: Path) -> None:
-    store = build_store(tmp_path / "store", [records(["a"])])
+def test_another_model_is_refused_naming_its_weights(stores: StoreCopies, tmp_path: Path) -> None:
+    store = stores.copy(["a"], tmp_path / "store")
     other = fingerprint_for()
     other = type(other)(**{**other.to_dict(), "weights_sha256": "f" * 64})
     with pytest.raises(AppendMismatchError, match="weights_sha256: store wwwwwwwwwwww…, this run ffffffffffff…"):
@@ -343,10 +366,10 @@ def test_a_reader_opened_before_the_append_keeps_reading_the_old_store(tmp_path:
 
 
 def test_a_commit_killed_before_the_manifest_leaves_the_old_store_and_a_rerun_completes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stores: StoreCopies, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = build_store(tmp_path / "store", [records(["a", "b"])])
-    reference = build_store(tmp_path / "reference", [records(["a", "b"])])
+    store = stores.copy(["a", "b"], tmp_path / "store")
+    reference = stores.copy(["a", "b"], tmp_path / "reference")
     manifest_bytes = (store / MANIFEST_FILE).read_bytes()
     for target in (store, reference):
         write_append(target, [records(["b", "c"], seed=4)])
@@ -367,16 +390,16 @@ def test_a_commit_killed_before_the_manifest_leaves_the_old_store_and_a_rerun_co
     assert verify_store(store).ok
 
 
-def test_a_committed_append_cannot_be_committed_twice(tmp_path: Path) -> None:
-    store = build_store(tmp_path / "store", [records(["a"])])
+def test_a_committed_append_cannot_be_committed_twice(stores: StoreCopies, tmp_path: Path) -> None:
+    store = stores.copy(["a"], tmp_path / "store")
     write_append(store, [records(["b"], seed=1)])
     commit_append(store, GENERATION, fingerprint_for())
     with pytest.raises(Exception, match="committed already"):
         commit_append(store, GENERATION, fingerprint_for())
 
 
-def test_verify_reports_superseded_counts_that_do_not_match_the_index(tmp_path: Path) -> None:
-    store = build_store(tmp_path / "store", [records(["a", "b"])])
+def test_verify_reports_superseded_counts_that_do_not_match_the_index(stores: StoreCopies, tmp_path: Path) -> None:
+    store = stores.copy(["a", "b"], tmp_path / "store")
     write_append(store, [records(["b"], seed=3)])
     manifest = commit_append(store, GENERATION, fingerprint_for(), replace=True)
     edited = dataclasses.replace(manifest, superseded_passages=0, passages=manifest.passages + 1)
@@ -386,9 +409,9 @@ def test_verify_reports_superseded_counts_that_do_not_match_the_index(tmp_path: 
 
 
 def test_a_reader_opening_while_an_append_commits_retries_with_the_new_manifest(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stores: StoreCopies, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = build_store(tmp_path / "store", [records(["a", "b"])])
+    store = stores.copy(["a", "b"], tmp_path / "store")
     stale = read_manifest(StoreLocation.parse(store))  # read just before the commit ...
     write_append(store, [records(["c"], seed=1)])
     commit_append(store, GENERATION, fingerprint_for())  # ... which then removes the index it names
@@ -400,13 +423,13 @@ def test_a_reader_opening_while_an_append_commits_retries_with_the_new_manifest(
 
 
 def test_verify_during_a_commit_says_the_store_changed_not_that_it_is_damaged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stores: StoreCopies, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An append committing between verify's manifest read and its id-index check made verify report a sound store
     as damaged ("id index: cannot be read: GroupNotFoundError"; crash36 5)."""
     import dilstore.storage.verify as verify
 
-    store = build_store(tmp_path / "store", [records(["a"])])
+    store = stores.copy(["a"], tmp_path / "store")
     write_append(store, [records(["b"], seed=1)])
     check_index = verify._check_index
 
@@ -435,8 +458,8 @@ def test_verify_during_a_commit_says_the_store_changed_not_that_it_is_damaged(
     ]  # it was called an append (conc39 L3)
 
 
-def test_leftovers_of_killed_appends_and_replaced_indexes_are_removed(tmp_path: Path) -> None:
-    store = build_store(tmp_path / "store", [records(["a"])])
+def test_leftovers_of_killed_appends_and_replaced_indexes_are_removed(stores: StoreCopies, tmp_path: Path) -> None:
+    store = stores.copy(["a"], tmp_path / "store")
     shutil.copytree(store / INDEX_DIR, tmp_path / "old-index")
     write_append(store, [records(["b"], seed=1)])
     manifest = commit_append(store, GENERATION, fingerprint_for())
@@ -457,10 +480,12 @@ def test_leftovers_of_killed_appends_and_replaced_indexes_are_removed(tmp_path: 
     assert verify_store(store).ok and len(open_store(store)) == 2
 
 
-def test_a_second_append_s_replaced_index_left_by_a_kill_is_untracked_and_then_removed(tmp_path: Path) -> None:
+def test_a_second_append_s_replaced_index_left_by_a_kill_is_untracked_and_then_removed(
+    stores: StoreCopies, tmp_path: Path
+) -> None:
     """A kill between a second append's commit and its cleanup left the first append's index, which verify called
     damage ("inside the store's data but not in the manifest"), though no reader opens it (crash36 2)."""
-    store = build_store(tmp_path / "store", [records(["a"])])
+    store = stores.copy(["a"], tmp_path / "store")
     write_append(store, [records(["b"], seed=1)], generation="1" * 16)
     commit_append(store, "1" * 16, fingerprint_for())
     first_index = store / append_dir("1" * 16) / INDEX_DIR
@@ -474,10 +499,12 @@ def test_a_second_append_s_replaced_index_left_by_a_kill_is_untracked_and_then_r
     assert remove_leftovers(store, manifest) == [f"{append_dir('1' * 16)}/{INDEX_DIR}"]
 
 
-def test_an_id_index_a_kill_left_half_made_inside_an_append_s_folder_is_removed(tmp_path: Path) -> None:
+def test_an_id_index_a_kill_left_half_made_inside_an_append_s_folder_is_removed(
+    stores: StoreCopies, tmp_path: Path
+) -> None:
     """A kill while an append wrote its id index left appends/G/.tmp-index-*; the re-run committed beside it, and
     verify failed for good, as no cleanup looked inside an append's folder (crash36 1)."""
-    store = build_store(tmp_path / "store", [records(["a"])])
+    store = stores.copy(["a"], tmp_path / "store")
     write_append(store, [records(["b"], seed=1)])
     half_made = store / append_dir(GENERATION) / f"{TMP_PREFIX}{INDEX_DIR}-{'9' * 32}"
     shutil.copytree(store / INDEX_DIR, half_made)
@@ -505,10 +532,10 @@ def test_replace_also_retires_the_given_ids_the_append_does_not_bring_again(tmp_
     assert verify_store(store).ok, verify_store(store).problems
 
 
-def test_a_store_whose_appends_folder_is_a_link_to_another_disk_verifies(tmp_path: Path) -> None:
+def test_a_store_whose_appends_folder_is_a_link_to_another_disk_verifies(stores: StoreCopies, tmp_path: Path) -> None:
     """Readers follow folder links; verify and info listed files through fsspec, which does not, and reported every
     file of a linked `appends/` missing, and the link itself untracked (storage43 L2)."""
-    store = build_store(tmp_path / "store", [records(["a"])])
+    store = stores.copy(["a"], tmp_path / "store")
     write_append(store, [records(["b"], seed=1)])
     commit_append(store, GENERATION, fingerprint_for())
     shutil.move(store / APPENDS_DIR, tmp_path / "other-disk")
@@ -540,11 +567,11 @@ def resigned(store: Path, change: Callable[[dict[str, Any]], None]) -> None:
      r"shards\[1\]\.path is '\.\./victim/shards/shard-00001', not where an append puts shard 1"),
 ])  # fmt: skip
 def test_a_manifest_naming_folders_outside_the_store_is_refused_before_anything_is_deleted(
-    tmp_path: Path, change: Callable[[dict[str, Any]], None], message: str
+    stores: StoreCopies, tmp_path: Path, change: Callable[[dict[str, Any]], None], message: str
 ) -> None:
     """A generation of "../../victim" made the next append delete `victim/index` beside the store, and verify
     passed the store (hostile46 F1)."""
-    store = build_store(tmp_path / "store", [records(["a"])])
+    store = stores.copy(["a"], tmp_path / "store")
     write_append(store, [records(["b"], seed=1)])
     commit_append(store, GENERATION, fingerprint_for())
     precious = tmp_path / "victim" / INDEX_DIR / "data.txt"
@@ -559,10 +586,10 @@ def test_a_manifest_naming_folders_outside_the_store_is_refused_before_anything_
     assert precious.read_text() == "precious"
 
 
-def test_the_cleanup_does_not_follow_a_link_under_appends(tmp_path: Path) -> None:
+def test_the_cleanup_does_not_follow_a_link_under_appends(stores: StoreCopies, tmp_path: Path) -> None:
     """A link under appends/ led the cleanup's glob into the folder it names, whose `.tmp-*` entries it deleted
     (hostile46 F2)."""
-    store = build_store(tmp_path / "store", [records(["a"])])
+    store = stores.copy(["a"], tmp_path / "store")
     write_append(store, [records(["b"], seed=1)])
     manifest = commit_append(store, GENERATION, fingerprint_for())
     outside = tmp_path / "outside"
@@ -573,11 +600,13 @@ def test_the_cleanup_does_not_follow_a_link_under_appends(tmp_path: Path) -> Non
     assert (outside / f"{TMP_PREFIX}precious").is_dir() and (store / APPENDS_DIR / "linked").is_symlink()
 
 
-def test_a_store_without_appends_has_none_to_clean_and_a_folder_of_another_name_is_left_alone(tmp_path: Path) -> None:
+def test_a_store_without_appends_has_none_to_clean_and_a_folder_of_another_name_is_left_alone(
+    stores: StoreCopies, tmp_path: Path
+) -> None:
     """(mut61 M5) The cleanup was seen only for stores that had appends/: a store's first append asks it before the
     folder exists (it would have stopped on "No such file or directory"). Inside appends/, only folders named as
     appends are searched for temporaries: a `.tmp-*` in a folder of another name is not dilstore's to delete."""
-    store = build_store(tmp_path / "store", [records(["a"])])
+    store = stores.copy(["a"], tmp_path / "store")
     manifest = read_manifest(StoreLocation.parse(store))
     assert not (store / APPENDS_DIR).exists() and remove_leftovers(store, manifest) == []
     (store / APPENDS_DIR / "notes" / f"{TMP_PREFIX}draft").mkdir(parents=True)
