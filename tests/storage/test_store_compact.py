@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,30 @@ def appended_store(root: Path, base: list[list[PassageRecord]], append: list[Pas
                 encoding=encoding, durable=False, codebook=codebook, generation=APPEND)  # fmt: skip
     commit_append(root, APPEND, fingerprint_for("dilbert", encoding), replace=replace, retire=retire)
     return root
+
+
+class AppendedCopies:
+    """The two fp32 appended stores most tests here start from, each built once per module: "ab+c" (records a, b
+    appended with c) and "a+b"; `copy` puts a copy of one where a test wants it (tests compact, swap and damage
+    their copies)."""
+
+    BUILDS = {"ab+c": (["a", "b"], ["c"]), "a+b": (["a"], ["b"])}
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def copy(self, name: str, target: Path) -> Path:
+        """A copy at `target` of appended store `name`, built at the first copy asked for."""
+        built = self.folder / name
+        if not built.exists():
+            base, append = self.BUILDS[name]
+            appended_store(built, [records(base, 1)], records(append, 2), encoding="fp32")
+        return Path(shutil.copytree(built, target))
+
+
+@pytest.fixture(scope="module")
+def appended(tmp_path_factory: pytest.TempPathFactory) -> AppendedCopies:
+    return AppendedCopies(tmp_path_factory.mktemp("appended-templates"))
 
 
 def served(store_path: Path) -> dict[str, tuple]:
@@ -204,17 +229,19 @@ def test_an_int8_store_and_shards_with_codebooks_of_their_own_are_refused(tmp_pa
     assert not (tmp_path / "out8").exists() and not (tmp_path / "out2").exists()
 
 
-def test_a_target_that_holds_a_store_is_refused(tmp_path: Path) -> None:
-    source = appended_store(tmp_path / "source", [records(["a"], 1)], records(["b"], 2), encoding="fp32")
+def test_a_target_that_holds_a_store_is_refused(appended: AppendedCopies, tmp_path: Path) -> None:
+    source = appended.copy("a+b", tmp_path / "source")
     compact(source, tmp_path / "compacted", 1)
     with pytest.raises(DilstoreError, match="holds a store already"):
         compact(source, tmp_path / "compacted", 1)
 
 
-def test_a_target_that_holds_an_unfinished_store_s_shards_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+def test_a_target_that_holds_an_unfinished_store_s_shards_is_refused_and_left_as_it_was(
+    appended: AppendedCopies, tmp_path: Path
+) -> None:
     """A folder with shards/ but no manifest (a store whose build was stopped before finalize) is a store too: its
     shards are not written over, nor finalized into the compacted store."""
-    source = appended_store(tmp_path / "source", [records(["a"], 1)], records(["b"], 2), encoding="fp32")
+    source = appended.copy("a+b", tmp_path / "source")
     target = tmp_path / "unfinished"
     write_shard(target, 0, records(["x", "y"], 3), kind="dilbert", encoding="fp32", durable=False)
     before = {path: path.read_bytes() for path in target.rglob("*") if path.is_file()}
@@ -243,13 +270,15 @@ def test_write_encoded_shard_names_the_passage_with_wrong_arrays_and_refuses_per
     assert written.passages == 1 and written.tokens == 3
 
 
-def test_a_reader_opened_before_a_compaction_swapped_in_is_told_the_store_was_rebuilt(tmp_path: Path) -> None:
+def test_a_reader_opened_before_a_compaction_swapped_in_is_told_the_store_was_rebuilt(
+    appended: AppendedCopies, tmp_path: Path
+) -> None:
     """A shard it had not opened yet is gone with the old build: that read said "cannot open shard ...
     GroupNotFoundError", as if the store were damaged (compact44 L1)."""
     from dilstore.storage.reader import StoreChangedError
     from dilstore.storage.replacement import building_dir, swap_in
 
-    source = appended_store(tmp_path / "store", [records(["a", "b"], 1)], records(["c"], 2), encoding="fp32")
+    source = appended.copy("ab+c", tmp_path / "store")
     reader = open_store(source)
     reader.fetch(["a"])  # shard 0 open; the append's shard 1 not yet
     compact(source, building_dir(source), 1)
@@ -259,7 +288,9 @@ def test_a_reader_opened_before_a_compaction_swapped_in_is_told_the_store_was_re
     reader.close()
 
 
-def test_a_check_finds_a_store_rebuilt_though_every_file_the_reader_had_mapped_was_deleted(tmp_path: Path) -> None:
+def test_a_check_finds_a_store_rebuilt_though_every_file_the_reader_had_mapped_was_deleted(
+    appended: AppendedCopies, tmp_path: Path
+) -> None:
     """(conc54 F6) A server's copy of an appended store maps its id index under the append's folder; a later append
     deletes that folder and a compaction replaces the rest. Every file it had mapped was then gone, which a check
     takes for unchanged (the maps hold them whole), so `dilstore serve` said /health 200, "available again: its
@@ -267,7 +298,7 @@ def test_a_check_finds_a_store_rebuilt_though_every_file_the_reader_had_mapped_w
     from dilstore.storage.reader import StoreChangedError
     from dilstore.storage.replacement import building_dir, swap_in
 
-    source = appended_store(tmp_path / "store", [records(["a", "b"], 1)], records(["c"], 2), encoding="fp32")
+    source = appended.copy("ab+c", tmp_path / "store")
     reader = open_store(source, check_files=True)
     assert reader.manifest.index.startswith("appends/")
     later = "b1c2d3e4f5061728"
@@ -338,14 +369,16 @@ def test_a_manifest_that_could_not_be_read_once_is_looked_at_again(tmp_path: Pat
     reader.close()
 
 
-def test_a_full_disk_while_compacting_names_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_disk_while_compacting_names_the_target(
+    appended: AppendedCopies, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """zarr's writes name no file: "No space left on device" alone did not say which disk filled (full49 F4)."""
     from dilstore.storage import compact as compact_module
 
     def full_disk(*_: object, **__: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    source = appended_store(tmp_path / "source", [records(["a"], 1)], records(["b"], 2), encoding="fp32")
+    source = appended.copy("a+b", tmp_path / "source")
     monkeypatch.setattr(compact_module, "write_encoded_shard", full_disk)
     with pytest.raises(OSError) as raised:
         compact(source, tmp_path / "compacted", 1)
@@ -353,7 +386,7 @@ def test_a_full_disk_while_compacting_names_the_target(tmp_path: Path, monkeypat
 
 
 def test_a_compaction_that_runs_out_of_room_copying_the_bm25_index_says_so_and_leaves_the_store(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    appended: AppendedCopies, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The room check counted the store's live rows, not the BM25 index that comes along; a compaction it let
     through failed copying the index, and `dilstore compact` printed shutil.Error's list of (source, destination,
@@ -368,7 +401,7 @@ def test_a_compaction_that_runs_out_of_room_copying_the_bm25_index_says_so_and_l
     from dilstore.storage.format import MANIFEST_FILE
     from dilstore.storage.replacement import building_dir
 
-    store = appended_store(tmp_path / "store", [records(["a", "b"], 1)], records(["c"], 2), encoding="fp32")
+    store = appended.copy("ab+c", tmp_path / "store")
     index = bm25_index_dir(store)
     index.mkdir()
     (index / "segments_1").write_bytes(b"lucene" * 20_000)  # 120 kB
@@ -399,7 +432,7 @@ def test_a_compaction_that_runs_out_of_room_copying_the_bm25_index_says_so_and_l
 
 
 def test_a_compaction_into_output_flushes_the_index_it_copied(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    appended: AppendedCopies, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`compact --output` copied the BM25 index (and the user's own files) and never flushed them: an I/O error of
     their write-back went unseen, and the command said the compaction was done (disk56 F8). In place, the swap
@@ -410,7 +443,7 @@ def test_a_compaction_into_output_flushes_the_index_it_copied(
     from dilstore.runners import cli
     from dilstore.storage import durability
 
-    store = appended_store(tmp_path / "store", [records(["a", "b"], 1)], records(["c"], 2), encoding="fp32")
+    store = appended.copy("ab+c", tmp_path / "store")
     index = bm25_index_dir(store)
     index.mkdir()
     (index / "segments_1").write_bytes(b"lucene")
@@ -429,7 +462,8 @@ def test_a_compaction_into_output_flushes_the_index_it_copied(
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG])
 def test_a_compaction_short_of_room_for_its_shards_says_so_once_for_each_kind_of_limit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], code: int
+    appended: AppendedCopies, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    code: int,
 ) -> None:
     """A full disk, a full quota and a file size limit met while writing the shards are each one line saying that
     STORE is as it was (mut56b M29), with what to do: free space for a disk or quota, raise the limit for a file size
@@ -444,7 +478,7 @@ def test_a_compaction_short_of_room_for_its_shards_says_so_once_for_each_kind_of
     def no_room(*_: object, **__: object) -> None:
         raise OSError(code, os.strerror(code))
 
-    store = appended_store(tmp_path / "store", [records(["a", "b"], 1)], records(["c"], 2), encoding="fp32")
+    store = appended.copy("ab+c", tmp_path / "store")
     manifest = (store / MANIFEST_FILE).read_bytes()
     monkeypatch.setattr(compact_module, "write_encoded_shard", no_room)
     assert cli.main(["compact", str(store), "--no-progress"]) == 2
@@ -458,7 +492,8 @@ def test_a_compaction_short_of_room_for_its_shards_says_so_once_for_each_kind_of
 
 @pytest.mark.parametrize("failing", ["run-summary.json", "notes/scores.txt", "rejected/bad.jsonl"])
 def test_a_file_compact_copies_that_a_full_disk_refuses_is_named_where_it_was_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], failing: str
+    appended: AppendedCopies, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    failing: str,
 ) -> None:
     """The first build's run-summary.json, a folder of the user's own and the store's dead letters are copied with
     `copy_file`/`copy_tree`: a full disk is named by the file it could not write. shutil's own copy named the source,
@@ -471,7 +506,7 @@ def test_a_file_compact_copies_that_a_full_disk_refuses_is_named_where_it_was_wr
     from dilstore.storage.passage_files import REJECTED_DIR
     from dilstore.storage.replacement import building_dir
 
-    store = appended_store(tmp_path / "store", [records(["a", "b"], 1)], records(["c"], 2), encoding="fp32")
+    store = appended.copy("ab+c", tmp_path / "store")
     (store / SUMMARY_FILE).write_text("{}\n")
     (store / "notes").mkdir()
     (store / "notes" / "scores.txt").write_text("0.5\n")
