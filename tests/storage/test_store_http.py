@@ -641,6 +641,20 @@ def _served_shards(seed: int = 0) -> list[list[StoredPassage]]:
             for shard in shards]  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def rebuilt_fp16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fp16 store rebuilt: each shard's rows in reverse order, so every file keeps its old size (read only)."""
+    shards = [shard[::-1] for shard in _served_shards()]
+    return build_store(tmp_path_factory.mktemp("rebuilt") / "fp16", shards, encoding="fp16")
+
+
+@pytest.fixture(scope="module")
+def rebuilt_zstd(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The zstd store rebuilt: its shard's rows in reverse order (read only)."""
+    return build_store(tmp_path_factory.mktemp("rebuilt") / "zstd", [_served_shards()[0][::-1]], encoding="fp16",
+                       compressor="zstd")  # fmt: skip
+
+
 def _copy_over(build: Path, site: Path, *, manifest: bool, later: float = 0.0) -> None:
     """Copy every file of `build` over the same name under `site`, as `cp -r` onto a web server's folder does (the
     manifest too, or not yet: a copy still under way), each dated `later` seconds after its old copy."""
@@ -658,7 +672,7 @@ def _copy_over(build: Path, site: Path, *, manifest: bool, later: float = 0.0) -
                          ids=["etag-and-date", "etag", "date"])  # fmt: skip
 @pytest.mark.parametrize("manifest", [True, False], ids=["manifest-copied", "manifest-not-yet"])
 def test_a_store_rebuilt_at_its_url_with_files_of_the_same_sizes_is_found_at_the_next_read(
-    served_root: Path, tmp_path: Path, validators: tuple[str, ...], manifest: bool
+    served_root: Path, rebuilt_fp16: Path, tmp_path: Path, validators: tuple[str, ...], manifest: bool
 ) -> None:
     """A store rebuilt in place and copied over its files at the same URL was read, by a Store opened before, with
     the old build's offsets into the new files until the next manifest check (up to BUILD_CHECK_SECONDS later, or
@@ -670,7 +684,7 @@ def test_a_store_rebuilt_at_its_url_with_files_of_the_same_sizes_is_found_at_the
     from dilstore.storage.format import StoreChangedError
 
     site = shutil.copytree(served_root / "fp16", tmp_path / "site" / "fp16")
-    build = build_store(tmp_path / "rebuilt", [shard[::-1] for shard in _served_shards()], encoding="fp16")
+    build = rebuilt_fp16
     arrays = [path.relative_to(build) for path in build.rglob("c/*") if path.is_file()]
     assert arrays and all((site / path).stat().st_size == (build / path).stat().st_size for path in arrays)
     assert any((site / path).read_bytes() != (build / path).read_bytes() for path in arrays)
@@ -694,7 +708,7 @@ def test_a_store_rebuilt_at_its_url_with_files_of_the_same_sizes_is_found_at_the
 @pytest.mark.parametrize("validators", [("ETag", "Last-Modified"), ("Last-Modified",), ()],
                          ids=["etag-and-date", "date", "none"])  # fmt: skip
 def test_a_compressed_store_rebuilt_at_its_url_is_found_at_the_next_read(
-    served_root: Path, tmp_path: Path, validators: tuple[str, ...]
+    served_root: Path, rebuilt_zstd: Path, tmp_path: Path, validators: tuple[str, ...]
 ) -> None:
     """(left55b F3) A compressed store (read through zarr-python, whose FsspecStore keeps only an answer's body) that
     was rebuilt and copied over at its URL was read by a Store opened before with the old build's chunk offsets
@@ -706,7 +720,7 @@ def test_a_compressed_store_rebuilt_at_its_url_is_found_at_the_next_read(
     from dilstore.storage.format import StoreChangedError
 
     site = shutil.copytree(served_root / "zstd", tmp_path / "site" / "zstd")
-    build = build_store(tmp_path / "rebuilt", [_served_shards()[0][::-1]], encoding="fp16", compressor="zstd")
+    build = rebuilt_zstd
     changed = [path.relative_to(build) for path in build.rglob("c/*")
                if path.is_file() and (site / path.relative_to(build)).read_bytes() != path.read_bytes()]  # fmt: skip
     assert changed
