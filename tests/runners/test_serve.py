@@ -1447,16 +1447,17 @@ def test_a_store_at_a_url_whose_server_sends_whole_files_is_refused_at_start(tin
     /health said 200 while every request to that store got 502, however many times it was asked (multi53 F2)."""
     import threading
     from functools import partial
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import SimpleHTTPRequestHandler
 
     from dilstore.runners.cmd_serve import open_served_store
     from dilstore.storage.errors import DilstoreError
+    from tests.fixtures.http_store import BackloggedServer
 
     class Quiet(SimpleHTTPRequestHandler):
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
             """Silent."""
 
-    files = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(tiny["s2"].parent)))
+    files = BackloggedServer(("127.0.0.1", 0), partial(Quiet, directory=str(tiny["s2"].parent)))
     thread = threading.Thread(target=files.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +37,7 @@ from dilstore.storage.location import StoreLocation
 from dilstore.storage.reader import open_store
 from dilstore.storage.records import StoredPassage
 from dilstore.storage.verify import verify_store
-from tests.fixtures.http_store import HttpServer, serve_directory
+from tests.fixtures.http_store import BackloggedServer, HttpServer, serve_directory
 from tests.fixtures.store_fixtures import build_store, random_shards
 
 pytestmark = pytest.mark.usefixtures("quick_retries")  # reads fail on purpose here
@@ -362,14 +362,6 @@ def test_urls_without_a_store_give_one_line_errors(server: HttpServer, capsys) -
         assert message in "".join(capsys.readouterr())
 
 
-class _Backlogged(ThreadingHTTPServer):
-    """Python's threading server with tests/fixtures/http_store.py's listen backlog: a fetch opens dozens of
-    connections at once, and beyond the default backlog of 5 each one refused waits a second for its SYN to be sent
-    again."""
-
-    request_queue_size = 128
-
-
 class _Refusing(SimpleHTTPRequestHandler):
     """A private bucket, a wrong password, a load balancer whose backend is down: every request refused."""
 
@@ -385,7 +377,7 @@ class _Refusing(SimpleHTTPRequestHandler):
 def test_a_server_that_refuses_every_request_is_one_line_naming_the_store_without_its_password(capsys) -> None:
     """A 403 (or 401, 502) for the manifest was a traceback from aiohttp, exit 1; a password in the URL was printed
     by every message, and by serve's /stores and error bodies (remote40 H2, M1)."""
-    with _Backlogged(("127.0.0.1", 0), _Refusing) as refusing:
+    with BackloggedServer(("127.0.0.1", 0), _Refusing) as refusing:
         threading.Thread(target=refusing.serve_forever, args=(0.05,), daemon=True).start()
         try:
             url = f"http://alice:s3cr3t@127.0.0.1:{refusing.server_address[1]}/store"
@@ -437,7 +429,7 @@ def test_a_server_that_ignores_byte_ranges_is_a_clear_error(served_root: Path, n
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
             """Silent."""
 
-    server = _Backlogged(("127.0.0.1", 0), partial(WholeFiles, directory=str(served_root)))
+    server = BackloggedServer(("127.0.0.1", 0), partial(WholeFiles, directory=str(served_root)))
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)  # polls: shutdown waits one
     thread.start()
     try:
