@@ -3,7 +3,12 @@
 The store it writes must hold the same passages, tokens and states as the
 DirectRunner's, byte for byte in the per-shard files, which also shows that
 the project's own sink writes real files on Dask (Beam's WriteToParquet and
-WriteToText write empty ones there).
+WriteToText write empty ones there). That cluster's workers are forked from
+this process (dask's `fork` method), which has imported torch, transformers
+and Beam already: spawned, each spent 8-10 s importing them before its first
+task (ci62a F1). The cluster `dilstore precompute --runner dask` starts itself
+spawns its worker, as a user's does, in
+test_the_local_cluster_s_workers_write_through_the_quiet_filter_and_exit_at_once.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import gc
 import json
 import logging
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,32 +45,42 @@ def arguments(model: Path, corpus: Path, store: Path, *extra: str) -> list[str]:
             "--max-length", "48", "--threads", "1", "--encoding", "fp16", "--no-progress", *extra]
 
 
+def worker_start_method() -> str:
+    """How the test's own LocalCluster starts its worker processes: forked from this process, which has imported
+    what a worker needs, unless it has started the JVM (pyserini), after which a process must never fork
+    (tests/storage/test_store_concurrency.py); then spawned, as dask does by default."""
+    return "spawn" if "jnius" in sys.modules else "fork"
+
+
 @pytest.mark.slow
 def test_dask_on_a_two_process_local_cluster_writes_the_direct_runners_store(setup, tmp_path: Path) -> None:
     model, corpus = setup
-    direct, dask = tmp_path / "direct", tmp_path / "dask"
+    direct, on_dask = tmp_path / "direct", tmp_path / "dask"
     assert cli.main(arguments(model, corpus, direct, "--workers", "1")) == 0
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+    with (
+        dask.config.set({"distributed.worker.multiprocessing-method": worker_start_method()}),
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+    ):
         assert len(cluster.workers) == 2
-        assert cli.main(arguments(model, corpus, dask, "--runner", "dask",
+        assert cli.main(arguments(model, corpus, on_dask, "--runner", "dask",
                                   "--dask_client_address", cluster.scheduler_address)) == 0
         with cluster.get_client() as client:
             worker_pids = set(client.run(lambda: __import__("os").getpid()).values())
     assert len(worker_pids) == 2
-    summary = json.loads((dask / SUMMARY_FILE).read_text())
+    summary = json.loads((on_dask / SUMMARY_FILE).read_text())
     assert summary["runner"].endswith("DaskRunner") and summary["passages"] > 0
-    assert verify_store(dask).ok
-    theirs, mine = store_contents(direct), store_contents(dask)
+    assert verify_store(on_dask).ok
+    theirs, mine = store_contents(direct), store_contents(on_dask)
     assert sorted(mine) == sorted(theirs)
     for passage_id, values in mine.items():
         for left, right in zip(values, theirs[passage_id], strict=True):
             assert np.array_equal(left, right) if isinstance(left, np.ndarray) else left == right
     for pattern in ("passages/*.parquet", "passages/jsonl/*.jsonl", "shards/*/tokens/ids/c/*"):
-        files = sorted(path.relative_to(dask) for path in dask.glob(pattern))
+        files = sorted(path.relative_to(on_dask) for path in on_dask.glob(pattern))
         assert files and files == sorted(path.relative_to(direct) for path in direct.glob(pattern))
         for name in files:
-            assert (dask / name).stat().st_size > 0
-            assert (dask / name).read_bytes() == (direct / name).read_bytes(), name
+            assert (on_dask / name).stat().st_size > 0
+            assert (on_dask / name).read_bytes() == (direct / name).read_bytes(), name
 
 
 @pytest.mark.slow
