@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -106,16 +107,28 @@ def index_and_read(
     return results, after
 
 
-def test_ask_and_evaluate_qa_over_a_then_b_equal_the_one_run_store(tmp_path: Path) -> None:
-    model = save_tiny_reader(tmp_path / "tiny")
-    questions = write_jsonl(tmp_path / "questions.jsonl", QUESTIONS)
-    precompute(model, write_jsonl(tmp_path / "all.jsonl", DOCUMENTS), tmp_path / "union")
-    precompute(model, write_jsonl(tmp_path / "a.jsonl", DOCUMENTS[::2]), tmp_path / "store")
-    precompute(model, write_jsonl(tmp_path / "b.jsonl", DOCUMENTS[1::2]), tmp_path / "store", "--append")
+@pytest.fixture(scope="module")
+def read(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list, subprocess.CompletedProcess]:
+    """(the model, the folder, `index_and_read` of the one-run store of every document and of A then an append of
+    B, the BM25 search of each for one query). Its indexed one-run store is where
+    test_bm25_no_longer_finds_the_text_of_a_replaced_row starts (a copy of it): an index a child process built
+    before an append made in this process (that test's own build, model and index child took about 3 s here,
+    ci62a F3)."""
+    folder = tmp_path_factory.mktemp("append-bm25")
+    model = save_tiny_reader(folder / "tiny")
+    questions = write_jsonl(folder / "questions.jsonl", QUESTIONS)
+    precompute(model, write_jsonl(folder / "all.jsonl", DOCUMENTS), folder / "union")
+    precompute(model, write_jsonl(folder / "a.jsonl", DOCUMENTS[::2]), folder / "store")
+    precompute(model, write_jsonl(folder / "b.jsonl", DOCUMENTS[1::2]), folder / "store", "--append")
     query = "atomic number of oxygen"
-    read, searched = index_and_read([tmp_path / "union", tmp_path / "store"], model, questions,
-                                    search(tmp_path, (tmp_path / "store", query), (tmp_path / "union", query)))
-    (indexed_whole, *whole), (indexed, *appended) = read
+    results, searched = index_and_read([folder / "union", folder / "store"], model, questions,
+                                       search(folder, (folder / "store", query), (folder / "union", query)))
+    return model, folder, results, searched
+
+
+def test_ask_and_evaluate_qa_over_a_then_b_equal_the_one_run_store(read) -> None:
+    _, folder, results, searched = read
+    (indexed_whole, *whole), (indexed, *appended) = results
     assert (indexed_whole["files"], indexed_whole["appended"]) == (2, False)
     assert (indexed["files"], indexed["appended"]) == (4, True)  # two parts of A, two of B
     assert indexed["passages"] == indexed_whole["passages"] == len(DOCUMENTS)  # A alone was named (odqa43 L4)
@@ -124,15 +137,15 @@ def test_ask_and_evaluate_qa_over_a_then_b_equal_the_one_run_store(tmp_path: Pat
     assert appended[0] == whole[0]  # EM, F1, R
     assert appended[1] == whole[1]  # every answer
     assert appended[2] == whole[2]  # answer, scores, n-best
-    assert verify_store(tmp_path / "store").ok
+    assert verify_store(folder / "store").ok
 
 
-def test_bm25_no_longer_finds_the_text_of_a_replaced_row(tmp_path: Path) -> None:
-    model = save_tiny_reader(tmp_path / "tiny")
-    store = tmp_path / "store"
-    precompute(model, write_jsonl(tmp_path / "a.jsonl", DOCUMENTS), store)
-    (indexed,) = commands_in_one_process(index(store))
-    assert indexed.returncode == 0 and json.loads(indexed.stdout)["passages"] == len(DOCUMENTS), indexed.stderr
+def test_bm25_no_longer_finds_the_text_of_a_replaced_row(read, tmp_path: Path) -> None:
+    """The store of every document, indexed by `dilstore index` (the `read` fixture's), then an append that
+    replaces one of its rows."""
+    model, folder, ((indexed, *_), _), _ = read
+    assert indexed["passages"] == len(DOCUMENTS)
+    store = Path(shutil.copytree(folder / "union", tmp_path / "store"))
     # U+2028 is no line end in JSON Lines (nor for Anserini), though str.splitlines() takes it for one.
     changed = {"id": "oxygen", "title": "Zeppelin\u2028LZ 1", "text": "A zeppelin hangar stood at Friedrichshafen."}
     precompute(model, write_jsonl(tmp_path / "b.jsonl", [changed]), store, "--append", "--replace")
