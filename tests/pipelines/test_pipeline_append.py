@@ -233,13 +233,14 @@ def test_replace_serves_the_new_row_and_no_count_or_check_sees_the_old(
 
 
 def test_an_append_that_dies_before_its_commit_leaves_the_store_and_a_rerun_completes_it(
-    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    models: dict[str, Path], union: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """The store it ends with serves what the one-run store of A and B serves (`union`: an uninterrupted A then B
+    serves the same, test_a_then_an_append_of_b_serves_what_one_run_over_a_and_b_serves)."""
     corpus_a, corpus_b = split_corpus(tmp_path, [i >= 8 for i in range(len(DOCUMENTS))])
-    store, reference = tmp_path / "store", tmp_path / "reference"
-    for target in (store, reference):
-        assert precompute(models["dilbert"], corpus_a, target) == 0
-    assert precompute(models["dilbert"], corpus_b, reference, "--append") == 0
+    store, reference = tmp_path / "store", union
+    assert precompute(models["dilbert"], corpus_a, store) == 0
     before = store_contents(store)
     manifest = (store / MANIFEST_FILE).read_bytes()
 
