@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import dask
 import pytest
 
 from dilstore.pipelines.job import PrecomputeJob
@@ -399,12 +400,17 @@ def test_a_job_a_remote_runner_took_is_marked_launched_and_a_refused_one_is_not(
     # No Dask scheduler runs at the address the options name: the probe of it stands aside.
     monkeypatch.setattr("dilstore.runners.precompute_run.reach_dask_scheduler", lambda options: None)
     seen = []
-    for how in ("lost", "refused", "cut"):
-        attempt = BuildAttempt()
-        monkeypatch.setattr("dilstore.pipelines.precompute.build_pipeline", lambda job, options: Pipeline(how))
-        with pytest.raises(CutShort if how == "cut" else DilstoreError):
-            run_pipeline(job(tmp_path, runner), runner, args, 1, False, attempt)
-        seen.append(attempt.launched)
+    # The LocalCluster of "dask-local-cluster", started three times, runs no task: its worker process is forked from
+    # this one, not spawned to import dask.distributed again (ci62a F6), unless this process has started the JVM
+    # (a process must never fork after that, tests/storage/test_store_concurrency.py).
+    method = "spawn" if "jnius" in sys.modules else "fork"
+    with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+        for how in ("lost", "refused", "cut"):
+            attempt = BuildAttempt()
+            monkeypatch.setattr("dilstore.pipelines.precompute.build_pipeline", lambda job, options: Pipeline(how))
+            with pytest.raises(CutShort if how == "cut" else DilstoreError):
+                run_pipeline(job(tmp_path, runner), runner, args, 1, False, attempt)
+            seen.append(attempt.launched)
     assert seen == launched
 
 
