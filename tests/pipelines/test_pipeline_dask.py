@@ -17,7 +17,6 @@ import gc
 import json
 import logging
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +30,13 @@ from distributed import LocalCluster
 from dilstore.pipelines.spec_file import SUMMARY_FILE
 from dilstore.runners import cli
 from dilstore.storage.verify import verify_store
-from tests.fixtures.pipeline_fixtures import save_tiny_reader, store_contents, wiki_like_documents, write_jsonl
+from tests.fixtures.pipeline_fixtures import (
+    forked_dask_workers,
+    save_tiny_reader,
+    store_contents,
+    wiki_like_documents,
+    write_jsonl,
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,20 +50,13 @@ def arguments(model: Path, corpus: Path, store: Path, *extra: str) -> list[str]:
             "--max-length", "48", "--threads", "1", "--encoding", "fp16", "--no-progress", *extra]
 
 
-def worker_start_method() -> str:
-    """How the test's own LocalCluster starts its worker processes: forked from this process, which has imported
-    what a worker needs, unless it has started the JVM (pyserini), after which a process must never fork
-    (tests/storage/test_store_concurrency.py); then spawned, as dask does by default."""
-    return "spawn" if "jnius" in sys.modules else "fork"
-
-
 @pytest.mark.slow
 def test_dask_on_a_two_process_local_cluster_writes_the_direct_runners_store(setup, tmp_path: Path) -> None:
     model, corpus = setup
     direct, on_dask = tmp_path / "direct", tmp_path / "dask"
     assert cli.main(arguments(model, corpus, direct, "--workers", "1")) == 0
     with (
-        dask.config.set({"distributed.worker.multiprocessing-method": worker_start_method()}),
+        dask.config.set(forked_dask_workers()),
         LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
     ):
         assert len(cluster.workers) == 2

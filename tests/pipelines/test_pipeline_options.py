@@ -43,6 +43,7 @@ from dilstore.runners.precompute_run import pipeline_failure, run_pipeline
 from dilstore.storage.errors import DilstoreError
 from dilstore.storage.fingerprint import Fingerprint
 from tests.fixtures.limits import address_space_limit
+from tests.fixtures.pipeline_fixtures import forked_dask_workers
 
 if TYPE_CHECKING:
     from apache_beam import Pipeline as BeamPipeline
@@ -401,10 +402,8 @@ def test_a_job_a_remote_runner_took_is_marked_launched_and_a_refused_one_is_not(
     monkeypatch.setattr("dilstore.runners.precompute_run.reach_dask_scheduler", lambda options: None)
     seen = []
     # The LocalCluster of "dask-local-cluster", started three times, runs no task: its worker process is forked from
-    # this one, not spawned to import dask.distributed again (ci62a F6), unless this process has started the JVM
-    # (a process must never fork after that, tests/storage/test_store_concurrency.py).
-    method = "spawn" if "jnius" in sys.modules else "fork"
-    with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+    # this one, not spawned to import dask.distributed again (ci62a F6).
+    with dask.config.set(forked_dask_workers()):
         for how in ("lost", "refused", "cut"):
             attempt = BuildAttempt()
             monkeypatch.setattr("dilstore.pipelines.precompute.build_pipeline", lambda job, options: Pipeline(how))
