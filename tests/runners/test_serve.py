@@ -424,28 +424,37 @@ def test_requests_are_logged_with_access_log_only(monkeypatch, caplog) -> None:
     assert given == [True, False]
 
 
+@contextmanager
+def logging_as_serve_does(errors: logging.Handler) -> Iterator[list[logging.Logger]]:
+    """uvicorn's, the server's and the access loggers (in that order) set up as `serve` sets them
+    (log_as_uvicorn_does), uvicorn's lines going to `errors`; each logger as it was again afterwards."""
+    from dilstore.runners.cmd_serve import log_as_uvicorn_does
+
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "dilstore.serve", "dilstore.serve.access")]
+    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
+    try:
+        loggers[0].handlers[:] = [errors]
+        log_as_uvicorn_does()
+        yield loggers
+    finally:
+        for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
+
+
 def test_access_log_lines_go_to_stdout_as_uvicorn_s_did(monkeypatch) -> None:
     """(read57 F4) uvicorn wrote its access log on stdout, the server's other lines on stderr; the access lines of
     obs57 F2 went to stderr, and `dilstore serve --access-log > access.log` found its file empty."""
     import uvicorn.logging
 
-    from dilstore.runners.cmd_serve import log_as_uvicorn_does
     from dilstore.runners.serve_app import access_logger
 
     out, err = io.StringIO(), io.StringIO()
     errors = logging.StreamHandler(err)
     errors.setFormatter(uvicorn.logging.DefaultFormatter("%(levelprefix)s %(message)s", use_colors=False))
-    loggers = [logging.getLogger(name) for name in ("uvicorn", "dilstore.serve", "dilstore.serve.access")]
-    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
     monkeypatch.setattr(sys, "stdout", out)
-    try:
-        loggers[0].handlers[:] = [errors]
-        log_as_uvicorn_does()
+    with logging_as_serve_does(errors) as loggers:
         access_logger.info("%s", '127.0.0.1:50070 - "POST /ask HTTP/1.1" 200 0.012s store="qa"')
         loggers[1].error("store 'qa' is unavailable from now on: gone")
-    finally:
-        for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
-            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
     assert out.getvalue() == 'INFO:     127.0.0.1:50070 - "POST /ask HTTP/1.1" 200 0.012s store="qa"\n'
     assert err.getvalue() == "ERROR:    store 'qa' is unavailable from now on: gone\n"
 
@@ -454,7 +463,6 @@ def test_an_access_log_output_that_cannot_be_written_is_one_warning_and_the_serv
     """json61 F2: `serve --access-log | head -1`, or `> access.log` on a full disk: once stdout failed, logging printed
     a "--- Logging error ---" block with a traceback on stderr for every request after it. Now one warning says so
     in the server's log and the access lines are dropped."""
-    from dilstore.runners.cmd_serve import log_as_uvicorn_does
     from dilstore.runners.serve_app import access_logger
 
     class Closed(io.StringIO):
@@ -462,17 +470,10 @@ def test_an_access_log_output_that_cannot_be_written_is_one_warning_and_the_serv
             raise BrokenPipeError(errno.EPIPE, "Broken pipe")
 
     errors = logging.StreamHandler(err := io.StringIO())
-    loggers = [logging.getLogger(name) for name in ("uvicorn", "dilstore.serve", "dilstore.serve.access")]
-    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
     monkeypatch.setattr(sys, "stdout", Closed())
-    try:
-        loggers[0].handlers[:] = [errors]
-        log_as_uvicorn_does()
+    with logging_as_serve_does(errors):
         for _ in range(3):
             access_logger.info("%s", '127.0.0.1:50070 - "GET /health HTTP/1.1" 200 0.001s')
-    finally:
-        for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
-            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
     assert err.getvalue() == ("--access-log: standard output cannot be written (Broken pipe); access lines are "
                               "dropped from now on\n")  # fmt: skip
     assert "Logging error" not in capsys.readouterr().err
@@ -483,7 +484,6 @@ def test_an_access_log_output_full_for_a_moment_drops_those_lines_only(monkeypat
     the output was given up for good, pointed at the null device with every later line dropped. Now the lines it
     cannot take are dropped, said once, and the next ones are written, the first on a line of its own after the start
     of a line the output took part of."""
-    from dilstore.runners.cmd_serve import log_as_uvicorn_does
     from dilstore.runners.serve_app import access_logger
 
     class Lagging(io.StringIO):
@@ -497,17 +497,10 @@ def test_an_access_log_output_full_for_a_moment_drops_those_lines_only(monkeypat
             return super().write(text)
 
     errors = logging.StreamHandler(err := io.StringIO())
-    loggers = [logging.getLogger(name) for name in ("uvicorn", "dilstore.serve", "dilstore.serve.access")]
-    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
     monkeypatch.setattr(sys, "stdout", out := Lagging())
-    try:
-        loggers[0].handlers[:] = [errors]
-        log_as_uvicorn_does()
+    with logging_as_serve_does(errors):
         for number in range(4):
             access_logger.info("%s", f'127.0.0.1:5007{number} - "GET /health HTTP/1.1" 200 0.001s')
-    finally:
-        for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
-            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
     assert out.getvalue().splitlines() == ["127.0.0.1", *(f'127.0.0.1:5007{number} - "GET /health HTTP/1.1" 200 0.001s'
                                                           for number in (2, 3))]  # fmt: skip
     assert err.getvalue() == ("--access-log: standard output is full for now (Resource temporarily unavailable); the "
@@ -523,7 +516,6 @@ def test_an_access_log_output_that_fails_is_put_on_the_null_device_whatever_its_
     ENOSPC could go back to logging's traceback block for every request, and the lines left in stdout's buffer could
     fail again at the server's last flush, once it had stopped cleanly. A record that cannot be formatted is a bug
     for logging to show, not an output lost for good."""
-    from dilstore.runners.cmd_serve import log_as_uvicorn_does
     from dilstore.runners.serve_app import access_logger
 
     if output == "closed pipe":
@@ -534,19 +526,14 @@ def test_an_access_log_output_that_fails_is_put_on_the_null_device_whatever_its_
     else:
         stream, words = open("/dev/full", "w"), "No space left on device"  # noqa: SIM115 -- closed below
     errors = logging.StreamHandler(err := io.StringIO())
-    loggers = [logging.getLogger(name) for name in ("uvicorn", "dilstore.serve", "dilstore.serve.access")]
-    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
     monkeypatch.setattr(sys, "stdout", stream)
     try:
-        loggers[0].handlers[:] = [errors]
-        log_as_uvicorn_does()
-        access_logger.info("%d", "not a number")
-        assert err.getvalue() == "" and "--- Logging error ---" in capsys.readouterr().err
-        for _ in range(3):
-            access_logger.info("%s", '127.0.0.1:50070 - "GET /health HTTP/1.1" 200 0.001s')
+        with logging_as_serve_does(errors):
+            access_logger.info("%d", "not a number")
+            assert err.getvalue() == "" and "--- Logging error ---" in capsys.readouterr().err
+            for _ in range(3):
+                access_logger.info("%s", '127.0.0.1:50070 - "GET /health HTTP/1.1" 200 0.001s')
     finally:
-        for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
-            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
         monkeypatch.undo()
     assert err.getvalue() == f"--access-log: standard output cannot be written ({words}); access lines are dropped " \
                              "from now on\n"  # fmt: skip
